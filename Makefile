@@ -1,0 +1,31 @@
+# The README's commands. Each sets itself up on a fresh machine, and is fast when already set up.
+PY      := .venv/bin/python
+STAMP   := .venv/.installed
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup demo test bench docs clean
+
+setup: $(STAMP)
+
+# torch first and pinned: an unpinned torch (asked for by deepspeed or by us) would pull a multi-GB CUDA build.
+$(STAMP): setup.py requirements-dev.txt
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e . -r requirements-dev.txt
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/digits.py --strategy ddp --devices 2
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/startup.py
+	$(PY) benchmarks/ddp.py
+
+clean:
+	rm -rf .venv .cache build *.egg-info

@@ -1,0 +1,41 @@
+"""tasktrain: a thin, honest PyTorch trainer. Names are imported on first use to keep `import tasktrain` cheap."""
+from tasktrain.version import __version__
+
+_NAMES = {
+    "TaskModule": "tasktrain.trainer.module",
+    "Trainer": "tasktrain.trainer.trainer",
+    "seed_everything": "tasktrain.trainer.seed",
+    "Accelerator": "tasktrain.trainer.accelerator",
+    "Callback": "tasktrain.callbacks.base",
+    "Logger": "tasktrain.callbacks.base",
+    "ModelCheckpoint": "tasktrain.callbacks.checkpoint",
+    "EarlyStopping": "tasktrain.callbacks.early_stopping",
+    "GradientClipping": "tasktrain.callbacks.clipping",
+    "ProgressBar": "tasktrain.callbacks.progress",
+    "TensorBoardLogger": "tasktrain.callbacks.loggers",
+    "CSVLogger": "tasktrain.callbacks.loggers",
+    "LearningRateMonitor": "tasktrain.callbacks.lr_monitor",
+    "Timer": "tasktrain.callbacks.timer",
+    "Strategy": "tasktrain.strategies.base",
+    "SingleDevice": "tasktrain.strategies.single_device",
+    "DDP": "tasktrain.strategies.ddp",
+    "DataParallel": "tasktrain.strategies.data_parallel",
+    "DeepSpeed": "tasktrain.strategies.deepspeed",
+    "CheckpointError": "tasktrain.trainer.checkpoint",
+}
+
+__all__ = ["__version__", *_NAMES]
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        import importlib
+
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tasktrain' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,755 @@
+"""The `tasktrain launch` configuration: one YAML file per cluster setup, Accelerate's format accepted as is.
+
+    read_config_file(path)        YAML -> a checked dict of raw keys (an unknown key is an error, with a suggestion)
+    resolve(file_values, flags)   raw keys from the file and from the command line -> LaunchSettings;
+                                  a command-line flag beats the file, the file beats the default
+    load_config(path, flags)      both at once
+
+LaunchSettings knows the TASKTRAIN_* variables the workers get (worker_env, documented in
+tasktrain/strategies/environment.py), the torch.distributed.run command line (torchrun_args), and how to print
+itself (describe). Nothing here imports torch: a bad config fails in a fraction of a second.
+"""
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A launch configuration that cannot work; the message says what to change."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The schema
+
+# Accelerate keys that change what we do, and our own keys.
+USED_KEYS = (
+    "compute_environment", "distributed_type", "num_processes", "num_machines", "machine_rank",
+    "main_process_ip", "main_process_port", "mixed_precision", "use_cpu", "gpu_ids", "rdzv_backend",
+    "debug", "num_cpu_threads_per_process", "deepspeed_config",
+    "strategy", "precision", "gradient_accumulation_steps",  # ours
+)
+
+# Accelerate keys that are accepted (so existing files work unchanged) but do nothing here, and why.
+IGNORED_KEYS = {
+    "same_network": "torchrun's rendezvous needs no hint about the network",
+    "downcast_bf16": "TPU only",
+    "main_training_function": "only for notebook launchers; the script runs as __main__",
+    "enable_cpu_affinity": "NUMA pinning is not done by tasktrain launch",
+    "dynamo_backend": "call torch.compile in the script instead",
+    "dynamo_config": "call torch.compile in the script instead",
+    "fsdp_config": "FSDP is not a tasktrain strategy",
+    "megatron_lm_config": "Megatron-LM is not supported",
+    "fp8_config": "fp8 is not supported",
+    "parallelism_config": "tensor/context parallelism is not supported",
+    "ipex_config": "the Intel extension is not used",
+    "mpirun_config": "torchrun starts the processes, not mpirun",
+    "use_mps_device": "Apple MPS is not a launch setting",
+    "commands": "TPU pod commands",
+    "command_file": "TPU pod commands",
+}
+IGNORED_PREFIXES = {"tpu_": "TPU only"}
+
+DEEPSPEED_USED_KEYS = (
+    "zero_stage", "gradient_accumulation_steps", "gradient_clipping", "offload_optimizer_device",
+    "offload_param_device", "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_config_file",
+)
+DEEPSPEED_IGNORED_KEYS = {
+    "deepspeed_multinode_launcher": "torchrun runs on every machine: start the same command on each",
+    "deepspeed_hostfile": "torchrun runs on every machine: start the same command on each",
+    "deepspeed_inclusion_filter": "torchrun runs on every machine: start the same command on each",
+    "deepspeed_exclusion_filter": "torchrun runs on every machine: start the same command on each",
+    "deepspeed_moe_layer_cls_names": "MoE layers are the script's business",
+    "offload_optimizer_nvme_path": "NVMe offload needs a deepspeed_config_file",
+    "offload_param_nvme_path": "NVMe offload needs a deepspeed_config_file",
+}
+
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED")
+STRATEGIES = (
+    "auto", "single_device", "ddp", "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2",
+    "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload",
+)
+MIXED_PRECISION = {"no": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+# Same aliases as tasktrain/strategies/precision.py (not imported: it imports torch).
+PRECISION_ALIASES = {
+    "32-true": "32-true", "32": "32-true", 32: "32-true",
+    "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed",
+    "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
+    "64-true": "64-true", "64": "64-true", 64: "64-true",
+}
+RDZV_BACKENDS = ("static", "c10d")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+DEFAULT_PORT = 29500  # torchrun's; every machine of a multi-machine run must agree on it
+
+# Settings that are the same choice spelled two ways: when the command line sets one, the file's other
+# spelling must not win over it.
+SAME_SETTING = {
+    "strategy": ("distributed_type",), "distributed_type": ("strategy",),
+    "precision": ("mixed_precision",), "mixed_precision": ("precision",),
+}
+
+
+def default_config_dir() -> str:
+    """$TASKTRAIN_CONFIG_DIR, else $XDG_CACHE_HOME/tasktrain, else ~/.cache/tasktrain."""
+    if os.environ.get("TASKTRAIN_CONFIG_DIR"):
+        return os.environ["TASKTRAIN_CONFIG_DIR"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "tasktrain")
+
+
+def default_config_path() -> str:
+    return os.path.join(default_config_dir(), "default_config.yaml")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading a file
+
+def read_config_file(path: str) -> dict:
+    """Parse a launch YAML (or JSON) file and check its keys; values are checked later, by resolve()."""
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"config file {path!r} does not exist. Expected a YAML file written by `tasktrain config` or "
+            f"`accelerate config`. Check the path, or run `tasktrain config --output {path}` to write one."
+        )
+    with open(path) as f:
+        try:
+            values = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path!r} is not valid YAML: {e}. Fix the syntax and try again.") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(
+            f"config file {path!r} holds a {type(values).__name__}, expected a mapping of keys such as "
+            "`num_processes: 2`. See docs/launch.md for the format."
+        )
+    check_keys(values, where=f"config file {path!r}")
+    return values
+
+
+def check_keys(values: dict, where: str = "the configuration") -> None:
+    valid = list(USED_KEYS) + list(IGNORED_KEYS)
+    for key in values:
+        if key in valid or any(str(key).startswith(p) for p in IGNORED_PREFIXES):
+            continue
+        raise ConfigError(_unknown("key", key, valid, where))
+    ds = values.get("deepspeed_config")
+    if ds is None:
+        return
+    if not isinstance(ds, dict):
+        raise ConfigError(
+            f"deepspeed_config in {where} is {ds!r}, expected a mapping such as `deepspeed_config: "
+            "{zero_stage: 2}`. Fix the value or remove the key."
+        )
+    ds_valid = list(DEEPSPEED_USED_KEYS) + list(DEEPSPEED_IGNORED_KEYS)
+    for key in ds:
+        if key not in ds_valid:
+            raise ConfigError(_unknown("deepspeed_config key", key, ds_valid, where))
+
+
+def _unknown(kind, key, valid, where):
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return (
+        f"unknown {kind} {key!r} in {where}.{hint} Valid keys: {', '.join(sorted(valid))}. "
+        "Fix the spelling or remove the key."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Value checks. YAML reads `NO`, `no`, `off` as False and `yes`, `on` as True: where a name is expected they
+# mean the name (distributed_type: NO, mixed_precision: no), never a boolean.
+
+def _name(value):
+    if value is False:
+        return "no"
+    if value is True:
+        return "yes"
+    return None if value is None else str(value).strip()
+
+
+def _choice(key, value, choices, upper=False, hint=""):
+    name = _name(value)
+    if name is None:
+        return None
+    name = name.upper() if upper else name.lower()
+    if name not in choices:
+        close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+        suggestion = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"{key}: {value!r} is not supported; expected one of {', '.join(choices)}.{suggestion}{hint}"
+        )
+    return name
+
+
+def _integer(key, value, minimum=None, maximum=None):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
+        raise ConfigError(f"{key}: {value!r} is not a whole number; expected for example `{key}: 2`.")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{key}: {value} is too small; expected a whole number >= {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{key}: {value} is too large; expected a whole number <= {maximum}.")
+    return value
+
+
+def _number(key, value, minimum=0.0):
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: {value!r} is not a number; expected for example `{key}: 1.0`.") from None
+    if value < minimum:
+        raise ConfigError(f"{key}: {value} is negative; expected a number >= {minimum} (0 turns it off).")
+    return value
+
+
+def _flag(key, value):
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1", "on"):
+        return True
+    if text in ("false", "no", "0", "off"):
+        return False
+    raise ConfigError(f"{key}: {value!r} is not true or false; expected `{key}: true` or `{key}: false`.")
+
+
+def _gpu_ids(value):
+    # Accelerate writes `gpu_ids: all`, `gpu_ids: 0,1` (a string to YAML) or a single `gpu_ids: 0` (an int).
+    if value is None or _name(value).lower() == "all":
+        return None
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    ids = [str(i).strip() for i in items if str(i).strip()]
+    if not ids or not all(i.isdigit() for i in ids):
+        raise ConfigError(f"gpu_ids: {value!r} is not understood; expected `all` or GPU numbers such as `0,1`.")
+    return ",".join(ids)
+
+
+def _precision(value):
+    if value is None:
+        return None
+    key = value if isinstance(value, int) and not isinstance(value, bool) else _name(value)
+    if key not in PRECISION_ALIASES:
+        raise ConfigError(
+            f"precision: {value!r} is not supported; expected one of 32-true, 16-mixed, bf16-mixed, 64-true "
+            "(or mixed_precision: no | fp16 | bf16)."
+        )
+    return PRECISION_ALIASES[key]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The resolved configuration
+
+@dataclass
+class LaunchSettings:
+    num_processes: int = 1              # over all machines
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str = "127.0.0.1"
+    main_process_port: Optional[int] = None  # None on one machine: a free port is found by torchrun's rendezvous
+    strategy: str = "single_device"     # a registry name, or "deepspeed" with the details in `deepspeed`
+    precision: str = "32-true"
+    use_cpu: bool = False
+    gradient_accumulation_steps: Optional[int] = None
+    gradient_clipping: Optional[float] = None
+    deepspeed: Optional[dict] = None    # DeepSpeed(...) keyword arguments when the strategy is DeepSpeed
+    rdzv_backend: str = "static"
+    gpu_ids: Optional[str] = None       # "0,1" -> CUDA_VISIBLE_DEVICES; None: all
+    num_cpu_threads_per_process: Optional[int] = None
+    debug: bool = False
+    config_file: Optional[str] = None
+    sources: dict = field(default_factory=dict)   # setting -> "flag", "file", "default" or why
+    ignored: list = field(default_factory=list)   # keys present but not applying here
+    notes: list = field(default_factory=list)     # things the user should know, printed with the config
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.num_processes // self.num_machines
+
+    @property
+    def is_deepspeed(self) -> bool:
+        return self.deepspeed is not None
+
+    def worker_env(self) -> dict:
+        """Variables for the workers; a None value means "remove it" (a stale one from the shell must not leak)."""
+        env = {
+            "TASKTRAIN_LAUNCH": "1",
+            "TASKTRAIN_STRATEGY": "deepspeed" if self.is_deepspeed else self.strategy,
+            "TASKTRAIN_PRECISION": self.precision,
+            "TASKTRAIN_USE_CPU": "1" if self.use_cpu else "0",
+            "TASKTRAIN_NUM_PROCESSES": str(self.num_processes),
+            "TASKTRAIN_NUM_MACHINES": str(self.num_machines),
+            "TASKTRAIN_GRADIENT_ACCUMULATION_STEPS": _text(self.gradient_accumulation_steps),
+            "TASKTRAIN_GRADIENT_CLIPPING": _text(self.gradient_clipping),
+            "TASKTRAIN_DEEPSPEED": json.dumps(self.deepspeed) if self.is_deepspeed else None,
+        }
+        if self.gpu_ids and not self.use_cpu:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids
+        if self.num_cpu_threads_per_process:
+            env["OMP_NUM_THREADS"] = str(self.num_cpu_threads_per_process)
+        if self.debug:
+            # Checks that every rank calls the same collectives with the same shapes, and says which rank differs.
+            env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        return env
+
+    def torchrun_args(self, script: str, script_args=(), module: bool = False) -> list:
+        args = [
+            "--nnodes", str(self.num_machines),
+            "--nproc-per-node", str(self.nproc_per_node),
+            "--node-rank", str(self.machine_rank),
+        ]
+        if self.num_machines == 1 and self.main_process_port is None:
+            # The rendezvous store binds a free loopback port and hands it to the workers: no race for a port.
+            args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]
+        elif self.rdzv_backend == "c10d":
+            endpoint = f"{self.main_process_ip}:{self.main_process_port or DEFAULT_PORT}"
+            args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "tasktrain"]
+        else:
+            args += [
+                "--rdzv-backend", "static",
+                "--master-addr", self.main_process_ip,
+                "--master-port", str(self.main_process_port or DEFAULT_PORT),
+            ]
+        if module:
+            args.append("--module")
+        return args + [script] + list(script_args)
+
+    def strategy_description(self) -> str:
+        if not self.is_deepspeed:
+            return self.strategy
+        ds = self.deepspeed
+        details = [f"stage {ds['stage']}"]
+        if ds["offload_optimizer"]:
+            details.append("offload optimizer")
+        if ds["offload_parameters"]:
+            details.append("offload parameters")
+        if ds.get("config"):
+            details.append(f"config {ds['config']}")
+        return f"{self.strategy} ({', '.join(details)})"
+
+    def describe(self) -> str:
+        port = self.main_process_port
+        if port is None:
+            port = "a free port" if self.num_machines == 1 else DEFAULT_PORT
+        rows = [
+            ("config_file", self.config_file or "none"),
+            ("num_processes", f"{self.num_processes} ({self.nproc_per_node} per machine)"),
+            ("num_machines", self.num_machines),
+            ("machine_rank", self.machine_rank),
+            ("main_process_ip", self.main_process_ip),
+            ("main_process_port", port),
+            ("strategy", self.strategy_description()),
+            ("precision", self.precision),
+            ("use_cpu", self.use_cpu),
+        ]
+        optional = ("gradient_accumulation_steps", "gradient_clipping", "gpu_ids", "num_cpu_threads_per_process")
+        rows += [(name, getattr(self, name)) for name in optional if getattr(self, name) is not None]
+        if self.debug:
+            rows.append(("debug", True))
+        if self.num_machines > 1 and self.rdzv_backend != "static":
+            rows.append(("rdzv_backend", self.rdzv_backend))
+        lines = ["tasktrain launch: resolved configuration"]
+        for name, value in rows:
+            source = self.sources.get(name)
+            lines.append(f"  {name:<28} {value}" + (f"   [{source}]" if source else ""))
+        if self.ignored:
+            lines.append(f"  ignored (do not apply to tasktrain launch): {', '.join(self.ignored)}")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        return "\n".join(lines)
+
+
+def _text(value):
+    return None if value is None else str(value)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Resolving: file + flags + defaults -> LaunchSettings
+
+def merge(file_values: dict, flags: dict):
+    """Raw keys of the file overridden by the flags -> (merged, source of each key)."""
+    merged = dict(file_values)
+    sources = {key: "file" for key in merged}
+    merged["deepspeed_config"] = dict(file_values.get("deepspeed_config") or {})
+    ds_sources = {key: "file" for key in merged["deepspeed_config"]}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key == "deepspeed_config":
+            merged["deepspeed_config"].update(value)
+            ds_sources.update({k: "flag" for k in value})
+            continue
+        for other in SAME_SETTING.get(key, ()):
+            if sources.get(other) == "file":
+                # MULTI_CPU also says "on CPU"; overriding the strategy must not silently move the run to GPUs.
+                if other == "distributed_type" and _name(merged[other]).upper() == "MULTI_CPU":
+                    if merged.get("use_cpu") is None:
+                        merged["use_cpu"], sources["use_cpu"] = True, "file: distributed_type MULTI_CPU"
+                del merged[other], sources[other]
+        merged[key], sources[key] = value, "flag"
+    sources["deepspeed_config"] = ds_sources
+    return merged, sources
+
+
+def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional[int] = None,
+            config_file: Optional[str] = None) -> LaunchSettings:
+    """The whole configuration, checked. gpu_count is how many GPUs this machine has (None: ask torch)."""
+    flags = dict(flags or {})
+    check_keys(flags, where="the command line")
+    merged, sources = merge(file_values, flags)
+    if gpu_count is None:
+        gpu_count = count_gpus()
+    s = LaunchSettings(config_file=config_file)
+
+    def source(key, default_reason="default"):
+        return sources.get(key, default_reason)
+
+    env_kind = _name(merged.get("compute_environment"))
+    if env_kind is not None and env_kind.upper() != "LOCAL_MACHINE":
+        raise ConfigError(
+            f"compute_environment: {env_kind!r} is not supported; expected LOCAL_MACHINE. tasktrain launch starts "
+            "processes on the machines it runs on: run it on each machine of your cluster instead."
+        )
+    dist_type = _choice(
+        "distributed_type", merged.get("distributed_type"), DISTRIBUTED_TYPES, upper=True,
+        hint=" For sharded training use DEEPSPEED with zero_stage 3; for plain data parallel use MULTI_GPU or "
+             "MULTI_CPU.",
+    )
+    ds_raw = merged["deepspeed_config"]
+
+    # ---- where the processes run
+    s.num_machines = _integer("num_machines", merged.get("num_machines"), minimum=1) or 1
+    s.sources["num_machines"] = source("num_machines")
+    explicit_cpu = _flag("use_cpu", merged.get("use_cpu"))
+    wants_gpu = dist_type in ("MULTI_GPU", "DEEPSPEED")
+    s.use_cpu = bool(explicit_cpu) or dist_type == "MULTI_CPU"
+    if explicit_cpu:
+        s.sources["use_cpu"] = source("use_cpu")
+    elif dist_type == "MULTI_CPU":
+        s.sources["use_cpu"] = f"{source('distributed_type')}: distributed_type MULTI_CPU"
+    else:
+        s.sources["use_cpu"] = source("use_cpu")
+    if not s.use_cpu and gpu_count == 0:
+        s.use_cpu = True
+        s.sources["use_cpu"] = "no GPU on this machine"
+
+    num_processes = _integer("num_processes", merged.get("num_processes"), minimum=1)
+    if num_processes is None:
+        per_machine = gpu_count if (wants_gpu and not s.use_cpu and gpu_count > 0) else 1
+        num_processes = 1 if dist_type == "NO" else s.num_machines * per_machine
+        s.sources["num_processes"] = "default"
+    else:
+        s.sources["num_processes"] = source("num_processes")
+    s.num_processes = num_processes
+    if s.num_processes % s.num_machines:
+        raise ConfigError(
+            f"num_processes {s.num_processes} is not divisible by num_machines {s.num_machines}; num_processes is "
+            f"the total over all machines and every machine runs the same number. Set num_processes to a multiple "
+            f"of {s.num_machines} (for example {s.num_machines * max(1, s.num_processes // s.num_machines)})."
+        )
+    if s.num_processes < s.num_machines:
+        raise ConfigError(
+            f"num_processes {s.num_processes} is smaller than num_machines {s.num_machines}; expected at least one "
+            "process per machine. num_processes is the total over all machines."
+        )
+    s.machine_rank = _integer("machine_rank", merged.get("machine_rank"), minimum=0) or 0
+    s.sources["machine_rank"] = source("machine_rank")
+    if s.machine_rank >= s.num_machines:
+        raise ConfigError(
+            f"machine_rank {s.machine_rank} is out of range for num_machines {s.num_machines}; expected 0 to "
+            f"{s.num_machines - 1}. Give each machine its own --machine_rank, 0 on the main machine."
+        )
+    ip = _name(merged.get("main_process_ip"))
+    if s.num_machines > 1 and not ip:
+        raise ConfigError(
+            f"num_machines is {s.num_machines} but main_process_ip is not set; every machine must know the address "
+            "of machine 0. Pass --main_process_ip ADDRESS (the same on every machine) or set it in the file."
+        )
+    s.main_process_ip = ip or "127.0.0.1"
+    s.sources["main_process_ip"] = source("main_process_ip")
+    s.main_process_port = _integer("main_process_port", merged.get("main_process_port"), minimum=1, maximum=65535)
+    s.sources["main_process_port"] = source("main_process_port")
+    backend = _choice("rdzv_backend", merged.get("rdzv_backend"), RDZV_BACKENDS)
+    s.rdzv_backend = backend or "static"
+
+    # ---- strategy
+    strategy = _choice("strategy", merged.get("strategy"), STRATEGIES)
+    if strategy == "auto":
+        strategy = None
+    if strategy and dist_type and sources.get("strategy") == sources.get("distributed_type"):
+        s.notes.append(f"both strategy ({strategy}) and distributed_type ({dist_type}) are set: strategy decides")
+    if strategy:
+        s.sources["strategy"] = source("strategy")
+    elif dist_type == "NO" and s.num_processes > 1:
+        if sources.get("num_processes") == "flag" and sources.get("distributed_type") == "file":
+            strategy = "ddp"
+            s.notes.append(f"--num_processes {s.num_processes} overrides distributed_type NO of the file: using ddp")
+            s.sources["strategy"] = "flag --num_processes"
+        else:
+            raise ConfigError(
+                f"distributed_type NO runs a single process, but num_processes is {s.num_processes}. Set "
+                "distributed_type to MULTI_CPU or MULTI_GPU (or strategy: ddp) to run several, or num_processes: 1."
+            )
+    elif dist_type is not None:
+        strategy = {"NO": "single_device", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "DEEPSPEED": "deepspeed"}[dist_type]
+        s.sources["strategy"] = f"{source('distributed_type')}: distributed_type {dist_type}"
+    else:
+        strategy = "ddp" if s.num_processes > 1 else "single_device"
+        s.sources["strategy"] = "default for " + ("several processes" if s.num_processes > 1 else "one process")
+    if strategy == "single_device" and s.num_processes > 1:
+        raise ConfigError(
+            f"strategy single_device runs one process, but num_processes is {s.num_processes}: each process would "
+            "train alone on its own copy. Use strategy ddp (or a deepspeed_* strategy), or num_processes 1."
+        )
+    s.strategy = strategy
+    if strategy.startswith("deepspeed"):
+        s.deepspeed = _deepspeed_kwargs(strategy, ds_raw, s)
+    elif ds_raw:
+        s.ignored.append("deepspeed_config (the strategy is not DeepSpeed)")
+
+    # ---- precision: `precision` is ours and more exact; mixed_precision is Accelerate's spelling
+    if merged.get("precision") is not None:
+        s.precision = _precision(merged["precision"])
+        s.sources["precision"] = source("precision")
+        if merged.get("mixed_precision") is not None:
+            s.notes.append(f"precision {s.precision} is used; mixed_precision is ignored")
+    elif merged.get("mixed_precision") is not None:
+        mp = _choice("mixed_precision", merged["mixed_precision"], tuple(MIXED_PRECISION),
+                     hint=" fp8 is not supported.")
+        s.precision = MIXED_PRECISION[mp]
+        s.sources["precision"] = f"{source('mixed_precision')}: mixed_precision {mp}"
+    else:
+        s.sources["precision"] = "default"
+
+    # ---- the rest
+    ga = _integer("gradient_accumulation_steps", merged.get("gradient_accumulation_steps"), minimum=1)
+    if ga is not None:
+        s.gradient_accumulation_steps, s.sources["gradient_accumulation_steps"] = ga, source("gradient_accumulation_steps")
+    s.gpu_ids = _gpu_ids(merged.get("gpu_ids"))
+    s.num_cpu_threads_per_process = _integer(
+        "num_cpu_threads_per_process", merged.get("num_cpu_threads_per_process"), minimum=1)
+    s.debug = bool(_flag("debug", merged.get("debug")))
+
+    for key in merged:
+        if key in IGNORED_KEYS or any(str(key).startswith(p) for p in IGNORED_PREFIXES):
+            s.ignored.append(key)
+    for key in ds_raw:
+        if key in DEEPSPEED_IGNORED_KEYS and s.is_deepspeed:
+            s.ignored.append(f"deepspeed_config.{key}")
+
+    # ---- things worth saying before anything starts
+    if wants_gpu and gpu_count == 0 and explicit_cpu is not True:
+        s.notes.append(
+            f"distributed_type {dist_type} asks for GPUs but this machine has none: starting "
+            f"{s.nproc_per_node} CPU process(es) per machine on gloo instead (TASKTRAIN_USE_CPU=1)"
+        )
+    if gpu_count and not s.use_cpu and wants_gpu and s.nproc_per_node > gpu_count:
+        s.notes.append(f"{s.nproc_per_node} processes per machine but only {gpu_count} GPU(s): some will share one")
+    if s.use_cpu and s.precision == "16-mixed":
+        s.notes.append("fp16 on CPU is usually much slower than fp32; bf16 is the fast mixed precision on CPU")
+        if s.is_deepspeed:
+            s.notes.append("DeepSpeed rejects fp16 on CPU ('Type fp16 is not supported'): use mixed_precision bf16")
+    if s.num_machines > 1 and s.main_process_port is None:
+        s.notes.append(f"no main_process_port given: using {DEFAULT_PORT} (the same must be used on every machine)")
+    return s
+
+
+def _deepspeed_kwargs(strategy: str, ds: dict, s: LaunchSettings) -> dict:
+    config_file = _name(ds.get("deepspeed_config_file"))
+    if config_file and config_file.lower() == "none":
+        config_file = None
+    file_stage = None
+    if config_file:
+        config_file = os.path.abspath(os.path.expanduser(config_file))
+        if not os.path.isfile(config_file):
+            raise ConfigError(
+                f"deepspeed_config_file {config_file!r} does not exist; expected a DeepSpeed JSON config. "
+                "Check the path (it is relative to the directory you launch from)."
+            )
+        try:
+            with open(config_file) as f:
+                file_stage = (json.load(f).get("zero_optimization") or {}).get("stage")
+        except (ValueError, AttributeError):
+            raise ConfigError(f"deepspeed_config_file {config_file!r} is not a JSON object; fix the file.") from None
+
+    named_stage = int(strategy.split("_")[2]) if strategy.startswith("deepspeed_stage_") else None
+    stage = _integer("deepspeed_config.zero_stage", ds.get("zero_stage"), minimum=0, maximum=3)
+    if named_stage is not None:
+        if stage is not None and stage != named_stage:
+            s.notes.append(f"strategy {strategy} sets ZeRO stage {named_stage}; zero_stage {stage} is ignored")
+        stage = named_stage
+    if stage is None:
+        stage = _integer("zero_optimization.stage", file_stage, minimum=0, maximum=3)
+    if stage is None:
+        stage = 2  # DeepSpeed's and Accelerate's usual choice
+
+    offload_opt = _choice("deepspeed_config.offload_optimizer_device", ds.get("offload_optimizer_device"),
+                          OFFLOAD_DEVICES)
+    offload_param = _choice("deepspeed_config.offload_param_device", ds.get("offload_param_device"), OFFLOAD_DEVICES)
+    if "nvme" in (offload_opt, offload_param):
+        raise ConfigError(
+            "offload to nvme is not set up by tasktrain launch; expected none or cpu. Put the NVMe offload section "
+            "in a DeepSpeed JSON file and pass it as deepspeed_config.deepspeed_config_file."
+        )
+    if strategy.endswith("_offload"):
+        offload_opt, offload_param = "cpu", ("cpu" if stage == 3 else offload_param)
+    if offload_param == "cpu" and stage != 3:
+        s.notes.append(f"offload_param_device cpu only applies at zero_stage 3 (this is stage {stage}): not offloading")
+        offload_param = "none"
+
+    kwargs = {
+        "stage": stage,
+        "offload_optimizer": offload_opt == "cpu",
+        "offload_parameters": offload_param == "cpu",
+        "zero3_init": bool(_flag("deepspeed_config.zero3_init_flag", ds.get("zero3_init_flag"))),
+        "save_16bit_model": bool(_flag("deepspeed_config.zero3_save_16bit_model", ds.get("zero3_save_16bit_model"))),
+        "config": config_file,
+    }
+    # The registry name, when there is one for this combination.
+    name = f"deepspeed_stage_{stage}" if stage >= 1 else "deepspeed"
+    if kwargs["offload_optimizer"] and (stage == 2 or (stage == 3 and kwargs["offload_parameters"])):
+        name += "_offload"
+    elif kwargs["offload_optimizer"] or kwargs["offload_parameters"]:
+        name = "deepspeed"
+    s.strategy = name
+
+    ga = _integer("deepspeed_config.gradient_accumulation_steps", ds.get("gradient_accumulation_steps"), minimum=1)
+    if ga is not None:
+        s.gradient_accumulation_steps, s.sources["gradient_accumulation_steps"] = ga, "deepspeed_config"
+    clip = _number("deepspeed_config.gradient_clipping", ds.get("gradient_clipping"))
+    if clip is not None:
+        s.gradient_clipping, s.sources["gradient_clipping"] = clip, "deepspeed_config"
+    return kwargs
+
+
+def count_gpus() -> int:
+    import torch  # here, not at the top: reading and checking a file must not pay for torch
+    return torch.cuda.device_count()
+
+
+def load_config(path: Optional[str] = None, flags: Optional[dict] = None,
+                gpu_count: Optional[int] = None) -> LaunchSettings:
+    """Read `path` (or nothing when None) and resolve it with the command-line `flags`."""
+    values = read_config_file(path) if path else {}
+    return resolve(values, flags, gpu_count=gpu_count, config_file=path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Writing a file (`tasktrain config`): Accelerate's keys, so the same file serves both tools.
+
+def config_values(answers: dict) -> dict:
+    """Answers (config keys: num_processes, strategy, mixed_precision, ...) -> the checked YAML mapping."""
+    # The file describes the user's choice, not this machine: resolve as if a GPU were present, so that use_cpu
+    # stays what was asked and a file written on a CPU login node still means "GPUs" on the cluster.
+    return settings_to_values(resolve({}, answers, gpu_count=1))
+
+
+def settings_to_values(settings: LaunchSettings) -> dict:
+    if settings.is_deepspeed:
+        dist_type = "DEEPSPEED"
+    elif settings.strategy == "ddp":
+        dist_type = "MULTI_CPU" if settings.use_cpu else "MULTI_GPU"
+    else:
+        dist_type = "NO"
+    values = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": dist_type,
+        "num_processes": settings.num_processes,
+        "num_machines": settings.num_machines,
+        "machine_rank": settings.machine_rank,
+        "main_process_ip": settings.main_process_ip if settings.num_machines > 1 else None,
+        "main_process_port": settings.main_process_port,
+        "use_cpu": settings.use_cpu,
+        "gpu_ids": settings.gpu_ids or "all",
+        "rdzv_backend": settings.rdzv_backend,
+    }
+    reverse = {v: k for k, v in MIXED_PRECISION.items()}
+    if settings.precision in reverse:
+        values["mixed_precision"] = reverse[settings.precision]
+    else:
+        values["precision"] = settings.precision
+    if settings.is_deepspeed:
+        ds = settings.deepspeed
+        values["deepspeed_config"] = {
+            "zero_stage": ds["stage"],
+            "offload_optimizer_device": "cpu" if ds["offload_optimizer"] else "none",
+            "offload_param_device": "cpu" if ds["offload_parameters"] else "none",
+            "zero3_init_flag": ds["zero3_init"],
+            "zero3_save_16bit_model": ds["save_16bit_model"],
+        }
+        if ds.get("config"):
+            values["deepspeed_config"]["deepspeed_config_file"] = ds["config"]
+        if settings.gradient_clipping is not None:
+            values["deepspeed_config"]["gradient_clipping"] = settings.gradient_clipping
+    if settings.gradient_accumulation_steps is not None:
+        values["gradient_accumulation_steps"] = settings.gradient_accumulation_steps
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def write_config(values: dict, path: str) -> str:
+    """Write a config file atomically (a crash never leaves half a file under the real name)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        yaml.safe_dump(values, f, sort_keys=False)
+    os.replace(tmp, path)
+    return path
+
+
+def yaml_text(values: dict) -> str:
+    return yaml.safe_dump(values, sort_keys=False)
+
+
+def ask_questions(ask=input, gpu_count: int = 0) -> dict:
+    """The interactive `tasktrain config`: one question per setting, Enter keeps the default in brackets."""
+    answers = {}
+    machines = _ask(ask, "How many machines?", 1, lambda t: _integer("num_machines", t, minimum=1))
+    answers["num_machines"] = machines
+    if machines > 1:
+        answers["machine_rank"] = _ask(ask, "Rank of this machine (0 on the main one)?", 0,
+                                       lambda t: _integer("machine_rank", t, minimum=0, maximum=machines - 1))
+        answers["main_process_ip"] = _ask(ask, "Address of machine 0 (the same on every machine)?", None, _address)
+        answers["main_process_port"] = _ask(ask, "Port on machine 0?", DEFAULT_PORT,
+                                            lambda t: _integer("main_process_port", t, minimum=1, maximum=65535))
+    use_cpu = _ask(ask, "Train on CPU only (yes/no)?", "yes" if gpu_count == 0 else "no",
+                   lambda t: _flag("use_cpu", t))
+    answers["use_cpu"] = use_cpu
+    per_machine = gpu_count if (gpu_count and not use_cpu) else 1
+    processes = _ask(ask, "How many processes in total, over all machines?", machines * per_machine,
+                     lambda t: _integer("num_processes", t, minimum=1))
+    answers["num_processes"] = processes
+    choices = [name for name in STRATEGIES if name not in ("auto", "deepspeed")]
+    answers["strategy"] = _ask(ask, f"Strategy ({', '.join(choices)})?", "ddp" if processes > 1 else "single_device",
+                               lambda t: _choice("strategy", t, tuple(choices)))
+    default_mp = "no"
+    answers["mixed_precision"] = _ask(
+        ask, "Mixed precision (no, fp16, bf16; on CPU bf16 is the fast one)?", default_mp,
+        lambda t: _choice("mixed_precision", t, tuple(MIXED_PRECISION)))
+    return answers
+
+
+def _address(text):
+    if not text.strip():
+        raise ConfigError("an address is needed, for example 10.0.0.1 or node001")
+    return text.strip()
+
+
+def _ask(ask, question, default, convert):
+    while True:
+        text = ask(f"{question} [{'' if default is None else default}]: ").strip()
+        if not text and default is not None:
+            return convert(str(default))
+        try:
+            return convert(text)
+        except ConfigError as e:
+            print(f"  {e}")

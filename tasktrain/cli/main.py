@@ -1,0 +1,266 @@
+"""The `tasktrain` command: a thin dispatcher over `launch`, `config` and `env` (and `convert`, see _add_convert).
+
+    tasktrain launch [--config_file F] [--num_processes N] [--num_machines M] [--machine_rank R] ... train.py [args]
+    tasktrain config [--num_processes N ...] [--output F]     (no flags on a terminal: asks questions)
+    tasktrain env
+
+The work is in tasktrain/cli/config.py (the YAML schema and resolution); this file only parses arguments, and
+runs torch.distributed.run in-process so the launcher costs one Python start, not two. torch is imported only
+once a configuration has been checked: a bad config is reported at once.
+"""
+import argparse
+import os
+import sys
+
+from tasktrain.cli import config as cfg
+
+
+def _option(parser, name, **kwargs):
+    # Accelerate users write --num_processes; torchrun users write --num-processes: take both.
+    names = ["--" + name] + (["--" + name.replace("_", "-")] if "_" in name else [])
+    parser.add_argument(*names, dest=name, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# launch
+
+def _add_launch(subparsers):
+    p = subparsers.add_parser(
+        "launch", help="run a training script on one or many machines",
+        description="Start `script` once per process through torch.distributed.run, with the choices of a YAML "
+                    "config (Accelerate's format works) and of these flags. A flag beats the file; the file beats "
+                    "the default. Without --config_file the default config is used if it exists ("
+                    + cfg.default_config_path() + ").",
+    )
+    _option(p, "config_file", metavar="FILE", help="launch YAML (default: the file written by `tasktrain config`)")
+    _option(p, "num_processes", type=int, metavar="N", help="total number of processes, over all machines")
+    _option(p, "num_machines", type=int, metavar="M", help="number of machines (run this command on each)")
+    _option(p, "machine_rank", type=int, metavar="R", help="this machine's rank, 0 to M-1 (0 hosts the rendezvous)")
+    _option(p, "main_process_ip", metavar="IP", help="address of machine 0, the same on every machine")
+    _option(p, "main_process_port", type=int, metavar="PORT", help="port on machine 0 (default: free port / 29500)")
+    _option(p, "mixed_precision", metavar="{no,fp16,bf16}", help="mixed precision (Accelerate's names)")
+    _option(p, "precision", metavar="NAME", help="precision by our names: 32-true, 16-mixed, bf16-mixed, 64-true")
+    _option(p, "strategy", metavar="NAME", help="single_device, ddp, deepspeed_stage_1/2/2_offload/3/3_offload")
+    p.add_argument("--use_cpu", "--use-cpu", "--cpu", dest="use_cpu", action="store_true", default=None,
+                   help="train on CPU even where GPUs exist")
+    p.add_argument("--multi_gpu", "--multi-gpu", dest="multi_gpu", action="store_true",
+                   help="same as distributed_type MULTI_GPU")
+    p.add_argument("--use_deepspeed", "--use-deepspeed", dest="use_deepspeed", action="store_true",
+                   help="same as distributed_type DEEPSPEED")
+    _option(p, "zero_stage", type=int, metavar="S", help="DeepSpeed ZeRO stage 0-3")
+    _option(p, "offload_optimizer_device", metavar="{none,cpu}", help="DeepSpeed optimizer offload")
+    _option(p, "offload_param_device", metavar="{none,cpu}", help="DeepSpeed parameter offload (stage 3)")
+    _option(p, "zero3_init_flag", metavar="{true,false}", help="DeepSpeed zero.Init for stage 3")
+    _option(p, "zero3_save_16bit_model", metavar="{true,false}", help="DeepSpeed: save a 16-bit model at stage 3")
+    _option(p, "deepspeed_config_file", metavar="FILE", help="a DeepSpeed JSON config")
+    _option(p, "gradient_accumulation_steps", type=int, metavar="N", help="micro-batches per optimizer step")
+    _option(p, "gradient_clipping", type=float, metavar="NORM", help="DeepSpeed gradient clipping (0 = off)")
+    _option(p, "gpu_ids", metavar="IDS", help="GPUs to use, e.g. 0,1 (CUDA_VISIBLE_DEVICES); default all")
+    _option(p, "rdzv_backend", metavar="{static,c10d}", help="torchrun rendezvous for several machines")
+    _option(p, "num_cpu_threads_per_process", type=int, metavar="T", help="OMP_NUM_THREADS of each worker")
+    p.add_argument("--debug", action="store_true", default=None,
+                   help="check that all ranks run the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+    p.add_argument("-m", "--module", action="store_true", help="run `script` as a module, like python -m")
+    p.add_argument("script", help="the training script (or module with -m)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(func=_launch)
+
+
+LAUNCH_KEYS = (
+    "num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port", "mixed_precision",
+    "precision", "strategy", "use_cpu", "gradient_accumulation_steps", "gpu_ids", "rdzv_backend",
+    "num_cpu_threads_per_process", "debug",
+)
+DEEPSPEED_FLAGS = (
+    "zero_stage", "offload_optimizer_device", "offload_param_device", "zero3_init_flag", "zero3_save_16bit_model",
+    "deepspeed_config_file", "gradient_clipping",
+)
+
+
+def launch_flags(args) -> dict:
+    """The flags the user gave, as config keys (argparse's None means "not given")."""
+    flags = {key: getattr(args, key) for key in LAUNCH_KEYS if getattr(args, key, None) is not None}
+    if getattr(args, "multi_gpu", False):
+        flags.setdefault("distributed_type", "MULTI_GPU")
+    if getattr(args, "use_deepspeed", False):
+        flags["distributed_type"] = "DEEPSPEED"
+    ds = {key: getattr(args, key) for key in DEEPSPEED_FLAGS if getattr(args, key, None) is not None}
+    if ds:
+        flags["deepspeed_config"] = ds
+    return flags
+
+
+def _launch(args) -> int:
+    path, where = args.config_file, "flag"
+    if path is None and os.path.isfile(cfg.default_config_path()):
+        path, where = cfg.default_config_path(), "default location"
+    settings = cfg.load_config(path, launch_flags(args))
+    if path:
+        settings.sources["config_file"] = where
+    if not args.module and not os.path.isfile(args.script):
+        raise cfg.ConfigError(
+            f"script {args.script!r} not found (looked from {os.getcwd()}); expected a Python file. "
+            "Check the path, or pass -m to run a module."
+        )
+    print(settings.describe(), flush=True)
+    return run_workers(settings, args.script, args.script_args, module=args.module)
+
+
+def run_workers(settings, script, script_args=(), module=False) -> int:
+    """Run torch.distributed.run in this process; return the workers' exit code (the first failure's)."""
+    for key, value in settings.worker_env().items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    torchrun_args = get_args_parser().parse_args(settings.torchrun_args(script, script_args, module))
+    try:
+        run(torchrun_args)
+    except ChildFailedError as e:
+        print(e, file=sys.stderr, flush=True)
+        first = min(e.failures.values(), key=lambda failure: (failure.timestamp, failure.local_rank))
+        code = first.exitcode
+        return 128 - code if code < 0 else (code or 1)  # killed by signal N -> 128+N, as shells report it
+    except SignalException as e:
+        print(f"tasktrain launch: stopped by {e.sigval.name}; the workers were stopped too", file=sys.stderr)
+        return 128 + int(e.sigval)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# config
+
+def _add_config(subparsers):
+    p = subparsers.add_parser(
+        "config", help="write a launch YAML",
+        description="Write a launch config (Accelerate's keys, so `accelerate launch` reads it too). With no answer "
+                    "flags on a terminal, asks questions; otherwise the flags are the answers and the rest are "
+                    f"defaults. Default file: {cfg.default_config_path()} ($TASKTRAIN_CONFIG_DIR or "
+                    "$XDG_CACHE_HOME/tasktrain or ~/.cache/tasktrain).",
+    )
+    _option(p, "num_processes", type=int, metavar="N", help="total number of processes, over all machines")
+    _option(p, "num_machines", type=int, metavar="M")
+    _option(p, "machine_rank", type=int, metavar="R")
+    _option(p, "main_process_ip", metavar="IP")
+    _option(p, "main_process_port", type=int, metavar="PORT")
+    _option(p, "mixed_precision", metavar="{no,fp16,bf16}")
+    _option(p, "strategy", metavar="NAME", help="single_device, ddp, deepspeed_stage_1/2/2_offload/3/3_offload")
+    p.add_argument("--use_cpu", "--use-cpu", "--cpu", dest="use_cpu", action="store_true", default=None)
+    _option(p, "gradient_accumulation_steps", type=int, metavar="N")
+    p.add_argument("--defaults", action="store_true", help="write the defaults without asking")
+    p.add_argument("-o", "--output", metavar="FILE", help="where to write (default: the default config file)")
+    p.set_defaults(func=_config)
+
+
+CONFIG_KEYS = (
+    "num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port", "mixed_precision",
+    "strategy", "use_cpu", "gradient_accumulation_steps",
+)
+
+
+def _config(args) -> int:
+    answers = {key: getattr(args, key) for key in CONFIG_KEYS if getattr(args, key) is not None}
+    if not answers and not args.defaults and sys.stdin.isatty():
+        answers = cfg.ask_questions(input, gpu_count=cfg.count_gpus())
+    values = cfg.config_values(answers)
+    path = cfg.write_config(values, args.output or cfg.default_config_path())
+    print(f"tasktrain config: wrote {path}")
+    print(cfg.yaml_text(values), end="")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# env
+
+def _add_env(subparsers):
+    p = subparsers.add_parser("env", help="print versions, devices and the default config (for bug reports)")
+    p.set_defaults(func=_env)
+
+
+def _env(args) -> int:
+    import platform
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)  # deepspeed is not imported: that takes seconds and may compile things
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    import torch
+    from tasktrain.version import __version__
+
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        devices = f"{len(names)} GPU(s): {', '.join(names)} (CUDA {torch.version.cuda})"
+    else:
+        devices = "no GPU (CPU only)"
+    rows = [
+        ("tasktrain", __version__),
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("platform", platform.platform()),
+        ("torch", torch.__version__),
+        ("deepspeed", version("deepspeed")),
+        ("pyyaml", version("pyyaml")),
+        ("devices", devices),
+        ("cpu cores", os.cpu_count()),
+        ("distributed backends", ", ".join(b for b, ok in (
+            ("gloo", torch.distributed.is_gloo_available()), ("nccl", torch.distributed.is_nccl_available()),
+        ) if ok) or "none"),
+    ]
+    for name, value in rows:
+        print(f"{name:<22} {value}")
+    path = cfg.default_config_path()
+    if os.path.isfile(path):
+        print(f"{'default config':<22} {path}")
+        with open(path) as f:
+            print("  " + f.read().rstrip().replace("\n", "\n  "))
+    else:
+        print(f"{'default config':<22} {path} (not written yet: `tasktrain config`)")
+    launch_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith("TASKTRAIN_")}
+    for key, value in launch_vars.items():
+        print(f"{key:<22} {value}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# convert
+
+def _add_convert(subparsers):
+    # The DeepSpeed work adds `tasktrain convert` here (a ZeRO checkpoint directory -> one consolidated fp32 state
+    # dict): add a parser with `subparsers.add_parser("convert", ...)`, and `p.set_defaults(func=_convert)` where
+    # `_convert(args)` returns the exit code. Keep heavy imports (deepspeed) inside `_convert`.
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tasktrain", description="tasktrain command line")
+    subparsers = parser.add_subparsers(dest="command", metavar="{launch,config,env}")
+    _add_launch(subparsers)
+    _add_config(subparsers)
+    _add_env(subparsers)
+    _add_convert(subparsers)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except cfg.ConfigError as e:
+        print(f"tasktrain {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

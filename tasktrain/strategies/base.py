@@ -1,0 +1,189 @@
+"""Strategy: how the work is spread over processes and devices.
+
+One implementation serves both the Trainer and the Accelerator. The Trainer calls, per run:
+
+    strategy.setup_environment()                      # processes, process group, device
+    model, optimizers = strategy.setup(module, optimizers)
+    ... per step: strategy.training_step(batch, idx) / backward(loss) / optimizer_step(opt)
+    strategy.teardown()
+
+A Strategy holds a Precision plugin (`strategy.precision`) and delegates casting and scaling to it.
+"""
+import contextlib
+import os
+
+import torch
+
+from tasktrain.strategies.precision import Precision
+
+
+class Strategy:
+    name = "base"
+    is_distributed = False
+
+    def __init__(self, accelerator=None, precision=None):
+        self.accelerator = accelerator  # "cpu" | "cuda" | None (auto)
+        self.precision = precision  # a Precision, given by the Trainer/Accelerator when None
+        self.devices = 1
+        self.num_nodes = 1
+        self.module = None  # the user's module, unwrapped
+        self.model = None  # what the training forward goes through (a DDP/DeepSpeed wrapper or the module)
+        self.optimizers = []
+        self._root_device = None
+
+    # -- who am I -----------------------------------------------------------------------------------------
+    global_rank = 0
+    local_rank = 0
+    node_rank = 0
+    world_size = 1
+
+    @property
+    def rank(self):
+        return self.global_rank
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def root_device(self) -> torch.device:
+        if self._root_device is None:
+            self._root_device = self._pick_device()
+        return self._root_device
+
+    def _pick_device(self):
+        if self.accelerator == "cuda" or (self.accelerator in (None, "auto") and torch.cuda.is_available()):
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    @property
+    def device_type(self) -> str:
+        return self.root_device.type
+
+    def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
+        """Called by the Trainer/Accelerator before setup_environment with the user's choices."""
+        if accelerator not in (None, "auto"):
+            self.accelerator = accelerator
+        self.devices = devices
+        self.num_nodes = num_nodes
+        if precision is not None:
+            self.precision = precision
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def setup_environment(self):
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+
+    def setup(self, module, optimizers):
+        """Move and wrap the module, return (model, optimizers). `model` is what `training_step` goes through."""
+        self.module = module
+        module = self.precision.convert_module(module) if self.precision else module
+        module.to(self.root_device)
+        self.model = module
+        self.optimizers = list(optimizers)
+        return self.model, self.optimizers
+
+    def teardown(self):
+        self.model = None
+        self.optimizers = []
+
+    # -- the step -------------------------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx):
+        with self.precision.autocast():
+            return self.module.training_step(batch, batch_idx)
+
+    def eval_step(self, step_fn, *args):
+        with self.precision.autocast():
+            return step_fn(*args)
+
+    def backward(self, loss, *args, **kwargs):
+        self.precision.backward(loss, *args, **kwargs)
+
+    def optimizer_step(self, optimizer, closure=None) -> bool:
+        return self.precision.optimizer_step(optimizer, closure)
+
+    def zero_grad(self, optimizer):
+        optimizer.zero_grad(set_to_none=True)
+
+    def unscale_gradients(self, optimizer):
+        self.precision.unscale(optimizer)
+
+    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
+        """Unscale, then clip the optimizer's gradients. Returns the total gradient norm before clipping."""
+        self.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type) if params else torch.tensor(0.0)
+        if max_norm is not None and params:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        if max_value is not None and params:
+            torch.nn.utils.clip_grad_value_(params, max_value)
+        return norm
+
+    def no_backward_sync(self, enabled: bool):
+        """Skip the gradient all-reduce for this micro-batch (gradient accumulation)."""
+        return contextlib.nullcontext()
+
+    def batch_to_device(self, batch):
+        batch = move_to_device(batch, self.root_device)
+        return self.precision.convert_input(batch) if self.precision else batch
+
+    # -- collectives (no-ops on one process) --------------------------------------------------------------
+    def reduce(self, tensor, op="mean"):
+        return tensor
+
+    def all_gather(self, tensor):
+        return tensor.unsqueeze(0) if isinstance(tensor, torch.Tensor) else [tensor]
+
+    def all_gather_object(self, obj):
+        return [obj]
+
+    def broadcast(self, obj, src=0):
+        return obj
+
+    def barrier(self, name=None):
+        pass
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def module_state_dict(self):
+        return self.module.state_dict()
+
+    def load_module_state_dict(self, state_dict, strict=True):
+        self.module.load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state(self, optimizer):
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer, state):
+        optimizer.load_state_dict(state)
+
+    def save_checkpoint(self, checkpoint: dict, path: str):
+        from tasktrain.trainer.checkpoint import atomic_save
+
+        if self.is_global_zero:
+            atomic_save(checkpoint, path)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(self, path: str) -> dict:
+        from tasktrain.trainer.checkpoint import load_checkpoint_file
+
+        return load_checkpoint_file(path)
+
+    def remove_checkpoint(self, path: str):
+        if self.is_global_zero and os.path.exists(path):
+            os.remove(path)
+
+    def describe(self) -> str:
+        return f"strategy={self.name}, world_size={self.world_size}, device={self.root_device}"
+
+
+def move_to_device(data, device):
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True) if data.device != device else data
+    if isinstance(data, (list, tuple)):
+        out = [move_to_device(d, device) for d in data]
+        return type(data)(*out) if hasattr(data, "_fields") else type(data)(out)
+    if isinstance(data, dict):
+        return type(data)((k, move_to_device(v, device)) for k, v in data.items())
+    if hasattr(data, "to") and callable(data.to):
+        return data.to(device)
+    return data

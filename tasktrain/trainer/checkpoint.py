@@ -1,0 +1,156 @@
+"""The checkpoint format, atomic writes, safe loads, RNG capture and the explicit "last" pointer.
+
+A checkpoint is a dict of tensors and plain containers only (so `torch.load(weights_only=True)` reads it):
+
+    format_version      int, CHECKPOINT_FORMAT_VERSION
+    tasktrain_version   str;  torch_version: str
+    state_dict          the module's state dict
+    hyper_parameters    dict (save_hyperparameters)
+    weights_only        bool: True means no training state, the file cannot resume a fit
+    train_state         TrainState: epoch, global_step, batch_in_epoch, data_seed, stage
+    optimizer_states    list of optimizer state dicts
+    lr_schedulers       list of scheduler state dicts
+    precision           precision plugin state (GradScaler)
+    callbacks           {callback.state_key: callback.state_dict()}
+    metrics             the in-epoch accumulators of self.log(on_epoch=True)
+    rng_states          list, one per rank: {"python", "numpy", "torch", "cuda"}
+    world_size          int
+"""
+import json
+import os
+import pickle
+import random
+import zipfile
+
+import numpy as np
+import torch
+
+from tasktrain.version import __version__
+
+CHECKPOINT_FORMAT_VERSION = 1
+POINTER_NAME = "last_checkpoint.json"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def atomic_save(obj, path: str):
+    """Write to a temporary name, flush, fsync, then rename: a crash never leaves a partial file at `path`."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    _fsync_dir(directory)
+
+
+def atomic_write_text(text: str, path: str):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint_file(path, map_location="cpu") -> dict:
+    """torch.load with weights_only=True and errors that name the file and say what to do."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
+    if os.path.isdir(path):
+        raise CheckpointError(f"Checkpoint {path!r} is a directory (a DeepSpeed checkpoint?): load it with "
+                              "Trainer(strategy='deepspeed...').fit(ckpt_path=...) or convert it with `tasktrain convert`.")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"Refusing to load checkpoint {path!r}: it contains pickled Python objects that are not plain data "
+            f"(tensors, numbers, strings, lists, dicts), and loading them could run arbitrary code. Only load files "
+            f"you trust; re-save the weights as a plain state dict. Detail: {str(err).splitlines()[0]}"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        raise CheckpointError(
+            f"Checkpoint {path!r} is truncated or corrupted and cannot be read ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}). Use an earlier checkpoint; tasktrain writes atomically, "
+            f"so the previous file of a run is intact."
+        ) from None
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"Checkpoint {path!r} holds a {type(ckpt).__name__}, not a checkpoint dict.")
+    version = ckpt.get("format_version")
+    if "state_dict" in ckpt and version is not None and version != CHECKPOINT_FORMAT_VERSION:
+        raise CheckpointError(
+            f"Checkpoint {path!r} has format version {version}, but this tasktrain ({__version__}) reads version "
+            f"{CHECKPOINT_FORMAT_VERSION}. Load it with the tasktrain version that wrote it "
+            f"({ckpt.get('tasktrain_version', 'unknown')}) and re-save the weights."
+        )
+    return ckpt
+
+
+# -- RNG ----------------------------------------------------------------------------------------------------------
+def collect_rng_states() -> dict:
+    np_state = np.random.get_state()
+    states = {
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]),
+                  float(np_state[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict):
+    random.setstate(_as_tuple(states["python"]))
+    kind, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _as_tuple(value):
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+# -- the "last" pointer -------------------------------------------------------------------------------------------
+def write_last_pointer(root_dir: str, checkpoint_path: str, global_step: int, epoch: int):
+    """Record the newest resumable checkpoint of this root dir: `fit(ckpt_path="last")` reads it, no dir scan."""
+    pointer = os.path.join(root_dir, POINTER_NAME)
+    record = {"path": os.path.abspath(checkpoint_path), "global_step": global_step, "epoch": epoch}
+    atomic_write_text(json.dumps(record), pointer)
+
+
+def read_last_pointer(root_dir: str):
+    pointer = os.path.join(root_dir, POINTER_NAME)
+    if not os.path.exists(pointer):
+        return None
+    with open(pointer) as f:
+        record = json.load(f)
+    return record["path"] if os.path.exists(record["path"]) else None

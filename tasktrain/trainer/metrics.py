@@ -1,0 +1,191 @@
+"""What `self.log` collects.
+
+Values stay tensors until something needs a number (a logger flush, the progress bar, a monitor): logging a
+loss every step costs a dict write, not a host sync. Epoch values are reduced once per epoch; `sync_dist=True`
+values are reduced across ranks at that point (and at logger flushes for step values), with one collective per
+reduction kind, never one per key per step.
+"""
+import torch
+
+_REDUCE_FX = ("mean", "sum", "max", "min")
+
+
+class _Meta:
+    __slots__ = ("name", "prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "sync_dist", "args")
+
+    def __init__(self, name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, args):
+        self.name, self.prog_bar, self.logger = name, prog_bar, logger
+        self.on_step, self.on_epoch, self.reduce_fx, self.sync_dist = on_step, on_epoch, reduce_fx, sync_dist
+        self.args = args
+
+
+class MetricStore:
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.stage = "train"
+        self.default_on_step, self.default_on_epoch = True, False
+        self.batch = None
+        self._batch_size = None
+        self._metas = {}
+        self.step_values = {}  # name -> latest step tensor, for loggers and the progress bar
+        self._acc_by_stage = {"train": {}}  # stage -> name -> [meta, accumulated value, accumulated weight]
+        self.epoch_acc = self._acc_by_stage["train"]
+        self.callback_metrics = {}  # name -> tensor: what callbacks (checkpoint, early stopping) monitor
+        self.logged_metrics = {}  # name -> float: what was last written to the loggers
+        self.prog_bar_names = set()
+        self.epoch_values = {}  # name -> tensor, the last reduced epoch values (for the progress bar)
+
+    # -- context set by the trainer ---------------------------------------------------------------------------
+    def set_stage(self, stage, on_step, on_epoch):
+        self.stage, self.default_on_step, self.default_on_epoch = stage, on_step, on_epoch
+        self.epoch_acc = self._acc_by_stage.setdefault(stage, {})
+
+    def set_batch(self, batch):
+        self.batch = batch
+        self._batch_size = None
+
+    def batch_size(self):
+        if self._batch_size is None:
+            self._batch_size = _infer_batch_size(self.batch)
+        return self._batch_size
+
+    # -- self.log -------------------------------------------------------------------------------------------------
+    def log(self, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size):
+        args = (self.stage, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
+        meta = self._metas.get(name)
+        if meta is None or meta.args != args:
+            meta = self._new_meta(name, value, args)
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"self.log({name!r}, ...) needs a scalar, got a tensor of shape {tuple(value.shape)}. "
+                                 "Reduce it first (e.g. .mean()).")
+            value = value.detach()
+        else:
+            value = torch.tensor(float(value))
+        if meta.on_step:
+            key = name + "_step" if meta.on_epoch else name
+            self.step_values[key] = value
+            self.callback_metrics[name] = value
+        if meta.on_epoch:
+            acc = self.epoch_acc.get(name)
+            fx = meta.reduce_fx
+            if fx == "mean":
+                weight = batch_size if batch_size is not None else self.batch_size()
+                if acc is None:
+                    self.epoch_acc[name] = [meta, value.float() * weight, weight]
+                else:
+                    acc[1] = acc[1] + value.float() * weight
+                    acc[2] += weight
+            elif acc is None:
+                self.epoch_acc[name] = [meta, value.float(), 1]
+            elif fx == "sum":
+                acc[1] = acc[1] + value
+            elif fx == "max":
+                acc[1] = torch.maximum(acc[1], value)
+            else:
+                acc[1] = torch.minimum(acc[1], value)
+
+    def _new_meta(self, name, value, args):
+        stage, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist = args
+        if reduce_fx not in _REDUCE_FX:
+            raise ValueError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
+        if not isinstance(value, (torch.Tensor, int, float)):
+            raise TypeError(f"self.log({name!r}, ...) takes a number or a scalar tensor, got {type(value).__name__}.")
+        on_step = self.default_on_step if on_step is None else on_step
+        on_epoch = self.default_on_epoch if on_epoch is None else on_epoch
+        if stage != "train":
+            on_step = False if on_step is None else on_step
+        meta = _Meta(name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, args)
+        self._metas[name] = meta
+        if prog_bar:
+            self.prog_bar_names.add(name)
+        return meta
+
+    # -- reductions -----------------------------------------------------------------------------------------------
+    def reduce_epoch(self, stage):
+        """Reduce `stage`'s accumulated epoch values (across ranks for sync_dist), publish them, and reset."""
+        acc = self._acc_by_stage.setdefault(stage, {})
+        if not acc:
+            return {}
+        names = sorted(acc)
+        synced = [n for n in names if acc[n][0].sync_dist and self.strategy.world_size > 1]
+        if synced:
+            self._sync_accumulators(acc, synced)
+        values = {}
+        for name in names:
+            meta, total, weight = acc[name]
+            key = name + "_epoch" if meta.on_step else name
+            values[key] = total / weight if meta.reduce_fx == "mean" else total
+            self.callback_metrics[name] = values[key]
+        acc.clear()
+        self.epoch_values.update(values)
+        self.callback_metrics.update(values)
+        return values
+
+    def _sync_accumulators(self, acc, names):
+        # One collective per reduction kind: means and sums are summed (value and weight), max and min apart.
+        for op, fxs in (("sum", ("mean", "sum")), ("max", ("max",)), ("min", ("min",))):
+            group = [n for n in names if acc[n][0].reduce_fx in fxs]
+            if not group:
+                continue
+            flat = []
+            for n in group:
+                _, total, weight = acc[n]
+                flat += [total.float().reshape(()), torch.as_tensor(weight, dtype=torch.float32, device=total.device)]
+            reduced = self.strategy.reduce(torch.stack(flat), op=op)
+            for i, n in enumerate(group):
+                acc[n][1] = reduced[2 * i]
+                acc[n][2] = reduced[2 * i + 1] if op == "sum" else 1
+
+    def step_metrics_for_logger(self):
+        """The step values to write now (synchronised across ranks where asked). Called on every rank."""
+        names = sorted(n for n in self.step_values if self._metas[n.removesuffix("_step")].logger)
+        values = {n: self.step_values[n] for n in names}
+        synced = [n for n in names if self._metas[n.removesuffix("_step")].sync_dist and self.strategy.world_size > 1]
+        if synced:
+            stacked = self.strategy.reduce(torch.stack([values[n].float().reshape(()) for n in synced]), op="mean")
+            for i, n in enumerate(synced):
+                values[n] = stacked[i]
+        return values
+
+    def logger_epoch_values(self, values):
+        return {n: v for n, v in values.items() if self._metas[n.removesuffix("_epoch")].logger}
+
+    def progress_bar_metrics(self) -> dict:
+        out = {}
+        for name in self.prog_bar_names:
+            value = self.step_values.get(name, self.step_values.get(name + "_step"))
+            if value is None:
+                value = self.epoch_values.get(name, self.epoch_values.get(name + "_epoch"))
+            if value is not None:
+                out[name] = value.item() if isinstance(value, torch.Tensor) else value
+        return out
+
+    def state_dict(self):
+        # the training epoch's accumulators, so that epoch metrics after a mid-epoch resume cover the whole epoch
+        acc = self._acc_by_stage.get("train", {})
+        return {name: {"total": total, "weight": weight, "args": list(meta.args)}
+                for name, (meta, total, weight) in acc.items()}
+
+    def load_state_dict(self, state):
+        acc = self._acc_by_stage.setdefault("train", {})
+        acc.clear()
+        for name, item in state.items():
+            meta = self._new_meta(name, item["total"], tuple(item["args"]))
+            acc[name] = [meta, item["total"], item["weight"]]
+
+
+def _infer_batch_size(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            size = _infer_batch_size(item)
+            if size is not None:
+                return size
+    if isinstance(batch, dict):
+        for item in batch.values():
+            size = _infer_batch_size(item)
+            if size is not None:
+                return size
+    return 1

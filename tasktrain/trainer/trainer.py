@@ -1,0 +1,949 @@
+"""Trainer: fit / validate / test / predict. The loop is in `_fit_loop` and `_train_epoch`, top to bottom.
+
+Per optimizer step (automatic optimisation), in this order:
+
+    on_train_batch_start
+    training_step (under autocast, through the DDP/DeepSpeed wrapper)
+    on_before_backward -> backward -> on_after_backward            (each micro-batch)
+    on_before_optimizer_step -> optimizer step -> on_before_zero_grad -> zero_grad   (window end only)
+    step-interval schedulers; logger flush every log_every_n_steps
+    validation, when due at this step
+    on_train_batch_end                                             (checkpoints are saved here: after validation)
+
+At the end of an epoch: epoch metrics reduced, validation when due, epoch-interval schedulers, then
+on_train_epoch_end (module first; what it logs is reduced before the callbacks' on_train_epoch_end runs).
+"""
+import math
+import os
+import signal
+import sys
+import threading
+import warnings
+from functools import partial
+
+import torch
+
+from tasktrain.callbacks.base import EVENTS, Callback, Logger
+from tasktrain.strategies.environment import detect_environment, launch_config
+from tasktrain.strategies.precision import make_precision, normalize_precision
+from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy
+from tasktrain.trainer import checkpoint as ckpt_io
+from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
+from tasktrain.trainer.metrics import MetricStore
+from tasktrain.trainer.module import TaskModule, is_overridden
+from tasktrain.trainer.optim import parse_optimizers
+from tasktrain.trainer.seed import get_seed
+from tasktrain.trainer.state import TrainState
+from tasktrain.version import __version__
+
+
+class Trainer:
+    def __init__(
+        self,
+        *,
+        accelerator="auto",
+        strategy="auto",
+        devices="auto",
+        num_nodes=1,
+        precision=None,
+        max_epochs=None,
+        max_steps=-1,
+        limit_train_batches=None,
+        limit_val_batches=None,
+        limit_test_batches=None,
+        limit_predict_batches=None,
+        val_check_interval=None,
+        check_val_every_n_epoch=1,
+        num_sanity_val_steps=2,
+        accumulate_grad_batches=1,
+        gradient_clip_val=None,
+        gradient_clip_algorithm="norm",
+        callbacks=None,
+        logger=True,
+        enable_progress_bar=True,
+        enable_checkpointing=True,
+        log_every_n_steps=50,
+        default_root_dir=None,
+        deterministic=False,
+        max_time=None,
+    ):
+        launch = launch_config()
+        self.env = detect_environment()
+        if launch.launched:
+            strategy = _launch_choice("strategy", strategy, "auto", launch.strategy, launch.deepspeed)
+            precision = _launch_choice("precision", precision, None, launch.precision)
+            if launch.use_cpu and accelerator == "auto":
+                accelerator = "cpu"
+        self.precision_name = normalize_precision(precision)
+        accelerator = resolve_accelerator(accelerator)
+        self.devices = resolve_devices(devices, accelerator, self.env)
+        self.num_nodes = int(num_nodes)
+        if launch.launched and launch.num_machines and num_nodes == 1:
+            self.num_nodes = launch.num_machines
+        self.strategy = resolve_strategy(strategy, accelerator, self.devices, self.num_nodes, self.env)
+        self.strategy.configure(accelerator, self.devices, self.num_nodes)
+        self.strategy.precision = make_precision(self.precision_name, self.strategy.root_device.type)
+
+        if max_epochs is None and max_steps in (None, -1):
+            max_epochs = 1000
+        self.max_epochs = -1 if max_epochs is None else int(max_epochs)
+        self.max_steps = -1 if max_steps is None else int(max_steps)
+        self.limit_train_batches = limit_train_batches
+        self.limit_val_batches = limit_val_batches
+        self.limit_test_batches = limit_test_batches
+        self.limit_predict_batches = limit_predict_batches
+        self.val_check_interval = val_check_interval
+        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.num_sanity_val_steps = num_sanity_val_steps
+        if int(accumulate_grad_batches) < 1:
+            raise ValueError(f"accumulate_grad_batches={accumulate_grad_batches}: use a positive integer.")
+        self.accumulate_grad_batches = int(accumulate_grad_batches)
+        if int(log_every_n_steps) < 1:
+            raise ValueError(f"log_every_n_steps={log_every_n_steps}: use a positive integer.")
+        self.log_every_n_steps = int(log_every_n_steps)
+        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
+        self.enable_checkpointing = enable_checkpointing
+        if deterministic:
+            torch.use_deterministic_algorithms(True)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+        self.callbacks = self._default_callbacks(
+            list(callbacks or []) if not isinstance(callbacks, Callback) else [callbacks],
+            logger, enable_progress_bar, enable_checkpointing, gradient_clip_val, gradient_clip_algorithm, max_time,
+        )
+
+        self.state = TrainState()
+        self.should_stop = False
+        self.optimizers = []
+        self.lr_scheduler_configs = []
+        self.module = None
+        self.sanity_checking = False
+        self.training = False
+        self.num_training_batches = None
+        self._metrics = None
+        self._callback_metrics_cache = {}
+        self._logged_metrics = {}
+        self._hooks = {}
+        self._preempted = False
+        self._preempt_path = None
+        self._validations_run = 0
+        self._val_loader = None
+        self._launch_checked = launch
+
+    # -- set-up helpers --------------------------------------------------------------------------------------------
+    def _default_callbacks(self, callbacks, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time):
+        from tasktrain.callbacks import ModelCheckpoint, ProgressBar, TensorBoardLogger
+        from tasktrain.callbacks.clipping import GradientClipping
+        from tasktrain.callbacks.timer import Timer
+
+        if logger is True:
+            callbacks.append(TensorBoardLogger(self.default_root_dir))
+        elif isinstance(logger, Logger):
+            callbacks.append(logger)
+        elif isinstance(logger, (list, tuple)):
+            callbacks.extend(logger)
+        elif logger not in (False, None):
+            raise TypeError(f"logger={logger!r}: use True, False, a Logger, or a list of loggers.")
+        if progress_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(ProgressBar())
+        if checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+            callbacks.append(ModelCheckpoint())
+        if not checkpointing and any(isinstance(c, ModelCheckpoint) for c in callbacks):
+            raise ValueError("enable_checkpointing=False, but a ModelCheckpoint is in callbacks: remove one of them.")
+        if clip_val is not None:
+            if clip_algorithm not in ("norm", "value"):
+                raise ValueError(f"gradient_clip_algorithm={clip_algorithm!r}: use 'norm' or 'value'.")
+            callbacks.append(GradientClipping(**({"max_norm": clip_val} if clip_algorithm == "norm" else
+                                                 {"max_value": clip_val})))
+        if max_time is not None:
+            callbacks.append(Timer(duration=max_time))
+        # Loggers first, checkpointing last: a checkpoint holds the state of every other callback at that point.
+        return sorted(callbacks, key=lambda c: 0 if isinstance(c, Logger) else 2 if isinstance(c, ModelCheckpoint) else 1)
+
+    @property
+    def loggers(self):
+        return [c for c in self.callbacks if isinstance(c, Logger)]
+
+    @property
+    def logger(self):
+        loggers = self.loggers
+        return loggers[0] if loggers else None
+
+    @property
+    def log_dir(self):
+        logger = self.logger
+        return logger.log_dir if logger is not None and logger.log_dir else self.default_root_dir
+
+    @property
+    def checkpoint_callbacks(self):
+        from tasktrain.callbacks import ModelCheckpoint
+
+        return [c for c in self.callbacks if isinstance(c, ModelCheckpoint)]
+
+    @property
+    def checkpoint_callback(self):
+        cbs = self.checkpoint_callbacks
+        return cbs[0] if cbs else None
+
+    # -- read-only views -------------------------------------------------------------------------------------------
+    @property
+    def global_step(self):
+        return self.state.global_step
+
+    @property
+    def current_epoch(self):
+        return self.state.epoch
+
+    @property
+    def global_rank(self):
+        return self.strategy.global_rank
+
+    @property
+    def local_rank(self):
+        return self.strategy.local_rank
+
+    @property
+    def node_rank(self):
+        return self.strategy.node_rank
+
+    @property
+    def world_size(self):
+        return self.strategy.world_size
+
+    @property
+    def is_global_zero(self):
+        return self.strategy.is_global_zero
+
+    @property
+    def precision(self):
+        return self.precision_name
+
+    @property
+    def callback_metrics(self):
+        return self._metrics.callback_metrics if self._metrics else self._callback_metrics_cache
+
+    @property
+    def logged_metrics(self):
+        return self._logged_metrics
+
+    @property
+    def progress_bar_metrics(self):
+        return self._metrics.progress_bar_metrics() if self._metrics else {}
+
+    # -- hooks -----------------------------------------------------------------------------------------------------
+    def _build_hooks(self, module):
+        """For each event, the module's hook (if overridden) then each overriding callback, bound once."""
+        self._hooks = {}
+        for event in EVENTS:
+            fns = []
+            if event not in ("on_exception",) and is_overridden(event, module, TaskModule):
+                fns.append((True, getattr(module, event)))
+            for cb in self.callbacks:
+                if is_overridden(event, cb, Callback):
+                    fns.append((False, partial(getattr(cb, event), self, module)))
+            self._hooks[event] = fns
+        # The hot-path events as plain lists of callables.
+        self._module_hooks = {e: [f for is_mod, f in fns if is_mod] for e, fns in self._hooks.items()}
+        self._callback_hooks = {e: [f for is_mod, f in fns if not is_mod] for e, fns in self._hooks.items()}
+        self._all_hooks = {e: [f for _, f in fns] for e, fns in self._hooks.items()}
+
+    def _call(self, event, *args):
+        for fn in self._all_hooks[event]:
+            fn(*args)
+
+    # -- entry points ----------------------------------------------------------------------------------------------
+    def fit(self, module, train_dataloaders=None, val_dataloaders=None, ckpt_path=None):
+        return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path)
+
+    def validate(self, module=None, dataloaders=None, ckpt_path=None, verbose=True):
+        return self._run("validate", module, None, dataloaders, ckpt_path=ckpt_path)
+
+    def test(self, module=None, dataloaders=None, ckpt_path=None, verbose=True):
+        return self._run("test", module, None, dataloaders, ckpt_path=ckpt_path)
+
+    def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False):
+        """Predictions of this rank, in loader order; with gather=True, every rank's, in dataset order."""
+        return self._run("predict", module, None, dataloaders, ckpt_path=ckpt_path, gather=gather)
+
+    def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False):
+        module = module if module is not None else self.module
+        if not isinstance(module, TaskModule):
+            raise TypeError(f"Trainer.{stage} needs a TaskModule, got {type(module).__name__}.")
+        self._check_module(module, stage)
+        if getattr(self.strategy, "start_method", None) == "spawn" and self.strategy.needs_launch():
+            from tasktrain.strategies.spawn import run_spawned
+
+            return run_spawned(self, stage, module, train_loader, eval_loader, ckpt_path, gather)
+        strategy = self.strategy
+        strategy.setup_environment()
+        self.module = module
+        module.trainer = self
+        self._metrics = MetricStore(strategy)
+        self._build_hooks(module)
+        self.should_stop = False
+        self._preempted = False
+        self._preempt_path = None
+        self._validations_run = 0
+        result = None
+        try:
+            if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
+                print(f"[tasktrain] {strategy.describe()}, precision={self.precision_name}", flush=True)
+                Trainer._announced = True
+            self._call("setup", stage)
+            if stage == "fit":
+                self._fit(module, train_loader, eval_loader, ckpt_path)
+            else:
+                result = self._evaluate_entry(stage, module, eval_loader, ckpt_path, gather)
+        except BaseException as exc:
+            self._on_failure(exc)
+            raise
+        finally:
+            self._teardown(stage, module)
+        return result
+
+    def _check_module(self, module, stage):
+        if stage == "fit":
+            if not is_overridden("training_step", module, TaskModule):
+                raise NotImplementedError(
+                    f"{type(module).__name__} does not define training_step(self, batch, batch_idx); the Trainer "
+                    "needs it to fit. It must return the loss (or a dict with a 'loss' key)."
+                )
+            if not is_overridden("configure_optimizers", module, TaskModule):
+                raise NotImplementedError(
+                    f"{type(module).__name__} does not define configure_optimizers(self); return an optimizer, "
+                    "e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
+                )
+        elif stage in ("validate", "test"):
+            name = "validation_step" if stage == "validate" else "test_step"
+            if not hasattr(module, name):
+                raise NotImplementedError(f"Trainer.{stage} needs {type(module).__name__}.{name}(self, batch, batch_idx).")
+
+    def _on_failure(self, exc):
+        for fn in self._all_hooks.get("on_exception", []):
+            try:
+                fn(exc)
+            except Exception:  # the original error is what matters
+                pass
+        if self.world_size > 1 and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            print(f"[tasktrain] rank {self.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+    def _teardown(self, stage, module):
+        try:
+            self._call("teardown", stage)
+        finally:
+            for logger in self.loggers:
+                if self.is_global_zero:
+                    logger.finalize()
+            self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
+            self.strategy.teardown()
+            self._metrics = None
+
+    # -- fit ---------------------------------------------------------------------------------------------------------
+    def _fit(self, module, train_loader, val_loader, ckpt_path):
+        strategy = self.strategy
+        train_loader = train_loader if train_loader is not None else module.train_dataloader()
+        if train_loader is None:
+            raise ValueError("fit needs training data: pass train_dataloaders or define train_dataloader() on the module.")
+        val_loader = val_loader if val_loader is not None else module.val_dataloader()
+        has_val = val_loader is not None and hasattr(module, "validation_step")
+
+        optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+        if module.automatic_optimization and len(optimizers) > 1:
+            raise ValueError(
+                f"configure_optimizers returned {len(optimizers)} optimizers: automatic optimisation steps one. "
+                "Set `self.automatic_optimization = False` in __init__ and step them yourself in training_step "
+                "(self.optimizers(), self.manual_backward(loss))."
+            )
+        _, self.optimizers = strategy.setup(module, optimizers)
+        self._connect_data_to_strategy(train_loader)
+
+        # Data order: a function of (seed, epoch), the same seed on every rank.
+        self.state = TrainState(data_seed=strategy.broadcast(get_seed()), stage="fit")
+        train_data = prepare_train_data(train_loader, strategy.world_size, strategy.global_rank, self.state.data_seed)
+        self.num_training_batches = self._limit(train_data, self.limit_train_batches, "limit_train_batches")
+        if self.num_training_batches is None and self.max_steps == -1:
+            raise ValueError(
+                "The training loader has no length (an infinite or iterable dataset) and max_steps is not set, so "
+                "training would never end. Set Trainer(max_steps=N), or give the loader a __len__ / set "
+                "limit_train_batches=N to define an epoch."
+            )
+        if has_val:
+            val_loader = prepare_eval_loader(val_loader, strategy.world_size, strategy.global_rank)
+        self._val_loader = val_loader if has_val else None
+
+        rng_states = None
+        if ckpt_path is not None:
+            rng_states = self._restore(ckpt_path)
+
+        self._call("on_fit_start")
+        if self.is_global_zero:
+            for logger in self.loggers:
+                logger.log_hyperparams(dict(module.hparams))
+        if has_val and self.num_sanity_val_steps and not self._restored_mid_run():
+            self.sanity_checking = True
+            self._call("on_sanity_check_start")
+            self._evaluate("validate", val_loader, self._sanity_limit(val_loader))
+            self._call("on_sanity_check_end")
+            self.sanity_checking = False
+            self._metrics.callback_metrics.clear()
+            self._metrics.epoch_values.clear()
+        if rng_states is not None:
+            ckpt_io.restore_rng_states(rng_states)
+
+        previous = self._install_sigterm_handler()
+        try:
+            self._fit_loop(module, train_data)
+        finally:
+            self._restore_sigterm_handler(previous)
+        self._call("on_fit_end")
+        skipped = self.strategy.precision.skipped_steps
+        if skipped and self.is_global_zero:
+            print(f"[tasktrain] GradScaler skipped {skipped} optimizer step(s) with inf/NaN gradients.", flush=True)
+        if self._preempted:
+            raise SystemExit(
+                f"[tasktrain] stopped by SIGTERM after step {self.global_step}; a checkpoint was saved to "
+                f"{self._preempt_path}. Resume with trainer.fit(module, ..., ckpt_path='last')."
+            )
+
+    def _fit_loop(self, module, train_data):
+        module.train()
+        self.training = True
+        self._call("on_train_start")
+        while not self._done():
+            epoch = self.state.epoch
+            self._train_epoch(module, train_data, epoch)
+            if self.should_stop or self._max_steps_reached():
+                break
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+            self.state.epoch_finished = False
+        self.training = False
+        self._call("on_train_end")
+
+    def _done(self):
+        return self._max_steps_reached() or (self.max_epochs != -1 and self.state.epoch >= self.max_epochs)
+
+    def _max_steps_reached(self):
+        return self.max_steps != -1 and self.state.global_step >= self.max_steps
+
+    def _train_epoch(self, module, data, epoch):
+        strategy, metrics, state = self.strategy, self._metrics, self.state
+        num_batches = self.num_training_batches
+        accumulate = self.accumulate_grad_batches
+        automatic = module.automatic_optimization
+        optimizer = self.optimizers[0] if self.optimizers else None
+        hooks = self._all_hooks
+        val_every = self._val_every_n_batches()
+        start = state.batch_in_epoch
+
+        metrics.set_stage("train", True, False)
+        data.set_epoch(epoch)
+        data.skip(start)
+        self._call("on_train_epoch_start")
+        self._loss_window = []
+        self._loss_window_start = start
+
+        batch_idx = start - 1
+        iterator = iter(data) if num_batches is None or start < num_batches else iter(())
+        for batch in iterator:
+            batch_idx += 1
+            if num_batches is not None and batch_idx >= num_batches:
+                break
+            batch = strategy.batch_to_device(batch)
+            metrics.set_batch(batch)
+            for fn in hooks["on_train_batch_start"]:
+                fn(batch, batch_idx)
+
+            window_start = batch_idx - batch_idx % accumulate
+            window = accumulate if num_batches is None else min(accumulate, num_batches - window_start)
+            is_step = batch_idx + 1 - window_start == window
+            if automatic:
+                with strategy.no_backward_sync(not is_step):
+                    outputs = strategy.training_step(batch, batch_idx)
+                    loss = self._loss_of(outputs, batch_idx)
+                    self._loss_window.append(loss.detach())
+                    if window > 1:
+                        loss = loss / window
+                    for fn in hooks["on_before_backward"]:
+                        fn(loss)
+                    strategy.backward(loss)
+                    for fn in hooks["on_after_backward"]:
+                        fn()
+                if is_step:
+                    for fn in hooks["on_before_optimizer_step"]:
+                        fn(optimizer)
+                    stepped = strategy.optimizer_step(optimizer)
+                    for fn in hooks["on_before_zero_grad"]:
+                        fn(optimizer)
+                    strategy.zero_grad(optimizer)
+                    state.global_step += 1
+                    if stepped:
+                        self._step_schedulers("step")
+            else:
+                outputs = strategy.training_step(batch, batch_idx)
+                is_step = True  # in manual optimisation every batch is a step boundary for the loop
+            state.batch_in_epoch = batch_idx + 1
+
+            if is_step:
+                if state.global_step % self.log_every_n_steps == 0:
+                    self._check_finite_loss()
+                    self._flush_step_metrics()
+                if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != num_batches:
+                    self._run_validation(epoch_end=False)
+            for fn in hooks["on_train_batch_end"]:
+                fn(outputs, batch, batch_idx)
+            if is_step and (self._stop_agreed(at_interval=True) or self._max_steps_reached()):
+                break
+        # A window cut short by the end of an infinite-length epoch still steps.
+        if automatic and num_batches is None and (batch_idx + 1) % accumulate and not self.should_stop:
+            self._manual_window_step(optimizer)
+
+        self._check_finite_loss()
+        if self._stopping_for_signal():
+            return
+        # epoch end: train epoch metrics, validation when due, epoch schedulers, then on_train_epoch_end.
+        complete = num_batches is None or state.batch_in_epoch >= num_batches
+        self._flush_epoch_metrics(metrics.reduce_epoch("train"))
+        if complete and self._val_at_epoch_end(epoch):
+            self._run_validation(epoch_end=True)
+        metrics.set_stage("train", False, True)
+        if complete:
+            self._step_schedulers("epoch")
+            state.epoch_finished = True
+        for fn in self._module_hooks["on_train_epoch_end"]:
+            fn()
+        self._flush_epoch_metrics(metrics.reduce_epoch("train"))
+        for fn in self._callback_hooks["on_train_epoch_end"]:
+            fn()
+        self._stop_agreed(at_interval=False)
+
+    def _manual_window_step(self, optimizer):
+        for fn in self._all_hooks["on_before_optimizer_step"]:
+            fn(optimizer)
+        stepped = self.strategy.optimizer_step(optimizer)
+        for fn in self._all_hooks["on_before_zero_grad"]:
+            fn(optimizer)
+        self.strategy.zero_grad(optimizer)
+        self.state.global_step += 1
+        if stepped:
+            self._step_schedulers("step")
+
+    def _loss_of(self, outputs, batch_idx):
+        loss = outputs["loss"] if isinstance(outputs, dict) and "loss" in outputs else outputs
+        if not isinstance(loss, torch.Tensor):
+            got = "None" if loss is None else type(loss).__name__
+            raise TypeError(
+                f"training_step returned {got} at batch {batch_idx}; with automatic optimisation it must return the "
+                "loss tensor (or a dict with a 'loss' key). Return the loss, or set "
+                "`self.automatic_optimization = False` to step optimizers yourself."
+            )
+        if loss.numel() != 1:
+            raise ValueError(f"training_step returned a loss of shape {tuple(loss.shape)} at batch {batch_idx}; the "
+                             "loss must be a scalar. Reduce it, e.g. loss.mean().")
+        if not loss.requires_grad:
+            raise ValueError(
+                f"training_step returned a loss with no gradient (requires_grad=False) at batch {batch_idx}: it was "
+                "computed without the module's parameters, under torch.no_grad(), or detached (.item(), .detach())."
+            )
+        return loss
+
+    def _check_finite_loss(self):
+        """The losses since the last check are tested in one go, so there is no host sync per step."""
+        window = self._loss_window
+        if not window:
+            return
+        finite = torch.isfinite(torch.stack(window).float())
+        if not bool(finite.all()):
+            first = int((~finite).nonzero()[0, 0])
+            batch = self._loss_window_start + first
+            value = torch.stack(window)[first].item()
+            raise FloatingPointError(
+                f"The training loss became {value} at epoch {self.current_epoch}, batch {batch} (checked at global step "
+                f"{self.global_step}). Lower the learning rate, clip gradients (gradient_clip_val=1.0), check the data "
+                "for NaN/inf, or use precision='bf16-mixed' instead of '16-mixed'."
+            )
+        self._loss_window = []
+        self._loss_window_start += len(window)
+
+    # -- validation schedule ------------------------------------------------------------------------------------------
+    def _val_every_n_batches(self):
+        if self._val_loader is None or self.val_check_interval is None:
+            return None
+        interval = self.val_check_interval
+        if isinstance(interval, float):
+            if not 0.0 < interval <= 1.0:
+                raise ValueError(f"val_check_interval={interval}: a float must be a fraction of the epoch in (0, 1].")
+            if interval == 1.0 or self.num_training_batches is None:
+                return None
+            return max(1, int(self.num_training_batches * interval))
+        return int(interval)
+
+    def _val_at_epoch_end(self, epoch):
+        if self._val_loader is None:
+            return False
+        every = self.check_val_every_n_epoch
+        return every is not None and (epoch + 1) % every == 0
+
+    def _run_validation(self, epoch_end):
+        if self.limit_val_batches == 0:
+            return
+        module = self.module
+        limit = self._limit_eval(self._val_loader, self.limit_val_batches)
+        values = self._evaluate("validate", self._val_loader, limit)
+        self._validations_run += 1
+        if self.is_global_zero and values:
+            self._log_to_loggers(self._metrics.logger_epoch_values(values))
+        self._metrics.set_stage("train", True, False)
+        module.train()
+
+    # -- evaluation ---------------------------------------------------------------------------------------------------
+    def _evaluate_entry(self, stage, module, loader, ckpt_path, gather):
+        strategy = self.strategy
+        strategy.setup(module, [])
+        name = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
+        loader = loader if loader is not None else getattr(module, name)()
+        if loader is None:
+            raise ValueError(f"Trainer.{stage} needs data: pass dataloaders=... or define {name}() on the module.")
+        if ckpt_path is not None:
+            path = self._resolve_ckpt_path(ckpt_path)
+            if path is not None:
+                ckpt = strategy.load_checkpoint(path)
+                module.on_load_checkpoint(ckpt)
+                strategy.load_module_state_dict(ckpt["state_dict"])
+        loader = prepare_eval_loader(loader, strategy.world_size, strategy.global_rank)
+        limit_arg = {"validate": self.limit_val_batches, "test": self.limit_test_batches,
+                     "predict": self.limit_predict_batches}[stage]
+        limit = self._limit_eval(loader, limit_arg)
+        if stage == "predict":
+            return self._predict(module, loader, limit, gather)
+        values = self._evaluate(stage, loader, limit)
+        if self.is_global_zero and values:
+            self._log_to_loggers(self._metrics.logger_epoch_values(values))
+            print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
+        return [{k: float(v) for k, v in values.items()}]
+
+    def _evaluate(self, stage, loader, limit):
+        """Run validation/test batches under inference_mode; returns the reduced epoch metrics."""
+        module, strategy, metrics = self.module, self.strategy, self._metrics
+        prefix = "validation" if stage == "validate" else stage
+        step_fn = getattr(module, f"{prefix}_step")
+        was_training = module.training
+        module.eval()
+        metrics.set_stage(stage, False, True)
+        hooks = self._all_hooks
+        self._call(f"on_{prefix}_start")
+        self._call(f"on_{prefix}_epoch_start")
+        with torch.inference_mode():
+            for batch_idx, batch in enumerate(loader):
+                if limit is not None and batch_idx >= limit:
+                    break
+                batch = strategy.batch_to_device(batch)
+                metrics.set_batch(batch)
+                for fn in hooks[f"on_{prefix}_batch_start"]:
+                    fn(batch, batch_idx)
+                outputs = strategy.eval_step(step_fn, batch, batch_idx)
+                for fn in hooks[f"on_{prefix}_batch_end"]:
+                    fn(outputs, batch, batch_idx)
+            for fn in self._module_hooks[f"on_{prefix}_epoch_end"]:
+                fn()
+            values = metrics.reduce_epoch(stage)
+            for fn in self._callback_hooks[f"on_{prefix}_epoch_end"]:
+                fn()
+        self._call(f"on_{prefix}_end")
+        module.train(was_training)
+        return values
+
+    def _predict(self, module, loader, limit, gather):
+        was_training = module.training
+        module.eval()
+        self._call("on_predict_start")
+        self._call("on_predict_epoch_start")
+        predictions = []
+        with torch.inference_mode():
+            for batch_idx, batch in enumerate(loader):
+                if limit is not None and batch_idx >= limit:
+                    break
+                batch = self.strategy.batch_to_device(batch)
+                self._call("on_predict_batch_start", batch, batch_idx)
+                out = self.strategy.eval_step(module.predict_step, batch, batch_idx)
+                self._call("on_predict_batch_end", out, batch, batch_idx)
+                predictions.append(out)
+        self._call("on_predict_epoch_end")
+        self._call("on_predict_end")
+        module.train(was_training)
+        if gather and self.world_size > 1:
+            return _gather_predictions(self.strategy, predictions)
+        return predictions
+
+    # -- metrics out -----------------------------------------------------------------------------------------------
+    def _flush_step_metrics(self):
+        values = self._metrics.step_metrics_for_logger()  # every rank: may synchronise sync_dist values
+        if self.is_global_zero and values:
+            self._log_to_loggers(values)
+
+    def _flush_epoch_metrics(self, values):
+        if self.is_global_zero and values:
+            self._log_to_loggers(self._metrics.logger_epoch_values(values))
+
+    def _log_to_loggers(self, values):
+        floats = {k: float(v) for k, v in values.items()}
+        if not floats:
+            return
+        floats["epoch"] = float(self.current_epoch)
+        self._logged_metrics.update(floats)
+        for logger in self.loggers:
+            logger.log_metrics(floats, self.global_step)
+
+    # -- schedulers --------------------------------------------------------------------------------------------------
+    def _step_schedulers(self, interval):
+        for config in self.lr_scheduler_configs:
+            if config.interval != interval:
+                continue
+            count = self.global_step if interval == "step" else self.current_epoch + 1
+            if count % config.frequency:
+                continue
+            if config.monitor is None:
+                config.scheduler.step()
+                continue
+            value = self.callback_metrics.get(config.monitor)
+            if value is None:
+                if self.sanity_checking:
+                    continue
+                if not config.strict:
+                    continue
+                raise KeyError(
+                    f"The scheduler {type(config.scheduler).__name__} monitors {config.monitor!r}, which was not "
+                    f"logged. Logged metrics: {sorted(self.callback_metrics)}. Log it with self.log({config.monitor!r}, "
+                    "...) or change 'monitor'."
+                )
+            config.scheduler.step(float(value))
+
+    # -- stopping ------------------------------------------------------------------------------------------------------
+    def _stop_agreed(self, at_interval):
+        """Stop requests (should_stop, SIGTERM) are agreed by all ranks at fixed points, so they stop together.
+
+        One process: at every step. Several: at every log_every_n_steps-th step and at every epoch end, one
+        small all-reduce there; never a collective per step.
+        """
+        local = self.should_stop or self._preempted
+        if self.world_size > 1:
+            if at_interval and self.global_step % self.log_every_n_steps:
+                return False
+            flags = self.strategy.reduce(torch.tensor([float(self.should_stop), float(self._preempted)]), op="max")
+            self.should_stop, self._preempted = bool(flags[0]), bool(flags[1])
+            local = self.should_stop or self._preempted
+        if self._preempted:
+            self.should_stop = True
+            self._save_preemption_checkpoint()
+        return local
+
+    def _stopping_for_signal(self):
+        return self._preempted and self.should_stop
+
+    def _install_sigterm_handler(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        launcher = getattr(self.strategy, "launcher", None)
+
+        def on_sigterm(signum, frame):
+            if self._preempted:
+                return
+            self._preempted = True
+            if launcher is not None:  # self-launched workers get the news too
+                for proc in launcher.procs:
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGTERM)
+
+        return signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _restore_sigterm_handler(self, previous):
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _save_preemption_checkpoint(self):
+        if getattr(self, "_preempt_path", None):
+            return
+        directory = self.checkpoint_callback.dirpath_resolved(self) if self.checkpoint_callback else \
+            os.path.join(self.log_dir, "checkpoints")
+        path = os.path.join(directory, f"preempted-epoch={self.current_epoch}-step={self.global_step}.ckpt")
+        self.save_checkpoint(path)
+        self._preempt_path = path
+        if self.is_global_zero:
+            print(f"[tasktrain] SIGTERM: finished step {self.global_step}, saved {path}", file=sys.stderr, flush=True)
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------------
+    def dump_checkpoint(self, weights_only=False) -> dict:
+        """The checkpoint dict (see tasktrain/trainer/checkpoint.py for every key). Called on every rank."""
+        strategy, module = self.strategy, self.module
+        checkpoint = {
+            "format_version": ckpt_io.CHECKPOINT_FORMAT_VERSION,
+            "tasktrain_version": __version__,
+            "torch_version": torch.__version__,
+            "state_dict": strategy.module_state_dict(),
+            "hyper_parameters": _plain(dict(module.hparams)),
+            "weights_only": bool(weights_only),
+            "train_state": self.state.state_dict(),
+            "world_size": self.world_size,
+        }
+        if not weights_only:
+            checkpoint["optimizer_states"] = [strategy.optimizer_state(o) for o in self.optimizers]
+            checkpoint["lr_schedulers"] = [c.scheduler.state_dict() for c in self.lr_scheduler_configs]
+            checkpoint["precision"] = strategy.precision.state_dict()
+            checkpoint["callbacks"] = {c.state_key: c.state_dict() for c in self.callbacks}
+            checkpoint["metrics"] = self._metrics.state_dict() if self._metrics else {}
+            checkpoint["rng_states"] = strategy.all_gather_object(ckpt_io.collect_rng_states())
+        module.on_save_checkpoint(checkpoint)
+        for cb in self.callbacks:
+            if is_overridden("on_save_checkpoint", cb, Callback):
+                cb.on_save_checkpoint(self, module, checkpoint)
+        return checkpoint
+
+    def save_checkpoint(self, filepath, weights_only=False):
+        """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
+        checkpoint = self.dump_checkpoint(weights_only)
+        self.strategy.save_checkpoint(checkpoint, filepath)
+        if not weights_only and self.is_global_zero:
+            ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
+
+    def _resolve_ckpt_path(self, ckpt_path):
+        if ckpt_path == "last":
+            path = ckpt_io.read_last_pointer(self.default_root_dir)
+            if path is None and self.is_global_zero:
+                print(f"[tasktrain] ckpt_path='last': no checkpoint recorded under {self.default_root_dir}; "
+                      "starting from scratch.", flush=True)
+            return path
+        return os.fspath(ckpt_path)
+
+    def _restore(self, ckpt_path):
+        """Load everything but the RNG (returned, restored once the loop is about to continue)."""
+        path = self._resolve_ckpt_path(ckpt_path)
+        self._resumed_from = path
+        if path is None:
+            return None
+        strategy, module = self.strategy, self.module
+        ckpt = strategy.load_checkpoint(path)
+        if ckpt.get("weights_only"):
+            raise ValueError(
+                f"{path} was saved with save_weights_only=True: it holds the weights but no optimizer, scheduler or "
+                "loop state, so training cannot resume from it. Use it for inference "
+                f"({type(module).__name__}.load_from_checkpoint(path)) or start a new fit from those weights."
+            )
+        module.on_load_checkpoint(ckpt)
+        for cb in self.callbacks:
+            if is_overridden("on_load_checkpoint", cb, Callback):
+                cb.on_load_checkpoint(self, module, ckpt)
+        strategy.load_module_state_dict(ckpt["state_dict"])
+        saved_opts = ckpt.get("optimizer_states", [])
+        if len(saved_opts) != len(self.optimizers):
+            raise ValueError(f"{path} has {len(saved_opts)} optimizer states but configure_optimizers returned "
+                             f"{len(self.optimizers)} optimizers.")
+        for optimizer, state in zip(self.optimizers, saved_opts):
+            strategy.load_optimizer_state(optimizer, state)
+        for config, state in zip(self.lr_scheduler_configs, ckpt.get("lr_schedulers", [])):
+            config.scheduler.load_state_dict(state)
+        strategy.precision.load_state_dict(ckpt.get("precision", {}))
+        saved_callbacks = ckpt.get("callbacks", {})
+        for cb in self.callbacks:
+            if cb.state_key in saved_callbacks:
+                cb.load_state_dict(saved_callbacks[cb.state_key])
+        self._metrics.load_state_dict(ckpt.get("metrics", {}))
+        data_seed = self.state.data_seed
+        self.state.load_state_dict(ckpt["train_state"])
+        self.state.data_seed = ckpt["train_state"].get("data_seed", data_seed)
+        if self.state.epoch_finished:
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+            self.state.epoch_finished = False
+        if self.is_global_zero:
+            print(f"[tasktrain] resumed from {path} at epoch {self.state.epoch}, global step {self.state.global_step}, "
+                  f"batch {self.state.batch_in_epoch} of the epoch", flush=True)
+        states = ckpt.get("rng_states") or []
+        if not states:
+            return None
+        if len(states) != self.world_size:
+            warnings.warn(f"{path} was saved by {len(states)} ranks and is resumed by {self.world_size}: random "
+                          "streams restart from rank 0's state, so the run will not repeat exactly.")
+        return states[self.global_rank] if self.global_rank < len(states) else states[0]
+
+    def _restored_mid_run(self):
+        return getattr(self, "_resumed_from", None) is not None
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+    def _connect_data_to_strategy(self, train_loader):
+        connect = getattr(self.strategy, "connect_data", None)
+        if connect is not None:
+            connect(self, train_loader)
+
+    def _limit(self, data, limit, name):
+        length = len(data) if data.has_len() else None
+        return _apply_limit(length, limit, name)
+
+    def _limit_eval(self, loader, limit):
+        try:
+            length = len(loader)
+        except TypeError:
+            length = None
+        return _apply_limit(length, limit, "limit_*_batches")
+
+    def _sanity_limit(self, loader):
+        limit = self._limit_eval(loader, self.limit_val_batches)
+        steps = self.num_sanity_val_steps
+        if steps == -1:
+            return limit
+        return steps if limit is None else min(steps, limit)
+
+    def _preempt_path_default(self):
+        return None
+
+
+def _apply_limit(length, limit, name):
+    if limit is None:
+        return length
+    if isinstance(limit, float):
+        if not 0.0 <= limit <= 1.0:
+            raise ValueError(f"{name}={limit}: a float is a fraction of the loader in [0, 1]; an int is a batch count.")
+        if length is None:
+            raise ValueError(f"{name}={limit} is a fraction, but the loader has no length: use an int batch count.")
+        return int(length * limit) if limit < 1.0 else length
+    limit = int(limit)
+    return limit if length is None else min(limit, length)
+
+
+def _launch_choice(name, given, default, launched, extra=None):
+    """Explicit arguments in the script win over `tasktrain launch`'s config, with a warning."""
+    if launched is None:
+        return given
+    if given == default:
+        if name == "strategy" and launched == "deepspeed" and extra:
+            from tasktrain.strategies.registry import strategy_from_name
+
+            return strategy_from_name("deepspeed", **extra)
+        return launched
+    if str(given) != str(launched):
+        warnings.warn(f"The script passes {name}={given!r}, which overrides {name}={launched!r} from the launch config.")
+    return given
+
+
+def _plain(value):
+    """Hyper-parameters must load with weights_only=True: keep plain data, turn the rest into strings."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (int, float, str, bool, type(None), torch.Tensor)):
+        return value
+    return repr(value)
+
+
+def _gather_predictions(strategy, predictions):
+    """Every rank's predictions in dataset order (ranks hold samples r, r+W, ... of an unpadded shard)."""
+    gathered = strategy.all_gather_object([p.cpu() if isinstance(p, torch.Tensor) else p for p in predictions])
+    if all(isinstance(p, torch.Tensor) for rank in gathered for p in rank):
+        rows = [torch.cat(rank) if rank else None for rank in gathered]
+        total = sum(r.shape[0] for r in rows if r is not None)
+        out = [None] * total
+        for rank, tensor in enumerate(rows):
+            for i in range(0 if tensor is None else tensor.shape[0]):
+                out[rank + i * len(rows)] = tensor[i]
+        return torch.stack(out) if out else torch.empty(0)
+    return gathered
