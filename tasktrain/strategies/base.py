@@ -83,6 +83,13 @@ class Strategy:
         self.optimizers = list(optimizers)
         return self.model, self.optimizers
 
+    def wrap_model(self, model):
+        """The Accelerator's path: cast and move `model`, and wrap it so that calling it runs the model's own
+        forward through the strategy (setup() routes training_step instead). Keeps no reference: call it once
+        per model."""
+        model = self.precision.convert_module(model) if self.precision else model
+        return model.to(self.root_device)
+
     def teardown(self):
         self.model = None
         self.optimizers = []
@@ -119,8 +126,9 @@ class Strategy:
             torch.nn.utils.clip_grad_value_(params, max_value)
         return norm
 
-    def no_backward_sync(self, enabled: bool):
-        """Skip the gradient all-reduce for this micro-batch (gradient accumulation)."""
+    def no_backward_sync(self, enabled: bool, model=None):
+        """Skip the gradient all-reduce for this micro-batch (gradient accumulation); `model`: a wrap_model()
+        result, default the model of setup()."""
         return contextlib.nullcontext()
 
     def batch_to_device(self, batch):

@@ -1,7 +1,23 @@
-"""DDP: torch DistributedDataParallel, one process per device, gloo on CPU and nccl on CUDA."""
+"""DDP: torch DistributedDataParallel, one process per device, gloo on CPU and nccl on CUDA.
+
+Who starts the processes:
+- nobody (plain `python train.py`): rank 0 re-runs the same command for ranks 1..N-1 (launcher.py), or, with
+  start_method="spawn" ("ddp_spawn"), the Trainer spawns N children and waits for them (spawn.py);
+- torchrun, `tasktrain launch` or SLURM: every process joins the world those launchers describe.
+
+The process group lives as long as the process: `trainer.fit(...)` then `trainer.test(...)` in one script use
+the same group (the other ranks run the same script, so they reach the same calls). Each stage's teardown
+drops the DDP wrapper; the group itself is destroyed at exit, after the wrappers are gone (gloo can abort at
+interpreter exit otherwise, see FINDINGS), and rank 0 then waits for the workers it started.
+"""
+import atexit
 import contextlib
 import gc
+import inspect
 import os
+import sys
+import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -11,6 +27,11 @@ from tasktrain.strategies.base import Strategy
 from tasktrain.strategies.environment import detect_environment
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+_DDP_OPTIONS = set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters) - {
+    "self", "module", "device_ids", "output_device", "process_group"}
+
+# One process group per process, created by the first DDP strategy that needs it and shared by later ones.
+_PROCESS = {"owns_group": False, "exit_hook": False, "error_hook": False, "launcher": None}
 
 
 class _TrainingStepForward(torch.nn.Module):
@@ -25,6 +46,19 @@ class _TrainingStepForward(torch.nn.Module):
 
 
 class DDP(Strategy):
+    """Distributed data parallel: one process per device (per CPU "device" on a CPU machine).
+
+    Args:
+        process_group_backend: "gloo" or "nccl"; default nccl on CUDA, gloo on CPU.
+        timeout: how long a collective may wait for the other ranks (a timedelta or seconds) before it fails.
+            A rank that dies is noticed sooner: see the failure notes in docs/distributed.md.
+        start_method: "popen" re-runs the command for the other ranks; "spawn" starts them with
+            torch.multiprocessing (the module and loaders must then be picklable).
+        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm (CUDA only: torch runs SyncBatchNorm on GPUs).
+        **ddp_kwargs: options of torch.nn.parallel.DistributedDataParallel (find_unused_parameters,
+            static_graph, gradient_as_bucket_view, bucket_cap_mb, broadcast_buffers, ...).
+    """
+
     name = "ddp"
     is_distributed = True
 
@@ -33,14 +67,23 @@ class DDP(Strategy):
         super().__init__(accelerator=accelerator, precision=precision)
         if start_method not in ("popen", "spawn"):
             raise ValueError(f"DDP start_method must be 'popen' (re-run the command) or 'spawn', got {start_method!r}.")
+        if process_group_backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"DDP process_group_backend={process_group_backend!r}: use 'gloo', 'nccl' or None (auto).")
+        unknown = sorted(set(ddp_kwargs) - _DDP_OPTIONS)
+        if unknown:
+            raise TypeError(f"DDP got unknown option(s) {unknown}. It takes the options of torch's "
+                            f"DistributedDataParallel: {sorted(_DDP_OPTIONS)}.")
         self.process_group_backend = process_group_backend
         self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
         self.start_method = start_method
         self.sync_batchnorm = sync_batchnorm
         self.ddp_kwargs = ddp_kwargs
-        self.launcher = None
-        self._owns_group = False
         self.env = None
+
+    @property
+    def launcher(self):
+        """The SubprocessLauncher of this process's self-launched workers (None elsewhere)."""
+        return _PROCESS["launcher"]
 
     # -- who am I ------------------------------------------------------------------------------------------
     @property
@@ -59,73 +102,111 @@ class DDP(Strategy):
     def world_size(self):
         return self.env.world_size if self.env else self.devices * self.num_nodes
 
+    def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
+        super().configure(accelerator, devices, num_nodes, precision)
+        if self.sync_batchnorm and self.accelerator == "cpu":
+            # Checked here, before any process starts, so every rank fails alike and at once.
+            raise ValueError(
+                "sync_batchnorm=True needs CUDA devices: torch.nn.SyncBatchNorm runs on GPUs only. On CPU leave "
+                "sync_batchnorm off (each process then normalises with its own batch statistics)."
+            )
+
     # -- lifecycle -----------------------------------------------------------------------------------------
     def needs_launch(self) -> bool:
         return detect_environment().launcher is None and self.devices * self.num_nodes > 1
 
     def setup_environment(self):
-        if self.needs_launch() and self.start_method == "popen":
+        if self.needs_launch():
+            if self.start_method == "spawn":
+                raise RuntimeError("start_method='spawn': the Trainer spawns the processes (tasktrain/strategies/"
+                                   "spawn.py); setup_environment runs in each child.")
             from tasktrain.strategies.launcher import SubprocessLauncher
 
-            self.launcher = SubprocessLauncher(self.devices, self.num_nodes)
-            self.launcher.launch()
-        self.env = detect_environment()
+            launcher = SubprocessLauncher(self.devices, self.num_nodes)
+            launcher.launch()
+            _PROCESS["launcher"] = launcher
+        self.env = env = detect_environment()
         self._root_device = None
         expected = self.devices * self.num_nodes
-        if self.env.world_size != expected:
+        if env.world_size != expected:
+            nodes = max(1, env.world_size // max(1, env.local_world_size))
             raise RuntimeError(
-                f"The launcher formed a world of {self.env.world_size} processes, but the Trainer asked for "
-                f"devices={self.devices} x num_nodes={self.num_nodes} = {expected}. Make them agree: pass "
-                f"devices={self.env.local_world_size}, num_nodes={max(1, self.env.world_size // max(1, self.env.local_world_size))} "
-                "to the Trainer, or change --nproc_per_node / --nnodes of the launcher."
+                f"The launcher ({env.launcher}) formed a world of {env.world_size} processes "
+                f"({env.local_world_size} on this machine), but the Trainer asked for devices={self.devices} x "
+                f"num_nodes={self.num_nodes} = {expected}. Make them agree: pass devices={env.local_world_size}, "
+                f"num_nodes={nodes} to the Trainer (or devices='auto'), or change --nproc_per_node / --nnodes of "
+                "the launcher."
             )
         super().setup_environment()
-        if not dist.is_initialized():
-            backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
-            os.environ.setdefault("MASTER_ADDR", self.env.main_address)
-            if self.env.main_port:
-                os.environ.setdefault("MASTER_PORT", str(self.env.main_port))
-            dist.init_process_group(backend, rank=self.env.global_rank, world_size=self.env.world_size,
-                                    timeout=self.timeout)
-            self._owns_group = True
-        elif dist.get_world_size() != self.env.world_size:
-            raise RuntimeError(
-                f"A process group of size {dist.get_world_size()} already exists but the environment says "
-                f"WORLD_SIZE={self.env.world_size}."
-            )
+        _install_error_reporting(env)
+        if env.launcher == "self" and env.global_rank != 0:
+            _watch_parent()
+        if dist.is_initialized():
+            if dist.get_world_size() != env.world_size:
+                raise RuntimeError(f"A process group of size {dist.get_world_size()} already exists, but the "
+                                   f"environment says WORLD_SIZE={env.world_size}.")
+            return
+        backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
+        if backend == "nccl" and self.root_device.type != "cuda":
+            raise ValueError("process_group_backend='nccl' needs CUDA devices; use 'gloo' (the default) on CPU.")
+        if env.launcher is None:
+            # A world of one with nobody to meet: a private free port, nothing left in os.environ.
+            from tasktrain.strategies.launcher import find_free_port
+
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0,
+                                    world_size=1, timeout=self.timeout)
+        else:
+            # torchrun and self-launch set MASTER_ADDR/PORT already; SLURM's come from its variables.
+            os.environ.setdefault("MASTER_ADDR", env.main_address)
+            if env.main_port:
+                os.environ.setdefault("MASTER_PORT", str(env.main_port))
+            dist.init_process_group(backend, rank=env.global_rank, world_size=env.world_size, timeout=self.timeout)
+        _PROCESS["owns_group"] = True
+        if not _PROCESS["exit_hook"]:
+            atexit.register(_destroy_group_at_exit)
+            _PROCESS["exit_hook"] = True
 
     def setup(self, module, optimizers):
         super().setup(module, optimizers)
         if self.sync_batchnorm:
-            self.module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.module)
+            convert_sync_batchnorm(self.module)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         self.model = torch.nn.parallel.DistributedDataParallel(
             _TrainingStepForward(self.module), device_ids=device_ids, **self.ddp_kwargs
         )
         return self.model, self.optimizers
 
+    def wrap_model(self, model):
+        """The Accelerator's path: DDP around the model itself, so its own forward syncs the gradients."""
+        model = super().wrap_model(model)
+        if self.sync_batchnorm:
+            convert_sync_batchnorm(model)
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+
     def teardown(self):
-        # gloo can abort at interpreter exit if the wrapper outlives the group: drop it first, then the group.
+        # gloo can abort at interpreter exit if the wrapper outlives the group: the wrapper goes now, the group
+        # at exit (later stages of the same script reuse it). A world of one has nobody to wait for: it goes now.
         self.model = None
         self.optimizers = []
         gc.collect()
-        if self._owns_group and dist.is_initialized():
+        if self.env is not None and self.env.launcher is None and _PROCESS["owns_group"] and dist.is_initialized():
             dist.destroy_process_group()
-            self._owns_group = False
-        if self.launcher is not None:
-            launcher, self.launcher = self.launcher, None
-            launcher.join()
+            _PROCESS["owns_group"] = False
 
     # -- the step ------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
         with self.precision.autocast():
             return self.model(batch, batch_idx)
 
-    def no_backward_sync(self, enabled: bool):
-        return self.model.no_sync() if enabled else contextlib.nullcontext()
+    def no_backward_sync(self, enabled: bool, model=None):
+        model = self.model if model is None else model
+        return model.no_sync() if enabled else contextlib.nullcontext()
 
     # -- collectives -----------------------------------------------------------------------------------------
     def reduce(self, tensor, op="mean"):
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"reduce(op={op!r}): use one of {sorted(_REDUCE_OPS)}.")
         if not isinstance(tensor, torch.Tensor):
             tensor = torch.tensor(tensor, device=self.root_device)
         out = tensor.detach().clone().to(self.root_device)
@@ -135,6 +216,7 @@ class DDP(Strategy):
         return out
 
     def all_gather(self, tensor):
+        """Every rank's tensor, stacked: shape (world_size, *tensor.shape). All ranks must pass the same shape."""
         tensor = tensor.detach().contiguous().to(self.root_device)
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(out, tensor)
@@ -156,4 +238,77 @@ class DDP(Strategy):
 
     def describe(self):
         backend = dist.get_backend() if dist.is_initialized() else "?"
-        return f"strategy={self.name}, world_size={self.world_size}, backend={backend}, device={self.root_device}"
+        launcher = self.env.launcher if self.env and self.env.launcher else "none"
+        return (f"strategy={self.name}, world_size={self.world_size} (devices={self.devices} x "
+                f"num_nodes={self.num_nodes}), backend={backend}, device={self.root_device}, launcher={launcher}")
+
+
+def convert_sync_batchnorm(module):
+    """Replace the BatchNorm layers inside `module` by SyncBatchNorm, in place.
+
+    torch's converter returns a new object for a BatchNorm it meets, so the caller's module must be the
+    container: its children are swapped, the module object (the one the user and the Trainer hold) stays. The
+    new layers share the old parameters, so an optimizer built before the conversion still updates them.
+    """
+    if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+        raise TypeError("convert_sync_batchnorm needs the module that holds the BatchNorm layers, not a BatchNorm.")
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    assert converted is module  # children are replaced in place for a non-BatchNorm container
+    return module
+
+
+def _destroy_group_at_exit():
+    gc.collect()  # nothing that holds gloo work may outlive the group
+    if _PROCESS["owns_group"] and dist.is_initialized():
+        dist.destroy_process_group()
+        _PROCESS["owns_group"] = False
+
+
+def _install_error_reporting(env):
+    """Make an uncaught error of this rank reach whoever launched it: our launcher, or torchrun's summary."""
+    if _PROCESS["error_hook"]:
+        return
+    if env.launcher == "self" and os.environ.get("TASKTRAIN_ERROR_FILE"):
+        path = os.environ["TASKTRAIN_ERROR_FILE"]
+
+        def record(exc):
+            with open(path, "w") as f:
+                f.write(f"{type(exc).__name__}: {exc}")
+    elif os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        handler = ErrorHandler()
+
+        def record(exc):
+            handler.record_exception(exc)
+    else:
+        return
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        if not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            try:
+                record(exc)
+            except OSError:
+                pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+    _PROCESS["error_hook"] = True
+
+
+def _watch_parent():
+    """A self-launched worker ends when rank 0 (its parent) is gone, instead of waiting on it until the timeout."""
+    parent = int(os.environ.get("TASKTRAIN_PARENT_PID", "0"))
+    if not parent or _PROCESS.get("parent_watch"):
+        return
+    _PROCESS["parent_watch"] = True
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        print(f"[tasktrain] rank {os.environ.get('RANK')}: rank 0 (pid {parent}) is gone; exiting.", file=sys.stderr,
+              flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tasktrain-parent-watch", daemon=True).start()

@@ -1,17 +1,31 @@
 """Start the other worker processes when the user ran a plain `python train.py` with a multi-process strategy.
 
 Like torchrun, the same command is run again once per extra rank, with RANK / WORLD_SIZE / LOCAL_RANK /
-MASTER_ADDR / MASTER_PORT set; this process becomes rank 0. A watchdog thread stops the whole run when a
-worker dies, so a failed rank never leaves the others waiting on a collective until the timeout.
+MASTER_ADDR / MASTER_PORT set; this process becomes rank 0. The workers run the whole script, so every
+`trainer.fit` / `trainer.test` call of the script happens on every rank.
+
+Failures end the whole run quickly and say who failed:
+- a worker that exits non-zero (an error, or a signal such as SIGKILL) is seen by a watchdog thread of rank 0
+  within a fraction of a second: it prints "rank R (pid P) failed: <its error>", kills the other workers and
+  ends rank 0 with exit code 1, even when rank 0 is blocked in a collective waiting for the dead rank;
+- a worker's uncaught error is written to its TASKTRAIN_ERROR_FILE (set up by the DDP strategy), so that
+  message carries the error itself, not only an exit code;
+- when rank 0 fails, it kills the workers at exit; when rank 0 disappears (SIGKILL), each worker notices
+  (its parent is gone) and exits.
+At a normal exit rank 0 waits for the workers (they finish the same script) and exits non-zero if one failed.
 """
 import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+
+JOIN_TIMEOUT = 120.0  # seconds rank 0 waits at exit for workers that are still finishing the script
 
 
 def find_free_port() -> int:
@@ -40,8 +54,11 @@ class SubprocessLauncher:
     def __init__(self, num_processes: int, num_nodes: int = 1):
         self.num_processes = num_processes
         self.num_nodes = num_nodes
-        self.procs = []
-        self.failed = None
+        self.procs = []  # Popen of ranks 1..N-1, in rank order
+        self._error_dir = None
+        self._lock = threading.Lock()
+        self._ending = False
+        self._signalled = False  # rank 0 passed SIGTERM on: workers stopping now is the plan, not a failure
 
     def launch(self):
         """Start ranks 1..N-1 and set this process's environment as rank 0."""
@@ -59,53 +76,111 @@ class SubprocessLauncher:
             "LOCAL_WORLD_SIZE": str(self.num_processes),
             "GROUP_RANK": "0",
             "TASKTRAIN_LAUNCHER": "self",
+            "TASKTRAIN_PARENT_PID": str(os.getpid()),
         }
         cmd = _command()
+        self._error_dir = tempfile.mkdtemp(prefix="tasktrain-errors-")
         for rank in range(1, self.num_processes):
-            env = dict(os.environ, **common, RANK=str(rank), LOCAL_RANK=str(rank))
+            env = dict(os.environ, **common, RANK=str(rank), LOCAL_RANK=str(rank),
+                       TASKTRAIN_ERROR_FILE=self._error_file(rank))
             self.procs.append(subprocess.Popen(cmd, env=env))
         os.environ.update(common, RANK="0", LOCAL_RANK="0")
-        atexit.register(self.kill)
-        threading.Thread(target=self._watch, daemon=True).start()
+        atexit.register(self._at_exit)
+        threading.Thread(target=self._watch, name="tasktrain-worker-watch", daemon=True).start()
+
+    def _error_file(self, rank):
+        return os.path.join(self._error_dir, f"rank{rank}.txt")
+
+    def forward_signal(self, sig=signal.SIGTERM):
+        """Pass a signal (SIGTERM: preemption) on to the running workers; their exit is then expected."""
+        self._signalled = True
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(sig)
 
     def _watch(self):
-        while self.procs:
-            for rank, proc in enumerate(list(self.procs), start=1):
+        while not self._ending:
+            for rank, proc in enumerate(self.procs, start=1):
                 code = proc.poll()
-                if code not in (None, 0) and self.failed is None:
-                    self.failed = (rank, code)
-                    print(
-                        f"[tasktrain] rank {rank} (pid {proc.pid}) exited with code {code}; stopping the other ranks. "
-                        "Its error is printed above.",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    self.kill()
-                    # rank 0 may be blocked inside a collective waiting for the dead rank: end it now.
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    time.sleep(5)
-                    os._exit(1)
+                if code not in (None, 0) and not self._stopped_as_asked(rank, code):
+                    self._fail(f"{self.describe_exit(rank, proc, code)}; stopping the other ranks.")
             time.sleep(0.2)
 
-    def join(self, timeout=60.0):
-        """Wait for the other ranks after a successful run; a rank that failed makes this process fail too."""
-        deadline = time.monotonic() + timeout
-        procs, self.procs = self.procs, []  # stops the watchdog
-        for rank, proc in enumerate(procs, start=1):
+    def _read_error(self, rank):
+        try:
+            with open(self._error_file(rank)) as f:
+                return f.read().strip() or None
+        except OSError:
+            return None
+
+    def _stopped_as_asked(self, rank, code):
+        # After SIGTERM a worker saves its checkpoint and ends with SystemExit (code 1, no error recorded).
+        return self._signalled and code == 1 and self._read_error(rank) is None
+
+    def describe_exit(self, rank, proc, code) -> str:
+        error = self._read_error(rank)
+        if code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        if error:
+            return f"rank {rank} (pid {proc.pid}) failed: {error} ({how.replace('was ', '')})"
+        return f"rank {rank} (pid {proc.pid}) {how}; its output above says why"
+
+    def _fail(self, message):
+        """A worker failed: say so, stop everyone, end this process (it may be stuck in a collective)."""
+        with self._lock:
+            if self._ending:
+                return
+            self._ending = True
+        print(f"[tasktrain] {message}", file=sys.stderr, flush=True)
+        self.kill()
+        self._cleanup()
+        sys.stdout.flush()
+        os._exit(1)
+
+    def _at_exit(self):
+        """Rank 0 is exiting: on success wait for the workers, on failure stop them; exit non-zero if any failed."""
+        rank0_failed = getattr(sys, "last_value", None) is not None  # set for an uncaught error before atexit
+        with self._lock:
+            if self._ending:
+                return
+            self._ending = True  # the watchdog stops; from here on this function decides
+        deadline = time.monotonic() + (3.0 if rank0_failed else JOIN_TIMEOUT)
+        failures = []
+        for rank, proc in enumerate(self.procs, start=1):
             try:
                 code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            if code != 0:
-                raise RuntimeError(f"Worker rank {rank} (pid {proc.pid}) exited with code {code}; see its error above.")
+                if not rank0_failed:
+                    failures.append(f"rank {rank} (pid {proc.pid}) was still running {JOIN_TIMEOUT:.0f} s after "
+                                    "rank 0 finished (waiting on a collective rank 0 never joined?); killed it")
+                continue
+            if code != 0 and not self._stopped_as_asked(rank, code):
+                failures.append(self.describe_exit(rank, proc, code))
+        self.kill()
+        self._cleanup()
+        for message in failures:
+            print(f"[tasktrain] {message}", file=sys.stderr, flush=True)
+        if failures and not rank0_failed:
+            sys.stdout.flush()
+            os._exit(1)  # an atexit hook cannot change the exit code otherwise
 
     def kill(self):
+        """Stop every worker still running (SIGKILL: a failed run has nothing left to save) and reap it."""
         for proc in self.procs:
             if proc.poll() is None:
-                proc.terminate()
+                proc.kill()
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                pass
+
+    def _cleanup(self):
+        if self._error_dir:
+            shutil.rmtree(self._error_dir, ignore_errors=True)
+            self._error_dir = None

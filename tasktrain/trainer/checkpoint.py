@@ -89,10 +89,16 @@ def load_checkpoint_file(path, map_location="cpu") -> dict:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
+        if "Unsupported global" not in str(err) and "GLOBAL" not in str(err):
+            raise CheckpointError(
+                f"Checkpoint {path!r} is truncated or corrupted and cannot be read (not a valid checkpoint archive). "
+                "Use an earlier checkpoint; tasktrain writes atomically, so the previous file of a run is intact."
+            ) from None
+        lines = [ln.strip() for ln in str(err).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln]
         raise CheckpointError(
             f"Refusing to load checkpoint {path!r}: it contains pickled Python objects that are not plain data "
             f"(tensors, numbers, strings, lists, dicts), and loading them could run arbitrary code. Only load files "
-            f"you trust; re-save the weights as a plain state dict. Detail: {str(err).splitlines()[0]}"
+            f"you trust; re-save the weights as a plain state dict. Detail: {(lines or [str(err)])[0][:300]}"
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
         raise CheckpointError(

@@ -27,7 +27,7 @@ class MetricStore:
         self.batch = None
         self._batch_size = None
         self._metas = {}
-        self.step_values = {}  # name -> latest step tensor, for loggers and the progress bar
+        self.step_values = {}  # name -> step tensor logged since the last logger flush
         self._acc_by_stage = {"train": {}}  # stage -> name -> [meta, accumulated value, accumulated weight]
         self.epoch_acc = self._acc_by_stage["train"]
         self.callback_metrics = {}  # name -> tensor: what callbacks (checkpoint, early stopping) monitor
@@ -138,10 +138,15 @@ class MetricStore:
                 acc[n][2] = reduced[2 * i + 1] if op == "sum" else 1
 
     def step_metrics_for_logger(self):
-        """The step values to write now (synchronised across ranks where asked). Called on every rank."""
-        names = sorted(n for n in self.step_values if self._metas[n.removesuffix("_step")].logger)
+        """The step values logged since the last flush (synchronised across ranks where asked). Called on every rank.
+
+        Only what was logged since the previous flush is written: a value logged once is not repeated at every
+        later log step.
+        """
+        names = sorted(n for n in self.step_values if self._meta_of(n, "_step").logger)
         values = {n: self.step_values[n] for n in names}
-        synced = [n for n in names if self._metas[n.removesuffix("_step")].sync_dist and self.strategy.world_size > 1]
+        self.step_values = {}
+        synced = [n for n in names if self._meta_of(n, "_step").sync_dist and self.strategy.world_size > 1]
         if synced:
             stacked = self.strategy.reduce(torch.stack([values[n].float().reshape(()) for n in synced]), op="mean")
             for i, n in enumerate(synced):
@@ -149,14 +154,17 @@ class MetricStore:
         return values
 
     def logger_epoch_values(self, values):
-        return {n: v for n, v in values.items() if self._metas[n.removesuffix("_epoch")].logger}
+        return {n: v for n, v in values.items() if self._meta_of(n, "_epoch").logger}
+
+    def _meta_of(self, key, suffix):
+        # "loss_step"/"loss_epoch" belong to "loss" (on_step and on_epoch); a name that itself ends so, to itself
+        meta = self._metas.get(key.removesuffix(suffix))
+        return meta if meta is not None and (meta.on_step and meta.on_epoch) else self._metas.get(key, meta)
 
     def progress_bar_metrics(self) -> dict:
         out = {}
         for name in self.prog_bar_names:
-            value = self.step_values.get(name, self.step_values.get(name + "_step"))
-            if value is None:
-                value = self.epoch_values.get(name, self.epoch_values.get(name + "_epoch"))
+            value = self.callback_metrics.get(name)  # the latest step value, or the epoch value once reduced
             if value is not None:
                 out[name] = value.item() if isinstance(value, torch.Tensor) else value
         return out

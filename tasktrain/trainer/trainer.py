@@ -146,6 +146,8 @@ class Trainer:
             raise TypeError(f"logger={logger!r}: use True, False, a Logger, or a list of loggers.")
         if progress_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(ProgressBar())
+        if not progress_bar and any(isinstance(c, ProgressBar) for c in callbacks):
+            raise ValueError("enable_progress_bar=False, but a ProgressBar is in callbacks: remove one of them.")
         if checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(ModelCheckpoint())
         if not checkpointing and any(isinstance(c, ModelCheckpoint) for c in callbacks):
@@ -438,13 +440,16 @@ class Trainer:
 
         metrics.set_stage("train", True, False)
         data.set_epoch(epoch)
-        data.skip(start)
         self._call("on_train_epoch_start")
         self._loss_window = []
         self._loss_window_start = start
 
         batch_idx = start - 1
-        iterator = iter(data) if num_batches is None or start < num_batches else iter(())
+        if num_batches is not None and start >= num_batches:
+            iterator = iter(())  # resumed after the last batch: only the epoch's end is left to run
+        else:
+            data.skip(start)  # resumed mid-epoch: the sampler starts after the batches already trained on
+            iterator = iter(data)
         for batch in iterator:
             batch_idx += 1
             if num_batches is not None and batch_idx >= num_batches:
@@ -750,9 +755,7 @@ class Trainer:
                 return
             self._preempted = True
             if launcher is not None:  # self-launched workers get the news too
-                for proc in launcher.procs:
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGTERM)
+                launcher.forward_signal(signal.SIGTERM)
 
         return signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -778,7 +781,7 @@ class Trainer:
         checkpoint = {
             "format_version": ckpt_io.CHECKPOINT_FORMAT_VERSION,
             "tasktrain_version": __version__,
-            "torch_version": torch.__version__,
+            "torch_version": str(torch.__version__),
             "state_dict": strategy.module_state_dict(),
             "hyper_parameters": _plain(dict(module.hparams)),
             "weights_only": bool(weights_only),

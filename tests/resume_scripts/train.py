@@ -1,0 +1,91 @@
+"""A run to interrupt and resume: dropout, shuffled data, gradient accumulation, a step-interval scheduler.
+
+    python train.py --root DIR --out params.pt [--stop exception|sigterm|sigkill --at STEP --rank R]
+                    [--resume] [--devices 2]
+"""
+import argparse
+import os
+import signal
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tasktrain import Callback, ModelCheckpoint, TaskModule, Trainer, seed_everything
+
+
+class Net(TaskModule):
+    def __init__(self, lr=0.05):
+        super().__init__()
+        self.save_hyperparameters()
+        self.body = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Dropout(0.3),
+                                        torch.nn.Linear(16, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.body(x), y)
+        self.log("loss", loss, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.body(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class Interrupt(Callback):
+    def __init__(self, how, at, rank):
+        self.how, self.at, self.rank = how, at, rank
+        self.fired = False
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        # once, right after optimizer step `at` (with accumulation, several batches end at the same step)
+        if trainer.global_step != self.at or trainer.global_rank != self.rank or self.fired:
+            return
+        self.fired = True
+        if self.how == "exception":
+            raise RuntimeError(f"interrupted at step {self.at}")
+        if self.how == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+        if self.how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--stop", default=None)
+    p.add_argument("--at", type=int, default=-1)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=3)
+    args = p.parse_args()
+
+    seed_everything(1234)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(44, 6, generator=g)
+    y = x.sum(1, keepdim=True) + 0.1 * torch.randn(44, 1, generator=g)
+    train = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=4, shuffle=True)
+    val = DataLoader(TensorDataset(x[40:], y[40:]), batch_size=4)
+    callbacks = [ModelCheckpoint(every_n_train_steps=1, save_last=True, save_top_k=1)]
+    if args.stop:
+        callbacks.append(Interrupt(args.stop, args.at, args.rank))
+    trainer = Trainer(max_epochs=args.epochs, accumulate_grad_batches=2, callbacks=callbacks, logger=False,
+                      enable_progress_bar=False, default_root_dir=args.root, log_every_n_steps=2,
+                      strategy="ddp" if args.devices > 1 else "auto", devices=args.devices,
+                      num_sanity_val_steps=1)
+    module = Net()
+    trainer.fit(module, train, val, ckpt_path="last" if args.resume else None)
+    if trainer.is_global_zero:
+        torch.save({"params": {k: v.detach().clone() for k, v in module.state_dict().items()},
+                    "global_step": trainer.global_step, "epoch": trainer.current_epoch,
+                    "val_loss": float(trainer.callback_metrics["val_loss"])}, args.out)
+
+
+if __name__ == "__main__":
+    main()

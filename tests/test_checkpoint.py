@@ -1,0 +1,145 @@
+"""Checkpoint safety: atomic writes, weights_only loads, clear errors, the explicit 'last' pointer."""
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+from helpers import Linear, loader, quiet
+from tasktrain import CheckpointError, ModelCheckpoint, Trainer
+from tasktrain.trainer import checkpoint as ckpt_io
+
+
+def trained(tmp_path, **kwargs):
+    module = Linear()
+    trainer = Trainer(max_epochs=2, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                      num_sanity_val_steps=0, **kwargs)
+    trainer.fit(module, loader(), loader())
+    return trainer, module
+
+
+def test_checkpoint_holds_every_documented_key(tmp_path):
+    trainer, module = trained(tmp_path)
+    path = trainer.checkpoint_callback.best_model_path
+    ckpt = torch.load(path, weights_only=True)  # plain data only
+    for key in ("format_version", "tasktrain_version", "torch_version", "state_dict", "hyper_parameters",
+                "weights_only", "train_state", "optimizer_states", "lr_schedulers", "precision", "callbacks",
+                "metrics", "rng_states", "world_size"):
+        assert key in ckpt, key
+    assert ckpt["train_state"]["global_step"] == 8 and ckpt["hyper_parameters"] == {"lr": 0.1}
+    assert set(ckpt["rng_states"][0]) >= {"python", "numpy", "torch"}
+    for name, value in module.state_dict().items():
+        assert torch.equal(ckpt["state_dict"][name], value)
+
+
+def test_load_from_checkpoint_rebuilds_from_hparams(tmp_path):
+    trainer, module = trained(tmp_path)
+    path = trainer.checkpoint_callback.best_model_path
+    again = Linear.load_from_checkpoint(path)
+    assert again.hparams.lr == 0.1 and torch.equal(again.layer.weight, module.layer.weight)
+    assert Linear.load_from_checkpoint(path, lr=0.5).hparams.lr == 0.5
+
+
+def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    path = tmp_path / "evil.ckpt"
+    torch.save({"format_version": 1, "state_dict": {}, "payload": Evil()}, path)
+    with pytest.raises(CheckpointError, match="could run arbitrary code"):
+        ckpt_io.load_checkpoint_file(path)
+    with pytest.raises(CheckpointError, match=str(path.name)):
+        Trainer(max_epochs=1, **quiet()).fit(Linear(), loader(), ckpt_path=path)
+    with pytest.raises(CheckpointError):
+        Linear.load_from_checkpoint(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupted_checkpoint_names_the_file(tmp_path, damage):
+    trainer, _ = trained(tmp_path)
+    path = trainer.checkpoint_callback.best_model_path
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write({"truncate": data[: len(data) // 2], "garbage": os.urandom(2000), "empty": b""}[damage])
+    with pytest.raises(CheckpointError, match="truncated or corrupted") as err:
+        ckpt_io.load_checkpoint_file(path)
+    assert os.path.basename(path) in str(err.value)
+
+
+def test_incompatible_format_version_says_so(tmp_path):
+    path = tmp_path / "future.ckpt"
+    torch.save({"format_version": 99, "tasktrain_version": "9.0", "state_dict": {}}, path)
+    with pytest.raises(CheckpointError, match="format version 99"):
+        ckpt_io.load_checkpoint_file(path)
+
+
+def test_crash_during_save_keeps_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "model.ckpt"
+    ckpt_io.atomic_save({"v": torch.ones(3)}, path)
+    real_save = torch.save
+
+    def crash(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)
+        f.truncate(10)  # half a file on disk, then the process "dies"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt_io.atomic_save({"v": torch.zeros(3)}, path)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert torch.equal(torch.load(path)["v"], torch.ones(3))
+    assert os.listdir(tmp_path) == ["model.ckpt"]  # no temporary left behind
+
+
+def test_weights_only_checkpoint_loads_but_refuses_to_resume(tmp_path):
+    trainer, module = trained(tmp_path, callbacks=[ModelCheckpoint(save_weights_only=True)])
+    path = trainer.checkpoint_callback.best_model_path
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["weights_only"] is True and "optimizer_states" not in ckpt
+    assert torch.equal(Linear.load_from_checkpoint(path).layer.weight, module.layer.weight)
+    with pytest.raises(ValueError, match="save_weights_only=True"):
+        Trainer(max_epochs=3, **quiet()).fit(Linear(), loader(), ckpt_path=path)
+
+
+def test_last_follows_the_pointer_not_file_times(tmp_path):
+    trainer, _ = trained(tmp_path, callbacks=[ModelCheckpoint(save_top_k=-1)])
+    pointer = json.load(open(tmp_path / ckpt_io.POINTER_NAME))
+    assert pointer["global_step"] == 8 and pointer["path"].endswith("epoch=1-step=8.ckpt")
+    older = os.path.join(os.path.dirname(pointer["path"]), "epoch=0-step=4.ckpt")
+    os.utime(older, (2_000_000_000, 2_000_000_000))  # the older file now looks newest by mtime
+    trainer = Trainer(max_epochs=3, default_root_dir=tmp_path, **quiet())
+    trainer.fit(Linear(), loader(), ckpt_path="last")
+    assert trainer.global_step == 12  # resumed from step 8, not 4
+
+
+def test_save_checkpoint_api_and_resume_by_path(tmp_path):
+    module = Linear()
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **quiet())
+    trainer.fit(module, loader())
+    trainer.save_checkpoint(tmp_path / "manual.ckpt")
+    again = Trainer(max_epochs=2, **quiet())
+    again.fit(Linear(), loader(), ckpt_path=tmp_path / "manual.ckpt")
+    assert again.global_step == 8 and again.current_epoch == 2
+
+
+def test_hook_order_of_checkpoint_hooks(tmp_path):
+    seen = []
+
+    class M(Linear):
+        def on_save_checkpoint(self, checkpoint):
+            checkpoint["extra"] = torch.arange(3)
+            seen.append("save")
+
+        def on_load_checkpoint(self, checkpoint):
+            seen.append(("load", checkpoint["extra"].tolist()))
+
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, **quiet())
+    trainer.fit(M(), loader())
+    trainer.save_checkpoint(tmp_path / "x.ckpt")
+    Trainer(max_epochs=2, **quiet()).fit(M(), loader(), ckpt_path=tmp_path / "x.ckpt")
+    assert seen == ["save", ("load", [0, 1, 2])]
