@@ -45,7 +45,8 @@ def parse_size(value):
         if unit not in _UNITS:
             raise ValueError(
                 f"Cannot read memory size {value!r}: expected a number with an optional unit, like '20GiB', "
-                f"'500MB' or '1.5GB' (units: B, KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024)."
+                f"'500MB' or '1.5GB' (units: B, KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers "
+                f"of 1024)."
             )
         return int(float(match.group(1)) * _UNITS[unit])
     raise TypeError(f"Memory size {value!r} is a {type(value).__name__}; expected an int or a string like '20GiB'.")
@@ -114,11 +115,13 @@ def resolve_max_memory(max_memory=None) -> dict:
         budgets["cpu"] = available_cpu_memory()
     else:
         if not isinstance(max_memory, dict):
-            raise TypeError(f"max_memory must be a dict like {{0: '20GiB', 'cpu': '64GiB'}}, got {type(max_memory).__name__}.")
+            raise TypeError(f"max_memory must be a dict like {{0: '20GiB', 'cpu': '64GiB'}}, "
+                            f"got {type(max_memory).__name__}.")
         for key, value in max_memory.items():
             device = normalize_device(key, where="max_memory")
             if device in budgets:
-                raise ValueError(f"max_memory names device {device!r} twice (as {key!r} and another spelling); keep one.")
+                raise ValueError(f"max_memory names device {device!r} twice (as {key!r} and another spelling); "
+                                 f"keep one.")
             budgets[device] = parse_size(value)
     budgets.setdefault("disk", math.inf)
     gpus = sorted(d for d in budgets if isinstance(d, int))
@@ -132,7 +135,7 @@ def resolve_max_memory(max_memory=None) -> dict:
 
 
 # -- the model's tensors -------------------------------------------------------------------------------------------
-def _prefixes(name):
+def name_prefixes(name):
     """"" and every dotted prefix of `name`, ending with `name` itself."""
     parts = name.split(".")
     return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
@@ -170,13 +173,14 @@ class ModelIndex:
                     self.refs[name] = (module, attr, is_param)
                     self.tensor_of[name] = tensor
                     self.names_of.setdefault(id(tensor), []).append(name)
-                    itemsize = dtype.itemsize if dtype is not None and tensor.is_floating_point() else tensor.element_size()
+                    cast = dtype is not None and tensor.is_floating_point()
+                    itemsize = dtype.itemsize if cast else tensor.element_size()
                     self.nbytes[id(tensor)] = tensor.numel() * itemsize
             self.direct[module_name] = own
         # prefix -> {id: bytes} of the distinct tensors under it; a tied tensor counts once per prefix
         self.under = {}
         for name, tensor in self.tensor_of.items():
-            for prefix in _prefixes(name):
+            for prefix in name_prefixes(name):
                 self.under.setdefault(prefix, {})[id(tensor)] = self.nbytes[id(tensor)]
         self._children = {
             name: [f"{name}.{child}" if name else child for child, _ in module.named_children()]
