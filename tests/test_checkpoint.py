@@ -143,3 +143,18 @@ def test_hook_order_of_checkpoint_hooks(tmp_path):
     trainer.save_checkpoint(tmp_path / "x.ckpt")
     Trainer(max_epochs=2, **quiet()).fit(M(), loader(), ckpt_path=tmp_path / "x.ckpt")
     assert seen == ["save", ("load", [0, 1, 2])]
+
+
+def test_validate_with_best_checkpoint(tmp_path):
+    class Scored(Linear):
+        def validation_step(self, batch, batch_idx):
+            self.log("score", float(self.current_epoch == 1))  # epoch 1 is the best
+
+    module = Scored()
+    trainer = Trainer(max_epochs=3, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                      num_sanity_val_steps=0, callbacks=[ModelCheckpoint(monitor="score", mode="max")])
+    trainer.fit(module, loader(), loader())
+    assert trainer.checkpoint_callback.best_model_path.endswith("epoch=1-step=8.ckpt")
+    best = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=True)["state_dict"]
+    trainer.validate(module, loader(), ckpt_path="best")
+    assert torch.equal(module.layer.weight, best["layer.weight"])

@@ -809,6 +809,12 @@ class Trainer:
             ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
 
     def _resolve_ckpt_path(self, ckpt_path):
+        if ckpt_path == "best":
+            best = self.checkpoint_callback.best_model_path if self.checkpoint_callback else ""
+            if not best:
+                raise ValueError("ckpt_path='best': no ModelCheckpoint of this trainer has saved a checkpoint yet; "
+                                 "fit first, or pass a path.")
+            return best
         if ckpt_path == "last":
             path = ckpt_io.read_last_pointer(self.default_root_dir)
             if path is None and self.is_global_zero:
