@@ -1,7 +1,9 @@
 """A worker for tests/test_launch.py, started by `tasktrain launch`.
 
     launch_worker.py OUT_DIR [world]      form the world on gloo, check it, write OUT_DIR/rank{R}.json
-    launch_worker.py OUT_DIR fail CODE    rank 1 exits with CODE, the others exit 0 (no torch: starts fast)
+    launch_worker.py OUT_DIR fail CODE    rank 1 exits with CODE, the others wait to be stopped by the launcher
+                                          (no torch: starts fast)
+    launch_worker.py OUT_DIR env          only write the variables and arguments seen (no torch)
 
 rank{R}.json holds the rank and world size, the launcher's variables this worker saw, its arguments, and the
 weights after one SGD step on gradients averaged over all ranks (every rank must hold the same weights).
@@ -13,7 +15,25 @@ import sys
 out_dir, mode = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "world")
 
 if mode == "fail":
-    sys.exit(int(sys.argv[3]) if os.environ["RANK"] == "1" else 0)
+    if os.environ["RANK"] == "1":
+        sys.exit(int(sys.argv[3]))
+    import time
+
+    time.sleep(60)  # torchrun stops this one with SIGTERM when rank 1 fails; its -15 must not be the exit code
+    sys.exit(0)
+
+
+def write(seen):
+    tmp = os.path.join(out_dir, f"rank{seen['rank']}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(seen, f)
+    os.replace(tmp, os.path.join(out_dir, f"rank{seen['rank']}.json"))
+
+
+if mode == "env":
+    write({"rank": int(os.environ["RANK"]), "argv": sys.argv[1:],
+           "env": {k: v for k, v in os.environ.items() if k.startswith("TASKTRAIN_")}})
+    sys.exit(0)
 
 import torch
 import torch.distributed as dist
@@ -47,10 +67,7 @@ seen = {
     "weight": model.weight.detach().flatten().tolist(),
     "bias": model.bias.detach().tolist(),
 }
-tmp = os.path.join(out_dir, f"rank{rank}.json.tmp")
-with open(tmp, "w") as f:
-    json.dump(seen, f)
-os.replace(tmp, os.path.join(out_dir, f"rank{rank}.json"))
+write(seen)
 
 del model
 dist.destroy_process_group()

@@ -329,3 +329,19 @@ def test_import_is_light():
             "print(bad); assert not bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_launch_config_fills_unset_arguments_and_explicit_ones_win(monkeypatch):
+    from tasktrain import GradientClipping
+
+    monkeypatch.setenv("TASKTRAIN_LAUNCH", "1")
+    monkeypatch.setenv("TASKTRAIN_PRECISION", "bf16-mixed")
+    monkeypatch.setenv("TASKTRAIN_GRADIENT_ACCUMULATION_STEPS", "3")
+    monkeypatch.setenv("TASKTRAIN_GRADIENT_CLIPPING", "0.5")
+    trainer = Trainer(**quiet())
+    clip = [c for c in trainer.callbacks if isinstance(c, GradientClipping)]
+    assert trainer.precision == "bf16-mixed" and trainer.accumulate_grad_batches == 3
+    assert len(clip) == 1 and clip[0].max_norm == 0.5
+    with pytest.warns(UserWarning, match="overrides precision='bf16-mixed'"):
+        trainer = Trainer(precision="32-true", accumulate_grad_batches=2, **quiet())
+    assert trainer.precision == "32-true" and trainer.accumulate_grad_batches == 2

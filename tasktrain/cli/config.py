@@ -135,7 +135,7 @@ def check_keys(values: dict, where: str = "the configuration") -> None:
     for key in values:
         if key in valid or any(str(key).startswith(p) for p in IGNORED_PREFIXES):
             continue
-        raise ConfigError(_unknown("key", key, valid, where))
+        raise ConfigError(_unknown("key", key, valid + ["tpu_*"], where))
     ds = values.get("deepspeed_config")
     if ds is None:
         return
@@ -302,19 +302,17 @@ class LaunchSettings:
         return env
 
     def torchrun_args(self, script: str, script_args=(), module: bool = False) -> list:
-        args = [
-            "--nnodes", str(self.num_machines),
-            "--nproc-per-node", str(self.nproc_per_node),
-            "--node-rank", str(self.machine_rank),
-        ]
+        args = ["--nnodes", str(self.num_machines), "--nproc-per-node", str(self.nproc_per_node)]
         if self.num_machines == 1 and self.main_process_port is None:
             # The rendezvous store binds a free loopback port and hands it to the workers: no race for a port.
             args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]
         elif self.rdzv_backend == "c10d":
+            # c10d numbers the machines in the order they join: no node rank to pass.
             endpoint = f"{self.main_process_ip}:{self.main_process_port or DEFAULT_PORT}"
             args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "tasktrain"]
         else:
             args += [
+                "--node-rank", str(self.machine_rank),
                 "--rdzv-backend", "static",
                 "--master-addr", self.main_process_ip,
                 "--master-port", str(self.main_process_port or DEFAULT_PORT),
@@ -380,23 +378,19 @@ def merge(file_values: dict, flags: dict):
     merged = dict(file_values)
     sources = {key: "file" for key in merged}
     merged["deepspeed_config"] = dict(file_values.get("deepspeed_config") or {})
-    ds_sources = {key: "file" for key in merged["deepspeed_config"]}
     for key, value in flags.items():
         if value is None:
             continue
         if key == "deepspeed_config":
             merged["deepspeed_config"].update(value)
-            ds_sources.update({k: "flag" for k in value})
             continue
         for other in SAME_SETTING.get(key, ()):
             if sources.get(other) == "file":
                 # MULTI_CPU also says "on CPU"; overriding the strategy must not silently move the run to GPUs.
                 if other == "distributed_type" and _name(merged[other]).upper() == "MULTI_CPU":
-                    if merged.get("use_cpu") is None:
-                        merged["use_cpu"], sources["use_cpu"] = True, "file: distributed_type MULTI_CPU"
+                    merged["use_cpu"], sources["use_cpu"] = True, "file: distributed_type MULTI_CPU"
                 del merged[other], sources[other]
         merged[key], sources[key] = value, "flag"
-    sources["deepspeed_config"] = ds_sources
     return merged, sources
 
 
@@ -454,7 +448,7 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
         raise ConfigError(
             f"num_processes {s.num_processes} is not divisible by num_machines {s.num_machines}; num_processes is "
             f"the total over all machines and every machine runs the same number. Set num_processes to a multiple "
-            f"of {s.num_machines} (for example {s.num_machines * max(1, s.num_processes // s.num_machines)})."
+            f"of {s.num_machines} (for example {_multiples(s.num_processes, s.num_machines)})."
         )
     if s.num_processes < s.num_machines:
         raise ConfigError(
@@ -480,6 +474,8 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
     s.sources["main_process_port"] = source("main_process_port")
     backend = _choice("rdzv_backend", merged.get("rdzv_backend"), RDZV_BACKENDS)
     s.rdzv_backend = backend or "static"
+    if s.rdzv_backend == "c10d" and s.num_machines > 1:
+        s.notes.append("rdzv_backend c10d numbers the machines in the order they join: machine_rank is not used")
 
     # ---- strategy
     strategy = _choice("strategy", merged.get("strategy"), STRATEGIES)
@@ -563,6 +559,11 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
     return s
 
 
+def _multiples(n, m):
+    lower, upper = (n // m) * m, (n // m + 1) * m
+    return f"{lower} or {upper}" if lower else str(upper)
+
+
 def _deepspeed_kwargs(strategy: str, ds: dict, s: LaunchSettings) -> dict:
     config_file = _name(ds.get("deepspeed_config_file"))
     if config_file and config_file.lower() == "none":
@@ -592,9 +593,8 @@ def _deepspeed_kwargs(strategy: str, ds: dict, s: LaunchSettings) -> dict:
     if stage is None:
         stage = 2  # DeepSpeed's and Accelerate's usual choice
 
-    offload_opt = _choice("deepspeed_config.offload_optimizer_device", ds.get("offload_optimizer_device"),
-                          OFFLOAD_DEVICES)
-    offload_param = _choice("deepspeed_config.offload_param_device", ds.get("offload_param_device"), OFFLOAD_DEVICES)
+    offload_opt = _offload("deepspeed_config.offload_optimizer_device", ds.get("offload_optimizer_device"))
+    offload_param = _offload("deepspeed_config.offload_param_device", ds.get("offload_param_device"))
     if "nvme" in (offload_opt, offload_param):
         raise ConfigError(
             "offload to nvme is not set up by tasktrain launch; expected none or cpu. Put the NVMe offload section "
@@ -631,6 +631,11 @@ def _deepspeed_kwargs(strategy: str, ds: dict, s: LaunchSettings) -> dict:
     return kwargs
 
 
+def _offload(key, value):
+    # `offload_param_device: no` (YAML: False) means no offload, like `none`.
+    return "none" if value is False else _choice(key, value, OFFLOAD_DEVICES)
+
+
 def count_gpus() -> int:
     import torch  # here, not at the top: reading and checking a file must not pay for torch
     return torch.cuda.device_count()
@@ -660,23 +665,23 @@ def settings_to_values(settings: LaunchSettings) -> dict:
         dist_type = "MULTI_CPU" if settings.use_cpu else "MULTI_GPU"
     else:
         dist_type = "NO"
+    reverse = {v: k for k, v in MIXED_PRECISION.items()}
+    several = settings.num_machines > 1
     values = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": dist_type,
+        "mixed_precision": reverse.get(settings.precision),
+        "precision": None if settings.precision in reverse else settings.precision,  # 64-true has no Accelerate name
         "num_processes": settings.num_processes,
         "num_machines": settings.num_machines,
         "machine_rank": settings.machine_rank,
-        "main_process_ip": settings.main_process_ip if settings.num_machines > 1 else None,
-        "main_process_port": settings.main_process_port,
+        "main_process_ip": settings.main_process_ip if several else None,
+        # Written out for several machines: every machine must use the same port.
+        "main_process_port": settings.main_process_port or (DEFAULT_PORT if several else None),
         "use_cpu": settings.use_cpu,
         "gpu_ids": settings.gpu_ids or "all",
         "rdzv_backend": settings.rdzv_backend,
     }
-    reverse = {v: k for k, v in MIXED_PRECISION.items()}
-    if settings.precision in reverse:
-        values["mixed_precision"] = reverse[settings.precision]
-    else:
-        values["precision"] = settings.precision
     if settings.is_deepspeed:
         ds = settings.deepspeed
         values["deepspeed_config"] = {

@@ -10,6 +10,7 @@ once a configuration has been checked: a bad config is reported at once.
 """
 import argparse
 import os
+import signal
 import sys
 
 from tasktrain.cli import config as cfg
@@ -122,13 +123,19 @@ def run_workers(settings, script, script_args=(), module=False) -> int:
         run(torchrun_args)
     except ChildFailedError as e:
         print(e, file=sys.stderr, flush=True)
-        first = min(e.failures.values(), key=lambda failure: (failure.timestamp, failure.local_rank))
-        code = first.exitcode
+        code = _root_exit_code(e.failures)
         return 128 - code if code < 0 else (code or 1)  # killed by signal N -> 128+N, as shells report it
     except SignalException as e:
         print(f"tasktrain launch: stopped by {e.sigval.name}; the workers were stopped too", file=sys.stderr)
         return 128 + int(e.sigval)
     return 0
+
+
+def _root_exit_code(failures) -> int:
+    # When one worker dies, torchrun stops the others with SIGTERM and lists them as failures too, with timestamps
+    # in whole seconds: the worker that was not stopped by the launcher is the one whose code matters.
+    own = [f for f in failures.values() if f.exitcode != -signal.SIGTERM] or list(failures.values())
+    return min(own, key=lambda f: f.timestamp).exitcode
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -164,8 +171,11 @@ CONFIG_KEYS = (
 
 def _config(args) -> int:
     answers = {key: getattr(args, key) for key in CONFIG_KEYS if getattr(args, key) is not None}
-    if not answers and not args.defaults and sys.stdin.isatty():
-        answers = cfg.ask_questions(input, gpu_count=cfg.count_gpus())
+    if not answers and not args.defaults:
+        if sys.stdin.isatty():
+            answers = cfg.ask_questions(input, gpu_count=cfg.count_gpus())
+        else:
+            print("tasktrain config: not a terminal and no answers given as flags: writing the defaults")
     values = cfg.config_values(answers)
     path = cfg.write_config(values, args.output or cfg.default_config_path())
     print(f"tasktrain config: wrote {path}")

@@ -74,6 +74,9 @@ class Trainer:
             precision = _launch_choice("precision", precision, None, launch.precision)
             if launch.use_cpu and accelerator == "auto":
                 accelerator = "cpu"
+            accumulate_grad_batches = _launch_choice("accumulate_grad_batches", accumulate_grad_batches, 1,
+                                                     launch.gradient_accumulation_steps)
+            gradient_clip_val = _launch_choice("gradient_clip_val", gradient_clip_val, None, launch.gradient_clipping)
         self.precision_name = normalize_precision(precision)
         accelerator = resolve_accelerator(accelerator)
         self.devices = resolve_devices(devices, accelerator, self.env)

@@ -1,0 +1,3 @@
+from tasktrain.cli.main import main
+
+raise SystemExit(main())
