@@ -1,11 +1,13 @@
 """Callback: everything that reacts to the loop's events.
 
 Every event receives (trainer, module, ...). The module's own hook of the same name (without the two first
-arguments) fires first, then the callbacks in list order. A callback that does not override an event costs
-nothing on it: the Trainer builds, once per run, the list of overriders of each event.
+arguments) fires first, then the callbacks in list order; the Trainer sorts loggers first and ModelCheckpoint
+last. A callback that does not override an event costs nothing on it: the Trainer builds, once per run, the
+list of overriders of each event. The full firing order is in docs/callbacks.md.
 
-Callbacks ask the loop for things through the trainer (`trainer.should_stop = True`) and carry their own
-state in checkpoints under `state_key`.
+Callbacks ask the loop for things through the trainer (`trainer.should_stop = True`: the loop stops at the end
+of the current optimizer step, or after the epoch when set at its end) and carry their own state in
+checkpoints under `state_key`.
 """
 
 EVENTS = (
@@ -38,6 +40,7 @@ class Callback:
         return type(self).__qualname__
 
     def _generate_state_key(self, **kwargs) -> str:
+        """A key from the class name and the settings that tell instances apart (e.g. monitor and mode)."""
         return f"{type(self).__qualname__}{repr(dict(sorted(kwargs.items())))}"
 
     def state_dict(self) -> dict:

@@ -1,4 +1,17 @@
-"""ModelCheckpoint: save at step or epoch intervals, keep the top k by a monitored metric, keep `last.ckpt`."""
+"""ModelCheckpoint: save at step or epoch intervals, keep the top k by a monitored metric, keep `last.ckpt`.
+
+When it saves (it is the last callback, so every other callback's state is already updated):
+
+- every_n_epochs: at on_train_epoch_end, after the epoch's validation; and after a validation that runs inside
+  the epoch (val_check_interval), at that step.
+- every_n_train_steps: at on_train_batch_end of every n-th optimizer step; at the last batch of an epoch the save
+  waits for on_train_epoch_end, so that it sees the epoch-end validation of the same step.
+
+A monitored value is scored once: a save whose monitored value has not been logged again since the previous
+save (no validation in between) only refreshes `last.ckpt`. Before the first validation of a fit, a monitored
+validation metric does not exist yet and the top-k save is skipped; after it, a missing metric is an error.
+"""
+import math
 import os
 import re
 
@@ -14,34 +27,41 @@ class ModelCheckpoint(Callback):
     LAST_NAME = "last"
 
     def __init__(self, dirpath=None, filename=None, monitor=None, mode="min", save_top_k=1, save_last=False,
-                 every_n_train_steps=None, every_n_epochs=None, save_weights_only=False):
+                 every_n_train_steps=None, every_n_epochs=1, save_weights_only=False):
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
-        if save_top_k < -1:
-            raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}): use -1 (all), 0 (none) or a positive k.")
-        if every_n_train_steps is not None and every_n_epochs is not None:
-            raise ValueError("ModelCheckpoint: give every_n_train_steps or every_n_epochs, not both.")
+        if not isinstance(save_top_k, int) or save_top_k < -1:
+            raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0 (none) or a positive k.")
+        for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"ModelCheckpoint({name}={value!r}): use a positive integer, or None/0 for never.")
+        if not every_n_train_steps and not every_n_epochs:
+            raise ValueError("ModelCheckpoint: every_n_train_steps and every_n_epochs are both off, so it would never "
+                             "save. Set one of them (every_n_epochs=1 saves at each epoch end).")
         self.dirpath = os.fspath(dirpath) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
         self.mode = mode
         self.save_top_k = save_top_k
         self.save_last = save_last
-        self.every_n_train_steps = every_n_train_steps
-        self.every_n_epochs = 1 if every_n_epochs is None and every_n_train_steps is None else every_n_epochs
+        self.every_n_train_steps = every_n_train_steps or None
+        self.every_n_epochs = every_n_epochs or None
         self.save_weights_only = save_weights_only
-        self.best_k_models = {}  # path -> score
+        self.best_k_models = {}  # path -> score (for no monitor: the step, so "best" is the newest)
         self.best_model_path = ""
         self.best_model_score = None
         self.last_model_path = ""
         self._last_saved_step = -1
-        self._validated = False
+        self._seen_step = 0  # global_step at the previous batch end
+        self._validated = False  # a validation ran inside the epoch since the last batch end
+        self._step_save_pending = False  # a step save deferred to the epoch end
+        self._last_scored = None  # the monitored tensor of the previous save: the same object means stale
         self._resolved_dir = None
 
     @property
     def state_key(self):
-        return self._generate_state_key(monitor=self.monitor, mode=self.mode,
-                                        every_n_train_steps=self.every_n_train_steps, every_n_epochs=self.every_n_epochs)
+        return self._generate_state_key(monitor=self.monitor, mode=self.mode, every_n_epochs=self.every_n_epochs,
+                                        every_n_train_steps=self.every_n_train_steps)
 
     def dirpath_resolved(self, trainer):
         if self._resolved_dir is None:
@@ -55,6 +75,11 @@ class ModelCheckpoint(Callback):
         if stage == "fit":
             self.dirpath_resolved(trainer)
         self._validated = False
+        self._step_save_pending = False
+        self._last_scored = None
+
+    def on_train_start(self, trainer, module):
+        self._seen_step = trainer.global_step
 
     def on_validation_end(self, trainer, module):
         if not trainer.sanity_checking and trainer.training:
@@ -62,102 +87,138 @@ class ModelCheckpoint(Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         step = trainer.global_step
-        due = self.every_n_train_steps and step % self.every_n_train_steps == 0
-        # After a validation inside the epoch (val_check_interval), save with the fresh metrics.
-        after_val = self._validated and self.every_n_epochs and trainer.state.batch_in_epoch != trainer.num_training_batches
-        if (due or after_val) and step != self._last_saved_step:
-            self._save(trainer)
-        if after_val:
-            self._validated = False
+        # Only batches that completed an optimizer step count (not the other micro-batches of a window).
+        stepped, self._seen_step = step != self._seen_step, step
+        # A validation inside the epoch (val_check_interval) ran just before this hook, at this step.
+        after_val, self._validated = self._validated, False
+        due = stepped and self.every_n_train_steps and step % self.every_n_train_steps == 0
+        if not (due or (after_val and self.every_n_epochs)):
+            return
+        total = trainer.num_training_batches
+        if total is not None and trainer.state.batch_in_epoch >= total:
+            # the epoch's last batch: its validation has not run yet; on_train_epoch_end saves with fresh metrics
+            self._step_save_pending = self._step_save_pending or bool(due)
+            return
+        self._save(trainer)
 
     def on_train_epoch_end(self, trainer, module):
         n = self.every_n_epochs
-        if n and (trainer.current_epoch + 1) % n == 0:
+        epoch_due = n and (trainer.current_epoch + 1) % n == 0
+        if epoch_due or self._step_save_pending:
             self._save(trainer)
+        self._step_save_pending = False
         self._validated = False
 
     # -- saving --------------------------------------------------------------------------------------------------
     def _save(self, trainer):
+        """Save a top-k candidate (when it is one) and last.ckpt (when asked). Called on every rank."""
+        strategy = trainer.strategy
+        self._last_saved_step = trainer.global_step
+        candidate = self._candidate(trainer)
+        directory = self.dirpath_resolved(trainer)
+        saved_path = None
+        if candidate is not None and self.save_top_k != 0:
+            # Rank 0's score and name for every rank: the keep/delete decision must be the same everywhere.
+            score, path = strategy.broadcast(candidate)
+            if self._is_top_k(score, path):
+                # Book-keep first so the file holds its own entry; delete the evicted files only once it is on disk.
+                evicted = self._insert(path, score, trainer.global_step)
+                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+                for old in evicted:
+                    if old != path:
+                        strategy.remove_checkpoint(old)
+                saved_path = path
+        if self.save_last:
+            last = os.path.join(directory, self.LAST_NAME + self.CHECKPOINT_EXT)
+            self.last_model_path = last
+            if saved_path is not None:
+                # the same bytes: link (or copy) rather than serialise the state twice
+                if trainer.is_global_zero:
+                    _atomic_link(saved_path, last)
+                strategy.barrier("last")
+                if not self.save_weights_only and trainer.is_global_zero:
+                    from tasktrain.trainer.checkpoint import write_last_pointer
+
+                    write_last_pointer(trainer.default_root_dir, last, trainer.global_step, trainer.current_epoch)
+            else:
+                trainer.save_checkpoint(last, weights_only=self.save_weights_only)
+
+    def _candidate(self, trainer):
+        """(score, path) of a top-k candidate, or None when there is nothing new to score."""
         metrics = trainer.callback_metrics
         score = None
         if self.monitor is not None:
-            if self.monitor not in metrics:
-                if trainer._val_loader is not None and not self._any_validation(trainer):
-                    return  # the metric comes from validation, which has not run yet in this fit
+            value = metrics.get(self.monitor)
+            if value is None:
+                validates = trainer._val_loader is not None and trainer.limit_val_batches != 0
+                if validates and not getattr(trainer, "_validations_run", 0):
+                    return None  # a validation metric, and this fit has not validated yet
                 raise KeyError(
                     f"ModelCheckpoint(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "
                     f"{sorted(metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor."
                 )
-            score = metrics[self.monitor]
-            score = float(score) if isinstance(score, torch.Tensor) else float(score)
-        directory = self.dirpath_resolved(trainer)
-        path = os.path.join(directory, self.format_checkpoint_name(trainer, metrics) + self.CHECKPOINT_EXT)
-        self._last_saved_step = trainer.global_step
-        saved = False
-        if self.save_top_k != 0 and self._is_top_k(score, path):
-            trainer.save_checkpoint(path, weights_only=self.save_weights_only)
-            saved = True
-            self._update_top_k(trainer, path, score)
-        if self.save_last:
-            last = os.path.join(directory, self.LAST_NAME + self.CHECKPOINT_EXT)
-            if saved and trainer.is_global_zero:
-                _atomic_link(path, last)
-            elif not saved:
-                trainer.save_checkpoint(last, weights_only=self.save_weights_only)
-            trainer.strategy.barrier("last")
-            if saved and not self.save_weights_only and trainer.is_global_zero:
-                from tasktrain.trainer.checkpoint import write_last_pointer
-
-                write_last_pointer(trainer.default_root_dir, last, trainer.global_step, trainer.current_epoch)
-            self.last_model_path = last
-
-    def _any_validation(self, trainer):
-        return getattr(trainer, "_validations_run", 0) > 0
+            if value is self._last_scored:
+                return None  # not logged again since the previous save: scoring it twice would be stale
+            self._last_scored = value
+            score = float(value)
+            if math.isnan(score):
+                score = math.inf if self.mode == "min" else -math.inf  # NaN is never the best
+        name = self.format_checkpoint_name(trainer, metrics)
+        return score, os.path.join(self.dirpath_resolved(trainer), name + self.CHECKPOINT_EXT)
 
     def _is_top_k(self, score, path):
         if self.save_top_k == -1 or score is None or path in self.best_k_models:
             return True
         if len(self.best_k_models) < self.save_top_k:
             return True
-        worst = self._worst()
-        return score < self.best_k_models[worst] if self.mode == "min" else score > self.best_k_models[worst]
+        return self._better(score, self.best_k_models[self._worst()])
+
+    def _better(self, a, b):
+        return a < b if self.mode == "min" else a > b
 
     def _worst(self):
         pick = max if self.mode == "min" else min
         return pick(self.best_k_models, key=self.best_k_models.get)
 
-    def _update_top_k(self, trainer, path, score):
+    def _insert(self, path, score, step):
+        """Add `path` to the top k; returns the paths that fell out of it."""
+        evicted = []
         if score is None:
-            # No monitor: keep the newest save_top_k files.
-            self.best_k_models[path] = float(trainer.global_step)
+            # No monitor: the newest save_top_k files are kept.
+            self.best_k_models.pop(path, None)
+            self.best_k_models[path] = float(step)  # dicts keep insertion order: the first key is the oldest
             while self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
-                oldest = min(self.best_k_models, key=self.best_k_models.get)
-                self._remove(trainer, oldest)
+                oldest = next(iter(self.best_k_models))
+                del self.best_k_models[oldest]
+                evicted.append(oldest)
             self.best_model_path = path
-            return
+            return evicted
         self.best_k_models[path] = score
         while self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
-            self._remove(trainer, self._worst())  # only after the new file is on disk
+            worst = self._worst()
+            del self.best_k_models[worst]
+            evicted.append(worst)
         pick = min if self.mode == "min" else max
         self.best_model_path = pick(self.best_k_models, key=self.best_k_models.get)
         self.best_model_score = torch.tensor(self.best_k_models[self.best_model_path])
-
-    def _remove(self, trainer, path):
-        del self.best_k_models[path]
-        trainer.strategy.remove_checkpoint(path)
+        return evicted
 
     def format_checkpoint_name(self, trainer, metrics):
+        """The file name (no extension): "{epoch}-{step}-{val_loss:.3f}" -> "epoch=2-step=30-val_loss=0.123"."""
         template = self.filename or "{epoch}-{step}"
         values = {"epoch": trainer.current_epoch, "step": trainer.global_step}
-        for k, v in metrics.items():
-            values[k] = float(v) if isinstance(v, torch.Tensor) else v
 
         def fill(match):
             name, fmt = match.group(1), match.group(2) or ""
-            if name not in values:
-                raise KeyError(f"ModelCheckpoint filename {template!r} uses {{{name}}}, which was not logged. Logged "
-                               f"metrics: {sorted(metrics)}.")
-            return f"{name}=" + format(values[name], fmt[1:] if fmt else "")
+            if name in values:
+                value = values[name]
+            elif name in metrics:
+                value = float(metrics[name])
+            else:
+                raise KeyError(f"ModelCheckpoint(filename={template!r}) uses {{{name}}}, which was not logged. Logged "
+                               f"metrics: {sorted(metrics) or 'none'}. Log it with self.log({name!r}, ...) or change "
+                               "the filename.")
+            return f"{name}=" + format(value, fmt[1:])
 
         return _FIELD.sub(fill, template).replace("/", "_")
 

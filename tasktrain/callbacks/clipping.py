@@ -2,7 +2,14 @@ from tasktrain.callbacks.base import Callback
 
 
 class GradientClipping(Callback):
-    """Clip gradients after unscaling and before the optimizer step; optionally log the pre-clip norm."""
+    """Clip gradients after unscaling and before the optimizer step; optionally log the pre-clip norm.
+
+    It acts in on_before_optimizer_step, once per optimizer step (the accumulation window's gradients are
+    complete), through `strategy.clip_gradients`: fp16 gradients are unscaled first, so the bounds apply to the
+    true gradients. max_norm scales all gradients to a total `norm_type`-norm of at most max_norm; max_value
+    clamps each element (both may be given: the norm first). log_norm=True logs the total norm measured before
+    clipping as "grad_norm" (a tensor: read only when a logger writes it).
+    """
 
     def __init__(self, max_norm=None, max_value=None, norm_type=2.0, log_norm=False):
         if max_norm is None and max_value is None and not log_norm:

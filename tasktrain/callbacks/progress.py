@@ -1,4 +1,11 @@
-"""ProgressBar on tqdm: one bar per epoch on a terminal, one plain line per epoch in logs (CI, files)."""
+"""ProgressBar on tqdm: one bar per epoch on a terminal, one plain line per epoch in logs (CI, files).
+
+On a terminal: a bar per training epoch (batches done / total, rate, the prog_bar=True metrics) and a
+transient bar for each validation or test run. Elsewhere (output redirected, a StringIO): no carriage returns,
+one line per epoch when it ends. Only rank 0 shows anything. Metrics are read (a host sync for each displayed
+tensor) only when the bar refreshes: every `refresh_rate` batches at most, and not more often than
+`min_interval` seconds; metrics that are not displayed are never read.
+"""
 import sys
 import time
 
@@ -7,22 +14,18 @@ from tasktrain.callbacks.base import Callback
 
 class ProgressBar(Callback):
     def __init__(self, refresh_rate: int = 1, min_interval: float = 0.1, leave: bool = True, file=None):
-        """Refresh at most every `refresh_rate` batches and every `min_interval` seconds; metrics are read then."""
-        if refresh_rate < 1:
-            raise ValueError(f"ProgressBar(refresh_rate={refresh_rate}): use a positive number of batches.")
+        if not isinstance(refresh_rate, int) or refresh_rate < 1:
+            raise ValueError(f"ProgressBar(refresh_rate={refresh_rate!r}): use a positive number of batches.")
         self.refresh_rate = refresh_rate
         self.min_interval = min_interval
         self.leave = leave
         self.file = file
         self.bar = None
-        self.val_bar = None
+        self.eval_bar = None
         self._pending = 0
         self._last = 0.0
         self._epoch_start = 0.0
         self._batches = 0
-
-    def _enabled(self, trainer):
-        return trainer.is_global_zero
 
     def _stream(self):
         return self.file or sys.stderr
@@ -31,20 +34,23 @@ class ProgressBar(Callback):
         stream = self._stream()
         return hasattr(stream, "isatty") and stream.isatty()
 
+    def _epochs(self, trainer):
+        return f"/{trainer.max_epochs}" if trainer.max_epochs != -1 else ""
+
     # -- training -----------------------------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer, module):
-        if not self._enabled(trainer):
+        if not trainer.is_global_zero:
             return
         self._epoch_start = time.monotonic()
         self._batches = 0
         self._pending = 0
+        self._last = 0.0
         if self._is_tty():
-            from tqdm.auto import tqdm
+            from tqdm import tqdm
 
-            epochs = f"/{trainer.max_epochs}" if trainer.max_epochs != -1 else ""
-            self.bar = tqdm(total=trainer.num_training_batches, desc=f"Epoch {trainer.current_epoch}{epochs}",
-                            initial=trainer.state.batch_in_epoch, leave=self.leave, file=self._stream(),
-                            dynamic_ncols=True, unit="it", mininterval=0)
+            self.bar = tqdm(total=trainer.num_training_batches, desc=f"Epoch {trainer.current_epoch}"
+                            f"{self._epochs(trainer)}", initial=trainer.state.batch_in_epoch, leave=self.leave,
+                            file=self._stream(), dynamic_ncols=True, unit="it", mininterval=0)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self._batches += 1
@@ -62,7 +68,7 @@ class ProgressBar(Callback):
         self._pending = 0
 
     def on_train_epoch_end(self, trainer, module):
-        if not self._enabled(trainer):
+        if not trainer.is_global_zero:
             return
         metrics = _fmt(trainer.progress_bar_metrics)
         if self.bar is not None:
@@ -74,9 +80,8 @@ class ProgressBar(Callback):
         else:
             seconds = time.monotonic() - self._epoch_start
             rate = self._batches / seconds if seconds > 0 else 0.0
-            epochs = f"/{trainer.max_epochs}" if trainer.max_epochs != -1 else ""
             items = "".join(f", {k}={v}" for k, v in metrics.items())
-            print(f"Epoch {trainer.current_epoch}{epochs}: {self._batches} batches in {seconds:.1f}s "
+            print(f"Epoch {trainer.current_epoch}{self._epochs(trainer)}: {self._batches} batches in {seconds:.1f}s "
                   f"({rate:.1f} it/s), step {trainer.global_step}{items}", file=self._stream(), flush=True)
 
     def on_train_end(self, trainer, module):
@@ -84,21 +89,62 @@ class ProgressBar(Callback):
             self.bar.close()
             self.bar = None
 
-    # -- validation ---------------------------------------------------------------------------------------------------
-    def on_validation_epoch_start(self, trainer, module):
-        if self._enabled(trainer) and self._is_tty() and not trainer.sanity_checking:
-            from tqdm.auto import tqdm
+    def on_exception(self, trainer, module, exception):
+        for bar in (self.bar, self.eval_bar):
+            if bar is not None:
+                bar.close()
+        self.bar = self.eval_bar = None
 
-            self.val_bar = tqdm(desc="Validation", leave=False, file=self._stream(), dynamic_ncols=True)
+    # -- validation and test: a transient bar on a terminal ----------------------------------------------------------
+    def _open_eval_bar(self, trainer, desc):
+        if not (trainer.is_global_zero and self._is_tty()) or trainer.sanity_checking:
+            return
+        from tqdm import tqdm
+
+        self.eval_bar = tqdm(desc=desc, total=_eval_total(trainer, desc), leave=False, file=self._stream(),
+                             dynamic_ncols=True, unit="it")
+
+    def _advance_eval_bar(self):
+        if self.eval_bar is not None:
+            self.eval_bar.update(1)
+
+    def _close_eval_bar(self):
+        if self.eval_bar is not None:
+            self.eval_bar.close()
+            self.eval_bar = None
+
+    def on_validation_epoch_start(self, trainer, module):
+        self._open_eval_bar(trainer, "Validation")
 
     def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.val_bar is not None:
-            self.val_bar.update(1)
+        self._advance_eval_bar()
 
     def on_validation_end(self, trainer, module):
-        if self.val_bar is not None:
-            self.val_bar.close()
-            self.val_bar = None
+        self._close_eval_bar()
+
+    def on_test_epoch_start(self, trainer, module):
+        self._open_eval_bar(trainer, "Test")
+
+    def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._advance_eval_bar()
+
+    def on_test_end(self, trainer, module):
+        self._close_eval_bar()
+
+
+def _eval_total(trainer, desc):
+    """The number of batches of the run that starts, where the loader has a length."""
+    loader = trainer._val_loader if desc == "Validation" and trainer.training else None
+    limit = trainer.limit_val_batches if desc == "Validation" else trainer.limit_test_batches
+    try:
+        length = len(loader) if loader is not None else None
+    except TypeError:
+        length = None
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return limit if length is None else min(limit, length)
+    if isinstance(limit, float) and length is not None:
+        return int(length * limit)
+    return length
 
 
 def _fmt(metrics):

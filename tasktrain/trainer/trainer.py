@@ -155,7 +155,7 @@ class Trainer:
             callbacks.append(ModelCheckpoint())
         if not checkpointing and any(isinstance(c, ModelCheckpoint) for c in callbacks):
             raise ValueError("enable_checkpointing=False, but a ModelCheckpoint is in callbacks: remove one of them.")
-        if clip_val is not None:
+        if clip_val:  # None or 0 means no clipping, as gradient_clipping: 0 does in DeepSpeed
             if clip_algorithm not in ("norm", "value"):
                 raise ValueError(f"gradient_clip_algorithm={clip_algorithm!r}: use 'norm' or 'value'.")
             callbacks.append(GradientClipping(**({"max_norm": clip_val} if clip_algorithm == "norm" else

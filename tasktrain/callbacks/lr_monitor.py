@@ -1,0 +1,68 @@
+"""LearningRateMonitor: write each optimizer's learning rate to the trainer's loggers.
+
+Names: "lr-<Optimizer class>" ("lr-AdamW"), "-1", "-2" added for further optimizers of the same class,
+"/pg1", "/pg2", ... for each param group when there are several, or the scheduler's "name" when
+configure_optimizers gave one.
+
+logging_interval="step": at the trainer's log steps (every log_every_n_steps-th optimizer step), the rate in
+effect after that step's scheduler update (what the next step uses; `scheduler.get_last_lr()` at that point).
+logging_interval="epoch": at each epoch start, the rate that epoch trains with.
+logging_interval=None: each optimizer at its scheduler's interval; optimizers without a scheduler at steps.
+"""
+from tasktrain.callbacks.base import Callback
+
+
+class LearningRateMonitor(Callback):
+    def __init__(self, logging_interval=None):
+        if logging_interval not in ("step", "epoch", None):
+            raise ValueError(f"LearningRateMonitor(logging_interval={logging_interval!r}): use 'step', 'epoch' or "
+                             "None.")
+        self.logging_interval = logging_interval
+        self._entries = []  # (interval, optimizer, [(name, param group index)])
+        self._last_step = -1
+
+    def setup(self, trainer, module, stage):
+        if stage == "fit" and not trainer.loggers:
+            raise ValueError("LearningRateMonitor writes to the trainer's loggers, but this Trainer has none "
+                             "(logger=False). Use logger=True, a TensorBoardLogger or a CSVLogger, or remove it.")
+
+    def on_train_start(self, trainer, module):
+        intervals = {id(c.scheduler.optimizer): c for c in trainer.lr_scheduler_configs
+                     if hasattr(c.scheduler, "optimizer")}
+        seen = {}
+        self._entries = []
+        for optimizer in trainer.optimizers:
+            config = intervals.get(id(optimizer))
+            if self.logging_interval is not None:
+                interval = self.logging_interval
+            else:
+                interval = config.interval if config is not None else "step"
+            base = config.name if config is not None and config.name else f"lr-{type(optimizer).__name__}"
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            name = base if count == 0 else f"{base}-{count}"
+            groups = optimizer.param_groups
+            names = [(name, 0)] if len(groups) == 1 else [(f"{name}/pg{i + 1}", i) for i in range(len(groups))]
+            self._entries.append((interval, optimizer, names))
+        self._last_step = trainer.global_step  # no optimizer step yet (or, on resume, already written)
+
+    def _values(self, interval):
+        return {name: float(optimizer.param_groups[i]["lr"])
+                for entry_interval, optimizer, names in self._entries if entry_interval == interval
+                for name, i in names}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        # Micro-batches of one accumulation window share a step: write once, at the trainer's log steps.
+        if step == self._last_step or step % trainer.log_every_n_steps or not trainer.is_global_zero:
+            return
+        self._last_step = step
+        values = self._values("step")
+        if values:
+            trainer._log_to_loggers(values)
+
+    def on_train_epoch_start(self, trainer, module):
+        if trainer.is_global_zero:
+            values = self._values("epoch")
+            if values:
+                trainer._log_to_loggers(values)
