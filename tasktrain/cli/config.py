@@ -284,7 +284,8 @@ class LaunchSettings:
         env = {
             "TASKTRAIN_LAUNCH": "1",
             "TASKTRAIN_STRATEGY": "deepspeed" if self.is_deepspeed else self.strategy,
-            "TASKTRAIN_PRECISION": self.precision,
+            # Only a precision the user chose: the script's own precision= must not be "overridden" by a default.
+            "TASKTRAIN_PRECISION": None if self.sources.get("precision") == "default" else self.precision,
             "TASKTRAIN_USE_CPU": "1" if self.use_cpu else "0",
             "TASKTRAIN_NUM_PROCESSES": str(self.num_processes),
             "TASKTRAIN_NUM_MACHINES": str(self.num_machines),
