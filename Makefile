@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/startup.py
 	$(PY) benchmarks/ddp.py
+	$(PY) benchmarks/deepspeed_memory.py
 
 clean:
 	rm -rf .venv .cache build *.egg-info

@@ -134,7 +134,8 @@ class ModelCheckpoint(Callback):
             if saved_path is not None:
                 # the same bytes: link (or copy) rather than serialise the state twice
                 if trainer.is_global_zero:
-                    _atomic_link(saved_path, last)
+                    # a strategy whose checkpoints are directories (DeepSpeed) links them its own way
+                    getattr(strategy, "link_checkpoint", _atomic_link)(saved_path, last)
                 strategy.barrier("last")
                 if not self.save_weights_only and trainer.is_global_zero:
                     from tasktrain.trainer.checkpoint import write_last_pointer

@@ -1,8 +1,9 @@
-"""The `tasktrain` command: a thin dispatcher over `launch`, `config` and `env` (and `convert`, see _add_convert).
+"""The `tasktrain` command: a thin dispatcher over `launch`, `config`, `env` and `convert`.
 
     tasktrain launch [--config_file F] [--num_processes N] [--num_machines M] [--machine_rank R] ... train.py [args]
     tasktrain config [--num_processes N ...] [--output F]     (no flags on a terminal: asks questions)
     tasktrain env
+    tasktrain convert CHECKPOINT_DIR OUTPUT.ckpt              (a DeepSpeed ZeRO checkpoint -> one fp32 file)
 
 The work is in tasktrain/cli/config.py (the YAML schema and resolution); this file only parses arguments, and
 runs torch.distributed.run in-process so the launcher costs one Python start, not two. torch is imported only
@@ -241,17 +242,38 @@ def _env(args) -> int:
 # convert
 
 def _add_convert(subparsers):
-    # The DeepSpeed work adds `tasktrain convert` here (a ZeRO checkpoint directory -> one consolidated fp32 state
-    # dict): add a parser with `subparsers.add_parser("convert", ...)`, and `p.set_defaults(func=_convert)` where
-    # `_convert(args)` returns the exit code. Keep heavy imports (deepspeed) inside `_convert`.
-    pass
+    p = subparsers.add_parser(
+        "convert", help="consolidate a DeepSpeed ZeRO checkpoint directory into one fp32 checkpoint file",
+        description="Gather the ZeRO shards of a checkpoint directory written under the DeepSpeed strategy into one "
+                    "fp32 state dict, saved in tasktrain's checkpoint format (weights only): "
+                    "TaskModule.load_from_checkpoint(OUTPUT) and torch.load(OUTPUT, weights_only=True) read it. "
+                    "Runs in one process and needs the whole model's fp32 size in memory.",
+    )
+    p.add_argument("checkpoint_dir", help="the checkpoint directory (e.g. checkpoints/last.ckpt)")
+    p.add_argument("output", help="the file to write (e.g. model.ckpt)")
+    p.set_defaults(func=_convert)
+
+
+def _convert(args) -> int:
+    from tasktrain.strategies.deepspeed import convert_zero_checkpoint
+    from tasktrain.trainer.checkpoint import CheckpointError
+
+    try:
+        checkpoint = convert_zero_checkpoint(args.checkpoint_dir, args.output)
+    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        print(f"tasktrain convert: error: {e}", file=sys.stderr)
+        return 2
+    state = checkpoint["state_dict"]
+    numel = sum(t.numel() for t in state.values())
+    print(f"tasktrain convert: wrote {args.output} ({len(state)} tensors, {numel:,} values, fp32)")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tasktrain", description="tasktrain command line")
-    subparsers = parser.add_subparsers(dest="command", metavar="{launch,config,env}")
+    subparsers = parser.add_subparsers(dest="command", metavar="{launch,config,env,convert}")
     _add_launch(subparsers)
     _add_config(subparsers)
     _add_env(subparsers)

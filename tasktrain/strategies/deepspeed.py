@@ -1,0 +1,900 @@
+"""DeepSpeed: ZeRO stages 0-3, optimizer and parameter offload, through DeepSpeed's own engine.
+
+DeepSpeed does the work (initialize, backward, step, clipping, the sharded checkpoint); this strategy
+translates between it and the loop. The processes and the process group are the DDP strategy's (self-launch,
+torchrun, SLURM, `tasktrain launch`), on CPU through DeepSpeed's CPU accelerator over gloo.
+
+The config is the user's DeepSpeed config as given (a dict or a JSON file), with its "auto" or missing values
+filled from the run: micro batch size from the training loader, gradient accumulation from
+`accumulate_grad_batches`, clipping from the GradientClipping callback (`gradient_clip_val`), fp16/bf16 from
+the precision, train_batch_size = micro x accumulation x world. A value that disagrees with the run is an
+error, never a silent winner. `gradient_clipping` is always written (0 = off): DeepSpeed's own default is 1.0.
+
+How the Trainer's loop maps onto the engine (automatic optimisation), per micro-batch:
+
+    with strategy.no_backward_sync(not is_step):   # engine.set_gradient_accumulation_boundary(is_step)
+        loss = strategy.training_step(batch, i)    # engine(batch, i): stage 3 gathers parameters there
+        strategy.backward(loss / window)           # engine.backward(loss, scale_wrt_gas=False): the loop divided
+                                                   # already; inside a window, engine.step() counts the micro-step
+    if is_step:
+        strategy.optimizer_step(optimizer)         # engine.step(): clip, step, zero the gradients
+        strategy.zero_grad(optimizer)              # nothing: the engine zeroed them
+
+Without the Trainer (the Accelerator, a custom loop), in this order:
+
+    strategy = DeepSpeed(stage=2, gradient_clipping=1.0)
+    strategy.configure("cpu", devices=N)                      # as the Trainer does, then the precision:
+    strategy.precision = make_precision("bf16-mixed", "cpu")
+    strategy.configure_accumulation(4)                        # optional: "auto" values from explicit numbers
+    strategy.configure_batch_size(loader.batch_size)          # (or DeepSpeed(accumulate_grad_batches=4, ...))
+    strategy.setup_environment()                              # processes, process group, checks the config
+    engine, optimizer = strategy.setup_for_accelerator(model, optimizer)   # deepspeed.initialize
+    for i, batch in enumerate(loader):
+        batch = strategy.batch_to_device(batch)               # bf16/fp16 inputs where the weights are
+        with strategy.no_backward_sync(not boundary):         # optional; required for windows cut short
+            loss = loss_fn(engine(batch))
+            strategy.backward(loss)                           # divides by the accumulation (scale_loss_by_accumulation)
+        if boundary:
+            strategy.clip_gradients(optimizer, max_norm=1.0)  # checks it agrees with the config; DeepSpeed clips
+            strategy.optimizer_step(optimizer)
+    strategy.save_accelerator_state(dir, state) / state = strategy.load_accelerator_state(dir)
+    strategy.full_state_dict()                                # consolidated weights (every rank calls it)
+    strategy.teardown()
+
+The optimizer handed back is the user's own: DeepSpeed steps it (or, with optimizer offload, DeepSpeedCPUAdam
+over the very same param-group dicts), so a scheduler built on it keeps working.
+"""
+import contextlib
+import copy
+import gc
+import io
+import json
+import logging
+import os
+import shutil
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from tasktrain.strategies.ddp import _PROCESS, DDP
+from tasktrain.version import __version__
+
+DEFAULT_STAGE = 2
+STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory: loop state, callbacks, RNG, ...
+ENGINE_TAG = "zero"  # engine.save_checkpoint(tag=...): one fixed tag per checkpoint directory
+SIXTEEN_BIT_FILE = "model_16bit.pt"  # save_16bit_model=True: consolidated 16-bit weights for inference
+_WRAPPER_PREFIX = "module."  # parameter names under our _EngineForward wrapper
+_ANNOUNCED = set()
+
+
+class _EngineForward(torch.nn.Module):
+    """What the engine wraps. DeepSpeed runs hooks around its forward (stage 3 gathers parameters there), so the
+    module's steps go through it: engine(batch, i, _tasktrain_step=module.training_step). Without a step it is the
+    module's own forward: engine(x) == module(x)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, _tasktrain_step=None, **kwargs):
+        if _tasktrain_step is None:
+            return self.module(*args, **kwargs)
+        return _tasktrain_step(*args, **kwargs)
+
+
+class DeepSpeed(DDP):
+    """DeepSpeed ZeRO through DeepSpeed's engine.
+
+    Args:
+        stage: ZeRO stage 0-3 (default: the config's, else 2). 1 shards optimizer state, 2 also gradients,
+            3 also parameters.
+        offload_optimizer: keep optimizer state and step on the CPU (ZeRO-Offload); Adam/AdamW are replaced by
+            DeepSpeedCPUAdam with the same param groups and hyper-parameters. (A config's own offload sections
+            are used as given; False adds nothing.)
+        offload_parameters: stage 3 only: keep parameters on the CPU between uses.
+        config: a DeepSpeed config dict or the path of a JSON file, honoured as given; "auto" values are filled.
+        zero3_init: stage 3: `with strategy.module_init_context(): module = Model()` creates the parameters
+            already partitioned (a model that does not fit one process's memory whole).
+        save_16bit_model: every checkpoint directory also gets model_16bit.pt, the consolidated 16-bit weights
+            (bf16 under bf16-mixed, else fp16) in our checkpoint format, for inference.
+        micro_batch_size, accumulate_grad_batches, gradient_clipping: fill the config's "auto" values without a
+            Trainer (the Trainer's own values must agree with them).
+        logging_level: DeepSpeed's logger level (its INFO output is long).
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, stage=None, offload_optimizer=None, offload_parameters=None, config=None, zero3_init=False,
+                 save_16bit_model=False, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
+                 offload_device="cpu", logging_level=logging.WARNING, accelerator=None, precision=None,
+                 process_group_backend=None, timeout=timedelta(minutes=30), start_method="popen"):
+        super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
+                         timeout=timeout, start_method=start_method)
+        if stage is not None and stage not in (0, 1, 2, 3):
+            raise ValueError(f"DeepSpeed(stage={stage!r}): ZeRO stages are 0, 1, 2 and 3.")
+        if offload_device not in ("cpu", "nvme"):
+            raise ValueError(f"DeepSpeed(offload_device={offload_device!r}): use 'cpu' (or 'nvme' with a config that "
+                             "sets nvme_path).")
+        self.stage = stage
+        self.offload_optimizer = offload_optimizer
+        self.offload_parameters = offload_parameters
+        self.offload_device = offload_device
+        self.user_config = _read_config(config)
+        self.zero3_init = bool(zero3_init)
+        self.save_16bit = bool(save_16bit_model)
+        self.micro_batch_size = _positive_or_none("micro_batch_size", micro_batch_size)
+        self.accumulate_grad_batches = _positive_or_none("accumulate_grad_batches", accumulate_grad_batches)
+        if gradient_clipping is not None and float(gradient_clipping) < 0:
+            raise ValueError(f"DeepSpeed(gradient_clipping={gradient_clipping}): use a max norm > 0, or 0 for off.")
+        self.gradient_clipping = None if gradient_clipping is None else float(gradient_clipping)
+        self.logging_level = logging_level
+        # True on the Accelerator's path: backward divides by the accumulation (the Trainer divides by itself).
+        self.scale_loss_by_accumulation = False
+        self.engine = None
+        self.config = None  # the resolved config the engine runs with
+        self._client_optimizer = None
+        self._wrapped = True  # the engine holds _EngineForward(module): its parameter names start with "module."
+        self._input_dtype = None
+        self._loaded_engine_state = False
+        self._set_local_rank = False
+        # A config that cannot work fails at construction, before any process starts.
+        build_config(self.user_config, stage=stage, offload_optimizer=offload_optimizer,
+                     offload_parameters=offload_parameters, save_16bit_model=self.save_16bit,
+                     offload_device=offload_device, precision=None)
+        if self.zero3_init and self.zero_stage() != 3:
+            raise ValueError(f"DeepSpeed(zero3_init=True) partitions parameters at creation, which is ZeRO stage 3; "
+                             f"this config runs stage {self.zero_stage()}. Use stage=3 or drop zero3_init.")
+
+    def zero_stage(self):
+        return build_config(self.user_config, stage=self.stage, precision=None)["zero_optimization"]["stage"]
+
+    # -- the config --------------------------------------------------------------------------------------------
+    def configure_accumulation(self, steps):
+        """Micro-batches per optimizer step, for the config's gradient_accumulation_steps (no Trainer)."""
+        self.accumulate_grad_batches = _positive_or_none("accumulate_grad_batches", steps)
+
+    def configure_batch_size(self, batch_size):
+        """Samples per micro-batch and process, for the config's train_micro_batch_size_per_gpu (no Trainer)."""
+        self.micro_batch_size = _positive_or_none("micro_batch_size", batch_size)
+
+    def _config_without_batch(self):
+        """The config for an engine that does not train (evaluation, zero.Init): its batch values are moot."""
+        user = {k: v for k, v in (self.user_config or {}).items()
+                if k not in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
+        saved, self.user_config = self.user_config, user
+        try:
+            config = self.resolved_config(1, 1, world_size=self.world_size)
+        finally:
+            self.user_config = saved
+        if config["zero_optimization"]["stage"] < 3:
+            # Below stage 3 the weights are whole on every rank and there is no optimizer state to shard:
+            # DeepSpeed's stages 1-2 also refuse to start without an optimizer.
+            config["zero_optimization"] = {"stage": 0}
+        return config
+
+    def resolved_config(self, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
+                        precision=None, world_size=None):
+        """The config the engine would run with, for these values (this strategy's own where one is None)."""
+        precision = precision or (self.precision.name if self.precision is not None else "32-true")
+        return build_config(
+            self.user_config, stage=self.stage, offload_optimizer=self.offload_optimizer,
+            offload_parameters=self.offload_parameters, save_16bit_model=self.save_16bit,
+            offload_device=self.offload_device, precision=precision, device_type=self.root_device.type,
+            micro_batch_size=micro_batch_size or self.micro_batch_size or 1,
+            accumulate_grad_batches=accumulate_grad_batches or self.accumulate_grad_batches or 1,
+            gradient_clipping=self.gradient_clipping if gradient_clipping is None else gradient_clipping,
+            world_size=world_size or self.world_size,
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    def setup_environment(self):
+        # Precision and offload are checked before any worker starts: every rank would fail the same way.
+        build_config(self.user_config, stage=self.stage, offload_optimizer=self.offload_optimizer,
+                     offload_parameters=self.offload_parameters, save_16bit_model=self.save_16bit,
+                     offload_device=self.offload_device, precision=self.precision.name if self.precision else None,
+                     device_type=self.root_device.type)
+        if self.root_device.type == "cpu":
+            # Before deepspeed is imported: a GPU machine training on CPU must still get DeepSpeed's CPU accelerator.
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        super().setup_environment()
+        if "LOCAL_RANK" not in os.environ:  # DeepSpeed reads it even in a world of one; removed at teardown
+            os.environ["LOCAL_RANK"] = str(self.local_rank)
+            self._set_local_rank = True
+        import deepspeed
+
+        deepspeed.utils.logger.setLevel(self.logging_level)
+        if _quiet_untested_optimizer not in deepspeed.utils.logger.filters:
+            deepspeed.utils.logger.addFilter(_quiet_untested_optimizer)
+        # DeepSpeed calls collectives torch 2.13 has renamed; the warning is DeepSpeed's business, not the user's.
+        for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+            warnings.filterwarnings("ignore", message=f".*{name}` is deprecated", category=FutureWarning)
+        if self.root_device.type == "cpu":
+            # Its shared-memory op serves inference all-reduce only and costs a ~50 s compile on first use.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
+
+    def setup(self, module, optimizers):
+        """Record the module and its optimizer; the engine is built by connect_data, once the loader is known.
+
+        With no optimizer (validate / test / predict) the engine is built now, without one."""
+        if len(optimizers) > 1:
+            raise ValueError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed drives one "
+                             "optimizer per engine. Return one (parameter groups can hold different settings).")
+        self.module = module
+        self.model = None
+        self.optimizers = list(optimizers)
+        self._client_optimizer = self.optimizers[0] if self.optimizers else None
+        self._wrapped = True
+        self.scale_loss_by_accumulation = False
+        if self._client_optimizer is None:
+            self._initialize(micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None)
+        return self.module, self.optimizers
+
+    def connect_data(self, trainer=None, train_loader=None):
+        """Fill the config's "auto" values from the Trainer and the loader, then build the engine."""
+        micro = self.micro_batch_size or _loader_batch_size(train_loader)
+        accumulate, clipping = self.accumulate_grad_batches, self.gradient_clipping
+        if trainer is not None:
+            automatic = trainer.module is None or trainer.module.automatic_optimization
+            # Manual optimisation steps where the user says: each backward closes its own window.
+            accumulate = _agree("accumulate_grad_batches", self.accumulate_grad_batches,
+                                trainer.accumulate_grad_batches if automatic else 1)
+            clipping = _agree("gradient_clipping", self.gradient_clipping, _clipping_of(trainer.callbacks))
+            if trainer.lr_scheduler_configs and "scheduler" in (self.user_config or {}):
+                raise ValueError("The DeepSpeed config has a \"scheduler\" section and configure_optimizers returned a "
+                                 "scheduler too: two schedulers would set the same learning rate. Keep one of them.")
+        self._initialize(micro_batch_size=micro, accumulate_grad_batches=accumulate, gradient_clipping=clipping)
+
+    def setup_for_accelerator(self, model, optimizer=None):
+        """The Accelerator's path: deepspeed.initialize over the model itself (engine(x) is model(x)).
+
+        Returns (engine, optimizer): the optimizer is the user's, which DeepSpeed now steps."""
+        self.module = model
+        self._client_optimizer = optimizer
+        self.optimizers = [optimizer] if optimizer is not None else []
+        self._wrapped = False
+        self.scale_loss_by_accumulation = True
+        self._initialize(micro_batch_size=self.micro_batch_size or 1,
+                         accumulate_grad_batches=self.accumulate_grad_batches or 1,
+                         gradient_clipping=self.gradient_clipping)
+        return self.engine, optimizer
+
+    def _initialize(self, micro_batch_size, accumulate_grad_batches, gradient_clipping):
+        """deepspeed.initialize. micro_batch_size=None: an engine that does not train (no batch values needed)."""
+        import deepspeed
+
+        if micro_batch_size is None:
+            config = self._config_without_batch()
+        else:
+            config = self.resolved_config(micro_batch_size, accumulate_grad_batches, gradient_clipping)
+        if _enabled(config.get("fp16")) is True:
+            from deepspeed.accelerator import get_accelerator
+
+            if not get_accelerator().is_fp16_supported():
+                raise ValueError(f"precision='16-mixed' (fp16): DeepSpeed's {get_accelerator().device_name()} "
+                                 "accelerator does not support fp16 on this machine. Use precision='bf16-mixed'.")
+        optimizer = self._client_optimizer
+        if optimizer is not None and _offloads(config, "offload_optimizer"):
+            optimizer = self._offload_optimizer(optimizer, config)
+        model = _EngineForward(self.module) if self._wrapped else self.module
+        kwargs = {"optimizer": optimizer} if optimizer is not None else {}
+        self.engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False, **kwargs)
+        self.config = config
+        self.model = self.engine
+        bf16, fp16 = _enabled(config.get("bf16", config.get("bfloat16"))), _enabled(config.get("fp16"))
+        self._input_dtype = torch.bfloat16 if bf16 is True else torch.float16 if fp16 is True else None
+        self._loaded_engine_state = False
+
+    def _offload_optimizer(self, optimizer, config):
+        """ZeRO-Offload steps on the CPU: Adam/AdamW become DeepSpeedCPUAdam, anything else stays (slowly)."""
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        name = type(optimizer).__name__
+        groups = optimizer.param_groups
+        plain_adam = type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and not any(
+            g.get("amsgrad") or g.get("maximize") or isinstance(g["lr"], torch.Tensor) for g in groups)
+        if not plain_adam:
+            config["zero_force_ds_cpu_optimizer"] = False
+            _say_once(f"offload-{name}", self.is_global_zero,
+                      f"DeepSpeed offload: keeping {name} (DeepSpeedCPUAdam replaces only plain Adam/AdamW); "
+                      "it steps on the CPU in Python, which is slower than DeepSpeed's CPU Adam.")
+            return optimizer
+        defaults = optimizer.defaults
+        cpu_adam = DeepSpeedCPUAdam([{"params": g["params"]} for g in groups], lr=defaults["lr"],
+                                    betas=defaults["betas"], eps=defaults["eps"],
+                                    weight_decay=defaults["weight_decay"],
+                                    adamw_mode=type(optimizer) is torch.optim.AdamW)
+        # The very same group dicts: the user's scheduler (built on the user's optimizer) sets the lr that
+        # CPUAdam reads, and the user's optimizer shows what is being stepped.
+        for group in groups:
+            for key, value in cpu_adam.defaults.items():
+                group.setdefault(key, value)
+        cpu_adam.param_groups = groups
+        # torch schedulers warn unless the optimizer they hold has stepped: CPUAdam steps in its place.
+        optimizer._opt_called = True
+        _say_once("offload-adam", self.is_global_zero,
+                  f"DeepSpeed offload: {name} is replaced by DeepSpeedCPUAdam (same param groups and "
+                  "hyper-parameters), DeepSpeed's vectorised CPU Adam.")
+        return cpu_adam
+
+    @contextlib.contextmanager
+    def module_init_context(self):
+        """`with strategy.module_init_context(): module = Model()`: with zero3_init (stage 3) the parameters are
+        created partitioned over the ranks, so no process ever holds the whole model. Starts the processes and
+        the process group if the Trainer has not yet (every rank runs this line)."""
+        if not self.zero3_init:
+            yield
+            return
+        if self.precision is None:
+            raise RuntimeError("module_init_context needs the precision: build the Trainer (or set "
+                               "strategy.precision) first, then create the module inside the context.")
+        import deepspeed
+
+        if self.env is None or not dist.is_initialized():
+            self.setup_environment()
+        config = self._config_without_batch()
+        with deepspeed.zero.Init(config_dict_or_path=config, dtype=_input_dtype_of(config) or torch.float32):
+            yield
+
+    def teardown(self):
+        engine, self.engine = self.engine, None
+        self.model = None
+        self.optimizers = []
+        self._client_optimizer = None
+        if engine is not None:
+            engine.destroy()  # removes DeepSpeed's hooks from the module
+        del engine
+        gc.collect()
+        env = self.env
+        if env is not None and env.launcher is None and _PROCESS["owns_group"] and dist.is_initialized():
+            # A world of one is ended now (DDP does the same); DeepSpeed's destroy also forgets its copies of the
+            # group, so that a later run in this process can start a new one.
+            import deepspeed.comm
+
+            if deepspeed.comm.is_initialized():
+                deepspeed.comm.destroy_process_group()
+                _PROCESS["owns_group"] = False
+        if self._set_local_rank:
+            os.environ.pop("LOCAL_RANK", None)
+            self._set_local_rank = False
+        super().teardown()
+
+    # -- the step ------------------------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx):
+        return self.engine(batch, batch_idx, _tasktrain_step=self.module.training_step)
+
+    def eval_step(self, step_fn, *args):
+        return self.engine(*args, _tasktrain_step=step_fn)
+
+    def batch_to_device(self, batch):
+        batch = super().batch_to_device(batch)
+        if self._input_dtype is None:
+            return batch
+        # Under "bf16"/"fp16" DeepSpeed holds the module in that dtype: floating inputs must match it.
+        return _cast_floats(batch, self._input_dtype)
+
+    def no_backward_sync(self, enabled: bool, model=None):
+        """Tell the engine whether this micro-batch closes the accumulation window (DeepSpeed holds back the
+        reduction and the step until it does)."""
+        if self.engine is not None:
+            self.engine.set_gradient_accumulation_boundary(not enabled)
+        return contextlib.nullcontext()
+
+    def backward(self, loss, *args, **kwargs):
+        engine = self.engine
+        engine.backward(loss, scale_wrt_gas=self.scale_loss_by_accumulation, **kwargs)
+        if not engine.is_gradient_accumulation_boundary():
+            engine.step()  # DeepSpeed counts every micro-batch; inside a window its step changes nothing
+
+    def optimizer_step(self, optimizer=None, closure=None) -> bool:
+        if closure is not None:
+            raise ValueError("DeepSpeed steps without a closure: optimizers that need one (LBFGS) are not supported "
+                             "under DeepSpeed; use DDP for them.")
+        engine = self.engine
+        if not engine.is_gradient_accumulation_boundary():
+            raise RuntimeError(
+                "DeepSpeed was asked to step in the middle of its accumulation window (a window cut short, e.g. by "
+                "the end of a loader without a length). DeepSpeed reduces gradients only at a window's last "
+                "micro-batch, so it cannot close the window now: make the batches per epoch a multiple of "
+                "accumulate_grad_batches (limit_train_batches), or tell the strategy where windows end "
+                "(strategy.no_backward_sync(not last_micro_batch))."
+            )
+        engine.step()
+        stepped = engine.was_step_applied()
+        if not stepped and self.precision is not None:
+            self.precision.skipped_steps += 1  # fp16 overflow: DeepSpeed lowered its loss scale and skipped
+        return stepped
+
+    def zero_grad(self, optimizer=None):
+        pass  # engine.step() zeroes the gradients at the window's end
+
+    def unscale_gradients(self, optimizer=None):
+        pass  # DeepSpeed unscales inside its step
+
+    def clip_gradients(self, optimizer=None, max_norm=None, max_value=None, norm_type=2.0):
+        """DeepSpeed clips inside engine.step() with the config's gradient_clipping: this only checks that the
+        request agrees with it. Returns None (the norm of the last step: strategy.engine.get_global_grad_norm())."""
+        configured = float(self.config.get("gradient_clipping", 0.0)) if self.config else 0.0
+        if max_value is not None:
+            raise ValueError("DeepSpeed clips by norm only: use gradient_clip_val with gradient_clip_algorithm='norm' "
+                             "(GradientClipping(max_norm=...)), not clipping by value.")
+        if max_norm is not None and (float(norm_type) != 2.0 or abs(float(max_norm) - configured) > 1e-12):
+            raise ValueError(
+                f"DeepSpeed clips the 2-norm inside its step, to the config's gradient_clipping={configured}; this "
+                f"asks for max_norm={max_norm} (norm_type={norm_type}). Set the same value in the config "
+                f"(DeepSpeed(gradient_clipping={max_norm}), or `tasktrain launch --gradient_clipping {max_norm}`).")
+        return None
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def module_state_dict(self):
+        return {}  # the weights are in the engine's shards, next to the state file in the checkpoint directory
+
+    def optimizer_state(self, optimizer):
+        return {"deepspeed": "in the engine's shards of this checkpoint directory"}
+
+    def load_module_state_dict(self, state_dict, strict=True):
+        if not state_dict and self._loaded_engine_state:
+            return  # engine.load_checkpoint restored the weights already
+        state_dict = {(_WRAPPER_PREFIX if self._wrapped else "") + k: v for k, v in state_dict.items()}
+        target = self.engine.module if self.engine is not None else self.module
+        with self._gathered(modifier_rank=0):
+            if not self._partitioned() or self.is_global_zero:
+                target.load_state_dict(state_dict, strict=strict)
+
+    def load_optimizer_state(self, optimizer, state):
+        if isinstance(state, dict) and "deepspeed" in state and self._loaded_engine_state:
+            return  # engine.load_checkpoint restored it
+        raise ValueError(
+            "This checkpoint holds a plain optimizer state, not DeepSpeed's sharded one: a DeepSpeed fit resumes "
+            "from a checkpoint directory written under DeepSpeed. To start a DeepSpeed fit from a plain "
+            "checkpoint's weights, load them into the module before fit: "
+            "module.load_state_dict(torch.load(path, weights_only=True)['state_dict'])."
+        )
+
+    def save_checkpoint(self, checkpoint: dict, path: str):
+        """A directory: the engine's shards (one file per rank) plus our state file; written under a temporary
+        name and renamed into place, so a crash never leaves a half directory under the real name.
+
+        A weights-only checkpoint is a single file with the consolidated fp32 weights instead."""
+        from tasktrain.trainer.checkpoint import atomic_save
+
+        path = os.path.abspath(os.fspath(path))
+        if checkpoint.get("weights_only"):
+            tmp = f"{path}.zero-tmp"
+            self._save_engine(tmp, {}, sixteen_bit=False)
+            if self.is_global_zero:
+                checkpoint = dict(checkpoint, state_dict=convert_zero_checkpoint(tmp)["state_dict"])
+                atomic_save(checkpoint, path)
+                shutil.rmtree(tmp, ignore_errors=True)
+            self.barrier("save_checkpoint")
+            return
+        tmp = f"{path}.tmp"
+        self._save_engine(tmp, checkpoint)
+        if self.is_global_zero:
+            _replace_dir(tmp, path)
+        self.barrier("save_checkpoint")
+
+    def save_accelerator_state(self, output_dir, state):
+        """The Accelerator's save_state: engine shards and `state` into output_dir (kept: other files stay)."""
+        self._save_engine(os.path.abspath(os.fspath(output_dir)), state)
+        self.barrier("save_state")
+
+    def load_accelerator_state(self, input_dir):
+        return self.load_checkpoint(input_dir)
+
+    def _save_engine(self, directory, state, sixteen_bit=True):
+        from tasktrain.trainer.checkpoint import atomic_save
+
+        if self.is_global_zero and os.path.isdir(directory) and directory.endswith((".tmp", ".zero-tmp")):
+            shutil.rmtree(directory)  # the leftover of an interrupted save
+        self.barrier("save_engine")
+        self.engine.save_checkpoint(directory, tag=ENGINE_TAG, client_state={}, save_latest=True)
+        if self.save_16bit and sixteen_bit:
+            self.save_16bit_weights(os.path.join(directory, SIXTEEN_BIT_FILE), hyper_parameters=state.get(
+                "hyper_parameters", {}))
+        if self.is_global_zero:
+            state = dict(state, deepspeed={"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
+                                           "world_size": self.world_size,
+                                           "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""})
+            atomic_save(state, os.path.join(directory, STATE_FILE))
+
+    def save_16bit_weights(self, path, hyper_parameters=None):
+        """Write the consolidated 16-bit weights (our checkpoint format, weights only) to `path`. Every rank calls
+        it (stage 3 gathers the partitions)."""
+        from tasktrain.trainer.checkpoint import CHECKPOINT_FORMAT_VERSION, atomic_save
+
+        directory, name = os.path.split(os.path.abspath(path))
+        raw = f".{name}.deepspeed"
+        if not self.engine.save_16bit_model(directory, raw):
+            raise RuntimeError("DeepSpeed did not write the 16-bit model (stage 3 needs "
+                               "stage3_gather_16bit_weights_on_model_save, which save_16bit_model=True sets).")
+        if self.is_global_zero:
+            dtype = torch.bfloat16 if self._input_dtype == torch.bfloat16 else torch.float16
+            weights = torch.load(os.path.join(directory, raw), map_location="cpu", weights_only=True)
+            weights = {_strip(k, _WRAPPER_PREFIX if self._wrapped else ""): v.to(dtype) if v.is_floating_point() else v
+                       for k, v in weights.items()}
+            atomic_save({"format_version": CHECKPOINT_FORMAT_VERSION, "tasktrain_version": __version__,
+                         "torch_version": str(torch.__version__), "state_dict": weights,
+                         "hyper_parameters": hyper_parameters or {}, "weights_only": True}, path)
+            os.remove(os.path.join(directory, raw))
+        self.barrier("save_16bit")
+
+    def load_checkpoint(self, path: str) -> dict:
+        """A DeepSpeed checkpoint directory: the engine loads its shards (weights, optimizer) and our state file is
+        returned. Without an optimizer (validate/test/predict) the weights are consolidated instead."""
+        from tasktrain.trainer.checkpoint import CheckpointError, load_checkpoint_file
+
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            return load_checkpoint_file(path)  # a plain checkpoint: weights yes, optimizer state no (see above)
+        state_file = os.path.join(path, STATE_FILE)
+        if not os.path.isfile(state_file):
+            raise CheckpointError(f"{path!r} is a directory without {STATE_FILE}: not a checkpoint written by the "
+                                  "tasktrain DeepSpeed strategy (or an interrupted save).")
+        ckpt = load_checkpoint_file(state_file)
+        meta = ckpt.get("deepspeed", {})
+        if self._client_optimizer is None or ckpt.get("weights_only"):
+            ckpt["state_dict"] = convert_zero_checkpoint(path)["state_dict"]
+            return ckpt
+        saved_world = meta.get("world_size", ckpt.get("world_size"))
+        if saved_world is not None and saved_world != self.world_size:
+            raise CheckpointError(
+                f"{path!r} is sharded over {saved_world} processes and this run has {self.world_size}: ZeRO resumes "
+                f"on the same number of processes. Resume with {saved_world} processes, or convert it "
+                "(`tasktrain convert DIR out.ckpt`) and start a new fit from those weights.")
+        saved_stage = meta.get("stage")
+        if saved_stage is not None and saved_stage != self.config["zero_optimization"]["stage"]:
+            raise CheckpointError(
+                f"{path!r} was written at ZeRO stage {saved_stage} and this run uses stage "
+                f"{self.config['zero_optimization']['stage']}: resume with the same stage, or convert it and start "
+                "a new fit from those weights.")
+        loaded, _ = self.engine.load_checkpoint(path, tag=meta.get("tag", ENGINE_TAG), load_module_strict=True,
+                                                load_optimizer_states=True, load_lr_scheduler_states=True)
+        if loaded is None:
+            raise CheckpointError(f"DeepSpeed could not load the checkpoint in {path!r} (see its log above).")
+        self._loaded_engine_state = True
+        return ckpt
+
+    def remove_checkpoint(self, path: str):
+        if self.is_global_zero:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
+
+    def link_checkpoint(self, src, dst):
+        """ModelCheckpoint's last.ckpt: a directory of hard links to `src`'s files (a copy where links fail)."""
+        if not os.path.isdir(src):
+            from tasktrain.callbacks.checkpoint import _atomic_link
+
+            return _atomic_link(src, dst)
+        tmp = f"{dst}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, copy_function=_link_or_copy)
+        _replace_dir(tmp, dst)
+
+    def full_state_dict(self, model=None):
+        """The module's whole state dict on every rank (stage 3 gathers the partitions: call it on every rank)."""
+        module = self.engine.module if self.engine is not None else self.module
+        prefix = _WRAPPER_PREFIX if self.engine is not None and self._wrapped else ""
+        with self._gathered(modifier_rank=None):
+            return {_strip(k, prefix): v.detach().clone() for k, v in module.state_dict().items()}
+
+    def _partitioned(self):
+        module = self.engine.module if self.engine is not None else self.module
+        return any(hasattr(p, "ds_id") for p in module.parameters())
+
+    @contextlib.contextmanager
+    def _gathered(self, modifier_rank):
+        """Stage 3: the whole parameters inside (modifier_rank's changes are partitioned again on exit)."""
+        module = self.engine.module if self.engine is not None else self.module
+        params = [p for p in module.parameters() if hasattr(p, "ds_id")]
+        if not params:
+            yield
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank):
+            yield
+
+    def describe(self):
+        stage = self.config["zero_optimization"]["stage"] if self.config else self.zero_stage()
+        extras = [f"ZeRO stage {stage}"]
+        if self.config and _offloads(self.config, "offload_optimizer"):
+            extras.append("optimizer offload")
+        if self.config and _offloads(self.config, "offload_param"):
+            extras.append("parameter offload")
+        backend = dist.get_backend() if dist.is_initialized() else "?"
+        return (f"strategy={self.name} ({', '.join(extras)}), world_size={self.world_size}, backend={backend}, "
+                f"device={self.root_device}")
+
+
+# -- the config -----------------------------------------------------------------------------------------------
+def build_config(user_config=None, *, stage=None, offload_optimizer=None, offload_parameters=None,
+                 save_16bit_model=False, offload_device="cpu", precision="32-true", device_type="cpu",
+                 micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None, world_size=1):
+    """The DeepSpeed config to run: `user_config` as given, its "auto" or missing values filled from the run.
+
+    A value given on both sides that disagrees is a ValueError naming both and the fix. `precision=None` or
+    `micro_batch_size=None` skip those parts (checks made before the run is known)."""
+    config = copy.deepcopy(user_config) if user_config else {}
+    if "optimizer" in config:
+        raise ValueError("The DeepSpeed config has an \"optimizer\" section, but the optimizer is the one "
+                         "configure_optimizers returns (handed to DeepSpeed as is). Remove the config's \"optimizer\" "
+                         "section and build that optimizer in configure_optimizers.")
+    zero = dict(config.get("zero_optimization") or {})
+    given = zero.get("stage", "auto")
+    if given == "auto":
+        zero["stage"] = DEFAULT_STAGE if stage is None else stage
+    elif stage is not None and int(given) != stage:
+        raise ValueError(f"The DeepSpeed config says zero_optimization.stage={given}, but the strategy asks for "
+                         f"stage {stage}. Make them agree: DeepSpeed(stage={given}, config=...), or remove the "
+                         "stage from the config.")
+    stage = int(zero["stage"])
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_optimization.stage={stage}: ZeRO stages are 0, 1, 2 and 3.")
+    _offload_section(zero, "offload_optimizer", offload_optimizer, offload_device, device_type)
+    _offload_section(zero, "offload_param", offload_parameters, offload_device, device_type)
+    if _offloads({"zero_optimization": zero}, "offload_param") and stage != 3:
+        raise ValueError(f"Parameter offload needs ZeRO stage 3 (this config runs stage {stage}, where DeepSpeed "
+                         "would ignore it): use stage=3 (\"deepspeed_stage_3_offload\") or offload only the optimizer.")
+    if _offloads({"zero_optimization": zero}, "offload_optimizer") and stage == 0:
+        raise ValueError("Optimizer offload needs a ZeRO stage of 1 or more (the optimizer state must be "
+                         "partitioned): use stage=2 (\"deepspeed_stage_2_offload\").")
+    if save_16bit_model and stage == 3:
+        key = "stage3_gather_16bit_weights_on_model_save"
+        if zero.get(key) is False:
+            raise ValueError(f"save_16bit_model=True needs {key}=true at stage 3 (the config sets it false): "
+                             "remove it from the config, or drop save_16bit_model.")
+        zero[key] = True
+    config["zero_optimization"] = zero
+    if precision is not None:
+        _precision_sections(config, precision, device_type)
+    if micro_batch_size is not None:
+        micro = _fill(config, "train_micro_batch_size_per_gpu", int(micro_batch_size),
+                      "the training loader's batch_size",
+                      "DataLoader(batch_size=...) or DeepSpeed(micro_batch_size=...)")
+        accumulation = _fill(config, "gradient_accumulation_steps", int(accumulate_grad_batches or 1),
+                             "accumulate_grad_batches", "Trainer(accumulate_grad_batches=...)")
+        _fill(config, "train_batch_size", micro * accumulation * int(world_size),
+              f"micro batch {micro} x accumulation {accumulation} x {world_size} processes",
+              "the micro batch size, the accumulation or the number of processes")
+    given = config.get("gradient_clipping", "auto")
+    if given == "auto":
+        # Always explicit: left out, DeepSpeed would clip to 1.0 without anyone asking.
+        config["gradient_clipping"] = float(gradient_clipping or 0.0)
+    elif gradient_clipping is not None and float(given) != float(gradient_clipping):
+        raise ValueError(f"The DeepSpeed config says gradient_clipping={given}, but the run clips to "
+                         f"{gradient_clipping} (gradient_clip_val / GradientClipping). Make them agree, or write "
+                         "\"auto\" in the config to take the run's value.")
+    config.setdefault("zero_allow_untested_optimizer", True)  # the client optimizer from configure_optimizers
+    return config
+
+
+def _fill(config, key, value, what, fix):
+    given = config.get(key, "auto")
+    if given == "auto":
+        config[key] = value
+        return value
+    if int(given) != value:
+        raise ValueError(f"The DeepSpeed config says {key}={given}, but {what} gives {value}. Make them agree: set "
+                         f"{fix} to {given}, or write \"auto\" in the config to take the run's value.")
+    return value
+
+
+def _offload_section(zero, key, wanted, device, device_type):
+    """offload_...=True adds the section; a config's own offload section is used as given (False adds nothing:
+    `tasktrain launch` passes False for "not asked")."""
+    section = zero.get(key)
+    configured = isinstance(section, dict) and section.get("device", "none") not in (None, "none")
+    if not wanted or configured:
+        return
+    section = dict(section or {})
+    section["device"] = device
+    section.setdefault("pin_memory", device_type == "cuda")  # pinned memory helps copies to a GPU only
+    zero[key] = section
+
+
+def _offloads(config, key):
+    section = config.get("zero_optimization", {}).get(key)
+    return isinstance(section, dict) and section.get("device", "none") not in (None, "none")
+
+
+def _enabled(section):
+    return section.get("enabled") if isinstance(section, dict) else None
+
+
+def _input_dtype_of(config):
+    if _enabled(config.get("bf16", config.get("bfloat16"))) is True:
+        return torch.bfloat16
+    if _enabled(config.get("fp16")) is True:
+        return torch.float16
+    return None
+
+
+def _precision_sections(config, precision, device_type):
+    if precision == "64-true":
+        raise ValueError("precision='64-true' is not available under DeepSpeed (it trains in fp32, bf16 or fp16): "
+                         "use precision='32-true' or another strategy.")
+    if precision == "16-mixed" and device_type == "cpu":
+        raise ValueError("precision='16-mixed' (fp16) is not supported by the DeepSpeed strategy on CPU: use "
+                         "precision='bf16-mixed', the fast mixed precision on CPU (or '32-true').")
+    bf16_key = "bfloat16" if "bfloat16" in config and "bf16" not in config else "bf16"
+    fp16, bf16 = _enabled(config.get("fp16")), _enabled(config.get(bf16_key))
+    autocast = config.get("torch_autocast") if _enabled(config.get("torch_autocast")) is True else None
+    if fp16 is True and bf16 is True:
+        raise ValueError("The DeepSpeed config enables both fp16 and bf16: enable one (or write \"auto\").")
+    says = "16-mixed" if fp16 is True else "bf16-mixed" if bf16 is True else None
+    if says is None and autocast is not None:
+        dtype = str(autocast.get("dtype", "bfloat16"))
+        says = "bf16-mixed" if "bf" in dtype else "16-mixed"
+    if says is not None and says != precision:
+        section = "torch_autocast" if autocast is not None else "fp16" if says == "16-mixed" else "bf16"
+        raise ValueError(f"The DeepSpeed config enables {section} (precision {says!r}), but the run's precision is "
+                         f"{precision!r}. Make them agree: precision={says!r}, or write \"enabled\": \"auto\" in "
+                         "the config to take the run's.")
+    if autocast is not None:
+        return  # torch autocast in the engine's forward: the weights stay fp32, the config is complete
+    for key, on in ((bf16_key, precision == "bf16-mixed"), ("fp16", precision == "16-mixed")):
+        if on or key in config:
+            config[key] = dict(config.get(key) or {}, enabled=on)
+
+
+def _agree(name, explicit, from_run):
+    """A value given to DeepSpeed(...) and by the Trainer must be the same."""
+    if explicit is None or from_run is None:
+        return from_run if explicit is None else explicit
+    if float(explicit) != float(from_run):
+        raise ValueError(f"DeepSpeed({name}={explicit}) disagrees with the Trainer's {from_run}. Give it in one place.")
+    return explicit
+
+
+def _clipping_of(callbacks):
+    from tasktrain.callbacks.clipping import GradientClipping
+
+    clippers = [c for c in callbacks if isinstance(c, GradientClipping)]
+    if len(clippers) > 1:
+        raise ValueError(f"{len(clippers)} GradientClipping callbacks: DeepSpeed clips once, to one max norm. "
+                         "Keep one.")
+    if not clippers:
+        return None
+    clip = clippers[0]
+    if clip.max_value is not None:
+        raise ValueError("DeepSpeed clips by norm only: use gradient_clip_val with gradient_clip_algorithm='norm' "
+                         "(GradientClipping(max_norm=...)), not clipping by value.")
+    if clip.max_norm is not None and clip.norm_type != 2.0:
+        raise ValueError(f"DeepSpeed clips the 2-norm; GradientClipping(norm_type={clip.norm_type}) asks for another. "
+                         "Use norm_type=2.")
+    return clip.max_norm
+
+
+def _loader_batch_size(loader):
+    size = getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    if size:
+        return int(size)
+    if loader is not None:
+        warnings.warn("DeepSpeed: the training loader has no batch_size (a custom batch sampler?), so the config's "
+                      "train_micro_batch_size_per_gpu is 1. DeepSpeed uses it only for its throughput figures; pass "
+                      "DeepSpeed(micro_batch_size=N) to set it.")
+    return 1
+
+
+def _read_config(config):
+    if config is None:
+        return None
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    path = os.fspath(config)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"DeepSpeed(config={path!r}): no such file. Pass a dict or the path of a DeepSpeed "
+                                "JSON config.")
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"DeepSpeed(config={path!r}) is not valid JSON: {err}.") from None
+
+
+def _positive_or_none(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or int(value) != value or int(value) < 1:
+        raise ValueError(f"DeepSpeed({name}={value!r}): use a positive integer.")
+    return int(value)
+
+
+def _cast_floats(data, dtype):
+    if isinstance(data, torch.Tensor):
+        return data.to(dtype) if data.is_floating_point() else data
+    if isinstance(data, (list, tuple)):
+        out = [_cast_floats(d, dtype) for d in data]
+        return type(data)(*out) if hasattr(data, "_fields") else type(data)(out)
+    if isinstance(data, dict):
+        return type(data)((k, _cast_floats(v, dtype)) for k, v in data.items())
+    return data
+
+
+def _say_once(key, is_global_zero, message):
+    if key not in _ANNOUNCED:
+        _ANNOUNCED.add(key)
+        if is_global_zero:
+            print(f"[tasktrain] {message}", flush=True)
+
+
+def _quiet_untested_optimizer(record):
+    # ZeRO warns about every optimizer it did not pick itself; here it always runs the user's, on purpose.
+    return "untested optimizer" not in str(record.msg)
+
+
+def _strip(key, prefix):
+    return key[len(prefix):] if prefix and key.startswith(prefix) else key
+
+
+# -- checkpoint directories ------------------------------------------------------------------------------------
+def _replace_dir(src, dst):
+    """Rename directory `src` to `dst`, replacing what is there."""
+    old = None
+    if os.path.lexists(dst):
+        old = f"{dst}.old-{os.getpid()}"
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old is not None:
+        shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+
+
+def _link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def convert_zero_checkpoint(checkpoint_dir, output_path=None):
+    """Consolidate a ZeRO checkpoint directory into one fp32 state dict, in our checkpoint format.
+
+    Returns the checkpoint dict ({"state_dict": ..., "hyper_parameters": ..., "weights_only": True, ...}) and,
+    with `output_path`, writes it there: `TaskModule.load_from_checkpoint(output_path)` and
+    `torch.load(output_path, weights_only=True)` read it. The optimizer state stays behind (it is ZeRO's).
+    Runs in one process; needs as much memory as the whole model in fp32.
+    """
+    from tasktrain.trainer.checkpoint import CHECKPOINT_FORMAT_VERSION, CheckpointError, atomic_save, \
+        load_checkpoint_file
+
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    if not os.path.isdir(checkpoint_dir):
+        raise CheckpointError(f"{checkpoint_dir!r} is not a directory: convert takes a DeepSpeed checkpoint directory "
+                              "(what ModelCheckpoint writes under the DeepSpeed strategy).")
+    state_file = os.path.join(checkpoint_dir, STATE_FILE)
+    ckpt = load_checkpoint_file(state_file) if os.path.isfile(state_file) else {}
+    meta = ckpt.get("deepspeed", {})
+    tag = meta.get("tag")
+    if tag is None and not os.path.isfile(os.path.join(checkpoint_dir, "latest")):
+        raise CheckpointError(f"{checkpoint_dir!r} has neither {STATE_FILE} nor DeepSpeed's 'latest' file: not a "
+                              "DeepSpeed checkpoint directory.")
+    if meta.get("stage") == 0:
+        raise CheckpointError(f"{checkpoint_dir!r} was written at ZeRO stage 0, which has no shards to consolidate: "
+                              "its engine file holds the whole module already.")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else DeepSpeed warns that it fell back to the CPU
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    # It prints a progress report per shard (and its errors are raised, not printed).
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        weights = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=tag)
+    prefix = meta.get("key_prefix", "")
+    state_dict = {_strip(k, prefix): v.contiguous() for k, v in weights.items()}
+    out = {
+        "format_version": CHECKPOINT_FORMAT_VERSION,
+        "tasktrain_version": __version__,
+        "torch_version": str(torch.__version__),
+        "state_dict": state_dict,
+        "hyper_parameters": ckpt.get("hyper_parameters", {}),
+        "weights_only": True,
+        "train_state": ckpt.get("train_state", {}),
+        "world_size": ckpt.get("world_size", meta.get("world_size")),
+    }
+    if output_path is not None:
+        atomic_save(out, os.fspath(output_path))
+    return out

@@ -1,0 +1,130 @@
+"""Two-process DeepSpeed runs on the digits classifier; every rank writes what it saw to OUT.rank{R}.pt.
+
+    python train.py --root DIR --out OUT --case compare            # DDP, then ZeRO 1, 2, 3 (fp32, accumulation 2,
+                                                                   # clipping); stage 3 builds the module under
+                                                                   # zero3_init and checkpoints every step
+    python train.py --root DIR --out OUT --case resume --kill-at K # stage 3 as above, rank 1 SIGKILLed after step K
+    python train.py --root DIR --out OUT --case resume --resume    # ... continued from ckpt_path="last"
+    python train.py --root DIR --out OUT --case offload            # ZeRO 2 + optimizer offload (CPUAdam), with an
+                                                                   # in-process resume; ZeRO 3 + offload, bf16,
+                                                                   # save_16bit_model
+
+The Trainer self-launches rank 1 (devices=2); both ranks run every fit in order and share one process group.
+"""
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+from digits import Classifier, digits_loaders  # noqa: E402
+
+from tasktrain import Callback, DeepSpeed, ModelCheckpoint, Trainer, seed_everything  # noqa: E402
+
+EPOCHS = 2  # 22 batches of 32 per rank and epoch, accumulation 2: 11 optimizer steps per epoch
+
+
+class Record(Callback):
+    """Per-batch losses of this rank, and the whole trained weights at the end (gathered under stage 3)."""
+
+    def __init__(self):
+        self.losses = []
+        self.weights = None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs.detach()))
+
+    def on_train_end(self, trainer, module):
+        full = getattr(trainer.strategy, "full_state_dict", None)
+        state = full() if full is not None else module.state_dict()
+        self.weights = {k: v.detach().float().clone() for k, v in state.items()}
+
+
+class KillRank(Callback):
+    def __init__(self, step, rank):
+        self.step, self.rank = step, rank
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epochs=EPOCHS, **kwargs):
+    seed_everything(0)
+    train, val = digits_loaders(batch_size=32)
+    record = Record()
+    trainer = Trainer(strategy=strategy, devices=2, max_epochs=epochs, precision=precision,
+                      accumulate_grad_batches=2, gradient_clip_val=0.5, logger=False, enable_progress_bar=False,
+                      enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+                      num_sanity_val_steps=0, default_root_dir=os.path.join(root, name),
+                      callbacks=[record, *callbacks], **kwargs)
+    # zero3_init: the parameters are created partitioned (module_init_context is a no-op otherwise)
+    with strategy.module_init_context() if isinstance(strategy, DeepSpeed) else contextlib.nullcontext():
+        module = Classifier(hidden=64)
+    created_partitioned = all(p.numel() == 0 for p in module.parameters())
+    start = time.perf_counter()
+    trainer.fit(module, train, val, ckpt_path=ckpt_path)
+    seconds = time.perf_counter() - start
+    val_acc = float(trainer.callback_metrics["val_acc"])
+    # the trained module itself (under stage 3 still partitioned) evaluated again, through a new engine
+    validate_after_fit = trainer.validate(module, val)[0]["val_acc"]
+    return {"created_partitioned": created_partitioned, "losses": record.losses, "weights": record.weights,
+            "val_acc": val_acc, "validate_after_fit": validate_after_fit, "global_step": trainer.global_step,
+            "seconds": seconds,
+            "last": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
+            "best_k": sorted(trainer.checkpoint_callback.best_k_models) if trainer.checkpoint_callback else None}
+
+
+def stage3_checkpointed(root, callbacks=(), ckpt_path=None):
+    checkpoint = ModelCheckpoint(every_n_train_steps=1, every_n_epochs=None, save_top_k=2, save_last=True)
+    result = fit("stage3", DeepSpeed(stage=3, zero3_init=True), root, callbacks=[*callbacks, checkpoint],
+                 ckpt_path=ckpt_path)
+    # A fresh Trainer and module evaluate the last checkpoint directory (its shards consolidated on load).
+    trainer = Trainer(strategy="deepspeed_stage_3", devices=2, logger=False, enable_progress_bar=False)
+    metrics = trainer.validate(Classifier(hidden=64), digits_loaders(batch_size=32)[1], ckpt_path=result["last"])
+    result["validate_last"] = metrics[0]["val_acc"]
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--case", choices=("compare", "resume", "offload"), required=True)
+    p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument("--resume", action="store_true")
+    args = p.parse_args()
+
+    results = {}
+    if args.case == "compare":
+        results["ddp"] = fit("ddp", "ddp", args.root)
+        weights = ModelCheckpoint(dirpath=os.path.join(args.root, "weights"), filename="final", every_n_epochs=EPOCHS,
+                                  save_weights_only=True)
+        results["stage1"] = fit("stage1", "deepspeed_stage_1", args.root, callbacks=[weights])
+        results["stage2"] = fit("stage2", "deepspeed_stage_2", args.root)
+        results["stage3"] = stage3_checkpointed(args.root)
+    elif args.case == "resume":
+        kill = [KillRank(args.kill_at, rank=1)] if args.kill_at is not None else []
+        results["stage3"] = stage3_checkpointed(args.root, kill, ckpt_path="last" if args.resume else None)
+    else:
+        offload = DeepSpeed(stage=2, offload_optimizer=True)
+        results["stage2_offload"] = fit("s2off", offload, args.root)
+        checkpoint = ModelCheckpoint(every_n_epochs=1, save_last=True)
+        fit("s2off_resumed", DeepSpeed(stage=2, offload_optimizer=True), args.root, callbacks=[checkpoint], epochs=1)
+        results["stage2_offload_resumed"] = fit("s2off_resumed", DeepSpeed(stage=2, offload_optimizer=True),
+                                                args.root, callbacks=[ModelCheckpoint(save_last=True)],
+                                                ckpt_path="last")
+        results["stage3_offload_bf16"] = fit("s3off", DeepSpeed(stage=3, offload_optimizer=True,
+                                                                offload_parameters=True, save_16bit_model=True),
+                                             args.root, precision="bf16-mixed",
+                                             callbacks=[ModelCheckpoint(every_n_epochs=EPOCHS, save_last=True)])
+    rank = int(os.environ.get("RANK", "0"))
+    torch.save(results, f"{args.out}.rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()

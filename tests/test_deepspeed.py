@@ -1,0 +1,337 @@
+"""DeepSpeed strategy: the config translation (one process, no engine) and real ZeRO runs on 2 gloo processes.
+
+The 2-process runs (tests/deepspeed_scripts/train.py) train the digits classifier with DDP and ZeRO 1, 2, 3 in one
+launch, kill and resume a ZeRO-3 run, and train with optimizer/parameter offload (DeepSpeedCPUAdam: its C++ op
+compiles once into TORCH_EXTENSIONS_DIR, ~1-3 min on a fresh machine) and bf16.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tasktrain import DeepSpeed, Trainer
+from tasktrain.strategies.deepspeed import ENGINE_TAG, STATE_FILE, build_config
+from tasktrain.strategies.registry import strategy_from_name
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "deepspeed_scripts", "train.py")
+_SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def run(*args, expect_ok=True, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
+    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if expect_ok:
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    else:
+        assert proc.returncode != 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return proc
+
+
+def classifier():
+    """examples/digits.py's Classifier (the model the scripts train)."""
+    examples = os.path.join(os.path.dirname(HERE), "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    from digits import Classifier
+
+    return Classifier
+
+
+def results(out):
+    return [torch.load(f"{out}.rank{rank}.pt") for rank in (0, 1)]
+
+
+# -- the config, one process, no engine --------------------------------------------------------------------------
+def test_importing_the_strategy_does_not_import_deepspeed():
+    code = ("import sys, tasktrain; from tasktrain import DeepSpeed; DeepSpeed(stage=3).resolved_config(8, 2); "
+            "assert 'deepspeed' not in sys.modules, 'deepspeed was imported'")
+    run("-c", code, timeout=120)
+
+
+def test_registry_names():
+    for name, stage, opt, par in [("deepspeed", 2, None, None), ("deepspeed_stage_1", 1, None, None),
+                                  ("deepspeed_stage_2_offload", 2, True, None), ("deepspeed_stage_3", 3, None, None),
+                                  ("deepspeed_stage_3_offload", 3, True, True)]:
+        config = strategy_from_name(name).resolved_config(micro_batch_size=8)["zero_optimization"]
+        assert config["stage"] == stage, name
+        assert ("offload_optimizer" in config) == bool(opt), name
+        assert ("offload_param" in config) == bool(par), name
+
+
+def test_auto_values_are_filled_from_the_run():
+    user = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+            "zero_optimization": {"stage": 3, "overlap_comm": False}, "steps_per_print": 7}
+    config = build_config(user, precision="bf16-mixed", micro_batch_size=16, accumulate_grad_batches=4,
+                          gradient_clipping=0.5, world_size=2)
+    assert config["train_micro_batch_size_per_gpu"] == 16
+    assert config["gradient_accumulation_steps"] == 4
+    assert config["train_batch_size"] == 16 * 4 * 2
+    assert config["gradient_clipping"] == 0.5
+    assert config["bf16"] == {"enabled": True}
+    assert config["zero_optimization"] == {"stage": 3, "overlap_comm": False}  # as given
+    assert config["steps_per_print"] == 7
+    assert user["train_batch_size"] == "auto"  # the user's dict is not touched
+
+
+def test_missing_values_and_clipping_is_always_explicit():
+    config = build_config({}, precision="32-true", micro_batch_size=8)
+    assert config["zero_optimization"] == {"stage": 2}
+    assert config["gradient_clipping"] == 0.0  # DeepSpeed's own default would be 1.0
+    assert config["gradient_accumulation_steps"] == 1 and config["train_batch_size"] == 8
+    assert "bf16" not in config and "fp16" not in config
+    # a number in the config is honoured when the run does not clip
+    assert build_config({"gradient_clipping": 2.0}, precision="32-true", micro_batch_size=8)["gradient_clipping"] == 2.0
+
+
+def test_offload_sections():
+    zero = build_config({}, stage=3, offload_optimizer=True, offload_parameters=True, precision="32-true",
+                        micro_batch_size=4)["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+    assert zero["offload_param"] == {"device": "cpu", "pin_memory": False}
+    assert build_config({}, stage=3, save_16bit_model=True)["zero_optimization"][
+        "stage3_gather_16bit_weights_on_model_save"] is True
+    # the config's own section is used as given (tasktrain launch passes False for "not asked")
+    own = {"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True, "buffer_count": 5}}}
+    assert build_config(own, offload_optimizer=False)["zero_optimization"] == {"stage": 2, **own["zero_optimization"]}
+    assert build_config(own, offload_optimizer=True)["zero_optimization"] == {"stage": 2, **own["zero_optimization"]}
+
+
+@pytest.mark.parametrize("user, run_values, words", [
+    ({"fp16": {"enabled": True}}, {"precision": "bf16-mixed"}, ["fp16", "'bf16-mixed'", "\"auto\""]),
+    ({"bf16": {"enabled": True}}, {"precision": "32-true"}, ["bf16", "'32-true'"]),
+    ({"gradient_accumulation_steps": 4}, {"accumulate_grad_batches": 2}, ["gradient_accumulation_steps=4",
+                                                                           "accumulate_grad_batches"]),
+    ({"gradient_clipping": 1.0}, {"gradient_clipping": 0.5}, ["gradient_clipping=1.0", "0.5"]),
+    ({"train_micro_batch_size_per_gpu": 16}, {}, ["train_micro_batch_size_per_gpu=16", "batch_size"]),
+    ({"train_batch_size": 100}, {}, ["train_batch_size=100", "x 2 processes"]),
+    ({"zero_optimization": {"stage": 3}}, {"stage": 2}, ["stage=3", "stage 2"]),
+    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, {}, ["stage 3", "offload"]),
+    ({"optimizer": {"type": "Adam"}}, {}, ["\"optimizer\"", "configure_optimizers"]),
+    ({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False}},
+     {"save_16bit_model": True}, ["stage3_gather_16bit_weights_on_model_save"]),
+    ({}, {"precision": "16-mixed"}, ["fp16", "bf16-mixed"]),
+    ({}, {"precision": "64-true"}, ["64-true"]),
+])
+def test_conflicts_are_errors(user, run_values, words):
+    values = dict(precision="32-true", micro_batch_size=32, accumulate_grad_batches=1, world_size=2)
+    values.update(run_values)
+    with pytest.raises(ValueError) as err:
+        build_config(user, **values)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_json_config_file(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 1}, "gradient_accumulation_steps": "auto",
+                                "train_micro_batch_size_per_gpu": "auto"}))
+    config = DeepSpeed(config=str(path)).resolved_config(micro_batch_size=4, accumulate_grad_batches=3)
+    assert config["zero_optimization"]["stage"] == 1
+    assert config["gradient_accumulation_steps"] == 3 and config["train_batch_size"] == 12
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        DeepSpeed(config=str(path))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        DeepSpeed(config=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="stage 3"):
+        DeepSpeed(stage=2, zero3_init=True)
+
+
+def test_fp16_on_cpu_fails_before_any_process_starts():
+    from helpers import Linear, loader
+
+    with pytest.warns(UserWarning, match="bf16-mixed"):  # the precision plugin's own CPU warning
+        trainer = Trainer(strategy="deepspeed_stage_2", devices=2, precision="16-mixed", logger=False,
+                          enable_progress_bar=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match="precision='bf16-mixed'"):
+        trainer.fit(Linear(), loader())
+    assert "RANK" not in os.environ and trainer.strategy.launcher is None  # nobody was launched
+
+
+@pytest.mark.timeout(300)
+def test_one_process_trains_like_single_device_and_rejects_conflicts():
+    """A world of one (no launcher): an accumulation conflict is an error before the engine starts; then the same
+    process trains under ZeRO-2 exactly like SingleDevice (SGD, fp32), with the group set up again."""
+    from helpers import Linear, loader, quiet
+
+    conflicting = DeepSpeed(stage=2, config={"gradient_accumulation_steps": 4})
+    with pytest.raises(ValueError, match="accumulate_grad_batches"):
+        Trainer(strategy=conflicting, devices=1, max_steps=2, accumulate_grad_batches=2, **quiet()).fit(
+            Linear(), loader())
+
+    def train(strategy):
+        module = Linear()
+        trainer = Trainer(strategy=strategy, devices=1, max_epochs=2, accumulate_grad_batches=2,
+                          gradient_clip_val=0.5, **quiet())
+        trainer.fit(module, loader(n=48, batch_size=8))
+        return trainer.global_step, module.state_dict()
+
+    steps, ref = train("single_device")
+    ds_steps, trained = train("deepspeed_stage_2")
+    assert steps == ds_steps == 6
+    assert not torch.equal(ref["layer.weight"], Linear().state_dict()["layer.weight"])
+    for name, value in ref.items():
+        torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-6)
+
+    class Manual(Linear):  # manual optimisation: the user's backward and step go through the engine
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            loss = torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+            self.manual_backward(loss)
+            opt.step()
+            opt.zero_grad()
+
+    def train_manual(strategy):
+        module = Manual()
+        Trainer(strategy=strategy, devices=1, max_epochs=1, **quiet()).fit(module, loader(n=32, batch_size=8))
+        return module.state_dict()
+
+    ref, trained = train_manual("single_device"), train_manual("deepspeed_stage_1")
+    for name, value in ref.items():
+        torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-6)
+    assert "LOCAL_RANK" not in os.environ  # set for DeepSpeed during the run only
+
+
+# -- 2 processes --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def compare(tmp_path_factory):
+    """DDP, then ZeRO 1, 2 and 3 in one 2-process launch (fp32, accumulation 2, clipping 0.5); the ZeRO-3 run
+    checkpoints every step (top 2 + last) and its last checkpoint is validated by a fresh Trainer."""
+    root = tmp_path_factory.mktemp("ds_compare")
+    run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare")
+    return root, results(root / "out")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(600)
+def test_zero_stages_train_like_ddp(compare):
+    _, ranks = compare
+    for rank, res in enumerate(ranks):
+        ddp = res["ddp"]
+        assert ddp["global_step"] == 22 and len(ddp["losses"]) == 44
+        assert ddp["val_acc"] > 0.8
+        for stage in ("stage1", "stage2", "stage3"):
+            ds = res[stage]
+            assert ds["global_step"] == 22, stage
+            torch.testing.assert_close(torch.tensor(ds["losses"]), torch.tensor(ddp["losses"]), rtol=0, atol=1e-5)
+            for name, value in ddp["weights"].items():
+                torch.testing.assert_close(ds["weights"][name], value, rtol=0, atol=1e-5)
+            assert abs(ds["val_acc"] - ddp["val_acc"]) < 0.01, (rank, stage)
+            assert ds["validate_after_fit"] == pytest.approx(ds["val_acc"], abs=1e-6), (rank, stage)
+        assert res["stage3"]["validate_last"] == pytest.approx(res["stage3"]["val_acc"], abs=1e-6)
+        assert res["stage3"]["created_partitioned"] and not res["stage2"]["created_partitioned"]  # zero3_init
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(600)
+def test_checkpoint_directories_and_convert(compare, tmp_path):
+    root, ranks = compare
+    directory = root / "stage3" / "checkpoints"
+    names = sorted(os.listdir(directory))
+    assert names == ["epoch=1-step=21.ckpt", "epoch=1-step=22.ckpt", "last.ckpt"]  # top 2 kept, older removed
+    newest, last = directory / "epoch=1-step=22.ckpt", directory / "last.ckpt"
+    for part in (STATE_FILE, "latest"):
+        assert os.stat(last / part).st_ino == os.stat(newest / part).st_ino  # last.ckpt: hard links, no copy
+    assert sorted(os.listdir(last / ENGINE_TAG)) == sorted(os.listdir(newest / ENGINE_TAG))
+    assert json.loads((root / "stage3" / "last_checkpoint.json").read_text())["path"] == str(last)
+
+    from tasktrain import CheckpointError
+
+    Classifier = classifier()
+    with pytest.raises(CheckpointError, match="convert"):
+        Classifier.load_from_checkpoint(str(last))
+    out = tmp_path / "model.ckpt"
+    proc = run("-m", "tasktrain.cli.main", "convert", str(last), str(out), timeout=120)
+    assert "wrote" in proc.stdout
+    plain = torch.load(out, weights_only=True)
+    assert plain["weights_only"] is True and plain["hyper_parameters"]["hidden"] == 64
+    module = Classifier.load_from_checkpoint(str(out))
+    trained = ranks[0]["stage3"]["weights"]
+    assert set(module.state_dict()) == set(trained)
+    for name, value in module.state_dict().items():
+        torch.testing.assert_close(value, trained[name], rtol=0, atol=1e-6)
+    bad = run("-m", "tasktrain.cli.main", "convert", str(out), str(tmp_path / "x.ckpt"), expect_ok=False)
+    assert "not a directory" in bad.stderr
+
+    # ModelCheckpoint(save_weights_only=True) under ZeRO-1: one file, the consolidated fp32 weights
+    weights_file = root / "weights" / "final.ckpt"
+    assert weights_file.is_file() and not any(n.endswith("tmp") for n in os.listdir(root / "weights"))
+    module = Classifier.load_from_checkpoint(str(weights_file))
+    for name, value in module.state_dict().items():
+        torch.testing.assert_close(value, ranks[0]["stage1"]["weights"][name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(600)
+def test_kill_and_resume_is_exact(compare, tmp_path):
+    _, ranks = compare
+    reference = ranks[0]["stage3"]
+    out = tmp_path / "out"
+    # rank 1 is SIGKILLed after optimizer step 15 (mid-epoch, mid-accumulation-window bookkeeping)
+    run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--kill-at", "15", expect_ok=False)
+    assert not os.path.exists(f"{out}.rank0.pt")
+    assert os.path.isdir(tmp_path / "stage3" / "checkpoints" / "last.ckpt")
+    proc = run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--resume")
+    assert "resumed from" in proc.stdout and "global step 14" in proc.stdout
+    resumed = results(out)[0]["stage3"]
+    assert resumed["global_step"] == 22
+    assert resumed["losses"] == reference["losses"][-len(resumed["losses"]):]
+    for name, value in reference["weights"].items():
+        assert torch.equal(resumed["weights"][name], value), name
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(900)
+def test_offload_and_bf16(compare, tmp_path):
+    _, ranks = compare
+    ddp_acc = ranks[0]["ddp"]["val_acc"]
+    out = tmp_path / "out"
+    proc = run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "offload", timeout=600)
+    assert proc.stdout.count("replaced by DeepSpeedCPUAdam") == 1  # said once, by rank 0
+    for res in results(out):
+        offload = res["stage2_offload"]
+        assert offload["global_step"] == 22 and abs(offload["val_acc"] - ddp_acc) < 0.03
+        # one epoch, then resumed from its checkpoint for the second: the same run (CPUAdam recomputes its
+        # bias-correction powers after a load, hence float-level, not bitwise, equality)
+        resumed = res["stage2_offload_resumed"]
+        assert resumed["global_step"] == 22 and len(resumed["losses"]) == 22
+        for name, value in offload["weights"].items():
+            torch.testing.assert_close(resumed["weights"][name], value, rtol=0, atol=1e-5)
+        bf16 = res["stage3_offload_bf16"]
+        assert bf16["global_step"] == 22 and bf16["val_acc"] > 0.8
+
+    Classifier = classifier()
+    sixteen = tmp_path / "s3off" / "checkpoints" / "last.ckpt" / "model_16bit.pt"
+    state = torch.load(sixteen, weights_only=True)["state_dict"]
+    assert {v.dtype for v in state.values()} == {torch.bfloat16}
+    module = Classifier.load_from_checkpoint(str(sixteen))  # loads into the plain (fp32) module
+    trained = results(out)[0]["stage3_offload_bf16"]["weights"]
+    for name, value in module.state_dict().items():
+        torch.testing.assert_close(value, trained[name], rtol=0, atol=0)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_memory_is_sharded(tmp_path):
+    """benchmarks/deepspeed_memory.py --quick: per-rank tensor bytes at ZeRO 0-3 (the shares, not timings)."""
+    out = tmp_path / "memory.json"
+    run(os.path.join(os.path.dirname(HERE), "benchmarks", "deepspeed_memory.py"), "--quick", "--out", str(out))
+    measured = json.loads(out.read_text())
+    full = measured["parameters"] * 4  # fp32 bytes of the whole model
+    for rank in (0, 1):
+        b = {int(stage): rows[rank] for stage, rows in measured["bytes_per_rank"].items()}
+        assert [b[s]["parameters"] for s in range(4)] == pytest.approx([full, full, full, full / 2], rel=0.01)
+        assert b[0]["optimizer state"] == pytest.approx(2 * full, rel=0.01)  # AdamW: two moments
+        for stage in (1, 2, 3):
+            assert b[stage]["optimizer state"] == pytest.approx(full, rel=0.01)  # half of it on each rank
+            assert b[stage]["master weights"] == pytest.approx(full / 2, rel=0.01)
+        assert b[2]["gradients"] < b[1]["gradients"] - full / 3  # stage 2: half the gradients during the window
