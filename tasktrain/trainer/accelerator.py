@@ -1,0 +1,887 @@
+"""Accelerator: the custom-loop API (Accelerate's names) over the Strategy and Precision objects the Trainer uses.
+
+    accelerator = Accelerator()                      # mixed_precision / strategy / accumulation from `tasktrain launch`
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    for source, targets in data:                     # this rank's shard, reshuffled every epoch, on the device
+        with accelerator.accumulate(model):          # no gradient all-reduce on micro-batches that do not step
+            loss = F.cross_entropy(model(source), targets)   # the forward runs under the precision's autocast
+            accelerator.backward(loss)               # strategy.backward: scaled under fp16, / window under accumulation
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)   # strategy.clip_gradients: unscale, then clip
+            optimizer.step()                         # strategy.optimizer_step, only where the window ends
+            optimizer.zero_grad()
+
+Nothing here runs a collective, a host sync or an allocation per step that the same step in the Trainer would not.
+What is written here is bookkeeping; backward, stepping, clipping, no_sync and the collectives are the strategy's.
+"""
+import contextlib
+import itertools
+import os
+import types
+import warnings
+
+import torch
+
+from tasktrain.strategies.base import Strategy
+from tasktrain.strategies.environment import detect_environment, launch_config
+from tasktrain.strategies.precision import make_precision, normalize_precision
+from tasktrain.strategies.registry import resolve_accelerator, resolve_strategy, strategy_from_name
+from tasktrain.trainer import checkpoint as ckpt_io
+from tasktrain.trainer.data import ResumableSampler, prepare_train_data
+from tasktrain.trainer.seed import get_seed
+
+STATE_FILE = "accelerator_state.pt"
+STATE_FORMAT_VERSION = 1
+_MIXED_PRECISION_NAMES = {"32-true": "no", "16-mixed": "fp16", "bf16-mixed": "bf16", "64-true": "fp64"}
+
+
+class Accelerator:
+    """Prepare a model, optimizer, data loaders and schedulers for the chosen strategy and precision.
+
+    Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then from the defaults:
+    mixed_precision "no" (also "fp16", "bf16", or our names "16-mixed", "bf16-mixed", "64-true"), one
+    gradient accumulation step, and strategy "ddp" when a launcher started several processes, else
+    "single_device". `strategy` takes a registry name ("ddp", "deepspeed_stage_2", ...) or a Strategy.
+    """
+
+    def __init__(self, mixed_precision=None, cpu=False, gradient_accumulation_steps=None, strategy=None):
+        launch = launch_config()
+        env = detect_environment()
+        precision = None if mixed_precision is None else normalize_precision(mixed_precision)
+        if launch.launched:
+            precision = _from_launch("mixed_precision", precision, launch.precision)
+            gradient_accumulation_steps = _from_launch("gradient_accumulation_steps", gradient_accumulation_steps,
+                                                       launch.gradient_accumulation_steps)
+            if strategy is None and launch.strategy == "deepspeed":
+                # Under DeepSpeed the engine clips inside its step: the launch config's value is its config's.
+                clipping = {} if launch.gradient_clipping is None else {"gradient_clipping": launch.gradient_clipping}
+                strategy = strategy_from_name("deepspeed", **launch.deepspeed, **clipping)
+            else:
+                strategy = _from_launch("strategy", strategy, launch.strategy)
+            cpu = cpu or bool(launch.use_cpu)
+        self.precision_name = precision or "32-true"
+        gradient_accumulation_steps = 1 if gradient_accumulation_steps is None else gradient_accumulation_steps
+        if not isinstance(gradient_accumulation_steps, int) or isinstance(gradient_accumulation_steps, bool) \
+                or gradient_accumulation_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps!r}: use a positive integer "
+                             "(the number of micro-batches per optimizer step).")
+        self.gradient_accumulation_steps = int(gradient_accumulation_steps)
+
+        accelerator = "cpu" if cpu else resolve_accelerator("auto")
+        # The Accelerator never starts processes: a launcher (tasktrain launch, torchrun, SLURM) did, or it is one.
+        devices = env.local_world_size if env.launcher else 1
+        num_nodes = max(1, env.world_size // max(1, devices))
+        self.strategy = resolve_strategy("auto" if strategy is None else strategy, accelerator, devices, num_nodes, env)
+        if env.world_size > 1 and not self.strategy.is_distributed:
+            raise ValueError(
+                f"The launcher started {env.world_size} processes, but strategy {self.strategy.name!r} runs one "
+                "process on its own: every rank would train alone. Use strategy='ddp' (or a DeepSpeed strategy), or "
+                "launch a single process."
+            )
+        kind = type(self.strategy)
+        if not _is_deepspeed(self.strategy) and kind.setup is not Strategy.setup \
+                and kind.wrap_model is Strategy.wrap_model:
+            raise ValueError(f"strategy {self.strategy.name!r} wraps modules for the Trainer only (it has no "
+                             "wrap_model for a model's own forward): use 'single_device', 'ddp' or a DeepSpeed "
+                             "strategy with the Accelerator.")
+        self.strategy.configure(accelerator, devices, num_nodes)
+        self.strategy.precision = make_precision(self.precision_name, self.strategy.root_device.type)
+        configure_accumulation = getattr(self.strategy, "configure_accumulation", None)
+        if configure_accumulation is not None:  # DeepSpeed builds the accumulation into its engine config
+            configure_accumulation(self.gradient_accumulation_steps)
+        self.strategy.setup_environment()
+
+        self.sync_gradients = True  # False inside accumulate() on a micro-batch that does not end the window
+        self._window = self.gradient_accumulation_steps  # what backward divides the loss by
+        self._micro_step = 0  # micro-batches counted by accumulate() when no prepared loader tells the position
+        self._window_has_grads = False  # a window in progress holds gradients: zero_grad must keep them
+        self._models = []  # (prepared, original)
+        self._optimizers = []  # PreparedOptimizer
+        self._schedulers = []  # PreparedScheduler
+        self._loaders = []  # PreparedDataLoader
+        self._active_loaders = []  # loaders being iterated, innermost last
+        self._custom = []  # register_for_checkpointing
+        self._data_seed = None
+        self._ended = False
+        if self.strategy.is_distributed:
+            import atexit
+
+            # Scripts rarely call end_training(), and their prepared DDP wrappers live in module globals until
+            # interpreter finalisation: release them at exit, before the strategy's own exit hook ends the group.
+            atexit.register(self.end_training)
+
+    # -- who am I ----------------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.strategy.root_device
+
+    @property
+    def process_index(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.strategy.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.strategy.global_rank == self.strategy.world_size - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.strategy.world_size > 1
+
+    @property
+    def mixed_precision(self) -> str:
+        """Accelerate's name of the precision: "no", "fp16", "bf16" (or "fp64")."""
+        return _MIXED_PRECISION_NAMES[self.precision_name]
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when GradScaler skipped the last step of a prepared optimizer (inf/NaN gradients under fp16)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    def print(self, *args, **kwargs):
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    # -- prepare -----------------------------------------------------------------------------------------------------
+    def prepare(self, *objects):
+        """Prepare models, optimizers, data loaders and schedulers, given in any order; returns them in that order."""
+        kinds = [_kind(obj) for obj in objects]
+        out = list(objects)
+        if _is_deepspeed(self.strategy):
+            self._prepare_deepspeed(objects, kinds, out)
+        else:
+            # Models before optimizers before schedulers: each needs the one before it to be known.
+            for i, kind in enumerate(kinds):
+                if kind == "model":
+                    out[i] = self.prepare_model(objects[i])
+            for i, kind in enumerate(kinds):
+                if kind == "optimizer":
+                    out[i] = self.prepare_optimizer(objects[i])
+        for i, kind in enumerate(kinds):
+            if kind == "dataloader":
+                out[i] = self.prepare_data_loader(objects[i])
+            elif kind == "scheduler":
+                out[i] = self.prepare_scheduler(objects[i])
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def prepare_model(self, model):
+        for prepared, _ in self._models:
+            if model is prepared:
+                return prepared
+        if _is_deepspeed(self.strategy):
+            raise ValueError("Under DeepSpeed the model and its optimizer are prepared together: pass both to one "
+                             "accelerator.prepare(model, optimizer, ...) call.")
+        original = model
+        if self.precision_name in ("16-mixed", "bf16-mixed"):
+            _patch_forward(model, self.strategy.precision)
+        prepared = self.strategy.wrap_model(model)
+        self._models.append((prepared, original))
+        return prepared
+
+    def prepare_optimizer(self, optimizer):
+        if isinstance(optimizer, PreparedOptimizer):
+            return optimizer
+        if _is_deepspeed(self.strategy):
+            raise ValueError("Under DeepSpeed the model and its optimizer are prepared together: pass both to one "
+                             "accelerator.prepare(model, optimizer, ...) call.")
+        prepared = PreparedOptimizer(optimizer, self)
+        self._optimizers.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler):
+        if isinstance(scheduler, PreparedScheduler):
+            return scheduler
+        inner = getattr(scheduler, "optimizer", None)
+        owners = [opt for opt in self._optimizers if opt.optimizer is inner or opt is inner]
+        prepared = PreparedScheduler(scheduler, owners, self)
+        self._schedulers.append(prepared)
+        return prepared
+
+    def prepare_data_loader(self, loader):
+        if isinstance(loader, PreparedDataLoader):
+            return loader
+        if self._data_seed is None:
+            # The order is a function of (seed, epoch): every rank must draw it from the same seed.
+            self._data_seed = int(self.strategy.broadcast(get_seed()))
+        data = prepare_train_data(loader, self.num_processes, self.process_index, self._data_seed)
+        prepared = PreparedDataLoader(data, self)
+        self._loaders.append(prepared)
+        return prepared
+
+    def _prepare_deepspeed(self, objects, kinds, out):
+        models = [i for i, k in enumerate(kinds) if k == "model"]
+        optimizers = [i for i, k in enumerate(kinds) if k == "optimizer"]
+        if len(models) > 1 or len(optimizers) > 1 or self._models:
+            raise ValueError("DeepSpeed trains one model with one optimizer per Accelerator: prepare a single model "
+                             "and its optimizer together (use a separate Accelerator per model).")
+        if not models:
+            if optimizers:
+                raise ValueError("Under DeepSpeed the model and its optimizer are prepared together: pass both to one "
+                                 "accelerator.prepare(model, optimizer, ...) call.")
+            return
+        model = objects[models[0]]
+        optimizer = objects[optimizers[0]] if optimizers else None
+        loaders = [objects[i] for i, k in enumerate(kinds) if k == "dataloader"]
+        if loaders and getattr(loaders[0], "batch_size", None):
+            set_batch = getattr(self.strategy, "configure_batch_size", None)
+            if set_batch is not None:
+                set_batch(loaders[0].batch_size)
+        engine, engine_optimizer = self.strategy.setup_for_accelerator(model, optimizer)
+        # backward() divides by the window itself, as on the other strategies (a short last window included).
+        self.strategy.scale_loss_by_accumulation = False
+        self._models.append((engine, model))
+        out[models[0]] = engine
+        if optimizer is not None:
+            prepared = PreparedOptimizer(engine_optimizer, self, original=optimizer)
+            self._optimizers.append(prepared)
+            out[optimizers[0]] = prepared
+
+    # -- the step ----------------------------------------------------------------------------------------------------
+    def backward(self, loss, **kwargs):
+        """strategy.backward (GradScaler-scaled under fp16); divided by the micro-batches of the accumulation window."""
+        if self._window > 1:
+            loss = loss / self._window
+        if not self.sync_gradients:
+            self._window_has_grads = True
+        if _is_deepspeed(self.strategy):
+            # The engine must know whether this micro-batch ends the window before its backward reduces anything.
+            with self.strategy.no_backward_sync(not self.sync_gradients):
+                self.strategy.backward(loss, **kwargs)
+            return
+        self.strategy.backward(loss, **kwargs)
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+        """Unscale (fp16), then clip; returns the total norm before clipping. A no-op (None) on micro-batches that do
+        not step: clipping a partly accumulated gradient would clip the wrong thing."""
+        if not self.sync_gradients:
+            return None
+        return self._clip(parameters, max_norm=max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value):
+        """Unscale (fp16), then clamp every gradient to [-clip_value, clip_value]; a no-op on non-stepping
+        micro-batches."""
+        if self.sync_gradients:
+            self._clip(parameters, max_value=clip_value)
+
+    def _clip(self, parameters, max_norm=None, max_value=None, norm_type=2.0):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        wanted = {id(p) for p in params}
+        owners = []
+        for opt in self._optimizers:
+            held = opt.parameter_ids()
+            if not held.isdisjoint(wanted):
+                owners.append((opt, held))
+        if _is_deepspeed(self.strategy) or (len(owners) == 1 and owners[0][1] == wanted):
+            # The common case (all of one optimizer's parameters): exactly the Trainer's clipping path.
+            return self.strategy.clip_gradients(owners[0][0].optimizer if owners else None, max_norm, max_value,
+                                                norm_type)
+        for opt, _ in owners:
+            self.strategy.unscale_gradients(opt.optimizer)
+        if max_value is not None:
+            torch.nn.utils.clip_grad_value_(params, max_value)
+            return None
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+
+    def unscale_gradients(self, optimizer=None):
+        """Unscale the gradients of one (default: every) prepared optimizer under fp16, before reading them."""
+        for opt in self._optimizers if optimizer is None else [optimizer]:
+            self.strategy.unscale_gradients(opt.optimizer if isinstance(opt, PreparedOptimizer) else opt)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models):
+        """One micro-batch. Steps (optimizer.step, zero_grad, scheduler.step, clipping) take effect only at the last
+        micro-batch of a window of gradient_accumulation_steps (or at the loader's last batch); the others skip
+        the gradient all-reduce (no_sync)."""
+        self._begin_micro_batch()
+        if self.sync_gradients or not models:
+            try:
+                yield
+            finally:
+                self._window = self.gradient_accumulation_steps
+            return
+        with contextlib.ExitStack() as stack:
+            for model in models:
+                stack.enter_context(self.no_sync(model))
+            try:
+                yield
+            finally:
+                self._window = self.gradient_accumulation_steps
+
+    def _begin_micro_batch(self):
+        steps = self.gradient_accumulation_steps
+        if steps == 1:
+            self.sync_gradients, self._window = True, 1
+            return
+        loader = self._active_loaders[-1] if self._active_loaders else None
+        if loader is not None and loader.length is not None:
+            # The Trainer's rule, from the position in the epoch: windows start at multiples of `steps`, and the
+            # last one is cut short by the end of the loader.
+            index = loader.batches_seen - 1
+            start = index - index % steps
+            self._window = min(steps, loader.length - start)
+            self.sync_gradients = index + 1 - start == self._window
+            return
+        self._micro_step += 1
+        self._window = steps
+        self.sync_gradients = self._micro_step % steps == 0 or (loader is not None and loader.at_last_batch)
+        if self.sync_gradients:
+            self._micro_step = 0
+
+    @contextlib.contextmanager
+    def no_sync(self, model):
+        """Skip the gradient all-reduce of `model` for the backward passes inside (strategy.no_backward_sync)."""
+        if _is_deepspeed(self.strategy) or not self.use_distributed:
+            yield  # DeepSpeed's engine holds back reduction until its own accumulation boundary
+            return
+        with self.strategy.no_backward_sync(True, model):
+            yield
+
+    def autocast(self):
+        """The precision's autocast context, for computations outside the prepared model's forward."""
+        return self.strategy.precision.autocast()
+
+    # -- models out --------------------------------------------------------------------------------------------------
+    def unwrap_model(self, model, keep_fp32_wrapper=True):
+        """The user's model inside the DDP/DeepSpeed wrapper; keep_fp32_wrapper=False also removes the autocast."""
+        for prepared, original in self._models:
+            if model is prepared:
+                model = original
+                break
+        while isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) \
+                or _is_engine(model) or hasattr(model, "_orig_mod"):
+            model = model._orig_mod if hasattr(model, "_orig_mod") else model.module
+        if not keep_fp32_wrapper:
+            _unpatch_forward(model)
+        return model
+
+    def get_state_dict(self, model, unwrap=True):
+        """The full state dict (under ZeRO-3 the partitions are gathered: call it on every process)."""
+        engine = self._engine()
+        if engine is not None and (model is engine or model is engine.module):
+            return self.strategy.full_state_dict()
+        return (self.unwrap_model(model) if unwrap else model).state_dict()
+
+    def save(self, obj, f):
+        """torch.save on the main process only, atomically (temporary file, fsync, rename)."""
+        if _is_deepspeed(self.strategy) and self.strategy.zero_stage() == 3:
+            _check_no_zero3_placeholders(obj, f)
+        if self.is_main_process:
+            ckpt_io.atomic_save(obj, f)
+
+    def save_model(self, model, save_directory, weights_name="model.pt"):
+        """Write the full state dict of `model` to save_directory/weights_name (call on every process)."""
+        state = self.get_state_dict(model)
+        self.save(state, os.path.join(os.fspath(save_directory), weights_name))
+
+    # -- resume ------------------------------------------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects):
+        """Objects with state_dict()/load_state_dict() to save and restore with save_state/load_state."""
+        for obj in objects:
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
+                                f"{type(obj).__name__} has not both.")
+            self._custom.append(obj)
+
+    def save_state(self, output_dir):
+        """Save everything needed to continue exactly: models, optimizers, schedulers, GradScaler, the position of
+        every prepared loader, registered objects and every rank's RNG. Call it on every process."""
+        output_dir = os.fspath(output_dir)
+        if self._window_has_grads:
+            warnings.warn("save_state inside a gradient accumulation window: the gradients accumulated so far are not "
+                          "saved, so a resume from here redoes the window without them. Save after optimizer.step() "
+                          "(where accelerator.sync_gradients is True).")
+        state = {
+            "format_version": STATE_FORMAT_VERSION,
+            "world_size": self.num_processes,
+            "optimizers": [self.strategy.optimizer_state(opt.optimizer) for opt in self._optimizers],
+            "schedulers": [s.state_dict() for s in self._schedulers],
+            "precision": self.strategy.precision.state_dict(),
+            "loaders": [loader.state_dict() for loader in self._loaders],
+            "data_seed": self._data_seed,
+            "accumulation": {"micro_step": self._micro_step},
+            "custom": [obj.state_dict() for obj in self._custom],
+            "rng_states": self.strategy.all_gather_object(ckpt_io.collect_rng_states()),
+        }
+        if self._engine() is not None:
+            # The engine writes its (sharded) weights and optimizer state next to our state file.
+            self.strategy.save_accelerator_state(output_dir, state)
+            return
+        state["models"] = [self.get_state_dict(prepared) for prepared, _ in self._models]
+        self.strategy.save_checkpoint(state, os.path.join(output_dir, STATE_FILE))
+
+    def load_state(self, input_dir):
+        """Restore what save_state wrote into the objects prepared (in the same order) since; the next iteration of
+        each prepared loader continues where it stopped (`loader.epoch` tells the epoch to resume)."""
+        input_dir = os.fspath(input_dir)
+        if self._engine() is not None:
+            if not os.path.isdir(input_dir):
+                raise FileNotFoundError(f"{input_dir} does not exist: load_state expects a directory written by "
+                                        "accelerator.save_state(dir).")
+            state = self.strategy.load_accelerator_state(input_dir)  # the engine loads its shards itself
+            self._check_counts(state, "optimizers", self._optimizers, input_dir)
+        else:
+            path = os.path.join(input_dir, STATE_FILE)
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"{path} does not exist: load_state expects a directory written by "
+                                        "accelerator.save_state(dir).")
+            state = self.strategy.load_checkpoint(path)
+            self._check_counts(state, "models", self._models, input_dir)
+            self._check_counts(state, "optimizers", self._optimizers, input_dir)
+            for (prepared, _), model_state in zip(self._models, state["models"]):
+                self.unwrap_model(prepared).load_state_dict(model_state)
+            for opt, opt_state in zip(self._optimizers, state["optimizers"]):
+                self.strategy.load_optimizer_state(opt.optimizer, opt_state)
+        for name, mine in (("schedulers", self._schedulers), ("loaders", self._loaders), ("custom", self._custom)):
+            self._check_counts(state, name, mine, input_dir)
+        for sched, sched_state in zip(self._schedulers, state["schedulers"]):
+            sched.load_state_dict(sched_state)
+        self.strategy.precision.load_state_dict(state.get("precision", {}))
+        if state.get("data_seed") is not None:
+            self._data_seed = int(state["data_seed"])
+        for loader, loader_state in zip(self._loaders, state["loaders"]):
+            loader.load_state_dict(loader_state)
+        for obj, obj_state in zip(self._custom, state["custom"]):
+            obj.load_state_dict(obj_state)
+        self._micro_step = state["accumulation"]["micro_step"]
+        states = state.get("rng_states") or []
+        if len(states) != self.num_processes:
+            warnings.warn(f"{input_dir} was saved by {len(states)} processes and is loaded by {self.num_processes}: "
+                          "random streams restart from rank 0's state, so the run will not repeat exactly.")
+        if states:
+            ckpt_io.restore_rng_states(states[self.process_index] if self.process_index < len(states) else states[0])
+
+    def _engine(self):
+        for prepared, _ in self._models:
+            if _is_engine(prepared):
+                return prepared
+        return None
+
+    def _check_counts(self, state, name, mine, where):
+        saved = len(state.get(name, []))
+        if saved != len(mine):
+            raise ValueError(f"{where} holds {saved} {name} but this Accelerator has {len(mine)} prepared/registered: "
+                             "prepare (and register_for_checkpointing) the same objects, in the same order, before "
+                             "load_state.")
+
+    def skip_first_batches(self, dataloader, num_batches=0):
+        """The loader, starting `num_batches` into its next iteration (a prepared loader skips without loading)."""
+        if isinstance(dataloader, PreparedDataLoader):
+            dataloader.skip(num_batches)
+            return dataloader
+        return _Skipped(dataloader, num_batches)
+
+    # -- processes ---------------------------------------------------------------------------------------------------
+    def wait_for_everyone(self):
+        self.strategy.barrier("wait_for_everyone")
+
+    @contextlib.contextmanager
+    def main_process_first(self):
+        """The main process runs the block first (e.g. to download or preprocess), then the others."""
+        if not self.is_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_main_process:
+            self.wait_for_everyone()
+
+    def gather(self, tensor):
+        """Every process's tensor(s), concatenated along the first dimension (0-d tensors are stacked)."""
+        return _map_tensors(tensor, self._gather_one)
+
+    def _gather_one(self, tensor):
+        if not self.use_distributed:
+            return tensor
+        gathered = self.strategy.all_gather(tensor)  # (world, *shape)
+        return gathered if tensor.dim() == 0 else gathered.reshape(-1, *tensor.shape[1:])
+
+    def gather_for_metrics(self, data):
+        """Gather a batch's per-sample results from every process, in the loader's sample order, without the samples
+        repeated to give every process the same number of batches (so a metric counts each sample once)."""
+        if not self.use_distributed:
+            return data
+        loader = self._active_loaders[-1] if self._active_loaders else None
+        if not _has_tensor(data):
+            return self.strategy.all_gather_object(data)  # one entry per process
+        return _map_tensors(data, lambda t: self._gather_batch(t, loader))
+
+    def _gather_batch(self, tensor, loader):
+        gathered = self.strategy.all_gather(tensor)  # (world, batch, ...)
+        if tensor.dim() == 0:
+            return gathered
+        if loader is None or tensor.shape[0] != loader.current_batch_size:
+            return gathered.reshape(-1, *tensor.shape[1:])
+        # Rank r holds samples r, r + W, ... of the padded order: interleaving restores that order, and the
+        # padding (repeats of the first samples) is then the tail of the last batch.
+        ordered = gathered.transpose(0, 1).reshape(-1, *tensor.shape[1:])
+        repeated = loader.repeated_in_batch()
+        return ordered[: ordered.shape[0] - repeated] if repeated else ordered
+
+    def reduce(self, tensor, reduction="sum"):
+        """All-reduce a tensor (or a structure of tensors) over processes: "sum", "mean", "max" or "min"."""
+        if reduction not in ("sum", "mean", "max", "min"):
+            raise ValueError(f"reduction={reduction!r}: use 'sum', 'mean', 'max' or 'min'.")
+        return _map_tensors(tensor, lambda t: self.strategy.reduce(t, reduction) if self.use_distributed else t)
+
+    def end_training(self):
+        """Shut the processes' connection down (gloo/nccl). Prepared models are unusable for distributed work after."""
+        if self._ended:
+            return
+        self._ended = True
+        # gloo can abort at exit when a DDP wrapper outlives the group: the script still holds the wrappers, so
+        # drop what ties them to the group (their reducer) before the group goes.
+        for prepared, _ in self._models:
+            if isinstance(prepared, torch.nn.parallel.DistributedDataParallel):
+                for name in ("reducer", "logger", "process_group"):
+                    prepared.__dict__.pop(name, None)
+        self._active_loaders.clear()
+        self.strategy.teardown()
+
+    def __repr__(self):
+        return (f"Accelerator({self.strategy.describe()}, mixed_precision={self.mixed_precision!r}, "
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps})")
+
+
+class PreparedOptimizer(torch.optim.Optimizer):
+    """The user's optimizer; step() goes through strategy.optimizer_step and waits for the end of the window."""
+
+    def __init__(self, optimizer, accelerator, original=None):
+        # Not Optimizer.__init__: param_groups and state are the wrapped optimizer's own.
+        self.optimizer = optimizer
+        self.original = original if original is not None else optimizer
+        self._accelerator = accelerator
+        self.step_was_skipped = False
+        self._parameter_ids = None
+
+    def parameter_ids(self):
+        if self._parameter_ids is None:
+            self._parameter_ids = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        return self._parameter_ids
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def step(self, closure=None):
+        accelerator = self._accelerator
+        if not accelerator.sync_gradients:
+            return None
+        stepped = accelerator.strategy.optimizer_step(self.optimizer, closure)
+        self.step_was_skipped = not stepped
+        accelerator._window_has_grads = False
+        return None
+
+    def zero_grad(self, set_to_none=True):
+        # Inside a window the gradients of its earlier micro-batches must survive, wherever the loop zeroes.
+        if self._accelerator._window_has_grads:
+            return
+        if set_to_none:
+            self._accelerator.strategy.zero_grad(self.optimizer)
+        else:
+            self.optimizer.zero_grad(set_to_none=False)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group):
+        self.optimizer.add_param_group(param_group)
+        self._parameter_ids = None
+
+    def __getstate__(self):
+        return self.__dict__
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def __getattr__(self, name):
+        if name == "optimizer":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)  # hooks, extra attributes: the wrapped optimizer's
+
+    def __repr__(self):
+        return f"PreparedOptimizer({self.optimizer!r})"
+
+
+class PreparedScheduler:
+    """The user's scheduler; step() runs only where its optimizer really stepped (window end, no skipped fp16 step)."""
+
+    def __init__(self, scheduler, optimizers, accelerator):
+        self.scheduler = scheduler
+        self.optimizers = optimizers
+        self._accelerator = accelerator
+
+    def step(self, *args, **kwargs):
+        if not self._accelerator.sync_gradients:
+            return
+        if any(opt.step_was_skipped for opt in self.optimizers):
+            return
+        self.scheduler.step(*args, **kwargs)
+
+    def state_dict(self):
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.scheduler.load_state_dict(state_dict)
+
+    def get_last_lr(self):
+        return self.scheduler.get_last_lr()
+
+    def __getattr__(self, name):
+        if name == "scheduler":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
+
+
+class PreparedDataLoader:
+    """This rank's shard of the loader (tasktrain.trainer.data.prepare_train_data), reshuffled every epoch from
+    (seed, epoch), batches moved to the device, and counted so that save_state/load_state resume mid-epoch."""
+
+    def __init__(self, data, accelerator):
+        self._data = data  # TrainData
+        self._accelerator = accelerator
+        self.epoch = 0  # the epoch the next full iteration runs (counts completed iterations)
+        self.batches_seen = 0  # batches of the current epoch yielded so far, skipped ones included
+        self.at_last_batch = False
+        self._skip = 0
+        self.length = len(data) if data.has_len() else None
+
+    @property
+    def base_dataloader(self):
+        return self._data.loader
+
+    @property
+    def dataset(self):
+        return self._data.loader.dataset
+
+    @property
+    def batch_size(self):
+        return self._data.loader.batch_size
+
+    @property
+    def sampler(self):
+        return self._data.loader.sampler
+
+    def __len__(self):
+        if self.length is None:
+            raise TypeError("this prepared loader has no length (its dataset is iterable)")
+        return self.length
+
+    def set_epoch(self, epoch):
+        self.epoch = int(epoch)
+
+    def skip(self, num_batches):
+        self._skip = int(num_batches)
+
+    def __iter__(self):
+        accelerator, data, length = self._accelerator, self._data, self.length
+        strategy = accelerator.strategy
+        data.set_epoch(self.epoch)
+        skip, self._skip = self._skip, 0
+        data.skip(skip)
+        self.batches_seen = skip
+        self.at_last_batch = length is not None and skip >= length
+        accelerator._active_loaders.append(self)
+        try:
+            if length is not None:
+                for batch in data if skip < length else ():
+                    self.batches_seen += 1
+                    self.at_last_batch = self.batches_seen >= length
+                    yield strategy.batch_to_device(batch)
+            else:
+                # No length: look one batch ahead to know which one is the last (accumulation ends a window there).
+                iterator = iter(data)
+                batch = next(iterator, _END)
+                while batch is not _END:
+                    upcoming = next(iterator, _END)
+                    self.batches_seen += 1
+                    self.at_last_batch = upcoming is _END
+                    yield strategy.batch_to_device(batch)
+                    batch = upcoming
+            self.epoch += 1
+            self.batches_seen = 0
+        finally:
+            if self in accelerator._active_loaders:
+                accelerator._active_loaders.remove(self)
+
+    # -- for gather_for_metrics ---------------------------------------------------------------------------------------
+    @property
+    def current_batch_size(self):
+        """Samples in the batch last yielded, on every rank alike (the shards are padded to equal length)."""
+        sampler, batch_size = self._data.sampler, self._data.loader.batch_size
+        if not isinstance(sampler, ResumableSampler) or batch_size is None:
+            return None
+        if self.at_last_batch and self.length is not None and not self._data.loader.drop_last:
+            return sampler.num_samples - (self.length - 1) * batch_size
+        return batch_size
+
+    def repeated_in_batch(self):
+        """How many samples of the current (gathered) batch repeat others only to even out the shards."""
+        sampler = self._data.sampler
+        if not self.at_last_batch or not isinstance(sampler, ResumableSampler):
+            return 0
+        batch_size = self._data.loader.batch_size
+        if self._data.loader.drop_last and sampler.num_samples % batch_size:
+            return 0  # the padded sample was in the dropped partial batch
+        return sampler.total_size - len(sampler.dataset)
+
+    # -- resume ------------------------------------------------------------------------------------------------------
+    def state_dict(self):
+        epoch, seen = self.epoch, self.batches_seen
+        if self.length is not None and seen >= self.length:
+            epoch, seen = epoch + 1, 0  # saved after the last batch, before the loop ended
+        return {"epoch": epoch, "batches_seen": seen}
+
+    def load_state_dict(self, state):
+        self.epoch = int(state["epoch"])
+        self._skip = int(state["batches_seen"])
+        self.batches_seen = 0
+        seed = self._accelerator._data_seed
+        if seed is not None:
+            self._data.seed = seed
+            if self._data.sampler is not None and hasattr(self._data.sampler, "seed"):
+                self._data.sampler.seed = seed
+
+
+class _Skipped:
+    def __init__(self, loader, num_batches):
+        self.loader, self.num_batches = loader, num_batches
+
+    def __iter__(self):
+        return itertools.islice(iter(self.loader), self.num_batches, None)
+
+    def __len__(self):
+        return max(0, len(self.loader) - self.num_batches)
+
+
+_END = object()
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------------
+def _from_launch(name, given, launched):
+    """An explicit argument wins over `tasktrain launch`'s choice, with a warning when they differ."""
+    if launched is None or given is None:
+        return launched if given is None else given
+    if str(getattr(given, "name", given)) != str(launched):
+        warnings.warn(f"The script passes {name}={given!r}, which overrides {name}={launched!r} from the launch "
+                      "config.")
+    return given
+
+
+def _kind(obj):
+    if isinstance(obj, torch.nn.Module):
+        return "model"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    if isinstance(obj, (torch.utils.data.DataLoader, PreparedDataLoader)):
+        return "dataloader"
+    if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau,
+                        PreparedScheduler)):
+        return "scheduler"
+    raise TypeError(f"accelerator.prepare got a {type(obj).__name__}: it prepares torch.nn.Module models, "
+                    "torch.optim optimizers, torch DataLoaders and learning-rate schedulers.")
+
+
+def _is_deepspeed(strategy):
+    return strategy.name.startswith("deepspeed")
+
+
+def _is_engine(model):
+    return any(cls.__name__ == "DeepSpeedEngine" for cls in type(model).__mro__)
+
+
+def _patch_forward(model, precision):
+    """Run the model's own forward under the precision's autocast, outputs back in float32 (like Accelerate)."""
+    if "_tasktrain_forward" in model.__dict__:
+        return
+    model.__dict__["_tasktrain_forward"] = model.forward
+    model.__dict__["_tasktrain_autocast"] = precision.autocast
+    # A method bound to the model (not a closure), so that copy.deepcopy(model) calls the copy's own forward.
+    model.forward = types.MethodType(_forward_in_precision, model)
+
+
+def _forward_in_precision(self, *args, **kwargs):
+    with self._tasktrain_autocast():
+        outputs = self._tasktrain_forward(*args, **kwargs)
+    return _to_float32(outputs)
+
+
+def _unpatch_forward(model):
+    if "_tasktrain_forward" in model.__dict__:
+        original = model.__dict__.pop("_tasktrain_forward")
+        model.__dict__.pop("_tasktrain_autocast", None)
+        del model.__dict__["forward"]
+        if getattr(original, "__func__", None) is not getattr(type(model), "forward", None):
+            model.forward = original  # the model had its own instance-level forward: put it back
+
+
+def _to_float32(data):
+    if isinstance(data, torch.Tensor):
+        return data.float() if data.dtype in (torch.float16, torch.bfloat16) else data
+    if isinstance(data, (list, tuple)):
+        out = [_to_float32(d) for d in data]
+        return type(data)(*out) if hasattr(data, "_fields") else type(data)(out)
+    if isinstance(data, dict):
+        return type(data)((k, _to_float32(v)) for k, v in data.items())
+    return data
+
+
+def _map_tensors(data, fn):
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, (list, tuple)):
+        out = [_map_tensors(d, fn) for d in data]
+        return type(data)(*out) if hasattr(data, "_fields") else type(data)(out)
+    if isinstance(data, dict):
+        return type(data)((k, _map_tensors(v, fn)) for k, v in data.items())
+    raise TypeError(f"expected a tensor or a list/tuple/dict of tensors, got {type(data).__name__}")
+
+
+def _has_tensor(data):
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return bool(data) and all(_has_tensor(d) for d in data)
+    if isinstance(data, dict):
+        return bool(data) and all(_has_tensor(v) for v in data.values())
+    return False
+
+
+def _check_no_zero3_placeholders(obj, where):
+    if not isinstance(obj, dict):
+        return
+    empty = [k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == 0]
+    if empty:
+        raise ValueError(
+            f"Refusing to save {where}: the state dict holds ZeRO-3 placeholders (shape (0,) tensors, e.g. "
+            f"{empty[0]!r}) instead of weights, because under DeepSpeed stage 3 each process holds only a slice of "
+            "every parameter. Build it with accelerator.get_state_dict(model), called on every process, which "
+            "gathers the slices."
+        )
+

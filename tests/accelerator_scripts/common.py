@@ -1,0 +1,83 @@
+"""The model, data and loops the Accelerator tests share (imported by tests/test_accelerator.py and the workers).
+
+`accelerator_loop` is the issue's snippet, unchanged but for the data and the hyper-parameters; with
+`accumulate=True` it is the same loop inside `accelerator.accumulate(model)`. `trainer_run` trains the same model on
+the same data with the Trainer, so the two can be compared parameter for parameter.
+"""
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from tasktrain import TaskModule, Trainer, seed_everything
+
+
+class MyModel(torch.nn.Module):
+    def __init__(self, dropout=0.1):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(dropout),
+                                       torch.nn.Linear(16, 3))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def make_dataset(n=100):
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
+def accelerator_loop(accelerator, epochs=3, accumulate=False, n=100, batch_size=32, lr=0.01, return_model=False):
+    """Returns the final parameters (unwrapped state dict) after `epochs` epochs of the snippet (and the prepared
+    model with return_model=True)."""
+    device = accelerator.device
+    model = MyModel().to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    data = torch.utils.data.DataLoader(make_dataset(n), batch_size=batch_size, shuffle=True)
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    model.train()
+    for epoch in range(epochs):
+        for source, targets in data:
+            source, targets = source.to(device), targets.to(device)
+            if accumulate:
+                with accelerator.accumulate(model):
+                    loss = F.cross_entropy(model(source), targets)
+                    accelerator.backward(loss)
+                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+                    optimizer.zero_grad()
+            else:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(source), targets)
+                accelerator.backward(loss)
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+    accelerator.wait_for_everyone()
+    state = {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
+    return (state, model) if return_model else state
+
+
+class Wrapped(TaskModule):
+    def __init__(self, model, lr):
+        super().__init__()
+        self.model, self.lr = model, lr
+
+    def training_step(self, batch, batch_idx):
+        source, targets = batch
+        return F.cross_entropy(self.model(source), targets)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+def trainer_run(epochs=3, accumulate=1, n=100, batch_size=32, lr=0.01, seed=0, **trainer_kwargs):
+    seed_everything(seed)
+    module = Wrapped(MyModel(), lr)
+    trainer = Trainer(max_epochs=epochs, accumulate_grad_batches=accumulate, gradient_clip_val=1.0, logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0, **trainer_kwargs)
+    trainer.fit(module, DataLoader(make_dataset(n), batch_size=batch_size, shuffle=True))
+    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+def max_difference(a, b):
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
