@@ -13,7 +13,7 @@ from tasktrain import ModelCheckpoint, TaskModule, Trainer, seed_everything
 
 
 class Classifier(TaskModule):
-    def __init__(self, lr=1e-2, hidden=128):
+    def __init__(self, lr=2e-2, hidden=128):
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Dropout(0.1),

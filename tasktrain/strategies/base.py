@@ -73,6 +73,10 @@ class Strategy:
     def setup_environment(self):
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
+        # No accelerator in this process, a CPU device and no input cast: a batch of tensors is already where it
+        # belongs, and batch_to_device hands it on instead of rebuilding it every step.
+        self._batches_stay = (self.root_device.type == "cpu" and not _accelerator_visible() and (
+            self.precision is None or type(self.precision).convert_input is Precision.convert_input))
 
     def setup(self, module, optimizers):
         """Move and wrap the module, return (model, optimizers). `model` is what `training_step` goes through."""
@@ -131,7 +135,11 @@ class Strategy:
         result, default the model of setup()."""
         return contextlib.nullcontext()
 
+    _batches_stay = False  # decided by setup_environment
+
     def batch_to_device(self, batch):
+        if self._batches_stay and _plain_tensors(batch):
+            return batch
         batch = move_to_device(batch, self.root_device)
         return self.precision.convert_input(batch) if self.precision else batch
 
@@ -182,6 +190,26 @@ class Strategy:
 
     def describe(self) -> str:
         return f"strategy={self.name}, world_size={self.world_size}, device={self.root_device}"
+
+
+def _accelerator_visible():
+    xpu = getattr(torch, "xpu", None)
+    return (torch.cuda.is_available() or torch.backends.mps.is_available()
+            or (xpu is not None and xpu.is_available()))
+
+
+def _plain_tensors(batch):
+    """A tensor, or a list, tuple or dict of tensors (what default_collate makes of tensors)."""
+    if type(batch) is torch.Tensor:
+        return True
+    if type(batch) is dict:
+        batch = batch.values()
+    elif type(batch) is not list and type(batch) is not tuple:
+        return False
+    for item in batch:
+        if type(item) is not torch.Tensor:
+            return False
+    return True
 
 
 def move_to_device(data, device):

@@ -14,10 +14,12 @@ import atexit
 import contextlib
 import gc
 import inspect
+import json
 import os
 import sys
 import threading
 import time
+import traceback
 from datetime import timedelta
 
 import torch
@@ -76,6 +78,8 @@ class DDP(Strategy):
         self.process_group_backend = process_group_backend
         self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
         self.start_method = start_method
+        if start_method == "spawn":
+            self.name = "ddp_spawn"
         self.sync_batchnorm = sync_batchnorm
         self.ddp_kwargs = ddp_kwargs
         self.env = None
@@ -104,8 +108,10 @@ class DDP(Strategy):
 
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)
+        # Checked here, before any process starts, so every rank fails alike and at once.
+        if self.process_group_backend == "nccl" and self.accelerator == "cpu":
+            raise ValueError("process_group_backend='nccl' needs CUDA devices; use 'gloo' (the default) on CPU.")
         if self.sync_batchnorm and self.accelerator == "cpu":
-            # Checked here, before any process starts, so every rank fails alike and at once.
             raise ValueError(
                 "sync_batchnorm=True needs CUDA devices: torch.nn.SyncBatchNorm runs on GPUs only. On CPU leave "
                 "sync_batchnorm off (each process then normalises with its own batch statistics)."
@@ -134,8 +140,8 @@ class DDP(Strategy):
                 f"The launcher ({env.launcher}) formed a world of {env.world_size} processes "
                 f"({env.local_world_size} on this machine), but the Trainer asked for devices={self.devices} x "
                 f"num_nodes={self.num_nodes} = {expected}. Make them agree: pass devices={env.local_world_size}, "
-                f"num_nodes={nodes} to the Trainer (or devices='auto'), or change --nproc_per_node / --nnodes of "
-                "the launcher."
+                f"num_nodes={nodes} to the Trainer (or devices='auto'), or start as many processes as asked "
+                "(torchrun --nproc_per_node / --nnodes, srun --ntasks)."
             )
         super().setup_environment()
         _install_error_reporting(env)
@@ -147,8 +153,6 @@ class DDP(Strategy):
                                    f"environment says WORLD_SIZE={env.world_size}.")
             return
         backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
-        if backend == "nccl" and self.root_device.type != "cuda":
-            raise ValueError("process_group_backend='nccl' needs CUDA devices; use 'gloo' (the default) on CPU.")
         if env.launcher is None:
             # A world of one with nobody to meet: a private free port, nothing left in os.environ.
             from tasktrain.strategies.launcher import find_free_port
@@ -160,7 +164,10 @@ class DDP(Strategy):
             os.environ.setdefault("MASTER_ADDR", env.main_address)
             if env.main_port:
                 os.environ.setdefault("MASTER_PORT", str(env.main_port))
-            dist.init_process_group(backend, rank=env.global_rank, world_size=env.world_size, timeout=self.timeout)
+            # nccl: bind the group to this rank's GPU (barriers and object collectives then know their device)
+            device_id = {"device_id": self.root_device} if backend == "nccl" else {}
+            dist.init_process_group(backend, rank=env.global_rank, world_size=env.world_size, timeout=self.timeout,
+                                    **device_id)
         _PROCESS["owns_group"] = True
         if not _PROCESS["exit_hook"]:
             atexit.register(_destroy_group_at_exit)
@@ -170,6 +177,10 @@ class DDP(Strategy):
         super().setup(module, optimizers)
         if self.sync_batchnorm:
             convert_sync_batchnorm(self.module)
+        if not any(p.requires_grad for p in self.module.parameters()):
+            # Nothing to synchronise (a frozen model in predict/validate): torch's DDP refuses such a module.
+            self.model = _TrainingStepForward(self.module)
+            return self.model, self.optimizers
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         self.model = torch.nn.parallel.DistributedDataParallel(
             _TrainingStepForward(self.module), device_ids=device_ids, **self.ddp_kwargs
@@ -186,13 +197,12 @@ class DDP(Strategy):
 
     def teardown(self):
         # gloo can abort at interpreter exit if the wrapper outlives the group: the wrapper goes now, the group
-        # at exit (later stages of the same script reuse it). A world of one has nobody to wait for: it goes now.
+        # at exit, after a gc (later stages of the same script reuse it). A world of one has nobody to wait for
+        # and nobody to share it with: it goes now.
         self.model = None
         self.optimizers = []
-        gc.collect()
         if self.env is not None and self.env.launcher is None and _PROCESS["owns_group"] and dist.is_initialized():
-            dist.destroy_process_group()
-            _PROCESS["owns_group"] = False
+            _destroy_group_at_exit()
 
     # -- the step ------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
@@ -201,7 +211,9 @@ class DDP(Strategy):
 
     def no_backward_sync(self, enabled: bool, model=None):
         model = self.model if model is None else model
-        return model.no_sync() if enabled else contextlib.nullcontext()
+        if enabled and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
 
     # -- collectives -----------------------------------------------------------------------------------------
     def reduce(self, tensor, op="mean"):
@@ -258,7 +270,7 @@ def convert_sync_batchnorm(module):
 
 
 def _destroy_group_at_exit():
-    gc.collect()  # nothing that holds gloo work may outlive the group
+    gc.collect()  # nothing that holds gloo work may outlive the group (a full collection: ~0.1 s, once)
     if _PROCESS["owns_group"] and dist.is_initialized():
         dist.destroy_process_group()
         _PROCESS["owns_group"] = False
@@ -269,26 +281,23 @@ def _install_error_reporting(env):
     if _PROCESS["error_hook"]:
         return
     if env.launcher == "self" and os.environ.get("TASKTRAIN_ERROR_FILE"):
-        path = os.environ["TASKTRAIN_ERROR_FILE"]
-
-        def record(exc):
-            with open(path, "w") as f:
-                f.write(f"{type(exc).__name__}: {exc}")
+        path, torchrun_format = os.environ["TASKTRAIN_ERROR_FILE"], False
     elif os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-        handler = ErrorHandler()
-
-        def record(exc):
-            handler.record_exception(exc)
+        path, torchrun_format = os.environ["TORCHELASTIC_ERROR_FILE"], True
     else:
         return
     previous = sys.excepthook
 
     def excepthook(exc_type, exc, tb):
         if not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            summary = f"{exc_type.__name__}: {exc}"
+            if torchrun_format:  # the layout torchrun's ChildFailedError summary reads
+                summary = json.dumps({"message": {"message": summary, "extraInfo": {
+                    "py_callstack": "".join(traceback.format_exception(exc_type, exc, tb)),
+                    "timestamp": str(int(time.time()))}}})
             try:
-                record(exc)
+                with open(path, "w") as f:
+                    f.write(summary)
             except OSError:
                 pass
         previous(exc_type, exc, tb)

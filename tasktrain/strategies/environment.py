@@ -1,7 +1,8 @@
 """Who am I: rank, world size, local rank, node rank and master address, read from the launcher's variables.
 
 Three launchers are understood, in this order: torchrun / `tasktrain launch` (which runs torchrun), SLURM, and
-our own self-launch (the Trainer re-running the user's command, which sets the same variables as torchrun).
+our own self-launch (the Trainer re-running the user's command, which sets the same variables as torchrun, with
+TASKTRAIN_LAUNCHER=self; the children of strategy="ddp_spawn" get TASKTRAIN_LAUNCHER=spawn).
 
 `tasktrain launch` also passes the user's launch choices to the workers through the TASKTRAIN_* variables
 below; `launch_config()` reads them back for `Trainer(strategy="auto", precision=None)` and `Accelerator()`.
@@ -35,7 +36,7 @@ class ClusterEnvironment:
     node_rank: int = 0
     main_address: str = "127.0.0.1"
     main_port: Optional[int] = None
-    launcher: Optional[str] = None  # "torchrun", "slurm", "self" or None when nobody launched us
+    launcher: Optional[str] = None  # "torchrun", "slurm", "self", "spawn" (ddp_spawn) or None: nobody launched us
 
 
 def detect_environment(env=None) -> ClusterEnvironment:
@@ -62,7 +63,7 @@ def detect_environment(env=None) -> ClusterEnvironment:
             global_rank=int(env["SLURM_PROCID"]),
             world_size=world,
             local_rank=int(env.get("SLURM_LOCALID", 0)),
-            local_world_size=int(env.get("SLURM_NTASKS_PER_NODE", max(1, world // max(1, nodes))).split("(")[0]),
+            local_world_size=int(str(env.get("SLURM_NTASKS_PER_NODE", max(1, world // max(1, nodes)))).split("(")[0]),
             node_rank=int(env.get("SLURM_NODEID", 0)),
             main_address=host,
             main_port=int(port),

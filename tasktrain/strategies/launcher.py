@@ -128,6 +128,8 @@ class SubprocessLauncher:
             how = f"exited with code {code}"
         if error:
             return f"rank {rank} (pid {proc.pid}) failed: {error} ({how.replace('was ', '')})"
+        if code < 0:
+            return f"rank {rank} (pid {proc.pid}) {how}"
         return f"rank {rank} (pid {proc.pid}) {how}; its output above says why"
 
     def _fail(self, message):

@@ -1,0 +1,82 @@
+"""What the multi-process tests share: a clean environment for children, and the single-process reference."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def child_env(**extra):
+    """os.environ without any launcher's or tasktrain's variables (a test must not inherit a world)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCH_VARS and not k.startswith(("TASKTRAIN_", "SLURM_"))}
+    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torch_extensions"))
+    env["OMP_NUM_THREADS"] = "1"  # two ranks on a shared 2-core machine
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def script(name):
+    return os.path.join(HERE, name)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(args, timeout, cwd):
+    """Run a command to completion; a run past `timeout` is killed (with its process group) and fails."""
+    start = time.monotonic()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        raise AssertionError(f"{args} did not finish within {timeout} s.\nstdout:\n{out}\nstderr:\n{err}") from None
+    return proc.returncode, out, err, time.monotonic() - start
+
+
+def torchrun(*args):
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def regression_data():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 3, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5]]) + 0.1 * torch.randn(32, 1, generator=g)
+    return x, y
+
+
+def reference_params(batch_size=8, steps=4, lr=0.1):
+    """One process, plain torch: SGD on the sequential batches of `batch_size` (what 2 ranks x 4 must equal)."""
+    x, y = regression_data()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(layer.parameters(), lr=lr)
+    for b in range(steps):
+        opt.zero_grad()
+        sl = slice(b * batch_size, (b + 1) * batch_size)
+        torch.nn.functional.mse_loss(layer(x[sl]), y[sl]).backward()
+        opt.step()
+    return [p.detach().flatten().tolist() for p in layer.parameters()]
+
+
+def process_gone(pid):
+    """True when `pid` no longer runs (gone, or a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True

@@ -1,0 +1,57 @@
+"""Helper for tests/test_ddp.py: strategy="ddp_spawn" from a plain script; the parent records what it got back.
+
+    python spawn_fit.py OUT      -> OUT/parent.json
+"""
+import json
+import os
+import sys
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import common
+from tasktrain import TaskModule, Trainer
+
+
+class Regression(TaskModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def predict_step(self, batch, batch_idx):
+        return self.layer(batch[0])[:, 0]
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def regression_data():
+    return TensorDataset(*common.regression_data())
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    model = Regression()
+    trainer = Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", max_epochs=1, logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False)
+    trainer.fit(model, DataLoader(regression_data(), batch_size=4))
+    train_loss = float(trainer.callback_metrics["train_loss"])
+    x = regression_data().tensors[0][:11]
+    predictions = trainer.predict(model, DataLoader(TensorDataset(x), batch_size=3), gather=True)
+    facts = {
+        "params": [p.detach().flatten().tolist() for p in model.parameters()],
+        "global_step": trainer.global_step,
+        "train_loss": train_loss,
+        "predictions": predictions.tolist(),
+        "expected_predictions": model.layer(x)[:, 0].tolist(),
+        "parent_env_rank": os.environ.get("RANK"),
+    }
+    with open(os.path.join(out, "parent.json"), "w") as f:
+        json.dump(facts, f)

@@ -1,0 +1,72 @@
+"""A rank that fails must end the whole run quickly, non-zero, saying which rank failed and why; no process
+may be left behind. Every run is bounded by a timeout far below the process-group timeout (30 min), so a run
+that waited on the dead rank fails the test instead of hanging it."""
+import os
+import sys
+import time
+
+import pytest
+
+from ddp_scripts.common import process_gone, run, script, torchrun
+
+TIMEOUT = 90
+
+
+def _pids(out):
+    return [int(open(os.path.join(out, f"pid{r}")).read()) for r in (0, 1)]
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_self_launched_rank_that_raises_stops_the_run_and_is_named(tmp_path):
+    out = str(tmp_path)
+    code, _, stderr, _ = run([sys.executable, script("fail.py"), out, "raise"], TIMEOUT, out)
+    assert code != 0
+    # rank 0's last word names the failed rank and its error
+    assert "[tasktrain] rank 1 (pid" in stderr and "failed: ValueError: boom at step 3 on rank 1" in stderr, stderr
+    assert all(process_gone(pid) for pid in _pids(out))
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_self_launched_rank_killed_with_sigkill_stops_the_run(tmp_path):
+    out = str(tmp_path)
+    code, _, stderr, _ = run([sys.executable, script("fail.py"), out, "kill"], TIMEOUT, out)
+    assert code != 0
+    assert "rank 1 (pid" in stderr and "was killed by signal SIGKILL" in stderr, stderr
+    assert all(process_gone(pid) for pid in _pids(out))
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_workers_end_when_rank_zero_is_killed(tmp_path):
+    out = str(tmp_path)
+    code, _, _, _ = run([sys.executable, script("fail.py"), out, "kill0"], TIMEOUT, out)
+    assert code == -9
+    worker = _pids(out)[1]
+    deadline = time.monotonic() + 30
+    while not process_gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process_gone(worker), "rank 1 outlived rank 0 by 30 s"
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("mode, cause", [
+    ("raise", "ValueError: boom at step 3 on rank 1"),  # our error and its traceback, from torchrun's error file
+    ("kill", "Signal 9 (SIGKILL) received by PID"),
+])
+def test_torchrun_reports_the_rank_that_failed(tmp_path, mode, cause):
+    out = str(tmp_path)
+    args = torchrun("--standalone", "--nproc_per_node", "2", script("fail.py"), out, mode)
+    code, stdout, stderr, _ = run(args, TIMEOUT, out)
+    assert code != 0
+    summary = stderr[stderr.index("Root Cause"):]  # torchrun's summary names the first rank that failed
+    assert "rank      : 1" in summary and cause in summary, stderr
+    assert all(process_gone(pid) for pid in _pids(out))
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_ddp_spawn_names_the_child_that_raised(tmp_path):
+    out = str(tmp_path)
+    code, _, stderr, _ = run([sys.executable, script("fail.py"), out, "raise", "ddp_spawn"], TIMEOUT, out)
+    assert code != 0
+    assert "RuntimeError: ddp_spawn: rank 1 (pid" in stderr, stderr
+    assert "failed: ValueError: boom at step 3 on rank 1; the other ranks were stopped" in stderr
+    assert all(process_gone(pid) for pid in _pids(out))
