@@ -108,6 +108,7 @@ def test_validation_metrics_are_exact_over_a_set_not_divisible_by_the_world(worl
     _, facts, _, _ = world
     for rank_facts in facts:  # 11 samples 0..10: mean 5, counted once each
         assert rank_facts["validate"] == [{"val_count": 11.0, "val_mean_x": 5.0}]
+        assert rank_facts["validate_one"] == [{"val_count": 1.0, "val_mean_x": 7.0}]
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)

@@ -105,6 +105,8 @@ class MetricStore:
     def reduce_epoch(self, stage):
         """Reduce `stage`'s accumulated epoch values (across ranks for sync_dist), publish them, and reset."""
         acc = self._acc_by_stage.setdefault(stage, {})
+        if stage != "train" and self.strategy.world_size > 1:
+            self._agree_on_synced_names(acc)
         if not acc:
             return {}
         names = sorted(acc)
@@ -121,6 +123,20 @@ class MetricStore:
         self.epoch_values.update(values)
         self.callback_metrics.update(values)
         return values
+
+    def _agree_on_synced_names(self, acc):
+        """Evaluation shards are unpadded, so a rank may have seen no batch (or not logged a metric): every rank
+        takes part in the sync of every sync_dist metric any rank logged, with an empty accumulator if need be.
+        One small object collective per evaluation run, never per step."""
+        mine = sorted((n, item[0].args) for n, item in acc.items() if item[0].sync_dist)
+        union = {}
+        for names in self.strategy.all_gather_object(mine):
+            union.update(dict(names))
+        for name, args in union.items():
+            if name not in acc:
+                meta = self._new_meta(name, 0.0, tuple(args))
+                empty = {"mean": 0.0, "sum": 0.0, "max": float("-inf"), "min": float("inf")}[meta.reduce_fx]
+                acc[name] = [meta, torch.tensor(empty, device=self.strategy.root_device), 0]
 
     def _sync_accumulators(self, acc, names):
         # One collective per reduction kind: means and sums are summed (value and weight), max and min apart.

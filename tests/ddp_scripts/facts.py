@@ -164,6 +164,9 @@ if not args.quick:
     # 6. exact validation over 11 samples (not divisible by 2): mean of 0..10 is 5, the count 11.
     eleven = TensorDataset(torch.arange(11, dtype=torch.float32).unsqueeze(1))
     facts["validate"] = trainer.validate(Indices(), DataLoader(eleven, batch_size=3))
+    # 6b. one sample for two ranks: rank 1 sees no batch at all, yet takes part in the sync (no hang, exact).
+    one = TensorDataset(torch.tensor([[7.0]]))
+    facts["validate_one"] = trainer.validate(Indices(), DataLoader(one, batch_size=3))
     # 7. predictions of every rank, in dataset order.
     facts["predict_gathered"] = trainer.predict(Indices(), DataLoader(eleven, batch_size=3), gather=True).tolist()
     facts["predict_local"] = torch.cat(trainer.predict(Indices(), DataLoader(eleven, batch_size=3))).tolist()
