@@ -195,6 +195,9 @@ class DDP(Strategy):
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
 
+    def mark_failed(self):
+        mark_failed()
+
     def teardown(self):
         # gloo can abort at interpreter exit if the wrapper outlives the group: the wrapper goes now, the group
         # at exit, after a gc (later stages of the same script reuse it). A world of one has nobody to wait for
@@ -272,8 +275,32 @@ def convert_sync_batchnorm(module):
 def _destroy_group_at_exit():
     gc.collect()  # nothing that holds gloo work may outlive the group (a full collection: ~0.1 s, once)
     if _PROCESS["owns_group"] and dist.is_initialized():
+        # Every rank finishes its communication before any rank closes its side: a peer that tears its gloo
+        # connections down while another process still runs gloo threads was seen to abort that process at
+        # exit ("terminate called without an active exception"), rarely and under load. Bounded, and skipped
+        # after an unhandled error (sys.last_value), when the peers may be gone.
+        if dist.get_world_size() > 1 and not _PROCESS.get("failed") and not hasattr(sys, "last_value"):
+            _exit_rendezvous(seconds=10.0)
         dist.destroy_process_group()
         _PROCESS["owns_group"] = False
+
+
+def _exit_rendezvous(seconds):
+    """Wait (bounded) until every rank reached its exit, through the rendezvous store, not a gloo collective:
+    a rank still blocked in a collective, or gone, only costs the wait."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.add("tasktrain/exit", 1)
+        deadline = time.monotonic() + seconds
+        while store.add("tasktrain/exit", 0) < dist.get_world_size() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except Exception:  # the store's host (rank 0) may already be gone
+        pass
+
+
+def mark_failed():
+    """This rank failed: at exit, do not wait for the others."""
+    _PROCESS["failed"] = True
 
 
 def _install_error_reporting(env):

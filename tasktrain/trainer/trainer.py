@@ -324,6 +324,8 @@ class Trainer:
                 raise NotImplementedError(f"Trainer.{stage} needs {type(module).__name__}.{name}(self, batch, batch_idx).")
 
     def _on_failure(self, exc):
+        if not isinstance(exc, SystemExit) and hasattr(self.strategy, "mark_failed"):
+            self.strategy.mark_failed()
         for fn in self._all_hooks.get("on_exception", []):
             try:
                 fn(exc)
