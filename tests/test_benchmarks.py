@@ -1,0 +1,81 @@
+"""The benchmark scripts run (--quick) and print the tables docs/benchmarks.md shows.
+
+No time is asserted here (times belong to the scripts and to docs/benchmarks.md); what is asserted is the shape
+of the tables and what must hold on any machine: the Trainer, with its defaults or with everything off, ends
+with exactly the raw loop's loss (same weights, same batches, same order), and importing the Trainer pulls in no
+heavy optional package.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIME = re.compile(r"^\d+(\.\d+)? (us|ms)$")
+RATIO = re.compile(r"^\d+\.\d{3}x( \(\d+\.\d{2}-\d+\.\d{2}\))?$")
+SECONDS = re.compile(r"^\d+\.\d{3} s$")
+
+
+def run_quick(script):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                        "MASTER_PORT") and not k.startswith("TASKTRAIN_")}
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick"], capture_output=True,
+                         text=True, timeout=280, env=env)
+    assert out.returncode == 0, f"{script} --quick failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    return out.stdout
+
+
+def markdown_table(stdout):
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in stdout.splitlines() if line.startswith("|")]
+    assert len(rows) >= 3, f"no markdown table in:\n{stdout}"
+    header, separator, body = rows[0], rows[1], rows[2:]
+    assert all(cell == "---" for cell in separator) and len(separator) == len(header)
+    assert all(len(row) == len(header) for row in body), body
+    return header, body
+
+
+@pytest.mark.timeout(300)
+def test_overhead_quick_table_and_equal_losses():
+    header, body = markdown_table(run_quick("overhead.py"))
+    assert header == ["workload", "variant", "wall per step", "wall ratio (range)", "CPU per step",
+                      "CPU ratio (range)", "fit (wall)", "final loss = raw"]
+    ours = ["raw PyTorch loop", "tasktrain, defaults + self.log", "tasktrain, all off"]
+    small = [row[1] for row in body if row[0] == "small"]
+    medium = [row[1] for row in body if row[0] == "medium"]
+    assert small[:4] == ours + ["tasktrain, all off + self.log"]
+    assert medium[:3] == ours
+    for row in body:
+        workload, variant, wall, wall_ratio, cpu, cpu_ratio, fit, same_loss = row
+        assert TIME.match(wall) and TIME.match(cpu), row
+        assert RATIO.match(wall_ratio) and RATIO.match(cpu_ratio), row
+        assert re.match(r"^\d+\.\d{2} s$", fit), row
+        # Same seed, same batches in the same order: the Trainer must land on the raw loop's loss, bit for bit.
+        assert same_loss == "yes", row
+    for row in body:
+        if row[1] == "raw PyTorch loop":
+            assert row[3].startswith("1.000x") and row[5].startswith("1.000x"), row
+
+
+@pytest.mark.timeout(300)
+def test_startup_quick_table_and_light_import():
+    stdout = run_quick("startup.py")
+    header, body = markdown_table(stdout)
+    assert header == ["measure", "raw PyTorch", "tasktrain", "tasktrain - raw"]
+    assert [row[0] for row in body] == [
+        "`import torch`, then `import tasktrain`",
+        "`import torch`, then `from tasktrain import Trainer, TaskModule`",
+        "process start to first optimizer step",
+        "process start to exit (fit of one step)",
+    ]
+    for name, raw, ours, diff in body:
+        assert SECONDS.match(raw) and SECONDS.match(ours), (name, raw, ours)
+        assert re.match(r"^[+-]\d+\.\d{3} s$", diff), (name, diff)
+    pulled = re.search(r"imports beyond torch: (.*)\.$", stdout, re.M)
+    assert pulled, stdout
+    # The Trainer's import stays light: these load only when a run needs them (first log, first bar, ZeRO).
+    for heavy in ("tensorboard", "tqdm", "deepspeed", "lightning", "accelerate"):
+        assert heavy not in pulled.group(1).split(", "), pulled.group(1)
