@@ -131,7 +131,6 @@ class Trainer:
         self._preempt_path = None
         self._validations_run = 0
         self._val_loader = None
-        self._launch_checked = launch
 
     # -- set-up helpers --------------------------------------------------------------------------------------------
     def _default_callbacks(self, callbacks, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time):
@@ -905,9 +904,6 @@ class Trainer:
         if steps == -1:
             return limit
         return steps if limit is None else min(steps, limit)
-
-    def _preempt_path_default(self):
-        return None
 
 
 def _apply_limit(length, limit, name):
