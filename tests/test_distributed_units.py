@@ -223,3 +223,17 @@ def test_ddp_spawn_with_an_unpicklable_module_is_a_clear_error():
     trainer = Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, max_steps=1, **QUIET)
     with pytest.raises(TypeError, match="ddp_spawn.*pickling.*strategy='ddp'"):
         trainer.fit(model, loaders()[0])
+
+
+def test_num_nodes_defaults_to_what_the_launcher_formed(monkeypatch):
+    from tasktrain import Trainer
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                       "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(key, value)
+    trainer = Trainer(strategy="ddp", accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False)
+    assert (trainer.devices, trainer.num_nodes) == (2, 2)
+    explicit = Trainer(strategy="ddp", accelerator="cpu", num_nodes=1, logger=False, enable_progress_bar=False,
+                       enable_checkpointing=False)
+    assert explicit.num_nodes == 1  # what the user asked stays, and setup_environment will say it differs

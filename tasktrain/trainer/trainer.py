@@ -44,7 +44,7 @@ class Trainer:
         accelerator="auto",
         strategy="auto",
         devices="auto",
-        num_nodes=1,
+        num_nodes=None,
         precision=None,
         max_epochs=None,
         max_steps=-1,
@@ -80,9 +80,15 @@ class Trainer:
         self.precision_name = normalize_precision(precision)
         accelerator = resolve_accelerator(accelerator)
         self.devices = resolve_devices(devices, accelerator, self.env)
+        if num_nodes is None:
+            # Not given: what the launcher formed (torchrun's nodes = world / processes per node), else 1.
+            if launch.launched and launch.num_machines:
+                num_nodes = launch.num_machines
+            elif self.env.launcher is not None:
+                num_nodes = max(1, self.env.world_size // max(1, self.env.local_world_size))
+            else:
+                num_nodes = 1
         self.num_nodes = int(num_nodes)
-        if launch.launched and launch.num_machines and num_nodes == 1:
-            self.num_nodes = launch.num_machines
         self.strategy = resolve_strategy(strategy, accelerator, self.devices, self.num_nodes, self.env)
         self.strategy.configure(accelerator, self.devices, self.num_nodes)
         self.strategy.precision = make_precision(self.precision_name, self.strategy.root_device.type)
