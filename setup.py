@@ -6,7 +6,9 @@ setup(
     description="A thin, honest PyTorch trainer: Trainer, Accelerator, launcher, DeepSpeed and device maps.",
     packages=find_packages(include=["tasktrain", "tasktrain.*"]),
     python_requires=">=3.10",
-    # torch is pinned by the Makefile before this runs; a range here installs nothing more.
-    install_requires=["torch>=2.1", "deepspeed>=0.14", "tqdm", "tensorboard", "pyyaml"],
+    # torch is pinned by the Makefile before this runs; a range here installs nothing more. The ranges are the
+    # releases the tests have run on: a torch or DeepSpeed release that behaves differently (DeepSpeed has changed
+    # dtype and clipping defaults between minor releases) is not picked up silently.
+    install_requires=["torch>=2.13,<2.14", "deepspeed>=0.19.8,<0.20", "tqdm", "tensorboard", "pyyaml"],
     entry_points={"console_scripts": ["tasktrain=tasktrain.cli.main:main"]},
 )

@@ -6,6 +6,7 @@ compiles once into TORCH_EXTENSIONS_DIR, ~1-3 min on a fresh machine) and bf16.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -335,3 +336,24 @@ def test_memory_is_sharded(tmp_path):
             assert b[stage]["optimizer state"] == pytest.approx(full, rel=0.01)  # half of it on each rank
             assert b[stage]["master weights"] == pytest.approx(full / 2, rel=0.01)
         assert b[2]["gradients"] < b[1]["gradients"] - full / 3  # stage 2: half the gradients during the window
+
+
+@pytest.mark.timeout(300)
+def test_zero3_parameter_dtypes_do_not_depend_on_the_cpu(tmp_path):
+    """Issue 13: with DeepSpeed's float16 probe forced to True and to False (whatever this CPU is), ZeRO-3 parameters
+    created under zero3_init and the engine's working copies are fp32 under '32-true' and bf16 under 'bf16-mixed'.
+    Before the fix, CPUs without float16 created bf16 parameters in fp32 runs (an explicit dtype dropped upstream)."""
+    out = tmp_path / "dtypes.json"
+    run(os.path.join(HERE, "deepspeed_scripts", "dtypes.py"), "--out", str(out), timeout=240)
+    results = json.loads(out.read_text())
+    for fp16 in (True, False):
+        for precision, dtype in (("32-true", "torch.float32"), ("bf16-mixed", "torch.bfloat16")):
+            made = results[f"fp16={fp16} {precision} zero3_init=True"]
+            assert made["partitioned"], made  # really created by zero.Init
+            assert made["created"] == [dtype] and made["engine"] == [dtype], (fp16, precision, made)
+            plain = results[f"fp16={fp16} {precision} zero3_init=False"]
+            assert plain["created"] == ["torch.float32"] and plain["engine"] == [dtype], (fp16, precision, plain)
+    error = results["wrong dtype"]
+    assert re.search(r"DeepSpeed \d+\.\d+", error), error
+    for word in ("torch.float16", "precision='32-true'", "torch.float32"):
+        assert word in error, error

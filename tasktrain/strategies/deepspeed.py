@@ -282,6 +282,9 @@ class DeepSpeed(DDP):
         kwargs = {"optimizer": optimizer} if optimizer is not None else {}
         self.engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False, **kwargs)
         self.config = config
+        # Trainable ones: a user may keep a frozen part in another dtype on purpose.
+        _check_param_dtypes([p for p in self.engine.module.parameters() if p.requires_grad], _param_dtype_of(config),
+                            self.precision.name if self.precision is not None else "32-true", "of the DeepSpeed engine")
         self.model = self.engine
         bf16, fp16 = _enabled(config.get("bf16", config.get("bfloat16"))), _enabled(config.get("fp16"))
         self._input_dtype = torch.bfloat16 if bf16 is True else torch.float16 if fp16 is True else None
@@ -335,8 +338,17 @@ class DeepSpeed(DDP):
         if self.env is None or not dist.is_initialized():
             self.setup_environment()
         config = self._config_without_batch()
-        with deepspeed.zero.Init(config_dict_or_path=config, dtype=_input_dtype_of(config) or torch.float32):
-            yield
+        created = []
+        hook = torch.nn.modules.module.register_module_parameter_registration_hook(
+            lambda module, name, param: created.append(param))
+        try:
+            # dtype=None: the config decides (bf16 / fp16 / fp32). An explicit dtype is dropped by DeepSpeed 0.19.8 on
+            # CPUs without float16 support (zero.Init._set_dtype, deepspeedai/DeepSpeed#8428): fp32 runs got bf16.
+            with deepspeed.zero.Init(config_dict_or_path=config, dtype=None):
+                yield
+        finally:
+            hook.remove()
+        _check_param_dtypes(created, _param_dtype_of(config), self.precision.name, "created under zero3_init")
 
     def teardown(self):
         engine, self.engine = self.engine, None
@@ -712,6 +724,31 @@ def _input_dtype_of(config):
     if _enabled(config.get("fp16")) is True:
         return torch.float16
     return None
+
+
+def _param_dtype_of(config):
+    """The dtype DeepSpeed keeps the module's (working) parameters in under this config."""
+    return _input_dtype_of(config) or torch.float32
+
+
+def _check_param_dtypes(params, expected, precision, where):
+    """Parameters (or their ZeRO-3 partitions) must be in the dtype the precision asks for: DeepSpeed has dropped
+    the dtype it was given before (0.19.8 on CPUs without float16), and a mismatch only shows later as a matmul
+    error deep in its linear layer."""
+    seen = set()
+    for param in params:
+        tensor = getattr(param, "ds_tensor", None)
+        dtype = (tensor if tensor is not None else param).dtype
+        if dtype.is_floating_point and dtype != expected:
+            seen.add(dtype)
+    if seen:
+        import deepspeed
+
+        raise RuntimeError(
+            f"DeepSpeed {deepspeed.__version__} made the parameters {where} "
+            f"{', '.join(sorted(str(d) for d in seen))}, but precision={precision!r} keeps them in {expected}. "
+            "This DeepSpeed release does not honour the dtype it is given on this machine: install a DeepSpeed "
+            "version in the range setup.py states, or report it with this message.")
 
 
 def _precision_sections(config, precision, device_type):
