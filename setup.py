@@ -9,6 +9,8 @@ setup(
     # torch is pinned by the Makefile before this runs; a range here installs nothing more. The ranges are the
     # releases the tests have run on: a torch or DeepSpeed release that behaves differently (DeepSpeed has changed
     # dtype and clipping defaults between minor releases) is not picked up silently.
-    install_requires=["torch>=2.13,<2.14", "deepspeed>=0.19.8,<0.20", "tqdm", "tensorboard", "pyyaml"],
+    # safetensors: reading and writing Hugging Face checkpoints (tasktrain.inference); imported only when used.
+    install_requires=["torch>=2.13,<2.14", "deepspeed>=0.19.8,<0.20", "tqdm", "tensorboard", "pyyaml",
+                      "safetensors>=0.8,<0.9"],
     entry_points={"console_scripts": ["tasktrain=tasktrain.cli.main:main"]},
 )

@@ -22,6 +22,8 @@ _NAMES = {
     "DataParallel": "tasktrain.strategies.data_parallel",
     "DeepSpeed": "tasktrain.strategies.deepspeed",
     "CheckpointError": "tasktrain.trainer.checkpoint",
+    "init_empty_weights": "tasktrain.inference.empty",
+    "save_model": "tasktrain.inference.saving",
 }
 
 __all__ = ["__version__", *_NAMES]

@@ -149,7 +149,8 @@ class ModelIndex:
     """Every module and tensor of a model by name, with sizes and ties, computed once.
 
     Names follow `named_modules` / `named_parameters` with duplicates kept, so a Parameter used by two modules
-    (tied weights) has two names and one id.
+    (tied weights) has two names and one id. `dtype` sizes floating tensors as that dtype; it may also be a function
+    (name, tensor) -> dtype or None (None: as the tensor is), for loads that keep some tensors in their dtype.
     """
 
     def __init__(self, model: nn.Module, dtype=None):
@@ -173,8 +174,9 @@ class ModelIndex:
                     self.refs[name] = (module, attr, is_param)
                     self.tensor_of[name] = tensor
                     self.names_of.setdefault(id(tensor), []).append(name)
-                    cast = dtype is not None and tensor.is_floating_point()
-                    itemsize = dtype.itemsize if cast else tensor.element_size()
+                    target = dtype(name, tensor) if callable(dtype) else dtype
+                    cast = target is not None and tensor.is_floating_point()
+                    itemsize = target.itemsize if cast else tensor.element_size()
                     self.nbytes[id(tensor)] = tensor.numel() * itemsize
             self.direct[module_name] = own
         # prefix -> {id: bytes} of the distinct tensors under it; a tied tensor counts once per prefix

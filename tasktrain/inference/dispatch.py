@@ -58,7 +58,12 @@ def _check_gpus_exist(devices, where):
 
 # -- disk offload -------------------------------------------------------------------------------------------------
 class OffloadFolder:
-    """One raw file per tensor plus index.json ({key: {dtype, shape, file}}), read back through memory maps."""
+    """One raw file per tensor plus index.json, read back through memory maps.
+
+    An entry of index.json is {dtype, shape, file} for a tensor written here, or {dtype, shape, safetensors_file,
+    weight_name} for one read straight from the checkpoint it was loaded from (no copy: the checkpoint's safetensors
+    file already holds it, in the wanted dtype). The second form is the one transformers and Accelerate use.
+    """
 
     def __init__(self, folder):
         self.folder = os.fspath(folder)
@@ -87,6 +92,11 @@ class OffloadFolder:
             open(path, "wb").close()
         self.entries[key] = {"dtype": str(dtype).removeprefix("torch."), "shape": list(tensor.shape), "file": file}
 
+    def reference(self, key, safetensors_file, weight_name, dtype, shape):
+        """Record that `key` is tensor `weight_name` of `safetensors_file`, stored as `dtype`: nothing is written."""
+        self.entries[key] = {"dtype": str(dtype).removeprefix("torch."), "shape": list(shape),
+                             "safetensors_file": os.path.abspath(safetensors_file), "weight_name": weight_name}
+
     def save_index(self):
         with open(os.path.join(self.folder, "index.json"), "w") as f:
             json.dump(self.entries, f, indent=1)
@@ -94,6 +104,12 @@ class OffloadFolder:
     def read(self, key) -> torch.Tensor:
         """The tensor as a private memory map of its file: pages are read on use and go away with the tensor."""
         entry = self.entries[key]
+        if "safetensors_file" in entry:
+            from safetensors import safe_open
+
+            # A view of the file's private memory map; opening per read keeps no mapping alive while idle.
+            with safe_open(entry["safetensors_file"], framework="pt") as f:
+                return f.get_tensor(entry["weight_name"])
         dtype = getattr(torch, entry["dtype"])
         shape = entry["shape"]
         numel = 1
@@ -330,11 +346,14 @@ def _hook_sites(index, entry):
 
 
 # -- placing tensors and attaching hooks --------------------------------------------------------------------------
-def _dispatch(model, index, device_map, main_device, offload_dir, source):
+def _dispatch(model, index, device_map, main_device, offload_dir, source, order=None):
     """Put every tensor at its place, attach the hooks, and mark the model.
 
-    `source(names, tensor)` gives what to place for a tensor: (value, dtype, copy, done) where `copy` says the value
-    must be copied to be owned by the model, and `done` (or None) is called once it has been placed.
+    `source(names, tensor)` gives what to place for a tensor: (load, dtype, copy, done, on_file) where `load()`
+    returns the value, `copy` says the value must be copied to be owned by the model, `done` (or None) is called once
+    it has been placed, and `on_file` (or None) is (safetensors file, key) holding exactly that tensor in `dtype`, so
+    a disk placement can point there instead of writing a copy. `order` lists the tensor ids in the order to place
+    them (the checkpoint's, so its shards are read one after the other); the model's order by default.
     """
     if getattr(model, "_tasktrain_dispatched", False):
         raise RuntimeError("This model was already dispatched; hooks would stack. Build a fresh model and dispatch "
@@ -344,26 +363,34 @@ def _dispatch(model, index, device_map, main_device, offload_dir, source):
     if needs_disk and offload_dir is None:
         on_disk = [n for n, d in device_map.items() if d == "disk"]
         raise ValueError(f"The device map offloads {len(on_disk)} block(s) to disk (e.g. {on_disk[:3]}), but no "
-                         f"offload_dir was given. Pass offload_dir='some/folder' (it needs about "
+                         f"offload_dir was given. Pass offload_dir='some/folder' (offload_folder= to "
+                         f"load_checkpoint_and_dispatch; it needs about "
                          f"{format_size(sum(index.size(n) for n in on_disk))} of free space), or give more memory.")
     folder = OffloadFolder(offload_dir) if needs_disk else None
     main = _torch_device(main_device)
 
     offloaded_by_id = {}
-    for tensor_id, names in index.names_of.items():
+    for tensor_id in (order if order is not None else index.names_of):
+        names = index.names_of[tensor_id]
         device = device_map[owner[names[0]]]
         current = index.tensor_of[names[0]]
         refs = [index.refs[n] for n in names]
         requires_grad = current.requires_grad if isinstance(current, nn.Parameter) else False
-        value, dtype, copy, done = source(names, current)
+        load, dtype, copy, done, on_file = source(names, current)
         is_parameter = refs[0][2]
+        value = None
         if device == "disk":
-            folder.write(names[0], value, dtype)
-            offloaded = _OffloadedTensor(refs, torch.empty(value.shape, dtype=dtype, device="meta"), requires_grad,
+            if on_file is not None:
+                folder.reference(names[0], on_file[0], on_file[1], dtype, current.shape)
+            else:
+                value = load()
+                folder.write(names[0], value, dtype)
+            offloaded = _OffloadedTensor(refs, torch.empty(current.shape, dtype=dtype, device="meta"), requires_grad,
                                          folder, names[0])
             offloaded_by_id[tensor_id] = offloaded
             _set_tensor(refs, offloaded.idle)
         else:
+            value = load()
             placed = value.to(_torch_device(device), dtype=dtype, copy=copy and device == "cpu")
             if current.is_meta:
                 placed = _wrap(placed, is_parameter, requires_grad)
@@ -420,15 +447,26 @@ def _dispatch(model, index, device_map, main_device, offload_dir, source):
     return model
 
 
+def _offload_folder(offload_folder, offload_dir):
+    """Accelerate calls it offload_folder when loading and offload_dir when dispatching: both spellings work."""
+    if offload_folder is not None and offload_dir is not None and \
+            os.path.abspath(os.fspath(offload_folder)) != os.path.abspath(os.fspath(offload_dir)):
+        raise ValueError(f"offload_folder={os.fspath(offload_folder)!r} and offload_dir={os.fspath(offload_dir)!r} "
+                         f"name two folders for one thing; pass one of them.")
+    return offload_folder if offload_folder is not None else offload_dir
+
+
 def dispatch_model(model: nn.Module, device_map="auto", max_memory=None, offload_dir=None,
-                   no_split_module_classes=None, main_device=None) -> nn.Module:
+                   no_split_module_classes=None, main_device=None, *, offload_folder=None) -> nn.Module:
     """Spread `model` over GPUs, CPU memory and disk, and hook it so that a plain `model(...)` call runs.
 
     `device_map` is "auto" or "balanced" (spread evenly over the GPUs), "sequential" (fill GPU 0 first, then the
     next), or a dict {module or tensor name: GPU index | "cuda:N" | "cpu" | "disk"}. Offloaded blocks run on
-    `main_device` (by default the first GPU of the map, or the CPU when there is none). Returns the model, with
-    the map as `model.hf_device_map` (also `model.device_map`).
+    `main_device` (by default the first GPU of the map, or the CPU when there is none). Disk blocks are written under
+    `offload_dir` (`offload_folder` is accepted too). Returns the model, with the map as `model.hf_device_map` (also
+    `model.device_map`).
     """
+    offload_dir = _offload_folder(offload_folder, offload_dir)
     index = ModelIndex(model)
     on_meta = [n for n, t in index.tensor_of.items() if t.is_meta]
     if on_meta:
@@ -436,8 +474,9 @@ def dispatch_model(model: nn.Module, device_map="auto", max_memory=None, offload
                          f"(e.g. {on_meta[:3]}). Load weights with "
                          f"load_checkpoint_and_dispatch(model, checkpoint, ...).")
     device_map, main_device = _plan(model, index, device_map, max_memory, no_split_module_classes, None, main_device)
+
     def as_is(names, tensor):
-        return tensor, tensor.dtype, False, None
+        return (lambda: tensor), tensor.dtype, False, None, None
 
     return _dispatch(model, index, device_map, main_device, offload_dir, as_is)
 
@@ -463,9 +502,10 @@ def _page_forgetter(tensor):
     """A callable that drops the pages of a memory-mapped checkpoint tensor from this process's resident memory.
 
     Pages read from a mapped file stay counted in the process's memory for as long as the mapping lives, so copying
-    every tensor out of the checkpoint would end with the whole file resident. torch maps the file privately and
-    nothing writes to it, so MADV_DONTNEED only forgets the pages: reading them again re-reads the file. The range is
-    widened to whole pages, which may forget a neighbour's page too; that is harmless for the same reason.
+    every tensor out of the checkpoint would end with the whole file (or shard) resident. torch and safetensors map
+    the file privately and nothing writes to it, so MADV_DONTNEED only forgets the pages: reading them again re-reads
+    the file. The range is widened to whole pages, which may forget a neighbour's page too; that is harmless for the
+    same reason.
     """
     if _madvise is None:
         return None
@@ -479,101 +519,218 @@ def _page_forgetter(tensor):
     return lambda: _madvise(start, end - start, _MADV_DONTNEED)
 
 
-def _open_checkpoint(checkpoint):
-    """(state dict, memory-mapped?) from a plain state dict file or a Trainer checkpoint ({"state_dict": ...})."""
-    path = os.fspath(checkpoint)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"Checkpoint {path!r} is not a file. Pass the path of a file written by torch.save "
-                                f"(a state dict) or by the Trainer.")
-    try:
-        loaded, mapped = torch.load(path, map_location="cpu", mmap=True, weights_only=True), True
-    except RuntimeError as err:
-        if "zip" not in str(err).lower():
-            raise
-        # Files in torch's legacy (pre-1.6) format cannot be mapped; they are read whole.
-        loaded, mapped = torch.load(path, map_location="cpu", weights_only=True), False
-    if isinstance(loaded, dict):
-        for key in ("state_dict", "module"):
-            if isinstance(loaded.get(key), dict):
-                return loaded[key], mapped
-        if all(isinstance(v, torch.Tensor) for v in loaded.values()):
-            return loaded, mapped
-    raise ValueError(f"Checkpoint {path!r} holds a {type(loaded).__name__} that is neither a state dict "
-                     f"({{name: tensor}}) nor a checkpoint dict with a 'state_dict' or 'module' entry.")
+def _match_names(keys, index, model):
+    """{checkpoint key: model tensor name}.
 
-
-def _match_names(state_dict, index):
-    """Checkpoint keys as model names: when no key names a model tensor but all share a first component (a wrapper
-    such as DDP's "module." or a TaskModule's "model."), that component is dropped, up to three times."""
-    model_names = set(index.tensor_of)
-    keys = list(state_dict)
-    for _ in range(4):
-        if any(k in model_names for k in keys):
-            return dict(zip(keys, state_dict.values()))
-        first = keys[0].split(".", 1)[0] if keys else ""
-        if not first or not all(k.startswith(first + ".") for k in keys):
-            break
-        keys = [k[len(first) + 1:] for k in keys]
-    return state_dict
-
-
-def load_checkpoint_and_dispatch(model_factory_or_empty_model, checkpoint, device_map="auto", max_memory=None,
-                                 offload_dir=None, no_split_module_classes=None, dtype=None,
-                                 main_device=None) -> nn.Module:
-    """Build a model without allocating its weights, load each tensor of `checkpoint` straight to its place, and
-    dispatch it.
-
-    `model_factory_or_empty_model` is a callable returning the model (called under `torch.device("meta")`) or a
-    model whose tensors are on meta. The checkpoint is memory-mapped and tensors are copied one at a time to their
-    GPU, to CPU memory, or to `offload_dir`, so peak memory stays near the CPU budget plus one block rather than the
-    whole model. `dtype` casts floating tensors. Other arguments are those of `dispatch_model`.
+    Keys are taken as they are when any of them names a model tensor. Otherwise, when all share a first component (a
+    wrapper such as DDP's "module." or a TaskModule's "model."), that component is dropped, up to three times; and a
+    checkpoint of a transformers base model (keys "h.0...") loads into a model with a head ("transformer.h.0...")
+    through the model's `base_model_prefix`.
     """
+    names = set(index.tensor_of)
+    if not keys or any(k in names for k in keys):
+        return {k: k for k in keys}
+    stripped = list(keys)
+    for _ in range(3):
+        first = stripped[0].split(".", 1)[0]
+        if "." not in stripped[0] or not all(k.startswith(first + ".") for k in stripped):
+            break
+        stripped = [k[len(first) + 1:] for k in stripped]
+        if any(k in names for k in stripped):
+            return dict(zip(keys, stripped))
+    prefix = getattr(model, "base_model_prefix", None)
+    if isinstance(prefix, str) and prefix and any(f"{prefix}.{k}" in names for k in keys):
+        return {k: f"{prefix}.{k}" for k in keys}
+    return {k: k for k in keys}
+
+
+def _keeps_fp32(name, patterns) -> bool:
+    dotted = f".{name}."
+    return any(f".{pattern}." in dotted for pattern in patterns)
+
+
+def _fp32_patterns(model, dtype, keep_in_fp32_modules):
+    """Module names whose floating tensors stay float32 when loading in `dtype`.
+
+    By default transformers' own rule: a model's `_keep_in_fp32_modules` apply when loading in float16, its
+    `_keep_in_fp32_modules_strict` in float16 or bfloat16. An explicit list applies to any `dtype`.
+    """
+    if dtype is None:
+        return []
+    if keep_in_fp32_modules is not None:
+        return list(keep_in_fp32_modules)
+    patterns = []
+    if dtype == torch.float16:
+        patterns += list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    if dtype in (torch.float16, torch.bfloat16):
+        patterns += list(getattr(model, "_keep_in_fp32_modules_strict", None) or [])
+    return patterns
+
+
+def _is_persistent(ref) -> bool:
+    module, attr, is_parameter = ref
+    return is_parameter or attr not in module._non_persistent_buffers_set
+
+
+def _build(model_factory_or_empty_model):
     if isinstance(model_factory_or_empty_model, nn.Module):
-        model = model_factory_or_empty_model
-    elif callable(model_factory_or_empty_model):
+        return model_factory_or_empty_model
+    if callable(model_factory_or_empty_model):
         with torch.device("meta"):
             model = model_factory_or_empty_model()
         if not isinstance(model, nn.Module):
             raise TypeError(f"The model factory returned a {type(model).__name__}, not an nn.Module.")
-    else:
-        raise TypeError("load_checkpoint_and_dispatch needs an nn.Module (on meta) or a callable that builds one, "
-                        f"got {type(model_factory_or_empty_model).__name__}.")
+        return model
+    raise TypeError("load_checkpoint_and_dispatch needs an nn.Module (built with init_empty_weights, or on meta) or a "
+                    f"callable that builds one, got {type(model_factory_or_empty_model).__name__}.")
+
+
+def _listed(names, limit=8):
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def load_checkpoint_and_dispatch(model_factory_or_empty_model, checkpoint, device_map="auto", max_memory=None,
+                                 no_split_module_classes=None, offload_folder=None, *, dtype=None, strict=False,
+                                 main_device=None, offload_dir=None, keep_in_fp32_modules=None,
+                                 output_loading_info=False):
+    """Build a model without allocating its weights, load each tensor of `checkpoint` straight to its place, and
+    dispatch it.
+
+    `model_factory_or_empty_model` is a model whose parameters are on meta (built under `init_empty_weights()`), or a
+    callable returning the model (called under `torch.device("meta")`). `checkpoint` is a .safetensors file, a torch
+    file (a state dict or a Trainer checkpoint), a sharded index (`model.safetensors.index.json`,
+    `pytorch_model.bin.index.json`), or a folder holding one of these (safetensors preferred). Shards are read one at
+    a time through memory maps, and each tensor's pages are dropped once it is placed, so peak memory stays near what
+    the device map keeps in CPU memory plus one tensor, not the size of the model or of a shard.
+
+    `dtype` converts floating tensors of the checkpoint (integer ones keep theirs); without it they take the dtype of
+    the model's tensors, as `load_state_dict` would. Modules in `keep_in_fp32_modules` (default: a transformers
+    model's `_keep_in_fp32_modules` for float16, `_keep_in_fp32_modules_strict` for float16 and bfloat16) stay
+    float32. Tensors the checkpoint does not hold (buffers registered with `persistent=False`) keep the value and
+    dtype the model built them with. A disk-offloaded tensor already stored in a .safetensors file in the wanted dtype
+    is read from that file when needed instead of being copied under `offload_folder` (`offload_dir` is accepted too).
+
+    If the model has a `tie_weights()` method (transformers models do), it is called first, so tied weights stored
+    once (GPT-2's lm_head and wte) share one tensor, one value and one device.
+
+    Keys are checked before anything is read: a checkpoint key the model does not have is *unexpected*, a model tensor
+    (parameter or persistent buffer) with no key is *missing*. With `strict=True` either raises, naming them. With
+    `strict=False` (the default, as in Accelerate) they are reported in a warning, and a missing tensor keeps the
+    value the model already has; one on meta has none, which is always an error. `output_loading_info=True` returns
+    (model, {"missing_keys": [...], "unexpected_keys": [...]}) as transformers' from_pretrained does.
+    Other arguments are those of `dispatch_model`. Returns the model, with `model.hf_device_map`.
+    """
+    from tasktrain.inference.checkpoint_files import CheckpointFiles, ShardReader, is_safetensors
+
+    offload_dir = _offload_folder(offload_folder, offload_dir)
+    model = _build(model_factory_or_empty_model)
+    if callable(getattr(model, "tie_weights", None)):
+        model.tie_weights()
     index = ModelIndex(model)
-    state_dict, mapped = _open_checkpoint(checkpoint)
-    state_dict = _match_names(state_dict, index)
+    files = CheckpointFiles(checkpoint)
+    where = files.path
+    name_of = _match_names(files.keys(), index, model)
+    key_of = {name: key for key, name in name_of.items()}
 
-    source, missing = {}, []
+    used, missing, meta_missing = set(), [], []
+    entry_of = {}  # tensor id -> the checkpoint entry holding it
     for tensor_id, names in index.names_of.items():
-        key = next((n for n in names if n in state_dict), None)
+        name = next((n for n in names if n in key_of), None)
         current = index.tensor_of[names[0]]
-        if key is None:
+        if name is None:
+            expected = [n for n in names if _is_persistent(index.refs[n])]
+            missing.extend(expected[:1])
             if current.is_meta:
-                missing.extend(names[:1])
+                meta_missing.append((expected or names)[0])
             continue
-        if tuple(state_dict[key].shape) != tuple(current.shape):
-            raise ValueError(f"Checkpoint tensor '{key}' has shape {tuple(state_dict[key].shape)} but the model's is "
-                             f"{tuple(current.shape)}: the checkpoint was written by a different model configuration.")
-        source[tensor_id] = state_dict[key]
+        key = key_of[name]
+        entry = files.entries[key]
+        if entry.shape != tuple(current.shape):
+            raise ValueError(f"Checkpoint tensor '{key}' has shape {entry.shape} but the model's '{name}' has "
+                             f"{tuple(current.shape)}: the checkpoint was written by a different model "
+                             f"configuration.")
+        used.add(key)
+        entry_of[tensor_id] = (key, entry)
+    # A key naming a tied tensor that another key already gave a value to is not unexpected: the model has that name.
+    unexpected = [k for k, name in name_of.items() if name not in index.tensor_of]
+    if meta_missing:
+        hint = ""
+        if not used:
+            hint = (f" None of the checkpoint's keys (e.g. {_listed(files.keys(), 3)}) names a tensor of the model "
+                    f"(e.g. {_listed([n for n in index.order if n in index.tensor_of], 3)}): check that it was saved "
+                    f"from this model class.")
+        elif not all(index.refs[n][2] for n in meta_missing):
+            hint = (" Buffers registered with persistent=False are not saved in checkpoints: build the model with "
+                    "`with init_empty_weights(): model = ...` (buffers keep their values there) and pass the model "
+                    "instead of a factory.")
+        raise ValueError(f"Checkpoint {where!r} has no value for {len(meta_missing)} tensor(s) of the model, "
+                         f"{_listed(meta_missing)}, and the model holds none either (they are on meta). Check that "
+                         f"it was saved from this model class and configuration.{hint}")
+    if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(f"missing key(s) {_listed(missing)}")
+        if unexpected:
+            parts.append(f"unexpected key(s) {_listed(unexpected)}")
+        raise ValueError(f"Checkpoint {where!r} does not match the model (strict=True): {'; '.join(parts)}. Load "
+                         f"the checkpoint saved from this model class and configuration, or pass strict=False to "
+                         f"keep the model's own values for missing keys and ignore unexpected ones.")
     if missing:
-        hint = ("" if all(index.refs[n][2] for n in missing) else
-                " Buffers registered with persistent=False are not saved in checkpoints: build the model on meta "
-                "yourself, give those buffers their values (module.register_buffer(name, value, persistent=False)), "
-                "and pass the model instead of a factory.")
-        raise ValueError(f"Checkpoint {os.fspath(checkpoint)!r} has no value for {len(missing)} tensor(s) of the "
-                         f"model, e.g. {missing[:5]}. Check that it was saved from this model class and "
-                         f"configuration.{hint}")
-    unexpected = [k for k in state_dict if k not in index.tensor_of]
+        warnings.warn(f"Checkpoint {where!r} has no value for {len(missing)} tensor(s) of the model: "
+                      f"{_listed(missing)}; they keep the values the model was built with.", stacklevel=2)
     if unexpected:
-        warnings.warn(f"Checkpoint {os.fspath(checkpoint)!r} has {len(unexpected)} entries the model does not use, "
-                      f"e.g. {unexpected[:5]}; they are ignored.", stacklevel=2)
+        warnings.warn(f"Checkpoint {where!r} has {len(unexpected)} entries the model does not use, "
+                      f"{_listed(unexpected)}; they are ignored.", stacklevel=2)
 
-    device_map, main_device = _plan(model, index, device_map, max_memory, no_split_module_classes, dtype, main_device)
+    fp32 = _fp32_patterns(model, dtype, keep_in_fp32_modules)
+    targets = {}  # tensor id -> dtype it is loaded in
+    for tensor_id, (key, entry) in entry_of.items():
+        names = index.names_of[tensor_id]
+        current = index.tensor_of[names[0]]
+        target = current.dtype
+        if dtype is not None and entry.dtype.is_floating_point and current.is_floating_point():
+            target = torch.float32 if any(_keeps_fp32(n, fp32) for n in names) else dtype
+        targets[tensor_id] = target
+
+    def planned_dtype(name, tensor):
+        return targets.get(id(tensor), tensor.dtype)
+
+    device_map, main_device = _plan(model, index, device_map, max_memory, no_split_module_classes, planned_dtype,
+                                    main_device)
+
+    reader = ShardReader(files)
 
     def from_checkpoint(names, current):
-        value = source.get(id(current))
-        if value is None:
-            return current, current.dtype, False, None
-        target = dtype if dtype is not None and value.is_floating_point() else current.dtype
-        return value, target, True, _page_forgetter(value) if mapped else None
+        found = entry_of.get(id(current))
+        if found is None:
+            return (lambda: current), current.dtype, False, None, None
+        key, entry = found
+        target = targets[id(current)]
+        on_file = (entry.shard, key) if is_safetensors(entry.shard) and entry.dtype == target else None
+        value = []
 
-    return _dispatch(model, index, device_map, main_device, offload_dir, from_checkpoint)
+        def load():
+            value.append(reader.get(key))
+            return value[0]
+
+        def done():
+            if value and reader.mapped:
+                forget = _page_forgetter(value[0])
+                value.clear()
+                if forget is not None:
+                    forget()
+
+        return load, target, True, done, on_file
+
+    # The checkpoint's order: each shard is opened once, read through, and closed before the next.
+    shard_rank = {shard: i for i, shard in enumerate(files.shards)}
+    order = sorted(index.names_of, key=lambda tid: (shard_rank[entry_of[tid][1].shard], entry_of[tid][1].position)
+                   if tid in entry_of else (len(shard_rank), 0))
+    try:
+        _dispatch(model, index, device_map, main_device, offload_dir, from_checkpoint, order)
+    finally:
+        reader.close()
+    if output_loading_info:
+        return model, {"missing_keys": missing, "unexpected_keys": unexpected}
+    return model
