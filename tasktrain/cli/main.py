@@ -4,6 +4,7 @@
     tasktrain config [--num_processes N ...] [--output F]     (no flags on a terminal: asks questions)
     tasktrain env
     tasktrain convert CHECKPOINT_DIR OUTPUT.ckpt              (a DeepSpeed ZeRO checkpoint -> one fp32 file)
+    tasktrain convert CHECKPOINT OUT_DIR --format safetensors (any checkpoint -> Hugging Face shards)
 
 The work is in tasktrain/cli/config.py (the YAML schema and resolution); this file only parses arguments, and
 runs torch.distributed.run in-process so the launcher costs one Python start, not two. torch is imported only
@@ -11,6 +12,7 @@ once a configuration has been checked: a bad config is reported at once.
 """
 import argparse
 import os
+import pickle
 import signal
 import sys
 
@@ -243,29 +245,74 @@ def _env(args) -> int:
 
 def _add_convert(subparsers):
     p = subparsers.add_parser(
-        "convert", help="consolidate a DeepSpeed ZeRO checkpoint directory into one fp32 checkpoint file",
-        description="Gather the ZeRO shards of a checkpoint directory written under the DeepSpeed strategy into one "
-                    "fp32 state dict, saved in tasktrain's checkpoint format (weights only): "
-                    "TaskModule.load_from_checkpoint(OUTPUT) and torch.load(OUTPUT, weights_only=True) read it. "
-                    "Runs in one process and needs the whole model's fp32 size in memory.",
+        "convert", help="consolidate a DeepSpeed checkpoint into one fp32 file, or export a checkpoint to safetensors",
+        description="With --format ckpt (the default): gather the ZeRO shards of a checkpoint directory written under "
+                    "the DeepSpeed strategy into one fp32 state dict, saved in tasktrain's checkpoint format (weights "
+                    "only): TaskModule.load_from_checkpoint(OUTPUT) and torch.load(OUTPUT, weights_only=True) read "
+                    "it. With --format safetensors or bin: write the weights of a checkpoint file (a Trainer "
+                    "checkpoint or a state dict) or of a DeepSpeed checkpoint directory to the folder OUTPUT in the "
+                    "Hugging Face layout (model.safetensors, or shards plus model.safetensors.index.json), which "
+                    "load_checkpoint_and_dispatch and transformers' from_pretrained read. Runs in one process and "
+                    "needs the whole model's fp32 size in memory for a DeepSpeed directory.",
     )
-    p.add_argument("checkpoint_dir", help="the checkpoint directory (e.g. checkpoints/last.ckpt)")
-    p.add_argument("output", help="the file to write (e.g. model.ckpt)")
+    p.add_argument("checkpoint_dir", metavar="CHECKPOINT",
+                   help="a DeepSpeed checkpoint directory (e.g. checkpoints/last.ckpt), or, for safetensors/bin, "
+                        "also a checkpoint file")
+    p.add_argument("output", help="the file to write (e.g. model.ckpt), or the folder for safetensors/bin")
+    p.add_argument("--format", choices=("ckpt", "safetensors", "bin"), default="ckpt",
+                   help="ckpt: one tasktrain checkpoint file; safetensors / bin: Hugging Face shards (default: ckpt)")
+    _option(p, "max_shard_size", default="2GB", metavar="SIZE",
+            help="safetensors/bin: the largest shard, e.g. 2GB (10**9 bytes), 500MiB (default: 2GB)")
+    p.add_argument("--prefix", default="", metavar="NAME",
+                   help="safetensors/bin: export only the weights under this submodule, with the prefix removed "
+                        "(e.g. --prefix model for the network a TaskModule holds as self.model)")
     p.set_defaults(func=_convert)
 
 
 def _convert(args) -> int:
-    from tasktrain.strategies.deepspeed import convert_zero_checkpoint
     from tasktrain.trainer.checkpoint import CheckpointError
 
+    if args.format == "ckpt":
+        from tasktrain.strategies.deepspeed import convert_zero_checkpoint
+
+        try:
+            checkpoint = convert_zero_checkpoint(args.checkpoint_dir, args.output)
+        except (CheckpointError, FileNotFoundError, ValueError) as e:
+            print(f"tasktrain convert: error: {e}", file=sys.stderr)
+            return 2
+        state = checkpoint["state_dict"]
+        numel = sum(t.numel() for t in state.values())
+        print(f"tasktrain convert: wrote {args.output} ({len(state)} tensors, {numel:,} values, fp32)")
+        return 0
+    return _export(args, CheckpointError)
+
+
+def _export(args, CheckpointError) -> int:
+    from tasktrain.inference.checkpoint_files import read_state_dict
+    from tasktrain.inference.saving import describe_saved, save_model
+
     try:
-        checkpoint = convert_zero_checkpoint(args.checkpoint_dir, args.output)
-    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        if os.path.isdir(args.checkpoint_dir):
+            from tasktrain.strategies.deepspeed import convert_zero_checkpoint
+
+            state = convert_zero_checkpoint(args.checkpoint_dir)["state_dict"]
+        else:
+            state = read_state_dict(args.checkpoint_dir)
+        prefix = args.prefix.rstrip(".")
+        if prefix:
+            kept = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
+            if not kept:
+                tops = sorted({k.split(".", 1)[0] for k in state})
+                raise ValueError(f"no weight of {args.checkpoint_dir!r} is under '{prefix}.'; its top-level names "
+                                 f"are {tops[:10]}.")
+            state = kept
+        paths = save_model(state, args.output, max_shard_size=args.max_shard_size,
+                           safe_serialization=args.format == "safetensors")
+    except (CheckpointError, OSError, ValueError, RuntimeError, pickle.UnpicklingError) as e:
         print(f"tasktrain convert: error: {e}", file=sys.stderr)
         return 2
-    state = checkpoint["state_dict"]
-    numel = sum(t.numel() for t in state.values())
-    print(f"tasktrain convert: wrote {args.output} ({len(state)} tensors, {numel:,} values, fp32)")
+    print(f"tasktrain convert: wrote {args.output} ({len(state)} tensors in {describe_saved(paths)}, "
+          f"{args.format})")
     return 0
 
 

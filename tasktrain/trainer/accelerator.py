@@ -382,10 +382,16 @@ class Accelerator:
         if self.is_main_process:
             ckpt_io.atomic_save(obj, f)
 
-    def save_model(self, model, save_directory, weights_name="model.pt"):
-        """Write the full state dict of `model` to save_directory/weights_name (call on every process)."""
+    def save_model(self, model, save_directory, max_shard_size="10GB", safe_serialization=True):
+        """Write the full weights of `model` to save_directory as Accelerate does: model.safetensors, or shards plus
+        model.safetensors.index.json (pytorch_model*.bin with safe_serialization=False). Call on every process."""
+        from tasktrain.inference.saving import save_model
+
         state = self.get_state_dict(model)
-        self.save(state, os.path.join(os.fspath(save_directory), weights_name))
+        if _is_deepspeed(self.strategy) and self.strategy.zero_stage() == 3:
+            _check_no_zero3_placeholders(state, save_directory)
+        if self.is_main_process:
+            save_model(state, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 
     # -- resume ------------------------------------------------------------------------------------------------------
     def register_for_checkpointing(self, *objects):
