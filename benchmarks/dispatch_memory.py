@@ -1,10 +1,13 @@
 """Peak resident memory of loading a checkpoint: plain torch.load + load_state_dict vs load_checkpoint_and_dispatch.
 
-    python benchmarks/dispatch_memory.py [--layers 24] [--width 2048] [--cpu-budget 40MB]
+    python benchmarks/dispatch_memory.py [--layers 24] [--width 2048] [--cpu-budget 40MB] [--shard-size 100MB]
 
 Each way runs in a fresh process and reports how much its peak RSS (VmHWM in /proc/self/status) rose above its
 resting RSS before loading. The model is a stack of bias-free Linear layers (layers * width**2 * 4 bytes); the
-dispatched load keeps `--cpu-budget` in CPU memory and offloads the rest to a temporary folder on disk. Linux only.
+dispatched loads keep `--cpu-budget` in CPU memory and offload the rest to a temporary folder on disk, from one torch
+file, and from safetensors shards of `--shard-size` (Hugging Face's layout, written by save_model) in float32 (the
+disk part is read from the shards themselves) and in bfloat16 (converted and copied to the offload folder).
+Linux only.
 """
 import argparse
 import json
@@ -32,10 +35,15 @@ if mode == "write":
     with torch.no_grad():
         y = model(x)
     torch.save({"state_dict": model.state_dict()}, folder + "/ckpt.pt")
-    torch.save({"x": x, "y": y}, folder + "/io.pt")
+    from tasktrain.inference import save_model
+    save_model(model, folder + "/shards", max_shard_size=sys.argv[6])
+    with torch.no_grad():
+        y16 = model.to(torch.bfloat16)(x.to(torch.bfloat16))
+    torch.save({"x": x, "y": y, "y16": y16}, folder + "/io.pt")
     sys.exit(0)
 io = torch.load(folder + "/io.pt")
 from tasktrain.inference import load_checkpoint_and_dispatch
+dtype = torch.bfloat16 if mode == "shards_bf16" else None
 before = status("VmRSS:")
 start = time.perf_counter()
 if mode == "torch_load":
@@ -43,14 +51,15 @@ if mode == "torch_load":
         model = build()
     model.load_state_dict(torch.load(folder + "/ckpt.pt", weights_only=True)["state_dict"], assign=True)
 else:
-    model = load_checkpoint_and_dispatch(build, folder + "/ckpt.pt", max_memory={"cpu": budget},
-                                         offload_dir=folder + "/offload")
+    checkpoint = folder + ("/ckpt.pt" if mode == "dispatch" else "/shards")
+    model = load_checkpoint_and_dispatch(build, checkpoint, max_memory={"cpu": budget}, dtype=dtype,
+                                         offload_folder=folder + "/offload-" + mode)
 loaded = time.perf_counter()
 with torch.no_grad():
-    y = model(io["x"])
+    y = model(io["x"].to(dtype or torch.float32))
 done = time.perf_counter()
 print(json.dumps({"peak_increase": status("VmHWM:") - before, "load_s": loaded - start,
-                  "forward_s": done - loaded, "equal": torch.equal(y, io["y"])}))
+                  "forward_s": done - loaded, "equal": torch.equal(y, io["y16" if dtype else "y"])}))
 """
 
 
@@ -65,18 +74,25 @@ def main():
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--cpu-budget", default="40MB")
+    parser.add_argument("--shard-size", default="100MB")
     args = parser.parse_args()
     model_bytes = args.layers * args.width**2 * 4
     with tempfile.TemporaryDirectory() as folder:
-        common = [folder, str(args.layers), str(args.width), args.cpu_budget]
+        common = [folder, str(args.layers), str(args.width), args.cpu_budget, args.shard_size]
         start = time.perf_counter()
         run(args, "write", *common)
+        shards = [os.path.join(folder, "shards", n) for n in os.listdir(os.path.join(folder, "shards"))
+                  if n.endswith(".safetensors")]
         print(f"model: {model_bytes / 2**20:.0f} MiB ({args.layers} x Linear({args.width}, {args.width})), "
-              f"checkpoint written in {time.perf_counter() - start:.1f} s")
+              f"checkpoints written in {time.perf_counter() - start:.1f} s: one torch file, and {len(shards)} "
+              f"safetensors shards of at most {max(map(os.path.getsize, shards)) / 2**20:.0f} MiB")
+        budget = f"cpu {args.cpu_budget}, rest on disk"
         for mode, label in (("torch_load", "torch.load + load_state_dict"),
-                            ("dispatch", f"load_checkpoint_and_dispatch (cpu {args.cpu_budget}, rest on disk)")):
+                            ("dispatch", f"load_checkpoint_and_dispatch, torch file ({budget})"),
+                            ("shards", f"load_checkpoint_and_dispatch, safetensors shards ({budget})"),
+                            ("shards_bf16", f"  the same with dtype=bfloat16 ({budget})")):
             r = run(args, mode, *common)
-            print(f"{label:60s} peak RSS +{r['peak_increase'] / 2**20:7.0f} MiB "
+            print(f"{label:75s} peak RSS +{r['peak_increase'] / 2**20:7.0f} MiB "
                   f"({100 * r['peak_increase'] / model_bytes:5.1f}% of the model), load {r['load_s']:.2f} s, "
                   f"forward {r['forward_s']:.3f} s, outputs equal: {r['equal']}")
 
