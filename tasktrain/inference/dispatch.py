@@ -625,6 +625,9 @@ def load_checkpoint_and_dispatch(model_factory_or_empty_model, checkpoint, devic
 
     offload_dir = _offload_folder(offload_folder, offload_dir)
     model = _build(model_factory_or_empty_model)
+    if getattr(model, "_tasktrain_dispatched", False):
+        raise RuntimeError("This model was already dispatched; hooks would stack. Build a fresh model (under "
+                           "init_empty_weights()) and load it once.")
     if callable(getattr(model, "tie_weights", None)):
         model.tie_weights()
     index = ModelIndex(model)
