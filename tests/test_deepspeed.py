@@ -263,6 +263,18 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     bad = run("-m", "tasktrain.cli.main", "convert", str(out), str(tmp_path / "x.ckpt"), expect_ok=False)
     assert "not a directory" in bad.stderr
 
+    # The same directory as Hugging Face safetensors shards (issue 21): the consolidated fp32 weights, by key.
+    export = tmp_path / "export"
+    run("-m", "tasktrain.cli.main", "convert", str(last), str(export), "--format", "safetensors",
+        "--max-shard-size", "10KB", timeout=120)
+    index = json.loads((export / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(trained) and len(set(index["weight_map"].values())) > 1
+    from tasktrain.inference.checkpoint_files import read_state_dict
+
+    for shard in set(index["weight_map"].values()):
+        for name, value in read_state_dict(export / shard).items():
+            torch.testing.assert_close(value, trained[name], rtol=0, atol=1e-6)
+
     # ModelCheckpoint(save_weights_only=True) under ZeRO-1: one file, the consolidated fp32 weights
     weights_file = root / "weights" / "final.ckpt"
     assert weights_file.is_file() and not any(n.endswith("tmp") for n in os.listdir(root / "weights"))
