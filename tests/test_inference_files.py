@@ -315,6 +315,8 @@ def test_convert_a_trainer_checkpoint_to_safetensors_shards(tmp_path, capsys):
     assert "no weight of" in (err := capsys.readouterr().err) and "['model']" in err
     assert cli(["convert", str(tmp_path / "missing.ckpt"), str(tmp_path / "y"), "--format", "safetensors"]) == 2
     assert "is not a file" in capsys.readouterr().err
+    assert cli(["convert", str(tmp_path / "trained.ckpt"), str(tmp_path / "z.ckpt"), "--max-shard-size", "1MB"]) == 2
+    assert "--max-shard-size apply to --format safetensors or bin" in capsys.readouterr().err
 
 
 def test_trainer_and_accelerator_export_a_trained_module(tmp_path):

@@ -261,9 +261,9 @@ def _add_convert(subparsers):
     p.add_argument("output", help="the file to write (e.g. model.ckpt), or the folder for safetensors/bin")
     p.add_argument("--format", choices=("ckpt", "safetensors", "bin"), default="ckpt",
                    help="ckpt: one tasktrain checkpoint file; safetensors / bin: Hugging Face shards (default: ckpt)")
-    _option(p, "max_shard_size", default="2GB", metavar="SIZE",
+    _option(p, "max_shard_size", metavar="SIZE",
             help="safetensors/bin: the largest shard, e.g. 2GB (10**9 bytes), 500MiB (default: 2GB)")
-    p.add_argument("--prefix", default="", metavar="NAME",
+    p.add_argument("--prefix", metavar="NAME",
                    help="safetensors/bin: export only the weights under this submodule, with the prefix removed "
                         "(e.g. --prefix model for the network a TaskModule holds as self.model)")
     p.set_defaults(func=_convert)
@@ -273,6 +273,12 @@ def _convert(args) -> int:
     from tasktrain.trainer.checkpoint import CheckpointError
 
     if args.format == "ckpt":
+        given = [flag for flag, value in (("--max-shard-size", args.max_shard_size), ("--prefix", args.prefix))
+                 if value is not None]
+        if given:
+            print(f"tasktrain convert: error: {' and '.join(given)} apply to --format safetensors or bin; the default "
+                  f"--format ckpt writes one file of the whole state dict.", file=sys.stderr)
+            return 2
         from tasktrain.strategies.deepspeed import convert_zero_checkpoint
 
         try:
@@ -298,7 +304,7 @@ def _export(args, CheckpointError) -> int:
             state = convert_zero_checkpoint(args.checkpoint_dir)["state_dict"]
         else:
             state = read_state_dict(args.checkpoint_dir)
-        prefix = args.prefix.rstrip(".")
+        prefix = (args.prefix or "").rstrip(".")
         if prefix:
             kept = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
             if not kept:
@@ -306,7 +312,7 @@ def _export(args, CheckpointError) -> int:
                 raise ValueError(f"no weight of {args.checkpoint_dir!r} is under '{prefix}.'; its top-level names "
                                  f"are {tops[:10]}.")
             state = kept
-        paths = save_model(state, args.output, max_shard_size=args.max_shard_size,
+        paths = save_model(state, args.output, max_shard_size=args.max_shard_size or "2GB",
                            safe_serialization=args.format == "safetensors")
     except (CheckpointError, OSError, ValueError, RuntimeError, pickle.UnpicklingError) as e:
         print(f"tasktrain convert: error: {e}", file=sys.stderr)
