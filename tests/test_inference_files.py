@@ -219,6 +219,12 @@ def test_disk_offload_reads_the_safetensors_file_instead_of_copying(tmp_path):
     expected = make_tied().to(torch.bfloat16)
     assert torch.equal(outputs(loaded), outputs(expected))
 
+    # dispatch_model's own name is offload_dir; offload_folder works there too.
+    from tasktrain.inference import dispatch_model
+
+    dispatched = dispatch_model(make_tied(), device_map, offload_folder=tmp_path / "offload-dispatch")
+    assert torch.equal(outputs(dispatched), outputs(model))
+    assert "blocks.1.fc.weight.dat" in os.listdir(tmp_path / "offload-dispatch")
     with pytest.raises(ValueError, match="name two folders"):
         load_checkpoint_and_dispatch(empty_tied(), tmp_path / "ckpt", device_map=device_map,
                                      offload_folder=tmp_path / "a", offload_dir=tmp_path / "b")
@@ -395,3 +401,22 @@ def test_peak_memory_of_a_sharded_load_stays_near_one_shard_plus_the_cpu_budget(
     offloaded = os.listdir(tmp_path / "offload-float32")
     assert offloaded == ["index.json"]  # float32 on disk: read from the shards, nothing copied
     assert len(os.listdir(tmp_path / "offload-bfloat16")) > 20
+
+
+def test_keep_in_fp32_modules_follows_transformers_rule(tmp_path):
+    save_model(make_tied(), tmp_path)
+
+    def loaded_dtypes(dtype, keep=None, strict_keep=None, **kwargs):
+        model = empty_tied()
+        model._keep_in_fp32_modules, model._keep_in_fp32_modules_strict = keep, strict_keep
+        model = load_checkpoint_and_dispatch(model, tmp_path, device_map={"": "cpu"}, dtype=dtype, **kwargs)
+        return model.blocks[1].norm.weight.dtype, model.blocks[1].fc.weight.dtype, model.blocks[1].scale.dtype
+
+    # _keep_in_fp32_modules: only when loading in float16; _keep_in_fp32_modules_strict: float16 and bfloat16.
+    assert loaded_dtypes(torch.float16, keep=["norm"]) == (torch.float32, torch.float16, torch.float16)
+    assert loaded_dtypes(torch.bfloat16, keep=["norm"]) == (torch.bfloat16,) * 3
+    assert loaded_dtypes(torch.bfloat16, strict_keep=["norm"]) == (torch.float32, torch.bfloat16, torch.bfloat16)
+    # An explicit list, for any dtype, with dotted names; it replaces the model's own.
+    assert loaded_dtypes(torch.bfloat16, keep=["norm"], keep_in_fp32_modules=["blocks.1"]) == (torch.float32,) * 3
+    assert loaded_dtypes(torch.float16, keep=["norm"], keep_in_fp32_modules=["fc"]) == (
+        torch.float16, torch.float32, torch.float16)

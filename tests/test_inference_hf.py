@@ -156,3 +156,13 @@ def test_strict_names_the_keys_of_a_model_that_does_not_match(tmp_path):
         load_checkpoint_and_dispatch(smaller, tmp_path / "gpt2", device_map={"": "cpu"}, strict=True)
     with pytest.warns(UserWarning, match=r"12 entries the model does not use"):
         load_checkpoint_and_dispatch(smaller, tmp_path / "gpt2", device_map={"": "cpu"})
+
+
+def test_a_base_model_checkpoint_loads_into_a_model_with_a_head(tmp_path):
+    torch.manual_seed(0)
+    base = transformers.GPT2Model(GPT2Config(**GPT2)).eval()
+    base.save_pretrained(tmp_path / "base")  # keys "h.0.attn...", no "transformer." prefix
+    model = load_checkpoint_and_dispatch(empty_gpt2(), tmp_path / "base", device_map={"": "cpu"}, strict=True)
+    with torch.no_grad():
+        assert torch.equal(model.transformer(IDS).last_hidden_state, base(IDS).last_hidden_state)
+    assert model.lm_head.weight is model.transformer.wte.weight
