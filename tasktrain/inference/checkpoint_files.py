@@ -134,7 +134,7 @@ class CheckpointFiles:
         return shards
 
     def _describe(self, shard):
-        """(key, dtype, shape) of every tensor of one shard, in the order they are stored."""
+        """(key, dtype, shape) of every tensor of one shard, in the order the file lists them."""
         if is_safetensors(shard):
             safe_open = _safetensors().safe_open
             with safe_open(shard, framework="pt") as f:
