@@ -12,5 +12,12 @@ setup(
     # safetensors: reading and writing Hugging Face checkpoints (tasktrain.inference); imported only when used.
     install_requires=["torch>=2.13,<2.14", "deepspeed>=0.19.8,<0.20", "tqdm", "tensorboard", "pyyaml",
                       "safetensors>=0.8,<0.9"],
+    # Optional integrations, imported only when their logger/tracker is created; from the releases the tests ran
+    # on (requirements-dev.txt) to the next major one. mlflow-skinny is MLflow's client without the server and UI;
+    # sqlalchemy and alembic let it use MLflow's default local store (sqlite).
+    extras_require={
+        "wandb": ["wandb>=0.31,<1"],
+        "mlflow": ["mlflow-skinny>=3.17,<4", "sqlalchemy>=2.0,<3", "alembic>=1.13,<2"],
+    },
     entry_points={"console_scripts": ["tasktrain=tasktrain.cli.main:main"]},
 )

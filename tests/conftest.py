@@ -18,3 +18,17 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TASKTRAIN_GLOBAL_SEED", raising=False)
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _offline_trackers(tmp_path_factory):
+    """Weights & Biases stays offline and silent, and neither it nor MLflow writes outside the test folders."""
+    home = tmp_path_factory.mktemp("trackers")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        for var in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+            mp.setenv(var, str(home / var.lower()))
+        for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS"):
+            mp.delenv(var, raising=False)
+        yield

@@ -230,3 +230,322 @@ def test_lr_monitor_names_several_optimizers_and_needs_a_logger(tmp_path):
         trainer.fit(Linear(), loader(8))
     with pytest.raises(ValueError, match="logging_interval"):
         LearningRateMonitor("batch")
+
+
+# -- the Lightning-style API of tasktrain.loggers --------------------------------------------------------------------
+class Graph(Squares):
+    def __init__(self):
+        super().__init__()
+        self.example_input_array = torch.zeros(2, 4)
+
+
+def test_tensorboard_logger_arguments_properties_and_graph(tmp_path):
+    from tasktrain.loggers import TensorBoardLogger as FromLoggers
+    from tasktrain.callbacks.loggers import TensorBoardLogger as OldPath
+
+    assert FromLoggers is TensorBoardLogger is OldPath
+    logger = TensorBoardLogger(tmp_path, name="exp", version="run", prefix="train", sub_dir="tb", log_graph=True,
+                               max_queue=5)
+    assert (logger.save_dir, logger.name, logger.version) == (str(tmp_path), "exp", "run")
+    assert logger.root_dir == str(tmp_path / "exp") and logger.log_dir == str(tmp_path / "exp" / "run" / "tb")
+    trainer = fit(Graph(), epochs=1, logger=logger, log_every_n_steps=2)
+    assert trainer.log_dir == logger.log_dir
+    points, acc = scalars(logger.log_dir, "train-square")  # prefix joined with "-"
+    assert points == [(2, 4.0), (4, 16.0)] and "square" not in acc.Tags()["scalars"]
+    assert scalars(logger.log_dir, "train-hp_metric")[0] == [(0, -1.0)]  # default_hp_metric
+    assert acc.Tags()["graph"]  # log_graph traced the module with example_input_array
+    from torch.utils.tensorboard import SummaryWriter
+
+    assert isinstance(logger.experiment, SummaryWriter)
+    logger.log_metrics({"pair": {"a": 1.0, "b": torch.tensor(2.0)}}, step=7)  # dicts: add_scalars
+    logger.log_hyperparams({"opt": {"lr": 0.5}}, metrics={"best": 0.25})
+    logger.finalize("success")
+    with pytest.raises(ValueError, match="not a number"):
+        logger.log_metrics({"text": "hello"}, step=1)
+    with open(os.path.join(logger.log_dir, "hparams.yaml")) as f:
+        assert yaml.safe_load(f) == {"lr": 0.1, "opt": {"lr": 0.5}}  # added to the fit's hyper-parameters
+    assert scalars(os.path.join(logger.log_dir, "train-pair_b"), "train-pair")[0] == [(7, 2.0)]
+    assert scalars(logger.log_dir, "train-best")[0] == [(0, 0.25)]
+
+    # no example_input_array: a warning that says what to set, and no graph
+    quiet_logger = TensorBoardLogger(tmp_path, name="nograph", log_graph=True, default_hp_metric=False)
+    with pytest.warns(UserWarning, match="example_input_array"):
+        fit(Squares(), epochs=1, logger=quiet_logger)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = EventAccumulator(quiet_logger.log_dir).Reload().Tags()
+    assert not tags["graph"] and "hp_metric" not in tags["scalars"]
+
+
+def test_csv_logger_prefix_experiment_and_steps_without_a_number(tmp_path):
+    logger = CSVLogger(tmp_path, name="", prefix="p", flush_logs_every_n_steps=1)
+    assert logger.root_dir == str(tmp_path) and logger.log_dir == str(tmp_path / "version_0")
+    assert logger.experiment is logger
+    logger.log_metrics({"a": torch.tensor(1.5)})
+    logger.log_metrics({"a": 2.5})
+    logger.log_hyperparams({"lr": 0.1})
+    logger.finalize("success")
+    assert [(r["step"], r["p-a"]) for r in read_csv(logger.metrics_file_path)] == [("0", "1.5"), ("1", "2.5")]
+    with open(os.path.join(logger.log_dir, "hparams.yaml")) as f:
+        assert yaml.safe_load(f) == {"lr": 0.1}
+
+
+def test_loggers_on_other_ranks_hand_out_a_do_nothing_experiment(tmp_path, monkeypatch):
+    from tasktrain.loggers.logger import DummyExperiment
+
+    monkeypatch.setenv("RANK", "1")  # before any Trainer set it up, the launcher's variables say the rank
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    tb, csv_logger = TensorBoardLogger(tmp_path, name="tb"), CSVLogger(tmp_path, name="csv")
+    assert isinstance(tb.experiment, DummyExperiment)
+    tb.experiment.add_image("x", None)  # user code on every rank: nothing happens
+    tb.log_metrics({"a": 1.0}, 1)
+    csv_logger.log_metrics({"a": 1.0}, 1)
+    tb.log_hyperparams({"lr": 1})
+    csv_logger.finalize("success")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("RANK", "0")
+    assert not isinstance(tb.experiment, DummyExperiment)
+
+
+def test_trainer_logger_forms_setters_and_finalize_status(tmp_path):
+    from tasktrain import Logger
+
+    class Recorder(Logger):
+        def __init__(self):
+            self.calls = []
+
+        def log_metrics(self, metrics, step=None):
+            self.calls.append(("metrics", step))
+
+        def log_hyperparams(self, params):
+            self.calls.append(("hparams", dict(params)))
+
+        def log_graph(self, model, input_array=None):
+            self.calls.append(("graph", type(model).__name__))
+
+        def save(self):
+            self.calls.append(("save",))
+
+        def finalize(self, status):
+            self.calls.append(("finalize", status))
+
+    recorder = Recorder()
+    trainer = fit(Squares(lr=0.2), epochs=1, logger=recorder, log_every_n_steps=4, default_root_dir=tmp_path)
+    assert recorder.calls == [("hparams", {"lr": 0.2}), ("graph", "Squares"), ("save",), ("metrics", 4),
+                              ("metrics", 4), ("finalize", "success")]
+    assert trainer.log_dir == str(tmp_path)  # a logger without log_dir or save_dir
+
+    class Broken(Squares):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    recorder.calls.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(Broken(), epochs=1, logger=recorder)
+    assert recorder.calls[-1] == ("finalize", "failed")
+
+    with pytest.raises(TypeError, match="every item must be a Logger"):
+        Trainer(logger=[TensorBoardLogger(tmp_path), "csv"])
+    trainer = Trainer(logger=False, enable_progress_bar=False)
+    csv_logger = CSVLogger(tmp_path, name="set")
+    trainer.logger = csv_logger
+    assert trainer.loggers == [csv_logger] and trainer.callbacks[0] is csv_logger
+    trainer.loggers = [recorder, csv_logger]
+    assert trainer.logger is recorder and trainer.loggers == [recorder, csv_logger]
+    trainer.logger = None
+    assert trainer.loggers == [] and trainer.log_dir == trainer.default_root_dir
+
+
+# -- Weights & Biases (offline) and MLflow (local stores), read back ----------------------------------------------------
+def wandb_records(run):
+    """The records of a finished offline wandb run, from its .wandb file: wandb's own protobuf records in
+    LevelDB-style log blocks (a 7-byte file header; 32 KiB blocks of chunks, each with a 7-byte header: checksum,
+    length, kind). wandb's service may still be writing the file when run.finish() returns: wait (bounded) for
+    the run's last record, the exit record."""
+    import glob
+    import time
+
+    (path,) = glob.glob(os.path.join(os.path.dirname(run.dir), "run-*.wandb"))
+    deadline = time.monotonic() + 30
+    while True:
+        records = _read_wandb_file(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
+
+
+def _read_wandb_file(path):
+    from wandb.proto import wandb_internal_pb2
+
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b":W&B"
+    pos, pending, records = 7, b"", []
+    while pos + 7 <= len(data):
+        room = 32768 - pos % 32768
+        if room < 7:  # a block's tail too short for a chunk header is padding
+            pos += room
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if kind == 0 or pos + 7 + length > len(data):  # not written yet
+            break
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def wandb_history(run):
+    import json
+
+    rows = []
+    for record in wandb_records(run):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+def wandb_kind(run, kind):
+    return [getattr(r, kind) for r in wandb_records(run) if r.WhichOneof("record_type") == kind]
+
+
+class Validated(Squares):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self(x), y))
+
+
+def test_wandb_logger_offline_run_holds_metrics_config_and_checkpoints(tmp_path):
+    import json
+
+    from tasktrain import ModelCheckpoint, WandbLogger
+
+    logger = WandbLogger(name="first", project="demo", save_dir=tmp_path, offline=True, log_model=True,
+                         tags=["t1"])
+    assert logger.version is None and logger.name == "demo" and logger.save_dir == str(tmp_path)
+    checkpoint = ModelCheckpoint(monitor="val_loss", save_top_k=2)
+    module = Validated(lr=0.05)
+    logger.watch(module, log="parameters", log_freq=1)
+    trainer = fit(module, logger=logger, log_every_n_steps=2, val=loader(16), callbacks=[checkpoint],
+                  enable_checkpointing=True)
+    run = logger.experiment
+    assert logger.version == run.id and run.name == "first" and run.project == "demo"
+    assert trainer.log_dir == str(tmp_path)  # as Lightning: a W&B logger's save_dir
+    assert checkpoint.dirpath_resolved(trainer) == str(tmp_path / "demo" / run.id / "checkpoints")
+    logger.log_table("samples", columns=["x", "y"], data=[[1, 2]], step=8)
+    run.finish()
+
+    history = wandb_history(run)
+    squares = [(row["trainer/global_step"], row["square"]) for row in history if "square" in row]
+    assert squares == [(2, 4.0), (4, 16.0), (6, 36.0), (8, 64.0)]
+    val = [(row["trainer/global_step"], row["val_loss"]) for row in history if "val_loss" in row]
+    assert [s for s, _ in val] == [4, 8] and val[-1][1] == pytest.approx(float(trainer.callback_metrics["val_loss"]))
+    assert [row["samples/_type"] for row in history if "samples/_type" in row] == ["table-file"]
+    assert any("parameters/layer.weight/_type" in row for row in history)  # watch: wandb's histograms
+    config = {item.key: json.loads(item.value_json) for c in wandb_kind(run, "config") for item in c.update}
+    assert config["lr"] == 0.05
+    (run_record,) = wandb_kind(run, "run")
+    assert list(run_record.tags) == ["t1"]  # wandb.init arguments pass through
+    # log_model=True: at the end of the fit, the two kept checkpoints, the best with the "best" alias
+    artifacts = [a for a in wandb_kind(run, "artifact") if a.type != "run_table"]
+    assert [a.type for a in artifacts] == ["model", "model"] and {a.name for a in artifacts} == {f"model-{run.id}"}
+    files = {json.loads(a.metadata)["original_filename"]: list(a.aliases) for a in artifacts}
+    best = os.path.basename(checkpoint.best_model_path)
+    assert set(files) == {os.path.basename(p) for p in checkpoint.best_k_models} and "best" in files[best]
+    assert all(json.loads(a.metadata)["score"] == pytest.approx(checkpoint.best_k_models[os.path.join(
+        checkpoint.dirpath_resolved(trainer), json.loads(a.metadata)["original_filename"])]) for a in artifacts)
+
+    with pytest.raises(ValueError, match="log_model"):
+        WandbLogger(log_model="best")
+    with pytest.raises(ValueError, match="contradict"):
+        WandbLogger(offline=True, mode="online")
+
+
+def test_mlflow_logger_local_store_holds_metrics_params_status_and_checkpoints(tmp_path, monkeypatch):
+    from tasktrain import MLFlowLogger, ModelCheckpoint
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    store = tmp_path / "mlruns"
+    logger = MLFlowLogger(experiment_name="exp", run_name="first", save_dir=str(store), tags={"team": "a"},
+                          log_model="all", prefix="fit")
+    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "true"  # save_dir asked for MLflow's file store
+    assert logger.save_dir == str(store)
+    checkpoint = ModelCheckpoint(save_top_k=-1)
+    trainer = fit(Squares(lr=0.05), logger=logger, log_every_n_steps=2, callbacks=[checkpoint], enable_checkpointing=True)
+    client = logger.experiment
+    from mlflow.tracking import MlflowClient
+
+    assert isinstance(client, MlflowClient)
+    run = client.get_run(logger.run_id)
+    assert logger.version == run.info.run_id and logger.name == run.info.experiment_id
+    assert run.info.run_name == "first" and run.data.tags["team"] == "a"
+    assert run.data.params == {"lr": "0.05"} and run.info.status == "FINISHED"
+    history = [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "fit-square")]
+    assert history == [(2, 4.0), (4, 16.0), (6, 36.0), (8, 64.0)]
+    assert checkpoint.dirpath_resolved(trainer) == str(store / run.info.experiment_id / run.info.run_id / "checkpoints")
+    # log_model="all": each checkpoint as it was saved, with its metadata
+    assert sorted(a.path for a in client.list_artifacts(logger.run_id)) == ["epoch=0-step=4", "epoch=1-step=8"]
+    assert sorted(a.path for a in client.list_artifacts(logger.run_id, "epoch=1-step=8")) == [
+        "epoch=1-step=8/aliases.txt", "epoch=1-step=8/epoch=1-step=8.ckpt", "epoch=1-step=8/metadata.yaml"]
+
+    # the same experiment, a failed run: status FAILED; bad names and text are said, not silently dropped
+    class Broken(Squares):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    failed = MLFlowLogger(experiment_name="exp", tracking_uri=f"file:{store}")
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(Broken(), logger=failed, log_every_n_steps=1)
+    assert failed.experiment_id == logger.experiment_id
+    assert client.get_run(failed.run_id).info.status == "FAILED"
+    with pytest.warns(UserWarning, match="'a@b' is logged as 'ab'"):
+        failed.log_metrics({"a@b": 1.0}, step=3)
+    with pytest.warns(UserWarning, match="text"):
+        failed.log_metrics({"note": "hi"}, step=3)
+    assert [(m.step, m.value) for m in client.get_metric_history(failed.run_id, "ab")] == [(3, 1.0)]
+    with pytest.warns(UserWarning, match="cut"):
+        failed.log_hyperparams({"long": "x" * 7000, "nested": {"k": 1}})
+    params = client.get_run(failed.run_id).data.params
+    assert params["nested/k"] == "1" and 0 < len(params["long"]) < 7000
+
+
+@pytest.mark.timeout(180)
+def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path):
+    import glob
+    import json
+    import sys
+
+    from ddp_scripts.common import run, script
+
+    code, stdout, stderr, _ = run([sys.executable, script("loggers_ddp.py"), str(tmp_path)], 150, str(tmp_path))
+    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    facts = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    logs = tmp_path / "logs"
+    assert facts[0]["experiments"] == ["Run", "SummaryWriter", "CSVLogger", "MlflowClient"]
+    assert facts[1]["experiments"] == ["DummyExperiment"] * 2 + ["CSVLogger", "DummyExperiment"]
+    run_id = facts[0]["wandb_id"]
+    # the checkpoint folder comes from rank 0's run id, on both ranks
+    assert [f["checkpoint_dir"] for f in facts] == [str(logs / "ddp" / run_id / "checkpoints")] * 2
+    assert facts[1]["wandb_id"] is None and facts[1]["mlflow_run_id"] is None
+    assert len(glob.glob(str(logs / "wandb" / "offline-run-*"))) == 1
+    assert os.listdir(logs / "tb") == ["version_0"] and os.listdir(logs / "csv") == ["version_0"]
+    assert [r["square"] for r in read_csv(logs / "csv" / "version_0" / "metrics.csv")] == ["1.0", "4.0", "9.0", "16.0"]
+
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    client = MlflowClient(f"file:{logs / 'mlruns'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "ddp"]
+    (run_info,) = client.search_runs([experiment.experiment_id])
+    assert [m.value for m in client.get_metric_history(run_info.info.run_id, "square")] == [1.0, 4.0, 9.0, 16.0]
+    events = EventAccumulator(str(logs / "tb" / "version_0"), size_guidance={"tensors": 0}).Reload()
+    notes = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("note/text_summary")]
+    assert notes == ["rank 0"] * 4  # rank 1's add_text went to the stand-in

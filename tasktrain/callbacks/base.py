@@ -89,24 +89,57 @@ class Callback:
 
 
 class Logger(Callback):
-    """A logger is a callback that also receives flushed metrics (floats) and the hyper-parameters.
+    """A logger is a callback that also receives the flushed metrics (floats) and the hyper-parameters.
 
-    The Trainer calls log_metrics / log_hyperparams on rank 0 only; `finalize` at the end of a run.
+    The Trainer calls, on global rank 0 only: `log_hyperparams(params)`, `log_graph(module)` and `save()` at
+    the start of fit; `log_metrics(metrics, step)` at each write; `after_save_checkpoint(checkpoint_callback)`
+    after each ModelCheckpoint save; `finalize(status)` at the end of every run ("success" or "failed").
+    The back-ends (TensorBoard, CSV, Weights & Biases, MLflow) are in `tasktrain.loggers`.
+
+    `name`, `version`, `save_dir`, `root_dir` and `log_dir` are None here; a logger sets or overrides the ones
+    it has (plain attributes or properties). `trainer.log_dir` is the first logger's `log_dir`, else its
+    `save_dir`.
     """
 
-    save_dir = None
     name = None
     version = None
+    save_dir = None  # where the logger writes locally, None when it writes nowhere on this machine
+    root_dir = None  # the folder that holds every version of the experiment
+    log_dir = None  # this version's folder
+    group_separator = "/"
+    _global_rank = None  # set at setup; before it, what the launcher says
 
     @property
-    def log_dir(self):
+    def experiment(self):
+        """The underlying object (SummaryWriter, wandb run, MlflowClient), for what the logger has no method for."""
         return None
 
-    def log_metrics(self, metrics: dict, step: int) -> None:
-        raise NotImplementedError
+    def setup(self, trainer, module, stage):
+        self._global_rank = trainer.global_rank
 
-    def log_hyperparams(self, params: dict) -> None:
+    def _is_global_zero(self) -> bool:
+        rank = self._global_rank
+        if rank is None:  # not set up by a Trainer yet: the launcher's variables (not cached: a pickled logger moves)
+            from tasktrain.strategies.environment import detect_environment
+
+            rank = detect_environment().global_rank
+        return rank == 0
+
+    def log_metrics(self, metrics: dict, step: int = None) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define log_metrics(self, metrics, step).")
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
         pass
 
-    def finalize(self) -> None:
+    def log_graph(self, model, input_array=None) -> None:
         pass
+
+    def save(self) -> None:
+        """Write what is buffered."""
+
+    def finalize(self, status: str = "success") -> None:
+        """The run ended, with status "success" or "failed"."""
+        self.save()
+
+    def after_save_checkpoint(self, checkpoint_callback) -> None:
+        """A ModelCheckpoint saved (rank 0): loggers that upload checkpoints (log_model) look at it here."""

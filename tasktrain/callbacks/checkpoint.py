@@ -65,7 +65,7 @@ class ModelCheckpoint(Callback):
 
     def dirpath_resolved(self, trainer):
         if self._resolved_dir is None:
-            directory = self.dirpath or os.path.join(trainer.log_dir, "checkpoints")
+            directory = self.dirpath or _default_dirpath(trainer)
             self._resolved_dir = trainer.strategy.broadcast(directory)
         return self._resolved_dir
 
@@ -143,6 +143,9 @@ class ModelCheckpoint(Callback):
                     write_last_pointer(trainer.default_root_dir, last, trainer.global_step, trainer.current_epoch)
             else:
                 trainer.save_checkpoint(last, weights_only=self.save_weights_only)
+        if trainer.is_global_zero and (saved_path is not None or self.save_last):
+            for logger in trainer.loggers:  # W&B and MLflow upload checkpoints from here (log_model)
+                logger.after_save_checkpoint(self)
 
     def _candidate(self, trainer):
         """(score, path) of a top-k candidate, or None when there is nothing new to score."""
@@ -245,6 +248,22 @@ class ModelCheckpoint(Callback):
             # keep writing where the interrupted run wrote, so top-k keeps covering its files
             self.dirpath = state["dirpath"]
             self._resolved_dir = None
+
+
+def _default_dirpath(trainer):
+    """Where checkpoints go without a dirpath: the first logger's log_dir/checkpoints; for a logger without a
+    log_dir (W&B, MLflow), save_dir/name/version/checkpoints (a run's folder of its own, as in Lightning); with no
+    logger, default_root_dir/checkpoints."""
+    logger = trainer.logger
+    if logger is None:
+        return os.path.join(trainer.default_root_dir, "checkpoints")
+    if logger.log_dir:
+        return os.path.join(logger.log_dir, "checkpoints")
+    name, version = logger.name, logger.version
+    if name is None and version is None:
+        return os.path.join(trainer.default_root_dir, "checkpoints")
+    version = version if isinstance(version, str) else f"version_{version}"
+    return os.path.join(logger.save_dir or trainer.default_root_dir, str(name), version, "checkpoints")
 
 
 def _atomic_link(src, dst):

@@ -149,9 +149,9 @@ class Trainer:
         elif isinstance(logger, Logger):
             callbacks.append(logger)
         elif isinstance(logger, (list, tuple)):
-            callbacks.extend(logger)
+            callbacks.extend(_check_loggers(logger))
         elif logger not in (False, None):
-            raise TypeError(f"logger={logger!r}: use True, False, a Logger, or a list of loggers.")
+            raise TypeError(f"logger={logger!r}: use True, False, a Logger (tasktrain.loggers), or a list of them.")
         if progress_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(ProgressBar())
         if not progress_bar and any(isinstance(c, ProgressBar) for c in callbacks):
@@ -174,15 +174,26 @@ class Trainer:
     def loggers(self):
         return [c for c in self.callbacks if isinstance(c, Logger)]
 
+    @loggers.setter
+    def loggers(self, loggers):
+        self.callbacks = _check_loggers(loggers or []) + [c for c in self.callbacks if not isinstance(c, Logger)]
+
     @property
     def logger(self):
         loggers = self.loggers
         return loggers[0] if loggers else None
 
+    @logger.setter
+    def logger(self, logger):
+        self.loggers = [] if logger is None else [logger]
+
     @property
     def log_dir(self):
+        """The first logger's log_dir, else its save_dir (W&B, MLflow), else default_root_dir."""
         logger = self.logger
-        return logger.log_dir if logger is not None and logger.log_dir else self.default_root_dir
+        if logger is None:
+            return self.default_root_dir
+        return logger.log_dir or logger.save_dir or self.default_root_dir
 
     @property
     def checkpoint_callbacks(self):
@@ -295,6 +306,7 @@ class Trainer:
         self._preempt_path = None
         self._validations_run = 0
         result = None
+        status = "success"  # what the loggers' finalize hears
         try:
             if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision_name}", flush=True)
@@ -305,10 +317,11 @@ class Trainer:
             else:
                 result = self._evaluate_entry(stage, module, eval_loader, ckpt_path, gather)
         except BaseException as exc:
+            status = "failed"
             self._on_failure(exc)
             raise
         finally:
-            self._teardown(stage, module)
+            self._teardown(stage, module, status)
         return result
 
     def _check_module(self, module, stage):
@@ -339,13 +352,13 @@ class Trainer:
         if self.world_size > 1 and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             print(f"[tasktrain] rank {self.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
-    def _teardown(self, stage, module):
+    def _teardown(self, stage, module, status):
         try:
             self._call("teardown", stage)
         finally:
             for logger in self.loggers:
                 if self.is_global_zero:
-                    logger.finalize()
+                    logger.finalize(status)
             self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
             self.strategy.teardown()
             self._metrics = None
@@ -391,6 +404,8 @@ class Trainer:
         if self.is_global_zero:
             for logger in self.loggers:
                 logger.log_hyperparams(dict(module.hparams))
+                logger.log_graph(module)
+                logger.save()
         if has_val and self.num_sanity_val_steps and not self._restored_mid_run():
             self.sanity_checking = True
             self._call("on_sanity_check_start")
@@ -963,3 +978,12 @@ def _gather_predictions(strategy, predictions):
                 out[rank + i * len(rows)] = tensor[i]
         return torch.stack(out) if out else torch.empty(0)
     return gathered
+
+
+def _check_loggers(loggers):
+    loggers = list(loggers)
+    for logger in loggers:
+        if not isinstance(logger, Logger):
+            raise TypeError(f"logger=[..., {logger!r}, ...]: every item must be a Logger (tasktrain.loggers: "
+                            "TensorBoardLogger, CSVLogger, WandbLogger, MLFlowLogger, or a Logger subclass).")
+    return loggers

@@ -1,0 +1,17 @@
+"""Loggers: where the Trainer's metrics and hyper-parameters go (Lightning's `lightning.pytorch.loggers`).
+
+    from tasktrain.loggers import TensorBoardLogger, CSVLogger, WandbLogger, MLFlowLogger
+    Trainer(logger=[TensorBoardLogger("logs"), WandbLogger(project="demo", offline=True)])
+
+Every logger is a callback (tasktrain.Callback) that also receives the flushed metrics; they act on global
+rank 0 only. wandb and mlflow are optional extras (`pip install 'tasktrain[wandb]'`, `'tasktrain[mlflow]'`),
+imported when their logger is created: importing this module imports neither (nor tensorboard).
+The Accelerator's trackers are built on the same classes: tasktrain.loggers.trackers.
+"""
+from tasktrain.loggers.csv_logs import CSVLogger
+from tasktrain.loggers.logger import Logger
+from tasktrain.loggers.mlflow import MLFlowLogger
+from tasktrain.loggers.tensorboard import TensorBoardLogger
+from tasktrain.loggers.wandb import WandbLogger
+
+__all__ = ["Logger", "TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger"]

@@ -1,0 +1,106 @@
+"""The logger base class and what the back-ends share.
+
+`Logger` itself lives in tasktrain/callbacks/base.py (a logger is a callback: the Trainer sorts it first and
+gives it the flushed metrics); this module is its Lightning-style address, `tasktrain.loggers.logger.Logger`.
+"""
+import functools
+import os
+
+from tasktrain.callbacks.base import Logger
+
+__all__ = ["Logger", "DummyExperiment", "rank_zero_experiment"]
+
+
+class DummyExperiment:
+    """What `logger.experiment` is on ranks other than 0: every method exists and does nothing, so user code
+    such as `self.logger.experiment.add_image(...)` runs on every rank and writes on rank 0 only."""
+
+    def nop(self, *args, **kwargs):
+        return None
+
+    def __getattr__(self, name):
+        return self.nop
+
+    def __getitem__(self, index):
+        return self
+
+    def __setitem__(self, *args):
+        pass
+
+
+def rank_zero_experiment(fn):
+    """For an `experiment` property: the real object on global rank 0, a DummyExperiment elsewhere."""
+
+    @functools.wraps(fn)
+    def experiment(self):
+        if not self._is_global_zero():
+            return DummyExperiment()
+        return fn(self)
+
+    return experiment
+
+
+def rank_zero_method(fn):
+    """For a logger method that writes: it runs on global rank 0 only and returns None elsewhere."""
+
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        if not self._is_global_zero():
+            return None
+        return fn(self, *args, **kwargs)
+
+    return method
+
+
+def next_version(root):
+    """The next free N of root/version_N (0 when there is none)."""
+    if not os.path.isdir(root):
+        return 0
+    versions = [int(d.split("_", 1)[1]) for d in os.listdir(root)
+                if d.startswith("version_") and d.split("_", 1)[1].isdigit()]
+    return max(versions) + 1 if versions else 0
+
+
+class VersionedLogger(Logger):
+    """A logger that writes under save_dir/name/version_N (the next free N unless `version` is given; a string
+    version is the folder's name as it is). The version is chosen by rank 0 and shared with every rank at setup,
+    so checkpoints of all ranks go under the same folder."""
+
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(self, save_dir, name, version, prefix=""):
+        self._save_dir = os.fspath(save_dir)
+        self._name = name or ""
+        self._version = version
+        self._prefix = prefix
+
+    @property
+    def save_dir(self):
+        return self._save_dir
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def root_dir(self):
+        return os.path.join(self._save_dir, self._name) if self._name else self._save_dir
+
+    @property
+    def version(self):
+        if self._version is None:
+            self._version = next_version(self.root_dir)
+        return self._version
+
+    @property
+    def log_dir(self):
+        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
+        return os.path.expanduser(os.path.expandvars(os.path.join(self.root_dir, version)))
+
+    def setup(self, trainer, module, stage):
+        super().setup(trainer, module, stage)
+        self._version = trainer.strategy.broadcast(self.version)
+
+    @property
+    def state_key(self):
+        return self._generate_state_key(save_dir=self._save_dir, name=self._name)

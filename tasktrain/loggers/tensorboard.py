@@ -1,0 +1,139 @@
+"""TensorBoardLogger: TensorBoard event files under save_dir/name/version_N (torch's SummaryWriter)."""
+import os
+import warnings
+
+from tasktrain.loggers.logger import VersionedLogger, rank_zero_experiment, rank_zero_method
+from tasktrain.loggers.utilities import (add_prefix, convert_params, flatten_dict, scalar, write_hparams_yaml)
+
+
+class TensorBoardLogger(VersionedLogger):
+    """Scalars, epoch metrics and hyper-parameters as TensorBoard event files (`tensorboard --logdir save_dir`).
+
+    Args:
+        save_dir: the folder that holds every experiment.
+        name: the experiment's folder under save_dir ("" for none).
+        version: the run's folder: None for the next free version_N, an int N for version_N, a string as is.
+        log_graph: trace the module once at the start of fit (`add_graph`); needs `module.example_input_array`
+            (or pass input_array to log_graph). Not with FSDP or ZeRO-3: rank 0 alone cannot run a sharded forward.
+        default_hp_metric: log_hyperparams without metrics also writes `hp_metric` = -1, so TensorBoard's HPARAMS
+            tab lists the run.
+        prefix: put before every metric name, joined with "-".
+        sub_dir: a folder under the version folder for the event files.
+        **kwargs: SummaryWriter's arguments (flush_secs defaults to 30, max_queue, filename_suffix, ...).
+    The SummaryWriter is created on the first write, on global rank 0 only (`experiment` is a do-nothing
+    stand-in on the other ranks).
+    """
+
+    NAME_HPARAMS_FILE = "hparams.yaml"
+
+    def __init__(self, save_dir, name="tasktrain_logs", version=None, log_graph=False, default_hp_metric=True,
+                 prefix="", sub_dir=None, **kwargs):
+        super().__init__(save_dir, name, version, prefix)
+        self._log_graph = log_graph
+        self._default_hp_metric = default_hp_metric
+        self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
+        kwargs.setdefault("flush_secs", 30)
+        self._writer_kwargs = kwargs
+        self._writer = None
+        self.hparams = {}
+
+    @property
+    def sub_dir(self):
+        return self._sub_dir
+
+    @property
+    def log_dir(self):
+        log_dir = super().log_dir
+        return os.path.join(log_dir, self._sub_dir) if self._sub_dir else log_dir
+
+    @property
+    def flush_secs(self):
+        return self._writer_kwargs["flush_secs"]
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        """torch.utils.tensorboard.SummaryWriter (created on first use: importing tensorboard costs ~0.5 s)."""
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._writer = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
+        return self._writer
+
+    writer = experiment  # the name this logger had before `experiment`
+
+    @rank_zero_method
+    def log_metrics(self, metrics, step=None, **kwargs):
+        """Numbers (tensors of one element too) with add_scalar, dicts of numbers with add_scalars; kwargs
+        (walltime, ...) go to those methods."""
+        writer = self.experiment
+        for name, value in add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items():
+            if isinstance(value, dict):
+                writer.add_scalars(name, {k: scalar(v) for k, v in value.items()}, step, **kwargs)
+                continue
+            value = scalar(value)
+            if not isinstance(value, (int, float)):
+                raise ValueError(f"TensorBoardLogger.log_metrics: {name}={value!r} is not a number (or a dict of "
+                                 "numbers, written with add_scalars). Write text with logger.experiment.add_text.")
+            writer.add_scalar(name, value, step, **kwargs)
+
+    @rank_zero_method
+    def log_hyperparams(self, params, metrics=None, step=None):
+        """Write params to hparams.yaml and to TensorBoard's HPARAMS tab. `metrics` (a dict or one number, as
+        hp_metric) are written with them; with none, hp_metric = -1 when default_hp_metric is on."""
+        params = convert_params(params)
+        self.hparams.update(params)
+        write_hparams_yaml(self.hparams, os.path.join(self.log_dir, self.NAME_HPARAMS_FILE))
+        if metrics is None:
+            metrics = {"hp_metric": -1} if self._default_hp_metric else {}
+        elif not isinstance(metrics, dict):
+            metrics = {"hp_metric": metrics}
+        if not params and not metrics:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        # The HPARAMS tab takes numbers, strings and booleans; anything else is shown as its text.
+        flat = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flatten_dict(params).items()}
+        if metrics:
+            self.log_metrics(metrics, step)
+        experiment, session_start, session_end = hparams(flat, {k: scalar(v) for k, v in metrics.items()})
+        writer = self.experiment.file_writer
+        for summary in (experiment, session_start, session_end):
+            writer.add_summary(summary, step)
+
+    @rank_zero_method
+    def log_graph(self, model, input_array=None):
+        if not self._log_graph:
+            return
+        input_array = getattr(model, "example_input_array", None) if input_array is None else input_array
+        if input_array is None:
+            warnings.warn("TensorBoardLogger(log_graph=True): no graph written, because the module has no "
+                          "example_input_array and no input_array was given. Set `self.example_input_array = "
+                          "torch.randn(...)` in the module's __init__.")
+            return
+        import torch
+
+        param = next(model.parameters(), None)
+        if param is not None:
+            move = (lambda t: t.to(param.device) if isinstance(t, torch.Tensor) else t)
+            input_array = tuple(map(move, input_array)) if isinstance(input_array, tuple) else move(input_array)
+        self.experiment.add_graph(model, input_array)
+
+    @rank_zero_method
+    def save(self):
+        """Push buffered events to disk now (the writer also does so every flush_secs)."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    @rank_zero_method
+    def finalize(self, status="success"):
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_writer"] = None  # an open writer cannot travel to another process (ddp_spawn)
+        return state

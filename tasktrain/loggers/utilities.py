@@ -1,0 +1,130 @@
+"""Helpers the logger back-ends share: optional imports, hyper-parameter clean-up, metric prefixes, hparams.yaml,
+and the scan of a ModelCheckpoint's files for the loggers that upload checkpoints (log_model)."""
+import importlib
+import os
+from argparse import Namespace
+
+
+def import_optional(module, extra, user):
+    """Import an optional integration, or say which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ModuleNotFoundError(
+            f"{user} needs the `{module}` package, which tasktrain does not install by default. Install it with "
+            f"`pip install 'tasktrain[{extra}]'` (or `pip install {module}`). ({err})"
+        ) from err
+
+
+def convert_params(params):
+    """A dict from what users pass as hyper-parameters: a dict, an argparse Namespace, or None."""
+    if params is None:
+        return {}
+    if isinstance(params, Namespace):
+        return dict(vars(params))
+    return dict(params)
+
+
+def flatten_dict(params, separator="/", prefix=""):
+    """{"opt": {"lr": 0.1}} -> {"opt/lr": 0.1}: what the flat parameter stores (MLflow, TensorBoard) take."""
+    flat = {}
+    for key, value in params.items():
+        name = f"{prefix}{separator}{key}" if prefix else str(key)
+        if isinstance(value, Namespace):
+            value = vars(value)
+        if isinstance(value, dict) and value:
+            flat.update(flatten_dict(value, separator, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def sanitize_callables(params):
+    """A callable hyper-parameter (a class, a function) is shown by its name, not its repr with an address."""
+    clean = {}
+    for key, value in params.items():
+        if isinstance(value, dict):
+            clean[key] = sanitize_callables(value)
+        elif callable(value):
+            clean[key] = getattr(value, "__name__", None) or repr(value)
+        else:
+            clean[key] = value
+    return clean
+
+
+def add_prefix(metrics, prefix, separator):
+    if not prefix:
+        return metrics
+    return {f"{prefix}{separator}{key}": value for key, value in metrics.items()}
+
+
+def scalar(value):
+    """A metric value as a Python number: tensors of one element and numpy scalars are read out."""
+    if hasattr(value, "item") and not isinstance(value, (int, float)):
+        return value.item()
+    return value
+
+
+def write_hparams_yaml(params, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not params:
+        with open(path, "w") as f:  # the common case needs no yaml import (~30 ms before the first step)
+            f.write("{}\n")
+        return
+    import yaml
+
+    with open(path, "w") as f:
+        yaml.safe_dump(plain(dict(params)), f)
+
+
+def plain(value):
+    """What yaml.safe_dump takes: plain containers and scalars; anything else as its repr."""
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    return repr(value)
+
+
+def check_log_model(log_model, user):
+    if log_model not in (True, False, "all"):
+        raise ValueError(f"{user}(log_model={log_model!r}): use False (no upload), True (the checkpoints kept by "
+                         "ModelCheckpoint, at the end of a successful fit) or 'all' (each checkpoint when saved).")
+
+
+def checkpoints_to_log(checkpoint_callback, logged):
+    """The checkpoints of a ModelCheckpoint that are not uploaded yet (or changed since): a list of
+    (mtime, path, score, is_best), oldest first. `logged` maps path -> mtime of what was uploaded.
+
+    Top-k files with their score, `last` (no score) and the best one; a path that no longer exists (evicted
+    from the top k) is left out. Checkpoints that are folders (DeepSpeed) are included."""
+    scores = dict(getattr(checkpoint_callback, "best_k_models", {}) or {})
+    if getattr(checkpoint_callback, "monitor", None) is None:
+        scores = {path: None for path in scores}  # without a monitor the "score" is the step: not a score
+    last = getattr(checkpoint_callback, "last_model_path", "")
+    if last:
+        scores.setdefault(last, None)
+    best = getattr(checkpoint_callback, "best_model_path", "")
+    found = []
+    for path, score in scores.items():
+        if not os.path.exists(path):
+            continue
+        mtime = os.path.getmtime(path)
+        if path in logged and logged[path] >= mtime:
+            continue
+        found.append((mtime, path, score, path == best))
+    return sorted(found)
+
+
+def checkpoint_metadata(checkpoint_callback, path, score):
+    return {
+        "score": score,
+        "original_filename": os.path.basename(path),
+        "ModelCheckpoint": {key: getattr(checkpoint_callback, key) for key in
+                            ("monitor", "mode", "save_last", "save_top_k", "save_weights_only",
+                             "every_n_train_steps", "every_n_epochs") if hasattr(checkpoint_callback, key)},
+    }

@@ -1,0 +1,176 @@
+"""WandbLogger: Weights & Biases runs (the optional extra `pip install 'tasktrain[wandb]'`).
+
+wandb is imported when the logger is constructed (so a missing package is an error before training), never by
+`import tasktrain` or `import tasktrain.loggers`.
+"""
+import os
+import warnings
+
+from tasktrain.loggers.logger import Logger, rank_zero_experiment, rank_zero_method
+from tasktrain.loggers.utilities import (add_prefix, check_log_model, checkpoint_metadata, checkpoints_to_log,
+                                         convert_params, import_optional, sanitize_callables, scalar)
+
+
+class WandbLogger(Logger):
+    """Log to a Weights & Biases run, created on first use on global rank 0 (`experiment` is the `wandb` run;
+    a do-nothing stand-in on the other ranks).
+
+    Args:
+        name: the run's display name.
+        save_dir: where wandb writes its local files (`save_dir/wandb/...`); `dir` is the same (save_dir wins).
+        version, id: the run id, to continue a run (resume="allow").
+        offline: write the run locally only (`wandb sync` uploads it later); no network.
+        anonymous: log without an account ("allow").
+        project: the project (default: $WANDB_PROJECT, else "tasktrain_logs").
+        log_model: upload ModelCheckpoint's checkpoints as artifacts: True at the end of a successful fit (the
+            kept top k, `last`, the best), "all" as each is saved (also True with save_top_k=-1). In offline mode
+            the artifacts are recorded with the offline run and uploaded by `wandb sync`.
+        experiment: an existing run to log into.
+        prefix: put before every metric name, joined with "-".
+        checkpoint_name: the artifact's name (default "model-<run id>").
+        add_file_policy: "mutable" (copy the checkpoint before upload) or "immutable".
+        **kwargs: more `wandb.init` arguments (entity, group, tags, config, mode, ...).
+
+    Metrics are logged with a `trainer/global_step` value, the x-axis of every chart. The run stays open when a
+    fit ends (as in Lightning, so that validate/test log into it): `wandb.finish()` ends it (wandb also does at
+    exit).
+    """
+
+    LOGGER_JOIN_CHAR = "-"
+    STEP_METRIC = "trainer/global_step"
+
+    def __init__(self, name=None, save_dir=".", version=None, offline=False, dir=None, id=None, anonymous=None,
+                 project=None, log_model=False, experiment=None, prefix="", checkpoint_name=None,
+                 add_file_policy="mutable", **kwargs):
+        import_optional("wandb", "wandb", "WandbLogger")
+        check_log_model(log_model, "WandbLogger")
+        if add_file_policy not in ("mutable", "immutable"):
+            raise ValueError(f"WandbLogger(add_file_policy={add_file_policy!r}): use 'mutable' or 'immutable'.")
+        if offline and kwargs.get("mode", "offline") != "offline":
+            raise ValueError(f"WandbLogger(offline=True, mode={kwargs['mode']!r}) contradict each other: keep one.")
+        save_dir = os.fspath(save_dir) if save_dir is not None else None
+        dir = os.fspath(dir) if dir is not None else None
+        self._wandb_init = {
+            "name": name,
+            "project": project or os.environ.get("WANDB_PROJECT", "tasktrain_logs"),
+            "dir": save_dir or dir,
+            "id": version or id,
+            "resume": "allow",
+            "anonymous": "allow" if anonymous else None,
+        }
+        if offline:
+            self._wandb_init["mode"] = "offline"  # this run only, unlike setting WANDB_MODE for the whole process
+        self._wandb_init.update(kwargs)
+        self._offline = offline
+        self._log_model = log_model
+        self._prefix = prefix
+        self._experiment = experiment
+        self._checkpoint_name = checkpoint_name
+        self.add_file_policy = add_file_policy
+        self._checkpoint_callbacks = {}
+        self._logged_model_time = {}
+        self._step_metric = True  # the tracker API (Accelerate semantics) logs with wandb's own step instead
+
+    # -- what it is ----------------------------------------------------------------------------------------------
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        """The wandb Run (created on first use)."""
+        if self._experiment is None:
+            import wandb
+
+            if wandb.run is not None:
+                warnings.warn("A wandb run is already active in this process: WandbLogger logs into it. Call "
+                              "wandb.finish() before creating the logger to start a new run.")
+                self._experiment = wandb.run
+            else:
+                self._experiment = wandb.init(**{k: v for k, v in self._wandb_init.items() if v is not None})
+                if self._step_metric and not self._wandb_init.get("sync_tensorboard"):
+                    self._experiment.define_metric(self.STEP_METRIC)
+                    self._experiment.define_metric("*", step_metric=self.STEP_METRIC, step_sync=True)
+        return self._experiment
+
+    @property
+    def name(self):
+        """The project (the run's own name is `experiment.name`)."""
+        return self._wandb_init["project"]
+
+    @property
+    def version(self):
+        """The run id (without creating the run)."""
+        return self._experiment.id if self._experiment is not None else self._wandb_init["id"]
+
+    @property
+    def save_dir(self):
+        return self._wandb_init["dir"]
+
+    def setup(self, trainer, module, stage):
+        super().setup(trainer, module, stage)
+        if self._is_global_zero():
+            self.experiment  # the run id names the checkpoint folder (save_dir/project/<id>/checkpoints)
+
+    # -- writing -------------------------------------------------------------------------------------------------
+    @rank_zero_method
+    def log_hyperparams(self, params):
+        params = sanitize_callables(convert_params(params))
+        self.experiment.config.update(params, allow_val_change=True)
+
+    @rank_zero_method
+    def log_metrics(self, metrics, step=None):
+        metrics = {k: scalar(v) for k, v in add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items()}
+        if step is not None and not self._wandb_init.get("sync_tensorboard"):
+            metrics[self.STEP_METRIC] = step
+        self.experiment.log(metrics)
+
+    @rank_zero_method
+    def log_table(self, key, columns=None, data=None, dataframe=None, step=None):
+        """A wandb.Table from columns and rows (data), or from a pandas dataframe."""
+        import wandb
+
+        self.log_metrics({key: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step)
+
+    def log_text(self, key, columns=None, data=None, dataframe=None, step=None):
+        """Text rows, as a table."""
+        self.log_table(key, columns, data, dataframe, step)
+
+    @rank_zero_method
+    def watch(self, model, log="gradients", log_freq=100, log_graph=True):
+        """wandb's gradient/parameter histograms of `model` every log_freq backward passes."""
+        self.experiment.watch(model, log=log, log_freq=log_freq, log_graph=log_graph)
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+    def after_save_checkpoint(self, checkpoint_callback):
+        if self._log_model == "all" or (self._log_model is True and checkpoint_callback.save_top_k == -1):
+            self._log_checkpoints(checkpoint_callback)
+        elif self._log_model is True:
+            self._checkpoint_callbacks[id(checkpoint_callback)] = checkpoint_callback
+
+    @rank_zero_method
+    def finalize(self, status="success"):
+        if status != "success" or self._experiment is None:
+            return  # checkpoints are uploaded after a successful run only
+        for checkpoint_callback in self._checkpoint_callbacks.values():
+            self._log_checkpoints(checkpoint_callback)
+
+    @rank_zero_method
+    def _log_checkpoints(self, checkpoint_callback):
+        import wandb
+
+        for mtime, path, score, is_best in checkpoints_to_log(checkpoint_callback, self._logged_model_time):
+            name = self._checkpoint_name or f"model-{self.experiment.id}"
+            artifact = wandb.Artifact(name=name, type="model",
+                                      metadata=checkpoint_metadata(checkpoint_callback, path, score))
+            if os.path.isdir(path):  # a DeepSpeed checkpoint is a folder
+                artifact.add_dir(path, name="model.ckpt", policy=self.add_file_policy)
+            else:
+                artifact.add_file(path, name="model.ckpt", policy=self.add_file_policy)
+            self.experiment.log_artifact(artifact, aliases=["latest", "best"] if is_best else ["latest"])
+            self._logged_model_time[path] = mtime
+
+    def __getstate__(self):
+        # A live run cannot travel to another process (ddp_spawn): the child continues the same run id.
+        state = self.__dict__.copy()
+        if self._experiment is not None:
+            state["_wandb_init"] = {**self._wandb_init, "id": self._experiment.id}
+        state["_experiment"] = None
+        return state
