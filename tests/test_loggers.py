@@ -549,3 +549,148 @@ def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path):
     events = EventAccumulator(str(logs / "tb" / "version_0"), size_guidance={"tensors": 0}).Reload()
     notes = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("note/text_summary")]
     assert notes == ["rank 0"] * 4  # rank 1's add_text went to the stand-in
+
+
+# -- the Accelerator's trackers (Accelerate's GeneralTracker API) over the same back-ends -----------------------------
+def test_trackers_write_every_backend_and_read_back(tmp_path, monkeypatch):
+    import json
+
+    import mlflow
+
+    from tasktrain.tracking import CSVTracker, MLflowTracker, TensorBoardTracker, WandBTracker, make_trackers
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # MLflow's default store kind
+    config = {"lr": 0.01, "batch_size": 8, "optimizer": "adamw"}
+    trackers = make_trackers(["tensorboard", "wandb", "mlflow", "csv"], "proj", config, logging_dir=tmp_path,
+                             init_kwargs={"wandb": {"dir": str(tmp_path), "name": "r1"},
+                                          "mlflow": {"run_name": "r1", "tags": {"k": "v"}}})
+    tb, wb, ml, cs = trackers
+    assert [type(t) for t in trackers] == [TensorBoardTracker, WandBTracker, MLflowTracker, CSVTracker]
+    assert [t.name for t in trackers] == ["tensorboard", "wandb", "mlflow", "csv"]
+    assert [t.requires_logging_directory for t in trackers] == [True, False, False, True]
+    for step in range(3):
+        for t in trackers:
+            t.log({"loss": 1.0 / (step + 1), "acc": torch.tensor(0.5 * step)}, step=step)
+    tb.log({"note": "text goes to add_text", "pair": {"a": 1.0}}, step=3)
+    assert ml.tracker.info.run_id == mlflow.active_run().info.run_id  # the script's mlflow.log_* land in it
+    mlflow.log_metric("from_script", 7.0, step=2)
+    wandb_run, mlflow_run_id = wb.tracker, ml.tracker.info.run_id
+    for t in trackers:
+        t.finish()
+    assert mlflow.active_run() is None
+
+    # TensorBoard: logging_dir/proj, as Accelerate
+    assert tb.logging_dir == str(tmp_path / "proj")
+    points, acc = scalars(tb.logging_dir, "loss")
+    assert points == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
+    assert "note/text_summary" in acc.Tags()["tensors"]
+    with open(tmp_path / "proj" / "hparams.yaml") as f:
+        assert yaml.safe_load(f) == config
+    # CSV: logging_dir/proj/metrics.csv
+    rows = read_csv(tmp_path / "proj" / "metrics.csv")
+    assert [(r["step"], r["loss"], r["acc"]) for r in rows] == [("0", "1.0", "0.0"), ("1", "0.5", "0.5"),
+                                                                ("2", str(1 / 3), "1.0")]
+    # wandb: Accelerate's step is wandb's own step
+    history = wandb_history(wandb_run)
+    assert [(row["_step"], row["loss"]) for row in history] == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
+    assert wandb_run.project == "proj" and wandb_run.name == "r1"
+    config_seen = {item.key: json.loads(item.value_json) for c in wandb_kind(wandb_run, "config") for item in c.update}
+    assert {k: config_seen[k] for k in config} == config
+    # MLflow: experiment named after the project, in the sqlite store
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.get_run(mlflow_run_id)
+    assert client.get_experiment(run.info.experiment_id).name == "proj"
+    assert run.info.run_name == "r1" and run.data.tags["k"] == "v" and run.info.status == "FINISHED"
+    assert run.data.params == {"lr": "0.01", "batch_size": "8", "optimizer": "adamw"}
+    assert [(m.step, m.value) for m in client.get_metric_history(mlflow_run_id, "acc")] == [(0, 0.0), (1, 0.5),
+                                                                                            (2, 1.0)]
+    assert [m.value for m in client.get_metric_history(mlflow_run_id, "from_script")] == [7.0]
+
+
+def test_log_with_is_checked_before_anything_runs(tmp_path, monkeypatch):
+    from tasktrain.tracking import GeneralTracker, LoggerType, check_log_with, make_trackers
+
+    class Mine(GeneralTracker):
+        name = "mine"
+        requires_logging_directory = False
+
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        @property
+        def tracker(self):
+            return self.calls
+
+        def start(self):
+            self.calls.append("start")
+
+        def store_init_configuration(self, values):
+            self.calls.append(("config", values))
+
+        def log(self, values, step=None, **kwargs):
+            self.calls.append(("log", values, step, kwargs))
+
+    mine = Mine()
+    assert check_log_with(None) == [] and check_log_with("tensorboard", tmp_path) == ["tensorboard"]
+    assert check_log_with([LoggerType.WANDB, "wandb", mine, "csv"], tmp_path) == ["wandb", mine, "csv"]
+    assert check_log_with("all", tmp_path) == ["tensorboard", "wandb", "mlflow"]  # installed here; csv when named
+    (made,) = make_trackers(mine, "p", {"a": 1})
+    made.log({"x": 1}, step=2, commit=False)
+    assert mine.calls == ["start", ("config", {"a": 1}), ("log", {"x": 1}, 2, {"commit": False})]
+    blank = GeneralTracker(_blank=True)
+    assert blank.log({"x": 1}) is None and blank.finish() is None
+
+    with pytest.raises(ValueError, match="includes tensorboard, which writes files under a logging directory"):
+        check_log_with("all")
+    with pytest.raises(ValueError, match="logging directory.*project_dir"):
+        check_log_with(["csv"])
+    with pytest.raises(ValueError, match="no comet_ml tracker.*GeneralTracker"):
+        check_log_with(LoggerType.COMETML)
+    with pytest.raises(ValueError, match="'neptune' is not a tracker"):
+        check_log_with("neptune")
+    with pytest.raises(TypeError, match=r"pass an instance, Mine\(...\)"):
+        check_log_with(Mine)
+    with pytest.raises(ValueError, match=r"\['wandB'\].*name no tracker"):
+        make_trackers("csv", "p", logging_dir=tmp_path, init_kwargs={"wandB": {}})
+
+    class Incomplete(GeneralTracker):
+        name = "half"
+
+    with pytest.raises(NotImplementedError, match="requires_logging_directory, tracker"):
+        Incomplete()
+
+
+def test_a_missing_extra_is_a_clear_error(tmp_path, monkeypatch):
+    import sys
+
+    from tasktrain.loggers import MLFlowLogger, WandbLogger
+    from tasktrain.tracking import check_log_with
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails as if it were not installed
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ModuleNotFoundError, match=r"WandbLogger needs the `wandb` package.*tasktrain\[wandb\]"):
+        WandbLogger(offline=True)
+    with pytest.raises(ModuleNotFoundError, match=r"MLFlowLogger needs the `mlflow` package.*tasktrain\[mlflow\]"):
+        MLFlowLogger()
+    with pytest.raises(ModuleNotFoundError, match=r"log_with='wandb' needs .*pip install 'tasktrain\[wandb\]'"):
+        check_log_with(["tensorboard", "wandb"], tmp_path)
+    with pytest.raises(ModuleNotFoundError, match=r"tasktrain\[mlflow\]"):
+        check_log_with("mlflow")
+    assert check_log_with("all", tmp_path) == ["tensorboard"]  # "all": what is installed
+
+
+def test_importing_the_loggers_imports_no_integration():
+    import subprocess
+    import sys
+
+    code = ("import sys, tasktrain, tasktrain.loggers, tasktrain.tracking, tasktrain.callbacks.loggers; "
+            "from tasktrain.loggers import WandbLogger, MLFlowLogger, TensorBoardLogger, CSVLogger; "
+            "from tasktrain import Trainer, WandbLogger, MLFlowLogger; "
+            "from tasktrain.loggers.trackers import make_trackers, check_log_with; "
+            "bad = [m for m in ('wandb', 'mlflow', 'tensorboard', 'torch.utils.tensorboard', 'yaml') "
+            "if m in sys.modules]; print(bad); assert not bad")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
