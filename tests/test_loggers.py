@@ -461,6 +461,13 @@ def test_wandb_logger_offline_run_holds_metrics_config_and_checkpoints(tmp_path)
     assert all(json.loads(a.metadata)["score"] == pytest.approx(checkpoint.best_k_models[os.path.join(
         checkpoint.dirpath_resolved(trainer), json.loads(a.metadata)["original_filename"])]) for a in artifacts)
 
+    # after wandb.finish(), the logger continues the same run instead of failing on a finished one
+    logger.log_metrics({"after": 1.0}, step=9)
+    assert logger.experiment is not run and logger.version == run.id
+    again = logger.experiment
+    again.finish()
+    assert [row["after"] for row in wandb_history(again) if "after" in row] == [1.0]
+
     with pytest.raises(ValueError, match="log_model"):
         WandbLogger(log_model="best")
     with pytest.raises(ValueError, match="contradict"):

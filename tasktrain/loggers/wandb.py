@@ -76,6 +76,10 @@ class WandbLogger(Logger):
     @rank_zero_experiment
     def experiment(self):
         """The wandb Run (created on first use)."""
+        if self._experiment is not None and getattr(self._experiment, "_is_finished", False):
+            # wandb.finish() ended it: a later fit/test with this logger continues the same run (resume="allow")
+            self._wandb_init["id"] = self._experiment.id
+            self._experiment = None
         if self._experiment is None:
             import wandb
 
