@@ -579,6 +579,9 @@ def test_trackers_write_every_backend_and_read_back(tmp_path, monkeypatch):
         for t in trackers:
             t.log({"loss": 1.0 / (step + 1), "acc": torch.tensor(0.5 * step)}, step=step)
     tb.log({"note": "text goes to add_text", "pair": {"a": 1.0}}, step=3)
+    wb.log({"weights": torch.arange(4.0)}, step=3)  # a tensor of several values goes to wandb as it is
+    with pytest.warns(UserWarning, match="not a number"):
+        ml.log({"note": "text", "loss": 0.25}, step=3)
     assert ml.tracker.info.run_id == mlflow.active_run().info.run_id  # the script's mlflow.log_* land in it
     mlflow.log_metric("from_script", 7.0, step=2)
     wandb_run, mlflow_run_id = wb.tracker, ml.tracker.info.run_id
@@ -599,7 +602,9 @@ def test_trackers_write_every_backend_and_read_back(tmp_path, monkeypatch):
                                                                 ("2", str(1 / 3), "1.0")]
     # wandb: Accelerate's step is wandb's own step
     history = wandb_history(wandb_run)
-    assert [(row["_step"], row["loss"]) for row in history] == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
+    assert [(row["_step"], row["loss"]) for row in history if "loss" in row] == [(0, 1.0), (1, 0.5),
+                                                                                   (2, pytest.approx(1 / 3))]
+    assert [row["weights"] for row in history if row["_step"] == 3] == [[0, 1, 2, 3]]
     assert wandb_run.project == "proj" and wandb_run.name == "r1"
     config_seen = {item.key: json.loads(item.value_json) for c in wandb_kind(wandb_run, "config") for item in c.update}
     assert {k: config_seen[k] for k in config} == config
@@ -614,6 +619,8 @@ def test_trackers_write_every_backend_and_read_back(tmp_path, monkeypatch):
     assert [(m.step, m.value) for m in client.get_metric_history(mlflow_run_id, "acc")] == [(0, 0.0), (1, 0.5),
                                                                                             (2, 1.0)]
     assert [m.value for m in client.get_metric_history(mlflow_run_id, "from_script")] == [7.0]
+    assert [(m.step, m.value) for m in client.get_metric_history(mlflow_run_id, "loss")][-1] == (3, 0.25)
+    assert "note" not in run.data.metrics
 
 
 def test_log_with_is_checked_before_anything_runs(tmp_path, monkeypatch):

@@ -59,10 +59,12 @@ def add_prefix(metrics, prefix, separator):
 
 
 def scalar(value):
-    """A metric value as a Python number: tensors of one element and numpy scalars are read out."""
-    if hasattr(value, "item") and not isinstance(value, (int, float)):
-        return value.item()
-    return value
+    """A metric value as a Python number when it holds one: tensors and numpy values of one element are read
+    out; anything else (a longer tensor, which wandb shows as a histogram) is returned as it is."""
+    if isinstance(value, (int, float, str)) or not hasattr(value, "item"):
+        return value
+    size = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", None)
+    return value.item() if size == 1 else value
 
 
 def write_hparams_yaml(params, path):
