@@ -100,7 +100,8 @@ def load_checkpoint_file(path, map_location="cpu") -> dict:
             f"(tensors, numbers, strings, lists, dicts), and loading them could run arbitrary code. Only load files "
             f"you trust; re-save the weights as a plain state dict. Detail: {(lines or [str(err)])[0][:300]}"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+    # IndexError/KeyError: torch's weights-only unpickler on bytes that are not a pickle (its stack or memo runs dry)
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, IndexError, KeyError) as err:
         raise CheckpointError(
             f"Checkpoint {path!r} is truncated or corrupted and cannot be read ({type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else ''}). Use an earlier checkpoint; tasktrain writes atomically, "
