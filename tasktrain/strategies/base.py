@@ -78,6 +78,14 @@ class Strategy:
         self._batches_stay = (self.root_device.type == "cpu" and not _accelerator_visible() and (
             self.precision is None or type(self.precision).convert_input is Precision.convert_input))
 
+    # -- the watchdog (issue 19, tasktrain/strategies/watchdog.py) -----------------------------------------------
+    # stall_timeout: seconds, or None (off); set by the Trainer / Accelerator before setup_environment.
+    # watchdog: the process's Watchdog once a multi-process strategy's setup_environment started one (with a
+    # stall_timeout or TASKTRAIN_DEBUG_COLLECTIVES=1); None on one process, which has nobody to wait for. The
+    # loops mark progress on it, arm it around their batches and wrap long work in watchdog.long_event(name).
+    stall_timeout = None
+    watchdog = None
+
     def setup(self, module, optimizers):
         """Move and wrap the module, return (model, optimizers). `model` is what `training_step` goes through."""
         self.module = module

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from tasktrain.strategies.base import Strategy
 from tasktrain.strategies.environment import detect_environment
+from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 _DDP_OPTIONS = set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters) - {
@@ -144,13 +145,14 @@ class DDP(Strategy):
                 "(torchrun --nproc_per_node / --nnodes, srun --ntasks)."
             )
         super().setup_environment()
-        _install_error_reporting(env)
+        _install_error_reporting()
         if env.launcher == "self" and env.global_rank != 0:
             _watch_parent()
         if dist.is_initialized():
             if dist.get_world_size() != env.world_size:
                 raise RuntimeError(f"A process group of size {dist.get_world_size()} already exists, but the "
                                    f"environment says WORLD_SIZE={env.world_size}.")
+            self._start_watchdog()  # watchdog (issue 19)
             return
         backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
         if env.launcher is None:
@@ -172,6 +174,16 @@ class DDP(Strategy):
         if not _PROCESS["exit_hook"]:
             atexit.register(_destroy_group_at_exit)
             _PROCESS["exit_hook"] = True
+        self._start_watchdog()  # watchdog (issue 19)
+
+    def _start_watchdog(self):
+        """watchdog (issue 19): one per process group, started by the first strategy that wants one. Under
+        self-launch rank 0 stops watching its workers once a verdict is out (they exit on purpose) and stops
+        them last."""
+        launcher = _PROCESS["launcher"]
+        self.watchdog = start_watchdog(self.global_rank, self.world_size, self.stall_timeout,
+                                       on_stop=launcher.stop_watching if launcher else None,
+                                       on_exit=launcher.end_workers if launcher else None, report=record_error)
 
     def setup(self, module, optimizers):
         super().setup(module, optimizers)
@@ -219,6 +231,7 @@ class DDP(Strategy):
         return contextlib.nullcontext()
 
     # -- collectives -----------------------------------------------------------------------------------------
+    @checked_collective("reduce", data=("tensor",))  # watchdog (issue 19)
     def reduce(self, tensor, op="mean"):
         if op not in _REDUCE_OPS:
             raise ValueError(f"reduce(op={op!r}): use one of {sorted(_REDUCE_OPS)}.")
@@ -230,6 +243,7 @@ class DDP(Strategy):
             out = out / self.world_size
         return out
 
+    @checked_collective("all_gather", data=("tensor",))  # watchdog (issue 19)
     def all_gather(self, tensor):
         """Every rank's tensor, stacked: shape (world_size, *tensor.shape). All ranks must pass the same shape."""
         tensor = tensor.detach().contiguous().to(self.root_device)
@@ -237,16 +251,19 @@ class DDP(Strategy):
         dist.all_gather(out, tensor)
         return torch.stack(out)
 
+    @checked_collective("all_gather_object", objects=("obj",))  # watchdog (issue 19)
     def all_gather_object(self, obj):
         out = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
 
+    @checked_collective("broadcast", objects=("obj",))  # watchdog (issue 19)
     def broadcast(self, obj, src=0):
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
+    @checked_collective("barrier")  # watchdog (issue 19)
     def barrier(self, name=None):
         if dist.is_initialized():
             dist.barrier()
@@ -273,6 +290,7 @@ def convert_sync_batchnorm(module):
 
 
 def _destroy_group_at_exit():
+    stop_watchdog()  # watchdog (issue 19): its thread talks to the store, which may go with the group
     gc.collect()  # nothing that holds gloo work may outlive the group (a full collection: ~0.1 s, once)
     if _PROCESS["owns_group"] and dist.is_initialized():
         # Every rank finishes its communication before any rank closes its side: a peer that tears its gloo
@@ -303,34 +321,43 @@ def mark_failed():
     _PROCESS["failed"] = True
 
 
-def _install_error_reporting(env):
+def _install_error_reporting():
     """Make an uncaught error of this rank reach whoever launched it: our launcher, or torchrun's summary."""
-    if _PROCESS["error_hook"]:
-        return
-    if env.launcher == "self" and os.environ.get("TASKTRAIN_ERROR_FILE"):
-        path, torchrun_format = os.environ["TASKTRAIN_ERROR_FILE"], False
-    elif os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        path, torchrun_format = os.environ["TORCHELASTIC_ERROR_FILE"], True
-    else:
+    if _PROCESS["error_hook"] or _error_file()[0] is None:
         return
     previous = sys.excepthook
 
     def excepthook(exc_type, exc, tb):
         if not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
-            summary = f"{exc_type.__name__}: {exc}"
-            if torchrun_format:  # the layout torchrun's ChildFailedError summary reads
-                summary = json.dumps({"message": {"message": summary, "extraInfo": {
-                    "py_callstack": "".join(traceback.format_exception(exc_type, exc, tb)),
-                    "timestamp": str(int(time.time()))}}})
-            try:
-                with open(path, "w") as f:
-                    f.write(summary)
-            except OSError:
-                pass
+            record_error(f"{exc_type.__name__}: {exc}", "".join(traceback.format_exception(exc_type, exc, tb)))
         previous(exc_type, exc, tb)
 
     sys.excepthook = excepthook
     _PROCESS["error_hook"] = True
+
+
+def _error_file():
+    """Where whoever launched this rank reads why it failed: (path, in torchrun's format?) or (None, False)."""
+    if os.environ.get("TASKTRAIN_LAUNCHER") == "self" and os.environ.get("TASKTRAIN_ERROR_FILE"):
+        return os.environ["TASKTRAIN_ERROR_FILE"], False
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return os.environ["TORCHELASTIC_ERROR_FILE"], True
+    return None, False
+
+
+def record_error(summary, callstack=""):
+    """Write this rank's failure where its launcher reads it: our launcher's line, torchrun's summary."""
+    path, torchrun_format = _error_file()
+    if path is None:
+        return
+    if torchrun_format:  # the layout torchrun's ChildFailedError summary reads
+        summary = json.dumps({"message": {"message": summary, "extraInfo": {
+            "py_callstack": callstack or summary, "timestamp": str(int(time.time()))}}})
+    try:
+        with open(path, "w") as f:
+            f.write(summary)
+    except OSError:
+        pass
 
 
 def _watch_parent():

@@ -171,6 +171,22 @@ class SubprocessLauncher:
             sys.stdout.flush()
             os._exit(1)  # an atexit hook cannot change the exit code otherwise
 
+    def stop_watching(self):
+        """The watchdog (issue 19) has stopped the run: the workers now exit on purpose, and say why themselves."""
+        with self._lock:
+            self._ending = True
+
+    def end_workers(self, seconds=3.0):
+        """Rank 0 leaves after a watchdog verdict: give the workers a moment to exit on their own, then stop them."""
+        deadline = time.monotonic() + seconds
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        self._cleanup()
+
     def kill(self):
         """Stop every worker still running (SIGKILL: a failed run has nothing left to save) and reap it."""
         for proc in self.procs:
