@@ -7,6 +7,8 @@ reduction kind, never one per key per step.
 """
 import torch
 
+from tasktrain.strategies.watchdog import collective_label
+
 _REDUCE_FX = ("mean", "sum", "max", "min")
 
 
@@ -130,7 +132,9 @@ class MetricStore:
         One small object collective per evaluation run, never per step."""
         mine = sorted((n, item[0].args) for n, item in acc.items() if item[0].sync_dist)
         union = {}
-        for names in self.strategy.all_gather_object(mine):
+        with collective_label(self.strategy, "sync_dist metric names"):
+            gathered = self.strategy.all_gather_object(mine)
+        for names in gathered:
             union.update(dict(names))
         for name, args in union.items():
             if name not in acc:
@@ -148,7 +152,8 @@ class MetricStore:
             for n in group:
                 _, total, weight = acc[n]
                 flat += [total.float().reshape(()), torch.as_tensor(weight, dtype=torch.float32, device=total.device)]
-            reduced = self.strategy.reduce(torch.stack(flat), op=op)
+            with collective_label(self.strategy, f"sync_dist epoch values {group}"):  # names both sides (issue 19)
+                reduced = self.strategy.reduce(torch.stack(flat), op=op)
             for i, n in enumerate(group):
                 acc[n][1] = reduced[2 * i]
                 acc[n][2] = reduced[2 * i + 1] if op == "sum" else 1
@@ -164,7 +169,8 @@ class MetricStore:
         self.step_values = {}
         synced = [n for n in names if self._meta_of(n, "_step").sync_dist and self.strategy.world_size > 1]
         if synced:
-            stacked = self.strategy.reduce(torch.stack([values[n].float().reshape(()) for n in synced]), op="mean")
+            with collective_label(self.strategy, f"sync_dist step values {synced}"):  # names both sides (issue 19)
+                stacked = self.strategy.reduce(torch.stack([values[n].float().reshape(()) for n in synced]), op="mean")
             for i, n in enumerate(synced):
                 values[n] = stacked[i]
         return values

@@ -13,6 +13,7 @@ Per optimizer step (automatic optimisation), in this order:
 At the end of an epoch: epoch metrics reduced, validation when due, epoch-interval schedulers, then
 on_train_epoch_end (module first; what it logs is reduced before the callbacks' on_train_epoch_end runs).
 """
+import contextlib
 import math
 import os
 import signal
@@ -27,6 +28,7 @@ from tasktrain.callbacks.base import EVENTS, Callback, Logger
 from tasktrain.strategies.environment import detect_environment, launch_config
 from tasktrain.strategies.precision import make_precision, normalize_precision
 from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy
+from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark, resolve_stall_timeout
 from tasktrain.trainer import checkpoint as ckpt_io
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
 from tasktrain.trainer.metrics import MetricStore
@@ -66,6 +68,7 @@ class Trainer:
         default_root_dir=None,
         deterministic=False,
         max_time=None,
+        stall_timeout=DEFAULT_STALL_TIMEOUT,
     ):
         launch = launch_config()
         self.env = detect_environment()
@@ -92,6 +95,9 @@ class Trainer:
         self.strategy = resolve_strategy(strategy, accelerator, self.devices, self.num_nodes, self.env)
         self.strategy.configure(accelerator, self.devices, self.num_nodes)
         self.strategy.precision = make_precision(self.precision_name, self.strategy.root_device.type)
+        # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
+        self.stall_timeout = resolve_stall_timeout(stall_timeout)
+        self.strategy.stall_timeout = self.stall_timeout
 
         if max_epochs is None and max_steps in (None, -1):
             max_epochs = 1000
@@ -137,6 +143,7 @@ class Trainer:
         self._preempt_path = None
         self._validations_run = 0
         self._val_loader = None
+        self._watchdog, self._mark, self._watching = None, no_mark, False
 
     # -- set-up helpers --------------------------------------------------------------------------------------------
     def _default_callbacks(self, callbacks, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time):
@@ -297,6 +304,9 @@ class Trainer:
             return run_spawned(self, stage, module, train_loader, eval_loader, ckpt_path, gather)
         strategy = self.strategy
         strategy.setup_environment()
+        # watchdog (issue 19): None on one process; the loops mark progress through self._mark
+        self._watchdog = strategy.watchdog
+        self._mark = self._watchdog.mark if self._watchdog is not None else no_mark
         self.module = module
         module.trainer = self
         self._metrics = MetricStore(strategy)
@@ -353,6 +363,7 @@ class Trainer:
             print(f"[tasktrain] rank {self.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
     def _teardown(self, stage, module, status):
+        self._unwatch()
         try:
             self._call("teardown", stage)
         finally:
@@ -406,6 +417,7 @@ class Trainer:
                 logger.log_hyperparams(dict(module.hparams))
                 logger.log_graph(module)
                 logger.save()
+        self._watch()  # from the sanity check on; set-up is not watched
         if has_val and self.num_sanity_val_steps and not self._restored_mid_run():
             self.sanity_checking = True
             self._call("on_sanity_check_start")
@@ -435,6 +447,7 @@ class Trainer:
     def _fit_loop(self, module, train_data):
         module.train()
         self.training = True
+        self._first_epoch = self.state.epoch  # its first step may compile: no watchdog deadline (issue 19)
         self._call("on_train_start")
         while not self._done():
             epoch = self.state.epoch
@@ -462,6 +475,7 @@ class Trainer:
         hooks = self._all_hooks
         val_every = self._val_every_n_batches()
         start = state.batch_in_epoch
+        mark, warm_up = self._mark, epoch == self._first_epoch  # watchdog (issue 19)
 
         metrics.set_stage("train", True, False)
         data.set_epoch(epoch)
@@ -475,10 +489,12 @@ class Trainer:
         else:
             data.skip(start)  # resumed mid-epoch: the sampler starts after the batches already trained on
             iterator = iter(data)
+        mark("fetching a batch", state.global_step, start, True)  # the loader's workers start: no deadline
         for batch in iterator:
             batch_idx += 1
             if num_batches is not None and batch_idx >= num_batches:
                 break
+            mark("training_step", state.global_step, batch_idx, warm_up and batch_idx == start)
             batch = strategy.batch_to_device(batch)
             metrics.set_batch(batch)
             for fn in hooks["on_train_batch_start"]:
@@ -496,6 +512,7 @@ class Trainer:
                         loss = loss / window
                     for fn in hooks["on_before_backward"]:
                         fn(loss)
+                    mark("backward", state.global_step, batch_idx, warm_up and batch_idx == start)
                     strategy.backward(loss)
                     for fn in hooks["on_after_backward"]:
                         fn()
@@ -515,6 +532,7 @@ class Trainer:
             state.batch_in_epoch = batch_idx + 1
 
             if is_step:
+                mark("after the optimizer step (logging, validation, callbacks)", state.global_step, batch_idx)
                 if state.global_step % self.log_every_n_steps == 0:
                     self._check_finite_loss()
                     self._flush_step_metrics()
@@ -522,8 +540,10 @@ class Trainer:
                     self._run_validation(epoch_end=False)
             for fn in hooks["on_train_batch_end"]:
                 fn(outputs, batch, batch_idx)
+            mark("fetching a batch", state.global_step, batch_idx + 1)
             if is_step and (self._stop_agreed(at_interval=True) or self._max_steps_reached()):
                 break
+        mark("end of the training epoch", state.global_step, batch_idx)
         # A window cut short by the end of an infinite-length epoch still steps.
         if automatic and num_batches is None and (batch_idx + 1) % accumulate and not self.should_stop:
             self._manual_window_step(optimizer)
@@ -644,6 +664,7 @@ class Trainer:
         limit_arg = {"validate": self.limit_val_batches, "test": self.limit_test_batches,
                      "predict": self.limit_predict_batches}[stage]
         limit = self._limit_eval(loader, limit_arg)
+        self._watch()
         if stage == "predict":
             return self._predict(module, loader, limit, gather)
         values = self._evaluate(stage, loader, limit)
@@ -661,12 +682,15 @@ class Trainer:
         module.eval()
         metrics.set_stage(stage, False, True)
         hooks = self._all_hooks
+        mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
         self._call(f"on_{prefix}_start")
         self._call(f"on_{prefix}_epoch_start")
         with torch.inference_mode():
+            mark("fetching a batch", step, 0, True)  # a loop's first batch may take long: no deadline
             for batch_idx, batch in enumerate(loader):
                 if limit is not None and batch_idx >= limit:
                     break
+                mark(f"{prefix}_step", step, batch_idx, batch_idx == 0)
                 batch = strategy.batch_to_device(batch)
                 metrics.set_batch(batch)
                 for fn in hooks[f"on_{prefix}_batch_start"]:
@@ -674,6 +698,8 @@ class Trainer:
                 outputs = strategy.eval_step(step_fn, batch, batch_idx)
                 for fn in hooks[f"on_{prefix}_batch_end"]:
                     fn(outputs, batch, batch_idx)
+                mark("fetching a batch", step, batch_idx + 1)
+            mark(f"end of the {prefix} epoch", step)
             for fn in self._module_hooks[f"on_{prefix}_epoch_end"]:
                 fn()
             values = metrics.reduce_epoch(stage)
@@ -689,15 +715,19 @@ class Trainer:
         self._call("on_predict_start")
         self._call("on_predict_epoch_start")
         predictions = []
+        mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
         with torch.inference_mode():
+            mark("fetching a batch", step, 0, True)
             for batch_idx, batch in enumerate(loader):
                 if limit is not None and batch_idx >= limit:
                     break
+                mark("predict_step", step, batch_idx, batch_idx == 0)
                 batch = self.strategy.batch_to_device(batch)
                 self._call("on_predict_batch_start", batch, batch_idx)
                 out = self.strategy.eval_step(module.predict_step, batch, batch_idx)
                 self._call("on_predict_batch_end", out, batch, batch_idx)
                 predictions.append(out)
+                mark("fetching a batch", step, batch_idx + 1)
         self._call("on_predict_epoch_end")
         self._call("on_predict_end")
         module.train(was_training)
@@ -828,10 +858,30 @@ class Trainer:
 
     def save_checkpoint(self, filepath, weights_only=False):
         """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
-        checkpoint = self.dump_checkpoint(weights_only)
-        self.strategy.save_checkpoint(checkpoint, filepath)
-        if not weights_only and self.is_global_zero:
-            ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
+        with self.long_event("save_checkpoint"):  # may take long: not a stall (issue 19)
+            checkpoint = self.dump_checkpoint(weights_only)
+            self.strategy.save_checkpoint(checkpoint, filepath)
+            if not weights_only and self.is_global_zero:
+                ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
+
+    # -- the watchdog (issue 19, tasktrain/strategies/watchdog.py) ----------------------------------------------------
+    def long_event(self, name, timeout=None):
+        """`with trainer.long_event("generate samples"):` work that may take longer than stall_timeout without
+        progress marks; with `timeout` (seconds) it has a deadline of its own. A no-op without a watchdog."""
+        if self._watchdog is None:
+            return contextlib.nullcontext()
+        return self._watchdog.long_event(name, timeout)
+
+    def _watch(self):
+        if self._watchdog is not None and not self._watching:
+            self._watchdog.arm(self.stall_timeout, self.default_root_dir)
+            self._watching = True
+
+    def _unwatch(self):
+        if self._watching:
+            self._watchdog.disarm()
+            self._watching = False
+        self._watchdog, self._mark = None, no_mark  # the trainer stays picklable between runs
 
     def _resolve_ckpt_path(self, ckpt_path):
         if ckpt_path == "best":
