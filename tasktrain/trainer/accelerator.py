@@ -25,6 +25,7 @@ from tasktrain.strategies.base import Strategy
 from tasktrain.strategies.environment import detect_environment, launch_config
 from tasktrain.strategies.precision import make_precision, normalize_precision
 from tasktrain.strategies.registry import resolve_accelerator, resolve_strategy, strategy_from_name
+from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark, resolve_stall_timeout
 from tasktrain.trainer import checkpoint as ckpt_io
 from tasktrain.trainer.data import ResumableSampler, prepare_train_data
 from tasktrain.trainer.seed import get_seed
@@ -41,9 +42,15 @@ class Accelerator:
     mixed_precision "no" (also "fp16", "bf16", or our names "16-mixed", "bf16-mixed", "64-true"), one
     gradient accumulation step, and strategy "ddp" when a launcher started several processes, else
     "single_device". `strategy` takes a registry name ("ddp", "deepspeed_stage_2", ...) or a Strategy.
+
+    stall_timeout (seconds, default 300; None or 0: off): on several processes, a rank that makes no progress
+    for that long while it iterates a prepared data loader stops every rank with a message naming it (the
+    watchdog, docs/distributed.md). Progress is each batch, backward and optimizer.step; wrap longer work in
+    `with accelerator.long_event(name):`.
     """
 
-    def __init__(self, mixed_precision=None, cpu=False, gradient_accumulation_steps=None, strategy=None):
+    def __init__(self, mixed_precision=None, cpu=False, gradient_accumulation_steps=None, strategy=None,
+                 stall_timeout=DEFAULT_STALL_TIMEOUT):
         launch = launch_config()
         env = detect_environment()
         precision = None if mixed_precision is None else normalize_precision(mixed_precision)
@@ -88,7 +95,10 @@ class Accelerator:
         configure_accumulation = getattr(self.strategy, "configure_accumulation", None)
         if configure_accumulation is not None:  # DeepSpeed builds the accumulation into its engine config
             configure_accumulation(self.gradient_accumulation_steps)
+        self.stall_timeout = resolve_stall_timeout(stall_timeout)  # watchdog (issue 19)
+        self.strategy.stall_timeout = self.stall_timeout
         self.strategy.setup_environment()
+        self._watchdog = self.strategy.watchdog  # None on one process; watches the prepared loaders' loops
 
         self.sync_gradients = True  # False inside accumulate() on a micro-batch that does not end the window
         self._window = self.gradient_accumulation_steps  # what backward divides the loss by
@@ -253,6 +263,8 @@ class Accelerator:
     # -- the step ----------------------------------------------------------------------------------------------------
     def backward(self, loss, **kwargs):
         """strategy.backward (GradScaler-scaled under fp16); divided by the micro-batches of the accumulation window."""
+        if self._watchdog is not None:
+            self._watchdog.sub_event("backward")
         if self._window > 1:
             loss = loss / self._window
         if not self.sync_gradients:
@@ -354,6 +366,14 @@ class Accelerator:
         """The precision's autocast context, for computations outside the prepared model's forward."""
         return self.strategy.precision.autocast()
 
+    def long_event(self, name, timeout=None):
+        """`with accelerator.long_event("evaluate on the full set"):` work inside a loop over a prepared loader
+        that may take longer than stall_timeout without a new batch, backward or optimizer step; with `timeout`
+        (seconds) it has a deadline of its own. A no-op without a watchdog (one process, stall_timeout=None)."""
+        if self._watchdog is None:
+            return contextlib.nullcontext()
+        return self._watchdog.long_event(name, timeout)
+
     # -- models out --------------------------------------------------------------------------------------------------
     def unwrap_model(self, model, keep_fp32_wrapper=True):
         """The user's model inside the DDP/DeepSpeed wrapper; keep_fp32_wrapper=False also removes the autocast."""
@@ -405,7 +425,10 @@ class Accelerator:
     def save_state(self, output_dir):
         """Save everything needed to continue exactly: models, optimizers, schedulers, GradScaler, the position of
         every prepared loader, registered objects and every rank's RNG. Call it on every process."""
-        output_dir = os.fspath(output_dir)
+        with self.long_event("save_state"):  # may take long: not a stall (issue 19)
+            self._save_state(os.fspath(output_dir))
+
+    def _save_state(self, output_dir):
         if self._window_has_grads:
             warnings.warn("save_state inside a gradient accumulation window: the gradients accumulated so far are not "
                           "saved, so a resume from here redoes the window without them. Save after optimizer.step() "
@@ -432,7 +455,10 @@ class Accelerator:
     def load_state(self, input_dir):
         """Restore what save_state wrote into the objects prepared (in the same order) since; the next iteration of
         each prepared loader continues where it stopped (`loader.epoch` tells the epoch to resume)."""
-        input_dir = os.fspath(input_dir)
+        with self.long_event("load_state"):  # may take long: not a stall (issue 19)
+            self._load_state(os.fspath(input_dir))
+
+    def _load_state(self, input_dir):
         if self._engine() is not None:
             if not os.path.isdir(input_dir):
                 raise FileNotFoundError(f"{input_dir} does not exist: load_state expects a directory written by "
@@ -596,6 +622,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
         accelerator = self._accelerator
         if not accelerator.sync_gradients:
             return None
+        if accelerator._watchdog is not None:
+            accelerator._watchdog.sub_event("optimizer.step")
         stepped = accelerator.strategy.optimizer_step(self.optimizer, closure)
         self.step_was_skipped = not stepped
         accelerator._window_has_grads = False
@@ -714,12 +742,20 @@ class PreparedDataLoader:
         self.batches_seen = skip
         self.at_last_batch = length is not None and skip >= length
         accelerator._active_loaders.append(self)
+        # watchdog (issue 19): the loop over this loader is watched; each batch is progress, the first may take long
+        watchdog = accelerator._watchdog
+        mark = watchdog.mark if watchdog is not None else no_mark
+        if watchdog is not None:
+            watchdog.arm(accelerator.stall_timeout)
         try:
+            mark("fetching a batch", -1, skip, True)
             if length is not None:
                 for batch in data if skip < length else ():
                     self.batches_seen += 1
                     self.at_last_batch = self.batches_seen >= length
+                    mark("the loop's body", -1, self.batches_seen - 1, self.batches_seen == skip + 1)
                     yield strategy.batch_to_device(batch)
+                    mark("fetching a batch", -1, self.batches_seen)
             else:
                 # No length: look one batch ahead to know which one is the last (accumulation ends a window there).
                 iterator = iter(data)
@@ -728,11 +764,15 @@ class PreparedDataLoader:
                     upcoming = next(iterator, _END)
                     self.batches_seen += 1
                     self.at_last_batch = upcoming is _END
+                    mark("the loop's body", -1, self.batches_seen - 1, self.batches_seen == skip + 1)
                     yield strategy.batch_to_device(batch)
+                    mark("fetching a batch", -1, self.batches_seen)
                     batch = upcoming
             self.epoch += 1
             self.batches_seen = 0
         finally:
+            if watchdog is not None:
+                watchdog.disarm()
             if self in accelerator._active_loaders:
                 accelerator._active_loaders.remove(self)
 
