@@ -484,10 +484,15 @@ def test_multi_gpu_without_gpus_falls_back_to_cpu_and_says_so(tmp_path):
 
 
 def test_worker_env_removes_stale_variables_and_maps_extras(tmp_path):
-    s = load(tmp_path, "num_processes: 2\ndebug: true\nnum_cpu_threads_per_process: 3\n")
+    s = load(tmp_path, "num_processes: 2\ndebug: true\nnum_cpu_threads_per_process: 3\n", gpu_count=2)
     env = s.worker_env()
     assert env["TASKTRAIN_DEEPSPEED"] is None and env["TASKTRAIN_GRADIENT_ACCUMULATION_STEPS"] is None
     assert env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and env["OMP_NUM_THREADS"] == "3"
+    assert env["TASKTRAIN_DEBUG_COLLECTIVES"] == "1"  # and tasktrain's own check, with call sites (issue 19)
+    # On CPU torch's DETAIL mode crashes DDP (torch 2.13, gloo): only tasktrain's check, and the printout says so.
+    cpu = load(tmp_path, "num_processes: 2\ndebug: true\nuse_cpu: true\n", gpu_count=2)
+    assert "TORCH_DISTRIBUTED_DEBUG" not in cpu.worker_env() and cpu.worker_env()["TASKTRAIN_DEBUG_COLLECTIVES"] == "1"
+    assert any("DETAIL is left unset on CPU" in note for note in cpu.notes)
 
 
 def test_torchrun_arguments(tmp_path):

@@ -298,8 +298,12 @@ class LaunchSettings:
         if self.num_cpu_threads_per_process:
             env["OMP_NUM_THREADS"] = str(self.num_cpu_threads_per_process)
         if self.debug:
-            # Checks that every rank calls the same collectives with the same shapes, and says which rank differs.
-            env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+            # Checks that every rank calls the same collectives with the same shapes, and says which rank differs:
+            # ours with call sites for the strategy's collectives; torch's for every collective (engines'
+            # included), but not on CPU: torch 2.13's DDP segfaults when it is built under DETAIL with gloo.
+            env["TASKTRAIN_DEBUG_COLLECTIVES"] = "1"
+            if not self.use_cpu:
+                env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         return env
 
     def torchrun_args(self, script: str, script_args=(), module: bool = False) -> list:
@@ -551,6 +555,9 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
         )
     if gpu_count and not s.use_cpu and wants_gpu and s.nproc_per_node > gpu_count:
         s.notes.append(f"{s.nproc_per_node} processes per machine but only {gpu_count} GPU(s): some will share one")
+    if s.debug and s.use_cpu:
+        s.notes.append("debug: TASKTRAIN_DEBUG_COLLECTIVES=1 only; TORCH_DISTRIBUTED_DEBUG=DETAIL is left unset on "
+                       "CPU, where torch 2.13's DistributedDataParallel crashes (SIGSEGV) when built under it on gloo")
     if s.use_cpu and s.precision == "16-mixed":
         s.notes.append("fp16 on CPU is usually much slower than fp32; bf16 is the fast mixed precision on CPU")
         if s.is_deepspeed:

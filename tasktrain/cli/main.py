@@ -63,7 +63,8 @@ def _add_launch(subparsers):
     _option(p, "rdzv_backend", metavar="{static,c10d}", help="torchrun rendezvous for several machines")
     _option(p, "num_cpu_threads_per_process", type=int, metavar="T", help="OMP_NUM_THREADS of each worker")
     p.add_argument("--debug", action="store_true", default=None,
-                   help="check that all ranks run the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+                   help="check that all ranks run the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL, "
+                        "TASKTRAIN_DEBUG_COLLECTIVES=1)")
     p.add_argument("-m", "--module", action="store_true", help="run `script` as a module, like python -m")
     p.add_argument("script", help="the training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
