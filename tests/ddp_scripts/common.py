@@ -34,11 +34,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(args, timeout, cwd):
+def run(args, timeout, cwd, env=None):
     """Run a command to completion; a run past `timeout` is killed (with its process group) and fails."""
     start = time.monotonic()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                            cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env(**(env or {})), cwd=cwd, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
