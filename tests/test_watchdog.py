@@ -171,7 +171,7 @@ def test_watchdog_alone_then_an_accelerator_loop(tmp_path):
     code, stdout, stderr, _ = run(torchrun("--standalone", "--nproc_per_node", "2", LOOP, out, "stall"), TIMEOUT, out)
     ended = time.time()
     assert code != 0
-    assert "have waited longer than stall_timeout for rank 1" in stderr and "which is in 'slow save'" in stderr
+    assert "rank 0 has waited longer than stall_timeout for rank 1" in stderr and "which is in 'slow save'" in stderr
     assert "not stopping the run" in stderr
     assert ended - _stuck_since(out) < 2 + SLACK, stderr
     assert "its last progress: batch 3, event 'the loop's body'" in stderr, stderr
@@ -284,7 +284,10 @@ def store():
 
 
 def _watchdog(store, rank, **kw):
-    return wd.Watchdog(store, rank, 2, prefix="t/", **kw)
+    dog = wd.Watchdog(store, rank, 2, prefix="t/", **kw)
+    dog.acted = []
+    dog._act = dog.acted.append  # the real one ends the process
+    return dog
 
 
 def _publish(store, record):
@@ -308,6 +311,7 @@ def test_judge_issues_a_verdict_for_a_stalled_rank_and_for_one_whose_heartbeat_s
     judge._judge()
     verdict = _verdict(store)
     assert verdict["kind"] == "unresponsive" and verdict["culprit"]["rank"] == 1
+    assert judge.acted == [verdict]  # the judge acts on its verdict at once, not a tick later
     # The first verdict stays: a later one is not written over it.
     judge._issue({"kind": "stall", "culprit": _record(0)})
     assert _verdict(store)["kind"] == "unresponsive"
@@ -429,6 +433,7 @@ def test_matching_collectives_pass_and_values_are_not_compared(store):
 
 def test_a_peer_inside_a_collective_we_never_called_is_a_deadlock(store):
     strategy = _Strategy(_watchdog(store, 0, check_collectives=True))
+    store.add("t/exiting", 1)  # the other rank has read the verdict: this one raises without waiting for it
     _publish(store, _record(1, seq=3, debug=True, event="backward", where="tasktrain/strategies/precision.py:54"))
     with pytest.raises(wd.CollectiveMismatchError, match=r"rank 0 calls barrier\(name='sync'\) at .* as its "
                        r"collective #1 .* but rank 1 \(pid 101 on h\) will not call it: it waits in another "

@@ -129,7 +129,9 @@ def start_watchdog(rank, world_size, stall_timeout, on_stop=None, on_exit=None, 
     watchdog = _PROCESS["watchdog"]
     if watchdog is not None:
         return watchdog
-    if world_size < 2 or not dist.is_initialized() or (not stall_timeout and not debug_collectives_enabled()):
+    if not stall_timeout and not debug_collectives_enabled():
+        return None  # turned off: no thread, no store connection
+    if world_size < 2 or not dist.is_initialized():
         return None
     watchdog = Watchdog(_own_store_client(), rank, world_size, check_collectives=debug_collectives_enabled(),
                         on_stop=on_stop, on_exit=on_exit, report=report)
@@ -281,7 +283,7 @@ class Watchdog:
             try:
                 self._tick()
                 self._store_failing_since = None
-            except Exception as err:  # the store did not answer
+            except (dist.DistError, OSError) as err:  # the store did not answer
                 if self._stopped.is_set() or self._acting:
                     return
                 now = _monotonic()
@@ -291,6 +293,10 @@ class Watchdog:
                     if self.armed:
                         self._store_lost(err)
                     return  # between runs nothing is watched: the thread ends quietly
+            except Exception as err:  # a bug of ours must not stop a run that is fine: say so, and stop watching
+                print(f"[tasktrain] watchdog: rank {self.rank} stops watching after an internal error: "
+                      f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)
+                return
 
     def _tick(self):
         self._tick_count += 1
@@ -364,8 +370,9 @@ class Watchdog:
         culprit, waiting = find_culprit(records, unresponsive)
         if culprit is not None:
             others = [r for r in records if r["rank"] != culprit["rank"]]
-            self._issue({"kind": "unresponsive" if culprit["rank"] in unresponsive else "stall", "culprit": culprit,
-                         "others": others[:8], "others_count": len(others)})
+            self._act(self._issue({"kind": "unresponsive" if culprit["rank"] in unresponsive else "stall",
+                                   "culprit": culprit, "others": others[:8], "others_count": len(others),
+                                   "reporter": self.rank, "reporter_host": self.host}))
         elif waiting is not None:
             blocker, waiters = waiting
             # Said once per long event (or first batch, or stretch outside the loops) of the blocking rank.
@@ -385,12 +392,13 @@ class Watchdog:
             self._judge_seen[0] = (record["tick"], now)
         elif record["armed"] and record["stall_timeout"] and \
                 now - seen[1] > record["stall_timeout"] + 3 * tick_for(record["stall_timeout"]):
-            self._issue({"kind": "unresponsive", "culprit": record, "others": [self.heartbeat()],
-                         "others_count": self.world_size - 1})
+            self._act(self._issue({"kind": "unresponsive", "culprit": record, "others": [self.heartbeat()],
+                                   "others_count": self.world_size - 1, "reporter": self.rank,
+                                   "reporter_host": self.host}))
 
     def _issue(self, verdict):
-        """Publish a verdict; the first one written wins, and is what every rank acts on."""
-        self.store.compare_set(self._key("verdict"), "", json.dumps(verdict))
+        """Publish a verdict; the first one written wins, and is what every rank acts on (returned)."""
+        return json.loads(self.store.compare_set(self._key("verdict"), "", json.dumps(verdict)))
 
     # -- acting on a verdict ------------------------------------------------------------------------------------
     def _act(self, verdict):
@@ -404,10 +412,12 @@ class Watchdog:
             _quietly(self.on_stop)
         message = describe_verdict(verdict)
         self._dump_stacks(message)
-        # The whole story once per run (rank 0; and the stuck rank, whose log may be on another machine), one line
-        # from every other rank: N ranks sharing a terminal should not print it N times.
+        # The whole story from the rank that found it (rank 0, the judge, as a rule), and from the stuck rank when it
+        # runs on another machine (its own log); one line from every other rank: N ranks sharing a terminal should
+        # not print it N times.
         culprit = verdict.get("culprit", {}).get("rank")
-        short = self.rank not in (0, culprit) and verdict["kind"] != "mismatch"
+        elsewhere = self.rank == culprit and verdict.get("reporter_host") != self.host
+        short = self.rank != verdict.get("reporter", 0) and not elsewhere and verdict["kind"] != "mismatch"
         print(summarize_verdict(verdict, self.rank) if short else message, file=sys.stderr, flush=True)
         if self.report is not None:
             _quietly(self.report, message)
@@ -415,12 +425,16 @@ class Watchdog:
         self._exit_barrier(self.world_size - len(raising))
         self._end_process()
 
-    def _exit_barrier(self, expected, seconds=3.0):
-        """Every rank has read the verdict before any leaves: the store's host must not go first."""
+    def _exit_barrier(self, expected, join=True):
+        """Every rank has read the verdict before any leaves: a peer that exits first breaks the collective this
+        rank's main thread is in (its traceback would bury the message), and the store's host must not go first.
+        Every rank checks for the verdict once a tick: two ticks and a margin are enough for all but a rank that
+        cannot run at all."""
         try:
             key = self._key("exiting")
-            self.store.add(key, 1)
-            deadline = _monotonic() + seconds
+            if join:
+                self.store.add(key, 1)
+            deadline = _monotonic() + 2 * tick_for(self.stall_timeout) + 3.0
             while self.store.add(key, 0) < expected and _monotonic() < deadline:
                 time.sleep(0.02)
         except Exception:
@@ -524,6 +538,8 @@ class Watchdog:
                     if problem:
                         message = describe_missing(mine, peer, problem)
                         self._issue({"kind": "mismatch", "message": message, "raising": [self.rank]})
+                        # The others print the verdict before this rank's exit breaks their collectives.
+                        self._exit_barrier(self.world_size - 1, join=False)
                         raise CollectiveMismatchError(message)
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
@@ -655,11 +671,13 @@ def summarize_verdict(verdict, rank):
     what = "stopped responding" if verdict["kind"] == "unresponsive" else \
         f"has made no progress for {_seconds(c['idle'])}"
     return (f"[tasktrain] watchdog: rank {c['rank']} (pid {c['pid']} on {c['host']}) {what} ({_progress(c)}; its "
-            f"stacks: {c['stacks']}); rank {rank} stops too (exit code {EXIT_CODE}). Rank 0 printed the details.")
+            f"stacks: {c['stacks']}); rank {rank} stops too (exit code {EXIT_CODE}). Rank "
+            f"{verdict.get('reporter', 0)} printed the details.")
 
 
 def describe_long_wait(blocker, waiters):
     names = ", ".join(str(r["rank"]) for r in waiters[:8]) + (" ..." if len(waiters) > 8 else "")
+    names = f"ranks {names} have" if len(waiters) > 1 else f"rank {names} has"
     if blocker.get("long"):
         what = f"in '{blocker['long']}' for {_seconds(blocker['long_for'])}, a long event with no deadline"
     elif blocker.get("first_batch"):
@@ -668,7 +686,7 @@ def describe_long_wait(blocker, waiters):
         what = f"outside the watched loops ({_progress(blocker)}) for {_seconds(blocker['idle'])}"
     else:
         what = f"still making progress ({_progress(blocker)})"  # not said by the judge (it would repeat)
-    return (f"[tasktrain] watchdog: rank(s) {names} have waited longer than stall_timeout for rank {blocker['rank']} "
+    return (f"[tasktrain] watchdog: {names} waited longer than stall_timeout for rank {blocker['rank']} "
             f"(pid {blocker['pid']} on {blocker['host']}), which is {what}; not stopping the run.")
 
 
