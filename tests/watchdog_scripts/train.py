@@ -9,9 +9,9 @@ CASE
   slow_save  stall_timeout=5. At step 2 a checkpoint save takes SAVE_SECONDS (20) on rank 0, a long event: no
              false alarm may come. Then rank 1 sleeps forever in training_step at step 3.
   loader     stall_timeout=3. Rank 0's data loader hangs (Dataset.__getitem__ sleeps) fetching the batch of step 3.
-  extra      TASKTRAIN_DEBUG_COLLECTIVES=1, stall_timeout=60 (what ends the run must be the check, not the stall).
+  extra      TASKTRAIN_DEBUG_COLLECTIVES=1, stall_timeout=30 (what ends the run must be the check, not the stall).
              Rank 1 alone calls strategy.reduce in training_step at step 3.
-  sync_dist  TASKTRAIN_DEBUG_COLLECTIVES=1, stall_timeout=60. Rank 1 alone logs a sync_dist metric; at the next
+  sync_dist  TASKTRAIN_DEBUG_COLLECTIVES=1, stall_timeout=30. Rank 1 alone logs a sync_dist metric; at the next
              log flush the ranks reduce different metrics.
 Every rank writes OUT/pid{R}; the rank that hangs writes OUT/stuck (time.time()) just before.
 """
@@ -114,4 +114,4 @@ if __name__ == "__main__":
     elif case == "loader":
         trainer(3, max_epochs=1000).fit(Model(), data)
     else:
-        trainer(60, max_epochs=1000).fit(Model(), data)
+        trainer(30, max_epochs=1000).fit(Model(), data)
