@@ -23,7 +23,7 @@ _NAMES = {
     "DDP": "tasktrain.strategies.ddp",
     "DataParallel": "tasktrain.strategies.data_parallel",
     "DeepSpeed": "tasktrain.strategies.deepspeed",
-    "CheckpointError": "tasktrain.trainer.checkpoint",
+    "CheckpointError": "tasktrain.checkpoint_io",
     "init_empty_weights": "tasktrain.inference.empty",
     "save_model": "tasktrain.inference.saving",
 }

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accelerator_scripts.common import MyModel, Wrapped, accelerator_loop, make_dataset, max_difference, trainer_run
 from tasktrain import Accelerator, Trainer, seed_everything
-from tasktrain.trainer.checkpoint import load_checkpoint_file
+from tasktrain.checkpoint_io import load_checkpoint_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

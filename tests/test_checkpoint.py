@@ -8,7 +8,7 @@ import torch
 
 from helpers import Linear, loader, quiet
 from tasktrain import CheckpointError, ModelCheckpoint, Trainer
-from tasktrain.trainer import checkpoint as ckpt_io
+from tasktrain import checkpoint_io as ckpt_io
 
 
 def trained(tmp_path, **kwargs):

@@ -457,6 +457,27 @@ def test_deepspeed_choices_map_to_stage_and_offload(tmp_path, text, name, stage,
     assert env["TASKTRAIN_STRATEGY"] == "deepspeed" and json.loads(env["TASKTRAIN_DEEPSPEED"]) == s.deepspeed
 
 
+def test_the_launcher_accepts_every_name_the_library_does(tmp_path):
+    """One table of names (tasktrain/names.py): every strategy and precision alias the Trainer takes is a valid
+    launch value, and a config written for it reads back as the same choice."""
+    from tasktrain.names import PRECISION_ALIASES, STRATEGIES
+    from tasktrain.strategies.precision import normalize_precision
+
+    for alias, name in PRECISION_ALIASES.items():
+        assert load(tmp_path, f"precision: {json.dumps(alias)}\n").precision == name == normalize_precision(alias)
+    for name, entry in STRATEGIES.items():
+        processes = 1 if entry.distributed_type == "NO" else 2
+        s = load(tmp_path, f"strategy: {name}\nnum_processes: {processes}\n")
+        assert s.strategy == name or (entry.distributed_type == "DEEPSPEED" and s.is_deepspeed), name
+        if entry.distributed_type == "DEEPSPEED":
+            assert s.deepspeed["stage"] == entry.kwargs.get("stage", 2), name  # the stage read from the table
+        back = load_config(cfg.write_config(cfg.config_values({"strategy": name, "num_processes": processes}),
+                                            str(tmp_path / f"{name}.yaml")), gpu_count=1)
+        assert back.strategy == s.strategy and not any("strategy decides" in n for n in back.notes), name
+    with pytest.raises(ConfigError, match="strategy dp runs one process"):
+        load(tmp_path, "strategy: dp\nnum_processes: 2\n")
+
+
 def test_deepspeed_config_file_is_passed_and_its_stage_read(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
     s = load(tmp_path, f"distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: {tmp_path}/ds.json\n")

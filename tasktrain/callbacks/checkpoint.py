@@ -18,6 +18,7 @@ import re
 import torch
 
 from tasktrain.callbacks.base import Callback
+from tasktrain.checkpoint_io import atomic_link, write_last_pointer
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_/.\-]*)(:[^}]*)?\}")
 
@@ -135,11 +136,9 @@ class ModelCheckpoint(Callback):
                 # the same bytes: link (or copy) rather than serialise the state twice
                 if trainer.is_global_zero:
                     # a strategy whose checkpoints are directories (DeepSpeed) links them its own way
-                    getattr(strategy, "link_checkpoint", _atomic_link)(saved_path, last)
+                    getattr(strategy, "link_checkpoint", atomic_link)(saved_path, last)
                 strategy.barrier("last")
                 if not self.save_weights_only and trainer.is_global_zero:
-                    from tasktrain.trainer.checkpoint import write_last_pointer
-
                     write_last_pointer(trainer.default_root_dir, last, trainer.global_step, trainer.current_epoch)
             else:
                 trainer.save_checkpoint(last, weights_only=self.save_weights_only)
@@ -265,15 +264,3 @@ def _default_dirpath(trainer):
     version = version if isinstance(version, str) else f"version_{version}"
     return os.path.join(logger.save_dir or trainer.default_root_dir, str(name), version, "checkpoints")
 
-
-def _atomic_link(src, dst):
-    tmp = f"{dst}.tmp-{os.getpid()}"
-    if os.path.exists(tmp):
-        os.remove(tmp)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        import shutil
-
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)

@@ -17,6 +17,9 @@ from typing import Optional
 
 import yaml
 
+from tasktrain.names import (AUTO_STRATEGY, MIXED_PRECISION, PRECISION_ALIASES, PRECISIONS, STRATEGIES,
+                             deepspeed_name)
+
 
 class ConfigError(ValueError):
     """A launch configuration that cannot work; the message says what to change."""
@@ -68,18 +71,9 @@ DEEPSPEED_IGNORED_KEYS = {
 }
 
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED")
-STRATEGIES = (
-    "auto", "single_device", "ddp", "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2",
-    "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload",
-)
-MIXED_PRECISION = {"no": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
-# Same aliases as tasktrain/strategies/precision.py (not imported: it imports torch).
-PRECISION_ALIASES = {
-    "32-true": "32-true", "32": "32-true", 32: "32-true",
-    "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed",
-    "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
-    "64-true": "64-true", "64": "64-true", 64: "64-true",
-}
+# What each distributed_type runs when no strategy is named (the table's plain name of that kind).
+STRATEGY_OF_TYPE = {"NO": "single_device", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "DEEPSPEED": "deepspeed"}
+STRATEGY_CHOICES = (AUTO_STRATEGY, *STRATEGIES)
 RDZV_BACKENDS = ("static", "c10d")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 DEFAULT_PORT = 29500  # torchrun's; every machine of a multi-machine run must agree on it
@@ -177,12 +171,33 @@ def _choice(key, value, choices, upper=False, hint=""):
         return None
     name = name.upper() if upper else name.lower()
     if name not in choices:
-        close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
-        suggestion = f" Did you mean {close[0]!r}?" if close else ""
+        close = _closest(name, choices)
+        suggestion = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise ConfigError(
             f"{key}: {value!r} is not supported; expected one of {', '.join(choices)}.{suggestion}{hint}"
         )
     return name
+
+
+def _closest(name, choices):
+    """The choices nearest to a misspelt `name`: fewest edits among difflib's candidates, ties in table order
+    ("dpp" -> "ddp" or "dp")."""
+    candidates = difflib.get_close_matches(name, choices, n=4, cutoff=0.5)
+    if not candidates:
+        return []
+    distance = {c: _edits(name, c) for c in candidates}
+    best = min(distance.values())
+    return [c for c in choices if distance.get(c) == best]
+
+
+def _edits(a, b):
+    """Levenshtein distance (insertions, deletions, substitutions)."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ca != cb))
+    return row[-1]
 
 
 def _integer(key, value, minimum=None, maximum=None):
@@ -240,8 +255,8 @@ def _precision(value):
     key = value if isinstance(value, int) and not isinstance(value, bool) else _name(value)
     if key not in PRECISION_ALIASES:
         raise ConfigError(
-            f"precision: {value!r} is not supported; expected one of 32-true, 16-mixed, bf16-mixed, 64-true "
-            "(or mixed_precision: no | fp16 | bf16)."
+            f"precision: {value!r} is not supported; expected one of {', '.join(PRECISIONS)} "
+            f"(or mixed_precision: {' | '.join(MIXED_PRECISION)})."
         )
     return PRECISION_ALIASES[key]
 
@@ -408,10 +423,6 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
     if gpu_count is None:
         gpu_count = count_gpus()
     s = LaunchSettings(config_file=config_file)
-
-    def source(key, default_reason="default"):
-        return sources.get(key, default_reason)
-
     env_kind = _name(merged.get("compute_environment"))
     if env_kind is not None and env_kind.upper() != "LOCAL_MACHINE":
         raise ConfigError(
@@ -423,20 +434,45 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
         hint=" For sharded training use DEEPSPEED with zero_stage 3; for plain data parallel use MULTI_GPU or "
              "MULTI_CPU.",
     )
-    ds_raw = merged["deepspeed_config"]
+    _resolve_processes(s, merged, sources, dist_type, gpu_count)
+    _resolve_strategy(s, merged, sources, dist_type)
+    _resolve_precision(s, merged, sources)
 
-    # ---- where the processes run
+    ga = _integer("gradient_accumulation_steps", merged.get("gradient_accumulation_steps"), minimum=1)
+    if ga is not None:
+        s.gradient_accumulation_steps, s.sources["gradient_accumulation_steps"] = ga, _source(sources,
+                                                                                              "gradient_accumulation_steps")
+    s.gpu_ids = _gpu_ids(merged.get("gpu_ids"))
+    s.num_cpu_threads_per_process = _integer(
+        "num_cpu_threads_per_process", merged.get("num_cpu_threads_per_process"), minimum=1)
+    s.debug = bool(_flag("debug", merged.get("debug")))
+    for key in merged:
+        if key in IGNORED_KEYS or any(str(key).startswith(p) for p in IGNORED_PREFIXES):
+            s.ignored.append(key)
+    for key in merged["deepspeed_config"]:
+        if key in DEEPSPEED_IGNORED_KEYS and s.is_deepspeed:
+            s.ignored.append(f"deepspeed_config.{key}")
+    _add_notes(s, dist_type, gpu_count, _flag("use_cpu", merged.get("use_cpu")))
+    return s
+
+
+def _source(sources, key, default_reason="default"):
+    return sources.get(key, default_reason)
+
+
+def _resolve_processes(s: LaunchSettings, merged: dict, sources: dict, dist_type, gpu_count: int):
+    """Machines, processes, this machine's rank, the rendezvous, and whether it runs on CPU."""
     s.num_machines = _integer("num_machines", merged.get("num_machines"), minimum=1) or 1
-    s.sources["num_machines"] = source("num_machines")
+    s.sources["num_machines"] = _source(sources, "num_machines")
     explicit_cpu = _flag("use_cpu", merged.get("use_cpu"))
     wants_gpu = dist_type in ("MULTI_GPU", "DEEPSPEED")
     s.use_cpu = bool(explicit_cpu) or dist_type == "MULTI_CPU"
     if explicit_cpu:
-        s.sources["use_cpu"] = source("use_cpu")
+        s.sources["use_cpu"] = _source(sources, "use_cpu")
     elif dist_type == "MULTI_CPU":
-        s.sources["use_cpu"] = f"{source('distributed_type')}: distributed_type MULTI_CPU"
+        s.sources["use_cpu"] = f"{_source(sources, 'distributed_type')}: distributed_type MULTI_CPU"
     else:
-        s.sources["use_cpu"] = source("use_cpu")
+        s.sources["use_cpu"] = _source(sources, "use_cpu")
     if not s.use_cpu and gpu_count == 0:
         s.use_cpu = True
         s.sources["use_cpu"] = "no GPU on this machine"
@@ -447,7 +483,7 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
         num_processes = 1 if dist_type == "NO" else s.num_machines * per_machine
         s.sources["num_processes"] = "default"
     else:
-        s.sources["num_processes"] = source("num_processes")
+        s.sources["num_processes"] = _source(sources, "num_processes")
     s.num_processes = num_processes
     if s.num_processes % s.num_machines:
         raise ConfigError(
@@ -461,7 +497,7 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
             "process per machine. num_processes is the total over all machines."
         )
     s.machine_rank = _integer("machine_rank", merged.get("machine_rank"), minimum=0) or 0
-    s.sources["machine_rank"] = source("machine_rank")
+    s.sources["machine_rank"] = _source(sources, "machine_rank")
     if s.machine_rank >= s.num_machines:
         raise ConfigError(
             f"machine_rank {s.machine_rank} is out of range for num_machines {s.num_machines}; expected 0 to "
@@ -474,22 +510,24 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
             "of machine 0. Pass --main_process_ip ADDRESS (the same on every machine) or set it in the file."
         )
     s.main_process_ip = ip or "127.0.0.1"
-    s.sources["main_process_ip"] = source("main_process_ip")
+    s.sources["main_process_ip"] = _source(sources, "main_process_ip")
     s.main_process_port = _integer("main_process_port", merged.get("main_process_port"), minimum=1, maximum=65535)
-    s.sources["main_process_port"] = source("main_process_port")
-    backend = _choice("rdzv_backend", merged.get("rdzv_backend"), RDZV_BACKENDS)
-    s.rdzv_backend = backend or "static"
+    s.sources["main_process_port"] = _source(sources, "main_process_port")
+    s.rdzv_backend = _choice("rdzv_backend", merged.get("rdzv_backend"), RDZV_BACKENDS) or "static"
     if s.rdzv_backend == "c10d" and s.num_machines > 1:
         s.notes.append("rdzv_backend c10d numbers the machines in the order they join: machine_rank is not used")
 
-    # ---- strategy
-    strategy = _choice("strategy", merged.get("strategy"), STRATEGIES)
-    if strategy == "auto":
+
+def _resolve_strategy(s: LaunchSettings, merged: dict, sources: dict, dist_type):
+    """`strategy` (ours, more exact) or `distributed_type` (Accelerate's); DeepSpeed's details from deepspeed_config."""
+    strategy = _choice("strategy", merged.get("strategy"), STRATEGY_CHOICES)
+    if strategy == AUTO_STRATEGY:
         strategy = None
-    if strategy and dist_type and sources.get("strategy") == sources.get("distributed_type"):
+    if strategy and dist_type and sources.get("strategy") == sources.get("distributed_type") \
+            and STRATEGIES[strategy].distributed_type != dist_type.replace("MULTI_CPU", "MULTI_GPU"):
         s.notes.append(f"both strategy ({strategy}) and distributed_type ({dist_type}) are set: strategy decides")
     if strategy:
-        s.sources["strategy"] = source("strategy")
+        s.sources["strategy"] = _source(sources, "strategy")
     elif dist_type == "NO" and s.num_processes > 1:
         if sources.get("num_processes") == "flag" and sources.get("distributed_type") == "file":
             strategy = "ddp"
@@ -501,53 +539,43 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
                 "distributed_type to MULTI_CPU or MULTI_GPU (or strategy: ddp) to run several, or num_processes: 1."
             )
     elif dist_type is not None:
-        strategy = {"NO": "single_device", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "DEEPSPEED": "deepspeed"}[dist_type]
-        s.sources["strategy"] = f"{source('distributed_type')}: distributed_type {dist_type}"
+        strategy = STRATEGY_OF_TYPE[dist_type]
+        s.sources["strategy"] = f"{_source(sources, 'distributed_type')}: distributed_type {dist_type}"
     else:
         strategy = "ddp" if s.num_processes > 1 else "single_device"
         s.sources["strategy"] = "default for " + ("several processes" if s.num_processes > 1 else "one process")
-    if strategy == "single_device" and s.num_processes > 1:
+    if STRATEGIES[strategy].distributed_type == "NO" and s.num_processes > 1:
         raise ConfigError(
-            f"strategy single_device runs one process, but num_processes is {s.num_processes}: each process would "
+            f"strategy {strategy} runs one process, but num_processes is {s.num_processes}: each process would "
             "train alone on its own copy. Use strategy ddp (or a deepspeed_* strategy), or num_processes 1."
         )
     s.strategy = strategy
-    if strategy.startswith("deepspeed"):
+    ds_raw = merged["deepspeed_config"]
+    if STRATEGIES[strategy].distributed_type == "DEEPSPEED":
         s.deepspeed = _deepspeed_kwargs(strategy, ds_raw, s)
     elif ds_raw:
         s.ignored.append("deepspeed_config (the strategy is not DeepSpeed)")
 
-    # ---- precision: `precision` is ours and more exact; mixed_precision is Accelerate's spelling
+
+def _resolve_precision(s: LaunchSettings, merged: dict, sources: dict):
+    """`precision` is ours and more exact; mixed_precision is Accelerate's spelling."""
     if merged.get("precision") is not None:
         s.precision = _precision(merged["precision"])
-        s.sources["precision"] = source("precision")
+        s.sources["precision"] = _source(sources, "precision")
         if merged.get("mixed_precision") is not None:
             s.notes.append(f"precision {s.precision} is used; mixed_precision is ignored")
     elif merged.get("mixed_precision") is not None:
         mp = _choice("mixed_precision", merged["mixed_precision"], tuple(MIXED_PRECISION),
                      hint=" fp8 is not supported.")
         s.precision = MIXED_PRECISION[mp]
-        s.sources["precision"] = f"{source('mixed_precision')}: mixed_precision {mp}"
+        s.sources["precision"] = f"{_source(sources, 'mixed_precision')}: mixed_precision {mp}"
     else:
         s.sources["precision"] = "default"
 
-    # ---- the rest
-    ga = _integer("gradient_accumulation_steps", merged.get("gradient_accumulation_steps"), minimum=1)
-    if ga is not None:
-        s.gradient_accumulation_steps, s.sources["gradient_accumulation_steps"] = ga, source("gradient_accumulation_steps")
-    s.gpu_ids = _gpu_ids(merged.get("gpu_ids"))
-    s.num_cpu_threads_per_process = _integer(
-        "num_cpu_threads_per_process", merged.get("num_cpu_threads_per_process"), minimum=1)
-    s.debug = bool(_flag("debug", merged.get("debug")))
 
-    for key in merged:
-        if key in IGNORED_KEYS or any(str(key).startswith(p) for p in IGNORED_PREFIXES):
-            s.ignored.append(key)
-    for key in ds_raw:
-        if key in DEEPSPEED_IGNORED_KEYS and s.is_deepspeed:
-            s.ignored.append(f"deepspeed_config.{key}")
-
-    # ---- things worth saying before anything starts
+def _add_notes(s: LaunchSettings, dist_type, gpu_count: int, explicit_cpu):
+    """Things worth saying before anything starts."""
+    wants_gpu = dist_type in ("MULTI_GPU", "DEEPSPEED")
     if wants_gpu and gpu_count == 0 and explicit_cpu is not True:
         s.notes.append(
             f"distributed_type {dist_type} asks for GPUs but this machine has none: starting "
@@ -564,7 +592,6 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
             s.notes.append("DeepSpeed rejects fp16 on CPU ('Type fp16 is not supported'): use mixed_precision bf16")
     if s.num_machines > 1 and s.main_process_port is None:
         s.notes.append(f"no main_process_port given: using {DEFAULT_PORT} (the same must be used on every machine)")
-    return s
 
 
 def _multiples(n, m):
@@ -590,7 +617,8 @@ def _deepspeed_kwargs(strategy: str, ds: dict, s: LaunchSettings) -> dict:
         except (ValueError, AttributeError):
             raise ConfigError(f"deepspeed_config_file {config_file!r} is not a JSON object; fix the file.") from None
 
-    named_stage = int(strategy.split("_")[2]) if strategy.startswith("deepspeed_stage_") else None
+    named = STRATEGIES[strategy].kwargs  # what the strategy's name says (deepspeed_stage_3_offload: stage 3, ...)
+    named_stage = named.get("stage")
     stage = _integer("deepspeed_config.zero_stage", ds.get("zero_stage"), minimum=0, maximum=3)
     if named_stage is not None:
         if stage is not None and stage != named_stage:
@@ -608,8 +636,10 @@ def _deepspeed_kwargs(strategy: str, ds: dict, s: LaunchSettings) -> dict:
             "offload to nvme is not set up by tasktrain launch; expected none or cpu. Put the NVMe offload section "
             "in a DeepSpeed JSON file and pass it as deepspeed_config.deepspeed_config_file."
         )
-    if strategy.endswith("_offload"):
-        offload_opt, offload_param = "cpu", ("cpu" if stage == 3 else offload_param)
+    if named.get("offload_optimizer"):
+        offload_opt = "cpu"
+    if named.get("offload_parameters"):
+        offload_param = "cpu"
     if offload_param == "cpu" and stage != 3:
         s.notes.append(f"offload_param_device cpu only applies at zero_stage 3 (this is stage {stage}): not offloading")
         offload_param = "none"
@@ -622,13 +652,7 @@ def _deepspeed_kwargs(strategy: str, ds: dict, s: LaunchSettings) -> dict:
         "save_16bit_model": bool(_flag("deepspeed_config.zero3_save_16bit_model", ds.get("zero3_save_16bit_model"))),
         "config": config_file,
     }
-    # The registry name, when there is one for this combination.
-    name = f"deepspeed_stage_{stage}" if stage >= 1 else "deepspeed"
-    if kwargs["offload_optimizer"] and (stage == 2 or (stage == 3 and kwargs["offload_parameters"])):
-        name += "_offload"
-    elif kwargs["offload_optimizer"] or kwargs["offload_parameters"]:
-        name = "deepspeed"
-    s.strategy = name
+    s.strategy = deepspeed_name(stage, kwargs["offload_optimizer"], kwargs["offload_parameters"])
 
     ga = _integer("deepspeed_config.gradient_accumulation_steps", ds.get("gradient_accumulation_steps"), minimum=1)
     if ga is not None:
@@ -667,12 +691,11 @@ def config_values(answers: dict) -> dict:
 
 
 def settings_to_values(settings: LaunchSettings) -> dict:
-    if settings.is_deepspeed:
-        dist_type = "DEEPSPEED"
-    elif settings.strategy == "ddp":
-        dist_type = "MULTI_CPU" if settings.use_cpu else "MULTI_GPU"
-    else:
-        dist_type = "NO"
+    dist_type = STRATEGIES[settings.strategy].distributed_type
+    if dist_type == "MULTI_GPU" and settings.use_cpu:
+        dist_type = "MULTI_CPU"
+    # A strategy that distributed_type alone does not name (ddp_spawn, dp, ...) is written as our own key too.
+    plain = settings.is_deepspeed or STRATEGY_OF_TYPE[dist_type] == settings.strategy
     reverse = {v: k for k, v in MIXED_PRECISION.items()}
     several = settings.num_machines > 1
     values = {
@@ -689,6 +712,7 @@ def settings_to_values(settings: LaunchSettings) -> dict:
         "use_cpu": settings.use_cpu,
         "gpu_ids": settings.gpu_ids or "all",
         "rdzv_backend": settings.rdzv_backend,
+        "strategy": None if plain else settings.strategy,
     }
     if settings.is_deepspeed:
         ds = settings.deepspeed
@@ -741,7 +765,7 @@ def ask_questions(ask=input, gpu_count: int = 0) -> dict:
     processes = _ask(ask, "How many processes in total, over all machines?", machines * per_machine,
                      lambda t: _integer("num_processes", t, minimum=1))
     answers["num_processes"] = processes
-    choices = [name for name in STRATEGIES if name not in ("auto", "deepspeed")]
+    choices = [name for name in STRATEGIES if name != "deepspeed"]
     answers["strategy"] = _ask(ask, f"Strategy ({', '.join(choices)})?", "ddp" if processes > 1 else "single_device",
                                lambda t: _choice("strategy", t, tuple(choices)))
     default_mp = "no"

@@ -42,9 +42,10 @@ def _add_launch(subparsers):
     _option(p, "machine_rank", type=int, metavar="R", help="this machine's rank, 0 to M-1 (0 hosts the rendezvous)")
     _option(p, "main_process_ip", metavar="IP", help="address of machine 0, the same on every machine")
     _option(p, "main_process_port", type=int, metavar="PORT", help="port on machine 0 (default: free port / 29500)")
-    _option(p, "mixed_precision", metavar="{no,fp16,bf16}", help="mixed precision (Accelerate's names)")
-    _option(p, "precision", metavar="NAME", help="precision by our names: 32-true, 16-mixed, bf16-mixed, 64-true")
-    _option(p, "strategy", metavar="NAME", help="single_device, ddp, deepspeed_stage_1/2/2_offload/3/3_offload")
+    _option(p, "mixed_precision", metavar="{" + ",".join(cfg.MIXED_PRECISION) + "}",
+            help="mixed precision (Accelerate's names)")
+    _option(p, "precision", metavar="NAME", help="precision by our names: " + ", ".join(cfg.PRECISIONS))
+    _option(p, "strategy", metavar="NAME", help=", ".join(cfg.STRATEGY_CHOICES))
     p.add_argument("--use_cpu", "--use-cpu", "--cpu", dest="use_cpu", action="store_true", default=None,
                    help="train on CPU even where GPUs exist")
     p.add_argument("--multi_gpu", "--multi-gpu", dest="multi_gpu", action="store_true",
@@ -158,8 +159,8 @@ def _add_config(subparsers):
     _option(p, "machine_rank", type=int, metavar="R")
     _option(p, "main_process_ip", metavar="IP")
     _option(p, "main_process_port", type=int, metavar="PORT")
-    _option(p, "mixed_precision", metavar="{no,fp16,bf16}")
-    _option(p, "strategy", metavar="NAME", help="single_device, ddp, deepspeed_stage_1/2/2_offload/3/3_offload")
+    _option(p, "mixed_precision", metavar="{" + ",".join(cfg.MIXED_PRECISION) + "}")
+    _option(p, "strategy", metavar="NAME", help=", ".join(cfg.STRATEGY_CHOICES))
     p.add_argument("--use_cpu", "--use-cpu", "--cpu", dest="use_cpu", action="store_true", default=None)
     _option(p, "gradient_accumulation_steps", type=int, metavar="N")
     p.add_argument("--defaults", action="store_true", help="write the defaults without asking")
@@ -271,7 +272,7 @@ def _add_convert(subparsers):
 
 
 def _convert(args) -> int:
-    from tasktrain.trainer.checkpoint import CheckpointError
+    from tasktrain.checkpoint_io import CheckpointError
 
     if args.format == "ckpt":
         given = [flag for flag, value in (("--max-shard-size", args.max_shard_size), ("--prefix", args.prefix))

@@ -14,7 +14,9 @@ import os
 
 import torch
 
+from tasktrain.checkpoint_io import atomic_save, load_checkpoint_file
 from tasktrain.strategies.precision import Precision
+from tasktrain.tree import apply_to_leaves
 
 
 class Strategy:
@@ -181,15 +183,11 @@ class Strategy:
         optimizer.load_state_dict(state)
 
     def save_checkpoint(self, checkpoint: dict, path: str):
-        from tasktrain.trainer.checkpoint import atomic_save
-
         if self.is_global_zero:
             atomic_save(checkpoint, path)
         self.barrier("save_checkpoint")
 
     def load_checkpoint(self, path: str) -> dict:
-        from tasktrain.trainer.checkpoint import load_checkpoint_file
-
         return load_checkpoint_file(path)
 
     def remove_checkpoint(self, path: str):
@@ -221,13 +219,10 @@ def _plain_tensors(batch):
 
 
 def move_to_device(data, device):
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=True) if data.device != device else data
-    if isinstance(data, (list, tuple)):
-        out = [move_to_device(d, device) for d in data]
-        return type(data)(*out) if hasattr(data, "_fields") else type(data)(out)
-    if isinstance(data, dict):
-        return type(data)((k, move_to_device(v, device)) for k, v in data.items())
-    if hasattr(data, "to") and callable(data.to):
-        return data.to(device)
-    return data
+    def move(leaf):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.to(device, non_blocking=True) if leaf.device != device else leaf
+        to = getattr(leaf, "to", None)  # a batch object of the user's own (a BatchEncoding, ...) moves itself
+        return to(device) if callable(to) else leaf
+
+    return apply_to_leaves(data, move)

@@ -15,6 +15,7 @@ import warnings
 import torch
 
 from tasktrain.strategies.base import Strategy
+from tasktrain.tree import apply_to_leaves
 
 
 class _StepForward(torch.nn.Module):
@@ -98,13 +99,7 @@ class DataParallel(Strategy):
 
 def _unsqueeze_scalars(out):
     # DataParallel's gather stacks 0-dim outputs with a warning every step; shape (1,) concatenates silently.
-    if isinstance(out, torch.Tensor):
-        return out.unsqueeze(0) if out.dim() == 0 else out
-    if isinstance(out, dict):
-        return type(out)((k, _unsqueeze_scalars(v)) for k, v in out.items())
-    if isinstance(out, (list, tuple)):
-        return type(out)(_unsqueeze_scalars(v) for v in out)
-    return out
+    return apply_to_leaves(out, lambda t: t.unsqueeze(0) if isinstance(t, torch.Tensor) and t.dim() == 0 else t)
 
 
 def _mean_loss(out):

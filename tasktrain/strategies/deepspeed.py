@@ -58,8 +58,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, format_header, link_tree,
+                                     load_checkpoint_file, replace_dir)
 from tasktrain.strategies.ddp import _PROCESS, DDP
-from tasktrain.version import __version__
+from tasktrain.tree import apply_to_leaves
 
 DEFAULT_STAGE = 2
 STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory: loop state, callbacks, RNG, ...
@@ -470,8 +472,6 @@ class DeepSpeed(DDP):
         name and renamed into place, so a crash never leaves a half directory under the real name.
 
         A weights-only checkpoint is a single file with the consolidated fp32 weights instead."""
-        from tasktrain.trainer.checkpoint import atomic_save
-
         path = os.path.abspath(os.fspath(path))
         if checkpoint.get("weights_only"):
             tmp = f"{path}.zero-tmp"
@@ -485,7 +485,7 @@ class DeepSpeed(DDP):
         tmp = f"{path}.tmp"
         self._save_engine(tmp, checkpoint)
         if self.is_global_zero:
-            _replace_dir(tmp, path)
+            replace_dir(tmp, path)
         self.barrier("save_checkpoint")
 
     def save_accelerator_state(self, output_dir, state):
@@ -497,8 +497,6 @@ class DeepSpeed(DDP):
         return self.load_checkpoint(input_dir)
 
     def _save_engine(self, directory, state, sixteen_bit=True):
-        from tasktrain.trainer.checkpoint import atomic_save
-
         if self.is_global_zero and os.path.isdir(directory) and directory.endswith((".tmp", ".zero-tmp")):
             shutil.rmtree(directory)  # the leftover of an interrupted save
         self.barrier("save_engine")
@@ -515,8 +513,6 @@ class DeepSpeed(DDP):
     def save_16bit_weights(self, path, hyper_parameters=None):
         """Write the consolidated 16-bit weights (our checkpoint format, weights only) to `path`. Every rank calls
         it (stage 3 gathers the partitions)."""
-        from tasktrain.trainer.checkpoint import CHECKPOINT_FORMAT_VERSION, atomic_save
-
         directory, name = os.path.split(os.path.abspath(path))
         raw = f".{name}.deepspeed"
         if not self.engine.save_16bit_model(directory, raw):
@@ -527,17 +523,14 @@ class DeepSpeed(DDP):
             weights = torch.load(os.path.join(directory, raw), map_location="cpu", weights_only=True)
             weights = {_strip(k, _WRAPPER_PREFIX if self._wrapped else ""): v.to(dtype) if v.is_floating_point() else v
                        for k, v in weights.items()}
-            atomic_save({"format_version": CHECKPOINT_FORMAT_VERSION, "tasktrain_version": __version__,
-                         "torch_version": str(torch.__version__), "state_dict": weights,
-                         "hyper_parameters": hyper_parameters or {}, "weights_only": True}, path)
+            atomic_save({**format_header(), "state_dict": weights, "hyper_parameters": hyper_parameters or {},
+                         "weights_only": True}, path)
             os.remove(os.path.join(directory, raw))
         self.barrier("save_16bit")
 
     def load_checkpoint(self, path: str) -> dict:
         """A DeepSpeed checkpoint directory: the engine loads its shards (weights, optimizer) and our state file is
         returned. Without an optimizer (validate/test/predict) the weights are consolidated instead."""
-        from tasktrain.trainer.checkpoint import CheckpointError, load_checkpoint_file
-
         path = os.fspath(path)
         if not os.path.isdir(path):
             return load_checkpoint_file(path)  # a plain checkpoint: weights yes, optimizer state no (see above)
@@ -579,13 +572,8 @@ class DeepSpeed(DDP):
     def link_checkpoint(self, src, dst):
         """ModelCheckpoint's last.ckpt: a directory of hard links to `src`'s files (a copy where links fail)."""
         if not os.path.isdir(src):
-            from tasktrain.callbacks.checkpoint import _atomic_link
-
-            return _atomic_link(src, dst)
-        tmp = f"{dst}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp, copy_function=_link_or_copy)
-        _replace_dir(tmp, dst)
+            return atomic_link(src, dst)
+        link_tree(src, dst)
 
     def full_state_dict(self, model=None):
         """The module's whole state dict on every rank (stage 3 gathers the partitions: call it on every rank)."""
@@ -843,14 +831,7 @@ def _positive_or_none(name, value):
 
 
 def _cast_floats(data, dtype):
-    if isinstance(data, torch.Tensor):
-        return data.to(dtype) if data.is_floating_point() else data
-    if isinstance(data, (list, tuple)):
-        out = [_cast_floats(d, dtype) for d in data]
-        return type(data)(*out) if hasattr(data, "_fields") else type(data)(out)
-    if isinstance(data, dict):
-        return type(data)((k, _cast_floats(v, dtype)) for k, v in data.items())
-    return data
+    return apply_to_leaves(data, lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)
 
 
 def _say_once(key, is_global_zero, message):
@@ -869,25 +850,6 @@ def _strip(key, prefix):
     return key[len(prefix):] if prefix and key.startswith(prefix) else key
 
 
-# -- checkpoint directories ------------------------------------------------------------------------------------
-def _replace_dir(src, dst):
-    """Rename directory `src` to `dst`, replacing what is there."""
-    old = None
-    if os.path.lexists(dst):
-        old = f"{dst}.old-{os.getpid()}"
-        os.replace(dst, old)
-    os.replace(src, dst)
-    if old is not None:
-        shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
-
-
-def _link_or_copy(src, dst):
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def convert_zero_checkpoint(checkpoint_dir, output_path=None):
     """Consolidate a ZeRO checkpoint directory into one fp32 state dict, in our checkpoint format.
 
@@ -896,9 +858,6 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None):
     `torch.load(output_path, weights_only=True)` read it. The optimizer state stays behind (it is ZeRO's).
     Runs in one process; needs as much memory as the whole model in fp32.
     """
-    from tasktrain.trainer.checkpoint import CHECKPOINT_FORMAT_VERSION, CheckpointError, atomic_save, \
-        load_checkpoint_file
-
     checkpoint_dir = os.fspath(checkpoint_dir)
     if not os.path.isdir(checkpoint_dir):
         raise CheckpointError(f"{checkpoint_dir!r} is not a directory: convert takes a DeepSpeed checkpoint directory "
@@ -923,9 +882,7 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None):
     prefix = meta.get("key_prefix", "")
     state_dict = {_strip(k, prefix): v.contiguous() for k, v in weights.items()}
     out = {
-        "format_version": CHECKPOINT_FORMAT_VERSION,
-        "tasktrain_version": __version__,
-        "torch_version": str(torch.__version__),
+        **format_header(),
         "state_dict": state_dict,
         "hyper_parameters": ckpt.get("hyper_parameters", {}),
         "weights_only": True,

@@ -12,25 +12,8 @@ import warnings
 
 import torch
 
-PRECISION_ALIASES = {
-    "32-true": "32-true", "32": "32-true", 32: "32-true", "fp32": "32-true", "no": "32-true",
-    "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed", "fp16": "16-mixed",
-    "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
-    "64-true": "64-true", "64": "64-true", 64: "64-true",
-}
-VALID_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "64-true")
-
-
-def normalize_precision(value) -> str:
-    if value is None:
-        return "32-true"
-    if isinstance(value, bool) or value not in PRECISION_ALIASES:
-        raise ValueError(
-            f"Unknown precision {value!r}. Valid values: {', '.join(VALID_PRECISIONS)} "
-            f"(aliases: 32, 16, '16', 'bf16', 64). Use for example precision='bf16-mixed'."
-        )
-    return PRECISION_ALIASES[value]
-
+from tasktrain.names import normalize_precision  # noqa: F401  (the table's, re-exported for callers)
+from tasktrain.tree import apply_to_leaves
 
 class Precision:
     """Full fp32 ("32-true"): no casting, no scaling."""
@@ -145,11 +128,4 @@ def make_precision(value, device_type: str = "cpu") -> Precision:
 
 
 def _apply_to_floats(data, fn):
-    if isinstance(data, torch.Tensor):
-        return fn(data) if data.is_floating_point() else data
-    if isinstance(data, (list, tuple)):
-        out = [_apply_to_floats(d, fn) for d in data]
-        return type(data)(*out) if hasattr(data, "_fields") else type(data)(out)
-    if isinstance(data, dict):
-        return type(data)((k, _apply_to_floats(v, fn)) for k, v in data.items())
-    return data
+    return apply_to_leaves(data, lambda t: fn(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)

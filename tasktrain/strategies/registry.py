@@ -1,38 +1,23 @@
 """Strategy names and the "auto" choice.
 
 Explicit arguments win; then what `tasktrain launch` passed (TASKTRAIN_* variables); then torchrun / SLURM
-variables; then the hardware. Later work adds names here, nothing else changes.
+variables; then the hardware. The names themselves are in the table of tasktrain/names.py.
 """
 import torch
 
+from tasktrain.names import AUTO_STRATEGY, STRATEGIES
 from tasktrain.strategies.environment import detect_environment
-
-# name -> (module path, class name, keyword arguments)
-STRATEGIES = {
-    "single_device": ("tasktrain.strategies.single_device", "SingleDevice", {}),
-    "ddp": ("tasktrain.strategies.ddp", "DDP", {}),
-    "ddp_spawn": ("tasktrain.strategies.ddp", "DDP", {"start_method": "spawn"}),
-    "ddp_find_unused_parameters_true": ("tasktrain.strategies.ddp", "DDP", {"find_unused_parameters": True}),
-    "dp": ("tasktrain.strategies.data_parallel", "DataParallel", {}),
-    "deepspeed": ("tasktrain.strategies.deepspeed", "DeepSpeed", {}),
-    "deepspeed_stage_1": ("tasktrain.strategies.deepspeed", "DeepSpeed", {"stage": 1}),
-    "deepspeed_stage_2": ("tasktrain.strategies.deepspeed", "DeepSpeed", {"stage": 2}),
-    "deepspeed_stage_2_offload": ("tasktrain.strategies.deepspeed", "DeepSpeed", {"stage": 2, "offload_optimizer": True}),
-    "deepspeed_stage_3": ("tasktrain.strategies.deepspeed", "DeepSpeed", {"stage": 3}),
-    "deepspeed_stage_3_offload": ("tasktrain.strategies.deepspeed", "DeepSpeed",
-                                  {"stage": 3, "offload_optimizer": True, "offload_parameters": True}),
-}
 
 
 def strategy_from_name(name: str, **extra):
     import importlib
 
     if name not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {name!r}. Valid names: {', '.join(['auto', *STRATEGIES])}, "
+        raise ValueError(f"Unknown strategy {name!r}. Valid names: {', '.join([AUTO_STRATEGY, *STRATEGIES])}, "
                          "or pass a Strategy instance (e.g. DDP(...), DeepSpeed(stage=2)).")
-    module_path, class_name, kwargs = STRATEGIES[name]
-    cls = getattr(importlib.import_module(module_path), class_name)
-    return cls(**{**kwargs, **extra})
+    entry = STRATEGIES[name]
+    cls = getattr(importlib.import_module(entry.module), entry.cls)
+    return cls(**{**entry.kwargs, **extra})
 
 
 def resolve_accelerator(accelerator) -> str:
@@ -73,7 +58,7 @@ def resolve_strategy(strategy, accelerator: str, devices: int, num_nodes: int, e
         return strategy
     if not isinstance(strategy, str):
         raise TypeError(f"strategy must be a name or a Strategy instance, got {type(strategy).__name__}.")
-    if strategy == "auto":
+    if strategy == AUTO_STRATEGY:
         if devices * num_nodes > 1 or env.world_size > 1:
             strategy = "ddp"
         else:

@@ -24,6 +24,7 @@ import tempfile
 import torch
 
 from tasktrain.strategies.launcher import find_free_port
+from tasktrain.tree import apply_to_leaves
 
 
 def run_spawned(trainer, stage, module, train_loader, eval_loader, ckpt_path, gather):
@@ -98,10 +99,4 @@ def _child(rank, env, private, stage, train_loader, eval_loader, ckpt_path, gath
 
 
 def _to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    return value
+    return apply_to_leaves(value, lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t)

@@ -21,14 +21,15 @@ import warnings
 
 import torch
 
+from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.strategies.base import Strategy
 from tasktrain.strategies.environment import detect_environment, launch_config
 from tasktrain.strategies.precision import make_precision, normalize_precision
 from tasktrain.strategies.registry import resolve_accelerator, resolve_strategy, strategy_from_name
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark, resolve_stall_timeout
-from tasktrain.trainer import checkpoint as ckpt_io
 from tasktrain.trainer.data import ResumableSampler, prepare_train_data
 from tasktrain.trainer.seed import get_seed
+from tasktrain.tree import apply_to_leaves
 
 STATE_FILE = "accelerator_state.pt"
 STATE_FORMAT_VERSION = 1
@@ -888,25 +889,17 @@ def _unpatch_forward(model):
 
 
 def _to_float32(data):
-    if isinstance(data, torch.Tensor):
-        return data.float() if data.dtype in (torch.float16, torch.bfloat16) else data
-    if isinstance(data, (list, tuple)):
-        out = [_to_float32(d) for d in data]
-        return type(data)(*out) if hasattr(data, "_fields") else type(data)(out)
-    if isinstance(data, dict):
-        return type(data)((k, _to_float32(v)) for k, v in data.items())
-    return data
+    return apply_to_leaves(data, lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in (
+        torch.float16, torch.bfloat16) else t)
 
 
 def _map_tensors(data, fn):
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, (list, tuple)):
-        out = [_map_tensors(d, fn) for d in data]
-        return type(data)(*out) if hasattr(data, "_fields") else type(data)(out)
-    if isinstance(data, dict):
-        return type(data)((k, _map_tensors(v, fn)) for k, v in data.items())
-    raise TypeError(f"expected a tensor or a list/tuple/dict of tensors, got {type(data).__name__}")
+    def on_tensor(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError(f"expected a tensor or a list/tuple/dict of tensors, got {type(leaf).__name__}")
+        return fn(leaf)
+
+    return apply_to_leaves(data, on_tensor)
 
 
 def _has_tensor(data):

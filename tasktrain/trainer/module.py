@@ -5,6 +5,8 @@ import numbers
 
 import torch
 
+from tasktrain.tree import apply_to_leaves
+
 _NOT_SET = object()
 
 
@@ -155,13 +157,13 @@ class TaskModule(torch.nn.Module):
     def all_gather(self, data):
         """Gather a tensor (or a dict/list of tensors) from every rank: a new leading dimension of world size."""
         strategy = self.trainer.strategy
-        if isinstance(data, dict):
-            return {k: self.all_gather(v) for k, v in data.items()}
-        if isinstance(data, (list, tuple)):
-            return type(data)(self.all_gather(v) for v in data)
-        if not isinstance(data, torch.Tensor):
-            data = torch.tensor(data, device=strategy.root_device)
-        return strategy.all_gather(data)
+
+        def gather(leaf):
+            if not isinstance(leaf, torch.Tensor):
+                leaf = torch.tensor(leaf, device=strategy.root_device)
+            return strategy.all_gather(leaf)
+
+        return apply_to_leaves(data, gather)
 
     # -- hyper-parameters ----------------------------------------------------------------------------------------
     def save_hyperparameters(self, *names, ignore=()):
@@ -216,7 +218,7 @@ class TaskModule(torch.nn.Module):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location="cpu", strict=True, **overrides):
         """Rebuild the module from a checkpoint's saved hyper-parameters (overridden by **overrides)."""
-        from tasktrain.trainer.checkpoint import load_checkpoint_file
+        from tasktrain.checkpoint_io import load_checkpoint_file
 
         ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
         hparams = dict(ckpt.get("hyper_parameters") or {})

@@ -24,12 +24,12 @@ from functools import partial
 
 import torch
 
+from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
 from tasktrain.strategies.environment import detect_environment, launch_config
 from tasktrain.strategies.precision import make_precision, normalize_precision
 from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark, resolve_stall_timeout
-from tasktrain.trainer import checkpoint as ckpt_io
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
 from tasktrain.trainer.metrics import MetricStore
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -831,7 +831,7 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------------------------------
     def dump_checkpoint(self, weights_only=False) -> dict:
-        """The checkpoint dict (see tasktrain/trainer/checkpoint.py for every key). Called on every rank."""
+        """The checkpoint dict (see tasktrain/checkpoint_io.py for every key). Called on every rank."""
         strategy, module = self.strategy, self.module
         checkpoint = {
             "format_version": ckpt_io.CHECKPOINT_FORMAT_VERSION,

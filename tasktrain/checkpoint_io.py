@@ -1,4 +1,7 @@
-"""The checkpoint format, atomic writes, safe loads, RNG capture and the explicit "last" pointer.
+"""Checkpoint file I/O, a leaf module (it imports nothing of tasktrain but the version): strategies, callbacks,
+the Trainer and the Accelerator all write and read checkpoints through it.
+
+The format, atomic writes, safe loads, hard links and directory swaps, RNG capture and the explicit "last" pointer.
 
 A checkpoint is a dict of tensors and plain containers only (so `torch.load(weights_only=True)` reads it):
 
@@ -20,6 +23,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import zipfile
 
 import numpy as np
@@ -161,3 +165,57 @@ def read_last_pointer(root_dir: str):
     with open(pointer) as f:
         record = json.load(f)
     return record["path"] if os.path.exists(record["path"]) else None
+
+
+# -- links and directories ----------------------------------------------------------------------------------------
+def atomic_link(src: str, dst: str):
+    """Make `dst` hold `src`'s bytes (a hard link, a copy where links fail), replacing `dst` in one rename."""
+    tmp = f"{dst}.tmp-{os.getpid()}"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def link_or_copy(src: str, dst: str):
+    """copytree's copy_function: a hard link where the file system allows, else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def link_tree(src: str, dst: str):
+    """Make directory `dst` a tree of hard links to `src`'s files, replacing `dst` in one rename."""
+    tmp = f"{dst}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, copy_function=link_or_copy)
+    replace_dir(tmp, dst)
+
+
+def replace_dir(src: str, dst: str):
+    """Rename directory `src` to `dst`, replacing what is there (the old one is removed once the new is in place)."""
+    old = None
+    if os.path.lexists(dst):
+        old = f"{dst}.old-{os.getpid()}"
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old is not None:
+        shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+
+
+def remove_path(path: str):
+    """Remove a checkpoint, a file or a directory, if it is there."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def format_header() -> dict:
+    """The keys every checkpoint file starts with: which format, written by which tasktrain and torch."""
+    return {"format_version": CHECKPOINT_FORMAT_VERSION, "tasktrain_version": __version__,
+            "torch_version": str(torch.__version__)}
