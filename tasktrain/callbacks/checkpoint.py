@@ -18,7 +18,7 @@ import re
 import torch
 
 from tasktrain.callbacks.base import Callback
-from tasktrain.checkpoint_io import atomic_link, write_last_pointer
+from tasktrain.checkpoint_io import write_last_pointer
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_/.\-]*)(:[^}]*)?\}")
 
@@ -55,6 +55,7 @@ class ModelCheckpoint(Callback):
         self._last_saved_step = -1
         self._seen_step = 0  # global_step at the previous batch end
         self._validated = False  # a validation ran inside the epoch since the last batch end
+        self._validations_seen = 0  # validation runs of this fit (not the sanity check)
         self._step_save_pending = False  # a step save deferred to the epoch end
         self._last_scored = None  # the monitored tensor of the previous save: the same object means stale
         self._resolved_dir = None
@@ -76,6 +77,7 @@ class ModelCheckpoint(Callback):
         if stage == "fit":
             self.dirpath_resolved(trainer)
         self._validated = False
+        self._validations_seen = 0
         self._step_save_pending = False
         self._last_scored = None
 
@@ -85,6 +87,7 @@ class ModelCheckpoint(Callback):
     def on_validation_end(self, trainer, module):
         if not trainer.sanity_checking and trainer.training:
             self._validated = True
+            self._validations_seen += 1
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -134,10 +137,7 @@ class ModelCheckpoint(Callback):
             self.last_model_path = last
             if saved_path is not None:
                 # the same bytes: link (or copy) rather than serialise the state twice
-                if trainer.is_global_zero:
-                    # a strategy whose checkpoints are directories (DeepSpeed) links them its own way
-                    getattr(strategy, "link_checkpoint", atomic_link)(saved_path, last)
-                strategy.barrier("last")
+                strategy.link_checkpoint(saved_path, last)  # a file or (sharded) a directory, its own way
                 if not self.save_weights_only and trainer.is_global_zero:
                     write_last_pointer(trainer.default_root_dir, last, trainer.global_step, trainer.current_epoch)
             else:
@@ -153,8 +153,7 @@ class ModelCheckpoint(Callback):
         if self.monitor is not None:
             value = metrics.get(self.monitor)
             if value is None:
-                validates = trainer._val_loader is not None and trainer.limit_val_batches != 0
-                if validates and not getattr(trainer, "_validations_run", 0):
+                if trainer.enable_validation and not self._validations_seen:
                     return None  # a validation metric, and this fit has not validated yet
                 raise KeyError(
                     f"ModelCheckpoint(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "

@@ -1,4 +1,5 @@
 from tasktrain.callbacks.base import Callback
+from tasktrain.strategies.base import GradientClip
 
 
 class GradientClipping(Callback):
@@ -9,6 +10,9 @@ class GradientClipping(Callback):
     true gradients. max_norm scales all gradients to a total `norm_type`-norm of at most max_norm; max_value
     clamps each element (both may be given: the norm first). log_norm=True logs the total norm measured before
     clipping as "grad_norm" (a tensor: read only when a logger writes it).
+
+    The Trainer tells the strategy what it will ask for (`requests`, in the plan of setup_module_and_optimizers):
+    an engine that clips inside its own step (DeepSpeed) is set up with it, and its clip_gradients then only checks.
     """
 
     def __init__(self, max_norm=None, max_value=None, norm_type=2.0, log_norm=False):
@@ -22,6 +26,18 @@ class GradientClipping(Callback):
     @property
     def state_key(self):
         return self._generate_state_key(max_norm=self.max_norm, max_value=self.max_value, norm_type=self.norm_type)
+
+    @property
+    def requests(self):
+        """The clipping this callback asks for at every optimizer step, as the plan records it."""
+        out = []
+        if self.max_norm is not None:
+            out.append(GradientClip(float(self.max_norm), "norm", self.norm_type,
+                                    f"GradientClipping(max_norm={self.max_norm})"))
+        if self.max_value is not None:
+            out.append(GradientClip(float(self.max_value), "value", self.norm_type,
+                                    f"GradientClipping(max_value={self.max_value})"))
+        return tuple(out)
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         norm = trainer.strategy.clip_gradients(optimizer, self.max_norm, self.max_value, self.norm_type)

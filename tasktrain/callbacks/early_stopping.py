@@ -58,8 +58,7 @@ class EarlyStopping(Callback):
             self._check(trainer)
 
     def on_train_epoch_end(self, trainer, module):
-        validates = trainer._val_loader is not None and trainer.limit_val_batches != 0
-        if self._validated or not validates:
+        if self._validated or not trainer.enable_validation:
             self._check(trainer)
         self._validated = False
 

@@ -59,10 +59,10 @@ class LearningRateMonitor(Callback):
         self._last_step = step
         values = self._values("step")
         if values:
-            trainer._log_to_loggers(values)
+            trainer.log_to_loggers(values)
 
     def on_train_epoch_start(self, trainer, module):
         if trainer.is_global_zero:
             values = self._values("epoch")
             if values:
-                trainer._log_to_loggers(values)
+                trainer.log_to_loggers(values)

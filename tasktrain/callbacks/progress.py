@@ -133,18 +133,9 @@ class ProgressBar(Callback):
 
 
 def _eval_total(trainer, desc):
-    """The number of batches of the run that starts, where the loader has a length."""
-    loader = trainer._val_loader if desc == "Validation" and trainer.training else None
-    limit = trainer.limit_val_batches if desc == "Validation" else trainer.limit_test_batches
-    try:
-        length = len(loader) if loader is not None else None
-    except TypeError:
-        length = None
-    if isinstance(limit, int) and not isinstance(limit, bool):
-        return limit if length is None else min(limit, length)
-    if isinstance(limit, float) and length is not None:
-        return int(length * limit)
-    return length
+    """The number of batches of the run that starts (None where the loader has no length)."""
+    counts = trainer.num_val_batches if desc == "Validation" else trainer.num_test_batches
+    return counts[0] if counts else None
 
 
 def _fmt(metrics):

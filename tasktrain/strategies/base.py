@@ -1,39 +1,98 @@
-"""Strategy: how the work is spread over processes and devices.
+"""Strategy: the whole contract between the loop and an engine, in one class.
 
-One implementation serves both the Trainer and the Accelerator. The Trainer calls, per run:
+The Trainer, the Accelerator and the callbacks call only what this class declares, and nothing else: no
+attribute probes, no tests of a strategy's name. A new engine is a subclass that overrides what it does
+differently; every method below says what its default does (one process, one device). docs/strategies.md
+shows a strategy written against this contract alone.
 
-    strategy.setup_environment()                      # processes, process group, device
-    model, optimizers = strategy.setup(module, optimizers)
-    ... per step: strategy.training_step(batch, idx) / backward(loss) / optimizer_step(opt)
-    strategy.teardown()
+Per run, in this order (tasktrain/trainer/runtime.py makes the first call for the Trainer and the Accelerator
+alike):
 
-A Strategy holds a Precision plugin (`strategy.precision`) and delegates casting and scaling to it.
+    strategy.configure(accelerator, devices, num_nodes, precision)     # the run's choices; builds the precision plugin
+    strategy.launch(run, *args)                   # run(*args) on every rank: here, or in processes it starts
+        strategy.setup_environment()              # processes, process group, device
+        model, optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+        for each micro-batch:
+            batch = strategy.batch_to_device(batch)
+            with strategy.no_backward_sync(not ends_window):
+                out = strategy.training_step(batch, i)       # under strategy.forward_context()
+                strategy.backward(loss)
+            at the window's end:
+                strategy.clip_gradients(optimizer, ...)       # when clipping was asked for
+                strategy.optimizer_step(optimizer)
+                strategy.zero_grad(optimizer)
+        strategy.save_checkpoint(checkpoint, path) / strategy.load_checkpoint(path)     # called on every rank
+        strategy.teardown()
+
+The strategy owns its precision plugin (`strategy.precision`): the loop never builds or replaces it. Engines
+that own backward, stepping, clipping or checkpoints (DeepSpeed) map the contract onto their engine; they do not
+fight it. Nothing in tasktrain/strategies/ imports the Trainer or the callbacks.
 """
 import contextlib
 import os
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from tasktrain.checkpoint_io import atomic_save, load_checkpoint_file
-from tasktrain.strategies.precision import Precision
+from tasktrain.checkpoint_io import atomic_link, atomic_save, load_checkpoint_file, remove_path
+from tasktrain.names import normalize_precision
+from tasktrain.strategies.precision import MixedPrecision, Precision, make_precision, patch_forward
 from tasktrain.tree import apply_to_leaves
 
 
+@dataclass(frozen=True)
+class GradientClip:
+    """A gradient clipping the loop will ask for at every optimizer step."""
+
+    value: float
+    algorithm: str = "norm"  # "norm": scale to a total norm of at most `value`; "value": clamp every element
+    norm_type: float = 2.0
+    requested_by: str = ""  # who asked, for messages: "Trainer(gradient_clip_val=1.0)", "GradientClipping(...)"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the loop will do with the module: a plain record handed to setup_module_and_optimizers.
+
+    Engines that must know it up front (DeepSpeed writes it into its config) read it there; a strategy that does
+    what it is told step by step may ignore it."""
+
+    training: bool = True  # an optimizer will step; False: evaluation only (validate / test / predict)
+    calls_steps: bool = True  # the loop runs the module's steps through training_step / eval_step (the Trainer);
+    #                           False: the caller calls the returned model as the module itself (the Accelerator)
+    micro_batch_size: Optional[int] = None  # samples per micro-batch and process; None: not known
+    accumulate_grad_batches: int = 1  # micro-batches per optimizer step
+    automatic_optimization: bool = True  # the loop steps the optimizer; False: the module's own training_step does,
+    #                                      once per backward (each backward closes its own window)
+    loss_divided_by_window: bool = True  # the loop divides each micro-batch's loss by its window before backward
+    clipping: tuple = ()  # GradientClip requests the loop makes at each optimizer step (through clip_gradients)
+    has_lr_schedulers: bool = False  # the loop steps learning-rate schedulers of its own
+
+
 class Strategy:
-    name = "base"
-    is_distributed = False
+    """How the work is spread over processes and devices. The default: one process, one device."""
+
+    name = "base"  # shown by describe(); the registry's names are in tasktrain/names.py
+    is_distributed = False  # several processes form one world (each rank runs the same script)
+    supports_custom_loop = True  # can wrap a model's own forward for the Accelerator (Plan.calls_steps=False)
+    clips_inside_step = False  # the engine clips inside optimizer_step, to the value the plan carried; then
+    #                            clip_gradients only checks that a request agrees, and returns None
 
     def __init__(self, accelerator=None, precision=None):
         self.accelerator = accelerator  # "cpu" | "cuda" | None (auto)
-        self.precision = precision  # a Precision, given by the Trainer/Accelerator when None
+        if precision is not None and not isinstance(precision, Precision):
+            normalize_precision(precision)  # an unknown name fails here, where it was written
+        self._precision_choice = precision  # a name, a Precision, or None: the run's (configure)
+        self.precision = precision if isinstance(precision, Precision) else None  # built by configure()
         self.devices = 1
         self.num_nodes = 1
-        self.module = None  # the user's module, unwrapped
-        self.model = None  # what the training forward goes through (a DDP/DeepSpeed wrapper or the module)
+        self.module = None  # the user's module, unwrapped (the last one set up)
+        self.model = None  # what the module's forward goes through (a DDP/DeepSpeed wrapper, or the module)
         self.optimizers = []
         self._root_device = None
 
-    # -- who am I -----------------------------------------------------------------------------------------
+    # -- who am I ---------------------------------------------------------------------------------------------------
     global_rank = 0
     local_rank = 0
     node_rank = 0
@@ -49,6 +108,7 @@ class Strategy:
 
     @property
     def root_device(self) -> torch.device:
+        """This rank's device. Default: cuda:local_rank when CUDA is chosen (or visible and nothing chosen), else cpu."""
         if self._root_device is None:
             self._root_device = self._pick_device()
         return self._root_device
@@ -62,17 +122,67 @@ class Strategy:
     def device_type(self) -> str:
         return self.root_device.type
 
+    @property
+    def runs_steps_in_threads(self) -> bool:
+        """True when training_step runs in several threads at once (DataParallel over GPUs): self.log then takes
+        its values one thread at a time, onto root_device. Default False."""
+        return False
+
+    def describe(self) -> str:
+        """One line for the start of a run: the strategy, the world, the device."""
+        return f"strategy={self.name}, world_size={self.world_size}, device={self.root_device}"
+
+    # -- the run's choices ------------------------------------------------------------------------------------------
+    @property
+    def requested_precision(self) -> Optional[str]:
+        """The precision given to this strategy's constructor (a name), or None: then the run's applies."""
+        choice = self._precision_choice
+        if choice is None:
+            return None
+        return choice.name if isinstance(choice, Precision) else normalize_precision(choice)
+
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
-        """Called by the Trainer/Accelerator before setup_environment with the user's choices."""
+        """The run's choices, once, before setup_environment (tasktrain/trainer/runtime.py calls it for the Trainer
+        and the Accelerator). Raise here for a choice this strategy cannot run: every rank fails alike, before any
+        process starts. `precision` is the run's precision name (None: not chosen). Default: records the choices and
+        builds the precision plugin (precision_plugin), keeping a Precision given to the constructor; a precision
+        given both here and to the constructor must be the same."""
         if accelerator not in (None, "auto"):
             self.accelerator = accelerator
+            self._root_device = None
         self.devices = devices
         self.num_nodes = num_nodes
-        if precision is not None:
-            self.precision = precision
+        own = self.requested_precision
+        if own is not None and precision is not None and own != normalize_precision(precision):
+            raise ValueError(
+                f"{type(self).__name__}(precision={own!r}) and the run's precision {normalize_precision(precision)!r} "
+                f"disagree. Give the precision in one place: the Trainer's precision= (or the Accelerator's "
+                f"mixed_precision=), or the strategy's."
+            )
+        if isinstance(self._precision_choice, Precision):
+            self.precision = self._precision_choice
+        else:
+            self.precision = self.precision_plugin(own or normalize_precision(precision))
 
-    # -- lifecycle ----------------------------------------------------------------------------------------
+    def precision_plugin(self, name: str) -> Precision:
+        """The precision plugin for `name` under this strategy. Default: autocast/GradScaler plugins
+        (tasktrain/strategies/precision.py). Engines with their own precision policy return a plugin that maps
+        onto it (DeepSpeed), or raise for a name they cannot run."""
+        return make_precision(name, self.root_device.type)
+
+    # -- processes ----------------------------------------------------------------------------------------------------
+    def launch(self, run, *args):
+        """Run `run(*args)` on every rank and return what it returns on this one. Default: call it here (this
+        process is a rank; a strategy that re-runs the script starts the others in setup_environment).
+
+        A strategy that starts the ranks in new processes itself (DDP's start_method="spawn") pickles `run`
+        privately for each (its tensors are copied, not shared), sends `args` through torch.multiprocessing, and
+        returns `run.restore(collected)` here, where `collected` is what `run.collect(value)` returned on rank 0."""
+        return run(*args)
+
     def setup_environment(self):
+        """Start what the run needs: processes, the process group, the device. Called at the start of every stage
+        (fit, validate, ...): a second call must find what the first made. Default: set the CUDA device."""
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         # No accelerator in this process, a CPU device and no input cast: a batch of tensors is already where it
@@ -80,57 +190,108 @@ class Strategy:
         self._batches_stay = (self.root_device.type == "cpu" and not _accelerator_visible() and (
             self.precision is None or type(self.precision).convert_input is Precision.convert_input))
 
-    # -- the watchdog (issue 19, tasktrain/strategies/watchdog.py) -----------------------------------------------
-    # stall_timeout: seconds, or None (off); set by the Trainer / Accelerator before setup_environment.
-    # watchdog: the process's Watchdog once a multi-process strategy's setup_environment started one (with a
-    # stall_timeout or TASKTRAIN_DEBUG_COLLECTIVES=1); None on one process, which has nobody to wait for. The
-    # loops mark progress on it, arm it around their batches and wrap long work in watchdog.long_event(name).
+    # The watchdog (tasktrain/strategies/watchdog.py). stall_timeout: seconds a rank may go without progress before
+    # every rank stops, or None (off); the run's set-up (tasktrain/trainer/runtime.py) sets it before
+    # setup_environment. watchdog: the process's Watchdog once a multi-process strategy's setup_environment started
+    # one (with a stall_timeout or TASKTRAIN_DEBUG_COLLECTIVES=1); None on one process, which has nobody to wait for.
+    # The loops mark progress on it, arm it around their batches and wrap long work in watchdog.long_event(name).
     stall_timeout = None
     watchdog = None
 
-    def setup(self, module, optimizers):
-        """Move and wrap the module, return (model, optimizers). `model` is what `training_step` goes through."""
+    def forward_signal(self, signum):
+        """A signal this process received (SIGTERM) for the worker processes it started. Default: none started."""
+
+    def mark_failed(self):
+        """This rank failed: at exit, do not wait for the others. Default: nothing to wait for."""
+
+    def teardown(self):
+        """End of a stage: drop the wrappers (the process group, if any, may outlive it for the next stage)."""
+        self.model = None
+        self.optimizers = []
+
+    # -- the module -------------------------------------------------------------------------------------------------
+    def module_init_context(self, empty_init=False):
+        """`with strategy.module_init_context(): module = Model()`. Strategies that shard parameters create them
+        sharded (DeepSpeed zero3_init) or on the meta device; `empty_init=True` says the weights will be loaded from
+        a checkpoint, so initialising them is wasted work: strategies that can skip it do. Default: the module is
+        built as usual, on the CPU, and moved in setup_module_and_optimizers."""
+        return contextlib.nullcontext()
+
+    def setup_module_and_optimizers(self, module, optimizers, plan: Plan):
+        """Cast, move and wrap `module`, and set up `optimizers` (the ones that step its parameters) for what
+        `plan` says the loop will do. Returns (model, optimizers): `model` is what a caller calls as the module
+        when plan.calls_steps is False (the Accelerator); the optimizers may be new objects (an engine's).
+        Default: the precision's cast, then the move to root_device; the optimizers as given."""
         self.module = module
         module = self.precision.convert_module(module) if self.precision else module
         module.to(self.root_device)
+        if not plan.calls_steps and isinstance(self.precision, MixedPrecision):
+            patch_forward(module, self.forward_context)  # the model's own forward runs under autocast
         self.model = module
         self.optimizers = list(optimizers)
         return self.model, self.optimizers
 
-    def wrap_model(self, model):
-        """The Accelerator's path: cast and move `model`, and wrap it so that calling it runs the model's own
-        forward through the strategy (setup() routes training_step instead). Keeps no reference: call it once
-        per model."""
-        model = self.precision.convert_module(model) if self.precision else model
-        return model.to(self.root_device)
+    def setup_optimizer(self, optimizer):
+        """An optimizer set up after its module (the Accelerator's prepare_optimizer). Default: as it is. Engines
+        that must build the module and its optimizer together raise here, saying so."""
+        return optimizer
 
-    def teardown(self):
-        self.model = None
-        self.optimizers = []
+    def unwrap_model(self, model):
+        """The user's module inside what setup_module_and_optimizers (or torch.compile) wrapped around it."""
+        while True:
+            if hasattr(model, "_orig_mod"):  # torch.compile
+                model = model._orig_mod
+            elif isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel, _StepWrapper)):
+                model = model.module
+            else:
+                return model
 
-    # -- the step -------------------------------------------------------------------------------------------
+    # -- each step ----------------------------------------------------------------------------------------------------
+    _batches_stay = False  # decided by setup_environment
+
+    def batch_to_device(self, batch):
+        """Move a batch to root_device and apply the precision's input cast (64-true). Default: tensors in lists,
+        tuples and dicts move; an object with its own .to(device) moves itself."""
+        if self._batches_stay and _plain_tensors(batch):
+            return batch
+        batch = move_to_device(batch, self.root_device)
+        return self.precision.convert_input(batch) if self.precision else batch
+
+    def forward_context(self):
+        """The one place a forward enters the precision's autocast: training_step, eval_step and the Accelerator's
+        prepared models all go through it. Default: the precision plugin's autocast()."""
+        return self.precision.autocast()
+
     def training_step(self, batch, batch_idx):
-        with self.precision.autocast():
+        """The module's training_step, through the wrapper that must see it (DDP syncs what went through its
+        forward). Default: directly, under forward_context()."""
+        with self.forward_context():
             return self.module.training_step(batch, batch_idx)
 
     def eval_step(self, step_fn, *args):
-        with self.precision.autocast():
+        """A validation/test/predict step (`step_fn` is the module's bound method). Default: under forward_context()."""
+        with self.forward_context():
             return step_fn(*args)
 
+    def no_backward_sync(self, enabled: bool, model=None):
+        """Entered around every micro-batch of an accumulation window: enabled=True when the micro-batch does not end
+        it. Default: nothing to skip. DDP skips the gradient all-reduce (it must cover the forward, so the Trainer and
+        the Accelerator's accumulate() enter it before the forward); DeepSpeed tells its engine where windows end.
+        `model`: a model returned by setup_module_and_optimizers (default the last one)."""
+        return contextlib.nullcontext()
+
     def backward(self, loss, *args, **kwargs):
+        """Backward through the precision (GradScaler scales under fp16). Default: precision.backward(loss)."""
         self.precision.backward(loss, *args, **kwargs)
 
-    def optimizer_step(self, optimizer, closure=None) -> bool:
-        return self.precision.optimizer_step(optimizer, closure)
-
-    def zero_grad(self, optimizer):
-        optimizer.zero_grad(set_to_none=True)
-
     def unscale_gradients(self, optimizer):
+        """Make `optimizer`'s gradients the true ones before anything reads them (fp16). Idempotent per step."""
         self.precision.unscale(optimizer)
 
     def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
-        """Unscale, then clip the optimizer's gradients. Returns the total gradient norm before clipping."""
+        """Unscale, then clip `optimizer`'s gradients: to a total `norm_type`-norm of max_norm and/or to
+        [-max_value, max_value]. Returns the total norm before clipping (None where it is not known here: an engine
+        that clips inside its step, see clips_inside_step)."""
         self.unscale_gradients(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type) if params else torch.tensor(0.0)
@@ -140,62 +301,108 @@ class Strategy:
             torch.nn.utils.clip_grad_value_(params, max_value)
         return norm
 
-    def no_backward_sync(self, enabled: bool, model=None):
-        """Skip the gradient all-reduce for this micro-batch (gradient accumulation); `model`: a wrap_model()
-        result, default the model of setup()."""
-        return contextlib.nullcontext()
+    def optimizer_step(self, optimizer, closure=None) -> bool:
+        """Step `optimizer` through the precision; returns whether it really stepped (False: GradScaler or the
+        engine skipped a step with inf/NaN gradients)."""
+        return self.precision.optimizer_step(optimizer, closure)
 
-    _batches_stay = False  # decided by setup_environment
+    def zero_grad(self, optimizer):
+        """Clear the gradients after a step. Default: set them to None."""
+        optimizer.zero_grad(set_to_none=True)
 
-    def batch_to_device(self, batch):
-        if self._batches_stay and _plain_tensors(batch):
-            return batch
-        batch = move_to_device(batch, self.root_device)
-        return self.precision.convert_input(batch) if self.precision else batch
-
-    # -- collectives (no-ops on one process) --------------------------------------------------------------
+    # -- between ranks (identities on one process) --------------------------------------------------------------------
     def reduce(self, tensor, op="mean"):
+        """All-reduce a tensor: "mean", "sum", "max" or "min". Every rank calls it."""
         return tensor
 
     def all_gather(self, tensor):
+        """Every rank's tensor, stacked along a new first dimension of world_size."""
         return tensor.unsqueeze(0) if isinstance(tensor, torch.Tensor) else [tensor]
 
     def all_gather_object(self, obj):
+        """Every rank's picklable object, as a list in rank order."""
         return [obj]
 
     def broadcast(self, obj, src=0):
+        """Rank `src`'s picklable object, on every rank."""
         return obj
 
     def barrier(self, name=None):
-        pass
+        """Wait until every rank is here."""
 
-    # -- checkpoints ----------------------------------------------------------------------------------------
-    def module_state_dict(self):
-        return self.module.state_dict()
+    # -- state --------------------------------------------------------------------------------------------------------
+    def module_state_dict(self, model=None):
+        """What a checkpoint holds of the module (`model`: a model set up here, default the module). Default: its
+        whole state dict. A sharded engine returns what it does not write itself (DeepSpeed: nothing, the weights are
+        in its shards next to the checkpoint file)."""
+        return self.unwrap_model(model).state_dict() if model is not None else self.module.state_dict()
 
-    def load_module_state_dict(self, state_dict, strict=True):
-        self.module.load_state_dict(state_dict, strict=strict)
+    def load_module_state_dict(self, state_dict, model=None, strict=True):
+        """Load what module_state_dict gave (or a plain state dict) into the module (or `model`)."""
+        target = self.unwrap_model(model) if model is not None else self.module
+        target.load_state_dict(state_dict, strict=strict)
 
     def optimizer_state(self, optimizer):
+        """What a checkpoint holds of an optimizer. Default: its state dict."""
         return optimizer.state_dict()
 
     def load_optimizer_state(self, optimizer, state):
         optimizer.load_state_dict(state)
 
+    def full_state_dict(self, model=None):
+        """The module's whole state dict, gathered where it is sharded, for export (every rank calls it). `model`: a
+        model set up here (or its module); default the module. Default: its state dict."""
+        return self.unwrap_model(model).state_dict() if model is not None else self.module.state_dict()
+
+    def check_full_state_dict(self, obj, where):
+        """Raise when `obj`, about to be saved by the main process alone, holds this strategy's shards instead of
+        whole tensors (DeepSpeed ZeRO-3 placeholders). Default: nothing is sharded."""
+
     def save_checkpoint(self, checkpoint: dict, path: str):
+        """Write a named checkpoint at `path` (a file; a directory for strategies whose ranks write shards), never
+        leaving a broken one there. Every rank calls it. Default: rank 0 writes the file atomically."""
         if self.is_global_zero:
             atomic_save(checkpoint, path)
         self.barrier("save_checkpoint")
 
     def load_checkpoint(self, path: str) -> dict:
+        """Read what save_checkpoint wrote (weights_only: plain data only). Every rank calls it."""
         return load_checkpoint_file(path)
 
-    def remove_checkpoint(self, path: str):
-        if self.is_global_zero and os.path.exists(path):
-            os.remove(path)
+    def save_checkpoint_into(self, directory: str, checkpoint: dict, filename: str):
+        """Write `checkpoint` as directory/filename, into a directory that may hold other files (the Accelerator's
+        save_state), plus the shards this strategy writes itself. Every rank calls it. Default: like
+        save_checkpoint."""
+        self.save_checkpoint(checkpoint, os.path.join(directory, filename))
 
-    def describe(self) -> str:
-        return f"strategy={self.name}, world_size={self.world_size}, device={self.root_device}"
+    def load_checkpoint_from(self, directory: str, filename: str) -> dict:
+        """Read what save_checkpoint_into wrote (and load the shards it wrote into the set-up module/optimizer)."""
+        path = os.path.join(directory, filename)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} does not exist: load_state expects a directory written by "
+                                    "accelerator.save_state(dir).")
+        return self.load_checkpoint(path)
+
+    def remove_checkpoint(self, path: str):
+        """Delete a checkpoint written by save_checkpoint (a file or a directory). Every rank calls it."""
+        if self.is_global_zero:
+            remove_path(path)
+
+    def link_checkpoint(self, src: str, dst: str):
+        """Make `dst` the same checkpoint as `src` without writing it twice (ModelCheckpoint's last.ckpt): hard
+        links where possible. Every rank calls it. Default: rank 0 links the file."""
+        if self.is_global_zero:
+            atomic_link(src, dst)
+        self.barrier("link_checkpoint")
+
+
+class _StepWrapper(torch.nn.Module):
+    """The base of the wrappers that route a module's steps through an engine's forward (DDP, DeepSpeed): unwrapped
+    by Strategy.unwrap_model like torch's own wrappers."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
 
 
 def _accelerator_visible():

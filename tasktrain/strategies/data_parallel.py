@@ -9,26 +9,25 @@ and the first GPU gathers the outputs and holds the optimizer alone. Prefer stra
 With fewer than two GPUs (a CPU machine, or one GPU) it warns and runs as a single device: torch's
 DataParallel has nothing to split over there (on CPU it is a pass-through and its scatter fails).
 """
-import threading
 import warnings
 
 import torch
 
-from tasktrain.strategies.base import Strategy
+from tasktrain.strategies.base import Strategy, _StepWrapper
 from tasktrain.tree import apply_to_leaves
 
 
-class _StepForward(torch.nn.Module):
-    """What DataParallel replicates: runs the named step of the module, under autocast, in each GPU's thread."""
+class _StepForward(_StepWrapper):
+    """What DataParallel replicates: runs the named step of the module, under the strategy's forward_context
+    (autocast), in each GPU's thread."""
 
-    def __init__(self, module, precision):
-        super().__init__()
-        self.module = module
-        self.precision = precision
+    def __init__(self, module, forward_context):
+        super().__init__(module)
+        self.forward_context = forward_context
 
     def forward(self, step_name, *args):
         # autocast is thread-local and DataParallel passes only "enabled" (not the dtype) to its threads.
-        with self.precision.autocast():
+        with self.forward_context():
             return _unsqueeze_scalars(getattr(self.module, step_name)(*args))
 
 
@@ -36,6 +35,7 @@ class DataParallel(Strategy):
     """torch.nn.DataParallel over `device_ids` (default: devices=N -> GPUs 0..N-1; devices=1/"auto" -> all visible)."""
 
     name = "dp"
+    supports_custom_loop = False  # it splits the module's steps, not a model's own forward
 
     def __init__(self, accelerator=None, precision=None, device_ids=None):
         super().__init__(accelerator=accelerator, precision=precision)
@@ -73,12 +73,22 @@ class DataParallel(Strategy):
             self._root_device = torch.device("cuda", ids[0])
         super().setup_environment()
 
-    def setup(self, module, optimizers):
-        super().setup(module, optimizers)
+    @property
+    def runs_steps_in_threads(self):
+        # Each GPU's copy runs the step in its own thread: self.log takes the values one thread at a time, onto
+        # the first GPU. Each copy logs the value of its chunk: step values show the last copy's, epoch means
+        # average all copies.
+        return bool(self.parallel_ids)
+
+    def setup_module_and_optimizers(self, module, optimizers, plan):
+        if not plan.calls_steps:
+            raise ValueError("strategy 'dp' wraps modules for the Trainer only (it splits the module's steps, not a "
+                             "model's own forward): use 'single_device', 'ddp' or a DeepSpeed strategy with the "
+                             "Accelerator.")
+        super().setup_module_and_optimizers(module, optimizers, plan)
         if self.parallel_ids:
-            self.model = torch.nn.DataParallel(_StepForward(self.module, self.precision), device_ids=self.parallel_ids,
+            self.model = torch.nn.DataParallel(_StepForward(module, self.forward_context), device_ids=self.parallel_ids,
                                                output_device=self.parallel_ids[0])
-            _serialise_logging(module, self.root_device)
         return self.model, self.optimizers
 
     def training_step(self, batch, batch_idx):
@@ -109,23 +119,3 @@ def _mean_loss(out):
     if isinstance(out, dict) and isinstance(out.get("loss"), torch.Tensor):
         return {**out, "loss": out["loss"].mean()}
     return out
-
-
-def _serialise_logging(module, device):
-    """self.log runs in every GPU's thread: take the values to the first GPU and one thread at a time.
-
-    Each copy logs the value of its chunk: step values show the last copy's, epoch means average all copies.
-    """
-    trainer = getattr(module, "_trainer", None)
-    store = getattr(trainer, "_metrics", None)
-    if store is None:
-        return
-    log, lock = store.log, threading.Lock()
-
-    def log_from_any_thread(name, value, *args):
-        if isinstance(value, torch.Tensor):
-            value = value.detach().to(device)
-        with lock:
-            log(name, value, *args)
-
-    store.log = log_from_any_thread

@@ -2,7 +2,7 @@
 
 Who starts the processes:
 - nobody (plain `python train.py`): rank 0 re-runs the same command for ranks 1..N-1 (launcher.py), or, with
-  start_method="spawn" ("ddp_spawn"), the Trainer spawns N children and waits for them (spawn.py);
+  start_method="spawn" ("ddp_spawn"), strategy.launch spawns N children and waits for them (spawn.py);
 - torchrun, `tasktrain launch` or SLURM: every process joins the world those launchers describe.
 
 The process group lives as long as the process: `trainer.fit(...)` then `trainer.test(...)` in one script use
@@ -25,7 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tasktrain.strategies.base import Strategy
+from tasktrain.strategies.base import Strategy, _StepWrapper
 from tasktrain.strategies.environment import detect_environment
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
@@ -37,12 +37,8 @@ _DDP_OPTIONS = set(inspect.signature(torch.nn.parallel.DistributedDataParallel._
 _PROCESS = {"owns_group": False, "exit_hook": False, "error_hook": False, "launcher": None}
 
 
-class _TrainingStepForward(torch.nn.Module):
+class _TrainingStepForward(_StepWrapper):
     """DDP syncs the gradients of what went through its forward: route training_step through it."""
-
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
 
     def forward(self, batch, batch_idx):
         return self.module.training_step(batch, batch_idx)
@@ -84,6 +80,7 @@ class DDP(Strategy):
         self.sync_batchnorm = sync_batchnorm
         self.ddp_kwargs = ddp_kwargs
         self.env = None
+        self._wrappers = []  # the DDP wrappers made by setup_module_and_optimizers, released at teardown
 
     @property
     def launcher(self):
@@ -120,7 +117,17 @@ class DDP(Strategy):
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def needs_launch(self) -> bool:
+        """Nobody started the other ranks, and more than one is asked for."""
         return detect_environment().launcher is None and self.devices * self.num_nodes > 1
+
+    def launch(self, run, *args):
+        """start_method="spawn" starts the ranks here with torch.multiprocessing (spawn.py); "popen" runs `run` in
+        this process, which re-runs the script for the other ranks in setup_environment."""
+        if self.start_method == "spawn" and self.needs_launch():
+            from tasktrain.strategies.spawn import run_spawned
+
+            return run_spawned(self, run, args)
+        return run(*args)
 
     def setup_environment(self):
         if self.needs_launch():
@@ -185,35 +192,39 @@ class DDP(Strategy):
                                        on_stop=launcher.stop_watching if launcher else None,
                                        on_exit=launcher.end_workers if launcher else None, report=record_error)
 
-    def setup(self, module, optimizers):
-        super().setup(module, optimizers)
+    def setup_module_and_optimizers(self, module, optimizers, plan):
+        """DDP around what the loop calls: the module's training_step (the Trainer), or the module itself (the
+        Accelerator: its own forward then syncs the gradients)."""
+        super().setup_module_and_optimizers(module, optimizers, plan)
         if self.sync_batchnorm:
-            convert_sync_batchnorm(self.module)
-        if not any(p.requires_grad for p in self.module.parameters()):
+            convert_sync_batchnorm(module)
+        target = _TrainingStepForward(module) if plan.calls_steps else module
+        if not any(p.requires_grad for p in module.parameters()):
             # Nothing to synchronise (a frozen model in predict/validate): torch's DDP refuses such a module.
-            self.model = _TrainingStepForward(self.module)
+            self.model = target
             return self.model, self.optimizers
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        self.model = torch.nn.parallel.DistributedDataParallel(
-            _TrainingStepForward(self.module), device_ids=device_ids, **self.ddp_kwargs
-        )
+        self.model = torch.nn.parallel.DistributedDataParallel(target, device_ids=device_ids, **self.ddp_kwargs)
+        self._wrappers.append(self.model)
         return self.model, self.optimizers
 
-    def wrap_model(self, model):
-        """The Accelerator's path: DDP around the model itself, so its own forward syncs the gradients."""
-        model = super().wrap_model(model)
-        if self.sync_batchnorm:
-            convert_sync_batchnorm(model)
-        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+    def forward_signal(self, signum):
+        launcher = _PROCESS["launcher"]
+        if launcher is not None:  # self-launched workers get the news too
+            launcher.forward_signal(signum)
 
     def mark_failed(self):
         mark_failed()
 
     def teardown(self):
-        # gloo can abort at interpreter exit if the wrapper outlives the group: the wrapper goes now, the group
-        # at exit, after a gc (later stages of the same script reuse it). A world of one has nobody to wait for
-        # and nobody to share it with: it goes now.
+        # gloo can abort at interpreter exit if a DDP wrapper outlives the group. The script may still hold the
+        # wrappers (the Accelerator's prepared models live in its globals): what ties them to the group (the
+        # reducer) goes now, the group at exit, after a gc (later stages of the same script reuse it). A world
+        # of one has nobody to wait for and nobody to share it with: it goes now.
+        for wrapper in self._wrappers:
+            for name in ("reducer", "logger", "process_group"):
+                wrapper.__dict__.pop(name, None)
+        self._wrappers = []
         self.model = None
         self.optimizers = []
         if self.env is not None and self.env.launcher is None and _PROCESS["owns_group"] and dist.is_initialized():
@@ -221,7 +232,7 @@ class DDP(Strategy):
 
     # -- the step ------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
-        with self.precision.autocast():
+        with self.forward_context():
             return self.model(batch, batch_idx)
 
     def no_backward_sync(self, enabled: bool, model=None):

@@ -5,39 +5,40 @@ translates between it and the loop. The processes and the process group are the 
 torchrun, SLURM, `tasktrain launch`), on CPU through DeepSpeed's CPU accelerator over gloo.
 
 The config is the user's DeepSpeed config as given (a dict or a JSON file), with its "auto" or missing values
-filled from the run: micro batch size from the training loader, gradient accumulation from
-`accumulate_grad_batches`, clipping from the GradientClipping callback (`gradient_clip_val`), fp16/bf16 from
-the precision, train_batch_size = micro x accumulation x world. A value that disagrees with the run is an
-error, never a silent winner. `gradient_clipping` is always written (0 = off): DeepSpeed's own default is 1.0.
+filled from the plan the loop hands to setup_module_and_optimizers: micro batch size from the training loader,
+gradient accumulation from `accumulate_grad_batches`, clipping from the clipping the loop will ask for
+(`gradient_clip_val`, a GradientClipping callback), fp16/bf16 from the precision, train_batch_size = micro x
+accumulation x world. A value that disagrees with the run is an error, never a silent winner.
+`gradient_clipping` is always written (0 = off): DeepSpeed's own default is 1.0.
 
-How the Trainer's loop maps onto the engine (automatic optimisation), per micro-batch:
+How the contract (tasktrain/strategies/base.py) maps onto the engine, per micro-batch:
 
-    with strategy.no_backward_sync(not is_step):   # engine.set_gradient_accumulation_boundary(is_step)
+    with strategy.no_backward_sync(not ends_window):  # engine.set_gradient_accumulation_boundary(ends_window)
         loss = strategy.training_step(batch, i)    # engine(batch, i): stage 3 gathers parameters there
         strategy.backward(loss / window)           # engine.backward(loss, scale_wrt_gas=False): the loop divided
-                                                   # already; inside a window, engine.step() counts the micro-step
-    if is_step:
+                                                   # already (plan.loss_divided_by_window); inside a window,
+                                                   # engine.step() counts the micro-step
+    if ends_window:
+        strategy.clip_gradients(...)               # clips_inside_step: only checks the request agrees
         strategy.optimizer_step(optimizer)         # engine.step(): clip, step, zero the gradients
         strategy.zero_grad(optimizer)              # nothing: the engine zeroed them
 
-Without the Trainer (the Accelerator, a custom loop), in this order:
+Without the Trainer or the Accelerator, the same calls, in this order:
 
     strategy = DeepSpeed(stage=2, gradient_clipping=1.0)
-    strategy.configure("cpu", devices=N)                      # as the Trainer does, then the precision:
-    strategy.precision = make_precision("bf16-mixed", "cpu")
-    strategy.configure_accumulation(4)                        # optional: "auto" values from explicit numbers
-    strategy.configure_batch_size(loader.batch_size)          # (or DeepSpeed(accumulate_grad_batches=4, ...))
+    strategy.configure("cpu", devices=N, num_nodes=1, precision="bf16-mixed")
     strategy.setup_environment()                              # processes, process group, checks the config
-    engine, optimizer = strategy.setup_for_accelerator(model, optimizer)   # deepspeed.initialize
+    engine, [optimizer] = strategy.setup_module_and_optimizers(model, [optimizer], Plan(
+        calls_steps=False, micro_batch_size=loader.batch_size, accumulate_grad_batches=4,
+        loss_divided_by_window=False))                        # False: the engine divides by the accumulation
     for i, batch in enumerate(loader):
         batch = strategy.batch_to_device(batch)               # bf16/fp16 inputs where the weights are
-        with strategy.no_backward_sync(not boundary):         # optional; required for windows cut short
+        with strategy.no_backward_sync(not boundary):         # required for windows cut short
             loss = loss_fn(engine(batch))
-            strategy.backward(loss)                           # divides by the accumulation (scale_loss_by_accumulation)
+            strategy.backward(loss)
         if boundary:
-            strategy.clip_gradients(optimizer, max_norm=1.0)  # checks it agrees with the config; DeepSpeed clips
             strategy.optimizer_step(optimizer)
-    strategy.save_accelerator_state(dir, state) / state = strategy.load_accelerator_state(dir)
+    strategy.save_checkpoint_into(dir, state, "state.pt") / strategy.load_checkpoint_from(dir, "state.pt")
     strategy.full_state_dict()                                # consolidated weights (every rank calls it)
     strategy.teardown()
 
@@ -60,7 +61,9 @@ import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, format_header, link_tree,
                                      load_checkpoint_file, replace_dir)
+from tasktrain.strategies.base import _StepWrapper
 from tasktrain.strategies.ddp import _PROCESS, DDP
+from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
 from tasktrain.tree import apply_to_leaves
 
 DEFAULT_STAGE = 2
@@ -71,19 +74,53 @@ _WRAPPER_PREFIX = "module."  # parameter names under our _EngineForward wrapper
 _ANNOUNCED = set()
 
 
-class _EngineForward(torch.nn.Module):
+class _EngineForward(_StepWrapper):
     """What the engine wraps. DeepSpeed runs hooks around its forward (stage 3 gathers parameters there), so the
     module's steps go through it: engine(batch, i, _tasktrain_step=module.training_step). Without a step it is the
     module's own forward: engine(x) == module(x)."""
-
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
 
     def forward(self, *args, _tasktrain_step=None, **kwargs):
         if _tasktrain_step is None:
             return self.module(*args, **kwargs)
         return _tasktrain_step(*args, **kwargs)
+
+
+class DeepSpeedPrecision(Precision):
+    """Precision under DeepSpeed: the engine owns it (bf16/fp16 weights or torch_autocast as its config says, fp16
+    loss scaling, skipping steps that overflow). This plugin forwards to the engine; it builds no GradScaler.
+
+    The strategy attaches the engine after deepspeed.initialize and detaches it at teardown; the count of skipped
+    steps stays."""
+
+    def __init__(self, name, device_type="cpu"):
+        super().__init__(device_type)
+        self.name = name
+        self.engine = None
+        self.input_dtype = None  # bf16/fp16 when the engine holds the module in it: floating inputs must match
+        if name == "16-mixed":
+            warn_fp16_on_cpu(device_type)
+
+    def attach(self, engine, input_dtype):
+        self.engine, self.input_dtype = engine, input_dtype
+
+    def detach(self):
+        self.engine = None
+
+    def convert_input(self, batch):
+        return batch if self.input_dtype is None else _cast_floats(batch, self.input_dtype)
+
+    def backward(self, loss, scale_wrt_gas=False, **kwargs):
+        self.engine.backward(loss, scale_wrt_gas=scale_wrt_gas, **kwargs)
+
+    def optimizer_step(self, optimizer=None, closure=None):
+        self.engine.step()  # DeepSpeed unscales, clips, steps and zeroes the gradients here
+        stepped = self.engine.was_step_applied()
+        if not stepped:
+            self.skipped_steps += 1  # fp16 overflow: DeepSpeed lowered its loss scale and skipped the step
+        return stepped
+
+    # unscale: nothing (DeepSpeed unscales inside its step); state_dict: nothing (the loss scaler is in the
+    # engine's own checkpoint).
 
 
 class DeepSpeed(DDP):
@@ -101,12 +138,13 @@ class DeepSpeed(DDP):
             already partitioned (a model that does not fit one process's memory whole).
         save_16bit_model: every checkpoint directory also gets model_16bit.pt, the consolidated 16-bit weights
             (bf16 under bf16-mixed, else fp16) in our checkpoint format, for inference.
-        micro_batch_size, accumulate_grad_batches, gradient_clipping: fill the config's "auto" values without a
-            Trainer (the Trainer's own values must agree with them).
+        micro_batch_size, accumulate_grad_batches, gradient_clipping: fill the config's "auto" values (the run's
+            own values, from the plan, must agree with them).
         logging_level: DeepSpeed's logger level (its INFO output is long).
     """
 
     name = "deepspeed"
+    clips_inside_step = True  # engine.step() clips to the config's gradient_clipping
 
     def __init__(self, stage=None, offload_optimizer=None, offload_parameters=None, config=None, zero3_init=False,
                  save_16bit_model=False, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
@@ -132,13 +170,11 @@ class DeepSpeed(DDP):
             raise ValueError(f"DeepSpeed(gradient_clipping={gradient_clipping}): use a max norm > 0, or 0 for off.")
         self.gradient_clipping = None if gradient_clipping is None else float(gradient_clipping)
         self.logging_level = logging_level
-        # True on the Accelerator's path: backward divides by the accumulation (the Trainer divides by itself).
-        self.scale_loss_by_accumulation = False
+        self._scale_wrt_gas = False  # the engine divides the loss by the accumulation (plan.loss_divided_by_window)
         self.engine = None
         self.config = None  # the resolved config the engine runs with
         self._client_optimizer = None
         self._wrapped = True  # the engine holds _EngineForward(module): its parameter names start with "module."
-        self._input_dtype = None
         self._loaded_engine_state = False
         self._set_local_rank = False
         # A config that cannot work fails at construction, before any process starts.
@@ -153,13 +189,15 @@ class DeepSpeed(DDP):
         return build_config(self.user_config, stage=self.stage, precision=None)["zero_optimization"]["stage"]
 
     # -- the config --------------------------------------------------------------------------------------------
-    def configure_accumulation(self, steps):
-        """Micro-batches per optimizer step, for the config's gradient_accumulation_steps (no Trainer)."""
-        self.accumulate_grad_batches = _positive_or_none("accumulate_grad_batches", steps)
+    def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
+        super().configure(accelerator, devices, num_nodes, precision)
+        if not isinstance(self.precision, DeepSpeedPrecision):  # a plugin given to the constructor: the engine's
+            self.precision = self.precision_plugin(self.precision.name)  # policy of the same name
 
-    def configure_batch_size(self, batch_size):
-        """Samples per micro-batch and process, for the config's train_micro_batch_size_per_gpu (no Trainer)."""
-        self.micro_batch_size = _positive_or_none("micro_batch_size", batch_size)
+    def precision_plugin(self, name):
+        """The engine owns precision: a plugin that forwards to it (the config's bf16/fp16 sections come from the
+        name; an impossible one fails in setup_environment, before any process starts)."""
+        return DeepSpeedPrecision(name, self.root_device.type)
 
     def _config_without_batch(self):
         """The config for an engine that does not train (evaluation, zero.Init): its batch values are moot."""
@@ -217,51 +255,44 @@ class DeepSpeed(DDP):
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
 
-    def setup(self, module, optimizers):
-        """Record the module and its optimizer; the engine is built by connect_data, once the loader is known.
-
-        With no optimizer (validate / test / predict) the engine is built now, without one."""
+    def setup_module_and_optimizers(self, module, optimizers, plan):
+        """deepspeed.initialize over the module and its one optimizer, with the config's "auto" values from the plan.
+        The Trainer's module steps go through the engine's forward; for the Accelerator the engine is the model.
+        Without an optimizer (validate / test / predict) the engine is built without one."""
         if len(optimizers) > 1:
             raise ValueError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed drives one "
                              "optimizer per engine. Return one (parameter groups can hold different settings).")
+        if self.engine is not None:
+            raise ValueError("DeepSpeed trains one model with one optimizer per Accelerator: prepare a single model "
+                             "and its optimizer together (use a separate Accelerator per model).")
         self.module = module
-        self.model = None
         self.optimizers = list(optimizers)
         self._client_optimizer = self.optimizers[0] if self.optimizers else None
-        self._wrapped = True
-        self.scale_loss_by_accumulation = False
+        self._wrapped = plan.calls_steps
+        self._scale_wrt_gas = not plan.loss_divided_by_window
         if self._client_optimizer is None:
             self._initialize(micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None)
-        return self.module, self.optimizers
-
-    def connect_data(self, trainer=None, train_loader=None):
-        """Fill the config's "auto" values from the Trainer and the loader, then build the engine."""
-        micro = self.micro_batch_size or _loader_batch_size(train_loader)
-        accumulate, clipping = self.accumulate_grad_batches, self.gradient_clipping
-        if trainer is not None:
-            automatic = trainer.module is None or trainer.module.automatic_optimization
-            # Manual optimisation steps where the user says: each backward closes its own window.
-            accumulate = _agree("accumulate_grad_batches", self.accumulate_grad_batches,
-                                trainer.accumulate_grad_batches if automatic else 1)
-            clipping = _agree("gradient_clipping", self.gradient_clipping, _clipping_of(trainer.callbacks))
-            if trainer.lr_scheduler_configs and "scheduler" in (self.user_config or {}):
-                raise ValueError("The DeepSpeed config has a \"scheduler\" section and configure_optimizers returned a "
-                                 "scheduler too: two schedulers would set the same learning rate. Keep one of them.")
+            return self.engine, self.optimizers
+        micro = self.micro_batch_size or plan.micro_batch_size
+        if micro is None:
+            warnings.warn("DeepSpeed: the micro-batch size is not known (the training loader has no batch_size: a "
+                          "custom batch sampler?), so the config's train_micro_batch_size_per_gpu is 1. DeepSpeed "
+                          "uses it only for its throughput figures; pass DeepSpeed(micro_batch_size=N) to set it.")
+            micro = 1
+        # Manual optimisation steps where the user says: each backward closes its own window.
+        accumulate = _agree("accumulate_grad_batches", self.accumulate_grad_batches,
+                            plan.accumulate_grad_batches if plan.automatic_optimization else 1)
+        clipping = _agree("gradient_clipping", self.gradient_clipping, _clip_norm_of(plan.clipping))
+        if plan.has_lr_schedulers and "scheduler" in (self.user_config or {}):
+            raise ValueError("The DeepSpeed config has a \"scheduler\" section and the run steps a scheduler of its "
+                             "own (configure_optimizers returned one, or one was prepared): two schedulers would set "
+                             "the same learning rate. Keep one of them.")
         self._initialize(micro_batch_size=micro, accumulate_grad_batches=accumulate, gradient_clipping=clipping)
+        return self.engine, self.optimizers
 
-    def setup_for_accelerator(self, model, optimizer=None):
-        """The Accelerator's path: deepspeed.initialize over the model itself (engine(x) is model(x)).
-
-        Returns (engine, optimizer): the optimizer is the user's, which DeepSpeed now steps."""
-        self.module = model
-        self._client_optimizer = optimizer
-        self.optimizers = [optimizer] if optimizer is not None else []
-        self._wrapped = False
-        self.scale_loss_by_accumulation = True
-        self._initialize(micro_batch_size=self.micro_batch_size or 1,
-                         accumulate_grad_batches=self.accumulate_grad_batches or 1,
-                         gradient_clipping=self.gradient_clipping)
-        return self.engine, optimizer
+    def setup_optimizer(self, optimizer):
+        raise ValueError("Under DeepSpeed the model and its optimizer are prepared together: pass both to one "
+                         "accelerator.prepare(model, optimizer, ...) call.")
 
     def _initialize(self, micro_batch_size, accumulate_grad_batches, gradient_clipping):
         """deepspeed.initialize. micro_batch_size=None: an engine that does not train (no batch values needed)."""
@@ -289,7 +320,7 @@ class DeepSpeed(DDP):
                             self.precision.name if self.precision is not None else "32-true", "of the DeepSpeed engine")
         self.model = self.engine
         bf16, fp16 = _enabled(config.get("bf16", config.get("bfloat16"))), _enabled(config.get("fp16"))
-        self._input_dtype = torch.bfloat16 if bf16 is True else torch.float16 if fp16 is True else None
+        self.precision.attach(self.engine, torch.bfloat16 if bf16 is True else torch.float16 if fp16 is True else None)
         self._loaded_engine_state = False
 
     def _offload_optimizer(self, optimizer, config):
@@ -325,10 +356,11 @@ class DeepSpeed(DDP):
         return cpu_adam
 
     @contextlib.contextmanager
-    def module_init_context(self):
+    def module_init_context(self, empty_init=False):
         """`with strategy.module_init_context(): module = Model()`: with zero3_init (stage 3) the parameters are
         created partitioned over the ranks, so no process ever holds the whole model. Starts the processes and
-        the process group if the Trainer has not yet (every rank runs this line)."""
+        the process group if the Trainer has not yet (every rank runs this line). The parameters are initialised
+        either way (zero.Init partitions them after their module's __init__): empty_init changes nothing here."""
         if not self.zero3_init:
             yield
             return
@@ -357,6 +389,8 @@ class DeepSpeed(DDP):
         self.model = None
         self.optimizers = []
         self._client_optimizer = None
+        if self.precision is not None:
+            self.precision.detach()  # nothing may keep the engine alive past the group (gloo at exit)
         if engine is not None:
             engine.destroy()  # removes DeepSpeed's hooks from the module
         del engine
@@ -382,13 +416,6 @@ class DeepSpeed(DDP):
     def eval_step(self, step_fn, *args):
         return self.engine(*args, _tasktrain_step=step_fn)
 
-    def batch_to_device(self, batch):
-        batch = super().batch_to_device(batch)
-        if self._input_dtype is None:
-            return batch
-        # Under "bf16"/"fp16" DeepSpeed holds the module in that dtype: floating inputs must match it.
-        return _cast_floats(batch, self._input_dtype)
-
     def no_backward_sync(self, enabled: bool, model=None):
         """Tell the engine whether this micro-batch closes the accumulation window (DeepSpeed holds back the
         reduction and the step until it does)."""
@@ -396,11 +423,15 @@ class DeepSpeed(DDP):
             self.engine.set_gradient_accumulation_boundary(not enabled)
         return contextlib.nullcontext()
 
+    def unwrap_model(self, model):
+        if self.engine is not None and model is self.engine:
+            model = model.module
+        return super().unwrap_model(model)
+
     def backward(self, loss, *args, **kwargs):
-        engine = self.engine
-        engine.backward(loss, scale_wrt_gas=self.scale_loss_by_accumulation, **kwargs)
-        if not engine.is_gradient_accumulation_boundary():
-            engine.step()  # DeepSpeed counts every micro-batch; inside a window its step changes nothing
+        self.precision.backward(loss, scale_wrt_gas=self._scale_wrt_gas, **kwargs)
+        if not self.engine.is_gradient_accumulation_boundary():
+            self.engine.step()  # DeepSpeed counts every micro-batch; inside a window its step changes nothing
 
     def optimizer_step(self, optimizer=None, closure=None) -> bool:
         if closure is not None:
@@ -415,17 +446,10 @@ class DeepSpeed(DDP):
                 "accumulate_grad_batches (limit_train_batches), or tell the strategy where windows end "
                 "(strategy.no_backward_sync(not last_micro_batch))."
             )
-        engine.step()
-        stepped = engine.was_step_applied()
-        if not stepped and self.precision is not None:
-            self.precision.skipped_steps += 1  # fp16 overflow: DeepSpeed lowered its loss scale and skipped
-        return stepped
+        return self.precision.optimizer_step(optimizer)
 
     def zero_grad(self, optimizer=None):
         pass  # engine.step() zeroes the gradients at the window's end
-
-    def unscale_gradients(self, optimizer=None):
-        pass  # DeepSpeed unscales inside its step
 
     def clip_gradients(self, optimizer=None, max_norm=None, max_value=None, norm_type=2.0):
         """DeepSpeed clips inside engine.step() with the config's gradient_clipping: this only checks that the
@@ -442,13 +466,13 @@ class DeepSpeed(DDP):
         return None
 
     # -- checkpoints ----------------------------------------------------------------------------------------
-    def module_state_dict(self):
+    def module_state_dict(self, model=None):
         return {}  # the weights are in the engine's shards, next to the state file in the checkpoint directory
 
     def optimizer_state(self, optimizer):
         return {"deepspeed": "in the engine's shards of this checkpoint directory"}
 
-    def load_module_state_dict(self, state_dict, strict=True):
+    def load_module_state_dict(self, state_dict, model=None, strict=True):
         if not state_dict and self._loaded_engine_state:
             return  # engine.load_checkpoint restored the weights already
         state_dict = {(_WRAPPER_PREFIX if self._wrapped else "") + k: v for k, v in state_dict.items()}
@@ -488,15 +512,19 @@ class DeepSpeed(DDP):
             replace_dir(tmp, path)
         self.barrier("save_checkpoint")
 
-    def save_accelerator_state(self, output_dir, state):
-        """The Accelerator's save_state: engine shards and `state` into output_dir (kept: other files stay)."""
-        self._save_engine(os.path.abspath(os.fspath(output_dir)), state)
+    def save_checkpoint_into(self, directory, checkpoint, filename):
+        """The engine's shards and `checkpoint` (as `filename`) into `directory`; other files there stay."""
+        self._save_engine(os.path.abspath(os.fspath(directory)), checkpoint, filename)
         self.barrier("save_state")
 
-    def load_accelerator_state(self, input_dir):
-        return self.load_checkpoint(input_dir)
+    def load_checkpoint_from(self, directory, filename):
+        directory = os.fspath(directory)
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"{directory} does not exist: load_state expects a directory written by "
+                                    "accelerator.save_state(dir).")
+        return self._load_directory(directory, filename)
 
-    def _save_engine(self, directory, state, sixteen_bit=True):
+    def _save_engine(self, directory, state, state_file=STATE_FILE, sixteen_bit=True):
         if self.is_global_zero and os.path.isdir(directory) and directory.endswith((".tmp", ".zero-tmp")):
             shutil.rmtree(directory)  # the leftover of an interrupted save
         self.barrier("save_engine")
@@ -508,7 +536,7 @@ class DeepSpeed(DDP):
             state = dict(state, deepspeed={"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
                                            "world_size": self.world_size,
                                            "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""})
-            atomic_save(state, os.path.join(directory, STATE_FILE))
+            atomic_save(state, os.path.join(directory, state_file))
 
     def save_16bit_weights(self, path, hyper_parameters=None):
         """Write the consolidated 16-bit weights (our checkpoint format, weights only) to `path`. Every rank calls
@@ -519,7 +547,7 @@ class DeepSpeed(DDP):
             raise RuntimeError("DeepSpeed did not write the 16-bit model (stage 3 needs "
                                "stage3_gather_16bit_weights_on_model_save, which save_16bit_model=True sets).")
         if self.is_global_zero:
-            dtype = torch.bfloat16 if self._input_dtype == torch.bfloat16 else torch.float16
+            dtype = torch.bfloat16 if self.precision.input_dtype == torch.bfloat16 else torch.float16
             weights = torch.load(os.path.join(directory, raw), map_location="cpu", weights_only=True)
             weights = {_strip(k, _WRAPPER_PREFIX if self._wrapped else ""): v.to(dtype) if v.is_floating_point() else v
                        for k, v in weights.items()}
@@ -534,9 +562,12 @@ class DeepSpeed(DDP):
         path = os.fspath(path)
         if not os.path.isdir(path):
             return load_checkpoint_file(path)  # a plain checkpoint: weights yes, optimizer state no (see above)
-        state_file = os.path.join(path, STATE_FILE)
+        return self._load_directory(path, STATE_FILE)
+
+    def _load_directory(self, path, state_name):
+        state_file = os.path.join(path, state_name)
         if not os.path.isfile(state_file):
-            raise CheckpointError(f"{path!r} is a directory without {STATE_FILE}: not a checkpoint written by the "
+            raise CheckpointError(f"{path!r} is a directory without {state_name}: not a checkpoint written by the "
                                   "tasktrain DeepSpeed strategy (or an interrupted save).")
         ckpt = load_checkpoint_file(state_file)
         meta = ckpt.get("deepspeed", {})
@@ -562,25 +593,25 @@ class DeepSpeed(DDP):
         self._loaded_engine_state = True
         return ckpt
 
-    def remove_checkpoint(self, path: str):
-        if self.is_global_zero:
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
-
     def link_checkpoint(self, src, dst):
         """ModelCheckpoint's last.ckpt: a directory of hard links to `src`'s files (a copy where links fail)."""
-        if not os.path.isdir(src):
-            return atomic_link(src, dst)
-        link_tree(src, dst)
+        if self.is_global_zero:
+            link_tree(src, dst) if os.path.isdir(src) else atomic_link(src, dst)
+        self.barrier("link_checkpoint")
 
     def full_state_dict(self, model=None):
-        """The module's whole state dict on every rank (stage 3 gathers the partitions: call it on every rank)."""
+        """The module's whole state dict on every rank (stage 3 gathers the partitions: call it on every rank).
+        `model`: the engine, the module, or (the Trainer's) its wrapper; another model's own state dict otherwise."""
+        if model is not None and model is not self.engine and self.unwrap_model(model) is not self.module:
+            return super().full_state_dict(model)
         module = self.engine.module if self.engine is not None else self.module
         prefix = _WRAPPER_PREFIX if self.engine is not None and self._wrapped else ""
         with self._gathered(modifier_rank=None):
             return {_strip(k, prefix): v.detach().clone() for k, v in module.state_dict().items()}
+
+    def check_full_state_dict(self, obj, where):
+        if self.zero_stage() == 3:
+            _check_no_zero3_placeholders(obj, where)
 
     def _partitioned(self):
         module = self.engine.module if self.engine is not None else self.module
@@ -768,42 +799,32 @@ def _precision_sections(config, precision, device_type):
 
 
 def _agree(name, explicit, from_run):
-    """A value given to DeepSpeed(...) and by the Trainer must be the same."""
+    """A value given to DeepSpeed(...) and by the run (the Trainer, the Accelerator, the launch config) must be the
+    same."""
     if explicit is None or from_run is None:
         return from_run if explicit is None else explicit
     if float(explicit) != float(from_run):
-        raise ValueError(f"DeepSpeed({name}={explicit}) disagrees with the Trainer's {from_run}. Give it in one place.")
+        raise ValueError(f"DeepSpeed({name}={explicit}) disagrees with the run's {from_run}. Give it in one place.")
     return explicit
 
 
-def _clipping_of(callbacks):
-    from tasktrain.callbacks.clipping import GradientClipping
-
-    clippers = [c for c in callbacks if isinstance(c, GradientClipping)]
-    if len(clippers) > 1:
-        raise ValueError(f"{len(clippers)} GradientClipping callbacks: DeepSpeed clips once, to one max norm. "
-                         "Keep one.")
-    if not clippers:
+def _clip_norm_of(requests):
+    """The max norm of the run's clipping requests (a GradientClip tuple), for the config; None when it clips not."""
+    if not requests:
         return None
-    clip = clippers[0]
-    if clip.max_value is not None:
-        raise ValueError("DeepSpeed clips by norm only: use gradient_clip_val with gradient_clip_algorithm='norm' "
-                         "(GradientClipping(max_norm=...)), not clipping by value.")
-    if clip.max_norm is not None and clip.norm_type != 2.0:
-        raise ValueError(f"DeepSpeed clips the 2-norm; GradientClipping(norm_type={clip.norm_type}) asks for another. "
-                         "Use norm_type=2.")
-    return clip.max_norm
-
-
-def _loader_batch_size(loader):
-    size = getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-    if size:
-        return int(size)
-    if loader is not None:
-        warnings.warn("DeepSpeed: the training loader has no batch_size (a custom batch sampler?), so the config's "
-                      "train_micro_batch_size_per_gpu is 1. DeepSpeed uses it only for its throughput figures; pass "
-                      "DeepSpeed(micro_batch_size=N) to set it.")
-    return 1
+    for request in requests:
+        who = f" ({request.requested_by})" if request.requested_by else ""
+        if request.algorithm != "norm":
+            raise ValueError(f"DeepSpeed clips by norm only{who}: use gradient_clip_val with gradient_clip_algorithm="
+                             "'norm' (GradientClipping(max_norm=...)), not clipping by value.")
+        if float(request.norm_type) != 2.0:
+            raise ValueError(f"DeepSpeed clips the 2-norm; norm_type={request.norm_type}{who} asks for another. Use "
+                             "norm_type=2.")
+    if len(requests) > 1:
+        who = ", ".join(r.requested_by or f"max_norm={r.value}" for r in requests)
+        raise ValueError(f"{len(requests)} gradient clippings ({who}): DeepSpeed clips once, to one max norm. Keep "
+                         "one.")
+    return requests[0].value
 
 
 def _read_config(config):
@@ -892,3 +913,16 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None):
     if output_path is not None:
         atomic_save(out, os.fspath(output_path))
     return out
+
+
+def _check_no_zero3_placeholders(obj, where):
+    if not isinstance(obj, dict):
+        return
+    empty = [k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == 0]
+    if empty:
+        raise ValueError(
+            f"Refusing to save {where}: the state dict holds ZeRO-3 placeholders (shape (0,) tensors, e.g. "
+            f"{empty[0]!r}) instead of weights, because under DeepSpeed stage 3 each process holds only a slice of "
+            "every parameter. Build it with accelerator.get_state_dict(model), called on every process, which "
+            "gathers the slices."
+        )

@@ -1,19 +1,24 @@
 """Precision plugins: how the forward is cast and how gradients are scaled.
 
-The Trainer and the Accelerator both go through these four calls, in this order, every optimizer step:
+A strategy owns its plugin (`strategy.precision`, built by strategy.configure through precision_plugin) and
+calls it; the Trainer and the Accelerator go through the strategy, in this order, every optimizer step:
 
-    with precision.autocast(): loss = forward(...)
+    with strategy.forward_context(): loss = forward(...)     # precision.autocast(): the one place autocast is entered
     precision.backward(loss)              # scales the loss first under fp16
     precision.unscale(optimizer)          # before anything reads gradients (clipping, norms); idempotent per step
     stepped = precision.optimizer_step(optimizer)   # False when GradScaler skipped an inf/NaN step
+
+Engines with a precision policy of their own (DeepSpeed) get a plugin that maps onto it instead.
 """
 import contextlib
+import types
 import warnings
 
 import torch
 
 from tasktrain.names import normalize_precision  # noqa: F401  (the table's, re-exported for callers)
 from tasktrain.tree import apply_to_leaves
+
 
 class Precision:
     """Full fp32 ("32-true"): no casting, no scaling."""
@@ -74,12 +79,7 @@ class MixedPrecision(Precision):
         if name == "16-mixed":
             # GradScaler() with no device means CUDA and silently disables itself on a CPU machine.
             self.scaler = torch.amp.GradScaler(device_type)
-            if device_type == "cpu":
-                warnings.warn(
-                    "precision='16-mixed' on CPU works but is usually much slower than fp32 (most CPUs have no fast "
-                    "float16 matmul); precision='bf16-mixed' is the fast mixed precision on CPU.",
-                    stacklevel=3,
-                )
+            warn_fp16_on_cpu(device_type)
 
     def autocast(self):
         return torch.autocast(self.device_type, dtype=self.dtype)
@@ -129,3 +129,44 @@ def make_precision(value, device_type: str = "cpu") -> Precision:
 
 def _apply_to_floats(data, fn):
     return apply_to_leaves(data, lambda t: fn(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)
+
+
+def warn_fp16_on_cpu(device_type):
+    if device_type == "cpu":
+        warnings.warn(
+            "precision='16-mixed' on CPU works but is usually much slower than fp32 (most CPUs have no fast float16 "
+            "matmul); precision='bf16-mixed' is the fast mixed precision on CPU.",
+            stacklevel=4,
+        )
+
+
+# -- a model's own forward under the precision (the Accelerator's prepared models) -----------------------------------
+def patch_forward(model, forward_context):
+    """Run the model's own forward inside `forward_context()` (the strategy's autocast), outputs back in float32
+    (as Accelerate does)."""
+    if "_tasktrain_forward" in model.__dict__:
+        return
+    model.__dict__["_tasktrain_forward"] = model.forward
+    model.__dict__["_tasktrain_autocast"] = forward_context
+    # A method bound to the model (not a closure), so that copy.deepcopy(model) calls the copy's own forward.
+    model.forward = types.MethodType(_forward_in_precision, model)
+
+
+def _forward_in_precision(self, *args, **kwargs):
+    with self._tasktrain_autocast():
+        outputs = self._tasktrain_forward(*args, **kwargs)
+    return apply_to_leaves(outputs, _to_float32)
+
+
+def _to_float32(leaf):
+    return leaf.float() if isinstance(leaf, torch.Tensor) and leaf.dtype in (torch.float16, torch.bfloat16) else leaf
+
+
+def unpatch_forward(model):
+    """Undo patch_forward: the model's forward as it was."""
+    if "_tasktrain_forward" in model.__dict__:
+        original = model.__dict__.pop("_tasktrain_forward")
+        model.__dict__.pop("_tasktrain_autocast", None)
+        del model.__dict__["forward"]
+        if getattr(original, "__func__", None) is not getattr(type(model), "forward", None):
+            model.forward = original  # the model had its own instance-level forward: put it back

@@ -16,24 +16,23 @@ What is written here is bookkeeping; backward, stepping, clipping, no_sync and t
 import contextlib
 import itertools
 import os
-import types
 import warnings
 
 import torch
 
 from tasktrain import checkpoint_io as ckpt_io
-from tasktrain.strategies.base import Strategy
-from tasktrain.strategies.environment import detect_environment, launch_config
-from tasktrain.strategies.precision import make_precision, normalize_precision
-from tasktrain.strategies.registry import resolve_accelerator, resolve_strategy, strategy_from_name
-from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark, resolve_stall_timeout
+from tasktrain.names import MIXED_PRECISION
+from tasktrain.strategies.base import GradientClip, Plan
+from tasktrain.strategies.precision import unpatch_forward
+from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
 from tasktrain.trainer.data import ResumableSampler, prepare_train_data
-from tasktrain.trainer.seed import get_seed
+from tasktrain.trainer.runtime import (ACCELERATOR_NAMES, accumulation_window, broadcast_seed, build_runtime,
+                                       rng_state_of_this_rank)
 from tasktrain.tree import apply_to_leaves
 
 STATE_FILE = "accelerator_state.pt"
 STATE_FORMAT_VERSION = 1
-_MIXED_PRECISION_NAMES = {"32-true": "no", "16-mixed": "fp16", "bf16-mixed": "bf16", "64-true": "fp64"}
+_ACCELERATE_NAMES = {name: accelerate for accelerate, name in MIXED_PRECISION.items()}  # "bf16-mixed" -> "bf16"
 
 
 class Accelerator:
@@ -52,52 +51,18 @@ class Accelerator:
 
     def __init__(self, mixed_precision=None, cpu=False, gradient_accumulation_steps=None, strategy=None,
                  stall_timeout=DEFAULT_STALL_TIMEOUT):
-        launch = launch_config()
-        env = detect_environment()
-        precision = None if mixed_precision is None else normalize_precision(mixed_precision)
-        if launch.launched:
-            precision = _from_launch("mixed_precision", precision, launch.precision)
-            gradient_accumulation_steps = _from_launch("gradient_accumulation_steps", gradient_accumulation_steps,
-                                                       launch.gradient_accumulation_steps)
-            if strategy is None and launch.strategy == "deepspeed":
-                # Under DeepSpeed the engine clips inside its step: the launch config's value is its config's.
-                clipping = {} if launch.gradient_clipping is None else {"gradient_clipping": launch.gradient_clipping}
-                strategy = strategy_from_name("deepspeed", **launch.deepspeed, **clipping)
-            else:
-                strategy = _from_launch("strategy", strategy, launch.strategy)
-            cpu = cpu or bool(launch.use_cpu)
-        self.precision_name = precision or "32-true"
-        gradient_accumulation_steps = 1 if gradient_accumulation_steps is None else gradient_accumulation_steps
-        if not isinstance(gradient_accumulation_steps, int) or isinstance(gradient_accumulation_steps, bool) \
-                or gradient_accumulation_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps!r}: use a positive integer "
-                             "(the number of micro-batches per optimizer step).")
-        self.gradient_accumulation_steps = int(gradient_accumulation_steps)
-
-        accelerator = "cpu" if cpu else resolve_accelerator("auto")
-        # The Accelerator never starts processes: a launcher (tasktrain launch, torchrun, SLURM) did, or it is one.
-        devices = env.local_world_size if env.launcher else 1
-        num_nodes = max(1, env.world_size // max(1, devices))
-        self.strategy = resolve_strategy("auto" if strategy is None else strategy, accelerator, devices, num_nodes, env)
-        if env.world_size > 1 and not self.strategy.is_distributed:
-            raise ValueError(
-                f"The launcher started {env.world_size} processes, but strategy {self.strategy.name!r} runs one "
-                "process on its own: every rank would train alone. Use strategy='ddp' (or a DeepSpeed strategy), or "
-                "launch a single process."
-            )
-        kind = type(self.strategy)
-        if not _is_deepspeed(self.strategy) and kind.setup is not Strategy.setup \
-                and kind.wrap_model is Strategy.wrap_model:
-            raise ValueError(f"strategy {self.strategy.name!r} wraps modules for the Trainer only (it has no "
-                             "wrap_model for a model's own forward): use 'single_device', 'ddp' or a DeepSpeed "
-                             "strategy with the Accelerator.")
-        self.strategy.configure(accelerator, devices, num_nodes)
-        self.strategy.precision = make_precision(self.precision_name, self.strategy.root_device.type)
-        configure_accumulation = getattr(self.strategy, "configure_accumulation", None)
-        if configure_accumulation is not None:  # DeepSpeed builds the accumulation into its engine config
-            configure_accumulation(self.gradient_accumulation_steps)
-        self.stall_timeout = resolve_stall_timeout(stall_timeout)  # watchdog (issue 19)
-        self.strategy.stall_timeout = self.stall_timeout
+        # The launch config, the strategy and its precision, the accumulation: the Trainer's rules too. The
+        # Accelerator never starts processes: a launcher (tasktrain launch, torchrun, SLURM) did, or it is one.
+        runtime = build_runtime(accelerator="cpu" if cpu else "auto", strategy=strategy, precision=mixed_precision,
+                                accumulate_grad_batches=gradient_accumulation_steps, names=ACCELERATOR_NAMES,
+                                stall_timeout=stall_timeout, custom_loop=True)
+        self.strategy = runtime.strategy
+        self.gradient_accumulation_steps = runtime.accumulate_grad_batches
+        self.stall_timeout = runtime.stall_timeout  # watchdog (issue 19)
+        # The launch config's gradient_clipping: an engine that clips inside its step (DeepSpeed) is set up with it;
+        # elsewhere the script's own clip_grad_norm_ calls decide.
+        self._launch_clipping = () if runtime.gradient_clip_val is None else (
+            GradientClip(runtime.gradient_clip_val, "norm", 2.0, "the launch config's gradient_clipping"),)
         self.strategy.setup_environment()
         self._watchdog = self.strategy.watchdog  # None on one process; watches the prepared loaders' loops
 
@@ -154,9 +119,14 @@ class Accelerator:
         return self.strategy.world_size > 1
 
     @property
+    def precision_name(self) -> str:
+        """Our name of the precision: "32-true", "16-mixed", "bf16-mixed", "64-true"."""
+        return self.strategy.precision.name
+
+    @property
     def mixed_precision(self) -> str:
-        """Accelerate's name of the precision: "no", "fp16", "bf16" (or "fp64")."""
-        return _MIXED_PRECISION_NAMES[self.precision_name]
+        """Accelerate's name of the precision: "no", "fp16", "bf16" (or "fp64", which Accelerate has not)."""
+        return _ACCELERATE_NAMES.get(self.precision_name, "fp64")
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -169,19 +139,29 @@ class Accelerator:
 
     # -- prepare -----------------------------------------------------------------------------------------------------
     def prepare(self, *objects):
-        """Prepare models, optimizers, data loaders and schedulers, given in any order; returns them in that order."""
+        """Prepare models, optimizers, data loaders and schedulers, given in any order; returns them in that order.
+
+        A model and the optimizers over its parameters are set up together (strategy.setup_module_and_optimizers:
+        an engine such as DeepSpeed's builds both at once), with a plan from the other objects of the call."""
         kinds = [_kind(obj) for obj in objects]
         out = list(objects)
-        if _is_deepspeed(self.strategy):
-            self._prepare_deepspeed(objects, kinds, out)
-        else:
-            # Models before optimizers before schedulers: each needs the one before it to be known.
-            for i, kind in enumerate(kinds):
-                if kind == "model":
-                    out[i] = self.prepare_model(objects[i])
-            for i, kind in enumerate(kinds):
-                if kind == "optimizer":
-                    out[i] = self.prepare_optimizer(objects[i])
+        models = [i for i, kind in enumerate(kinds) if kind == "model"]
+        # (An optimizer prepared before stays as it is.)
+        optimizers = [i for i, kind in enumerate(kinds) if kind == "optimizer"
+                      and not isinstance(objects[i], PreparedOptimizer)]
+        loaders = [objects[i] for i, kind in enumerate(kinds) if kind == "dataloader"]
+        plan = self._plan(loaders, has_schedulers="scheduler" in kinds)
+        claimed = set()
+        for i in models:
+            # One model: every optimizer of the call is its. Several: each takes the optimizers over its parameters.
+            mine = [j for j in optimizers if len(models) == 1 or _steps_only(objects[j], objects[i])]
+            out[i], prepared = self._prepare_model(objects[i], [objects[j] for j in mine], plan)
+            for j, optimizer in zip(mine, prepared):
+                out[j] = optimizer
+            claimed.update(mine)
+        for j, kind in enumerate(kinds):
+            if kind == "optimizer" and j not in claimed:
+                out[j] = self.prepare_optimizer(objects[j])
         for i, kind in enumerate(kinds):
             if kind == "dataloader":
                 out[i] = self.prepare_data_loader(objects[i])
@@ -190,28 +170,36 @@ class Accelerator:
         return out[0] if len(out) == 1 else tuple(out)
 
     def prepare_model(self, model):
-        for prepared, _ in self._models:
-            if model is prepared:
-                return prepared
-        if _is_deepspeed(self.strategy):
-            raise ValueError("Under DeepSpeed the model and its optimizer are prepared together: pass both to one "
-                             "accelerator.prepare(model, optimizer, ...) call.")
-        original = model
-        if self.precision_name in ("16-mixed", "bf16-mixed"):
-            _patch_forward(model, self.strategy.precision)
-        prepared = self.strategy.wrap_model(model)
-        self._models.append((prepared, original))
-        return prepared
+        return self._prepare_model(model, [], self._plan([], has_schedulers=False))[0]
 
     def prepare_optimizer(self, optimizer):
+        """An optimizer whose model was prepared before (an engine that builds both together refuses it)."""
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
-        if _is_deepspeed(self.strategy):
-            raise ValueError("Under DeepSpeed the model and its optimizer are prepared together: pass both to one "
-                             "accelerator.prepare(model, optimizer, ...) call.")
-        prepared = PreparedOptimizer(optimizer, self)
+        prepared = PreparedOptimizer(self.strategy.setup_optimizer(optimizer), self, original=optimizer)
         self._optimizers.append(prepared)
         return prepared
+
+    def _prepare_model(self, model, optimizers, plan):
+        for prepared, _ in self._models:
+            if model is prepared:
+                return prepared, [self.prepare_optimizer(o) for o in optimizers]
+        prepared, set_up = self.strategy.setup_module_and_optimizers(model, optimizers, plan)
+        self._models.append((prepared, model))
+        out = []
+        for optimizer, original in zip(set_up, optimizers):
+            wrapped = PreparedOptimizer(optimizer, self, original=original)
+            self._optimizers.append(wrapped)
+            out.append(wrapped)
+        return prepared, out
+
+    def _plan(self, loaders, has_schedulers):
+        """What this Accelerator's loop does, for the strategy: the script calls the model itself, divides each
+        loss by its window in backward(), and clips where it says."""
+        batch_size = next((loader.batch_size for loader in loaders if getattr(loader, "batch_size", None)), None)
+        return Plan(training=True, calls_steps=False, micro_batch_size=batch_size,
+                    accumulate_grad_batches=self.gradient_accumulation_steps, loss_divided_by_window=True,
+                    clipping=self._launch_clipping, has_lr_schedulers=has_schedulers)
 
     def prepare_scheduler(self, scheduler):
         if isinstance(scheduler, PreparedScheduler):
@@ -226,40 +214,11 @@ class Accelerator:
         if isinstance(loader, PreparedDataLoader):
             return loader
         if self._data_seed is None:
-            # The order is a function of (seed, epoch): every rank must draw it from the same seed.
-            self._data_seed = int(self.strategy.broadcast(get_seed()))
+            self._data_seed = broadcast_seed(self.strategy)
         data = prepare_train_data(loader, self.num_processes, self.process_index, self._data_seed)
         prepared = PreparedDataLoader(data, self)
         self._loaders.append(prepared)
         return prepared
-
-    def _prepare_deepspeed(self, objects, kinds, out):
-        models = [i for i, k in enumerate(kinds) if k == "model"]
-        optimizers = [i for i, k in enumerate(kinds) if k == "optimizer"]
-        if len(models) > 1 or len(optimizers) > 1 or self._models:
-            raise ValueError("DeepSpeed trains one model with one optimizer per Accelerator: prepare a single model "
-                             "and its optimizer together (use a separate Accelerator per model).")
-        if not models:
-            if optimizers:
-                raise ValueError("Under DeepSpeed the model and its optimizer are prepared together: pass both to one "
-                                 "accelerator.prepare(model, optimizer, ...) call.")
-            return
-        model = objects[models[0]]
-        optimizer = objects[optimizers[0]] if optimizers else None
-        loaders = [objects[i] for i, k in enumerate(kinds) if k == "dataloader"]
-        if loaders and getattr(loaders[0], "batch_size", None):
-            set_batch = getattr(self.strategy, "configure_batch_size", None)
-            if set_batch is not None:
-                set_batch(loaders[0].batch_size)
-        engine, engine_optimizer = self.strategy.setup_for_accelerator(model, optimizer)
-        # backward() divides by the window itself, as on the other strategies (a short last window included).
-        self.strategy.scale_loss_by_accumulation = False
-        self._models.append((engine, model))
-        out[models[0]] = engine
-        if optimizer is not None:
-            prepared = PreparedOptimizer(engine_optimizer, self, original=optimizer)
-            self._optimizers.append(prepared)
-            out[optimizers[0]] = prepared
 
     # -- the step ----------------------------------------------------------------------------------------------------
     def backward(self, loss, **kwargs):
@@ -270,12 +229,11 @@ class Accelerator:
             loss = loss / self._window
         if not self.sync_gradients:
             self._window_has_grads = True
-        if _is_deepspeed(self.strategy):
-            # The engine must know whether this micro-batch ends the window before its backward reduces anything.
-            with self.strategy.no_backward_sync(not self.sync_gradients):
-                self.strategy.backward(loss, **kwargs)
-            return
-        self.strategy.backward(loss, **kwargs)
+        # Whether this micro-batch ends the window, told again here: an engine that reduces in its backward
+        # (DeepSpeed) must know it then, even when the script uses no accumulate(). (DDP's no_sync has to cover the
+        # forward: accumulate(model) enters it; around the backward alone it changes nothing.)
+        with self.strategy.no_backward_sync(not self.sync_gradients):
+            self.strategy.backward(loss, **kwargs)
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         """Unscale (fp16), then clip; returns the total norm before clipping. A no-op (None) on micro-batches that do
@@ -298,7 +256,7 @@ class Accelerator:
             held = opt.parameter_ids()
             if not held.isdisjoint(wanted):
                 owners.append((opt, held))
-        if _is_deepspeed(self.strategy) or (len(owners) == 1 and owners[0][1] == wanted):
+        if self.strategy.clips_inside_step or (len(owners) == 1 and owners[0][1] == wanted):
             # The common case (all of one optimizer's parameters): exactly the Trainer's clipping path.
             return self.strategy.clip_gradients(owners[0][0].optimizer if owners else None, max_norm, max_value,
                                                 norm_type)
@@ -344,8 +302,7 @@ class Accelerator:
             # The Trainer's rule, from the position in the epoch: windows start at multiples of `steps`, and the
             # last one is cut short by the end of the loader.
             index = loader.batches_seen - 1
-            start = index - index % steps
-            self._window = min(steps, loader.length - start)
+            start, self._window = accumulation_window(index, steps, loader.length)
             self.sync_gradients = index + 1 - start == self._window
             return
         self._micro_step += 1
@@ -356,16 +313,17 @@ class Accelerator:
 
     @contextlib.contextmanager
     def no_sync(self, model):
-        """Skip the gradient all-reduce of `model` for the backward passes inside (strategy.no_backward_sync)."""
-        if _is_deepspeed(self.strategy) or not self.use_distributed:
-            yield  # DeepSpeed's engine holds back reduction until its own accumulation boundary
+        """Skip the gradient all-reduce of `model` for the backward passes inside (strategy.no_backward_sync).
+        (DeepSpeed's engine reduces at its own accumulation boundary, which backward() tells it.)"""
+        if not self.use_distributed:
+            yield
             return
         with self.strategy.no_backward_sync(True, model):
             yield
 
     def autocast(self):
         """The precision's autocast context, for computations outside the prepared model's forward."""
-        return self.strategy.precision.autocast()
+        return self.strategy.forward_context()
 
     def long_event(self, name, timeout=None):
         """`with accelerator.long_event("evaluate on the full set"):` work inside a loop over a prepared loader
@@ -382,24 +340,18 @@ class Accelerator:
             if model is prepared:
                 model = original
                 break
-        while isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) \
-                or _is_engine(model) or hasattr(model, "_orig_mod"):
-            model = model._orig_mod if hasattr(model, "_orig_mod") else model.module
+        model = self.strategy.unwrap_model(model)
         if not keep_fp32_wrapper:
-            _unpatch_forward(model)
+            unpatch_forward(model)
         return model
 
     def get_state_dict(self, model, unwrap=True):
         """The full state dict (under ZeRO-3 the partitions are gathered: call it on every process)."""
-        engine = self._engine()
-        if engine is not None and (model is engine or model is engine.module):
-            return self.strategy.full_state_dict()
-        return (self.unwrap_model(model) if unwrap else model).state_dict()
+        return self.strategy.full_state_dict(self.unwrap_model(model) if unwrap else model)
 
     def save(self, obj, f):
         """torch.save on the main process only, atomically (temporary file, fsync, rename)."""
-        if _is_deepspeed(self.strategy) and self.strategy.zero_stage() == 3:
-            _check_no_zero3_placeholders(obj, f)
+        self.strategy.check_full_state_dict(obj, f)  # not a sharded engine's slices (ZeRO-3 placeholders)
         if self.is_main_process:
             ckpt_io.atomic_save(obj, f)
 
@@ -409,8 +361,7 @@ class Accelerator:
         from tasktrain.inference.saving import save_model
 
         state = self.get_state_dict(model)
-        if _is_deepspeed(self.strategy) and self.strategy.zero_stage() == 3:
-            _check_no_zero3_placeholders(state, save_directory)
+        self.strategy.check_full_state_dict(state, save_directory)  # not a sharded engine's slices
         if self.is_main_process:
             save_model(state, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 
@@ -445,13 +396,10 @@ class Accelerator:
             "accumulation": {"micro_step": self._micro_step},
             "custom": [obj.state_dict() for obj in self._custom],
             "rng_states": self.strategy.all_gather_object(ckpt_io.collect_rng_states()),
+            # What the strategy does not write itself: a sharded engine keeps the weights in its shards.
+            "models": [self.strategy.module_state_dict(prepared) for prepared, _ in self._models],
         }
-        if self._engine() is not None:
-            # The engine writes its (sharded) weights and optimizer state next to our state file.
-            self.strategy.save_accelerator_state(output_dir, state)
-            return
-        state["models"] = [self.get_state_dict(prepared) for prepared, _ in self._models]
-        self.strategy.save_checkpoint(state, os.path.join(output_dir, STATE_FILE))
+        self.strategy.save_checkpoint_into(output_dir, state, STATE_FILE)
 
     def load_state(self, input_dir):
         """Restore what save_state wrote into the objects prepared (in the same order) since; the next iteration of
@@ -460,24 +408,13 @@ class Accelerator:
             self._load_state(os.fspath(input_dir))
 
     def _load_state(self, input_dir):
-        if self._engine() is not None:
-            if not os.path.isdir(input_dir):
-                raise FileNotFoundError(f"{input_dir} does not exist: load_state expects a directory written by "
-                                        "accelerator.save_state(dir).")
-            state = self.strategy.load_accelerator_state(input_dir)  # the engine loads its shards itself
-            self._check_counts(state, "optimizers", self._optimizers, input_dir)
-        else:
-            path = os.path.join(input_dir, STATE_FILE)
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"{path} does not exist: load_state expects a directory written by "
-                                        "accelerator.save_state(dir).")
-            state = self.strategy.load_checkpoint(path)
-            self._check_counts(state, "models", self._models, input_dir)
-            self._check_counts(state, "optimizers", self._optimizers, input_dir)
-            for (prepared, _), model_state in zip(self._models, state["models"]):
-                self.unwrap_model(prepared).load_state_dict(model_state)
-            for opt, opt_state in zip(self._optimizers, state["optimizers"]):
-                self.strategy.load_optimizer_state(opt.optimizer, opt_state)
+        state = self.strategy.load_checkpoint_from(input_dir, STATE_FILE)  # a sharded engine loads its shards here
+        self._check_counts(state, "models", self._models, input_dir)
+        self._check_counts(state, "optimizers", self._optimizers, input_dir)
+        for (prepared, _), model_state in zip(self._models, state["models"]):
+            self.strategy.load_module_state_dict(model_state, prepared)
+        for opt, opt_state in zip(self._optimizers, state["optimizers"]):
+            self.strategy.load_optimizer_state(opt.optimizer, opt_state)
         for name, mine in (("schedulers", self._schedulers), ("loaders", self._loaders), ("custom", self._custom)):
             self._check_counts(state, name, mine, input_dir)
         for sched, sched_state in zip(self._schedulers, state["schedulers"]):
@@ -490,18 +427,9 @@ class Accelerator:
         for obj, obj_state in zip(self._custom, state["custom"]):
             obj.load_state_dict(obj_state)
         self._micro_step = state["accumulation"]["micro_step"]
-        states = state.get("rng_states") or []
-        if len(states) != self.num_processes:
-            warnings.warn(f"{input_dir} was saved by {len(states)} processes and is loaded by {self.num_processes}: "
-                          "random streams restart from rank 0's state, so the run will not repeat exactly.")
-        if states:
-            ckpt_io.restore_rng_states(states[self.process_index] if self.process_index < len(states) else states[0])
-
-    def _engine(self):
-        for prepared, _ in self._models:
-            if _is_engine(prepared):
-                return prepared
-        return None
+        rng_state = rng_state_of_this_rank(state.get("rng_states"), self.strategy, input_dir)
+        if rng_state is not None:
+            ckpt_io.restore_rng_states(rng_state)
 
     def _check_counts(self, state, name, mine, where):
         saved = len(state.get(name, []))
@@ -573,12 +501,7 @@ class Accelerator:
         if self._ended:
             return
         self._ended = True
-        # gloo can abort at exit when a DDP wrapper outlives the group: the script still holds the wrappers, so
-        # drop what ties them to the group (their reducer) before the group goes.
-        for prepared, _ in self._models:
-            if isinstance(prepared, torch.nn.parallel.DistributedDataParallel):
-                for name in ("reducer", "logger", "process_group"):
-                    prepared.__dict__.pop(name, None)
+        # The script still holds the prepared models: the strategy's teardown releases what ties them to the group.
         self._active_loaders.clear()
         self.strategy.teardown()
 
@@ -831,16 +754,6 @@ _END = object()
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------------
-def _from_launch(name, given, launched):
-    """An explicit argument wins over `tasktrain launch`'s choice, with a warning when they differ."""
-    if launched is None or given is None:
-        return launched if given is None else given
-    if str(getattr(given, "name", given)) != str(launched):
-        warnings.warn(f"The script passes {name}={given!r}, which overrides {name}={launched!r} from the launch "
-                      "config.")
-    return given
-
-
 def _kind(obj):
     if isinstance(obj, torch.nn.Module):
         return "model"
@@ -855,42 +768,10 @@ def _kind(obj):
                     "torch.optim optimizers, torch DataLoaders and learning-rate schedulers.")
 
 
-def _is_deepspeed(strategy):
-    return strategy.name.startswith("deepspeed")
-
-
-def _is_engine(model):
-    return any(cls.__name__ == "DeepSpeedEngine" for cls in type(model).__mro__)
-
-
-def _patch_forward(model, precision):
-    """Run the model's own forward under the precision's autocast, outputs back in float32 (like Accelerate)."""
-    if "_tasktrain_forward" in model.__dict__:
-        return
-    model.__dict__["_tasktrain_forward"] = model.forward
-    model.__dict__["_tasktrain_autocast"] = precision.autocast
-    # A method bound to the model (not a closure), so that copy.deepcopy(model) calls the copy's own forward.
-    model.forward = types.MethodType(_forward_in_precision, model)
-
-
-def _forward_in_precision(self, *args, **kwargs):
-    with self._tasktrain_autocast():
-        outputs = self._tasktrain_forward(*args, **kwargs)
-    return _to_float32(outputs)
-
-
-def _unpatch_forward(model):
-    if "_tasktrain_forward" in model.__dict__:
-        original = model.__dict__.pop("_tasktrain_forward")
-        model.__dict__.pop("_tasktrain_autocast", None)
-        del model.__dict__["forward"]
-        if getattr(original, "__func__", None) is not getattr(type(model), "forward", None):
-            model.forward = original  # the model had its own instance-level forward: put it back
-
-
-def _to_float32(data):
-    return apply_to_leaves(data, lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in (
-        torch.float16, torch.bfloat16) else t)
+def _steps_only(optimizer, model):
+    """Whether every parameter `optimizer` steps belongs to `model`."""
+    owned = {id(p) for p in model.parameters()}
+    return all(id(p) in owned for group in optimizer.param_groups for p in group["params"])
 
 
 def _map_tensors(data, fn):
@@ -910,17 +791,3 @@ def _has_tensor(data):
     if isinstance(data, dict):
         return bool(data) and all(_has_tensor(v) for v in data.values())
     return False
-
-
-def _check_no_zero3_placeholders(obj, where):
-    if not isinstance(obj, dict):
-        return
-    empty = [k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == 0]
-    if empty:
-        raise ValueError(
-            f"Refusing to save {where}: the state dict holds ZeRO-3 placeholders (shape (0,) tensors, e.g. "
-            f"{empty[0]!r}) instead of weights, because under DeepSpeed stage 3 each process holds only a slice of "
-            "every parameter. Build it with accelerator.get_state_dict(model), called on every process, which "
-            "gathers the slices."
-        )
-

@@ -5,6 +5,9 @@ loss every step costs a dict write, not a host sync. Epoch values are reduced on
 values are reduced across ranks at that point (and at logger flushes for step values), with one collective per
 reduction kind, never one per key per step.
 """
+import threading
+from functools import partial
+
 import torch
 
 from tasktrain.strategies.watchdog import collective_label
@@ -36,6 +39,9 @@ class MetricStore:
         self.logged_metrics = {}  # name -> float: what was last written to the loggers
         self.prog_bar_names = set()
         self.epoch_values = {}  # name -> tensor, the last reduced epoch values (for the progress bar)
+        if strategy.runs_steps_in_threads:
+            # self.log runs in every GPU's thread (DataParallel): one thread at a time, values onto one device.
+            self.log = partial(_log_from_threads, self.log, threading.Lock(), strategy.root_device)
 
     # -- context set by the trainer ---------------------------------------------------------------------------
     def set_stage(self, stage, on_step, on_epoch):
@@ -219,3 +225,10 @@ def _infer_batch_size(batch):
             if size is not None:
                 return size
     return 1
+
+
+def _log_from_threads(log, lock, device, name, value, *args):
+    if isinstance(value, torch.Tensor):
+        value = value.detach().to(device)
+    with lock:
+        log(name, value, *args)

@@ -1,42 +1,38 @@
 """Trainer: fit / validate / test / predict. The loop is in `_fit_loop` and `_train_epoch`, top to bottom.
 
-Per optimizer step (automatic optimisation), in this order:
+An epoch is a sequence of accumulation windows of micro-batches. Per micro-batch (automatic optimisation), in
+this order:
 
     on_train_batch_start
-    training_step (under autocast, through the DDP/DeepSpeed wrapper)
-    on_before_backward -> backward -> on_after_backward            (each micro-batch)
-    on_before_optimizer_step -> optimizer step -> on_before_zero_grad -> zero_grad   (window end only)
-    step-interval schedulers; logger flush every log_every_n_steps
-    validation, when due at this step
+    training_step (under the strategy's forward_context, through the DDP/DeepSpeed wrapper)
+    on_before_backward -> backward -> on_after_backward
+    at the window's last micro-batch, the optimizer step (_optimizer_step, the one place it happens):
+        on_before_optimizer_step -> optimizer step -> on_before_zero_grad -> zero_grad -> step-interval schedulers
+        logger flush every log_every_n_steps; validation, when due at this step
     on_train_batch_end                                             (checkpoints are saved here: after validation)
 
 At the end of an epoch: epoch metrics reduced, validation when due, epoch-interval schedulers, then
 on_train_epoch_end (module first; what it logs is reduced before the callbacks' on_train_epoch_end runs).
 """
 import contextlib
-import math
 import os
 import signal
 import sys
 import threading
-import warnings
 from functools import partial
 
 import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
-from tasktrain.strategies.environment import detect_environment, launch_config
-from tasktrain.strategies.precision import make_precision, normalize_precision
-from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy
-from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark, resolve_stall_timeout
+from tasktrain.strategies.base import Plan
+from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
 from tasktrain.trainer.metrics import MetricStore
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
-from tasktrain.trainer.seed import get_seed
+from tasktrain.trainer.runtime import accumulation_window, broadcast_seed, build_runtime, rng_state_of_this_rank
 from tasktrain.trainer.state import TrainState
-from tasktrain.version import __version__
 
 
 class Trainer:
@@ -70,34 +66,21 @@ class Trainer:
         max_time=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT,
     ):
-        launch = launch_config()
-        self.env = detect_environment()
-        if launch.launched:
-            strategy = _launch_choice("strategy", strategy, "auto", launch.strategy, launch.deepspeed)
-            precision = _launch_choice("precision", precision, None, launch.precision)
-            if launch.use_cpu and accelerator == "auto":
-                accelerator = "cpu"
-            accumulate_grad_batches = _launch_choice("accumulate_grad_batches", accumulate_grad_batches, 1,
-                                                     launch.gradient_accumulation_steps)
-            gradient_clip_val = _launch_choice("gradient_clip_val", gradient_clip_val, None, launch.gradient_clipping)
-        self.precision_name = normalize_precision(precision)
-        accelerator = resolve_accelerator(accelerator)
-        self.devices = resolve_devices(devices, accelerator, self.env)
-        if num_nodes is None:
-            # Not given: what the launcher formed (torchrun's nodes = world / processes per node), else 1.
-            if launch.launched and launch.num_machines:
-                num_nodes = launch.num_machines
-            elif self.env.launcher is not None:
-                num_nodes = max(1, self.env.world_size // max(1, self.env.local_world_size))
-            else:
-                num_nodes = 1
-        self.num_nodes = int(num_nodes)
-        self.strategy = resolve_strategy(strategy, accelerator, self.devices, self.num_nodes, self.env)
-        self.strategy.configure(accelerator, self.devices, self.num_nodes)
-        self.strategy.precision = make_precision(self.precision_name, self.strategy.root_device.type)
+        # The launch config, the strategy and its precision, the accumulation: the Accelerator's rules too.
+        # Arguments left at their defaults count as not given, so that `tasktrain launch`'s config fills them.
+        runtime = build_runtime(
+            accelerator=accelerator, strategy=None if strategy == "auto" else strategy, devices=devices,
+            num_nodes=num_nodes, precision=precision,
+            accumulate_grad_batches=None if accumulate_grad_batches == 1 else accumulate_grad_batches,
+            gradient_clip_val=gradient_clip_val, stall_timeout=stall_timeout,
+        )
+        self.env = runtime.env
+        self.strategy = runtime.strategy
+        self.devices, self.num_nodes = runtime.devices, runtime.num_nodes
+        self.accumulate_grad_batches = runtime.accumulate_grad_batches
+        gradient_clip_val = runtime.gradient_clip_val
         # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
-        self.stall_timeout = resolve_stall_timeout(stall_timeout)
-        self.strategy.stall_timeout = self.stall_timeout
+        self.stall_timeout = runtime.stall_timeout
 
         if max_epochs is None and max_steps in (None, -1):
             max_epochs = 1000
@@ -110,9 +93,6 @@ class Trainer:
         self.val_check_interval = val_check_interval
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.num_sanity_val_steps = num_sanity_val_steps
-        if int(accumulate_grad_batches) < 1:
-            raise ValueError(f"accumulate_grad_batches={accumulate_grad_batches}: use a positive integer.")
-        self.accumulate_grad_batches = int(accumulate_grad_batches)
         if int(log_every_n_steps) < 1:
             raise ValueError(f"log_every_n_steps={log_every_n_steps}: use a positive integer.")
         self.log_every_n_steps = int(log_every_n_steps)
@@ -128,22 +108,32 @@ class Trainer:
         )
 
         self.state = TrainState()
-        self.should_stop = False
         self.optimizers = []
         self.lr_scheduler_configs = []
         self.module = None
-        self.sanity_checking = False
-        self.training = False
-        self.num_training_batches = None
         self._metrics = None
         self._callback_metrics_cache = {}
         self._logged_metrics = {}
         self._hooks = {}
+        self._watchdog, self._mark, self._watching = None, no_mark, False
+        self._reset_run_state()
+
+    def _reset_run_state(self):
+        """What belongs to one run (fit, validate, ...): fresh at the start of each, so nothing leaks into the next."""
+        self.should_stop = False
+        self.sanity_checking = False
+        self.training = False
+        self.num_training_batches = None
+        self.num_val_batches = []  # one entry per validation loader (Lightning's shape): its batch count or None
+        self.num_sanity_val_batches = []
+        self.num_test_batches = []
+        self.num_predict_batches = []
+        self._val_loader = None
+        self._resumed_from = None
         self._preempted = False
         self._preempt_path = None
-        self._validations_run = 0
-        self._val_loader = None
-        self._watchdog, self._mark, self._watching = None, no_mark, False
+        self._loss_window = []
+        self._loss_window_start = 0
 
     # -- set-up helpers --------------------------------------------------------------------------------------------
     def _default_callbacks(self, callbacks, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time):
@@ -244,7 +234,13 @@ class Trainer:
 
     @property
     def precision(self):
-        return self.precision_name
+        """The precision name of the strategy's plugin ("32-true", "bf16-mixed", ...)."""
+        return self.strategy.precision.name
+
+    @property
+    def enable_validation(self):
+        """Whether this fit runs a validation loop: a validation loader, validation_step, limit_val_batches != 0."""
+        return self._val_loader is not None and self.limit_val_batches != 0
 
     @property
     def callback_metrics(self):
@@ -298,12 +294,13 @@ class Trainer:
         if not isinstance(module, TaskModule):
             raise TypeError(f"Trainer.{stage} needs a TaskModule, got {type(module).__name__}.")
         self._check_module(module, stage)
-        if getattr(self.strategy, "start_method", None) == "spawn" and self.strategy.needs_launch():
-            from tasktrain.strategies.spawn import run_spawned
+        # The strategy runs the stage on every rank: here, or in the processes it starts (ddp_spawn).
+        return self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather), train_loader, eval_loader)
 
-            return run_spawned(self, stage, module, train_loader, eval_loader, ckpt_path, gather)
+    def _run_stage(self, stage, module, train_loader, eval_loader, ckpt_path, gather):
         strategy = self.strategy
         strategy.setup_environment()
+        self._reset_run_state()
         # watchdog (issue 19): None on one process; the loops mark progress through self._mark
         self._watchdog = strategy.watchdog
         self._mark = self._watchdog.mark if self._watchdog is not None else no_mark
@@ -311,15 +308,11 @@ class Trainer:
         module.trainer = self
         self._metrics = MetricStore(strategy)
         self._build_hooks(module)
-        self.should_stop = False
-        self._preempted = False
-        self._preempt_path = None
-        self._validations_run = 0
         result = None
         status = "success"  # what the loggers' finalize hears
         try:
             if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
-                print(f"[tasktrain] {strategy.describe()}, precision={self.precision_name}", flush=True)
+                print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
                 Trainer._announced = True
             self._call("setup", stage)
             if stage == "fit":
@@ -352,7 +345,7 @@ class Trainer:
                 raise NotImplementedError(f"Trainer.{stage} needs {type(module).__name__}.{name}(self, batch, batch_idx).")
 
     def _on_failure(self, exc):
-        if not isinstance(exc, SystemExit) and hasattr(self.strategy, "mark_failed"):
+        if not isinstance(exc, SystemExit):
             self.strategy.mark_failed()
         for fn in self._all_hooks.get("on_exception", []):
             try:
@@ -390,11 +383,16 @@ class Trainer:
                 "Set `self.automatic_optimization = False` in __init__ and step them yourself in training_step "
                 "(self.optimizers(), self.manual_backward(loss))."
             )
-        _, self.optimizers = strategy.setup(module, optimizers)
-        self._connect_data_to_strategy(train_loader)
+        plan = Plan(
+            training=True, calls_steps=True, micro_batch_size=_batch_size_of(train_loader),
+            accumulate_grad_batches=self.accumulate_grad_batches,
+            automatic_optimization=module.automatic_optimization, loss_divided_by_window=True,
+            clipping=self._clipping_requests(), has_lr_schedulers=bool(self.lr_scheduler_configs),
+        )
+        _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
 
         # Data order: a function of (seed, epoch), the same seed on every rank.
-        self.state = TrainState(data_seed=strategy.broadcast(get_seed()), stage="fit")
+        self.state = TrainState(data_seed=broadcast_seed(strategy), stage="fit")
         train_data = prepare_train_data(train_loader, strategy.world_size, strategy.global_rank, self.state.data_seed)
         self.num_training_batches = self._limit(train_data, self.limit_train_batches, "limit_train_batches")
         if self.num_training_batches is None and self.max_steps == -1:
@@ -405,7 +403,9 @@ class Trainer:
             )
         if has_val:
             val_loader = prepare_eval_loader(val_loader, strategy.world_size, strategy.global_rank)
-        self._val_loader = val_loader if has_val else None
+            self._val_loader = val_loader
+            self.num_val_batches = [self._limit_eval(val_loader, self.limit_val_batches)]
+            self.num_sanity_val_batches = [self._sanity_limit(val_loader)]
 
         rng_states = None
         if ckpt_path is not None:
@@ -418,10 +418,10 @@ class Trainer:
                 logger.log_graph(module)
                 logger.save()
         self._watch()  # from the sanity check on; set-up is not watched
-        if has_val and self.num_sanity_val_steps and not self._restored_mid_run():
+        if has_val and self.num_sanity_val_steps and self._resumed_from is None:
             self.sanity_checking = True
             self._call("on_sanity_check_start")
-            self._evaluate("validate", val_loader, self._sanity_limit(val_loader))
+            self._evaluate("validate", val_loader, self.num_sanity_val_batches[0])
             self._call("on_sanity_check_end")
             self.sanity_checking = False
             self._metrics.callback_metrics.clear()
@@ -469,8 +469,9 @@ class Trainer:
     def _train_epoch(self, module, data, epoch):
         strategy, metrics, state = self.strategy, self._metrics, self.state
         num_batches = self.num_training_batches
-        accumulate = self.accumulate_grad_batches
         automatic = module.automatic_optimization
+        # In manual optimisation training_step steps the optimizers itself: every batch is a window of one.
+        accumulate = self.accumulate_grad_batches if automatic else 1
         optimizer = self.optimizers[0] if self.optimizers else None
         hooks = self._all_hooks
         val_every = self._val_every_n_batches()
@@ -483,28 +484,20 @@ class Trainer:
         self._loss_window = []
         self._loss_window_start = start
 
-        batch_idx = start - 1
-        if num_batches is not None and start >= num_batches:
-            iterator = iter(())  # resumed after the last batch: only the epoch's end is left to run
-        else:
-            data.skip(start)  # resumed mid-epoch: the sampler starts after the batches already trained on
-            iterator = iter(data)
         mark("fetching a batch", state.global_step, start, True)  # the loader's workers start: no deadline
-        for batch in iterator:
-            batch_idx += 1
-            if num_batches is not None and batch_idx >= num_batches:
-                break
+        window_end = -1  # the index of the current accumulation window's last micro-batch
+        for batch_idx, batch, last_of_epoch in _epoch_batches(data, start, num_batches):
+            if batch_idx > window_end:  # a window starts: its size is worked out once
+                window_start, window = accumulation_window(batch_idx, accumulate, num_batches)
+                window_end = window_start + window - 1
+            ends_window = batch_idx == window_end or last_of_epoch
             mark("training_step", state.global_step, batch_idx, warm_up and batch_idx == start)
             batch = strategy.batch_to_device(batch)
             metrics.set_batch(batch)
             for fn in hooks["on_train_batch_start"]:
                 fn(batch, batch_idx)
-
-            window_start = batch_idx - batch_idx % accumulate
-            window = accumulate if num_batches is None else min(accumulate, num_batches - window_start)
-            is_step = batch_idx + 1 - window_start == window
             if automatic:
-                with strategy.no_backward_sync(not is_step):
+                with strategy.no_backward_sync(not ends_window):
                     outputs = strategy.training_step(batch, batch_idx)
                     loss = self._loss_of(outputs, batch_idx)
                     self._loss_window.append(loss.detach())
@@ -516,22 +509,13 @@ class Trainer:
                     strategy.backward(loss)
                     for fn in hooks["on_after_backward"]:
                         fn()
-                if is_step:
-                    for fn in hooks["on_before_optimizer_step"]:
-                        fn(optimizer)
-                    stepped = strategy.optimizer_step(optimizer)
-                    for fn in hooks["on_before_zero_grad"]:
-                        fn(optimizer)
-                    strategy.zero_grad(optimizer)
-                    state.global_step += 1
-                    if stepped:
-                        self._step_schedulers("step")
+                if ends_window:
+                    self._optimizer_step(optimizer)
             else:
                 outputs = strategy.training_step(batch, batch_idx)
-                is_step = True  # in manual optimisation every batch is a step boundary for the loop
             state.batch_in_epoch = batch_idx + 1
 
-            if is_step:
+            if ends_window:
                 mark("after the optimizer step (logging, validation, callbacks)", state.global_step, batch_idx)
                 if state.global_step % self.log_every_n_steps == 0:
                     self._check_finite_loss()
@@ -541,12 +525,9 @@ class Trainer:
             for fn in hooks["on_train_batch_end"]:
                 fn(outputs, batch, batch_idx)
             mark("fetching a batch", state.global_step, batch_idx + 1)
-            if is_step and (self._stop_agreed(at_interval=True) or self._max_steps_reached()):
+            if ends_window and (self._stop_agreed(at_interval=True) or self._max_steps_reached()):
                 break
-        mark("end of the training epoch", state.global_step, batch_idx)
-        # A window cut short by the end of an infinite-length epoch still steps.
-        if automatic and num_batches is None and (batch_idx + 1) % accumulate and not self.should_stop:
-            self._manual_window_step(optimizer)
+        mark("end of the training epoch", state.global_step, state.batch_in_epoch - 1)
 
         self._check_finite_loss()
         if self._stopping_for_signal():
@@ -567,11 +548,13 @@ class Trainer:
             fn()
         self._stop_agreed(at_interval=False)
 
-    def _manual_window_step(self, optimizer):
-        for fn in self._all_hooks["on_before_optimizer_step"]:
+    def _optimizer_step(self, optimizer):
+        """The end of an accumulation window: the one place the loop steps the optimizer."""
+        hooks = self._all_hooks
+        for fn in hooks["on_before_optimizer_step"]:
             fn(optimizer)
         stepped = self.strategy.optimizer_step(optimizer)
-        for fn in self._all_hooks["on_before_zero_grad"]:
+        for fn in hooks["on_before_zero_grad"]:
             fn(optimizer)
         self.strategy.zero_grad(optimizer)
         self.state.global_step += 1
@@ -638,18 +621,16 @@ class Trainer:
         if self.limit_val_batches == 0:
             return
         module = self.module
-        limit = self._limit_eval(self._val_loader, self.limit_val_batches)
-        values = self._evaluate("validate", self._val_loader, limit)
-        self._validations_run += 1
+        values = self._evaluate("validate", self._val_loader, self.num_val_batches[0])
         if self.is_global_zero and values:
-            self._log_to_loggers(self._metrics.logger_epoch_values(values))
+            self.log_to_loggers(self._metrics.logger_epoch_values(values))
         self._metrics.set_stage("train", True, False)
         module.train()
 
     # -- evaluation ---------------------------------------------------------------------------------------------------
     def _evaluate_entry(self, stage, module, loader, ckpt_path, gather):
         strategy = self.strategy
-        strategy.setup(module, [])
+        strategy.setup_module_and_optimizers(module, [], Plan(training=False))
         name = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
         loader = loader if loader is not None else getattr(module, name)()
         if loader is None:
@@ -664,12 +645,14 @@ class Trainer:
         limit_arg = {"validate": self.limit_val_batches, "test": self.limit_test_batches,
                      "predict": self.limit_predict_batches}[stage]
         limit = self._limit_eval(loader, limit_arg)
+        setattr(self, {"validate": "num_val_batches", "test": "num_test_batches",
+                       "predict": "num_predict_batches"}[stage], [limit])
         self._watch()
         if stage == "predict":
             return self._predict(module, loader, limit, gather)
         values = self._evaluate(stage, loader, limit)
         if self.is_global_zero and values:
-            self._log_to_loggers(self._metrics.logger_epoch_values(values))
+            self.log_to_loggers(self._metrics.logger_epoch_values(values))
             print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
         return [{k: float(v) for k, v in values.items()}]
 
@@ -739,13 +722,15 @@ class Trainer:
     def _flush_step_metrics(self):
         values = self._metrics.step_metrics_for_logger()  # every rank: may synchronise sync_dist values
         if self.is_global_zero and values:
-            self._log_to_loggers(values)
+            self.log_to_loggers(values)
 
     def _flush_epoch_metrics(self, values):
         if self.is_global_zero and values:
-            self._log_to_loggers(self._metrics.logger_epoch_values(values))
+            self.log_to_loggers(self._metrics.logger_epoch_values(values))
 
-    def _log_to_loggers(self, values):
+    def log_to_loggers(self, values):
+        """Write `values` (numbers or scalar tensors) to every logger at the current global step, with the epoch,
+        and record them in trainer.logged_metrics. Call it on rank 0 (loggers write there only)."""
         floats = {k: float(v) for k, v in values.items()}
         if not floats:
             return
@@ -803,14 +788,13 @@ class Trainer:
     def _install_sigterm_handler(self):
         if threading.current_thread() is not threading.main_thread():
             return None
-        launcher = getattr(self.strategy, "launcher", None)
+        strategy = self.strategy
 
         def on_sigterm(signum, frame):
             if self._preempted:
                 return
             self._preempted = True
-            if launcher is not None:  # self-launched workers get the news too
-                launcher.forward_signal(signal.SIGTERM)
+            strategy.forward_signal(signal.SIGTERM)  # to the workers it started itself, if any
 
         return signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -819,7 +803,7 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous)
 
     def _save_preemption_checkpoint(self):
-        if getattr(self, "_preempt_path", None):
+        if self._preempt_path:
             return
         directory = self.checkpoint_callback.dirpath_resolved(self) if self.checkpoint_callback else \
             os.path.join(self.log_dir, "checkpoints")
@@ -834,9 +818,7 @@ class Trainer:
         """The checkpoint dict (see tasktrain/checkpoint_io.py for every key). Called on every rank."""
         strategy, module = self.strategy, self.module
         checkpoint = {
-            "format_version": ckpt_io.CHECKPOINT_FORMAT_VERSION,
-            "tasktrain_version": __version__,
-            "torch_version": str(torch.__version__),
+            **ckpt_io.format_header(),
             "state_dict": strategy.module_state_dict(),
             "hyper_parameters": _plain(dict(module.hparams)),
             "weights_only": bool(weights_only),
@@ -941,22 +923,15 @@ class Trainer:
         if self.is_global_zero:
             print(f"[tasktrain] resumed from {path} at epoch {self.state.epoch}, global step {self.state.global_step}, "
                   f"batch {self.state.batch_in_epoch} of the epoch", flush=True)
-        states = ckpt.get("rng_states") or []
-        if not states:
-            return None
-        if len(states) != self.world_size:
-            warnings.warn(f"{path} was saved by {len(states)} ranks and is resumed by {self.world_size}: random "
-                          "streams restart from rank 0's state, so the run will not repeat exactly.")
-        return states[self.global_rank] if self.global_rank < len(states) else states[0]
-
-    def _restored_mid_run(self):
-        return getattr(self, "_resumed_from", None) is not None
+        return rng_state_of_this_rank(ckpt.get("rng_states"), self.strategy, path)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
-    def _connect_data_to_strategy(self, train_loader):
-        connect = getattr(self.strategy, "connect_data", None)
-        if connect is not None:
-            connect(self, train_loader)
+    def _clipping_requests(self):
+        """The clipping the GradientClipping callbacks (gradient_clip_val adds one) ask for at every optimizer step:
+        the plan tells the strategy, so an engine that clips inside its step is set up with it."""
+        from tasktrain.callbacks.clipping import GradientClipping
+
+        return tuple(request for cb in self.callbacks if isinstance(cb, GradientClipping) for request in cb.requests)
 
     def _limit(self, data, limit, name):
         length = len(data) if data.has_len() else None
@@ -990,19 +965,71 @@ def _apply_limit(length, limit, name):
     return limit if length is None else min(limit, length)
 
 
-def _launch_choice(name, given, default, launched, extra=None):
-    """Explicit arguments in the script win over `tasktrain launch`'s config, with a warning."""
-    if launched is None:
-        return given
-    if given == default:
-        if name == "strategy" and launched == "deepspeed" and extra:
-            from tasktrain.strategies.registry import strategy_from_name
+class _StageRun:
+    """One stage of the Trainer, as strategy.launch runs it on every rank: `run(train_loader, eval_loader)`.
 
-            return strategy_from_name("deepspeed", **extra)
-        return launched
-    if str(given) != str(launched):
-        warnings.warn(f"The script passes {name}={given!r}, which overrides {name}={launched!r} from the launch config.")
-    return given
+    A strategy that starts the ranks in new processes (ddp_spawn) pickles it to them; rank 0 sends back
+    `collect(result)`, and `restore(collected)` puts that into this process's trainer and module."""
+
+    def __init__(self, trainer, stage, module, ckpt_path, gather):
+        self.trainer, self.stage, self.module, self.ckpt_path, self.gather = trainer, stage, module, ckpt_path, gather
+
+    def __call__(self, train_loader, eval_loader):
+        return self.trainer._run_stage(self.stage, self.module, train_loader, eval_loader, self.ckpt_path, self.gather)
+
+    def collect(self, result):
+        trainer = self.trainer
+        return {
+            "state_dict": self.module.state_dict(),
+            "train_state": trainer.state.state_dict(),
+            "callback_metrics": dict(trainer.callback_metrics),
+            "logged_metrics": dict(trainer.logged_metrics),
+            "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+            "result": result,
+        }
+
+    def restore(self, collected):
+        trainer, module = self.trainer, self.module
+        module.load_state_dict(collected["state_dict"])
+        module.trainer = trainer
+        trainer.module = module
+        trainer.state.load_state_dict(collected["train_state"])
+        trainer._callback_metrics_cache = collected["callback_metrics"]
+        trainer._logged_metrics = collected["logged_metrics"]
+        for cb in trainer.callbacks:
+            if cb.state_key in collected["callbacks"]:
+                cb.load_state_dict(collected["callbacks"][cb.state_key])
+        return collected["result"]
+
+
+def _epoch_batches(data, start, num_batches):
+    """(index, batch, whether it is the epoch's last) for an epoch's batches from `start` on. With no known length,
+    one batch is read ahead, so that the last one is known while it is trained on: its window ends there."""
+    if num_batches is not None:
+        if start >= num_batches:
+            return  # resumed after the last batch: only the epoch's end is left to run
+        data.skip(start)  # resumed mid-epoch: the sampler starts after the batches already trained on
+        last = num_batches - 1
+        for index, batch in zip(range(start, num_batches), data):
+            yield index, batch, index == last
+        return
+    data.skip(start)
+    iterator = iter(data)
+    batch = next(iterator, _END)
+    index = start
+    while batch is not _END:
+        upcoming = next(iterator, _END)
+        yield index, batch, upcoming is _END
+        batch, index = upcoming, index + 1
+
+
+_END = object()
+
+
+def _batch_size_of(loader):
+    """Samples per micro-batch of a training loader, where it says (None: a custom batch sampler, ...)."""
+    size = getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return int(size) if size else None
 
 
 def _plain(value):

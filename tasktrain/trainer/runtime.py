@@ -1,0 +1,149 @@
+"""The run's set-up, shared by the Trainer and the Accelerator, so that their rules cannot drift apart.
+
+    build_runtime(...)          the launch config merged with the script's arguments, the strategy built and
+                                configured (it builds its own precision plugin), the accumulation checked, the
+                                watchdog's stall_timeout
+    accumulation_window(...)    where the accumulation window of a micro-batch starts, and its size
+    broadcast_seed(strategy)    the data-order seed, the same on every rank
+    rng_state_of_this_rank(...) the RNG state a resume restores on this rank (and the warning when it cannot)
+
+The rules, the same for both:
+- An argument the script leaves out (None, or the Trainer's default value) is filled from `tasktrain launch`'s
+  config (TASKTRAIN_* variables); one the script gives wins, with a warning when the config said otherwise.
+- A precision given to a strategy object (DDP(precision=...)) is kept: it is a conflict with the script's
+  own precision= if they differ, and wins over a launch config's, with a warning.
+- The launcher formed the world: a strategy that runs one process alone (single_device, dp) under a launcher
+  that started several is an error, since every rank would train on its own.
+"""
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+from tasktrain.names import normalize_precision
+from tasktrain.strategies.base import Strategy
+from tasktrain.strategies.environment import ClusterEnvironment, detect_environment, launch_config
+from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_from_name
+from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
+from tasktrain.trainer.seed import get_seed
+
+# How the Trainer and the Accelerator spell each choice, for messages.
+TRAINER_NAMES = {"precision": "precision", "accumulation": "accumulate_grad_batches", "clipping": "gradient_clip_val"}
+ACCELERATOR_NAMES = {"precision": "mixed_precision", "accumulation": "gradient_accumulation_steps",
+                     "clipping": "gradient_clipping"}
+
+
+@dataclass
+class Runtime:
+    strategy: Strategy  # configured: its precision plugin is built
+    env: ClusterEnvironment
+    devices: int
+    num_nodes: int
+    accumulate_grad_batches: int
+    gradient_clip_val: Optional[float]  # None: no clipping asked for (by the script or the launch config)
+    stall_timeout: Optional[float]  # the watchdog's (issue 19): seconds without progress, or None (off)
+
+
+def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_nodes=None, precision=None,
+                  accumulate_grad_batches=None, gradient_clip_val=None, stall_timeout=DEFAULT_STALL_TIMEOUT,
+                  names=TRAINER_NAMES, custom_loop=False) -> Runtime:
+    """The strategy and the run's numbers. None means "not given" for every choice (the Trainer passes its
+    defaults as None); custom_loop=True for the Accelerator, whose strategy must wrap a model's own forward."""
+    launch = launch_config()
+    env = detect_environment()
+    precision = None if precision is None else normalize_precision(precision)
+    from_launch = set()  # the choices the launch config made
+    if launch.launched:
+        if strategy is None and launch.strategy == "deepspeed":
+            # `tasktrain launch` names every DeepSpeed choice "deepspeed", with its arguments alongside.
+            strategy = strategy_from_name("deepspeed", **launch.deepspeed)
+        else:
+            strategy = _launch_choice("strategy", strategy, launch.strategy)
+        if precision is None and launch.precision is not None:
+            from_launch.add("precision")
+        precision = _launch_choice(names["precision"], precision, launch.precision)
+        accumulate_grad_batches = _launch_choice(names["accumulation"], accumulate_grad_batches,
+                                                 launch.gradient_accumulation_steps)
+        gradient_clip_val = _launch_choice(names["clipping"], gradient_clip_val, launch.gradient_clipping)
+        if launch.use_cpu and accelerator in (None, "auto"):
+            accelerator = "cpu"
+    accumulate_grad_batches = check_accumulation(names["accumulation"], accumulate_grad_batches)
+
+    accelerator = resolve_accelerator(accelerator)
+    devices = resolve_devices(devices, accelerator, env)
+    if num_nodes is None:
+        # Not given: what the launcher formed (torchrun's nodes = world / processes per node), else 1.
+        if launch.launched and launch.num_machines:
+            num_nodes = launch.num_machines
+        elif env.launcher is not None:
+            num_nodes = max(1, env.world_size // max(1, env.local_world_size))
+        else:
+            num_nodes = 1
+    num_nodes = int(num_nodes)
+    strategy = resolve_strategy("auto" if strategy is None else strategy, accelerator, devices, num_nodes, env)
+    if env.world_size > 1 and not strategy.is_distributed:
+        raise ValueError(
+            f"The launcher started {env.world_size} processes, but strategy {strategy.name!r} runs one process on "
+            "its own: every rank would train alone. Use strategy='ddp' (or a DeepSpeed strategy), or launch a "
+            "single process."
+        )
+    if custom_loop and not strategy.supports_custom_loop:
+        raise ValueError(f"strategy {strategy.name!r} wraps modules for the Trainer only (it cannot wrap a model's "
+                         "own forward): use 'single_device', 'ddp' or a DeepSpeed strategy with the Accelerator.")
+    own = strategy.requested_precision
+    if own is not None and "precision" in from_launch:
+        if own != precision:
+            warnings.warn(f"The script's {type(strategy).__name__}(precision={own!r}) overrides "
+                          f"{names['precision']}={precision!r} from the launch config.")
+        precision = None
+    strategy.configure(accelerator, devices, num_nodes, precision)
+    stall_timeout = resolve_stall_timeout(stall_timeout)
+    strategy.stall_timeout = stall_timeout  # read by its setup_environment, which starts the watchdog
+    return Runtime(strategy=strategy, env=env, devices=devices, num_nodes=num_nodes,
+                   accumulate_grad_batches=accumulate_grad_batches,
+                   gradient_clip_val=None if gradient_clip_val is None else float(gradient_clip_val),
+                   stall_timeout=stall_timeout)
+
+
+def _launch_choice(name, given, launched):
+    """The launch config fills a choice the script left out (None); an explicit one wins, with a warning when the
+    config said something else."""
+    if launched is None or given is None:
+        return launched if given is None else given
+    if str(getattr(given, "name", given)) != str(launched):
+        warnings.warn(f"The script passes {name}={given!r}, which overrides {name}={launched!r} from the launch "
+                      "config.")
+    return given
+
+
+def check_accumulation(name, value) -> int:
+    """Micro-batches per optimizer step: a positive integer (None: 1)."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}: use a positive integer (the number of micro-batches per optimizer "
+                         "step).")
+    return value
+
+
+def accumulation_window(index, steps, length):
+    """(first index, size) of the accumulation window holding micro-batch `index` of an epoch of `length` batches
+    (None: not known). Windows start at multiples of `steps`; the last one is cut short by the epoch's end."""
+    start = index - index % steps
+    return start, steps if length is None else min(steps, length - start)
+
+
+def broadcast_seed(strategy) -> int:
+    """The data order is a function of (seed, epoch): every rank draws it from rank 0's seed."""
+    return int(strategy.broadcast(get_seed()))
+
+
+def rng_state_of_this_rank(states, strategy, source):
+    """The saved RNG state this rank continues with (None when none was saved). A checkpoint written by another
+    number of processes has no state for some ranks: they take rank 0's, and the run says it will not repeat."""
+    if not states:
+        return None
+    if len(states) != strategy.world_size:
+        warnings.warn(f"{source} was saved by {len(states)} processes and is resumed by {strategy.world_size}: "
+                      "random streams restart from rank 0's state, so the run will not repeat exactly.")
+    rank = strategy.global_rank
+    return states[rank] if rank < len(states) else states[0]
