@@ -36,7 +36,7 @@ trainer.fit(model, DataLoader(data, batch_size=4))
 seen = {
     "world_size": trainer.world_size,
     "global_rank": trainer.global_rank,
-    "precision": trainer.precision_name,
+    "precision": trainer.precision,
     "global_step": trainer.global_step,
     "expected_steps": 32 // 4 // trainer.world_size,  # each rank sees its half of the data
     "weights": [round(v, 6) for v in model.layer.weight.detach().flatten().tolist()],

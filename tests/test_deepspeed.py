@@ -158,7 +158,7 @@ def test_fp16_on_cpu_fails_before_any_process_starts():
 def test_one_process_trains_like_single_device_and_rejects_conflicts():
     """A world of one (no launcher): an accumulation conflict is an error before the engine starts; then the same
     process trains under ZeRO-2 exactly like SingleDevice (SGD, fp32), with the group set up again."""
-    from helpers import Linear, loader, quiet
+    from helpers import Linear, loader, quiet, regression_data
 
     conflicting = DeepSpeed(stage=2, config={"gradient_accumulation_steps": 4})
     with pytest.raises(ValueError, match="accumulate_grad_batches"):
@@ -197,6 +197,23 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts():
         return module.state_dict()
 
     ref, trained = train_manual("single_device"), train_manual("deepspeed_stage_1")
+    for name, value in ref.items():
+        torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-6)
+
+    class Five(torch.utils.data.IterableDataset):  # no length: the loop reads ahead to end the last window (of 1)
+        def __iter__(self):
+            data = regression_data(40)
+            for b in range(5):
+                yield data[b * 8:(b + 1) * 8]
+
+    def train_iterable(strategy):
+        module = Linear()
+        trainer = Trainer(strategy=strategy, devices=1, max_steps=3, accumulate_grad_batches=2, **quiet())
+        trainer.fit(module, torch.utils.data.DataLoader(Five(), batch_size=None))
+        return trainer.global_step, module.state_dict()
+
+    (steps, ref), (ds_steps, trained) = train_iterable("single_device"), train_iterable("deepspeed_stage_2")
+    assert steps == ds_steps == 3  # before the contract's windows, DeepSpeed refused the window cut short here
     for name, value in ref.items():
         torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-6)
     assert "LOCAL_RANK" not in os.environ  # set for DeepSpeed during the run only

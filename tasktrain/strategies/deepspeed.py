@@ -440,11 +440,10 @@ class DeepSpeed(DDP):
         engine = self.engine
         if not engine.is_gradient_accumulation_boundary():
             raise RuntimeError(
-                "DeepSpeed was asked to step in the middle of its accumulation window (a window cut short, e.g. by "
-                "the end of a loader without a length). DeepSpeed reduces gradients only at a window's last "
-                "micro-batch, so it cannot close the window now: make the batches per epoch a multiple of "
-                "accumulate_grad_batches (limit_train_batches), or tell the strategy where windows end "
-                "(strategy.no_backward_sync(not last_micro_batch))."
+                "DeepSpeed was asked to step in the middle of its accumulation window (a window cut short by a "
+                "loop of your own). DeepSpeed reduces gradients only at a window's last micro-batch, so it cannot "
+                "close the window now: tell the strategy where windows end, around each micro-batch "
+                "(strategy.no_backward_sync(not last_micro_batch); the Accelerator's accumulate() does)."
             )
         return self.precision.optimizer_step(optimizer)
 

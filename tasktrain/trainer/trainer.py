@@ -71,7 +71,7 @@ class Trainer:
         runtime = build_runtime(
             accelerator=accelerator, strategy=None if strategy == "auto" else strategy, devices=devices,
             num_nodes=num_nodes, precision=precision,
-            accumulate_grad_batches=None if accumulate_grad_batches == 1 else accumulate_grad_batches,
+            accumulate_grad_batches=None if _is_one(accumulate_grad_batches) else accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, stall_timeout=stall_timeout,
         )
         self.env = runtime.env
@@ -1024,6 +1024,10 @@ def _epoch_batches(data, start, num_batches):
 
 
 _END = object()
+
+
+def _is_one(value):
+    return type(value) is int and value == 1
 
 
 def _batch_size_of(loader):
