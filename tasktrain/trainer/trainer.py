@@ -404,8 +404,10 @@ class Trainer:
         if has_val:
             val_loader = prepare_eval_loader(val_loader, strategy.world_size, strategy.global_rank)
             self._val_loader = val_loader
-            self.num_val_batches = [self._limit_eval(val_loader, self.limit_val_batches)]
-            self.num_sanity_val_batches = [self._sanity_limit(val_loader)]
+            # Counted once per fit (a fraction of a loader without a length fails here, before training).
+            self.num_val_batches = [0 if self.limit_val_batches == 0 else
+                                    self._limit_eval(val_loader, self.limit_val_batches)]
+            self.num_sanity_val_batches = [self._sanity_limit(val_loader) if self.num_sanity_val_steps else 0]
 
         rng_states = None
         if ckpt_path is not None:
