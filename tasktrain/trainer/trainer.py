@@ -15,6 +15,7 @@ At the end of an epoch: epoch metrics reduced, validation when due, epoch-interv
 on_train_epoch_end (module first; what it logs is reduced before the callbacks' on_train_epoch_end runs).
 """
 import contextlib
+import itertools
 import os
 import signal
 import sys
@@ -1005,20 +1006,20 @@ class _StageRun:
 
 
 def _epoch_batches(data, start, num_batches):
-    """(index, batch, whether it is the epoch's last) for an epoch's batches from `start` on. With no known length,
-    one batch is read ahead, so that the last one is known while it is trained on: its window ends there."""
+    """(index, batch, whether it is the epoch's last) for an epoch's batches from `start` on. With a known length
+    the windows already end at the last batch (the flag stays False; zip runs in C, no Python frame per batch).
+    Without one, a batch is read ahead, so that the last one is known while it is trained on: its window ends there.
+    """
+    if num_batches is not None and start >= num_batches:
+        return ()  # resumed after the last batch: only the epoch's end is left to run
+    data.skip(start)  # resumed mid-epoch: the sampler starts after the batches already trained on
     if num_batches is not None:
-        if start >= num_batches:
-            return  # resumed after the last batch: only the epoch's end is left to run
-        data.skip(start)  # resumed mid-epoch: the sampler starts after the batches already trained on
-        last = num_batches - 1
-        for index, batch in zip(range(start, num_batches), data):
-            yield index, batch, index == last
-        return
-    data.skip(start)
-    iterator = iter(data)
+        return zip(range(start, num_batches), data, itertools.repeat(False))
+    return _read_ahead(iter(data), start)
+
+
+def _read_ahead(iterator, index):
     batch = next(iterator, _END)
-    index = start
     while batch is not _END:
         upcoming = next(iterator, _END)
         yield index, batch, upcoming is _END
