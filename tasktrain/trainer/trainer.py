@@ -6,7 +6,7 @@ this order:
     on_train_batch_start
     training_step (under the strategy's forward_context, through the DDP/DeepSpeed wrapper)
     on_before_backward -> backward -> on_after_backward
-    at the window's last micro-batch, the optimizer step (_optimizer_step, the one place it happens):
+    at the window's last micro-batch, the optimizer step (the one place the loop steps it):
         on_before_optimizer_step -> optimizer step -> on_before_zero_grad -> zero_grad -> step-interval schedulers
         logger flush every log_every_n_steps; validation, when due at this step
     on_train_batch_end                                             (checkpoints are saved here: after validation)
@@ -512,8 +512,16 @@ class Trainer:
                     strategy.backward(loss)
                     for fn in hooks["on_after_backward"]:
                         fn()
-                if ends_window:
-                    self._optimizer_step(optimizer)
+                if ends_window:  # the window's last micro-batch: the one place the loop steps the optimizer
+                    for fn in hooks["on_before_optimizer_step"]:
+                        fn(optimizer)
+                    stepped = strategy.optimizer_step(optimizer)
+                    for fn in hooks["on_before_zero_grad"]:
+                        fn(optimizer)
+                    strategy.zero_grad(optimizer)
+                    state.global_step += 1
+                    if stepped:
+                        self._step_schedulers("step")
             else:
                 outputs = strategy.training_step(batch, batch_idx)
             state.batch_in_epoch = batch_idx + 1
@@ -550,19 +558,6 @@ class Trainer:
         for fn in self._callback_hooks["on_train_epoch_end"]:
             fn()
         self._stop_agreed(at_interval=False)
-
-    def _optimizer_step(self, optimizer):
-        """The end of an accumulation window: the one place the loop steps the optimizer."""
-        hooks = self._all_hooks
-        for fn in hooks["on_before_optimizer_step"]:
-            fn(optimizer)
-        stepped = self.strategy.optimizer_step(optimizer)
-        for fn in hooks["on_before_zero_grad"]:
-            fn(optimizer)
-        self.strategy.zero_grad(optimizer)
-        self.state.global_step += 1
-        if stepped:
-            self._step_schedulers("step")
 
     def _loss_of(self, outputs, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) and "loss" in outputs else outputs
