@@ -20,6 +20,14 @@ def strategy_from_name(name: str, **extra):
     return cls(**{**entry.kwargs, **extra})
 
 
+def strategy_of_launch(launch):
+    """The strategy a `tasktrain launch` config chose (environment.launch_config()): a registry name, or, for
+    DeepSpeed (which the launcher names "deepspeed" with its arguments alongside), the configured instance."""
+    if launch.strategy == "deepspeed" and launch.deepspeed:
+        return strategy_from_name("deepspeed", **launch.deepspeed)
+    return launch.strategy
+
+
 def resolve_accelerator(accelerator) -> str:
     if accelerator in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"

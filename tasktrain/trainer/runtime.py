@@ -19,10 +19,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from tasktrain.names import normalize_precision
+from tasktrain.names import AUTO_STRATEGY, normalize_precision
 from tasktrain.strategies.base import Strategy
 from tasktrain.strategies.environment import ClusterEnvironment, detect_environment, launch_config
-from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_from_name
+from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
 from tasktrain.trainer.seed import get_seed
 
@@ -47,15 +47,17 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
                   accumulate_grad_batches=None, gradient_clip_val=None, stall_timeout=DEFAULT_STALL_TIMEOUT,
                   names=TRAINER_NAMES, custom_loop=False) -> Runtime:
     """The strategy and the run's numbers. None means "not given" for every choice (the Trainer passes its
-    defaults as None); custom_loop=True for the Accelerator, whose strategy must wrap a model's own forward."""
+    defaults as None; strategy "auto" is not given either); custom_loop=True for the Accelerator, whose strategy
+    must wrap a model's own forward."""
     launch = launch_config()
     env = detect_environment()
+    if isinstance(strategy, str) and strategy == AUTO_STRATEGY:
+        strategy = None  # "auto" asks for the default choice: not given
     precision = None if precision is None else normalize_precision(precision)
     from_launch = set()  # the choices the launch config made
     if launch.launched:
-        if strategy is None and launch.strategy == "deepspeed":
-            # `tasktrain launch` names every DeepSpeed choice "deepspeed", with its arguments alongside.
-            strategy = strategy_from_name("deepspeed", **launch.deepspeed)
+        if strategy is None:
+            strategy = strategy_of_launch(launch)
         else:
             strategy = _launch_choice("strategy", strategy, launch.strategy)
         if precision is None and launch.precision is not None:
@@ -79,7 +81,7 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
         else:
             num_nodes = 1
     num_nodes = int(num_nodes)
-    strategy = resolve_strategy("auto" if strategy is None else strategy, accelerator, devices, num_nodes, env)
+    strategy = resolve_strategy(AUTO_STRATEGY if strategy is None else strategy, accelerator, devices, num_nodes, env)
     if env.world_size > 1 and not strategy.is_distributed:
         raise ValueError(
             f"The launcher started {env.world_size} processes, but strategy {strategy.name!r} runs one process on "

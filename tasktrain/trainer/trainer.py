@@ -70,7 +70,7 @@ class Trainer:
         # The launch config, the strategy and its precision, the accumulation: the Accelerator's rules too.
         # Arguments left at their defaults count as not given, so that `tasktrain launch`'s config fills them.
         runtime = build_runtime(
-            accelerator=accelerator, strategy=None if strategy == "auto" else strategy, devices=devices,
+            accelerator=accelerator, strategy=strategy, devices=devices,
             num_nodes=num_nodes, precision=precision,
             accumulate_grad_batches=None if _is_one(accumulate_grad_batches) else accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, stall_timeout=stall_timeout,
