@@ -374,8 +374,11 @@ _PEAK_SCRIPT = textwrap.dedent("""
 @pytest.mark.timeout(180)
 def test_peak_memory_of_a_sharded_load_stays_near_one_shard_plus_the_cpu_budget(tmp_path):
     """A 100 MB model in 12.6 MB safetensors shards, loaded with a 10 MB CPU budget (the rest on disk), in a fresh
-    process: peak resident memory grows by less than the largest shard plus the CPU budget, whether the disk part is
-    read from the checkpoint itself (float32) or converted and copied to the offload folder (bfloat16)."""
+    process: peak resident memory (load and one forward) grows by less than the largest shard plus the CPU budget plus
+    one more shard of allowance (the allocator's retained blocks, the file pages just read and the forward's buffers
+    differ between CPUs and kernels: 16 MiB here, 26 MiB on another machine), whether the disk part is read from the
+    checkpoint itself (float32) or converted and copied to the offload folder (bfloat16). Loading the whole model
+    would add 96 MiB."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(24)])
     x = torch.randn(2, 1024)
@@ -387,7 +390,7 @@ def test_peak_memory_of_a_sharded_load_stays_near_one_shard_plus_the_cpu_budget(
     model_bytes = 24 * 1024 * 1024 * 4
     largest_shard = max(os.path.getsize(p) for p in paths if p.endswith(".safetensors"))
     assert len(paths) - 1 >= 7 and model_bytes > 7 * largest_shard
-    bound = largest_shard + 10 * 10**6
+    bound = 2 * largest_shard + 10 * 10**6
     script = tmp_path / "peak.py"
     script.write_text(_PEAK_SCRIPT)
     for dtype in ("float32", "bfloat16"):
@@ -397,7 +400,7 @@ def test_peak_memory_of_a_sharded_load_stays_near_one_shard_plus_the_cpu_budget(
         assert result["equal"] and result["on_disk"] >= 20, (dtype, result)
         assert result["increase"] < bound, (
             f"{dtype}: peak RSS grew by {result['increase'] / 2**20:.1f} MiB; bound {bound / 2**20:.1f} MiB "
-            f"(largest shard {largest_shard / 2**20:.1f} MiB + CPU budget 10 MB), model {model_bytes / 2**20:.0f} MiB")
+            f"(2 x largest shard {largest_shard / 2**20:.1f} MiB + CPU budget 10 MB), model {model_bytes / 2**20:.0f} MiB")
     offloaded = os.listdir(tmp_path / "offload-float32")
     assert offloaded == ["index.json"]  # float32 on disk: read from the shards, nothing copied
     assert len(os.listdir(tmp_path / "offload-bfloat16")) > 20
