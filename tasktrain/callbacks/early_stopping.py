@@ -7,8 +7,19 @@ no validation loop is checked at every epoch end, on the training metrics. An ep
 (check_val_every_n_epoch > 1) is not a check: the value would be the old one.
 """
 import math
+from enum import Enum
 
 from tasktrain.callbacks.base import Callback
+
+
+class EarlyStoppingReason(Enum):
+    """Why EarlyStopping stopped the run (`early_stopping.stopping_reason`); the values are Lightning's."""
+
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
 
 
 class EarlyStopping(Callback):
@@ -37,6 +48,7 @@ class EarlyStopping(Callback):
         self.stopped_epoch = None  # the epoch at which it asked the trainer to stop
         self.stopped_step = None
         self.reason = None  # why it stopped, in words
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED  # the same, as an enum
         self._validated = False
 
     @property
@@ -77,6 +89,7 @@ class EarlyStopping(Callback):
         if reason is None:
             return
         self.reason = reason
+        self.stopping_reason = self._reason_kind
         self.stopped_epoch = trainer.current_epoch
         self.stopped_step = trainer.global_step
         trainer.should_stop = True
@@ -87,14 +100,17 @@ class EarlyStopping(Callback):
     def _evaluate(self, current, epoch):
         """Update the counters with `current`; return why training should stop, or None."""
         name = self.monitor
+        self._reason_kind = EarlyStoppingReason.NON_FINITE_METRIC
         if self.check_finite and not math.isfinite(current):
             return (f"{name} = {current} is not finite. The previous best was {self._fmt(self.best_score)}. "
                     "Set check_finite=False to keep training through it.")
         if self.stopping_threshold is not None and self._beyond(current, self.stopping_threshold):
             relation = "<" if self.mode == "min" else ">"
+            self._reason_kind = EarlyStoppingReason.STOPPING_THRESHOLD
             return f"{name} = {current:.6g} reached the stopping_threshold ({relation} {self.stopping_threshold})."
         if self.divergence_threshold is not None and self._beyond(self.divergence_threshold, current):
             relation = ">" if self.mode == "min" else "<"
+            self._reason_kind = EarlyStoppingReason.DIVERGENCE_THRESHOLD
             return (f"{name} = {current:.6g} diverged past the divergence_threshold ({relation} "
                     f"{self.divergence_threshold}).")
         if self._improves(current):
@@ -104,6 +120,7 @@ class EarlyStopping(Callback):
             return None
         self.wait_count += 1
         if self.wait_count >= self.patience:
+            self._reason_kind = EarlyStoppingReason.PATIENCE_EXHAUSTED
             return (f"{name} did not improve by more than {self.min_delta} over the last {self.wait_count} checks; "
                     f"best {self._fmt(self.best_score)} at epoch {self.best_epoch}, now {current:.6g}.")
         return None
@@ -128,10 +145,18 @@ class EarlyStopping(Callback):
     # -- state -----------------------------------------------------------------------------------------------------
     def state_dict(self):
         return {"wait_count": self.wait_count, "best_score": self.best_score, "best_epoch": self.best_epoch,
-                "stopped_epoch": self.stopped_epoch, "patience": self.patience}
+                "stopped_epoch": self.stopped_epoch, "patience": self.patience,
+                "stopping_reason": self.stopping_reason.value, "stopping_reason_message": self.reason}
 
     def load_state_dict(self, state):
         self.wait_count = int(state.get("wait_count", 0))
         self.best_score = state.get("best_score")
         self.best_epoch = state.get("best_epoch")
         self.stopped_epoch = state.get("stopped_epoch")
+        self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
+        self.reason = state.get("stopping_reason_message", self.reason)
+
+    @property
+    def stopping_reason_message(self):
+        """Lightning's name for `reason`: why it stopped, in words (None while it has not)."""
+        return self.reason

@@ -34,6 +34,7 @@ from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.runtime import accumulation_window, broadcast_seed, build_runtime, rng_state_of_this_rank
 from tasktrain.trainer.state import TrainState
+from tasktrain.utilities.rank_zero import rank_zero_only
 
 
 class Trainer:
@@ -206,6 +207,11 @@ class Trainer:
 
     # -- read-only views -------------------------------------------------------------------------------------------
     @property
+    def lightning_module(self):
+        """Lightning's name for `trainer.module`, the TaskModule of the current (or last) run."""
+        return self.module
+
+    @property
     def global_step(self):
         return self.state.global_step
 
@@ -307,6 +313,7 @@ class Trainer:
         self._mark = self._watchdog.mark if self._watchdog is not None else no_mark
         self.module = module
         module.trainer = self
+        rank_zero_only.rank = strategy.global_rank  # @rank_zero_only functions of the user's script know their rank
         self._metrics = MetricStore(strategy)
         self._build_hooks(module)
         result = None
