@@ -192,7 +192,7 @@ def test_should_stop_inside_an_accumulation_window_waits_for_the_step():
 def test_should_stop_from_epoch_end_stops_after_that_epoch():
     trainer = Trainer(max_epochs=10, callbacks=[StopAt(epoch=2)], **quiet())
     trainer.fit(Linear(), loader(32))
-    assert trainer.current_epoch == 2 and trainer.global_step == 12
+    assert trainer.current_epoch == 3 and trainer.global_step == 12
 
 
 # -- gradient clipping ------------------------------------------------------------------------------------------
@@ -317,7 +317,7 @@ def _early_fit(scores, capsys=None, **kwargs):
 def test_early_stopping_stops_after_patience_checks_without_improvement(capsys):
     # best 3.0 at epoch 2; epochs 3, 4, 5 do not improve on it: the third of them stops the run
     trainer, stopper = _early_fit([5, 4, 3, 3.5, 3.2, 3.1, 2, 1, 0], patience=3)
-    assert trainer.current_epoch == 5 and stopper.stopped_epoch == 5 and trainer.global_step == 12
+    assert trainer.current_epoch == 6 and stopper.stopped_epoch == 5 and trainer.global_step == 12
     assert stopper.best_score == 3.0 and stopper.best_epoch == 2
     assert "did not improve" in stopper.reason and "last 3 checks" in stopper.reason
     assert "EarlyStopping at epoch 5" in capsys.readouterr().out
@@ -326,7 +326,7 @@ def test_early_stopping_stops_after_patience_checks_without_improvement(capsys):
 def test_early_stopping_min_delta_and_mode_max():
     # improvements of 0.05 and 0.09 do not count with min_delta=0.1: stops at epoch 3 (best 1.0 at epoch 1)
     trainer, stopper = _early_fit([0.5, 1.0, 1.05, 1.09, 1.5, 3], mode="max", patience=2, min_delta=0.1)
-    assert trainer.current_epoch == 3 and stopper.best_score == 1.0
+    assert trainer.current_epoch == 4 and stopper.best_score == 1.0
     # without min_delta each of them improves: the run completes (current_epoch counts the 6 finished epochs)
     trainer, stopper = _early_fit([0.5, 1.0, 1.05, 1.09, 1.5, 3], mode="max", patience=2)
     assert trainer.current_epoch == 6 and stopper.stopped_epoch is None and trainer.should_stop is False
@@ -334,11 +334,11 @@ def test_early_stopping_min_delta_and_mode_max():
 
 def test_early_stopping_thresholds_and_non_finite():
     trainer, stopper = _early_fit([5, 4, 0.5, 0.1], stopping_threshold=1.0)
-    assert trainer.current_epoch == 2 and "stopping_threshold" in stopper.reason
+    assert trainer.current_epoch == 3 and "stopping_threshold" in stopper.reason
     trainer, stopper = _early_fit([5, 4, 50, 1], divergence_threshold=10.0)
-    assert trainer.current_epoch == 2 and "divergence_threshold" in stopper.reason
+    assert trainer.current_epoch == 3 and "divergence_threshold" in stopper.reason
     trainer, stopper = _early_fit([5, 4, math.nan, 1])
-    assert trainer.current_epoch == 2 and "not finite" in stopper.reason
+    assert trainer.current_epoch == 3 and "not finite" in stopper.reason
     trainer, stopper = _early_fit([5, 4, math.nan, 1], check_finite=False, patience=5)
     assert trainer.current_epoch == 4 and stopper.stopped_epoch is None and stopper.best_score == 1.0
 
@@ -349,7 +349,7 @@ def test_early_stopping_checks_after_every_validation_inside_the_epoch():
     stopper = EarlyStopping("score", patience=2)
     trainer = Trainer(max_epochs=5, val_check_interval=2, callbacks=[stopper], **quiet())
     trainer.fit(Scripted([5, 4, 4.5, 4.6, 1, 1, 1, 1, 1, 1]), loader(32), loader(8))
-    assert trainer.current_epoch == 1 and trainer.global_step == 8
+    assert trainer.current_epoch == 2 and trainer.global_step == 8
     # the mid-epoch check of epoch 2 never happened; stopping at a mid-epoch check stops at that step:
     stopper = EarlyStopping("score", patience=1)
     trainer = Trainer(max_epochs=5, val_check_interval=2, callbacks=[stopper], **quiet())
@@ -365,7 +365,7 @@ def test_early_stopping_without_validation_checks_training_metrics_each_epoch():
     stopper = EarlyStopping("plateau", patience=2)
     trainer = Trainer(max_epochs=5, callbacks=[stopper], **quiet())
     trainer.fit(M(), loader(16))
-    assert trainer.current_epoch == 3
+    assert trainer.current_epoch == 4
 
 
 def test_early_stopping_missing_metric_names_the_logged_ones():

@@ -1,5 +1,6 @@
 """Issue 17 (core): a Lightning script runs after renames alone; every hook is called or refused; DataModules."""
 import importlib
+import os
 
 import pytest
 import torch
@@ -91,3 +92,251 @@ def test_lightning_module_alias():
     module = Linear()
     trainer.fit(module, loader(8))
     assert trainer.lightning_module is module is trainer.module
+
+
+# -- hook coverage ------------------------------------------------------------------------------------------------
+# Lightning 2.6.6's overridable hooks, read from its source (pytorch_lightning/core/hooks.py: ModelHooks, DataHooks,
+# CheckpointHooks; core/module.py: LightningModule; callbacks/callback.py: Callback; core/datamodule.py), with
+# (required arguments, optional arguments) after self. Kept here as data: installing pytorch-lightning for a test
+# would pull torchmetrics and a second copy of the loop into the test environment.
+LIGHTNING_MODULE_HOOKS = {
+    "on_fit_start": ((), ()), "on_fit_end": ((), ()), "on_train_start": ((), ()), "on_train_end": ((), ()),
+    "on_validation_start": ((), ()), "on_validation_end": ((), ()), "on_test_start": ((), ()),
+    "on_test_end": ((), ()), "on_predict_start": ((), ()), "on_predict_end": ((), ()),
+    "on_train_batch_start": (("batch", "batch_idx"), ()),
+    "on_train_batch_end": (("outputs", "batch", "batch_idx"), ()),
+    "on_validation_batch_start": (("batch", "batch_idx"), ("dataloader_idx",)),
+    "on_validation_batch_end": (("outputs", "batch", "batch_idx"), ("dataloader_idx",)),
+    "on_test_batch_start": (("batch", "batch_idx"), ("dataloader_idx",)),
+    "on_test_batch_end": (("outputs", "batch", "batch_idx"), ("dataloader_idx",)),
+    "on_predict_batch_start": (("batch", "batch_idx"), ("dataloader_idx",)),
+    "on_predict_batch_end": (("outputs", "batch", "batch_idx"), ("dataloader_idx",)),
+    "on_validation_model_zero_grad": ((), ()), "on_validation_model_eval": ((), ()),
+    "on_validation_model_train": ((), ()), "on_test_model_eval": ((), ()), "on_test_model_train": ((), ()),
+    "on_predict_model_eval": ((), ()),
+    "on_train_epoch_start": ((), ()), "on_train_epoch_end": ((), ()), "on_validation_epoch_start": ((), ()),
+    "on_validation_epoch_end": ((), ()), "on_test_epoch_start": ((), ()), "on_test_epoch_end": ((), ()),
+    "on_predict_epoch_start": ((), ()), "on_predict_epoch_end": ((), ()),
+    "on_before_zero_grad": (("optimizer",), ()), "on_before_backward": (("loss",), ()),
+    "on_after_backward": ((), ()), "on_before_optimizer_step": (("optimizer",), ()),
+    "configure_sharded_model": ((), ()), "configure_model": ((), ()),
+    "prepare_data": ((), ()), "setup": (("stage",), ()), "teardown": (("stage",), ()),
+    "train_dataloader": ((), ()), "val_dataloader": ((), ()), "test_dataloader": ((), ()),
+    "predict_dataloader": ((), ()),
+    "transfer_batch_to_device": (("batch", "device", "dataloader_idx"), ()),
+    "on_before_batch_transfer": (("batch", "dataloader_idx"), ()),
+    "on_after_batch_transfer": (("batch", "dataloader_idx"), ()),
+    "on_load_checkpoint": (("checkpoint",), ()), "on_save_checkpoint": (("checkpoint",), ()),
+    "forward": (("x",), ()), "training_step": (("batch", "batch_idx"), ()),
+    "validation_step": (("batch", "batch_idx"), ()), "test_step": (("batch", "batch_idx"), ()),
+    "predict_step": (("batch", "batch_idx"), ()), "configure_callbacks": ((), ()),
+    "configure_optimizers": ((), ()), "backward": (("loss",), ()),
+    "configure_gradient_clipping": (("optimizer",), ("gradient_clip_val", "gradient_clip_algorithm")),
+    "lr_scheduler_step": (("scheduler", "metric"), ()),
+    "optimizer_step": (("epoch", "batch_idx", "optimizer"), ("optimizer_closure",)),
+    "optimizer_zero_grad": (("epoch", "batch_idx", "optimizer"), ()),
+}
+LIGHTNING_CALLBACK_HOOKS = {
+    "setup": 3, "teardown": 3, "on_fit_start": 2, "on_fit_end": 2, "on_sanity_check_start": 2,
+    "on_sanity_check_end": 2, "on_train_batch_start": 4, "on_train_batch_end": 5, "on_train_epoch_start": 2,
+    "on_train_epoch_end": 2, "on_validation_epoch_start": 2, "on_validation_epoch_end": 2,
+    "on_test_epoch_start": 2, "on_test_epoch_end": 2, "on_predict_epoch_start": 2, "on_predict_epoch_end": 2,
+    "on_validation_batch_start": (4, 5), "on_validation_batch_end": (5, 6), "on_test_batch_start": (4, 5),
+    "on_test_batch_end": (5, 6), "on_predict_batch_start": (4, 5), "on_predict_batch_end": (5, 6),
+    "on_train_start": 2, "on_train_end": 2, "on_validation_start": 2, "on_validation_end": 2, "on_test_start": 2,
+    "on_test_end": 2, "on_predict_start": 2, "on_predict_end": 2, "on_exception": 3, "state_dict": 0,
+    "load_state_dict": 1, "on_save_checkpoint": 3, "on_load_checkpoint": 3, "on_before_backward": 3,
+    "on_after_backward": 2, "on_before_optimizer_step": 3, "on_before_zero_grad": 3,
+}
+# Refused at fit() start with what to do instead (docs/lightning.md says why).
+REFUSED_MODULE_HOOKS = {"optimizer_step", "optimizer_zero_grad", "backward", "configure_gradient_clipping",
+                        "configure_sharded_model"}
+
+
+class _Full(Linear):
+    """A module with its own loaders and a scheduler: every entry point runs without arguments."""
+
+    def train_dataloader(self):
+        return loader(16)
+
+    def val_dataloader(self):
+        return loader(8)
+
+    def test_dataloader(self):
+        return loader(8)
+
+    def predict_dataloader(self):
+        return loader(8)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1)}
+
+
+def _recording(base, names, calls):
+    def make(name):
+        def hook(self, *args, **kwargs):
+            calls.setdefault(name, []).append(len(args) + len(kwargs))
+            inner = getattr(super(cls, self), name, None)
+            return inner(*args, **kwargs) if inner is not None else None
+        return hook
+
+    cls = type(f"Recording{base.__name__}", (base,), {name: make(name) for name in names})
+    return cls
+
+
+def _arity_ok(name, counts, spec):
+    low, high = (spec, spec) if isinstance(spec, int) else spec
+    return all(low <= n <= high for n in counts), f"{name} was called with {sorted(set(counts))} arguments"
+
+
+def _all_entry_points(module, callbacks=(), tmp="."):
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=1,
+                      callbacks=list(callbacks), logger=False, enable_progress_bar=False, default_root_dir=tmp)
+    trainer.fit(module)
+    trainer.save_checkpoint("full.ckpt")
+    Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, callbacks=list(callbacks), logger=False,
+            enable_progress_bar=False, default_root_dir=tmp).fit(module, ckpt_path="full.ckpt")
+    trainer.validate(module, ckpt_path="full.ckpt")
+    trainer.test(module)
+    trainer.predict(module)
+    return trainer
+
+
+def test_every_lightning_module_hook_is_called_with_its_arguments_or_refused(tmp_path):
+    called = [n for n in LIGHTNING_MODULE_HOOKS if n not in REFUSED_MODULE_HOOKS]
+    calls = {}
+    _all_entry_points(_recording(_Full, called, calls)(), tmp=str(tmp_path))
+    for name in called:
+        assert name in calls, f"LightningModule.{name} is overridden but never called"
+        required, optional = LIGHTNING_MODULE_HOOKS[name]
+        ok, why = _arity_ok(name, calls[name], (len(required), len(required) + len(optional)))
+        assert ok, why
+    for name in REFUSED_MODULE_HOOKS:
+        calls = {}
+        module = _recording(_Full, [name], calls)()
+        with pytest.raises(NotImplementedError, match=f"overrides {name}, which tasktrain does not call: .+"):
+            Trainer(max_epochs=1, **quiet()).fit(module)
+        assert not calls
+
+
+def test_every_lightning_callback_hook_is_called_with_its_arguments(tmp_path):
+    from tasktrain import Callback
+
+    calls = {}
+    recorder = _recording(Callback, LIGHTNING_CALLBACK_HOOKS, calls)()
+    _all_entry_points(_Full(), [recorder], tmp=str(tmp_path))
+
+    class Failing(_Full):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        Trainer(max_epochs=1, callbacks=[recorder], **quiet()).fit(Failing())
+    for name, spec in LIGHTNING_CALLBACK_HOOKS.items():
+        assert name in calls, f"Callback.{name} is overridden but never called"
+        ok, why = _arity_ok(name, calls[name], spec)
+        assert ok, why
+
+
+def test_on_train_batch_start_minus_one_ends_the_epoch():
+    class SkipRest(Linear):
+        def __init__(self):
+            super().__init__()
+            self.seen, self.epoch_ends = [], 0
+
+        def on_train_batch_start(self, batch, batch_idx):
+            self.seen.append((self.current_epoch, batch_idx))
+            return -1 if batch_idx == 1 else None
+
+        def on_train_epoch_end(self):
+            self.epoch_ends += 1
+
+    module = SkipRest()
+    trainer = Trainer(max_epochs=2, **quiet())
+    trainer.fit(module, loader(32))  # 4 batches an epoch: batch 0 trains, batch 1 ends the epoch
+    assert module.seen == [(0, 0), (0, 1), (1, 0), (1, 1)] and module.epoch_ends == 2
+    assert trainer.global_step == 2 and trainer.current_epoch == 2
+
+
+def test_current_epoch_after_early_stopping_is_lightnings():
+    # Lightning counts the finished epochs: stopping at the end of epoch index 1 leaves current_epoch == 2
+    from tasktrain.callbacks.early_stopping import EarlyStopping
+
+    stopper = EarlyStopping("score", patience=1, verbose=False)
+    trainer = Trainer(max_epochs=5, callbacks=[stopper], **quiet())
+    trainer.fit(_Scores([3, 3, 3, 3, 3]), loader(16), loader(8))
+    assert stopper.stopped_epoch == 1 and trainer.current_epoch == 2
+
+
+def test_configure_callbacks_replace_the_trainers_of_the_same_type(tmp_path):
+    from tasktrain import ModelCheckpoint
+
+    mine = ModelCheckpoint(dirpath=str(tmp_path / "mine"))
+
+    class WithCallbacks(Linear):
+        def configure_callbacks(self):
+            return [mine]
+
+    trainer = Trainer(max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    trainer.fit(WithCallbacks(), loader(8))
+    assert trainer.checkpoint_callbacks == [mine] and trainer.callbacks[-1] is mine
+    assert os.listdir(tmp_path / "mine")
+
+
+def test_transfer_hooks_see_the_batch_in_order():
+    order = []
+
+    class Hooks(Linear):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            order.append(("before", dataloader_idx))
+            return [batch[0] * 0, batch[1]]
+
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            order.append(("transfer", device.type))
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            order.append(("after", bool((batch[0] == 0).all())))
+            return batch
+
+    Trainer(max_steps=1, **quiet()).fit(Hooks(), loader(8))
+    assert order == [("before", 0), ("transfer", "cpu"), ("after", True)]
+
+
+def test_lr_scheduler_step_hook_steps_the_scheduler():
+    class Custom(_Full):
+        stepped = 0
+
+        def lr_scheduler_step(self, scheduler, metric):
+            type(self).stepped += 1
+            assert metric is None
+            scheduler.step()
+
+    module = Custom()
+    Trainer(max_epochs=2, limit_train_batches=1, **quiet()).fit(module)
+    assert Custom.stepped == 2 and module.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.01 * 0.1 ** 2)
+
+
+def test_prepare_data_runs_once_before_setup_and_configure_model_before_the_optimizer():
+    order = []
+
+    class Prepared(Linear):
+        def prepare_data(self):
+            order.append("prepare_data")
+
+        def setup(self, stage):
+            order.append(f"setup:{stage}")
+
+        def configure_model(self):
+            order.append("configure_model")
+            if not hasattr(self, "head"):
+                self.head = torch.nn.Linear(1, 1)
+
+        def configure_optimizers(self):
+            order.append("configure_optimizers")
+            assert hasattr(self, "head")
+            return super().configure_optimizers()
+
+    Trainer(max_steps=1, **quiet()).fit(Prepared(), loader(8))
+    assert order == ["prepare_data", "setup:fit", "configure_model", "configure_optimizers"]

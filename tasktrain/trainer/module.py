@@ -25,6 +25,7 @@ class AttributeDict(dict):
 
 class TaskModule(torch.nn.Module):
     automatic_optimization = True
+    prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
 
     def __init__(self):
         super().__init__()
@@ -98,6 +99,53 @@ class TaskModule(torch.nn.Module):
     def on_load_checkpoint(self, checkpoint): ...
     def setup(self, stage): ...
     def teardown(self, stage): ...
+
+    # Called only where a subclass overrides them (Lightning's points: see docs/lightning.md).
+    def prepare_data(self): ...  # once per machine (local rank 0; global rank 0 with prepare_data_per_node=False)
+    def configure_model(self): ...  # after setup(stage), before configure_optimizers, at every entry point
+
+    def configure_callbacks(self):
+        """Callbacks of this module; each replaces the trainer's callbacks of the same type."""
+        return []
+
+    # The evaluation loops put the module in eval mode through these (the default is Lightning's).
+    def on_validation_model_eval(self):
+        self.eval()
+
+    def on_validation_model_train(self):
+        self.train()
+
+    def on_validation_model_zero_grad(self):
+        self.zero_grad(set_to_none=True)
+
+    def on_test_model_eval(self):
+        self.eval()
+
+    def on_test_model_train(self):
+        self.train()
+
+    def on_predict_model_eval(self):
+        self.eval()
+
+    # The batch on its way to the device: on_before_batch_transfer -> transfer_batch_to_device ->
+    # on_after_batch_transfer. Without an override the strategy moves it (and applies the precision's input cast).
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        return batch
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        return batch
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        from tasktrain.strategies.base import move_to_device
+
+        return move_to_device(batch, device)
+
+    def lr_scheduler_step(self, scheduler, metric):
+        """Step one scheduler (Lightning's hook: override it for a scheduler with another step signature)."""
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
 
     # -- what the trainer gives the module ---------------------------------------------------------------------
     @property

@@ -166,8 +166,7 @@ class Trainer:
                                                  {"max_value": clip_val})))
         if max_time is not None:
             callbacks.append(Timer(duration=max_time))
-        # Loggers first, checkpointing last: a checkpoint holds the state of every other callback at that point.
-        return sorted(callbacks, key=lambda c: 0 if isinstance(c, Logger) else 2 if isinstance(c, ModelCheckpoint) else 1)
+        return _in_call_order(callbacks)
 
     @property
     def loggers(self):
@@ -282,6 +281,49 @@ class Trainer:
         for fn in self._all_hooks[event]:
             fn(*args)
 
+    def _attach_module_callbacks(self, module):
+        """The module's configure_callbacks(): each replaces the trainer's callbacks of its exact type."""
+        if not is_overridden("configure_callbacks", module, TaskModule):
+            return
+        extra = module.configure_callbacks()
+        extra = [extra] if isinstance(extra, Callback) else list(extra or [])
+        replaced = {type(c) for c in extra}
+        self.callbacks = _in_call_order([c for c in self.callbacks if type(c) not in replaced] + extra)
+
+    def _prepare_data(self, module):
+        """prepare_data once per machine (local rank 0), or once in all (prepare_data_per_node=False); the other
+        ranks wait for it at a barrier, so that setup() finds the files."""
+        if not is_overridden("prepare_data", module, TaskModule):
+            return
+        if self.local_rank == 0 if module.prepare_data_per_node else self.is_global_zero:
+            module.prepare_data()
+        if self.world_size > 1:
+            self.strategy.barrier("prepare_data")
+
+    def _batch_mover(self, module):
+        """(move, plain): how a batch reaches the device. Without transfer hooks, the strategy's batch_to_device
+        (plain=True: called with the batch alone); else Lightning's three hooks in order."""
+        strategy = self.strategy
+        before, transfer, after = (getattr(module, name) if is_overridden(name, module, TaskModule) else None
+                                   for name in ("on_before_batch_transfer", "transfer_batch_to_device",
+                                                "on_after_batch_transfer"))
+        if before is None and transfer is None and after is None:
+            return strategy.batch_to_device, True
+
+        def move(batch, dataloader_idx=0):
+            if before is not None:
+                batch = before(batch, dataloader_idx)
+            batch = strategy.batch_to_device(batch) if transfer is None else \
+                transfer(batch, strategy.root_device, dataloader_idx)
+            if after is not None:
+                batch = after(batch, dataloader_idx)
+            return batch
+
+        return move, False
+
+    def _eval_to_device(self, batch, dataloader_idx):
+        return self._to_device(batch) if self._plain_transfer else self._to_device(batch, dataloader_idx)
+
     # -- entry points ----------------------------------------------------------------------------------------------
     def fit(self, module, train_dataloaders=None, val_dataloaders=None, ckpt_path=None):
         return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path)
@@ -315,14 +357,19 @@ class Trainer:
         module.trainer = self
         rank_zero_only.rank = strategy.global_rank  # @rank_zero_only functions of the user's script know their rank
         self._metrics = MetricStore(strategy)
+        self._attach_module_callbacks(module)
         self._build_hooks(module)
+        self._to_device, self._plain_transfer = self._batch_mover(module)
         result = None
         status = "success"  # what the loggers' finalize hears
         try:
             if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
                 Trainer._announced = True
+            self._prepare_data(module)
             self._call("setup", stage)
+            if is_overridden("configure_model", module, TaskModule):
+                module.configure_model()
             if stage == "fit":
                 self._fit(module, train_loader, eval_loader, ckpt_path)
             else:
@@ -336,6 +383,11 @@ class Trainer:
         return result
 
     def _check_module(self, module, stage):
+        for hook, instead in _REFUSED_HOOKS.items():
+            # (TaskModule defines none of them: any definition is an override)
+            if is_overridden(hook, module, TaskModule) and (stage == "fit" or hook == "configure_sharded_model"):
+                raise NotImplementedError(f"{type(module).__name__} overrides {hook}, which tasktrain does not "
+                                          f"call: {instead}")
         if stage == "fit":
             if not is_overridden("training_step", module, TaskModule):
                 raise NotImplementedError(
@@ -462,11 +514,12 @@ class Trainer:
         while not self._done():
             epoch = self.state.epoch
             self._train_epoch(module, train_data, epoch)
+            if self.state.epoch_finished:  # current_epoch counts the finished epochs, also when the run stops here
+                self.state.epoch += 1
+                self.state.batch_in_epoch = 0
+                self.state.epoch_finished = False
             if self.should_stop or self._max_steps_reached():
                 break
-            self.state.epoch += 1
-            self.state.batch_in_epoch = 0
-            self.state.epoch_finished = False
         self.training = False
         self._call("on_train_end")
 
@@ -484,6 +537,8 @@ class Trainer:
         accumulate = self.accumulate_grad_batches if automatic else 1
         optimizer = self.optimizers[0] if self.optimizers else None
         hooks = self._all_hooks
+        module_hooks, callback_hooks, to_device = self._module_hooks, self._callback_hooks, self._to_device
+        ended_by_hook = False
         val_every = self._val_every_n_batches()
         start = state.batch_in_epoch
         mark, warm_up = self._mark, epoch == self._first_epoch  # watchdog (issue 19)
@@ -502,10 +557,17 @@ class Trainer:
                 window_end = window_start + window - 1
             ends_window = batch_idx == window_end or last_of_epoch
             mark("training_step", state.global_step, batch_idx, warm_up and batch_idx == start)
-            batch = strategy.batch_to_device(batch)
+            batch = to_device(batch)
             metrics.set_batch(batch)
-            for fn in hooks["on_train_batch_start"]:
+            skip_rest = False
+            for fn in module_hooks["on_train_batch_start"]:
+                response = fn(batch, batch_idx)
+                skip_rest = skip_rest or (type(response) is int and response == -1)
+            for fn in callback_hooks["on_train_batch_start"]:
                 fn(batch, batch_idx)
+            if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
+                ended_by_hook = True
+                break
             if automatic:
                 with strategy.no_backward_sync(not ends_window):
                     outputs = strategy.training_step(batch, batch_idx)
@@ -551,9 +613,9 @@ class Trainer:
         if self._stopping_for_signal():
             return
         # epoch end: train epoch metrics, validation when due, epoch schedulers, then on_train_epoch_end.
-        complete = num_batches is None or state.batch_in_epoch >= num_batches
+        complete = num_batches is None or state.batch_in_epoch >= num_batches or ended_by_hook
         self._flush_epoch_metrics(metrics.reduce_epoch("train"))
-        if complete and self._val_at_epoch_end(epoch):
+        if complete and not ended_by_hook and self._val_at_epoch_end(epoch):  # (-1: no validation, as Lightning)
             self._run_validation(epoch_end=True)
         metrics.set_stage("train", False, True)
         if complete:
@@ -626,11 +688,12 @@ class Trainer:
         if self.limit_val_batches == 0:
             return
         module = self.module
+        if is_overridden("on_validation_model_zero_grad", module, TaskModule):
+            module.on_validation_model_zero_grad()
         values = self._evaluate("validate", self._val_loader, self.num_val_batches[0])
         if self.is_global_zero and values:
             self.log_to_loggers(self._metrics.logger_epoch_values(values))
         self._metrics.set_stage("train", True, False)
-        module.train()
 
     # -- evaluation ---------------------------------------------------------------------------------------------------
     def _evaluate_entry(self, stage, module, loader, ckpt_path, gather):
@@ -667,7 +730,7 @@ class Trainer:
         prefix = "validation" if stage == "validate" else stage
         step_fn = getattr(module, f"{prefix}_step")
         was_training = module.training
-        module.eval()
+        getattr(module, f"on_{prefix}_model_eval")()
         metrics.set_stage(stage, False, True)
         hooks = self._all_hooks
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
@@ -679,7 +742,7 @@ class Trainer:
                 if limit is not None and batch_idx >= limit:
                     break
                 mark(f"{prefix}_step", step, batch_idx, batch_idx == 0)
-                batch = strategy.batch_to_device(batch)
+                batch = self._eval_to_device(batch, 0)
                 metrics.set_batch(batch)
                 for fn in hooks[f"on_{prefix}_batch_start"]:
                     fn(batch, batch_idx)
@@ -694,12 +757,13 @@ class Trainer:
             for fn in self._callback_hooks[f"on_{prefix}_epoch_end"]:
                 fn()
         self._call(f"on_{prefix}_end")
-        module.train(was_training)
+        if was_training:  # back to training mode (validation inside fit): Lightning's hook, train() by default
+            getattr(module, f"on_{prefix}_model_train")()
         return values
 
     def _predict(self, module, loader, limit, gather):
         was_training = module.training
-        module.eval()
+        module.on_predict_model_eval()
         self._call("on_predict_start")
         self._call("on_predict_epoch_start")
         predictions = []
@@ -710,7 +774,7 @@ class Trainer:
                 if limit is not None and batch_idx >= limit:
                     break
                 mark("predict_step", step, batch_idx, batch_idx == 0)
-                batch = self.strategy.batch_to_device(batch)
+                batch = self._eval_to_device(batch, 0)
                 self._call("on_predict_batch_start", batch, batch_idx)
                 out = self.strategy.eval_step(module.predict_step, batch, batch_idx)
                 self._call("on_predict_batch_end", out, batch, batch_idx)
@@ -746,6 +810,9 @@ class Trainer:
 
     # -- schedulers --------------------------------------------------------------------------------------------------
     def _step_schedulers(self, interval):
+        module = self.module
+        step_scheduler = module.lr_scheduler_step if is_overridden("lr_scheduler_step", module, TaskModule) else \
+            _step_scheduler
         for config in self.lr_scheduler_configs:
             if config.interval != interval:
                 continue
@@ -753,7 +820,7 @@ class Trainer:
             if count % config.frequency:
                 continue
             if config.monitor is None:
-                config.scheduler.step()
+                step_scheduler(config.scheduler, None)
                 continue
             value = self.callback_metrics.get(config.monitor)
             if value is None:
@@ -766,7 +833,7 @@ class Trainer:
                     f"logged. Logged metrics: {sorted(self.callback_metrics)}. Log it with self.log({config.monitor!r}, "
                     "...) or change 'monitor'."
                 )
-            config.scheduler.step(float(value))
+            step_scheduler(config.scheduler, float(value))
 
     # -- stopping ------------------------------------------------------------------------------------------------------
     def _stop_agreed(self, at_interval):
@@ -955,6 +1022,37 @@ class Trainer:
         if steps == -1:
             return limit
         return steps if limit is None else min(steps, limit)
+
+
+def _step_scheduler(scheduler, metric):
+    if metric is None:
+        scheduler.step()
+    else:
+        scheduler.step(metric)
+
+
+def _in_call_order(callbacks):
+    """Loggers first, checkpointing last: a checkpoint holds the state of every other callback at that point."""
+    from tasktrain.callbacks import ModelCheckpoint
+
+    return sorted(callbacks, key=lambda c: 0 if isinstance(c, Logger) else 2 if isinstance(c, ModelCheckpoint) else 1)
+
+
+# Lightning hooks tasktrain does not call: overriding one is an error at fit() start, with what to do instead.
+_REFUSED_HOOKS = {
+    "optimizer_step": "the loop steps the optimizer through the strategy (gradient scaler, DeepSpeed's engine). To act "
+                      "before the step use on_before_optimizer_step; for learning-rate warm-up, a scheduler with "
+                      "interval='step'; for anything else, manual optimisation (self.automatic_optimization = False).",
+    "optimizer_zero_grad": "the loop zeroes gradients with set_to_none=True after each optimizer step through the "
+                           "strategy. Remove the override, use on_before_zero_grad, or manual optimisation.",
+    "backward": "the strategy runs backward (loss scaling, DeepSpeed's engine). Use on_before_backward / "
+                "on_after_backward, or manual optimisation with self.manual_backward(loss).",
+    "configure_gradient_clipping": "clipping is set with Trainer(gradient_clip_val=..., gradient_clip_algorithm=...) "
+                                   "or the GradientClipping callback; for a rule of your own, clip in "
+                                   "on_before_optimizer_step with self.trainer.strategy.clip_gradients(optimizer, "
+                                   "max_norm=...), which unscales the gradients first.",
+    "configure_sharded_model": "it is deprecated in Lightning; rename it to configure_model.",
+}
 
 
 def _apply_limit(length, limit, name):
