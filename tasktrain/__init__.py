@@ -4,6 +4,7 @@ from tasktrain.version import __version__
 _NAMES = {
     "TaskModule": "tasktrain.trainer.module",
     "Trainer": "tasktrain.trainer.trainer",
+    "DataModule": "tasktrain.trainer.datamodule",
     "seed_everything": "tasktrain.trainer.seed",
     "Accelerator": "tasktrain.trainer.accelerator",
     "Callback": "tasktrain.callbacks.base",

@@ -340,3 +340,129 @@ def test_prepare_data_runs_once_before_setup_and_configure_model_before_the_opti
 
     Trainer(max_steps=1, **quiet()).fit(Prepared(), loader(8))
     assert order == ["prepare_data", "setup:fit", "configure_model", "configure_optimizers"]
+
+
+# -- DataModule -----------------------------------------------------------------------------------------------------
+LIGHTNING_DATAMODULE_HOOKS = {
+    "prepare_data": 0, "setup": 1, "teardown": 1, "train_dataloader": 0, "val_dataloader": 0, "test_dataloader": 0,
+    "predict_dataloader": 0, "transfer_batch_to_device": 3, "on_before_batch_transfer": 2,
+    "on_after_batch_transfer": 2, "state_dict": 0, "load_state_dict": 1, "on_exception": 1,
+}
+
+
+class _Data(__import__("tasktrain").DataModule):
+    def __init__(self, n=16):
+        super().__init__()
+        self.n, self.epochs_seen = n, 0
+
+    def setup(self, stage):
+        self.stage = stage
+
+    def train_dataloader(self):
+        return loader(self.n)
+
+    def val_dataloader(self):
+        return loader(8)
+
+    def test_dataloader(self):
+        return loader(8)
+
+    def predict_dataloader(self):
+        return loader(8)
+
+    def state_dict(self):
+        return {"epochs_seen": self.epochs_seen}
+
+    def load_state_dict(self, state_dict):
+        self.epochs_seen = state_dict["epochs_seen"]
+
+
+def test_every_lightning_datamodule_hook_is_called(tmp_path):
+    calls = {}
+    data = _recording(_Data, LIGHTNING_DATAMODULE_HOOKS, calls)()
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, num_sanity_val_steps=1, logger=False,
+                      enable_progress_bar=False, default_root_dir=str(tmp_path))
+    trainer.fit(Linear(), datamodule=data)
+    trainer.save_checkpoint("dm.ckpt")
+    Trainer(max_epochs=2, limit_train_batches=2, logger=False, enable_progress_bar=False,
+            default_root_dir=str(tmp_path)).fit(Linear(), datamodule=data, ckpt_path="dm.ckpt")
+    trainer.validate(Linear(), datamodule=data)
+    trainer.test(Linear(), datamodule=data)
+    trainer.predict(Linear(), datamodule=data)
+
+    class Failing(Linear):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        Trainer(max_epochs=1, **quiet()).fit(Failing(), datamodule=data)
+    for name, count in LIGHTNING_DATAMODULE_HOOKS.items():
+        assert name in calls, f"DataModule.{name} is overridden but never called"
+        assert set(calls[name]) == {count}, f"DataModule.{name} was called with {calls[name]} arguments"
+
+
+def test_datamodule_entry_points_state_and_rules(tmp_path):
+    from tasktrain import DataModule
+
+    data = _Data(32)
+    module = Linear()
+    trainer = Trainer(max_epochs=1, **quiet(default_root_dir=str(tmp_path)))
+    trainer.fit(module, data)  # a DataModule where the loaders go is the datamodule
+    assert trainer.datamodule is data and data.trainer is trainer and data.stage == "fit"
+    assert trainer.num_training_batches == 4  # its train_dataloader, not the module's (it has none)
+    data.epochs_seen = 5
+    trainer.save_checkpoint("a.ckpt")
+    assert torch.load("a.ckpt", weights_only=False)["_Data"] == {"epochs_seen": 5}
+    result = trainer.test()  # the datamodule stays: its test_dataloader
+    assert data.stage == "test" and "test_loss" in result[0]
+    assert len(trainer.predict(module)) == 1
+    with pytest.raises(ValueError, match="both dataloaders and a datamodule"):
+        trainer.fit(module, loader(8), datamodule=data)
+    with pytest.raises(TypeError, match="tasktrain.DataModule"):
+        trainer.fit(module, datamodule=object())
+    assert isinstance(data, DataModule)
+
+
+def test_datamodule_transfer_hooks_win_over_the_modules():
+    seen = []
+
+    class ModuleHooks(Linear):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            seen.append("module")
+            return batch
+
+    class DataHooks(_Data):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            seen.append("datamodule")
+            return batch
+
+    Trainer(max_steps=1, **quiet()).fit(ModuleHooks(), datamodule=DataHooks())
+    assert seen == ["datamodule"]
+
+
+def test_prepare_data_per_node_and_setup_order():
+    order = []
+
+    class Ordered(_Data):
+        def prepare_data(self):
+            order.append("dm.prepare_data")
+
+        def setup(self, stage):
+            order.append("dm.setup")
+
+        def teardown(self, stage):
+            order.append("dm.teardown")
+
+    class M(Linear):
+        def prepare_data(self):
+            order.append("module.prepare_data")
+
+        def setup(self, stage):
+            order.append("module.setup")
+
+        def teardown(self, stage):
+            order.append("module.teardown")
+
+    Trainer(max_steps=1, **quiet()).fit(M(), datamodule=Ordered())
+    assert order == ["dm.prepare_data", "module.prepare_data", "dm.setup", "module.setup", "dm.teardown",
+                     "module.teardown"]

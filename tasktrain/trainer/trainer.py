@@ -29,6 +29,7 @@ from tasktrain.callbacks.base import EVENTS, Callback, Logger
 from tasktrain.strategies.base import Plan
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
+from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.metrics import MetricStore
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
@@ -113,6 +114,7 @@ class Trainer:
         self.optimizers = []
         self.lr_scheduler_configs = []
         self.module = None
+        self.datamodule = None  # the DataModule of the last entry point given one (Lightning's trainer.datamodule)
         self._metrics = None
         self._callback_metrics_cache = {}
         self._logged_metrics = {}
@@ -291,22 +293,32 @@ class Trainer:
         self.callbacks = _in_call_order([c for c in self.callbacks if type(c) not in replaced] + extra)
 
     def _prepare_data(self, module):
-        """prepare_data once per machine (local rank 0), or once in all (prepare_data_per_node=False); the other
-        ranks wait for it at a barrier, so that setup() finds the files."""
-        if not is_overridden("prepare_data", module, TaskModule):
-            return
-        if self.local_rank == 0 if module.prepare_data_per_node else self.is_global_zero:
-            module.prepare_data()
-        if self.world_size > 1:
-            self.strategy.barrier("prepare_data")
+        """prepare_data (the DataModule's, then the module's) once per machine (local rank 0), or once in all
+        (prepare_data_per_node=False); the other ranks wait at a barrier, so that setup() finds the files."""
+        for owner, base in ((self.datamodule, DataModule), (module, TaskModule)):
+            if owner is None or not is_overridden("prepare_data", owner, base):
+                continue
+            if self.local_rank == 0 if owner.prepare_data_per_node else self.is_global_zero:
+                owner.prepare_data()
+            if self.world_size > 1:
+                self.strategy.barrier("prepare_data")
+
+    def _data_hook(self, name, module):
+        """The DataModule's `name` where it overrides it (it wins, as in Lightning), else the module's, or None."""
+        if self.datamodule is not None and is_overridden(name, self.datamodule, DataModule):
+            return getattr(self.datamodule, name)
+        return getattr(module, name) if is_overridden(name, module, TaskModule) else None
+
+    def _loader_of(self, module, name):
+        """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module."""
+        return getattr(self.datamodule if self.datamodule is not None else module, name)()
 
     def _batch_mover(self, module):
         """(move, plain): how a batch reaches the device. Without transfer hooks, the strategy's batch_to_device
         (plain=True: called with the batch alone); else Lightning's three hooks in order."""
         strategy = self.strategy
-        before, transfer, after = (getattr(module, name) if is_overridden(name, module, TaskModule) else None
-                                   for name in ("on_before_batch_transfer", "transfer_batch_to_device",
-                                                "on_after_batch_transfer"))
+        before, transfer, after = (self._data_hook(name, module) for name in (
+            "on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"))
         if before is None and transfer is None and after is None:
             return strategy.batch_to_device, True
 
@@ -325,24 +337,38 @@ class Trainer:
         return self._to_device(batch) if self._plain_transfer else self._to_device(batch, dataloader_idx)
 
     # -- entry points ----------------------------------------------------------------------------------------------
-    def fit(self, module, train_dataloaders=None, val_dataloaders=None, ckpt_path=None):
-        return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path)
+    def fit(self, module, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None):
+        """Train `module` on loaders, or on a DataModule's (`datamodule=`, or passed as train_dataloaders)."""
+        return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
-    def validate(self, module=None, dataloaders=None, ckpt_path=None, verbose=True):
-        return self._run("validate", module, None, dataloaders, ckpt_path=ckpt_path)
+    def validate(self, module=None, dataloaders=None, ckpt_path=None, verbose=True, datamodule=None):
+        return self._run("validate", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
-    def test(self, module=None, dataloaders=None, ckpt_path=None, verbose=True):
-        return self._run("test", module, None, dataloaders, ckpt_path=ckpt_path)
+    def test(self, module=None, dataloaders=None, ckpt_path=None, verbose=True, datamodule=None):
+        return self._run("test", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
-    def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False):
+    def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False, datamodule=None):
         """Predictions of this rank, in loader order; with gather=True, every rank's, in dataset order."""
-        return self._run("predict", module, None, dataloaders, ckpt_path=ckpt_path, gather=gather)
+        return self._run("predict", module, None, dataloaders, ckpt_path=ckpt_path, gather=gather,
+                         datamodule=datamodule)
 
-    def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False):
+    def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False, datamodule=None):
         module = module if module is not None else self.module
         if not isinstance(module, TaskModule):
             raise TypeError(f"Trainer.{stage} needs a TaskModule, got {type(module).__name__}.")
         self._check_module(module, stage)
+        # A DataModule passed where the loaders go is the datamodule (Lightning's rule); it stays for later runs.
+        if stage == "fit" and isinstance(train_loader, DataModule) and datamodule is None:
+            datamodule, train_loader = train_loader, None
+        if stage != "fit" and isinstance(eval_loader, DataModule) and datamodule is None:
+            datamodule, eval_loader = eval_loader, None
+        if datamodule is not None:
+            if not isinstance(datamodule, DataModule):
+                raise TypeError(f"Trainer.{stage}(datamodule={type(datamodule).__name__}): use a tasktrain.DataModule.")
+            if train_loader is not None or eval_loader is not None:
+                raise ValueError(f"Trainer.{stage} was given both dataloaders and a datamodule: pass one of them.")
+            self.datamodule = datamodule
+            datamodule.trainer = self
         # The strategy runs the stage on every rank: here, or in the processes it starts (ddp_spawn).
         return self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather), train_loader, eval_loader)
 
@@ -367,6 +393,8 @@ class Trainer:
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
                 Trainer._announced = True
             self._prepare_data(module)
+            if self.datamodule is not None:
+                self.datamodule.setup(stage)
             self._call("setup", stage)
             if is_overridden("configure_model", module, TaskModule):
                 module.configure_model()
@@ -407,7 +435,10 @@ class Trainer:
     def _on_failure(self, exc):
         if not isinstance(exc, SystemExit):
             self.strategy.mark_failed()
-        for fn in self._all_hooks.get("on_exception", []):
+        handlers = list(self._all_hooks.get("on_exception", []))
+        if self.datamodule is not None:
+            handlers.append(self.datamodule.on_exception)
+        for fn in handlers:
             try:
                 fn(exc)
             except Exception:  # the original error is what matters
@@ -418,6 +449,8 @@ class Trainer:
     def _teardown(self, stage, module, status):
         self._unwatch()
         try:
+            if self.datamodule is not None:
+                self.datamodule.teardown(stage)
             self._call("teardown", stage)
         finally:
             for logger in self.loggers:
@@ -430,10 +463,11 @@ class Trainer:
     # -- fit ---------------------------------------------------------------------------------------------------------
     def _fit(self, module, train_loader, val_loader, ckpt_path):
         strategy = self.strategy
-        train_loader = train_loader if train_loader is not None else module.train_dataloader()
+        train_loader = train_loader if train_loader is not None else self._loader_of(module, "train_dataloader")
         if train_loader is None:
-            raise ValueError("fit needs training data: pass train_dataloaders or define train_dataloader() on the module.")
-        val_loader = val_loader if val_loader is not None else module.val_dataloader()
+            raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
+                             "train_dataloader() on the module.")
+        val_loader = val_loader if val_loader is not None else self._loader_of(module, "val_dataloader")
         has_val = val_loader is not None and hasattr(module, "validation_step")
 
         optimizers, self.lr_scheduler_configs = parse_optimizers(module)
@@ -700,9 +734,10 @@ class Trainer:
         strategy = self.strategy
         strategy.setup_module_and_optimizers(module, [], Plan(training=False))
         name = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
-        loader = loader if loader is not None else getattr(module, name)()
+        loader = loader if loader is not None else self._loader_of(module, name)
         if loader is None:
-            raise ValueError(f"Trainer.{stage} needs data: pass dataloaders=... or define {name}() on the module.")
+            raise ValueError(f"Trainer.{stage} needs data: pass dataloaders= or datamodule=, or define {name}() on "
+                             "the module.")
         if ckpt_path is not None:
             path = self._resolve_ckpt_path(ckpt_path)
             if path is not None:
@@ -904,6 +939,8 @@ class Trainer:
             checkpoint["callbacks"] = {c.state_key: c.state_dict() for c in self.callbacks}
             checkpoint["metrics"] = self._metrics.state_dict() if self._metrics else {}
             checkpoint["rng_states"] = strategy.all_gather_object(ckpt_io.collect_rng_states())
+        if self.datamodule is not None and not weights_only:  # under its class name, as Lightning keeps it
+            checkpoint[type(self.datamodule).__qualname__] = self.datamodule.state_dict()
         module.on_save_checkpoint(checkpoint)
         for cb in self.callbacks:
             if is_overridden("on_save_checkpoint", cb, Callback):
@@ -985,6 +1022,8 @@ class Trainer:
             if cb.state_key in saved_callbacks:
                 cb.load_state_dict(saved_callbacks[cb.state_key])
         self._metrics.load_state_dict(ckpt.get("metrics", {}))
+        if self.datamodule is not None and type(self.datamodule).__qualname__ in ckpt:
+            self.datamodule.load_state_dict(ckpt[type(self.datamodule).__qualname__])
         data_seed = self.state.data_seed
         self.state.load_state_dict(ckpt["train_state"])
         self.state.data_seed = ckpt["train_state"].get("data_seed", data_seed)

@@ -1,0 +1,59 @@
+"""DataModule: the data of a run in one object (Lightning's LightningDataModule, renamed).
+
+The Trainer calls, on every rank: prepare_data (once per machine, before setup; the other ranks wait), setup(stage),
+the loader hook of the stage, the batch-transfer hooks (these win over the module's), state_dict into checkpoints
+(load_state_dict on resume), on_exception when the run fails and teardown(stage) at its end. With a DataModule the
+module's own loader hooks are not called.
+"""
+from tasktrain.trainer.module import AttributeDict
+
+
+class DataModule:
+    prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
+    name = None
+
+    def __init__(self):
+        self.trainer = None  # set by the Trainer when a run with this DataModule starts
+        self.hparams = AttributeDict()
+
+    def prepare_data(self):
+        """Download or write files: runs in one process per machine, so never assign state here (use setup)."""
+
+    def setup(self, stage):
+        """Build the datasets of `stage` ("fit", "validate", "test" or "predict"): runs on every rank."""
+
+    def teardown(self, stage):
+        """Release what setup made: runs on every rank at the end of each entry point."""
+
+    def train_dataloader(self):
+        return None
+
+    def val_dataloader(self):
+        return None
+
+    def test_dataloader(self):
+        return None
+
+    def predict_dataloader(self):
+        return None
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        return batch
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        from tasktrain.strategies.base import move_to_device
+
+        return move_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        return batch
+
+    def state_dict(self):
+        """What a checkpoint keeps of this DataModule (under its class name); {} keeps nothing."""
+        return {}
+
+    def load_state_dict(self, state_dict):
+        """Restore what state_dict returned, when a fit resumes from a checkpoint."""
+
+    def on_exception(self, exception):
+        """Called when an entry point fails, before teardown."""
