@@ -466,3 +466,46 @@ def test_prepare_data_per_node_and_setup_order():
     Trainer(max_steps=1, **quiet()).fit(M(), datamodule=Ordered())
     assert order == ["dm.prepare_data", "module.prepare_data", "dm.setup", "module.setup", "dm.teardown",
                      "module.teardown"]
+
+
+# -- several evaluation loaders ---------------------------------------------------------------------------------------
+class _TwoLoaders(Linear):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        x, y = batch
+        self.seen.append(("val", dataloader_idx, batch_idx))
+        self.log("val_loss", torch.nn.functional.mse_loss(self(x), y))
+        self.log("shared", float(dataloader_idx), add_dataloader_idx=False)
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        x, y = batch
+        self.log("test_loss", torch.nn.functional.mse_loss(self(x), y) * (dataloader_idx + 1))
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self.seen.append(("end", dataloader_idx, batch_idx))
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        return torch.full((batch[0].shape[0],), float(dataloader_idx))
+
+
+def test_several_validation_loaders_get_dataloader_idx_and_metric_suffixes():
+    module = _TwoLoaders()
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(module, loader(16), [loader(8), loader(16)])
+    assert trainer.num_val_batches == [1, 2]
+    assert module.seen == [("val", 0, 0), ("end", 0, 0), ("val", 1, 0), ("end", 1, 0), ("val", 1, 1),
+                           ("end", 1, 1)]
+    metrics = trainer.callback_metrics
+    assert {"val_loss/dataloader_idx_0", "val_loss/dataloader_idx_1", "shared"} <= set(metrics)
+    assert "val_loss" not in metrics
+    assert float(metrics["shared"]) == pytest.approx(2 / 3)  # one value over both loaders' batches
+    results = trainer.test(module, dataloaders={"a": loader(8), "b": loader(8)})
+    assert len(results) == 2 and set(results[0]) == {"test_loss/dataloader_idx_0"}
+    assert results[1]["test_loss/dataloader_idx_1"] == pytest.approx(2 * results[0]["test_loss/dataloader_idx_0"])
+    predictions = trainer.predict(module, dataloaders=[loader(8), loader(16)])
+    assert [len(p) for p in predictions] == [1, 2] and float(predictions[1][1][0]) == 1.0
+    one = trainer.predict(module, dataloaders=loader(8))  # one loader: a flat list, as before
+    assert len(one) == 1 and isinstance(one[0], torch.Tensor)

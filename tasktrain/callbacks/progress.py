@@ -135,7 +135,7 @@ class ProgressBar(Callback):
 def _eval_total(trainer, desc):
     """The number of batches of the run that starts (None where the loader has no length)."""
     counts = trainer.num_val_batches if desc == "Validation" else trainer.num_test_batches
-    return counts[0] if counts else None
+    return sum(counts) if counts and None not in counts else None  # all the loaders of the run
 
 
 def _fmt(metrics):

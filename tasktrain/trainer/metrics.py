@@ -28,6 +28,7 @@ class MetricStore:
     def __init__(self, strategy):
         self.strategy = strategy
         self.stage = "train"
+        self.dataloader_suffix = ""  # "/dataloader_idx_N" while an evaluation loop runs its N-th of several loaders
         self.default_on_step, self.default_on_epoch = True, False
         self.batch = None
         self._batch_size = None

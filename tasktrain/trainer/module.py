@@ -42,7 +42,7 @@ class TaskModule(torch.nn.Module):
 
     # validation_step, test_step, predict_step are optional: the Trainer checks whether they are defined.
 
-    def predict_step(self, batch, batch_idx):
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
         batch = batch[0] if isinstance(batch, (list, tuple)) else batch
         return self(batch)
 
@@ -190,11 +190,15 @@ class TaskModule(torch.nn.Module):
 
     # -- logging -----------------------------------------------------------------------------------------------
     def log(self, name, value, prog_bar=False, logger=True, on_step=None, on_epoch=None, reduce_fx="mean",
-            sync_dist=False, batch_size=None, reduce=None):
-        """Record a metric. Values stay tensors until a logger or the progress bar needs them."""
+            sync_dist=False, batch_size=None, reduce=None, add_dataloader_idx=True):
+        """Record a metric. Values stay tensors until a logger or the progress bar needs them. With several
+        evaluation loaders the name gets "/dataloader_idx_N" (add_dataloader_idx=False: the same name for all, one
+        value reduced over them)."""
         trainer = self._trainer
         if trainer is None or trainer._metrics is None:
             raise RuntimeError(f"self.log({name!r}, ...) was called outside a Trainer run.")
+        if add_dataloader_idx:
+            name = name + trainer._metrics.dataloader_suffix
         trainer._metrics.log(name, value, prog_bar, logger, on_step, on_epoch, reduce or reduce_fx, sync_dist,
                              batch_size)
 

@@ -496,12 +496,14 @@ class Trainer:
                 "limit_train_batches=N to define an epoch."
             )
         if has_val:
-            val_loader = prepare_eval_loader(val_loader, strategy.world_size, strategy.global_rank)
-            self._val_loader = val_loader
+            val_loaders = [prepare_eval_loader(loader, strategy.world_size, strategy.global_rank)
+                           for loader in _as_loaders(val_loader)]
+            self._val_loader = val_loaders
             # Counted once per fit (a fraction of a loader without a length fails here, before training).
             self.num_val_batches = [0 if self.limit_val_batches == 0 else
-                                    self._limit_eval(val_loader, self.limit_val_batches)]
-            self.num_sanity_val_batches = [self._sanity_limit(val_loader) if self.num_sanity_val_steps else 0]
+                                    self._limit_eval(loader, self.limit_val_batches) for loader in val_loaders]
+            self.num_sanity_val_batches = [self._sanity_limit(loader) if self.num_sanity_val_steps else 0
+                                           for loader in val_loaders]
 
         rng_states = None
         if ckpt_path is not None:
@@ -517,7 +519,7 @@ class Trainer:
         if has_val and self.num_sanity_val_steps and self._resumed_from is None:
             self.sanity_checking = True
             self._call("on_sanity_check_start")
-            self._evaluate("validate", val_loader, self.num_sanity_val_batches[0])
+            self._evaluate("validate", self._val_loader, self.num_sanity_val_batches)
             self._call("on_sanity_check_end")
             self.sanity_checking = False
             self._metrics.callback_metrics.clear()
@@ -724,7 +726,7 @@ class Trainer:
         module = self.module
         if is_overridden("on_validation_model_zero_grad", module, TaskModule):
             module.on_validation_model_zero_grad()
-        values = self._evaluate("validate", self._val_loader, self.num_val_batches[0])
+        values = self._evaluate("validate", self._val_loader, self.num_val_batches)
         if self.is_global_zero and values:
             self.log_to_loggers(self._metrics.logger_epoch_values(values))
         self._metrics.set_stage("train", True, False)
@@ -744,23 +746,30 @@ class Trainer:
                 ckpt = strategy.load_checkpoint(path)
                 module.on_load_checkpoint(ckpt)
                 strategy.load_module_state_dict(ckpt["state_dict"])
-        loader = prepare_eval_loader(loader, strategy.world_size, strategy.global_rank)
+        loaders = [prepare_eval_loader(one, strategy.world_size, strategy.global_rank) for one in _as_loaders(loader)]
         limit_arg = {"validate": self.limit_val_batches, "test": self.limit_test_batches,
                      "predict": self.limit_predict_batches}[stage]
-        limit = self._limit_eval(loader, limit_arg)
+        limits = [self._limit_eval(one, limit_arg) for one in loaders]
         setattr(self, {"validate": "num_val_batches", "test": "num_test_batches",
-                       "predict": "num_predict_batches"}[stage], [limit])
+                       "predict": "num_predict_batches"}[stage], limits)
         self._watch()
         if stage == "predict":
-            return self._predict(module, loader, limit, gather)
-        values = self._evaluate(stage, loader, limit)
+            per_loader = self._predict(module, loaders, limits, gather)
+            return per_loader if len(loaders) > 1 else per_loader[0]  # a list per loader when there are several
+        values = self._evaluate(stage, loaders, limits)
         if self.is_global_zero and values:
             self.log_to_loggers(self._metrics.logger_epoch_values(values))
             print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
-        return [{k: float(v) for k, v in values.items()}]
+        # One dict per loader (Lightning's shape): its own suffixed metrics and those logged without a suffix.
+        if len(loaders) == 1:
+            return [{k: float(v) for k, v in values.items()}]
+        return [{k: float(v) for k, v in values.items() if "/dataloader_idx_" not in k or
+                 k.endswith(f"/dataloader_idx_{idx}")} for idx in range(len(loaders))]
 
-    def _evaluate(self, stage, loader, limit):
-        """Run validation/test batches under inference_mode; returns the reduced epoch metrics."""
+    def _evaluate(self, stage, loaders, limits):
+        """Run validation/test batches of each loader under inference_mode; returns the reduced epoch metrics.
+        With several loaders the step and batch hooks get dataloader_idx, and self.log adds the
+        "/dataloader_idx_N" suffix (Lightning's rule)."""
         module, strategy, metrics = self.module, self.strategy, self._metrics
         prefix = "validation" if stage == "validate" else stage
         step_fn = getattr(module, f"{prefix}_step")
@@ -772,19 +781,23 @@ class Trainer:
         self._call(f"on_{prefix}_start")
         self._call(f"on_{prefix}_epoch_start")
         with torch.inference_mode():
-            mark("fetching a batch", step, 0, True)  # a loop's first batch may take long: no deadline
-            for batch_idx, batch in enumerate(loader):
-                if limit is not None and batch_idx >= limit:
-                    break
-                mark(f"{prefix}_step", step, batch_idx, batch_idx == 0)
-                batch = self._eval_to_device(batch, 0)
-                metrics.set_batch(batch)
-                for fn in hooks[f"on_{prefix}_batch_start"]:
-                    fn(batch, batch_idx)
-                outputs = strategy.eval_step(step_fn, batch, batch_idx)
-                for fn in hooks[f"on_{prefix}_batch_end"]:
-                    fn(outputs, batch, batch_idx)
-                mark("fetching a batch", step, batch_idx + 1)
+            for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+                extra = (dataloader_idx,) if len(loaders) > 1 else ()
+                metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
+                mark("fetching a batch", step, 0, True)  # a loop's first batch may take long: no deadline
+                for batch_idx, batch in enumerate(loader):
+                    if limit is not None and batch_idx >= limit:
+                        break
+                    mark(f"{prefix}_step", step, batch_idx, batch_idx == 0)
+                    batch = self._eval_to_device(batch, dataloader_idx)
+                    metrics.set_batch(batch)
+                    for fn in hooks[f"on_{prefix}_batch_start"]:
+                        fn(batch, batch_idx, *extra)
+                    outputs = strategy.eval_step(step_fn, batch, batch_idx, *extra)
+                    for fn in hooks[f"on_{prefix}_batch_end"]:
+                        fn(outputs, batch, batch_idx, *extra)
+                    mark("fetching a batch", step, batch_idx + 1)
+            metrics.dataloader_suffix = ""
             mark(f"end of the {prefix} epoch", step)
             for fn in self._module_hooks[f"on_{prefix}_epoch_end"]:
                 fn()
@@ -796,31 +809,37 @@ class Trainer:
             getattr(module, f"on_{prefix}_model_train")()
         return values
 
-    def _predict(self, module, loader, limit, gather):
+    def _predict(self, module, loaders, limits, gather):
+        """The predictions of each loader (a list per loader); predict_step and the batch hooks get dataloader_idx
+        when there are several."""
         was_training = module.training
         module.on_predict_model_eval()
         self._call("on_predict_start")
         self._call("on_predict_epoch_start")
-        predictions = []
+        per_loader = []
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
         with torch.inference_mode():
-            mark("fetching a batch", step, 0, True)
-            for batch_idx, batch in enumerate(loader):
-                if limit is not None and batch_idx >= limit:
-                    break
-                mark("predict_step", step, batch_idx, batch_idx == 0)
-                batch = self._eval_to_device(batch, 0)
-                self._call("on_predict_batch_start", batch, batch_idx)
-                out = self.strategy.eval_step(module.predict_step, batch, batch_idx)
-                self._call("on_predict_batch_end", out, batch, batch_idx)
-                predictions.append(out)
-                mark("fetching a batch", step, batch_idx + 1)
+            for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+                extra = (dataloader_idx,) if len(loaders) > 1 else ()
+                predictions = []
+                mark("fetching a batch", step, 0, True)
+                for batch_idx, batch in enumerate(loader):
+                    if limit is not None and batch_idx >= limit:
+                        break
+                    mark("predict_step", step, batch_idx, batch_idx == 0)
+                    batch = self._eval_to_device(batch, dataloader_idx)
+                    self._call("on_predict_batch_start", batch, batch_idx, *extra)
+                    out = self.strategy.eval_step(module.predict_step, batch, batch_idx, *extra)
+                    self._call("on_predict_batch_end", out, batch, batch_idx, *extra)
+                    predictions.append(out)
+                    mark("fetching a batch", step, batch_idx + 1)
+                per_loader.append(predictions)
         self._call("on_predict_epoch_end")
         self._call("on_predict_end")
         module.train(was_training)
         if gather and self.world_size > 1:
-            return _gather_predictions(self.strategy, predictions)
-        return predictions
+            return [_gather_predictions(self.strategy, predictions) for predictions in per_loader]
+        return per_loader
 
     # -- metrics out -----------------------------------------------------------------------------------------------
     def _flush_step_metrics(self):
@@ -1061,6 +1080,17 @@ class Trainer:
         if steps == -1:
             return limit
         return steps if limit is None else min(steps, limit)
+
+
+def _as_loaders(loader):
+    """Evaluation loaders as a list: several in a list, tuple or dict (in its order, Lightning's sequential mode)."""
+    if isinstance(loader, dict):
+        return list(loader.values())
+    if isinstance(loader, (list, tuple)):
+        if not loader:
+            raise ValueError("An empty list of evaluation dataloaders: pass at least one, or None.")
+        return list(loader)
+    return [loader]
 
 
 def _step_scheduler(scheduler, metric):
