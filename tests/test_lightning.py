@@ -509,3 +509,18 @@ def test_several_validation_loaders_get_dataloader_idx_and_metric_suffixes():
     assert [len(p) for p in predictions] == [1, 2] and float(predictions[1][1][0]) == 1.0
     one = trainer.predict(module, dataloaders=loader(8))  # one loader: a flat list, as before
     assert len(one) == 1 and isinstance(one[0], torch.Tensor)
+
+
+def test_module_attributes_logger_loggers_dtype_freeze():
+    from tasktrain.loggers import CSVLogger
+
+    module = Linear()
+    assert module.logger is None and module.loggers == [] and module.dtype == torch.float32
+    csv = CSVLogger(".")
+    Trainer(max_steps=1, logger=[csv], enable_progress_bar=False, enable_checkpointing=False).fit(module, loader(8))
+    assert module.logger is csv and module.loggers == [csv]
+    assert module.double().dtype == torch.float64
+    module.freeze()
+    assert not module.training and not any(p.requires_grad for p in module.parameters())
+    module.unfreeze()
+    assert module.training and all(p.requires_grad for p in module.parameters())

@@ -169,6 +169,34 @@ class TaskModule(torch.nn.Module):
         return torch.device("cpu")
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the first floating-point parameter (float32 for a module without one)."""
+        for p in self.parameters():
+            if p.is_floating_point():
+                return p.dtype
+        return torch.float32
+
+    @property
+    def logger(self):
+        """The trainer's first logger, or None (no trainer, or logger=False)."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self):
+        return self._trainer.loggers if self._trainer is not None else []
+
+    def freeze(self):
+        """No parameter gets gradients, and eval mode (Lightning's freeze)."""
+        for p in self.parameters():
+            p.requires_grad = False
+        self.eval()
+
+    def unfreeze(self):
+        for p in self.parameters():
+            p.requires_grad = True
+        self.train()
+
+    @property
     def global_step(self) -> int:
         return self._trainer.global_step if self._trainer is not None else 0
 
