@@ -524,3 +524,144 @@ def test_module_attributes_logger_loggers_dtype_freeze():
     assert not module.training and not any(p.requires_grad for p in module.parameters())
     module.unfreeze()
     assert module.training and all(p.requires_grad for p in module.parameters())
+
+
+# -- Trainer arguments -------------------------------------------------------------------------------------------------
+def test_fast_dev_run_runs_n_batches_without_checkpoints_loggers_or_early_stopping(tmp_path):
+    from tasktrain import EarlyStopping
+
+    trainer = Trainer(fast_dev_run=True, max_epochs=5, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                      callbacks=[EarlyStopping("never_logged")])
+    assert trainer.fast_dev_run is True and trainer.loggers == []
+    module = Linear()
+    trainer.fit(module, loader(32), loader(32))
+    assert trainer.global_step == 1 and trainer.num_val_batches == [1] and trainer.current_epoch == 1
+    assert not os.path.exists(tmp_path / "checkpoints") and os.listdir(tmp_path) == []
+    assert Trainer(fast_dev_run=3, **quiet()).test(module, loader(64))[0]["test_loss"] > 0
+    two = Trainer(fast_dev_run=2, **quiet())
+    assert two.fast_dev_run == 2 and len(two.predict(module, loader(64))) == 2
+    with pytest.raises(ValueError, match="fast_dev_run"):
+        Trainer(fast_dev_run=-1)
+
+
+def test_min_epochs_and_min_steps_hold_back_a_stop_request():
+    from tasktrain.callbacks.early_stopping import EarlyStopping
+
+    stopper = EarlyStopping("score", patience=1, verbose=False)
+    trainer = Trainer(max_epochs=10, min_epochs=4, callbacks=[stopper], **quiet())
+    trainer.fit(_Scores([3] * 10), loader(16), loader(8))
+    assert trainer.current_epoch == 4 and stopper.stopped_epoch == 3
+    stopper = EarlyStopping("score", patience=1, verbose=False)
+    trainer = Trainer(max_epochs=10, min_steps=5, callbacks=[stopper], **quiet())  # 2 steps an epoch
+    trainer.fit(_Scores([3] * 10), loader(16), loader(8))
+    assert trainer.current_epoch == 3 and trainer.global_step == 6
+
+
+def test_overfit_batches_repeats_the_same_unshuffled_batches():
+    seen = []
+
+    class Record(Linear):
+        def training_step(self, batch, batch_idx):
+            seen.append(batch[0][:, 0].tolist())
+            return super().training_step(batch, batch_idx)
+
+    trainer = Trainer(max_epochs=2, overfit_batches=2, **quiet())
+    trainer.fit(Record(), loader(32, shuffle=True), loader(32))
+    data = regression = __import__("helpers").regression_data(32)
+    first = [data.tensors[0][i * 8:(i + 1) * 8, 0].tolist() for i in range(2)]
+    assert seen == first + first and trainer.num_val_batches == [2]
+    with pytest.raises(ValueError, match="overfit_batches"):
+        Trainer(overfit_batches=1.5)
+    del regression
+
+
+def test_inference_mode_detect_anomaly_and_benchmark(monkeypatch):
+    modes = []
+
+    class Probe(Linear):
+        def training_step(self, batch, batch_idx):
+            modes.append(("anomaly", torch.is_anomaly_enabled()))
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx):
+            modes.append(("inference", torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    Trainer(max_steps=1, inference_mode=False, detect_anomaly=True, benchmark=True, **quiet()).fit(
+        Probe(), loader(8), loader(8))
+    assert modes == [("anomaly", True), ("inference", False, False)] and torch.backends.cudnn.benchmark is True
+    assert not torch.is_anomaly_enabled()
+    modes.clear()
+    Trainer(max_steps=1, **quiet()).fit(Probe(), loader(8), loader(8))
+    assert modes == [("anomaly", False), ("inference", True, False)]
+
+
+def test_barebones_and_plugins_are_refused_with_what_to_do():
+    with pytest.raises(ValueError, match="no barebones mode.*logger=False"):
+        Trainer(barebones=True)
+    with pytest.raises(ValueError, match="no plugin objects.*precision="):
+        Trainer(plugins=[object()])
+    assert Trainer(plugins=None, **quiet()).fast_dev_run == 0
+
+
+def test_logger_none_is_the_default_logger_as_in_lightning(tmp_path):
+    from tasktrain.loggers import TensorBoardLogger
+
+    trainer = Trainer(logger=None, default_root_dir=str(tmp_path))
+    assert len(trainer.loggers) == 1 and isinstance(trainer.logger, TensorBoardLogger)
+    assert Trainer(logger=False).loggers == []
+
+
+def test_reload_dataloaders_every_n_epochs_calls_the_hooks_again():
+    class Reloading(Linear):
+        calls = {"train": 0, "val": 0}
+
+        def train_dataloader(self):
+            self.calls["train"] += 1
+            return loader(8 * self.calls["train"])  # one more batch each time
+
+        def val_dataloader(self):
+            self.calls["val"] += 1
+            return loader(8)
+
+    module = Reloading()
+    trainer = Trainer(max_epochs=4, reload_dataloaders_every_n_epochs=2, **quiet())
+    trainer.fit(module)
+    assert module.calls == {"train": 2, "val": 2} and trainer.global_step == 1 + 1 + 2 + 2
+    module = Reloading()
+    module.calls = {"train": 0, "val": 0}
+    Trainer(max_epochs=3, **quiet()).fit(module)
+    assert module.calls == {"train": 1, "val": 1}
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    ({"max_epochs": 3, "accumulate_grad_batches": 3}, 6),  # 4 batches: windows of 3 and 1 each epoch
+    ({"max_epochs": 3, "max_steps": 5}, 5),
+    ({"max_epochs": 3, "limit_train_batches": 2}, 6),
+    ({"max_epochs": 2, "limit_train_batches": 0.5, "accumulate_grad_batches": 2}, 2),
+])
+def test_estimated_stepping_batches_inside_configure_optimizers(kwargs, expected):
+    class OneCycle(Linear):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            total = self.trainer.estimated_stepping_batches
+            self.estimated = total
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    module = OneCycle()
+    trainer = Trainer(**quiet(**kwargs))
+    trainer.fit(module, loader(32))  # OneCycleLR raises if stepped more than total_steps
+    assert module.estimated == expected == trainer.global_step
+    assert trainer.val_dataloaders is None
+
+
+def test_sync_batchnorm_on_one_process_leaves_the_module():
+    class BN(Linear):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm1d(1)
+
+    module = BN()
+    Trainer(max_steps=1, sync_batchnorm=True, **quiet()).fit(module, loader(8))
+    assert type(module.norm) is torch.nn.BatchNorm1d  # Lightning converts for several processes only

@@ -116,6 +116,8 @@ class ModelCheckpoint(Callback):
     # -- saving --------------------------------------------------------------------------------------------------
     def _save(self, trainer):
         """Save a top-k candidate (when it is one) and last.ckpt (when asked). Called on every rank."""
+        if trainer.fast_dev_run:  # a debugging run writes no checkpoints (Lightning's rule)
+            return
         strategy = trainer.strategy
         self._last_saved_step = trainer.global_step
         candidate = self._candidate(trainer)

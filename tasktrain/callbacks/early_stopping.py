@@ -76,7 +76,7 @@ class EarlyStopping(Callback):
 
     # -- the decision ----------------------------------------------------------------------------------------------
     def _check(self, trainer):
-        if trainer.should_stop:
+        if trainer.should_stop or trainer.fast_dev_run:  # a debugging run is not judged (Lightning's rule)
             return
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:

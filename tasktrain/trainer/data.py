@@ -110,9 +110,10 @@ def _replaceable(loader) -> bool:
     return type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
 
 
-def prepare_train_data(loader, world_size, rank, seed) -> TrainData:
+def prepare_train_data(loader, world_size, rank, seed, shuffle=None) -> TrainData:
+    """shuffle=False reads a shuffling loader in order (overfit_batches); None keeps the loader's choice."""
     if _replaceable(loader):
-        shuffle = isinstance(loader.sampler, RandomSampler)
+        shuffle = isinstance(loader.sampler, RandomSampler) and shuffle is not False
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
         return TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)

@@ -68,6 +68,18 @@ class Trainer:
         deterministic=False,
         max_time=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT,
+        fast_dev_run=False,
+        min_epochs=None,
+        min_steps=None,
+        overfit_batches=0.0,
+        benchmark=None,
+        inference_mode=True,
+        use_distributed_sampler=True,
+        detect_anomaly=False,
+        barebones=False,
+        plugins=None,
+        sync_batchnorm=False,
+        reload_dataloaders_every_n_epochs=0,
     ):
         # The launch config, the strategy and its precision, the accumulation: the Accelerator's rules too.
         # Arguments left at their defaults count as not given, so that `tasktrain launch`'s config fills them.
@@ -85,8 +97,39 @@ class Trainer:
         # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
         self.stall_timeout = runtime.stall_timeout
 
+        # Lightning's arguments without a counterpart: a clear error instead of a silent difference.
+        if barebones:
+            raise ValueError(
+                "barebones=True: tasktrain has no barebones mode. Turn off what it would turn off: logger=False, "
+                "enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0 (the loop itself adds "
+                "no per-step work beyond those; see docs/benchmarks.md).")
+        if plugins:
+            raise ValueError(
+                f"plugins={plugins!r}: tasktrain has no plugin objects. Precision is precision='bf16-mixed' (...), the "
+                "cluster environment is read from the launcher's variables (tasktrain launch, torchrun, SLURM), and "
+                "checkpoint I/O belongs to the strategy (strategy=...).")
+        # fast_dev_run (Lightning's debugging run): n batches of each loop, one epoch, no sanity check, no loggers;
+        # ModelCheckpoint and EarlyStopping do nothing.
+        if isinstance(fast_dev_run, bool) or fast_dev_run is None:
+            dev_batches = int(bool(fast_dev_run))
+        elif isinstance(fast_dev_run, int) and fast_dev_run >= 0:
+            dev_batches = fast_dev_run
+        else:
+            raise ValueError(f"fast_dev_run={fast_dev_run!r}: use True (one batch), False, or a number of batches.")
+        self.fast_dev_run = True if dev_batches == 1 else dev_batches
+        self.overfit_batches = _check_limit(overfit_batches, "overfit_batches")
+        if self.overfit_batches:  # the same first batches every epoch, unshuffled, for training and validation
+            limit_train_batches = limit_val_batches = self.overfit_batches
+        if dev_batches:
+            if not self.overfit_batches:
+                limit_train_batches = limit_val_batches = dev_batches
+            limit_test_batches = limit_predict_batches = dev_batches
+            max_steps, max_epochs, num_sanity_val_steps = dev_batches, 1, 0
+            val_check_interval, check_val_every_n_epoch, logger = None, 1, False
+        self.min_epochs = int(min_epochs or 0)
+        self.min_steps = int(min_steps or 0)
         if max_epochs is None and max_steps in (None, -1):
-            max_epochs = 1000
+            max_epochs = max(1000, self.min_epochs)
         self.max_epochs = -1 if max_epochs is None else int(max_epochs)
         self.max_steps = -1 if max_steps is None else int(max_steps)
         self.limit_train_batches = limit_train_batches
@@ -104,6 +147,15 @@ class Trainer:
         if deterministic:
             torch.use_deterministic_algorithms(True)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if benchmark is not None:  # cuDNN's algorithm search (no effect on the CPU)
+            torch.backends.cudnn.benchmark = bool(benchmark)
+        self.inference_mode = bool(inference_mode)  # False: evaluation under torch.no_grad() instead
+        self.use_distributed_sampler = bool(use_distributed_sampler)  # False: each rank reads the loaders as given
+        self.detect_anomaly = bool(detect_anomaly)
+        self.sync_batchnorm = bool(sync_batchnorm)
+        self.reload_dataloaders_every_n_epochs = int(reload_dataloaders_every_n_epochs or 0)
+        if self.reload_dataloaders_every_n_epochs < 0:
+            raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")
 
         self.callbacks = self._default_callbacks(
             list(callbacks or []) if not isinstance(callbacks, Callback) else [callbacks],
@@ -145,13 +197,13 @@ class Trainer:
         from tasktrain.callbacks.clipping import GradientClipping
         from tasktrain.callbacks.timer import Timer
 
-        if logger is True:
+        if logger is True or logger is None:  # None is Lightning's default: the default logger
             callbacks.append(TensorBoardLogger(self.default_root_dir))
         elif isinstance(logger, Logger):
             callbacks.append(logger)
         elif isinstance(logger, (list, tuple)):
             callbacks.extend(_check_loggers(logger))
-        elif logger not in (False, None):
+        elif logger is not False:
             raise TypeError(f"logger={logger!r}: use True, False, a Logger (tasktrain.loggers), or a list of them.")
         if progress_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(ProgressBar())
@@ -398,10 +450,11 @@ class Trainer:
             self._call("setup", stage)
             if is_overridden("configure_model", module, TaskModule):
                 module.configure_model()
-            if stage == "fit":
-                self._fit(module, train_loader, eval_loader, ckpt_path)
-            else:
-                result = self._evaluate_entry(stage, module, eval_loader, ckpt_path, gather)
+            with torch.autograd.set_detect_anomaly(self.detect_anomaly):
+                if stage == "fit":
+                    self._fit(module, train_loader, eval_loader, ckpt_path)
+                else:
+                    result = self._evaluate_entry(stage, module, eval_loader, ckpt_path, gather)
         except BaseException as exc:
             status = "failed"
             self._on_failure(exc)
@@ -463,12 +516,25 @@ class Trainer:
     # -- fit ---------------------------------------------------------------------------------------------------------
     def _fit(self, module, train_loader, val_loader, ckpt_path):
         strategy = self.strategy
+        self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
         train_loader = train_loader if train_loader is not None else self._loader_of(module, "train_dataloader")
         if train_loader is None:
             raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
                              "train_dataloader() on the module.")
         val_loader = val_loader if val_loader is not None else self._loader_of(module, "val_dataloader")
         has_val = val_loader is not None and hasattr(module, "validation_step")
+        if self.sync_batchnorm and strategy.world_size > 1:
+            if strategy.root_device.type == "cpu":
+                raise ValueError("sync_batchnorm=True: torch's SyncBatchNorm runs on GPUs only, and this run is on "
+                                 "the CPU. Remove it (each process then normalises with its own batch statistics).")
+            torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)  # in place: the module's BatchNorm children
+
+        # Data order: a function of (seed, epoch), the same seed on every rank. Prepared before configure_optimizers,
+        # which may read trainer.estimated_stepping_batches.
+        self.state = TrainState(data_seed=broadcast_seed(strategy), stage="fit")
+        train_data = self._setup_train_data(train_loader)
+        if has_val:
+            self._setup_val_data(val_loader)
 
         optimizers, self.lr_scheduler_configs = parse_optimizers(module)
         if module.automatic_optimization and len(optimizers) > 1:
@@ -484,26 +550,6 @@ class Trainer:
             clipping=self._clipping_requests(), has_lr_schedulers=bool(self.lr_scheduler_configs),
         )
         _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
-
-        # Data order: a function of (seed, epoch), the same seed on every rank.
-        self.state = TrainState(data_seed=broadcast_seed(strategy), stage="fit")
-        train_data = prepare_train_data(train_loader, strategy.world_size, strategy.global_rank, self.state.data_seed)
-        self.num_training_batches = self._limit(train_data, self.limit_train_batches, "limit_train_batches")
-        if self.num_training_batches is None and self.max_steps == -1:
-            raise ValueError(
-                "The training loader has no length (an infinite or iterable dataset) and max_steps is not set, so "
-                "training would never end. Set Trainer(max_steps=N), or give the loader a __len__ / set "
-                "limit_train_batches=N to define an epoch."
-            )
-        if has_val:
-            val_loaders = [prepare_eval_loader(loader, strategy.world_size, strategy.global_rank)
-                           for loader in _as_loaders(val_loader)]
-            self._val_loader = val_loaders
-            # Counted once per fit (a fraction of a loader without a length fails here, before training).
-            self.num_val_batches = [0 if self.limit_val_batches == 0 else
-                                    self._limit_eval(loader, self.limit_val_batches) for loader in val_loaders]
-            self.num_sanity_val_batches = [self._sanity_limit(loader) if self.num_sanity_val_steps else 0
-                                           for loader in val_loaders]
 
         rng_states = None
         if ckpt_path is not None:
@@ -542,22 +588,86 @@ class Trainer:
                 f"{self._preempt_path}. Resume with trainer.fit(module, ..., ckpt_path='last')."
             )
 
+    def _shards(self):
+        """(world size, rank) the loaders are sharded for: (1, 0) with use_distributed_sampler=False."""
+        if not self.use_distributed_sampler:
+            return 1, 0
+        return self.strategy.world_size, self.strategy.global_rank
+
+    def _setup_train_data(self, loader):
+        world_size, rank = self._shards()
+        train_data = prepare_train_data(loader, world_size, rank, self.state.data_seed,
+                                        shuffle=False if self.overfit_batches else None)
+        self.num_training_batches = self._limit(train_data, self.limit_train_batches, "limit_train_batches")
+        if self.num_training_batches is None and self.max_steps == -1:
+            raise ValueError(
+                "The training loader has no length (an infinite or iterable dataset) and max_steps is not set, so "
+                "training would never end. Set Trainer(max_steps=N), or give the loader a __len__ / set "
+                "limit_train_batches=N to define an epoch."
+            )
+        return train_data
+
+    def _setup_val_data(self, loader):
+        world_size, rank = self._shards()
+        val_loaders = [prepare_eval_loader(one, world_size, rank) for one in _as_loaders(loader)]
+        self._val_loader = val_loaders
+        # Counted once per fit (a fraction of a loader without a length fails here, before training).
+        self.num_val_batches = [0 if self.limit_val_batches == 0 else
+                                self._limit_eval(one, self.limit_val_batches) for one in val_loaders]
+        self.num_sanity_val_batches = [self._sanity_limit(one) if self.num_sanity_val_steps else 0
+                                       for one in val_loaders]
+
+    @property
+    def estimated_stepping_batches(self):
+        """The optimizer steps this fit will take (Lightning's): per epoch ceil(batches / accumulate_grad_batches)
+        of this rank's shard, times max_epochs, capped by max_steps; readable from configure_optimizers on."""
+        if self.num_training_batches is None:
+            if self.max_steps != -1:
+                return self.max_steps
+            if self.state.stage != "fit":
+                raise RuntimeError("estimated_stepping_batches is known once fit() has its training data: read it "
+                                   "in configure_optimizers or later.")
+            return float("inf")
+        accumulate = self.accumulate_grad_batches if self.module is None or self.module.automatic_optimization else 1
+        per_epoch = -(-self.num_training_batches // accumulate)
+        steps = per_epoch * max(self.max_epochs, 1) if self.max_epochs != -1 else float("inf")
+        return min(steps, self.max_steps) if self.max_steps != -1 else steps
+
+    @property
+    def val_dataloaders(self):
+        """The validation loader(s) of the fit, as this rank reads them (a list when there are several)."""
+        loaders = self._val_loader
+        return loaders[0] if loaders and len(loaders) == 1 else loaders
+
     def _fit_loop(self, module, train_data):
         module.train()
         self.training = True
         self._first_epoch = self.state.epoch  # its first step may compile: no watchdog deadline (issue 19)
         self._call("on_train_start")
+        every = self.reload_dataloaders_every_n_epochs
         while not self._done():
             epoch = self.state.epoch
+            if every and epoch > 0 and epoch % every == 0:  # Lightning re-calls the loader hooks, not given loaders
+                from_train_hook, from_val_hook = self._loaders_from_hooks
+                if from_train_hook:
+                    train_data = self._setup_train_data(self._loader_of(module, "train_dataloader"))
+                if from_val_hook and self._val_loader is not None:
+                    self._setup_val_data(self._loader_of(module, "val_dataloader"))
             self._train_epoch(module, train_data, epoch)
             if self.state.epoch_finished:  # current_epoch counts the finished epochs, also when the run stops here
                 self.state.epoch += 1
                 self.state.batch_in_epoch = 0
                 self.state.epoch_finished = False
-            if self.should_stop or self._max_steps_reached():
+            if (self.should_stop and self._may_stop()) or self._max_steps_reached():
                 break
+            self.should_stop = False  # a request before min_epochs/min_steps is not kept (Lightning continues too)
         self.training = False
         self._call("on_train_end")
+
+    def _may_stop(self):
+        """A stop request (EarlyStopping, should_stop) is honoured once min_epochs and min_steps are reached;
+        SIGTERM always."""
+        return self._preempted or (self.state.global_step >= self.min_steps and self.state.epoch >= self.min_epochs)
 
     def _done(self):
         return self._max_steps_reached() or (self.max_epochs != -1 and self.state.epoch >= self.max_epochs)
@@ -641,7 +751,7 @@ class Trainer:
             for fn in hooks["on_train_batch_end"]:
                 fn(outputs, batch, batch_idx)
             mark("fetching a batch", state.global_step, batch_idx + 1)
-            if ends_window and (self._stop_agreed(at_interval=True) or self._max_steps_reached()):
+            if ends_window and ((self._stop_agreed(at_interval=True) and self._may_stop()) or self._max_steps_reached()):
                 break
         mark("end of the training epoch", state.global_step, state.batch_in_epoch - 1)
 
@@ -746,7 +856,8 @@ class Trainer:
                 ckpt = strategy.load_checkpoint(path)
                 module.on_load_checkpoint(ckpt)
                 strategy.load_module_state_dict(ckpt["state_dict"])
-        loaders = [prepare_eval_loader(one, strategy.world_size, strategy.global_rank) for one in _as_loaders(loader)]
+        world_size, rank = self._shards()
+        loaders = [prepare_eval_loader(one, world_size, rank) for one in _as_loaders(loader)]
         limit_arg = {"validate": self.limit_val_batches, "test": self.limit_test_batches,
                      "predict": self.limit_predict_batches}[stage]
         limits = [self._limit_eval(one, limit_arg) for one in loaders]
@@ -780,7 +891,7 @@ class Trainer:
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
         self._call(f"on_{prefix}_start")
         self._call(f"on_{prefix}_epoch_start")
-        with torch.inference_mode():
+        with torch.inference_mode() if self.inference_mode else torch.no_grad():
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
                 extra = (dataloader_idx,) if len(loaders) > 1 else ()
                 metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
@@ -818,7 +929,7 @@ class Trainer:
         self._call("on_predict_epoch_start")
         per_loader = []
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
-        with torch.inference_mode():
+        with torch.inference_mode() if self.inference_mode else torch.no_grad():
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
                 extra = (dataloader_idx,) if len(loaders) > 1 else ()
                 predictions = []
@@ -1122,6 +1233,14 @@ _REFUSED_HOOKS = {
                                    "max_norm=...), which unscales the gradients first.",
     "configure_sharded_model": "it is deprecated in Lightning; rename it to configure_model.",
 }
+
+
+def _check_limit(value, name):
+    """A batch limit: a fraction in [0, 1] (float) or a count (int >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
+            (isinstance(value, float) and value > 1.0):
+        raise ValueError(f"{name}={value!r}: a float is a fraction of the loader in [0, 1]; an int is a batch count.")
+    return value
 
 
 def _apply_limit(length, limit, name):
