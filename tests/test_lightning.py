@@ -665,3 +665,81 @@ def test_sync_batchnorm_on_one_process_leaves_the_module():
     module = BN()
     Trainer(max_steps=1, sync_batchnorm=True, **quiet()).fit(module, loader(8))
     assert type(module.norm) is torch.nn.BatchNorm1d  # Lightning converts for several processes only
+
+
+def test_self_log_lightning_options(monkeypatch):
+    class Options(Linear):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self(x), y)
+            self.log("peak", float(batch_idx), reduce_fx=torch.max, on_epoch=True, on_step=False)
+            self.log("total", 1.0, reduce_fx=sum, on_epoch=True, on_step=False)
+            self.log("with_graph", loss, enable_graph=True)
+            self.log("rank0", 5.0, rank_zero_only=True)
+            return loss
+
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(Options(), loader(32))
+    metrics = trainer.callback_metrics
+    assert float(metrics["peak"]) == 3.0 and float(metrics["total"]) == 4.0 and float(metrics["rank0"]) == 5.0
+    assert metrics["with_graph"].requires_grad and not metrics["peak"].requires_grad
+
+    class NotRankZero(Options):
+        def training_step(self, batch, batch_idx):
+            monkeypatch.setattr(Trainer, "global_rank", property(lambda self: 1))
+            self.log("rank0_only", 1.0, rank_zero_only=True)
+            monkeypatch.undo()
+            return super().training_step(batch, batch_idx)
+
+    trainer = Trainer(max_steps=1, **quiet())
+    trainer.fit(NotRankZero(), loader(8))
+    assert "rank0_only" not in trainer.callback_metrics
+
+    def refused(**kwargs):
+        class Bad(Linear):
+            def training_step(self, batch, batch_idx):
+                self.log("x", 1.0, **kwargs)
+                return super().training_step(batch, batch_idx)
+        return Bad()
+
+    for kwargs, message in (({"rank_zero_only": True, "sync_dist": True}, "cannot be synchronised"),
+                            ({"metric_attribute": "acc"}, "not Metric objects"),
+                            ({"sync_dist_group": object()}, "all ranks only"),
+                            ({"reduce_fx": lambda v: v}, "use one of")):
+        with pytest.raises(ValueError, match=message):
+            Trainer(max_steps=1, **quiet()).fit(refused(**kwargs), loader(8))
+
+
+def test_to_torchscript_script_and_trace(tmp_path):
+    module = Linear()
+    x = torch.randn(3, 4)
+    scripted = module.to_torchscript(str(tmp_path / "m.pt"))
+    assert torch.allclose(torch.jit.load(str(tmp_path / "m.pt"))(x), module(x)) and module.training
+    module.example_input_array = torch.ones(2, 4)
+    traced = module.to_torchscript(method="trace")
+    assert torch.allclose(traced(x), module(x)) and torch.allclose(scripted(x), module(x))
+    with pytest.raises(ValueError, match="'script' or 'trace'"):
+        module.to_torchscript(method="compile")
+
+
+def test_to_onnx_names_the_missing_packages_or_exports(monkeypatch, tmp_path):
+    import importlib.util
+
+    module = Linear()
+    real_find_spec = importlib.util.find_spec
+    # without the packages (pinned, whatever this machine has)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("onnx") else
+                        real_find_spec(name, *a))
+    with pytest.raises(ModuleNotFoundError, match=r"onnx and onnxscript .*tasktrain\[onnx\]"):
+        module.to_onnx(str(tmp_path / "m.onnx"), torch.ones(1, 4))
+    # with them: torch.onnx.export gets the module in eval mode and the input as a tuple
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name.startswith("onnx") else
+                        real_find_spec(name, *a))
+    seen = []
+    monkeypatch.setattr(torch.onnx, "export", lambda model, args, path, **kw: seen.append((model.training, args,
+                                                                                            path, kw)))
+    with pytest.raises(ValueError, match="input_sample"):
+        module.to_onnx(str(tmp_path / "m.onnx"))
+    module.to_onnx("m.onnx", torch.ones(1, 4), opset_version=18)
+    assert seen[0][0] is False and isinstance(seen[0][1], tuple) and seen[0][3] == {"opset_version": 18}
+    assert module.training

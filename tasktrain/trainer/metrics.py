@@ -59,7 +59,8 @@ class MetricStore:
         return self._batch_size
 
     # -- self.log -------------------------------------------------------------------------------------------------
-    def log(self, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size):
+    def log(self, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size,
+            enable_graph=False):
         args = (self.stage, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
         meta = self._metas.get(name)
         if meta is None or meta.args != args:
@@ -68,7 +69,7 @@ class MetricStore:
             if value.numel() != 1:
                 raise ValueError(f"self.log({name!r}, ...) needs a scalar, got a tensor of shape {tuple(value.shape)}. "
                                  "Reduce it first (e.g. .mean()).")
-            value = value.detach()
+            value = value if enable_graph else value.detach()
         else:
             value = torch.tensor(float(value))
         if meta.on_step:

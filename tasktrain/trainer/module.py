@@ -8,6 +8,9 @@ import torch
 from tasktrain.tree import apply_to_leaves
 
 _NOT_SET = object()
+# Lightning's reduce_fx callables, by the name the metric store reduces with
+_REDUCE_NAMES = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min", sum: "sum", max: "max",
+                 min: "min", "avg": "mean"}
 
 
 class AttributeDict(dict):
@@ -26,6 +29,9 @@ class AttributeDict(dict):
 class TaskModule(torch.nn.Module):
     automatic_optimization = True
     prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
+    # Properties torch.jit.script must not compile (they read the trainer or iterate parameters).
+    __jit_unused_properties__ = ["trainer", "hparams", "device", "dtype", "logger", "loggers", "global_step",
+                                 "current_epoch", "global_rank", "local_rank"]
 
     def __init__(self):
         super().__init__()
@@ -150,6 +156,8 @@ class TaskModule(torch.nn.Module):
     # -- what the trainer gives the module ---------------------------------------------------------------------
     @property
     def trainer(self):
+        if self._trainer is None and getattr(self, "_jit_is_scripting", False):
+            return None  # torch.jit.script probes every attribute: not an error while it does
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) first.")
         return self._trainer
@@ -185,6 +193,54 @@ class TaskModule(torch.nn.Module):
     def loggers(self):
         return self._trainer.loggers if self._trainer is not None else []
 
+    # -- export ----------------------------------------------------------------------------------------------
+    example_input_array = None  # what to_torchscript(method="trace") and to_onnx use when given no input
+
+    def to_torchscript(self, file_path=None, method="script", example_inputs=None, **kwargs):
+        """A TorchScript copy of the module in eval mode (torch.jit.script, or torch.jit.trace with
+        example_inputs / self.example_input_array), saved to file_path when given (Lightning's method)."""
+        mode = self.training
+        self.eval()
+        object.__setattr__(self, "_jit_is_scripting", True)
+        try:
+            if method == "script":
+                scripted = torch.jit.script(self, **kwargs)
+            elif method == "trace":
+                inputs = example_inputs if example_inputs is not None else self.example_input_array
+                if inputs is None:
+                    raise ValueError("to_torchscript(method='trace') needs example_inputs=, or set "
+                                     "self.example_input_array in __init__.")
+                inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+                scripted = torch.jit.trace(self, inputs, **kwargs)
+            else:
+                raise ValueError(f"to_torchscript(method={method!r}): use 'script' or 'trace'.")
+        finally:
+            object.__setattr__(self, "_jit_is_scripting", False)
+            self.train(mode)
+        if file_path is not None:
+            torch.jit.save(scripted, file_path)
+        return scripted
+
+    def to_onnx(self, file_path, input_sample=None, **kwargs):
+        """Export to ONNX with torch.onnx.export (Lightning's method). torch's exporter needs the onnx and
+        onnxscript packages: `pip install tasktrain[onnx]`."""
+        import importlib.util
+
+        missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ModuleNotFoundError(f"to_onnx needs the {' and '.join(missing)} package(s), which torch's ONNX "
+                                      "exporter imports: pip install 'tasktrain[onnx]'.")
+        inputs = input_sample if input_sample is not None else self.example_input_array
+        if inputs is None:
+            raise ValueError("to_onnx needs input_sample=, or set self.example_input_array in __init__.")
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        mode = self.training
+        self.eval()
+        try:
+            return torch.onnx.export(self, inputs, file_path, **kwargs)
+        finally:
+            self.train(mode)
+
     def freeze(self):
         """No parameter gets gradients, and eval mode (Lightning's freeze)."""
         for p in self.parameters():
@@ -218,20 +274,39 @@ class TaskModule(torch.nn.Module):
 
     # -- logging -----------------------------------------------------------------------------------------------
     def log(self, name, value, prog_bar=False, logger=True, on_step=None, on_epoch=None, reduce_fx="mean",
-            sync_dist=False, batch_size=None, reduce=None, add_dataloader_idx=True):
-        """Record a metric. Values stay tensors until a logger or the progress bar needs them. With several
-        evaluation loaders the name gets "/dataloader_idx_N" (add_dataloader_idx=False: the same name for all, one
-        value reduced over them)."""
+            enable_graph=False, sync_dist=False, sync_dist_group=None, add_dataloader_idx=True, batch_size=None,
+            metric_attribute=None, rank_zero_only=False, reduce=None):
+        """Record a metric. Values stay tensors until a logger or the progress bar needs them.
+
+        Lightning's options: reduce_fx is "mean"/"sum"/"max"/"min" or torch.mean/sum/max/min (or the builtins);
+        with several evaluation loaders the name gets "/dataloader_idx_N" (add_dataloader_idx=False: one name, one
+        value over them all); enable_graph=True keeps the value's graph; rank_zero_only=True: a value only rank 0
+        logs (the call does nothing elsewhere, so it cannot be sync_dist, and callbacks on other ranks cannot
+        monitor it)."""
         trainer = self._trainer
         if trainer is None or trainer._metrics is None:
             raise RuntimeError(f"self.log({name!r}, ...) was called outside a Trainer run.")
+        if sync_dist_group is not None:
+            raise ValueError(f"self.log({name!r}, sync_dist_group=...): tasktrain reduces over all ranks only; use "
+                             "sync_dist=True, or self.all_gather and reduce the part you need yourself.")
+        if metric_attribute is not None:
+            raise ValueError(f"self.log({name!r}, metric_attribute={metric_attribute!r}): tasktrain's self.log takes "
+                             "numbers and scalar tensors, not Metric objects, so there is no metric state to restore. "
+                             "Log metric.compute() (and reset it yourself at the epoch's end).")
+        if rank_zero_only:
+            if sync_dist:
+                raise ValueError(f"self.log({name!r}, rank_zero_only=True, sync_dist=True): a value logged on rank "
+                                 "0 alone cannot be synchronised (the other ranks would never join). Drop one.")
+            if trainer.global_rank != 0:
+                return
+        reduce_fx = _REDUCE_NAMES.get(reduce or reduce_fx, reduce or reduce_fx)
         if add_dataloader_idx:
             name = name + trainer._metrics.dataloader_suffix
-        trainer._metrics.log(name, value, prog_bar, logger, on_step, on_epoch, reduce or reduce_fx, sync_dist,
-                             batch_size)
+        trainer._metrics.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size,
+                             enable_graph)
 
-    def log_dict(self, metrics: dict, **kwargs):
-        for name, value in metrics.items():
+    def log_dict(self, dictionary: dict, **kwargs):
+        for name, value in dictionary.items():
             self.log(name, value, **kwargs)
 
     def all_gather(self, data):
