@@ -743,3 +743,53 @@ def test_to_onnx_names_the_missing_packages_or_exports(monkeypatch, tmp_path):
     module.to_onnx("m.onnx", torch.ones(1, 4), opset_version=18)
     assert seen[0][0] is False and isinstance(seen[0][1], tuple) and seen[0][3] == {"opset_version": 18}
     assert module.training
+
+
+# -- a Lightning script ported by renames, on 1 and 2 processes ------------------------------------------------------------
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-processes"])
+def ported(request, tmp_path_factory):
+    import json
+    import sys
+
+    from ddp_scripts.common import run
+
+    devices = request.param
+    out = str(tmp_path_factory.mktemp(f"ported{devices}"))
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lightning_scripts", "ported.py")
+    code, stdout, stderr, _ = run([sys.executable, script, out, "--devices", str(devices)], 240, out)
+    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    facts = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(devices)]
+    return devices, out, facts
+
+
+@pytest.mark.timeout(300)
+def test_ported_lightning_script(ported):
+    devices, out, facts = ported
+    assert all(f == facts[0] for f in facts)  # every rank saw the same (synchronised metrics, agreed stops)
+    f = facts[0]
+    batches = 6 // devices  # 48 training samples, batch 8, sharded
+    assert f["fit"] == {"global_step": 2 * batches, "current_epoch": 2, "total_steps": 2 * batches,
+                        "num_training_batches": batches, "datamodule_is_trainers": True,
+                        "batches_moved": 2 * batches + (2 if devices == 1 else 1) + 2 * 2 // devices}
+    assert f["stages"] == ["fit", "validate", "test", "predict", "fit"]
+    with open(os.path.join(out, "data", "prepare_calls")) as calls:
+        assert calls.read() == "x" * 5  # once per entry point on the machine, not once per rank
+    assert sorted(os.listdir(out)).count("rank_zero_only_ran_on_0") == 1
+    assert not any(name.startswith("rank_zero_only_ran_on_1") for name in os.listdir(out))
+    assert f["predict_rows"] == 16 // devices and f["unsharded_predict_rows"] == 16
+    assert f["datamodule_state"] == {"batch_size": 8}
+    assert f["resumed"] == {"batch_size": 8, "global_step": 2 * batches}  # restored before its loaders were made
+    assert f["events"] == {"on_fit_start": 1, "on_train_epoch_start": 2, "on_before_optimizer_step": 2 * batches,
+                           "on_save_checkpoint": 2, "on_test_end": 1,
+                           "on_validation_batch_end[0]": (2 if devices == 1 else 1) + 3 * 2 // devices}
+    assert f["validate"][0]["val_loss"] == pytest.approx(f["test"][0]["test_loss"])
+    c = f["classifier"]
+    assert c["metrics"] == ["val_acc/dataloader_idx_0", "val_acc/dataloader_idx_1", "val_batches"]
+    assert c["val_batches"] == 6.0 and c["num_val_batches"] == [4 // devices, 2 // devices]
+    assert (c["stopping_reason"], c["stopped_epoch"], c["current_epoch"]) == ("PATIENCE_EXHAUSTED", 1, 2)
+    assert [sorted(r) for r in c["validate"]] == [["val_acc/dataloader_idx_0", "val_batches"],
+                                                  ["val_acc/dataloader_idx_1", "val_batches"]]
+    if devices == 1:
+        assert f["sync_batchnorm"] == "ran"
+    else:
+        assert "SyncBatchNorm runs on GPUs only" in f["sync_batchnorm"]

@@ -186,6 +186,7 @@ class Trainer:
         self.num_predict_batches = []
         self._val_loader = None
         self._resumed_from = None
+        self._datamodule_restored = False
         self._preempted = False
         self._preempt_path = None
         self._loss_window = []
@@ -554,6 +555,12 @@ class Trainer:
         rng_states = None
         if ckpt_path is not None:
             rng_states = self._restore(ckpt_path)
+        if self._datamodule_restored:  # the loader hooks see the DataModule's restored state, as in Lightning
+            from_train_hook, from_val_hook = self._loaders_from_hooks
+            if from_train_hook:
+                train_data = self._setup_train_data(self._loader_of(module, "train_dataloader"))
+            if from_val_hook and has_val:
+                self._setup_val_data(self._loader_of(module, "val_dataloader"))
 
         self._call("on_fit_start")
         if self.is_global_zero:
@@ -1154,6 +1161,7 @@ class Trainer:
         self._metrics.load_state_dict(ckpt.get("metrics", {}))
         if self.datamodule is not None and type(self.datamodule).__qualname__ in ckpt:
             self.datamodule.load_state_dict(ckpt[type(self.datamodule).__qualname__])
+            self._datamodule_restored = True
         data_seed = self.state.data_seed
         self.state.load_state_dict(ckpt["train_state"])
         self.state.data_seed = ckpt["train_state"].get("data_seed", data_seed)
