@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import Linear, loader, quiet
-from tasktrain import Trainer
+from tasktrain import TaskModule, Trainer
 
 
 def test_rename_rule_module_paths():
@@ -793,3 +793,81 @@ def test_ported_lightning_script(ported):
         assert f["sync_batchnorm"] == "ran"
     else:
         assert "SyncBatchNorm runs on GPUs only" in f["sync_batchnorm"]
+
+
+# Lightning 2.6's LightningModule methods a user calls (core/module.py), each present with Lightning's meaning
+LIGHTNING_MODULE_METHODS = ["optimizers", "lr_schedulers", "print", "log", "log_dict", "all_gather", "manual_backward",
+                            "toggle_optimizer", "untoggle_optimizer", "toggled_optimizer", "clip_gradients", "freeze",
+                            "unfreeze", "to_onnx", "to_torchscript", "to_tensorrt", "load_from_checkpoint",
+                            "save_hyperparameters"]
+
+
+def test_lightning_module_methods_exist():
+    from tasktrain import TaskModule
+
+    missing = [name for name in LIGHTNING_MODULE_METHODS if not callable(getattr(TaskModule, name, None))]
+    assert not missing
+    with pytest.raises(NotImplementedError, match="to_onnx"):
+        Linear().to_tensorrt()
+
+
+def test_gan_style_manual_optimisation_toggles_and_clips():
+    seen = {}
+
+    class TwoPlayers(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.generator, self.critic = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            opt_g, opt_c = self.optimizers()
+            x = batch[0]
+            with self.toggled_optimizer(opt_g):
+                seen["while_g"] = (all(p.requires_grad for p in self.generator.parameters()),
+                                   any(p.requires_grad for p in self.critic.parameters()))
+                loss = -self.critic(self.generator(x)).mean() * 1e3
+                self.manual_backward(loss)
+                seen["norm"] = float(self.clip_gradients(opt_g, gradient_clip_val=0.5))
+                seen["clipped"] = float(torch.cat([p.grad.flatten() for p in self.generator.parameters()]).norm())
+                opt_g.step()
+                opt_g.zero_grad()
+            seen["after"] = all(p.requires_grad for p in self.parameters())
+            assert self.optimizers(use_pl_optimizer=False)[0] is opt_g.optimizer
+
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.generator.parameters(), lr=0.1),
+                    torch.optim.SGD(self.critic.parameters(), lr=0.1)]
+
+    Trainer(max_steps=1, **quiet()).fit(TwoPlayers(), loader(8))
+    assert seen["while_g"] == (True, False) and seen["after"]
+    assert seen["norm"] > 0.5 and seen["clipped"] == pytest.approx(0.5, rel=1e-4)
+
+
+def test_all_gather_refuses_groups_and_gradients():
+    class Gather(Linear):
+        def training_step(self, batch, batch_idx):
+            with pytest.raises(ValueError, match="all ranks only"):
+                self.all_gather(torch.ones(1), group=object())
+            with pytest.raises(ValueError, match="carries no gradient"):
+                self.all_gather(torch.ones(1), sync_grads=True)
+            self.gathered = self.all_gather(torch.ones(2))
+            return super().training_step(batch, batch_idx)
+
+    module = Gather()
+    Trainer(max_steps=1, **quiet()).fit(module, loader(8))
+    assert module.gathered.shape == (1, 2)
+
+
+def test_datamodule_save_hyperparameters_go_into_checkpoints():
+    class WithHparams(_Data):
+        def __init__(self, n=16, note="x"):
+            super().__init__(n)
+            self.save_hyperparameters()
+
+    data = WithHparams(n=16, note="y")
+    assert dict(data.hparams) == {"n": 16, "note": "y"}
+    trainer = Trainer(max_steps=1, **quiet())
+    trainer.fit(Linear(), datamodule=data)
+    trainer.save_checkpoint("h.ckpt")
+    assert torch.load("h.ckpt", weights_only=False)["datamodule_hyper_parameters"] == {"n": 16, "note": "y"}

@@ -5,7 +5,7 @@ the loader hook of the stage, the batch-transfer hooks (these win over the modul
 (load_state_dict on resume), on_exception when the run fails and teardown(stage) at its end. With a DataModule the
 module's own loader hooks are not called.
 """
-from tasktrain.trainer.module import AttributeDict
+from tasktrain.trainer.module import AttributeDict, TaskModule
 
 
 class DataModule:
@@ -14,7 +14,14 @@ class DataModule:
 
     def __init__(self):
         self.trainer = None  # set by the Trainer when a run with this DataModule starts
-        self.hparams = AttributeDict()
+        self._hparams = AttributeDict()
+
+    @property
+    def hparams(self) -> AttributeDict:
+        return self._hparams
+
+    # self.save_hyperparameters() in __init__, as in a TaskModule (kept in checkpoints as datamodule_hyper_parameters)
+    save_hyperparameters = TaskModule.save_hyperparameters
 
     def prepare_data(self):
         """Download or write files: runs in one process per machine, so never assign state here (use setup)."""

@@ -1,4 +1,5 @@
 """TaskModule: the user's model plus the hooks the Trainer calls."""
+import contextlib
 import copy
 import inspect
 import numbers
@@ -241,6 +242,11 @@ class TaskModule(torch.nn.Module):
         finally:
             self.train(mode)
 
+    def to_tensorrt(self, *args, **kwargs):
+        raise NotImplementedError(
+            "to_tensorrt: tasktrain does not ship a TensorRT export (it needs torch_tensorrt and a CUDA GPU). Export "
+            "with to_onnx(...) and build the engine with TensorRT's tools, or call torch_tensorrt.compile yourself.")
+
     def freeze(self):
         """No parameter gets gradients, and eval mode (Lightning's freeze)."""
         for p in self.parameters():
@@ -309,8 +315,15 @@ class TaskModule(torch.nn.Module):
         for name, value in dictionary.items():
             self.log(name, value, **kwargs)
 
-    def all_gather(self, data):
+    def all_gather(self, data, group=None, sync_grads=False):
         """Gather a tensor (or a dict/list of tensors) from every rank: a new leading dimension of world size."""
+        if group is not None:
+            raise ValueError("all_gather(group=...): tasktrain gathers from all ranks only; gather from all and "
+                             "keep the rows of the ranks you need.")
+        if sync_grads:
+            raise ValueError("all_gather(sync_grads=True): tasktrain's gather carries no gradient. Compute the part "
+                             "of the loss that needs other ranks' tensors on gathered, detached copies, or use "
+                             "torch.distributed.nn.functional.all_gather in your own code.")
         strategy = self.trainer.strategy
 
         def gather(leaf):
@@ -351,11 +364,64 @@ class TaskModule(torch.nn.Module):
             self._hparams[key] = copy.deepcopy(value) if _is_plain(value) else value
 
     # -- manual optimisation ---------------------------------------------------------------------------------------
-    def optimizers(self):
+    def optimizers(self, use_pl_optimizer=True):
+        """The optimizers, wrapped so that step() goes through the precision and counts steps
+        (use_pl_optimizer=False: the torch optimizers themselves)."""
         from tasktrain.trainer.optim import ManualOptimizer
 
-        opts = [ManualOptimizer(o, self.trainer) for o in self.trainer.optimizers]
+        opts = [ManualOptimizer(o, self.trainer) if use_pl_optimizer else o for o in self.trainer.optimizers]
         return opts[0] if len(opts) == 1 else opts
+
+    def toggle_optimizer(self, optimizer):
+        """Only `optimizer`'s parameters require gradients until untoggle_optimizer (Lightning's, for GANs):
+        the parameters of the other optimizers are switched off, and their previous state is kept."""
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # a ManualOptimizer wraps it
+        state = {}
+        for opt in self.trainer.optimizers:
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param not in state:
+                        state[param] = param.requires_grad
+                        param.requires_grad = False
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.requires_grad = state[param]
+        object.__setattr__(self, "_param_requires_grad_state", state)
+
+    def untoggle_optimizer(self, optimizer):
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        state = getattr(self, "_param_requires_grad_state", {})
+        for opt in self.trainer.optimizers:
+            if opt is optimizer:
+                continue
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param in state:
+                        param.requires_grad = state[param]
+        object.__setattr__(self, "_param_requires_grad_state", {})
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer):
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """Clip `optimizer`'s gradients now, through the strategy (it unscales them first): by total norm
+        ("norm") or by value ("value"); the trainer's gradient_clip_val/_algorithm where not given."""
+        trainer = self.trainer
+        value = gradient_clip_val if gradient_clip_val is not None else trainer.gradient_clip_val
+        algorithm = gradient_clip_algorithm or trainer.gradient_clip_algorithm or "norm"
+        if not value:
+            return None
+        if algorithm not in ("norm", "value"):
+            raise ValueError(f"clip_gradients(gradient_clip_algorithm={algorithm!r}): use 'norm' or 'value'.")
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        if algorithm == "norm":
+            return trainer.strategy.clip_gradients(optimizer, max_norm=float(value))
+        return trainer.strategy.clip_gradients(optimizer, max_value=float(value))
 
     def lr_schedulers(self):
         scheds = [c.scheduler for c in self.trainer.lr_scheduler_configs]

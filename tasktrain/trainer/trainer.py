@@ -94,6 +94,8 @@ class Trainer:
         self.devices, self.num_nodes = runtime.devices, runtime.num_nodes
         self.accumulate_grad_batches = runtime.accumulate_grad_batches
         gradient_clip_val = runtime.gradient_clip_val
+        # read by TaskModule.clip_gradients (manual optimisation); a GradientClipping callback does the automatic one
+        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
         self.stall_timeout = runtime.stall_timeout
 
@@ -1078,6 +1080,8 @@ class Trainer:
             checkpoint["rng_states"] = strategy.all_gather_object(ckpt_io.collect_rng_states())
         if self.datamodule is not None and not weights_only:  # under its class name, as Lightning keeps it
             checkpoint[type(self.datamodule).__qualname__] = self.datamodule.state_dict()
+        if self.datamodule is not None and self.datamodule.hparams:
+            checkpoint["datamodule_hyper_parameters"] = _plain(dict(self.datamodule.hparams))
         module.on_save_checkpoint(checkpoint)
         for cb in self.callbacks:
             if is_overridden("on_save_checkpoint", cb, Callback):
