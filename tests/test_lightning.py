@@ -871,3 +871,17 @@ def test_datamodule_save_hyperparameters_go_into_checkpoints():
     trainer.fit(Linear(), datamodule=data)
     trainer.save_checkpoint("h.ckpt")
     assert torch.load("h.ckpt", weights_only=False)["datamodule_hyper_parameters"] == {"n": 16, "note": "y"}
+
+
+def test_datamodule_from_datasets_and_verbose(capsys):
+    from tasktrain import DataModule
+
+    data = DataModule.from_datasets(loader(16).dataset, val_dataset=[loader(8).dataset, loader(16).dataset],
+                                    test_dataset=loader(8).dataset, batch_size=8)
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(_TwoLoaders(), datamodule=data)
+    assert trainer.num_training_batches == 2 and trainer.num_val_batches == [1, 2]
+    capsys.readouterr()
+    assert trainer.test(verbose=False)[0]["test_loss"] > 0 and "test:" not in capsys.readouterr().out
+    trainer.test(verbose=True)
+    assert "[tasktrain] test: test_loss=" in capsys.readouterr().out

@@ -23,6 +23,32 @@ class DataModule:
     # self.save_hyperparameters() in __init__, as in a TaskModule (kept in checkpoints as datamodule_hyper_parameters)
     save_hyperparameters = TaskModule.save_hyperparameters
 
+    @classmethod
+    def from_datasets(cls, train_dataset=None, val_dataset=None, test_dataset=None, predict_dataset=None,
+                      batch_size=1, num_workers=0, **datamodule_kwargs):
+        """A DataModule whose loader hooks wrap the given datasets (a list or dict of them: several loaders); the
+        training loader shuffles (Lightning's helper)."""
+        from torch.utils.data import DataLoader
+
+        def loaders(datasets, shuffle):
+            if datasets is None:
+                return None
+            def one(ds):
+                return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)
+
+            if isinstance(datasets, dict):
+                return {key: one(ds) for key, ds in datasets.items()}
+            if isinstance(datasets, (list, tuple)):
+                return [one(ds) for ds in datasets]
+            return one(datasets)
+
+        datamodule = cls(**datamodule_kwargs)
+        datamodule.train_dataloader = lambda: loaders(train_dataset, True)
+        datamodule.val_dataloader = lambda: loaders(val_dataset, False)
+        datamodule.test_dataloader = lambda: loaders(test_dataset, False)
+        datamodule.predict_dataloader = lambda: loaders(predict_dataset, False)
+        return datamodule
+
     def prepare_data(self):
         """Download or write files: runs in one process per machine, so never assign state here (use setup)."""
 

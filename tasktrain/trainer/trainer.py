@@ -397,9 +397,11 @@ class Trainer:
         return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
     def validate(self, module=None, dataloaders=None, ckpt_path=None, verbose=True, datamodule=None):
+        self._verbose = verbose  # False: the results are returned, not printed
         return self._run("validate", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
     def test(self, module=None, dataloaders=None, ckpt_path=None, verbose=True, datamodule=None):
+        self._verbose = verbose
         return self._run("test", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
     def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False, datamodule=None):
@@ -879,6 +881,7 @@ class Trainer:
         values = self._evaluate(stage, loaders, limits)
         if self.is_global_zero and values:
             self.log_to_loggers(self._metrics.logger_epoch_values(values))
+        if self.is_global_zero and values and getattr(self, "_verbose", True):
             print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
         # One dict per loader (Lightning's shape): its own suffixed metrics and those logged without a suffix.
         if len(loaders) == 1:
