@@ -885,3 +885,18 @@ def test_datamodule_from_datasets_and_verbose(capsys):
     assert trainer.test(verbose=False)[0]["test_loss"] > 0 and "test:" not in capsys.readouterr().out
     trainer.test(verbose=True)
     assert "[tasktrain] test: test_loss=" in capsys.readouterr().out
+
+
+def test_trainer_callback_views_and_ckpt_path(tmp_path):
+    from tasktrain import EarlyStopping, ProgressBar
+
+    stopper = EarlyStopping("val_loss")
+    trainer = Trainer(max_epochs=1, callbacks=[stopper], logger=False, default_root_dir=str(tmp_path))
+    assert trainer.early_stopping_callback is stopper and trainer.early_stopping_callbacks == [stopper]
+    assert isinstance(trainer.progress_bar_callback, ProgressBar) and trainer.ckpt_path is None
+    assert Trainer(**quiet()).progress_bar_callback is None and Trainer(**quiet()).early_stopping_callback is None
+    trainer.fit(Linear(), loader(8), loader(8))
+    trainer.save_checkpoint("c.ckpt")
+    again = Trainer(max_epochs=2, **quiet())
+    again.fit(Linear(), loader(8), loader(8), ckpt_path="c.ckpt")
+    assert again.ckpt_path == "c.ckpt"

@@ -263,6 +263,29 @@ class Trainer:
 
     # -- read-only views -------------------------------------------------------------------------------------------
     @property
+    def early_stopping_callbacks(self):
+        from tasktrain.callbacks import EarlyStopping
+
+        return [c for c in self.callbacks if isinstance(c, EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self):
+        """The first EarlyStopping callback, or None (Lightning's attribute)."""
+        found = self.early_stopping_callbacks
+        return found[0] if found else None
+
+    @property
+    def progress_bar_callback(self):
+        from tasktrain.callbacks import ProgressBar
+
+        return next((c for c in self.callbacks if isinstance(c, ProgressBar)), None)
+
+    @property
+    def ckpt_path(self):
+        """The checkpoint the current (or last) fit resumed from, or None."""
+        return self._resumed_from
+
+    @property
     def lightning_module(self):
         """Lightning's name for `trainer.module`, the TaskModule of the current (or last) run."""
         return self.module
