@@ -358,6 +358,19 @@ class Strategy:
         """Raise when `obj`, about to be saved by the main process alone, holds this strategy's shards instead of
         whole tensors (DeepSpeed ZeRO-3 placeholders). Default: nothing is sharded."""
 
+    def full_numel(self, param) -> int:
+        """How many elements `param` has in the user's module (a sharding engine's parameter holds only a shard of
+        them). Default: param.numel()."""
+        return param.numel()
+
+    def check_full_parameters(self, who: str):
+        """Raise when `who` (a callback, in words) needs each rank's module to hold its whole parameters (a copy of
+        the weights, a count of them) and this strategy shards them. Default: nothing is sharded."""
+
+    def check_param_groups_can_change(self, who: str):
+        """Raise when param groups that `who` adds to an optimizer after set-up would not be stepped (an engine that
+        copies the groups into its own optimizer at set-up). Default: the loop steps the optimizer as it is."""
+
     def save_checkpoint(self, checkpoint: dict, path: str):
         """Write a named checkpoint at `path` (a file; a directory for strategies whose ranks write shards), never
         leaving a broken one there. Every rank calls it. Default: rank 0 writes the file atomically."""

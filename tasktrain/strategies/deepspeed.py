@@ -592,6 +592,19 @@ class DeepSpeed(DDP):
         self._loaded_engine_state = True
         return ckpt
 
+    def full_numel(self, param) -> int:
+        return getattr(param, "ds_numel", param.numel())  # ZeRO-3: the parameter holds a shard, ds_numel the whole
+
+    def check_full_parameters(self, who: str):
+        if self.zero_stage() == 3:
+            raise ValueError(f"{who} needs the whole parameters on every rank, and DeepSpeed ZeRO stage 3 shards them. "
+                             "Use stage 1 or 2 (they shard the optimizer state only), or remove it.")
+
+    def check_param_groups_can_change(self, who: str):
+        raise ValueError(f"{who} adds param groups to the optimizer during training, and DeepSpeed copies the groups "
+                         "into its engine at set-up: the new ones would never be stepped. Use strategy='ddp', or "
+                         "train every parameter from the start.")
+
     def link_checkpoint(self, src, dst):
         """ModelCheckpoint's last.ckpt: a directory of hard links to `src`'s files (a copy where links fail)."""
         if self.is_global_zero:

@@ -66,6 +66,8 @@ class Trainer:
         deterministic=False,
         max_time=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT,
+        enable_model_summary=True,
+        profiler=None,
     ):
         # The launch config, the strategy and its precision, the accumulation: the Accelerator's rules too.
         # Arguments left at their defaults count as not given, so that `tasktrain launch`'s config fills them.
@@ -106,6 +108,7 @@ class Trainer:
         self.callbacks = self._default_callbacks(
             list(callbacks or []) if not isinstance(callbacks, Callback) else [callbacks],
             logger, enable_progress_bar, enable_checkpointing, gradient_clip_val, gradient_clip_algorithm, max_time,
+            enable_model_summary,
         )
 
         self.state = TrainState()
@@ -137,8 +140,9 @@ class Trainer:
         self._loss_window_start = 0
 
     # -- set-up helpers --------------------------------------------------------------------------------------------
-    def _default_callbacks(self, callbacks, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time):
-        from tasktrain.callbacks import ModelCheckpoint, ProgressBar, TensorBoardLogger
+    def _default_callbacks(self, callbacks, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time,
+                           model_summary):
+        from tasktrain.callbacks import ModelCheckpoint, ModelSummary, ProgressBar, TensorBoardLogger
         from tasktrain.callbacks.clipping import GradientClipping
         from tasktrain.callbacks.timer import Timer
 
@@ -154,6 +158,10 @@ class Trainer:
             callbacks.append(ProgressBar())
         if not progress_bar and any(isinstance(c, ProgressBar) for c in callbacks):
             raise ValueError("enable_progress_bar=False, but a ProgressBar is in callbacks: remove one of them.")
+        if model_summary and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(ModelSummary())
+        if not model_summary and any(isinstance(c, ModelSummary) for c in callbacks):
+            raise ValueError("enable_model_summary=False, but a ModelSummary is in callbacks: remove one of them.")
         if checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(ModelCheckpoint())
         if not checkpointing and any(isinstance(c, ModelCheckpoint) for c in callbacks):
@@ -395,6 +403,7 @@ class Trainer:
         # Data order: a function of (seed, epoch), the same seed on every rank.
         self.state = TrainState(data_seed=broadcast_seed(strategy), stage="fit")
         train_data = prepare_train_data(train_loader, strategy.world_size, strategy.global_rank, self.state.data_seed)
+        self.train_dataloader = train_data.loader
         self.num_training_batches = self._limit(train_data, self.limit_train_batches, "limit_train_batches")
         if self.num_training_batches is None and self.max_steps == -1:
             raise ValueError(
@@ -473,8 +482,6 @@ class Trainer:
         strategy, metrics, state = self.strategy, self._metrics, self.state
         num_batches = self.num_training_batches
         automatic = module.automatic_optimization
-        # In manual optimisation training_step steps the optimizers itself: every batch is a window of one.
-        accumulate = self.accumulate_grad_batches if automatic else 1
         optimizer = self.optimizers[0] if self.optimizers else None
         hooks = self._all_hooks
         val_every = self._val_every_n_batches()
@@ -484,6 +491,9 @@ class Trainer:
         metrics.set_stage("train", True, False)
         data.set_epoch(epoch)
         self._call("on_train_epoch_start")
+        # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read
+        # after the epoch-start hooks: a GradientAccumulationScheduler sets it there.
+        accumulate = self.accumulate_grad_batches if automatic else 1
         self._loss_window = []
         self._loss_window_start = start
 
