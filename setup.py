@@ -18,6 +18,8 @@ setup(
     extras_require={
         "wandb": ["wandb>=0.31,<1"],
         "mlflow": ["mlflow-skinny>=3.17,<4", "sqlalchemy>=2.0,<3", "alembic>=1.13,<2"],
+        # TaskCLI (tasktrain.cli): config files and command-line arguments from the classes' signatures
+        "cli": ["jsonargparse>=4.53,<5"],
     },
     entry_points={"console_scripts": ["tasktrain=tasktrain.cli.main:main"]},
 )

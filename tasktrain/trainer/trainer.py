@@ -26,6 +26,7 @@ import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
+from tasktrain.profilers import profiled_calls, profiled_iter, resolve_profiler
 from tasktrain.strategies.base import Plan
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
@@ -84,6 +85,9 @@ class Trainer:
         gradient_clip_val = runtime.gradient_clip_val
         # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
         self.stall_timeout = runtime.stall_timeout
+        # profiler (tasktrain/profilers.py): without one each loop action is a `with` on a shared no-op context
+        self.profiler = resolve_profiler(profiler)
+        self._profile = self.profiler.profile if self.profiler is not None else _no_profile
 
         if max_epochs is None and max_steps in (None, -1):
             max_epochs = 1000
@@ -274,6 +278,8 @@ class Trainer:
             for cb in self.callbacks:
                 if is_overridden(event, cb, Callback):
                     fns.append((False, partial(getattr(cb, event), self, module)))
+            if self.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
+                fns = profiled_calls(self.profiler, event, fns, module, self.callbacks)
             self._hooks[event] = fns
         # The hot-path events as plain lists of callables.
         self._module_hooks = {e: [f for is_mod, f in fns if is_mod] for e, fns in self._hooks.items()}
@@ -315,6 +321,9 @@ class Trainer:
         self._mark = self._watchdog.mark if self._watchdog is not None else no_mark
         self.module = module
         module.trainer = self
+        if self.profiler is not None:
+            self.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None, self.log_dir,
+                                strategy.is_global_zero, module)
         self._metrics = MetricStore(strategy)
         self._build_hooks(module)
         result = None
@@ -375,6 +384,9 @@ class Trainer:
             self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
             self.strategy.teardown()
             self._metrics = None
+            if self.profiler is not None:
+                self.profiler.describe()
+                self.profiler.teardown(stage)
 
     # -- fit ---------------------------------------------------------------------------------------------------------
     def _fit(self, module, train_loader, val_loader, ckpt_path):
@@ -398,7 +410,8 @@ class Trainer:
             automatic_optimization=module.automatic_optimization, loss_divided_by_window=True,
             clipping=self._clipping_requests(), has_lr_schedulers=bool(self.lr_scheduler_configs),
         )
-        _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+        with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+            _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
 
         # Data order: a function of (seed, epoch), the same seed on every rank.
         self.state = TrainState(data_seed=broadcast_seed(strategy), stage="fit")
@@ -463,7 +476,8 @@ class Trainer:
         self._call("on_train_start")
         while not self._done():
             epoch = self.state.epoch
-            self._train_epoch(module, train_data, epoch)
+            with self._profile("run_training_epoch"):
+                self._train_epoch(module, train_data, epoch)
             if self.should_stop or self._max_steps_reached():
                 break
             self.state.epoch += 1
@@ -483,7 +497,7 @@ class Trainer:
         num_batches = self.num_training_batches
         automatic = module.automatic_optimization
         optimizer = self.optimizers[0] if self.optimizers else None
-        hooks = self._all_hooks
+        hooks, profile = self._all_hooks, self._profile
         val_every = self._val_every_n_batches()
         start = state.batch_in_epoch
         mark, warm_up = self._mark, epoch == self._first_epoch  # watchdog (issue 19)
@@ -499,7 +513,7 @@ class Trainer:
 
         mark("fetching a batch", state.global_step, start, True)  # the loader's workers start: no deadline
         window_end = -1  # the index of the current accumulation window's last micro-batch
-        for batch_idx, batch, last_of_epoch in _epoch_batches(data, start, num_batches):
+        for batch_idx, batch, last_of_epoch in _epoch_batches(data, start, num_batches, self.profiler):
             if batch_idx > window_end:  # a window starts: its size is worked out once
                 window_start, window = accumulation_window(batch_idx, accumulate, num_batches)
                 window_end = window_start + window - 1
@@ -511,7 +525,8 @@ class Trainer:
                 fn(batch, batch_idx)
             if automatic:
                 with strategy.no_backward_sync(not ends_window):
-                    outputs = strategy.training_step(batch, batch_idx)
+                    with profile("training_step"):
+                        outputs = strategy.training_step(batch, batch_idx)
                     loss = self._loss_of(outputs, batch_idx)
                     self._loss_window.append(loss.detach())
                     if window > 1:
@@ -519,21 +534,25 @@ class Trainer:
                     for fn in hooks["on_before_backward"]:
                         fn(loss)
                     mark("backward", state.global_step, batch_idx, warm_up and batch_idx == start)
-                    strategy.backward(loss)
+                    with profile("backward"):
+                        strategy.backward(loss)
                     for fn in hooks["on_after_backward"]:
                         fn()
                 if ends_window:  # the window's last micro-batch: the one place the loop steps the optimizer
                     for fn in hooks["on_before_optimizer_step"]:
                         fn(optimizer)
-                    stepped = strategy.optimizer_step(optimizer)
+                    with profile("optimizer_step"):
+                        stepped = strategy.optimizer_step(optimizer)
                     for fn in hooks["on_before_zero_grad"]:
                         fn(optimizer)
-                    strategy.zero_grad(optimizer)
+                    with profile("optimizer_zero_grad"):
+                        strategy.zero_grad(optimizer)
                     state.global_step += 1
                     if stepped:
                         self._step_schedulers("step")
             else:
-                outputs = strategy.training_step(batch, batch_idx)
+                with profile("training_step"):
+                    outputs = strategy.training_step(batch, batch_idx)
             state.batch_in_epoch = batch_idx + 1
 
             if ends_window:
@@ -638,7 +657,8 @@ class Trainer:
     # -- evaluation ---------------------------------------------------------------------------------------------------
     def _evaluate_entry(self, stage, module, loader, ckpt_path, gather):
         strategy = self.strategy
-        strategy.setup_module_and_optimizers(module, [], Plan(training=False))
+        with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+            strategy.setup_module_and_optimizers(module, [], Plan(training=False))
         name = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
         loader = loader if loader is not None else getattr(module, name)()
         if loader is None:
@@ -678,7 +698,8 @@ class Trainer:
         self._call(f"on_{prefix}_epoch_start")
         with torch.inference_mode():
             mark("fetching a batch", step, 0, True)  # a loop's first batch may take long: no deadline
-            for batch_idx, batch in enumerate(loader):
+            batches = loader if self.profiler is None else profiled_iter(loader, self.profiler, f"{prefix}_dataloader_next")
+            for batch_idx, batch in enumerate(batches):
                 if limit is not None and batch_idx >= limit:
                     break
                 mark(f"{prefix}_step", step, batch_idx, batch_idx == 0)
@@ -686,7 +707,8 @@ class Trainer:
                 metrics.set_batch(batch)
                 for fn in hooks[f"on_{prefix}_batch_start"]:
                     fn(batch, batch_idx)
-                outputs = strategy.eval_step(step_fn, batch, batch_idx)
+                with self._profile(f"{prefix}_step"):
+                    outputs = strategy.eval_step(step_fn, batch, batch_idx)
                 for fn in hooks[f"on_{prefix}_batch_end"]:
                     fn(outputs, batch, batch_idx)
                 mark("fetching a batch", step, batch_idx + 1)
@@ -709,13 +731,15 @@ class Trainer:
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
         with torch.inference_mode():
             mark("fetching a batch", step, 0, True)
-            for batch_idx, batch in enumerate(loader):
+            batches = loader if self.profiler is None else profiled_iter(loader, self.profiler, "predict_dataloader_next")
+            for batch_idx, batch in enumerate(batches):
                 if limit is not None and batch_idx >= limit:
                     break
                 mark("predict_step", step, batch_idx, batch_idx == 0)
                 batch = self.strategy.batch_to_device(batch)
                 self._call("on_predict_batch_start", batch, batch_idx)
-                out = self.strategy.eval_step(module.predict_step, batch, batch_idx)
+                with self._profile("predict_step"):
+                    out = self.strategy.eval_step(module.predict_step, batch, batch_idx)
                 self._call("on_predict_batch_end", out, batch, batch_idx)
                 predictions.append(out)
                 mark("fetching a batch", step, batch_idx + 1)
@@ -849,8 +873,9 @@ class Trainer:
     def save_checkpoint(self, filepath, weights_only=False):
         """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
         with self.long_event("save_checkpoint"):  # may take long: not a stall (issue 19)
-            checkpoint = self.dump_checkpoint(weights_only)
-            self.strategy.save_checkpoint(checkpoint, filepath)
+            with self._profile("save_checkpoint"):
+                checkpoint = self.dump_checkpoint(weights_only)
+                self.strategy.save_checkpoint(checkpoint, filepath)
             if not weights_only and self.is_global_zero:
                 ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
 
@@ -1010,7 +1035,7 @@ class _StageRun:
         return collected["result"]
 
 
-def _epoch_batches(data, start, num_batches):
+def _epoch_batches(data, start, num_batches, profiler=None):
     """(index, batch, whether it is the epoch's last) for an epoch's batches from `start` on. With a known length
     the windows already end at the last batch (the flag stays False; zip runs in C, no Python frame per batch).
     Without one, a batch is read ahead, so that the last one is known while it is trained on: its window ends there.
@@ -1018,6 +1043,8 @@ def _epoch_batches(data, start, num_batches):
     if num_batches is not None and start >= num_batches:
         return ()  # resumed after the last batch: only the epoch's end is left to run
     data.skip(start)  # resumed mid-epoch: the sampler starts after the batches already trained on
+    if profiler is not None:
+        data = profiled_iter(data, profiler, "train_dataloader_next")
     if num_batches is not None:
         return zip(range(start, num_batches), data, itertools.repeat(False))
     return _read_ahead(iter(data), start)
@@ -1032,6 +1059,11 @@ def _read_ahead(iterator, index):
 
 
 _END = object()
+_NULL = contextlib.nullcontext()
+
+
+def _no_profile(action_name):
+    return _NULL
 
 
 def _is_one(value):
