@@ -21,13 +21,14 @@ import signal
 import sys
 import threading
 from functools import partial
+from typing import List, Optional, Union
 
 import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
-from tasktrain.profilers import profiled_calls, profiled_iter, resolve_profiler
-from tasktrain.strategies.base import Plan
+from tasktrain.profilers import Profiler, profiled_calls, profiled_iter, resolve_profiler
+from tasktrain.strategies.base import Plan, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
 from tasktrain.trainer.metrics import MetricStore
@@ -42,7 +43,7 @@ class Trainer:
         self,
         *,
         accelerator="auto",
-        strategy="auto",
+        strategy: Union[str, Strategy] = "auto",  # the annotations of object arguments: TaskCLI builds them from YAML
         devices="auto",
         num_nodes=None,
         precision=None,
@@ -58,8 +59,8 @@ class Trainer:
         accumulate_grad_batches=1,
         gradient_clip_val=None,
         gradient_clip_algorithm="norm",
-        callbacks=None,
-        logger=True,
+        callbacks: Optional[Union[List[Callback], Callback]] = None,
+        logger: Union[bool, Logger, List[Logger], None] = True,
         enable_progress_bar=True,
         enable_checkpointing=True,
         log_every_n_steps=50,
@@ -68,7 +69,7 @@ class Trainer:
         max_time=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT,
         enable_model_summary=True,
-        profiler=None,
+        profiler: Union[str, Profiler, None] = None,
     ):
         # The launch config, the strategy and its precision, the accumulation: the Accelerator's rules too.
         # Arguments left at their defaults count as not given, so that `tasktrain launch`'s config fills them.
