@@ -372,3 +372,97 @@ def test_model_summary_conflict_and_bad_depth():
     with pytest.raises(ValueError, match="max_depth"):
         ModelSummary(max_depth=-2)
     assert str(model_summary.summarize(torch.nn.Linear(1000, 1000))).splitlines()[-4].startswith("1.0 M")
+
+
+# -- BasePredictionWriter --------------------------------------------------------------------------------------------
+from tasktrain import BasePredictionWriter, GradientAccumulationScheduler  # noqa: E402
+
+
+class Writer(BasePredictionWriter):
+    def __init__(self, interval):
+        super().__init__(interval)
+        self.batches, self.epoch = [], None
+
+    def write_on_batch_end(self, trainer, module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.batches.append((batch_idx, list(batch_indices), prediction.clone(), dataloader_idx))
+
+    def write_on_epoch_end(self, trainer, module, predictions, batch_indices):
+        self.epoch = ([p.clone() for p in predictions], batch_indices)
+
+
+def test_prediction_writer_gets_the_dataset_indices_of_each_batch():
+    data = DataLoader(TensorDataset(torch.arange(10.0).unsqueeze(1).repeat(1, 4)), batch_size=4, shuffle=True)
+    writer = Writer("batch_and_epoch")
+    module = Linear()
+    out = Trainer(callbacks=[writer], **quiet()).predict(module, data)
+    assert [b[0] for b in writer.batches] == [0, 1, 2] and all(b[3] == 0 for b in writer.batches)
+    seen = [i for b in writer.batches for i in b[1]]
+    assert sorted(seen) == list(range(10)) and seen != list(range(10))  # shuffled: the indices tell the order
+    for _, indices, prediction, _ in writer.batches:
+        expected = module(torch.tensor(indices, dtype=torch.float32).unsqueeze(1).repeat(1, 4))
+        torch.testing.assert_close(prediction, expected.detach())
+    predictions, indices = writer.epoch
+    assert indices == [[b[1] for b in writer.batches]] and len(predictions) == 3 and len(out) == 3
+
+
+def test_return_predictions_false_keeps_nothing_but_an_epoch_writer_still_gets_them():
+    batch_writer, epoch_writer = Writer("batch"), Writer("epoch")
+    seen = []
+    probe = LambdaCallback(on_predict_batch_end=lambda trainer, *a: seen.append(len(trainer.predictions)))
+    trainer = Trainer(callbacks=[batch_writer, probe], **quiet())
+    assert trainer.predict(Linear(), loader(16), return_predictions=False) is None
+    assert len(batch_writer.batches) == 2 and seen == [0, 0]  # nothing held in memory
+    assert Trainer(callbacks=[epoch_writer], **quiet()).predict(Linear(), loader(16), return_predictions=False) is None
+    assert len(epoch_writer.epoch[0]) == 2 and epoch_writer.epoch[1] == [[list(range(8)), list(range(8, 16))]]
+    with pytest.raises(NotImplementedError, match="write_on_batch_end"):
+        Trainer(callbacks=[BasePredictionWriter("batch")], **quiet()).predict(Linear(), loader(8))
+    with pytest.raises(ValueError, match="write_interval"):
+        BasePredictionWriter("step")
+
+
+# -- GradientAccumulationScheduler ---------------------------------------------------------------------------------
+def test_gradient_accumulation_scheduler_changes_the_window_by_epoch():
+    steps = []
+    record = LambdaCallback(on_train_epoch_end=lambda trainer, module: steps.append(trainer.global_step))
+    sizes = []
+    record_window = LambdaCallback(on_before_optimizer_step=lambda trainer, module, opt: sizes.append(
+        trainer.accumulate_grad_batches))
+    trainer = Trainer(max_epochs=4, callbacks=[GradientAccumulationScheduler({1: 2, 3: 3}), record, record_window],
+                      **quiet())
+    trainer.fit(Linear(), loader(48))  # 6 batches per epoch
+    # epoch 0: 6 steps of 1; epochs 1-2: 3 steps of 2; epoch 3: 2 steps of 3
+    assert steps == [6, 9, 12, 14]
+    assert sizes == [1] * 6 + [2] * 6 + [3] * 2
+    assert trainer.accumulate_grad_batches == 1  # the Trainer's own setting again after fit
+
+
+def test_gradient_accumulation_scheduler_matches_a_hand_loop():
+    module = Linear()
+    Trainer(max_epochs=2, callbacks=[GradientAccumulationScheduler({1: 2})], **quiet()).fit(module, loader(32))
+    ref = Linear()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    batches = list(loader(32))
+    for x, y in batches:  # epoch 0: a step per batch
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    for i in range(0, 4, 2):  # epoch 1: windows of 2, each loss divided by 2
+        for x, y in batches[i:i + 2]:
+            (torch.nn.functional.mse_loss(ref(x), y) / 2).backward()
+        opt.step()
+        opt.zero_grad()
+    torch.testing.assert_close(module.layer.weight, ref.layer.weight)
+
+
+def test_gradient_accumulation_scheduler_refusals():
+    with pytest.raises(ValueError, match="both set the accumulation"):
+        Trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[GradientAccumulationScheduler({0: 2})],
+                **quiet()).fit(Linear(), loader(16))
+
+    class Manual(Linear):
+        automatic_optimization = False
+
+    with pytest.raises(ValueError, match="automatic optimisation"):
+        Trainer(max_epochs=1, callbacks=[GradientAccumulationScheduler({0: 2})], **quiet()).fit(Manual(), loader(16))
+    with pytest.raises(ValueError, match="integers >= 1"):
+        GradientAccumulationScheduler({0: 0})

@@ -5,9 +5,9 @@ dataloader_idx)` and/or `write_on_epoch_end(trainer, module, predictions, batch_
 `write_interval` is "batch", "epoch" or "batch_and_epoch". `batch_indices` are the dataset indices of the
 batch's samples (this rank's, on several processes), so predictions written per rank can be put back in order.
 
-With `trainer.predict(..., return_predictions=False)` the predictions are not kept in memory: a batch writer
-then holds only one batch at a time. An epoch writer needs them kept; that combination is refused before
-predicting.
+With `trainer.predict(..., return_predictions=False)` predict returns None and, with batch writers only, keeps no
+prediction in memory; an epoch writer gets them all at the end either way (they are kept for it, as in Lightning).
+`predictions` at the epoch's end and `batch_indices` are per loader: `batch_indices[0][i]` is the i-th batch's.
 """
 from tasktrain.callbacks.base import Callback
 
@@ -37,12 +37,6 @@ class BasePredictionWriter(Callback):
         raise NotImplementedError(f"{type(self).__name__}(write_interval={self.interval!r}) must define "
                                   "write_on_epoch_end(self, trainer, module, predictions, batch_indices).")
 
-    def on_predict_start(self, trainer, module):
-        if self.writes_on_epoch and not trainer.predict_keeps_predictions:
-            raise ValueError(f"{type(self).__name__}(write_interval={self.interval!r}) writes every prediction at "
-                             "the epoch's end, but predict(return_predictions=False) does not keep them. Use "
-                             "write_interval='batch', or return_predictions=True.")
-
     def on_predict_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
         if self.writes_on_batch:
             indices = trainer.predict_batch_indices[dataloader_idx][batch_idx]
@@ -50,4 +44,4 @@ class BasePredictionWriter(Callback):
 
     def on_predict_epoch_end(self, trainer, module):
         if self.writes_on_epoch:
-            self.write_on_epoch_end(trainer, module, trainer.predict_predictions, trainer.predict_batch_indices)
+            self.write_on_epoch_end(trainer, module, trainer.predictions, trainer.predict_batch_indices)

@@ -30,7 +30,7 @@ from tasktrain.callbacks.base import EVENTS, Callback, Logger
 from tasktrain.profilers import Profiler, profiled_calls, profiled_iter, resolve_profiler
 from tasktrain.strategies.base import Plan, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
-from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
+from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices
 from tasktrain.trainer.metrics import MetricStore
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
@@ -143,6 +143,7 @@ class Trainer:
         self._preempt_path = None
         self._loss_window = []
         self._loss_window_start = 0
+        self.predictions, self.predict_batch_indices = [], []  # of the predict run in progress (prediction writers)
 
     # -- set-up helpers --------------------------------------------------------------------------------------------
     def _default_callbacks(self, callbacks, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time,
@@ -301,8 +302,10 @@ class Trainer:
     def test(self, module=None, dataloaders=None, ckpt_path=None, verbose=True):
         return self._run("test", module, None, dataloaders, ckpt_path=ckpt_path)
 
-    def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False):
-        """Predictions of this rank, in loader order; with gather=True, every rank's, in dataset order."""
+    def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False, return_predictions=None):
+        """Predictions of this rank, in loader order; with gather=True, every rank's, in dataset order.
+        return_predictions=False keeps none in memory and returns None (a BasePredictionWriter writes them)."""
+        self._return_predictions = return_predictions is None or bool(return_predictions)
         return self._run("predict", module, None, dataloaders, ckpt_path=ckpt_path, gather=gather)
 
     def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False):
@@ -726,9 +729,17 @@ class Trainer:
     def _predict(self, module, loader, limit, gather):
         was_training = module.training
         module.eval()
+        # A prediction writer gets each batch's dataset indices; one that writes at the epoch's end, every prediction.
+        from tasktrain.callbacks.prediction_writer import BasePredictionWriter
+
+        writers = [c for c in self.callbacks if isinstance(c, BasePredictionWriter)]
+        keep = getattr(self, "_return_predictions", True) or any(w.writes_on_epoch for w in writers)
+        if writers:
+            loader, indices = record_batch_indices(loader)
+            self.predict_batch_indices = [indices]
+        self.predictions = predictions = []
         self._call("on_predict_start")
         self._call("on_predict_epoch_start")
-        predictions = []
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
         with torch.inference_mode():
             mark("fetching a batch", step, 0, True)
@@ -741,12 +752,16 @@ class Trainer:
                 self._call("on_predict_batch_start", batch, batch_idx)
                 with self._profile("predict_step"):
                     out = self.strategy.eval_step(module.predict_step, batch, batch_idx)
+                if keep:
+                    predictions.append(out)
                 self._call("on_predict_batch_end", out, batch, batch_idx)
-                predictions.append(out)
                 mark("fetching a batch", step, batch_idx + 1)
         self._call("on_predict_epoch_end")
         self._call("on_predict_end")
         module.train(was_training)
+        self.predictions, self.predict_batch_indices = [], []  # the writers are done with them
+        if not getattr(self, "_return_predictions", True):
+            return None
         if gather and self.world_size > 1:
             return _gather_predictions(self.strategy, predictions)
         return predictions
