@@ -466,3 +466,27 @@ def test_gradient_accumulation_scheduler_refusals():
         Trainer(max_epochs=1, callbacks=[GradientAccumulationScheduler({0: 2})], **quiet()).fit(Manual(), loader(16))
     with pytest.raises(ValueError, match="integers >= 1"):
         GradientAccumulationScheduler({0: 0})
+
+
+# -- under DeepSpeed (one process, the real engine) -------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parameters(capsys):
+    from tasktrain import DeepSpeed
+
+    with pytest.raises(ValueError, match="ZeRO stage 3 shards them"):
+        Trainer(strategy=DeepSpeed(stage=3), devices=1, max_epochs=1, callbacks=[EMAWeightAveraging()],
+                **quiet()).fit(Linear(), loader(16))
+    with pytest.raises(ValueError, match="DeepSpeed copies the groups"):
+        Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=1, callbacks=[BackboneFinetuning()],
+                **quiet()).fit(WithBackbone(), loader(16))
+    with pytest.raises(ValueError, match="accumulation"):
+        Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=1,
+                callbacks=[GradientAccumulationScheduler({1: 2})], **quiet()).fit(Linear(), loader(16))
+    capsys.readouterr()
+    module = WithBackbone()
+    module.example_input_array = torch.zeros(2, 4)
+    Trainer(strategy=DeepSpeed(stage=3), devices=1, max_epochs=1, limit_train_batches=1, logger=False,
+            enable_progress_bar=False, enable_checkpointing=False).fit(module, loader(16))
+    out = capsys.readouterr().out
+    # the whole parameters are counted, not the (empty) local shards; no forward on rank 0 alone
+    assert "65        Total params" in out and "56     | train" in out and "In sizes" not in out

@@ -265,6 +265,11 @@ class DeepSpeed(DDP):
         if self.engine is not None:
             raise ValueError("DeepSpeed trains one model with one optimizer per Accelerator: prepare a single model "
                              "and its optimizer together (use a separate Accelerator per model).")
+        if len({factor for _, factor in plan.accumulation_schedule}) > 1:
+            raise ValueError("DeepSpeed writes the accumulation into its config (gradient_accumulation_steps) once, at "
+                             "set-up, and this run changes it by epoch (GradientAccumulationScheduler: "
+                             f"{dict(plan.accumulation_schedule)}). Use one accumulate_grad_batches for the run, or "
+                             "strategy='ddp'.")
         self.module = module
         self.optimizers = list(optimizers)
         self._client_optimizer = self.optimizers[0] if self.optimizers else None

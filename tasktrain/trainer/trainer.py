@@ -413,6 +413,7 @@ class Trainer:
             accumulate_grad_batches=self.accumulate_grad_batches,
             automatic_optimization=module.automatic_optimization, loss_divided_by_window=True,
             clipping=self._clipping_requests(), has_lr_schedulers=bool(self.lr_scheduler_configs),
+            accumulation_schedule=self._accumulation_schedule(),
         )
         with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
             _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
@@ -975,6 +976,16 @@ class Trainer:
         return rng_state_of_this_rank(ckpt.get("rng_states"), self.strategy, path)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
+    def _accumulation_schedule(self):
+        """The epochs at which a GradientAccumulationScheduler changes the window: the plan tells the strategy, so an
+        engine that fixes the window at set-up refuses it there."""
+        from tasktrain.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
+
+        for cb in self.callbacks:
+            if isinstance(cb, GradientAccumulationScheduler):
+                return tuple(cb.accumulation_schedule.items())
+        return ()
+
     def _clipping_requests(self):
         """The clipping the GradientClipping callbacks (gradient_clip_val adds one) ask for at every optimizer step:
         the plan tells the strategy, so an engine that clips inside its step is set up with it."""
