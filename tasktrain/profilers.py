@@ -295,7 +295,7 @@ class PyTorchProfiler(Profiler):
 
 def _record_module_names(module):
     """Forward hooks that put each submodule's forward in a record_function range named after it."""
-    handles = []
+    handles, open_spans = [], {}  # id(submodule) -> its ranges in progress (a module may be re-entered)
     for name, layer in module.named_modules():
         if not name:
             continue
@@ -304,10 +304,10 @@ def _record_module_names(module):
         def pre(mod, args, label=label):
             span = torch.autograd.profiler.record_function(label)
             span.__enter__()
-            mod._tasktrain_spans = getattr(mod, "_tasktrain_spans", []) + [span]
+            open_spans.setdefault(id(mod), []).append(span)
 
         def post(mod, args, output):
-            spans = getattr(mod, "_tasktrain_spans", None)
+            spans = open_spans.get(id(mod))
             if spans:
                 spans.pop().__exit__(None, None, None)
 

@@ -33,7 +33,7 @@ def test_simple_profiler_times_the_loop_actions_and_the_overridden_hooks(tmp_pat
     assert counts["training_step"] == counts["backward"] == 8
     assert counts["optimizer_step"] == counts["optimizer_zero_grad"] == 4
     assert counts["run_training_epoch"] == 2 and counts["validation_step"] == 4
-    assert counts["train_dataloader_next"] == 10  # 4 batches + the end of the loader, per epoch
+    assert counts["train_dataloader_next"] == 8  # 4 batches per epoch (a loader with a length is not read past its end)
     assert counts["[TaskModule]Hooked.on_train_epoch_end"] == 2
     assert counts["[Callback]Counter.on_train_batch_end"] == 8
     assert "Percentage %" in text and text.startswith("Profiler Report (fit)")

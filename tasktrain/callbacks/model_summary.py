@@ -17,8 +17,7 @@ class Summary:
     """The summary of a module: one row per layer down to `max_depth`, and the totals."""
 
     def __init__(self, module, max_depth=1, numel=None, input_array=None, forward=None):
-        if not isinstance(max_depth, int) or max_depth < -1:
-            raise ValueError(f"max_depth={max_depth!r}: use -1 (every layer), 0 (no table) or a positive depth.")
+        _check_depth(max_depth)
         numel = numel or (lambda p: p.numel())
         self.max_depth = max_depth
         rows = []
@@ -78,7 +77,7 @@ def summarize(module, max_depth=1):
 
 class ModelSummary(Callback):
     def __init__(self, max_depth=1):
-        Summary(torch.nn.Module(), max_depth)  # check max_depth here, where it was written
+        _check_depth(max_depth)
         self.max_depth = max_depth
 
     def on_fit_start(self, trainer, module):
@@ -100,6 +99,11 @@ class ModelSummary(Callback):
         summary = Summary(module, self.max_depth, numel=strategy.full_numel, input_array=input_array,
                           forward=forward)
         print(summary, flush=True)
+
+
+def _check_depth(max_depth):
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < -1:
+        raise ValueError(f"max_depth={max_depth!r}: use -1 (every layer), 0 (no table) or a positive depth.")
 
 
 def _forward_in(strategy):
