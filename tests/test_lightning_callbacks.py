@@ -490,3 +490,22 @@ def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parame
     out = capsys.readouterr().out
     # the whole parameters are counted, not the (empty) local shards; no forward on rank 0 alone
     assert "65        Total params" in out and "56     | train" in out and "In sizes" not in out
+
+
+def test_swa_resume_continues_the_average_and_the_swa_schedule(tmp_path):
+    def swa():
+        return StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2, annealing_epochs=2, annealing_strategy="linear")
+
+    saver = LambdaCallback(on_train_epoch_end=lambda trainer, module: trainer.save_checkpoint(str(tmp_path / "e2.ckpt"))
+                           if trainer.current_epoch == 2 else None)
+    full = BNNet()
+    Trainer(max_epochs=4, callbacks=[swa(), saver], **quiet()).fit(full, loader(32))
+    ckpt = torch.load(tmp_path / "e2.ckpt", weights_only=True)
+    assert int(ckpt["averaging_state"]["n_averaged"]) == 2  # epochs 1 and 2
+    assert ckpt["callbacks"]["StochasticWeightAveraging"]["scheduler_state"] is not None
+    resumed = BNNet()
+    trainer = Trainer(max_epochs=4, callbacks=[swa()], **quiet())
+    trainer.fit(resumed, loader(32), ckpt_path=str(tmp_path / "e2.ckpt"))
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05)
+    for a, b in zip(resumed.state_dict().values(), full.state_dict().values()):
+        torch.testing.assert_close(a, b)
