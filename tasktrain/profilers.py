@@ -12,8 +12,8 @@ The Trainer profiles these actions (names as in Lightning where it has them):
     [Strategy]<name>.setup_module_and_optimizers, save_checkpoint,
     [Callback]<state_key>.<event>, [TaskModule]<class>.<event>      (each hook that is overridden)
 
-Without a profiler (the default) nothing is wrapped: the hooks are called as they are, and each loop action is a
-`with` on a shared no-op context. At the end of each run (fit, validate, test, predict), `describe()` prints the
+Without a profiler (the default) nothing is wrapped: the loop calls the strategy's methods and the hooks as they
+are (the few once-per-run actions are a `with` on a shared no-op context). At the end of each run (fit, validate, test, predict), `describe()` prints the
 summary on rank 0, or, with a `filename`, writes it to `dirpath/<stage>-<filename>[-<local rank>].txt` on every
 rank; `dirpath` defaults to the trainer's log_dir.
 """
@@ -341,7 +341,7 @@ def profiled_calls(profiler, event, fns, module, callbacks):
     names = iter([f"[Callback]{cb.state_key}.{event}" for cb in callbacks if _overrides(cb, event)])
     for is_module, fn in fns:
         name = f"[TaskModule]{type(module).__name__}.{event}" if is_module else next(names)
-        out.append((is_module, _wrap(profiler, name, fn)))
+        out.append((is_module, profiled(profiler, name, fn)))
     return out
 
 
@@ -352,7 +352,8 @@ def _overrides(cb, event):
     return is_overridden(event, cb, Callback)
 
 
-def _wrap(profiler, name, fn):
+def profiled(profiler, name, fn):
+    """`fn`, each call inside profiler.profile(name)."""
     def call(*args):
         with profiler.profile(name):
             return fn(*args)

@@ -82,6 +82,13 @@ def test_without_a_profiler_nothing_is_wrapped():
     assert trainer.profiler is None and trainer._profile("a") is trainer._profile("b")  # one shared no-op
     (hook,) = trainer._callback_hooks["on_train_batch_end"]
     assert hook.func.__self__.__class__ is Counter  # the callback's bound method itself, not a wrapper
+    # the loop calls the strategy's methods themselves: replacing one shows it is called directly, once per batch
+    calls = []
+    trainer = Trainer(max_epochs=1, **quiet(enable_model_summary=False))
+    original = trainer.strategy.training_step
+    trainer.strategy.training_step = lambda *a: calls.append(a[1]) or original(*a)
+    trainer.fit(Linear(), loader(16))
+    assert calls == [0, 1]
 
 
 def test_profiler_names():

@@ -27,7 +27,7 @@ import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
-from tasktrain.profilers import Profiler, profiled_calls, profiled_iter, resolve_profiler
+from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
 from tasktrain.strategies.base import Plan, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices
@@ -502,7 +502,16 @@ class Trainer:
         num_batches = self.num_training_batches
         automatic = module.automatic_optimization
         optimizer = self.optimizers[0] if self.optimizers else None
-        hooks, profile = self._all_hooks, self._profile
+        hooks = self._all_hooks
+        # The loop's actions: the strategy's own methods, or, with a profiler, the same inside its ranges (so that
+        # without one a step costs nothing more).
+        training_step, backward, optimizer_step, zero_grad = (
+            strategy.training_step, strategy.backward, strategy.optimizer_step, strategy.zero_grad)
+        if self.profiler is not None:
+            training_step, backward, optimizer_step, zero_grad = (
+                profiled(self.profiler, name, fn) for name, fn in (
+                    ("training_step", training_step), ("backward", backward), ("optimizer_step", optimizer_step),
+                    ("optimizer_zero_grad", zero_grad)))
         val_every = self._val_every_n_batches()
         start = state.batch_in_epoch
         mark, warm_up = self._mark, epoch == self._first_epoch  # watchdog (issue 19)
@@ -530,8 +539,7 @@ class Trainer:
                 fn(batch, batch_idx)
             if automatic:
                 with strategy.no_backward_sync(not ends_window):
-                    with profile("training_step"):
-                        outputs = strategy.training_step(batch, batch_idx)
+                    outputs = training_step(batch, batch_idx)
                     loss = self._loss_of(outputs, batch_idx)
                     self._loss_window.append(loss.detach())
                     if window > 1:
@@ -539,25 +547,21 @@ class Trainer:
                     for fn in hooks["on_before_backward"]:
                         fn(loss)
                     mark("backward", state.global_step, batch_idx, warm_up and batch_idx == start)
-                    with profile("backward"):
-                        strategy.backward(loss)
+                    backward(loss)
                     for fn in hooks["on_after_backward"]:
                         fn()
                 if ends_window:  # the window's last micro-batch: the one place the loop steps the optimizer
                     for fn in hooks["on_before_optimizer_step"]:
                         fn(optimizer)
-                    with profile("optimizer_step"):
-                        stepped = strategy.optimizer_step(optimizer)
+                    stepped = optimizer_step(optimizer)
                     for fn in hooks["on_before_zero_grad"]:
                         fn(optimizer)
-                    with profile("optimizer_zero_grad"):
-                        strategy.zero_grad(optimizer)
+                    zero_grad(optimizer)
                     state.global_step += 1
                     if stepped:
                         self._step_schedulers("step")
             else:
-                with profile("training_step"):
-                    outputs = strategy.training_step(batch, batch_idx)
+                outputs = training_step(batch, batch_idx)
             state.batch_in_epoch = batch_idx + 1
 
             if ends_window:
@@ -698,6 +702,8 @@ class Trainer:
         module.eval()
         metrics.set_stage(stage, False, True)
         hooks = self._all_hooks
+        eval_step = strategy.eval_step if self.profiler is None else profiled(self.profiler, f"{prefix}_step",
+                                                                              strategy.eval_step)
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
         self._call(f"on_{prefix}_start")
         self._call(f"on_{prefix}_epoch_start")
@@ -712,8 +718,7 @@ class Trainer:
                 metrics.set_batch(batch)
                 for fn in hooks[f"on_{prefix}_batch_start"]:
                     fn(batch, batch_idx)
-                with self._profile(f"{prefix}_step"):
-                    outputs = strategy.eval_step(step_fn, batch, batch_idx)
+                outputs = eval_step(step_fn, batch, batch_idx)
                 for fn in hooks[f"on_{prefix}_batch_end"]:
                     fn(outputs, batch, batch_idx)
                 mark("fetching a batch", step, batch_idx + 1)
@@ -742,6 +747,8 @@ class Trainer:
         self._call("on_predict_start")
         self._call("on_predict_epoch_start")
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
+        eval_step = self.strategy.eval_step if self.profiler is None else profiled(self.profiler, "predict_step",
+                                                                                   self.strategy.eval_step)
         with torch.inference_mode():
             mark("fetching a batch", step, 0, True)
             batches = loader if self.profiler is None else profiled_iter(loader, self.profiler, "predict_dataloader_next")
@@ -751,8 +758,7 @@ class Trainer:
                 mark("predict_step", step, batch_idx, batch_idx == 0)
                 batch = self.strategy.batch_to_device(batch)
                 self._call("on_predict_batch_start", batch, batch_idx)
-                with self._profile("predict_step"):
-                    out = self.strategy.eval_step(module.predict_step, batch, batch_idx)
+                out = eval_step(module.predict_step, batch, batch_idx)
                 if keep:
                     predictions.append(out)
                 self._call("on_predict_batch_end", out, batch, batch_idx)
