@@ -73,6 +73,9 @@ def test_run_false_builds_the_objects_and_bad_arguments_fail(tmp_path, capsys):
     assert cli.model.hparams.hidden == 2 and cli.trainer.max_steps == 5 and cli.subcommand is None
     cli.trainer.fit(cli.model)
     assert cli.trainer.global_step == 5
+    as_dict = TaskCLI(Regressor, run=False, args={"model": {"hidden": 5}, "seed_everything": False,
+                                                    "trainer": {"logger": False}})
+    assert as_dict.model.hparams.hidden == 5 and as_dict.trainer.loggers == []
     with pytest.raises(SystemExit):
         TaskCLI(Regressor, run=False, args=["--model.hiden", "2"])
     assert "hiden" in capsys.readouterr().err

@@ -20,7 +20,7 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
 - fit writes the config it ran with to `<trainer.log_dir>/config.yaml` (SaveConfigCallback, rank 0); an existing
   one is an error unless `save_config_kwargs={"overwrite": True}`.
 - `run=False`: no subcommand; the arguments are parsed and the objects built (`cli.trainer`, `cli.model`,
-  `cli.datamodule`, `cli.config`) for the script to use.
+  `cli.datamodule`, `cli.config`) for the script to use. `args` may be a list of words or a dict of the config.
 - Subclass hooks: `add_arguments_to_parser(parser)` (e.g. `parser.link_arguments("data.num_classes",
   "model.num_classes", apply_on="instantiate")`), `before_instantiate_classes()`, `before_<subcommand>()`,
   `after_<subcommand>()`.
@@ -105,7 +105,8 @@ class TaskCLI:
                 subcommands.add_subcommand(name, sub, help=description)
         else:
             self.parser = self._parser(parser_kwargs)
-        self.config = self.parser.parse_args(args)
+        # args: the command-line words (None: sys.argv[1:]), or a dict of the config itself (as LightningCLI takes)
+        self.config = self.parser.parse_object(args) if isinstance(args, dict) else self.parser.parse_args(args)
         self.subcommand = self.config.get("subcommand") if run else None
         self._seed()
         self.before_instantiate_classes()
