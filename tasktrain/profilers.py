@@ -7,15 +7,15 @@
 
 The Trainer profiles these actions (names as in Lightning where it has them):
 
-    run_training_epoch, run_training_batch, train_dataloader_next, training_step, backward,
-    optimizer_step, optimizer_zero_grad, validation_step, test_step, predict_step,
-    [Strategy]<name>.setup_module_and_optimizers, save_checkpoint,
+    run_training_epoch, train_dataloader_next, training_step, backward, optimizer_step, optimizer_zero_grad,
+    validation_step, test_step, predict_step, <stage>_dataloader_next (validation, test, predict),
+    [Strategy]<name>.setup_module_and_optimizers, save_checkpoint (during a run),
     [Callback]<state_key>.<event>, [TaskModule]<class>.<event>      (each hook that is overridden)
 
 Without a profiler (the default) nothing is wrapped: the loop calls the strategy's methods and the hooks as they
-are (the few once-per-run actions are a `with` on a shared no-op context). At the end of each run (fit, validate, test, predict), `describe()` prints the
-summary on rank 0, or, with a `filename`, writes it to `dirpath/<stage>-<filename>[-<local rank>].txt` on every
-rank; `dirpath` defaults to the trainer's log_dir.
+are (the few once-per-run actions are a `with` on a shared no-op context). At the end of each run (fit,
+validate, test, predict), `describe()` prints the summary on rank 0, or, with a `filename`, writes it to
+`dirpath/<stage>-<filename>[-<local rank>].txt` on every rank; `dirpath` defaults to the trainer's log_dir.
 """
 import contextlib
 import cProfile

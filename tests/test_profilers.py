@@ -74,6 +74,9 @@ def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
     data = RunProfileData.parse("fit-run", None, traces[0], str(tmp_path / "cache"))
     profile = RunGenerator("fit-run", None, data).generate_run_profile()
     assert {"overall", "operator", "trace"} <= {view.name for view in profile.views}
+    # a checkpoint saved after the run does not start the torn-down profiler again (it would never be stopped)
+    trainer.save_checkpoint(tmp_path / "after.ckpt")
+    assert trainer.profiler.profiler is None and os.path.exists(tmp_path / "after.ckpt")
 
 
 def test_without_a_profiler_nothing_is_wrapped():

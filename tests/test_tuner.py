@@ -7,6 +7,7 @@ from helpers import quiet
 from torch.utils.data import DataLoader, TensorDataset
 
 from tasktrain import ModelCheckpoint, TaskModule, Trainer
+from tasktrain.profilers import SimpleProfiler
 from tasktrain.tuner import Tuner
 from tasktrain.tuner import batch_size_scaling
 
@@ -50,7 +51,9 @@ def test_lr_find_suggests_a_rate_in_the_known_good_range_and_restores_everything
     module = Regressor(batch_size=64)
     before = {k: v.clone() for k, v in module.state_dict().items()}
     checkpoint = ModelCheckpoint(dirpath=tmp_path)
-    trainer = Trainer(max_epochs=3, callbacks=[checkpoint], logger=False, enable_progress_bar=False)
+    profiler = SimpleProfiler()
+    trainer = Trainer(max_epochs=3, callbacks=[checkpoint], logger=False, enable_progress_bar=False,
+                      profiler=profiler)
     callbacks = list(trainer.callbacks)
     finder = Tuner(trainer).lr_find(module, min_lr=1e-5, max_lr=10.0, num_training=100)
     lr = finder.suggestion()
@@ -62,6 +65,8 @@ def test_lr_find_suggests_a_rate_in_the_known_good_range_and_restores_everything
     for k, v in module.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert trainer.callbacks == callbacks and trainer.max_epochs == 3 and trainer.max_steps == -1
+    assert trainer.global_step == 0 and trainer.current_epoch == 0  # where it was, not where the sweep ended
+    assert trainer.profiler is profiler and not profiler.recorded_durations  # the sweep was not profiled
     assert not list(tmp_path.iterdir())  # nothing was checkpointed during the sweep
     trainer.fit(module)
     assert trainer.global_step == 3 * 4 and trainer.callback_metrics["val_loss"] < 0.5

@@ -86,9 +86,10 @@ class Trainer:
         gradient_clip_val = runtime.gradient_clip_val
         # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
         self.stall_timeout = runtime.stall_timeout
-        # profiler (tasktrain/profilers.py): without one each loop action is a `with` on a shared no-op context
+        # profiler (tasktrain/profilers.py): without one each loop action is a `with` on a shared no-op context.
+        # Bound again at each run's start (the tuner sets the profiler aside for its trials).
         self.profiler = resolve_profiler(profiler)
-        self._profile = self.profiler.profile if self.profiler is not None else _no_profile
+        self._profile = _no_profile
 
         if max_epochs is None and max_steps in (None, -1):
             max_epochs = 1000
@@ -325,6 +326,7 @@ class Trainer:
         self._mark = self._watchdog.mark if self._watchdog is not None else no_mark
         self.module = module
         module.trainer = self
+        self._profile = self.profiler.profile if self.profiler is not None else _no_profile
         if self.profiler is not None:
             self.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None, self.log_dir,
                                 strategy.is_global_zero, module)
@@ -391,6 +393,7 @@ class Trainer:
             if self.profiler is not None:
                 self.profiler.describe()
                 self.profiler.teardown(stage)
+                self._profile = _no_profile  # a save_checkpoint after the run would restart a torn-down profiler
 
     # -- fit ---------------------------------------------------------------------------------------------------------
     def _fit(self, module, train_loader, val_loader, ckpt_path):

@@ -5,8 +5,9 @@
     size = tuner.scale_batch_size(module)          # grows module.batch_size while a few steps still fit
     trainer.fit(module, ...)                       # the real run, from the module's original weights
 
-Both leave the module's weights and the trainer's settings as they found them (they run with the trainer's
-callbacks and loggers set aside: nothing is checkpointed or logged), and change only the attribute they tune.
+Both leave the module's weights and the trainer's settings and state (global_step, current_epoch) as they found
+them (they run with the trainer's callbacks, loggers and profiler set aside: nothing is checkpointed, logged or
+profiled), and change only the attribute they tune.
 They run on one process: on several, each rank's trials would have to agree on every outcome (an out-of-memory
 error on one rank leaves the others waiting); find the values in a one-process run and pass them in.
 """
@@ -67,12 +68,13 @@ def _fit_loaders(train, val, dataloaders, datamodule):
 
 
 _SETTINGS = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "val_check_interval",
-             "check_val_every_n_epoch", "num_sanity_val_steps", "callbacks", "accumulate_grad_batches")
+             "check_val_every_n_epoch", "num_sanity_val_steps", "callbacks", "accumulate_grad_batches", "profiler",
+             "state")
 
 
 class _tuning:
-    """Set the trainer up for trials (no callbacks, loggers or sanity check) and put everything back after,
-    the module's weights and buffers included."""
+    """Set the trainer up for trials (no callbacks, loggers, profiler or sanity check) and put everything back
+    after: its settings, where it is (global_step, current_epoch), and the module's weights and buffers."""
 
     def __init__(self, trainer, model, name):
         if trainer.world_size > 1:
@@ -83,8 +85,10 @@ class _tuning:
     def __enter__(self):
         self.settings = {name: getattr(self.trainer, name) for name in _SETTINGS}
         self.settings["callbacks"] = list(self.trainer.callbacks)
+        self.settings["state"] = copy.deepcopy(self.trainer.state)
         self.weights = copy.deepcopy(self.model.state_dict())
         self.trainer.callbacks = []
+        self.trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
         self.trainer.num_sanity_val_steps = 0
         return self
 
