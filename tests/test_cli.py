@@ -92,3 +92,52 @@ def test_a_clear_error_without_the_extra(monkeypatch):
 def test_importing_tasktrain_cli_does_not_import_jsonargparse():
     code = "import sys, tasktrain, tasktrain.cli; assert 'jsonargparse' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def _regressor():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    try:
+        from train import Regressor
+    finally:
+        sys.path.pop(0)
+    return Regressor
+
+
+def test_optimizer_and_lr_scheduler_groups_replace_configure_optimizers(tmp_path, monkeypatch):
+    import torch
+
+    from tasktrain.cli import TaskCLI
+
+    monkeypatch.chdir(tmp_path)
+    Regressor = _regressor()
+    quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--seed_everything", "1",
+             "--trainer.enable_model_summary", "false"]
+    with pytest.warns(UserWarning, match="Regressor.configure_optimizers is replaced by the --optimizer"):
+        cli = TaskCLI(Regressor, args=["fit", "--trainer.max_epochs", "2", "--optimizer", "Adam", "--optimizer.lr",
+                                       "0.01", "--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1",
+                                       "--lr_scheduler.gamma", "0.5", *quiet])
+    (optimizer,) = cli.trainer.optimizers
+    assert type(optimizer) is torch.optim.Adam and cli.trainer.global_step == 8
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5 ** 2)  # StepLR stepped at both epoch ends
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())  # the saved config repeats them
+    assert saved["optimizer"]["class_path"] == "torch.optim.Adam" and saved["optimizer"]["init_args"]["lr"] == 0.01
+    assert saved["lr_scheduler"]["class_path"] == "torch.optim.lr_scheduler.StepLR"
+
+    # ReduceLROnPlateau watches the metric its config names
+    config = {"trainer": {"max_epochs": 2, "logger": False, "enable_progress_bar": False,
+                          "enable_checkpointing": False, "enable_model_summary": False},
+              "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1}},
+              "lr_scheduler": {"class_path": "tasktrain.cli.ReduceLROnPlateau",
+                               "init_args": {"monitor": "val_loss", "patience": 0, "factor": 0.5}},
+              "seed_everything": False}
+    with pytest.warns(UserWarning):
+        cli = TaskCLI(Regressor, run=False, args=config)
+    cli.trainer.fit(cli.model)
+    (scheduler,) = cli.trainer.lr_scheduler_configs
+    assert scheduler.monitor == "val_loss" and type(cli.trainer.optimizers[0]) is torch.optim.SGD
+    # without --optimizer the module's own configure_optimizers builds it
+    cli = TaskCLI(Regressor, run=False, args={"trainer": {"logger": False}, "seed_everything": False})
+    assert cli.model.configure_optimizers.__func__ is Regressor.configure_optimizers
+    # a scheduler with no optimizer to build it on is an error, not a scheduler left out
+    with pytest.raises(ValueError, match="--lr_scheduler was given without --optimizer"):
+        TaskCLI(Regressor, run=False, args=["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1"])

@@ -19,17 +19,26 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   so that the saved config repeats the run; an int seeds with it; false does not seed.
 - fit writes the config it ran with to `<trainer.log_dir>/config.yaml` (SaveConfigCallback, rank 0); an existing
   one is an error unless `save_config_kwargs={"overwrite": True}`.
+- `--optimizer` / `--lr_scheduler` (`auto_configure_optimizers=True`): any torch optimizer and scheduler, e.g.
+  `--optimizer Adam --optimizer.lr 0.01 --lr_scheduler StepLR --lr_scheduler.step_size 10`. Given, they replace
+  the module's configure_optimizers (a warning says so when the module defines one); ReduceLROnPlateau is this
+  module's subclass with `monitor`. A scheduler without an optimizer is an error.
 - `run=False`: no subcommand; the arguments are parsed and the objects built (`cli.trainer`, `cli.model`,
   `cli.datamodule`, `cli.config`) for the script to use. `args` may be a list of words or a dict of the config.
 - Subclass hooks: `add_arguments_to_parser(parser)` (e.g. `parser.link_arguments("data.num_classes",
   "model.num_classes", apply_on="instantiate")`), `before_instantiate_classes()`, `before_<subcommand>()`,
   `after_<subcommand>()`.
 
-Not here (LightningCLI has them): `--optimizer` / `--lr_scheduler` groups (configure_optimizers stays the
-module's), and environment-variable parsing.
+Not here (LightningCLI has them): several optimizers through add_optimizer_args' link_to, and
+environment-variable parsing.
 """
+import functools
+import importlib
 import os
 import random
+import warnings
+
+import torch
 
 from tasktrain.callbacks.base import Callback
 
@@ -74,10 +83,43 @@ class SaveConfigCallback(Callback):
         self.already_saved = True
 
 
+class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
+    """torch's ReduceLROnPlateau with the metric it watches (`monitor`), for `--lr_scheduler` in a config."""
+
+    def __init__(self, optimizer, monitor, mode="min", factor=0.1, patience=10, threshold=1e-4,
+                 threshold_mode="rel", cooldown=0, min_lr=0.0, eps=1e-8):
+        super().__init__(optimizer, mode=mode, factor=factor, patience=patience, threshold=threshold,
+                         threshold_mode=threshold_mode, cooldown=cooldown, min_lr=min_lr, eps=eps)
+        self.monitor = monitor
+
+
+def _build(init, *args):
+    """The object a {class_path, init_args} config names, built with `args` first."""
+    module_name, _, name = init["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module_name), name)
+    return cls(*args, **dict(init.get("init_args") or {}))
+
+
+def _configured_optimizers(module, optimizer_init, scheduler_init):
+    """configure_optimizers from the --optimizer and --lr_scheduler configs."""
+    optimizer = _build(optimizer_init, module.parameters())
+    if scheduler_init is None:
+        return optimizer
+    scheduler = _build(scheduler_init, optimizer)
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        monitor = getattr(scheduler, "monitor", None)
+        if monitor is None:
+            raise ValueError("--lr_scheduler torch.optim.lr_scheduler.ReduceLROnPlateau does not say which metric it "
+                             "watches: use tasktrain.cli.ReduceLROnPlateau with --lr_scheduler.monitor val_loss.")
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": monitor}}
+    return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+
 class TaskCLI:
     def __init__(self, model_class=None, datamodule_class=None, save_config_callback=SaveConfigCallback,
                  save_config_kwargs=None, trainer_class=None, trainer_defaults=None, seed_everything_default=True,
-                 parser_kwargs=None, subclass_mode_model=False, subclass_mode_data=False, args=None, run=True):
+                 parser_kwargs=None, subclass_mode_model=False, subclass_mode_data=False, args=None, run=True,
+                 auto_configure_optimizers=True):
         jsonargparse = _jsonargparse()
         if trainer_class is None:
             from tasktrain.trainer.trainer import Trainer as trainer_class
@@ -92,6 +134,7 @@ class TaskCLI:
         self.save_config_kwargs = dict(save_config_kwargs or {})
         self.seed_everything_default = seed_everything_default
         self.subclass_mode_model, self.subclass_mode_data = subclass_mode_model, subclass_mode_data
+        self.auto_configure_optimizers = auto_configure_optimizers
         self._jsonargparse = jsonargparse
 
         parser_kwargs = dict(parser_kwargs or {})
@@ -114,6 +157,8 @@ class TaskCLI:
         here = self.config_init[self.subcommand] if self.subcommand else self.config_init
         self.datamodule = here.get("data") if datamodule_class is not None else None
         self.model = here.get("model")
+        if self.auto_configure_optimizers:
+            self._add_configure_optimizers(here.get("optimizer"), here.get("lr_scheduler"))
         self.trainer = self.instantiate_trainer(here)
         if self.subcommand:
             self._run_subcommand(self.subcommand)
@@ -147,6 +192,12 @@ class TaskCLI:
                 parser.add_subclass_arguments(self.datamodule_class, "data", required=True, fail_untyped=False)
             else:
                 parser.add_class_arguments(self.datamodule_class, "data", fail_untyped=False, sub_configs=True)
+        if self.auto_configure_optimizers:
+            parser.add_subclass_arguments(torch.optim.Optimizer, "optimizer", skip={"params"}, instantiate=False,
+                                          required=False, fail_untyped=False, default=None)
+            parser.add_subclass_arguments((torch.optim.lr_scheduler.LRScheduler, ReduceLROnPlateau), "lr_scheduler",
+                                          skip={"optimizer"}, instantiate=False, required=False, fail_untyped=False,
+                                          default=None)
         self.add_arguments_to_parser(parser)
         return parser
 
@@ -187,12 +238,28 @@ class TaskCLI:
             config["seed_everything"] = seed  # the saved config repeats this run
         seed_everything(seed)
 
+    def _add_configure_optimizers(self, optimizer_init, scheduler_init):
+        if optimizer_init is None:
+            if scheduler_init is not None:
+                raise ValueError("--lr_scheduler was given without --optimizer: the scheduler would be built on an "
+                                 "optimizer of the module's configure_optimizers that the CLI cannot see. Give "
+                                 "--optimizer too, or build the scheduler in configure_optimizers.")
+            return
+        from tasktrain.trainer.module import TaskModule, is_overridden
+
+        if is_overridden("configure_optimizers", self.model, TaskModule):
+            warnings.warn(f"{type(self.model).__name__}.configure_optimizers is replaced by the --optimizer "
+                          f"({optimizer_init['class_path']}) and --lr_scheduler given to {type(self).__name__}.")
+        self.model.configure_optimizers = functools.partial(_configured_optimizers, self.model, optimizer_init,
+                                                            scheduler_init)
+
     def _run_subcommand(self, subcommand):
         hook = getattr(self, f"before_{subcommand}", None)
         if callable(hook):
             hook()
         kwargs = {k: v for k, v in vars(self.config_init[subcommand]).items()
-                  if k not in ("config", "seed_everything", "trainer", "model", "data", "__path__")}
+                  if k not in ("config", "seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler",
+                               "__path__")}
         if self.datamodule is not None:
             kwargs["datamodule"] = self.datamodule
         getattr(self.trainer, subcommand)(self.model, **kwargs)
