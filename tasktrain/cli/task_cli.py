@@ -16,7 +16,8 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
 - Objects are given as `class_path` / `init_args`: `--trainer.callbacks+=EarlyStopping --trainer.callbacks.monitor
   val_loss`, or in YAML. `subclass_mode_model=True` takes the model class itself from the config that way.
 - `--seed_everything`: true (the default, `seed_everything_default`) draws a seed and writes it into the config,
-  so that the saved config repeats the run; an int seeds with it; false does not seed.
+  so that the saved config repeats the run; an int seeds with it; false does not seed. (Processes started by a
+  launcher each draw their own: give an int for a multi-process run that repeats exactly.)
 - fit writes the config it ran with to `<trainer.log_dir>/config.yaml` (SaveConfigCallback, rank 0); an existing
   one is an error unless `save_config_kwargs={"overwrite": True}`.
 - `--optimizer` / `--lr_scheduler` (`auto_configure_optimizers=True`): any torch optimizer and scheduler, e.g.
