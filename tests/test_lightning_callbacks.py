@@ -482,6 +482,8 @@ def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parame
     with pytest.raises(ValueError, match="accumulation"):
         Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=1,
                 callbacks=[GradientAccumulationScheduler({1: 2})], **quiet()).fit(Linear(), loader(16))
+    with pytest.raises(ValueError, match="Unfreezer changed which parameters require gradients"):
+        DeepSpeed(stage=2).trainable_parameters_changed("Unfreezer")
     capsys.readouterr()
     module = WithBackbone()
     module.example_input_array = torch.zeros(2, 4)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from ddp_scripts import common
 from ddp_scripts.common import run, script
 
 
@@ -39,6 +40,12 @@ def test_callbacks_profiler_and_refusals_on_two_processes(ran):
     assert stdout.count("Trainable params") == 1
     assert facts[0]["accumulated_steps"] == facts[1]["accumulated_steps"] == 4 + 2
     assert facts[0]["predict_indices"] == list(range(0, 32, 2)) and facts[1]["predict_indices"] == list(range(1, 32, 2))
+    # an unfrozen backbone trains as one process with the whole batch would (torch's DDP built with it frozen
+    # would leave its gradients unsynchronised: each rank's backbone would drift apart)
+    reference = common.finetuning_reference()
+    for rank_facts in facts:
+        for got, want in zip(rank_facts["finetuned"], reference):
+            assert got == pytest.approx(want, abs=1e-5)
     for rank_facts in facts:
         assert len(rank_facts["refusals"]) == 2
         assert "one process only" in rank_facts["refusals"][0] and "runs on one process" in rank_facts["refusals"][1]

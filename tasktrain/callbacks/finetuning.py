@@ -9,11 +9,19 @@ raises that rate each epoch.
 
 The param groups it added are saved in checkpoints (by parameter name) and added back on resume before the
 optimizer's own state is loaded, so a resumed run has the same groups, rates and moments.
+
+When parameters start requiring gradients, the strategy is told (`trainable_parameters_changed`): DDP builds its
+wrapper again, since torch's DDP syncs only the gradients of parameters that required them when it was built
+(without that, an unfrozen backbone would train apart on each rank); DeepSpeed refuses at set-up.
 """
 from torch.nn import Module, ModuleDict
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from tasktrain.callbacks.base import Callback
+
+
+def _trainable(module):
+    return [p.requires_grad for p in module.parameters()]
 
 
 def multiplicative(epoch):
@@ -117,6 +125,7 @@ class BaseFinetuning(Callback):
             return
         self._internal_optimizer_metadata = {int(k): v for k, v in state["internal_optimizer_metadata"].items()}
         by_name = dict(module.named_parameters())
+        before = _trainable(module)
         for index, optimizer in enumerate(trainer.optimizers):
             saved = self._internal_optimizer_metadata.get(index)
             if not saved:
@@ -126,11 +135,19 @@ class BaseFinetuning(Callback):
                 for param in params:
                     param.requires_grad = True
                 optimizer.add_param_group({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+        self._trainable_changed(trainer, module, before)
 
     def on_train_epoch_start(self, trainer, module):
+        before = _trainable(module)
         for index, optimizer in enumerate(trainer.optimizers):
             self.finetune_function(module, trainer.current_epoch, optimizer)
             self._store(module, index, optimizer)
+        self._trainable_changed(trainer, module, before)
+
+    def _trainable_changed(self, trainer, module, before):
+        # every rank unfreezes at the same epoch: the strategy rebuilds what synchronises gradients (DDP's wrapper)
+        if _trainable(module) != before:
+            trainer.strategy.trainable_parameters_changed(type(self).__name__)
 
     def _store(self, module, index, optimizer):
         names = {id(p): n for n, p in module.named_parameters()}

@@ -373,6 +373,12 @@ class Strategy:
         """Raise when param groups that `who` adds to an optimizer after set-up would not be stepped (an engine that
         copies the groups into its own optimizer at set-up). Default: the loop steps the optimizer as it is."""
 
+    def trainable_parameters_changed(self, who: str):
+        """Called on every rank at the same point of training after `who` (a callback, in words) changed which of
+        the module's parameters require gradients (a fine-tuning callback unfreezing a part). A strategy that fixed
+        that set at set-up rebuilds what depends on it, or raises. Default: backward and the optimizer read
+        requires_grad as it is, nothing to do."""
+
     def save_checkpoint(self, checkpoint: dict, path: str):
         """Write a named checkpoint at `path` (a file; a directory for strategies whose ranks write shards), never
         leaving a broken one there. Every rank calls it. Default: rank 0 writes the file atomically."""

@@ -610,6 +610,11 @@ class DeepSpeed(DDP):
                          "into its engine at set-up: the new ones would never be stepped. Use strategy='ddp', or "
                          "train every parameter from the start.")
 
+    def trainable_parameters_changed(self, who: str):
+        raise ValueError(f"{who} changed which parameters require gradients during training, and DeepSpeed built its "
+                         "engine's optimizer and gradient partitions from those that required them at set-up. Set "
+                         "requires_grad before training, or use strategy='ddp'.")
+
     def link_checkpoint(self, src, dst):
         """ModelCheckpoint's last.ckpt: a directory of hard links to `src`'s files (a copy where links fail)."""
         if self.is_global_zero:

@@ -12,8 +12,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import common
-from tasktrain import (BasePredictionWriter, CSVLogger, EMAWeightAveraging, GradientAccumulationScheduler,
-                       ModelCheckpoint, OnExceptionCheckpoint, TaskModule, ThroughputMonitor, Trainer)
+from tasktrain import (BackboneFinetuning, BasePredictionWriter, CSVLogger, EMAWeightAveraging,
+                       GradientAccumulationScheduler, ModelCheckpoint, OnExceptionCheckpoint, TaskModule,
+                       ThroughputMonitor, Trainer)
 from tasktrain.profilers import SimpleProfiler
 from tasktrain.tuner import Tuner
 
@@ -76,7 +77,27 @@ writer = Indices()
 Trainer(logger=False, enable_checkpointing=False, callbacks=[writer], **common_args).predict(Regression(), data)
 facts["predict_indices"] = writer.seen
 
-# 4. what refuses several processes, on every rank alike
+# 4. BackboneFinetuning: the backbone unfrozen at epoch 1 trains in step on both ranks (DDP's wrapper rebuilt)
+class WithBackbone(TaskModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone, self.head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.head(self.backbone(x)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(filter(lambda p: p.requires_grad, self.parameters()), lr=0.1)
+
+
+module = WithBackbone()
+Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_model_summary=False,
+        callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=1)], **common_args).fit(module, data)
+facts["finetuned"] = [p.detach().flatten().tolist() for p in module.parameters()]
+
+# 5. what refuses several processes, on every rank alike
 refusals = []
 try:
     Trainer(max_epochs=1, logger=False, enable_checkpointing=False, callbacks=[OnExceptionCheckpoint(out)],
