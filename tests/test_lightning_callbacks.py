@@ -482,6 +482,14 @@ def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parame
     with pytest.raises(ValueError, match="accumulation"):
         Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=1,
                 callbacks=[GradientAccumulationScheduler({1: 2})], **quiet()).fit(Linear(), loader(16))
+    # a schedule with one window for the whole run is that window for the engine, not the plan's default of 1
+    windows = []
+    probe = LambdaCallback(on_train_start=lambda trainer, module: windows.append(
+        trainer.strategy.engine.gradient_accumulation_steps()))
+    trainer = Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=1, **quiet(enable_model_summary=False),
+                      callbacks=[GradientAccumulationScheduler({0: 2}), probe])
+    trainer.fit(Linear(), loader(16))
+    assert windows == [2] and trainer.global_step == 1
     with pytest.raises(ValueError, match="Unfreezer changed which parameters require gradients"):
         DeepSpeed(stage=2).trainable_parameters_changed("Unfreezer")
     capsys.readouterr()

@@ -63,8 +63,9 @@ class Plan:
     #                           False: the caller calls the returned model as the module itself (the Accelerator)
     micro_batch_size: Optional[int] = None  # samples per micro-batch and process; None: not known
     accumulate_grad_batches: int = 1  # micro-batches per optimizer step
-    accumulation_schedule: tuple = ()  # ((first epoch, micro-batches per step), ...) when the window changes by
-    #                                    epoch (GradientAccumulationScheduler); empty: accumulate_grad_batches always
+    accumulation_schedule: tuple = ()  # ((first epoch, micro-batches per step), ...) when the window is set by
+    #                                    epoch (GradientAccumulationScheduler; it then decides the window, and
+    #                                    accumulate_grad_batches is 1); empty: accumulate_grad_batches always
     automatic_optimization: bool = True  # the loop steps the optimizer; False: the module's own training_step does,
     #                                      once per backward (each backward closes its own window)
     loss_divided_by_window: bool = True  # the loop divides each micro-batch's loss by its window before backward

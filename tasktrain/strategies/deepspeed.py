@@ -265,7 +265,8 @@ class DeepSpeed(DDP):
         if self.engine is not None:
             raise ValueError("DeepSpeed trains one model with one optimizer per Accelerator: prepare a single model "
                              "and its optimizer together (use a separate Accelerator per model).")
-        if len({factor for _, factor in plan.accumulation_schedule}) > 1:
+        scheduled = {factor for _, factor in plan.accumulation_schedule}
+        if len(scheduled) > 1:
             raise ValueError("DeepSpeed writes the accumulation into its config (gradient_accumulation_steps) once, at "
                              "set-up, and this run changes it by epoch (GradientAccumulationScheduler: "
                              f"{dict(plan.accumulation_schedule)}). Use one accumulate_grad_batches for the run, or "
@@ -285,8 +286,10 @@ class DeepSpeed(DDP):
                           "uses it only for its throughput figures; pass DeepSpeed(micro_batch_size=N) to set it.")
             micro = 1
         # Manual optimisation steps where the user says: each backward closes its own window.
+        # A schedule with one factor for every epoch ({0: 4}) is that window for the whole run.
+        planned = scheduled.pop() if scheduled else plan.accumulate_grad_batches
         accumulate = _agree("accumulate_grad_batches", self.accumulate_grad_batches,
-                            plan.accumulate_grad_batches if plan.automatic_optimization else 1)
+                            planned if plan.automatic_optimization else 1)
         clipping = _agree("gradient_clipping", self.gradient_clipping, _clip_norm_of(plan.clipping))
         if plan.has_lr_schedulers and "scheduler" in (self.user_config or {}):
             raise ValueError("The DeepSpeed config has a \"scheduler\" section and the run steps a scheduler of its "
