@@ -46,6 +46,12 @@ def test_callbacks_profiler_and_refusals_on_two_processes(ran):
     for rank_facts in facts:
         for got, want in zip(rank_facts["finetuned"], reference):
             assert got == pytest.approx(want, abs=1e-5)
+    # SWA's BatchNorm statistics: each rank's shard merged into those of the whole training set, on both ranks
+    x, _ = common.regression_data()
+    mean, var = facts[0]["swa_norm"]
+    assert facts[1]["swa_norm"][0] == pytest.approx(mean, abs=1e-6)
+    assert facts[1]["swa_norm"][1] == pytest.approx(var, abs=1e-6)
+    assert mean == pytest.approx(x.mean(0).tolist(), abs=1e-5)
     for rank_facts in facts:
         assert len(rank_facts["refusals"]) == 2
         assert "one process only" in rank_facts["refusals"][0] and "runs on one process" in rank_facts["refusals"][1]

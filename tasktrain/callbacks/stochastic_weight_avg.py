@@ -15,7 +15,9 @@ weights of each epoch's end; when training ends the module holds the average.
   with one pass over the training loader in train mode without gradients, calling `module(batch[0])` for a
   list/tuple batch and `module(batch)` otherwise (torch's `update_bn` convention; Lightning runs an extra epoch
   of training_step without backward instead). A module whose forward wants something else overrides
-  `update_batch_norm(trainer, module)`.
+  `update_batch_norm(trainer, module)`. On several processes each rank passes over its own shard, and the ranks'
+  statistics are then merged (mean of the means; mean of the variances plus the variance of the means), so every
+  rank ends with the same module.
 - Checkpoints hold the average as WeightAveraging's do ("state_dict" the average, "current_model_state" the
   weights being trained) and the SWALR state; a resume continues both.
 
@@ -114,6 +116,8 @@ class StochasticWeightAveraging(WeightAveraging):
         from torch.optim.swa_utils import update_bn
 
         update_bn(_inputs(trainer.train_dataloader, trainer.strategy), module)
+        if trainer.world_size > 1:
+            _merge_batch_norm_statistics(module, trainer.strategy)
 
     def state_dict(self):
         return {**super().state_dict(),
@@ -128,6 +132,20 @@ class StochasticWeightAveraging(WeightAveraging):
         if stage == "fit":
             self._scheduler = None
             self._scheduler_state = None
+
+
+def _merge_batch_norm_statistics(module, strategy):
+    """Each rank saw its own shard of the training data: the statistics of the whole are the mean of the ranks'
+    means, and the mean of their variances plus the variance of their means (shards of equal size). Every rank then
+    holds the same module."""
+    for layer in module.modules():
+        if not isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) or layer.running_mean is None:
+            continue
+        mean = strategy.reduce(layer.running_mean, "mean")
+        mean_of_squares = strategy.reduce(layer.running_mean * layer.running_mean, "mean")
+        var = strategy.reduce(layer.running_var, "mean") + (mean_of_squares - mean * mean).clamp_min(0)
+        layer.running_mean.copy_(mean)
+        layer.running_var.copy_(var)
 
 
 def _inputs(loader, strategy):

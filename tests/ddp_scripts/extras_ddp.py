@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import common
 from tasktrain import (BackboneFinetuning, BasePredictionWriter, CSVLogger, EMAWeightAveraging,
-                       GradientAccumulationScheduler, ModelCheckpoint, OnExceptionCheckpoint, TaskModule,
-                       ThroughputMonitor, Trainer)
+                       GradientAccumulationScheduler, ModelCheckpoint, OnExceptionCheckpoint, StochasticWeightAveraging,
+                       TaskModule, ThroughputMonitor, Trainer)
 from tasktrain.profilers import SimpleProfiler
 from tasktrain.tuner import Tuner
 
@@ -97,7 +97,26 @@ Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_model_sum
         callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=1)], **common_args).fit(module, data)
 facts["finetuned"] = [p.detach().flatten().tolist() for p in module.parameters()]
 
-# 5. what refuses several processes, on every rank alike
+# 5. StochasticWeightAveraging with BatchNorm: the statistics recomputed on each rank's shard, then merged
+class WithBatchNorm(Regression):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        return self.layer(self.norm(x))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+
+module = WithBatchNorm()
+Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_model_summary=False,
+        callbacks=[StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2)], **common_args).fit(module, data)
+facts["swa_norm"] = [module.norm.running_mean.tolist(), module.norm.running_var.tolist()]
+
+# 6. what refuses several processes, on every rank alike
 refusals = []
 try:
     Trainer(max_epochs=1, logger=False, enable_checkpointing=False, callbacks=[OnExceptionCheckpoint(out)],
