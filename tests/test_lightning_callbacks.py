@@ -66,6 +66,16 @@ def test_on_exception_checkpoint_saves_a_resumable_checkpoint_and_a_good_run_rem
     assert not os.path.exists(cb.ckpt_path)  # a good run removes the stale failure's file
 
 
+def test_a_failing_on_exception_checkpoint_is_reported_and_the_original_error_raised(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # the checkpoint's directory cannot be made under a file
+    with pytest.raises(RuntimeError, match="went bad"):
+        Trainer(max_epochs=3, callbacks=[OnExceptionCheckpoint(blocker / "ckpts")], **quiet()).fit(FailsAt(at=1),
+                                                                                                  loader(32))
+    err = capsys.readouterr().err
+    assert "an on_exception hook failed too (OnExceptionCheckpoint.on_exception)" in err
+
+
 def test_on_exception_checkpoint_refuses_several_processes(tmp_path, monkeypatch):
     trainer = Trainer(max_epochs=1, callbacks=[OnExceptionCheckpoint(tmp_path)], **quiet())
     monkeypatch.setattr(type(trainer.strategy), "world_size", 2, raising=False)

@@ -374,8 +374,9 @@ class Trainer:
         for fn in self._all_hooks.get("on_exception", []):
             try:
                 fn(exc)
-            except Exception:  # the original error is what matters
-                pass
+            except Exception as hook_error:  # the original error is what is raised; this one is reported
+                print(f"[tasktrain] an on_exception hook failed too ({getattr(getattr(fn, 'func', fn), '__qualname__', fn)}): "
+                      f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
         if self.world_size > 1 and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             print(f"[tasktrain] rank {self.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
