@@ -110,7 +110,8 @@ def test_loggers_are_sorted_first_and_model_checkpoint_last(tmp_path):
 
     mc, rec, csv = ModelCheckpoint(dirpath=tmp_path), Recorder(), CSVLogger(tmp_path)
     trainer = Trainer(callbacks=[mc, rec, csv], logger=False, enable_progress_bar=False)
-    assert trainer.callbacks == [csv, rec, mc]
+    summary = trainer.callbacks[2]  # enable_model_summary=True adds one (Lightning's default)
+    assert trainer.callbacks == [csv, rec, summary, mc] and type(summary).__name__ == "ModelSummary"
 
 
 def test_a_callback_costs_nothing_on_events_it_does_not_override():

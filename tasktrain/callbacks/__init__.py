@@ -2,12 +2,24 @@ from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.callbacks.checkpoint import ModelCheckpoint
 from tasktrain.callbacks.clipping import GradientClipping
 from tasktrain.callbacks.early_stopping import EarlyStopping
+from tasktrain.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+from tasktrain.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
+from tasktrain.callbacks.lambda_function import LambdaCallback
 from tasktrain.callbacks.lr_monitor import LearningRateMonitor
+from tasktrain.callbacks.model_summary import ModelSummary
+from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+from tasktrain.callbacks.prediction_writer import BasePredictionWriter
 from tasktrain.callbacks.progress import ProgressBar
+from tasktrain.callbacks.stochastic_weight_avg import StochasticWeightAveraging
+from tasktrain.callbacks.throughput_monitor import ThroughputMonitor
 from tasktrain.callbacks.timer import Timer
+from tasktrain.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["Callback", "Logger", "ModelCheckpoint", "GradientClipping", "EarlyStopping", "TensorBoardLogger",
-           "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "Timer"]
+           "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "Timer",
+           "LambdaCallback", "OnExceptionCheckpoint", "GradientAccumulationScheduler", "BasePredictionWriter",
+           "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
+           "BaseFinetuning", "BackboneFinetuning", "ModelSummary"]
 
 _LOGGERS = ("TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger")
 

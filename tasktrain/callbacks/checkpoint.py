@@ -6,6 +6,14 @@ When it saves (it is the last callback, so every other callback's state is alrea
   the epoch (val_check_interval), at that step.
 - every_n_train_steps: at on_train_batch_end of every n-th optimizer step; at the last batch of an epoch the save
   waits for on_train_epoch_end, so that it sees the epoch-end validation of the same step.
+- train_time_interval: at on_train_batch_end of the first optimizer step after that much time since the previous
+  such save (rank 0's clock decides for every rank; on several processes it is looked at every
+  log_every_n_steps-th step, where the ranks already agree on stopping, so no collective is added per step).
+
+save_on_train_epoch_end says which of the epoch schedule's points count: True, the epoch ends; False, the ends of
+validation runs (inside the epoch and at its end; an epoch without validation saves nothing); None (default),
+Lightning's choice at fit start: False when check_val_every_n_epoch != 1 or when validation runs inside the
+epoch (val_check_interval), True otherwise (also when the fit has no validation).
 
 A monitored value is scored once: a save whose monitored value has not been logged again since the previous
 save (no validation in between) only refreshes `last.ckpt`. Before the first validation of a fit, a monitored
@@ -14,6 +22,8 @@ validation metric does not exist yet and the top-k save is skipped; after it, a 
 import math
 import os
 import re
+import time
+from datetime import timedelta
 
 import torch
 
@@ -21,6 +31,7 @@ from tasktrain.callbacks.base import Callback
 from tasktrain.checkpoint_io import write_last_pointer
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_/.\-]*)(:[^}]*)?\}")
+_DEFAULT = object()  # every_n_epochs not given: 1, unless a step or time schedule is given (as in Lightning)
 
 
 class ModelCheckpoint(Callback):
@@ -28,17 +39,29 @@ class ModelCheckpoint(Callback):
     LAST_NAME = "last"
 
     def __init__(self, dirpath=None, filename=None, monitor=None, mode="min", save_top_k=1, save_last=False,
-                 every_n_train_steps=None, every_n_epochs=1, save_weights_only=False):
+                 every_n_train_steps=None, every_n_epochs=_DEFAULT, save_weights_only=False,
+                 train_time_interval=None, save_on_train_epoch_end=None, auto_insert_metric_name=True):
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
         if not isinstance(save_top_k, int) or save_top_k < -1:
             raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0 (none) or a positive k.")
+        if every_n_epochs is _DEFAULT:
+            every_n_epochs = 1 if not every_n_train_steps and train_time_interval is None else None
+        if train_time_interval is not None:
+            if isinstance(train_time_interval, (int, float)):
+                train_time_interval = timedelta(seconds=train_time_interval)
+            if not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() < 0:
+                raise ValueError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a timedelta "
+                                 "(or seconds), e.g. timedelta(minutes=30).")
+        if save_on_train_epoch_end not in (None, True, False):
+            raise ValueError(f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}): use None, True "
+                             "or False.")
         for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"ModelCheckpoint({name}={value!r}): use a positive integer, or None/0 for never.")
-        if not every_n_train_steps and not every_n_epochs:
-            raise ValueError("ModelCheckpoint: every_n_train_steps and every_n_epochs are both off, so it would never "
-                             "save. Set one of them (every_n_epochs=1 saves at each epoch end).")
+        if not every_n_train_steps and not every_n_epochs and train_time_interval is None:
+            raise ValueError("ModelCheckpoint: every_n_train_steps, every_n_epochs and train_time_interval are all "
+                             "off, so it would never save. Set one of them (every_n_epochs=1 saves at each epoch end).")
         self.dirpath = os.fspath(dirpath) if dirpath is not None else None
         self.filename = filename
         self.monitor = monitor
@@ -48,6 +71,11 @@ class ModelCheckpoint(Callback):
         self.every_n_train_steps = every_n_train_steps or None
         self.every_n_epochs = every_n_epochs or None
         self.save_weights_only = save_weights_only
+        self.train_time_interval = train_time_interval
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self._epoch_end_saves = True  # save_on_train_epoch_end as resolved for this fit
+        self._last_time_checked = None
         self.best_k_models = {}  # path -> score (for no monitor: the step, so "best" is the newest)
         self.best_model_path = ""
         self.best_model_score = None
@@ -62,8 +90,9 @@ class ModelCheckpoint(Callback):
 
     @property
     def state_key(self):
+        extra = {} if self.train_time_interval is None else {"train_time_interval": self.train_time_interval}
         return self._generate_state_key(monitor=self.monitor, mode=self.mode, every_n_epochs=self.every_n_epochs,
-                                        every_n_train_steps=self.every_n_train_steps)
+                                        every_n_train_steps=self.every_n_train_steps, **extra)
 
     def dirpath_resolved(self, trainer):
         if self._resolved_dir is None:
@@ -83,6 +112,11 @@ class ModelCheckpoint(Callback):
 
     def on_train_start(self, trainer, module):
         self._seen_step = trainer.global_step
+        self._last_time_checked = time.monotonic()
+        self._epoch_end_saves = self.save_on_train_epoch_end
+        if self._epoch_end_saves is None:
+            inside = trainer.val_check_interval is not None and trainer.val_check_interval != 1.0
+            self._epoch_end_saves = trainer.check_val_every_n_epoch == 1 and not (trainer.enable_validation and inside)
 
     def on_validation_end(self, trainer, module):
         if not trainer.sanity_checking and trainer.training:
@@ -95,8 +129,10 @@ class ModelCheckpoint(Callback):
         stepped, self._seen_step = step != self._seen_step, step
         # A validation inside the epoch (val_check_interval) ran just before this hook, at this step.
         after_val, self._validated = self._validated, False
-        due = stepped and self.every_n_train_steps and step % self.every_n_train_steps == 0
-        if not (due or (after_val and self.every_n_epochs)):
+        due = bool(stepped and self.every_n_train_steps and step % self.every_n_train_steps == 0)
+        if stepped and self.train_time_interval is not None and self._time_is_up(trainer):
+            due = True
+        if not (due or (after_val and not self._epoch_end_saves and self._epoch_due(trainer))):
             return
         total = trainer.num_training_batches
         if total is not None and trainer.state.batch_in_epoch >= total:
@@ -106,12 +142,28 @@ class ModelCheckpoint(Callback):
         self._save(trainer)
 
     def on_train_epoch_end(self, trainer, module):
-        n = self.every_n_epochs
-        epoch_due = n and (trainer.current_epoch + 1) % n == 0
+        # with saves at validation ends (save_on_train_epoch_end False), only an epoch that ended with one saves
+        epoch_due = self._epoch_due(trainer) and (self._epoch_end_saves or self._validated)
         if epoch_due or self._step_save_pending:
             self._save(trainer)
         self._step_save_pending = False
         self._validated = False
+
+    def _epoch_due(self, trainer):
+        n = self.every_n_epochs
+        return bool(n) and (trainer.current_epoch + 1) % n == 0
+
+    def _time_is_up(self, trainer):
+        """Rank 0's clock, the same answer on every rank (checked where the ranks agree on stopping)."""
+        if trainer.world_size > 1 and trainer.global_step % trainer.log_every_n_steps:
+            return False
+        now = time.monotonic()
+        up = now - self._last_time_checked >= self.train_time_interval.total_seconds()
+        if trainer.world_size > 1:
+            up = bool(trainer.strategy.broadcast(up))
+        if up:
+            self._last_time_checked = now
+        return up
 
     # -- saving --------------------------------------------------------------------------------------------------
     def _save(self, trainer):
@@ -222,7 +274,8 @@ class ModelCheckpoint(Callback):
                 raise KeyError(f"ModelCheckpoint(filename={template!r}) uses {{{name}}}, which was not logged. Logged "
                                f"metrics: {sorted(metrics) or 'none'}. Log it with self.log({name!r}, ...) or change "
                                "the filename.")
-            return f"{name}=" + format(value, fmt[1:])
+            text = format(value, fmt[1:])
+            return f"{name}={text}" if self.auto_insert_metric_name else text
 
         return _FIELD.sub(fill, template).replace("/", "_")
 

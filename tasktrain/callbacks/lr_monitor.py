@@ -8,16 +8,24 @@ logging_interval="step": at the trainer's log steps (every log_every_n_steps-th 
 effect after that step's scheduler update (what the next step uses; `scheduler.get_last_lr()` at that point).
 logging_interval="epoch": at each epoch start, the rate that epoch trains with.
 logging_interval=None: each optimizer at its scheduler's interval; optimizers without a scheduler at steps.
+
+log_momentum=True adds "<name>-momentum" (the group's `momentum`, or `betas[0]` for Adam-style optimizers; 0 with
+a warning for an optimizer that has neither); log_weight_decay=True adds "<name>-weight_decay". They are written
+with the rate, at the same points.
 """
+import warnings
+
 from tasktrain.callbacks.base import Callback
 
 
 class LearningRateMonitor(Callback):
-    def __init__(self, logging_interval=None):
+    def __init__(self, logging_interval=None, log_momentum=False, log_weight_decay=False):
         if logging_interval not in ("step", "epoch", None):
             raise ValueError(f"LearningRateMonitor(logging_interval={logging_interval!r}): use 'step', 'epoch' or "
                              "None.")
         self.logging_interval = logging_interval
+        self.log_momentum = log_momentum
+        self.log_weight_decay = log_weight_decay
         self._entries = []  # (interval, optimizer, [(name, param group index)])
         self._last_step = -1
 
@@ -45,11 +53,28 @@ class LearningRateMonitor(Callback):
             names = [(name, 0)] if len(groups) == 1 else [(f"{name}/pg{i + 1}", i) for i in range(len(groups))]
             self._entries.append((interval, optimizer, names))
         self._last_step = trainer.global_step  # no optimizer step yet (or, on resume, already written)
+        if self.log_momentum:
+            lacking = [type(o).__name__ for o in trainer.optimizers
+                       if "momentum" not in o.defaults and "betas" not in o.defaults]
+            if lacking:
+                warnings.warn(f"LearningRateMonitor(log_momentum=True): {', '.join(lacking)} has no momentum or "
+                              "betas; its momentum is written as 0.")
 
     def _values(self, interval):
-        return {name: float(optimizer.param_groups[i]["lr"])
-                for entry_interval, optimizer, names in self._entries if entry_interval == interval
-                for name, i in names}
+        values = {}
+        for entry_interval, optimizer, names in self._entries:
+            if entry_interval != interval:
+                continue
+            for name, i in names:
+                group = optimizer.param_groups[i]
+                values[name] = float(group["lr"])
+                if self.log_momentum:
+                    # Adam-style optimizers keep their momentum as the first beta
+                    values[f"{name}-momentum"] = float(group["betas"][0] if "betas" in optimizer.defaults
+                                                       else group.get("momentum", 0.0))
+                if self.log_weight_decay:
+                    values[f"{name}-weight_decay"] = float(group.get("weight_decay", 0.0))
+        return values
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         step = trainer.global_step

@@ -1,1 +1,10 @@
-"""The `tasktrain` command line: launch, config, env (see main.py). Importing it stays light: no torch."""
+"""tasktrain's command lines: `tasktrain launch | config | env | convert` (main.py) and TaskCLI, a training
+script's config-file CLI (task_cli.py, imported on first use: it needs the `cli` extra)."""
+
+
+def __getattr__(name):
+    if name in ("TaskCLI", "SaveConfigCallback", "ReduceLROnPlateau"):
+        from tasktrain.cli import task_cli
+
+        return getattr(task_cli, name)
+    raise AttributeError(f"module 'tasktrain.cli' has no attribute {name!r}")

@@ -63,6 +63,9 @@ class Plan:
     #                           False: the caller calls the returned model as the module itself (the Accelerator)
     micro_batch_size: Optional[int] = None  # samples per micro-batch and process; None: not known
     accumulate_grad_batches: int = 1  # micro-batches per optimizer step
+    accumulation_schedule: tuple = ()  # ((first epoch, micro-batches per step), ...) when the window is set by
+    #                                    epoch (GradientAccumulationScheduler; it then decides the window, and
+    #                                    accumulate_grad_batches is 1); empty: accumulate_grad_batches always
     automatic_optimization: bool = True  # the loop steps the optimizer; False: the module's own training_step does,
     #                                      once per backward (each backward closes its own window)
     loss_divided_by_window: bool = True  # the loop divides each micro-batch's loss by its window before backward
@@ -357,6 +360,25 @@ class Strategy:
     def check_full_state_dict(self, obj, where):
         """Raise when `obj`, about to be saved by the main process alone, holds this strategy's shards instead of
         whole tensors (DeepSpeed ZeRO-3 placeholders). Default: nothing is sharded."""
+
+    def full_numel(self, param) -> int:
+        """How many elements `param` has in the user's module (a sharding engine's parameter holds only a shard of
+        them). Default: param.numel()."""
+        return param.numel()
+
+    def check_full_parameters(self, who: str):
+        """Raise when `who` (a callback, in words) needs each rank's module to hold its whole parameters (a copy of
+        the weights, a count of them) and this strategy shards them. Default: nothing is sharded."""
+
+    def check_param_groups_can_change(self, who: str):
+        """Raise when param groups that `who` adds to an optimizer after set-up would not be stepped (an engine that
+        copies the groups into its own optimizer at set-up). Default: the loop steps the optimizer as it is."""
+
+    def trainable_parameters_changed(self, who: str):
+        """Called on every rank at the same point of training after `who` (a callback, in words) changed which of
+        the module's parameters require gradients (a fine-tuning callback unfreezing a part). A strategy that fixed
+        that set at set-up rebuilds what depends on it, or raises. Default: backward and the optimizer read
+        requires_grad as it is, nothing to do."""
 
     def save_checkpoint(self, checkpoint: dict, path: str):
         """Write a named checkpoint at `path` (a file; a directory for strategies whose ranks write shards), never

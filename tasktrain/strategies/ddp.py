@@ -81,6 +81,7 @@ class DDP(Strategy):
         self.ddp_kwargs = ddp_kwargs
         self.env = None
         self._wrappers = []  # the DDP wrappers made by setup_module_and_optimizers, released at teardown
+        self._target, self._calls_steps = None, True  # what the wrapper wraps (built again when it must be)
 
     @property
     def launcher(self):
@@ -199,14 +200,33 @@ class DDP(Strategy):
         if self.sync_batchnorm:
             convert_sync_batchnorm(module)
         target = _TrainingStepForward(module) if plan.calls_steps else module
-        if not any(p.requires_grad for p in module.parameters()):
-            # Nothing to synchronise (a frozen model in predict/validate): torch's DDP refuses such a module.
-            self.model = target
-            return self.model, self.optimizers
-        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        self.model = torch.nn.parallel.DistributedDataParallel(target, device_ids=device_ids, **self.ddp_kwargs)
-        self._wrappers.append(self.model)
+        self._target, self._calls_steps = target, plan.calls_steps
+        self.model = self._wrap(target)
         return self.model, self.optimizers
+
+    def _wrap(self, target):
+        if not any(p.requires_grad for p in target.parameters()):
+            # Nothing to synchronise (a frozen model in predict/validate): torch's DDP refuses such a module.
+            return target
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        wrapper = torch.nn.parallel.DistributedDataParallel(target, device_ids=device_ids, **self.ddp_kwargs)
+        self._wrappers.append(wrapper)
+        return wrapper
+
+    def trainable_parameters_changed(self, who: str):
+        """torch's DDP syncs the gradients of the parameters that required them when it was built: one unfrozen
+        later would train apart on each rank. So the wrapper is built again, on every rank together (its
+        construction checks and broadcasts the module's state, which the ranks already share)."""
+        if self._target is None:
+            return
+        if not self._calls_steps:
+            raise ValueError(f"{who} changed which parameters require gradients after the model was prepared, and "
+                             "the DDP wrapper the script holds syncs only those that required them then. Set "
+                             "requires_grad before accelerator.prepare, or prepare the model again.")
+        for name in ("reducer", "logger"):  # the old wrapper's hooks on the parameters go with it
+            if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+                self.model.__dict__.pop(name, None)
+        self.model = self._wrap(self._target)
 
     def forward_signal(self, signum):
         launcher = _PROCESS["launcher"]
@@ -225,7 +245,7 @@ class DDP(Strategy):
             for name in ("reducer", "logger", "process_group"):
                 wrapper.__dict__.pop(name, None)
         self._wrappers = []
-        self.model = None
+        self.model = self._target = None
         self.optimizers = []
         if self.env is not None and self.env.launcher is None and _PROCESS["owns_group"] and dist.is_initialized():
             _destroy_group_at_exit()

@@ -265,6 +265,12 @@ class DeepSpeed(DDP):
         if self.engine is not None:
             raise ValueError("DeepSpeed trains one model with one optimizer per Accelerator: prepare a single model "
                              "and its optimizer together (use a separate Accelerator per model).")
+        scheduled = {factor for _, factor in plan.accumulation_schedule}
+        if len(scheduled) > 1:
+            raise ValueError("DeepSpeed writes the accumulation into its config (gradient_accumulation_steps) once, at "
+                             "set-up, and this run changes it by epoch (GradientAccumulationScheduler: "
+                             f"{dict(plan.accumulation_schedule)}). Use one accumulate_grad_batches for the run, or "
+                             "strategy='ddp'.")
         self.module = module
         self.optimizers = list(optimizers)
         self._client_optimizer = self.optimizers[0] if self.optimizers else None
@@ -280,8 +286,10 @@ class DeepSpeed(DDP):
                           "uses it only for its throughput figures; pass DeepSpeed(micro_batch_size=N) to set it.")
             micro = 1
         # Manual optimisation steps where the user says: each backward closes its own window.
+        # A schedule with one factor for every epoch ({0: 4}) is that window for the whole run.
+        planned = scheduled.pop() if scheduled else plan.accumulate_grad_batches
         accumulate = _agree("accumulate_grad_batches", self.accumulate_grad_batches,
-                            plan.accumulate_grad_batches if plan.automatic_optimization else 1)
+                            planned if plan.automatic_optimization else 1)
         clipping = _agree("gradient_clipping", self.gradient_clipping, _clip_norm_of(plan.clipping))
         if plan.has_lr_schedulers and "scheduler" in (self.user_config or {}):
             raise ValueError("The DeepSpeed config has a \"scheduler\" section and the run steps a scheduler of its "
@@ -591,6 +599,24 @@ class DeepSpeed(DDP):
             raise CheckpointError(f"DeepSpeed could not load the checkpoint in {path!r} (see its log above).")
         self._loaded_engine_state = True
         return ckpt
+
+    def full_numel(self, param) -> int:
+        return getattr(param, "ds_numel", param.numel())  # ZeRO-3: the parameter holds a shard, ds_numel the whole
+
+    def check_full_parameters(self, who: str):
+        if self.zero_stage() == 3:
+            raise ValueError(f"{who} needs the whole parameters on every rank, and DeepSpeed ZeRO stage 3 shards them. "
+                             "Use stage 1 or 2 (they shard the optimizer state only), or remove it.")
+
+    def check_param_groups_can_change(self, who: str):
+        raise ValueError(f"{who} adds param groups to the optimizer during training, and DeepSpeed copies the groups "
+                         "into its engine at set-up: the new ones would never be stepped. Use strategy='ddp', or "
+                         "train every parameter from the start.")
+
+    def trainable_parameters_changed(self, who: str):
+        raise ValueError(f"{who} changed which parameters require gradients during training, and DeepSpeed built its "
+                         "engine's optimizer and gradient partitions from those that required them at set-up. Set "
+                         "requires_grad before training, or use strategy='ddp'.")
 
     def link_checkpoint(self, src, dst):
         """ModelCheckpoint's last.ckpt: a directory of hard links to `src`'s files (a copy where links fail)."""

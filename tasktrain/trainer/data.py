@@ -132,3 +132,42 @@ def prepare_eval_loader(loader, world_size, rank):
     if world_size == 1 or not _replaceable(loader) or type(loader.sampler) is not SequentialSampler:
         return loader
     return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)
+
+
+class _RecordingBatchSampler:
+    """A batch sampler that keeps the indices of every batch it has given out (in order), for prediction writers."""
+
+    def __init__(self, batch_sampler, seen):
+        self.batch_sampler, self.seen = batch_sampler, seen
+
+    def __iter__(self):
+        for batch in self.batch_sampler:
+            self.seen.append(list(batch))
+            yield batch
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+
+def record_batch_indices(loader):
+    """(loader, seen): the same loader, rebuilt so that `seen[i]` holds the dataset indices of its i-th batch.
+    A loader without a batch sampler (an IterableDataset, batch_size=None, not a DataLoader) has no indices: it is
+    returned as it is, and `seen[i]` is None for each batch."""
+    if not isinstance(loader, DataLoader) or loader.batch_sampler is None or \
+            isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return loader, _NoIndices()
+    seen = []
+    kwargs = dict(batch_sampler=_RecordingBatchSampler(loader.batch_sampler, seen), num_workers=loader.num_workers,
+                  collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
+                  worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
+                  generator=loader.generator, persistent_workers=loader.persistent_workers,
+                  pin_memory_device=loader.pin_memory_device)
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoader(loader.dataset, **kwargs), seen
+
+
+class _NoIndices(list):
+    def __getitem__(self, i):
+        return None
+

@@ -153,6 +153,11 @@ class TaskModule(torch.nn.Module):
             scheduler.step()
         else:
             scheduler.step(metric)
+    def __getstate__(self):
+        # A copy or a pickle of the module (AveragedModel's deepcopy, a spawned worker) never takes the trainer along.
+        state = dict(self.__dict__)
+        state["_trainer"] = None
+        return state
 
     # -- what the trainer gives the module ---------------------------------------------------------------------
     @property
@@ -458,5 +463,7 @@ def _is_plain(value):
 
 
 def is_overridden(name, obj, base) -> bool:
+    if name in getattr(obj, "__dict__", {}):
+        return True  # set on the instance (LambdaCallback): it replaces the class's method
     impl = getattr(type(obj), name, None)
     return impl is not None and impl is not getattr(base, name, None)

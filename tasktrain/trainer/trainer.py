@@ -21,14 +21,16 @@ import signal
 import sys
 import threading
 from functools import partial
+from typing import List, Optional, Union
 
 import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
-from tasktrain.strategies.base import Plan
+from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
+from tasktrain.strategies.base import Plan, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
-from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
+from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.metrics import MetricStore
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -43,7 +45,7 @@ class Trainer:
         self,
         *,
         accelerator="auto",
-        strategy="auto",
+        strategy: Union[str, Strategy] = "auto",  # the annotations of object arguments: TaskCLI builds them from YAML
         devices="auto",
         num_nodes=None,
         precision=None,
@@ -59,8 +61,8 @@ class Trainer:
         accumulate_grad_batches=1,
         gradient_clip_val=None,
         gradient_clip_algorithm="norm",
-        callbacks=None,
-        logger=True,
+        callbacks: Optional[Union[List[Callback], Callback]] = None,
+        logger: Union[bool, Logger, List[Logger], None] = True,
         enable_progress_bar=True,
         enable_checkpointing=True,
         log_every_n_steps=50,
@@ -68,6 +70,8 @@ class Trainer:
         deterministic=False,
         max_time=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT,
+        enable_model_summary=True,
+        profiler: Union[str, Profiler, None] = None,
         fast_dev_run=False,
         min_epochs=None,
         min_steps=None,
@@ -98,6 +102,10 @@ class Trainer:
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
         self.stall_timeout = runtime.stall_timeout
+        # profiler (tasktrain/profilers.py): without one each loop action is a `with` on a shared no-op context.
+        # Bound again at each run's start (the tuner sets the profiler aside for its trials).
+        self.profiler = resolve_profiler(profiler)
+        self._profile = _no_profile
 
         # Lightning's arguments without a counterpart: a clear error instead of a silent difference.
         if barebones:
@@ -162,6 +170,7 @@ class Trainer:
         self.callbacks = self._default_callbacks(
             list(callbacks or []) if not isinstance(callbacks, Callback) else [callbacks],
             logger, enable_progress_bar, enable_checkpointing, gradient_clip_val, gradient_clip_algorithm, max_time,
+            enable_model_summary,
         )
 
         self.state = TrainState()
@@ -193,10 +202,12 @@ class Trainer:
         self._preempt_path = None
         self._loss_window = []
         self._loss_window_start = 0
+        self.predictions, self.predict_batch_indices = [], []  # of the predict run in progress (prediction writers)
 
     # -- set-up helpers --------------------------------------------------------------------------------------------
-    def _default_callbacks(self, callbacks, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time):
-        from tasktrain.callbacks import ModelCheckpoint, ProgressBar, TensorBoardLogger
+    def _default_callbacks(self, callbacks, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time,
+                           model_summary):
+        from tasktrain.callbacks import ModelCheckpoint, ModelSummary, ProgressBar, TensorBoardLogger
         from tasktrain.callbacks.clipping import GradientClipping
         from tasktrain.callbacks.timer import Timer
 
@@ -212,6 +223,10 @@ class Trainer:
             callbacks.append(ProgressBar())
         if not progress_bar and any(isinstance(c, ProgressBar) for c in callbacks):
             raise ValueError("enable_progress_bar=False, but a ProgressBar is in callbacks: remove one of them.")
+        if model_summary and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(ModelSummary())
+        if not model_summary and any(isinstance(c, ModelSummary) for c in callbacks):
+            raise ValueError("enable_model_summary=False, but a ModelSummary is in callbacks: remove one of them.")
         if checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(ModelCheckpoint())
         if not checkpointing and any(isinstance(c, ModelCheckpoint) for c in callbacks):
@@ -351,6 +366,8 @@ class Trainer:
             for cb in self.callbacks:
                 if is_overridden(event, cb, Callback):
                     fns.append((False, partial(getattr(cb, event), self, module)))
+            if self.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
+                fns = profiled_calls(self.profiler, event, fns, module, self.callbacks)
             self._hooks[event] = fns
         # The hot-path events as plain lists of callables.
         self._module_hooks = {e: [f for is_mod, f in fns if is_mod] for e, fns in self._hooks.items()}
@@ -427,8 +444,12 @@ class Trainer:
         self._verbose = verbose
         return self._run("test", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
-    def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False, datamodule=None):
-        """Predictions of this rank, in loader order; with gather=True, every rank's, in dataset order."""
+    def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False, return_predictions=None,
+                datamodule=None):
+        """Predictions of this rank, in loader order (a list per loader when there are several); with gather=True,
+        every rank's, in dataset order. return_predictions=False keeps none in memory and returns None (a
+        BasePredictionWriter writes them)."""
+        self._return_predictions = return_predictions is None or bool(return_predictions)
         return self._run("predict", module, None, dataloaders, ckpt_path=ckpt_path, gather=gather,
                          datamodule=datamodule)
 
@@ -461,6 +482,10 @@ class Trainer:
         self._mark = self._watchdog.mark if self._watchdog is not None else no_mark
         self.module = module
         module.trainer = self
+        self._profile = self.profiler.profile if self.profiler is not None else _no_profile
+        if self.profiler is not None:
+            self.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None, self.log_dir,
+                                strategy.is_global_zero, module)
         rank_zero_only.rank = strategy.global_rank  # @rank_zero_only functions of the user's script know their rank
         self._metrics = MetricStore(strategy)
         self._attach_module_callbacks(module)
@@ -522,8 +547,9 @@ class Trainer:
         for fn in handlers:
             try:
                 fn(exc)
-            except Exception:  # the original error is what matters
-                pass
+            except Exception as hook_error:  # the original error is what is raised; this one is reported
+                print(f"[tasktrain] an on_exception hook failed too ({getattr(getattr(fn, 'func', fn), '__qualname__', fn)}): "
+                      f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
         if self.world_size > 1 and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             print(f"[tasktrain] rank {self.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
@@ -540,6 +566,10 @@ class Trainer:
             self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
             self.strategy.teardown()
             self._metrics = None
+            if self.profiler is not None:
+                self.profiler.describe()
+                self.profiler.teardown(stage)
+                self._profile = _no_profile  # a save_checkpoint after the run would restart a torn-down profiler
 
     # -- fit ---------------------------------------------------------------------------------------------------------
     def _fit(self, module, train_loader, val_loader, ckpt_path):
@@ -576,8 +606,10 @@ class Trainer:
             accumulate_grad_batches=self.accumulate_grad_batches,
             automatic_optimization=module.automatic_optimization, loss_divided_by_window=True,
             clipping=self._clipping_requests(), has_lr_schedulers=bool(self.lr_scheduler_configs),
+            accumulation_schedule=self._accumulation_schedule(),
         )
-        _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+        with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+            _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
 
         rng_states = None
         if ckpt_path is not None:
@@ -632,6 +664,7 @@ class Trainer:
         world_size, rank = self._shards()
         train_data = prepare_train_data(loader, world_size, rank, self.state.data_seed,
                                         shuffle=False if self.overfit_batches else None)
+        self.train_dataloader = train_data.loader
         self.num_training_batches = self._limit(train_data, self.limit_train_batches, "limit_train_batches")
         if self.num_training_batches is None and self.max_steps == -1:
             raise ValueError(
@@ -687,7 +720,8 @@ class Trainer:
                     train_data = self._setup_train_data(self._loader_of(module, "train_dataloader"))
                 if from_val_hook and self._val_loader is not None:
                     self._setup_val_data(self._loader_of(module, "val_dataloader"))
-            self._train_epoch(module, train_data, epoch)
+            with self._profile("run_training_epoch"):
+                self._train_epoch(module, train_data, epoch)
             if self.state.epoch_finished:  # current_epoch counts the finished epochs, also when the run stops here
                 self.state.epoch += 1
                 self.state.batch_in_epoch = 0
@@ -713,10 +747,17 @@ class Trainer:
         strategy, metrics, state = self.strategy, self._metrics, self.state
         num_batches = self.num_training_batches
         automatic = module.automatic_optimization
-        # In manual optimisation training_step steps the optimizers itself: every batch is a window of one.
-        accumulate = self.accumulate_grad_batches if automatic else 1
         optimizer = self.optimizers[0] if self.optimizers else None
         hooks = self._all_hooks
+        # The loop's actions: the strategy's own methods, or, with a profiler, the same inside its ranges (so that
+        # without one a step costs nothing more).
+        training_step, backward, optimizer_step, zero_grad = (
+            strategy.training_step, strategy.backward, strategy.optimizer_step, strategy.zero_grad)
+        if self.profiler is not None:
+            training_step, backward, optimizer_step, zero_grad = (
+                profiled(self.profiler, name, fn) for name, fn in (
+                    ("training_step", training_step), ("backward", backward), ("optimizer_step", optimizer_step),
+                    ("optimizer_zero_grad", zero_grad)))
         module_hooks, callback_hooks, to_device = self._module_hooks, self._callback_hooks, self._to_device
         ended_by_hook = False
         val_every = self._val_every_n_batches()
@@ -726,12 +767,15 @@ class Trainer:
         metrics.set_stage("train", True, False)
         data.set_epoch(epoch)
         self._call("on_train_epoch_start")
+        # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read
+        # after the epoch-start hooks: a GradientAccumulationScheduler sets it there.
+        accumulate = self.accumulate_grad_batches if automatic else 1
         self._loss_window = []
         self._loss_window_start = start
 
         mark("fetching a batch", state.global_step, start, True)  # the loader's workers start: no deadline
         window_end = -1  # the index of the current accumulation window's last micro-batch
-        for batch_idx, batch, last_of_epoch in _epoch_batches(data, start, num_batches):
+        for batch_idx, batch, last_of_epoch in _epoch_batches(data, start, num_batches, self.profiler):
             if batch_idx > window_end:  # a window starts: its size is worked out once
                 window_start, window = accumulation_window(batch_idx, accumulate, num_batches)
                 window_end = window_start + window - 1
@@ -750,7 +794,7 @@ class Trainer:
                 break
             if automatic:
                 with strategy.no_backward_sync(not ends_window):
-                    outputs = strategy.training_step(batch, batch_idx)
+                    outputs = training_step(batch, batch_idx)
                     loss = self._loss_of(outputs, batch_idx)
                     self._loss_window.append(loss.detach())
                     if window > 1:
@@ -758,21 +802,21 @@ class Trainer:
                     for fn in hooks["on_before_backward"]:
                         fn(loss)
                     mark("backward", state.global_step, batch_idx, warm_up and batch_idx == start)
-                    strategy.backward(loss)
+                    backward(loss)
                     for fn in hooks["on_after_backward"]:
                         fn()
                 if ends_window:  # the window's last micro-batch: the one place the loop steps the optimizer
                     for fn in hooks["on_before_optimizer_step"]:
                         fn(optimizer)
-                    stepped = strategy.optimizer_step(optimizer)
+                    stepped = optimizer_step(optimizer)
                     for fn in hooks["on_before_zero_grad"]:
                         fn(optimizer)
-                    strategy.zero_grad(optimizer)
+                    zero_grad(optimizer)
                     state.global_step += 1
                     if stepped:
                         self._step_schedulers("step")
             else:
-                outputs = strategy.training_step(batch, batch_idx)
+                outputs = training_step(batch, batch_idx)
             state.batch_in_epoch = batch_idx + 1
 
             if ends_window:
@@ -878,7 +922,8 @@ class Trainer:
     # -- evaluation ---------------------------------------------------------------------------------------------------
     def _evaluate_entry(self, stage, module, loader, ckpt_path, gather):
         strategy = self.strategy
-        strategy.setup_module_and_optimizers(module, [], Plan(training=False))
+        with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+            strategy.setup_module_and_optimizers(module, [], Plan(training=False))
         name = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
         loader = loader if loader is not None else self._loader_of(module, name)
         if loader is None:
@@ -900,6 +945,8 @@ class Trainer:
         self._watch()
         if stage == "predict":
             per_loader = self._predict(module, loaders, limits, gather)
+            if per_loader is None:  # return_predictions=False
+                return None
             return per_loader if len(loaders) > 1 else per_loader[0]  # a list per loader when there are several
         values = self._evaluate(stage, loaders, limits)
         if self.is_global_zero and values:
@@ -923,6 +970,8 @@ class Trainer:
         getattr(module, f"on_{prefix}_model_eval")()
         metrics.set_stage(stage, False, True)
         hooks = self._all_hooks
+        eval_step = strategy.eval_step if self.profiler is None else profiled(self.profiler, f"{prefix}_step",
+                                                                              strategy.eval_step)
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
         self._call(f"on_{prefix}_start")
         self._call(f"on_{prefix}_epoch_start")
@@ -931,7 +980,9 @@ class Trainer:
                 extra = (dataloader_idx,) if len(loaders) > 1 else ()
                 metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
                 mark("fetching a batch", step, 0, True)  # a loop's first batch may take long: no deadline
-                for batch_idx, batch in enumerate(loader):
+                batches = loader if self.profiler is None else \
+                    profiled_iter(loader, self.profiler, f"{prefix}_dataloader_next")
+                for batch_idx, batch in enumerate(batches):
                     if limit is not None and batch_idx >= limit:
                         break
                     mark(f"{prefix}_step", step, batch_idx, batch_idx == 0)
@@ -939,7 +990,7 @@ class Trainer:
                     metrics.set_batch(batch)
                     for fn in hooks[f"on_{prefix}_batch_start"]:
                         fn(batch, batch_idx, *extra)
-                    outputs = strategy.eval_step(step_fn, batch, batch_idx, *extra)
+                    outputs = eval_step(step_fn, batch, batch_idx, *extra)
                     for fn in hooks[f"on_{prefix}_batch_end"]:
                         fn(outputs, batch, batch_idx, *extra)
                     mark("fetching a batch", step, batch_idx + 1)
@@ -960,29 +1011,47 @@ class Trainer:
         when there are several."""
         was_training = module.training
         module.on_predict_model_eval()
+        # A prediction writer gets each batch's dataset indices; one that writes at the epoch's end, every prediction.
+        from tasktrain.callbacks.prediction_writer import BasePredictionWriter
+
+        writers = [c for c in self.callbacks if isinstance(c, BasePredictionWriter)]
+        keep = getattr(self, "_return_predictions", True) or any(w.writes_on_epoch for w in writers)
+        if writers:
+            recorded = [record_batch_indices(loader) for loader in loaders]
+            loaders = [loader for loader, _ in recorded]
+            self.predict_batch_indices = [indices for _, indices in recorded]
+        per_loader = [[] for _ in loaders]
+        # what an epoch writer gets: the one loader's list, or a list per loader (Lightning's shape)
+        self.predictions = per_loader[0] if len(loaders) == 1 else per_loader
         self._call("on_predict_start")
         self._call("on_predict_epoch_start")
-        per_loader = []
         mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
+        eval_step = self.strategy.eval_step if self.profiler is None else profiled(self.profiler, "predict_step",
+                                                                                   self.strategy.eval_step)
         with torch.inference_mode() if self.inference_mode else torch.no_grad():
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
                 extra = (dataloader_idx,) if len(loaders) > 1 else ()
-                predictions = []
+                predictions = per_loader[dataloader_idx]
                 mark("fetching a batch", step, 0, True)
-                for batch_idx, batch in enumerate(loader):
+                batches = loader if self.profiler is None else \
+                    profiled_iter(loader, self.profiler, "predict_dataloader_next")
+                for batch_idx, batch in enumerate(batches):
                     if limit is not None and batch_idx >= limit:
                         break
                     mark("predict_step", step, batch_idx, batch_idx == 0)
                     batch = self._eval_to_device(batch, dataloader_idx)
                     self._call("on_predict_batch_start", batch, batch_idx, *extra)
-                    out = self.strategy.eval_step(module.predict_step, batch, batch_idx, *extra)
+                    out = eval_step(module.predict_step, batch, batch_idx, *extra)
+                    if keep:
+                        predictions.append(out)
                     self._call("on_predict_batch_end", out, batch, batch_idx, *extra)
-                    predictions.append(out)
                     mark("fetching a batch", step, batch_idx + 1)
-                per_loader.append(predictions)
         self._call("on_predict_epoch_end")
         self._call("on_predict_end")
         module.train(was_training)
+        self.predictions, self.predict_batch_indices = [], []  # the writers are done with them
+        if not getattr(self, "_return_predictions", True):
+            return None
         if gather and self.world_size > 1:
             return [_gather_predictions(self.strategy, predictions) for predictions in per_loader]
         return per_loader
@@ -1117,8 +1186,9 @@ class Trainer:
     def save_checkpoint(self, filepath, weights_only=False):
         """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
         with self.long_event("save_checkpoint"):  # may take long: not a stall (issue 19)
-            checkpoint = self.dump_checkpoint(weights_only)
-            self.strategy.save_checkpoint(checkpoint, filepath)
+            with self._profile("save_checkpoint"):
+                checkpoint = self.dump_checkpoint(weights_only)
+                self.strategy.save_checkpoint(checkpoint, filepath)
             if not weights_only and self.is_global_zero:
                 ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
 
@@ -1205,6 +1275,16 @@ class Trainer:
         return rng_state_of_this_rank(ckpt.get("rng_states"), self.strategy, path)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
+    def _accumulation_schedule(self):
+        """The epochs at which a GradientAccumulationScheduler changes the window: the plan tells the strategy, so an
+        engine that fixes the window at set-up refuses it there."""
+        from tasktrain.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
+
+        for cb in self.callbacks:
+            if isinstance(cb, GradientAccumulationScheduler):
+                return tuple(cb.accumulation_schedule.items())
+        return ()
+
     def _clipping_requests(self):
         """The clipping the GradientClipping callbacks (gradient_clip_val adds one) ask for at every optimizer step:
         the plan tells the strategy, so an engine that clips inside its step is set up with it."""
@@ -1331,7 +1411,7 @@ class _StageRun:
         return collected["result"]
 
 
-def _epoch_batches(data, start, num_batches):
+def _epoch_batches(data, start, num_batches, profiler=None):
     """(index, batch, whether it is the epoch's last) for an epoch's batches from `start` on. With a known length
     the windows already end at the last batch (the flag stays False; zip runs in C, no Python frame per batch).
     Without one, a batch is read ahead, so that the last one is known while it is trained on: its window ends there.
@@ -1339,6 +1419,8 @@ def _epoch_batches(data, start, num_batches):
     if num_batches is not None and start >= num_batches:
         return ()  # resumed after the last batch: only the epoch's end is left to run
     data.skip(start)  # resumed mid-epoch: the sampler starts after the batches already trained on
+    if profiler is not None:
+        data = profiled_iter(data, profiler, "train_dataloader_next")
     if num_batches is not None:
         return zip(range(start, num_batches), data, itertools.repeat(False))
     return _read_ahead(iter(data), start)
@@ -1353,6 +1435,11 @@ def _read_ahead(iterator, index):
 
 
 _END = object()
+_NULL = contextlib.nullcontext()
+
+
+def _no_profile(action_name):
+    return _NULL
 
 
 def _is_one(value):

@@ -73,6 +73,28 @@ def reference_params(batch_size=8, steps=4, lr=0.1):
     return [p.detach().flatten().tolist() for p in layer.parameters()]
 
 
+def finetuning_reference(batch_size=8, epochs=3, lr=0.1):
+    """One process, plain torch: what BackboneFinetuning(unfreeze_backbone_at_epoch=1) does to a Linear backbone and
+    head (the head alone in epoch 0; then the backbone as a second group at lr/10, doubled each epoch)."""
+    x, y = regression_data()
+    torch.manual_seed(0)
+    backbone, head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+    backbone.requires_grad_(False)
+    opt = torch.optim.SGD(head.parameters(), lr=lr)
+    for epoch in range(epochs):
+        if epoch == 1:
+            backbone.requires_grad_(True)
+            opt.add_param_group({"params": list(backbone.parameters()), "lr": lr * 0.1})
+        elif epoch > 1:
+            opt.param_groups[1]["lr"] = min(2 * opt.param_groups[1]["lr"], lr)
+        for b in range(len(x) // batch_size):
+            opt.zero_grad()
+            sl = slice(b * batch_size, (b + 1) * batch_size)
+            torch.nn.functional.mse_loss(head(backbone(x[sl])), y[sl]).backward()
+            opt.step()
+    return [p.detach().flatten().tolist() for p in (*backbone.parameters(), *head.parameters())]
+
+
 def process_gone(pid):
     """True when `pid` no longer runs (gone, or a zombie nobody reaped yet)."""
     try:

@@ -1,0 +1,221 @@
+"""Fine-tuning: freeze part of a model before training and unfreeze it at a chosen epoch.
+
+BaseFinetuning is the frame: `freeze_before_training(module)` runs at set-up, before configure_optimizers (so
+`filter(lambda p: p.requires_grad, self.parameters())` there leaves the frozen part out), and
+`finetune_function(module, epoch, optimizer)` runs at each epoch start to unfreeze and add param groups. Its
+static helpers (freeze, make_trainable, unfreeze_and_add_param_group, ...) work on a module or a list of them.
+BackboneFinetuning unfreezes `module.backbone` at one epoch, at a fraction of the rest's learning rate, then
+raises that rate each epoch.
+
+The param groups it added are saved in checkpoints (by parameter name) and added back on resume before the
+optimizer's own state is loaded, so a resumed run has the same groups, rates and moments.
+
+When parameters start requiring gradients, the strategy is told (`trainable_parameters_changed`): DDP builds its
+wrapper again, since torch's DDP syncs only the gradients of parameters that required them when it was built
+(without that, an unfrozen backbone would train apart on each rank); DeepSpeed refuses at set-up.
+"""
+from torch.nn import Module, ModuleDict
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from tasktrain.callbacks.base import Callback
+
+
+def _trainable(module):
+    return [p.requires_grad for p in module.parameters()]
+
+
+def multiplicative(epoch):
+    """BackboneFinetuning's default lambda_func: the backbone's learning rate doubles each epoch."""
+    return 2.0
+
+
+class BaseFinetuning(Callback):
+    def __init__(self):
+        self._internal_optimizer_metadata = {}  # optimizer index -> its param groups, parameters by name
+
+    # -- what a subclass writes ---------------------------------------------------------------------------------
+    def freeze_before_training(self, module):
+        raise NotImplementedError(f"{type(self).__name__} must define freeze_before_training(self, module).")
+
+    def finetune_function(self, module, epoch, optimizer):
+        raise NotImplementedError(f"{type(self).__name__} must define finetune_function(self, module, epoch, "
+                                  "optimizer).")
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def flatten_modules(modules):
+        """The leaf modules (and parents holding parameters of their own) of a module or a nest of them."""
+        if isinstance(modules, ModuleDict):
+            modules = modules.values()
+        if isinstance(modules, Module):
+            candidates = list(modules.modules())
+        else:
+            candidates = [m for item in modules for m in BaseFinetuning.flatten_modules(item)]
+        return [m for m in candidates if not list(m.children()) or m._parameters]
+
+    @staticmethod
+    def filter_params(modules, train_bn=True, requires_grad=True):
+        """The parameters of `modules` whose requires_grad is `requires_grad` (BatchNorm's left out unless train_bn)."""
+        for module in BaseFinetuning.flatten_modules(modules):
+            if isinstance(module, _BatchNorm) and not train_bn:
+                continue
+            for param in module.parameters(recurse=False):  # recurse=False: a parent's are not yielded twice
+                if param.requires_grad == requires_grad:
+                    yield param
+
+    @staticmethod
+    def make_trainable(modules):
+        for module in BaseFinetuning.flatten_modules(modules):
+            if isinstance(module, _BatchNorm):
+                module.track_running_stats = True
+            for param in module.parameters(recurse=False):
+                param.requires_grad = True
+
+    @staticmethod
+    def freeze_module(module):
+        if isinstance(module, _BatchNorm):
+            module.track_running_stats = False
+        for param in module.parameters(recurse=False):
+            param.requires_grad = False
+
+    @staticmethod
+    def freeze(modules, train_bn=True):
+        """Freeze every parameter of `modules`; with train_bn, BatchNorm layers stay trainable."""
+        for module in BaseFinetuning.flatten_modules(modules):
+            if isinstance(module, _BatchNorm) and train_bn:
+                BaseFinetuning.make_trainable(module)
+            else:
+                BaseFinetuning.freeze_module(module)
+
+    @staticmethod
+    def filter_on_optimizer(optimizer, params):
+        """The parameters of `params` that are in none of the optimizer's groups (a parameter is in one group)."""
+        present = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        params = list(params)
+        kept = [p for p in params if id(p) not in present]
+        if len(kept) != len(params):
+            import warnings
+
+            warnings.warn(f"{len(params) - len(kept)} of the parameters to unfreeze are already in a param group of "
+                          f"{type(optimizer).__name__}; they are skipped. Build the optimizer from the trainable "
+                          "parameters only: filter(lambda p: p.requires_grad, self.parameters()).")
+        return kept
+
+    @staticmethod
+    def unfreeze_and_add_param_group(modules, optimizer, lr=None, initial_denom_lr=10.0, train_bn=True):
+        """Unfreeze `modules` and add their parameters to `optimizer` as a new group, at `lr`, or else at the first
+        group's rate divided by `initial_denom_lr`."""
+        BaseFinetuning.make_trainable(modules)
+        group_lr = optimizer.param_groups[0]["lr"] / initial_denom_lr if lr is None else float(lr)
+        params = BaseFinetuning.filter_on_optimizer(
+            optimizer, BaseFinetuning.filter_params(modules, train_bn=train_bn, requires_grad=True))
+        if params:
+            optimizer.add_param_group({"params": params, "lr": group_lr})
+
+    # -- events ------------------------------------------------------------------------------------------------
+    def setup(self, trainer, module, stage):
+        if stage == "fit":
+            trainer.strategy.check_param_groups_can_change(type(self).__name__)
+            self.freeze_before_training(module)
+
+    def on_load_checkpoint(self, trainer, module, checkpoint):
+        # Runs before the optimizer's state is loaded: the groups added in the interrupted run must exist by then.
+        state = (checkpoint.get("callbacks") or {}).get(self.state_key)
+        if not state:
+            return
+        self._internal_optimizer_metadata = {int(k): v for k, v in state["internal_optimizer_metadata"].items()}
+        by_name = dict(module.named_parameters())
+        before = _trainable(module)
+        for index, optimizer in enumerate(trainer.optimizers):
+            saved = self._internal_optimizer_metadata.get(index)
+            if not saved:
+                continue
+            for group in saved[len(optimizer.param_groups):]:  # the groups this callback added
+                params = [by_name[name] for name in group["params"]]
+                for param in params:
+                    param.requires_grad = True
+                optimizer.add_param_group({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+        self._trainable_changed(trainer, module, before)
+
+    def on_train_epoch_start(self, trainer, module):
+        before = _trainable(module)
+        for index, optimizer in enumerate(trainer.optimizers):
+            self.finetune_function(module, trainer.current_epoch, optimizer)
+            self._store(module, index, optimizer)
+        self._trainable_changed(trainer, module, before)
+
+    def _trainable_changed(self, trainer, module, before):
+        # every rank unfreezes at the same epoch: the strategy rebuilds what synchronises gradients (DDP's wrapper)
+        if _trainable(module) != before:
+            trainer.strategy.trainable_parameters_changed(type(self).__name__)
+
+    def _store(self, module, index, optimizer):
+        names = {id(p): n for n, p in module.named_parameters()}
+        self._internal_optimizer_metadata[index] = [
+            {**{k: v for k, v in group.items() if k != "params"}, "params": [names[id(p)] for p in group["params"]]}
+            for group in optimizer.param_groups
+        ]
+
+    def state_dict(self):
+        return {"internal_optimizer_metadata": self._internal_optimizer_metadata}
+
+    def load_state_dict(self, state_dict):
+        self._internal_optimizer_metadata = {int(k): v for k, v in state_dict["internal_optimizer_metadata"].items()}
+
+
+class BackboneFinetuning(BaseFinetuning):
+    """Train the head first; at `unfreeze_backbone_at_epoch`, add `module.backbone` to the optimizer at
+    `backbone_initial_lr` (default: the current rate times `backbone_initial_ratio_lr`), then multiply its rate by
+    `lambda_func(epoch + 1)` each epoch, capped at the rest's rate when `should_align`."""
+
+    def __init__(self, unfreeze_backbone_at_epoch=10, lambda_func=multiplicative, backbone_initial_ratio_lr=10e-2,
+                 backbone_initial_lr=None, should_align=True, initial_denom_lr=10.0, train_bn=True, verbose=False,
+                 rounding=12):
+        super().__init__()
+        self.unfreeze_backbone_at_epoch = unfreeze_backbone_at_epoch
+        self.lambda_func = lambda_func
+        self.backbone_initial_ratio_lr = backbone_initial_ratio_lr
+        self.backbone_initial_lr = backbone_initial_lr
+        self.should_align = should_align
+        self.initial_denom_lr = initial_denom_lr
+        self.train_bn = train_bn
+        self.verbose = verbose
+        self.rounding = rounding
+        self.previous_backbone_lr = None
+
+    def setup(self, trainer, module, stage):
+        if stage == "fit" and not isinstance(getattr(module, "backbone", None), Module):
+            raise AttributeError(f"BackboneFinetuning needs the module to have a `backbone` attribute that is an "
+                                 f"nn.Module; {type(module).__name__} has none. Name the part to fine-tune "
+                                 "`self.backbone`, or write a BaseFinetuning subclass.")
+        super().setup(trainer, module, stage)
+
+    def freeze_before_training(self, module):
+        self.freeze(module.backbone)
+
+    def finetune_function(self, module, epoch, optimizer):
+        current_lr = optimizer.param_groups[0]["lr"]
+        if epoch == self.unfreeze_backbone_at_epoch:
+            lr = self.backbone_initial_lr if self.backbone_initial_lr is not None else \
+                current_lr * self.backbone_initial_ratio_lr
+            self.previous_backbone_lr = lr
+            self.unfreeze_and_add_param_group(module.backbone, optimizer, lr, train_bn=self.train_bn,
+                                              initial_denom_lr=self.initial_denom_lr)
+        elif epoch > self.unfreeze_backbone_at_epoch and self.previous_backbone_lr is not None:
+            lr = self.lambda_func(epoch + 1) * self.previous_backbone_lr
+            if self.should_align and lr > current_lr:
+                lr = current_lr
+            optimizer.param_groups[-1]["lr"] = lr
+            self.previous_backbone_lr = lr
+        else:
+            return
+        if self.verbose and module.global_rank == 0:
+            print(f"[tasktrain] BackboneFinetuning: epoch {epoch}, lr {round(current_lr, self.rounding)}, backbone "
+                  f"lr {round(self.previous_backbone_lr, self.rounding)}", flush=True)
+
+    def state_dict(self):
+        return {**super().state_dict(), "previous_backbone_lr": self.previous_backbone_lr}
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self.previous_backbone_lr = state_dict.get("previous_backbone_lr")

@@ -1,0 +1,54 @@
+"""OnExceptionCheckpoint: save a checkpoint when training fails, so the work done is not lost.
+
+    Trainer(callbacks=[OnExceptionCheckpoint(dirpath="checkpoints")])   # -> checkpoints/on_exception.ckpt
+
+The checkpoint is a full one (resume with `trainer.fit(..., ckpt_path="checkpoints/on_exception.ckpt")`): it holds
+the state at the failure, i.e. after the last completed optimizer step and whatever the failing batch changed
+before it raised. A run that ends well removes the file a previous failure left, as Lightning does, so an old
+failure is not resumed by mistake.
+
+On several processes it refuses to start (a deliberate difference from Lightning): a checkpoint needs every rank
+(rank 0 writes, all gather the RNG states, sharded engines write a shard each), and an error on one rank cannot
+bring the others to that save: they would wait in it. There, bound the work lost with
+ModelCheckpoint(every_n_train_steps=N, save_last=True); a SIGTERM is saved by every rank together.
+"""
+import os
+
+from tasktrain.callbacks.base import Callback
+
+
+class OnExceptionCheckpoint(Callback):
+    FILE_EXTENSION = ".ckpt"
+
+    def __init__(self, dirpath, filename="on_exception"):
+        if not filename:
+            raise ValueError("OnExceptionCheckpoint(filename=''): give a file name (without the extension).")
+        # fixed at construction: an error can happen before any set-up could work a directory out
+        self.dirpath = os.fspath(dirpath)
+        self.filename = filename
+        self._failed = False
+
+    @property
+    def ckpt_path(self):
+        return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
+
+    def setup(self, trainer, module, stage):
+        self._failed = False
+        if stage == "fit" and trainer.world_size > 1:
+            raise ValueError(
+                f"OnExceptionCheckpoint saves on one process only; this run has {trainer.world_size}. A checkpoint "
+                "needs every rank, and an error on one rank cannot bring the others to the save. Remove it, and "
+                "bound the work lost with ModelCheckpoint(every_n_train_steps=N, save_last=True) instead."
+            )
+
+    def on_exception(self, trainer, module, exception):
+        self._failed = True
+        if not trainer.training or isinstance(exception, SystemExit):
+            return  # nothing trained to keep (validate/test/predict); SIGTERM saved its own checkpoint
+        trainer.save_checkpoint(self.ckpt_path)
+        print(f"[tasktrain] OnExceptionCheckpoint: {type(exception).__name__} at global step {trainer.global_step}; "
+              f"saved {self.ckpt_path}", flush=True)
+
+    def teardown(self, trainer, module, stage):
+        if stage == "fit" and not self._failed and os.path.exists(self.ckpt_path):
+            trainer.strategy.remove_checkpoint(self.ckpt_path)

@@ -1,0 +1,149 @@
+"""Weight averaging: keep an average of the weights along training (EMA or SWA) and evaluate with it.
+
+WeightAveraging keeps a `torch.optim.swa_utils.AveragedModel` of the module, updated after every optimizer step
+(or whatever `should_update(step_idx=..., epoch_idx=...)` says). During validation the averaged weights are
+swapped in, once there has been an update (before it, the average is a copy of the initial weights, which
+Lightning would validate); when training ends they are copied into the module for good. Keyword arguments go to AveragedModel
+(`avg_fn`, `multi_avg_fn`); without one it is the equal-weight average (SWA). `use_buffers=True` (the default,
+unlike AveragedModel's) averages the buffers too (BatchNorm statistics).
+
+Checkpoints hold the averaged weights under "state_dict" (what load_from_checkpoint and inference get), the
+weights being trained under "current_model_state", and the average's own counters under "averaging_state"; a
+resume puts each back.
+
+EMAWeightAveraging is WeightAveraging with `decay` (W_avg <- decay * W_avg + (1 - decay) * W, first update a copy),
+`update_every_n_steps`, `update_starting_at_step` and `update_starting_at_epoch`.
+
+The average is a full copy of the module on each rank: a strategy that shards parameters (DeepSpeed ZeRO-3)
+cannot give it full weights, and is refused at set-up.
+"""
+import itertools
+
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
+
+from tasktrain.callbacks.base import Callback
+
+
+class WeightAveraging(Callback):
+    def __init__(self, device=None, use_buffers=True, **kwargs):
+        self._device = torch.device(device) if isinstance(device, str) else device
+        self._use_buffers = use_buffers
+        self._kwargs = kwargs
+        self._average_model = None
+        # global_step at the last update: the first should_update call comes after the first optimizer step
+        self._latest_update_step = 0
+        self._latest_update_epoch = -1
+        self._swapped = False
+
+    def should_update(self, step_idx=None, epoch_idx=None):
+        """Called after each optimizer step (step_idx: its 0-based index) and each training epoch (epoch_idx).
+        Default: update after every step."""
+        return step_idx is not None
+
+    @property
+    def average_model(self):
+        """The torch AveragedModel (its `.module` holds the averaged weights), or None outside fit."""
+        return self._average_model
+
+    # -- events ------------------------------------------------------------------------------------------------
+    def setup(self, trainer, module, stage):
+        if stage != "fit":
+            return
+        trainer.strategy.check_full_parameters(f"{type(self).__name__} (it keeps a full copy of the weights)")
+        self._average_model = AveragedModel(module, device=self._device or module.device,
+                                            use_buffers=self._use_buffers, **self._kwargs)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step > self._latest_update_step and self.should_update(step_idx=step - 1):
+            self._average_model.update_parameters(module)
+            self._latest_update_step = step
+
+    def on_train_epoch_end(self, trainer, module):
+        epoch = trainer.current_epoch
+        if epoch > self._latest_update_epoch and self.should_update(epoch_idx=epoch):
+            self._average_model.update_parameters(module)
+            self._latest_update_epoch = epoch
+
+    def on_validation_epoch_start(self, trainer, module):
+        # only once it holds an average: before the first update it is a copy of the initial weights
+        self._swapped = self._average_model is not None and int(self._average_model.n_averaged) > 0
+        if self._swapped:
+            self._swap(module)
+
+    def on_validation_epoch_end(self, trainer, module):
+        if self._swapped:
+            self._swap(module)
+        self._swapped = False
+
+    def on_train_end(self, trainer, module):
+        if self._average_model is not None:
+            for average, current in self._pairs(module):
+                current.detach().copy_(average.detach())
+
+    def teardown(self, trainer, module, stage):
+        if stage == "fit":
+            self._average_model = None  # the copy's memory goes with the run
+
+    # -- checkpoints -----------------------------------------------------------------------------------------------
+    def state_dict(self):
+        return {"latest_update_step": self._latest_update_step, "latest_update_epoch": self._latest_update_epoch}
+
+    def load_state_dict(self, state_dict):
+        self._latest_update_step = state_dict["latest_update_step"]
+        self._latest_update_epoch = state_dict.get("latest_update_epoch", -1)
+
+    def on_save_checkpoint(self, trainer, module, checkpoint):
+        if self._average_model is None:
+            return  # outside fit: after training the module already holds the averaged weights
+        average = self._average_model.state_dict()
+        checkpoint["current_model_state"] = checkpoint["state_dict"]
+        checkpoint["state_dict"] = {k[len("module."):]: v.to(checkpoint["current_model_state"][k[len("module."):]].device)
+                                    for k, v in average.items() if k.startswith("module.")}
+        checkpoint["averaging_state"] = {k: v for k, v in average.items() if not k.startswith("module.")}
+
+    def on_load_checkpoint(self, trainer, module, checkpoint):
+        if self._average_model is None or "current_model_state" not in checkpoint:
+            return  # a checkpoint without an average: the average starts from the loaded weights at the next update
+        average = {"module." + k: v for k, v in checkpoint["state_dict"].items()}
+        average.update(checkpoint["averaging_state"])
+        self._average_model.load_state_dict(average)
+        # the trainer loads checkpoint["state_dict"] into the module next: it must be the weights being trained
+        checkpoint["state_dict"] = checkpoint["current_model_state"]
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+    def _pairs(self, module):
+        average = self._average_model.module
+        return zip(itertools.chain(average.parameters(), average.buffers()),
+                   itertools.chain(module.parameters(), module.buffers()))
+
+    def _swap(self, module):
+        with torch.no_grad():
+            for average, current in self._pairs(module):
+                kept = current.detach().clone()
+                current.copy_(average.to(current.device))
+                average.copy_(kept.to(average.device))
+
+
+class EMAWeightAveraging(WeightAveraging):
+    """An exponential moving average of the weights, updated every `update_every_n_steps` optimizer steps from
+    `update_starting_at_step` (0-based; None: from the first), and at epoch ends from `update_starting_at_epoch`
+    (None: never at epoch ends)."""
+
+    def __init__(self, device=None, use_buffers=True, decay=0.999, update_every_n_steps=1,
+                 update_starting_at_step=None, update_starting_at_epoch=None, **kwargs):
+        super().__init__(device=device, use_buffers=use_buffers, avg_fn=get_ema_avg_fn(decay=decay), **kwargs)
+        self.decay = decay
+        self.update_every_n_steps = update_every_n_steps
+        self.update_starting_at_step = update_starting_at_step
+        self.update_starting_at_epoch = update_starting_at_epoch
+
+    def should_update(self, step_idx=None, epoch_idx=None):
+        if step_idx is not None:
+            started = self.update_starting_at_step is None or step_idx >= self.update_starting_at_step
+            if started and self.update_every_n_steps > 0 and step_idx % self.update_every_n_steps == 0:
+                return True
+        if epoch_idx is not None:
+            return self.update_starting_at_epoch is not None and epoch_idx >= self.update_starting_at_epoch
+        return False

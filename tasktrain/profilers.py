@@ -1,0 +1,372 @@
+"""Profilers: where a run spends its time, action by action (Lightning's classes and action names).
+
+    Trainer(profiler="simple")      # SimpleProfiler: wall time per action, a table at the end of the run
+    Trainer(profiler="advanced")    # AdvancedProfiler: cProfile per action (the functions inside each)
+    Trainer(profiler="pytorch")     # PyTorchProfiler: torch.profiler; a trace TensorBoard (and Perfetto) opens
+    Trainer(profiler=SimpleProfiler(dirpath="prof", filename="perf"))   # an instance, with its options
+
+The Trainer profiles these actions (names as in Lightning where it has them):
+
+    run_training_epoch, train_dataloader_next, training_step, backward, optimizer_step, optimizer_zero_grad,
+    validation_step, test_step, predict_step, <stage>_dataloader_next (validation, test, predict),
+    [Strategy]<name>.setup_module_and_optimizers, save_checkpoint (during a run),
+    [Callback]<state_key>.<event>, [TaskModule]<class>.<event>      (each hook that is overridden)
+
+Without a profiler (the default) nothing is wrapped: the loop calls the strategy's methods and the hooks as they
+are (the few once-per-run actions are a `with` on a shared no-op context). At the end of each run (fit,
+validate, test, predict), `describe()` prints the summary on rank 0, or, with a `filename`, writes it to
+`dirpath/<stage>-<filename>[-<local rank>].txt` on every rank; `dirpath` defaults to the trainer's log_dir.
+"""
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import time
+from collections import defaultdict
+
+import torch
+
+_NO_OP = contextlib.nullcontext()
+
+
+class Profiler:
+    """The base: start(action) / stop(action), profile(action) as a context, summary() as text."""
+
+    def __init__(self, dirpath=None, filename=None):
+        self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self.filename = filename
+        self._stage = None
+        self._local_rank = None
+        self._is_global_zero = True
+
+    def start(self, action_name):
+        raise NotImplementedError
+
+    def stop(self, action_name):
+        raise NotImplementedError
+
+    def summary(self):
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def profile(self, action_name):
+        try:
+            self.start(action_name)
+            yield action_name
+        finally:
+            self.stop(action_name)
+
+    def setup(self, stage, local_rank=None, log_dir=None, is_global_zero=True, module=None):
+        """Called by the Trainer when a run starts. local_rank: None on one process."""
+        self._stage, self._local_rank, self._is_global_zero = stage, local_rank, is_global_zero
+        self.dirpath = self.dirpath or log_dir
+
+    def teardown(self, stage):
+        """Called by the Trainer when a run ends (after describe)."""
+
+    def describe(self):
+        """Print the summary (rank 0), or write it to a file (every rank) when a filename was given."""
+        text = self.summary()
+        if not text:
+            return
+        if self.filename:
+            path = os.path.join(self.dirpath or ".", self._prepare_filename(".txt"))
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "a") as f:
+                f.write(text + "\n")
+        elif self._is_global_zero:
+            print(text, flush=True)
+
+    def _prepare_filename(self, extension, action_name=None):
+        name = f"{self._stage}-" if self._stage else ""
+        name += str(self.filename or type(self).__name__.lower())
+        if action_name is not None:
+            name += f"-{action_name}"
+        if self._local_rank is not None:
+            name += f"-{self._local_rank}"
+        return name + extension
+
+
+class PassThroughProfiler(Profiler):
+    """Profiles nothing (what `profiler=None` means)."""
+
+    def start(self, action_name):
+        pass
+
+    def stop(self, action_name):
+        pass
+
+    def summary(self):
+        return ""
+
+
+class SimpleProfiler(Profiler):
+    """Wall-clock time of every action: mean, count, total and share of the run, longest total first.
+    extended=False leaves out the share column and the run's total."""
+
+    def __init__(self, dirpath=None, filename=None, extended=True):
+        super().__init__(dirpath, filename)
+        self.extended = extended
+        self.current_actions = {}
+        self.recorded_durations = defaultdict(list)
+        self.start_time = time.monotonic()
+
+    def setup(self, stage, local_rank=None, log_dir=None, is_global_zero=True, module=None):
+        super().setup(stage, local_rank, log_dir, is_global_zero, module)
+        self.start_time = time.monotonic()
+
+    def start(self, action_name):
+        if action_name in self.current_actions:
+            raise ValueError(f"SimpleProfiler: {action_name!r} was started twice without a stop in between.")
+        self.current_actions[action_name] = time.monotonic()
+
+    def stop(self, action_name):
+        end = time.monotonic()
+        start = self.current_actions.pop(action_name, None)
+        if start is None:
+            raise ValueError(f"SimpleProfiler: {action_name!r} was stopped without being started.")
+        self.recorded_durations[action_name].append(end - start)
+
+    def summary(self):
+        if not self.recorded_durations:
+            return ""
+        total = time.monotonic() - self.start_time
+        rows = sorted(((name, sum(d) / len(d), len(d), sum(d)) for name, d in self.recorded_durations.items()),
+                      key=lambda r: r[3], reverse=True)
+        header = ["Action", "Mean duration (s)", "Num calls", "Total time (s)"] + \
+                 (["Percentage %"] if self.extended else [])
+        body = [[name, f"{mean:.6g}", str(count), f"{tot:.6g}"] +
+                ([f"{100 * tot / total:.4g}"] if self.extended else []) for name, mean, count, tot in rows]
+        if self.extended:
+            body.insert(0, ["Total", "-", str(sum(r[2] for r in rows)), f"{total:.6g}", "100 %"])
+        widths = [max(len(r[c]) for r in [header] + body) for c in range(len(header))]
+        fmt = lambda row: "|  " + "  |  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  |"  # noqa: E731
+        rule = "-" * len(fmt(header))
+        title = f"Profiler Report ({self._stage})" if self._stage else "Profiler Report"
+        return "\n".join([title, rule, fmt(header), rule, *(fmt(r) for r in body), rule])
+
+    def teardown(self, stage):
+        self.recorded_durations.clear()
+        self.current_actions.clear()
+
+
+class AdvancedProfiler(Profiler):
+    """cProfile for every action: the functions each one spends its time in. line_count_restriction limits the
+    rows per action (an int: that many; a float in (0, 1]: that fraction). dump_stats=True also writes each
+    action's raw stats to `dirpath/<stage>-<filename>-<action>.prof` (pstats / snakeviz read them)."""
+
+    def __init__(self, dirpath=None, filename=None, line_count_restriction=1.0, dump_stats=False):
+        super().__init__(dirpath, filename)
+        self.line_count_restriction = line_count_restriction
+        self.dump_stats = dump_stats
+        self.profiled_actions = {}
+
+    def start(self, action_name):
+        if action_name not in self.profiled_actions:
+            self.profiled_actions[action_name] = cProfile.Profile()
+        self.profiled_actions[action_name].enable()
+
+    def stop(self, action_name):
+        profiler = self.profiled_actions.get(action_name)
+        if profiler is None:
+            raise ValueError(f"AdvancedProfiler: {action_name!r} was stopped without being started.")
+        profiler.disable()
+
+    def summary(self):
+        parts = []
+        for action_name, profiler in self.profiled_actions.items():
+            if self.dump_stats:
+                path = os.path.join(self.dirpath or ".", self._prepare_filename(".prof", action_name=_safe(action_name)))
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                profiler.dump_stats(path)
+            stream = io.StringIO()
+            stats = pstats.Stats(profiler, stream=stream).strip_dirs().sort_stats("cumulative")
+            stats.print_stats(self.line_count_restriction)
+            parts.append(f"Profile stats for: {action_name}\n{stream.getvalue()}")
+        if not parts:
+            return ""
+        title = f"Profiler Report ({self._stage})" if self._stage else "Profiler Report"
+        return "\n".join([title, *parts])
+
+    def teardown(self, stage):
+        self.profiled_actions = {}
+
+
+class PyTorchProfiler(Profiler):
+    """torch.profiler over the run: each action is a `record_function` range ("[tasktrain]training_step", ...),
+    each module's forward one too ("[tasktrain][module]<class>: <name>", record_module_names=True), and every
+    training/validation/test/predict step is a profiler step (for a `schedule`).
+
+    The trace is written by `torch.profiler.tensorboard_trace_handler` to `dirpath` as
+    `<stage>-<filename>-<worker>.<time>.pt.trace.json`, which TensorBoard's PyTorch profiler plugin lists and
+    Perfetto / chrome://tracing open (export_to_chrome=False: no trace). Without a `schedule` (the default),
+    everything from the first action to the end of the run is recorded, one trace per run: for a long run, pass
+    `schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1)` (Lightning's default window) to
+    record a few steps. Other keyword arguments go to torch.profiler.profile (activities, record_shapes,
+    profile_memory, with_flops, on_trace_ready, ...). The summary is the operator table
+    (`key_averages().table(sort_by=sort_by_key, row_limit=row_limit)`). emit_nvtx is not supported.
+    """
+
+    STEP_FUNCTIONS = ("training_step", "validation_step", "test_step", "predict_step")
+
+    def __init__(self, dirpath=None, filename=None, group_by_input_shapes=False, emit_nvtx=False,
+                 export_to_chrome=True, row_limit=20, sort_by_key=None, record_module_names=True, with_stack=False,
+                 **profiler_kwargs):
+        super().__init__(dirpath, filename)
+        if emit_nvtx:
+            raise ValueError("PyTorchProfiler(emit_nvtx=True) is not supported: run under Nsight Systems with "
+                             "torch.autograd.profiler.emit_nvtx() around trainer.fit instead.")
+        self._group_by_input_shapes = group_by_input_shapes and profiler_kwargs.get("record_shapes", False)
+        self._export_to_chrome = export_to_chrome
+        self._row_limit = row_limit
+        self._sort_by_key = sort_by_key
+        self._record_module_names = record_module_names
+        self._profiler_kwargs = dict(profiler_kwargs, with_stack=with_stack)
+        self.profiler = None
+        self.function_events = None
+        self._ranges = {}
+        self._module = None
+        self._hooks = []
+
+    def setup(self, stage, local_rank=None, log_dir=None, is_global_zero=True, module=None):
+        super().setup(stage, local_rank, log_dir, is_global_zero, module)
+        self._module = module
+
+    def _activities(self):
+        activities = self._profiler_kwargs.get("activities")
+        if activities is not None:
+            return activities
+        out = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            out.append(torch.profiler.ProfilerActivity.CUDA)
+        return out
+
+    def start(self, action_name):
+        if self.profiler is None:
+            kwargs = dict(self._profiler_kwargs, activities=self._activities())
+            if self._export_to_chrome and "on_trace_ready" not in kwargs:
+                worker = self._prepare_filename("")
+                kwargs["on_trace_ready"] = torch.profiler.tensorboard_trace_handler(self.dirpath or ".", worker)
+            self.profiler = torch.profiler.profile(**kwargs)
+            self.profiler.__enter__()
+            if self._record_module_names and self._module is not None:
+                self._hooks = _record_module_names(self._module)
+        if action_name not in self._ranges:
+            span = torch.autograd.profiler.record_function("[tasktrain]" + action_name)
+            span.__enter__()
+            self._ranges[action_name] = span
+
+    def stop(self, action_name):
+        span = self._ranges.pop(action_name, None)
+        if span is not None:
+            span.__exit__(None, None, None)
+        if self.profiler is not None and action_name.endswith(self.STEP_FUNCTIONS):
+            self.profiler.step()
+
+    def _finish(self):
+        for span in self._ranges.values():
+            span.__exit__(None, None, None)
+        self._ranges = {}
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self.profiler is not None:
+            self.profiler.__exit__(None, None, None)  # writes the trace (on_trace_ready)
+            self.function_events = self.profiler.events()
+            self.profiler = None
+
+    def summary(self):
+        self._finish()
+        if not self.function_events:
+            return ""
+        sort_by = self._sort_by_key or ("cuda_time_total" if torch.profiler.ProfilerActivity.CUDA in
+                                        self._activities() else "cpu_time_total")
+        table = self.function_events.key_averages(group_by_input_shapes=self._group_by_input_shapes).table(
+            sort_by=sort_by, row_limit=self._row_limit)
+        title = f"Profiler Report ({self._stage})" if self._stage else "Profiler Report"
+        return f"{title}\n{table}"
+
+    def teardown(self, stage):
+        self._finish()
+        self.function_events = None
+        self._module = None
+
+
+def _record_module_names(module):
+    """Forward hooks that put each submodule's forward in a record_function range named after it."""
+    handles, open_spans = [], {}  # id(submodule) -> its ranges in progress (a module may be re-entered)
+    for name, layer in module.named_modules():
+        if not name:
+            continue
+        label = f"[tasktrain][module]{type(layer).__module__}.{type(layer).__name__}: {name}"
+
+        def pre(mod, args, label=label):
+            span = torch.autograd.profiler.record_function(label)
+            span.__enter__()
+            open_spans.setdefault(id(mod), []).append(span)
+
+        def post(mod, args, output):
+            spans = open_spans.get(id(mod))
+            if spans:
+                spans.pop().__exit__(None, None, None)
+
+        handles.append(layer.register_forward_pre_hook(pre))
+        handles.append(layer.register_forward_hook(post))
+    return handles
+
+
+def _safe(name):
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler,
+             "passthrough": PassThroughProfiler}
+
+
+def resolve_profiler(profiler):
+    """Trainer(profiler=...): None, a name ("simple", "advanced", "pytorch", "passthrough") or a Profiler."""
+    if profiler is None or isinstance(profiler, Profiler):
+        return profiler
+    if isinstance(profiler, str) and profiler.lower() in PROFILERS:
+        return PROFILERS[profiler.lower()]()
+    raise ValueError(f"profiler={profiler!r}: use None, 'simple', 'advanced', 'pytorch', 'passthrough', or a "
+                     "Profiler instance (tasktrain.profilers).")
+
+
+def profiled_calls(profiler, event, fns, module, callbacks):
+    """The Trainer's hook list for `event`, each call inside profiler.profile("[Callback]<key>.<event>") or
+    "[TaskModule]<class>.<event>"."""
+    out = []
+    names = iter([f"[Callback]{cb.state_key}.{event}" for cb in callbacks if _overrides(cb, event)])
+    for is_module, fn in fns:
+        name = f"[TaskModule]{type(module).__name__}.{event}" if is_module else next(names)
+        out.append((is_module, profiled(profiler, name, fn)))
+    return out
+
+
+def _overrides(cb, event):
+    from tasktrain.callbacks.base import Callback
+    from tasktrain.trainer.module import is_overridden
+
+    return is_overridden(event, cb, Callback)
+
+
+def profiled(profiler, name, fn):
+    """`fn`, each call inside profiler.profile(name)."""
+    def call(*args):
+        with profiler.profile(name):
+            return fn(*args)
+    return call
+
+
+def profiled_iter(iterable, profiler, name):
+    """Iterate `iterable`, each next() inside profiler.profile(name)."""
+    iterator = iter(iterable)
+    while True:
+        with profiler.profile(name):
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+        yield item

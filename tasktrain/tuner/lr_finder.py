@@ -1,0 +1,125 @@
+"""The learning-rate finder: a short fit with a growing rate, the smoothed loss at each step, a suggestion."""
+import math
+
+import torch
+
+from tasktrain.callbacks.base import Callback
+
+
+class LRFinder:
+    """What lr_find found: `results` {"lr": [...], "loss": [...]} (the smoothed loss after each step's rate) and
+    `suggestion()`. There is no plot(): draw results["lr"] against results["loss"] (log x) with any library."""
+
+    def __init__(self, mode, lr_min, lr_max, num_training, lrs, losses):
+        self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
+        self.results = {"lr": list(lrs), "loss": list(losses)}
+        self._optimal_idx = None
+
+    def suggestion(self, skip_begin=10, skip_end=1):
+        """The rate where the smoothed loss falls fastest (its steepest negative slope per step), leaving out the
+        first skip_begin and last skip_end points; None when fewer than two finite points remain."""
+        lrs = self.results["lr"][skip_begin:len(self.results["lr"]) - skip_end]
+        losses = torch.tensor(self.results["loss"][skip_begin:len(self.results["loss"]) - skip_end],
+                              dtype=torch.float64)
+        finite = torch.isfinite(losses)
+        lrs = [lr for lr, ok in zip(lrs, finite.tolist()) if ok]
+        losses = losses[finite]
+        if len(losses) < 2:
+            self._optimal_idx = None
+            return None
+        index = int(torch.argmin(torch.gradient(losses)[0]))
+        self._optimal_idx = self.results["lr"].index(lrs[index])
+        return lrs[index]
+
+    def plot(self, *args, **kwargs):
+        raise NotImplementedError("LRFinder has no plot(): plot results['lr'] (log scale) against results['loss'] "
+                                  "with the plotting library of your choice.")
+
+
+class _Sweep(Callback):
+    """Sets each step's rate just before the optimizer step and records the smoothed loss after it."""
+
+    def __init__(self, min_lr, max_lr, num_training, mode, early_stop_threshold, beta=0.98):
+        self.min_lr, self.max_lr, self.num_training, self.mode = min_lr, max_lr, num_training, mode
+        self.early_stop_threshold, self.beta = early_stop_threshold, beta
+        self.lrs, self.losses = [], []
+        self._window, self._avg, self._best = [], 0.0, None
+
+    def rate(self, i):
+        t = i / max(1, self.num_training - 1)
+        if self.mode == "exponential":
+            return self.min_lr * (self.max_lr / self.min_lr) ** t
+        return self.min_lr + (self.max_lr - self.min_lr) * t
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        lr = self.rate(trainer.global_step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        self._lr = lr
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self._window.append(loss.detach().float())
+        if trainer.global_step == len(self.lrs):
+            return  # inside an accumulation window: the step comes later
+        value = float(trainer.strategy.reduce(torch.stack(self._window).mean()))
+        self._window = []
+        self._avg = self.beta * self._avg + (1 - self.beta) * value
+        smoothed = self._avg / (1 - self.beta ** (len(self.losses) + 1))
+        self.lrs.append(self._lr)
+        self.losses.append(smoothed)
+        if not math.isfinite(smoothed):
+            trainer.should_stop = True
+            return
+        self._best = smoothed if self._best is None else min(self._best, smoothed)
+        if (self.early_stop_threshold is not None and len(self.losses) > 1
+                and smoothed > self.early_stop_threshold * self._best):
+            trainer.should_stop = True  # diverging: the rest of the sweep would tell nothing
+
+
+def lr_attr_name(model, attr_name=""):
+    """The attribute lr_find sets: attr_name if given, else "lr" or "learning_rate", on the module or in hparams."""
+    names = [attr_name] if attr_name else ["lr", "learning_rate"]
+    for name in names:
+        if hasattr(model, name) or name in getattr(model, "hparams", {}):
+            return name
+    if attr_name:
+        raise AttributeError(f"lr_find(attr_name={attr_name!r}): {type(model).__name__} has no such attribute or "
+                             "hyper-parameter.")
+    raise AttributeError(f"lr_find(update_attr=True) sets the module's learning rate, but {type(model).__name__} "
+                         "has neither `lr` nor `learning_rate` (as an attribute or in self.hparams). Add one and use "
+                         "it in configure_optimizers, pass attr_name=..., or update_attr=False.")
+
+
+def set_attr(model, name, value):
+    """Set `name` where the module keeps it: the attribute, the hyper-parameter, or both."""
+    if name in getattr(model, "hparams", {}):
+        model.hparams[name] = value
+    if hasattr(model, name) or name not in getattr(model, "hparams", {}):
+        setattr(model, name, value)
+
+
+def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr,
+            attr_name):
+    if mode not in ("exponential", "linear"):
+        raise ValueError(f"lr_find(mode={mode!r}): use 'exponential' or 'linear'.")
+    if not 0 < min_lr < max_lr:
+        raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): use 0 < min_lr < max_lr.")
+    if not isinstance(num_training, int) or num_training < 2:
+        raise ValueError(f"lr_find(num_training={num_training!r}): use at least 2 steps.")
+    name = lr_attr_name(model, attr_name) if update_attr else None
+    sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
+    trainer.callbacks = [sweep]
+    trainer.max_steps, trainer.max_epochs = num_training, -1
+    trainer.limit_val_batches = 0  # the sweep reads the training loss only
+    trainer.fit(model, **loaders)
+    finder = LRFinder(mode, min_lr, max_lr, num_training, sweep.lrs, sweep.losses)
+    if name is not None:
+        lr = finder.suggestion()
+        if lr is None:
+            print("[tasktrain] lr_find: too few finite losses for a suggestion; the learning rate is unchanged "
+                  "(raise num_training or lower max_lr).", flush=True)
+        else:
+            set_attr(model, name, lr)
+            print(f"[tasktrain] lr_find: learning rate set to {lr:.3g} ({type(model).__name__}.{name})", flush=True)
+    return finder

@@ -1,0 +1,133 @@
+"""Helper for tests/test_lightning_ddp.py: issue 17's callbacks, profiler and refusals on 2 DDP processes
+(self-launched), several fits in one process group.
+
+    python extras_ddp.py OUT      # writes OUT/rank{R}.json with what each rank saw
+"""
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import common
+from tasktrain import (BackboneFinetuning, BasePredictionWriter, CSVLogger, EMAWeightAveraging,
+                       GradientAccumulationScheduler, ModelCheckpoint, OnExceptionCheckpoint, StochasticWeightAveraging,
+                       TaskModule, ThroughputMonitor, Trainer)
+from tasktrain.profilers import SimpleProfiler
+from tasktrain.tuner import Tuner
+
+out = sys.argv[1]
+
+
+class Regression(TaskModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Indices(BasePredictionWriter):
+    def __init__(self):
+        super().__init__("batch")
+        self.seen = []
+
+    def write_on_batch_end(self, trainer, module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.seen += batch_indices
+
+
+x, y = common.regression_data()
+data = DataLoader(TensorDataset(x, y), batch_size=4)  # 32 samples: 4 batches of 4 per rank
+common_args = dict(strategy="ddp", devices=2, accelerator="cpu", enable_progress_bar=False)
+facts = {}
+
+# 1. EMA, throughput, a time schedule (zero interval: due at each check) and a per-rank profiler, one fit
+logger = CSVLogger(os.path.join(out, "logs"))
+ema = EMAWeightAveraging(decay=0.5)
+saves = ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), train_time_interval=timedelta(0), save_top_k=-1)
+monitor = ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=2)
+module = Regression()
+trainer = Trainer(max_epochs=2, logger=logger, log_every_n_steps=2, callbacks=[ema, saves, monitor],
+                  profiler=SimpleProfiler(dirpath=os.path.join(out, "prof"), filename="perf"), **common_args)
+trainer.fit(module, data)
+facts["rank"] = trainer.global_rank
+facts["weights"] = module.layer.weight.flatten().tolist()
+facts["global_step"] = trainer.global_step
+facts["saved"] = sorted(os.listdir(os.path.join(out, "ckpt")))
+
+# 2. GradientAccumulationScheduler: windows of 1 then 2
+trainer = Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                  callbacks=[GradientAccumulationScheduler({1: 2})], **common_args)
+trainer.fit(Regression(), data)
+facts["accumulated_steps"] = trainer.global_step
+
+# 3. a prediction writer: each rank's own dataset indices
+writer = Indices()
+Trainer(logger=False, enable_checkpointing=False, callbacks=[writer], **common_args).predict(Regression(), data)
+facts["predict_indices"] = writer.seen
+
+# 4. BackboneFinetuning: the backbone unfrozen at epoch 1 trains in step on both ranks (DDP's wrapper rebuilt)
+class WithBackbone(TaskModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone, self.head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.head(self.backbone(x)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(filter(lambda p: p.requires_grad, self.parameters()), lr=0.1)
+
+
+module = WithBackbone()
+Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_model_summary=False,
+        callbacks=[BackboneFinetuning(unfreeze_backbone_at_epoch=1)], **common_args).fit(module, data)
+facts["finetuned"] = [p.detach().flatten().tolist() for p in module.parameters()]
+
+# 5. StochasticWeightAveraging with BatchNorm: the statistics recomputed on each rank's shard, then merged
+class WithBatchNorm(Regression):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        return self.layer(self.norm(x))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+
+module = WithBatchNorm()
+Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_model_summary=False,
+        callbacks=[StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2)], **common_args).fit(module, data)
+facts["swa_norm"] = [module.norm.running_mean.tolist(), module.norm.running_var.tolist()]
+
+# 6. what refuses several processes, on every rank alike
+refusals = []
+try:
+    Trainer(max_epochs=1, logger=False, enable_checkpointing=False, callbacks=[OnExceptionCheckpoint(out)],
+            **common_args).fit(Regression(), data)
+except ValueError as err:
+    refusals.append(str(err))
+try:
+    Tuner(Trainer(max_epochs=1, logger=False, enable_checkpointing=False, **common_args)).lr_find(Regression(), data)
+except ValueError as err:
+    refusals.append(str(err))
+facts["refusals"] = refusals
+
+with open(os.path.join(out, f"rank{facts['rank']}.json"), "w") as f:
+    json.dump(facts, f)

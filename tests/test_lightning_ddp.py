@@ -1,0 +1,57 @@
+"""Issue 17's callbacks, profiler and refusals on 2 real processes (DDP, gloo, self-launched): one script run,
+facts per rank read back."""
+import csv
+import glob
+import json
+import os
+import sys
+
+import pytest
+
+from ddp_scripts import common
+from ddp_scripts.common import run, script
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    out = tmp_path_factory.mktemp("extras_ddp")
+    code, stdout, stderr, _ = run([sys.executable, script("extras_ddp.py"), str(out)], 240, str(out))
+    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    return out, [json.load(open(out / f"rank{r}.json")) for r in (0, 1)], stdout
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_callbacks_profiler_and_refusals_on_two_processes(ran):
+    out, facts, stdout = ran
+    # EMA: the same average on both ranks (the replicas step together)
+    assert facts[0]["weights"] == facts[1]["weights"] and facts[0]["global_step"] == 8
+    # the time schedule, decided by rank 0 at the log steps (every 2nd step): the same files for both
+    assert facts[0]["saved"] == facts[1]["saved"] == [f"epoch={(s - 1) // 4}-step={s}.ckpt" for s in (2, 4, 6, 8)]
+    # ThroughputMonitor: rank 0 writes; the global rates are the device's times the world size
+    (metrics,) = glob.glob(str(out / "logs" / "*" / "version_0" / "metrics.csv"))
+    rows = [r for r in csv.DictReader(open(metrics)) if r.get("train/samples")]
+    assert [float(r["train/samples"]) for r in rows] == [8, 16, 24, 32]  # this device's samples
+    for r in rows[1:]:
+        assert float(r["train/samples_per_sec"]) == pytest.approx(2 * float(r["train/device/samples_per_sec"]))
+    # the profiler: one report per rank, named by local rank
+    assert sorted(os.listdir(out / "prof")) == ["fit-perf-0.txt", "fit-perf-1.txt"]
+    # the model summary: printed once, by rank 0
+    assert stdout.count("Trainable params") == 1
+    assert facts[0]["accumulated_steps"] == facts[1]["accumulated_steps"] == 4 + 2
+    assert facts[0]["predict_indices"] == list(range(0, 32, 2)) and facts[1]["predict_indices"] == list(range(1, 32, 2))
+    # an unfrozen backbone trains as one process with the whole batch would (torch's DDP built with it frozen
+    # would leave its gradients unsynchronised: each rank's backbone would drift apart)
+    reference = common.finetuning_reference()
+    for rank_facts in facts:
+        for got, want in zip(rank_facts["finetuned"], reference):
+            assert got == pytest.approx(want, abs=1e-5)
+    # SWA's BatchNorm statistics: each rank's shard merged into those of the whole training set, on both ranks
+    x, _ = common.regression_data()
+    mean, var = facts[0]["swa_norm"]
+    assert facts[1]["swa_norm"][0] == pytest.approx(mean, abs=1e-6)
+    assert facts[1]["swa_norm"][1] == pytest.approx(var, abs=1e-6)
+    assert mean == pytest.approx(x.mean(0).tolist(), abs=1e-5)
+    for rank_facts in facts:
+        assert len(rank_facts["refusals"]) == 2
+        assert "one process only" in rank_facts["refusals"][0] and "runs on one process" in rank_facts["refusals"][1]

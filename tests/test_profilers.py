@@ -1,0 +1,103 @@
+"""Trainer(profiler=...): the simple, advanced and PyTorch profilers over the loop's actions and the hooks; a
+trace TensorBoard's profiler plugin reads; nothing wrapped without a profiler."""
+import glob
+import json
+import os
+
+import pytest
+from helpers import Linear, loader, quiet
+
+from tasktrain import Callback, Trainer
+from tasktrain.profilers import AdvancedProfiler, PassThroughProfiler, PyTorchProfiler, SimpleProfiler
+
+
+class Hooked(Linear):
+    def on_train_epoch_end(self):
+        pass
+
+
+class Counter(Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        pass
+
+
+def test_simple_profiler_times_the_loop_actions_and_the_overridden_hooks(tmp_path):
+    profiler = SimpleProfiler(dirpath=tmp_path, filename="perf")
+    trainer = Trainer(max_epochs=2, profiler=profiler, callbacks=[Counter()], accumulate_grad_batches=2,
+                      **quiet(enable_model_summary=False))
+    trainer.fit(Hooked(), loader(32), loader(16))
+    text = open(tmp_path / "fit-perf.txt").read()
+    counts = {line.split("|")[1].strip(): int(line.split("|")[3]) for line in text.splitlines()
+              if line.startswith("|") and "Action" not in line and "Total" not in line}
+    # 2 epochs x 4 batches, a step every 2; validation: 2 batches per epoch, no sanity check
+    assert counts["training_step"] == counts["backward"] == 8
+    assert counts["optimizer_step"] == counts["optimizer_zero_grad"] == 4
+    assert counts["run_training_epoch"] == 2 and counts["validation_step"] == 4
+    assert counts["train_dataloader_next"] == 8  # 4 batches per epoch (a loader with a length is not read past its end)
+    assert counts["[TaskModule]Hooked.on_train_epoch_end"] == 2
+    assert counts["[Callback]Counter.on_train_batch_end"] == 8
+    assert "Percentage %" in text and text.startswith("Profiler Report (fit)")
+
+
+def test_simple_profiler_covers_test_and_predict_and_prints_without_a_filename(capsys):
+    trainer = Trainer(profiler="simple", **quiet(enable_model_summary=False))
+    trainer.test(Linear(), loader(24))
+    trainer.predict(Linear(), loader(16))
+    out = capsys.readouterr().out
+    assert "Profiler Report (test)" in out and "Profiler Report (predict)" in out
+    assert "test_step" in out and "predict_step" in out
+
+
+def test_advanced_profiler_shows_the_functions_inside_each_action(tmp_path):
+    profiler = AdvancedProfiler(dirpath=tmp_path, filename="adv", dump_stats=True)
+    Trainer(max_epochs=1, profiler=profiler, **quiet(enable_model_summary=False)).fit(Linear(), loader(16))
+    text = open(tmp_path / "fit-adv.txt").read()
+    assert "Profile stats for: training_step" in text and "mse_loss" in text
+    assert os.path.exists(tmp_path / "fit-adv-training_step.prof")
+
+
+def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
+    trainer = Trainer(max_epochs=1, profiler=PyTorchProfiler(filename="run"), default_root_dir=tmp_path,
+                      **quiet(enable_model_summary=False))
+    trainer.fit(Linear(), loader(24))
+    traces = glob.glob(str(tmp_path / "fit-run*.pt.trace.json"))
+    assert len(traces) == 1
+    with open(traces[0]) as f:
+        events = json.load(f)["traceEvents"]
+    names = [e.get("name", "") for e in events]
+    assert names.count("[tasktrain]training_step") == 3 and names.count("[tasktrain]backward") == 3
+    assert any(n.startswith("[tasktrain][module]torch.nn.modules.linear.Linear: layer") for n in names)
+    # TensorBoard's PyTorch profiler plugin parses it into its views
+    from torch_tb_profiler.profiler.data import RunProfileData
+    from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+    data = RunProfileData.parse("fit-run", None, traces[0], str(tmp_path / "cache"))
+    profile = RunGenerator("fit-run", None, data).generate_run_profile()
+    assert {"overall", "operator", "trace"} <= {view.name for view in profile.views}
+    # a checkpoint saved after the run does not start the torn-down profiler again (it would never be stopped)
+    trainer.save_checkpoint(tmp_path / "after.ckpt")
+    assert trainer.profiler.profiler is None and os.path.exists(tmp_path / "after.ckpt")
+
+
+def test_without_a_profiler_nothing_is_wrapped():
+    trainer = Trainer(max_epochs=1, callbacks=[Counter()], **quiet(enable_model_summary=False))
+    trainer.fit(Hooked(), loader(16))
+    assert trainer.profiler is None and trainer._profile("a") is trainer._profile("b")  # one shared no-op
+    (hook,) = trainer._callback_hooks["on_train_batch_end"]
+    assert hook.func.__self__.__class__ is Counter  # the callback's bound method itself, not a wrapper
+    # the loop calls the strategy's methods themselves: replacing one shows it is called directly, once per batch
+    calls = []
+    trainer = Trainer(max_epochs=1, **quiet(enable_model_summary=False))
+    original = trainer.strategy.training_step
+    trainer.strategy.training_step = lambda *a: calls.append(a[1]) or original(*a)
+    trainer.fit(Linear(), loader(16))
+    assert calls == [0, 1]
+
+
+def test_profiler_names():
+    assert isinstance(Trainer(profiler="advanced", **quiet()).profiler, AdvancedProfiler)
+    assert isinstance(Trainer(profiler="passthrough", **quiet()).profiler, PassThroughProfiler)
+    with pytest.raises(ValueError, match="'simple', 'advanced', 'pytorch'"):
+        Trainer(profiler="fast")
+    with pytest.raises(ValueError, match="emit_nvtx"):
+        PyTorchProfiler(emit_nvtx=True)
