@@ -35,7 +35,8 @@ from typing import Optional
 
 import torch
 
-from tasktrain.checkpoint_io import atomic_link, atomic_save, load_checkpoint_file, remove_path
+from tasktrain.checkpoint_io import (atomic_link, atomic_save, load_checkpoint_file, load_plain_state_dict,
+                                    plain_state_dict, remove_path)
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.precision import MixedPrecision, Precision, make_precision, patch_forward
 from tasktrain.tree import apply_to_leaves
@@ -334,16 +335,21 @@ class Strategy:
         """Wait until every rank is here."""
 
     # -- state --------------------------------------------------------------------------------------------------------
+    # State dicts carry plain names: a compiled submodule (`self.model = torch.compile(GPT())`) has keys with
+    # torch.compile's "_orig_mod." in them, which checkpoints leave out, so that a file loads into the module compiled
+    # or not (tasktrain/checkpoint_io.py).
     def module_state_dict(self, model=None):
         """What a checkpoint holds of the module (`model`: a model set up here, default the module). Default: its
-        whole state dict. A sharded engine returns what it does not write itself (DeepSpeed: nothing, the weights are
-        in its shards next to the checkpoint file)."""
-        return self.unwrap_model(model).state_dict() if model is not None else self.module.state_dict()
+        whole state dict, with plain names. A sharded engine returns what it does not write itself (DeepSpeed:
+        nothing, the weights are in its shards next to the checkpoint file)."""
+        module = self.unwrap_model(model) if model is not None else self.module
+        return plain_state_dict(module.state_dict())
 
     def load_module_state_dict(self, state_dict, model=None, strict=True):
-        """Load what module_state_dict gave (or a plain state dict) into the module (or `model`)."""
+        """Load what module_state_dict gave (or a plain state dict) into the module (or `model`), compiled
+        submodules included."""
         target = self.unwrap_model(model) if model is not None else self.module
-        target.load_state_dict(state_dict, strict=strict)
+        load_plain_state_dict(target, state_dict, strict=strict)
 
     def optimizer_state(self, optimizer):
         """What a checkpoint holds of an optimizer. Default: its state dict."""
@@ -354,8 +360,9 @@ class Strategy:
 
     def full_state_dict(self, model=None):
         """The module's whole state dict, gathered where it is sharded, for export (every rank calls it). `model`: a
-        model set up here (or its module); default the module. Default: its state dict."""
-        return self.unwrap_model(model).state_dict() if model is not None else self.module.state_dict()
+        model set up here (or its module); default the module. Default: its state dict, with plain names."""
+        module = self.unwrap_model(model) if model is not None else self.module
+        return plain_state_dict(module.state_dict())
 
     def check_full_state_dict(self, obj, where):
         """Raise when `obj`, about to be saved by the main process alone, holds this strategy's shards instead of

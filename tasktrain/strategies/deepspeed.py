@@ -60,7 +60,7 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, format_header, link_tree,
-                                     load_checkpoint_file, replace_dir)
+                                     load_checkpoint_file, load_plain_state_dict, plain_name, replace_dir)
 from tasktrain.strategies.base import _StepWrapper
 from tasktrain.strategies.ddp import _PROCESS, DDP
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
@@ -486,7 +486,7 @@ class DeepSpeed(DDP):
         target = self.engine.module if self.engine is not None else self.module
         with self._gathered(modifier_rank=0):
             if not self._partitioned() or self.is_global_zero:
-                target.load_state_dict(state_dict, strict=strict)
+                load_plain_state_dict(target, state_dict, strict=strict)
 
     def load_optimizer_state(self, optimizer, state):
         if isinstance(state, dict) and "deepspeed" in state and self._loaded_engine_state:
@@ -893,7 +893,8 @@ def _quiet_untested_optimizer(record):
 
 
 def _strip(key, prefix):
-    return key[len(prefix):] if prefix and key.startswith(prefix) else key
+    """The plain name of an engine's key: without our wrapper's prefix, nor the "_orig_mod." of compiled submodules."""
+    return plain_name(key[len(prefix):] if prefix and key.startswith(prefix) else key)
 
 
 def convert_zero_checkpoint(checkpoint_dir, output_path=None):
