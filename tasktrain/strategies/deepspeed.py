@@ -401,6 +401,7 @@ class DeepSpeed(DDP):
             self.precision.detach()  # nothing may keep the engine alive past the group (gloo at exit)
         if engine is not None:
             engine.destroy()  # removes DeepSpeed's hooks from the module
+            _restore_functional_linear()
         del engine
         gc.collect()
         env = self.env
@@ -890,6 +891,19 @@ def _say_once(key, is_global_zero, message):
 def _quiet_untested_optimizer(record):
     # ZeRO warns about every optimizer it did not pick itself; here it always runs the user's, on purpose.
     return "untested optimizer" not in str(record.msg)
+
+
+def _restore_functional_linear():
+    """A ZeRO-3 engine replaces torch.nn.functional.linear, for every later model of the process, by its own
+    (zero_optimization.memory_efficient_linear, on by default; DeepSpeed leaves it so "unless manually reset").
+    A later DDP or single-device run in the same process would then compute through DeepSpeed's function:
+    put torch's back when the engine is gone."""
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as patcher
+
+    original = getattr(patcher, "linear_bk", None)
+    if original is not None and torch.nn.functional.linear is zero3_linear_wrap:
+        torch.nn.functional.linear = original
 
 
 def _strip(key, prefix):
