@@ -18,12 +18,12 @@ RATIO = re.compile(r"^\d+\.\d{3}x( \(\d+\.\d{2}-\d+\.\d{2}\))?$")
 SECONDS = re.compile(r"^\d+\.\d{3} s$")
 
 
-def run_quick(script):
+def run_quick(script, *args):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                         "MASTER_PORT") and not k.startswith("TASKTRAIN_")}
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick"], capture_output=True,
-                         text=True, timeout=280, env=env)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick", *args],
+                         capture_output=True, text=True, timeout=280, env=env)
     assert out.returncode == 0, f"{script} --quick failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
     return out.stdout
 
@@ -79,3 +79,60 @@ def test_startup_quick_table_and_light_import():
     # The Trainer's import stays light: these load only when a run needs them (first log, first bar, ZeRO).
     for heavy in ("tensorboard", "tqdm", "deepspeed", "lightning", "accelerate"):
         assert heavy not in pulled.group(1).split(", "), pulled.group(1)
+
+
+# -- benchmarks/gpt.py ----------------------------------------------------------------------------------------------
+def gpt_benchmark():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpt_benchmark", os.path.join(ROOT, "benchmarks", "gpt.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_gpt_trainer_and_accelerator_end_bit_for_bit_on_the_hand_written_loop(accumulate):
+    """The benchmark's three loops, in fp32 on one process: same model, data, order, AdamW, schedule, clipping and
+    accumulation, so the same final parameters, bit for bit (the learning rate is high enough that clipping
+    cuts the gradients: the order in which the norm sums them matters there)."""
+    import torch
+
+    bench = gpt_benchmark()
+    gpt = bench.example()
+    cfg = {"digits": 2, "n_layer": 1, "n_head": 4, "n_embd": 32, "lr": 3e-2, "lr_warmup": 2, "micro_batch": 16,
+           "accumulate": accumulate, "steps": 6, "threads": 1, "precision": "32-true", "compile": False,
+           "strategy": None}
+    train, _ = gpt.addition_data(2, 16 * accumulate * 7, 10, seed=0)
+    finals = {}
+    for name, run in (("raw", bench.run_raw), ("trainer", bench.run_trainer), ("accelerator", bench.run_accelerator)):
+        stamps, loss, model, rank = run(dict(cfg, variant=name), gpt, train)
+        assert len(stamps) == cfg["steps"] + 1 and rank == 0
+        finals[name] = (loss, {k: v.detach().clone() for k, v in model.state_dict().items()})
+    raw_loss, raw = finals["raw"]
+    for name in ("trainer", "accelerator"):
+        loss, params = finals[name]
+        assert loss == raw_loss, name
+        assert sorted(params) == sorted(raw)
+        assert all(torch.equal(params[k], raw[k]) for k in raw), name
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(400)
+def test_gpt_quick_table():
+    stdout = run_quick("gpt.py", "--settings", "fp32", "ddp", "--n_layer", "1", "--n_embd", "32", "--micro_batch", "16")
+    header, body = markdown_table(stdout)
+    assert header == ["setting", "variant", "tokens/s", "ratio to (a) (range)", "CPU per step", "CPU ratio",
+                      "first step", "peak RSS", "final loss", "= (a)"]
+    assert [(row[0], row[1]) for row in body] == [
+        ("fp32", "(a) hand-written loop"), ("fp32", "(b) Trainer"), ("fp32", "(c) Accelerator"),
+        ("ddp", "(a) hand-written loop, ddp"), ("ddp", "(b) Trainer, ddp"), ("ddp", "(c) Accelerator, ddp"),
+        ("ddp", "(b) Trainer, deepspeed_stage_2"), ("ddp", "(c) Accelerator, deepspeed_stage_2")]
+    for row in body:
+        assert re.match(r"^[\d,]+$", row[2]) and RATIO.match(row[3]), row
+        assert re.match(r"^\d+\.\d ms$", row[4]) and re.match(r"^\d+\.\d{2} s$", row[6]), row
+        if "deepspeed" not in row[1]:
+            # Same seed, data, order and arithmetic (DDP's all-reduce included): the same parameters, bit for bit.
+            assert row[9] == "yes", row
+    assert "machine:" in stdout and "load average" in stdout
