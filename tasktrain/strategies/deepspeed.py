@@ -61,6 +61,7 @@ import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, format_header, link_tree,
                                      load_checkpoint_file, load_plain_state_dict, plain_name, replace_dir)
+from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.strategies.base import _StepWrapper
 from tasktrain.strategies.ddp import _PROCESS, DDP
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
@@ -271,6 +272,11 @@ class DeepSpeed(DDP):
                              "set-up, and this run changes it by epoch (GradientAccumulationScheduler: "
                              f"{dict(plan.accumulation_schedule)}). Use one accumulate_grad_batches for the run, or "
                              "strategy='ddp'.")
+        # prepare(torch.compile(model), ...): the engine must hold the module itself (ZeRO-3's forward hooks mark
+        # the module's own parameters, and fail on the wrapper), so the module goes in with its forward compiled in
+        # place, with the wrapper's settings; the module stays compiled, as the script asked.
+        module, compiled = unwrap_compiled(module)
+        compile_forward_as(module, compiled)
         self.module = module
         self.optimizers = list(optimizers)
         self._client_optimizer = self.optimizers[0] if self.optimizers else None

@@ -33,5 +33,12 @@ for strategy, precision in ACCELERATOR_CASES:
     metrics, weights, texts = gpt_accelerator.main([*SHORT, "--strategy", strategy, "--precision", precision])
     results[f"Accelerator {strategy} {precision}"] = {"metrics": metrics, "texts": texts,
                                                       "weight_names": sorted(weights)}
+# torch.compile(model) prepared under ZeRO-3: the engine gets the module inside the wrapper, its forward compiled.
+# The smallest model, a few steps: this checks that it runs and saves plain names, not what it learns.
+TINY = ["--digits", "1", "--n_layer", "1", "--n_embd", "16", "--batch_size", "32", "--max_steps", "6", "--warmup", "2",
+        "--train_size", "512", "--val_size", "6", "--samples", "2"]
+metrics, weights, texts = gpt_accelerator.main([*TINY, "--strategy", "deepspeed_stage_3", "--compile"])
+results["Accelerator deepspeed_stage_3 compiled"] = {"metrics": metrics, "texts": texts,
+                                                     "weight_names": sorted(weights)}
 with open(f"{out}.rank{os.environ.get('RANK', '0')}.json", "w") as f:
     json.dump(results, f)
