@@ -1,4 +1,4 @@
-"""A small GPT learns to add: it reads "123+4567=" and writes the sum, token by token, then a full stop.
+"""A small GPT learns to add: it reads "123+045=" and writes the sum, "0168", token by token, then a full stop.
 
     python examples/gpt.py                                           # one process
     python examples/gpt.py --strategy ddp --devices 2                # two processes (gloo on CPU)
@@ -13,8 +13,9 @@ full stop after it are right. Exact match with the true answer fed in (one forwa
 as exact match of greedy generation: greedy decoding writes the true answer exactly when, at each position,
 the most likely next token given the true prefix is the true next token.
 
-At its default size (2 layers, 4 heads, 128 wide, 0.4M parameters; operands of up to 3 digits) it reaches
-99% exact match on 2,000 held-out sums in 1,500 steps, about 3 minutes on 2 CPU cores (see docs/examples.md).
+At its default size (2 layers, 4 heads, 128 wide, 0.4M parameters; numbers below 1000) it gets at least 99% of
+2,000 held-out sums exactly right after its 1,000 steps of 256 sums (measured: 100%). That is about 2.5 minutes
+of CPU time on one core (136 s measured with one torch thread; docs/examples.md has the measured runs).
 examples/gpt_accelerator.py trains the same model with the Accelerator and a loop of your own.
 """
 import argparse
@@ -36,12 +37,12 @@ PRECISIONS = ["32-true", "bf16-mixed"]
 VOCAB = "0123456789+=."  # "." ends the answer
 END = VOCAB.index(".")
 VOCAB_SIZE = len(VOCAB)
-IGNORE = -1  # target of the positions that are not scored (the prompt and the padding)
+IGNORE = -1  # the target of the positions that are not scored: the prompt's
 
 
 def block_size(digits):
-    """Tokens a model sees: "a+b=c." with a and b written with `digits` digits and c with one more, less the last."""
-    return digits + 1 + digits + 1 + digits + 1 + 1 - 1
+    """Tokens a model sees: "a+b=c." (a and b of `digits` digits, c of one more) less its last token."""
+    return 3 * digits + 3
 
 
 def encode(a, b, digits):
