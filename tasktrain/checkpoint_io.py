@@ -123,6 +123,49 @@ def load_checkpoint_file(path, map_location="cpu") -> dict:
     return ckpt
 
 
+# -- names under torch.compile ------------------------------------------------------------------------------------
+# `torch.compile(submodule)` returns a wrapper that holds the submodule as its child "_orig_mod", so a module that
+# keeps a compiled submodule (`self.model = torch.compile(GPT())`) has state-dict keys like "model._orig_mod.wte.weight".
+# Checkpoints store the plain names ("model.wte.weight"): the same file then loads into the model compiled or not.
+COMPILED_NAME = "_orig_mod"
+
+
+def plain_state_dict(state_dict):
+    """The state dict with every "_orig_mod." segment of its keys removed (the dict itself when there is none)."""
+    if not any(COMPILED_NAME in key for key in state_dict):
+        return state_dict
+    return _renamed(state_dict, plain_name)
+
+
+def load_plain_state_dict(module, state_dict, strict=True):
+    """module.load_state_dict for a state dict with plain names, into a module that may hold compiled submodules."""
+    names = {plain_name(name): name for name, _ in module.named_modules() if COMPILED_NAME in name}
+    if names:
+        # "model.wte.weight" -> "model._orig_mod.wte.weight": the longest compiled module name that is a prefix.
+        def compiled_name(key):
+            parts = key.split(".")
+            for cut in range(len(parts), 0, -1):
+                owner = ".".join(parts[:cut])
+                if owner in names:
+                    return ".".join([names[owner], *parts[cut:]])
+            return key
+
+        state_dict = _renamed(state_dict, compiled_name)
+    return module.load_state_dict(state_dict, strict=strict)
+
+
+def plain_name(key):
+    return ".".join(part for part in key.split(".") if part != COMPILED_NAME)
+
+
+def _renamed(state_dict, rename):
+    out = type(state_dict)((rename(key), value) for key, value in state_dict.items())
+    metadata = getattr(state_dict, "_metadata", None)  # per-module versions, keyed by module name
+    if metadata is not None:
+        out._metadata = type(metadata)((rename(key), value) for key, value in metadata.items())
+    return out
+
+
 # -- RNG ----------------------------------------------------------------------------------------------------------
 def collect_rng_states() -> dict:
     np_state = np.random.get_state()

@@ -18,12 +18,12 @@ RATIO = re.compile(r"^\d+\.\d{3}x( \(\d+\.\d{2}-\d+\.\d{2}\))?$")
 SECONDS = re.compile(r"^\d+\.\d{3} s$")
 
 
-def run_quick(script):
+def run_quick(script, *args):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                         "MASTER_PORT") and not k.startswith("TASKTRAIN_")}
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick"], capture_output=True,
-                         text=True, timeout=280, env=env)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick", *args],
+                         capture_output=True, text=True, timeout=280, env=env)
     assert out.returncode == 0, f"{script} --quick failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
     return out.stdout
 
@@ -79,3 +79,51 @@ def test_startup_quick_table_and_light_import():
     # The Trainer's import stays light: these load only when a run needs them (first log, first bar, ZeRO).
     for heavy in ("tensorboard", "tqdm", "deepspeed", "lightning", "accelerate"):
         assert heavy not in pulled.group(1).split(", "), pulled.group(1)
+
+
+# -- benchmarks/gpt.py ----------------------------------------------------------------------------------------------
+def gpt_benchmark():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpt_benchmark", os.path.join(ROOT, "benchmarks", "gpt.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_gpt_trainer_and_accelerator_end_bit_for_bit_on_the_hand_written_loop(accumulate):
+    """The benchmark's three loops, in fp32 on one process: same model, data, order, AdamW, schedule, clipping and
+    accumulation, so the same final parameters, bit for bit (the learning rate is high enough that clipping
+    cuts the gradients: the order in which the norm sums them matters there). Run as the benchmark runs them:
+    the Trainer's fit drives, one step of each loop in turn."""
+    bench = gpt_benchmark()
+    gpt = bench.example()
+    cfg = {"digits": 2, "n_layer": 1, "n_head": 4, "n_embd": 32, "lr": 3e-2, "lr_warmup": 2, "micro_batch": 16,
+           "accumulate": accumulate, "steps": 6, "fresh_steps": 2, "threads": 1, "precision": "32-true",
+           "compile": False, "strategy": None}
+    train, _ = gpt.addition_data(2, 16 * accumulate * 7, 10, seed=0)
+    result = bench.lockstep(cfg, gpt, train)
+    assert {name: len(times) for name, times in result["times"].items()} == {"raw": 6, "trainer": 6, "accelerator": 6}
+    assert result["same"] == {"raw": True, "trainer": True, "accelerator": True}
+    assert len(set(result["losses"].values())) == 1, result["losses"]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(400)
+def test_gpt_quick_table():
+    # The 2-process setting only (the 1-process loops run in the test above): 4 launched pairs, a tiny GPT.
+    stdout = run_quick("gpt.py", "--settings", "ddp", "--n_layer", "1", "--n_embd", "32", "--micro_batch", "16")
+    header, body = markdown_table(stdout)
+    assert header == ["setting", "variant", "tokens/s", "ratio to (a) (range)", "CPU per step", "CPU ratio (range)",
+                      "first step", "peak RSS", "final loss", "= (a)"]
+    assert [(row[0], row[1]) for row in body] == [
+        ("ddp", "(a) hand-written loop, DDP"), ("ddp", "(b) Trainer, ddp"), ("ddp", "(c) Accelerator, ddp")]
+    for row in body:
+        assert re.match(r"^[\d,]+$", row[2]) and RATIO.match(row[3]) and RATIO.match(row[5]), row
+        assert re.match(r"^\d+\.\d ms$", row[4]) and re.match(r"^\d+\.\d{2} s$", row[6]), row
+        assert re.match(r"^\d+ MB$", row[7]), row
+        # Same seed, data, order and arithmetic (DDP's all-reduce included): the same parameters, bit for bit.
+        assert row[9] == "yes", row
+    assert "machine:" in stdout and "load average" in stdout

@@ -35,7 +35,8 @@ from typing import Optional
 
 import torch
 
-from tasktrain.checkpoint_io import atomic_link, atomic_save, load_checkpoint_file, remove_path
+from tasktrain.checkpoint_io import (atomic_link, atomic_save, load_checkpoint_file, load_plain_state_dict,
+                                    plain_state_dict, remove_path)
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.precision import MixedPrecision, Precision, make_precision, patch_forward
 from tasktrain.tree import apply_to_leaves
@@ -94,6 +95,7 @@ class Strategy:
         self.model = None  # what the module's forward goes through (a DDP/DeepSpeed wrapper, or the module)
         self.optimizers = []
         self._root_device = None
+        self._module_order = None  # clip_gradients' parameter order: (id of the optimizer, its size, positions)
 
     # -- who am I ---------------------------------------------------------------------------------------------------
     global_rank = 0
@@ -211,6 +213,7 @@ class Strategy:
         """End of a stage: drop the wrappers (the process group, if any, may outlive it for the next stage)."""
         self.model = None
         self.optimizers = []
+        self._module_order = None
 
     # -- the module -------------------------------------------------------------------------------------------------
     def module_init_context(self, empty_init=False):
@@ -294,15 +297,35 @@ class Strategy:
     def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
         """Unscale, then clip `optimizer`'s gradients: to a total `norm_type`-norm of max_norm and/or to
         [-max_value, max_value]. Returns the total norm before clipping (None where it is not known here: an engine
-        that clips inside its step, see clips_inside_step)."""
+        that clips inside its step, see clips_inside_step).
+
+        The total norm sums per-tensor norms in the order the parameters come, and another order can change its
+        last bit. They come in the module's order, that of a hand-written `clip_grad_norm_(model.parameters(), ...)`,
+        not in the optimizer's (whose param groups may regroup them), so that a fit repeats such a loop bit for bit."""
         self.unscale_gradients(optimizer)
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        params = [p for p in self._in_module_order(optimizer) if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type) if params else torch.tensor(0.0)
         if max_norm is not None and params:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         if max_value is not None and params:
             torch.nn.utils.clip_grad_value_(params, max_value)
         return norm
+
+    def _in_module_order(self, optimizer):
+        """The optimizer's parameters, in the order of self.module.parameters() (then any the module lacks).
+        The order is worked out once per optimizer and param-group layout (clipping runs every step) and kept as
+        positions in the optimizer's list: it holds no tensor, and at worst (a new optimizer at a recycled id) it
+        orders the sum differently, never clips other tensors."""
+        held = [p for group in optimizer.param_groups for p in group["params"]]
+        cached = self._module_order
+        if cached is None or cached[0] != id(optimizer) or cached[1] != len(held):
+            position = {id(p): i for i, p in enumerate(held)}
+            order = [position[id(p)] for p in (self.module.parameters() if self.module is not None else ())
+                     if id(p) in position]
+            taken = set(order)
+            order += [i for i in range(len(held)) if i not in taken]
+            cached = self._module_order = (id(optimizer), len(held), order)
+        return [held[i] for i in cached[2]]
 
     def optimizer_step(self, optimizer, closure=None) -> bool:
         """Step `optimizer` through the precision; returns whether it really stepped (False: GradScaler or the
@@ -334,16 +357,21 @@ class Strategy:
         """Wait until every rank is here."""
 
     # -- state --------------------------------------------------------------------------------------------------------
+    # State dicts carry plain names: a compiled submodule (`self.model = torch.compile(GPT())`) has keys with
+    # torch.compile's "_orig_mod." in them, which checkpoints leave out, so that a file loads into the module compiled
+    # or not (tasktrain/checkpoint_io.py).
     def module_state_dict(self, model=None):
         """What a checkpoint holds of the module (`model`: a model set up here, default the module). Default: its
-        whole state dict. A sharded engine returns what it does not write itself (DeepSpeed: nothing, the weights are
-        in its shards next to the checkpoint file)."""
-        return self.unwrap_model(model).state_dict() if model is not None else self.module.state_dict()
+        whole state dict, with plain names. A sharded engine returns what it does not write itself (DeepSpeed:
+        nothing, the weights are in its shards next to the checkpoint file)."""
+        module = self.unwrap_model(model) if model is not None else self.module
+        return plain_state_dict(module.state_dict())
 
     def load_module_state_dict(self, state_dict, model=None, strict=True):
-        """Load what module_state_dict gave (or a plain state dict) into the module (or `model`)."""
+        """Load what module_state_dict gave (or a plain state dict) into the module (or `model`), compiled
+        submodules included."""
         target = self.unwrap_model(model) if model is not None else self.module
-        target.load_state_dict(state_dict, strict=strict)
+        load_plain_state_dict(target, state_dict, strict=strict)
 
     def optimizer_state(self, optimizer):
         """What a checkpoint holds of an optimizer. Default: its state dict."""
@@ -354,8 +382,9 @@ class Strategy:
 
     def full_state_dict(self, model=None):
         """The module's whole state dict, gathered where it is sharded, for export (every rank calls it). `model`: a
-        model set up here (or its module); default the module. Default: its state dict."""
-        return self.unwrap_model(model).state_dict() if model is not None else self.module.state_dict()
+        model set up here (or its module); default the module. Default: its state dict, with plain names."""
+        module = self.unwrap_model(model) if model is not None else self.module
+        return plain_state_dict(module.state_dict())
 
     def check_full_state_dict(self, obj, where):
         """Raise when `obj`, about to be saved by the main process alone, holds this strategy's shards instead of

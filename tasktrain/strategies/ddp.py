@@ -247,6 +247,7 @@ class DDP(Strategy):
         self._wrappers = []
         self.model = self._target = None
         self.optimizers = []
+        self._module_order = None
         if self.env is not None and self.env.launcher is None and _PROCESS["owns_group"] and dist.is_initialized():
             _destroy_group_at_exit()
 

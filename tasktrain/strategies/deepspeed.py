@@ -60,7 +60,8 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, format_header, link_tree,
-                                     load_checkpoint_file, replace_dir)
+                                     load_checkpoint_file, load_plain_state_dict, plain_name, replace_dir)
+from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.strategies.base import _StepWrapper
 from tasktrain.strategies.ddp import _PROCESS, DDP
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
@@ -271,6 +272,11 @@ class DeepSpeed(DDP):
                              "set-up, and this run changes it by epoch (GradientAccumulationScheduler: "
                              f"{dict(plan.accumulation_schedule)}). Use one accumulate_grad_batches for the run, or "
                              "strategy='ddp'.")
+        # prepare(torch.compile(model), ...): the engine must hold the module itself (ZeRO-3's forward hooks mark
+        # the module's own parameters, and fail on the wrapper), so the module goes in with its forward compiled in
+        # place, with the wrapper's settings; the module stays compiled, as the script asked.
+        module, compiled = unwrap_compiled(module)
+        compile_forward_as(module, compiled)
         self.module = module
         self.optimizers = list(optimizers)
         self._client_optimizer = self.optimizers[0] if self.optimizers else None
@@ -401,6 +407,7 @@ class DeepSpeed(DDP):
             self.precision.detach()  # nothing may keep the engine alive past the group (gloo at exit)
         if engine is not None:
             engine.destroy()  # removes DeepSpeed's hooks from the module
+            _restore_functional_linear()
         del engine
         gc.collect()
         env = self.env
@@ -486,7 +493,7 @@ class DeepSpeed(DDP):
         target = self.engine.module if self.engine is not None else self.module
         with self._gathered(modifier_rank=0):
             if not self._partitioned() or self.is_global_zero:
-                target.load_state_dict(state_dict, strict=strict)
+                load_plain_state_dict(target, state_dict, strict=strict)
 
     def load_optimizer_state(self, optimizer, state):
         if isinstance(state, dict) and "deepspeed" in state and self._loaded_engine_state:
@@ -892,8 +899,22 @@ def _quiet_untested_optimizer(record):
     return "untested optimizer" not in str(record.msg)
 
 
+def _restore_functional_linear():
+    """A ZeRO-3 engine replaces torch.nn.functional.linear, for every later model of the process, by its own
+    (zero_optimization.memory_efficient_linear, on by default; DeepSpeed leaves it so "unless manually reset").
+    A later DDP or single-device run in the same process would then compute through DeepSpeed's function:
+    put torch's back when the engine is gone."""
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as patcher
+
+    original = getattr(patcher, "linear_bk", None)
+    if original is not None and torch.nn.functional.linear is zero3_linear_wrap:
+        torch.nn.functional.linear = original
+
+
 def _strip(key, prefix):
-    return key[len(prefix):] if prefix and key.startswith(prefix) else key
+    """The plain name of an engine's key: without our wrapper's prefix, nor the "_orig_mod." of compiled submodules."""
+    return plain_name(key[len(prefix):] if prefix and key.startswith(prefix) else key)
 
 
 def convert_zero_checkpoint(checkpoint_dir, output_path=None):

@@ -444,7 +444,7 @@ class TaskModule(torch.nn.Module):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location="cpu", strict=True, **overrides):
         """Rebuild the module from a checkpoint's saved hyper-parameters (overridden by **overrides)."""
-        from tasktrain.checkpoint_io import load_checkpoint_file
+        from tasktrain.checkpoint_io import load_checkpoint_file, load_plain_state_dict
 
         ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
         hparams = dict(ckpt.get("hyper_parameters") or {})
@@ -454,7 +454,7 @@ class TaskModule(torch.nn.Module):
         kwargs = hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}
         module = cls(**kwargs)
         module.on_load_checkpoint(ckpt)
-        module.load_state_dict(ckpt["state_dict"], strict=strict)
+        load_plain_state_dict(module, ckpt["state_dict"], strict=strict)
         return module
 
 

@@ -27,6 +27,7 @@ import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
+from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
 from tasktrain.strategies.base import Plan, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
@@ -178,6 +179,7 @@ class Trainer:
         self.lr_scheduler_configs = []
         self.module = None
         self.datamodule = None  # the DataModule of the last entry point given one (Lightning's trainer.datamodule)
+        self._given_module = None  # what the last run was given: the module, or torch.compile(module)
         self._metrics = None
         self._callback_metrics_cache = {}
         self._logged_metrics = {}
@@ -454,10 +456,13 @@ class Trainer:
                          datamodule=datamodule)
 
     def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False, datamodule=None):
-        module = module if module is not None else self.module
+        given = module if module is not None else self._given_module if self._given_module is not None else self.module
+        # fit(torch.compile(module)): the module inside is trained, its forward compiled for the run (compiled.py).
+        module, compiled = unwrap_compiled(given)
         if not isinstance(module, TaskModule):
             raise TypeError(f"Trainer.{stage} needs a TaskModule, got {type(module).__name__}.")
         self._check_module(module, stage)
+        self._given_module = given
         # A DataModule passed where the loaders go is the datamodule (Lightning's rule); it stays for later runs.
         if stage == "fit" and isinstance(train_loader, DataModule) and datamodule is None:
             datamodule, train_loader = train_loader, None
@@ -471,9 +476,10 @@ class Trainer:
             self.datamodule = datamodule
             datamodule.trainer = self
         # The strategy runs the stage on every rank: here, or in the processes it starts (ddp_spawn).
-        return self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather), train_loader, eval_loader)
+        return self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather, compiled), train_loader,
+                                    eval_loader)
 
-    def _run_stage(self, stage, module, train_loader, eval_loader, ckpt_path, gather):
+    def _run_stage(self, stage, module, train_loader, eval_loader, ckpt_path, gather, compiled=None):
         strategy = self.strategy
         strategy.setup_environment()
         self._reset_run_state()
@@ -493,6 +499,7 @@ class Trainer:
         self._to_device, self._plain_transfer = self._batch_mover(module)
         result = None
         status = "success"  # what the loggers' finalize hears
+        restore_forward = compile_forward_as(module, compiled)  # undone in the finally below
         try:
             if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
@@ -513,7 +520,10 @@ class Trainer:
             self._on_failure(exc)
             raise
         finally:
-            self._teardown(stage, module, status)
+            try:
+                self._teardown(stage, module, status)
+            finally:
+                restore_forward()
         return result
 
     def _check_module(self, module, stage):
@@ -1380,11 +1390,13 @@ class _StageRun:
     A strategy that starts the ranks in new processes (ddp_spawn) pickles it to them; rank 0 sends back
     `collect(result)`, and `restore(collected)` puts that into this process's trainer and module."""
 
-    def __init__(self, trainer, stage, module, ckpt_path, gather):
+    def __init__(self, trainer, stage, module, ckpt_path, gather, compiled=None):
         self.trainer, self.stage, self.module, self.ckpt_path, self.gather = trainer, stage, module, ckpt_path, gather
+        self.compiled = compiled  # the torch.compile wrapper the stage was given (its settings compile the module)
 
     def __call__(self, train_loader, eval_loader):
-        return self.trainer._run_stage(self.stage, self.module, train_loader, eval_loader, self.ckpt_path, self.gather)
+        return self.trainer._run_stage(self.stage, self.module, train_loader, eval_loader, self.ckpt_path, self.gather,
+                                       self.compiled)
 
     def collect(self, result):
         trainer = self.trainer

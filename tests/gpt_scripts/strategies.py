@@ -1,0 +1,44 @@
+"""Under `tasktrain launch --num_processes 2`: examples/gpt.py's short form with the Trainer on each strategy, then
+examples/gpt_accelerator.py's on each of its strategies, one after the other in the same two processes and process
+group. Each rank writes OUT.rank{R}.json.
+
+    tasktrain launch --num_processes 2 strategies.py OUT ROOT
+"""
+import json
+import os
+import sys
+
+import torch
+from common import SHORT
+
+import gpt
+import gpt_accelerator
+
+# (strategy, precision). "fsdp" joins these lists when the FSDP strategy lands.
+TRAINER_CASES = [("ddp", "32-true"), ("deepspeed_stage_2", "bf16-mixed"), ("deepspeed_stage_3", "32-true")]
+ACCELERATOR_CASES = [("ddp", "32-true"), ("deepspeed_stage_2", "32-true")]
+
+out, root = sys.argv[1], sys.argv[2]
+results = {}
+torch_linear = torch.nn.functional.linear
+for strategy, precision in TRAINER_CASES:
+    trainer, metrics, texts = gpt.main([*SHORT, "--strategy", strategy, "--precision", precision, "--devices", "2",
+                                        "--root", os.path.join(root, strategy)])
+    results[f"Trainer {strategy} {precision}"] = {
+        "metrics": metrics, "texts": texts, "world_size": trainer.world_size, "strategy": trainer.strategy.name,
+        "global_step": trainer.global_step,
+        # ZeRO-3 swaps torch.nn.functional.linear for its own: the strategy's teardown must have put torch's back.
+        "torch_linear_after": torch.nn.functional.linear is torch_linear}
+for strategy, precision in ACCELERATOR_CASES:
+    metrics, weights, texts = gpt_accelerator.main([*SHORT, "--strategy", strategy, "--precision", precision])
+    results[f"Accelerator {strategy} {precision}"] = {"metrics": metrics, "texts": texts,
+                                                      "weight_names": sorted(weights)}
+# torch.compile(model) prepared under ZeRO-3: the engine gets the module inside the wrapper, its forward compiled.
+# The smallest model, a few steps: this checks that it runs and saves plain names, not what it learns.
+TINY = ["--digits", "1", "--n_layer", "1", "--n_embd", "16", "--batch_size", "32", "--max_steps", "6", "--warmup", "2",
+        "--train_size", "512", "--val_size", "6", "--samples", "2"]
+metrics, weights, texts = gpt_accelerator.main([*TINY, "--strategy", "deepspeed_stage_3", "--compile"])
+results["Accelerator deepspeed_stage_3 compiled"] = {"metrics": metrics, "texts": texts,
+                                                     "weight_names": sorted(weights)}
+with open(f"{out}.rank{os.environ.get('RANK', '0')}.json", "w") as f:
+    json.dump(results, f)
