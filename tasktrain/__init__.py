@@ -40,6 +40,23 @@ _NAMES = {
     "CheckpointError": "tasktrain.checkpoint_io",
     "init_empty_weights": "tasktrain.inference.empty",
     "save_model": "tasktrain.inference.saving",
+    # Accelerate's top-level names (`from accelerate import X` -> `from tasktrain import X`); docs/accelerator.md
+    "PartialState": "tasktrain.state",
+    "AcceleratorState": "tasktrain.state",
+    "skip_first_batches": "tasktrain.trainer.accelerator",
+    "DistributedType": "tasktrain.utils.dataclasses",
+    "DataLoaderConfiguration": "tasktrain.utils.dataclasses",
+    "ProjectConfiguration": "tasktrain.utils.dataclasses",
+    "GradientAccumulationPlugin": "tasktrain.utils.dataclasses",
+    "DeepSpeedPlugin": "tasktrain.utils.dataclasses",
+    "FullyShardedDataParallelPlugin": "tasktrain.utils.dataclasses",
+    "InitProcessGroupKwargs": "tasktrain.utils.dataclasses",
+    "DistributedDataParallelKwargs": "tasktrain.utils.dataclasses",
+    "GradScalerKwargs": "tasktrain.utils.dataclasses",
+    "AutocastKwargs": "tasktrain.utils.dataclasses",
+    "ProfileKwargs": "tasktrain.utils.dataclasses",
+    "find_executable_batch_size": "tasktrain.utils.memory",
+    "notebook_launcher": "tasktrain.utils.other",
 }
 
 __all__ = ["__version__", *_NAMES]

@@ -80,6 +80,8 @@ class Strategy:
     name = "base"  # shown by describe(); the registry's names are in tasktrain/names.py
     is_distributed = False  # several processes form one world (each rank runs the same script)
     supports_custom_loop = True  # can wrap a model's own forward for the Accelerator (Plan.calls_steps=False)
+    distributed_type = "NO"  # Accelerate's name of what runs the processes: "NO", "MULTI_GPU" (DDP; the Accelerator
+    #                          says MULTI_CPU on CPUs) or "DEEPSPEED"
     clips_inside_step = False  # the engine clips inside optimizer_step, to the value the plan carried; then
     #                            clip_gradients only checks that a request agrees, and returns None
 
@@ -202,6 +204,11 @@ class Strategy:
     # The loops mark progress on it, arm it around their batches and wrap long work in watchdog.long_event(name).
     stall_timeout = None
     watchdog = None
+
+    def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
+        """Accelerate's InitProcessGroupKwargs / DistributedDataParallelKwargs, before setup_environment. Default:
+        one process has no process group and no DDP wrapper, so there is nothing for them to change (as with
+        Accelerate on one process)."""
 
     def forward_signal(self, signum):
         """A signal this process received (SIGTERM) for the worker processes it started. Default: none started."""

@@ -60,6 +60,7 @@ class DDP(Strategy):
 
     name = "ddp"
     is_distributed = True
+    distributed_type = "MULTI_GPU"
 
     def __init__(self, accelerator=None, precision=None, process_group_backend=None, timeout=timedelta(minutes=30),
                  start_method="popen", sync_batchnorm=False, **ddp_kwargs):
@@ -82,6 +83,20 @@ class DDP(Strategy):
         self.env = None
         self._wrappers = []  # the DDP wrappers made by setup_module_and_optimizers, released at teardown
         self._target, self._calls_steps = None, True  # what the wrapper wraps (built again when it must be)
+
+    def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
+        if process_group_backend is not None:
+            if process_group_backend not in ("gloo", "nccl"):
+                raise ValueError(f"process group backend {process_group_backend!r}: use 'gloo' or 'nccl'.")
+            self.process_group_backend = process_group_backend
+        if timeout is not None:
+            self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+        if ddp_kwargs:
+            unknown = sorted(set(ddp_kwargs) - _DDP_OPTIONS)
+            if unknown:
+                raise TypeError(f"DistributedDataParallel options {unknown} are not known; it takes "
+                                f"{sorted(_DDP_OPTIONS)}.")
+            self.ddp_kwargs = {**self.ddp_kwargs, **ddp_kwargs}
 
     @property
     def launcher(self):

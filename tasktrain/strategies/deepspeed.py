@@ -104,6 +104,14 @@ class DeepSpeedPrecision(Precision):
     def attach(self, engine, input_dtype):
         self.engine, self.input_dtype = engine, input_dtype
 
+    def set_options(self, scaler=None, autocast=None):
+        if scaler:
+            raise ValueError("GradScalerKwargs under DeepSpeed: the engine scales fp16 losses itself; set the "
+                             "config's fp16 section (initial_scale_power, loss_scale_window, ...) instead.")
+        if autocast:
+            raise ValueError("AutocastKwargs under DeepSpeed: the engine holds the weights in bf16/fp16 and runs no "
+                             "autocast; drop the handler.")
+
     def detach(self):
         self.engine = None
 
@@ -145,6 +153,7 @@ class DeepSpeed(DDP):
     """
 
     name = "deepspeed"
+    distributed_type = "DEEPSPEED"
     clips_inside_step = True  # engine.step() clips to the config's gradient_clipping
 
     def __init__(self, stage=None, offload_optimizer=None, offload_parameters=None, config=None, zero3_init=False,
@@ -185,6 +194,13 @@ class DeepSpeed(DDP):
         if self.zero3_init and self.zero_stage() != 3:
             raise ValueError(f"DeepSpeed(zero3_init=True) partitions parameters at creation, which is ZeRO stage 3; "
                              f"this config runs stage {self.zero_stage()}. Use stage=3 or drop zero3_init.")
+
+    def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
+        if ddp_kwargs:
+            # Accelerate passes them to nothing under DeepSpeed either; said aloud rather than dropped.
+            warnings.warn(f"DistributedDataParallelKwargs {sorted(ddp_kwargs)} are not used under DeepSpeed: the "
+                          "engine reduces gradients itself (set its options in the DeepSpeed config).")
+        super().configure_processes(process_group_backend, timeout)
 
     def zero_stage(self):
         return build_config(self.user_config, stage=self.stage, precision=None)["zero_optimization"]["stage"]

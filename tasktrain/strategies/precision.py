@@ -24,6 +24,7 @@ class Precision:
     """Full fp32 ("32-true"): no casting, no scaling."""
 
     name = "32-true"
+    autocast_options = {}  # AutocastKwargs (enabled, cache_enabled): used where an autocast runs
 
     def __init__(self, device_type: str = "cpu"):
         self.device_type = device_type
@@ -54,6 +55,13 @@ class Precision:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def set_options(self, scaler=None, autocast=None):
+        """Accelerate's GradScalerKwargs / AutocastKwargs (their non-default fields). Default: no GradScaler to
+        configure (an error), and no autocast runs, so autocast options change nothing."""
+        if scaler:
+            raise ValueError(f"GradScalerKwargs configure the fp16 GradScaler; precision {self.name!r} has none. Use "
+                             "mixed_precision='fp16', or drop the handler.")
+
 
 class DoublePrecision(Precision):
     """"64-true": the module and floating point inputs in float64."""
@@ -82,7 +90,15 @@ class MixedPrecision(Precision):
             warn_fp16_on_cpu(device_type)
 
     def autocast(self):
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return torch.autocast(self.device_type, dtype=self.dtype, **self.autocast_options)
+
+    def set_options(self, scaler=None, autocast=None):
+        if scaler:
+            if self.scaler is None:
+                super().set_options(scaler=scaler)
+            self.scaler = torch.amp.GradScaler(self.device_type, **scaler)
+        if autocast:
+            self.autocast_options = dict(autocast)
 
     def backward(self, loss, **kwargs):
         if self.scaler is not None:

@@ -21,6 +21,7 @@ import warnings
 import torch
 
 from tasktrain import checkpoint_io as ckpt_io
+from tasktrain.loggers.trackers import GeneralTracker, check_log_with, make_trackers
 from tasktrain.names import MIXED_PRECISION
 from tasktrain.strategies.base import GradientClip, Plan
 from tasktrain.strategies.precision import unpatch_forward
@@ -49,8 +50,29 @@ class Accelerator:
     `with accelerator.long_event(name):`.
     """
 
-    def __init__(self, mixed_precision=None, cpu=False, gradient_accumulation_steps=None, strategy=None,
-                 stall_timeout=DEFAULT_STALL_TIMEOUT):
+    def __init__(self, device_placement=True, split_batches=None, mixed_precision=None,
+                 gradient_accumulation_steps=None, cpu=False, dataloader_config=None, deepspeed_plugin=None,
+                 fsdp_plugin=None, torch_tp_plugin=None, megatron_lm_plugin=None, rng_types=None, log_with=None,
+                 project_dir=None, project_config=None, gradient_accumulation_plugin=None,
+                 step_scheduler_with_optimizer=True, kwargs_handlers=None, dynamo_backend=None, dynamo_plugin=None,
+                 deepspeed_plugins=None, parallelism_config=None, strategy=None, stall_timeout=DEFAULT_STALL_TIMEOUT,
+                 even_batches=None, dispatch_batches=None):
+        # Accelerate's arguments are read here, before anything starts: each maps onto a tasktrain choice or is a
+        # clear error (docs/accelerator.md, "Coming from Accelerate").
+        options = _accelerate_options(
+            device_placement=device_placement, split_batches=split_batches, even_batches=even_batches,
+            dispatch_batches=dispatch_batches, dataloader_config=dataloader_config, deepspeed_plugin=deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
+            rng_types=rng_types, project_dir=project_dir, project_config=project_config,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, kwargs_handlers=kwargs_handlers,
+            dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, deepspeed_plugins=deepspeed_plugins,
+            parallelism_config=parallelism_config, strategy=strategy)
+        strategy = options["strategy"]
+        gradient_accumulation_steps = options["gradient_accumulation_steps"]
+        self.project_configuration = options["project_config"]
+        self.log_with = check_log_with(log_with, self.logging_dir)  # a bad name or a missing package fails now
+        self.trackers = []
         # The launch config, the strategy and its precision, the accumulation: the Trainer's rules too. The
         # Accelerator never starts processes: a launcher (tasktrain launch, torchrun, SLURM) did, or it is one.
         runtime = build_runtime(accelerator="cpu" if cpu else "auto", strategy=strategy, precision=mixed_precision,
@@ -63,8 +85,18 @@ class Accelerator:
         # elsewhere the script's own clip_grad_norm_ calls decide.
         self._launch_clipping = () if runtime.gradient_clip_val is None else (
             GradientClip(runtime.gradient_clip_val, "norm", 2.0, "the launch config's gradient_clipping"),)
+        self.strategy.configure_processes(**options["process_options"])
+        self.strategy.precision.set_options(**options["precision_options"])
+        if self.project_configuration.save_on_each_node and runtime.num_nodes > 1:
+            raise ValueError("ProjectConfiguration(save_on_each_node=True): save_state writes from every process "
+                             "into one directory, which must be on storage all machines share; set it False.")
         self.strategy.setup_environment()
         self._watchdog = self.strategy.watchdog  # None on one process; watches the prepared loaders' loops
+        self.step_scheduler_with_optimizer = bool(step_scheduler_with_optimizer)
+        self._sync_each_batch = options["sync_each_batch"]
+        self._rng_types = options["rng_types"]
+        self._profile_handler = options["profile"]
+        self._autocast_handler = options["autocast"]
 
         self.sync_gradients = True  # False inside accumulate() on a micro-batch that does not end the window
         self._window = self.gradient_accumulation_steps  # what backward divides the loss by
@@ -76,14 +108,43 @@ class Accelerator:
         self._loaders = []  # PreparedDataLoader
         self._active_loaders = []  # loaders being iterated, innermost last
         self._custom = []  # register_for_checkpointing
-        self._data_seed = None
+        self._data_seed = options["data_seed"]
+        self._triggered = False  # set_trigger / check_trigger
         self._ended = False
+        from tasktrain.state import _share
+
+        _share(self)  # PartialState() and AcceleratorState() read this Accelerator's strategy from now on
         if self.strategy.is_distributed:
             import atexit
 
             # Scripts rarely call end_training(), and their prepared DDP wrappers live in module globals until
             # interpreter finalisation: release them at exit, before the strategy's own exit hook ends the group.
             atexit.register(self.end_training)
+
+    @property
+    def state(self):
+        """Accelerate's AcceleratorState of this process (tasktrain.state)."""
+        from tasktrain.state import AcceleratorState
+
+        return AcceleratorState()
+
+    @property
+    def distributed_type(self):
+        """DistributedType.NO, MULTI_CPU (DDP on CPUs), MULTI_GPU (DDP on GPUs) or DEEPSPEED."""
+        return self.state.distributed_type
+
+    @property
+    def project_dir(self):
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self):
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self):
+        """The number the next automatically named checkpoint gets (ProjectConfiguration.iteration)."""
+        return self.project_configuration.iteration
 
     # -- who am I ----------------------------------------------------------------------------------------------------
     @property
@@ -267,6 +328,15 @@ class Accelerator:
             return None
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
+    def _synchronize_rng_states(self):
+        """Accelerator(rng_types=["torch", "cuda"]): every process continues from rank 0's generator at the start of
+        each pass over a prepared loader ("generator" needs nothing: the sampler's order is a function of the seed
+        and the epoch on every process)."""
+        if "torch" in self._rng_types:
+            torch.set_rng_state(self.strategy.broadcast(torch.get_rng_state()))
+        if "cuda" in self._rng_types and torch.cuda.is_available():
+            torch.cuda.set_rng_state(self.strategy.broadcast(torch.cuda.get_rng_state()).cpu())
+
     def unscale_gradients(self, optimizer=None):
         """Unscale the gradients of one (default: every) prepared optimizer under fp16, before reading them."""
         for opt in self._optimizers if optimizer is None else [optimizer]:
@@ -278,7 +348,7 @@ class Accelerator:
         micro-batch of a window of gradient_accumulation_steps (or at the loader's last batch); the others skip
         the gradient all-reduce (no_sync)."""
         self._begin_micro_batch()
-        if self.sync_gradients or not models:
+        if self.sync_gradients or not models or self._sync_each_batch:  # sync_each_batch: all-reduce every one
             try:
                 yield
             finally:
@@ -321,9 +391,22 @@ class Accelerator:
         with self.strategy.no_backward_sync(True, model):
             yield
 
-    def autocast(self):
-        """The precision's autocast context, for computations outside the prepared model's forward."""
-        return self.strategy.forward_context()
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler=None):
+        """The precision's autocast context, for computations outside the prepared model's forward;
+        autocast_handler=AutocastKwargs(...) changes its options inside this block only."""
+        if autocast_handler is None:
+            with self.strategy.forward_context():
+                yield
+            return
+        precision = self.strategy.precision
+        saved = precision.autocast_options
+        precision.set_options(autocast=autocast_handler.to_kwargs())
+        try:
+            with self.strategy.forward_context():
+                yield
+        finally:
+            precision.autocast_options = saved
 
     def long_event(self, name, timeout=None):
         """`with accelerator.long_event("evaluate on the full set"):` work inside a loop over a prepared loader
@@ -374,11 +457,39 @@ class Accelerator:
                                 f"{type(obj).__name__} has not both.")
             self._custom.append(obj)
 
-    def save_state(self, output_dir):
+    def save_state(self, output_dir=None):
         """Save everything needed to continue exactly: models, optimizers, schedulers, GradScaler, the position of
-        every prepared loader, registered objects and every rank's RNG. Call it on every process."""
+        every prepared loader, registered objects and every rank's RNG. Call it on every process.
+
+        Without output_dir, under ProjectConfiguration(automatic_checkpoint_naming=True): project_dir/checkpoints/
+        checkpoint_{iteration}, then iteration += 1; with total_limit=N the oldest beyond N are removed once the
+        new one is complete. Returns the directory written."""
+        config = self.project_configuration
+        automatic = output_dir is None
+        if automatic:
+            if not config.automatic_checkpoint_naming:
+                raise ValueError("save_state() without a directory names checkpoints automatically only under "
+                                 "Accelerator(project_config=ProjectConfiguration(project_dir=..., "
+                                 "automatic_checkpoint_naming=True)); otherwise pass save_state(output_dir).")
+            if config.project_dir is None:
+                raise ValueError("ProjectConfiguration(automatic_checkpoint_naming=True) needs project_dir: the "
+                                 "checkpoints go to project_dir/checkpoints/checkpoint_{i}.")
+            output_dir = os.path.join(config.project_dir, "checkpoints", f"checkpoint_{config.iteration}")
+            if os.path.exists(output_dir):
+                raise ValueError(f"{output_dir} exists already: set accelerator.project_configuration.iteration to "
+                                 "the next free number (load_state() without a directory does it).")
+        output_dir = os.fspath(output_dir)
         with self.long_event("save_state"):  # may take long: not a stall (issue 19)
-            self._save_state(os.fspath(output_dir))
+            self._save_state(output_dir)
+        if automatic:
+            config.iteration += 1
+            if config.total_limit is not None:
+                self.wait_for_everyone()  # every rank has written its part before any old one goes
+                if self.is_main_process:
+                    for old in _numbered_checkpoints(os.path.dirname(output_dir))[:-config.total_limit]:
+                        ckpt_io.remove_path(old)
+                self.wait_for_everyone()
+        return output_dir
 
     def _save_state(self, output_dir):
         if self._window_has_grads:
@@ -401,11 +512,24 @@ class Accelerator:
         }
         self.strategy.save_checkpoint_into(output_dir, state, STATE_FILE)
 
-    def load_state(self, input_dir):
+    def load_state(self, input_dir=None):
         """Restore what save_state wrote into the objects prepared (in the same order) since; the next iteration of
-        each prepared loader continues where it stopped (`loader.epoch` tells the epoch to resume)."""
+        each prepared loader continues where it stopped (`loader.epoch` tells the epoch to resume). Without
+        input_dir, under automatic checkpoint naming: the newest project_dir/checkpoints/checkpoint_{i}, and the
+        next save_state() writes checkpoint_{i + 1}."""
+        config = self.project_configuration
+        if input_dir is None:
+            if not config.automatic_checkpoint_naming or config.project_dir is None:
+                raise ValueError("load_state() without a directory needs ProjectConfiguration(project_dir=..., "
+                                 "automatic_checkpoint_naming=True); otherwise pass load_state(input_dir).")
+            found = _numbered_checkpoints(os.path.join(config.project_dir, "checkpoints"))
+            if not found:
+                raise FileNotFoundError(f"No checkpoint_{{i}} folder in {config.project_dir}/checkpoints to load.")
+            input_dir = found[-1]
+            config.iteration = _checkpoint_number(input_dir) + 1
+        input_dir = os.fspath(input_dir)
         with self.long_event("load_state"):  # may take long: not a stall (issue 19)
-            self._load_state(os.fspath(input_dir))
+            self._load_state(input_dir)
 
     def _load_state(self, input_dir):
         state = self.strategy.load_checkpoint_from(input_dir, STATE_FILE)  # a sharded engine loads its shards here
@@ -440,23 +564,142 @@ class Accelerator:
 
     def skip_first_batches(self, dataloader, num_batches=0):
         """The loader, starting `num_batches` into its next iteration (a prepared loader skips without loading)."""
-        if isinstance(dataloader, PreparedDataLoader):
-            dataloader.skip(num_batches)
-            return dataloader
-        return _Skipped(dataloader, num_batches)
+        return skip_first_batches(dataloader, num_batches)
 
     # -- processes ---------------------------------------------------------------------------------------------------
     def wait_for_everyone(self):
         self.strategy.barrier("wait_for_everyone")
 
-    @contextlib.contextmanager
+    def _process_state(self):
+        from tasktrain.state import PartialState
+
+        return PartialState()
+
     def main_process_first(self):
         """The main process runs the block first (e.g. to download or preprocess), then the others."""
-        if not self.is_main_process:
-            self.wait_for_everyone()
-        yield
+        return self._process_state().main_process_first()
+
+    def local_main_process_first(self):
+        """Each machine's first process runs the block first, then the others."""
+        return self._process_state().local_main_process_first()
+
+    def split_between_processes(self, inputs, apply_padding=False):
+        """`with accelerator.split_between_processes(items) as mine:` this process's contiguous part of a list,
+        tuple, tensor or dict of them (tasktrain.state.PartialState.split_between_processes)."""
+        return self._process_state().split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function):
+        """Decorator: run on the main process only (elsewhere the call returns None)."""
+        return self._process_state().on_main_process(function)
+
+    def on_local_main_process(self, function):
+        return self._process_state().on_local_main_process(function)
+
+    def on_last_process(self, function):
+        return self._process_state().on_last_process(function)
+
+    def on_process(self, function=None, process_index=None):
+        return self._process_state().on_process(function, process_index=process_index)
+
+    def on_local_process(self, function=None, local_process_index=None):
+        return self._process_state().on_local_process(function, local_process_index=local_process_index)
+
+    def set_trigger(self):
+        """Raise this process's flag; check_trigger() on every process then sees it (e.g. stop early on all)."""
+        self._triggered = True
+
+    def check_trigger(self):
+        """True on every process when any process called set_trigger() since the last check (then cleared).
+        A collective: call it on every process."""
+        flag = torch.tensor(1.0 if self._triggered else 0.0, device=self.device)
+        if self.use_distributed:
+            flag = self.strategy.reduce(flag, "sum")
+        if float(flag) > 0:
+            self._triggered = False
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables, even_batches=None):
+        """torch's Join context for DDP-wrapped models whose processes see different numbers of batches.
+        Prepared loaders are always even here, so even_batches=False is refused; on one process it does nothing."""
+        if even_batches is False:
+            raise ValueError("join_uneven_inputs(even_batches=False): prepared loaders always give every process "
+                             "the same number of batches.")
+        if not self.use_distributed:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        with Join(list(joinables)):
+            yield
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler=None):
+        """torch.profiler.profile with the ProfileKwargs given here or in kwargs_handlers; with output_trace_dir
+        each process writes its Chrome trace there (trace_rank_{process_index}.json) at the end of the block."""
+        from tasktrain.utils.dataclasses import ProfileKwargs
+
+        handler = profile_handler or self._profile_handler or ProfileKwargs()
+        activities = handler.activities
+        if activities is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+        else:
+            activities = [getattr(torch.profiler.ProfilerActivity, a.upper()) if isinstance(a, str) else a
+                          for a in activities]
+        schedule = None if handler.schedule_option is None else torch.profiler.schedule(**handler.schedule_option)
+        profiler = torch.profiler.profile(activities=activities, schedule=schedule,
+                                          on_trace_ready=handler.on_trace_ready, record_shapes=handler.record_shapes,
+                                          profile_memory=handler.profile_memory, with_stack=handler.with_stack,
+                                          with_flops=handler.with_flops, with_modules=handler.with_modules)
+        with profiler:
+            yield profiler
+        if handler.output_trace_dir:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir,
+                                                      f"trace_rank_{self.process_index}.json"))
+
+    def pad_across_processes(self, tensor, dim=0, pad_index=0, pad_first=False):
+        """Pad `dim` of each tensor to its largest size over processes, so that they can be gathered."""
+        from tasktrain.utils.operations import pad_across_processes
+
+        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def free_memory(self, *objects):
+        """Forget every prepared object (and the trackers' references stay), collect garbage; returns Nones for
+        `objects` to assign back, as Accelerate's."""
+        from tasktrain.utils.memory import release_memory
+
+        self._models, self._optimizers, self._schedulers, self._loaders = [], [], [], []
+        self._active_loaders.clear()
+        self._custom = []
+        self.strategy.teardown()
+        return release_memory(*objects)
+
+    clear = free_memory
+
+    # -- trackers ----------------------------------------------------------------------------------------------------
+    def init_trackers(self, project_name, config=None, init_kwargs=None):
+        """Start the trackers of log_with (tasktrain.loggers.trackers), on the main process only; `config` is
+        stored as the run's hyper-parameters, init_kwargs[name] goes to that tracker's constructor."""
         if self.is_main_process:
-            self.wait_for_everyone()
+            self.trackers = make_trackers(self.log_with, project_name, config, self.logging_dir, init_kwargs)
+
+    def log(self, values, step=None, log_kwargs=None):
+        """Log a dict of values at `step` to every tracker (main process only)."""
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def get_tracker(self, name, unwrap=False):
+        """The tracker called `name` (unwrap=True: its writer or run); other processes get one that does nothing."""
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        if self.trackers:
+            raise ValueError(f"{name} is not one of this Accelerator's trackers ({[t.name for t in self.trackers]}).")
+        return GeneralTracker(_blank=True)
 
     def gather(self, tensor):
         """Every process's tensor(s), concatenated along the first dimension (0-d tensors are stacked)."""
@@ -468,15 +711,26 @@ class Accelerator:
         gathered = self.strategy.all_gather(tensor)  # (world, *shape)
         return gathered if tensor.dim() == 0 else gathered.reshape(-1, *tensor.shape[1:])
 
-    def gather_for_metrics(self, data):
+    def gather_for_metrics(self, data, use_gather_object=False):
         """Gather a batch's per-sample results from every process, in the loader's sample order, without the samples
-        repeated to give every process the same number of batches (so a metric counts each sample once)."""
+        repeated to give every process the same number of batches (so a metric counts each sample once).
+        A list of objects (or use_gather_object=True) is gathered as objects into one flat list, in the same order."""
         if not self.use_distributed:
             return data
         loader = self._active_loaders[-1] if self._active_loaders else None
-        if not _has_tensor(data):
-            return self.strategy.all_gather_object(data)  # one entry per process
+        if use_gather_object or not _has_tensor(data):
+            return self._gather_objects(data, loader)
         return _map_tensors(data, lambda t: self._gather_batch(t, loader))
+
+    def _gather_objects(self, data, loader):
+        items = list(data) if isinstance(data, (list, tuple)) else [data]
+        parts = self.strategy.all_gather_object(items)  # one list per process
+        size = loader.current_batch_size if loader is not None else None
+        if size is None or any(len(part) != size for part in parts):
+            return [item for part in parts for item in part]
+        ordered = [part[i] for i in range(size) for part in parts]  # rank r held samples r, r + W, ...
+        repeated = loader.repeated_in_batch()
+        return ordered[: len(ordered) - repeated] if repeated else ordered
 
     def _gather_batch(self, tensor, loader):
         gathered = self.strategy.all_gather(tensor)  # (world, batch, ...)
@@ -490,17 +744,27 @@ class Accelerator:
         repeated = loader.repeated_in_batch()
         return ordered[: ordered.shape[0] - repeated] if repeated else ordered
 
-    def reduce(self, tensor, reduction="sum"):
-        """All-reduce a tensor (or a structure of tensors) over processes: "sum", "mean", "max" or "min"."""
-        if reduction not in ("sum", "mean", "max", "min"):
-            raise ValueError(f"reduction={reduction!r}: use 'sum', 'mean', 'max' or 'min'.")
-        return _map_tensors(tensor, lambda t: self.strategy.reduce(t, reduction) if self.use_distributed else t)
+    def reduce(self, tensor, reduction="sum", scale=1.0):
+        """All-reduce a tensor (or a structure of tensors) over processes: "sum", "mean", "max", "min" (or "none");
+        then multiplied by `scale`."""
+        if reduction not in ("sum", "mean", "max", "min", "none"):
+            raise ValueError(f"reduction={reduction!r}: use 'sum', 'mean', 'max', 'min' or 'none'.")
+
+        def one(t):
+            if self.use_distributed and reduction != "none":
+                t = self.strategy.reduce(t, reduction)
+            return t * scale if scale != 1.0 else t
+
+        return _map_tensors(tensor, one)
 
     def end_training(self):
         """Shut the processes' connection down (gloo/nccl). Prepared models are unusable for distributed work after."""
         if self._ended:
             return
         self._ended = True
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
         # The script still holds the prepared models: the strategy's teardown releases what ties them to the group.
         self._active_loaders.clear()
         self.strategy.teardown()
@@ -596,6 +860,9 @@ class PreparedScheduler:
         self._accelerator = accelerator
 
     def step(self, *args, **kwargs):
+        if not self._accelerator.step_scheduler_with_optimizer:
+            self.scheduler.step(*args, **kwargs)  # Accelerator(step_scheduler_with_optimizer=False): every call
+            return
         if not self._accelerator.sync_gradients:
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
@@ -665,6 +932,8 @@ class PreparedDataLoader:
         data.skip(skip)
         self.batches_seen = skip
         self.at_last_batch = length is not None and skip >= length
+        if accelerator._rng_types and accelerator.use_distributed:
+            accelerator._synchronize_rng_states()
         accelerator._active_loaders.append(self)
         # watchdog (issue 19): the loop over this loader is watched; each batch is progress, the first may take long
         watchdog = accelerator._watchdog
@@ -739,6 +1008,15 @@ class PreparedDataLoader:
                 self._data.sampler.seed = seed
 
 
+def skip_first_batches(dataloader, num_batches=0):
+    """`dataloader` starting `num_batches` into its next iteration: a prepared loader skips them without loading
+    them (and counts them for save_state); any other iterable with a length is wrapped."""
+    if isinstance(dataloader, PreparedDataLoader):
+        dataloader.skip(num_batches)
+        return dataloader
+    return _Skipped(dataloader, num_batches)
+
+
 class _Skipped:
     def __init__(self, loader, num_batches):
         self.loader, self.num_batches = loader, num_batches
@@ -751,6 +1029,20 @@ class _Skipped:
 
 
 _END = object()
+
+
+def _checkpoint_number(path):
+    name = os.path.basename(os.path.normpath(path))
+    return int(name.rsplit("_", 1)[1])
+
+
+def _numbered_checkpoints(directory):
+    """The checkpoint_{i} folders of `directory`, oldest (smallest i) first."""
+    if not os.path.isdir(directory):
+        return []
+    found = [os.path.join(directory, name) for name in os.listdir(directory)
+             if name.startswith("checkpoint_") and name[len("checkpoint_"):].isdigit()]
+    return sorted(found, key=_checkpoint_number)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------------
@@ -791,3 +1083,139 @@ def _has_tensor(data):
     if isinstance(data, dict):
         return bool(data) and all(_has_tensor(v) for v in data.values())
     return False
+
+
+# -- Accelerate's constructor arguments -------------------------------------------------------------------------------
+def _refuse(name, value, why):
+    if value is not None:
+        raise ValueError(f"Accelerator({name}=...): {why}")
+
+
+def _accelerate_options(*, device_placement, split_batches, even_batches, dispatch_batches, dataloader_config,
+                        deepspeed_plugin, fsdp_plugin, torch_tp_plugin, megatron_lm_plugin, rng_types, project_dir,
+                        project_config, gradient_accumulation_steps, gradient_accumulation_plugin, kwargs_handlers,
+                        dynamo_backend, dynamo_plugin, deepspeed_plugins, parallelism_config, strategy):
+    """Accelerate's arguments checked and turned into tasktrain's choices, before anything starts. Each is used,
+    or refused with what to do instead (docs/accelerator.md lists them)."""
+    from tasktrain.utils.dataclasses import (FSDP_ISSUE, AutocastKwargs, DataLoaderConfiguration, DeepSpeedPlugin,
+                                             DistributedDataParallelKwargs, GradientAccumulationPlugin,
+                                             GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
+                                             ProjectConfiguration)
+
+    if device_placement is not True:
+        raise ValueError("Accelerator(device_placement=False): tasktrain always places prepared models and batches "
+                         "on accelerator.device. Leave it True and move nothing yourself.")
+    for name, value in (("split_batches", split_batches), ("even_batches", even_batches),
+                        ("dispatch_batches", dispatch_batches)):
+        if value is not None:
+            raise TypeError(f"Accelerator({name}=...) is not an argument (Accelerate 1.x moved it): pass "
+                            f"dataloader_config=DataLoaderConfiguration({name}=...).")
+    _refuse("fsdp_plugin", fsdp_plugin, f"tasktrain has no FSDP strategy yet (issue {FSDP_ISSUE}).")
+    _refuse("torch_tp_plugin", torch_tp_plugin, "tensor parallelism is not supported.")
+    _refuse("megatron_lm_plugin", megatron_lm_plugin, "Megatron-LM is not supported.")
+    _refuse("dynamo_plugin", dynamo_plugin, "compile the model yourself (torch.compile) before prepare.")
+    _refuse("parallelism_config", parallelism_config, "only data parallelism (DDP) and DeepSpeed ZeRO are supported.")
+    _refuse("deepspeed_plugins", deepspeed_plugins, "one DeepSpeed plugin per Accelerator: pass deepspeed_plugin=.")
+    if dynamo_backend is not None and str(getattr(dynamo_backend, "value", dynamo_backend)).lower() != "no":
+        raise ValueError(f"Accelerator(dynamo_backend={dynamo_backend!r}): compile the model yourself "
+                         "(torch.compile) before prepare; a compiled model is unwrapped by unwrap_model.")
+
+    config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
+    if not isinstance(config, DataLoaderConfiguration):
+        raise TypeError(f"dataloader_config must be a tasktrain.utils.DataLoaderConfiguration, got "
+                        f"{type(config).__name__}.")
+    if config.split_batches:
+        raise ValueError("DataLoaderConfiguration(split_batches=True): prepared loaders give every process whole "
+                         "batches of its own samples. Divide the batch size by the number of processes instead.")
+    if config.dispatch_batches:
+        raise ValueError("DataLoaderConfiguration(dispatch_batches=True): every process reads its own shard; "
+                         "leave dispatch_batches None/False.")
+    if not config.even_batches:
+        raise ValueError("DataLoaderConfiguration(even_batches=False): prepared loaders always give every process "
+                         "the same number of batches (gather_for_metrics drops the repeats). Leave it True.")
+    if config.use_stateful_dataloader:
+        raise ValueError("DataLoaderConfiguration(use_stateful_dataloader=True): prepared loaders already save and "
+                         "restore their position in save_state/load_state. Leave it False.")
+
+    if project_config is None:
+        project_config = ProjectConfiguration(project_dir=None if project_dir is None else os.fspath(project_dir))
+    elif not isinstance(project_config, ProjectConfiguration):
+        raise TypeError(f"project_config must be a tasktrain.utils.ProjectConfiguration, got "
+                        f"{type(project_config).__name__}.")
+    elif project_dir is not None and project_config.project_dir is None:
+        project_config.set_directories(os.fspath(project_dir))
+    if project_config.total_limit is not None and (not isinstance(project_config.total_limit, int)
+                                                   or project_config.total_limit < 1):
+        raise ValueError(f"ProjectConfiguration(total_limit={project_config.total_limit!r}): use a positive "
+                         "integer (checkpoints kept) or None (all).")
+
+    sync_each_batch = False
+    if gradient_accumulation_plugin is not None:
+        plugin = gradient_accumulation_plugin
+        if not isinstance(plugin, GradientAccumulationPlugin):
+            raise TypeError("gradient_accumulation_plugin must be a tasktrain.utils.GradientAccumulationPlugin.")
+        if gradient_accumulation_steps not in (None, 1):
+            raise ValueError("Pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
+        if not plugin.adjust_scheduler:
+            raise ValueError("GradientAccumulationPlugin(adjust_scheduler=False): prepared schedulers step once per "
+                             "optimizer step. Leave it True (size the schedule in optimizer steps).")
+        if not plugin.sync_with_dataloader:
+            raise ValueError("GradientAccumulationPlugin(sync_with_dataloader=False): a window always ends with the "
+                             "loader's last batch here. Leave it True.")
+        gradient_accumulation_steps = plugin.num_steps
+        sync_each_batch = bool(plugin.sync_each_batch)
+
+    if deepspeed_plugin is not None:
+        if not isinstance(deepspeed_plugin, DeepSpeedPlugin):
+            raise TypeError("deepspeed_plugin must be a tasktrain.utils.DeepSpeedPlugin (or pass strategy=DeepSpeed(...)).")
+        if strategy is not None:
+            raise ValueError("Pass deepspeed_plugin or strategy, not both.")
+        strategy = deepspeed_plugin.strategy()
+        if gradient_accumulation_steps is None and deepspeed_plugin.gradient_accumulation_steps is not None:
+            gradient_accumulation_steps = deepspeed_plugin.gradient_accumulation_steps
+    if rng_types is not None:
+        names = [str(getattr(kind, "value", kind)) for kind in rng_types]
+        unknown = [n for n in names if n not in ("torch", "cuda", "generator")]
+        if unknown:
+            raise ValueError(f"rng_types={rng_types!r}: {unknown} not supported; use 'torch', 'cuda', 'generator'.")
+        rng_types = names
+
+    process_options, precision_options = {}, {}
+    profile = autocast = None
+    seen = set()
+    for handler in kwargs_handlers or ():
+        kind = type(handler)
+        if kind in seen:
+            raise ValueError(f"kwargs_handlers holds two {kind.__name__}: give each kind once.")
+        seen.add(kind)
+        if isinstance(handler, DistributedDataParallelKwargs):
+            ddp = handler.to_kwargs()
+            for name in ("comm_hook", "comm_wrapper", "comm_state_option"):
+                if name in ddp:
+                    raise ValueError(f"DistributedDataParallelKwargs({name}=...): DDP communication hooks are not "
+                                     "supported. Register the hook yourself on the prepared model "
+                                     "(model.register_comm_hook).")
+            process_options["ddp_kwargs"] = ddp
+        elif isinstance(handler, InitProcessGroupKwargs):
+            init = handler.to_kwargs()
+            if init.get("init_method") is not None:
+                raise ValueError("InitProcessGroupKwargs(init_method=...): the launcher sets the rendezvous "
+                                 "(MASTER_ADDR/MASTER_PORT); drop init_method.")
+            if "backend" in init:
+                process_options["process_group_backend"] = init["backend"]
+            if init.get("timeout") is not None:
+                process_options["timeout"] = init["timeout"]
+        elif isinstance(handler, GradScalerKwargs):
+            precision_options["scaler"] = handler.to_kwargs()
+        elif isinstance(handler, AutocastKwargs):
+            autocast = handler
+            precision_options["autocast"] = handler.to_kwargs()
+        elif isinstance(handler, ProfileKwargs):
+            profile = handler
+        else:
+            raise TypeError(f"kwargs_handlers got {kind.__name__}: tasktrain takes DistributedDataParallelKwargs, "
+                            "InitProcessGroupKwargs, GradScalerKwargs, AutocastKwargs and ProfileKwargs.")
+    return {"strategy": strategy, "gradient_accumulation_steps": gradient_accumulation_steps,
+            "project_config": project_config, "sync_each_batch": sync_each_batch, "rng_types": rng_types or [],
+            "data_seed": config.data_seed, "process_options": process_options,
+            "precision_options": precision_options, "profile": profile, "autocast": autocast}
