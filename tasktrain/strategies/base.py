@@ -334,6 +334,11 @@ class Strategy:
             cached = self._module_order = (id(optimizer), len(held), order)
         return [held[i] for i in cached[2]]
 
+    def last_grad_norm(self):
+        """For an engine that clips inside its step (clips_inside_step): the 2-norm of the gradients of its last
+        step, before clipping, or None. Default: None (clip_gradients returns the norm itself)."""
+        return None
+
     def optimizer_step(self, optimizer, closure=None) -> bool:
         """Step `optimizer` through the precision; returns whether it really stepped (False: GradScaler or the
         engine skipped a step with inf/NaN gradients)."""

@@ -19,7 +19,7 @@ How the contract (tasktrain/strategies/base.py) maps onto the engine, per micro-
                                                    # already (plan.loss_divided_by_window); inside a window,
                                                    # engine.step() counts the micro-step
     if ends_window:
-        strategy.clip_gradients(...)               # clips_inside_step: only checks the request agrees
+        strategy.clip_gradients(...)               # clips_inside_step: checks the request agrees (or sets an unset clipping)
         strategy.optimizer_step(optimizer)         # engine.step(): clip, step, zero the gradients
         strategy.zero_grad(optimizer)              # nothing: the engine zeroed them
 
@@ -186,6 +186,7 @@ class DeepSpeed(DDP):
         self._client_optimizer = None
         self._wrapped = True  # the engine holds _EngineForward(module): its parameter names start with "module."
         self._loaded_engine_state = False
+        self._clipping_stated = True  # until an engine is built: see setup_module_and_optimizers
         self._set_local_rank = False
         # A config that cannot work fails at construction, before any process starts.
         build_config(self.user_config, stage=stage, offload_optimizer=offload_optimizer,
@@ -313,6 +314,10 @@ class DeepSpeed(DDP):
         accumulate = _agree("accumulate_grad_batches", self.accumulate_grad_batches,
                             planned if plan.automatic_optimization else 1)
         clipping = _agree("gradient_clipping", self.gradient_clipping, _clip_norm_of(plan.clipping))
+        # Whether anyone stated the clipping (the config, DeepSpeed(gradient_clipping=), the plan): if not, a custom
+        # loop's clip_grad_norm_ sets it (clip_gradients), as the script's max_norm is then the only word on it.
+        self._clipping_stated = clipping is not None or (self.user_config or {}).get("gradient_clipping",
+                                                                                     "auto") != "auto"
         if plan.has_lr_schedulers and "scheduler" in (self.user_config or {}):
             raise ValueError("The DeepSpeed config has a \"scheduler\" section and the run steps a scheduler of its "
                              "own (configure_optimizers returned one, or one was prepared): two schedulers would set "
@@ -482,18 +487,43 @@ class DeepSpeed(DDP):
         pass  # engine.step() zeroes the gradients at the window's end
 
     def clip_gradients(self, optimizer=None, max_norm=None, max_value=None, norm_type=2.0):
-        """DeepSpeed clips inside engine.step() with the config's gradient_clipping: this only checks that the
-        request agrees with it. Returns None (the norm of the last step: strategy.engine.get_global_grad_norm())."""
+        """DeepSpeed clips inside engine.step() with the config's gradient_clipping. Where the run stated a value
+        (the config, DeepSpeed(gradient_clipping=), the Trainer's gradient_clip_val) the request must agree with it;
+        where nobody did, the request sets the engine's clipping for the next step (a custom loop's
+        clip_grad_norm_(params, max_norm)). Returns None (the norm of a step: last_grad_norm() after it)."""
         configured = float(self.config.get("gradient_clipping", 0.0)) if self.config else 0.0
         if max_value is not None:
-            raise ValueError("DeepSpeed clips by norm only: use gradient_clip_val with gradient_clip_algorithm='norm' "
-                             "(GradientClipping(max_norm=...)), not clipping by value.")
-        if max_norm is not None and (float(norm_type) != 2.0 or abs(float(max_norm) - configured) > 1e-12):
+            raise ValueError("DeepSpeed clips by norm only (inside its step): use clip_grad_norm_ / gradient_clip_val "
+                             "with gradient_clip_algorithm='norm', not clipping by value (clip_grad_value_).")
+        if max_norm is None or abs(float(max_norm) - configured) <= 1e-12:
+            return None
+        if float(norm_type) != 2.0:
+            raise ValueError(f"DeepSpeed clips the 2-norm inside its step; this asks for norm_type={norm_type}.")
+        if self._clipping_stated or self.engine is None:
             raise ValueError(
                 f"DeepSpeed clips the 2-norm inside its step, to the config's gradient_clipping={configured}; this "
                 f"asks for max_norm={max_norm} (norm_type={norm_type}). Set the same value in the config "
                 f"(DeepSpeed(gradient_clipping={max_norm}), or `tasktrain launch --gradient_clipping {max_norm}`).")
+        self._set_engine_clipping(float(max_norm))
         return None
+
+    def _set_engine_clipping(self, max_norm):
+        """DeepSpeed 0.19 reads the clipping at each step from the engine's config (ZeRO stage 0 in fp32) or from
+        its optimizer's clip_grad (the ZeRO, bf16 and fp16 optimizers): both are set, and the resolved config says
+        the value in use."""
+        if max_norm <= 0:
+            raise ValueError(f"clip_grad_norm_(max_norm={max_norm}): use a max norm > 0.")
+        self.engine._config.gradient_clipping = max_norm
+        optimizer = self.engine.optimizer
+        if optimizer is not None and hasattr(optimizer, "clip_grad"):
+            optimizer.clip_grad = max_norm
+        self.config["gradient_clipping"] = max_norm
+
+    def last_grad_norm(self):
+        """The 2-norm of the gradients of the engine's last step, before clipping (None where DeepSpeed does not
+        compute it: ZeRO stage 0 in fp32)."""
+        norm = None if self.engine is None else self.engine.get_global_grad_norm()
+        return None if norm is None else torch.as_tensor(float(norm))
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def module_state_dict(self, model=None):

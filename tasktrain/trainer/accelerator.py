@@ -290,6 +290,9 @@ class Accelerator:
             loss = loss / self._window
         if not self.sync_gradients:
             self._window_has_grads = True
+        if self.strategy.clips_inside_step:
+            for optimizer in self._optimizers:
+                optimizer.stepped_early = False  # a new window: its step is still to come
         # Whether this micro-batch ends the window, told again here: an engine that reduces in its backward
         # (DeepSpeed) must know it then, even when the script uses no accumulate(). (DDP's no_sync has to cover the
         # forward: accumulate(model) enters it; around the backward alone it changes nothing.)
@@ -317,10 +320,12 @@ class Accelerator:
             held = opt.parameter_ids()
             if not held.isdisjoint(wanted):
                 owners.append((opt, held))
-        if self.strategy.clips_inside_step or (len(owners) == 1 and owners[0][1] == wanted):
+        if self.strategy.clips_inside_step:  # one engine, one optimizer
+            prepared = owners[0][0] if owners else (self._optimizers[0] if len(self._optimizers) == 1 else None)
+            return self._clip_inside_step(prepared, max_norm, max_value, norm_type)
+        if len(owners) == 1 and owners[0][1] == wanted:
             # The common case (all of one optimizer's parameters): exactly the Trainer's clipping path.
-            return self.strategy.clip_gradients(owners[0][0].optimizer if owners else None, max_norm, max_value,
-                                                norm_type)
+            return self.strategy.clip_gradients(owners[0][0].optimizer, max_norm, max_value, norm_type)
         for opt, _ in owners:
             self.strategy.unscale_gradients(opt.optimizer)
         if max_value is not None:
@@ -336,6 +341,18 @@ class Accelerator:
             torch.set_rng_state(self.strategy.broadcast(torch.get_rng_state()))
         if "cuda" in self._rng_types and torch.cuda.is_available():
             torch.cuda.set_rng_state(self.strategy.broadcast(torch.cuda.get_rng_state()).cpu())
+
+    def _clip_inside_step(self, prepared, max_norm, max_value, norm_type):
+        """An engine that clips inside its step (DeepSpeed): the request configures or checks its clipping, and
+        the step is taken here, so that the norm returned is this step's, as Accelerate returns it (whose
+        DeepSpeed backward() steps the engine). The script's optimizer.step() that follows does nothing."""
+        self.strategy.clip_gradients(None if prepared is None else prepared.optimizer, max_norm, max_value, norm_type)
+        if prepared is None:
+            return None
+        if not prepared.stepped_early:
+            prepared.step()
+            prepared.stepped_early = True
+        return self.strategy.last_grad_norm()
 
     def unscale_gradients(self, optimizer=None):
         """Unscale the gradients of one (default: every) prepared optimizer under fp16, before reading them."""
@@ -783,6 +800,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.original = original if original is not None else optimizer
         self._accelerator = accelerator
         self.step_was_skipped = False
+        self.stepped_early = False  # clip_grad_norm_ took this window's step already (an engine clipping inside it)
         self._parameter_ids = None
 
     def parameter_ids(self):
@@ -809,6 +827,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         accelerator = self._accelerator
         if not accelerator.sync_gradients:
+            return None
+        if self.stepped_early:
+            self.stepped_early = False
             return None
         if accelerator._watchdog is not None:
             accelerator._watchdog.sub_event("optimizer.step")
