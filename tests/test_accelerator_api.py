@@ -1,6 +1,7 @@
 """Accelerate's Accelerator API on one process: automatic checkpoint naming, scheduler stepping, handlers,
-profile, find_executable_batch_size, utils. The two-process run of the same names is
-tests/accelerator_scripts/api_worker.py (test_accelerator_api_two_processes)."""
+profile, find_executable_batch_size, utils; then tests/accelerator_scripts/api_worker.py, a script in Accelerate's
+style that uses every Accelerator name of docs/accelerator.md, run on one process and on two through
+`tasktrain launch` (test_accelerate_style_script_on_one_and_two_processes), its trackers read back."""
 import os
 
 import pytest
@@ -111,3 +112,78 @@ def test_utils_on_one_process():
     assert torch.equal(pad_across_processes(torch.ones(2)), torch.ones(2))
     moved = send_to_device({"a": torch.ones(1), "b": [torch.zeros(1)], "c": "text"}, "cpu")
     assert moved["c"] == "text" and moved["b"][0].device.type == "cpu"
+
+
+# -- the Accelerate-style script on 1 and 2 processes -----------------------------------------------------------------
+def read_scalars(directory, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("processes", [1, 2])
+def test_accelerate_style_script_on_one_and_two_processes(tmp_path, processes):
+    import json
+    import subprocess
+    import sys
+
+    from test_accelerator import SCRIPTS, clean_env, launch
+
+    out = tmp_path / "out"
+    out.mkdir()
+    script = os.path.join(SCRIPTS, "api_worker.py")
+    if processes == 1:
+        run = subprocess.run([sys.executable, script, str(out)], cwd=tmp_path, env=clean_env(tmp_path),
+                             capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        output = run.stdout
+    else:
+        (tmp_path / "multi.yaml").write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\n")
+        output = launch(["--config_file", str(tmp_path / "multi.yaml"), script, str(out)], tmp_path, timeout=240)
+    assert output.count("printed by the main process only") == 1
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(processes)]
+    everything = list(range(22))
+    for r, result in enumerate(ranks):
+        assert result["num_processes"] == processes and result["order"] == ["main_first", "local_first"]
+        assert result["trigger"] is True and result["trigger_cleared"] is False  # set on the last process only
+        assert result["gather"] == [i for p in range(processes) for i in (p, p)]
+        assert result["gather_object"] == [f"r{p}" for p in range(processes)]  # flat, as Accelerate
+        assert result["broadcast"] == [10] and result["reduce"] == sum(range(1, processes + 1))
+        assert result["utils_reduce_mean"] == sum(range(1, processes + 1)) / processes
+        # each sample once, in dataset order; lists of objects flat and in the same order
+        assert result["gather_for_metrics"] == everything
+        assert result["gather_for_metrics_objects"] == [f"s{i}" for i in everything]
+        assert result["checkpoints"] == ["checkpoint_1", "checkpoint_2"] and result["counter"] == 2
+        assert result["save_iteration"] == 3 and result["no_sync_differs"]
+        assert (out / "traces" / f"trace_rank_{r}.json").exists()
+    main = ranks[0]
+    if processes == 1:
+        assert main["split"] == [0, 1, 2, 3, 4] and main["decorated"] == ["main", "last", "index", "local main"]
+        assert main["syncs"] == [False, True] * 3 and main["lr"] == pytest.approx(0.1 * 0.5 ** 3)
+        assert main["padded"] == [1.0] and main["skipped_first"] == [8, 9, 10, 11]
+    else:
+        last = ranks[1]
+        assert (main["split"], last["split"]) == ([0, 1, 2], [3, 4, 4])  # apply_padding repeats the last item
+        assert (main["split_dict"], last["split_dict"]) == ([0, 1, 2], [3, 4])
+        assert main["decorated"] == ["main", None, None, "local main"]
+        assert last["decorated"] == [None, "last", "index", None]
+        assert main["syncs"] == [False, True, True] and main["lr"] == pytest.approx(0.1 * 0.5 ** 2)
+        assert main["padded"] == [1.0, -1.0, 1.0, 1.0] and last["utils_padded_first"] == [1.0, 1.0]
+        assert main["utils_padded_first"] == [0.0, 1.0]
+        assert (main["skipped_first"], last["skipped_first"]) == ([16, 18, 20], [17, 19, 21])
+        assert main["tracker"] == "SummaryWriter" and last["tracker"] == "GeneralTracker"
+    # The trackers, read back: written by the main process only, one row / scalar per log call.
+    run_dir = out / "project" / "api"
+    steps = [s for s, _ in read_scalars(run_dir, "loss")]
+    assert steps == ([0, 1, 1, 2, 2, 3] if processes == 1 else [0, 1, 2])  # the optimizer steps done at each log
+    assert "lr: 0.1" in (run_dir / "hparams.yaml").read_text()
+    rows = (run_dir / "metrics.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + len(steps)
+    assert len([f for f in os.listdir(run_dir) if f.startswith("events.out")]) == 1
+    # save_model(safe_serialization=True) wrote the weights once
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(out / "model" / "model.safetensors"))) == {"weight", "bias"}
