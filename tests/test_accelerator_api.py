@@ -159,6 +159,9 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, processes):
         assert result["checkpoints"] == ["checkpoint_1", "checkpoint_2"] and result["counter"] == 2
         assert result["save_iteration"] == 3 and result["no_sync_differs"]
         assert (out / "traces" / f"trace_rank_{r}.json").exists()
+        assert result["portable"] == sorted(["accelerator_state.pt", "custom_checkpoint_0.pkl", "model.safetensors",
+                                             "optimizer.bin", "scheduler.bin"]
+                                            + [f"random_states_{p}.pkl" for p in range(processes)]) + [2]
     main = ranks[0]
     if processes == 1:
         assert main["split"] == [0, 1, 2, 3, 4] and main["decorated"] == ["main", "last", "index", "local main"]

@@ -474,13 +474,23 @@ class Accelerator:
                                 f"{type(obj).__name__} has not both.")
             self._custom.append(obj)
 
-    def save_state(self, output_dir=None):
+    def save_state(self, output_dir=None, safe_serialization=True, layout="tasktrain"):
         """Save everything needed to continue exactly: models, optimizers, schedulers, GradScaler, the position of
         every prepared loader, registered objects and every rank's RNG. Call it on every process.
 
         Without output_dir, under ProjectConfiguration(automatic_checkpoint_naming=True): project_dir/checkpoints/
         checkpoint_{iteration}, then iteration += 1; with total_limit=N the oldest beyond N are removed once the
-        new one is complete. Returns the directory written."""
+        new one is complete. Returns the directory written.
+
+        layout="accelerate" writes Accelerate's files (model.safetensors, optimizer.bin, scheduler.bin,
+        random_states_{i}.pkl, custom_checkpoint_{i}.pkl; pytorch_model.bin with safe_serialization=False), which
+        Accelerate's load_state reads, plus our accelerator_state.pt with the loaders' positions."""
+        if layout not in ("tasktrain", "accelerate"):
+            raise ValueError(f"save_state(layout={layout!r}): use 'tasktrain' or 'accelerate'.")
+        if not safe_serialization and layout != "accelerate":
+            raise ValueError("save_state(safe_serialization=False) chooses pytorch_model.bin over model.safetensors "
+                             "in Accelerate's layout: pass layout='accelerate' too (tasktrain's own layout is one "
+                             "torch.save file).")
         config = self.project_configuration
         automatic = output_dir is None
         if automatic:
@@ -497,7 +507,7 @@ class Accelerator:
                                  "the next free number (load_state() without a directory does it).")
         output_dir = os.fspath(output_dir)
         with self.long_event("save_state"):  # may take long: not a stall (issue 19)
-            self._save_state(output_dir)
+            self._save_state(output_dir, layout, safe_serialization)
         if automatic:
             config.iteration += 1
             if config.total_limit is not None:
@@ -508,7 +518,7 @@ class Accelerator:
                 self.wait_for_everyone()
         return output_dir
 
-    def _save_state(self, output_dir):
+    def _save_state(self, output_dir, layout="tasktrain", safe_serialization=True):
         if self._window_has_grads:
             warnings.warn("save_state inside a gradient accumulation window: the gradients accumulated so far are not "
                           "saved, so a resume from here redoes the window without them. Save after optimizer.step() "
@@ -527,7 +537,22 @@ class Accelerator:
             # What the strategy does not write itself: a sharded engine keeps the weights in its shards.
             "models": [self.strategy.module_state_dict(prepared) for prepared, _ in self._models],
         }
+        if layout == "accelerate":
+            from tasktrain.trainer import accelerate_layout
+
+            if any(not weights and any(True for _ in original.parameters())
+                   for weights, (_, original) in zip(state["models"], self._models)):
+                raise ValueError("save_state(layout='accelerate') writes whole weights, and this strategy keeps "
+                                 "them in its own shards (DeepSpeed): use save_state(dir) (the engine's checkpoint), "
+                                 "or save_model for the weights.")
+            accelerate_layout.write(output_dir, state["models"], state["optimizers"], state["schedulers"],
+                                    state["precision"], state["custom"], self.process_index, self.is_main_process,
+                                    safe_serialization=safe_serialization)
+            # Our exact-resume extras (loader positions, data seed, accumulation) ride along in our own file.
+            state.update(layout="accelerate", models=[], optimizers=[], schedulers=[], custom=[], rng_states=None,
+                         precision={})
         self.strategy.save_checkpoint_into(output_dir, state, STATE_FILE)
+        self.wait_for_everyone()
 
     def load_state(self, input_dir=None):
         """Restore what save_state wrote into the objects prepared (in the same order) since; the next iteration of
@@ -549,7 +574,24 @@ class Accelerator:
             self._load_state(input_dir)
 
     def _load_state(self, input_dir):
-        state = self.strategy.load_checkpoint_from(input_dir, STATE_FILE)  # a sharded engine loads its shards here
+        from tasktrain.trainer import accelerate_layout
+
+        own = os.path.exists(os.path.join(input_dir, STATE_FILE))
+        if not own and accelerate_layout.is_accelerate_folder(input_dir):
+            state = {"layout": "accelerate"}  # written by Accelerate itself: its files only
+        else:
+            state = self.strategy.load_checkpoint_from(input_dir, STATE_FILE)  # a sharded engine loads its shards
+        rng_state = None
+        if state.get("layout") == "accelerate":
+            counts = {"models": len(self._models), "optimizers": len(self._optimizers),
+                      "schedulers": len(self._schedulers), "custom": len(self._custom)}
+            files = accelerate_layout.read(input_dir, counts, self.process_index)
+            rng_state = files.pop("rng_state")
+            state = {**state, **files}
+            state.setdefault("loaders", [loader.state_dict() for loader in self._loaders])  # Accelerate has none
+            state.setdefault("accumulation", {"micro_step": self._micro_step})
+        else:
+            rng_state = rng_state_of_this_rank(state.get("rng_states"), self.strategy, input_dir)
         self._check_counts(state, "models", self._models, input_dir)
         self._check_counts(state, "optimizers", self._optimizers, input_dir)
         for (prepared, _), model_state in zip(self._models, state["models"]):
@@ -568,7 +610,6 @@ class Accelerator:
         for obj, obj_state in zip(self._custom, state["custom"]):
             obj.load_state_dict(obj_state)
         self._micro_step = state["accumulation"]["micro_step"]
-        rng_state = rng_state_of_this_rank(state.get("rng_states"), self.strategy, input_dir)
         if rng_state is not None:
             ckpt_io.restore_rng_states(rng_state)
 

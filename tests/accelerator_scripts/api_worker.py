@@ -148,6 +148,11 @@ accelerator.load_state()
 out["counter"] = counter.count
 out["save_iteration"] = accelerator.save_iteration
 accelerator.save_model(model, os.path.join(out_dir, "model"), safe_serialization=True)
+portable = os.path.join(out_dir, "portable")
+accelerator.save_state(portable, layout="accelerate")  # Accelerate's files (tests/test_accelerate_layout.py)
+counter.count = -1
+accelerator.load_state(portable)
+out["portable"] = sorted(os.listdir(portable)) + [counter.count]
 
 # -- profile --------------------------------------------------------------------------------------------------------
 with accelerator.profile(ProfileKwargs(output_trace_dir=os.path.join(out_dir, "traces"))):
