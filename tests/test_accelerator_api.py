@@ -190,3 +190,30 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, processes):
     from safetensors.torch import load_file
 
     assert set(load_file(str(out / "model" / "model.safetensors"))) == {"weight", "bias"}
+
+
+def test_log_with_all_writes_tensorboard_wandb_and_mlflow_and_reads_back(tmp_path, monkeypatch):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from test_loggers import scalars, wandb_history
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    accelerator = Accelerator(log_with="all", project_dir=str(tmp_path))
+    accelerator.init_trackers("acc", config={"lr": 0.5}, init_kwargs={"wandb": {"dir": str(tmp_path)}})
+    assert [t.name for t in accelerator.trackers] == ["tensorboard", "wandb", "mlflow"]
+    for step in range(2):
+        accelerator.log({"loss": 1.0 / (step + 1)}, step=step)
+    run = accelerator.get_tracker("wandb", unwrap=True)
+    run_id = accelerator.get_tracker("mlflow", unwrap=True).info.run_id
+    with pytest.raises(ValueError, match="not one of this Accelerator's trackers"):
+        accelerator.get_tracker("csv")
+    accelerator.end_training()
+    assert accelerator.trackers == [] and mlflow.active_run() is None
+    points, _ = scalars(str(tmp_path / "acc"), "loss")
+    assert points == [(0, 1.0), (1, 0.5)]
+    assert [(row["_step"], row["loss"]) for row in wandb_history(run) if "loss" in row] == [(0, 1.0), (1, 0.5)]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(0, 1.0), (1, 0.5)]
+    assert client.get_run(run_id).data.params == {"lr": "0.5"}
