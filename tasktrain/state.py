@@ -43,6 +43,13 @@ class PartialState:
                             "come from the launcher and from Accelerator(kwargs_handlers=[InitProcessGroupKwargs])).")
         self._strategy = _shared_strategy(cpu)
 
+    @classmethod
+    def _of(cls, strategy, accelerator=None):
+        """The state of one Accelerator (its own strategy, even when a newer Accelerator exists)."""
+        state = cls.__new__(cls)
+        state._strategy, state._accelerator = strategy, accelerator
+        return state
+
     # -- who am I ----------------------------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:

@@ -39,7 +39,9 @@ _ACCELERATE_NAMES = {name: accelerate for accelerate, name in MIXED_PRECISION.it
 class Accelerator:
     """Prepare a model, optimizer, data loaders and schedulers for the chosen strategy and precision.
 
-    Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then from the defaults:
+    Accelerate's constructor arguments (device_placement ... parallelism_config, in Accelerate's order) each work
+    as in Accelerate or raise a clear error at construction (docs/accelerator.md lists them); `strategy` and
+    `stall_timeout` are ours. Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then from the defaults:
     mixed_precision "no" (also "fp16", "bf16", or our names "16-mixed", "bf16-mixed", "64-true"), one
     gradient accumulation step, and strategy "ddp" when a launcher started several processes, else
     "single_device". `strategy` takes a registry name ("ddp", "deepspeed_stage_2", ...) or a Strategy.
@@ -126,7 +128,7 @@ class Accelerator:
         """Accelerate's AcceleratorState of this process (tasktrain.state)."""
         from tasktrain.state import AcceleratorState
 
-        return AcceleratorState()
+        return AcceleratorState._of(self.strategy, self)
 
     @property
     def distributed_type(self):
@@ -631,7 +633,7 @@ class Accelerator:
     def _process_state(self):
         from tasktrain.state import PartialState
 
-        return PartialState()
+        return PartialState._of(self.strategy)
 
     def main_process_first(self):
         """The main process runs the block first (e.g. to download or preprocess), then the others."""
