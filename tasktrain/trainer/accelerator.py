@@ -98,7 +98,6 @@ class Accelerator:
         self._sync_each_batch = options["sync_each_batch"]
         self._rng_types = options["rng_types"]
         self._profile_handler = options["profile"]
-        self._autocast_handler = options["autocast"]
 
         self.sync_gradients = True  # False inside accumulate() on a micro-batch that does not end the window
         self._window = self.gradient_accumulation_steps  # what backward divides the loss by
@@ -1245,7 +1244,7 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         rng_types = names
 
     process_options, precision_options = {}, {}
-    profile = autocast = None
+    profile = None
     seen = set()
     for handler in kwargs_handlers or ():
         kind = type(handler)
@@ -1272,7 +1271,6 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         elif isinstance(handler, GradScalerKwargs):
             precision_options["scaler"] = handler.to_kwargs()
         elif isinstance(handler, AutocastKwargs):
-            autocast = handler
             precision_options["autocast"] = handler.to_kwargs()
         elif isinstance(handler, ProfileKwargs):
             profile = handler
@@ -1282,4 +1280,4 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
     return {"strategy": strategy, "gradient_accumulation_steps": gradient_accumulation_steps,
             "project_config": project_config, "sync_each_batch": sync_each_batch, "rng_types": rng_types or [],
             "data_seed": config.data_seed, "process_options": process_options,
-            "precision_options": precision_options, "profile": profile, "autocast": autocast}
+            "precision_options": precision_options, "profile": profile}

@@ -7,7 +7,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from tasktrain import Accelerator, DistributedType, PartialState, ProfileKwargs, ProjectConfiguration
