@@ -1,7 +1,7 @@
 """Accelerate's Accelerator API on one process: automatic checkpoint naming, scheduler stepping, handlers,
 profile, find_executable_batch_size, utils; then tests/accelerator_scripts/api_worker.py, a script in Accelerate's
 style that uses every Accelerator name of docs/accelerator.md, run on one process and on two through
-`tasktrain launch` (test_accelerate_style_script_on_one_and_two_processes), its trackers read back."""
+`tasktrain launch` (MULTI_GPU and DEEPSPEED YAMLs) (test_accelerate_style_script_on_one_and_two_processes), its trackers read back."""
 import os
 
 import pytest
@@ -123,9 +123,15 @@ def read_scalars(directory, tag):
     return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
+LAUNCH_YAMLS = {  # Accelerate's keys; on this machine's CPUs the DDP one is MULTI_CPU to the Accelerator
+    "MULTI_GPU": "distributed_type: MULTI_GPU\nnum_processes: 2\n",
+    "DEEPSPEED": "distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\ndeepspeed_config:\n  zero_stage: 2\n",
+}
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("processes", [1, 2])
-def test_accelerate_style_script_on_one_and_two_processes(tmp_path, processes):
+@pytest.mark.parametrize("launch_type", [None, "MULTI_GPU", "DEEPSPEED"], ids=["one-process", "multi-gpu", "deepspeed"])
+def test_accelerate_style_script_on_one_and_two_processes(tmp_path, launch_type):
     import json
     import subprocess
     import sys
@@ -135,13 +141,14 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, processes):
     out = tmp_path / "out"
     out.mkdir()
     script = os.path.join(SCRIPTS, "api_worker.py")
+    processes = 1 if launch_type is None else 2
     if processes == 1:
         run = subprocess.run([sys.executable, script, str(out)], cwd=tmp_path, env=clean_env(tmp_path),
                              capture_output=True, text=True, timeout=240)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         output = run.stdout
     else:
-        (tmp_path / "multi.yaml").write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\n")
+        (tmp_path / "multi.yaml").write_text(LAUNCH_YAMLS[launch_type])
         output = launch(["--config_file", str(tmp_path / "multi.yaml"), script, str(out)], tmp_path, timeout=240)
     assert output.count("printed by the main process only") == 1
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(processes)]
@@ -159,9 +166,16 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, processes):
         assert result["checkpoints"] == ["checkpoint_1", "checkpoint_2"] and result["counter"] == 2
         assert result["save_iteration"] == 3 and result["no_sync_differs"]
         assert (out / "traces" / f"trace_rank_{r}.json").exists()
-        assert result["portable"] == sorted(["accelerator_state.pt", "custom_checkpoint_0.pkl", "model.safetensors",
-                                             "optimizer.bin", "scheduler.bin"]
-                                            + [f"random_states_{p}.pkl" for p in range(processes)]) + [2]
+        expected_type = {None: "NO", "MULTI_GPU": "MULTI_CPU", "DEEPSPEED": "DEEPSPEED"}[launch_type]
+        if expected_type == "MULTI_CPU" and torch.cuda.device_count() >= 2:
+            expected_type = "MULTI_GPU"
+        assert result["distributed_type"] == expected_type
+        if launch_type == "DEEPSPEED":
+            assert "keeps them in its own shards (DeepSpeed)" in result["portable"]  # Accelerate's layout refused
+        else:
+            assert result["portable"] == sorted(["accelerator_state.pt", "custom_checkpoint_0.pkl",
+                                                 "model.safetensors", "optimizer.bin", "scheduler.bin"]
+                                                + [f"random_states_{p}.pkl" for p in range(processes)]) + [2]
     main = ranks[0]
     if processes == 1:
         assert main["split"] == [0, 1, 2, 3, 4] and main["decorated"] == ["main", "last", "index", "local main"]
