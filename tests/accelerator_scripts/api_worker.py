@@ -1,7 +1,8 @@
 """A script in Accelerate's style (only the import changed) that uses every Accelerator name of
 docs/accelerator.md's compatibility table. tests/test_accelerator_api.py runs it on one process (python) and on two
-(`tasktrain launch` with Accelerate's MULTI_GPU and DEEPSPEED YAMLs). It checks what each process can check itself (assert: a failure ends the
-run with an error) and writes OUT_DIR/rank{R}.json with what the test compares across processes."""
+(`tasktrain launch` with Accelerate's MULTI_GPU and DEEPSPEED YAMLs). It checks what each process can check itself
+(assert: a failure ends the run with an error) and writes OUT_DIR/rank{R}.json with what the test compares across
+processes."""
 import json
 import os
 import sys
