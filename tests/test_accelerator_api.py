@@ -1,7 +1,8 @@
 """Accelerate's Accelerator API on one process: automatic checkpoint naming, scheduler stepping, handlers,
 profile, find_executable_batch_size, utils; then tests/accelerator_scripts/api_worker.py, a script in Accelerate's
 style that uses every Accelerator name of docs/accelerator.md, run on one process and on two through
-`tasktrain launch` (MULTI_GPU and DEEPSPEED YAMLs) (test_accelerate_style_script_on_one_and_two_processes), its trackers read back."""
+`tasktrain launch` (MULTI_GPU and DEEPSPEED YAMLs) (test_accelerate_style_script_on_one_and_two_processes), its
+trackers read back."""
 import os
 
 import pytest

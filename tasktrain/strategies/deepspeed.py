@@ -19,7 +19,7 @@ How the contract (tasktrain/strategies/base.py) maps onto the engine, per micro-
                                                    # already (plan.loss_divided_by_window); inside a window,
                                                    # engine.step() counts the micro-step
     if ends_window:
-        strategy.clip_gradients(...)               # clips_inside_step: checks the request agrees (or sets an unset clipping)
+        strategy.clip_gradients(...)               # clips_inside_step: checks the request (or sets an unset clipping)
         strategy.optimizer_step(optimizer)         # engine.step(): clip, step, zero the gradients
         strategy.zero_grad(optimizer)              # nothing: the engine zeroed them
 

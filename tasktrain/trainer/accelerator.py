@@ -41,7 +41,8 @@ class Accelerator:
 
     Accelerate's constructor arguments (device_placement ... parallelism_config, in Accelerate's order) each work
     as in Accelerate or raise a clear error at construction (docs/accelerator.md lists them); `strategy` and
-    `stall_timeout` are ours. Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then from the defaults:
+    `stall_timeout` are ours. Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then
+    from the defaults:
     mixed_precision "no" (also "fp16", "bf16", or our names "16-mixed", "bf16-mixed", "64-true"), one
     gradient accumulation step, and strategy "ddp" when a launcher started several processes, else
     "single_device". `strategy` takes a registry name ("ddp", "deepspeed_stage_2", ...) or a Strategy.
@@ -1230,7 +1231,8 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
 
     if deepspeed_plugin is not None:
         if not isinstance(deepspeed_plugin, DeepSpeedPlugin):
-            raise TypeError("deepspeed_plugin must be a tasktrain.utils.DeepSpeedPlugin (or pass strategy=DeepSpeed(...)).")
+            raise TypeError("deepspeed_plugin must be a tasktrain.utils.DeepSpeedPlugin (or pass "
+                            "strategy=DeepSpeed(...)).")
         if strategy is not None:
             raise ValueError("Pass deepspeed_plugin or strategy, not both.")
         strategy = deepspeed_plugin.strategy()
