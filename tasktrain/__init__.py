@@ -37,6 +37,7 @@ _NAMES = {
     "DDP": "tasktrain.strategies.ddp",
     "DataParallel": "tasktrain.strategies.data_parallel",
     "DeepSpeed": "tasktrain.strategies.deepspeed",
+    "FSDP": "tasktrain.strategies.fsdp",
     "CheckpointError": "tasktrain.checkpoint_io",
     "init_empty_weights": "tasktrain.inference.empty",
     "save_model": "tasktrain.inference.saving",

@@ -13,7 +13,7 @@ class StrategyName(NamedTuple):
     cls: str
     kwargs: dict  # the constructor's arguments this name stands for
     distributed_type: str  # Accelerate's name of it in a launch config: "NO" (one process), "MULTI_GPU" (DDP; on
-    #                        CPU MULTI_CPU) or "DEEPSPEED"
+    #                        CPU MULTI_CPU), "DEEPSPEED" or "FSDP"
 
 
 def _ddp(**kwargs):
@@ -36,6 +36,8 @@ STRATEGIES = {
     "deepspeed_stage_2_offload": _deepspeed(stage=2, offload_optimizer=True),
     "deepspeed_stage_3": _deepspeed(stage=3),
     "deepspeed_stage_3_offload": _deepspeed(stage=3, offload_optimizer=True, offload_parameters=True),
+    "fsdp": StrategyName("tasktrain.strategies.fsdp", "FSDP", {}, "FSDP"),
+    "fsdp_cpu_offload": StrategyName("tasktrain.strategies.fsdp", "FSDP", {"cpu_offload": True}, "FSDP"),
 }
 AUTO_STRATEGY = "auto"  # ddp when several processes are asked for or were launched, else single_device
 

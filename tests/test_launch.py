@@ -390,7 +390,11 @@ def test_yaml_booleans_are_read_as_the_names_they_spell(tmp_path):
     ("num_processes: yes\n", "num_processes: True is not a whole number"),
     ("mixed_precision: fp8\n", "mixed_precision: 'fp8' is not supported; expected one of no, fp16, bf16"),
     ("precision: 8-true\n", "precision: '8-true' is not supported"),
-    ("distributed_type: FSDP\n", "distributed_type: 'FSDP' is not supported.*DEEPSPEED with zero_stage 3"),
+    ("distributed_type: XLA\n", "distributed_type: 'XLA' is not supported.*FSDP, or DEEPSPEED with zero_stage 3"),
+    ("distributed_type: FSDP\nfsdp_config: {fsdp_version: 1}\n", "fsdp_version: 1.*FSDP2.*fsdp_version: 2"),
+    ("distributed_type: FSDP\nfsdp_config: {fsdp_state_dict_type: FULL_STATE_DICT}\n",
+     "fsdp_state_dict_type.*FSDP\\(state_dict_type='full'\\)"),
+    ("distributed_type: FSDP\nfsdp_config: {fsdp_offload_param: true}\n", "fsdp_offload_param.*fsdp_offload_params"),
     ("distributed_type: MULTI_GPUS\n", "Did you mean 'MULTI_GPU'"),
     ("strategy: dpp\n", "strategy: 'dpp' is not supported.*Did you mean 'ddp'"),
     ("strategy: single_device\nnum_processes: 2\n", "would train alone"),
@@ -489,10 +493,24 @@ def test_ignored_keys_are_reported_and_do_nothing(tmp_path):
             "num_processes: 2\ndistributed_type: MULTI_CPU\ndeepspeed_config: {zero_stage: 3}\n")
     s = load(tmp_path, text)
     assert s.strategy == "ddp"
-    for key in ("fsdp_config", "megatron_lm_config", "dynamo_backend", "tpu_name", "same_network",
+    for key in ("fsdp_config (the strategy is not FSDP)", "megatron_lm_config", "dynamo_backend", "tpu_name", "same_network",
                 "deepspeed_config (the strategy is not DeepSpeed)"):
         assert key in s.ignored
     assert "ignored (do not apply to tasktrain launch)" in s.describe()
+
+
+def test_accelerate_fsdp_configs(tmp_path):
+    """Accelerate's FSDP YAML as written: the keys that mean what tasktrain's FSDP does are used, the ones that do
+    nothing here are reported, the others fail (test_invalid_values_say_what_was_wrong_and_what_was_expected)."""
+    text = ("distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\nfsdp_config:\n  fsdp_version: 2\n"
+            "  fsdp_offload_params: false\n  fsdp_reshard_after_forward: true\n"
+            "  fsdp_state_dict_type: SHARDED_STATE_DICT\n  fsdp_activation_checkpointing: false\n"
+            "  fsdp_cpu_ram_efficient_loading: false\n  fsdp_sync_module_states: true\n  fsdp_use_orig_params: true\n")
+    s = load(tmp_path, text)
+    assert s.strategy == "fsdp" and s.num_processes == 2
+    assert "fsdp_config.fsdp_sync_module_states" in s.ignored and "fsdp_config.fsdp_use_orig_params" in s.ignored
+    s = load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config: {fsdp_offload_params: true}\n")
+    assert s.strategy == "fsdp_cpu_offload"
 
 
 def test_multi_gpu_without_gpus_falls_back_to_cpu_and_says_so(tmp_path):

@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 USED_KEYS = (
     "compute_environment", "distributed_type", "num_processes", "num_machines", "machine_rank",
     "main_process_ip", "main_process_port", "mixed_precision", "use_cpu", "gpu_ids", "rdzv_backend",
-    "debug", "num_cpu_threads_per_process", "deepspeed_config",
+    "debug", "num_cpu_threads_per_process", "deepspeed_config", "fsdp_config",
     "strategy", "precision", "gradient_accumulation_steps",  # ours
 )
 
@@ -44,7 +44,6 @@ IGNORED_KEYS = {
     "enable_cpu_affinity": "NUMA pinning is not done by tasktrain launch",
     "dynamo_backend": "call torch.compile in the script instead",
     "dynamo_config": "call torch.compile in the script instead",
-    "fsdp_config": "FSDP is not a tasktrain strategy",
     "megatron_lm_config": "Megatron-LM is not supported",
     "fp8_config": "fp8 is not supported",
     "parallelism_config": "tensor/context parallelism is not supported",
@@ -70,9 +69,42 @@ DEEPSPEED_IGNORED_KEYS = {
     "offload_param_nvme_path": "NVMe offload needs a deepspeed_config_file",
 }
 
-DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED")
+# fsdp_config (distributed_type FSDP): key -> the values that mean what tasktrain's FSDP does ("*": any; a
+# value outside them is an error naming the script-side fix), and keys that do nothing here, with why.
+FSDP_KEYS = {
+    "fsdp_version": ("2", 2),
+    "fsdp_offload_params": "*",  # true -> fsdp_cpu_offload
+    "fsdp_reshard_after_forward": (True, "true", "FULL_SHARD"),
+    "fsdp_sharding_strategy": ("FULL_SHARD", 1),
+    "fsdp_state_dict_type": ("SHARDED_STATE_DICT",),
+    "fsdp_auto_wrap_policy": ("NO_WRAP",),
+    "fsdp_transformer_layer_cls_to_wrap": (None, ""),
+    "fsdp_activation_checkpointing": (False, "false"),
+    "fsdp_cpu_ram_efficient_loading": (False, "false"),
+}
+FSDP_FIXES = {
+    "fsdp_version": "tasktrain's FSDP is FSDP2 (torch's fully_shard): set fsdp_version: 2",
+    "fsdp_reshard_after_forward": "pass strategy=FSDP(reshard_after_forward=False) in the script",
+    "fsdp_sharding_strategy": "tasktrain's FSDP shards fully (FULL_SHARD); use DDP or a DeepSpeed stage otherwise",
+    "fsdp_state_dict_type": "pass strategy=FSDP(state_dict_type='full') in the script",
+    "fsdp_auto_wrap_policy": "pass strategy=FSDP(wrap={YourBlock}) in the script (the default wraps each child "
+                             "module that holds parameters)",
+    "fsdp_transformer_layer_cls_to_wrap": "pass strategy=FSDP(wrap={YourBlock}) in the script",
+    "fsdp_activation_checkpointing": "activation checkpointing is not available under tasktrain's FSDP yet",
+    "fsdp_cpu_ram_efficient_loading": "meta-device loading is not available under tasktrain's FSDP yet",
+}
+FSDP_IGNORED_KEYS = {
+    "fsdp_use_orig_params": "FSDP2 always keeps the original parameters",
+    "fsdp_sync_module_states": "every rank builds the module from the same seed",
+    "fsdp_backward_prefetch": "FSDP2 prefetches by itself",
+    "fsdp_forward_prefetch": "FSDP2 prefetches by itself",
+    "fsdp_min_num_params": "only for SIZE_BASED_WRAP, which is not used",
+}
+
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 # What each distributed_type runs when no strategy is named (the table's plain name of that kind).
-STRATEGY_OF_TYPE = {"NO": "single_device", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "DEEPSPEED": "deepspeed"}
+STRATEGY_OF_TYPE = {"NO": "single_device", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "DEEPSPEED": "deepspeed",
+                    "FSDP": "fsdp"}
 STRATEGY_CHOICES = (AUTO_STRATEGY, *STRATEGIES)
 RDZV_BACKENDS = ("static", "c10d")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -142,6 +174,20 @@ def check_keys(values: dict, where: str = "the configuration") -> None:
     for key in ds:
         if key not in ds_valid:
             raise ConfigError(_unknown("deepspeed_config key", key, ds_valid, where))
+
+
+def _check_fsdp_config(fsdp, where="the configuration"):
+    if not isinstance(fsdp, dict):
+        raise ConfigError(f"fsdp_config in {where} is {fsdp!r}, expected a mapping such as `fsdp_config: "
+                          "{fsdp_version: 2}`. Fix the value or remove the key.")
+    valid = list(FSDP_KEYS) + list(FSDP_IGNORED_KEYS)
+    for key, value in fsdp.items():
+        if key not in valid:
+            raise ConfigError(_unknown("fsdp_config key", key, valid, where))
+        allowed = FSDP_KEYS.get(key, "*")
+        if allowed != "*" and value not in allowed and str(value) not in [str(a) for a in allowed]:
+            raise ConfigError(f"fsdp_config.{key}: {value!r} is not supported by tasktrain launch: "
+                              f"{FSDP_FIXES[key]}.")
 
 
 def _unknown(kind, key, valid, where):
@@ -431,7 +477,7 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
         )
     dist_type = _choice(
         "distributed_type", merged.get("distributed_type"), DISTRIBUTED_TYPES, upper=True,
-        hint=" For sharded training use DEEPSPEED with zero_stage 3; for plain data parallel use MULTI_GPU or "
+        hint=" For sharded training use FSDP, or DEEPSPEED with zero_stage 3; for plain data parallel use MULTI_GPU or "
              "MULTI_CPU.",
     )
     _resolve_processes(s, merged, sources, dist_type, gpu_count)
@@ -465,7 +511,7 @@ def _resolve_processes(s: LaunchSettings, merged: dict, sources: dict, dist_type
     s.num_machines = _integer("num_machines", merged.get("num_machines"), minimum=1) or 1
     s.sources["num_machines"] = _source(sources, "num_machines")
     explicit_cpu = _flag("use_cpu", merged.get("use_cpu"))
-    wants_gpu = dist_type in ("MULTI_GPU", "DEEPSPEED")
+    wants_gpu = dist_type in ("MULTI_GPU", "DEEPSPEED", "FSDP")
     s.use_cpu = bool(explicit_cpu) or dist_type == "MULTI_CPU"
     if explicit_cpu:
         s.sources["use_cpu"] = _source(sources, "use_cpu")
@@ -549,6 +595,14 @@ def _resolve_strategy(s: LaunchSettings, merged: dict, sources: dict, dist_type)
             f"strategy {strategy} runs one process, but num_processes is {s.num_processes}: each process would "
             "train alone on its own copy. Use strategy ddp (or a deepspeed_* strategy), or num_processes 1."
         )
+    fsdp = merged.get("fsdp_config") or {}
+    if STRATEGIES[strategy].distributed_type == "FSDP":
+        _check_fsdp_config(fsdp)
+        if _flag("fsdp_config.fsdp_offload_params", fsdp.get("fsdp_offload_params")):
+            strategy = "fsdp_cpu_offload"
+        s.ignored.extend(f"fsdp_config.{key}" for key in fsdp if key in FSDP_IGNORED_KEYS)
+    elif "fsdp_config" in merged:
+        s.ignored.append("fsdp_config (the strategy is not FSDP)")
     s.strategy = strategy
     ds_raw = merged["deepspeed_config"]
     if STRATEGIES[strategy].distributed_type == "DEEPSPEED":
@@ -575,7 +629,7 @@ def _resolve_precision(s: LaunchSettings, merged: dict, sources: dict):
 
 def _add_notes(s: LaunchSettings, dist_type, gpu_count: int, explicit_cpu):
     """Things worth saying before anything starts."""
-    wants_gpu = dist_type in ("MULTI_GPU", "DEEPSPEED")
+    wants_gpu = dist_type in ("MULTI_GPU", "DEEPSPEED", "FSDP")
     if wants_gpu and gpu_count == 0 and explicit_cpu is not True:
         s.notes.append(
             f"distributed_type {dist_type} asks for GPUs but this machine has none: starting "
@@ -714,6 +768,10 @@ def settings_to_values(settings: LaunchSettings) -> dict:
         "rdzv_backend": settings.rdzv_backend,
         "strategy": None if plain else settings.strategy,
     }
+    if dist_type == "FSDP":
+        values["fsdp_config"] = {"fsdp_version": 2,
+                                 "fsdp_offload_params": bool(STRATEGIES[settings.strategy].kwargs.get("cpu_offload"))}
+        values["strategy"] = None
     if settings.is_deepspeed:
         ds = settings.deepspeed
         values["deepspeed_config"] = {

@@ -3,7 +3,7 @@
     tasktrain launch [--config_file F] [--num_processes N] [--num_machines M] [--machine_rank R] ... train.py [args]
     tasktrain config [--num_processes N ...] [--output F]     (no flags on a terminal: asks questions)
     tasktrain env
-    tasktrain convert CHECKPOINT_DIR OUTPUT.ckpt              (a DeepSpeed ZeRO checkpoint -> one fp32 file)
+    tasktrain convert CHECKPOINT_DIR OUTPUT.ckpt              (a DeepSpeed ZeRO or FSDP checkpoint -> one file)
     tasktrain convert CHECKPOINT OUT_DIR --format safetensors (any checkpoint -> Hugging Face shards)
 
 The work is in tasktrain/cli/config.py (the YAML schema and resolution); this file only parses arguments, and
@@ -247,9 +247,9 @@ def _env(args) -> int:
 
 def _add_convert(subparsers):
     p = subparsers.add_parser(
-        "convert", help="consolidate a DeepSpeed checkpoint into one fp32 file, or export a checkpoint to safetensors",
+        "convert", help="consolidate a DeepSpeed or FSDP checkpoint into one file, or export a checkpoint to safetensors",
         description="With --format ckpt (the default): gather the ZeRO shards of a checkpoint directory written under "
-                    "the DeepSpeed strategy into one fp32 state dict, saved in tasktrain's checkpoint format (weights "
+                    "the DeepSpeed strategy (or the DCP shards of one written under FSDP) into one state dict, saved in tasktrain's checkpoint format (weights "
                     "only): TaskModule.load_from_checkpoint(OUTPUT) and torch.load(OUTPUT, weights_only=True) read "
                     "it. With --format safetensors or bin: write the weights of a checkpoint file (a Trainer "
                     "checkpoint or a state dict) or of a DeepSpeed checkpoint directory to the folder OUTPUT in the "
@@ -281,10 +281,8 @@ def _convert(args) -> int:
             print(f"tasktrain convert: error: {' and '.join(given)} apply to --format safetensors or bin; the default "
                   f"--format ckpt writes one file of the whole state dict.", file=sys.stderr)
             return 2
-        from tasktrain.strategies.deepspeed import convert_zero_checkpoint
-
         try:
-            checkpoint = convert_zero_checkpoint(args.checkpoint_dir, args.output)
+            checkpoint = _consolidate(args.checkpoint_dir, args.output)
         except (CheckpointError, FileNotFoundError, ValueError) as e:
             print(f"tasktrain convert: error: {e}", file=sys.stderr)
             return 2
@@ -295,15 +293,24 @@ def _convert(args) -> int:
     return _export(args, CheckpointError)
 
 
+def _consolidate(checkpoint_dir, output=None):
+    """One checkpoint dict of the whole weights from a sharded checkpoint directory: FSDP's (DCP) or DeepSpeed's."""
+    from tasktrain.strategies.fsdp import convert_fsdp_checkpoint, is_fsdp_checkpoint
+
+    if os.path.isdir(checkpoint_dir) and is_fsdp_checkpoint(checkpoint_dir):
+        return convert_fsdp_checkpoint(checkpoint_dir, output)
+    from tasktrain.strategies.deepspeed import convert_zero_checkpoint
+
+    return convert_zero_checkpoint(checkpoint_dir, output)
+
+
 def _export(args, CheckpointError) -> int:
     from tasktrain.inference.checkpoint_files import read_state_dict
     from tasktrain.inference.saving import describe_saved, save_model
 
     try:
         if os.path.isdir(args.checkpoint_dir):
-            from tasktrain.strategies.deepspeed import convert_zero_checkpoint
-
-            state = convert_zero_checkpoint(args.checkpoint_dir)["state_dict"]
+            state = _consolidate(args.checkpoint_dir)["state_dict"]
         else:
             state = read_state_dict(args.checkpoint_dir)
         prefix = (args.prefix or "").rstrip(".")

@@ -1,0 +1,491 @@
+"""FSDP: torch's fully sharded data parallel (FSDP2, `torch.distributed.fsdp.fully_shard`).
+
+Each rank keeps a 1/world_size shard of every parameter, of its gradient and of the optimizer state; a wrapped
+module's parameters are gathered (all-gather) just before its forward and backward and dropped again after, and
+the gradients are reduce-scattered, so each rank ends a backward holding the gradient of its own shard only. The
+processes, the process group and the collectives are DDP's (this class extends it); what differs is how the
+module is wrapped, how gradients are clipped and how checkpoints are written:
+
+- wrapping: `fully_shard` on each child module that holds parameters (or on what `wrap=` selects), then on the
+  root. The parameters become DTensors (torch.distributed.tensor), and the optimizers the loop was given are
+  pointed at them in place (same objects: their schedulers and the user's references stay valid).
+- the Trainer calls the module's steps, not its forward: the steps are registered as FSDP forward methods
+  (`register_fsdp_forward_method`), so the root's gathering and its end-of-backward work run around them.
+- checkpoints: a directory written by every rank in parallel with torch.distributed.checkpoint (DCP: model and
+  optimizer shards, resharded on load to any world size), plus our training state file, written under a
+  temporary name and renamed. state_dict_type="full" writes one ordinary file instead (gathered on rank 0).
+- precision: "32-true" and "bf16-mixed" (a MixedPrecisionPolicy: bf16 compute copies, fp32 gradient reduction,
+  fp32 master shards).
+"""
+import contextlib
+import os
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from tasktrain.checkpoint_io import CheckpointError, atomic_save, link_tree, load_checkpoint_file, replace_dir
+from tasktrain.names import normalize_precision
+from tasktrain.strategies.ddp import DDP
+from tasktrain.strategies.precision import MixedPrecision, Precision
+
+STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory (loop state, callbacks, RNG, ...)
+# The checkpoint values that hold shards (the Trainer's, then the Accelerator's save_state): written by DCP.
+_SHARD_KEYS = ("state_dict", "optimizer_states", "models", "optimizers")
+_SHARDED_MARK = "sharded: in the DCP files of this checkpoint directory"
+_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+_PRECISIONS = ("32-true", "bf16-mixed")
+
+
+class FSDPPrecision(MixedPrecision):
+    """"bf16-mixed" under FSDP: FSDP keeps fp32 shards (the optimizer's master weights) and gathers bf16 copies for
+    the forward and backward (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): gradients are reduced in
+    fp32). Autocast stays on as under DDP, so that the ops autocast keeps in fp32 (losses, softmax) still are."""
+
+    def mp_policy(self):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+class FSDP(DDP):
+    """Fully sharded data parallel (torch's FSDP2): parameters, gradients and optimizer state split over the ranks.
+
+    Args:
+        wrap: which submodules get their own FSDP unit (gathered and freed on their own): None (default) each child
+            of the root that holds parameters; a set/list of module classes (every instance, e.g. {Block}); or a
+            callable `(module) -> bool`. The root is always wrapped last.
+        reshard_after_forward: free the gathered parameters after each unit's forward (True, least memory; the
+            backward gathers them again) or keep them until the backward (False: one all-gather less per unit).
+        cpu_offload: keep the shards (and their gradients and optimizer state) in CPU memory; the optimizer steps on
+            the CPU (torch's CPUOffloadPolicy). On a CPU-only machine it changes nothing but is accepted.
+        state_dict_type: "sharded" (default): checkpoints are DCP directories written by every rank; "full": one
+            ordinary checkpoint file, gathered and written by rank 0.
+        process_group_backend, timeout, start_method: as DDP's.
+    """
+
+    name = "fsdp"
+
+    def __init__(self, accelerator=None, precision=None, wrap=None, reshard_after_forward=True, cpu_offload=False,
+                 state_dict_type="sharded", process_group_backend=None, timeout=timedelta(minutes=30),
+                 start_method="popen"):
+        super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
+                         timeout=timeout, start_method=start_method)
+        if start_method == "spawn":
+            self.name = "fsdp"  # DDP renames itself for spawn; the name here stays the strategy's
+        if state_dict_type not in ("sharded", "full"):
+            raise ValueError(f"FSDP state_dict_type={state_dict_type!r}: use 'sharded' (a DCP directory written by "
+                             "every rank) or 'full' (one file written by rank 0).")
+        if wrap is not None and not callable(wrap) and not _is_class_set(wrap):
+            raise TypeError(f"FSDP wrap={wrap!r}: use None (each child with parameters), a set of module classes "
+                            "(e.g. {Block}) or a callable (module) -> bool.")
+        if not isinstance(reshard_after_forward, bool):
+            raise TypeError(f"FSDP reshard_after_forward={reshard_after_forward!r}: use True or False.")
+        self.wrap = wrap
+        self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = bool(cpu_offload)
+        if self.cpu_offload:
+            self.name = "fsdp_cpu_offload"
+        self.state_dict_type = state_dict_type
+        self.wrapped_names = []  # what the last setup wrapped (the root is "")
+        self._said_wrapped = False
+        self._sharded_models = []  # the modules set up since the last teardown, in order
+        self._all_optimizers = []  # their optimizers, in order (the Accelerator's save_state order)
+        self._owners = {}  # id(optimizer) -> its module
+
+    # -- the run's choices ---------------------------------------------------------------------------------------
+    def precision_plugin(self, name):
+        name = normalize_precision(name)
+        if name == "32-true":
+            return Precision(self.root_device.type)
+        if name == "bf16-mixed":
+            return FSDPPrecision("bf16-mixed", self.root_device.type)
+        raise ValueError(f"FSDP runs precision {' or '.join(repr(p) for p in _PRECISIONS)}, not {name!r}. Use "
+                         "precision='bf16-mixed' for mixed precision (fp32 master shards, bf16 compute).")
+
+    # -- the module ----------------------------------------------------------------------------------------------
+    def setup_module_and_optimizers(self, module, optimizers, plan):
+        from torch.distributed.fsdp import FSDPModule
+
+        self.module = module
+        self.optimizers = list(optimizers)
+        if isinstance(module, FSDPModule):
+            if self.optimizers:
+                raise ValueError("FSDP: this module is sharded already (set up by an earlier fit or prepare); its "
+                                 "optimizers are set up with it, once. Build a new module to train again.")
+            self.model = module  # set up by an earlier stage (validate after fit): sharded already
+            self._sharded_models.append(module)
+            return self.model, self.optimizers
+        names = {id(p): name for name, p in module.named_parameters()}
+        for optimizer in self.optimizers:
+            _check_optimizer(optimizer, names)
+        module.to(self.root_device)
+        self._shard(module)
+        for optimizer in self.optimizers:
+            _repoint_optimizer(optimizer, names, dict(module.named_parameters()))
+        if plan.calls_steps:
+            from torch.distributed.fsdp import register_fsdp_forward_method
+
+            # The loop calls the module's steps, not its forward: the root's gathering and its end-of-backward work
+            # must run around them as around a forward.
+            for method in _STEP_METHODS:
+                if callable(getattr(module, method, None)):
+                    register_fsdp_forward_method(module, method)
+        self.model = module
+        self._sharded_models.append(module)
+        for optimizer in self.optimizers:
+            self._owners[id(optimizer)] = module
+            self._all_optimizers.append(optimizer)
+        return self.model, self.optimizers
+
+    def _shard(self, module):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        mp = self.precision.mp_policy() if isinstance(self.precision, FSDPPrecision) else MixedPrecisionPolicy()
+        offload = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda") if self.cpu_offload else OffloadPolicy()
+        options = dict(mesh=mesh, mp_policy=mp, offload_policy=offload)
+        targets = self._wrap_targets(module)
+        root_name = type(module).__name__  # before fully_shard renames the class (FSDP<name>)
+        # Innermost first: a unit's parameters are those not already in a unit below it.
+        for name in reversed(targets):
+            fully_shard(module.get_submodule(name), reshard_after_forward=self.reshard_after_forward, **options)
+        # The root's parameters are needed again at once by the backward: keeping them saves one all-gather.
+        fully_shard(module, reshard_after_forward=False, **options)
+        self.wrapped_names = [*targets, ""]
+        if self.is_global_zero and not self._said_wrapped:
+            shown = ", ".join(targets[:8]) + (f", ... ({len(targets)} in all)" if len(targets) > 8 else "")
+            print(f"[tasktrain] FSDP wrapped {len(targets)} module(s) [{shown}] and the root "
+                  f"{root_name}", flush=True)
+            self._said_wrapped = True
+
+    def _wrap_targets(self, module):
+        """Qualified names of the submodules that get their own unit, in module order."""
+        if self.wrap is None:
+            return [name for name, child in module.named_children() if any(True for _ in child.parameters())]
+        if _is_class_set(self.wrap):
+            classes = tuple(self.wrap)
+            chosen = [name for name, m in module.named_modules() if name and isinstance(m, classes)]
+            if not chosen:
+                raise ValueError(f"FSDP wrap={sorted(c.__name__ for c in classes)}: {type(module).__name__} has no "
+                                 "submodule of these classes. Name the classes of its repeated blocks, or leave "
+                                 "wrap=None (each child with parameters).")
+            return chosen
+        return [name for name, m in module.named_modules() if name and self.wrap(m)]
+
+    def unwrap_model(self, model):
+        return super().unwrap_model(model)  # fully_shard keeps the module object: nothing wraps it
+
+    def teardown(self):
+        self._sharded_models, self._all_optimizers, self._owners = [], [], {}
+        super().teardown()
+
+    # -- the step ------------------------------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx):
+        with self.forward_context():
+            return self.module.training_step(batch, batch_idx)  # an FSDP forward method (registered above)
+
+    def eval_step(self, step_fn, *args):
+        # FSDP's gathered parameters must keep their version counter, which tensors made under inference_mode lack
+        # (a world of one fails at the first all-gather): evaluation steps run under no_grad instead.
+        with torch.inference_mode(False), torch.no_grad(), self.forward_context():
+            return step_fn(*args)
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, enabled: bool, model=None):
+        """Inside an accumulation window the gradients stay whole and local (no reduce-scatter); the window's
+        last micro-batch reduces their sum."""
+        from torch.distributed.fsdp import FSDPModule
+
+        model = self.model if model is None else model
+        if not enabled or not isinstance(model, FSDPModule):
+            yield
+            return
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
+        """The norm over all shards: the gradients are DTensors, whose norm torch reduces over the ranks."""
+        self.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not params:
+            return torch.tensor(0.0)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+        norm = _full(norm)
+        if max_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        if max_value is not None:
+            torch.nn.utils.clip_grad_value_(params, max_value)  # elementwise: each shard on its own is exact
+        return norm
+
+    # -- state ---------------------------------------------------------------------------------------------------
+    def _options(self, full):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=full, cpu_offload=full)
+
+    def module_state_dict(self, model=None):
+        """The module's shards (DTensors) for a sharded checkpoint; the whole weights on rank 0 (gathered; other ranks
+        get an empty dict) under state_dict_type="full"."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        target = self.module if model is None else self.unwrap_model(model)
+        if not _is_sharded(target):
+            return target.state_dict()
+        return get_model_state_dict(target, options=self._options(self.state_dict_type == "full"))
+
+    def optimizer_state(self, optimizer):
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        module = self._owners.get(id(optimizer), self.module)
+        if not _is_sharded(module):
+            return optimizer.state_dict()
+        return get_optimizer_state_dict(module, optimizer, options=self._options(self.state_dict_type == "full"))
+
+    def load_module_state_dict(self, state_dict, model=None, strict=True):
+        """A sharded state dict (loaded from a DCP directory) goes in shard by shard; a whole one (a plain file) is
+        read by rank 0 and streamed to the others, each keeping its shard."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        target = self.module if model is None else self.unwrap_model(model)
+        if not _is_sharded(target):
+            target.load_state_dict(state_dict, strict=strict)
+            return
+        if _holds_dtensors(state_dict):
+            set_model_state_dict(target, state_dict, options=StateDictOptions(strict=strict))
+            return
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
+        set_model_state_dict(target, state_dict if self.is_global_zero else {}, options=options)
+
+    def load_optimizer_state(self, optimizer, state):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        module = self._owners.get(id(optimizer), self.module)
+        if not _is_sharded(module):
+            optimizer.load_state_dict(state)
+            return
+        if _holds_dtensors(state):
+            set_optimizer_state_dict(module, optimizer, state)
+            return
+        if not _keyed_by_name(state):
+            raise CheckpointError(
+                "This checkpoint holds a plain optimizer state (keyed by parameter number), not one written under "
+                "FSDP: an FSDP fit resumes from a checkpoint written under FSDP (a directory, or a "
+                "state_dict_type='full' file). To start an FSDP fit from a plain checkpoint's weights, load them "
+                "into the module before fit: module.load_state_dict(torch.load(path, weights_only=True)['state_dict']).")
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_optimizer_state_dict(module, optimizer, state if self.is_global_zero else {}, options=options)
+
+    def full_state_dict(self, model=None):
+        """The whole weights on every rank (every rank calls it: the shards are gathered)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        target = self.module if model is None else self.unwrap_model(model)
+        if not _is_sharded(target):
+            return target.state_dict()
+        state = get_model_state_dict(target, options=StateDictOptions(full_state_dict=True))
+        return {k: _full(v).detach().cpu().clone() for k, v in state.items()}
+
+    def check_full_state_dict(self, obj, where):
+        if _holds_dtensors(obj):
+            raise ValueError(f"{where} holds FSDP shards (DTensors), not whole tensors: gather them first with "
+                             "strategy.full_state_dict() (the Accelerator's get_state_dict) on every rank.")
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+    def save_checkpoint(self, checkpoint: dict, path: str):
+        """state_dict_type="sharded": a directory at `path` (DCP shards of the module and the optimizers, written by
+        every rank, plus our state file), written as `path`.tmp and renamed into place. "full": one file by rank 0."""
+        path = os.path.abspath(os.fspath(path))
+        if self.state_dict_type == "full" or not _holds_dtensors(checkpoint.get("state_dict")):
+            return super().save_checkpoint(checkpoint, path)
+        tmp = f"{path}.tmp"
+        self._write_directory(tmp, checkpoint, STATE_FILE)
+        if self.is_global_zero:
+            replace_dir(tmp, path)
+        self.barrier("save_checkpoint")
+
+    def save_checkpoint_into(self, directory, checkpoint, filename):
+        if self.state_dict_type == "full" or not _holds_dtensors(checkpoint.get("models", checkpoint.get("state_dict"))):
+            return super().save_checkpoint_into(directory, checkpoint, filename)
+        self._write_directory(os.path.abspath(os.fspath(directory)), checkpoint, filename)
+        self.barrier("save_state")
+
+    def _write_directory(self, directory, checkpoint, state_file):
+        import shutil
+
+        import torch.distributed.checkpoint as dcp
+
+        if self.is_global_zero and directory.endswith(".tmp") and os.path.isdir(directory):
+            shutil.rmtree(directory)  # the leftover of an interrupted save
+        self.barrier("fsdp_save_begin")
+        shards, state = _split(checkpoint)
+        dcp.save(shards, checkpoint_id=directory)
+        if self.is_global_zero:
+            state["fsdp"] = {"world_size": self.world_size, "layout": "dcp"}
+            atomic_save(state, os.path.join(directory, state_file))
+
+    def load_checkpoint(self, path: str) -> dict:
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            return load_checkpoint_file(path)  # a full checkpoint (state_dict_type="full" or any plain one)
+        return self._read_directory(path, STATE_FILE)
+
+    def load_checkpoint_from(self, directory, filename):
+        directory = os.fspath(directory)
+        if os.path.isfile(os.path.join(directory, ".metadata")):
+            return self._read_directory(directory, filename)
+        return super().load_checkpoint_from(directory, filename)
+
+    def _read_directory(self, path, state_name):
+        """Our state file, with the module's and the optimizers' shards read into what this run holds now: DCP
+        reshards them to this world size."""
+        import torch.distributed.checkpoint as dcp
+
+        state_file = os.path.join(path, state_name)
+        if not os.path.isfile(state_file) or not os.path.isfile(os.path.join(path, ".metadata")):
+            raise CheckpointError(f"{path!r} is not a checkpoint directory written by the tasktrain FSDP strategy "
+                                  f"(it needs {state_name} and DCP's .metadata): an interrupted save, or another "
+                                  "strategy's checkpoint.")
+        ckpt = load_checkpoint_file(state_file)
+        template = {}
+        for key in _SHARD_KEYS:
+            if ckpt.get(key) == _SHARDED_MARK:
+                template[key] = self._current(key)
+                ckpt[key] = template[key]
+                if not template[key]:
+                    del template[key]  # nothing of it to load here (no optimizer in validate/test/predict)
+        dcp.load(template, checkpoint_id=path)
+        return ckpt
+
+    def _current(self, key):
+        """What this run holds under `key`, for DCP to load the saved shards into, in place."""
+        if key == "state_dict":
+            return self.module_state_dict()
+        if key == "models":
+            return [self.module_state_dict(m) for m in self._sharded_models]
+        if not self._all_optimizers:
+            return []  # validate/test/predict: no optimizer to load into
+        return [self.optimizer_state(o) for o in self._all_optimizers]
+
+    def link_checkpoint(self, src, dst):
+        """ModelCheckpoint's last.ckpt: a directory of hard links to `src`'s files (a copy where links fail)."""
+        from tasktrain.checkpoint_io import atomic_link
+
+        if self.is_global_zero:
+            link_tree(src, dst) if os.path.isdir(src) else atomic_link(src, dst)
+        self.barrier("link_checkpoint")
+
+    def describe(self):
+        backend = dist.get_backend() if dist.is_initialized() else "?"
+        extras = [f"reshard_after_forward={self.reshard_after_forward}", f"state_dict_type={self.state_dict_type}"]
+        if self.cpu_offload:
+            extras.append("cpu_offload")
+        return (f"strategy={self.name} ({', '.join(extras)}), world_size={self.world_size}, backend={backend}, "
+                f"device={self.root_device}")
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------------
+def _is_class_set(wrap):
+    return isinstance(wrap, (set, frozenset, list, tuple)) and all(
+        isinstance(c, type) and issubclass(c, torch.nn.Module) for c in wrap) and len(wrap) > 0
+
+
+def _is_sharded(module):
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def _holds_dtensors(obj):
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        return True
+    if isinstance(obj, dict):
+        return any(_holds_dtensors(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_holds_dtensors(v) for v in obj)
+    return False
+
+
+def _keyed_by_name(state):
+    return isinstance(state, dict) and all(isinstance(k, str) for k in state.get("state", {}))
+
+
+def _full(tensor):
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _check_optimizer(optimizer, names):
+    """The optimizer is pointed at the sharded parameters after fully_shard: it must step the module's parameters
+    only, and must not have stepped yet (its state is keyed by the old parameters)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in names:
+                raise ValueError(f"FSDP: {type(optimizer).__name__} steps a parameter that is not one of the module's "
+                                 "(shape {tuple(p.shape)}): under FSDP an optimizer steps the parameters of the "
+                                 "module it is set up with.")
+    if any(len(s) for s in optimizer.state.values()):
+        raise ValueError(f"FSDP: {type(optimizer).__name__} has stepped already (it holds state for the unsharded "
+                         "parameters). Set it up with the module before its first step (prepare them together).")
+
+
+def _repoint_optimizer(optimizer, names, params):
+    """fully_shard replaced the parameters by sharded ones (DTensors): the same optimizer object, with the same
+    groups and hyper-parameters, now steps the new ones."""
+    for group in optimizer.param_groups:
+        group["params"] = [params[names[id(p)]] for p in group["params"]]
+    optimizer.state.clear()
+
+
+def _split(checkpoint):
+    """(the DCP part: the values holding shards, the rest: our state file, with a mark where a value went)."""
+    shards, state = {}, dict(checkpoint)
+    for key in _SHARD_KEYS:
+        if key in state and _holds_dtensors(state[key]):
+            shards[key] = state[key]
+            state[key] = _SHARDED_MARK
+    return shards, state
+
+
+def is_fsdp_checkpoint(path) -> bool:
+    """A directory written by this strategy (DCP's .metadata next to our state file)."""
+    path = os.fspath(path)
+    return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, STATE_FILE))
+
+
+def convert_fsdp_checkpoint(checkpoint_dir, output_path=None):
+    """Gather the module's shards of an FSDP checkpoint directory into one state dict, in our checkpoint format
+    (weights only; the optimizer's shards stay behind). Returns the checkpoint dict and, with `output_path`, writes
+    it there: `TaskModule.load_from_checkpoint(output_path)` reads it. Runs in one process, without a process group;
+    needs as much memory as the whole module."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    from tasktrain.checkpoint_io import format_header
+
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    if not is_fsdp_checkpoint(checkpoint_dir):
+        raise CheckpointError(f"{checkpoint_dir!r} is not an FSDP checkpoint directory (it needs {STATE_FILE} and "
+                              "DCP's .metadata).")
+    ckpt = load_checkpoint_file(os.path.join(checkpoint_dir, STATE_FILE))
+    key = "state_dict" if ckpt.get("state_dict") == _SHARDED_MARK else "models"
+    if ckpt.get(key) != _SHARDED_MARK:
+        raise CheckpointError(f"{checkpoint_dir!r} holds no sharded module weights.")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        loaded = _load_state_dict_from_keys({key}, checkpoint_id=checkpoint_dir)[key]
+    state_dict = loaded if key == "state_dict" else loaded[0]
+    state_dict = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state_dict.items()}
+    out = {**format_header(), "state_dict": state_dict, "hyper_parameters": ckpt.get("hyper_parameters", {}),
+           "weights_only": True, "train_state": ckpt.get("train_state", {}),
+           "world_size": ckpt.get("fsdp", {}).get("world_size")}
+    if output_path is not None:
+        atomic_save(out, os.fspath(output_path))
+    return out

@@ -1,0 +1,139 @@
+"""Two-process FSDP runs on the digits classifier; every rank writes what it saw to OUT.rank{R}.pt.
+
+    python train.py --root DIR --out OUT --case compare            # DDP, then FSDP (default wrap, checkpoints every
+                                                                   # step), FSDP wrap={Linear} without resharding,
+                                                                   # fsdp_cpu_offload, bf16-mixed; fp32, accumulation
+                                                                   # 2, clipping 0.5; reduce-scatters counted
+    python train.py --root DIR --out OUT --case resume --kill-at K # FSDP as above, rank 1 SIGKILLed after step K
+    python train.py --root DIR --out OUT --case resume --resume    # ... continued from ckpt_path="last"
+    python train.py --root DIR --out OUT --case load --ckpt PATH --devices N --epochs E
+                                               # a checkpoint on N ranks: validated, then trained on to epoch E
+
+The Trainer self-launches rank 1 (devices=2); both ranks run every fit in order and share one process group.
+"""
+import argparse
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+from digits import Classifier, digits_loaders  # noqa: E402
+
+from tasktrain import FSDP, Callback, ModelCheckpoint, Trainer, seed_everything  # noqa: E402
+
+EPOCHS = 2  # 22 batches of 32 per rank and epoch, accumulation 2: 11 optimizer steps per epoch
+COUNTS = {"reduce_scatter": 0}
+_reduce_scatter = dist.reduce_scatter_single
+
+
+def _counted(*args, **kwargs):
+    COUNTS["reduce_scatter"] += 1
+    return _reduce_scatter(*args, **kwargs)
+
+
+dist.reduce_scatter_single = _counted  # FSDP2 reduces gradients through it (torch/distributed/fsdp/_fully_shard)
+
+
+class Record(Callback):
+    """Per-batch losses and gradient norms of this rank, the reduce-scatters per optimizer step, and the whole
+    trained weights at the end (gathered: every rank calls full_state_dict)."""
+
+    def __init__(self):
+        self.losses, self.norms, self.scatters = [], [], []
+        self.weights = None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs.detach()))
+        self.scatters.append(COUNTS["reduce_scatter"])
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.norms.append(float(trainer.strategy.clip_gradients(optimizer)))  # the norm after clipping to 0.5
+
+    def on_train_end(self, trainer, module):
+        state = trainer.strategy.full_state_dict()
+        self.weights = {k: v.detach().float().clone() for k, v in state.items()}
+
+
+class KillRank(Callback):
+    def __init__(self, step, rank):
+        self.step, self.rank = step, rank
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epochs=EPOCHS, devices=2):
+    seed_everything(0)
+    train, val = digits_loaders(batch_size=32)
+    record = Record()
+    trainer = Trainer(strategy=strategy, devices=devices, max_epochs=epochs, precision=precision,
+                      accumulate_grad_batches=2, gradient_clip_val=0.5, logger=False, enable_progress_bar=False,
+                      enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+                      num_sanity_val_steps=0, default_root_dir=os.path.join(root, name),
+                      callbacks=[record, *callbacks])
+    module = Classifier(hidden=64)
+    COUNTS["reduce_scatter"] = 0
+    start = time.perf_counter()
+    trainer.fit(module, train, val, ckpt_path=ckpt_path)
+    seconds = time.perf_counter() - start
+    val_acc = float(trainer.callback_metrics["val_acc"])
+    validate_after_fit = trainer.validate(module, val)[0]["val_acc"]
+    return {"losses": record.losses, "norms": record.norms, "scatters": record.scatters, "weights": record.weights,
+            "val_acc": val_acc, "validate_after_fit": validate_after_fit, "global_step": trainer.global_step,
+            "seconds": seconds, "describe": trainer.strategy.describe(),
+            "last": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None}
+
+
+def checkpointed(root, callbacks=(), ckpt_path=None):
+    checkpoint = ModelCheckpoint(every_n_train_steps=1, every_n_epochs=None, save_top_k=2, save_last=True)
+    result = fit("fsdp", "fsdp", root, callbacks=[*callbacks, checkpoint], ckpt_path=ckpt_path)
+    # A fresh Trainer and module evaluate the last checkpoint directory (DCP loads the shards into the new ones).
+    trainer = Trainer(strategy="fsdp", devices=2, logger=False, enable_progress_bar=False)
+    metrics = trainer.validate(Classifier(hidden=64), digits_loaders(batch_size=32)[1], ckpt_path=result["last"])
+    result["validate_last"] = metrics[0]["val_acc"]
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--case", choices=("compare", "resume", "load"), required=True)
+    p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--ckpt", default=None)
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=EPOCHS + 1)
+    args = p.parse_args()
+
+    results = {}
+    if args.case == "compare":
+        results["ddp"] = fit("ddp", "ddp", args.root)
+        results["fsdp"] = checkpointed(args.root)
+        results["fsdp_linear"] = fit("fsdp_linear", FSDP(wrap={torch.nn.Linear}, reshard_after_forward=False),
+                                     args.root, epochs=1)
+        results["fsdp_offload"] = fit("fsdp_offload", "fsdp_cpu_offload", args.root, epochs=1)
+        results["fsdp_bf16"] = fit("fsdp_bf16", "fsdp", args.root, precision="bf16-mixed", epochs=1)
+    elif args.case == "resume":
+        kill = [KillRank(args.kill_at, rank=1)] if args.kill_at is not None else []
+        results["fsdp"] = checkpointed(args.root, kill, ckpt_path="last" if args.resume else None)
+    else:
+        # The checkpoint of a 2-rank fit, on args.devices ranks: evaluated, then trained on for one more epoch.
+        trainer = Trainer(strategy="fsdp", devices=args.devices, logger=False, enable_progress_bar=False)
+        train, val = digits_loaders(batch_size=32)
+        module = Classifier(hidden=64)
+        results["validate"] = trainer.validate(module, val, ckpt_path=args.ckpt)[0]["val_acc"]
+        results["loaded"] = {k: v.float().clone() for k, v in trainer.strategy.full_state_dict(module).items()}
+        results["more"] = fit("more", "fsdp", args.root, ckpt_path=args.ckpt, epochs=args.epochs, devices=args.devices,
+                              callbacks=[ModelCheckpoint(every_n_epochs=1, save_last=True)])
+    rank = int(os.environ.get("RANK", "0"))
+    torch.save(results, f"{args.out}.rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()
