@@ -155,6 +155,24 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
 
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(700)
+def test_full_state_dict_files(compare):
+    """FSDP(state_dict_type="full"): one ordinary file (whole weights, optimizer state keyed by name), gathered on
+    rank 0; a new fit resumes from it exactly (the continuous "fsdp" fit of the same launch is the reference)."""
+    root, ranks, _ = compare
+    for res in ranks:
+        first, resumed, reference = res["full_first"], res["full_resumed"], res["fsdp"]
+        assert os.path.isfile(first["last"])
+        assert res["full_file"]["keys"] == res["full_file"]["optimizer_keys"] == sorted(reference["weights"])
+        assert first["losses"] == reference["losses"][:22]
+        assert resumed["global_step"] == 22 and resumed["losses"] == reference["losses"][22:]
+        for name, value in reference["weights"].items():
+            assert torch.equal(resumed["weights"][name], value), name
+    module = classifier().load_from_checkpoint(ranks[0]["full_first"]["last"])  # loads anywhere, no FSDP
+    assert set(module.state_dict()) == set(ranks[0]["fsdp"]["weights"])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(700)
 def test_kill_and_resume_is_exact(compare, tmp_path):
     _, ranks, _ = compare
     reference = ranks[0]["fsdp"]

@@ -3,7 +3,8 @@
     python train.py --root DIR --out OUT --case compare            # DDP, then FSDP (default wrap, checkpoints every
                                                                    # step), FSDP wrap={Linear} without resharding,
                                                                    # fsdp_cpu_offload, bf16-mixed; fp32, accumulation
-                                                                   # 2, clipping 0.5; reduce-scatters counted
+                                                                   # 2, clipping 0.5; reduce-scatters counted;
+                                                                   # state_dict_type="full" files, resumed
     python train.py --root DIR --out OUT --case resume --kill-at K # FSDP as above, rank 1 SIGKILLed after step K
     python train.py --root DIR --out OUT --case resume --resume    # ... continued from ckpt_path="last"
     python train.py --root DIR --out OUT --case load --ckpt PATH --devices N --epochs E
@@ -99,6 +100,17 @@ def checkpointed(root, callbacks=(), ckpt_path=None):
     return result
 
 
+def full_files(root):
+    """state_dict_type="full": one file gathered on rank 0 at the end of epoch 0; a new fit resumes from it."""
+    first = fit("full", FSDP(state_dict_type="full"), root, callbacks=[ModelCheckpoint(save_last=True)], epochs=1)
+    saved = torch.load(first["last"], weights_only=True) if os.path.isfile(first["last"]) else None
+    resumed = fit("full", FSDP(state_dict_type="full"), root, callbacks=[ModelCheckpoint(save_last=True)],
+                  ckpt_path="last")
+    return {"full_first": first, "full_resumed": resumed,
+            "full_file": None if saved is None else {"keys": sorted(saved["state_dict"]),
+                                                      "optimizer_keys": sorted(saved["optimizer_states"][0]["state"])}}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
@@ -119,6 +131,7 @@ def main():
                                      args.root, epochs=1)
         results["fsdp_offload"] = fit("fsdp_offload", "fsdp_cpu_offload", args.root, epochs=1)
         results["fsdp_bf16"] = fit("fsdp_bf16", "fsdp", args.root, precision="bf16-mixed", epochs=1)
+        results.update(full_files(args.root))
     elif args.case == "resume":
         kill = [KillRank(args.kill_at, rank=1)] if args.kill_at is not None else []
         results["fsdp"] = checkpointed(args.root, kill, ckpt_path="last" if args.resume else None)
