@@ -88,7 +88,7 @@ def compare(tmp_path_factory):
 @pytest.mark.timeout(700)
 def test_fsdp_trains_like_ddp(compare):
     _, ranks, proc = compare
-    assert proc.stdout.count("FSDP wrapped 1 module(s) [net] and the root Classifier") == 4  # rank 0, once per strategy (4 fsdp ones)
+    assert proc.stdout.count("FSDP wrapped 1 module(s) [net] and the root Classifier") == 6  # rank 0, once per strategy (6 such)
     assert "FSDP wrapped 2 module(s) [net.0, net.3]" in proc.stdout
     for rank, res in enumerate(ranks):
         ddp = res["ddp"]
@@ -169,6 +169,41 @@ def test_full_state_dict_files(compare):
             assert torch.equal(resumed["weights"][name], value), name
     module = classifier().load_from_checkpoint(ranks[0]["full_first"]["last"])  # loads anywhere, no FSDP
     assert set(module.state_dict()) == set(ranks[0]["fsdp"]["weights"])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(700)
+def test_meta_init_allocates_only_the_shard(compare):
+    """trainer.init_module(empty_init=True): a 64 MiB model built on the meta device; each of the 2 ranks grows by
+    its 32 MiB shard (plus the set-up's own small allocations) and never by the whole model."""
+    _, ranks, _ = compare
+    for res in ranks:
+        meta = res["meta"]
+        assert meta["built_on_meta"] and meta["global_step"] == 2
+        assert meta["full_bytes"] == 2 * meta["local_bytes"] == 16 * (1024 * 1024 + 1024) * 4
+        assert meta["local_bytes"] * 0.9 < meta["peak_growth"] < meta["full_bytes"] * 0.75, meta["peak_growth"]
+        # reset_parameters() filled each shard: nn.Linear's uniform(+-1/sqrt(1024)) has std 1/sqrt(3 * 1024)
+        assert meta["weight_std"] == pytest.approx((3 * 1024) ** -0.5, rel=0.05) and meta["halves_differ"]
+
+
+def test_meta_init_needs_reset_parameters():
+    class NoReset(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(3))
+
+    from tasktrain.strategies.fsdp import _check_resettable
+
+    with torch.device("meta"):
+        module = torch.nn.Sequential(torch.nn.Linear(3, 3), NoReset())
+    with pytest.raises(ValueError, match=r"\['1'\] hold parameters or buffers of their own but define no "
+                                         "reset_parameters"):
+        _check_resettable(module)
+    assert FSDP().module_init_context(empty_init=False) is not None
+    with FSDP().module_init_context(empty_init=True):
+        assert torch.nn.Linear(2, 2).weight.is_meta
+    with FSDP().module_init_context(empty_init=False):
+        assert not torch.nn.Linear(2, 2).weight.is_meta
 
 
 @pytest.mark.world_size(2)

@@ -105,6 +105,17 @@ class FSDP(DDP):
                          "precision='bf16-mixed' for mixed precision (fp32 master shards, bf16 compute).")
 
     # -- the module ----------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init=False):
+        """empty_init=True: the module is built on the meta device (no memory); setup_module_and_optimizers shards it,
+        allocates each rank's shards only, and fills them with each submodule's reset_parameters(). Without
+        empty_init the module is built as usual (whole, on the CPU) and sharded at setup."""
+        if not empty_init:
+            yield
+            return
+        with torch.device("meta"):
+            yield
+
     def setup_module_and_optimizers(self, module, optimizers, plan):
         from torch.distributed.fsdp import FSDPModule
 
@@ -120,8 +131,14 @@ class FSDP(DDP):
         names = {id(p): name for name, p in module.named_parameters()}
         for optimizer in self.optimizers:
             _check_optimizer(optimizer, names)
-        module.to(self.root_device)
+        on_meta = _on_meta(module)
+        if on_meta:
+            _check_resettable(module)
+        else:
+            module.to(self.root_device)
         self._shard(module)
+        if on_meta:
+            _materialize(module, self.root_device)
         for optimizer in self.optimizers:
             _repoint_optimizer(optimizer, names, dict(module.named_parameters()))
         if plan.calls_steps:
@@ -421,6 +438,36 @@ def _full(tensor):
     from torch.distributed.tensor import DTensor
 
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _own_tensors(module):
+    return [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+
+
+def _on_meta(module):
+    return any(t.is_meta for t in [*module.parameters(), *module.buffers()])
+
+
+def _check_resettable(module):
+    """A module built on the meta device is initialised by reset_parameters(): each submodule holding tensors of its
+    own must have one (checked before anything is allocated)."""
+    missing = [name or type(module).__name__ for name, m in module.named_modules()
+               if _own_tensors(m) and not callable(getattr(m, "reset_parameters", None))]
+    if missing:
+        raise ValueError(f"FSDP: the module was built with init_module(empty_init=True) (on the meta device), and "
+                         f"{missing[:5]} hold parameters or buffers of their own but define no reset_parameters() to "
+                         "initialise them. Define reset_parameters() on them (nn.Linear-style: fill the tensors in "
+                         "place), or build the module without empty_init.")
+
+
+def _materialize(module, device):
+    """Allocate each rank's shards (the parameters are DTensors by now: to_empty makes their local shards only) and
+    initialise them in place with every submodule's reset_parameters()."""
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for m in module.modules():
+            if _own_tensors(m):
+                m.reset_parameters()
 
 
 def _check_optimizer(optimizer, names):

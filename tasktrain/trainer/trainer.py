@@ -434,6 +434,12 @@ class Trainer:
         return self._to_device(batch) if self._plain_transfer else self._to_device(batch, dataloader_idx)
 
     # -- entry points ----------------------------------------------------------------------------------------------
+    def init_module(self, empty_init=False):
+        """`with trainer.init_module(empty_init=True): module = Model()`: build the module the way the strategy wants
+        it built (strategy.module_init_context): FSDP on the meta device with empty_init=True (each rank then
+        materialises only its shard), DeepSpeed's zero3_init partitioned; elsewhere as usual."""
+        return self.strategy.module_init_context(empty_init=empty_init)
+
     def fit(self, module, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None):
         """Train `module` on loaders, or on a DataModule's (`datamodule=`, or passed as train_dataloaders)."""
         return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)

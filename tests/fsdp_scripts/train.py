@@ -4,7 +4,8 @@
                                                                    # step), FSDP wrap={Linear} without resharding,
                                                                    # fsdp_cpu_offload, bf16-mixed; fp32, accumulation
                                                                    # 2, clipping 0.5; reduce-scatters counted;
-                                                                   # state_dict_type="full" files, resumed
+                                                                   # state_dict_type="full" files, resumed;
+                                                                   # a 64 MiB model built on the meta device
     python train.py --root DIR --out OUT --case resume --kill-at K # FSDP as above, rank 1 SIGKILLed after step K
     python train.py --root DIR --out OUT --case resume --resume    # ... continued from ckpt_path="last"
     python train.py --root DIR --out OUT --case load --ckpt PATH --devices N --epochs E
@@ -24,7 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 from digits import Classifier, digits_loaders  # noqa: E402
 
-from tasktrain import FSDP, Callback, ModelCheckpoint, Trainer, seed_everything  # noqa: E402
+from tasktrain import FSDP, Callback, ModelCheckpoint, TaskModule, Trainer, seed_everything  # noqa: E402
 
 EPOCHS = 2  # 22 batches of 32 per rank and epoch, accumulation 2: 11 optimizer steps per epoch
 COUNTS = {"reduce_scatter": 0}
@@ -111,6 +112,66 @@ def full_files(root):
                                                       "optimizer_keys": sorted(saved["optimizer_states"][0]["state"])}}
 
 
+class Wide(TaskModule):
+    """16 layers of 1024 x 1024: 64 MiB of fp32 parameters, 32 MiB per rank once sharded."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(1024, 1024) for _ in range(16))
+
+    def training_step(self, batch, batch_idx):
+        x = batch[0]
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return x.pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class MeasuredFSDP(FSDP):
+    """Records this process's resident memory around the set-up (where the shards are allocated and initialised)."""
+
+    def setup_module_and_optimizers(self, module, optimizers, plan):
+        import torch.distributed.checkpoint  # noqa: F401  (imports made by the set-up itself are not the model's)
+        import torch.distributed.device_mesh  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
+
+        self.rss_before = _rss()
+        out = super().setup_module_and_optimizers(module, optimizers, plan)
+        self.peak_growth = _peak() - self.rss_before
+        return out
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def meta_init():
+    """trainer.init_module(empty_init=True): built on the meta device, each rank allocates and fills its shard."""
+    strategy = MeasuredFSDP(wrap={torch.nn.Linear})
+    trainer = Trainer(strategy=strategy, devices=2, max_steps=2, logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False)
+    with trainer.init_module(empty_init=True):
+        module = Wide()
+    built_on_meta = all(p.is_meta for p in module.parameters())
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 1024)), batch_size=4)
+    trainer.fit(module, data)
+    weight = trainer.strategy.full_state_dict(module)["blocks.0.weight"]
+    return {"built_on_meta": built_on_meta, "peak_growth": strategy.peak_growth,
+            "full_bytes": sum(p.numel() * 4 for p in module.parameters()),
+            "local_bytes": sum(p.to_local().numel() * 4 for p in module.parameters()),
+            "weight_std": float(weight.std()), "halves_differ": not torch.equal(weight[:512], weight[512:]),
+            "global_step": trainer.global_step}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
@@ -132,6 +193,7 @@ def main():
         results["fsdp_offload"] = fit("fsdp_offload", "fsdp_cpu_offload", args.root, epochs=1)
         results["fsdp_bf16"] = fit("fsdp_bf16", "fsdp", args.root, precision="bf16-mixed", epochs=1)
         results.update(full_files(args.root))
+        results["meta"] = meta_init()
     elif args.case == "resume":
         kill = [KillRank(args.kill_at, rank=1)] if args.kill_at is not None else []
         results["fsdp"] = checkpointed(args.root, kill, ckpt_path="last" if args.resume else None)
