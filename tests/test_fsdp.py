@@ -63,6 +63,13 @@ def test_names_and_arguments():
             Trainer(strategy="fsdp", precision=precision, devices=1, logger=False)
 
 
+def test_the_accelerator_is_refused_for_now():
+    from tasktrain.strategies.base import Plan
+
+    with pytest.raises(ValueError, match="Trainer only for now.*Accelerator"):
+        FSDP().setup_module_and_optimizers(torch.nn.Linear(2, 2), [], Plan(calls_steps=False))
+
+
 def test_wrap_policies_choose_submodules():
     Classifier = classifier()
     module = Classifier(hidden=8)

@@ -119,6 +119,12 @@ class FSDP(DDP):
     def setup_module_and_optimizers(self, module, optimizers, plan):
         from torch.distributed.fsdp import FSDPModule
 
+        if not plan.calls_steps:
+            # A 2-process Accelerator script under FSDP was seen to hang after its first loop; until that is found
+            # and tested, the Accelerator refuses FSDP instead of risking it.
+            raise ValueError("strategy 'fsdp' runs under the Trainer only for now: the Accelerator's prepare() with "
+                             "FSDP is not supported yet. Use the Trainer, or strategy='ddp' or a DeepSpeed strategy "
+                             "with the Accelerator.")
         self.module = module
         self.optimizers = list(optimizers)
         if isinstance(module, FSDPModule):
