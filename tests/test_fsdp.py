@@ -70,6 +70,11 @@ def test_the_accelerator_is_refused_for_now():
         FSDP().setup_module_and_optimizers(torch.nn.Linear(2, 2), [], Plan(calls_steps=False))
 
 
+def test_unfreezing_during_training_is_refused():
+    with pytest.raises(ValueError, match="BaseFinetuning changed which parameters require gradients.*ddp"):
+        FSDP().trainable_parameters_changed("BaseFinetuning")
+
+
 def test_wrap_policies_choose_submodules():
     Classifier = classifier()
     module = Classifier(hidden=8)

@@ -198,6 +198,13 @@ class FSDP(DDP):
             return chosen
         return [name for name, m in module.named_modules() if name and self.wrap(m)]
 
+    def trainable_parameters_changed(self, who: str):
+        """FSDP fixes at its first forward which parameters of each unit get gradients reduced; a change during
+        training is not supported (not tested), so it is refused before it can train apart."""
+        raise ValueError(f"{who} changed which parameters require gradients during training, and FSDP set up its "
+                         "units' gradient reduction from those that required them at its first step. Set "
+                         "requires_grad before training, or use strategy='ddp'.")
+
     def unwrap_model(self, model):
         return super().unwrap_model(model)  # fully_shard keeps the module object: nothing wraps it
 
