@@ -139,6 +139,12 @@ def plain_state_dict(state_dict):
 
 def load_plain_state_dict(module, state_dict, strict=True):
     """module.load_state_dict for a state dict with plain names, into a module that may hold compiled submodules."""
+    return module.load_state_dict(compiled_state_dict(module, state_dict), strict=strict)
+
+
+def compiled_state_dict(module, state_dict):
+    """The state dict with plain names renamed to `module`'s own (with "_orig_mod." where it holds compiled
+    submodules), for loaders other than module.load_state_dict (FSDP's set_model_state_dict)."""
     names = {plain_name(name): name for name, _ in module.named_modules() if COMPILED_NAME in name}
     if names:
         # "model.wte.weight" -> "model._orig_mod.wte.weight": the longest compiled module name that is a prefix.
@@ -151,7 +157,7 @@ def load_plain_state_dict(module, state_dict, strict=True):
             return key
 
         state_dict = _renamed(state_dict, compiled_name)
-    return module.load_state_dict(state_dict, strict=strict)
+    return state_dict
 
 
 def plain_name(key):

@@ -85,7 +85,7 @@ class PartialState:
 
     @property
     def distributed_type(self):
-        """Accelerate's DistributedType: NO, MULTI_CPU / MULTI_GPU (DDP on CPUs / GPUs), DEEPSPEED."""
+        """Accelerate's DistributedType: NO, MULTI_CPU / MULTI_GPU (DDP on CPUs / GPUs), DEEPSPEED, FSDP."""
         from tasktrain.utils.dataclasses import DistributedType
 
         kind = self._strategy.distributed_type

@@ -66,8 +66,15 @@ def test_names_and_arguments():
 def test_the_accelerator_is_refused_for_now():
     from tasktrain.strategies.base import Plan
 
-    with pytest.raises(ValueError, match="Trainer only for now.*Accelerator"):
+    with pytest.raises(ValueError, match="Accelerator does not support FSDP yet; use the Trainer with strategy='fsdp'"):
         FSDP().setup_module_and_optimizers(torch.nn.Linear(2, 2), [], Plan(calls_steps=False))
+    from tasktrain import FullyShardedDataParallelPlugin
+
+    with pytest.raises(NotImplementedError, match="Accelerator does not support FSDP yet; use the Trainer"):
+        FullyShardedDataParallelPlugin()
+    assert FSDP.distributed_type == "FSDP"  # Accelerate's name, not DDP's MULTI_GPU
+    with pytest.warns(UserWarning, match=r"DistributedDataParallelKwargs \['bucket_cap_mb'\] are not used under FSDP"):
+        FSDP().configure_processes(ddp_kwargs={"bucket_cap_mb": 1})
 
 
 def test_unfreezing_during_training_is_refused():

@@ -81,7 +81,7 @@ class Strategy:
     is_distributed = False  # several processes form one world (each rank runs the same script)
     supports_custom_loop = True  # can wrap a model's own forward for the Accelerator (Plan.calls_steps=False)
     distributed_type = "NO"  # Accelerate's name of what runs the processes: "NO", "MULTI_GPU" (DDP; the Accelerator
-    #                          says MULTI_CPU on CPUs) or "DEEPSPEED"
+    #                          says MULTI_CPU on CPUs), "DEEPSPEED" or "FSDP"
     clips_inside_step = False  # the engine clips inside optimizer_step, to the value the plan carried; then
     #                            clip_gradients only checks that a request agrees, and returns None
 

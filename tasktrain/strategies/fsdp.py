@@ -25,7 +25,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tasktrain.checkpoint_io import CheckpointError, atomic_save, link_tree, load_checkpoint_file, replace_dir
+from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_state_dict, link_tree, load_checkpoint_file,
+                                     load_plain_state_dict, plain_state_dict, replace_dir)
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.ddp import DDP
 from tasktrain.strategies.precision import MixedPrecision, Precision
@@ -66,6 +67,7 @@ class FSDP(DDP):
     """
 
     name = "fsdp"
+    distributed_type = "FSDP"  # Accelerate's name (DDP's class attribute says MULTI_GPU)
 
     def __init__(self, accelerator=None, precision=None, wrap=None, reshard_after_forward=True, cpu_offload=False,
                  state_dict_type="sharded", process_group_backend=None, timeout=timedelta(minutes=30),
@@ -122,9 +124,8 @@ class FSDP(DDP):
         if not plan.calls_steps:
             # A 2-process Accelerator script under FSDP was seen to hang after its first loop; until that is found
             # and tested, the Accelerator refuses FSDP instead of risking it.
-            raise ValueError("strategy 'fsdp' runs under the Trainer only for now: the Accelerator's prepare() with "
-                             "FSDP is not supported yet. Use the Trainer, or strategy='ddp' or a DeepSpeed strategy "
-                             "with the Accelerator.")
+            raise ValueError("The Accelerator does not support FSDP yet; use the Trainer with strategy='fsdp' "
+                             "(or, with the Accelerator, strategy='ddp' or a DeepSpeed strategy).")
         self.module = module
         self.optimizers = list(optimizers)
         if isinstance(module, FSDPModule):
@@ -198,6 +199,13 @@ class FSDP(DDP):
             return chosen
         return [name for name, m in module.named_modules() if name and self.wrap(m)]
 
+    def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
+        if ddp_kwargs:
+            # No DDP wrapper is built under FSDP: said aloud rather than dropped (as under DeepSpeed).
+            warnings.warn(f"DistributedDataParallelKwargs {sorted(ddp_kwargs)} are not used under FSDP: it builds no "
+                          "DistributedDataParallel wrapper.")
+        super().configure_processes(process_group_backend, timeout)
+
     def trainable_parameters_changed(self, who: str):
         """FSDP fixes at its first forward which parameters of each unit get gradients reduced; a change during
         training is not supported (not tested), so it is refused before it can train apart."""
@@ -240,9 +248,11 @@ class FSDP(DDP):
             model.set_requires_gradient_sync(True)
 
     def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
-        """The norm over all shards: the gradients are DTensors, whose norm torch reduces over the ranks."""
+        """The norm over all shards: the gradients are DTensors, whose norm torch reduces over the ranks. Summed in the
+        module's parameter order, as the base contract does (the optimizer was repointed at the sharded parameters,
+        which are the module's own)."""
         self.unscale_gradients(optimizer)
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        params = [p for p in self._in_module_order(optimizer) if p.grad is not None]
         if not params:
             return torch.tensor(0.0)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
@@ -266,8 +276,8 @@ class FSDP(DDP):
 
         target = self.module if model is None else self.unwrap_model(model)
         if not _is_sharded(target):
-            return target.state_dict()
-        return get_model_state_dict(target, options=self._options(self.state_dict_type == "full"))
+            return plain_state_dict(target.state_dict())
+        return plain_state_dict(get_model_state_dict(target, options=self._options(self.state_dict_type == "full")))
 
     def optimizer_state(self, optimizer):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -284,8 +294,9 @@ class FSDP(DDP):
 
         target = self.module if model is None else self.unwrap_model(model)
         if not _is_sharded(target):
-            target.load_state_dict(state_dict, strict=strict)
+            load_plain_state_dict(target, state_dict, strict=strict)
             return
+        state_dict = compiled_state_dict(target, state_dict)  # the plain names, as the module's own (compiled) ones
         if _holds_dtensors(state_dict):
             set_model_state_dict(target, state_dict, options=StateDictOptions(strict=strict))
             return
@@ -317,9 +328,9 @@ class FSDP(DDP):
 
         target = self.module if model is None else self.unwrap_model(model)
         if not _is_sharded(target):
-            return target.state_dict()
+            return plain_state_dict(target.state_dict())
         state = get_model_state_dict(target, options=StateDictOptions(full_state_dict=True))
-        return {k: _full(v).detach().cpu().clone() for k, v in state.items()}
+        return plain_state_dict({k: _full(v).detach().cpu().clone() for k, v in state.items()})
 
     def check_full_state_dict(self, obj, where):
         if _holds_dtensors(obj):

@@ -1161,10 +1161,10 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
                         dynamo_backend, dynamo_plugin, deepspeed_plugins, parallelism_config, strategy):
     """Accelerate's arguments checked and turned into tasktrain's choices, before anything starts. Each is used,
     or refused with what to do instead (docs/accelerator.md lists them)."""
-    from tasktrain.utils.dataclasses import (FSDP_ISSUE, AutocastKwargs, DataLoaderConfiguration, DeepSpeedPlugin,
-                                             DistributedDataParallelKwargs, GradientAccumulationPlugin,
-                                             GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
-                                             ProjectConfiguration)
+    from tasktrain.utils.dataclasses import (NO_ACCELERATOR_FSDP, AutocastKwargs, DataLoaderConfiguration,
+                                             DeepSpeedPlugin, DistributedDataParallelKwargs,
+                                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
+                                             ProfileKwargs, ProjectConfiguration)
 
     if device_placement is not True:
         raise ValueError("Accelerator(device_placement=False): tasktrain always places prepared models and batches "
@@ -1174,7 +1174,7 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         if value is not None:
             raise TypeError(f"Accelerator({name}=...) is not an argument (Accelerate 1.x moved it): pass "
                             f"dataloader_config=DataLoaderConfiguration({name}=...).")
-    _refuse("fsdp_plugin", fsdp_plugin, f"tasktrain has no FSDP strategy yet (issue {FSDP_ISSUE}).")
+    _refuse("fsdp_plugin", fsdp_plugin, f"{NO_ACCELERATOR_FSDP}.")
     _refuse("torch_tp_plugin", torch_tp_plugin, "tensor parallelism is not supported.")
     _refuse("megatron_lm_plugin", megatron_lm_plugin, "Megatron-LM is not supported.")
     _refuse("dynamo_plugin", dynamo_plugin, "compile the model yourself (torch.compile) before prepare.")

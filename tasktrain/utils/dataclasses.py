@@ -11,11 +11,14 @@ from typing import Any, Callable, Optional
 
 from tasktrain.loggers.trackers import LoggerType  # noqa: F401 (re-exported: tasktrain.utils.LoggerType)
 
-FSDP_ISSUE = 15  # FSDP is its own piece of work; the plugin says so until it lands
+# The Trainer runs FSDP (strategy='fsdp'); the Accelerator refuses it (its FSDP plugin and prepare) until tested.
+NO_ACCELERATOR_FSDP = ("the Accelerator does not support FSDP yet; use the Trainer with strategy='fsdp' "
+                       "(docs/fsdp.md), or DeepSpeedPlugin(zero_stage=3) for sharded training with the Accelerator")
 
 
 class DistributedType(str, enum.Enum):
-    """What runs the processes, in Accelerate's words. tasktrain runs NO, MULTI_CPU, MULTI_GPU and DEEPSPEED."""
+    """What runs the processes, in Accelerate's words. tasktrain runs NO, MULTI_CPU, MULTI_GPU, DEEPSPEED
+    and (the Trainer only) FSDP."""
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
@@ -218,9 +221,8 @@ def _offloads(device):
 
 
 class FullyShardedDataParallelPlugin:
-    """FSDP is not in tasktrain yet (issue 15): creating the plugin is a clear error, so a script that asks for
-    FSDP never trains with something else."""
+    """The Accelerator does not run FSDP yet (the Trainer does, strategy='fsdp'): creating the plugin is a clear
+    error, so a script that asks for FSDP never trains with something else."""
 
     def __init__(self, *args, **kwargs):
-        raise NotImplementedError(f"FullyShardedDataParallelPlugin: tasktrain has no FSDP strategy yet (issue "
-                                  f"{FSDP_ISSUE}). Use DeepSpeedPlugin(zero_stage=3) for sharded training, or DDP.")
+        raise NotImplementedError(f"FullyShardedDataParallelPlugin: {NO_ACCELERATOR_FSDP}.")
