@@ -3,6 +3,7 @@
     python examples/gpt.py                                           # one process
     python examples/gpt.py --strategy ddp --devices 2                # two processes (gloo on CPU)
     python examples/gpt.py --strategy deepspeed_stage_2 --devices 2  # DeepSpeed ZeRO stage 2 (or _3)
+    python examples/gpt.py --strategy fsdp --devices 2               # FSDP2: parameters sharded over the two
     python examples/gpt.py --precision bf16-mixed --compile          # autocast to bfloat16, compiled forward
 
 Everything is in this file: the data (generated, no download), the model (a decoder-only transformer in the
@@ -30,7 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tasktrain import TaskModule, Trainer, seed_everything
 
 # `--strategy` choices: the ones this example is tested on (tests/test_gpt_example.py).
-STRATEGIES = ["auto", "ddp", "deepspeed_stage_2", "deepspeed_stage_3"]
+STRATEGIES = ["auto", "ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"]
 PRECISIONS = ["32-true", "bf16-mixed"]
 
 # -- the data ---------------------------------------------------------------------------------------------------------
