@@ -1,9 +1,20 @@
 """Data: each rank gets its own shard, the order is a function of (seed, epoch), and a resume skips ahead.
 
 The Trainer rebuilds a plain DataLoader whose sampler is a RandomSampler or SequentialSampler around our
-ResumableSampler (torch's DistributedSampler with a start offset), so a resumed epoch skips the samples
-already seen without loading them. A user's own sampler or batch sampler is left alone.
+ResumableSampler, so a resumed epoch skips the samples already seen without loading them. A user's own sampler or
+batch sampler is left alone.
+
+The order of an epoch is defined over the whole dataset, independently of the number of processes: a permutation
+of the dataset drawn from (seed, epoch) (or 0..n-1 without shuffling), the *global order*. Rank r of W takes
+positions r, r + W, r + 2W, ... of it (torch's DistributedSampler does the same), so the loop's k-th batch of B
+samples per rank covers positions k*B*W .. (k+1)*B*W - 1 on every rank together, and after k batches exactly the
+first k*B*W positions are consumed, whatever W is. A resume records that count (`samples_in_epoch`), drops that
+prefix of the recomputed global order, and shards what is left over the processes it has now: every sample of the
+epoch is trained once, on any number of processes. When the rest does not divide evenly, it is padded, as
+DistributedSampler pads, with the first samples of the epoch's order (the same padding as an uninterrupted run
+when the resume starts at a multiple of W).
 """
+import math
 import warnings
 
 import torch
@@ -11,20 +22,54 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Rando
 
 
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler (deterministic order from seed + epoch, padded to equal shards) that can start late."""
+    """This rank's part of an epoch's global order, starting anywhere in it (see the module's docstring).
+
+    Without a start it yields exactly what DistributedSampler(shuffle, seed, drop_last=False) yields. `len()` is the
+    length of a whole epoch's shard; the iteration in flight is described by `iteration_start` (global position it
+    started at), `iteration_samples` (samples of this rank) and `iteration_padding` (repeats added at its end, over
+    all ranks).
+    """
 
     def __init__(self, dataset, num_replicas, rank, shuffle, seed):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         self.start = 0
+        self.iteration_start = 0
+        self.iteration_samples = self.num_samples
+        self.iteration_padding = self.total_size - len(self.dataset)
+
+    def global_order(self):
+        """The epoch's order of the whole dataset: a function of (seed, epoch) only."""
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)  # DistributedSampler's generator: the same permutation
+        return torch.randperm(n, generator=generator).tolist()
+
+    def skip_samples(self, num_samples: int):
+        """Start the next iteration `num_samples` into the epoch's global order (applies once)."""
+        self.start = max(0, int(num_samples))
 
     def skip(self, num_samples: int):
-        """Start the next iteration `num_samples` into this rank's order (applies once)."""
-        self.start = num_samples
+        """Start the next iteration `num_samples` into this rank's shard (the old per-rank offset): the same as
+        `skip_samples(num_samples * num_replicas)`."""
+        self.skip_samples(int(num_samples) * self.num_replicas)
 
     def __iter__(self):
-        indices = list(super().__iter__())
         start, self.start = self.start, 0
-        return iter(indices[start:])
+        order = self.global_order()
+        rest = order[start:]
+        padding = -len(rest) % self.num_replicas
+        if padding and order:
+            rest += (order * math.ceil(padding / len(order)))[:padding]
+        self.iteration_start = start
+        self.iteration_samples = len(rest) // self.num_replicas
+        self.iteration_padding = padding
+        return iter(rest[self.rank::self.num_replicas])
+
+    def samples_left(self, start: int) -> int:
+        """Samples of this rank in an iteration that starts at global position `start`."""
+        return math.ceil(max(0, len(self.dataset) - start) / self.num_replicas)
 
 
 class EvalShardSampler(Sampler):
@@ -58,6 +103,29 @@ class TrainData:
         except TypeError:
             return False
 
+    @property
+    def resumes_on_any_world_size(self) -> bool:
+        """The order is ours (a function of the seed and the epoch over the whole dataset), so a resume on another
+        number of processes, or with another batch size, can continue it exactly."""
+        return isinstance(self.sampler, ResumableSampler) and self.loader.batch_size is not None
+
+    @property
+    def num_samples(self):
+        """Samples in an epoch's global order (the dataset's length), or None when the loader is not ours."""
+        return len(self.sampler.dataset) if self.resumes_on_any_world_size else None
+
+    def samples_per_batch(self, world_size):
+        """Positions of the global order one loop batch covers on all ranks together (None: not known)."""
+        batch_size = getattr(self.loader, "batch_size", None)
+        return None if batch_size is None else batch_size * world_size
+
+    def batches_from(self, num_samples: int):
+        """Batches of this rank in an epoch resumed `num_samples` into the global order (None without a length)."""
+        if not self.resumes_on_any_world_size:
+            return None
+        left, batch_size = self.sampler.samples_left(num_samples), self.loader.batch_size
+        return left // batch_size if self.loader.drop_last else math.ceil(left / batch_size)
+
     def set_epoch(self, epoch):
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
@@ -66,12 +134,20 @@ class TrainData:
             self.generator.manual_seed(self.seed * 100_003 + epoch)
 
     def skip(self, num_batches: int):
+        """Start the next iteration `num_batches` batches into this rank's shard."""
         if num_batches <= 0:
             return
-        if isinstance(self.sampler, ResumableSampler) and self.loader.batch_size is not None:
+        if self.resumes_on_any_world_size:
             self.sampler.skip(num_batches * self.loader.batch_size)
         else:
             self._skip_batches = num_batches
+
+    def skip_samples(self, num_samples: int):
+        """Start the next iteration `num_samples` into the epoch's global order (only for our own sampler)."""
+        if not self.resumes_on_any_world_size:
+            raise ValueError("skip_samples needs the order the Trainer builds (a plain DataLoader with shuffle=True "
+                             "or False, no sampler of its own).")
+        self.sampler.skip_samples(num_samples)
 
     def __iter__(self):
         iterator = iter(self.loader)

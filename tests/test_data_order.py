@@ -1,0 +1,96 @@
+"""The data order in one process: an epoch's global order does not depend on the number of processes, so a resume
+can drop the consumed prefix and shard the rest over any number of them (tasktrain/trainer/data.py)."""
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from tasktrain.trainer.data import ResumableSampler, prepare_train_data
+
+
+def dataset(n):
+    return TensorDataset(torch.arange(n))
+
+
+def shards(n, world, shuffle=True, seed=5, epoch=1, start=0):
+    out = []
+    for rank in range(world):
+        sampler = ResumableSampler(dataset(n), world, rank, shuffle, seed)
+        sampler.set_epoch(epoch)
+        sampler.skip_samples(start)
+        out.append(list(sampler))
+    return out
+
+
+@pytest.mark.parametrize("n, world, shuffle", [(40, 1, True), (40, 2, True), (41, 3, True), (7, 4, False),
+                                               (2, 3, True)])
+def test_without_a_start_it_is_torchs_distributed_sampler(n, world, shuffle):
+    for rank, got in enumerate(shards(n, world, shuffle)):
+        expected = DistributedSampler(dataset(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=5)
+        expected.set_epoch(1)
+        assert got == list(expected)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_k_batches_on_any_world_consume_a_prefix_of_one_global_order(world):
+    n, batch = 48, 4
+    order = ResumableSampler(dataset(n), 1, 0, True, 5)
+    order.set_epoch(1)
+    order = order.global_order()
+    per_rank = shards(n, world)
+    for k in range(1, n // (batch * world) + 1):
+        seen = sorted(i for rank in per_rank for i in rank[:k * batch])
+        assert seen == sorted(order[:k * batch * world])
+
+
+@pytest.mark.parametrize("saved_world, world", [(2, 1), (1, 2), (2, 3), (3, 2), (4, 4)])
+def test_a_resume_on_another_world_trains_every_remaining_sample_once(saved_world, world):
+    n, batch, k = 48, 4, 2
+    consumed = k * batch * saved_world
+    first = sorted(i for rank in shards(n, saved_world) for i in rank[:k * batch])
+    rest = [i for rank in shards(n, world, start=consumed) for i in rank]
+    padding = -(n - consumed) % world  # 2 -> 3: 32 left over 3 ranks, one repeat (of the epoch's first sample)
+    assert len(rest) == len(set(rest)) == n - consumed + padding
+    repeats = set(rest) & set(first)
+    assert len(repeats) == padding and sorted(first + sorted(set(rest) - repeats)) == list(range(n))
+
+
+def test_a_resume_on_the_same_world_continues_each_rank_exactly_padding_included():
+    n, world, batch, k = 43, 3, 2, 4  # 43 = 3 x 15 - 2: two repeats at the end of the epoch
+    full = shards(n, world)
+    resumed = shards(n, world, start=k * batch * world)
+    for rank in range(world):
+        assert resumed[rank] == full[rank][k * batch:]
+
+
+def test_the_rest_is_padded_with_the_first_samples_of_the_epoch():
+    n, start = 10, 3  # 7 left over 2 ranks: one repeat, the epoch's first sample
+    sampler = ResumableSampler(dataset(n), 2, 0, True, 5)
+    sampler.set_epoch(1)
+    order = sampler.global_order()
+    got = [i for rank in shards(n, 2, start=start) for i in rank]
+    assert sorted(got) == sorted(order[start:] + order[:1])
+    sampler.skip_samples(start)
+    list(sampler)
+    assert (sampler.iteration_start, sampler.iteration_samples, sampler.iteration_padding) == (3, 4, 1)
+    assert len(sampler) == 5  # an epoch's shard; the skip is for one iteration only
+    assert list(sampler) == shards(n, 2)[0]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_train_data_counts_the_batches_of_a_resumed_epoch(drop_last):
+    loader = DataLoader(dataset(50), batch_size=4, shuffle=True, drop_last=drop_last)
+    data = prepare_train_data(loader, world_size=2, rank=1, seed=3)
+    assert data.resumes_on_any_world_size and data.num_samples == 50 and data.samples_per_batch(2) == 8
+    data.set_epoch(0)
+    data.skip_samples(18)  # 32 left: 16 per rank, 4 batches
+    assert data.batches_from(18) == 4 == len(list(data))
+    data.skip_samples(20)  # 30 left: 15 per rank: 3 full batches and one of 3 (dropped with drop_last)
+    assert data.batches_from(20) == (3 if drop_last else 4) == len(list(data))
+
+
+def test_a_users_sampler_cannot_skip_by_samples():
+    loader = DataLoader(dataset(8), batch_size=2, sampler=DistributedSampler(dataset(8), num_replicas=1, rank=0))
+    data = prepare_train_data(loader, world_size=1, rank=0, seed=0)
+    assert not data.resumes_on_any_world_size and data.num_samples is None and data.batches_from(2) is None
+    with pytest.raises(ValueError, match="order the Trainer builds"):
+        data.skip_samples(2)
