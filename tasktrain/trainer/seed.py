@@ -22,3 +22,19 @@ def get_seed() -> int:
     if os.environ.get(_SEED_VAR):
         return int(os.environ[_SEED_VAR])
     return int(torch.initial_seed() % 2**31)
+
+
+def derive_rank_seed(seed: int, global_step: int, rank: int) -> int:
+    """A seed for a rank that a checkpoint has no random state for (a resume on more processes than wrote it):
+    a function of (seed, global step, rank) only, so that the resumed run is the same each time it is resumed."""
+    return int(np.random.SeedSequence([int(seed) % 2**63, int(global_step), int(rank)]).generate_state(1)[0])
+
+
+def seed_rank_streams(seed: int, global_step: int, rank: int) -> int:
+    """Seed python, numpy and torch (all devices) from derive_rank_seed; returns the seed used. Unlike
+    seed_everything, the data-order seed is left as it is."""
+    derived = derive_rank_seed(seed, global_step, rank)
+    random.seed(derived)
+    np.random.seed(derived % 2**32)
+    torch.manual_seed(derived)
+    return derived
