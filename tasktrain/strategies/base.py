@@ -392,6 +392,16 @@ class Strategy:
     def load_optimizer_state(self, optimizer, state):
         optimizer.load_state_dict(state)
 
+    def optimizer_param_names(self, optimizer, model=None):
+        """The names of the parameters of each param group of `optimizer`, in order, as the module's state dict
+        names them (`model`: a model set up here; default the module): what lets a checkpoint's optimizer state,
+        kept by position, be matched to the parameters of another strategy's optimizer (`tasktrain convert`).
+        Default: found by identity among the module's named parameters (None for one that is not the module's).
+        An engine that replaces the optimizer's parameters by its own (DeepSpeed) records them before it does."""
+        module = self.unwrap_model(model) if model is not None else self.module
+        names = {id(p): name for name, p in module.named_parameters()} if module is not None else {}
+        return [[names.get(id(p)) for p in group["params"]] for group in optimizer.param_groups]
+
     def full_state_dict(self, model=None):
         """The module's whole state dict, gathered where it is sharded, for export (every rank calls it). `model`: a
         model set up here (or its module); default the module. Default: its state dict, with plain names."""

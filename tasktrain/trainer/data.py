@@ -247,3 +247,23 @@ class _NoIndices(list):
     def __getitem__(self, i):
         return None
 
+
+def resume_point(train_state: dict, saved_world_size: int, data: TrainData, world_size: int, accumulate: int):
+    """Where a resumed epoch continues on this run: (batch index, samples of the global order to skip, or None
+    to skip `batch index` batches of this rank's shard instead).
+
+    `train_state` is the checkpoint's. On our own order the position is the number of samples consumed; the batch
+    index is the checkpoint's when this run's batches cover the global order in the same steps (the same global
+    batch), else it is counted in this run's batches, at the start of an accumulation window. A checkpoint written
+    before the sample count existed held per-rank batches of the same size: its count is rebuilt from them."""
+    batches = int(train_state.get("batch_in_epoch", 0))
+    if not data.resumes_on_any_world_size:
+        return batches, None
+    per_batch = data.samples_per_batch(world_size)
+    samples = train_state.get("samples_in_epoch")
+    if samples is None:
+        samples = batches * data.loader.batch_size * saved_world_size
+    samples = min(int(samples), data.num_samples)
+    if samples == min(batches * per_batch, data.num_samples):
+        return batches, samples
+    return (samples // (per_batch * accumulate)) * accumulate, samples

@@ -5,7 +5,8 @@
                                 watchdog's stall_timeout
     accumulation_window(...)    where the accumulation window of a micro-batch starts, and its size
     broadcast_seed(strategy)    the data-order seed, the same on every rank
-    rng_state_of_this_rank(...) the RNG state a resume restores on this rank (and the warning when it cannot)
+    rng_restore_of_this_rank(...) what puts this rank's random generators back on a resume, on any number
+                                of processes (and what it says when the number changed)
 
 The rules, the same for both:
 - An argument the script leaves out (None, or the Trainer's default value) is filled from `tasktrain launch`'s
@@ -19,12 +20,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
+from tasktrain.checkpoint_io import restore_rng_states
 from tasktrain.names import AUTO_STRATEGY, normalize_precision
 from tasktrain.strategies.base import Strategy
 from tasktrain.strategies.environment import ClusterEnvironment, detect_environment, launch_config
 from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
-from tasktrain.trainer.seed import get_seed
+from tasktrain.trainer.seed import get_seed, seed_rank_streams
 
 # How the Trainer and the Accelerator spell each choice, for messages.
 TRAINER_NAMES = {"precision": "precision", "accumulation": "accumulate_grad_batches", "clipping": "gradient_clip_val"}
@@ -139,13 +141,32 @@ def broadcast_seed(strategy) -> int:
     return int(strategy.broadcast(get_seed()))
 
 
-def rng_state_of_this_rank(states, strategy, source):
-    """The saved RNG state this rank continues with (None when none was saved). A checkpoint written by another
-    number of processes has no state for some ranks: they take rank 0's, and the run says it will not repeat."""
+def rng_restore_of_this_rank(states, strategy, source, seed, global_step):
+    """What puts this rank's random generators back on a resume: a function to call once the loop is about to
+    continue (None when the checkpoint saved no random state).
+
+    A rank the checkpoint has a state for gets it back. A rank it has none for (a resume on more processes than
+    wrote it) starts streams derived from (seed, global step, rank): the same each time the run is resumed, but not
+    what an uninterrupted run would draw there. When the numbers of processes differ, rank 0 says which happened."""
     if not states:
         return None
-    if len(states) != strategy.world_size:
-        warnings.warn(f"{source} was saved by {len(states)} processes and is resumed by {strategy.world_size}: "
-                      "random streams restart from rank 0's state, so the run will not repeat exactly.")
-    rank = strategy.global_rank
-    return states[rank] if rank < len(states) else states[0]
+    saved, world, rank = len(states), strategy.world_size, strategy.global_rank
+    if saved != world and strategy.is_global_zero:
+        kept = min(saved, world)
+        said = [f"{_ranks(0, kept)} continue{'s' if kept == 1 else ''} {'its' if kept == 1 else 'their'} own random "
+                "state"]
+        if world > saved:
+            said.append(f"{_ranks(saved, world)} start{'s' if world - saved == 1 else ''} random streams derived "
+                        f"from (seed={seed}, global step={global_step}, rank)")
+        else:
+            said.append(f"the random state of {_ranks(world, saved)} is not used")
+        print(f"[tasktrain] {source} was saved by {saved} processes and is resumed by {world}: {'; '.join(said)}. "
+              "Random draws (dropout, augmentation) differ from an uninterrupted run from here on.", flush=True)
+    if rank < saved:
+        state = states[rank]
+        return lambda: restore_rng_states(state)
+    return lambda: seed_rank_streams(seed, global_step, rank)
+
+
+def _ranks(first, end):
+    return f"rank {first}" if end - first == 1 else f"ranks {first}-{end - 1}"

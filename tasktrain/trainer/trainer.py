@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from functools import partial
 from typing import List, Optional, Union
 
@@ -31,12 +32,12 @@ from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
 from tasktrain.strategies.base import Plan, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
-from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices
+from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices, resume_point
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.metrics import MetricStore
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
-from tasktrain.trainer.runtime import accumulation_window, broadcast_seed, build_runtime, rng_state_of_this_rank
+from tasktrain.trainer.runtime import accumulation_window, broadcast_seed, build_runtime, rng_restore_of_this_rank
 from tasktrain.trainer.state import TrainState
 from tasktrain.utilities.rank_zero import rank_zero_only
 
@@ -192,7 +193,9 @@ class Trainer:
         self.should_stop = False
         self.sanity_checking = False
         self.training = False
-        self.num_training_batches = None
+        self.num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
+        self._epoch_length = None  # batches of a whole epoch (limit_train_batches applied)
+        self._resume_samples = None  # a resumed epoch starts this many samples into its global order
         self.num_val_batches = []  # one entry per validation loader (Lightning's shape): its batch count or None
         self.num_sanity_val_batches = []
         self.num_test_batches = []
@@ -627,15 +630,17 @@ class Trainer:
         with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
             _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
 
-        rng_states = None
+        restore_rng = None
         if ckpt_path is not None:
-            rng_states = self._restore(ckpt_path)
-        if self._datamodule_restored:  # the loader hooks see the DataModule's restored state, as in Lightning
-            from_train_hook, from_val_hook = self._loaders_from_hooks
-            if from_train_hook:
-                train_data = self._setup_train_data(self._loader_of(module, "train_dataloader"))
-            if from_val_hook and has_val:
-                self._setup_val_data(self._loader_of(module, "val_dataloader"))
+            resumed = self._restore(ckpt_path)
+            if self._datamodule_restored:  # the loader hooks see the DataModule's restored state, as in Lightning
+                from_train_hook, from_val_hook = self._loaders_from_hooks
+                if from_train_hook:
+                    train_data = self._setup_train_data(self._loader_of(module, "train_dataloader"))
+                if from_val_hook and has_val:
+                    self._setup_val_data(self._loader_of(module, "val_dataloader"))
+            if resumed is not None:  # the position in the epoch is worked out on the loader that will be trained on
+                restore_rng = self._restore_position(*resumed, train_data)
 
         self._call("on_fit_start")
         if self.is_global_zero:
@@ -652,8 +657,8 @@ class Trainer:
             self.sanity_checking = False
             self._metrics.callback_metrics.clear()
             self._metrics.epoch_values.clear()
-        if rng_states is not None:
-            ckpt_io.restore_rng_states(rng_states)
+        if restore_rng is not None:
+            restore_rng()
 
         previous = self._install_sigterm_handler()
         try:
@@ -681,7 +686,12 @@ class Trainer:
         train_data = prepare_train_data(loader, world_size, rank, self.state.data_seed,
                                         shuffle=False if self.overfit_batches else None)
         self.train_dataloader = train_data.loader
-        self.num_training_batches = self._limit(train_data, self.limit_train_batches, "limit_train_batches")
+        self._epoch_length = self._limit(train_data, self.limit_train_batches, "limit_train_batches")
+        self.num_training_batches = self._epoch_length
+        # samples of the global order per optimizer step, all processes together (a resume says when it changes)
+        micro = _batch_size_of(loader)
+        accumulate = self.accumulate_grad_batches if self.module.automatic_optimization else 1
+        self.state.global_batch_size = micro * world_size * accumulate if micro else 0
         if self.num_training_batches is None and self.max_steps == -1:
             raise ValueError(
                 "The training loader has no length (an infinite or iterable dataset) and max_steps is not set, so "
@@ -741,6 +751,7 @@ class Trainer:
             if self.state.epoch_finished:  # current_epoch counts the finished epochs, also when the run stops here
                 self.state.epoch += 1
                 self.state.batch_in_epoch = 0
+                self.state.samples_in_epoch = 0
                 self.state.epoch_finished = False
             if (self.should_stop and self._may_stop()) or self._max_steps_reached():
                 break
@@ -761,7 +772,7 @@ class Trainer:
 
     def _train_epoch(self, module, data, epoch):
         strategy, metrics, state = self.strategy, self._metrics, self.state
-        num_batches = self.num_training_batches
+        num_batches = self.num_training_batches = self._epoch_length
         automatic = module.automatic_optimization
         optimizer = self.optimizers[0] if self.optimizers else None
         hooks = self._all_hooks
@@ -782,6 +793,22 @@ class Trainer:
 
         metrics.set_stage("train", True, False)
         data.set_epoch(epoch)
+        # Resumed mid-epoch: skip the samples of the epoch's global order already trained on (on another number of
+        # processes or another batch size too), or, on a sampler of the user's, this rank's batches.
+        skip_samples, self._resume_samples = self._resume_samples, None
+        if skip_samples is not None and num_batches is not None:
+            # this epoch has the batches left of its order, counted in this run's batches
+            num_batches = min(num_batches, start + data.batches_from(skip_samples))
+        if num_batches is None or start < num_batches:  # (a skip applies to the next iteration: only if there is one)
+            if skip_samples is not None:
+                data.skip_samples(skip_samples)
+            elif start:
+                data.skip(start)
+        self.num_training_batches = num_batches
+        # the samples of the epoch's global order consumed after each batch (all ranks together)
+        per_batch = data.samples_per_batch(self._shards()[0]) or 0
+        samples_base = (state.samples_in_epoch if skip_samples is not None else start * per_batch) - start * per_batch
+        samples_cap = data.num_samples or float("inf")
         self._call("on_train_epoch_start")
         # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read
         # after the epoch-start hooks: a GradientAccumulationScheduler sets it there.
@@ -834,6 +861,7 @@ class Trainer:
             else:
                 outputs = training_step(batch, batch_idx)
             state.batch_in_epoch = batch_idx + 1
+            state.samples_in_epoch = min(samples_cap, samples_base + (batch_idx + 1) * per_batch)
 
             if ends_window:
                 mark("after the optimizer step (logging, validation, callbacks)", state.global_step, batch_idx)
@@ -1184,6 +1212,7 @@ class Trainer:
         }
         if not weights_only:
             checkpoint["optimizer_states"] = [strategy.optimizer_state(o) for o in self.optimizers]
+            checkpoint["optimizer_param_names"] = [strategy.optimizer_param_names(o) for o in self.optimizers]
             checkpoint["lr_schedulers"] = [c.scheduler.state_dict() for c in self.lr_scheduler_configs]
             checkpoint["precision"] = strategy.precision.state_dict()
             checkpoint["callbacks"] = {c.state_key: c.state_dict() for c in self.callbacks}
@@ -1243,7 +1272,8 @@ class Trainer:
         return os.fspath(ckpt_path)
 
     def _restore(self, ckpt_path):
-        """Load everything but the RNG (returned, restored once the loop is about to continue)."""
+        """Load everything but the loop's position and the RNG; returns what _restore_position needs (None: no
+        checkpoint)."""
         path = self._resolve_ckpt_path(ckpt_path)
         self._resumed_from = path
         if path is None:
@@ -1278,17 +1308,58 @@ class Trainer:
         if self.datamodule is not None and type(self.datamodule).__qualname__ in ckpt:
             self.datamodule.load_state_dict(ckpt[type(self.datamodule).__qualname__])
             self._datamodule_restored = True
-        data_seed = self.state.data_seed
-        self.state.load_state_dict(ckpt["train_state"])
-        self.state.data_seed = ckpt["train_state"].get("data_seed", data_seed)
-        if self.state.epoch_finished:
-            self.state.epoch += 1
-            self.state.batch_in_epoch = 0
-            self.state.epoch_finished = False
+        # the data order's seed now: loaders rebuilt after a DataModule restore follow the saved order
+        self.state.data_seed = ckpt["train_state"].get("data_seed", self.state.data_seed)
+        return path, ckpt["train_state"], int(ckpt.get("world_size", self.world_size)), ckpt.get("rng_states")
+
+    def _restore_position(self, path, saved, saved_world, rng_states, data):
+        """The loop's position from the checkpoint's train state, on this run's number of processes and batches and
+        on the training data as it will be trained (rebuilt after a DataModule restore); returns what restores the
+        RNG, to call once the loop is about to continue."""
+        state = self.state
+        self._restore_train_state(path, saved, saved_world, data)
         if self.is_global_zero:
-            print(f"[tasktrain] resumed from {path} at epoch {self.state.epoch}, global step {self.state.global_step}, "
-                  f"batch {self.state.batch_in_epoch} of the epoch", flush=True)
-        return rng_state_of_this_rank(ckpt.get("rng_states"), self.strategy, path)
+            print(f"[tasktrain] resumed from {path} at epoch {state.epoch}, global step {state.global_step}, "
+                  f"batch {state.batch_in_epoch} of the epoch", flush=True)
+        return rng_restore_of_this_rank(rng_states, self.strategy, path, state.data_seed, state.global_step)
+
+    def _restore_train_state(self, path, saved, saved_world, data):
+        state = self.state
+        global_batch = state.global_batch_size  # this run's
+        state.load_state_dict(saved)
+        state.data_seed = saved.get("data_seed", state.data_seed)
+        shard_world = self._shards()[0]  # the global order is sharded over this many (1: use_distributed_sampler=False)
+        saved_global_batch = saved.get("global_batch_size") or (
+            global_batch // shard_world * saved_world if global_batch else 0)  # written before it was recorded
+        state.global_batch_size = global_batch
+        if state.epoch_finished:
+            state.epoch += 1
+            state.batch_in_epoch = state.samples_in_epoch = 0
+            state.epoch_finished = False
+            return
+        accumulate = self.accumulate_grad_batches if self.module.automatic_optimization else 1
+        start, samples = resume_point(saved, saved_world, data, shard_world, accumulate)
+        if samples is None and start and saved_world != self.world_size:
+            raise ValueError(
+                f"{path} stopped in the middle of epoch {state.epoch} on {saved_world} processes, and this run has "
+                f"{self.world_size}; the training loader's order is its own (a sampler or batch sampler of yours, or "
+                "an IterableDataset), so the Trainer cannot tell which samples the other processes had trained on. "
+                f"Resume on {saved_world} processes, or resume from a checkpoint taken at the end of an epoch, or let "
+                "the Trainer shard the data (a plain DataLoader with shuffle=True or False, no sampler)."
+            )
+        state.batch_in_epoch = start
+        if samples is not None:
+            state.samples_in_epoch = samples
+            self._resume_samples = samples
+        if saved_global_batch and global_batch and saved_global_batch != global_batch and self.is_global_zero:
+            warnings.warn(
+                f"{path} was trained with {saved_global_batch} samples per optimizer step over all processes, and "
+                f"this run has {global_batch} ({shard_world} processes x {global_batch // shard_world // accumulate} "
+                f"per batch x {accumulate} accumulated): the global batch changes from {saved_global_batch} to "
+                f"{global_batch}. The epoch continues at sample {state.samples_in_epoch} of its order, each sample "
+                "once; but each step now averages another number of samples, so the learning rate (and a schedule "
+                "counted in steps) acts differently. Keep the global batch by scaling the per-process batch size."
+            )
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def _accumulation_schedule(self):
@@ -1430,13 +1501,13 @@ class _StageRun:
 
 
 def _epoch_batches(data, start, num_batches, profiler=None):
-    """(index, batch, whether it is the epoch's last) for an epoch's batches from `start` on. With a known length
-    the windows already end at the last batch (the flag stays False; zip runs in C, no Python frame per batch).
-    Without one, a batch is read ahead, so that the last one is known while it is trained on: its window ends there.
+    """(index, batch, whether it is the epoch's last) for an epoch's batches from `start` on (the data already
+    skips what was trained on). With a known length the windows already end at the last batch (the flag stays
+    False; zip runs in C, no Python frame per batch). Without one, a batch is read ahead, so that the last one is
+    known while it is trained on: its window ends there.
     """
     if num_batches is not None and start >= num_batches:
         return ()  # resumed after the last batch: only the epoch's end is left to run
-    data.skip(start)  # resumed mid-epoch: the sampler starts after the batches already trained on
     if profiler is not None:
         data = profiled_iter(data, profiler, "train_dataloader_next")
     if num_batches is not None:

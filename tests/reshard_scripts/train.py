@@ -91,7 +91,9 @@ def strategy_of(run):
 def fit(root, run):
     seed_everything(7)
     name = run["name"]
-    callbacks = [ModelCheckpoint(every_n_train_steps=1, save_top_k=-1, save_last=True)]
+    # its own folder, also when resuming from another run's checkpoint (which would keep writing into that one's)
+    callbacks = [ModelCheckpoint(dirpath=os.path.join(root, name, "checkpoints"), every_n_train_steps=1,
+                                 save_top_k=-1, save_last=True)]
     if run.get("kill_at") is not None:
         callbacks.append(Kill(run["kill_at"], run.get("kill_rank", 1)))
     trainer = Trainer(strategy=strategy_of(run), devices=run["devices"], accelerator="cpu",
