@@ -151,3 +151,75 @@ def test_a_different_global_batch_still_trains_each_sample_once_and_says_so(ddp)
     # 24 samples left in epoch 0 at 4 a step, then 12 steps of epoch 1
     assert out(root, "res1b")["global_step"] == 3 + 6 + 12
     assert logs["one"].count("global batch changes from 8 to 4") == 1
+
+
+# -- DeepSpeed ZeRO, and moves between strategies through `tasktrain convert` -------------------------------------
+def convert(src, dst, to):
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
+    proc = subprocess.run([sys.executable, "-m", "tasktrain.cli.main", "convert", str(src), str(dst), "--to", to],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def plain(path):
+    """A converted (or plain) checkpoint as the runs' outputs: params, optimizer state, global step."""
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["weights_only"] is False
+    return {"params": ckpt["state_dict"], "optimizer": ckpt["optimizer_states"][0],
+            "global_step": ckpt["train_state"]["global_step"]}
+
+
+@pytest.fixture(scope="module")
+def zero(ddp):
+    root, _ = ddp
+    logs = {}
+    # DDP -> ZeRO-3: the single-process run's step 3 as a DeepSpeed checkpoint (universal layout)
+    logs["to_ds"] = convert(ckpt(root, "ref1", 3), root / "ref1-step3.deepspeed", "deepspeed")
+    logs["two"] = launch(root, [
+        {"name": "z2ref", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_2"},
+        {"name": "z3res2", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_3",
+         "resume": str(root / "ref1-step3.deepspeed")},
+    ], timeout=600)
+    # ZeRO-2 2 -> 1: the uninterrupted ZeRO-2 run's step 3 resumed on one process x 8
+    logs["z2res1"] = launch(root, [{"name": "z2res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_2",
+                                    "resume": ckpt(root, "z2ref", 3)}], timeout=600)
+    # ZeRO-3 -> one file -> DDP: the ZeRO-3 run's step 9 as a plain checkpoint, resumed on one process
+    convert(ckpt(root, "z3res2", 9), root / "z3res2-step9.ckpt", "ckpt")
+    logs["back1"] = launch(root, [{"name": "back1", "devices": 1, "batch": 8, "resume": str(root / "z3res2-step9.ckpt")}])
+    for name in ("z2ref", "z2res1", "z3res2"):
+        convert(ckpt(root, name), root / f"{name}.final.ckpt", "ckpt")
+    return root, logs
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+def test_zero2_on_2_resumed_on_1_trains_each_sample_once_and_carries_adam(zero):
+    root, logs = zero
+    before = [r for r in records(root, "z2ref", 2) if r[1] <= 3]
+    resumed = records(root, "z2res1", 1)
+    assert min(r[1] for r in resumed) == 4
+    assert epoch_ids(before + resumed, 0) == list(range(N)) and epoch_ids(resumed, 1) == list(range(N))
+    assert by_step(before + resumed) == by_step(records(root, "ref2", 2))  # the same order as under DDP
+    assert "converting it to DeepSpeed's universal checkpoint" in logs["z2res1"]
+    # weights, moments, step counts and each group's hyper-parameters, against the uninterrupted ZeRO-2 run
+    assert_same_training(plain(root / "z2res1.final.ckpt"), plain(root / "z2ref.final.ckpt"))
+    assert_same_training(plain(root / "z2ref.final.ckpt"), out(root, "ref2"))  # and against DDP
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+def test_a_run_moves_ddp_to_zero3_to_ddp_through_convert(zero):
+    root, logs = zero
+    # one process (single device) -> its step 3 converted -> ZeRO-3 on 2 processes
+    before = [r for r in records(root, "ref1", 1) if r[1] <= 3]
+    on_zero3 = records(root, "z3res2", 2)
+    assert min(r[1] for r in on_zero3) == 4
+    assert epoch_ids(before + on_zero3, 0) == list(range(N))
+    assert by_step(before + on_zero3) == by_step(records(root, "ref1", 1))
+    assert_same_training(plain(root / "z3res2.final.ckpt"), out(root, "ref1"))
+    # ZeRO-3's step 9 converted to one file -> one process again
+    back = records(root, "back1", 1)
+    assert min(r[1] for r in back) == 10
+    assert by_step([r for r in on_zero3 if r[1] <= 9] + back, after=3) == by_step(records(root, "ref1", 1), after=3)
+    assert_same_training(out(root, "back1"), out(root, "ref1"))

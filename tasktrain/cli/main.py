@@ -4,6 +4,8 @@
     tasktrain config [--num_processes N ...] [--output F]     (no flags on a terminal: asks questions)
     tasktrain env
     tasktrain convert CHECKPOINT_DIR OUTPUT.ckpt              (a DeepSpeed ZeRO or FSDP checkpoint -> one file)
+    tasktrain convert CHECKPOINT_DIR OUTPUT.ckpt --to ckpt    (... -> one resumable file, optimizer state included)
+    tasktrain convert CHECKPOINT.ckpt OUTPUT_DIR --to deepspeed  (one file -> a DeepSpeed checkpoint, any stage)
     tasktrain convert CHECKPOINT OUT_DIR --format safetensors (any checkpoint -> Hugging Face shards)
 
 The work is in tasktrain/cli/config.py (the YAML schema and resolution); this file only parses arguments, and
@@ -263,6 +265,11 @@ def _add_convert(subparsers):
     p.add_argument("output", help="the file to write (e.g. model.ckpt), or the folder for safetensors/bin")
     p.add_argument("--format", choices=("ckpt", "safetensors", "bin"), default="ckpt",
                    help="ckpt: one tasktrain checkpoint file; safetensors / bin: Hugging Face shards (default: ckpt)")
+    p.add_argument("--to", choices=("ckpt", "deepspeed"), default=None,
+                   help="move a run between strategies with its optimizer state: ckpt: a DeepSpeed checkpoint "
+                        "directory -> one resumable checkpoint file (DDP or one process); deepspeed: a "
+                        "checkpoint file -> a DeepSpeed checkpoint directory any ZeRO stage resumes on any number "
+                        "of processes (default: the weights only, as --format says)")
     _option(p, "max_shard_size", metavar="SIZE",
             help="safetensors/bin: the largest shard, e.g. 2GB (10**9 bytes), 500MiB (default: 2GB)")
     p.add_argument("--prefix", metavar="NAME",
@@ -274,6 +281,8 @@ def _add_convert(subparsers):
 def _convert(args) -> int:
     from tasktrain.checkpoint_io import CheckpointError
 
+    if args.to is not None:
+        return _convert_run(args, CheckpointError)
     if args.format == "ckpt":
         given = [flag for flag, value in (("--max-shard-size", args.max_shard_size), ("--prefix", args.prefix))
                  if value is not None]
@@ -302,6 +311,35 @@ def _consolidate(checkpoint_dir, output=None):
     from tasktrain.strategies.deepspeed import convert_zero_checkpoint
 
     return convert_zero_checkpoint(checkpoint_dir, output)
+
+
+def _convert_run(args, CheckpointError) -> int:
+    """--to: a whole checkpoint (weights, optimizer state, loop state) from one strategy's layout into another's."""
+    given = [flag for flag, value in (("--format", args.format != "ckpt" and args.format),
+                                      ("--max-shard-size", args.max_shard_size), ("--prefix", args.prefix)) if value]
+    if given:
+        print(f"tasktrain convert: error: {' and '.join(given)} do not apply with --to, which writes a whole "
+              "checkpoint (weights, optimizer and loop state) for another strategy.", file=sys.stderr)
+        return 2
+    from tasktrain.strategies.deepspeed import convert_to_deepspeed, convert_zero_checkpoint
+
+    try:
+        if args.to == "ckpt":
+            checkpoint = convert_zero_checkpoint(args.checkpoint_dir, args.output, optimizer=True)
+            steps = checkpoint["train_state"].get("global_step")
+            print(f"tasktrain convert: wrote {args.output} (weights, optimizer state and loop state at global step "
+                  f"{steps}): resume from it with any strategy but DeepSpeed, on any number of processes")
+        else:
+            if os.path.isdir(args.checkpoint_dir):
+                raise CheckpointError(f"{args.checkpoint_dir!r} is a directory: --to deepspeed takes one checkpoint "
+                                      "file (a Trainer checkpoint of one process or DDP).")
+            convert_to_deepspeed(args.checkpoint_dir, args.output)
+            print(f"tasktrain convert: wrote {args.output} (DeepSpeed's universal layout, optimizer state included): "
+                  "resume from it with any ZeRO stage, on any number of processes")
+    except (CheckpointError, FileNotFoundError, ValueError, OSError) as e:
+        print(f"tasktrain convert: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _export(args, CheckpointError) -> int:

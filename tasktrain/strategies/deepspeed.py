@@ -297,6 +297,8 @@ class DeepSpeed(DDP):
         self.module = module
         self.optimizers = list(optimizers)
         self._client_optimizer = self.optimizers[0] if self.optimizers else None
+        # by identity, now: the engine replaces the optimizer's parameters by its flat partitions
+        self._param_names = super().optimizer_param_names(self._client_optimizer) if self.optimizers else None
         self._wrapped = plan.calls_steps
         self._scale_wrt_gas = not plan.loss_divided_by_window
         if self._client_optimizer is None:
@@ -530,7 +532,16 @@ class DeepSpeed(DDP):
         return {}  # the weights are in the engine's shards, next to the state file in the checkpoint directory
 
     def optimizer_state(self, optimizer):
-        return {"deepspeed": "in the engine's shards of this checkpoint directory"}
+        # The moments and step counts are in the engine's shards; the groups' hyper-parameters are kept here too,
+        # for a load on another number of processes (DeepSpeed's universal load at stage 3 loses them).
+        return {"deepspeed": "in the engine's shards of this checkpoint directory",
+                "param_groups": [{k: v for k, v in group.items() if k != "params"}
+                                 for group in optimizer.param_groups]}
+
+    def optimizer_param_names(self, optimizer, model=None):
+        if optimizer is self._client_optimizer and self._param_names is not None:
+            return self._param_names
+        return super().optimizer_param_names(optimizer, model)
 
     def load_module_state_dict(self, state_dict, model=None, strict=True):
         if not state_dict and self._loaded_engine_state:
@@ -546,9 +557,10 @@ class DeepSpeed(DDP):
             return  # engine.load_checkpoint restored it
         raise ValueError(
             "This checkpoint holds a plain optimizer state, not DeepSpeed's sharded one: a DeepSpeed fit resumes "
-            "from a checkpoint directory written under DeepSpeed. To start a DeepSpeed fit from a plain "
-            "checkpoint's weights, load them into the module before fit: "
-            "module.load_state_dict(torch.load(path, weights_only=True)['state_dict'])."
+            "from a checkpoint directory written under DeepSpeed. Convert the file into one (its optimizer state "
+            "included): `tasktrain convert FILE DIR --to deepspeed`, then resume from DIR on any ZeRO stage and "
+            "number of processes. (To start from its weights only, load them into the module before fit: "
+            "module.load_state_dict(torch.load(path, weights_only=True)['state_dict']).)"
         )
 
     def save_checkpoint(self, checkpoint: dict, path: str):
@@ -634,24 +646,73 @@ class DeepSpeed(DDP):
         if self._client_optimizer is None or ckpt.get("weights_only"):
             ckpt["state_dict"] = convert_zero_checkpoint(path)["state_dict"]
             return ckpt
+        stage = self.config["zero_optimization"]["stage"]
         saved_world = meta.get("world_size", ckpt.get("world_size"))
-        if saved_world is not None and saved_world != self.world_size:
-            raise CheckpointError(
-                f"{path!r} is sharded over {saved_world} processes and this run has {self.world_size}: ZeRO resumes "
-                f"on the same number of processes. Resume with {saved_world} processes, or convert it "
-                "(`tasktrain convert DIR out.ckpt`) and start a new fit from those weights.")
         saved_stage = meta.get("stage")
-        if saved_stage is not None and saved_stage != self.config["zero_optimization"]["stage"]:
+        tag = meta.get("tag", ENGINE_TAG)
+        same = saved_world in (None, self.world_size) and saved_stage in (None, stage)
+        if meta.get("universal") or (not same and 0 not in (stage, saved_stage)):
+            # Another number of processes or another ZeRO stage: through DeepSpeed's universal checkpoint.
+            self._load_universal(path, ckpt, tag, saved_world, saved_stage)
+            return ckpt
+        if not same and (stage, saved_stage) != (0, 0):
             raise CheckpointError(
-                f"{path!r} was written at ZeRO stage {saved_stage} and this run uses stage "
-                f"{self.config['zero_optimization']['stage']}: resume with the same stage, or convert it and start "
-                "a new fit from those weights.")
-        loaded, _ = self.engine.load_checkpoint(path, tag=meta.get("tag", ENGINE_TAG), load_module_strict=True,
+                f"{path!r} was written at ZeRO stage {saved_stage} and this run uses stage {stage}: a ZeRO stage 0 "
+                "checkpoint has no partitions for DeepSpeed's universal format to take apart, nor can one be loaded "
+                f"at stage 0. Resume at stage {saved_stage}, or convert it into a plain checkpoint (`tasktrain "
+                "convert DIR out.ckpt --to ckpt`) and that into a DeepSpeed one (`--to deepspeed`).")
+        # (stage 0 keeps the whole optimizer state in every rank's file: any number of processes loads it)
+        loaded, _ = self.engine.load_checkpoint(path, tag=tag, load_module_strict=True,
                                                 load_optimizer_states=True, load_lr_scheduler_states=True)
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the checkpoint in {path!r} (see its log above).")
         self._loaded_engine_state = True
         return ckpt
+
+    def _load_universal(self, path, ckpt, tag, saved_world, saved_stage):
+        """Load a checkpoint written on another number of processes or at another ZeRO stage: rank 0 converts the
+        shards with DeepSpeed's own converter into its universal format (once; kept in the directory), then every
+        rank's engine loads its part of that, and what DeepSpeed 0.19.8 gets wrong there is put right
+        (deepspeed_universal.py)."""
+        from tasktrain.strategies import deepspeed_universal as universal
+
+        meta = ckpt.get("deepspeed", {})
+        stage = self.config["zero_optimization"]["stage"]
+        error, utag = None, tag
+        if self.is_global_zero:
+            try:
+                if not meta.get("universal"):
+                    print(f"[tasktrain] {path} was written by {saved_world} processes at ZeRO stage {saved_stage}; "
+                          f"this run has {self.world_size} at stage {stage}: converting it to DeepSpeed's universal "
+                          f"checkpoint (kept in {os.path.join(path, universal.universal_tag(tag))}).", flush=True)
+                    utag = universal.to_universal(path, tag)
+                saved_prefix, prefix = meta.get("key_prefix", ""), _WRAPPER_PREFIX if self._wrapped else ""
+                if saved_prefix != prefix:  # written by the Trainer, read by the Accelerator, or the other way
+                    utag = universal.rekeyed(path, utag, saved_prefix, prefix)
+            except Exception as err:  # every rank raises it, not only rank 0
+                error = f"{type(err).__name__}: {err}"
+        error, utag = self.broadcast((error, utag))
+        if error is not None:
+            raise CheckpointError(f"Converting {path!r} to DeepSpeed's universal checkpoint failed: {error}")
+        engine = self.engine
+        # The flag is read by load_checkpoint only (DeepSpeed sets up for universal loads at initialize anyway):
+        # set for this load, so that the same engine still loads its own checkpoints the usual way.
+        engine._config.load_universal_checkpoint = True
+        try:
+            loaded, _ = engine.load_checkpoint(path, tag=utag, load_module_strict=True, load_optimizer_states=True,
+                                               load_lr_scheduler_states=True)
+        finally:
+            engine._config.load_universal_checkpoint = False
+        if loaded is None:
+            raise CheckpointError(f"DeepSpeed could not load the universal checkpoint {os.path.join(path, utag)!r} "
+                                  "(see its log above).")
+        saved_groups = None
+        states = ckpt.get("optimizer_states") or []
+        if states and isinstance(states[0], dict):
+            saved_groups = states[0].get("param_groups")
+        universal.repair_universal_load(engine.optimizer.optimizer, saved_groups)
+        universal.restore_module_extras(engine.module, path, utag, partitioned=stage == 3)
+        self._loaded_engine_state = True
 
     def full_numel(self, param) -> int:
         return getattr(param, "ds_numel", param.numel())  # ZeRO-3: the parameter holds a shard, ds_numel the whole
@@ -963,13 +1024,16 @@ def _strip(key, prefix):
     return plain_name(key[len(prefix):] if prefix and key.startswith(prefix) else key)
 
 
-def convert_zero_checkpoint(checkpoint_dir, output_path=None):
-    """Consolidate a ZeRO checkpoint directory into one fp32 state dict, in our checkpoint format.
+def convert_zero_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
+    """Consolidate a DeepSpeed checkpoint directory into one checkpoint dict in our format.
 
-    Returns the checkpoint dict ({"state_dict": ..., "hyper_parameters": ..., "weights_only": True, ...}) and,
-    with `output_path`, writes it there: `TaskModule.load_from_checkpoint(output_path)` and
-    `torch.load(output_path, weights_only=True)` read it. The optimizer state stays behind (it is ZeRO's).
-    Runs in one process; needs as much memory as the whole model in fp32.
+    By default the fp32 weights only ({"state_dict": ..., "hyper_parameters": ..., "weights_only": True, ...}):
+    `TaskModule.load_from_checkpoint(output_path)` and `torch.load(output_path, weights_only=True)` read it.
+    With `optimizer=True`, a whole resumable checkpoint instead: the optimizer's state (each parameter's moments
+    and step count, the groups' hyper-parameters, as torch's optimizer.state_dict() lays them out, through
+    DeepSpeed's universal checkpoint), the loop's state, schedulers, callbacks and random states, so that a fit
+    on another strategy (DDP, one process, FSDP) continues the run. With `output_path`, it is also written there.
+    Runs in one process; needs as much memory as the whole model (and, with the optimizer, its state) in fp32.
     """
     checkpoint_dir = os.fspath(checkpoint_dir)
     if not os.path.isdir(checkpoint_dir):
@@ -987,12 +1051,19 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None):
                               "its engine file holds the whole module already.")
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else DeepSpeed warns that it fell back to the CPU
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    # It prints a progress report per shard (and its errors are raised, not printed).
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        weights = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=tag)
     prefix = meta.get("key_prefix", "")
+    if optimizer:
+        return _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path)
+    if meta.get("universal"):  # written by `tasktrain convert --to deepspeed`: no shards, the universal layout
+        from tasktrain.strategies.deepspeed_universal import read_universal
+
+        weights = read_universal(checkpoint_dir, tag)[0]
+    else:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        # It prints a progress report per shard (and its errors are raised, not printed).
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            weights = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=tag)
     state_dict = {_strip(k, prefix): v.contiguous() for k, v in weights.items()}
     out = {
         **format_header(),
@@ -1005,6 +1076,95 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None):
     if output_path is not None:
         atomic_save(out, os.fspath(output_path))
     return out
+
+
+def _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path):
+    from tasktrain.strategies import deepspeed_universal as universal
+
+    names = ckpt.get("optimizer_param_names")
+    if ckpt.get("weights_only") or not ckpt.get("train_state") or not names:
+        raise CheckpointError(
+            f"{checkpoint_dir!r} does not say which parameter each part of its optimizer state belongs to (it was "
+            "written with weights only, by an older tasktrain, or not by the Trainer): only its weights can be "
+            "converted. Leave out --to ckpt.")
+    if len(names) != 1:
+        raise CheckpointError(f"{checkpoint_dir!r} has {len(names)} optimizers; a DeepSpeed checkpoint has one.")
+    utag = tag if ckpt.get("deepspeed", {}).get("universal") else universal.to_universal(checkpoint_dir, tag)
+    weights, param_state, universal_groups = universal.read_universal(checkpoint_dir, utag)
+    saved = (ckpt.get("optimizer_states") or [{}])[0]
+    hyper = saved.get("param_groups") or universal_groups
+    state, groups, index = {}, [], 0
+    for group_names, group in zip(names[0], hyper):
+        ids = []
+        for name in group_names:
+            entry = param_state.get(prefix + name)
+            if entry is not None:
+                shape = weights[prefix + name].shape
+                state[index] = {key: (torch.tensor(float(value)) if key == "step" else value.reshape(shape))
+                                for key, value in entry.items()}
+            ids.append(index)
+            index += 1
+        groups.append(dict(group, params=ids))
+    out = {key: value for key, value in ckpt.items() if key not in ("deepspeed", "optimizer_states")}
+    out.update({
+        **format_header(),
+        "state_dict": {_strip(k, prefix): v.contiguous() for k, v in weights.items()},
+        "weights_only": False,
+        "optimizer_states": [{"state": state, "param_groups": groups}],
+        "optimizer_param_names": names,
+    })
+    if output_path is not None:
+        atomic_save(out, os.fspath(output_path))
+    return out
+
+
+def convert_to_deepspeed(checkpoint_path, output_dir):
+    """Write a plain checkpoint (a Trainer checkpoint of one process, DDP or FSDP, as one file) as a DeepSpeed
+    checkpoint directory that any ZeRO stage resumes on any number of processes, optimizer state included: the
+    weights and each parameter's Adam moments and step count in DeepSpeed's universal layout, and the rest of the
+    checkpoint (loop state, schedulers, callbacks, random states) in our state file. Returns `output_dir`; a
+    directory already there is replaced only once the new one is complete."""
+    from tasktrain.strategies import deepspeed_universal as universal
+
+    ckpt = load_checkpoint_file(checkpoint_path)
+    names = ckpt.get("optimizer_param_names")
+    if ckpt.get("weights_only") or not ckpt.get("optimizer_states") or not names:
+        raise CheckpointError(
+            f"{checkpoint_path!r} holds no optimizer state with the names of its parameters (a weights-only file, "
+            "or one written by an older tasktrain): there is nothing to convert for a resume. To start a DeepSpeed "
+            "fit from its weights, load them into the module before fit.")
+    if len(ckpt["optimizer_states"]) != 1:
+        raise CheckpointError(f"{checkpoint_path!r} has {len(ckpt['optimizer_states'])} optimizers; DeepSpeed drives "
+                              "one per engine.")
+    optimizer, group_names = ckpt["optimizer_states"][0], names[0]
+    if len(optimizer["param_groups"]) != len(group_names):
+        raise CheckpointError(f"{checkpoint_path!r}: its optimizer state and its parameter names disagree.")
+    prefix = _WRAPPER_PREFIX  # the Trainer's engine names; a load by the Accelerator renames (rekeyed)
+    param_state = {}
+    for group, names_of_group in zip(optimizer["param_groups"], group_names):
+        for index, name in zip(group["params"], names_of_group):
+            if name is None:
+                raise CheckpointError(f"{checkpoint_path!r}: a parameter of its optimizer is not one of the module's.")
+            if index in optimizer["state"]:
+                param_state[prefix + name] = optimizer["state"][index]
+    hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer["param_groups"]]
+    output_dir = os.path.abspath(os.fspath(output_dir))
+    tmp = f"{output_dir}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tag = universal.universal_tag(ENGINE_TAG)
+        universal.write_universal(tmp, tag, {prefix + k: v for k, v in ckpt["state_dict"].items()}, param_state,
+                                  hyper, global_steps=ckpt.get("train_state", {}).get("global_step", 0))
+        state = {key: value for key, value in ckpt.items() if key != "optimizer_states"}
+        state.update(state_dict={}, optimizer_states=[{"deepspeed": "in the universal checkpoint of this directory",
+                                                       "param_groups": hyper}],
+                     deepspeed={"tag": tag, "universal": True, "stage": None, "world_size": ckpt.get("world_size"),
+                                "key_prefix": prefix})
+        atomic_save(state, os.path.join(tmp, STATE_FILE))
+        replace_dir(tmp, output_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return output_dir
 
 
 def _check_no_zero3_placeholders(obj, where):

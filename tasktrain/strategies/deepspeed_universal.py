@@ -183,6 +183,7 @@ def read_universal(directory, tag):
     group_step = None
     if inner.get("state"):  # stage 3 keeps one step count, not one per parameter
         group_step = next(iter(inner["state"].values())).get("step")
+    shapes = _param_shapes(os.path.join(directory, tag))  # stage 3 writes flat tensors
     weights, param_state = {}, {}
     for name in sorted(os.listdir(root)):
         folder = os.path.join(root, name)
@@ -195,6 +196,8 @@ def read_universal(directory, tag):
                 continue
             value = torch.load(os.path.join(folder, file), map_location="cpu", weights_only=False)
             value = value["param"] if isinstance(value, dict) else value
+            if isinstance(value, torch.Tensor) and name in shapes and value.numel() == math.prod(shapes[name]):
+                value = value.reshape(shapes[name])
             if key == "fp32":
                 weights[name] = value.detach().clone()
             elif key == "step":
@@ -206,6 +209,51 @@ def read_universal(directory, tag):
                 state["step"] = float(group_step)
             param_state[name] = state
     return weights, param_state, [{k: v for k, v in g.items() if k != "params"} for g in groups]
+
+
+def _param_shapes(folder):
+    """{name: shape} of the parameters, from a model-state file of the checkpoint (DeepSpeed records them)."""
+    files = sorted(glob.glob(os.path.join(folder, "*model_states.pt")))
+    if not files:
+        return {}
+    states = torch.load(files[0], map_location="cpu", weights_only=False)
+    shapes = {}
+    for group in states.get("param_shapes") or []:
+        shapes.update({name: tuple(shape) for name, shape in group.items()})
+    shapes.update({name: tuple(shape) for name, shape in (states.get("frozen_param_shapes") or {}).items()})
+    return shapes
+
+
+def rekeyed(directory, tag, old_prefix, new_prefix):
+    """The universal checkpoint `directory/tag` under names with `new_prefix` instead of `old_prefix` (the Trainer's
+    engine names the module's parameters "module.<name>", the Accelerator's "<name>"), as a new tag of hard links
+    (copies where links fail). Returns the new tag."""
+    new_tag = f"{tag}_as_{new_prefix.rstrip('.') or 'module_root'}"
+    source, target = os.path.join(directory, tag), os.path.join(directory, new_tag)
+    if is_universal(directory, new_tag):
+        return new_tag
+    tmp = f"{target}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for folder, _, files in os.walk(source):
+            relative = os.path.relpath(folder, source)
+            parts = relative.split(os.sep)
+            if len(parts) == 2 and parts[0] == "zero":  # zero/<name>: the parameter's folder
+                name = parts[1]
+                if not name.startswith(old_prefix):
+                    continue
+                relative = os.path.join("zero", new_prefix + name[len(old_prefix):])
+            os.makedirs(os.path.join(tmp, relative), exist_ok=True)
+            for file in files:
+                src, dst = os.path.join(folder, file), os.path.join(tmp, relative, file)
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copy2(src, dst)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return new_tag
 
 
 def repair_universal_load(optimizer, param_groups):
