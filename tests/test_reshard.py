@@ -223,3 +223,54 @@ def test_a_run_moves_ddp_to_zero3_to_ddp_through_convert(zero):
     assert min(r[1] for r in back) == 10
     assert by_step([r for r in on_zero3 if r[1] <= 9] + back, after=3) == by_step(records(root, "ref1", 1), after=3)
     assert_same_training(out(root, "back1"), out(root, "ref1"))
+
+
+# -- the Accelerator: save_state / load_state with its loader's position ---------------------------------------------
+ACCELERATE = os.path.join(HERE, "reshard_scripts", "accelerate.py")
+
+
+def launch_accelerate(root, runs, processes, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
+    env.update(OMP_NUM_THREADS="1", TASKTRAIN_CONFIG_DIR=str(root / "no-config"))
+    command = [ACCELERATE, "--root", str(root), "--runs", json.dumps(runs)]
+    if processes > 1:
+        command = ["-m", "tasktrain.cli.main", "launch", "--num_processes", str(processes), *command]
+    proc = subprocess.run([sys.executable, *command], env=env, capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    return output
+
+
+@pytest.fixture(scope="module")
+def accelerate(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reshard_accelerate")
+    logs = {"a2": launch_accelerate(root, [{"name": "a2", "batch": 4}], 2)}  # save_state after step 3, go on
+    logs["one"] = launch_accelerate(root, [{"name": "a1", "batch": 8},  # the same on one process x 8
+                                           {"name": "a2to1", "batch": 8, "load": "a2"},
+                                           {"name": "a2to1b", "batch": 4, "load": "a2"}], 1)  # global batch 8 -> 4
+    logs["a1to2"] = launch_accelerate(root, [{"name": "a1to2", "batch": 4, "load": "a1"}], 2)
+    return root, logs
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("saved, resumed, world", [("a2", "a2to1", 1), ("a1", "a1to2", 2)])
+def test_accelerator_load_state_on_another_number_of_processes(accelerate, saved, resumed, world):
+    root, logs = accelerate
+    before = [r for r in records(root, saved, 2 if saved == "a2" else 1) if r[1] <= 3]
+    after = records(root, resumed, world)
+    assert min(r[1] for r in after) == 4
+    assert epoch_ids(before + after, 0) == list(range(N)) and epoch_ids(after, 1) == list(range(N))
+    assert by_step(before + after) == by_step(records(root, "a2", 2)) == by_step(records(root, "a1", 1))
+    assert_same_training(out(root, resumed), out(root, saved))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(900)
+def test_accelerator_load_state_with_another_global_batch_trains_each_sample_once(accelerate):
+    root, logs = accelerate
+    before = [r for r in records(root, "a2", 2) if r[1] <= 3]
+    after = records(root, "a2to1b", 1)
+    assert epoch_ids(before + after, 0) == list(range(N)) and epoch_ids(after, 1) == list(range(N))
+    assert out(root, "a2to1b")["global_step"] == 3 + 6 + 12
+    assert logs["one"].count("the global batch changes from 8 to 4") == 1

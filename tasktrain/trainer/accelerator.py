@@ -26,9 +26,9 @@ from tasktrain.names import MIXED_PRECISION
 from tasktrain.strategies.base import GradientClip, Plan
 from tasktrain.strategies.precision import unpatch_forward
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
-from tasktrain.trainer.data import ResumableSampler, prepare_train_data
+from tasktrain.trainer.data import ResumableSampler, prepare_train_data, resume_point
 from tasktrain.trainer.runtime import (ACCELERATOR_NAMES, accumulation_window, broadcast_seed, build_runtime,
-                                       rng_state_of_this_rank)
+                                       rng_restore_of_this_rank)
 from tasktrain.tree import apply_to_leaves
 
 STATE_FILE = "accelerator_state.pt"
@@ -112,6 +112,7 @@ class Accelerator:
         self._custom = []  # register_for_checkpointing
         self._data_seed = options["data_seed"]
         self._triggered = False  # set_trigger / check_trigger
+        self._steps = 0  # optimizer steps of the first prepared optimizer (seeds the random streams of new ranks)
         self._ended = False
         from tasktrain.state import _share
 
@@ -387,11 +388,11 @@ class Accelerator:
             self.sync_gradients, self._window = True, 1
             return
         loader = self._active_loaders[-1] if self._active_loaders else None
-        if loader is not None and loader.length is not None:
+        if loader is not None and loader.epoch_length is not None:
             # The Trainer's rule, from the position in the epoch: windows start at multiples of `steps`, and the
             # last one is cut short by the end of the loader.
             index = loader.batches_seen - 1
-            start, self._window = accumulation_window(index, steps, loader.length)
+            start, self._window = accumulation_window(index, steps, loader.epoch_length)
             self.sync_gradients = index + 1 - start == self._window
             return
         self._micro_step += 1
@@ -534,6 +535,7 @@ class Accelerator:
             "loaders": [loader.state_dict() for loader in self._loaders],
             "data_seed": self._data_seed,
             "accumulation": {"micro_step": self._micro_step},
+            "steps": self._steps,
             "custom": [obj.state_dict() for obj in self._custom],
             "rng_states": self.strategy.all_gather_object(ckpt_io.collect_rng_states()),
             # What the strategy does not write itself: a sharded engine keeps the weights in its shards.
@@ -592,8 +594,6 @@ class Accelerator:
             state = {**state, **files}
             state.setdefault("loaders", [loader.state_dict() for loader in self._loaders])  # Accelerate has none
             state.setdefault("accumulation", {"micro_step": self._micro_step})
-        else:
-            rng_state = rng_state_of_this_rank(state.get("rng_states"), self.strategy, input_dir)
         self._check_counts(state, "models", self._models, input_dir)
         self._check_counts(state, "optimizers", self._optimizers, input_dir)
         for (prepared, _), model_state in zip(self._models, state["models"]):
@@ -612,8 +612,14 @@ class Accelerator:
         for obj, obj_state in zip(self._custom, state["custom"]):
             obj.load_state_dict(obj_state)
         self._micro_step = state["accumulation"]["micro_step"]
-        if rng_state is not None:
+        self._steps = int(state.get("steps", 0))
+        if rng_state is not None:  # Accelerate's own files: this process's
             ckpt_io.restore_rng_states(rng_state)
+        else:
+            restore_rng = rng_restore_of_this_rank(state.get("rng_states"), self.strategy, input_dir, self._data_seed,
+                                                   self._steps)
+            if restore_rng is not None:
+                restore_rng()
 
     def _check_counts(self, state, name, mine, where):
         saved = len(state.get(name, []))
@@ -878,6 +884,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
             accelerator._watchdog.sub_event("optimizer.step")
         stepped = accelerator.strategy.optimizer_step(self.optimizer, closure)
         self.step_was_skipped = not stepped
+        if accelerator._optimizers and accelerator._optimizers[0] is self:
+            accelerator._steps += 1
         accelerator._window_has_grads = False
         return None
 
@@ -959,7 +967,10 @@ class PreparedDataLoader:
         self.batches_seen = 0  # batches of the current epoch yielded so far, skipped ones included
         self.at_last_batch = False
         self._skip = 0
-        self.length = len(data) if data.has_len() else None
+        self._skip_samples = None  # load_state: the next iteration starts this far into the epoch's global order
+        self.length = len(data) if data.has_len() else None  # batches of a whole epoch
+        self.epoch_length = self.length  # batches of the epoch being iterated (a resumed one: done + left)
+        self._samples_base = 0  # samples of the global order consumed = base + batches_seen x samples per batch
 
     @property
     def base_dataloader(self):
@@ -993,7 +1004,14 @@ class PreparedDataLoader:
         strategy = accelerator.strategy
         data.set_epoch(self.epoch)
         skip, self._skip = self._skip, 0
-        data.skip(skip)
+        skip_samples, self._skip_samples = self._skip_samples, None
+        if skip_samples is not None and length is not None:
+            length = min(length, skip + data.batches_from(skip_samples))  # the batches left, in this run's batches
+        if length is None or skip < length:  # (a skip applies to the next iteration: only if there is one)
+            data.skip_samples(skip_samples) if skip_samples is not None else data.skip(skip)
+        per_batch = data.samples_per_batch(accelerator.num_processes) or 0
+        self._samples_base = (skip_samples if skip_samples is not None else skip * per_batch) - skip * per_batch
+        self.epoch_length = length
         self.batches_seen = skip
         self.at_last_batch = length is not None and skip >= length
         if accelerator._rng_types and accelerator.use_distributed:
@@ -1027,6 +1045,8 @@ class PreparedDataLoader:
                     batch = upcoming
             self.epoch += 1
             self.batches_seen = 0
+            self.epoch_length = self.length
+            self._samples_base = 0
         finally:
             if watchdog is not None:
                 watchdog.disarm()
@@ -1041,7 +1061,8 @@ class PreparedDataLoader:
         if not isinstance(sampler, ResumableSampler) or batch_size is None:
             return None
         if self.at_last_batch and self.length is not None and not self._data.loader.drop_last:
-            return sampler.num_samples - (self.length - 1) * batch_size
+            # of this iteration (a resumed one shards what was left of the epoch)
+            return sampler.iteration_samples - (sampler.iteration_samples - 1) // batch_size * batch_size
         return batch_size
 
     def repeated_in_batch(self):
@@ -1050,26 +1071,50 @@ class PreparedDataLoader:
         if not self.at_last_batch or not isinstance(sampler, ResumableSampler):
             return 0
         batch_size = self._data.loader.batch_size
-        if self._data.loader.drop_last and sampler.num_samples % batch_size:
+        if self._data.loader.drop_last and sampler.iteration_samples % batch_size:
             return 0  # the padded sample was in the dropped partial batch
-        return sampler.total_size - len(sampler.dataset)
+        return sampler.iteration_padding
 
     # -- resume ------------------------------------------------------------------------------------------------------
     def state_dict(self):
         epoch, seen = self.epoch, self.batches_seen
-        if self.length is not None and seen >= self.length:
-            epoch, seen = epoch + 1, 0  # saved after the last batch, before the loop ended
-        return {"epoch": epoch, "batches_seen": seen}
+        per_batch = self._data.samples_per_batch(self._accelerator.num_processes)
+        samples = None
+        if self._data.resumes_on_any_world_size:  # the position in the epoch's global order, on any world size
+            samples = min(self._data.num_samples, self._samples_base + seen * per_batch)
+        if self.epoch_length is not None and seen >= self.epoch_length:
+            epoch, seen, samples = epoch + 1, 0, 0  # saved after the last batch, before the loop ended
+        return {"epoch": epoch, "batches_seen": seen, "samples_seen": samples,
+                "world_size": self._accelerator.num_processes, "batch_size": self._data.loader.batch_size}
 
     def load_state_dict(self, state):
+        accelerator = self._accelerator
         self.epoch = int(state["epoch"])
-        self._skip = int(state["batches_seen"])
         self.batches_seen = 0
-        seed = self._accelerator._data_seed
+        seed = accelerator._data_seed
         if seed is not None:
             self._data.seed = seed
             if self._data.sampler is not None and hasattr(self._data.sampler, "seed"):
                 self._data.sampler.seed = seed
+        world, saved_world = accelerator.num_processes, int(state.get("world_size", accelerator.num_processes))
+        position = {"batch_in_epoch": int(state["batches_seen"])}
+        if state.get("samples_seen") is not None:
+            position["samples_in_epoch"] = int(state["samples_seen"])
+        self._skip, self._skip_samples = resume_point(position, saved_world, self._data, world,
+                                                      accelerator.gradient_accumulation_steps)
+        if self._skip_samples is None and self._skip and saved_world != world:
+            raise ValueError(
+                f"This loader's state stopped in the middle of an epoch on {saved_world} processes, and this run has "
+                f"{world}; its order is its own (a sampler or batch sampler of yours, or an IterableDataset), so "
+                f"the other processes' position is not known. Load the state on {saved_world} processes, or save it "
+                "at the end of an epoch, or prepare a plain DataLoader (shuffle=True or False, no sampler).")
+        saved_batch, batch = state.get("batch_size"), self._data.loader.batch_size
+        if saved_batch and batch and saved_batch * saved_world != batch * world and accelerator.is_main_process:
+            warnings.warn(
+                f"This loader was saved with {saved_batch} samples per batch on each of {saved_world} processes and "
+                f"is loaded with {batch} on {world}: the global batch changes from {saved_batch * saved_world} to "
+                f"{batch * world} samples (per micro-batch, over all processes). The epoch continues where it "
+                "stopped, each sample once; a learning rate tuned for the old global batch acts differently.")
 
 
 def skip_first_batches(dataloader, num_batches=0):

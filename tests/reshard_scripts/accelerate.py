@@ -1,0 +1,81 @@
+"""The Accelerator's own loop, saved with save_state after step 3 and continued, or resumed with load_state on
+another number of processes (`tasktrain launch --num_processes N accelerate.py ...`, or plain python for one).
+
+    python accelerate.py --root DIR --runs '[{"name": "a2", "batch": 4}, {"name": "r1", "batch": 8, "load": "a2"}]'
+
+Each run: the data, model and optimizer of train.py (next to this file); DIR/NAME.ids.rank{R}.txt records the
+samples of every step; DIR/NAME.state/ is the save_state of step 3 (when the run does not load one);
+DIR/NAME.out.pt (rank 0) the final weights and optimizer state.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train import Net, Numbered  # noqa: E402
+
+from tasktrain import Accelerator, seed_everything  # noqa: E402
+
+SAVE_AT, EPOCHS = 3, 2
+
+
+class Steps:
+    """The loop's step counter, saved and loaded with the rest (register_for_checkpointing)."""
+
+    def __init__(self):
+        self.value = 0
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def run(root, spec):
+    seed_everything(7)
+    accelerator = Accelerator(cpu=True)
+    net = Net()
+    optimizer = net.configure_optimizers()
+    model, optimizer, loader = accelerator.prepare(net.body, optimizer,
+                                                   DataLoader(Numbered(), batch_size=spec["batch"], shuffle=True))
+    steps = Steps()
+    accelerator.register_for_checkpointing(steps)
+    if spec.get("load"):
+        accelerator.load_state(os.path.join(root, f"{spec['load']}.state"))
+    ids_file = os.path.join(root, f"{spec['name']}.ids.rank{accelerator.process_index}.txt")
+    while loader.epoch < EPOCHS:
+        epoch = loader.epoch
+        for x, y, ids in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            steps.value += 1
+            with open(ids_file, "a") as f:
+                f.write(json.dumps({"epoch": epoch, "step": steps.value, "ids": ids.tolist()}) + "\n")
+            if steps.value == SAVE_AT and not spec.get("load"):
+                accelerator.save_state(os.path.join(root, f"{spec['name']}.state"))
+    if accelerator.is_main_process:
+        torch.save({"params": {f"body.{k}": v.detach().clone()
+                               for k, v in accelerator.unwrap_model(model).state_dict().items()},
+                    "optimizer": optimizer.state_dict(), "global_step": steps.value},
+                   os.path.join(root, f"{spec['name']}.out.pt"))
+    accelerator.end_training()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--runs", required=True)
+    args = p.parse_args()
+    for spec in json.loads(args.runs):
+        run(args.root, spec)
+
+
+if __name__ == "__main__":
+    main()
