@@ -267,7 +267,7 @@ def _add_convert(subparsers):
                    help="ckpt: one tasktrain checkpoint file; safetensors / bin: Hugging Face shards (default: ckpt)")
     p.add_argument("--to", choices=("ckpt", "deepspeed"), default=None,
                    help="move a run between strategies with its optimizer state: ckpt: a DeepSpeed checkpoint "
-                        "directory -> one resumable checkpoint file (DDP or one process); deepspeed: a "
+                        "directory -> one resumable checkpoint file (one process or DDP); deepspeed: a "
                         "checkpoint file -> a DeepSpeed checkpoint directory any ZeRO stage resumes on any number "
                         "of processes (default: the weights only, as --format says)")
     _option(p, "max_shard_size", metavar="SIZE",

@@ -1032,7 +1032,7 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
     With `optimizer=True`, a whole resumable checkpoint instead: the optimizer's state (each parameter's moments
     and step count, the groups' hyper-parameters, as torch's optimizer.state_dict() lays them out, through
     DeepSpeed's universal checkpoint), the loop's state, schedulers, callbacks and random states, so that a fit
-    on another strategy (DDP, one process, FSDP) continues the run. With `output_path`, it is also written there.
+    on another strategy (one process or DDP) continues the run. With `output_path`, it is also written there.
     Runs in one process; needs as much memory as the whole model (and, with the optimizer, its state) in fp32.
     """
     checkpoint_dir = os.fspath(checkpoint_dir)
@@ -1119,7 +1119,7 @@ def _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path):
 
 
 def convert_to_deepspeed(checkpoint_path, output_dir):
-    """Write a plain checkpoint (a Trainer checkpoint of one process, DDP or FSDP, as one file) as a DeepSpeed
+    """Write a plain checkpoint (a Trainer checkpoint of one process or DDP, one file) as a DeepSpeed
     checkpoint directory that any ZeRO stage resumes on any number of processes, optimizer state included: the
     weights and each parameter's Adam moments and step count in DeepSpeed's universal layout, and the rest of the
     checkpoint (loop state, schedulers, callbacks, random states) in our state file. Returns `output_dir`; a
