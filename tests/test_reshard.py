@@ -274,3 +274,88 @@ def test_accelerator_load_state_with_another_global_batch_trains_each_sample_onc
     assert epoch_ids(before + after, 0) == list(range(N)) and epoch_ids(after, 1) == list(range(N))
     assert out(root, "a2to1b")["global_step"] == 3 + 6 + 12
     assert logs["one"].count("the global batch changes from 8 to 4") == 1
+
+
+# -- what cannot move: a loader whose order is the user's own, stopped mid-epoch (one process, the checkpoint edited
+# to say it was written by 2) ----------------------------------------------------------------------------------------
+class Backwards(torch.utils.data.Sampler):
+    """A sampler of the user's: the Trainer cannot tell which samples other processes had of it."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n - 1, -1, -1))
+
+    def __len__(self):
+        return self.n
+
+
+def _own_order_loader():
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+    return torch.utils.data.DataLoader(data, batch_size=4, sampler=Backwards(16))
+
+
+def test_a_users_sampler_stopped_mid_epoch_refuses_another_number_of_processes_before_training(tmp_path):
+    from tasktrain import ModelCheckpoint, TaskModule, Trainer
+
+    class Tiny(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+            self.steps = 0
+
+        def training_step(self, batch, batch_idx):
+            self.steps += 1
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def trainer(**kwargs):
+        return Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                       num_sanity_val_steps=0, default_root_dir=str(tmp_path), **kwargs)
+
+    trainer(max_steps=2, callbacks=[ModelCheckpoint(every_n_train_steps=1)]).fit(Tiny(), _own_order_loader())
+    [name] = [f for f in os.listdir(tmp_path / "checkpoints") if "step=2" in f]
+    ckpt = torch.load(tmp_path / "checkpoints" / name, weights_only=True)
+    assert ckpt["train_state"]["batch_in_epoch"] == 2 and not ckpt["train_state"]["epoch_finished"]
+    ckpt["world_size"], ckpt["rng_states"] = 2, ckpt["rng_states"] * 2  # as if 2 processes had written it
+    torch.save(ckpt, tmp_path / "from2.ckpt")
+    module = Tiny()
+    with pytest.raises(ValueError, match=r"stopped in the middle of epoch 0 on 2 processes, and this run has 1.*"
+                                         r"a sampler or batch sampler of yours"):
+        trainer(max_epochs=1).fit(module, _own_order_loader(), ckpt_path=str(tmp_path / "from2.ckpt"))
+    assert module.steps == 0
+    # the same checkpoint on the number of processes that wrote it (here: 1) continues
+    module = Tiny()
+    trainer(max_epochs=1).fit(module, _own_order_loader(), ckpt_path=str(tmp_path / "checkpoints" / name))
+    assert module.steps == 2
+
+
+def test_accelerator_load_state_of_a_users_sampler_mid_epoch_refuses_another_number_of_processes(tmp_path):
+    from tasktrain import Accelerator
+    from tasktrain.trainer.accelerator import STATE_FILE
+
+    def build():
+        accelerator = Accelerator(cpu=True)
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        return (accelerator, *accelerator.prepare(model, optimizer, _own_order_loader()))
+
+    accelerator, model, optimizer, loader = build()
+    for i, (x, y) in enumerate(loader):
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+        if i == 1:
+            accelerator.save_state(str(tmp_path / "state"))
+            break
+    state = torch.load(tmp_path / "state" / STATE_FILE, weights_only=True)
+    assert state["loaders"][0]["batches_seen"] == 2 and state["loaders"][0]["samples_seen"] is None
+    state["loaders"][0]["world_size"], state["rng_states"] = 2, state["rng_states"] * 2
+    torch.save(state, tmp_path / "state" / STATE_FILE)
+    accelerator, model, optimizer, loader = build()
+    with pytest.raises(ValueError, match=r"stopped in the middle of an epoch on 2 processes, and this run has 1"):
+        accelerator.load_state(str(tmp_path / "state"))
