@@ -359,3 +359,33 @@ def test_accelerator_load_state_of_a_users_sampler_mid_epoch_refuses_another_num
     accelerator, model, optimizer, loader = build()
     with pytest.raises(ValueError, match=r"stopped in the middle of an epoch on 2 processes, and this run has 1"):
         accelerator.load_state(str(tmp_path / "state"))
+
+
+# -- the Accelerator under DeepSpeed ZeRO-2: save_state on 2 processes, load_state on 1 --------------------------------
+@pytest.fixture(scope="module")
+def accelerate_zero(accelerate):
+    root, _ = accelerate
+    logs = {"d2": launch_accelerate(root, [{"name": "d2", "batch": 4, "strategy": "deepspeed_stage_2"}], 2,
+                                    timeout=600)}
+    logs["d2to1"] = launch_accelerate(root, [{"name": "d2to1", "batch": 8, "strategy": "deepspeed_stage_2",
+                                              "load": "d2"}], 1, timeout=600)
+    return root, logs
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+def test_accelerator_zero2_save_state_on_2_load_state_on_1(accelerate_zero):
+    root, logs = accelerate_zero
+    before = [r for r in records(root, "d2", 2) if r[1] <= 3]
+    after = records(root, "d2to1", 1)
+    assert min(r[1] for r in after) == 4
+    assert epoch_ids(before + after, 0) == list(range(N)) and epoch_ids(after, 1) == list(range(N))
+    assert by_step(before + after) == by_step(records(root, "a2", 2))
+    assert "converting it to DeepSpeed's universal checkpoint" in logs["d2to1"]
+    # Adam's moments and step counts are in the engine's flat partitions: had the load lost them (or reset the
+    # step counts' bias correction), the 9 steps after it would move the weights by ~lr each, not by 1e-6
+    got, ref = out(root, "d2to1"), out(root, "d2")
+    assert got["global_step"] == ref["global_step"] == 3 + 3 + 6
+    for name, value in ref["params"].items():
+        torch.testing.assert_close(got["params"][name], value, rtol=0, atol=ATOL, msg=name)
+        torch.testing.assert_close(value, out(root, "a2")["params"][name], rtol=0, atol=ATOL, msg=name)  # and DDP's

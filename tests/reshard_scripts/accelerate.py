@@ -5,7 +5,8 @@ another number of processes (`tasktrain launch --num_processes N accelerate.py .
 
 Each run: the data, model and optimizer of train.py (next to this file); DIR/NAME.ids.rank{R}.txt records the
 samples of every step; DIR/NAME.state/ is the save_state of step 3 (when the run does not load one);
-DIR/NAME.out.pt (rank 0) the final weights and optimizer state.
+DIR/NAME.out.pt (rank 0) the final weights and (but under DeepSpeed) optimizer state. `strategy`: a DeepSpeed
+name (deepspeed_stage_2) or none.
 """
 import argparse
 import json
@@ -36,9 +37,18 @@ class Steps:
         self.value = state["value"]
 
 
+def strategy_of(spec):
+    name = spec.get("strategy")
+    if name and name.startswith("deepspeed"):
+        from tasktrain import DeepSpeed
+
+        return DeepSpeed(stage=int(name[-1]), gradient_clipping=0.0)
+    return None  # DDP on several processes, one device on one
+
+
 def run(root, spec):
     seed_everything(7)
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True, strategy=strategy_of(spec))
     net = Net()
     optimizer = net.configure_optimizers()
     model, optimizer, loader = accelerator.prepare(net.body, optimizer,
@@ -60,11 +70,12 @@ def run(root, spec):
                 f.write(json.dumps({"epoch": epoch, "step": steps.value, "ids": ids.tolist()}) + "\n")
             if steps.value == SAVE_AT and not spec.get("load"):
                 accelerator.save_state(os.path.join(root, f"{spec['name']}.state"))
+    params = accelerator.get_state_dict(model)  # every process: ZeRO-3 gathers
     if accelerator.is_main_process:
-        torch.save({"params": {f"body.{k}": v.detach().clone()
-                               for k, v in accelerator.unwrap_model(model).state_dict().items()},
-                    "optimizer": optimizer.state_dict(), "global_step": steps.value},
-                   os.path.join(root, f"{spec['name']}.out.pt"))
+        out = {"params": {f"body.{k}": v.detach().clone() for k, v in params.items()}, "global_step": steps.value}
+        if not spec.get("strategy"):  # DeepSpeed's optimizer state is its engine's (partitioned, flat)
+            out["optimizer"] = optimizer.state_dict()
+        torch.save(out, os.path.join(root, f"{spec['name']}.out.pt"))
     accelerator.end_training()
 
 
