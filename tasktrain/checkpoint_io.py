@@ -91,7 +91,9 @@ def load_checkpoint_file(path, map_location="cpu") -> dict:
         raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
     if os.path.isdir(path):
         raise CheckpointError(f"Checkpoint {path!r} is a directory (a DeepSpeed checkpoint?): load it with "
-                              "Trainer(strategy='deepspeed...').fit(ckpt_path=...) or convert it with `tasktrain convert`.")
+                              "Trainer(strategy='deepspeed...').fit(ckpt_path=...), or convert it into one file: "
+                              "`tasktrain convert DIR run.ckpt --to ckpt` (resumable, optimizer state included) or "
+                              "`tasktrain convert DIR model.ckpt` (the weights only).")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:

@@ -1354,8 +1354,9 @@ class Trainer:
         if saved_global_batch and global_batch and saved_global_batch != global_batch and self.is_global_zero:
             warnings.warn(
                 f"{path} was trained with {saved_global_batch} samples per optimizer step over all processes, and "
-                f"this run has {global_batch} ({shard_world} processes x {global_batch // shard_world // accumulate} "
-                f"per batch x {accumulate} accumulated): the global batch changes from {saved_global_batch} to "
+                f"this run has {global_batch} ({shard_world} process{'es' if shard_world > 1 else ''} x "
+                f"{global_batch // shard_world // accumulate} per batch x {accumulate} accumulated): the global batch "
+                f"changes from {saved_global_batch} to "
                 f"{global_batch}. The epoch continues at sample {state.samples_in_epoch} of its order, each sample "
                 "once; but each step now averages another number of samples, so the learning rate (and a schedule "
                 "counted in steps) acts differently. Keep the global batch by scaling the per-process batch size."
