@@ -187,7 +187,13 @@ def zero(ddp):
     # ZeRO-3 -> one file -> DDP: the ZeRO-3 run's step 9 as a plain checkpoint, resumed on one process
     convert(ckpt(root, "z3res2", 9), root / "z3res2-step9.ckpt", "ckpt")
     logs["back1"] = launch(root, [{"name": "back1", "devices": 1, "batch": 8, "resume": str(root / "z3res2-step9.ckpt")}])
-    for name in ("z2ref", "z2res1", "z3res2"):
+    # DeepSpeed's own converter at stages 3 and 1, in one launch: ZeRO-3's step 6 (2 processes) resumed on one at
+    # stage 3, and ZeRO-2's step 3 (2 processes) resumed on one at stage 1
+    logs["zres1"] = launch(root, [
+        {"name": "z3res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_3", "resume": ckpt(root, "z3res2", 6)},
+        {"name": "z1res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_1", "resume": ckpt(root, "z2ref", 3)},
+    ], timeout=600)
+    for name in ("z2ref", "z2res1", "z3res2", "z3res1", "z1res1"):
         convert(ckpt(root, name), root / f"{name}.final.ckpt", "ckpt")
     return root, logs
 
@@ -223,6 +229,25 @@ def test_a_run_moves_ddp_to_zero3_to_ddp_through_convert(zero):
     assert min(r[1] for r in back) == 10
     assert by_step([r for r in on_zero3 if r[1] <= 9] + back, after=3) == by_step(records(root, "ref1", 1), after=3)
     assert_same_training(out(root, "back1"), out(root, "ref1"))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+def test_zero3_on_2_resumed_on_1_and_zero2_resumed_at_stage_1_through_deepspeeds_converter(zero):
+    root, logs = zero
+    assert logs["zres1"].count("converting it to DeepSpeed's universal checkpoint") == 2
+    # ZeRO-3, 2 -> 1 processes: the run that came from one process (ref1) goes on as ref1 did
+    before = [r for r in records(root, "z3res2", 2) if r[1] <= 6]
+    resumed = records(root, "z3res1", 1)
+    assert min(r[1] for r in resumed) == 7
+    assert by_step(before + resumed, after=3) == by_step(records(root, "ref1", 1), after=3)
+    assert_same_training(plain(root / "z3res1.final.ckpt"), out(root, "ref1"))
+    # ZeRO-2 on 2 -> ZeRO-1 on 1: as the uninterrupted ZeRO-2 run
+    before = [r for r in records(root, "z2ref", 2) if r[1] <= 3]
+    resumed = records(root, "z1res1", 1)
+    assert epoch_ids(before + resumed, 0) == list(range(N)) and epoch_ids(resumed, 1) == list(range(N))
+    assert by_step(before + resumed) == by_step(records(root, "z2ref", 2))
+    assert_same_training(plain(root / "z1res1.final.ckpt"), plain(root / "z2ref.final.ckpt"))
 
 
 # -- the Accelerator: save_state / load_state with its loader's position ---------------------------------------------
