@@ -287,6 +287,13 @@ def test_manual_optimization():
     trainer.fit(module, loader())
     assert trainer.global_step == 4 and not torch.equal(before, module.layer.weight)
 
+    # Accumulation is the loop's, and the loop does not step here: asking for it is an error before any training.
+    module = Manual()
+    before = module.layer.weight.detach().clone()
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches=2 .*manual optimisation"):
+        Trainer(max_epochs=1, accumulate_grad_batches=2, **quiet()).fit(module, loader())
+    assert torch.equal(before, module.layer.weight)
+
 
 def test_module_dataloader_hooks():
     class M(Linear):

@@ -620,6 +620,14 @@ class Trainer:
                 "Set `self.automatic_optimization = False` in __init__ and step them yourself in training_step "
                 "(self.optimizers(), self.manual_backward(loss))."
             )
+        if not module.automatic_optimization and self.accumulate_grad_batches != 1:
+            # The loop would step the user's optimizers at every batch regardless: say so instead of ignoring it.
+            raise ValueError(
+                f"accumulate_grad_batches={self.accumulate_grad_batches} (Trainer argument or the launch config's "
+                "gradient_accumulation_steps) does nothing under manual optimisation (automatic_optimization = "
+                "False): training_step steps the optimizers itself. Remove it, and accumulate in training_step "
+                "(call opt.step() and opt.zero_grad() every N batches)."
+            )
         plan = Plan(
             training=True, calls_steps=True, micro_batch_size=_batch_size_of(train_loader),
             accumulate_grad_batches=self.accumulate_grad_batches,
