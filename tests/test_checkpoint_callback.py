@@ -127,6 +127,28 @@ def test_save_last_keeps_last_ckpt_for_resuming(tmp_path):
     assert ckpt_files(directory) == ["epoch=3-step=8.ckpt", "last.ckpt"]  # the restored top-k was cleaned up
 
 
+def test_resuming_another_runs_checkpoint_never_touches_that_runs_files(tmp_path, capsys):
+    """Fine-tuning from another run's checkpoint: its folder and top-k are not this run's. Without a dirpath, and
+    with a dirpath of its own, the new run writes to its own folder and the first run's files stay as they were."""
+    first = tmp_path / "first"
+    fit([ModelCheckpoint(monitor="score", save_top_k=1, save_last=True)], epochs=3, default_root_dir=first)
+    before = ckpt_files(first / "checkpoints")
+    assert before == ["epoch=1-step=4.ckpt", "last.ckpt"]
+    for dirpath in (None, tmp_path / "mine"):
+        second = tmp_path / f"second_{dirpath is None}"
+        mc = ModelCheckpoint(dirpath=dirpath, monitor="score", save_top_k=1, save_last=True)
+        module = Scripted([9.0, 9.0, 9.0, 0.1, 9.0])  # its first score (0.1) beats the first run's best
+        module.runs = 3
+        trainer = Trainer(max_epochs=5, callbacks=[mc], logger=False, enable_progress_bar=False,
+                          default_root_dir=second, num_sanity_val_steps=0)
+        trainer.fit(module, loader(16), loader(8), ckpt_path=str(first / "checkpoints" / "last.ckpt"))
+        own = dirpath or second / "checkpoints"
+        assert ckpt_files(first / "checkpoints") == before  # nothing of the first run deleted or overwritten
+        assert ckpt_files(own) == ["epoch=3-step=8.ckpt", "last.ckpt"]
+        assert mc.best_model_path == str(own / "epoch=3-step=8.ckpt")
+        assert "starts its own top-k" in capsys.readouterr().out
+
+
 def test_save_top_k_zero_with_save_last_writes_only_last(tmp_path):
     fit([ModelCheckpoint(dirpath=tmp_path, monitor="score", save_top_k=0, save_last=True)], epochs=2)
     assert ckpt_files(tmp_path) == ["last.ckpt"]

@@ -63,6 +63,7 @@ class ModelCheckpoint(Callback):
             raise ValueError("ModelCheckpoint: every_n_train_steps, every_n_epochs and train_time_interval are all "
                              "off, so it would never save. Set one of them (every_n_epochs=1 saves at each epoch end).")
         self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self._restored = None  # the state a resume loaded: checked against this run's folder at fit start
         self.filename = filename
         self.monitor = monitor
         self.mode = mode
@@ -103,6 +104,7 @@ class ModelCheckpoint(Callback):
     # -- events --------------------------------------------------------------------------------------------------
     def setup(self, trainer, module, stage):
         self._resolved_dir = None
+        self._restored = None  # (set again by a resume of this fit)
         if stage == "fit":
             self.dirpath_resolved(trainer)
         self._validated = False
@@ -297,10 +299,26 @@ class ModelCheckpoint(Callback):
         self.best_model_score = None if score is None else torch.tensor(score)
         self.last_model_path = state.get("last_model_path", "")
         self._last_saved_step = state.get("last_saved_step", -1)
-        if self.dirpath is None and state.get("dirpath"):
-            # keep writing where the interrupted run wrote, so top-k keeps covering its files
-            self.dirpath = state["dirpath"]
-            self._resolved_dir = None
+        self._restored = state
+
+    def on_fit_start(self, trainer, module):
+        """After a resume, the restored top-k and last are this run's only if this run saves to the folder they are
+        in (as in Lightning): resuming another run's checkpoint, or with another dirpath, default_root_dir or logger
+        version, starts a top-k of its own in this run's folder, and the other folder's files are never deleted.
+        best_model_path is kept (Lightning's rule) until this run saves a better one."""
+        state, self._restored = self._restored, None
+        saved_dir = state and state.get("dirpath")
+        if not saved_dir:
+            return
+        directory = self.dirpath_resolved(trainer)
+        if os.path.abspath(saved_dir) == os.path.abspath(directory):
+            return
+        self.best_k_models, self.best_model_score, self.last_model_path = {}, None, ""
+        self._last_saved_step = -1
+        if trainer.is_global_zero:
+            print(f"[tasktrain] ModelCheckpoint: the resumed checkpoint's top-k and last are in {saved_dir}; this run "
+                  f"saves to {directory}, so it starts its own top-k and last there (the files in {saved_dir} are "
+                  "left as they are).", flush=True)
 
 
 def _default_dirpath(trainer):
