@@ -41,12 +41,16 @@ STRATEGIES = {
 }
 AUTO_STRATEGY = "auto"  # ddp when several processes are asked for or were launched, else single_device
 
-# precision name -> its aliases (Lightning's numbers and strings, Accelerate's "no" / "fp16" / "bf16")
+# precision name -> its aliases (Lightning's numbers and strings, Accelerate's "no" / "fp16" / "bf16"). The true
+# half modes (parameters stored in half, no fp32 master copy) have no alias: Lightning spells them this way only,
+# and Accelerate has no name for them.
 PRECISIONS = {
     "32-true": ("32", 32, "fp32", "no"),
     "16-mixed": ("16", 16, "fp16"),
     "bf16-mixed": ("bf16",),
     "64-true": ("64", 64),
+    "bf16-true": (),
+    "16-true": (),
 }
 PRECISION_ALIASES = {alias: name for name, aliases in PRECISIONS.items() for alias in (name, *aliases)}
 DEFAULT_PRECISION = "32-true"

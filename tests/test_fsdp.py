@@ -59,7 +59,7 @@ def test_names_and_arguments():
     with pytest.raises(TypeError, match="reshard_after_forward"):
         FSDP(reshard_after_forward=2)
     for precision in ("16-mixed", "64-true"):
-        with pytest.raises(ValueError, match="FSDP runs precision '32-true' or 'bf16-mixed'"):
+        with pytest.raises(ValueError, match="FSDP runs precision '32-true', 'bf16-mixed', 'bf16-true', '16-true'"):
             Trainer(strategy="fsdp", precision=precision, devices=1, logger=False)
 
 

@@ -598,3 +598,13 @@ def test_worker_env_reads_back_through_launch_config(tmp_path):
     assert seen.launched and seen.strategy == "deepspeed" and seen.deepspeed == s.deepspeed
     assert (seen.precision, seen.use_cpu, seen.num_processes, seen.num_machines) == ("bf16-mixed", True, 2, 1)
     assert (seen.gradient_accumulation_steps, seen.gradient_clipping) == (4, 1.0)
+
+
+def test_true_half_precision_in_a_launch_config(tmp_path):
+    """bf16-true / 16-true are our names (Accelerate has none): `precision:` takes them for DDP and FSDP, and a
+    DeepSpeed config is refused before anything starts, naming the mixed mode DeepSpeed has."""
+    for strategy in ("ddp", "fsdp"):
+        s = load(tmp_path, f"strategy: {strategy}\nnum_processes: 2\nprecision: bf16-true\n")
+        assert s.precision == "bf16-true" and s.worker_env()["TASKTRAIN_PRECISION"] == "bf16-true"
+    with pytest.raises(ConfigError, match="precision 16-true .*not available under DeepSpeed.*Use precision 16-mixed"):
+        load(tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 2\nprecision: 16-true\n")

@@ -8,7 +8,8 @@ from tasktrain.strategies.precision import MixedPrecision, make_precision, norma
 
 @pytest.mark.parametrize("alias, name", [(None, "32-true"), (32, "32-true"), ("32", "32-true"), (16, "16-mixed"),
                                          ("16", "16-mixed"), ("bf16", "bf16-mixed"), (64, "64-true"),
-                                         ("bf16-mixed", "bf16-mixed")])
+                                         ("bf16-mixed", "bf16-mixed"), ("bf16-true", "bf16-true"),
+                                         ("16-true", "16-true")])
 def test_aliases(alias, name):
     assert normalize_precision(alias) == name
     assert Trainer(precision=alias, **quiet()).precision == name
@@ -84,3 +85,95 @@ def test_precision_state_round_trips():
     b = make_precision("16-mixed", "cpu")
     b.load_state_dict(a.state_dict())
     assert b.scaler.get_scale() == 1024.0
+
+
+# -- true half precision: "bf16-true" / "16-true" ----------------------------------------------------------------------
+class HalfProbe(Linear):
+    """Adam (its eps representable in float16) and what the step sees: the input's, the weight's and a new tensor's
+    dtype."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen = (x.dtype, self.layer.weight.dtype, torch.zeros(1).dtype)
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        self.optimizer = torch.optim.Adam(self.parameters(), lr=1e-2, eps=1e-4)
+        return self.optimizer
+
+
+def _fit_half(precision, strategy="single_device", max_steps=4):
+    module = HalfProbe()
+    before = module.layer.weight.detach().clone()
+    trainer = Trainer(strategy=strategy, devices=1, max_steps=max_steps, precision=precision, **quiet())
+    trainer.fit(module, loader())
+    return module, before, trainer
+
+
+@pytest.mark.filterwarnings("ignore:precision=.16-true. on CPU")
+@pytest.mark.parametrize("precision, dtype", [("bf16-true", torch.bfloat16), ("16-true", torch.float16)])
+def test_true_half_stores_parameters_and_steps_the_optimizer_in_half(precision, dtype):
+    assert normalize_precision(precision) == precision
+    module, before, trainer = _fit_half(precision)
+    assert module.seen == (dtype, dtype, dtype)  # inputs cast, weights half, new tensors default to half
+    assert torch.get_default_dtype() == torch.float32  # restored after the forward
+    weight = module.layer.weight
+    assert weight.dtype == dtype and torch.isfinite(weight).all() and not torch.equal(weight, before.to(dtype))
+    state = module.optimizer.state[weight]
+    assert state["exp_avg"].dtype == dtype and state["exp_avg_sq"].dtype == dtype  # no fp32 master copy anywhere
+    assert trainer.strategy.precision.skipped_steps == 0 and not hasattr(trainer.strategy.precision, "scaler")
+
+
+@pytest.mark.filterwarnings("ignore:precision=.16-true. on CPU")
+@pytest.mark.parametrize("strategy", ["dp", "ddp", "fsdp"])
+def test_true_half_under_other_strategies(strategy):
+    module, before, trainer = _fit_half("bf16-true", strategy, max_steps=2)
+    assert module.seen == (torch.bfloat16,) * 3
+    weight = module.layer.weight
+    assert weight.dtype == torch.bfloat16 and not torch.equal(weight.full_tensor() if strategy == "fsdp" else weight,
+                                                              before.to(torch.bfloat16))
+    if strategy == "fsdp":  # cast before fully_shard: the shards themselves are half
+        assert type(weight).__name__ == "DTensor" and weight.to_local().dtype == torch.bfloat16
+
+
+def test_16_true_warns_about_adam_eps_that_float16_rounds_away():
+    """Adam's default eps=1e-8 is 0 in float16: the first step divides 0 by 0 wherever a gradient's square
+    underflows (measured: NaN weights). Lightning says nothing; tasktrain warns once, naming the fix."""
+    precision = make_precision("bf16-true")
+    p = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+    p.grad = torch.ones(2, dtype=torch.bfloat16)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        precision.optimizer_step(torch.optim.Adam([p]))  # bfloat16 keeps 1e-8: no warning
+    with pytest.warns(UserWarning, match="bf16-true"):
+        precision = make_precision("16-true")  # on CPU: slow, says so
+    p = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    p.grad = torch.ones(2, dtype=torch.float16)
+    with pytest.warns(UserWarning, match=r"Adam\(eps=1e-08\) is below torch.float16's smallest normal.*eps=1e-4"):
+        precision.optimizer_step(torch.optim.Adam([p]))
+
+
+def test_deepspeed_refuses_true_half_naming_the_mixed_mode():
+    for precision, mixed in (("bf16-true", "bf16-mixed"), ("16-true", "16-mixed")):
+        with pytest.raises(ValueError, match=f"not available under DeepSpeed.*fp32 master weights.*'{mixed}'"):
+            Trainer(strategy="deepspeed", precision=precision, **quiet())
+
+
+@pytest.mark.filterwarnings("ignore:precision=.16-true. on CPU")
+@pytest.mark.parametrize("mixed_precision, dtype", [("bf16-true", torch.bfloat16), ("16-true", torch.float16)])
+def test_the_accelerator_takes_true_half(mixed_precision, dtype):
+    from tasktrain import Accelerator
+
+    accelerator = Accelerator(mixed_precision=mixed_precision)
+    assert accelerator.mixed_precision == mixed_precision  # Accelerate has no name for it: ours
+    model = torch.nn.Linear(4, 1)
+    model, optimizer, data = accelerator.prepare(model, torch.optim.Adam(model.parameters(), eps=1e-4), loader())
+    x, y = next(iter(data))
+    assert x.dtype == dtype and model.weight.dtype == dtype
+    out = model(torch.randn(2, 4))  # a tensor of the loop's own is cast too; the output comes back in fp32
+    assert out.dtype == torch.float32
+    accelerator.backward(torch.nn.functional.mse_loss(model(x), y.float()))
+    optimizer.step()
+    assert optimizer.optimizer.state[model.weight]["exp_avg"].dtype == dtype

@@ -625,6 +625,12 @@ def _resolve_precision(s: LaunchSettings, merged: dict, sources: dict):
         s.sources["precision"] = f"{_source(sources, 'mixed_precision')}: mixed_precision {mp}"
     else:
         s.sources["precision"] = "default"
+    if s.is_deepspeed and s.precision in ("bf16-true", "16-true"):
+        # The strategy refuses it too, in every worker: said once here, before anything starts.
+        raise ConfigError(f"precision {s.precision} (parameters stored in half, no fp32 master copy) is not available "
+                          "under DeepSpeed: its bf16/fp16 modes keep fp32 master weights. Use precision "
+                          f"{s.precision.replace('true', 'mixed')} (or mixed_precision "
+                          f"{'bf16' if s.precision.startswith('bf16') else 'fp16'}).")
 
 
 def _add_notes(s: LaunchSettings, dist_type, gpu_count: int, explicit_cpu):

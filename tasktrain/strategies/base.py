@@ -38,7 +38,7 @@ import torch
 from tasktrain.checkpoint_io import (atomic_link, atomic_save, load_checkpoint_file, load_plain_state_dict,
                                     plain_state_dict, remove_path)
 from tasktrain.names import normalize_precision
-from tasktrain.strategies.precision import MixedPrecision, Precision, make_precision, patch_forward
+from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, make_precision, patch_forward
 from tasktrain.tree import apply_to_leaves
 
 
@@ -240,6 +240,9 @@ class Strategy:
         module.to(self.root_device)
         if not plan.calls_steps and isinstance(self.precision, MixedPrecision):
             patch_forward(module, self.forward_context)  # the model's own forward runs under autocast
+        elif not plan.calls_steps and isinstance(self.precision, HalfPrecision):
+            # A custom loop feeds the model tensors of its own too: they are cast to the module's half dtype
+            patch_forward(module, self.forward_context, self.precision.convert_input)
         self.model = module
         self.optimizers = list(optimizers)
         return self.model, self.optimizers

@@ -215,6 +215,15 @@ class DeepSpeed(DDP):
     def precision_plugin(self, name):
         """The engine owns precision: a plugin that forwards to it (the config's bf16/fp16 sections come from the
         name; an impossible one fails in setup_environment, before any process starts)."""
+        if name in ("bf16-true", "16-true"):
+            # DeepSpeed's bf16/fp16 modes hold the module in half but keep fp32 master weights in the optimizer
+            # (and its bf16_master_weights_and_grads option is ZeRO-only and not tested here): that is the mixed
+            # mode, so a "true" half name would promise memory it does not save.
+            mixed = name.replace("true", "mixed")
+            raise ValueError(f"precision={name!r} (parameters stored in half, no fp32 master copy) is not available "
+                             f"under DeepSpeed: its bf16/fp16 modes keep fp32 master weights. Use "
+                             f"precision={mixed!r} (DeepSpeed holds the module in half and steps fp32 master "
+                             "weights), or the 'fsdp'/'ddp' strategies for true half precision.")
         return DeepSpeedPrecision(name, self.root_device.type)
 
     def _config_without_batch(self):
@@ -910,6 +919,9 @@ def _check_param_dtypes(params, expected, precision, where):
 
 
 def _precision_sections(config, precision, device_type):
+    if precision in ("bf16-true", "16-true"):
+        raise ValueError(f"precision={precision!r} is not available under DeepSpeed (its half modes keep fp32 master "
+                         f"weights): use precision={precision.replace('true', 'mixed')!r}.")
     if precision == "64-true":
         raise ValueError("precision='64-true' is not available under DeepSpeed (it trains in fp32, bf16 or fp16): "
                          "use precision='32-true' or another strategy.")

@@ -15,7 +15,9 @@ module is wrapped, how gradients are clipped and how checkpoints are written:
   optimizer shards, resharded on load to any world size), plus our training state file, written under a
   temporary name and renamed. state_dict_type="full" writes one ordinary file instead (gathered on rank 0).
 - precision: "32-true" and "bf16-mixed" (a MixedPrecisionPolicy: bf16 compute copies, fp32 gradient reduction,
-  fp32 master shards).
+  fp32 master shards); "bf16-true" / "16-true": the module is cast to half before fully_shard, so the shards, the
+  gathered parameters, the gradient reduction and the optimizer state are all in half (the policy is left at the
+  parameters' dtype).
 """
 import contextlib
 import os
@@ -29,14 +31,14 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_stat
                                      load_plain_state_dict, plain_state_dict, replace_dir)
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.ddp import DDP
-from tasktrain.strategies.precision import MixedPrecision, Precision
+from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision
 
 STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory (loop state, callbacks, RNG, ...)
 # The checkpoint values that hold shards (the Trainer's, then the Accelerator's save_state): written by DCP.
 _SHARD_KEYS = ("state_dict", "optimizer_states", "models", "optimizers")
 _SHARDED_MARK = "sharded: in the DCP files of this checkpoint directory"
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
-_PRECISIONS = ("32-true", "bf16-mixed")
+_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
 
 
 class FSDPPrecision(MixedPrecision):
@@ -103,7 +105,9 @@ class FSDP(DDP):
             return Precision(self.root_device.type)
         if name == "bf16-mixed":
             return FSDPPrecision("bf16-mixed", self.root_device.type)
-        raise ValueError(f"FSDP runs precision {' or '.join(repr(p) for p in _PRECISIONS)}, not {name!r}. Use "
+        if name in ("bf16-true", "16-true"):
+            return HalfPrecision(name, self.root_device.type)  # the module is cast before it is sharded
+        raise ValueError(f"FSDP runs precision {', '.join(repr(p) for p in _PRECISIONS)}, not {name!r}. Use "
                          "precision='bf16-mixed' for mixed precision (fp32 master shards, bf16 compute).")
 
     # -- the module ----------------------------------------------------------------------------------------------
@@ -143,6 +147,9 @@ class FSDP(DDP):
             _check_resettable(module)
         else:
             module.to(self.root_device)
+        # The true half modes: cast before sharding, so the shards (and what the optimizer steps) are half. The
+        # Parameter objects stay the same (.to casts in place), so `names` still finds them.
+        module = self.precision.convert_module(module)
         self._shard(module)
         if on_meta:
             _materialize(module, self.root_device)

@@ -75,6 +75,59 @@ class DoublePrecision(Precision):
         return _apply_to_floats(batch, lambda t: t.double())
 
 
+class HalfPrecision(Precision):
+    """"bf16-true" / "16-true": the parameters are stored in bfloat16 / float16 (the module is cast before training),
+    floating point inputs are cast to it, and tensors a forward creates default to it. No fp32 master copy, no
+    autocast, no loss scaling: the gradients and the optimizer state are in half too (half the memory of the
+    mixed modes' weights, but updates smaller than half's resolution are lost)."""
+
+    def __init__(self, name: str, device_type: str = "cpu"):
+        super().__init__(device_type)
+        self.name = name
+        self.dtype = torch.float16 if name == "16-true" else torch.bfloat16
+        self._checked = set()  # ids of the optimizers whose eps was looked at
+        if name == "16-true":
+            warn_fp16_on_cpu(device_type, name)
+
+    @contextlib.contextmanager
+    def autocast(self):
+        # Not an autocast: tensors the forward creates (torch.zeros, torch.randn) default to the half dtype, so
+        # they mix with the half activations without promoting them back to fp32 (as Lightning's HalfPrecision).
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(previous)
+
+    def convert_module(self, module):
+        return module.to(self.dtype)
+
+    def convert_input(self, batch):
+        return _apply_to_floats(batch, lambda t: t.to(self.dtype))
+
+    def optimizer_step(self, optimizer, closure=None):
+        if id(optimizer) not in self._checked:
+            self._checked.add(id(optimizer))
+            warn_eps_in_half(optimizer, self.dtype, self.name)
+        return super().optimizer_step(optimizer, closure)
+
+
+def warn_eps_in_half(optimizer, dtype, name):
+    """Adam-style optimizers add eps to the root of their second moment, held in the parameters' dtype. float16 rounds
+    eps=1e-8 to 0, and the second moment of a small gradient underflows to 0 too: 0/0 makes the weights NaN at the
+    first step (measured on torch 2.13). bfloat16 has fp32's exponent range and keeps 1e-8."""
+    tiny = torch.finfo(dtype).tiny  # the smallest normal number: below it, eps is rounded or lost
+    for group in optimizer.param_groups:
+        eps = group.get("eps")
+        if isinstance(eps, float) and 0 < eps < tiny and any(p.dtype == dtype for p in group["params"]):
+            warnings.warn(f"precision={name!r}: {type(optimizer).__name__}(eps={eps:g}) is below {dtype}'s smallest "
+                          f"normal number ({tiny:.1e}), so its denominators can round to 0 and the weights become "
+                          f"NaN. Use eps=1e-4 (or larger) with precision={name!r}, or precision='bf16-true'.",
+                          stacklevel=3)
+            return
+
+
 class MixedPrecision(Precision):
     """"16-mixed" (autocast float16 + GradScaler) and "bf16-mixed" (autocast bfloat16, no scaler needed)."""
 
@@ -140,6 +193,8 @@ def make_precision(value, device_type: str = "cpu") -> Precision:
         return Precision(device_type)
     if name == "64-true":
         return DoublePrecision(device_type)
+    if name in ("bf16-true", "16-true"):
+        return HalfPrecision(name, device_type)
     return MixedPrecision(name, device_type)
 
 
@@ -147,28 +202,33 @@ def _apply_to_floats(data, fn):
     return apply_to_leaves(data, lambda t: fn(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)
 
 
-def warn_fp16_on_cpu(device_type):
+def warn_fp16_on_cpu(device_type, name="16-mixed"):
     if device_type == "cpu":
+        fast = name.replace("16", "bf16", 1)  # 16-mixed -> bf16-mixed, 16-true -> bf16-true
         warnings.warn(
-            "precision='16-mixed' on CPU works but is usually much slower than fp32 (most CPUs have no fast float16 "
-            "matmul); precision='bf16-mixed' is the fast mixed precision on CPU.",
+            f"precision={name!r} on CPU works but is usually much slower than fp32 (most CPUs have no fast float16 "
+            f"matmul); precision={fast!r} is the fast half precision on CPU.",
             stacklevel=4,
         )
 
 
 # -- a model's own forward under the precision (the Accelerator's prepared models) -----------------------------------
-def patch_forward(model, forward_context):
+def patch_forward(model, forward_context, convert_input=None):
     """Run the model's own forward inside `forward_context()` (the strategy's autocast), outputs back in float32
-    (as Accelerate does)."""
+    (as Accelerate does). `convert_input`: applied to the forward's arguments first (the true half modes cast
+    floating point inputs to the module's dtype)."""
     if "_tasktrain_forward" in model.__dict__:
         return
     model.__dict__["_tasktrain_forward"] = model.forward
     model.__dict__["_tasktrain_autocast"] = forward_context
+    model.__dict__["_tasktrain_convert"] = convert_input
     # A method bound to the model (not a closure), so that copy.deepcopy(model) calls the copy's own forward.
     model.forward = types.MethodType(_forward_in_precision, model)
 
 
 def _forward_in_precision(self, *args, **kwargs):
+    if self._tasktrain_convert is not None:
+        args, kwargs = self._tasktrain_convert((args, kwargs))
     with self._tasktrain_autocast():
         outputs = self._tasktrain_forward(*args, **kwargs)
     return apply_to_leaves(outputs, _to_float32)
@@ -183,6 +243,7 @@ def unpatch_forward(model):
     if "_tasktrain_forward" in model.__dict__:
         original = model.__dict__.pop("_tasktrain_forward")
         model.__dict__.pop("_tasktrain_autocast", None)
+        model.__dict__.pop("_tasktrain_convert", None)
         del model.__dict__["forward"]
         if getattr(original, "__func__", None) is not getattr(type(model), "forward", None):
             model.forward = original  # the model had its own instance-level forward: put it back

@@ -43,8 +43,8 @@ class Accelerator:
     as in Accelerate or raise a clear error at construction (docs/accelerator.md lists them); `strategy` and
     `stall_timeout` are ours. Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then
     from the defaults:
-    mixed_precision "no" (also "fp16", "bf16", or our names "16-mixed", "bf16-mixed", "64-true"), one
-    gradient accumulation step, and strategy "ddp" when a launcher started several processes, else
+    mixed_precision "no" (also "fp16", "bf16", or our names "16-mixed", "bf16-mixed", "64-true", "bf16-true",
+    "16-true"), one gradient accumulation step, and strategy "ddp" when a launcher started several processes, else
     "single_device". `strategy` takes a registry name ("ddp", "deepspeed_stage_2", ...) or a Strategy.
 
     stall_timeout (seconds, default 300; None or 0: off): on several processes, a rank that makes no progress
@@ -184,13 +184,15 @@ class Accelerator:
 
     @property
     def precision_name(self) -> str:
-        """Our name of the precision: "32-true", "16-mixed", "bf16-mixed", "64-true"."""
+        """Our name of the precision: "32-true", "16-mixed", "bf16-mixed", "64-true", "bf16-true", "16-true"."""
         return self.strategy.precision.name
 
     @property
     def mixed_precision(self) -> str:
-        """Accelerate's name of the precision: "no", "fp16", "bf16" (or "fp64", which Accelerate has not)."""
-        return _ACCELERATE_NAMES.get(self.precision_name, "fp64")
+        """Accelerate's name of the precision: "no", "fp16", "bf16"; for those Accelerate has not, "fp64" (64-true)
+        or our own name ("bf16-true", "16-true": parameters stored in half, which Accelerate has no name for)."""
+        name = self.precision_name
+        return _ACCELERATE_NAMES.get(name, "fp64" if name == "64-true" else name)
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
