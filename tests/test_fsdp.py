@@ -58,9 +58,8 @@ def test_names_and_arguments():
         FSDP(wrap="Linear")
     with pytest.raises(TypeError, match="reshard_after_forward"):
         FSDP(reshard_after_forward=2)
-    for precision in ("16-mixed", "64-true"):
-        with pytest.raises(ValueError, match="FSDP runs precision '32-true', 'bf16-mixed', 'bf16-true', '16-true'"):
-            Trainer(strategy="fsdp", precision=precision, devices=1, logger=False)
+    with pytest.raises(ValueError, match="FSDP runs precision '32-true', 'bf16-mixed', '16-mixed', 'bf16-true', '16-true'"):
+        Trainer(strategy="fsdp", precision="64-true", devices=1, logger=False)
 
 
 def test_the_accelerator_is_refused_for_now():
@@ -93,11 +92,57 @@ def test_wrap_policies_choose_submodules():
         FSDP(wrap={torch.nn.Conv2d})._wrap_targets(module)
 
 
+@pytest.mark.filterwarnings("ignore:precision=.16-mixed. on CPU")
+def test_16_mixed_sharded_scaler_state_is_in_checkpoints(tmp_path):
+    """The ShardedGradScaler's scale goes into the checkpoint directory's state file and comes back on resume: an
+    inf at step 1 halves it, and the resumed run starts from the lowered scale, not the initial 2**16."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from tasktrain import Callback, ModelCheckpoint, TaskModule
+    from tasktrain.checkpoint_io import load_checkpoint_file
+
+    class Net(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).float().pow(2).mean()
+
+        def on_after_backward(self):
+            if self.global_step == 1:
+                self.layer.weight.grad.to_local().fill_(float("inf"))
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    class ScaleAtStart(Callback):
+        def on_train_start(self, trainer, module):
+            self.scale = trainer.strategy.precision.scaler.get_scale()
+
+    torch.manual_seed(0)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4)
+    trainer = Trainer(strategy="fsdp", devices=1, precision="16-mixed", max_steps=3, default_root_dir=str(tmp_path),
+                      logger=False, enable_progress_bar=False, callbacks=[ModelCheckpoint(save_last=True)])
+    trainer.fit(Net(), data)
+    scaler, skipped = trainer.strategy.precision.scaler, trainer.strategy.precision.skipped_steps
+    # The injected inf, and maybe an overflow of the first scale (2**16 times an fp16 gradient): each halves it
+    assert isinstance(scaler, ShardedGradScaler) and skipped >= 1 and scaler.get_scale() == 2.0 ** (16 - skipped)
+    last = trainer.checkpoint_callback.last_model_path
+    saved = scaler.get_scale()
+    assert load_checkpoint_file(os.path.join(last, STATE_FILE))["precision"]["scaler"]["scale"] == saved
+    start = ScaleAtStart()
+    Trainer(strategy="fsdp", devices=1, precision="16-mixed", max_steps=4, default_root_dir=str(tmp_path),
+            logger=False, enable_progress_bar=False, enable_checkpointing=False,
+            callbacks=[start]).fit(Net(), data, ckpt_path="last")
+    assert start.scale == saved
+
+
 # -- 2 processes -------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def compare(tmp_path_factory):
     """DDP, then FSDP (default wrap, a checkpoint every step: top 2 + last), FSDP wrap={Linear} without resharding,
-    fsdp_cpu_offload and bf16-mixed, in one 2-process launch (fp32, accumulation 2, clipping 0.5)."""
+    fsdp_cpu_offload, bf16-mixed, 16-mixed and bf16-true, in one 2-process launch (accumulation 2, clipping 0.5)."""
     root = tmp_path_factory.mktemp("fsdp_compare")
     proc = run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare", timeout=600)
     return root, results(root / "out"), proc
@@ -107,7 +152,7 @@ def compare(tmp_path_factory):
 @pytest.mark.timeout(700)
 def test_fsdp_trains_like_ddp(compare):
     _, ranks, proc = compare
-    assert proc.stdout.count("FSDP wrapped 1 module(s) [net] and the root Classifier") == 6  # rank 0, once per strategy (6 such)
+    assert proc.stdout.count("FSDP wrapped 1 module(s) [net] and the root Classifier") == 8  # rank 0, once per strategy (8 such)
     assert "FSDP wrapped 2 module(s) [net.0, net.3]" in proc.stdout
     for rank, res in enumerate(ranks):
         ddp = res["ddp"]
@@ -136,6 +181,20 @@ def test_fsdp_trains_like_ddp(compare):
         assert bf16["global_step"] == 11 and all(torch.isfinite(torch.tensor(bf16["losses"])))
         assert bf16["losses"][-1] < bf16["losses"][0] and bf16["val_acc"] > 0.8
         assert bf16["losses"] != ddp["losses"][:22]  # computed in bf16, not fp32
+        assert bf16["param_dtype"] == torch.float32  # fp32 master shards
+        # 16-mixed: the ShardedGradScaler all-reduces the inf found in rank 1's shard, so both ranks skip step 6
+        # (the whole weights, both shards, are unchanged by it) and count the same skipped steps.
+        fp16 = res["fsdp_fp16"]
+        assert fp16["global_step"] == 11 and fp16["param_dtype"] == torch.float32
+        assert fp16["skipped"] == ranks[0]["fsdp_fp16"]["skipped"] and fp16["scales"] == ranks[0]["fsdp_fp16"]["scales"]
+        assert fp16["skipped"][6] == fp16["skipped"][5] + 1 and fp16["scales"][6] == fp16["scales"][5] / 2
+        assert fp16["skipped"][-1] < 11 and fp16["val_acc"] > 0.8
+        for name, value in fp16["before"].items():
+            assert torch.equal(fp16["after"][name], value), name
+        assert any(not torch.equal(res["fsdp_fp16"]["weights"][k], v) for k, v in fp16["after"].items())
+        true = res["fsdp_bf16_true"]  # the module cast before fully_shard: bf16 shards, bf16 reduction
+        assert true["param_dtype"] == torch.bfloat16 and true["global_step"] == 11
+        assert all(torch.isfinite(torch.tensor(true["losses"]))) and true["losses"][-1] < true["losses"][0]
 
 
 @pytest.mark.world_size(2)

@@ -14,8 +14,8 @@ module is wrapped, how gradients are clipped and how checkpoints are written:
 - checkpoints: a directory written by every rank in parallel with torch.distributed.checkpoint (DCP: model and
   optimizer shards, resharded on load to any world size), plus our training state file, written under a
   temporary name and renamed. state_dict_type="full" writes one ordinary file instead (gathered on rank 0).
-- precision: "32-true" and "bf16-mixed" (a MixedPrecisionPolicy: bf16 compute copies, fp32 gradient reduction,
-  fp32 master shards); "bf16-true" / "16-true": the module is cast to half before fully_shard, so the shards, the
+- precision: "32-true", "bf16-mixed" and "16-mixed" (a MixedPrecisionPolicy: half compute copies, fp32 gradient
+  reduction, fp32 master shards; fp16 with a ShardedGradScaler); "bf16-true" / "16-true": the module is cast to half before fully_shard, so the shards, the
   gathered parameters, the gradient reduction and the optimizer state are all in half (the policy is left at the
   parameters' dtype).
 """
@@ -38,18 +38,34 @@ STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory (loop st
 _SHARD_KEYS = ("state_dict", "optimizer_states", "models", "optimizers")
 _SHARDED_MARK = "sharded: in the DCP files of this checkpoint directory"
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
-_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
+_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 
 
 class FSDPPrecision(MixedPrecision):
-    """"bf16-mixed" under FSDP: FSDP keeps fp32 shards (the optimizer's master weights) and gathers bf16 copies for
-    the forward and backward (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): gradients are reduced in
-    fp32). Autocast stays on as under DDP, so that the ops autocast keeps in fp32 (losses, softmax) still are."""
+    """The mixed modes under FSDP: FSDP keeps fp32 shards (the optimizer's master weights) and gathers bf16/fp16 copies
+    for the forward and backward (MixedPrecisionPolicy(param_dtype=half, reduce_dtype=fp32): gradients are reduced
+    in fp32). Autocast stays on as under DDP, so that the ops autocast keeps in fp32 (losses, softmax) still are.
+
+    "16-mixed" scales the loss with torch's ShardedGradScaler: each rank looks for inf/NaN in its own gradient
+    shards only, so the scaler all-reduces what it found, and every rank skips the same steps (a plain GradScaler
+    would let one rank step while another skips, and the shards would drift apart)."""
 
     def mp_policy(self):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
+
+    def make_scaler(self, **options):
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(self.device_type, **options)
+
+    def unscale(self, optimizer):
+        with warnings.catch_warnings():
+            # The scaler's found-inf flag is a 1-element tensor that DTensor gradients treat as replicated (it is
+            # this rank's own flag until the all-reduce that follows): torch warns about the implicit replication.
+            warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1")
+            super().unscale(optimizer)
 
 
 class FSDP(DDP):
@@ -103,8 +119,8 @@ class FSDP(DDP):
         name = normalize_precision(name)
         if name == "32-true":
             return Precision(self.root_device.type)
-        if name == "bf16-mixed":
-            return FSDPPrecision("bf16-mixed", self.root_device.type)
+        if name in ("bf16-mixed", "16-mixed"):
+            return FSDPPrecision(name, self.root_device.type)
         if name in ("bf16-true", "16-true"):
             return HalfPrecision(name, self.root_device.type)  # the module is cast before it is sharded
         raise ValueError(f"FSDP runs precision {', '.join(repr(p) for p in _PRECISIONS)}, not {name!r}. Use "

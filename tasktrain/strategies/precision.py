@@ -138,9 +138,13 @@ class MixedPrecision(Precision):
         self.scaler = None
         self._unscaled = set()
         if name == "16-mixed":
-            # GradScaler() with no device means CUDA and silently disables itself on a CPU machine.
-            self.scaler = torch.amp.GradScaler(device_type)
+            self.scaler = self.make_scaler()
             warn_fp16_on_cpu(device_type)
+
+    def make_scaler(self, **options):
+        """The fp16 loss scaler, with GradScalerKwargs' `options`. GradScaler() with no device means CUDA and
+        silently disables itself on a CPU machine: the device is always given."""
+        return torch.amp.GradScaler(self.device_type, **options)
 
     def autocast(self):
         return torch.autocast(self.device_type, dtype=self.dtype, **self.autocast_options)
@@ -149,7 +153,7 @@ class MixedPrecision(Precision):
         if scaler:
             if self.scaler is None:
                 super().set_options(scaler=scaler)
-            self.scaler = torch.amp.GradScaler(self.device_type, **scaler)
+            self.scaler = self.make_scaler(**scaler)
         if autocast:
             self.autocast_options = dict(autocast)
 

@@ -2,7 +2,8 @@
 
     python train.py --root DIR --out OUT --case compare            # DDP, then FSDP (default wrap, checkpoints every
                                                                    # step), FSDP wrap={Linear} without resharding,
-                                                                   # fsdp_cpu_offload, bf16-mixed; fp32, accumulation
+                                                                   # fsdp_cpu_offload, bf16-mixed, 16-mixed (an inf
+                                                                   # on one rank), bf16-true; fp32, accumulation
                                                                    # 2, clipping 0.5; reduce-scatters counted;
                                                                    # state_dict_type="full" files, resumed;
                                                                    # a 64 MiB model built on the meta device
@@ -69,6 +70,34 @@ class KillRank(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class InfOnOneRank(Callback):
+    """16-mixed: at optimizer step `step`, after the backward, an inf goes into rank 1's own gradient shard only. Records
+    the scaler's skipped-step count after every step and the whole weights before and after the poisoned step."""
+
+    def __init__(self, step):
+        self.step = step
+        self.skipped, self.scales = [], []
+        self.before = self.after = None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.batch_idx = batch_idx
+
+    def on_after_backward(self, trainer, module):
+        if trainer.global_step != self.step or self.batch_idx % 2 == 0:
+            return  # not the poisoned step's last micro-batch (accumulation 2: it reduce-scatters the shards)
+        if trainer.global_rank == 1:
+            next(iter(module.parameters())).grad.to_local().view(-1)[0] = float("inf")
+        self.before = trainer.strategy.full_state_dict()  # every rank gathers (a collective)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if (batch_idx + 1) % 2:
+            return  # accumulation 2: the window's first micro-batch did not step
+        self.skipped.append(trainer.strategy.precision.skipped_steps)
+        self.scales.append(trainer.strategy.precision.scaler.get_scale())
+        if trainer.global_step == self.step + 1:
+            self.after = trainer.strategy.full_state_dict()
+
+
 def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epochs=EPOCHS, devices=2):
     seed_everything(0)
     train, val = digits_loaders(batch_size=32)
@@ -88,6 +117,7 @@ def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epoc
     return {"losses": record.losses, "norms": record.norms, "scatters": record.scatters, "weights": record.weights,
             "val_acc": val_acc, "validate_after_fit": validate_after_fit, "global_step": trainer.global_step,
             "seconds": seconds, "describe": trainer.strategy.describe(),
+            "param_dtype": next(module.parameters()).dtype,  # a DTensor's dtype is its shards'
             "last": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None}
 
 
@@ -193,6 +223,11 @@ def main():
                                      args.root, epochs=1)
         results["fsdp_offload"] = fit("fsdp_offload", "fsdp_cpu_offload", args.root, epochs=1)
         results["fsdp_bf16"] = fit("fsdp_bf16", "fsdp", args.root, precision="bf16-mixed", epochs=1)
+        poison = InfOnOneRank(step=6)
+        results["fsdp_fp16"] = fit("fsdp_fp16", "fsdp", args.root, precision="16-mixed", epochs=1, callbacks=[poison])
+        results["fsdp_fp16"].update(skipped=poison.skipped, scales=poison.scales, before=poison.before,
+                                    after=poison.after)
+        results["fsdp_bf16_true"] = fit("fsdp_bf16_true", "fsdp", args.root, precision="bf16-true", epochs=1)
         results.update(full_files(args.root))
         results["meta"] = meta_init()
     elif args.case == "resume":
