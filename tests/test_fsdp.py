@@ -138,6 +138,54 @@ def test_16_mixed_sharded_scaler_state_is_in_checkpoints(tmp_path):
     assert start.scale == saved
 
 
+@pytest.mark.filterwarnings("ignore:precision=.16-mixed. on CPU")
+def test_a_users_mixed_precision_policy_is_what_the_forward_sees(capsys):
+    """FSDP(mixed_precision=MixedPrecisionPolicy(...)): the policy runs as given (under "32-true": no autocast); the
+    forward sees its param_dtype (and its cast inputs), the shards stay fp32. A policy that contradicts the run's
+    precision is refused when the Trainer is built."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from tasktrain import TaskModule
+
+    class Seeing(torch.nn.Linear):
+        def forward(self, x):
+            self.seen = (self.weight.dtype, x.dtype)  # inside the unit's forward: its gathered parameters
+            return super().forward(x)
+
+    class Probe(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = Seeing(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).float().pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
+    module = Probe()
+    trainer = Trainer(strategy=FSDP(mixed_precision=policy), devices=1, max_steps=2, logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False)
+    trainer.fit(module, data)
+    assert module.layer.seen == (torch.bfloat16, torch.bfloat16)
+    assert module.layer.weight.dtype == torch.float32  # the shards: fp32 master weights
+    assert "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)" in trainer.strategy.describe()
+    assert ("FSDP uses your MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) for every unit (the "
+            "run's precision is 32-true)") in capsys.readouterr().out  # said, not silent
+    # Agreeing pairs are accepted; contradicting ones name both sides.
+    for precision in ("bf16-mixed", "bf16-true"):
+        Trainer(strategy=FSDP(mixed_precision=policy), precision=precision, devices=1, logger=False)
+    with pytest.raises(ValueError, match=r"param_dtype=torch.bfloat16\)\) contradicts precision='16-mixed'"):
+        Trainer(strategy=FSDP(mixed_precision=policy), precision="16-mixed", devices=1, logger=False)
+    with pytest.raises(ValueError, match="contradicts precision='bf16-true'"):
+        Trainer(strategy=FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype=torch.float32)),
+                precision="bf16-true", devices=1, logger=False)
+    with pytest.raises(TypeError, match="MixedPrecisionPolicy"):
+        FSDP(mixed_precision="bf16")
+
+
 # -- 2 processes -------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def compare(tmp_path_factory):

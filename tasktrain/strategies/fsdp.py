@@ -81,6 +81,11 @@ class FSDP(DDP):
             the CPU (torch's CPUOffloadPolicy). On a CPU-only machine it changes nothing but is accepted.
         state_dict_type: "sharded" (default): checkpoints are DCP directories written by every rank; "full": one
             ordinary checkpoint file, gathered and written by rank 0.
+        mixed_precision: your own torch.distributed.fsdp.MixedPrecisionPolicy (param_dtype, reduce_dtype,
+            output_dtype, cast_forward_inputs), used as given for every unit instead of the one the precision
+            implies. It must agree with the run's precision: under "32-true" it is what runs (no autocast); under a
+            mixed precision its param_dtype must be None, fp32 or that precision's half dtype (autocast and the
+            fp16 scaler stay); under a true half precision None or that dtype. Anything else is an error.
         process_group_backend, timeout, start_method: as DDP's.
     """
 
@@ -88,8 +93,8 @@ class FSDP(DDP):
     distributed_type = "FSDP"  # Accelerate's name (DDP's class attribute says MULTI_GPU)
 
     def __init__(self, accelerator=None, precision=None, wrap=None, reshard_after_forward=True, cpu_offload=False,
-                 state_dict_type="sharded", process_group_backend=None, timeout=timedelta(minutes=30),
-                 start_method="popen"):
+                 state_dict_type="sharded", mixed_precision=None, process_group_backend=None,
+                 timeout=timedelta(minutes=30), start_method="popen"):
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
         if start_method == "spawn":
@@ -102,6 +107,14 @@ class FSDP(DDP):
                             "(e.g. {Block}) or a callable (module) -> bool.")
         if not isinstance(reshard_after_forward, bool):
             raise TypeError(f"FSDP reshard_after_forward={reshard_after_forward!r}: use True or False.")
+        if mixed_precision is not None:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            if not isinstance(mixed_precision, MixedPrecisionPolicy):
+                raise TypeError(f"FSDP mixed_precision={mixed_precision!r}: use torch.distributed.fsdp."
+                                "MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...), or leave it None (the "
+                                "run's precision decides).")
+        self.mixed_precision = mixed_precision
         self.wrap = wrap
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = bool(cpu_offload)
@@ -115,6 +128,11 @@ class FSDP(DDP):
         self._owners = {}  # id(optimizer) -> its module
 
     # -- the run's choices ---------------------------------------------------------------------------------------
+    def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
+        super().configure(accelerator, devices, num_nodes, precision)
+        if self.mixed_precision is not None:
+            _check_policy(self.mixed_precision, self.precision.name)
+
     def precision_plugin(self, name):
         name = normalize_precision(name)
         if name == "32-true":
@@ -191,7 +209,10 @@ class FSDP(DDP):
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         mesh = init_device_mesh(self.root_device.type, (self.world_size,))
-        mp = self.precision.mp_policy() if isinstance(self.precision, FSDPPrecision) else MixedPrecisionPolicy()
+        if self.mixed_precision is not None:
+            mp = self.mixed_precision  # the user's own, checked against the precision by configure
+        else:
+            mp = self.precision.mp_policy() if isinstance(self.precision, FSDPPrecision) else MixedPrecisionPolicy()
         offload = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda") if self.cpu_offload else OffloadPolicy()
         options = dict(mesh=mesh, mp_policy=mp, offload_policy=offload)
         targets = self._wrap_targets(module)
@@ -206,6 +227,9 @@ class FSDP(DDP):
             shown = ", ".join(targets[:8]) + (f", ... ({len(targets)} in all)" if len(targets) > 8 else "")
             print(f"[tasktrain] FSDP wrapped {len(targets)} module(s) [{shown}] and the root "
                   f"{root_name}", flush=True)
+            if self.mixed_precision is not None:
+                print(f"[tasktrain] FSDP uses your {_describe_policy(self.mixed_precision)} for every unit (the run's "
+                      f"precision is {self.precision.name})", flush=True)
             self._said_wrapped = True
 
     def _wrap_targets(self, module):
@@ -449,11 +473,39 @@ class FSDP(DDP):
         extras = [f"reshard_after_forward={self.reshard_after_forward}", f"state_dict_type={self.state_dict_type}"]
         if self.cpu_offload:
             extras.append("cpu_offload")
+        if self.mixed_precision is not None:
+            extras.append(_describe_policy(self.mixed_precision))
         return (f"strategy={self.name} ({', '.join(extras)}), world_size={self.world_size}, backend={backend}, "
                 f"device={self.root_device}")
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
+_HALF = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "bf16-true": torch.bfloat16,
+         "16-true": torch.float16}
+
+
+def _check_policy(policy, precision):
+    """A user's MixedPrecisionPolicy beside the run's precision: the policy decides FSDP's casting, the precision the
+    rest (autocast, the scaler, the stored dtype); a pair that says two different things is refused."""
+    half = _HALF.get(precision)
+    param = policy.param_dtype
+    if precision == "32-true" or param is None or param == half:
+        return
+    if precision.endswith("-mixed") and param == torch.float32:
+        return  # fp32 compute copies with autocast on top: Lightning's FSDP mixed precision
+    raise ValueError(f"FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype={param})) contradicts precision="
+                     f"{precision!r}, which computes in {half}. Give param_dtype={half} (or None), or use "
+                     "precision='32-true' to run the policy alone.")
+
+
+def _describe_policy(policy):
+    fields = ("param_dtype", "reduce_dtype", "output_dtype")
+    said = [f"{f}={str(getattr(policy, f)).replace('torch.', '')}" for f in fields if getattr(policy, f) is not None]
+    if not policy.cast_forward_inputs:
+        said.append("cast_forward_inputs=False")
+    return f"MixedPrecisionPolicy({', '.join(said)})"
+
+
 def _is_class_set(wrap):
     return isinstance(wrap, (set, frozenset, list, tuple)) and all(
         isinstance(c, type) and issubclass(c, torch.nn.Module) for c in wrap) and len(wrap) > 0
