@@ -186,11 +186,71 @@ def test_a_users_mixed_precision_policy_is_what_the_forward_sees(capsys):
         FSDP(mixed_precision="bf16")
 
 
+def test_activation_checkpointing_recomputes_the_chosen_blocks_with_the_same_losses():
+    """FSDP(activation_checkpointing={Block}): each Block's forward runs again in the backward (counted), and the
+    losses and weights are those of the run without it, bit for bit (the same ops on the same inputs; the dropout
+    inside the block draws the same mask again: torch's checkpoint restores the RNG state)."""
+    from tasktrain import TaskModule
+
+    calls = {"n": 0}
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.drop = torch.nn.Linear(8, 8), torch.nn.Dropout(0.2)
+
+        def forward(self, x):
+            calls["n"] += 1
+            return x + self.drop(torch.tanh(self.fc(x)))
+
+    class Net(TaskModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.blocks = torch.nn.Sequential(Block(), Block(), Block())
+            self.head = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.head(self.blocks(batch[0])).pow(2).mean()
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            self.losses = []
+            return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    def run(**options):
+        torch.manual_seed(1)
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(24, 8)), batch_size=4)
+        calls["n"] = 0
+        module = Net()
+        trainer = Trainer(strategy=FSDP(wrap={Block}, **options), devices=1, max_steps=6, logger=False,
+                          enable_progress_bar=False, enable_checkpointing=False)
+        trainer.fit(module, data)
+        return module.losses, calls["n"], trainer.strategy.full_state_dict(module), trainer.strategy
+
+    plain, plain_calls, plain_weights, _ = run()
+    checkpointed, ac_calls, ac_weights, strategy = run(activation_checkpointing={Block})
+    assert plain_calls == 6 * 3 and ac_calls == 2 * plain_calls  # every block's forward again in the backward
+    assert strategy.checkpointed_names == ["blocks.0", "blocks.1", "blocks.2"]
+    assert checkpointed == plain and max(plain) != min(plain)
+    assert sorted(ac_weights) == sorted(plain_weights)  # the same parameter names: checkpoints do not change
+    for name, value in plain_weights.items():
+        assert torch.equal(ac_weights[name], value), name
+    _, by_callable, _, _ = run(activation_checkpointing=lambda m: m is not None and isinstance(m, Block))
+    assert by_callable == ac_calls
+    with pytest.raises(ValueError, match=r"activation_checkpointing=\['Conv2d'\].*no submodule of these classes"):
+        run(activation_checkpointing={torch.nn.Conv2d})
+    with pytest.raises(TypeError, match="activation_checkpointing="):
+        FSDP(activation_checkpointing=True)
+
+
 # -- 2 processes -------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def compare(tmp_path_factory):
     """DDP, then FSDP (default wrap, a checkpoint every step: top 2 + last), FSDP wrap={Linear} without resharding,
-    fsdp_cpu_offload, bf16-mixed, 16-mixed and bf16-true, in one 2-process launch (accumulation 2, clipping 0.5)."""
+    fsdp_cpu_offload, activation checkpointing, bf16-mixed, 16-mixed and bf16-true, in one 2-process launch
+    (accumulation 2, clipping 0.5)."""
     root = tmp_path_factory.mktemp("fsdp_compare")
     proc = run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare", timeout=600)
     return root, results(root / "out"), proc
@@ -200,13 +260,14 @@ def compare(tmp_path_factory):
 @pytest.mark.timeout(700)
 def test_fsdp_trains_like_ddp(compare):
     _, ranks, proc = compare
-    assert proc.stdout.count("FSDP wrapped 1 module(s) [net] and the root Classifier") == 8  # rank 0, once per strategy (8 such)
+    assert proc.stdout.count("FSDP wrapped 1 module(s) [net] and the root Classifier") == 9  # rank 0, once per strategy (9 such)
+    assert "FSDP activation checkpointing: 1 module(s) [net] recompute their forward in the backward" in proc.stdout
     assert "FSDP wrapped 2 module(s) [net.0, net.3]" in proc.stdout
     for rank, res in enumerate(ranks):
         ddp = res["ddp"]
         assert ddp["global_step"] == 22 and len(ddp["losses"]) == 44 and ddp["val_acc"] > 0.8
         assert max(ddp["norms"]) > 0.5  # clipping really clipped
-        for name in ("fsdp", "fsdp_linear", "fsdp_offload"):
+        for name in ("fsdp", "fsdp_linear", "fsdp_offload", "fsdp_ac"):
             run_ = res[name]
             n = len(run_["losses"])
             assert n in (22, 44) and run_["global_step"] == n // 2, name

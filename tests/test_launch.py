@@ -511,6 +511,8 @@ def test_accelerate_fsdp_configs(tmp_path):
     assert "fsdp_config.fsdp_sync_module_states" in s.ignored and "fsdp_config.fsdp_use_orig_params" in s.ignored
     s = load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config: {fsdp_offload_params: true}\n")
     assert s.strategy == "fsdp_cpu_offload"
+    with pytest.raises(ConfigError, match=r"fsdp_activation_checkpointing: True .*FSDP\(activation_checkpointing="):
+        load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config: {fsdp_activation_checkpointing: true}\n")
 
 
 def test_multi_gpu_without_gpus_falls_back_to_cpu_and_says_so(tmp_path):

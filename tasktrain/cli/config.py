@@ -90,7 +90,7 @@ FSDP_FIXES = {
     "fsdp_auto_wrap_policy": "pass strategy=FSDP(wrap={YourBlock}) in the script (the default wraps each child "
                              "module that holds parameters)",
     "fsdp_transformer_layer_cls_to_wrap": "pass strategy=FSDP(wrap={YourBlock}) in the script",
-    "fsdp_activation_checkpointing": "activation checkpointing is not available under tasktrain's FSDP yet",
+    "fsdp_activation_checkpointing": "pass strategy=FSDP(activation_checkpointing={YourBlock}) in the script",
     "fsdp_cpu_ram_efficient_loading": "meta-device loading is not available under tasktrain's FSDP yet",
 }
 FSDP_IGNORED_KEYS = {

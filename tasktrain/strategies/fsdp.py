@@ -81,6 +81,11 @@ class FSDP(DDP):
             the CPU (torch's CPUOffloadPolicy). On a CPU-only machine it changes nothing but is accepted.
         state_dict_type: "sharded" (default): checkpoints are DCP directories written by every rank; "full": one
             ordinary checkpoint file, gathered and written by rank 0.
+        activation_checkpointing: which submodules' activations are dropped after their forward and recomputed in
+            the backward (less memory, one more forward of them per step): None (default) none; a set/list of
+            module classes (every instance, e.g. {Block}); or a callable `(module) -> bool`. torch's non-reentrant
+            checkpoint (torch.distributed._composable.checkpoint), applied before fully_shard; parameter names do
+            not change, so checkpoints are the same.
         mixed_precision: your own torch.distributed.fsdp.MixedPrecisionPolicy (param_dtype, reduce_dtype,
             output_dtype, cast_forward_inputs), used as given for every unit instead of the one the precision
             implies. It must agree with the run's precision: under "32-true" it is what runs (no autocast); under a
@@ -93,8 +98,8 @@ class FSDP(DDP):
     distributed_type = "FSDP"  # Accelerate's name (DDP's class attribute says MULTI_GPU)
 
     def __init__(self, accelerator=None, precision=None, wrap=None, reshard_after_forward=True, cpu_offload=False,
-                 state_dict_type="sharded", mixed_precision=None, process_group_backend=None,
-                 timeout=timedelta(minutes=30), start_method="popen"):
+                 state_dict_type="sharded", mixed_precision=None, activation_checkpointing=None,
+                 process_group_backend=None, timeout=timedelta(minutes=30), start_method="popen"):
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
         if start_method == "spawn":
@@ -105,6 +110,10 @@ class FSDP(DDP):
         if wrap is not None and not callable(wrap) and not _is_class_set(wrap):
             raise TypeError(f"FSDP wrap={wrap!r}: use None (each child with parameters), a set of module classes "
                             "(e.g. {Block}) or a callable (module) -> bool.")
+        if activation_checkpointing is not None and not callable(activation_checkpointing) and \
+                not _is_class_set(activation_checkpointing):
+            raise TypeError(f"FSDP activation_checkpointing={activation_checkpointing!r}: use None (off), a set of "
+                            "module classes (e.g. {Block}) or a callable (module) -> bool.")
         if not isinstance(reshard_after_forward, bool):
             raise TypeError(f"FSDP reshard_after_forward={reshard_after_forward!r}: use True or False.")
         if mixed_precision is not None:
@@ -115,6 +124,8 @@ class FSDP(DDP):
                                 "MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...), or leave it None (the "
                                 "run's precision decides).")
         self.mixed_precision = mixed_precision
+        self.activation_checkpointing = activation_checkpointing
+        self.checkpointed_names = []  # the submodules the last setup recomputes in backward
         self.wrap = wrap
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = bool(cpu_offload)
@@ -217,6 +228,14 @@ class FSDP(DDP):
         options = dict(mesh=mesh, mp_policy=mp, offload_policy=offload)
         targets = self._wrap_targets(module)
         root_name = type(module).__name__  # before fully_shard renames the class (FSDP<name>)
+        self.checkpointed_names = self._select(module, self.activation_checkpointing, "activation_checkpointing")
+        if self.checkpointed_names:
+            from torch.distributed._composable import checkpoint
+
+            # Before fully_shard, as torch's FSDP2 tests and torchtitan do: the unit's gathering then runs again
+            # around the recomputed forward. Non-reentrant (the composable one is), so no input needs grad.
+            for name in self.checkpointed_names:
+                checkpoint(module.get_submodule(name))
         # Innermost first: a unit's parameters are those not already in a unit below it.
         for name in reversed(targets):
             fully_shard(module.get_submodule(name), reshard_after_forward=self.reshard_after_forward, **options)
@@ -227,6 +246,11 @@ class FSDP(DDP):
             shown = ", ".join(targets[:8]) + (f", ... ({len(targets)} in all)" if len(targets) > 8 else "")
             print(f"[tasktrain] FSDP wrapped {len(targets)} module(s) [{shown}] and the root "
                   f"{root_name}", flush=True)
+            if self.checkpointed_names:
+                names = self.checkpointed_names
+                shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+                print(f"[tasktrain] FSDP activation checkpointing: {len(names)} module(s) [{shown}] recompute their "
+                      "forward in the backward", flush=True)
             if self.mixed_precision is not None:
                 print(f"[tasktrain] FSDP uses your {_describe_policy(self.mixed_precision)} for every unit (the run's "
                       f"precision is {self.precision.name})", flush=True)
@@ -236,15 +260,25 @@ class FSDP(DDP):
         """Qualified names of the submodules that get their own unit, in module order."""
         if self.wrap is None:
             return [name for name, child in module.named_children() if any(True for _ in child.parameters())]
-        if _is_class_set(self.wrap):
-            classes = tuple(self.wrap)
+        return self._select(module, self.wrap, "wrap")
+
+    @staticmethod
+    def _select(module, choice, argument):
+        """Qualified names of the submodules (not the root) that `choice` picks: None none, a set of classes every
+        instance (one that matches nothing is an error: a misspelt choice must not pass silently), a callable those
+        it returns True for."""
+        if choice is None:
+            return []
+        if _is_class_set(choice):
+            classes = tuple(choice)
             chosen = [name for name, m in module.named_modules() if name and isinstance(m, classes)]
             if not chosen:
-                raise ValueError(f"FSDP wrap={sorted(c.__name__ for c in classes)}: {type(module).__name__} has no "
-                                 "submodule of these classes. Name the classes of its repeated blocks, or leave "
-                                 "wrap=None (each child with parameters).")
+                fix = ("leave wrap=None (each child with parameters)" if argument == "wrap" else
+                       "leave activation_checkpointing=None")
+                raise ValueError(f"FSDP {argument}={sorted(c.__name__ for c in classes)}: {type(module).__name__} has "
+                                 f"no submodule of these classes. Name the classes of its repeated blocks, or {fix}.")
             return chosen
-        return [name for name, m in module.named_modules() if name and self.wrap(m)]
+        return [name for name, m in module.named_modules() if name and choice(m)]
 
     def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
         if ddp_kwargs:
@@ -475,6 +509,8 @@ class FSDP(DDP):
             extras.append("cpu_offload")
         if self.mixed_precision is not None:
             extras.append(_describe_policy(self.mixed_precision))
+        if self.checkpointed_names:
+            extras.append(f"activation_checkpointing={len(self.checkpointed_names)} module(s)")
         return (f"strategy={self.name} ({', '.join(extras)}), world_size={self.world_size}, backend={backend}, "
                 f"device={self.root_device}")
 

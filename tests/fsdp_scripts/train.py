@@ -2,7 +2,8 @@
 
     python train.py --root DIR --out OUT --case compare            # DDP, then FSDP (default wrap, checkpoints every
                                                                    # step), FSDP wrap={Linear} without resharding,
-                                                                   # fsdp_cpu_offload, bf16-mixed, 16-mixed (an inf
+                                                                   # fsdp_cpu_offload, activation checkpointing,
+                                                                   # bf16-mixed, 16-mixed (an inf
                                                                    # on one rank), bf16-true; fp32, accumulation
                                                                    # 2, clipping 0.5; reduce-scatters counted;
                                                                    # state_dict_type="full" files, resumed;
@@ -222,6 +223,8 @@ def main():
         results["fsdp_linear"] = fit("fsdp_linear", FSDP(wrap={torch.nn.Linear}, reshard_after_forward=False),
                                      args.root, epochs=1)
         results["fsdp_offload"] = fit("fsdp_offload", "fsdp_cpu_offload", args.root, epochs=1)
+        # The whole net (dropout inside) recomputed in the backward: the losses stay DDP's
+        results["fsdp_ac"] = fit("fsdp_ac", FSDP(activation_checkpointing={torch.nn.Sequential}), args.root, epochs=1)
         results["fsdp_bf16"] = fit("fsdp_bf16", "fsdp", args.root, precision="bf16-mixed", epochs=1)
         poison = InfOnOneRank(step=6)
         results["fsdp_fp16"] = fit("fsdp_fp16", "fsdp", args.root, precision="16-mixed", epochs=1, callbacks=[poison])
