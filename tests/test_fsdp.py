@@ -58,7 +58,8 @@ def test_names_and_arguments():
         FSDP(wrap="Linear")
     with pytest.raises(TypeError, match="reshard_after_forward"):
         FSDP(reshard_after_forward=2)
-    with pytest.raises(ValueError, match="FSDP runs precision '32-true', 'bf16-mixed', '16-mixed', 'bf16-true', '16-true'"):
+    with pytest.raises(ValueError, match="FSDP runs precision '32-true', 'bf16-mixed', '16-mixed', 'bf16-true', "
+                                         "'16-true'"):
         Trainer(strategy="fsdp", precision="64-true", devices=1, logger=False)
 
 
@@ -260,7 +261,7 @@ def compare(tmp_path_factory):
 @pytest.mark.timeout(700)
 def test_fsdp_trains_like_ddp(compare):
     _, ranks, proc = compare
-    assert proc.stdout.count("FSDP wrapped 1 module(s) [net] and the root Classifier") == 9  # rank 0, once per strategy (9 such)
+    assert proc.stdout.count("FSDP wrapped 1 module(s) [net] and the root Classifier") == 9  # rank 0, once per FSDP fit
     assert "FSDP activation checkpointing: 1 module(s) [net] recompute their forward in the backward" in proc.stdout
     assert "FSDP wrapped 2 module(s) [net.0, net.3]" in proc.stdout
     for rank, res in enumerate(ranks):

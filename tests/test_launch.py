@@ -511,8 +511,64 @@ def test_accelerate_fsdp_configs(tmp_path):
     assert "fsdp_config.fsdp_sync_module_states" in s.ignored and "fsdp_config.fsdp_use_orig_params" in s.ignored
     s = load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config: {fsdp_offload_params: true}\n")
     assert s.strategy == "fsdp_cpu_offload"
-    with pytest.raises(ConfigError, match=r"fsdp_activation_checkpointing: True .*FSDP\(activation_checkpointing="):
+    with pytest.raises(ConfigError, match=r"fsdp_activation_checkpointing: true needs fsdp_transformer_layer_cls_to_wrap"):
         load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config: {fsdp_activation_checkpointing: true}\n")
+    with pytest.raises(ConfigError, match="TRANSFORMER_BASED_WRAP needs fsdp_transformer_layer_cls_to_wrap"):
+        load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config: {fsdp_auto_wrap_policy: "
+                       "TRANSFORMER_BASED_WRAP}\n")
+    with pytest.raises(ConfigError, match="NO_WRAP and fsdp_transformer_layer_cls_to_wrap Block say two things"):
+        load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config: {fsdp_auto_wrap_policy: NO_WRAP, "
+                       "fsdp_transformer_layer_cls_to_wrap: Block}\n")
+
+
+def test_fsdp_config_block_classes_and_activation_checkpointing_reach_the_strategy(tmp_path, monkeypatch):
+    """Accelerate's transformer-block wrap and activation checkpointing: the class names travel to the workers
+    (TASKTRAIN_FSDP) and become FSDP(wrap=..., activation_checkpointing=...) by name, which a Trainer run with the
+    launch config's strategy applies (one process here: the same strategy the workers build)."""
+    import torch
+
+    from tasktrain import TaskModule, Trainer
+    from tasktrain.strategies.environment import launch_config
+    from tasktrain.strategies.registry import strategy_of_launch
+
+    text = ("distributed_type: FSDP\nuse_cpu: true\nnum_processes: 1\nfsdp_config:\n"
+            "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: Block, Head\n"
+            "  fsdp_activation_checkpointing: true\n")
+    s = load(tmp_path, text)
+    assert s.fsdp == {"wrap": ["Block", "Head"], "activation_checkpointing": ["Block", "Head"]}
+    assert "fsdp (wrap={Block, Head}, activation_checkpointing={Block, Head})" in s.describe()
+    env = {k: v for k, v in s.worker_env().items() if v is not None}
+    strategy = strategy_of_launch(launch_config({**env, "TASKTRAIN_LAUNCH": "1"}))
+    assert strategy.wrap == ["Block", "Head"] and strategy.activation_checkpointing == ["Block", "Head"]
+
+    class Block(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            Block.calls += 1
+            return super().forward(x)
+
+    class Net(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.Sequential(Block(4, 4), Block(4, 4))
+            self.out = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.out(self.blocks(batch[0])).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    for key, value in {**env, "TASKTRAIN_LAUNCH": "1"}.items():
+        monkeypatch.setenv(key, value)
+    trainer = Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
+    trainer.fit(Net(), data)
+    assert trainer.strategy.wrapped_names == ["blocks.0", "blocks.1", ""]  # "Head" matches nothing, "Block" does
+    assert trainer.strategy.checkpointed_names == ["blocks.0", "blocks.1"] and Block.calls == 2 * 2 * 2
+    with pytest.warns(UserWarning, match="strategy='fsdp', so fsdp_config's .* are not used"):
+        Trainer(strategy="fsdp", logger=False)
 
 
 def test_multi_gpu_without_gpus_falls_back_to_cpu_and_says_so(tmp_path):

@@ -77,9 +77,9 @@ FSDP_KEYS = {
     "fsdp_reshard_after_forward": (True, "true", "FULL_SHARD"),
     "fsdp_sharding_strategy": ("FULL_SHARD", 1),
     "fsdp_state_dict_type": ("SHARDED_STATE_DICT",),
-    "fsdp_auto_wrap_policy": ("NO_WRAP",),
-    "fsdp_transformer_layer_cls_to_wrap": (None, ""),
-    "fsdp_activation_checkpointing": (False, "false"),
+    "fsdp_auto_wrap_policy": ("NO_WRAP", "TRANSFORMER_BASED_WRAP"),
+    "fsdp_transformer_layer_cls_to_wrap": "*",  # class names -> FSDP(wrap={...}) (and activation checkpointing)
+    "fsdp_activation_checkpointing": "*",  # true -> FSDP(activation_checkpointing=<those classes>)
     "fsdp_cpu_ram_efficient_loading": (False, "false"),
 }
 FSDP_FIXES = {
@@ -89,8 +89,6 @@ FSDP_FIXES = {
     "fsdp_state_dict_type": "pass strategy=FSDP(state_dict_type='full') in the script",
     "fsdp_auto_wrap_policy": "pass strategy=FSDP(wrap={YourBlock}) in the script (the default wraps each child "
                              "module that holds parameters)",
-    "fsdp_transformer_layer_cls_to_wrap": "pass strategy=FSDP(wrap={YourBlock}) in the script",
-    "fsdp_activation_checkpointing": "pass strategy=FSDP(activation_checkpointing={YourBlock}) in the script",
     "fsdp_cpu_ram_efficient_loading": "meta-device loading is not available under tasktrain's FSDP yet",
 }
 FSDP_IGNORED_KEYS = {
@@ -188,6 +186,33 @@ def _check_fsdp_config(fsdp, where="the configuration"):
         if allowed != "*" and value not in allowed and str(value) not in [str(a) for a in allowed]:
             raise ConfigError(f"fsdp_config.{key}: {value!r} is not supported by tasktrain launch: "
                               f"{FSDP_FIXES[key]}.")
+
+
+def _fsdp_kwargs(fsdp) -> dict:
+    """FSDP(...) arguments from Accelerate's fsdp_config: the transformer block classes (by name, as Accelerate
+    takes them: "Block" or "Block,Attention") become its units (wrap) and, with fsdp_activation_checkpointing,
+    the modules recomputed in the backward (Accelerate checkpoints the classes its wrap policy names)."""
+    raw = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
+    items = raw if isinstance(raw, (list, tuple)) else str(raw or "").split(",")
+    names = [str(n).strip() for n in items if str(n).strip()]
+    policy = fsdp.get("fsdp_auto_wrap_policy")
+    checkpointing = _flag("fsdp_config.fsdp_activation_checkpointing", fsdp.get("fsdp_activation_checkpointing"))
+    if policy == "TRANSFORMER_BASED_WRAP" and not names:
+        raise ConfigError("fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP needs "
+                          "fsdp_transformer_layer_cls_to_wrap (the class names of the model's repeated blocks, e.g. "
+                          "GPT2Block), or pass strategy=FSDP(wrap={YourBlock}) in the script.")
+    if policy == "NO_WRAP" and names:
+        raise ConfigError("fsdp_config: fsdp_auto_wrap_policy NO_WRAP and fsdp_transformer_layer_cls_to_wrap "
+                          f"{','.join(names)} say two things: use TRANSFORMER_BASED_WRAP to wrap those classes, or "
+                          "drop fsdp_transformer_layer_cls_to_wrap.")
+    if checkpointing and not names:
+        raise ConfigError("fsdp_config.fsdp_activation_checkpointing: true needs fsdp_transformer_layer_cls_to_wrap "
+                          "(the block classes to recompute in the backward), or pass "
+                          "strategy=FSDP(activation_checkpointing={YourBlock}) in the script.")
+    kwargs = {"wrap": names} if names else {}
+    if checkpointing:
+        kwargs["activation_checkpointing"] = names
+    return kwargs
 
 
 def _unknown(kind, key, valid, where):
@@ -323,6 +348,7 @@ class LaunchSettings:
     gradient_accumulation_steps: Optional[int] = None
     gradient_clipping: Optional[float] = None
     deepspeed: Optional[dict] = None    # DeepSpeed(...) keyword arguments when the strategy is DeepSpeed
+    fsdp: Optional[dict] = None         # FSDP(...) keyword arguments from fsdp_config (wrap, activation_checkpointing)
     rdzv_backend: str = "static"
     gpu_ids: Optional[str] = None       # "0,1" -> CUDA_VISIBLE_DEVICES; None: all
     num_cpu_threads_per_process: Optional[int] = None
@@ -353,6 +379,7 @@ class LaunchSettings:
             "TASKTRAIN_GRADIENT_ACCUMULATION_STEPS": _text(self.gradient_accumulation_steps),
             "TASKTRAIN_GRADIENT_CLIPPING": _text(self.gradient_clipping),
             "TASKTRAIN_DEEPSPEED": json.dumps(self.deepspeed) if self.is_deepspeed else None,
+            "TASKTRAIN_FSDP": json.dumps(self.fsdp) if self.fsdp else None,
         }
         if self.gpu_ids and not self.use_cpu:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids
@@ -388,6 +415,8 @@ class LaunchSettings:
         return args + [script] + list(script_args)
 
     def strategy_description(self) -> str:
+        if self.fsdp:
+            return f"{self.strategy} ({', '.join(k + '={' + ', '.join(v) + '}' for k, v in self.fsdp.items())})"
         if not self.is_deepspeed:
             return self.strategy
         ds = self.deepspeed
@@ -600,6 +629,7 @@ def _resolve_strategy(s: LaunchSettings, merged: dict, sources: dict, dist_type)
         _check_fsdp_config(fsdp)
         if _flag("fsdp_config.fsdp_offload_params", fsdp.get("fsdp_offload_params")):
             strategy = "fsdp_cpu_offload"
+        s.fsdp = _fsdp_kwargs(fsdp) or None
         s.ignored.extend(f"fsdp_config.{key}" for key in fsdp if key in FSDP_IGNORED_KEYS)
     elif "fsdp_config" in merged:
         s.ignored.append("fsdp_config (the strategy is not FSDP)")

@@ -11,7 +11,7 @@ below; `launch_config()` reads them back for `Trainer(strategy="auto", precision
     TASKTRAIN_STRATEGY                a registry name: "single_device", "ddp", "deepspeed_stage_2", ...;
                                       `tasktrain launch` sets "deepspeed" for every DeepSpeed choice and puts the
                                       stage and offload flags in TASKTRAIN_DEEPSPEED
-    TASKTRAIN_PRECISION               "32-true" | "16-mixed" | "bf16-mixed" | "64-true"
+    TASKTRAIN_PRECISION               "32-true" | "16-mixed" | "bf16-mixed" | "64-true" | "bf16-true" | "16-true"
     TASKTRAIN_USE_CPU                 "1" to train on CPU even where GPUs exist ("0": use GPUs where there are some)
     TASKTRAIN_NUM_PROCESSES           the total number of worker processes asked for (all machines)
     TASKTRAIN_NUM_MACHINES            the number of machines asked for
@@ -20,6 +20,8 @@ below; `launch_config()` reads them back for `Trainer(strategy="auto", precision
     TASKTRAIN_DEEPSPEED               JSON of DeepSpeed(...) keyword arguments, e.g.
                                       {"stage": 3, "offload_optimizer": false, "offload_parameters": false,
                                        "zero3_init": false, "save_16bit_model": false, "config": null}
+    TASKTRAIN_FSDP                    JSON of FSDP(...) keyword arguments from fsdp_config, with class names:
+                                      {"wrap": ["Block"], "activation_checkpointing": ["Block"]}
 """
 import json
 import os
@@ -93,6 +95,7 @@ class LaunchConfig:
     gradient_accumulation_steps: Optional[int] = None
     gradient_clipping: Optional[float] = None
     deepspeed: dict = field(default_factory=dict)
+    fsdp: dict = field(default_factory=dict)
 
 
 def launch_config(env=None) -> LaunchConfig:
@@ -111,4 +114,5 @@ def launch_config(env=None) -> LaunchConfig:
         gradient_accumulation_steps=integer("TASKTRAIN_GRADIENT_ACCUMULATION_STEPS"),
         gradient_clipping=float(env["TASKTRAIN_GRADIENT_CLIPPING"]) if env.get("TASKTRAIN_GRADIENT_CLIPPING") else None,
         deepspeed=json.loads(env["TASKTRAIN_DEEPSPEED"]) if env.get("TASKTRAIN_DEEPSPEED") else {},
+        fsdp=json.loads(env["TASKTRAIN_FSDP"]) if env.get("TASKTRAIN_FSDP") else {},
     )

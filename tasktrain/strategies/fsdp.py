@@ -15,9 +15,11 @@ module is wrapped, how gradients are clipped and how checkpoints are written:
   optimizer shards, resharded on load to any world size), plus our training state file, written under a
   temporary name and renamed. state_dict_type="full" writes one ordinary file instead (gathered on rank 0).
 - precision: "32-true", "bf16-mixed" and "16-mixed" (a MixedPrecisionPolicy: half compute copies, fp32 gradient
-  reduction, fp32 master shards; fp16 with a ShardedGradScaler); "bf16-true" / "16-true": the module is cast to half before fully_shard, so the shards, the
-  gathered parameters, the gradient reduction and the optimizer state are all in half (the policy is left at the
-  parameters' dtype).
+  reduction, fp32 master shards; fp16 with a ShardedGradScaler); "bf16-true" / "16-true": the module is cast to
+  half before fully_shard, so the shards, the gathered parameters, the gradient reduction and the optimizer state
+  are all in half (the policy is left at the parameters' dtype). A user's own MixedPrecisionPolicy is checked
+  against the precision and used as given.
+- activation checkpointing: torch's composable checkpoint on the chosen submodules, before fully_shard.
 """
 import contextlib
 import os
@@ -73,8 +75,9 @@ class FSDP(DDP):
 
     Args:
         wrap: which submodules get their own FSDP unit (gathered and freed on their own): None (default) each child
-            of the root that holds parameters; a set/list of module classes (every instance, e.g. {Block}); or a
-            callable `(module) -> bool`. The root is always wrapped last.
+            of the root that holds parameters; a set/list of module classes (every instance, e.g. {Block}), or of
+            class names ({"Block"}: how a launch config names them); or a callable `(module) -> bool`. The root is
+            always wrapped last.
         reshard_after_forward: free the gathered parameters after each unit's forward (True, least memory; the
             backward gathers them again) or keep them until the backward (False: one all-gather less per unit).
         cpu_offload: keep the shards (and their gradients and optimizer state) in CPU memory; the optimizer steps on
@@ -83,9 +86,9 @@ class FSDP(DDP):
             ordinary checkpoint file, gathered and written by rank 0.
         activation_checkpointing: which submodules' activations are dropped after their forward and recomputed in
             the backward (less memory, one more forward of them per step): None (default) none; a set/list of
-            module classes (every instance, e.g. {Block}); or a callable `(module) -> bool`. torch's non-reentrant
-            checkpoint (torch.distributed._composable.checkpoint), applied before fully_shard; parameter names do
-            not change, so checkpoints are the same.
+            module classes or class names (every instance, e.g. {Block}); or a callable `(module) -> bool`.
+            torch's non-reentrant checkpoint (torch.distributed._composable.checkpoint), applied before
+            fully_shard; parameter names do not change, so checkpoints are the same.
         mixed_precision: your own torch.distributed.fsdp.MixedPrecisionPolicy (param_dtype, reduce_dtype,
             output_dtype, cast_forward_inputs), used as given for every unit instead of the one the precision
             implies. It must agree with the run's precision: under "32-true" it is what runs (no autocast); under a
@@ -270,13 +273,16 @@ class FSDP(DDP):
         if choice is None:
             return []
         if _is_class_set(choice):
-            classes = tuple(choice)
-            chosen = [name for name, m in module.named_modules() if name and isinstance(m, classes)]
+            classes = tuple(c for c in choice if not isinstance(c, str))
+            by_name = {c for c in choice if isinstance(c, str)}
+            chosen = [name for name, m in module.named_modules()
+                      if name and (isinstance(m, classes) or type(m).__name__ in by_name)]
             if not chosen:
                 fix = ("leave wrap=None (each child with parameters)" if argument == "wrap" else
                        "leave activation_checkpointing=None")
-                raise ValueError(f"FSDP {argument}={sorted(c.__name__ for c in classes)}: {type(module).__name__} has "
-                                 f"no submodule of these classes. Name the classes of its repeated blocks, or {fix}.")
+                shown = sorted(c if isinstance(c, str) else c.__name__ for c in choice)
+                raise ValueError(f"FSDP {argument}={shown}: {type(module).__name__} has no submodule of these "
+                                 f"classes. Name the classes of its repeated blocks, or {fix}.")
             return chosen
         return [name for name, m in module.named_modules() if name and choice(m)]
 
@@ -543,8 +549,9 @@ def _describe_policy(policy):
 
 
 def _is_class_set(wrap):
+    """A non-empty set of module classes, or of class names (strings: how a launch config names them)."""
     return isinstance(wrap, (set, frozenset, list, tuple)) and all(
-        isinstance(c, type) and issubclass(c, torch.nn.Module) for c in wrap) and len(wrap) > 0
+        isinstance(c, str) or (isinstance(c, type) and issubclass(c, torch.nn.Module)) for c in wrap) and len(wrap) > 0
 
 
 def _is_sharded(module):

@@ -22,9 +22,12 @@ def strategy_from_name(name: str, **extra):
 
 def strategy_of_launch(launch):
     """The strategy a `tasktrain launch` config chose (environment.launch_config()): a registry name, or, for
-    DeepSpeed (which the launcher names "deepspeed" with its arguments alongside), the configured instance."""
+    DeepSpeed (which the launcher names "deepspeed" with its arguments alongside) and FSDP with fsdp_config
+    arguments, the configured instance."""
     if launch.strategy == "deepspeed" and launch.deepspeed:
         return strategy_from_name("deepspeed", **launch.deepspeed)
+    if launch.fsdp and launch.strategy in STRATEGIES and STRATEGIES[launch.strategy].distributed_type == "FSDP":
+        return strategy_from_name(launch.strategy, **launch.fsdp)  # wrap / activation_checkpointing by class name
     return launch.strategy
 
 

@@ -62,6 +62,9 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
             strategy = strategy_of_launch(launch)
         else:
             strategy = _launch_choice("strategy", strategy, launch.strategy)
+            if launch.fsdp:  # said, not dropped: the script's own strategy does not get the config's FSDP options
+                warnings.warn(f"The script passes strategy={strategy!r}, so fsdp_config's {launch.fsdp} from the "
+                              "launch config are not used: pass them to FSDP(...) in the script, or leave strategy out.")
         if precision is None and launch.precision is not None:
             from_launch.add("precision")
         precision = _launch_choice(names["precision"], precision, launch.precision)

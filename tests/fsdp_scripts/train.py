@@ -72,7 +72,8 @@ class KillRank(Callback):
 
 
 class InfOnOneRank(Callback):
-    """16-mixed: at optimizer step `step`, after the backward, an inf goes into rank 1's own gradient shard only. Records
+    """16-mixed: at optimizer step `step`, after the backward, an inf goes into rank 1's own gradient shard only.
+    Records
     the scaler's skipped-step count after every step and the whole weights before and after the poisoned step."""
 
     def __init__(self, step):
