@@ -126,14 +126,16 @@ def test_true_half_stores_parameters_and_steps_the_optimizer_in_half(precision, 
 
 @pytest.mark.filterwarnings("ignore:precision=.16-true. on CPU")
 @pytest.mark.parametrize("strategy", ["dp", "ddp", "fsdp"])
-def test_true_half_under_other_strategies(strategy):
-    module, before, trainer = _fit_half("bf16-true", strategy, max_steps=2)
-    assert module.seen == (torch.bfloat16,) * 3
+@pytest.mark.parametrize("precision, dtype", [("bf16-true", torch.bfloat16), ("16-true", torch.float16)])
+def test_true_half_under_other_strategies(strategy, precision, dtype):
+    module, before, trainer = _fit_half(precision, strategy, max_steps=2)
+    assert module.seen == (dtype,) * 3
     weight = module.layer.weight
-    assert weight.dtype == torch.bfloat16 and not torch.equal(weight.full_tensor() if strategy == "fsdp" else weight,
-                                                              before.to(torch.bfloat16))
+    assert weight.dtype == dtype and not torch.equal(weight.full_tensor() if strategy == "fsdp" else weight,
+                                                     before.to(dtype))
+    assert module.optimizer.state[weight]["exp_avg"].dtype == dtype
     if strategy == "fsdp":  # cast before fully_shard: the shards themselves are half
-        assert type(weight).__name__ == "DTensor" and weight.to_local().dtype == torch.bfloat16
+        assert type(weight).__name__ == "DTensor" and weight.to_local().dtype == dtype
 
 
 def test_16_true_warns_about_adam_eps_that_float16_rounds_away():
@@ -156,9 +158,13 @@ def test_16_true_warns_about_adam_eps_that_float16_rounds_away():
 
 
 def test_deepspeed_refuses_true_half_naming_the_mixed_mode():
+    from tasktrain import Accelerator
+
     for precision, mixed in (("bf16-true", "bf16-mixed"), ("16-true", "16-mixed")):
         with pytest.raises(ValueError, match=f"not available under DeepSpeed.*fp32 master weights.*'{mixed}'"):
             Trainer(strategy="deepspeed", precision=precision, **quiet())
+        with pytest.raises(ValueError, match=f"not available under DeepSpeed.*'{mixed}'"):
+            Accelerator(strategy="deepspeed_stage_2", mixed_precision=precision)
 
 
 @pytest.mark.filterwarnings("ignore:precision=.16-true. on CPU")
@@ -177,3 +183,27 @@ def test_the_accelerator_takes_true_half(mixed_precision, dtype):
     accelerator.backward(torch.nn.functional.mse_loss(model(x), y.float()))
     optimizer.step()
     assert optimizer.optimizer.state[model.weight]["exp_avg"].dtype == dtype
+
+
+@pytest.mark.filterwarnings("ignore:precision=.16-true. on CPU")
+def test_16_true_with_adams_default_eps_warns_then_stops_at_the_nan_naming_bf16_true():
+    """What the eps warning is about, end to end: Adam(eps=1e-8) under 16-true turns the weights NaN (a ReLU unit
+    that no sample of a batch activates has gradient 0: 0 / (0 + eps rounded to 0)) and the fit stops with the
+    non-finite loss error, which names bf16-true (not the mixed mode)."""
+    class DefaultEps(HalfProbe):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            self.optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
+            return self.optimizer
+
+    with pytest.warns(UserWarning, match=r"eps=1e-08"), \
+            pytest.raises(FloatingPointError, match=r"became nan.*use precision='bf16-true' instead of '16-true'"):
+        Trainer(max_epochs=1, precision="16-true", **quiet()).fit(DefaultEps(), loader())

@@ -933,10 +933,12 @@ class Trainer:
             first = int((~finite).nonzero()[0, 0])
             batch = self._loss_window_start + first
             value = torch.stack(window)[first].item()
+            # float16 runs overflow where bfloat16 (fp32's exponent range) does not: name the counterpart of this one
+            bf16 = {"16-mixed": "bf16-mixed", "16-true": "bf16-true"}.get(self.precision)
             raise FloatingPointError(
                 f"The training loss became {value} at epoch {self.current_epoch}, batch {batch} (checked at global step "
                 f"{self.global_step}). Lower the learning rate, clip gradients (gradient_clip_val=1.0), check the data "
-                "for NaN/inf, or use precision='bf16-mixed' instead of '16-mixed'."
+                "for NaN/inf" + (f", or use precision={bf16!r} instead of {self.precision!r}." if bf16 else ".")
             )
         self._loss_window = []
         self._loss_window_start += len(window)
