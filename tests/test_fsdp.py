@@ -139,6 +139,39 @@ def test_16_mixed_sharded_scaler_state_is_in_checkpoints(tmp_path):
     assert start.scale == saved
 
 
+def test_an_optimizer_without_state_resumes(tmp_path):
+    """SGD without momentum has no per-parameter state: its checkpoint holds hyper-parameters only (no shard), which
+    failed to load (torch's full-state broadcast finds no tensor to take a device from). They load as they are;
+    the learning rate a scheduler lowered comes back."""
+    from tasktrain import Callback, ModelCheckpoint, TaskModule
+
+    class Net(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(
+                optimizer, 1, 0.5), "interval": "step"}}
+
+    class LrAtStart(Callback):
+        def on_train_start(self, trainer, module):
+            self.lr = trainer.optimizers[0].param_groups[0]["lr"]
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4)
+    options = dict(strategy="fsdp", devices=1, default_root_dir=str(tmp_path), logger=False,
+                   enable_progress_bar=False)
+    Trainer(max_steps=2, callbacks=[ModelCheckpoint(save_last=True)], **options).fit(Net(), data)
+    start = LrAtStart()
+    trainer = Trainer(max_steps=3, enable_checkpointing=False, callbacks=[start], **options)
+    trainer.fit(Net(), data, ckpt_path="last")
+    assert trainer.global_step == 3 and start.lr == pytest.approx(0.01 * 0.5 ** 2)
+
+
 @pytest.mark.filterwarnings("ignore:precision=.16-mixed. on CPU")
 def test_a_users_mixed_precision_policy_is_what_the_forward_sees(capsys):
     """FSDP(mixed_precision=MixedPrecisionPolicy(...)): the policy runs as given (under "32-true": no autocast); the

@@ -397,7 +397,9 @@ class FSDP(DDP):
         if not _is_sharded(module):
             optimizer.load_state_dict(state)
             return
-        if _holds_dtensors(state):
+        if _holds_dtensors(state) or (_keyed_by_name(state) and not state.get("state")):
+            # Shards, or an optimizer without per-parameter state (SGD without momentum): its hyper-parameters
+            # only, which every rank holds whole (the broadcast below needs a tensor to find the device by)
             set_optimizer_state_dict(module, optimizer, state)
             return
         if not _keyed_by_name(state):
