@@ -61,6 +61,16 @@ def test_names_and_arguments():
     with pytest.raises(ValueError, match="FSDP runs precision '32-true', 'bf16-mixed', '16-mixed', 'bf16-true', "
                                          "'16-true'"):
         Trainer(strategy="fsdp", precision="64-true", devices=1, logger=False)
+    # A plugin object given to the strategy: FSDP's own of that name (the sharded scaler), or the same refusal
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from tasktrain.strategies.precision import make_precision
+
+    with pytest.warns(UserWarning, match="16-mixed"):
+        trainer = Trainer(strategy=FSDP(precision=make_precision("16-mixed")), devices=1, logger=False)
+    assert isinstance(trainer.strategy.precision.scaler, ShardedGradScaler)
+    with pytest.raises(ValueError, match="FSDP runs precision"):
+        Trainer(strategy=FSDP(precision=make_precision("64-true")), devices=1, logger=False)
 
 
 def test_the_accelerator_is_refused_for_now():

@@ -144,6 +144,12 @@ class FSDP(DDP):
     # -- the run's choices ---------------------------------------------------------------------------------------
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)
+        if isinstance(self._precision_choice, Precision):
+            # A plugin object given to the constructor: FSDP's own of that name instead (a plain GradScaler would
+            # let the ranks skip different steps), and a name FSDP cannot run is refused as when given by name.
+            wanted = self.precision_plugin(self.precision.name)
+            if type(self.precision) is not type(wanted):
+                self.precision = wanted
         if self.mixed_precision is not None:
             _check_policy(self.mixed_precision, self.precision.name)
 
