@@ -88,7 +88,7 @@ class FSDP(DDP):
             the backward (less memory, one more forward of them per step): None (default) none; a set/list of
             module classes or class names (every instance, e.g. {Block}); or a callable `(module) -> bool`.
             torch's non-reentrant checkpoint (torch.distributed._composable.checkpoint), applied before
-            fully_shard; parameter names do not change, so checkpoints are the same.
+            fully_shard; it wraps nothing, so the module tree and the parameter names do not change.
         mixed_precision: your own torch.distributed.fsdp.MixedPrecisionPolicy (param_dtype, reduce_dtype,
             output_dtype, cast_forward_inputs), used as given for every unit instead of the one the precision
             implies. It must agree with the run's precision: under "32-true" it is what runs (no autocast); under a
