@@ -9,8 +9,9 @@ digits out of ten, each) and one that learned only the answer's format (leading 
 ~0.01: 0.05 needs addition learned, and leaves room for a strategy's different numerics (bf16, two processes
 doubling the global batch and so changing which sums make a batch).
 
-The 2-process runs are one launched pair per API running every strategy in turn, so the processes and the
-process group start once.
+The 2-process runs are one launched pair running every strategy in turn, so the processes and the process group
+start once; each process takes 64 sums a step (the one-process global batch of 128) for 260 steps (tests/gpt_scripts/
+strategies.py: measured 0.126 to 0.912 exact match over its six cases).
 """
 import json
 import os
@@ -125,7 +126,7 @@ def test_every_strategy_on_two_processes(tmp_path):
         # Both ranks report the same held-out metrics (each sum counted once over the two shards).
         assert ranks[1][case]["metrics"] == result["metrics"], case
         if api == "Trainer":
-            assert (result["world_size"], result["global_step"]) == (2, 200), (case, result)
+            assert (result["world_size"], result["global_step"]) == (2, 260), (case, result)
             assert result["strategy"] == strategy.split("_stage")[0], (case, result["strategy"])
             assert result["torch_linear_after"], case
         else:

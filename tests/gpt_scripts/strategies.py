@@ -19,11 +19,14 @@ TRAINER_CASES = [("ddp", "32-true"), ("fsdp", "32-true"), ("deepspeed_stage_2", 
                  ("deepspeed_stage_3", "32-true")]
 ACCELERATOR_CASES = [("ddp", "32-true"), ("deepspeed_stage_2", "32-true")]
 
+# 64 sums per process, 260 steps: the global batch (128) of the one-process short form, at two thirds of the compute
+# of 128 per process for 200 steps. Measured (all six cases): exact match 0.126 to 0.912 against the test's 0.05.
+TWO = [*SHORT, "--batch_size", "64", "--max_steps", "260"]
 out, root = sys.argv[1], sys.argv[2]
 results = {}
 torch_linear = torch.nn.functional.linear
 for strategy, precision in TRAINER_CASES:
-    trainer, metrics, texts = gpt.main([*SHORT, "--strategy", strategy, "--precision", precision, "--devices", "2",
+    trainer, metrics, texts = gpt.main([*TWO, "--strategy", strategy, "--precision", precision, "--devices", "2",
                                         "--root", os.path.join(root, strategy)])
     results[f"Trainer {strategy} {precision}"] = {
         "metrics": metrics, "texts": texts, "world_size": trainer.world_size, "strategy": trainer.strategy.name,
@@ -31,7 +34,7 @@ for strategy, precision in TRAINER_CASES:
         # ZeRO-3 swaps torch.nn.functional.linear for its own: the strategy's teardown must have put torch's back.
         "torch_linear_after": torch.nn.functional.linear is torch_linear}
 for strategy, precision in ACCELERATOR_CASES:
-    metrics, weights, texts = gpt_accelerator.main([*SHORT, "--strategy", strategy, "--precision", precision])
+    metrics, weights, texts = gpt_accelerator.main([*TWO, "--strategy", strategy, "--precision", precision])
     results[f"Accelerator {strategy} {precision}"] = {"metrics": metrics, "texts": texts,
                                                       "weight_names": sorted(weights)}
 # torch.compile(model) prepared under ZeRO-3: the engine gets the module inside the wrapper, its forward compiled.
