@@ -50,12 +50,13 @@ SEED = 1234
 LABELS = {"raw": "(a) hand-written loop", "trainer": "(b) Trainer", "accelerator": "(c) Accelerator"}
 
 # name: (processes, precision, compile, strategy of (b) and (c)). (a) is the hand-written loop, under DDP on 2
-# processes. Another 2-process strategy (fsdp, ...) is one more entry.
+# processes: every 2-process setting's ratios are against that same hand-written DDP loop.
 SETTINGS = {
     "fp32": (1, "32-true", False, None),
     "fp32-compiled": (1, "32-true", True, None),
     "bf16": (1, "bf16-mixed", False, None),
     "ddp": (2, "32-true", False, "ddp"),
+    "fsdp": (2, "32-true", False, "fsdp"),
     "deepspeed_stage_2": (2, "32-true", False, "deepspeed_stage_2"),
 }
 FULL = {"steps": 60, "warmup": 10, "repeats": 5, "fresh_steps": 5}
@@ -263,7 +264,7 @@ def lockstep(cfg, gpt, train):
         started.append(clock())
 
     trainer, module, trainer_loss = fit_trainer(cfg, gpt, train, on_step_start)
-    weights = {"raw": raw.raw_model.state_dict(), "trainer": module.model.state_dict(),
+    weights = {"raw": raw.raw_model.state_dict(), "trainer": whole(module.model.state_dict()),
                "accelerator": accelerator.weights()}
     same = {name: sorted(w) == sorted(weights["raw"]) and all(torch.equal(w[k], weights["raw"][k]) for k in w)
             for name, w in weights.items()}
@@ -273,6 +274,11 @@ def lockstep(cfg, gpt, train):
     if trainer.global_rank != 0:
         return None
     return {"times": times, "same": same, "losses": losses}
+
+
+def whole(state):
+    """FSDP's shards (DTensors) gathered into whole tensors (a collective: every rank calls it); others as they are."""
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
 
 
 def fresh(cfg, gpt, train):

@@ -2,6 +2,7 @@
 
     python examples/gpt_accelerator.py                                        # one process
     tasktrain launch --num_processes 2 examples/gpt_accelerator.py            # DDP, two processes
+    tasktrain launch --num_processes 2 examples/gpt_accelerator.py --strategy fsdp     # FSDP2: one unit per block
     tasktrain launch --num_processes 2 examples/gpt_accelerator.py --strategy deepspeed_stage_2
     python examples/gpt_accelerator.py --precision bf16-mixed --compile
 

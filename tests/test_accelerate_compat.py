@@ -16,7 +16,7 @@ DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 REQUIRED = [
     "tasktrain.Accelerator", "tasktrain.DistributedType", "tasktrain.PartialState", "tasktrain.AcceleratorState",
     "tasktrain.DataLoaderConfiguration", "tasktrain.ProjectConfiguration", "tasktrain.GradientAccumulationPlugin",
-    "tasktrain.DeepSpeedPlugin", "tasktrain.FullyShardedDataParallelPlugin()", "tasktrain.InitProcessGroupKwargs",
+    "tasktrain.DeepSpeedPlugin", "tasktrain.FullyShardedDataParallelPlugin", "tasktrain.InitProcessGroupKwargs",
     "tasktrain.DistributedDataParallelKwargs", "tasktrain.GradScalerKwargs", "tasktrain.AutocastKwargs",
     "tasktrain.notebook_launcher()", "tasktrain.skip_first_batches", "tasktrain.find_executable_batch_size",
     "tasktrain.init_empty_weights", "tasktrain.utils.set_seed", "tasktrain.utils.find_executable_batch_size",

@@ -127,11 +127,16 @@ def read_scalars(directory, tag):
 LAUNCH_YAMLS = {  # Accelerate's keys; on this machine's CPUs the DDP one is MULTI_CPU to the Accelerator
     "MULTI_GPU": "distributed_type: MULTI_GPU\nnum_processes: 2\n",
     "DEEPSPEED": "distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\ndeepspeed_config:\n  zero_stage: 2\n",
+    "FSDP": ("distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\nfsdp_config:\n  fsdp_version: 2\n"
+             "  fsdp_state_dict_type: SHARDED_STATE_DICT\n  fsdp_reshard_after_forward: true\n"
+             "  fsdp_use_orig_params: true\n"),
 }
+TOL = 1e-5  # FSDP against DDP in fp32: docs/fsdp.md (the gradient sums of 2 ranks added in another order)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("launch_type", [None, "MULTI_GPU", "DEEPSPEED"], ids=["one-process", "multi-gpu", "deepspeed"])
+@pytest.mark.parametrize("launch_type", [None, "MULTI_GPU", "DEEPSPEED", "FSDP"],
+                         ids=["one-process", "multi-gpu", "deepspeed", "fsdp"])
 def test_accelerate_style_script_on_one_and_two_processes(tmp_path, launch_type):
     import json
     import subprocess
@@ -167,12 +172,14 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, launch_type)
         assert result["checkpoints"] == ["checkpoint_1", "checkpoint_2"] and result["counter"] == 2
         assert result["save_iteration"] == 3 and result["no_sync_differs"]
         assert (out / "traces" / f"trace_rank_{r}.json").exists()
-        expected_type = {None: "NO", "MULTI_GPU": "MULTI_CPU", "DEEPSPEED": "DEEPSPEED"}[launch_type]
+        expected_type = {None: "NO", "MULTI_GPU": "MULTI_CPU", "DEEPSPEED": "DEEPSPEED", "FSDP": "FSDP"}[launch_type]
         if expected_type == "MULTI_CPU" and torch.cuda.device_count() >= 2:
             expected_type = "MULTI_GPU"
         assert result["distributed_type"] == expected_type
         if launch_type == "DEEPSPEED":
             assert "keeps them in its own shards (DeepSpeed)" in result["portable"]  # Accelerate's layout refused
+        elif launch_type == "FSDP":
+            assert "keeps them in shards on every rank (FSDP)" in result["portable"]
         else:
             assert result["portable"] == sorted(["accelerator_state.pt", "custom_checkpoint_0.pkl",
                                                  "model.safetensors", "optimizer.bin", "scheduler.bin"]
@@ -193,6 +200,9 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, launch_type)
         assert main["utils_padded_first"] == [0.0, 1.0]
         assert (main["skipped_first"], last["skipped_first"]) == ([16, 18, 20], [17, 19, 21])
         assert main["tracker"] == "SummaryWriter" and last["tracker"] == "GeneralTracker"
+    if launch_type == "FSDP":
+        assert "fsdp_config.fsdp_use_orig_params" in output  # reported as ignored by the launcher
+        check_fsdp_cases(out, tmp_path)
     # The trackers, read back: written by the main process only, one row / scalar per log call.
     run_dir = out / "project" / "api"
     steps = [s for s, _ in read_scalars(run_dir, "loss")]
@@ -205,6 +215,53 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, launch_type)
     from safetensors.torch import load_file
 
     assert set(load_file(str(out / "model" / "model.safetensors"))) == {"weight", "bias"}
+
+
+def check_fsdp_cases(out, tmp_path):
+    """tests/accelerator_scripts/fsdp_cases.py, run inside the FSDP launch above, then its state loaded on 1 process."""
+    import subprocess
+    import sys
+
+    from test_accelerator import SCRIPTS, clean_env
+
+    ranks = [torch.load(out / f"fsdp_rank{r}.pt", weights_only=False) for r in range(2)]
+    assert "strategy=fsdp (reshard_after_forward=True, state_dict_type=sharded), world_size=2" in ranks[0]["strategy"]
+    for res in ranks:
+        ddp, fsdp = res["ddp"], res["fsdp"]
+        assert len(ddp["losses"]) == len(fsdp["losses"]) == 12 and len(fsdp["norms"]) == 6
+        assert max(ddp["norms"]) > 0.2  # clipping (to 0.2) clipped
+        # FSDP and its plugin (no resharding, a unit per Linear) train as DDP: loss by loss, norm by norm
+        for run in (fsdp, res["plugin"]):
+            torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(ddp["losses"]), rtol=0, atol=TOL)
+            torch.testing.assert_close(torch.tensor(run["norms"]), torch.tensor(ddp["norms"]), rtol=0, atol=TOL)
+            for key, value in ddp["weights"].items():
+                torch.testing.assert_close(run["weights"][key], value, rtol=0, atol=TOL)
+        # accumulation: no reduce-scatter in a window's first micro-batch, one per unit with parameters at its last
+        # (the default wraps each child that holds some: the 3 Linear; the root holds none of its own)
+        scatters = fsdp["scatters"]
+        assert scatters[0] == 0 and all(scatters[i] == scatters[i - 1] for i in range(2, 12, 2))
+        assert all(scatters[i] - scatters[i - 1] == 3 for i in range(1, 12, 2))
+        assert res["unwrapped_is_model"]
+        assert res["plugin_wrapped"] == ["0", "2", "4", ""]
+        assert any("use_orig_params is ignored" in w for w in res["plugin_warnings"])
+        # save_state mid-epoch, loaded by a fresh Accelerator: the rest of the run is the straight run's, exactly
+        assert res["before_save"]["losses"] + res["resumed"]["losses"] == fsdp["losses"]
+        assert all(torch.equal(res["resumed"]["weights"][k], v) for k, v in fsdp["weights"].items())
+        assert {".metadata", "accelerator_state.pt", "__0_0.distcp", "__1_0.distcp"} <= set(res["state_files"])
+        assert res["early_optimizer_stepped"]
+        assert "steps parameters of no prepared model" in res["orphan"]
+        assert res["built_on_meta"] and res["meta_local_rows"] == 16 and res["meta_halves_differ"]
+        assert 0.05 < res["meta_weight_std"] < 1
+    assert ranks[0]["local_numel"] + ranks[1]["local_numel"] == ranks[0]["full_numel"]  # each rank its shard
+    # The 2-process state on 1 process: the weights and learning rate at the save; the epoch goes on from there
+    # (2 processes had taken 2 batches of 8 each of its 96 samples: 64 left, 8 batches of 8 on 1 process).
+    run = subprocess.run([sys.executable, os.path.join(SCRIPTS, "fsdp_cases.py"), str(out)], cwd=tmp_path,
+                         env=clean_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    one = torch.load(out / "one_process.pt", weights_only=False)
+    assert one["difference"] == 0.0 and one["lr"] == one["saved_lr"] == 1e-2 * 0.5 ** 2  # 4 steps: halved twice
+    assert one["micro_batches_after"] == 8 and one["steps_after"] == 4
+    assert one["more"]  # bf16 plugin, SGD state, late optimizer, compiled, init_empty_weights (asserted inside)
 
 
 def test_log_with_all_writes_tensorboard_wandb_and_mlflow_and_reads_back(tmp_path, monkeypatch):

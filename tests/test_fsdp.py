@@ -73,15 +73,36 @@ def test_names_and_arguments():
         Trainer(strategy=FSDP(precision=make_precision("64-true")), devices=1, logger=False)
 
 
-def test_the_accelerator_is_refused_for_now():
-    from tasktrain.strategies.base import Plan
-
-    with pytest.raises(ValueError, match="Accelerator does not support FSDP yet; use the Trainer with strategy='fsdp'"):
-        FSDP().setup_module_and_optimizers(torch.nn.Linear(2, 2), [], Plan(calls_steps=False))
+def test_accelerate_fsdp_plugin_maps_onto_fsdp_options():
+    """FullyShardedDataParallelPlugin's fields go through the table tasktrain launch's fsdp_config uses."""
     from tasktrain import FullyShardedDataParallelPlugin
 
-    with pytest.raises(NotImplementedError, match="Accelerator does not support FSDP yet; use the Trainer"):
-        FullyShardedDataParallelPlugin()
+    with pytest.warns(UserWarning, match=r"use_orig_params is ignored \(FSDP2 always keeps the original"):
+        strategy = FullyShardedDataParallelPlugin(
+            fsdp_version=2, sharding_strategy="SHARD_GRAD_OP", cpu_offload=True, state_dict_type="FULL_STATE_DICT",
+            auto_wrap_policy="TRANSFORMER_BASED_WRAP", transformer_cls_names_to_wrap="Linear",
+            use_orig_params=True).strategy()
+    assert (strategy.reshard_after_forward, strategy.cpu_offload, strategy.state_dict_type, strategy.wrap) == \
+        (False, True, "full", ["Linear"])
+    assert FSDP(wrap=["Linear"])._wrap_targets(classifier()(hidden=8)) == ["net.0", "net.3"]
+    assert FSDP(wrap=[])._wrap_targets(classifier()(hidden=8)) == []  # NO_WRAP: the root alone
+    assert FullyShardedDataParallelPlugin(auto_wrap_policy="NO_WRAP").strategy().wrap == []
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP",
+                                            transformer_cls_names_to_wrap=["Linear"], activation_checkpointing=True,
+                                            mixed_precision_policy=policy)
+    strategy = plugin.strategy()
+    assert strategy.activation_checkpointing == ["Linear"] and strategy.mixed_precision is policy
+    for field, value, message in (("fsdp_version", 1, "FSDP2"),
+                                  ("activation_checkpointing", True, "true needs transformer_cls_names_to_wrap"),
+                                  ("auto_wrap_policy", "SIZE_BASED_WRAP", "TRANSFORMER_BASED_WRAP"),
+                                  ("cpu_ram_efficient_loading", True, r"accelerator.init_module\(empty_init=True\)"),
+                                  ("state_dict_type", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"),
+                                  ("mixed_precision_policy", object(), "mixed_precision='bf16'")):
+        with pytest.raises(ValueError, match=f"FullyShardedDataParallelPlugin: {field}: .*{message}"):
+            FullyShardedDataParallelPlugin(**{field: value})
     assert FSDP.distributed_type == "FSDP"  # Accelerate's name, not DDP's MULTI_GPU
     with pytest.warns(UserWarning, match=r"DistributedDataParallelKwargs \['bucket_cap_mb'\] are not used under FSDP"):
         FSDP().configure_processes(ddp_kwargs={"bucket_cap_mb": 1})
@@ -101,6 +122,15 @@ def test_wrap_policies_choose_submodules():
         ["net.3"]
     with pytest.raises(ValueError, match="no submodule of these classes"):
         FSDP(wrap={torch.nn.Conv2d})._wrap_targets(module)
+    # A GPT-like root (the Accelerator hands over the model itself): a ModuleList stands for its blocks, and tied
+    # embeddings stay with the root (a parameter lives in one unit only).
+    gpt = torch.nn.Module()
+    gpt.wte, gpt.blocks, gpt.head = torch.nn.Embedding(5, 4), torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in
+                                                                                    range(2)), torch.nn.Linear(4, 5)
+    gpt.head.weight = gpt.wte.weight
+    assert FSDP()._wrap_targets(gpt) == ["blocks.0", "blocks.1"]
+    with pytest.raises(ValueError, match=r"\['head'\] share parameters \(tied weights\) with"):
+        FSDP(wrap={torch.nn.Linear})._wrap_targets(gpt)
 
 
 @pytest.mark.filterwarnings("ignore:precision=.16-mixed. on CPU")

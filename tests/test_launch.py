@@ -392,8 +392,10 @@ def test_yaml_booleans_are_read_as_the_names_they_spell(tmp_path):
     ("precision: 8-true\n", "precision: '8-true' is not supported"),
     ("distributed_type: XLA\n", "distributed_type: 'XLA' is not supported.*FSDP, or DEEPSPEED with zero_stage 3"),
     ("distributed_type: FSDP\nfsdp_config: {fsdp_version: 1}\n", "fsdp_version: 1.*FSDP2.*fsdp_version: 2"),
-    ("distributed_type: FSDP\nfsdp_config: {fsdp_state_dict_type: FULL_STATE_DICT}\n",
-     "fsdp_state_dict_type.*FSDP\\(state_dict_type='full'\\)"),
+    ("distributed_type: FSDP\nfsdp_config: {fsdp_state_dict_type: LOCAL_STATE_DICT}\n",
+     "fsdp_state_dict_type: 'LOCAL_STATE_DICT'.*SHARDED_STATE_DICT.*FULL_STATE_DICT"),
+    ("distributed_type: FSDP\nfsdp_config: {fsdp_auto_wrap_policy: SIZE_BASED_WRAP}\n",
+     "fsdp_auto_wrap_policy: 'SIZE_BASED_WRAP'.*TRANSFORMER_BASED_WRAP"),
     ("distributed_type: FSDP\nfsdp_config: {fsdp_offload_param: true}\n", "fsdp_offload_param.*fsdp_offload_params"),
     ("distributed_type: MULTI_GPUS\n", "Did you mean 'MULTI_GPU'"),
     ("strategy: dpp\n", "strategy: 'dpp' is not supported.*Did you mean 'ddp'"),
@@ -509,8 +511,21 @@ def test_accelerate_fsdp_configs(tmp_path):
     s = load(tmp_path, text)
     assert s.strategy == "fsdp" and s.num_processes == 2
     assert "fsdp_config.fsdp_sync_module_states" in s.ignored and "fsdp_config.fsdp_use_orig_params" in s.ignored
+    assert s.fsdp == {"reshard_after_forward": True, "state_dict_type": "sharded"}
     s = load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config: {fsdp_offload_params: true}\n")
-    assert s.strategy == "fsdp_cpu_offload"
+    assert s.strategy == "fsdp_cpu_offload" and s.worker_env()["TASKTRAIN_FSDP"] is None
+    # The options of FSDP(...) reach the workers (the table FullyShardedDataParallelPlugin uses too).
+    s = load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config:\n  fsdp_reshard_after_forward: false\n"
+                       "  fsdp_state_dict_type: FULL_STATE_DICT\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                       "  fsdp_transformer_layer_cls_to_wrap: Block,Head\n")
+    kwargs = json.loads(s.worker_env()["TASKTRAIN_FSDP"])
+    assert kwargs == {"reshard_after_forward": False, "state_dict_type": "full", "wrap": ["Block", "Head"]}
+    assert s.strategy_description() == "fsdp (reshard_after_forward=False, state_dict_type='full', wrap={Block, Head})"
+    from tasktrain.strategies.environment import launch_config
+    from tasktrain.strategies.registry import strategy_of_launch
+
+    strategy = strategy_of_launch(launch_config({**s.worker_env(), "TASKTRAIN_LAUNCH": "1"}))
+    assert (strategy.reshard_after_forward, strategy.state_dict_type, strategy.wrap) == (False, "full", ["Block", "Head"])
     with pytest.raises(ConfigError, match=r"fsdp_activation_checkpointing: true needs fsdp_transformer_layer_cls_to_wrap"):
         load(tmp_path, "distributed_type: FSDP\nuse_cpu: true\nfsdp_config: {fsdp_activation_checkpointing: true}\n")
     with pytest.raises(ConfigError, match="TRANSFORMER_BASED_WRAP needs fsdp_transformer_layer_cls_to_wrap"):

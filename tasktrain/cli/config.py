@@ -17,6 +17,9 @@ from typing import Optional
 
 import yaml
 
+from tasktrain.fsdp_options import IGNORED as FSDP_IGNORED
+from tasktrain.fsdp_options import USED as FSDP_USED
+from tasktrain.fsdp_options import fsdp_options, yaml_key
 from tasktrain.names import (AUTO_STRATEGY, MIXED_PRECISION, PRECISION_ALIASES, PRECISIONS, STRATEGIES,
                              deepspeed_name)
 
@@ -69,35 +72,9 @@ DEEPSPEED_IGNORED_KEYS = {
     "offload_param_nvme_path": "NVMe offload needs a deepspeed_config_file",
 }
 
-# fsdp_config (distributed_type FSDP): key -> the values that mean what tasktrain's FSDP does ("*": any; a
-# value outside them is an error naming the script-side fix), and keys that do nothing here, with why.
-FSDP_KEYS = {
-    "fsdp_version": ("2", 2),
-    "fsdp_offload_params": "*",  # true -> fsdp_cpu_offload
-    "fsdp_reshard_after_forward": (True, "true", "FULL_SHARD"),
-    "fsdp_sharding_strategy": ("FULL_SHARD", 1),
-    "fsdp_state_dict_type": ("SHARDED_STATE_DICT",),
-    "fsdp_auto_wrap_policy": ("NO_WRAP", "TRANSFORMER_BASED_WRAP"),
-    "fsdp_transformer_layer_cls_to_wrap": "*",  # class names -> FSDP(wrap={...}) (and activation checkpointing)
-    "fsdp_activation_checkpointing": "*",  # true -> FSDP(activation_checkpointing=<those classes>)
-    "fsdp_cpu_ram_efficient_loading": (False, "false"),
-}
-FSDP_FIXES = {
-    "fsdp_version": "tasktrain's FSDP is FSDP2 (torch's fully_shard): set fsdp_version: 2",
-    "fsdp_reshard_after_forward": "pass strategy=FSDP(reshard_after_forward=False) in the script",
-    "fsdp_sharding_strategy": "tasktrain's FSDP shards fully (FULL_SHARD); use DDP or a DeepSpeed stage otherwise",
-    "fsdp_state_dict_type": "pass strategy=FSDP(state_dict_type='full') in the script",
-    "fsdp_auto_wrap_policy": "pass strategy=FSDP(wrap={YourBlock}) in the script (the default wraps each child "
-                             "module that holds parameters)",
-    "fsdp_cpu_ram_efficient_loading": "meta-device loading is not available under tasktrain's FSDP yet",
-}
-FSDP_IGNORED_KEYS = {
-    "fsdp_use_orig_params": "FSDP2 always keeps the original parameters",
-    "fsdp_sync_module_states": "every rank builds the module from the same seed",
-    "fsdp_backward_prefetch": "FSDP2 prefetches by itself",
-    "fsdp_forward_prefetch": "FSDP2 prefetches by itself",
-    "fsdp_min_num_params": "only for SIZE_BASED_WRAP, which is not used",
-}
+# fsdp_config (distributed_type FSDP): Accelerate's keys, mapped onto FSDP(...) arguments by the table the Accelerator's
+# FullyShardedDataParallelPlugin uses too (tasktrain/fsdp_options.py).
+FSDP_KEYS = [yaml_key(field) for field in (*FSDP_USED, *FSDP_IGNORED)]
 
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP")
 # What each distributed_type runs when no strategy is named (the table's plain name of that kind).
@@ -175,44 +152,19 @@ def check_keys(values: dict, where: str = "the configuration") -> None:
 
 
 def _check_fsdp_config(fsdp, where="the configuration"):
+    """(FSDP(...) keyword arguments, the keys ignored) of an fsdp_config mapping."""
     if not isinstance(fsdp, dict):
         raise ConfigError(f"fsdp_config in {where} is {fsdp!r}, expected a mapping such as `fsdp_config: "
                           "{fsdp_version: 2}`. Fix the value or remove the key.")
-    valid = list(FSDP_KEYS) + list(FSDP_IGNORED_KEYS)
-    for key, value in fsdp.items():
-        if key not in valid:
-            raise ConfigError(_unknown("fsdp_config key", key, valid, where))
-        allowed = FSDP_KEYS.get(key, "*")
-        if allowed != "*" and value not in allowed and str(value) not in [str(a) for a in allowed]:
-            raise ConfigError(f"fsdp_config.{key}: {value!r} is not supported by tasktrain launch: "
-                              f"{FSDP_FIXES[key]}.")
-
-
-def _fsdp_kwargs(fsdp) -> dict:
-    """FSDP(...) arguments from Accelerate's fsdp_config: the transformer block classes (by name, as Accelerate
-    takes them: "Block" or "Block,Attention") become its units (wrap) and, with fsdp_activation_checkpointing,
-    the modules recomputed in the backward (Accelerate checkpoints the classes its wrap policy names)."""
-    raw = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
-    items = raw if isinstance(raw, (list, tuple)) else str(raw or "").split(",")
-    names = [str(n).strip() for n in items if str(n).strip()]
-    policy = fsdp.get("fsdp_auto_wrap_policy")
-    checkpointing = _flag("fsdp_config.fsdp_activation_checkpointing", fsdp.get("fsdp_activation_checkpointing"))
-    if policy == "TRANSFORMER_BASED_WRAP" and not names:
-        raise ConfigError("fsdp_config.fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP needs "
-                          "fsdp_transformer_layer_cls_to_wrap (the class names of the model's repeated blocks, e.g. "
-                          "GPT2Block), or pass strategy=FSDP(wrap={YourBlock}) in the script.")
-    if policy == "NO_WRAP" and names:
-        raise ConfigError("fsdp_config: fsdp_auto_wrap_policy NO_WRAP and fsdp_transformer_layer_cls_to_wrap "
-                          f"{','.join(names)} say two things: use TRANSFORMER_BASED_WRAP to wrap those classes, or "
-                          "drop fsdp_transformer_layer_cls_to_wrap.")
-    if checkpointing and not names:
-        raise ConfigError("fsdp_config.fsdp_activation_checkpointing: true needs fsdp_transformer_layer_cls_to_wrap "
-                          "(the block classes to recompute in the backward), or pass "
-                          "strategy=FSDP(activation_checkpointing={YourBlock}) in the script.")
-    kwargs = {"wrap": names} if names else {}
-    if checkpointing:
-        kwargs["activation_checkpointing"] = names
-    return kwargs
+    for key in fsdp:
+        if key not in FSDP_KEYS:
+            raise ConfigError(_unknown("fsdp_config key", key, FSDP_KEYS, where))
+    values = {key if key == "fsdp_version" else key[len("fsdp_"):]: value for key, value in fsdp.items()}
+    try:
+        kwargs, ignored = fsdp_options(values, f"fsdp_config in {where}", yaml=True)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return kwargs, [yaml_key(field) for field in ignored]
 
 
 def _unknown(kind, key, valid, where):
@@ -348,7 +300,7 @@ class LaunchSettings:
     gradient_accumulation_steps: Optional[int] = None
     gradient_clipping: Optional[float] = None
     deepspeed: Optional[dict] = None    # DeepSpeed(...) keyword arguments when the strategy is DeepSpeed
-    fsdp: Optional[dict] = None         # FSDP(...) keyword arguments from fsdp_config (wrap, activation_checkpointing)
+    fsdp: Optional[dict] = None         # FSDP(...) keyword arguments from fsdp_config (wrap, activation_checkpointing, ...)
     rdzv_backend: str = "static"
     gpu_ids: Optional[str] = None       # "0,1" -> CUDA_VISIBLE_DEVICES; None: all
     num_cpu_threads_per_process: Optional[int] = None
@@ -415,8 +367,9 @@ class LaunchSettings:
         return args + [script] + list(script_args)
 
     def strategy_description(self) -> str:
-        if self.fsdp:
-            return f"{self.strategy} ({', '.join(k + '={' + ', '.join(v) + '}' for k, v in self.fsdp.items())})"
+        if self.fsdp:  # fsdp_config's options beyond the name; class names as a set
+            shown = [f"{k}={{{', '.join(v)}}}" if isinstance(v, list) else f"{k}={v!r}" for k, v in self.fsdp.items()]
+            return f"{self.strategy} ({', '.join(shown)})"
         if not self.is_deepspeed:
             return self.strategy
         ds = self.deepspeed
@@ -626,11 +579,11 @@ def _resolve_strategy(s: LaunchSettings, merged: dict, sources: dict, dist_type)
         )
     fsdp = merged.get("fsdp_config") or {}
     if STRATEGIES[strategy].distributed_type == "FSDP":
-        _check_fsdp_config(fsdp)
-        if _flag("fsdp_config.fsdp_offload_params", fsdp.get("fsdp_offload_params")):
+        kwargs, ignored = _check_fsdp_config(fsdp)
+        if kwargs.pop("cpu_offload", False):
             strategy = "fsdp_cpu_offload"
-        s.fsdp = _fsdp_kwargs(fsdp) or None
-        s.ignored.extend(f"fsdp_config.{key}" for key in fsdp if key in FSDP_IGNORED_KEYS)
+        s.fsdp = kwargs or None  # the other FSDP(...) arguments, for the workers (TASKTRAIN_FSDP)
+        s.ignored.extend(f"fsdp_config.{key}" for key in ignored)
     elif "fsdp_config" in merged:
         s.ignored.append("fsdp_config (the strategy is not FSDP)")
     s.strategy = strategy

@@ -20,8 +20,9 @@ below; `launch_config()` reads them back for `Trainer(strategy="auto", precision
     TASKTRAIN_DEEPSPEED               JSON of DeepSpeed(...) keyword arguments, e.g.
                                       {"stage": 3, "offload_optimizer": false, "offload_parameters": false,
                                        "zero3_init": false, "save_16bit_model": false, "config": null}
-    TASKTRAIN_FSDP                    JSON of FSDP(...) keyword arguments from fsdp_config, with class names:
-                                      {"wrap": ["Block"], "activation_checkpointing": ["Block"]}
+    TASKTRAIN_FSDP                    JSON of FSDP(...) keyword arguments from fsdp_config (beyond what the strategy's
+                                      name says), class names as strings, e.g. {"reshard_after_forward": false,
+                                      "wrap": ["Block"], "activation_checkpointing": ["Block"]}
 """
 import json
 import os

@@ -10,7 +10,8 @@ module is wrapped, how gradients are clipped and how checkpoints are written:
   root. The parameters become DTensors (torch.distributed.tensor), and the optimizers the loop was given are
   pointed at them in place (same objects: their schedulers and the user's references stay valid).
 - the Trainer calls the module's steps, not its forward: the steps are registered as FSDP forward methods
-  (`register_fsdp_forward_method`), so the root's gathering and its end-of-backward work run around them.
+  (`register_fsdp_forward_method`), so the root's gathering and its end-of-backward work run around them. The
+  Accelerator's script calls the model's own forward, which fully_shard hooks as it is.
 - checkpoints: a directory written by every rank in parallel with torch.distributed.checkpoint (DCP: model and
   optimizer shards, resharded on load to any world size), plus our training state file, written under a
   temporary name and renamed. state_dict_type="full" writes one ordinary file instead (gathered on rank 0).
@@ -24,6 +25,7 @@ module is wrapped, how gradients are clipped and how checkpoints are written:
 import contextlib
 import os
 import warnings
+import weakref
 from datetime import timedelta
 
 import torch
@@ -31,9 +33,11 @@ import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_state_dict, link_tree, load_checkpoint_file,
                                      load_plain_state_dict, plain_state_dict, replace_dir)
+from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.ddp import DDP
-from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision
+from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, patch_forward
+from tasktrain.strategies.watchdog import checked_collective
 
 STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory (loop state, callbacks, RNG, ...)
 # The checkpoint values that hold shards (the Trainer's, then the Accelerator's save_state): written by DCP.
@@ -75,9 +79,10 @@ class FSDP(DDP):
 
     Args:
         wrap: which submodules get their own FSDP unit (gathered and freed on their own): None (default) each child
-            of the root that holds parameters; a set/list of module classes (every instance, e.g. {Block}), or of
-            class names ({"Block"}: how a launch config names them); or a callable `(module) -> bool`. The root is
-            always wrapped last.
+            of the root that holds parameters (a ModuleList/ModuleDict child stands for its elements; a child sharing
+            a tied weight with a module outside it stays in the root's unit); a set/list of module classes (every
+            instance, e.g. {Block}), or of class names ({"Block"}: how a launch config names them; an empty set: the
+            root alone); or a callable `(module) -> bool`. The root is always wrapped last.
         reshard_after_forward: free the gathered parameters after each unit's forward (True, least memory; the
             backward gathers them again) or keep them until the backward (False: one all-gather less per unit).
         cpu_offload: keep the shards (and their gradients and optimizer state) in CPU memory; the optimizer steps on
@@ -112,7 +117,7 @@ class FSDP(DDP):
                              "every rank) or 'full' (one file written by rank 0).")
         if wrap is not None and not callable(wrap) and not _is_class_set(wrap):
             raise TypeError(f"FSDP wrap={wrap!r}: use None (each child with parameters), a set of module classes "
-                            "(e.g. {Block}) or a callable (module) -> bool.")
+                            "or class names (e.g. {Block} or {'Block'}) or a callable (module) -> bool.")
         if activation_checkpointing is not None and not callable(activation_checkpointing) and \
                 not _is_class_set(activation_checkpointing):
             raise TypeError(f"FSDP activation_checkpointing={activation_checkpointing!r}: use None (off), a set of "
@@ -140,6 +145,9 @@ class FSDP(DDP):
         self._sharded_models = []  # the modules set up since the last teardown, in order
         self._all_optimizers = []  # their optimizers, in order (the Accelerator's save_state order)
         self._owners = {}  # id(optimizer) -> its module
+        self._replaced = {}  # id(original parameter) -> (weak reference to it, its sharded parameter)
+        self._waiting = []  # optimizers set up before their module (pointed at its shards when it comes)
+        self._unreduced = set()  # modules that ran a backward without gradient sync since their last zero_grad
 
     # -- the run's choices ---------------------------------------------------------------------------------------
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
@@ -180,10 +188,10 @@ class FSDP(DDP):
         from torch.distributed.fsdp import FSDPModule
 
         if not plan.calls_steps:
-            # A 2-process Accelerator script under FSDP was seen to hang after its first loop; until that is found
-            # and tested, the Accelerator refuses FSDP instead of risking it.
-            raise ValueError("The Accelerator does not support FSDP yet; use the Trainer with strategy='fsdp' "
-                             "(or, with the Accelerator, strategy='ddp' or a DeepSpeed strategy).")
+            # prepare(torch.compile(model)): fully_shard must hold the module itself (its units are the module's own
+            # children), so the module goes in with its forward compiled in place, with the wrapper's settings.
+            module, compiled = unwrap_compiled(module)
+            compile_forward_as(module, compiled)
         self.module = module
         self.optimizers = list(optimizers)
         if isinstance(module, FSDPModule):
@@ -194,8 +202,13 @@ class FSDP(DDP):
             self._sharded_models.append(module)
             return self.model, self.optimizers
         names = {id(p): name for name, p in module.named_parameters()}
-        for optimizer in self.optimizers:
+        # Optimizers prepared before their module (the Accelerator's prepare_optimizer, or an earlier prepare call)
+        # are pointed at the sharded parameters now too.
+        waiting = [o for o in self._waiting if _steps_only_ids(o, names)]
+        self._waiting = [o for o in self._waiting if o not in waiting]
+        for optimizer in [*self.optimizers, *waiting]:
             _check_optimizer(optimizer, names)
+        old = {name: p for name, p in module.named_parameters()}
         on_meta = _on_meta(module)
         if on_meta:
             _check_resettable(module)
@@ -207,8 +220,15 @@ class FSDP(DDP):
         self._shard(module)
         if on_meta:
             _materialize(module, self.root_device)
-        for optimizer in self.optimizers:
-            _repoint_optimizer(optimizer, names, dict(module.named_parameters()))
+        new = dict(module.named_parameters())
+        for optimizer in [*self.optimizers, *waiting]:
+            _repoint_optimizer(optimizer, names, new)
+        # An optimizer built over the original parameters and prepared after the module is repointed then: keep
+        # which sharded parameter replaced which (weakly: the original tensors must be free to go).
+        for name, p in old.items():
+            self._replaced[id(p)] = (weakref.ref(p), new[name])
+        if not plan.calls_steps and isinstance(self.precision, MixedPrecision):
+            patch_forward(module, self.forward_context)  # the script calls the model's own forward: under autocast
         if plan.calls_steps:
             from torch.distributed.fsdp import register_fsdp_forward_method
 
@@ -219,10 +239,45 @@ class FSDP(DDP):
                     register_fsdp_forward_method(module, method)
         self.model = module
         self._sharded_models.append(module)
-        for optimizer in self.optimizers:
+        for optimizer in [*self.optimizers, *waiting]:
             self._owners[id(optimizer)] = module
             self._all_optimizers.append(optimizer)
         return self.model, self.optimizers
+
+    def setup_optimizer(self, optimizer):
+        """An optimizer prepared on its own (the Accelerator's prepare_optimizer): over the sharded parameters of a
+        module set up already, it is that module's; over the original parameters of one, it is pointed at the
+        sharded ones; over parameters of no module set up yet, it waits for its module's set-up (and refuses to
+        step before it)."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for module in self._sharded_models:
+            if _steps_only_ids(optimizer, {id(p) for p in module.parameters()}):
+                self._owners[id(optimizer)] = module
+                self._all_optimizers.append(optimizer)
+                return optimizer
+        found = [self._replaced.get(id(p)) for p in params]
+        sharded = {id(p): r[1] for p, r in zip(params, found) if r is not None and r[0]() is p}
+        new_ids = {id(p) for p in sharded.values()}
+        module = next((m for m in self._sharded_models if new_ids <= {id(p) for p in m.parameters()}), None)
+        if params and len(sharded) == len({id(p) for p in params}) and module is not None:
+            if any(len(state) for state in optimizer.state.values()):
+                raise ValueError(f"FSDP: {type(optimizer).__name__} has stepped already (it holds state for the "
+                                 "unsharded parameters). Prepare it before its first step.")
+            for group in optimizer.param_groups:
+                group["params"] = [sharded[id(p)] for p in group["params"]]
+            optimizer.state.clear()
+            self._owners[id(optimizer)] = module
+            self._all_optimizers.append(optimizer)
+            return optimizer
+        self._waiting.append(optimizer)  # its module may come in a later prepare; stepping before is refused
+        return optimizer
+
+    def optimizer_step(self, optimizer, closure=None):
+        if self._waiting and optimizer in self._waiting:
+            raise ValueError(f"FSDP: {type(optimizer).__name__} steps parameters of no prepared model (its model was "
+                             "never prepared, or it mixes the parameters of several). Prepare its model too, "
+                             "with one optimizer per model: accelerator.prepare(model, optimizer).")
+        return super().optimizer_step(optimizer, closure)
 
     def _shard(self, module):
         from torch.distributed.device_mesh import init_device_mesh
@@ -268,17 +323,31 @@ class FSDP(DDP):
     def _wrap_targets(self, module):
         """Qualified names of the submodules that get their own unit, in module order."""
         if self.wrap is None:
-            return [name for name, child in module.named_children() if any(True for _ in child.parameters())]
-        return self._select(module, self.wrap, "wrap")
+            # Each child with parameters; a container without a forward of its own (ModuleList/ModuleDict, which
+            # fully_shard cannot wrap) stands for its elements (a GPT's list of blocks: one unit per block). A child
+            # that shares a parameter with a module outside it (tied embeddings) leaves it to the root's unit.
+            candidates = _children_with_parameters(module)
+            shared = _shared_between(module, candidates)
+            return [name for name in candidates if name not in shared]
+        targets = self._select(module, self.wrap, "wrap")
+        shared = _shared_between(module, targets)
+        if shared:
+            raise ValueError(f"FSDP wrap={self.wrap!r}: {sorted(shared)} share parameters (tied weights) with a "
+                             "module outside them, and a shared parameter must stay in the unit around both users. "
+                             "Leave them out of `wrap` (their parameters then go to the root's unit), or leave "
+                             "wrap=None (which does so).")
+        return targets
 
     @staticmethod
     def _select(module, choice, argument):
-        """Qualified names of the submodules (not the root) that `choice` picks: None none, a set of classes every
-        instance (one that matches nothing is an error: a misspelt choice must not pass silently), a callable those
-        it returns True for."""
+        """Qualified names of the submodules (not the root) that `choice` picks: None or an empty set none, a set of
+        classes every instance (one that matches nothing is an error: a misspelt choice must not pass silently), a
+        callable those it returns True for."""
         if choice is None:
             return []
         if _is_class_set(choice):
+            if not choice:
+                return []  # wrap=[]: the root alone (Accelerate's NO_WRAP)
             classes = tuple(c for c in choice if not isinstance(c, str))
             by_name = {c for c in choice if isinstance(c, str)}
             chosen = [name for name, m in module.named_modules()
@@ -311,6 +380,7 @@ class FSDP(DDP):
 
     def teardown(self):
         self._sharded_models, self._all_optimizers, self._owners = [], [], {}
+        self._replaced, self._waiting, self._unreduced = {}, [], set()
         super().teardown()
 
     # -- the step ------------------------------------------------------------------------------------------------
@@ -335,10 +405,21 @@ class FSDP(DDP):
             yield
             return
         model.set_requires_gradient_sync(False)
+        self._unreduced.add(model)  # FSDP keeps these gradients in its own buffers, outside param.grad
         try:
             yield
         finally:
             model.set_requires_gradient_sync(True)
+
+    def zero_grad(self, optimizer):
+        """Also drops the gradients a no_sync backward left in FSDP's own unsharded buffers (param.grad does not
+        hold them until a synced backward adds them in): under DDP zero_grad drops such local gradients, and a
+        later synced backward must not reduce them here either."""
+        super().zero_grad(optimizer)
+        module = self._owners.get(id(optimizer), self.module)
+        if module in self._unreduced:
+            self._unreduced.discard(module)
+            _drop_unreduced_gradients(module)
 
     def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
         """The norm over all shards: the gradients are DTensors, whose norm torch reduces over the ranks. Summed in the
@@ -417,6 +498,7 @@ class FSDP(DDP):
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(module, optimizer, state if self.is_global_zero else {}, options=options)
 
+    @checked_collective("full_state_dict")  # a rank that alone waits here (a rank-0-only call) is named
     def full_state_dict(self, model=None):
         """The whole weights on every rank (every rank calls it: the shards are gathered)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -557,9 +639,51 @@ def _describe_policy(policy):
 
 
 def _is_class_set(wrap):
-    """A non-empty set of module classes, or of class names (strings: how a launch config names them)."""
+    """A set of module classes, or of class names (strings: how a launch config names them); empty: none."""
     return isinstance(wrap, (set, frozenset, list, tuple)) and all(
-        isinstance(c, str) or (isinstance(c, type) and issubclass(c, torch.nn.Module)) for c in wrap) and len(wrap) > 0
+        isinstance(c, str) or (isinstance(c, type) and issubclass(c, torch.nn.Module)) for c in wrap)
+
+
+def _children_with_parameters(module, prefix=""):
+    names = []
+    for name, child in module.named_children():
+        if not any(True for _ in child.parameters()):
+            continue
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            names += _children_with_parameters(child, f"{prefix}{name}.")
+        else:
+            names.append(f"{prefix}{name}")
+    return names
+
+
+def _shared_between(module, targets):
+    """The targets holding a parameter that a module outside them holds too (tied weights): such a parameter would be
+    sharded by the target's unit while the other module uses it outside that unit's forward."""
+    owners = {}  # id(parameter) -> names of the modules holding it directly
+    for name, m in module.named_modules():
+        for p in m.parameters(recurse=False):
+            owners.setdefault(id(p), set()).add(name)
+    shared = set()
+    for target in targets:
+        inside = target + "."
+        for p in module.get_submodule(target).parameters():
+            if any(o != target and not o.startswith(inside) for o in owners[id(p)]):
+                shared.add(target)
+    return shared
+
+
+def _drop_unreduced_gradients(module):
+    """The gradients of backward passes run without sync, which FSDP2 keeps per parameter, unsharded, until the next
+    synced backward reduce-scatters them with its own (torch's FSDPParam: unsharded_accumulated_grad, or the
+    unsharded parameter's .grad in fp32)."""
+    for m in module.modules():
+        get_state = getattr(m, "_get_fsdp_state", None)
+        group = get_state()._fsdp_param_group if get_state is not None else None
+        for fsdp_param in group.fsdp_params if group is not None else ():
+            fsdp_param.unsharded_accumulated_grad = None
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None:
+                unsharded.grad = None
 
 
 def _is_sharded(module):
@@ -632,6 +756,11 @@ def _check_optimizer(optimizer, names):
     if any(len(s) for s in optimizer.state.values()):
         raise ValueError(f"FSDP: {type(optimizer).__name__} has stepped already (it holds state for the unsharded "
                          "parameters). Set it up with the module before its first step (prepare them together).")
+
+
+def _steps_only_ids(optimizer, ids):
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return bool(params) and all(id(p) in ids for p in params)
 
 
 def _repoint_optimizer(optimizer, names, params):

@@ -204,6 +204,13 @@ class Accelerator:
             print(*args, **kwargs)
 
     # -- prepare -----------------------------------------------------------------------------------------------------
+    def init_module(self, empty_init=False):
+        """`with accelerator.init_module(empty_init=True): model = Model()`: build the model the way the strategy
+        wants it built (strategy.module_init_context, the same as trainer.init_module). Under FSDP with
+        empty_init=True on the meta device: prepare then allocates and initialises (reset_parameters) each rank's
+        shard only, so no rank ever holds the whole model (tested under FSDP; see docs/fsdp.md)."""
+        return self.strategy.module_init_context(empty_init=empty_init)
+
     def prepare(self, *objects):
         """Prepare models, optimizers, data loaders and schedulers, given in any order; returns them in that order.
 
@@ -551,6 +558,13 @@ class Accelerator:
                 raise ValueError("save_state(layout='accelerate') writes whole weights, and this strategy keeps "
                                  "them in its own shards (DeepSpeed): use save_state(dir) (the engine's checkpoint), "
                                  "or save_model for the weights.")
+            for weights in state["models"]:
+                try:
+                    self.strategy.check_full_state_dict(weights, "save_state(layout='accelerate')")
+                except ValueError as error:
+                    raise ValueError("save_state(layout='accelerate') writes whole weights, and this strategy keeps "
+                                     "them in shards on every rank (FSDP): use save_state(dir) (a sharded directory "
+                                     "every rank writes), or save_model for the whole weights.") from error
             accelerate_layout.write(output_dir, state["models"], state["optimizers"], state["schedulers"],
                                     state["precision"], state["custom"], self.process_index, self.is_main_process,
                                     safe_serialization=safe_serialization)
@@ -697,9 +711,18 @@ class Accelerator:
         if not self.use_distributed:
             yield
             return
-        from torch.distributed.algorithms.join import Join
+        from torch.distributed.algorithms.join import Join, Joinable
 
-        with Join(list(joinables)):
+        joinables = list(joinables)
+        if not all(isinstance(j, Joinable) for j in joinables):
+            # As Accelerate: torch's Join takes DDP models (and ZeroRedundancyOptimizer); a sharded model is not
+            # one. Prepared loaders give every process the same number of batches, so nothing is lost.
+            warnings.warn(f"join_uneven_inputs: {[type(j).__name__ for j in joinables if not isinstance(j, Joinable)]} "
+                          "cannot join uneven inputs (torch's Join takes DDP models); the block runs without it. "
+                          "Prepared data loaders are even already.")
+            yield
+            return
+        with Join(joinables):
             yield
 
     @contextlib.contextmanager
@@ -1208,8 +1231,8 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
                         dynamo_backend, dynamo_plugin, deepspeed_plugins, parallelism_config, strategy):
     """Accelerate's arguments checked and turned into tasktrain's choices, before anything starts. Each is used,
     or refused with what to do instead (docs/accelerator.md lists them)."""
-    from tasktrain.utils.dataclasses import (NO_ACCELERATOR_FSDP, AutocastKwargs, DataLoaderConfiguration,
-                                             DeepSpeedPlugin, DistributedDataParallelKwargs,
+    from tasktrain.utils.dataclasses import (AutocastKwargs, DataLoaderConfiguration, DeepSpeedPlugin,
+                                             DistributedDataParallelKwargs, FullyShardedDataParallelPlugin,
                                              GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
                                              ProfileKwargs, ProjectConfiguration)
 
@@ -1221,7 +1244,6 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         if value is not None:
             raise TypeError(f"Accelerator({name}=...) is not an argument (Accelerate 1.x moved it): pass "
                             f"dataloader_config=DataLoaderConfiguration({name}=...).")
-    _refuse("fsdp_plugin", fsdp_plugin, f"{NO_ACCELERATOR_FSDP}.")
     _refuse("torch_tp_plugin", torch_tp_plugin, "tensor parallelism is not supported.")
     _refuse("megatron_lm_plugin", megatron_lm_plugin, "Megatron-LM is not supported.")
     _refuse("dynamo_plugin", dynamo_plugin, "compile the model yourself (torch.compile) before prepare.")
@@ -1285,6 +1307,13 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         strategy = deepspeed_plugin.strategy()
         if gradient_accumulation_steps is None and deepspeed_plugin.gradient_accumulation_steps is not None:
             gradient_accumulation_steps = deepspeed_plugin.gradient_accumulation_steps
+    if fsdp_plugin is not None:
+        if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
+            raise TypeError("fsdp_plugin must be a tasktrain.utils.FullyShardedDataParallelPlugin (or pass "
+                            "strategy=FSDP(...)).")
+        if strategy is not None or deepspeed_plugin is not None:
+            raise ValueError("Pass one of fsdp_plugin, deepspeed_plugin and strategy.")
+        strategy = fsdp_plugin.strategy()
     if rng_types is not None:
         names = [str(getattr(kind, "value", kind)) for kind in rng_types]
         unknown = [n for n in names if n not in ("torch", "cuda", "generator")]

@@ -11,14 +11,10 @@ from typing import Any, Callable, Optional
 
 from tasktrain.loggers.trackers import LoggerType  # noqa: F401 (re-exported: tasktrain.utils.LoggerType)
 
-# The Trainer runs FSDP (strategy='fsdp'); the Accelerator refuses it (its FSDP plugin and prepare) until tested.
-NO_ACCELERATOR_FSDP = ("the Accelerator does not support FSDP yet; use the Trainer with strategy='fsdp' "
-                       "(docs/fsdp.md), or DeepSpeedPlugin(zero_stage=3) for sharded training with the Accelerator")
-
 
 class DistributedType(str, enum.Enum):
     """What runs the processes, in Accelerate's words. tasktrain runs NO, MULTI_CPU, MULTI_GPU, DEEPSPEED
-    and (the Trainer only) FSDP."""
+    and FSDP."""
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
@@ -220,9 +216,60 @@ def _offloads(device):
     return None if device is None else device not in ("none", None)
 
 
+@dataclass
 class FullyShardedDataParallelPlugin:
-    """The Accelerator does not run FSDP yet (the Trainer does, strategy='fsdp'): creating the plugin is a clear
-    error, so a script that asks for FSDP never trains with something else."""
+    """Accelerate's FSDP options, mapped onto tasktrain's FSDP strategy (FSDP2, torch's fully_shard) by the table
+    tasktrain launch's fsdp_config uses too (tasktrain/fsdp_options.py): reshard_after_forward /
+    sharding_strategy, cpu_offload, state_dict_type, auto_wrap_policy + transformer_cls_names_to_wrap -> FSDP(wrap=).
+    Fields that change nothing under FSDP2 are reported as ignored (a warning); a value tasktrain cannot run is a
+    ValueError naming what to do."""
 
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(f"FullyShardedDataParallelPlugin: {NO_ACCELERATOR_FSDP}.")
+    fsdp_version: Optional[int] = None
+    sharding_strategy: Any = None
+    reshard_after_forward: Any = None
+    backward_prefetch: Any = None
+    mixed_precision_policy: Any = None
+    auto_wrap_policy: Any = None
+    cpu_offload: Any = None
+    ignored_modules: Any = None
+    state_dict_type: Any = None
+    state_dict_config: Any = None
+    optim_state_dict_config: Any = None
+    limit_all_gathers: Any = None
+    use_orig_params: Any = None
+    param_init_fn: Any = None
+    sync_module_states: Any = None
+    forward_prefetch: Any = None
+    activation_checkpointing: Any = None
+    cpu_ram_efficient_loading: Any = None
+    transformer_cls_names_to_wrap: Any = None
+    min_num_params: Any = None
+
+    def __post_init__(self):
+        self.options()  # a value tasktrain cannot run fails here, where the plugin is written
+
+    def options(self):
+        """(FSDP keyword arguments, {field: why it is ignored})."""
+        from tasktrain.fsdp_options import fsdp_options
+
+        values = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        return fsdp_options(values, "FullyShardedDataParallelPlugin")
+
+    def strategy(self):
+        """The tasktrain FSDP strategy these options describe."""
+        import warnings
+
+        from tasktrain.strategies.fsdp import FSDP
+
+        kwargs, ignored = self.options()
+        if ignored:
+            warnings.warn("FullyShardedDataParallelPlugin: " + "; ".join(f"{k} is ignored ({why})"
+                                                                         for k, why in ignored.items()) + ".")
+        return FSDP(**kwargs)
+
+
+def _plain(value):
+    """Accelerate's enums (ShardingStrategy.FULL_SHARD, ...) by their names, strings and bools as they are."""
+    if isinstance(value, enum.Enum):
+        return value.name
+    return value

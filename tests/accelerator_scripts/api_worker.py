@@ -6,6 +6,7 @@ processes."""
 import json
 import os
 import sys
+import warnings
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -22,7 +23,9 @@ accelerator = Accelerator(log_with=["tensorboard", "csv"], gradient_accumulation
 n, rank = accelerator.num_processes, accelerator.process_index
 out = {"rank": rank, "num_processes": n}
 deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
-expected_type = DistributedType.NO if n == 1 else DistributedType.DEEPSPEED if deepspeed else DistributedType.MULTI_CPU
+fsdp = accelerator.distributed_type == DistributedType.FSDP
+expected_type = (DistributedType.NO if n == 1 else DistributedType.DEEPSPEED if deepspeed else DistributedType.FSDP
+                 if fsdp else DistributedType.MULTI_CPU)
 out["distributed_type"] = str(accelerator.distributed_type)
 assert accelerator.distributed_type == expected_type and accelerator.state.distributed_type == expected_type
 assert accelerator.use_distributed == (n > 1) and accelerator.device.type == "cpu"
@@ -110,7 +113,27 @@ for source, index in train:
     accelerator.log({"loss": loss.item()}, step=steps)
 out["syncs"] = syncs
 out["lr"] = scheduler.get_last_lr()[0]
-if not deepspeed:  # (DeepSpeed's engine holds the gradients in its own partitions)
+if fsdp:  # FSDP keeps a no_sync gradient in its own unsharded buffer (param.grad stays None): no reduce-scatter
+    from fsdp_cases import COUNTS
+
+    scatters = COUNTS["reduce_scatter"]
+    with accelerator.no_sync(model):
+        accelerator.backward(model(torch.full((2, 4), rank + 1.0)).sum())
+    out["no_sync_differs"] = COUNTS["reduce_scatter"] == scatters and accelerator.unwrap_model(model).weight.grad is None
+    accelerator.backward(model(torch.full((2, 4), rank + 1.0)).sum())  # this one reduces (both backwards' sum)
+    out["no_sync_differs"] &= COUNTS["reduce_scatter"] == scatters + 1
+    optimizer.zero_grad()
+    # zero_grad drops a no_sync gradient too, as under DDP: the next synced backward reduces its own only
+    with accelerator.no_sync(model):
+        accelerator.backward(model(torch.full((2, 4), rank + 1.0)).sum())
+    optimizer.zero_grad()
+    accelerator.backward(model(torch.full((2, 4), 3.0)).sum())
+    after_no_sync = accelerator.unwrap_model(model).weight.grad.full_tensor().clone()
+    optimizer.zero_grad()
+    accelerator.backward(model(torch.full((2, 4), 3.0)).sum())
+    out["no_sync_differs"] &= torch.equal(after_no_sync, accelerator.unwrap_model(model).weight.grad.full_tensor())
+    optimizer.zero_grad()
+elif not deepspeed:  # (DeepSpeed's engine holds the gradients in its own partitions)
     with accelerator.no_sync(model):
         accelerator.backward(model(torch.full((2, 4), rank + 1.0)).sum())  # no all-reduce: each keeps its own
     local = accelerator.unwrap_model(model).weight.grad.clone()
@@ -131,7 +154,13 @@ out["gather_for_metrics"] = seen
 out["gather_for_metrics_objects"] = names
 skipped = accelerator.skip_first_batches(evaluation, 2)
 out["skipped_first"] = next(iter(skipped))[1].tolist()
-if not deepspeed:  # torch's Join takes DDP modules
+if fsdp:  # torch's Join takes DDP modules: as Accelerate, a warning and the block runs without it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([model]):
+            pass
+    assert any("cannot join uneven inputs" in str(w.message) for w in caught)
+elif not deepspeed:  # torch's Join takes DDP modules
     with accelerator.join_uneven_inputs([model]):
         model(torch.randn(1, 4)).sum().backward()
 
@@ -165,8 +194,13 @@ try:
     counter.count = -1
     accelerator.load_state(portable)
     out["portable"] = sorted(os.listdir(portable)) + [counter.count]
-except ValueError as error:  # DeepSpeed keeps the weights in its shards
+except ValueError as error:  # DeepSpeed and FSDP keep the weights in their shards
     out["portable"] = str(error)
+if fsdp:
+    import fsdp_cases
+
+    fsdp_results = fsdp_cases.two_processes(out_dir)
+    torch.save(fsdp_results, os.path.join(out_dir, f"fsdp_rank{rank}.pt"))
 
 # -- profile --------------------------------------------------------------------------------------------------------
 with accelerator.profile(ProfileKwargs(output_trace_dir=os.path.join(out_dir, "traces"))):
