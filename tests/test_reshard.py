@@ -93,14 +93,18 @@ def ddp(tmp_path_factory):
     root = tmp_path_factory.mktemp("reshard_ddp")
     logs = {}
     # 2 processes x 4 samples: uninterrupted, then killed (rank 1, SIGKILL) after step 3 of the 6 of epoch 0
-    logs["ref2"] = launch(root, [{"name": "ref2", "devices": 2, "batch": 4}])
+    # (and FSDP, the same run: its step 3 is resumed on one process below)
+    logs["ref2"] = launch(root, [{"name": "ref2", "devices": 2, "batch": 4},
+                                 {"name": "f2ref", "devices": 2, "batch": 4, "strategy": "fsdp"}])
     logs["kill2"] = launch(root, [{"name": "kill2", "devices": 2, "batch": 4, "kill_at": 3}], expect_ok=False)
     # 1 process: its own uninterrupted run (x 8), and the killed run resumed with 8 (the global batch kept) and
-    # with 4 (the per-process batch kept: the global batch halves)
+    # with 4 (the per-process batch kept: the global batch halves); and FSDP's step 3 (a DCP directory written by 2
+    # processes) under FSDP on one process x 8
     logs["one"] = launch(root, [
         {"name": "ref1", "devices": 1, "batch": 8},
         {"name": "res1", "devices": 1, "batch": 8, "resume": ckpt(root, "kill2")},
         {"name": "res1b", "devices": 1, "batch": 4, "resume": ckpt(root, "kill2")},
+        {"name": "f2res1", "devices": 1, "batch": 8, "strategy": "fsdp", "resume": ckpt(root, "f2ref", 3)},
     ])
     # 1 -> 2: the single-process run's step 3 resumed on 2 processes x 4
     logs["res2"] = launch(root, [{"name": "res2", "devices": 2, "batch": 4, "resume": ckpt(root, "ref1", 3)}])
@@ -151,6 +155,26 @@ def test_a_different_global_batch_still_trains_each_sample_once_and_says_so(ddp)
     # 24 samples left in epoch 0 at 4 a step, then 12 steps of epoch 1
     assert out(root, "res1b")["global_step"] == 3 + 6 + 12
     assert logs["one"].count("global batch changes from 8 to 4") == 1
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(900)
+def test_fsdp_on_2_resumed_on_1_trains_each_sample_once_and_carries_adam(ddp):
+    """FSDP's sharded checkpoint of step 3 (a DCP directory written by 2 processes, 2 x 4 samples) resumed under FSDP
+    on one process x 8: DCP reshards the module's and AdamW's shards onto the world of one."""
+    root, logs = ddp
+    saved = ckpt(root, "f2ref", 3)
+    assert os.path.isdir(saved) and {"__0_0.distcp", "__1_0.distcp"} <= set(os.listdir(saved))
+    before = [r for r in records(root, "f2ref", 2) if r[1] <= 3]
+    resumed = records(root, "f2res1", 1)
+    assert min(r[1] for r in resumed) == 4
+    assert epoch_ids(before + resumed, 0) == list(range(N)) and epoch_ids(resumed, 1) == list(range(N))
+    assert by_step(before + resumed) == by_step(records(root, "f2ref", 2)) == by_step(records(root, "ref2", 2))
+    assert f"{saved} was saved by 2 processes and is resumed by 1" in logs["one"]
+    # weights, moments, step counts (12: carried from the 3 of the checkpoint, not restarted) and each group's
+    # hyper-parameters, against the uninterrupted FSDP run and against DDP
+    assert_same_training(out(root, "f2res1"), out(root, "f2ref"))
+    assert_same_training(out(root, "f2ref"), out(root, "ref2"))
 
 
 # -- DeepSpeed ZeRO, and moves between strategies through `tasktrain convert` -------------------------------------
@@ -321,7 +345,18 @@ def _own_order_loader():
     return torch.utils.data.DataLoader(data, batch_size=4, sampler=Backwards(16))
 
 
-def test_a_users_sampler_stopped_mid_epoch_refuses_another_number_of_processes_before_training(tmp_path):
+def _plain_loader():
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+    return torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+
+
+@pytest.mark.parametrize("loader, options, said", [
+    (_own_order_loader, {}, r"a sampler or batch sampler of yours"),
+    # the Trainer's own order, but each rank reads the loader as the user built it (no sharding by the Trainer)
+    (_plain_loader, {"use_distributed_sampler": False}, r"with use_distributed_sampler=False each process reads"),
+])
+def test_an_order_of_the_users_stopped_mid_epoch_refuses_another_number_of_processes_before_training(
+        tmp_path, loader, options, said):
     from tasktrain import ModelCheckpoint, TaskModule, Trainer
 
     class Tiny(TaskModule):
@@ -340,9 +375,9 @@ def test_a_users_sampler_stopped_mid_epoch_refuses_another_number_of_processes_b
 
     def trainer(**kwargs):
         return Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                       num_sanity_val_steps=0, default_root_dir=str(tmp_path), **kwargs)
+                       num_sanity_val_steps=0, default_root_dir=str(tmp_path), **options, **kwargs)
 
-    trainer(max_steps=2, callbacks=[ModelCheckpoint(every_n_train_steps=1)]).fit(Tiny(), _own_order_loader())
+    trainer(max_steps=2, callbacks=[ModelCheckpoint(every_n_train_steps=1)]).fit(Tiny(), loader())
     [name] = [f for f in os.listdir(tmp_path / "checkpoints") if "step=2" in f]
     ckpt = torch.load(tmp_path / "checkpoints" / name, weights_only=True)
     assert ckpt["train_state"]["batch_in_epoch"] == 2 and not ckpt["train_state"]["epoch_finished"]
@@ -350,13 +385,19 @@ def test_a_users_sampler_stopped_mid_epoch_refuses_another_number_of_processes_b
     torch.save(ckpt, tmp_path / "from2.ckpt")
     module = Tiny()
     with pytest.raises(ValueError, match=r"stopped in the middle of epoch 0 on 2 processes, and this run has 1.*"
-                                         r"a sampler or batch sampler of yours"):
-        trainer(max_epochs=1).fit(module, _own_order_loader(), ckpt_path=str(tmp_path / "from2.ckpt"))
+                                         + said):
+        trainer(max_epochs=1).fit(module, loader(), ckpt_path=str(tmp_path / "from2.ckpt"))
     assert module.steps == 0
     # the same checkpoint on the number of processes that wrote it (here: 1) continues
     module = Tiny()
-    trainer(max_epochs=1).fit(module, _own_order_loader(), ckpt_path=str(tmp_path / "checkpoints" / name))
+    trainer(max_epochs=1).fit(module, loader(), ckpt_path=str(tmp_path / "checkpoints" / name))
     assert module.steps == 2
+    # and one taken at the end of an epoch resumes on any number of processes: the next epoch starts whole
+    ckpt["train_state"]["epoch_finished"] = True
+    torch.save(ckpt, tmp_path / "from2-end.ckpt")
+    module = Tiny()
+    trainer(max_epochs=2).fit(module, loader(), ckpt_path=str(tmp_path / "from2-end.ckpt"))
+    assert module.steps == 4
 
 
 def test_accelerator_load_state_of_a_users_sampler_mid_epoch_refuses_another_number_of_processes(tmp_path):

@@ -1349,6 +1349,18 @@ class Trainer:
             return
         accumulate = self.accumulate_grad_batches if self.module.automatic_optimization else 1
         start, samples = resume_point(saved, saved_world, data, shard_world, accumulate)
+        if not self.use_distributed_sampler and start and saved_world != self.world_size:
+            # Each rank read the loader as the user built it: how the ranks split the data (a sampler of theirs, a
+            # dataset per rank, or every rank the same samples) is theirs, so the position of each rank's loader
+            # says nothing about which samples the ranks of another world have left.
+            raise ValueError(
+                f"{path} stopped in the middle of epoch {state.epoch} on {saved_world} processes, and this run has "
+                f"{self.world_size}; with use_distributed_sampler=False each process reads the training loader as "
+                "you built it, so the Trainer cannot tell which samples the other processes had trained on, nor "
+                f"which are left for {self.world_size}. Resume on {saved_world} processes, or resume from a "
+                "checkpoint taken at the end of an epoch, or let the Trainer shard the data "
+                "(use_distributed_sampler=True, a plain DataLoader) so that the epoch continues exactly."
+            )
         if samples is None and start and saved_world != self.world_size:
             raise ValueError(
                 f"{path} stopped in the middle of epoch {state.epoch} on {saved_world} processes, and this run has "

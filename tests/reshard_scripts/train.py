@@ -5,7 +5,7 @@
 Each run is one fit, in order, in this process (a Trainer with devices=2 self-launches rank 1, which runs the same
 list). A run's keys:
     name        files: DIR/NAME/ (default_root_dir), DIR/NAME.ids.rank{R}.txt (appended to), DIR/NAME.out.pt
-    devices     1 or 2;  batch: the per-process batch size;  strategy: "ddp" (default) or a DeepSpeed name
+    devices     1 or 2;  batch: the per-process batch size;  strategy: "ddp" (default), "fsdp" or a DeepSpeed name
     resume      a checkpoint path to resume from
     kill_at     SIGKILL rank `kill_rank` (default 1) when step `kill_at` is done and its checkpoint written
     epochs      (default 2)
@@ -85,6 +85,8 @@ def strategy_of(run):
         from tasktrain import DeepSpeed
 
         return DeepSpeed(stage=int(name[-1]), gradient_clipping=0.0)
+    if name == "fsdp":
+        return name  # on one process too: a world of one, DCP resharding the 2-process checkpoint onto it
     return name if run["devices"] > 1 else "auto"
 
 
@@ -103,12 +105,35 @@ def fit(root, run):
     loader = DataLoader(Numbered(), batch_size=run["batch"], shuffle=True)
     module.ids_prefix = os.path.join(root, name)
     trainer.fit(module, loader, ckpt_path=run.get("resume"))
+    if run.get("strategy") == "fsdp":
+        # the module and the optimizer hold shards (DTensors): every rank gathers, rank 0 writes them as the others do
+        params, optimizer = _fsdp_full_state(trainer, module)
+        if trainer.is_global_zero:
+            torch.save({"params": params, "optimizer": optimizer, "global_step": trainer.global_step},
+                       os.path.join(root, f"{name}.out.pt"))
+        return
     if trainer.is_global_zero and not run.get("strategy", "ddp").startswith("deepspeed"):
         # DeepSpeed: the final checkpoint (checkpoints/last.ckpt) holds the weights and the optimizer state
         optimizer = trainer.optimizers[0]
         torch.save({"params": {k: v.detach().clone() for k, v in module.state_dict().items()},
                     "optimizer": optimizer.state_dict(), "global_step": trainer.global_step},
                    os.path.join(root, f"{name}.out.pt"))
+
+
+def _fsdp_full_state(trainer, module):
+    """The whole weights, and the optimizer's state in optimizer.state_dict()'s layout (keyed by parameter number
+    over the groups, in order), gathered from the shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    params = trainer.strategy.full_state_dict(module)
+    optimizer = trainer.optimizers[0]
+    full = get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True))
+    names = [name for group in full["param_groups"] for name in group["params"]]
+    number = {name: i for i, name in enumerate(names)}
+    state = {number[name]: {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in s.items()}
+             for name, s in full["state"].items()}
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in full["param_groups"]]
+    return params, {"state": state, "param_groups": groups}
 
 
 def main():
