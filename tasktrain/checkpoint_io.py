@@ -84,8 +84,17 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
-def load_checkpoint_file(path, map_location="cpu") -> dict:
-    """torch.load with weights_only=True and errors that name the file and say what to do."""
+def _torch_load(path, map_location, mmap):
+    if mmap and zipfile.is_zipfile(path):
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
+    """torch.load with weights_only=True and errors that name the file and say what to do. mmap=True maps the
+    file's tensors instead of reading them: a page is read (and held) only when a tensor is used, so a process that
+    ignores the weights (an FSDP rank that gets its shard from rank 0) never holds them. Files in torch's old
+    (pre-zip) format cannot be mapped: they are read whole."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
@@ -95,7 +104,7 @@ def load_checkpoint_file(path, map_location="cpu") -> dict:
                               "`tasktrain convert DIR run.ckpt --to ckpt` (resumable, optimizer state included) or "
                               "`tasktrain convert DIR model.ckpt` (the weights only).")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = _torch_load(path, map_location, mmap)
     except pickle.UnpicklingError as err:
         if "Unsupported global" not in str(err) and "GLOBAL" not in str(err):
             raise CheckpointError(

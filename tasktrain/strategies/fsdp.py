@@ -495,6 +495,16 @@ class FSDP(DDP):
                 "FSDP: an FSDP fit resumes from a checkpoint written under FSDP (a directory, or a "
                 "state_dict_type='full' file). To start an FSDP fit from a plain checkpoint's weights, load them "
                 "into the module before fit: module.load_state_dict(torch.load(path, weights_only=True)['state_dict']).")
+        # An optimizer that keeps no per-parameter state (SGD without momentum) has nothing to broadcast, and torch's
+        # loader cannot tell the device then (it raises): only the groups' hyper-parameters go in.
+        groups = self.broadcast(state["param_groups"] if self.is_global_zero and not state.get("state") else None)
+        if groups is not None:
+            if len(groups) != len(optimizer.param_groups):
+                raise CheckpointError(f"The checkpoint's {type(optimizer).__name__} has {len(groups)} parameter "
+                                      f"groups, this one {len(optimizer.param_groups)}.")
+            for mine, saved in zip(optimizer.param_groups, groups):
+                mine.update({k: v for k, v in saved.items() if k != "params"})
+            return
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(module, optimizer, state if self.is_global_zero else {}, options=options)
 
@@ -550,7 +560,10 @@ class FSDP(DDP):
     def load_checkpoint(self, path: str) -> dict:
         path = os.fspath(path)
         if not os.path.isdir(path):
-            return load_checkpoint_file(path)  # a full checkpoint (state_dict_type="full" or any plain one)
+            # A full checkpoint (state_dict_type="full" or any plain one): rank 0's copy of the weights and the
+            # optimizer state is broadcast to the others, each keeping its shard. Mapped, not read: the other ranks
+            # never touch those tensors, so they never hold the whole model (hooks that look at them still can).
+            return load_checkpoint_file(path, mmap=True)
         return self._read_directory(path, STATE_FILE)
 
     def load_checkpoint_from(self, directory, filename):

@@ -8,6 +8,8 @@
                                                                    # 2, clipping 0.5; reduce-scatters counted;
                                                                    # state_dict_type="full" files, resumed;
                                                                    # a 64 MiB model built on the meta device
+    python train.py --root DIR --out OUT --case meta               # the meta-device model alone (and its full
+                                                                   # checkpoint file loaded into a sharded one)
     python train.py --root DIR --out OUT --case resume --kill-at K # FSDP as above, rank 1 SIGKILLed after step K
     python train.py --root DIR --out OUT --case resume --resume    # ... continued from ckpt_path="last"
     python train.py --root DIR --out OUT --case load --ckpt PATH --devices N --epochs E
@@ -187,9 +189,46 @@ def _peak():
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def meta_init():
+class MeasuredLoad(FSDP):
+    """Records this process's peak resident memory while a whole-weights checkpoint file goes into the sharded
+    module: from opening the file to the end of the module's and the optimizer's load."""
+
+    def load_checkpoint(self, path):
+        import ctypes
+        import gc
+
+        # Earlier fits of this process left freed memory in the allocator, which a new read would reuse without
+        # growing the process: hand it back first, so that reading the file whole shows.
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self.load_before = _rss()
+        return super().load_checkpoint(path)
+
+    def load_optimizer_state(self, optimizer, state):
+        super().load_optimizer_state(optimizer, state)
+        self.load_growth = _peak() - self.load_before
+
+
+def full_load(path, saved):
+    """The whole-weights file `path` (written by rank 0) into a 64 MiB model built on the meta device and sharded
+    over 2 ranks: rank 0 reads it and streams each rank its shard; the others must not read it whole."""
+    strategy = MeasuredLoad(wrap={torch.nn.Linear})
+    trainer = Trainer(strategy=strategy, devices=2, max_steps=2, logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False)
+    with trainer.init_module(empty_init=True):
+        module = Wide()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 1024)), batch_size=4)
+    trainer.fit(module, data, ckpt_path=path)  # saved at step 2 of 2: loads, trains nothing more
+    loaded = trainer.strategy.full_state_dict(module)
+    return {"load_growth": strategy.load_growth, "global_step": trainer.global_step,
+            "same": sorted(loaded) == sorted(saved) and all(torch.equal(loaded[k], saved[k]) for k in saved)}
+
+
+def meta_init(root):
     """trainer.init_module(empty_init=True): built on the meta device, each rank allocates and fills its shard."""
-    strategy = MeasuredFSDP(wrap={torch.nn.Linear})
+    strategy = MeasuredFSDP(wrap={torch.nn.Linear}, state_dict_type="full")  # (its checkpoint: one file)
     trainer = Trainer(strategy=strategy, devices=2, max_steps=2, logger=False, enable_progress_bar=False,
                       enable_checkpointing=False)
     with trainer.init_module(empty_init=True):
@@ -197,8 +236,13 @@ def meta_init():
     built_on_meta = all(p.is_meta for p in module.parameters())
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 1024)), batch_size=4)
     trainer.fit(module, data)
-    weight = trainer.strategy.full_state_dict(module)["blocks.0.weight"]
-    return {"built_on_meta": built_on_meta, "peak_growth": strategy.peak_growth,
+    full = trainer.strategy.full_state_dict(module)
+    weight = full["blocks.0.weight"]
+    # the trained model as one ordinary checkpoint file (gathered and written by rank 0), loaded by a new sharded fit
+    path = os.path.join(root, "wide-full.ckpt")
+    trainer.save_checkpoint(path)
+    loaded = full_load(path, full)
+    return {"built_on_meta": built_on_meta, "peak_growth": strategy.peak_growth, "full_load": loaded,
             "full_bytes": sum(p.numel() * 4 for p in module.parameters()),
             "local_bytes": sum(p.to_local().numel() * 4 for p in module.parameters()),
             "weight_std": float(weight.std()), "halves_differ": not torch.equal(weight[:512], weight[512:]),
@@ -209,7 +253,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--case", choices=("compare", "resume", "load"), required=True)
+    p.add_argument("--case", choices=("compare", "resume", "load", "meta"), required=True)
     p.add_argument("--kill-at", type=int, default=None)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--ckpt", default=None)
@@ -233,7 +277,9 @@ def main():
                                     after=poison.after)
         results["fsdp_bf16_true"] = fit("fsdp_bf16_true", "fsdp", args.root, precision="bf16-true", epochs=1)
         results.update(full_files(args.root))
-        results["meta"] = meta_init()
+        results["meta"] = meta_init(args.root)
+    elif args.case == "meta":
+        results["meta"] = meta_init(args.root)  # alone: what the compare case measures last
     elif args.case == "resume":
         kill = [KillRank(args.kill_at, rank=1)] if args.kill_at is not None else []
         results["fsdp"] = checkpointed(args.root, kill, ckpt_path="last" if args.resume else None)
