@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/startup.py
 	$(PY) benchmarks/ddp.py
 	$(PY) benchmarks/deepspeed_memory.py
+	$(PY) benchmarks/fsdp_memory.py
 	$(PY) benchmarks/gpt.py
 
 clean:
