@@ -216,7 +216,7 @@ def full_load(path, saved):
     over 2 ranks: rank 0 reads it and streams each rank its shard; the others must not read it whole."""
     strategy = MeasuredLoad(wrap={torch.nn.Linear})
     trainer = Trainer(strategy=strategy, devices=2, max_steps=2, logger=False, enable_progress_bar=False,
-                      enable_checkpointing=False)
+                      enable_checkpointing=False, default_root_dir=os.path.dirname(path))
     with trainer.init_module(empty_init=True):
         module = Wide()
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 1024)), batch_size=4)
@@ -230,7 +230,7 @@ def meta_init(root):
     """trainer.init_module(empty_init=True): built on the meta device, each rank allocates and fills its shard."""
     strategy = MeasuredFSDP(wrap={torch.nn.Linear}, state_dict_type="full")  # (its checkpoint: one file)
     trainer = Trainer(strategy=strategy, devices=2, max_steps=2, logger=False, enable_progress_bar=False,
-                      enable_checkpointing=False)
+                      enable_checkpointing=False, default_root_dir=os.path.join(root, "meta"))
     with trainer.init_module(empty_init=True):
         module = Wide()
     built_on_meta = all(p.is_meta for p in module.parameters())
