@@ -495,16 +495,6 @@ class FSDP(DDP):
                 "FSDP: an FSDP fit resumes from a checkpoint written under FSDP (a directory, or a "
                 "state_dict_type='full' file). To start an FSDP fit from a plain checkpoint's weights, load them "
                 "into the module before fit: module.load_state_dict(torch.load(path, weights_only=True)['state_dict']).")
-        # An optimizer that keeps no per-parameter state (SGD without momentum) has nothing to broadcast, and torch's
-        # loader cannot tell the device then (it raises): only the groups' hyper-parameters go in.
-        groups = self.broadcast(state["param_groups"] if self.is_global_zero and not state.get("state") else None)
-        if groups is not None:
-            if len(groups) != len(optimizer.param_groups):
-                raise CheckpointError(f"The checkpoint's {type(optimizer).__name__} has {len(groups)} parameter "
-                                      f"groups, this one {len(optimizer.param_groups)}.")
-            for mine, saved in zip(optimizer.param_groups, groups):
-                mine.update({k: v for k, v in saved.items() if k != "params"})
-            return
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(module, optimizer, state if self.is_global_zero else {}, options=options)
 
