@@ -452,18 +452,22 @@ def test_meta_init_allocates_only_the_shard(compare):
 def test_a_whole_weights_file_streams_into_the_shards_from_rank_0(compare):
     """The 64 MiB model of the meta-init test, saved as one ordinary file (state_dict_type="full"), resumed by a new
     fit of a meta-built sharded model: rank 0 reads the file and broadcasts it, each rank keeping its shard. Rank 1
-    maps the file but never touches its tensors: its peak grows by less than its own 32 MiB shard during the load
-    (measured: ~12 MiB, torch's broadcast buffers; reading the file whole grew it by 84 MiB), where rank 0's grows by
-    the whole file (which shows that the measurement sees a whole read)."""
+    maps the file but never touches its tensors: while the weights go in, its peak grows by less than its own 32 MiB
+    shard (measured: 8 to 24 MiB, torch's broadcast buffers; reading the file whole grew it by 84 MiB), where rank
+    0's grows by the whole file (which shows that the measurement sees a whole read). Loading the optimizer then
+    adds a gradient-sized shard on every rank for a moment (torch's set_optimizer_state_dict makes the optimizer's
+    state with a step on zero gradients): rank 1 stays below the whole model (measured 34 to 44 MiB; 98 MiB when it
+    read the file)."""
     _, ranks, _ = compare
     full = ranks[0]["meta"]["full_bytes"]
     for rank, res in enumerate(ranks):
         loaded = res["meta"]["full_load"]
         assert loaded["same"] and loaded["global_step"] == 2  # every weight as saved, on every rank
         if rank == 0:
-            assert loaded["load_growth"] > 0.9 * full, loaded["load_growth"]
+            assert loaded["module_load_growth"] > 0.9 * full, loaded["module_load_growth"]
         else:
-            assert loaded["load_growth"] < 0.5 * full, loaded["load_growth"]
+            assert loaded["module_load_growth"] < 0.5 * full, loaded["module_load_growth"]
+            assert loaded["load_growth"] < full, loaded["load_growth"]
 
 
 def test_full_checkpoint_files_are_mapped_not_read(tmp_path):

@@ -206,6 +206,10 @@ class MeasuredLoad(FSDP):
         self.load_before = _rss()
         return super().load_checkpoint(path)
 
+    def load_module_state_dict(self, state_dict, model=None, strict=True):
+        super().load_module_state_dict(state_dict, model, strict)
+        self.module_load_growth = _peak() - self.load_before  # the weights alone
+
     def load_optimizer_state(self, optimizer, state):
         super().load_optimizer_state(optimizer, state)
         self.load_growth = _peak() - self.load_before
@@ -222,7 +226,8 @@ def full_load(path, saved):
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 1024)), batch_size=4)
     trainer.fit(module, data, ckpt_path=path)  # saved at step 2 of 2: loads, trains nothing more
     loaded = trainer.strategy.full_state_dict(module)
-    return {"load_growth": strategy.load_growth, "global_step": trainer.global_step,
+    return {"load_growth": strategy.load_growth, "module_load_growth": strategy.module_load_growth,
+            "global_step": trainer.global_step,
             "same": sorted(loaded) == sorted(saved) and all(torch.equal(loaded[k], saved[k]) for k in saved)}
 
 
