@@ -6,6 +6,7 @@
     tasktrain convert CHECKPOINT_DIR OUTPUT.ckpt              (a DeepSpeed ZeRO or FSDP checkpoint -> one file)
     tasktrain convert CHECKPOINT_DIR OUTPUT.ckpt --to ckpt    (... -> one resumable file, optimizer state included)
     tasktrain convert CHECKPOINT.ckpt OUTPUT_DIR --to deepspeed  (one file -> a DeepSpeed checkpoint, any stage)
+    tasktrain convert CHECKPOINT.ckpt OUTPUT_DIR --to fsdp    (one file -> an FSDP checkpoint, any world size)
     tasktrain convert CHECKPOINT OUT_DIR --format safetensors (any checkpoint -> Hugging Face shards)
 
 The work is in tasktrain/cli/config.py (the YAML schema and resolution); this file only parses arguments, and
@@ -265,11 +266,12 @@ def _add_convert(subparsers):
     p.add_argument("output", help="the file to write (e.g. model.ckpt), or the folder for safetensors/bin")
     p.add_argument("--format", choices=("ckpt", "safetensors", "bin"), default="ckpt",
                    help="ckpt: one tasktrain checkpoint file; safetensors / bin: Hugging Face shards (default: ckpt)")
-    p.add_argument("--to", choices=("ckpt", "deepspeed"), default=None,
-                   help="move a run between strategies with its optimizer state: ckpt: a DeepSpeed checkpoint "
-                        "directory -> one resumable checkpoint file (one process or DDP); deepspeed: a "
+    p.add_argument("--to", choices=("ckpt", "deepspeed", "fsdp"), default=None,
+                   help="move a run between strategies with its optimizer state: ckpt: a DeepSpeed or FSDP "
+                        "checkpoint directory -> one resumable checkpoint file (one process or DDP); deepspeed: a "
                         "checkpoint file -> a DeepSpeed checkpoint directory any ZeRO stage resumes on any number "
-                        "of processes (default: the weights only, as --format says)")
+                        "of processes; fsdp: a checkpoint file -> an FSDP checkpoint directory (DCP) FSDP resumes "
+                        "on any number of processes (default: the weights only, as --format says)")
     _option(p, "max_shard_size", metavar="SIZE",
             help="safetensors/bin: the largest shard, e.g. 2GB (10**9 bytes), 500MiB (default: 2GB)")
     p.add_argument("--prefix", metavar="NAME",
@@ -321,18 +323,31 @@ def _convert_run(args, CheckpointError) -> int:
         print(f"tasktrain convert: error: {' and '.join(given)} do not apply with --to, which writes a whole "
               "checkpoint (weights, optimizer and loop state) for another strategy.", file=sys.stderr)
         return 2
-    from tasktrain.strategies.deepspeed import convert_to_deepspeed, convert_zero_checkpoint
+    from tasktrain.strategies.fsdp import convert_fsdp_checkpoint, convert_to_fsdp, is_fsdp_checkpoint
 
     try:
         if args.to == "ckpt":
-            checkpoint = convert_zero_checkpoint(args.checkpoint_dir, args.output, optimizer=True)
+            if os.path.isdir(args.checkpoint_dir) and is_fsdp_checkpoint(args.checkpoint_dir):
+                checkpoint = convert_fsdp_checkpoint(args.checkpoint_dir, args.output, optimizer=True)
+            else:
+                from tasktrain.strategies.deepspeed import convert_zero_checkpoint
+
+                checkpoint = convert_zero_checkpoint(args.checkpoint_dir, args.output, optimizer=True)
             steps = checkpoint["train_state"].get("global_step")
             print(f"tasktrain convert: wrote {args.output} (weights, optimizer state and loop state at global step "
-                  f"{steps}): resume from it with any strategy but DeepSpeed, on any number of processes")
+                  f"{steps}): resume from it on one process, DDP or FSDP (any number of processes), or convert it "
+                  "--to deepspeed or --to fsdp")
+        elif args.to == "fsdp":
+            convert_to_fsdp(args.checkpoint_dir, args.output)
+            print(f"tasktrain convert: wrote {args.output} (FSDP's sharded layout: DCP files and tasktrain_state.pt, "
+                  "optimizer state included): resume from it under FSDP, on any number of processes")
         else:
             if os.path.isdir(args.checkpoint_dir):
                 raise CheckpointError(f"{args.checkpoint_dir!r} is a directory: --to deepspeed takes one checkpoint "
-                                      "file (a Trainer checkpoint of one process or DDP).")
+                                      "file (a Trainer checkpoint of one process or DDP). An FSDP checkpoint "
+                                      "directory goes to one file first: tasktrain convert DIR run.ckpt --to ckpt.")
+            from tasktrain.strategies.deepspeed import convert_to_deepspeed
+
             convert_to_deepspeed(args.checkpoint_dir, args.output)
             print(f"tasktrain convert: wrote {args.output} (DeepSpeed's universal layout, optimizer state included): "
                   "resume from it with any ZeRO stage, on any number of processes")
