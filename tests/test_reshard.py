@@ -106,8 +106,13 @@ def ddp(tmp_path_factory):
         {"name": "res1b", "devices": 1, "batch": 4, "resume": ckpt(root, "kill2")},
         {"name": "f2res1", "devices": 1, "batch": 8, "strategy": "fsdp", "resume": ckpt(root, "f2ref", 3)},
     ])
-    # 1 -> 2: the single-process run's step 3 resumed on 2 processes x 4
-    logs["res2"] = launch(root, [{"name": "res2", "devices": 2, "batch": 4, "resume": ckpt(root, "ref1", 3)}])
+    # 1 -> 2: the single-process run's step 3 resumed on 2 processes x 4; and one process -> FSDP on 2: the same
+    # step 3 converted to FSDP's layout (`tasktrain convert --to fsdp`) and resumed under FSDP (its step 9 goes back
+    # to one process in the `zero` fixture's one-process launch)
+    logs["to_fsdp"] = convert(ckpt(root, "ref1", 3), root / "ref1-step3.fsdp", "fsdp")
+    logs["res2"] = launch(root, [{"name": "res2", "devices": 2, "batch": 4, "resume": ckpt(root, "ref1", 3)},
+                                 {"name": "fres2", "devices": 2, "batch": 4, "strategy": "fsdp",
+                                  "resume": str(root / "ref1-step3.fsdp")}])
     return root, logs
 
 
@@ -208,9 +213,12 @@ def zero(ddp):
     # ZeRO-2 2 -> 1: the uninterrupted ZeRO-2 run's step 3 resumed on one process x 8
     logs["z2res1"] = launch(root, [{"name": "z2res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_2",
                                     "resume": ckpt(root, "z2ref", 3)}], timeout=600)
-    # ZeRO-3 -> one file -> DDP: the ZeRO-3 run's step 9 as a plain checkpoint, resumed on one process
+    # ZeRO-3 -> one file -> DDP: the ZeRO-3 run's step 9 as a plain checkpoint, resumed on one process; and the same
+    # for the run moved to FSDP on 2 (the `ddp` fixture): its step 9 (a DCP directory) -> one file -> one process
     convert(ckpt(root, "z3res2", 9), root / "z3res2-step9.ckpt", "ckpt")
-    logs["back1"] = launch(root, [{"name": "back1", "devices": 1, "batch": 8, "resume": str(root / "z3res2-step9.ckpt")}])
+    logs["fsdp_to_ckpt"] = convert(ckpt(root, "fres2", 9), root / "fres2-step9.ckpt", "ckpt")
+    logs["back1"] = launch(root, [{"name": "back1", "devices": 1, "batch": 8, "resume": str(root / "z3res2-step9.ckpt")},
+                                  {"name": "fback1", "devices": 1, "batch": 8, "resume": str(root / "fres2-step9.ckpt")}])
     # DeepSpeed's own converter at stages 3 and 1, in one launch: ZeRO-3's step 6 (2 processes) resumed on one at
     # stage 3, and ZeRO-2's step 3 (2 processes) resumed on one at stage 1
     logs["zres1"] = launch(root, [
@@ -257,6 +265,33 @@ def test_a_run_moves_ddp_to_zero3_to_ddp_through_convert(zero):
 
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(1500)
+def test_a_run_moves_one_process_to_fsdp_to_one_process_through_convert(ddp, zero):
+    root, logs = zero
+    # one process -> its step 3 converted (--to fsdp) -> FSDP on 2 processes x 4
+    assert "FSDP's sharded layout" in ddp[1]["to_fsdp"]
+    before = [r for r in records(root, "ref1", 1) if r[1] <= 3]
+    on_fsdp = records(root, "fres2", 2)
+    assert min(r[1] for r in on_fsdp) == 4
+    assert epoch_ids(before + on_fsdp, 0) == list(range(N)) and epoch_ids(on_fsdp, 1) == list(range(N))
+    assert by_step(before + on_fsdp) == by_step(records(root, "ref1", 1))
+    assert_same_training(out(root, "fres2"), out(root, "ref1"))
+    # FSDP's step 9 (mid-epoch 1, a DCP directory written by 2 processes) converted to one file (--to ckpt): the
+    # moments and step counts of step 9, numbered as optimizer.state_dict() numbers them
+    assert "at global step 9" in logs["fsdp_to_ckpt"]
+    moved = plain(root / "fres2-step9.ckpt")
+    assert moved["global_step"] == 9 and moved["params"].keys() == out(root, "ref1")["params"].keys()
+    assert sorted(moved["optimizer"]["state"]) == list(range(4))
+    assert all(float(s["step"]) == 9 for s in moved["optimizer"]["state"].values())
+    # ... and resumed on one process: every sample of epoch 1 once, each step as in the uninterrupted run
+    back = records(root, "fback1", 1)
+    assert min(r[1] for r in back) == 10
+    assert epoch_ids([r for r in on_fsdp if r[1] <= 9] + back, 1) == list(range(N))
+    assert by_step([r for r in on_fsdp if r[1] <= 9] + back, after=3) == by_step(records(root, "ref1", 1), after=3)
+    assert_same_training(out(root, "fback1"), out(root, "ref1"))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
 def test_zero3_on_2_resumed_on_1_and_zero2_resumed_at_stage_1_through_deepspeeds_converter(zero):
     root, logs = zero
     assert logs["zres1"].count("converting it to DeepSpeed's universal checkpoint") == 2
@@ -293,10 +328,15 @@ def launch_accelerate(root, runs, processes, timeout=300):
 @pytest.fixture(scope="module")
 def accelerate(tmp_path_factory):
     root = tmp_path_factory.mktemp("reshard_accelerate")
-    logs = {"a2": launch_accelerate(root, [{"name": "a2", "batch": 4}], 2)}  # save_state after step 3, go on
+    # save_state after step 3, go on (and the same under FSDP: a DCP directory)
+    logs = {"a2": launch_accelerate(root, [{"name": "a2", "batch": 4}, {"name": "fa2", "batch": 4, "strategy": "fsdp"}],
+                                    2)}
+    # FSDP's save_state directory -> the layout save_state writes without FSDP, loaded on one process below
+    logs["fsdp_to_plain"] = convert(root / "fa2.state", root / "fa2plain.state", "ckpt")
     logs["one"] = launch_accelerate(root, [{"name": "a1", "batch": 8},  # the same on one process x 8
                                            {"name": "a2to1", "batch": 8, "load": "a2"},
-                                           {"name": "a2to1b", "batch": 4, "load": "a2"}], 1)  # global batch 8 -> 4
+                                           {"name": "a2to1b", "batch": 4, "load": "a2"},  # global batch 8 -> 4
+                                           {"name": "fa2to1", "batch": 8, "load": "fa2plain"}], 1)
     logs["a1to2"] = launch_accelerate(root, [{"name": "a1to2", "batch": 4, "load": "a1"}], 2)
     return root, logs
 
@@ -312,6 +352,25 @@ def test_accelerator_load_state_on_another_number_of_processes(accelerate, saved
     assert epoch_ids(before + after, 0) == list(range(N)) and epoch_ids(after, 1) == list(range(N))
     assert by_step(before + after) == by_step(records(root, "a2", 2)) == by_step(records(root, "a1", 1))
     assert_same_training(out(root, resumed), out(root, saved))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(900)
+def test_accelerator_fsdp_save_state_on_2_converted_and_loaded_on_1(accelerate):
+    """The Accelerator's save_state under FSDP on 2 processes (step 3), through `tasktrain convert --to ckpt` into the
+    layout save_state writes without FSDP, loaded on one process x 8: it goes on as the DDP run does."""
+    root, logs = accelerate
+    assert "the Accelerator's save_state layout without FSDP" in logs["fsdp_to_plain"]
+    assert ".metadata" in os.listdir(root / "fa2.state") and os.listdir(root / "fa2plain.state") == [
+        "accelerator_state.pt"]
+    before = [r for r in records(root, "fa2", 2) if r[1] <= 3]
+    after = records(root, "fa2to1", 1)
+    assert min(r[1] for r in after) == 4
+    assert epoch_ids(before + after, 0) == list(range(N)) and epoch_ids(after, 1) == list(range(N))
+    assert by_step(before + after) == by_step(records(root, "fa2", 2)) == by_step(records(root, "a2", 2))
+    assert_same_training(out(root, "fa2to1"), out(root, "a2"))  # weights, Adam's moments and step counts
+    for name, value in out(root, "fa2")["params"].items():
+        torch.testing.assert_close(value, out(root, "a2")["params"][name], rtol=0, atol=ATOL, msg=name)
 
 
 @pytest.mark.world_size(2)
@@ -455,3 +514,91 @@ def test_accelerator_zero2_save_state_on_2_load_state_on_1(accelerate_zero):
     for name, value in ref["params"].items():
         torch.testing.assert_close(got["params"][name], value, rtol=0, atol=ATOL, msg=name)
         torch.testing.assert_close(value, out(root, "a2")["params"][name], rtol=0, atol=ATOL, msg=name)  # and DDP's
+
+
+# -- `tasktrain convert --to fsdp` and back, in one process ----------------------------------------------------------
+def _same(a, b, where):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_a_file_converted_to_fsdp_and_back_is_the_same_checkpoint_and_wrong_inputs_are_refused(tmp_path, capsys):
+    """One process, AdamW with two param groups and a scheduler: file -> --to fsdp (a DCP directory) -> --to ckpt
+    gives back every entry exactly; FSDP on one process resumes the directory; wrong inputs are refused by name."""
+    from tasktrain import ModelCheckpoint, TaskModule, Trainer
+    from tasktrain.checkpoint_io import CheckpointError
+    from tasktrain.cli.main import main
+    from tasktrain.strategies.fsdp import convert_fsdp_checkpoint, convert_to_fsdp
+
+    class Small(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.save_hyperparameters()
+            self.body = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.body(x), y)
+
+        def configure_optimizers(self):
+            weights = [p for n, p in self.named_parameters() if n.endswith("weight")]
+            biases = [p for n, p in self.named_parameters() if n.endswith("bias")]
+            optimizer = torch.optim.AdamW([{"params": weights}, {"params": biases, "weight_decay": 0.0}], lr=0.01)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    data = torch.utils.data.TensorDataset(torch.randn(24, 3), torch.randn(24, 1))
+
+    def fit(root, steps, strategy="auto", ckpt_path=None, **kwargs):
+        trainer = Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=steps, logger=False,
+                          enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path / root),
+                          **kwargs)
+        trainer.fit(Small(), torch.utils.data.DataLoader(data, batch_size=4, shuffle=True), ckpt_path=ckpt_path)
+        return trainer
+
+    trainer = fit("plain", 3, callbacks=[ModelCheckpoint(save_last=True)])
+    saved = trainer.checkpoint_callback.last_model_path
+    assert main(["convert", saved, str(tmp_path / "run.fsdp"), "--to", "fsdp"]) == 0
+    assert {".metadata", "__0_0.distcp", "tasktrain_state.pt"} == set(os.listdir(tmp_path / "run.fsdp"))
+    assert main(["convert", str(tmp_path / "run.fsdp"), str(tmp_path / "back.ckpt"), "--to", "ckpt"]) == 0
+    original, back = (torch.load(p, weights_only=True) for p in (saved, tmp_path / "back.ckpt"))
+    assert original["optimizer_states"][0]["state"][0]["exp_avg"].abs().sum() > 0  # Adam has stepped: not zeros
+    assert original.keys() == back.keys()
+    for key in original:
+        _same(original[key], back[key], key)
+    # the directory is FSDP's own layout: an FSDP fit resumes it (on one process here; tests above: on 2)
+    resumed = fit("fsdp", 5, strategy="fsdp", enable_checkpointing=False, ckpt_path=str(tmp_path / "run.fsdp"))
+    assert resumed.global_step == 5 and resumed.lr_scheduler_configs[0].scheduler.last_epoch == 5  # 3 carried
+
+    # wrong inputs: each refused with what to do instead
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "run.fsdp"), str(tmp_path / "x"), "--to", "fsdp"]) == 2
+    assert "is a directory: --to fsdp takes one checkpoint file" in capsys.readouterr().err
+    fake_deepspeed = tmp_path / "ds"
+    fake_deepspeed.mkdir()
+    (fake_deepspeed / "latest").write_text("global_step3")
+    assert main(["convert", str(fake_deepspeed), str(tmp_path / "x"), "--to", "fsdp"]) == 2
+    assert "a DeepSpeed checkpoint directory goes to one file first" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "run.fsdp"), str(tmp_path / "x"), "--to", "deepspeed"]) == 2
+    assert "An FSDP checkpoint directory goes to one file first" in capsys.readouterr().err
+    weights_only = tmp_path / "weights.ckpt"
+    convert_fsdp_checkpoint(tmp_path / "run.fsdp", weights_only)
+    with pytest.raises(CheckpointError, match="holds no optimizer state with the names of its parameters"):
+        convert_to_fsdp(weights_only, tmp_path / "x")
+    accelerator_like = tmp_path / "accelerator_state_dir"
+    accelerator_like.mkdir()
+    (accelerator_like / ".metadata").write_bytes(b"")
+    (accelerator_like / "accelerator_state.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="holds DCP shards but no tasktrain_state.pt.*load_state"):
+        convert_fsdp_checkpoint(accelerator_like, tmp_path / "x", optimizer=True)
+    assert not os.path.exists(tmp_path / "x")

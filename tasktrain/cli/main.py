@@ -257,13 +257,17 @@ def _add_convert(subparsers):
                     "it. With --format safetensors or bin: write the weights of a checkpoint file (a Trainer "
                     "checkpoint or a state dict) or of a DeepSpeed checkpoint directory to the folder OUTPUT in the "
                     "Hugging Face layout (model.safetensors, or shards plus model.safetensors.index.json), which "
-                    "load_checkpoint_and_dispatch and transformers' from_pretrained read. Runs in one process and "
-                    "needs the whole model's fp32 size in memory for a DeepSpeed directory.",
+                    "load_checkpoint_and_dispatch and transformers' from_pretrained read. With --to: a whole run "
+                    "(weights, optimizer state, loop state) between strategies: --to ckpt (a DeepSpeed or FSDP "
+                    "directory -> one file; the Accelerator's FSDP save_state directory -> its layout without "
+                    "FSDP), --to deepspeed / --to fsdp (one file -> that strategy's directory). Runs in one process "
+                    "and needs the whole model's fp32 size in memory for a sharded directory.",
     )
     p.add_argument("checkpoint_dir", metavar="CHECKPOINT",
-                   help="a DeepSpeed checkpoint directory (e.g. checkpoints/last.ckpt), or, for safetensors/bin, "
-                        "also a checkpoint file")
-    p.add_argument("output", help="the file to write (e.g. model.ckpt), or the folder for safetensors/bin")
+                   help="a DeepSpeed or FSDP checkpoint directory (e.g. checkpoints/last.ckpt), or, for "
+                        "safetensors/bin, --to deepspeed and --to fsdp, a checkpoint file")
+    p.add_argument("output", help="the file to write (e.g. model.ckpt), or the folder for safetensors/bin, --to "
+                                  "deepspeed, --to fsdp and an Accelerator's directory")
     p.add_argument("--format", choices=("ckpt", "safetensors", "bin"), default="ckpt",
                    help="ckpt: one tasktrain checkpoint file; safetensors / bin: Hugging Face shards (default: ckpt)")
     p.add_argument("--to", choices=("ckpt", "deepspeed", "fsdp"), default=None,
@@ -326,7 +330,14 @@ def _convert_run(args, CheckpointError) -> int:
     from tasktrain.strategies.fsdp import convert_fsdp_checkpoint, convert_to_fsdp, is_fsdp_checkpoint
 
     try:
-        if args.to == "ckpt":
+        if args.to == "ckpt" and _is_accelerator_fsdp_state(args.checkpoint_dir):
+            from tasktrain.strategies.fsdp import convert_fsdp_state_dir
+            from tasktrain.trainer.accelerator import STATE_FILE
+
+            convert_fsdp_state_dir(args.checkpoint_dir, args.output, STATE_FILE)
+            print(f"tasktrain convert: wrote {args.output} (the Accelerator's save_state layout without FSDP: whole "
+                  "weights, optimizer state, loaders' positions): accelerator.load_state it on one process or DDP")
+        elif args.to == "ckpt":
             if os.path.isdir(args.checkpoint_dir) and is_fsdp_checkpoint(args.checkpoint_dir):
                 checkpoint = convert_fsdp_checkpoint(args.checkpoint_dir, args.output, optimizer=True)
             else:
@@ -355,6 +366,12 @@ def _convert_run(args, CheckpointError) -> int:
         print(f"tasktrain convert: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _is_accelerator_fsdp_state(path):
+    from tasktrain.trainer.accelerator import STATE_FILE
+
+    return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, STATE_FILE))
 
 
 def _export(args, CheckpointError) -> int:

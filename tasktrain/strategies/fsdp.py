@@ -826,10 +826,10 @@ def _read_fsdp_state(checkpoint_dir):
         if os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
             raise CheckpointError(
                 f"{checkpoint_dir!r} holds DCP shards but no {STATE_FILE}: not a checkpoint of the Trainer's FSDP "
-                "strategy (the Accelerator's save_state writes accelerator_state.pt instead, which `tasktrain "
-                "convert` does not read). The Accelerator's directory reshards by itself: load_state(dir) under FSDP "
-                "on any number of processes; for the whole weights, accelerator.get_state_dict(model) on every "
-                "rank, or save_model.")
+                "strategy. For the Accelerator's save_state directory (accelerator_state.pt beside the shards): "
+                "`tasktrain convert DIR OUT_DIR --to ckpt` (or convert_fsdp_state_dir) writes the directory "
+                "save_state writes without FSDP; load_state(dir) under FSDP reads it on any number of processes "
+                "as it is.")
         raise CheckpointError(f"{checkpoint_dir!r} is not an FSDP checkpoint directory (it needs {STATE_FILE} and "
                               "DCP's .metadata).")
     return load_checkpoint_file(os.path.join(checkpoint_dir, STATE_FILE))
@@ -869,9 +869,10 @@ def _whole_from_fsdp(checkpoint_dir, ckpt, output_path):
 
 def _numbered_optimizer_state(saved, group_names, where):
     """An optimizer state keyed by parameter name (FSDP's, get_optimizer_state_dict) -> optimizer.state_dict()'s
-    layout: numbered over the groups in order, as `group_names` (the checkpoint's optimizer_param_names) lists them."""
+    layout: numbered over the groups in order (each group's names are in the optimizer's order), checked against
+    `group_names` (the checkpoint's optimizer_param_names; None: the Accelerator's state, which has none)."""
     groups, state, index = [], {}, 0
-    if [[plain_name(n) for n in g["params"]] for g in saved["param_groups"]] != group_names:
+    if group_names is not None and [[plain_name(n) for n in g["params"]] for g in saved["param_groups"]] != group_names:
         raise CheckpointError(f"{where!r}: its optimizer state and its parameter names (optimizer_param_names) "
                               "disagree; the checkpoint is not one the FSDP strategy wrote.")
     for group in saved["param_groups"]:
@@ -947,3 +948,37 @@ def _named_optimizer_state(saved, group_names, where):
                 state[name] = saved["state"][index]
         groups.append(dict(group, params=list(names_of_group)))
     return {"state": state, "param_groups": groups}
+
+
+def convert_fsdp_state_dir(checkpoint_dir, output_dir, state_name):
+    """The Accelerator's save_state directory written under FSDP (DCP shards of its models and optimizers, plus
+    `state_name`, its state file) -> the directory save_state writes without FSDP (that file alone, with the whole
+    weights and each optimizer's state numbered as optimizer.state_dict() numbers it), which load_state reads on one
+    process or DDP. Runs in one process without a process group. Returns `output_dir`, replaced only once complete."""
+    import shutil
+
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    state_file = os.path.join(checkpoint_dir, state_name)
+    if not os.path.isfile(state_file) or not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
+        raise CheckpointError(f"{checkpoint_dir!r} is not a save_state directory written under FSDP (it needs "
+                              f"{state_name} and DCP's .metadata).")
+    state = load_checkpoint_file(state_file)
+    keys = [key for key in ("models", "optimizers") if state.get(key) == _SHARDED_MARK]
+    if "models" not in keys:
+        raise CheckpointError(f"{checkpoint_dir!r} holds no sharded models: nothing to convert.")
+    loaded = _load_without_process_group(checkpoint_dir, keys)
+    state["models"] = [_owned(weights) for weights in loaded["models"]]
+    if "optimizers" in keys:
+        state["optimizers"] = [_numbered_optimizer_state(saved, None, checkpoint_dir)
+                               for saved in loaded["optimizers"]]
+    state.pop("fsdp", None)
+    output_dir = os.path.abspath(os.fspath(output_dir))
+    tmp = f"{output_dir}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.makedirs(tmp)
+        atomic_save(state, os.path.join(tmp, state_name))
+        replace_dir(tmp, output_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return output_dir

@@ -5,8 +5,8 @@ another number of processes (`tasktrain launch --num_processes N accelerate.py .
 
 Each run: the data, model and optimizer of train.py (next to this file); DIR/NAME.ids.rank{R}.txt records the
 samples of every step; DIR/NAME.state/ is the save_state of step 3 (when the run does not load one);
-DIR/NAME.out.pt (rank 0) the final weights and (but under DeepSpeed) optimizer state. `strategy`: a DeepSpeed
-name (deepspeed_stage_2) or none.
+DIR/NAME.out.pt (rank 0) the final weights and (but under DeepSpeed or FSDP) optimizer state. `strategy`: a
+DeepSpeed name (deepspeed_stage_2), "fsdp" or none.
 """
 import argparse
 import json
@@ -43,7 +43,7 @@ def strategy_of(spec):
         from tasktrain import DeepSpeed
 
         return DeepSpeed(stage=int(name[-1]), gradient_clipping=0.0)
-    return None  # DDP on several processes, one device on one
+    return name  # "fsdp"; None: DDP on several processes, one device on one
 
 
 def run(root, spec):
@@ -73,7 +73,7 @@ def run(root, spec):
     params = accelerator.get_state_dict(model)  # every process: ZeRO-3 gathers
     if accelerator.is_main_process:
         out = {"params": {f"body.{k}": v.detach().clone() for k, v in params.items()}, "global_step": steps.value}
-        if not spec.get("strategy"):  # DeepSpeed's optimizer state is its engine's (partitioned, flat)
+        if not spec.get("strategy"):  # DeepSpeed's is its engine's (partitioned, flat); FSDP's, shards
             out["optimizer"] = optimizer.state_dict()
         torch.save(out, os.path.join(root, f"{spec['name']}.out.pt"))
     accelerator.end_training()
