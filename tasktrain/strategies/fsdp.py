@@ -851,14 +851,17 @@ def _owned(state):
 
 def _whole_from_fsdp(checkpoint_dir, ckpt, output_path):
     names = ckpt.get("optimizer_param_names")
-    if ckpt.get("weights_only") or ckpt.get("optimizer_states") != _SHARDED_MARK or not names:
+    if ckpt.get("weights_only") or not ckpt.get("optimizer_states") or not names:
         raise CheckpointError(
             f"{checkpoint_dir!r} holds no optimizer state with the names of its parameters (written with weights "
             "only, without an optimizer, or by an older tasktrain): only its weights can be converted. Leave out "
             "--to ckpt.")
-    loaded = _load_without_process_group(checkpoint_dir, {"state_dict", "optimizer_states"})
-    optimizers = [_numbered_optimizer_state(saved, group_names, checkpoint_dir)
-                  for saved, group_names in zip(loaded["optimizer_states"], names)]
+    # An optimizer without per-parameter state (SGD without momentum) has no shards: it is in the state file whole.
+    sharded = ckpt["optimizer_states"] == _SHARDED_MARK
+    loaded = _load_without_process_group(checkpoint_dir, {"state_dict", "optimizer_states"} if sharded else
+                                         {"state_dict"})
+    optimizers = [_numbered_optimizer_state(saved, group_names, checkpoint_dir) for saved, group_names in
+                  zip(loaded["optimizer_states"] if sharded else ckpt["optimizer_states"], names)]
     out = {key: value for key, value in ckpt.items() if key != "fsdp"}
     out.update({**format_header(), "state_dict": _owned(loaded["state_dict"]), "weights_only": False,
                 "optimizer_states": optimizers, "optimizer_param_names": names})
