@@ -580,7 +580,9 @@ def test_a_file_converted_to_fsdp_and_back_is_the_same_checkpoint_and_wrong_inpu
     resumed = fit("fsdp", 5, strategy="fsdp", enable_checkpointing=False, ckpt_path=str(tmp_path / "run.fsdp"))
     assert resumed.global_step == 5 and resumed.lr_scheduler_configs[0].scheduler.last_epoch == 5  # 3 carried
 
-    # wrong inputs: each refused with what to do instead
+    # wrong inputs: each refused with what to do instead (an FSDP fit from the plain file itself included)
+    with pytest.raises(CheckpointError, match=r"tasktrain convert FILE DIR --to fsdp, then fit\(ckpt_path=DIR\)"):
+        fit("refused", 5, strategy="fsdp", enable_checkpointing=False, ckpt_path=saved)
     capsys.readouterr()
     assert main(["convert", str(tmp_path / "run.fsdp"), str(tmp_path / "x"), "--to", "fsdp"]) == 2
     assert "is a directory: --to fsdp takes one checkpoint file" in capsys.readouterr().err
