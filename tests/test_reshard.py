@@ -191,6 +191,24 @@ def convert(src, dst, to):
     return proc.stdout
 
 
+_CONVERT_MANY = """import json, sys
+from tasktrain.cli.main import main
+for src, dst, to in json.loads(sys.argv[1]):
+    assert main(["convert", src, dst, "--to", to]) == 0, (src, dst, to)
+"""
+
+
+def convert_many(jobs):
+    """Several `tasktrain convert` commands in one interpreter (the CLI's own main, each as if typed): the imports
+    (DeepSpeed's among them) are paid once."""
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
+    jobs = [[str(src), str(dst), to] for src, dst, to in jobs]
+    proc = subprocess.run([sys.executable, "-c", _CONVERT_MANY, json.dumps(jobs)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
 def plain(path):
     """A converted (or plain) checkpoint as the runs' outputs: params, optimizer state, global step."""
     ckpt = torch.load(path, weights_only=True)
@@ -225,8 +243,8 @@ def zero(ddp):
         {"name": "z3res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_3", "resume": ckpt(root, "z3res2", 6)},
         {"name": "z1res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_1", "resume": ckpt(root, "z2ref", 3)},
     ], timeout=600)
-    for name in ("z2ref", "z2res1", "z3res2", "z3res1", "z1res1"):
-        convert(ckpt(root, name), root / f"{name}.final.ckpt", "ckpt")
+    convert_many([(ckpt(root, name), root / f"{name}.final.ckpt", "ckpt")
+                  for name in ("z2ref", "z2res1", "z3res2", "z3res1", "z1res1")])
     return root, logs
 
 
