@@ -90,6 +90,19 @@ def _torch_load(path, map_location, mmap):
     return torch.load(path, map_location=map_location, weights_only=True)
 
 
+def load_resumable_file(path, target):
+    """A plain checkpoint file that can move to another strategy's layout with its optimizer state: the optimizer
+    states and the names of their parameters (`optimizer_param_names`) must be in it. `target` names the fit the
+    caller converts for, in the error ("a DeepSpeed fit")."""
+    ckpt = load_checkpoint_file(path)
+    if ckpt.get("weights_only") or not ckpt.get("optimizer_states") or not ckpt.get("optimizer_param_names"):
+        raise CheckpointError(
+            f"{path!r} holds no optimizer state with the names of its parameters (a weights-only file, or one written "
+            f"by an older tasktrain): there is nothing to convert for a resume. To start {target} from its weights, "
+            "load them into the module before fit.")
+    return ckpt
+
+
 def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
     """torch.load with weights_only=True and errors that name the file and say what to do. mmap=True maps the
     file's tensors instead of reading them: a page is read (and held) only when a tensor is used, so a process that

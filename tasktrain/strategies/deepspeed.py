@@ -60,7 +60,8 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, format_header, link_tree,
-                                     load_checkpoint_file, load_plain_state_dict, plain_name, replace_dir)
+                                     load_checkpoint_file, load_plain_state_dict, load_resumable_file, plain_name,
+                                     replace_dir)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.strategies.base import _StepWrapper
 from tasktrain.strategies.ddp import _PROCESS, DDP
@@ -1138,13 +1139,8 @@ def convert_to_deepspeed(checkpoint_path, output_dir):
     directory already there is replaced only once the new one is complete."""
     from tasktrain.strategies import deepspeed_universal as universal
 
-    ckpt = load_checkpoint_file(checkpoint_path)
-    names = ckpt.get("optimizer_param_names")
-    if ckpt.get("weights_only") or not ckpt.get("optimizer_states") or not names:
-        raise CheckpointError(
-            f"{checkpoint_path!r} holds no optimizer state with the names of its parameters (a weights-only file, "
-            "or one written by an older tasktrain): there is nothing to convert for a resume. To start a DeepSpeed "
-            "fit from its weights, load them into the module before fit.")
+    ckpt = load_resumable_file(checkpoint_path, "a DeepSpeed fit")
+    names = ckpt["optimizer_param_names"]
     if len(ckpt["optimizer_states"]) != 1:
         raise CheckpointError(f"{checkpoint_path!r} has {len(ckpt['optimizer_states'])} optimizers; DeepSpeed drives "
                               "one per engine.")

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_state_dict, format_header, link_tree,
-                                     load_checkpoint_file, load_plain_state_dict, plain_name, plain_state_dict,
-                                     replace_dir)
+                                     load_checkpoint_file, load_plain_state_dict, load_resumable_file, plain_name,
+                                     plain_state_dict, replace_dir)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.ddp import DDP
@@ -907,13 +907,8 @@ def convert_to_fsdp(checkpoint_path, output_dir):
                "a DeepSpeed checkpoint directory goes to one file first: tasktrain convert DIR run.ckpt --to ckpt")
         raise CheckpointError(f"{checkpoint_path!r} is a directory: --to fsdp takes one checkpoint file (a Trainer "
                               f"checkpoint of one process or DDP); {fix}.")
-    ckpt = load_checkpoint_file(checkpoint_path)
-    names = ckpt.get("optimizer_param_names")
-    if ckpt.get("weights_only") or not ckpt.get("optimizer_states") or not names:
-        raise CheckpointError(
-            f"{checkpoint_path!r} holds no optimizer state with the names of its parameters (a weights-only file, "
-            "or one written by an older tasktrain): there is nothing to convert for a resume. To start an FSDP fit "
-            "from its weights, load them into the module before fit.")
+    ckpt = load_resumable_file(checkpoint_path, "an FSDP fit")
+    names = ckpt["optimizer_param_names"]
     if len(names) != len(ckpt["optimizer_states"]):
         raise CheckpointError(f"{checkpoint_path!r}: its optimizer states and its parameter names disagree.")
     optimizers = [_named_optimizer_state(saved, group_names, checkpoint_path)
