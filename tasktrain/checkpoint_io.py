@@ -3,7 +3,8 @@ the Trainer and the Accelerator all write and read checkpoints through it.
 
 The format, atomic writes, safe loads, hard links and directory swaps, RNG capture and the explicit "last" pointer.
 
-A checkpoint is a dict of tensors and plain containers only (so `torch.load(weights_only=True)` reads it):
+A checkpoint is a dict of tensors and plain containers only (so `torch.load(weights_only=True)` reads it). The
+Trainer's keys (the parts of its run state, tasktrain/trainer/run_state.py, which also lists the Accelerator's):
 
     format_version      int, CHECKPOINT_FORMAT_VERSION
     tasktrain_version   str;  torch_version: str
@@ -33,7 +34,10 @@ import torch
 
 from tasktrain.version import __version__
 
-CHECKPOINT_FORMAT_VERSION = 1
+# 2: the run state (tasktrain/trainer/run_state.py): the Trainer's and the Accelerator's files under one header and
+# one versioned schema; files of format 1 still load (run_state.upgrade).
+CHECKPOINT_FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
 POINTER_NAME = "last_checkpoint.json"
 
 
@@ -140,10 +144,10 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"Checkpoint {path!r} holds a {type(ckpt).__name__}, not a checkpoint dict.")
     version = ckpt.get("format_version")
-    if "state_dict" in ckpt and version is not None and version != CHECKPOINT_FORMAT_VERSION:
+    if ("state_dict" in ckpt or "models" in ckpt) and version is not None and version not in READABLE_FORMAT_VERSIONS:
         raise CheckpointError(
-            f"Checkpoint {path!r} has format version {version}, but this tasktrain ({__version__}) reads version "
-            f"{CHECKPOINT_FORMAT_VERSION}. Load it with the tasktrain version that wrote it "
+            f"Checkpoint {path!r} has format version {version}, but this tasktrain ({__version__}) reads versions "
+            f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))}. Load it with the tasktrain version that wrote it "
             f"({ckpt.get('tasktrain_version', 'unknown')}) and re-save the weights."
         )
     return ckpt

@@ -119,6 +119,49 @@ def no_mark(event, step=-1, batch=-1, long=False):
 _PROCESS = {"watchdog": None}
 
 
+def watched_batches(watchdog, items, event, step_of, start=0, first_is_long=True, end_event=None):
+    """A loop's batches as the watchdog sees them: the one place where the loops (the Trainer's training and
+    evaluation epochs, the Accelerator's prepared loaders) mark their progress. `items` yields tuples whose first
+    element is the batch index. Before each batch is fetched: "fetching a batch" (the first fetch may take any
+    time: workers start); when a batch comes: `event` (the first one may take any time when `first_is_long`:
+    compilation, autotuning); at the end, `end_event` if given. `step_of()` is the optimizer step to report.
+    Without a watchdog: `items` itself, so the loop costs nothing more."""
+    if watchdog is None:
+        return items
+    return _watched(watchdog.mark, items, event, step_of, start, first_is_long, end_event)
+
+
+def _watched(mark, items, event, step_of, start, first_is_long, end_event):
+    index, long = start - 1, first_is_long
+    mark("fetching a batch", step_of(), start, True)
+    try:
+        for item in items:
+            index = item[0]
+            mark(event, step_of(), index, long)
+            long = False
+            yield item
+            mark("fetching a batch", step_of(), index + 1)
+    finally:
+        if end_event is not None:
+            mark(end_event, step_of(), index)
+
+
+def watched_action(watchdog, event, fn, after=None):
+    """`fn`, marked as `event` inside the current batch (its step, batch and long flag stay) each time it runs;
+    with `after`, a new mark once it returned (e.g. what follows the optimizer step has a deadline again)."""
+    if watchdog is None:
+        return fn
+    sub_event, mark = watchdog.sub_event, watchdog.mark
+
+    def call(*args, **kwargs):
+        sub_event(event)
+        result = fn(*args, **kwargs)
+        if after is not None:
+            mark(after, watchdog.step, watchdog.batch)
+        return result
+    return call
+
+
 def start_watchdog(rank, world_size, stall_timeout, on_stop=None, on_exit=None, report=None):
     """The watchdog of this process, started on the first call that wants one: with a stall_timeout, or with
     TASKTRAIN_DEBUG_COLLECTIVES=1. None for a world of one. Call it after the process group exists.

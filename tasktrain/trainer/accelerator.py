@@ -25,14 +25,14 @@ from tasktrain.loggers.trackers import GeneralTracker, check_log_with, make_trac
 from tasktrain.names import MIXED_PRECISION
 from tasktrain.strategies.base import GradientClip, Plan
 from tasktrain.strategies.precision import unpatch_forward
-from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
-from tasktrain.trainer.data import ResumableSampler, prepare_train_data, resume_point
-from tasktrain.trainer.runtime import (ACCELERATOR_NAMES, accumulation_window, broadcast_seed, build_runtime,
-                                       rng_restore_of_this_rank)
+from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_batches
+from tasktrain.trainer.data import ResumableSampler, prepare_train_data
+from tasktrain.trainer.epoch import DataPosition, EpochIterator, warn_global_batch_change
+from tasktrain.trainer.run_state import Objects, Optimizers, RandomStates, RunState, Value, Weights, check_counts, upgrade
+from tasktrain.trainer.runtime import ACCELERATOR_NAMES, broadcast_seed, build_runtime, rng_restore_of_this_rank
 from tasktrain.tree import apply_to_leaves
 
 STATE_FILE = "accelerator_state.pt"
-STATE_FORMAT_VERSION = 1
 _ACCELERATE_NAMES = {name: accelerate for accelerate, name in MIXED_PRECISION.items()}  # "bf16-mixed" -> "bf16"
 
 
@@ -401,7 +401,7 @@ class Accelerator:
             # The Trainer's rule, from the position in the epoch: windows start at multiples of `steps`, and the
             # last one is cut short by the end of the loader.
             index = loader.batches_seen - 1
-            start, self._window = accumulation_window(index, steps, loader.epoch_length)
+            start, self._window = EpochIterator.window(index, steps, loader.epoch_length)
             self.sync_gradients = index + 1 - start == self._window
             return
         self._micro_step += 1
@@ -535,21 +535,7 @@ class Accelerator:
             warnings.warn("save_state inside a gradient accumulation window: the gradients accumulated so far are not "
                           "saved, so a resume from here redoes the window without them. Save after optimizer.step() "
                           "(where accelerator.sync_gradients is True).")
-        state = {
-            "format_version": STATE_FORMAT_VERSION,
-            "world_size": self.num_processes,
-            "optimizers": [self.strategy.optimizer_state(opt.optimizer) for opt in self._optimizers],
-            "schedulers": [s.state_dict() for s in self._schedulers],
-            "precision": self.strategy.precision.state_dict(),
-            "loaders": [loader.state_dict() for loader in self._loaders],
-            "data_seed": self._data_seed,
-            "accumulation": {"micro_step": self._micro_step},
-            "steps": self._steps,
-            "custom": [obj.state_dict() for obj in self._custom],
-            "rng_states": self.strategy.all_gather_object(ckpt_io.collect_rng_states()),
-            # What the strategy does not write itself: a sharded engine keeps the weights in its shards.
-            "models": [self.strategy.module_state_dict(prepared) for prepared, _ in self._models],
-        }
+        state = self._run_state().state_dict()
         if layout == "accelerate":
             from tasktrain.trainer import accelerate_layout
 
@@ -573,6 +559,29 @@ class Accelerator:
                          precision={})
         self.strategy.save_checkpoint_into(output_dir, state, STATE_FILE)
         self.wait_for_everyone()
+
+    def _run_state(self):
+        """This Accelerator's state as stateful parts (tasktrain/trainer/run_state.py), in the order they are saved
+        (the weights last: what the strategy does not write itself, a sharded engine keeps them in its shards)."""
+        strategy = self.strategy
+        return RunState({
+            "world_size": Value(self.num_processes),
+            "optimizers": Optimizers(strategy, [opt.optimizer for opt in self._optimizers]),
+            "schedulers": Objects(self._schedulers),
+            "precision": strategy.precision,
+            "loop": Value(lambda: {"data_seed": self._data_seed, "micro_step": self._micro_step, "steps": self._steps},
+                          self._load_loop),
+            "loaders": Objects(self._loaders),
+            "custom": Objects(self._custom),
+            "rng_states": RandomStates(strategy),
+            "models": Weights(strategy, [prepared for prepared, _ in self._models]),
+        })
+
+    def _load_loop(self, loop):
+        if loop.get("data_seed") is not None:
+            self._data_seed = int(loop["data_seed"])
+        self._micro_step = int(loop.get("micro_step", 0))
+        self._steps = int(loop.get("steps", 0))
 
     def load_state(self, input_dir=None):
         """Restore what save_state wrote into the objects prepared (in the same order) since; the next iteration of
@@ -600,7 +609,8 @@ class Accelerator:
         if not own and accelerate_layout.is_accelerate_folder(input_dir):
             state = {"layout": "accelerate"}  # written by Accelerate itself: its files only
         else:
-            state = self.strategy.load_checkpoint_from(input_dir, STATE_FILE)  # a sharded engine loads its shards
+            # a sharded engine loads its shards; a file of format 1 has the loop's keys at its top
+            state = upgrade(self.strategy.load_checkpoint_from(input_dir, STATE_FILE))
         rng_state = None
         if state.get("layout") == "accelerate":
             counts = {"models": len(self._models), "optimizers": len(self._optimizers),
@@ -609,40 +619,23 @@ class Accelerator:
             rng_state = files.pop("rng_state")
             state = {**state, **files}
             state.setdefault("loaders", [loader.state_dict() for loader in self._loaders])  # Accelerate has none
-            state.setdefault("accumulation", {"micro_step": self._micro_step})
-        self._check_counts(state, "models", self._models, input_dir)
-        self._check_counts(state, "optimizers", self._optimizers, input_dir)
-        for (prepared, _), model_state in zip(self._models, state["models"]):
-            self.strategy.load_module_state_dict(model_state, prepared)
-        for opt, opt_state in zip(self._optimizers, state["optimizers"]):
-            self.strategy.load_optimizer_state(opt.optimizer, opt_state)
-        for name, mine in (("schedulers", self._schedulers), ("loaders", self._loaders), ("custom", self._custom)):
-            self._check_counts(state, name, mine, input_dir)
-        for sched, sched_state in zip(self._schedulers, state["schedulers"]):
-            sched.load_state_dict(sched_state)
-        self.strategy.precision.load_state_dict(state.get("precision", {}))
-        if state.get("data_seed") is not None:
-            self._data_seed = int(state["data_seed"])
-        for loader, loader_state in zip(self._loaders, state["loaders"]):
-            loader.load_state_dict(loader_state)
-        for obj, obj_state in zip(self._custom, state["custom"]):
-            obj.load_state_dict(obj_state)
-        self._micro_step = state["accumulation"]["micro_step"]
-        self._steps = int(state.get("steps", 0))
+            state.setdefault("loop", {"micro_step": self._micro_step})
+        for name, mine in (("models", self._models), ("optimizers", self._optimizers),
+                           ("schedulers", self._schedulers), ("loaders", self._loaders), ("custom", self._custom)):
+            check_counts(state, name, len(mine), lambda saved: (
+                f"{input_dir} holds {saved} {name} but this Accelerator has {len(mine)} prepared/registered: prepare "
+                "(and register_for_checkpointing) the same objects, in the same order, before load_state."))
+        run_state = self._run_state()
+        # the loop before the loaders: they continue the saved data order's seed
+        run_state.load_state_dict(state, only=["models", "optimizers", "schedulers", "precision", "loop", "loaders",
+                                               "custom", "rng_states"])
         if rng_state is not None:  # Accelerate's own files: this process's
             ckpt_io.restore_rng_states(rng_state)
         else:
-            restore_rng = rng_restore_of_this_rank(state.get("rng_states"), self.strategy, input_dir, self._data_seed,
-                                                   self._steps)
+            restore_rng = rng_restore_of_this_rank(run_state.parts["rng_states"].loaded, self.strategy, input_dir,
+                                                   self._data_seed, self._steps)
             if restore_rng is not None:
                 restore_rng()
-
-    def _check_counts(self, state, name, mine, where):
-        saved = len(state.get(name, []))
-        if saved != len(mine):
-            raise ValueError(f"{where} holds {saved} {name} but this Accelerator has {len(mine)} prepared/registered: "
-                             "prepare (and register_for_checkpointing) the same objects, in the same order, before "
-                             "load_state.")
 
     def skip_first_batches(self, dataloader, num_batches=0):
         """The loader, starting `num_batches` into its next iteration (a prepared loader skips without loading)."""
@@ -983,19 +976,32 @@ class PreparedScheduler:
 
 class PreparedDataLoader:
     """This rank's shard of the loader (tasktrain.trainer.data.prepare_train_data), reshuffled every epoch from
-    (seed, epoch), batches moved to the device, and counted so that save_state/load_state resume mid-epoch."""
+    (seed, epoch), batches moved to the device, and counted so that save_state/load_state resume mid-epoch. The
+    counting, the resumed epoch's skip and the resume checks are the epoch iterator's (tasktrain/trainer/epoch.py),
+    the Trainer's too."""
 
     def __init__(self, data, accelerator):
         self._data = data  # TrainData
         self._accelerator = accelerator
-        self.epoch = 0  # the epoch the next full iteration runs (counts completed iterations)
-        self.batches_seen = 0  # batches of the current epoch yielded so far, skipped ones included
-        self.at_last_batch = False
-        self._skip = 0
-        self._skip_samples = None  # load_state: the next iteration starts this far into the epoch's global order
+        self.position = DataPosition()  # the epoch the next iteration runs, and how far into it
         self.length = len(data) if data.has_len() else None  # batches of a whole epoch
-        self.epoch_length = self.length  # batches of the epoch being iterated (a resumed one: done + left)
-        self._samples_base = 0  # samples of the global order consumed = base + batches_seen x samples per batch
+        self._epochs = EpochIterator(data, accelerator.num_processes, self.length, self.position)
+        self.at_last_batch = False
+
+    @property
+    def epoch(self):
+        """The epoch the next full iteration runs (counts completed iterations)."""
+        return self.position.epoch
+
+    @property
+    def batches_seen(self):
+        """Batches of the current epoch yielded so far, skipped ones included."""
+        return self.position.batch_in_epoch
+
+    @property
+    def epoch_length(self):
+        """Batches of the epoch being iterated (a resumed one: those done + those left); None without a length."""
+        return self._epochs.length
 
     @property
     def base_dataloader(self):
@@ -1019,59 +1025,31 @@ class PreparedDataLoader:
         return self.length
 
     def set_epoch(self, epoch):
-        self.epoch = int(epoch)
+        self.position.epoch = int(epoch)
 
     def skip(self, num_batches):
-        self._skip = int(num_batches)
+        """The next iteration starts `num_batches` batches into this rank's shard (skip_first_batches)."""
+        self._epochs.skip(num_batches)
 
     def __iter__(self):
-        accelerator, data, length = self._accelerator, self._data, self.length
+        accelerator, epochs = self._accelerator, self._epochs
         strategy = accelerator.strategy
-        data.set_epoch(self.epoch)
-        skip, self._skip = self._skip, 0
-        skip_samples, self._skip_samples = self._skip_samples, None
-        if skip_samples is not None and length is not None:
-            length = min(length, skip + data.batches_from(skip_samples))  # the batches left, in this run's batches
-        if length is None or skip < length:  # (a skip applies to the next iteration: only if there is one)
-            data.skip_samples(skip_samples) if skip_samples is not None else data.skip(skip)
-        per_batch = data.samples_per_batch(accelerator.num_processes) or 0
-        self._samples_base = (skip_samples if skip_samples is not None else skip * per_batch) - skip * per_batch
-        self.epoch_length = length
-        self.batches_seen = skip
-        self.at_last_batch = length is not None and skip >= length
+        length = epochs.begin(self.position.epoch)
+        start = self.position.batch_in_epoch
+        self.at_last_batch = length is not None and start >= length
         if accelerator._rng_types and accelerator.use_distributed:
             accelerator._synchronize_rng_states()
         accelerator._active_loaders.append(self)
         # watchdog (issue 19): the loop over this loader is watched; each batch is progress, the first may take long
         watchdog = accelerator._watchdog
-        mark = watchdog.mark if watchdog is not None else no_mark
         if watchdog is not None:
             watchdog.arm(accelerator.stall_timeout)
         try:
-            mark("fetching a batch", -1, skip, True)
-            if length is not None:
-                for batch in data if skip < length else ():
-                    self.batches_seen += 1
-                    self.at_last_batch = self.batches_seen >= length
-                    mark("the loop's body", -1, self.batches_seen - 1, self.batches_seen == skip + 1)
-                    yield strategy.batch_to_device(batch)
-                    mark("fetching a batch", -1, self.batches_seen)
-            else:
-                # No length: look one batch ahead to know which one is the last (accumulation ends a window there).
-                iterator = iter(data)
-                batch = next(iterator, _END)
-                while batch is not _END:
-                    upcoming = next(iterator, _END)
-                    self.batches_seen += 1
-                    self.at_last_batch = upcoming is _END
-                    mark("the loop's body", -1, self.batches_seen - 1, self.batches_seen == skip + 1)
-                    yield strategy.batch_to_device(batch)
-                    mark("fetching a batch", -1, self.batches_seen)
-                    batch = upcoming
-            self.epoch += 1
-            self.batches_seen = 0
-            self.epoch_length = self.length
-            self._samples_base = 0
+            for index, batch, last in watched_batches(watchdog, epochs.batches(), "the loop's body", _no_step, start):
+                epochs.advance(index)  # counted before the body runs: a save_state inside it resumes after it
+                self.at_last_batch = last or (length is not None and index + 1 >= length)
+                yield strategy.batch_to_device(batch)
+            epochs.end_epoch()
         finally:
             if watchdog is not None:
                 watchdog.disarm()
@@ -1102,20 +1080,19 @@ class PreparedDataLoader:
 
     # -- resume ------------------------------------------------------------------------------------------------------
     def state_dict(self):
-        epoch, seen = self.epoch, self.batches_seen
-        per_batch = self._data.samples_per_batch(self._accelerator.num_processes)
-        samples = None
-        if self._data.resumes_on_any_world_size:  # the position in the epoch's global order, on any world size
-            samples = min(self._data.num_samples, self._samples_base + seen * per_batch)
+        position = self.position
+        epoch, seen = position.epoch, position.batch_in_epoch
+        # the position in the epoch's global order, on any world size (None: the order is the loader's own)
+        samples = position.samples_in_epoch if self._data.resumes_on_any_world_size else None
         if self.epoch_length is not None and seen >= self.epoch_length:
             epoch, seen, samples = epoch + 1, 0, 0  # saved after the last batch, before the loop ended
         return {"epoch": epoch, "batches_seen": seen, "samples_seen": samples,
-                "world_size": self._accelerator.num_processes, "batch_size": self._data.loader.batch_size}
+                "world_size": self._accelerator.num_processes, "batch_size": self._data.loader.batch_size,
+                "accumulation": self._accelerator.gradient_accumulation_steps}
 
     def load_state_dict(self, state):
         accelerator = self._accelerator
-        self.epoch = int(state["epoch"])
-        self.batches_seen = 0
+        self.position.epoch = int(state["epoch"])
         seed = accelerator._data_seed
         if seed is not None:
             self._data.seed = seed
@@ -1125,21 +1102,21 @@ class PreparedDataLoader:
         position = {"batch_in_epoch": int(state["batches_seen"])}
         if state.get("samples_seen") is not None:
             position["samples_in_epoch"] = int(state["samples_seen"])
-        self._skip, self._skip_samples = resume_point(position, saved_world, self._data, world,
-                                                      accelerator.gradient_accumulation_steps)
-        if self._skip_samples is None and self._skip and saved_world != world:
-            raise ValueError(
-                f"This loader's state stopped in the middle of an epoch on {saved_world} processes, and this run has "
-                f"{world}; its order is its own (a sampler or batch sampler of yours, or an IterableDataset), so "
-                f"the other processes' position is not known. Load the state on {saved_world} processes, or save it "
-                "at the end of an epoch, or prepare a plain DataLoader (shuffle=True or False, no sampler).")
+        accumulate = accelerator.gradient_accumulation_steps
+        self._epochs.resume(position, saved_world, accumulate, source="This loader's state",
+                            epoch_name="an epoch", world=world,
+                            order_remedy="prepare a plain DataLoader (shuffle=True or False, no sampler)")
         saved_batch, batch = state.get("batch_size"), self._data.loader.batch_size
-        if saved_batch and batch and saved_batch * saved_world != batch * world and accelerator.is_main_process:
-            warnings.warn(
-                f"This loader was saved with {saved_batch} samples per batch on each of {saved_world} processes and "
-                f"is loaded with {batch} on {world}: the global batch changes from {saved_batch * saved_world} to "
-                f"{batch * world} samples (per micro-batch, over all processes). The epoch continues where it "
-                "stopped, each sample once; a learning rate tuned for the old global batch acts differently.")
+        saved_accumulate = int(state.get("accumulation", accumulate))  # (not recorded before format 2: the same)
+        saved_global, global_batch = (saved_batch or 0) * saved_world * saved_accumulate, (batch or 0) * world * accumulate
+        if saved_global and global_batch and saved_global != global_batch and accelerator.is_main_process:
+            warn_global_batch_change("This loader", saved_global, global_batch,
+                                     f"{world} process{'es' if world > 1 else ''} x {batch} per batch x {accumulate} "
+                                     "accumulated", self.position.samples_in_epoch)
+
+
+def _no_step():
+    return -1
 
 
 def skip_first_batches(dataloader, num_batches=0):
@@ -1161,8 +1138,6 @@ class _Skipped:
     def __len__(self):
         return max(0, len(self.loader) - self.num_batches)
 
-
-_END = object()
 
 
 def _checkpoint_number(path):

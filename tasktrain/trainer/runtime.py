@@ -3,7 +3,6 @@
     build_runtime(...)          the launch config merged with the script's arguments, the strategy built and
                                 configured (it builds its own precision plugin), the accumulation checked, the
                                 watchdog's stall_timeout
-    accumulation_window(...)    where the accumulation window of a micro-batch starts, and its size
     broadcast_seed(strategy)    the data-order seed, the same on every rank
     rng_restore_of_this_rank(...) what puts this rank's random generators back on a resume, on any number
                                 of processes (and what it says when the number changed)
@@ -130,13 +129,6 @@ def check_accumulation(name, value) -> int:
         raise ValueError(f"{name}={value!r}: use a positive integer (the number of micro-batches per optimizer "
                          "step).")
     return value
-
-
-def accumulation_window(index, steps, length):
-    """(first index, size) of the accumulation window holding micro-batch `index` of an epoch of `length` batches
-    (None: not known). Windows start at multiples of `steps`; the last one is cut short by the epoch's end."""
-    start = index - index % steps
-    return start, steps if length is None else min(steps, length - start)
 
 
 def broadcast_seed(strategy) -> int:

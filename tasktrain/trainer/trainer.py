@@ -15,7 +15,6 @@ At the end of an epoch: epoch metrics reduced, validation when due, epoch-interv
 on_train_epoch_end (module first; what it logs is reduced before the callbacks' on_train_epoch_end runs).
 """
 import contextlib
-import itertools
 import os
 import signal
 import sys
@@ -31,13 +30,16 @@ from tasktrain.callbacks.base import EVENTS, Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
 from tasktrain.strategies.base import Plan, Strategy
-from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
-from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices, resume_point
+from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
+from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices
+from tasktrain.trainer.epoch import EpochIterator, warn_global_batch_change
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.metrics import MetricStore
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
-from tasktrain.trainer.runtime import accumulation_window, broadcast_seed, build_runtime, rng_restore_of_this_rank
+from tasktrain.trainer.run_state import (Callbacks, Objects, Optimizers, RandomStates, RunState, Value, Weights,
+                                         check_counts, upgrade)
+from tasktrain.trainer.runtime import broadcast_seed, build_runtime, rng_restore_of_this_rank
 from tasktrain.trainer.state import TrainState
 from tasktrain.utilities.rank_zero import rank_zero_only
 
@@ -185,7 +187,7 @@ class Trainer:
         self._callback_metrics_cache = {}
         self._logged_metrics = {}
         self._hooks = {}
-        self._watchdog, self._mark, self._watching = None, no_mark, False
+        self._watchdog, self._watching = None, False
         self._reset_run_state()
 
     def _reset_run_state(self):
@@ -195,7 +197,6 @@ class Trainer:
         self.training = False
         self.num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
         self._epoch_length = None  # batches of a whole epoch (limit_train_batches applied)
-        self._resume_samples = None  # a resumed epoch starts this many samples into its global order
         self.num_val_batches = []  # one entry per validation loader (Lightning's shape): its batch count or None
         self.num_sanity_val_batches = []
         self.num_test_batches = []
@@ -492,9 +493,8 @@ class Trainer:
         strategy = self.strategy
         strategy.setup_environment()
         self._reset_run_state()
-        # watchdog (issue 19): None on one process; the loops mark progress through self._mark
+        # watchdog (issue 19): None on one process; the loops are observed through watched_batches/watched_action
         self._watchdog = strategy.watchdog
-        self._mark = self._watchdog.mark if self._watchdog is not None else no_mark
         self.module = module
         module.trainer = self
         self._profile = self.profiler.profile if self.profiler is not None else _no_profile
@@ -689,7 +689,8 @@ class Trainer:
             return 1, 0
         return self.strategy.world_size, self.strategy.global_rank
 
-    def _setup_train_data(self, loader):
+    def _setup_train_data(self, loader, previous=None):
+        """The epoch iterator of a training loader (a rebuilt loader keeps the resume of the `previous` one)."""
         world_size, rank = self._shards()
         train_data = prepare_train_data(loader, world_size, rank, self.state.data_seed,
                                         shuffle=False if self.overfit_batches else None)
@@ -706,7 +707,10 @@ class Trainer:
                 "training would never end. Set Trainer(max_steps=N), or give the loader a __len__ / set "
                 "limit_train_batches=N to define an epoch."
             )
-        return train_data
+        epochs = EpochIterator(train_data, world_size, self._epoch_length, self.state)
+        if previous is not None:
+            epochs.keep_resume_of(previous)
+        return epochs
 
     def _setup_val_data(self, loader):
         world_size, rank = self._shards()
@@ -740,10 +744,11 @@ class Trainer:
         loaders = self._val_loader
         return loaders[0] if loaders and len(loaders) == 1 else loaders
 
-    def _fit_loop(self, module, train_data):
+    def _fit_loop(self, module, epochs):
         module.train()
         self.training = True
         self._first_epoch = self.state.epoch  # its first step may compile: no watchdog deadline (issue 19)
+        self._actions = self._step_actions()
         self._call("on_train_start")
         every = self.reload_dataloaders_every_n_epochs
         while not self._done():
@@ -751,21 +756,32 @@ class Trainer:
             if every and epoch > 0 and epoch % every == 0:  # Lightning re-calls the loader hooks, not given loaders
                 from_train_hook, from_val_hook = self._loaders_from_hooks
                 if from_train_hook:
-                    train_data = self._setup_train_data(self._loader_of(module, "train_dataloader"))
+                    epochs = self._setup_train_data(self._loader_of(module, "train_dataloader"), epochs)
                 if from_val_hook and self._val_loader is not None:
                     self._setup_val_data(self._loader_of(module, "val_dataloader"))
             with self._profile("run_training_epoch"):
-                self._train_epoch(module, train_data, epoch)
+                self._train_epoch(module, epochs, epoch)
             if self.state.epoch_finished:  # current_epoch counts the finished epochs, also when the run stops here
-                self.state.epoch += 1
-                self.state.batch_in_epoch = 0
-                self.state.samples_in_epoch = 0
+                epochs.end_epoch()
                 self.state.epoch_finished = False
             if (self.should_stop and self._may_stop()) or self._max_steps_reached():
                 break
             self.should_stop = False  # a request before min_epochs/min_steps is not kept (Lightning continues too)
         self.training = False
         self._call("on_train_end")
+
+    def _step_actions(self):
+        """What a training step does, in the strategy: its own methods, inside the profiler's ranges with a
+        profiler and marked for the watchdog with one (so that without either a step costs nothing more)."""
+        strategy, watchdog = self.strategy, self._watchdog
+        actions = [("training_step", strategy.training_step), ("backward", strategy.backward),
+                   ("optimizer_step", strategy.optimizer_step), ("optimizer_zero_grad", strategy.zero_grad)]
+        if self.profiler is not None:
+            actions = [(name, profiled(self.profiler, name, fn)) for name, fn in actions]
+        (_, training_step), (_, backward), (_, optimizer_step), (_, zero_grad) = actions
+        return (training_step, watched_action(watchdog, "backward", backward),
+                watched_action(watchdog, "optimizer step", optimizer_step,
+                               after="after the optimizer step (logging, validation, callbacks)"), zero_grad)
 
     def _may_stop(self):
         """A stop request (EarlyStopping, should_stop) is honoured once min_epochs and min_steps are reached;
@@ -778,117 +794,39 @@ class Trainer:
     def _max_steps_reached(self):
         return self.max_steps != -1 and self.state.global_step >= self.max_steps
 
-    def _train_epoch(self, module, data, epoch):
-        strategy, metrics, state = self.strategy, self._metrics, self.state
-        num_batches = self.num_training_batches = self._epoch_length
-        automatic = module.automatic_optimization
-        optimizer = self.optimizers[0] if self.optimizers else None
-        hooks = self._all_hooks
-        # The loop's actions: the strategy's own methods, or, with a profiler, the same inside its ranges (so that
-        # without one a step costs nothing more).
-        training_step, backward, optimizer_step, zero_grad = (
-            strategy.training_step, strategy.backward, strategy.optimizer_step, strategy.zero_grad)
-        if self.profiler is not None:
-            training_step, backward, optimizer_step, zero_grad = (
-                profiled(self.profiler, name, fn) for name, fn in (
-                    ("training_step", training_step), ("backward", backward), ("optimizer_step", optimizer_step),
-                    ("optimizer_zero_grad", zero_grad)))
-        module_hooks, callback_hooks, to_device = self._module_hooks, self._callback_hooks, self._to_device
-        ended_by_hook = False
-        val_every = self._val_every_n_batches()
-        start = state.batch_in_epoch
-        mark, warm_up = self._mark, epoch == self._first_epoch  # watchdog (issue 19)
-
+    def _train_epoch(self, module, epochs, epoch):
+        """One epoch: its batches through `_training_step`, then its end (metrics, validation, schedulers, hooks)."""
+        state, metrics = self.state, self._metrics
         metrics.set_stage("train", True, False)
-        data.set_epoch(epoch)
-        # Resumed mid-epoch: skip the samples of the epoch's global order already trained on (on another number of
-        # processes or another batch size too), or, on a sampler of the user's, this rank's batches.
-        skip_samples, self._resume_samples = self._resume_samples, None
-        if skip_samples is not None and num_batches is not None:
-            # this epoch has the batches left of its order, counted in this run's batches
-            num_batches = min(num_batches, start + data.batches_from(skip_samples))
-        if num_batches is None or start < num_batches:  # (a skip applies to the next iteration: only if there is one)
-            if skip_samples is not None:
-                data.skip_samples(skip_samples)
-            elif start:
-                data.skip(start)
-        self.num_training_batches = num_batches
-        # the samples of the epoch's global order consumed after each batch (all ranks together)
-        per_batch = data.samples_per_batch(self._shards()[0]) or 0
-        samples_base = (state.samples_in_epoch if skip_samples is not None else start * per_batch) - start * per_batch
-        samples_cap = data.num_samples or float("inf")
+        # Resumed mid-epoch: the epoch iterator skips what was trained on (on another number of processes or another
+        # batch size too), without loading it on the Trainer's own order.
+        num_batches = self.num_training_batches = epochs.begin(epoch)
+        start = state.batch_in_epoch
         self._call("on_train_epoch_start")
         # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read
         # after the epoch-start hooks: a GradientAccumulationScheduler sets it there.
-        accumulate = self.accumulate_grad_batches if automatic else 1
-        self._loss_window = []
-        self._loss_window_start = start
-
-        mark("fetching a batch", state.global_step, start, True)  # the loader's workers start: no deadline
+        accumulate = self.accumulate_grad_batches if module.automatic_optimization else 1
+        self._loss_window, self._loss_window_start = [], start
+        self._val_every = self._val_every_n_batches()
+        self._ended_by_hook = False
+        batches = watched_batches(self._watchdog, epochs.batches(self.profiler), "training_step",
+                                  lambda: state.global_step, start, epoch == self._first_epoch,
+                                  end_event="end of the training epoch")
         window_end = -1  # the index of the current accumulation window's last micro-batch
-        for batch_idx, batch, last_of_epoch in _epoch_batches(data, start, num_batches, self.profiler):
+        for batch_idx, batch, last_of_epoch in batches:
             if batch_idx > window_end:  # a window starts: its size is worked out once
-                window_start, window = accumulation_window(batch_idx, accumulate, num_batches)
+                window_start, window = epochs.window(batch_idx, accumulate, num_batches)
                 window_end = window_start + window - 1
-            ends_window = batch_idx == window_end or last_of_epoch
-            mark("training_step", state.global_step, batch_idx, warm_up and batch_idx == start)
-            batch = to_device(batch)
-            metrics.set_batch(batch)
-            skip_rest = False
-            for fn in module_hooks["on_train_batch_start"]:
-                response = fn(batch, batch_idx)
-                skip_rest = skip_rest or (type(response) is int and response == -1)
-            for fn in callback_hooks["on_train_batch_start"]:
-                fn(batch, batch_idx)
-            if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
-                ended_by_hook = True
+            if not self._training_step(module, epochs, batch, batch_idx, window,
+                                       batch_idx == window_end or last_of_epoch):
                 break
-            if automatic:
-                with strategy.no_backward_sync(not ends_window):
-                    outputs = training_step(batch, batch_idx)
-                    loss = self._loss_of(outputs, batch_idx)
-                    self._loss_window.append(loss.detach())
-                    if window > 1:
-                        loss = loss / window
-                    for fn in hooks["on_before_backward"]:
-                        fn(loss)
-                    mark("backward", state.global_step, batch_idx, warm_up and batch_idx == start)
-                    backward(loss)
-                    for fn in hooks["on_after_backward"]:
-                        fn()
-                if ends_window:  # the window's last micro-batch: the one place the loop steps the optimizer
-                    for fn in hooks["on_before_optimizer_step"]:
-                        fn(optimizer)
-                    stepped = optimizer_step(optimizer)
-                    for fn in hooks["on_before_zero_grad"]:
-                        fn(optimizer)
-                    zero_grad(optimizer)
-                    state.global_step += 1
-                    if stepped:
-                        self._step_schedulers("step")
-            else:
-                outputs = training_step(batch, batch_idx)
-            state.batch_in_epoch = batch_idx + 1
-            state.samples_in_epoch = min(samples_cap, samples_base + (batch_idx + 1) * per_batch)
-
-            if ends_window:
-                mark("after the optimizer step (logging, validation, callbacks)", state.global_step, batch_idx)
-                if state.global_step % self.log_every_n_steps == 0:
-                    self._check_finite_loss()
-                    self._flush_step_metrics()
-                if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != num_batches:
-                    self._run_validation(epoch_end=False)
-            for fn in hooks["on_train_batch_end"]:
-                fn(outputs, batch, batch_idx)
-            mark("fetching a batch", state.global_step, batch_idx + 1)
-            if ends_window and ((self._stop_agreed(at_interval=True) and self._may_stop()) or self._max_steps_reached()):
-                break
-        mark("end of the training epoch", state.global_step, state.batch_in_epoch - 1)
+        del batches  # (the watchdog's end-of-epoch mark)
 
         self._check_finite_loss()
         if self._stopping_for_signal():
             return
         # epoch end: train epoch metrics, validation when due, epoch schedulers, then on_train_epoch_end.
+        ended_by_hook = self._ended_by_hook
         complete = num_batches is None or state.batch_in_epoch >= num_batches or ended_by_hook
         self._flush_epoch_metrics(metrics.reduce_epoch("train"))
         if complete and not ended_by_hook and self._val_at_epoch_end(epoch):  # (-1: no validation, as Lightning)
@@ -903,6 +841,61 @@ class Trainer:
         for fn in self._callback_hooks["on_train_epoch_end"]:
             fn()
         self._stop_agreed(at_interval=False)
+
+    def _training_step(self, module, epochs, batch, batch_idx, window, ends_window):
+        """One micro-batch, in the order the module docstring gives; False when the epoch ends after it (a hook's
+        -1, a stop request, max_steps). The optimizer steps at the window's last micro-batch, and only there."""
+        state, hooks = self.state, self._all_hooks
+        training_step, backward, optimizer_step, zero_grad = self._actions
+        batch = self._to_device(batch)
+        self._metrics.set_batch(batch)
+        skip_rest = False
+        for fn in self._module_hooks["on_train_batch_start"]:
+            response = fn(batch, batch_idx)
+            skip_rest = skip_rest or (type(response) is int and response == -1)
+        for fn in self._callback_hooks["on_train_batch_start"]:
+            fn(batch, batch_idx)
+        if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
+            self._ended_by_hook = True
+            return False
+        if module.automatic_optimization:
+            with self.strategy.no_backward_sync(not ends_window):
+                outputs = training_step(batch, batch_idx)
+                loss = self._loss_of(outputs, batch_idx)
+                self._loss_window.append(loss.detach())
+                if window > 1:
+                    loss = loss / window
+                for fn in hooks["on_before_backward"]:
+                    fn(loss)
+                backward(loss)
+                for fn in hooks["on_after_backward"]:
+                    fn()
+            if ends_window:
+                optimizer = self.optimizers[0] if self.optimizers else None
+                for fn in hooks["on_before_optimizer_step"]:
+                    fn(optimizer)
+                stepped = optimizer_step(optimizer)
+                for fn in hooks["on_before_zero_grad"]:
+                    fn(optimizer)
+                zero_grad(optimizer)
+                state.global_step += 1
+                if stepped:
+                    self._step_schedulers("step")
+        else:
+            outputs = training_step(batch, batch_idx)
+        epochs.advance(batch_idx)
+
+        if ends_window:
+            if state.global_step % self.log_every_n_steps == 0:
+                self._check_finite_loss()
+                self._flush_step_metrics()
+            val_every = self._val_every
+            if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != self.num_training_batches:
+                self._run_validation(epoch_end=False)
+        for fn in hooks["on_train_batch_end"]:
+            fn(outputs, batch, batch_idx)
+        stop = ends_window and ((self._stop_agreed(at_interval=True) and self._may_stop()) or self._max_steps_reached())
+        return not stop
 
     def _loss_of(self, outputs, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) and "loss" in outputs else outputs
@@ -1026,20 +1019,20 @@ class Trainer:
         hooks = self._all_hooks
         eval_step = strategy.eval_step if self.profiler is None else profiled(self.profiler, f"{prefix}_step",
                                                                               strategy.eval_step)
-        mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
+        state = self.state
         self._call(f"on_{prefix}_start")
         self._call(f"on_{prefix}_epoch_start")
         with torch.inference_mode() if self.inference_mode else torch.no_grad():
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
                 extra = (dataloader_idx,) if len(loaders) > 1 else ()
                 metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
-                mark("fetching a batch", step, 0, True)  # a loop's first batch may take long: no deadline
                 batches = loader if self.profiler is None else \
                     profiled_iter(loader, self.profiler, f"{prefix}_dataloader_next")
-                for batch_idx, batch in enumerate(batches):
+                for batch_idx, batch in watched_batches(self._watchdog, enumerate(batches), f"{prefix}_step",
+                                                        lambda: state.global_step,
+                                                        end_event=f"end of the {prefix} epoch"):
                     if limit is not None and batch_idx >= limit:
                         break
-                    mark(f"{prefix}_step", step, batch_idx, batch_idx == 0)
                     batch = self._eval_to_device(batch, dataloader_idx)
                     metrics.set_batch(batch)
                     for fn in hooks[f"on_{prefix}_batch_start"]:
@@ -1047,9 +1040,7 @@ class Trainer:
                     outputs = eval_step(step_fn, batch, batch_idx, *extra)
                     for fn in hooks[f"on_{prefix}_batch_end"]:
                         fn(outputs, batch, batch_idx, *extra)
-                    mark("fetching a batch", step, batch_idx + 1)
             metrics.dataloader_suffix = ""
-            mark(f"end of the {prefix} epoch", step)
             for fn in self._module_hooks[f"on_{prefix}_epoch_end"]:
                 fn()
             values = metrics.reduce_epoch(stage)
@@ -1079,27 +1070,25 @@ class Trainer:
         self.predictions = per_loader[0] if len(loaders) == 1 else per_loader
         self._call("on_predict_start")
         self._call("on_predict_epoch_start")
-        mark, step = self._mark, self.state.global_step  # watchdog (issue 19)
+        state = self.state
         eval_step = self.strategy.eval_step if self.profiler is None else profiled(self.profiler, "predict_step",
                                                                                    self.strategy.eval_step)
         with torch.inference_mode() if self.inference_mode else torch.no_grad():
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
                 extra = (dataloader_idx,) if len(loaders) > 1 else ()
                 predictions = per_loader[dataloader_idx]
-                mark("fetching a batch", step, 0, True)
                 batches = loader if self.profiler is None else \
                     profiled_iter(loader, self.profiler, "predict_dataloader_next")
-                for batch_idx, batch in enumerate(batches):
+                for batch_idx, batch in watched_batches(self._watchdog, enumerate(batches), "predict_step",
+                                                        lambda: state.global_step):
                     if limit is not None and batch_idx >= limit:
                         break
-                    mark("predict_step", step, batch_idx, batch_idx == 0)
                     batch = self._eval_to_device(batch, dataloader_idx)
                     self._call("on_predict_batch_start", batch, batch_idx, *extra)
                     out = eval_step(module.predict_step, batch, batch_idx, *extra)
                     if keep:
                         predictions.append(out)
                     self._call("on_predict_batch_end", out, batch, batch_idx, *extra)
-                    mark("fetching a batch", step, batch_idx + 1)
         self._call("on_predict_epoch_end")
         self._call("on_predict_end")
         module.train(was_training)
@@ -1211,25 +1200,10 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------------------------------
     def dump_checkpoint(self, weights_only=False) -> dict:
         """The checkpoint dict (see tasktrain/checkpoint_io.py for every key). Called on every rank."""
-        strategy, module = self.strategy, self.module
-        checkpoint = {
-            **ckpt_io.format_header(),
-            "state_dict": strategy.module_state_dict(),
-            "hyper_parameters": _plain(dict(module.hparams)),
-            "weights_only": bool(weights_only),
-            "train_state": self.state.state_dict(),
-            "world_size": self.world_size,
-        }
-        if not weights_only:
-            checkpoint["optimizer_states"] = [strategy.optimizer_state(o) for o in self.optimizers]
-            checkpoint["optimizer_param_names"] = [strategy.optimizer_param_names(o) for o in self.optimizers]
-            checkpoint["lr_schedulers"] = [c.scheduler.state_dict() for c in self.lr_scheduler_configs]
-            checkpoint["precision"] = strategy.precision.state_dict()
-            checkpoint["callbacks"] = {c.state_key: c.state_dict() for c in self.callbacks}
-            checkpoint["metrics"] = self._metrics.state_dict() if self._metrics else {}
-            checkpoint["rng_states"] = strategy.all_gather_object(ckpt_io.collect_rng_states())
-        if self.datamodule is not None and not weights_only:  # under its class name, as Lightning keeps it
-            checkpoint[type(self.datamodule).__qualname__] = self.datamodule.state_dict()
+        module = self.module
+        checkpoint = self._run_state(weights_only).state_dict()
+        checkpoint.update(hyper_parameters=_plain(dict(module.hparams)), weights_only=bool(weights_only),
+                          world_size=self.world_size)
         if self.datamodule is not None and self.datamodule.hparams:
             checkpoint["datamodule_hyper_parameters"] = _plain(dict(self.datamodule.hparams))
         module.on_save_checkpoint(checkpoint)
@@ -1237,6 +1211,22 @@ class Trainer:
             if is_overridden("on_save_checkpoint", cb, Callback):
                 cb.on_save_checkpoint(self, module, checkpoint)
         return checkpoint
+
+    def _run_state(self, weights_only=False):
+        """This run's state as stateful parts (tasktrain/trainer/run_state.py), under the checkpoint's keys."""
+        strategy = self.strategy
+        parts = {"state_dict": Weights(strategy), "train_state": self.state}
+        if not weights_only:
+            parts.update(
+                optimizer_states=Optimizers(strategy, self.optimizers),
+                optimizer_param_names=Value(lambda: [strategy.optimizer_param_names(o) for o in self.optimizers]),
+                lr_schedulers=Objects([config.scheduler for config in self.lr_scheduler_configs]),
+                precision=strategy.precision, callbacks=Callbacks(self.callbacks),
+                metrics=self._metrics if self._metrics is not None else Value({}),
+                rng_states=RandomStates(strategy))
+            if self.datamodule is not None:  # under its class name, as Lightning keeps it
+                parts[type(self.datamodule).__qualname__] = self.datamodule
+        return RunState(parts)
 
     def save_checkpoint(self, filepath, weights_only=False):
         """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
@@ -1264,7 +1254,7 @@ class Trainer:
         if self._watching:
             self._watchdog.disarm()
             self._watching = False
-        self._watchdog, self._mark = None, no_mark  # the trainer stays picklable between runs
+        self._watchdog = None  # the trainer stays picklable between runs
 
     def _resolve_ckpt_path(self, ckpt_path):
         if ckpt_path == "best":
@@ -1289,7 +1279,7 @@ class Trainer:
         if path is None:
             return None
         strategy, module = self.strategy, self.module
-        ckpt = strategy.load_checkpoint(path)
+        ckpt = upgrade(strategy.load_checkpoint(path))
         if ckpt.get("weights_only"):
             raise ValueError(
                 f"{path} was saved with save_weights_only=True: it holds the weights but no optimizer, scheduler or "
@@ -1300,27 +1290,21 @@ class Trainer:
         for cb in self.callbacks:
             if is_overridden("on_load_checkpoint", cb, Callback):
                 cb.on_load_checkpoint(self, module, ckpt)
-        strategy.load_module_state_dict(ckpt["state_dict"])
-        saved_opts = ckpt.get("optimizer_states", [])
-        if len(saved_opts) != len(self.optimizers):
-            raise ValueError(f"{path} has {len(saved_opts)} optimizer states but configure_optimizers returned "
-                             f"{len(self.optimizers)} optimizers.")
-        for optimizer, state in zip(self.optimizers, saved_opts):
-            strategy.load_optimizer_state(optimizer, state)
-        for config, state in zip(self.lr_scheduler_configs, ckpt.get("lr_schedulers", [])):
-            config.scheduler.load_state_dict(state)
-        strategy.precision.load_state_dict(ckpt.get("precision", {}))
-        saved_callbacks = ckpt.get("callbacks", {})
-        for cb in self.callbacks:
-            if cb.state_key in saved_callbacks:
-                cb.load_state_dict(saved_callbacks[cb.state_key])
-        self._metrics.load_state_dict(ckpt.get("metrics", {}))
+        run_state = self._run_state()
+        run_state.load_state_dict(ckpt, only=["state_dict"])
+        check_counts(ckpt, "optimizer_states", len(self.optimizers), lambda saved: (
+            f"{path} has {saved} optimizer states but configure_optimizers returned {len(self.optimizers)} "
+            "optimizers."))
+        # the loop's position (train_state) is restored on the data it will continue (_restore_position)
+        run_state.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers", "precision", "callbacks",
+                                              "metrics", "rng_states"])
         if self.datamodule is not None and type(self.datamodule).__qualname__ in ckpt:
-            self.datamodule.load_state_dict(ckpt[type(self.datamodule).__qualname__])
+            run_state.load_state_dict(ckpt, only=[type(self.datamodule).__qualname__])
             self._datamodule_restored = True
         # the data order's seed now: loaders rebuilt after a DataModule restore follow the saved order
         self.state.data_seed = ckpt["train_state"].get("data_seed", self.state.data_seed)
-        return path, ckpt["train_state"], int(ckpt.get("world_size", self.world_size)), ckpt.get("rng_states")
+        return (path, ckpt["train_state"], int(ckpt.get("world_size", self.world_size)),
+                run_state.parts["rng_states"].loaded)
 
     def _restore_position(self, path, saved, saved_world, rng_states, data):
         """The loop's position from the checkpoint's train state, on this run's number of processes and batches and
@@ -1333,7 +1317,7 @@ class Trainer:
                   f"batch {state.batch_in_epoch} of the epoch", flush=True)
         return rng_restore_of_this_rank(rng_states, self.strategy, path, state.data_seed, state.global_step)
 
-    def _restore_train_state(self, path, saved, saved_world, data):
+    def _restore_train_state(self, path, saved, saved_world, epochs):
         state = self.state
         global_batch = state.global_batch_size  # this run's
         state.load_state_dict(saved)
@@ -1348,41 +1332,23 @@ class Trainer:
             state.epoch_finished = False
             return
         accumulate = self.accumulate_grad_batches if self.module.automatic_optimization else 1
-        start, samples = resume_point(saved, saved_world, data, shard_world, accumulate)
-        if not self.use_distributed_sampler and start and saved_world != self.world_size:
-            # Each rank read the loader as the user built it: how the ranks split the data (a sampler of theirs, a
-            # dataset per rank, or every rank the same samples) is theirs, so the position of each rank's loader
-            # says nothing about which samples the ranks of another world have left.
-            raise ValueError(
-                f"{path} stopped in the middle of epoch {state.epoch} on {saved_world} processes, and this run has "
-                f"{self.world_size}; with use_distributed_sampler=False each process reads the training loader as "
-                "you built it, so the Trainer cannot tell which samples the other processes had trained on, nor "
-                f"which are left for {self.world_size}. Resume on {saved_world} processes, or resume from a "
-                "checkpoint taken at the end of an epoch, or let the Trainer shard the data "
-                "(use_distributed_sampler=True, a plain DataLoader) so that the epoch continues exactly."
-            )
-        if samples is None and start and saved_world != self.world_size:
-            raise ValueError(
-                f"{path} stopped in the middle of epoch {state.epoch} on {saved_world} processes, and this run has "
-                f"{self.world_size}; the training loader's order is its own (a sampler or batch sampler of yours, or "
-                "an IterableDataset), so the Trainer cannot tell which samples the other processes had trained on. "
-                f"Resume on {saved_world} processes, or resume from a checkpoint taken at the end of an epoch, or let "
-                "the Trainer shard the data (a plain DataLoader with shuffle=True or False, no sampler)."
-            )
-        state.batch_in_epoch = start
-        if samples is not None:
-            state.samples_in_epoch = samples
-            self._resume_samples = samples
+        # Each rank read the loader as the user built it (use_distributed_sampler=False): how the ranks split the
+        # data is theirs, so the position of each rank's loader says nothing about which samples the ranks of
+        # another world have left.
+        users_split = None if self.use_distributed_sampler else (
+            "with use_distributed_sampler=False each process reads the training loader as you built it, so the "
+            "Trainer cannot tell which samples the other processes had trained on, nor which are left for "
+            f"{self.world_size}")
+        epochs.resume(saved, saved_world, accumulate, source=path, epoch_name=f"epoch {state.epoch}",
+                      world=self.world_size, own_order_reason=users_split,
+                      order_remedy="let the Trainer shard the data (use_distributed_sampler=True, a plain DataLoader "
+                                   "with shuffle=True or False, no sampler) so that the epoch continues exactly")
         if saved_global_batch and global_batch and saved_global_batch != global_batch and self.is_global_zero:
-            warnings.warn(
-                f"{path} was trained with {saved_global_batch} samples per optimizer step over all processes, and "
-                f"this run has {global_batch} ({shard_world} process{'es' if shard_world > 1 else ''} x "
-                f"{global_batch // shard_world // accumulate} per batch x {accumulate} accumulated): the global batch "
-                f"changes from {saved_global_batch} to "
-                f"{global_batch}. The epoch continues at sample {state.samples_in_epoch} of its order, each sample "
-                "once; but each step now averages another number of samples, so the learning rate (and a schedule "
-                "counted in steps) acts differently. Keep the global batch by scaling the per-process batch size."
-            )
+            per_batch = global_batch // shard_world // accumulate
+            warn_global_batch_change(
+                path, saved_global_batch, global_batch,
+                f"{shard_world} process{'es' if shard_world > 1 else ''} x {per_batch} per batch x {accumulate} "
+                "accumulated", state.samples_in_epoch)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def _accumulation_schedule(self):
@@ -1505,7 +1471,7 @@ class _StageRun:
             "train_state": trainer.state.state_dict(),
             "callback_metrics": dict(trainer.callback_metrics),
             "logged_metrics": dict(trainer.logged_metrics),
-            "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+            "callbacks": Callbacks(trainer.callbacks).state_dict(),
             "result": result,
         }
 
@@ -1517,36 +1483,10 @@ class _StageRun:
         trainer.state.load_state_dict(collected["train_state"])
         trainer._callback_metrics_cache = collected["callback_metrics"]
         trainer._logged_metrics = collected["logged_metrics"]
-        for cb in trainer.callbacks:
-            if cb.state_key in collected["callbacks"]:
-                cb.load_state_dict(collected["callbacks"][cb.state_key])
+        Callbacks(trainer.callbacks).load_state_dict(collected["callbacks"])
         return collected["result"]
 
 
-def _epoch_batches(data, start, num_batches, profiler=None):
-    """(index, batch, whether it is the epoch's last) for an epoch's batches from `start` on (the data already
-    skips what was trained on). With a known length the windows already end at the last batch (the flag stays
-    False; zip runs in C, no Python frame per batch). Without one, a batch is read ahead, so that the last one is
-    known while it is trained on: its window ends there.
-    """
-    if num_batches is not None and start >= num_batches:
-        return ()  # resumed after the last batch: only the epoch's end is left to run
-    if profiler is not None:
-        data = profiled_iter(data, profiler, "train_dataloader_next")
-    if num_batches is not None:
-        return zip(range(start, num_batches), data, itertools.repeat(False))
-    return _read_ahead(iter(data), start)
-
-
-def _read_ahead(iterator, index):
-    batch = next(iterator, _END)
-    while batch is not _END:
-        upcoming = next(iterator, _END)
-        yield index, batch, upcoming is _END
-        batch, index = upcoming, index + 1
-
-
-_END = object()
 _NULL = contextlib.nullcontext()
 
 

@@ -1,0 +1,164 @@
+"""The epoch iterator: one pass over a training loader, counted and resumable, for the Trainer and the Accelerator.
+
+The Trainer's loop (`Trainer._train_epoch`) and the Accelerator's prepared loaders (`PreparedDataLoader`) both read
+their training data through an `EpochIterator`, so the bookkeeping of an epoch exists once:
+
+    it = EpochIterator(train_data, shard_world_size, length, position)
+    num_batches = it.begin(epoch)          # set_epoch, the resumed epoch's skip, this pass's length
+    for index, batch, last in it.batches():    # read one ahead when the loader has no length
+        ...                                # train on it
+        it.advance(index)                  # batches and samples of the epoch's global order consumed
+    it.end_epoch()                         # the next epoch starts at its first batch
+
+`position` is any object with `epoch`, `batch_in_epoch` and `samples_in_epoch` (the Trainer's TrainState, or the
+prepared loader's own `DataPosition`): the iterator writes the counts there, its owner saves them. A resume
+(`resume`) turns a saved position into this run's: on the Trainer's own order (tasktrain.trainer.data) the
+samples consumed are skipped without loading them, on any number of processes; on a loader with an order of its
+own, this rank's batches are skipped, which only the same number of processes can do (else an error, before
+training). Accumulation windows (`window`) are counted from the position in the epoch, the same for both.
+"""
+import itertools
+import warnings
+from dataclasses import asdict, dataclass
+
+from tasktrain.profilers import profiled_iter
+from tasktrain.trainer.data import TrainData, resume_point
+
+
+@dataclass
+class DataPosition:
+    """Where an epoch of a loader is: the epoch, the batches of it trained on, and the positions of its global order
+    consumed by all ranks together (what a resume on another number of processes skips)."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    samples_in_epoch: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+
+class EpochIterator:
+    """One epoch of `data` (a TrainData: this rank's shard of the loader) at a time; see the module's docstring.
+
+    `world_size` is the number of shards of the global order (1 when each rank reads the loader as given);
+    `length` the batches of a whole epoch (limit applied), None when the loader has none."""
+
+    def __init__(self, data: TrainData, world_size: int, length, position):
+        self.data, self.world_size, self.full_length, self.position = data, world_size, length, position
+        self.length = length  # batches of the pass in flight (a resumed epoch: those done + those left)
+        self._resume = None  # (batch index, samples of the global order or None): where the next pass starts
+        self._per_batch = data.samples_per_batch(world_size) or 0
+        self._samples_base = 0
+        self._samples_cap = data.num_samples or float("inf")
+
+    # -- one pass ---------------------------------------------------------------------------------------------------
+    def begin(self, epoch):
+        """Start a pass over `epoch` at the position (a resumed one: where it stopped); returns its batch count."""
+        data, position = self.data, self.position
+        position.epoch = epoch
+        data.set_epoch(epoch)
+        start, skip_samples = self._resume if self._resume is not None else (0, None)
+        self._resume = None
+        length = self.full_length
+        if skip_samples is not None and length is not None:
+            length = min(length, start + data.batches_from(skip_samples))  # what is left, in this run's batches
+        if length is None or start < length:  # (a skip applies to the next iteration: only if there is one)
+            if skip_samples is not None:
+                data.skip_samples(skip_samples)
+            elif start:
+                data.skip(start)
+        position.batch_in_epoch = start
+        # samples consumed after batch i = base + (i + 1) x per batch
+        consumed = skip_samples if skip_samples is not None else start * self._per_batch
+        self._samples_base = consumed - start * self._per_batch
+        position.samples_in_epoch = min(self._samples_cap, consumed)
+        self.length = length
+        return length
+
+    def skip(self, num_batches):
+        """The next pass starts `num_batches` batches into this rank's shard (a pending resume keeps its samples)."""
+        samples = self._resume[1] if self._resume is not None else None
+        self._resume = (int(num_batches), samples)
+        self.position.batch_in_epoch = int(num_batches)
+
+    def keep_resume_of(self, other):
+        """The resume pending on `other` (the iterator of the loader this one replaces) applies to this one."""
+        self._resume = other._resume
+
+    def batches(self, profiler=None):
+        """(index, batch, whether it is the epoch's last) from the position on. With a known length the flag stays
+        False (the windows end at the last index already; zip runs in C, no Python frame per batch); without one a
+        batch is read ahead, so that the last one is known while it is trained on."""
+        start, length = self.position.batch_in_epoch, self.length
+        if length is not None and start >= length:
+            return ()  # resumed after the last batch: only the epoch's end is left to run
+        data = self.data if profiler is None else profiled_iter(self.data, profiler, "train_dataloader_next")
+        if length is not None:
+            return zip(range(start, length), data, itertools.repeat(False))
+        return _read_ahead(iter(data), start)
+
+    def advance(self, index):
+        """Batch `index` is trained on: count it, and the samples of the global order it consumed."""
+        position = self.position
+        position.batch_in_epoch = index + 1
+        position.samples_in_epoch = min(self._samples_cap, self._samples_base + (index + 1) * self._per_batch)
+
+    def end_epoch(self):
+        position = self.position
+        position.epoch += 1
+        position.batch_in_epoch = position.samples_in_epoch = 0
+        self.length = self.full_length
+        self._samples_base = 0
+
+    @staticmethod
+    def window(index, steps, length):
+        """(first index, size) of the accumulation window holding batch `index` of an epoch of `length` batches
+        (None: not known). Windows start at multiples of `steps`; the last one is cut short by the epoch's end."""
+        start = index - index % steps
+        return start, steps if length is None else min(steps, length - start)
+
+    # -- resume -----------------------------------------------------------------------------------------------------
+    def resume(self, saved: dict, saved_world: int, accumulate: int, *, source, epoch_name, world, order_remedy,
+               own_order_reason=None):
+        """Continue from a saved position (`saved`: batch_in_epoch and samples_in_epoch, if known, written by
+        `saved_world` shards): the next `begin` starts there. `world` is this run's number of processes.
+
+        Refused before training, on every rank alike, when the epoch stopped in its middle on another number of
+        processes and its order is not ours (the other ranks' position is not known): `own_order_reason` says why
+        the order is the user's (default: a sampler, batch sampler or IterableDataset of theirs)."""
+        start, samples = resume_point(saved, saved_world, self.data, self.world_size, accumulate)
+        if start and saved_world != world and (samples is None or own_order_reason is not None):
+            why = own_order_reason or (
+                "the training loader's order is its own (a sampler or batch sampler of yours, or an "
+                "IterableDataset), so the other processes' position is not known")
+            raise ValueError(
+                f"{source} stopped in the middle of {epoch_name} on {saved_world} processes, and this run has "
+                f"{world}; {why}. Resume on {saved_world} processes, or resume from a checkpoint taken at the end of "
+                f"an epoch, or {order_remedy}.")
+        self.position.batch_in_epoch = start
+        if samples is not None:
+            self.position.samples_in_epoch = samples
+        self._resume = (start, samples)
+        return start, samples
+
+
+def warn_global_batch_change(source, saved, now, detail, continues_at):
+    """Said once (by rank 0) when a resume changes the samples per optimizer step over all processes."""
+    warnings.warn(
+        f"{source} was trained with {saved} samples per optimizer step over all processes, and this run has {now} "
+        f"({detail}): the global batch changes from {saved} to {now}. The epoch continues at sample {continues_at} "
+        "of its order, each sample once; but each step now averages another number of samples, so the learning rate "
+        "(and a schedule counted in steps) acts differently. Keep the global batch by scaling the per-process batch "
+        "size.")
+
+
+def _read_ahead(iterator, index):
+    batch = next(iterator, _END)
+    while batch is not _END:
+        upcoming = next(iterator, _END)
+        yield index, batch, upcoming is _END
+        batch, index = upcoming, index + 1
+
+
+_END = object()

@@ -1,0 +1,152 @@
+"""The run state: what a run saves to continue exactly, as one dict of stateful parts.
+
+As torchtitan's checkpointer holds `Stateful` parts, a run's state is `RunState({name: part})`, each part with
+`state_dict()` and `load_state_dict(state)`; a checkpoint is the dict of their states under one versioned header
+(checkpoint_io.format_header: format_version, tasktrain_version, torch_version). The Trainer's checkpoints and the
+Accelerator's save_state are both written and read through it, from the same parts:
+
+    what                   Trainer key         Accelerator key    part
+    the weights            state_dict          models             Weights (through the strategy: an engine's shards)
+    the optimizers         optimizer_states    optimizers         Optimizers (through the strategy)
+    the schedulers         lr_schedulers       schedulers         Objects
+    loss scaling           precision           precision          the precision plugin
+    the data position      train_state         loaders            TrainState / each prepared loader's epoch iterator
+    the loop position      train_state         loop               TrainState / AcceleratorLoop (steps, window, seed)
+    callbacks and objects  callbacks           custom             Callbacks (by state_key) / Objects (registered)
+    metrics                metrics             -                  MetricStore (self.log's epoch accumulators)
+    random generators      rng_states          rng_states         RandomStates (every rank's, restored later)
+
+The Trainer's keys are Lightning's layout (scripts and tools read ckpt["state_dict"], ckpt["callbacks"]); the
+Accelerator's parts are lists because it prepares any number of each. `register_for_checkpointing` adds an object
+to the Accelerator's "custom" part. Format 1 files (before the run state) load: `upgrade` maps them.
+"""
+from tasktrain import checkpoint_io as ckpt_io
+
+
+class RunState:
+    """{name: part}; state_dict() is the checkpoint dict (header + each part's state under its name)."""
+
+    def __init__(self, parts):
+        self.parts = dict(parts)
+
+    def state_dict(self) -> dict:
+        return {**ckpt_io.format_header(), **{name: part.state_dict() for name, part in self.parts.items()}}
+
+    def load_state_dict(self, checkpoint: dict, only=None):
+        """Each part (or those named in `only`, in that order) from its entry; a part the file lacks is left as is
+        (a file written before that part existed)."""
+        for name in only if only is not None else self.parts:
+            if name in checkpoint:
+                self.parts[name].load_state_dict(checkpoint[name])
+
+
+def upgrade(checkpoint: dict) -> dict:
+    """A checkpoint of an older format, in the current one (the dict itself when it is current)."""
+    if checkpoint.get("format_version", 1) >= 2:
+        return checkpoint
+    if "loaders" in checkpoint and "loop" not in checkpoint:  # the Accelerator's format 1: the loop at the top
+        checkpoint = dict(checkpoint)
+        checkpoint["loop"] = {"data_seed": checkpoint.pop("data_seed", None),
+                              "micro_step": checkpoint.pop("accumulation", {}).get("micro_step", 0),
+                              "steps": checkpoint.pop("steps", 0)}
+    return checkpoint
+
+
+# -- the parts ---------------------------------------------------------------------------------------------------------
+class Weights:
+    """The module's weights through the strategy (DeepSpeed and FSDP keep them in their own shards); `models` are
+    the Accelerator's prepared models, None for the Trainer's one module."""
+
+    def __init__(self, strategy, models=None):
+        self.strategy, self.models = strategy, models
+
+    def state_dict(self):
+        if self.models is None:
+            return self.strategy.module_state_dict()
+        return [self.strategy.module_state_dict(model) for model in self.models]
+
+    def load_state_dict(self, state):
+        if self.models is None:
+            self.strategy.load_module_state_dict(state)
+            return
+        for model, model_state in zip(self.models, state):
+            self.strategy.load_module_state_dict(model_state, model)
+
+
+class Optimizers:
+    """The optimizers' states through the strategy (an engine's optimizer writes its own partitions)."""
+
+    def __init__(self, strategy, optimizers):
+        self.strategy, self.optimizers = strategy, optimizers
+
+    def state_dict(self):
+        return [self.strategy.optimizer_state(optimizer) for optimizer in self.optimizers]
+
+    def load_state_dict(self, states):
+        for optimizer, state in zip(self.optimizers, states):
+            self.strategy.load_optimizer_state(optimizer, state)
+
+
+class Objects:
+    """A list of objects with state_dict/load_state_dict (schedulers, the Accelerator's registered objects,
+    its loaders), saved and loaded in order."""
+
+    def __init__(self, objects):
+        self.objects = objects
+
+    def state_dict(self):
+        return [obj.state_dict() for obj in self.objects]
+
+    def load_state_dict(self, states):
+        for obj, state in zip(self.objects, states):
+            obj.load_state_dict(state)
+
+
+class Callbacks:
+    """Callbacks by their state_key: a callback the file has no state for keeps its own."""
+
+    def __init__(self, callbacks):
+        self.callbacks = callbacks
+
+    def state_dict(self):
+        return {cb.state_key: cb.state_dict() for cb in self.callbacks}
+
+    def load_state_dict(self, states):
+        for cb in self.callbacks:
+            if cb.state_key in states:
+                cb.load_state_dict(states[cb.state_key])
+
+
+class RandomStates:
+    """Every rank's random generators (gathered on save: a resume on another number of processes hands them out).
+    Loading only keeps them: the caller restores this rank's when the loop is about to continue."""
+
+    def __init__(self, strategy):
+        self.strategy, self.loaded = strategy, None
+
+    def state_dict(self):
+        return self.strategy.all_gather_object(ckpt_io.collect_rng_states())
+
+    def load_state_dict(self, states):
+        self.loaded = states
+
+
+class Value:
+    """A plain value (a number, a list of names) under a key: saved as it is, loading hands it to `load`."""
+
+    def __init__(self, value, load=None):
+        self.value, self._load = value, load
+
+    def state_dict(self):
+        return self.value() if callable(self.value) else self.value
+
+    def load_state_dict(self, state):
+        if self._load is not None:
+            self._load(state)
+
+
+def check_counts(checkpoint: dict, name: str, mine: int, message):
+    """The file holds as many `name` as this run has, or `message(saved)` is raised."""
+    saved = len(checkpoint.get(name, []) or [])
+    if saved != mine:
+        raise ValueError(message(saved))

@@ -1,0 +1,151 @@
+"""The run state (tasktrain/trainer/run_state.py) and the epoch iterator (tasktrain/trainer/epoch.py): one schema
+under the Trainer's checkpoints and the Accelerator's save_state, one epoch bookkeeping under both loops.
+
+tests/data/format_v1 holds files written by tasktrain before the run state (main at 9dac750, format 1): a Trainer
+checkpoint after 4 steps of a 6-batch epoch and an Accelerator save_state after 3 batches, and the weights each
+reached when that version resumed them (to 9 steps; to the end of the next epoch). This version must load them and
+continue to the very same weights.
+"""
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tasktrain import Accelerator, TaskModule, Trainer
+from tasktrain.checkpoint_io import CHECKPOINT_FORMAT_VERSION
+from tasktrain.trainer.accelerator import STATE_FILE
+from tasktrain.trainer.data import prepare_train_data
+from tasktrain.trainer.epoch import DataPosition, EpochIterator
+from tasktrain.trainer.run_state import upgrade
+
+V1 = os.path.join(os.path.dirname(__file__), "data", "format_v1")
+
+
+def _data():
+    torch.manual_seed(0)
+    x = torch.randn(24, 4)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+class Reg(TaskModule):
+    def __init__(self):
+        super().__init__()
+        self.save_hyperparameters({"width": 4})
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss, on_epoch=True)
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=0.01)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 2)}
+
+
+def _trainer(tmp_path, **kwargs):
+    return Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                   default_root_dir=str(tmp_path), **kwargs)
+
+
+def test_a_trainer_checkpoint_of_format_1_resumes_to_the_weights_that_version_reached(tmp_path):
+    expected = torch.load(os.path.join(V1, "expected.pt"), weights_only=True)
+    data = _data()
+    module = Reg()
+    trainer = _trainer(tmp_path, max_steps=9)
+    trainer.fit(module, DataLoader(data, batch_size=4, shuffle=True), ckpt_path=os.path.join(V1, "trainer_v1.ckpt"))
+    assert trainer.global_step == expected["trainer_step"] == 9
+    for name, value in expected["trainer"].items():
+        assert torch.equal(module.state_dict()[name], value), name
+    # what it writes now is format 2, with the same Lightning keys
+    trainer.save_checkpoint(tmp_path / "now.ckpt")
+    now = torch.load(tmp_path / "now.ckpt", weights_only=True)
+    assert now["format_version"] == CHECKPOINT_FORMAT_VERSION == 2
+    for key in ("state_dict", "optimizer_states", "optimizer_param_names", "lr_schedulers", "precision", "callbacks",
+                "metrics", "rng_states", "train_state", "hyper_parameters", "world_size"):
+        assert key in now, key
+
+
+def test_an_accelerator_state_of_format_1_loads_and_continues_to_the_weights_that_version_reached(tmp_path):
+    expected = torch.load(os.path.join(V1, "expected.pt"), weights_only=True)
+    data = _data()
+    accelerator = Accelerator()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    model, opt, loader, sched = accelerator.prepare(model, opt, DataLoader(data, batch_size=4, shuffle=True), sched)
+    old = torch.load(os.path.join(V1, "accelerator_v1", STATE_FILE), weights_only=True)
+    assert old["format_version"] == 1 and "steps" in old and "loop" not in old  # really the old layout
+    accelerator.load_state(os.path.join(V1, "accelerator_v1"))
+    seen = 0
+    for _ in range(2):
+        for x, y in loader:
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            seen += 1
+    assert seen == expected["accelerator_batches"] == 9  # the rest of epoch 0 (3 of 6), then epoch 1
+    for name, value in expected["accelerator"].items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert sched.get_last_lr() == expected["lr"]
+    # saved now: one header for both kinds of file, the loop's position as its own part
+    accelerator.save_state(str(tmp_path / "state"))
+    now = torch.load(tmp_path / "state" / STATE_FILE, weights_only=True)
+    assert now["format_version"] == 2 and now["loop"]["steps"] == 12 and "steps" not in now
+
+
+def test_upgrade_maps_the_accelerator_format_1_loop_keys():
+    old = {"format_version": 1, "loaders": [], "data_seed": 5, "accumulation": {"micro_step": 1}, "steps": 7}
+    assert upgrade(old)["loop"] == {"data_seed": 5, "micro_step": 1, "steps": 7}
+    current = {"format_version": 2, "loop": {"steps": 1}}
+    assert upgrade(current) is current
+
+
+# -- the epoch iterator -------------------------------------------------------------------------------------------------
+def _iterator(n=10, batch_size=2, world=2, rank=0, shuffle=False):
+    data = prepare_train_data(DataLoader(TensorDataset(torch.arange(n)), batch_size=batch_size, shuffle=shuffle),
+                              world, rank, seed=3)
+    return EpochIterator(data, world, len(data), DataPosition())
+
+
+def test_the_epoch_iterator_counts_batches_and_global_samples_and_resumes_on_another_world_size():
+    it = _iterator(n=12, batch_size=2, world=2, rank=0)
+    assert it.begin(0) == 3
+    seen = []
+    for index, (batch,), last in it.batches():
+        seen.append(batch.tolist())
+        it.advance(index)
+        if index == 1:
+            break
+    assert seen == [[0, 2], [4, 6]] and it.position.batch_in_epoch == 2 and it.position.samples_in_epoch == 8
+    saved = it.position.state_dict()
+    # on one process: the 4 samples left of the epoch's order, in 2 batches of 2
+    one = _iterator(n=12, batch_size=2, world=1, rank=0)
+    one.resume(saved, 2, 1, source="here", epoch_name="epoch 0", world=1, order_remedy="-")
+    assert one.begin(0) == 4 + 2  # this run's numbering: 4 batches done, 2 left
+    rest = []
+    for index, (batch,), last in one.batches():
+        rest.extend(batch.tolist())
+        one.advance(index)
+    assert rest == [8, 9, 10, 11] and one.position.samples_in_epoch == 12
+    one.end_epoch()
+    assert (one.position.epoch, one.position.batch_in_epoch, one.position.samples_in_epoch) == (1, 0, 0)
+
+
+def test_the_epoch_iterator_reads_ahead_without_a_length_and_refuses_a_users_order_on_another_world_size():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(5))
+
+    data = prepare_train_data(DataLoader(Stream(), batch_size=None), 1, 0, seed=0)
+    it = EpochIterator(data, 1, None, DataPosition())
+    assert it.begin(0) is None
+    flags = [(index, last) for index, _, last in it.batches()]
+    assert flags == [(0, False), (1, False), (2, False), (3, False), (4, True)]
+    assert EpochIterator.window(4, 3, None) == (3, 3) and EpochIterator.window(4, 3, 5) == (3, 2)
+    with pytest.raises(ValueError, match=r"stopped in the middle of epoch 2 on 2 processes, and this run has 1; the "
+                                         r"training loader's order is its own.*or do this"):
+        it.resume({"batch_in_epoch": 3}, 2, 1, source="ckpt", epoch_name="epoch 2", world=1, order_remedy="do this")
