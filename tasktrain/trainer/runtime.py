@@ -165,3 +165,24 @@ def rng_restore_of_this_rank(states, strategy, source, seed, global_step):
 
 def _ranks(first, end):
     return f"rank {first}" if end - first == 1 else f"ranks {first}-{end - 1}"
+
+
+# -- the process's rank, for layers above the core ------------------------------------------------------------------
+# A run that starts tells its global rank here; compatibility layers that keep their own copy (Lightning's
+# rank_zero_only.rank, tasktrain/compat/lightning) listen, so that the core never imports them.
+_RANK_LISTENERS = []
+_KNOWN_RANK = []
+
+
+def announce_rank(rank: int):
+    """This process's global rank, now that a run knows it: every listener hears it."""
+    _KNOWN_RANK[:] = [int(rank)]
+    for listener in _RANK_LISTENERS:
+        listener(int(rank))
+
+
+def on_rank_known(listener):
+    """`listener(rank)` at every run's start (and now, if a run already told it)."""
+    _RANK_LISTENERS.append(listener)
+    if _KNOWN_RANK:
+        listener(_KNOWN_RANK[0])

@@ -39,9 +39,8 @@ from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.run_state import (Callbacks, Objects, Optimizers, RandomStates, RunState, Value, Weights,
                                          check_counts, upgrade)
-from tasktrain.trainer.runtime import broadcast_seed, build_runtime, rng_restore_of_this_rank
+from tasktrain.trainer.runtime import announce_rank, broadcast_seed, build_runtime, rng_restore_of_this_rank
 from tasktrain.trainer.state import TrainState
-from tasktrain.utilities.rank_zero import rank_zero_only
 
 
 class Trainer:
@@ -501,7 +500,7 @@ class Trainer:
         if self.profiler is not None:
             self.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None, self.log_dir,
                                 strategy.is_global_zero, module)
-        rank_zero_only.rank = strategy.global_rank  # @rank_zero_only functions of the user's script know their rank
+        announce_rank(strategy.global_rank)  # @rank_zero_only functions of the user's script know their rank
         self._metrics = MetricStore(strategy)
         self._attach_module_callbacks(module)
         self._build_hooks(module)

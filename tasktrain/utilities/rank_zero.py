@@ -9,6 +9,8 @@ import logging
 import os
 import warnings
 
+from tasktrain.trainer.runtime import on_rank_known
+
 log = logging.getLogger("tasktrain")
 
 
@@ -35,6 +37,8 @@ def rank_zero_only(fn=None, default=None):
 
 
 rank_zero_only.rank = _rank_from_environment()
+# set by every run's start (the Trainer tells the core, which tells its listeners)
+on_rank_known(lambda rank: setattr(rank_zero_only, "rank", rank))
 
 
 @rank_zero_only

@@ -1,0 +1,354 @@
+"""The Accelerator under Accelerate's constructor (`accelerate.accelerator.Accelerator` -> `tasktrain.Accelerator`).
+
+The core Accelerator (tasktrain/trainer/accelerator.py) takes tasktrain's arguments; this class takes Accelerate's
+(device_placement ... parallelism_config, in Accelerate's order), maps each onto them or refuses it with what to do
+instead, before anything starts (docs/accelerator.md lists them), and adds what only Accelerate's scripts use: the
+process state (`state`, `distributed_type`, main_process_first, split_between_processes, the on_*_process
+decorators: tasktrain/compat/accelerate/state.py), Accelerate's precision names (`mixed_precision`), `profile` with
+ProfileKwargs, `pad_across_processes`, `free_memory`, and save_state's layout="accelerate" (Accelerate's files,
+tasktrain/compat/accelerate/layout.py), which load_state also reads when Accelerate itself wrote them.
+"""
+import contextlib
+import os
+
+import torch
+
+from tasktrain.names import MIXED_PRECISION
+from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
+from tasktrain.trainer import accelerator as core
+from tasktrain.trainer.accelerator import STATE_FILE
+
+_ACCELERATE_NAMES = {name: accelerate for accelerate, name in MIXED_PRECISION.items()}  # "bf16-mixed" -> "bf16"
+
+
+class Accelerator(core.Accelerator):
+    """Prepare a model, optimizer, data loaders and schedulers for the chosen strategy and precision.
+
+    Accelerate's constructor arguments each work as in Accelerate or raise a clear error at construction
+    (docs/accelerator.md lists them); `strategy` and `stall_timeout` are ours. Arguments left as None come from
+    `tasktrain launch` (its TASKTRAIN_* variables), then from the defaults:
+    mixed_precision "no" (also "fp16", "bf16", or our names "16-mixed", "bf16-mixed", "64-true", "bf16-true",
+    "16-true"), one gradient accumulation step, and strategy "ddp" when a launcher started several processes, else
+    "single_device". `strategy` takes a registry name ("ddp", "deepspeed_stage_2", ...) or a Strategy.
+
+    stall_timeout (seconds, default 300; None or 0: off): on several processes, a rank that makes no progress
+    for that long while it iterates a prepared data loader stops every rank with a message naming it (the
+    watchdog, docs/distributed.md). Progress is each batch, backward and optimizer.step; wrap longer work in
+    `with accelerator.long_event(name):`.
+    """
+
+    def __init__(self, device_placement=True, split_batches=None, mixed_precision=None,
+                 gradient_accumulation_steps=None, cpu=False, dataloader_config=None, deepspeed_plugin=None,
+                 fsdp_plugin=None, torch_tp_plugin=None, megatron_lm_plugin=None, rng_types=None, log_with=None,
+                 project_dir=None, project_config=None, gradient_accumulation_plugin=None,
+                 step_scheduler_with_optimizer=True, kwargs_handlers=None, dynamo_backend=None, dynamo_plugin=None,
+                 deepspeed_plugins=None, parallelism_config=None, strategy=None, stall_timeout=DEFAULT_STALL_TIMEOUT,
+                 even_batches=None, dispatch_batches=None):
+        # Accelerate's arguments are read here, before anything starts: each maps onto a tasktrain choice or is a
+        # clear error (docs/accelerator.md, "Coming from Accelerate").
+        options = _accelerate_options(
+            device_placement=device_placement, split_batches=split_batches, even_batches=even_batches,
+            dispatch_batches=dispatch_batches, dataloader_config=dataloader_config, deepspeed_plugin=deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
+            rng_types=rng_types, project_dir=project_dir, project_config=project_config,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, kwargs_handlers=kwargs_handlers,
+            dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, deepspeed_plugins=deepspeed_plugins,
+            parallelism_config=parallelism_config, strategy=strategy)
+        self._profile_handler = options.pop("profile")
+        super().__init__(mixed_precision=mixed_precision, cpu=cpu, log_with=log_with,
+                         step_scheduler_with_optimizer=step_scheduler_with_optimizer, stall_timeout=stall_timeout,
+                         **options)
+        from tasktrain.compat.accelerate.state import _share
+
+        _share(self)  # PartialState() and AcceleratorState() read this Accelerator's strategy from now on
+
+    @property
+    def state(self):
+        """Accelerate's AcceleratorState of this process (tasktrain.state)."""
+        from tasktrain.compat.accelerate.state import AcceleratorState
+
+        return AcceleratorState._of(self.strategy, self)
+
+    @property
+    def distributed_type(self):
+        """DistributedType.NO, MULTI_CPU (DDP on CPUs), MULTI_GPU (DDP on GPUs) or DEEPSPEED."""
+        return self.state.distributed_type
+
+    @property
+    def mixed_precision(self) -> str:
+        """Accelerate's name of the precision: "no", "fp16", "bf16"; for those Accelerate has not, "fp64" (64-true)
+        or our own name ("bf16-true", "16-true": parameters stored in half, which Accelerate has no name for)."""
+        name = self.precision_name
+        return _ACCELERATE_NAMES.get(name, "fp64" if name == "64-true" else name)
+
+    def _process_state(self):
+        from tasktrain.compat.accelerate.state import PartialState
+
+        return PartialState._of(self.strategy)
+
+    def main_process_first(self):
+        """The main process runs the block first (e.g. to download or preprocess), then the others."""
+        return self._process_state().main_process_first()
+
+    def local_main_process_first(self):
+        """Each machine's first process runs the block first, then the others."""
+        return self._process_state().local_main_process_first()
+
+    def split_between_processes(self, inputs, apply_padding=False):
+        """`with accelerator.split_between_processes(items) as mine:` this process's contiguous part of a list,
+        tuple, tensor or dict of them (tasktrain.state.PartialState.split_between_processes)."""
+        return self._process_state().split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function):
+        """Decorator: run on the main process only (elsewhere the call returns None)."""
+        return self._process_state().on_main_process(function)
+
+    def on_local_main_process(self, function):
+        return self._process_state().on_local_main_process(function)
+
+    def on_last_process(self, function):
+        return self._process_state().on_last_process(function)
+
+    def on_process(self, function=None, process_index=None):
+        return self._process_state().on_process(function, process_index=process_index)
+
+    def on_local_process(self, function=None, local_process_index=None):
+        return self._process_state().on_local_process(function, local_process_index=local_process_index)
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler=None):
+        """torch.profiler.profile with the ProfileKwargs given here or in kwargs_handlers; with output_trace_dir
+        each process writes its Chrome trace there (trace_rank_{process_index}.json) at the end of the block."""
+        from tasktrain.compat.accelerate.utils.dataclasses import ProfileKwargs
+
+        handler = profile_handler or self._profile_handler or ProfileKwargs()
+        activities = handler.activities
+        if activities is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+        else:
+            activities = [getattr(torch.profiler.ProfilerActivity, a.upper()) if isinstance(a, str) else a
+                          for a in activities]
+        schedule = None if handler.schedule_option is None else torch.profiler.schedule(**handler.schedule_option)
+        profiler = torch.profiler.profile(activities=activities, schedule=schedule,
+                                          on_trace_ready=handler.on_trace_ready, record_shapes=handler.record_shapes,
+                                          profile_memory=handler.profile_memory, with_stack=handler.with_stack,
+                                          with_flops=handler.with_flops, with_modules=handler.with_modules)
+        with profiler:
+            yield profiler
+        if handler.output_trace_dir:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir,
+                                                      f"trace_rank_{self.process_index}.json"))
+
+    def pad_across_processes(self, tensor, dim=0, pad_index=0, pad_first=False):
+        """Pad `dim` of each tensor to its largest size over processes, so that they can be gathered."""
+        from tasktrain.compat.accelerate.utils.operations import pad_across_processes
+
+        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def free_memory(self, *objects):
+        """Forget every prepared object (and the trackers' references stay), collect garbage; returns Nones for
+        `objects` to assign back, as Accelerate's."""
+        from tasktrain.compat.accelerate.utils.memory import release_memory
+
+        self._models, self._optimizers, self._schedulers, self._loaders = [], [], [], []
+        self._active_loaders.clear()
+        self._custom = []
+        self.strategy.teardown()
+        return release_memory(*objects)
+
+    clear = free_memory
+
+    def __repr__(self):
+        return (f"Accelerator({self.strategy.describe()}, mixed_precision={self.mixed_precision!r}, "
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps})")
+
+    # -- Accelerate's save_state files ---------------------------------------------------------------------------------
+    def _write_layout(self, output_dir, layout, state, safe_serialization):
+        if layout != "accelerate":
+            return super()._write_layout(output_dir, layout, state, safe_serialization)
+        from tasktrain.compat.accelerate import layout as accelerate_layout
+
+        if any(not weights and any(True for _ in original.parameters())
+               for weights, (_, original) in zip(state["models"], self._models)):
+            raise ValueError("save_state(layout='accelerate') writes whole weights, and this strategy keeps "
+                             "them in its own shards (DeepSpeed): use save_state(dir) (the engine's checkpoint), "
+                             "or save_model for the weights.")
+        for weights in state["models"]:
+            try:
+                self.strategy.check_full_state_dict(weights, "save_state(layout='accelerate')")
+            except ValueError as error:
+                raise ValueError("save_state(layout='accelerate') writes whole weights, and this strategy keeps "
+                                 "them in shards on every rank (FSDP): use save_state(dir) (a sharded directory "
+                                 "every rank writes), or save_model for the whole weights.") from error
+        accelerate_layout.write(output_dir, state["models"], state["optimizers"], state["schedulers"],
+                                state["precision"], state["custom"], self.process_index, self.is_main_process,
+                                safe_serialization=safe_serialization)
+        # Our exact-resume extras (loader positions, data seed, accumulation) ride along in our own file.
+        state.update(layout="accelerate", models=[], optimizers=[], schedulers=[], custom=[], rng_states=None,
+                     precision={})
+        return state
+
+    def _read_state(self, input_dir):
+        from tasktrain.compat.accelerate import layout as accelerate_layout
+
+        own = os.path.exists(os.path.join(input_dir, STATE_FILE))
+        if not own and accelerate_layout.is_accelerate_folder(input_dir):
+            state = {"layout": "accelerate"}  # written by Accelerate itself: its files only
+        else:
+            state, _ = super()._read_state(input_dir)
+        rng_state = None
+        if state.get("layout") == "accelerate":
+            counts = {"models": len(self._models), "optimizers": len(self._optimizers),
+                      "schedulers": len(self._schedulers), "custom": len(self._custom)}
+            files = accelerate_layout.read(input_dir, counts, self.process_index)
+            rng_state = files.pop("rng_state")
+            state = {**state, **files}
+            state.setdefault("loaders", [loader.state_dict() for loader in self._loaders])  # Accelerate has none
+            state.setdefault("loop", {"micro_step": self._micro_step})
+        return state, rng_state
+
+
+# -- Accelerate's constructor arguments -------------------------------------------------------------------------------
+def _refuse(name, value, why):
+    if value is not None:
+        raise ValueError(f"Accelerator({name}=...): {why}")
+
+
+def _accelerate_options(*, device_placement, split_batches, even_batches, dispatch_batches, dataloader_config,
+                        deepspeed_plugin, fsdp_plugin, torch_tp_plugin, megatron_lm_plugin, rng_types, project_dir,
+                        project_config, gradient_accumulation_steps, gradient_accumulation_plugin, kwargs_handlers,
+                        dynamo_backend, dynamo_plugin, deepspeed_plugins, parallelism_config, strategy):
+    """Accelerate's arguments checked and turned into tasktrain's choices, before anything starts. Each is used,
+    or refused with what to do instead (docs/accelerator.md lists them)."""
+    from tasktrain.compat.accelerate.utils.dataclasses import (AutocastKwargs, DataLoaderConfiguration, DeepSpeedPlugin,
+                                             DistributedDataParallelKwargs, FullyShardedDataParallelPlugin,
+                                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
+                                             ProfileKwargs, ProjectConfiguration)
+
+    if device_placement is not True:
+        raise ValueError("Accelerator(device_placement=False): tasktrain always places prepared models and batches "
+                         "on accelerator.device. Leave it True and move nothing yourself.")
+    for name, value in (("split_batches", split_batches), ("even_batches", even_batches),
+                        ("dispatch_batches", dispatch_batches)):
+        if value is not None:
+            raise TypeError(f"Accelerator({name}=...) is not an argument (Accelerate 1.x moved it): pass "
+                            f"dataloader_config=DataLoaderConfiguration({name}=...).")
+    _refuse("torch_tp_plugin", torch_tp_plugin, "tensor parallelism is not supported.")
+    _refuse("megatron_lm_plugin", megatron_lm_plugin, "Megatron-LM is not supported.")
+    _refuse("dynamo_plugin", dynamo_plugin, "compile the model yourself (torch.compile) before prepare.")
+    _refuse("parallelism_config", parallelism_config, "only data parallelism (DDP) and DeepSpeed ZeRO are supported.")
+    _refuse("deepspeed_plugins", deepspeed_plugins, "one DeepSpeed plugin per Accelerator: pass deepspeed_plugin=.")
+    if dynamo_backend is not None and str(getattr(dynamo_backend, "value", dynamo_backend)).lower() != "no":
+        raise ValueError(f"Accelerator(dynamo_backend={dynamo_backend!r}): compile the model yourself "
+                         "(torch.compile) before prepare; a compiled model is unwrapped by unwrap_model.")
+
+    config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
+    if not isinstance(config, DataLoaderConfiguration):
+        raise TypeError(f"dataloader_config must be a tasktrain.utils.DataLoaderConfiguration, got "
+                        f"{type(config).__name__}.")
+    if config.split_batches:
+        raise ValueError("DataLoaderConfiguration(split_batches=True): prepared loaders give every process whole "
+                         "batches of its own samples. Divide the batch size by the number of processes instead.")
+    if config.dispatch_batches:
+        raise ValueError("DataLoaderConfiguration(dispatch_batches=True): every process reads its own shard; "
+                         "leave dispatch_batches None/False.")
+    if not config.even_batches:
+        raise ValueError("DataLoaderConfiguration(even_batches=False): prepared loaders always give every process "
+                         "the same number of batches (gather_for_metrics drops the repeats). Leave it True.")
+    if config.use_stateful_dataloader:
+        raise ValueError("DataLoaderConfiguration(use_stateful_dataloader=True): prepared loaders already save and "
+                         "restore their position in save_state/load_state. Leave it False.")
+
+    if project_config is None:
+        project_config = ProjectConfiguration(project_dir=None if project_dir is None else os.fspath(project_dir))
+    elif not isinstance(project_config, ProjectConfiguration):
+        raise TypeError(f"project_config must be a tasktrain.utils.ProjectConfiguration, got "
+                        f"{type(project_config).__name__}.")
+    elif project_dir is not None and project_config.project_dir is None:
+        project_config.set_directories(os.fspath(project_dir))
+    if project_config.total_limit is not None and (not isinstance(project_config.total_limit, int)
+                                                   or project_config.total_limit < 1):
+        raise ValueError(f"ProjectConfiguration(total_limit={project_config.total_limit!r}): use a positive "
+                         "integer (checkpoints kept) or None (all).")
+
+    sync_each_batch = False
+    if gradient_accumulation_plugin is not None:
+        plugin = gradient_accumulation_plugin
+        if not isinstance(plugin, GradientAccumulationPlugin):
+            raise TypeError("gradient_accumulation_plugin must be a tasktrain.utils.GradientAccumulationPlugin.")
+        if gradient_accumulation_steps not in (None, 1):
+            raise ValueError("Pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
+        if not plugin.adjust_scheduler:
+            raise ValueError("GradientAccumulationPlugin(adjust_scheduler=False): prepared schedulers step once per "
+                             "optimizer step. Leave it True (size the schedule in optimizer steps).")
+        if not plugin.sync_with_dataloader:
+            raise ValueError("GradientAccumulationPlugin(sync_with_dataloader=False): a window always ends with the "
+                             "loader's last batch here. Leave it True.")
+        gradient_accumulation_steps = plugin.num_steps
+        sync_each_batch = bool(plugin.sync_each_batch)
+
+    if deepspeed_plugin is not None:
+        if not isinstance(deepspeed_plugin, DeepSpeedPlugin):
+            raise TypeError("deepspeed_plugin must be a tasktrain.utils.DeepSpeedPlugin (or pass "
+                            "strategy=DeepSpeed(...)).")
+        if strategy is not None:
+            raise ValueError("Pass deepspeed_plugin or strategy, not both.")
+        strategy = deepspeed_plugin.strategy()
+        if gradient_accumulation_steps is None and deepspeed_plugin.gradient_accumulation_steps is not None:
+            gradient_accumulation_steps = deepspeed_plugin.gradient_accumulation_steps
+    if fsdp_plugin is not None:
+        if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
+            raise TypeError("fsdp_plugin must be a tasktrain.utils.FullyShardedDataParallelPlugin (or pass "
+                            "strategy=FSDP(...)).")
+        if strategy is not None or deepspeed_plugin is not None:
+            raise ValueError("Pass one of fsdp_plugin, deepspeed_plugin and strategy.")
+        strategy = fsdp_plugin.strategy()
+    if rng_types is not None:
+        names = [str(getattr(kind, "value", kind)) for kind in rng_types]
+        unknown = [n for n in names if n not in ("torch", "cuda", "generator")]
+        if unknown:
+            raise ValueError(f"rng_types={rng_types!r}: {unknown} not supported; use 'torch', 'cuda', 'generator'.")
+        rng_types = names
+
+    process_options, precision_options = {}, {}
+    profile = None
+    seen = set()
+    for handler in kwargs_handlers or ():
+        kind = type(handler)
+        if kind in seen:
+            raise ValueError(f"kwargs_handlers holds two {kind.__name__}: give each kind once.")
+        seen.add(kind)
+        if isinstance(handler, DistributedDataParallelKwargs):
+            ddp = handler.to_kwargs()
+            for name in ("comm_hook", "comm_wrapper", "comm_state_option"):
+                if name in ddp:
+                    raise ValueError(f"DistributedDataParallelKwargs({name}=...): DDP communication hooks are not "
+                                     "supported. Register the hook yourself on the prepared model "
+                                     "(model.register_comm_hook).")
+            process_options["ddp_kwargs"] = ddp
+        elif isinstance(handler, InitProcessGroupKwargs):
+            init = handler.to_kwargs()
+            if init.get("init_method") is not None:
+                raise ValueError("InitProcessGroupKwargs(init_method=...): the launcher sets the rendezvous "
+                                 "(MASTER_ADDR/MASTER_PORT); drop init_method.")
+            if "backend" in init:
+                process_options["process_group_backend"] = init["backend"]
+            if init.get("timeout") is not None:
+                process_options["timeout"] = init["timeout"]
+        elif isinstance(handler, GradScalerKwargs):
+            precision_options["scaler"] = handler.to_kwargs()
+        elif isinstance(handler, AutocastKwargs):
+            precision_options["autocast"] = handler.to_kwargs()
+        elif isinstance(handler, ProfileKwargs):
+            profile = handler
+        else:
+            raise TypeError(f"kwargs_handlers got {kind.__name__}: tasktrain takes DistributedDataParallelKwargs, "
+                            "InitProcessGroupKwargs, GradScalerKwargs, AutocastKwargs and ProfileKwargs.")
+    return {"strategy": strategy, "gradient_accumulation_steps": gradient_accumulation_steps,
+            "project_config": project_config, "sync_each_batch": sync_each_batch, "rng_types": rng_types or [],
+            "data_seed": config.data_seed, "process_options": process_options,
+            "precision_options": precision_options, "profile": profile}

@@ -1,0 +1,256 @@
+"""Accelerate's configuration objects under the rename rule (`accelerate.utils.X` -> `tasktrain.utils.X`).
+
+Each is a plain dataclass with Accelerate's field names and defaults. The Accelerator reads every field: a value
+it can honour maps onto a tasktrain choice (a strategy option, the precision's GradScaler, the prepared loaders),
+any other is a ValueError at construction naming the field and what to do (docs/accelerator.md has the table).
+"""
+import enum
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+from tasktrain.loggers.trackers import LoggerType  # noqa: F401 (re-exported: tasktrain.utils.LoggerType)
+# the core Accelerator's own record, under Accelerate's path (tasktrain.utils.ProjectConfiguration)
+from tasktrain.trainer.accelerator import ProjectConfiguration  # noqa: F401
+
+
+class DistributedType(str, enum.Enum):
+    """What runs the processes, in Accelerate's words. tasktrain runs NO, MULTI_CPU, MULTI_GPU, DEEPSPEED
+    and FSDP."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+
+    def __str__(self):
+        return self.value
+
+
+class PrecisionType(str, enum.Enum):
+    NO = "no"
+    FP8 = "fp8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    def __str__(self):
+        return self.value
+
+    @classmethod
+    def list(cls):
+        return [member.value for member in cls]
+
+
+class RNGType(str, enum.Enum):
+    TORCH = "torch"
+    CUDA = "cuda"
+    XLA = "xla"
+    GENERATOR = "generator"
+
+    def __str__(self):
+        return self.value
+
+
+class KwargsHandler:
+    """The base of the `kwargs_handlers=[...]` objects: `to_kwargs()` is the fields that differ from the defaults."""
+
+    def to_dict(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_kwargs(self):
+        default = type(self)().to_dict()
+        return {name: value for name, value in self.to_dict().items() if value != default[name]}
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    """Arguments of the precision's autocast: enabled=False turns it off, cache_enabled is torch.autocast's."""
+
+    enabled: bool = True
+    cache_enabled: Optional[bool] = None
+
+
+@dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Options of torch's DistributedDataParallel, given to the DDP strategy."""
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: Any = "no"
+    comm_wrapper: Any = "no"
+    comm_state_option: dict = field(default_factory=dict)
+
+
+@dataclass
+class GradScalerKwargs(KwargsHandler):
+    """torch.amp.GradScaler's arguments, for mixed_precision="fp16"."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """torch.distributed.init_process_group's backend and timeout (init_method comes from the launcher)."""
+
+    backend: Optional[str] = "nccl"
+    init_method: Optional[str] = None
+    timeout: Optional[timedelta] = None
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """torch.profiler.profile's arguments for `accelerator.profile()`; output_trace_dir: where each process writes
+    its Chrome trace (trace_rank_{i}.json)."""
+
+    activities: Optional[list] = None
+    schedule_option: Optional[dict] = None
+    on_trace_ready: Optional[Callable] = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: Optional[str] = None
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How prepared loaders shard. tasktrain shards per sample, with even batches on every process (the repeats
+    are dropped by gather_for_metrics), and a sampler order that is a function of (seed, epoch): the defaults
+    below and data_seed work; split_batches, dispatch_batches, even_batches=False and use_stateful_dataloader
+    are refused by the Accelerator (docs/accelerator.md)."""
+
+    split_batches: bool = False
+    dispatch_batches: Optional[bool] = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: Optional[int] = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """num_steps micro-batches per optimizer step. tasktrain always ends a window at the loader's end
+    (sync_with_dataloader=True) and steps schedulers once per optimizer step (adjust_scheduler=True); the other
+    values are refused by the Accelerator."""
+
+    num_steps: Optional[int] = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+
+@dataclass
+class DeepSpeedPlugin:
+    """DeepSpeed's options in Accelerate's names, mapped onto tasktrain's DeepSpeed strategy (hf_ds_config: a
+    config dict or JSON file path; the other fields fill it)."""
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: Optional[int] = None
+    gradient_clipping: Optional[float] = None
+    zero_stage: Optional[int] = None
+    is_train_batch_min: bool = True
+    offload_optimizer_device: Optional[str] = None
+    offload_param_device: Optional[str] = None
+    offload_optimizer_nvme_path: Optional[str] = None
+    offload_param_nvme_path: Optional[str] = None
+    zero3_init_flag: Optional[bool] = None
+    zero3_save_16bit_model: Optional[bool] = None
+
+    def strategy(self):
+        """The tasktrain DeepSpeed strategy these options describe (a ValueError for one it cannot run)."""
+        from tasktrain.strategies.deepspeed import DeepSpeed
+
+        for name in ("offload_optimizer_nvme_path", "offload_param_nvme_path"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"DeepSpeedPlugin({name}=...): write the nvme_path into the DeepSpeed config "
+                                 "(hf_ds_config) instead.")
+        if not self.is_train_batch_min:
+            raise ValueError("DeepSpeedPlugin(is_train_batch_min=False) is not supported: the micro-batch size is "
+                             "the prepared loader's batch size.")
+        devices = {self.offload_optimizer_device, self.offload_param_device} - {None, "none"}
+        if len(devices) > 1:
+            raise ValueError(f"DeepSpeedPlugin offloads to {sorted(devices)}: tasktrain offloads to one device.")
+        return DeepSpeed(stage=self.zero_stage, config=self.hf_ds_config,
+                         offload_optimizer=_offloads(self.offload_optimizer_device),
+                         offload_parameters=_offloads(self.offload_param_device),
+                         offload_device=devices.pop() if devices else "cpu",
+                         zero3_init=bool(self.zero3_init_flag), save_16bit_model=bool(self.zero3_save_16bit_model),
+                         gradient_clipping=self.gradient_clipping,
+                         accumulate_grad_batches=self.gradient_accumulation_steps)
+
+
+def _offloads(device):
+    return None if device is None else device not in ("none", None)
+
+
+@dataclass
+class FullyShardedDataParallelPlugin:
+    """Accelerate's FSDP options, mapped onto tasktrain's FSDP strategy (FSDP2, torch's fully_shard) by the table
+    tasktrain launch's fsdp_config uses too (tasktrain/fsdp_options.py): reshard_after_forward /
+    sharding_strategy, cpu_offload, state_dict_type, auto_wrap_policy + transformer_cls_names_to_wrap -> FSDP(wrap=).
+    Fields that change nothing under FSDP2 are reported as ignored (a warning); a value tasktrain cannot run is a
+    ValueError naming what to do."""
+
+    fsdp_version: Optional[int] = None
+    sharding_strategy: Any = None
+    reshard_after_forward: Any = None
+    backward_prefetch: Any = None
+    mixed_precision_policy: Any = None
+    auto_wrap_policy: Any = None
+    cpu_offload: Any = None
+    ignored_modules: Any = None
+    state_dict_type: Any = None
+    state_dict_config: Any = None
+    optim_state_dict_config: Any = None
+    limit_all_gathers: Any = None
+    use_orig_params: Any = None
+    param_init_fn: Any = None
+    sync_module_states: Any = None
+    forward_prefetch: Any = None
+    activation_checkpointing: Any = None
+    cpu_ram_efficient_loading: Any = None
+    transformer_cls_names_to_wrap: Any = None
+    min_num_params: Any = None
+
+    def __post_init__(self):
+        self.options()  # a value tasktrain cannot run fails here, where the plugin is written
+
+    def options(self):
+        """(FSDP keyword arguments, {field: why it is ignored})."""
+        from tasktrain.fsdp_options import fsdp_options
+
+        values = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        return fsdp_options(values, "FullyShardedDataParallelPlugin")
+
+    def strategy(self):
+        """The tasktrain FSDP strategy these options describe."""
+        import warnings
+
+        from tasktrain.strategies.fsdp import FSDP
+
+        kwargs, ignored = self.options()
+        if ignored:
+            warnings.warn("FullyShardedDataParallelPlugin: " + "; ".join(f"{k} is ignored ({why})"
+                                                                         for k, why in ignored.items()) + ".")
+        return FSDP(**kwargs)
+
+
+def _plain(value):
+    """Accelerate's enums (ShardingStrategy.FULL_SHARD, ...) by their names, strings and bools as they are."""
+    if isinstance(value, enum.Enum):
+        return value.name
+    return value

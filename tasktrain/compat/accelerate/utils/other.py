@@ -1,0 +1,107 @@
+"""The smaller `accelerate.utils` helpers: set_seed, tqdm, extract_model_from_parallel, patch_environment, the
+is_*_available checks; write_basic_config is refused (tasktrain launch reads no default config file)."""
+import contextlib
+import importlib.util
+import os
+
+
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False):
+    """Seed python, numpy and torch (tasktrain.seed_everything, which also fixes the data order). device_specific
+    adds the process index, so that each process draws differently; deterministic asks torch for deterministic
+    algorithms."""
+    import torch
+
+    from tasktrain.trainer.seed import seed_everything
+
+    if device_specific:
+        from tasktrain.compat.accelerate.state import PartialState
+
+        seed += PartialState().process_index
+    seed_everything(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def tqdm(*args, main_process_only: bool = True, **kwargs):
+    """tqdm.auto.tqdm, shown on the main process only (main_process_only=False: on every process)."""
+    from tqdm.auto import tqdm as _tqdm
+
+    if main_process_only:
+        from tasktrain.compat.accelerate.state import PartialState
+
+        kwargs["disable"] = kwargs.get("disable", False) or not PartialState().is_local_main_process
+    return _tqdm(*args, **kwargs)
+
+
+def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True):
+    """The user's model inside a DDP/DeepSpeed wrapper (Accelerator.unwrap_model without an Accelerator)."""
+    from tasktrain.compat.accelerate.state import PartialState
+    from tasktrain.strategies.precision import unpatch_forward
+
+    model = PartialState()._strategy.unwrap_model(model)
+    if not keep_fp32_wrapper:
+        unpatch_forward(model)
+    return model
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs):
+    """Set environment variables (names upper-cased) inside the block; restore the old values after."""
+    saved = {}
+    for key, value in kwargs.items():
+        key = key.upper()
+        saved[key] = os.environ.get(key)
+        os.environ[key] = str(value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def write_basic_config(*args, **kwargs):
+    """Refused: Accelerate writes a default config file that `accelerate launch` reads; `tasktrain launch` reads
+    none (its choices are flags or an explicit --config_file), so such a file would be silently unused."""
+    raise NotImplementedError("write_basic_config: `tasktrain launch` reads no default config file. Pass the "
+                              "choices as flags (tasktrain launch --num_processes 2 --mixed_precision bf16 train.py) "
+                              "or write a YAML and pass --config_file (docs/launch.md).")
+
+
+def notebook_launcher(*args, **kwargs):
+    """Refused: tasktrain starts processes from a command line (`tasktrain launch`, torchrun), never by forking a
+    notebook's kernel, whose state (CUDA, open files) the children would share."""
+    raise NotImplementedError("notebook_launcher: tasktrain does not start processes from a notebook. Put the "
+                              "training function in a script and run `tasktrain launch --num_processes N train.py` "
+                              "(or, with the Trainer, Trainer(strategy='ddp_spawn')).")
+
+
+def _has(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def is_tensorboard_available():
+    return _has("tensorboard")
+
+
+def is_wandb_available():
+    return _has("wandb")
+
+
+def is_mlflow_available():
+    return _has("mlflow")
+
+
+def is_deepspeed_available():
+    return _has("deepspeed")
+
+
+def is_cuda_available():
+    import torch
+
+    return torch.cuda.is_available()
