@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from helpers import Linear, loader, quiet, regression_data
 from tasktrain import DDP, Accelerator, Callback, DeepSpeed, GradientClipping, SingleDevice, Strategy, Trainer
-from tasktrain.strategies.base import GradientClip, Plan
+from tasktrain.strategies.base import ClipsInsideStep, GradientClip, OneProcess, Plan
 from tasktrain.strategies.deepspeed import DeepSpeedPrecision
 from tasktrain.strategies.precision import MixedPrecision
 
@@ -39,6 +39,126 @@ def test_no_strategy_probes_or_name_tests_outside_the_strategies():
     found = [f"{path}: {line.strip()}" for path, text in _sources() if not path.startswith("strategies")
              and path != "names.py" for line in text.splitlines() if probes.search(line)]
     assert not found, found
+
+
+def test_strategies_are_not_tested_by_their_class_or_by_retired_capability_attributes_outside_the_strategies():
+    # A concrete class in an isinstance test is a name test in disguise; the capability attributes became classes.
+    probes = re.compile(r"isinstance\([^)]*,\s*\(?(DDP|DeepSpeed|FSDP|SingleDevice|DataParallel)\b|"
+                        r"strateg\w*\.(is_distributed|clips_inside_step|distributed_type|last_grad_norm)\b(?!\()")
+    found = [f"{path}: {line.strip()}" for path, text in _sources() if not path.startswith("strategies")
+             for line in text.splitlines() if probes.search(line)]
+    assert not found, found
+
+
+def _capabilities():
+    from tasktrain.strategies.base import ClipsInsideStep, MultiProcess, Sharded
+
+    return (MultiProcess, Sharded, ClipsInsideStep)
+
+
+def test_what_a_capability_adds_is_called_only_where_the_capability_is_tested():
+    """A method only a capability has (module_init_context, last_grad_norm, ...) is not on the core: a file that calls
+    it outside the strategies tests isinstance(..., <that capability>)."""
+    from tasktrain.strategies.base import Strategy
+
+    owner = {name: cap for cap in _capabilities() for name in cap.__abstractmethods__}
+    assert owner and not set(owner) & set(dir(Strategy))  # added by the capabilities, absent from the core
+    found = []
+    for path, text in _sources():
+        if path.startswith("strategies"):
+            continue
+        tested = {node.args[1].id for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2
+                  and isinstance(node.args[1], ast.Name)}
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in owner:
+                receiver = ast.unparse(node.func.value)
+                if "strateg" in receiver and owner[node.func.attr].__name__ not in tested:
+                    found.append(f"{path}:{node.lineno}: {ast.unparse(node)} without isinstance(..., "
+                                 f"{owner[node.func.attr].__name__})")
+    assert not found, found
+
+
+def _builtin_strategies():
+    """Every concrete Strategy class defined in tasktrain/strategies/, found by reading the modules."""
+    import importlib
+    import inspect
+
+    from tasktrain.strategies.base import Strategy
+
+    classes = set()
+    for path, _ in _sources("strategies"):
+        module = importlib.import_module("tasktrain." + path[:-3].replace(os.sep, "."))
+        classes |= {cls for _, cls in inspect.getmembers(module, inspect.isclass)
+                    if issubclass(cls, Strategy) and cls.__module__ == module.__name__}
+    return classes
+
+
+def test_every_builtin_strategy_implements_the_core_and_the_capabilities_it_declares():
+    import inspect
+
+    from tasktrain.strategies.base import OneProcess, Strategy
+    from tasktrain.strategies.data_parallel import DataParallel
+    from tasktrain.strategies.fsdp import FSDP
+
+    assert inspect.isabstract(Strategy) and {"reduce", "broadcast", "barrier", "world_size", "global_rank"} <= \
+        Strategy.__abstractmethods__
+    classes = _builtin_strategies()
+    assert classes == {Strategy, SingleDevice, DataParallel, DDP, FSDP, DeepSpeed}, classes
+    has = {cls.__name__: tuple(cap.__name__ for cap in (OneProcess, *_capabilities()) if issubclass(cls, cap))
+           for cls in classes - {Strategy}}
+    assert has == {"SingleDevice": ("OneProcess",), "DataParallel": ("OneProcess",), "DDP": ("MultiProcess",),
+                   "FSDP": ("MultiProcess", "Sharded"), "DeepSpeed": ("MultiProcess", "Sharded", "ClipsInsideStep")}
+    for cls in classes - {Strategy}:
+        assert not inspect.isabstract(cls), (cls, cls.__abstractmethods__)
+        cls()  # each can be built with its defaults
+    # A world is one process's or several's, never both nor neither.
+    for cls in classes - {Strategy}:
+        assert issubclass(cls, OneProcess) != issubclass(cls, _capabilities()[0]), cls
+
+
+def test_a_strategy_missing_its_world_or_a_capabilitys_method_cannot_be_created():
+    from tasktrain.strategies.base import ClipsInsideStep, OneProcess, Sharded
+
+    class NoWorld(Strategy):
+        pass
+
+    class NoNorm(ClipsInsideStep, OneProcess, Strategy):
+        pass
+
+    class NoInit(Sharded, DDP):
+        pass
+
+    for cls, missing in ((NoWorld, "reduce"), (NoNorm, "last_grad_norm"), (NoInit, "module_init_context")):
+        with pytest.raises(TypeError, match=f"abstract.*{missing}"):
+            cls()
+
+
+def test_a_retired_capability_attribute_is_refused_when_the_class_is_defined():
+    for attribute, instead in (("clips_inside_step", "ClipsInsideStep"), ("is_distributed", "MultiProcess"),
+                               ("distributed_type", "distributed_type_of")):
+        with pytest.raises(TypeError, match=f"Mine.{attribute}: .*{instead}"):
+            type("Mine", (SingleDevice,), {attribute: True})
+
+
+def test_accelerates_distributed_type_is_read_from_the_capabilities_as_the_launchers_table_names_it():
+    from tasktrain.names import STRATEGIES
+    from tasktrain.state import PartialState, distributed_type_of
+    from tasktrain.strategies.registry import strategy_from_name
+
+    for name, entry in STRATEGIES.items():
+        assert distributed_type_of(strategy_from_name(name)) == entry.distributed_type, name
+    # a strategy of one's own: one process is NO, whatever it clips
+    from tasktrain.strategies.base import ClipsInsideStep
+
+    class Own(ClipsInsideStep, SingleDevice):
+        def last_grad_norm(self):
+            return None
+
+    assert distributed_type_of(Own()) == "NO"
+    # DDP on CPUs is MULTI_CPU for Accelerate (the state reads the device)
+    strategy = DDP(accelerator="cpu")
+    assert str(PartialState._of(strategy).distributed_type) in ("MULTI_CPU", "DistributedType.MULTI_CPU")
 
 
 def test_strategies_import_neither_the_trainer_nor_the_callbacks():
@@ -158,7 +278,7 @@ def test_deepspeed_owns_its_precision_through_a_plugin_that_forwards_to_the_engi
     plugin = strategy.precision
     assert isinstance(plugin, DeepSpeedPrecision) and plugin.name == "bf16-mixed"
     assert not hasattr(plugin, "scaler")  # no GradScaler is built beside DeepSpeed's own loss scaling
-    assert strategy.clips_inside_step
+    assert isinstance(strategy, ClipsInsideStep)
 
     class Engine:  # what the plugin asks of DeepSpeed's engine
         def __init__(self):
@@ -307,7 +427,7 @@ def test_a_loader_without_length_ends_its_last_window_on_its_last_batch():
 def test_self_log_from_threads_is_serialised_when_the_strategy_says_its_steps_run_in_threads():
     from tasktrain.trainer.metrics import MetricStore
 
-    class Threads(Strategy):
+    class Threads(OneProcess, Strategy):
         runs_steps_in_threads = True
 
     store = MetricStore(Threads())

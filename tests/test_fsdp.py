@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tasktrain import FSDP, Trainer
+from tasktrain.state import distributed_type_of
 from tasktrain.strategies.fsdp import STATE_FILE
 from tasktrain.strategies.registry import strategy_from_name
 
@@ -103,7 +104,7 @@ def test_accelerate_fsdp_plugin_maps_onto_fsdp_options():
                                   ("mixed_precision_policy", object(), "mixed_precision='bf16'")):
         with pytest.raises(ValueError, match=f"FullyShardedDataParallelPlugin: {field}: .*{message}"):
             FullyShardedDataParallelPlugin(**{field: value})
-    assert FSDP.distributed_type == "FSDP"  # Accelerate's name, not DDP's MULTI_GPU
+    assert distributed_type_of(FSDP()) == "FSDP"  # Accelerate's name, not DDP's MULTI_GPU
     with pytest.warns(UserWarning, match=r"DistributedDataParallelKwargs \['bucket_cap_mb'\] are not used under FSDP"):
         FSDP().configure_processes(ddp_kwargs={"bucket_cap_mb": 1})
 

@@ -1,9 +1,21 @@
-"""Strategy: the whole contract between the loop and an engine, in one class.
+"""Strategy: the contract between the loop and an engine. A core that every strategy keeps, and a few small
+capability interfaces that only some strategies have.
 
-The Trainer, the Accelerator and the callbacks call only what this class declares, and nothing else: no
-attribute probes, no tests of a strategy's name. A new engine is a subclass that overrides what it does
-differently; every method below says what its default does (one process, one device). docs/strategies.md
-shows a strategy written against this contract alone.
+The Trainer, the Accelerator and the callbacks call only what these classes declare, and nothing else: no
+attribute probes, no tests of a strategy's name. docs/strategies.md shows a strategy written against them.
+
+- `Strategy`, the core: what every strategy does. Where the loop calls a method on every strategy (backward, the
+  step, checkpoints, no_backward_sync, the check_* guards), the core's default is what a strategy without the
+  capability does ("nothing to skip", "nothing is sharded"), and each method says so. What has no honest default is
+  abstract: the world (ranks and collectives), which a strategy states by inheriting `OneProcess` or by
+  implementing it for its processes (DDP).
+- The capabilities, each a small abstract class a strategy inherits explicitly; the few callers that need one test
+  `isinstance(strategy, Capability)` before they use its methods:
+    `MultiProcess`     several processes form one world, which the strategy joins or starts (DDP, DeepSpeed, FSDP);
+    `Sharded`          parameters or optimizer state are split over the ranks: it builds modules sharded
+                       (module_init_context), gathers them for export, writes sharded checkpoints (DeepSpeed, FSDP);
+    `ClipsInsideStep`  the engine owns backward and the optimizer step and clips inside it (DeepSpeed).
+  `OneProcess` is the world of one process (SingleDevice, DataParallel): ranks 0, identity collectives.
 
 Per run, in this order (tasktrain/trainer/runtime.py makes the first call for the Trainer and the Accelerator
 alike):
@@ -28,6 +40,7 @@ The strategy owns its precision plugin (`strategy.precision`): the loop never bu
 that own backward, stepping, clipping or checkpoints (DeepSpeed) map the contract onto their engine; they do not
 fight it. Nothing in tasktrain/strategies/ imports the Trainer or the callbacks.
 """
+import abc
 import contextlib
 import os
 from dataclasses import dataclass
@@ -74,16 +87,29 @@ class Plan:
     has_lr_schedulers: bool = False  # the loop steps learning-rate schedulers of its own
 
 
-class Strategy:
-    """How the work is spread over processes and devices. The default: one process, one device."""
+# Attributes that said a capability before the capabilities were classes: a subclass that sets one would be
+# silently ignored now, so it is refused when the class is defined, saying what replaces it.
+_RETIRED = {
+    "is_distributed": "inherit tasktrain.strategies.MultiProcess (several processes form one world)",
+    "clips_inside_step": "inherit tasktrain.strategies.ClipsInsideStep and implement last_grad_norm()",
+    "distributed_type": "leave it out: Accelerate's DistributedType is read from the strategy's capabilities "
+                        "(tasktrain.state.distributed_type_of)",
+}
+
+
+class Strategy(abc.ABC):
+    """How the work is spread over processes and devices: the core every strategy keeps. The defaults are one
+    device's; the world (ranks and collectives) is abstract: inherit OneProcess, or implement it (DDP)."""
 
     name = "base"  # shown by describe(); the registry's names are in tasktrain/names.py
-    is_distributed = False  # several processes form one world (each rank runs the same script)
     supports_custom_loop = True  # can wrap a model's own forward for the Accelerator (Plan.calls_steps=False)
-    distributed_type = "NO"  # Accelerate's name of what runs the processes: "NO", "MULTI_GPU" (DDP; the Accelerator
-    #                          says MULTI_CPU on CPUs), "DEEPSPEED" or "FSDP"
-    clips_inside_step = False  # the engine clips inside optimizer_step, to the value the plan carried; then
-    #                            clip_gradients only checks that a request agrees, and returns None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for attribute, instead in _RETIRED.items():
+            if attribute in vars(cls):
+                raise TypeError(f"{cls.__name__}.{attribute}: strategies state this by their capabilities now; "
+                                f"{instead}. See docs/strategies.md.")
 
     def __init__(self, accelerator=None, precision=None):
         self.accelerator = accelerator  # "cpu" | "cuda" | None (auto)
@@ -99,11 +125,26 @@ class Strategy:
         self._root_device = None
         self._module_order = None  # clip_gradients' parameter order: (id of the optimizer, its size, positions)
 
-    # -- who am I ---------------------------------------------------------------------------------------------------
-    global_rank = 0
-    local_rank = 0
-    node_rank = 0
-    world_size = 1
+    # -- who am I (abstract: OneProcess is the world of one) --------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def global_rank(self) -> int:
+        """This process's rank in the world, 0 .. world_size - 1."""
+
+    @property
+    @abc.abstractmethod
+    def local_rank(self) -> int:
+        """This process's rank on its machine."""
+
+    @property
+    @abc.abstractmethod
+    def node_rank(self) -> int:
+        """The rank of this process's machine."""
+
+    @property
+    @abc.abstractmethod
+    def world_size(self) -> int:
+        """How many processes form the world."""
 
     @property
     def rank(self):
@@ -205,17 +246,6 @@ class Strategy:
     stall_timeout = None
     watchdog = None
 
-    def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
-        """Accelerate's InitProcessGroupKwargs / DistributedDataParallelKwargs, before setup_environment. Default:
-        one process has no process group and no DDP wrapper, so there is nothing for them to change (as with
-        Accelerate on one process)."""
-
-    def forward_signal(self, signum):
-        """A signal this process received (SIGTERM) for the worker processes it started. Default: none started."""
-
-    def mark_failed(self):
-        """This rank failed: at exit, do not wait for the others. Default: nothing to wait for."""
-
     def teardown(self):
         """End of a stage: drop the wrappers (the process group, if any, may outlive it for the next stage)."""
         self.model = None
@@ -223,13 +253,8 @@ class Strategy:
         self._module_order = None
 
     # -- the module -------------------------------------------------------------------------------------------------
-    def module_init_context(self, empty_init=False):
-        """`with strategy.module_init_context(): module = Model()`. Strategies that shard parameters create them
-        sharded (DeepSpeed zero3_init) or on the meta device; `empty_init=True` says the weights will be loaded from
-        a checkpoint, so initialising them is wasted work: strategies that can skip it do. Default: the module is
-        built as usual, on the CPU, and moved in setup_module_and_optimizers."""
-        return contextlib.nullcontext()
-
+    # (Building a module sharded, module_init_context, is the Sharded capability's: elsewhere the module is built as
+    # usual, on the CPU, and moved in setup_module_and_optimizers.)
     def setup_module_and_optimizers(self, module, optimizers, plan: Plan):
         """Cast, move and wrap `module`, and set up `optimizers` (the ones that step its parameters) for what
         `plan` says the loop will do. Returns (model, optimizers): `model` is what a caller calls as the module
@@ -307,7 +332,7 @@ class Strategy:
     def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
         """Unscale, then clip `optimizer`'s gradients: to a total `norm_type`-norm of max_norm and/or to
         [-max_value, max_value]. Returns the total norm before clipping (None where it is not known here: an engine
-        that clips inside its step, see clips_inside_step).
+        that clips inside its step, see ClipsInsideStep).
 
         The total norm sums per-tensor norms in the order the parameters come, and another order can change its
         last bit. They come in the module's order, that of a hand-written `clip_grad_norm_(model.parameters(), ...)`,
@@ -337,11 +362,6 @@ class Strategy:
             cached = self._module_order = (id(optimizer), len(held), order)
         return [held[i] for i in cached[2]]
 
-    def last_grad_norm(self):
-        """For an engine that clips inside its step (clips_inside_step): the 2-norm of the gradients of its last
-        step, before clipping, or None. Default: None (clip_gradients returns the norm itself)."""
-        return None
-
     def optimizer_step(self, optimizer, closure=None) -> bool:
         """Step `optimizer` through the precision; returns whether it really stepped (False: GradScaler or the
         engine skipped a step with inf/NaN gradients)."""
@@ -351,23 +371,24 @@ class Strategy:
         """Clear the gradients after a step. Default: set them to None."""
         optimizer.zero_grad(set_to_none=True)
 
-    # -- between ranks (identities on one process) --------------------------------------------------------------------
+    # -- between ranks (abstract: OneProcess has the identities of a world of one) -------------------------------------
+    @abc.abstractmethod
     def reduce(self, tensor, op="mean"):
         """All-reduce a tensor: "mean", "sum", "max" or "min". Every rank calls it."""
-        return tensor
 
+    @abc.abstractmethod
     def all_gather(self, tensor):
         """Every rank's tensor, stacked along a new first dimension of world_size."""
-        return tensor.unsqueeze(0) if isinstance(tensor, torch.Tensor) else [tensor]
 
+    @abc.abstractmethod
     def all_gather_object(self, obj):
         """Every rank's picklable object, as a list in rank order."""
-        return [obj]
 
+    @abc.abstractmethod
     def broadcast(self, obj, src=0):
         """Rank `src`'s picklable object, on every rank."""
-        return obj
 
+    @abc.abstractmethod
     def barrier(self, name=None):
         """Wait until every rank is here."""
 
@@ -470,6 +491,81 @@ class Strategy:
         if self.is_global_zero:
             atomic_link(src, dst)
         self.barrier("link_checkpoint")
+
+
+# -- the world of one process ------------------------------------------------------------------------------------------
+class OneProcess:
+    """The core's world for a strategy that runs in one process (SingleDevice, DataParallel): rank 0 of a world of
+    one, and the collectives are identities. A mixin: `class Mine(OneProcess, Strategy)`."""
+
+    global_rank = 0
+    local_rank = 0
+    node_rank = 0
+    world_size = 1
+
+    def reduce(self, tensor, op="mean"):
+        return tensor
+
+    def all_gather(self, tensor):
+        return tensor.unsqueeze(0) if isinstance(tensor, torch.Tensor) else [tensor]
+
+    def all_gather_object(self, obj):
+        return [obj]
+
+    def broadcast(self, obj, src=0):
+        return obj
+
+    def barrier(self, name=None):
+        pass
+
+
+# -- capabilities: small interfaces a strategy inherits explicitly --------------------------------------------------
+class MultiProcess(abc.ABC):
+    """Several processes form one world, which the strategy joins (torchrun, SLURM, `tasktrain launch`) or starts
+    itself (DDP re-runs the script, or spawns with start_method="spawn" in launch()). The core's world is then
+    implemented over a process group. A launcher that started several processes needs such a strategy (the run's
+    set-up refuses one without it), and the loops hand it what concerns those processes (the methods below)."""
+
+    @abc.abstractmethod
+    def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
+        """Accelerate's InitProcessGroupKwargs / DistributedDataParallelKwargs, before setup_environment. (One
+        process has no process group and no DDP wrapper: the Accelerator hands them to MultiProcess strategies
+        only, as Accelerate ignores them on one process.)"""
+
+    @abc.abstractmethod
+    def forward_signal(self, signum):
+        """A signal this process received (SIGTERM), for the worker processes it started itself, if any."""
+
+    @abc.abstractmethod
+    def mark_failed(self):
+        """This rank failed: at exit, do not wait for the others."""
+
+
+class Sharded(abc.ABC):
+    """Parameters, gradients or optimizer state are split over the ranks by an engine (DeepSpeed ZeRO, FSDP2).
+    Besides module_init_context below, such a strategy overrides the core's state methods: full_state_dict gathers
+    (a collective: every rank calls it), check_full_state_dict refuses shards about to be saved by one process,
+    save_checkpoint / save_checkpoint_into write directories of shards (every rank writes its own), and
+    link_checkpoint / remove_checkpoint handle them."""
+
+    @abc.abstractmethod
+    def module_init_context(self, empty_init=False):
+        """`with trainer.init_module(empty_init): module = Model()` enters it: create the parameters sharded
+        (DeepSpeed zero3_init) or on the meta device (FSDP), so no rank ever holds the whole model. `empty_init=True`
+        says the weights will be loaded from a checkpoint, so initialising them is wasted work: an engine that can
+        skip it does. (Without this capability the module is built as usual, on the CPU, and moved at set-up.)"""
+
+
+class ClipsInsideStep(abc.ABC):
+    """The engine owns backward and the optimizer step and clips the gradients inside its step, to the value the
+    plan carried (DeepSpeed). The core's step methods then map onto the engine: clip_gradients only configures or
+    checks a request and returns None; the Accelerator's clip_grad_norm_ takes the step early and returns
+    last_grad_norm()."""
+
+    @abc.abstractmethod
+    def last_grad_norm(self):
+        """The 2-norm of the gradients of the last step, before clipping (a tensor), or None where the engine does
+        not compute it."""
 
 
 class _StepWrapper(torch.nn.Module):

@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from tasktrain.strategies.base import Strategy, _StepWrapper
+from tasktrain.strategies.base import OneProcess, Strategy, _StepWrapper
 from tasktrain.tree import apply_to_leaves
 
 
@@ -31,7 +31,7 @@ class _StepForward(_StepWrapper):
             return _unsqueeze_scalars(getattr(self.module, step_name)(*args))
 
 
-class DataParallel(Strategy):
+class DataParallel(OneProcess, Strategy):
     """torch.nn.DataParallel over `device_ids` (default: devices=N -> GPUs 0..N-1; devices=1/"auto" -> all visible)."""
 
     name = "dp"

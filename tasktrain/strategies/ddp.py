@@ -25,7 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tasktrain.strategies.base import Strategy, _StepWrapper
+from tasktrain.strategies.base import MultiProcess, Strategy, _StepWrapper
 from tasktrain.strategies.environment import detect_environment
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
@@ -44,7 +44,7 @@ class _TrainingStepForward(_StepWrapper):
         return self.module.training_step(batch, batch_idx)
 
 
-class DDP(Strategy):
+class DDP(MultiProcess, Strategy):
     """Distributed data parallel: one process per device (per CPU "device" on a CPU machine).
 
     Args:
@@ -59,8 +59,6 @@ class DDP(Strategy):
     """
 
     name = "ddp"
-    is_distributed = True
-    distributed_type = "MULTI_GPU"
 
     def __init__(self, accelerator=None, precision=None, process_group_backend=None, timeout=timedelta(minutes=30),
                  start_method="popen", sync_batchnorm=False, **ddp_kwargs):

@@ -19,7 +19,7 @@ How the contract (tasktrain/strategies/base.py) maps onto the engine, per micro-
                                                    # already (plan.loss_divided_by_window); inside a window,
                                                    # engine.step() counts the micro-step
     if ends_window:
-        strategy.clip_gradients(...)               # clips_inside_step: checks the request (or sets an unset clipping)
+        strategy.clip_gradients(...)               # ClipsInsideStep: checks the request (or sets an unset clipping)
         strategy.optimizer_step(optimizer)         # engine.step(): clip, step, zero the gradients
         strategy.zero_grad(optimizer)              # nothing: the engine zeroed them
 
@@ -63,7 +63,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, 
                                      load_checkpoint_file, load_plain_state_dict, load_resumable_file, plain_name,
                                      replace_dir)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
-from tasktrain.strategies.base import _StepWrapper
+from tasktrain.strategies.base import ClipsInsideStep, Sharded, _StepWrapper
 from tasktrain.strategies.ddp import _PROCESS, DDP
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
 from tasktrain.tree import apply_to_leaves
@@ -133,7 +133,7 @@ class DeepSpeedPrecision(Precision):
     # engine's own checkpoint).
 
 
-class DeepSpeed(DDP):
+class DeepSpeed(ClipsInsideStep, Sharded, DDP):
     """DeepSpeed ZeRO through DeepSpeed's engine.
 
     Args:
@@ -154,8 +154,6 @@ class DeepSpeed(DDP):
     """
 
     name = "deepspeed"
-    distributed_type = "DEEPSPEED"
-    clips_inside_step = True  # engine.step() clips to the config's gradient_clipping
 
     def __init__(self, stage=None, offload_optimizer=None, offload_parameters=None, config=None, zero3_init=False,
                  save_16bit_model=False, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,

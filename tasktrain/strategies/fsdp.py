@@ -36,6 +36,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_stat
                                      plain_state_dict, replace_dir)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
+from tasktrain.strategies.base import Sharded
 from tasktrain.strategies.ddp import DDP
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, patch_forward
 from tasktrain.strategies.watchdog import checked_collective
@@ -75,7 +76,7 @@ class FSDPPrecision(MixedPrecision):
             super().unscale(optimizer)
 
 
-class FSDP(DDP):
+class FSDP(Sharded, DDP):
     """Fully sharded data parallel (torch's FSDP2): parameters, gradients and optimizer state split over the ranks.
 
     Args:
@@ -104,7 +105,6 @@ class FSDP(DDP):
     """
 
     name = "fsdp"
-    distributed_type = "FSDP"  # Accelerate's name (DDP's class attribute says MULTI_GPU)
 
     def __init__(self, accelerator=None, precision=None, wrap=None, reshard_after_forward=True, cpu_offload=False,
                  state_dict_type="sharded", mixed_precision=None, activation_checkpointing=None,

@@ -1,7 +1,7 @@
-from tasktrain.strategies.base import Strategy
+from tasktrain.strategies.base import OneProcess, Strategy
 
 
-class SingleDevice(Strategy):
+class SingleDevice(OneProcess, Strategy):
     """One process, one device (the CPU, or one GPU)."""
 
     name = "single_device"

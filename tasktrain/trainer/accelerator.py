@@ -24,7 +24,7 @@ import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.loggers.trackers import GeneralTracker, check_log_with, make_trackers
-from tasktrain.strategies.base import GradientClip, Plan
+from tasktrain.strategies.base import ClipsInsideStep, GradientClip, MultiProcess, Plan, Sharded
 from tasktrain.strategies.precision import unpatch_forward
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
 from tasktrain.trainer.data import ResumableSampler, prepare_train_data
@@ -91,7 +91,8 @@ class Accelerator:
         # elsewhere the script's own clip_grad_norm_ calls decide.
         self._launch_clipping = () if runtime.gradient_clip_val is None else (
             GradientClip(runtime.gradient_clip_val, "norm", 2.0, "the launch config's gradient_clipping"),)
-        self.strategy.configure_processes(**(process_options or {}))
+        if isinstance(self.strategy, MultiProcess):  # one process has no group and no DDP wrapper to configure
+            self.strategy.configure_processes(**(process_options or {}))
         self.strategy.precision.set_options(**(precision_options or {}))
         if self.project_configuration.save_on_each_node and runtime.num_nodes > 1:
             raise ValueError("ProjectConfiguration(save_on_each_node=True): save_state writes from every process "
@@ -119,7 +120,7 @@ class Accelerator:
         self._triggered = False  # set_trigger / check_trigger
         self._steps = 0  # optimizer steps of the first prepared optimizer (seeds the random streams of new ranks)
         self._ended = False
-        if self.strategy.is_distributed:
+        if isinstance(self.strategy, MultiProcess):
             import atexit
 
             # Scripts rarely call end_training(), and their prepared DDP wrappers live in module globals until
@@ -192,7 +193,9 @@ class Accelerator:
         wants it built (strategy.module_init_context, the same as trainer.init_module). Under FSDP with
         empty_init=True on the meta device: prepare then allocates and initialises (reset_parameters) each rank's
         shard only, so no rank ever holds the whole model (tested under FSDP; see docs/fsdp.md)."""
-        return self.strategy.module_init_context(empty_init=empty_init)
+        if isinstance(self.strategy, Sharded):
+            return self.strategy.module_init_context(empty_init=empty_init)
+        return contextlib.nullcontext()
 
     def prepare(self, *objects):
         """Prepare models, optimizers, data loaders and schedulers, given in any order; returns them in that order.
@@ -283,7 +286,7 @@ class Accelerator:
             loss = loss / self._window
         if not self.sync_gradients:
             self._window_has_grads = True
-        if self.strategy.clips_inside_step:
+        if isinstance(self.strategy, ClipsInsideStep):
             for optimizer in self._optimizers:
                 optimizer.stepped_early = False  # a new window: its step is still to come
         # Whether this micro-batch ends the window, told again here: an engine that reduces in its backward
@@ -313,7 +316,7 @@ class Accelerator:
             held = opt.parameter_ids()
             if not held.isdisjoint(wanted):
                 owners.append((opt, held))
-        if self.strategy.clips_inside_step:  # one engine, one optimizer
+        if isinstance(self.strategy, ClipsInsideStep):  # one engine, one optimizer
             prepared = owners[0][0] if owners else (self._optimizers[0] if len(self._optimizers) == 1 else None)
             return self._clip_inside_step(prepared, max_norm, max_value, norm_type)
         if len(owners) == 1 and owners[0][1] == wanted:

@@ -21,7 +21,7 @@ from typing import Optional
 
 from tasktrain.checkpoint_io import restore_rng_states
 from tasktrain.names import AUTO_STRATEGY, normalize_precision
-from tasktrain.strategies.base import Strategy
+from tasktrain.strategies.base import MultiProcess, Strategy
 from tasktrain.strategies.environment import ClusterEnvironment, detect_environment, launch_config
 from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
@@ -86,7 +86,7 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
             num_nodes = 1
     num_nodes = int(num_nodes)
     strategy = resolve_strategy(AUTO_STRATEGY if strategy is None else strategy, accelerator, devices, num_nodes, env)
-    if env.world_size > 1 and not strategy.is_distributed:
+    if env.world_size > 1 and not isinstance(strategy, MultiProcess):
         raise ValueError(
             f"The launcher started {env.world_size} processes, but strategy {strategy.name!r} runs one process on "
             "its own: every rank would train alone. Use strategy='ddp' (or a DeepSpeed strategy), or launch a "

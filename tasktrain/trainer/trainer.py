@@ -29,7 +29,7 @@ from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
-from tasktrain.strategies.base import Plan, Strategy
+from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices
 from tasktrain.trainer.epoch import EpochIterator, warn_global_batch_change
@@ -441,7 +441,9 @@ class Trainer:
         """`with trainer.init_module(empty_init=True): module = Model()`: build the module the way the strategy wants
         it built (strategy.module_init_context): FSDP on the meta device with empty_init=True (each rank then
         materialises only its shard), DeepSpeed's zero3_init partitioned; elsewhere as usual."""
-        return self.strategy.module_init_context(empty_init=empty_init)
+        if isinstance(self.strategy, Sharded):
+            return self.strategy.module_init_context(empty_init=empty_init)
+        return contextlib.nullcontext()
 
     def fit(self, module, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None):
         """Train `module` on loaders, or on a DataModule's (`datamodule=`, or passed as train_dataloaders)."""
@@ -557,7 +559,7 @@ class Trainer:
                 raise NotImplementedError(f"Trainer.{stage} needs {type(module).__name__}.{name}(self, batch, batch_idx).")
 
     def _on_failure(self, exc):
-        if not isinstance(exc, SystemExit):
+        if not isinstance(exc, SystemExit) and isinstance(self.strategy, MultiProcess):
             self.strategy.mark_failed()
         handlers = list(self._all_hooks.get("on_exception", []))
         if self.datamodule is not None:
@@ -1177,7 +1179,8 @@ class Trainer:
             if self._preempted:
                 return
             self._preempted = True
-            strategy.forward_signal(signal.SIGTERM)  # to the workers it started itself, if any
+            if isinstance(strategy, MultiProcess):
+                strategy.forward_signal(signal.SIGTERM)  # to the workers it started itself, if any
 
         return signal.signal(signal.SIGTERM, on_sigterm)
 

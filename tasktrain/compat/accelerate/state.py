@@ -28,6 +28,22 @@ def _shared_strategy(cpu=False):
     return _SHARED["strategy"]
 
 
+def distributed_type_of(strategy) -> str:
+    """Accelerate's name of what runs a strategy's processes, read from its capabilities: "NO" (one process),
+    "DEEPSPEED" (an engine that owns the step), "FSDP" (a sharded engine), else "MULTI_GPU" (DDP; PartialState says
+    MULTI_CPU on CPUs). The launcher's names of the registry's strategies (tasktrain/names.py) say the same
+    (tests/test_contract.py checks it)."""
+    from tasktrain.strategies.base import ClipsInsideStep, MultiProcess, Sharded
+
+    if not isinstance(strategy, MultiProcess):
+        return "NO"
+    if isinstance(strategy, ClipsInsideStep):
+        return "DEEPSPEED"
+    if isinstance(strategy, Sharded):
+        return "FSDP"
+    return "MULTI_GPU"
+
+
 def _share(accelerator):
     """Called by Accelerator(): from now on the process's state is that Accelerator's."""
     _SHARED["strategy"] = accelerator.strategy
@@ -88,7 +104,7 @@ class PartialState:
         """Accelerate's DistributedType: NO, MULTI_CPU / MULTI_GPU (DDP on CPUs / GPUs), DEEPSPEED, FSDP."""
         from tasktrain.compat.accelerate.utils.dataclasses import DistributedType
 
-        kind = self._strategy.distributed_type
+        kind = distributed_type_of(self._strategy)
         if kind == "MULTI_GPU" and self.device.type == "cpu":
             kind = "MULTI_CPU"
         return DistributedType(kind)
@@ -216,7 +232,7 @@ class AcceleratorState(PartialState):
     @property
     def deepspeed_plugin(self):
         """The DeepSpeed strategy (its resolved config is `.config` once a model is prepared); None otherwise."""
-        return self._strategy if self._strategy.distributed_type == "DEEPSPEED" else None
+        return self._strategy if distributed_type_of(self._strategy) == "DEEPSPEED" else None
 
     @property
     def fsdp_plugin(self):
