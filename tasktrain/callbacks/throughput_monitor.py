@@ -21,7 +21,8 @@ The step split (training, `step_split=True`): each rank times its batches' phase
 log step, the mean seconds per batch since the last one, per rank: `train/split/rank<R>/data_wait` (from the end
 of a batch to the start of the next: the loader and the copy to the device), `forward` (training_step),
 `backward`, `optimizer` (clipping and the step), `checkpoint` (checkpoint saves between batches) and `other`
-(the rest: zero_grad, schedulers, logging, callbacks; validation excluded). On CUDA the device phases (forward,
+(the rest: zero_grad, schedulers, logging, callbacks; validation excluded). In manual optimisation the loop fires
+no backward or optimizer events: the whole step is in `other`. On CUDA the device phases (forward,
 backward, optimizer) are CUDA events read at the log step, so the split adds no synchronisation per step.
 
 Training values are written at the trainer's log steps (every log_every_n_steps-th optimizer step, after the
@@ -182,7 +183,7 @@ class ThroughputMonitor(Callback):
         self._t0 = {}
         self._counts = {}  # stage -> [batches, samples, lengths]
         self._seen_step = 0
-        self.flops_per_batch = {}  # stage -> FLOPs of one batch on this device (measured or the module's)
+        self.flops_per_batch = {}  # stage -> FLOPs of one batch on this device, as counted (not the module's)
         self.device_peak_flops = None
         self._counter = None  # the FlopCounterMode while a stage's first batch runs
         self.split = {}  # this rank's split: phase -> mean seconds per batch, as last written
@@ -220,9 +221,14 @@ class ThroughputMonitor(Callback):
         counter.__exit__(None, None, None)
         self.flops_per_batch[stage] = counter.get_total_flops()
 
-    def on_exception(self, trainer, module, exception):
+    def _count_abandon(self):
+        """Leave an open count without keeping it (the batch never reached its end)."""
         if self._counter is not None:
-            self._count_stop(self._counter[0])
+            counter, self._counter = self._counter[1], None
+            counter.__exit__(None, None, None)
+
+    def on_exception(self, trainer, module, exception):
+        self._count_abandon()
 
     # -- the step split -------------------------------------------------------------------------------------------------
     def _split_reset(self):
@@ -323,6 +329,9 @@ class ThroughputMonitor(Callback):
         if not self.measure_flops and not hasattr(module, "flops_per_batch") and trainer.is_global_zero:
             warnings.warn("ThroughputMonitor(measure_flops=False): FLOPs per second and MFU are not written; set "
                           "module.flops_per_batch or leave measure_flops on to count them.")
+
+    def on_train_end(self, trainer, module):
+        self._count_abandon()  # the module's on_train_batch_start ended the epoch (-1) before the batch ran
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self._count_start(trainer, module, "train")
