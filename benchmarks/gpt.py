@@ -3,6 +3,7 @@
     python benchmarks/gpt.py                             # the full run (docs/benchmarks.md), ~30 min on 2 cores
     python benchmarks/gpt.py --quick                     # a smoke run: few steps, one repeat
     python benchmarks/gpt.py --settings fp32 ddp         # only some settings (see SETTINGS below)
+    python benchmarks/gpt.py --device cuda --settings bf16 --no_fresh --json out.json   # on a GPU (gpu_check.py)
 
 The same model, data, data order, optimizer (AdamW, decay on matrices only), learning-rate schedule (warm-up then
 cosine), gradient clipping (1.0) and gradient accumulation (2 micro-batches per step), trained by:
@@ -28,6 +29,12 @@ Two kinds of runs, interleaved so that a slow stretch of a shared machine hits e
   just before the model is built (after the imports and the data) to the end of the first optimizer step:
   set-up, process group, wrapping, compilation; "peak RSS" is the process's resident-memory high-water mark
   (ru_maxrss; rank 0 under 2 processes) less its RSS just before the model was built. Medians over repeats.
+
+On `--device cuda` the loops run on the GPU (nccl under DDP, autocast on CUDA) and each clock reading first waits
+for the GPU (torch.cuda.synchronize), so a step's time is its work, not its launch. "FLOPs/step" is one optimizer
+step's FLOPs counted once by torch.utils.flop_counter.FlopCounterMode (forward and backward of the micro-batches of
+a step on one process), and "MFU" that over the step time and the device's dense peak
+(tasktrain.callbacks.throughput_monitor.PEAK_TFLOPS; none on a CPU). Both go to --json and to a line under the table.
 
 "final loss" is the last micro-batch's loss of the lockstep run, and "= (a)" says whether the variant's final
 parameters are bit for bit those of (a) in the same run. Compiled runs start from a warm inductor cache (an
@@ -63,7 +70,14 @@ FULL = {"steps": 60, "warmup": 10, "repeats": 5, "fresh_steps": 5}
 QUICK = {"steps": 8, "warmup": 3, "repeats": 1, "fresh_steps": 3}
 
 
+DEVICE = "cpu"  # the worker's, from its cfg (--device)
+
+
 def clock():
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()  # the GPU's queued work belongs to the step that queued it
     return time.perf_counter(), time.process_time()
 
 
@@ -110,18 +124,21 @@ class RawLoop:
         self.cfg, self.gpt, self.torch = cfg, gpt, torch
         self.ddp = int(os.environ.get("RANK", -1)) != -1
         self.owns_group = self.ddp and not dist.is_initialized()
+        self.device = torch.device(DEVICE, int(os.environ.get("LOCAL_RANK", 0))) if DEVICE == "cuda" else None
+        if self.device is not None:
+            torch.cuda.set_device(self.device)
         if self.owns_group:
-            dist.init_process_group("gloo")
+            dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
         self.rank = dist.get_rank() if self.ddp else 0
-        model = build_module(cfg, gpt).model
+        model = build_module(cfg, gpt).model.to(self.device or "cpu")
         self.raw_model = model
         self.optimizer = gpt.configure_adamw(model, cfg["lr"], 0.1)
         if cfg["compile"]:
             model = torch.compile(model)
         if self.ddp:
-            model = DDP(model)
+            model = DDP(model, device_ids=[self.device] if self.device is not None else None)
         self.model = model
-        self.ctx = nullcontext() if cfg["precision"] == "32-true" else torch.autocast("cpu", dtype=torch.bfloat16)
+        self.ctx = nullcontext() if cfg["precision"] == "32-true" else torch.autocast(DEVICE, dtype=torch.bfloat16)
         sampler = DistributedSampler(train, shuffle=False) if self.ddp else None
         self.batches = iter(DataLoader(train, batch_size=cfg["micro_batch"], shuffle=False, sampler=sampler))
         self.it = 0
@@ -138,6 +155,8 @@ class RawLoop:
             if self.ddp:
                 model.require_backward_grad_sync = micro_step == accumulation - 1
             x, y = next(self.batches)
+            if self.device is not None:
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with self.ctx:
                 _, micro_loss = model(x, y)
                 loss = micro_loss / accumulation
@@ -175,7 +194,8 @@ class AcceleratorLoop:
         if strategy and strategy.startswith("deepspeed"):
             strategy = DeepSpeed(stage=int(strategy[-1]), gradient_clipping=1.0)  # DeepSpeed clips in its step
         self.accelerator = accelerator = Accelerator(mixed_precision=cfg["precision"], strategy=strategy,
-                                                     gradient_accumulation_steps=cfg["accumulate"])
+                                                     gradient_accumulation_steps=cfg["accumulate"],
+                                                     cpu=DEVICE == "cpu")
         model = build_module(cfg, gpt).model
         optimizer = gpt.configure_adamw(model, cfg["lr"], 0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -233,7 +253,8 @@ def fit_trainer(cfg, gpt, train, on_step_start):
 
     module = build_module(cfg, gpt)
     steps = Steps()
-    trainer = Trainer(strategy=cfg["strategy"] or "auto", precision=cfg["precision"], max_steps=cfg["steps"],
+    trainer = Trainer(strategy=cfg["strategy"] or "auto", accelerator=DEVICE, precision=cfg["precision"],
+                      max_steps=cfg["steps"],
                       accumulate_grad_batches=cfg["accumulate"], gradient_clip_val=1.0, logger=False,
                       enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0,
                       callbacks=[steps])
@@ -248,6 +269,7 @@ def lockstep(cfg, gpt, train):
     import torch
 
     raw = RawLoop(cfg, gpt, train)  # under torchrun it starts the process group; (c) and (b) join it
+    flops_per_step = step_flops(cfg, gpt, train, raw)
     accelerator = AcceleratorLoop(cfg, gpt, train)
     times = {"raw": [], "trainer": [], "accelerator": []}
     started = []
@@ -266,14 +288,41 @@ def lockstep(cfg, gpt, train):
     trainer, module, trainer_loss = fit_trainer(cfg, gpt, train, on_step_start)
     weights = {"raw": raw.raw_model.state_dict(), "trainer": whole(module.model.state_dict()),
                "accelerator": accelerator.weights()}
-    same = {name: sorted(w) == sorted(weights["raw"]) and all(torch.equal(w[k], weights["raw"][k]) for k in w)
+    raw_weights = {k: v.cpu() for k, v in weights["raw"].items()}
+    same = {name: sorted(w) == sorted(raw_weights) and all(torch.equal(w[k].cpu(), raw_weights[k]) for k in w)
             for name, w in weights.items()}
+    diffs = {name: max(float((w[k].cpu().float() - raw_weights[k].float()).abs().max()) for k in w)
+             for name, w in weights.items()}
     losses = {"raw": float(raw.last_loss), "trainer": float(trainer_loss), "accelerator": float(accelerator.last_loss)}
     accelerator.close()
     raw.close()  # last: it started the process group
     if trainer.global_rank != 0:
         return None
-    return {"times": times, "same": same, "losses": losses}
+    return {"times": times, "same": same, "losses": losses, "max_diff": diffs, "flops_per_step": flops_per_step}
+
+
+def step_flops(cfg, gpt, train, raw):
+    """One optimizer step's FLOPs on one process, counted once by FlopCounterMode: forward and backward of a
+    micro-batch, on a copy of the model (the loops' weights, gradients and random numbers are not touched)."""
+    import copy
+
+    import torch
+
+    from tasktrain.callbacks.throughput_monitor import measure_flops
+
+    model = copy.deepcopy(raw.raw_model)
+    x, y = (t[:cfg["micro_batch"]] for t in train.tensors)
+    if raw.device is not None:
+        x, y = x.to(raw.device), y.to(raw.device)
+
+    def forward_backward():
+        with raw.ctx:
+            _, loss = model(x, y)
+        loss.backward()
+
+    with torch.random.fork_rng(devices=[raw.device.index] if raw.device is not None else []):
+        flops, _ = measure_flops(forward_backward)
+    return flops * cfg["accumulate"]
 
 
 def whole(state):
@@ -308,6 +357,8 @@ def fresh(cfg, gpt, train):
 
 
 def worker(cfg):
+    global DEVICE
+    DEVICE = cfg.get("device", "cpu")
     import torch
     import torch.distributed  # noqa: F401  (imported before any clock starts, alike for every variant)
     import torch.nn.parallel  # noqa: F401
@@ -326,6 +377,8 @@ def child_env(threads):
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                         "MASTER_PORT") and not k.startswith("TASKTRAIN_")}
     env["OMP_NUM_THREADS"] = str(threads)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's tasktrain, installed or not
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["PYTHONWARNINGS"] = "ignore"
     return env
 
@@ -360,7 +413,8 @@ def measure(name, args, tmp):
     processes, precision, compiled, strategy = SETTINGS[name]
     cfg = {"digits": 3, "n_layer": args.n_layer, "n_head": 4, "n_embd": args.n_embd, "lr": 3e-3, "lr_warmup": 10,
            "micro_batch": args.micro_batch, "accumulate": 2, "steps": args.steps, "fresh_steps": args.fresh_steps,
-           "threads": args.threads, "precision": precision, "compile": compiled, "strategy": strategy}
+           "threads": args.threads, "precision": precision, "compile": compiled, "strategy": strategy,
+           "device": args.device}
     cfg["samples"] = cfg["micro_batch"] * cfg["accumulate"] * processes * (args.steps + 1)
     tokens_per_step = cfg["micro_batch"] * cfg["accumulate"] * 12 * processes  # block size 12 at 3 digits
     if compiled:  # fill the inductor cache first: every timed run then compiles alike
@@ -368,11 +422,15 @@ def measure(name, args, tmp):
     runs, starts = [], {v: [] for v in LABELS}
     for repeat in range(args.repeats):
         runs.append(launch(dict(cfg, variant="lockstep"), processes, tmp))
-        for variant in LABELS:
+        for variant in LABELS if not args.no_fresh else ():
             starts[variant].append(launch(dict(cfg, variant=variant), processes, tmp))
         print(f"  {name}: repeat {repeat + 1}/{args.repeats} done (load average {os.getloadavg()[0]:.1f})",
               file=sys.stderr, flush=True)
-    table = []
+    table, records = [], []
+    from tasktrain.callbacks.throughput_monitor import device_peak_flops
+
+    peak = device_peak_flops(args.device, precision) if args.device == "cuda" else None
+    flops = runs[0]["flops_per_step"]
     ref_wall = [steady(r["times"]["raw"], args.warmup, 0) for r in runs]
     ref_cpu = [steady(r["times"]["raw"], args.warmup, 1) for r in runs]
     for variant, label in LABELS.items():
@@ -386,12 +444,19 @@ def measure(name, args, tmp):
                       f"{statistics.median(ratios):.3f}x ({min(ratios):.2f}-{max(ratios):.2f})",
                       f"{1000 * statistics.median(cpu):.1f} ms",
                       f"{statistics.median(cpu_ratios):.3f}x ({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f})",
-                      f"{statistics.median(s['first_step'] for s in starts[variant]):.2f} s",
-                      f"{statistics.median(s['peak_rss'] for s in starts[variant]):.0f} MB",
+                      f"{statistics.median(s['first_step'] for s in starts[variant]):.2f} s" if starts[variant] else "-",
+                      f"{statistics.median(s['peak_rss'] for s in starts[variant]):.0f} MB" if starts[variant] else "-",
                       f"{runs[0]['losses'][variant]:.4f}", "yes" if same else "no"])
+        step = statistics.median(wall)
+        records.append({"setting": name, "variant": variant, "label": table[-1][1],
+                        "tokens_per_s": tokens_per_step / step, "ratio": statistics.median(ratios), "step_s": step,
+                        "flops_per_step": flops, "mfu": flops / step / peak if peak else None, "same_as_raw": same,
+                        "max_diff": max(r["max_diff"][variant] for r in runs)})
     if strategy is not None and processes > 1:
-        table[0][1] = LABELS["raw"] + ", DDP"
-    return table
+        table[0][1] = records[0]["label"] = LABELS["raw"] + ", DDP"
+    mfu = ", ".join(f"{r['variant']} {100 * r['mfu']:.1f}%" for r in records) if peak else "n/a (no peak for a CPU)"
+    print(f"  {name}: {flops:.3g} FLOPs per optimizer step (FlopCounterMode, once); MFU: {mfu}", flush=True)
+    return table, records
 
 
 HEADER = ["setting", "variant", "tokens/s", "ratio to (a) (range)", "CPU per step", "CPU ratio (range)",
@@ -410,6 +475,9 @@ def main():
     parser.add_argument("--n_layer", type=int, default=2)
     parser.add_argument("--n_embd", type=int, default=128)
     parser.add_argument("--micro_batch", type=int, default=128, help="per process; 2 micro-batches per step")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the loops run")
+    parser.add_argument("--no_fresh", action="store_true", help="only the lockstep runs (no first step, no memory)")
+    parser.add_argument("--json", metavar="FILE", help="also write the rows, with FLOPs per step and MFU, here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -429,10 +497,15 @@ def main():
           f"{platform.python_version()}; {args.threads} torch thread(s) per process; GPT {args.n_layer} layers x "
           f"{args.n_embd}, micro-batch {args.micro_batch} x 2 per step, {args.steps} lockstep steps (warm-up "
           f"{args.warmup}), {args.repeats} repeat(s); load average before: {os.getloadavg()[0]:.1f}", flush=True)
-    table = []
+    table, records = [], []
     with tempfile.TemporaryDirectory(prefix="tasktrain-gpt-bench-") as tmp:
         for name in args.settings:
-            table += measure(name, args, tmp)
+            rows, kept = measure(name, args, tmp)
+            table += rows
+            records += kept
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": args.device, "rows": records}, f)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" * len(HEADER))

@@ -1,15 +1,24 @@
-"""Run every CUDA path of tasktrain on a GPU machine and print a pass/fail table.
+"""Run every CUDA path of tasktrain on a GPU machine and print a pass/fail/skip table and the GPU headline numbers.
 
-    python scripts/gpu_check.py          # exit code 1 when a check fails; 0 on a machine without CUDA
-    python scripts/gpu_check.py --cpu    # the same checks on CPU (gloo, no SyncBatchNorm): tests this script
+    python scripts/gpu_check.py                # on a GPU machine: exit code 1 when a check fails (0 without CUDA)
+    python scripts/gpu_check.py --cpu          # every check's CPU twin (gloo, CPU device): tests this script
+    python scripts/gpu_check.py --only ddp fp16   # some checks (their names: --list)
+    python scripts/gpu_check.py --fetch-wheels # here, with a network: DeepSpeed and its missing needs as wheels
 
-Checks: batches (tensors, tuples, dicts, namedtuples) placed on the GPU; fp16 autocast with an enabled
-GradScaler; bf16 autocast; DataParallel over the visible GPUs (one GPU: the warned single-device fallback);
-nccl DDP on 2 GPUs started by self-launch, with SyncBatchNorm; dispatch_model over GPU ids (when the
-tasktrain.inference package exists). Checks that need 2 GPUs say "skip" with fewer.
+It runs from a checkout as it is, without `pip install -e .` (setup.py pins the CPU machines' torch, which a GPU
+machine must not get): put the checkout on PYTHONPATH and use the machine's own torch. DeepSpeed, which a GPU
+image may lack, comes as wheels in .gpu_wheels/ (made by --fetch-wheels, ignored by git, carried to the machine)
+installed with `pip install --no-index --no-deps --target`: nothing is downloaded there. The exact one-call
+command for the lent H200 is in docs/benchmarks.md ("The GPU check").
+
+Every check runs in its own process, bounded by a timeout (a hung or crashed check is a failed one, and a broken
+CUDA context cannot spoil the next check). Multi-process checks use 2 processes on 2 GPUs or more, one process on
+one GPU (nccl with a world of one), and 2 gloo processes on CPU. A check says "skip" only where it needs 2 GPUs
+and the machine has one, or where its path exists only on CUDA (on --cpu).
 """
 import argparse
 import collections
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +31,14 @@ import warnings
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run from a checkout: its tasktrain, not an installed one
+    sys.path.insert(0, ROOT)
+WHEELS = os.path.join(ROOT, ".gpu_wheels")
+# DeepSpeed 0.19.8 (built here as a pure-Python wheel) and what the GPU image lacks of its needs (KINDS.md's list)
+WHEEL_PINS = ["hjson==3.1.0", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",
+              "typing-inspection==0.4.5"]
+
 QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0)
 Pair = collections.namedtuple("Pair", "x y")
 
@@ -32,7 +49,7 @@ def tiny_data(n=64, features=8, seed=0):
     return TensorDataset(x, x.sum(1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g))
 
 
-def make_regressor(record=None):
+def make_regressor(record=None, optimizer=torch.optim.SGD, lr=0.05):
     from tasktrain import TaskModule
 
     class Regressor(TaskModule):
@@ -45,20 +62,21 @@ def make_regressor(record=None):
             x, y = batch
             out = self.net(x)
             if record is not None:
-                record.append({"device": str(x.device), "rows": x.shape[0], "dtype": str(out.dtype)})
-            loss = torch.nn.functional.mse_loss(out.float(), y)
+                record.append({"device": str(x.device), "rows": x.shape[0], "dtype": str(out.dtype),
+                               "param_dtype": str(self.net[0].weight.dtype)})
+            loss = torch.nn.functional.mse_loss(out.float(), y.float())
             self.log("loss", loss, on_epoch=True)
             return loss
 
         def validation_step(self, batch, batch_idx):
             x, y = batch
-            self.log("val_loss", torch.nn.functional.mse_loss(self.net(x).float(), y))
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(x).float(), y.float()))
 
         def predict_step(self, batch, batch_idx):
             return self.net(batch[0])[:, 0]
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
+            return optimizer(self.parameters(), lr=lr)
 
     return Regressor()
 
@@ -73,7 +91,53 @@ def fit(accelerator, record=None, epochs=3, batch_size=16, **kwargs):
     return trainer, model
 
 
-# -- the checks: each returns (status, detail) with status "pass" | "fail" | "skip" ---------------------------------
+def gpus(accelerator):
+    return torch.cuda.device_count() if accelerator == "cuda" else 0
+
+
+def world_of(accelerator):
+    """Processes of the multi-process checks: 2 gloo ranks on CPU, 2 GPUs where there are, else one nccl rank."""
+    return 2 if accelerator == "cpu" else min(2, gpus(accelerator))
+
+
+def child_env():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                        "MASTER_PORT") and not k.startswith("TASKTRAIN_")}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def run_worker(name, accelerator, out, timeout, launch=None):
+    """This script as `--worker name out` (self-launching its ranks, or under `launch`: a command prefix);
+    returns each rank's facts (rank{R}.json under out), or raises with the end of its output."""
+    cmd = [os.path.abspath(__file__), "--worker", name, out] + (["--cpu"] if accelerator == "cpu" else [])
+    cmd = (launch or [sys.executable]) + cmd
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(), cwd=out)
+    ranks = sorted(f for f in os.listdir(out) if f.startswith("rank") and f.endswith(".json"))
+    if proc.returncode != 0 or not ranks:
+        tail = (proc.stdout[-1500:] + "\n" + proc.stderr[-2500:]).strip()
+        raise RuntimeError(f"worker {name} exited {proc.returncode}:\n{tail}")
+    return [json.load(open(os.path.join(out, f))) for f in ranks]
+
+
+def write_facts(out, rank, facts):
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(facts, f)
+
+
+def max_diff(a, b):
+    return max(abs(x - y) for x, y in zip(a, b)) if a else float("inf")
+
+
+def flat(module_or_state):
+    state = module_or_state if isinstance(module_or_state, dict) else module_or_state.state_dict()
+    return [float(v) for k in sorted(state) for v in state[k].detach().float().cpu().flatten()]
+
+
+# -- in-process checks (each still runs in a process of its own): return (status, detail) -----------------------------
 def check_batch_placement(accelerator):
     from tasktrain import TaskModule, Trainer
 
@@ -105,16 +169,40 @@ def check_batch_placement(accelerator):
 
 
 def check_fp16(accelerator):
-    record = []
-    trainer, _ = fit(accelerator, record, precision="16-mixed")
+    from tasktrain import Callback
+
+    record, seen = [], {}
+
+    class Poison(Callback):
+        """At the second step, an inf in a gradient: GradScaler must skip that step and halve its scale."""
+
+        def on_after_backward(self, trainer, module):
+            if trainer.global_step == 1 and "before" not in seen:
+                seen["before"] = flat(module)
+                seen["scale_before"] = trainer.strategy.precision.scaler.get_scale()
+                next(module.parameters()).grad.view(-1)[0] = float("inf")
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if "before" in seen and "after" not in seen:
+                seen["after"] = flat(module)
+                seen["scale_after"] = trainer.strategy.precision.scaler.get_scale()
+
+    trainer, model = fit(accelerator, record, precision="16-mixed", callbacks=[Poison()])
     scaler = trainer.strategy.precision.scaler
     dtypes = {r["dtype"] for r in record}
     if dtypes != {"torch.float16"}:
         return "fail", f"forward outputs were {dtypes}, expected torch.float16"
     if not scaler.is_enabled():
         return "fail", "the GradScaler is disabled"
+    if seen.get("after") != seen.get("before"):
+        return "fail", "the step with an inf gradient changed the weights: GradScaler did not skip it"
+    if seen["scale_after"] != seen["scale_before"] / 2:
+        return "fail", f"the scale went {seen['scale_before']} -> {seen['scale_after']}, expected it halved"
     loss = float(trainer.callback_metrics["loss_epoch"])
-    return "pass", f"fp16 forward, GradScaler on (scale {scaler.get_scale():g}), final epoch loss {loss:.3f}"
+    if flat(model) == seen["after"] or not loss == loss:
+        return "fail", f"training did not go on after the skipped step (final loss {loss})"
+    return "pass", (f"fp16 forward; inf step skipped (weights kept, scale {seen['scale_before']:g} -> "
+                    f"{seen['scale_after']:g}); final epoch loss {loss:.3f}")
 
 
 def check_bf16(accelerator):
@@ -126,22 +214,35 @@ def check_bf16(accelerator):
     return "pass", f"bf16 forward, final epoch loss {float(trainer.callback_metrics['loss_epoch']):.3f}"
 
 
+def check_bf16_true(accelerator):
+    record = []
+    initial = flat(make_regressor())
+    trainer, model = fit(accelerator, record, precision="bf16-true")
+    kinds = {(r["dtype"], r["param_dtype"]) for r in record}
+    if kinds != {("torch.bfloat16", "torch.bfloat16")}:
+        return "fail", f"(output, parameter) dtypes were {kinds}, expected bfloat16 for both"
+    loss = float(trainer.callback_metrics["loss_epoch"])
+    if flat(model) == [float(torch.tensor(v).bfloat16()) for v in initial] or not loss == loss:
+        return "fail", f"the bf16 weights did not train (final loss {loss})"
+    return "pass", f"bf16 parameters and forward, final epoch loss {loss:.3f}"
+
+
 def check_data_parallel(accelerator):
-    gpus = torch.cuda.device_count() if accelerator == "cuda" else 0
-    batch_size = 4 * max(1, gpus)  # equal chunks: the mean of the copies' losses is then the batch's loss
+    count = gpus(accelerator)
+    batch_size = 4 * max(1, count)  # equal chunks: the mean of the copies' losses is then the batch's loss
     record = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer, model = fit(accelerator, record, batch_size=batch_size, strategy="dp")
     fell_back = any("running as a single device" in str(w.message) for w in caught)
-    if gpus < 2:
+    if count < 2:
         if not fell_back or trainer.strategy.parallel_ids:
-            return "fail", f"{gpus} GPU(s): expected the single-device fallback with a warning"
-        return "pass", f"{gpus} GPU(s): warned and ran as a single device on {trainer.strategy.root_device}"
-    if fell_back or trainer.strategy.parallel_ids != list(range(gpus)):
-        return "fail", f"expected DataParallel over {list(range(gpus))}, got {trainer.strategy.parallel_ids}"
+            return "fail", f"{count} GPU(s): expected the single-device fallback with a warning"
+        return "pass", f"{count} GPU(s): warned and ran as a single device on {trainer.strategy.root_device}"
+    if fell_back or trainer.strategy.parallel_ids != list(range(count)):
+        return "fail", f"expected DataParallel over {list(range(count))}, got {trainer.strategy.parallel_ids}"
     devices = {r["device"] for r in record}
-    if len(devices) != gpus or {r["rows"] for r in record} != {4}:
+    if len(devices) != count or {r["rows"] for r in record} != {4}:
         return "fail", f"the batches were not split over the GPUs: steps ran on {sorted(devices)}"
     _, reference = fit(accelerator, batch_size=batch_size, strategy="single_device")
     diff = max((a.cpu() - b.cpu()).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
@@ -157,44 +258,111 @@ def check_data_parallel(accelerator):
     return "pass", f"split over {sorted(devices)}, same weights as one GPU (max diff {diff:.1e}), predictions in order"
 
 
-def check_ddp(accelerator):
-    gpus = torch.cuda.device_count() if accelerator == "cuda" else 2
-    if gpus < 2:
-        return "skip", f"needs 2 GPUs, found {gpus}"
+def check_accelerator_seed(accelerator):
+    """The seed's custom loop (tests/accelerator_scripts/common.py's accelerator_loop) on the Accelerator."""
+    import torch.nn.functional as F
+
+    from tasktrain import Accelerator, seed_everything
+
+    seed_everything(0)
+    acc = Accelerator(cpu=accelerator == "cpu")
+    device = acc.device
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(16, 3)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    data = DataLoader(TensorDataset(torch.randn(100, 8, generator=g), torch.randint(0, 3, (100,), generator=g)),
+                      batch_size=32, shuffle=True)
+    model, optimizer, data = acc.prepare(model, optimizer, data)
+    model.train()
+    losses = []
+    for epoch in range(3):
+        for source, targets in data:
+            source, targets = source.to(device), targets.to(device)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(source), targets)
+            acc.backward(loss)
+            acc.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            losses.append(loss.detach())
+    acc.wait_for_everyone()
+    where = {str(p.device) for p in acc.unwrap_model(model).parameters()}
+    want = "cuda:0" if accelerator == "cuda" else "cpu"
+    if where != {want} or str(device) not in (want, want.split(":")[0]):
+        return "fail", f"the Accelerator's device is {device}, the parameters on {where}: expected {want}"
+    first, last = float(losses[0]), float(torch.stack(losses[-4:]).mean())
+    if not last < first:
+        return "fail", f"the loss did not go down ({first:.3f} -> {last:.3f})"
+    return "pass", f"{len(losses)} steps on {device}, loss {first:.3f} -> {last:.3f}"
+
+
+def check_dispatch(accelerator):
+    from tasktrain.inference import dispatch_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    expected = model(x)
+    if accelerator == "cuda":
+        second = 1 if gpus(accelerator) >= 2 else 0
+        device_map = {"0": 0, "1": 0, "2": "cpu", "3": second, "4": "disk"}
+    else:
+        device_map = {"0": "cpu", "1": "cpu", "2": "cpu", "3": "cpu", "4": "disk"}
+    with tempfile.TemporaryDirectory() as folder:
+        dispatch_model(model, device_map=device_map, offload_dir=folder)
+        on_disk = bool(os.listdir(folder))
+        main = torch.device("cuda", 0) if accelerator == "cuda" else torch.device("cpu")
+        out = model(x.to(main))
+    if not on_disk:
+        return "fail", "nothing was written to the offload folder for the 'disk' layer"
+    if out.device != main:
+        return "fail", f"the output came back on {out.device}, the input was on {main}"
+    diff = (out.detach().cpu() - expected.detach()).abs().max().item()
+    if diff > 1e-4:
+        return "fail", f"outputs differ from the undispatched model by {diff:.2e}"
+    return "pass", f"map {device_map}: same outputs as the plain model (max diff {diff:.1e})"
+
+
+# -- multi-process checks: the parent judges the workers' facts --------------------------------------------------------
+def check_ddp(accelerator, launch=False):
+    world = world_of(accelerator)
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, os.path.abspath(__file__), "--ddp-worker", out]
-        cmd += ["--cpu"] if accelerator == "cpu" else []
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-        if proc.returncode != 0:
-            return "fail", f"exit code {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-        ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in (0, 1)]
+        prefix = None
+        if launch:
+            prefix = [sys.executable, "-m", "tasktrain.cli.main", "launch", "--num_processes", str(world),
+                      "--strategy", "ddp"] + (["--cpu"] if accelerator == "cpu" else [])
+        ranks = run_worker("ddp", accelerator, out, 240, prefix)
     backend = "nccl" if accelerator == "cuda" else "gloo"
+    if len(ranks) != world:
+        return "fail", f"{len(ranks)} ranks reported, expected {world}"
     for r, facts in enumerate(ranks):
         want = f"cuda:{r}" if accelerator == "cuda" else "cpu"
         if facts["backend"] != backend or facts["device"] != want:
             return "fail", f"rank {r}: backend {facts['backend']} on {facts['device']}, expected {backend} on {want}"
-    if ranks[0]["params"] != ranks[1]["params"]:
-        return "fail", "the two ranks ended with different weights"
-    detail = f"{backend}, ranks on {ranks[0]['device']} and {ranks[1]['device']}, equal weights"
+    if any(f["params"] != ranks[0]["params"] for f in ranks):
+        return "fail", "the ranks ended with different weights"
+    detail = f"{backend}, {world} rank(s) on {', '.join(f['device'] for f in ranks)}"
+    detail += ", equal weights" if world > 1 else ""
     if accelerator == "cuda":
         if not all(f["sync_batchnorm"] for f in ranks):
             return "fail", "BatchNorm was not converted to SyncBatchNorm"
         for r, facts in enumerate(ranks):
-            diff = max(abs(a - b) for a, b in zip(facts["running_mean"], facts["expected_mean"]))
+            diff = max_diff(facts["running_mean"], facts["expected_mean"])
             if diff > 1e-4:
-                return "fail", f"rank {r}: SyncBatchNorm's running mean is not both ranks' mean (off {diff:.2e})"
-        detail += ", SyncBatchNorm statistics over both ranks"
-    return "pass", detail
+                return "fail", f"rank {r}: SyncBatchNorm's running mean is not all ranks' mean (off {diff:.2e})"
+        detail += f", SyncBatchNorm statistics over the {world} rank(s)' batches"
+    return "pass", detail + (" (under tasktrain launch)" if launch else " (self-launched)")
 
 
-def ddp_worker(out, accelerator):
-    """Run by check_ddp as its own script: the Trainer re-runs this command for rank 1."""
+def worker_ddp(out, accelerator):
+    """The Trainer re-runs this command for the other ranks (self-launch), or `tasktrain launch` started them."""
     import torch.distributed as dist
 
     from tasktrain import DDP, Callback, TaskModule, Trainer
 
     facts = {}
+    world = world_of(accelerator)
 
     class BatchNormNet(TaskModule):
         def __init__(self):
@@ -212,85 +380,378 @@ def ddp_worker(out, accelerator):
 
     class Record(Callback):
         def on_train_end(self, trainer, module):
-            facts["backend"] = dist.get_backend()
+            facts["backend"] = dist.get_backend() if dist.is_initialized() else None
             facts["device"] = str(trainer.strategy.root_device)
 
-    data = tiny_data(n=16)
+    data = tiny_data(n=8 * world)
     model = BatchNormNet()
-    trainer = Trainer(strategy=DDP(sync_batchnorm=accelerator == "cuda"), accelerator=accelerator, devices=2,
+    devices = "auto" if "LOCAL_RANK" in os.environ else world
+    trainer = Trainer(strategy=DDP(sync_batchnorm=accelerator == "cuda"), accelerator=accelerator, devices=devices,
                       max_steps=1, callbacks=[Record()], **QUIET)
-    trainer.fit(model, DataLoader(data, batch_size=8))  # one step: both ranks' 8 rows are the 16 samples
-    facts["params"] = [p.detach().cpu().flatten().tolist() for p in model.parameters()]
+    trainer.fit(model, DataLoader(data, batch_size=8))  # one step: the ranks' 8 rows each are all the samples
+    facts["params"] = [float(v) for p in model.parameters() for v in p.detach().cpu().flatten()]  # (not BN's buffers)
     facts["sync_batchnorm"] = isinstance(model.bn, torch.nn.SyncBatchNorm)
     facts["running_mean"] = model.bn.running_mean.cpu().tolist()
     facts["expected_mean"] = data.tensors[0].mean(0).tolist()
-    with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
-        json.dump(facts, f)
+    write_facts(out, trainer.global_rank, facts)
 
 
-def check_dispatch(accelerator):
+def check_fsdp(accelerator, precision):
+    with tempfile.TemporaryDirectory() as out:
+        ranks = run_worker(f"fsdp-{precision}", accelerator, out, 240)
+    facts = ranks[0]
+    want_dtype = "torch.bfloat16" if precision == "bf16-mixed" else "torch.float16"
+    if facts["backend"] != ("nccl" if accelerator == "cuda" else "gloo"):
+        return "fail", f"backend {facts['backend']}"
+    if not facts["dtensor"]:
+        return "fail", "the parameters are not DTensors: fully_shard was not applied"
+    if facts["dtypes"] != [want_dtype]:
+        return "fail", f"forward outputs were {facts['dtypes']}, expected {want_dtype}"
+    if precision == "16-mixed" and facts["scaler"] != "ShardedGradScaler":
+        return "fail", f"the loss scaler is {facts['scaler']}, expected torch's ShardedGradScaler"
+    if not facts["dcp_dir"]:
+        return "fail", "the checkpoint is not a torch.distributed.checkpoint directory"
+    if facts["resumed_step"] != 4 or facts["diff"] > 1e-6:
+        return "fail", (f"resumed to step {facts['resumed_step']}, weights off the uninterrupted run's by "
+                        f"{facts['diff']:.2e}")
+    scaler = f", {facts['scaler']}" if facts["scaler"] else ""
+    return "pass", (f"{facts['backend']}, {len(ranks)} rank(s), {want_dtype[6:]} compute{scaler}; DCP checkpoint at "
+                    f"step 2 resumed to 4 = uninterrupted 4 steps (max diff {facts['diff']:.1e})")
+
+
+def worker_fsdp(out, accelerator, precision):
+    import torch.distributed as dist
+
+    from tasktrain import Trainer
+
+    world = world_of(accelerator)
+    data = DataLoader(tiny_data(n=16 * world), batch_size=4)
+    record = []
+
+    def trainer(steps, root):
+        return Trainer(strategy="fsdp", accelerator=accelerator, devices=world, precision=precision, max_steps=steps,
+                       default_root_dir=os.path.join(out, root), **QUIET)
+
+    whole = trainer(4, "whole")
+    model = make_regressor(record)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 16-mixed on CPU warns that it is slow
+        whole.fit(model, data)
+        reference = flat(whole.strategy.full_state_dict(model))
+        dtensor = all(type(p).__name__ == "DTensor" for p in model.parameters())
+        first = trainer(2, "first")
+        first.fit(make_regressor(), data)
+        path = os.path.join(out, "step2.ckpt")
+        first.save_checkpoint(path)
+        scaler = first.strategy.precision.scaler if precision == "16-mixed" else None
+        resumed = trainer(4, "resumed")
+        model = make_regressor()
+        resumed.fit(model, data, ckpt_path=path)
+        weights = flat(resumed.strategy.full_state_dict(model))
+    facts = {"backend": dist.get_backend(), "dtensor": dtensor, "dtypes": sorted({r["dtype"] for r in record}),
+             "scaler": type(scaler).__name__ if scaler is not None else None, "dcp_dir": os.path.isdir(path),
+             "resumed_step": resumed.global_step, "diff": max_diff(weights, reference)}
+    write_facts(out, resumed.global_rank, facts)
+
+
+class TorchAdam(torch.optim.Adam):
+    """torch's own Adam. With optimizer offload the strategy swaps an exact Adam/AdamW for DeepSpeedCPUAdam, a C++
+    op DeepSpeed compiles for minutes on first use; a subclass is kept as it is and steps on the CPU."""
+
+
+def check_deepspeed(accelerator, stage):
     try:
-        from tasktrain.inference import dispatch_model
-    except ImportError:
-        return "skip", "tasktrain.inference is not available"
-    if accelerator != "cuda":
-        return "skip", "needs CUDA"
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    x = torch.randn(5, 8)
-    expected = model(x)
-    second = 1 if torch.cuda.device_count() >= 2 else "cpu"
-    dispatch_model(model, device_map={"0": 0, "1": 0, "2": second})
-    out = model(x.cuda(0))
-    if out.device != torch.device("cuda", 0):
-        return "fail", f"the output came back on {out.device}, the input was on cuda:0"
-    if not torch.allclose(out.cpu(), expected, atol=1e-4):
-        return "fail", f"outputs differ from the undispatched model by {(out.cpu() - expected).abs().max():.2e}"
-    where = "GPU 1" if second == 1 else "CPU (offloaded, run on GPU 0)"
-    return "pass", f"layers on GPU 0 and {where}, same outputs as on CPU"
+        import deepspeed  # noqa: F401
+    except ImportError as error:
+        return "fail", (f"deepspeed is not importable ({error}): run `python scripts/gpu_check.py --fetch-wheels` "
+                        "on a machine with a network and carry .gpu_wheels (docs/benchmarks.md, 'The GPU check')")
+    with tempfile.TemporaryDirectory() as out:
+        ranks = run_worker(f"deepspeed-{stage}", accelerator, out, 300)
+    facts = ranks[0]
+    want = "cuda:0" if accelerator == "cuda" else "cpu"
+    if facts["stage"] != stage or facts["offload_optimizer"] != "cpu":
+        return "fail", f"engine at stage {facts['stage']}, optimizer offload {facts['offload_optimizer']}"
+    if stage == 3 and facts["offload_param"] != "cpu":
+        return "fail", f"parameter offload {facts['offload_param']}, expected cpu"
+    if facts["device"] != want or facts["optimizer"] != "TorchAdam":
+        return "fail", f"engine on {facts['device']} with {facts['optimizer']}, expected {want} with TorchAdam"
+    if not facts["changed"] or not facts["finite"] or (len(ranks) > 1 and ranks[1]["weights"] != facts["weights"]):
+        return "fail", f"weights changed: {facts['changed']}, finite: {facts['finite']}, same on every rank: no"
+    offload = "optimizer" + (" and parameters" if stage == 3 else "")
+    return "pass", (f"ZeRO-{stage}, {len(ranks)} rank(s) on {facts['device']}, bf16, {offload} offloaded to the "
+                    f"CPU, torch Adam (nothing compiled); trained {facts['steps']} steps")
 
 
-CHECKS = [
-    ("batch placement", check_batch_placement),
-    ("fp16 + GradScaler", check_fp16),
-    ("bf16 autocast", check_bf16),
-    ("DataParallel", check_data_parallel),
-    ("DDP self-launch (+SyncBatchNorm)", check_ddp),
-    ("dispatch_model", check_dispatch),
-]
+def worker_deepspeed(out, accelerator, stage):
+    from tasktrain import Callback, DeepSpeed, Trainer
+
+    world = world_of(accelerator)
+    model = make_regressor(optimizer=TorchAdam, lr=0.01)
+    initial = flat(model)
+    facts = {}
+
+    class Record(Callback):
+        def on_train_end(self, trainer, module):  # the engine is still there (teardown drops it)
+            strategy = trainer.strategy
+            zero = strategy.config["zero_optimization"]
+            weights = flat(strategy.full_state_dict())  # ZeRO-3 gathers: every rank calls it
+            facts.update(stage=zero["stage"], offload_optimizer=(zero.get("offload_optimizer") or {}).get("device"),
+                         offload_param=(zero.get("offload_param") or {}).get("device"),
+                         device=str(strategy.engine.device), optimizer=type(trainer.optimizers[0]).__name__,
+                         steps=trainer.global_step, changed=weights != initial,
+                         finite=all(v == v for v in weights), weights=weights)
+
+    strategy = DeepSpeed(stage=stage, offload_optimizer=True, offload_parameters=stage == 3)
+    trainer = Trainer(strategy=strategy, accelerator=accelerator, devices=world, precision="bf16-mixed", max_steps=4,
+                      default_root_dir=out, callbacks=[Record()], **QUIET)
+    trainer.fit(model, DataLoader(tiny_data(n=16 * world), batch_size=4))
+    write_facts(out, trainer.global_rank, facts)
+
+
+def check_watchdog(accelerator):
+    world = world_of(accelerator)
+    if world < 2:
+        return "skip", f"needs 2 GPUs, found {gpus(accelerator)} (the watchdog watches a world of 2 or more)"
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "watchdog", out]
+        cmd += ["--cpu"] if accelerator == "cpu" else []
+        started = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=child_env(), cwd=out)
+        seconds = time.monotonic() - started
+        stuck = os.path.exists(os.path.join(out, "stuck"))
+    if not stuck:
+        return "fail", f"the run ended (exit {proc.returncode}) before rank 1 hung: {proc.stderr[-800:]}"
+    if proc.returncode == 0 or "rank 1 (pid" not in proc.stderr or "has made no progress" not in proc.stderr:
+        return "fail", f"exit {proc.returncode}; the stall of rank 1 was not reported: {proc.stderr[-800:]}"
+    backend = "nccl" if accelerator == "cuda" else "gloo"
+    return "pass", f"{backend}: rank 1 hung in training_step, named and every rank ended ({seconds:.0f} s in all)"
+
+
+def worker_watchdog(out, accelerator):
+    from tasktrain import TaskModule, Trainer
+
+    class Hangs(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2 and self.global_rank == 1:
+                open(os.path.join(out, "stuck"), "w").close()
+                time.sleep(10_000)  # rank 1 hangs: rank 0 waits in backward's all-reduce
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = Trainer(strategy="ddp", accelerator=accelerator, devices=2, max_epochs=1000, stall_timeout=5, **QUIET)
+    trainer.fit(Hangs(), DataLoader(tiny_data(n=32), batch_size=4))
+
+
+def check_compile(accelerator):
+    with tempfile.TemporaryDirectory() as out:
+        (facts,) = run_worker("compile", accelerator, out, 300)
+    if facts["steps"] != 3 or not facts["graphs"]:
+        return "fail", f"{facts['steps']} steps, {facts['graphs']} compiled graphs"
+    if not facts["finite"]:
+        return "fail", f"the compiled GPT's validation metrics are not finite: {facts['metrics']}"
+    return "pass", (f"examples/gpt.py --compile ({facts['backend']}, {facts['precision']}): {facts['steps']} steps, "
+                    f"{facts['graphs']} graph(s) compiled, validate and generate ran")
+
+
+def worker_compile(out, accelerator):
+    spec = importlib.util.spec_from_file_location("gpt_example", os.path.join(ROOT, "examples", "gpt.py"))
+    gpt = importlib.util.module_from_spec(spec)
+    sys.modules["gpt_example"] = gpt
+    spec.loader.exec_module(gpt)
+    backend = "inductor"
+    if accelerator == "cpu":  # the CPU twin: dynamo and AOTAutograd without inductor's C++ build (minutes here)
+        backend = "aot_eager"
+        compile_ = torch.compile
+        gpt.torch.compile = lambda model, **kwargs: compile_(model, backend=backend, **kwargs)
+    precision = "bf16-mixed" if accelerator == "cuda" else "32-true"
+    argv = ["--compile", "--max_steps", "3", "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--batch_size",
+            "32", "--train_size", "256", "--val_size", "64", "--samples", "2", "--warmup", "1", "--devices", "1",
+            "--precision", precision, "--root", out]
+    trainer, metrics, _ = gpt.main(argv)
+    from torch._dynamo.utils import counters
+
+    facts = {"steps": trainer.global_step, "graphs": int(counters["stats"]["unique_graphs"]), "backend": backend,
+             "precision": precision, "metrics": {k: float(v) for k, v in metrics.items()},
+             "finite": all(float(v) == float(v) for v in metrics.values()),
+             "device": str(trainer.strategy.root_device)}
+    write_facts(out, 0, facts)
+
+
+def check_gpt_benchmark(accelerator):
+    with tempfile.TemporaryDirectory() as out:
+        result = os.path.join(out, "gpt.json")
+        if accelerator == "cuda":  # GPT-2 small's width and depth, 12k tokens a step: the GPU has work to do
+            args = ["--device", "cuda", "--settings", "bf16", "--n_layer", "12", "--n_embd", "768", "--micro_batch",
+                    "512", "--steps", "30", "--warmup", "10", "--repeats", "1"]
+        else:  # the twin: the same code path, tiny
+            args = ["--settings", "fp32", "--n_layer", "1", "--n_embd", "32", "--micro_batch", "16", "--steps", "6",
+                    "--warmup", "2", "--repeats", "1"]
+        cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "gpt.py"), *args, "--no_fresh", "--json", result]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env(), cwd=out)
+        if proc.returncode != 0 or not os.path.exists(result):
+            return "fail", f"benchmarks/gpt.py exited {proc.returncode}: {proc.stderr[-1500:]}"
+        rows = json.load(open(result))["rows"]
+    HEADLINE.extend(rows)
+    if {r["variant"] for r in rows} != {"raw", "trainer", "accelerator"}:
+        return "fail", f"variants measured: {[r['variant'] for r in rows]}"
+    if not all(r["tokens_per_s"] > 0 for r in rows):
+        return "fail", f"tokens/s: {[r['tokens_per_s'] for r in rows]}"
+    # (Bit-for-bit equal weights are tested on CPU; on a GPU a kernel with atomics, e.g. an attention backward,
+    # may make them differ a little without any bug: the difference is shown, not judged.)
+    ratios = ", ".join(f"{r['variant']} {r['ratio']:.3f}x" for r in rows if r["variant"] != "raw")
+    diffs = ", ".join(f"{r['variant']} {r['max_diff']:.1e}" for r in rows if r["variant"] != "raw")
+    return "pass", (f"{rows[0]['setting']}: tokens/s ratio to the hand-written loop: {ratios}; largest weight "
+                    f"difference to it: {diffs} (table below)")
+
+
+HEADLINE = []  # the GPT benchmark's rows, printed after the table
+
+# name -> (label, check); the names are what --only takes
+CHECKS = {
+    "placement": ("batch placement", check_batch_placement),
+    "fp16": ("fp16 autocast + GradScaler", check_fp16),
+    "bf16": ("bf16-mixed", check_bf16),
+    "bf16-true": ("bf16-true", check_bf16_true),
+    "dp": ("DataParallel", check_data_parallel),
+    "ddp": ("DDP self-launch + SyncBatchNorm", check_ddp),
+    "ddp-launch": ("DDP under tasktrain launch", lambda a: check_ddp(a, launch=True)),
+    "fsdp-bf16": ("FSDP2 bf16-mixed + DCP resume", lambda a: check_fsdp(a, "bf16-mixed")),
+    "fsdp-fp16": ("FSDP2 16-mixed (ShardedGradScaler)", lambda a: check_fsdp(a, "16-mixed")),
+    "zero2": ("DeepSpeed ZeRO-2 + CPU offload", lambda a: check_deepspeed(a, 2)),
+    "zero3": ("DeepSpeed ZeRO-3 + CPU offload", lambda a: check_deepspeed(a, 3)),
+    "accelerator": ("Accelerator, the seed's loop", check_accelerator_seed),
+    "dispatch": ("dispatch_model, CPU + disk offload", check_dispatch),
+    "compile": ("torch.compile, examples/gpt.py", check_compile),
+    "watchdog": ("watchdog (stuck rank)", check_watchdog),
+    "gpt-bench": ("GPT benchmark (headline)", check_gpt_benchmark),
+}
+WORKERS = {
+    "ddp": worker_ddp,
+    "fsdp-bf16-mixed": lambda out, a: worker_fsdp(out, a, "bf16-mixed"),
+    "fsdp-16-mixed": lambda out, a: worker_fsdp(out, a, "16-mixed"),
+    "deepspeed-2": lambda out, a: worker_deepspeed(out, a, 2),
+    "deepspeed-3": lambda out, a: worker_deepspeed(out, a, 3),
+    "watchdog": worker_watchdog,
+    "compile": worker_compile,
+}
+TIMEOUT = 360  # seconds per check, its own set-up included; the multi-process ones bound their workers too
+
+
+def run_one(name, accelerator, result_path):
+    """The child's side: one check, its (status, detail) and the headline rows into result_path."""
+    try:
+        status, detail = CHECKS[name][1](accelerator)
+    except Exception as err:  # a crash is a failed check
+        traceback.print_exc()
+        lines = [line for line in str(err).splitlines() if line.strip()] or [""]
+        status, detail = "fail", f"{type(err).__name__}: {lines[-1][-300:]}"  # the whole of it is printed above
+    with open(result_path, "w") as f:
+        json.dump({"status": status, "detail": detail, "headline": HEADLINE}, f)
+
+
+def run_check(name, accelerator):
+    """The parent's side: the check in a fresh process, bounded by TIMEOUT."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--check", name, result]
+        cmd += ["--cpu"] if accelerator == "cpu" else []
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=child_env(), cwd=tmp)
+        except subprocess.TimeoutExpired:
+            return {"status": "fail", "detail": f"timed out after {TIMEOUT} s", "headline": []}
+        if not os.path.exists(result):
+            return {"status": "fail", "detail": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}",
+                    "headline": []}
+        outcome = json.load(open(result))
+        if outcome["status"] == "fail":
+            print(f"--- {name}: output of the failed check ---\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}",
+                  flush=True)
+        return outcome
+
+
+def fetch_wheels():
+    """Here, with a network: DeepSpeed built as a wheel against this torch, and its needs the GPU image lacks."""
+    os.makedirs(WHEELS, exist_ok=True)
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run(pip + ["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", WHEELS, "deepspeed==0.19.8"],
+                   check=True)
+    subprocess.run(pip + ["download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+                          "--implementation", "cp", "--platform", "manylinux_2_28_x86_64", "--platform",
+                          "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "-d", WHEELS, *WHEEL_PINS],
+                   check=True)
+    print("\n".join(sorted(os.listdir(WHEELS))))
+
+
+def print_headline(rows):
+    if not rows:
+        return
+    print("\nGPT benchmark (benchmarks/gpt.py, lockstep: the three loops step in turn in one process)")
+    header = ["setting", "variant", "tokens/s", "ratio to (a)", "step", "FLOPs/step", "MFU", "= (a)"]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for r in rows:
+        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a (no peak for this device)"
+        print(f"| {r['setting']} | {r['label']} | {r['tokens_per_s']:,.0f} | {r['ratio']:.3f}x | "
+              f"{1000 * r['step_s']:.2f} ms | {r['flops_per_step']:.3g} | {mfu} | {'yes' if r['same_as_raw'] else 'no'} |")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cpu", action="store_true", help="run the checks on CPU (to test this script)")
-    parser.add_argument("--ddp-worker", metavar="OUT", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", action="store_true", help="run the checks' CPU twins (to test this script)")
+    parser.add_argument("--only", nargs="+", choices=list(CHECKS), metavar="CHECK", help="run only these checks")
+    parser.add_argument("--list", action="store_true", help="list the checks' names")
+    parser.add_argument("--json", metavar="FILE", help="also write the table and the headline rows here")
+    parser.add_argument("--fetch-wheels", action="store_true", help=f"download the wheels a GPU image lacks to {WHEELS}")
+    parser.add_argument("--check", nargs=2, metavar=("NAME", "RESULT"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("NAME", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     accelerator = "cpu" if args.cpu else "cuda"
-    if args.ddp_worker:
-        ddp_worker(args.ddp_worker, accelerator)
+    if args.list:
+        print("\n".join(f"{name:12} {label}" for name, (label, _) in CHECKS.items()))
+        return 0
+    if args.fetch_wheels:
+        fetch_wheels()
+        return 0
+    if args.worker:
+        WORKERS[args.worker[0]](args.worker[1], accelerator)
+        return 0
+    if args.check:
+        run_one(args.check[0], accelerator, args.check[1])
         return 0
     if accelerator == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: skipped")
+        print("no CUDA device: skipped")  # (--cpu runs the CPU twins)
         return 0
     if accelerator == "cuda":
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {len(names)} GPU(s): {', '.join(names)}")
-    rows = []
-    for name, check in CHECKS:
-        start = time.monotonic()
-        try:
-            status, detail = check(accelerator)
-        except Exception as err:  # a crash is a failed check; the others still run
-            traceback.print_exc()
-            status, detail = "fail", f"{type(err).__name__}: {err}"
-        rows.append((name, status, time.monotonic() - start, detail))
+    else:
+        print(f"torch {torch.__version__}, CPU twins (gloo, {os.cpu_count()} cores)")
+    started = time.monotonic()
+    rows, headline = [], []
+    for name in args.only or list(CHECKS):
+        begin = time.monotonic()
+        outcome = run_check(name, accelerator)
+        headline += outcome["headline"]
+        rows.append((CHECKS[name][0], outcome["status"], time.monotonic() - begin, outcome["detail"]))
+        print(f"{rows[-1][1].upper():4} {rows[-1][2]:5.1f}s  {rows[-1][0]}", flush=True)
     width = max(len(r[0]) for r in rows)
     print(f"\n{'check':{width}}  result  time    detail")
-    for name, status, seconds, detail in rows:
-        print(f"{name:{width}}  {status.upper():6}  {seconds:5.1f}s  {detail}")
+    for label, status, seconds, detail in rows:
+        print(f"{label:{width}}  {status.upper():6}  {seconds:5.1f}s  {detail}")
+    print_headline(headline)
     failed = [r[0] for r in rows if r[1] == "fail"]
-    summary = f"{len(rows) - len(failed)} of {len(rows)} checks passed or skipped"
-    print(f"\n{summary}; FAILED: {failed}" if failed else f"\n{summary}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": accelerator, "seconds": time.monotonic() - started, "headline": headline,
+                       "checks": [dict(zip(("check", "status", "seconds", "detail"), r)) for r in rows]}, f, indent=1)
+    counts = {s: sum(r[1] == s for r in rows) for s in ("pass", "fail", "skip")}
+    print(f"\n{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped in "
+          f"{time.monotonic() - started:.0f} s" + (f"; FAILED: {failed}" if failed else ""))
     return 1 if failed else 0
 
 

@@ -188,35 +188,6 @@ def test_data_parallel_reduces_per_replica_losses_by_their_mean():
     assert data_parallel._unsqueeze_scalars({"a": torch.tensor(1.0), "b": [torch.ones(2)]})["a"].shape == (1,)
 
 
-# -- scripts/gpu_check.py -------------------------------------------------------------------------------------------
-def _gpu_check():
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "gpu_check.py")
-    spec = importlib.util.spec_from_file_location("gpu_check", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
-def test_gpu_check_without_cuda_says_skipped(capsys):
-    assert _gpu_check().main([]) == 0
-    assert capsys.readouterr().out.strip() == "no CUDA device: skipped"
-
-
-def test_gpu_check_logic_on_cpu(capsys, monkeypatch):
-    """The checks themselves, run on CPU (the 2-process DDP check is covered by tests/test_ddp.py)."""
-    gpu_check = _gpu_check()
-    monkeypatch.setattr(gpu_check, "CHECKS", [c for c in gpu_check.CHECKS if c[1] is not gpu_check.check_ddp])
-    assert gpu_check.main(["--cpu"]) == 0
-    table = capsys.readouterr().out
-    for name in ("batch placement", "fp16 + GradScaler", "bf16 autocast", "DataParallel"):
-        assert any(line.startswith(name) and "PASS" in line for line in table.splitlines()), table
-    assert "dispatch_model" in table and "SKIP" in table
-
-
 def test_ddp_spawn_with_an_unpicklable_module_is_a_clear_error():
     model = Regression()
     model.transform = lambda x: x  # a lambda cannot be pickled

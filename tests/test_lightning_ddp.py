@@ -34,6 +34,11 @@ def test_callbacks_profiler_and_refusals_on_two_processes(ran):
     assert [float(r["train/samples"]) for r in rows] == [8, 16, 24, 32]  # this device's samples
     for r in rows[1:]:
         assert float(r["train/samples_per_sec"]) == pytest.approx(2 * float(r["train/device/samples_per_sec"]))
+    # its step split: both ranks' phases, gathered at the log steps (a save made at a log step, after the write,
+    # is the next interval's checkpoint time)
+    phases = ("data_wait", "forward", "backward", "optimizer", "checkpoint", "other")
+    assert all(float(r[f"train/split/rank{k}/{p}"]) >= 0 for r in rows for k in (0, 1) for p in phases)
+    assert all(float(r[f"train/split/rank{k}/checkpoint"]) > 0 for r in rows[1:] for k in (0, 1))
     # the profiler: one report per rank, named by local rank
     assert sorted(os.listdir(out / "prof")) == ["fit-perf-0.txt", "fit-perf-1.txt"]
     # the model summary: printed once, by rank 0

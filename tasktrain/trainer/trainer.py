@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from functools import partial
 from typing import List, Optional, Union
@@ -44,6 +45,8 @@ from tasktrain.trainer.state import TrainState
 
 
 class Trainer:
+    checkpoint_seconds = 0.0  # this process's time in save_checkpoint, summed (read by ThroughputMonitor)
+
     def __init__(
         self,
         *,
@@ -1232,12 +1235,14 @@ class Trainer:
 
     def save_checkpoint(self, filepath, weights_only=False):
         """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
+        started = time.perf_counter()
         with self.long_event("save_checkpoint"):  # may take long: not a stall (issue 19)
             with self._profile("save_checkpoint"):
                 checkpoint = self.dump_checkpoint(weights_only)
                 self.strategy.save_checkpoint(checkpoint, filepath)
             if not weights_only and self.is_global_zero:
                 ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
+        self.checkpoint_seconds += time.perf_counter() - started
 
     # -- the watchdog (issue 19, tasktrain/strategies/watchdog.py) ----------------------------------------------------
     def long_event(self, name, timeout=None):
