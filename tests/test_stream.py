@@ -220,6 +220,7 @@ def runs(tmp_path_factory):
     logs["r22"] = launch(root, [trainer_run("r22_own", "own", 4, 2, resume=last("k11_own")),
                                 trainer_run("r22_files", "files", 4, 2, resume=last("k11_files")),
                                 accelerator_run("ar22_files", "files", 4, 2, resume="ak11_files"),
+                                accelerator_run("a_uneven", "own45", 4, 1, gather=True),
                                 accelerator_run("ak22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
     # 2x2 -> 1x3 (Accelerator, own)
     logs["ar13"] = launch(root, [accelerator_run("ar13_own", "own", 8, 3, resume="ak22_own")], 1)
@@ -269,3 +270,19 @@ def test_an_uneven_end_takes_the_same_steps_on_every_rank(runs):
         assert sorted(set(ids)) == list(range(45)) and len(ids) == 46  # one repeated: the epoch's first item
         first = [r[3] for r in recs if r[0] == epoch and r[1] == steps[0][0] and r[2] == 0][0][0]
         assert Counter(ids)[first] == 2
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+def test_gather_for_metrics_drops_the_repeats_of_an_uneven_stream(runs):
+    """The Accelerator over the 45 items on 2 processes: the same steps as the Trainer's, and gather_for_metrics
+    returns each step's items in the epoch's order, the last step without the repeated one."""
+    root, logs = runs
+    assert by_step(records(root, "a_uneven", 2)) == by_step(records(root, "uneven", 2))
+    with open(os.path.join(root, "a_uneven.ids.rankgathered.txt")) as f:
+        gathered = [json.loads(line) for line in f]
+    for epoch in (0, 1):
+        ids = [i for r in gathered if r["epoch"] == epoch for i in r["ids"]]
+        assert sorted(ids) == list(range(45))
+        steps = sorted((r for r in records(root, "a_uneven", 2) if r[0] == epoch), key=lambda r: (r[1], r[2]))
+        assert ids == [i for r in steps for i in r[3]][:45]  # rank 0's run, then rank 1's, step by step

@@ -194,6 +194,7 @@ class StreamData(TrainData):
     def __init__(self, loader, stream, seed):
         self.stream = stream
         super().__init__(loader, None, None, seed)
+        self.iteration_start, self.iteration_samples, self.iteration_padding = 0, len(stream), stream.padding(0)
 
     @property
     def seed(self):

@@ -14,6 +14,7 @@ Each run, in order, in every process of the launch. A run's keys:
     batch    per-process batch size;  workers: DataLoader workers per process (default 1)
     resume   the Trainer: a checkpoint path; the Accelerator: the name of a run whose save_state to load
     kill_at  SIGKILL rank `kill_rank` (default: the last) once step `kill_at` is done and saved
+    gather   (the Accelerator) rank 0 writes each step's gather_for_metrics(ids) to DIR/NAME.ids.rankgathered.txt
 The items: 48, numbered; a linear model with SGD (the ids are what the tests compare).
 """
 import argparse
@@ -160,6 +161,10 @@ def accelerate(root, run):
             optimizer.zero_grad()
             steps["value"] += 1
             record(root, run, accelerator.process_index, epoch, steps["value"], ids.tolist())
+            if run.get("gather"):  # the step's ids of all processes, without the repeats that even out the end
+                gathered = accelerator.gather_for_metrics(ids)
+                if accelerator.is_main_process:
+                    record(root, run, "gathered", epoch, steps["value"], gathered.tolist())
             if steps["value"] == run.get("save_at", 3) and not run.get("resume"):
                 accelerator.save_state(os.path.join(root, f"{run['name']}.state"))
                 if run.get("kill_at") == steps["value"] and accelerator.process_index == run.get("kill_rank",
