@@ -7,9 +7,9 @@
   after the resume point. A ShardedStream (through the Trainer's data layer) starts at the saved global count and
   opens only the shards after it; "skipping by reading" is what a loader whose order is its own must do (and what
   tasktrain did before for an IterableDataset): read the consumed batches in order and drop them.
-- tokens/s over one epoch (batches of 32, collated, nothing trained): the ShardedStream over the files, with 0 and 2
-  DataLoader workers, against a map-style loader (TensorDataset of the same tokens held in memory, shuffled
-  through the Trainer's sampler), the usual map-style set-up.
+- tokens/s over one epoch (batches of 32, collated, nothing trained), 0 and 2 DataLoader workers: the ShardedStream
+  over the files against a map-style loader (a TensorDataset of the same tokens held in memory, shuffled through the
+  Trainer's sampler), the usual map-style set-up. With workers, the time includes starting them (once per epoch).
 Each measurement is the median of `--repeats` runs; the OS file cache is warm after the first (as on a second run).
 """
 import argparse
@@ -87,13 +87,14 @@ def throughput(paths, items, repeats):
     total = len(paths) * items
     tokens = torch.cat([torch.load(p, weights_only=True) for p in paths])
     results = {}
-    for name in ("map-style, in memory, 0 workers", "stream, files, 0 workers", "stream, files, 2 workers"):
+    for name in ("map-style, in memory, 0 workers", "stream, files, 0 workers", "map-style, in memory, 2 workers",
+                 "stream, files, 2 workers"):
         runs = []
+        workers = int(name.split(", ")[2][0])
         for _ in range(repeats):
             if name.startswith("map"):
-                loader = DataLoader(TensorDataset(tokens), batch_size=BATCH, shuffle=True)
+                loader = DataLoader(TensorDataset(tokens), batch_size=BATCH, shuffle=True, num_workers=workers)
             else:
-                workers = int(name.split(", ")[2][0])
                 loader = DataLoader(ShardedStream(ShardFiles(paths, sizes=[items] * len(paths))), batch_size=BATCH,
                                     num_workers=workers)
             runs.append(tokens_per_second(prepare_train_data(loader, 1, 0, seed=0), total))

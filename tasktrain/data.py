@@ -126,32 +126,32 @@ class ShardedStream(IterableDataset):
             raise ValueError("A ShardedStream read by several DataLoader workers needs the DataLoader's batch_size "
                              "(each worker produces whole batches): prepare the loader with the Trainer or the "
                              "Accelerator, or call stream.configure(batch_size=...).")
-        batches = self.rank_batches(self.start)[worker::workers]
-        return self._read(self.epoch, [p for first, stop in batches for p in range(first, stop)])
+        return self._read(self.epoch, self.rank_batches(self.start)[worker::workers])
 
-    def _read(self, epoch, positions):
-        """The items at `positions` of the epoch's order, one shard's run at a time; only their shards are read."""
-        order = self.shard_order(epoch)
+    def _read(self, epoch, ranges):
+        """The items at the positions [first, stop) of the epoch's order, for each range, a shard's part of it at a
+        time: only the shards that hold them are read (a position past the end is the epoch's first items)."""
+        order, n = self.shard_order(epoch), self.num_items
         ends = list(_cumulative(self.sizes[s] for s in order))  # position just past each shard of the order
-        items = {}
-        i = 0
-        while i < len(positions):
-            at = positions[i] % self.num_items
-            slot = bisect.bisect_right(ends, at)
-            first = ends[slot] - self.sizes[order[slot]]
-            run = []  # the positions of this pass that fall in this shard, consecutively
-            while i < len(positions) and first <= positions[i] % self.num_items < ends[slot]:
-                run.append(positions[i] % self.num_items - first)
-                i += 1
-            shard = order[slot]
-            if shard not in items:
-                items = {shard: self.item_order(epoch, shard)}  # one shard's order held at a time
-            yield from self.source.read(shard, [items[shard][j] for j in run])
+        held, items = None, None  # one shard's item order held at a time
+        for first, stop in ranges:
+            at = first
+            while at < stop:
+                position = at % n
+                slot = bisect.bisect_right(ends, position)
+                shard = order[slot]
+                offset = position - (ends[slot] - self.sizes[shard])
+                count = min(stop - at, ends[slot] - position)  # the range's part in this shard
+                if shard != held:
+                    held, items = shard, self.item_order(epoch, shard)
+                yield from self.source.read(shard, items[offset:offset + count])
+                at += count
 
 
 class ShardFiles:
     """A ShardedSource over files, one shard each: `load(path)` returns the items of a file as a sequence (default:
-    torch.load(path, weights_only=True), a list of items). `sizes` (items per file) avoids opening every file to
+    torch.load(path, weights_only=True, mmap=True): a list of items, or a tensor whose rows are the items; mapped,
+    so that only what is read is loaded from the disk). `sizes` (items per file) avoids opening every file to
     count them; a reader holds the last file it loaded, so a run of items in one file loads it once."""
 
     def __init__(self, paths, load=None, sizes=None):
@@ -212,7 +212,7 @@ class HuggingFaceShards:
 
 
 def _torch_load(path):
-    return torch.load(path, weights_only=True)
+    return torch.load(path, weights_only=True, mmap=True)
 
 
 def _generator(seed, epoch, salt=0):
