@@ -17,6 +17,7 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
@@ -65,8 +66,6 @@ def resume_latency(paths, items, repeats):
         ours.append(first_batch_after(data))
         plain = prepare_train_data(DataLoader(InOrder(paths), batch_size=BATCH), 1, 0, seed=0)
         plain.skip(consumed // BATCH)  # read and drop the consumed batches (the warning says so)
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             reading.append(first_batch_after(plain))

@@ -26,6 +26,7 @@ The end of an epoch: when the rest is not a multiple of B*W, its last global bat
 number of batches, its last one of ceil(rest / W) items, so no rank waits on a collective the others never reach.
 """
 import bisect
+import itertools
 import math
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
@@ -94,30 +95,39 @@ class ShardedStream(IterableDataset):
         return [(shard, i) for shard in self.shard_order(epoch) for i in self.item_order(epoch, shard)]
 
     # -- this rank's part -------------------------------------------------------------------------------------------
+    def _layout(self, start):
+        """(items per batch, items per global batch, full global batches, items of each rank's last short batch)
+        of an iteration starting at `start`."""
+        batch = self.batch_size or max(1, self.num_items)
+        step = batch * self.world_size
+        rest = max(0, self.num_items - start)
+        full, left = divmod(rest, step)
+        short = math.ceil(left / self.world_size) if left and not self.drop_last else 0  # padded to a multiple of W
+        return batch, step, full, short
+
     def rank_batches(self, start=0):
-        """[(first, stop)]: the global positions of this rank's batches in an iteration starting at `start`
-        (positions past the end wrap to the epoch's first items: the padding of the last batch)."""
-        n, world = self.num_items, self.world_size
-        batch = self.batch_size or max(1, n)
-        step = batch * world
-        rest = max(0, n - start)
-        full = rest // step
-        out = [(start + k * step + self.rank * batch, start + k * step + (self.rank + 1) * batch) for k in range(full)]
-        left = rest - full * step
-        if left and not self.drop_last:
-            per_rank = math.ceil(left / world)  # padded to a multiple of the world: the same on every rank
+        """(first, stop) of each of this rank's batches in an iteration starting at `start`, lazily: the global
+        positions (past the end they wrap to the epoch's first items: the padding of the last batch)."""
+        batch, step, full, short = self._layout(start)
+        for k in range(full):
+            yield start + k * step + self.rank * batch, start + k * step + (self.rank + 1) * batch
+        if short:
             base = start + full * step
-            out.append((base + self.rank * per_rank, base + (self.rank + 1) * per_rank))
-        return out
+            yield base + self.rank * short, base + (self.rank + 1) * short
+
+    def rank_counts(self, start=0):
+        """(batches, items) of this rank in an iteration starting at `start`: the same on every rank."""
+        batch, _, full, short = self._layout(start)
+        return full + bool(short), full * batch + short
 
     def padding(self, start=0):
         """Items repeated at the end of an iteration starting at `start` (over all ranks) to even out the ranks."""
-        left = max(0, self.num_items - start) % ((self.batch_size or 1) * self.world_size)
-        return 0 if self.drop_last or not left else -left % self.world_size
+        _, step, full, short = self._layout(start)
+        return short * self.world_size - (max(0, self.num_items - start) - full * step) if short else 0
 
     def __len__(self):
         """This rank's items in a whole epoch (the DataLoader's length is this over the batch size)."""
-        return sum(stop - first for first, stop in self.rank_batches(0))
+        return self.rank_counts(0)[1]
 
     def __iter__(self):
         info = get_worker_info()
@@ -126,7 +136,7 @@ class ShardedStream(IterableDataset):
             raise ValueError("A ShardedStream read by several DataLoader workers needs the DataLoader's batch_size "
                              "(each worker produces whole batches): prepare the loader with the Trainer or the "
                              "Accelerator, or call stream.configure(batch_size=...).")
-        return self._read(self.epoch, self.rank_batches(self.start)[worker::workers])
+        return self._read(self.epoch, itertools.islice(self.rank_batches(self.start), worker, None, workers))
 
     def _read(self, epoch, ranges):
         """The items at the positions [first, stop) of the epoch's order, for each range, a shard's part of it at a

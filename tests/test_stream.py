@@ -98,7 +98,14 @@ def test_uneven_end_pads_to_even_ranks_or_drops():
     assert sum(global_batches(dropped), []) == order[:10]
     # the loader's length is the rank's batches, padded or dropped
     loader = DataLoader(ShardedStream(Numbers((7, 6))), batch_size=5)
-    assert len(prepare_train_data(loader, 2, 1, seed=3)) == 2
+    data = prepare_train_data(loader, 2, 1, seed=3)
+    assert len(data) == 2
+    # what the Accelerator's gather_for_metrics drops: this iteration's items per rank and repeats over all
+    list(data)
+    assert (data.iteration_samples, data.iteration_padding) == (7, 1)
+    data.skip_samples(10)
+    list(data)
+    assert (data.iteration_samples, data.iteration_padding) == (2, 1)
     # resumed at 12 on 3 ranks: 1 left, padded to 3 (each rank a batch of 1)
     parts, _ = rank_batches(3, 2, sizes=(7, 6), start=12)
     assert [len(parts[r]) for r in range(3)] == [1, 1, 1] and sum(global_batches(parts), []) == [order[12]] + order[:2]

@@ -14,11 +14,14 @@ epoch is trained once, on any number of processes. When the rest does not divide
 DistributedSampler pads, with the first samples of the epoch's order (the same padding as an uninterrupted run
 when the resume starts at a multiple of W).
 """
+import copy
 import math
 import warnings
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
+
+from tasktrain.data import ShardedStream
 
 
 class ResumableSampler(DistributedSampler):
@@ -213,7 +216,7 @@ class StreamData(TrainData):
         return self.stream.num_items
 
     def batches_from(self, num_samples: int):
-        return len(self.stream.rank_batches(num_samples))
+        return self.stream.rank_counts(num_samples)[0]
 
     def set_epoch(self, epoch):
         self.stream.set_epoch(epoch)
@@ -228,7 +231,7 @@ class StreamData(TrainData):
         stream = self.stream
         # what this iteration holds (the workers read a copy of the stream taken when the iterator starts them)
         self.iteration_start = stream.start
-        self.iteration_samples = sum(stop - first for first, stop in stream.rank_batches(stream.start))
+        self.iteration_samples = stream.rank_counts(stream.start)[1]
         self.iteration_padding = stream.padding(stream.start)
         iterator = iter(self.loader)
         stream.start = 0  # a skip applies once
@@ -236,8 +239,6 @@ class StreamData(TrainData):
 
 
 def _prepare_stream(loader, world_size, rank, seed, shuffle) -> StreamData:
-    import copy
-
     if loader.batch_size is None:
         raise ValueError("A DataLoader over a ShardedStream needs batch_size (each process takes its part of every "
                          "global batch of the stream's order): give DataLoader(stream, batch_size=N).")
@@ -265,8 +266,6 @@ def _prepare_stream(loader, world_size, rank, seed, shuffle) -> StreamData:
 
 def prepare_train_data(loader, world_size, rank, seed, shuffle=None) -> TrainData:
     """shuffle=False reads a shuffling loader in order (overfit_batches); None keeps the loader's choice."""
-    from tasktrain.data import ShardedStream
-
     if isinstance(loader, DataLoader) and isinstance(loader.dataset, ShardedStream):
         return _prepare_stream(loader, world_size, rank, seed, shuffle)
     if _replaceable(loader):
