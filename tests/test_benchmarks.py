@@ -127,3 +127,13 @@ def test_gpt_quick_table():
         # Same seed, data, order and arithmetic (DDP's all-reduce included): the same parameters, bit for bit.
         assert row[9] == "yes", row
     assert "machine:" in stdout and "load average" in stdout
+
+
+@pytest.mark.timeout(300)
+def test_stream_quick_reports_resume_latency_and_tokens_per_second():
+    stdout = run_quick("stream.py")
+    assert re.search(r"resume latency, \d+ of \d+ items consumed \(90%\): ShardedStream [\d.]+ ms, skipping by "
+                     r"reading [\d.]+ ms", stdout), stdout
+    for name in ("map-style, in memory, 0 workers", "stream, files, 0 workers", "map-style, in memory, 2 workers",
+                 "stream, files, 2 workers"):
+        assert re.search(rf"tokens/s, {name}: [\d.]+M", stdout), stdout

@@ -27,7 +27,7 @@ from tasktrain.loggers.trackers import GeneralTracker, check_log_with, make_trac
 from tasktrain.strategies.base import ClipsInsideStep, GradientClip, MultiProcess, Plan, Sharded
 from tasktrain.strategies.precision import unpatch_forward
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
-from tasktrain.trainer.data import ResumableSampler, prepare_train_data
+from tasktrain.trainer.data import ResumableSampler, StreamData, prepare_train_data
 from tasktrain.trainer.epoch import DataPosition, EpochIterator, warn_global_batch_change
 from tasktrain.trainer.run_state import Objects, Optimizers, RandomStates, RunState, Value, Weights, check_counts, upgrade
 from tasktrain.trainer.runtime import ACCELERATOR_NAMES, broadcast_seed, build_runtime, rng_restore_of_this_rank
@@ -692,7 +692,10 @@ class Accelerator:
         size = loader.current_batch_size if loader is not None else None
         if size is None or any(len(part) != size for part in parts):
             return [item for part in parts for item in part]
-        ordered = [part[i] for i in range(size) for part in parts]  # rank r held samples r, r + W, ...
+        if loader.interleaved:
+            ordered = [part[i] for i in range(size) for part in parts]  # rank r held samples r, r + W, ...
+        else:
+            ordered = [item for part in parts for item in part]  # rank r held the r-th run of the global batch
         repeated = loader.repeated_in_batch()
         return ordered[: len(ordered) - repeated] if repeated else ordered
 
@@ -702,9 +705,11 @@ class Accelerator:
             return gathered
         if loader is None or tensor.shape[0] != loader.current_batch_size:
             return gathered.reshape(-1, *tensor.shape[1:])
-        # Rank r holds samples r, r + W, ... of the padded order: interleaving restores that order, and the
-        # padding (repeats of the first samples) is then the tail of the last batch.
-        ordered = gathered.transpose(0, 1).reshape(-1, *tensor.shape[1:])
+        # Rank r holds samples r, r + W, ... of the padded order (a stream: the r-th run of it): interleaving (or
+        # concatenating) restores that order, and the padding (repeats of the first samples) is then the tail of the
+        # last batch.
+        ordered = gathered.transpose(0, 1) if loader.interleaved else gathered
+        ordered = ordered.reshape(-1, *tensor.shape[1:])
         repeated = loader.repeated_in_batch()
         return ordered[: ordered.shape[0] - repeated] if repeated else ordered
 
@@ -938,23 +943,36 @@ class PreparedDataLoader:
     @property
     def current_batch_size(self):
         """Samples in the batch last yielded, on every rank alike (the shards are padded to equal length)."""
-        sampler, batch_size = self._data.sampler, self._data.loader.batch_size
-        if not isinstance(sampler, ResumableSampler) or batch_size is None:
+        counts, batch_size = self._iteration_counts(), self._data.loader.batch_size
+        if counts is None or batch_size is None:
             return None
         if self.at_last_batch and self.length is not None and not self._data.loader.drop_last:
             # of this iteration (a resumed one shards what was left of the epoch)
-            return sampler.iteration_samples - (sampler.iteration_samples - 1) // batch_size * batch_size
+            return counts.iteration_samples - (counts.iteration_samples - 1) // batch_size * batch_size
         return batch_size
 
     def repeated_in_batch(self):
         """How many samples of the current (gathered) batch repeat others only to even out the shards."""
-        sampler = self._data.sampler
-        if not self.at_last_batch or not isinstance(sampler, ResumableSampler):
+        counts = self._iteration_counts()
+        if not self.at_last_batch or counts is None:
             return 0
         batch_size = self._data.loader.batch_size
-        if self._data.loader.drop_last and sampler.iteration_samples % batch_size:
+        if self._data.loader.drop_last and counts.iteration_samples % batch_size:
             return 0  # the padded sample was in the dropped partial batch
-        return sampler.iteration_padding
+        return counts.iteration_padding
+
+    @property
+    def interleaved(self):
+        """Rank r's batch holds positions r, r + W, ... of the global batch (the map-style order), else a run of
+        consecutive positions (a ShardedStream: rank 0's run first)."""
+        return not isinstance(self._data, StreamData)
+
+    def _iteration_counts(self):
+        """What holds this iteration's samples and padding (None: a loader whose order is its own)."""
+        if isinstance(self._data, StreamData):
+            return self._data
+        sampler = self._data.sampler
+        return sampler if isinstance(sampler, ResumableSampler) else None
 
     # -- resume ------------------------------------------------------------------------------------------------------
     def state_dict(self):

@@ -14,11 +14,14 @@ epoch is trained once, on any number of processes. When the rest does not divide
 DistributedSampler pads, with the first samples of the epoch's order (the same padding as an uninterrupted run
 when the resume starts at a multiple of W).
 """
+import copy
 import math
 import warnings
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
+
+from tasktrain.data import ShardedStream
 
 
 class ResumableSampler(DistributedSampler):
@@ -186,8 +189,85 @@ def _replaceable(loader) -> bool:
     return type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
 
 
+class StreamData(TrainData):
+    """A DataLoader over a ShardedStream (tasktrain/data.py), set up for this rank: the order is the stream's global
+    order from (seed, epoch), so a resume on any number of processes and workers continues it exactly, starting
+    at the count of items consumed without reading them."""
+
+    def __init__(self, loader, stream, seed):
+        self.stream = stream
+        super().__init__(loader, None, None, seed)
+        self.iteration_start, self.iteration_samples, self.iteration_padding = 0, len(stream), stream.padding(0)
+
+    @property
+    def seed(self):
+        return self.stream.seed
+
+    @seed.setter
+    def seed(self, value):
+        self.stream.seed = int(value)
+
+    @property
+    def resumes_on_any_world_size(self) -> bool:
+        return True
+
+    @property
+    def num_samples(self):
+        return self.stream.num_items
+
+    def batches_from(self, num_samples: int):
+        return self.stream.rank_counts(num_samples)[0]
+
+    def set_epoch(self, epoch):
+        self.stream.set_epoch(epoch)
+
+    def skip(self, num_batches: int):
+        self.skip_samples(num_batches * self.loader.batch_size * self.stream.world_size)
+
+    def skip_samples(self, num_samples: int):
+        self.stream.start = max(0, int(num_samples))
+
+    def __iter__(self):
+        stream = self.stream
+        # what this iteration holds (the workers read a copy of the stream taken when the iterator starts them)
+        self.iteration_start = stream.start
+        self.iteration_samples = stream.rank_counts(stream.start)[1]
+        self.iteration_padding = stream.padding(stream.start)
+        iterator = iter(self.loader)
+        stream.start = 0  # a skip applies once
+        return iterator
+
+
+def _prepare_stream(loader, world_size, rank, seed, shuffle) -> StreamData:
+    if loader.batch_size is None:
+        raise ValueError("A DataLoader over a ShardedStream needs batch_size (each process takes its part of every "
+                         "global batch of the stream's order): give DataLoader(stream, batch_size=N).")
+    if loader.num_workers > 0 and loader.persistent_workers:
+        raise ValueError("persistent_workers=True keeps each DataLoader worker's copy of a ShardedStream from the "
+                         "first epoch, so the next epochs' order and a resume's start would not reach it: use "
+                         "persistent_workers=False (the workers are started again each epoch).")
+    if getattr(loader, "in_order", True) is False:
+        raise ValueError("in_order=False lets the DataLoader hand out its workers' batches as they come, so the "
+                         "batches of a ShardedStream would not follow the epoch's order (and a resume could not "
+                         "know which were trained on): use in_order=True.")
+    stream = copy.copy(loader.dataset).configure(rank=rank, world_size=world_size, batch_size=loader.batch_size,
+                                                 drop_last=loader.drop_last, seed=seed)
+    if shuffle is False:
+        stream.shuffle = False  # overfit_batches: the same batches every epoch
+    kwargs = dict(
+        batch_size=loader.batch_size, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator, pin_memory_device=loader.pin_memory_device)
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return StreamData(DataLoader(stream, **kwargs), stream, seed)
+
+
 def prepare_train_data(loader, world_size, rank, seed, shuffle=None) -> TrainData:
     """shuffle=False reads a shuffling loader in order (overfit_batches); None keeps the loader's choice."""
+    if isinstance(loader, DataLoader) and isinstance(loader.dataset, ShardedStream):
+        return _prepare_stream(loader, world_size, rank, seed, shuffle)
     if _replaceable(loader):
         shuffle = isinstance(loader.sampler, RandomSampler) and shuffle is not False
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
@@ -198,7 +278,8 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None) -> TrainDat
         warnings.warn(
             "The training loader has a custom sampler or an IterableDataset, so the Trainer cannot shard it: make "
             "sure each rank reads its own part of the data (e.g. a DistributedSampler), or every rank trains on "
-            "the same samples."
+            "the same samples. A streaming data set made of shards is sharded and resumed exactly as a "
+            "tasktrain.data.ShardedStream (docs/data.md)."
         )
     return TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)
 

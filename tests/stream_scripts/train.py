@@ -1,0 +1,186 @@
+"""Runs over streaming data (tasktrain.data.ShardedStream) that stop on one number of processes and DataLoader workers
+and resume on another; every rank records the items it trains on, per optimizer step, and every reader the items it
+reads.
+
+    python train.py --root DIR --runs '[{"name": "ref", "api": "trainer", "data": "own", "batch": 8}, ...]'
+    python -m tasktrain.cli.main launch --num_processes 2 train.py --root DIR --runs '[...]'
+
+Each run, in order, in every process of the launch. A run's keys:
+    name     files: DIR/NAME.ids.rank{R}.txt (per step: epoch, step, ids), DIR/NAME.reads.txt (what readers read),
+             DIR/NAME/ (the Trainer's checkpoints: last.ckpt after every step), DIR/NAME.state/ (the Accelerator's
+             save_state after step `save_at`)
+    api      "trainer" or "accelerator";  data: "own" (a ShardedSource of ours: 4 shards of 12 generated items),
+             "own45" (the same with 9 in the last shard) or "files" (ShardFiles over 6 files of 8, written under DIR)
+    batch    per-process batch size;  workers: DataLoader workers per process (default 1)
+    resume   the Trainer: a checkpoint path; the Accelerator: the name of a run whose save_state to load
+    kill_at  SIGKILL rank `kill_rank` (default: the last) once step `kill_at` is done and saved
+    gather   (the Accelerator) rank 0 writes each step's gather_for_metrics(ids) to DIR/NAME.ids.rankgathered.txt
+The items: 48, numbered; a linear model with SGD (the ids are what the tests compare).
+"""
+import argparse
+import json
+import os
+import signal
+
+import torch
+from torch.utils.data import DataLoader
+
+from tasktrain import Accelerator, Callback, ModelCheckpoint, TaskModule, Trainer, seed_everything
+from tasktrain.data import ShardedStream, ShardFiles
+
+N, EPOCHS = 48, 2
+
+
+def item(i):
+    x = torch.randn(6, generator=torch.Generator().manual_seed(i))
+    return x, x[:2] * torch.tensor([1.5, -2.0]), i
+
+
+class Generated:
+    """A ShardedSource of our own: shard s holds items 12 s .. 12 s + 11, made when read ("own45": the last shard
+    holds 9)."""
+
+    def __init__(self, sizes=(12, 12, 12, 12)):
+        self.sizes = list(sizes)
+
+    def shard_sizes(self):
+        return self.sizes
+
+    def read(self, shard, indices):
+        return [item(12 * shard + i) for i in indices]
+
+
+class Recorded:
+    """Any ShardedSource, noting the ids of the items read (by the process reading them: a DataLoader worker)."""
+
+    def __init__(self, source, path):
+        self.source, self.path = source, path
+
+    def shard_sizes(self):
+        return self.source.shard_sizes()
+
+    def read(self, shard, indices):
+        items = list(self.source.read(shard, indices))
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "ids": [int(it[2]) for it in items]}) + "\n")
+        return items
+
+
+def shard_files(root):
+    paths = [os.path.join(root, "shards", f"part-{k}.pt") for k in range(6)]
+    if not os.path.exists(paths[-1]):
+        os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
+        for k, path in enumerate(paths):
+            torch.save([item(8 * k + i) for i in range(8)], path + ".tmp")
+            os.replace(path + ".tmp", path)
+    return paths
+
+
+def loader_of(root, run):
+    if run["data"] == "files":
+        source = ShardFiles(shard_files(root))
+    else:
+        source = Generated((12, 12, 12, 9) if run["data"] == "own45" else (12, 12, 12, 12))
+    stream = ShardedStream(Recorded(source, os.path.join(root, f"{run['name']}.reads.txt")))
+    return DataLoader(stream, batch_size=run["batch"], num_workers=run.get("workers", 1))
+
+
+def record(root, run, rank, epoch, step, ids):
+    with open(os.path.join(root, f"{run['name']}.ids.rank{rank}.txt"), "a") as f:
+        f.write(json.dumps({"epoch": epoch, "step": step, "ids": ids}) + "\n")
+
+
+class Net(TaskModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(6, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y, ids = batch
+        self.ids = ids.tolist()
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        # after the optimizer step, before the checkpoint: a killed run has recorded what its checkpoint holds
+        trainer = self.trainer
+        record(self.root, self.run, trainer.global_rank, trainer.current_epoch, trainer.global_step, self.ids)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class Kill(Callback):
+    def __init__(self, step, rank):
+        self.step, self.rank = step, rank
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # step `step` is done and its checkpoint written
+
+
+def world():
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def fit(root, run):
+    seed_everything(7)
+    callbacks = [ModelCheckpoint(dirpath=os.path.join(root, run["name"]), every_n_train_steps=1, save_last=True)]
+    if run.get("kill_at") is not None:
+        callbacks.append(Kill(run["kill_at"], run.get("kill_rank", world() - 1)))
+    trainer = Trainer(strategy="ddp" if world() > 1 else "auto", devices=world(), accelerator="cpu",
+                      max_epochs=EPOCHS, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=os.path.join(root, run["name"]))
+    module = Net()
+    module.root, module.run = root, run
+    trainer.fit(module, loader_of(root, run), ckpt_path=run.get("resume"))
+
+
+def accelerate(root, run):
+    seed_everything(7)
+    accelerator = Accelerator(cpu=True)
+    net = Net()
+    model, optimizer, loader = accelerator.prepare(net.layer, net.configure_optimizers(), loader_of(root, run))
+    steps = {"value": 0}
+
+    class Steps:  # the loop's step count, saved with the rest
+        def state_dict(self):
+            return dict(steps)
+
+        def load_state_dict(self, state):
+            steps.update(state)
+
+    accelerator.register_for_checkpointing(Steps())
+    if run.get("resume"):
+        accelerator.load_state(os.path.join(root, f"{run['resume']}.state"))
+    while loader.epoch < EPOCHS:
+        epoch = loader.epoch
+        for x, y, ids in loader:
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+            steps["value"] += 1
+            record(root, run, accelerator.process_index, epoch, steps["value"], ids.tolist())
+            if run.get("gather"):  # the step's ids of all processes, without the repeats that even out the end
+                gathered = accelerator.gather_for_metrics(ids)
+                if accelerator.is_main_process:
+                    record(root, run, "gathered", epoch, steps["value"], gathered.tolist())
+            if steps["value"] == run.get("save_at", 3) and not run.get("resume"):
+                accelerator.save_state(os.path.join(root, f"{run['name']}.state"))
+                if run.get("kill_at") == steps["value"] and accelerator.process_index == run.get("kill_rank",
+                                                                                                 world() - 1):
+                    os.kill(os.getpid(), signal.SIGKILL)
+    accelerator.end_training()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--runs", required=True)
+    args = p.parse_args()
+    for run in json.loads(args.runs):
+        (fit if run["api"] == "trainer" else accelerate)(args.root, run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""Streaming data (issue 28, tasktrain/data.py): sharded over ranks and DataLoader workers, resumed exactly on
+another number of processes and workers without reading what was trained on.
+
+The runs (tests/stream_scripts/train.py): 48 numbered items, 2 epochs, batches of 8 over all processes (1 x 8 or
+2 x 4), an optimizer step per batch; "killed" runs are SIGKILLed once step 3 is done and saved. Two data sets: a
+ShardedSource of our own (4 shards of 12 generated items) and ShardFiles (6 files of 8). processes x workers:
+2x2 -> 1x3 and 1x1 -> 2x2, for the Trainer and for the Accelerator.
+"""
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from tasktrain.data import ShardedStream, ShardFiles
+from tasktrain.trainer.data import prepare_train_data
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "stream_scripts", "train.py")
+_SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+N = 48
+
+
+# -- one process: the order, the parts, the end of an epoch -------------------------------------------------------
+class Numbers:
+    """Shard s holds items 100 s + i; every read is noted."""
+
+    def __init__(self, sizes):
+        self.sizes, self.reads = list(sizes), []
+
+    def shard_sizes(self):
+        return self.sizes
+
+    def read(self, shard, indices):
+        items = [100 * shard + i for i in indices]
+        self.reads += items
+        return items
+
+
+def rank_batches(world, batch, sizes=(12, 12, 12, 12), start=0, drop_last=False, workers=0, seed=3):
+    """{rank: [batch as a list]} of one epoch (0), each rank's loader prepared as the Trainer prepares it."""
+    out, reads = {}, []
+    for rank in range(world):
+        source = Numbers(sizes)
+        loader = DataLoader(ShardedStream(source), batch_size=batch, drop_last=drop_last, num_workers=workers)
+        data = prepare_train_data(loader, world, rank, seed=seed)
+        data.set_epoch(0)
+        data.skip_samples(start)
+        out[rank] = [b.tolist() for b in data]
+        reads += source.reads
+    return out, reads
+
+
+def global_batches(parts):
+    """The k-th batch of every rank together, in rank order."""
+    return [sum((parts[r][k] for r in sorted(parts)), []) for k in range(len(parts[0]))]
+
+
+def test_the_order_is_one_sequence_whatever_the_processes_and_each_reads_its_own_part():
+    one, reads_one = rank_batches(1, 8)
+    two, reads_two = rank_batches(2, 4)
+    four, _ = rank_batches(4, 2)
+    assert sorted(sum(one[0], [])) == sorted(100 * s + i for s in range(4) for i in range(12))
+    assert global_batches(two) == global_batches(four) == one[0]  # the same global batches on 1, 2 and 4
+    # each rank read only its own items: together, each item once
+    assert sorted(reads_two) == sorted(reads_one) == sorted(sum(one[0], []))
+    # another seed, another epoch: another order
+    assert rank_batches(1, 8, seed=4)[0][0] != one[0]
+
+
+def test_workers_produce_the_ranks_batches_in_turn():
+    """Two DataLoader workers on each of 2 ranks (real worker processes): the same batches as without workers."""
+    with_workers, _ = rank_batches(2, 4, workers=2)
+    assert with_workers == rank_batches(2, 4)[0]
+
+
+def test_a_resume_starts_at_the_global_count_and_reads_nothing_before_it():
+    one, _ = rank_batches(1, 8)
+    flat = sum(one[0], [])
+    resumed, reads = rank_batches(3, 4, start=24)  # another world and batch: 24 items consumed by the others
+    assert sorted(sum(global_batches(resumed), [])) == sorted(flat[24:])
+    assert sum(global_batches(resumed), []) == flat[24:]  # the rest in the epoch's order
+    assert sorted(reads) == sorted(flat[24:])  # the consumed ones were not read
+
+
+def test_uneven_end_pads_to_even_ranks_or_drops():
+    # 13 items on 2 ranks x 5: 10 in the first global batch, then 3 left, padded to 4 with the epoch's first item
+    parts, _ = rank_batches(2, 5, sizes=(7, 6))
+    order = sum(rank_batches(1, 13, sizes=(7, 6))[0][0], [])
+    assert [len(b) for b in parts[0]] == [len(b) for b in parts[1]] == [5, 2]  # the same steps on every rank
+    assert sum(global_batches(parts), []) == order + order[:1]
+    dropped, _ = rank_batches(2, 5, sizes=(7, 6), drop_last=True)
+    assert [len(b) for b in dropped[0]] == [len(b) for b in dropped[1]] == [5]
+    assert sum(global_batches(dropped), []) == order[:10]
+    # the loader's length is the rank's batches, padded or dropped
+    loader = DataLoader(ShardedStream(Numbers((7, 6))), batch_size=5)
+    data = prepare_train_data(loader, 2, 1, seed=3)
+    assert len(data) == 2
+    # what the Accelerator's gather_for_metrics drops: this iteration's items per rank and repeats over all
+    list(data)
+    assert (data.iteration_samples, data.iteration_padding) == (7, 1)
+    data.skip_samples(10)
+    list(data)
+    assert (data.iteration_samples, data.iteration_padding) == (2, 1)
+    # resumed at 12 on 3 ranks: 1 left, padded to 3 (each rank a batch of 1)
+    parts, _ = rank_batches(3, 2, sizes=(7, 6), start=12)
+    assert [len(parts[r]) for r in range(3)] == [1, 1, 1] and sum(global_batches(parts), []) == [order[12]] + order[:2]
+
+
+def test_shard_files_opens_only_the_files_it_reads(tmp_path):
+    paths = []
+    for k in range(3):
+        paths.append(str(tmp_path / f"part-{k}.pt"))
+        torch.save([f"f{k}-{i}" for i in range(4)], paths[-1])
+    opened = []
+
+    def load(path):
+        opened.append(os.path.basename(path))
+        return torch.load(path, weights_only=True)
+
+    stream = ShardedStream(ShardFiles(paths, load=load, sizes=[4, 4, 4]), shuffle=False)
+    data = prepare_train_data(DataLoader(stream, batch_size=2, collate_fn=list), 1, 0, seed=0)
+    data.skip_samples(6)
+    assert [x for b in data for x in b] == ["f1-2", "f1-3", "f2-0", "f2-1", "f2-2", "f2-3"]
+    assert opened == ["part-1.pt", "part-2.pt"]  # the first file, all consumed, is never opened
+
+
+def test_loaders_that_cannot_follow_the_order_are_refused():
+    stream = ShardedStream(Numbers((4,)))
+    with pytest.raises(ValueError, match="needs batch_size"):
+        prepare_train_data(DataLoader(stream, batch_size=None), 2, 0, seed=0)
+    with pytest.raises(ValueError, match="persistent_workers=False"):
+        prepare_train_data(DataLoader(stream, batch_size=2, num_workers=1, persistent_workers=True), 2, 0, seed=0)
+    with pytest.raises(ValueError, match="in_order=True"):
+        prepare_train_data(DataLoader(stream, batch_size=2, num_workers=1, in_order=False), 2, 0, seed=0)
+    with pytest.raises(TypeError, match="ShardedSource"):
+        ShardedStream([1, 2, 3])
+
+
+def test_hugging_face_iterable_dataset_shards():
+    datasets = pytest.importorskip("datasets")  # an optional integration: not installed in the dev venv
+    from tasktrain.data import HuggingFaceShards
+
+    def gen(shards):
+        for s in shards:
+            for i in range(5):
+                yield {"id": 10 * s + i}
+
+    ds = datasets.IterableDataset.from_generator(gen, gen_kwargs={"shards": list(range(4))})
+    stream = ShardedStream(HuggingFaceShards(ds, sizes=[5] * 4))
+    parts = {}
+    for rank in range(2):
+        data = prepare_train_data(DataLoader(stream, batch_size=2, collate_fn=list), 2, rank, seed=1)
+        parts[rank] = [[x["id"] for x in b] for b in data]
+    assert sorted(sum(global_batches(parts), [])) == sorted(10 * s + i for s in range(4) for i in range(5))
+
+
+# -- real processes: SIGKILL and resume, 2x2 -> 1x3 and 1x1 -> 2x2 --------------------------------------------------
+def launch(root, runs, processes, expect_ok=True, timeout=420):
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
+    env.update(OMP_NUM_THREADS="1", TASKTRAIN_CONFIG_DIR=str(root / "no-config"))
+    command = [SCRIPT, "--root", str(root), "--runs", json.dumps(runs)]
+    if processes > 1:
+        command = ["-m", "tasktrain.cli.main", "launch", "--num_processes", str(processes), *command]
+    proc = subprocess.run([sys.executable, *command], env=env, capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == expect_ok, output[-6000:]
+    return output
+
+
+def records(root, name, world):
+    """[(epoch, step, rank, ids)] of a run."""
+    out = []
+    for rank in range(world):
+        with open(os.path.join(root, f"{name}.ids.rank{rank}.txt")) as f:
+            out += [(r["epoch"], r["step"], rank, r["ids"]) for r in map(json.loads, f)]
+    return out
+
+
+def by_step(recs):
+    """{step: sorted ids of the global batch of that optimizer step}."""
+    steps = {}
+    for _, step, _, ids in recs:
+        steps.setdefault(step, []).extend(ids)
+    return {s: sorted(ids) for s, ids in steps.items()}
+
+
+def epoch_ids(recs, epoch):
+    return sorted(i for e, _, _, ids in recs for i in ids if e == epoch)
+
+
+def reads(root, name):
+    with open(os.path.join(root, f"{name}.reads.txt")) as f:
+        return [i for r in map(json.loads, f) for i in r["ids"]]
+
+
+def trainer_run(name, data, batch, workers, **extra):
+    return {"name": name, "api": "trainer", "data": data, "batch": batch, "workers": workers, **extra}
+
+
+def accelerator_run(name, data, batch, workers, **extra):
+    return {"name": name, "api": "accelerator", "data": data, "batch": batch, "workers": workers, **extra}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    last = lambda name: str(root / name / "last.ckpt")  # noqa: E731  (the checkpoint of the killed step)
+    logs = {}
+    # one process x 1 worker: the uninterrupted references, then killed after step 3 (Trainer: own data)
+    logs["ref"] = launch(root, [trainer_run("ref_own", "own", 8, 1), trainer_run("ref_files", "files", 8, 1),
+                                trainer_run("k11_own", "own", 8, 1, kill_at=3)], 1, expect_ok=False)
+    logs["k11_files"] = launch(root, [trainer_run("k11_files", "files", 8, 1, kill_at=3)], 1, expect_ok=False)
+    # 2 processes x 2 workers, killed after step 3 (rank 1); before that, 45 items over 2 x 4: an uneven end
+    logs["k22_own"] = launch(root, [trainer_run("uneven", "own45", 4, 1),
+                                    trainer_run("k22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
+    logs["k22_files"] = launch(root, [trainer_run("k22_files", "files", 4, 2, kill_at=3)], 2, expect_ok=False)
+    # 2x2 -> 1x3 (Trainer, both data sets); the Accelerator on 1x1 saved and killed after step 3
+    logs["r13"] = launch(root, [trainer_run("r13_own", "own", 8, 3, resume=last("k22_own")),
+                                trainer_run("r13_files", "files", 8, 3, resume=last("k22_files")),
+                                accelerator_run("ak11_files", "files", 8, 1, kill_at=3)], 1, expect_ok=False)
+    # 1x1 -> 2x2 (Trainer, both; Accelerator, files); the Accelerator on 2x2 saved and killed after step 3
+    logs["r22"] = launch(root, [trainer_run("r22_own", "own", 4, 2, resume=last("k11_own")),
+                                trainer_run("r22_files", "files", 4, 2, resume=last("k11_files")),
+                                accelerator_run("ar22_files", "files", 4, 2, resume="ak11_files"),
+                                accelerator_run("a_uneven", "own45", 4, 1, gather=True),
+                                accelerator_run("ak22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
+    # 2x2 -> 1x3 (Accelerator, own)
+    logs["ar13"] = launch(root, [accelerator_run("ar13_own", "own", 8, 3, resume="ak22_own")], 1)
+    return root, logs
+
+
+CASES = [  # (killed run, its world, resumed run, its world, the uninterrupted reference)
+    ("k22_own", 2, "r13_own", 1, "ref_own"), ("k22_files", 2, "r13_files", 1, "ref_files"),
+    ("k11_own", 1, "r22_own", 2, "ref_own"), ("k11_files", 1, "r22_files", 2, "ref_files"),
+    ("ak22_own", 2, "ar13_own", 1, "ref_own"), ("ak11_files", 1, "ar22_files", 2, "ref_files"),
+]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("killed, killed_world, resumed, resumed_world, reference", CASES)
+def test_killed_and_resumed_on_other_processes_and_workers(runs, killed, killed_world, resumed, resumed_world,
+                                                           reference):
+    root, logs = runs
+    before = records(root, killed, killed_world)
+    after = records(root, resumed, resumed_world)
+    assert max(r[1] for r in before) == 3 and min(r[1] for r in after) == 4
+    ref = records(root, reference, 1)
+    # every item of the interrupted epoch once, and of the next one
+    assert epoch_ids(before + after, 0) == list(range(N)) and epoch_ids(after, 1) == list(range(N))
+    assert epoch_ids(ref, 0) == list(range(N))
+    # the same items make up each optimizer step as in the uninterrupted run (the global batch is kept: 8)
+    assert by_step(before + after) == by_step(ref)
+    # each rank trained its own part of every step: no item twice in a step
+    assert all(len(set(ids)) == len(ids) for ids in by_step(after).values())
+    # the resumed run read exactly what was left of epoch 0, then epoch 1: nothing consumed was read again
+    assert Counter(reads(root, resumed)) == Counter(
+        [i for i in range(N) if i not in epoch_ids(before, 0)] + list(range(N)))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+def test_an_uneven_end_takes_the_same_steps_on_every_rank(runs):
+    root, logs = runs
+    recs = records(root, "uneven", 2)  # 45 items, 2 processes x 4: 5 full global batches, then 5 items padded to 6
+    for epoch in (0, 1):
+        steps = [[r[1] for r in recs if r[2] == rank and r[0] == epoch] for rank in (0, 1)]
+        assert steps[0] == steps[1] and len(steps[0]) == 6
+        last = [r[3] for r in recs if r[0] == epoch and r[1] == steps[0][-1]]
+        assert [len(ids) for ids in last] == [3, 3]
+        ids = epoch_ids(recs, epoch)
+        assert sorted(set(ids)) == list(range(45)) and len(ids) == 46  # one repeated: the epoch's first item
+        first = [r[3] for r in recs if r[0] == epoch and r[1] == steps[0][0] and r[2] == 0][0][0]
+        assert Counter(ids)[first] == 2
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+def test_gather_for_metrics_drops_the_repeats_of_an_uneven_stream(runs):
+    """The Accelerator over the 45 items on 2 processes: the same steps as the Trainer's, and gather_for_metrics
+    returns each step's items in the epoch's order, the last step without the repeated one."""
+    root, logs = runs
+    assert by_step(records(root, "a_uneven", 2)) == by_step(records(root, "uneven", 2))
+    with open(os.path.join(root, "a_uneven.ids.rankgathered.txt")) as f:
+        gathered = [json.loads(line) for line in f]
+    for epoch in (0, 1):
+        ids = [i for r in gathered if r["epoch"] == epoch for i in r["ids"]]
+        assert sorted(ids) == list(range(45))
+        steps = sorted((r for r in records(root, "a_uneven", 2) if r[0] == epoch), key=lambda r: (r[1], r[2]))
+        assert ids == [i for r in steps for i in r[3]][:45]  # rank 0's run, then rank 1's, step by step
