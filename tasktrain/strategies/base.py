@@ -35,6 +35,7 @@ from typing import Optional
 
 import torch
 
+from tasktrain.checkpoint_io import CheckpointWriter, fsync_save, replace_dir, stage_to_cpu  # background saves
 from tasktrain.checkpoint_io import (atomic_link, atomic_save, load_checkpoint_file, load_plain_state_dict,
                                     plain_state_dict, remove_path)
 from tasktrain.names import normalize_precision
@@ -470,6 +471,57 @@ class Strategy:
         if self.is_global_zero:
             atomic_link(src, dst)
         self.barrier("link_checkpoint")
+
+    # -- background saves (issue 29) -----------------------------------------------------------------------------------
+    _checkpoint_writer = None
+
+    @property
+    def checkpoint_writer(self):
+        """This process's CheckpointWriter (checkpoint_io): one background write at a time."""
+        if self._checkpoint_writer is None:
+            self._checkpoint_writer = CheckpointWriter()
+        return self._checkpoint_writer
+
+    def check_async_save(self, weights_only=False):
+        """Raise, before training, when this strategy cannot write checkpoints in the background (naming what is
+        missing and the fix). Every rank calls it. Default: it can."""
+
+    def save_checkpoint_async(self, checkpoint: dict, path: str, on_complete=None, filename=None):
+        """save_checkpoint with the write in the background: it returns once `checkpoint` is staged (copied into CPU
+        memory, checkpoint_io.stage_to_cpu), which is all the training step waits for. The checkpoint appears at
+        `path` (written under a temporary name, renamed into place) only once every rank's files of it are complete
+        and flushed; then on_complete() runs on rank 0, in the writer's thread (file operations only, no
+        collectives). With `filename`, `path` is a directory holding the checkpoint as `filename` (the
+        Accelerator's save_state), replaced as a whole. One write at a time: a save that finds one in flight waits
+        for it first, so a process holds at most one staged copy of the state. Every rank calls it; returns the
+        CheckpointWriter (wait() blocks until this process's part is written). Default: rank 0 writes one file."""
+        writer = self.checkpoint_writer
+        writer.wait()
+        if not self.is_global_zero:
+            return writer
+        staged = stage_to_cpu(checkpoint)
+        path = os.path.abspath(os.fspath(path))
+
+        def write():
+            if filename is None:
+                atomic_save(staged, path)
+            else:
+                tmp = f"{path}.tmp"
+                remove_path(tmp)  # the leftover of an interrupted save
+                os.makedirs(tmp)
+                fsync_save(staged, os.path.join(tmp, filename))
+                replace_dir(tmp, path)
+            if on_complete is not None:
+                on_complete()
+
+        writer.start(write, path)
+        return writer
+
+    def wait_for_checkpoint(self):
+        """Block until this process's background checkpoint write, if one is in flight, is complete; raise its
+        error. No collective: every rank waits for its own part (rank 0's part includes making it complete)."""
+        if self._checkpoint_writer is not None:
+            self._checkpoint_writer.wait()
 
 
 class _StepWrapper(torch.nn.Module):

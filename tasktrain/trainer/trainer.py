@@ -583,6 +583,7 @@ class Trainer:
                 if self.is_global_zero:
                     logger.finalize(status)
             self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
+            self._wait_for_checkpoint_write(status)  # issue 29: fit end, error, SIGTERM: the write in flight ends
             self.strategy.teardown()
             self._metrics = None
             if self.profiler is not None:
@@ -639,6 +640,7 @@ class Trainer:
             _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
 
         restore_rng = None
+        ckpt_path = self._restart_ckpt_path(ckpt_path)  # issue 29: a restarted worker resumes from the newest
         if ckpt_path is not None:
             resumed = self._restore(ckpt_path)
             if self._datamodule_restored:  # the loader hooks see the DataModule's restored state, as in Lightning
@@ -1241,6 +1243,7 @@ class Trainer:
     def save_checkpoint(self, filepath, weights_only=False):
         """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
         with self.long_event("save_checkpoint"):  # may take long: not a stall (issue 19)
+            self.strategy.wait_for_checkpoint()  # issue 29: a background write in flight ends first ("last" moves forward)
             with self._profile("save_checkpoint"):
                 checkpoint = self.dump_checkpoint(weights_only)
                 self.strategy.save_checkpoint(checkpoint, filepath)
@@ -1265,6 +1268,21 @@ class Trainer:
             self._watchdog.disarm()
             self._watching = False
         self._watchdog, self._mark = None, no_mark  # the trainer stays picklable between runs
+
+    def _restart_ckpt_path(self, ckpt_path):  # issue 29 (the rule: checkpoint_io.restart_checkpoint)
+        resolved = ckpt_io.restart_checkpoint(self.default_root_dir, ckpt_path)
+        if ckpt_io.restart_count() and self.is_global_zero:
+            print(f"[tasktrain] restart {ckpt_io.restart_count()} of this launch: resuming from "
+                  f"{resolved or 'scratch (no complete checkpoint of this launch yet)'}", flush=True)
+        return resolved
+
+    def _wait_for_checkpoint_write(self, status):  # issue 29
+        try:
+            self.strategy.wait_for_checkpoint()
+        except Exception as err:
+            if status != "failed":
+                raise
+            print(f"[tasktrain] {err}", file=sys.stderr, flush=True)  # the run's own error is the one raised
 
     def _resolve_ckpt_path(self, ckpt_path):
         if ckpt_path == "best":
