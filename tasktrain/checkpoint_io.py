@@ -348,27 +348,37 @@ DONE_MARK = ".done-rank{}"
 MARK_TIMEOUT = 1800.0  # seconds rank 0 waits for the other ranks' parts of one checkpoint
 
 
-def stage_to_cpu(obj):
-    """A copy of `obj` that shares no tensor with it: every tensor copied into CPU memory (pinned where CUDA is
-    there), containers rebuilt, plain values (numbers, strings) kept. What training does next cannot change it."""
+def stage_to_cpu(obj, reuse=None):
+    """A copy of `obj` that shares no tensor with it: every tensor copied into CPU memory, containers rebuilt, plain
+    values (numbers, strings) kept. What training does next cannot change it.
+
+    reuse: the copy a previous call returned (its write complete): tensors of the same shape and dtype at the same
+    place are copied into, not allocated again, so that a run holds one staging copy of its state and a save does
+    not pay for fresh memory (first-touch page faults cost as much as the copy itself here)."""
     if isinstance(obj, torch.Tensor):
         tensor = obj.detach()
+        if (isinstance(reuse, torch.Tensor) and reuse.shape == tensor.shape and reuse.dtype == tensor.dtype
+                and reuse.device.type == "cpu" and reuse.layout == tensor.layout == torch.strided
+                and reuse.is_contiguous() and type(tensor) is torch.Tensor):
+            return reuse.copy_(tensor)
         if tensor.device.type == "cpu":
             return tensor.clone()
         return tensor.to("cpu", copy=True)
     if isinstance(obj, dict):
+        old = reuse if isinstance(reuse, dict) else {}
         try:
-            out = type(obj)((k, stage_to_cpu(v)) for k, v in obj.items())
+            out = type(obj)((k, stage_to_cpu(v, old.get(k))) for k, v in obj.items())
         except TypeError:  # a dict subclass that cannot be built from pairs (defaultdict): a plain dict
-            out = {k: stage_to_cpu(v) for k, v in obj.items()}
+            out = {k: stage_to_cpu(v, old.get(k)) for k, v in obj.items()}
         metadata = getattr(obj, "_metadata", None)  # a state dict's per-module versions
         if metadata is not None:
             out._metadata = type(metadata)(metadata)
         return out
-    if isinstance(obj, list):
-        return [stage_to_cpu(v) for v in obj]
-    if isinstance(obj, tuple):
-        values = [stage_to_cpu(v) for v in obj]
+    if isinstance(obj, (list, tuple)):
+        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(obj) else [None] * len(obj)
+        values = [stage_to_cpu(v, r) for v, r in zip(obj, old)]
+        if isinstance(obj, list):
+            return values
         if all(a is b for a, b in zip(values, obj)):
             return obj  # nothing mutable inside (torch.Size, a tuple of numbers): the same object
         return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
@@ -417,6 +427,8 @@ class CheckpointWriter:
         self._error = None
         self._what = None
         self.completed = 0  # writes finished without error (for tests and benchmarks)
+        # the staging copies of the previous save, by file (stage_to_cpu(..., reuse=)): one copy of the state, kept
+        self.staged = {}
 
     @property
     def in_flight(self) -> bool:

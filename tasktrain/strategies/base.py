@@ -499,7 +499,7 @@ class Strategy:
         writer.wait()
         if not self.is_global_zero:
             return writer
-        staged = stage_to_cpu(checkpoint)
+        staged = writer.staged["checkpoint"] = stage_to_cpu(checkpoint, writer.staged.get("checkpoint"))
         path = os.path.abspath(os.fspath(path))
 
         def write():

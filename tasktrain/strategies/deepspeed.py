@@ -650,7 +650,7 @@ class DeepSpeed(DDP):
             shutil.rmtree(tmp)  # the leftover of an interrupted save
         self.barrier("save_engine")
         engine = self.engine
-        staging = _staging_checkpoint_engine(engine.checkpoint_engine)
+        staging = _staging_checkpoint_engine(engine.checkpoint_engine, writer.staged)
         engine.checkpoint_engine = staging
         try:
             engine.save_checkpoint(tmp, tag=ENGINE_TAG, client_state={}, save_latest=True)
@@ -659,7 +659,7 @@ class DeepSpeed(DDP):
         files, rank, world_size = staging.files, self.global_rank, self.world_size
         staged = None
         if self.is_global_zero:
-            staged = stage_to_cpu(checkpoint)
+            staged = writer.staged["state"] = stage_to_cpu(checkpoint, writer.staged.get("state"))
             staged["deepspeed"] = {"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
                                    "world_size": world_size, "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""}
 
@@ -1246,9 +1246,10 @@ def _check_no_zero3_placeholders(obj, where):
         )
 
 
-def _staging_checkpoint_engine(inner):
+def _staging_checkpoint_engine(inner, previous):
     """A DeepSpeed CheckpointEngine that keeps, instead of writing, a CPU copy of each file's state (save), for a
-    background thread to write; loads go to `inner`, the engine's own."""
+    background thread to write; loads go to `inner`, the engine's own. `previous`: the copies of the previous save
+    by file name, copied into (and replaced) where they fit."""
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
     from tasktrain.checkpoint_io import stage_to_cpu
@@ -1262,7 +1263,9 @@ def _staging_checkpoint_engine(inner):
             pass
 
         def save(self, state_dict, path):
-            self.files.append((path, stage_to_cpu(state_dict)))
+            name = os.path.basename(path)
+            previous[name] = staged = stage_to_cpu(state_dict, previous.get(name))
+            self.files.append((path, staged))
 
         def load(self, path, map_location=None):
             return self.inner.load(path, map_location=map_location)

@@ -578,7 +578,7 @@ class FSDP(DDP):
         future = dcp.async_save(shards, checkpoint_id=tmp, process_group=self._checkpoint_group)
         staged = None
         if self.is_global_zero:
-            staged = stage_to_cpu(state)
+            staged = writer.staged["state"] = stage_to_cpu(state, writer.staged.get("state"))
             staged["fsdp"] = {"world_size": self.world_size, "layout": "dcp"}
 
         def write():
