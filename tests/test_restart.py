@@ -19,11 +19,18 @@ SCRIPT = os.path.join(HERE, "restart_scripts", "train.py")
 ROOT = os.path.dirname(HERE)
 
 
-def launch(root, strategy, kills="", timeout=420):
+def launch(root, strategy, kills="", timeout=420, plain=False):
+    """tasktrain launch --max_restarts 3 (plain=True: `python train.py` with Trainer(max_restarts=3))."""
     os.makedirs(root, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "tasktrain.cli", "launch", "--num_processes", "2", "--use_cpu", "--max_restarts",
-           "3", SCRIPT, "--strategy", strategy, "--root", str(root), "--out", os.path.join(root, "out")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TASKTRAIN_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    script = [SCRIPT, "--strategy", strategy, "--root", str(root), "--out", os.path.join(root, "out")]
+    if plain:
+        cmd = [sys.executable, *script, "--trainer-restarts", "3"]
+    else:
+        cmd = [sys.executable, "-m", "tasktrain.cli", "launch", "--num_processes", "2", "--use_cpu", "--max_restarts",
+               "3", *script]
     if kills:
         cmd += ["--kills", kills]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -41,14 +48,19 @@ def kill_plan(seed):
     return ",".join(f"{s}:{rng.randrange(2)}:{w}" for s, w in zip(steps, whens))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
-def test_killed_three_times_ends_bitwise_as_uninterrupted(tmp_path, strategy):
-    plan = kill_plan(seed={"ddp": 0, "zero2": 1, "fsdp": 2}[strategy])
-    reference, _ = launch(tmp_path / "reference", strategy)
-    restarted, proc = launch(tmp_path / "killed", strategy, kills=plan)
-    output = proc.stdout + proc.stderr
+REFERENCES = {}
+
+
+def reference(strategy, tmp_path_factory):
+    """The uninterrupted run of `strategy` (once per test session)."""
+    if strategy not in REFERENCES:
+        REFERENCES[strategy], _ = launch(tmp_path_factory.mktemp(f"reference-{strategy}"), strategy)
+    return REFERENCES[strategy]
+
+
+def assert_same_end(ref_ranks, got_ranks, plan, output):
     for rank in range(2):
-        ref, got = reference[rank], restarted[rank]
+        ref, got = ref_ranks[rank], got_ranks[rank]
         assert got["attempt"] == 3, f"{plan}: expected the fourth attempt to finish (3 restarts)\n{output[-4000:]}"
         assert got["global_step"] == ref["global_step"] == 12
         assert got["samples"] == ref["samples"], plan
@@ -59,3 +71,22 @@ def test_killed_three_times_ends_bitwise_as_uninterrupted(tmp_path, strategy):
         for a, b in zip(ref["optimizer"], got["optimizer"]):
             assert torch.equal(a, b), plan
     assert output.count("restart ") >= 3  # "[tasktrain] restart N of this launch: resuming from ..."
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
+def test_killed_three_times_ends_bitwise_as_uninterrupted(tmp_path, tmp_path_factory, strategy):
+    plan = kill_plan(seed={"ddp": 0, "zero2": 1, "fsdp": 2}[strategy])
+    restarted, proc = launch(tmp_path / "killed", strategy, kills=plan)
+    assert_same_end(reference(strategy, tmp_path_factory), restarted, plan, proc.stdout + proc.stderr)
+
+
+@pytest.mark.timeout(600)
+def test_trainer_max_restarts_starts_the_elastic_agent_itself(tmp_path, tmp_path_factory):
+    """`python train.py` with Trainer(strategy="ddp", devices=2, max_restarts=3): the process becomes torch's elastic
+    agent, and the same three kills end as the uninterrupted run."""
+    plan = kill_plan(seed=3)
+    restarted, proc = launch(tmp_path / "killed", "ddp", kills=plan, plain=True)
+    output = proc.stdout + proc.stderr
+    assert "under torch's elastic agent" in output
+    assert_same_end(reference("ddp", tmp_path_factory), restarted, plan, output)

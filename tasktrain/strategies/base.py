@@ -191,6 +191,11 @@ class Strategy:
     def setup_environment(self):
         """Start what the run needs: processes, the process group, the device. Called at the start of every stage
         (fit, validate, ...): a second call must find what the first made. Default: set the CUDA device."""
+        if self.max_restarts and "TORCHELASTIC_MAX_RESTARTS" not in os.environ:  # issue 29
+            raise ValueError(f"Trainer(max_restarts={self.max_restarts}): restarts are torch's elastic agent's, which "
+                             "starts the processes of a multi-process strategy; this run is one process. Use "
+                             f"`tasktrain launch --num_processes 1 --max_restarts {self.max_restarts} train.py`, "
+                             "or strategy='ddp' with devices > 1.")
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         # No accelerator in this process, a CPU device and no input cast: a batch of tensors is already where it
@@ -205,6 +210,9 @@ class Strategy:
     # The loops mark progress on it, arm it around their batches and wrap long work in watchdog.long_event(name).
     stall_timeout = None
     watchdog = None
+    # max_restarts (issue 29): Trainer(max_restarts=N), set before setup_environment; a multi-process strategy that
+    # starts its own processes starts them under torch's elastic agent, which restarts them after a failure.
+    max_restarts = 0
 
     def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
         """Accelerate's InitProcessGroupKwargs / DistributedDataParallelKwargs, before setup_environment. Default:

@@ -86,6 +86,7 @@ class Trainer:
         plugins=None,
         sync_batchnorm=False,
         reload_dataloaders_every_n_epochs=0,
+        max_restarts=0,
     ):
         # The launch config, the strategy and its precision, the accumulation: the Accelerator's rules too.
         # Arguments left at their defaults count as not given, so that `tasktrain launch`'s config fills them.
@@ -104,6 +105,10 @@ class Trainer:
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
         self.stall_timeout = runtime.stall_timeout
+        # issue 29: restarts by torch's elastic agent (read by the strategy's setup_environment)
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise ValueError(f"Trainer(max_restarts={max_restarts!r}): use 0 (no restart) or a positive number.")
+        self.max_restarts = self.strategy.max_restarts = max_restarts
         # profiler (tasktrain/profilers.py): without one each loop action is a `with` on a shared no-op context.
         # Bound again at each run's start (the tuner sets the profiler aside for its trials).
         self.profiler = resolve_profiler(profiler)

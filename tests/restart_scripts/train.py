@@ -1,6 +1,6 @@
 """A run that loses a rank three times and restarts itself (issue 29); run under
-`tasktrain launch --num_processes 2 --max_restarts 3 --use_cpu train.py ...` (or without --kill for the
-uninterrupted reference).
+`tasktrain launch --num_processes 2 --max_restarts 3 --use_cpu train.py ...` (or without --kills for the
+uninterrupted reference), or plainly with --trainer-restarts N (Trainer(max_restarts=N) starts the elastic agent).
 
     python train.py --strategy ddp|zero2|fsdp --root DIR --out OUT [--kills STEP:RANK:WHEN,...]
 
@@ -143,6 +143,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--kills", default="")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--trainer-restarts", type=int, default=0, help="Trainer(max_restarts=N), for a plain `python "
+                   "train.py` (the Trainer starts torch's elastic agent)")
     args = p.parse_args()
 
     callbacks = [Samples(os.path.join(args.root, f"samples.rank{RANK}.jsonl")),
@@ -159,7 +161,7 @@ def main():
     train = DataLoader(Indexed(), batch_size=4, shuffle=True)
     trainer = Trainer(max_epochs=args.epochs, strategy=strategy_of(args.strategy), devices=2, callbacks=callbacks,
                       logger=False, enable_progress_bar=False, default_root_dir=args.root, log_every_n_steps=1,
-                      enable_model_summary=False)
+                      enable_model_summary=False, max_restarts=args.trainer_restarts)
     module = Net()
     trainer.fit(module, train)  # no ckpt_path: a restarted attempt resumes from the newest complete checkpoint
 
