@@ -244,3 +244,20 @@ def test_launch_max_restarts_goes_to_the_elastic_agent(tmp_path, monkeypatch, ca
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def test_trainer_max_restarts_errors(tmp_path, monkeypatch):
+    from tasktrain.strategies.launcher import check_restarts
+
+    with pytest.raises(ValueError, match="max_restarts"):
+        Trainer(max_restarts=-1, logger=False)
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
+    trainer = Trainer(max_restarts=2, max_steps=1, **quiet(default_root_dir=tmp_path))
+    with pytest.raises(ValueError, match="tasktrain launch --num_processes 1 --max_restarts 2"):
+        trainer.fit(Linear(), loader())  # one process: nothing of its own to restart
+    with pytest.raises(RuntimeError, match="not started by torch's elastic agent"):
+        check_restarts(2)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    with pytest.raises(RuntimeError, match="restarts up to 3 times"):
+        check_restarts(2)
+    check_restarts(3)
