@@ -525,11 +525,16 @@ class Strategy:
         writer.start(write, path)
         return writer
 
-    def wait_for_checkpoint(self):
+    def wait_for_checkpoint(self, release=False):
         """Block until this process's background checkpoint write, if one is in flight, is complete; raise its
-        error. No collective: every rank waits for its own part (rank 0's part includes making it complete)."""
+        error. No collective: every rank waits for its own part (rank 0's part includes making it complete).
+        release=True (the end of a run) also frees the staging copy kept for the next save."""
         if self._checkpoint_writer is not None:
-            self._checkpoint_writer.wait()
+            try:
+                self._checkpoint_writer.wait()
+            finally:
+                if release:
+                    self._checkpoint_writer.staged.clear()
 
 
 class _StepWrapper(torch.nn.Module):

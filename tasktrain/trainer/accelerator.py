@@ -889,7 +889,7 @@ class Accelerator:
         if self._ended:
             return
         self._ended = True
-        self.strategy.wait_for_checkpoint()  # issue 29: a background save_state in flight ends first
+        self.strategy.wait_for_checkpoint(release=True)  # issue 29: a background save_state in flight ends first
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []

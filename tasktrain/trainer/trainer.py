@@ -588,13 +588,15 @@ class Trainer:
                 if self.is_global_zero:
                     logger.finalize(status)
             self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
-            self._wait_for_checkpoint_write(status)  # issue 29: fit end, error, SIGTERM: the write in flight ends
+            write_error = self._wait_for_checkpoint_write(status)  # issue 29: fit end, error, SIGTERM: wait for it
             self.strategy.teardown()
             self._metrics = None
             if self.profiler is not None:
                 self.profiler.describe()
                 self.profiler.teardown(stage)
                 self._profile = _no_profile  # a save_checkpoint after the run would restart a torn-down profiler
+            if write_error is not None:  # issue 29: a failed background write, raised once the rest is torn down
+                raise write_error
 
     # -- fit ---------------------------------------------------------------------------------------------------------
     def _fit(self, module, train_loader, val_loader, ckpt_path):
@@ -1281,13 +1283,14 @@ class Trainer:
                   f"{resolved or 'scratch (no complete checkpoint of this launch yet)'}", flush=True)
         return resolved
 
-    def _wait_for_checkpoint_write(self, status):  # issue 29
+    def _wait_for_checkpoint_write(self, status):  # issue 29: returns the write's error, for _teardown to raise
         try:
-            self.strategy.wait_for_checkpoint()
+            self.strategy.wait_for_checkpoint(release=True)
         except Exception as err:
             if status != "failed":
-                raise
+                return err
             print(f"[tasktrain] {err}", file=sys.stderr, flush=True)  # the run's own error is the one raised
+        return None
 
     def _resolve_ckpt_path(self, ckpt_path):
         if ckpt_path == "best":
