@@ -1,6 +1,6 @@
 """What a checkpoint stalls training with async_save (issue 29), against the synchronous save of the same state.
 
-    python benchmarks/async_checkpoint.py            # an MLP of 25M parameters + Adam (302 MB of state), ~2 min
+    python benchmarks/async_checkpoint.py            # an MLP of 85M parameters + Adam (1 GB of state), ~3 min
     python benchmarks/async_checkpoint.py --quick    # a smoke run (~3 MB of state)
 
 One process, one Trainer fit (single device, fp32, Adam). A callback saves the run's checkpoint (Trainer.dump_
@@ -121,7 +121,7 @@ def main():
     p.add_argument("--dir", default=None, help="where to write (default: a temporary folder in the working dir)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    width, depth, saves = (256, 2, 2) if args.quick else (2048, 6, 4)
+    width, depth, saves = (256, 2, 2) if args.quick else (3072, 9, 4)
     every = 4
     steps = every * 2 * saves + 2
     torch.manual_seed(0)
