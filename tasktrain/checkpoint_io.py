@@ -22,11 +22,15 @@ Trainer's keys (the parts of its run state, tasktrain/trainer/run_state.py, whic
     rng_states          list, one per rank: {"python", "numpy", "torch", "cuda"}
     world_size          int
 """
+import copy
 import json
 import os
 import pickle
 import random
 import shutil
+import sys
+import threading
+import time
 import zipfile
 
 import numpy as np
@@ -233,8 +237,20 @@ def _as_tuple(value):
 def write_last_pointer(root_dir: str, checkpoint_path: str, global_step: int, epoch: int):
     """Record the newest resumable checkpoint of this root dir: `fit(ckpt_path="last")` reads it, no dir scan."""
     pointer = os.path.join(root_dir, POINTER_NAME)
-    record = {"path": os.path.abspath(checkpoint_path), "global_step": global_step, "epoch": epoch}
+    record = {"path": os.path.abspath(checkpoint_path), "global_step": global_step, "epoch": epoch,
+              "run_id": launch_run_id()}
     atomic_write_text(json.dumps(record), pointer)
+
+
+def read_last_record(root_dir: str):
+    """The pointer's record ({"path", "global_step", "epoch", "run_id"}), or None when there is none or its
+    checkpoint is gone."""
+    pointer = os.path.join(root_dir, POINTER_NAME)
+    if not os.path.exists(pointer):
+        return None
+    with open(pointer) as f:
+        record = json.load(f)
+    return record if os.path.exists(record["path"]) else None
 
 
 def read_last_pointer(root_dir: str):
@@ -298,3 +314,151 @@ def format_header() -> dict:
     """The keys every checkpoint file starts with: which format, written by which tasktrain and torch."""
     return {"format_version": CHECKPOINT_FORMAT_VERSION, "tasktrain_version": __version__,
             "torch_version": str(torch.__version__)}
+
+
+# -- restarts (torch.distributed.run --max-restarts) ------------------------------------------------------------------
+def launch_run_id():
+    """The id of the launch this process belongs to: torchrun's rendezvous id (TORCHELASTIC_RUN_ID, the same for
+    every restart of one launch), or None outside torchrun."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    return run_id if run_id and run_id != "none" else None
+
+
+def restart_count() -> int:
+    """How many times torch's elastic agent has restarted this launch's workers (0: the first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def restart_checkpoint(root_dir: str, ckpt_path):
+    """What `fit(ckpt_path=...)` resumes from in a worker that torch's elastic agent restarted after a failure
+    (TORCHELASTIC_RESTART_COUNT > 0): the newest complete checkpoint this launch recorded under root_dir (the
+    "last" pointer, written only once every rank's files are complete), whatever ckpt_path says; when this launch
+    has recorded none yet, ckpt_path as given (None: from scratch, as the first start did). On the first start the
+    rule does nothing: ckpt_path as given. A pointer left by another launch (another run id) is not this run's."""
+    if restart_count() == 0:
+        return ckpt_path
+    record = read_last_record(root_dir)
+    if record is None or record.get("run_id") != launch_run_id():
+        return ckpt_path
+    return record["path"]
+
+
+# -- asynchronous saves --------------------------------------------------------------------------------------------
+# The training step waits only while the state is copied off the training tensors (staged into CPU memory); a
+# background thread writes the copy, and the checkpoint becomes "last" only once every rank's files are complete.
+# One write at a time per process: a save that finds one in flight waits for it first, so at most one staged copy of
+# the state exists per rank.
+DONE_MARK = ".done-rank{}"
+MARK_TIMEOUT = 1800.0  # seconds rank 0 waits for the other ranks' parts of one checkpoint
+
+
+def stage_to_cpu(obj, reuse=None):
+    """A copy of `obj` that shares no tensor with it: every tensor copied into CPU memory, containers rebuilt, plain
+    values (numbers, strings) kept. What training does next cannot change it.
+
+    reuse: the copy a previous call returned (its write complete): tensors of the same shape and dtype at the same
+    place are copied into, not allocated again, so that a run holds one staging copy of its state and a save does
+    not pay for fresh memory (first-touch page faults cost as much as the copy itself here)."""
+    if isinstance(obj, torch.Tensor):
+        tensor = obj.detach()
+        if (isinstance(reuse, torch.Tensor) and reuse.shape == tensor.shape and reuse.dtype == tensor.dtype
+                and reuse.device.type == "cpu" and reuse.layout == tensor.layout == torch.strided
+                and reuse.is_contiguous() and type(tensor) is torch.Tensor):
+            return reuse.copy_(tensor)
+        if tensor.device.type == "cpu":
+            return tensor.clone()
+        return tensor.to("cpu", copy=True)
+    if isinstance(obj, dict):
+        old = reuse if isinstance(reuse, dict) else {}
+        try:
+            out = type(obj)((k, stage_to_cpu(v, old.get(k))) for k, v in obj.items())
+        except TypeError:  # a dict subclass that cannot be built from pairs (defaultdict): a plain dict
+            out = {k: stage_to_cpu(v, old.get(k)) for k, v in obj.items()}
+        metadata = getattr(obj, "_metadata", None)  # a state dict's per-module versions
+        if metadata is not None:
+            out._metadata = type(metadata)(metadata)
+        return out
+    if isinstance(obj, (list, tuple)):
+        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(obj) else [None] * len(obj)
+        values = [stage_to_cpu(v, r) for v, r in zip(obj, old)]
+        if isinstance(obj, list):
+            return values
+        if all(a is b for a, b in zip(values, obj)):
+            return obj  # nothing mutable inside (torch.Size, a tuple of numbers): the same object
+        return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
+        return obj
+    return copy.deepcopy(obj)  # another object (an engine's loss scaler): a copy that training cannot change
+
+
+def fsync_save(obj, path):
+    """torch.save to `path`, flushed to the disk (no rename: for files inside a directory renamed later)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def mark_done(directory, rank):
+    """Say that this rank's files in `directory` are complete and flushed (rank 0 commits once all say so)."""
+    _fsync_dir(directory)
+    atomic_write_text("", os.path.join(directory, DONE_MARK.format(rank)))
+
+
+def wait_for_marks(directory, world_size, timeout=MARK_TIMEOUT):
+    """Rank 0: wait until every rank has marked its part of `directory` done, then remove the marks."""
+    deadline = time.monotonic() + timeout
+    marks = [os.path.join(directory, DONE_MARK.format(rank)) for rank in range(world_size)]
+    while not all(os.path.exists(m) for m in marks):
+        if time.monotonic() > deadline:
+            missing = [r for r, m in enumerate(marks) if not os.path.exists(m)]
+            raise CheckpointError(f"{directory}: ranks {missing} did not finish writing their part within "
+                                  f"{timeout:.0f} s; the checkpoint is not complete and was not made 'last'.")
+        time.sleep(0.02)
+    for m in marks:
+        os.remove(m)
+
+
+class CheckpointWriter:
+    """One background checkpoint write at a time, in a thread of this process.
+
+    start(write, what) runs write() in the thread (after waiting for the previous one); wait() blocks until the
+    write in flight is done and raises its error, if it had one, in the caller. The thread is not a daemon: a
+    script that ends while a write is in flight still ends with the file complete."""
+
+    def __init__(self):
+        self._thread = None
+        self._error = None
+        self._what = None
+        self.completed = 0  # writes finished without error (for tests and benchmarks)
+        # the staging copies of the previous save, by file (stage_to_cpu(..., reuse=)): one copy of the state, kept
+        self.staged = {}
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, write, what):
+        self.wait()
+        self._what, self._error = what, None
+        self._thread = threading.Thread(target=self._run, args=(write,), name="tasktrain-checkpoint-writer")
+        self._thread.start()
+
+    def _run(self, write):
+        try:
+            write()
+            self.completed += 1
+        except BaseException as err:  # raised again in the training thread, at wait()
+            self._error = err
+            print(f"[tasktrain] the background write of {self._what} failed: {type(err).__name__}: {err}",
+                  file=sys.stderr, flush=True)
+
+    def wait(self):
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise CheckpointError(f"The background write of {self._what} failed ({type(error).__name__}: {error}); "
+                                  "it was not made 'last', the previous checkpoint is. Check the disk (space, "
+                                  "permissions) and the error above.") from error

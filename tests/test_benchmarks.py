@@ -137,3 +137,16 @@ def test_stream_quick_reports_resume_latency_and_tokens_per_second():
     for name in ("map-style, in memory, 0 workers", "stream, files, 0 workers", "map-style, in memory, 2 workers",
                  "stream, files, 2 workers"):
         assert re.search(rf"tokens/s, {name}: [\d.]+M", stdout), stdout
+
+
+def test_async_checkpoint_quick_table():
+    """benchmarks/async_checkpoint.py: the stall, the sync save and the disk's speed, all measured in one run."""
+    header, body = markdown_table(run_quick("async_checkpoint.py"))
+    assert header == ["measure", "value"]
+    values = dict(body)
+    assert SECONDS.match(values["sync save (training waits for it)"])
+    assert SECONDS.match(values["async save: training stall (staging)"])
+    assert SECONDS.match(values["async save: background write until renamed"])
+    assert re.match(r"^\d+\.\d{3}x$", values["stall ratio (async stall / sync save)"])
+    assert re.match(r"^\d+\.\d{3}x$", values["sync save throughput / disk write speed"])
+    assert values["disk sequential write (same bytes, fsync)"].endswith(" MB/s")

@@ -22,13 +22,14 @@ validation metric does not exist yet and the top-k save is skipped; after it, a 
 import math
 import os
 import re
+import sys
 import time
 from datetime import timedelta
 
 import torch
 
 from tasktrain.callbacks.base import Callback
-from tasktrain.checkpoint_io import write_last_pointer
+from tasktrain.checkpoint_io import atomic_link, link_tree, remove_path, write_last_pointer
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_/.\-]*)(:[^}]*)?\}")
 _DEFAULT = object()  # every_n_epochs not given: 1, unless a step or time schedule is given (as in Lightning)
@@ -40,7 +41,8 @@ class ModelCheckpoint(Callback):
 
     def __init__(self, dirpath=None, filename=None, monitor=None, mode="min", save_top_k=1, save_last=False,
                  every_n_train_steps=None, every_n_epochs=_DEFAULT, save_weights_only=False,
-                 train_time_interval=None, save_on_train_epoch_end=None, auto_insert_metric_name=True):
+                 train_time_interval=None, save_on_train_epoch_end=None, auto_insert_metric_name=True,
+                 async_save=False):
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
         if not isinstance(save_top_k, int) or save_top_k < -1:
@@ -53,6 +55,8 @@ class ModelCheckpoint(Callback):
             if not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() < 0:
                 raise ValueError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a timedelta "
                                  "(or seconds), e.g. timedelta(minutes=30).")
+        if async_save not in (True, False):
+            raise ValueError(f"ModelCheckpoint(async_save={async_save!r}): use True (write in the background) or False.")
         if save_on_train_epoch_end not in (None, True, False):
             raise ValueError(f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}): use None, True "
                              "or False.")
@@ -75,6 +79,8 @@ class ModelCheckpoint(Callback):
         self.train_time_interval = train_time_interval
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.auto_insert_metric_name = auto_insert_metric_name
+        self.async_save = async_save
+        self._pending = None  # async_save: (writer, the bookkeeping that holds once the save in flight is complete)
         self._epoch_end_saves = True  # save_on_train_epoch_end as resolved for this fit
         self._last_time_checked = None
         self.best_k_models = {}  # path -> score (for no monitor: the step, so "best" is the newest)
@@ -107,6 +113,8 @@ class ModelCheckpoint(Callback):
         self._restored = None  # (set again by a resume of this fit)
         if stage == "fit":
             self.dirpath_resolved(trainer)
+            if self.async_save:
+                trainer.strategy.check_async_save(self.save_weights_only)
         self._validated = False
         self._validations_seen = 0
         self._step_save_pending = False
@@ -172,6 +180,8 @@ class ModelCheckpoint(Callback):
         """Save a top-k candidate (when it is one) and last.ckpt (when asked). Called on every rank."""
         if trainer.fast_dev_run:  # a debugging run writes no checkpoints (Lightning's rule)
             return
+        if self.async_save:
+            return self._save_async(trainer)
         strategy = trainer.strategy
         self._last_saved_step = trainer.global_step
         candidate = self._candidate(trainer)
@@ -201,6 +211,80 @@ class ModelCheckpoint(Callback):
         if trainer.is_global_zero and (saved_path is not None or self.save_last):
             for logger in trainer.loggers:  # W&B and MLflow upload checkpoints from here (log_model)
                 logger.after_save_checkpoint(self)
+
+    # -- async_save ----------------------------------------------------------------------------------------------
+    # The rules (docs/checkpointing.md): the step waits only while the state is staged into CPU memory; a save that
+    # finds the previous one still in flight waits for it first (one write at a time, one staged copy per rank);
+    # a checkpoint counts (top-k, best_model_path, last_model_path, the "last" pointer, last.ckpt) only once every
+    # rank's files of it are complete and flushed, and the files it evicts from the top k are deleted only then.
+    def _save_async(self, trainer):
+        strategy = trainer.strategy
+        self._finish_pending(trainer)
+        self._last_saved_step = step = trainer.global_step
+        epoch = trainer.current_epoch
+        candidate = self._candidate(trainer)
+        directory = self.dirpath_resolved(trainer)
+        committed = self._bookkeeping()
+        target, evicted = None, []
+        if candidate is not None and self.save_top_k != 0:
+            score, path = strategy.broadcast(candidate)
+            if self._is_top_k(score, path):
+                evicted = [old for old in self._insert(path, score, step) if old != path]
+                target = path
+        last = os.path.join(directory, self.LAST_NAME + self.CHECKPOINT_EXT) if self.save_last else None
+        if target is None and last is None:
+            return
+        if last is not None:
+            self.last_model_path = last
+        root, resumable = trainer.default_root_dir, not self.save_weights_only
+        with trainer.long_event("save_checkpoint"):  # staging may take long: not a stall (issue 19)
+            # the checkpoint holds this callback's state with itself counted: it is complete when anyone loads it
+            checkpoint = trainer.dump_checkpoint(self.save_weights_only)
+            done = self._bookkeeping()
+            self._set_bookkeeping(committed)
+
+            def on_complete():  # rank 0, the writer's thread, once every rank's files are in place
+                written = target or last
+                if resumable:  # the pointer first, to the file of its own name (a swap of last.ckpt is two renames)
+                    write_last_pointer(root, written, step, epoch)
+                if target is not None and last is not None:
+                    link_tree(target, last) if os.path.isdir(target) else atomic_link(target, last)
+                for old in evicted:
+                    remove_path(old)
+
+            writer = strategy.save_checkpoint_async(checkpoint, target or last, on_complete=on_complete)
+        self._pending = (writer, done)
+
+    def _finish_pending(self, trainer):
+        """Wait for the save in flight (if any); once it is complete, its bookkeeping counts."""
+        if self._pending is None:
+            return
+        writer, done = self._pending
+        self._pending = None
+        writer.wait()
+        self._set_bookkeeping(done)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:  # W&B and MLflow upload checkpoints from here (log_model)
+                logger.after_save_checkpoint(self)
+
+    def _bookkeeping(self):
+        return (dict(self.best_k_models), self.best_model_path, self.best_model_score, self.last_model_path)
+
+    def _set_bookkeeping(self, values):
+        best_k, self.best_model_path, self.best_model_score, self.last_model_path = values
+        self.best_k_models = dict(best_k)
+
+    def teardown(self, trainer, module, stage):
+        """The end of fit, an error or SIGTERM: the write in flight is waited for (the process ends after it)."""
+        if self._pending is None:
+            return
+        if sys.exc_info()[1] is not None:  # the run is failing already: that error is the one raised
+            try:
+                self._finish_pending(trainer)
+            except Exception as err:
+                print(f"[tasktrain] ModelCheckpoint: {err}", file=sys.stderr, flush=True)
+            return
+        self._finish_pending(trainer)
 
     def _candidate(self, trainer):
         """(score, path) of a top-k candidate, or None when there is nothing new to score."""

@@ -18,6 +18,7 @@ import os
 import pickle
 import signal
 import sys
+import uuid
 
 from tasktrain.cli import config as cfg
 
@@ -66,6 +67,10 @@ def _add_launch(subparsers):
     _option(p, "gpu_ids", metavar="IDS", help="GPUs to use, e.g. 0,1 (CUDA_VISIBLE_DEVICES); default all")
     _option(p, "rdzv_backend", metavar="{static,c10d}", help="torchrun rendezvous for several machines")
     _option(p, "num_cpu_threads_per_process", type=int, metavar="T", help="OMP_NUM_THREADS of each worker")
+    _option(p, "max_restarts", type=int, metavar="N",
+            help="restart all workers up to N times after a failure, a lost rank or a watchdog stall (torch's "
+                 "elastic agent, torchrun --max-restarts); each restart resumes from the newest complete "
+                 "checkpoint of this launch (docs/checkpointing.md). Default 0")
     p.add_argument("--debug", action="store_true", default=None,
                    help="check that all ranks run the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL, "
                         "TASKTRAIN_DEBUG_COLLECTIVES=1)")
@@ -111,11 +116,16 @@ def _launch(args) -> int:
             f"script {args.script!r} not found (looked from {os.getcwd()}); expected a Python file. "
             "Check the path, or pass -m to run a module."
         )
+    max_restarts = args.max_restarts or 0
+    if max_restarts < 0:
+        raise cfg.ConfigError(f"--max_restarts {max_restarts}: use 0 (no restart) or a positive number.")
     print(settings.describe(), flush=True)
-    return run_workers(settings, args.script, args.script_args, module=args.module)
+    if max_restarts:
+        print(f"  max_restarts: {max_restarts} (each restart resumes from the newest complete checkpoint)", flush=True)
+    return run_workers(settings, args.script, args.script_args, module=args.module, max_restarts=max_restarts)
 
 
-def run_workers(settings, script, script_args=(), module=False) -> int:
+def run_workers(settings, script, script_args=(), module=False, max_restarts=0) -> int:
     """Run torch.distributed.run in this process; return the workers' exit code (the first failure's)."""
     for key, value in settings.worker_env().items():
         if value is None:
@@ -126,7 +136,18 @@ def run_workers(settings, script, script_args=(), module=False) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    torchrun_args = get_args_parser().parse_args(settings.torchrun_args(script, script_args, module))
+    args = settings.torchrun_args(script, script_args, module)
+    if max_restarts:
+        # The elastic agent restarts every worker of this machine after any of them fails; the restarted workers see
+        # TORCHELASTIC_RESTART_COUNT > 0, and fit resumes from the newest checkpoint this launch (its run id) recorded.
+        args = ["--max-restarts", str(max_restarts)] + args
+        # torch 2.13: with the c10d rendezvous store shared with the workers (its default), restarted workers read the
+        # previous attempt's gloo addresses from it and fail to connect ("Connection refused"); a store per round
+        # (hosted by the new rank 0) has none.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        if "--rdzv-id" not in args:
+            args = ["--rdzv-id", uuid.uuid4().hex] + args  # this launch's own id: another launch's pointer is not ours
+    torchrun_args = get_args_parser().parse_args(args)
     try:
         run(torchrun_args)
     except ChildFailedError as e:

@@ -48,6 +48,7 @@ from typing import Optional
 
 import torch
 
+from tasktrain.checkpoint_io import CheckpointWriter, fsync_save, replace_dir, stage_to_cpu  # background saves
 from tasktrain.checkpoint_io import (atomic_link, atomic_save, load_checkpoint_file, load_plain_state_dict,
                                     plain_state_dict, remove_path)
 from tasktrain.names import normalize_precision
@@ -231,6 +232,11 @@ class Strategy(abc.ABC):
     def setup_environment(self):
         """Start what the run needs: processes, the process group, the device. Called at the start of every stage
         (fit, validate, ...): a second call must find what the first made. Default: set the CUDA device."""
+        if self.max_restarts and "TORCHELASTIC_MAX_RESTARTS" not in os.environ:  # issue 29
+            raise ValueError(f"Trainer(max_restarts={self.max_restarts}): restarts are torch's elastic agent's, which "
+                             "starts the processes of a multi-process strategy; this run is one process. Use "
+                             f"`tasktrain launch --num_processes 1 --max_restarts {self.max_restarts} train.py`, "
+                             "or strategy='ddp' with devices > 1.")
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         # No accelerator in this process, a CPU device and no input cast: a batch of tensors is already where it
@@ -245,6 +251,9 @@ class Strategy(abc.ABC):
     # The loops mark progress on it, arm it around their batches and wrap long work in watchdog.long_event(name).
     stall_timeout = None
     watchdog = None
+    # max_restarts (issue 29): Trainer(max_restarts=N), set before setup_environment; a multi-process strategy that
+    # starts its own processes starts them under torch's elastic agent, which restarts them after a failure.
+    max_restarts = 0
 
     def teardown(self):
         """End of a stage: drop the wrappers (the process group, if any, may outlive it for the next stage)."""
@@ -491,6 +500,62 @@ class Strategy(abc.ABC):
         if self.is_global_zero:
             atomic_link(src, dst)
         self.barrier("link_checkpoint")
+
+    # -- background saves (issue 29) -----------------------------------------------------------------------------------
+    _checkpoint_writer = None
+
+    @property
+    def checkpoint_writer(self):
+        """This process's CheckpointWriter (checkpoint_io): one background write at a time."""
+        if self._checkpoint_writer is None:
+            self._checkpoint_writer = CheckpointWriter()
+        return self._checkpoint_writer
+
+    def check_async_save(self, weights_only=False):
+        """Raise, before training, when this strategy cannot write checkpoints in the background (naming what is
+        missing and the fix). Every rank calls it. Default: it can."""
+
+    def save_checkpoint_async(self, checkpoint: dict, path: str, on_complete=None, filename=None):
+        """save_checkpoint with the write in the background: it returns once `checkpoint` is staged (copied into CPU
+        memory, checkpoint_io.stage_to_cpu), which is all the training step waits for. The checkpoint appears at
+        `path` (written under a temporary name, renamed into place) only once every rank's files of it are complete
+        and flushed; then on_complete() runs on rank 0, in the writer's thread (file operations only, no
+        collectives). With `filename`, `path` is a directory holding the checkpoint as `filename` (the
+        Accelerator's save_state), replaced as a whole. One write at a time: a save that finds one in flight waits
+        for it first, so a process holds at most one staged copy of the state. Every rank calls it; returns the
+        CheckpointWriter (wait() blocks until this process's part is written). Default: rank 0 writes one file."""
+        writer = self.checkpoint_writer
+        writer.wait()
+        if not self.is_global_zero:
+            return writer
+        staged = writer.staged["checkpoint"] = stage_to_cpu(checkpoint, writer.staged.get("checkpoint"))
+        path = os.path.abspath(os.fspath(path))
+
+        def write():
+            if filename is None:
+                atomic_save(staged, path)
+            else:
+                tmp = f"{path}.tmp"
+                remove_path(tmp)  # the leftover of an interrupted save
+                os.makedirs(tmp)
+                fsync_save(staged, os.path.join(tmp, filename))
+                replace_dir(tmp, path)
+            if on_complete is not None:
+                on_complete()
+
+        writer.start(write, path)
+        return writer
+
+    def wait_for_checkpoint(self, release=False):
+        """Block until this process's background checkpoint write, if one is in flight, is complete; raise its
+        error. No collective: every rank waits for its own part (rank 0's part includes making it complete).
+        release=True (the end of a run) also frees the staging copy kept for the next save."""
+        if self._checkpoint_writer is not None:
+            try:
+                self._checkpoint_writer.wait()
+            finally:
+                if release:
+                    self._checkpoint_writer.staged.clear()
 
 
 # -- the world of one process ------------------------------------------------------------------------------------------

@@ -144,6 +144,12 @@ class DDP(MultiProcess, Strategy):
         return run(*args)
 
     def setup_environment(self):
+        if self.max_restarts:  # issue 29
+            from tasktrain.strategies.launcher import check_restarts, run_under_elastic_agent
+
+            if self.needs_launch():
+                run_under_elastic_agent(self.devices * self.num_nodes, self.max_restarts, self.num_nodes)
+            check_restarts(self.max_restarts)
         if self.needs_launch():
             if self.start_method == "spawn":
                 raise RuntimeError("start_method='spawn': the Trainer spawns the processes (tasktrain/strategies/"

@@ -618,6 +618,64 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
                                            "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""})
             atomic_save(state, os.path.join(directory, state_file))
 
+    # -- background saves (issue 29) -------------------------------------------------------------------------------
+    # DeepSpeed 0.19.8 writes every file of its checkpoint through the engine's checkpoint engine (create / save /
+    # commit). Its own background engine, DecoupledCheckpointEngine, writes through FastCheckpointEngine, which
+    # needs the async_io op (libaio; not buildable on every machine) and a writer process per node. Here the
+    # engine's checkpoint engine is swapped, for the length of one engine.save_checkpoint, for one that stages each
+    # file's state into CPU memory instead of writing it (_StagingCheckpointEngine); a thread of each rank then
+    # writes its files, fsyncs them and marks its part done, and rank 0 renames the directory into place once every
+    # rank has.
+    def check_async_save(self, weights_only=False):
+        if weights_only:
+            raise ValueError("async_save under DeepSpeed writes resumable checkpoints only: a weights-only one is "
+                             "consolidated from the engine's shards by rank 0 while saving. Use save_weights_only="
+                             "False, or async_save=False for the weights-only checkpoints.")
+        if self.save_16bit:
+            raise ValueError("async_save under DeepSpeed does not write the 16-bit model of save_16bit_model=True "
+                             "(DeepSpeed gathers it with collectives while saving). Use save_16bit_model=False with "
+                             "async_save, or async_save=False.")
+
+    def save_checkpoint_async(self, checkpoint: dict, path: str, on_complete=None, filename=None):
+        self.check_async_save(checkpoint.get("weights_only", False))
+        from tasktrain.checkpoint_io import fsync_save, mark_done, stage_to_cpu, wait_for_marks
+
+        writer = self.checkpoint_writer
+        writer.wait()
+        path = os.path.abspath(os.fspath(path))
+        tmp = f"{path}.tmp"
+        if self.is_global_zero and os.path.isdir(tmp):
+            shutil.rmtree(tmp)  # the leftover of an interrupted save
+        self.barrier("save_engine")
+        engine = self.engine
+        staging = _staging_checkpoint_engine(engine.checkpoint_engine, writer.staged)
+        engine.checkpoint_engine = staging
+        try:
+            engine.save_checkpoint(tmp, tag=ENGINE_TAG, client_state={}, save_latest=True)
+        finally:
+            engine.checkpoint_engine = staging.inner
+        files, rank, world_size = staging.files, self.global_rank, self.world_size
+        staged = None
+        if self.is_global_zero:
+            staged = writer.staged["state"] = stage_to_cpu(checkpoint, writer.staged.get("state"))
+            staged["deepspeed"] = {"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
+                                   "world_size": world_size, "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""}
+
+        def write():
+            for file_path, state in files:
+                os.makedirs(os.path.dirname(file_path), exist_ok=True)
+                fsync_save(state, file_path)
+            mark_done(os.path.join(tmp, ENGINE_TAG), rank)
+            if rank == 0:
+                wait_for_marks(os.path.join(tmp, ENGINE_TAG), world_size)
+                fsync_save(staged, os.path.join(tmp, filename or STATE_FILE))
+                replace_dir(tmp, path)
+                if on_complete is not None:
+                    on_complete()
+
+        writer.start(write, path)
+        return writer
+
     def save_16bit_weights(self, path, hyper_parameters=None):
         """Write the consolidated 16-bit weights (our checkpoint format, weights only) to `path`. Every rank calls
         it (stage 3 gathers the partitions)."""
@@ -1184,3 +1242,39 @@ def _check_no_zero3_placeholders(obj, where):
             "every parameter. Build it with accelerator.get_state_dict(model), called on every process, which "
             "gathers the slices."
         )
+
+
+def _staging_checkpoint_engine(inner, previous):
+    """A DeepSpeed CheckpointEngine that keeps, instead of writing, a CPU copy of each file's state (save), for a
+    background thread to write; loads go to `inner`, the engine's own. `previous`: the copies of the previous save
+    by file name, copied into (and replaced) where they fit."""
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+    from tasktrain.checkpoint_io import stage_to_cpu
+
+    class StagingCheckpointEngine(CheckpointEngine):
+        def __init__(self):
+            super().__init__()
+            self.name, self.inner, self.files = "tasktrain-staging", inner, []
+
+        def create(self, info):
+            pass
+
+        def save(self, state_dict, path):
+            name = os.path.basename(path)
+            previous[name] = staged = stage_to_cpu(state_dict, previous.get(name))
+            self.files.append((path, staged))
+
+        def load(self, path, map_location=None):
+            return self.inner.load(path, map_location=map_location)
+
+        def commit(self, info):
+            return True  # the files are not written yet: the writer thread commits (renames) when they are
+
+        def is_data_parallel_writer(self, dp_rank):
+            return self.inner.is_data_parallel_writer(dp_rank)
+
+        def preserves_storage_sharing(self):
+            return False  # DeepSpeed then skips its own clone before save: stage_to_cpu's copy is the only one
+
+    return StagingCheckpointEngine()

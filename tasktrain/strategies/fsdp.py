@@ -34,6 +34,7 @@ import torch.distributed as dist
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_state_dict, format_header, link_tree,
                                      load_checkpoint_file, load_plain_state_dict, load_resumable_file, plain_name,
                                      plain_state_dict, replace_dir)
+from tasktrain.checkpoint_io import fsync_save, stage_to_cpu  # background saves
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.base import Sharded
@@ -105,6 +106,7 @@ class FSDP(Sharded, DDP):
     """
 
     name = "fsdp"
+    _checkpoint_group = None  # the gloo group of async_save's collectives (made at the first background save)
 
     def __init__(self, accelerator=None, precision=None, wrap=None, reshard_after_forward=True, cpu_offload=False,
                  state_dict_type="sharded", mixed_precision=None, activation_checkpointing=None,
@@ -549,6 +551,46 @@ class FSDP(Sharded, DDP):
         if self.is_global_zero:
             state["fsdp"] = {"world_size": self.world_size, "layout": "dcp"}
             atomic_save(state, os.path.join(directory, state_file))
+
+    def save_checkpoint_async(self, checkpoint: dict, path: str, on_complete=None, filename=None):
+        """Sharded: torch.distributed.checkpoint.async_save stages every rank's shards into CPU memory and writes them
+        in a thread (its collectives on a gloo group of their own, so they never meet training's); rank 0 stages our
+        state file. Once DCP's save is done on rank 0 every rank's shards are written and fsynced (DCP's last step
+        gathers all ranks' results before rank 0 writes .metadata): rank 0 then writes the state file and renames
+        `path`.tmp to `path`. "full" (or unsharded): one file by rank 0, as the default."""
+        shards_of = checkpoint.get("models", checkpoint.get("state_dict"))
+        if self.state_dict_type == "full" or not _holds_dtensors(shards_of):
+            return super().save_checkpoint_async(checkpoint, path, on_complete, filename)
+        import shutil
+
+        import torch.distributed.checkpoint as dcp
+
+        writer = self.checkpoint_writer
+        writer.wait()
+        path = os.path.abspath(os.fspath(path))
+        tmp = f"{path}.tmp"
+        if self.is_global_zero and os.path.isdir(tmp):
+            shutil.rmtree(tmp)  # the leftover of an interrupted save
+        if self._checkpoint_group is None:
+            self._checkpoint_group = dist.new_group(backend="gloo")  # every rank is here: a collective call is fine
+        self.barrier("fsdp_async_save_begin")
+        shards, state = _split(checkpoint)
+        future = dcp.async_save(shards, checkpoint_id=tmp, process_group=self._checkpoint_group)
+        staged = None
+        if self.is_global_zero:
+            staged = writer.staged["state"] = stage_to_cpu(state, writer.staged.get("state"))
+            staged["fsdp"] = {"world_size": self.world_size, "layout": "dcp"}
+
+        def write():
+            future.result()
+            if self.is_global_zero:
+                fsync_save(staged, os.path.join(tmp, filename or STATE_FILE))
+                replace_dir(tmp, path)
+                if on_complete is not None:
+                    on_complete()
+
+        writer.start(write, path)
+        return writer
 
     def load_checkpoint(self, path: str) -> dict:
         path = os.fspath(path)

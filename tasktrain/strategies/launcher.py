@@ -202,3 +202,40 @@ class SubprocessLauncher:
         if self._error_dir:
             shutil.rmtree(self._error_dir, ignore_errors=True)
             self._error_dir = None
+
+
+# -- restarts (issue 29) ------------------------------------------------------------------------------------------
+def run_under_elastic_agent(num_processes, max_restarts, num_nodes=1):
+    """Trainer(max_restarts=N) in a plain `python train.py`: this process becomes torch's elastic agent
+    (`python -m torch.distributed.run --standalone --nproc-per-node P --max-restarts N train.py ...`, exec'd in its
+    place), which starts the workers and restarts all of them after a failure; the script runs again from its
+    start in each worker, as under torchrun. Does not return."""
+    if num_nodes > 1:
+        raise RuntimeError(f"Trainer(max_restarts={max_restarts}) with num_nodes={num_nodes}: run `tasktrain launch "
+                           f"--num_machines {num_nodes} --max_restarts {max_restarts} ...` on every machine.")
+    cmd = _command()
+    script = ["--module", cmd[2], *cmd[3:]] if cmd[1] == "-m" else cmd[1:]
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(num_processes),
+            "--max-restarts", str(max_restarts), *script]
+    env = dict(os.environ)
+    # torch 2.13: restarted workers must not reuse the rendezvous store (see tasktrain/cli/main.py)
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    print(f"[tasktrain] max_restarts={max_restarts}: starting {num_processes} processes under torch's elastic "
+          "agent (torch.distributed.run); the script starts again in each.", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, args, env)
+
+
+def check_restarts(max_restarts):
+    """Under a launcher, Trainer(max_restarts=N) must be what the launcher does (it restarts, not the Trainer)."""
+    launched = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
+    if launched is None:
+        raise RuntimeError(f"Trainer(max_restarts={max_restarts}): these processes were not started by torch's "
+                           "elastic agent (torchrun / tasktrain launch), which is what restarts them. Start the "
+                           f"script with `tasktrain launch --max_restarts {max_restarts} ...`, or plainly (`python "
+                           "train.py`: the Trainer starts the agent itself).")
+    if int(launched) != max_restarts:
+        raise RuntimeError(f"Trainer(max_restarts={max_restarts}), but the launcher restarts up to {launched} times "
+                           f"(--max_restarts / --max-restarts): make them agree, or leave max_restarts out of the "
+                           "Trainer.")

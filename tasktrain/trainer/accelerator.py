@@ -470,7 +470,7 @@ class Accelerator:
                                 f"{type(obj).__name__} has not both.")
             self._custom.append(obj)
 
-    def save_state(self, output_dir=None, safe_serialization=True, layout="tasktrain"):
+    def save_state(self, output_dir=None, safe_serialization=True, layout="tasktrain", async_save=False):
         """Save everything needed to continue exactly: models, optimizers, schedulers, GradScaler, the position of
         every prepared loader, registered objects and every rank's RNG. Call it on every process.
 
@@ -480,7 +480,12 @@ class Accelerator:
 
         layout="accelerate" writes Accelerate's files (model.safetensors, optimizer.bin, scheduler.bin,
         random_states_{i}.pkl, custom_checkpoint_{i}.pkl; pytorch_model.bin with safe_serialization=False), which
-        Accelerate's load_state reads, plus our accelerator_state.pt with the loaders' positions."""
+        Accelerate's load_state reads, plus our accelerator_state.pt with the loaders' positions.
+
+        async_save=True (issue 29, docs/checkpointing.md): returns once the state is copied into CPU memory; the
+        directory is written in the background as output_dir.tmp and renamed to output_dir (replacing it) only once
+        every rank's files are complete; total_limit's old checkpoints go only then. A save_state while one is in
+        flight waits for it first; end_training waits for the last. accelerator.wait_for_checkpoint() waits now."""
         if layout not in ("tasktrain", "accelerate"):
             raise ValueError(f"save_state(layout={layout!r}): use 'tasktrain' or 'accelerate'.")
         if not safe_serialization and layout != "accelerate":
@@ -502,6 +507,9 @@ class Accelerator:
                 raise ValueError(f"{output_dir} exists already: set accelerator.project_configuration.iteration to "
                                  "the next free number (load_state() without a directory does it).")
         output_dir = os.fspath(output_dir)
+        if async_save:  # issue 29
+            return self._save_state_async(output_dir, layout, automatic)
+        self.strategy.wait_for_checkpoint()  # issue 29: a background save in flight ends first
         with self.long_event("save_state"):  # may take long: not a stall (issue 19)
             self._save_state(output_dir, layout, safe_serialization)
         if automatic:
@@ -514,7 +522,31 @@ class Accelerator:
                 self.wait_for_everyone()
         return output_dir
 
-    def _save_state(self, output_dir, layout="tasktrain", safe_serialization=True):
+    def _save_state_async(self, output_dir, layout, automatic):  # issue 29
+        if layout != "tasktrain":
+            raise ValueError("save_state(async_save=True) writes tasktrain's layout only (Accelerate's files are "
+                             "written by its own functions, in this thread): drop layout='accelerate', or save "
+                             "synchronously.")
+        config = self.project_configuration
+        limit = config.total_limit if automatic else None
+        parent = os.path.dirname(os.path.abspath(output_dir))
+
+        def on_complete():  # rank 0, in the writer's thread, once every rank's files are in place
+            if limit is not None:
+                for old in _numbered_checkpoints(parent)[:-limit]:
+                    ckpt_io.remove_path(old)
+
+        with self.long_event("save_state"):
+            self._save_state(output_dir, writer_done=on_complete)
+        if automatic:
+            config.iteration += 1
+        return output_dir
+
+    def wait_for_checkpoint(self):
+        """Block until this process's background save_state(async_save=True) is written (issue 29)."""
+        self.strategy.wait_for_checkpoint()
+
+    def _save_state(self, output_dir, layout="tasktrain", safe_serialization=True, writer_done=None):
         if self._window_has_grads:
             warnings.warn("save_state inside a gradient accumulation window: the gradients accumulated so far are not "
                           "saved, so a resume from here redoes the window without them. Save after optimizer.step() "
@@ -522,6 +554,9 @@ class Accelerator:
         state = self._run_state().state_dict()
         if layout != "tasktrain":
             state = self._write_layout(output_dir, layout, state, safe_serialization)
+        if writer_done is not None:  # issue 29: async_save, written in the background
+            self.strategy.save_checkpoint_async(state, output_dir, on_complete=writer_done, filename=STATE_FILE)
+            return
         self.strategy.save_checkpoint_into(output_dir, state, STATE_FILE)
         self.wait_for_everyone()
 
@@ -564,6 +599,7 @@ class Accelerator:
         each prepared loader continues where it stopped (`loader.epoch` tells the epoch to resume). Without
         input_dir, under automatic checkpoint naming: the newest project_dir/checkpoints/checkpoint_{i}, and the
         next save_state() writes checkpoint_{i + 1}."""
+        self.strategy.wait_for_checkpoint()  # issue 29: a background save_state in flight ends first
         config = self.project_configuration
         if input_dir is None:
             if not config.automatic_checkpoint_naming or config.project_dir is None:
@@ -731,6 +767,7 @@ class Accelerator:
         if self._ended:
             return
         self._ended = True
+        self.strategy.wait_for_checkpoint(release=True)  # issue 29: a background save_state in flight ends first
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []

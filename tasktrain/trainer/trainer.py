@@ -90,6 +90,7 @@ class Trainer:
         plugins=None,
         sync_batchnorm=False,
         reload_dataloaders_every_n_epochs=0,
+        max_restarts=0,
     ):
         # The launch config, the strategy and its precision, the accumulation: the Accelerator's rules too.
         # Arguments left at their defaults count as not given, so that `tasktrain launch`'s config fills them.
@@ -108,6 +109,10 @@ class Trainer:
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
         self.stall_timeout = runtime.stall_timeout
+        # issue 29: restarts by torch's elastic agent (read by the strategy's setup_environment)
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise ValueError(f"Trainer(max_restarts={max_restarts!r}): use 0 (no restart) or a positive number.")
+        self.max_restarts = self.strategy.max_restarts = max_restarts
         # profiler (tasktrain/profilers.py): without one each loop action is a `with` on a shared no-op context.
         # Bound again at each run's start (the tuner sets the profiler aside for its trials).
         self.profiler = resolve_profiler(profiler)
@@ -587,12 +592,15 @@ class Trainer:
                 if self.is_global_zero:
                     logger.finalize(status)
             self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
+            write_error = self._wait_for_checkpoint_write(status)  # issue 29: fit end, error, SIGTERM: wait for it
             self.strategy.teardown()
             self._metrics = None
             if self.profiler is not None:
                 self.profiler.describe()
                 self.profiler.teardown(stage)
                 self._profile = _no_profile  # a save_checkpoint after the run would restart a torn-down profiler
+            if write_error is not None:  # issue 29: a failed background write, raised once the rest is torn down
+                raise write_error
 
     # -- fit ---------------------------------------------------------------------------------------------------------
     def _fit(self, module, train_loader, val_loader, ckpt_path):
@@ -643,6 +651,7 @@ class Trainer:
             _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
 
         restore_rng = None
+        ckpt_path = self._restart_ckpt_path(ckpt_path)  # issue 29: a restarted worker resumes from the newest
         if ckpt_path is not None:
             resumed = self._restore(ckpt_path)
             if self._datamodule_restored:  # the loader hooks see the DataModule's restored state, as in Lightning
@@ -1237,6 +1246,7 @@ class Trainer:
         """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
         started = time.perf_counter()
         with self.long_event("save_checkpoint"):  # may take long: not a stall (issue 19)
+            self.strategy.wait_for_checkpoint()  # issue 29: a background write in flight ends first ("last" moves forward)
             with self._profile("save_checkpoint"):
                 checkpoint = self.dump_checkpoint(weights_only)
                 self.strategy.save_checkpoint(checkpoint, filepath)
@@ -1262,6 +1272,22 @@ class Trainer:
             self._watchdog.disarm()
             self._watching = False
         self._watchdog = None  # the trainer stays picklable between runs
+
+    def _restart_ckpt_path(self, ckpt_path):  # issue 29 (the rule: checkpoint_io.restart_checkpoint)
+        resolved = ckpt_io.restart_checkpoint(self.default_root_dir, ckpt_path)
+        if ckpt_io.restart_count() and self.is_global_zero:
+            print(f"[tasktrain] restart {ckpt_io.restart_count()} of this launch: resuming from "
+                  f"{resolved or 'scratch (no complete checkpoint of this launch yet)'}", flush=True)
+        return resolved
+
+    def _wait_for_checkpoint_write(self, status):  # issue 29: returns the write's error, for _teardown to raise
+        try:
+            self.strategy.wait_for_checkpoint(release=True)
+        except Exception as err:
+            if status != "failed":
+                return err
+            print(f"[tasktrain] {err}", file=sys.stderr, flush=True)  # the run's own error is the one raised
+        return None
 
     def _resolve_ckpt_path(self, ckpt_path):
         if ckpt_path == "best":

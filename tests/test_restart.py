@@ -1,0 +1,92 @@
+"""Automatic restarts with background checkpoints (issue 29), with real processes.
+
+`tasktrain launch --num_processes 2 --max_restarts 3` runs restart_scripts/train.py (2 gloo processes, a tiny
+model, ModelCheckpoint(async_save=True) at every step); a rank picked at random (fixed seed) is SIGKILLed at three
+moments, one of them inside a background write. torch's elastic agent restarts both workers each time and the fit,
+given no ckpt_path, resumes from the newest complete checkpoint of the launch. The end must be bitwise the
+uninterrupted run's: the weights, every rank's optimizer state and the sample ids of every step.
+"""
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "restart_scripts", "train.py")
+ROOT = os.path.dirname(HERE)
+
+
+def launch(root, strategy, kills="", timeout=420, plain=False):
+    """tasktrain launch --max_restarts 3 (plain=True: `python train.py` with Trainer(max_restarts=3))."""
+    os.makedirs(root, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TASKTRAIN_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    script = [SCRIPT, "--strategy", strategy, "--root", str(root), "--out", os.path.join(root, "out")]
+    if plain:
+        cmd = [sys.executable, *script, "--trainer-restarts", "3"]
+    else:
+        cmd = [sys.executable, "-m", "tasktrain.cli", "launch", "--num_processes", "2", "--use_cpu", "--max_restarts",
+               "3", *script]
+    if kills:
+        cmd += ["--kills", kills]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [torch.load(os.path.join(root, f"out.rank{r}.pt"), weights_only=True) for r in range(2)], proc
+
+
+def kill_plan(seed):
+    """Three (step, rank, when) moments: increasing steps (each attempt gets past the previous one's checkpoint),
+    one of them inside a background write."""
+    rng = random.Random(seed)
+    steps = sorted(rng.sample(range(2, 11), 3))
+    whens = ["step", "write", "step"]
+    rng.shuffle(whens)
+    return ",".join(f"{s}:{rng.randrange(2)}:{w}" for s, w in zip(steps, whens))
+
+
+REFERENCES = {}
+
+
+def reference(strategy, tmp_path_factory):
+    """The uninterrupted run of `strategy` (once per test session)."""
+    if strategy not in REFERENCES:
+        REFERENCES[strategy], _ = launch(tmp_path_factory.mktemp(f"reference-{strategy}"), strategy)
+    return REFERENCES[strategy]
+
+
+def assert_same_end(ref_ranks, got_ranks, plan, output):
+    for rank in range(2):
+        ref, got = ref_ranks[rank], got_ranks[rank]
+        assert got["attempt"] == 3, f"{plan}: expected the fourth attempt to finish (3 restarts)\n{output[-4000:]}"
+        assert got["global_step"] == ref["global_step"] == 12
+        assert got["samples"] == ref["samples"], plan
+        assert ref["weights"].keys() == got["weights"].keys()
+        for name in ref["weights"]:
+            assert torch.equal(ref["weights"][name], got["weights"][name]), (plan, name)
+        assert len(ref["optimizer"]) == len(got["optimizer"]) > 0
+        for a, b in zip(ref["optimizer"], got["optimizer"]):
+            assert torch.equal(a, b), plan
+    assert output.count("restart ") >= 3  # "[tasktrain] restart N of this launch: resuming from ..."
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
+def test_killed_three_times_ends_bitwise_as_uninterrupted(tmp_path, tmp_path_factory, strategy):
+    plan = kill_plan(seed={"ddp": 0, "zero2": 1, "fsdp": 2}[strategy])
+    restarted, proc = launch(tmp_path / "killed", strategy, kills=plan)
+    assert_same_end(reference(strategy, tmp_path_factory), restarted, plan, proc.stdout + proc.stderr)
+
+
+@pytest.mark.timeout(600)
+def test_trainer_max_restarts_starts_the_elastic_agent_itself(tmp_path, tmp_path_factory):
+    """`python train.py` with Trainer(strategy="ddp", devices=2, max_restarts=3): the process becomes torch's elastic
+    agent, and the same three kills end as the uninterrupted run."""
+    plan = kill_plan(seed=3)
+    restarted, proc = launch(tmp_path / "killed", "ddp", kills=plan, plain=True)
+    output = proc.stdout + proc.stderr
+    assert "under torch's elastic agent" in output
+    assert_same_end(reference("ddp", tmp_path_factory), restarted, plan, output)
