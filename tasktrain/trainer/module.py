@@ -1,8 +1,10 @@
 """TaskModule: the user's model plus the hooks the Trainer calls."""
 import contextlib
 import copy
+import functools
 import inspect
 import numbers
+import sys
 
 import torch
 
@@ -462,8 +464,41 @@ def _is_plain(value):
     return isinstance(value, (numbers.Number, str, bool, type(None), list, tuple, dict))
 
 
-def is_overridden(name, obj, base) -> bool:
-    if name in getattr(obj, "__dict__", {}):
-        return True  # set on the instance (LambdaCallback): it replaces the class's method
-    impl = getattr(type(obj), name, None)
-    return impl is not None and impl is not getattr(base, name, None)
+def is_overridden(name, obj=None, base=None) -> bool:
+    """Whether `obj` replaces `base`'s `name` (Lightning's rule): an attribute set to None is not an override (the
+    way to switch a hook off: `model.validation_step = None`); wrappers (functools.wraps, partial, Mock(wraps=...))
+    are looked through, so a hook wrapped by a test or a decorator is judged, and called, once, as what it wraps."""
+    if obj is None:
+        return False
+    if base is None:  # Lightning's signature: the base class is the one of TaskModule / DataModule / Callback
+        from tasktrain.callbacks.base import Callback
+        from tasktrain.trainer.datamodule import DataModule
+
+        base = next((b for b in (TaskModule, DataModule, Callback) if isinstance(obj, b)), None)
+        if base is None:
+            raise ValueError(f"is_overridden({name!r}, {type(obj).__name__}): pass the base class as the third "
+                             "argument (it is not a TaskModule, DataModule or Callback).")
+    impl = _unwrapped(getattr(obj, name, None))
+    if impl is None:
+        return False
+    base_impl = _unwrapped(getattr(base, name, None))
+    if base_impl is None:
+        return True  # the base does not define it (validation_step, refused hooks): any definition is an override
+    code = getattr(impl, "__code__", None)
+    if code is None:
+        return True  # a callable object set in the hook's place
+    return code is not getattr(base_impl, "__code__", None)
+
+
+def _unwrapped(fn):
+    mock = sys.modules.get("unittest.mock")  # not imported: no Mock can exist
+    for _ in range(100):  # a chain of wrappers; bounded against a wrapper that wraps itself
+        if mock is not None and isinstance(fn, mock.Mock):
+            fn = fn._mock_wraps
+        elif isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__") and not isinstance(fn, type):
+            fn = fn.__wrapped__
+        else:
+            break
+    return fn

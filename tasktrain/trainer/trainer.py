@@ -405,9 +405,16 @@ class Trainer:
 
     def _data_hook(self, name, module):
         """The DataModule's `name` where it overrides it (it wins, as in Lightning), else the module's, or None."""
+        module_has = is_overridden(name, module, TaskModule)
         if self.datamodule is not None and is_overridden(name, self.datamodule, DataModule):
+            if module_has:  # one of them runs (Lightning's rule and warning), never both
+                warnings.warn(f"{name} is overridden in both {type(module).__name__} and "
+                              f"{type(self.datamodule).__name__}: the DataModule's runs, the module's does not.")
             return getattr(self.datamodule, name)
-        return getattr(module, name) if is_overridden(name, module, TaskModule) else None
+        if module_has and self.datamodule is not None:
+            warnings.warn(f"{name} is overridden in {type(module).__name__} and a DataModule was passed that does "
+                          "not override it: the module's runs.")
+        return getattr(module, name) if module_has else None
 
     def _loader_of(self, module, name):
         """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module."""
@@ -554,7 +561,7 @@ class Trainer:
                 )
         elif stage in ("validate", "test"):
             name = "validation_step" if stage == "validate" else "test_step"
-            if not hasattr(module, name):
+            if not is_overridden(name, module, TaskModule):
                 raise NotImplementedError(f"Trainer.{stage} needs {type(module).__name__}.{name}(self, batch, batch_idx).")
 
     def _on_failure(self, exc):
@@ -599,7 +606,7 @@ class Trainer:
             raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
                              "train_dataloader() on the module.")
         val_loader = val_loader if val_loader is not None else self._loader_of(module, "val_dataloader")
-        has_val = val_loader is not None and hasattr(module, "validation_step")
+        has_val = val_loader is not None and is_overridden("validation_step", module, TaskModule)
         if self.sync_batchnorm and strategy.world_size > 1:
             if strategy.root_device.type == "cpu":
                 raise ValueError("sync_batchnorm=True: torch's SyncBatchNorm runs on GPUs only, and this run is on "

@@ -1,0 +1,97 @@
+"""Issue 25: Lightning scripts behave as under Lightning 2.6.6 (override detection, the progress bar with several
+loaders, names scripts import, ...). The hook call sequences are in tests/test_lightning_hook_order.py."""
+import functools
+import warnings
+from unittest import mock
+
+import pytest
+import torch
+
+from helpers import Linear, loader, quiet
+from tasktrain import Callback, DataModule, TaskModule, Trainer
+from tasktrain.utilities import is_overridden
+
+
+# -- 1. override detection ------------------------------------------------------------------------------------------
+def test_a_hook_set_to_none_is_not_overridden_and_switches_validation_off():
+    module = Linear()
+    module.validation_step = None
+    assert not is_overridden("validation_step", module)
+    trainer = Trainer(max_epochs=1, **quiet(num_sanity_val_steps=2))
+    trainer.fit(module, loader(16), loader(8))  # with validation_step None: no validation loop, no crash
+    assert trainer.global_step == 2 and "val_loss" not in trainer.callback_metrics
+    with pytest.raises(NotImplementedError, match="validation_step"):
+        trainer.validate(module, loader(8))
+    module.on_train_epoch_end = None  # a base hook switched off: not called, no crash
+    Trainer(max_epochs=1, **quiet()).fit(module, loader(8))
+
+
+def test_wrapped_hooks_are_unwrapped_and_called_once():
+    calls = []
+
+    class Counting(Linear):
+        def on_train_epoch_start(self):
+            calls.append("epoch_start")
+
+    module = Counting()
+    assert is_overridden("on_train_epoch_start", module)
+    # functools.wraps over a base hook: what it wraps is the base's, so it is not an override
+    base_hook = module.on_fit_start
+    wrapped = functools.wraps(base_hook)(lambda *a: base_hook(*a))
+    module.on_fit_start = wrapped
+    assert not is_overridden("on_fit_start", module)
+    # a partial (Lightning's test harness) and a Mock(wraps=...) over the override: still one override, called once
+    module.on_train_epoch_start = functools.update_wrapper(functools.partial(module.on_train_epoch_start),
+                                                           module.on_train_epoch_start)
+    assert is_overridden("on_train_epoch_start", module)
+    spy = mock.Mock(wraps=module.on_train_epoch_start)
+    module.on_train_epoch_start = spy
+    assert is_overridden("on_train_epoch_start", module)
+    assert not is_overridden("on_train_epoch_end", module, TaskModule)
+    module.on_train_epoch_end = mock.Mock()  # a Mock wrapping nothing: not an override (Lightning's rule)
+    assert not is_overridden("on_train_epoch_end", module)
+    Trainer(max_epochs=2, **quiet()).fit(module, loader(8))
+    assert calls == ["epoch_start"] * 2 and spy.call_count == 2
+    # a callback's hook wrapped the same way
+    cb = Callback()
+    cb.on_train_end = mock.Mock(wraps=Callback.on_train_end)
+    assert not is_overridden("on_train_end", cb)
+    with pytest.raises(ValueError, match="base class"):
+        is_overridden("forward", torch.nn.Linear(1, 1))
+
+
+class _Data(DataModule):
+    def train_dataloader(self):
+        return loader(8)
+
+
+def test_datamodule_transfer_hooks_run_instead_of_the_modules_one_set_per_hook():
+    seen = []
+
+    class ModuleHooks(Linear):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            seen.append("module.before")
+            return batch
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            seen.append("module.after")
+            return batch
+
+    class DataHooks(_Data):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            seen.append("datamodule.before")
+            return batch
+
+    with pytest.warns(UserWarning) as record:
+        Trainer(max_steps=1, **quiet()).fit(ModuleHooks(), datamodule=DataHooks())
+    # Lightning decides per hook: the DataModule's where it overrides one (warning: the module's is not run),
+    # else the module's (warning: a DataModule was given that does not override it)
+    assert seen == ["datamodule.before", "module.after"]
+    messages = " | ".join(str(w.message) for w in record)
+    assert "on_before_batch_transfer is overridden in both" in messages
+    assert "on_after_batch_transfer is overridden in ModuleHooks and a DataModule" in messages
+    seen.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no DataModule: no warning
+        Trainer(max_steps=1, **quiet()).fit(ModuleHooks(), loader(8))
+    assert seen == ["module.before", "module.after"]
