@@ -95,3 +95,77 @@ def test_datamodule_transfer_hooks_run_instead_of_the_modules_one_set_per_hook()
         warnings.simplefilter("error")  # no DataModule: no warning
         Trainer(max_steps=1, **quiet()).fit(ModuleHooks(), loader(8))
     assert seen == ["module.before", "module.after"]
+
+
+# -- 2. the progress bar with several evaluation loaders; get_metrics ------------------------------------------------
+class _TwoLoaders(Linear):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("val_loss", torch.nn.functional.mse_loss(self(batch[0]), batch[1]), prog_bar=True)
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("test_loss", torch.nn.functional.mse_loss(self(batch[0]), batch[1]))
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_default_progress_bar_with_two_validation_and_test_loaders(tty, tmp_path):
+    import io
+
+    from tasktrain import CSVLogger
+    from tasktrain.callbacks.progress import ProgressBar
+
+    class Stream(io.StringIO):
+        def isatty(self):
+            return tty
+
+    stream = Stream()
+    bar = ProgressBar(file=stream, min_interval=0)
+    trainer = Trainer(max_epochs=1, callbacks=[bar], logger=CSVLogger(str(tmp_path)), enable_checkpointing=False)
+    trainer.fit(_TwoLoaders(), loader(16), [loader(8), loader(16)])
+    metrics = bar.get_metrics(trainer, trainer.module)
+    # Lightning's: the logger's version as v_num, then the prog_bar values
+    assert metrics["v_num"] == 0 and set(metrics) == {"v_num", "val_loss/dataloader_idx_0", "val_loss/dataloader_idx_1"}
+    assert "Epoch 0" in stream.getvalue() and "v_num" in stream.getvalue()
+    results = trainer.test(_TwoLoaders(), [loader(8), loader(8)], verbose=False)
+    assert len(results) == 2
+
+
+def test_progress_bar_get_metrics_keeps_epoch_end_values_and_warns_on_v_num():
+    from tasktrain.callbacks.progress import ProgressBar
+
+    class EpochMetrics(Linear):
+        def training_step(self, batch, batch_idx):
+            self.log_dict({"step_metric": torch.tensor(-1.0), "shared_metric": 100.0}, logger=False, prog_bar=True)
+            return super().training_step(batch, batch_idx)
+
+        def on_train_epoch_end(self):
+            self.log_dict({f"epoch_metric_{self.current_epoch}": float(self.current_epoch), "shared_metric": 111.0},
+                          logger=False, prog_bar=True)
+
+    bar = ProgressBar(file=__import__("io").StringIO())
+    trainer = Trainer(max_epochs=3, callbacks=[bar], logger=False, enable_checkpointing=False)
+    trainer.fit(EpochMetrics(), loader(16))
+    metrics = bar.get_metrics(trainer, trainer.module)
+    assert metrics["step_metric"] == -1 and metrics["shared_metric"] == 111
+    assert [metrics[f"epoch_metric_{i}"] for i in range(3)] == [0, 1, 2] and "v_num" not in metrics
+
+    class Override(ProgressBar):
+        def get_metrics(self, trainer, module):
+            items = super().get_metrics(trainer, module)
+            items.pop("v_num", None)
+            return items
+
+    class LogsVNum(Linear):
+        def training_step(self, batch, batch_idx):
+            self.log("v_num", 5.0, prog_bar=True)
+            return super().training_step(batch, batch_idx)
+
+    from tasktrain import CSVLogger
+
+    with pytest.warns(UserWarning, match="already shows v_num"):
+        Trainer(max_epochs=1, callbacks=[ProgressBar(file=__import__("io").StringIO())], enable_checkpointing=False,
+                logger=CSVLogger(__import__("tempfile").mkdtemp())).fit(LogsVNum(), loader(8))
+    override = Override(file=__import__("io").StringIO())
+    trainer = Trainer(max_epochs=1, callbacks=[override], enable_checkpointing=False,
+                      logger=CSVLogger(__import__("tempfile").mkdtemp()))
+    trainer.fit(Linear(), loader(8))
+    assert "v_num" not in override.get_metrics(trainer, trainer.module)

@@ -358,7 +358,8 @@ class Trainer:
 
     @property
     def progress_bar_metrics(self):
-        return self._metrics.progress_bar_metrics() if self._metrics else {}
+        # kept after the run, as in Lightning (a progress bar's get_metrics after fit)
+        return self._metrics.progress_bar_metrics() if self._metrics else getattr(self, "_progress_bar_cache", {})
 
     # -- hooks -----------------------------------------------------------------------------------------------------
     def _build_hooks(self, module):
@@ -590,6 +591,7 @@ class Trainer:
                 if self.is_global_zero:
                     logger.finalize(status)
             self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
+            self._progress_bar_cache = self._metrics.progress_bar_metrics() if self._metrics else {}
             self.strategy.teardown()
             self._metrics = None
             if self.profiler is not None:
