@@ -359,7 +359,9 @@ class Trainer:
     @property
     def progress_bar_metrics(self):
         # kept after the run, as in Lightning (a progress bar's get_metrics after fit)
-        return self._metrics.progress_bar_metrics() if self._metrics else getattr(self, "_progress_bar_cache", {})
+        # kept after the run, as in Lightning (a progress bar's get_metrics after fit): read from the last run's store
+        store = self._metrics or getattr(self, "_last_metrics", None)
+        return store.progress_bar_metrics() if store else {}
 
     # -- hooks -----------------------------------------------------------------------------------------------------
     def _build_hooks(self, module):
@@ -591,7 +593,7 @@ class Trainer:
                 if self.is_global_zero:
                     logger.finalize(status)
             self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
-            self._progress_bar_cache = self._metrics.progress_bar_metrics() if self._metrics else {}
+            self._last_metrics = self._metrics
             self.strategy.teardown()
             self._metrics = None
             if self.profiler is not None:
