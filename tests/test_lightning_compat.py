@@ -169,3 +169,61 @@ def test_progress_bar_get_metrics_keeps_epoch_end_values_and_warns_on_v_num():
                       logger=CSVLogger(__import__("tempfile").mkdtemp()))
     trainer.fit(Linear(), loader(8))
     assert "v_num" not in override.get_metrics(trainer, trainer.module)
+
+
+# -- 3. manual optimisation on DDP: two optimizers (a GAN), training_step without batch_idx --------------------------
+@pytest.fixture(scope="module")
+def ddp_facts(tmp_path_factory):
+    import json
+    import sys
+
+    from ddp_scripts.common import run, script
+
+    out = tmp_path_factory.mktemp("lightning_compat_ddp")
+    code, stdout, stderr, _ = run([sys.executable, script("lightning_compat_ddp.py"), str(out),
+                                   "ddp_find_unused_parameters_true"], 240, str(out))
+    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    return [json.load(open(out / f"rank{r}.json")) for r in (0, 1)]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_gan_with_two_optimizers_on_two_ddp_processes_trains_as_one_process(ddp_facts):
+    from ddp_scripts.lightning_compat_ddp import fit_gan
+
+    # the reference: one process, the batches of both ranks together (each rank's loss is a mean over 4 samples,
+    # DDP averages the gradients: the mean over the 8)
+    trainer, reference = fit_gan(8, **quiet(enable_model_summary=False))
+    assert trainer.global_step == 16  # 2 epochs x 4 batches x 2 optimizers, training_step(self, batch)
+    for facts in ddp_facts:
+        assert facts["global_step"] == 16
+        for got, want in zip(facts["gan"], reference):
+            assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_step_methods_without_batch_idx_get_the_batch_alone():
+    seen = []
+
+    class NoIndex(Linear):
+        def training_step(self, batch):
+            seen.append("train")
+            return torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+
+        def validation_step(self, batch):
+            seen.append("val")
+
+        def predict_step(self, batch):
+            return self(batch[0])
+
+    class OtherNames(Linear):
+        def training_step(self, x1, batch_nb1):  # any names: two parameters get the batch index
+            assert isinstance(batch_nb1, int)
+            seen.append(batch_nb1)
+            return torch.nn.functional.mse_loss(self(x1[0]), x1[1])
+
+    Trainer(max_epochs=1, **quiet()).fit(NoIndex(), loader(16), loader(8))
+    assert seen == ["train", "train", "val"]
+    assert len(Trainer(**quiet()).predict(NoIndex(), loader(16))) == 2
+    seen.clear()
+    Trainer(max_epochs=1, **quiet()).fit(OtherNames(), loader(16))
+    assert seen == [0, 1]

@@ -30,7 +30,7 @@ from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
-from tasktrain.strategies.base import Plan, Strategy
+from tasktrain.strategies.base import Plan, Strategy, step_arguments
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, no_mark
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices, resume_point
 from tasktrain.trainer.datamodule import DataModule
@@ -1055,7 +1055,7 @@ class Trainer:
                     metrics.set_batch(batch)
                     for fn in hooks[f"on_{prefix}_batch_start"]:
                         fn(batch, batch_idx, *extra)
-                    outputs = eval_step(step_fn, batch, batch_idx, *extra)
+                    outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
                     for fn in hooks[f"on_{prefix}_batch_end"]:
                         fn(outputs, batch, batch_idx, *extra)
                     mark("fetching a batch", step, batch_idx + 1)
@@ -1106,7 +1106,7 @@ class Trainer:
                     mark("predict_step", step, batch_idx, batch_idx == 0)
                     batch = self._eval_to_device(batch, dataloader_idx)
                     self._call("on_predict_batch_start", batch, batch_idx, *extra)
-                    out = eval_step(module.predict_step, batch, batch_idx, *extra)
+                    out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
                     if keep:
                         predictions.append(out)
                     self._call("on_predict_batch_end", out, batch, batch_idx, *extra)
