@@ -227,3 +227,111 @@ def test_step_methods_without_batch_idx_get_the_batch_alone():
     seen.clear()
     Trainer(max_epochs=1, **quiet()).fit(OtherNames(), loader(16))
     assert seen == [0, 1]
+
+
+# -- 4. torchmetrics Metric objects in self.log -------------------------------------------------------------------
+class _Classifier(TaskModule):
+    """Lightning's torchmetrics pattern: a metric per stage as attributes, the step calls it, self.log gets it."""
+
+    def __init__(self):
+        super().__init__()
+        import torchmetrics
+
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(4, 3)
+        self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+        self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+        self.val_mae = torchmetrics.MeanAbsoluteError()
+        self.val_batches = []
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.train_acc(logits, y)  # forward: updates the state, returns the batch's accuracy
+        self.log("train_acc", self.train_acc, on_step=True, on_epoch=True)
+        return torch.nn.functional.cross_entropy(logits, y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.val_batches.append((logits.detach().clone(), y.clone()))
+        self.val_acc.update(logits, y)  # update alone: nothing on_step, the epoch's value at its end
+        self.val_mae(logits.argmax(-1).float(), y.float())
+        self.log("val_acc", self.val_acc, metric_attribute="val_acc")
+        self.log("val_mae", self.val_mae, prog_bar=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _class_data(n=24, seed=0):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)),
+                      batch_size=8)
+
+
+def test_torchmetrics_metric_objects_are_logged_as_lightning_logs_them():
+    pytest.importorskip("torchmetrics")  # the optional extra: requirements-dev.txt pins it, so the tests run it
+    module = _Classifier()
+    seen = {}
+
+    class Watch(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.setdefault("step", []).append(float(trainer.callback_metrics["train_acc"]))
+            seen.setdefault("forward", []).append(float(module.train_acc._forward_cache))
+
+    trainer = Trainer(max_epochs=2, callbacks=[Watch()], **quiet())
+    trainer.fit(module, _class_data(), _class_data(16, seed=1))
+    # on_step: the value of each step's forward
+    assert seen["step"] == seen["forward"] and len(seen["step"]) == 6
+    # on_epoch: compute() over the epoch, then reset (the state is empty again after each epoch)
+    logits, y = torch.cat([b[0] for b in module.val_batches[-2:]]), torch.cat([b[1] for b in module.val_batches[-2:]])
+    assert float(trainer.callback_metrics["val_acc"]) == pytest.approx(float((logits.argmax(-1) == y).float().mean()))
+    assert float(trainer.callback_metrics["val_mae"]) == pytest.approx(
+        float((logits.argmax(-1).float() - y.float()).abs().mean()))
+    assert {"train_acc", "train_acc_epoch", "val_acc", "val_mae"} <= set(trainer.callback_metrics)
+    assert int(module.val_acc.tp.sum() + module.val_acc.fn.sum()) == 0 and module.train_acc._update_count == 0
+    results = trainer.validate(module, _class_data(16, seed=1), verbose=False)
+    assert results[0]["val_acc"] == pytest.approx(float(trainer.callback_metrics["val_acc"]))
+
+    class Wrong(_Classifier):
+        def validation_step(self, batch, batch_idx):
+            self.val_acc.update(self(batch[0]), batch[1])
+            self.log("val_acc", self.val_acc, metric_attribute="train_acc")
+
+    with pytest.raises(ValueError, match="is not self.train_acc"):
+        Trainer(max_epochs=1, **quiet()).validate(Wrong(), _class_data())
+
+
+def test_torchmetrics_is_imported_only_when_a_metric_is_logged():
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from helpers import Linear, loader, quiet; import tasktrain; "
+            "tasktrain.Trainer(max_steps=1, **quiet()).fit(Linear(), loader(8)); "
+            "assert 'torchmetrics' not in sys.modules, 'imported'")
+    import os
+
+    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_a_logged_metric_on_two_processes_is_the_metric_over_the_whole_data_set(ddp_facts):
+    pytest.importorskip("torchmetrics")
+    from ddp_scripts.lightning_compat_ddp import Scored, class_data
+
+    x, y = class_data()
+    with torch.no_grad():
+        whole = float((Scored()(x).argmax(-1) == y).float().mean())
+    # each rank computed on its own shard; the metric's compute() synchronised them: the whole set's accuracy
+    assert ddp_facts[0]["val_acc"] == ddp_facts[1]["val_acc"] == pytest.approx(whole, abs=1e-6)
+    shard0 = float((Scored()(x[0::2]).argmax(-1) == y[0::2]).float().mean())
+    assert shard0 != pytest.approx(whole)  # (the data makes the test able to fail: a shard alone differs)

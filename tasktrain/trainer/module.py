@@ -302,10 +302,10 @@ class TaskModule(torch.nn.Module):
         if sync_dist_group is not None:
             raise ValueError(f"self.log({name!r}, sync_dist_group=...): tasktrain reduces over all ranks only; use "
                              "sync_dist=True, or self.all_gather and reduce the part you need yourself.")
-        if metric_attribute is not None:
-            raise ValueError(f"self.log({name!r}, metric_attribute={metric_attribute!r}): tasktrain's self.log takes "
-                             "numbers and scalar tensors, not Metric objects, so there is no metric state to restore. "
-                             "Log metric.compute() (and reset it yourself at the epoch's end).")
+        if metric_attribute is not None and getattr(self, metric_attribute, None) is not value:
+            # Lightning names the attribute that holds a logged Metric with it: it must be that attribute
+            raise ValueError(f"self.log({name!r}, metric_attribute={metric_attribute!r}): the value logged is not "
+                             f"self.{metric_attribute}. Pass the Metric that attribute holds, or drop metric_attribute.")
         if rank_zero_only:
             if sync_dist:
                 raise ValueError(f"self.log({name!r}, rank_zero_only=True, sync_dist=True): a value logged on rank "

@@ -60,6 +60,32 @@ def fit_gan(batch_size, **trainer_args):
     return trainer, [p.detach().flatten().tolist() for p in gan.parameters()]
 
 
+class Scored(TaskModule):
+    """A classifier whose validation accuracy is a torchmetrics Metric given to self.log."""
+
+    def __init__(self):
+        super().__init__()
+        import torchmetrics
+
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(3, 3)
+        self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.val_acc(self(x), y)
+        self.log("val_acc", self.val_acc)
+
+
+def class_data():
+    x, _ = common.regression_data()
+    x = x[:21]  # 21 samples: 11 and 10 per rank in batches of 3 (unequal shards and last batches)
+    return x, (x.sum(1) > 0).long() + (x[:, 0] > 0.5).long()
+
+
 def main(out, strategy):
     common_args = dict(strategy=strategy, devices=2, accelerator="cpu", enable_progress_bar=False, logger=False,
                        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -67,6 +93,9 @@ def main(out, strategy):
     trainer, facts["gan"] = fit_gan(4, **common_args)  # 4 batches of 4 per rank: of 8 over both
     facts["rank"] = trainer.global_rank
     facts["global_step"] = trainer.global_step
+    x, y = class_data()
+    results = Trainer(**common_args).validate(Scored(), DataLoader(TensorDataset(x, y), batch_size=3), verbose=False)
+    facts["val_acc"] = results[0]["val_acc"]
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump(facts, f)
 
