@@ -335,3 +335,103 @@ def test_a_logged_metric_on_two_processes_is_the_metric_over_the_whole_data_set(
     assert ddp_facts[0]["val_acc"] == ddp_facts[1]["val_acc"] == pytest.approx(whole, abs=1e-6)
     shard0 = float((Scored()(x[0::2]).argmax(-1) == y[0::2]).float().mean())
     assert shard0 != pytest.approx(whole)  # (the data makes the test able to fail: a shard alone differs)
+
+
+# -- 6. names real scripts import ------------------------------------------------------------------------------------
+def test_lightning_core_and_trainer_paths():
+    import tasktrain
+    from tasktrain.core import DataModule as CoreDataModule, TaskModule as CoreTaskModule
+    from tasktrain.core.datamodule import DataModule as DeepDataModule
+    from tasktrain.core.module import TaskModule as DeepTaskModule
+    from tasktrain.trainer import Trainer as TrainerFromPackage, seed_everything
+    from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
+
+    assert CoreTaskModule is DeepTaskModule is tasktrain.TaskModule
+    assert CoreDataModule is DeepDataModule is tasktrain.DataModule
+    assert TrainerFromPackage is tasktrain.Trainer and seed_everything is tasktrain.seed_everything
+    assert TrainerFn.FITTING == "fit" and RunningStage.SANITY_CHECKING == "sanity_check"
+    assert TrainerStatus.FINISHED.stopped and not TrainerStatus.RUNNING.stopped
+
+
+def test_trainer_state_is_lightnings_and_stays_out_of_checkpoints(tmp_path):
+    stages = []
+
+    class Stages(Linear):
+        def training_step(self, batch, batch_idx):
+            stages.append((self.trainer.state.fn, self.trainer.state.stage, self.trainer.state.status))
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx):
+            stages.append((self.trainer.state.fn, self.trainer.state.stage, self.trainer.sanity_checking))
+            super().validation_step(batch, batch_idx)
+
+        def predict_step(self, batch, batch_idx):
+            stages.append((self.trainer.state.fn, self.trainer.state.stage, self.trainer.predicting))
+            return self(batch[0])
+
+    trainer = Trainer(max_epochs=1, **quiet(num_sanity_val_steps=1))
+    assert trainer.state.status == "initializing" and trainer.state.fn is None and not trainer.state.finished
+    module = Stages()
+    trainer.fit(module, loader(8), loader(8))
+    assert stages == [("fit", "sanity_check", True), ("fit", "train", "running"), ("fit", "validate", False)]
+    assert trainer.state.finished and trainer.state.status == "finished" and trainer.state.stage is None
+    assert trainer.state.fn == "fit" and not trainer.training and trainer.state.global_step == 1
+    stages.clear()
+    trainer.predict(module, loader(8))
+    assert stages == [("predict", "predict", True)] and trainer.state.fn == "predict" and trainer.state.finished
+    path = str(tmp_path / "a.ckpt")
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=True)["train_state"]
+    assert not {"status", "fn", "stage"} & set(saved) and saved["global_step"] == 1
+
+    class Failing(Linear):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Failing(), loader(8))
+    assert trainer.state.status == "interrupted" and trainer.state.stopped and not trainer.state.finished
+
+
+def test_load_from_checkpoint_calls_configure_model_and_datamodule_load_from_checkpoint(tmp_path):
+    calls = []
+
+    class Built(Linear):
+        def configure_model(self):
+            calls.append("configure_model")
+            if not hasattr(self, "head"):
+                self.head = torch.nn.Linear(1, 1)
+
+        def on_load_checkpoint(self, checkpoint):
+            calls.append("on_load_checkpoint")
+
+    class Data(DataModule):
+        def __init__(self, batch_size: int = 8):
+            super().__init__()
+            self.save_hyperparameters()
+            self.position = 0
+
+        def train_dataloader(self):
+            return loader(16, batch_size=self.hparams.batch_size)
+
+        def state_dict(self):
+            return {"position": 7}
+
+        def load_state_dict(self, state_dict):
+            calls.append(("datamodule.load_state_dict", state_dict))
+            self.position = state_dict["position"]
+
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(Built(), datamodule=Data(batch_size=4))
+    path = str(tmp_path / "m.ckpt")
+    trainer.save_checkpoint(path)
+    calls.clear()
+    module = Built.load_from_checkpoint(path)  # the head configure_model makes is in the state dict: it loads
+    assert calls == ["configure_model", "on_load_checkpoint"] and hasattr(module, "head")
+    calls.clear()
+    data = Data.load_from_checkpoint(path)
+    assert data.hparams.batch_size == 4 and data.position == 7
+    assert calls == [("datamodule.load_state_dict", {"position": 7})]
+    assert Data.load_from_checkpoint(path, batch_size=2).hparams.batch_size == 2
+    with pytest.raises(TypeError, match="not arguments of Data.__init__"):
+        Data.load_from_checkpoint(path, shuffle=True)

@@ -455,6 +455,8 @@ class TaskModule(torch.nn.Module):
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         kwargs = hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}
         module = cls(**kwargs)
+        if is_overridden("configure_model", module, TaskModule):  # the layers it makes are in the state dict
+            module.configure_model()
         module.on_load_checkpoint(ckpt)
         load_plain_state_dict(module, ckpt["state_dict"], strict=strict)
         return module

@@ -39,6 +39,7 @@ from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.runtime import accumulation_window, broadcast_seed, build_runtime, rng_restore_of_this_rank
 from tasktrain.trainer.state import TrainState
+from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 from tasktrain.utilities.rank_zero import rank_zero_only
 
 
@@ -348,6 +349,41 @@ class Trainer:
         """Whether this fit runs a validation loop: a validation loader, validation_step, limit_val_batches != 0."""
         return self._val_loader is not None and self.limit_val_batches != 0
 
+    # Lightning's flags over trainer.state.stage (the loop running now)
+    @property
+    def training(self):
+        return self.state.stage == RunningStage.TRAINING
+
+    @training.setter
+    def training(self, value):
+        self._set_stage(RunningStage.TRAINING, value)
+
+    @property
+    def sanity_checking(self):
+        return self.state.stage == RunningStage.SANITY_CHECKING
+
+    @sanity_checking.setter
+    def sanity_checking(self, value):
+        self._set_stage(RunningStage.SANITY_CHECKING, value)
+
+    @property
+    def validating(self):
+        return self.state.stage == RunningStage.VALIDATING
+
+    @property
+    def testing(self):
+        return self.state.stage == RunningStage.TESTING
+
+    @property
+    def predicting(self):
+        return self.state.stage == RunningStage.PREDICTING
+
+    def _set_stage(self, stage, on):
+        if on:
+            self.state.stage = stage
+        elif self.state.stage == stage:
+            self.state.stage = None
+
     @property
     def callback_metrics(self):
         return self._metrics.callback_metrics if self._metrics else self._callback_metrics_cache
@@ -502,6 +538,7 @@ class Trainer:
         strategy = self.strategy
         strategy.setup_environment()
         self._reset_run_state()
+        self.state.fn, self.state.status = TrainerFn(stage), TrainerStatus.RUNNING  # Lightning's trainer.state
         # watchdog (issue 19): None on one process; the loops mark progress through self._mark
         self._watchdog = strategy.watchdog
         self._mark = self._watchdog.mark if self._watchdog is not None else no_mark
@@ -536,6 +573,7 @@ class Trainer:
                     result = self._evaluate_entry(stage, module, eval_loader, ckpt_path, gather)
         except BaseException as exc:
             status = "failed"
+            self.state.status = TrainerStatus.INTERRUPTED
             self._on_failure(exc)
             raise
         finally:
@@ -543,6 +581,8 @@ class Trainer:
                 self._teardown(stage, module, status)
             finally:
                 restore_forward()
+                self.state.stage = None
+        self.state.status = TrainerStatus.FINISHED
         return result
 
     def _check_module(self, module, stage):
@@ -619,7 +659,7 @@ class Trainer:
 
         # Data order: a function of (seed, epoch), the same seed on every rank. Prepared before configure_optimizers,
         # which may read trainer.estimated_stepping_batches.
-        self.state = TrainState(data_seed=broadcast_seed(strategy), stage="fit")
+        self.state = TrainState(data_seed=broadcast_seed(strategy), status=self.state.status, fn=self.state.fn)
         train_data = self._setup_train_data(train_loader)
         if has_val:
             self._setup_val_data(val_loader)
@@ -736,7 +776,7 @@ class Trainer:
         if self.num_training_batches is None:
             if self.max_steps != -1:
                 return self.max_steps
-            if self.state.stage != "fit":
+            if self.state.fn != "fit":
                 raise RuntimeError("estimated_stepping_batches is known once fit() has its training data: read it "
                                    "in configure_optimizers or later.")
             return float("inf")
@@ -1032,6 +1072,9 @@ class Trainer:
         prefix = "validation" if stage == "validate" else stage
         step_fn = getattr(module, f"{prefix}_step")
         was_training = module.training
+        outer_stage = self.state.stage
+        if not self.sanity_checking:
+            self.state.stage = RunningStage(stage)
         getattr(module, f"on_{prefix}_model_eval")()
         metrics.set_stage(stage, False, True)
         hooks = self._all_hooks
@@ -1069,12 +1112,14 @@ class Trainer:
         self._call(f"on_{prefix}_end")
         if was_training:  # back to training mode (validation inside fit): Lightning's hook, train() by default
             getattr(module, f"on_{prefix}_model_train")()
+        self.state.stage = outer_stage
         return values
 
     def _predict(self, module, loaders, limits, gather):
         """The predictions of each loader (a list per loader); predict_step and the batch hooks get dataloader_idx
         when there are several."""
         was_training = module.training
+        self.state.stage = RunningStage.PREDICTING
         module.on_predict_model_eval()
         # A prediction writer gets each batch's dataset indices; one that writes at the epoch's end, every prediction.
         from tasktrain.callbacks.prediction_writer import BasePredictionWriter
