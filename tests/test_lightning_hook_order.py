@@ -50,8 +50,9 @@ CALLBACK_HOOKS = [
     "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
 ]
 DATAMODULE_HOOKS = ["prepare_data", "setup", "teardown", "train_dataloader", "val_dataloader", "test_dataloader",
-                    "predict_dataloader", "state_dict", "load_state_dict", "on_before_batch_transfer",
-                    "transfer_batch_to_device", "on_after_batch_transfer"]
+                    "predict_dataloader", "state_dict", "load_state_dict"]
+# (the transfer hooks are not overridden, as in Lightning's test, whose wrappers its is_overridden looks through:
+# the module's run)
 
 
 class RandomDataset(Dataset):
@@ -141,6 +142,14 @@ class HookedModel(_RecordingModule):
         return {"loss": loss}
 
 
+    # overridden as Lightning's test does: they do nothing (the mode stays as the evaluation left it) and record
+    def on_validation_model_train(self):
+        self._called.append(("on_validation_model_train", 0))
+
+    def on_test_model_train(self):
+        self._called.append(("on_test_model_train", 0))
+
+
 class _RecordingCallback(_recording(Callback, CALLBACK_HOOKS, "Callback.")):
     def __init__(self, called):
         self._called = called
@@ -156,23 +165,19 @@ class HookedDataModule(_recording(DataModule, DATAMODULE_HOOKS, "")):
         self._called = called
 
     def train_dataloader(self):
-        super().train_dataloader()
-        self._called.append(("train_dataloader", 0))
+        super().train_dataloader()  # (recorded there)
         return DataLoader(RandomDataset(32, 64), batch_size=2)
 
     def val_dataloader(self):
-        super().val_dataloader()
-        self._called.append(("val_dataloader", 0))
+        super().val_dataloader()  # (recorded there)
         return DataLoader(RandomDataset(32, 64), batch_size=2)
 
     def test_dataloader(self):
-        super().test_dataloader()
-        self._called.append(("test_dataloader", 0))
+        super().test_dataloader()  # (recorded there)
         return DataLoader(RandomDataset(32, 64), batch_size=2)
 
     def predict_dataloader(self):
-        super().predict_dataloader()
-        self._called.append(("predict_dataloader", 0))
+        super().predict_dataloader()  # (recorded there)
         return DataLoader(RandomDataset(32, 64), batch_size=2)
 
 
@@ -238,9 +243,26 @@ def _fit_end():
 
 
 def _as_tasktrain(expected):
-    """Lightning's list with docs/lightning.md's deliberate differences applied: the refused hooks are not called,
-    and in each event the module's hook comes before the callbacks'."""
+    """Lightning's list with docs/lightning.md's deliberate differences applied: the refused hooks are not called;
+    in each event the module's hook comes before the callbacks'; fit requests its loaders (validation, then
+    training) right after configure_optimizers, before on_fit_start (the strategy is set up with the batch size
+    before on_fit_start)."""
     out = [item for item in expected if item[0] not in REFUSED]
+    if ("configure_optimizers", 0) in out:
+        at = out.index(("configure_optimizers", 0)) + 1
+        for loader in ("train_dataloader", "val_dataloader"):
+            if (loader, 0) in out[at:]:
+                out.pop(out.index((loader, 0), at))
+                out.insert(at, (loader, 0))
+        # a resume restores the checkpoint through the strategy once it holds the module and its optimizers: after
+        # configure_optimizers and the loaders (Lightning: the module's part before configure_optimizers)
+        load = [("on_load_checkpoint", 1), ("Callback.on_load_checkpoint", 3), ("Callback.load_state_dict", 1)]
+        if load[0] in out:
+            first = out.index(load[0])
+            block = out[first:first + 3]
+            del out[first:first + 3]
+            after = out.index(("Callback.on_fit_start", 2))
+            out[after:after] = block
     i = 0
     while i < len(out) - 1:
         name, _ = out[i]

@@ -125,7 +125,7 @@ class TaskModule(torch.nn.Module):
         self.train()
 
     def on_validation_model_zero_grad(self):
-        self.zero_grad(set_to_none=True)
+        self.zero_grad()  # (set_to_none=True, torch's default)
 
     def on_test_model_eval(self):
         self.eval()

@@ -645,26 +645,28 @@ class Trainer:
     def _fit(self, module, train_loader, val_loader, ckpt_path):
         strategy = self.strategy
         self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
-        train_loader = train_loader if train_loader is not None else self._loader_of(module, "train_dataloader")
-        if train_loader is None:
-            raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
-                             "train_dataloader() on the module.")
-        val_loader = val_loader if val_loader is not None else self._loader_of(module, "val_dataloader")
-        has_val = val_loader is not None and is_overridden("validation_step", module, TaskModule)
         if self.sync_batchnorm and strategy.world_size > 1:
             if strategy.root_device.type == "cpu":
                 raise ValueError("sync_batchnorm=True: torch's SyncBatchNorm runs on GPUs only, and this run is on "
                                  "the CPU. Remove it (each process then normalises with its own batch statistics).")
             torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)  # in place: the module's BatchNorm children
 
-        # Data order: a function of (seed, epoch), the same seed on every rank. Prepared before configure_optimizers,
-        # which may read trainer.estimated_stepping_batches.
+        # Data order: a function of (seed, epoch), the same seed on every rank.
         self.state = TrainState(data_seed=broadcast_seed(strategy), status=self.state.status, fn=self.state.fn)
-        train_data = self._setup_train_data(train_loader)
+        # Lightning's order: configure_optimizers, then the loaders (val first); configure_optimizers reading
+        # trainer.estimated_stepping_batches gets the training loader set up there (_train_data_now).
+        self._pending_train = (module, train_loader)
+        self._train_data = None
+        optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+        # no validation_step (or it set to None) or limit_val_batches=0: no validation loader, loop nor hooks
+        has_val = is_overridden("validation_step", module, TaskModule) and self.limit_val_batches != 0
+        if has_val:
+            val_loader = val_loader if val_loader is not None else self._loader_of(module, "val_dataloader")
+            has_val = val_loader is not None
         if has_val:
             self._setup_val_data(val_loader)
-
-        optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+        train_data = self._train_data_now()
+        train_loader = train_data.given_loader
         if module.automatic_optimization and len(optimizers) > 1:
             raise ValueError(
                 f"configure_optimizers returned {len(optimizers)} optimizers: automatic optimisation steps one. "
@@ -702,6 +704,7 @@ class Trainer:
                 restore_rng = self._restore_position(*resumed, train_data)
 
         self._call("on_fit_start")
+        module.zero_grad()  # Lightning clears the gradients when each entry point starts
         if self.is_global_zero:
             for logger in self.loggers:
                 logger.log_hyperparams(dict(module.hparams))
@@ -733,6 +736,18 @@ class Trainer:
                 f"[tasktrain] stopped by SIGTERM after step {self.global_step}; a checkpoint was saved to "
                 f"{self._preempt_path}. Resume with trainer.fit(module, ..., ckpt_path='last')."
             )
+
+    def _train_data_now(self):
+        """The fit's training data, requested and prepared once (from configure_optimizers on)."""
+        if self._train_data is None:
+            module, train_loader = self._pending_train
+            train_loader = train_loader if train_loader is not None else self._loader_of(module, "train_dataloader")
+            if train_loader is None:
+                raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
+                                 "train_dataloader() on the module.")
+            self._train_data = self._setup_train_data(train_loader)
+            self._train_data.given_loader = train_loader
+        return self._train_data
 
     def _shards(self):
         """(world size, rank) the loaders are sharded for: (1, 0) with use_distributed_sampler=False."""
@@ -773,6 +788,8 @@ class Trainer:
     def estimated_stepping_batches(self):
         """The optimizer steps this fit will take (Lightning's): per epoch ceil(batches / accumulate_grad_batches)
         of this rank's shard, times max_epochs, capped by max_steps; readable from configure_optimizers on."""
+        if self.num_training_batches is None and self.state.fn == "fit" and getattr(self, "_train_data", 0) is None:
+            self._train_data_now()  # read in configure_optimizers: the training loader is requested now (Lightning's)
         if self.num_training_batches is None:
             if self.max_steps != -1:
                 return self.max_steps
@@ -792,7 +809,7 @@ class Trainer:
         return loaders[0] if loaders and len(loaders) == 1 else loaders
 
     def _fit_loop(self, module, train_data):
-        module.train()
+        # (no module.train() here: Lightning leaves the module's modes as they are, and evaluation gives them back)
         self.training = True
         self._first_epoch = self.state.epoch  # its first step may compile: no watchdog deadline (issue 19)
         self._call("on_train_start")
@@ -868,7 +885,13 @@ class Trainer:
         per_batch = data.samples_per_batch(self._shards()[0]) or 0
         samples_base = (state.samples_in_epoch if skip_samples is not None else start * per_batch) - start * per_batch
         samples_cap = data.num_samples or float("inf")
-        self._call("on_train_epoch_start")
+        if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
+            self._call("on_train_epoch_start")
+        else:
+            schedule = self._accumulation_schedule()  # what a GradientAccumulationScheduler set when the epoch began
+            if schedule:
+                self.accumulate_grad_batches = [n for first, n in sorted(schedule) if first <= epoch][-1] \
+                    if any(first <= epoch for first, _ in schedule) else 1
         # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read
         # after the epoch-start hooks: a GradientAccumulationScheduler sets it there.
         accumulate = self.accumulate_grad_batches if automatic else 1
@@ -901,6 +924,10 @@ class Trainer:
                     self._loss_window.append(loss.detach())
                     if window > 1:
                         loss = loss / window
+                    if batch_idx == window_start:  # Lightning zeroes at a window's first backward, not after the step
+                        for fn in hooks["on_before_zero_grad"]:
+                            fn(optimizer)
+                        zero_grad(optimizer)
                     for fn in hooks["on_before_backward"]:
                         fn(loss)
                     mark("backward", state.global_step, batch_idx, warm_up and batch_idx == start)
@@ -911,12 +938,11 @@ class Trainer:
                     for fn in hooks["on_before_optimizer_step"]:
                         fn(optimizer)
                     stepped = optimizer_step(optimizer)
-                    for fn in hooks["on_before_zero_grad"]:
-                        fn(optimizer)
-                    zero_grad(optimizer)
                     state.global_step += 1
                     if stepped:
                         self._step_schedulers("step")
+                    if last_of_epoch or batch_idx + 1 == num_batches:
+                        self._step_schedulers("epoch", plateau=False)  # Lightning: at the epoch's last batch
             else:
                 outputs = training_step(batch, batch_idx)
             state.batch_in_epoch = batch_idx + 1
@@ -946,7 +972,10 @@ class Trainer:
             self._run_validation(epoch_end=True)
         metrics.set_stage("train", False, True)
         if complete:
-            self._step_schedulers("epoch")
+            if automatic:  # (under manual optimisation training_step steps its schedulers: Lightning steps none)
+                # the metric-watching ones after the epoch's validation; all of them when on_train_batch_start
+                # ended the epoch before its last batch
+                self._step_schedulers("epoch", plateau=None if ended_by_hook else True)
             state.epoch_finished = True
         for fn in self._module_hooks["on_train_epoch_end"]:
             fn()
@@ -1017,8 +1046,8 @@ class Trainer:
         if self.limit_val_batches == 0:
             return
         module = self.module
-        if is_overridden("on_validation_model_zero_grad", module, TaskModule):
-            module.on_validation_model_zero_grad()
+        if is_overridden("on_validation_model_zero_grad", module, TaskModule) or module.automatic_optimization:
+            module.on_validation_model_zero_grad()  # Lightning clears the gradients before each validation
         values = self._evaluate("validate", self._val_loader, self.num_val_batches)
         if self.is_global_zero and values:
             self.log_to_loggers(self._metrics.logger_epoch_values(values))
@@ -1029,6 +1058,11 @@ class Trainer:
         strategy = self.strategy
         with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
             strategy.setup_module_and_optimizers(module, [], Plan(training=False))
+        module.zero_grad()  # Lightning clears the gradients when each entry point starts
+        limit_arg = {"validate": self.limit_val_batches, "test": self.limit_test_batches,
+                     "predict": self.limit_predict_batches}[stage]
+        if limit_arg == 0 and stage != "predict":
+            return []  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
         name = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
         loader = loader if loader is not None else self._loader_of(module, name)
         if loader is None:
@@ -1042,8 +1076,6 @@ class Trainer:
                 strategy.load_module_state_dict(ckpt["state_dict"])
         world_size, rank = self._shards()
         loaders = [prepare_eval_loader(one, world_size, rank) for one in _as_loaders(loader)]
-        limit_arg = {"validate": self.limit_val_batches, "test": self.limit_test_batches,
-                     "predict": self.limit_predict_batches}[stage]
         limits = [self._limit_eval(one, limit_arg) for one in loaders]
         setattr(self, {"validate": "num_val_batches", "test": "num_test_batches",
                        "predict": "num_predict_batches"}[stage], limits)
@@ -1071,7 +1103,7 @@ class Trainer:
         module, strategy, metrics = self.module, self.strategy, self._metrics
         prefix = "validation" if stage == "validate" else stage
         step_fn = getattr(module, f"{prefix}_step")
-        was_training = module.training
+        modes = _training_modes(module)  # each submodule's flag, given back at the end (Lightning's _ModuleMode)
         outer_stage = self.state.stage
         if not self.sanity_checking:
             self.state.stage = RunningStage(stage)
@@ -1110,15 +1142,19 @@ class Trainer:
             for fn in self._callback_hooks[f"on_{prefix}_epoch_end"]:
                 fn()
         self._call(f"on_{prefix}_end")
-        if was_training:  # back to training mode (validation inside fit): Lightning's hook, train() by default
+        # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
+        # frozen BatchNorm the user put in eval mode stays so)
+        if is_overridden(f"on_{prefix}_model_train", module, TaskModule):
             getattr(module, f"on_{prefix}_model_train")()
+        else:
+            _restore_training_modes(module, modes)
         self.state.stage = outer_stage
         return values
 
     def _predict(self, module, loaders, limits, gather):
         """The predictions of each loader (a list per loader); predict_step and the batch hooks get dataloader_idx
         when there are several."""
-        was_training = module.training
+        modes = _training_modes(module)
         self.state.stage = RunningStage.PREDICTING
         module.on_predict_model_eval()
         # A prediction writer gets each batch's dataset indices; one that writes at the epoch's end, every prediction.
@@ -1158,7 +1194,7 @@ class Trainer:
                     mark("fetching a batch", step, batch_idx + 1)
         self._call("on_predict_epoch_end")
         self._call("on_predict_end")
-        module.train(was_training)
+        _restore_training_modes(module, modes)  # (Lightning calls no on_predict_model_train)
         self.predictions, self.predict_batch_indices = [], []  # the writers are done with them
         if not getattr(self, "_return_predictions", True):
             return None
@@ -1188,12 +1224,15 @@ class Trainer:
             logger.log_metrics(floats, self.global_step)
 
     # -- schedulers --------------------------------------------------------------------------------------------------
-    def _step_schedulers(self, interval):
+    def _step_schedulers(self, interval, plateau=None):
+        """Step the schedulers of `interval`; plateau=True/False: only those that watch a metric / only the others."""
         module = self.module
         step_scheduler = module.lr_scheduler_step if is_overridden("lr_scheduler_step", module, TaskModule) else \
             _step_scheduler
         for config in self.lr_scheduler_configs:
             if config.interval != interval:
+                continue
+            if plateau is not None and plateau != (config.monitor is not None):
                 continue
             count = self.global_step if interval == "step" else self.current_epoch + 1
             if count % config.frequency:
@@ -1475,6 +1514,16 @@ class Trainer:
         if steps == -1:
             return limit
         return steps if limit is None else min(steps, limit)
+
+
+def _training_modes(module):
+    return {name: sub.training for name, sub in module.named_modules()}
+
+
+def _restore_training_modes(module, modes):
+    for name, sub in module.named_modules():
+        if name in modes:
+            sub.training = modes[name]
 
 
 def _as_loaders(loader):
