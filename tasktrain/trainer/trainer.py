@@ -5,13 +5,15 @@ this order:
 
     on_train_batch_start
     training_step (under the strategy's forward_context, through the DDP/DeepSpeed wrapper)
+    at the window's first micro-batch: on_before_zero_grad -> zero_grad (Lightning's place)
     on_before_backward -> backward -> on_after_backward
     at the window's last micro-batch, the optimizer step (the one place the loop steps it):
-        on_before_optimizer_step -> optimizer step -> on_before_zero_grad -> zero_grad -> step-interval schedulers
+        on_before_optimizer_step -> optimizer step -> step-interval schedulers
+        (the epoch's last batch: the epoch-interval schedulers that watch no metric, as Lightning)
         logger flush every log_every_n_steps; validation, when due at this step
     on_train_batch_end                                             (checkpoints are saved here: after validation)
 
-At the end of an epoch: epoch metrics reduced, validation when due, epoch-interval schedulers, then
+At the end of an epoch: epoch metrics reduced, validation when due, the metric-watching epoch schedulers, then
 on_train_epoch_end (module first; what it logs is reduced before the callbacks' on_train_epoch_end runs).
 """
 import contextlib
@@ -413,6 +415,7 @@ class Trainer:
             if self.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
                 fns = profiled_calls(self.profiler, event, fns, module, self.callbacks)
             self._hooks[event] = fns
+        _warn_hook_order(module, self.callbacks)
         # The hot-path events as plain lists of callables.
         self._module_hooks = {e: [f for is_mod, f in fns if is_mod] for e, fns in self._hooks.items()}
         self._callback_hooks = {e: [f for is_mod, f in fns if not is_mod] for e, fns in self._hooks.items()}
@@ -1514,6 +1517,25 @@ class Trainer:
         if steps == -1:
             return limit
         return steps if limit is None else min(steps, limit)
+
+
+_ORDER_WARNED = set()
+
+
+def _warn_hook_order(module, callbacks):
+    """Where the module and a callback of the user's both override an event, the module's runs first here and
+    second in Lightning (docs/lightning.md, deliberate differences): said once per process and class pair."""
+    for cb in callbacks:
+        if type(cb).__module__.startswith("tasktrain."):
+            continue
+        both = [e for e in EVENTS if e not in ("state_dict", "load_state_dict", "on_exception")
+                and is_overridden(e, cb, Callback) and is_overridden(e, module, TaskModule)]
+        key = (type(module), type(cb))
+        if both and key not in _ORDER_WARNED:
+            _ORDER_WARNED.add(key)
+            warnings.warn(f"{type(module).__name__} and the callback {type(cb).__name__} both override "
+                          f"{', '.join(both)}: tasktrain runs the module's hook first, then the callback's (Lightning "
+                          "runs the callback's first). See docs/lightning.md, 'Deliberate differences'.")
 
 
 def _training_modes(module):
