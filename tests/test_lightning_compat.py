@@ -435,3 +435,12 @@ def test_load_from_checkpoint_calls_configure_model_and_datamodule_load_from_che
     assert Data.load_from_checkpoint(path, batch_size=2).hparams.batch_size == 2
     with pytest.raises(TypeError, match="not arguments of Data.__init__"):
         Data.load_from_checkpoint(path, shuffle=True)
+
+
+def test_clip_gradients_override_is_refused_under_automatic_optimisation():
+    class OwnClipping(Linear):
+        def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            raise AssertionError("never called by the loop")
+
+    with pytest.raises(NotImplementedError, match="overrides clip_gradients"):
+        Trainer(max_steps=1, **quiet()).fit(OwnClipping(), loader(8))

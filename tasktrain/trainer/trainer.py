@@ -594,6 +594,12 @@ class Trainer:
             if is_overridden(hook, module, TaskModule) and (stage == "fit" or hook == "configure_sharded_model"):
                 raise NotImplementedError(f"{type(module).__name__} overrides {hook}, which tasktrain does not "
                                           f"call: {instead}")
+        if stage == "fit" and module.automatic_optimization and is_overridden("clip_gradients", module, TaskModule):
+            # Lightning's loop calls it at each step; here the strategy clips (an override would never run)
+            raise NotImplementedError(
+                f"{type(module).__name__} overrides clip_gradients, which tasktrain's loop does not call under "
+                "automatic optimisation: set Trainer(gradient_clip_val=..., gradient_clip_algorithm=...), or clip in "
+                "on_before_optimizer_step with self.trainer.strategy.clip_gradients(optimizer, max_norm=...).")
         if stage == "fit":
             if not is_overridden("training_step", module, TaskModule):
                 raise NotImplementedError(
@@ -1578,8 +1584,9 @@ _REFUSED_HOOKS = {
     "optimizer_step": "the loop steps the optimizer through the strategy (gradient scaler, DeepSpeed's engine). To act "
                       "before the step use on_before_optimizer_step; for learning-rate warm-up, a scheduler with "
                       "interval='step'; for anything else, manual optimisation (self.automatic_optimization = False).",
-    "optimizer_zero_grad": "the loop zeroes gradients with set_to_none=True after each optimizer step through the "
-                           "strategy. Remove the override, use on_before_zero_grad, or manual optimisation.",
+    "optimizer_zero_grad": "the loop zeroes gradients with set_to_none=True at each accumulation window's first "
+                           "backward through the strategy. Remove the override, use on_before_zero_grad, or manual "
+                           "optimisation.",
     "backward": "the strategy runs backward (loss scaling, DeepSpeed's engine). Use on_before_backward / "
                 "on_after_backward, or manual optimisation with self.manual_backward(loss).",
     "configure_gradient_clipping": "clipping is set with Trainer(gradient_clip_val=..., gradient_clip_algorithm=...) "
