@@ -277,7 +277,8 @@ class DDP(Strategy):
 
     def backward(self, loss, *args, **kwargs):
         model = self.model
-        if getattr(self, "_backward_in_forward", False) and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        if wrapped and getattr(self, "_backward_in_forward", False):
             _prepare_for_backward(model, loss)
         super().backward(loss, *args, **kwargs)
 

@@ -104,7 +104,8 @@ class DataModule:
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         unknown = sorted(k for k in overrides if k not in params) if not takes_kwargs else []
         if unknown:
-            raise TypeError(f"{cls.__name__}.load_from_checkpoint: {unknown} are not arguments of {cls.__name__}.__init__.")
+            raise TypeError(f"{cls.__name__}.load_from_checkpoint: {unknown} are not arguments of "
+                            f"{cls.__name__}.__init__.")
         datamodule = cls(**(hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}))
         if cls.__qualname__ in ckpt:
             datamodule.load_state_dict(ckpt[cls.__qualname__])
