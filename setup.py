@@ -21,6 +21,8 @@ setup(
         "onnx": ["onnx>=1.16,<2", "onnxscript>=0.2,<1"],  # TaskModule.to_onnx: torch's exporter imports both
         # TaskCLI (tasktrain.cli): config files and command-line arguments from the classes' signatures
         "cli": ["jsonargparse>=4.53,<5"],
+        # torchmetrics Metric objects given to self.log (imported only when one is logged)
+        "torchmetrics": ["torchmetrics>=1.9,<2"],
     },
     entry_points={"console_scripts": ["tasktrain=tasktrain.cli.main:main"]},
 )

@@ -36,8 +36,8 @@ def _eval_run(stage, batches):
     return [f"on_{stage}_start", f"on_{stage}_epoch_start", *per_batch, f"on_{stage}_epoch_end", f"on_{stage}_end"]
 
 
-TRAIN_BATCH = ["on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
-               "on_before_zero_grad", "on_train_batch_end"]
+TRAIN_BATCH = ["on_train_batch_start", "on_before_zero_grad", "on_before_backward", "on_after_backward",
+               "on_before_optimizer_step", "on_train_batch_end"]
 
 
 def test_event_order_of_a_small_fit_is_the_documented_one():

@@ -141,3 +141,59 @@ def test_optimizer_and_lr_scheduler_groups_replace_configure_optimizers(tmp_path
     # a scheduler with no optimizer to build it on is an error, not a scheduler left out
     with pytest.raises(ValueError, match="--lr_scheduler was given without --optimizer"):
         TaskCLI(Regressor, run=False, args=["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1"])
+
+
+def test_lightning_parser_methods_class_args_callbacks_optimizer_groups_links_and_logo(tmp_path, monkeypatch, capsys):
+    """LightningCLI scripts' parser calls (issue 25): add_lightning_class_args (a callback class is built and added
+    to the trainer's callbacks), add_optimizer_args / add_lr_scheduler_args of one class (AUTOMATIC: they become
+    configure_optimizers) or linked to the model's arguments, link_arguments, and cli_lightning_logo."""
+    import torch
+
+    from tasktrain import EarlyStopping
+    from tasktrain.cli import TaskCLI, cli_lightning_logo
+
+    monkeypatch.chdir(tmp_path)
+    Regressor = _regressor()
+    quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--seed_everything", "1",
+             "--trainer.enable_model_summary", "false", "--trainer.max_epochs", "2"]
+
+    class CLI(TaskCLI):
+        def add_arguments_to_parser(self, parser):
+            parser.add_lightning_class_args(EarlyStopping, "early_stopping")
+            parser.set_defaults({"early_stopping.monitor": "val_loss", "early_stopping.patience": 5})
+            parser.add_optimizer_args(torch.optim.Adam)
+            parser.add_lr_scheduler_args(torch.optim.lr_scheduler.StepLR)
+            parser.link_arguments("model.hidden", "model.batch_size")
+
+    cli = CLI(Regressor, args=["fit", "--optimizer.lr", "0.02", "--lr_scheduler.step_size", "1",
+                               "--model.hidden", "4", *quiet])
+    stoppers = [c for c in cli.trainer.callbacks if isinstance(c, EarlyStopping)]
+    assert len(stoppers) == 1 and stoppers[0].monitor == "val_loss" and stoppers[0].patience == 5
+    (optimizer,) = cli.trainer.optimizers
+    assert type(optimizer) is torch.optim.Adam and optimizer.param_groups[0]["initial_lr"] == 0.02
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.02 * 0.1 ** 2)  # StepLR(step_size=1, gamma=0.1)
+    assert cli.model.hparams.batch_size == 4  # linked from model.hidden
+
+    class BuildsItsOwn(Regressor):
+        def __init__(self, optimizer_init: dict = None, hidden: int = 4):
+            super().__init__(hidden=hidden)
+            self.optimizer_init = optimizer_init
+
+    class Linked(TaskCLI):  # link_to another key: the module gets the {class_path, init_args} to build itself
+        def add_arguments_to_parser(self, parser):
+            parser.add_optimizer_args(torch.optim.SGD, link_to="model.optimizer_init")
+
+    cli = Linked(BuildsItsOwn, run=False, args={"trainer": {"logger": False}, "seed_everything": False,
+                                                "optimizer": {"lr": 0.3}})
+    assert cli.model.optimizer_init["class_path"].endswith("SGD") and cli.model.optimizer_init["init_args"]["lr"] == 0.3
+    assert cli.model.configure_optimizers.__func__ is Regressor.configure_optimizers  # nothing AUTOMATIC
+
+    class TwoAutomatic(TaskCLI):
+        def add_arguments_to_parser(self, parser):
+            parser.add_optimizer_args(torch.optim.Adam, nested_key="gen")
+            parser.add_optimizer_args(torch.optim.Adam, nested_key="disc")
+
+    with pytest.raises(ValueError, match="at most one optimizer"):
+        TwoAutomatic(Regressor, run=False, args={"trainer": {"logger": False}, "seed_everything": False})
+    cli_lightning_logo()
+    assert "| |_ __ _ ___| | _| |_" in capsys.readouterr().out

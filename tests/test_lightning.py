@@ -703,7 +703,7 @@ def test_self_log_lightning_options(monkeypatch):
         return Bad()
 
     for kwargs, message in (({"rank_zero_only": True, "sync_dist": True}, "cannot be synchronised"),
-                            ({"metric_attribute": "acc"}, "not Metric objects"),
+                            ({"metric_attribute": "acc"}, "is not self.acc"),
                             ({"sync_dist_group": object()}, "all ranks only"),
                             ({"reduce_fx": lambda v: v}, "use one of")):
         with pytest.raises(ValueError, match=message):

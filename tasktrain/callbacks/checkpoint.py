@@ -129,7 +129,7 @@ class ModelCheckpoint(Callback):
             self._epoch_end_saves = trainer.check_val_every_n_epoch == 1 and not (trainer.enable_validation and inside)
 
     def on_validation_end(self, trainer, module):
-        if not trainer.sanity_checking and trainer.training:
+        if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
             self._validated = True
             self._validations_seen += 1
 

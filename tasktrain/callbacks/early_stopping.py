@@ -60,7 +60,7 @@ class EarlyStopping(Callback):
         self._validated = False
 
     def on_validation_end(self, trainer, module):
-        if trainer.training and not trainer.sanity_checking:
+        if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
             self._validated = True
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):

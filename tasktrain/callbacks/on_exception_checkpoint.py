@@ -43,7 +43,8 @@ class OnExceptionCheckpoint(Callback):
 
     def on_exception(self, trainer, module, exception):
         self._failed = True
-        if not trainer.training or isinstance(exception, SystemExit):
+        in_fit_loop = trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate")
+        if not in_fit_loop or isinstance(exception, SystemExit):
             return  # nothing trained to keep (validate/test/predict); SIGTERM saved its own checkpoint
         trainer.save_checkpoint(self.ckpt_path)
         print(f"[tasktrain] OnExceptionCheckpoint: {type(exception).__name__} at global step {trainer.global_step}; "

@@ -8,6 +8,7 @@ tensor) only when the bar refreshes: every `refresh_rate` batches at most, and n
 """
 import sys
 import time
+import warnings
 
 from tasktrain.callbacks.base import Callback
 
@@ -63,14 +64,14 @@ class ProgressBar(Callback):
         if now - self._last < self.min_interval:
             return
         self._last = now
-        self.bar.set_postfix(_fmt(trainer.progress_bar_metrics), refresh=False)
+        self.bar.set_postfix(_fmt(self.get_metrics(trainer, module)), refresh=False)
         self.bar.update(self._pending)
         self._pending = 0
 
     def on_train_epoch_end(self, trainer, module):
         if not trainer.is_global_zero:
             return
-        metrics = _fmt(trainer.progress_bar_metrics)
+        metrics = _fmt(self.get_metrics(trainer, module))
         if self.bar is not None:
             self.bar.set_postfix(metrics, refresh=False)
             self.bar.update(self._pending)
@@ -95,6 +96,26 @@ class ProgressBar(Callback):
                 bar.close()
         self.bar = self.eval_bar = None
 
+    def get_metrics(self, trainer, module):
+        """What the bar shows (Lightning's): the logger's version as "v_num" (its last 4 characters when it is a
+        string), then the values logged with prog_bar=True. Override it to change what is displayed."""
+        standard = {}
+        versions = []
+        for logger in trainer.loggers:
+            version = getattr(logger, "version", None)
+            if version not in versions:
+                versions.append(version)
+        version = versions[0] if len(versions) == 1 else "_".join(str(v) for v in versions) if versions else None
+        if version not in ("", None):
+            standard["v_num"] = version[-4:] if isinstance(version, str) else version
+        shown = trainer.progress_bar_metrics
+        duplicates = sorted(standard.keys() & shown.keys())
+        if duplicates and not getattr(self, "_warned_duplicates", False):
+            self._warned_duplicates = True
+            warnings.warn(f"The progress bar already shows {', '.join(duplicates)}; the value logged under that name "
+                          "with prog_bar=True replaces it. Rename it, or override get_metrics().")
+        return {**standard, **shown}
+
     # -- validation and test: a transient bar on a terminal ----------------------------------------------------------
     def _open_eval_bar(self, trainer, desc):
         if not (trainer.is_global_zero and self._is_tty()) or trainer.sanity_checking:
@@ -116,7 +137,7 @@ class ProgressBar(Callback):
     def on_validation_epoch_start(self, trainer, module):
         self._open_eval_bar(trainer, "Validation")
 
-    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx):
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
         self._advance_eval_bar()
 
     def on_validation_end(self, trainer, module):
@@ -125,7 +146,7 @@ class ProgressBar(Callback):
     def on_test_epoch_start(self, trainer, module):
         self._open_eval_bar(trainer, "Test")
 
-    def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx):
+    def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
         self._advance_eval_bar()
 
     def on_test_end(self, trainer, module):

@@ -3,7 +3,7 @@ script's config-file CLI (task_cli.py, imported on first use: it needs the `cli`
 
 
 def __getattr__(name):
-    if name in ("TaskCLI", "SaveConfigCallback", "ReduceLROnPlateau"):
+    if name in ("TaskCLI", "SaveConfigCallback", "ReduceLROnPlateau", "cli_lightning_logo"):
         from tasktrain.cli import task_cli
 
         return getattr(task_cli, name)

@@ -30,8 +30,15 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   "model.num_classes", apply_on="instantiate")`), `before_instantiate_classes()`, `before_<subcommand>()`,
   `after_<subcommand>()`.
 
-Not here (LightningCLI has them): several optimizers through add_optimizer_args' link_to, and
-environment-variable parsing.
+- The parser is LightningCLI's (TaskArgumentParser): besides jsonargparse's `link_arguments`, it has
+  `add_lightning_class_args(cls, key)` (a callback class added this way is built and appended to the trainer's
+  callbacks), `add_optimizer_args(cls, nested_key="optimizer", link_to="AUTOMATIC")` and
+  `add_lr_scheduler_args(...)`: "AUTOMATIC" makes them the module's configure_optimizers (at most one of each),
+  another `link_to` passes the {class_path, init_args} to that key (e.g. "model.optimizer_init") for the module
+  to build itself, which is how several optimizers are configured.
+- `cli_lightning_logo()` prints a banner, as Lightning's.
+
+Not here (LightningCLI has it): environment-variable parsing.
 """
 import functools
 import importlib
@@ -50,6 +57,98 @@ SUBCOMMANDS = {
     "predict": "Run inference over the prediction data (Trainer.predict).",
 }
 _DATA_ARGS = {"model", "module", "train_dataloaders", "val_dataloaders", "dataloaders", "datamodule"}
+
+
+_LOGO = r"""
+   _            _    _             _
+  | |_ __ _ ___| | _| |_ _ __ __ _(_)_ __
+  | __/ _` / __| |/ / __| '__/ _` | | '_ \
+  | || (_| \__ \   <| |_| | | (_| | | | | |
+   \__\__,_|___/_|\_\\__|_|  \__,_|_|_| |_|
+"""
+
+
+def cli_lightning_logo():
+    """Print the banner (Lightning's cli_lightning_logo, with tasktrain's name)."""
+    print()
+    print(_LOGO)
+    print()
+
+
+def _class_path(cls):
+    return f"{cls.__module__}.{cls.__name__}"
+
+
+def _with_class_path(cls, init_args):
+    """{class_path, init_args} of an optimizer or scheduler group added for one class (its config is the init
+    args alone)."""
+    if hasattr(init_args, "as_dict"):
+        init_args = init_args.as_dict()
+    return {"class_path": _class_path(cls), "init_args": dict(init_args or {})}
+
+
+_PARSER_CLASS = []
+
+
+def parser_class(jsonargparse):
+    """TaskArgumentParser: jsonargparse's ArgumentParser with LightningArgumentParser's methods (made on first use:
+    jsonargparse is an optional extra)."""
+    if _PARSER_CLASS:
+        return _PARSER_CLASS[0]
+
+    class TaskArgumentParser(jsonargparse.ArgumentParser):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.callback_keys = []  # groups of callback classes: built and appended to the trainer's callbacks
+            self._optimizers = {}  # nested key -> (class or tuple of classes, link_to)
+            self._lr_schedulers = {}
+
+        def add_lightning_class_args(self, lightning_class, nested_key, subclass_mode=False, required=True):
+            """The arguments of a Trainer, TaskModule, DataModule or Callback class (or a function that returns
+            one) under `nested_key`; a Callback's is built and added to the trainer's callbacks."""
+            from tasktrain.trainer.datamodule import DataModule
+            from tasktrain.trainer.module import TaskModule
+            from tasktrain.trainer.trainer import Trainer
+
+            if callable(lightning_class) and not isinstance(lightning_class, type):
+                lightning_class = jsonargparse.class_from_function(lightning_class)
+            if not (isinstance(lightning_class, type) and issubclass(lightning_class,
+                                                                      (Trainer, TaskModule, DataModule, Callback))):
+                raise ValueError(f"add_lightning_class_args({lightning_class!r}): give a subclass of Trainer, "
+                                 "TaskModule, DataModule or Callback, or a function that returns one.")
+            if issubclass(lightning_class, Callback):
+                self.callback_keys.append(nested_key)
+            if subclass_mode:
+                return self.add_subclass_arguments(lightning_class, nested_key, fail_untyped=False, required=required)
+            return self.add_class_arguments(lightning_class, nested_key, fail_untyped=False,
+                                            instantiate=not issubclass(lightning_class, Trainer), sub_configs=True)
+
+        def add_optimizer_args(self, optimizer_class=(torch.optim.Optimizer,), nested_key="optimizer",
+                               link_to="AUTOMATIC"):
+            """An optimizer's arguments under `nested_key` (a tuple of classes: any subclass, by class_path)."""
+            self._add_optim_group(optimizer_class, torch.optim.Optimizer, nested_key, link_to, "params",
+                                  self._optimizers)
+
+        def add_lr_scheduler_args(self, lr_scheduler_class=(torch.optim.lr_scheduler.LRScheduler, ReduceLROnPlateau),
+                                  nested_key="lr_scheduler", link_to="AUTOMATIC"):
+            """A learning-rate scheduler's arguments under `nested_key` (a tuple of classes: any subclass)."""
+            self._add_optim_group(lr_scheduler_class, (torch.optim.lr_scheduler.LRScheduler,
+                                                       torch.optim.lr_scheduler.ReduceLROnPlateau),
+                                  nested_key, link_to, "optimizer", self._lr_schedulers)
+
+        def _add_optim_group(self, classes, base, nested_key, link_to, skip, register):
+            for cls in classes if isinstance(classes, tuple) else (classes,):
+                if not (isinstance(cls, type) and issubclass(cls, base)):
+                    raise ValueError(f"{nested_key}: {cls!r} is not a subclass of {base}.")
+            kwargs = {"instantiate": False, "fail_untyped": False, "skip": {skip}}
+            if isinstance(classes, tuple):
+                self.add_subclass_arguments(classes, nested_key, required=False, default=None, **kwargs)
+            else:
+                self.add_class_arguments(classes, nested_key, sub_configs=True, **kwargs)
+            register[nested_key] = (classes, link_to)
+
+    _PARSER_CLASS.append(TaskArgumentParser)
+    return TaskArgumentParser
 
 
 def _jsonargparse():
@@ -159,7 +258,7 @@ class TaskCLI:
         self.datamodule = here.get("data") if datamodule_class is not None else None
         self.model = here.get("model")
         if self.auto_configure_optimizers:
-            self._add_configure_optimizers(here.get("optimizer"), here.get("lr_scheduler"))
+            self._add_automatic_optimizers(here)
         self.trainer = self.instantiate_trainer(here)
         if self.subcommand:
             self._run_subcommand(self.subcommand)
@@ -168,10 +267,10 @@ class TaskCLI:
     def _main_parser(self, parser_kwargs):
         kwargs = {k: v for k, v in parser_kwargs.items() if k not in SUBCOMMANDS}
         kwargs.setdefault("description", "Train and evaluate with tasktrain; each subcommand has --help.")
-        return self._jsonargparse.ArgumentParser(**kwargs)
+        return parser_class(self._jsonargparse)(**kwargs)
 
     def _parser(self, kwargs, description=None):
-        ArgumentParser, ActionConfigFile = self._jsonargparse.ArgumentParser, self._jsonargparse.ActionConfigFile
+        ArgumentParser, ActionConfigFile = parser_class(self._jsonargparse), self._jsonargparse.ActionConfigFile
         kwargs = {k: v for k, v in kwargs.items() if k not in SUBCOMMANDS}
         if description:
             kwargs.setdefault("description", description)
@@ -193,13 +292,19 @@ class TaskCLI:
                 parser.add_subclass_arguments(self.datamodule_class, "data", required=True, fail_untyped=False)
             else:
                 parser.add_class_arguments(self.datamodule_class, "data", fail_untyped=False, sub_configs=True)
-        if self.auto_configure_optimizers:
-            parser.add_subclass_arguments(torch.optim.Optimizer, "optimizer", skip={"params"}, instantiate=False,
-                                          required=False, fail_untyped=False, default=None)
-            parser.add_subclass_arguments((torch.optim.lr_scheduler.LRScheduler, ReduceLROnPlateau), "lr_scheduler",
-                                          skip={"optimizer"}, instantiate=False, required=False, fail_untyped=False,
-                                          default=None)
         self.add_arguments_to_parser(parser)
+        if self.auto_configure_optimizers:  # (Lightning's order: the subclass's own groups first)
+            if not parser._optimizers:
+                parser.add_optimizer_args((torch.optim.Optimizer,))
+            if not parser._lr_schedulers:
+                parser.add_lr_scheduler_args()
+        for key, (classes, link_to) in {**parser._optimizers, **parser._lr_schedulers}.items():
+            if link_to == "AUTOMATIC":
+                continue
+            if isinstance(classes, tuple):
+                parser.link_arguments(key, link_to)
+            else:
+                parser.link_arguments(key, link_to, compute_fn=functools.partial(_with_class_path, classes))
         return parser
 
     def _add_method_arguments(self, parser, subcommand):
@@ -224,6 +329,12 @@ class TaskCLI:
             given = kwargs.get("callbacks")
             given = [] if given is None else [given] if isinstance(given, Callback) else list(given)
             kwargs["callbacks"] = given + [saver]
+        parser = self._subparsers[self.subcommand] if self.subcommand else self.parser
+        extra = [config[key] for key in parser.callback_keys]  # add_lightning_class_args(SomeCallback, key)
+        if extra:
+            given = kwargs.get("callbacks")
+            given = [] if given is None else [given] if isinstance(given, Callback) else list(given)
+            kwargs["callbacks"] = given + extra
         return self.trainer_class(**kwargs)
 
     # -- running --------------------------------------------------------------------------------------------------
@@ -238,6 +349,31 @@ class TaskCLI:
             seed = random.randint(0, 2**31 - 1)
             config["seed_everything"] = seed  # the saved config repeats this run
         seed_everything(seed)
+
+    def _add_automatic_optimizers(self, here):
+        """The optimizer and scheduler groups with link_to="AUTOMATIC" (at most one of each) become the module's
+        configure_optimizers."""
+        parser = self._subparsers[self.subcommand] if self.subcommand else self.parser
+
+        def automatic(register):
+            return [key for key, (_, link_to) in register.items() if link_to == "AUTOMATIC"]
+
+        optimizers, schedulers = automatic(parser._optimizers), automatic(parser._lr_schedulers)
+        if len(optimizers) > 1 or len(schedulers) > 1:
+            raise ValueError(f"{type(self).__name__}: at most one optimizer and one lr_scheduler group can be "
+                             f"link_to='AUTOMATIC', found {optimizers + schedulers}. Link the others to the model's "
+                             "arguments (link_to='model.<argument>') and build them in configure_optimizers.")
+
+        def init_of(keys, register):
+            if not keys:
+                return None
+            classes, init = register[keys[0]][0], here.get(keys[0])
+            if init is not None and not isinstance(classes, tuple):
+                init = _with_class_path(classes, init)
+            return init or None
+
+        self._add_configure_optimizers(init_of(optimizers, parser._optimizers),
+                                       init_of(schedulers, parser._lr_schedulers))
 
     def _add_configure_optimizers(self, optimizer_init, scheduler_init):
         if optimizer_init is None:
@@ -258,9 +394,10 @@ class TaskCLI:
         hook = getattr(self, f"before_{subcommand}", None)
         if callable(hook):
             hook()
+        parser = self._subparsers[subcommand]
+        groups = {*parser._optimizers, *parser._lr_schedulers, *parser.callback_keys}
         kwargs = {k: v for k, v in vars(self.config_init[subcommand]).items()
-                  if k not in ("config", "seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler",
-                               "__path__")}
+                  if k not in ("config", "seed_everything", "trainer", "model", "data", "__path__", *groups)}
         if self.datamodule is not None:
             kwargs["datamodule"] = self.datamodule
         getattr(self.trainer, subcommand)(self.model, **kwargs)

@@ -46,6 +46,9 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+import inspect
+import weakref
+
 import torch
 
 from tasktrain.checkpoint_io import CheckpointWriter, fsync_save, replace_dir, stage_to_cpu  # background saves
@@ -316,7 +319,7 @@ class Strategy(abc.ABC):
         """The module's training_step, through the wrapper that must see it (DDP syncs what went through its
         forward). Default: directly, under forward_context()."""
         with self.forward_context():
-            return self.module.training_step(batch, batch_idx)
+            return self.module.training_step(*step_arguments(self.module.training_step, batch, batch_idx))
 
     def eval_step(self, step_fn, *args):
         """A validation/test/predict step (`step_fn` is the module's bound method). Default: under forward_context()."""
@@ -631,6 +634,37 @@ class ClipsInsideStep(abc.ABC):
     def last_grad_norm(self):
         """The 2-norm of the gradients of the last step, before clipping (a tensor), or None where the engine does
         not compute it."""
+
+
+_TAKES_BATCH_IDX = weakref.WeakKeyDictionary()
+
+
+def takes_batch_idx(step_fn) -> bool:
+    """Lightning's rule for a step method: it gets batch_idx when it names it, takes *args, or has two or more
+    positional parameters (the names are free: `training_step(self, x, batch_nb)`); `training_step(self, batch)`
+    gets the batch alone. Read once per function."""
+    key = getattr(step_fn, "__func__", step_fn)
+    try:
+        return _TAKES_BATCH_IDX[key]
+    except (KeyError, TypeError):
+        pass
+    try:
+        params = list(inspect.signature(step_fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes = (any(p.name == "batch_idx" for p in params) or any(p.kind == p.VAR_POSITIONAL for p in params)
+             or len(positional) >= 2)
+    try:
+        _TAKES_BATCH_IDX[key] = takes
+    except TypeError:  # not weak-referenceable: read again next time
+        pass
+    return takes
+
+
+def step_arguments(step_fn, batch, batch_idx, *extra):
+    """(batch, batch_idx, *extra), without batch_idx for a step that does not take it (takes_batch_idx)."""
+    return (batch, batch_idx, *extra) if takes_batch_idx(step_fn) else (batch, *extra)
 
 
 class _StepWrapper(torch.nn.Module):

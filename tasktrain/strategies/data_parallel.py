@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from tasktrain.strategies.base import OneProcess, Strategy, _StepWrapper
+from tasktrain.strategies.base import OneProcess, Strategy, _StepWrapper, step_arguments
 from tasktrain.tree import apply_to_leaves
 
 
@@ -27,8 +27,11 @@ class _StepForward(_StepWrapper):
 
     def forward(self, step_name, *args):
         # autocast is thread-local and DataParallel passes only "enabled" (not the dtype) to its threads.
+        step = getattr(self.module, step_name)
+        if step_name == "training_step":  # (batch, batch_idx): batch_idx only where the step takes it
+            args = step_arguments(step, *args)
         with self.forward_context():
-            return _unsqueeze_scalars(getattr(self.module, step_name)(*args))
+            return _unsqueeze_scalars(step(*args))
 
 
 class DataParallel(OneProcess, Strategy):

@@ -25,7 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tasktrain.strategies.base import MultiProcess, Strategy, _StepWrapper
+from tasktrain.strategies.base import MultiProcess, Strategy, _StepWrapper, step_arguments
 from tasktrain.strategies.environment import detect_environment
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
@@ -41,7 +41,8 @@ class _TrainingStepForward(_StepWrapper):
     """DDP syncs the gradients of what went through its forward: route training_step through it."""
 
     def forward(self, batch, batch_idx):
-        return self.module.training_step(batch, batch_idx)
+        step = self.module.training_step
+        return step(*step_arguments(step, batch, batch_idx))
 
 
 class DDP(MultiProcess, Strategy):
@@ -220,6 +221,9 @@ class DDP(MultiProcess, Strategy):
             convert_sync_batchnorm(module)
         target = _TrainingStepForward(module) if plan.calls_steps else module
         self._target, self._calls_steps = target, plan.calls_steps
+        # manual optimisation: backward runs inside training_step, i.e. inside DDP's forward, before DDP has
+        # readied its reducer (it does at the forward's end): backward() readies it first (Lightning's pre_backward)
+        self._backward_in_forward = plan.calls_steps and plan.training and not plan.automatic_optimization
         self.model = self._wrap(target)
         return self.model, self.optimizers
 
@@ -275,6 +279,13 @@ class DDP(MultiProcess, Strategy):
         with self.forward_context():
             return self.model(batch, batch_idx)
 
+    def backward(self, loss, *args, **kwargs):
+        model = self.model
+        wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        if wrapped and getattr(self, "_backward_in_forward", False):
+            _prepare_for_backward(model, loss)
+        super().backward(loss, *args, **kwargs)
+
     def no_backward_sync(self, enabled: bool, model=None):
         model = self.model if model is None else model
         if enabled and isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -324,6 +335,20 @@ class DDP(MultiProcess, Strategy):
         launcher = self.env.launcher if self.env and self.env.launcher else "none"
         return (f"strategy={self.name}, world_size={self.world_size} (devices={self.devices} x "
                 f"num_nodes={self.num_nodes}), backend={backend}, device={self.root_device}, launcher={launcher}")
+
+
+def _prepare_for_backward(model, loss):
+    """Ready DDP's reducer for a backward that runs inside its forward (each manual_backward of a training_step),
+    as DDP's own forward does at its end: with find_unused_parameters, the parameters the loss does not reach are
+    marked as ready, so that an optimizer's step over a part of the model (a GAN's generator) does not wait for
+    gradients that never come."""
+    if not (torch.is_grad_enabled() and model.require_backward_grad_sync):
+        model.require_forward_param_sync = False
+        return
+    model.require_forward_param_sync = True
+    outputs = [loss] if model.find_unused_parameters and not model.static_graph else []
+    model.reducer._rebuild_buckets()  # what DDP's forward does first; without it the reducer's state is inconsistent
+    model.reducer.prepare_for_backward(outputs)
 
 
 def convert_sync_batchnorm(module):

@@ -63,7 +63,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, 
                                      load_checkpoint_file, load_plain_state_dict, load_resumable_file, plain_name,
                                      replace_dir)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
-from tasktrain.strategies.base import ClipsInsideStep, Sharded, _StepWrapper
+from tasktrain.strategies.base import ClipsInsideStep, Sharded, _StepWrapper, step_arguments
 from tasktrain.strategies.ddp import _PROCESS, DDP
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
 from tasktrain.tree import apply_to_leaves
@@ -457,7 +457,8 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
 
     # -- the step ------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
-        return self.engine(batch, batch_idx, _tasktrain_step=self.module.training_step)
+        step = self.module.training_step
+        return self.engine(*step_arguments(step, batch, batch_idx), _tasktrain_step=step)
 
     def eval_step(self, step_fn, *args):
         return self.engine(*args, _tasktrain_step=step_fn)

@@ -37,7 +37,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_stat
 from tasktrain.checkpoint_io import fsync_save, stage_to_cpu  # background saves
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
-from tasktrain.strategies.base import Sharded
+from tasktrain.strategies.base import Sharded, step_arguments
 from tasktrain.strategies.ddp import DDP
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, patch_forward
 from tasktrain.strategies.watchdog import checked_collective
@@ -389,7 +389,8 @@ class FSDP(Sharded, DDP):
     # -- the step ------------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
         with self.forward_context():
-            return self.module.training_step(batch, batch_idx)  # an FSDP forward method (registered above)
+            # an FSDP forward method (registered above); batch_idx only where the step takes it (Lightning's rule)
+            return self.module.training_step(*step_arguments(self.module.training_step, batch, batch_idx))
 
     def eval_step(self, step_fn, *args):
         # FSDP's gathered parameters must keep their version counter, which tensors made under inference_mode lack

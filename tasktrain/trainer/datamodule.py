@@ -88,5 +88,28 @@ class DataModule:
     def load_state_dict(self, state_dict):
         """Restore what state_dict returned, when a fit resumes from a checkpoint."""
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location="cpu", **overrides):
+        """Rebuild the DataModule from a checkpoint a fit wrote (Lightning's): its saved hyper-parameters
+        (datamodule_hyper_parameters, overridden by **overrides) go to __init__, then load_state_dict gets what
+        state_dict() saved (kept under the class name)."""
+        import inspect
+
+        from tasktrain.checkpoint_io import load_checkpoint_file
+
+        ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
+        hparams = dict(ckpt.get("datamodule_hyper_parameters") or {})
+        hparams.update(overrides)
+        params = inspect.signature(cls.__init__).parameters
+        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        unknown = sorted(k for k in overrides if k not in params) if not takes_kwargs else []
+        if unknown:
+            raise TypeError(f"{cls.__name__}.load_from_checkpoint: {unknown} are not arguments of "
+                            f"{cls.__name__}.__init__.")
+        datamodule = cls(**(hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}))
+        if cls.__qualname__ in ckpt:
+            datamodule.load_state_dict(ckpt[cls.__qualname__])
+        return datamodule
+
     def on_exception(self, exception):
         """Called when an entry point fails, before teardown."""

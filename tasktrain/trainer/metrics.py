@@ -5,6 +5,7 @@ loss every step costs a dict write, not a host sync. Epoch values are reduced on
 values are reduced across ranks at that point (and at logger flushes for step values), with one collective per
 reduction kind, never one per key per step.
 """
+import sys
 import threading
 from functools import partial
 
@@ -65,6 +66,9 @@ class MetricStore:
         meta = self._metas.get(name)
         if meta is None or meta.args != args:
             meta = self._new_meta(name, value, args)
+        if not isinstance(value, (torch.Tensor, int, float)):  # a torchmetrics Metric (_new_meta checked it)
+            self._log_metric_object(name, meta, value)
+            return
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise ValueError(f"self.log({name!r}, ...) needs a scalar, got a tensor of shape {tuple(value.shape)}. "
@@ -95,12 +99,27 @@ class MetricStore:
             else:
                 acc[1] = torch.minimum(acc[1], value)
 
+    def _log_metric_object(self, name, meta, metric):
+        """A torchmetrics Metric, as Lightning logs it: the user's forward/update accumulates it; on_step logs the
+        value of the step's forward (none after update() alone); on_epoch logs metric.compute() at the epoch's end
+        (the metric synchronises its own state across ranks there), after which it is reset."""
+        if meta.on_step:
+            cache = metric._forward_cache
+            if cache is not None:
+                cache = _scalar_of(name, cache).detach()
+                key = name + "_step" if meta.on_epoch else name
+                self.step_values[key] = cache
+                self.callback_metrics[name] = cache
+        # kept until the stage's epoch ends, where it is computed (on_epoch) and reset (in any case)
+        self.epoch_acc[name] = [meta, metric, None]
+
     def _new_meta(self, name, value, args):
         stage, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist = args
         if reduce_fx not in _REDUCE_FX:
             raise ValueError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
-        if not isinstance(value, (torch.Tensor, int, float)):
-            raise TypeError(f"self.log({name!r}, ...) takes a number or a scalar tensor, got {type(value).__name__}.")
+        if not isinstance(value, (torch.Tensor, int, float)) and not is_metric_object(value):
+            raise TypeError(f"self.log({name!r}, ...) takes a number, a scalar tensor or a torchmetrics Metric, got "
+                            f"{type(value).__name__}.")
         on_step = self.default_on_step if on_step is None else on_step
         on_epoch = self.default_on_epoch if on_epoch is None else on_epoch
         if stage != "train":
@@ -120,14 +139,22 @@ class MetricStore:
         if not acc:
             return {}
         names = sorted(acc)
-        synced = [n for n in names if acc[n][0].sync_dist and self.strategy.world_size > 1]
+        synced = [n for n in names if acc[n][0].sync_dist and acc[n][2] is not None and self.strategy.world_size > 1]
         if synced:
             self._sync_accumulators(acc, synced)
         values = {}
         for name in names:
             meta, total, weight = acc[name]
+            if weight is None:  # a Metric object: computed (in the same order on every rank: it syncs), then reset
+                if meta.on_epoch:
+                    values[name + "_epoch" if meta.on_step else name] = _scalar_of(name, total.compute()).detach()
+                total.reset()
+                if not meta.on_epoch:
+                    continue
+            else:
+                key = name + "_epoch" if meta.on_step else name
+                values[key] = total / weight if meta.reduce_fx == "mean" else total
             key = name + "_epoch" if meta.on_step else name
-            values[key] = total / weight if meta.reduce_fx == "mean" else total
             self.callback_metrics[name] = values[key]
         acc.clear()
         self.epoch_values.update(values)
@@ -138,7 +165,7 @@ class MetricStore:
         """Evaluation shards are unpadded, so a rank may have seen no batch (or not logged a metric): every rank
         takes part in the sync of every sync_dist metric any rank logged, with an empty accumulator if need be.
         One small object collective per evaluation run, never per step."""
-        mine = sorted((n, item[0].args) for n, item in acc.items() if item[0].sync_dist)
+        mine = sorted((n, item[0].args) for n, item in acc.items() if item[0].sync_dist and item[2] is not None)
         union = {}
         with collective_label(self.strategy, "sync_dist metric names"):
             gathered = self.strategy.all_gather_object(mine)
@@ -203,7 +230,7 @@ class MetricStore:
         # the training epoch's accumulators, so that epoch metrics after a mid-epoch resume cover the whole epoch
         acc = self._acc_by_stage.get("train", {})
         return {name: {"total": total, "weight": weight, "args": list(meta.args)}
-                for name, (meta, total, weight) in acc.items()}
+                for name, (meta, total, weight) in acc.items() if weight is not None}  # (a Metric: its own state)
 
     def load_state_dict(self, state):
         acc = self._acc_by_stage.setdefault("train", {})
@@ -211,6 +238,21 @@ class MetricStore:
         for name, item in state.items():
             meta = self._new_meta(name, item["total"], tuple(item["args"]))
             acc[name] = [meta, item["total"], item["weight"]]
+
+
+def is_metric_object(value):
+    """A torchmetrics Metric: torchmetrics is not imported here (an optional extra); a Metric exists only once the
+    user's code has imported it."""
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
+
+
+def _scalar_of(name, value):
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"self.log({name!r}, metric): the metric's value must be a scalar tensor, got {got}. Log "
+                         "a metric that computes one number (or log its parts with self.log_dict).")
+    return value
 
 
 def _infer_batch_size(batch):

@@ -1,8 +1,10 @@
 """TaskModule: the user's model plus the hooks the Trainer calls."""
 import contextlib
 import copy
+import functools
 import inspect
 import numbers
+import sys
 
 import torch
 
@@ -84,20 +86,20 @@ class TaskModule(torch.nn.Module):
     def on_validation_end(self): ...
     def on_validation_epoch_start(self): ...
     def on_validation_epoch_end(self): ...
-    def on_validation_batch_start(self, batch, batch_idx): ...
-    def on_validation_batch_end(self, outputs, batch, batch_idx): ...
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0): ...
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0): ...
     def on_test_start(self): ...
     def on_test_end(self): ...
     def on_test_epoch_start(self): ...
     def on_test_epoch_end(self): ...
-    def on_test_batch_start(self, batch, batch_idx): ...
-    def on_test_batch_end(self, outputs, batch, batch_idx): ...
+    def on_test_batch_start(self, batch, batch_idx, dataloader_idx=0): ...
+    def on_test_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0): ...
     def on_predict_start(self): ...
     def on_predict_end(self): ...
     def on_predict_epoch_start(self): ...
     def on_predict_epoch_end(self): ...
-    def on_predict_batch_start(self, batch, batch_idx): ...
-    def on_predict_batch_end(self, outputs, batch, batch_idx): ...
+    def on_predict_batch_start(self, batch, batch_idx, dataloader_idx=0): ...
+    def on_predict_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0): ...
     def on_before_backward(self, loss): ...
     def on_after_backward(self): ...
     def on_before_optimizer_step(self, optimizer): ...
@@ -123,7 +125,7 @@ class TaskModule(torch.nn.Module):
         self.train()
 
     def on_validation_model_zero_grad(self):
-        self.zero_grad(set_to_none=True)
+        self.zero_grad()  # (set_to_none=True, torch's default)
 
     def on_test_model_eval(self):
         self.eval()
@@ -300,10 +302,10 @@ class TaskModule(torch.nn.Module):
         if sync_dist_group is not None:
             raise ValueError(f"self.log({name!r}, sync_dist_group=...): tasktrain reduces over all ranks only; use "
                              "sync_dist=True, or self.all_gather and reduce the part you need yourself.")
-        if metric_attribute is not None:
-            raise ValueError(f"self.log({name!r}, metric_attribute={metric_attribute!r}): tasktrain's self.log takes "
-                             "numbers and scalar tensors, not Metric objects, so there is no metric state to restore. "
-                             "Log metric.compute() (and reset it yourself at the epoch's end).")
+        if metric_attribute is not None and getattr(self, metric_attribute, None) is not value:
+            # Lightning names the attribute that holds a logged Metric with it: it must be that attribute
+            raise ValueError(f"self.log({name!r}, metric_attribute={metric_attribute!r}): the value logged is not "
+                             f"self.{metric_attribute}. Pass the Metric that attribute holds, or drop metric_attribute.")
         if rank_zero_only:
             if sync_dist:
                 raise ValueError(f"self.log({name!r}, rank_zero_only=True, sync_dist=True): a value logged on rank "
@@ -453,6 +455,8 @@ class TaskModule(torch.nn.Module):
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         kwargs = hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}
         module = cls(**kwargs)
+        if is_overridden("configure_model", module, TaskModule):  # the layers it makes are in the state dict
+            module.configure_model()
         module.on_load_checkpoint(ckpt)
         load_plain_state_dict(module, ckpt["state_dict"], strict=strict)
         return module
@@ -462,8 +466,41 @@ def _is_plain(value):
     return isinstance(value, (numbers.Number, str, bool, type(None), list, tuple, dict))
 
 
-def is_overridden(name, obj, base) -> bool:
-    if name in getattr(obj, "__dict__", {}):
-        return True  # set on the instance (LambdaCallback): it replaces the class's method
-    impl = getattr(type(obj), name, None)
-    return impl is not None and impl is not getattr(base, name, None)
+def is_overridden(name, obj=None, base=None) -> bool:
+    """Whether `obj` replaces `base`'s `name` (Lightning's rule): an attribute set to None is not an override (the
+    way to switch a hook off: `model.validation_step = None`); wrappers (functools.wraps, partial, Mock(wraps=...))
+    are looked through, so a hook wrapped by a test or a decorator is judged, and called, once, as what it wraps."""
+    if obj is None:
+        return False
+    if base is None:  # Lightning's signature: the base class is the one of TaskModule / DataModule / Callback
+        from tasktrain.callbacks.base import Callback
+        from tasktrain.trainer.datamodule import DataModule
+
+        base = next((b for b in (TaskModule, DataModule, Callback) if isinstance(obj, b)), None)
+        if base is None:
+            raise ValueError(f"is_overridden({name!r}, {type(obj).__name__}): pass the base class as the third "
+                             "argument (it is not a TaskModule, DataModule or Callback).")
+    impl = _unwrapped(getattr(obj, name, None))
+    if impl is None:
+        return False
+    base_impl = _unwrapped(getattr(base, name, None))
+    if base_impl is None:
+        return True  # the base does not define it (validation_step, refused hooks): any definition is an override
+    code = getattr(impl, "__code__", None)
+    if code is None:
+        return True  # a callable object set in the hook's place
+    return code is not getattr(base_impl, "__code__", None)
+
+
+def _unwrapped(fn):
+    mock = sys.modules.get("unittest.mock")  # not imported: no Mock can exist
+    for _ in range(100):  # a chain of wrappers; bounded against a wrapper that wraps itself
+        if mock is not None and isinstance(fn, mock.Mock):
+            fn = fn._mock_wraps
+        elif isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__") and not isinstance(fn, type):
+            fn = fn.__wrapped__
+        else:
+            break
+    return fn

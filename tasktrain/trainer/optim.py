@@ -100,16 +100,26 @@ class ManualOptimizer:
         self._trainer = trainer
 
     def step(self, closure=None):
+        """on_before_optimizer_step fires when the gradients are there: before the step, or, with a closure (which
+        computes them), after each call of it, inside the optimizer's step (Lightning's order)."""
         trainer = self._trainer
-        for fn in trainer._all_hooks["on_before_optimizer_step"]:
-            fn(self.optimizer)
-        stepped = trainer.strategy.optimizer_step(self.optimizer, closure)
+        hooks = trainer._all_hooks["on_before_optimizer_step"]
+        if closure is None:
+            for fn in hooks:
+                fn(self.optimizer)
+            wrapped = None
+        else:
+            def wrapped():
+                out = closure()
+                for fn in hooks:
+                    fn(self.optimizer)
+                return out
+        stepped = trainer.strategy.optimizer_step(self.optimizer, wrapped)
         trainer.state.global_step += 1
         return stepped
 
     def zero_grad(self, set_to_none=True):
-        for fn in self._trainer._all_hooks["on_before_zero_grad"]:
-            fn(self.optimizer)
+        # (Lightning fires on_before_zero_grad in automatic optimisation only: not for the user's own zero_grad())
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def __getattr__(self, name):

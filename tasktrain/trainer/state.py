@@ -1,10 +1,17 @@
 from dataclasses import asdict, dataclass
+from typing import Optional
+
+from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
+
+# Lightning's TrainerState fields: where the Trainer is now, not where training is; not saved in checkpoints
+_RUN_ONLY = ("status", "fn", "stage")
 
 
 @dataclass
 class TrainState:
     """Where training is. Everything a resume needs to put the loop back at the same place, on any number of
-    processes."""
+    processes. It is also Lightning's `trainer.state` (TrainerState): `status`, `fn`, `stage`, `finished`,
+    `stopped`, which a checkpoint does not keep."""
 
     epoch: int = 0  # the epoch being trained (0-based)
     global_step: int = 0  # optimizer steps taken
@@ -15,12 +22,22 @@ class TrainState:
     global_batch_size: int = 0  # samples per optimizer step over all ranks (micro x world x accumulation); 0: unknown
     data_seed: int = 0  # the data order is a function of (data_seed, epoch)
     epoch_finished: bool = False  # the epoch's end (validation, schedulers, hooks) already ran
-    stage: str = "fit"
+    status: TrainerStatus = TrainerStatus.INITIALIZING
+    fn: Optional[TrainerFn] = None  # the entry point: "fit", "validate", "test", "predict"
+    stage: Optional[RunningStage] = None  # the loop running now: "train", "sanity_check", "validate", ...
+
+    @property
+    def finished(self) -> bool:
+        return self.status == TrainerStatus.FINISHED
+
+    @property
+    def stopped(self) -> bool:
+        return self.status == TrainerStatus.INTERRUPTED
 
     def state_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in _RUN_ONLY}
 
     def load_state_dict(self, state: dict):
         for key, value in state.items():
-            if hasattr(self, key):
+            if hasattr(self, key) and key not in _RUN_ONLY:  # (older checkpoints carry stage="fit": not a stage)
                 setattr(self, key, value)

@@ -5,13 +5,15 @@ this order:
 
     on_train_batch_start
     training_step (under the strategy's forward_context, through the DDP/DeepSpeed wrapper)
+    at the window's first micro-batch: on_before_zero_grad -> zero_grad (Lightning's place)
     on_before_backward -> backward -> on_after_backward
     at the window's last micro-batch, the optimizer step (the one place the loop steps it):
-        on_before_optimizer_step -> optimizer step -> on_before_zero_grad -> zero_grad -> step-interval schedulers
+        on_before_optimizer_step -> optimizer step -> step-interval schedulers
+        (the epoch's last batch: the epoch-interval schedulers that watch no metric, as Lightning)
         logger flush every log_every_n_steps; validation, when due at this step
     on_train_batch_end                                             (checkpoints are saved here: after validation)
 
-At the end of an epoch: epoch metrics reduced, validation when due, epoch-interval schedulers, then
+At the end of an epoch: epoch metrics reduced, validation when due, the metric-watching epoch schedulers, then
 on_train_epoch_end (module first; what it logs is reduced before the callbacks' on_train_epoch_end runs).
 """
 import contextlib
@@ -30,7 +32,7 @@ from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
-from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
+from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy, step_arguments
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices
 from tasktrain.trainer.epoch import EpochIterator, warn_global_batch_change
@@ -42,6 +44,7 @@ from tasktrain.trainer.run_state import (Callbacks, Objects, Optimizers, RandomS
                                          check_counts, upgrade)
 from tasktrain.trainer.runtime import announce_rank, broadcast_seed, build_runtime, rng_restore_of_this_rank
 from tasktrain.trainer.state import TrainState
+from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
 
 class Trainer:
@@ -356,6 +359,41 @@ class Trainer:
         """Whether this fit runs a validation loop: a validation loader, validation_step, limit_val_batches != 0."""
         return self._val_loader is not None and self.limit_val_batches != 0
 
+    # Lightning's flags over trainer.state.stage (the loop running now)
+    @property
+    def training(self):
+        return self.state.stage == RunningStage.TRAINING
+
+    @training.setter
+    def training(self, value):
+        self._set_stage(RunningStage.TRAINING, value)
+
+    @property
+    def sanity_checking(self):
+        return self.state.stage == RunningStage.SANITY_CHECKING
+
+    @sanity_checking.setter
+    def sanity_checking(self, value):
+        self._set_stage(RunningStage.SANITY_CHECKING, value)
+
+    @property
+    def validating(self):
+        return self.state.stage == RunningStage.VALIDATING
+
+    @property
+    def testing(self):
+        return self.state.stage == RunningStage.TESTING
+
+    @property
+    def predicting(self):
+        return self.state.stage == RunningStage.PREDICTING
+
+    def _set_stage(self, stage, on):
+        if on:
+            self.state.stage = stage
+        elif self.state.stage == stage:
+            self.state.stage = None
+
     @property
     def callback_metrics(self):
         return self._metrics.callback_metrics if self._metrics else self._callback_metrics_cache
@@ -366,7 +404,10 @@ class Trainer:
 
     @property
     def progress_bar_metrics(self):
-        return self._metrics.progress_bar_metrics() if self._metrics else {}
+        # kept after the run, as in Lightning (a progress bar's get_metrics after fit)
+        # kept after the run, as in Lightning (a progress bar's get_metrics after fit): read from the last run's store
+        store = self._metrics or getattr(self, "_last_metrics", None)
+        return store.progress_bar_metrics() if store else {}
 
     # -- hooks -----------------------------------------------------------------------------------------------------
     def _build_hooks(self, module):
@@ -382,6 +423,7 @@ class Trainer:
             if self.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
                 fns = profiled_calls(self.profiler, event, fns, module, self.callbacks)
             self._hooks[event] = fns
+        _warn_hook_order(module, self.callbacks)
         # The hot-path events as plain lists of callables.
         self._module_hooks = {e: [f for is_mod, f in fns if is_mod] for e, fns in self._hooks.items()}
         self._callback_hooks = {e: [f for is_mod, f in fns if not is_mod] for e, fns in self._hooks.items()}
@@ -413,9 +455,16 @@ class Trainer:
 
     def _data_hook(self, name, module):
         """The DataModule's `name` where it overrides it (it wins, as in Lightning), else the module's, or None."""
+        module_has = is_overridden(name, module, TaskModule)
         if self.datamodule is not None and is_overridden(name, self.datamodule, DataModule):
+            if module_has:  # one of them runs (Lightning's rule and warning), never both
+                warnings.warn(f"{name} is overridden in both {type(module).__name__} and "
+                              f"{type(self.datamodule).__name__}: the DataModule's runs, the module's does not.")
             return getattr(self.datamodule, name)
-        return getattr(module, name) if is_overridden(name, module, TaskModule) else None
+        if module_has and self.datamodule is not None:
+            warnings.warn(f"{name} is overridden in {type(module).__name__} and a DataModule was passed that does "
+                          "not override it: the module's runs.")
+        return getattr(module, name) if module_has else None
 
     def _loader_of(self, module, name):
         """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module."""
@@ -502,6 +551,7 @@ class Trainer:
         strategy = self.strategy
         strategy.setup_environment()
         self._reset_run_state()
+        self.state.fn, self.state.status = TrainerFn(stage), TrainerStatus.RUNNING  # Lightning's trainer.state
         # watchdog (issue 19): None on one process; the loops are observed through watched_batches/watched_action
         self._watchdog = strategy.watchdog
         self.module = module
@@ -535,6 +585,7 @@ class Trainer:
                     result = self._evaluate_entry(stage, module, eval_loader, ckpt_path, gather)
         except BaseException as exc:
             status = "failed"
+            self.state.status = TrainerStatus.INTERRUPTED
             self._on_failure(exc)
             raise
         finally:
@@ -542,6 +593,8 @@ class Trainer:
                 self._teardown(stage, module, status)
             finally:
                 restore_forward()
+                self.state.stage = None
+        self.state.status = TrainerStatus.FINISHED
         return result
 
     def _check_module(self, module, stage):
@@ -550,6 +603,12 @@ class Trainer:
             if is_overridden(hook, module, TaskModule) and (stage == "fit" or hook == "configure_sharded_model"):
                 raise NotImplementedError(f"{type(module).__name__} overrides {hook}, which tasktrain does not "
                                           f"call: {instead}")
+        if stage == "fit" and module.automatic_optimization and is_overridden("clip_gradients", module, TaskModule):
+            # Lightning's loop calls it at each step; here the strategy clips (an override would never run)
+            raise NotImplementedError(
+                f"{type(module).__name__} overrides clip_gradients, which tasktrain's loop does not call under "
+                "automatic optimisation: set Trainer(gradient_clip_val=..., gradient_clip_algorithm=...), or clip in "
+                "on_before_optimizer_step with self.trainer.strategy.clip_gradients(optimizer, max_norm=...).")
         if stage == "fit":
             if not is_overridden("training_step", module, TaskModule):
                 raise NotImplementedError(
@@ -563,7 +622,7 @@ class Trainer:
                 )
         elif stage in ("validate", "test"):
             name = "validation_step" if stage == "validate" else "test_step"
-            if not hasattr(module, name):
+            if not is_overridden(name, module, TaskModule):
                 raise NotImplementedError(f"Trainer.{stage} needs {type(module).__name__}.{name}(self, batch, batch_idx).")
 
     def _on_failure(self, exc):
@@ -593,6 +652,7 @@ class Trainer:
                     logger.finalize(status)
             self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
             write_error = self._wait_for_checkpoint_write(status)  # issue 29: fit end, error, SIGTERM: wait for it
+            self._last_metrics = self._metrics
             self.strategy.teardown()
             self._metrics = None
             if self.profiler is not None:
@@ -606,26 +666,28 @@ class Trainer:
     def _fit(self, module, train_loader, val_loader, ckpt_path):
         strategy = self.strategy
         self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
-        train_loader = train_loader if train_loader is not None else self._loader_of(module, "train_dataloader")
-        if train_loader is None:
-            raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
-                             "train_dataloader() on the module.")
-        val_loader = val_loader if val_loader is not None else self._loader_of(module, "val_dataloader")
-        has_val = val_loader is not None and hasattr(module, "validation_step")
         if self.sync_batchnorm and strategy.world_size > 1:
             if strategy.root_device.type == "cpu":
                 raise ValueError("sync_batchnorm=True: torch's SyncBatchNorm runs on GPUs only, and this run is on "
                                  "the CPU. Remove it (each process then normalises with its own batch statistics).")
             torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)  # in place: the module's BatchNorm children
 
-        # Data order: a function of (seed, epoch), the same seed on every rank. Prepared before configure_optimizers,
-        # which may read trainer.estimated_stepping_batches.
-        self.state = TrainState(data_seed=broadcast_seed(strategy), stage="fit")
-        train_data = self._setup_train_data(train_loader)
+        # Data order: a function of (seed, epoch), the same seed on every rank.
+        self.state = TrainState(data_seed=broadcast_seed(strategy), status=self.state.status, fn=self.state.fn)
+        # Lightning's order: configure_optimizers, then the loaders (val first); configure_optimizers reading
+        # trainer.estimated_stepping_batches gets the training loader set up there (_train_data_now).
+        self._pending_train = (module, train_loader)
+        self._train_data = None
+        optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+        # no validation_step (or it set to None) or limit_val_batches=0: no validation loader, loop nor hooks
+        has_val = is_overridden("validation_step", module, TaskModule) and self.limit_val_batches != 0
+        if has_val:
+            val_loader = val_loader if val_loader is not None else self._loader_of(module, "val_dataloader")
+            has_val = val_loader is not None
         if has_val:
             self._setup_val_data(val_loader)
-
-        optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+        train_data = self._train_data_now()
+        train_loader = train_data.given_loader
         if module.automatic_optimization and len(optimizers) > 1:
             raise ValueError(
                 f"configure_optimizers returned {len(optimizers)} optimizers: automatic optimisation steps one. "
@@ -664,6 +726,7 @@ class Trainer:
                 restore_rng = self._restore_position(*resumed, train_data)
 
         self._call("on_fit_start")
+        module.zero_grad()  # Lightning clears the gradients when each entry point starts
         if self.is_global_zero:
             for logger in self.loggers:
                 logger.log_hyperparams(dict(module.hparams))
@@ -695,6 +758,18 @@ class Trainer:
                 f"[tasktrain] stopped by SIGTERM after step {self.global_step}; a checkpoint was saved to "
                 f"{self._preempt_path}. Resume with trainer.fit(module, ..., ckpt_path='last')."
             )
+
+    def _train_data_now(self):
+        """The fit's training data, requested and prepared once (from configure_optimizers on)."""
+        if self._train_data is None:
+            module, train_loader = self._pending_train
+            train_loader = train_loader if train_loader is not None else self._loader_of(module, "train_dataloader")
+            if train_loader is None:
+                raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
+                                 "train_dataloader() on the module.")
+            self._train_data = self._setup_train_data(train_loader)
+            self._train_data.given_loader = train_loader
+        return self._train_data
 
     def _shards(self):
         """(world size, rank) the loaders are sharded for: (1, 0) with use_distributed_sampler=False."""
@@ -739,10 +814,12 @@ class Trainer:
     def estimated_stepping_batches(self):
         """The optimizer steps this fit will take (Lightning's): per epoch ceil(batches / accumulate_grad_batches)
         of this rank's shard, times max_epochs, capped by max_steps; readable from configure_optimizers on."""
+        if self.num_training_batches is None and self.state.fn == "fit" and getattr(self, "_train_data", 0) is None:
+            self._train_data_now()  # read in configure_optimizers: the training loader is requested now (Lightning's)
         if self.num_training_batches is None:
             if self.max_steps != -1:
                 return self.max_steps
-            if self.state.stage != "fit":
+            if self.state.fn != "fit":
                 raise RuntimeError("estimated_stepping_batches is known once fit() has its training data: read it "
                                    "in configure_optimizers or later.")
             return float("inf")
@@ -758,7 +835,7 @@ class Trainer:
         return loaders[0] if loaders and len(loaders) == 1 else loaders
 
     def _fit_loop(self, module, epochs):
-        module.train()
+        # (no module.train() here: Lightning leaves the module's modes as they are, and evaluation gives them back)
         self.training = True
         self._first_epoch = self.state.epoch  # its first step may compile: no watchdog deadline (issue 19)
         self._actions = self._step_actions()
@@ -815,10 +892,17 @@ class Trainer:
         # batch size too), without loading it on the Trainer's own order.
         num_batches = self.num_training_batches = epochs.begin(epoch)
         start = state.batch_in_epoch
-        self._call("on_train_epoch_start")
+        if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
+            self._call("on_train_epoch_start")
+        else:
+            schedule = self._accumulation_schedule()  # what a GradientAccumulationScheduler set when the epoch began
+            if schedule:
+                self.accumulate_grad_batches = [n for first, n in sorted(schedule) if first <= epoch][-1] \
+                    if any(first <= epoch for first, _ in schedule) else 1
         # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read
         # after the epoch-start hooks: a GradientAccumulationScheduler sets it there.
-        accumulate = self.accumulate_grad_batches if module.automatic_optimization else 1
+        automatic = module.automatic_optimization
+        accumulate = self.accumulate_grad_batches if automatic else 1
         self._loss_window, self._loss_window_start = [], start
         self._val_every = self._val_every_n_batches()
         self._ended_by_hook = False
@@ -830,8 +914,9 @@ class Trainer:
             if batch_idx > window_end:  # a window starts: its size is worked out once
                 window_start, window = epochs.window(batch_idx, accumulate, num_batches)
                 window_end = window_start + window - 1
-            if not self._training_step(module, epochs, batch, batch_idx, window,
-                                       batch_idx == window_end or last_of_epoch):
+            ends_epoch = last_of_epoch or batch_idx + 1 == num_batches
+            if not self._training_step(module, epochs, batch, batch_idx, window, batch_idx == window_start,
+                                       batch_idx == window_end or last_of_epoch, ends_epoch):
                 break
         del batches  # (the watchdog's end-of-epoch mark)
 
@@ -846,7 +931,10 @@ class Trainer:
             self._run_validation(epoch_end=True)
         metrics.set_stage("train", False, True)
         if complete:
-            self._step_schedulers("epoch")
+            if automatic:  # (under manual optimisation training_step steps its schedulers: Lightning steps none)
+                # the metric-watching ones after the epoch's validation; all of them when on_train_batch_start
+                # ended the epoch before its last batch
+                self._step_schedulers("epoch", plateau=None if ended_by_hook else True)
             state.epoch_finished = True
         for fn in self._module_hooks["on_train_epoch_end"]:
             fn()
@@ -855,9 +943,10 @@ class Trainer:
             fn()
         self._stop_agreed(at_interval=False)
 
-    def _training_step(self, module, epochs, batch, batch_idx, window, ends_window):
+    def _training_step(self, module, epochs, batch, batch_idx, window, starts_window, ends_window, ends_epoch):
         """One micro-batch, in the order the module docstring gives; False when the epoch ends after it (a hook's
-        -1, a stop request, max_steps). The optimizer steps at the window's last micro-batch, and only there."""
+        -1, a stop request, max_steps). The gradients are zeroed at the window's first backward and the optimizer
+        steps at its last micro-batch, and only there (Lightning's order)."""
         state, hooks = self.state, self._all_hooks
         training_step, backward, optimizer_step, zero_grad = self._actions
         batch = self._to_device(batch)
@@ -878,22 +967,25 @@ class Trainer:
                 self._loss_window.append(loss.detach())
                 if window > 1:
                     loss = loss / window
+                optimizer = self.optimizers[0] if self.optimizers else None
+                if starts_window:  # Lightning zeroes at a window's first backward, not after the step
+                    for fn in hooks["on_before_zero_grad"]:
+                        fn(optimizer)
+                    zero_grad(optimizer)
                 for fn in hooks["on_before_backward"]:
                     fn(loss)
                 backward(loss)
                 for fn in hooks["on_after_backward"]:
                     fn()
             if ends_window:
-                optimizer = self.optimizers[0] if self.optimizers else None
                 for fn in hooks["on_before_optimizer_step"]:
                     fn(optimizer)
                 stepped = optimizer_step(optimizer)
-                for fn in hooks["on_before_zero_grad"]:
-                    fn(optimizer)
-                zero_grad(optimizer)
                 state.global_step += 1
                 if stepped:
                     self._step_schedulers("step")
+                if ends_epoch:
+                    self._step_schedulers("epoch", plateau=False)  # Lightning: at the epoch's last batch
         else:
             outputs = training_step(batch, batch_idx)
         epochs.advance(batch_idx)
@@ -972,8 +1064,8 @@ class Trainer:
         if self.limit_val_batches == 0:
             return
         module = self.module
-        if is_overridden("on_validation_model_zero_grad", module, TaskModule):
-            module.on_validation_model_zero_grad()
+        if is_overridden("on_validation_model_zero_grad", module, TaskModule) or module.automatic_optimization:
+            module.on_validation_model_zero_grad()  # Lightning clears the gradients before each validation
         values = self._evaluate("validate", self._val_loader, self.num_val_batches)
         if self.is_global_zero and values:
             self.log_to_loggers(self._metrics.logger_epoch_values(values))
@@ -984,6 +1076,11 @@ class Trainer:
         strategy = self.strategy
         with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
             strategy.setup_module_and_optimizers(module, [], Plan(training=False))
+        module.zero_grad()  # Lightning clears the gradients when each entry point starts
+        limit_arg = {"validate": self.limit_val_batches, "test": self.limit_test_batches,
+                     "predict": self.limit_predict_batches}[stage]
+        if limit_arg == 0 and stage != "predict":
+            return []  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
         name = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
         loader = loader if loader is not None else self._loader_of(module, name)
         if loader is None:
@@ -997,8 +1094,6 @@ class Trainer:
                 strategy.load_module_state_dict(ckpt["state_dict"])
         world_size, rank = self._shards()
         loaders = [prepare_eval_loader(one, world_size, rank) for one in _as_loaders(loader)]
-        limit_arg = {"validate": self.limit_val_batches, "test": self.limit_test_batches,
-                     "predict": self.limit_predict_batches}[stage]
         limits = [self._limit_eval(one, limit_arg) for one in loaders]
         setattr(self, {"validate": "num_val_batches", "test": "num_test_batches",
                        "predict": "num_predict_batches"}[stage], limits)
@@ -1026,7 +1121,10 @@ class Trainer:
         module, strategy, metrics = self.module, self.strategy, self._metrics
         prefix = "validation" if stage == "validate" else stage
         step_fn = getattr(module, f"{prefix}_step")
-        was_training = module.training
+        modes = _training_modes(module)  # each submodule's flag, given back at the end (Lightning's _ModuleMode)
+        outer_stage = self.state.stage
+        if not self.sanity_checking:
+            self.state.stage = RunningStage(stage)
         getattr(module, f"on_{prefix}_model_eval")()
         metrics.set_stage(stage, False, True)
         hooks = self._all_hooks
@@ -1050,7 +1148,7 @@ class Trainer:
                     metrics.set_batch(batch)
                     for fn in hooks[f"on_{prefix}_batch_start"]:
                         fn(batch, batch_idx, *extra)
-                    outputs = eval_step(step_fn, batch, batch_idx, *extra)
+                    outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
                     for fn in hooks[f"on_{prefix}_batch_end"]:
                         fn(outputs, batch, batch_idx, *extra)
             metrics.dataloader_suffix = ""
@@ -1060,14 +1158,20 @@ class Trainer:
             for fn in self._callback_hooks[f"on_{prefix}_epoch_end"]:
                 fn()
         self._call(f"on_{prefix}_end")
-        if was_training:  # back to training mode (validation inside fit): Lightning's hook, train() by default
+        # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
+        # frozen BatchNorm the user put in eval mode stays so)
+        if is_overridden(f"on_{prefix}_model_train", module, TaskModule):
             getattr(module, f"on_{prefix}_model_train")()
+        else:
+            _restore_training_modes(module, modes)
+        self.state.stage = outer_stage
         return values
 
     def _predict(self, module, loaders, limits, gather):
         """The predictions of each loader (a list per loader); predict_step and the batch hooks get dataloader_idx
         when there are several."""
-        was_training = module.training
+        modes = _training_modes(module)
+        self.state.stage = RunningStage.PREDICTING
         module.on_predict_model_eval()
         # A prediction writer gets each batch's dataset indices; one that writes at the epoch's end, every prediction.
         from tasktrain.callbacks.prediction_writer import BasePredictionWriter
@@ -1098,13 +1202,13 @@ class Trainer:
                         break
                     batch = self._eval_to_device(batch, dataloader_idx)
                     self._call("on_predict_batch_start", batch, batch_idx, *extra)
-                    out = eval_step(module.predict_step, batch, batch_idx, *extra)
+                    out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
                     if keep:
                         predictions.append(out)
                     self._call("on_predict_batch_end", out, batch, batch_idx, *extra)
         self._call("on_predict_epoch_end")
         self._call("on_predict_end")
-        module.train(was_training)
+        _restore_training_modes(module, modes)  # (Lightning calls no on_predict_model_train)
         self.predictions, self.predict_batch_indices = [], []  # the writers are done with them
         if not getattr(self, "_return_predictions", True):
             return None
@@ -1134,12 +1238,15 @@ class Trainer:
             logger.log_metrics(floats, self.global_step)
 
     # -- schedulers --------------------------------------------------------------------------------------------------
-    def _step_schedulers(self, interval):
+    def _step_schedulers(self, interval, plateau=None):
+        """Step the schedulers of `interval`; plateau=True/False: only those that watch a metric / only the others."""
         module = self.module
         step_scheduler = module.lr_scheduler_step if is_overridden("lr_scheduler_step", module, TaskModule) else \
             _step_scheduler
         for config in self.lr_scheduler_configs:
             if config.interval != interval:
+                continue
+            if plateau is not None and plateau != (config.monitor is not None):
                 continue
             count = self.global_step if interval == "step" else self.current_epoch + 1
             if count % config.frequency:
@@ -1420,6 +1527,35 @@ class Trainer:
         return steps if limit is None else min(steps, limit)
 
 
+_ORDER_WARNED = set()
+
+
+def _warn_hook_order(module, callbacks):
+    """Where the module and a callback of the user's both override an event, the module's runs first here and
+    second in Lightning (docs/lightning.md, deliberate differences): said once per process and class pair."""
+    for cb in callbacks:
+        if type(cb).__module__.startswith("tasktrain."):
+            continue
+        both = [e for e in EVENTS if e not in ("state_dict", "load_state_dict", "on_exception")
+                and is_overridden(e, cb, Callback) and is_overridden(e, module, TaskModule)]
+        key = (type(module), type(cb))
+        if both and key not in _ORDER_WARNED:
+            _ORDER_WARNED.add(key)
+            warnings.warn(f"{type(module).__name__} and the callback {type(cb).__name__} both override "
+                          f"{', '.join(both)}: tasktrain runs the module's hook first, then the callback's (Lightning "
+                          "runs the callback's first). See docs/lightning.md, 'Deliberate differences'.")
+
+
+def _training_modes(module):
+    return {name: sub.training for name, sub in module.named_modules()}
+
+
+def _restore_training_modes(module, modes):
+    for name, sub in module.named_modules():
+        if name in modes:
+            sub.training = modes[name]
+
+
 def _as_loaders(loader):
     """Evaluation loaders as a list: several in a list, tuple or dict (in its order, Lightning's sequential mode)."""
     if isinstance(loader, dict):
@@ -1450,8 +1586,9 @@ _REFUSED_HOOKS = {
     "optimizer_step": "the loop steps the optimizer through the strategy (gradient scaler, DeepSpeed's engine). To act "
                       "before the step use on_before_optimizer_step; for learning-rate warm-up, a scheduler with "
                       "interval='step'; for anything else, manual optimisation (self.automatic_optimization = False).",
-    "optimizer_zero_grad": "the loop zeroes gradients with set_to_none=True after each optimizer step through the "
-                           "strategy. Remove the override, use on_before_zero_grad, or manual optimisation.",
+    "optimizer_zero_grad": "the loop zeroes gradients with set_to_none=True at each accumulation window's first "
+                           "backward through the strategy. Remove the override, use on_before_zero_grad, or manual "
+                           "optimisation.",
     "backward": "the strategy runs backward (loss scaling, DeepSpeed's engine). Use on_before_backward / "
                 "on_after_backward, or manual optimisation with self.manual_backward(loss).",
     "configure_gradient_clipping": "clipping is set with Trainer(gradient_clip_val=..., gradient_clip_algorithm=...) "

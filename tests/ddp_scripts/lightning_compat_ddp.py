@@ -1,0 +1,104 @@
+"""Helper for tests/test_lightning_compat.py: issue 25's Lightning scripts on 2 DDP processes (self-launched, gloo):
+a GAN with two optimizers under manual optimisation (training_step without batch_idx), and torchmetrics Metric
+objects given to self.log.
+
+    python lightning_compat_ddp.py OUT STRATEGY     # writes OUT/rank{R}.json with what each rank saw
+"""
+import json
+import os
+import sys
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tasktrain import TaskModule, Trainer
+
+try:
+    from ddp_scripts import common  # imported by the test (the one-process reference)
+except ImportError:
+    import common  # run as a script
+
+
+class GAN(TaskModule):
+    """Lightning's basic GAN shape: the generator's step with the discriminator toggled off, then the
+    discriminator's; the noise is a function of the batch so that a one-process reference can repeat it."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        torch.manual_seed(0)
+        self.generator = torch.nn.Linear(3, 3)
+        self.discriminator = torch.nn.Linear(3, 1)
+
+    def training_step(self, batch):  # no batch_idx: Lightning reads the signature
+        real, _ = batch
+        noise = real.flip(1)
+        opt_g, opt_d = self.optimizers()
+        self.toggle_optimizer(opt_g)
+        g_loss = -self.discriminator(self.generator(noise)).mean()
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+        self.untoggle_optimizer(opt_g)
+        self.toggle_optimizer(opt_d)
+        d_loss = self.discriminator(self.generator(noise).detach()).mean() - self.discriminator(real).mean()
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        self.untoggle_optimizer(opt_d)
+
+    def configure_optimizers(self):
+        return (torch.optim.SGD(self.generator.parameters(), lr=0.1),
+                torch.optim.SGD(self.discriminator.parameters(), lr=0.1))
+
+
+def fit_gan(batch_size, **trainer_args):
+    x, y = common.regression_data()  # 32 samples
+    gan = GAN()
+    trainer = Trainer(max_epochs=2, **trainer_args)
+    trainer.fit(gan, DataLoader(TensorDataset(x, y), batch_size=batch_size))
+    return trainer, [p.detach().flatten().tolist() for p in gan.parameters()]
+
+
+class Scored(TaskModule):
+    """A classifier whose validation accuracy is a torchmetrics Metric given to self.log."""
+
+    def __init__(self):
+        super().__init__()
+        import torchmetrics
+
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(3, 3)
+        self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.val_acc(self(x), y)
+        self.log("val_acc", self.val_acc)
+
+
+def class_data():
+    x, _ = common.regression_data()
+    x = x[:21]  # 21 samples: 11 and 10 per rank in batches of 3 (unequal shards and last batches)
+    return x, (x.sum(1) > 0).long() + (x[:, 0] > 0.5).long()
+
+
+def main(out, strategy):
+    common_args = dict(strategy=strategy, devices=2, accelerator="cpu", enable_progress_bar=False, logger=False,
+                       enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0)
+    facts = {}
+    trainer, facts["gan"] = fit_gan(4, **common_args)  # 4 batches of 4 per rank: of 8 over both
+    facts["rank"] = trainer.global_rank
+    facts["global_step"] = trainer.global_step
+    x, y = class_data()
+    results = Trainer(**common_args).validate(Scored(), DataLoader(TensorDataset(x, y), batch_size=3), verbose=False)
+    facts["val_acc"] = results[0]["val_acc"]
+    with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
+        json.dump(facts, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,446 @@
+"""Issue 25: Lightning scripts behave as under Lightning 2.6.6 (override detection, the progress bar with several
+loaders, names scripts import, ...). The hook call sequences are in tests/test_lightning_hook_order.py."""
+import functools
+import warnings
+from unittest import mock
+
+import pytest
+import torch
+
+from helpers import Linear, loader, quiet
+from tasktrain import Callback, DataModule, TaskModule, Trainer
+from tasktrain.utilities import is_overridden
+
+
+# -- 1. override detection ------------------------------------------------------------------------------------------
+def test_a_hook_set_to_none_is_not_overridden_and_switches_validation_off():
+    module = Linear()
+    module.validation_step = None
+    assert not is_overridden("validation_step", module)
+    trainer = Trainer(max_epochs=1, **quiet(num_sanity_val_steps=2))
+    trainer.fit(module, loader(16), loader(8))  # with validation_step None: no validation loop, no crash
+    assert trainer.global_step == 2 and "val_loss" not in trainer.callback_metrics
+    with pytest.raises(NotImplementedError, match="validation_step"):
+        trainer.validate(module, loader(8))
+    module.on_train_epoch_end = None  # a base hook switched off: not called, no crash
+    Trainer(max_epochs=1, **quiet()).fit(module, loader(8))
+
+
+def test_wrapped_hooks_are_unwrapped_and_called_once():
+    calls = []
+
+    class Counting(Linear):
+        def on_train_epoch_start(self):
+            calls.append("epoch_start")
+
+    module = Counting()
+    assert is_overridden("on_train_epoch_start", module)
+    # functools.wraps over a base hook: what it wraps is the base's, so it is not an override
+    base_hook = module.on_fit_start
+    wrapped = functools.wraps(base_hook)(lambda *a: base_hook(*a))
+    module.on_fit_start = wrapped
+    assert not is_overridden("on_fit_start", module)
+    # a partial (Lightning's test harness) and a Mock(wraps=...) over the override: still one override, called once
+    module.on_train_epoch_start = functools.update_wrapper(functools.partial(module.on_train_epoch_start),
+                                                           module.on_train_epoch_start)
+    assert is_overridden("on_train_epoch_start", module)
+    spy = mock.Mock(wraps=module.on_train_epoch_start)
+    module.on_train_epoch_start = spy
+    assert is_overridden("on_train_epoch_start", module)
+    assert not is_overridden("on_train_epoch_end", module, TaskModule)
+    module.on_train_epoch_end = mock.Mock()  # a Mock wrapping nothing: not an override (Lightning's rule)
+    assert not is_overridden("on_train_epoch_end", module)
+    Trainer(max_epochs=2, **quiet()).fit(module, loader(8))
+    assert calls == ["epoch_start"] * 2 and spy.call_count == 2
+    # a callback's hook wrapped the same way
+    cb = Callback()
+    cb.on_train_end = mock.Mock(wraps=Callback.on_train_end)
+    assert not is_overridden("on_train_end", cb)
+    with pytest.raises(ValueError, match="base class"):
+        is_overridden("forward", torch.nn.Linear(1, 1))
+
+
+class _Data(DataModule):
+    def train_dataloader(self):
+        return loader(8)
+
+
+def test_datamodule_transfer_hooks_run_instead_of_the_modules_one_set_per_hook():
+    seen = []
+
+    class ModuleHooks(Linear):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            seen.append("module.before")
+            return batch
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            seen.append("module.after")
+            return batch
+
+    class DataHooks(_Data):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            seen.append("datamodule.before")
+            return batch
+
+    with pytest.warns(UserWarning) as record:
+        Trainer(max_steps=1, **quiet()).fit(ModuleHooks(), datamodule=DataHooks())
+    # Lightning decides per hook: the DataModule's where it overrides one (warning: the module's is not run),
+    # else the module's (warning: a DataModule was given that does not override it)
+    assert seen == ["datamodule.before", "module.after"]
+    messages = " | ".join(str(w.message) for w in record)
+    assert "on_before_batch_transfer is overridden in both" in messages
+    assert "on_after_batch_transfer is overridden in ModuleHooks and a DataModule" in messages
+    seen.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no DataModule: no warning
+        Trainer(max_steps=1, **quiet()).fit(ModuleHooks(), loader(8))
+    assert seen == ["module.before", "module.after"]
+
+
+# -- 2. the progress bar with several evaluation loaders; get_metrics ------------------------------------------------
+class _TwoLoaders(Linear):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("val_loss", torch.nn.functional.mse_loss(self(batch[0]), batch[1]), prog_bar=True)
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("test_loss", torch.nn.functional.mse_loss(self(batch[0]), batch[1]))
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_default_progress_bar_with_two_validation_and_test_loaders(tty, tmp_path):
+    import io
+
+    from tasktrain import CSVLogger
+    from tasktrain.callbacks.progress import ProgressBar
+
+    class Stream(io.StringIO):
+        def isatty(self):
+            return tty
+
+    stream = Stream()
+    bar = ProgressBar(file=stream, min_interval=0)
+    trainer = Trainer(max_epochs=1, callbacks=[bar], logger=CSVLogger(str(tmp_path)), enable_checkpointing=False)
+    trainer.fit(_TwoLoaders(), loader(16), [loader(8), loader(16)])
+    metrics = bar.get_metrics(trainer, trainer.module)
+    # Lightning's: the logger's version as v_num, then the prog_bar values
+    assert metrics["v_num"] == 0 and set(metrics) == {"v_num", "val_loss/dataloader_idx_0", "val_loss/dataloader_idx_1"}
+    assert "Epoch 0" in stream.getvalue() and "v_num" in stream.getvalue()
+    results = trainer.test(_TwoLoaders(), [loader(8), loader(8)], verbose=False)
+    assert len(results) == 2
+
+
+def test_progress_bar_get_metrics_keeps_epoch_end_values_and_warns_on_v_num():
+    from tasktrain.callbacks.progress import ProgressBar
+
+    class EpochMetrics(Linear):
+        def training_step(self, batch, batch_idx):
+            self.log_dict({"step_metric": torch.tensor(-1.0), "shared_metric": 100.0}, logger=False, prog_bar=True)
+            return super().training_step(batch, batch_idx)
+
+        def on_train_epoch_end(self):
+            self.log_dict({f"epoch_metric_{self.current_epoch}": float(self.current_epoch), "shared_metric": 111.0},
+                          logger=False, prog_bar=True)
+
+    bar = ProgressBar(file=__import__("io").StringIO())
+    trainer = Trainer(max_epochs=3, callbacks=[bar], logger=False, enable_checkpointing=False)
+    trainer.fit(EpochMetrics(), loader(16))
+    metrics = bar.get_metrics(trainer, trainer.module)
+    assert metrics["step_metric"] == -1 and metrics["shared_metric"] == 111
+    assert [metrics[f"epoch_metric_{i}"] for i in range(3)] == [0, 1, 2] and "v_num" not in metrics
+
+    class Override(ProgressBar):
+        def get_metrics(self, trainer, module):
+            items = super().get_metrics(trainer, module)
+            items.pop("v_num", None)
+            return items
+
+    class LogsVNum(Linear):
+        def training_step(self, batch, batch_idx):
+            self.log("v_num", 5.0, prog_bar=True)
+            return super().training_step(batch, batch_idx)
+
+    from tasktrain import CSVLogger
+
+    with pytest.warns(UserWarning, match="already shows v_num"):
+        Trainer(max_epochs=1, callbacks=[ProgressBar(file=__import__("io").StringIO())], enable_checkpointing=False,
+                logger=CSVLogger(__import__("tempfile").mkdtemp())).fit(LogsVNum(), loader(8))
+    override = Override(file=__import__("io").StringIO())
+    trainer = Trainer(max_epochs=1, callbacks=[override], enable_checkpointing=False,
+                      logger=CSVLogger(__import__("tempfile").mkdtemp()))
+    trainer.fit(Linear(), loader(8))
+    assert "v_num" not in override.get_metrics(trainer, trainer.module)
+
+
+# -- 3. manual optimisation on DDP: two optimizers (a GAN), training_step without batch_idx --------------------------
+@pytest.fixture(scope="module")
+def ddp_facts(tmp_path_factory):
+    import json
+    import sys
+
+    from ddp_scripts.common import run, script
+
+    out = tmp_path_factory.mktemp("lightning_compat_ddp")
+    code, stdout, stderr, _ = run([sys.executable, script("lightning_compat_ddp.py"), str(out),
+                                   "ddp_find_unused_parameters_true"], 240, str(out))
+    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    return [json.load(open(out / f"rank{r}.json")) for r in (0, 1)]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_gan_with_two_optimizers_on_two_ddp_processes_trains_as_one_process(ddp_facts):
+    from ddp_scripts.lightning_compat_ddp import fit_gan
+
+    # the reference: one process, the batches of both ranks together (each rank's loss is a mean over 4 samples,
+    # DDP averages the gradients: the mean over the 8)
+    trainer, reference = fit_gan(8, **quiet(enable_model_summary=False))
+    assert trainer.global_step == 16  # 2 epochs x 4 batches x 2 optimizers, training_step(self, batch)
+    for facts in ddp_facts:
+        assert facts["global_step"] == 16
+        for got, want in zip(facts["gan"], reference):
+            assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_step_methods_without_batch_idx_get_the_batch_alone():
+    seen = []
+
+    class NoIndex(Linear):
+        def training_step(self, batch):
+            seen.append("train")
+            return torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+
+        def validation_step(self, batch):
+            seen.append("val")
+
+        def predict_step(self, batch):
+            return self(batch[0])
+
+    class OtherNames(Linear):
+        def training_step(self, x1, batch_nb1):  # any names: two parameters get the batch index
+            assert isinstance(batch_nb1, int)
+            seen.append(batch_nb1)
+            return torch.nn.functional.mse_loss(self(x1[0]), x1[1])
+
+    Trainer(max_epochs=1, **quiet()).fit(NoIndex(), loader(16), loader(8))
+    assert seen == ["train", "train", "val"]
+    assert len(Trainer(**quiet()).predict(NoIndex(), loader(16))) == 2
+    seen.clear()
+    Trainer(max_epochs=1, **quiet()).fit(OtherNames(), loader(16))
+    assert seen == [0, 1]
+
+
+# -- 4. torchmetrics Metric objects in self.log -------------------------------------------------------------------
+class _Classifier(TaskModule):
+    """Lightning's torchmetrics pattern: a metric per stage as attributes, the step calls it, self.log gets it."""
+
+    def __init__(self):
+        super().__init__()
+        import torchmetrics
+
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(4, 3)
+        self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+        self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+        self.val_mae = torchmetrics.MeanAbsoluteError()
+        self.val_batches = []
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.train_acc(logits, y)  # forward: updates the state, returns the batch's accuracy
+        self.log("train_acc", self.train_acc, on_step=True, on_epoch=True)
+        return torch.nn.functional.cross_entropy(logits, y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.val_batches.append((logits.detach().clone(), y.clone()))
+        self.val_acc.update(logits, y)  # update alone: nothing on_step, the epoch's value at its end
+        self.val_mae(logits.argmax(-1).float(), y.float())
+        self.log("val_acc", self.val_acc, metric_attribute="val_acc")
+        self.log("val_mae", self.val_mae, prog_bar=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _class_data(n=24, seed=0):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)),
+                      batch_size=8)
+
+
+def test_torchmetrics_metric_objects_are_logged_as_lightning_logs_them():
+    pytest.importorskip("torchmetrics")  # the optional extra: requirements-dev.txt pins it, so the tests run it
+    module = _Classifier()
+    seen = {}
+
+    class Watch(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.setdefault("step", []).append(float(trainer.callback_metrics["train_acc"]))
+            seen.setdefault("forward", []).append(float(module.train_acc._forward_cache))
+
+    trainer = Trainer(max_epochs=2, callbacks=[Watch()], **quiet())
+    trainer.fit(module, _class_data(), _class_data(16, seed=1))
+    # on_step: the value of each step's forward
+    assert seen["step"] == seen["forward"] and len(seen["step"]) == 6
+    # on_epoch: compute() over the epoch, then reset (the state is empty again after each epoch)
+    logits, y = torch.cat([b[0] for b in module.val_batches[-2:]]), torch.cat([b[1] for b in module.val_batches[-2:]])
+    assert float(trainer.callback_metrics["val_acc"]) == pytest.approx(float((logits.argmax(-1) == y).float().mean()))
+    assert float(trainer.callback_metrics["val_mae"]) == pytest.approx(
+        float((logits.argmax(-1).float() - y.float()).abs().mean()))
+    assert {"train_acc", "train_acc_epoch", "val_acc", "val_mae"} <= set(trainer.callback_metrics)
+    assert int(module.val_acc.tp.sum() + module.val_acc.fn.sum()) == 0 and module.train_acc._update_count == 0
+    results = trainer.validate(module, _class_data(16, seed=1), verbose=False)
+    assert results[0]["val_acc"] == pytest.approx(float(trainer.callback_metrics["val_acc"]))
+
+    class Wrong(_Classifier):
+        def validation_step(self, batch, batch_idx):
+            self.val_acc.update(self(batch[0]), batch[1])
+            self.log("val_acc", self.val_acc, metric_attribute="train_acc")
+
+    with pytest.raises(ValueError, match="is not self.train_acc"):
+        Trainer(max_epochs=1, **quiet()).validate(Wrong(), _class_data())
+
+
+def test_torchmetrics_is_imported_only_when_a_metric_is_logged():
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from helpers import Linear, loader, quiet; import tasktrain; "
+            "tasktrain.Trainer(max_steps=1, **quiet()).fit(Linear(), loader(8)); "
+            "assert 'torchmetrics' not in sys.modules, 'imported'")
+    import os
+
+    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_a_logged_metric_on_two_processes_is_the_metric_over_the_whole_data_set(ddp_facts):
+    pytest.importorskip("torchmetrics")
+    from ddp_scripts.lightning_compat_ddp import Scored, class_data
+
+    x, y = class_data()
+    with torch.no_grad():
+        whole = float((Scored()(x).argmax(-1) == y).float().mean())
+    # each rank computed on its own shard; the metric's compute() synchronised them: the whole set's accuracy
+    assert ddp_facts[0]["val_acc"] == ddp_facts[1]["val_acc"] == pytest.approx(whole, abs=1e-6)
+    shard0 = float((Scored()(x[0::2]).argmax(-1) == y[0::2]).float().mean())
+    assert shard0 != pytest.approx(whole)  # (the data makes the test able to fail: a shard alone differs)
+
+
+# -- 6. names real scripts import ------------------------------------------------------------------------------------
+def test_lightning_core_and_trainer_paths():
+    import tasktrain
+    from tasktrain.core import DataModule as CoreDataModule, TaskModule as CoreTaskModule
+    from tasktrain.core.datamodule import DataModule as DeepDataModule
+    from tasktrain.core.module import TaskModule as DeepTaskModule
+    from tasktrain.trainer import Trainer as TrainerFromPackage, seed_everything
+    from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
+
+    assert CoreTaskModule is DeepTaskModule is tasktrain.TaskModule
+    assert CoreDataModule is DeepDataModule is tasktrain.DataModule
+    assert TrainerFromPackage is tasktrain.Trainer and seed_everything is tasktrain.seed_everything
+    assert TrainerFn.FITTING == "fit" and RunningStage.SANITY_CHECKING == "sanity_check"
+    assert TrainerStatus.FINISHED.stopped and not TrainerStatus.RUNNING.stopped
+
+
+def test_trainer_state_is_lightnings_and_stays_out_of_checkpoints(tmp_path):
+    stages = []
+
+    class Stages(Linear):
+        def training_step(self, batch, batch_idx):
+            stages.append((self.trainer.state.fn, self.trainer.state.stage, self.trainer.state.status))
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx):
+            stages.append((self.trainer.state.fn, self.trainer.state.stage, self.trainer.sanity_checking))
+            super().validation_step(batch, batch_idx)
+
+        def predict_step(self, batch, batch_idx):
+            stages.append((self.trainer.state.fn, self.trainer.state.stage, self.trainer.predicting))
+            return self(batch[0])
+
+    trainer = Trainer(max_epochs=1, **quiet(num_sanity_val_steps=1))
+    assert trainer.state.status == "initializing" and trainer.state.fn is None and not trainer.state.finished
+    module = Stages()
+    trainer.fit(module, loader(8), loader(8))
+    assert stages == [("fit", "sanity_check", True), ("fit", "train", "running"), ("fit", "validate", False)]
+    assert trainer.state.finished and trainer.state.status == "finished" and trainer.state.stage is None
+    assert trainer.state.fn == "fit" and not trainer.training and trainer.state.global_step == 1
+    stages.clear()
+    trainer.predict(module, loader(8))
+    assert stages == [("predict", "predict", True)] and trainer.state.fn == "predict" and trainer.state.finished
+    path = str(tmp_path / "a.ckpt")
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=True)["train_state"]
+    assert not {"status", "fn", "stage"} & set(saved) and saved["global_step"] == 1
+
+    class Failing(Linear):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Failing(), loader(8))
+    assert trainer.state.status == "interrupted" and trainer.state.stopped and not trainer.state.finished
+
+
+def test_load_from_checkpoint_calls_configure_model_and_datamodule_load_from_checkpoint(tmp_path):
+    calls = []
+
+    class Built(Linear):
+        def configure_model(self):
+            calls.append("configure_model")
+            if not hasattr(self, "head"):
+                self.head = torch.nn.Linear(1, 1)
+
+        def on_load_checkpoint(self, checkpoint):
+            calls.append("on_load_checkpoint")
+
+    class Data(DataModule):
+        def __init__(self, batch_size: int = 8):
+            super().__init__()
+            self.save_hyperparameters()
+            self.position = 0
+
+        def train_dataloader(self):
+            return loader(16, batch_size=self.hparams.batch_size)
+
+        def state_dict(self):
+            return {"position": 7}
+
+        def load_state_dict(self, state_dict):
+            calls.append(("datamodule.load_state_dict", state_dict))
+            self.position = state_dict["position"]
+
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(Built(), datamodule=Data(batch_size=4))
+    path = str(tmp_path / "m.ckpt")
+    trainer.save_checkpoint(path)
+    calls.clear()
+    module = Built.load_from_checkpoint(path)  # the head configure_model makes is in the state dict: it loads
+    assert calls == ["configure_model", "on_load_checkpoint"] and hasattr(module, "head")
+    calls.clear()
+    data = Data.load_from_checkpoint(path)
+    assert data.hparams.batch_size == 4 and data.position == 7
+    assert calls == [("datamodule.load_state_dict", {"position": 7})]
+    assert Data.load_from_checkpoint(path, batch_size=2).hparams.batch_size == 2
+    with pytest.raises(TypeError, match="not arguments of Data.__init__"):
+        Data.load_from_checkpoint(path, shuffle=True)
+
+
+def test_clip_gradients_override_is_refused_under_automatic_optimisation():
+    class OwnClipping(Linear):
+        def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            raise AssertionError("never called by the loop")
+
+    with pytest.raises(NotImplementedError, match="overrides clip_gradients"):
+        Trainer(max_steps=1, **quiet()).fit(OwnClipping(), loader(8))
