@@ -18,6 +18,10 @@ PUBLIC_PATHS = {
     "tasktrain.utils.other": "tasktrain.compat.accelerate.utils.other",
     "tasktrain.utils.memory": "tasktrain.compat.accelerate.utils.memory",
     "tasktrain.trainer.accelerate_layout": "tasktrain.compat.accelerate.layout",
+    "tasktrain.utilities.rank_zero": "tasktrain.compat.lightning.utilities.rank_zero",
+    "tasktrain.utilities.types": "tasktrain.compat.lightning.utilities.types",
+    "tasktrain.core.module": "tasktrain.compat.lightning.core.module",
+    "tasktrain.core.datamodule": "tasktrain.compat.lightning.core.datamodule",
 }
 
 
@@ -76,3 +80,19 @@ def test_the_public_paths_of_the_rename_rule_are_the_compat_modules():
 
     assert DeepSpeedPlugin is dataclasses.DeepSpeedPlugin and gather is operations.gather
     assert ProjectConfiguration is CoreProjectConfiguration  # the core's record, under Accelerate's name
+    from tasktrain.compat.lightning.utilities import rank_zero
+    from tasktrain.core import DataModule, TaskModule
+    from tasktrain.utilities import rank_zero_only
+
+    assert rank_zero_only is rank_zero.rank_zero_only and TaskModule.__module__ == "tasktrain.trainer.module"
+    assert DataModule.__module__ == "tasktrain.trainer.datamodule"
+
+
+def test_the_rank_reaches_lightnings_rank_zero_only_through_the_core(monkeypatch):
+    from tasktrain.trainer import runtime
+    from tasktrain.utilities import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    monkeypatch.setattr(runtime, "_KNOWN_RANK", [])
+    runtime.announce_rank(3)  # what a run's start does
+    assert rank_zero_only.rank == 3

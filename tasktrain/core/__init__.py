@@ -1,6 +1,13 @@
-"""Lightning's `lightning.pytorch.core` path, renamed (docs/lightning.md): `from tasktrain.core import TaskModule,
-DataModule`, and `tasktrain.core.module` / `tasktrain.core.datamodule` for the modules that define them."""
-from tasktrain.core.datamodule import DataModule
-from tasktrain.core.module import TaskModule
+"""Lightning's `lightning.pytorch.core` path under the rename rule: the names of tasktrain/compat/lightning/core, and its
+modules under their Lightning names (tasktrain.core.<module> are those very modules)."""
+from tasktrain.compat.lightning import core as _layer
 
-__all__ = ["DataModule", "TaskModule"]
+__all__ = [name for name in dir(_layer) if not name.startswith("_")]
+
+
+def __getattr__(name):
+    return getattr(_layer, name)
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,4 +1,5 @@
-"""`lightning.pytorch.core.datamodule` renamed: DataModule (defined in tasktrain.trainer.datamodule)."""
-from tasktrain.trainer.datamodule import DataModule
+"""Lightning's `lightning.pytorch.core.datamodule` path: tasktrain/compat/lightning/core/datamodule.py (this name is that module)."""
+import importlib
+import sys
 
-__all__ = ["DataModule"]
+sys.modules[__name__] = importlib.import_module("tasktrain.compat.lightning.core.datamodule")

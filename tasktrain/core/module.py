@@ -1,4 +1,5 @@
-"""`lightning.pytorch.core.module` renamed: TaskModule (defined in tasktrain.trainer.module)."""
-from tasktrain.trainer.module import TaskModule
+"""Lightning's `lightning.pytorch.core.module` path: tasktrain/compat/lightning/core/module.py (this name is that module)."""
+import importlib
+import sys
 
-__all__ = ["TaskModule"]
+sys.modules[__name__] = importlib.import_module("tasktrain.compat.lightning.core.module")

@@ -1,13 +1,6 @@
-"""Type names Lightning scripts annotate with (`lightning.pytorch.utilities.types`)."""
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Union
+"""Lightning's `lightning.pytorch.utilities.types` path: tasktrain/compat/lightning/utilities/types.py (this name is that
+module)."""
+import importlib
+import sys
 
-import torch
-
-STEP_OUTPUT = Optional[Union[torch.Tensor, Mapping[str, Any]]]
-TRAIN_DATALOADERS = Any  # a loader, or a collection of loaders
-EVAL_DATALOADERS = Any
-OptimizerLRScheduler = Optional[Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], Dict[str, Any],
-                                      Iterable[Any]]]
-LRSchedulerTypeUnion = Any
-
-__all__ = ["STEP_OUTPUT", "TRAIN_DATALOADERS", "EVAL_DATALOADERS", "OptimizerLRScheduler", "LRSchedulerTypeUnion"]
+sys.modules[__name__] = importlib.import_module("tasktrain.compat.lightning.utilities.types")

@@ -1,0 +1,63 @@
+"""Run or print on global rank 0 only (Lightning's `lightning.pytorch.utilities.rank_zero`).
+
+`rank_zero_only.rank` is this process's global rank: read from the launcher's variables when this module is
+imported (RANK, then LOCAL_RANK, SLURM_PROCID), and set by the Trainer when a run starts, so a function decorated
+at import time of a user's script knows its rank in every process the launcher or the Trainer started.
+"""
+import functools
+import logging
+import os
+import warnings
+
+from tasktrain.trainer.runtime import on_rank_known
+
+log = logging.getLogger("tasktrain")
+
+
+def _rank_from_environment():
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        value = os.environ.get(key)
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def rank_zero_only(fn=None, default=None):
+    """`@rank_zero_only` on a function: it runs on global rank 0 and returns `default` (None) elsewhere."""
+    if fn is None:
+        return functools.partial(rank_zero_only, default=default)
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if rank_zero_only.rank == 0:
+            return fn(*args, **kwargs)
+        return default
+
+    return wrapped
+
+
+rank_zero_only.rank = _rank_from_environment()
+# set by every run's start (the Trainer tells the core, which tells its listeners)
+on_rank_known(lambda rank: setattr(rank_zero_only, "rank", rank))
+
+
+@rank_zero_only
+def rank_zero_info(*args, **kwargs):
+    """logging.info on rank 0 (the "tasktrain" logger)."""
+    log.info(*args, **kwargs)
+
+
+@rank_zero_only
+def rank_zero_debug(*args, **kwargs):
+    log.debug(*args, **kwargs)
+
+
+@rank_zero_only
+def rank_zero_warn(message, category=UserWarning, stacklevel=4, **kwargs):
+    """warnings.warn on rank 0: a warning every rank would print once per rank is printed once."""
+    warnings.warn(message, category=category, stacklevel=stacklevel, **kwargs)
+
+
+@rank_zero_only
+def rank_zero_deprecation(message, stacklevel=4, **kwargs):
+    warnings.warn(message, category=DeprecationWarning, stacklevel=stacklevel, **kwargs)
