@@ -507,6 +507,12 @@ def test_disk_offload_trains_like_cpu_offload_and_resumes_exactly(on_disk, tmp_p
         for name, value in nvme["weights"].items():
             torch.testing.assert_close(again["weights"][name], value, rtol=0, atol=1e-5)
         assert any(f.startswith(f"zero_stage_3/optimizer/rank{rank}/") for f in again["swap_files"])
+        # the Accelerator under the same launch config: disk offload, with the losses of CPU offload
+        accelerated = resumed[rank]["accelerator"]
+        assert f"to disk ({root / 'swap2'})" in accelerated["nvme"]["strategy"], accelerated["nvme"]["strategy"]
+        assert "to disk" not in accelerated["cpu"]["strategy"] and len(accelerated["nvme"]["losses"]) == 4
+        torch.testing.assert_close(torch.tensor(accelerated["nvme"]["losses"]),
+                                   torch.tensor(accelerated["cpu"]["losses"]), rtol=0, atol=1e-5)
     assert "resumed from" in stdout and "global step 14" in stdout
 
     # `tasktrain convert` reads a disk-offload checkpoint directory (no swap folder needed): the trained weights

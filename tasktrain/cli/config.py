@@ -373,10 +373,10 @@ class LaunchSettings:
             return self.strategy
         ds = self.deepspeed
         details = [f"stage {ds['stage']}"]
-        if ds["offload_optimizer"]:
-            details.append("offload optimizer")
-        if ds["offload_parameters"]:
-            details.append("offload parameters")
+        for key, what in (("offload_optimizer", "offload optimizer"), ("offload_parameters", "offload parameters")):
+            if ds[key]:
+                details.append(f"{what} to disk ({ds.get('nvme_path') or 'the config file says where'})"
+                               if ds[key] == "nvme" else what)
         if ds.get("config"):
             details.append(f"config {ds['config']}")
         return f"{self.strategy} ({', '.join(details)})"

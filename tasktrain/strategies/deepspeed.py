@@ -274,6 +274,13 @@ class DeepSpeed(DDP):
             # Below stage 3 the weights are whole on every rank and there is no optimizer state to shard:
             # DeepSpeed's stages 1-2 also refuse to start without an optimizer.
             config["zero_optimization"] = {"stage": 0}
+        zero = config["zero_optimization"]
+        if isinstance(zero.get("offload_param"), dict) and zero["offload_param"].get("device") == "nvme" and \
+                self.module is not None and self._partitioned():
+            # The module of a finished disk-offload fit keeps its partitions in that engine's swap files; a new
+            # engine with its own parameter swapper would empty the folder first (DeepSpeed's swapper does at
+            # start). The partitions read themselves back through their own swapper: this engine adds none.
+            zero["offload_param"] = {"device": "cpu", "pin_memory": zero["offload_param"].get("pin_memory", False)}
         return config
 
     def resolved_config(self, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
@@ -400,7 +407,9 @@ class DeepSpeed(DDP):
             optimizer = self._offload_optimizer(optimizer, config)
         model = _EngineForward(self.module) if self._wrapped else self.module
         kwargs = {"optimizer": optimizer} if optimizer is not None else {}
-        self.engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False, **kwargs)
+        with _honour_init_dtype(_nvme_folders(config).get("offload_param") is not None):
+            self.engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False,
+                                                        **kwargs)
         self.config = config
         # Trainable ones: a user may keep a frozen part in another dtype on purpose.
         _check_param_dtypes([p for p in self.engine.module.parameters() if p.requires_grad], _param_dtype_of(config),
@@ -702,6 +711,13 @@ class DeepSpeed(DDP):
         saved_stage = meta.get("stage")
         tag = meta.get("tag", ENGINE_TAG)
         same = saved_world in (None, self.world_size) and saved_stage in (None, stage)
+        swapping = _swaps_optimizer(self.engine.optimizer)
+        if swapping and (meta.get("universal") or not same):
+            raise CheckpointError(
+                f"{path!r} was written by {saved_world} processes at ZeRO stage {saved_stage}; this run offloads the "
+                f"optimizer to disk with {self.world_size} at stage {stage}, and DeepSpeed 0.19.8 loads into such an "
+                "engine only checkpoints of its own layout. Resume once on the saved number of processes and stage "
+                "(or with offload_device='cpu', which loads any), save, and continue from that checkpoint.")
         if meta.get("universal") or (not same and 0 not in (stage, saved_stage)):
             # Another number of processes or another ZeRO stage: through DeepSpeed's universal checkpoint.
             self._load_universal(path, ckpt, tag, saved_world, saved_stage)
@@ -713,11 +729,15 @@ class DeepSpeed(DDP):
                 f"at stage 0. Resume at stage {saved_stage}, or convert it into a plain checkpoint (`tasktrain "
                 "convert DIR out.ckpt --to ckpt`) and that into a DeepSpeed one (`--to deepspeed`).")
         # (stage 0 keeps the whole optimizer state in every rank's file: any number of processes loads it)
+        if swapping:
+            # DeepSpeed copies the checkpoint's copy of the swap folder back, and fails where there is none (one
+            # written without offload to disk); what it copies is put right from the ZeRO file after the load.
+            os.makedirs(os.path.join(path, tag, "offloaded_tensors", f"rank{self.global_rank:0>2d}"), exist_ok=True)
         loaded, _ = self.engine.load_checkpoint(path, tag=tag, load_module_strict=True,
                                                 load_optimizer_states=True, load_lr_scheduler_states=True)
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the checkpoint in {path!r} (see its log above).")
-        if _swaps_optimizer(self.engine.optimizer):
+        if swapping:
             self._restore_swapped_state(path, tag)
         self._loaded_engine_state = True
         return ckpt
@@ -863,10 +883,11 @@ class DeepSpeed(DDP):
     def describe(self):
         stage = self.config["zero_optimization"]["stage"] if self.config else self.zero_stage()
         extras = [f"ZeRO stage {stage}"]
-        if self.config and _offloads(self.config, "offload_optimizer"):
-            extras.append("optimizer offload")
-        if self.config and _offloads(self.config, "offload_param"):
-            extras.append("parameter offload")
+        for key, what in (("offload_optimizer", "optimizer offload"), ("offload_param", "parameter offload")):
+            if self.config and _offloads(self.config, key):
+                disk = self.config["zero_optimization"][key]["device"] == "nvme"
+                extras.append(f"{what} to disk ({self.config['zero_optimization'][key]['nvme_path']})" if disk
+                              else what)
         backend = dist.get_backend() if dist.is_initialized() else "?"
         return (f"strategy={self.name} ({', '.join(extras)}), world_size={self.world_size}, backend={backend}, "
                 f"device={self.root_device}")
@@ -1397,6 +1418,32 @@ def convert_to_deepspeed(checkpoint_path, output_dir):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output_dir
+
+
+@contextlib.contextmanager
+def _honour_init_dtype(enabled):
+    """Parameter offload to disk: DeepSpeed 0.19.8's engine partitions the module through zero.Init(dtype=<the
+    module's dtype>), and Init._set_dtype drops that explicit dtype on accelerators without float16 support
+    (`dtype or float16 if fp16 else bfloat16`, deepspeedai/DeepSpeed#8428): the parameter swapper, whose dtype is
+    Init's, would then keep an fp32 run's partitions in bf16 swap files. For initialize only, an explicit dtype is
+    used as given (the upstream fix); without one, DeepSpeed's own choice."""
+    if not enabled:
+        yield
+        return
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    original = Init._set_dtype
+
+    def set_dtype(self, ds_config, dtype):
+        if dtype is None:
+            return original(self, ds_config, dtype)
+        self.dtype = dtype
+
+    Init._set_dtype = set_dtype
+    try:
+        yield
+    finally:
+        Init._set_dtype = original
 
 
 def _swaps_optimizer(optimizer):

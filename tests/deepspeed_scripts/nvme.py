@@ -34,6 +34,32 @@ def swap_files(folder, rank):
     return sorted(found)
 
 
+def accelerator_steps(strategy, steps=4):
+    """A custom loop: `steps` AdamW steps of the classifier; the strategy from the launch config when None."""
+    from digits import Classifier, digits_loaders
+
+    from tasktrain import Accelerator, seed_everything
+
+    seed_everything(0)
+    accelerator = Accelerator(strategy=strategy)
+    model = Classifier(hidden=HIDDEN)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    loader = digits_loaders(batch_size=32)[0]
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses = []
+    for step, (x, y) in enumerate(loader):
+        if step == steps:
+            break
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    described = accelerator.strategy.describe()
+    accelerator.free_memory()  # the engine goes; the process group stays for the next run
+    return {"losses": losses, "strategy": described}
+
+
 def on_disk(folder):
     return DeepSpeed(stage=3, offload_optimizer=True, offload_parameters=True, offload_device="nvme",
                      nvme_path=folder)
@@ -53,6 +79,10 @@ def main():
         results["resumed"] = fit("killed", "auto", args.root, hidden=HIDDEN, ckpt_path="last",
                                  callbacks=[ModelCheckpoint(every_n_train_steps=1, save_last=True)])
         results["resumed"]["swap_files"] = swap_files(os.path.join(args.root, "swap2"), rank)
+        # The Accelerator: the launch config's disk offload, then CPU offload, a few steps each
+        results["accelerator"] = {"nvme": accelerator_steps(None),
+                                  "cpu": accelerator_steps(DeepSpeed(stage=3, offload_optimizer=True,
+                                                                     offload_parameters=True))}
     else:
         results["cpu"] = fit("cpu", DeepSpeed(stage=3, offload_optimizer=True, offload_parameters=True), args.root,
                              hidden=HIDDEN)
