@@ -511,7 +511,13 @@ class DeepSpeed(DDP):
         return self.engine(batch, batch_idx, _tasktrain_step=self.module.training_step)
 
     def eval_step(self, step_fn, *args):
-        return self.engine(*args, _tasktrain_step=step_fn)
+        if self.config["zero_optimization"]["stage"] != 3:
+            return self.engine(*args, _tasktrain_step=step_fn)
+        # ZeRO-3 gathers the partitioned parameters in the forward: gathered under inference_mode they become
+        # inference tensors that a later training forward cannot save for backward (seen with a parameter over
+        # the persistence threshold, validated inside fit). Evaluation steps run under no_grad instead.
+        with torch.inference_mode(False), torch.no_grad():
+            return self.engine(*args, _tasktrain_step=step_fn)
 
     def no_backward_sync(self, enabled: bool, model=None):
         """Tell the engine whether this micro-batch closes the accumulation window (DeepSpeed holds back the

@@ -43,7 +43,7 @@ def accelerator_steps(strategy, steps=4):
     seed_everything(0)
     accelerator = Accelerator(strategy=strategy)
     model = Classifier(hidden=HIDDEN)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = digits_loaders(batch_size=32)[0]
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     losses = []
