@@ -1020,6 +1020,10 @@ def _nvme_sections(config, zero, stage, nvme_path, aio):
         section["nvme_path"] = os.path.abspath(os.path.expanduser(os.fspath(path)))
         for name, value in NVME_DEFAULTS[key].items():
             section.setdefault(name, value)
+    if "offload_param" in disk:
+        # DeepSpeed 0.19.8's prefetch of swapped parameters fails on a model of several swapped layers ("param N
+        # already assigned swap buffer id M", at the second forward): off unless the config sets it.
+        zero.setdefault("stage3_prefetch_bucket_size", 0)
     merged = dict(AIO_DEFAULTS)
     for name, value in (config.get("aio") or {}).items():
         merged[name] = value
