@@ -51,6 +51,7 @@ bench: $(STAMP) $(OPS)
 	$(PY) benchmarks/startup.py
 	$(PY) benchmarks/ddp.py
 	$(PY) benchmarks/deepspeed_memory.py
+	$(PY) benchmarks/deepspeed_offload.py
 	$(PY) benchmarks/fsdp_memory.py
 	$(PY) benchmarks/gpt.py
 
