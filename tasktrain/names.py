@@ -36,6 +36,10 @@ STRATEGIES = {
     "deepspeed_stage_2_offload": _deepspeed(stage=2, offload_optimizer=True),
     "deepspeed_stage_3": _deepspeed(stage=3),
     "deepspeed_stage_3_offload": _deepspeed(stage=3, offload_optimizer=True, offload_parameters=True),
+    # Offload to disk: the folder comes with the name, Trainer(strategy="deepspeed_stage_3_offload_nvme") alone is
+    # an error asking for it (strategy_from_name(name, nvme_path=...) or DeepSpeed(..., nvme_path=...)).
+    "deepspeed_stage_3_offload_nvme": _deepspeed(stage=3, offload_optimizer=True, offload_parameters=True,
+                                                 offload_device="nvme"),
     "fsdp": StrategyName("tasktrain.strategies.fsdp", "FSDP", {}, "FSDP"),
     "fsdp_cpu_offload": StrategyName("tasktrain.strategies.fsdp", "FSDP", {"cpu_offload": True}, "FSDP"),
 }
@@ -72,8 +76,11 @@ def normalize_precision(value) -> str:
     return PRECISION_ALIASES[value]
 
 
-def deepspeed_name(stage, offload_optimizer, offload_parameters) -> str:
-    """The registry name of a DeepSpeed choice, where one exists; plain "deepspeed" (arguments elsewhere) if not."""
+def deepspeed_name(stage, offload_optimizer, offload_parameters, nvme_path=None) -> str:
+    """The registry name of a DeepSpeed choice, where one exists; plain "deepspeed" (arguments elsewhere) if not.
+    offload_...: False, True or "cpu" (memory), "nvme" (disk; its folder, nvme_path, is an argument no name holds)."""
+    if "nvme" in (offload_optimizer, offload_parameters):
+        return "deepspeed"
     wanted = {"stage": stage}
     if offload_optimizer:
         wanted["offload_optimizer"] = True

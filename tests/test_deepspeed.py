@@ -386,3 +386,140 @@ def test_zero3_parameter_dtypes_do_not_depend_on_the_cpu(tmp_path):
     assert re.search(r"DeepSpeed \d+\.\d+", error), error
     for word in ("torch.float16", "precision='32-true'", "torch.float32"):
         assert word in error, error
+
+
+# -- offload to disk ("nvme": a local folder; DeepSpeed's async_io op, which needs libaio-dev) ---------------------
+NVME_SCRIPT = os.path.join(HERE, "deepspeed_scripts", "nvme.py")
+
+
+def test_disk_offload_config_and_errors(tmp_path):
+    """Offload to disk: the sections, the aio defaults and their overrides, and the errors raised at construction."""
+    from tasktrain.utils.dataclasses import DeepSpeedPlugin
+
+    config = DeepSpeed(stage=3, offload_optimizer=True, offload_parameters=True, offload_device="nvme",
+                       nvme_path=str(tmp_path), aio={"queue_depth": 4}).resolved_config(4)
+    zero = config["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": str(tmp_path), "pin_memory": False,
+                                         "buffer_count": 4}
+    assert zero["offload_param"] == {"device": "nvme", "nvme_path": str(tmp_path), "pin_memory": False,
+                                     "buffer_count": 5, "buffer_size": "auto", "max_in_cpu": 0}
+    assert config["aio"]["queue_depth"] == 4 and config["aio"]["block_size"] == 1048576
+    # one offload on disk, the other in memory; the config's own values win over the defaults
+    own = {"zero_optimization": {"offload_param": {"device": "nvme", "buffer_size": 10 ** 6}}, "aio": {"block_size": 4096}}
+    config = DeepSpeed(stage=3, config=own, offload_optimizer="cpu", nvme_path=str(tmp_path)).resolved_config(4)
+    assert config["zero_optimization"]["offload_param"]["buffer_size"] == 10 ** 6
+    assert config["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+    assert config["aio"]["block_size"] == 4096 and config["aio"]["overlap_events"] is True
+    # the registry name and the Accelerator's plugin give the same strategy
+    named = strategy_from_name("deepspeed_stage_3_offload_nvme", nvme_path=str(tmp_path)).resolved_config(4)
+    plugin = DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="nvme", offload_param_device="nvme",
+                             offload_optimizer_nvme_path=str(tmp_path), offload_param_nvme_path=str(tmp_path))
+    assert plugin.strategy().resolved_config(4) == named
+    for kwargs, words in [
+        (dict(stage=3, offload_optimizer=True, offload_device="nvme"), ["nvme_path"]),
+        (dict(stage=2, offload_optimizer="nvme", nvme_path=str(tmp_path)), ["stage 3", "stage 2"]),
+        (dict(stage=2, offload_parameters=True, offload_device="nvme", nvme_path=str(tmp_path)), ["stage 3"]),
+        (dict(stage=3, nvme_path=str(tmp_path)), ["nothing is offloaded to disk"]),
+        (dict(stage=3, offload_optimizer="disk"), ["'cpu' or 'nvme'"]),
+        (dict(stage=3, offload_optimizer="nvme", nvme_path=str(tmp_path), aio={"depth": 1}), ["not an aio setting"]),
+        (dict(stage=3, offload_parameters="nvme", nvme_path=str(tmp_path), zero3_init=True), ["buffer_size"]),
+    ]:
+        with pytest.raises(ValueError) as err:
+            DeepSpeed(**kwargs)
+        for word in words:
+            assert word in str(err.value), (kwargs, str(err.value))
+    with pytest.raises(ValueError, match="nvme_path"):
+        strategy_from_name("deepspeed_stage_3_offload_nvme")
+    with pytest.raises(ValueError, match="two folders"):
+        DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="nvme", offload_param_device="nvme",
+                        offload_optimizer_nvme_path=str(tmp_path), offload_param_nvme_path="/elsewhere").strategy()
+
+
+def test_disk_offload_checks_before_training(tmp_path, monkeypatch):
+    """The folder, libaio and the async_io op are checked before training (setup_environment runs this on every rank):
+    a missing or read-only folder, no libaio (the Debian package named), a file system where async I/O fails."""
+    from tasktrain.strategies import deepspeed as ds
+
+    def config(folder):
+        return DeepSpeed(stage=3, offload_optimizer="nvme", nvme_path=str(folder)).resolved_config(4)
+
+    with pytest.raises(ValueError, match="does not exist.*mkdir -p"):
+        ds.check_nvme_offload(config(tmp_path / "missing"))
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    monkeypatch.setattr(ds.os, "access", lambda path, mode: os.fspath(path) != str(read_only))
+    with pytest.raises(ValueError, match="not writable"):
+        ds.check_nvme_offload(config(read_only))
+    monkeypatch.undo()
+    monkeypatch.setattr(ds, "_async_io_available", lambda: False)
+    with pytest.raises(RuntimeError, match="libaio-dev.*apt-get install -y libaio-dev"):
+        ds.check_nvme_offload(config(tmp_path))
+    monkeypatch.undo()
+    monkeypatch.setattr(ds, "_probe_async_io", lambda folder, aio: "the write failed")
+    with pytest.raises(RuntimeError, match="async I/O.*the write failed.*local disk"):
+        ds.check_nvme_offload(config(tmp_path))
+    monkeypatch.undo()
+    # the real probe: a 1 MiB aio write and read in the folder works on this disk
+    assert ds._probe_async_io(str(tmp_path), config(tmp_path)["aio"]) is None
+    assert os.listdir(tmp_path) == ["read_only"]  # the probe's file is gone
+    ds.check_nvme_offload(config(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def on_disk(tmp_path_factory):
+    """One launch: CPU offload, disk offload (checkpointing every step), disk offload killed after step 15; then the
+    killed run resumed through `tasktrain launch` and the Accelerate YAML keys, into a new swap folder."""
+    root = tmp_path_factory.mktemp("ds_nvme")
+    out = root / "out"
+    run(NVME_SCRIPT, "--root", str(root), "--out", str(out), "--kill-at", "15", expect_ok=False, timeout=600)
+    first = results(out)
+    (root / "swap2").mkdir()
+    yaml = root / "nvme.yaml"
+    yaml.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\nuse_cpu: true\ndeepspeed_config:\n"
+                    "  zero_stage: 3\n  offload_optimizer_device: nvme\n  offload_param_device: nvme\n"
+                    f"  offload_optimizer_nvme_path: {root / 'swap2'}\n  offload_param_nvme_path: {root / 'swap2'}\n")
+    proc = run("-m", "tasktrain.cli.main", "launch", "--config_file", str(yaml), NVME_SCRIPT, "--root", str(root),
+               "--out", str(out), "--resume", timeout=600)
+    resumed = [torch.load(f"{out}.resumed.rank{rank}.pt") for rank in (0, 1)]
+    return root, first, resumed, proc.stdout
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1200)
+def test_disk_offload_trains_like_cpu_offload_and_resumes_exactly(on_disk, tmp_path):
+    root, first, resumed, stdout = on_disk
+    for rank in (0, 1):
+        cpu, nvme = first[rank]["cpu"], first[rank]["nvme"]
+        assert nvme["global_step"] == cpu["global_step"] == 22 and len(nvme["losses"]) == 44
+        torch.testing.assert_close(torch.tensor(nvme["losses"]), torch.tensor(cpu["losses"]), rtol=0, atol=1e-5)
+        for name, value in cpu["weights"].items():
+            torch.testing.assert_close(nvme["weights"][name], value, rtol=0, atol=1e-5)
+        # both offloads really on disk, for this rank: the optimizer's swap files and the big weight's partition
+        files = nvme["swap_files"]
+        assert any(f.startswith(f"zero_stage_3/optimizer/rank{rank}/") and f.endswith(".swp") for f in files), files
+        assert any(f.startswith(f"zero_stage_3/float32params/rank{rank}/") and f.endswith(".swp") for f in files), files
+        # the resumed run (launched from the YAML, a new swap folder) continues with the uninterrupted run's losses:
+        # Adam's moments and step counts came back (DeepSpeed 0.19.8 alone restarts them: lr x sign(grad))
+        again = resumed[rank]["resumed"]
+        assert again["global_step"] == 22 and 0 < len(again["losses"]) < 44
+        torch.testing.assert_close(torch.tensor(again["losses"]), torch.tensor(nvme["losses"][-len(again["losses"]):]),
+                                   rtol=0, atol=1e-5)
+        for name, value in nvme["weights"].items():
+            torch.testing.assert_close(again["weights"][name], value, rtol=0, atol=1e-5)
+        assert any(f.startswith(f"zero_stage_3/optimizer/rank{rank}/") for f in again["swap_files"])
+        # the Accelerator under the same launch config: disk offload, with the losses of CPU offload
+        accelerated = resumed[rank]["accelerator"]
+        assert f"to disk ({root / 'swap2'})" in accelerated["nvme"]["strategy"], accelerated["nvme"]["strategy"]
+        assert "to disk" not in accelerated["cpu"]["strategy"] and len(accelerated["nvme"]["losses"]) == 4
+        torch.testing.assert_close(torch.tensor(accelerated["nvme"]["losses"]),
+                                   torch.tensor(accelerated["cpu"]["losses"]), rtol=0, atol=1e-5)
+    assert "resumed from" in stdout and "global step 14" in stdout
+
+    # `tasktrain convert` reads a disk-offload checkpoint directory (no swap folder needed): the trained weights
+    out = tmp_path / "model.ckpt"
+    run("-m", "tasktrain.cli.main", "convert", str(root / "nvme" / "checkpoints" / "last.ckpt"), str(out),
+        timeout=120)
+    state = torch.load(out, weights_only=True)["state_dict"]
+    assert set(state) == set(first[0]["nvme"]["weights"])
+    for name, value in state.items():
+        torch.testing.assert_close(value, first[0]["nvme"]["weights"][name], rtol=0, atol=1e-6)

@@ -405,7 +405,11 @@ def test_yaml_booleans_are_read_as_the_names_they_spell(tmp_path):
     ("main_process_port: 70000\n", "main_process_port: 70000 is too large"),
     ("use_cpu: maybe\n", "use_cpu: 'maybe' is not true or false"),
     ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 4\n", "zero_stage: 4 is too large"),
-    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  offload_optimizer_device: nvme\n", "deepspeed_config_file"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  offload_optimizer_device: nvme\n", "needs zero_stage 3"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_param_device: nvme\n",
+     "offload_param_nvme_path"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_optimizer_device: nvme\n"
+     "  offload_param_device: nvme\n  offload_optimizer_nvme_path: /a\n  offload_param_nvme_path: /b\n", "two folders"),
     ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: missing.json\n", "does not exist"),
     ("- num_processes: 2\n", "expected a mapping"),
     ("num_processes: [\n", "not valid YAML"),
@@ -452,6 +456,12 @@ def test_flag_beats_file_beats_default(tmp_path):
     # Parameter offload exists only at stage 3 (DeepSpeed silently ignores it at stage 2): said, not passed on.
     ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  offload_param_device: cpu\n",
      "deepspeed_stage_2", 2, False, False),
+    # Offload to disk (Accelerate's keys): the folder goes to the strategy; one offload may stay in memory
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_optimizer_device: nvme\n"
+     "  offload_param_device: nvme\n  offload_optimizer_nvme_path: /swap\n  offload_param_nvme_path: /swap\n",
+     "deepspeed", 3, "nvme", "nvme"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_optimizer_device: nvme\n"
+     "  offload_param_device: cpu\n  offload_optimizer_nvme_path: /swap\n", "deepspeed", 3, "nvme", True),
 ])
 def test_deepspeed_choices_map_to_stage_and_offload(tmp_path, text, name, stage, offload_optimizer,
                                                     offload_parameters):
@@ -461,6 +471,15 @@ def test_deepspeed_choices_map_to_stage_and_offload(tmp_path, text, name, stage,
         stage, offload_optimizer, offload_parameters)
     env = s.worker_env()
     assert env["TASKTRAIN_STRATEGY"] == "deepspeed" and json.loads(env["TASKTRAIN_DEEPSPEED"]) == s.deepspeed
+    if "nvme" in (offload_optimizer, offload_parameters):
+        assert s.deepspeed["nvme_path"] == "/swap"
+        from tasktrain.strategies.registry import strategy_from_name
+
+        zero = strategy_from_name("deepspeed", **s.deepspeed).resolved_config(4)["zero_optimization"]
+        assert zero["offload_optimizer"]["nvme_path"] == "/swap" and zero["offload_optimizer"]["device"] == "nvme"
+        assert zero["offload_param"]["device"] == ("cpu" if offload_parameters is True else offload_parameters)
+        back = load_config(cfg.write_config(cfg.settings_to_values(s), str(tmp_path / "back.yaml")), gpu_count=0)
+        assert back.deepspeed == s.deepspeed  # `tasktrain config` writes the same keys back
 
 
 def test_the_launcher_accepts_every_name_the_library_does(tmp_path):
@@ -473,6 +492,14 @@ def test_the_launcher_accepts_every_name_the_library_does(tmp_path):
         assert load(tmp_path, f"precision: {json.dumps(alias)}\n").precision == name == normalize_precision(alias)
     for name, entry in STRATEGIES.items():
         processes = 1 if entry.distributed_type == "NO" else 2
+        if entry.kwargs.get("offload_device") == "nvme":  # offload to disk: the name needs its folder
+            with pytest.raises(ConfigError, match="offload_optimizer_nvme_path"):
+                load(tmp_path, f"strategy: {name}\nnum_processes: 2\n")
+            s = load(tmp_path, f"strategy: {name}\nnum_processes: 2\ndeepspeed_config:\n"
+                               "  offload_optimizer_nvme_path: /swap\n  offload_param_nvme_path: /swap\n")
+            assert s.deepspeed["offload_optimizer"] == s.deepspeed["offload_parameters"] == "nvme", name
+            assert s.deepspeed["stage"] == 3 and s.deepspeed["nvme_path"] == "/swap", name
+            continue
         s = load(tmp_path, f"strategy: {name}\nnum_processes: {processes}\n")
         assert s.strategy == name or (entry.distributed_type == "DEEPSPEED" and s.is_deepspeed), name
         if entry.distributed_type == "DEEPSPEED":

@@ -61,6 +61,7 @@ IGNORED_PREFIXES = {"tpu_": "TPU only"}
 DEEPSPEED_USED_KEYS = (
     "zero_stage", "gradient_accumulation_steps", "gradient_clipping", "offload_optimizer_device",
     "offload_param_device", "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_config_file",
+    "offload_optimizer_nvme_path", "offload_param_nvme_path",
 )
 DEEPSPEED_IGNORED_KEYS = {
     "deepspeed_multinode_launcher": "torchrun runs on every machine: start the same command on each",
@@ -68,8 +69,6 @@ DEEPSPEED_IGNORED_KEYS = {
     "deepspeed_inclusion_filter": "torchrun runs on every machine: start the same command on each",
     "deepspeed_exclusion_filter": "torchrun runs on every machine: start the same command on each",
     "deepspeed_moe_layer_cls_names": "MoE layers are the script's business",
-    "offload_optimizer_nvme_path": "NVMe offload needs a deepspeed_config_file",
-    "offload_param_nvme_path": "NVMe offload needs a deepspeed_config_file",
 }
 
 # fsdp_config (distributed_type FSDP): Accelerate's keys, mapped onto FSDP(...) arguments by the table the Accelerator's
@@ -374,10 +373,10 @@ class LaunchSettings:
             return self.strategy
         ds = self.deepspeed
         details = [f"stage {ds['stage']}"]
-        if ds["offload_optimizer"]:
-            details.append("offload optimizer")
-        if ds["offload_parameters"]:
-            details.append("offload parameters")
+        for key, what in (("offload_optimizer", "offload optimizer"), ("offload_parameters", "offload parameters")):
+            if ds[key]:
+                details.append(f"{what} to disk ({ds.get('nvme_path') or 'the config file says where'})"
+                               if ds[key] == "nvme" else what)
         if ds.get("config"):
             details.append(f"config {ds['config']}")
         return f"{self.strategy} ({', '.join(details)})"
@@ -674,28 +673,50 @@ def _deepspeed_kwargs(strategy: str, ds: dict, s: LaunchSettings) -> dict:
 
     offload_opt = _offload("deepspeed_config.offload_optimizer_device", ds.get("offload_optimizer_device"))
     offload_param = _offload("deepspeed_config.offload_param_device", ds.get("offload_param_device"))
-    if "nvme" in (offload_opt, offload_param):
-        raise ConfigError(
-            "offload to nvme is not set up by tasktrain launch; expected none or cpu. Put the NVMe offload section "
-            "in a DeepSpeed JSON file and pass it as deepspeed_config.deepspeed_config_file."
-        )
+    named_device = named.get("offload_device", "cpu")  # deepspeed_stage_3_offload_nvme: to disk
     if named.get("offload_optimizer"):
-        offload_opt = "cpu"
+        offload_opt = named_device
     if named.get("offload_parameters"):
-        offload_param = "cpu"
+        offload_param = named_device
     if offload_param == "cpu" and stage != 3:
         s.notes.append(f"offload_param_device cpu only applies at zero_stage 3 (this is stage {stage}): not offloading")
         offload_param = "none"
+    if "nvme" in (offload_opt, offload_param) and stage != 3:
+        # DeepSpeed 0.19.8 ignores parameter offload below stage 3 and keeps an "nvme" optimizer offload in memory.
+        raise ConfigError(f"offload to nvme (disk) needs zero_stage 3; this config runs stage {stage}. Set "
+                          "deepspeed_config.zero_stage: 3, or offload to cpu.")
+    nvme_path = None
+    for device, key in ((offload_opt, "offload_optimizer_nvme_path"), (offload_param, "offload_param_nvme_path")):
+        path = _name(ds.get(key))
+        if path is not None and path.lower() == "none":
+            path = None
+        if device == "nvme" and path is None and not config_file:
+            raise ConfigError(f"deepspeed_config.{key.replace('_nvme_path', '_device')} is nvme (offload to disk), "
+                              f"which needs a folder for the swap files: set deepspeed_config.{key} (a folder on a "
+                              "local disk).")
+        if path is not None and device != "nvme":
+            s.notes.append(f"{key} is not used: {key.replace('_nvme_path', '_device')} is {device}, not nvme")
+            continue
+        if path is not None:
+            path = os.path.abspath(os.path.expanduser(path))
+            if nvme_path not in (None, path):
+                raise ConfigError("offload_optimizer_nvme_path and offload_param_nvme_path name two folders; tasktrain "
+                                  "swaps both offloads into one (DeepSpeed keeps their files apart inside it): give "
+                                  "both the same folder.")
+            nvme_path = path
 
     kwargs = {
         "stage": stage,
-        "offload_optimizer": offload_opt == "cpu",
-        "offload_parameters": offload_param == "cpu",
+        # True: to CPU memory (DeepSpeed(offload_device="cpu")); "nvme": to disk; False: none
+        "offload_optimizer": "nvme" if offload_opt == "nvme" else offload_opt == "cpu",
+        "offload_parameters": "nvme" if offload_param == "nvme" else offload_param == "cpu",
         "zero3_init": bool(_flag("deepspeed_config.zero3_init_flag", ds.get("zero3_init_flag"))),
         "save_16bit_model": bool(_flag("deepspeed_config.zero3_save_16bit_model", ds.get("zero3_save_16bit_model"))),
         "config": config_file,
     }
-    s.strategy = deepspeed_name(stage, kwargs["offload_optimizer"], kwargs["offload_parameters"])
+    if nvme_path is not None:
+        kwargs["nvme_path"] = nvme_path
+    s.strategy = deepspeed_name(stage, kwargs["offload_optimizer"], kwargs["offload_parameters"], nvme_path)
 
     ga = _integer("deepspeed_config.gradient_accumulation_steps", ds.get("gradient_accumulation_steps"), minimum=1)
     if ga is not None:
@@ -704,6 +725,11 @@ def _deepspeed_kwargs(strategy: str, ds: dict, s: LaunchSettings) -> dict:
     if clip is not None:
         s.gradient_clipping, s.sources["gradient_clipping"] = clip, "deepspeed_config"
     return kwargs
+
+
+def _device_name(offload):
+    """DeepSpeed(offload_...=) as Accelerate's device name: True/"cpu" -> cpu, "nvme", False -> none."""
+    return offload if offload in ("cpu", "nvme") else "cpu" if offload else "none"
 
 
 def _offload(key, value):
@@ -765,13 +791,17 @@ def settings_to_values(settings: LaunchSettings) -> dict:
         ds = settings.deepspeed
         values["deepspeed_config"] = {
             "zero_stage": ds["stage"],
-            "offload_optimizer_device": "cpu" if ds["offload_optimizer"] else "none",
-            "offload_param_device": "cpu" if ds["offload_parameters"] else "none",
+            "offload_optimizer_device": _device_name(ds["offload_optimizer"]),
+            "offload_param_device": _device_name(ds["offload_parameters"]),
             "zero3_init_flag": ds["zero3_init"],
             "zero3_save_16bit_model": ds["save_16bit_model"],
         }
         if ds.get("config"):
             values["deepspeed_config"]["deepspeed_config_file"] = ds["config"]
+        for key, device in (("offload_optimizer_nvme_path", ds["offload_optimizer"]),
+                            ("offload_param_nvme_path", ds["offload_parameters"])):
+            if device == "nvme" and ds.get("nvme_path"):
+                values["deepspeed_config"][key] = ds["nvme_path"]
         if settings.gradient_clipping is not None:
             values["deepspeed_config"]["gradient_clipping"] = settings.gradient_clipping
     if settings.gradient_accumulation_steps is not None:

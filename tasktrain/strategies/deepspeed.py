@@ -69,6 +69,16 @@ from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
 from tasktrain.tree import apply_to_leaves
 
 DEFAULT_STAGE = 2
+# Offload to disk: DeepSpeed's own defaults except where they fail or waste on a small model. buffer_size "auto" is
+# the largest parameter partition of the model (DeepSpeed's 1e8 elements x 5 buffers is 2 GB of fp32 buffers);
+# max_in_cpu 0 sends every partition big enough for aio (~1 MiB) to disk instead of keeping 1e9 elements in memory.
+NVME_DEFAULTS = {
+    "offload_param": {"buffer_count": 5, "buffer_size": "auto", "max_in_cpu": 0},
+    "offload_optimizer": {"buffer_count": 4},
+}
+# DeepSpeed's aio defaults (deepspeed/runtime/swap_tensor/constants.py), written out so that the config shows them.
+AIO_DEFAULTS = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+                "overlap_events": True, "use_gds": False}
 STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory: loop state, callbacks, RNG, ...
 ENGINE_TAG = "zero"  # engine.save_checkpoint(tag=...): one fixed tag per checkpoint directory
 SIXTEEN_BIT_FILE = "model_16bit.pt"  # save_16bit_model=True: consolidated 16-bit weights for inference
@@ -140,9 +150,17 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         stage: ZeRO stage 0-3 (default: the config's, else 2). 1 shards optimizer state, 2 also gradients,
             3 also parameters.
         offload_optimizer: keep optimizer state and step on the CPU (ZeRO-Offload); Adam/AdamW are replaced by
-            DeepSpeedCPUAdam with the same param groups and hyper-parameters. (A config's own offload sections
-            are used as given; False adds nothing.)
-        offload_parameters: stage 3 only: keep parameters on the CPU between uses.
+            DeepSpeedCPUAdam with the same param groups and hyper-parameters. True offloads to `offload_device`;
+            "cpu" or "nvme" names the device. (A config's own offload sections are used as given; False adds
+            nothing.)
+        offload_parameters: stage 3 only: keep parameters on the CPU (or, "nvme", on disk) between uses.
+        offload_device: where True offloads: "cpu" (memory) or "nvme" (disk: swap files in `nvme_path`, through
+            DeepSpeed's async_io op; ZeRO stage 3 only). Only partitions of at least ~1 MiB per process go to disk.
+        nvme_path: the folder for the swap files of offload to disk (any local folder; scratch: a checkpoint is
+            complete without it). Checked before training: it must exist, be writable, and take async_io.
+        aio: DeepSpeed's aio settings for offload to disk (block_size, queue_depth, intra_op_parallelism,
+            single_submit, overlap_events, use_gds); DeepSpeed's defaults otherwise. Buffer counts and sizes are the
+            config's zero_optimization.offload_param / offload_optimizer values (defaults: NVME_DEFAULTS).
         config: a DeepSpeed config dict or the path of a JSON file, honoured as given; "auto" values are filled.
         zero3_init: stage 3: `with strategy.module_init_context(): module = Model()` creates the parameters
             already partitioned (a model that does not fit one process's memory whole).
@@ -157,19 +175,26 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
 
     def __init__(self, stage=None, offload_optimizer=None, offload_parameters=None, config=None, zero3_init=False,
                  save_16bit_model=False, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
-                 offload_device="cpu", logging_level=logging.WARNING, accelerator=None, precision=None,
-                 process_group_backend=None, timeout=timedelta(minutes=30), start_method="popen"):
+                 offload_device="cpu", nvme_path=None, aio=None, logging_level=logging.WARNING, accelerator=None,
+                 precision=None, process_group_backend=None, timeout=timedelta(minutes=30), start_method="popen"):
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
         if stage is not None and stage not in (0, 1, 2, 3):
             raise ValueError(f"DeepSpeed(stage={stage!r}): ZeRO stages are 0, 1, 2 and 3.")
         if offload_device not in ("cpu", "nvme"):
-            raise ValueError(f"DeepSpeed(offload_device={offload_device!r}): use 'cpu' (or 'nvme' with a config that "
-                             "sets nvme_path).")
+            raise ValueError(f"DeepSpeed(offload_device={offload_device!r}): use 'cpu' (memory) or 'nvme' (disk, with "
+                             "nvme_path=...).")
+        for name, value in (("offload_optimizer", offload_optimizer), ("offload_parameters", offload_parameters)):
+            if value not in (None, True, False, "cpu", "nvme"):
+                raise ValueError(f"DeepSpeed({name}={value!r}): use True/False, or the device: 'cpu' or 'nvme'.")
+        if nvme_path is not None and not os.fspath(nvme_path):
+            raise ValueError("DeepSpeed(nvme_path=''): give the folder for the swap files of offload to disk.")
         self.stage = stage
         self.offload_optimizer = offload_optimizer
         self.offload_parameters = offload_parameters
         self.offload_device = offload_device
+        self.nvme_path = None if nvme_path is None else os.path.abspath(os.path.expanduser(os.fspath(nvme_path)))
+        self.aio = dict(aio) if aio else None
         self.user_config = _read_config(config)
         self.zero3_init = bool(zero3_init)
         self.save_16bit = bool(save_16bit_model)
@@ -188,9 +213,18 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         self._clipping_stated = True  # until an engine is built: see setup_module_and_optimizers
         self._set_local_rank = False
         # A config that cannot work fails at construction, before any process starts.
-        build_config(self.user_config, stage=stage, offload_optimizer=offload_optimizer,
-                     offload_parameters=offload_parameters, save_16bit_model=self.save_16bit,
-                     offload_device=offload_device, precision=None)
+        checked = build_config(self.user_config, stage=stage, offload_optimizer=offload_optimizer,
+                               offload_parameters=offload_parameters, save_16bit_model=self.save_16bit,
+                               offload_device=offload_device, nvme_path=self.nvme_path, aio=self.aio, precision=None)
+        if nvme_path is not None and not _nvme_folders(checked):
+            raise ValueError(f"DeepSpeed(nvme_path={nvme_path!r}) is the folder of offload to disk, and nothing is "
+                             "offloaded to disk: add offload_device='nvme' (with offload_optimizer=True and/or "
+                             "offload_parameters=True), or drop nvme_path.")
+        if self.zero3_init and _nvme_buffer_auto(checked):
+            raise ValueError("DeepSpeed(zero3_init=True) with parameter offload to disk creates the swap buffers "
+                             "before the model exists, so their size cannot come from it: set "
+                             "config={'zero_optimization': {'offload_param': {'buffer_size': N}}} with N at least the "
+                             "largest parameter's numel / number of processes, or drop zero3_init.")
         if self.zero3_init and self.zero_stage() != 3:
             raise ValueError(f"DeepSpeed(zero3_init=True) partitions parameters at creation, which is ZeRO stage 3; "
                              f"this config runs stage {self.zero_stage()}. Use stage=3 or drop zero3_init.")
@@ -238,6 +272,13 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
             # Below stage 3 the weights are whole on every rank and there is no optimizer state to shard:
             # DeepSpeed's stages 1-2 also refuse to start without an optimizer.
             config["zero_optimization"] = {"stage": 0}
+        zero = config["zero_optimization"]
+        if isinstance(zero.get("offload_param"), dict) and zero["offload_param"].get("device") == "nvme" and \
+                self.module is not None and self._partitioned():
+            # The module of a finished disk-offload fit keeps its partitions in that engine's swap files; a new
+            # engine with its own parameter swapper would empty the folder first (DeepSpeed's swapper does at
+            # start). The partitions read themselves back through their own swapper: this engine adds none.
+            zero["offload_param"] = {"device": "cpu", "pin_memory": zero["offload_param"].get("pin_memory", False)}
         return config
 
     def resolved_config(self, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
@@ -247,7 +288,8 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         return build_config(
             self.user_config, stage=self.stage, offload_optimizer=self.offload_optimizer,
             offload_parameters=self.offload_parameters, save_16bit_model=self.save_16bit,
-            offload_device=self.offload_device, precision=precision, device_type=self.root_device.type,
+            offload_device=self.offload_device, nvme_path=self.nvme_path, aio=self.aio, precision=precision,
+            device_type=self.root_device.type,
             micro_batch_size=micro_batch_size or self.micro_batch_size or 1,
             accumulate_grad_batches=accumulate_grad_batches or self.accumulate_grad_batches or 1,
             gradient_clipping=self.gradient_clipping if gradient_clipping is None else gradient_clipping,
@@ -257,13 +299,17 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
     # -- lifecycle -----------------------------------------------------------------------------------------
     def setup_environment(self):
         # Precision and offload are checked before any worker starts: every rank would fail the same way.
-        build_config(self.user_config, stage=self.stage, offload_optimizer=self.offload_optimizer,
-                     offload_parameters=self.offload_parameters, save_16bit_model=self.save_16bit,
-                     offload_device=self.offload_device, precision=self.precision.name if self.precision else None,
-                     device_type=self.root_device.type)
+        config = build_config(self.user_config, stage=self.stage, offload_optimizer=self.offload_optimizer,
+                              offload_parameters=self.offload_parameters, save_16bit_model=self.save_16bit,
+                              offload_device=self.offload_device, nvme_path=self.nvme_path, aio=self.aio,
+                              precision=self.precision.name if self.precision else None,
+                              device_type=self.root_device.type)
         if self.root_device.type == "cpu":
             # Before deepspeed is imported: a GPU machine training on CPU must still get DeepSpeed's CPU accelerator.
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # Offload to disk: the folder and the async_io op are checked here, on every rank alike (a launched worker
+        # runs this too), rather than failing inside DeepSpeed at the first swap.
+        check_nvme_offload(config)
         super().setup_environment()
         if "LOCAL_RANK" not in os.environ:  # DeepSpeed reads it even in a world of one; removed at teardown
             os.environ["LOCAL_RANK"] = str(self.local_rank)
@@ -347,6 +393,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
             config = self._config_without_batch()
         else:
             config = self.resolved_config(micro_batch_size, accumulate_grad_batches, gradient_clipping)
+        _fill_nvme_buffer_size(config, self.module, self.world_size)
         if _enabled(config.get("fp16")) is True:
             from deepspeed.accelerator import get_accelerator
 
@@ -358,7 +405,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
             optimizer = self._offload_optimizer(optimizer, config)
         model = _EngineForward(self.module) if self._wrapped else self.module
         kwargs = {"optimizer": optimizer} if optimizer is not None else {}
-        self.engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False, **kwargs)
+        with _honour_init_dtype(_nvme_folders(config).get("offload_param") is not None):
+            self.engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False,
+                                                        **kwargs)
         self.config = config
         # Trainable ones: a user may keep a frozen part in another dtype on purpose.
         _check_param_dtypes([p for p in self.engine.module.parameters() if p.requires_grad], _param_dtype_of(config),
@@ -461,7 +510,13 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         return self.engine(*step_arguments(step, batch, batch_idx), _tasktrain_step=step)
 
     def eval_step(self, step_fn, *args):
-        return self.engine(*args, _tasktrain_step=step_fn)
+        if self.config["zero_optimization"]["stage"] != 3:
+            return self.engine(*args, _tasktrain_step=step_fn)
+        # ZeRO-3 gathers the partitioned parameters in the forward: gathered under inference_mode they become
+        # inference tensors that a later training forward cannot save for backward (seen with a parameter over
+        # the persistence threshold, validated inside fit). Evaluation steps run under no_grad instead.
+        with torch.inference_mode(False), torch.no_grad():
+            return self.engine(*args, _tasktrain_step=step_fn)
 
     def no_backward_sync(self, enabled: bool, model=None):
         """Tell the engine whether this micro-batch closes the accumulation window (DeepSpeed holds back the
@@ -609,7 +664,8 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         if self.is_global_zero and os.path.isdir(directory) and directory.endswith((".tmp", ".zero-tmp")):
             shutil.rmtree(directory)  # the leftover of an interrupted save
         self.barrier("save_engine")
-        self.engine.save_checkpoint(directory, tag=ENGINE_TAG, client_state={}, save_latest=True)
+        with _complete_swapped_state(self.engine.optimizer):
+            self.engine.save_checkpoint(directory, tag=ENGINE_TAG, client_state={}, save_latest=True)
         if self.save_16bit and sixteen_bit:
             self.save_16bit_weights(os.path.join(directory, SIXTEEN_BIT_FILE), hyper_parameters=state.get(
                 "hyper_parameters", {}))
@@ -718,6 +774,13 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         saved_stage = meta.get("stage")
         tag = meta.get("tag", ENGINE_TAG)
         same = saved_world in (None, self.world_size) and saved_stage in (None, stage)
+        swapping = _swaps_optimizer(self.engine.optimizer)
+        if swapping and (meta.get("universal") or not same):
+            raise CheckpointError(
+                f"{path!r} was written by {saved_world} processes at ZeRO stage {saved_stage}; this run offloads the "
+                f"optimizer to disk with {self.world_size} at stage {stage}, and DeepSpeed 0.19.8 loads into such an "
+                "engine only checkpoints of its own layout. Resume once on the saved number of processes and stage "
+                "(or with offload_device='cpu', which loads any), save, and continue from that checkpoint.")
         if meta.get("universal") or (not same and 0 not in (stage, saved_stage)):
             # Another number of processes or another ZeRO stage: through DeepSpeed's universal checkpoint.
             self._load_universal(path, ckpt, tag, saved_world, saved_stage)
@@ -729,12 +792,56 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
                 f"at stage 0. Resume at stage {saved_stage}, or convert it into a plain checkpoint (`tasktrain "
                 "convert DIR out.ckpt --to ckpt`) and that into a DeepSpeed one (`--to deepspeed`).")
         # (stage 0 keeps the whole optimizer state in every rank's file: any number of processes loads it)
+        if swapping:
+            # DeepSpeed copies the checkpoint's copy of the swap folder back, and fails where there is none (one
+            # written without offload to disk); what it copies is put right from the ZeRO file after the load.
+            os.makedirs(os.path.join(path, tag, "offloaded_tensors", f"rank{self.global_rank:0>2d}"), exist_ok=True)
         loaded, _ = self.engine.load_checkpoint(path, tag=tag, load_module_strict=True,
                                                 load_optimizer_states=True, load_lr_scheduler_states=True)
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the checkpoint in {path!r} (see its log above).")
+        if swapping:
+            self._restore_swapped_state(path, tag)
         self._loaded_engine_state = True
         return ckpt
+
+    def _restore_swapped_state(self, path, tag):
+        """Offload to disk: DeepSpeed 0.19.8's load_checkpoint skips its ZeRO file there (it copies the swap files
+        back instead), and so loses the optimizer's state: the moments are never attached again and Adam restarts
+        from zero (its first update is lr x sign(grad)), and the hyper-parameters, the step counts and the master
+        weights of partitions kept in memory are not read. This puts back, from this rank's ZeRO file (complete:
+        _complete_swapped_state), every sub-group's fp32 master partition and optimizer state, writes the swapped
+        ones to their swap files, and the working parameters from the master weights, as a step does."""
+        engine = self.engine
+        optimizer = engine.optimizer
+        saved = engine.checkpoint_engine.load(engine._get_zero_ckpt_name(path, tag), map_location="cpu")
+        saved = saved["optimizer_state_dict"]
+        base_state = saved["optimizer_state_dict"]
+        index = _sub_group_state_index(optimizer)
+        for group, saved_group in zip(optimizer.optimizer.param_groups, base_state["param_groups"]):
+            group.update({k: v for k, v in saved_group.items() if k != "params"})
+        optimizer.loss_scaler = saved["loss_scaler"]
+        optimizer.dynamic_loss_scale = saved["dynamic_loss_scale"]
+        optimizer.overflow = saved["overflow"]
+        swapper = optimizer.optimizer_swapper
+        optimizer._partition_all_parameters()
+        for sub_group, flat in enumerate(optimizer.fp32_partitioned_groups_flat):
+            swapped = optimizer._swappable_optimizer_subgroup(sub_group)
+            if swapped:
+                swapper.swap_in_optimizer_state(parameter=flat)
+            flat.data.copy_(saved["fp32_flat_groups"][sub_group].to(flat.dtype))
+            state = optimizer.optimizer.state[flat]
+            for key, value in base_state["state"].get(index[sub_group], {}).items():
+                current = state.get(key)
+                if torch.is_tensor(value) and torch.is_tensor(current) and current.numel() == value.numel() > 0:
+                    current.data.copy_(value.reshape(current.shape))
+                else:  # a fresh engine has no state yet (the swapper attaches new tensors at the swap-out)
+                    state[key] = value.clone() if torch.is_tensor(value) else value
+            optimizer._reassign_or_swap_out_partitioned_parameters(sub_group)
+            if swapped:
+                swapper.swap_out_optimizer_state(parameter=flat)
+                flat.grad = None
+        optimizer._post_step(set())  # gathers the persistent (small, unpartitioned) parameters again
 
     def _load_universal(self, path, ckpt, tag, saved_world, saved_stage):
         """Load a checkpoint written on another number of processes or at another ZeRO stage: rank 0 converts the
@@ -839,10 +946,11 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
     def describe(self):
         stage = self.config["zero_optimization"]["stage"] if self.config else self.zero_stage()
         extras = [f"ZeRO stage {stage}"]
-        if self.config and _offloads(self.config, "offload_optimizer"):
-            extras.append("optimizer offload")
-        if self.config and _offloads(self.config, "offload_param"):
-            extras.append("parameter offload")
+        for key, what in (("offload_optimizer", "optimizer offload"), ("offload_param", "parameter offload")):
+            if self.config and _offloads(self.config, key):
+                disk = self.config["zero_optimization"][key]["device"] == "nvme"
+                extras.append(f"{what} to disk ({self.config['zero_optimization'][key]['nvme_path']})" if disk
+                              else what)
         backend = dist.get_backend() if dist.is_initialized() else "?"
         return (f"strategy={self.name} ({', '.join(extras)}), world_size={self.world_size}, backend={backend}, "
                 f"device={self.root_device}")
@@ -850,8 +958,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
 
 # -- the config -----------------------------------------------------------------------------------------------
 def build_config(user_config=None, *, stage=None, offload_optimizer=None, offload_parameters=None,
-                 save_16bit_model=False, offload_device="cpu", precision="32-true", device_type="cpu",
-                 micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None, world_size=1):
+                 save_16bit_model=False, offload_device="cpu", nvme_path=None, aio=None, precision="32-true",
+                 device_type="cpu", micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
+                 world_size=1):
     """The DeepSpeed config to run: `user_config` as given, its "auto" or missing values filled from the run.
 
     A value given on both sides that disagrees is a ValueError naming both and the fix. `precision=None` or
@@ -877,6 +986,7 @@ def build_config(user_config=None, *, stage=None, offload_optimizer=None, offloa
     if _offloads({"zero_optimization": zero}, "offload_param") and stage != 3:
         raise ValueError(f"Parameter offload needs ZeRO stage 3 (this config runs stage {stage}, where DeepSpeed "
                          "would ignore it): use stage=3 (\"deepspeed_stage_3_offload\") or offload only the optimizer.")
+    _nvme_sections(config, zero, stage, nvme_path, aio)
     if _offloads({"zero_optimization": zero}, "offload_optimizer") and stage == 0:
         raise ValueError("Optimizer offload needs a ZeRO stage of 1 or more (the optimizer state must be "
                          "partitioned): use stage=2 (\"deepspeed_stage_2_offload\").")
@@ -922,16 +1032,157 @@ def _fill(config, key, value, what, fix):
 
 
 def _offload_section(zero, key, wanted, device, device_type):
-    """offload_...=True adds the section; a config's own offload section is used as given (False adds nothing:
-    `tasktrain launch` passes False for "not asked")."""
+    """offload_...=True adds the section for `device`, offload_...="cpu"/"nvme" for that device; a config's own
+    offload section is used as given (False adds nothing: `tasktrain launch` passes False for "not asked")."""
     section = zero.get(key)
     configured = isinstance(section, dict) and section.get("device", "none") not in (None, "none")
     if not wanted or configured:
+        if wanted and isinstance(wanted, str) and section.get("device") != wanted:
+            raise ValueError(f"The DeepSpeed config's zero_optimization.{key} offloads to {section.get('device')!r} "
+                             f"and the strategy asks for {wanted!r}: make them agree (or leave one out).")
         return
     section = dict(section or {})
-    section["device"] = device
+    section["device"] = wanted if isinstance(wanted, str) else device
     section.setdefault("pin_memory", device_type == "cuda")  # pinned memory helps copies to a GPU only
     zero[key] = section
+
+
+def _nvme_sections(config, zero, stage, nvme_path, aio):
+    """Offload to disk ("nvme": any local folder, through DeepSpeed's async_io op): the folder, and buffer and aio
+    settings that work for small models as for big ones, each overridable by the config's own values."""
+    disk = [key for key in ("offload_optimizer", "offload_param")
+            if isinstance(zero.get(key), dict) and zero[key].get("device") == "nvme"]
+    if not disk:
+        if aio:
+            raise ValueError("DeepSpeed(aio=...) configures offload to disk, and nothing is offloaded to 'nvme': "
+                             "drop aio, or offload to disk (offload_device='nvme', nvme_path=...).")
+        return
+    if stage != 3:
+        # ZeRO 1-2 in DeepSpeed 0.19.8 have no swapper: an "nvme" optimizer offload would silently stay in CPU memory.
+        raise ValueError(f"Offload to disk (nvme) needs ZeRO stage 3: DeepSpeed's stage {stage} keeps an 'nvme' "
+                         "optimizer offload in CPU memory. Use stage=3 (the optimizer state and, optionally, the "
+                         "parameters go to disk), or offload_device='cpu' at this stage.")
+    for key in disk:
+        section = zero[key]
+        given = section.get("nvme_path")
+        if nvme_path is not None and given not in (None, "auto") and os.path.abspath(os.fspath(given)) != \
+                os.path.abspath(os.fspath(nvme_path)):
+            raise ValueError(f"The DeepSpeed config's zero_optimization.{key}.nvme_path is {given!r} and the strategy "
+                             f"has nvme_path={os.fspath(nvme_path)!r}: give the folder in one place.")
+        path = nvme_path if given in (None, "auto") else given
+        if path is None:
+            raise ValueError(f"Offload to disk (zero_optimization.{key} on 'nvme') needs a folder for the swap files: "
+                             "DeepSpeed(..., nvme_path='/local_nvme/swap'), or offload_optimizer_nvme_path / "
+                             "offload_param_nvme_path in the launch config. A local file system (NVMe, SSD) is best.")
+        section["nvme_path"] = os.path.abspath(os.path.expanduser(os.fspath(path)))
+        for name, value in NVME_DEFAULTS[key].items():
+            section.setdefault(name, value)
+    if "offload_param" in disk:
+        # DeepSpeed 0.19.8's prefetch of swapped parameters fails on a model of several swapped layers ("param N
+        # already assigned swap buffer id M", at the second forward): off unless the config sets it.
+        zero.setdefault("stage3_prefetch_bucket_size", 0)
+    merged = dict(AIO_DEFAULTS)
+    for name, value in (config.get("aio") or {}).items():
+        merged[name] = value
+    for name, value in (aio or {}).items():
+        if name not in AIO_DEFAULTS:
+            raise ValueError(f"DeepSpeed(aio={{{name!r}: ...}}): not an aio setting; DeepSpeed's are "
+                             f"{', '.join(AIO_DEFAULTS)}.")
+        if name in (config.get("aio") or {}) and config["aio"][name] != value:
+            raise ValueError(f"DeepSpeed(aio={{{name!r}: {value!r}}}) and the config's aio.{name}="
+                             f"{config['aio'][name]!r} disagree: give it in one place.")
+        merged[name] = value
+    config["aio"] = merged
+
+
+def _nvme_folders(config):
+    """The swap folders of a resolved config's offloads to disk, by section."""
+    zero = config.get("zero_optimization", {})
+    return {key: zero[key]["nvme_path"] for key in ("offload_optimizer", "offload_param")
+            if isinstance(zero.get(key), dict) and zero[key].get("device") == "nvme" and zero[key].get("nvme_path")}
+
+
+def _nvme_buffer_auto(config):
+    section = config.get("zero_optimization", {}).get("offload_param")
+    return isinstance(section, dict) and section.get("device") == "nvme" and section.get("buffer_size") == "auto"
+
+
+def _fill_nvme_buffer_size(config, module, world_size):
+    """buffer_size "auto": the largest parameter partition of this model (each swap buffer holds one), rounded up to
+    whole kilo-elements, the alignment DeepSpeed's aio reads use."""
+    if not _nvme_buffer_auto(config):
+        return
+    largest = max((-(-getattr(p, "ds_numel", p.numel()) // world_size) for p in module.parameters()), default=1)
+    config["zero_optimization"]["offload_param"]["buffer_size"] = max(1024, -(-largest // 1024) * 1024)
+
+
+LIBAIO_FIX = ("Offload to disk uses DeepSpeed's async_io op, which builds against libaio: install its headers "
+              "(Debian/Ubuntu package libaio-dev: `apt-get install -y libaio-dev` as root; Fedora/RHEL: libaio-devel), "
+              "then run again (the op compiles once into $TORCH_EXTENSIONS_DIR, several minutes).")
+
+
+def _async_io_available():
+    """Whether DeepSpeed's async_io op can be built here (libaio's headers and library found)."""
+    import deepspeed.ops.op_builder as builders
+
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return builders.AsyncIOBuilder().is_compatible(verbose=False)
+
+
+def _probe_async_io(folder, aio):
+    """Write and read back 1 MiB in `folder` through DeepSpeed's async_io op, with the run's aio settings: the I/O the
+    swap files get (O_DIRECT, which some file systems refuse). Returns None, or what went wrong."""
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    op = AsyncIOBuilder().load(verbose=False)
+    handle = op.aio_handle(aio["block_size"], aio["queue_depth"], aio["single_submit"], aio["overlap_events"],
+                           aio["intra_op_parallelism"])
+    count = max(1 << 20, int(aio["block_size"]))
+    example = torch.empty(0, dtype=torch.uint8)
+    written, read = handle.new_cpu_locked_tensor(count, example), handle.new_cpu_locked_tensor(count, example)
+    path = os.path.join(folder, f".tasktrain-aio-probe-{os.getpid()}")
+    try:
+        written.copy_(torch.arange(count, dtype=torch.int64).remainder(251).to(torch.uint8))
+        read.zero_()
+        if handle.async_pwrite(written, path, 0) != 0 or handle.wait() != 1:
+            return "the write failed"
+        if handle.async_pread(read, path, 0) != 0 or handle.wait() != 1:
+            return "the read failed"
+        if not torch.equal(read, written):
+            return "what was read back differs from what was written"
+        return None
+    except Exception as err:  # the op raises on some failures and returns error counts on others
+        return f"{type(err).__name__}: {err}"
+    finally:
+        handle.free_cpu_locked_tensor(written)
+        handle.free_cpu_locked_tensor(read)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def check_nvme_offload(config):
+    """Before training, on every rank: each folder of an offload to disk exists and is writable, libaio is there for
+    DeepSpeed's async_io op, and a small aio write and read in the folder works. A ValueError/RuntimeError names the
+    problem and the fix."""
+    folders = _nvme_folders(config)
+    for key, folder in folders.items():
+        if not os.path.isdir(folder):
+            raise ValueError(f"Offload to disk ({key}): the folder nvme_path={folder!r} does not exist. Create it "
+                             f"(`mkdir -p {folder}`) on a local disk, or give another one.")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f"Offload to disk ({key}): the folder nvme_path={folder!r} is not writable by this "
+                             "process: give a folder it can write, or fix its permissions.")
+    if not folders:
+        return
+    if not _async_io_available():
+        raise RuntimeError(LIBAIO_FIX)
+    for folder in sorted(set(folders.values())):
+        problem = _probe_async_io(folder, config["aio"])
+        if problem is not None:
+            raise RuntimeError(f"Offload to disk: async I/O (DeepSpeed's async_io op, O_DIRECT) does not work in "
+                               f"nvme_path={folder!r}: {problem}. Its file system may not take direct I/O (tmpfs, "
+                               "some network or overlay file systems): give a folder on a local disk.")
 
 
 def _offloads(config, key):
@@ -964,6 +1215,10 @@ def _check_param_dtypes(params, expected, precision, where):
     for param in params:
         tensor = getattr(param, "ds_tensor", None)
         dtype = (tensor if tensor is not None else param).dtype
+        if tensor is not None and getattr(tensor, "final_location", None) == "nvme":
+            # Offloaded to disk: while swapped out, the partition is DeepSpeed's fp16 placeholder; its real dtype is
+            # the swapper's (the dtype of the swap files).
+            dtype = getattr(getattr(param, "nvme_swapper", None), "dtype", expected)
         if dtype.is_floating_point and dtype != expected:
             seen.add(dtype)
     if seen:
@@ -1230,6 +1485,80 @@ def convert_to_deepspeed(checkpoint_path, output_dir):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output_dir
+
+
+@contextlib.contextmanager
+def _honour_init_dtype(enabled):
+    """Parameter offload to disk: DeepSpeed 0.19.8's engine partitions the module through zero.Init(dtype=<the
+    module's dtype>), and Init._set_dtype drops that explicit dtype on accelerators without float16 support
+    (`dtype or float16 if fp16 else bfloat16`, deepspeedai/DeepSpeed#8428): the parameter swapper, whose dtype is
+    Init's, would then keep an fp32 run's partitions in bf16 swap files. For initialize only, an explicit dtype is
+    used as given (the upstream fix); without one, DeepSpeed's own choice."""
+    if not enabled:
+        yield
+        return
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    original = Init._set_dtype
+
+    def set_dtype(self, ds_config, dtype):
+        if dtype is None:
+            return original(self, ds_config, dtype)
+        self.dtype = dtype
+
+    Init._set_dtype = set_dtype
+    try:
+        yield
+    finally:
+        Init._set_dtype = original
+
+
+def _swaps_optimizer(optimizer):
+    return bool(getattr(optimizer, "swap_optimizer", False))
+
+
+def _sub_group_state_index(optimizer):
+    """ZeRO-3's optimizer.state_dict() numbers its fp32 sub-group partitions by param group, then sub-group
+    (stage3._set_fp32_optimizer_param_groups): sub-group -> its index in the base optimizer's state dict."""
+    order = []
+    for group_id in range(len(optimizer.optimizer.param_groups)):
+        order += [i for i in range(len(optimizer.fp16_groups)) if optimizer.sub_group_to_group_id[i] == group_id]
+    return {sub_group: n for n, sub_group in enumerate(order)}
+
+
+@contextlib.contextmanager
+def _complete_swapped_state(optimizer):
+    """engine.save_checkpoint under offload to disk: DeepSpeed 0.19.8 writes the sub-groups it swaps out as empty
+    tensors (master weights and moments alike; their data is only in the swap folder). While this is open, the
+    ZeRO optimizer's state_dict() swaps each of them in and returns copies, so the ZeRO file is a complete
+    checkpoint: read by our resume, `tasktrain convert`, and DeepSpeed's own tools, with no swap folder."""
+    if not _swaps_optimizer(optimizer):
+        yield
+        return
+    original = optimizer.state_dict
+
+    def complete_state_dict():
+        state_dict = original()
+        base_state = state_dict["optimizer_state_dict"]["state"]
+        flats = list(state_dict["fp32_flat_groups"])
+        index = _sub_group_state_index(optimizer)
+        for sub_group, flat in enumerate(optimizer.fp32_partitioned_groups_flat):
+            if not optimizer._swappable_optimizer_subgroup(sub_group):
+                continue
+            optimizer.optimizer_swapper.swap_in_optimizer_state(parameter=flat)
+            flats[sub_group] = flat.detach().clone()
+            if index[sub_group] in base_state:  # a new dict: the old one is the optimizer's own
+                base_state[index[sub_group]] = {k: v.detach().clone() if torch.is_tensor(v) else v
+                                                for k, v in optimizer.optimizer.state[flat].items()}
+            optimizer._release_swap_buffers(sub_group)
+        state_dict["fp32_flat_groups"] = flats
+        return state_dict
+
+    optimizer.state_dict = complete_state_dict
+    try:
+        yield
+    finally:
+        del optimizer.state_dict
 
 
 def _check_no_zero3_placeholders(obj, where):

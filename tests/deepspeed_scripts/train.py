@@ -53,7 +53,7 @@ class KillRank(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epochs=EPOCHS, **kwargs):
+def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epochs=EPOCHS, hidden=64, **kwargs):
     seed_everything(0)
     train, val = digits_loaders(batch_size=32)
     record = Record()
@@ -64,7 +64,7 @@ def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epoc
                       callbacks=[record, *callbacks], **kwargs)
     # zero3_init: the parameters are created partitioned (module_init_context is a no-op otherwise)
     with strategy.module_init_context() if isinstance(strategy, DeepSpeed) else contextlib.nullcontext():
-        module = Classifier(hidden=64)
+        module = Classifier(hidden=hidden)
     created_partitioned = all(p.numel() == 0 for p in module.parameters())
     start = time.perf_counter()
     trainer.fit(module, train, val, ckpt_path=ckpt_path)

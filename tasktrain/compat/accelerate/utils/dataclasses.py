@@ -5,6 +5,7 @@ it can honour maps onto a tasktrain choice (a strategy option, the precision's G
 any other is a ValueError at construction naming the field and what to do (docs/accelerator.md has the table).
 """
 import enum
+import os
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -174,27 +175,43 @@ class DeepSpeedPlugin:
         """The tasktrain DeepSpeed strategy these options describe (a ValueError for one it cannot run)."""
         from tasktrain.strategies.deepspeed import DeepSpeed
 
-        for name in ("offload_optimizer_nvme_path", "offload_param_nvme_path"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"DeepSpeedPlugin({name}=...): write the nvme_path into the DeepSpeed config "
-                                 "(hf_ds_config) instead.")
         if not self.is_train_batch_min:
             raise ValueError("DeepSpeedPlugin(is_train_batch_min=False) is not supported: the micro-batch size is "
                              "the prepared loader's batch size.")
-        devices = {self.offload_optimizer_device, self.offload_param_device} - {None, "none"}
-        if len(devices) > 1:
-            raise ValueError(f"DeepSpeedPlugin offloads to {sorted(devices)}: tasktrain offloads to one device.")
+        for device in ("offload_optimizer", "offload_param"):
+            value = getattr(self, f"{device}_device")
+            if value not in (None, "none", "cpu", "nvme"):
+                raise ValueError(f"DeepSpeedPlugin({device}_device={value!r}): use 'none', 'cpu' or 'nvme'.")
+            if getattr(self, f"{device}_nvme_path") is not None and value != "nvme":
+                raise ValueError(f"DeepSpeedPlugin({device}_nvme_path=...) is the folder of an offload to disk, and "
+                                 f"{device}_device is {value!r}: set {device}_device='nvme', or drop the path.")
         return DeepSpeed(stage=self.zero_stage, config=self.hf_ds_config,
-                         offload_optimizer=_offloads(self.offload_optimizer_device),
-                         offload_parameters=_offloads(self.offload_param_device),
-                         offload_device=devices.pop() if devices else "cpu",
+                         offload_optimizer=_offload_device(self.offload_optimizer_device),
+                         offload_parameters=_offload_device(self.offload_param_device),
+                         nvme_path=one_nvme_path(self.offload_optimizer_nvme_path, self.offload_param_nvme_path,
+                                                 "DeepSpeedPlugin(offload_optimizer_nvme_path=..., "
+                                                 "offload_param_nvme_path=...)"),
                          zero3_init=bool(self.zero3_init_flag), save_16bit_model=bool(self.zero3_save_16bit_model),
                          gradient_clipping=self.gradient_clipping,
                          accumulate_grad_batches=self.gradient_accumulation_steps)
 
 
-def _offloads(device):
-    return None if device is None else device not in ("none", None)
+def _offload_device(device):
+    """Accelerate's device name -> DeepSpeed(offload_...=): None (the config decides), False, "cpu" or "nvme"."""
+    if device is None:
+        return None
+    return False if device == "none" else device
+
+
+def one_nvme_path(optimizer_path, param_path, where):
+    """Accelerate names a folder per offload; tasktrain swaps both into one (DeepSpeed keeps them apart inside it:
+    zero_stage_3/optimizer and zero_stage_3/<dtype>params)."""
+    paths = {os.path.abspath(os.path.expanduser(str(p))) for p in (optimizer_path, param_path) if p not in (None, "")}
+    if len(paths) > 1:
+        raise ValueError(f"{where} name two folders ({', '.join(sorted(paths))}); tasktrain swaps both offloads into "
+                         "one folder (DeepSpeed keeps their files apart inside it): give the same folder to both, or "
+                         "write both sections with their nvme_path into a DeepSpeed config file.")
+    return paths.pop() if paths else None
 
 
 @dataclass
