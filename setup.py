@@ -21,6 +21,10 @@ setup(
         "onnx": ["onnx>=1.16,<2", "onnxscript>=0.2,<1"],  # TaskModule.to_onnx: torch's exporter imports both
         # TaskCLI (tasktrain.cli): config files and command-line arguments from the classes' signatures
         "cli": ["jsonargparse>=4.53,<5"],
+        # streaming data (docs/data.md): Hugging Face datasets' shards as a ShardedSource; torchdata's
+        # StatefulDataLoader as the training loader (and Accelerate's use_stateful_dataloader)
+        "datasets": ["datasets>=5.2,<6"],
+        "torchdata": ["torchdata>=0.11,<1"],
     },
     entry_points={"console_scripts": ["tasktrain=tasktrain.cli.main:main"]},
 )
