@@ -2,7 +2,9 @@
 
 The Trainer rebuilds a plain DataLoader whose sampler is a RandomSampler or SequentialSampler around our
 ResumableSampler, so a resumed epoch skips the samples already seen without loading them. A user's own sampler or
-batch sampler is left alone.
+batch sampler is left alone. A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
+ShardedStream (the global position resumes it); over data of its own order its state is what resumes
+(StatefulLoaderData: saved per rank, continued on the same number of processes).
 
 The order of an epoch is defined over the whole dataset, independently of the number of processes: a permutation
 of the dataset drawn from (seed, epoch) (or 0..n-1 without shuffling), the *global order*. Rank r of W takes

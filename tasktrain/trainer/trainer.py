@@ -1222,8 +1222,11 @@ class Trainer:
         if not weights_only and isinstance(data, StatefulLoaderData):
             # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order,
             # beside the position (restored on the same number of processes: _restore_train_state)
-            parts["train_state"] = Value(lambda: {**self.state.state_dict(), "loader_states": strategy.all_gather_object(
-                data.loader_state(self.state.batch_in_epoch))}, self.state.load_state_dict)
+            def train_state():
+                states = strategy.all_gather_object(data.loader_state(self.state.batch_in_epoch))
+                return {**self.state.state_dict(), "loader_states": states}
+
+            parts["train_state"] = Value(train_state, self.state.load_state_dict)
         if not weights_only:
             parts.update(
                 optimizer_states=Optimizers(strategy, self.optimizers),
