@@ -331,6 +331,16 @@ def test_accelerator_use_stateful_dataloader_saves_the_workers_state(tmp_path, m
     rest = run(None, load=str(tmp_path / "state"))
     assert sorted(first + rest) == list(range(24))
     assert not set(read_ids(tmp_path)) & set(first)
+    # one process's state: the same save, as if written by 2 processes, is refused before the loop
+    from tasktrain.trainer.accelerator import STATE_FILE
+
+    state = torch.load(str(tmp_path / "state" / STATE_FILE), weights_only=False)
+    saved = state["loaders"][0]
+    saved["world_size"], saved["loader_states"] = 2, saved["loader_states"] * 2
+    os.makedirs(tmp_path / "other_world")
+    torch.save(state, str(tmp_path / "other_world" / STATE_FILE))
+    with pytest.raises(ValueError, match="on 2 processes, and this run has 1"):
+        run(None, load=str(tmp_path / "other_world"))
     monkeypatch.setitem(sys.modules, "torchdata.stateful_dataloader", None)  # not installed
     with pytest.raises(ImportError, match="tasktrain\\[torchdata\\]"):
         Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
