@@ -4,7 +4,9 @@ another number of processes and workers without reading what was trained on.
 The runs (tests/stream_scripts/train.py): 48 numbered items, 2 epochs, batches of 8 over all processes (1 x 8 or
 2 x 4), an optimizer step per batch; "killed" runs are SIGKILLed once step 3 is done and saved. Two data sets: a
 ShardedSource of our own (4 shards of 12 generated items) and ShardFiles (6 files of 8). processes x workers:
-2x2 -> 1x3 and 1x1 -> 2x2, for the Trainer and for the Accelerator.
+2x2 -> 1x3 and 1x1 -> 2x2, for the Trainer and for the Accelerator; and torchdata's StatefulDataLoader over a data set
+that shards itself, 2x2 -> 2x2 (its state is one rank's). In one process: Hugging Face `datasets` streams (built
+from numbers, nothing downloaded) and the StatefulDataLoader's resume from its own state, Trainer and Accelerator.
 """
 import json
 import os
@@ -406,6 +408,8 @@ def runs(tmp_path_factory):
     logs["k22_own"] = launch(root, [trainer_run("uneven", "own45", 4, 1),
                                     trainer_run("k22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
     logs["k22_files"] = launch(root, [trainer_run("k22_files", "files", 4, 2, kill_at=3)], 2, expect_ok=False)
+    # a StatefulDataLoader over a data set sharding itself, 2 x 2, killed after step 3 (resumed in "r22")
+    logs["ks22"] = launch(root, [trainer_run("ks22_stateful", "stateful", 4, 2, kill_at=3)], 2, expect_ok=False)
     # 2x2 -> 1x3 (Trainer, both data sets); the Accelerator on 1x1 saved and killed after step 3
     logs["r13"] = launch(root, [trainer_run("r13_own", "own", 8, 3, resume=last("k22_own")),
                                 trainer_run("r13_files", "files", 8, 3, resume=last("k22_files")),
@@ -415,6 +419,7 @@ def runs(tmp_path_factory):
                                 trainer_run("r22_files", "files", 4, 2, resume=last("k11_files")),
                                 accelerator_run("ar22_files", "files", 4, 2, resume="ak11_files"),
                                 accelerator_run("a_uneven", "own45", 4, 1, gather=True),
+                                trainer_run("rs22_stateful", "stateful", 4, 2, resume=last("ks22_stateful")),
                                 accelerator_run("ak22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
     # 2x2 -> 1x3 (Accelerator, own)
     logs["ar13"] = launch(root, [accelerator_run("ar13_own", "own", 8, 3, resume="ak22_own")], 1)
@@ -447,6 +452,19 @@ def test_killed_and_resumed_on_other_processes_and_workers(runs, killed, killed_
     assert all(len(set(ids)) == len(ids) for ids in by_step(after).values())
     # the resumed run read exactly what was left of epoch 0, then epoch 1: nothing consumed was read again
     assert Counter(reads(root, resumed)) == Counter(
+        [i for i in range(N) if i not in epoch_ids(before, 0)] + list(range(N)))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+def test_a_stateful_dataloader_resumes_each_rank_from_its_saved_state(runs):
+    """2 processes x 2 workers, each rank's StatefulDataLoader state in the checkpoint, killed after step 3 and
+    resumed on 2 x 2: each item of the epoch once, nothing trained on read again."""
+    root, logs = runs
+    before, after = records(root, "ks22_stateful", 2), records(root, "rs22_stateful", 2)
+    assert max(r[1] for r in before) == 3 and min(r[1] for r in after) == 4
+    assert epoch_ids(before + after, 0) == list(range(N)) and epoch_ids(after, 1) == list(range(N))
+    assert Counter(reads(root, "rs22_stateful")) == Counter(
         [i for i in range(N) if i not in epoch_ids(before, 0)] + list(range(N)))
 
 
