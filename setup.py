@@ -23,6 +23,10 @@ setup(
         "cli": ["jsonargparse>=4.53,<5"],
         # torchmetrics Metric objects given to self.log (imported only when one is logged)
         "torchmetrics": ["torchmetrics>=1.9,<2"],
+        # streaming data (docs/data.md): Hugging Face datasets' shards as a ShardedSource; torchdata's
+        # StatefulDataLoader as the training loader (and Accelerate's use_stateful_dataloader)
+        "datasets": ["datasets>=5.2,<6"],
+        "torchdata": ["torchdata>=0.11,<1"],
     },
     entry_points={"console_scripts": ["tasktrain=tasktrain.cli.main:main"]},
 )

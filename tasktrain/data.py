@@ -189,36 +189,65 @@ class ShardFiles:
 
 
 class HuggingFaceShards:
-    """A ShardedSource over a Hugging Face `datasets.IterableDataset` (an optional dependency, imported only by it):
-    its shards (`n_shards`, `shard(num_shards, index, contiguous=True)`) are ours. `sizes`: the examples of each of
-    its shards (a streaming data set does not know them; count them once, e.g. from the files' metadata).
+    """A ShardedSource over a Hugging Face `datasets.IterableDataset` (an optional dependency: `pip install
+    'tasktrain[datasets]'`; nothing here imports it): the data set's own shards (`n_shards`, each read with
+    `shard(num_shards=n_shards, index=i, contiguous=True)`) are ours, so ShardedStream's global order and position
+    apply. `sizes`: the examples of each of its shards (a stream does not know them: give them, e.g. from the
+    files' metadata; None counts them by reading every shard through once).
 
-    A reader streams through a shard up to the last example it needs, so shuffle=False (items as stored) keeps
-    reading close to what is used. This replaces `split_dataset_by_node` (whole shards per rank: the order then
-    depends on the number of ranks) and the data set's `state_dict` (a per-rank position, not a global one)."""
+    A reader streams through a shard up to the last example it needs, and goes on from there while the next
+    examples it is asked for lie further on in the same shard; shuffle=False (examples as stored) keeps reading
+    close to what is used. This is what `split_dataset_by_node` and the data set's `state_dict` do, made global:
+    see docs/data.md."""
 
-    def __init__(self, dataset, sizes):
-        self.dataset = dataset
-        if len(sizes) != dataset.n_shards:
-            raise ValueError(f"HuggingFaceShards: {len(sizes)} sizes for a data set of {dataset.n_shards} shards.")
+    def __init__(self, dataset, sizes=None, read_batch=64):
+        self.dataset, self.read_batch = dataset, int(read_batch)
+        shards = dataset.n_shards
+        if sizes is None:
+            sizes = [sum(1 for _ in self._examples(self._shard(i))) for i in range(shards)]
+        if len(sizes) != shards:
+            raise ValueError(f"HuggingFaceShards: {len(sizes)} sizes for a data set of {shards} shards; give one "
+                             "per shard (dataset.n_shards), or sizes=None to count them.")
         self.sizes = [int(n) for n in sizes]
+        self._open = None  # (shard, its examples from `at` on, at): where the last read stopped
 
     def shard_sizes(self):
         return self.sizes
 
+    def _shard(self, index):
+        return self.dataset.shard(num_shards=self.dataset.n_shards, index=index, contiguous=True)
+
+    def _examples(self, part):
+        # .iter() rather than iter(part): in a DataLoader worker iter() would split the one shard among the
+        # workers again (datasets' own worker split); the worker split here is ShardedStream's
+        for batch in part.iter(batch_size=self.read_batch):
+            columns = list(batch)
+            for i in range(len(batch[columns[0]]) if columns else 0):
+                yield {name: batch[name][i] for name in columns}
+
     def read(self, shard, indices):
+        if not indices:
+            return []
         wanted = {}
         for at, index in enumerate(indices):
             wanted.setdefault(index, []).append(at)
-        out = [None] * len(indices)
-        last = max(indices, default=-1)
-        part = self.dataset.shard(num_shards=self.dataset.n_shards, index=shard, contiguous=True)
-        for index, example in enumerate(part):
-            for at in wanted.get(index, ()):
-                out[at] = example
-            if index >= last:
+        out, left = [None] * len(indices), len(wanted)
+        held, examples, position = self._open or (None, None, 0)
+        if held != shard or min(wanted) < position:  # (re)open the shard: it streams from its start
+            examples, position = self._examples(self._shard(shard)), 0
+        for example in examples:
+            position += 1
+            if position - 1 in wanted:
+                for at in wanted[position - 1]:
+                    out[at] = example
+                left -= 1
+            if not left:
                 break
+        self._open = (shard, examples, position)
         return out
+
+    def __getstate__(self):  # a worker starts with no shard open
+        return {**self.__dict__, "_open": None}
 
 
 def _torch_load(path):

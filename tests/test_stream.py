@@ -4,7 +4,9 @@ another number of processes and workers without reading what was trained on.
 The runs (tests/stream_scripts/train.py): 48 numbered items, 2 epochs, batches of 8 over all processes (1 x 8 or
 2 x 4), an optimizer step per batch; "killed" runs are SIGKILLed once step 3 is done and saved. Two data sets: a
 ShardedSource of our own (4 shards of 12 generated items) and ShardFiles (6 files of 8). processes x workers:
-2x2 -> 1x3 and 1x1 -> 2x2, for the Trainer and for the Accelerator.
+2x2 -> 1x3 and 1x1 -> 2x2, for the Trainer and for the Accelerator; and torchdata's StatefulDataLoader over a data set
+that shards itself, 2x2 -> 2x2 (its state is one rank's). In one process: Hugging Face `datasets` streams (built
+from numbers, nothing downloaded) and the StatefulDataLoader's resume from its own state, Trainer and Accelerator.
 """
 import json
 import os
@@ -14,8 +16,9 @@ from collections import Counter
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
+from tasktrain import TaskModule
 from tasktrain.data import ShardedStream, ShardFiles
 from tasktrain.trainer.data import prepare_train_data
 
@@ -141,22 +144,208 @@ def test_loaders_that_cannot_follow_the_order_are_refused():
         ShardedStream([1, 2, 3])
 
 
-def test_hugging_face_iterable_dataset_shards():
-    datasets = pytest.importorskip("datasets")  # an optional integration: not installed in the dev venv
+# -- Hugging Face datasets: its shards are ours ------------------------------------------------------------------
+def hugging_face(n=40, shards=4):
+    import datasets  # tests only (requirements-dev.txt): built here from numbers, nothing downloaded
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    return datasets.Dataset.from_dict({"id": list(range(n))}).to_iterable_dataset(num_shards=shards)
+
+
+class CountedShards:
+    """HuggingFaceShards noting every example streamed out of the data set (in this process)."""
+
+    def __new__(cls, dataset, streamed):
+        from tasktrain.data import HuggingFaceShards
+
+        class Counted(HuggingFaceShards):
+            def _examples(self, part):
+                for example in super()._examples(part):
+                    streamed.append(example["id"])
+                    yield example
+
+        return Counted(dataset, sizes=[10] * dataset.n_shards)
+
+
+def hf_batches(world, batch, workers=0, start=0, shuffle=True, streamed=None):
     from tasktrain.data import HuggingFaceShards
 
-    def gen(shards):
-        for s in shards:
-            for i in range(5):
-                yield {"id": 10 * s + i}
-
-    ds = datasets.IterableDataset.from_generator(gen, gen_kwargs={"shards": list(range(4))})
-    stream = ShardedStream(HuggingFaceShards(ds, sizes=[5] * 4))
+    source = HuggingFaceShards(hugging_face()) if streamed is None else CountedShards(hugging_face(), streamed)
     parts = {}
-    for rank in range(2):
-        data = prepare_train_data(DataLoader(stream, batch_size=2, collate_fn=list), 2, rank, seed=1)
-        parts[rank] = [[x["id"] for x in b] for b in data]
-    assert sorted(sum(global_batches(parts), [])) == sorted(10 * s + i for s in range(4) for i in range(5))
+    for rank in range(world):
+        loader = DataLoader(ShardedStream(source, shuffle=shuffle), batch_size=batch, num_workers=workers,
+                            collate_fn=lambda examples: [e["id"] for e in examples])
+        data = prepare_train_data(loader, world, rank, seed=1)
+        data.set_epoch(0)
+        data.skip_samples(start)
+        parts[rank] = list(data)
+    return parts
+
+
+def test_hugging_face_iterable_dataset_is_sharded_over_ranks_and_workers():
+    from tasktrain.data import HuggingFaceShards
+
+    assert HuggingFaceShards(hugging_face()).shard_sizes() == [10, 10, 10, 10]  # counted: sizes=None
+    one = global_batches(hf_batches(1, 8))
+    flat = sum(one, [])
+    assert sorted(flat) == list(range(40)) and flat != list(range(40))  # every example once, shuffled
+    # 2 ranks x 2 real DataLoader workers: the same global batches (each worker reads its own part of a shard)
+    assert global_batches(hf_batches(2, 4, workers=2)) == one
+    with pytest.raises(ValueError, match="one per shard"):
+        HuggingFaceShards(hugging_face(), sizes=[10, 10])
+
+
+def test_hugging_face_resume_reads_nothing_consumed():
+    """Stopped after 20 of the 40 examples (shuffle=False: as stored), resumed on 2 ranks: the 20 left, and the
+    data set streamed out only those (its first two shards are never opened)."""
+    streamed = []
+    resumed = hf_batches(2, 5, start=20, shuffle=False, streamed=streamed)
+    assert sum(global_batches(resumed), []) == list(range(20, 40))
+    assert set(streamed) == set(range(20, 40))  # (a rank streams past the other's run in a shard it shares)
+    # a start inside a shard streams past its first examples (a stream cannot seek), none of the shards before
+    streamed.clear()
+    assert sum(global_batches(hf_batches(1, 5, start=25, shuffle=False, streamed=streamed)), []) == list(range(25, 40))
+    assert sorted(streamed) == list(range(20, 40))
+
+
+# -- torchdata's StatefulDataLoader ----------------------------------------------------------------------------------
+def test_stateful_dataloader_over_ordered_data_follows_the_global_order():
+    """A StatefulDataLoader over a map-style data set or a ShardedStream is read through the global order (its
+    own state is not needed: the position resumes on any world size)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    for make, shuffle in ((lambda: list(range(24)), True), (lambda: ShardedStream(Numbers((12, 12))), None)):
+        for rank in (0, 1):
+            plain = prepare_train_data(DataLoader(make(), batch_size=4, shuffle=shuffle), 2, rank, seed=5)
+            stateful = prepare_train_data(StatefulDataLoader(make(), batch_size=4, shuffle=shuffle), 2, rank, seed=5)
+            assert stateful.resumes_on_any_world_size
+            for data in (plain, stateful):
+                data.set_epoch(1)
+                data.skip_samples(8)
+            assert [b.tolist() for b in stateful] == [b.tolist() for b in plain]
+
+
+class Counting(torch.utils.data.IterableDataset):
+    """An IterableDataset of its own order: worker w of n yields items w, w + n, ... of 0..23, noting each read in
+    a file; its state (state_dict/load_state_dict) is the next item, so a restored worker goes on from there."""
+
+    def __init__(self, folder):
+        self.folder, self.next = str(folder), None
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        start, self.next = (worker if self.next is None else self.next), None
+        for i in range(start, 24, workers):
+            self.next = i + workers
+            with open(os.path.join(self.folder, f"reads.{os.getpid()}.txt"), "a") as f:
+                f.write(f"{i}\n")
+            yield torch.tensor([float(i)])
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state):
+        self.next = state["next"]
+
+
+def read_ids(folder):
+    out = []
+    for name in os.listdir(folder):
+        if name.startswith("reads."):
+            with open(os.path.join(folder, name)) as f:
+                out += [int(line) for line in f]
+            os.remove(os.path.join(folder, name))
+    return out
+
+
+class Noted(TaskModule):
+    def __init__(self):
+        super().__init__()
+        self.layer, self.seen = torch.nn.Linear(1, 1), []
+
+    def training_step(self, batch, batch_idx):
+        self.seen += [int(v) for v in batch.flatten().tolist()]
+        return self.layer(batch).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit(root, max_steps, ckpt_path=None, save_at=None):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from tasktrain import Callback, Trainer
+
+    class SaveAt(Callback):  # a checkpoint in the middle of the epoch, as ModelCheckpoint writes one
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step == save_at:
+                trainer.save_checkpoint(os.path.join(root, "stopped.ckpt"))
+
+    model = Noted()
+    trainer = Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False, enable_model_summary=False, default_root_dir=str(root),
+                      callbacks=[SaveAt()])
+    loader = StatefulDataLoader(Counting(root), batch_size=2, num_workers=2)  # no length: a batch read ahead
+    trainer.fit(model, loader, ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def test_stateful_dataloader_over_its_own_iterable_resumes_from_its_state(tmp_path):
+    """The Trainer saves the StatefulDataLoader's state (its 2 workers') after the batches trained on, and a resume
+    loads it: the rest of the epoch, nothing trained on read again, each item once."""
+    _, first = fit(tmp_path, 3, save_at=3)
+    read_ids(tmp_path)
+    _, resumed = fit(tmp_path, 12, ckpt_path=str(tmp_path / "stopped.ckpt"))
+    assert len(first.seen) == 6 and sorted(first.seen + resumed.seen) == list(range(24))
+    assert not set(read_ids(tmp_path)) & set(first.seen)  # the consumed items were not read again
+    # the state is one rank's: another number of processes is refused before training
+    checkpoint = torch.load(str(tmp_path / "stopped.ckpt"), weights_only=False)
+    assert len(checkpoint["train_state"]["loader_states"]) == 1
+    checkpoint["world_size"] = 2
+    checkpoint["train_state"]["loader_states"] *= 2
+    torch.save(checkpoint, str(tmp_path / "other_world.ckpt"))
+    with pytest.raises(ValueError, match="on 2 processes, and this run has 1"):
+        fit(tmp_path, 12, ckpt_path=str(tmp_path / "other_world.ckpt"))
+
+
+def test_accelerator_use_stateful_dataloader_saves_the_workers_state(tmp_path, monkeypatch):
+    """DataLoaderConfiguration(use_stateful_dataloader=True): a plain DataLoader over an IterableDataset of its own
+    is read through a StatefulDataLoader; save_state/load_state resume it without reading the consumed items."""
+    from tasktrain import Accelerator, DataLoaderConfiguration
+
+    def run(steps, load=None):
+        accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+        loader = accelerator.prepare(DataLoader(Counting(tmp_path), batch_size=2, num_workers=2))
+        assert callable(loader.state_dict) and callable(loader.load_state_dict)  # as Accelerate's
+        if load is not None:
+            accelerator.load_state(load)
+        seen = []
+        for batch in loader:
+            seen += [int(v) for v in batch.flatten().tolist()]
+            if steps is not None and len(seen) == 2 * steps:
+                accelerator.save_state(str(tmp_path / "state"))
+                break
+        return seen
+
+    first = run(3)
+    read_ids(tmp_path)
+    rest = run(None, load=str(tmp_path / "state"))
+    assert sorted(first + rest) == list(range(24))
+    assert not set(read_ids(tmp_path)) & set(first)
+    # one process's state: the same save, as if written by 2 processes, is refused before the loop
+    from tasktrain.trainer.accelerator import STATE_FILE
+
+    state = torch.load(str(tmp_path / "state" / STATE_FILE), weights_only=False)
+    saved = state["loaders"][0]
+    saved["world_size"], saved["loader_states"] = 2, saved["loader_states"] * 2
+    os.makedirs(tmp_path / "other_world")
+    torch.save(state, str(tmp_path / "other_world" / STATE_FILE))
+    with pytest.raises(ValueError, match="on 2 processes, and this run has 1"):
+        run(None, load=str(tmp_path / "other_world"))
+    monkeypatch.setitem(sys.modules, "torchdata.stateful_dataloader", None)  # not installed
+    with pytest.raises(ImportError, match="tasktrain\\[torchdata\\]"):
+        Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
 
 
 # -- real processes: SIGKILL and resume, 2x2 -> 1x3 and 1x1 -> 2x2 --------------------------------------------------
@@ -219,6 +408,8 @@ def runs(tmp_path_factory):
     logs["k22_own"] = launch(root, [trainer_run("uneven", "own45", 4, 1),
                                     trainer_run("k22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
     logs["k22_files"] = launch(root, [trainer_run("k22_files", "files", 4, 2, kill_at=3)], 2, expect_ok=False)
+    # a StatefulDataLoader over a data set sharding itself, 2 x 2, killed after step 3 (resumed in "r22")
+    logs["ks22"] = launch(root, [trainer_run("ks22_stateful", "stateful", 4, 2, kill_at=3)], 2, expect_ok=False)
     # 2x2 -> 1x3 (Trainer, both data sets); the Accelerator on 1x1 saved and killed after step 3
     logs["r13"] = launch(root, [trainer_run("r13_own", "own", 8, 3, resume=last("k22_own")),
                                 trainer_run("r13_files", "files", 8, 3, resume=last("k22_files")),
@@ -228,6 +419,7 @@ def runs(tmp_path_factory):
                                 trainer_run("r22_files", "files", 4, 2, resume=last("k11_files")),
                                 accelerator_run("ar22_files", "files", 4, 2, resume="ak11_files"),
                                 accelerator_run("a_uneven", "own45", 4, 1, gather=True),
+                                trainer_run("rs22_stateful", "stateful", 4, 2, resume=last("ks22_stateful")),
                                 accelerator_run("ak22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
     # 2x2 -> 1x3 (Accelerator, own)
     logs["ar13"] = launch(root, [accelerator_run("ar13_own", "own", 8, 3, resume="ak22_own")], 1)
@@ -260,6 +452,19 @@ def test_killed_and_resumed_on_other_processes_and_workers(runs, killed, killed_
     assert all(len(set(ids)) == len(ids) for ids in by_step(after).values())
     # the resumed run read exactly what was left of epoch 0, then epoch 1: nothing consumed was read again
     assert Counter(reads(root, resumed)) == Counter(
+        [i for i in range(N) if i not in epoch_ids(before, 0)] + list(range(N)))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(1500)
+def test_a_stateful_dataloader_resumes_each_rank_from_its_saved_state(runs):
+    """2 processes x 2 workers, each rank's StatefulDataLoader state in the checkpoint, killed after step 3 and
+    resumed on 2 x 2: each item of the epoch once, nothing trained on read again."""
+    root, logs = runs
+    before, after = records(root, "ks22_stateful", 2), records(root, "rs22_stateful", 2)
+    assert max(r[1] for r in before) == 3 and min(r[1] for r in after) == 4
+    assert epoch_ids(before + after, 0) == list(range(N)) and epoch_ids(after, 1) == list(range(N))
+    assert Counter(reads(root, "rs22_stateful")) == Counter(
         [i for i in range(N) if i not in epoch_ids(before, 0)] + list(range(N)))
 
 

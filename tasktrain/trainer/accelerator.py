@@ -27,7 +27,7 @@ from tasktrain.loggers.trackers import GeneralTracker, check_log_with, make_trac
 from tasktrain.strategies.base import ClipsInsideStep, GradientClip, MultiProcess, Plan, Sharded
 from tasktrain.strategies.precision import unpatch_forward
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
-from tasktrain.trainer.data import ResumableSampler, StreamData, prepare_train_data
+from tasktrain.trainer.data import ResumableSampler, StatefulLoaderData, StreamData, prepare_train_data
 from tasktrain.trainer.epoch import DataPosition, EpochIterator, warn_global_batch_change
 from tasktrain.trainer.run_state import Objects, Optimizers, RandomStates, RunState, Value, Weights, check_counts, upgrade
 from tasktrain.trainer.runtime import ACCELERATOR_NAMES, broadcast_seed, build_runtime, rng_restore_of_this_rank
@@ -1019,9 +1019,12 @@ class PreparedDataLoader:
         samples = position.samples_in_epoch if self._data.resumes_on_any_world_size else None
         if self.epoch_length is not None and seen >= self.epoch_length:
             epoch, seen, samples = epoch + 1, 0, 0  # saved after the last batch, before the loop ended
-        return {"epoch": epoch, "batches_seen": seen, "samples_seen": samples,
-                "world_size": self._accelerator.num_processes, "batch_size": self._data.loader.batch_size,
-                "accumulation": self._accelerator.gradient_accumulation_steps}
+        state = {"epoch": epoch, "batches_seen": seen, "samples_seen": samples,
+                 "world_size": self._accelerator.num_processes, "batch_size": self._data.loader.batch_size,
+                 "accumulation": self._accelerator.gradient_accumulation_steps}
+        if isinstance(self._data, StatefulLoaderData):  # a StatefulDataLoader's own state: every rank's, in order
+            state["loader_states"] = self._accelerator.strategy.all_gather_object(self._data.loader_state(seen))
+        return state
 
     def load_state_dict(self, state):
         accelerator = self._accelerator
@@ -1039,6 +1042,9 @@ class PreparedDataLoader:
         self._epochs.resume(position, saved_world, accumulate, source="This loader's state",
                             epoch_name="an epoch", world=world,
                             order_remedy="prepare a plain DataLoader (shuffle=True or False, no sampler)")
+        states = state.get("loader_states")
+        if isinstance(self._data, StatefulLoaderData) and states is not None and len(states) == world:
+            self._data.load_loader_state(states[accelerator.process_index])  # (another world: refused above)
         saved_batch, batch = state.get("batch_size"), self._data.loader.batch_size
         saved_accumulate = int(state.get("accumulation", accumulate))  # (not recorded before format 2: the same)
         saved_global, global_batch = (saved_batch or 0) * saved_world * saved_accumulate, (batch or 0) * world * accumulate

@@ -2,7 +2,9 @@
 
 The Trainer rebuilds a plain DataLoader whose sampler is a RandomSampler or SequentialSampler around our
 ResumableSampler, so a resumed epoch skips the samples already seen without loading them. A user's own sampler or
-batch sampler is left alone.
+batch sampler is left alone. A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
+ShardedStream (the global position resumes it); over data of its own order its state is what resumes
+(StatefulLoaderData: saved per rank, continued on the same number of processes).
 
 The order of an epoch is defined over the whole dataset, independently of the number of processes: a permutation
 of the dataset drawn from (seed, epoch) (or 0..n-1 without shuffling), the *global order*. Rank r of W takes
@@ -14,6 +16,7 @@ epoch is trained once, on any number of processes. When the rest does not divide
 DistributedSampler pads, with the first samples of the epoch's order (the same padding as an uninterrupted run
 when the resume starts at a multiple of W).
 """
+import collections
 import copy
 import math
 import warnings
@@ -178,15 +181,79 @@ def _rebuild(loader: DataLoader, sampler, generator) -> DataLoader:
     return DataLoader(loader.dataset, **kwargs)
 
 
+def is_stateful_loader(loader) -> bool:
+    """A DataLoader that saves its own position (torchdata's StatefulDataLoader: state_dict/load_state_dict)."""
+    return isinstance(loader, DataLoader) and callable(getattr(loader, "state_dict", None)) and \
+        callable(getattr(loader, "load_state_dict", None))
+
+
+def _torchdata_sampler(sampler, name) -> bool:
+    """torchdata's StatefulDataLoader swaps torch's default RandomSampler/BatchSampler for stateful twins."""
+    kind = type(sampler)
+    return kind.__name__ == name and kind.__module__.startswith("torchdata.stateful_dataloader")
+
+
 def _replaceable(loader) -> bool:
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return False
-    if type(loader.batch_sampler) is not BatchSampler and loader.batch_sampler is not None:
+    if type(loader.batch_sampler) is not BatchSampler and loader.batch_sampler is not None and \
+            not _torchdata_sampler(loader.batch_sampler, "BatchSampler"):
         return False
     sampler = loader.sampler
     if type(sampler) is SequentialSampler:
         return True
-    return type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
+    random = type(sampler) is RandomSampler or _torchdata_sampler(sampler, "RandomSampler")
+    return random and not sampler.replacement and sampler._num_samples is None
+
+
+class StatefulLoaderData(TrainData):
+    """A StatefulDataLoader (torchdata) over a data set whose order is its own (an IterableDataset, a sampler of the
+    user's): its state_dict, which holds each worker's state, is this rank's position. `loader_state()` is the state
+    after the batches the loop has trained on (a batch read ahead is not counted); a resume loads it back instead
+    of reading and dropping the consumed batches. It is one rank's state, so only the same number of processes can
+    continue it (the epoch iterator refuses another one mid-epoch)."""
+
+    def __init__(self, loader, sampler, seed):
+        super().__init__(loader, sampler, None, seed)
+        self._restored = None  # a loaded state, for the resumed pass
+        self._start = self._pass_start = 0  # batches of the epoch before the next / the current pass
+        self._states = collections.deque(maxlen=3)  # (batches yielded, state after them) of the pass in flight
+        self._pass_state = None  # the state the pass in flight started from (None: the epoch's start)
+
+    def loader_state(self, batch_in_epoch):
+        """The loader's state once the loop has trained on `batch_in_epoch` batches of the epoch (None: at the
+        epoch's start; a batch the loop read ahead is not in it)."""
+        done = batch_in_epoch - self._pass_start
+        if batch_in_epoch <= 0 or done <= 0:
+            return self._pass_state if batch_in_epoch > 0 else None
+        for count, state in self._states:
+            if count == done:
+                return state
+        raise RuntimeError(f"The StatefulDataLoader's state after batch {batch_in_epoch} is no longer held: save "
+                           "the checkpoint between two batches of the loop.")
+
+    def load_loader_state(self, state):
+        """This rank's saved state: the resumed pass (a resume in the middle of an epoch) starts from it."""
+        self._restored = state
+
+    def skip(self, num_batches: int):
+        self._start = max(0, int(num_batches))
+        if self._start and self._restored is None:
+            super().skip(num_batches)  # no saved state (a checkpoint written without one): read and drop
+
+    def __iter__(self):
+        start, self._start = self._start, 0
+        restored, self._restored = (self._restored if start else None), None
+        self._pass_start, self._pass_state = start, restored
+        self._states.clear()
+        if restored is not None:
+            self.loader.load_state_dict(restored)  # where the saved run stopped: nothing consumed is read again
+        return self._counted(super().__iter__())
+
+    def _counted(self, iterator):
+        for count, batch in enumerate(iterator, 1):
+            self._states.append((count, self.loader.state_dict()))
+            yield batch
 
 
 class StreamData(TrainData):
@@ -269,11 +336,20 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None) -> TrainDat
     if isinstance(loader, DataLoader) and isinstance(loader.dataset, ShardedStream):
         return _prepare_stream(loader, world_size, rank, seed, shuffle)
     if _replaceable(loader):
-        shuffle = isinstance(loader.sampler, RandomSampler) and shuffle is not False
+        random = isinstance(loader.sampler, RandomSampler) or _torchdata_sampler(loader.sampler, "RandomSampler")
+        shuffle = random and shuffle is not False
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
         return TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)
     sampler = getattr(loader, "sampler", None)
+    if is_stateful_loader(loader):
+        if world_size > 1 and not isinstance(sampler, DistributedSampler) and \
+                isinstance(loader.dataset, torch.utils.data.IterableDataset):
+            warnings.warn("The training loader is a StatefulDataLoader over an IterableDataset of your own: the "
+                          "Trainer cannot shard it, so make sure each rank reads its own part (e.g. through "
+                          "get_worker_info and the rank), or every rank trains on the same samples. Its state is "
+                          "saved per rank and resumes on the same number of processes only.")
+        return StatefulLoaderData(loader, sampler if isinstance(sampler, DistributedSampler) else None, seed)
     if world_size > 1 and not isinstance(sampler, DistributedSampler):
         warnings.warn(
             "The training loader has a custom sampler or an IterableDataset, so the Trainer cannot shard it: make "

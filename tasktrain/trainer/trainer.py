@@ -34,7 +34,8 @@ from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy, step_arguments
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
-from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, record_batch_indices
+from tasktrain.trainer.data import (StatefulLoaderData, prepare_eval_loader, prepare_train_data,
+                                    record_batch_indices)
 from tasktrain.trainer.epoch import EpochIterator, warn_global_batch_change
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.metrics import MetricStore
@@ -207,6 +208,7 @@ class Trainer:
         self.training = False
         self.num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
         self._epoch_length = None  # batches of a whole epoch (limit_train_batches applied)
+        self._train_data = None  # the TrainData being trained (a StatefulDataLoader's state is checkpointed)
         self.num_val_batches = []  # one entry per validation loader (Lightning's shape): its batch count or None
         self.num_sanity_val_batches = []
         self.num_test_batches = []
@@ -795,6 +797,7 @@ class Trainer:
                 "training would never end. Set Trainer(max_steps=N), or give the loader a __len__ / set "
                 "limit_train_batches=N to define an epoch."
             )
+        self._train_data = train_data
         epochs = EpochIterator(train_data, world_size, self._epoch_length, self.state)
         if previous is not None:
             epochs.keep_resume_of(previous)
@@ -1337,6 +1340,15 @@ class Trainer:
         """This run's state as stateful parts (tasktrain/trainer/run_state.py), under the checkpoint's keys."""
         strategy = self.strategy
         parts = {"state_dict": Weights(strategy), "train_state": self.state}
+        data = self._train_data
+        if not weights_only and isinstance(data, StatefulLoaderData):
+            # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order,
+            # beside the position (restored on the same number of processes: _restore_train_state)
+            def train_state():
+                states = strategy.all_gather_object(data.loader_state(self.state.batch_in_epoch))
+                return {**self.state.state_dict(), "loader_states": states}
+
+            parts["train_state"] = Value(train_state, self.state.load_state_dict)
         if not weights_only:
             parts.update(
                 optimizer_states=Optimizers(strategy, self.optimizers),
@@ -1483,6 +1495,9 @@ class Trainer:
                       world=self.world_size, own_order_reason=users_split,
                       order_remedy="let the Trainer shard the data (use_distributed_sampler=True, a plain DataLoader "
                                    "with shuffle=True or False, no sampler) so that the epoch continues exactly")
+        loader_states = saved.get("loader_states")
+        if isinstance(epochs.data, StatefulLoaderData) and loader_states and len(loader_states) == self.world_size:
+            epochs.data.load_loader_state(loader_states[self.global_rank])  # another world: refused just above
         if saved_global_batch and global_batch and saved_global_batch != global_batch and self.is_global_zero:
             per_batch = global_batch // shard_world // accumulate
             warn_global_batch_change(

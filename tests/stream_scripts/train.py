@@ -10,7 +10,8 @@ Each run, in order, in every process of the launch. A run's keys:
              DIR/NAME/ (the Trainer's checkpoints: last.ckpt after every step), DIR/NAME.state/ (the Accelerator's
              save_state after step `save_at`)
     api      "trainer" or "accelerator";  data: "own" (a ShardedSource of ours: 4 shards of 12 generated items),
-             "own45" (the same with 9 in the last shard) or "files" (ShardFiles over 6 files of 8, written under DIR)
+             "own45" (the same with 9 in the last shard), "files" (ShardFiles over 6 files of 8, written under DIR)
+             or "stateful" (torchdata's StatefulDataLoader over an IterableDataset that shards itself, the Trainer)
     batch    per-process batch size;  workers: DataLoader workers per process (default 1)
     resume   the Trainer: a checkpoint path; the Accelerator: the name of a run whose save_state to load
     kill_at  SIGKILL rank `kill_rank` (default: the last) once step `kill_at` is done and saved
@@ -76,7 +77,41 @@ def shard_files(root):
     return paths
 
 
+class OwnOrder(torch.utils.data.IterableDataset):
+    """("stateful") An IterableDataset that shards itself: rank r of W, worker w of n reads items k of 0..47 with
+    k % (W n) == r n + w, noting each read; its state (the next item) is what torchdata's StatefulDataLoader saves
+    of each worker, so a restored worker goes on from there."""
+
+    def __init__(self, path):
+        self.path, self.next = path, None
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        rank, ranks = int(os.environ.get("RANK", "0")), world()
+        start, self.next = (rank * workers + worker if self.next is None else self.next), None
+        for k in range(start, N, ranks * workers):
+            self.next = k + ranks * workers
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"pid": os.getpid(), "ids": [k]}) + "\n")
+            yield item(k)
+
+    def __len__(self):  # this rank's items
+        return N // world()
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state):
+        self.next = state["next"]
+
+
 def loader_of(root, run):
+    if run["data"] == "stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        dataset = OwnOrder(os.path.join(root, f"{run['name']}.reads.txt"))
+        return StatefulDataLoader(dataset, batch_size=run["batch"], num_workers=run.get("workers", 1))
     if run["data"] == "files":
         source = ShardFiles(shard_files(root))
     else:

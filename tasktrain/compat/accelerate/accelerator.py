@@ -56,12 +56,22 @@ class Accelerator(core.Accelerator):
             dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, deepspeed_plugins=deepspeed_plugins,
             parallelism_config=parallelism_config, strategy=strategy)
         self._profile_handler = options.pop("profile")
+        self.use_stateful_dataloader = options.pop("use_stateful_dataloader")
         super().__init__(mixed_precision=mixed_precision, cpu=cpu, log_with=log_with,
                          step_scheduler_with_optimizer=step_scheduler_with_optimizer, stall_timeout=stall_timeout,
                          **options)
         from tasktrain.compat.accelerate.state import _share
 
         _share(self)  # PartialState() and AcceleratorState() read this Accelerator's strategy from now on
+
+    def prepare_data_loader(self, loader):
+        """Under DataLoaderConfiguration(use_stateful_dataloader=True), as in Accelerate, a plain DataLoader over an
+        IterableDataset of the user's is read through torchdata's StatefulDataLoader, so that save_state keeps its
+        workers' state (docs/data.md). Over a map-style data set or a ShardedStream the prepared loader's global
+        position resumes exactly already; every prepared loader has state_dict()/load_state_dict()."""
+        if self.use_stateful_dataloader:
+            loader = _stateful(loader)
+        return super().prepare_data_loader(loader)
 
     @property
     def state(self):
@@ -212,6 +222,28 @@ class Accelerator(core.Accelerator):
         return state, rng_state
 
 
+def _stateful(loader):
+    """A plain DataLoader over an IterableDataset (not a ShardedStream) rebuilt as a StatefulDataLoader."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from tasktrain.data import ShardedStream
+    from tasktrain.trainer.data import is_stateful_loader
+
+    if type(loader) is not DataLoader or not isinstance(loader.dataset, IterableDataset) or \
+            isinstance(loader.dataset, ShardedStream) or is_stateful_loader(loader):
+        return loader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    kwargs = dict(batch_size=loader.batch_size, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                  pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
+                  worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
+                  generator=loader.generator, persistent_workers=loader.persistent_workers,
+                  pin_memory_device=loader.pin_memory_device, in_order=getattr(loader, "in_order", True))
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return StatefulDataLoader(loader.dataset, **kwargs)
+
+
 # -- Accelerate's constructor arguments -------------------------------------------------------------------------------
 def _refuse(name, value, why):
     if value is not None:
@@ -260,8 +292,12 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         raise ValueError("DataLoaderConfiguration(even_batches=False): prepared loaders always give every process "
                          "the same number of batches (gather_for_metrics drops the repeats). Leave it True.")
     if config.use_stateful_dataloader:
-        raise ValueError("DataLoaderConfiguration(use_stateful_dataloader=True): prepared loaders already save and "
-                         "restore their position in save_state/load_state. Leave it False.")
+        # Accelerate builds its prepared loaders on torchdata's StatefulDataLoader then, and needs it installed
+        try:
+            import torchdata.stateful_dataloader  # noqa: F401
+        except ImportError as error:
+            raise ImportError("DataLoaderConfiguration(use_stateful_dataloader=True) needs torchdata's "
+                              "StatefulDataLoader: pip install 'tasktrain[torchdata]' (torchdata>=0.11).") from error
 
     if project_config is None:
         project_config = ProjectConfiguration(project_dir=None if project_dir is None else os.fspath(project_dir))
@@ -351,4 +387,5 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
     return {"strategy": strategy, "gradient_accumulation_steps": gradient_accumulation_steps,
             "project_config": project_config, "sync_each_batch": sync_each_batch, "rng_types": rng_types or [],
             "data_seed": config.data_seed, "process_options": process_options,
-            "precision_options": precision_options, "profile": profile}
+            "precision_options": precision_options, "profile": profile,
+            "use_stateful_dataloader": bool(config.use_stateful_dataloader)}

@@ -130,8 +130,8 @@ class ProfileKwargs(KwargsHandler):
 class DataLoaderConfiguration:
     """How prepared loaders shard. tasktrain shards per sample, with even batches on every process (the repeats
     are dropped by gather_for_metrics), and a sampler order that is a function of (seed, epoch): the defaults
-    below and data_seed work; split_batches, dispatch_batches, even_batches=False and use_stateful_dataloader
-    are refused by the Accelerator (docs/accelerator.md)."""
+    below, data_seed and use_stateful_dataloader (torchdata's StatefulDataLoader, docs/data.md) work;
+    split_batches, dispatch_batches and even_batches=False are refused by the Accelerator (docs/accelerator.md)."""
 
     split_batches: bool = False
     dispatch_batches: Optional[bool] = None
