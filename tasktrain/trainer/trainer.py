@@ -208,7 +208,7 @@ class Trainer:
         self.training = False
         self.num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
         self._epoch_length = None  # batches of a whole epoch (limit_train_batches applied)
-        self._train_data = None  # the TrainData being trained (a StatefulDataLoader's state is checkpointed)
+        self._loader_data = None  # the TrainData being trained (a StatefulDataLoader's state is checkpointed)
         self.num_val_batches = []  # one entry per validation loader (Lightning's shape): its batch count or None
         self.num_sanity_val_batches = []
         self.num_test_batches = []
@@ -797,7 +797,7 @@ class Trainer:
                 "training would never end. Set Trainer(max_steps=N), or give the loader a __len__ / set "
                 "limit_train_batches=N to define an epoch."
             )
-        self._train_data = train_data
+        self._loader_data = train_data
         epochs = EpochIterator(train_data, world_size, self._epoch_length, self.state)
         if previous is not None:
             epochs.keep_resume_of(previous)
@@ -1340,7 +1340,7 @@ class Trainer:
         """This run's state as stateful parts (tasktrain/trainer/run_state.py), under the checkpoint's keys."""
         strategy = self.strategy
         parts = {"state_dict": Weights(strategy), "train_state": self.state}
-        data = self._train_data
+        data = self._loader_data
         if not weights_only and isinstance(data, StatefulLoaderData):
             # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order,
             # beside the position (restored on the same number of processes: _restore_train_state)
