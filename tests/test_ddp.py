@@ -161,7 +161,11 @@ def test_self_launch_writes_once_prints_once_and_leaves_nothing_behind(self_laun
     assert facts[0]["master_port"] == facts[1]["master_port"]
     assert facts[0]["pid"] != facts[1]["pid"] and process_gone(facts[1]["pid"])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # SO_REUSEADDR: a closed connection's TIME-WAIT on the port (whichever side closed first: it varies) is no
+        # process holding it; a listener left behind still makes the bind fail
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", int(facts[0]["master_port"])))
+        s.listen()
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)

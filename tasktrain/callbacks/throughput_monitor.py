@@ -255,21 +255,26 @@ class ThroughputMonitor(Callback):
         """At a batch's end: its phases into the sums (on CUDA the device phases as event pairs, read later)."""
         self._stamp(trainer, "end")
         stamps = self._stamps
+        validation, saving = self._excluded(trainer)
         host_phases = 0.0
+        # The optimizer phase runs from on_before_optimizer_step to the batch's end (the step, the step's schedulers
+        # and logging; the gradients are zeroed at the next window's first backward, Lightning's place), less a
+        # validation run inside it.
         for name, start, end in (("forward", "start", "before_backward"),
                                  ("backward", "before_backward", "after_backward"),
-                                 ("optimizer", "before_optimizer", "after_optimizer")):
+                                 ("optimizer", "before_optimizer", "end")):
             if start in stamps and end in stamps:
                 (t0, e0), (t1, e1) = stamps[start], stamps[end]
-                host_phases += t1 - t0
+                seconds = t1 - t0 - (validation if name == "optimizer" else 0.0)
+                host_phases += seconds
                 if e0 is not None:
                     self._split_events.append((name, e0, e1))
                 else:
-                    self._split_sums[name] += t1 - t0
-        validation, saving = self._excluded(trainer)
+                    self._split_sums[name] += max(0.0, seconds)
         self._split_sums["checkpoint"] += saving
         total = stamps["end"][0] - stamps["start"][0]
-        self._split_sums["other"] += max(0.0, total - host_phases - validation - saving)
+        optimizer_ran = "before_optimizer" in stamps  # (its phase already left the validation out)
+        self._split_sums["other"] += max(0.0, total - host_phases - (0.0 if optimizer_ran else validation) - saving)
         self._split_batches += 1
         self._previous_end = stamps["end"][0]
         self._stamps = {}
@@ -356,10 +361,6 @@ class ThroughputMonitor(Callback):
     def on_before_optimizer_step(self, trainer, module, optimizer):
         if self.step_split:
             self._stamp(trainer, "before_optimizer")
-
-    def on_before_zero_grad(self, trainer, module, optimizer):
-        if self.step_split:
-            self._stamp(trainer, "after_optimizer")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self._count_stop("train")  # (manual optimisation: no on_after_backward from the loop)
