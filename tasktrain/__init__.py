@@ -57,7 +57,7 @@ _NAMES = {
     "AutocastKwargs": "tasktrain.compat.accelerate.utils.dataclasses",
     "ProfileKwargs": "tasktrain.compat.accelerate.utils.dataclasses",
     "find_executable_batch_size": "tasktrain.compat.accelerate.utils.memory",
-    "notebook_launcher": "tasktrain.compat.accelerate.utils.other",
+    "notebook_launcher": "tasktrain.compat.accelerate.launchers",
 }
 
 __all__ = ["__version__", *_NAMES]

@@ -70,12 +70,9 @@ def write_basic_config(*args, **kwargs):
                               "or write a YAML and pass --config_file (docs/launch.md).")
 
 
-def notebook_launcher(*args, **kwargs):
-    """Refused: tasktrain starts processes from a command line (`tasktrain launch`, torchrun), never by forking a
-    notebook's kernel, whose state (CUDA, open files) the children would share."""
-    raise NotImplementedError("notebook_launcher: tasktrain does not start processes from a notebook. Put the "
-                              "training function in a script and run `tasktrain launch --num_processes N train.py` "
-                              "(or, with the Trainer, Trainer(strategy='ddp_spawn')).")
+# Accelerate's launcher (start processes from a notebook) lives at its own path, accelerate.launchers; this
+# module's name (tasktrain.utils.notebook_launcher) is the same function.
+from tasktrain.compat.accelerate.launchers import notebook_launcher  # noqa: E402,F401
 
 
 def _has(module):
