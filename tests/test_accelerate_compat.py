@@ -18,7 +18,7 @@ REQUIRED = [
     "tasktrain.DataLoaderConfiguration", "tasktrain.ProjectConfiguration", "tasktrain.GradientAccumulationPlugin",
     "tasktrain.DeepSpeedPlugin", "tasktrain.FullyShardedDataParallelPlugin", "tasktrain.InitProcessGroupKwargs",
     "tasktrain.DistributedDataParallelKwargs", "tasktrain.GradScalerKwargs", "tasktrain.AutocastKwargs",
-    "tasktrain.notebook_launcher()", "tasktrain.skip_first_batches", "tasktrain.find_executable_batch_size",
+    "tasktrain.notebook_launcher", "tasktrain.skip_first_batches", "tasktrain.find_executable_batch_size",
     "tasktrain.init_empty_weights", "tasktrain.utils.set_seed", "tasktrain.utils.find_executable_batch_size",
     "tasktrain.utils.ProjectConfiguration", "tasktrain.utils.DataLoaderConfiguration",
     "tasktrain.utils.DistributedType", "tasktrain.utils.gather", "tasktrain.utils.gather_object",
