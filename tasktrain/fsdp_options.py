@@ -105,10 +105,12 @@ def fsdp_options(values, where="FullyShardedDataParallelPlugin", yaml=False):
     elif checkpointing not in _FALSE:
         refuse("activation_checkpointing", "use true (the wrapped block classes recompute their forward in the "
                                            "backward) or false")
-    if values.get("cpu_ram_efficient_loading") not in _FALSE:
-        refuse("cpu_ram_efficient_loading", "build the model with `with accelerator.init_module(empty_init=True):` "
-                                            "(trainer.init_module for the Trainer): each rank then allocates its "
-                                            "shard only")
+    loading = values.get("cpu_ram_efficient_loading")
+    if loading in _TRUE:
+        kwargs["cpu_ram_efficient_loading"] = True  # every rank starts from rank 0's weights (FSDP's docstring)
+    elif loading not in _FALSE:
+        refuse("cpu_ram_efficient_loading", "use true (rank 0's weights are broadcast to every rank at setup; the "
+                                            "others build the model on the meta device under init_module()) or false")
     policy = values.get("mixed_precision_policy")
     if type(policy).__name__ == "MixedPrecisionPolicy":  # torch's own (the plugin; a YAML cannot hold one)
         kwargs["mixed_precision"] = policy

@@ -39,6 +39,7 @@ from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.base import Sharded, step_arguments
 from tasktrain.strategies.ddp import DDP
+from tasktrain.strategies.environment import detect_environment
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, patch_forward
 from tasktrain.strategies.watchdog import checked_collective
 
@@ -102,6 +103,12 @@ class FSDP(Sharded, DDP):
             implies. It must agree with the run's precision: under "32-true" it is what runs (no autocast); under a
             mixed precision its param_dtype must be None, fp32 or that precision's half dtype (autocast and the
             fp16 scaler stay); under a true half precision None or that dtype. Anything else is an error.
+        cpu_ram_efficient_loading: every rank starts from rank 0's weights (Accelerate's option of that name): at
+            setup the module is sharded and rank 0's whole weights (parameters and buffers) are broadcast into every
+            rank's shards, whatever the other ranks' own values were; and a module built under `init_module()`
+            (without empty_init) is built in memory on rank 0 only, on the meta device on the others (so one copy
+            of the whole model is in CPU memory, not one per rank). Rank 0's module must hold weights (not be on
+            the meta device).
         process_group_backend, timeout, start_method: as DDP's.
     """
 
@@ -110,7 +117,7 @@ class FSDP(Sharded, DDP):
 
     def __init__(self, accelerator=None, precision=None, wrap=None, reshard_after_forward=True, cpu_offload=False,
                  state_dict_type="sharded", mixed_precision=None, activation_checkpointing=None,
-                 process_group_backend=None, timeout=timedelta(minutes=30), start_method="popen"):
+                 cpu_ram_efficient_loading=False, process_group_backend=None, timeout=timedelta(minutes=30), start_method="popen"):
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
         if start_method == "spawn":
@@ -127,6 +134,10 @@ class FSDP(Sharded, DDP):
                             "module classes (e.g. {Block}) or a callable (module) -> bool.")
         if not isinstance(reshard_after_forward, bool):
             raise TypeError(f"FSDP reshard_after_forward={reshard_after_forward!r}: use True or False.")
+        if not isinstance(cpu_ram_efficient_loading, bool):
+            raise TypeError(f"FSDP cpu_ram_efficient_loading={cpu_ram_efficient_loading!r}: use True (every rank "
+                            "starts from rank 0's weights) or False.")
+        self.cpu_ram_efficient_loading = cpu_ram_efficient_loading
         if mixed_precision is not None:
             from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -180,8 +191,11 @@ class FSDP(Sharded, DDP):
     def module_init_context(self, empty_init=False):
         """empty_init=True: the module is built on the meta device (no memory); setup_module_and_optimizers shards it,
         allocates each rank's shards only, and fills them with each submodule's reset_parameters(). Without
-        empty_init the module is built as usual (whole, on the CPU) and sharded at setup."""
-        if not empty_init:
+        empty_init the module is built as usual (whole, on the CPU) and sharded at setup; with
+        cpu_ram_efficient_loading on rank 0 only (the other ranks build it on the meta device and receive rank 0's
+        weights at setup)."""
+        rank = self.global_rank if self.env else detect_environment().global_rank  # before setup_environment too
+        if not empty_init and not (self.cpu_ram_efficient_loading and rank != 0):
             yield
             return
         with torch.device("meta"):
@@ -213,15 +227,21 @@ class FSDP(Sharded, DDP):
             _check_optimizer(optimizer, names)
         old = {name: p for name, p in module.named_parameters()}
         on_meta = _on_meta(module)
-        if on_meta:
+        from_rank0 = self.cpu_ram_efficient_loading and self._rank0_holds_weights(on_meta)
+        if on_meta and not from_rank0:
             _check_resettable(module)
-        else:
+        elif not on_meta:
             module.to(self.root_device)
         # The true half modes: cast before sharding, so the shards (and what the optimizer steps) are half. The
         # Parameter objects stay the same (.to casts in place), so `names` still finds them.
         module = self.precision.convert_module(module)
+        # cpu_ram_efficient_loading: rank 0's whole weights, taken before fully_shard replaces them by its shards
+        whole = module.state_dict() if from_rank0 and self.is_global_zero else {}
         self._shard(module)
-        if on_meta:
+        if from_rank0:
+            _load_from_rank0(module, whole, self.root_device, on_meta)
+            del whole
+        elif on_meta:
             _materialize(module, self.root_device)
         new = dict(module.named_parameters())
         for optimizer in [*self.optimizers, *waiting]:
@@ -246,6 +266,18 @@ class FSDP(Sharded, DDP):
             self._owners[id(optimizer)] = module
             self._all_optimizers.append(optimizer)
         return self.model, self.optimizers
+
+    def _rank0_holds_weights(self, on_meta) -> bool:
+        """cpu_ram_efficient_loading: rank 0's module is the source; every rank learns whether it holds weights (a
+        collective), so that all refuse together rather than some waiting in the broadcast."""
+        holds = self.broadcast(not on_meta if self.is_global_zero else None) if self.world_size > 1 else not on_meta
+        if not holds:
+            raise ValueError("FSDP(cpu_ram_efficient_loading=True): rank 0's module is on the meta device, so there "
+                             "are no weights to start every rank from. Build the model under init_module() without "
+                             "empty_init (rank 0 builds it, the others on meta), or load its weights on rank 0 "
+                             "before setup; or turn cpu_ram_efficient_loading off to initialise each shard with "
+                             "reset_parameters().")
+        return True
 
     def setup_optimizer(self, optimizer):
         """An optimizer prepared on its own (the Accelerator's prepare_optimizer): over the sharded parameters of a
@@ -652,6 +684,8 @@ class FSDP(Sharded, DDP):
         extras = [f"reshard_after_forward={self.reshard_after_forward}", f"state_dict_type={self.state_dict_type}"]
         if self.cpu_offload:
             extras.append("cpu_offload")
+        if self.cpu_ram_efficient_loading:
+            extras.append("cpu_ram_efficient_loading (every rank starts from rank 0's weights)")
         if self.mixed_precision is not None:
             extras.append(_describe_policy(self.mixed_precision))
         if self.checkpointed_names:
@@ -791,6 +825,20 @@ def _materialize(module, device):
         for m in module.modules():
             if _own_tensors(m):
                 m.reset_parameters()
+
+
+def _load_from_rank0(module, whole, device, on_meta):
+    """Fill every rank's shards with rank 0's whole weights (`whole`, its state dict before sharding; {} on the
+    others), and its buffers (a state dict lacks the non-persistent ones)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if on_meta:
+        module.to_empty(device=device)  # this rank's shards and buffers, uninitialised: rank 0's values come next
+    set_model_state_dict(module, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    if dist.is_initialized():
+        with torch.no_grad():
+            for buffer in module.buffers():
+                dist.broadcast(buffer, src=0)
 
 
 def _check_optimizer(optimizer, names):
