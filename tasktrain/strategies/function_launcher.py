@@ -72,7 +72,13 @@ def launch_function(function, args=(), *, num_processes, num_nodes=1, node_rank=
                          "(torch's rendezvous on a TCP store).")
     if max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts}: use 0 (no restart) or a positive number.")
-    check_can_fork(uses_gpus=gpu_count() > 0)
+    uses_gpus = gpu_count() > 0
+    check_can_fork(uses_gpus)
+    if not uses_gpus:
+        # torch.optim imports torch._dynamo at the first optimizer a process builds: many seconds, paid by every
+        # child at once (measured: 40 s of a 42 s launch on 2 busy cores). Imported here once, the forks share it.
+        # Not where GPUs are: an import that looked at CUDA here would spoil every fork.
+        import torch._dynamo  # noqa: F401
 
     rdzv_conf = dict(rdzv_conf or {})
     rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{master_port}"
