@@ -28,6 +28,7 @@ from tasktrain.strategies.base import ClipsInsideStep, GradientClip, MultiProces
 from tasktrain.strategies.precision import unpatch_forward
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
 from tasktrain.trainer.data import ResumableSampler, StatefulLoaderData, StreamData, prepare_train_data
+from tasktrain.trainer.dispatch import is_prepared_here, prepare_for_accelerator
 from tasktrain.trainer.epoch import DataPosition, EpochIterator, warn_global_batch_change
 from tasktrain.trainer.run_state import Objects, Optimizers, RandomStates, RunState, Value, Weights, check_counts, upgrade
 from tasktrain.trainer.runtime import ACCELERATOR_NAMES, broadcast_seed, build_runtime, rng_restore_of_this_rank
@@ -68,14 +69,15 @@ class Accelerator:
     a rank that makes no progress for that long while it iterates a prepared data loader stops every rank with a
     message naming it), and what the compat layer translates Accelerate's objects into: `rng_types` (names),
     `data_seed`, `sync_each_batch`, `process_options` (DDP and process-group options for the strategy),
-    `precision_options` (GradScaler and autocast options). Arguments left as None come from `tasktrain launch`
-    (its TASKTRAIN_* variables), then from the defaults.
+    `precision_options` (GradScaler and autocast options), `dispatch_batches` and `split_batches`
+    (DataLoaderConfiguration's: rank 0 reads and sends each process its slice, tasktrain/trainer/dispatch.py).
+    Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then from the defaults.
     """
 
     def __init__(self, *, strategy=None, mixed_precision=None, gradient_accumulation_steps=None, cpu=False,
                  log_with=None, project_config=None, step_scheduler_with_optimizer=True,
                  stall_timeout=DEFAULT_STALL_TIMEOUT, rng_types=(), data_seed=None, sync_each_batch=False,
-                 process_options=None, precision_options=None):
+                 process_options=None, precision_options=None, split_batches=False, dispatch_batches=None):
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         self.log_with = check_log_with(log_with, self.logging_dir)  # a bad name or a missing package fails now
         self.trackers = []
@@ -117,6 +119,8 @@ class Accelerator:
         self._active_loaders = []  # loaders being iterated, innermost last
         self._custom = []  # register_for_checkpointing
         self._data_seed = data_seed
+        # DataLoaderConfiguration's: rank 0 reads and dispatches (None: an IterableDataset), cut global batches
+        self.dispatch_batches, self.split_batches = dispatch_batches, bool(split_batches)
         self._triggered = False  # set_trigger / check_trigger
         self._steps = 0  # optimizer steps of the first prepared optimizer (seeds the random streams of new ranks)
         self._ended = False
@@ -270,10 +274,18 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(self, loader):
-        if isinstance(loader, PreparedDataLoader):
+        if isinstance(loader, PreparedDataLoader) or is_prepared_here(loader):
             return loader
         if self._data_seed is None:
             self._data_seed = broadcast_seed(self.strategy)
+        prepared = prepare_for_accelerator(loader, self)  # dispatched, or an IterableDataset cut by global batch
+        if prepared is not None:
+            self._loaders.append(prepared)
+            return prepared
+        if self.split_batches:
+            raise ValueError("DataLoaderConfiguration(split_batches=True): prepared loaders over map-style data give "
+                             "every process whole batches of its own samples. Divide the batch size by the number of "
+                             "processes instead, or pass dispatch_batches=True (rank 0 reads and cuts each batch).")
         data = prepare_train_data(loader, self.num_processes, self.process_index, self._data_seed)
         prepared = PreparedDataLoader(data, self)
         self._loaders.append(prepared)
@@ -1061,7 +1073,7 @@ def _no_step():
 def skip_first_batches(dataloader, num_batches=0):
     """`dataloader` starting `num_batches` into its next iteration: a prepared loader skips them without loading
     them (and counts them for save_state); any other iterable with a length is wrapped."""
-    if isinstance(dataloader, PreparedDataLoader):
+    if isinstance(dataloader, PreparedDataLoader) or is_prepared_here(dataloader):
         dataloader.skip(num_batches)
         return dataloader
     return _Skipped(dataloader, num_batches)
@@ -1099,7 +1111,7 @@ def _kind(obj):
         return "model"
     if isinstance(obj, torch.optim.Optimizer):
         return "optimizer"
-    if isinstance(obj, (torch.utils.data.DataLoader, PreparedDataLoader)):
+    if isinstance(obj, (torch.utils.data.DataLoader, PreparedDataLoader)) or is_prepared_here(obj):
         return "dataloader"
     if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau,
                         PreparedScheduler)):

@@ -282,12 +282,7 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
     if not isinstance(config, DataLoaderConfiguration):
         raise TypeError(f"dataloader_config must be a tasktrain.utils.DataLoaderConfiguration, got "
                         f"{type(config).__name__}.")
-    if config.split_batches:
-        raise ValueError("DataLoaderConfiguration(split_batches=True): prepared loaders give every process whole "
-                         "batches of its own samples. Divide the batch size by the number of processes instead.")
-    if config.dispatch_batches:
-        raise ValueError("DataLoaderConfiguration(dispatch_batches=True): every process reads its own shard; "
-                         "leave dispatch_batches None/False.")
+    # split_batches and dispatch_batches go to the core (tasktrain/trainer/dispatch.py: rank 0 reads and dispatches)
     if not config.even_batches:
         raise ValueError("DataLoaderConfiguration(even_batches=False): prepared loaders always give every process "
                          "the same number of batches (gather_for_metrics drops the repeats). Leave it True.")
@@ -387,5 +382,6 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
     return {"strategy": strategy, "gradient_accumulation_steps": gradient_accumulation_steps,
             "project_config": project_config, "sync_each_batch": sync_each_batch, "rng_types": rng_types or [],
             "data_seed": config.data_seed, "process_options": process_options,
+            "dispatch_batches": config.dispatch_batches, "split_batches": bool(config.split_batches),
             "precision_options": precision_options, "profile": profile,
             "use_stateful_dataloader": bool(config.use_stateful_dataloader)}
