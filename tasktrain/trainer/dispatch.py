@@ -306,6 +306,10 @@ class _CountedLoader:
     def _reader_batches_per_step(self):
         return 1
 
+    def _first_remainder(self):
+        """`remainder` while the pass runs, until its last batch may tell it (Accelerate's: -1 when not known)."""
+        return -1
+
     # -- the pass ------------------------------------------------------------------------------------------------------
     def __iter__(self):
         accelerator, world = self._accelerator, self._world
@@ -314,7 +318,7 @@ class _CountedLoader:
         left = self._left(consumed)
         self._pass_length = None if left is None else start + left
         self._steps_done, self._consumed = start, consumed
-        self.at_last_batch, self.remainder, self._pass_ended = False, -1, False
+        self.at_last_batch, self.remainder, self._pass_ended = False, self._first_remainder(), False
         self._size, self._repeated = None, 0
         if accelerator is not None:
             if accelerator._rng_types and accelerator.use_distributed:
@@ -332,7 +336,9 @@ class _CountedLoader:
                 self._size, self._repeated = size, repeated
                 self.at_last_batch = last
                 if last:
-                    self.remainder, self._pass_ended = real, True
+                    self._pass_ended = True
+                    if real is not None:
+                        self.remainder = real
                 yield world.batch_to_device(batch)
             self._epoch += 1
             self._steps_done = self._consumed = 0
@@ -625,12 +631,21 @@ def _length(obj):
 class IterableShardLoader(_CountedLoader):
     """An Accelerator's prepared loader over an IterableDataset with dispatch_batches=False: every process reads the
     stream through IterableDatasetShard and yields its slice of each global batch, as Accelerate's DataLoaderShard
-    over IterableDatasetShard does. Resumes on the same number of processes (each skips the global batches done)."""
+    over IterableDatasetShard does (on one process the loader as it is, as Accelerate leaves it). Resumes on the same
+    number of processes (each skips the global batches done). `remainder` is Accelerate's: the data set's length
+    modulo the global batch, -1 without a length or with drop_last."""
 
     _kind = "iterable shard"
 
     def __init__(self, loader, accelerator, split_batches):
         strategy = accelerator.strategy
+        self._setup(accelerator, strategy, split_batches, loader.drop_last)
+        self._batch_size = loader.batch_size
+        self._dataset_length = _length(loader.dataset)
+        self.shard = None
+        self.base_dataloader = loader
+        if strategy.world_size == 1:
+            return
         if loader.batch_size is None:
             raise ValueError("An IterableDataset prepared with dispatch_batches=False is cut into global batches of "
                              "batch_size x processes items, and this DataLoader has batch_size=None: give it "
@@ -646,13 +661,10 @@ class IterableShardLoader(_CountedLoader):
         if loader.num_workers > 0:
             kwargs["prefetch_factor"] = loader.prefetch_factor
         self.base_dataloader = DataLoader(self.shard, **kwargs)
-        self._setup(accelerator, strategy, split_batches, loader.drop_last)
-        self._batch_size = loader.batch_size
-        self._dataset_length = _length(loader.dataset)
 
     @property
     def dataset(self):
-        return self.shard
+        return self.shard if self.shard is not None else self.base_dataloader.dataset
 
     @property
     def batch_size(self):
@@ -660,13 +672,23 @@ class IterableShardLoader(_CountedLoader):
 
     @property
     def total_batch_size(self):
+        if self.shard is None:
+            return self._batch_size
         return self.shard.global_batch_size
 
     @property
     def total_dataset_length(self):
         return self._dataset_length
 
+    def _first_remainder(self):
+        if self._dataset_length is None or self._drop_last or not self.total_batch_size:
+            return -1
+        return self._dataset_length % self.total_batch_size
+
     def _left(self, consumed):
+        if self.shard is None:
+            length = _length(self.base_dataloader)
+            return None if length is None else max(0, length - consumed)
         if self._dataset_length is None:
             return None
         batches = self._dataset_length / self.shard.global_batch_size
@@ -674,19 +696,26 @@ class IterableShardLoader(_CountedLoader):
         return max(0, total - consumed)
 
     def _steps(self, skip):
-        shard, size = self.shard, self.shard.global_batch_size
+        shard = self.shard
+        if shard is None:  # one process: the loader as it is (its own set_epoch, if any, is the data set's)
+            dataset = self.base_dataloader.dataset
+            if hasattr(dataset, "set_epoch"):
+                dataset.set_epoch(self._epoch)
+            for batch, last in _read_ahead(itertools.islice(iter(self.base_dataloader), skip, None)):
+                yield batch, batch_size_of(batch) if self._batch_size else None, 0, 1, None, last
+            return
         shard.set_epoch(self._epoch)
         shard.skip_batches = skip
         iterator = iter(self.base_dataloader)
         shard.skip_batches = 0  # (a worker took its copy already; one pass only)
-        in_process = self.base_dataloader.num_workers == 0
+        in_process, size = self.base_dataloader.num_workers == 0, shard.global_batch_size
         for batch, last in _read_ahead(iterator):
             repeated = 0
             if last and not self._drop_last:
                 # the pass's end is read already: the shard knows its padding (a worker's copy: from the length)
                 repeated = shard.padding if in_process else (
                     -self._dataset_length % size if self._dataset_length is not None else 0)
-            yield batch, shard.process_batch_size, repeated, 1, size - repeated, last
+            yield batch, shard.process_batch_size, repeated, 1, None, last
 
     def _resume_point(self, state, steps, consumed):
         saved_world = int(state.get("world_size", self.num_processes))
