@@ -67,7 +67,8 @@ class IterableDatasetShard(IterableDataset):
         if int(num_processes) < 1 or not 0 <= int(process_index) < int(num_processes):
             raise ValueError(f"IterableDatasetShard(num_processes={num_processes!r}, process_index={process_index!r}):"
                              " process_index must be in 0 .. num_processes - 1.")
-        if split_batches and batch_size > 1 and batch_size % num_processes:
+        if split_batches and batch_size % num_processes:
+            # (Accelerate lets batch_size=1 through and then yields nothing: refused here)
             raise ValueError(f"IterableDatasetShard(split_batches=True): batch_size {batch_size} is cut into "
                              f"{num_processes} equal parts, so it must be a multiple of {num_processes}.")
         self.dataset = dataset
@@ -87,7 +88,7 @@ class IterableDatasetShard(IterableDataset):
     @property
     def process_batch_size(self):
         """Items of each global batch this process keeps."""
-        return max(1, self.batch_size // self.num_processes) if self.split_batches else self.batch_size
+        return self.batch_size // self.num_processes if self.split_batches else self.batch_size
 
     def set_epoch(self, epoch):
         self.epoch = int(epoch)
