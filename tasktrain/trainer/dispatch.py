@@ -589,6 +589,15 @@ class DataLoaderDispatcher(_CountedLoader):
             if last:
                 return
 
+    def load_state_dict(self, state):
+        accelerator, reader = self._accelerator, self._reader
+        if accelerator is not None and accelerator._data_seed is not None and reader is not None:
+            # the saved run's order of (seed, epoch) (load_state restores the seed before the loaders)
+            reader.seed = accelerator._data_seed
+            if reader.sampler is not None and hasattr(reader.sampler, "seed"):
+                reader.sampler.seed = accelerator._data_seed
+        super().load_state_dict(state)
+
     def _resume_point(self, state, steps, consumed):
         saved_world = int(state.get("world_size", self.num_processes))
         per_step = self._reader_batches_per_step()

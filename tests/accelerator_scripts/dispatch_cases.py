@@ -130,7 +130,7 @@ def resume(kind):
             accelerator.save_state(os.path.join(OUT, f"ckpt-{kind}"))
             break
     config, loader = data_for(kind)
-    accelerator = make(**config)
+    accelerator = make(**dict(config, data_seed=None))  # the order's seed comes back from the checkpoint
     resumed = accelerator.prepare(loader)
     accelerator.load_state(os.path.join(OUT, f"ckpt-{kind}"))
     rest = [accelerator.gather_for_metrics(b[0] if isinstance(b, list) else b).tolist() for b in resumed]
@@ -141,7 +141,7 @@ def cross():
     """Load the checkpoints another number of processes wrote: dispatched continues, sharded is refused."""
     out = {}
     config, loader = data_for("dispatch")
-    accelerator = make(**config)
+    accelerator = make(**dict(config, data_seed=None))
     resumed = accelerator.prepare(loader)
     accelerator.load_state(os.path.join(OUT, "ckpt-dispatch"))
     out["dispatch_rest"] = [accelerator.gather_for_metrics(b[0]).tolist() for b in resumed]
