@@ -360,6 +360,13 @@ class _CountedLoader:
         """Samples of the current global batch that repeat the pass's first ones only to fill the slices."""
         return self._repeated if self.at_last_batch else 0
 
+    def shard_step(self):
+        """(every rank's batch size, real samples) of the step of the batch last yielded: rank r held the r-th run
+        of it, so the ranks' parts in rank order, cut to the real samples, are the step's data (None: no step)."""
+        if self._size is None:
+            return None
+        return [self._size] * self.num_processes, self._size * self.num_processes - self.repeated_in_batch()
+
     # -- resume ---------------------------------------------------------------------------------------------------------
     def state_dict(self):
         epoch, steps, consumed = self._epoch, self._steps_done, self._consumed
