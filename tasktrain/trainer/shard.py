@@ -11,7 +11,7 @@ trains the same weights:
   rank draws the same sequence of batches: the *global batches* of the epoch.
 - split_batches=False: rank r of W takes global batches r, r + W, r + 2W, ... (one step of the loop covers W of
   them). split_batches=True: every global batch is cut into W slices, rank r takes the r-th.
-- The tail: drop_last drops what does not fill a step; even_batches=True completes the last step with the first
+- The tail (on several processes; one process reads the user's batches as they are): drop_last drops what does not fill a step; even_batches=True completes the last step with the first
   samples of the epoch, so every rank has the same number of full batches; even_batches=False leaves the tail as
   it is (ranks may have fewer batches, or a shorter last one).
 
@@ -71,6 +71,8 @@ def layout(rest, first, num_processes, batch_size, split_batches, even_batches, 
     `batch_size` None: the batches have sizes of their own (a batch sampler of the user's), and a refill is made of
     whole batches."""
     world = num_processes
+    if world == 1:  # one process reads the user's batches as they are (Accelerate leaves such a loader unsharded)
+        return [([list(batch)], len(batch)) for batch in rest]
     if split_batches:
         return _layout_split(rest, first, world, batch_size, even_batches, drop_last)
     steps = []
