@@ -63,15 +63,16 @@ def check_split(batch_size, num_processes):
                          "process then reads whole batches).")
 
 
-def layout(rest, first, num_processes, batch_size, split_batches, even_batches, drop_last):
+def layout(rest, first, num_processes, batch_size, split_batches, even_batches, drop_last, one_as_is=True):
     """The steps of an epoch from its global batches `rest` (what is left of the epoch) and `first` (the epoch's
     first batches, for the refill): a list of (batches, real) where batches[r] is rank r's batch of the step (None:
     rank r has none in it) and real is the number of samples of the step that are not refills.
 
     `batch_size` None: the batches have sizes of their own (a batch sampler of the user's), and a refill is made of
-    whole batches."""
+    whole batches. one_as_is: one process reads the batches as they are (the prepared loaders, as Accelerate's
+    prepare_data_loader); False: the refill rules apply to one process too (Accelerate's BatchSamplerShard)."""
     world = num_processes
-    if world == 1:  # one process reads the user's batches as they are (Accelerate leaves such a loader unsharded)
+    if world == 1 and one_as_is:  # one process reads the user's batches as they are (Accelerate leaves such a loader unsharded)
         return [([list(batch)], len(batch)) for batch in rest]
     if split_batches:
         return _layout_split(rest, first, world, batch_size, even_batches, drop_last)
