@@ -263,11 +263,13 @@ def test_skip_first_batches_prepared_and_plain():
     accelerator = Accelerator()
     dataset = TensorDataset(torch.arange(40))
     seed_everything(0)
-    data = accelerator.prepare(DataLoader(dataset, batch_size=4, shuffle=True))
-    full = [b[0].tolist() for b in data]  # epoch 0
-    data.set_epoch(0)
-    assert [b[0].tolist() for b in accelerator.skip_first_batches(data, 3)] == full[3:]
-    assert data.epoch == 1 and len([b for b in data]) == 10  # the skip applied to one iteration only
+    shuffled = lambda: DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))  # noqa: E731
+    data = accelerator.prepare(shuffled())
+    full = [b[0].tolist() for b in shuffled()]  # epoch 0 of the plain loader: the prepared one's on one process
+    skipped = accelerator.skip_first_batches(data, 3)
+    assert len(skipped) == 7  # that iteration's length
+    assert [b[0].tolist() for b in skipped] == full[3:]
+    assert data.epoch == 1 and len(data) == 10 and len([b for b in data]) == 10  # the skip applied once
     plain = DataLoader(dataset, batch_size=4)
     assert [b[0].tolist() for b in accelerator.skip_first_batches(plain, 8)] == [list(range(32, 36)),
                                                                                    list(range(36, 40))]

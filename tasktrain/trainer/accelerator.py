@@ -285,7 +285,7 @@ class Accelerator:
                              use_seedable_sampler=self.use_seedable_sampler, broadcast=self.strategy.broadcast)
         else:
             data = prepare_train_data(loader, self.num_processes, self.process_index, self._data_seed)
-        prepared = PreparedDataLoader(data, self)
+        prepared = PreparedDataLoader(data, self, source=loader)
         self._loaders.append(prepared)
         return prepared
 
@@ -945,16 +945,20 @@ class PreparedDataLoader:
     counting, the resumed epoch's skip and the resume checks are the epoch iterator's (tasktrain/trainer/epoch.py),
     the Trainer's too."""
 
-    def __init__(self, data, accelerator):
-        self._data = data  # TrainData
+    def __init__(self, data, accelerator, source=None):
         self._accelerator = accelerator
+        self._source = source  # the user's loader
         self.position = DataPosition()  # the epoch the next iteration runs, and how far into it
-        self.length = len(data) if data.has_len() else None  # batches of a whole epoch
-        self._epochs = EpochIterator(data, accelerator.num_processes, self.length, self.position)
+        self._use(data)
         self.at_last_batch = False
         self._skip_pending = 0  # skip_first_batches for the next iteration: len() is shorter by it
         self._pass_skip = 0  # ... for the iteration in flight
         self._pass_start = 0  # batch index the iteration in flight started at (its layout's first step)
+
+    def _use(self, data):
+        self._data = data  # TrainData
+        self.length = len(data) if data.has_len() else None  # batches of a whole epoch
+        self._epochs = EpochIterator(data, self._accelerator.num_processes, self.length, self.position)
 
     @property
     def epoch(self):
@@ -1165,6 +1169,11 @@ class PreparedDataLoader:
 
     def load_state_dict(self, state):
         accelerator = self._accelerator
+        if isinstance(self._data, ShardData) and "order_state" not in state and self._source is not None:
+            # Saved before issue 26, when prepared loaders interleaved samples from a (seed, epoch) order: the run
+            # continues in that order, so that it reaches the weights it would have reached.
+            self._use(prepare_train_data(self._source, accelerator.num_processes, accelerator.process_index,
+                                         accelerator._data_seed))
         self.position.epoch = int(state["epoch"])
         seed = accelerator._data_seed
         if seed is not None:
@@ -1181,6 +1190,7 @@ class PreparedDataLoader:
                             order_remedy="prepare a plain DataLoader (shuffle=True or False, no sampler)")
         if isinstance(self._data, ShardData) and state.get("order_state") is not None:
             self._data.restore(state["order_state"])
+            self._data.resumed_mid_epoch = self.position.batch_in_epoch > 0
         states = state.get("loader_states")
         if isinstance(self._data, StatefulLoaderData) and states is not None and len(states) == world:
             self._data.load_loader_state(states[accelerator.process_index])  # (another world: refused above)

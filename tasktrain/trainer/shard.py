@@ -177,6 +177,7 @@ class ShardData(TrainData):
                 self.generators.append(generator)
         self.epoch_start_states = None  # the generators at the start of the epoch in flight (None: not started)
         self._restored = None  # states loaded by a resume, applied at the next iteration's start
+        self.resumed_mid_epoch = False  # the next iteration continues an epoch that load_state resumed
         self._skip_batches = 0  # global batches of the epoch to skip at the next iteration
         self._skip_samples = None  # or samples of the epoch's global order
         self.steps = []  # the layout of the iteration in flight
@@ -261,6 +262,15 @@ class ShardData(TrainData):
                 generator.set_state(self._broadcast(generator.get_state()))
         self.epoch_start_states = [g.get_state() for g in self.generators]
         self.steps = []
+        resumed, self.resumed_mid_epoch = self.resumed_mid_epoch, False
+        if resumed and self.loader.generator is None:
+            # A DataLoader without a generator draws its workers' base seed from the global random state when an
+            # iteration starts. The uninterrupted run drew it at the epoch's start, before the state a resume
+            # restores (load_state): drawing it again would shift every later draw (dropout ...).
+            state = torch.get_rng_state()
+            iterator = iter(self.loader)
+            torch.set_rng_state(state)
+            return iterator
         return iter(self.loader)
 
     # -- the layout ---------------------------------------------------------------------------------------------------
