@@ -252,8 +252,8 @@ def test_the_compat_accelerator_takes_dispatch_batches_only_from_the_configurati
     assert type(prepared).__name__ == "DataLoaderDispatcher" and accelerator.prepare(prepared) is prepared
     assert accelerator.skip_first_batches(prepared, 1) is prepared and [b[0].tolist() for b in prepared] == [[4, 5]]
     plain = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))
-    with pytest.raises(ValueError, match="split_batches=True"):
-        plain.prepare(DataLoader(TensorDataset(torch.arange(6)), batch_size=4))  # map-style without dispatch
+    assert type(plain.prepare(DataLoader(TensorDataset(torch.arange(6)), batch_size=4))).__name__ == \
+        "PreparedDataLoader"  # map-style without dispatch: sharded by batch sampler (tasktrain/trainer/shard.py)
 
 
 def test_accumulation_windows_end_at_a_dispatched_loaders_last_batch():

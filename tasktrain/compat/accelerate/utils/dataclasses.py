@@ -132,9 +132,8 @@ class DataLoaderConfiguration:
     are dropped by gather_for_metrics), and a sampler order that is a function of (seed, epoch): the defaults
     below, data_seed and use_stateful_dataloader (torchdata's StatefulDataLoader, docs/data.md) work;
     dispatch_batches=True (rank 0 reads, the others receive their slices; None: an IterableDataset is dispatched)
-    and split_batches with it or with an IterableDataset work as Accelerate's (tasktrain/trainer/dispatch.py);
-    split_batches over map-style data without dispatch and even_batches=False are refused by the Accelerator
-    (docs/accelerator.md)."""
+    and split_batches with it or with an IterableDataset work as Accelerate's (tasktrain/trainer/dispatch.py), as
+    split_batches and even_batches do for map-style loaders (tasktrain/trainer/shard.py; docs/accelerator.md)."""
 
     split_batches: bool = False
     dispatch_batches: Optional[bool] = None
