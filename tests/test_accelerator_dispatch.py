@@ -134,6 +134,13 @@ def test_gather_for_metrics_over_an_epoch_is_the_data_once(runs, world):
             assert everything == list(range(n)), name
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_dispatcher_built_by_hand_over_a_strategy_or_the_process_group(runs, world):
+    for rank, result in enumerate(runs[world]):
+        want = [b for b, _, _ in dispatched(11, 4, world, rank, False)[1]]
+        assert result["by_hand"] == {"strategy": want, "process_group": want}, rank
+
+
 def test_only_rank_zero_touches_a_dispatched_data_set(runs):
     rank0, rank1 = (result["reads"] for result in runs[2])
     assert rank1["map-dispatch"] == 0 and rank1["iter-default"] == 0  # not even len() or iter()

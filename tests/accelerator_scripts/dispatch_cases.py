@@ -105,6 +105,15 @@ def reads():
     return out
 
 
+def by_hand(strategy):
+    """A DataLoaderDispatcher built by hand (Accelerate's arguments), over the strategy given or (None)
+    torch.distributed's default group."""
+    from tasktrain.trainer.dispatch import DataLoaderDispatcher
+
+    loader = DataLoaderDispatcher(TensorDataset(torch.arange(11)), batch_size=4, strategy=strategy)
+    return [values(batch) for batch in loader]
+
+
 def data_for(kind):
     if kind == "dispatch":  # shuffled map-style data: rank 0 reads tasktrain's order of (seed, epoch)
         return dict(dispatch_batches=True, data_seed=7), DataLoader(TensorDataset(torch.arange(23)), batch_size=2,
@@ -164,6 +173,7 @@ else:
     result = {"world": world, "cases": cases()}
     if LIB == "tasktrain":
         result["reads"] = reads()
+        result["by_hand"] = {"strategy": by_hand(probe.strategy), "process_group": by_hand(None)}
         result["resume"] = {kind: resume(kind) for kind in ("dispatch", "shard")}
 with open(os.path.join(OUT, f"{MODE}_{rank}.json"), "w") as f:
     json.dump(result, f)
