@@ -202,7 +202,8 @@ class AcceleratorLoop:
             optimizer, lambda step: gpt.lr_factor(step, cfg["lr_warmup"], cfg["steps"]))
         if cfg["compile"]:
             model = torch.compile(model)
-        loader = DataLoader(train, batch_size=cfg["micro_batch"], shuffle=False)
+        loader = DataLoader(train, batch_size=cfg["micro_batch"], shuffle=False,
+                            sampler=shards_as_batches(len(train), cfg["micro_batch"], accelerator.num_processes))
         self.model, self.optimizer, loader, self.scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
         self.batches = iter(loader)
         self.rank = accelerator.process_index
@@ -227,6 +228,22 @@ class AcceleratorLoop:
 
     def close(self):
         self.accelerator.end_training()
+
+
+def shards_as_batches(n, batch_size, world):
+    """An order of 0..n-1 whose whole batches are DistributedSampler's shards: the Accelerator gives process r whole
+    batches r, r + W, ... of its loader (Accelerate's order), the loop (a) and the Trainer interleave samples over
+    the processes (DistributedSampler, no shuffle). Listing each step's shards one after the other gives every
+    variant the same samples on each process at each step, so the same arithmetic."""
+    if world == 1:
+        return list(range(n))
+    padded = list(range(n)) + list(range(-n % world))  # DistributedSampler's padding
+    shards = [padded[rank::world] for rank in range(world)]
+    order = []
+    for start in range(0, len(shards[0]), batch_size):
+        for shard in shards:
+            order += shard[start:start + batch_size]
+    return order
 
 
 def fit_trainer(cfg, gpt, train, on_step_start):

@@ -6,9 +6,10 @@
     tasktrain launch --num_processes 2 examples/gpt_accelerator.py --strategy deepspeed_stage_2
     python examples/gpt_accelerator.py --precision bf16-mixed --compile
 
-The Accelerator never starts processes: a launcher does (`tasktrain launch`, torchrun). Same model, data, data
-order, optimizer, learning-rate schedule and clipping as examples/gpt.py, so the two reach the same accuracy; on
-one process in fp32 they end with the very same weights.
+The Accelerator never starts processes: a launcher does (`tasktrain launch`, torchrun). Same model, data,
+optimizer, learning-rate schedule and clipping as examples/gpt.py, so the two reach the same accuracy. The data
+order is Accelerate's (the DataLoader's own shuffle, whole batches per process): on one process in fp32 the run ends
+with the very weights of this loop in plain PyTorch over the plain DataLoader.
 """
 import argparse
 import time

@@ -263,11 +263,13 @@ def test_skip_first_batches_prepared_and_plain():
     accelerator = Accelerator()
     dataset = TensorDataset(torch.arange(40))
     seed_everything(0)
-    data = accelerator.prepare(DataLoader(dataset, batch_size=4, shuffle=True))
-    full = [b[0].tolist() for b in data]  # epoch 0
-    data.set_epoch(0)
-    assert [b[0].tolist() for b in accelerator.skip_first_batches(data, 3)] == full[3:]
-    assert data.epoch == 1 and len([b for b in data]) == 10  # the skip applied to one iteration only
+    shuffled = lambda: DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))  # noqa: E731
+    data = accelerator.prepare(shuffled())
+    full = [b[0].tolist() for b in shuffled()]  # epoch 0 of the plain loader: the prepared one's on one process
+    skipped = accelerator.skip_first_batches(data, 3)
+    assert len(skipped) == 7  # that iteration's length
+    assert [b[0].tolist() for b in skipped] == full[3:]
+    assert data.epoch == 1 and len(data) == 10 and len([b for b in data]) == 10  # the skip applied once
     plain = DataLoader(dataset, batch_size=4)
     assert [b[0].tolist() for b in accelerator.skip_first_batches(plain, 8)] == [list(range(32, 36)),
                                                                                    list(range(36, 40))]
@@ -323,11 +325,12 @@ def test_ddp_two_processes_under_tasktrain_launch(tmp_path):
         assert result["accumulate_vs_trainer"] <= FP32_TOLERANCE
         # no_sync on micro-batches that do not step: ranks keep their own gradients there, and agree at the step.
         assert result["grads_equal_per_micro_batch"] == [False, True, False, True]
-        # 37 samples on 2 ranks are padded to 38: gather keeps the repeat, gather_for_metrics drops it.
+        # 37 samples, 8 per batch on 2 ranks (Accelerate's order): 5 batches, the last (5 samples) completed and a
+        # sixth refilled from the epoch's start, 48 in all: gather keeps the 11 repeats, gather_for_metrics drops them.
         assert result["metrics_shuffle=False"] == list(range(37))
         assert sorted(result["metrics_shuffle=True"]) == list(range(37))
         assert result["metrics_shuffle=True"] != list(range(37))
-        assert result["gather_count_shuffle=False"] == result["gather_count_shuffle=True"] == 38
+        assert result["gather_count_shuffle=False"] == result["gather_count_shuffle=True"] == 48
         assert result["reduce_sum"] == 3.0
         assert result["resume_epoch"] == 1 and result["resume_difference"] == 0.0
     assert max_difference(ranks[0]["plain"], ranks[1]["plain"]) == 0.0  # DDP kept the replicas identical

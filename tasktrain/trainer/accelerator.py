@@ -28,7 +28,9 @@ from tasktrain.strategies.base import ClipsInsideStep, GradientClip, MultiProces
 from tasktrain.strategies.precision import unpatch_forward
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
 from tasktrain.trainer.data import ResumableSampler, StatefulLoaderData, StreamData, prepare_train_data
+from tasktrain.trainer.dispatch import is_prepared_here, prepare_for_accelerator
 from tasktrain.trainer.epoch import DataPosition, EpochIterator, warn_global_batch_change
+from tasktrain.trainer.shard import ShardData, can_shard
 from tasktrain.trainer.run_state import Objects, Optimizers, RandomStates, RunState, Value, Weights, check_counts, upgrade
 from tasktrain.trainer.runtime import ACCELERATOR_NAMES, broadcast_seed, build_runtime, rng_restore_of_this_rank
 from tasktrain.tree import apply_to_leaves
@@ -68,14 +70,16 @@ class Accelerator:
     a rank that makes no progress for that long while it iterates a prepared data loader stops every rank with a
     message naming it), and what the compat layer translates Accelerate's objects into: `rng_types` (names),
     `data_seed`, `sync_each_batch`, `process_options` (DDP and process-group options for the strategy),
-    `precision_options` (GradScaler and autocast options). Arguments left as None come from `tasktrain launch`
-    (its TASKTRAIN_* variables), then from the defaults.
+    `precision_options` (GradScaler and autocast options), `dispatch_batches` and `split_batches`
+    (DataLoaderConfiguration's: rank 0 reads and sends each process its slice, tasktrain/trainer/dispatch.py).
+    Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then from the defaults.
     """
 
     def __init__(self, *, strategy=None, mixed_precision=None, gradient_accumulation_steps=None, cpu=False,
                  log_with=None, project_config=None, step_scheduler_with_optimizer=True,
                  stall_timeout=DEFAULT_STALL_TIMEOUT, rng_types=(), data_seed=None, sync_each_batch=False,
-                 process_options=None, precision_options=None):
+                 process_options=None, precision_options=None, split_batches=False, even_batches=True,
+                 use_seedable_sampler=False, dispatch_batches=None):
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         self.log_with = check_log_with(log_with, self.logging_dir)  # a bad name or a missing package fails now
         self.trackers = []
@@ -117,6 +121,11 @@ class Accelerator:
         self._active_loaders = []  # loaders being iterated, innermost last
         self._custom = []  # register_for_checkpointing
         self._data_seed = data_seed
+        # how prepared map-style loaders shard (tasktrain/trainer/shard.py: Accelerate's order)
+        self.split_batches, self.even_batches = bool(split_batches), bool(even_batches)
+        self.use_seedable_sampler = bool(use_seedable_sampler)
+        # DataLoaderConfiguration(dispatch_batches=...): rank 0 reads and dispatches (tasktrain/trainer/dispatch.py)
+        self.dispatch_batches = dispatch_batches
         self._triggered = False  # set_trigger / check_trigger
         self._steps = 0  # optimizer steps of the first prepared optimizer (seeds the random streams of new ranks)
         self._ended = False
@@ -270,12 +279,21 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(self, loader):
-        if isinstance(loader, PreparedDataLoader):
+        if isinstance(loader, PreparedDataLoader) or is_prepared_here(loader):
             return loader
         if self._data_seed is None:
             self._data_seed = broadcast_seed(self.strategy)
-        data = prepare_train_data(loader, self.num_processes, self.process_index, self._data_seed)
-        prepared = PreparedDataLoader(data, self)
+        prepared = prepare_for_accelerator(loader, self)  # dispatched, or an IterableDataset cut by global batch
+        if prepared is not None:
+            self._loaders.append(prepared)
+            return prepared
+        if can_shard(loader):  # a map-style DataLoader: Accelerate's order (whole batches per rank)
+            data = ShardData(loader, self.num_processes, self.process_index, self._data_seed,
+                             split_batches=self.split_batches, even_batches=self.even_batches,
+                             use_seedable_sampler=self.use_seedable_sampler, broadcast=self.strategy.broadcast)
+        else:
+            data = prepare_train_data(loader, self.num_processes, self.process_index, self._data_seed)
+        prepared = PreparedDataLoader(data, self, source=loader)
         self._loaders.append(prepared)
         return prepared
 
@@ -659,10 +677,26 @@ class Accelerator:
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables, even_batches=None):
         """torch's Join context for DDP-wrapped models whose processes see different numbers of batches.
-        Prepared loaders are always even here, so even_batches=False is refused; on one process it does nothing."""
-        if even_batches is False:
-            raise ValueError("join_uneven_inputs(even_batches=False): prepared loaders always give every process "
-                             "the same number of batches.")
+        even_batches (True/False) overrides the prepared map-style loaders' even_batches inside the block, as
+        Accelerate's (a loader over an IterableDataset keeps its own, with a warning); on one process the Join
+        does nothing."""
+        if even_batches is None:
+            yield from self._join(joinables)
+            return
+        shards = [loader._data for loader in self._loaders if isinstance(loader._data, ShardData)]
+        if len(shards) < len(self._loaders):
+            warnings.warn("join_uneven_inputs(even_batches=...): overriding even_batches applies to prepared "
+                          "map-style DataLoaders only; the others keep theirs.")
+        saved = [data.even_batches for data in shards]
+        for data in shards:
+            data.even_batches = bool(even_batches)
+        try:
+            yield from self._join(joinables)
+        finally:
+            for data, value in zip(shards, saved):
+                data.even_batches = value
+
+    def _join(self, joinables):
         if not self.use_distributed:
             yield
             return
@@ -671,10 +705,9 @@ class Accelerator:
         joinables = list(joinables)
         if not all(isinstance(j, Joinable) for j in joinables):
             # As Accelerate: torch's Join takes DDP models (and ZeroRedundancyOptimizer); a sharded model is not
-            # one. Prepared loaders give every process the same number of batches, so nothing is lost.
+            # one (with even_batches, the default, every process has the same number of batches anyway).
             warnings.warn(f"join_uneven_inputs: {[type(j).__name__ for j in joinables if not isinstance(j, Joinable)]} "
-                          "cannot join uneven inputs (torch's Join takes DDP models); the block runs without it. "
-                          "Prepared data loaders are even already.")
+                          "cannot join uneven inputs (torch's Join takes DDP models); the block runs without it.")
             yield
             return
         with Join(joinables):
@@ -725,6 +758,11 @@ class Accelerator:
     def _gather_objects(self, data, loader):
         items = list(data) if isinstance(data, (list, tuple)) else [data]
         parts = self.strategy.all_gather_object(items)  # one list per process
+        step = loader.shard_step() if loader is not None else None
+        if step is not None:  # rank order is the global order; the padding is the step's tail
+            sizes, real = step
+            flat = [item for part in parts for item in part]
+            return flat[:real] if [len(part) for part in parts] == sizes else flat
         size = loader.current_batch_size if loader is not None else None
         if size is None or any(len(part) != size for part in parts):
             return [item for part in parts for item in part]
@@ -736,6 +774,9 @@ class Accelerator:
         return ordered[: len(ordered) - repeated] if repeated else ordered
 
     def _gather_batch(self, tensor, loader):
+        step = loader.shard_step() if loader is not None and tensor.dim() > 0 else None
+        if step is not None and tensor.shape[0] == step[0][self.process_index]:
+            return self._gather_step(tensor, *step)
         gathered = self.strategy.all_gather(tensor)  # (world, batch, ...)
         if tensor.dim() == 0:
             return gathered
@@ -748,6 +789,18 @@ class Accelerator:
         ordered = ordered.reshape(-1, *tensor.shape[1:])
         repeated = loader.repeated_in_batch()
         return ordered[: ordered.shape[0] - repeated] if repeated else ordered
+
+    def _gather_step(self, tensor, sizes, real):
+        """A step of a loader in Accelerate's order: rank r's batch is the r-th run of the step's samples, so the
+        ranks' parts in rank order are the global order; the refill (padding) is its tail. Ranks with shorter (or
+        no) batches are padded for the collective, and cut back by the sizes every rank knows."""
+        longest = max(sizes)
+        if tensor.shape[0] < longest:
+            pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+            tensor = torch.cat([tensor, pad])
+        gathered = self.strategy.all_gather(tensor)  # (world, longest, ...)
+        ordered = torch.cat([gathered[rank, :size] for rank, size in enumerate(sizes)])
+        return ordered[:real]
 
     def reduce(self, tensor, reduction="sum", scale=1.0):
         """All-reduce a tensor (or a structure of tensors) over processes: "sum", "mean", "max", "min" (or "none");
@@ -900,13 +953,20 @@ class PreparedDataLoader:
     counting, the resumed epoch's skip and the resume checks are the epoch iterator's (tasktrain/trainer/epoch.py),
     the Trainer's too."""
 
-    def __init__(self, data, accelerator):
-        self._data = data  # TrainData
+    def __init__(self, data, accelerator, source=None):
         self._accelerator = accelerator
+        self._source = source  # the user's loader
         self.position = DataPosition()  # the epoch the next iteration runs, and how far into it
-        self.length = len(data) if data.has_len() else None  # batches of a whole epoch
-        self._epochs = EpochIterator(data, accelerator.num_processes, self.length, self.position)
+        self._use(data)
         self.at_last_batch = False
+        self._skip_pending = 0  # skip_first_batches for the next iteration: len() is shorter by it
+        self._pass_skip = 0  # ... for the iteration in flight
+        self._pass_start = 0  # batch index the iteration in flight started at (its layout's first step)
+
+    def _use(self, data):
+        self._data = data  # TrainData
+        self.length = len(data) if data.has_len() else None  # batches of a whole epoch
+        self._epochs = EpochIterator(data, self._accelerator.num_processes, self.length, self.position)
 
     @property
     def epoch(self):
@@ -937,12 +997,79 @@ class PreparedDataLoader:
 
     @property
     def sampler(self):
-        return self._data.loader.sampler
+        return self.get_sampler()
 
     def __len__(self):
+        """This rank's batches of an epoch; after skip_first_batches(loader, n), n fewer for that iteration."""
         if self.length is None:
             raise TypeError("this prepared loader has no length (its dataset is iterable)")
-        return self.length
+        return max(0, self.length - (self._skip_pending or self._pass_skip))
+
+    @property
+    def batch_sampler(self):
+        """Accelerate's BatchSamplerShard surface on a map-style loader (`batch_sampler.batch_sampler` is the
+        user's, `batch_sampler.even_batches` ...); else the loader's own batch sampler."""
+        if isinstance(self._data, ShardData):
+            return self._data.shard_sampler
+        return self._data.loader.batch_sampler
+
+    def get_sampler(self):
+        """The sampler of the user's batch sampler (the order's source)."""
+        if isinstance(self._data, ShardData):
+            return self._data.user_sampler
+        return self._data.loader.sampler
+
+    def set_sampler(self, sampler):
+        """Draw the order from `sampler` from the next iteration on (as Accelerate's set_sampler)."""
+        if not isinstance(self._data, ShardData):
+            raise TypeError("set_sampler: this prepared loader's order is not drawn from a sampler of a map-style "
+                            "DataLoader.")
+        data = self._data
+        data.user_batch_sampler.sampler = data.user_sampler = sampler
+        generator = getattr(sampler, "generator", None)
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in data.generators):
+            data.generators.append(generator)
+
+    @property
+    def iteration(self):
+        """The epoch the next iteration runs (Accelerate's DataLoaderShard.iteration)."""
+        return self.position.epoch
+
+    @iteration.setter
+    def iteration(self, value):
+        self.set_epoch(value)
+
+    @property
+    def end_of_dataloader(self):
+        """True while the last batch of the iteration is being used (and after it, until the next iteration), as
+        Accelerate's DataLoaderShard.end_of_dataloader (GradientState reads it)."""
+        return self.at_last_batch
+
+    @property
+    def total_batch_size(self):
+        """Samples of one global batch: all processes' batches together (the batch size under split_batches)."""
+        if isinstance(self._data, ShardData):
+            return self._data.total_batch_size
+        batch_size = self._data.loader.batch_size
+        return None if batch_size is None else batch_size * self._accelerator.num_processes
+
+    @property
+    def total_dataset_length(self):
+        dataset = self.dataset
+        return getattr(dataset, "total_length", None) or len(dataset)
+
+    @property
+    def remainder(self):
+        """Real samples of the epoch's last global batch (the dataset's length modulo the total batch size), as
+        Accelerate's GradientState.remainder: -1 when not applicable (drop_last, no length, no batch size)."""
+        total = self.total_batch_size
+        drop_last = self._data.drop_last if isinstance(self._data, ShardData) else self._data.loader.drop_last
+        if total is None or drop_last:
+            return -1
+        try:
+            return self.total_dataset_length % total
+        except TypeError:
+            return -1
 
     def set_epoch(self, epoch):
         self.position.epoch = int(epoch)
@@ -950,12 +1077,14 @@ class PreparedDataLoader:
     def skip(self, num_batches):
         """The next iteration starts `num_batches` batches into this rank's shard (skip_first_batches)."""
         self._epochs.skip(num_batches)
+        self._skip_pending = max(0, int(num_batches))
 
     def __iter__(self):
         accelerator, epochs = self._accelerator, self._epochs
         strategy = accelerator.strategy
         length = epochs.begin(self.position.epoch)
         start = self.position.batch_in_epoch
+        self._pass_skip, self._skip_pending, self._pass_start = self._skip_pending, 0, start
         self.at_last_batch = length is not None and start >= length
         if accelerator._rng_types and accelerator.use_distributed:
             accelerator._synchronize_rng_states()
@@ -970,6 +1099,7 @@ class PreparedDataLoader:
                 self.at_last_batch = last or (length is not None and index + 1 >= length)
                 yield strategy.batch_to_device(batch)
             epochs.end_epoch()
+            self._pass_skip = 0
         finally:
             if watchdog is not None:
                 watchdog.disarm()
@@ -977,6 +1107,18 @@ class PreparedDataLoader:
                 accelerator._active_loaders.remove(self)
 
     # -- for gather_for_metrics ---------------------------------------------------------------------------------------
+    def shard_step(self):
+        """(every rank's batch size, real samples) of the step of the batch last yielded, on a loader in
+        Accelerate's order (tasktrain/trainer/shard.py: each rank knows the epoch's whole layout); else None."""
+        data = self._data
+        if not isinstance(data, ShardData) or not data.steps:
+            return None
+        index = self.position.batch_in_epoch - 1 - self._pass_start
+        if not 0 <= index < len(data.steps):
+            return None
+        batches, real = data.steps[index]
+        return [0 if batch is None else len(batch) for batch in batches], real
+
     @property
     def current_batch_size(self):
         """Samples in the batch last yielded, on every rank alike (the shards are padded to equal length)."""
@@ -1017,17 +1159,29 @@ class PreparedDataLoader:
         epoch, seen = position.epoch, position.batch_in_epoch
         # the position in the epoch's global order, on any world size (None: the order is the loader's own)
         samples = position.samples_in_epoch if self._data.resumes_on_any_world_size else None
+        in_flight = seen > 0
         if self.epoch_length is not None and seen >= self.epoch_length:
             epoch, seen, samples = epoch + 1, 0, 0  # saved after the last batch, before the loop ended
+            in_flight = False
         state = {"epoch": epoch, "batches_seen": seen, "samples_seen": samples,
                  "world_size": self._accelerator.num_processes, "batch_size": self._data.loader.batch_size,
                  "accumulation": self._accelerator.gradient_accumulation_steps}
+        if isinstance(self._data, ShardData):
+            # Accelerate's order: the generators at the epoch's start draw it again on a resume (any world size)
+            state["order_state"] = self._data.order_state(started=in_flight)
+            state["batch_size"] = self._data.batch_size
+            state["split_batches"] = self._data.split_batches
         if isinstance(self._data, StatefulLoaderData):  # a StatefulDataLoader's own state: every rank's, in order
             state["loader_states"] = self._accelerator.strategy.all_gather_object(self._data.loader_state(seen))
         return state
 
     def load_state_dict(self, state):
         accelerator = self._accelerator
+        if isinstance(self._data, ShardData) and "order_state" not in state and self._source is not None:
+            # Saved before issue 26, when prepared loaders interleaved samples from a (seed, epoch) order: the run
+            # continues in that order, so that it reaches the weights it would have reached.
+            self._use(prepare_train_data(self._source, accelerator.num_processes, accelerator.process_index,
+                                         accelerator._data_seed))
         self.position.epoch = int(state["epoch"])
         seed = accelerator._data_seed
         if seed is not None:
@@ -1042,12 +1196,19 @@ class PreparedDataLoader:
         self._epochs.resume(position, saved_world, accumulate, source="This loader's state",
                             epoch_name="an epoch", world=world,
                             order_remedy="prepare a plain DataLoader (shuffle=True or False, no sampler)")
+        if isinstance(self._data, ShardData) and state.get("order_state") is not None:
+            self._data.restore(state["order_state"])
+            self._data.resumed_mid_epoch = self.position.batch_in_epoch > 0
         states = state.get("loader_states")
         if isinstance(self._data, StatefulLoaderData) and states is not None and len(states) == world:
             self._data.load_loader_state(states[accelerator.process_index])  # (another world: refused above)
         saved_batch, batch = state.get("batch_size"), self._data.loader.batch_size
         saved_accumulate = int(state.get("accumulation", accumulate))  # (not recorded before format 2: the same)
         saved_global, global_batch = (saved_batch or 0) * saved_world * saved_accumulate, (batch or 0) * world * accumulate
+        if isinstance(self._data, ShardData):  # split_batches: one global batch is the loader's batch
+            batch = self._data.batch_size
+            saved_global = (saved_batch or 0) * (1 if state.get("split_batches") else saved_world) * saved_accumulate
+            global_batch = (self._data.samples_per_batch(world) or 0) * accumulate
         if saved_global and global_batch and saved_global != global_batch and accelerator.is_main_process:
             warn_global_batch_change("This loader", saved_global, global_batch,
                                      f"{world} process{'es' if world > 1 else ''} x {batch} per batch x {accumulate} "
@@ -1061,7 +1222,7 @@ def _no_step():
 def skip_first_batches(dataloader, num_batches=0):
     """`dataloader` starting `num_batches` into its next iteration: a prepared loader skips them without loading
     them (and counts them for save_state); any other iterable with a length is wrapped."""
-    if isinstance(dataloader, PreparedDataLoader):
+    if isinstance(dataloader, PreparedDataLoader) or is_prepared_here(dataloader):
         dataloader.skip(num_batches)
         return dataloader
     return _Skipped(dataloader, num_batches)
@@ -1099,7 +1260,7 @@ def _kind(obj):
         return "model"
     if isinstance(obj, torch.optim.Optimizer):
         return "optimizer"
-    if isinstance(obj, (torch.utils.data.DataLoader, PreparedDataLoader)):
+    if isinstance(obj, (torch.utils.data.DataLoader, PreparedDataLoader)) or is_prepared_here(obj):
         return "dataloader"
     if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau,
                         PreparedScheduler)):

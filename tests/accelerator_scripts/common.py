@@ -2,11 +2,14 @@
 
 `accelerator_loop` is the issue's snippet, unchanged but for the data and the hyper-parameters; with
 `accumulate=True` it is the same loop inside `accelerator.accumulate(model)`. `trainer_run` trains the same model on
-the same data with the Trainer, so the two can be compared parameter for parameter.
+the same batches (in the Accelerator's order) with the Trainer, so the two can be compared parameter for parameter.
 """
+import os
+import warnings
+
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, TensorDataset
 
 from tasktrain import TaskModule, Trainer, seed_everything
 
@@ -69,12 +72,35 @@ class Wrapped(TaskModule):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
+class _OwnBatches(BatchSampler):
+    """A BatchSampler that the Trainer reads as it is (it replaces torch's own by its order)."""
+
+
+def accelerate_order(dataset, batch_size, seed):
+    """This process's loader in the order the Accelerator's prepared loader reads (Accelerate's): the batches of a
+    shuffling DataLoader whose sampler draws from a generator seeded once with the data seed, process r of W taking
+    whole batches r, r + W, ... (Accelerate's own BatchSamplerShard: the oracle), the last step refilled from the
+    epoch's start. The Trainer trains on exactly these batches."""
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    sampler = torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    batches = _OwnBatches(sampler, batch_size, drop_last=False)
+    if world > 1:
+        from accelerate.data_loader import BatchSamplerShard
+
+        batches = BatchSamplerShard(batches, num_processes=world, process_index=rank)
+    return DataLoader(dataset, batch_sampler=batches)
+
+
 def trainer_run(epochs=3, accumulate=1, n=100, batch_size=32, lr=0.01, seed=0, **trainer_kwargs):
+    """The Trainer on the batches the Accelerator's loop reads (`accelerate_order`: the Trainer's own order
+    interleaves samples over the processes, the Accelerator's is Accelerate's)."""
     seed_everything(seed)
     module = Wrapped(MyModel(), lr)
     trainer = Trainer(max_epochs=epochs, accumulate_grad_batches=accumulate, gradient_clip_val=1.0, logger=False,
                       enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0, **trainer_kwargs)
-    trainer.fit(module, DataLoader(make_dataset(n), batch_size=batch_size, shuffle=True))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The training loader has a custom sampler")  # it is sharded
+        trainer.fit(module, accelerate_order(make_dataset(n), batch_size, seed))
     return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
 
 

@@ -49,7 +49,8 @@ for step, (source, targets) in enumerate(data):
         break
 result["grads_equal_per_micro_batch"] = grads_equal
 
-# gather_for_metrics: 37 samples on 2 ranks are padded to 38; the metric must see each sample exactly once.
+# gather_for_metrics: 37 samples on 2 ranks are refilled to 48 (Accelerate's order); the metric must see each sample
+# exactly once.
 indices = TensorDataset(torch.arange(37))
 for shuffle in (False, True):
     loader = accelerator.prepare(DataLoader(indices, batch_size=8, shuffle=shuffle))

@@ -282,15 +282,8 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
     if not isinstance(config, DataLoaderConfiguration):
         raise TypeError(f"dataloader_config must be a tasktrain.utils.DataLoaderConfiguration, got "
                         f"{type(config).__name__}.")
-    if config.split_batches:
-        raise ValueError("DataLoaderConfiguration(split_batches=True): prepared loaders give every process whole "
-                         "batches of its own samples. Divide the batch size by the number of processes instead.")
-    if config.dispatch_batches:
-        raise ValueError("DataLoaderConfiguration(dispatch_batches=True): every process reads its own shard; "
-                         "leave dispatch_batches None/False.")
-    if not config.even_batches:
-        raise ValueError("DataLoaderConfiguration(even_batches=False): prepared loaders always give every process "
-                         "the same number of batches (gather_for_metrics drops the repeats). Leave it True.")
+    # split_batches, even_batches and dispatch_batches go to the core (tasktrain/trainer/shard.py: map-style
+    # loaders in Accelerate's order; tasktrain/trainer/dispatch.py: rank 0 reads and dispatches)
     if config.use_stateful_dataloader:
         # Accelerate builds its prepared loaders on torchdata's StatefulDataLoader then, and needs it installed
         try:
@@ -387,5 +380,9 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
     return {"strategy": strategy, "gradient_accumulation_steps": gradient_accumulation_steps,
             "project_config": project_config, "sync_each_batch": sync_each_batch, "rng_types": rng_types or [],
             "data_seed": config.data_seed, "process_options": process_options,
+            # prepared map-style loaders in Accelerate's order (tasktrain/trainer/shard.py)
+            "split_batches": bool(config.split_batches), "even_batches": bool(config.even_batches),
+            "use_seedable_sampler": bool(config.use_seedable_sampler),
+            "dispatch_batches": config.dispatch_batches,
             "precision_options": precision_options, "profile": profile,
             "use_stateful_dataloader": bool(config.use_stateful_dataloader)}

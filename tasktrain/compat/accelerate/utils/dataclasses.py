@@ -131,7 +131,9 @@ class DataLoaderConfiguration:
     """How prepared loaders shard. tasktrain shards per sample, with even batches on every process (the repeats
     are dropped by gather_for_metrics), and a sampler order that is a function of (seed, epoch): the defaults
     below, data_seed and use_stateful_dataloader (torchdata's StatefulDataLoader, docs/data.md) work;
-    split_batches, dispatch_batches and even_batches=False are refused by the Accelerator (docs/accelerator.md)."""
+    dispatch_batches=True (rank 0 reads, the others receive their slices; None: an IterableDataset is dispatched)
+    and split_batches with it or with an IterableDataset work as Accelerate's (tasktrain/trainer/dispatch.py), as
+    split_batches and even_batches do for map-style loaders (tasktrain/trainer/shard.py; docs/accelerator.md)."""
 
     split_batches: bool = False
     dispatch_batches: Optional[bool] = None
