@@ -10,6 +10,7 @@ tasktrain/compat/accelerate/layout.py), which load_state also reads when Acceler
 """
 import contextlib
 import os
+import warnings
 
 import torch
 
@@ -63,6 +64,50 @@ class Accelerator(core.Accelerator):
         from tasktrain.compat.accelerate.state import _share
 
         _share(self)  # PartialState() and AcceleratorState() read this Accelerator's strategy from now on
+
+    def prepare(self, *objects):
+        self._check_state()
+        return super().prepare(*objects)
+
+    def _check_state(self):
+        if getattr(self, "_state_was_reset", False):
+            # Accelerate's words (`AcceleratorState` object has no attribute ...): scripts written for it look for them
+            raise AttributeError("`AcceleratorState` object has no attribute of this Accelerator any more. This "
+                                 "happens if `AcceleratorState._reset_state()` was called after this Accelerator was "
+                                 "made: make a new Accelerator() and prepare with it.")
+
+    @property
+    def gradient_state(self):
+        """Accelerate's GradientState of this Accelerator (tasktrain.state.GradientState): sync_gradients,
+        num_steps, active_dataloader, end_of_dataloader, remainder, read from this Accelerator and its loaders."""
+        from tasktrain.compat.accelerate.state import GradientState
+
+        return GradientState._of(self)
+
+    def join_uneven_inputs(self, joinables, even_batches=None):
+        """torch's Join over DDP models (MULTI_CPU / MULTI_GPU); under any other distributed_type (DeepSpeed, FSDP,
+        one process) a warning says the block runs without it, as in Accelerate."""
+        from tasktrain.compat.accelerate.utils.dataclasses import DistributedType
+
+        kind = self.distributed_type
+        if kind not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+            warnings.warn(f"join_uneven_inputs is only supported for multi-GPU and multi-CPU DDP training, not "
+                          f"{kind}: the block runs without torch's Join.")
+            return contextlib.nullcontext()
+        return super().join_uneven_inputs(joinables, even_batches=even_batches)
+
+    def gather(self, tensor):
+        from tasktrain.compat.accelerate.utils.operations import _check_across_processes
+
+        _check_across_processes("gather", tensor, self.strategy)  # debug mode only
+        return super().gather(tensor)
+
+    def reduce(self, tensor, reduction="sum", scale=1.0):
+        from tasktrain.compat.accelerate.utils.operations import _check_across_processes
+
+        if reduction != "none":
+            _check_across_processes("reduce", tensor, self.strategy)  # debug mode only
+        return super().reduce(tensor, reduction=reduction, scale=scale)
 
     def prepare_data_loader(self, loader):
         """Under DataLoaderConfiguration(use_stateful_dataloader=True), as in Accelerate, a plain DataLoader over an
