@@ -944,6 +944,35 @@ class PreparedDataLoader:
             raise TypeError("this prepared loader has no length (its dataset is iterable)")
         return self.length
 
+    @property
+    def end_of_dataloader(self):
+        """True while the last batch of the iteration is being used (and after it, until the next iteration), as
+        Accelerate's DataLoaderShard.end_of_dataloader (GradientState reads it)."""
+        return self.at_last_batch
+
+    @property
+    def total_batch_size(self):
+        """Samples of one global batch: all processes' batches together."""
+        batch_size = self._data.loader.batch_size
+        return None if batch_size is None else batch_size * self._accelerator.num_processes
+
+    @property
+    def total_dataset_length(self):
+        dataset = self.dataset
+        return getattr(dataset, "total_length", None) or len(dataset)
+
+    @property
+    def remainder(self):
+        """Real samples of the epoch's last global batch (the dataset's length modulo the total batch size), as
+        Accelerate's GradientState.remainder: -1 when not applicable (drop_last, no length, no batch size)."""
+        total = self.total_batch_size
+        if total is None or self._data.loader.drop_last:
+            return -1
+        try:
+            return self.total_dataset_length % total
+        except TypeError:
+            return -1
+
     def set_epoch(self, epoch):
         self.position.epoch = int(epoch)
 
