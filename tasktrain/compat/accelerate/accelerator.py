@@ -96,6 +96,26 @@ class Accelerator(core.Accelerator):
             return contextlib.nullcontext()
         return super().join_uneven_inputs(joinables, even_batches=even_batches)
 
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model):
+        """The backward passes inside all-reduce `model`'s gradients even though its forward ran under no_sync()
+        (several forwards first, then the backwards: only the last one syncs). For a DDP-wrapped model; on one
+        process it does nothing; DeepSpeed's and FSDP's engines reduce at their own boundary (an error)."""
+        if not self.use_distributed:
+            yield
+            return
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            raise NotImplementedError(f"trigger_sync_in_backward: {type(model).__name__} is not a DDP-wrapped model "
+                                      f"({self.distributed_type}); its engine reduces gradients at its own "
+                                      "accumulation boundary. Use accumulate(model) instead.")
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])  # what DDP's forward would have done outside no_sync
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
     def gather(self, tensor):
         from tasktrain.compat.accelerate.utils.operations import _check_across_processes
 

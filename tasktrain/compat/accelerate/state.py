@@ -60,6 +60,13 @@ def _share(accelerator):
     _SHARED["accelerators"].add(accelerator)
 
 
+def _is_hf_dataset(value):
+    import sys
+
+    datasets = sys.modules.get("datasets")  # only a Dataset of a package already imported can be passed
+    return datasets is not None and isinstance(value, datasets.Dataset)
+
+
 def _debug_from_environment():
     return any(os.environ.get(name, "").strip().lower() in _TRUE
                for name in ("TASKTRAIN_DEBUG_MODE", "ACCELERATE_DEBUG_MODE"))
@@ -208,9 +215,10 @@ class PartialState:
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs, apply_padding=False):
-        """This process's contiguous part of a list, tuple, tensor (first dimension) or dict of them: process i
-        of n gets len // n items, the first len % n processes one more. apply_padding=True repeats the last
-        item so that every process gets as many (then gather drops nothing: remove the repeats yourself)."""
+        """This process's contiguous part of a list, tuple, tensor (first dimension), datasets.Dataset (its rows)
+        or dict of them: process i of n gets len // n items, the first len % n processes one more.
+        apply_padding=True repeats the last item so that every process gets as many (then gather drops nothing:
+        remove the repeats yourself)."""
         n, index = self.num_processes, self.process_index
         if n == 1:
             yield inputs
@@ -228,8 +236,14 @@ class PartialState:
         def split(value):
             if isinstance(value, dict):
                 return {key: split(v) for key, v in value.items()}
+            if _is_hf_dataset(value):  # a Hugging Face datasets.Dataset: its rows, by index
+                rows = list(range(start, end))
+                if apply_padding and len(rows) < padded and len(value):
+                    rows += [len(value) - 1] * (padded - len(rows))
+                return value.select(rows)
             if not isinstance(value, (list, tuple, torch.Tensor)):
-                raise TypeError(f"split_between_processes splits lists, tuples, tensors and dicts of them, not "
+                raise TypeError(f"split_between_processes splits lists, tuples, tensors, datasets.Dataset and dicts "
+                                f"of them, not "
                                 f"{type(value).__name__}.")
             part = value[start:end]
             if apply_padding and len(part) < padded and len(value):
@@ -334,9 +348,9 @@ class GradientState:
     sync_gradients: whether this micro-batch steps (accelerator.sync_gradients); num_steps: the accumulation
     window; adjust_scheduler and sync_with_dataloader: always True here (schedulers step once per optimizer step; a
     window ends with the loader); active_dataloader: the prepared loader being iterated (the innermost), None
-    outside any; in_dataloader; end_of_dataloader: whether the active loader yielded its last batch; remainder: how
-    many samples of the active loader's last global batch are repeats that even the processes out (-1 outside a
-    loader). Assigning to them is an error: the Accelerator's loop sets them."""
+    outside any; in_dataloader; end_of_dataloader: whether the active loader yielded its last batch; remainder: the
+    real samples of the active loader's last global batch (its length modulo the global batch size; -1 outside a
+    loader, or under drop_last). Assigning to them is an error: the Accelerator's loop sets them."""
 
     def __init__(self, gradient_accumulation_plugin=None):
         if gradient_accumulation_plugin is not None:
