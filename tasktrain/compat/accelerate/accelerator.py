@@ -14,10 +14,16 @@ import warnings
 
 import torch
 
+# the names scripts import from Accelerate's `accelerate.accelerator` module (tasktrain.accelerator is this module)
+from tasktrain.compat.accelerate.state import AcceleratorState, GradientState, PartialState  # noqa: F401
+from tasktrain.compat.accelerate.utils.dataclasses import (  # noqa: F401
+    AutocastKwargs, DataLoaderConfiguration, DeepSpeedPlugin, DistributedDataParallelKwargs, DistributedType,
+    FullyShardedDataParallelPlugin, GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
+    KwargsHandler, PrecisionType, ProfileKwargs, ProjectConfiguration, RNGType)
 from tasktrain.names import MIXED_PRECISION
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
 from tasktrain.trainer import accelerator as core
-from tasktrain.trainer.accelerator import STATE_FILE
+from tasktrain.trainer.accelerator import STATE_FILE, skip_first_batches  # noqa: F401
 
 _ACCELERATE_NAMES = {name: accelerate for accelerate, name in MIXED_PRECISION.items()}  # "bf16-mixed" -> "bf16"
 
@@ -85,14 +91,16 @@ class Accelerator(core.Accelerator):
         return GradientState._of(self)
 
     def join_uneven_inputs(self, joinables, even_batches=None):
-        """torch's Join over DDP models (MULTI_CPU / MULTI_GPU); under any other distributed_type (DeepSpeed, FSDP,
-        one process) a warning says the block runs without it, as in Accelerate."""
+        """torch's Join over DDP models (MULTI_CPU / MULTI_GPU; one process: nothing to join); under any other
+        distributed_type (DEEPSPEED, FSDP, or one assigned to state.distributed_type) a warning says the block runs
+        without it, as in Accelerate."""
         from tasktrain.compat.accelerate.utils.dataclasses import DistributedType
 
         kind = self.distributed_type
         if kind not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
-            warnings.warn(f"join_uneven_inputs is only supported for multi-GPU and multi-CPU DDP training, not "
-                          f"{kind}: the block runs without torch's Join.")
+            warnings.warn(f"join_uneven_inputs is only supported for multi-GPU and multi-CPU DDP training; under "
+                          f"{kind} the models cannot join uneven inputs (torch's Join takes DDP models): the block "
+                          "runs without it.")
             return contextlib.nullcontext()
         return super().join_uneven_inputs(joinables, even_batches=even_batches)
 
