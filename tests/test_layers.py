@@ -10,9 +10,12 @@ import os
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasktrain")
 # the layers, and the module paths scripts import them by (each names the compat module it is)
 LAYERS = ("tasktrain.compat", "tasktrain.state", "tasktrain.utils", "tasktrain.utilities",
-          "tasktrain.trainer.accelerate_layout", "tasktrain.core")
+          "tasktrain.trainer.accelerate_layout", "tasktrain.core", "tasktrain.accelerator")
 PUBLIC_PATHS = {
     "tasktrain.state": "tasktrain.compat.accelerate.state",
+    "tasktrain.accelerator": "tasktrain.compat.accelerate.accelerator",
+    "tasktrain.utils.imports": "tasktrain.compat.accelerate.utils.imports",
+    "tasktrain.utils.random": "tasktrain.compat.accelerate.utils.random",
     "tasktrain.utils.dataclasses": "tasktrain.compat.accelerate.utils.dataclasses",
     "tasktrain.utils.operations": "tasktrain.compat.accelerate.utils.operations",
     "tasktrain.utils.other": "tasktrain.compat.accelerate.utils.other",

@@ -10,13 +10,20 @@ tasktrain/compat/accelerate/layout.py), which load_state also reads when Acceler
 """
 import contextlib
 import os
+import warnings
 
 import torch
 
+# the names scripts import from Accelerate's `accelerate.accelerator` module (tasktrain.accelerator is this module)
+from tasktrain.compat.accelerate.state import AcceleratorState, GradientState, PartialState  # noqa: F401
+from tasktrain.compat.accelerate.utils.dataclasses import (  # noqa: F401
+    AutocastKwargs, DataLoaderConfiguration, DeepSpeedPlugin, DistributedDataParallelKwargs, DistributedType,
+    FullyShardedDataParallelPlugin, GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
+    KwargsHandler, PrecisionType, ProfileKwargs, ProjectConfiguration, RNGType)
 from tasktrain.names import MIXED_PRECISION
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
 from tasktrain.trainer import accelerator as core
-from tasktrain.trainer.accelerator import STATE_FILE
+from tasktrain.trainer.accelerator import STATE_FILE, skip_first_batches  # noqa: F401
 
 _ACCELERATE_NAMES = {name: accelerate for accelerate, name in MIXED_PRECISION.items()}  # "bf16-mixed" -> "bf16"
 
@@ -63,6 +70,72 @@ class Accelerator(core.Accelerator):
         from tasktrain.compat.accelerate.state import _share
 
         _share(self)  # PartialState() and AcceleratorState() read this Accelerator's strategy from now on
+
+    def prepare(self, *objects):
+        self._check_state()
+        return super().prepare(*objects)
+
+    def _check_state(self):
+        if getattr(self, "_state_was_reset", False):
+            # Accelerate's words (`AcceleratorState` object has no attribute ...): scripts written for it look for them
+            raise AttributeError("`AcceleratorState` object has no attribute of this Accelerator any more. This "
+                                 "happens if `AcceleratorState._reset_state()` was called after this Accelerator was "
+                                 "made: make a new Accelerator() and prepare with it.")
+
+    @property
+    def gradient_state(self):
+        """Accelerate's GradientState of this Accelerator (tasktrain.state.GradientState): sync_gradients,
+        num_steps, active_dataloader, end_of_dataloader, remainder, read from this Accelerator and its loaders."""
+        from tasktrain.compat.accelerate.state import GradientState
+
+        return GradientState._of(self)
+
+    def join_uneven_inputs(self, joinables, even_batches=None):
+        """torch's Join over DDP models (MULTI_CPU / MULTI_GPU; one process: nothing to join); under any other
+        distributed_type (DEEPSPEED, FSDP, or one assigned to state.distributed_type) a warning says the block runs
+        without it, as in Accelerate."""
+        from tasktrain.compat.accelerate.utils.dataclasses import DistributedType
+
+        kind = self.distributed_type
+        if kind not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+            warnings.warn(f"join_uneven_inputs is only supported for multi-GPU and multi-CPU DDP training; under "
+                          f"{kind} the models cannot join uneven inputs (torch's Join takes DDP models): the block "
+                          "runs without it.")
+            return contextlib.nullcontext()
+        return super().join_uneven_inputs(joinables, even_batches=even_batches)
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model):
+        """The backward passes inside all-reduce `model`'s gradients even though its forward ran under no_sync()
+        (several forwards first, then the backwards: only the last one syncs). For a DDP-wrapped model; on one
+        process it does nothing; DeepSpeed's and FSDP's engines reduce at their own boundary (an error)."""
+        if not self.use_distributed:
+            yield
+            return
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            raise NotImplementedError(f"trigger_sync_in_backward: {type(model).__name__} is not a DDP-wrapped model "
+                                      f"({self.distributed_type}); its engine reduces gradients at its own "
+                                      "accumulation boundary. Use accumulate(model) instead.")
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])  # what DDP's forward would have done outside no_sync
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
+    def gather(self, tensor):
+        from tasktrain.compat.accelerate.utils.operations import _check_across_processes
+
+        _check_across_processes("gather", tensor, self.strategy)  # debug mode only
+        return super().gather(tensor)
+
+    def reduce(self, tensor, reduction="sum", scale=1.0):
+        from tasktrain.compat.accelerate.utils.operations import _check_across_processes
+
+        if reduction != "none":
+            _check_across_processes("reduce", tensor, self.strategy)  # debug mode only
+        return super().reduce(tensor, reduction=reduction, scale=scale)
 
     def prepare_data_loader(self, loader):
         """Under DataLoaderConfiguration(use_stateful_dataloader=True), as in Accelerate, a plain DataLoader over an

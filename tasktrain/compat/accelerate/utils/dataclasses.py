@@ -16,16 +16,24 @@ from tasktrain.trainer.accelerator import ProjectConfiguration  # noqa: F401
 
 
 class DistributedType(str, enum.Enum):
-    """What runs the processes, in Accelerate's words. tasktrain runs NO, MULTI_CPU, MULTI_GPU, DEEPSPEED
-    and FSDP."""
+    """What runs the processes, in Accelerate's words (every member of Accelerate 1.15, so that scripts comparing
+    against any of them run). tasktrain's processes are NO, MULTI_CPU, MULTI_GPU, DEEPSPEED or FSDP; the other
+    members name hardware or engines tasktrain does not run on, and never describe a tasktrain process."""
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
     MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
     def __str__(self):
         return self.value
