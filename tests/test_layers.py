@@ -10,10 +10,13 @@ import os
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasktrain")
 # the layers, and the module paths scripts import them by (each names the compat module it is)
 LAYERS = ("tasktrain.compat", "tasktrain.state", "tasktrain.utils", "tasktrain.utilities",
-          "tasktrain.trainer.accelerate_layout", "tasktrain.core", "tasktrain.accelerator")
+          "tasktrain.trainer.accelerate_layout", "tasktrain.core", "tasktrain.accelerator", "tasktrain.data_loader",
+          "tasktrain.launchers")
 PUBLIC_PATHS = {
     "tasktrain.state": "tasktrain.compat.accelerate.state",
     "tasktrain.accelerator": "tasktrain.compat.accelerate.accelerator",
+    "tasktrain.data_loader": "tasktrain.compat.accelerate.data_loader",
+    "tasktrain.launchers": "tasktrain.compat.accelerate.launchers",
     "tasktrain.utils.imports": "tasktrain.compat.accelerate.utils.imports",
     "tasktrain.utils.random": "tasktrain.compat.accelerate.utils.random",
     "tasktrain.utils.dataclasses": "tasktrain.compat.accelerate.utils.dataclasses",
