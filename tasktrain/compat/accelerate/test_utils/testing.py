@@ -404,9 +404,9 @@ class MockingTestCase(unittest.TestCase):
 
 def are_the_same_tensors(tensor):
     """True when `tensor` is equal on every process (gathers it from all of them)."""
-    from tasktrain.compat.accelerate.state import AcceleratorState
-    state = AcceleratorState()
-    local = tensor[None].clone().to(state.device)
+    # Only this process's device is needed: PartialState gives it with or without an Accelerator.
+    from tasktrain.compat.accelerate.state import PartialState
+    local = tensor[None].clone().to(PartialState().device)
     everyone = gather(local).cpu()
     mine = local[0].cpu()
     return all(torch.equal(everyone[i], mine) for i in range(everyone.shape[0]))
