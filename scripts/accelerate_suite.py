@@ -199,7 +199,7 @@ def driver_source(case, script_path, under):
         "if _reason:",
         "    print('ACCELERATE_SUITE_SKIPPED:', _reason, flush=True)",
         "    sys.exit(0)",
-        SETUP[case["script"]],
+        case.get("setup", SETUP.get(case["script"], "")),
         case["call"],
         f"print({PASS_MARKER!r}, flush=True)",
     ]
@@ -296,6 +296,26 @@ def run_case(case, processes, under, scripts_dir, workdir, timeout, rename_test_
     return record
 
 
+def run_cases(jobs, under, scripts_dir, timeout, rename_test_utils=False, repo=REPO_ROOT, parallel=1,
+              progress=False):
+    """Run each (case, processes) of `jobs`, `parallel` at a time; the records come back in the order of `jobs`."""
+    workdir = tempfile.mkdtemp(prefix="accelerate_suite-")
+    records = []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            futures = [pool.submit(run_case, case, n, under, scripts_dir, workdir, timeout, rename_test_utils, repo)
+                       for case, n in jobs]
+            for future in futures:
+                record = future.result()
+                records.append(record)
+                if progress:
+                    print(f"[{len(records)}/{len(jobs)}] {record['script']}:{record['function']} "
+                          f"x{record['processes']}: {record['status']} {record['error']}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return records
+
+
 def select_cases(scripts, patterns):
     chosen = []
     for case in CASES:
@@ -377,21 +397,10 @@ def main(argv=None):
         for case in cases:
             print(f"{case['script']}:{case['name']}")
         return 0
-    scripts_dir = upstream_scripts_dir()
-    workdir = tempfile.mkdtemp(prefix="accelerate_suite-")
     jobs = [(case, n) for case in cases for n in process_counts]
-    try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = [pool.submit(run_case, case, n, args.under, scripts_dir, workdir, args.timeout,
-                                   args.rename_test_utils, os.path.abspath(args.repo)) for case, n in jobs]
-            records = []
-            for future in futures:
-                record = future.result()
-                records.append(record)
-                print(f"[{len(records)}/{len(jobs)}] {record['script']}:{record['function']} x{record['processes']}: "
-                      f"{record['status']} {record['error']}", file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    scripts_dir = upstream_scripts_dir()
+    records = run_cases(jobs, args.under, scripts_dir, args.timeout, args.rename_test_utils,
+                        os.path.abspath(args.repo), args.jobs, progress=True)
     baseline = None
     if args.baseline:
         with open(args.baseline) as handle:
