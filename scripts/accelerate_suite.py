@@ -61,11 +61,17 @@ _DDL_LOADERS = {
 }
 
 
-def _case(script, name, call, only=None, function=None):
+def _case(script, name, call, only=None, function=None, setup=None):
     """One unit: `call` is the statement main() runs (S. prefixes the script's names); `only` is "single" or
     "multi" where main() runs it on one process only or on several only; `function` names the script function whose
-    skip marks apply (default: the case name up to its first '[')."""
-    return {"script": script, "name": name, "call": call, "only": only, "function": function or name.split("[")[0]}
+    skip marks apply (default: the case name up to its first '['); `setup` replaces the script's SETUP."""
+    return {"script": script, "name": name, "call": call, "only": only, "function": function or name.split("[")[0],
+            "setup": SETUP[script] if setup is None else setup}
+
+
+# test_script's main() calls rng_sync_check() before its data loader and training checks: those rely on the torch
+# RNG being the same on every process (the shuffles must agree), which is what rng_sync_check leaves behind.
+_AFTER_RNG_SYNC = SETUP["test_script"] + "\nS.synchronize_rng_states(['torch'])"
 
 
 def _build_cases():
@@ -75,18 +81,21 @@ def _build_cases():
                     "test_split_between_processes_evenly", "rng_sync_check", "dl_preparation_check",
                     "central_dl_preparation_check", "custom_sampler_check", "check_seedable_sampler",
                     "check_seedable_sampler_with_data_seed"]
+    after_rng_sync = plain_script[plain_script.index("rng_sync_check") + 1:]
     for name in plain_script:
-        cases.append(_case("test_script", name, f"S.{name}()"))
+        setup = _AFTER_RNG_SYNC if name in after_rng_sync else None
+        cases.append(_case("test_script", name, f"S.{name}()", setup=setup))
     cases.append(_case("test_script", "test_split_between_processes_dataset",
                        "from datasets import Dataset as datasets_Dataset\n"
                        "S.test_split_between_processes_dataset(datasets_Dataset)"))
     cases.append(_case("test_script", "check_seedable_sampler_in_batch_sampler_shard",
-                       "S.check_seedable_sampler_in_batch_sampler_shard()", only="multi"))
+                       "S.check_seedable_sampler_in_batch_sampler_shard()", only="multi", setup=_AFTER_RNG_SYNC))
     for flag in (False, True):
         cases.append(_case("test_script", f"training_check[use_seedable_sampler={flag}]",
-                           f"S.training_check(use_seedable_sampler={flag})"))
-    cases.append(_case("test_script", "test_trigger", "S.test_trigger()"))
-    cases.append(_case("test_script", "test_reinstantiated_state", "S.test_reinstantiated_state()"))
+                           f"S.training_check(use_seedable_sampler={flag})", setup=_AFTER_RNG_SYNC))
+    cases.append(_case("test_script", "test_trigger", "S.test_trigger()", setup=_AFTER_RNG_SYNC))
+    cases.append(_case("test_script", "test_reinstantiated_state", "S.test_reinstantiated_state()",
+                       setup=_AFTER_RNG_SYNC))
 
     cases.append(_case("test_sync", "test_dataloader_break", "S.test_dataloader_break()"))
     cases.append(_case("test_sync", "test_noop_sync", "S.test_noop_sync(accelerator)", only="single"))
@@ -199,7 +208,7 @@ def driver_source(case, script_path, under):
         "if _reason:",
         "    print('ACCELERATE_SUITE_SKIPPED:', _reason, flush=True)",
         "    sys.exit(0)",
-        case.get("setup", SETUP.get(case["script"], "")),
+        case["setup"],
         case["call"],
         f"print({PASS_MARKER!r}, flush=True)",
     ]

@@ -98,7 +98,7 @@ def test_bad(state):
 
 def test_harness_tells_pass_from_fail_on_one_process_and_on_two(tmp_path):
     (tmp_path / "test_ops.py").write_text(PLANTED)
-    ok = suite._case("test_ops", "test_ok", "S.test_ok(state)")
+    ok = suite._case("test_ops", "test_ok", "S.test_ok(state)")  # SETUP["test_ops"] makes `state`
     bad = suite._case("test_ops", "test_bad", "S.test_bad(state)")
     world = suite._case("test_ops", "test_world", "S.test_world(state, 2)\nS.test_ok(state)")
     single_only = suite._case("test_ops", "test_ok", "S.test_ok(state)", only="single")
