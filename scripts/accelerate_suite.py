@@ -379,6 +379,30 @@ def print_report(records, baseline=None):
             print(f"  {record['script']}:{record['function']} on {record['processes']}: {record['error']}")
 
 
+def markdown_report(records, baseline):
+    """docs/accelerator.md's numbers: passes per script and process count against the baseline, then the functions
+    that pass under the baseline and not here, grouped by their first error line."""
+    table, base_table = counts_table(records), counts_table(baseline)
+    lines = ["| script | processes | pass under Accelerate (of those run) | pass under tasktrain |", "| --- | --- | --- | --- |"]
+    totals = [0, 0, 0]
+    for (script, processes) in sorted(base_table, key=lambda key: (SCRIPTS.index(key[0]), key[1])):
+        b_passed, b_ran = base_table[(script, processes)]
+        passed = table.get((script, processes), (0, 0))[0]
+        totals = [totals[0] + b_passed, totals[1] + b_ran, totals[2] + passed]
+        lines.append(f"| {script} | {processes} | {b_passed} ({b_ran}) | {passed} |")
+    lines.append(f"| all | 1 and 2 | {totals[0]} ({totals[1]}) | {totals[2]} |")
+    base_pass = {(r["script"], r["function"], r["processes"]) for r in baseline if r["status"] == "pass"}
+    by_error = {}
+    for record in records:
+        if (record["script"], record["function"], record["processes"]) in base_pass and record["status"] != "pass":
+            by_error.setdefault(record["error"], []).append(f"{record['script']}:{record['function']} "
+                                                            f"x{record['processes']}")
+    lines.append("")
+    for error, functions in sorted(by_error.items(), key=lambda item: -len(item[1])):
+        lines.append(f"- `{error}` ({len(functions)}): {', '.join(functions)}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--under", choices=["tasktrain", "accelerate"], default="tasktrain")
@@ -393,12 +417,27 @@ def main(argv=None):
     parser.add_argument("--repo", default=REPO_ROOT, help="the tasktrain checkout put on PYTHONPATH")
     parser.add_argument("--results", help="write the result records to this JSON file")
     parser.add_argument("--baseline", help="a --results file to compare with (e.g. scripts/accelerate_suite_baseline.json)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="with --baseline: also print the summary as docs/accelerator.md shows it")
+    parser.add_argument("--report-only", metavar="RESULTS",
+                        help="print the report of an earlier --results file instead of running anything")
     parser.add_argument("--list", action="store_true", help="print the selected functions and exit")
     args = parser.parse_args(argv)
 
     process_counts = [int(n) for n in args.processes.split(",") if n.strip()]
     if not process_counts or any(n < 1 for n in process_counts):
         parser.error(f"--processes wants positive counts such as 1,2; got {args.processes!r}")
+    baseline = None
+    if args.baseline:
+        with open(args.baseline) as handle:
+            baseline = json.load(handle)["records"]
+    if args.report_only:
+        with open(args.report_only) as handle:
+            records = json.load(handle)["records"]
+        print_report(records, baseline)
+        if args.markdown and baseline:
+            print("\n" + markdown_report(records, baseline))
+        return 0
     cases = select_cases(args.scripts, args.functions)
     if not cases:
         parser.error(f"no function matches --scripts {args.scripts} --functions {args.functions}")
@@ -410,11 +449,9 @@ def main(argv=None):
     scripts_dir = upstream_scripts_dir()
     records = run_cases(jobs, args.under, scripts_dir, args.timeout, args.rename_test_utils,
                         os.path.abspath(args.repo), args.jobs, progress=True)
-    baseline = None
-    if args.baseline:
-        with open(args.baseline) as handle:
-            baseline = json.load(handle)["records"]
     print_report(records, baseline)
+    if args.markdown and baseline:
+        print("\n" + markdown_report(records, baseline))
     if args.results:
         meta = {"under": args.under, "rename_test_utils": args.rename_test_utils, "processes": process_counts,
                 "accelerate_scripts": scripts_dir, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
