@@ -22,11 +22,13 @@ Under Accelerate the driver sets ACCELERATE_USE_CPU=yes and builds PartialState(
 """
 import argparse
 import concurrent.futures
+import contextlib
 import fnmatch
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -242,9 +244,45 @@ def first_error_line(output):
     return tail[-1][:300] if tail else ""
 
 
+def _descendants(pid):
+    """Every live process below `pid`, from /proc (torchrun's workers run in sessions of their own)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(process):
+    """Stop a run past its timeout and everything it started: SIGTERM first (torchrun then stops its workers), then
+    SIGKILL to whatever is left; a worker left alive would hold the output pipe open and hang the harness."""
+    tree = _descendants(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [process.pid] + tree + _descendants(process.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def run_case(case, processes, under, scripts_dir, workdir, timeout, rename_test_utils, repo):
     """Run one function on `processes` processes; returns its result record."""
     record = {"script": case["script"], "function": case["name"], "processes": processes, "under": under}
+    timeout = case.get("timeout", timeout)  # a case may carry its own (the harness's own tests do)
     if case["only"] == "single" and processes > 1 or case["only"] == "multi" and processes == 1:
         record.update(status="n/a", error=f"main() runs it on {'one process' if case['only'] == 'single' else 'several processes'} only",
                       seconds=0.0)
@@ -286,9 +324,11 @@ def run_case(case, processes, under, scripts_dir, workdir, timeout, rename_test_
         output, _ = process.communicate(timeout=timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
-        # The whole session: torchrun's workers and notebook_launcher's children go with it.
-        os.killpg(process.pid, 9)
-        output, _ = process.communicate()
+        kill_tree(process)
+        try:
+            output, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # something outside the tree still holds the pipe: report without it
+            output = ""
         timed_out = True
     record["seconds"] = round(time.monotonic() - start, 1)
     skipped = re.search(r"ACCELERATE_SUITE_SKIPPED: (.*)", output)
@@ -306,9 +346,11 @@ def run_case(case, processes, under, scripts_dir, workdir, timeout, rename_test_
 
 
 def run_cases(jobs, under, scripts_dir, timeout, rename_test_utils=False, repo=REPO_ROOT, parallel=1,
-              progress=False):
-    """Run each (case, processes) of `jobs`, `parallel` at a time; the records come back in the order of `jobs`."""
-    workdir = tempfile.mkdtemp(prefix="accelerate_suite-")
+              progress=False, workdir=None):
+    """Run each (case, processes) of `jobs`, `parallel` at a time; the records come back in the order of `jobs`.
+    Each run works in a fresh folder under `workdir` (default: a temporary one, removed after)."""
+    own_workdir = workdir is None
+    workdir = tempfile.mkdtemp(prefix="accelerate_suite-") if own_workdir else workdir
     records = []
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
@@ -321,7 +363,8 @@ def run_cases(jobs, under, scripts_dir, timeout, rename_test_utils=False, repo=R
                     print(f"[{len(records)}/{len(jobs)}] {record['script']}:{record['function']} "
                           f"x{record['processes']}: {record['status']} {record['error']}", file=sys.stderr, flush=True)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
     return records
 
 

@@ -93,6 +93,11 @@ def test_world(state, expected):
 
 def test_bad(state):
     raise ValueError("planted failure")
+
+
+def test_hang(state):
+    import time
+    time.sleep(600)
 '''
 
 
@@ -102,11 +107,27 @@ def test_harness_tells_pass_from_fail_on_one_process_and_on_two(tmp_path):
     bad = suite._case("test_ops", "test_bad", "S.test_bad(state)")
     world = suite._case("test_ops", "test_world", "S.test_world(state, 2)\nS.test_ok(state)")
     single_only = suite._case("test_ops", "test_ok", "S.test_ok(state)", only="single")
-    records = suite.run_cases([(ok, 1), (bad, 1), (world, 2), (single_only, 2)], "tasktrain", str(tmp_path),
-                              TIMEOUT, parallel=2)
+    hang = dict(suite._case("test_ops", "test_hang", "S.test_hang(state)"), timeout=25)
+    (tmp_path / "runs").mkdir()
+    records = suite.run_cases([(ok, 1), (bad, 1), (world, 2), (single_only, 2), (hang, 2)], "tasktrain",
+                              str(tmp_path), TIMEOUT, parallel=3, workdir=str(tmp_path / "runs"))
     assert [(r["function"], r["processes"], r["status"]) for r in records] == [
-        ("test_ok", 1, "pass"), ("test_bad", 1, "fail"), ("test_world", 2, "pass"), ("test_ok", 2, "n/a")], records
+        ("test_ok", 1, "pass"), ("test_bad", 1, "fail"), ("test_world", 2, "pass"), ("test_ok", 2, "n/a"),
+        ("test_hang", 2, "fail")], records
     assert records[1]["error"] == "ValueError: planted failure"
+    # A hung pair of workers is stopped, all of it: nothing of that run is left alive.
+    assert records[4]["error"].startswith("timed out after 25 s"), records[4]
+    assert records[4]["seconds"] < 25 + 60
+    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).find(str(tmp_path)) >= 0]
+    assert leftovers == [], [_cmdline(pid) for pid in leftovers]
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _upstream(script, name):
