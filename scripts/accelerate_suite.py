@@ -228,7 +228,15 @@ _ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\
 
 
 def first_error_line(output):
-    """The exception line of the first traceback (a child's, before the launcher's own summary)."""
+    """The exception line of the first traceback (a child's, before the launcher's own summary), without the
+    file path an ImportError names (so runs from different checkouts compare)."""
+    return _IMPORT_PATH.sub("", _first_error_line(output))
+
+
+_IMPORT_PATH = re.compile(r" \((?:/|[A-Za-z]:\\)[^()]*\.py\)$")
+
+
+def _first_error_line(output):
     seen_traceback = False
     for line in output.splitlines():
         stripped = line.strip()

@@ -74,6 +74,9 @@ def test_first_error_line_is_the_childs_exception_not_the_launchers():
     assert suite.first_error_line(output) == "AssertionError: Expected exception of type X"
     assert suite.first_error_line("ModuleNotFoundError: No module named 'x'\n") == \
         "ModuleNotFoundError: No module named 'x'"
+    assert suite.first_error_line("ImportError: cannot import name 'y' from 'tasktrain.utils' "
+                                  "(/work/x/tasktrain/utils/__init__.py)\n") == \
+        "ImportError: cannot import name 'y' from 'tasktrain.utils'"
 
 
 PLANTED = '''\
