@@ -443,14 +443,24 @@ def markdown_report(records, baseline):
         lines.append(f"| {script} | {processes} | {b_passed} ({b_ran}) | {passed} |")
     lines.append(f"| all | 1 and 2 | {totals[0]} ({totals[1]}) | {totals[2]} |")
     base_pass = {(r["script"], r["function"], r["processes"]) for r in baseline if r["status"] == "pass"}
+    # error -> script -> function -> [process counts]; a script whose every baseline pass fails alike reads "all".
     by_error = {}
     for record in records:
         if (record["script"], record["function"], record["processes"]) in base_pass and record["status"] != "pass":
-            by_error.setdefault(record["error"], []).append(f"{record['script']}:{record['function']} "
-                                                            f"x{record['processes']}")
+            functions = by_error.setdefault(record["error"], {}).setdefault(record["script"], {})
+            functions.setdefault(record["function"], []).append(record["processes"])
     lines.append("")
-    for error, functions in sorted(by_error.items(), key=lambda item: -len(item[1])):
-        lines.append(f"- `{error}` ({len(functions)}): {', '.join(functions)}")
+    for error, scripts in sorted(by_error.items(), key=lambda item: -sum(len(p) for f in item[1].values()
+                                                                           for p in f.values())):
+        parts = []
+        for script, functions in scripts.items():
+            runs = sum(len(counts) for counts in functions.values())
+            if runs == sum(1 for key in base_pass if key[0] == script):
+                parts.append(f"all {runs} of {script}")
+            else:
+                parts.append(", ".join(f"{script}:{name} ({'/'.join(map(str, counts))})"
+                                       for name, counts in functions.items()))
+        lines.append(f"- `{error}`: {'; '.join(parts)}")
     return "\n".join(lines)
 
 
