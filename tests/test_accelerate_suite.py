@@ -82,6 +82,7 @@ def test_first_error_line_is_the_childs_exception_not_the_launchers():
 PLANTED = '''\
 import torch
 from accelerate import PartialState
+from accelerate.test_utils import are_the_same_tensors
 from accelerate.utils import gather
 
 
@@ -92,6 +93,10 @@ def test_ok(state):
 
 def test_world(state, expected):
     assert state.num_processes == expected, (state.num_processes, expected)
+    # --rename-test-utils: the fixtures are tasktrain's, and they see the other process.
+    assert are_the_same_tensors.__module__.startswith("tasktrain."), are_the_same_tensors.__module__
+    assert are_the_same_tensors(torch.tensor([1.0, 2.0]))
+    assert not are_the_same_tensors(torch.tensor([float(state.process_index)]))
 
 
 def test_bad(state):
@@ -110,17 +115,18 @@ def test_harness_tells_pass_from_fail_on_one_process_and_on_two(tmp_path):
     bad = suite._case("test_ops", "test_bad", "S.test_bad(state)")
     world = suite._case("test_ops", "test_world", "S.test_world(state, 2)\nS.test_ok(state)")
     single_only = suite._case("test_ops", "test_ok", "S.test_ok(state)", only="single")
-    hang = dict(suite._case("test_ops", "test_hang", "S.test_hang(state)"), timeout=25)
+    hang = dict(suite._case("test_ops", "test_hang", "S.test_hang(state)"), timeout=15)
     (tmp_path / "runs").mkdir()
     records = suite.run_cases([(ok, 1), (bad, 1), (world, 2), (single_only, 2), (hang, 2)], "tasktrain",
-                              str(tmp_path), TIMEOUT, parallel=3, workdir=str(tmp_path / "runs"))
+                              str(tmp_path), TIMEOUT, rename_test_utils=True, parallel=3,
+                              workdir=str(tmp_path / "runs"))
     assert [(r["function"], r["processes"], r["status"]) for r in records] == [
         ("test_ok", 1, "pass"), ("test_bad", 1, "fail"), ("test_world", 2, "pass"), ("test_ok", 2, "n/a"),
         ("test_hang", 2, "fail")], records
     assert records[1]["error"] == "ValueError: planted failure"
     # A hung pair of workers is stopped, all of it: nothing of that run is left alive.
-    assert records[4]["error"].startswith("timed out after 25 s"), records[4]
-    assert records[4]["seconds"] < 25 + 60
+    assert records[4]["error"].startswith("timed out after 15 s"), records[4]
+    assert records[4]["seconds"] < 15 + 60
     leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).find(str(tmp_path)) >= 0]
     assert leftovers == [], [_cmdline(pid) for pid in leftovers]
 
