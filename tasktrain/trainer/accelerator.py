@@ -906,7 +906,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
 
 class PreparedScheduler:
-    """The user's scheduler; step() runs only where its optimizer really stepped (window end, no skipped fp16 step)."""
+    """The user's scheduler; step() runs only where its optimizer really stepped (window end, no skipped fp16 step),
+    num_processes times under scheduler_steps_per_process (Accelerate's rule)."""
 
     def __init__(self, scheduler, optimizers, accelerator):
         self.scheduler = scheduler
