@@ -50,7 +50,11 @@ def main(argv=None):
     train, val = addition_data(args.digits, args.train_size, args.val_size, seed=args.seed)
     model = GPT(VOCAB_SIZE, block_size(args.digits), args.n_layer, args.n_head, args.n_embd)
     optimizer = configure_adamw(model, args.lr, weight_decay=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, args.warmup, args.max_steps))
+    # A prepared scheduler steps once per process at each optimizer step (Accelerate's rule, docs/accelerator.md):
+    # step // num_processes is the optimizer step, so the schedule is gpt.py's on any number of processes.
+    processes = accelerator.num_processes
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step // processes, args.warmup, args.max_steps))
     if args.compile:
         model = torch.compile(model)  # saved weights keep the plain names (no "_orig_mod.")
     train_loader = DataLoader(train, batch_size=args.batch_size, shuffle=True)

@@ -24,7 +24,7 @@ REQUIRED = [
     "tasktrain.utils.DistributedType", "tasktrain.utils.gather", "tasktrain.utils.gather_object",
     "tasktrain.utils.broadcast", "tasktrain.utils.reduce", "tasktrain.utils.pad_across_processes",
     "tasktrain.utils.send_to_device", "tasktrain.utils.tqdm", "tasktrain.utils.LoggerType",
-    "tasktrain.utils.PrecisionType", "tasktrain.utils.write_basic_config()", "tasktrain.utils.wait_for_everyone",
+    "tasktrain.utils.PrecisionType", "tasktrain.utils.write_basic_config", "tasktrain.utils.wait_for_everyone",
     "tasktrain.utils.InitProcessGroupKwargs", "tasktrain.utils.DistributedDataParallelKwargs",
     "tasktrain.utils.GradScalerKwargs", "tasktrain.utils.AutocastKwargs",
 ] + [f"tasktrain.Accelerator.{name}" for name in (

@@ -195,7 +195,8 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, launch_type)
         assert (main["split_dict"], last["split_dict"]) == ([0, 1, 2], [3, 4])
         assert main["decorated"] == ["main", None, None, "local main"]
         assert last["decorated"] == [None, "last", "index", None]
-        assert main["syncs"] == [False, True, True] and main["lr"] == pytest.approx(0.1 * 0.5 ** 2)
+        # Accelerate's rule: 2 optimizer steps, each stepping the scheduler once per process
+        assert main["syncs"] == [False, True, True] and main["lr"] == pytest.approx(0.1 * 0.5 ** (2 * 2))
         assert main["padded"] == [1.0, -1.0, 1.0, 1.0] and last["utils_padded_first"] == [1.0, 1.0]
         assert main["utils_padded_first"] == [0.0, 1.0]
         assert (main["skipped_first"], last["skipped_first"]) == ([16, 18, 20], [17, 19, 21])
@@ -259,7 +260,8 @@ def check_fsdp_cases(out, tmp_path):
                          env=clean_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     one = torch.load(out / "one_process.pt", weights_only=False)
-    assert one["difference"] == 0.0 and one["lr"] == one["saved_lr"] == 1e-2 * 0.5 ** 2  # 4 steps: halved twice
+    # 4 optimizer steps on 2 processes: 8 scheduler steps (Accelerate's rule), StepLR(step_size=2) halved four times
+    assert one["difference"] == 0.0 and one["lr"] == one["saved_lr"] == 1e-2 * 0.5 ** 4
     assert one["micro_batches_after"] == 8 and one["steps_after"] == 4
     assert one["more"]  # bf16 plugin, SGD state, late optimizer, compiled, init_empty_weights (asserted inside)
 

@@ -89,6 +89,7 @@ class Plan:
     loss_divided_by_window: bool = True  # the loop divides each micro-batch's loss by its window before backward
     clipping: tuple = ()  # GradientClip requests the loop makes at each optimizer step (through clip_gradients)
     has_lr_schedulers: bool = False  # the loop steps learning-rate schedulers of its own
+    move_module: bool = True  # False: the module stays where the caller put it (Accelerator(device_placement=False))
 
 
 # Attributes that said a capability before the capabilities were classes: a subclass that sets one would be
@@ -274,7 +275,8 @@ class Strategy(abc.ABC):
         Default: the precision's cast, then the move to root_device; the optimizers as given."""
         self.module = module
         module = self.precision.convert_module(module) if self.precision else module
-        module.to(self.root_device)
+        if plan.move_module:
+            module.to(self.root_device)
         if not plan.calls_steps and isinstance(self.precision, MixedPrecision):
             patch_forward(module, self.forward_context)  # the model's own forward runs under autocast
         elif not plan.calls_steps and isinstance(self.precision, HalfPrecision):

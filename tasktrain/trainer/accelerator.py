@@ -73,13 +73,28 @@ class Accelerator:
     `precision_options` (GradScaler and autocast options), `dispatch_batches` and `split_batches`
     (DataLoaderConfiguration's: rank 0 reads and sends each process its slice, tasktrain/trainer/dispatch.py).
     Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then from the defaults.
+
+    The accumulation and scheduler rules (the defaults are the Trainer's; tasktrain.Accelerator passes Accelerate's):
+    `window_loss` "own": backward divides a loss by the length of its window (a short last window by its own
+    length), "steps": always by gradient_accumulation_steps; `scheduler_steps_per_process` False: a prepared
+    scheduler steps once per optimizer step, True: num_processes times (each process's batch counted as one
+    schedule step; a scheduler with total_steps, OneCycleLR, stops at its end); `sync_with_dataloader` True: a
+    window also ends at a prepared loader's last batch and the next epoch starts a new one, False: windows count
+    micro-batches only, across epochs. `device_placement` False: prepared models and batches stay where the
+    script put them. `compile_options` (a dict, e.g. {"backend": "inductor"}): each prepared model is compiled with
+    torch.compile(model, **compile_options) after the strategy set it up; unwrap_model returns the module given.
     """
 
     def __init__(self, *, strategy=None, mixed_precision=None, gradient_accumulation_steps=None, cpu=False,
                  log_with=None, project_config=None, step_scheduler_with_optimizer=True,
                  stall_timeout=DEFAULT_STALL_TIMEOUT, rng_types=(), data_seed=None, sync_each_batch=False,
                  process_options=None, precision_options=None, split_batches=False, even_batches=True,
-                 use_seedable_sampler=False, dispatch_batches=None):
+                 use_seedable_sampler=False, dispatch_batches=None, window_loss="own",
+                 scheduler_steps_per_process=False, sync_with_dataloader=True, device_placement=True,
+                 compile_options=None):
+        if window_loss not in ("own", "steps"):
+            raise ValueError(f"Accelerator(window_loss={window_loss!r}): use 'own' (a loss is divided by its window's "
+                             "length) or 'steps' (always by gradient_accumulation_steps).")
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         self.log_with = check_log_with(log_with, self.logging_dir)  # a bad name or a missing package fails now
         self.trackers = []
@@ -89,6 +104,14 @@ class Accelerator:
                                 accumulate_grad_batches=gradient_accumulation_steps, names=ACCELERATOR_NAMES,
                                 stall_timeout=stall_timeout, custom_loop=True)
         self.strategy = runtime.strategy
+        if not device_placement and isinstance(self.strategy, Sharded):
+            raise ValueError(f"Accelerator(device_placement=False) with {self.strategy.describe()}: a sharding "
+                             "strategy places each rank's shard itself. Leave device_placement True, or use a "
+                             "single device or DDP.")
+        if compile_options is not None and isinstance(self.strategy, ClipsInsideStep):
+            raise ValueError(f"Accelerator(compile_options / dynamo_backend) with {self.strategy.describe()}: the "
+                             "engine's model is not compiled here. Compile the model yourself (torch.compile) before "
+                             "prepare, or use a single device, DDP or FSDP.")
         self.gradient_accumulation_steps = runtime.accumulate_grad_batches
         self.stall_timeout = runtime.stall_timeout  # watchdog (issue 19)
         # The launch config's gradient_clipping: an engine that clips inside its step (DeepSpeed) is set up with it;
@@ -109,6 +132,11 @@ class Accelerator:
         self.step_scheduler_with_optimizer = bool(step_scheduler_with_optimizer)
         self._sync_each_batch = bool(sync_each_batch)
         self._rng_types = list(rng_types or ())
+        self._window_loss = window_loss
+        self._scheduler_steps_per_process = bool(scheduler_steps_per_process)
+        self._sync_with_dataloader = bool(sync_with_dataloader)
+        self.device_placement = bool(device_placement)
+        self._compile_options = None if compile_options is None else dict(compile_options)
 
         self.sync_gradients = True  # False inside accumulate() on a micro-batch that does not end the window
         self._window = self.gradient_accumulation_steps  # what backward divides the loss by
@@ -253,6 +281,9 @@ class Accelerator:
             if model is prepared:
                 return prepared, [self.prepare_optimizer(o) for o in optimizers]
         prepared, set_up = self.strategy.setup_module_and_optimizers(model, optimizers, plan)
+        if self._compile_options is not None and not hasattr(prepared, "_orig_mod"):
+            # last, around what the strategy set up (its DDP wrapper included), as Accelerate compiles
+            prepared = torch.compile(prepared, **self._compile_options)
         self._models.append((prepared, model))
         out = []
         for optimizer, original in zip(set_up, optimizers):
@@ -267,7 +298,8 @@ class Accelerator:
         batch_size = next((loader.batch_size for loader in loaders if getattr(loader, "batch_size", None)), None)
         return Plan(training=True, calls_steps=False, micro_batch_size=batch_size,
                     accumulate_grad_batches=self.gradient_accumulation_steps, loss_divided_by_window=True,
-                    clipping=self._launch_clipping, has_lr_schedulers=has_schedulers)
+                    clipping=self._launch_clipping, has_lr_schedulers=has_schedulers,
+                    move_module=self.device_placement)
 
     def prepare_scheduler(self, scheduler):
         if isinstance(scheduler, PreparedScheduler):
@@ -299,9 +331,11 @@ class Accelerator:
 
     # -- the step ----------------------------------------------------------------------------------------------------
     def backward(self, loss, **kwargs):
-        """strategy.backward (GradScaler-scaled under fp16); divided by the micro-batches of the accumulation window."""
-        if self._window > 1:
-            loss = loss / self._window
+        """strategy.backward (GradScaler-scaled under fp16); divided by the micro-batches of the accumulation window
+        (window_loss="own") or by gradient_accumulation_steps (window_loss="steps", Accelerate's rule)."""
+        divisor = self._window if self._window_loss == "own" else self.gradient_accumulation_steps
+        if divisor > 1:
+            loss = loss / divisor
         if not self.sync_gradients:
             self._window_has_grads = True
         if isinstance(self.strategy, ClipsInsideStep):
@@ -346,6 +380,14 @@ class Accelerator:
             torch.nn.utils.clip_grad_value_(params, max_value)
             return None
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+
+    def _place_batch(self, batch):
+        """A prepared loader's batch on the device (and in the precision's input dtype); device_placement=False:
+        where the loader's collate put it (only the precision's dtype cast, e.g. 64-true's)."""
+        if self.device_placement:
+            return self.strategy.batch_to_device(batch)
+        precision = self.strategy.precision
+        return precision.convert_input(batch) if precision else batch
 
     def _synchronize_rng_states(self):
         """Accelerator(rng_types=["torch", "cuda"]): every process continues from rank 0's generator at the start of
@@ -399,6 +441,8 @@ class Accelerator:
             self.sync_gradients, self._window = True, 1
             return
         loader = self._active_loaders[-1] if self._active_loaders else None
+        if not self._sync_with_dataloader:
+            loader = None  # windows count micro-batches only, across the loader's end
         if loader is not None and loader.epoch_length is not None:
             # The Trainer's rule, from the position in the epoch: windows start at multiples of `steps`, and the
             # last one is cut short by the end of the loader.
@@ -419,6 +463,7 @@ class Accelerator:
         if not self.use_distributed:
             yield
             return
+        model = getattr(model, "_orig_mod", model)  # compiled (compile_options): the strategy's wrapper inside
         with self.strategy.no_backward_sync(True, model):
             yield
 
@@ -915,7 +960,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
 
 class PreparedScheduler:
-    """The user's scheduler; step() runs only where its optimizer really stepped (window end, no skipped fp16 step)."""
+    """The user's scheduler; step() runs only where its optimizer really stepped (window end, no skipped fp16 step),
+    num_processes times under scheduler_steps_per_process (Accelerate's rule)."""
 
     def __init__(self, scheduler, optimizers, accelerator):
         self.scheduler = scheduler
@@ -923,14 +969,25 @@ class PreparedScheduler:
         self._accelerator = accelerator
 
     def step(self, *args, **kwargs):
-        if not self._accelerator.step_scheduler_with_optimizer:
+        accelerator = self._accelerator
+        if not accelerator.step_scheduler_with_optimizer:
             self.scheduler.step(*args, **kwargs)  # Accelerator(step_scheduler_with_optimizer=False): every call
             return
-        if not self._accelerator.sync_gradients:
+        if not accelerator.sync_gradients:
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
             return
-        self.scheduler.step(*args, **kwargs)
+        if not accelerator._scheduler_steps_per_process:
+            self.scheduler.step(*args, **kwargs)
+            return
+        # Accelerate's rule: each process's batch is one step of the schedule, so a schedule sized in batches of one
+        # process ends where it would on one. A schedule with a fixed length (OneCycleLR's total_steps) is not
+        # stepped past its end, which it would refuse.
+        total = getattr(self.scheduler, "total_steps", None)
+        for _ in range(accelerator.num_processes):
+            if total is not None and self.scheduler._step_count > total:
+                return
+            self.scheduler.step(*args, **kwargs)
 
     def state_dict(self):
         return self.scheduler.state_dict()
@@ -1097,7 +1154,7 @@ class PreparedDataLoader:
             for index, batch, last in watched_batches(watchdog, epochs.batches(), "the loop's body", _no_step, start):
                 epochs.advance(index)  # counted before the body runs: a save_state inside it resumes after it
                 self.at_last_batch = last or (length is not None and index + 1 >= length)
-                yield strategy.batch_to_device(batch)
+                yield accelerator._place_batch(batch)
             epochs.end_epoch()
             self._pass_skip = 0
         finally:

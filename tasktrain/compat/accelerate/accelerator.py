@@ -332,11 +332,11 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
     from tasktrain.compat.accelerate.utils.dataclasses import (AutocastKwargs, DataLoaderConfiguration, DeepSpeedPlugin,
                                              DistributedDataParallelKwargs, FullyShardedDataParallelPlugin,
                                              GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
-                                             ProfileKwargs, ProjectConfiguration)
+                                             ProfileKwargs, ProjectConfiguration, TorchDynamoPlugin)
 
-    if device_placement is not True:
-        raise ValueError("Accelerator(device_placement=False): tasktrain always places prepared models and batches "
-                         "on accelerator.device. Leave it True and move nothing yourself.")
+    if not isinstance(device_placement, bool):
+        raise TypeError(f"Accelerator(device_placement={device_placement!r}): pass True (prepared models and "
+                        "batches go to accelerator.device) or False (they stay where the script put them).")
     for name, value in (("split_batches", split_batches), ("even_batches", even_batches),
                         ("dispatch_batches", dispatch_batches)):
         if value is not None:
@@ -344,12 +344,9 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
                             f"dataloader_config=DataLoaderConfiguration({name}=...).")
     _refuse("torch_tp_plugin", torch_tp_plugin, "tensor parallelism is not supported.")
     _refuse("megatron_lm_plugin", megatron_lm_plugin, "Megatron-LM is not supported.")
-    _refuse("dynamo_plugin", dynamo_plugin, "compile the model yourself (torch.compile) before prepare.")
     _refuse("parallelism_config", parallelism_config, "only data parallelism (DDP) and DeepSpeed ZeRO are supported.")
     _refuse("deepspeed_plugins", deepspeed_plugins, "one DeepSpeed plugin per Accelerator: pass deepspeed_plugin=.")
-    if dynamo_backend is not None and str(getattr(dynamo_backend, "value", dynamo_backend)).lower() != "no":
-        raise ValueError(f"Accelerator(dynamo_backend={dynamo_backend!r}): compile the model yourself "
-                         "(torch.compile) before prepare; a compiled model is unwrapped by unwrap_model.")
+    compile_options = _compile_options(dynamo_backend, dynamo_plugin, TorchDynamoPlugin)
 
     config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
     if not isinstance(config, DataLoaderConfiguration):
@@ -377,21 +374,18 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         raise ValueError(f"ProjectConfiguration(total_limit={project_config.total_limit!r}): use a positive "
                          "integer (checkpoints kept) or None (all).")
 
-    sync_each_batch = False
+    sync_each_batch, sync_with_dataloader = False, True
     if gradient_accumulation_plugin is not None:
         plugin = gradient_accumulation_plugin
         if not isinstance(plugin, GradientAccumulationPlugin):
             raise TypeError("gradient_accumulation_plugin must be a tasktrain.utils.GradientAccumulationPlugin.")
         if gradient_accumulation_steps not in (None, 1):
             raise ValueError("Pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
-        if not plugin.adjust_scheduler:
-            raise ValueError("GradientAccumulationPlugin(adjust_scheduler=False): prepared schedulers step once per "
-                             "optimizer step. Leave it True (size the schedule in optimizer steps).")
-        if not plugin.sync_with_dataloader:
-            raise ValueError("GradientAccumulationPlugin(sync_with_dataloader=False): a window always ends with the "
-                             "loader's last batch here. Leave it True.")
+        # adjust_scheduler (True or False) changes nothing, as in Accelerate 1.15: its GradientState keeps a
+        # plugin field only when it differs from the default, and reads a missing adjust_scheduler as False.
         gradient_accumulation_steps = plugin.num_steps
         sync_each_batch = bool(plugin.sync_each_batch)
+        sync_with_dataloader = bool(plugin.sync_with_dataloader)
 
     if deepspeed_plugin is not None:
         if not isinstance(deepspeed_plugin, DeepSpeedPlugin):
@@ -458,4 +452,29 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
             "use_seedable_sampler": bool(config.use_seedable_sampler),
             "dispatch_batches": config.dispatch_batches,
             "precision_options": precision_options, "profile": profile,
-            "use_stateful_dataloader": bool(config.use_stateful_dataloader)}
+            "use_stateful_dataloader": bool(config.use_stateful_dataloader),
+            # Accelerate's accumulation and scheduler rules (docs/accelerator.md, "Gradient accumulation"): the loss
+            # divided by gradient_accumulation_steps throughout; a scheduler stepped once per process at each
+            # optimizer step, unless split_batches makes one batch of every process one batch of the schedule.
+            "window_loss": "steps", "scheduler_steps_per_process": not config.split_batches,
+            "sync_with_dataloader": sync_with_dataloader, "device_placement": device_placement,
+            "compile_options": compile_options}
+
+
+def _compile_options(dynamo_backend, dynamo_plugin, plugin_class):
+    """torch.compile's options from Accelerate's dynamo_backend / dynamo_plugin; None: no compiling."""
+    if dynamo_backend is not None and dynamo_plugin is not None:
+        raise ValueError("Pass dynamo_backend or dynamo_plugin, not both.")
+    if dynamo_plugin is None:
+        if dynamo_backend is None:
+            return None
+        dynamo_plugin = plugin_class(backend=dynamo_backend)
+    if not isinstance(dynamo_plugin, plugin_class):
+        raise TypeError(f"dynamo_plugin must be a tasktrain.utils.TorchDynamoPlugin, got {type(dynamo_plugin).__name__}.")
+    if dynamo_plugin.use_regional_compilation:
+        raise ValueError("TorchDynamoPlugin(use_regional_compilation=True): regional compilation is not supported. "
+                         "Compile the repeated blocks yourself (block.compile() on each) before prepare, and leave "
+                         "it False.")
+    if dynamo_plugin.backend.value == "NO":
+        return None
+    return dynamo_plugin.to_kwargs()

@@ -22,6 +22,8 @@ _NAMES = {
     "GradientAccumulationPlugin": "tasktrain.compat.accelerate.utils.dataclasses",
     "DeepSpeedPlugin": "tasktrain.compat.accelerate.utils.dataclasses",
     "FullyShardedDataParallelPlugin": "tasktrain.compat.accelerate.utils.dataclasses",
+    "TorchDynamoPlugin": "tasktrain.compat.accelerate.utils.dataclasses",
+    "DynamoBackend": "tasktrain.compat.accelerate.utils.dataclasses",
     # collectives
     "gather": "tasktrain.compat.accelerate.utils.operations",
     "gather_object": "tasktrain.compat.accelerate.utils.operations",

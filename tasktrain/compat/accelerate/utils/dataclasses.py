@@ -154,14 +154,72 @@ class DataLoaderConfiguration:
 
 @dataclass
 class GradientAccumulationPlugin(KwargsHandler):
-    """num_steps micro-batches per optimizer step. tasktrain always ends a window at the loader's end
-    (sync_with_dataloader=True) and steps schedulers once per optimizer step (adjust_scheduler=True); the other
-    values are refused by the Accelerator."""
+    """num_steps micro-batches per optimizer step, with Accelerate's rules (docs/accelerator.md): the loss is
+    divided by num_steps; sync_with_dataloader=True ends a window at a prepared loader's last batch (False:
+    windows run on across epochs); sync_each_batch=True all-reduces every micro-batch. adjust_scheduler is
+    accepted and, as in Accelerate 1.15 whose GradientState reads it only when it differs from its default (then
+    False), changes nothing: a prepared scheduler never moves on a micro-batch that does not step."""
 
     num_steps: Optional[int] = None
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
+
+
+class DynamoBackend(str, enum.Enum):
+    """torch.compile's backends in Accelerate's names (`Accelerator(dynamo_backend=...)`); NO: no compiling."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    TVM = "TVM"
+
+    def __str__(self):
+        return self.value
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """How the Accelerator compiles each prepared model: torch.compile(model, backend=..., mode=..., fullgraph=...,
+    dynamic=..., options=..., disable=...), the fields that differ from the defaults, as Accelerate passes them.
+    use_regional_compilation=True is refused by the Accelerator (compile the repeated blocks yourself). The
+    ACCELERATE_DYNAMO_* variables `accelerate launch` sets are not read: give the fields here."""
+
+    backend: Any = "no"
+    mode: Optional[str] = "default"
+    fullgraph: bool = False
+    dynamic: Optional[bool] = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool = False
+
+    def __post_init__(self):
+        name = getattr(self.backend, "value", self.backend)
+        try:
+            self.backend = DynamoBackend(str(name).upper())
+        except ValueError:
+            raise ValueError(f"TorchDynamoPlugin(backend={self.backend!r}): use one of "
+                             f"{[b.value.lower() for b in DynamoBackend]}.") from None
+
+    def to_kwargs(self):
+        """torch.compile's keyword arguments: the backend in torch's (lower-case) name, then the other fields that
+        differ from the defaults."""
+        kwargs = {"backend": self.backend.value.lower()}
+        default = TorchDynamoPlugin()
+        for name in ("mode", "fullgraph", "dynamic", "options", "disable"):
+            if getattr(self, name) != getattr(default, name):
+                kwargs[name] = getattr(self, name)
+        return kwargs
 
 
 @dataclass

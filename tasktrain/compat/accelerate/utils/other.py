@@ -1,5 +1,5 @@
 """The smaller `accelerate.utils` helpers: set_seed, tqdm, extract_model_from_parallel, patch_environment, the
-is_*_available checks; write_basic_config is refused (tasktrain launch reads no default config file)."""
+is_*_available checks, write_basic_config (the default config file `tasktrain launch` reads)."""
 import contextlib
 import importlib.util
 import os
@@ -62,12 +62,31 @@ def patch_environment(**kwargs):
                 os.environ[key] = value
 
 
-def write_basic_config(*args, **kwargs):
-    """Refused: Accelerate writes a default config file that `accelerate launch` reads; `tasktrain launch` reads
-    none (its choices are flags or an explicit --config_file), so such a file would be silently unused."""
-    raise NotImplementedError("write_basic_config: `tasktrain launch` reads no default config file. Pass the "
-                              "choices as flags (tasktrain launch --num_processes 2 --mixed_precision bf16 train.py) "
-                              "or write a YAML and pass --config_file (docs/launch.md).")
+def write_basic_config(mixed_precision="no", save_location=None):
+    """Write a launch config for this machine, as Accelerate's does: every GPU of it (DDP when there are several),
+    else one CPU process, with `mixed_precision` ("no", "fp16", "bf16"). save_location defaults to the file that
+    `tasktrain launch` reads when no --config_file is given ($TASKTRAIN_CONFIG_DIR/default_config.yaml, else
+    ~/.cache/tasktrain/default_config.yaml; Accelerate's own default is under ~/.cache/huggingface). Returns the
+    path written, or False (with a message) when a file is there already: it is never overwritten."""
+    import torch
+
+    from tasktrain.cli import config as cfg
+
+    path = os.path.abspath(os.path.expanduser(os.fspath(save_location or cfg.default_config_path())))
+    if os.path.exists(path):
+        print(f"Configuration already exists at {path}, will not override. Run `tasktrain config` or pass another "
+              "save_location.")
+        return False
+    precision = str(mixed_precision).lower()
+    if precision not in ("no", "fp16", "bf16"):
+        raise ValueError(f"write_basic_config(mixed_precision={mixed_precision!r}): use 'no', 'fp16' or 'bf16' "
+                         "(fp8 is not supported).")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    values = {"compute_environment": "LOCAL_MACHINE", "mixed_precision": precision,
+              "num_processes": gpus if gpus else 1, "use_cpu": not gpus,
+              "distributed_type": "MULTI_GPU" if gpus > 1 else "NO", "debug": False, "enable_cpu_affinity": False}
+    cfg.check_keys(values, where=path)  # what `tasktrain launch` will read
+    return cfg.write_config(values, path)
 
 
 # Accelerate's launcher (start processes from a notebook) lives at its own path, accelerate.launchers; this
