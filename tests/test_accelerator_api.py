@@ -199,7 +199,8 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, launch_type)
         assert main["syncs"] == [False, True, True] and main["lr"] == pytest.approx(0.1 * 0.5 ** (2 * 2))
         assert main["padded"] == [1.0, -1.0, 1.0, 1.0] and last["utils_padded_first"] == [1.0, 1.0]
         assert main["utils_padded_first"] == [0.0, 1.0]
-        assert (main["skipped_first"], last["skipped_first"]) == ([16, 18, 20], [17, 19, 21])
+        # Accelerate's order: whole batches per process, the last one refilled from the epoch's start
+        assert (main["skipped_first"], last["skipped_first"]) == ([16, 17, 18, 19], [20, 21, 0, 1])
         assert main["tracker"] == "SummaryWriter" and last["tracker"] == "GeneralTracker"
     if launch_type == "FSDP":
         assert "fsdp_config.fsdp_use_orig_params" in output  # reported as ignored by the launcher
