@@ -141,6 +141,25 @@ def test_a_dispatcher_built_by_hand_over_a_strategy_or_the_process_group(runs, w
         assert result["by_hand"] == {"strategy": want, "process_group": want}, rank
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_standalone_prepare_data_loader_dispatches_and_shards_iterables(runs, world):
+    for rank, result in enumerate(runs[world]):
+        got = result["standalone"]
+        assert got["map-dispatch"] == [b for b, _, _ in dispatched(11, 4, world, rank, False)[1]], rank
+        for split in (False, True):
+            want = [b for b, _, _ in sharded(11, 4, world, rank, split, False)[1]]
+            assert got[f"iter-shard-split{int(split)}"] == want, (rank, split)
+
+
+def test_the_standalone_prepare_data_loader_refuses_dispatch_off_the_device():
+    from tasktrain.data_loader import prepare_data_loader
+
+    with pytest.raises(ValueError, match="put_on_device=True"):
+        prepare_data_loader(DataLoader(list(range(4)), batch_size=2), dispatch_batches=True)
+    with pytest.raises(ValueError, match="only with dispatch_batches=True"):
+        prepare_data_loader(DataLoader(list(range(4)), batch_size=2), slice_fn_for_dispatch=lambda *a, **k: a[0])
+
+
 def test_only_rank_zero_touches_a_dispatched_data_set(runs):
     rank0, rank1 = (result["reads"] for result in runs[2])
     assert rank1["map-dispatch"] == 0 and rank1["iter-default"] == 0  # not even len() or iter()

@@ -114,6 +114,21 @@ def by_hand(strategy):
     return [values(batch) for batch in loader]
 
 
+def standalone():
+    """tasktrain.data_loader.prepare_data_loader (Accelerate's standalone function): dispatched map-style data, and
+    an IterableDataset sharded by IterableDatasetShard (not put on the device: Accelerate then does not dispatch)."""
+    from tasktrain.data_loader import DataLoaderDispatcher, prepare_data_loader
+
+    dispatched = prepare_data_loader(DataLoader(TensorDataset(torch.arange(11)), batch_size=4), put_on_device=True,
+                                     dispatch_batches=True)
+    assert isinstance(dispatched, DataLoaderDispatcher)
+    out = {"map-dispatch": [values(b) for b in dispatched]}
+    for split in (False, True):
+        loader = prepare_data_loader(DataLoader(Stream(11), batch_size=4), split_batches=split)
+        out[f"iter-shard-split{int(split)}"] = [values(b) for b in loader]
+    return out
+
+
 def data_for(kind):
     if kind == "dispatch":  # shuffled map-style data: rank 0 reads tasktrain's order of (seed, epoch)
         return dict(dispatch_batches=True, data_seed=7), DataLoader(TensorDataset(torch.arange(23)), batch_size=2,
@@ -173,6 +188,7 @@ else:
     result = {"world": world, "cases": cases()}
     if LIB == "tasktrain":
         result["reads"] = reads()
+        result["standalone"] = standalone()
         result["by_hand"] = {"strategy": by_hand(probe.strategy), "process_group": by_hand(None)}
         result["resume"] = {kind: resume(kind) for kind in ("dispatch", "shard")}
 with open(os.path.join(OUT, f"{MODE}_{rank}.json"), "w") as f:

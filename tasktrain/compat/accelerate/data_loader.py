@@ -15,10 +15,11 @@ import itertools
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from tasktrain.trainer.dispatch import DataLoaderDispatcher, IterableDatasetShard
 from tasktrain.trainer.shard import SeedableRandomSampler, check_split, layout
 
-__all__ = ["BatchSamplerShard", "DataLoaderShard", "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader",
-           "prepare_data_loader", "skip_first_batches"]
+__all__ = ["BatchSamplerShard", "DataLoaderDispatcher", "DataLoaderShard", "IterableDatasetShard",
+           "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader", "prepare_data_loader", "skip_first_batches"]
 
 
 class BatchSamplerShard(BatchSampler):
@@ -278,11 +279,12 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
     a shuffling sampler's generator made one (seeded once) and synchronised from rank 0 at every iteration
     (rng_types "generator"); use_seedable_sampler replaces a RandomSampler by SeedableRandomSampler(data_seed).
     num_processes / process_index default to this process's. Batches go to `device` under put_on_device=True."""
-    if dispatch_batches:
-        raise ValueError("prepare_data_loader(dispatch_batches=True): rank 0 reading for every process is not "
-                         "available in this standalone function; leave dispatch_batches None/False (every "
-                         "process then reads its own batches).")
-    if slice_fn_for_dispatch is not None:
+    if dispatch_batches is None:  # Accelerate's default: an IterableDataset put on the device is dispatched
+        dispatch_batches = bool(put_on_device) and isinstance(dataloader.dataset, IterableDataset)
+    if dispatch_batches and not put_on_device:
+        raise ValueError("prepare_data_loader(dispatch_batches=True) needs put_on_device=True (as Accelerate's): the "
+                         "batches rank 0 reads are sent to every process's device.")
+    if slice_fn_for_dispatch is not None and not dispatch_batches:
         raise ValueError("prepare_data_loader(slice_fn_for_dispatch=...) is used only with dispatch_batches=True; "
                          "drop it.")
     if use_stateful_dataloader:
@@ -298,14 +300,17 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
         process_index = rank if process_index is None else process_index
     num_processes, process_index = int(num_processes), int(process_index)
     dataset = dataloader.dataset
+    if dispatch_batches:
+        return _dispatcher(dataloader, num_processes, process_index, split_batches, non_blocking,
+                           slice_fn_for_dispatch)
     if isinstance(dataset, IterableDataset):
+        batch_size = dataloader.batch_size
         if num_processes > 1:
-            raise ValueError("prepare_data_loader over an IterableDataset on several processes is not available "
-                             "in this standalone function; prepare it with Accelerator.prepare, or shard the data "
-                             "yourself.")
+            dataset, batch_size = _iterable_shard(dataset, batch_size, dataloader.drop_last, num_processes,
+                                                  process_index, split_batches)
         return DataLoaderShard(dataset, device=device if put_on_device else None, rng_types=rng_types,
                                _drop_last=dataloader.drop_last, _non_blocking=non_blocking,
-                               batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
+                               batch_size=batch_size, drop_last=dataloader.drop_last,
                                **_loader_kwargs(dataloader))
     sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
     batch_sampler = dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler
@@ -345,6 +350,40 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
     return DataLoaderShard(dataset, device=device if put_on_device else None, rng_types=rng_types,
                            synchronized_generator=generator, _drop_last=dataloader.drop_last,
                            _non_blocking=non_blocking, **kwargs)
+
+
+def _iterable_shard(dataset, batch_size, drop_last, num_processes, process_index, split_batches):
+    """Each process's part of a stream, as Accelerate: a Hugging Face datasets.IterableDataset with a shard per
+    process reads its own shards; any other keeps its part of each global batch (IterableDatasetShard)."""
+    try:
+        from datasets import IterableDataset as HuggingFaceIterable
+    except ImportError:
+        HuggingFaceIterable = ()
+    if isinstance(dataset, HuggingFaceIterable) and not split_batches and dataset.n_shards >= num_processes:
+        return dataset.shard(num_shards=num_processes, index=process_index), batch_size
+    if split_batches and batch_size is not None:
+        check_split(batch_size, num_processes)
+    shard = IterableDatasetShard(dataset, batch_size=batch_size, drop_last=drop_last, num_processes=num_processes,
+                                 process_index=process_index, split_batches=split_batches)
+    return shard, batch_size // num_processes if split_batches and batch_size is not None else batch_size
+
+
+def _dispatcher(dataloader, num_processes, process_index, split_batches, non_blocking, slice_fn):
+    """Rank 0 reads `dataloader`, every process gets its slice (DataLoaderDispatcher), over this process group."""
+    world, rank = _world()
+    if (num_processes, process_index) != (world, rank):
+        raise ValueError(f"prepare_data_loader(dispatch_batches=True, num_processes={num_processes}, "
+                         f"process_index={process_index}): rank 0 sends the batches through the running process "
+                         f"group, which has {world} process(es) (this one is {rank}); leave num_processes and "
+                         "process_index unset.")
+    kwargs = _loader_kwargs(dataloader)
+    kwargs.pop("generator", None)
+    if isinstance(dataloader.dataset, IterableDataset):
+        kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
+    else:  # the user's own batch sampler (its sampler, batch size and drop_last), as Accelerate's
+        kwargs.update(batch_sampler=dataloader.batch_sampler)
+    return DataLoaderDispatcher(dataloader.dataset, split_batches=split_batches, _drop_last=dataloader.drop_last,
+                                _non_blocking=non_blocking, slice_fn=slice_fn, **kwargs)
 
 
 def skip_first_batches(dataloader, num_batches=0):
