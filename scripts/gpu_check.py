@@ -460,11 +460,12 @@ class TorchAdam(torch.optim.Adam):
 
 
 def check_deepspeed(accelerator, stage):
-    try:
-        import deepspeed  # noqa: F401
-    except ImportError as error:
-        return "fail", (f"deepspeed is not importable ({error}): run `python scripts/gpu_check.py --fetch-wheels` "
-                        "on a machine with a network and carry .gpu_wheels (docs/benchmarks.md, 'The GPU check')")
+    # found, not imported (the workers import it): deepspeed and what the wheels bring of its needs
+    missing = [name for name in ("deepspeed", "hjson", "pydantic", "pydantic_core", "annotated_types",
+                                 "typing_inspection") if importlib.util.find_spec(name) is None]
+    if missing:
+        return "fail", (f"not installed: {', '.join(missing)}; run `python scripts/gpu_check.py --fetch-wheels` on "
+                        "a machine with a network and carry .gpu_wheels (docs/benchmarks.md, 'The GPU check')")
     with tempfile.TemporaryDirectory() as out:
         ranks = run_worker(f"deepspeed-{stage}", accelerator, out, 300)
     facts = ranks[0]
@@ -544,7 +545,11 @@ def worker_watchdog(out, accelerator):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    trainer = Trainer(strategy="ddp", accelerator=accelerator, devices=2, max_epochs=1000, stall_timeout=5, **QUIET)
+    # 3 s on CPU: the twin stays short (tests/test_watchdog.py runs 3 s too); 5 s on nccl, whose first all-reduce
+    # may take a while
+    stall_timeout = 3 if accelerator == "cpu" else 5
+    trainer = Trainer(strategy="ddp", accelerator=accelerator, devices=2, max_epochs=1000, stall_timeout=stall_timeout,
+                      **QUIET)
     trainer.fit(Hangs(), DataLoader(tiny_data(n=32), batch_size=4))
 
 

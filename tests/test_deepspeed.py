@@ -47,9 +47,15 @@ def results(out):
 
 
 # -- the config, one process, no engine --------------------------------------------------------------------------
-def test_importing_the_strategy_does_not_import_deepspeed():
+def test_importing_the_strategy_does_not_import_deepspeed_and_deepspeed_comes_without_mlflow():
     code = ("import sys, tasktrain; from tasktrain import DeepSpeed; DeepSpeed(stage=3).resolved_config(8, 2); "
-            "assert 'deepspeed' not in sys.modules, 'deepspeed was imported'")
+            "assert 'deepspeed' not in sys.modules, 'deepspeed was imported'\n"
+            # then deepspeed as the strategy imports it: without mlflow (its autotuner's, ~2 s of CPU a process),
+            # which stays importable for the user
+            "from tasktrain.strategies.deepspeed import import_deepspeed; import_deepspeed()\n"
+            "assert 'deepspeed' in sys.modules and 'mlflow' not in sys.modules, sorted(sys.modules)\n"
+            "import deepspeed.autotuning.autotuner as tuner, mlflow; assert tuner.has_mlflow is False\n"
+            "assert mlflow.__spec__ is not None and 'mlflow' in sys.modules")
     run("-c", code, timeout=120)
 
 

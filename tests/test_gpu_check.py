@@ -1,8 +1,9 @@
-"""scripts/gpu_check.py on CPU: the checks' CPU twins that fit the test budget, the table, the exit code.
+"""scripts/gpu_check.py on CPU: every check's CPU twin, the table, the exit code, how it installs on a GPU machine.
 
-The multi-process twins (FSDP2, DeepSpeed, tasktrain launch, the watchdog, compile, the GPT benchmark) take minutes
-on 2 cores: `python scripts/gpu_check.py --cpu` runs them all (docs/benchmarks.md, "The GPU check"); their engines
-are tested by their own test files.
+Every check in CHECKS is run here by one of three lists (a new check without a twin in them fails the first
+test): the single-process twins and the multi-process ones are called in this process (each multi-process twin
+starts its own ranks), `ddp` goes through main(), as on the GPU machine: a process for the check, its ranks, the
+table.
 """
 import importlib.util
 import json
@@ -28,10 +29,34 @@ def test_without_cuda_it_says_skipped(gpu_check, capsys):
     assert capsys.readouterr().out.strip() == "no CUDA device: skipped"
 
 
-@pytest.mark.parametrize("name", ["placement", "fp16", "bf16", "bf16-true", "dp", "accelerator", "dispatch"])
+SINGLE_PROCESS = ["placement", "fp16", "bf16", "bf16-true", "dp", "accelerator", "dispatch"]
+MULTI_PROCESS = ["ddp-launch", "fsdp-bf16", "fsdp-fp16", "zero2", "zero3", "watchdog", "compile", "gpt-bench"]
+THROUGH_MAIN = ["ddp"]
+
+
+def test_every_check_has_its_twin_run_here(gpu_check):
+    assert sorted(SINGLE_PROCESS + MULTI_PROCESS + THROUGH_MAIN) == sorted(gpu_check.CHECKS)
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS)
 def test_single_process_twins_pass(gpu_check, name):
     status, detail = gpu_check.CHECKS[name][1]("cpu")
     assert status == "pass", detail
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(420)  # (a check's own bound on the GPU machine is TIMEOUT = 360 s)
+@pytest.mark.parametrize("name", MULTI_PROCESS)
+def test_multi_process_twins_pass(gpu_check, name, monkeypatch):
+    monkeypatch.setattr(gpu_check, "HEADLINE", [])
+    status, detail = gpu_check.CHECKS[name][1]("cpu")
+    assert status == "pass", detail
+    if name == "gpt-bench":  # the headline rows main() prints: the three loops, tokens/s, no MFU without a peak
+        rows = gpu_check.HEADLINE
+        assert [r["variant"] for r in rows] == ["raw", "trainer", "accelerator"]
+        assert all(r["tokens_per_s"] > 0 and r["flops_per_step"] > 0 and r["mfu"] is None for r in rows)
+    if name == "watchdog":
+        assert "rank 1 hung in training_step" in detail
 
 
 @pytest.mark.world_size(2)
@@ -65,3 +90,24 @@ def test_a_crashing_check_is_a_failed_one(gpu_check, monkeypatch, tmp_path):
     gpu_check.run_one("placement", "cpu", str(tmp_path / "r.json"))
     outcome = json.loads((tmp_path / "r.json").read_text())
     assert outcome["status"] == "fail" and "illegal memory access" in outcome["detail"]
+
+
+def test_the_gpu_machine_gets_no_torch_from_this_checkout(gpu_check, monkeypatch, tmp_path):
+    """setup.py pins the CPU machines' torch: the GPU machine keeps its own. --fetch-wheels asks pip for no torch
+    and nothing's dependencies; the documented one-call command installs only those wheels, offline, without
+    dependencies, and never the checkout itself (`pip install -e .` would bring the pin)."""
+    calls = []
+    monkeypatch.setattr(gpu_check.subprocess, "run", lambda cmd, **kwargs: calls.append(cmd))
+    monkeypatch.setattr(gpu_check, "WHEELS", str(tmp_path))
+    gpu_check.fetch_wheels()
+    assert len(calls) == 2 and all("--no-deps" in cmd for cmd in calls)
+    asked = [arg for cmd in calls for arg in cmd if "==" in arg]
+    assert "deepspeed==0.19.8" in asked and not [a for a in asked if a.lower().startswith("torch")]
+    text = open(os.path.join(ROOT, "docs", "benchmarks.md")).read()
+    start = text.index("```bash", text.index("**The one call.**")) + len("```bash")
+    command = text[start:text.index("```", start)].strip()
+    assert f"(one line, {len(command)} characters)" in text and len(command) <= 2000  # the run tool's limit
+    installs = [part.strip() for part in command.split("&&") if "pip install" in part]
+    assert installs == ["python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "
+                        "/tmp/site .gpu_wheels/*.whl"]
+    assert "PYTHONPATH=$PWD:/tmp/site" in command and "scripts/gpu_check.py" in command

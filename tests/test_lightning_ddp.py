@@ -39,6 +39,16 @@ def test_callbacks_profiler_and_refusals_on_two_processes(ran):
     phases = ("data_wait", "forward", "backward", "optimizer", "checkpoint", "other")
     assert all(float(r[f"train/split/rank{k}/{p}"]) >= 0 for r in rows for k in (0, 1) for p in phases)
     assert all(float(r[f"train/split/rank{k}/checkpoint"]) > 0 for r in rows[1:] for k in (0, 1))
+    # the split against a hand count (a fake clock, extras_ddp.py's part 7): each rank's own phases, gathered on
+    # rank 0; the first interval's first batch has no wait before it
+    (metrics,) = glob.glob(str(out / "clock_logs" / "*" / "version_0" / "metrics.csv"))
+    rows = [r for r in csv.DictReader(open(metrics)) if r.get("train/split/rank1/forward")]
+    assert [int(r["step"]) for r in rows] == [2, 4]
+    for r, wait in zip(rows, (1 / 64, 1 / 32)):
+        for k in (0, 1):
+            split = {p: float(r[f"train/split/rank{k}/{p}"]) for p in phases}
+            assert split == {"data_wait": wait, "forward": (1 + k) / 4, "backward": 1 / 8, "optimizer": 1 / 16,
+                             "checkpoint": 0.0, "other": 0.0}, (k, r["step"], split)
     # the profiler: one report per rank, named by local rank
     assert sorted(os.listdir(out / "prof")) == ["fit-perf-0.txt", "fit-perf-1.txt"]
     # the model summary: printed once, by rank 0

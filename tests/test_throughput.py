@@ -136,3 +136,63 @@ def test_step_split_puts_each_phase_where_its_time_went(tmp_path):
     for phase, seconds in expected.items():
         assert seconds <= split[phase] + 1e-3 and split[phase] < seconds + 0.035, (phase, split)
     assert monitor.split == pytest.approx(split)  # this rank's, as last written
+
+
+class FakeClock:
+    """The monitor's time.perf_counter: it moves only when the test moves it, so every figure has an exact hand
+    count (the phases' lengths are binary fractions: their sums and differences are exact floats)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
+def test_tokens_per_second_mfu_and_step_split_equal_a_hand_count(tmp_path, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(tm, "time", clock)
+    phases = {"data_wait": 1 / 16, "forward": 1 / 2, "backward": 1 / 4, "optimizer": 1 / 8}
+    cycle = sum(phases.values())  # 15/16 s from one batch's end to the next's
+    tokens_per_sample = 12
+
+    def collate(items):
+        clock.advance(phases["data_wait"])
+        return [torch.stack(t) for t in zip(*items)]
+
+    class Clocked(TwoLayers):
+        def training_step(self, batch, batch_idx):
+            clock.advance(phases["forward"])
+            loss = super().training_step(batch, batch_idx)
+            loss.register_hook(lambda grad: clock.advance(phases["backward"]))
+            return loss
+
+        def configure_optimizers(self):
+            optimizer = super().configure_optimizers()
+            optimizer.register_step_pre_hook(lambda *args: clock.advance(phases["optimizer"]))
+            return optimizer
+
+    monitor = ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0],
+                                length_fn=lambda b: tokens_per_sample * b[0].shape[0], window_size=2, peak_flops=1e9)
+    logger = CSVLogger(tmp_path)
+    Trainer(max_steps=4, callbacks=[monitor], logger=logger, log_every_n_steps=2, enable_progress_bar=False,
+            enable_checkpointing=False, enable_model_summary=False).fit(Clocked(), data(48, collate_fn=collate))
+    written = rows(logger, "train/device/items_per_sec")
+    assert [int(r["step"]) for r in written] == [2, 4]
+    train_flops = monitor.flops_per_batch["train"]
+    assert train_flops == (2 * BATCH * IN * HIDDEN + 2 * BATCH * HIDDEN * OUT) * 2 + 2 * BATCH * HIDDEN * OUT
+    for r in written:  # by hand: 8 samples of 12 tokens each 15/16 s
+        assert float(r["train/device/batches_per_sec"]) == pytest.approx(1 / cycle, rel=1e-12)
+        assert float(r["train/device/samples_per_sec"]) == pytest.approx(BATCH / cycle, rel=1e-12)
+        assert float(r["train/device/items_per_sec"]) == pytest.approx(102.4, rel=1e-12)  # tokens/s = 96 / (15/16)
+        assert float(r["train/device/flops_per_sec"]) == pytest.approx(train_flops / cycle, rel=1e-12)
+        assert float(r["train/device/mfu"]) == pytest.approx(train_flops / cycle / 1e9, rel=1e-12)
+    # the split, mean seconds per batch of each interval: the run's first batch has no wait before it (its fetch
+    # came before the first stamp), so the first interval (batches 1-2) shows half a wait per batch
+    first, second = ({k.rsplit("/", 1)[1]: float(v) for k, v in r.items() if k.startswith("train/split/rank0/")}
+                     for r in written)
+    assert second == dict(phases, checkpoint=0.0, other=0.0)
+    assert first == dict(phases, data_wait=phases["data_wait"] / 2, checkpoint=0.0, other=0.0)

@@ -53,6 +53,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import warnings
 from datetime import timedelta
 
@@ -67,6 +68,26 @@ from tasktrain.strategies.base import ClipsInsideStep, Sharded, _StepWrapper, st
 from tasktrain.strategies.ddp import _PROCESS, DDP
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
 from tasktrain.tree import apply_to_leaves
+
+
+def import_deepspeed():
+    """`import deepspeed`, without the mlflow that DeepSpeed's autotuner imports with the package when mlflow is
+    installed: ~2 s of CPU in every process that imports DeepSpeed (mlflow pulls pandas, fastapi, ...), for the
+    autotuner alone (`deepspeed --autotuning`, which tasktrain never runs; it reads an absent mlflow as "do not
+    log"). mlflow is hidden only while deepspeed loads, and only when nothing imported it before: an `import
+    mlflow` afterwards (MLFlowLogger, the user) gets the real package. Every first import of deepspeed in
+    tasktrain goes through here."""
+    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
+        import deepspeed
+
+        return deepspeed
+    sys.modules["mlflow"] = None  # `import mlflow` raises ImportError, which the autotuner catches
+    try:
+        import deepspeed
+    finally:
+        if sys.modules.get("mlflow", 0) is None:
+            del sys.modules["mlflow"]
+    return deepspeed
 
 DEFAULT_STAGE = 2
 # Offload to disk: DeepSpeed's own defaults except where they fail or waste on a small model. buffer_size "auto" is
@@ -314,7 +335,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         if "LOCAL_RANK" not in os.environ:  # DeepSpeed reads it even in a world of one; removed at teardown
             os.environ["LOCAL_RANK"] = str(self.local_rank)
             self._set_local_rank = True
-        import deepspeed
+        deepspeed = import_deepspeed()
 
         deepspeed.utils.logger.setLevel(self.logging_level)
         if _quiet_untested_optimizer not in deepspeed.utils.logger.filters:
@@ -461,7 +482,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         if self.precision is None:
             raise RuntimeError("module_init_context needs the precision: build the Trainer (or set "
                                "strategy.precision) first, then create the module inside the context.")
-        import deepspeed
+        deepspeed = import_deepspeed()
 
         if self.env is None or not dist.is_initialized():
             self.setup_environment()
@@ -1123,6 +1144,7 @@ LIBAIO_FIX = ("Offload to disk uses DeepSpeed's async_io op, which builds agains
 
 def _async_io_available():
     """Whether DeepSpeed's async_io op can be built here (libaio's headers and library found)."""
+    import_deepspeed()
     import deepspeed.ops.op_builder as builders
 
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
@@ -1384,6 +1406,7 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
 
         weights = read_universal(checkpoint_dir, tag)[0]
     else:
+        import_deepspeed()
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         # It prints a progress report per shard (and its errors are raised, not printed).

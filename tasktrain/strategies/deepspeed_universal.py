@@ -54,6 +54,9 @@ def to_universal(directory, tag):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from argparse import Namespace
 
+    from tasktrain.strategies.deepspeed import import_deepspeed
+
+    import_deepspeed()
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
     tmp = f"{out}.tmp-{os.getpid()}"
@@ -109,7 +112,9 @@ def restore_module_extras(module, directory, tag, partitioned):
                                 "parameter of this module): it was not written from this model.")
     gather = contextlib.nullcontext()
     if partitioned and frozen:
-        import deepspeed
+        from tasktrain.strategies.deepspeed import import_deepspeed
+
+        deepspeed = import_deepspeed()
 
         gather = deepspeed.zero.GatheredParameters([p for _, p in frozen], modifier_rank=0)
     with gather, torch.no_grad():
@@ -132,7 +137,9 @@ def write_universal(directory, tag, weights, param_state, param_groups, global_s
         parameter (a torch Adam/AdamW state, keyed by name); param_groups: the torch optimizer's param groups without
         "params" (hyper-parameters, in the optimizer's group order); global_steps: the engine's step counter.
     Every parameter of a group must have its state (ZeRO keeps one step count per group)."""
-    import deepspeed
+    from tasktrain.strategies.deepspeed import import_deepspeed
+
+    deepspeed = import_deepspeed()
 
     root = os.path.join(directory, tag, "zero")
     os.makedirs(root, exist_ok=True)

@@ -129,5 +129,47 @@ except ValueError as err:
     refusals.append(str(err))
 facts["refusals"] = refusals
 
+# 7. ThroughputMonitor's step split per rank against a hand count: the monitor's clock moves only by each rank's own
+# phases (binary fractions, rank 1's forward twice rank 0's), so rank 0's gathered split is exact for both ranks
+from tasktrain.callbacks import throughput_monitor
+
+
+class FakeClock:
+    now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+clock = FakeClock()
+
+
+def clocked_collate(items):
+    clock.now += 1 / 32  # the data wait
+    return [torch.stack(t) for t in zip(*items)]
+
+
+class Clocked(Regression):
+    def training_step(self, batch, batch_idx):
+        clock.now += (1 + self.global_rank) / 4  # forward
+        loss = super().training_step(batch, batch_idx)
+        loss.register_hook(lambda grad: setattr(clock, "now", clock.now + 1 / 8))  # backward
+        return loss
+
+    def configure_optimizers(self):
+        optimizer = super().configure_optimizers()
+        optimizer.register_step_pre_hook(lambda *args: setattr(clock, "now", clock.now + 1 / 16))  # optimizer
+        return optimizer
+
+
+real_time, throughput_monitor.time = throughput_monitor.time, clock
+try:
+    Trainer(max_steps=4, logger=CSVLogger(os.path.join(out, "clock_logs")), log_every_n_steps=2,
+            enable_checkpointing=False, enable_model_summary=False,
+            callbacks=[ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=2)],
+            **common_args).fit(Clocked(), DataLoader(TensorDataset(x, y), batch_size=4, collate_fn=clocked_collate))
+finally:
+    throughput_monitor.time = real_time
+
 with open(os.path.join(out, f"rank{facts['rank']}.json"), "w") as f:
     json.dump(facts, f)
