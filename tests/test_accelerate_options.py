@@ -261,3 +261,41 @@ def test_device_placement_must_be_a_bool():
 
     with pytest.raises(TypeError, match="device_placement"):
         Accelerator(device_placement="no")
+
+
+def test_dataloader_config_is_assignable_and_acts_on_the_next_loaders():
+    """As Accelerate's scripts do (test_distributed_data_loop's stateful tests): a DataLoaderConfiguration assigned
+    to accelerator.dataloader_config applies to the loaders prepared after it; the data seed only before the first."""
+    import warnings
+
+    from torch.utils.data import IterableDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from tasktrain import Accelerator
+    from tasktrain.utils import DataLoaderConfiguration
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(6.0))
+
+    accelerator = Accelerator()
+    assert accelerator.dataloader_config.use_stateful_dataloader is False
+    accelerator.dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=True, even_batches=False)
+    assert accelerator.even_batches is False and accelerator.use_stateful_dataloader
+    stream = accelerator.prepare(DataLoader(Stream(), batch_size=2))
+    assert isinstance(stream.base_dataloader, StatefulDataLoader)
+    assert [b.tolist() for b in stream] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    with pytest.raises(ValueError, match="data seed"):
+        accelerator.dataloader_config = DataLoaderConfiguration(data_seed=3)
+    with pytest.raises(TypeError, match="DataLoaderConfiguration"):
+        accelerator.dataloader_config = {"split_batches": True}
+
+    # join_uneven_inputs(even_batches=...) over a loader that is not map-style: Accelerate's warning, no error
+    accelerator = Accelerator()
+    model = accelerator.prepare(torch.nn.Linear(1, 1))
+    accelerator.prepare(DataLoader(Stream(), batch_size=2))  # dispatched (an IterableDataset)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([model], even_batches=False):
+            pass
+    assert any("only supported for map-style datasets" in str(w.message) for w in caught)

@@ -728,10 +728,12 @@ class Accelerator:
         if even_batches is None:
             yield from self._join(joinables)
             return
-        shards = [loader._data for loader in self._loaders if isinstance(loader._data, ShardData)]
-        if len(shards) < len(self._loaders):
-            warnings.warn("join_uneven_inputs(even_batches=...): overriding even_batches applies to prepared "
-                          "map-style DataLoaders only; the others keep theirs.")
+        shards = [loader._data for loader in self._loaders
+                  if isinstance(loader, PreparedDataLoader) and isinstance(loader._data, ShardData)]
+        if len(shards) < len(self._loaders):  # (Accelerate's words: its scripts look for them)
+            warnings.warn("join_uneven_inputs(even_batches=...): overriding even_batches is only supported for "
+                          "map-style datasets (prepared map-style DataLoaders); the other prepared loaders "
+                          "(iterable, dispatched) keep theirs.")
         saved = [data.even_batches for data in shards]
         for data in shards:
             data.even_batches = bool(even_batches)

@@ -64,6 +64,7 @@ class Accelerator(core.Accelerator):
             parallelism_config=parallelism_config, strategy=strategy)
         self._profile_handler = options.pop("profile")
         self.use_stateful_dataloader = options.pop("use_stateful_dataloader")
+        self._dataloader_config = options.pop("dataloader_config")
         super().__init__(mixed_precision=mixed_precision, cpu=cpu, log_with=log_with,
                          step_scheduler_with_optimizer=step_scheduler_with_optimizer, stall_timeout=stall_timeout,
                          **options)
@@ -136,6 +137,28 @@ class Accelerator(core.Accelerator):
         if reduction != "none":
             _check_across_processes("reduce", tensor, self.strategy)  # debug mode only
         return super().reduce(tensor, reduction=reduction, scale=scale)
+
+    @property
+    def dataloader_config(self):
+        """The DataLoaderConfiguration the next prepared loaders follow. Assignable, as in Accelerate: a new one
+        applies to the loaders prepared after it, and split_batches to how prepared schedulers step from then on;
+        the data seed can change only before the first loader is prepared."""
+        return self._dataloader_config
+
+    @dataloader_config.setter
+    def dataloader_config(self, config):
+        config = _check_dataloader_config(config)
+        if config.data_seed != self._dataloader_config.data_seed:
+            if self._loaders:
+                raise ValueError("accelerator.dataloader_config = DataLoaderConfiguration(data_seed=...) after a "
+                                 "loader was prepared: every prepared loader shares one data seed. Set it before "
+                                 "the first prepare (or pass it to Accelerator(dataloader_config=...)).")
+            self._data_seed = config.data_seed
+        self._dataloader_config = config
+        self.split_batches, self.even_batches = bool(config.split_batches), bool(config.even_batches)
+        self.use_seedable_sampler, self.dispatch_batches = bool(config.use_seedable_sampler), config.dispatch_batches
+        self.use_stateful_dataloader = bool(config.use_stateful_dataloader)
+        self._scheduler_steps_per_process = not config.split_batches
 
     def prepare_data_loader(self, loader):
         """Under DataLoaderConfiguration(use_stateful_dataloader=True), as in Accelerate, a plain DataLoader over an
@@ -323,6 +346,25 @@ def _refuse(name, value, why):
         raise ValueError(f"Accelerator({name}=...): {why}")
 
 
+def _check_dataloader_config(config):
+    from tasktrain.compat.accelerate.utils.dataclasses import DataLoaderConfiguration
+
+    config = config if config is not None else DataLoaderConfiguration()
+    if not isinstance(config, DataLoaderConfiguration):
+        raise TypeError(f"dataloader_config must be a tasktrain.utils.DataLoaderConfiguration, got "
+                        f"{type(config).__name__}.")
+    # split_batches, even_batches and dispatch_batches go to the core (tasktrain/trainer/shard.py: map-style
+    # loaders in Accelerate's order; tasktrain/trainer/dispatch.py: rank 0 reads and dispatches)
+    if config.use_stateful_dataloader:
+        # Accelerate builds its prepared loaders on torchdata's StatefulDataLoader then, and needs it installed
+        try:
+            import torchdata.stateful_dataloader  # noqa: F401
+        except ImportError as error:
+            raise ImportError("DataLoaderConfiguration(use_stateful_dataloader=True) needs torchdata's "
+                              "StatefulDataLoader: pip install 'tasktrain[torchdata]' (torchdata>=0.11).") from error
+    return config
+
+
 def _accelerate_options(*, device_placement, split_batches, even_batches, dispatch_batches, dataloader_config,
                         deepspeed_plugin, fsdp_plugin, torch_tp_plugin, megatron_lm_plugin, rng_types, project_dir,
                         project_config, gradient_accumulation_steps, gradient_accumulation_plugin, kwargs_handlers,
@@ -348,19 +390,7 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
     _refuse("deepspeed_plugins", deepspeed_plugins, "one DeepSpeed plugin per Accelerator: pass deepspeed_plugin=.")
     compile_options = _compile_options(dynamo_backend, dynamo_plugin, TorchDynamoPlugin)
 
-    config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
-    if not isinstance(config, DataLoaderConfiguration):
-        raise TypeError(f"dataloader_config must be a tasktrain.utils.DataLoaderConfiguration, got "
-                        f"{type(config).__name__}.")
-    # split_batches, even_batches and dispatch_batches go to the core (tasktrain/trainer/shard.py: map-style
-    # loaders in Accelerate's order; tasktrain/trainer/dispatch.py: rank 0 reads and dispatches)
-    if config.use_stateful_dataloader:
-        # Accelerate builds its prepared loaders on torchdata's StatefulDataLoader then, and needs it installed
-        try:
-            import torchdata.stateful_dataloader  # noqa: F401
-        except ImportError as error:
-            raise ImportError("DataLoaderConfiguration(use_stateful_dataloader=True) needs torchdata's "
-                              "StatefulDataLoader: pip install 'tasktrain[torchdata]' (torchdata>=0.11).") from error
+    config = _check_dataloader_config(dataloader_config)
 
     if project_config is None:
         project_config = ProjectConfiguration(project_dir=None if project_dir is None else os.fspath(project_dir))
@@ -452,7 +482,7 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
             "use_seedable_sampler": bool(config.use_seedable_sampler),
             "dispatch_batches": config.dispatch_batches,
             "precision_options": precision_options, "profile": profile,
-            "use_stateful_dataloader": bool(config.use_stateful_dataloader),
+            "use_stateful_dataloader": bool(config.use_stateful_dataloader), "dataloader_config": config,
             # Accelerate's accumulation and scheduler rules (docs/accelerator.md, "Gradient accumulation"): the loss
             # divided by gradient_accumulation_steps throughout; a scheduler stepped once per process at each
             # optimizer step, unless split_batches makes one batch of every process one batch of the schedule.
