@@ -270,3 +270,10 @@ def test_assigned_type_trigger_sync_and_destroy_on_two_processes(two_ranks):
         assert len(result["join_warning"]) == 1 and "only supported for multi-GPU" in result["join_warning"][0]
         assert result["grads_differ_before"] and result["grads_equal_after"]
         assert result["destroyed"]
+
+
+def test_save_state_into_a_folder_per_process_is_refused_on_every_rank(two_ranks):
+    for result in two_ranks:
+        message, written = result["own_folders"]
+        assert "different folders" in message and "own_folder_0" in message and "own_folder_1" in message
+        assert written is False

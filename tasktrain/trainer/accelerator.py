@@ -570,6 +570,13 @@ class Accelerator:
                 raise ValueError(f"{output_dir} exists already: set accelerator.project_configuration.iteration to "
                                  "the next free number (load_state() without a directory does it).")
         output_dir = os.fspath(output_dir)
+        if self.num_processes > 1:  # one folder for all: rank 0 writes the shared parts, each rank its own
+            folders = self.strategy.all_gather_object(os.path.abspath(output_dir))
+            if len(set(folders)) > 1:
+                raise ValueError(f"save_state: the processes passed different folders ({folders}); the state of "
+                                 "a run is one folder that every process writes its part into (rank 0 the "
+                                 "models and optimizers). Pass the same folder on every process, e.g. one made "
+                                 "on the main process and sent with tasktrain.utils.broadcast_object_list.")
         if async_save:  # issue 29
             return self._save_state_async(output_dir, layout, automatic)
         self.strategy.wait_for_checkpoint()  # issue 29: a background save in flight ends first

@@ -99,6 +99,14 @@ with accelerator.trigger_sync_in_backward(model):
     accelerator.backward(losses[1])
 result["grads_equal_after"] = all(torch.equal(g[0], g[1]) for g in (gather(p.grad[None]) for p in model.parameters()))
 
+# -- save_state into a folder of each process's own (a tempfile per rank): refused on every rank, nothing written --
+own = os.path.join(out, f"own_folder_{rank}")
+try:
+    accelerator.save_state(own)
+    result["own_folders"] = None
+except ValueError as error:
+    result["own_folders"] = [str(error), os.path.exists(own)]
+
 # -- the end -------------------------------------------------------------------------------------------------------
 state.destroy_process_group()
 result["destroyed"] = not torch.distributed.is_initialized()
