@@ -94,3 +94,31 @@ def test_a_users_sampler_cannot_skip_by_samples():
     assert not data.resumes_on_any_world_size and data.num_samples is None and data.batches_from(2) is None
     with pytest.raises(ValueError, match="order the Trainer builds"):
         data.skip_samples(2)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_batch_sampler_passed_as_batch_sampler_is_sharded_as_batch_size_is(shuffle):
+    """DataLoader(batch_sampler=BatchSampler(sampler, 3, drop_last)) holds a default SequentialSampler as
+    loader.sampler: the order is the batch sampler's own sampler, and its batch size and drop_last are kept."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+    for drop_last in (False, True):
+        data = dataset(11)
+        inner = RandomSampler(data) if shuffle else SequentialSampler(data)
+        given = DataLoader(data, batch_sampler=BatchSampler(inner, 3, drop_last))
+        plain = DataLoader(data, batch_size=3, shuffle=shuffle, drop_last=drop_last)
+        for rank in range(2):
+            ours = prepare_train_data(given, world_size=2, rank=rank, seed=4)
+            theirs = prepare_train_data(plain, world_size=2, rank=rank, seed=4)
+            assert ours.sampler is not None and ours.loader.batch_size == 3
+            assert [b[0].tolist() for b in ours.loader] == [b[0].tolist() for b in theirs.loader], (rank, drop_last)
+
+
+def test_a_custom_sampler_inside_a_batch_sampler_is_kept_with_the_warning():
+    from torch.utils.data import BatchSampler
+
+    data = dataset(8)
+    given = DataLoader(data, batch_sampler=BatchSampler(list(reversed(range(8))), 4, False))
+    with pytest.warns(UserWarning, match="cannot shard it"):
+        kept = prepare_train_data(given, world_size=2, rank=0, seed=0)
+    assert kept.loader is given and [b[0].tolist() for b in kept.loader] == [[7, 6, 5, 4], [3, 2, 1, 0]]

@@ -166,10 +166,19 @@ class TrainData:
         return iterator
 
 
+def _order_sampler(loader):
+    """The sampler that decides the order: the loader's, or that of the BatchSampler the user passed as
+    batch_sampler= (the loader's own `sampler` is then an unused default SequentialSampler)."""
+    if loader.batch_size is None and loader.batch_sampler is not None:
+        return getattr(loader.batch_sampler, "sampler", None)
+    return loader.sampler
+
+
 def _rebuild(loader: DataLoader, sampler, generator) -> DataLoader:
+    batches = loader.batch_sampler if loader.batch_size is None else loader  # batch_sampler=BatchSampler(...)
     kwargs = dict(
-        batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+        batch_size=batches.batch_size, sampler=sampler, num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=batches.drop_last,
         timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context, generator=generator,
         persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device,
@@ -199,7 +208,7 @@ def _replaceable(loader) -> bool:
     if type(loader.batch_sampler) is not BatchSampler and loader.batch_sampler is not None and \
             not _torchdata_sampler(loader.batch_sampler, "BatchSampler"):
         return False
-    sampler = loader.sampler
+    sampler = _order_sampler(loader)
     if type(sampler) is SequentialSampler:
         return True
     random = type(sampler) is RandomSampler or _torchdata_sampler(sampler, "RandomSampler")
@@ -336,12 +345,13 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None) -> TrainDat
     if isinstance(loader, DataLoader) and isinstance(loader.dataset, ShardedStream):
         return _prepare_stream(loader, world_size, rank, seed, shuffle)
     if _replaceable(loader):
-        random = isinstance(loader.sampler, RandomSampler) or _torchdata_sampler(loader.sampler, "RandomSampler")
+        order = _order_sampler(loader)
+        random = isinstance(order, RandomSampler) or _torchdata_sampler(order, "RandomSampler")
         shuffle = random and shuffle is not False
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
         return TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)
-    sampler = getattr(loader, "sampler", None)
+    sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)
     if is_stateful_loader(loader):
         if world_size > 1 and not isinstance(sampler, DistributedSampler) and \
                 isinstance(loader.dataset, torch.utils.data.IterableDataset):
@@ -362,7 +372,7 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None) -> TrainDat
 
 def prepare_eval_loader(loader, world_size, rank):
     """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is."""
-    if world_size == 1 or not _replaceable(loader) or type(loader.sampler) is not SequentialSampler:
+    if world_size == 1 or not _replaceable(loader) or type(_order_sampler(loader)) is not SequentialSampler:
         return loader
     return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)
 
