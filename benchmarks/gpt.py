@@ -198,8 +198,11 @@ class AcceleratorLoop:
                                                      cpu=DEVICE == "cpu")
         model = build_module(cfg, gpt).model
         optimizer = gpt.configure_adamw(model, cfg["lr"], 0.1)
+        # A prepared scheduler steps once per process at each optimizer step (Accelerate's rule), so the schedule
+        # reads the optimizer step as step // num_processes: the very schedule of (a) and (b).
+        processes = accelerator.num_processes
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: gpt.lr_factor(step, cfg["lr_warmup"], cfg["steps"]))
+            optimizer, lambda step: gpt.lr_factor(step // processes, cfg["lr_warmup"], cfg["steps"]))
         if cfg["compile"]:
             model = torch.compile(model)
         loader = DataLoader(train, batch_size=cfg["micro_batch"], shuffle=False,

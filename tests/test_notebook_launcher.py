@@ -117,9 +117,13 @@ def test_accelerate_import_paths():
     assert tasktrain.notebook_launcher is notebook_launcher is from_launchers is tasktrain.utils.notebook_launcher
 
 
-def test_bad_arguments_are_refused_before_anything_starts():
+def test_bad_arguments_are_refused_before_anything_starts(monkeypatch):
     from tasktrain import notebook_launcher
+    from tasktrain.compat.accelerate import state
     from tasktrain.strategies.function_launcher import launch_function
+
+    # as in a fresh kernel: an Accelerator an earlier test of this worker process built is refused by its own check
+    monkeypatch.setitem(state._SHARED, "strategy", None)
 
     def never(*args):
         raise AssertionError("must not run")
