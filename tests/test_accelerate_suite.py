@@ -158,18 +158,17 @@ def _renamed_script_imports(script):
     return None
 
 
-# The fixed selection: Accelerate's own gather check, on one process and on two.
-SELECTION = [("test_ops", "test_gather", 1), ("test_ops", "test_gather", 2)]
+# The fixed selection: Accelerate's own gather check on one process and on two, and even_batches=False on two.
+SELECTION = [("test_ops", "test_gather", 1), ("test_ops", "test_gather", 2),
+             ("test_distributed_data_loop", "test_can_disable_even_batches", 2)]
 
 
 def test_a_fixed_selection_passes_under_accelerate_and_under_tasktrain():
     jobs = [(_upstream(script, name), processes) for script, name, processes in SELECTION]
     baseline = suite.run_cases(jobs[:1], "accelerate", suite.upstream_scripts_dir(), TIMEOUT)
     assert baseline[0]["status"] == "pass", baseline
-    missing = _renamed_script_imports("test_ops")
-    if missing:
-        # The names the script imports are issue 26's work in progress; what stands in the way is said here.
-        pytest.xfail(f"test_ops does not import under tasktrain yet: {missing}")
+    for script in {script for script, _, _ in SELECTION}:
+        assert _renamed_script_imports(script) is None, script  # every name the renamed script imports exists
     records = suite.run_cases(jobs, "tasktrain", suite.upstream_scripts_dir(), TIMEOUT, parallel=2)
     failed = [(r["function"], r["processes"], r["error"]) for r in records if r["status"] != "pass"]
     assert failed == [], failed
