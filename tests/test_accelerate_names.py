@@ -277,3 +277,15 @@ def test_save_state_into_a_folder_per_process_is_refused_on_every_rank(two_ranks
         message, written = result["own_folders"]
         assert "different folders" in message and "own_folder_0" in message and "own_folder_1" in message
         assert written is False
+
+
+def test_patch_environment_sets_upper_cased_names_and_restores_them(monkeypatch):
+    import os
+
+    from tasktrain.utils import patch_environment
+
+    monkeypatch.setenv("TT_KEPT", "before")
+    monkeypatch.delenv("TT_NEW", raising=False)
+    with patch_environment(tt_kept=1, tt_new="x"):
+        assert os.environ["TT_KEPT"] == "1" and os.environ["TT_NEW"] == "x"
+    assert os.environ["TT_KEPT"] == "before" and "TT_NEW" not in os.environ

@@ -35,7 +35,7 @@ RDZV_BACKENDS = ("static", "c10d")
 def gpu_count() -> int:
     """GPUs visible to this process, counted through NVML (torch.cuda's plain count would load the CUDA driver
     here and spoil every fork)."""
-    with _environment({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):
+    with patched_environment({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -100,8 +100,8 @@ def launch_function(function, args=(), *, num_processes, num_nodes=1, node_rank=
 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    with _environment(child_env):
-        with _environment({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):  # LaunchConfig looks at the GPUs: not via CUDA
+    with patched_environment(child_env):
+        with patched_environment({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):  # LaunchConfig looks at the GPUs: not via CUDA
             config = LaunchConfig(min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes,
                                   run_id=rdzv_id, rdzv_endpoint=rdzv_endpoint, rdzv_backend=rdzv_backend,
                                   rdzv_configs=rdzv_conf, max_restarts=max_restarts,
@@ -120,7 +120,8 @@ def _in_child(function):
 
 
 @contextlib.contextmanager
-def _environment(values):
+def patched_environment(values):
+    """os.environ with `values` set inside the block, the old values (or their absence) restored after."""
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update({key: str(value) for key, value in values.items()})
     try:

@@ -1147,7 +1147,6 @@ class PreparedDataLoader:
 
     def __iter__(self):
         accelerator, epochs = self._accelerator, self._epochs
-        strategy = accelerator.strategy
         length = epochs.begin(self.position.epoch)
         start = self.position.batch_in_epoch
         self._pass_skip, self._skip_pending, self._pass_start = self._skip_pending, 0, start

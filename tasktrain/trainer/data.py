@@ -174,19 +174,24 @@ def _order_sampler(loader):
     return loader.sampler
 
 
-def _rebuild(loader: DataLoader, sampler, generator) -> DataLoader:
-    batches = loader.batch_sampler if loader.batch_size is None else loader  # batch_sampler=BatchSampler(...)
-    kwargs = dict(
-        batch_size=batches.batch_size, sampler=sampler, num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=batches.drop_last,
-        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, generator=generator,
-        persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device,
-    )
+def loader_options(loader) -> dict:
+    """A DataLoader's keyword arguments other than those of its order (dataset, sampler, batch_sampler,
+    batch_size, drop_last, shuffle): what a loader rebuilt around another sampler keeps of the user's."""
+    kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                  timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                  multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+                  persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device)
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     if hasattr(loader, "in_order"):
         kwargs["in_order"] = loader.in_order
+    return kwargs
+
+
+def _rebuild(loader: DataLoader, sampler, generator) -> DataLoader:
+    batches = loader.batch_sampler if loader.batch_size is None else loader  # batch_sampler=BatchSampler(...)
+    kwargs = dict(loader_options(loader), batch_size=batches.batch_size, sampler=sampler,
+                  drop_last=batches.drop_last, generator=generator)
     return DataLoader(loader.dataset, **kwargs)
 
 
@@ -400,13 +405,7 @@ def record_batch_indices(loader):
             isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return loader, _NoIndices()
     seen = []
-    kwargs = dict(batch_sampler=_RecordingBatchSampler(loader.batch_sampler, seen), num_workers=loader.num_workers,
-                  collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
-                  worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
-                  generator=loader.generator, persistent_workers=loader.persistent_workers,
-                  pin_memory_device=loader.pin_memory_device)
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
+    kwargs = dict(loader_options(loader), batch_sampler=_RecordingBatchSampler(loader.batch_sampler, seen))
     return DataLoader(loader.dataset, **kwargs), seen
 
 

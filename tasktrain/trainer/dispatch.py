@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from tasktrain.data import ShardedStream
 from tasktrain.strategies.base import move_to_device
 from tasktrain.strategies.watchdog import watched_batches
-from tasktrain.trainer.data import TrainData, is_stateful_loader, prepare_train_data
+from tasktrain.trainer.data import TrainData, is_stateful_loader, loader_options, prepare_train_data
 from tasktrain.trainer.epoch import warn_global_batch_change
 
 __all__ = ["DataLoaderDispatcher", "IterableDatasetShard", "prepare_for_accelerator", "is_prepared_here"]
@@ -670,13 +670,7 @@ class IterableShardLoader(_CountedLoader):
         self.shard = IterableDatasetShard(loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
                                           num_processes=strategy.world_size, process_index=strategy.global_rank,
                                           split_batches=split_batches)
-        kwargs = dict(batch_size=self.shard.process_batch_size, num_workers=loader.num_workers,
-                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-                      timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-                      multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-                      persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device)
-        if loader.num_workers > 0:
-            kwargs["prefetch_factor"] = loader.prefetch_factor
+        kwargs = dict(loader_options(loader), batch_size=self.shard.process_batch_size, drop_last=loader.drop_last)
         self.base_dataloader = DataLoader(self.shard, **kwargs)
 
     @property

@@ -29,7 +29,7 @@ import math
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
-from tasktrain.trainer.data import TrainData
+from tasktrain.trainer.data import TrainData, loader_options
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -183,15 +183,8 @@ class ShardData(TrainData):
         self.steps = []  # the layout of the iteration in flight
         self.epoch = 0
         shard_sampler = _ShardBatchSampler(self)
-        kwargs = dict(batch_sampler=shard_sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-                      pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-                      multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-                      persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device)
-        if loader.num_workers > 0:
-            kwargs["prefetch_factor"] = loader.prefetch_factor
-        if hasattr(loader, "in_order"):
-            kwargs["in_order"] = loader.in_order
-        super().__init__(DataLoader(loader.dataset, **kwargs), None, None, seed)
+        super().__init__(DataLoader(loader.dataset, **loader_options(loader), batch_sampler=shard_sampler), None, None,
+                         seed)
         self.shard_sampler = shard_sampler
 
     # -- the order ----------------------------------------------------------------------------------------------------

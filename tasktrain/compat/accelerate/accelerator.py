@@ -323,20 +323,14 @@ def _stateful(loader):
     from torch.utils.data import DataLoader, IterableDataset
 
     from tasktrain.data import ShardedStream
-    from tasktrain.trainer.data import is_stateful_loader
+    from tasktrain.trainer.data import is_stateful_loader, loader_options
 
     if type(loader) is not DataLoader or not isinstance(loader.dataset, IterableDataset) or \
             isinstance(loader.dataset, ShardedStream) or is_stateful_loader(loader):
         return loader
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    kwargs = dict(batch_size=loader.batch_size, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-                  pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
-                  worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
-                  generator=loader.generator, persistent_workers=loader.persistent_workers,
-                  pin_memory_device=loader.pin_memory_device, in_order=getattr(loader, "in_order", True))
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
+    kwargs = dict(loader_options(loader), batch_size=loader.batch_size, drop_last=loader.drop_last)
     return StatefulDataLoader(loader.dataset, **kwargs)
 
 

@@ -15,6 +15,7 @@ import itertools
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from tasktrain.trainer.data import loader_options
 from tasktrain.trainer.dispatch import DataLoaderDispatcher, IterableDatasetShard
 from tasktrain.trainer.shard import SeedableRandomSampler, check_split, layout
 
@@ -218,18 +219,6 @@ def get_sampler(dataloader):
     return getattr(inner, "sampler", None)
 
 
-def _loader_kwargs(loader):
-    kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                  timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-                  multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-                  persistent_workers=loader.persistent_workers, pin_memory_device=loader.pin_memory_device)
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
-    return kwargs
-
-
 def _world():
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_world_size(), torch.distributed.get_rank()
@@ -311,7 +300,7 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
         return DataLoaderShard(dataset, device=device if put_on_device else None, rng_types=rng_types,
                                _drop_last=dataloader.drop_last, _non_blocking=non_blocking,
                                batch_size=batch_size, drop_last=dataloader.drop_last,
-                               **_loader_kwargs(dataloader))
+                               **loader_options(dataloader))
     sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
     batch_sampler = dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler
     if batch_sampler is None:
@@ -342,7 +331,7 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
     rng_types = list(rng_types) if rng_types else None
     if rng_types and generator is None and "generator" in rng_types:
         rng_types.remove("generator")
-    kwargs = _loader_kwargs(dataloader)
+    kwargs = loader_options(dataloader)
     if sampler_is_batch_sampler:
         kwargs.update(sampler=batch_sampler, batch_size=dataloader.batch_size)
     else:
@@ -376,7 +365,7 @@ def _dispatcher(dataloader, num_processes, process_index, split_batches, non_blo
                          f"process_index={process_index}): rank 0 sends the batches through the running process "
                          f"group, which has {world} process(es) (this one is {rank}); leave num_processes and "
                          "process_index unset.")
-    kwargs = _loader_kwargs(dataloader)
+    kwargs = loader_options(dataloader)
     kwargs.pop("generator", None)
     if isinstance(dataloader.dataset, IterableDataset):
         kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
@@ -397,7 +386,7 @@ def skip_first_batches(dataloader, num_batches=0):
         return skip_prepared(dataloader, num_batches)
     if not isinstance(dataloader, DataLoader):
         return skip_prepared(dataloader, num_batches)
-    dataset, kwargs = dataloader.dataset, _loader_kwargs(dataloader)
+    dataset, kwargs = dataloader.dataset, loader_options(dataloader)
     if isinstance(dataset, IterableDataset) or dataloader.batch_sampler is None and \
             not isinstance(dataloader.sampler, BatchSampler):
         return SkipDataLoader(dataset, skip_batches=num_batches, batch_size=dataloader.batch_size,

@@ -7,7 +7,6 @@ several processes from a notebook, over tasktrain/strategies/function_launcher.p
 
     notebook_launcher(train, args=(1e-3,), num_processes=2)
 """
-import os
 
 from tasktrain.names import MIXED_PRECISION
 
@@ -29,7 +28,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     template, e.g. "[${rank}] "). Build the Accelerator (and every CUDA tensor) inside the function only:
     processes forked from a parent that initialised CUDA cannot use it, and that is refused up front.
     """
-    from tasktrain.strategies.function_launcher import gpu_count, launch_function  # torch: on first use only
+    from tasktrain.strategies.function_launcher import gpu_count, launch_function, patched_environment  # (torch)
 
     precision = str(mixed_precision).lower()
     if precision not in MIXED_PRECISION:
@@ -51,16 +50,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     if num_processes == 1 and num_nodes == 1:
         # One process: nothing to start, as with Accelerate; the function runs here with the same launch choices.
         print(f"Launching training on one {device}.")
-        saved = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
-        try:
+        with patched_environment(env):
             return function(*args)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
     from tasktrain.compat.accelerate import state
 

@@ -1,6 +1,5 @@
 """The smaller `accelerate.utils` helpers: set_seed, tqdm, extract_model_from_parallel, patch_environment, the
 is_*_available checks, write_basic_config (the default config file `tasktrain launch` reads)."""
-import contextlib
 import importlib.util
 import os
 
@@ -44,22 +43,11 @@ def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True):
     return model
 
 
-@contextlib.contextmanager
 def patch_environment(**kwargs):
     """Set environment variables (names upper-cased) inside the block; restore the old values after."""
-    saved = {}
-    for key, value in kwargs.items():
-        key = key.upper()
-        saved[key] = os.environ.get(key)
-        os.environ[key] = str(value)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    from tasktrain.strategies.function_launcher import patched_environment
+
+    return patched_environment({key.upper(): value for key, value in kwargs.items()})
 
 
 def write_basic_config(mixed_precision="no", save_location=None):
