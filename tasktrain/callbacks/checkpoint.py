@@ -180,6 +180,8 @@ class ModelCheckpoint(Callback):
         """Save a top-k candidate (when it is one) and last.ckpt (when asked). Called on every rank."""
         if trainer.fast_dev_run:  # a debugging run writes no checkpoints (Lightning's rule)
             return
+        if not trainer.may_save_checkpoint(self.dirpath_resolved(trainer)):  # issue 38: non-finite: no save, no
+            return  # top-k, best or last change, nothing evicted (inside fit the trainer raises instead)
         if self.async_save:
             return self._save_async(trainer)
         strategy = trainer.strategy

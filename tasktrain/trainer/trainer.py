@@ -36,6 +36,7 @@ from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy, ste
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
 from tasktrain.trainer.data import (StatefulLoaderData, prepare_eval_loader, prepare_train_data,
                                     record_batch_indices)
+from tasktrain.trainer import guards
 from tasktrain.trainer.epoch import EpochIterator, warn_global_batch_change
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.metrics import MetricStore
@@ -151,6 +152,9 @@ class Trainer:
             limit_test_batches = limit_predict_batches = dev_batches
             max_steps, max_epochs, num_sanity_val_steps = dev_batches, 1, 0
             val_check_interval, check_val_every_n_epoch, logger = None, 1, False
+        guards.check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interval,  # issue 38
+                            limit_train_batches=limit_train_batches, limit_val_batches=limit_val_batches,
+                            limit_test_batches=limit_test_batches, limit_predict_batches=limit_predict_batches)
         self.min_epochs = int(min_epochs or 0)
         self.min_steps = int(min_steps or 0)
         if max_epochs is None and max_steps in (None, -1):
@@ -588,7 +592,10 @@ class Trainer:
         except BaseException as exc:
             status = "failed"
             self.state.status = TrainerStatus.INTERRUPTED
+            interrupt = guards.interrupt_begin(exc, strategy.global_rank)  # issue 38: Ctrl-C: one line, exit 130
             self._on_failure(exc)
+            if interrupt is not None:
+                raise interrupt.exit() from None
             raise
         finally:
             try:
@@ -726,6 +733,8 @@ class Trainer:
                     self._setup_val_data(self._loader_of(module, "val_dataloader"))
             if resumed is not None:  # the position in the epoch is worked out on the loader that will be trained on
                 restore_rng = self._restore_position(*resumed, train_data)
+                if guards.finished_run(self, resumed[0]):  # issue 38: nothing to train: say so, write nothing
+                    return
 
         self._call("on_fit_start")
         module.zero_grad()  # Lightning clears the gradients when each entry point starts
@@ -785,6 +794,7 @@ class Trainer:
         train_data = prepare_train_data(loader, world_size, rank, self.state.data_seed,
                                         shuffle=False if self.overfit_batches else None)
         self.train_dataloader = train_data.loader
+        guards.check_training_batches(len(train_data) if train_data.has_len() else None, loader)  # issue 38
         self._epoch_length = self._limit(train_data, self.limit_train_batches, "limit_train_batches")
         self.num_training_batches = self._epoch_length
         # samples of the global order per optimizer step, all processes together (a resume says when it changes)
@@ -1363,6 +1373,8 @@ class Trainer:
 
     def save_checkpoint(self, filepath, weights_only=False):
         """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
+        if not self.may_save_checkpoint(filepath):  # issue 38: a non-finite state is never saved
+            return False
         started = time.perf_counter()
         with self.long_event("save_checkpoint"):  # may take long: not a stall (issue 19)
             self.strategy.wait_for_checkpoint()  # issue 29: a background write in flight ends first ("last" moves forward)
@@ -1372,6 +1384,12 @@ class Trainer:
             if not weights_only and self.is_global_zero:
                 ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
         self.checkpoint_seconds += time.perf_counter() - started
+        return True
+
+    def may_save_checkpoint(self, filepath):
+        """False (with a warning) when the loss or weights went non-finite: a checkpoint of it is not written;
+        inside fit's loop that raises FloatingPointError instead (tasktrain/trainer/guards.py). Every rank calls it."""
+        return guards.may_save_checkpoint(self, filepath)
 
     # -- the watchdog (issue 19, tasktrain/strategies/watchdog.py) ----------------------------------------------------
     def long_event(self, name, timeout=None):
