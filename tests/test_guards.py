@@ -185,7 +185,13 @@ def test_ctrl_c_runs_on_exception_prints_one_line_per_rank_and_exits_130(tmp_pat
     assert code == 130, out + err
     assert "Traceback" not in err and "fit returned" not in out
     for rank in range(devices):
-        assert err.count(f"rank {rank}: Detected KeyboardInterrupt, attempting graceful shutdown ...") == 1, err
+        line = err.count(f"rank {rank}: Detected KeyboardInterrupt, attempting graceful shutdown ...")
+        if rank > 0 and line == 0:
+            # a worker that was waiting in a collective rank 0 never joined cannot run Python: rank 0 stops it after
+            # the grace period and says so, in one line (seen about once in 8 runs on 2 loaded cores)
+            assert err.count(f"rank {rank} (pid ") == 1 and "had not stopped" in err, err
+            continue
+        assert line == 1, err
         assert (tmp_path / f"on_exception{rank}").read_text() == "KeyboardInterrupt"
     if devices == 1:  # OnExceptionCheckpoint saved the state at the interrupt
         assert "saved" in out and torch.load(tmp_path / "on_exception.ckpt", weights_only=True)["train_state"]["global_step"] >= 3

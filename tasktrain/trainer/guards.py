@@ -15,6 +15,8 @@ import weakref
 import torch
 from torch.distributed.tensor import DTensor
 
+from tasktrain.strategies.base import MultiProcess
+
 
 # -- limits -----------------------------------------------------------------------------------------------------------
 def _is_int(value):
@@ -153,20 +155,26 @@ class _Interrupt:
         self.previous = previous
 
     def exit(self):
-        """The SystemExit(130) that ends the interrupted run (a shell's code for SIGINT), with Ctrl-C working again."""
+        """The SystemExit(130) that ends the interrupted run (a shell's code for SIGINT). One process: Ctrl-C works
+        again (a notebook goes on); several: it stays ignored, the process is ending."""
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
         return SystemExit(130)
 
 
-def interrupt_begin(exc, rank):
-    """Ctrl-C (KeyboardInterrupt): one line instead of a traceback, and a second Ctrl-C ignored while the
-    on_exception hooks save; returns the _Interrupt whose exit() to raise once they ran. None for other errors."""
+def interrupt_begin(exc, strategy):
+    """Ctrl-C (KeyboardInterrupt): one line instead of a traceback, a second Ctrl-C ignored while the on_exception
+    hooks save, and the workers this process started told (those the terminal's SIGINT reached already ignore it);
+    returns the _Interrupt whose exit() to raise once the hooks ran. None for other errors."""
     if not isinstance(exc, KeyboardInterrupt):
         return None
-    print(f"[tasktrain] rank {rank}: Detected KeyboardInterrupt, attempting graceful shutdown ...",
+    print(f"[tasktrain] rank {strategy.global_rank}: Detected KeyboardInterrupt, attempting graceful shutdown ...",
           file=sys.stderr, flush=True)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if strategy.world_size > 1:
+        previous = None
+        if isinstance(strategy, MultiProcess):
+            strategy.forward_signal(signal.SIGINT)
     return _Interrupt(previous)

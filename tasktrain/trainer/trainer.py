@@ -592,7 +592,7 @@ class Trainer:
         except BaseException as exc:
             status = "failed"
             self.state.status = TrainerStatus.INTERRUPTED
-            interrupt = guards.interrupt_begin(exc, strategy.global_rank)  # issue 38: Ctrl-C: one line, exit 130
+            interrupt = guards.interrupt_begin(exc, strategy)  # issue 38: Ctrl-C: one line, exit 130
             self._on_failure(exc)
             if interrupt is not None:
                 raise interrupt.exit() from None
