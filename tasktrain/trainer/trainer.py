@@ -721,7 +721,7 @@ class Trainer:
         with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
             _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
 
-        restore_rng = None
+        restore_rng = resumed = None
         ckpt_path = self._restart_ckpt_path(ckpt_path)  # issue 29: a restarted worker resumes from the newest
         if ckpt_path is not None:
             resumed = self._restore(ckpt_path)
@@ -733,12 +733,11 @@ class Trainer:
                     self._setup_val_data(self._loader_of(module, "val_dataloader"))
             if resumed is not None:  # the position in the epoch is worked out on the loader that will be trained on
                 restore_rng = self._restore_position(*resumed, train_data)
-                if guards.finished_run(self, resumed[0]):  # issue 38: nothing to train: say so, write nothing
-                    return
+        finished = resumed is not None and guards.finished_run(self, resumed[0])  # issue 38: says so
 
         self._call("on_fit_start")
         module.zero_grad()  # Lightning clears the gradients when each entry point starts
-        if self.is_global_zero:
+        if self.is_global_zero and not finished:  # (a finished run resumed writes no new log folder: issue 38)
             for logger in self.loggers:
                 logger.log_hyperparams(dict(module.hparams))
                 logger.log_graph(module)
