@@ -81,6 +81,20 @@ def test_nonfinite_state_is_never_saved(tmp_path, poison, async_save):
     assert torch.load(last, weights_only=True)["train_state"]["global_step"] == 3
 
 
+def test_finiteness_is_checked_at_saves_only(tmp_path, monkeypatch):
+    """No per-step work: the losses and weights are looked at when a checkpoint is about to be written, once per
+    state (ModelCheckpoint asks, then save_checkpoint asks again: one check)."""
+    from tasktrain.trainer import guards
+
+    calls = []
+    real = guards.nonfinite_reason
+    monkeypatch.setattr(guards, "nonfinite_reason", lambda trainer: calls.append(trainer.global_step) or real(trainer))
+    trainer = Trainer(max_epochs=2, logger=False, default_root_dir=tmp_path, log_every_n_steps=1,
+                      callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True)], **QUIET)
+    trainer.fit(Linear(), loader(n=32, batch_size=4))  # 16 steps, a save at the end of each epoch
+    assert calls == [8, 16]
+
+
 def test_save_checkpoint_after_fit_refuses_nonfinite_weights(tmp_path):
     trainer = Trainer(max_steps=2, logger=False, enable_checkpointing=False, default_root_dir=tmp_path, **QUIET)
     module = Linear()
@@ -108,7 +122,8 @@ def test_invalid_limits_raise_at_construction(kwargs):
 
 @pytest.mark.parametrize("kwargs", [dict(max_epochs=-1, max_steps=3), dict(max_steps=-1, max_epochs=1),
                                     dict(limit_train_batches=0.5, limit_val_batches=0, val_check_interval=1.0),
-                                    dict(min_epochs=0, min_steps=0, val_check_interval=3)])
+                                    dict(min_epochs=0, min_steps=0, val_check_interval=3),
+                                    dict(max_epochs=3.0, min_steps=2)])
 def test_valid_limits_are_accepted(kwargs):
     Trainer(logger=False, **kwargs)
 

@@ -6,6 +6,7 @@
 - `may_save_checkpoint`: before any checkpoint is written, whether the state since the last check stayed finite.
 - `interrupt_begin`: Ctrl-C is one line per rank, the on_exception hooks, then exit code 130.
 """
+import numbers
 import signal
 import sys
 import threading
@@ -19,8 +20,10 @@ from tasktrain.strategies.base import MultiProcess
 
 
 # -- limits -----------------------------------------------------------------------------------------------------------
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
+def _is_int(value):  # 3, numpy's int64(3), 3.0 from a config file; not True, not 1.5
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, numbers.Integral) or (isinstance(value, float) and value.is_integer())
 
 
 def check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interval, **batch_limits):
