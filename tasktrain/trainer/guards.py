@@ -77,8 +77,8 @@ def finished_run(trainer, path):
         return False
     if trainer.is_global_zero:
         limit = f"max_steps={trainer.max_steps}" if trainer._max_steps_reached() else f"max_epochs={trainer.max_epochs}"
-        print(f"[tasktrain] {path} is a finished run (epoch {trainer.current_epoch}, global step {trainer.global_step}) "
-              f"and {limit} is reached: nothing to train, nothing written. To train on, raise {limit.split('=')[0]}.",
+        print(f"[tasktrain] {path} is a finished run (epoch {trainer.current_epoch}, global step "
+              f"{trainer.global_step}) and {limit} is reached: nothing to train, nothing written. To train on, raise {limit.split('=')[0]}.",
               file=sys.stderr, flush=True)
     return True
 
@@ -141,8 +141,9 @@ def may_save_checkpoint(trainer, filepath):
         return True
     where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
     if trainer.is_global_zero:
-        warnings.warn(f"Not saving {filepath}: {reason} at {where}. Checkpoints already written are kept, and "
-                      "'last', 'best' and the top k stay on them.", NonFiniteCheckpointWarning, stacklevel=3)
+        warnings.warn(f"Not saving a checkpoint to {filepath}: {reason} at {where}. Checkpoints already written "
+                      "are kept, and 'last', 'best' and the top k stay on them.", NonFiniteCheckpointWarning,
+                      stacklevel=3)
     handling_error = sys.exc_info()[1] is not None  # an exception save (on_exception): that error is the one raised
     in_fit = state.fn == "fit" and state.status == "running"
     if in_fit and not handling_error:
