@@ -76,10 +76,10 @@ def finished_run(trainer, path):
     if not trainer._done():
         return False
     if trainer.is_global_zero:
-        limit = f"max_steps={trainer.max_steps}" if trainer._max_steps_reached() else f"max_epochs={trainer.max_epochs}"
+        name = "max_steps" if trainer._max_steps_reached() else "max_epochs"
         print(f"[tasktrain] {path} is a finished run (epoch {trainer.current_epoch}, global step "
-              f"{trainer.global_step}) and {limit} is reached: nothing to train, nothing written. To train on, raise {limit.split('=')[0]}.",
-              file=sys.stderr, flush=True)
+              f"{trainer.global_step}) and {name}={getattr(trainer, name)} is reached: nothing to train, nothing "
+              f"written. To train on, raise {name}.", file=sys.stderr, flush=True)
     return True
 
 
