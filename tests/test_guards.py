@@ -142,6 +142,15 @@ def test_empty_training_loader_raises_before_training(tmp_path, data):
     assert ckpt_io.read_last_pointer(str(tmp_path)) is None
 
 
+def test_limit_train_batches_zero_trains_nothing_and_writes_nothing(tmp_path, capfd):
+    trainer = Trainer(max_epochs=2, limit_train_batches=0, logger=False, default_root_dir=tmp_path, **QUIET)
+    trainer.fit(Linear(), loader())
+    assert "limit_train_batches=0: fit trains nothing" in capfd.readouterr().err
+    assert trainer.global_step == 0 and trainer.current_epoch == 0  # Lightning's counters after a skipped loop
+    assert not glob.glob(str(tmp_path / "**" / "*.ckpt"), recursive=True)
+    assert ckpt_io.read_last_pointer(str(tmp_path)) is None
+
+
 def test_resuming_a_finished_run_says_so_and_writes_nothing(tmp_path, capfd):
     from tasktrain.loggers import CSVLogger
 

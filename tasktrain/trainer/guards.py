@@ -1,7 +1,8 @@
 """Guards of a run the user can trust (issue 38): no silent no-op, no poisoned checkpoint, a clean Ctrl-C.
 
 - `check_limits`: the loop's limits, checked when the Trainer is built (Lightning's rules).
-- `check_training_batches`: an empty training loader is an error before training, not zero steps and a checkpoint.
+- `check_training_batches`: an empty training loader is an error before training, not zero steps and a checkpoint;
+  `trains_nothing`: limit_train_batches=0 skips the loop, as in Lightning.
 - `finished_run`: a resume from a run that has nothing left to train says so, and the fit writes nothing.
 - `may_save_checkpoint`: before any checkpoint is written, whether the state since the last check stayed finite.
 - `interrupt_begin`: Ctrl-C is one line per rank, the on_exception hooks, then exit code 130.
@@ -68,6 +69,17 @@ def check_training_batches(length, loader):
     raise ValueError(
         f"The training loader yields no batches: {why}. fit would take no step and still write checkpoints. "
         "Give it data, a smaller batch_size, or drop_last=False.")
+
+
+def trains_nothing(trainer):
+    """limit_train_batches=0: Lightning skips fit's loop (no epoch, no checkpoint, `last` unchanged); so do we, and
+    say so instead of counting empty epochs and saving an `epoch=N-step=0` checkpoint."""
+    if trainer.num_training_batches != 0:
+        return False
+    if trainer.is_global_zero:
+        print(f"[tasktrain] limit_train_batches={trainer.limit_train_batches}: fit trains nothing (no epoch, no "
+              "checkpoint).", file=sys.stderr, flush=True)
+    return True
 
 
 # -- a finished run resumed -------------------------------------------------------------------------------------------

@@ -756,7 +756,8 @@ class Trainer:
 
         previous = self._install_sigterm_handler()
         try:
-            self._fit_loop(module, train_data)
+            if not guards.trains_nothing(self):  # issue 38: limit_train_batches=0 skips the loop (Lightning's rule)
+                self._fit_loop(module, train_data)
         finally:
             self._restore_sigterm_handler(previous)
         self._call("on_fit_end")
