@@ -54,7 +54,7 @@ def to_universal(directory, tag):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from argparse import Namespace
 
-    from tasktrain.strategies.deepspeed import import_deepspeed
+    from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
     import_deepspeed()
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
@@ -112,7 +112,7 @@ def restore_module_extras(module, directory, tag, partitioned):
                                 "parameter of this module): it was not written from this model.")
     gather = contextlib.nullcontext()
     if partitioned and frozen:
-        from tasktrain.strategies.deepspeed import import_deepspeed
+        from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
         deepspeed = import_deepspeed()
 
@@ -137,7 +137,7 @@ def write_universal(directory, tag, weights, param_state, param_groups, global_s
         parameter (a torch Adam/AdamW state, keyed by name); param_groups: the torch optimizer's param groups without
         "params" (hyper-parameters, in the optimizer's group order); global_steps: the engine's step counter.
     Every parameter of a group must have its state (ZeRO keeps one step count per group)."""
-    from tasktrain.strategies.deepspeed import import_deepspeed
+    from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
     deepspeed = import_deepspeed()
 
