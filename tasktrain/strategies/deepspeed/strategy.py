@@ -1,8 +1,8 @@
 """DeepSpeed: ZeRO stages 0-3, optimizer and parameter offload, through DeepSpeed's own engine.
 
 DeepSpeed does the work (initialize, backward, step, clipping, the sharded checkpoint); this strategy
-translates between it and the loop. The processes and the process group are the DDP strategy's (self-launch,
-torchrun, SLURM, `tasktrain launch`), on CPU through DeepSpeed's CPU accelerator over gloo.
+translates between it and the loop. The processes and the process group are the ProcessWorld's (world.py:
+self-launch, torchrun, SLURM, `tasktrain launch`), on CPU through DeepSpeed's CPU accelerator over gloo.
 
 The config is the user's DeepSpeed config as given (a dict or a JSON file), with its "auto" or missing values
 filled from the plan the loop hands to setup_module_and_optimizers: micro batch size from the training loader,
@@ -59,8 +59,7 @@ import torch.distributed as dist
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, format_header, link_tree,
                                      load_checkpoint_file, load_plain_state_dict, replace_dir)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
-from tasktrain.strategies.base import ClipsInsideStep, Sharded, _StepWrapper, step_arguments
-from tasktrain.strategies.ddp import _PROCESS, DDP
+from tasktrain.strategies.base import ClipsInsideStep, Sharded, Strategy, _StepWrapper, step_arguments
 from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, _WRAPPER_PREFIX,
                                                        _check_no_zero3_placeholders, _strip, convert_zero_checkpoint)
 from tasktrain.strategies.deepspeed.config import (_agree, _check_param_dtypes, _clip_norm_of, _enabled,
@@ -72,6 +71,7 @@ from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _hon
                                                    _staging_checkpoint_engine, _sub_group_state_index,
                                                    _swaps_optimizer, import_deepspeed)
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
+from tasktrain.strategies.world import ProcessWorld
 from tasktrain.tree import apply_to_leaves
 
 _ANNOUNCED = set()
@@ -134,7 +134,7 @@ class DeepSpeedPrecision(Precision):
     # engine's own checkpoint).
 
 
-class DeepSpeed(ClipsInsideStep, Sharded, DDP):
+class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     """DeepSpeed ZeRO through DeepSpeed's engine.
 
     Args:
@@ -481,15 +481,14 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
             _restore_functional_linear()
         del engine
         gc.collect()
-        env = self.env
-        if env is not None and env.launcher is None and _PROCESS["owns_group"] and dist.is_initialized():
-            # A world of one is ended now (DDP does the same); DeepSpeed's destroy also forgets its copies of the
-            # group, so that a later run in this process can start a new one.
+        if self.owns_world_of_one():
+            # A world of one is ended now (ProcessWorld.teardown would); DeepSpeed's destroy also forgets its copies of
+            # the group, so that a later run in this process can start a new one.
             import deepspeed.comm
 
             if deepspeed.comm.is_initialized():
                 deepspeed.comm.destroy_process_group()
-                _PROCESS["owns_group"] = False
+                self.disown_group()
         if self._set_local_rank:
             os.environ.pop("LOCAL_RANK", None)
             self._set_local_rank = False

@@ -3,8 +3,8 @@
 Each rank keeps a 1/world_size shard of every parameter, of its gradient and of the optimizer state; a wrapped
 module's parameters are gathered (all-gather) just before its forward and backward and dropped again after, and
 the gradients are reduce-scattered, so each rank ends a backward holding the gradient of its own shard only. The
-processes, the process group and the collectives are DDP's (this class extends it); what differs is how the
-module is wrapped, how gradients are clipped and how checkpoints are written:
+processes, the process group and the collectives are the ProcessWorld's (world.py), as DDP's are; what differs is
+how the module is wrapped, how gradients are clipped and how checkpoints are written:
 
 - wrapping: `fully_shard` on each child module that holds parameters (or on what `wrap=` selects), then on the
   root. The parameters become DTensors (torch.distributed.tensor), and the optimizers the loop was given are
@@ -36,8 +36,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_stat
 from tasktrain.checkpoint_io import fsync_save, stage_to_cpu  # background saves
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
-from tasktrain.strategies.base import Sharded, step_arguments
-from tasktrain.strategies.ddp import DDP
+from tasktrain.strategies.base import Sharded, Strategy, step_arguments
 from tasktrain.strategies.environment import detect_environment
 from tasktrain.strategies.fsdp.checkpoint import _SHARD_KEYS, _SHARDED_MARK, STATE_FILE, _split
 from tasktrain.strategies.fsdp.sharding import (_check_optimizer, _check_policy, _check_resettable,
@@ -47,6 +46,7 @@ from tasktrain.strategies.fsdp.sharding import (_check_optimizer, _check_policy,
                                                 _shared_between, _steps_only_ids)
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, patch_forward
 from tasktrain.strategies.watchdog import checked_collective
+from tasktrain.strategies.world import ProcessWorld
 
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 _PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
@@ -79,7 +79,7 @@ class FSDPPrecision(MixedPrecision):
             super().unscale(optimizer)
 
 
-class FSDP(Sharded, DDP):
+class FSDP(Sharded, ProcessWorld, Strategy):
     """Fully sharded data parallel (torch's FSDP2): parameters, gradients and optimizer state split over the ranks.
 
     Args:
@@ -110,7 +110,7 @@ class FSDP(Sharded, DDP):
             (without empty_init) is built in memory on rank 0 only, on the meta device on the others (so one copy
             of the whole model is in CPU memory, not one per rank). Rank 0's module must hold weights (not be on
             the meta device).
-        process_group_backend, timeout, start_method: as DDP's.
+        process_group_backend, timeout, start_method: the ProcessWorld's (as DDP's).
     """
 
     name = "fsdp"
@@ -121,8 +121,6 @@ class FSDP(Sharded, DDP):
                  cpu_ram_efficient_loading=False, process_group_backend=None, timeout=timedelta(minutes=30), start_method="popen"):
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
-        if start_method == "spawn":
-            self.name = "fsdp"  # DDP renames itself for spawn; the name here stays the strategy's
         if state_dict_type not in ("sharded", "full"):
             raise ValueError(f"FSDP state_dict_type={state_dict_type!r}: use 'sharded' (a DCP directory written by "
                              "every rank) or 'full' (one file written by rank 0).")
