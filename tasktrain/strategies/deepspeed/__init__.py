@@ -11,8 +11,8 @@ Importing it never imports deepspeed: that happens when a run sets up (engine.im
 """
 from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, convert_to_deepspeed,
                                                        convert_zero_checkpoint)
-from tasktrain.strategies.deepspeed.config import (AIO_DEFAULTS, DEFAULT_STAGE, NVME_DEFAULTS, _clip_norm_of,
-                                                   build_config, check_nvme_offload)
+from tasktrain.strategies.deepspeed.config import (AIO_DEFAULTS, DEFAULT_STAGE, NVME_DEFAULTS,  # noqa: F401
+                                                   _clip_norm_of, build_config, check_nvme_offload)
 from tasktrain.strategies.deepspeed.engine import import_deepspeed
 from tasktrain.strategies.deepspeed.strategy import DeepSpeed, DeepSpeedPrecision
 

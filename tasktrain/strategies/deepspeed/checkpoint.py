@@ -7,7 +7,7 @@ import shutil
 
 import torch
 
-from tasktrain.checkpoint_io import (CheckpointError, atomic_save, format_header, load_checkpoint_file,
+from tasktrain.checkpoint_io import (CheckpointError, atomic_save, check_files, format_header, load_checkpoint_file,
                                      load_resumable_file, plain_name, replace_dir)
 from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
@@ -16,6 +16,19 @@ STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory: loop st
 ENGINE_TAG = "zero"  # engine.save_checkpoint(tag=...): one fixed tag per checkpoint directory
 SIXTEEN_BIT_FILE = "model_16bit.pt"  # save_16bit_model=True: consolidated 16-bit weights for inference
 _WRAPPER_PREFIX = "module."  # parameter names under our _EngineForward wrapper
+def check_deepspeed_folder(directory):
+    """Issue 38: every torch file of a DeepSpeed checkpoint directory (the engine's model and optimizer states, a
+    universal checkpoint's files, ours) passes the weights_only check with DeepSpeed's allow-list before DeepSpeed's
+    own loaders (load_checkpoint, zero_to_fp32, ds_to_universal: weights_only=False) unpickle any of it. The scripts
+    DeepSpeed copies in (zero_to_fp32.py) are never run."""
+    directory = os.fspath(directory)
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else DeepSpeed warns that it fell back to the CPU
+    import_deepspeed()  # the allow-list's classes are DeepSpeed's (imported without mlflow: engine.py)
+    check_files(sorted(os.path.join(folder, name) for folder, _, names in os.walk(directory) for name in names
+                       if name.endswith(".pt")), "deepspeed")
+
+
 def _strip(key, prefix):
     """The plain name of an engine's key: without our wrapper's prefix, nor the "_orig_mod." of compiled submodules."""
     return plain_name(key[len(prefix):] if prefix and key.startswith(prefix) else key)
@@ -36,9 +49,12 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
     if not os.path.isdir(checkpoint_dir):
         raise CheckpointError(f"{checkpoint_dir!r} is not a directory: convert takes a DeepSpeed checkpoint directory "
                               "(what ModelCheckpoint writes under the DeepSpeed strategy).")
+    check_deepspeed_folder(checkpoint_dir)
     state_file = os.path.join(checkpoint_dir, STATE_FILE)
     ckpt = load_checkpoint_file(state_file) if os.path.isfile(state_file) else {}
     meta = ckpt.get("deepspeed", {})
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{state_file!r} is corrupted: its 'deepspeed' entry is a {type(meta).__name__}.")
     tag = meta.get("tag")
     if tag is None and not os.path.isfile(os.path.join(checkpoint_dir, "latest")):
         raise CheckpointError(f"{checkpoint_dir!r} has neither {STATE_FILE} nor DeepSpeed's 'latest' file: not a "
@@ -49,6 +65,16 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else DeepSpeed warns that it fell back to the CPU
     prefix = meta.get("key_prefix", "")
+    try:
+        return _convert(checkpoint_dir, output_path, optimizer, ckpt, meta, tag, prefix)
+    except CheckpointError:
+        raise
+    except Exception as err:  # the files passed the safety check but do not make a checkpoint (damaged, incomplete)
+        raise CheckpointError(f"{checkpoint_dir!r} is not a complete DeepSpeed checkpoint and cannot be converted "
+                              f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}).") from None
+
+
+def _convert(checkpoint_dir, output_path, optimizer, ckpt, meta, tag, prefix):
     if optimizer:
         return _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path)
     if meta.get("universal"):  # written by `tasktrain convert --to deepspeed`: no shards, the universal layout

@@ -61,7 +61,8 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, 
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.strategies.base import ClipsInsideStep, Sharded, Strategy, _StepWrapper, step_arguments
 from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, _WRAPPER_PREFIX,
-                                                       _check_no_zero3_placeholders, _strip, convert_zero_checkpoint)
+                                                       _check_no_zero3_placeholders, _strip, check_deepspeed_folder,
+                                                       convert_zero_checkpoint)
 from tasktrain.strategies.deepspeed.config import (_agree, _check_param_dtypes, _clip_norm_of, _enabled,
                                                    _fill_nvme_buffer_size, _nvme_buffer_auto, _nvme_folders,
                                                    _offloads, _param_dtype_of, _positive_or_none, _read_config,
@@ -750,6 +751,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         return self._load_directory(path, STATE_FILE)
 
     def _load_directory(self, path, state_name):
+        check_deepspeed_folder(path)  # issue 38: before DeepSpeed's own loaders unpickle any of it
         state_file = os.path.join(path, state_name)
         if not os.path.isfile(state_file):
             raise CheckpointError(f"{path!r} is a directory without {state_name}: not a checkpoint written by the "

@@ -7,7 +7,7 @@ The package, by what a reader looks for:
 """
 from tasktrain.strategies.fsdp.checkpoint import (STATE_FILE, convert_fsdp_checkpoint, convert_fsdp_state_dir,
                                                   convert_to_fsdp, is_fsdp_checkpoint)
-from tasktrain.strategies.fsdp.sharding import _check_resettable
+from tasktrain.strategies.fsdp.sharding import _check_resettable  # noqa: F401 (an import path tests use)
 from tasktrain.strategies.fsdp.strategy import FSDP, FSDPPrecision
 
 __all__ = ["FSDP", "FSDPPrecision", "STATE_FILE", "convert_fsdp_checkpoint", "convert_fsdp_state_dir", "convert_to_fsdp",

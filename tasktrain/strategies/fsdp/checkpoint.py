@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, format_header, load_checkpoint_file,
-                                     load_resumable_file, plain_name, replace_dir)
+                                     load_resumable_file, plain_name, read_dcp, replace_dir)
 from tasktrain.strategies.fsdp.sharding import _holds_dtensors, _keyed_by_name
 
 STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory (loop state, callbacks, RNG, ...)
@@ -44,6 +44,16 @@ def convert_fsdp_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
     optimizer, its state)."""
     checkpoint_dir = os.fspath(checkpoint_dir)
     ckpt = _read_fsdp_state(checkpoint_dir)
+    try:
+        return _convert(checkpoint_dir, output_path, optimizer, ckpt)
+    except CheckpointError:
+        raise
+    except Exception as err:  # the files passed the safety check but do not make a checkpoint (damaged, incomplete)
+        raise CheckpointError(f"{checkpoint_dir!r} is not a complete FSDP checkpoint and cannot be converted "
+                              f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}).") from None
+
+
+def _convert(checkpoint_dir, output_path, optimizer, ckpt):
     key = "state_dict" if ckpt.get("state_dict") == _SHARDED_MARK else "models"
     if ckpt.get(key) != _SHARDED_MARK:
         raise CheckpointError(f"{checkpoint_dir!r} holds no sharded module weights.")
@@ -74,11 +84,7 @@ def _read_fsdp_state(checkpoint_dir):
 
 
 def _load_without_process_group(checkpoint_dir, keys):
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        return _load_state_dict_from_keys(set(keys), checkpoint_id=checkpoint_dir)
+    return read_dcp(checkpoint_dir, set(keys))  # issue 38: .metadata and non-tensor items read the safe way
 
 
 def _owned(state):

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_state_dict, link_tree, load_checkpoint_file,
-                                     load_plain_state_dict, plain_state_dict, replace_dir)
+                                     load_dcp, load_plain_state_dict, plain_state_dict, replace_dir)
 from tasktrain.checkpoint_io import fsync_save, stage_to_cpu  # background saves
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
@@ -642,8 +642,6 @@ class FSDP(Sharded, ProcessWorld, Strategy):
     def _read_directory(self, path, state_name):
         """Our state file, with the module's and the optimizers' shards read into what this run holds now: DCP
         reshards them to this world size."""
-        import torch.distributed.checkpoint as dcp
-
         state_file = os.path.join(path, state_name)
         if not os.path.isfile(state_file) or not os.path.isfile(os.path.join(path, ".metadata")):
             raise CheckpointError(f"{path!r} is not a checkpoint directory written by the tasktrain FSDP strategy "
@@ -657,7 +655,7 @@ class FSDP(Sharded, ProcessWorld, Strategy):
                 ckpt[key] = template[key]
                 if not template[key]:
                     del template[key]  # nothing of it to load here (no optimizer in validate/test/predict)
-        dcp.load(template, checkpoint_id=path)
+        load_dcp(template, path)  # issue 38: .metadata and non-tensor items read the safe way
         return ckpt
 
     def _current(self, key):
