@@ -375,14 +375,23 @@ def free_bytes(directory):
     return shutil.disk_usage(directory).free
 
 
-def state_bytes(obj):
-    """The bytes of the tensors in `obj` (what a torch.save of it writes, less a small pickle)."""
+def state_bytes(obj, _seen=None):
+    """The bytes of the tensor storages in `obj`, each storage once (what a torch.save of it writes, less a small
+    pickle)."""
+    seen = set() if _seen is None else _seen
     if isinstance(obj, torch.Tensor):
-        return obj.untyped_storage().nbytes() if obj.device.type != "meta" else 0
+        if obj.device.type == "meta":
+            return 0
+        storage = obj.untyped_storage()
+        key = (obj.device, storage.data_ptr(), storage.nbytes())
+        if key in seen:  # tied weights, views: written once
+            return 0
+        seen.add(key)
+        return storage.nbytes()
     if isinstance(obj, dict):
-        return sum(state_bytes(v) for v in obj.values())
+        return sum(state_bytes(v, seen) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(state_bytes(v) for v in obj)
+        return sum(state_bytes(v, seen) for v in obj)
     return 0
 
 
