@@ -32,6 +32,7 @@ from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import EVENTS, Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, profiled, profiled_calls, profiled_iter, resolve_profiler
+from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy, step_arguments
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
 from tasktrain.trainer.data import (StatefulLoaderData, prepare_eval_loader, prepare_train_data,
@@ -723,6 +724,7 @@ class Trainer:
 
         restore_rng = resumed = None
         ckpt_path = self._restart_ckpt_path(ckpt_path)  # issue 29: a restarted worker resumes from the newest
+        ckpt_path = requeue.resume_path(self.default_root_dir, ckpt_path, self.is_global_zero)  # issue 40
         if ckpt_path is not None:
             resumed = self._restore(ckpt_path)
             if self._datamodule_restored:  # the loader hooks see the DataModule's restored state, as in Lightning
@@ -755,15 +757,21 @@ class Trainer:
             restore_rng()
 
         previous = self._install_sigterm_handler()
+        requeue_handler = requeue.RequeueHandler(lambda: setattr(self, "_preempted", True))  # issue 40
         try:
             if not guards.trains_nothing(self):  # issue 38: limit_train_batches=0 skips the loop (Lightning's rule)
                 self._fit_loop(module, train_data)
         finally:
             self._restore_sigterm_handler(previous)
+            requeue_handler.restore()  # issue 40
         self._call("on_fit_end")
         skipped = self.strategy.precision.skipped_steps
         if skipped and self.is_global_zero:
             print(f"[tasktrain] GradScaler skipped {skipped} optimizer step(s) with inf/NaN gradients.", flush=True)
+        if self._preempt_path and requeue_handler.agreed(self.strategy):  # issue 40: SLURM's warning signal
+            raise SystemExit(requeue.requeue(self.default_root_dir, self._preempt_path, self.global_step,
+                                             self.is_global_zero))
+        requeue.finished(self.default_root_dir, self.is_global_zero and not self._preempt_path)  # issue 40
         if self._preempted:
             raise SystemExit(
                 f"[tasktrain] stopped by SIGTERM after step {self.global_step}; a checkpoint was saved to "
