@@ -101,7 +101,7 @@ def _record_path(root, env=None):
     return os.path.join(root, RECORD_FOLDER, f"{job_id(env)}.json")
 
 
-def requeue(root, checkpoint, step, is_global_zero):
+def requeue(root, checkpoint, step, is_global_zero, **extra):
     """After the pre-emption save (every rank's part complete): rank 0 records the checkpoint for this job and requeues
     it. Returns the process's exit code."""
     if not is_global_zero:
@@ -109,7 +109,7 @@ def requeue(root, checkpoint, step, is_global_zero):
     record = _record_path(root)
     os.makedirs(os.path.dirname(record), exist_ok=True)
     with open(record + ".tmp", "w") as f:
-        json.dump({"job_id": job_id(), "path": os.path.abspath(checkpoint), "step": step}, f)
+        json.dump(dict(extra, job_id=job_id(), path=os.path.abspath(checkpoint), step=step), f)
     os.replace(record + ".tmp", record)
     # SLURM answers the requeue by ending this job (SIGTERM, then SIGKILL): the save is complete, nothing is left to
     # do but exit, so SIGTERM no longer interrupts it.
@@ -130,17 +130,26 @@ def requeue(root, checkpoint, step, is_global_zero):
     return REQUEUED_EXIT_CODE
 
 
+def _restarted_record(root):
+    """This job's pre-emption record under root, in a job SLURM restarted (SLURM_RESTART_COUNT > 0); else None."""
+    if not os.environ.get("SLURM_JOB_ID") or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) < 1:
+        return None
+    try:
+        with open(_record_path(root)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "path" in record else None
+
+
 def resume_path(root, ckpt_path, is_global_zero=True):
     """What a fit resumes from: in a job SLURM restarted (SLURM_RESTART_COUNT > 0) that recorded a pre-emption
     checkpoint under root, that checkpoint (whatever ckpt_path says: the script is the same as on the first start);
     otherwise ckpt_path."""
-    if not os.environ.get("SLURM_JOB_ID") or int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) < 1:
+    record = _restarted_record(root)
+    if record is None:
         return ckpt_path
-    try:
-        with open(_record_path(root)) as f:
-            path = json.load(f)["path"]
-    except (OSError, ValueError, KeyError):
-        return ckpt_path
+    path = record["path"]
     if is_global_zero:
         print(f"[tasktrain] SLURM restart {os.environ['SLURM_RESTART_COUNT']} of job {job_id()}: resuming from the "
               f"pre-emption checkpoint {path}", flush=True)
@@ -154,3 +163,59 @@ def finished(root, is_global_zero):
             os.remove(_record_path(root))
         except OSError:
             pass
+
+
+# -- the Accelerator ------------------------------------------------------------------------------------------------
+# A custom loop has no stop points of its own: the prepared optimizer's step is the one every rank reaches alike.
+# There the ranks agree on the signal (one tiny all-reduce every CHECK_EVERY steps on several processes, none per step;
+# every step on one), save_state into <project_dir, else the working directory>/.slurm-requeue/<job id>/, and rank 0
+# requeues. When SLURM starts the job again, the prepare() call that has prepared as many models, optimizers,
+# schedulers and loaders as were saved loads that folder: the loop continues from the loaders' positions
+# (`for epoch in range(loader.epoch, epochs)`), as after an explicit load_state.
+CHECK_EVERY = 10
+
+
+class AcceleratorRequeue:
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+        self.handler = RequeueHandler(lambda: None)
+        self.restored = False
+        self.check_every = int(os.environ.get("TASKTRAIN_REQUEUE_CHECK_EVERY", CHECK_EVERY))
+
+    def root(self):
+        return self.accelerator.project_dir or os.getcwd()
+
+    def _counts(self):
+        a = self.accelerator
+        return [len(a._models), len(a._optimizers), len(a._schedulers), len(a._loaders)]
+
+    def after_step(self):
+        """At each optimizer step (the end of an accumulation window): save, requeue and exit when the ranks agree
+        that the requeue signal came."""
+        accelerator = self.accelerator
+        if self.handler.signal is None:
+            return
+        if accelerator.strategy.world_size > 1 and accelerator._steps % self.check_every:
+            return
+        if not self.handler.agreed(accelerator.strategy):
+            return
+        folder = os.path.join(self.root(), RECORD_FOLDER, str(job_id()))
+        accelerator.save_state(folder)
+        if accelerator.is_main_process:
+            print(f"[tasktrain] {self.handler.signal.name}: finished optimizer step {accelerator._steps}, saved the "
+                  f"state to {folder}", file=sys.stderr, flush=True)
+        raise SystemExit(requeue(self.root(), folder, accelerator._steps, accelerator.is_main_process,
+                                 counts=self._counts()))
+
+    def after_prepare(self):
+        """In a job SLURM restarted after a pre-emption: load the saved state once everything it holds is prepared."""
+        if self.restored:
+            return
+        record = _restarted_record(self.root())
+        if record is None or record.get("counts") != self._counts():
+            return
+        self.restored = True
+        if self.accelerator.is_main_process:
+            print(f"[tasktrain] SLURM restart {os.environ['SLURM_RESTART_COUNT']} of job {job_id()}: loading the "
+                  f"pre-emption state {record['path']}", flush=True)
+        self.accelerator.load_state(record["path"])

@@ -24,6 +24,7 @@ import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.loggers.trackers import GeneralTracker, check_log_with, make_trackers
+from tasktrain.strategies import requeue
 from tasktrain.strategies.base import ClipsInsideStep, GradientClip, MultiProcess, Plan, Sharded
 from tasktrain.strategies.precision import unpatch_forward
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
@@ -125,6 +126,7 @@ class Accelerator:
             raise ValueError("ProjectConfiguration(save_on_each_node=True): save_state writes from every process "
                              "into one directory, which must be on storage all machines share; set it False.")
         self.strategy.setup_environment()
+        self._requeue = requeue.AcceleratorRequeue(self)  # issue 40: SLURM's warning signal
         self._watchdog = self.strategy.watchdog  # None on one process; watches the prepared loaders' loops
         # backward and optimizer.step are progress inside a prepared loader's batch (marked only with a watchdog)
         self._backward = watched_action(self._watchdog, "backward", self.strategy.backward)
@@ -263,6 +265,7 @@ class Accelerator:
                 out[i] = self.prepare_data_loader(objects[i])
             elif kind == "scheduler":
                 out[i] = self.prepare_scheduler(objects[i])
+        self._requeue.after_prepare()  # issue 40: a requeued job loads its pre-emption state
         return out[0] if len(out) == 1 else tuple(out)
 
     def prepare_model(self, model):
@@ -931,6 +934,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.step_was_skipped = not stepped
         if accelerator._optimizers and accelerator._optimizers[0] is self:
             accelerator._steps += 1
+            accelerator._requeue.after_step()  # issue 40
         accelerator._window_has_grads = False
         return None
 

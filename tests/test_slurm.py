@@ -1,0 +1,322 @@
+"""SLURM on a real cluster: munged, slurmctld and two slurmd on this machine (tests/slurm_cluster.py), started once per
+test session by the `cluster` fixture (this file only, so one pytest worker owns them) and stopped by pid at the end.
+Jobs are real sbatch / srun / salloc jobs; docs/slurm.md's sbatch scripts run as written. Every wait is bounded."""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from slurm_cluster import Cluster, missing_programs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "tests", "slurm_scripts")
+JOB_TIMEOUT = 150  # seconds for one job on a loaded 2-core machine
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    missing = missing_programs()
+    if missing:
+        pytest.fail(f"SLURM's programs are missing ({', '.join(missing)}): run `make setup` as root (it installs "
+                    "Debian's slurmd slurmctld slurm-client munge).")
+    cluster = Cluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def docs_script(name):
+    """The sbatch script `# file: <name>` of docs/slurm.md, as written there."""
+    text = open(os.path.join(ROOT, "docs", "slurm.md")).read()
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        if f"# file: {name}\n" in block:
+            return block
+    raise AssertionError(f"docs/slurm.md has no bash block '# file: {name}'")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_folder(tmp_path, name):
+    """A job's working folder with the test's training scripts as train.py / train_accelerator.py."""
+    folder = tmp_path / name
+    folder.mkdir()
+    for script in ("train.py", "train_accelerator.py"):
+        shutil.copy(os.path.join(SCRIPTS, script), folder / script)
+    (folder / "out").mkdir()
+    return folder
+
+
+def job_env(folder, **settings):
+    env = {"SLURM_TEST_OUT": str(folder / "out"), "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    env.update({f"SLURM_TEST_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+def submit(cluster, folder, script_text, *args, **settings):
+    path = folder / "job.sbatch"
+    path.write_text(script_text)
+    result = cluster.run(["sbatch", "--parsable", "--time=3", f"--chdir={folder}", f"--output={folder}/job.log",
+                          *args, str(path)], env=job_env(folder, **settings), cwd=str(folder))
+    return result.stdout.strip().split(";")[0]
+
+
+def job_state(cluster, job):
+    line = cluster.run(["scontrol", "show", "job", "-o", job]).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", line))
+
+
+def wait_job(cluster, job, until=FINAL, timeout=JOB_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = job_state(cluster, job)
+        if state.get("JobState") in until:
+            return state
+        time.sleep(0.5)
+    cluster.run(["scancel", job], check=False)
+    raise AssertionError(f"job {job} not in {until} after {timeout} s: {job_state(cluster, job)}\n"
+                         + cluster.logs())
+
+
+def wait_file(path, job, cluster, timeout=JOB_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return
+        if job_state(cluster, job).get("JobState") in FINAL:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{path} did not appear: job {job_state(cluster, job)}")
+
+
+def log(folder):
+    return (folder / "job.log").read_text(errors="replace") if (folder / "job.log").exists() else ""
+
+
+def facts(folder, world):
+    out = []
+    for rank in range(world):
+        path = folder / "out" / f"facts-rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote no facts:\n{log(folder)}"
+        out.append(json.loads(path.read_text()))
+    return out
+
+
+def torchrun_reference(tmp_path):
+    """The same training under torchrun, 2 processes (started, not waited for)."""
+    folder = job_folder(tmp_path, "torchrun")
+    env = dict(os.environ, **job_env(folder))
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k.startswith("SLURM_TEST_")}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--master-port", str(free_port()), "train.py"], cwd=str(folder), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return folder, proc
+
+
+def requeue_and_release(cluster, job, folder, mark):
+    """Send SLURM's warning signal once the run is past step `mark`, wait for the requeue, release the job from
+    SLURM's requeue delay (an administrator's command) and wait for it to finish."""
+    wait_file(folder / "out" / f"step-{mark}.mark", job, cluster)
+    cluster.run(["scancel", "--signal=USR1", job])  # to the job's steps, as --signal=USR1@N does
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        state = job_state(cluster, job)
+        if int(state.get("Restarts", "0")) >= 1 and state.get("JobState") == "PENDING":
+            break
+        if state.get("JobState") in FINAL:
+            raise AssertionError(f"job {job} ended instead of being requeued: {state}\n{log(folder)}")
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"job {job} was not requeued: {job_state(cluster, job)}\n{log(folder)}")
+    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    return wait_job(cluster, job)
+
+
+class Preemption(threading.Thread):
+    """requeue_and_release in the background from the job's start on, so the signal comes while the job trains,
+    whatever the test waits for meanwhile; result() joins (bounded) and returns the job's final state."""
+
+    def __init__(self, cluster, job, folder, mark):
+        super().__init__(daemon=True)
+        self.args, self.state, self.error = (cluster, job, folder, mark), None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.state = requeue_and_release(*self.args)
+        except BaseException as err:  # handed to the test in result()
+            self.error = err
+
+    def result(self):
+        self.join(timeout=3 * JOB_TIMEOUT)
+        if self.is_alive():
+            raise AssertionError(f"the pre-emption of job {self.args[1]} did not end within {3 * JOB_TIMEOUT} s")
+        if self.error is not None:
+            raise self.error
+        return self.state
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(cluster, tmp_path_factory):
+    """Started together: docs' Trainer script on 2 nodes x 1 task (uninterrupted), the same on 1 node x 2 tasks,
+    the docs script again pre-empted by SLURM's warning signal, and torchrun."""
+    tmp = tmp_path_factory.mktemp("trainer_runs")
+    script = docs_script("trainer.sbatch")
+    runs = {}
+    two_nodes = job_folder(tmp, "two_nodes")
+    runs["two_nodes"] = (two_nodes, submit(cluster, two_nodes, script))
+    one_node = job_folder(tmp, "one_node")
+    runs["one_node"] = (one_node, submit(cluster, one_node, script, "--nodes=1", "--ntasks-per-node=2", devices=2))
+    preempted = job_folder(tmp, "preempted")
+    job = submit(cluster, preempted, script, sleep=0.4, mark=3)
+    runs["preempted"] = (preempted, job, Preemption(cluster, job, preempted, mark=3))
+    runs["torchrun"] = torchrun_reference(tmp)
+    return runs
+
+
+@pytest.mark.timeout(3 * JOB_TIMEOUT)
+def test_world_from_slurm_matches_torchrun_bitwise(cluster, trainer_runs):
+    """srun's tasks form one world from SLURM's variables: 2 nodes x 1 task and 1 node x 2 tasks, the weights of
+    torchrun's 2 processes bit for bit."""
+    folder, proc = trainer_runs["torchrun"]
+    output = proc.communicate(timeout=JOB_TIMEOUT)[0]
+    assert proc.returncode == 0, output
+    reference = facts(folder, 2)[0]["params"]
+    for name, nodes, per_node in (("two_nodes", 2, 1), ("one_node", 1, 2)):
+        folder, job = trainer_runs[name]
+        state = wait_job(cluster, job)
+        assert state["JobState"] == "COMPLETED", f"{name}: {state}\n{log(folder)}"
+        ranks = facts(folder, 2)
+        for rank, f in enumerate(ranks):
+            assert (f["rank"], f["world"], f["launcher"], f["num_nodes"]) == (rank, 2, "slurm", nodes)
+            assert f["local_rank"] == rank % per_node and f["node_rank"] == rank // per_node
+            assert f["params"] == reference, f"{name} rank {rank} differs from torchrun"
+        assert len({f["host"] for f in ranks}) == nodes  # SLURMD_NODENAME: the task ran on that many nodes
+
+
+@pytest.mark.timeout(4 * JOB_TIMEOUT)
+def test_requeue_signal_saves_requeues_and_resumes_bitwise(cluster, trainer_runs):
+    """SIGUSR1 (SLURM's warning): every rank saves, rank 0 requeues the job, the job's next start resumes from that
+    checkpoint by itself and ends with the uninterrupted run's weights, bit for bit."""
+    folder, job, preemption = trainer_runs["preempted"]
+    state = preemption.result()
+    text = log(folder)
+    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", f"{state}\n{text}"
+    assert "pre-empted, requeued" in text and f"SLURM job {job} was requeued" in text, text
+    assert "resuming from the pre-emption checkpoint" in text, text
+    checkpoints = [n for n in os.listdir(folder / "out" / "checkpoints") if n.startswith("preempted-")]
+    assert len(checkpoints) == 1, checkpoints
+    step = int(re.search(r"step=(\d+)", checkpoints[0]).group(1))
+    assert 3 <= step < 12, checkpoints  # saved mid-run, after the mark
+    resumed = facts(folder, 2)
+    assert all(f["restarts"] == 1 and f["step"] == 12 for f in resumed)
+    uninterrupted, _ = trainer_runs["two_nodes"]
+    assert wait_job(cluster, trainer_runs["two_nodes"][1])["JobState"] == "COMPLETED"
+    assert resumed[0]["params"] == facts(uninterrupted, 2)[0]["params"]
+    # the record of the pre-emption is spent once the resumed fit ends
+    assert not os.listdir(folder / "out" / ".slurm-requeue")
+
+
+@pytest.mark.timeout(2 * JOB_TIMEOUT)
+def test_allocation_is_checked_against_the_run(cluster, tmp_path):
+    """Lightning's rules, checked before training, naming the SLURM variables and the fix; and the batch script
+    that forgot srun fails at once instead of waiting for its missing task."""
+    cases = {
+        # devices=2, num_nodes=1 on 2 nodes x 1 task: the total agrees, the shape does not
+        "devices": (["srun", "--nodes=2", "--ntasks-per-node=1", "python", "train.py"], dict(devices=2, nodes=1),
+                    ["SLURM_STEP_TASKS_PER_NODE", "devices=1", "--ntasks-per-node=2"]),
+        "uneven": (["srun", "--nodes=2", "--ntasks=3", "python", "train.py"], {},
+                   ["SLURM_STEP_TASKS_PER_NODE=2,1", "--ntasks-per-node"]),
+        "launch": (["srun", "--nodes=2", "--ntasks-per-node=1", "tasktrain", "launch", "--cpu", "--num_machines",
+                    "1", "--num_processes", "1", "train.py"], {},
+                   ["num_machines=1", "SLURM_STEP_NUM_NODES=2", "--num_machines 2"]),
+    }
+    procs = {}
+    for name, (argv, settings, _) in cases.items():
+        folder = job_folder(tmp_path, name)
+        procs[name] = (folder, subprocess.Popen(
+            ["timeout", str(JOB_TIMEOUT), *argv[:1], "--time=2", f"--job-name={name}", *argv[1:]], cwd=str(folder),
+            env=dict(cluster.env, **job_env(folder, **settings)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True))
+    # sbatch --ntasks=2 whose body runs python without srun: an error naming srun, within seconds
+    forgot = job_folder(tmp_path, "forgot_srun")
+    started = time.monotonic()
+    job = submit(cluster, forgot, "#!/bin/bash\npython train.py\n", "--nodes=1", "--ntasks=2")
+    state = wait_job(cluster, job, timeout=JOB_TIMEOUT)
+    elapsed = time.monotonic() - started
+    text = log(forgot)
+    assert state["JobState"] == "FAILED", f"{state}\n{text}"
+    assert "srun python" in text and "SLURM_NTASKS=2" in text and "SLURM_STEP_ID" in text, text
+    assert elapsed < 90, f"the missing srun took {elapsed:.0f} s to report"
+    assert not (forgot / "out" / "facts-rank0.json").exists()
+    for name, (folder, proc) in procs.items():
+        output = proc.communicate(timeout=JOB_TIMEOUT + 10)[0]
+        assert proc.returncode not in (0, 124), f"{name}: {proc.returncode}\n{output}"
+        for needle in cases[name][2]:
+            assert needle in output, f"{name}: {needle!r} not said:\n{output}"
+        assert not (folder / "out" / "facts-rank0.json").exists(), name
+
+
+@pytest.mark.timeout(2 * JOB_TIMEOUT)
+def test_srun_inside_an_interactive_allocation_forms_one_world(cluster, tmp_path, trainer_runs):
+    """salloc (job name "interactive") + srun with two tasks: one run of two processes, not two runs of one."""
+    folder = job_folder(tmp_path, "salloc")
+    result = cluster.run(["timeout", str(JOB_TIMEOUT), "salloc", "--nodes=1", "--ntasks=2", "--job-name=interactive",
+                          "--time=2", "srun", "python", "train.py"], timeout=JOB_TIMEOUT + 10, check=False,
+                         cwd=str(folder), env=job_env(folder))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    ranks = facts(folder, 2)
+    assert [(f["rank"], f["world"], f["launcher"]) for f in ranks] == [(0, 2, "slurm"), (1, 2, "slurm")], output
+    one_node, job = trainer_runs["one_node"]
+    assert wait_job(cluster, job)["JobState"] == "COMPLETED"
+    assert ranks[0]["params"] == facts(one_node, 2)[0]["params"]
+
+
+@pytest.mark.timeout(4 * JOB_TIMEOUT)
+def test_accelerator_and_launch_requeue_and_resume_bitwise(cluster, tmp_path, trainer_runs):
+    """docs' Accelerator and `tasktrain launch --max_restarts` scripts: pre-empted by SIGUSR1, requeued, resumed by
+    themselves (save_state's folder; the Trainer's checkpoint under the launcher), equal to uninterrupted runs."""
+    jobs, preemptions = {}, {}
+    for name, script, settings in (
+            ("accelerator", docs_script("accelerator.sbatch"), dict(steps=24)),
+            ("accelerator_pre", docs_script("accelerator.sbatch"), dict(steps=24, sleep=0.3, mark=2)),
+            ("launch_pre", docs_script("launch.sbatch").replace("29500", str(free_port())), dict(sleep=0.4, mark=3))):
+        folder = job_folder(tmp_path, name)
+        jobs[name] = (folder, submit(cluster, folder, script, **settings))
+        if "mark" in settings:
+            preemptions[name] = Preemption(cluster, jobs[name][1], folder, settings["mark"])
+    for name, preemption in preemptions.items():
+        folder, job = jobs[name]
+        state = preemption.result()
+        text = log(folder)
+        assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", f"{name}: {state}\n{text}"
+        assert "pre-empted, requeued" in text, f"{name}:\n{text}"
+        assert all(f["restarts"] == 1 for f in facts(folder, 2)), name
+    folder, job = jobs["accelerator"]
+    assert wait_job(cluster, job)["JobState"] == "COMPLETED", log(folder)
+    reference = facts(folder, 2)[0]["params"]
+    pre = jobs["accelerator_pre"][0]
+    assert "loading the pre-emption state" in log(pre) and (pre / "out" / ".slurm-requeue").is_dir()
+    assert facts(pre, 2)[0]["params"] == reference
+    launched = jobs["launch_pre"][0]
+    assert "resuming from the pre-emption checkpoint" in log(launched), log(launched)
+    resumed = facts(launched, 2)
+    assert [(f["world"], f["launcher"], f["step"]) for f in resumed] == [(2, "torchrun", 12)] * 2
+    uninterrupted, job = trainer_runs["two_nodes"]
+    assert wait_job(cluster, job)["JobState"] == "COMPLETED"
+    assert resumed[0]["params"] == facts(uninterrupted, 2)[0]["params"]  # 2 machines x 1 process, launched: the same
