@@ -104,8 +104,8 @@ MinJobAge=300
 SlurmctldTimeout=30
 SlurmdTimeout=60
 Waittime=0
-NodeName={a} NodeAddr=127.0.0.1 Port={port_a} CPUs=4 Sockets=1 CoresPerSocket=4 ThreadsPerCore=1 State=UNKNOWN
-NodeName={b} NodeAddr=127.0.0.1 Port={port_b} CPUs=4 Sockets=1 CoresPerSocket=4 ThreadsPerCore=1 State=UNKNOWN
+NodeName={a} NodeAddr=127.0.0.1 Port={port_a} CPUs=8 Sockets=1 CoresPerSocket=8 ThreadsPerCore=1 State=UNKNOWN
+NodeName={b} NodeAddr=127.0.0.1 Port={port_b} CPUs=8 Sockets=1 CoresPerSocket=8 ThreadsPerCore=1 State=UNKNOWN
 PartitionName=debug Nodes={a},{b} Default=YES MaxTime=10 State=UP OverSubscribe=NO
 """
 

@@ -171,35 +171,48 @@ class Preemption(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def trainer_runs(cluster, tmp_path_factory):
-    """Started together: docs' Trainer script on 2 nodes x 1 task (uninterrupted), the same on 1 node x 2 tasks,
-    the docs script again pre-empted by SLURM's warning signal, and torchrun."""
-    tmp = tmp_path_factory.mktemp("trainer_runs")
-    script = docs_script("trainer.sbatch")
+def runs(cluster, tmp_path_factory):
+    """Every long job of this file, started together so that they overlap: docs' Trainer script on 2 nodes x 1 task
+    (uninterrupted) and on 1 node x 2 tasks, the same script pre-empted by SLURM's warning signal, torchrun's run,
+    docs' Accelerator script uninterrupted and pre-empted, and docs' `tasktrain launch` script pre-empted."""
+    tmp = tmp_path_factory.mktemp("runs")
     runs = {}
-    two_nodes = job_folder(tmp, "two_nodes")
-    runs["two_nodes"] = (two_nodes, submit(cluster, two_nodes, script))
-    one_node = job_folder(tmp, "one_node")
-    runs["one_node"] = (one_node, submit(cluster, one_node, script, "--nodes=1", "--ntasks-per-node=2", devices=2))
-    preempted = job_folder(tmp, "preempted")
-    job = submit(cluster, preempted, script, sleep=0.4, mark=3)
-    runs["preempted"] = (preempted, job, Preemption(cluster, job, preempted, mark=3))
+
+    def job(name, script, *args, preempt_at=None, **settings):
+        folder = job_folder(tmp, name)
+        if preempt_at:
+            settings.update(mark=preempt_at)
+        job = submit(cluster, folder, script, *args, **settings)
+        runs[name] = (folder, job, Preemption(cluster, job, folder, preempt_at) if preempt_at else None)
+
+    trainer = docs_script("trainer.sbatch")
+    job("two_nodes", trainer)
+    job("preempted", trainer, sleep=0.4, preempt_at=3)
+    job("one_node", trainer, "--nodes=1", "--ntasks-per-node=2", devices=2)
     runs["torchrun"] = torchrun_reference(tmp)
+    job("accelerator", docs_script("accelerator.sbatch"), steps=24)
+    job("accelerator_pre", docs_script("accelerator.sbatch"), steps=24, sleep=0.3, preempt_at=2)
+    job("launch_pre", docs_script("launch.sbatch").replace("29500", str(free_port())), sleep=0.4, preempt_at=3)
     return runs
 
 
+def finished(cluster, runs, name):
+    folder, job, preemption = runs[name]
+    state = preemption.result() if preemption else wait_job(cluster, job)
+    assert state["JobState"] == "COMPLETED", f"{name}: {state}\n{log(folder)}"
+    return folder, state
+
+
 @pytest.mark.timeout(3 * JOB_TIMEOUT)
-def test_world_from_slurm_matches_torchrun_bitwise(cluster, trainer_runs):
+def test_world_from_slurm_matches_torchrun_bitwise(cluster, runs):
     """srun's tasks form one world from SLURM's variables: 2 nodes x 1 task and 1 node x 2 tasks, the weights of
     torchrun's 2 processes bit for bit."""
-    folder, proc = trainer_runs["torchrun"]
+    folder, proc = runs["torchrun"]
     output = proc.communicate(timeout=JOB_TIMEOUT)[0]
     assert proc.returncode == 0, output
     reference = facts(folder, 2)[0]["params"]
     for name, nodes, per_node in (("two_nodes", 2, 1), ("one_node", 1, 2)):
-        folder, job = trainer_runs[name]
-        state = wait_job(cluster, job)
-        assert state["JobState"] == "COMPLETED", f"{name}: {state}\n{log(folder)}"
+        folder, _ = finished(cluster, runs, name)
         ranks = facts(folder, 2)
         for rank, f in enumerate(ranks):
             assert (f["rank"], f["world"], f["launcher"], f["num_nodes"]) == (rank, 2, "slurm", nodes)
@@ -209,13 +222,12 @@ def test_world_from_slurm_matches_torchrun_bitwise(cluster, trainer_runs):
 
 
 @pytest.mark.timeout(4 * JOB_TIMEOUT)
-def test_requeue_signal_saves_requeues_and_resumes_bitwise(cluster, trainer_runs):
+def test_requeue_signal_saves_requeues_and_resumes_bitwise(cluster, runs):
     """SIGUSR1 (SLURM's warning): every rank saves, rank 0 requeues the job, the job's next start resumes from that
     checkpoint by itself and ends with the uninterrupted run's weights, bit for bit."""
-    folder, job, preemption = trainer_runs["preempted"]
-    state = preemption.result()
-    text = log(folder)
-    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", f"{state}\n{text}"
+    folder, state = finished(cluster, runs, "preempted")
+    job, text = runs["preempted"][1], log(folder)
+    assert state["Restarts"] == "1", f"{state}\n{text}"
     assert "pre-empted, requeued" in text and f"SLURM job {job} was requeued" in text, text
     assert "resuming from the pre-emption checkpoint" in text, text
     checkpoints = [n for n in os.listdir(folder / "out" / "checkpoints") if n.startswith("preempted-")]
@@ -224,8 +236,7 @@ def test_requeue_signal_saves_requeues_and_resumes_bitwise(cluster, trainer_runs
     assert 3 <= step < 12, checkpoints  # saved mid-run, after the mark
     resumed = facts(folder, 2)
     assert all(f["restarts"] == 1 and f["step"] == 12 for f in resumed)
-    uninterrupted, _ = trainer_runs["two_nodes"]
-    assert wait_job(cluster, trainer_runs["two_nodes"][1])["JobState"] == "COMPLETED"
+    uninterrupted, _ = finished(cluster, runs, "two_nodes")
     assert resumed[0]["params"] == facts(uninterrupted, 2)[0]["params"]
     # the record of the pre-emption is spent once the resumed fit ends
     assert not os.listdir(folder / "out" / ".slurm-requeue")
@@ -240,7 +251,7 @@ def test_allocation_is_checked_against_the_run(cluster, tmp_path):
         "devices": (["srun", "--nodes=2", "--ntasks-per-node=1", "python", "train.py"], dict(devices=2, nodes=1),
                     ["SLURM_STEP_TASKS_PER_NODE", "devices=1", "--ntasks-per-node=2"]),
         "uneven": (["srun", "--nodes=2", "--ntasks=3", "python", "train.py"], {},
-                   ["SLURM_STEP_TASKS_PER_NODE=2,1", "--ntasks-per-node"]),
+                   ["unevenly", "SLURM_STEP_TASKS_PER_NODE=", "--ntasks-per-node"]),
         "launch": (["srun", "--nodes=2", "--ntasks-per-node=1", "tasktrain", "launch", "--cpu", "--num_machines",
                     "1", "--num_processes", "1", "train.py"], {},
                    ["num_machines=1", "SLURM_STEP_NUM_NODES=2", "--num_machines 2"]),
@@ -272,7 +283,7 @@ def test_allocation_is_checked_against_the_run(cluster, tmp_path):
 
 
 @pytest.mark.timeout(2 * JOB_TIMEOUT)
-def test_srun_inside_an_interactive_allocation_forms_one_world(cluster, tmp_path, trainer_runs):
+def test_srun_inside_an_interactive_allocation_forms_one_world(cluster, tmp_path, runs):
     """salloc (job name "interactive") + srun with two tasks: one run of two processes, not two runs of one."""
     folder = job_folder(tmp_path, "salloc")
     result = cluster.run(["timeout", str(JOB_TIMEOUT), "salloc", "--nodes=1", "--ntasks=2", "--job-name=interactive",
@@ -282,41 +293,27 @@ def test_srun_inside_an_interactive_allocation_forms_one_world(cluster, tmp_path
     assert result.returncode == 0, output
     ranks = facts(folder, 2)
     assert [(f["rank"], f["world"], f["launcher"]) for f in ranks] == [(0, 2, "slurm"), (1, 2, "slurm")], output
-    one_node, job = trainer_runs["one_node"]
-    assert wait_job(cluster, job)["JobState"] == "COMPLETED"
+    one_node, _ = finished(cluster, runs, "one_node")
     assert ranks[0]["params"] == facts(one_node, 2)[0]["params"]
 
 
 @pytest.mark.timeout(4 * JOB_TIMEOUT)
-def test_accelerator_and_launch_requeue_and_resume_bitwise(cluster, tmp_path, trainer_runs):
+def test_accelerator_and_launch_requeue_and_resume_bitwise(cluster, runs):
     """docs' Accelerator and `tasktrain launch --max_restarts` scripts: pre-empted by SIGUSR1, requeued, resumed by
     themselves (save_state's folder; the Trainer's checkpoint under the launcher), equal to uninterrupted runs."""
-    jobs, preemptions = {}, {}
-    for name, script, settings in (
-            ("accelerator", docs_script("accelerator.sbatch"), dict(steps=24)),
-            ("accelerator_pre", docs_script("accelerator.sbatch"), dict(steps=24, sleep=0.3, mark=2)),
-            ("launch_pre", docs_script("launch.sbatch").replace("29500", str(free_port())), dict(sleep=0.4, mark=3))):
-        folder = job_folder(tmp_path, name)
-        jobs[name] = (folder, submit(cluster, folder, script, **settings))
-        if "mark" in settings:
-            preemptions[name] = Preemption(cluster, jobs[name][1], folder, settings["mark"])
-    for name, preemption in preemptions.items():
-        folder, job = jobs[name]
-        state = preemption.result()
+    for name in ("accelerator_pre", "launch_pre"):
+        folder, state = finished(cluster, runs, name)
         text = log(folder)
-        assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", f"{name}: {state}\n{text}"
+        assert state["Restarts"] == "1", f"{name}: {state}\n{text}"
         assert "pre-empted, requeued" in text, f"{name}:\n{text}"
         assert all(f["restarts"] == 1 for f in facts(folder, 2)), name
-    folder, job = jobs["accelerator"]
-    assert wait_job(cluster, job)["JobState"] == "COMPLETED", log(folder)
-    reference = facts(folder, 2)[0]["params"]
-    pre = jobs["accelerator_pre"][0]
+    reference = facts(finished(cluster, runs, "accelerator")[0], 2)[0]["params"]
+    pre = runs["accelerator_pre"][0]
     assert "loading the pre-emption state" in log(pre) and (pre / "out" / ".slurm-requeue").is_dir()
     assert facts(pre, 2)[0]["params"] == reference
-    launched = jobs["launch_pre"][0]
+    launched = runs["launch_pre"][0]
     assert "resuming from the pre-emption checkpoint" in log(launched), log(launched)
     resumed = facts(launched, 2)
     assert [(f["world"], f["launcher"], f["step"]) for f in resumed] == [(2, "torchrun", 12)] * 2
-    uninterrupted, job = trainer_runs["two_nodes"]
-    assert wait_job(cluster, job)["JobState"] == "COMPLETED"
+    uninterrupted, _ = finished(cluster, runs, "two_nodes")
     assert resumed[0]["params"] == facts(uninterrupted, 2)[0]["params"]  # 2 machines x 1 process, launched: the same
