@@ -317,3 +317,58 @@ def test_accelerator_and_launch_requeue_and_resume_bitwise(cluster, runs):
     assert [(f["world"], f["launcher"], f["step"]) for f in resumed] == [(2, "torchrun", 12)] * 2
     uninterrupted, _ = finished(cluster, runs, "two_nodes")
     assert resumed[0]["params"] == facts(uninterrupted, 2)[0]["params"]  # 2 machines x 1 process, launched: the same
+
+
+# -- the rules without a cluster (the variables as srun / sbatch / salloc set them, measured on SLURM 22.05) ----------
+def test_which_slurm_processes_form_a_world():
+    from tasktrain.strategies.environment import SlurmAllocationError, detect_environment
+
+    step = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
+            "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+            "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "interactive"}
+    env = detect_environment(step)  # srun with 4 tasks inside salloc: one world, whatever the job's name
+    assert (env.launcher, env.global_rank, env.world_size, env.local_world_size, env.node_rank) == ("slurm", 3, 4, 2, 1)
+    assert env.main_address == "gpu07"
+    shell = dict(step, SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_STEP_TASKS_PER_NODE="1", SLURM_JOB_NAME="bash")
+    assert detect_environment(shell).launcher is None  # `srun --pty bash`: a shell on a node, not a launch
+    assert detect_environment(dict(shell, SLURM_JOB_NAME="train")).launcher == "slurm"  # a step of one task
+    batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NNODES": "1",
+             "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_ID": "78", "SLURM_JOB_NAME": "job.sbatch"}
+    with pytest.raises(SlurmAllocationError, match=r"SLURM_STEP_ID is not.*SLURM_NTASKS=2.*srun python"):
+        detect_environment(batch)  # the batch script itself, python without srun
+    assert detect_environment(dict(batch, SLURM_NTASKS="1")).world_size == 1  # --ntasks=1: a world of one
+    with pytest.raises(SlurmAllocationError, match=r"unevenly.*SLURM_STEP_TASKS_PER_NODE=2,1.*--ntasks-per-node"):
+        detect_environment(dict(step, SLURM_NTASKS="3", SLURM_STEP_TASKS_PER_NODE="2,1"))
+
+
+def test_allocation_and_launch_checks_name_the_variables_and_the_fix(monkeypatch):
+    from tasktrain.strategies.environment import (ClusterEnvironment, SlurmAllocationError, check_launch_in_slurm,
+                                                  check_slurm_allocation)
+
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    env = ClusterEnvironment(world_size=2, local_world_size=1, launcher="slurm")
+    check_slurm_allocation(env, devices=1, num_nodes=2)
+    with pytest.raises(SlurmAllocationError, match=r"devices=2 .*1 task\(s\) per node.*--ntasks-per-node=2"):
+        check_slurm_allocation(env, devices=2, num_nodes=1)
+    with pytest.raises(SlurmAllocationError, match=r"num_nodes=1 nodes.*SLURM_NNODES=2.*--nodes=1"):
+        check_slurm_allocation(ClusterEnvironment(world_size=4, local_world_size=2, launcher="slurm"), 2, 1)
+    check_slurm_allocation(ClusterEnvironment(world_size=2, local_world_size=1, launcher="torchrun"), 2, 1)
+    step = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2"}
+    check_launch_in_slurm(2, 4, step)
+    check_launch_in_slurm(1, 2, {})  # not in a job step: nothing to check
+    with pytest.raises(SlurmAllocationError, match=r"--ntasks-per-node=1 tasktrain launch"):
+        check_launch_in_slurm(2, 4, dict(step, SLURM_STEP_NUM_TASKS="4"))
+    with pytest.raises(SlurmAllocationError, match=r"num_machines=1.*--num_machines 2"):
+        check_launch_in_slurm(1, 2, step)
+
+
+def test_requeue_settings():
+    import signal
+
+    from tasktrain.strategies.requeue import job_id, requeue_signal
+
+    assert requeue_signal({"SLURM_JOB_ID": "5", "TASKTRAIN_REQUEUE_SIGNAL": "12"}) == signal.SIGUSR2
+    assert requeue_signal({"SLURM_JOB_ID": "5", "TASKTRAIN_REQUEUE_SIGNAL": "sigusr1"}) == signal.SIGUSR1
+    with pytest.raises(ValueError, match="TASKTRAIN_REQUEUE_SIGNAL='USR9'"):
+        requeue_signal({"SLURM_JOB_ID": "5", "TASKTRAIN_REQUEUE_SIGNAL": "USR9"})
+    assert job_id({"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "8", "SLURM_ARRAY_TASK_ID": "3"}) == "8_3"
