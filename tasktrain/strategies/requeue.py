@@ -113,7 +113,7 @@ def requeue(root, checkpoint, step, is_global_zero, **extra):
     os.replace(record + ".tmp", record)
     # SLURM answers the requeue by ending this job (SIGTERM, then SIGKILL): the save is complete, nothing is left to
     # do but exit, so SIGTERM no longer interrupts it.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     command = ["scontrol", "requeue", job_id()]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT)
@@ -121,9 +121,10 @@ def requeue(root, checkpoint, step, is_global_zero, **extra):
     except (OSError, subprocess.TimeoutExpired) as err:
         failed = str(err)
     if failed:
-        print(f"[tasktrain] pre-empted: saved {checkpoint} at step {step}, but `{' '.join(command)}` failed ({failed}). "
-              "Resubmit the job (it resumes from that checkpoint only with ckpt_path=...), or allow requeueing "
-              "(#SBATCH --requeue; the cluster's JobRequeue).", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGTERM, previous)
+        print(f"[tasktrain] pre-empted: saved {checkpoint} at step {step}, but `{' '.join(command)}` failed "
+              f"({failed}). Resubmit the job (it resumes from that checkpoint only with ckpt_path=...), or allow "
+              "requeueing (#SBATCH --requeue; the cluster's JobRequeue).", file=sys.stderr, flush=True)
         return 1
     print(f"[tasktrain] pre-empted, requeued: saved {checkpoint} at step {step}; SLURM job {job_id()} was requeued "
           "and resumes from it when it starts again.", file=sys.stderr, flush=True)
