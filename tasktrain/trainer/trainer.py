@@ -133,7 +133,8 @@ class Trainer:
         if plugins:
             raise ValueError(
                 f"plugins={plugins!r}: tasktrain has no plugin objects. Precision is precision='bf16-mixed' (...), the "
-                "cluster environment is read from the launcher's variables (tasktrain launch, torchrun, SLURM), and "
+                "cluster environment is read from the launcher's variables (tasktrain launch, torchrun, SLURM; SLURM's "
+                "requeue: TASKTRAIN_SLURM_REQUEUE / TASKTRAIN_REQUEUE_SIGNAL, docs/slurm.md), and "
                 "checkpoint I/O belongs to the strategy (strategy=...).")
         # fast_dev_run (Lightning's debugging run): n batches of each loop, one epoch, no sanity check, no loggers;
         # ModelCheckpoint and EarlyStopping do nothing.
