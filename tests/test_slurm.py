@@ -146,18 +146,26 @@ def requeue_and_release(cluster, job, folder, mark):
     return wait_job(cluster, job)
 
 
-class Preemption(threading.Thread):
-    """requeue_and_release in the background from the job's start on, so the signal comes while the job trains,
-    whatever the test waits for meanwhile; result() joins (bounded) and returns the job's final state."""
+def signal_and_wait(cluster, job, folder, mark, sig):
+    """Another signal than the requeue signal, once the run is past step `mark`; the job's final state."""
+    wait_file(folder / "out" / f"step-{mark}.mark", job, cluster)
+    cluster.run(["scancel", f"--signal={sig}", job])
+    return wait_job(cluster, job)
 
-    def __init__(self, cluster, job, folder, mark):
+
+class Preemption(threading.Thread):
+    """requeue_and_release (or signal_and_wait with sig=) in the background from the job's start on, so the signal
+    comes while the job trains, whatever the test waits for meanwhile; result() joins (bounded) and returns the job's
+    final state."""
+
+    def __init__(self, cluster, job, folder, mark, sig=None):
         super().__init__(daemon=True)
-        self.args, self.state, self.error = (cluster, job, folder, mark), None, None
+        self.args, self.sig, self.state, self.error = (cluster, job, folder, mark), sig, None, None
         self.start()
 
     def run(self):
         try:
-            self.state = requeue_and_release(*self.args)
+            self.state = signal_and_wait(*self.args, self.sig) if self.sig else requeue_and_release(*self.args)
         except BaseException as err:  # handed to the test in result()
             self.error = err
 
@@ -178,17 +186,19 @@ def runs(cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
     runs = {}
 
-    def job(name, script, *args, preempt_at=None, **settings):
+    def job(name, script, *args, preempt_at=None, sig=None, **settings):
         folder = job_folder(tmp, name)
         if preempt_at:
             settings.update(mark=preempt_at)
         job = submit(cluster, folder, script, *args, **settings)
-        runs[name] = (folder, job, Preemption(cluster, job, folder, preempt_at) if preempt_at else None)
+        runs[name] = (folder, job, Preemption(cluster, job, folder, preempt_at, sig) if preempt_at else None)
 
     trainer = docs_script("trainer.sbatch")
     job("two_nodes", trainer)
     job("preempted", trainer, sleep=0.4, preempt_at=3)
     job("one_node", trainer, "--nodes=1", "--ntasks-per-node=2", devices=2)
+    job("sigterm", trainer, sleep=0.4, preempt_at=3, sig="TERM")
+    job("requeue_off", trainer, "--export=ALL,TASKTRAIN_SLURM_REQUEUE=0", sleep=0.4, preempt_at=3, sig="USR1")
     runs["torchrun"] = torchrun_reference(tmp)
     job("accelerator", docs_script("accelerator.sbatch"), steps=24)
     job("accelerator_pre", docs_script("accelerator.sbatch"), steps=24, sleep=0.3, preempt_at=2)
@@ -196,10 +206,10 @@ def runs(cluster, tmp_path_factory):
     return runs
 
 
-def finished(cluster, runs, name):
+def finished(cluster, runs, name, expected="COMPLETED"):
     folder, job, preemption = runs[name]
     state = preemption.result() if preemption else wait_job(cluster, job)
-    assert state["JobState"] == "COMPLETED", f"{name}: {state}\n{log(folder)}"
+    assert state["JobState"] == expected, f"{name}: {state}\n{log(folder)}"
     return folder, state
 
 
@@ -240,6 +250,22 @@ def test_requeue_signal_saves_requeues_and_resumes_bitwise(cluster, runs):
     assert resumed[0]["params"] == facts(uninterrupted, 2)[0]["params"]
     # the record of the pre-emption is spent once the resumed fit ends
     assert not os.listdir(folder / "out" / ".slurm-requeue")
+
+
+@pytest.mark.timeout(2 * JOB_TIMEOUT)
+def test_sigterm_keeps_its_meaning_and_requeueing_is_off_by_a_flag(cluster, runs):
+    """SIGTERM in a SLURM job: the checkpoint is saved and the job fails (exit 1), nothing is requeued. With
+    TASKTRAIN_SLURM_REQUEUE=0, SIGUSR1 keeps its default action: the tasks end, nothing is saved or requeued."""
+    folder, state = finished(cluster, runs, "sigterm", expected="FAILED")
+    text = log(folder)
+    assert state["Restarts"] == "0" and state["ExitCode"] == "1:0", f"{state}\n{text}"
+    assert "stopped by SIGTERM" in text and "ckpt_path='last'" in text and "requeued" not in text, text
+    assert [n for n in os.listdir(folder / "out" / "checkpoints") if n.startswith("preempted-")], text
+    assert not (folder / "out" / ".slurm-requeue").exists()
+    folder, state = finished(cluster, runs, "requeue_off", expected="FAILED")
+    text = log(folder)
+    assert state["Restarts"] == "0" and "User defined signal 1" in text and "requeued" not in text, f"{state}\n{text}"
+    assert not (folder / "out" / "checkpoints").exists() and not (folder / "out" / ".slurm-requeue").exists()
 
 
 @pytest.mark.timeout(2 * JOB_TIMEOUT)
