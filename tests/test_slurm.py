@@ -200,7 +200,8 @@ def runs(cluster, tmp_path_factory):
     job("one_node", trainer, "--nodes=1", "--ntasks-per-node=2", devices=2)
     one_task = ("--nodes=1", "--ntasks-per-node=1")  # what these two check needs no second process
     job("sigterm", trainer, *one_task, sleep=0.4, preempt_at=3, sig="TERM")
-    job("requeue_off", trainer, *one_task, "--export=ALL,TASKTRAIN_SLURM_REQUEUE=0", sleep=0.4, preempt_at=3, sig="USR1")
+    job("requeue_off", trainer, *one_task, "--export=ALL,TASKTRAIN_SLURM_REQUEUE=0", sleep=0.4, preempt_at=3,
+        sig="USR1")
     runs["torchrun"] = torchrun_reference(tmp)
     job("accelerator", docs_script("accelerator.sbatch"), steps=24)
     job("accelerator_pre", docs_script("accelerator.sbatch"), steps=24, sleep=0.3, preempt_at=2)
