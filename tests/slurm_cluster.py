@@ -141,7 +141,14 @@ PartitionName=debug Nodes={a},{b} Default=YES MaxTime=10 State=UP OverSubscribe=
         return result
 
     def stop(self):
-        """Every daemon by its pid: slurmd first (they end their job steps), then slurmctld, then munged."""
+        """Every job cancelled, then every daemon by its pid: slurmd first, then slurmctld, then munged; last, any
+        job step daemon (slurmstepd, which outlives slurmd by design) this cluster's slurmd started, with its tasks."""
+        controller = dict(self.procs).get("slurmctld")
+        if controller is not None and controller.poll() is None:
+            self.run(["scancel", "--partition=debug"], check=False, timeout=30)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False, timeout=30).stdout.strip():
+                time.sleep(0.5)
         for name, proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -151,3 +158,45 @@ PartitionName=debug Nodes={a},{b} Default=YES MaxTime=10 State=UP OverSubscribe=
                     proc.kill()
                     proc.wait(timeout=15)
         self.procs = []
+        for pid in self._step_daemons():
+            for task in _descendants(pid) + [pid]:
+                try:
+                    os.kill(task, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def _step_daemons(self):
+        """The slurmstepd processes of this cluster: they carry its SLURM_CONF from the slurmd that forked them."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if not f.read().startswith(b"slurmstepd"):
+                        continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mine in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+        return found
+
+
+def _descendants(pid):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -124,7 +125,7 @@ def torchrun_reference(tmp_path):
     env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k.startswith("SLURM_TEST_")}
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                              "--master-port", str(free_port()), "train.py"], cwd=str(folder), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return folder, proc
 
 
@@ -209,7 +210,12 @@ def runs(cluster, tmp_path_factory):
     job("forgot_srun", "#!/bin/bash\npython train.py\n", "--nodes=1", "--ntasks=2")
     for name in CHECKS:
         runs[name] = start_command(cluster, tmp, name)
-    return runs
+    yield runs
+    for name in (*CHECKS, "torchrun"):  # a test that failed early leaves its command: it ends here, by its group
+        proc = runs[name][1]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
 def finished(cluster, runs, name, expected="COMPLETED"):
@@ -293,9 +299,10 @@ def start_command(cluster, tmp, name):
     argv, settings, _ = CHECKS[name]
     folder = job_folder(tmp, name)
     options = ["--time=2"] + ([f"--job-name={name}"] if argv[0] == "srun" else [])
-    return folder, subprocess.Popen(["timeout", str(JOB_TIMEOUT), argv[0], *options, *argv[1:]], cwd=str(folder),
-                                    env=dict(cluster.env, **job_env(folder, **settings)), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
+    return folder, subprocess.Popen(["timeout", "-k", "10", str(JOB_TIMEOUT), argv[0], *options, *argv[1:]],
+                                    cwd=str(folder), env=dict(cluster.env, **job_env(folder, **settings)),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True)
 
 
 def command_output(runs, name):
