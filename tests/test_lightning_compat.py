@@ -437,10 +437,15 @@ def test_load_from_checkpoint_calls_configure_model_and_datamodule_load_from_che
         Data.load_from_checkpoint(path, shuffle=True)
 
 
-def test_clip_gradients_override_is_refused_under_automatic_optimisation():
+def test_clip_gradients_override_runs_at_each_step_with_the_trainers_values():
+    # Lightning's default configure_gradient_clipping calls self.clip_gradients with the Trainer's values: an
+    # override of clip_gradients alone is what clips (in place of the Trainer's own GradientClipping)
+    calls = []
+
     class OwnClipping(Linear):
         def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-            raise AssertionError("never called by the loop")
+            calls.append((gradient_clip_val, gradient_clip_algorithm, all(p.grad is not None for p in self.parameters())))
+            return super().clip_gradients(optimizer, gradient_clip_val * 2, gradient_clip_algorithm)
 
-    with pytest.raises(NotImplementedError, match="overrides clip_gradients"):
-        Trainer(max_steps=1, **quiet()).fit(OwnClipping(), loader(8))
+    Trainer(max_steps=3, gradient_clip_val=0.25, gradient_clip_algorithm="value", **quiet()).fit(OwnClipping(), loader(8))
+    assert calls == [(0.25, "value", True)] * 3

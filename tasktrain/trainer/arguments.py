@@ -55,6 +55,24 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, max_epochs, max_steps
         check_val_every_n_epoch=check_val_every_n_epoch), logger
 
 
+def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointing, inference_mode,
+              use_distributed_sampler, detect_anomaly, sync_batchnorm, reload_dataloaders_every_n_epochs):
+    """The Trainer's plain settings, checked."""
+    if int(log_every_n_steps) < 1:
+        raise ValueError(f"log_every_n_steps={log_every_n_steps}: use a positive integer.")
+    reload_every = int(reload_dataloaders_every_n_epochs or 0)
+    if reload_every < 0:
+        raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")
+    return dict(
+        min_steps=int(min_steps or 0), log_every_n_steps=int(log_every_n_steps),
+        default_root_dir=os.fspath(default_root_dir) if default_root_dir else os.getcwd(),
+        enable_checkpointing=enable_checkpointing,
+        inference_mode=bool(inference_mode),  # False: evaluation under torch.no_grad() instead
+        use_distributed_sampler=bool(use_distributed_sampler),  # False: each rank reads the loaders as given
+        detect_anomaly=bool(detect_anomaly), sync_batchnorm=bool(sync_batchnorm),
+        reload_dataloaders_every_n_epochs=reload_every)
+
+
 def set_torch_flags(deterministic, benchmark):
     """The process-wide torch settings the Trainer's arguments ask for."""
     if deterministic:

@@ -18,10 +18,13 @@ callbacks'):
     on_train_batch_end
 """
 import os
+import signal
 import sys
+import threading
 
 import torch
 
+from tasktrain.strategies.base import MultiProcess
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
@@ -337,6 +340,22 @@ def save_preemption_checkpoint(trainer, fit):
     fit.preempt_path = path
     if trainer.is_global_zero:
         print(f"[tasktrain] SIGTERM: finished step {trainer.global_step}, saved {path}", file=sys.stderr, flush=True)
+
+
+def install_sigterm_handler(trainer, fit):
+    """SIGTERM marks the fit pre-empted; the loop saves and stops at the next agreed point (loop.stop_agreed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    strategy = trainer.strategy
+
+    def on_sigterm(signum, frame):
+        if fit.preempted:
+            return
+        fit.preempted = True
+        if isinstance(strategy, MultiProcess):
+            strategy.forward_signal(signal.SIGTERM)  # to the workers it started itself, if any
+
+    return signal.signal(signal.SIGTERM, on_sigterm)
 
 
 # -- validation inside fit -----------------------------------------------------------------------------------------

@@ -12,12 +12,8 @@ Here: the run of a stage on every rank (`_run_stage`), the fit's set-up before i
 plan, strategy, resume, sanity check), the data set-up, metrics out to the loggers, save_checkpoint and the watchdog.
 """
 import contextlib
-import os
 import signal
-import sys
-import threading
 import time
-import warnings
 from typing import List, Optional, Union
 
 import torch
@@ -26,21 +22,19 @@ from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, resolve_profiler
-from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
+from tasktrain.strategies.base import Plan, Sharded, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
-from tasktrain.trainer import arguments, evaluation, loop, resume
+from tasktrain.trainer import arguments, evaluation, loop, resume, run
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.datamodule import DataModule
-from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, build_hook_tables,
-                                         check_optimization_hooks)
-from tasktrain.trainer.metrics import MetricStore
+from tasktrain.trainer.fit_state import accumulation_schedules, build_fit_state, check_optimization_hooks
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.run_state import Callbacks
-from tasktrain.trainer.runtime import announce_rank, broadcast_seed, build_runtime
+from tasktrain.trainer.runtime import broadcast_seed, build_runtime
 from tasktrain.trainer.state import TrainState
-from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
+from tasktrain.trainer.states import RunningStage, TrainerStatus
 
 
 class Trainer:
@@ -91,8 +85,7 @@ class Trainer:
         reload_dataloaders_every_n_epochs=0,
         max_restarts=0,
     ):
-        # The launch config, the strategy and its precision, the accumulation: the Accelerator's rules too.
-        # Arguments left at their defaults count as not given, so that `tasktrain launch`'s config fills them.
+        # The Accelerator's rules too; arguments left at their defaults let `tasktrain launch`'s config fill them.
         runtime = build_runtime(
             accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, precision=precision,
             accumulate_grad_batches=None if arguments.is_one(accumulate_grad_batches) else accumulate_grad_batches,
@@ -100,48 +93,30 @@ class Trainer:
         )
         arguments.refuse_lightning_only(barebones, plugins, max_restarts)
         self.env, self.strategy = runtime.env, runtime.strategy
-        self.devices, self.num_nodes = runtime.devices, runtime.num_nodes
-        self.accumulate_grad_batches = runtime.accumulate_grad_batches
+        self.devices, self.num_nodes, self.accumulate_grad_batches = (
+            runtime.devices, runtime.num_nodes, runtime.accumulate_grad_batches)
         # read by the step's clipping (TaskModule.configure_gradient_clipping's values) and TaskModule.clip_gradients
         self.gradient_clip_val, self.gradient_clip_algorithm = runtime.gradient_clip_val, gradient_clip_algorithm
-        # watchdog (issue 19): seconds a rank may go without progress in a loop before every rank stops, or None
-        self.stall_timeout = runtime.stall_timeout
-        # issue 29: restarts by torch's elastic agent (read by the strategy's setup_environment)
-        self.max_restarts = self.strategy.max_restarts = max_restarts
-        # profiler (tasktrain/profilers.py): without one each loop action is a `with` on a shared no-op context.
-        # Bound again at each run's start (the tuner sets the profiler aside for its trials).
-        self.profiler = resolve_profiler(profiler)
-        self._profile = _no_profile
+        self.stall_timeout = runtime.stall_timeout  # watchdog (issue 19): seconds without progress, or None
+        self.max_restarts = self.strategy.max_restarts = max_restarts  # issue 29: torch elastic's restarts
+        self.profiler = resolve_profiler(profiler)  # bound again at each run's start (run.start_stage)
+        self._profile = run.no_profile
         limits, logger = arguments.loop_limits(
             fast_dev_run, overfit_batches, min_epochs, max_epochs, max_steps,
             (limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches),
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch, logger)
         self.__dict__.update(limits)  # fast_dev_run, max_epochs, max_steps, limit_*_batches, ... (arguments.py)
-        self.min_steps = int(min_steps or 0)
-        if int(log_every_n_steps) < 1:
-            raise ValueError(f"log_every_n_steps={log_every_n_steps}: use a positive integer.")
-        self.log_every_n_steps = int(log_every_n_steps)
-        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir else os.getcwd()
-        self.enable_checkpointing = enable_checkpointing
+        self.__dict__.update(arguments.run_flags(  # log_every_n_steps, default_root_dir, ... (arguments.py)
+            min_steps, log_every_n_steps, default_root_dir, enable_checkpointing, inference_mode,
+            use_distributed_sampler, detect_anomaly, sync_batchnorm, reload_dataloaders_every_n_epochs))
         arguments.set_torch_flags(deterministic, benchmark)
-        self.inference_mode = bool(inference_mode)  # False: evaluation under torch.no_grad() instead
-        self.use_distributed_sampler = bool(use_distributed_sampler)  # False: each rank reads the loaders as given
-        self.detect_anomaly = bool(detect_anomaly)
-        self.sync_batchnorm = bool(sync_batchnorm)
-        self.reload_dataloaders_every_n_epochs = int(reload_dataloaders_every_n_epochs or 0)
-        if self.reload_dataloaders_every_n_epochs < 0:
-            raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")
         self.callbacks = arguments.default_callbacks(
             callbacks, self.default_root_dir, logger, enable_progress_bar, enable_checkpointing,
             self.gradient_clip_val, gradient_clip_algorithm, max_time, enable_model_summary)
-
-        self.state = TrainState()
-        self.optimizers, self.lr_scheduler_configs = [], []
-        self.module = None
-        self.datamodule = None  # the DataModule of the last entry point given one (Lightning's trainer.datamodule)
+        self.state, self.optimizers, self.lr_scheduler_configs = TrainState(), [], []
+        self.module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
         self._given_module = None  # what the last run was given: the module, or torch.compile(module)
-        self._metrics = None
-        self._callback_metrics_cache, self._logged_metrics = {}, {}
+        self._metrics, self._callback_metrics_cache, self._logged_metrics = None, {}, {}
         self._set_hook_tables(None)
         self._watchdog, self._watching = None, False
         self._reset_run_state()
@@ -331,62 +306,13 @@ class Trainer:
         for fn in self._all_hooks[event]:
             fn(*args)
 
-    def _attach_module_callbacks(self, module):
-        """The module's configure_callbacks(): each replaces the trainer's callbacks of its exact type."""
-        if not is_overridden("configure_callbacks", module, TaskModule):
-            return
-        extra = module.configure_callbacks()
-        extra = [extra] if isinstance(extra, Callback) else list(extra or [])
-        replaced = {type(c) for c in extra}
-        self.callbacks = arguments.in_call_order([c for c in self.callbacks if type(c) not in replaced] + extra)
 
-    def _prepare_data(self, module):
-        """prepare_data (the DataModule's, then the module's) once per machine (local rank 0), or once in all
-        (prepare_data_per_node=False); the other ranks wait at a barrier, so that setup() finds the files."""
-        for owner, base in ((self.datamodule, DataModule), (module, TaskModule)):
-            if owner is None or not is_overridden("prepare_data", owner, base):
-                continue
-            if self.local_rank == 0 if owner.prepare_data_per_node else self.is_global_zero:
-                owner.prepare_data()
-            if self.world_size > 1:
-                self.strategy.barrier("prepare_data")
 
-    def _data_hook(self, name, module):
-        """The DataModule's `name` where it overrides it (it wins, as in Lightning), else the module's, or None."""
-        module_has = is_overridden(name, module, TaskModule)
-        if self.datamodule is not None and is_overridden(name, self.datamodule, DataModule):
-            if module_has:  # one of them runs (Lightning's rule and warning), never both
-                warnings.warn(f"{name} is overridden in both {type(module).__name__} and "
-                              f"{type(self.datamodule).__name__}: the DataModule's runs, the module's does not.")
-            return getattr(self.datamodule, name)
-        if module_has and self.datamodule is not None:
-            warnings.warn(f"{name} is overridden in {type(module).__name__} and a DataModule was passed that does "
-                          "not override it: the module's runs.")
-        return getattr(module, name) if module_has else None
 
     def _loader_of(self, module, name):
         """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module."""
         return getattr(self.datamodule if self.datamodule is not None else module, name)()
 
-    def _batch_mover(self, module):
-        """(move, plain): how a batch reaches the device. Without transfer hooks, the strategy's batch_to_device
-        (plain=True: called with the batch alone); else Lightning's three hooks in order."""
-        strategy = self.strategy
-        before, transfer, after = (self._data_hook(name, module) for name in (
-            "on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"))
-        if before is None and transfer is None and after is None:
-            return strategy.batch_to_device, True
-
-        def move(batch, dataloader_idx=0):
-            if before is not None:
-                batch = before(batch, dataloader_idx)
-            batch = strategy.batch_to_device(batch) if transfer is None else \
-                transfer(batch, strategy.root_device, dataloader_idx)
-            if after is not None:
-                batch = after(batch, dataloader_idx)
-            return batch
-
-        return move, False
 
     def _eval_to_device(self, batch, dataloader_idx):
         return self._to_device(batch) if self._plain_transfer else self._to_device(batch, dataloader_idx)
@@ -447,7 +373,7 @@ class Trainer:
 
     def _run_stage(self, stage, module, train_loader, eval_loader, ckpt_path, gather, compiled=None):
         strategy = self.strategy
-        self._start_stage(stage, module)
+        run.start_stage(self, stage, module)
         result = None
         status = "success"  # what the loggers' finalize hears
         restore_forward = compile_forward_as(module, compiled)  # undone in the finally below
@@ -455,7 +381,7 @@ class Trainer:
             if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
                 Trainer._announced = True
-            self._prepare_data(module)
+            run.prepare_data(self, module)
             if self.datamodule is not None:
                 self.datamodule.setup(stage)
             self._call("setup", stage)
@@ -469,73 +395,19 @@ class Trainer:
         except BaseException as exc:
             status = "failed"
             self.state.status = TrainerStatus.INTERRUPTED
-            self._on_failure(exc)
+            run.on_failure(self, exc)
             raise
         finally:
             try:
-                self._teardown(stage, module, status)
+                run.teardown(self, stage, module, status)
             finally:
                 restore_forward()
                 self.state.stage = None
         self.state.status = TrainerStatus.FINISHED
         return result
 
-    def _start_stage(self, stage, module):
-        """The run's environment, fresh run state, profiler, metric store, callbacks and hook tables."""
-        strategy = self.strategy
-        strategy.setup_environment()
-        self._reset_run_state()
-        self.state.fn, self.state.status = TrainerFn(stage), TrainerStatus.RUNNING  # Lightning's trainer.state
-        # watchdog (issue 19): None on one process; the loops are observed through watched_batches/watched_action
-        self._watchdog = strategy.watchdog
-        self.module = module
-        module.trainer = self
-        self._profile = self.profiler.profile if self.profiler is not None else _no_profile
-        if self.profiler is not None:
-            self.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None, self.log_dir,
-                                strategy.is_global_zero, module)
-        announce_rank(strategy.global_rank)  # @rank_zero_only functions of the user's script know their rank
-        self._metrics = MetricStore(strategy)
-        self._attach_module_callbacks(module)
-        self._set_hook_tables(build_hook_tables(self, module))
-        self._to_device, self._plain_transfer = self._batch_mover(module)
 
-    def _on_failure(self, exc):
-        if not isinstance(exc, SystemExit) and isinstance(self.strategy, MultiProcess):
-            self.strategy.mark_failed()
-        handlers = list(self._all_hooks.get("on_exception", []))
-        if self.datamodule is not None:
-            handlers.append(self.datamodule.on_exception)
-        for fn in handlers:
-            try:
-                fn(exc)
-            except Exception as hook_error:  # the original error is what is raised; this one is reported
-                print(f"[tasktrain] an on_exception hook failed too ({getattr(getattr(fn, 'func', fn), '__qualname__', fn)}): "
-                      f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
-        if self.world_size > 1 and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            print(f"[tasktrain] rank {self.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
-    def _teardown(self, stage, module, status):
-        self._unwatch()
-        try:
-            if self.datamodule is not None:
-                self.datamodule.teardown(stage)
-            self._call("teardown", stage)
-        finally:
-            for logger in self.loggers:
-                if self.is_global_zero:
-                    logger.finalize(status)
-            self._callback_metrics_cache = dict(self._metrics.callback_metrics) if self._metrics else {}
-            write_error = self._wait_for_checkpoint_write(status)  # issue 29: fit end, error, SIGTERM: wait for it
-            self._last_metrics = self._metrics
-            self.strategy.teardown()
-            self._metrics = None
-            if self.profiler is not None:
-                self.profiler.describe()
-                self.profiler.teardown(stage)
-                self._profile = _no_profile  # a save_checkpoint after the run would restart a torn-down profiler
-            if write_error is not None:  # issue 29: a failed background write, raised once the rest is torn down
-                raise write_error
 
     # -- fit ---------------------------------------------------------------------------------------------------------
     def _fit(self, module, train_loader, val_loader, ckpt_path):
@@ -573,7 +445,7 @@ class Trainer:
             self._sanity_check()
         if restore_rng is not None:
             restore_rng()
-        previous = self._install_sigterm_handler(fit)
+        previous = loop.install_sigterm_handler(self, fit)
         try:
             loop.fit_loop(self, fit)
         finally:
@@ -618,20 +490,6 @@ class Trainer:
                 logger.log_graph(module)
                 logger.save()
 
-    def _install_sigterm_handler(self, fit):
-        """SIGTERM marks the fit pre-empted; the loop saves and stops at the next agreed point (loop.stop_agreed)."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        strategy = self.strategy
-
-        def on_sigterm(signum, frame):
-            if fit.preempted:
-                return
-            fit.preempted = True
-            if isinstance(strategy, MultiProcess):
-                strategy.forward_signal(signal.SIGTERM)  # to the workers it started itself, if any
-
-        return signal.signal(signal.SIGTERM, on_sigterm)
 
     def _setup_fit_val_data(self, module, val_loader):
         """The fit's validation loaders; False when it has none (no validation_step, limit_val_batches=0, None)."""
@@ -774,14 +632,6 @@ class Trainer:
                 ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
         self.checkpoint_seconds += time.perf_counter() - started
 
-    def _wait_for_checkpoint_write(self, status):  # issue 29: returns the write's error, for _teardown to raise
-        try:
-            self.strategy.wait_for_checkpoint(release=True)
-        except Exception as err:
-            if status != "failed":
-                return err
-            print(f"[tasktrain] {err}", file=sys.stderr, flush=True)  # the run's own error is the one raised
-        return None
 
     # -- the watchdog (issue 19, tasktrain/strategies/watchdog.py) ----------------------------------------------------
     def long_event(self, name, timeout=None):
@@ -889,13 +739,6 @@ class _StageRun:
 _NULL = contextlib.nullcontext()
 
 
-
-
-_NULL = contextlib.nullcontext()
-
-
-def _no_profile(action_name):
-    return _NULL
 
 
 def _batch_size_of(loader):
