@@ -135,17 +135,15 @@ def training_step(trainer, fit, batch, batch_idx, window):
     if module.automatic_optimization:
         closure = Closure(trainer, fit, batch, batch_idx, window)
         if steps:
-            fit.stepper.calls = 0
+            fit.stepper.stepped = False
             fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)  # the module's hook, or its default
             closure.check_ran()
-            state.global_step += fit.stepper.calls
-            if fit.stepper.stepped:
+            if fit.stepper.stepped:  # (not when GradScaler skipped the step, nor when the hook did not step)
                 step_schedulers(trainer, fit, "step")
             if window.ends_epoch:
                 step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
         else:
-            with trainer.strategy.no_backward_sync(True):
-                closure()
+            closure()
         outputs = closure.outputs
     else:
         outputs = fit.training_step(batch, batch_idx)
@@ -178,21 +176,24 @@ class Closure:
     def __call__(self):
         fit, batch_idx, window, hooks = self.fit, self.batch_idx, self.window, self.fit.all_hooks
         self.ran = True
-        self.outputs = outputs = fit.training_step(self.batch, batch_idx)
-        loss = loss_of(outputs, batch_idx)
-        fit.loss_window.append(loss.detach())
-        if window.size > 1:
-            loss = loss / window.size
-        optimizer = fit.optimizer
-        if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
-            for fn in hooks["on_before_zero_grad"]:
-                fn(optimizer)
-            fit.zero_grad(self.trainer.state.epoch, batch_idx, optimizer)
-        for fn in hooks["on_before_backward"]:
-            fn(loss)
-        fit.backward(loss)
-        for fn in hooks["on_after_backward"]:
-            fn()
+        # DDP skips the gradient all-reduce inside a window (it must cover the forward); DeepSpeed learns where the
+        # window ends
+        with self.trainer.strategy.no_backward_sync(batch_idx != window.last):
+            self.outputs = outputs = fit.training_step(self.batch, batch_idx)
+            loss = loss_of(outputs, batch_idx)
+            fit.loss_window.append(loss.detach())
+            if window.size > 1:
+                loss = loss / window.size
+            optimizer = fit.optimizer
+            if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
+                for fn in hooks["on_before_zero_grad"]:
+                    fn(optimizer)
+                fit.zero_grad(self.trainer.state.epoch, batch_idx, optimizer)
+            for fn in hooks["on_before_backward"]:
+                fn(loss)
+            fit.backward(loss)
+            for fn in hooks["on_after_backward"]:
+                fn()
         return loss
 
     def check_ran(self):
@@ -211,10 +212,11 @@ class StepOptimizer:
     def __init__(self, trainer, fit, optimizer):
         object.__setattr__(self, "_parts", (trainer, fit))
         object.__setattr__(self, "optimizer", optimizer)
-        object.__setattr__(self, "calls", 0)
         object.__setattr__(self, "stepped", False)
 
     def step(self, closure=None):
+        """global_step counts the step here, as in Lightning: an optimizer_step that reads it after
+        optimizer.step() (the warm-up of Lightning's docs) sees the step it just took."""
         trainer, fit = self._parts
         optimizer = self.optimizer
         if closure is not None:
@@ -222,10 +224,8 @@ class StepOptimizer:
         for fn in fit.all_hooks["on_before_optimizer_step"]:
             fn(optimizer)
         clip_gradients(trainer, fit, optimizer)
-        stepped = fit.step(optimizer)
-        object.__setattr__(self, "calls", self.calls + 1)
-        object.__setattr__(self, "stepped", stepped)
-        return None
+        object.__setattr__(self, "stepped", fit.step(optimizer))
+        trainer.state.global_step += 1
 
     def zero_grad(self, set_to_none=True):
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -234,7 +234,7 @@ class StepOptimizer:
         return getattr(self.optimizer, name)
 
     def __setattr__(self, name, value):
-        if name in ("calls", "stepped"):
+        if name == "stepped":
             object.__setattr__(self, name, value)
         else:
             setattr(self.optimizer, name, value)
