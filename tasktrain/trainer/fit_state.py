@@ -110,9 +110,11 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         training_step, backward, step, zero_grad = (profiled(profiler, name, fn) for name, fn in (
             ("training_step", training_step), ("backward", backward), ("optimizer_step", step),
             ("optimizer_zero_grad", zero_grad)))
-    module_clips = overrides["configure_gradient_clipping"] or overrides["clip_gradients"]
-    clippers = [cb for cb in trainer.callbacks if callable(getattr(cb, "clip", None)) and hasattr(cb, "requests")
-                and not (module_clips and getattr(cb, "from_trainer", False))]
+    # the module's configure_gradient_clipping (automatic optimisation only) clips in place of the Trainer's request
+    module_clips = module.automatic_optimization and (
+        overrides["configure_gradient_clipping"] or overrides["clip_gradients"])
+    clippers = [cb for cb in clipping_callbacks(trainer.callbacks)
+                if not (module_clips and getattr(cb, "from_trainer", False))]
     fit = FitState(
         module=module, optimizers=optimizers, lr_scheduler_configs=lr_scheduler_configs, epochs=epochs,
         metrics=trainer._metrics, hooks=trainer._hook_tables, to_device=trainer._to_device,
@@ -138,6 +140,13 @@ def check_optimization_hooks(module, strategy):
             "itself (it scales and partitions the gradients), so the override would not be called. Move what it "
             "does to on_before_backward / on_after_backward, or use a strategy without an engine of its own "
             "(ddp, fsdp).")
+
+
+def clipping_callbacks(callbacks):
+    """The callbacks that clip at each optimizer step (a plain interface: `requests`, the GradientClip records the
+    plan tells the strategy, and `clip(trainer, module, optimizer)`, which the step calls): GradientClipping."""
+    return [cb for cb in callbacks if callable(getattr(cb, "clip", None)) and isinstance(getattr(cb, "requests", None),
+                                                                                          tuple)]
 
 
 def accumulation_schedules(callbacks):

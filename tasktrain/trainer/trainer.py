@@ -28,7 +28,8 @@ from tasktrain.trainer import arguments, evaluation, loop, resume, run
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.datamodule import DataModule
-from tasktrain.trainer.fit_state import accumulation_schedules, build_fit_state, check_optimization_hooks
+from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
+                                         clipping_callbacks)
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.run_state import Callbacks
@@ -467,8 +468,7 @@ class Trainer:
             training=True, calls_steps=True, micro_batch_size=_batch_size_of(train_loader),
             accumulate_grad_batches=self.accumulate_grad_batches,
             automatic_optimization=module.automatic_optimization, loss_divided_by_window=True,
-            clipping=tuple(request for cb in self.callbacks if callable(getattr(cb, "clip", None))
-                           and hasattr(cb, "requests") for request in cb.requests),
+            clipping=tuple(request for cb in clipping_callbacks(self.callbacks) for request in cb.requests),
             has_lr_schedulers=bool(self.lr_scheduler_configs),
             accumulation_schedule=tuple(item for schedule in accumulation_schedules(self.callbacks)
                                         for item in schedule.accumulation_schedule.items()),
