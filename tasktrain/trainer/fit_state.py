@@ -19,7 +19,7 @@ from tasktrain.strategies.watchdog import watched_action
 from tasktrain.trainer.module import TaskModule, is_overridden
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Window:
     """One accumulation window of micro-batches: its first and last index in the epoch, the size its losses are
     divided by, and whether it ends the epoch (its step is then followed by the epoch-end schedulers)."""
@@ -47,18 +47,22 @@ class FitState:
     lr_scheduler_configs: list
     epochs: Any  # EpochIterator of the training data (replaced when reload_dataloaders_every_n_epochs rebuilds it)
     metrics: Any  # MetricStore
-    hooks: HookTables
+    module_hooks: dict  # the HookTables' (the run's hook tables), as plain fields: read at every micro-batch
+    callback_hooks: dict
+    all_hooks: dict
     to_device: Callable
     # the step's parts
     training_step: Callable  # strategy.training_step(batch, batch_idx)
     backward: Callable  # (loss): strategy.backward, through the module's backward where it overrides it
     step: Callable  # (optimizer) -> stepped: strategy.optimizer_step
-    zero_grad: Callable  # (epoch, batch_idx, optimizer): the module's optimizer_zero_grad, or strategy.zero_grad
+    zero_grad: Callable  # (optimizer): strategy.zero_grad
+    optimizer_zero_grad: Optional[Callable]  # (epoch, batch_idx, optimizer): the module's, where it overrides it
     optimizer_step: Callable  # (epoch, batch_idx, optimizer, closure): the module's optimizer_step
     lr_scheduler_step: Callable  # (scheduler, metric)
     configure_clipping: Optional[Callable]  # the module's configure_gradient_clipping where it clips its own way
     clippers: list  # GradientClipping callbacks whose requests the step applies (the plan's clipping)
     accumulation_schedules: list  # callbacks that set the window by epoch (get_accumulate_grad_batches(epoch))
+    optimizer: Any = None  # the optimizer automatic optimisation steps (the first)
     stepper: Any = None  # the StepOptimizer the module's optimizer_step receives
     # per epoch
     first_epoch: int = 0
@@ -69,22 +73,6 @@ class FitState:
     # stop flags (should_stop is the trainer's: callbacks set it)
     preempted: bool = False
     preempt_path: Optional[str] = None
-
-    @property
-    def optimizer(self):
-        return self.optimizers[0] if self.optimizers else None
-
-    @property
-    def module_hooks(self):
-        return self.hooks.module
-
-    @property
-    def callback_hooks(self):
-        return self.hooks.callbacks
-
-    @property
-    def all_hooks(self):
-        return self.hooks.all
 
 
 def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
@@ -100,12 +88,7 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
             strategy.backward(loss, backward_fn=module.backward)
     else:
         backward = strategy.backward
-    if overrides["optimizer_zero_grad"]:
-        zero_grad = module.optimizer_zero_grad
-    else:
-        def zero_grad(epoch, batch_idx, optimizer):
-            strategy.zero_grad(optimizer)
-    training_step, step = strategy.training_step, strategy.optimizer_step
+    zero_grad, training_step, step = strategy.zero_grad, strategy.training_step, strategy.optimizer_step
     if profiler is not None:  # only then is a part wrapped: without one they are called as they are
         training_step, backward, step, zero_grad = (profiled(profiler, name, fn) for name, fn in (
             ("training_step", training_step), ("backward", backward), ("optimizer_step", step),
@@ -117,17 +100,19 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
                 if not (module_clips and getattr(cb, "from_trainer", False))]
     fit = FitState(
         module=module, optimizers=optimizers, lr_scheduler_configs=lr_scheduler_configs, epochs=epochs,
-        metrics=trainer._metrics, hooks=trainer._hook_tables, to_device=trainer._to_device,
+        metrics=trainer._metrics, module_hooks=trainer._module_hooks, callback_hooks=trainer._callback_hooks,
+        all_hooks=trainer._all_hooks, to_device=trainer._to_device,
         training_step=training_step, backward=watched_action(watchdog, "backward", backward),
         step=watched_action(watchdog, "optimizer step", step,
                             after="after the optimizer step (logging, validation, callbacks)"),
         zero_grad=zero_grad, optimizer_step=module.optimizer_step,
+        optimizer_zero_grad=module.optimizer_zero_grad if overrides["optimizer_zero_grad"] else None,
         lr_scheduler_step=module.lr_scheduler_step if overrides["lr_scheduler_step"] else step_scheduler,
         configure_clipping=module.configure_gradient_clipping if module_clips else None, clippers=clippers,
         accumulation_schedules=accumulation_schedules(trainer.callbacks),
     )
     if optimizers:
-        fit.stepper = StepOptimizer(trainer, fit, optimizers[0])
+        fit.optimizer, fit.stepper = optimizers[0], StepOptimizer(trainer, fit, optimizers[0])
     return fit
 
 

@@ -137,7 +137,8 @@ def training_step(trainer, fit, batch, batch_idx, window):
         if steps:
             fit.stepper.stepped = False
             fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)  # the module's hook, or its default
-            closure.check_ran()
+            if not closure.ran:
+                closure.not_run()
             if fit.stepper.stepped:  # (not when GradScaler skipped the step, nor when the hook did not step)
                 step_schedulers(trainer, fit, "step")
             if window.ends_epoch:
@@ -188,7 +189,10 @@ class Closure:
             if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
                 for fn in hooks["on_before_zero_grad"]:
                     fn(optimizer)
-                fit.zero_grad(self.trainer.state.epoch, batch_idx, optimizer)
+                if fit.optimizer_zero_grad is None:
+                    fit.zero_grad(optimizer)
+                else:
+                    fit.optimizer_zero_grad(self.trainer.state.epoch, batch_idx, optimizer)
             for fn in hooks["on_before_backward"]:
                 fn(loss)
             fit.backward(loss)
@@ -196,12 +200,11 @@ class Closure:
                 fn()
         return loss
 
-    def check_ran(self):
-        if not self.ran:
-            raise RuntimeError(
-                f"{type(self.fit.module).__name__}.optimizer_step did not run the closure it was given: call "
-                "optimizer.step(closure=optimizer_closure) (or optimizer_closure() before deciding not to step), "
-                "so that training_step and backward run.")
+    def not_run(self):
+        raise RuntimeError(
+            f"{type(self.fit.module).__name__}.optimizer_step did not run the closure it was given: call "
+            "optimizer.step(closure=optimizer_closure) (or optimizer_closure() before deciding not to step), "
+            "so that training_step and backward run.")
 
 
 class StepOptimizer:
@@ -210,9 +213,7 @@ class StepOptimizer:
     the GradScaler, which may skip it). Anything else is the torch optimizer's."""
 
     def __init__(self, trainer, fit, optimizer):
-        object.__setattr__(self, "_parts", (trainer, fit))
-        object.__setattr__(self, "optimizer", optimizer)
-        object.__setattr__(self, "stepped", False)
+        self._parts, self.optimizer, self.stepped = (trainer, fit), optimizer, False
 
     def step(self, closure=None):
         """global_step counts the step here, as in Lightning: an optimizer_step that reads it after
@@ -224,20 +225,16 @@ class StepOptimizer:
         for fn in fit.all_hooks["on_before_optimizer_step"]:
             fn(optimizer)
         clip_gradients(trainer, fit, optimizer)
-        object.__setattr__(self, "stepped", fit.step(optimizer))
+        self.stepped = fit.step(optimizer)
         trainer.state.global_step += 1
 
     def zero_grad(self, set_to_none=True):
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # (only for names not set above; "optimizer" itself is missing only mid-unpickle)
+        if name in ("optimizer", "_parts"):
+            raise AttributeError(name)
         return getattr(self.optimizer, name)
-
-    def __setattr__(self, name, value):
-        if name == "stepped":
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.optimizer, name, value)
 
 
 def clip_gradients(trainer, fit, optimizer):
