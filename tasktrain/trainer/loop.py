@@ -9,12 +9,12 @@ callbacks'):
 
     on_train_batch_start
     closure():  training_step -> (window's first) on_before_zero_grad, optimizer_zero_grad -> on_before_backward,
-                backward, on_after_backward
+                backward, on_after_backward (under the strategy's no_backward_sync inside a window)
     window's last micro-batch:  module.optimizer_step(epoch, batch_idx, optimizer, closure), whose default is
                 optimizer.step(closure=closure): the closure runs, then on_before_optimizer_step, the clipping
                 (configure_gradient_clipping / the planned GradientClip requests) and the strategy's step;
                 then the step-interval schedulers, the logger flush, validation when due
-    otherwise:  closure() under no_backward_sync
+    otherwise:  closure()
     on_train_batch_end
 """
 import os
@@ -133,19 +133,46 @@ def training_step(trainer, fit, batch, batch_idx, window):
         return False
     steps = batch_idx == window.last
     if module.automatic_optimization:
-        closure = Closure(trainer, fit, batch, batch_idx, window)
-        if steps:
+        outputs = None
+
+        def closure():  # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
+            nonlocal outputs
+            # DDP skips the gradient all-reduce inside a window (it must cover the forward); DeepSpeed learns where
+            # the window ends
+            with trainer.strategy.no_backward_sync(not steps):
+                outputs = fit.training_step(batch, batch_idx)
+                loss = loss_of(outputs, batch_idx)
+                fit.loss_window.append(loss.detach())
+                if window.size > 1:
+                    loss = loss / window.size
+                optimizer = fit.optimizer
+                if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
+                    for fn in hooks["on_before_zero_grad"]:
+                        fn(optimizer)
+                    if fit.optimizer_zero_grad is None:
+                        fit.zero_grad(optimizer)
+                    else:
+                        fit.optimizer_zero_grad(state.epoch, batch_idx, optimizer)
+                for fn in hooks["on_before_backward"]:
+                    fn(loss)
+                fit.backward(loss)
+                for fn in hooks["on_after_backward"]:
+                    fn()
+            return loss
+
+        if not steps:
+            closure()
+        else:
             fit.stepper.stepped = False
-            fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)  # the module's hook, or its default
-            if not closure.ran:
-                closure.not_run()
+            # the module's hook; its default optimizer.step(closure=closure) runs the closure, then
+            # on_before_optimizer_step, the clipping and the strategy's step (StepOptimizer.step)
+            fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)
+            if outputs is None:
+                closure_not_run(module)
             if fit.stepper.stepped:  # (not when GradScaler skipped the step, nor when the hook did not step)
                 step_schedulers(trainer, fit, "step")
             if window.ends_epoch:
                 step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
-        else:
-            closure()
-        outputs = closure.outputs
     else:
         outputs = fit.training_step(batch, batch_idx)
     fit.epochs.advance(batch_idx)
@@ -163,48 +190,11 @@ def training_step(trainer, fit, batch, batch_idx, window):
     return not stop
 
 
-class Closure:
-    """Lightning's optimizer closure: training_step, then zero_grad (at the window's first micro-batch) and backward.
-    What `optimizer.step(closure=...)` runs in the module's optimizer_step; called directly on the micro-batches of a
-    window that do not step. Returns the (window-divided) loss."""
-
-    __slots__ = ("trainer", "fit", "batch", "batch_idx", "window", "outputs", "ran")
-
-    def __init__(self, trainer, fit, batch, batch_idx, window):
-        self.trainer, self.fit, self.batch, self.batch_idx, self.window = trainer, fit, batch, batch_idx, window
-        self.outputs, self.ran = None, False
-
-    def __call__(self):
-        fit, batch_idx, window, hooks = self.fit, self.batch_idx, self.window, self.fit.all_hooks
-        self.ran = True
-        # DDP skips the gradient all-reduce inside a window (it must cover the forward); DeepSpeed learns where the
-        # window ends
-        with self.trainer.strategy.no_backward_sync(batch_idx != window.last):
-            self.outputs = outputs = fit.training_step(self.batch, batch_idx)
-            loss = loss_of(outputs, batch_idx)
-            fit.loss_window.append(loss.detach())
-            if window.size > 1:
-                loss = loss / window.size
-            optimizer = fit.optimizer
-            if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
-                for fn in hooks["on_before_zero_grad"]:
-                    fn(optimizer)
-                if fit.optimizer_zero_grad is None:
-                    fit.zero_grad(optimizer)
-                else:
-                    fit.optimizer_zero_grad(self.trainer.state.epoch, batch_idx, optimizer)
-            for fn in hooks["on_before_backward"]:
-                fn(loss)
-            fit.backward(loss)
-            for fn in hooks["on_after_backward"]:
-                fn()
-        return loss
-
-    def not_run(self):
-        raise RuntimeError(
-            f"{type(self.fit.module).__name__}.optimizer_step did not run the closure it was given: call "
-            "optimizer.step(closure=optimizer_closure) (or optimizer_closure() before deciding not to step), "
-            "so that training_step and backward run.")
+def closure_not_run(module):
+    raise RuntimeError(
+        f"{type(module).__name__}.optimizer_step did not run the closure it was given: call "
+        "optimizer.step(closure=optimizer_closure) (or optimizer_closure() before deciding not to step), so that "
+        "training_step and backward run.")
 
 
 class StepOptimizer:
