@@ -594,6 +594,18 @@ class Trainer:
         loaders = self._val_loader
         return loaders[0] if loaders and len(loaders) == 1 else loaders
 
+    # -- the loop's state, read by code outside the loop (tasktrain/trainer/guards.py of issue 38) -------------------
+    @property
+    def _loss_window(self):
+        """The training losses not yet checked for finiteness (loop.check_finite_loss), of the fit in progress."""
+        return self._fit_state.loss_window if self._fit_state is not None else []
+
+    def _done(self):
+        return loop.done(self)
+
+    def _max_steps_reached(self):
+        return loop.max_steps_reached(self)
+
     # -- metrics out -----------------------------------------------------------------------------------------------
     def _flush_step_metrics(self):
         values = self._metrics.step_metrics_for_logger()  # every rank: may synchronise sync_dist values
