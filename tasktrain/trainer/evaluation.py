@@ -1,7 +1,7 @@
 """validate / test / predict: the evaluation loops, as plain functions over the trainer.
 
     run_evaluation(trainer, stage, module, loader, ckpt_path, gather)   the entry point's work (Trainer.validate, ...)
-      evaluate(trainer, stage, loaders, limits)                          validation / test batches (also fit's validation)
+      evaluate(trainer, stage, loaders, limits)                          validation / test batches (fit's too)
       predict(trainer, module, loaders, limits, gather)                  predict batches
 """
 import torch
@@ -156,7 +156,8 @@ def predict(trainer, module, loaders, limits, gather):
 
 def _batches(trainer, loader, limit, prefix, end_event=None):
     """(index, batch) of one evaluation loader up to its limit, marked for the watchdog (and the profiler)."""
-    batches = loader if trainer.profiler is None else profiled_iter(loader, trainer.profiler, f"{prefix}_dataloader_next")
+    batches = loader if trainer.profiler is None else \
+        profiled_iter(loader, trainer.profiler, f"{prefix}_dataloader_next")
     state = trainer.state
     extra = {} if end_event is None else {"end_event": end_event}
     for batch_idx, batch in watched_batches(trainer._watchdog, enumerate(batches), f"{prefix}_step",

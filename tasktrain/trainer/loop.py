@@ -283,7 +283,8 @@ def check_finite_loss(trainer, fit):
 def may_stop(trainer, fit):
     """A stop request (EarlyStopping, should_stop) is honoured once min_epochs and min_steps are reached;
     SIGTERM always."""
-    return fit.preempted or (trainer.state.global_step >= trainer.min_steps and trainer.state.epoch >= trainer.min_epochs)
+    state = trainer.state
+    return fit.preempted or (state.global_step >= trainer.min_steps and state.epoch >= trainer.min_epochs)
 
 
 def done(trainer):

@@ -1,7 +1,7 @@
 """The Trainer's run state: what a checkpoint holds (dump) and how a fit resumes from one (restore).
 
-    run_state(trainer)                      the stateful parts under the checkpoint's keys (tasktrain/trainer/run_state.py)
-    dump_checkpoint(trainer)                the checkpoint dict (Trainer.dump_checkpoint; Trainer.save_checkpoint writes it)
+    run_state(trainer)                      the stateful parts under the checkpoint's keys (run_state.py)
+    dump_checkpoint(trainer)                the checkpoint dict (Trainer.save_checkpoint writes it)
     restore(trainer, ckpt_path)             weights, optimizers, schedulers, precision, callbacks, metrics, RNG
     restore_position(trainer, ..., data)    the loop's position, on the data it will continue
 

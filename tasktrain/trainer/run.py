@@ -26,6 +26,7 @@ def attach_module_callbacks(trainer, module):
     replaced = {type(c) for c in extra}
     trainer.callbacks = in_call_order([c for c in trainer.callbacks if type(c) not in replaced] + extra)
 
+
 def prepare_data(trainer, module):
     """prepare_data (the DataModule's, then the module's) once per machine (local rank 0), or once in all
     (prepare_data_per_node=False); the other ranks wait at a barrier, so that setup() finds the files."""
@@ -36,6 +37,7 @@ def prepare_data(trainer, module):
             owner.prepare_data()
         if trainer.world_size > 1:
             trainer.strategy.barrier("prepare_data")
+
 
 def data_hook(trainer, name, module):
     """The DataModule's `name` where it overrides it (it wins, as in Lightning), else the module's, or None."""
@@ -49,6 +51,7 @@ def data_hook(trainer, name, module):
         warnings.warn(f"{name} is overridden in {type(module).__name__} and a DataModule was passed that does "
                       "not override it: the module's runs.")
     return getattr(module, name) if module_has else None
+
 
 def batch_mover(trainer, module):
     """(move, plain): how a batch reaches the device. Without transfer hooks, the strategy's batch_to_device
@@ -70,6 +73,7 @@ def batch_mover(trainer, module):
 
     return move, False
 
+
 def start_stage(trainer, stage, module):
     """The run's environment, fresh run state, profiler, metric store, callbacks and hook tables."""
     strategy = trainer.strategy
@@ -83,12 +87,13 @@ def start_stage(trainer, stage, module):
     trainer._profile = trainer.profiler.profile if trainer.profiler is not None else no_profile
     if trainer.profiler is not None:
         trainer.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None, trainer.log_dir,
-                            strategy.is_global_zero, module)
+                               strategy.is_global_zero, module)
     announce_rank(strategy.global_rank)  # @rank_zero_only functions of the user's script know their rank
     trainer._metrics = MetricStore(strategy)
     attach_module_callbacks(trainer, module)
     trainer._set_hook_tables(build_hook_tables(trainer, module))
     trainer._to_device, trainer._plain_transfer = batch_mover(trainer, module)
+
 
 def on_failure(trainer, exc):
     if not isinstance(exc, SystemExit) and isinstance(trainer.strategy, MultiProcess):
@@ -104,6 +109,7 @@ def on_failure(trainer, exc):
                   f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
     if trainer.world_size > 1 and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
         print(f"[tasktrain] rank {trainer.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
 
 def teardown(trainer, stage, module, status):
     trainer._unwatch()
@@ -126,6 +132,7 @@ def teardown(trainer, stage, module, status):
             trainer._profile = no_profile  # a save_checkpoint after the run would restart a torn-down profiler
         if write_error is not None:  # issue 29: a failed background write, raised once the rest is torn down
             raise write_error
+
 
 def wait_for_checkpoint_write(trainer, status):  # issue 29: returns the write's error, for _teardown to raise
     try:

@@ -147,7 +147,8 @@ class Trainer:
 
     @loggers.setter
     def loggers(self, loggers):
-        self.callbacks = arguments.check_loggers(loggers or []) + [c for c in self.callbacks if not isinstance(c, Logger)]
+        others = [c for c in self.callbacks if not isinstance(c, Logger)]
+        self.callbacks = arguments.check_loggers(loggers or []) + others
 
     @property
     def logger(self):
