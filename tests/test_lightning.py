@@ -148,9 +148,8 @@ LIGHTNING_CALLBACK_HOOKS = {
     "load_state_dict": 1, "on_save_checkpoint": 3, "on_load_checkpoint": 3, "on_before_backward": 3,
     "on_after_backward": 2, "on_before_optimizer_step": 3, "on_before_zero_grad": 3,
 }
-# Refused at fit() start with what to do instead (docs/lightning.md says why).
-REFUSED_MODULE_HOOKS = {"optimizer_step", "optimizer_zero_grad", "backward", "configure_gradient_clipping",
-                        "configure_sharded_model"}
+# Refused at fit() start with what to do instead (docs/lightning.md says why): Lightning deprecated it.
+REFUSED_MODULE_HOOKS = {"configure_sharded_model"}
 
 
 class _Full(Linear):

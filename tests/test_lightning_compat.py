@@ -437,10 +437,125 @@ def test_load_from_checkpoint_calls_configure_model_and_datamodule_load_from_che
         Data.load_from_checkpoint(path, shuffle=True)
 
 
-def test_clip_gradients_override_is_refused_under_automatic_optimisation():
+def test_clip_gradients_override_runs_at_each_step_with_the_trainers_values():
+    # Lightning's default configure_gradient_clipping calls self.clip_gradients with the Trainer's values: an
+    # override of clip_gradients alone is what clips (in place of the Trainer's own GradientClipping)
+    calls = []
+
     class OwnClipping(Linear):
         def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-            raise AssertionError("never called by the loop")
+            calls.append((gradient_clip_val, gradient_clip_algorithm, all(p.grad is not None for p in self.parameters())))
+            return super().clip_gradients(optimizer, gradient_clip_val * 2, gradient_clip_algorithm)
 
-    with pytest.raises(NotImplementedError, match="overrides clip_gradients"):
-        Trainer(max_steps=1, **quiet()).fit(OwnClipping(), loader(8))
+    Trainer(max_steps=3, gradient_clip_val=0.25, gradient_clip_algorithm="value", **quiet()).fit(OwnClipping(), loader(8))
+    assert calls == [(0.25, "value", True)] * 3
+
+
+# -- the module's optimization hooks (issue 37): called as Lightning calls them ------------------------------------
+class _WarmUp(Linear):
+    """Lightning's documented learning-rate warm-up in optimizer_step, with accumulation and clipping on."""
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+        optimizer.step(closure=optimizer_closure)
+        if self.trainer.global_step < 5:  # global_step counts the step just taken (Lightning's)
+            for group in optimizer.param_groups:
+                group["lr"] = min(1.0, float(self.trainer.global_step + 1) / 5) * self.hparams.lr
+
+
+def _hand_written_warm_up(epochs, accumulate, clip):
+    """The same run as a plain torch loop: windows of `accumulate` batches of 8 (losses divided by the window),
+    clipping by norm, the warm-up after each step."""
+    data = list(loader(40))  # 5 batches an epoch: windows of 2, 2, 1
+    model = Linear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = 0
+    for _ in range(epochs):
+        for first in range(0, len(data), accumulate):
+            window = data[first:first + accumulate]
+            optimizer.zero_grad()
+            for x, y in window:
+                (torch.nn.functional.mse_loss(model(x), y) / len(window)).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            step += 1
+            if step < 5:
+                for group in optimizer.param_groups:
+                    group["lr"] = min(1.0, float(step + 1) / 5) * 0.1
+    return [p.detach().clone() for p in model.parameters()], step
+
+
+def test_optimizer_step_warm_up_trains_as_a_hand_written_loop():
+    module = _WarmUp()
+    trainer = Trainer(max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.3, **quiet())
+    trainer.fit(module, loader(40))
+    expected, steps = _hand_written_warm_up(epochs=2, accumulate=2, clip=0.3)
+    assert trainer.global_step == steps == 6
+    for got, want in zip(module.parameters(), expected):
+        torch.testing.assert_close(got.detach(), want, rtol=0, atol=1e-6)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_optimization_hooks_order_arguments_and_a_step_skipped_by_the_hook():
+    calls = []
+
+    class Hooked(Linear):
+        def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+            calls.append(("zero_grad", epoch, batch_idx))
+            optimizer.zero_grad()
+
+        def backward(self, loss, *args, **kwargs):
+            calls.append(("backward", round(float(loss.detach()), 6)))
+            loss.backward(*args, **kwargs)
+
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            calls.append(("clip", gradient_clip_val, gradient_clip_algorithm))
+
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            calls.append(("step", epoch, batch_idx))
+            if batch_idx == 3:  # a skipped step: the closure still runs (training_step and backward), no update
+                optimizer_closure()
+                return
+            optimizer.step(closure=optimizer_closure)
+
+    module = Hooked()
+    before = [p.detach().clone() for p in module.parameters()]
+    trainer = Trainer(max_epochs=1, accumulate_grad_batches=2, gradient_clip_val=2.0, **quiet())
+    trainer.fit(module, loader(32))  # 4 batches: windows (0, 1), (2, 3)
+    kinds = [c[0] for c in calls]
+    # batch 0: the closure (zero_grad at the window's first, backward); batch 1: optimizer_step, whose
+    # optimizer.step runs the closure, then the clipping; batches 2 and 3 the same, the step skipped by the hook
+    assert kinds == ["zero_grad", "backward", "step", "backward", "clip", "zero_grad", "backward", "step", "backward"]
+    assert ("zero_grad", 0, 0) in calls and ("zero_grad", 0, 2) in calls and ("clip", 2.0, "norm") in calls
+    assert trainer.global_step == 1  # the second window's hook did not step
+    assert not all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+    class Forgetful(Linear):
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            pass  # neither steps nor runs the closure
+
+    with pytest.raises(RuntimeError, match="did not run the closure"):
+        Trainer(max_steps=1, **quiet()).fit(Forgetful(), loader(8))
+
+
+def test_backward_override_runs_under_a_context_and_deepspeed_refuses_it():
+    entered = []
+
+    class UnderContext(Linear):
+        def backward(self, loss, *args, **kwargs):
+            # what Lightning's tensor-parallel example does with loss_parallel(): backward inside a context
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                entered.append(float(loss))
+                loss.backward(*args, **kwargs)
+
+    module = UnderContext()
+    reference = Linear()
+    Trainer(max_steps=2, **quiet()).fit(module, loader(16))
+    Trainer(max_steps=2, **quiet()).fit(reference, loader(16))
+    assert len(entered) == 2
+    for a, b in zip(module.parameters(), reference.parameters()):
+        assert torch.equal(a, b)  # the override's backward is the backward: same training
+
+    from tasktrain import DeepSpeed
+
+    with pytest.raises(NotImplementedError, match="overrides backward, but DeepSpeed's engine runs the backward"):
+        Trainer(strategy=DeepSpeed(stage=2), devices=1, max_steps=1, **quiet()).fit(UnderContext(), loader(8))

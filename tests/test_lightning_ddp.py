@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from ddp_scripts import common
 from ddp_scripts.common import run, script
@@ -70,3 +71,42 @@ def test_callbacks_profiler_and_refusals_on_two_processes(ran):
     for rank_facts in facts:
         assert len(rank_facts["refusals"]) == 2
         assert "one process only" in rank_facts["refusals"][0] and "runs on one process" in rank_facts["refusals"][1]
+
+
+def _warm_up_reference(steps=6, warmup=4, lr=0.1, clip=0.5):
+    """One process, plain torch: what optimization_hooks.py's module does on 2 ranks x 8 (batches of 16 in order),
+    with the warm-up of Lightning's docs after each step and clipping by norm."""
+    x, y = common.regression_data()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(layer.parameters(), lr=lr)
+    lrs = []
+    for step in range(steps):
+        lrs.append(opt.param_groups[0]["lr"])
+        b = step % 2
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(layer(x[b * 16:(b + 1) * 16]), y[b * 16:(b + 1) * 16]).backward()
+        torch.nn.utils.clip_grad_norm_(layer.parameters(), clip)
+        opt.step()
+        if step + 1 < warmup:
+            for group in opt.param_groups:
+                group["lr"] = min(1.0, float(step + 2) / warmup) * lr
+    return [p.detach().flatten().tolist() for p in layer.parameters()], lrs
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_optimization_hooks_on_two_processes_under_ddp_and_deepspeed_stage_2(tmp_path):
+    # one launch, two fits in one process group: the module's optimizer_step (warm-up), optimizer_zero_grad,
+    # backward (DDP only: DeepSpeed's engine runs its own) and configure_gradient_clipping
+    code, stdout, stderr, _ = run([sys.executable, script("optimization_hooks.py"), str(tmp_path)], 240, str(tmp_path))
+    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    weights, lrs = _warm_up_reference()
+    for name in ("ddp", "deepspeed_stage_2"):
+        facts = [json.load(open(tmp_path / f"{name}.rank{r}.json")) for r in (0, 1)]
+        for fact in facts:
+            assert fact["global_step"] == 6 and fact["lrs"] == pytest.approx(lrs), name
+            assert fact["weights"][0] == pytest.approx(weights[0], abs=1e-6), name
+            assert fact["weights"][1] == pytest.approx(weights[1], abs=1e-6), name
+            assert fact["counts"] == {"optimizer_zero_grad": 6, "backward": 6 if name == "ddp" else 0,
+                                      "configure_gradient_clipping": 6}, name

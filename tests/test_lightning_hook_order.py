@@ -7,8 +7,8 @@ Each expected list is Lightning's, then `_as_tasktrain` applies the differences 
 nothing else:
   - within one event the module's hook runs before the callbacks' (Lightning: the callbacks' first, but the
     monitoring callbacks' on_train_epoch_end after the module's);
-  - optimizer_step, optimizer_zero_grad, backward and configure_gradient_clipping are refused (the strategy steps),
-    so the loop calls none of them nor clip_gradients.
+  (the optimization hooks, optimizer_step with its closure, optimizer_zero_grad, backward,
+  configure_gradient_clipping and clip_gradients, are called where Lightning calls them: no difference.)
 
 The recorder overrides every hook in its class (tasktrain calls a module's hook only where it is overridden, so a
 recorder that wraps instances, as Lightning's test does, would see only the overridden ones); each records after
@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from tasktrain import Callback, DataModule, TaskModule, Trainer
 
-REFUSED = {"optimizer_step", "optimizer_zero_grad", "backward", "configure_gradient_clipping", "clip_gradients"}
 # module hooks the loop may call (Lightning's test hooks every LightningModule method but log/optimizers, plus
 # nn.Module's forward, zero_grad and train)
 MODULE_HOOKS = [
@@ -37,7 +36,8 @@ MODULE_HOOKS = [
     "val_dataloader", "test_dataloader", "predict_dataloader", "transfer_batch_to_device",
     "on_before_batch_transfer", "on_after_batch_transfer", "on_load_checkpoint", "on_save_checkpoint", "forward",
     "training_step", "validation_step", "test_step", "predict_step", "configure_callbacks", "configure_optimizers",
-    "lr_scheduler_step", "manual_backward", "zero_grad", "train",
+    "lr_scheduler_step", "manual_backward", "zero_grad", "train", "optimizer_step", "optimizer_zero_grad", "backward",
+    "configure_gradient_clipping", "clip_gradients",
 ]
 CALLBACK_HOOKS = [
     "setup", "teardown", "on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end",
@@ -243,11 +243,10 @@ def _fit_end():
 
 
 def _as_tasktrain(expected):
-    """Lightning's list with docs/lightning.md's deliberate differences applied: the refused hooks are not called;
-    in each event the module's hook comes before the callbacks'; fit requests its loaders (validation, then
+    """Lightning's list with docs/lightning.md's deliberate differences applied: in each event the module's hook comes before the callbacks'; fit requests its loaders (validation, then
     training) right after configure_optimizers, before on_fit_start (the strategy is set up with the batch size
     before on_fit_start)."""
-    out = [item for item in expected if item[0] not in REFUSED]
+    out = list(expected)
     if ("configure_optimizers", 0) in out:
         at = out.index(("configure_optimizers", 0)) + 1
         for loader in ("train_dataloader", "val_dataloader"):

@@ -5,8 +5,8 @@ from tasktrain.strategies.base import GradientClip
 class GradientClipping(Callback):
     """Clip gradients after unscaling and before the optimizer step; optionally log the pre-clip norm.
 
-    It acts in on_before_optimizer_step, once per optimizer step (the accumulation window's gradients are
-    complete), through `strategy.clip_gradients`: fp16 gradients are unscaled first, so the bounds apply to the
+    The training step calls `clip` once per optimizer step, after on_before_optimizer_step (the accumulation
+    window's gradients are complete; Lightning's place for clipping), through `strategy.clip_gradients`: fp16 gradients are unscaled first, so the bounds apply to the
     true gradients. max_norm scales all gradients to a total `norm_type`-norm of at most max_norm; max_value
     clamps each element (both may be given: the norm first). log_norm=True logs the total norm measured before
     clipping as "grad_norm" (a tensor: read only when a logger writes it).
@@ -22,6 +22,8 @@ class GradientClipping(Callback):
             if value is not None and value <= 0:
                 raise ValueError(f"GradientClipping({name}={value}): use a positive number.")
         self.max_norm, self.max_value, self.norm_type, self.log_norm = max_norm, max_value, float(norm_type), log_norm
+        self.from_trainer = False  # Trainer(gradient_clip_val=...) made it: a module's configure_gradient_clipping
+        #                            then clips in its place, with that value (Lightning's rule)
 
     @property
     def state_key(self):
@@ -39,7 +41,8 @@ class GradientClipping(Callback):
                                     f"GradientClipping(max_value={self.max_value})"))
         return tuple(out)
 
-    def on_before_optimizer_step(self, trainer, module, optimizer):
+    def clip(self, trainer, module, optimizer):
+        """Called by the training step (tasktrain/trainer/loop.py, clip_gradients) at each optimizer step."""
         norm = trainer.strategy.clip_gradients(optimizer, self.max_norm, self.max_value, self.norm_type)
         if self.log_norm and norm is not None:
             module.log("grad_norm", norm, on_step=True, on_epoch=False)

@@ -39,8 +39,9 @@ class Precision:
     def convert_input(self, batch):
         return batch
 
-    def backward(self, loss: torch.Tensor, **kwargs) -> None:
-        loss.backward(**kwargs)
+    def backward(self, loss: torch.Tensor, backward_fn=None, **kwargs) -> None:
+        """`backward_fn`: the module's own backward (TaskModule.backward overridden), called with the loss."""
+        loss.backward(**kwargs) if backward_fn is None else backward_fn(loss, **kwargs)
 
     def unscale(self, optimizer) -> None:
         pass
@@ -157,10 +158,10 @@ class MixedPrecision(Precision):
         if autocast:
             self.autocast_options = dict(autocast)
 
-    def backward(self, loss, **kwargs):
+    def backward(self, loss, backward_fn=None, **kwargs):
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+        loss.backward(**kwargs) if backward_fn is None else backward_fn(loss, **kwargs)
 
     def unscale(self, optimizer):
         # GradScaler raises when unscale_ runs twice before update: clipping and norm logging may both ask.

@@ -30,9 +30,10 @@ from tasktrain.strategies.precision import unpatch_forward
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
 from tasktrain.trainer.data import ResumableSampler, StatefulLoaderData, StreamData, prepare_train_data
 from tasktrain.trainer.dispatch import is_prepared_here, prepare_for_accelerator
-from tasktrain.trainer.epoch import DataPosition, EpochIterator, warn_global_batch_change
+from tasktrain.trainer.epoch import DataPosition, EpochIterator
 from tasktrain.trainer.shard import ShardData, can_shard
-from tasktrain.trainer.run_state import Objects, Optimizers, RandomStates, RunState, Value, Weights, check_counts, upgrade
+from tasktrain.trainer.run_state import (Objects, Optimizers, RandomStates, RunState, Value, Weights, check_counts,
+                                         check_global_batch, upgrade)
 from tasktrain.trainer.runtime import ACCELERATOR_NAMES, broadcast_seed, build_runtime, rng_restore_of_this_rank
 from tasktrain.tree import apply_to_leaves
 
@@ -1278,10 +1279,9 @@ class PreparedDataLoader:
             batch = self._data.batch_size
             saved_global = (saved_batch or 0) * (1 if state.get("split_batches") else saved_world) * saved_accumulate
             global_batch = (self._data.samples_per_batch(world) or 0) * accumulate
-        if saved_global and global_batch and saved_global != global_batch and accelerator.is_main_process:
-            warn_global_batch_change("This loader", saved_global, global_batch,
-                                     f"{world} process{'es' if world > 1 else ''} x {batch} per batch x {accumulate} "
-                                     "accumulated", self.position.samples_in_epoch)
+        if accelerator.is_main_process:
+            check_global_batch("This loader", saved_global, global_batch, world, batch, accumulate,
+                               self.position.samples_in_epoch)
 
 
 def _no_step():

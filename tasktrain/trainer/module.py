@@ -155,6 +155,7 @@ class TaskModule(torch.nn.Module):
             scheduler.step()
         else:
             scheduler.step(metric)
+
     def __getstate__(self):
         # A copy or a pickle of the module (AveragedModel's deepcopy, a spawned worker) never takes the trainer along.
         state = dict(self.__dict__)
@@ -439,8 +440,35 @@ class TaskModule(torch.nn.Module):
     def manual_backward(self, loss, *args, **kwargs):
         trainer = self.trainer
         trainer._call("on_before_backward", loss)
-        trainer.strategy.backward(loss, *args, **kwargs)
+        if is_overridden("backward", self, TaskModule):  # Lightning's: through the module's backward
+            trainer.strategy.backward(loss, *args, backward_fn=self.backward, **kwargs)
+        else:
+            trainer.strategy.backward(loss, *args, **kwargs)
         trainer._call("on_after_backward")
+
+    # -- optimisation hooks (automatic optimisation: tasktrain/trainer/loop.py calls them, as Lightning does) -------
+    def backward(self, loss, *args, **kwargs):
+        """Run backward on `loss` (already scaled by the precision under fp16). Override it to run it your way, e.g.
+        under tensor parallel's `loss_parallel()`. Engines that run the backward themselves (DeepSpeed) refuse an
+        override before training."""
+        loss.backward(*args, **kwargs)
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        """Step `optimizer` at the end of an accumulation window. `optimizer.step(closure=optimizer_closure)` runs the
+        closure (training_step, zero_grad, backward), then on_before_optimizer_step, the clipping and the strategy's
+        step (the engine's under DeepSpeed / FSDP; GradScaler may skip it). Override it for, e.g., learning-rate
+        warm-up: change the learning rate, then call optimizer.step(closure=optimizer_closure)."""
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        """Clear the gradients, at each accumulation window's first micro-batch (before its backward)."""
+        optimizer.zero_grad()
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """Clip at each optimizer step, after on_before_optimizer_step; receives the Trainer's gradient_clip_val and
+        gradient_clip_algorithm. Default: self.clip_gradients with them."""
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
 
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod

@@ -104,15 +104,22 @@ class ManualOptimizer:
         computes them), after each call of it, inside the optimizer's step (Lightning's order)."""
         trainer = self._trainer
         hooks = trainer._all_hooks["on_before_optimizer_step"]
+        # the clipping of Trainer(gradient_clip_val=...) and GradientClipping callbacks, after the hooks as in the
+        # automatic step (tasktrain/trainer/loop.py)
+        clippers = trainer._fit_state.clippers if trainer._fit_state is not None else ()
         if closure is None:
             for fn in hooks:
                 fn(self.optimizer)
+            for clipper in clippers:
+                clipper.clip(trainer, trainer.module, self.optimizer)
             wrapped = None
         else:
             def wrapped():
                 out = closure()
                 for fn in hooks:
                     fn(self.optimizer)
+                for clipper in clippers:
+                    clipper.clip(trainer, trainer.module, self.optimizer)
                 return out
         stepped = trainer.strategy.optimizer_step(self.optimizer, wrapped)
         trainer.state.global_step += 1

@@ -150,3 +150,13 @@ def check_counts(checkpoint: dict, name: str, mine: int, message):
     saved = len(checkpoint.get(name, []) or [])
     if saved != mine:
         raise ValueError(message(saved))
+
+
+def check_global_batch(source, saved, now, processes, per_batch, accumulate, continues_at):
+    """A resume that changes the samples per optimizer step over all processes (saved -> now) is said once, by the
+    caller's rank 0 (the Trainer's resume and the Accelerator's prepared loaders). 0 on either side: not known."""
+    if saved and now and saved != now:
+        from tasktrain.trainer.epoch import warn_global_batch_change
+
+        warn_global_batch_change(source, saved, now, f"{processes} process{'es' if processes > 1 else ''} x "
+                                 f"{per_batch} per batch x {accumulate} accumulated", continues_at)

@@ -1,0 +1,153 @@
+"""The Trainer's arguments: checks, Lightning's refusals, fast_dev_run's rewrites, global torch flags and the
+callbacks it adds. Plain functions called by Trainer.__init__, each for one concern."""
+import os
+
+import torch
+
+from tasktrain.callbacks.base import Logger
+from tasktrain.trainer import guards
+
+
+def refuse_lightning_only(barebones, plugins, max_restarts):
+    """Lightning's arguments without a counterpart: a clear error instead of a silent difference."""
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise ValueError(f"Trainer(max_restarts={max_restarts!r}): use 0 (no restart) or a positive number.")
+    if barebones:
+        raise ValueError(
+            "barebones=True: tasktrain has no barebones mode. Turn off what it would turn off: logger=False, "
+            "enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0 (the loop itself adds "
+            "no per-step work beyond those; see docs/benchmarks.md).")
+    if plugins:
+        raise ValueError(
+            f"plugins={plugins!r}: tasktrain has no plugin objects. Precision is precision='bf16-mixed' (...), the "
+            "cluster environment is read from the launcher's variables (tasktrain launch, torchrun, SLURM; SLURM's "
+            "requeue: TASKTRAIN_SLURM_REQUEUE / TASKTRAIN_REQUEUE_SIGNAL, docs/slurm.md), and "
+            "checkpoint I/O belongs to the strategy (strategy=...).")
+
+
+def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs, max_steps, limits,
+                num_sanity_val_steps, val_check_interval, check_val_every_n_epoch, logger):
+    """The loop's limits after fast_dev_run (Lightning's debugging run: n batches of each loop, one epoch, no
+    sanity check, no loggers; ModelCheckpoint and EarlyStopping do nothing) and overfit_batches (the same first
+    batches every epoch, unshuffled, for training and validation). `limits`: (train, val, test, predict)."""
+    if isinstance(fast_dev_run, bool) or fast_dev_run is None:
+        dev_batches = int(bool(fast_dev_run))
+    elif isinstance(fast_dev_run, int) and fast_dev_run >= 0:
+        dev_batches = fast_dev_run
+    else:
+        raise ValueError(f"fast_dev_run={fast_dev_run!r}: use True (one batch), False, or a number of batches.")
+    overfit = check_limit(overfit_batches, "overfit_batches")
+    train, val, test, predict = limits
+    if overfit:
+        train = val = overfit
+    if dev_batches:
+        if not overfit:
+            train = val = dev_batches
+        test = predict = dev_batches
+        max_steps, max_epochs, num_sanity_val_steps = dev_batches, 1, 0
+        val_check_interval, check_val_every_n_epoch, logger = None, 1, False
+    guards.check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interval,  # issue 38
+                        limit_train_batches=train, limit_val_batches=val, limit_test_batches=test,
+                        limit_predict_batches=predict)
+    min_epochs = int(min_epochs or 0)
+    if max_epochs is None and max_steps in (None, -1):
+        max_epochs = max(1000, min_epochs)
+    return dict(
+        fast_dev_run=True if dev_batches == 1 else dev_batches, overfit_batches=overfit, min_epochs=min_epochs,
+        max_epochs=-1 if max_epochs is None else int(max_epochs), max_steps=-1 if max_steps is None else int(max_steps),
+        limit_train_batches=train, limit_val_batches=val, limit_test_batches=test, limit_predict_batches=predict,
+        num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
+        check_val_every_n_epoch=check_val_every_n_epoch), logger
+
+
+def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointing, inference_mode,
+              use_distributed_sampler, detect_anomaly, sync_batchnorm, reload_dataloaders_every_n_epochs):
+    """The Trainer's plain settings, checked."""
+    if int(log_every_n_steps) < 1:
+        raise ValueError(f"log_every_n_steps={log_every_n_steps}: use a positive integer.")
+    reload_every = int(reload_dataloaders_every_n_epochs or 0)
+    if reload_every < 0:
+        raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")
+    return dict(
+        min_steps=int(min_steps or 0), log_every_n_steps=int(log_every_n_steps),
+        default_root_dir=os.fspath(default_root_dir) if default_root_dir else os.getcwd(),
+        enable_checkpointing=enable_checkpointing,
+        inference_mode=bool(inference_mode),  # False: evaluation under torch.no_grad() instead
+        use_distributed_sampler=bool(use_distributed_sampler),  # False: each rank reads the loaders as given
+        detect_anomaly=bool(detect_anomaly), sync_batchnorm=bool(sync_batchnorm),
+        reload_dataloaders_every_n_epochs=reload_every)
+
+
+def set_torch_flags(deterministic, benchmark):
+    """The process-wide torch settings the Trainer's arguments ask for."""
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if benchmark is not None:  # cuDNN's algorithm search (no effect on the CPU)
+        torch.backends.cudnn.benchmark = bool(benchmark)
+
+
+def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time,
+                      model_summary):
+    """The user's callbacks and those the Trainer's arguments add (logger, progress bar, summary, checkpointing,
+    gradient_clip_val, max_time), in call order."""
+    from tasktrain.callbacks import ModelCheckpoint, ModelSummary, ProgressBar, TensorBoardLogger
+    from tasktrain.callbacks.clipping import GradientClipping
+    from tasktrain.callbacks.timer import Timer
+
+    from tasktrain.callbacks.base import Callback
+
+    callbacks = list(callbacks or []) if not isinstance(callbacks, Callback) else [callbacks]
+    if logger is True or logger is None:  # None is Lightning's default: the default logger
+        callbacks.append(TensorBoardLogger(root_dir))
+    elif isinstance(logger, Logger):
+        callbacks.append(logger)
+    elif isinstance(logger, (list, tuple)):
+        callbacks.extend(check_loggers(logger))
+    elif logger is not False:
+        raise TypeError(f"logger={logger!r}: use True, False, a Logger (tasktrain.loggers), or a list of them.")
+    for wanted, kind, name in ((progress_bar, ProgressBar, "enable_progress_bar"),
+                               (model_summary, ModelSummary, "enable_model_summary"),
+                               (checkpointing, ModelCheckpoint, "enable_checkpointing")):
+        present = any(isinstance(c, kind) for c in callbacks)
+        if wanted and not present:
+            callbacks.append(kind())
+        if not wanted and present:
+            raise ValueError(f"{name}=False, but a {kind.__name__} is in callbacks: remove one of them.")
+    if clip_val:  # None or 0 means no clipping, as gradient_clipping: 0 does in DeepSpeed
+        if clip_algorithm not in ("norm", "value"):
+            raise ValueError(f"gradient_clip_algorithm={clip_algorithm!r}: use 'norm' or 'value'.")
+        clipping = GradientClipping(**({"max_norm": clip_val} if clip_algorithm == "norm" else {"max_value": clip_val}))
+        clipping.from_trainer = True
+        callbacks.append(clipping)
+    if max_time is not None:
+        callbacks.append(Timer(duration=max_time))
+    return in_call_order(callbacks)
+
+
+def in_call_order(callbacks):
+    """Loggers first, checkpointing last: a checkpoint holds the state of every other callback at that point."""
+    from tasktrain.callbacks import ModelCheckpoint
+
+    return sorted(callbacks, key=lambda c: 0 if isinstance(c, Logger) else 2 if isinstance(c, ModelCheckpoint) else 1)
+
+
+def check_loggers(loggers):
+    loggers = list(loggers)
+    for logger in loggers:
+        if not isinstance(logger, Logger):
+            raise TypeError(f"logger=[..., {logger!r}, ...]: every item must be a Logger (tasktrain.loggers: "
+                            "TensorBoardLogger, CSVLogger, WandbLogger, MLFlowLogger, or a Logger subclass).")
+    return loggers
+
+
+def check_limit(value, name):
+    """A batch limit: a fraction in [0, 1] (float) or a count (int >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
+            (isinstance(value, float) and value > 1.0):
+        raise ValueError(f"{name}={value!r}: a float is a fraction of the loader in [0, 1]; an int is a batch count.")
+    return value
+
+
+def is_one(value):
+    return type(value) is int and value == 1

@@ -1,0 +1,230 @@
+"""validate / test / predict: the evaluation loops, as plain functions over the trainer.
+
+    run_evaluation(trainer, stage, module, loader, ckpt_path, gather)   the entry point's work (Trainer.validate, ...)
+      evaluate(trainer, stage, loaders, limits)                          validation / test batches (fit's too)
+      predict(trainer, module, loaders, limits, gather)                  predict batches
+"""
+import torch
+
+from tasktrain.profilers import profiled, profiled_iter
+from tasktrain.strategies.base import Plan, step_arguments
+from tasktrain.strategies.watchdog import watched_batches
+from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices
+from tasktrain.trainer.module import TaskModule, is_overridden
+from tasktrain.trainer.states import RunningStage
+
+_LOADER_HOOK = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
+_COUNT_ATTRIBUTE = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
+
+
+def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
+    strategy = trainer.strategy
+    with trainer._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+        strategy.setup_module_and_optimizers(module, [], Plan(training=False))
+    module.zero_grad()  # Lightning clears the gradients when each entry point starts
+    limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
+                 "predict": trainer.limit_predict_batches}[stage]
+    if limit_arg == 0 and stage != "predict":
+        return []  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
+    name = _LOADER_HOOK[stage]
+    loader = loader if loader is not None else trainer._loader_of(module, name)
+    if loader is None:
+        raise ValueError(f"Trainer.{stage} needs data: pass dataloaders= or datamodule=, or define {name}() on "
+                         "the module.")
+    if ckpt_path is not None:
+        from tasktrain.trainer.resume import resolve_ckpt_path
+
+        path = resolve_ckpt_path(trainer, ckpt_path)
+        if path is not None:
+            ckpt = strategy.load_checkpoint(path)
+            module.on_load_checkpoint(ckpt)
+            strategy.load_module_state_dict(ckpt["state_dict"])
+    world_size, rank = trainer._shards()
+    loaders = [prepare_eval_loader(one, world_size, rank) for one in as_loaders(loader)]
+    limits = [limit_eval(one, limit_arg) for one in loaders]
+    setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
+    trainer._watch()
+    if stage == "predict":
+        per_loader = predict(trainer, module, loaders, limits, gather)
+        if per_loader is None:  # return_predictions=False
+            return None
+        return per_loader if len(loaders) > 1 else per_loader[0]  # a list per loader when there are several
+    values = evaluate(trainer, stage, loaders, limits)
+    if trainer.is_global_zero and values:
+        trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values))
+    if trainer.is_global_zero and values and getattr(trainer, "_verbose", True):
+        print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
+    # One dict per loader (Lightning's shape): its own suffixed metrics and those logged without a suffix.
+    if len(loaders) == 1:
+        return [{k: float(v) for k, v in values.items()}]
+    return [{k: float(v) for k, v in values.items() if "/dataloader_idx_" not in k or
+             k.endswith(f"/dataloader_idx_{idx}")} for idx in range(len(loaders))]
+
+
+def evaluate(trainer, stage, loaders, limits):
+    """Run validation/test batches of each loader under inference_mode; returns the reduced epoch metrics.
+    With several loaders the step and batch hooks get dataloader_idx, and self.log adds the
+    "/dataloader_idx_N" suffix (Lightning's rule)."""
+    module, strategy, metrics = trainer.module, trainer.strategy, trainer._metrics
+    prefix = "validation" if stage == "validate" else stage
+    step_fn = getattr(module, f"{prefix}_step")
+    modes = training_modes(module)  # each submodule's flag, given back at the end (Lightning's _ModuleMode)
+    state = trainer.state
+    outer_stage = state.stage
+    if not trainer.sanity_checking:
+        state.stage = RunningStage(stage)
+    getattr(module, f"on_{prefix}_model_eval")()
+    metrics.set_stage(stage, False, True)
+    hooks = trainer._all_hooks
+    eval_step = strategy.eval_step if trainer.profiler is None else \
+        profiled(trainer.profiler, f"{prefix}_step", strategy.eval_step)
+    trainer._call(f"on_{prefix}_start")
+    trainer._call(f"on_{prefix}_epoch_start")
+    with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
+        for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+            extra = (dataloader_idx,) if len(loaders) > 1 else ()
+            metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
+            for batch_idx, batch in _batches(trainer, loader, limit, prefix, f"end of the {prefix} epoch"):
+                batch = trainer._eval_to_device(batch, dataloader_idx)
+                metrics.set_batch(batch)
+                for fn in hooks[f"on_{prefix}_batch_start"]:
+                    fn(batch, batch_idx, *extra)
+                outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
+                for fn in hooks[f"on_{prefix}_batch_end"]:
+                    fn(outputs, batch, batch_idx, *extra)
+        metrics.dataloader_suffix = ""
+        for fn in trainer._module_hooks[f"on_{prefix}_epoch_end"]:
+            fn()
+        values = metrics.reduce_epoch(stage)
+        for fn in trainer._callback_hooks[f"on_{prefix}_epoch_end"]:
+            fn()
+    trainer._call(f"on_{prefix}_end")
+    # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
+    # frozen BatchNorm the user put in eval mode stays so)
+    if is_overridden(f"on_{prefix}_model_train", module, TaskModule):
+        getattr(module, f"on_{prefix}_model_train")()
+    else:
+        restore_training_modes(module, modes)
+    state.stage = outer_stage
+    return values
+
+
+def predict(trainer, module, loaders, limits, gather):
+    """The predictions of each loader (a list per loader); predict_step and the batch hooks get dataloader_idx
+    when there are several."""
+    modes = training_modes(module)
+    trainer.state.stage = RunningStage.PREDICTING
+    module.on_predict_model_eval()
+    # A prediction writer gets each batch's dataset indices; one that writes at the epoch's end, every prediction.
+    from tasktrain.callbacks.prediction_writer import BasePredictionWriter
+
+    writers = [c for c in trainer.callbacks if isinstance(c, BasePredictionWriter)]
+    returns = getattr(trainer, "_return_predictions", True)
+    keep = returns or any(w.writes_on_epoch for w in writers)
+    if writers:
+        recorded = [record_batch_indices(loader) for loader in loaders]
+        loaders = [loader for loader, _ in recorded]
+        trainer.predict_batch_indices = [indices for _, indices in recorded]
+    per_loader = [[] for _ in loaders]
+    # what an epoch writer gets: the one loader's list, or a list per loader (Lightning's shape)
+    trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
+    trainer._call("on_predict_start")
+    trainer._call("on_predict_epoch_start")
+    eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
+        profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)
+    with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
+        for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+            extra = (dataloader_idx,) if len(loaders) > 1 else ()
+            predictions = per_loader[dataloader_idx]
+            for batch_idx, batch in _batches(trainer, loader, limit, "predict"):
+                batch = trainer._eval_to_device(batch, dataloader_idx)
+                trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
+                out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
+                if keep:
+                    predictions.append(out)
+                trainer._call("on_predict_batch_end", out, batch, batch_idx, *extra)
+    trainer._call("on_predict_epoch_end")
+    trainer._call("on_predict_end")
+    restore_training_modes(module, modes)  # (Lightning calls no on_predict_model_train)
+    trainer.predictions, trainer.predict_batch_indices = [], []  # the writers are done with them
+    if not returns:
+        return None
+    if gather and trainer.world_size > 1:
+        return [gather_predictions(trainer.strategy, predictions) for predictions in per_loader]
+    return per_loader
+
+
+def _batches(trainer, loader, limit, prefix, end_event=None):
+    """(index, batch) of one evaluation loader up to its limit, marked for the watchdog (and the profiler)."""
+    batches = loader if trainer.profiler is None else \
+        profiled_iter(loader, trainer.profiler, f"{prefix}_dataloader_next")
+    state = trainer.state
+    extra = {} if end_event is None else {"end_event": end_event}
+    for batch_idx, batch in watched_batches(trainer._watchdog, enumerate(batches), f"{prefix}_step",
+                                            lambda: state.global_step, **extra):
+        if limit is not None and batch_idx >= limit:
+            break
+        yield batch_idx, batch
+
+
+def gather_predictions(strategy, predictions):
+    """Every rank's predictions in dataset order (ranks hold samples r, r+W, ... of an unpadded shard)."""
+    gathered = strategy.all_gather_object([p.cpu() if isinstance(p, torch.Tensor) else p for p in predictions])
+    if all(isinstance(p, torch.Tensor) for rank in gathered for p in rank):
+        rows = [torch.cat(rank) if rank else None for rank in gathered]
+        total = sum(r.shape[0] for r in rows if r is not None)
+        out = [None] * total
+        for rank, tensor in enumerate(rows):
+            for i in range(0 if tensor is None else tensor.shape[0]):
+                out[rank + i * len(rows)] = tensor[i]
+        return torch.stack(out) if out else torch.empty(0)
+    return gathered
+
+
+def training_modes(module):
+    return {name: sub.training for name, sub in module.named_modules()}
+
+
+def restore_training_modes(module, modes):
+    for name, sub in module.named_modules():
+        if name in modes:
+            sub.training = modes[name]
+
+
+def as_loaders(loader):
+    """Evaluation loaders as a list: several in a list, tuple or dict (in its order, Lightning's sequential mode)."""
+    if isinstance(loader, dict):
+        return list(loader.values())
+    if isinstance(loader, (list, tuple)):
+        if not loader:
+            raise ValueError("An empty list of evaluation dataloaders: pass at least one, or None.")
+        return list(loader)
+    return [loader]
+
+
+def limit_eval(loader, limit):
+    try:
+        length = len(loader)
+    except TypeError:
+        length = None
+    return apply_limit(length, limit, "limit_*_batches")
+
+
+def sanity_limit(loader, limit_val_batches, num_sanity_val_steps):
+    limit = limit_eval(loader, limit_val_batches)
+    if num_sanity_val_steps == -1:
+        return limit
+    return num_sanity_val_steps if limit is None else min(num_sanity_val_steps, limit)
+
+
+def apply_limit(length, limit, name):
+    if limit is None:
+        return length
+    if isinstance(limit, float):
+        if not 0.0 <= limit <= 1.0:
+            raise ValueError(f"{name}={limit}: a float is a fraction of the loader in [0, 1]; an int is a batch count.")
+        if length is None:
+            raise ValueError(f"{name}={limit} is a fraction, but the loader has no length: use an int batch count.")
+        return int(length * limit) if limit < 1.0 else length
+    limit = int(limit)
+    return limit if length is None else min(limit, length)

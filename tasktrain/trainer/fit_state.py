@@ -1,0 +1,179 @@
+"""The state of one fit, as one plain object built once (`FitState`), and the hook tables of a run.
+
+Everything the loop (tasktrain/trainer/loop.py) reads at each micro-batch is here, bound once when the fit's
+module, optimizers and data are set up: the optimizers and schedulers, the epoch iterator, the hook tables, the
+metric store, the step's parts (the strategy's training_step / backward / step / zero_grad, or the module's
+optimization hooks where it overrides them, wrapped for the profiler and the watchdog where those are on), the
+clipping the plan asked for, the loss window and the stop flags. The Trainer keeps its public attributes
+(`trainer.optimizers`, `trainer.lr_scheduler_configs`, ...) pointing at the same objects.
+"""
+import warnings
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Optional
+
+from tasktrain.callbacks.base import EVENTS, Callback
+from tasktrain.profilers import profiled, profiled_calls
+from tasktrain.strategies.base import ClipsInsideStep
+from tasktrain.strategies.watchdog import watched_action
+from tasktrain.trainer.module import TaskModule, is_overridden
+
+
+@dataclass(slots=True)
+class Window:
+    """One accumulation window of micro-batches: its first and last index in the epoch, the size its losses are
+    divided by, and whether it ends the epoch (its step is then followed by the epoch-end schedulers)."""
+
+    first: int
+    size: int
+    last: int
+    ends_epoch: bool
+
+
+@dataclass(eq=False)
+class HookTables:
+    """For each event the callables to run, bound once per run: the module's hook (where overridden) first, then
+    each overriding callback's, bound to (trainer, module)."""
+
+    module: dict
+    callbacks: dict
+    all: dict
+
+
+@dataclass(eq=False)
+class FitState:
+    module: Any
+    optimizers: list
+    lr_scheduler_configs: list
+    epochs: Any  # EpochIterator of the training data (replaced when reload_dataloaders_every_n_epochs rebuilds it)
+    metrics: Any  # MetricStore
+    module_hooks: dict  # the HookTables' (the run's hook tables), as plain fields: read at every micro-batch
+    callback_hooks: dict
+    all_hooks: dict
+    to_device: Callable
+    # the step's parts
+    training_step: Callable  # strategy.training_step(batch, batch_idx)
+    backward: Callable  # (loss): strategy.backward, through the module's backward where it overrides it
+    step: Callable  # (optimizer) -> stepped: strategy.optimizer_step
+    zero_grad: Callable  # (optimizer): strategy.zero_grad
+    optimizer_zero_grad: Optional[Callable]  # (epoch, batch_idx, optimizer): the module's, where it overrides it
+    optimizer_step: Callable  # (epoch, batch_idx, optimizer, closure): the module's optimizer_step
+    lr_scheduler_step: Callable  # (scheduler, metric)
+    configure_clipping: Optional[Callable]  # the module's configure_gradient_clipping where it clips its own way
+    clippers: list  # GradientClipping callbacks whose requests the step applies (the plan's clipping)
+    accumulation_schedules: list  # callbacks that set the window by epoch (get_accumulate_grad_batches(epoch))
+    optimizer: Any = None  # the optimizer automatic optimisation steps (the first)
+    stepper: Any = None  # the StepOptimizer the module's optimizer_step receives
+    # per epoch
+    first_epoch: int = 0
+    loss_window: list = field(default_factory=list)
+    loss_window_start: int = 0
+    val_every: Optional[int] = None
+    ended_by_hook: bool = False
+    # stop flags (should_stop is the trainer's: callbacks set it)
+    preempted: bool = False
+    preempt_path: Optional[str] = None
+
+
+def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
+    """The FitState of `trainer`'s fit: the step's parts bound once (see the module's docstring)."""
+    from tasktrain.trainer.loop import StepOptimizer, step_scheduler
+
+    strategy, profiler, watchdog = trainer.strategy, trainer.profiler, trainer._watchdog
+    overrides = {name: is_overridden(name, module, TaskModule) for name in (
+        "backward", "optimizer_zero_grad", "optimizer_step", "configure_gradient_clipping", "clip_gradients",
+        "lr_scheduler_step")}
+    if overrides["backward"]:
+        def backward(loss):
+            strategy.backward(loss, backward_fn=module.backward)
+    else:
+        backward = strategy.backward
+    zero_grad, training_step, step = strategy.zero_grad, strategy.training_step, strategy.optimizer_step
+    if profiler is not None:  # only then is a part wrapped: without one they are called as they are
+        training_step, backward, step, zero_grad = (profiled(profiler, name, fn) for name, fn in (
+            ("training_step", training_step), ("backward", backward), ("optimizer_step", step),
+            ("optimizer_zero_grad", zero_grad)))
+    # the module's configure_gradient_clipping (automatic optimisation only) clips in place of the Trainer's request
+    module_clips = module.automatic_optimization and (
+        overrides["configure_gradient_clipping"] or overrides["clip_gradients"])
+    clippers = [cb for cb in clipping_callbacks(trainer.callbacks)
+                if not (module_clips and getattr(cb, "from_trainer", False))]
+    fit = FitState(
+        module=module, optimizers=optimizers, lr_scheduler_configs=lr_scheduler_configs, epochs=epochs,
+        metrics=trainer._metrics, module_hooks=trainer._module_hooks, callback_hooks=trainer._callback_hooks,
+        all_hooks=trainer._all_hooks, to_device=trainer._to_device,
+        training_step=training_step, backward=watched_action(watchdog, "backward", backward),
+        step=watched_action(watchdog, "optimizer step", step,
+                            after="after the optimizer step (logging, validation, callbacks)"),
+        zero_grad=zero_grad, optimizer_step=module.optimizer_step,
+        optimizer_zero_grad=module.optimizer_zero_grad if overrides["optimizer_zero_grad"] else None,
+        lr_scheduler_step=module.lr_scheduler_step if overrides["lr_scheduler_step"] else step_scheduler,
+        configure_clipping=module.configure_gradient_clipping if module_clips else None, clippers=clippers,
+        accumulation_schedules=accumulation_schedules(trainer.callbacks),
+    )
+    if optimizers:
+        fit.optimizer, fit.stepper = optimizers[0], StepOptimizer(trainer, fit, optimizers[0])
+    return fit
+
+
+def check_optimization_hooks(module, strategy):
+    """Before training: the module's optimization hooks that this strategy cannot honour, as a clear error."""
+    if module.automatic_optimization and isinstance(strategy, ClipsInsideStep) and \
+            is_overridden("backward", module, TaskModule):
+        raise NotImplementedError(
+            f"{type(module).__name__} overrides backward, but {type(strategy).__name__}'s engine runs the backward "
+            "itself (it scales and partitions the gradients), so the override would not be called. Move what it "
+            "does to on_before_backward / on_after_backward, or use a strategy without an engine of its own "
+            "(ddp, fsdp).")
+
+
+def clipping_callbacks(callbacks):
+    """The callbacks that clip at each optimizer step (a plain interface: `requests`, the GradientClip records the
+    plan tells the strategy, and `clip(trainer, module, optimizer)`, which the step calls): GradientClipping."""
+    return [cb for cb in callbacks if callable(getattr(cb, "clip", None)) and isinstance(getattr(cb, "requests", None),
+                                                                                          tuple)]
+
+
+def accumulation_schedules(callbacks):
+    """The callbacks that set the accumulation window by epoch (a plain interface: `accumulation_schedule`, a dict
+    {first epoch: window}, and `get_accumulate_grad_batches(epoch)`), for the plan and for a mid-epoch resume."""
+    return [cb for cb in callbacks if isinstance(getattr(cb, "accumulation_schedule", None), dict)
+            and callable(getattr(cb, "get_accumulate_grad_batches", None))]
+
+
+def build_hook_tables(trainer, module):
+    """For each event, the module's hook (if overridden) then each overriding callback, bound once."""
+    tables = {}
+    for event in EVENTS:
+        fns = []
+        if event not in ("on_exception",) and is_overridden(event, module, TaskModule):
+            fns.append((True, getattr(module, event)))
+        for cb in trainer.callbacks:
+            if is_overridden(event, cb, Callback):
+                fns.append((False, partial(getattr(cb, event), trainer, module)))
+        if trainer.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
+            fns = profiled_calls(trainer.profiler, event, fns, module, trainer.callbacks)
+        tables[event] = fns
+    warn_hook_order(module, trainer.callbacks)
+    return HookTables(module={e: [f for is_mod, f in fns if is_mod] for e, fns in tables.items()},
+                      callbacks={e: [f for is_mod, f in fns if not is_mod] for e, fns in tables.items()},
+                      all={e: [f for _, f in fns] for e, fns in tables.items()})
+
+
+_ORDER_WARNED = set()
+
+
+def warn_hook_order(module, callbacks):
+    """Where the module and a callback of the user's both override an event, the module's runs first here and
+    second in Lightning (docs/lightning.md, deliberate differences): said once per process and class pair."""
+    for cb in callbacks:
+        if type(cb).__module__.startswith("tasktrain."):
+            continue
+        both = [e for e in EVENTS if e not in ("state_dict", "load_state_dict", "on_exception")
+                and is_overridden(e, cb, Callback) and is_overridden(e, module, TaskModule)]
+        key = (type(module), type(cb))
+        if both and key not in _ORDER_WARNED:
+            _ORDER_WARNED.add(key)
+            warnings.warn(f"{type(module).__name__} and the callback {type(cb).__name__} both override "
+                          f"{', '.join(both)}: tasktrain runs the module's hook first, then the callback's (Lightning "
+                          "runs the callback's first). See docs/lightning.md, 'Deliberate differences'.")

@@ -1,0 +1,415 @@
+"""The training loop: plain functions over one FitState (tasktrain/trainer/fit_state.py), read top to bottom.
+
+    fit_loop(trainer, fit)                 epochs until max_epochs / max_steps / an agreed stop
+      train_epoch(trainer, fit, epoch)     the epoch's micro-batches, then its end (metrics, validation, schedulers)
+        training_step(trainer, fit, ...)   one micro-batch; at its window's last one, the optimizer step
+
+One micro-batch of automatic optimisation, in Lightning's order (the module's hook of an event runs before the
+callbacks'):
+
+    on_train_batch_start
+    closure():  training_step -> (window's first) on_before_zero_grad, optimizer_zero_grad -> on_before_backward,
+                backward, on_after_backward (under the strategy's no_backward_sync inside a window)
+    window's last micro-batch:  module.optimizer_step(epoch, batch_idx, optimizer, closure), whose default is
+                optimizer.step(closure=closure): the closure runs, then on_before_optimizer_step, the clipping
+                (configure_gradient_clipping / the planned GradientClip requests) and the strategy's step;
+                then the step-interval schedulers, the logger flush, validation when due
+    otherwise:  closure()
+    on_train_batch_end
+"""
+import os
+import signal
+import sys
+import threading
+
+import torch
+
+from tasktrain.strategies.base import MultiProcess
+from tasktrain.strategies.watchdog import watched_batches
+from tasktrain.trainer.epoch import EpochIterator
+from tasktrain.trainer.fit_state import Window
+from tasktrain.trainer.module import TaskModule, is_overridden
+
+
+# -- the loop --------------------------------------------------------------------------------------------------------
+def fit_loop(trainer, fit):
+    # (no module.train() here: Lightning leaves the module's modes as they are, and evaluation gives them back)
+    trainer.training = True
+    fit.first_epoch = trainer.state.epoch  # its first step may compile: no watchdog deadline (issue 19)
+    trainer._call("on_train_start")
+    every = trainer.reload_dataloaders_every_n_epochs
+    while not done(trainer):
+        epoch = trainer.state.epoch
+        if every and epoch > 0 and epoch % every == 0:  # Lightning re-calls the loader hooks, not given loaders
+            trainer._reload_dataloaders(fit)
+        with trainer._profile("run_training_epoch"):
+            train_epoch(trainer, fit, epoch)
+        if trainer.state.epoch_finished:  # current_epoch counts the finished epochs, also when the run stops here
+            fit.epochs.end_epoch()
+            trainer.state.epoch_finished = False
+        if (trainer.should_stop and may_stop(trainer, fit)) or max_steps_reached(trainer):
+            break
+        trainer.should_stop = False  # a request before min_epochs/min_steps is not kept (Lightning continues too)
+    trainer.training = False
+    trainer._call("on_train_end")
+
+
+def train_epoch(trainer, fit, epoch):
+    """One epoch: its micro-batches through `training_step`, then its end (metrics, validation, schedulers, hooks)."""
+    state, metrics, module = trainer.state, fit.metrics, fit.module
+    metrics.set_stage("train", True, False)
+    # Resumed mid-epoch: the epoch iterator skips what was trained on, without loading it on the Trainer's order.
+    num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
+    start = state.batch_in_epoch
+    if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
+        trainer._call("on_train_epoch_start")
+    elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
+        trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
+    # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read after
+    # the epoch-start hooks: a GradientAccumulationScheduler sets it there.
+    accumulate = trainer.accumulate_grad_batches if module.automatic_optimization else 1
+    fit.loss_window, fit.loss_window_start = [], start
+    fit.val_every = val_every_n_batches(trainer)
+    fit.ended_by_hook = False
+    batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer.profiler), "training_step",
+                              lambda: state.global_step, start, epoch == fit.first_epoch,
+                              end_event="end of the training epoch")
+    for batch_idx, batch, window in windows(batches, accumulate, num_batches):
+        if not training_step(trainer, fit, batch, batch_idx, window):
+            break
+    del batches  # (the watchdog's end-of-epoch mark)
+
+    check_finite_loss(trainer, fit)
+    if fit.preempted and trainer.should_stop:
+        return
+    # epoch end: train epoch metrics, validation when due, epoch schedulers, then on_train_epoch_end.
+    complete = num_batches is None or state.batch_in_epoch >= num_batches or fit.ended_by_hook
+    trainer._flush_epoch_metrics(metrics.reduce_epoch("train"))
+    if complete and not fit.ended_by_hook and val_at_epoch_end(trainer, epoch):  # (-1: no validation, as Lightning)
+        run_validation(trainer)
+    metrics.set_stage("train", False, True)
+    if complete:
+        if module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
+            # the metric-watching ones after the epoch's validation; all of them when on_train_batch_start ended
+            # the epoch before its last batch
+            step_schedulers(trainer, fit, "epoch", plateau=None if fit.ended_by_hook else True)
+        state.epoch_finished = True
+    for fn in fit.module_hooks["on_train_epoch_end"]:
+        fn()
+    trainer._flush_epoch_metrics(metrics.reduce_epoch("train"))
+    for fn in fit.callback_hooks["on_train_epoch_end"]:
+        fn()
+    stop_agreed(trainer, fit, at_interval=False)
+
+
+def windows(batches, accumulate, num_batches):
+    """(index, batch, Window) from the epoch iterator's (index, batch, last of the epoch): the accumulation window
+    of each micro-batch as one record, made once per window. Windows start at multiples of `accumulate`; the last
+    one is cut short by the epoch's end (its loss divisor stays the size it was planned with, as before)."""
+    window = None
+    for batch_idx, batch, last_of_epoch in batches:
+        if window is None or batch_idx > window.last:
+            first, size = EpochIterator.window(batch_idx, accumulate, num_batches)
+            window = Window(first, size, first + size - 1, num_batches is not None and first + size == num_batches)
+        if last_of_epoch and (batch_idx != window.last or not window.ends_epoch):
+            window = Window(window.first, window.size, batch_idx, True)  # an epoch without a length ended here
+        yield batch_idx, batch, window
+
+
+def training_step(trainer, fit, batch, batch_idx, window):
+    """One micro-batch (see the module's docstring); False when the epoch ends after it (a hook's -1, a stop
+    request, max_steps)."""
+    state, hooks, module = trainer.state, fit.all_hooks, fit.module
+    batch = fit.to_device(batch)
+    fit.metrics.set_batch(batch)
+    skip_rest = False
+    for fn in fit.module_hooks["on_train_batch_start"]:
+        response = fn(batch, batch_idx)
+        skip_rest = skip_rest or (type(response) is int and response == -1)
+    for fn in fit.callback_hooks["on_train_batch_start"]:
+        fn(batch, batch_idx)
+    if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
+        fit.ended_by_hook = True
+        return False
+    steps = batch_idx == window.last
+    if module.automatic_optimization:
+        outputs = None
+
+        def closure():  # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
+            nonlocal outputs
+            # DDP skips the gradient all-reduce inside a window (it must cover the forward); DeepSpeed learns where
+            # the window ends
+            with trainer.strategy.no_backward_sync(not steps):
+                outputs = fit.training_step(batch, batch_idx)
+                loss = loss_of(outputs, batch_idx)
+                fit.loss_window.append(loss.detach())
+                if window.size > 1:
+                    loss = loss / window.size
+                optimizer = fit.optimizer
+                if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
+                    for fn in hooks["on_before_zero_grad"]:
+                        fn(optimizer)
+                    if fit.optimizer_zero_grad is None:
+                        fit.zero_grad(optimizer)
+                    else:
+                        fit.optimizer_zero_grad(state.epoch, batch_idx, optimizer)
+                for fn in hooks["on_before_backward"]:
+                    fn(loss)
+                fit.backward(loss)
+                for fn in hooks["on_after_backward"]:
+                    fn()
+            return loss
+
+        if not steps:
+            closure()
+        else:
+            fit.stepper.stepped = False
+            # the module's hook; its default optimizer.step(closure=closure) runs the closure, then
+            # on_before_optimizer_step, the clipping and the strategy's step (StepOptimizer.step)
+            fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)
+            if outputs is None:
+                closure_not_run(module)
+            if fit.stepper.stepped:  # (not when GradScaler skipped the step, nor when the hook did not step)
+                step_schedulers(trainer, fit, "step")
+            if window.ends_epoch:
+                step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
+    else:
+        outputs = fit.training_step(batch, batch_idx)
+    fit.epochs.advance(batch_idx)
+
+    if steps:
+        if state.global_step % trainer.log_every_n_steps == 0:
+            check_finite_loss(trainer, fit)
+            trainer._flush_step_metrics()
+        if fit.val_every and (batch_idx + 1) % fit.val_every == 0 and batch_idx + 1 != trainer.num_training_batches:
+            run_validation(trainer)
+    for fn in hooks["on_train_batch_end"]:
+        fn(outputs, batch, batch_idx)
+    stop = steps and ((stop_agreed(trainer, fit, at_interval=True) and may_stop(trainer, fit))
+                      or max_steps_reached(trainer))
+    return not stop
+
+
+def closure_not_run(module):
+    raise RuntimeError(
+        f"{type(module).__name__}.optimizer_step did not run the closure it was given: call "
+        "optimizer.step(closure=optimizer_closure) (or optimizer_closure() before deciding not to step), so that "
+        "training_step and backward run.")
+
+
+class StepOptimizer:
+    """The optimizer the module's optimizer_step receives (Lightning's LightningOptimizer): `step(closure)` runs the
+    closure, then on_before_optimizer_step, the clipping and the strategy's step (the engine's: DeepSpeed, FSDP,
+    the GradScaler, which may skip it). Anything else is the torch optimizer's."""
+
+    def __init__(self, trainer, fit, optimizer):
+        self._parts, self.optimizer, self.stepped = (trainer, fit), optimizer, False
+
+    def step(self, closure=None):
+        """global_step counts the step here, as in Lightning: an optimizer_step that reads it after
+        optimizer.step() (the warm-up of Lightning's docs) sees the step it just took."""
+        trainer, fit = self._parts
+        optimizer = self.optimizer
+        if closure is not None:
+            closure()
+        for fn in fit.all_hooks["on_before_optimizer_step"]:
+            fn(optimizer)
+        clip_gradients(trainer, fit, optimizer)
+        self.stepped = fit.step(optimizer)
+        trainer.state.global_step += 1
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name):  # (only for names not set above; "optimizer" itself is missing only mid-unpickle)
+        if name in ("optimizer", "_parts"):
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+
+def clip_gradients(trainer, fit, optimizer):
+    """The clipping of one optimizer step, as planned (Plan.clipping, what the strategy was set up with): each
+    GradientClipping callback's requests (Trainer(gradient_clip_val) adds one), or, where the module overrides
+    configure_gradient_clipping or clip_gradients, its configure_gradient_clipping with the Trainer's values in
+    place of the Trainer's own request (Lightning's rule)."""
+    if fit.configure_clipping is not None:
+        fit.configure_clipping(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+    for clipper in fit.clippers:
+        clipper.clip(trainer, fit.module, optimizer)
+
+
+def loss_of(outputs, batch_idx):
+    loss = outputs["loss"] if isinstance(outputs, dict) and "loss" in outputs else outputs
+    if not isinstance(loss, torch.Tensor):
+        got = "None" if loss is None else type(loss).__name__
+        raise TypeError(
+            f"training_step returned {got} at batch {batch_idx}; with automatic optimisation it must return the "
+            "loss tensor (or a dict with a 'loss' key). Return the loss, or set "
+            "`self.automatic_optimization = False` to step optimizers yourself."
+        )
+    if loss.numel() != 1:
+        raise ValueError(f"training_step returned a loss of shape {tuple(loss.shape)} at batch {batch_idx}; the "
+                         "loss must be a scalar. Reduce it, e.g. loss.mean().")
+    if not loss.requires_grad:
+        raise ValueError(
+            f"training_step returned a loss with no gradient (requires_grad=False) at batch {batch_idx}: it was "
+            "computed without the module's parameters, under torch.no_grad(), or detached (.item(), .detach())."
+        )
+    return loss
+
+
+def check_finite_loss(trainer, fit):
+    """The losses since the last check are tested in one go, so there is no host sync per step."""
+    window = fit.loss_window
+    if not window:
+        return
+    finite = torch.isfinite(torch.stack(window).float())
+    if not bool(finite.all()):
+        first = int((~finite).nonzero()[0, 0])
+        batch = fit.loss_window_start + first
+        value = torch.stack(window)[first].item()
+        # float16 runs overflow where bfloat16 (fp32's exponent range) does not: name the counterpart of this one
+        bf16 = {"16-mixed": "bf16-mixed", "16-true": "bf16-true"}.get(trainer.precision)
+        raise FloatingPointError(
+            f"The training loss became {value} at epoch {trainer.current_epoch}, batch {batch} (checked at global "
+            f"step {trainer.global_step}). Lower the learning rate, clip gradients (gradient_clip_val=1.0), check the "
+            "data for NaN/inf" + (f", or use precision={bf16!r} instead of {trainer.precision!r}." if bf16 else ".")
+        )
+    fit.loss_window = []
+    fit.loss_window_start += len(window)
+
+
+# -- when the loop ends --------------------------------------------------------------------------------------------
+def may_stop(trainer, fit):
+    """A stop request (EarlyStopping, should_stop) is honoured once min_epochs and min_steps are reached;
+    SIGTERM always."""
+    state = trainer.state
+    return fit.preempted or (state.global_step >= trainer.min_steps and state.epoch >= trainer.min_epochs)
+
+
+def done(trainer):
+    return max_steps_reached(trainer) or (trainer.max_epochs != -1 and trainer.state.epoch >= trainer.max_epochs)
+
+
+def max_steps_reached(trainer):
+    return trainer.max_steps != -1 and trainer.state.global_step >= trainer.max_steps
+
+
+def stop_agreed(trainer, fit, at_interval):
+    """Stop requests (should_stop, SIGTERM) are agreed by all ranks at fixed points, so that they stop together;
+    after a SIGTERM the pre-emption checkpoint is written there. Returns whether this rank asked to stop."""
+    local = trainer.should_stop or fit.preempted
+    if trainer.world_size > 1:
+        if at_interval and trainer.global_step % trainer.log_every_n_steps:
+            return False
+        local = agree_on_stop_flags(trainer, fit)
+    if fit.preempted:
+        trainer.should_stop = True
+        save_preemption_checkpoint(trainer, fit)
+    return local
+
+
+def agree_on_stop_flags(trainer, fit):
+    """One small all-reduce (max) of (should_stop, SIGTERM seen): one process's request is every process's. Only at
+    every log_every_n_steps-th step and at epoch ends: never a collective per step."""
+    flags = trainer.strategy.reduce(torch.tensor([float(trainer.should_stop), float(fit.preempted)]), op="max")
+    trainer.should_stop, fit.preempted = bool(flags[0]), bool(flags[1])
+    return trainer.should_stop or fit.preempted
+
+
+def save_preemption_checkpoint(trainer, fit):
+    """After a SIGTERM, once per fit: preempted-epoch=E-step=S.ckpt beside the ModelCheckpoint's files."""
+    if fit.preempt_path:
+        return
+    callback = trainer.checkpoint_callback
+    directory = callback.dirpath_resolved(trainer) if callback else os.path.join(trainer.log_dir, "checkpoints")
+    path = os.path.join(directory, f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt")
+    trainer.save_checkpoint(path)
+    fit.preempt_path = path
+    if trainer.is_global_zero:
+        print(f"[tasktrain] SIGTERM: finished step {trainer.global_step}, saved {path}", file=sys.stderr, flush=True)
+
+
+def install_sigterm_handler(trainer, fit):
+    """SIGTERM marks the fit pre-empted; the loop saves and stops at the next agreed point (loop.stop_agreed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    strategy = trainer.strategy
+
+    def on_sigterm(signum, frame):
+        if fit.preempted:
+            return
+        fit.preempted = True
+        if isinstance(strategy, MultiProcess):
+            strategy.forward_signal(signal.SIGTERM)  # to the workers it started itself, if any
+
+    return signal.signal(signal.SIGTERM, on_sigterm)
+
+
+# -- validation inside fit -----------------------------------------------------------------------------------------
+def val_every_n_batches(trainer):
+    if trainer._val_loader is None or trainer.val_check_interval is None:
+        return None
+    interval = trainer.val_check_interval
+    if isinstance(interval, float):
+        if not 0.0 < interval <= 1.0:
+            raise ValueError(f"val_check_interval={interval}: a float must be a fraction of the epoch in (0, 1].")
+        if interval == 1.0 or trainer.num_training_batches is None:
+            return None
+        return max(1, int(trainer.num_training_batches * interval))
+    return int(interval)
+
+
+def val_at_epoch_end(trainer, epoch):
+    if trainer._val_loader is None:
+        return False
+    every = trainer.check_val_every_n_epoch
+    return every is not None and (epoch + 1) % every == 0
+
+
+def run_validation(trainer):
+    from tasktrain.trainer.evaluation import evaluate
+
+    if trainer.limit_val_batches == 0:
+        return
+    module = trainer.module
+    if is_overridden("on_validation_model_zero_grad", module, TaskModule) or module.automatic_optimization:
+        module.on_validation_model_zero_grad()  # Lightning clears the gradients before each validation
+    values = evaluate(trainer, "validate", trainer._val_loader, trainer.num_val_batches)
+    if trainer.is_global_zero and values:
+        trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values))
+    trainer._metrics.set_stage("train", True, False)
+
+
+# -- schedulers ----------------------------------------------------------------------------------------------------
+def step_schedulers(trainer, fit, interval, plateau=None):
+    """Step the schedulers of `interval`; plateau=True/False: only those that watch a metric / only the others."""
+    step_scheduler = fit.lr_scheduler_step
+    for config in fit.lr_scheduler_configs:
+        if config.interval != interval:
+            continue
+        if plateau is not None and plateau != (config.monitor is not None):
+            continue
+        count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+        if count % config.frequency:
+            continue
+        if config.monitor is None:
+            step_scheduler(config.scheduler, None)
+            continue
+        value = trainer.callback_metrics.get(config.monitor)
+        if value is None:
+            if trainer.sanity_checking or not config.strict:
+                continue
+            raise KeyError(
+                f"The scheduler {type(config.scheduler).__name__} monitors {config.monitor!r}, which was not logged. "
+                f"Logged metrics: {sorted(trainer.callback_metrics)}. Log it with self.log({config.monitor!r}, ...) "
+                "or change 'monitor'."
+            )
+        step_scheduler(config.scheduler, float(value))
+
+
+def step_scheduler(scheduler, metric):
+    if metric is None:
+        scheduler.step()
+    else:
+        scheduler.step(metric)

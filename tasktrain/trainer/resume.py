@@ -1,0 +1,181 @@
+"""The Trainer's run state: what a checkpoint holds (dump) and how a fit resumes from one (restore).
+
+    run_state(trainer)                      the stateful parts under the checkpoint's keys (run_state.py)
+    dump_checkpoint(trainer)                the checkpoint dict (Trainer.save_checkpoint writes it)
+    restore(trainer, ckpt_path)             weights, optimizers, schedulers, precision, callbacks, metrics, RNG
+    restore_position(trainer, ..., data)    the loop's position, on the data it will continue
+
+The Accelerator's save_state / load_state use the same parts (RunState, Weights, Optimizers, ...), the same upgrade of
+old formats and count checks, and the same global-batch check (`check_global_batch`).
+"""
+import os
+
+from tasktrain import checkpoint_io as ckpt_io
+from tasktrain.callbacks.base import Callback
+from tasktrain.trainer.data import StatefulLoaderData
+from tasktrain.trainer.module import is_overridden
+from tasktrain.trainer.run_state import (Callbacks, Objects, Optimizers, RandomStates, RunState, Value, Weights,
+                                         check_counts, check_global_batch, upgrade)
+from tasktrain.trainer.runtime import rng_restore_of_this_rank
+
+import torch
+
+
+def run_state(trainer, weights_only=False):
+    """This run's state as stateful parts (tasktrain/trainer/run_state.py), under the checkpoint's keys."""
+    strategy, state = trainer.strategy, trainer.state
+    parts = {"state_dict": Weights(strategy), "train_state": state}
+    data = trainer._loader_data
+    if not weights_only and isinstance(data, StatefulLoaderData):
+        # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order, beside
+        # the position (restored on the same number of processes: restore_train_state)
+        def train_state():
+            states = strategy.all_gather_object(data.loader_state(state.batch_in_epoch))
+            return {**state.state_dict(), "loader_states": states}
+
+        parts["train_state"] = Value(train_state, state.load_state_dict)
+    if not weights_only:
+        optimizers = trainer.optimizers
+        parts.update(
+            optimizer_states=Optimizers(strategy, optimizers),
+            optimizer_param_names=Value(lambda: [strategy.optimizer_param_names(o) for o in optimizers]),
+            lr_schedulers=Objects([config.scheduler for config in trainer.lr_scheduler_configs]),
+            precision=strategy.precision, callbacks=Callbacks(trainer.callbacks),
+            metrics=trainer._metrics if trainer._metrics is not None else Value({}),
+            rng_states=RandomStates(strategy))
+        if trainer.datamodule is not None:  # under its class name, as Lightning keeps it
+            parts[type(trainer.datamodule).__qualname__] = trainer.datamodule
+    return RunState(parts)
+
+
+def dump_checkpoint(trainer, weights_only=False) -> dict:
+    """The checkpoint dict (see tasktrain/checkpoint_io.py for every key). Called on every rank."""
+    module = trainer.module
+    checkpoint = run_state(trainer, weights_only).state_dict()
+    checkpoint.update(hyper_parameters=plain(dict(module.hparams)), weights_only=bool(weights_only),
+                      world_size=trainer.world_size)
+    if trainer.datamodule is not None and trainer.datamodule.hparams:
+        checkpoint["datamodule_hyper_parameters"] = plain(dict(trainer.datamodule.hparams))
+    module.on_save_checkpoint(checkpoint)
+    for cb in trainer.callbacks:
+        if is_overridden("on_save_checkpoint", cb, Callback):
+            cb.on_save_checkpoint(trainer, module, checkpoint)
+    return checkpoint
+
+
+def resolve_ckpt_path(trainer, ckpt_path):
+    if ckpt_path == "best":
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if not best:
+            raise ValueError("ckpt_path='best': no ModelCheckpoint of this trainer has saved a checkpoint yet; "
+                             "fit first, or pass a path.")
+        return best
+    if ckpt_path == "last":
+        path = ckpt_io.read_last_pointer(trainer.default_root_dir)
+        if path is None and trainer.is_global_zero:
+            print(f"[tasktrain] ckpt_path='last': no checkpoint recorded under {trainer.default_root_dir}; "
+                  "starting from scratch.", flush=True)
+        return path
+    return os.fspath(ckpt_path)
+
+
+def restart_ckpt_path(trainer, ckpt_path):  # issue 29 (the rule: checkpoint_io.restart_checkpoint)
+    resolved = ckpt_io.restart_checkpoint(trainer.default_root_dir, ckpt_path)
+    if ckpt_io.restart_count() and trainer.is_global_zero:
+        print(f"[tasktrain] restart {ckpt_io.restart_count()} of this launch: resuming from "
+              f"{resolved or 'scratch (no complete checkpoint of this launch yet)'}", flush=True)
+    return resolved
+
+
+def restore(trainer, ckpt_path):
+    """Load everything but the loop's position and the RNG; returns what restore_position needs (None: no
+    checkpoint)."""
+    path = resolve_ckpt_path(trainer, ckpt_path)
+    trainer._resumed_from = path
+    if path is None:
+        return None
+    strategy, module = trainer.strategy, trainer.module
+    ckpt = upgrade(strategy.load_checkpoint(path))
+    if ckpt.get("weights_only"):
+        raise ValueError(
+            f"{path} was saved with save_weights_only=True: it holds the weights but no optimizer, scheduler or "
+            "loop state, so training cannot resume from it. Use it for inference "
+            f"({type(module).__name__}.load_from_checkpoint(path)) or start a new fit from those weights."
+        )
+    module.on_load_checkpoint(ckpt)
+    for cb in trainer.callbacks:
+        if is_overridden("on_load_checkpoint", cb, Callback):
+            cb.on_load_checkpoint(trainer, module, ckpt)
+    parts = run_state(trainer)
+    parts.load_state_dict(ckpt, only=["state_dict"])
+    optimizers = trainer.optimizers
+    check_counts(ckpt, "optimizer_states", len(optimizers), lambda saved: (
+        f"{path} has {saved} optimizer states but configure_optimizers returned {len(optimizers)} optimizers."))
+    # the loop's position (train_state) is restored on the data it will continue (restore_position)
+    parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers", "precision", "callbacks", "metrics",
+                                      "rng_states"])
+    if trainer.datamodule is not None and type(trainer.datamodule).__qualname__ in ckpt:
+        parts.load_state_dict(ckpt, only=[type(trainer.datamodule).__qualname__])
+        trainer._datamodule_restored = True
+    # the data order's seed now: loaders rebuilt after a DataModule restore follow the saved order
+    trainer.state.data_seed = ckpt["train_state"].get("data_seed", trainer.state.data_seed)
+    return (path, ckpt["train_state"], int(ckpt.get("world_size", trainer.world_size)),
+            parts.parts["rng_states"].loaded)
+
+
+def restore_position(trainer, path, saved, saved_world, rng_states, data):
+    """The loop's position from the checkpoint's train state, on this run's number of processes and batches and
+    on the training data as it will be trained (rebuilt after a DataModule restore); returns what restores the
+    RNG, to call once the loop is about to continue."""
+    state = trainer.state
+    restore_train_state(trainer, path, saved, saved_world, data)
+    if trainer.is_global_zero:
+        print(f"[tasktrain] resumed from {path} at epoch {state.epoch}, global step {state.global_step}, "
+              f"batch {state.batch_in_epoch} of the epoch", flush=True)
+    return rng_restore_of_this_rank(rng_states, trainer.strategy, path, state.data_seed, state.global_step)
+
+
+def restore_train_state(trainer, path, saved, saved_world, epochs):
+    state = trainer.state
+    global_batch = state.global_batch_size  # this run's
+    state.load_state_dict(saved)
+    state.data_seed = saved.get("data_seed", state.data_seed)
+    shard_world = trainer._shards()[0]  # the global order is sharded over this many (1: use_distributed_sampler=False)
+    saved_global_batch = saved.get("global_batch_size") or (
+        global_batch // shard_world * saved_world if global_batch else 0)  # written before it was recorded
+    state.global_batch_size = global_batch
+    if state.epoch_finished:
+        state.epoch += 1
+        state.batch_in_epoch = state.samples_in_epoch = 0
+        state.epoch_finished = False
+        return
+    accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1
+    # Each rank read the loader as the user built it (use_distributed_sampler=False): how the ranks split the data
+    # is theirs, so the position of each rank's loader says nothing about which samples the ranks of another world
+    # have left.
+    users_split = None if trainer.use_distributed_sampler else (
+        "with use_distributed_sampler=False each process reads the training loader as you built it, so the "
+        "Trainer cannot tell which samples the other processes had trained on, nor which are left for "
+        f"{trainer.world_size}")
+    epochs.resume(saved, saved_world, accumulate, source=path, epoch_name=f"epoch {state.epoch}",
+                  world=trainer.world_size, own_order_reason=users_split,
+                  order_remedy="let the Trainer shard the data (use_distributed_sampler=True, a plain DataLoader "
+                               "with shuffle=True or False, no sampler) so that the epoch continues exactly")
+    loader_states = saved.get("loader_states")
+    if isinstance(epochs.data, StatefulLoaderData) and loader_states and len(loader_states) == trainer.world_size:
+        epochs.data.load_loader_state(loader_states[trainer.global_rank])  # another world: refused just above
+    if trainer.is_global_zero:
+        check_global_batch(path, saved_global_batch, global_batch, shard_world,
+                           global_batch // shard_world // accumulate if global_batch else 0, accumulate,
+                           state.samples_in_epoch)
+
+
+def plain(value):
+    """Hyper-parameters must load with weights_only=True: keep plain data, turn the rest into strings."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (int, float, str, bool, type(None), torch.Tensor)):
+        return value
+    return repr(value)

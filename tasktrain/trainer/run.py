@@ -1,0 +1,153 @@
+"""The run of one stage (fit / validate / test / predict) on a rank, around its loop: the start (environment,
+fresh run state, profiler, metric store, the module's callbacks, hook tables, how batches reach the device), the
+data hooks (prepare_data, the transfer hooks), the failure path (on_exception) and the teardown.
+Trainer._run_stage calls them in that order."""
+import contextlib
+import sys
+import warnings
+
+from tasktrain.callbacks.base import Callback
+from tasktrain.strategies.base import MultiProcess
+from tasktrain.trainer.arguments import in_call_order
+from tasktrain.trainer.datamodule import DataModule
+from tasktrain.trainer.fit_state import build_hook_tables
+from tasktrain.trainer.metrics import MetricStore
+from tasktrain.trainer.module import TaskModule, is_overridden
+from tasktrain.trainer.runtime import announce_rank
+from tasktrain.trainer.states import TrainerFn, TrainerStatus
+
+
+def attach_module_callbacks(trainer, module):
+    """The module's configure_callbacks(): each replaces the trainer's callbacks of its exact type."""
+    if not is_overridden("configure_callbacks", module, TaskModule):
+        return
+    extra = module.configure_callbacks()
+    extra = [extra] if isinstance(extra, Callback) else list(extra or [])
+    replaced = {type(c) for c in extra}
+    trainer.callbacks = in_call_order([c for c in trainer.callbacks if type(c) not in replaced] + extra)
+
+
+def prepare_data(trainer, module):
+    """prepare_data (the DataModule's, then the module's) once per machine (local rank 0), or once in all
+    (prepare_data_per_node=False); the other ranks wait at a barrier, so that setup() finds the files."""
+    for owner, base in ((trainer.datamodule, DataModule), (module, TaskModule)):
+        if owner is None or not is_overridden("prepare_data", owner, base):
+            continue
+        if trainer.local_rank == 0 if owner.prepare_data_per_node else trainer.is_global_zero:
+            owner.prepare_data()
+        if trainer.world_size > 1:
+            trainer.strategy.barrier("prepare_data")
+
+
+def data_hook(trainer, name, module):
+    """The DataModule's `name` where it overrides it (it wins, as in Lightning), else the module's, or None."""
+    module_has = is_overridden(name, module, TaskModule)
+    if trainer.datamodule is not None and is_overridden(name, trainer.datamodule, DataModule):
+        if module_has:  # one of them runs (Lightning's rule and warning), never both
+            warnings.warn(f"{name} is overridden in both {type(module).__name__} and "
+                          f"{type(trainer.datamodule).__name__}: the DataModule's runs, the module's does not.")
+        return getattr(trainer.datamodule, name)
+    if module_has and trainer.datamodule is not None:
+        warnings.warn(f"{name} is overridden in {type(module).__name__} and a DataModule was passed that does "
+                      "not override it: the module's runs.")
+    return getattr(module, name) if module_has else None
+
+
+def batch_mover(trainer, module):
+    """(move, plain): how a batch reaches the device. Without transfer hooks, the strategy's batch_to_device
+    (plain=True: called with the batch alone); else Lightning's three hooks in order."""
+    strategy = trainer.strategy
+    before, transfer, after = (data_hook(trainer, name, module) for name in (
+        "on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"))
+    if before is None and transfer is None and after is None:
+        return strategy.batch_to_device, True
+
+    def move(batch, dataloader_idx=0):
+        if before is not None:
+            batch = before(batch, dataloader_idx)
+        batch = strategy.batch_to_device(batch) if transfer is None else \
+            transfer(batch, strategy.root_device, dataloader_idx)
+        if after is not None:
+            batch = after(batch, dataloader_idx)
+        return batch
+
+    return move, False
+
+
+def start_stage(trainer, stage, module):
+    """The run's environment, fresh run state, profiler, metric store, callbacks and hook tables."""
+    strategy = trainer.strategy
+    strategy.setup_environment()
+    trainer._reset_run_state()
+    trainer.state.fn, trainer.state.status = TrainerFn(stage), TrainerStatus.RUNNING  # Lightning's trainer.state
+    # watchdog (issue 19): None on one process; the loops are observed through watched_batches/watched_action
+    trainer._watchdog = strategy.watchdog
+    trainer.module = module
+    module.trainer = trainer
+    trainer._profile = trainer.profiler.profile if trainer.profiler is not None else no_profile
+    if trainer.profiler is not None:
+        trainer.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None, trainer.log_dir,
+                               strategy.is_global_zero, module)
+    announce_rank(strategy.global_rank)  # @rank_zero_only functions of the user's script know their rank
+    trainer._metrics = MetricStore(strategy)
+    attach_module_callbacks(trainer, module)
+    trainer._set_hook_tables(build_hook_tables(trainer, module))
+    trainer._to_device, trainer._plain_transfer = batch_mover(trainer, module)
+
+
+def on_failure(trainer, exc):
+    if not isinstance(exc, SystemExit) and isinstance(trainer.strategy, MultiProcess):
+        trainer.strategy.mark_failed()
+    handlers = list(trainer._all_hooks.get("on_exception", []))
+    if trainer.datamodule is not None:
+        handlers.append(trainer.datamodule.on_exception)
+    for fn in handlers:
+        try:
+            fn(exc)
+        except Exception as hook_error:  # the original error is what is raised; this one is reported
+            print(f"[tasktrain] an on_exception hook failed too ({getattr(getattr(fn, 'func', fn), '__qualname__', fn)}): "
+                  f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
+    if trainer.world_size > 1 and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        print(f"[tasktrain] rank {trainer.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+
+def teardown(trainer, stage, module, status):
+    trainer._unwatch()
+    try:
+        if trainer.datamodule is not None:
+            trainer.datamodule.teardown(stage)
+        trainer._call("teardown", stage)
+    finally:
+        for logger in trainer.loggers:
+            if trainer.is_global_zero:
+                logger.finalize(status)
+        trainer._callback_metrics_cache = dict(trainer._metrics.callback_metrics) if trainer._metrics else {}
+        write_error = wait_for_checkpoint_write(trainer, status)  # issue 29: fit end, error, SIGTERM: wait for it
+        trainer._last_metrics = trainer._metrics
+        trainer.strategy.teardown()
+        trainer._metrics = None
+        if trainer.profiler is not None:
+            trainer.profiler.describe()
+            trainer.profiler.teardown(stage)
+            trainer._profile = no_profile  # a save_checkpoint after the run would restart a torn-down profiler
+        if write_error is not None:  # issue 29: a failed background write, raised once the rest is torn down
+            raise write_error
+
+
+def wait_for_checkpoint_write(trainer, status):  # issue 29: returns the write's error, for _teardown to raise
+    try:
+        trainer.strategy.wait_for_checkpoint(release=True)
+    except Exception as err:
+        if status != "failed":
+            return err
+        print(f"[tasktrain] {err}", file=sys.stderr, flush=True)  # the run's own error is the one raised
+    return None
+
+
+
+_NULL = contextlib.nullcontext()
+
+
+def no_profile(action_name):
+    """The profiler's `profile` without a profiler: one shared no-op context."""
+    return _NULL
