@@ -38,6 +38,7 @@ _NAMES = {
     "DataParallel": "tasktrain.strategies.data_parallel",
     "DeepSpeed": "tasktrain.strategies.deepspeed",
     "FSDP": "tasktrain.strategies.fsdp",
+    "ModelParallelStrategy": "tasktrain.strategies.model_parallel",
     "CheckpointError": "tasktrain.checkpoint_io",
     "init_empty_weights": "tasktrain.inference.empty",
     "save_model": "tasktrain.inference.saving",
