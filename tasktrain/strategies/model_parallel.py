@@ -206,6 +206,10 @@ class ModelParallelStrategy(FSDP):
         return super().backward(loss, *args, **kwargs)
 
     def reduce(self, tensor, op="mean"):
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(tensor, DTensor):  # a loss computed under loss_parallel(): replicated, whole on every rank
+            tensor = tensor.full_tensor()
         out = super().reduce(tensor, op)
         if op == "sum" and self.tensor_parallel_size > 1:
             out = out / self.tensor_parallel_size  # each tensor-parallel group counted once (see the module doc)

@@ -4,8 +4,8 @@
         A (dp=2, tp=2): 10 AdamW steps, a DCP checkpoint after step 5 (and a one-file one), losses and final weights
         B (dp=2, tp=2): resumed from A's step-5 checkpoint to step 10
         C (dp=4, tp=1) and D (dp=1, tp=4): resumed from the same checkpoint; weights as loaded, then 5 steps
-    python train.py --root DIR --out OUT --case one --ckpt DIR   # 1 process (dp=1, tp=1): resumed from DIR
-    python train.py --root DIR --out OUT --case reference        # 1 process, no strategy of ours: the full batch
+(tests/test_model_parallel.py calls fit() in its own process for the 1-process runs: the reference on the full
+batch without any parallelism, and (dp=1, tp=1) resumed from the step-5 checkpoint.)
 """
 import argparse
 import os
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasktrain import Callback, TaskModule, Trainer, seed_everything
+from tasktrain import Callback, CSVLogger, TaskModule, Trainer, seed_everything
 from tasktrain.strategies.model_parallel import ModelParallelStrategy
 
 VOCAB, DIM, HEADS, SEQ, LAYERS = 32, 16, 4, 8, 2
@@ -141,10 +141,10 @@ class Record(Callback):
 
     def __init__(self, save=None):
         self.losses, self.start, self.end, self.save = [], None, None, save
-        self.summed = []
+        self.summed, self.logged = [], []
 
     def on_train_start(self, trainer, module):
-        self.start = trainer.strategy.full_state_dict()
+        self.start = {k: v.detach().clone() for k, v in trainer.strategy.full_state_dict().items()}  # not live
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -155,15 +155,16 @@ class Record(Callback):
                 trainer.save_checkpoint(path)
 
     def on_train_end(self, trainer, module):
-        self.end = trainer.strategy.full_state_dict()
+        self.end = {k: v.detach().clone() for k, v in trainer.strategy.full_state_dict().items()}
 
 
-def fit(dp, tp, batch, steps, ckpt=None, save=(), **strategy_options):
+def fit(dp, tp, batch, steps, ckpt=None, save=(), csv=None, **strategy_options):
     record = Record(save)
     strategy = ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp, **strategy_options) \
         if dp else "single_device"
     trainer = Trainer(strategy=strategy, devices=(dp * tp) if dp else 1, accelerator="cpu", max_steps=steps,
-                      callbacks=[record], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      callbacks=[record], logger=CSVLogger(csv, name="", version="") if csv else False,
+                      log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False)
     trainer.fit(build(), loader(batch), ckpt_path=ckpt)
     return dict(losses=record.losses, start=record.start, end=record.end, summed=record.summed,
@@ -175,22 +176,17 @@ def main():
     parser.add_argument("--root", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--case", required=True)
-    parser.add_argument("--ckpt")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = {}
     dcp, one_file = os.path.join(args.root, "step5.ckpt"), os.path.join(args.root, "step5-one-file.ckpt")
-    if args.case == "reference":
-        out["reference"] = fit(0, 1, BATCH, STEPS)
-    elif args.case == "one":
-        out["one"] = fit(1, 1, BATCH, STEPS, ckpt=args.ckpt)
-    elif args.case == "mesh":
-        out["A"] = fit(2, 2, BATCH // 2, STEPS, save=[dcp])
+    if args.case == "mesh":
+        out["A"] = fit(2, 2, BATCH // 2, STEPS, save=[dcp], csv=os.path.join(args.root, "A"))
         out["A_file"] = fit(2, 2, BATCH // 2, SAVE_AT, save=[one_file], save_distributed_checkpoint=False)
         out["B"] = fit(2, 2, BATCH // 2, STEPS, ckpt=dcp)
         out["B_file"] = fit(2, 2, BATCH // 2, STEPS, ckpt=one_file)
         out["C"] = fit(4, 1, BATCH // 4, STEPS, ckpt=dcp)
-        out["D"] = fit(1, 4, BATCH, STEPS, ckpt=dcp)
+        out["D"] = fit(1, 4, BATCH, STEPS, ckpt=dcp, csv=os.path.join(args.root, "D"))
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
