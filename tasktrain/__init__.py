@@ -59,6 +59,7 @@ _NAMES = {
     "ProfileKwargs": "tasktrain.compat.accelerate.utils.dataclasses",
     "find_executable_batch_size": "tasktrain.compat.accelerate.utils.memory",
     "notebook_launcher": "tasktrain.compat.accelerate.launchers",
+    "ParallelismConfig": "tasktrain.compat.accelerate.parallelism_config",  # issue 39
 }
 
 __all__ = ["__version__", *_NAMES]

@@ -3,7 +3,8 @@
 One 4-process launch (tests/mesh_scripts/train.py --case mesh) trains a tiny Llama-like model (ColwiseParallel /
 RowwiseParallel, SequenceParallel, loss_parallel; fully_shard on the data-parallel mesh) on a (dp=2, tp=2) mesh, then
 resumes its step-5 checkpoint on the same mesh (a DCP directory and a one-file checkpoint), on dp-only (4, 1) and
-tp-only (1, 4). In the test's own process, one process trains the same model on the full batch without any parallelism
+tp-only (1, 4), and runs the Accelerator with ParallelismConfig(dp_shard_size=2, tp_size=2) in a loop of its own.
+In the test's own process, one process trains the same model on the full batch without any parallelism
 (the reference) and resumes the DCP checkpoint on one process.
 
 Tolerances against the reference: the (2, 2) run computes the same sums in another order: the gradients of two
@@ -145,6 +146,37 @@ def test_convert_the_dcp_folder_to_one_file_and_safetensors(runs):
     one_file = torch.load(root / "step5-one-file.ckpt", weights_only=True)
     assert identical(one_file["state_dict"], at_step5)
     assert one_file["device_mesh"] == {"data_parallel": 2, "tensor_parallel": 2}
+
+
+def test_the_accelerator_with_a_parallelism_config_trains_like_one_process(runs):
+    reference = runs["single"]["reference"]
+    e = [r["E"] for r in runs["ranks"]]
+    assert all(r["mesh"] == (("dp_replicate", "dp_shard", "tp"), (1, 2, 2)) for r in e)
+    assert [r["ranks"] for r in e] == [(0, 0), (0, 1), (1, 0), (1, 1)]  # (data_parallel_shard_rank, tp rank)
+    assert all(r["total_batch_size"] == 8 for r in e)  # 4 per data-parallel rank, 2 of them (not 4 processes)
+    # accelerator.reduce(loss) over the world: the mean of the two data-parallel halves, the full batch's loss
+    assert max(abs(x - y) for x, y in zip(e[0]["losses"], reference["losses"])) < LOSS_TOL
+    assert biggest_difference(e[0]["end"], reference["end"]) < PARAM_TOL
+    assert all(identical(r["end"], e[0]["end"]) for r in e)
+
+
+def test_parallelism_config_checks_and_refusals():
+    from tasktrain import Accelerator, ParallelismConfig
+
+    with pytest.raises(ValueError, match="tp_size must be at least 1"):
+        ParallelismConfig(tp_size=0)
+    with pytest.raises(ValueError, match="cannot be used with pure data parallelism"):
+        ParallelismConfig(dp_replicate_size=2, tp_size=2)
+    with pytest.raises(ValueError, match="context parallelism is not supported.*no sharding strategy"):
+        ParallelismConfig(cp_size=2)
+    with pytest.raises(ValueError, match="pure data parallelism: leave parallelism_config out"):
+        ParallelismConfig(dp_replicate_size=2)
+    config = ParallelismConfig(dp_shard_size=2, tp_size=2)
+    assert (config.total_size, config.data_parallel_size, config.active_mesh_dims) == (4, 2, ["dp_shard", "tp"])
+    with pytest.raises(ValueError, match=r"ParallelismConfig total_size \(4\) does not match num_processes \(1\)"):
+        Accelerator(cpu=True, parallelism_config=config)
+    with pytest.raises(ValueError, match="drop strategy=, deepspeed_plugin= and fsdp_plugin="):
+        Accelerator(cpu=True, parallelism_config=config, strategy="ddp")
 
 
 # -- refusals before training (one process) --------------------------------------------------------------------------

@@ -73,6 +73,7 @@ class ModelParallelStrategy(FSDP):
         self._device_mesh = None
         self._mesh_group = None  # the process group the mesh was made in
         self._layout_now = None  # (data_parallel_size, data_parallel_rank, tensor_parallel_size) of the mesh
+        self._fsdp_mesh = None  # the data-parallel part of the mesh, which fully_shard shards over
 
     # -- the mesh ------------------------------------------------------------------------------------------------
     def mesh_shape(self, world_size):
@@ -120,13 +121,17 @@ class ModelParallelStrategy(FSDP):
         super().setup_environment()
         # One mesh per process group: a world of one destroys its group at the end of a stage and makes a new one
         if self._device_mesh is None or self._mesh_group is not dist.group.WORLD:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            shape = self.mesh_shape(self.world_size)
-            self._device_mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=MESH_NAMES)
+            self._device_mesh, self._fsdp_mesh, self._layout_now = self._make_mesh()
             self._mesh_group = dist.group.WORLD
-            # read once: the sizes outlive the process group (a world of one destroys it at its end)
-            self._layout_now = (shape[0], self._device_mesh["data_parallel"].get_local_rank(), shape[1])
+
+    def _make_mesh(self):
+        """(the mesh, the mesh fully_shard shards over, (data_parallel_size, data_parallel_rank,
+        tensor_parallel_size)): read once, as the sizes outlive the process group (a world of one destroys it)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape = self.mesh_shape(self.world_size)
+        mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=MESH_NAMES)
+        return mesh, mesh["data_parallel"], (shape[0], mesh["data_parallel"].get_local_rank(), shape[1])
 
     def module_init_context(self, empty_init=False):
         if empty_init and self.root_device.type == "cpu":
@@ -182,7 +187,7 @@ class ModelParallelStrategy(FSDP):
 
         from tasktrain.strategies.fsdp import FSDPPrecision
 
-        mesh = self.device_mesh["data_parallel"]
+        mesh = self._fsdp_mesh
         mp = self.precision.mp_policy() if isinstance(self.precision, FSDPPrecision) else MixedPrecisionPolicy()
         user_sharded = any(isinstance(m, FSDPModule) for m in module.modules())
         targets = [] if user_sharded else self._wrap_targets(module)
@@ -192,8 +197,8 @@ class ModelParallelStrategy(FSDP):
         self.wrapped_names = [*targets, ""]
         if self.is_global_zero and not self._said_wrapped:
             how = "your fully_shard units and" if user_sharded else f"{len(targets)} module(s) and"
-            print(f"[tasktrain] ModelParallelStrategy sharded {how} the root over data_parallel="
-                  f"{mesh.size()}", flush=True)
+            print(f"[tasktrain] {type(self).__name__} sharded {how} the root over the data-parallel mesh "
+                  f"{tuple(mesh.shape)}", flush=True)
             self._said_wrapped = True
 
     # -- the step ------------------------------------------------------------------------------------------------

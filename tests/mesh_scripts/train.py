@@ -4,6 +4,7 @@
         A (dp=2, tp=2): 10 AdamW steps, a DCP checkpoint after step 5 (and a one-file one), losses and final weights
         B (dp=2, tp=2): resumed from A's step-5 checkpoint to step 10
         C (dp=4, tp=1) and D (dp=1, tp=4): resumed from the same checkpoint; weights as loaded, then 5 steps
+        E: the Accelerator with ParallelismConfig(dp_shard_size=2, tp_size=2): A's 10 steps in a loop of its own
 (tests/test_model_parallel.py calls fit() in its own process for the 1-process runs: the reference on the full
 batch without any parallelism, and (dp=1, tp=1) resumed from the step-5 checkpoint.)
 """
@@ -58,6 +59,42 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+def parallelize(model, tp):
+    """torchtitan's plan for Llama: attention and feed-forward split by heads / hidden units, norms sequence-parallel,
+    the output sharded over the vocabulary (the loss then runs under loss_parallel)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    parallelize_module(model, tp, {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    })
+    for block in model.layers:
+        parallelize_module(block, tp, {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        })
+
+
+def cross_entropy(logits, targets):
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(logits, DTensor):  # sharded over the vocabulary: cross-entropy without gathering it
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with loss_parallel():
+            return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
 class Llama(TaskModule):
     def __init__(self):
         super().__init__()
@@ -76,27 +113,7 @@ class Llama(TaskModule):
         mesh = self.device_mesh
         if mesh is None or mesh["tensor_parallel"].size() == 1:
             return  # the strategy shards over data parallel by itself (or no strategy of ours: the reference)
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                       SequenceParallel, parallelize_module)
-
-        tp = mesh["tensor_parallel"]
-        parallelize_module(self, tp, {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-        })
-        for block in self.layers:
-            parallelize_module(block, tp, {
-                "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-                "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            })
+        parallelize(self, mesh["tensor_parallel"])
         if mesh["data_parallel"].size() > 1:  # as Lightning's example: the user shards the blocks and the root
             from torch.distributed.fsdp import fully_shard
 
@@ -106,16 +123,7 @@ class Llama(TaskModule):
 
     def training_step(self, batch, batch_idx):
         tokens, targets = batch
-        logits = self(tokens)
-        from torch.distributed.tensor import DTensor
-
-        if isinstance(logits, DTensor):  # sharded over the vocabulary: cross-entropy without gathering it
-            from torch.distributed.tensor.parallel import loss_parallel
-
-            with loss_parallel():
-                loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        else:
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = cross_entropy(self(tokens), targets)
         self.log("train_loss", loss, sync_dist=True)
         return loss
 
@@ -171,6 +179,32 @@ def fit(dp, tp, batch, steps, ckpt=None, save=(), csv=None, **strategy_options):
                 data_parallel=trainer.strategy.data_parallel_size)
 
 
+def accelerate_fit(steps):
+    """Accelerate's way: the script parallelizes the model on accelerator.torch_device_mesh["tp"] before prepare;
+    prepare shards it over the data-parallel dimension (fully_shard) and the loader over the data-parallel ranks."""
+    from tasktrain import Accelerator, ParallelismConfig
+
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
+    mesh = accelerator.torch_device_mesh
+    model = build()
+    parallelize(model, mesh["tp"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    model, optimizer, data = accelerator.prepare(model, optimizer, loader(BATCH // 2))
+    losses = []
+    for step, (tokens, targets) in enumerate(data):
+        loss = cross_entropy(model(tokens), targets)
+        accelerator.backward(loss)  # under loss_parallel (tp_size > 1)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(accelerator.reduce(loss.full_tensor().detach(), "mean")))
+        if step + 1 == steps:
+            break
+    end = {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
+    return dict(losses=losses, end=end, mesh=(mesh.mesh_dim_names, tuple(mesh.shape)),
+                ranks=(accelerator.data_parallel_shard_rank, accelerator.tensor_parallel_rank),
+                total_batch_size=data.total_batch_size)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", required=True)
@@ -187,6 +221,7 @@ def main():
         out["B_file"] = fit(2, 2, BATCH // 2, STEPS, ckpt=one_file)
         out["C"] = fit(4, 1, BATCH // 4, STEPS, ckpt=dcp)
         out["D"] = fit(1, 4, BATCH, STEPS, ckpt=dcp, csv=os.path.join(args.root, "D"))
+        out["E"] = accelerate_fit(STEPS)
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
