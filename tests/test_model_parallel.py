@@ -264,3 +264,36 @@ def test_one_process_mesh_trains_and_gives_the_module_its_mesh():
     assert seen == {"names": ("data_parallel", "tensor_parallel"), "shape": (1, 1)}
     after = trainer.strategy.full_state_dict()
     assert not torch.equal(after["body.0.weight"], before[0])  # it stepped
+
+
+def test_launch_yaml_parallelism_config(monkeypatch):
+    from tasktrain import ParallelismConfig
+    from tasktrain.cli.config import ConfigError, resolve
+    from tasktrain.strategies.environment import launch_config
+    from tasktrain.strategies.registry import strategy_of_launch
+
+    file = {"distributed_type": "FSDP", "num_processes": 4, "use_cpu": True,
+            "parallelism_config": {"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": 2}}
+    settings = resolve(file, gpu_count=0)
+    assert settings.strategy == "model_parallel"
+    env = settings.worker_env()
+    assert env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"
+    assert (env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"], env["PARALLELISM_CONFIG_DP_SHARD_SIZE"],
+            env["PARALLELISM_CONFIG_TP_SIZE"], env["PARALLELISM_CONFIG_CP_SIZE"]) == ("1", "2", "2", "1")
+    for key, value in env.items():  # what a worker sees
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    # the Accelerator's ParallelismConfig() and the Trainer's strategy read the sizes
+    config = ParallelismConfig()
+    assert (config.dp_shard_size, config.tp_size) == (2, 2)
+    strategy = strategy_of_launch(launch_config())
+    assert isinstance(strategy, ModelParallelStrategy) and strategy.mesh_shape(4) == (2, 2)
+
+    for sizes, message in (({"parallelism_config_tp_size": 3}, "= 3, but num_processes is 4"),
+                           ({"parallelism_config_cp_size": 2, "parallelism_config_dp_shard_size": 2},
+                            "context parallelism is not supported"),
+                           ({"parallelism_config_tp": 2}, "parallelism_config key")):
+        with pytest.raises(ConfigError, match=message):
+            resolve(dict(file, parallelism_config=sizes), gpu_count=0)

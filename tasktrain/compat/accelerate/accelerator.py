@@ -530,6 +530,8 @@ def _mesh_strategy(parallelism_config, torch_tp_plugin, strategy, deepspeed_plug
         if not isinstance(tp_size, int):
             raise TypeError("torch_tp_plugin needs a tp_size; pass parallelism_config=ParallelismConfig(tp_size=N).")
         parallelism_config = ParallelismConfig(tp_size=tp_size)
+    if parallelism_config is None and os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
+        parallelism_config = ParallelismConfig()  # a launch config's parallelism_config (its sizes in the environment)
     if parallelism_config is None:
         return strategy
     if not isinstance(parallelism_config, ParallelismConfig):
