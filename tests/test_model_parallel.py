@@ -203,6 +203,7 @@ def _loader():
 
 def _fit(module, **options):
     trainer = Trainer(strategy=ModelParallelStrategy(**options), devices=1, accelerator="cpu", max_steps=1,
+                      gradient_clip_val=1e-3,
                       logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False)
     trainer.fit(module, _loader())
@@ -255,8 +256,17 @@ def test_one_process_mesh_trains_and_gives_the_module_its_mesh():
 
     class Sees(Parallelized):
         def configure_model(self):
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
             seen["names"] = self.device_mesh.mesh_dim_names
             seen["shape"] = tuple(self.device_mesh.shape)
+            # two layers tensor parallel, the root's own fully_shard-ed only: gradients on two meshes, clipped
+            parallelize_module(self.body, self.device_mesh["tensor_parallel"], {"0": ColwiseParallel(),
+                                                                                 "1": RowwiseParallel()})
+            self.extra = torch.nn.Linear(4, 4)
+
+        def training_step(self, batch, batch_idx):
+            return self.body(self.extra(batch[0])).pow(2).mean()
 
     module = Sees()
     before = [p.detach().clone() for p in module.parameters()]

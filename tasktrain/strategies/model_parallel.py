@@ -220,6 +220,31 @@ class ModelParallelStrategy(FSDP):
             out = out / self.tensor_parallel_size  # each tensor-parallel group counted once (see the module doc)
         return out
 
+    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
+        """The norm over every shard of every gradient. The gradients live on different meshes (a tensor-parallel
+        layer's on the 2-D mesh, a layer that is only fully_shard-ed on the data-parallel one), and DTensor ops do not
+        mix meshes: each mesh's gradients give one norm (reduced over its ranks), and those norms give the total."""
+        from torch.distributed.tensor import DTensor
+
+        self.unscale_gradients(optimizer)
+        params = [p for p in self._in_module_order(optimizer) if p.grad is not None]
+        if not params:
+            return torch.tensor(0.0)
+        by_mesh = {}  # in the order the meshes first come in the module
+        for p in params:
+            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+        norms = []
+        for group in by_mesh.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        norm = norms[0] if len(norms) == 1 else torch.nn.utils.get_total_norm(norms, norm_type)
+        for group in by_mesh.values():
+            if max_norm is not None:
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
+            if max_value is not None:
+                torch.nn.utils.clip_grad_value_(group, max_value)  # elementwise: each shard on its own is exact
+        return norm
+
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def _layout(self):
         return {"data_parallel": self.data_parallel_size, "tensor_parallel": self.tensor_parallel_size}

@@ -22,6 +22,7 @@ from tasktrain.strategies.model_parallel import ModelParallelStrategy
 VOCAB, DIM, HEADS, SEQ, LAYERS = 32, 16, 4, 8, 2
 SAMPLES, BATCH = 80, 8  # per data-parallel rank: BATCH // dp (the 1-process reference reads BATCH)
 STEPS, SAVE_AT = 10, 5
+CLIP = 0.5  # the gradient norm is above it in the first steps: the clipped norm is over every shard of every mesh
 
 
 class Attention(nn.Module):
@@ -172,7 +173,7 @@ def fit(dp, tp, batch, steps, ckpt=None, save=(), csv=None, **strategy_options):
         if dp else "single_device"
     trainer = Trainer(strategy=strategy, devices=(dp * tp) if dp else 1, accelerator="cpu", max_steps=steps,
                       callbacks=[record], logger=CSVLogger(csv, name="", version="") if csv else False,
-                      log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+                      log_every_n_steps=1, gradient_clip_val=CLIP, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False)
     trainer.fit(build(), loader(batch), ckpt_path=ckpt)
     return dict(losses=record.losses, start=record.start, end=record.end, summed=record.summed,
@@ -194,6 +195,7 @@ def accelerate_fit(steps):
     for step, (tokens, targets) in enumerate(data):
         loss = cross_entropy(model(tokens), targets)
         accelerator.backward(loss)  # under loss_parallel (tp_size > 1)
+        accelerator.clip_grad_norm_(model.parameters(), CLIP)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(float(accelerator.reduce(loss.full_tensor().detach(), "mean")))
