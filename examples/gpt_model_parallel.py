@@ -26,9 +26,14 @@ from tasktrain import ModelParallelStrategy, Trainer, seed_everything  # noqa: E
 
 
 class GPTAdditionTP(gpt.GPTAddition):
+    _parallelized = False
+
     def configure_model(self):
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+        if self._parallelized:  # configure_model runs at every entry point (fit, then validate): once is enough
+            return
+        self._parallelized = True
         tp = self.device_mesh["tensor_parallel"]
         for block in self.model.blocks:
             parallelize_module(block.mlp, tp, {"0": ColwiseParallel(), "2": RowwiseParallel()})

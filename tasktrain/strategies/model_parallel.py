@@ -27,6 +27,7 @@ tensor parallel only, another shape, one process), or one file gathered on rank 
 - checkpoints record the mesh (`device_mesh` in the checkpoint), and a resume onto another mesh says what it
   resharded.
 """
+import weakref
 from datetime import timedelta
 
 import torch
@@ -34,6 +35,7 @@ import torch
 from tasktrain.strategies.fsdp import FSDP
 
 MESH_NAMES = ("data_parallel", "tensor_parallel")
+_STEPS_REGISTERED = weakref.WeakSet()  # modules whose steps run as FSDP forward methods already
 
 
 class ModelParallelStrategy(FSDP):
@@ -152,7 +154,10 @@ class ModelParallelStrategy(FSDP):
         _refuse_block_compile(module)
         if isinstance(module, FSDPModule):
             return self._adopt_sharded(module, optimizers, plan)
-        return super().setup_module_and_optimizers(module, optimizers, plan)
+        out = super().setup_module_and_optimizers(module, optimizers, plan)
+        if plan.calls_steps:
+            _STEPS_REGISTERED.add(module)  # FSDP registered its steps (a second registration would wrap them twice)
+        return out
 
     def _adopt_sharded(self, module, optimizers, plan):
         """The user's configure_model ended with fully_shard(model): the optimizers were built over its sharded
@@ -169,10 +174,11 @@ class ModelParallelStrategy(FSDP):
                 raise ValueError(f"ModelParallelStrategy: {type(optimizer).__name__} steps parameters that are not "
                                  "the module's after configure_model: build the optimizer in configure_optimizers "
                                  "(it runs after configure_model) from self.parameters().")
-        if plan.calls_steps:
+        if plan.calls_steps and module not in _STEPS_REGISTERED:  # once per module: fit, then validate, ...
             for method in ("training_step", "validation_step", "test_step", "predict_step"):
                 if callable(getattr(module, method, None)):
                     register_fsdp_forward_method(module, method)
+            _STEPS_REGISTERED.add(module)
         self.model = module
         self._sharded_models.append(module)
         for optimizer in self.optimizers:
