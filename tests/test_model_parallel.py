@@ -260,6 +260,9 @@ def test_one_process_mesh_trains_and_gives_the_module_its_mesh():
 
             seen["names"] = self.device_mesh.mesh_dim_names
             seen["shape"] = tuple(self.device_mesh.shape)
+            seen["calls"] = seen.get("calls", 0) + 1
+            if seen["calls"] > 1:  # validate after fit: parallelized already
+                return
             # two layers tensor parallel, the root's own fully_shard-ed only: gradients on two meshes, clipped
             parallelize_module(self.body, self.device_mesh["tensor_parallel"], {"0": ColwiseParallel(),
                                                                                  "1": RowwiseParallel()})
@@ -268,12 +271,18 @@ def test_one_process_mesh_trains_and_gives_the_module_its_mesh():
         def training_step(self, batch, batch_idx):
             return self.body(self.extra(batch[0])).pow(2).mean()
 
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self.body(self.extra(batch[0])).pow(2).mean())
+
     module = Sees()
     before = [p.detach().clone() for p in module.parameters()]
     trainer = _fit(module)
-    assert seen == {"names": ("data_parallel", "tensor_parallel"), "shape": (1, 1)}
+    assert seen == {"names": ("data_parallel", "tensor_parallel"), "shape": (1, 1), "calls": 1}
     after = trainer.strategy.full_state_dict()
     assert not torch.equal(after["body.0.weight"], before[0])  # it stepped
+    # the same module validated after fit: its steps run as FSDP forward methods, registered once
+    metrics = trainer.validate(module, _loader())[0]
+    assert seen["calls"] == 2 and metrics["val_loss"] >= 0
 
 
 def test_launch_yaml_parallelism_config(monkeypatch):
