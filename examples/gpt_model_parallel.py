@@ -10,6 +10,10 @@ MLP's weights and the block's output is summed by one all-reduce. The attention 
 matrix here) and the tied embedding stay whole within a tensor-parallel group; the strategy then shards every block
 and the root over the data-parallel ranks (fully_shard). Each data-parallel rank reads its own part of the batch;
 the ranks of a tensor-parallel group read the same one. The data, the model and the schedule are examples/gpt.py's.
+
+Measured on 2 busy CPU cores (2026-12-05): `--devices 4 --tensor_parallel_size 2 --digits 2 --max_steps 400
+--warmup 20 --batch_size 64 --train_size 5000 --val_size 500` reaches 98.4% exact match on the 500 held-out sums
+(77 s of training).
 """
 import argparse
 import os
