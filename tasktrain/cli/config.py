@@ -636,7 +636,10 @@ def _resolve_parallelism(s: LaunchSettings, values):
                           "deepspeed_config or parallelism_config.")
     s.parallelism = {"dp_replicate": sizes["dp_replicate"], "dp_shard": sizes["dp_shard"], "tp": sizes["tp"]}
     s.strategy = "model_parallel"
-    s.fsdp = None  # fully_shard over the data-parallel dimensions is the mesh strategy's own
+    if s.fsdp:  # said, not dropped: fully_shard over the data-parallel dimensions is the mesh strategy's own
+        s.ignored.append(f"fsdp_config options {sorted(s.fsdp)} (parallelism_config's strategy model_parallel "
+                         "applies FSDP2 itself)")
+    s.fsdp = None
     s.notes.append(f"parallelism_config: a (dp_replicate={sizes['dp_replicate']}, dp_shard={sizes['dp_shard']}, "
                    f"tp={sizes['tp']}) device mesh: strategy model_parallel (the Accelerator's ParallelismConfig() "
                    "reads these sizes; a Trainer's ModelParallelStrategy gets tensor_parallel_size="
