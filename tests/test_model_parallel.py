@@ -311,8 +311,8 @@ def test_launch_yaml_parallelism_config(monkeypatch):
     assert isinstance(strategy, ModelParallelStrategy) and strategy.mesh_shape(4) == (2, 2)
 
     # fsdp_config's options are said to be unused (the mesh strategy shards by itself), not dropped silently
-    with_fsdp = resolve(dict(file, fsdp_config={"fsdp_activation_checkpointing": True}), gpu_count=0)
-    assert with_fsdp.fsdp is None and any("activation_checkpointing" in i for i in with_fsdp.ignored)
+    with_fsdp = resolve(dict(file, fsdp_config={"fsdp_transformer_layer_cls_to_wrap": "Block"}), gpu_count=0)
+    assert with_fsdp.fsdp is None and any("wrap" in i for i in with_fsdp.ignored)
 
     for sizes, message in (({"parallelism_config_tp_size": 3}, "= 3, but num_processes is 4"),
                            ({"parallelism_config_cp_size": 2, "parallelism_config_dp_shard_size": 2},
