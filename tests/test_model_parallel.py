@@ -158,6 +158,12 @@ def test_the_accelerator_with_a_parallelism_config_trains_like_one_process(runs)
     assert max(abs(x - y) for x, y in zip(e[0]["losses"], reference["losses"])) < LOSS_TOL
     assert biggest_difference(e[0]["end"], reference["end"]) < PARAM_TOL
     assert all(identical(r["end"], e[0]["end"]) for r in e)
+    # HSDP: ParallelismConfig(dp_replicate_size=2, dp_shard_size=2), fully_shard over the 2-D data-parallel mesh
+    f = [r["F"] for r in runs["ranks"]]
+    assert [r["mesh"][1] for r in f] == [(2, 2, 1)] * 4 and [r["ranks"][0] for r in f] == [0, 1, 0, 1]
+    assert all(r["total_batch_size"] == 8 for r in f)  # 2 per data-parallel rank, 4 of them
+    assert max(abs(x - y) for x, y in zip(f[0]["losses"], reference["losses"])) < LOSS_TOL
+    assert biggest_difference(f[0]["end"], reference["end"]) < PARAM_TOL
 
 
 def test_parallelism_config_checks_and_refusals():

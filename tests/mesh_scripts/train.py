@@ -5,6 +5,7 @@
         B (dp=2, tp=2): resumed from A's step-5 checkpoint to step 10
         C (dp=4, tp=1) and D (dp=1, tp=4): resumed from the same checkpoint; weights as loaded, then 5 steps
         E: the Accelerator with ParallelismConfig(dp_shard_size=2, tp_size=2): A's 10 steps in a loop of its own
+        F: the same loop with ParallelismConfig(dp_replicate_size=2, dp_shard_size=2): HSDP, no tensor parallel
 (tests/test_model_parallel.py calls fit() in its own process for the 1-process runs: the reference on the full
 batch without any parallelism, and (dp=1, tp=1) resumed from the step-5 checkpoint.)
 """
@@ -180,17 +181,19 @@ def fit(dp, tp, batch, steps, ckpt=None, save=(), csv=None, **strategy_options):
                 data_parallel=trainer.strategy.data_parallel_size)
 
 
-def accelerate_fit(steps):
+def accelerate_fit(steps, dp_replicate=1, dp_shard=2, tp=2):
     """Accelerate's way: the script parallelizes the model on accelerator.torch_device_mesh["tp"] before prepare;
     prepare shards it over the data-parallel dimension (fully_shard) and the loader over the data-parallel ranks."""
     from tasktrain import Accelerator, ParallelismConfig
 
-    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
+    config = ParallelismConfig(dp_replicate_size=dp_replicate, dp_shard_size=dp_shard, tp_size=tp)
+    accelerator = Accelerator(cpu=True, parallelism_config=config)
     mesh = accelerator.torch_device_mesh
     model = build()
-    parallelize(model, mesh["tp"])
+    if tp > 1:
+        parallelize(model, mesh["tp"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    model, optimizer, data = accelerator.prepare(model, optimizer, loader(BATCH // 2))
+    model, optimizer, data = accelerator.prepare(model, optimizer, loader(BATCH // (dp_replicate * dp_shard)))
     losses = []
     for step, (tokens, targets) in enumerate(data):
         loss = cross_entropy(model(tokens), targets)
@@ -198,7 +201,8 @@ def accelerate_fit(steps):
         accelerator.clip_grad_norm_(model.parameters(), CLIP)
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(float(accelerator.reduce(loss.full_tensor().detach(), "mean")))
+        loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+        losses.append(float(accelerator.reduce(loss.detach(), "mean")))
         if step + 1 == steps:
             break
     end = {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
@@ -224,6 +228,7 @@ def main():
         out["C"] = fit(4, 1, BATCH // 4, STEPS, ckpt=dcp)
         out["D"] = fit(1, 4, BATCH, STEPS, ckpt=dcp, csv=os.path.join(args.root, "D"))
         out["E"] = accelerate_fit(STEPS)
+        out["F"] = accelerate_fit(STEPS, dp_replicate=2, dp_shard=2, tp=1)  # HSDP
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
