@@ -19,8 +19,9 @@ tensor parallel only, another shape, one process), or one file gathered on rank 
   `cross_entropy` under `loss_parallel()` in the step) differentiates without an override of the module's backward;
 - refusals before training: a mesh that does not tile the world, a module without configure_model, meta-device
   initialisation on a CPU mesh (measured: random initialisation of sharded DTensors on a CPU mesh gives every rank
-  the same values), and torch.compile of single tensor-parallel blocks (measured on torch 2.13: its backward fails
-  with "'Tensor' object has no attribute '_local_tensor'"; compiling the whole model works);
+  the same values), and torch.compile of single tensor-parallel blocks (measured on torch 2.13: the backward of
+  tensor-parallel-only blocks fails with "'Tensor' object has no attribute '_local_tensor'"; with fully_shard as
+  well it ran in a one-step check outside the strategy, untested through it);
 - reductions: mean, max and min over the world (the processes of a tensor-parallel group hold the same logged
   values, so this is the data-parallel result, and every rank gets the same number); "sum" is divided by
   tensor_parallel_size, the sum over data parallel for values that tensor parallelism replicates;
@@ -322,6 +323,8 @@ def _refuse_block_compile(module):
         compiled = type(sub).__name__ == "OptimizedModule" or getattr(sub, "_compiled_call_impl", None) is not None
         if name and compiled and any(isinstance(p, DTensor) for p in sub.parameters()):
             raise ValueError(f"ModelParallelStrategy: {name!r} is compiled on its own (torch.compile of a block) and "
-                             "holds tensor-parallel parameters; on torch 2.13 the backward of such a block fails "
-                             "('Tensor' object has no attribute '_local_tensor'). Compile the whole model instead "
-                             "(torch.compile(self) at the end of configure_model, after parallelizing), which works.")
+                             "holds tensor-parallel parameters. On torch 2.13 the backward of such blocks fails "
+                             "when they are tensor parallel only ('Tensor' object has no attribute "
+                             "'_local_tensor'); with fully_shard too it ran in a one-step check, but it is not "
+                             "tested through this strategy, so it is refused. Compile the whole model instead "
+                             "(whole-model torch.compile was measured to work on a tensor-parallel model).")
