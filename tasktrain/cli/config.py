@@ -837,7 +837,7 @@ def settings_to_values(settings: LaunchSettings) -> dict:
         "rdzv_backend": settings.rdzv_backend,
         "strategy": None if plain else settings.strategy,
     }
-    if dist_type == "FSDP" and settings.strategy != "model_parallel":  # model_parallel: its own key (issue 39)
+    if dist_type == "FSDP" and STRATEGIES[settings.strategy].cls == "FSDP":  # others (model_parallel): own key
         values["fsdp_config"] = {"fsdp_version": 2,
                                  "fsdp_offload_params": bool(STRATEGIES[settings.strategy].kwargs.get("cpu_offload"))}
         values["strategy"] = None
