@@ -34,9 +34,11 @@ _SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", 
 LOSS_TOL, PARAM_TOL = 1e-5, 1e-4
 
 
-def run(*args, timeout=300):
+def run(*args, timeout=300, cwd=None):
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
-    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), *filter(None, [env.get("PYTHONPATH")])])  # this copy
+    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)  # in the run's folder: what a save writes beside it (last_checkpoint.json) too
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return proc
 
@@ -70,7 +72,7 @@ def script():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("mesh")
-    mesh = run(SCRIPT, "--root", str(root), "--out", str(root / "mesh"), "--case", "mesh", timeout=400)
+    mesh = run(SCRIPT, "--root", str(root), "--out", str(root / "mesh"), "--case", "mesh", timeout=400, cwd=root)
     ranks = [torch.load(root / f"mesh.rank{r}.pt", weights_only=False) for r in range(4)]
     # The one-process runs here (a world of one of our own; no second interpreter to start): the reference, on the
     # full batch without any parallelism, and the (1, 1) mesh resumed from the (2, 2) checkpoint.
