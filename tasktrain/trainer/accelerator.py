@@ -320,15 +320,20 @@ class Accelerator:
         if self._data_seed is None:
             self._data_seed = broadcast_seed(self.strategy)
         prepared = prepare_for_accelerator(loader, self)  # dispatched, or an IterableDataset cut by global batch
+        if prepared is not None and self.strategy.data_parallel_size != self.num_processes:  # issue 39
+            raise ValueError("A dispatched loader or an IterableDataset is cut into one part per process, but under "
+                             "tensor parallelism the processes of a tensor-parallel group must read the same batch: "
+                             "prepare a map-style DataLoader (sharded over the data-parallel ranks only).")
         if prepared is not None:
             self._loaders.append(prepared)
             return prepared
         if can_shard(loader):  # a map-style DataLoader: Accelerate's order (whole batches per rank)
-            data = ShardData(loader, self.num_processes, self.process_index, self._data_seed,
+            data = ShardData(loader, self.strategy.data_parallel_size, self.strategy.data_parallel_rank, self._data_seed,
                              split_batches=self.split_batches, even_batches=self.even_batches,
                              use_seedable_sampler=self.use_seedable_sampler, broadcast=self.strategy.broadcast)
         else:
-            data = prepare_train_data(loader, self.num_processes, self.process_index, self._data_seed)
+            data = prepare_train_data(loader, self.strategy.data_parallel_size, self.strategy.data_parallel_rank,
+                                      self._data_seed)
         prepared = PreparedDataLoader(data, self, source=loader)
         self._loaders.append(prepared)
         return prepared
@@ -1037,7 +1042,7 @@ class PreparedDataLoader:
     def _use(self, data):
         self._data = data  # TrainData
         self.length = len(data) if data.has_len() else None  # batches of a whole epoch
-        self._epochs = EpochIterator(data, self._accelerator.num_processes, self.length, self.position)
+        self._epochs = EpochIterator(data, self._accelerator.strategy.data_parallel_size, self.length, self.position)
 
     @property
     def epoch(self):
@@ -1122,7 +1127,7 @@ class PreparedDataLoader:
         if isinstance(self._data, ShardData):
             return self._data.total_batch_size
         batch_size = self._data.loader.batch_size
-        return None if batch_size is None else batch_size * self._accelerator.num_processes
+        return None if batch_size is None else batch_size * self._accelerator.strategy.data_parallel_size
 
     @property
     def total_dataset_length(self):
@@ -1234,7 +1239,7 @@ class PreparedDataLoader:
             epoch, seen, samples = epoch + 1, 0, 0  # saved after the last batch, before the loop ended
             in_flight = False
         state = {"epoch": epoch, "batches_seen": seen, "samples_seen": samples,
-                 "world_size": self._accelerator.num_processes, "batch_size": self._data.loader.batch_size,
+                 "world_size": self._accelerator.strategy.data_parallel_size, "batch_size": self._data.loader.batch_size,
                  "accumulation": self._accelerator.gradient_accumulation_steps}
         if isinstance(self._data, ShardData):
             # Accelerate's order: the generators at the epoch's start draw it again on a resume (any world size)
@@ -1250,15 +1255,16 @@ class PreparedDataLoader:
         if isinstance(self._data, ShardData) and "order_state" not in state and self._source is not None:
             # Saved before issue 26, when prepared loaders interleaved samples from a (seed, epoch) order: the run
             # continues in that order, so that it reaches the weights it would have reached.
-            self._use(prepare_train_data(self._source, accelerator.num_processes, accelerator.process_index,
-                                         accelerator._data_seed))
+            self._use(prepare_train_data(self._source, accelerator.strategy.data_parallel_size,
+                                         accelerator.strategy.data_parallel_rank, accelerator._data_seed))
         self.position.epoch = int(state["epoch"])
         seed = accelerator._data_seed
         if seed is not None:
             self._data.seed = seed
             if self._data.sampler is not None and hasattr(self._data.sampler, "seed"):
                 self._data.sampler.seed = seed
-        world, saved_world = accelerator.num_processes, int(state.get("world_size", accelerator.num_processes))
+        world = accelerator.strategy.data_parallel_size  # the shards of the data (issue 39: tp peers share one)
+        saved_world = int(state.get("world_size", world))
         position = {"batch_in_epoch": int(state["batches_seen"])}
         if state.get("samples_seen") is not None:
             position["samples_in_epoch"] = int(state["samples_seen"])

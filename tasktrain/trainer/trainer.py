@@ -547,7 +547,7 @@ class Trainer:
         """(world size, rank) the loaders are sharded for: (1, 0) with use_distributed_sampler=False."""
         if not self.use_distributed_sampler:
             return 1, 0
-        return self.strategy.world_size, self.strategy.global_rank
+        return self.strategy.data_parallel_size, self.strategy.data_parallel_rank  # tensor-parallel peers read the same
 
     def _setup_train_data(self, loader, previous=None):
         """The epoch iterator of a training loader (a rebuilt loader keeps the resume of the `previous` one)."""
