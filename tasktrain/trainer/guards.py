@@ -178,17 +178,42 @@ class _Interrupt:
         return SystemExit(130)
 
 
+def sigint_once():
+    """While a stage runs (main thread, Python's own Ctrl-C handler in place): the first SIGINT raises
+    KeyboardInterrupt and ignores the next ones at once, before any Python runs. A worker receives both the
+    terminal's SIGINT and rank 0's forwarded one; the second must not interrupt the graceful shutdown. Returns the
+    handler restore_sigint puts back, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return None
+
+    def on_sigint(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    return previous
+
+
+def restore_sigint(previous):
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
 def interrupt_begin(exc, strategy):
     """Ctrl-C (KeyboardInterrupt): one line instead of a traceback, a second Ctrl-C ignored while the on_exception
     hooks save, and the workers this process started told (those the terminal's SIGINT reached already ignore it);
     returns the _Interrupt whose exit() to raise once the hooks ran. None for other errors."""
     if not isinstance(exc, KeyboardInterrupt):
         return None
-    print(f"[tasktrain] rank {strategy.global_rank}: Detected KeyboardInterrupt, attempting graceful shutdown ...",
-          file=sys.stderr, flush=True)
     previous = None
     if threading.current_thread() is threading.main_thread():
+        # first: a worker gets the terminal's SIGINT and rank 0's forwarded one; the second must not land mid-print
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"[tasktrain] rank {strategy.global_rank}: Detected KeyboardInterrupt, attempting graceful shutdown ...",
+          file=sys.stderr, flush=True)
     if strategy.world_size > 1:
         previous = None
         if isinstance(strategy, MultiProcess):

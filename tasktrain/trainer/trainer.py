@@ -380,6 +380,7 @@ class Trainer:
         result = None
         status = "success"  # what the loggers' finalize hears
         restore_forward = compile_forward_as(module, compiled)  # undone in the finally below
+        sigint = guards.sigint_once()  # issue 38: the first Ctrl-C interrupts, a second cannot land mid-shutdown
         try:
             if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
@@ -408,6 +409,7 @@ class Trainer:
                 run.teardown(self, stage, module, status)
             finally:
                 restore_forward()
+                guards.restore_sigint(sigint)
                 self.state.stage = None
         self.state.status = TrainerStatus.FINISHED
         return result
