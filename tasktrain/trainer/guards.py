@@ -197,9 +197,14 @@ def sigint_once():
     return previous
 
 
-def restore_sigint(previous):
-    if previous is not None:
-        signal.signal(signal.SIGINT, previous)
+def restore_sigint(previous, strategy):
+    """Put back what sigint_once replaced; except after a Ctrl-C on several processes: the process is on its way out,
+    and a late forwarded SIGINT must not interrupt its exit (atexit's group teardown) with a traceback."""
+    if previous is None:
+        return
+    if strategy.world_size > 1 and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return
+    signal.signal(signal.SIGINT, previous)
 
 
 def interrupt_begin(exc, strategy):

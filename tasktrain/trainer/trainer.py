@@ -409,7 +409,7 @@ class Trainer:
                 run.teardown(self, stage, module, status)
             finally:
                 restore_forward()
-                guards.restore_sigint(sigint)
+                guards.restore_sigint(sigint, strategy)
                 self.state.stage = None
         self.state.status = TrainerStatus.FINISHED
         return result
