@@ -196,8 +196,8 @@ class TrainData:
         iterator = iter(self.loader)
         skip, self._skip_batches = self._skip_batches, 0
         if skip:
-            warnings.warn(f"Resuming mid-epoch by loading and dropping {skip} batches: this loader's sampler is the "
-                          "user's own, so it cannot skip ahead without loading them.")
+            warnings.warn(f"Resuming mid-epoch by loading and dropping {skip} batches: this loader's order is its own "
+                          "(a sampler of yours, or an IterableDataset), so it cannot skip ahead without loading them.")
             for _ in range(skip):
                 next(iterator, None)
         return iterator
@@ -426,9 +426,10 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         return StatefulLoaderData(loader, sampler if isinstance(sampler, DistributedSampler) else None, seed)
     if world_size > 1 and not isinstance(sampler, DistributedSampler):
         warnings.warn(
-            "The training loader has a custom sampler or an IterableDataset, so the Trainer cannot shard it: make "
-            "sure each rank reads its own part of the data (e.g. a DistributedSampler), or every rank trains on "
-            "the same samples. A streaming data set made of shards is sharded and resumed exactly as a "
+            "The training loader has a custom sampler or an IterableDataset without a batch_size, so the Trainer "
+            "cannot shard it: make sure each rank reads its own part of the data (e.g. a DistributedSampler), or "
+            "every rank trains on the same samples. An IterableDataset with a batch_size is read by rank 0 and "
+            "dispatched; a streaming data set made of shards is sharded and resumed exactly as a "
             "tasktrain.data.ShardedStream (docs/data.md)."
         )
     return TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)

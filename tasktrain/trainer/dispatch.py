@@ -1,33 +1,40 @@
-"""Loaders that one process reads for all (DataLoaderDispatcher) and iterable data sets cut by global batch
-(IterableDatasetShard): Accelerate 1.15's DataLoaderConfiguration(dispatch_batches=...) for prepared loaders.
+"""Loaders that one process reads for all (dispatched) and iterable data sets cut by global batch
+(IterableDatasetShard): Accelerate 1.15's DataLoaderConfiguration(dispatch_batches=...), and the Trainer's way to read
+an IterableDataset of the user's on several processes.
 
-Where the Accelerator cannot give each process its own samples through a sampler (an IterableDataset has none), or
-where the user asks that only one process reads (dispatch_batches=True: a data set on one machine's disk, a
-tokenizer that should run once), a prepared loader is one of the two kinds here:
+Where nothing gives each process its own samples (an IterableDataset has no sampler), or where the user asks that
+only one process reads (dispatch_batches=True: a data set on one machine's disk, a tokenizer that should run once),
+the training data is one of the two TrainData kinds here, under the one PreparedDataLoader (prepared.py) and the
+one EpochIterator (epoch.py) that every kind shares:
 
-- dispatched (DataLoaderDispatcher): rank 0 alone iterates the loader. Each step it takes W of its batches (one
-  with split_batches=True), joins them into the step's global batch, sends it to every process (strategy.broadcast),
+- dispatched (DispatchData): rank 0 alone iterates the loader. Each step it takes W of its batches (one with
+  split_batches=True), joins them into the step's global batch, sends it to every process (strategy.broadcast),
   and each process keeps its run of consecutive samples: rank r the r-th of W equal slices. The other processes
-  never touch the data set (not even its len(): rank 0 tells the length when the loader is prepared).
-- sharded by global batch (IterableDatasetShard): every process reads the whole stream, groups it into global
-  batches of B x W items (B with split_batches=True), and keeps its slice of each.
+  never touch the data set (not even its len(): rank 0 tells the length when the loader is prepared). The
+  Accelerator's default for an IterableDataset, and the Trainer's for an IterableDataset with a batch size
+  (data.prepare_train_data): each item is trained once per epoch, whatever the number of processes.
+- sharded by global batch (IterableShardData, through IterableDatasetShard): every process reads the whole stream,
+  groups it into global batches of B x W items (B with split_batches=True), and keeps its slice of each.
 
 The last global batch, when it does not fill W equal slices, is completed with the first samples of the pass (as
 Accelerate does; drop_last=True drops an incomplete step instead), and gather_for_metrics drops those repeats.
 `end_of_dataloader` is True while the last batch is used (read one ahead), `remainder` is the real samples of the
 last global batch once there (-1 before).
 
-Which kind applies (`prepare_for_accelerator`), by Accelerate's rules: dispatch_batches=True dispatches every
-DataLoader; None (the default) dispatches a DataLoader over an IterableDataset; False shards an IterableDataset with
-IterableDatasetShard. A tasktrain.data.ShardedStream (it shards itself) and a StatefulDataLoader (its own state
-resumes it) keep their own path (tasktrain/trainer/data.py) unless dispatch_batches=True. Map-style data with
-dispatch_batches None/False is the sampler-sharded PreparedDataLoader's (tasktrain/trainer/accelerator.py).
+Which kind the Accelerator prepares (`prepare_for_accelerator`), by Accelerate's rules: dispatch_batches=True
+dispatches every DataLoader (DataLoaderDispatcher); None (the default) dispatches a DataLoader over an
+IterableDataset; False shards an IterableDataset with IterableDatasetShard (IterableShardLoader). A
+tasktrain.data.ShardedStream (it shards itself) and a StatefulDataLoader (its own state resumes it) keep their own
+kinds (data.py) unless dispatch_batches=True. Map-style data with dispatch_batches None/False is Accelerate's batch
+order (shard.py).
 
-Resume: save_state records the batches of the reader consumed (rank 0's loader batches when dispatched, the global
-batches of the stream when sharded). A dispatched loader resumes exactly on any number of processes: rank 0 skips
-that many batches of its loader (map-style data without loading them: rank 0 reads through the Trainer's order of
-(seed, epoch), tasktrain/trainer/data.py). A sharded stream resumes on the same number of processes; on another
-number the slices of the global batches differ, so that is refused with what to do.
+Resume: the position is the one every kind saves (prepared.py): the samples of the order consumed. A dispatched
+loader resumes exactly on any number of processes: rank 0 skips that many samples of its loader (map-style data
+without loading them: rank 0 reads through the Trainer's order of (seed, epoch), data.py; an IterableDataset by
+reading and dropping them). With DataLoader workers each worker batches its own items, so the loader's order
+depends on its batch size: resume with the same batch size. A stream sharded by global batch resumes on the same
+number of processes; on another number the slices of the global batches differ, so that is refused with what to do
+(epoch.check_resume).
 """
 import collections
 import itertools
