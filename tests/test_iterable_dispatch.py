@@ -85,3 +85,37 @@ def test_a_run_stopped_mid_epoch_resumes_on_another_number_of_processes(runs, st
         assert by_step(before + after) == by_step(records(root, "t22_0", 2))
     else:  # the global batch went from 2 x 4 to 1 x 4, said once
         assert logs["back"].count("global batch changes from 8 to 4") == 2  # (the Trainer's, the Accelerator's)
+
+
+# -- one process: the saved position's shape, old and new, and what cannot continue ---------------------------------------
+def test_a_dispatched_loader_loads_the_old_position_and_refuses_what_it_cannot_continue():
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+    from tasktrain import Accelerator
+    from tasktrain.utils import DataLoaderConfiguration
+
+    dispatching = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    loader = dispatching.prepare(DataLoader(TensorDataset(torch.arange(10)), batch_size=2))
+    # the shape written before the position had one (2 processes: 2 steps of 2 batches of the loader read)
+    loader.load_state_dict({"kind": "dispatched", "epoch": 1, "batches_seen": 2, "reader_batches": 4,
+                            "world_size": 2, "split_batches": False, "batch_size": 2, "samples_seen": None,
+                            "accumulation": 1})
+    assert [b[0].tolist() for b in loader] == [[8, 9]] and loader.epoch == 2
+    state = loader.state_dict()
+    assert state == {"kind": "dispatched", "epoch": 2, "batches_seen": 0, "samples_seen": 0, "world_size": 1,
+                     "batch_size": 2, "split_batches": False, "accumulation": 1}
+    with pytest.raises(ValueError, match="in a prepared loader of another kind"):
+        loader.load_state_dict(dict(state, kind="shard", batches_seen=1, samples_seen=2))
+
+    class Items(IterableDataset):
+        def __iter__(self):
+            return iter(range(12))
+
+    # with workers, each makes whole batches of its own items: the order depends on the batch size
+    plain = Accelerator(cpu=True).prepare(DataLoader(Items(), batch_size=2, num_workers=2))
+    saved = {"kind": "dispatched", "epoch": 0, "batches_seen": 1, "samples_seen": 4, "world_size": 1,
+             "batch_size": 4, "split_batches": False, "accumulation": 1}
+    with pytest.raises(ValueError, match="Resume with batch_size 4"):
+        plain.load_state_dict(saved)
+    plain.load_state_dict(dict(saved, batch_size=2))  # the same batch size: on any number of processes

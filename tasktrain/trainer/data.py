@@ -121,12 +121,13 @@ class TrainData:
     this surface, which the EpochIterator (epoch.py) and the PreparedDataLoader (prepared.py) drive. `kind` names
     the kind in a saved data position; `interleaved`: rank r's batch holds positions r, r + W, ... of the step
     (else a run of consecutive ones); `sliced`: every process's batch is a slice of a global batch whose layout
-    `step_layout` tells."""
+    `step_layout` tells; `batched_order`: the epoch's order depends on the batch size."""
 
     kind = "sampler"
     interleaved = True
     sliced = False
     split_batches = False
+    batched_order = False  # the order of an epoch depends on the loader's batch size
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
         self.loader, self.sampler, self.generator, self.seed = loader, sampler, generator, seed

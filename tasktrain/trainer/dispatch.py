@@ -91,7 +91,7 @@ class IterableDatasetShard(IterableDataset):
 
     @property
     def global_batch_size(self):
-        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        return samples_per_step(self.batch_size, self.num_processes, self.split_batches)
 
     @property
     def process_batch_size(self):
@@ -317,6 +317,14 @@ class DispatchData(SlicedData):
     @property
     def resumes_on_any_world_size(self) -> bool:
         return self.batch_size is not None
+
+    @property
+    def batched_order(self):
+        """DataLoader workers each make whole batches of their own items of an IterableDataset: the reader's order
+        then depends on the batch size."""
+        loader = self.loader
+        return isinstance(loader.dataset, IterableDataset) and not isinstance(loader.dataset, ShardedStream) and \
+            loader.num_workers > 0
 
     @property
     def num_samples(self):

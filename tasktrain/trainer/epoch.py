@@ -163,6 +163,14 @@ def check_resume(data, saved, saved_world, world, *, exact, source, epoch_name, 
             "prepare the loader with the same DataLoaderConfiguration(dispatch_batches=..., split_batches=...) as the "
             "run that saved it, or resume from a checkpoint taken at the end of an epoch.")
     if exact:
+        saved_batch = saved.get("batch_size")
+        if data.batched_order and now is not None and saved_batch is not None and saved_batch != now[0]:
+            raise ValueError(
+                f"{source} stopped in the middle of {epoch_name} with batch_size {saved_batch}, and this loader has "
+                f"batch_size {now[0]}: its DataLoader workers each make whole batches of their own items of the "
+                "IterableDataset, so the epoch's order depends on the batch size and the items left in it are not "
+                f"known. Resume with batch_size {saved_batch} (any number of processes), or from a checkpoint taken "
+                "at the end of an epoch.")
         return
     if saved_world != world:
         if users_split:
