@@ -234,7 +234,7 @@ class _ProcessGroupWorld:
         return move_to_device(batch, self.root_device)
 
 
-# -- the two kinds of TrainData ------------------------------------------------------------------------------------------
+# -- the two kinds of TrainData -------------------------------------------------------------------------------------
 class SlicedData(TrainData):
     """What the two kinds here share: every process's batch is its run of consecutive samples of a global batch (rank
     r the r-th of W equal slices), and every process knows the sizes of each step, so gather_for_metrics drops
@@ -571,7 +571,7 @@ class IterableShardData(SlicedData):
             yield batch
 
 
-# -- the Accelerator's prepared loaders of these kinds (the one PreparedDataLoader, Accelerate's names) ----------------
+# -- the Accelerator's prepared loaders of these kinds (the one PreparedDataLoader, Accelerate's names) ------------
 class _SlicedLoader(PreparedDataLoader):
     """Accelerate's names of a dispatched or sharded-by-global-batch loader, over the PreparedDataLoader."""
 
