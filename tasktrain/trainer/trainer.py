@@ -26,7 +26,7 @@ from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Plan, Sharded, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
 from tasktrain.trainer import arguments, evaluation, guards, loop, resume, run
-from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
+from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
@@ -555,7 +555,8 @@ class Trainer:
         """The epoch iterator of a training loader (a rebuilt loader keeps the resume of the `previous` one)."""
         world_size, rank = self._shards()
         train_data = prepare_train_data(loader, world_size, rank, self.state.data_seed,
-                                        shuffle=False if self.overfit_batches else None)
+                                        shuffle=False if self.overfit_batches else None,
+                                        broadcast=self.strategy.broadcast, reads=self.strategy.is_global_zero)
         self.train_dataloader = train_data.loader
         length = len(train_data) if train_data.has_len() else None
         guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error
@@ -564,7 +565,7 @@ class Trainer:
         # samples of the global order per optimizer step, all processes together (a resume says when it changes)
         micro = _batch_size_of(loader)
         accumulate = self.accumulate_grad_batches if self.module.automatic_optimization else 1
-        self.state.global_batch_size = micro * world_size * accumulate if micro else 0
+        self.state.global_batch_size = (samples_per_step(micro, world_size) or 0) * accumulate
         if self.num_training_batches is None and self.max_steps == -1:
             raise ValueError(
                 "The training loader has no length (an infinite or iterable dataset) and max_steps is not set, so "
