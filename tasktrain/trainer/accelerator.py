@@ -343,9 +343,8 @@ class Accelerator:
     def backward(self, loss, **kwargs):
         """strategy.backward (GradScaler-scaled under fp16); divided by the micro-batches of the accumulation window
         (window_loss="own") or by gradient_accumulation_steps (window_loss="steps", Accelerate's rule)."""
-        divisor = self._window if self._window_loss == "own" else self.gradient_accumulation_steps
-        if divisor > 1:
-            loss = loss / divisor
+        loss = EpochIterator.per_window(loss, self._window if self._window_loss == "own" else
+                                        self.gradient_accumulation_steps)
         if not self.sync_gradients:
             self._window_has_grads = True
         if isinstance(self.strategy, ClipsInsideStep):

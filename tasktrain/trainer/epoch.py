@@ -120,6 +120,12 @@ class EpochIterator:
         start = index - index % steps
         return start, steps if length is None else min(steps, length - start)
 
+    @staticmethod
+    def per_window(loss, size):
+        """A micro-batch's loss as its share of the window's gradient: divided by the window's `size`, the one place
+        the Trainer and the Accelerator scale a loss for accumulation."""
+        return loss / size if size > 1 else loss
+
     # -- resume -----------------------------------------------------------------------------------------------------
     def resume(self, saved: dict, saved_world: int, accumulate: int, *, source, epoch_name, world, owner="trainer",
                users_split=False, now=None, order_remedy=None, own_order_reason=None):
