@@ -9,6 +9,7 @@ import torch
 from tasktrain.profilers import profiled, profiled_iter
 from tasktrain.strategies.base import Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
+from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage
@@ -39,7 +40,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             ckpt = strategy.load_checkpoint(path)
             module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"])
-    world_size, rank = trainer._shards()
+    world_size, rank = fit_data.shards(trainer)
     loaders = [prepare_eval_loader(one, world_size, rank) for one in as_loaders(loader)]
     limits = [limit_eval(one, limit_arg) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)

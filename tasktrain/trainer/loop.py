@@ -26,6 +26,7 @@ import torch
 
 from tasktrain.strategies.base import MultiProcess
 from tasktrain.strategies.watchdog import watched_batches
+from tasktrain.trainer import loaders
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -41,7 +42,7 @@ def fit_loop(trainer, fit):
     while not done(trainer):
         epoch = trainer.state.epoch
         if every and epoch > 0 and epoch % every == 0:  # Lightning re-calls the loader hooks, not given loaders
-            trainer._reload_dataloaders(fit)
+            loaders.reload(trainer, fit)
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch)
         if trainer.state.epoch_finished:  # current_epoch counts the finished epochs, also when the run stops here

@@ -12,6 +12,7 @@ import os
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback
+from tasktrain.trainer import loaders
 from tasktrain.trainer.data import StatefulLoaderData
 from tasktrain.trainer.module import is_overridden
 from tasktrain.trainer.run_state import (Callbacks, Objects, Optimizers, RandomStates, RunState, Value, Weights,
@@ -140,7 +141,7 @@ def restore_train_state(trainer, path, saved, saved_world, epochs):
     global_batch = state.global_batch_size  # this run's
     state.load_state_dict(saved)
     state.data_seed = saved.get("data_seed", state.data_seed)
-    shard_world = trainer._shards()[0]  # the global order is sharded over this many (1: use_distributed_sampler=False)
+    shard_world = loaders.shards(trainer)[0]  # the global order is sharded over this many (1: use_distributed_sampler=False)
     saved_global_batch = saved.get("global_batch_size") or (
         global_batch // shard_world * saved_world if global_batch else 0)  # written before it was recorded
     state.global_batch_size = global_batch

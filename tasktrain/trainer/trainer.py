@@ -7,9 +7,10 @@ work is in rooms of tasktrain/trainer/ a reader can name:
     loop.py         fit_loop -> train_epoch -> training_step: one optimizer step on one screen
     evaluation.py   validate / test / predict (and fit's validation)
     resume.py       what a checkpoint holds (dump_checkpoint) and how a fit resumes from one (restore)
+    loaders.py      the fit's data: the training loader prepared once, the validation loaders counted, reloads
 
 Here: the run of a stage on every rank (`_run_stage`), the fit's set-up before its loop (`_fit`: optimizers, data,
-plan, strategy, resume, sanity check), the data set-up, metrics out to the loggers, save_checkpoint and the watchdog.
+plan, strategy, resume, sanity check), metrics out to the loggers, save_checkpoint and the watchdog.
 """
 import contextlib
 import signal
@@ -25,9 +26,7 @@ from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Plan, Sharded, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
-from tasktrain.trainer import arguments, evaluation, guards, loop, resume, run
-from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
-from tasktrain.trainer.epoch import EpochIterator
+from tasktrain.trainer import arguments, evaluation, guards, loaders, loop, resume, run
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
                                          clipping_callbacks)
@@ -430,8 +429,8 @@ class Trainer:
         # configure_optimizers reading trainer.estimated_stepping_batches gets the training loader set up there
         self._pending_train, self._train_data = (module, train_loader), None
         optimizers, self.lr_scheduler_configs = parse_optimizers(module)
-        has_val = self._setup_fit_val_data(module, val_loader)
-        train_data = self._train_data_now()
+        has_val = loaders.setup_fit_val(self, module, val_loader)
+        train_data = loaders.train_data_now(self)
         _check_optimizers(module, optimizers, self.accumulate_grad_batches)
         with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
             _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers,
@@ -442,7 +441,7 @@ class Trainer:
         if ckpt_path is not None:
             resumed = resume.restore(self, ckpt_path)
             if self._datamodule_restored:  # the loader hooks see the DataModule's restored state, as in Lightning
-                train_data = self._reload_dataloaders(None, train_data, has_val)
+                train_data = loaders.reload(self, None, train_data, has_val)
             if resumed is not None:  # the position in the epoch is worked out on the loader that will be trained on
                 restore_rng = resume.restore_position(self, *resumed, train_data)
         finished = resumed is not None and guards.finished_run(self, resumed[0])  # issue 38: says so
@@ -482,7 +481,7 @@ class Trainer:
     def _plan(self, module, train_loader):
         """What the loop will do, for the strategy's set-up (strategies/base.py Plan)."""
         return Plan(
-            training=True, calls_steps=True, micro_batch_size=_batch_size_of(train_loader),
+            training=True, calls_steps=True, micro_batch_size=loaders.batch_size_of(train_loader),
             accumulate_grad_batches=self.accumulate_grad_batches,
             automatic_optimization=module.automatic_optimization, loss_divided_by_window=True,
             clipping=tuple(request for cb in clipping_callbacks(self.callbacks) for request in cb.requests),
@@ -508,93 +507,12 @@ class Trainer:
                 logger.save()
 
 
-    def _setup_fit_val_data(self, module, val_loader):
-        """The fit's validation loaders; False when it has none (no validation_step, limit_val_batches=0, None)."""
-        if not is_overridden("validation_step", module, TaskModule) or self.limit_val_batches == 0:
-            return False
-        val_loader = val_loader if val_loader is not None else self._loader_of(module, "val_dataloader")
-        if val_loader is None:
-            return False
-        self._setup_val_data(val_loader)
-        return True
-
-    def _reload_dataloaders(self, fit, train_data=None, has_val=None):
-        """The loaders from the hooks again (reload_dataloaders_every_n_epochs; a resumed DataModule's state): the
-        training one keeps the pending resume of the one it replaces. Given loaders stay."""
-        from_train_hook, from_val_hook = self._loaders_from_hooks
-        train_data = fit.epochs if fit is not None else train_data
-        has_val = self._val_loader is not None if has_val is None else has_val
-        if from_train_hook:
-            train_data = self._setup_train_data(self._loader_of(self.module, "train_dataloader"), train_data)
-            if fit is not None:
-                fit.epochs = train_data
-        if from_val_hook and has_val:
-            self._setup_val_data(self._loader_of(self.module, "val_dataloader"))
-        return train_data
-
-    # -- data --------------------------------------------------------------------------------------------------------
-    def _train_data_now(self):
-        """The fit's training data, requested and prepared once (from configure_optimizers on)."""
-        if self._train_data is None:
-            module, train_loader = self._pending_train
-            train_loader = train_loader if train_loader is not None else self._loader_of(module, "train_dataloader")
-            if train_loader is None:
-                raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
-                                 "train_dataloader() on the module.")
-            self._train_data = self._setup_train_data(train_loader)
-            self._train_data.given_loader = train_loader
-        return self._train_data
-
-    def _shards(self):
-        """(world size, rank) the loaders are sharded for: (1, 0) with use_distributed_sampler=False."""
-        if not self.use_distributed_sampler:
-            return 1, 0
-        return self.strategy.data_parallel_size, self.strategy.data_parallel_rank  # tensor-parallel peers read the same
-
-    def _setup_train_data(self, loader, previous=None):
-        """The epoch iterator of a training loader (a rebuilt loader keeps the resume of the `previous` one)."""
-        world_size, rank = self._shards()
-        train_data = prepare_train_data(loader, world_size, rank, self.state.data_seed,
-                                        shuffle=False if self.overfit_batches else None,
-                                        broadcast=self.strategy.broadcast, reads=self.strategy.is_global_zero)
-        self.train_dataloader = train_data.loader
-        length = len(train_data) if train_data.has_len() else None
-        guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error
-        self._epoch_length = evaluation.apply_limit(length, self.limit_train_batches, "limit_train_batches")
-        self.num_training_batches = self._epoch_length
-        # samples of the global order per optimizer step, all processes together (a resume says when it changes)
-        micro = _batch_size_of(loader)
-        accumulate = self.accumulate_grad_batches if self.module.automatic_optimization else 1
-        self.state.global_batch_size = (samples_per_step(micro, world_size) or 0) * accumulate
-        if self.num_training_batches is None and self.max_steps == -1:
-            raise ValueError(
-                "The training loader has no length (an infinite or iterable dataset) and max_steps is not set, so "
-                "training would never end. Set Trainer(max_steps=N), or give the loader a __len__ / set "
-                "limit_train_batches=N to define an epoch."
-            )
-        self._loader_data = train_data
-        epochs = EpochIterator(train_data, world_size, self._epoch_length, self.state)
-        if previous is not None:
-            epochs.keep_resume_of(previous)
-        return epochs
-
-    def _setup_val_data(self, loader):
-        world_size, rank = self._shards()
-        val_loaders = [prepare_eval_loader(one, world_size, rank) for one in evaluation.as_loaders(loader)]
-        self._val_loader = val_loaders
-        # Counted once per fit (a fraction of a loader without a length fails here, before training).
-        self.num_val_batches = [0 if self.limit_val_batches == 0 else
-                                evaluation.limit_eval(one, self.limit_val_batches) for one in val_loaders]
-        self.num_sanity_val_batches = [
-            evaluation.sanity_limit(one, self.limit_val_batches, self.num_sanity_val_steps)
-            if self.num_sanity_val_steps else 0 for one in val_loaders]
-
     @property
     def estimated_stepping_batches(self):
         """The optimizer steps this fit will take (Lightning's): per epoch ceil(batches / accumulate_grad_batches)
         of this rank's shard, times max_epochs, capped by max_steps; readable from configure_optimizers on."""
         if self.num_training_batches is None and self.state.fn == "fit" and getattr(self, "_train_data", 0) is None:
-            self._train_data_now()  # read in configure_optimizers: the training loader is requested now (Lightning's)
+            loaders.train_data_now(self)  # read in configure_optimizers: the training loader is requested now (Lightning's)
         if self.num_training_batches is None:
             if self.max_steps != -1:
                 return self.max_steps
@@ -780,7 +698,3 @@ _NULL = contextlib.nullcontext()
 
 
 
-def _batch_size_of(loader):
-    """Samples per micro-batch of a training loader, where it says (None: a custom batch sampler, ...)."""
-    size = getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-    return int(size) if size else None
