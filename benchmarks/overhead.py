@@ -327,7 +327,7 @@ def count_child(label, helper):
     """Inside valgrind: run one variant, instrumenting only the steps between two stamps."""
     import ctypes
 
-    import tasktrain.callbacks.progress as progress
+    import tasktrain.callbacks.progress.tqdm_progress as progress
 
     global stamp
     lib = ctypes.CDLL(helper)

@@ -15,6 +15,7 @@ the first repeat, as it is for a user who runs a script twice), repeated and int
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def run_first_step(script, workdir):
     end = time.time()
     if out.returncode != 0:
         raise RuntimeError(f"{script} failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    stamps = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("FIRST_STEP ")]
+    stamps = re.findall(r"FIRST_STEP (\S+)", out.stdout)  # the progress bar's line may come before it
     if len(stamps) != 1:
         raise RuntimeError(f"{script} printed {len(stamps)} FIRST_STEP lines:\n{out.stdout[-3000:]}")
     return float(stamps[0]) - start, end - start

@@ -13,6 +13,7 @@ _NAMES = {
     "EarlyStopping": "tasktrain.callbacks.early_stopping",
     "GradientClipping": "tasktrain.callbacks.clipping",
     "ProgressBar": "tasktrain.callbacks.progress",
+    "TQDMProgressBar": "tasktrain.callbacks.progress",
     "TensorBoardLogger": "tasktrain.loggers",
     "CSVLogger": "tasktrain.loggers",
     "WandbLogger": "tasktrain.loggers",
@@ -72,7 +73,15 @@ def __getattr__(name):
         value = getattr(importlib.import_module(_NAMES[name]), name)
         globals()[name] = value
         return value
+    if name in _SUBPACKAGES:  # `import tasktrain as pl; pl.loggers.CSVLogger(...)`, as Lightning's import allows
+        import importlib
+
+        return importlib.import_module(f"tasktrain.{name}")
     raise AttributeError(f"module 'tasktrain' has no attribute {name!r}")
+
+
+_SUBPACKAGES = ("callbacks", "loggers", "utilities", "strategies", "trainer", "core", "profilers", "tuner", "cli",
+                "data", "accelerator", "utils", "inference", "checkpoint_io", "exceptions")
 
 
 def __dir__():

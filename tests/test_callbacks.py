@@ -425,51 +425,61 @@ class Shown(Linear):
         return loss
 
 
-def test_progress_bar_prints_one_clean_line_per_epoch_when_not_a_terminal(monkeypatch):
+def test_progress_bar_draws_lightnings_bars_and_reads_metrics_only_when_it_redraws(capsys, monkeypatch):
+    from tasktrain import TQDMProgressBar
     from tasktrain.trainer.metrics import MetricStore
 
     reads = []
     original = MetricStore.progress_bar_metrics
     monkeypatch.setattr(MetricStore, "progress_bar_metrics", lambda self: reads.append(1) or original(self))
-    out = io.StringIO()
-    trainer = Trainer(max_epochs=3, callbacks=[ProgressBar(file=out)], logger=False, enable_checkpointing=False)
+    trainer = Trainer(max_epochs=3, logger=False, enable_checkpointing=False, num_sanity_val_steps=0)
+    assert isinstance(trainer.progress_bar_callback, TQDMProgressBar)  # the default, as Lightning's without rich
     trainer.fit(Shown(), loader(32), loader(8))
-    text = out.getvalue()
-    lines = text.splitlines()
-    assert "\r" not in text and len(lines) == 3
-    for epoch, line in enumerate(lines):
-        assert line.startswith(f"Epoch {epoch}/3: 4 batches in ") and "it/s" in line
-        assert f"step {4 * (epoch + 1)}" in line and "shown=0.25" in line
-        assert "train_loss" not in line and "val_loss" not in line  # not prog_bar=True: not shown (nor read)
-    assert len(reads) == 3  # metrics are read once per epoch line, never per step
+    text = capsys.readouterr().out  # Lightning's bars write to stdout
+    for epoch in range(3):
+        assert f"Epoch {epoch}: 100%" in text and f"Epoch {epoch}:" in text
+    assert "4/4" in text and "shown=0.250" in text and "Validation DataLoader 0" in text
+    assert "train_loss" not in text  # not prog_bar=True: not shown
+    # the redraw waits for refresh_interval (0.1 s) besides refresh_rate: a fast epoch of 4 batches reads the
+    # metrics at its first and last batch, at its end and after validation, never at every batch
+    assert len(reads) <= 3 * 4
 
 
-def test_progress_bar_on_a_terminal_draws_a_bar_per_epoch():
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
+def test_progress_bar_refresh_interval_zero_redraws_at_every_refresh_rate(capsys):
+    from tasktrain import TQDMProgressBar
 
-    out = Terminal()
-    trainer = Trainer(max_epochs=2, callbacks=[ProgressBar(file=out, min_interval=0.0)], logger=False,
-                      enable_checkpointing=False)
-    trainer.fit(Shown(), loader(32), loader(8))
-    text = out.getvalue()
-    assert "\r" in text and "Epoch 0/2" in text and "Epoch 1/2" in text and "Validation" in text
-    assert "4/4" in text and "it/s" in text and "shown=0.25" in text
+    class Counting(TQDMProgressBar):
+        refresh_interval = 0
+        postfixes = 0
+
+        def get_metrics(self, trainer, module):
+            Counting.postfixes += 1
+            return super().get_metrics(trainer, module)
+
+    bar = Counting(refresh_rate=2)
+    Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False).fit(Shown(), loader(64))
+    assert Counting.postfixes == 8 // 2 + 1  # every 2nd of 8 batches, then the epoch's end
+    assert bar.train_progress_bar.n == 8 and bar.train_progress_bar.total == 8
 
 
 def test_progress_bar_disabled(capsys, monkeypatch):
+    from tasktrain import TQDMProgressBar
+    from tasktrain.exceptions import MisconfigurationException
+
     trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    assert not any(isinstance(c, ProgressBar) for c in trainer.callbacks)
+    assert not any(isinstance(c, ProgressBar) for c in trainer.callbacks) and trainer.progress_bar_callback is None
     trainer.fit(Shown(), loader(16))
-    assert "Epoch" not in capsys.readouterr().err
-    with pytest.raises(ValueError, match="enable_progress_bar=False"):
-        Trainer(callbacks=[ProgressBar()], enable_progress_bar=False, logger=False)
-    with pytest.raises(ValueError, match="refresh_rate"):
-        ProgressBar(refresh_rate=0)
-    # on a rank other than 0 it prints nothing
-    out = io.StringIO()
+    assert "Epoch" not in capsys.readouterr().out
+    with pytest.raises(MisconfigurationException, match="`enable_progress_bar=False` but found `TQDMProgressBar`"):
+        Trainer(callbacks=[TQDMProgressBar()], enable_progress_bar=False, logger=False)
+    with pytest.raises(MisconfigurationException, match="multiple progress bar callbacks"):
+        Trainer(callbacks=[TQDMProgressBar(), TQDMProgressBar()], logger=False)
+    bar = TQDMProgressBar(refresh_rate=0)  # Lightning's: refresh_rate=0 draws nothing
+    assert bar.is_disabled and not bar.is_enabled
+    Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False).fit(Shown(), loader(16))
+    assert "Epoch" not in capsys.readouterr().out
+    # on a rank other than 0, setup disables it: it prints nothing
     monkeypatch.setattr(Trainer, "is_global_zero", property(lambda self: False))
-    Trainer(max_epochs=1, callbacks=[ProgressBar(file=out)], logger=False, enable_checkpointing=False).fit(
-        Shown(), loader(16))
-    assert out.getvalue() == ""
+    other = TQDMProgressBar()
+    Trainer(max_epochs=1, callbacks=[other], logger=False, enable_checkpointing=False).fit(Shown(), loader(16))
+    assert other.is_disabled and "Epoch" not in capsys.readouterr().out

@@ -531,7 +531,13 @@ def test_fast_dev_run_runs_n_batches_without_checkpoints_loggers_or_early_stoppi
 
     trainer = Trainer(fast_dev_run=True, max_epochs=5, default_root_dir=str(tmp_path), enable_progress_bar=False,
                       callbacks=[EarlyStopping("never_logged")])
-    assert trainer.fast_dev_run is True and trainer.loggers == []
+    from tasktrain.loggers.logger import DummyLogger
+
+    # Lightning's: the loggers are replaced by one DummyLogger, so that self.logger.experiment... still runs
+    assert trainer.fast_dev_run is True and len(trainer.loggers) == 1 and isinstance(trainer.logger, DummyLogger)
+    assert trainer.logger.experiment.add_image("x", None) is None and trainer.logger[0] is trainer.logger
+    assert trainer.logger.version == "" and trainer.logger.name == ""
+    assert Trainer(fast_dev_run=True, logger=False).loggers == []  # no logger asked: none
     module = Linear()
     trainer.fit(module, loader(32), loader(32))
     assert trainer.global_step == 1 and trainer.num_val_batches == [1] and trainer.current_epoch == 1

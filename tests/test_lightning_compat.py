@@ -106,31 +106,25 @@ class _TwoLoaders(Linear):
         self.log("test_loss", torch.nn.functional.mse_loss(self(batch[0]), batch[1]))
 
 
-@pytest.mark.parametrize("tty", [True, False])
-def test_default_progress_bar_with_two_validation_and_test_loaders(tty, tmp_path):
-    import io
-
+def test_default_progress_bar_with_two_validation_and_test_loaders(tmp_path, capsys):
     from tasktrain import CSVLogger
-    from tasktrain.callbacks.progress import ProgressBar
+    from tasktrain.callbacks.progress import TQDMProgressBar
 
-    class Stream(io.StringIO):
-        def isatty(self):
-            return tty
-
-    stream = Stream()
-    bar = ProgressBar(file=stream, min_interval=0)
+    bar = TQDMProgressBar()
     trainer = Trainer(max_epochs=1, callbacks=[bar], logger=CSVLogger(str(tmp_path)), enable_checkpointing=False)
     trainer.fit(_TwoLoaders(), loader(16), [loader(8), loader(16)])
     metrics = bar.get_metrics(trainer, trainer.module)
     # Lightning's: the logger's version as v_num, then the prog_bar values
     assert metrics["v_num"] == 0 and set(metrics) == {"v_num", "val_loss/dataloader_idx_0", "val_loss/dataloader_idx_1"}
-    assert "Epoch 0" in stream.getvalue() and "v_num" in stream.getvalue()
+    out = capsys.readouterr().out
+    assert "Epoch 0" in out and "v_num=0" in out
+    assert "Validation DataLoader 0" in out and "Validation DataLoader 1" in out
     results = trainer.test(_TwoLoaders(), [loader(8), loader(8)], verbose=False)
-    assert len(results) == 2
+    assert len(results) == 2 and "Testing DataLoader 1" in capsys.readouterr().out
 
 
 def test_progress_bar_get_metrics_keeps_epoch_end_values_and_warns_on_v_num():
-    from tasktrain.callbacks.progress import ProgressBar
+    from tasktrain.callbacks.progress import TQDMProgressBar
 
     class EpochMetrics(Linear):
         def training_step(self, batch, batch_idx):
@@ -141,14 +135,14 @@ def test_progress_bar_get_metrics_keeps_epoch_end_values_and_warns_on_v_num():
             self.log_dict({f"epoch_metric_{self.current_epoch}": float(self.current_epoch), "shared_metric": 111.0},
                           logger=False, prog_bar=True)
 
-    bar = ProgressBar(file=__import__("io").StringIO())
+    bar = TQDMProgressBar()
     trainer = Trainer(max_epochs=3, callbacks=[bar], logger=False, enable_checkpointing=False)
     trainer.fit(EpochMetrics(), loader(16))
     metrics = bar.get_metrics(trainer, trainer.module)
     assert metrics["step_metric"] == -1 and metrics["shared_metric"] == 111
     assert [metrics[f"epoch_metric_{i}"] for i in range(3)] == [0, 1, 2] and "v_num" not in metrics
 
-    class Override(ProgressBar):
+    class Override(TQDMProgressBar):
         def get_metrics(self, trainer, module):
             items = super().get_metrics(trainer, module)
             items.pop("v_num", None)
@@ -161,10 +155,10 @@ def test_progress_bar_get_metrics_keeps_epoch_end_values_and_warns_on_v_num():
 
     from tasktrain import CSVLogger
 
-    with pytest.warns(UserWarning, match="already shows v_num"):
-        Trainer(max_epochs=1, callbacks=[ProgressBar(file=__import__("io").StringIO())], enable_checkpointing=False,
+    with pytest.warns(UserWarning, match="already tracks a metric with the name"):
+        Trainer(max_epochs=1, callbacks=[TQDMProgressBar()], enable_checkpointing=False,
                 logger=CSVLogger(__import__("tempfile").mkdtemp())).fit(LogsVNum(), loader(8))
-    override = Override(file=__import__("io").StringIO())
+    override = Override()
     trainer = Trainer(max_epochs=1, callbacks=[override], enable_checkpointing=False,
                       logger=CSVLogger(__import__("tempfile").mkdtemp()))
     trainer.fit(Linear(), loader(8))

@@ -16,7 +16,7 @@ from tasktrain.callbacks.timer import Timer
 from tasktrain.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["Callback", "Logger", "ModelCheckpoint", "GradientClipping", "EarlyStopping", "TensorBoardLogger",
-           "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "Timer",
+           "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "TQDMProgressBar", "Timer",
            "LambdaCallback", "OnExceptionCheckpoint", "GradientAccumulationScheduler", "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
            "BaseFinetuning", "BackboneFinetuning", "ModelSummary"]
@@ -31,4 +31,8 @@ def __getattr__(name):
         import tasktrain.loggers
 
         return getattr(tasktrain.loggers, name)
+    if name == "TQDMProgressBar":  # imports tqdm: only when used
+        from tasktrain.callbacks.progress import TQDMProgressBar
+
+        return TQDMProgressBar
     raise AttributeError(f"module 'tasktrain.callbacks' has no attribute {name!r}")

@@ -8,7 +8,7 @@ import os
 
 from tasktrain.callbacks.base import Logger
 
-__all__ = ["Logger", "DummyExperiment", "rank_zero_experiment"]
+__all__ = ["Logger", "DummyLogger", "DummyExperiment", "rank_zero_experiment"]
 
 
 class DummyExperiment:
@@ -26,6 +26,46 @@ class DummyExperiment:
 
     def __setitem__(self, *args):
         pass
+
+
+class DummyLogger(Logger):
+    """A logger that logs nothing, for a run that must not write (fast_dev_run, the tuner's trials) while the user's
+    code that uses `self.logger` still runs: `experiment` is a DummyExperiment, every other method exists and does
+    nothing, and `name` and `version` are empty."""
+
+    def __init__(self):
+        super().__init__()
+        self._experiment = DummyExperiment()
+
+    @property
+    def experiment(self):
+        return self._experiment
+
+    def log_metrics(self, *args, **kwargs):
+        pass
+
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+    @property
+    def name(self):
+        return ""
+
+    @property
+    def version(self):
+        return ""
+
+    def __getitem__(self, index):  # self.logger[0].experiment.add_image(...)
+        return self
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # copy / pickle probes get AttributeError, not a no-op
+            raise AttributeError(name)
+
+        def method(*args, **kwargs):
+            return None
+
+        return method
 
 
 def rank_zero_experiment(fn):

@@ -28,7 +28,7 @@ def refuse_lightning_only(barebones, plugins, max_restarts):
 def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs, max_steps, limits,
                 num_sanity_val_steps, val_check_interval, check_val_every_n_epoch, logger):
     """The loop's limits after fast_dev_run (Lightning's debugging run: n batches of each loop, one epoch, no
-    sanity check, no loggers; ModelCheckpoint and EarlyStopping do nothing) and overfit_batches (the same first
+    sanity check, a DummyLogger in place of the loggers; ModelCheckpoint and EarlyStopping do nothing) and overfit_batches (the same first
     batches every epoch, unshuffled, for training and validation). `limits`: (train, val, test, predict)."""
     if isinstance(fast_dev_run, bool) or fast_dev_run is None:
         dev_batches = int(bool(fast_dev_run))
@@ -45,7 +45,11 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
             train = val = dev_batches
         test = predict = dev_batches
         max_steps, max_epochs, num_sanity_val_steps = dev_batches, 1, 0
-        val_check_interval, check_val_every_n_epoch, logger = None, 1, False
+        val_check_interval, check_val_every_n_epoch = None, 1
+        if logger not in (False, []):  # Lightning's: a logger that writes nothing, so self.logger still works
+            from tasktrain.loggers.logger import DummyLogger
+
+            logger = DummyLogger()
     guards.check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interval,  # issue 38
                         limit_train_batches=train, limit_val_batches=val, limit_test_batches=test,
                         limit_predict_batches=predict)
@@ -96,6 +100,7 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
     from tasktrain.callbacks.timer import Timer
 
     from tasktrain.callbacks.base import Callback
+    from tasktrain.exceptions import MisconfigurationException
 
     callbacks = list(callbacks or []) if not isinstance(callbacks, Callback) else [callbacks]
     if logger is True or logger is None:  # None is Lightning's default: the default logger
@@ -106,8 +111,18 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
         callbacks.extend(check_loggers(logger))
     elif logger is not False:
         raise TypeError(f"logger={logger!r}: use True, False, a Logger (tasktrain.loggers), or a list of them.")
-    for wanted, kind, name in ((progress_bar, ProgressBar, "enable_progress_bar"),
-                               (model_summary, ModelSummary, "enable_model_summary"),
+    bars = [c for c in callbacks if isinstance(c, ProgressBar)]
+    if len(bars) > 1:  # Lightning's refusals, Lightning's words
+        raise MisconfigurationException("You added multiple progress bar callbacks to the Trainer, but currently only "
+                                        "one progress bar is supported.")
+    if bars and not progress_bar:
+        raise MisconfigurationException(f"Trainer was configured with `enable_progress_bar=False` but found "
+                                        f"`{type(bars[0]).__name__}` in callbacks list.")
+    if progress_bar and not bars:
+        from tasktrain.callbacks.progress import TQDMProgressBar
+
+        callbacks.append(TQDMProgressBar())
+    for wanted, kind, name in ((model_summary, ModelSummary, "enable_model_summary"),
                                (checkpointing, ModelCheckpoint, "enable_checkpointing")):
         present = any(isinstance(c, kind) for c in callbacks)
         if wanted and not present:

@@ -1,0 +1,118 @@
+"""The progress bars beside Lightning 2.6 itself (a test-only dependency, never imported by the package): the same
+module, loaders and bar configuration run under both, and what a user reads from the bar must be equal."""
+import contextlib
+import io
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+L = pytest.importorskip("lightning.pytorch")
+
+import tasktrain  # noqa: E402
+
+
+def _module(base):
+    class Shown(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+            self.log("shown", 0.25, prog_bar=True)
+            self.log("hidden", 0.5)
+            return loss
+
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            self.log("val_shown", 1.5, prog_bar=True)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Shown()
+
+
+def _loader(n):
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)), batch_size=4)
+
+
+def _run(pkg, module_base, bar, tmp_path, **kwargs):
+    """Fit under `pkg` (lightning.pytorch or tasktrain); what the bar says afterwards, and its output."""
+    out = io.StringIO()
+    trainer = pkg.Trainer(max_epochs=2, callbacks=[bar], enable_checkpointing=False, enable_model_summary=False,
+                          default_root_dir=str(tmp_path), logger=pkg.loggers.CSVLogger(str(tmp_path)),
+                          num_sanity_val_steps=1, **kwargs)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        trainer.fit(_module(module_base), _loader(24), [_loader(8), _loader(12)])
+    seen = {
+        "metrics": bar.get_metrics(trainer, trainer.lightning_module),
+        "train": (bar.train_progress_bar.n, bar.train_progress_bar.total, bar.train_progress_bar.desc),
+        "val": (bar.val_progress_bar.n, bar.val_progress_bar.total, bar.val_progress_bar.desc),
+        "totals": (bar.total_train_batches, bar.total_val_batches),
+        "flags": (bar.refresh_rate, bar.process_position, bar.is_enabled, bar.is_disabled),
+        "descriptions": (bar.train_description, bar.validation_description, bar.test_description,
+                         bar.predict_description, bar.sanity_check_description),
+    }
+    return seen, out.getvalue()
+
+
+def test_tqdm_progress_bar_says_what_lightnings_says(tmp_path):
+    refresh_rate = 2  # 6 batches an epoch: updates at 2, 4, 6
+    ours, our_out = _run(tasktrain, tasktrain.TaskModule, tasktrain.TQDMProgressBar(refresh_rate=refresh_rate),
+                         tmp_path / "ours")
+    theirs, their_out = _run(L, L.LightningModule, L.callbacks.TQDMProgressBar(refresh_rate=refresh_rate),
+                             tmp_path / "theirs")
+    assert ours == theirs
+    for text in ("Epoch 1: 100%", "6/6", "shown=0.250", "v_num=0", "val_shown/dataloader_idx_1=1.500",
+                 "Validation DataLoader 1", "Sanity Checking DataLoader 0"):
+        assert (text in our_out) == (text in their_out) == True, text  # noqa: E712
+
+
+def test_tqdm_number_format_enable_disable_and_refusals_as_lightnings():
+    from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm as TheirTqdm
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException as TheirError
+
+    from tasktrain.callbacks.progress.tqdm_progress import Tqdm
+    from tasktrain.exceptions import MisconfigurationException
+
+    for n in (0.25, 1.5, 3, 12345, 1e-7, 123456.789, "x", "7", "1.2", 0.0, 100):
+        assert Tqdm.format_num(n) == TheirTqdm.format_num(n), n
+    for bar in (tasktrain.TQDMProgressBar(refresh_rate=0), L.callbacks.TQDMProgressBar(refresh_rate=0)):
+        assert bar.is_disabled and (bar.refresh_rate, bar.process_position) == (0, 0)
+    for bar in (tasktrain.TQDMProgressBar(), L.callbacks.TQDMProgressBar()):
+        bar.disable()
+        assert bar.is_disabled
+        bar.enable()
+        assert bar.is_enabled
+        with pytest.raises(TypeError, match="_train_progress_bar` reference has not been set yet"):
+            bar.train_progress_bar
+    for base in (tasktrain.ProgressBar(), L.callbacks.ProgressBar()):  # the base class draws nothing
+        with pytest.raises(NotImplementedError):
+            base.disable()
+        with pytest.raises(TypeError, match="_trainer` reference has not been set yet"):
+            base.trainer
+    for pkg, error in ((tasktrain, MisconfigurationException), (L, TheirError)):
+        with pytest.raises(error) as many:
+            pkg.Trainer(callbacks=[pkg.callbacks.TQDMProgressBar(), pkg.callbacks.TQDMProgressBar()], logger=False)
+        with pytest.raises(error) as disabled:
+            pkg.Trainer(callbacks=[pkg.callbacks.TQDMProgressBar()], enable_progress_bar=False, logger=False)
+        messages = (str(many.value), str(disabled.value))
+        if pkg is tasktrain:
+            ours = messages
+    assert ours == messages
+
+
+def test_dummy_logger_as_lightnings(tmp_path):
+    from lightning.pytorch.loggers.logger import DummyLogger as Theirs
+
+    from tasktrain.loggers.logger import DummyLogger
+
+    for logger in (DummyLogger(), Theirs()):
+        assert (logger.name, logger.version) == ("", "") and logger[0] is logger
+        assert logger.experiment.add_image("x", None) is None and logger.anything(1, k=2) is None
+        assert logger.log_metrics({"a": 1.0}, step=0) is None and logger.log_hyperparams({"a": 1}) is None
+    for pkg in (tasktrain, L):
+        trainer = pkg.Trainer(fast_dev_run=True, default_root_dir=str(tmp_path), enable_progress_bar=False)
+        assert [type(one).__name__ for one in trainer.loggers] == ["DummyLogger"]
