@@ -17,18 +17,18 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from tasktrain.strategies.ddp import DDP
+from tasktrain.strategies.base import Sharded
 
 
 class LocalSGD:
     """Local SGD over `model` (the prepared model) of `accelerator`: no gradient all-reduce inside the `with`,
     the parameters averaged at every `local_sgd_steps`-th step() and when the `with` ends. DDP only (a sharding
-    engine's parameters are not each process's own): other strategies raise NotImplementedError, as in
-    Accelerate."""
+    engine's parameters are not each process's own): DeepSpeed, FSDP and model parallelism raise
+    NotImplementedError, as in Accelerate."""
 
     def __init__(self, accelerator, model, local_sgd_steps, enabled=True):
         strategy = accelerator.strategy
-        if accelerator.use_distributed and not isinstance(strategy, DDP):
+        if accelerator.use_distributed and isinstance(strategy, Sharded):
             raise NotImplementedError(f"LocalSGD averages each process's own copy of the model, which "
                                       f"{strategy.describe()} does not keep: use it with DDP (or one process).")
         self.enabled = bool(enabled) and accelerator.use_distributed
