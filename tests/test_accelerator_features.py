@@ -129,7 +129,8 @@ def test_accelerate_and_lightning_hook_arguments_are_checked_before_anything_sta
                                                                              comm_state_option={"rank": 2})])
     options = DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.POWER_SGD, comm_wrapper="fp16",
                                             comm_state_option={"matrix_approximation_rank": 2}).comm_options()
-    assert options["ddp_comm_hook"].__name__ == "powerSGD_hook" and options["ddp_comm_state"].matrix_approximation_rank == 2
+    assert options["ddp_comm_hook"].__name__ == "powerSGD_hook"
+    assert options["ddp_comm_state"].matrix_approximation_rank == 2
 
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook
 

@@ -16,7 +16,7 @@ from tasktrain.strategies.world import ProcessWorld
 
 _DDP_OPTIONS = set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters) - {
     "self", "module", "device_ids", "output_device", "process_group"}
-# Lightning's DDPStrategy arguments for communication hooks (docs/strategies.md, "Communication hooks")
+# Lightning's DDPStrategy arguments for communication hooks (docs/distributed.md, "Communication hooks")
 _COMM_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
 
 
@@ -57,7 +57,8 @@ class DDP(ProcessWorld, Strategy):
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
         self.comm = _check_comm({"ddp_comm_state": ddp_comm_state, "ddp_comm_hook": ddp_comm_hook,
-                                 "ddp_comm_wrapper": ddp_comm_wrapper, "model_averaging_period": model_averaging_period})
+                                 "ddp_comm_wrapper": ddp_comm_wrapper,
+                                 "model_averaging_period": model_averaging_period})
         self._model_averager = None  # torch's PeriodicModelAverager, with model_averaging_period
         unknown = sorted(set(ddp_kwargs) - _DDP_OPTIONS)
         if unknown:
@@ -230,7 +231,7 @@ def _check_hook_runs_here(hook, wrapper, backend):
     batched PowerSGD fails at the first backward on every backend (its orthogonalisation asserts a batch of
     matrices and is handed one), which a probe of that function tells."""
     names = {getattr(hook, "__name__", ""), getattr(wrapper, "__name__", "")}
-    if backend != "nccl" and names & {"bf16_compress_hook", "bf16_compress_wrapper"}:
+    if backend != "nccl" and names & {"bf16_compress_hook", "bf16_compress_wrapper", "bf16_compress_wrapper_hook"}:
         raise ValueError(f"The DDP communication hook compresses gradients to bf16, which torch runs on NCCL (CUDA) "
                          f"only, and this process group is {backend}. On CPU use fp16 compression "
                          "(DDPCommunicationHookType.FP16 / default_hooks.fp16_compress_hook).")

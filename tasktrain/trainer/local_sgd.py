@@ -22,8 +22,9 @@ from tasktrain.strategies.base import Sharded
 
 class LocalSGD:
     """Local SGD over `model` (the prepared model) of `accelerator`: no gradient all-reduce inside the `with`,
-    the parameters averaged at every `local_sgd_steps`-th step() and when the `with` ends. DDP only (a sharding
-    engine's parameters are not each process's own): DeepSpeed, FSDP and model parallelism raise
+    the parameters averaged at every `local_sgd_steps`-th step() and when the `with` ends (not when it ends by an
+    exception: the other processes may be at another collective then; Accelerate averages in that case too). DDP
+    only (a sharding engine's parameters are not each process's own): DeepSpeed, FSDP and model parallelism raise
     NotImplementedError, as in Accelerate."""
 
     def __init__(self, accelerator, model, local_sgd_steps, enabled=True):
@@ -152,7 +153,11 @@ class LocalSGDRecord:
             with torch.no_grad():
                 for param, saved in zip(model.parameters(), mine["parameters"]):
                     param.copy_(saved)
-        self._resumed = (state["model"], int(state["num_steps"]))
+        current = self.current
+        if current is not None and current._inside and current.model_index == state["model"]:
+            current.num_steps = int(state["num_steps"])  # load_state inside the `with`: it continues the count
+        else:
+            self._resumed = (state["model"], int(state["num_steps"]))
 
 
 def _by_dtype_and_device(params):

@@ -60,9 +60,10 @@ def local_sgd_run(state_dir, save_at=None, resume=False):
             before = both(flat(model))
             local_sgd.step()
             after = both(flat(model))
+            hand_mean = (before[0] + before[1]) / 2
             steps.append({"num_steps": local_sgd.num_steps, "grads_equal": torch.equal(grads[0], grads[1]),
                           "equal_after": torch.equal(after[0], after[1]),
-                          "vs_hand_mean": (after[accelerator.process_index] - (before[0] + before[1]) / 2).abs().max().item(),
+                          "vs_hand_mean": (after[accelerator.process_index] - hand_mean).abs().max().item(),
                           "changed": not torch.equal(before, after)})
             if save_at is not None and local_sgd.num_steps == save_at:
                 accelerator.save_state(state_dir)
@@ -81,7 +82,7 @@ result["resume_local_difference"] = (resumed_local_final - local_final).abs().ma
 result["resume_final_difference"] = (resumed_final - final).abs().max().item()
 
 
-# -- DDP communication hooks through DistributedDataParallelKwargs ---------------------------------------------------------
+# -- DDP communication hooks through DistributedDataParallelKwargs -----------------------------------------------
 def hooked_steps(handler, steps):
     """`steps` steps of a Linear(16, 16) under the hook; per step, the all-reduced weight gradient of this rank and
     every rank's own gradient of the same batch (from an unwrapped copy: the exact local gradients)."""
@@ -147,7 +148,7 @@ for name, handler in (("bf16", DistributedDataParallelKwargs(comm_hook=DDPCommun
 result["refusals"] = refusals
 
 
-# -- the Trainer: DDP(ddp_comm_state=PostLocalSGDState, ddp_comm_hook=post_localSGD_hook, model_averaging_period) -------
+# -- the Trainer: DDP(ddp_comm_state=PostLocalSGDState, ddp_comm_hook=post_localSGD_hook, model_averaging_period)
 class Regression(TaskModule):
     def __init__(self):
         super().__init__()

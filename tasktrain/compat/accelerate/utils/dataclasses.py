@@ -156,8 +156,9 @@ def _hook_type(name, value):
     try:
         return DDPCommunicationHookType(value)
     except ValueError:
-        raise ValueError(f"DistributedDataParallelKwargs({name}={value!r}): use one of "
-                         f"{[member.value for member in DDPCommunicationHookType]} (DDPCommunicationHookType).") from None
+        names = [member.value for member in DDPCommunicationHookType]
+        raise ValueError(f"DistributedDataParallelKwargs({name}={value!r}): use one of {names} "
+                         "(DDPCommunicationHookType).") from None
 
 
 @dataclass
