@@ -27,6 +27,8 @@ setup(
         # StatefulDataLoader as the training loader (and Accelerate's use_stateful_dataloader)
         "datasets": ["datasets>=5.2,<6"],
         "torchdata": ["torchdata>=0.11,<1"],
+        # schedule-free optimizers (Accelerate's is_schedulefree_available and its schedule_free example)
+        "schedulefree": ["schedulefree>=1.4,<2"],
     },
     entry_points={"console_scripts": ["tasktrain=tasktrain.cli.main:main"]},
 )

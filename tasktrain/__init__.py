@@ -55,6 +55,7 @@ _NAMES = {
     "FullyShardedDataParallelPlugin": "tasktrain.compat.accelerate.utils.dataclasses",
     "InitProcessGroupKwargs": "tasktrain.compat.accelerate.utils.dataclasses",
     "DistributedDataParallelKwargs": "tasktrain.compat.accelerate.utils.dataclasses",
+    "DDPCommunicationHookType": "tasktrain.compat.accelerate.utils.dataclasses",
     "GradScalerKwargs": "tasktrain.compat.accelerate.utils.dataclasses",
     "AutocastKwargs": "tasktrain.compat.accelerate.utils.dataclasses",
     "ProfileKwargs": "tasktrain.compat.accelerate.utils.dataclasses",

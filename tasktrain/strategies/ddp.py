@@ -16,6 +16,8 @@ from tasktrain.strategies.world import ProcessWorld
 
 _DDP_OPTIONS = set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters) - {
     "self", "module", "device_ids", "output_device", "process_group"}
+# Lightning's DDPStrategy arguments for communication hooks (docs/distributed.md, "Communication hooks")
+_COMM_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
 
 
 class _TrainingStepForward(_StepWrapper):
@@ -36,6 +38,13 @@ class DDP(ProcessWorld, Strategy):
         start_method: "popen" re-runs the command for the other ranks; "spawn" starts them with
             torch.multiprocessing (the module and loaders must then be picklable).
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm (CUDA only: torch runs SyncBatchNorm on GPUs).
+        ddp_comm_hook, ddp_comm_state, ddp_comm_wrapper: a DDP communication hook registered on the wrapper
+            (`model.register_comm_hook(ddp_comm_state, ddp_comm_wrapper(ddp_comm_hook))`), as Lightning's
+            DDPStrategy: fp16 compression, PowerSGD, post-local SGD (torch.distributed.algorithms.ddp_comm_hooks).
+            Hooks that cannot run on this backend are refused before the first step.
+        model_averaging_period: with a PostLocalSGDState as ddp_comm_state, average the parameters over the
+            processes every that many optimizer steps after the state's start_localSGD_iter (torch's
+            PeriodicModelAverager), as Lightning does.
         **ddp_kwargs: options of torch.nn.parallel.DistributedDataParallel (find_unused_parameters,
             static_graph, gradient_as_bucket_view, bucket_cap_mb, broadcast_buffers, ...).
     """
@@ -43,9 +52,14 @@ class DDP(ProcessWorld, Strategy):
     name = "ddp"
 
     def __init__(self, accelerator=None, precision=None, process_group_backend=None, timeout=timedelta(minutes=30),
-                 start_method="popen", sync_batchnorm=False, **ddp_kwargs):
+                 start_method="popen", sync_batchnorm=False, ddp_comm_state=None, ddp_comm_hook=None,
+                 ddp_comm_wrapper=None, model_averaging_period=None, **ddp_kwargs):
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
+        self.comm = _check_comm({"ddp_comm_state": ddp_comm_state, "ddp_comm_hook": ddp_comm_hook,
+                                 "ddp_comm_wrapper": ddp_comm_wrapper,
+                                 "model_averaging_period": model_averaging_period})
+        self._model_averager = None  # torch's PeriodicModelAverager, with model_averaging_period
         unknown = sorted(set(ddp_kwargs) - _DDP_OPTIONS)
         if unknown:
             raise TypeError(f"DDP got unknown option(s) {unknown}. It takes the options of torch's "
@@ -58,6 +72,12 @@ class DDP(ProcessWorld, Strategy):
         self._target, self._calls_steps = None, True  # what the wrapper wraps (built again when it must be)
 
     def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
+        """(Accelerate's DistributedDataParallelKwargs: its comm_hook / comm_wrapper / comm_state_option come as
+        Lightning's ddp_comm_* names, tasktrain/compat/accelerate/accelerator.py.)"""
+        ddp_kwargs = dict(ddp_kwargs or {})
+        comm = {name: ddp_kwargs.pop(name) for name in _COMM_OPTIONS if name in ddp_kwargs}
+        if comm:
+            self.comm = _check_comm({**self.comm, **comm})
         if ddp_kwargs:
             unknown = sorted(set(ddp_kwargs) - _DDP_OPTIONS)
             if unknown:
@@ -66,6 +86,11 @@ class DDP(ProcessWorld, Strategy):
         super().configure_processes(process_group_backend, timeout)
         if ddp_kwargs:
             self.ddp_kwargs = {**self.ddp_kwargs, **ddp_kwargs}
+
+    def setup_environment(self):
+        super().setup_environment()
+        if self.comm["ddp_comm_hook"] is not None:  # before the first step, on every rank alike
+            _check_hook_runs_here(self.comm["ddp_comm_hook"], self.comm["ddp_comm_wrapper"], dist.get_backend())
 
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)
@@ -96,7 +121,30 @@ class DDP(ProcessWorld, Strategy):
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         wrapper = torch.nn.parallel.DistributedDataParallel(target, device_ids=device_ids, **self.ddp_kwargs)
         self._wrappers.append(wrapper)
+        self._register_comm_hook(wrapper)
         return wrapper
+
+    def _register_comm_hook(self, wrapper):
+        hook, state = self.comm["ddp_comm_hook"], self.comm["ddp_comm_state"]
+        if hook is None:
+            return
+        if self.comm["ddp_comm_wrapper"] is not None:
+            hook = self.comm["ddp_comm_wrapper"](hook)
+        wrapper.register_comm_hook(state, hook)
+        if self.comm["model_averaging_period"] is not None and self._model_averager is None:
+            from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+            self._model_averager = PeriodicModelAverager(period=self.comm["model_averaging_period"],
+                                                         warmup_steps=state.start_localSGD_iter)
+
+    def optimizer_step(self, optimizer, closure=None) -> bool:
+        stepped = super().optimizer_step(optimizer, closure)
+        if self._model_averager is not None and stepped:
+            # post-local SGD: after its warm-up each process steps on its own gradients; every period steps the
+            # parameters the optimizer moved are averaged over the processes (Lightning's rule)
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            self._model_averager.average_parameters(iter(params))
+        return stepped
 
     def trainable_parameters_changed(self, who: str):
         """torch's DDP syncs the gradients of the parameters that required them when it was built: one unfrozen
@@ -146,6 +194,61 @@ class DDP(ProcessWorld, Strategy):
         launcher = self.env.launcher if self.env and self.env.launcher else "none"
         return (f"strategy={self.name}, world_size={self.world_size} (devices={self.devices} x "
                 f"num_nodes={self.num_nodes}), backend={backend}, device={self.root_device}, launcher={launcher}")
+
+
+def _check_comm(comm):
+    """Lightning's DDPStrategy rules for the hook arguments, checked when they are given (before anything starts)."""
+    hook, state = comm.get("ddp_comm_hook"), comm.get("ddp_comm_state")
+    wrapper, period = comm.get("ddp_comm_wrapper"), comm.get("model_averaging_period")
+    for name, value in (("ddp_comm_hook", hook), ("ddp_comm_wrapper", wrapper)):
+        if value is not None and not callable(value):
+            raise TypeError(f"DDP({name}={value!r}): pass a function such as torch.distributed.algorithms."
+                            "ddp_comm_hooks.default_hooks.fp16_compress_hook (hook) or fp16_compress_wrapper.")
+    if hook is None and (wrapper is not None or state is not None):
+        raise ValueError("DDP(ddp_comm_wrapper=... / ddp_comm_state=...) without ddp_comm_hook: a wrapper and a "
+                         "state act through a hook; pass ddp_comm_hook too.")
+    if state is None and period is None:
+        return {"ddp_comm_state": None, "ddp_comm_hook": hook, "ddp_comm_wrapper": wrapper,
+                "model_averaging_period": None}
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
+
+    if isinstance(state, PostLocalSGDState) and period is None:
+        raise ValueError("DDP(ddp_comm_state=PostLocalSGDState(...)) needs model_averaging_period (the optimizer "
+                         "steps between two parameter averages), as in Lightning.")
+    if period is not None:
+        if not isinstance(state, PostLocalSGDState):
+            raise ValueError("DDP(model_averaging_period=...) averages the parameters of post-local SGD: pass "
+                             "ddp_comm_state=PostLocalSGDState(...) and ddp_comm_hook=post_localSGD_hook too.")
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"DDP(model_averaging_period={period!r}): use a positive integer.")
+    return {"ddp_comm_state": state, "ddp_comm_hook": hook, "ddp_comm_wrapper": wrapper,
+            "model_averaging_period": period}
+
+
+def _check_hook_runs_here(hook, wrapper, backend):
+    """The hooks torch cannot run on this backend, refused when DDP is set up (before the first step) with what to
+    use instead. torch refuses bf16 compression outside NCCL itself, with a message naming CUDA; torch 2.13's
+    batched PowerSGD fails at the first backward on every backend (its orthogonalisation asserts a batch of
+    matrices and is handed one), which a probe of that function tells."""
+    names = {getattr(hook, "__name__", ""), getattr(wrapper, "__name__", "")}
+    if backend != "nccl" and names & {"bf16_compress_hook", "bf16_compress_wrapper", "bf16_compress_wrapper_hook"}:
+        raise ValueError(f"The DDP communication hook compresses gradients to bf16, which torch runs on NCCL (CUDA) "
+                         f"only, and this process group is {backend}. On CPU use fp16 compression "
+                         "(DDPCommunicationHookType.FP16 / default_hooks.fp16_compress_hook).")
+    if getattr(hook, "__name__", "") == "batched_powerSGD_hook" and not _batched_power_sgd_works():
+        raise ValueError(f"torch {torch.__version__}'s batched_powerSGD_hook fails at the first backward (its "
+                         "_orthogonalize raises on the matrix it is given). Use PowerSGD per layer "
+                         "(DDPCommunicationHookType.POWER_SGD / powerSGD_hook.powerSGD_hook) instead.")
+
+
+def _batched_power_sgd_works():
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    try:  # what batched_powerSGD_hook hands it: one square_side x rank matrix
+        powerSGD_hook._orthogonalize(torch.ones(4, 1))
+    except AssertionError:
+        return False
+    return True
 
 
 def _prepare_for_backward(model, loss):

@@ -31,6 +31,7 @@ from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action
 from tasktrain.trainer.data import prepare_train_data
 from tasktrain.trainer.dispatch import prepare_for_accelerator
 from tasktrain.trainer.epoch import EpochIterator
+from tasktrain.trainer.local_sgd import LocalSGDRecord
 from tasktrain.trainer.prepared import PreparedDataLoader  # (its public path is this module too)
 from tasktrain.trainer.shard import ShardData, can_shard
 from tasktrain.trainer.run_state import (Objects, Optimizers, RandomStates, RunState, Value, Weights, check_counts,
@@ -152,6 +153,7 @@ class Accelerator:
         self._loaders = []  # PreparedDataLoader
         self._active_loaders = []  # loaders being iterated, innermost last
         self._custom = []  # register_for_checkpointing
+        self._local_sgd = LocalSGDRecord(self)  # the LocalSGD in use, saved for an exact resume (trainer/local_sgd.py)
         self._data_seed = data_seed
         # how prepared map-style loaders shard (tasktrain/trainer/shard.py: Accelerate's order)
         self.split_batches, self.even_batches = bool(split_batches), bool(even_batches)
@@ -663,6 +665,7 @@ class Accelerator:
                           self._load_loop),
             "loaders": Objects(self._loaders),
             "custom": Objects(self._custom),
+            "local_sgd": self._local_sgd,
             "rng_states": RandomStates(strategy),
             "models": Weights(strategy, [prepared for prepared, _ in self._models]),
         })
@@ -703,7 +706,7 @@ class Accelerator:
         run_state = self._run_state()
         # the loop before the loaders: they continue the saved data order's seed
         run_state.load_state_dict(state, only=["models", "optimizers", "schedulers", "precision", "loop", "loaders",
-                                               "custom", "rng_states"])
+                                               "custom", "local_sgd", "rng_states"])
         if rng_state is not None:  # Accelerate's own files: this process's
             ckpt_io.restore_rng_states(rng_state)
         else:
@@ -962,6 +965,23 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         self.optimizer.add_param_group(param_group)
         self._parameter_ids = None
+
+    def train(self):
+        """Train mode of an optimizer that has one (schedule-free optimizers: the parameters become the point the
+        gradients are taken at); others have no mode and nothing changes, as in Accelerate."""
+        self._set_mode("train")
+
+    def eval(self):
+        """Eval mode of an optimizer that has one (schedule-free optimizers: the parameters become the averaged
+        point to evaluate and save); others have no mode and nothing changes, as in Accelerate."""
+        self._set_mode("eval")
+
+    def _set_mode(self, mode):
+        # an engine's optimizer (DeepSpeed's) wraps the user's one: the first in the chain that has the mode switches
+        for optimizer in (self.optimizer, getattr(self.optimizer, "optimizer", None), self.original):
+            if callable(getattr(optimizer, mode, None)):
+                getattr(optimizer, mode)()
+                return
 
     def __getstate__(self):
         return self.__dict__

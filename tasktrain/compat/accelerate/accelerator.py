@@ -474,11 +474,9 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         if isinstance(handler, DistributedDataParallelKwargs):
             ddp = handler.to_kwargs()
             for name in ("comm_hook", "comm_wrapper", "comm_state_option"):
-                if name in ddp:
-                    raise ValueError(f"DistributedDataParallelKwargs({name}=...): DDP communication hooks are not "
-                                     "supported. Register the hook yourself on the prepared model "
-                                     "(model.register_comm_hook).")
-            process_options["ddp_kwargs"] = ddp
+                ddp.pop(name, None)
+            # the DDP strategy registers the hook on its wrapper (Lightning's ddp_comm_* names)
+            process_options["ddp_kwargs"] = {**ddp, **handler.comm_options()}
         elif isinstance(handler, InitProcessGroupKwargs):
             init = handler.to_kwargs()
             if init.get("init_method") is not None:

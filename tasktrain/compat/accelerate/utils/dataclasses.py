@@ -82,9 +82,26 @@ class AutocastKwargs(KwargsHandler):
     cache_enabled: Optional[bool] = None
 
 
+class DDPCommunicationHookType(str, enum.Enum):
+    """DistributedDataParallelKwargs(comm_hook=..., comm_wrapper=...): torch's DDP communication hooks by name.
+    FP16 and BF16 compress the gradients for the all-reduce (BF16 needs NCCL), POWER_SGD and BATCHED_POWER_SGD
+    send a low-rank approximation (comm_state_option: PowerSGDState's arguments)."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+    def __str__(self):
+        return self.value
+
+
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
-    """Options of torch's DistributedDataParallel, given to the DDP strategy."""
+    """Options of torch's DistributedDataParallel, given to the DDP strategy; comm_hook / comm_wrapper /
+    comm_state_option register a communication hook on the DDP wrapper (as the DDP strategy's ddp_comm_hook,
+    ddp_comm_wrapper, ddp_comm_state)."""
 
     dim: int = 0
     broadcast_buffers: bool = True
@@ -93,9 +110,55 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
-    comm_hook: Any = "no"
-    comm_wrapper: Any = "no"
+    comm_hook: Any = DDPCommunicationHookType.NO
+    comm_wrapper: Any = DDPCommunicationHookType.NO
     comm_state_option: dict = field(default_factory=dict)
+
+
+    def comm_options(self):
+        """comm_hook / comm_wrapper / comm_state_option as the DDP strategy's ddp_comm_hook / ddp_comm_wrapper /
+        ddp_comm_state (torch's functions and PowerSGDState); a combination Accelerate would drop silently is an
+        error here."""
+        hook, wrapper = _hook_type("comm_hook", self.comm_hook), _hook_type("comm_wrapper", self.comm_wrapper)
+        power_sgd = (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD)
+        if wrapper not in (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16, DDPCommunicationHookType.BF16):
+            raise ValueError(f"DistributedDataParallelKwargs(comm_wrapper={wrapper}): a wrapper compresses what a "
+                             "hook sends; use DDPCommunicationHookType.FP16 or BF16.")
+        if hook == DDPCommunicationHookType.NO:
+            if wrapper != DDPCommunicationHookType.NO or self.comm_state_option:
+                raise ValueError("DistributedDataParallelKwargs(comm_wrapper=... / comm_state_option=...) without "
+                                 "comm_hook: they act through a hook; pass comm_hook too (e.g. POWER_SGD).")
+            return {}
+        if self.comm_state_option and hook not in power_sgd:
+            raise ValueError(f"DistributedDataParallelKwargs(comm_state_option=...) holds PowerSGD's options; "
+                             f"comm_hook={hook} takes none. Drop comm_state_option or use POWER_SGD.")
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        hooks = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
+                 DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
+                 DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+                 DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook}
+        wrappers = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+                    DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper}
+        options = {"ddp_comm_hook": hooks[hook]}
+        if wrapper != DDPCommunicationHookType.NO:
+            options["ddp_comm_wrapper"] = wrappers[wrapper]
+        if hook in power_sgd:
+            try:
+                options["ddp_comm_state"] = powerSGD_hook.PowerSGDState(None, **self.comm_state_option)
+            except TypeError as error:
+                raise TypeError(f"DistributedDataParallelKwargs(comm_state_option={self.comm_state_option!r}): "
+                                f"the keys are torch's PowerSGDState arguments ({error}).") from error
+        return options
+
+
+def _hook_type(name, value):
+    try:
+        return DDPCommunicationHookType(value)
+    except ValueError:
+        names = [member.value for member in DDPCommunicationHookType]
+        raise ValueError(f"DistributedDataParallelKwargs({name}={value!r}): use one of {names} "
+                         "(DDPCommunicationHookType).") from None
 
 
 @dataclass
