@@ -82,7 +82,7 @@ def test_exception_event_then_teardown():
     assert rec.log[-3:] == ["on_train_batch_end", "on_exception", "teardown"]
 
 
-def test_module_hook_fires_before_callback_hooks_and_callbacks_in_list_order():
+def test_callback_hooks_fire_before_the_modules_as_lightnings_and_monitors_after_at_train_epoch_end():
     log = []
 
     class M(Linear):
@@ -90,6 +90,7 @@ def test_module_hook_fires_before_callback_hooks_and_callbacks_in_list_order():
             log.append(("module", "setup"))
 
         def on_train_epoch_end(self):
+            self.log("logged_at_epoch_end", 1.0)
             log.append(("module", "on_train_epoch_end"))
 
         def on_validation_epoch_end(self):
@@ -98,11 +99,20 @@ def test_module_hook_fires_before_callback_hooks_and_callbacks_in_list_order():
         def on_train_batch_end(self, outputs, batch, batch_idx):
             log.append(("module", "on_train_batch_end"))
 
+    class Watching(EarlyStopping):  # a monitoring callback: Lightning runs it after the module at train epoch end
+        def on_train_epoch_end(self, trainer, module):
+            log.append(("monitor", "on_train_epoch_end", "logged_at_epoch_end" in trainer.callback_metrics))
+
     first, second = Recorder(log, "first"), Recorder(log, "second")
-    Trainer(max_epochs=1, limit_train_batches=1, callbacks=[first, second], **quiet()).fit(M(), loader(), loader(8))
-    for event in ("setup", "on_train_batch_end", "on_validation_epoch_end", "on_train_epoch_end"):
-        order = [who for who, e in log if e == event]
-        assert order == ["module", "first", "second"], event
+    watching = Watching("train_loss", patience=100)
+    Trainer(max_epochs=1, limit_train_batches=1, callbacks=[watching, first, second], **quiet()).fit(
+        M(), loader(), loader(8))
+    for event in ("setup", "on_train_batch_end", "on_validation_epoch_end"):
+        order = [entry[0] for entry in log if entry[1] == event]
+        assert order == ["first", "second", "module"], event
+    order = [entry[0] for entry in log if entry[1] == "on_train_epoch_end"]
+    assert order == ["first", "second", "module", "monitor"]
+    assert ("monitor", "on_train_epoch_end", True) in log  # it sees what the module logged there
 
 
 def test_loggers_are_sorted_first_and_model_checkpoint_last(tmp_path):

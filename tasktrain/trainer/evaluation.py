@@ -94,11 +94,11 @@ def evaluate(trainer, stage, loaders, limits):
                 for fn in hooks[f"on_{prefix}_batch_end"]:
                     fn(outputs, batch, batch_idx, *extra)
         metrics.dataloader_suffix = ""
-        for fn in trainer._module_hooks[f"on_{prefix}_epoch_end"]:
-            fn()
+        # Lightning's order: the callbacks then the module, each seeing the epoch's values of what was logged in
+        # the steps; what they log here is reduced after them
         values = metrics.reduce_epoch(stage)
-        for fn in trainer._callback_hooks[f"on_{prefix}_epoch_end"]:
-            fn()
+        trainer._call(f"on_{prefix}_epoch_end")
+        values.update(metrics.reduce_epoch(stage))
     trainer._call(f"on_{prefix}_end")
     # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
     # frozen BatchNorm the user put in eval mode stays so)

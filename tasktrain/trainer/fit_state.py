@@ -7,7 +7,6 @@ optimization hooks where it overrides them, wrapped for the profiler and the wat
 clipping the plan asked for, the loss window and the stop flags. The Trainer keeps its public attributes
 (`trainer.optimizers`, `trainer.lr_scheduler_configs`, ...) pointing at the same objects.
 """
-import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Optional
@@ -32,11 +31,12 @@ class Window:
 
 @dataclass(eq=False)
 class HookTables:
-    """For each event the callables to run, bound once per run: the module's hook (where overridden) first, then
-    each overriding callback's, bound to (trainer, module)."""
+    """For each event the callables to run, bound once per run: each overriding callback's, bound to (trainer,
+    module), then the module's hook (where overridden), as Lightning calls them."""
 
     module: dict
     callbacks: dict
+    monitors: dict  # the callbacks that watch metrics (checkpointing, early stopping): a subset of `callbacks`
     all: dict
 
 
@@ -49,6 +49,7 @@ class FitState:
     metrics: Any  # MetricStore
     module_hooks: dict  # the HookTables' (the run's hook tables), as plain fields: read at every micro-batch
     callback_hooks: dict
+    monitor_hooks: dict
     all_hooks: dict
     to_device: Callable
     # the step's parts
@@ -101,6 +102,7 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
     fit = FitState(
         module=module, optimizers=optimizers, lr_scheduler_configs=lr_scheduler_configs, epochs=epochs,
         metrics=trainer._metrics, module_hooks=trainer._module_hooks, callback_hooks=trainer._callback_hooks,
+        monitor_hooks=trainer._hook_tables.monitors,
         all_hooks=trainer._all_hooks, to_device=trainer._to_device,
         training_step=training_step, backward=watched_action(watchdog, "backward", backward),
         step=watched_action(watchdog, "optimizer step", step,
@@ -142,38 +144,28 @@ def accumulation_schedules(callbacks):
 
 
 def build_hook_tables(trainer, module):
-    """For each event, the module's hook (if overridden) then each overriding callback, bound once."""
+    """For each event, each overriding callback's hook then the module's (if overridden), Lightning's order, bound
+    once. `monitors`: the checkpoint and early-stopping callbacks among them, which Lightning runs after the module
+    at on_train_epoch_end so that they can watch what the module logs there."""
+    from tasktrain.callbacks.checkpoint import ModelCheckpoint
+    from tasktrain.callbacks.early_stopping import EarlyStopping
+    from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+
+    monitoring = (ModelCheckpoint, EarlyStopping, OnExceptionCheckpoint)
     tables = {}
     for event in EVENTS:
-        fns = []
-        if event not in ("on_exception",) and is_overridden(event, module, TaskModule):
-            fns.append((True, getattr(module, event)))
+        fns, kinds = [], []
         for cb in trainer.callbacks:
             if is_overridden(event, cb, Callback):
                 fns.append((False, partial(getattr(cb, event), trainer, module)))
+                kinds.append("monitor" if isinstance(cb, monitoring) else "callback")
+        if event not in ("on_exception",) and is_overridden(event, module, TaskModule):
+            fns.append((True, getattr(module, event)))
+            kinds.append("module")
         if trainer.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
             fns = profiled_calls(trainer.profiler, event, fns, module, trainer.callbacks)
-        tables[event] = fns
-    warn_hook_order(module, trainer.callbacks)
-    return HookTables(module={e: [f for is_mod, f in fns if is_mod] for e, fns in tables.items()},
-                      callbacks={e: [f for is_mod, f in fns if not is_mod] for e, fns in tables.items()},
+        tables[event] = list(zip(kinds, (fn for _, fn in fns)))
+    return HookTables(module={e: [f for kind, f in fns if kind == "module"] for e, fns in tables.items()},
+                      callbacks={e: [f for kind, f in fns if kind != "module"] for e, fns in tables.items()},
+                      monitors={e: [f for kind, f in fns if kind == "monitor"] for e, fns in tables.items()},
                       all={e: [f for _, f in fns] for e, fns in tables.items()})
-
-
-_ORDER_WARNED = set()
-
-
-def warn_hook_order(module, callbacks):
-    """Where the module and a callback of the user's both override an event, the module's runs first here and
-    second in Lightning (docs/lightning.md, deliberate differences): said once per process and class pair."""
-    for cb in callbacks:
-        if type(cb).__module__.startswith("tasktrain."):
-            continue
-        both = [e for e in EVENTS if e not in ("state_dict", "load_state_dict", "on_exception")
-                and is_overridden(e, cb, Callback) and is_overridden(e, module, TaskModule)]
-        key = (type(module), type(cb))
-        if both and key not in _ORDER_WARNED:
-            _ORDER_WARNED.add(key)
-            warnings.warn(f"{type(module).__name__} and the callback {type(cb).__name__} both override "
-                          f"{', '.join(both)}: tasktrain runs the module's hook first, then the callback's (Lightning "
-                          "runs the callback's first). See docs/lightning.md, 'Deliberate differences'.")

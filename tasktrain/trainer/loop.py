@@ -95,10 +95,16 @@ def train_epoch(trainer, fit, epoch):
             # the epoch before its last batch
             step_schedulers(trainer, fit, "epoch", plateau=None if fit.ended_by_hook else True)
         state.epoch_finished = True
+    # Lightning's order: the callbacks, the module, then the callbacks that watch metrics (checkpointing, early
+    # stopping), so that they see what the module logged in its on_train_epoch_end
+    monitors = fit.monitor_hooks["on_train_epoch_end"]
+    for fn in fit.callback_hooks["on_train_epoch_end"]:
+        if fn not in monitors:
+            fn()
     for fn in fit.module_hooks["on_train_epoch_end"]:
         fn()
     trainer._flush_epoch_metrics(metrics.reduce_epoch("train"))
-    for fn in fit.callback_hooks["on_train_epoch_end"]:
+    for fn in monitors:
         fn()
     stop_agreed(trainer, fit, at_interval=False)
 
@@ -124,11 +130,11 @@ def training_step(trainer, fit, batch, batch_idx, window):
     batch = fit.to_device(batch)
     fit.metrics.set_batch(batch)
     skip_rest = False
+    for fn in fit.callback_hooks["on_train_batch_start"]:
+        fn(batch, batch_idx)
     for fn in fit.module_hooks["on_train_batch_start"]:
         response = fn(batch, batch_idx)
         skip_rest = skip_rest or (type(response) is int and response == -1)
-    for fn in fit.callback_hooks["on_train_batch_start"]:
-        fn(batch, batch_idx)
     if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
         fit.ended_by_hook = True
         return False
