@@ -131,6 +131,25 @@ def test_resume_on_another_mesh_or_one_process(runs):
             in runs["log"])
 
 
+def test_the_trainer_on_an_hsdp_mesh_resumes_the_2d_checkpoint(runs):
+    """data_parallel_replicate_size=2 on 4 processes: 2 replicas of 2 FSDP shards (the mesh's third dimension), the
+    data cut 4 ways by the flattened data-parallel rank; resumed from the (2, 2) checkpoint (another mesh shape)."""
+    g = [r["G"] for r in runs["ranks"]]
+    names = ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")
+    assert all(r["mesh"] == (names, (2, 2, 1)) for r in g)
+    assert [r["data_parallel_rank"] for r in g] == [0, 1, 2, 3] and all(r["data_parallel"] == 4 for r in g)
+    at_step5, reference = runs["ranks"][0]["A_file"]["end"], runs["single"]["reference"]
+    assert identical(g[0]["start"], at_step5)
+    assert biggest_difference(g[0]["end"], reference["end"]) < PARAM_TOL
+    assert biggest_difference(g[0]["end"], at_step5) > 1e-3  # it trained after the resume
+    assert all(identical(r["end"], g[0]["end"]) for r in g)
+    # the four quarters' losses average to the full batch's loss
+    assert max(abs(sum(r["losses"][i] for r in g) / 4 - loss) for i, loss in enumerate(reference["losses"][5:])) \
+        < LOSS_TOL
+    assert ("loaded onto (data_parallel=4 as 2 replicas x 2 shards, tensor_parallel=1): weights and optimizer state "
+            "resharded" in runs["log"])
+
+
 def test_convert_the_dcp_folder_to_one_file_and_safetensors(runs):
     from safetensors.torch import load_file
 
@@ -229,6 +248,11 @@ def test_arguments_and_the_mesh_shape_are_checked_before_any_process_starts():
         ModelParallelStrategy(tensor_parallel_size="auto")
     with pytest.raises(ValueError, match="data_parallel_size=0"):
         ModelParallelStrategy(data_parallel_size=0)
+    with pytest.raises(ValueError, match=r"data_parallel_replicate_size=3\) does not divide data_parallel_size=2"):
+        Trainer(strategy=ModelParallelStrategy(data_parallel_replicate_size=3, tensor_parallel_size=2), devices=4,
+                accelerator="cpu", logger=False)
+    with pytest.raises(ValueError, match="data_parallel_replicate_size=0"):
+        ModelParallelStrategy(data_parallel_replicate_size=0)
 
 
 def test_refusals_before_training():

@@ -26,7 +26,8 @@ tensor parallel only, another shape, one process), or one file gathered on rank 
   values, so this is the data-parallel result, and every rank gets the same number); "sum" is divided by
   tensor_parallel_size, the sum over data parallel for values that tensor parallelism replicates;
 - checkpoints record the mesh (`device_mesh` in the checkpoint), and a resume onto another mesh says what it
-  resharded.
+  resharded;
+- HSDP (data_parallel_replicate_size > 1): a third dimension, replicas of FSDP shards (Accelerate's dp_replicate).
 """
 import weakref
 from datetime import timedelta
@@ -36,6 +37,7 @@ import torch
 from tasktrain.strategies.fsdp import FSDP
 
 MESH_NAMES = ("data_parallel", "tensor_parallel")
+HSDP_NAMES = ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")  # data_parallel_replicate_size > 1
 _STEPS_REGISTERED = weakref.WeakSet()  # modules whose steps run as FSDP forward methods already
 
 
@@ -50,12 +52,19 @@ class ModelParallelStrategy(FSDP):
         save_distributed_checkpoint: True (default): checkpoints are DCP directories written by every rank, which
             load onto any mesh; False: one file with the whole weights and optimizer state, written by rank 0.
         process_group_backend, timeout: as DDP's.
+        data_parallel_replicate_size: HSDP (not in Lightning): the data-parallel processes as this many replicas of
+            data_parallel_size // data_parallel_replicate_size FSDP shards each. The mesh is then
+            ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel"), with "data_parallel" the first two
+            flattened (the data is cut by it), and the strategy's fully_shard runs over the first two (gradients
+            reduce-scattered within a replica, all-reduced across replicas). Default 1: FSDP over all of data
+            parallel.
     """
 
     name = "model_parallel"
 
     def __init__(self, data_parallel_size="auto", tensor_parallel_size=1, save_distributed_checkpoint=True,
-                 process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None):
+                 process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None,
+                 data_parallel_replicate_size=1):
         if data_parallel_size != "auto" and (not isinstance(data_parallel_size, int) or data_parallel_size < 1):
             raise ValueError(f"ModelParallelStrategy(data_parallel_size={data_parallel_size!r}): use 'auto' (world "
                              "size // tensor_parallel_size) or a positive number of processes.")
@@ -64,6 +73,11 @@ class ModelParallelStrategy(FSDP):
             raise ValueError(f"ModelParallelStrategy(tensor_parallel_size={tensor_parallel_size!r}): use a positive "
                              "number of processes (1: data parallel only). Lightning's 'auto' (every process of "
                              "a node) is not taken: name the size.")
+        if not isinstance(data_parallel_replicate_size, int) or isinstance(data_parallel_replicate_size, bool) or \
+                data_parallel_replicate_size < 1:
+            raise ValueError(f"ModelParallelStrategy(data_parallel_replicate_size={data_parallel_replicate_size!r}): "
+                             "use a positive number of replicas (1: no replication, FSDP over all of data "
+                             "parallel).")
         if not isinstance(save_distributed_checkpoint, bool):
             raise TypeError(f"ModelParallelStrategy(save_distributed_checkpoint={save_distributed_checkpoint!r}): "
                             "use True (a DCP directory) or False (one file).")
@@ -73,6 +87,7 @@ class ModelParallelStrategy(FSDP):
         self.name = "model_parallel"
         self.save_distributed_checkpoint = save_distributed_checkpoint
         self._requested_sizes = (data_parallel_size, tensor_parallel_size)
+        self.data_parallel_replicate_size = data_parallel_replicate_size
         self._device_mesh = None
         self._mesh_group = None  # the process group the mesh was made in
         self._layout_now = None  # (data_parallel_size, data_parallel_rank, tensor_parallel_size) of the mesh
@@ -92,6 +107,11 @@ class ModelParallelStrategy(FSDP):
             raise ValueError(f"ModelParallelStrategy: data_parallel_size={dp} x tensor_parallel_size={tp} = {dp * tp}, "
                              f"but the world has {world_size} processes. Make the product the world size (devices x "
                              "num_nodes), or leave data_parallel_size='auto'.")
+        replicas = self.data_parallel_replicate_size
+        if dp % replicas:
+            raise ValueError(f"ModelParallelStrategy(data_parallel_replicate_size={replicas}) does not divide "
+                             f"data_parallel_size={dp}: the data-parallel processes are replicas x shards. Use a "
+                             "replicate size that divides it.")
         return dp, tp
 
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
@@ -132,9 +152,16 @@ class ModelParallelStrategy(FSDP):
         tensor_parallel_size)): read once, as the sizes outlive the process group (a world of one destroys it)."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        shape = self.mesh_shape(self.world_size)
-        mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=MESH_NAMES)
-        return mesh, mesh["data_parallel"], (shape[0], mesh["data_parallel"].get_local_rank(), shape[1])
+        dp, tp = self.mesh_shape(self.world_size)
+        replicas = self.data_parallel_replicate_size
+        if replicas == 1:
+            mesh = init_device_mesh(self.root_device.type, (dp, tp), mesh_dim_names=MESH_NAMES)
+            return mesh, mesh["data_parallel"], (dp, mesh["data_parallel"].get_local_rank(), tp)
+        # HSDP: replicas of FSDP shards. "data_parallel" (both, flattened) stays the dimension the data is cut by
+        mesh = init_device_mesh(self.root_device.type, (replicas, dp // replicas, tp), mesh_dim_names=HSDP_NAMES)
+        fsdp_mesh = mesh[HSDP_NAMES[:2]]
+        flat = fsdp_mesh._flatten("data_parallel")
+        return mesh, fsdp_mesh, (dp, flat.get_local_rank(), tp)
 
     def module_init_context(self, empty_init=False):
         if empty_init and self.root_device.type == "cpu":
@@ -254,7 +281,10 @@ class ModelParallelStrategy(FSDP):
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def _layout(self):
-        return {"data_parallel": self.data_parallel_size, "tensor_parallel": self.tensor_parallel_size}
+        layout = {"data_parallel": self.data_parallel_size, "tensor_parallel": self.tensor_parallel_size}
+        if self.data_parallel_replicate_size > 1:
+            layout["data_parallel_replicate"] = self.data_parallel_replicate_size
+        return layout
 
     def save_checkpoint(self, checkpoint, path):
         checkpoint = dict(checkpoint, device_mesh=self._layout())
@@ -286,9 +316,9 @@ class ModelParallelStrategy(FSDP):
         if saved is None:
             source = f"{ckpt.get('world_size', '?')} processes (no mesh recorded: another strategy's checkpoint)"
         else:
-            source = f"(data_parallel={saved['data_parallel']}, tensor_parallel={saved['tensor_parallel']})"
-        print(f"[tasktrain] {path}: written on {source}, loaded onto (data_parallel={now['data_parallel']}, "
-              f"tensor_parallel={now['tensor_parallel']}): weights and optimizer state resharded", flush=True)
+            source = _describe_layout(saved)
+        print(f"[tasktrain] {path}: written on {source}, loaded onto {_describe_layout(now)}: weights and optimizer "
+              "state resharded", flush=True)
 
     def teardown(self):
         super().teardown()  # the mesh stays with the process group, for the next stage
@@ -296,8 +326,16 @@ class ModelParallelStrategy(FSDP):
     def describe(self):
         dp, tp = (self.data_parallel_size, self.tensor_parallel_size) if self._layout_now else self._requested_sizes
         checkpoint = "distributed (DCP)" if self.save_distributed_checkpoint else "one file"
-        return (f"strategy={self.name} (data_parallel={dp}, tensor_parallel={tp}, checkpoints {checkpoint}), "
+        replicas = self.data_parallel_replicate_size
+        hsdp = f" as {replicas} replicas (HSDP)" if replicas > 1 else ""
+        return (f"strategy={self.name} (data_parallel={dp}{hsdp}, tensor_parallel={tp}, checkpoints {checkpoint}), "
                 f"world_size={self.world_size}, device={self.root_device}")
+
+
+def _describe_layout(layout):
+    replicas = layout.get("data_parallel_replicate", 1)
+    hsdp = f" as {replicas} replicas x {layout['data_parallel'] // replicas} shards" if replicas > 1 else ""
+    return f"(data_parallel={layout['data_parallel']}{hsdp}, tensor_parallel={layout['tensor_parallel']})"
 
 
 _META_ON_CPU = ("ModelParallelStrategy: a module on the meta device (init_module(empty_init=True), or layers built "

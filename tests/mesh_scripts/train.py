@@ -4,6 +4,7 @@
         A (dp=2, tp=2): 10 AdamW steps, a DCP checkpoint after step 5 (and a one-file one), losses and final weights
         B (dp=2, tp=2): resumed from A's step-5 checkpoint to step 10
         C (dp=4, tp=1) and D (dp=1, tp=4): resumed from the same checkpoint; weights as loaded, then 5 steps
+        G (dp=4 as 2 replicas x 2 shards, tp=1): HSDP, resumed from the same checkpoint
         E: the Accelerator with ParallelismConfig(dp_shard_size=2, tp_size=2): A's 10 steps in a loop of its own
         F: the same loop with ParallelismConfig(dp_replicate_size=2, dp_shard_size=2): HSDP, no tensor parallel
 (tests/test_model_parallel.py calls fit() in its own process for the 1-process runs: the reference on the full
@@ -177,8 +178,11 @@ def fit(dp, tp, batch, steps, ckpt=None, save=(), csv=None, **strategy_options):
                       log_every_n_steps=1, gradient_clip_val=CLIP, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False)
     trainer.fit(build(), loader(batch), ckpt_path=ckpt)
+    mesh = trainer.strategy.device_mesh if dp else None
     return dict(losses=record.losses, start=record.start, end=record.end, summed=record.summed,
-                data_parallel=trainer.strategy.data_parallel_size)
+                data_parallel=trainer.strategy.data_parallel_size,
+                mesh=(mesh.mesh_dim_names, tuple(mesh.shape)) if dp else None,
+                data_parallel_rank=trainer.strategy.data_parallel_rank if dp else 0)
 
 
 def accelerate_fit(steps, dp_replicate=1, dp_shard=2, tp=2):
@@ -227,6 +231,7 @@ def main():
         out["B_file"] = fit(2, 2, BATCH // 2, STEPS, ckpt=one_file)
         out["C"] = fit(4, 1, BATCH // 4, STEPS, ckpt=dcp)
         out["D"] = fit(1, 4, BATCH, STEPS, ckpt=dcp, csv=os.path.join(args.root, "D"))
+        out["G"] = fit(4, 1, BATCH // 4, STEPS, ckpt=dcp, data_parallel_replicate_size=2)  # HSDP: 2 replicas x 2
         out["E"] = accelerate_fit(STEPS)
         out["F"] = accelerate_fit(STEPS, dp_replicate=2, dp_shard=2, tp=1)  # HSDP
     import torch.distributed as dist
