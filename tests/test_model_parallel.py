@@ -172,7 +172,7 @@ def test_convert_the_dcp_folder_to_one_file_and_safetensors(runs):
 def test_the_accelerator_with_a_parallelism_config_trains_like_one_process(runs):
     reference = runs["single"]["reference"]
     e = [r["E"] for r in runs["ranks"]]
-    assert all(r["mesh"] == (("dp_replicate", "dp_shard", "tp"), (1, 2, 2)) for r in e)
+    assert all(r["mesh"] == (("dp_replicate", "dp_shard", "cp", "tp"), (1, 2, 1, 2)) for r in e)
     assert [r["ranks"] for r in e] == [(0, 0), (0, 1), (1, 0), (1, 1)]  # (data_parallel_shard_rank, tp rank)
     assert all(r["total_batch_size"] == 8 for r in e)  # 4 per data-parallel rank, 2 of them (not 4 processes)
     # accelerator.reduce(loss) over the world: the mean of the two data-parallel halves, the full batch's loss
@@ -181,29 +181,86 @@ def test_the_accelerator_with_a_parallelism_config_trains_like_one_process(runs)
     assert all(identical(r["end"], e[0]["end"]) for r in e)
     # HSDP: ParallelismConfig(dp_replicate_size=2, dp_shard_size=2), fully_shard over the 2-D data-parallel mesh
     f = [r["F"] for r in runs["ranks"]]
-    assert [r["mesh"][1] for r in f] == [(2, 2, 1)] * 4 and [r["ranks"][0] for r in f] == [0, 1, 0, 1]
+    assert [r["mesh"][1] for r in f] == [(2, 2, 1, 1)] * 4 and [r["ranks"][0] for r in f] == [0, 1, 0, 1]
     assert all(r["total_batch_size"] == 8 for r in f)  # 2 per data-parallel rank, 4 of them
     assert max(abs(x - y) for x, y in zip(f[0]["losses"], reference["losses"])) < LOSS_TOL
     assert biggest_difference(f[0]["end"], reference["end"]) < PARAM_TOL
 
 
+def test_lightnings_tensor_parallel_example_and_accelerates_nd_parallel_script_run_after_the_rename(runs):
+    """tests/mesh_scripts/example_patterns.py: what those two scripts do, in the same 4-process launch."""
+    lightning = [r["lightning_example"] for r in runs["ranks"]]
+    assert all(r["global_step"] == 3 and r["backward"] == 3 for r in lightning)  # the backward override ran each step
+    # the Trainer's sampler gives a tensor-parallel group one batch (Lightning's comment in the example)
+    assert lightning[0]["batches"] == lightning[1]["batches"] != lightning[2]["batches"] == lightning[3]["batches"]
+    assert lightning[0]["losses"] == lightning[1]["losses"] and all(0 < x < 10 for x in lightning[0]["losses"])
+    first = lightning[0]
+    assert first["dtypes"] == {"torch.bfloat16"}  # the example's own bf16 MixedPrecisionPolicy
+    assert first["wrapped"] == ["FSDPCheckpointWrapper"] * 2  # checkpoint_wrapper, then fully_shard, put back
+    assert first["heads"] == 2 and first["local_rows"] * 4 == 16  # wq split by tp (2), then its rows by dp (2)
+
+    accelerate = [r["accelerate_example"] for r in runs["ranks"]]
+    assert all(r["losses"] == accelerate[0]["losses"] and len(r["losses"]) == 3 for r in accelerate)  # over dp_cp
+    assert all(0 < x < 10 for x in accelerate[0]["losses"]) and accelerate[0]["dp_cp"] == 2
+    assert accelerate[0]["seen"] == accelerate[1]["seen"] != accelerate[2]["seen"] == accelerate[3]["seen"]
+    # the fsdp_plugin beside parallelism_config: its wrap policy made the units; SHARDED_STATE_DICT a DCP folder
+    assert accelerate[0]["units"] == ["FSDPCausalLM", "FSDPLlamaDecoderLayer", "FSDPLlamaDecoderLayer"]
+    assert accelerate[0]["precision"] == "bf16" and accelerate[0]["hidden"] == 16
+    assert ".metadata" in accelerate[0]["checkpoint"] and "__3_0.distcp" in accelerate[0]["checkpoint"]
+    assert "Training completed!" in runs["log"]
+
+
 def test_parallelism_config_checks_and_refusals():
+    from types import SimpleNamespace
+
     from tasktrain import Accelerator, ParallelismConfig
+    from tasktrain.utils import FullyShardedDataParallelPlugin
 
     with pytest.raises(ValueError, match="tp_size must be at least 1"):
         ParallelismConfig(tp_size=0)
     with pytest.raises(ValueError, match="cannot be used with pure data parallelism"):
         ParallelismConfig(dp_replicate_size=2, tp_size=2)
-    with pytest.raises(ValueError, match="context parallelism is not supported.*no sharding strategy"):
-        ParallelismConfig(cp_size=2)
+    with pytest.raises(ValueError, match="cp_size=2.: context parallelism .cp_size > 1. needs CUDA.*"
+                                         "_scaled_dot_product_flash_attention_for_cpu has no sharding strategy"):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))  # before the count of processes
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
+        ParallelismConfig(cp_size=2, cp_handler=SimpleNamespace(cp_comm_strategy="ring"))
+    cp = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2)  # Accelerate's joint dimensions
+    assert (cp.dp_shard_cp_dim_names, cp.dp_cp_dim_names, cp.fsdp_dim_names, cp.non_dp_dim_names) == \
+        (["dp_shard", "cp"], ["dp_replicate", "dp_shard", "cp"], ["dp_replicate", "dp_shard_cp"], ["cp"])
     with pytest.raises(ValueError, match="pure data parallelism: leave parallelism_config out"):
         ParallelismConfig(dp_replicate_size=2)
     config = ParallelismConfig(dp_shard_size=2, tp_size=2)
     assert (config.total_size, config.data_parallel_size, config.active_mesh_dims) == (4, 2, ["dp_shard", "tp"])
     with pytest.raises(ValueError, match=r"ParallelismConfig total_size \(4\) does not match num_processes \(1\)"):
         Accelerator(cpu=True, parallelism_config=config)
-    with pytest.raises(ValueError, match="drop strategy=, deepspeed_plugin= and fsdp_plugin="):
+    with pytest.raises(ValueError, match="drop strategy= and deepspeed_plugin="):
         Accelerator(cpu=True, parallelism_config=config, strategy="ddp")
+    # an fsdp_plugin beside it is Accelerate's way to give FSDP2's options: it needs a dimension to shard over
+    with pytest.raises(ValueError, match="FSDP is enabled but the parallelism config has no dimension for FSDP"):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=2),
+                    fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    with pytest.raises(ValueError, match="fsdp_version: 1 is not supported"):
+        FullyShardedDataParallelPlugin(fsdp_version=1)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                            transformer_cls_names_to_wrap=["Block"], reshard_after_forward=False,
+                                            state_dict_type="FULL_STATE_DICT")
+    strategy = config.strategy(plugin.options()[0])
+    assert (strategy.wrap, strategy.reshard_after_forward, strategy.save_distributed_checkpoint) == \
+        (["Block"], False, False)
+    with pytest.raises(ValueError, match="cpu_ram_efficient_loading=True. beside parallelism_config"):
+        config.strategy({"cpu_ram_efficient_loading": True})
+    # a handler of a size-1 dimension: Accelerate's warning; of a larger one (tp): refused
+    with pytest.warns(UserWarning, match="tp_handler is set, but tp_size is set to 1. This handler will be ignored"):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_handler=object()))
+    with pytest.raises(ValueError, match="tasktrain takes no tp handler"):
+        ParallelismConfig(tp_size=2, tp_handler=object())
+    # maybe_context_parallel without context parallelism does nothing, with Accelerate's warning (once)
+    accelerator = Accelerator(cpu=True)
+    tokens = torch.arange(8).view(1, 8)
+    with pytest.warns(UserWarning, match="Context parallel training is not enabled"):
+        with accelerator.maybe_context_parallel(buffers=[tokens], buffer_seq_dims=[1], no_restore_buffers={tokens}):
+            assert tokens.shape == (1, 8)
 
 
 # -- refusals before training (one process) --------------------------------------------------------------------------
@@ -348,7 +405,24 @@ def test_launch_yaml_parallelism_config(monkeypatch):
 
     for sizes, message in (({"parallelism_config_tp_size": 3}, "= 3, but num_processes is 4"),
                            ({"parallelism_config_cp_size": 2, "parallelism_config_dp_shard_size": 2},
-                            "context parallelism is not supported"),
+                            "context parallelism needs CUDA .*this launch runs on CPU"),
                            ({"parallelism_config_tp": 2}, "parallelism_config key")):
         with pytest.raises(ConfigError, match=message):
             resolve(dict(file, parallelism_config=sizes), gpu_count=0)
+
+    # HSDP: a Trainer script gets the replicate dimension too
+    hsdp = resolve(dict(file, parallelism_config={"parallelism_config_dp_replicate_size": 2,
+                                                  "parallelism_config_dp_shard_size": 2}), gpu_count=0)
+    for key, value in hsdp.worker_env().items():
+        if key.startswith("PARALLELISM_CONFIG_"):
+            monkeypatch.setenv(key, value)
+    strategy = strategy_of_launch(launch_config())
+    assert (strategy.data_parallel_replicate_size, strategy.mesh_shape(4)) == (2, (4, 1))
+    # context parallelism on GPUs: the sizes go to the workers; a Trainer script is refused (no cp dimension)
+    on_gpus = dict(file, use_cpu=False, parallelism_config={"parallelism_config_dp_shard_size": 2,
+                                                             "parallelism_config_cp_size": 2})
+    env = resolve(on_gpus, gpu_count=4).worker_env()
+    assert (env["PARALLELISM_CONFIG_DP_SHARD_SIZE"], env["PARALLELISM_CONFIG_CP_SIZE"]) == ("2", "2")
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_SIZE", "2")
+    with pytest.raises(ValueError, match="context parallelism is the Accelerator's"):
+        strategy_of_launch(launch_config())

@@ -29,6 +29,7 @@ tensor parallel only, another shape, one process), or one file gathered on rank 
   resharded;
 - HSDP (data_parallel_replicate_size > 1): a third dimension, replicas of FSDP shards (Accelerate's dp_replicate).
 """
+import contextlib
 import weakref
 from datetime import timedelta
 
@@ -58,13 +59,16 @@ class ModelParallelStrategy(FSDP):
             flattened (the data is cut by it), and the strategy's fully_shard runs over the first two (gradients
             reduce-scattered within a replica, all-reduced across replicas). Default 1: FSDP over all of data
             parallel.
+        wrap, reshard_after_forward, cpu_offload, mixed_precision, activation_checkpointing: as FSDP's, for the
+            units the strategy shards (what configure_model did not fully_shard itself); not in Lightning's.
     """
 
     name = "model_parallel"
 
     def __init__(self, data_parallel_size="auto", tensor_parallel_size=1, save_distributed_checkpoint=True,
                  process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None,
-                 data_parallel_replicate_size=1):
+                 data_parallel_replicate_size=1, wrap=None, reshard_after_forward=True, cpu_offload=False,
+                 mixed_precision=None, activation_checkpointing=None):
         if data_parallel_size != "auto" and (not isinstance(data_parallel_size, int) or data_parallel_size < 1):
             raise ValueError(f"ModelParallelStrategy(data_parallel_size={data_parallel_size!r}): use 'auto' (world "
                              "size // tensor_parallel_size) or a positive number of processes.")
@@ -83,7 +87,9 @@ class ModelParallelStrategy(FSDP):
                             "use True (a DCP directory) or False (one file).")
         super().__init__(accelerator=accelerator, precision=precision,
                          state_dict_type="sharded" if save_distributed_checkpoint else "full",
-                         process_group_backend=process_group_backend, timeout=timeout)
+                         process_group_backend=process_group_backend, timeout=timeout, wrap=wrap,
+                         reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload,
+                         mixed_precision=mixed_precision, activation_checkpointing=activation_checkpointing)
         self.name = "model_parallel"
         self.save_distributed_checkpoint = save_distributed_checkpoint
         self._requested_sizes = (data_parallel_size, tensor_parallel_size)
@@ -194,6 +200,7 @@ class ModelParallelStrategy(FSDP):
 
         if any(m is module for m in self._sharded_models):
             return super().setup_module_and_optimizers(module, optimizers, plan)  # an earlier stage's: as FSDP
+        self._refuse_unit_options()
         self.module = module
         self.optimizers = list(optimizers)
         own = {id(p) for p in module.parameters()}
@@ -217,17 +224,31 @@ class ModelParallelStrategy(FSDP):
     def _shard(self, module):
         """fully_shard on the data-parallel mesh: each child holding parameters that the user did not shard (none
         when the user sharded some: their choice of units stands), then the root."""
-        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         from tasktrain.strategies.fsdp import FSDPPrecision
 
         mesh = self._fsdp_mesh
-        mp = self.precision.mp_policy() if isinstance(self.precision, FSDPPrecision) else MixedPrecisionPolicy()
+        if self.mixed_precision is not None:
+            mp = self.mixed_precision  # the user's own (FSDP's configure checked it against the precision)
+        else:
+            mp = self.precision.mp_policy() if isinstance(self.precision, FSDPPrecision) else MixedPrecisionPolicy()
+        offload = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda") if self.cpu_offload else OffloadPolicy()
         user_sharded = any(isinstance(m, FSDPModule) for m in module.modules())
+        if user_sharded:
+            self._refuse_unit_options()
         targets = [] if user_sharded else self._wrap_targets(module)
+        if not user_sharded:
+            self.checkpointed_names = self._select(module, self.activation_checkpointing, "activation_checkpointing")
+            if self.checkpointed_names:
+                from torch.distributed._composable import checkpoint
+
+                for name in self.checkpointed_names:  # before fully_shard, as FSDP's _shard
+                    checkpoint(module.get_submodule(name))
         for name in reversed(targets):
-            fully_shard(module.get_submodule(name), mesh=mesh, mp_policy=mp)
-        fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+            fully_shard(module.get_submodule(name), mesh=mesh, mp_policy=mp, offload_policy=offload,
+                        reshard_after_forward=self.reshard_after_forward)
+        fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
         self.wrapped_names = [*targets, ""]
         if self.is_global_zero and not self._said_wrapped:
             how = "your fully_shard units and" if user_sharded else f"{len(targets)} module(s) and"
@@ -235,12 +256,19 @@ class ModelParallelStrategy(FSDP):
                   f"{tuple(mesh.shape)}", flush=True)
             self._said_wrapped = True
 
+    def _refuse_unit_options(self):
+        """wrap= and activation_checkpointing= choose the strategy's units: with the user's own fully_shard units
+        they would do nothing, which must not pass silently."""
+        given = [name for name in ("wrap", "activation_checkpointing") if getattr(self, name) is not None]
+        if given:
+            raise ValueError(f"{type(self).__name__}: configure_model applied fully_shard itself, so the strategy "
+                             f"adds only the root and {' and '.join(given)} would do nothing. Drop "
+                             f"{' and '.join(given)}, or leave fully_shard to the strategy.")
+
     # -- the step ------------------------------------------------------------------------------------------------
     def backward(self, loss, *args, **kwargs):
         if self.tensor_parallel_size > 1:
-            from torch.distributed.tensor.parallel import loss_parallel
-
-            with loss_parallel():
+            with _loss_parallel():
                 return super().backward(loss, *args, **kwargs)
         return super().backward(loss, *args, **kwargs)
 
@@ -343,6 +371,26 @@ _META_ON_CPU = ("ModelParallelStrategy: a module on the meta device (init_module
                 "DTensors on a CPU device mesh gives every rank the same values, so the shards would be copies of "
                 "each other. Build the module with real weights (before parallelizing), or load its weights from a "
                 "checkpoint into a module built normally; meta initialisation needs CUDA.")
+
+
+@contextlib.contextmanager
+def _loss_parallel():
+    """torch's loss_parallel(), safe to nest with the user's own: torch's contexts do not nest (the inner one's exit
+    removes the handlers, and the outer one's exit then fails with a KeyError), and users enter theirs around or
+    inside backward (Lightning's example overrides the module's backward to run it under loss_parallel; an
+    Accelerator script may write `with loss_parallel(): accelerator.backward(loss)`). This registers the handlers
+    that are not registered yet, and removes those only, if still there (torch 2.13's own registry of them)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel.loss import customized_loss_ops
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    added = {op: handler for op, handler in customized_loss_ops.items() if op not in handlers}
+    handlers.update(added)
+    try:
+        yield
+    finally:
+        for op in added:
+            handlers.pop(op, None)
 
 
 def _defines_configure_model(module):

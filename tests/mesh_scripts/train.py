@@ -7,6 +7,8 @@
         G (dp=4 as 2 replicas x 2 shards, tp=1): HSDP, resumed from the same checkpoint
         E: the Accelerator with ParallelismConfig(dp_shard_size=2, tp_size=2): A's 10 steps in a loop of its own
         F: the same loop with ParallelismConfig(dp_replicate_size=2, dp_shard_size=2): HSDP, no tensor parallel
+        then what Lightning's tensor_parallel example and Accelerate's nd_parallel script do (example_patterns.py)
+    python train.py ... --case examples                 # those two only
 (tests/test_model_parallel.py calls fit() in its own process for the 1-process runs: the reference on the full
 batch without any parallelism, and (dp=1, tp=1) resumed from the step-5 checkpoint.)
 """
@@ -234,6 +236,12 @@ def main():
         out["G"] = fit(4, 1, BATCH // 4, STEPS, ckpt=dcp, data_parallel_replicate_size=2)  # HSDP: 2 replicas x 2
         out["E"] = accelerate_fit(STEPS)
         out["F"] = accelerate_fit(STEPS, dp_replicate=2, dp_shard=2, tp=1)  # HSDP
+    if args.case in ("mesh", "examples"):  # Lightning's tensor_parallel example, Accelerate's nd_parallel script
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import example_patterns
+
+        out["lightning_example"] = example_patterns.lightning_example(os.path.join(args.root, "lightning"))
+        out["accelerate_example"] = example_patterns.accelerate_example(os.path.join(args.root, "accelerate"))
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
