@@ -179,6 +179,14 @@ def test_the_accelerator_with_a_parallelism_config_trains_like_one_process(runs)
     assert max(abs(x - y) for x, y in zip(e[0]["losses"], reference["losses"])) < LOSS_TOL
     assert biggest_difference(e[0]["end"], reference["end"]) < PARAM_TOL
     assert all(identical(r["end"], e[0]["end"]) for r in e)
+    # E's save_state after step 5 (on the (dp_shard=2, tp=2) mesh) loaded on dp_shard=4: the same weights, then the
+    # same training as the reference's steps 6 to 10
+    h = runs["ranks"][0]["H"]
+    assert identical(h["start"], e[0]["saved"])
+    assert h["mesh"][1] == (1, 4, 1, 1) and len(h["losses"]) == 5
+    assert max(abs(x - y) for x, y in zip(h["losses"], reference["losses"][5:])) < LOSS_TOL
+    assert biggest_difference(h["end"], e[0]["end"]) < PARAM_TOL
+    assert "accelerator_state: written on (data_parallel=2, tensor_parallel=2" in runs["log"]
     # HSDP: ParallelismConfig(dp_replicate_size=2, dp_shard_size=2), fully_shard over the 2-D data-parallel mesh
     f = [r["F"] for r in runs["ranks"]]
     assert [r["mesh"][1] for r in f] == [(2, 2, 1, 1)] * 4 and [r["ranks"][0] for r in f] == [0, 1, 0, 1]
