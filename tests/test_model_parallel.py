@@ -222,7 +222,7 @@ def test_parallelism_config_checks_and_refusals():
     from types import SimpleNamespace
 
     from tasktrain import Accelerator, ParallelismConfig
-    from tasktrain.utils import FullyShardedDataParallelPlugin
+    from tasktrain.utils import FullyShardedDataParallelPlugin, TorchContextParallelConfig
 
     with pytest.raises(ValueError, match="tp_size must be at least 1"):
         ParallelismConfig(tp_size=0)
@@ -232,7 +232,11 @@ def test_parallelism_config_checks_and_refusals():
                                          "_scaled_dot_product_flash_attention_for_cpu has no sharding strategy"):
         Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))  # before the count of processes
     with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
-        ParallelismConfig(cp_size=2, cp_handler=SimpleNamespace(cp_comm_strategy="ring"))
+        TorchContextParallelConfig(cp_comm_strategy="ring")
+    with pytest.raises(TypeError, match="use tasktrain.utils.TorchContextParallelConfig"):
+        ParallelismConfig(cp_size=2, cp_handler=SimpleNamespace(cp_comm_strategy="alltoall"))
+    assert ParallelismConfig(cp_size=2, cp_handler=TorchContextParallelConfig("alltoall")).cp_comm_strategy == \
+        "alltoall"
     cp = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2)  # Accelerate's joint dimensions
     assert (cp.dp_shard_cp_dim_names, cp.dp_cp_dim_names, cp.fsdp_dim_names, cp.non_dp_dim_names) == \
         (["dp_shard", "cp"], ["dp_replicate", "dp_shard", "cp"], ["dp_replicate", "dp_shard_cp"], ["cp"])

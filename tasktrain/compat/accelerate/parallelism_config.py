@@ -32,6 +32,20 @@ CP_ON_CPU = ("context parallelism (cp_size > 1) needs CUDA: torch's context_para
 
 
 @dataclass
+class TorchContextParallelConfig:
+    """Accelerate's cp_handler: torch's rotate method for context parallelism ("allgather", the default, or
+    "alltoall"; PARALLELISM_CONFIG_CP_COMM_STRATEGY when not given)."""
+    cp_comm_strategy: Optional[str] = None
+
+    def __post_init__(self):
+        if self.cp_comm_strategy is None:
+            self.cp_comm_strategy = os.environ.get("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
+        if self.cp_comm_strategy not in ("allgather", "alltoall"):
+            raise ValueError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy}. Must be one of 'allgather' or "
+                             "'alltoall'.")
+
+
+@dataclass
 class ParallelismConfig:
     dp_replicate_size: Optional[int] = None
     dp_shard_size: Optional[int] = None
@@ -69,11 +83,12 @@ class ParallelismConfig:
                 "dp_shard_size > 1 to compose HSDP + TP/CP for 3D parallel.")
         # What tasktrain does not run, refused here, before any process starts (cp on CPU: by the Accelerator)
         if self.cp_size > 1:
-            strategy = getattr(self.cp_handler, "cp_comm_strategy", None) or \
-                os.environ.get("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
-            if strategy not in ("allgather", "alltoall"):
-                raise ValueError(f"Invalid cp_comm_strategy: {strategy}. Must be one of 'allgather' or 'alltoall'.")
-            self.cp_comm_strategy = strategy
+            if self.cp_handler is None:
+                self.cp_handler = TorchContextParallelConfig()
+            if not isinstance(self.cp_handler, TorchContextParallelConfig):
+                raise TypeError(f"ParallelismConfig(cp_handler=...): use tasktrain.utils.TorchContextParallelConfig("
+                                f"cp_comm_strategy=...), got {type(self.cp_handler).__name__}.")
+            self.cp_comm_strategy = self.cp_handler.cp_comm_strategy  # "allgather" or "alltoall", checked there
         if self.sp_size > 1:
             raise ValueError(f"ParallelismConfig(sp_size={self.sp_size}): DeepSpeed's sequence parallelism (ALST/"
                              "Ulysses) is not supported by tasktrain. Use sp_size=1.")
