@@ -297,8 +297,9 @@ def _loader():
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
 
 
-def _fit(module, **options):
+def _fit(module, precision=None, **options):
     trainer = Trainer(strategy=ModelParallelStrategy(**options), devices=1, accelerator="cpu", max_steps=1,
+                      precision=precision,
                       gradient_clip_val=1e-3,
                       logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False)
@@ -341,6 +342,15 @@ def test_refusals_before_training():
     with pytest.raises(ValueError, match="cannot be initialised on a CPU mesh"):
         _fit(OnMeta())
 
+    class ShardsItself(Parallelized):
+        def configure_model(self):
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.body[0], mesh=self.device_mesh["data_parallel"])
+
+    with pytest.raises(ValueError, match="configure_model applied fully_shard itself.*Drop wrap"):
+        _fit(ShardsItself(), wrap={torch.nn.Linear})
+
     class BlockCompiled(Parallelized):
         def configure_model(self):
             from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
@@ -350,6 +360,19 @@ def test_refusals_before_training():
 
     with pytest.raises(ValueError, match="'body' is compiled on its own"):
         _fit(BlockCompiled())
+
+
+def test_the_strategys_fsdp_unit_options_act_on_the_units_it_makes():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    trainer = _fit(Parallelized(), wrap={torch.nn.Linear}, activation_checkpointing={torch.nn.Linear},
+                   reshard_after_forward=False, mixed_precision=policy, precision="bf16-mixed")
+    strategy = trainer.strategy
+    assert strategy.wrapped_names == ["body.0", "body.1", ""] and strategy.checkpointed_names == ["body.0", "body.1"]
+    state = strategy.module.body[0]._get_fsdp_state()._fsdp_param_group
+    assert state.post_forward_mesh_info is None  # reshard_after_forward=False: kept after the forward
+    assert state.mp_policy.param_dtype == torch.bfloat16
 
 
 def test_one_process_mesh_trains_and_gives_the_module_its_mesh():
