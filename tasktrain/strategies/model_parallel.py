@@ -67,7 +67,7 @@ class ModelParallelStrategy(FSDP):
 
     def __init__(self, data_parallel_size="auto", tensor_parallel_size=1, save_distributed_checkpoint=True,
                  process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None,
-                 data_parallel_replicate_size=1, wrap=None, reshard_after_forward=True, cpu_offload=False,
+                 data_parallel_replicate_size=1, wrap=None, reshard_after_forward=None, cpu_offload=False,
                  mixed_precision=None, activation_checkpointing=None):
         if data_parallel_size != "auto" and (not isinstance(data_parallel_size, int) or data_parallel_size < 1):
             raise ValueError(f"ModelParallelStrategy(data_parallel_size={data_parallel_size!r}): use 'auto' (world "
@@ -88,12 +88,14 @@ class ModelParallelStrategy(FSDP):
         super().__init__(accelerator=accelerator, precision=precision,
                          state_dict_type="sharded" if save_distributed_checkpoint else "full",
                          process_group_backend=process_group_backend, timeout=timeout, wrap=wrap,
-                         reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload,
+                         reshard_after_forward=True if reshard_after_forward is None else reshard_after_forward,
+                         cpu_offload=cpu_offload,
                          mixed_precision=mixed_precision, activation_checkpointing=activation_checkpointing)
         self.name = "model_parallel"
         self.save_distributed_checkpoint = save_distributed_checkpoint
         self._requested_sizes = (data_parallel_size, tensor_parallel_size)
         self.data_parallel_replicate_size = data_parallel_replicate_size
+        self._reshard_given = reshard_after_forward is not None  # (default True: the strategy's units are freed)
         self._device_mesh = None
         self._mesh_group = None  # the process group the mesh was made in
         self._layout_now = None  # (data_parallel_size, data_parallel_rank, tensor_parallel_size) of the mesh
@@ -257,9 +259,10 @@ class ModelParallelStrategy(FSDP):
             self._said_wrapped = True
 
     def _refuse_unit_options(self):
-        """wrap= and activation_checkpointing= choose the strategy's units: with the user's own fully_shard units
-        they would do nothing, which must not pass silently."""
+        """wrap=, activation_checkpointing= and reshard_after_forward= act on the strategy's units: with the user's
+        own fully_shard units they would do nothing, which must not pass silently."""
         given = [name for name in ("wrap", "activation_checkpointing") if getattr(self, name) is not None]
+        given += ["reshard_after_forward"] if self._reshard_given else []
         if given:
             raise ValueError(f"{type(self).__name__}: configure_model applied fully_shard itself, so the strategy "
                              f"adds only the root and {' and '.join(given)} would do nothing. Drop "
