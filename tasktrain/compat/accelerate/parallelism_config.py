@@ -222,10 +222,16 @@ class AccelerateMeshStrategy(ModelParallelStrategy):
         shape = (config.dp_replicate_size, config.dp_shard_size, config.cp_size, config.tp_size)
         mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=_DIMS)
         dp = mesh[("dp_replicate", "dp_shard")]._flatten("dp")  # the data is cut by it: cp and tp ranks read alike
-        mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")  # what FSDP shards over (cp ranks hold shards too)
+        shard_cp = mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")  # what FSDP shards over (cp ranks hold shards)
         mesh[("dp_replicate", "dp_shard", "cp")]._flatten("dp_cp")  # what a loss is averaged over
         config.device_mesh = mesh
-        fsdp_mesh = mesh[("dp_replicate", "dp_shard_cp")] if config.dp_replicate_enabled else mesh["dp_shard_cp"]
+        # (the flattened meshes as _flatten returned them: slicing one from the root is deprecated in torch)
+        if not config.dp_replicate_enabled:
+            fsdp_mesh = shard_cp
+        elif not config.cp_enabled:
+            fsdp_mesh = mesh[("dp_replicate", "dp_shard")]
+        else:
+            fsdp_mesh = mesh[("dp_replicate", "dp_shard_cp")]  # HSDP over replicas of (dp_shard x cp) shards
         # (tensor_parallel_size: the processes that read the same batch, tp x cp; see reduce)
         return mesh, fsdp_mesh, (dp.size(), dp.get_local_rank(), config.tp_size * config.cp_size)
 
