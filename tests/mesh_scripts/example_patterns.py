@@ -21,8 +21,7 @@ torch_device_mesh["tp"] before prepare, a batch dict, `maybe_context_parallel(bu
 no_restore_buffers=)` around forward and backward, the loss averaged over torch_device_mesh["dp_cp"]'s group when
 parallelism_config.dp_cp_dim_names, `optimizer.zero_grad(set_to_none=False)`, `save_state` while dp_shard is enabled,
 accelerator.print. Differences: no transformers model with tp_plan="auto" (a model of ours with the same forward(**batch)
--> .loss, parallelized by the script as Accelerate's other examples do), no wandb; gloo has no ReduceOp.AVG, so the
-loss is all-reduced with SUM and divided by the group's size.
+-> .loss, parallelized by the script as Accelerate's other examples do), no wandb.
 """
 import os
 
@@ -268,15 +267,15 @@ def accelerate_example(out, steps=3):
         buffers = [batch["input_ids"], batch["shift_labels"], batch["labels"], batch["position_ids"]]
         with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1, 1],
                                                 no_restore_buffers=set(buffers)):
-            group = accelerator.torch_device_mesh["dp_cp"].get_group() \
+            loss_reduce_grp = accelerator.torch_device_mesh["dp_cp"].get_group() \
                 if accelerator.parallelism_config.dp_cp_dim_names else None
             loss = model(**batch).loss
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
             loss = loss.detach()
-            dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=group)  # gloo: no AVG
-            losses.append(float(loss) / dist.get_world_size(group))
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=loss_reduce_grp)
+            losses.append(float(loss))
         if step == 1 and parallelism_config.dp_shard_enabled:
             accelerator.print(f"Saving checkpoint at step {step}...")
             accelerator.save_state(os.path.join(out, f"checkpoint-{step}"))
