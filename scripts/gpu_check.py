@@ -13,8 +13,9 @@ command for the lent H200 is in docs/benchmarks.md ("The GPU check").
 
 Every check runs in its own process, bounded by a timeout (a hung or crashed check is a failed one, and a broken
 CUDA context cannot spoil the next check). Multi-process checks use 2 processes on 2 GPUs or more, one process on
-one GPU (nccl with a world of one), and 2 gloo processes on CPU. A check says "skip" only where it needs 2 GPUs
-and the machine has one, or where its path exists only on CUDA (on --cpu).
+one GPU (nccl with a world of one), and 2 gloo processes on CPU; the tensor-parallel check a (2, 2) mesh on 4 GPUs
+or 4 gloo processes (else (1, N) on N <= 2 GPUs). A check says "skip" only where it needs 2 GPUs and the machine
+has one (context parallelism, whose CPU twin is its refusal), or where its path exists only on CUDA (on --cpu).
 """
 import argparse
 import collections
@@ -454,64 +455,174 @@ def worker_fsdp(out, accelerator, precision):
     write_facts(out, resumed.global_rank, facts)
 
 
+def tp_layout(accelerator):
+    """(data_parallel, tensor_parallel) of the tensor-parallel check: a 2-D (2, 2) mesh over 4 gloo ranks on CPU or
+    4 GPUs; (1, N) on fewer GPUs (nccl takes one GPU per rank)."""
+    world = 4 if accelerator == "cpu" else (4 if gpus(accelerator) >= 4 else min(2, gpus(accelerator)))
+    return (2, 2) if world == 4 else (1, world)
+
+
 def check_tensor_parallel(accelerator):
-    """ModelParallelStrategy (issue 39): a (data_parallel=1, tensor_parallel=N) mesh over the ranks (N = 2 gloo ranks
-    on CPU, the GPUs here up to 2), an MLP split ColwiseParallel / RowwiseParallel, clipping, a DCP checkpoint resumed
-    exactly. (Context parallelism is not implemented: nothing to check.)"""
+    """ModelParallelStrategy (issue 39) on a (data_parallel, tensor_parallel) mesh (tp_layout: (2, 2) on CPU and on 4
+    GPUs), an MLP split ColwiseParallel / RowwiseParallel, clipping: the tensor-parallel peers read one batch and the
+    data-parallel rows others; the weights after 4 steps equal one process's on the full batch; a DCP checkpoint at
+    step 2 resumes to the same weights. (Context parallelism: check_context_parallel.)"""
+    dp, tp = tp_layout(accelerator)
     with tempfile.TemporaryDirectory() as out:
         ranks = run_worker("tp", accelerator, out, 240)
+    from tasktrain import Trainer
+
+    reference = Trainer(accelerator=accelerator, devices=1, max_steps=4, gradient_clip_val=0.5, **QUIET)
+    model = make_regressor()
+    reference.fit(model, DataLoader(tiny_data(n=32), batch_size=8 * dp))  # every data-parallel row's batch at once
+    one_process = max_diff(ranks[0]["whole"], flat(model))
     facts = ranks[0]
     if facts["backend"] != ("nccl" if accelerator == "cuda" else "gloo"):
         return "fail", f"backend {facts['backend']}"
-    if facts["mesh"] != ["data_parallel", "tensor_parallel"] or facts["tp"] != len(ranks):
-        return "fail", f"mesh {facts['mesh']} with tensor_parallel={facts['tp']} over {len(ranks)} rank(s)"
-    if facts["local_rows"] * len(ranks) != facts["full_rows"]:
+    if facts["mesh"] != ["data_parallel", "tensor_parallel"] or facts["shape"] != [dp, tp] or len(ranks) != dp * tp:
+        return "fail", f"mesh {facts['mesh']} {facts['shape']} over {len(ranks)} rank(s), expected ({dp}, {tp})"
+    batches = [r["batches"] for r in ranks]  # ranks in mesh order: row by row
+    rows = [batches[i * tp:(i + 1) * tp] for i in range(dp)]
+    if any(row.count(row[0]) != tp for row in rows) or len({str(row[0]) for row in rows}) != dp:
+        return "fail", f"batch sums per rank {batches}: tensor-parallel peers must read one batch, the rows others"
+    if facts["local_rows"] * tp * dp != facts["full_rows"]:
         return "fail", f"each rank holds {facts['local_rows']} of {facts['full_rows']} rows of the split layer"
+    if one_process > 1e-5:
+        return "fail", f"weights off one process's on the full batch by {one_process:.2e}"
     if facts["resumed_step"] != 4 or facts["diff"] > 1e-6:
         return "fail", (f"resumed to step {facts['resumed_step']}, weights off the uninterrupted run's by "
                         f"{facts['diff']:.2e}")
-    return "pass", (f"{facts['backend']}, (1, {facts['tp']}) mesh, {facts['device']}; DCP checkpoint at step 2 "
-                    f"resumed to 4 = uninterrupted 4 steps (max diff {facts['diff']:.1e})")
+    return "pass", (f"{facts['backend']}, ({dp}, {tp}) mesh, {facts['device']}; = one process on the full batch "
+                    f"(max diff {one_process:.1e}); DCP checkpoint at step 2 resumed to 4 = uninterrupted 4 steps "
+                    f"(max diff {facts['diff']:.1e})")
 
 
 def worker_tp(out, accelerator):
     import torch.distributed as dist
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from tasktrain import ModelParallelStrategy, Trainer
+    from tasktrain import Callback, ModelParallelStrategy, Trainer
 
-    world = world_of(accelerator) or 1
-    data = DataLoader(tiny_data(n=32), batch_size=8)
+    dp, tp = tp_layout(accelerator)
+    data = DataLoader(tiny_data(n=32), batch_size=8)  # per data-parallel row
+    batches = []
 
     class Split(type(make_regressor())):
         def configure_model(self):
             plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
             parallelize_module(self.net, self.device_mesh["tensor_parallel"], plan)
 
+    path = os.path.join(out, "step2.ckpt")
+
+    class Batches(Callback):  # and a checkpoint at step 2 of the same run
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            batches.append(round(float(batch[0].sum()), 4))
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step == 2:
+                trainer.save_checkpoint(path)
+
     model = Split
 
-    def trainer(steps, root):
-        return Trainer(strategy=ModelParallelStrategy(tensor_parallel_size=world), accelerator=accelerator,
-                       devices=world, max_steps=steps, gradient_clip_val=0.5, default_root_dir=os.path.join(out, root),
-                       **QUIET)
+    def trainer(steps, root, callbacks=()):
+        return Trainer(strategy=ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp),
+                       accelerator=accelerator, devices=dp * tp, max_steps=steps, gradient_clip_val=0.5,
+                       default_root_dir=os.path.join(out, root), callbacks=list(callbacks), **QUIET)
 
-    whole = trainer(4, "whole")
+    whole = trainer(4, "whole", [Batches()])
     first_model = model()
     whole.fit(first_model, data)
     reference = flat(whole.strategy.full_state_dict(first_model))
     local = first_model.net[0].weight.to_local()
-    first = trainer(2, "first")
-    first.fit(model(), data)
-    path = os.path.join(out, "step2.ckpt")
-    first.save_checkpoint(path)
     resumed = trainer(4, "resumed")
     again = model()
     resumed.fit(again, data, ckpt_path=path)
     facts = {"backend": dist.get_backend(), "mesh": list(resumed.strategy.device_mesh.mesh_dim_names),
-             "tp": resumed.strategy.tensor_parallel_size, "device": str(local.device), "local_rows": local.shape[0],
-             "full_rows": 32, "resumed_step": resumed.global_step,
-             "diff": max_diff(flat(resumed.strategy.full_state_dict(again)), reference)}
+             "shape": list(resumed.strategy.device_mesh.shape), "device": str(local.device),
+             "local_rows": local.shape[0], "full_rows": 32, "resumed_step": resumed.global_step, "whole": reference,
+             "batches": batches, "diff": max_diff(flat(resumed.strategy.full_state_dict(again)), reference)}
     write_facts(out, resumed.global_rank, facts)
+
+
+def check_context_parallel(accelerator):
+    """Accelerator(parallelism_config=ParallelismConfig(cp_size=2)) with maybe_context_parallel: on 2 GPUs, a causal
+    attention model's loss and weights after one step equal one process's on the whole sequence. Its CPU twin: the
+    refusal before training, with the reason (torch has no CPU path for it)."""
+    if accelerator == "cpu":
+        from tasktrain import Accelerator, ParallelismConfig
+
+        try:
+            Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))
+        except ValueError as err:
+            if "no sharding strategy" in str(err):
+                return "pass", "refused on CPU before training (aten._scaled_dot_product_flash_attention_for_cpu " \
+                               "has no sharding strategy)"
+            return "fail", f"refused with another message: {err}"
+        return "fail", "Accelerator(cpu=True, ParallelismConfig(cp_size=2)) was not refused"
+    if gpus(accelerator) < 2:
+        return "skip", f"needs 2 GPUs (context parallel over 2 nccl ranks), found {gpus(accelerator)}"
+    with tempfile.TemporaryDirectory() as out:
+        prefix = [sys.executable, "-m", "tasktrain.cli.main", "launch", "--num_processes", "2"]
+        ranks = run_worker("cp", accelerator, out, 300, prefix)
+    facts = ranks[0]
+    if facts["loss_diff"] > 1e-4 or facts["weight_diff"] > 1e-5:
+        return "fail", (f"loss off the whole sequence's by {facts['loss_diff']:.2e}, weights by "
+                        f"{facts['weight_diff']:.2e}")
+    if facts["local_seq"] * 2 != facts["seq"]:
+        return "fail", f"each rank saw {facts['local_seq']} of {facts['seq']} positions"
+    return "pass", (f"nccl, cp=2: {facts['local_seq']} of {facts['seq']} positions per rank; loss and weights = "
+                    f"the whole sequence's (diffs {facts['loss_diff']:.1e}, {facts['weight_diff']:.1e})")
+
+
+def worker_cp(out, accelerator):
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from tasktrain import Accelerator, ParallelismConfig
+
+    vocab, dim, seq = 64, 32, 64
+
+    class Causal(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed = torch.nn.Embedding(vocab, dim)
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.head = torch.nn.Linear(dim, vocab)
+
+        def forward(self, tokens):
+            q, k, v = self.qkv(self.embed(tokens)).view(*tokens.shape, 3, 4, dim // 4).permute(2, 0, 3, 1, 4)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.head(out.transpose(1, 2).flatten(2))
+
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab, (2, seq + 1), generator=g)
+    inputs, targets = tokens[:, :-1].cuda(), tokens[:, 1:].cuda()
+    reference = Causal().cuda()  # one process, the whole sequence, one SGD step
+    loss = F.cross_entropy(reference(inputs).flatten(0, 1), targets.flatten())
+    loss.backward()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p -= 0.1 * p.grad
+    whole_loss = float(loss)
+
+    accelerator_ = Accelerator(parallelism_config=ParallelismConfig(cp_size=2))
+    model = Causal()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator_.prepare(model, optimizer)
+    inputs, targets = inputs.clone(), targets.clone()
+    with accelerator_.maybe_context_parallel(buffers=[inputs, targets], buffer_seq_dims=[1, 1],
+                                             no_restore_buffers={inputs, targets}):
+        local_seq = inputs.shape[1]
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        accelerator_.backward(loss)
+    optimizer.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean, group=accelerator_.torch_device_mesh["dp_cp"].get_group())
+    weights = accelerator_.get_state_dict(model)
+    facts = {"loss_diff": abs(float(mean) / 2 - whole_loss), "local_seq": local_seq, "seq": seq,
+             "weight_diff": max_diff(flat(weights), flat(reference))}
+    write_facts(out, dist.get_rank(), facts)
 
 
 class TorchAdam(torch.optim.Adam):
@@ -688,7 +799,8 @@ CHECKS = {
     "ddp-launch": ("DDP under tasktrain launch", lambda a: check_ddp(a, launch=True)),
     "fsdp-bf16": ("FSDP2 bf16-mixed + DCP resume", lambda a: check_fsdp(a, "bf16-mixed")),
     "fsdp-fp16": ("FSDP2 16-mixed (ShardedGradScaler)", lambda a: check_fsdp(a, "16-mixed")),
-    "tp": ("tensor parallel mesh + DCP resume", check_tensor_parallel),
+    "tp": ("(data x tensor) parallel mesh + DCP resume", check_tensor_parallel),
+    "cp": ("context parallel (Accelerator, cp=2)", check_context_parallel),
     "zero2": ("DeepSpeed ZeRO-2 + CPU offload", lambda a: check_deepspeed(a, 2)),
     "zero3": ("DeepSpeed ZeRO-3 + CPU offload", lambda a: check_deepspeed(a, 3)),
     "accelerator": ("Accelerator, the seed's loop", check_accelerator_seed),
@@ -705,6 +817,7 @@ WORKERS = {
     "deepspeed-3": lambda out, a: worker_deepspeed(out, a, 3),
     "watchdog": worker_watchdog,
     "tp": worker_tp,
+    "cp": worker_cp,
     "compile": worker_compile,
 }
 TIMEOUT = 360  # seconds per check, its own set-up included; the multi-process ones bound their workers too

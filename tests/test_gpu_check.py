@@ -29,14 +29,15 @@ def test_without_cuda_it_says_skipped(gpu_check, capsys):
     assert capsys.readouterr().out.strip() == "no CUDA device: skipped"
 
 
-SINGLE_PROCESS = ["placement", "fp16", "bf16", "bf16-true", "dp", "accelerator", "dispatch"]
+SINGLE_PROCESS = ["placement", "fp16", "bf16", "bf16-true", "dp", "accelerator", "dispatch", "cp"]
 MULTI_PROCESS = ["ddp-launch", "fsdp-bf16", "fsdp-fp16", "zero2", "zero3", "watchdog", "compile", "gpt-bench",
-                 "tp"]
+                 pytest.param("tp", marks=pytest.mark.world_size(4))]
 THROUGH_MAIN = ["ddp"]
 
 
 def test_every_check_has_its_twin_run_here(gpu_check):
-    assert sorted(SINGLE_PROCESS + MULTI_PROCESS + THROUGH_MAIN) == sorted(gpu_check.CHECKS)
+    names = [getattr(name, "values", [name])[0] for name in MULTI_PROCESS]
+    assert sorted(SINGLE_PROCESS + names + THROUGH_MAIN) == sorted(gpu_check.CHECKS)
 
 
 @pytest.mark.parametrize("name", SINGLE_PROCESS)

@@ -11,13 +11,14 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # the layers, and the module paths scripts import them by (each names the compat module it is)
 LAYERS = ("tasktrain.compat", "tasktrain.state", "tasktrain.utils", "tasktrain.utilities",
           "tasktrain.trainer.accelerate_layout", "tasktrain.core", "tasktrain.accelerator", "tasktrain.data_loader",
-          "tasktrain.launchers", "tasktrain.test_utils", "tasktrain.local_sgd")
+          "tasktrain.launchers", "tasktrain.test_utils", "tasktrain.local_sgd", "tasktrain.parallelism_config")
 PUBLIC_PATHS = {
     "tasktrain.state": "tasktrain.compat.accelerate.state",
     "tasktrain.accelerator": "tasktrain.compat.accelerate.accelerator",
     "tasktrain.data_loader": "tasktrain.compat.accelerate.data_loader",
     "tasktrain.launchers": "tasktrain.compat.accelerate.launchers",
     "tasktrain.local_sgd": "tasktrain.compat.accelerate.local_sgd",
+    "tasktrain.parallelism_config": "tasktrain.compat.accelerate.parallelism_config",
     "tasktrain.test_utils.testing": "tasktrain.compat.accelerate.test_utils.testing",
     "tasktrain.test_utils.training": "tasktrain.compat.accelerate.test_utils.training",
     "tasktrain.utils.imports": "tasktrain.compat.accelerate.utils.imports",

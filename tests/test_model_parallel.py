@@ -131,6 +131,25 @@ def test_resume_on_another_mesh_or_one_process(runs):
             in runs["log"])
 
 
+def test_the_trainer_on_an_hsdp_mesh_resumes_the_2d_checkpoint(runs):
+    """data_parallel_replicate_size=2 on 4 processes: 2 replicas of 2 FSDP shards (the mesh's third dimension), the
+    data cut 4 ways by the flattened data-parallel rank; resumed from the (2, 2) checkpoint (another mesh shape)."""
+    g = [r["G"] for r in runs["ranks"]]
+    names = ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")
+    assert all(r["mesh"] == (names, (2, 2, 1)) for r in g)
+    assert [r["data_parallel_rank"] for r in g] == [0, 1, 2, 3] and all(r["data_parallel"] == 4 for r in g)
+    at_step5, reference = runs["ranks"][0]["A_file"]["end"], runs["single"]["reference"]
+    assert identical(g[0]["start"], at_step5)
+    assert biggest_difference(g[0]["end"], reference["end"]) < PARAM_TOL
+    assert biggest_difference(g[0]["end"], at_step5) > 1e-3  # it trained after the resume
+    assert all(identical(r["end"], g[0]["end"]) for r in g)
+    # the four quarters' losses average to the full batch's loss
+    assert max(abs(sum(r["losses"][i] for r in g) / 4 - loss) for i, loss in enumerate(reference["losses"][5:])) \
+        < LOSS_TOL
+    assert ("loaded onto (data_parallel=4 as 2 replicas x 2 shards, tensor_parallel=1): weights and optimizer state "
+            "resharded" in runs["log"])
+
+
 def test_convert_the_dcp_folder_to_one_file_and_safetensors(runs):
     from safetensors.torch import load_file
 
@@ -153,38 +172,107 @@ def test_convert_the_dcp_folder_to_one_file_and_safetensors(runs):
 def test_the_accelerator_with_a_parallelism_config_trains_like_one_process(runs):
     reference = runs["single"]["reference"]
     e = [r["E"] for r in runs["ranks"]]
-    assert all(r["mesh"] == (("dp_replicate", "dp_shard", "tp"), (1, 2, 2)) for r in e)
+    assert all(r["mesh"] == (("dp_replicate", "dp_shard", "cp", "tp"), (1, 2, 1, 2)) for r in e)
     assert [r["ranks"] for r in e] == [(0, 0), (0, 1), (1, 0), (1, 1)]  # (data_parallel_shard_rank, tp rank)
     assert all(r["total_batch_size"] == 8 for r in e)  # 4 per data-parallel rank, 2 of them (not 4 processes)
     # accelerator.reduce(loss) over the world: the mean of the two data-parallel halves, the full batch's loss
     assert max(abs(x - y) for x, y in zip(e[0]["losses"], reference["losses"])) < LOSS_TOL
     assert biggest_difference(e[0]["end"], reference["end"]) < PARAM_TOL
     assert all(identical(r["end"], e[0]["end"]) for r in e)
+    # E's save_state after step 5 (on the (dp_shard=2, tp=2) mesh) loaded on dp_shard=4: the same weights, then the
+    # same training as the reference's steps 6 to 10
+    h = runs["ranks"][0]["H"]
+    assert identical(h["start"], e[0]["saved"])
+    assert h["mesh"][1] == (1, 4, 1, 1) and len(h["losses"]) == 5
+    assert max(abs(x - y) for x, y in zip(h["losses"], reference["losses"][5:])) < LOSS_TOL
+    assert biggest_difference(h["end"], e[0]["end"]) < PARAM_TOL
+    assert "accelerator_state: written on (data_parallel=2, tensor_parallel=2" in runs["log"]
     # HSDP: ParallelismConfig(dp_replicate_size=2, dp_shard_size=2), fully_shard over the 2-D data-parallel mesh
     f = [r["F"] for r in runs["ranks"]]
-    assert [r["mesh"][1] for r in f] == [(2, 2, 1)] * 4 and [r["ranks"][0] for r in f] == [0, 1, 0, 1]
+    assert [r["mesh"][1] for r in f] == [(2, 2, 1, 1)] * 4 and [r["ranks"][0] for r in f] == [0, 1, 0, 1]
     assert all(r["total_batch_size"] == 8 for r in f)  # 2 per data-parallel rank, 4 of them
     assert max(abs(x - y) for x, y in zip(f[0]["losses"], reference["losses"])) < LOSS_TOL
     assert biggest_difference(f[0]["end"], reference["end"]) < PARAM_TOL
 
 
+def test_lightnings_tensor_parallel_example_and_accelerates_nd_parallel_script_run_after_the_rename(runs):
+    """tests/mesh_scripts/example_patterns.py: what those two scripts do, in the same 4-process launch."""
+    lightning = [r["lightning_example"] for r in runs["ranks"]]
+    assert all(r["global_step"] == 3 and r["backward"] == 3 for r in lightning)  # the backward override ran each step
+    # the Trainer's sampler gives a tensor-parallel group one batch (Lightning's comment in the example)
+    assert lightning[0]["batches"] == lightning[1]["batches"] != lightning[2]["batches"] == lightning[3]["batches"]
+    assert lightning[0]["losses"] == lightning[1]["losses"] and all(0 < x < 10 for x in lightning[0]["losses"])
+    first = lightning[0]
+    assert first["dtypes"] == {"torch.bfloat16"}  # the example's own bf16 MixedPrecisionPolicy
+    assert first["wrapped"] == ["FSDPCheckpointWrapper"] * 2  # checkpoint_wrapper, then fully_shard, put back
+    assert first["heads"] == 2 and first["local_rows"] * 4 == 16  # wq split by tp (2), then its rows by dp (2)
+
+    accelerate = [r["accelerate_example"] for r in runs["ranks"]]
+    assert all(r["losses"] == accelerate[0]["losses"] and len(r["losses"]) == 3 for r in accelerate)  # over dp_cp
+    assert all(0 < x < 10 for x in accelerate[0]["losses"]) and accelerate[0]["dp_cp"] == 2
+    assert accelerate[0]["seen"] == accelerate[1]["seen"] != accelerate[2]["seen"] == accelerate[3]["seen"]
+    # the fsdp_plugin beside parallelism_config: its wrap policy made the units; SHARDED_STATE_DICT a DCP folder
+    assert accelerate[0]["units"] == ["FSDPCausalLM", "FSDPLlamaDecoderLayer", "FSDPLlamaDecoderLayer"]
+    assert accelerate[0]["precision"] == "bf16" and accelerate[0]["hidden"] == 16
+    assert ".metadata" in accelerate[0]["checkpoint"] and "__3_0.distcp" in accelerate[0]["checkpoint"]
+    assert "Training completed!" in runs["log"]
+
+
 def test_parallelism_config_checks_and_refusals():
+    from types import SimpleNamespace
+
     from tasktrain import Accelerator, ParallelismConfig
+    from tasktrain.utils import FullyShardedDataParallelPlugin, TorchContextParallelConfig
 
     with pytest.raises(ValueError, match="tp_size must be at least 1"):
         ParallelismConfig(tp_size=0)
     with pytest.raises(ValueError, match="cannot be used with pure data parallelism"):
         ParallelismConfig(dp_replicate_size=2, tp_size=2)
-    with pytest.raises(ValueError, match="context parallelism is not supported.*no sharding strategy"):
-        ParallelismConfig(cp_size=2)
+    with pytest.raises(ValueError, match="cp_size=2.: context parallelism .cp_size > 1. needs CUDA.*"
+                                         "_scaled_dot_product_flash_attention_for_cpu has no sharding strategy"):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))  # before the count of processes
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
+        TorchContextParallelConfig(cp_comm_strategy="ring")
+    with pytest.raises(TypeError, match="use tasktrain.utils.TorchContextParallelConfig"):
+        ParallelismConfig(cp_size=2, cp_handler=SimpleNamespace(cp_comm_strategy="alltoall"))
+    assert ParallelismConfig(cp_size=2, cp_handler=TorchContextParallelConfig("alltoall")).cp_comm_strategy == \
+        "alltoall"
+    cp = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2)  # Accelerate's joint dimensions
+    assert (cp.dp_shard_cp_dim_names, cp.dp_cp_dim_names, cp.fsdp_dim_names, cp.non_dp_dim_names) == \
+        (["dp_shard", "cp"], ["dp_replicate", "dp_shard", "cp"], ["dp_replicate", "dp_shard_cp"], ["cp"])
     with pytest.raises(ValueError, match="pure data parallelism: leave parallelism_config out"):
         ParallelismConfig(dp_replicate_size=2)
     config = ParallelismConfig(dp_shard_size=2, tp_size=2)
     assert (config.total_size, config.data_parallel_size, config.active_mesh_dims) == (4, 2, ["dp_shard", "tp"])
     with pytest.raises(ValueError, match=r"ParallelismConfig total_size \(4\) does not match num_processes \(1\)"):
         Accelerator(cpu=True, parallelism_config=config)
-    with pytest.raises(ValueError, match="drop strategy=, deepspeed_plugin= and fsdp_plugin="):
+    with pytest.raises(ValueError, match="drop strategy= and deepspeed_plugin="):
         Accelerator(cpu=True, parallelism_config=config, strategy="ddp")
+    # an fsdp_plugin beside it is Accelerate's way to give FSDP2's options: it needs a dimension to shard over
+    with pytest.raises(ValueError, match="FSDP is enabled but the parallelism config has no dimension for FSDP"):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=2),
+                    fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    with pytest.raises(ValueError, match="fsdp_version: 1 is not supported"):
+        FullyShardedDataParallelPlugin(fsdp_version=1)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                            transformer_cls_names_to_wrap=["Block"], reshard_after_forward=False,
+                                            state_dict_type="FULL_STATE_DICT")
+    strategy = config.strategy(plugin.options()[0])
+    assert (strategy.wrap, strategy.reshard_after_forward, strategy.save_distributed_checkpoint) == \
+        (["Block"], False, False)
+    with pytest.raises(ValueError, match="cpu_ram_efficient_loading=True. beside parallelism_config"):
+        config.strategy({"cpu_ram_efficient_loading": True})
+    # a handler of a size-1 dimension: Accelerate's warning; of a larger one (tp): refused
+    with pytest.warns(UserWarning, match="tp_handler is set, but tp_size is set to 1. This handler will be ignored"):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_handler=object()))
+    with pytest.raises(ValueError, match="tasktrain takes no tp handler"):
+        ParallelismConfig(tp_size=2, tp_handler=object())
+    # maybe_context_parallel without context parallelism does nothing, with Accelerate's warning (once)
+    accelerator = Accelerator(cpu=True)
+    tokens = torch.arange(8).view(1, 8)
+    with pytest.warns(UserWarning, match="Context parallel training is not enabled"):
+        with accelerator.maybe_context_parallel(buffers=[tokens], buffer_seq_dims=[1], no_restore_buffers={tokens}):
+            assert tokens.shape == (1, 8)
 
 
 # -- refusals before training (one process) --------------------------------------------------------------------------
@@ -209,8 +297,9 @@ def _loader():
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
 
 
-def _fit(module, **options):
+def _fit(module, precision=None, **options):
     trainer = Trainer(strategy=ModelParallelStrategy(**options), devices=1, accelerator="cpu", max_steps=1,
+                      precision=precision,
                       gradient_clip_val=1e-3,
                       logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False)
@@ -229,6 +318,11 @@ def test_arguments_and_the_mesh_shape_are_checked_before_any_process_starts():
         ModelParallelStrategy(tensor_parallel_size="auto")
     with pytest.raises(ValueError, match="data_parallel_size=0"):
         ModelParallelStrategy(data_parallel_size=0)
+    with pytest.raises(ValueError, match=r"data_parallel_replicate_size=3\) does not divide data_parallel_size=2"):
+        Trainer(strategy=ModelParallelStrategy(data_parallel_replicate_size=3, tensor_parallel_size=2), devices=4,
+                accelerator="cpu", logger=False)
+    with pytest.raises(ValueError, match="data_parallel_replicate_size=0"):
+        ModelParallelStrategy(data_parallel_replicate_size=0)
 
 
 def test_refusals_before_training():
@@ -248,6 +342,15 @@ def test_refusals_before_training():
     with pytest.raises(ValueError, match="cannot be initialised on a CPU mesh"):
         _fit(OnMeta())
 
+    class ShardsItself(Parallelized):
+        def configure_model(self):
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.body[0], mesh=self.device_mesh["data_parallel"])
+
+    with pytest.raises(ValueError, match="configure_model applied fully_shard itself.*Drop wrap"):
+        _fit(ShardsItself(), wrap={torch.nn.Linear})
+
     class BlockCompiled(Parallelized):
         def configure_model(self):
             from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
@@ -257,6 +360,19 @@ def test_refusals_before_training():
 
     with pytest.raises(ValueError, match="'body' is compiled on its own"):
         _fit(BlockCompiled())
+
+
+def test_the_strategys_fsdp_unit_options_act_on_the_units_it_makes():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    trainer = _fit(Parallelized(), wrap={torch.nn.Linear}, activation_checkpointing={torch.nn.Linear},
+                   reshard_after_forward=False, mixed_precision=policy, precision="bf16-mixed")
+    strategy = trainer.strategy
+    assert strategy.wrapped_names == ["body.0", "body.1", ""] and strategy.checkpointed_names == ["body.0", "body.1"]
+    state = strategy.module.body[0]._get_fsdp_state()._fsdp_param_group
+    assert state.post_forward_mesh_info is None  # reshard_after_forward=False: kept after the forward
+    assert state.mp_policy.param_dtype == torch.bfloat16
 
 
 def test_one_process_mesh_trains_and_gives_the_module_its_mesh():
@@ -324,7 +440,24 @@ def test_launch_yaml_parallelism_config(monkeypatch):
 
     for sizes, message in (({"parallelism_config_tp_size": 3}, "= 3, but num_processes is 4"),
                            ({"parallelism_config_cp_size": 2, "parallelism_config_dp_shard_size": 2},
-                            "context parallelism is not supported"),
+                            "context parallelism needs CUDA .*this launch runs on CPU"),
                            ({"parallelism_config_tp": 2}, "parallelism_config key")):
         with pytest.raises(ConfigError, match=message):
             resolve(dict(file, parallelism_config=sizes), gpu_count=0)
+
+    # HSDP: a Trainer script gets the replicate dimension too
+    hsdp = resolve(dict(file, parallelism_config={"parallelism_config_dp_replicate_size": 2,
+                                                  "parallelism_config_dp_shard_size": 2}), gpu_count=0)
+    for key, value in hsdp.worker_env().items():
+        if key.startswith("PARALLELISM_CONFIG_"):
+            monkeypatch.setenv(key, value)
+    strategy = strategy_of_launch(launch_config())
+    assert (strategy.data_parallel_replicate_size, strategy.mesh_shape(4)) == (2, (4, 1))
+    # context parallelism on GPUs: the sizes go to the workers; a Trainer script is refused (no cp dimension)
+    on_gpus = dict(file, use_cpu=False, parallelism_config={"parallelism_config_dp_shard_size": 2,
+                                                             "parallelism_config_cp_size": 2})
+    env = resolve(on_gpus, gpu_count=4).worker_env()
+    assert (env["PARALLELISM_CONFIG_DP_SHARD_SIZE"], env["PARALLELISM_CONFIG_CP_SIZE"]) == ("2", "2")
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_SIZE", "2")
+    with pytest.raises(ValueError, match="context parallelism is the Accelerator's"):
+        strategy_of_launch(launch_config())

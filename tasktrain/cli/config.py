@@ -617,15 +617,16 @@ def _resolve_parallelism(s: LaunchSettings, values):
             raise ConfigError(_unknown("parallelism_config key", key, list(PARALLELISM_KEYS), "the configuration"))
     sizes = {key[len("parallelism_config_"):-len("_size")]: _integer(key, values.get(key), minimum=1) or 1
              for key in PARALLELISM_KEYS}
-    if sizes["cp"] > 1:
-        raise ConfigError(f"parallelism_config_cp_size: {sizes['cp']}: context parallelism is not supported (torch's "
-                          "context_parallel needs the GPU attention kernels, and tasktrain has no CUDA implementation "
-                          "of it yet). Use 1.")
-    total = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp"]
+    if sizes["cp"] > 1 and s.use_cpu:
+        raise ConfigError(f"parallelism_config_cp_size: {sizes['cp']}: context parallelism needs CUDA (torch's "
+                          "context_parallel shards attention with the GPU attention kernels; on a CPU mesh "
+                          "aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy), and this "
+                          "launch runs on CPU. Use 1.")
+    total = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["cp"] * sizes["tp"]
     if total == 1:
         return
     if total != s.num_processes:
-        raise ConfigError(f"parallelism_config: dp_replicate_size x dp_shard_size x tp_size = {total}, but "
+        raise ConfigError(f"parallelism_config: dp_replicate_size x dp_shard_size x cp_size x tp_size = {total}, but "
                           f"num_processes is {s.num_processes}. Make the product the number of processes.")
     if sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1:
         raise ConfigError("parallelism_config: dp_replicate_size > 1 with dp_shard_size 1 is pure data parallelism "
@@ -634,7 +635,8 @@ def _resolve_parallelism(s: LaunchSettings, values):
     if s.is_deepspeed:
         raise ConfigError("parallelism_config beside DeepSpeed: tensor parallelism runs on FSDP2 here; drop "
                           "deepspeed_config or parallelism_config.")
-    s.parallelism = {"dp_replicate": sizes["dp_replicate"], "dp_shard": sizes["dp_shard"], "tp": sizes["tp"]}
+    s.parallelism = {"dp_replicate": sizes["dp_replicate"], "dp_shard": sizes["dp_shard"], "tp": sizes["tp"],
+                     "cp": sizes["cp"]}
     s.strategy = "model_parallel"
     if s.fsdp:  # said, not dropped: fully_shard over the data-parallel dimensions is the mesh strategy's own
         s.ignored.append(f"fsdp_config options {sorted(s.fsdp)} (parallelism_config's strategy model_parallel "
@@ -643,8 +645,7 @@ def _resolve_parallelism(s: LaunchSettings, values):
     s.notes.append(f"parallelism_config: a (dp_replicate={sizes['dp_replicate']}, dp_shard={sizes['dp_shard']}, "
                    f"tp={sizes['tp']}) device mesh: strategy model_parallel (the Accelerator's ParallelismConfig() "
                    "reads these sizes; a Trainer's ModelParallelStrategy gets tensor_parallel_size="
-                   f"{sizes['tp']} and shards over the other {sizes['dp_replicate'] * sizes['dp_shard']} as one "
-                   "data-parallel dimension)")
+                   f"{sizes['tp']} and data_parallel_replicate_size={sizes['dp_replicate']}: HSDP when it is > 1)")
 
 
 def _resolve_precision(s: LaunchSettings, merged: dict, sources: dict):

@@ -7,3 +7,13 @@ from tasktrain.strategies.world import ProcessWorld
 
 __all__ = ["Strategy", "OneProcess", "ProcessWorld", "MultiProcess", "Sharded", "ClipsInsideStep", "Plan", "GradientClip", "DDP",
            "Precision", "SingleDevice"]
+
+
+def __getattr__(name):
+    # Lightning's `from lightning.pytorch.strategies import ModelParallelStrategy` under the rename rule (its tensor
+    # parallel example), imported only when asked for: it brings FSDP2 and DTensor
+    if name == "ModelParallelStrategy":
+        from tasktrain.strategies.model_parallel import ModelParallelStrategy
+
+        return ModelParallelStrategy
+    raise AttributeError(f"module 'tasktrain.strategies' has no attribute {name!r}")

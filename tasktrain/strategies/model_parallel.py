@@ -26,8 +26,10 @@ tensor parallel only, another shape, one process), or one file gathered on rank 
   values, so this is the data-parallel result, and every rank gets the same number); "sum" is divided by
   tensor_parallel_size, the sum over data parallel for values that tensor parallelism replicates;
 - checkpoints record the mesh (`device_mesh` in the checkpoint), and a resume onto another mesh says what it
-  resharded.
+  resharded;
+- HSDP (data_parallel_replicate_size > 1): a third dimension, replicas of FSDP shards (Accelerate's dp_replicate).
 """
+import contextlib
 import weakref
 from datetime import timedelta
 
@@ -36,6 +38,7 @@ import torch
 from tasktrain.strategies.fsdp import FSDP
 
 MESH_NAMES = ("data_parallel", "tensor_parallel")
+HSDP_NAMES = ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")  # data_parallel_replicate_size > 1
 _STEPS_REGISTERED = weakref.WeakSet()  # modules whose steps run as FSDP forward methods already
 
 
@@ -50,12 +53,22 @@ class ModelParallelStrategy(FSDP):
         save_distributed_checkpoint: True (default): checkpoints are DCP directories written by every rank, which
             load onto any mesh; False: one file with the whole weights and optimizer state, written by rank 0.
         process_group_backend, timeout: as DDP's.
+        data_parallel_replicate_size: HSDP (not in Lightning): the data-parallel processes as this many replicas of
+            data_parallel_size // data_parallel_replicate_size FSDP shards each. The mesh is then
+            ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel"), with "data_parallel" the first two
+            flattened (the data is cut by it), and the strategy's fully_shard runs over the first two (gradients
+            reduce-scattered within a replica, all-reduced across replicas). Default 1: FSDP over all of data
+            parallel.
+        wrap, reshard_after_forward, cpu_offload, mixed_precision, activation_checkpointing: as FSDP's, for the
+            units the strategy shards (what configure_model did not fully_shard itself); not in Lightning's.
     """
 
     name = "model_parallel"
 
     def __init__(self, data_parallel_size="auto", tensor_parallel_size=1, save_distributed_checkpoint=True,
-                 process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None):
+                 process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None,
+                 data_parallel_replicate_size=1, wrap=None, reshard_after_forward=None, cpu_offload=False,
+                 mixed_precision=None, activation_checkpointing=None):
         if data_parallel_size != "auto" and (not isinstance(data_parallel_size, int) or data_parallel_size < 1):
             raise ValueError(f"ModelParallelStrategy(data_parallel_size={data_parallel_size!r}): use 'auto' (world "
                              "size // tensor_parallel_size) or a positive number of processes.")
@@ -64,15 +77,25 @@ class ModelParallelStrategy(FSDP):
             raise ValueError(f"ModelParallelStrategy(tensor_parallel_size={tensor_parallel_size!r}): use a positive "
                              "number of processes (1: data parallel only). Lightning's 'auto' (every process of "
                              "a node) is not taken: name the size.")
+        if not isinstance(data_parallel_replicate_size, int) or isinstance(data_parallel_replicate_size, bool) or \
+                data_parallel_replicate_size < 1:
+            raise ValueError(f"ModelParallelStrategy(data_parallel_replicate_size={data_parallel_replicate_size!r}): "
+                             "use a positive number of replicas (1: no replication, FSDP over all of data "
+                             "parallel).")
         if not isinstance(save_distributed_checkpoint, bool):
             raise TypeError(f"ModelParallelStrategy(save_distributed_checkpoint={save_distributed_checkpoint!r}): "
                             "use True (a DCP directory) or False (one file).")
         super().__init__(accelerator=accelerator, precision=precision,
                          state_dict_type="sharded" if save_distributed_checkpoint else "full",
-                         process_group_backend=process_group_backend, timeout=timeout)
+                         process_group_backend=process_group_backend, timeout=timeout, wrap=wrap,
+                         reshard_after_forward=True if reshard_after_forward is None else reshard_after_forward,
+                         cpu_offload=cpu_offload,
+                         mixed_precision=mixed_precision, activation_checkpointing=activation_checkpointing)
         self.name = "model_parallel"
         self.save_distributed_checkpoint = save_distributed_checkpoint
         self._requested_sizes = (data_parallel_size, tensor_parallel_size)
+        self.data_parallel_replicate_size = data_parallel_replicate_size
+        self._reshard_given = reshard_after_forward is not None  # (default True: the strategy's units are freed)
         self._device_mesh = None
         self._mesh_group = None  # the process group the mesh was made in
         self._layout_now = None  # (data_parallel_size, data_parallel_rank, tensor_parallel_size) of the mesh
@@ -92,6 +115,11 @@ class ModelParallelStrategy(FSDP):
             raise ValueError(f"ModelParallelStrategy: data_parallel_size={dp} x tensor_parallel_size={tp} = {dp * tp}, "
                              f"but the world has {world_size} processes. Make the product the world size (devices x "
                              "num_nodes), or leave data_parallel_size='auto'.")
+        replicas = self.data_parallel_replicate_size
+        if dp % replicas:
+            raise ValueError(f"ModelParallelStrategy(data_parallel_replicate_size={replicas}) does not divide "
+                             f"data_parallel_size={dp}: the data-parallel processes are replicas x shards. Use a "
+                             "replicate size that divides it.")
         return dp, tp
 
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
@@ -132,9 +160,16 @@ class ModelParallelStrategy(FSDP):
         tensor_parallel_size)): read once, as the sizes outlive the process group (a world of one destroys it)."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        shape = self.mesh_shape(self.world_size)
-        mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=MESH_NAMES)
-        return mesh, mesh["data_parallel"], (shape[0], mesh["data_parallel"].get_local_rank(), shape[1])
+        dp, tp = self.mesh_shape(self.world_size)
+        replicas = self.data_parallel_replicate_size
+        if replicas == 1:
+            mesh = init_device_mesh(self.root_device.type, (dp, tp), mesh_dim_names=MESH_NAMES)
+            return mesh, mesh["data_parallel"], (dp, mesh["data_parallel"].get_local_rank(), tp)
+        # HSDP: replicas of FSDP shards. "data_parallel" (both, flattened) stays the dimension the data is cut by
+        mesh = init_device_mesh(self.root_device.type, (replicas, dp // replicas, tp), mesh_dim_names=HSDP_NAMES)
+        fsdp_mesh = mesh[HSDP_NAMES[:2]]
+        flat = fsdp_mesh._flatten("data_parallel")
+        return mesh, fsdp_mesh, (dp, flat.get_local_rank(), tp)
 
     def module_init_context(self, empty_init=False):
         if empty_init and self.root_device.type == "cpu":
@@ -167,6 +202,7 @@ class ModelParallelStrategy(FSDP):
 
         if any(m is module for m in self._sharded_models):
             return super().setup_module_and_optimizers(module, optimizers, plan)  # an earlier stage's: as FSDP
+        self._refuse_unit_options()
         self.module = module
         self.optimizers = list(optimizers)
         own = {id(p) for p in module.parameters()}
@@ -190,17 +226,31 @@ class ModelParallelStrategy(FSDP):
     def _shard(self, module):
         """fully_shard on the data-parallel mesh: each child holding parameters that the user did not shard (none
         when the user sharded some: their choice of units stands), then the root."""
-        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         from tasktrain.strategies.fsdp import FSDPPrecision
 
         mesh = self._fsdp_mesh
-        mp = self.precision.mp_policy() if isinstance(self.precision, FSDPPrecision) else MixedPrecisionPolicy()
+        if self.mixed_precision is not None:
+            mp = self.mixed_precision  # the user's own (FSDP's configure checked it against the precision)
+        else:
+            mp = self.precision.mp_policy() if isinstance(self.precision, FSDPPrecision) else MixedPrecisionPolicy()
+        offload = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda") if self.cpu_offload else OffloadPolicy()
         user_sharded = any(isinstance(m, FSDPModule) for m in module.modules())
+        if user_sharded:
+            self._refuse_unit_options()
         targets = [] if user_sharded else self._wrap_targets(module)
+        if not user_sharded:
+            self.checkpointed_names = self._select(module, self.activation_checkpointing, "activation_checkpointing")
+            if self.checkpointed_names:
+                from torch.distributed._composable import checkpoint
+
+                for name in self.checkpointed_names:  # before fully_shard, as FSDP's _shard
+                    checkpoint(module.get_submodule(name))
         for name in reversed(targets):
-            fully_shard(module.get_submodule(name), mesh=mesh, mp_policy=mp)
-        fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+            fully_shard(module.get_submodule(name), mesh=mesh, mp_policy=mp, offload_policy=offload,
+                        reshard_after_forward=self.reshard_after_forward)
+        fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
         self.wrapped_names = [*targets, ""]
         if self.is_global_zero and not self._said_wrapped:
             how = "your fully_shard units and" if user_sharded else f"{len(targets)} module(s) and"
@@ -208,12 +258,20 @@ class ModelParallelStrategy(FSDP):
                   f"{tuple(mesh.shape)}", flush=True)
             self._said_wrapped = True
 
+    def _refuse_unit_options(self):
+        """wrap=, activation_checkpointing= and reshard_after_forward= act on the strategy's units: with the user's
+        own fully_shard units they would do nothing, which must not pass silently."""
+        given = [name for name in ("wrap", "activation_checkpointing") if getattr(self, name) is not None]
+        given += ["reshard_after_forward"] if self._reshard_given else []
+        if given:
+            raise ValueError(f"{type(self).__name__}: configure_model applied fully_shard itself, so the strategy "
+                             f"adds only the root and {' and '.join(given)} would do nothing. Drop "
+                             f"{' and '.join(given)}, or leave fully_shard to the strategy.")
+
     # -- the step ------------------------------------------------------------------------------------------------
     def backward(self, loss, *args, **kwargs):
         if self.tensor_parallel_size > 1:
-            from torch.distributed.tensor.parallel import loss_parallel
-
-            with loss_parallel():
+            with _loss_parallel():
                 return super().backward(loss, *args, **kwargs)
         return super().backward(loss, *args, **kwargs)
 
@@ -254,7 +312,10 @@ class ModelParallelStrategy(FSDP):
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def _layout(self):
-        return {"data_parallel": self.data_parallel_size, "tensor_parallel": self.tensor_parallel_size}
+        layout = {"data_parallel": self.data_parallel_size, "tensor_parallel": self.tensor_parallel_size}
+        if self.data_parallel_replicate_size > 1:
+            layout["data_parallel_replicate"] = self.data_parallel_replicate_size
+        return layout
 
     def save_checkpoint(self, checkpoint, path):
         checkpoint = dict(checkpoint, device_mesh=self._layout())
@@ -286,9 +347,9 @@ class ModelParallelStrategy(FSDP):
         if saved is None:
             source = f"{ckpt.get('world_size', '?')} processes (no mesh recorded: another strategy's checkpoint)"
         else:
-            source = f"(data_parallel={saved['data_parallel']}, tensor_parallel={saved['tensor_parallel']})"
-        print(f"[tasktrain] {path}: written on {source}, loaded onto (data_parallel={now['data_parallel']}, "
-              f"tensor_parallel={now['tensor_parallel']}): weights and optimizer state resharded", flush=True)
+            source = _describe_layout(saved)
+        print(f"[tasktrain] {path}: written on {source}, loaded onto {_describe_layout(now)}: weights and optimizer "
+              "state resharded", flush=True)
 
     def teardown(self):
         super().teardown()  # the mesh stays with the process group, for the next stage
@@ -296,8 +357,16 @@ class ModelParallelStrategy(FSDP):
     def describe(self):
         dp, tp = (self.data_parallel_size, self.tensor_parallel_size) if self._layout_now else self._requested_sizes
         checkpoint = "distributed (DCP)" if self.save_distributed_checkpoint else "one file"
-        return (f"strategy={self.name} (data_parallel={dp}, tensor_parallel={tp}, checkpoints {checkpoint}), "
+        replicas = self.data_parallel_replicate_size
+        hsdp = f" as {replicas} replicas (HSDP)" if replicas > 1 else ""
+        return (f"strategy={self.name} (data_parallel={dp}{hsdp}, tensor_parallel={tp}, checkpoints {checkpoint}), "
                 f"world_size={self.world_size}, device={self.root_device}")
+
+
+def _describe_layout(layout):
+    replicas = layout.get("data_parallel_replicate", 1)
+    hsdp = f" as {replicas} replicas x {layout['data_parallel'] // replicas} shards" if replicas > 1 else ""
+    return f"(data_parallel={layout['data_parallel']}{hsdp}, tensor_parallel={layout['tensor_parallel']})"
 
 
 _META_ON_CPU = ("ModelParallelStrategy: a module on the meta device (init_module(empty_init=True), or layers built "
@@ -305,6 +374,26 @@ _META_ON_CPU = ("ModelParallelStrategy: a module on the meta device (init_module
                 "DTensors on a CPU device mesh gives every rank the same values, so the shards would be copies of "
                 "each other. Build the module with real weights (before parallelizing), or load its weights from a "
                 "checkpoint into a module built normally; meta initialisation needs CUDA.")
+
+
+@contextlib.contextmanager
+def _loss_parallel():
+    """torch's loss_parallel(), safe to nest with the user's own: torch's contexts do not nest (the inner one's exit
+    removes the handlers, and the outer one's exit then fails with a KeyError), and users enter theirs around or
+    inside backward (Lightning's example overrides the module's backward to run it under loss_parallel; an
+    Accelerator script may write `with loss_parallel(): accelerator.backward(loss)`). This registers the handlers
+    that are not registered yet, and removes those only, if still there (torch 2.13's own registry of them)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel.loss import customized_loss_ops
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    added = {op: handler for op, handler in customized_loss_ops.items() if op not in handlers}
+    handlers.update(added)
+    try:
+        yield
+    finally:
+        for op in added:
+            handlers.pop(op, None)
 
 
 def _defines_configure_model(module):

@@ -29,7 +29,13 @@ def strategy_of_launch(launch):
     if launch.strategy == "deepspeed" and launch.deepspeed:
         return strategy_from_name("deepspeed", **launch.deepspeed)
     if launch.strategy == "model_parallel" and os.environ.get("PARALLELISM_CONFIG_TP_SIZE"):  # issue 39
-        return strategy_from_name("model_parallel", tensor_parallel_size=int(os.environ["PARALLELISM_CONFIG_TP_SIZE"]))
+        if int(os.environ.get("PARALLELISM_CONFIG_CP_SIZE", "1")) > 1:
+            raise ValueError("parallelism_config_cp_size > 1: context parallelism is the Accelerator's "
+                             "(accelerator.maybe_context_parallel); a Trainer's ModelParallelStrategy has no "
+                             "context-parallel dimension (Lightning's neither). Use cp_size 1 for a Trainer script.")
+        return strategy_from_name("model_parallel", tensor_parallel_size=int(os.environ["PARALLELISM_CONFIG_TP_SIZE"]),
+                                  data_parallel_replicate_size=int(
+                                      os.environ.get("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "1")))
     if launch.fsdp and launch.strategy in STRATEGIES and STRATEGIES[launch.strategy].distributed_type == "FSDP":
         return strategy_from_name(launch.strategy, **launch.fsdp)  # wrap / activation_checkpointing by class name
     return launch.strategy

@@ -4,8 +4,12 @@
         A (dp=2, tp=2): 10 AdamW steps, a DCP checkpoint after step 5 (and a one-file one), losses and final weights
         B (dp=2, tp=2): resumed from A's step-5 checkpoint to step 10
         C (dp=4, tp=1) and D (dp=1, tp=4): resumed from the same checkpoint; weights as loaded, then 5 steps
+        G (dp=4 as 2 replicas x 2 shards, tp=1): HSDP, resumed from the same checkpoint
         E: the Accelerator with ParallelismConfig(dp_shard_size=2, tp_size=2): A's 10 steps in a loop of its own
         F: the same loop with ParallelismConfig(dp_replicate_size=2, dp_shard_size=2): HSDP, no tensor parallel
+        H: E's save_state after step 5 loaded by ParallelismConfig(dp_shard_size=4) (dp only), steps 6 to 10
+        then what Lightning's tensor_parallel example and Accelerate's nd_parallel script do (example_patterns.py)
+    python train.py ... --case examples                 # those two only
 (tests/test_model_parallel.py calls fit() in its own process for the 1-process runs: the reference on the full
 batch without any parallelism, and (dp=1, tp=1) resumed from the step-5 checkpoint.)
 """
@@ -177,13 +181,19 @@ def fit(dp, tp, batch, steps, ckpt=None, save=(), csv=None, **strategy_options):
                       log_every_n_steps=1, gradient_clip_val=CLIP, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False)
     trainer.fit(build(), loader(batch), ckpt_path=ckpt)
+    mesh = trainer.strategy.device_mesh if dp else None
     return dict(losses=record.losses, start=record.start, end=record.end, summed=record.summed,
-                data_parallel=trainer.strategy.data_parallel_size)
+                data_parallel=trainer.strategy.data_parallel_size,
+                mesh=(mesh.mesh_dim_names, tuple(mesh.shape)) if dp else None,
+                data_parallel_rank=trainer.strategy.data_parallel_rank if dp else 0)
 
 
-def accelerate_fit(steps, dp_replicate=1, dp_shard=2, tp=2):
+def accelerate_fit(steps, dp_replicate=1, dp_shard=2, tp=2, save=None, load=None):
     """Accelerate's way: the script parallelizes the model on accelerator.torch_device_mesh["tp"] before prepare;
-    prepare shards it over the data-parallel dimension (fully_shard) and the loader over the data-parallel ranks."""
+    prepare shards it over the data-parallel dimension (fully_shard) and the loader over the data-parallel ranks.
+    save: save_state there after step SAVE_AT; load: load_state from there first (and skip the batches it read)."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
     from tasktrain import Accelerator, ParallelismConfig
 
     config = ParallelismConfig(dp_replicate_size=dp_replicate, dp_shard_size=dp_shard, tp_size=tp)
@@ -194,19 +204,31 @@ def accelerate_fit(steps, dp_replicate=1, dp_shard=2, tp=2):
         parallelize(model, mesh["tp"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     model, optimizer, data = accelerator.prepare(model, optimizer, loader(BATCH // (dp_replicate * dp_shard)))
-    losses = []
-    for step, (tokens, targets) in enumerate(data):
+    losses, start, first, saved = [], None, 0, None
+    if load:
+        accelerator.load_state(load)
+        start = {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
+        first = SAVE_AT
+        data = accelerator.skip_first_batches(data, SAVE_AT)
+    for step, (tokens, targets) in enumerate(data, start=first):
         loss = cross_entropy(model(tokens), targets)
-        accelerator.backward(loss)  # under loss_parallel (tp_size > 1)
+        if tp > 1:  # the script's own loss_parallel around the Accelerator's (which nests safely)
+            with loss_parallel():
+                accelerator.backward(loss)
+        else:
+            accelerator.backward(loss)
         accelerator.clip_grad_norm_(model.parameters(), CLIP)
         optimizer.step()
         optimizer.zero_grad()
         loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
         losses.append(float(accelerator.reduce(loss.detach(), "mean")))
+        if save and step + 1 == SAVE_AT:
+            accelerator.save_state(save)
+            saved = {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
         if step + 1 == steps:
             break
     end = {k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()}
-    return dict(losses=losses, end=end, mesh=(mesh.mesh_dim_names, tuple(mesh.shape)),
+    return dict(losses=losses, end=end, start=start, saved=saved, mesh=(mesh.mesh_dim_names, tuple(mesh.shape)),
                 ranks=(accelerator.data_parallel_shard_rank, accelerator.tensor_parallel_rank),
                 total_batch_size=data.total_batch_size)
 
@@ -227,8 +249,17 @@ def main():
         out["B_file"] = fit(2, 2, BATCH // 2, STEPS, ckpt=one_file)
         out["C"] = fit(4, 1, BATCH // 4, STEPS, ckpt=dcp)
         out["D"] = fit(1, 4, BATCH, STEPS, ckpt=dcp, csv=os.path.join(args.root, "D"))
-        out["E"] = accelerate_fit(STEPS)
+        out["G"] = fit(4, 1, BATCH // 4, STEPS, ckpt=dcp, data_parallel_replicate_size=2)  # HSDP: 2 replicas x 2
+        state = os.path.join(args.root, "accelerator_state")
+        out["E"] = accelerate_fit(STEPS, save=state)
         out["F"] = accelerate_fit(STEPS, dp_replicate=2, dp_shard=2, tp=1)  # HSDP
+        out["H"] = accelerate_fit(STEPS, dp_replicate=1, dp_shard=4, tp=1, load=state)  # E's state on dp-only
+    if args.case in ("mesh", "examples"):  # Lightning's tensor_parallel example, Accelerate's nd_parallel script
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import example_patterns
+
+        out["lightning_example"] = example_patterns.lightning_example(os.path.join(args.root, "lightning"))
+        out["accelerate_example"] = example_patterns.accelerate_example(os.path.join(args.root, "accelerate"))
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0

@@ -101,6 +101,29 @@ class Accelerator(core.Accelerator):
             raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
         return self.torch_device_mesh.get_local_rank(name)
 
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        """Accelerate's: under ParallelismConfig(cp_size > 1) (CUDA only), torch's context_parallel over the "cp"
+        dimension: each tensor of `buffers` is split along its `buffer_seq_dims` entry (in place; restored at the end,
+        but those in `no_restore_buffers`) and scaled_dot_product_attention runs ring attention over the cp ranks.
+        Enter it anew each step, around the forward and backward. Without context parallelism it does nothing (a
+        warning says so once), as in Accelerate."""
+        config = self.parallelism_config
+        if config is not None and config.cp_enabled:
+            with self.strategy.context_parallel(buffers=buffers, buffer_seq_dims=buffer_seq_dims,
+                                                no_restore_buffers=no_restore_buffers):
+                yield
+            return
+        if not getattr(self, "_said_no_cp", False):
+            warnings.warn("Context parallel training is not enabled. This context manager will have no effect. To "
+                          "enable it, set `parallelism_config.cp_size` > 1 in the `Accelerator` constructor.")
+            self._said_no_cp = True
+        yield
+
+    @property
+    def context_parallel_rank(self) -> int:
+        return self._mesh_rank("cp", "Context parallelism")
+
     @property
     def tensor_parallel_rank(self) -> int:
         return self._mesh_rank("tp", "Tensor parallelism")
@@ -409,7 +432,7 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
             raise TypeError(f"Accelerator({name}=...) is not an argument (Accelerate 1.x moved it): pass "
                             f"dataloader_config=DataLoaderConfiguration({name}=...).")
     _refuse("megatron_lm_plugin", megatron_lm_plugin, "Megatron-LM is not supported.")
-    strategy = _mesh_strategy(parallelism_config, torch_tp_plugin, strategy, deepspeed_plugin, fsdp_plugin)
+    strategy, fsdp_used = _mesh_strategy(parallelism_config, torch_tp_plugin, strategy, deepspeed_plugin, fsdp_plugin)
     _refuse("deepspeed_plugins", deepspeed_plugins, "one DeepSpeed plugin per Accelerator: pass deepspeed_plugin=.")
     compile_options = _compile_options(dynamo_backend, dynamo_plugin, TorchDynamoPlugin)
 
@@ -449,7 +472,7 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         strategy = deepspeed_plugin.strategy()
         if gradient_accumulation_steps is None and deepspeed_plugin.gradient_accumulation_steps is not None:
             gradient_accumulation_steps = deepspeed_plugin.gradient_accumulation_steps
-    if fsdp_plugin is not None:
+    if fsdp_plugin is not None and not fsdp_used:
         if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
             raise TypeError("fsdp_plugin must be a tasktrain.utils.FullyShardedDataParallelPlugin (or pass "
                             "strategy=FSDP(...)).")
@@ -531,17 +554,40 @@ def _mesh_strategy(parallelism_config, torch_tp_plugin, strategy, deepspeed_plug
     if parallelism_config is None and os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
         parallelism_config = ParallelismConfig()  # a launch config's parallelism_config (its sizes in the environment)
     if parallelism_config is None:
-        return strategy
+        return strategy, False
     if not isinstance(parallelism_config, ParallelismConfig):
         raise TypeError(f"parallelism_config must be a tasktrain.ParallelismConfig (Accelerate's fields: "
                         f"dp_replicate_size, dp_shard_size, tp_size, cp_size), got {type(parallelism_config).__name__}.")
-    if strategy is not None or deepspeed_plugin is not None or fsdp_plugin is not None:
+    if strategy is not None or deepspeed_plugin is not None:
         raise ValueError("parallelism_config picks the strategy (tensor parallel and FSDP2 on one device mesh: prepare "
-                         "applies fully_shard over the data-parallel dimensions itself); drop strategy=, "
-                         "deepspeed_plugin= and fsdp_plugin=.")
+                         "applies fully_shard over the data-parallel dimensions itself); drop strategy= and "
+                         "deepspeed_plugin= (an fsdp_plugin's options are used).")
+    fsdp_options = None
+    if fsdp_plugin is not None:
+        from tasktrain.compat.accelerate.utils.dataclasses import FullyShardedDataParallelPlugin
+
+        if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
+            raise TypeError("fsdp_plugin must be a tasktrain.utils.FullyShardedDataParallelPlugin.")
+        # Accelerate's check (ParallelismConfig._validate_accelerator), in its words
+        if parallelism_config.total_size > 1 and not parallelism_config.dp_shard_enabled and \
+                not parallelism_config.cp_enabled:
+            raise ValueError(
+                "FSDP is enabled but the parallelism config has no dimension for FSDP to shard across (both "
+                "`dp_shard_size` and `cp_size` are 1). Either drop fsdp_plugin, or leave ranks for FSDP to use by "
+                "lowering `tp_size` and raising `dp_shard_size`.")
+        fsdp_options, ignored = fsdp_plugin.options()  # fsdp_version 1 is refused there (FSDP2 only)
+        if ignored:
+            warnings.warn("FullyShardedDataParallelPlugin: " + "; ".join(f"{k} is ignored ({why})"
+                                                                         for k, why in ignored.items()) + ".")
+    for name in ("tp", "cp", "sp"):  # Accelerate warns of a handler whose size is 1 (others are refused)
+        if getattr(parallelism_config, f"{name}_handler") is not None:
+            warnings.warn(f"ParallelismConfig has the following warnings:\nParallelismConfig.{name}_handler is set, "
+                          f"but {name}_size is set to 1. This handler will be ignored.", UserWarning)
     if parallelism_config.total_size == 1:
-        return strategy  # nothing to lay out: the default strategy, as in Accelerate (DDP on several processes)
-    return parallelism_config.strategy()
+        if fsdp_options is not None:
+            return fsdp_plugin.strategy(), True  # as Accelerate: the plugin's FSDP, nothing on a mesh
+        return strategy, False  # nothing to lay out: the default strategy, as in Accelerate (DDP on several processes)
+    return parallelism_config.strategy(fsdp_options), True
 
 
 def _compile_options(dynamo_backend, dynamo_plugin, plugin_class):

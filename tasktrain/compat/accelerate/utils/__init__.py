@@ -25,6 +25,7 @@ _NAMES = {
     "FullyShardedDataParallelPlugin": "tasktrain.compat.accelerate.utils.dataclasses",
     "TorchDynamoPlugin": "tasktrain.compat.accelerate.utils.dataclasses",
     "DynamoBackend": "tasktrain.compat.accelerate.utils.dataclasses",
+    "TorchContextParallelConfig": "tasktrain.compat.accelerate.parallelism_config",  # issue 39
     # collectives
     "gather": "tasktrain.compat.accelerate.utils.operations",
     "gather_object": "tasktrain.compat.accelerate.utils.operations",
