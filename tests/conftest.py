@@ -33,23 +33,3 @@ def _offline_trackers(tmp_path_factory):
             mp.delenv(var, raising=False)
         yield
 
-
-def pytest_collection_modifyitems(session, config, items):
-    """Test files run slowest first. `make test` hands whole files to two workers in collection order
-    (--dist loadfile --no-loadscope-reorder): a slow file that starts last would finish alone while the other
-    worker idles. tests/durations.json holds each file's measured seconds (scripts/test_durations.py writes it from a
-    junit report); a file not in it counts as a middling one. Within a file, tests keep their order."""
-    import json
-
-    with open(os.path.join(ROOT, "tests", "durations.json")) as f:
-        seconds = json.load(f)
-    default = sorted(seconds.values())[len(seconds) // 2] if seconds else 0.0
-    first_seen = {}
-    for item in items:
-        first_seen.setdefault(item.nodeid.split("::")[0], len(first_seen))
-
-    def key(item):
-        path = item.nodeid.split("::")[0]
-        return -seconds.get(os.path.basename(path), default), first_seen[path]
-
-    items.sort(key=key)  # stable: a file's tests keep their order
