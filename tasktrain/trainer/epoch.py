@@ -79,8 +79,10 @@ class EpochIterator:
         return length
 
     def skip(self, num_batches):
-        """The next pass starts `num_batches` batches into this rank's shard (a pending resume keeps its samples)."""
-        samples = self._resume[1] if self._resume is not None else None
+        """The next pass starts `num_batches` batches into this rank's shard (a pending resume at that batch keeps its
+        samples; one elsewhere, e.g. at 0 after loading a folder without positions, gives way to the skip)."""
+        pending = self._resume
+        samples = pending[1] if pending is not None and pending[0] == int(num_batches) else None
         self._resume = (int(num_batches), samples)
         self.position.batch_in_epoch = int(num_batches)
 

@@ -4,7 +4,7 @@ or, imports renamed, under tasktrain (issue 41). Each case writes its trained we
 OUT/{case}_{framework}_rank{r}.pt, for tests/test_accelerate_numbers.py to compare.
 
     python numbers_worker.py accelerate|tasktrain|accelerate,tasktrain OUT CASE [CASE ...]
-    CASE: vision, nlp, autoacc, crossval, resume_full, resume_save, resume_load
+    CASE: vision, nlp, autoacc, crossval, resume_full, resume_save, resume_load, resume_cross
 """
 import math
 import os
@@ -253,8 +253,8 @@ def crossval():
 
 def resume(mode):
     """complete_nlp_example with --checkpointing_steps: save_state after step 3 of epoch 1 (mode "save": stop
-    there; "full": go on), or (mode "load") load_state and go on: the script is Accelerate's, which calls
-    skip_first_batches for the steps of the epoch done."""
+    there; "full": go on), or load_state and go on (mode "load": this framework's folder; "cross": the other
+    framework's): the script is Accelerate's, which calls skip_first_batches for the steps of the epoch done."""
     accelerator = Accelerator(cpu=True)
     set_seed(42)
     train = DataLoader(text_data(), shuffle=True, batch_size=4)
@@ -262,9 +262,10 @@ def resume(mode):
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
     scheduler = linear_warmup(optimizer, 2, len(train) * 3)
     model, optimizer, train, scheduler = accelerator.prepare(model, optimizer, train, scheduler)
-    folder = os.path.join(OUT, f"resume_{FRAMEWORK}", "step_3")
+    writer = FRAMEWORK if mode != "cross" else {"accelerate": "tasktrain", "tasktrain": "accelerate"}[FRAMEWORK]
+    folder = os.path.join(OUT, f"resume_{writer}", "step_3")
     starting_epoch, resume_step = 0, None
-    if mode == "load":
+    if mode in ("load", "cross"):
         accelerator.load_state(folder)
         starting_epoch, resume_step = 1, 3
     for epoch in range(starting_epoch, 3):
@@ -279,7 +280,7 @@ def resume(mode):
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-            if epoch == 1 and step == 2 and mode != "load":
+            if epoch == 1 and step == 2 and mode in ("full", "save"):
                 accelerator.save_state(folder)
                 if mode == "save":
                     return accelerator, model, {"files": sorted(os.listdir(folder))}
@@ -288,11 +289,11 @@ def resume(mode):
 
 RUN = {"vision": vision, "nlp": nlp, "autoacc": autoacc, "crossval": crossval,
        "resume_full": lambda: resume("full"), "resume_save": lambda: resume("save"),
-       "resume_load": lambda: resume("load")}
+       "resume_load": lambda: resume("load"), "resume_cross": lambda: resume("cross")}
 
-for framework in FRAMEWORKS:
-    use(framework)
-    for case in CASES:
+for case in CASES:  # each case under each framework in turn (resume_cross reads the other's folder)
+    for framework in FRAMEWORKS:
+        use(framework)
         accelerator, model, extra = RUN[case]()
         state = model if isinstance(model, dict) else weights(accelerator, model)
         extra["num_processes"] = accelerator.num_processes
