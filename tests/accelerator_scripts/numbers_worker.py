@@ -16,21 +16,21 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 FRAMEWORKS, OUT, CASES = sys.argv[1].split(","), sys.argv[2], sys.argv[3:]
-FRAMEWORK = Accelerator = AcceleratorState = find_executable_batch_size = set_seed = None
+FRAMEWORK = Accelerator = AcceleratorState = ProjectConfiguration = find_executable_batch_size = set_seed = None
 
 
 def use(framework):
     """Import the names as the script would: Accelerate's, or the same script with its imports renamed as
     docs/accelerator.md says. Several frameworks in one launch run one after the other in the same processes."""
-    global FRAMEWORK, Accelerator, AcceleratorState, find_executable_batch_size, set_seed
+    global FRAMEWORK, Accelerator, AcceleratorState, ProjectConfiguration, find_executable_batch_size, set_seed
     FRAMEWORK = framework
     if framework == "accelerate":
         from accelerate import Accelerator
         from accelerate.state import AcceleratorState
-        from accelerate.utils import find_executable_batch_size, set_seed
+        from accelerate.utils import ProjectConfiguration, find_executable_batch_size, set_seed
     else:
         from tasktrain import Accelerator
-        from tasktrain.utils import find_executable_batch_size, set_seed
+        from tasktrain.utils import ProjectConfiguration, find_executable_batch_size, set_seed
 
         AcceleratorState = None
 
@@ -252,39 +252,48 @@ def crossval():
 
 
 def resume(mode):
-    """complete_nlp_example with --checkpointing_steps: save_state after step 3 of epoch 1 (mode "save": stop
-    there; "full": go on), or load_state and go on (mode "load": this framework's folder; "cross": the other
-    framework's): the script is Accelerate's, which calls skip_first_batches for the steps of the epoch done."""
-    accelerator = Accelerator(cpu=True)
+    """complete_nlp_example with checkpointing: save_state() under ProjectConfiguration(automatic_checkpoint_naming,
+    total_limit=2) after overall steps 2, 4 and 8 (mode "save": stop there; "full": go on), or load_state and go on
+    (mode "load": this framework's newest checkpoint; "cross": the other framework's): the script is Accelerate's,
+    which computes the epoch and the steps done from the step count and calls skip_first_batches."""
+    project = os.path.join(OUT, f"resume_{FRAMEWORK}" + ("_full" if mode == "full" else ""))
+    accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
+        project_dir=project, automatic_checkpoint_naming=True, total_limit=2))
     set_seed(42)
     train = DataLoader(text_data(), shuffle=True, batch_size=4)
     model = TextModel().to(accelerator.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
     scheduler = linear_warmup(optimizer, 2, len(train) * 3)
     model, optimizer, train, scheduler = accelerator.prepare(model, optimizer, train, scheduler)
-    writer = FRAMEWORK if mode != "cross" else {"accelerate": "tasktrain", "tasktrain": "accelerate"}[FRAMEWORK]
-    folder = os.path.join(OUT, f"resume_{writer}", "step_3")
-    starting_epoch, resume_step = 0, None
+    starting_epoch, resume_step, overall_step, save_at = 0, None, 0, 8
+    if mode == "load":
+        accelerator.load_state()  # the newest checkpoint_N
+    if mode == "cross":
+        other = {"accelerate": "tasktrain", "tasktrain": "accelerate"}[FRAMEWORK]
+        accelerator.load_state(os.path.join(OUT, f"resume_{other}", "checkpoints", "checkpoint_2"))
     if mode in ("load", "cross"):
-        accelerator.load_state(folder)
-        starting_epoch, resume_step = 1, 3
+        overall_step = save_at
+        starting_epoch, resume_step = divmod(save_at, len(train))
     for epoch in range(starting_epoch, 3):
         model.train()
         active = train
         if resume_step is not None and epoch == starting_epoch:
             # the example skips the steps done (tasktrain's load_state already put the loader there: the same)
             active = accelerator.skip_first_batches(train, resume_step)
-        for step, batch in enumerate(active):
+        for batch in active:
             _, loss = model(**batch)
             accelerator.backward(loss)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-            if epoch == 1 and step == 2 and mode in ("full", "save"):
-                accelerator.save_state(folder)
-                if mode == "save":
-                    return accelerator, model, {"files": sorted(os.listdir(folder))}
-    return accelerator, model, {"rng": torch.rand(1).item()}
+            overall_step += 1
+            if overall_step in (2, 4, save_at) and mode in ("full", "save"):
+                accelerator.save_state()
+                if mode == "save" and overall_step == save_at:
+                    folders = sorted(os.listdir(os.path.join(project, "checkpoints")))
+                    files = sorted(os.listdir(os.path.join(project, "checkpoints", folders[-1])))
+                    return accelerator, model, {"folders": folders, "files": files}
+    return accelerator, model, {"rng": torch.rand(1).item(), "epoch": starting_epoch}
 
 
 RUN = {"vision": vision, "nlp": nlp, "autoacc": autoacc, "crossval": crossval,
