@@ -9,6 +9,7 @@ OUT/{case}_{framework}_rank{r}.pt, for tests/test_accelerate_numbers.py to compa
 import math
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -290,6 +291,7 @@ def resume(mode):
             if overall_step in (2, 4, save_at) and mode in ("full", "save"):
                 accelerator.save_state()
                 if mode == "save" and overall_step == save_at:
+                    accelerator.wait_for_everyone()  # every rank's random_states file is written
                     folders = sorted(os.listdir(os.path.join(project, "checkpoints")))
                     files = sorted(os.listdir(os.path.join(project, "checkpoints", folders[-1])))
                     return accelerator, model, {"folders": folders, "files": files}
@@ -303,7 +305,9 @@ RUN = {"vision": vision, "nlp": nlp, "autoacc": autoacc, "crossval": crossval,
 for case in CASES:  # each case under each framework in turn (resume_cross reads the other's folder)
     for framework in FRAMEWORKS:
         use(framework)
+        began = time.perf_counter()
         accelerator, model, extra = RUN[case]()
+        print(f"{case} {framework}: {time.perf_counter() - began:.2f} s", file=sys.stderr)
         state = model if isinstance(model, dict) else weights(accelerator, model)
         extra["num_processes"] = accelerator.num_processes
         torch.save({"weights": state, **extra},
@@ -311,5 +315,4 @@ for case in CASES:  # each case under each framework in turn (resume_cross reads
         accelerator.wait_for_everyone()
         if AcceleratorState is not None:
             AcceleratorState._reset_state(True)  # the next case builds its Accelerator afresh, as a new script would
-        else:
-            accelerator.free_memory()
+        del accelerator, model
