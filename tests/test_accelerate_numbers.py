@@ -21,7 +21,7 @@ import torch
 from test_accelerator import SCRIPTS, clean_env, launch
 
 WORKER = os.path.join(SCRIPTS, "numbers_worker.py")
-TRAINED = ["vision", "nlp", "autoacc", "crossval", "resume_full"]
+TRAINED = ["vision", "nlp", "options", "autoacc", "crossval", "resume_full"]
 CASES = TRAINED + ["resume_save", "resume_load", "resume_cross"]
 SINGLE = {"autoacc", "crossval"}  # nothing distributed of their own: run on one process only (test time)
 NOISE = 1e-6  # two processes: gloo's all-reduce may sum in another order than Accelerate's DDP; fp32 noise

@@ -4,7 +4,7 @@ or, imports renamed, under tasktrain (issue 41). Each case writes its trained we
 OUT/{case}_{framework}_rank{r}.pt, for tests/test_accelerate_numbers.py to compare.
 
     python numbers_worker.py accelerate|tasktrain|accelerate,tasktrain OUT CASE [CASE ...]
-    CASE: vision, nlp, autoacc, crossval, resume_full, resume_save, resume_load, resume_cross
+    CASE: vision, nlp, options, autoacc, crossval, resume_full, resume_save, resume_load, resume_cross
 """
 import math
 import os
@@ -17,21 +17,23 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 FRAMEWORKS, OUT, CASES = sys.argv[1].split(","), sys.argv[2], sys.argv[3:]
-FRAMEWORK = Accelerator = AcceleratorState = ProjectConfiguration = find_executable_batch_size = set_seed = None
+FRAMEWORK = Accelerator = AcceleratorState = DataLoaderConfiguration = ProjectConfiguration = None
+find_executable_batch_size = set_seed = None
 
 
 def use(framework):
     """Import the names as the script would: Accelerate's, or the same script with its imports renamed as
     docs/accelerator.md says. Several frameworks in one launch run one after the other in the same processes."""
-    global FRAMEWORK, Accelerator, AcceleratorState, ProjectConfiguration, find_executable_batch_size, set_seed
+    global FRAMEWORK, Accelerator, AcceleratorState, DataLoaderConfiguration, ProjectConfiguration
+    global find_executable_batch_size, set_seed
     FRAMEWORK = framework
     if framework == "accelerate":
         from accelerate import Accelerator
         from accelerate.state import AcceleratorState
-        from accelerate.utils import ProjectConfiguration, find_executable_batch_size, set_seed
+        from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, find_executable_batch_size, set_seed
     else:
         from tasktrain import Accelerator
-        from tasktrain.utils import ProjectConfiguration, find_executable_batch_size, set_seed
+        from tasktrain.utils import DataLoaderConfiguration, ProjectConfiguration, find_executable_batch_size, set_seed
 
         AcceleratorState = None
 
@@ -106,7 +108,7 @@ def weights(accelerator, model):
     return {k: v.detach().cpu().clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
 
 
-# -- the cases -----------------------------------------------------------------------------------------------------------
+# -- the cases ---------------------------------------------------------------------------------------------------------
 def vision():
     """cv_example: set_seed, a split from numpy, random augmentation, Adam + OneCycleLR over len(train_dataloader),
     gather_for_metrics."""
@@ -173,6 +175,31 @@ def nlp():
         metrics.append(evaluate(accelerator, model, evaluation))
     return accelerator, model, {"metrics": metrics, "norms": norms, "lr": scheduler.get_last_lr()[0],
                                 "rng": torch.rand(1).item()}
+
+
+def options():
+    """The knobs that change numbers: split_batches, use_seedable_sampler, step_scheduler_with_optimizer=False,
+    a window of 3 with a short last one (the loader's end closes it), clip_grad_value_."""
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3, step_scheduler_with_optimizer=False,
+                              dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True))
+    set_seed(42)
+    train = DataLoader(text_data(), shuffle=True, batch_size=4)
+    model = TextModel().to(accelerator.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
+    model, optimizer, train, scheduler = accelerator.prepare(model, optimizer, train, scheduler)
+    for _ in range(2):
+        model.train()
+        for batch in train:
+            with accelerator.accumulate(model):
+                _, loss = model(**batch)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_value_(model.parameters(), 0.05)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+    return accelerator, model, {"lr": scheduler.get_last_lr()[0], "rng": torch.rand(1).item()}
 
 
 def autoacc():
@@ -298,7 +325,7 @@ def resume(mode):
     return accelerator, model, {"rng": torch.rand(1).item(), "epoch": starting_epoch}
 
 
-RUN = {"vision": vision, "nlp": nlp, "autoacc": autoacc, "crossval": crossval,
+RUN = {"vision": vision, "nlp": nlp, "options": options, "autoacc": autoacc, "crossval": crossval,
        "resume_full": lambda: resume("full"), "resume_save": lambda: resume("save"),
        "resume_load": lambda: resume("load"), "resume_cross": lambda: resume("cross")}
 

@@ -255,7 +255,8 @@ class Accelerator(core.Accelerator):
     @contextlib.contextmanager
     def profile(self, profile_handler=None):
         """torch.profiler.profile with the ProfileKwargs given here or in kwargs_handlers; with output_trace_dir
-        each process writes its Chrome trace there (profile_{process_index}.json, Accelerate's name) at the end of the block."""
+        each process writes its Chrome trace there (profile_{process_index}.json, Accelerate's name) at the end of
+        the block."""
         from tasktrain.compat.accelerate.utils.dataclasses import ProfileKwargs
 
         handler = profile_handler or self._profile_handler or ProfileKwargs()
