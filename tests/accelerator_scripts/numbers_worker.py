@@ -6,7 +6,7 @@ OUT/{case}_{framework}_rank{r}.pt, for tests/test_accelerate_numbers.py to compa
     python numbers_worker.py accelerate|tasktrain|accelerate,tasktrain OUT CASE [CASE ...]
     CASE: vision, nlp, options, autoacc, crossval, resume_full, resume_save, resume_load, resume_cross
 """
-import math
+import gc
 import os
 import sys
 import time
@@ -328,6 +328,13 @@ def resume(mode):
 RUN = {"vision": vision, "nlp": nlp, "options": options, "autoacc": autoacc, "crossval": crossval,
        "resume_full": lambda: resume("full"), "resume_save": lambda: resume("save"),
        "resume_load": lambda: resume("load"), "resume_cross": lambda: resume("cross")}
+
+# Test time only: everything imported up front (an optimizer's first construction imports torch._dynamo), then
+# frozen out of the garbage collector, so that the gc.collect() of free_memory / find_executable_batch_size is cheap.
+for framework in FRAMEWORKS:
+    use(framework)
+torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+gc.freeze()
 
 for case in CASES:  # each case under each framework in turn (resume_cross reads the other's folder)
     for framework in FRAMEWORKS:
