@@ -111,7 +111,9 @@ def test_a_pickle_holding_other_objects_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="does not unpickle arbitrary objects"):
         accelerator.load_state(tmp_path / "state")
     with pytest.raises(ValueError, match="layout='accelerate' too"):
-        accelerator.save_state(tmp_path / "other", safe_serialization=False)
+        accelerator.save_state(tmp_path / "other", safe_serialization=False, layout="tasktrain")
+    accelerator.save_state(tmp_path / "bin", safe_serialization=False)  # Accelerate's layout by default (issue 41)
+    assert "pytorch_model.bin" in os.listdir(tmp_path / "bin")
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.bin", "random_states_0.pkl"])

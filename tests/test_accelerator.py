@@ -307,11 +307,14 @@ def test_clear_errors(tmp_path, monkeypatch):
         accelerator.load_state(tmp_path / "nowhere")
     model, optimizer = accelerator.prepare(torch.nn.Linear(2, 2), torch.optim.SGD([torch.nn.Parameter(torch.ones(1))],
                                                                                    lr=0.1))
-    accelerator.save_state(tmp_path / "state")
+    accelerator.save_state(tmp_path / "state", layout="tasktrain")
+    accelerator.save_state(tmp_path / "accelerate_state")  # Accelerate's files (the default, issue 41)
     other = Accelerator()
     other.prepare(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="holds 1 optimizers but this Accelerator has 0"):
         other.load_state(tmp_path / "state")
+    with pytest.raises(ValueError, match="optimizer.bin exists: the folder holds more optimizers"):
+        other.load_state(tmp_path / "accelerate_state")
     for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2")):
         monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match="started 2 processes, but strategy 'single_device'"):

@@ -81,7 +81,7 @@ def test_profile_writes_a_trace(tmp_path):
     with accelerator.profile() as profiler:
         torch.nn.Linear(4, 4)(torch.randn(3, 4))
     assert any("aten::linear" in event.key for event in profiler.key_averages())
-    assert "aten::linear" in (tmp_path / "trace_rank_0.json").read_text()
+    assert "aten::linear" in (tmp_path / "profile_0.json").read_text()
 
 
 def test_find_executable_batch_size_shrinks_on_out_of_memory():
@@ -171,7 +171,7 @@ def test_accelerate_style_script_on_one_and_two_processes(tmp_path, launch_type)
         assert result["gather_for_metrics_objects"] == [f"s{i}" for i in everything]
         assert result["checkpoints"] == ["checkpoint_1", "checkpoint_2"] and result["counter"] == 2
         assert result["save_iteration"] == 3 and result["no_sync_differs"]
-        assert (out / "traces" / f"trace_rank_{r}.json").exists()
+        assert (out / "traces" / f"profile_{r}.json").exists()
         expected_type = {None: "NO", "MULTI_GPU": "MULTI_CPU", "DEEPSPEED": "DEEPSPEED", "FSDP": "FSDP"}[launch_type]
         if expected_type == "MULTI_CPU" and torch.cuda.device_count() >= 2:
             expected_type = "MULTI_GPU"

@@ -155,7 +155,7 @@ class Accelerator:
         self._custom = []  # register_for_checkpointing
         self._local_sgd = LocalSGDRecord(self)  # the LocalSGD in use, saved for an exact resume (trainer/local_sgd.py)
         self._data_seed = data_seed
-        # how prepared map-style loaders shard (tasktrain/trainer/shard.py: Accelerate's order)
+        self._data_seed_drawn = False  # no data seed given: a generator-less loader draws as Accelerate's does        # how prepared map-style loaders shard (tasktrain/trainer/shard.py: Accelerate's order)
         self.split_batches, self.even_batches = bool(split_batches), bool(even_batches)
         self.use_seedable_sampler = bool(use_seedable_sampler)
         # DataLoaderConfiguration(dispatch_batches=...): rank 0 reads and dispatches (tasktrain/trainer/dispatch.py)
@@ -322,6 +322,7 @@ class Accelerator:
             return loader
         if self._data_seed is None:
             self._data_seed = broadcast_seed(self.strategy)
+            self._data_seed_drawn = True
         prepared = prepare_for_accelerator(loader, self)  # dispatched, or an IterableDataset cut by global batch
         if prepared is not None and self.strategy.data_parallel_size != self.num_processes:  # issue 39
             raise ValueError("A dispatched loader or an IterableDataset is cut into one part per process, but under "
@@ -333,7 +334,8 @@ class Accelerator:
         if can_shard(loader):  # a map-style DataLoader: Accelerate's order (whole batches per rank)
             data = ShardData(loader, self.strategy.data_parallel_size, self.strategy.data_parallel_rank, self._data_seed,
                              split_batches=self.split_batches, even_batches=self.even_batches,
-                             use_seedable_sampler=self.use_seedable_sampler, broadcast=self.strategy.broadcast)
+                             use_seedable_sampler=self.use_seedable_sampler, broadcast=self.strategy.broadcast,
+                             seed_given=not self._data_seed_drawn)
         else:
             data = prepare_train_data(loader, self.strategy.data_parallel_size, self.strategy.data_parallel_rank,
                                       self._data_seed)

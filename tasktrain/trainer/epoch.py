@@ -79,8 +79,10 @@ class EpochIterator:
         return length
 
     def skip(self, num_batches):
-        """The next pass starts `num_batches` batches into this rank's shard (a pending resume keeps its samples)."""
-        samples = self._resume[1] if self._resume is not None else None
+        """The next pass starts `num_batches` batches into this rank's shard (a pending resume at that batch keeps its
+        samples; one elsewhere, e.g. at 0 after loading a folder without positions, gives way to the skip)."""
+        pending = self._resume
+        samples = pending[1] if pending is not None and pending[0] == int(num_batches) else None
         self._resume = (int(num_batches), samples)
         self.position.batch_in_epoch = int(num_batches)
 
@@ -88,15 +90,19 @@ class EpochIterator:
         """The resume pending on `other` (the iterator of the loader this one replaces) applies to this one."""
         self._resume = other._resume
 
-    def batches(self, profiler=None):
+    def batches(self, profiler=None, ahead=False):
         """(index, batch, whether it is the epoch's last) from the position on. With a known length the flag stays
         False (the windows end at the last index already; zip runs in C, no Python frame per batch); without one a
-        batch is read ahead, so that the last one is known while it is trained on."""
+        batch is read ahead, so that the last one is known while it is trained on. ahead=True reads the next batch
+        before each one is used in any case, as Accelerate's prepared loaders do: a data set that draws from the
+        global random generator then interleaves its draws with the model's as under Accelerate (issue 41)."""
         start, length = self.position.batch_in_epoch, self.length
         if length is not None and start >= length:
             return ()  # resumed after the last batch: only the epoch's end is left to run
         data = self.data if profiler is None else profiled_iter(self.data, profiler, "train_dataloader_next")
         if length is not None:
+            if ahead:
+                data = (batch for batch, _ in read_ahead(iter(data)))
             return zip(range(start, length), data, itertools.repeat(False))
         return ((index, batch, last) for index, (batch, last) in enumerate(read_ahead(iter(data)), start))
 

@@ -193,7 +193,7 @@ class PreparedDataLoader:
         place = accelerator._place_batch if accelerator is not None else self._world.batch_to_device
         data = self._data if self._data.sliced else None  # a sliced kind knows its last step as it reads it
         try:
-            for index, batch, last in watched_batches(watchdog, epochs.batches(), "the loop's body", _no_step, start):
+            for index, batch, last in watched_batches(watchdog, epochs.batches(ahead=True), "the loop's body", _no_step, start):
                 epochs.advance(index)  # counted before the body runs: a save_state inside it resumes after it
                 self.at_last_batch = last or (length is not None and index + 1 >= length) or \
                     (data is not None and data.is_last(index - start))

@@ -5,10 +5,13 @@ loaders follow Accelerate instead, so that a script moved from Accelerate sees t
 trains the same weights:
 
 - The order of an epoch is the user's own batch sampler, iterated as the plain DataLoader iterates it, with the
-  same generator: on one process a prepared loader yields exactly the plain DataLoader's batches. A shuffling
-  sampler without a generator gets one, seeded once from the data seed (rank 0's, or DataLoaderConfiguration's
-  data_seed). On several processes every generator of the order is rank 0's at the start of each epoch, so every
-  rank draws the same sequence of batches: the *global batches* of the epoch.
+  same generator: on one process a prepared loader yields exactly the plain DataLoader's batches, and draws from
+  torch's global generator exactly what the plain DataLoader draws (issue 41: a shuffling sampler without a
+  generator draws its permutation's seed from it every epoch). On several processes such a sampler gets a generator
+  seeded once, at prepare, by one draw from torch's global generator (Accelerate's prepare_data_loader); a data seed
+  given by the user (DataLoaderConfiguration(data_seed=...)) seeds it instead, on any number of processes. Every
+  generator of the order is rank 0's at the start of each epoch, so every rank draws the same sequence of batches:
+  the *global batches* of the epoch.
 - split_batches=False: rank r of W takes global batches r, r + W, r + 2W, ... (one step of the loop covers W of
   them). split_batches=True: every global batch is cut into W slices, rank r takes the r-th.
 - The tail (on several processes; one process reads the user's batches as they are): drop_last drops what does not fill a step; even_batches=True completes the last step with the first
@@ -21,8 +24,12 @@ padding, and gathers batches of uneven sizes.
 
 Resume on any number of processes: the generators' states at the start of the epoch are saved with the position
 (samples of the epoch's global batches consumed); a resume sets them back, draws the same epoch order, drops the
-samples consumed and shards the rest over the processes it has now.
+samples consumed and shards the rest over the processes it has now. An order drawn from torch's global generator
+saves that generator's state at the epoch's start ({"global_rng": state}); a resume draws the epoch from it and
+then gives the global generator back the state load_state restored, so the rest of the run draws what the
+uninterrupted run drew. The epochs after a resume on another number of processes follow that number's rule.
 """
+import contextlib
 import copy
 import math
 
@@ -145,7 +152,7 @@ class ShardData(TrainData):
     kind = "shard"
 
     def __init__(self, loader, num_processes, rank, seed, *, split_batches=False, even_batches=True,
-                 use_seedable_sampler=False, broadcast=None):
+                 use_seedable_sampler=False, broadcast=None, seed_given=True):
         if loader.batch_sampler is None:
             raise ValueError("This DataLoader has no batch sampler (batch_size=None): the Accelerator shards a "
                              "map-style DataLoader by its batches; give it batch_size or batch_sampler.")
@@ -155,6 +162,7 @@ class ShardData(TrainData):
         # The user's batch sampler and sampler are copied (their own DataLoader keeps working as it was); the
         # generators stay the same objects, so the draws are those of the plain DataLoader.
         self.user_batch_sampler = copy.copy(loader.batch_sampler)
+        self.global_order = False  # the order's seed is drawn from torch's global generator, as the plain loader
         self.batch_size = getattr(self.user_batch_sampler, "batch_size", None)
         self.drop_last = bool(getattr(self.user_batch_sampler, "drop_last", False))
         if self.split_batches:
@@ -167,12 +175,17 @@ class ShardData(TrainData):
                                                 num_samples=sampler._num_samples, generator=sampler.generator,
                                                 data_seed=seed)
             elif getattr(sampler, "generator", False) is None:
-                # a shuffling sampler without a generator would draw from the global random state each epoch: one
-                # of its own, seeded once, makes the order the same on every rank and reproducible on a resume
-                sampler.generator = torch.Generator()
-                sampler.generator.manual_seed(int(seed))
+                if self.num_processes > 1 or seed_given:
+                    # several processes must draw one order: a generator of its own, broadcast from rank 0 each
+                    # epoch, seeded by the user's data seed or (Accelerate) by one draw from the global generator
+                    sampler.generator = torch.Generator()
+                    sampler.generator.manual_seed(int(seed) if seed_given else
+                                                  int(torch.empty((), dtype=torch.int64).random_().item()))
+                else:
+                    self.global_order = True  # one process: the plain DataLoader's draws (issue 41)
             self.user_batch_sampler.sampler = sampler
         self.user_sampler = sampler
+        self._draw = None  # how a resume draws the epoch in flight: ("global" | "generator", saved state)
         self.generators = []
         for generator in (loader.generator, getattr(sampler, "generator", None)):
             if isinstance(generator, torch.Generator) and all(generator is not g for g in self.generators):
@@ -201,7 +214,8 @@ class ShardData(TrainData):
         epoch's start) and its batches have a size, so a resume on other processes continues it exactly."""
         if self.batch_size is None:
             return False
-        return isinstance(self.user_sampler, (SequentialSampler, SeedableRandomSampler)) or bool(self.generators)
+        return (isinstance(self.user_sampler, (SequentialSampler, SeedableRandomSampler)) or bool(self.generators)
+                or self.global_order)
 
     @property
     def num_samples(self):
@@ -239,23 +253,48 @@ class ShardData(TrainData):
 
     def order_state(self, started):
         """What regenerates the order of the epoch: the generators at its start (`started`: the epoch is in
-        flight, else the next epoch starts from their current state)."""
+        flight, else the next epoch starts from their current state). An order drawn from the global generator:
+        its state at the epoch's start, or nothing between epochs (load_state restores the global generator)."""
         if started and self.epoch_start_states is not None:
-            return list(self.epoch_start_states)
+            states = self.epoch_start_states
+            return dict(states) if isinstance(states, dict) else list(states)
+        if self.global_order:
+            return {}
         return [g.get_state() for g in self.generators]
 
     def __iter__(self):
         restored, self._restored = self._restored, None
-        if restored is not None and len(restored) == len(self.generators):
+        self._draw, applied = None, False
+        if isinstance(restored, dict):
+            if "global_rng" in restored:  # the epoch in flight was drawn from the global generator
+                self._draw = ("global", restored["global_rng"])
+        elif restored is not None and self.global_order and len(restored) == 1:
+            self._draw = ("generator", restored[0])  # saved on several processes, resumed on one
+        elif restored is not None and len(restored) == len(self.generators):
             for generator, state in zip(self.generators, restored):
                 generator.set_state(state)
-        elif self.num_processes > 1 and self._broadcast is not None:
+            applied = True
+        if not applied and self.num_processes > 1 and self._broadcast is not None:
             # every rank draws the epoch from rank 0's generators (Accelerate's rng_types "generator")
             for generator in self.generators:
                 generator.set_state(self._broadcast(generator.get_state()))
         self.epoch_start_states = [g.get_state() for g in self.generators]
+        if self.global_order:
+            self.epoch_start_states = {"global_rng": torch.get_rng_state()}
         self.steps = []
         resumed, self.resumed_mid_epoch = self.resumed_mid_epoch, False
+        if self._draw is not None and self._draw[0] == "global":
+            # The epoch's draws (the workers' base seed, then the sampler's seed) from the saved state, then the
+            # state load_state restored back: the rest of the run draws what the uninterrupted run drew.
+            start, restored_state = self._draw[1], torch.get_rng_state()
+            self.epoch_start_states = {"global_rng": start}
+            torch.set_rng_state(start)
+            iterator = iter(self.loader)
+            self._draw = ("global", torch.get_rng_state())
+            torch.set_rng_state(restored_state)
+            return iterator
+        if self._draw is not None:
+            self.epoch_start_states = [self._draw[1]]
         if resumed and self.loader.generator is None:
             # A DataLoader without a generator draws its workers' base seed from the global random state when an
             # iteration starts. The uninterrupted run drew it at the epoch's start, before the state a resume
@@ -274,14 +313,16 @@ class ShardData(TrainData):
         skip_samples, self._skip_samples = self._skip_samples, None
         world, size = self.num_processes, self.batch_size
         if self._plain:
-            order = list(self.user_batch_sampler.sampler)
+            with self._drawing():
+                order = list(self.user_batch_sampler.sampler)
             batches = _chunks(order, size, self.drop_last)
             if skip_samples:
                 rest = _chunks(order[skip_samples:], size, self.drop_last)
             else:
                 rest = batches[skip_batches:]
         else:
-            batches = [list(b) for b in self.user_batch_sampler]
+            with self._drawing():
+                batches = [list(b) for b in self.user_batch_sampler]
             start = skip_batches
             if skip_samples:
                 seen = 0
@@ -295,6 +336,37 @@ class ShardData(TrainData):
         first = batches[:1] if self.split_batches else batches[:world]
         self.steps = layout(rest, first, world, size, self.split_batches, self.even_batches, self.drop_last)
         return self.steps
+
+    @contextlib.contextmanager
+    def _drawing(self):
+        """Draw the order of a resumed epoch from what the checkpoint saved (see __iter__), once."""
+        draw, self._draw = self._draw, None
+        if draw is None:
+            yield
+            return
+        kind, state = draw
+        sampler = self.user_sampler
+        own = getattr(sampler, "generator", None)
+        if kind == "global":
+            # from the global generator as it was after the epoch's first draw; a sampler that has a generator now
+            # (a resume on several processes) draws this epoch as the one process did
+            restored_state = torch.get_rng_state()
+            torch.set_rng_state(state)
+            if own is not None:
+                sampler.generator = None
+            try:
+                yield
+            finally:
+                torch.set_rng_state(restored_state)
+                if own is not None:
+                    sampler.generator = own
+            return
+        sampler.generator = torch.Generator()
+        sampler.generator.set_state(state)
+        try:
+            yield
+        finally:
+            sampler.generator = own
 
     def _sizes(self, num_samples):
         """Dummy global batches of the epoch's sizes (all of them, those left after `num_samples`), for counts."""

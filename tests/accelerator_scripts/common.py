@@ -29,13 +29,18 @@ def make_dataset(n=100):
     return TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g))
 
 
-def accelerator_loop(accelerator, epochs=3, accumulate=False, n=100, batch_size=32, lr=0.01, return_model=False):
+def accelerator_loop(accelerator, epochs=3, accumulate=False, n=100, batch_size=32, lr=0.01, return_model=False,
+                     seed=0):
     """Returns the final parameters (unwrapped state dict) after `epochs` epochs of the snippet (and the prepared
-    model with return_model=True)."""
+    model with return_model=True). The loader's sampler draws from a generator seeded with `seed`, as
+    accelerate_order's (a shuffling loader without one draws from the global generator, as under Accelerate, which
+    the Trainer's run does not share)."""
     device = accelerator.device
     model = MyModel().to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    data = torch.utils.data.DataLoader(make_dataset(n), batch_size=batch_size, shuffle=True)
+    dataset = make_dataset(n)
+    sampler = torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    data = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     model, optimizer, data = accelerator.prepare(model, optimizer, data)
     model.train()
     for epoch in range(epochs):
@@ -78,9 +83,9 @@ class _OwnBatches(BatchSampler):
 
 def accelerate_order(dataset, batch_size, seed):
     """This process's loader in the order the Accelerator's prepared loader reads (Accelerate's): the batches of a
-    shuffling DataLoader whose sampler draws from a generator seeded once with the data seed, process r of W taking
-    whole batches r, r + W, ... (Accelerate's own BatchSamplerShard: the oracle), the last step refilled from the
-    epoch's start. The Trainer trains on exactly these batches."""
+    shuffling DataLoader whose sampler draws from a generator seeded with `seed` (accelerator_loop's), process r of
+    W taking whole batches r, r + W, ... (Accelerate's own BatchSamplerShard: the oracle), the last step refilled
+    from the epoch's start. The Trainer trains on exactly these batches."""
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
     sampler = torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
     batches = _OwnBatches(sampler, batch_size, drop_last=False)

@@ -278,7 +278,8 @@ class Accelerator(core.Accelerator):
     @contextlib.contextmanager
     def profile(self, profile_handler=None):
         """torch.profiler.profile with the ProfileKwargs given here or in kwargs_handlers; with output_trace_dir
-        each process writes its Chrome trace there (trace_rank_{process_index}.json) at the end of the block."""
+        each process writes its Chrome trace there (profile_{process_index}.json, Accelerate's name) at the end of
+        the block."""
         from tasktrain.compat.accelerate.utils.dataclasses import ProfileKwargs
 
         handler = profile_handler or self._profile_handler or ProfileKwargs()
@@ -300,7 +301,7 @@ class Accelerator(core.Accelerator):
         if handler.output_trace_dir:
             os.makedirs(handler.output_trace_dir, exist_ok=True)
             profiler.export_chrome_trace(os.path.join(handler.output_trace_dir,
-                                                      f"trace_rank_{self.process_index}.json"))
+                                                      f"profile_{self.process_index}.json"))
 
     def pad_across_processes(self, tensor, dim=0, pad_index=0, pad_first=False):
         """Pad `dim` of each tensor to its largest size over processes, so that they can be gathered."""
@@ -326,6 +327,21 @@ class Accelerator(core.Accelerator):
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps})")
 
     # -- Accelerate's save_state files ---------------------------------------------------------------------------------
+    def save_state(self, output_dir=None, safe_serialization=True, layout=None, async_save=False):
+        """Accelerate's save_state: by default its files (layout="accelerate": model.safetensors, optimizer.bin,
+        scheduler.bin, random_states_{i}.pkl, ..., so that Accelerate and the tools that read its folders load them),
+        with our loader positions beside them in accelerator_state.pt; tasktrain's own single file with
+        layout="tasktrain". Where the weights are not whole on one process (DeepSpeed's engine, FSDP's shards) and
+        for async_save, the default is tasktrain's layout (the engine's own checkpoint), as Accelerate writes the
+        engine's there too."""
+        if layout is None:
+            from tasktrain.strategies.base import ClipsInsideStep, Sharded
+
+            sharded = isinstance(self.strategy, (ClipsInsideStep, Sharded))
+            layout = "tasktrain" if async_save or sharded else "accelerate"
+        return super().save_state(output_dir, safe_serialization=safe_serialization, layout=layout,
+                                  async_save=async_save)
+
     def _write_layout(self, output_dir, layout, state, safe_serialization):
         if layout != "accelerate":
             return super()._write_layout(output_dir, layout, state, safe_serialization)
@@ -345,7 +361,7 @@ class Accelerator(core.Accelerator):
                                  "every rank writes), or save_model for the whole weights.") from error
         accelerate_layout.write(output_dir, state["models"], state["optimizers"], state["schedulers"],
                                 state["precision"], state["custom"], self.process_index, self.is_main_process,
-                                safe_serialization=safe_serialization)
+                                safe_serialization=safe_serialization, step=self._micro_step)
         # Our exact-resume extras (loader positions, data seed, accumulation) ride along in our own file.
         state.update(layout="accelerate", models=[], optimizers=[], schedulers=[], custom=[], rng_states=None,
                      precision={})
@@ -364,8 +380,10 @@ class Accelerator(core.Accelerator):
             counts = {"models": len(self._models), "optimizers": len(self._optimizers),
                       "schedulers": len(self._schedulers), "custom": len(self._custom)}
             files = accelerate_layout.read(input_dir, counts, self.process_index)
-            rng_state = files.pop("rng_state")
+            rng_state, step = files.pop("rng_state"), files.pop("step")
             state = {**state, **files}
+            if "loop" not in state and step is not None:  # written by Accelerate: its accumulate() count
+                state["loop"] = {"micro_step": step}
             state.setdefault("loaders", [loader.state_dict() for loader in self._loaders])  # Accelerate has none
             state.setdefault("loop", {"micro_step": self._micro_step})
         return state, rng_state

@@ -73,7 +73,7 @@ def _load_model_file(directory, i):
 
 def read(directory, counts, rank):
     """What an Accelerate save_state folder holds, in tasktrain's terms: {"models", "optimizers", "schedulers",
-    "precision", "custom", "rng_state"} for `counts` = {"models": n, ...} prepared objects."""
+    "precision", "custom", "rng_state", "step"} for `counts` = {"models": n, ...} prepared objects."""
     state = {"models": [_load_model_file(directory, i) for i in range(counts["models"])]}
     for kind, stem, ext in (("optimizers", "optimizer", ".bin"), ("schedulers", "scheduler", ".bin"),
                             ("custom", "custom_checkpoint", ".pkl")):
@@ -98,7 +98,9 @@ def read(directory, counts, rank):
     rng = os.path.join(directory, f"random_states_{rank}.pkl")
     if not os.path.exists(rng):
         rng = os.path.join(directory, "random_states_0.pkl")  # saved by fewer processes: rank 0's
-    state["rng_state"] = _rng_from_accelerate(safe_load(rng)) if os.path.exists(rng) else None
+    states = safe_load(rng) if os.path.exists(rng) else None
+    state["rng_state"] = _rng_from_accelerate(states) if states is not None else None
+    state["step"] = int(states.get("step", 0)) if states is not None else None  # accumulate()'s micro-batch count
     return state
 
 
@@ -114,7 +116,7 @@ def _rng_from_accelerate(states):
 
 
 def write(directory, models, optimizers, schedulers, precision_state, custom, rank, is_main,
-          safe_serialization=True):
+          safe_serialization=True, step=0):
     """Write Accelerate's files: the main process the shared ones, every process its random_states_{rank}.pkl."""
     os.makedirs(directory, exist_ok=True)
     if is_main:
@@ -135,7 +137,7 @@ def write(directory, models, optimizers, schedulers, precision_state, custom, ra
                 atomic_save(state, os.path.join(directory, _numbered(stem, i, ext)))
         if precision_state.get("scaler"):
             atomic_save(precision_state["scaler"], os.path.join(directory, "scaler.pt"))
-    states = {"step": 0, "random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
+    states = {"step": int(step), "random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
               "torch_manual_seed": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()

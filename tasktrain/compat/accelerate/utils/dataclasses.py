@@ -184,7 +184,7 @@ class InitProcessGroupKwargs(KwargsHandler):
 @dataclass
 class ProfileKwargs(KwargsHandler):
     """torch.profiler.profile's arguments for `accelerator.profile()`; output_trace_dir: where each process writes
-    its Chrome trace (trace_rank_{i}.json)."""
+    its Chrome trace (profile_{i}.json, as Accelerate names it)."""
 
     activities: Optional[list] = None
     schedule_option: Optional[dict] = None
