@@ -102,8 +102,9 @@ def test_missing_monitor_is_a_clear_error(tmp_path):
         trainer.fit(Linear(), loader(16))
     with pytest.raises(ValueError, match="mode"):
         ModelCheckpoint(mode="best")
-    with pytest.raises(ValueError, match="never"):
-        ModelCheckpoint(every_n_epochs=None)
+    # Lightning's rule: every_n_epochs=None with no other schedule is each epoch; 0 is accepted and means none
+    assert ModelCheckpoint(every_n_epochs=None).every_n_epochs == 1
+    assert ModelCheckpoint(every_n_epochs=0).every_n_epochs is None
 
 
 def test_save_last_keeps_last_ckpt_for_resuming(tmp_path):

@@ -30,43 +30,49 @@ import torch
 
 from tasktrain.callbacks.base import Callback
 from tasktrain.checkpoint_io import atomic_link, link_tree, remove_path, write_last_pointer
+from tasktrain.utilities.exceptions import MisconfigurationException
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_/.\-]*)(:[^}]*)?\}")
-_DEFAULT = object()  # every_n_epochs not given: 1, unless a step or time schedule is given (as in Lightning)
 
 
 class ModelCheckpoint(Callback):
-    CHECKPOINT_EXT = ".ckpt"
-    LAST_NAME = "last"
+    # Lightning's class attributes: a subclass (or an instance) may change them, e.g. CHECKPOINT_NAME_LAST =
+    # "{epoch}-last" names the last checkpoint with the same fields as filename.
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
 
     def __init__(self, dirpath=None, filename=None, monitor=None, mode="min", save_top_k=1, save_last=False,
-                 every_n_train_steps=None, every_n_epochs=_DEFAULT, save_weights_only=False,
+                 every_n_train_steps=None, every_n_epochs=None, save_weights_only=False,
                  train_time_interval=None, save_on_train_epoch_end=None, auto_insert_metric_name=True,
-                 async_save=False):
+                 async_save=False, save_on_exception=False):
         if mode not in ("min", "max"):
-            raise ValueError(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
+            raise MisconfigurationException(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
         if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0 (none) or a positive k.")
-        if every_n_epochs is _DEFAULT:
-            every_n_epochs = 1 if not every_n_train_steps and train_time_interval is None else None
+            raise MisconfigurationException(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0 (none) or a positive k.")
+        if every_n_epochs is None and every_n_train_steps is None and train_time_interval is None:
+            every_n_epochs = 1  # no schedule given: each epoch (Lightning's rule; every_n_epochs=0 means none)
         if train_time_interval is not None:
             if isinstance(train_time_interval, (int, float)):
                 train_time_interval = timedelta(seconds=train_time_interval)
             if not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() < 0:
-                raise ValueError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a timedelta "
+                raise MisconfigurationException(f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a timedelta "
                                  "(or seconds), e.g. timedelta(minutes=30).")
         if async_save not in (True, False):
-            raise ValueError(f"ModelCheckpoint(async_save={async_save!r}): use True (write in the background) or False.")
+            raise MisconfigurationException(f"ModelCheckpoint(async_save={async_save!r}): use True (write in the background) or False.")
         if save_on_train_epoch_end not in (None, True, False):
-            raise ValueError(f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}): use None, True "
+            raise MisconfigurationException(f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}): use None, True "
                              "or False.")
         for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"ModelCheckpoint({name}={value!r}): use a positive integer, or None/0 for never.")
-        if not every_n_train_steps and not every_n_epochs and train_time_interval is None:
-            raise ValueError("ModelCheckpoint: every_n_train_steps, every_n_epochs and train_time_interval are all "
-                             "off, so it would never save. Set one of them (every_n_epochs=1 saves at each epoch end).")
+                raise MisconfigurationException(f"ModelCheckpoint({name}={value!r}): use a positive integer, or None/0 for never.")
+        if save_on_exception not in (True, False):
+            raise MisconfigurationException(f"ModelCheckpoint(save_on_exception={save_on_exception!r}): use True or "
+                                            "False.")
+        # every_n_epochs=0 (and no other schedule) is Lightning's "no scheduled saves": only save_on_exception
+        # (and a save_checkpoint of the user's) writes then.
         self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self._auto_dirpath = None  # the folder setup filled dirpath with (dirpath=None): resolved again each fit
+        self.save_on_exception = save_on_exception
         self._restored = None  # the state a resume loaded: checked against this run's folder at fit start
         self.filename = filename
         self.monitor = monitor
@@ -86,6 +92,9 @@ class ModelCheckpoint(Callback):
         self.best_k_models = {}  # path -> score (for no monitor: the step, so "best" is the newest)
         self.best_model_path = ""
         self.best_model_score = None
+        self.current_score = None  # the monitored value of the latest top-k candidate (a tensor), as in Lightning
+        self.kth_best_model_path = ""  # the worst of the top k, once there are k (the one the next better evicts)
+        self.kth_value = None
         self.last_model_path = ""
         self._last_saved_step = -1
         self._seen_step = 0  # global_step at the previous batch end
@@ -103,9 +112,25 @@ class ModelCheckpoint(Callback):
 
     def dirpath_resolved(self, trainer):
         if self._resolved_dir is None:
+            if self.dirpath is not None and self.dirpath == self._auto_dirpath:
+                self.dirpath = None  # filled in by an earlier fit: this fit's logger decides again
             directory = self.dirpath or _default_dirpath(trainer)
             self._resolved_dir = trainer.strategy.broadcast(directory)
+            if self.dirpath is None:  # Lightning's attribute shows the folder once fit has set it up
+                self.dirpath = self._auto_dirpath = self._resolved_dir
         return self._resolved_dir
+
+    def to_yaml(self, filepath=None):
+        """Write best_k_models ({path: score}) as YAML, to `filepath` or <dirpath>/best_k_models.yaml."""
+        import yaml  # PyYAML: only when asked
+
+        if filepath is None:
+            if not self.dirpath:
+                raise MisconfigurationException("ModelCheckpoint.to_yaml(): no dirpath yet (it is set when fit "
+                                                "starts); pass filepath=.")
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        with open(filepath, "w") as f:
+            yaml.dump({path: float(score) for path, score in self.best_k_models.items()}, f)
 
     # -- events --------------------------------------------------------------------------------------------------
     def setup(self, trainer, module, stage):
@@ -176,10 +201,21 @@ class ModelCheckpoint(Callback):
         return up
 
     # -- saving --------------------------------------------------------------------------------------------------
-    def _save(self, trainer):
-        """Save a top-k candidate (when it is one) and last.ckpt (when asked). Called on every rank."""
+    def on_exception(self, trainer, module, exception):
+        """save_on_exception=True: an exception that ends fit saves a checkpoint under the filename's name (not a
+        top-k entry) and last (when save_last), as Lightning; not during the sanity check, nor when this step is
+        saved already. On several processes every rank must reach this (an error raised on all of them)."""
+        if not self.save_on_exception or trainer.sanity_checking or self._last_saved_step == trainer.global_step:
+            return
+        self._save(trainer, exception=exception)
+
+    def _save(self, trainer, exception=None):
+        """Save a top-k candidate (when it is one) and last.ckpt (when asked). Called on every rank. With
+        `exception` (save_on_exception), the checkpoint is written whatever its score and is not a top-k entry."""
         if trainer.fast_dev_run:  # a debugging run writes no checkpoints (Lightning's rule)
             return
+        if exception is not None:
+            return self._save_on_exception(trainer, exception)
         if self.async_save:
             return self._save_async(trainer)
         strategy = trainer.strategy
@@ -199,7 +235,8 @@ class ModelCheckpoint(Callback):
                         strategy.remove_checkpoint(old)
                 saved_path = path
         if self.save_last:
-            last = os.path.join(directory, self.LAST_NAME + self.CHECKPOINT_EXT)
+            last = self._last_path(trainer)
+            self._drop_previous_last(strategy, last, saved_path)
             self.last_model_path = last
             if saved_path is not None:
                 # the same bytes: link (or copy) rather than serialise the state twice
@@ -211,6 +248,24 @@ class ModelCheckpoint(Callback):
         if trainer.is_global_zero and (saved_path is not None or self.save_last):
             for logger in trainer.loggers:  # W&B and MLflow upload checkpoints from here (log_model)
                 logger.after_save_checkpoint(self)
+
+    def _save_on_exception(self, trainer, exception):
+        if self._pending is not None:
+            self._finish_pending(trainer)  # one write at a time
+        self._last_saved_step = trainer.global_step
+        metrics = self._monitor_candidates(trainer)
+        path = os.path.join(self.dirpath_resolved(trainer), self.format_checkpoint_name(trainer, metrics)
+                            + self.FILE_EXTENSION)
+        path = trainer.strategy.broadcast(path)
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        if self.save_last:
+            last = self._last_path(trainer)
+            self._drop_previous_last(trainer.strategy, last, path)
+            self.last_model_path = last
+            trainer.strategy.link_checkpoint(path, last)
+        if trainer.is_global_zero:
+            print(f"[tasktrain] ModelCheckpoint: an {type(exception).__name__} was raised with message: {exception}, "
+                  f"saved checkpoint to {path}", flush=True)
 
     # -- async_save ----------------------------------------------------------------------------------------------
     # The rules (docs/checkpointing.md): the step waits only while the state is staged into CPU memory; a save that
@@ -231,7 +286,7 @@ class ModelCheckpoint(Callback):
             if self._is_top_k(score, path):
                 evicted = [old for old in self._insert(path, score, step) if old != path]
                 target = path
-        last = os.path.join(directory, self.LAST_NAME + self.CHECKPOINT_EXT) if self.save_last else None
+        last = self._last_path(trainer) if self.save_last else None
         if target is None and last is None:
             return
         if last is not None:
@@ -268,10 +323,12 @@ class ModelCheckpoint(Callback):
                 logger.after_save_checkpoint(self)
 
     def _bookkeeping(self):
-        return (dict(self.best_k_models), self.best_model_path, self.best_model_score, self.last_model_path)
+        return (dict(self.best_k_models), self.best_model_path, self.best_model_score, self.last_model_path,
+                self.current_score, self.kth_best_model_path, self.kth_value)
 
     def _set_bookkeeping(self, values):
-        best_k, self.best_model_path, self.best_model_score, self.last_model_path = values
+        (best_k, self.best_model_path, self.best_model_score, self.last_model_path, self.current_score,
+         self.kth_best_model_path, self.kth_value) = values
         self.best_k_models = dict(best_k)
 
     def teardown(self, trainer, module, stage):
@@ -288,7 +345,7 @@ class ModelCheckpoint(Callback):
 
     def _candidate(self, trainer):
         """(score, path) of a top-k candidate, or None when there is nothing new to score."""
-        metrics = trainer.callback_metrics
+        metrics = self._monitor_candidates(trainer)
         score = None
         if self.monitor is not None:
             value = metrics.get(self.monitor)
@@ -297,16 +354,37 @@ class ModelCheckpoint(Callback):
                     return None  # a validation metric, and this fit has not validated yet
                 raise KeyError(
                     f"ModelCheckpoint(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "
-                    f"{sorted(metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor."
+                    f"{sorted(trainer.callback_metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor."
                 )
-            if value is self._last_scored:
+            if value is self._last_scored and self.monitor not in ("epoch", "step"):
                 return None  # not logged again since the previous save: scoring it twice would be stale
             self._last_scored = value
             score = float(value)
             if math.isnan(score):
                 score = math.inf if self.mode == "min" else -math.inf  # NaN is never the best
         name = self.format_checkpoint_name(trainer, metrics)
-        return score, os.path.join(self.dirpath_resolved(trainer), name + self.CHECKPOINT_EXT)
+        return score, os.path.join(self.dirpath_resolved(trainer), name + self.FILE_EXTENSION)
+
+    def _last_path(self, trainer):
+        name = self.format_checkpoint_name(trainer, trainer.callback_metrics, template=self.CHECKPOINT_NAME_LAST)
+        return os.path.join(self.dirpath_resolved(trainer), name + self.FILE_EXTENSION)
+
+    def _drop_previous_last(self, strategy, last, saved_path):
+        """A CHECKPOINT_NAME_LAST with fields ("{epoch}-last") names each last checkpoint anew: the previous one
+        goes, unless it is also a top-k file (Lightning's rule)."""
+        previous = self.last_model_path
+        if previous and previous != last and previous != saved_path and previous not in self.best_k_models \
+                and os.path.dirname(previous) == os.path.dirname(last):
+            strategy.remove_checkpoint(previous)
+
+    def _monitor_candidates(self, trainer):
+        """The logged metrics, with "epoch" and "step" always there (monitorable and usable in file names), as in
+        Lightning: a logged "epoch"/"step" is kept (as an int), otherwise the trainer's counters."""
+        metrics = dict(trainer.callback_metrics)
+        for name, counter in (("epoch", trainer.current_epoch), ("step", trainer.global_step)):
+            value = metrics.get(name)
+            metrics[name] = value.int() if isinstance(value, torch.Tensor) else torch.tensor(counter)
+        return metrics
 
     def _is_top_k(self, score, path):
         if self.save_top_k == -1 or score is None or path in self.best_k_models:
@@ -336,18 +414,22 @@ class ModelCheckpoint(Callback):
             self.best_model_path = path
             return evicted
         self.best_k_models[path] = score
+        self.current_score = torch.tensor(score)
         while self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
             worst = self._worst()
             del self.best_k_models[worst]
             evicted.append(worst)
+        if self.save_top_k == -1 or len(self.best_k_models) == self.save_top_k:
+            self.kth_best_model_path = self._worst()
+            self.kth_value = torch.tensor(self.best_k_models[self.kth_best_model_path])
         pick = min if self.mode == "min" else max
         self.best_model_path = pick(self.best_k_models, key=self.best_k_models.get)
         self.best_model_score = torch.tensor(self.best_k_models[self.best_model_path])
         return evicted
 
-    def format_checkpoint_name(self, trainer, metrics):
+    def format_checkpoint_name(self, trainer, metrics, template=None):
         """The file name (no extension): "{epoch}-{step}-{val_loss:.3f}" -> "epoch=2-step=30-val_loss=0.123"."""
-        template = self.filename or "{epoch}-{step}"
+        template = template or self.filename or "{epoch}-{step}"
         values = {"epoch": trainer.current_epoch, "step": trainer.global_step}
 
         def fill(match):
@@ -358,7 +440,7 @@ class ModelCheckpoint(Callback):
                 value = float(metrics[name])
             else:
                 raise KeyError(f"ModelCheckpoint(filename={template!r}) uses {{{name}}}, which was not logged. Logged "
-                               f"metrics: {sorted(metrics) or 'none'}. Log it with self.log({name!r}, ...) or change "
+                               f"metrics: {sorted(trainer.callback_metrics) or 'none'}. Log it with self.log({name!r}, ...) or change "
                                "the filename.")
             text = format(value, fmt[1:])
             return f"{name}={text}" if self.auto_insert_metric_name else text
@@ -372,6 +454,9 @@ class ModelCheckpoint(Callback):
             "best_model_path": self.best_model_path,
             "best_model_score": None if self.best_model_score is None else float(self.best_model_score),
             "last_model_path": self.last_model_path,
+            "current_score": None if self.current_score is None else float(self.current_score),
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": None if self.kth_value is None else float(self.kth_value),
             "dirpath": self._resolved_dir or self.dirpath,
             "last_saved_step": self._last_saved_step,
         }
@@ -382,6 +467,10 @@ class ModelCheckpoint(Callback):
         score = state.get("best_model_score")
         self.best_model_score = None if score is None else torch.tensor(score)
         self.last_model_path = state.get("last_model_path", "")
+        self.kth_best_model_path = state.get("kth_best_model_path", "")
+        for name in ("current_score", "kth_value"):
+            value = state.get(name)
+            setattr(self, name, None if value is None else torch.tensor(value))
         self._last_saved_step = state.get("last_saved_step", -1)
         self._restored = state
 
@@ -398,6 +487,7 @@ class ModelCheckpoint(Callback):
         if os.path.abspath(saved_dir) == os.path.abspath(directory):
             return
         self.best_k_models, self.best_model_score, self.last_model_path = {}, None, ""
+        self.current_score, self.kth_best_model_path, self.kth_value = None, "", None
         self._last_saved_step = -1
         if trainer.is_global_zero:
             print(f"[tasktrain] ModelCheckpoint: the resumed checkpoint's top-k and last are in {saved_dir}; this run "

@@ -1,0 +1,113 @@
+"""Lightning 2.6's callback API (issue 37): the expected values are read from Lightning's source and docs
+(src/lightning/pytorch/callbacks/*.py); Lightning is not installed in the test environment."""
+import os
+
+import pytest
+import torch
+import yaml
+from helpers import Linear, loader
+
+from tasktrain import ModelCheckpoint, Trainer
+from tasktrain.utilities.exceptions import MisconfigurationException
+
+
+def fit(callbacks, epochs=3, module=None, **kwargs):
+    kwargs.setdefault("logger", False)
+    trainer = Trainer(max_epochs=epochs, callbacks=callbacks, enable_progress_bar=False, num_sanity_val_steps=0,
+                      **kwargs)
+    trainer.fit(module or Linear(), loader(16), loader(8))
+    return trainer
+
+
+def ckpts(directory, ext=".ckpt"):
+    return sorted(f for f in os.listdir(directory) if f.endswith(ext))
+
+
+def test_misconfiguration_is_a_value_error():
+    assert issubclass(MisconfigurationException, ValueError)
+    with pytest.raises(MisconfigurationException, match="mode"):
+        ModelCheckpoint(mode="best")
+
+
+def test_dirpath_none_is_resolved_by_fit(tmp_path):
+    mc = ModelCheckpoint()
+    fit([mc], epochs=1, default_root_dir=tmp_path)
+    assert mc.dirpath == str(tmp_path / "checkpoints")
+    mc = ModelCheckpoint()
+    trainer = fit([mc], epochs=1, default_root_dir=tmp_path / "logged", logger=True)
+    assert mc.dirpath == os.path.join(trainer.logger.log_dir, "checkpoints") and ckpts(mc.dirpath)
+    # a second fit with another logger version resolves again; a dirpath of the user's is kept
+    trainer = fit([mc], epochs=1, default_root_dir=tmp_path / "logged", logger=True)
+    assert mc.dirpath == os.path.join(trainer.logger.log_dir, "checkpoints")
+    mine = ModelCheckpoint(dirpath=tmp_path / "mine")
+    fit([mine], epochs=1, default_root_dir=tmp_path)
+    assert mine.dirpath == str(tmp_path / "mine")
+
+
+@pytest.mark.parametrize("monitor", ["epoch", "step"])
+def test_epoch_and_step_are_monitorable(tmp_path, monitor):
+    mc = ModelCheckpoint(dirpath=tmp_path, monitor=monitor, mode="max", save_top_k=2)
+    fit([mc])
+    assert ckpts(tmp_path) == ["epoch=1-step=4.ckpt", "epoch=2-step=6.ckpt"]
+    assert mc.best_model_path == str(tmp_path / "epoch=2-step=6.ckpt")
+    assert int(mc.best_model_score) == (2 if monitor == "epoch" else 6)
+    assert mc.kth_best_model_path == str(tmp_path / "epoch=1-step=4.ckpt")
+    assert int(mc.kth_value) == (1 if monitor == "epoch" else 4)
+    assert int(mc.current_score) == (2 if monitor == "epoch" else 6)
+
+
+def test_to_yaml_current_score_and_kth_best(tmp_path):
+    mc = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_top_k=2, filename="{epoch}")
+    fit([mc], epochs=4)
+    mc.to_yaml()
+    written = yaml.safe_load((tmp_path / "best_k_models.yaml").read_text())
+    assert written == {p: pytest.approx(float(v)) for p, v in mc.best_k_models.items()} and len(written) == 2
+    worst = max(mc.best_k_models, key=mc.best_k_models.get)
+    assert mc.kth_best_model_path == worst and float(mc.kth_value) == pytest.approx(mc.best_k_models[worst])
+    assert mc.current_score is not None  # the value of the last candidate (epoch 3)
+    mc.to_yaml(tmp_path / "other.yaml")
+    assert yaml.safe_load((tmp_path / "other.yaml").read_text()) == written
+    state = mc.state_dict()
+    assert state["kth_best_model_path"] == worst and state["current_score"] == pytest.approx(float(mc.current_score))
+
+
+def test_every_n_epochs_zero_saves_nothing_on_schedule(tmp_path):
+    mc = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=0)
+    fit([mc], epochs=2)
+    assert not os.path.exists(tmp_path) or ckpts(tmp_path) == []
+
+
+class Fails(Linear):
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 3:
+            raise RuntimeError("boom")
+        return super().training_step(batch, batch_idx)
+
+
+def test_save_on_exception_writes_a_checkpoint_when_fit_fails(tmp_path, capsys):
+    mc = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=0, save_on_exception=True, save_last=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        fit([mc], module=Fails())
+    assert ckpts(tmp_path) == ["epoch=1-step=3.ckpt", "last.ckpt"]
+    saved = torch.load(tmp_path / "epoch=1-step=3.ckpt", weights_only=True)
+    assert saved["train_state"]["global_step"] == 3
+    assert "an RuntimeError was raised with message: boom, saved checkpoint to" in capsys.readouterr().out
+    off = ModelCheckpoint(dirpath=tmp_path / "off", every_n_epochs=0)
+    with pytest.raises(RuntimeError, match="boom"):
+        fit([off], module=Fails())
+    assert not os.path.exists(tmp_path / "off") or ckpts(tmp_path / "off") == []
+
+
+def test_class_attributes_name_the_files(tmp_path):
+    class Named(ModelCheckpoint):
+        FILE_EXTENSION = ".pt"
+        CHECKPOINT_NAME_LAST = "{epoch}-last"
+
+    mc = Named(dirpath=tmp_path, save_last=True, save_top_k=1, monitor="step", mode="max")
+    fit([mc], epochs=3)
+    assert ckpts(tmp_path, ".pt") == ["epoch=2-last.pt", "epoch=2-step=6.pt"]  # the earlier "{epoch}-last" files went
+    assert mc.last_model_path == str(tmp_path / "epoch=2-last.pt") and ckpts(tmp_path) == []
+    mc = ModelCheckpoint(dirpath=tmp_path / "inst", save_last=True)
+    mc.CHECKPOINT_NAME_LAST = "final"
+    fit([mc], epochs=1)
+    assert "final.ckpt" in ckpts(tmp_path / "inst")
