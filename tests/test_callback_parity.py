@@ -7,7 +7,7 @@ import torch
 import yaml
 from helpers import Linear, loader
 
-from tasktrain import ModelCheckpoint, Trainer
+from tasktrain import EarlyStopping, ModelCheckpoint, Trainer
 from tasktrain.utilities.exceptions import MisconfigurationException
 
 
@@ -111,3 +111,24 @@ def test_class_attributes_name_the_files(tmp_path):
     mc.CHECKPOINT_NAME_LAST = "final"
     fit([mc], epochs=1)
     assert "final.ckpt" in ckpts(tmp_path / "inst")
+
+
+class Constant(Linear):
+    def validation_step(self, batch, batch_idx):
+        self.log("score", 1.0)
+
+
+@pytest.mark.parametrize("check_on_train_epoch_end,stopped", [(True, 2), (False, 1), (None, 1)])
+def test_early_stopping_check_on_train_epoch_end(capsys, check_on_train_epoch_end, stopped):
+    # two validations per epoch (val_check_interval=0.5), the score never improves after the first: patience 2
+    # counts epochs with True (Lightning: the train epoch end) and validation runs with False / None
+    stopper = EarlyStopping("score", patience=2, verbose=True, check_on_train_epoch_end=check_on_train_epoch_end)
+    trainer = fit([stopper], epochs=5, module=Constant(), val_check_interval=0.5)
+    assert stopper.stopped_epoch == stopped and trainer.should_stop
+    out = capsys.readouterr().out
+    assert "Metric score improved. New best score: 1.000" in out
+    assert ("Monitored metric score did not improve in the last 2 records. Best score: 1.000. Signaling Trainer to "
+            "stop.") in out
+    assert EarlyStopping("score").stopped_epoch == 0
+    with pytest.raises(MisconfigurationException, match="check_on_train_epoch_end"):
+        EarlyStopping("score", check_on_train_epoch_end="yes")
