@@ -132,3 +132,23 @@ def test_early_stopping_check_on_train_epoch_end(capsys, check_on_train_epoch_en
     assert EarlyStopping("score").stopped_epoch == 0
     with pytest.raises(MisconfigurationException, match="check_on_train_epoch_end"):
         EarlyStopping("score", check_on_train_epoch_end="yes")
+
+
+class Scheduled(Linear):
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)}
+
+
+def test_lr_monitor_history_momentum_and_weight_decay(tmp_path):
+    from tasktrain import LearningRateMonitor
+    from tasktrain.loggers import CSVLogger
+
+    monitor = LearningRateMonitor("epoch", log_momentum=True, log_weight_decay=True)
+    fit([monitor], module=Scheduled(), logger=CSVLogger(tmp_path))
+    assert monitor.lrs == {"lr-SGD": [pytest.approx(0.1), pytest.approx(0.05), pytest.approx(0.025)]}
+    assert monitor.last_momentum_values == {"lr-SGD-momentum": pytest.approx(0.9)}
+    assert monitor.last_weight_decay_values == {"lr-SGD-weight_decay": pytest.approx(0.01)}
+    with pytest.raises(MisconfigurationException, match="Cannot use `LearningRateMonitor` callback with `Trainer` "
+                       "that has no logger"):
+        fit([LearningRateMonitor()], epochs=1)
