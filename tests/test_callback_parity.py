@@ -152,3 +152,24 @@ def test_lr_monitor_history_momentum_and_weight_decay(tmp_path):
     with pytest.raises(MisconfigurationException, match="Cannot use `LearningRateMonitor` callback with `Trainer` "
                        "that has no logger"):
         fit([LearningRateMonitor()], epochs=1)
+
+
+def test_timer_stages_interval_and_no_duration(capsys):
+    from tasktrain import Timer
+
+    timer = Timer()  # duration=None (Lightning's default): it measures, never stops
+    trainer = fit([timer], epochs=2)
+    assert trainer.current_epoch == 2 and not trainer.should_stop and timer.time_remaining() is None
+    train, val = timer.time_elapsed("train"), timer.time_elapsed("validate")
+    assert 0 < val < train and timer.time_elapsed("test") == 0.0 and timer.time_elapsed() == train
+    assert timer.time_elapsed("train") == train  # ended: it no longer grows
+    assert timer.state_dict()["time_elapsed"]["train"] == train
+    timer = Timer(duration={"seconds": 0}, interval="epoch")  # spent at once: checked at the first epoch end
+    trainer = fit([timer], epochs=3)
+    assert trainer.current_epoch == 1 and trainer.global_step == 2 and timer.time_remaining() < 0
+    assert "Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop." in capsys.readouterr().out
+    resumed = Timer(duration=100)
+    resumed.load_state_dict(timer.state_dict())
+    assert resumed.time_elapsed() == pytest.approx(timer.time_elapsed()) and resumed.time_remaining() > 99
+    with pytest.raises(MisconfigurationException, match="interval"):
+        Timer(interval="batch")
