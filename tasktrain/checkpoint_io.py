@@ -22,6 +22,8 @@ Trainer's keys (the parts of its run state, tasktrain/trainer/run_state.py, whic
     rng_states          list, one per rank: {"python", "numpy", "torch", "cuda"}
     world_size          int
 """
+import contextlib
+import contextvars
 import copy
 import json
 import os
@@ -92,10 +94,25 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
+# fit(..., weights_only=False) (Lightning's argument): the user vouches for the file, so its resume may unpickle
+# any object; everything else loads weights-only.
+_TRUSTED = contextvars.ContextVar("tasktrain_trusted_checkpoint", default=False)
+
+
+@contextlib.contextmanager
+def trusted_pickles(trusted=True):
+    token = _TRUSTED.set(bool(trusted))
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
 def _torch_load(path, map_location, mmap):
+    weights_only = not _TRUSTED.get()
     if mmap and zipfile.is_zipfile(path):
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
-    return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=True)
+    return torch.load(path, map_location=map_location, weights_only=weights_only)
 
 
 def load_resumable_file(path, target):
@@ -136,7 +153,8 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
         raise CheckpointError(
             f"Refusing to load checkpoint {path!r}: it contains pickled Python objects that are not plain data "
             f"(tensors, numbers, strings, lists, dicts), and loading them could run arbitrary code. Only load files "
-            f"you trust; re-save the weights as a plain state dict. Detail: {(lines or [str(err)])[0][:300]}"
+            f"you trust: re-save the weights as a plain state dict, or resume with fit(..., weights_only=False). "
+            f"Detail: {(lines or [str(err)])[0][:300]}"
         ) from None
     # IndexError/KeyError: torch's weights-only unpickler on bytes that are not a pickle (its stack or memo runs dry)
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, IndexError, KeyError) as err:

@@ -173,3 +173,59 @@ def test_timer_stages_interval_and_no_duration(capsys):
     assert resumed.time_elapsed() == pytest.approx(timer.time_elapsed()) and resumed.time_remaining() > 99
     with pytest.raises(MisconfigurationException, match="interval"):
         Timer(interval="batch")
+
+
+def test_a_mock_callback_receives_the_hooks():
+    from unittest.mock import Mock
+
+    from tasktrain import Callback
+
+    cb = Mock(spec=Callback)
+    module = Linear()
+    trainer = fit([cb], epochs=2, module=module, enable_checkpointing=False)
+    cb.on_fit_start.assert_called_once_with(trainer, module)
+    cb.on_train_start.assert_called_once_with(trainer, module)
+    assert cb.on_train_epoch_end.call_count == 2 and cb.on_train_batch_end.call_count == 4
+    assert cb.on_validation_end.call_count == 2
+    cb.setup.assert_called_once_with(trainer, module, "fit")  # Lightning calls it with stage=
+
+
+def test_trainer_print_is_rank_zero_only(capsys, monkeypatch):
+    trainer = Trainer(logger=False, enable_progress_bar=False)
+    trainer.print("hello", 1, sep="-")
+    assert capsys.readouterr().out == "hello-1\n"
+    monkeypatch.setattr(type(trainer.strategy), "is_global_zero", property(lambda self: False))
+    trainer.print("hidden")
+    assert capsys.readouterr().out == ""
+
+
+class Opaque:
+    """Not plain data: a weights-only load refuses it."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class WithObject(Linear):
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["opaque"] = Opaque(7)
+
+    def on_load_checkpoint(self, checkpoint):
+        self.loaded = checkpoint["opaque"].value
+
+
+def test_fit_weights_only_false_reads_a_trusted_checkpoint(tmp_path):
+    from tasktrain.checkpoint_io import CheckpointError
+
+    trainer = fit([], epochs=1, module=WithObject(), enable_checkpointing=False)
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    for weights_only in (None, True):
+        with pytest.raises(CheckpointError, match=r"weights_only=False"):
+            fit([], epochs=2, module=WithObject(), enable_checkpointing=False).fit(
+                WithObject(), loader(16), ckpt_path=tmp_path / "run.ckpt", weights_only=weights_only)
+    module = WithObject()
+    trainer = Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    trainer.fit(module, loader(16), ckpt_path=tmp_path / "run.ckpt", weights_only=False)
+    assert module.loaded == 7 and trainer.global_step == 4
+    with pytest.raises(ValueError, match="weights_only"):
+        trainer.fit(module, loader(16), weights_only="no")

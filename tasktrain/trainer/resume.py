@@ -95,7 +95,8 @@ def restore(trainer, ckpt_path):
     if path is None:
         return None
     strategy, module = trainer.strategy, trainer.module
-    ckpt = upgrade(strategy.load_checkpoint(path))
+    with ckpt_io.trusted_pickles(getattr(trainer, "_ckpt_weights_only", None) is False):
+        ckpt = upgrade(strategy.load_checkpoint(path))
     if ckpt.get("weights_only"):
         raise ValueError(
             f"{path} was saved with save_weights_only=True: it holds the weights but no optimizer, scheduler or "
