@@ -48,23 +48,28 @@ class ModelCheckpoint(Callback):
         if mode not in ("min", "max"):
             raise MisconfigurationException(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
         if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise MisconfigurationException(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0 (none) or a positive k.")
+            raise MisconfigurationException(
+                f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0 (none) or a positive k.")
         if every_n_epochs is None and every_n_train_steps is None and train_time_interval is None:
             every_n_epochs = 1  # no schedule given: each epoch (Lightning's rule; every_n_epochs=0 means none)
         if train_time_interval is not None:
             if isinstance(train_time_interval, (int, float)):
                 train_time_interval = timedelta(seconds=train_time_interval)
             if not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() < 0:
-                raise MisconfigurationException(f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a timedelta "
-                                 "(or seconds), e.g. timedelta(minutes=30).")
+                raise MisconfigurationException(
+                    f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a timedelta "
+                    "(or seconds), e.g. timedelta(minutes=30).")
         if async_save not in (True, False):
-            raise MisconfigurationException(f"ModelCheckpoint(async_save={async_save!r}): use True (write in the background) or False.")
+            raise MisconfigurationException(
+                f"ModelCheckpoint(async_save={async_save!r}): use True (write in the background) or False.")
         if save_on_train_epoch_end not in (None, True, False):
-            raise MisconfigurationException(f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}): use None, True "
-                             "or False.")
+            raise MisconfigurationException(
+                f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}): use None, True "
+                "or False.")
         for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
-                raise MisconfigurationException(f"ModelCheckpoint({name}={value!r}): use a positive integer, or None/0 for never.")
+                raise MisconfigurationException(
+                    f"ModelCheckpoint({name}={value!r}): use a positive integer, or None/0 for never.")
         if save_on_exception not in (True, False):
             raise MisconfigurationException(f"ModelCheckpoint(save_on_exception={save_on_exception!r}): use True or "
                                             "False.")
@@ -354,7 +359,8 @@ class ModelCheckpoint(Callback):
                     return None  # a validation metric, and this fit has not validated yet
                 raise KeyError(
                     f"ModelCheckpoint(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "
-                    f"{sorted(trainer.callback_metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor."
+                    f"{sorted(trainer.callback_metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or "
+                    "change monitor."
                 )
             if value is self._last_scored and self.monitor not in ("epoch", "step"):
                 return None  # not logged again since the previous save: scoring it twice would be stale
@@ -440,7 +446,8 @@ class ModelCheckpoint(Callback):
                 value = float(metrics[name])
             else:
                 raise KeyError(f"ModelCheckpoint(filename={template!r}) uses {{{name}}}, which was not logged. Logged "
-                               f"metrics: {sorted(trainer.callback_metrics) or 'none'}. Log it with self.log({name!r}, ...) or change "
+                               f"metrics: {sorted(trainer.callback_metrics) or 'none'}. Log it with "
+                               f"self.log({name!r}, ...) or change "
                                "the filename.")
             text = format(value, fmt[1:])
             return f"{name}={text}" if self.auto_insert_metric_name else text

@@ -1,12 +1,12 @@
 """EarlyStopping: stop when a monitored metric stops improving, crosses a threshold, or is not finite.
 
 check_on_train_epoch_end (Lightning's argument): True checks at every training epoch end (after that epoch's
-validation, if it has one); False checks at the end of every validation run of the fit (inside the epoch too;
-not the sanity check). None (default) checks once per validation run of the fit: at on_train_epoch_end after the epoch-end validation (and after
-the module's own on_train_epoch_end, so a metric logged there counts), and, when validation also runs inside the
-epoch (val_check_interval), at the on_train_batch_end of that step. `patience` counts these checks. A fit with
-no validation loop is checked at every epoch end, on the training metrics. An epoch end without validation
-(check_val_every_n_epoch > 1) is not a check: the value would be the old one.
+validation, if it has one); False checks at the end of every validation run of the fit (inside the epoch too; not
+the sanity check). None (default) checks once per validation run of the fit: at on_train_epoch_end after the
+epoch-end validation (and after the module's own on_train_epoch_end, so a metric logged there counts), and, when
+validation also runs inside the epoch (val_check_interval), at the on_train_batch_end of that step. `patience`
+counts these checks. A fit with no validation loop is checked at every epoch end, on the training metrics. An epoch
+end without validation (check_val_every_n_epoch > 1) is not a check: the value would be the old one.
 """
 import math
 from enum import Enum
@@ -31,14 +31,17 @@ class EarlyStopping(Callback):
     def __init__(self, monitor, mode="min", patience=3, min_delta=0.0, stopping_threshold=None,
                  divergence_threshold=None, check_finite=True, verbose=False, check_on_train_epoch_end=None):
         if not isinstance(monitor, str) or not monitor:
-            raise MisconfigurationException(f"EarlyStopping(monitor={monitor!r}): give the name of a logged metric, e.g. 'val_loss'.")
+            raise MisconfigurationException(
+                f"EarlyStopping(monitor={monitor!r}): give the name of a logged metric, e.g. 'val_loss'.")
         if mode not in ("min", "max"):
             raise MisconfigurationException(f"EarlyStopping(mode={mode!r}): use 'min' or 'max'.")
         if not isinstance(patience, int) or patience < 0:
-            raise MisconfigurationException(f"EarlyStopping(patience={patience!r}): use a non-negative number of checks.")
+            raise MisconfigurationException(
+                f"EarlyStopping(patience={patience!r}): use a non-negative number of checks.")
         if min_delta < 0:
-            raise MisconfigurationException(f"EarlyStopping(min_delta={min_delta}): use a non-negative number; mode sets the "
-                             "direction.")
+            raise MisconfigurationException(
+                f"EarlyStopping(min_delta={min_delta}): use a non-negative number; mode sets the "
+                "direction.")
         if check_on_train_epoch_end not in (None, True, False):
             raise MisconfigurationException(f"EarlyStopping(check_on_train_epoch_end={check_on_train_epoch_end!r}): "
                                             "use None, True or False.")
