@@ -524,8 +524,6 @@ def _unwrapped(fn):
     mock = sys.modules.get("unittest.mock")  # not imported: no Mock can exist
     for _ in range(100):  # a chain of wrappers; bounded against a wrapper that wraps itself
         if mock is not None and isinstance(fn, mock.Mock):
-            if fn._mock_wraps is None:
-                break  # Mock(spec=Callback)'s hooks: the mock is the implementation, and it wants the calls
             fn = fn._mock_wraps
         elif isinstance(fn, functools.partial):
             fn = fn.func
