@@ -24,7 +24,9 @@ def ckpts(directory, ext=".ckpt"):
 
 
 def test_misconfiguration_is_a_value_error():
-    assert issubclass(MisconfigurationException, ValueError)
+    from tasktrain.exceptions import MisconfigurationException as core
+
+    assert MisconfigurationException is core and issubclass(MisconfigurationException, ValueError)
     with pytest.raises(MisconfigurationException, match="mode"):
         ModelCheckpoint(mode="best")
 

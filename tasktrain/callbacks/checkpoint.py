@@ -30,7 +30,7 @@ import torch
 
 from tasktrain.callbacks.base import Callback
 from tasktrain.checkpoint_io import atomic_link, link_tree, remove_path, write_last_pointer
-from tasktrain.utilities.exceptions import MisconfigurationException
+from tasktrain.exceptions import MisconfigurationException
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_/.\-]*)(:[^}]*)?\}")
 

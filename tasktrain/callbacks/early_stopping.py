@@ -14,7 +14,7 @@ from enum import Enum
 import torch
 
 from tasktrain.callbacks.base import Callback
-from tasktrain.utilities.exceptions import MisconfigurationException
+from tasktrain.exceptions import MisconfigurationException
 
 
 class EarlyStoppingReason(Enum):

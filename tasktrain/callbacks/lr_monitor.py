@@ -19,7 +19,7 @@ As in Lightning, `lrs` keeps the history ({name: [each rate written]}), `last_mo
 import warnings
 
 from tasktrain.callbacks.base import Callback
-from tasktrain.utilities.exceptions import MisconfigurationException
+from tasktrain.exceptions import MisconfigurationException
 
 
 class LearningRateMonitor(Callback):

@@ -2,7 +2,7 @@ import time
 from datetime import timedelta
 
 from tasktrain.callbacks.base import Callback
-from tasktrain.utilities.exceptions import MisconfigurationException
+from tasktrain.exceptions import MisconfigurationException
 
 
 def parse_duration(duration) -> timedelta:

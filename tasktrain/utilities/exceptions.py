@@ -1,3 +1,6 @@
-class MisconfigurationException(ValueError):
-    """A configuration that cannot work (Lightning's name for it). A ValueError, so that code catching ValueError
-    for a bad argument keeps catching it."""
+"""Lightning's `lightning.pytorch.utilities.exceptions` path: tasktrain/compat/lightning/utilities/exceptions.py (this
+name is that module)."""
+import importlib
+import sys
+
+sys.modules[__name__] = importlib.import_module("tasktrain.compat.lightning.utilities.exceptions")
