@@ -8,9 +8,9 @@ export PYTHONUNBUFFERED := 1
 # format, and each of the two then rebuilds what the other built.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: setup demo test bench docs clean libaio
+.PHONY: setup demo test bench docs clean libaio slurm
 
-setup: $(STAMP) $(OPS)
+setup: $(STAMP) $(OPS) slurm
 
 # torch first and pinned: an unpinned torch (asked for by deepspeed or by us) would pull a multi-GB CUDA build.
 $(STAMP): setup.py requirements-dev.txt
@@ -28,6 +28,17 @@ libaio:
 	else echo "make: offload to disk needs libaio's headers: run 'sudo apt-get install -y libaio-dev' (Debian/Ubuntu)," \
 	  "then make again; tests of it fail until then." >&2; fi
 
+# The SLURM tests (tests/test_slurm.py) run a real cluster on this machine: Debian's slurmctld, two slurmd and munge,
+# started by the tests themselves in a temporary folder. Installed here when missing (as root), else a message.
+slurm:
+	@command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1 \
+	  && command -v munged >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ]; then apt-get update -q && \
+	  apt-get install -y -q --no-install-recommends slurmd slurmctld slurm-client munge; \
+	else echo "make: the SLURM tests need a SLURM cluster's programs: run 'sudo apt-get install -y" \
+	  "--no-install-recommends slurmd slurmctld slurm-client munge' (Debian/Ubuntu), then make again;" \
+	  "tests/test_slurm.py fails until then." >&2; fi
+
 # DeepSpeed's C++ ops the tests use, compiled once into TORCH_EXTENSIONS_DIR before the tests (each takes minutes
 # on 2 cores, longer than a test's timeout): cpu_adam (optimizer offload) and async_io (offload to disk), for
 # DeepSpeed's CPU accelerator, which the tests train on.
@@ -43,7 +54,7 @@ demo: $(STAMP)
 # Two pytest workers, one test file each at a time (--dist loadfile keeps a file's shared launched runs in one
 # worker): many tests wait on process start-up, rendezvous and file I/O, so two files at once take ~10 minutes on 2
 # cores where one at a time took ~15. `$(PY) -m pytest -q tests` still runs them one by one.
-test: $(STAMP) $(OPS)
+test: $(STAMP) $(OPS) slurm
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 bench: $(STAMP) $(OPS)

@@ -454,6 +454,66 @@ def worker_fsdp(out, accelerator, precision):
     write_facts(out, resumed.global_rank, facts)
 
 
+def check_tensor_parallel(accelerator):
+    """ModelParallelStrategy (issue 39): a (data_parallel=1, tensor_parallel=N) mesh over the ranks (N = 2 gloo ranks
+    on CPU, the GPUs here up to 2), an MLP split ColwiseParallel / RowwiseParallel, clipping, a DCP checkpoint resumed
+    exactly. (Context parallelism is not implemented: nothing to check.)"""
+    with tempfile.TemporaryDirectory() as out:
+        ranks = run_worker("tp", accelerator, out, 240)
+    facts = ranks[0]
+    if facts["backend"] != ("nccl" if accelerator == "cuda" else "gloo"):
+        return "fail", f"backend {facts['backend']}"
+    if facts["mesh"] != ["data_parallel", "tensor_parallel"] or facts["tp"] != len(ranks):
+        return "fail", f"mesh {facts['mesh']} with tensor_parallel={facts['tp']} over {len(ranks)} rank(s)"
+    if facts["local_rows"] * len(ranks) != facts["full_rows"]:
+        return "fail", f"each rank holds {facts['local_rows']} of {facts['full_rows']} rows of the split layer"
+    if facts["resumed_step"] != 4 or facts["diff"] > 1e-6:
+        return "fail", (f"resumed to step {facts['resumed_step']}, weights off the uninterrupted run's by "
+                        f"{facts['diff']:.2e}")
+    return "pass", (f"{facts['backend']}, (1, {facts['tp']}) mesh, {facts['device']}; DCP checkpoint at step 2 "
+                    f"resumed to 4 = uninterrupted 4 steps (max diff {facts['diff']:.1e})")
+
+
+def worker_tp(out, accelerator):
+    import torch.distributed as dist
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from tasktrain import ModelParallelStrategy, Trainer
+
+    world = world_of(accelerator) or 1
+    data = DataLoader(tiny_data(n=32), batch_size=8)
+
+    class Split(type(make_regressor())):
+        def configure_model(self):
+            plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+            parallelize_module(self.net, self.device_mesh["tensor_parallel"], plan)
+
+    model = Split
+
+    def trainer(steps, root):
+        return Trainer(strategy=ModelParallelStrategy(tensor_parallel_size=world), accelerator=accelerator,
+                       devices=world, max_steps=steps, gradient_clip_val=0.5, default_root_dir=os.path.join(out, root),
+                       **QUIET)
+
+    whole = trainer(4, "whole")
+    first_model = model()
+    whole.fit(first_model, data)
+    reference = flat(whole.strategy.full_state_dict(first_model))
+    local = first_model.net[0].weight.to_local()
+    first = trainer(2, "first")
+    first.fit(model(), data)
+    path = os.path.join(out, "step2.ckpt")
+    first.save_checkpoint(path)
+    resumed = trainer(4, "resumed")
+    again = model()
+    resumed.fit(again, data, ckpt_path=path)
+    facts = {"backend": dist.get_backend(), "mesh": list(resumed.strategy.device_mesh.mesh_dim_names),
+             "tp": resumed.strategy.tensor_parallel_size, "device": str(local.device), "local_rows": local.shape[0],
+             "full_rows": 32, "resumed_step": resumed.global_step,
+             "diff": max_diff(flat(resumed.strategy.full_state_dict(again)), reference)}
+    write_facts(out, resumed.global_rank, facts)
+
+
 class TorchAdam(torch.optim.Adam):
     """torch's own Adam. With optimizer offload the strategy swaps an exact Adam/AdamW for DeepSpeedCPUAdam, a C++
     op DeepSpeed compiles for minutes on first use; a subclass is kept as it is and steps on the CPU."""
@@ -628,6 +688,7 @@ CHECKS = {
     "ddp-launch": ("DDP under tasktrain launch", lambda a: check_ddp(a, launch=True)),
     "fsdp-bf16": ("FSDP2 bf16-mixed + DCP resume", lambda a: check_fsdp(a, "bf16-mixed")),
     "fsdp-fp16": ("FSDP2 16-mixed (ShardedGradScaler)", lambda a: check_fsdp(a, "16-mixed")),
+    "tp": ("tensor parallel mesh + DCP resume", check_tensor_parallel),
     "zero2": ("DeepSpeed ZeRO-2 + CPU offload", lambda a: check_deepspeed(a, 2)),
     "zero3": ("DeepSpeed ZeRO-3 + CPU offload", lambda a: check_deepspeed(a, 3)),
     "accelerator": ("Accelerator, the seed's loop", check_accelerator_seed),
@@ -643,6 +704,7 @@ WORKERS = {
     "deepspeed-2": lambda out, a: worker_deepspeed(out, a, 2),
     "deepspeed-3": lambda out, a: worker_deepspeed(out, a, 3),
     "watchdog": worker_watchdog,
+    "tp": worker_tp,
     "compile": worker_compile,
 }
 TIMEOUT = 360  # seconds per check, its own set-up included; the multi-process ones bound their workers too

@@ -38,6 +38,7 @@ _NAMES = {
     "DataParallel": "tasktrain.strategies.data_parallel",
     "DeepSpeed": "tasktrain.strategies.deepspeed",
     "FSDP": "tasktrain.strategies.fsdp",
+    "ModelParallelStrategy": "tasktrain.strategies.model_parallel",
     "CheckpointError": "tasktrain.checkpoint_io",
     "init_empty_weights": "tasktrain.inference.empty",
     "save_model": "tasktrain.inference.saving",
@@ -58,6 +59,7 @@ _NAMES = {
     "ProfileKwargs": "tasktrain.compat.accelerate.utils.dataclasses",
     "find_executable_batch_size": "tasktrain.compat.accelerate.utils.memory",
     "notebook_launcher": "tasktrain.compat.accelerate.launchers",
+    "ParallelismConfig": "tasktrain.compat.accelerate.parallelism_config",  # issue 39
 }
 
 __all__ = ["__version__", *_NAMES]

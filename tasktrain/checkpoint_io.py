@@ -25,10 +25,12 @@ Trainer's keys (the parts of its run state, tasktrain/trainer/run_state.py, whic
 import contextlib
 import contextvars
 import copy
+import importlib
 import json
 import os
 import pickle
 import random
+import re
 import shutil
 import sys
 import threading
@@ -56,6 +58,8 @@ def atomic_save(obj, path: str):
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
+    remove_stale_temporaries(directory)  # issue 38: the leftovers of writers killed during a save
+    check_space(obj, path)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -63,6 +67,8 @@ def atomic_save(obj, path: str):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except Exception as err:
+        raise save_failure(err, obj, path) from err
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -141,28 +147,7 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
                               "Trainer(strategy='deepspeed...').fit(ckpt_path=...), or convert it into one file: "
                               "`tasktrain convert DIR run.ckpt --to ckpt` (resumable, optimizer state included) or "
                               "`tasktrain convert DIR model.ckpt` (the weights only).")
-    try:
-        ckpt = _torch_load(path, map_location, mmap)
-    except pickle.UnpicklingError as err:
-        if "Unsupported global" not in str(err) and "GLOBAL" not in str(err):
-            raise CheckpointError(
-                f"Checkpoint {path!r} is truncated or corrupted and cannot be read (not a valid checkpoint archive). "
-                "Use an earlier checkpoint; tasktrain writes atomically, so the previous file of a run is intact."
-            ) from None
-        lines = [ln.strip() for ln in str(err).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln]
-        raise CheckpointError(
-            f"Refusing to load checkpoint {path!r}: it contains pickled Python objects that are not plain data "
-            f"(tensors, numbers, strings, lists, dicts), and loading them could run arbitrary code. Only load files "
-            f"you trust: re-save the weights as a plain state dict, or resume with fit(..., weights_only=False). "
-            f"Detail: {(lines or [str(err)])[0][:300]}"
-        ) from None
-    # IndexError/KeyError: torch's weights-only unpickler on bytes that are not a pickle (its stack or memo runs dry)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, IndexError, KeyError) as err:
-        raise CheckpointError(
-            f"Checkpoint {path!r} is truncated or corrupted and cannot be read ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}). Use an earlier checkpoint; tasktrain writes atomically, "
-            f"so the previous file of a run is intact."
-        ) from None
+    ckpt = safe_load(path, "tasktrain", map_location, mmap)
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"Checkpoint {path!r} holds a {type(ckpt).__name__}, not a checkpoint dict.")
     version = ckpt.get("format_version")
@@ -173,6 +158,329 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
             f"({ckpt.get('tasktrain_version', 'unknown')}) and re-save the weights."
         )
     return ckpt
+
+
+# -- safe loading: what each layout may hold ------------------------------------------------------------------------
+# Nothing in a checkpoint is code. Every file of every layout tasktrain reads is unpickled by torch's weights_only
+# unpickler (tensors, numbers, strings, containers) with, beyond that, exactly the globals its layout needs, listed
+# here and nowhere else; DCP's .metadata (a plain pickle) by an unpickler restricted to DCP's own metadata classes.
+# Files an engine reads itself (DeepSpeed's load_checkpoint, its zero_to_fp32, DCP's reader) are checked here first.
+ALLOWED_GLOBALS = {
+    # Trainer checkpoints, our state files, accelerator_state.pt, 16-bit exports, HF .bin: plain data only
+    "tasktrain": (),
+    # DeepSpeed 0.19.8's engine files (ZeRO optim_states, universal checkpoints): its loss scaler object, its ZeRO
+    # stage enum and the fragment addresses of the flat partitions
+    "deepspeed": ("deepspeed.runtime.fp16.loss_scaler.LossScaler",
+                  "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+                  "deepspeed.runtime.zero.config.ZeroStageEnum",
+                  "deepspeed.utils.tensor_fragment.fragment_address"),
+    # Accelerate's random_states_N.pkl: numpy's generator state, an array of uint32
+    "numpy": ("numpy.ndarray", "numpy.dtype", "numpy._core.multiarray._reconstruct",
+              "numpy.core.multiarray._reconstruct", "numpy.dtypes.UInt32DType", "numpy.dtypes.Int64DType",
+              "numpy.dtypes.Float64DType", "numpy.dtypes.Float32DType", "numpy.dtypes.Int32DType"),
+}
+# DCP's .metadata: torch.distributed.checkpoint's metadata records, the sizes, dtypes and layouts they hold, and the
+# checkpoint_id path DCP stores in them
+DCP_METADATA_GLOBALS = frozenset({
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
+        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+})
+_UNSUPPORTED = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def allowed_globals(layout):
+    """The objects of ALLOWED_GLOBALS[layout] (importing their modules: deepspeed only for its own files). A name this
+    installation lacks (numpy 1 vs 2 paths) is skipped."""
+    found = []
+    for qualified in ALLOWED_GLOBALS[layout]:
+        module, _, name = qualified.rpartition(".")
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return found
+
+
+def safe_load(path, layout="tasktrain", map_location="cpu", mmap=False):
+    """torch.load(path, weights_only=True) with exactly the globals `layout` needs (ALLOWED_GLOBALS). A file that
+    holds anything else, or that cannot be read (truncated, corrupted, not a torch file), raises CheckpointError
+    naming the file (and the type it held) before anything in it runs. mmap=True maps the tensors instead of reading
+    them (zip files; older ones are read whole): a check of a large file costs its pickle only."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Checkpoint file {path!r} does not exist.")
+    try:
+        with torch.serialization.safe_globals(allowed_globals(layout)):
+            return _torch_load(path, map_location, mmap)
+    except pickle.UnpicklingError as err:
+        found = _UNSUPPORTED.search(str(err))  # "Unsupported global: GLOBAL io.open was not an allowed global"
+        if found:
+            held = found.group(1)
+            raise CheckpointError(
+                f"Refusing to load checkpoint {path!r}: it holds a pickled {held}, which is not plain data (tensors, "
+                "numbers, strings, lists, dicts) nor one of the types this kind of file holds, and unpickling it "
+                "could run arbitrary code. Nothing of it was run. Only load files you trust: re-save the weights as "
+                "a plain state dict, or resume with fit(..., weights_only=False).") from None
+        raise _unreadable(path, err) from None
+    except Exception as err:  # truncated or corrupted: zip, pickle and storage errors of every kind
+        raise _unreadable(path, err) from None
+
+
+def _unreadable(path, err):
+    detail = (str(err).splitlines() or [""])[0][:300]
+    return CheckpointError(f"Checkpoint {path!r} is truncated or corrupted and cannot be read ({type(err).__name__}: "
+                           f"{detail}). Use an earlier checkpoint; tasktrain writes atomically, so the previous file of "
+                           "a run is intact.")
+
+
+def check_files(paths, layout):
+    """A weights_only pass (tensors mapped, not read) over each file an engine's own loader will unpickle, before it
+    does: a file that holds code, or cannot be read, is a CheckpointError naming it."""
+    for path in paths:
+        safe_load(path, layout, mmap=True)
+
+
+class _DCPMetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in DCP_METADATA_GLOBALS or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+
+
+def read_dcp_metadata(path):
+    """DCP's .metadata, unpickled with DCP's metadata classes only (torch's own reader unpickles anything)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            metadata = _DCPMetadataUnpickler(f).load()
+    except FileNotFoundError:
+        raise
+    except pickle.UnpicklingError as err:
+        found = _UNSUPPORTED.search(str(err))
+        if found:
+            raise CheckpointError(
+                f"Refusing to load {path!r}: it holds a pickled {found.group(1)}, which is not one of DCP's metadata "
+                "records, and unpickling it could run arbitrary code. Nothing of it was run. Only load checkpoints "
+                "you trust.") from None
+        raise _unreadable(path, err) from None
+    except Exception as err:
+        raise _unreadable(path, err) from None
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{path!r} holds a {type(metadata).__name__}, not DCP's Metadata: not a DCP checkpoint.")
+    return metadata
+
+
+def dcp_reader(directory):
+    """A torch.distributed.checkpoint storage reader for `directory` that reads .metadata with read_dcp_metadata and
+    checks each non-tensor item with safe_load's rules before DCP's planner unpickles it (DCP's own load_bytes uses
+    weights_only=False); tensors DCP reads with weights_only=True itself. For dcp.load(..., storage_reader=) and
+    _load_state_dict_from_keys: load_dcp / read_dcp below."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_dcp_metadata(self._get_metadata_path(kwargs.get("rank")))
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+        def read_data(self, plan, planner):
+            return super().read_data(plan, _CheckedBytes(planner, self))
+
+    return SafeReader(directory)
+
+
+class _CheckedBytes:
+    """A DCP load planner whose load_bytes first checks the item the weights_only way (in memory: what is checked is
+    what the planner then reads)."""
+
+    def __init__(self, planner, reader):
+        self._planner, self._reader = planner, reader
+
+    def __getattr__(self, name):
+        return getattr(self._planner, name)
+
+    def load_bytes(self, read_item, value):
+        where = os.path.join(str(self._reader.path), self._reader.storage_data[read_item.storage_index].relative_path)
+        what = f"{where} (item {read_item.dest_index.fqn!r})"
+        try:
+            torch.load(value, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as err:
+            found = _UNSUPPORTED.search(str(err))
+            if found:
+                raise CheckpointError(
+                    f"Refusing to load {what}: it holds a pickled {found.group(1)}, which is not plain data, and "
+                    "unpickling it could run arbitrary code. Nothing of it was run.") from None
+            raise _unreadable(what, err) from None
+        except Exception as err:
+            raise _unreadable(what, err) from None
+        value.seek(0)
+        self._planner.load_bytes(read_item, value)
+
+
+def _dcp_error(directory, err):
+    """The CheckpointError of a failed DCP load: ours, from whichever rank raised it, or one naming the directory."""
+    failures = getattr(err, "failures", None) or {}
+    for failure in failures.values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, CheckpointError):
+            return inner
+    if failures:
+        inner = next(iter(failures.values()))
+        err = inner[0] if isinstance(inner, tuple) else inner
+    return CheckpointError(f"The DCP checkpoint {os.fspath(directory)!r} is truncated or corrupted and cannot be read "
+                           f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}). Use an earlier "
+                           "checkpoint; the previous one of a run is intact.")
+
+
+def load_dcp(state_dict, directory, **kwargs):
+    """dcp.load(state_dict, checkpoint_id=directory, storage_reader=dcp_reader(directory), **kwargs), every failure a
+    CheckpointError (DCP gathers every rank's failure, so every rank raises it)."""
+    import torch.distributed.checkpoint as dcp
+
+    # checked first: DCP falls back to other metadata files when .metadata fails, and wraps the error in its own
+    read_dcp_metadata(os.path.join(directory, ".metadata"))
+    try:
+        dcp.load(state_dict, checkpoint_id=directory, storage_reader=dcp_reader(directory), **kwargs)
+    except CheckpointError:
+        raise
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise _dcp_error(directory, err) from None
+
+
+def read_dcp(directory, keys=None):
+    """The entries `keys` of a DCP checkpoint, whole, in this process (no process group needed), read safely."""
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    read_dcp_metadata(os.path.join(directory, ".metadata"))  # first: as in load_dcp
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            return _load_state_dict_from_keys(keys, storage_reader=dcp_reader(directory))
+    except CheckpointError:
+        raise
+    except BaseException as err:
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise _dcp_error(directory, err) from None
+
+
+# -- failed saves and leftovers -------------------------------------------------------------------------------------
+# A save that cannot complete says why (no space: how much it needed and how much was free) and leaves the previous
+# files as they were; the temporary file of a writer that died (`<name>.tmp-<pid>`, its pid no longer running on
+# this machine, and not written to for STALE_AFTER seconds: a writer on another machine of a shared file system keeps
+# writing its file) is removed by the next save into the same folder, a live writer's (a background save) never.
+_TEMPORARY = re.compile(r"\.tmp-(\d+)$")
+STALE_AFTER = 60.0
+
+
+def free_bytes(directory):
+    """The disk-usage probe: bytes free to this user in `directory`'s file system."""
+    return shutil.disk_usage(directory).free
+
+
+def state_bytes(obj, _seen=None):
+    """The bytes of the tensor storages in `obj`, each storage once (what a torch.save of it writes, less a small
+    pickle)."""
+    seen = set() if _seen is None else _seen
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "meta":
+            return 0
+        storage = obj.untyped_storage()
+        key = (obj.device, storage.data_ptr(), storage.nbytes())
+        if key in seen:  # tied weights, views: written once
+            return 0
+        seen.add(key)
+        return storage.nbytes()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v, seen) for v in obj)
+    return 0
+
+
+def _megabytes(n):
+    return f"{n / 2**20:.1f} MiB"
+
+
+def check_space(obj, path):
+    """Refuse, before writing anything, a save whose tensors alone do not fit in the free space of `path`'s disk."""
+    directory = os.path.dirname(os.path.abspath(path))
+    needed, free = state_bytes(obj), free_bytes(directory)
+    if needed > free:
+        raise CheckpointError(f"Not enough disk space to save {path!r}: it needs at least {_megabytes(needed)} and "
+                              f"{directory} has {_megabytes(free)} free. Nothing was written; the previous "
+                              "checkpoints are as they were. Free space there (or save elsewhere) and save again.")
+
+
+def save_failure(err, obj, path):
+    """The error to raise for a write of `obj` to `path` that failed with `err`: a full disk said in its own words
+    (torch's own says `unexpected pos ...`, the cause only in the chain), anything else as it was."""
+    import errno
+
+    full = (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+        isinstance(err, RuntimeError) and ("unexpected pos" in str(err) or "No space left" in str(err)))
+    if not full:
+        return err
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        free = _megabytes(free_bytes(directory))
+    except OSError:
+        free = "unknown"
+    return CheckpointError(f"No space left on the disk of {path!r}: the checkpoint needs at least "
+                           f"{_megabytes(state_bytes(obj))} and {directory} has {free} free. The partial file was "
+                           "removed; the previous checkpoints are as they were. Free space there (or save elsewhere) "
+                           "and save again.")
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory):
+    """Remove the `*.tmp-<pid>` files (or folders) that writers which no longer run (killed during a save) left in
+    `directory`; this process's own, those of live processes (a background write in flight) and those written to in
+    the last STALE_AFTER seconds stay. Returns what was removed."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        found = _TEMPORARY.search(name)
+        if found is None:
+            continue
+        pid = int(found.group(1))
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if time.time() - os.lstat(path).st_mtime < STALE_AFTER:
+                continue
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 # -- names under torch.compile ------------------------------------------------------------------------------------
@@ -411,10 +719,13 @@ def stage_to_cpu(obj, reuse=None):
 
 def fsync_save(obj, path):
     """torch.save to `path`, flushed to the disk (no rename: for files inside a directory renamed later)."""
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except Exception as err:
+        raise save_failure(err, obj, path) from err
 
 
 def mark_done(directory, rank):

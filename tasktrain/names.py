@@ -42,6 +42,8 @@ STRATEGIES = {
                                                  offload_device="nvme"),
     "fsdp": StrategyName("tasktrain.strategies.fsdp", "FSDP", {}, "FSDP"),
     "fsdp_cpu_offload": StrategyName("tasktrain.strategies.fsdp", "FSDP", {"cpu_offload": True}, "FSDP"),
+    # tensor x data parallel on one DeviceMesh (issue 39); Accelerate names its FSDP2-based meshes FSDP too
+    "model_parallel": StrategyName("tasktrain.strategies.model_parallel", "ModelParallelStrategy", {}, "FSDP"),
 }
 AUTO_STRATEGY = "auto"  # ddp when several processes are asked for or were launched, else single_device
 

@@ -112,3 +112,14 @@ def test_a_pickle_holding_other_objects_is_refused(tmp_path):
         accelerator.load_state(tmp_path / "state")
     with pytest.raises(ValueError, match="layout='accelerate' too"):
         accelerator.save_state(tmp_path / "other", safe_serialization=False)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.bin", "random_states_0.pkl"])
+def test_a_truncated_file_of_accelerates_layout_is_a_checkpoint_error(tmp_path, name):
+    # issue 38: every loader says CheckpointError for a damaged file, naming it (no raw EOFError / SafetensorError)
+    accelerator, counter, model, optimizer, scheduler = build()
+    accelerator.save_state(tmp_path / "state", layout="accelerate")
+    path = tmp_path / "state" / name
+    path.write_bytes(path.read_bytes()[: max(8, path.stat().st_size // 2)])
+    with pytest.raises(CheckpointError, match=f"{name}.*truncated or corrupted"):
+        accelerator.load_state(tmp_path / "state")

@@ -226,7 +226,7 @@ def test_processes_started_by_slurm_join_one_world(tmp_path):
     """Two processes with the variables srun gives its tasks (no RANK/WORLD_SIZE): they form one world."""
     out, port = str(tmp_path), free_port()
     slurm = {"SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "127.0.0.1",
-             "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "MASTER_PORT": str(port)}
+             "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_STEP_ID": "0", "MASTER_PORT": str(port)}
     procs = [subprocess.Popen([sys.executable, script("facts.py"), out, "--devices", "auto", "--quick"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out,
                               env=child_env(**slurm, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),

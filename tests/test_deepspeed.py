@@ -444,7 +444,7 @@ def test_disk_offload_config_and_errors(tmp_path):
 def test_disk_offload_checks_before_training(tmp_path, monkeypatch):
     """The folder, libaio and the async_io op are checked before training (setup_environment runs this on every rank):
     a missing or read-only folder, no libaio (the Debian package named), a file system where async I/O fails."""
-    from tasktrain.strategies import deepspeed as ds
+    from tasktrain.strategies.deepspeed import config as ds
 
     def config(folder):
         return DeepSpeed(stage=3, offload_optimizer="nvme", nvme_path=str(folder)).resolved_config(4)

@@ -137,7 +137,7 @@ def test_environment_from_torchrun_variables():
 def test_environment_from_slurm_variables():
     env = detect_environment({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NNODES": "2",
                               "SLURM_NODEID": "1", "SLURM_NODELIST": "gpu[003-004]", "SLURM_JOB_ID": "1234",
-                              "SLURM_JOB_NAME": "train"})
+                              "SLURM_JOB_NAME": "train", "SLURM_STEP_ID": "0"})
     assert (env.global_rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank) == (5, 8, 1, 4, 1)
     assert env.main_address == "gpu003" and env.launcher == "slurm" and env.main_port == 10000 + 1234
 

@@ -30,7 +30,8 @@ def test_without_cuda_it_says_skipped(gpu_check, capsys):
 
 
 SINGLE_PROCESS = ["placement", "fp16", "bf16", "bf16-true", "dp", "accelerator", "dispatch"]
-MULTI_PROCESS = ["ddp-launch", "fsdp-bf16", "fsdp-fp16", "zero2", "zero3", "watchdog", "compile", "gpt-bench"]
+MULTI_PROCESS = ["ddp-launch", "fsdp-bf16", "fsdp-fp16", "zero2", "zero3", "watchdog", "compile", "gpt-bench",
+                 "tp"]
 THROUGH_MAIN = ["ddp"]
 
 

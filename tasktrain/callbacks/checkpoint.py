@@ -219,6 +219,10 @@ class ModelCheckpoint(Callback):
         `exception` (save_on_exception), the checkpoint is written whatever its score and is not a top-k entry."""
         if trainer.fast_dev_run:  # a debugging run writes no checkpoints (Lightning's rule)
             return
+        # issue 38, first of all: a non-finite state is never written (no file, no top-k, best or last change,
+        # nothing evicted; inside fit the trainer raises instead, except while an exception is being handled)
+        if not trainer.may_save_checkpoint(self.dirpath_resolved(trainer)):
+            return
         if exception is not None:
             return self._save_on_exception(trainer, exception)
         if self.async_save:

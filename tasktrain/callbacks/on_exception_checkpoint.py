@@ -46,7 +46,8 @@ class OnExceptionCheckpoint(Callback):
         in_fit_loop = trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate")
         if not in_fit_loop or isinstance(exception, SystemExit):
             return  # nothing trained to keep (validate/test/predict); SIGTERM saved its own checkpoint
-        trainer.save_checkpoint(self.ckpt_path)
+        if trainer.save_checkpoint(self.ckpt_path) is False:  # issue 38: a non-finite state is not saved
+            return
         print(f"[tasktrain] OnExceptionCheckpoint: {type(exception).__name__} at global step {trainer.global_step}; "
               f"saved {self.ckpt_path}", flush=True)
 

@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 USED_KEYS = (
     "compute_environment", "distributed_type", "num_processes", "num_machines", "machine_rank",
     "main_process_ip", "main_process_port", "mixed_precision", "use_cpu", "gpu_ids", "rdzv_backend",
-    "debug", "num_cpu_threads_per_process", "deepspeed_config", "fsdp_config",
+    "debug", "num_cpu_threads_per_process", "deepspeed_config", "fsdp_config", "parallelism_config",
     "strategy", "precision", "gradient_accumulation_steps",  # ours
 )
 
@@ -49,7 +49,6 @@ IGNORED_KEYS = {
     "dynamo_config": "pass Accelerator(dynamo_backend=...) or dynamo_plugin=TorchDynamoPlugin(...) in the script instead",
     "megatron_lm_config": "Megatron-LM is not supported",
     "fp8_config": "fp8 is not supported",
-    "parallelism_config": "tensor/context parallelism is not supported",
     "ipex_config": "the Intel extension is not used",
     "mpirun_config": "torchrun starts the processes, not mpirun",
     "use_mps_device": "Apple MPS is not a launch setting",
@@ -300,6 +299,7 @@ class LaunchSettings:
     gradient_clipping: Optional[float] = None
     deepspeed: Optional[dict] = None    # DeepSpeed(...) keyword arguments when the strategy is DeepSpeed
     fsdp: Optional[dict] = None         # FSDP(...) keyword arguments from fsdp_config (wrap, activation_checkpointing, ...)
+    parallelism: Optional[dict] = None  # issue 39: parallelism_config's sizes {"dp_replicate": r, "dp_shard": s, "tp": t}
     rdzv_backend: str = "static"
     gpu_ids: Optional[str] = None       # "0,1" -> CUDA_VISIBLE_DEVICES; None: all
     num_cpu_threads_per_process: Optional[int] = None
@@ -331,7 +331,12 @@ class LaunchSettings:
             "TASKTRAIN_GRADIENT_CLIPPING": _text(self.gradient_clipping),
             "TASKTRAIN_DEEPSPEED": json.dumps(self.deepspeed) if self.is_deepspeed else None,
             "TASKTRAIN_FSDP": json.dumps(self.fsdp) if self.fsdp else None,
+            # parallelism_config (issue 39): Accelerate's variables, which ParallelismConfig() reads in the script
+            "ACCELERATE_USE_PARALLELISM_CONFIG": "true" if self.parallelism else None,
         }
+        for dim in ("dp_replicate", "dp_shard", "tp", "cp"):
+            env[f"PARALLELISM_CONFIG_{dim.upper()}_SIZE"] = (str(self.parallelism.get(dim, 1)) if self.parallelism
+                                                             else None)
         if self.gpu_ids and not self.use_cpu:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids
         if self.num_cpu_threads_per_process:
@@ -463,6 +468,7 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
     )
     _resolve_processes(s, merged, sources, dist_type, gpu_count)
     _resolve_strategy(s, merged, sources, dist_type)
+    _resolve_parallelism(s, merged.get("parallelism_config"))
     _resolve_precision(s, merged, sources)
 
     ga = _integer("gradient_accumulation_steps", merged.get("gradient_accumulation_steps"), minimum=1)
@@ -591,6 +597,54 @@ def _resolve_strategy(s: LaunchSettings, merged: dict, sources: dict, dist_type)
         s.deepspeed = _deepspeed_kwargs(strategy, ds_raw, s)
     elif ds_raw:
         s.ignored.append("deepspeed_config (the strategy is not DeepSpeed)")
+
+
+PARALLELISM_KEYS = ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
+                    "parallelism_config_tp_size", "parallelism_config_cp_size")
+
+
+def _resolve_parallelism(s: LaunchSettings, values):
+    """Accelerate's parallelism_config block (issue 39): the sizes of a (dp_replicate, dp_shard, tp) device mesh. The
+    workers get Accelerate's variables (ParallelismConfig() in the script reads them) and the strategy
+    model_parallel (a Trainer's: tensor_parallel_size = tp, data parallel over the rest)."""
+    if not values:
+        return
+    if not isinstance(values, dict):
+        raise ConfigError(f"parallelism_config is {values!r}, expected a mapping such as `parallelism_config: "
+                          "{parallelism_config_dp_shard_size: 2, parallelism_config_tp_size: 2}`.")
+    for key in values:
+        if key not in PARALLELISM_KEYS:
+            raise ConfigError(_unknown("parallelism_config key", key, list(PARALLELISM_KEYS), "the configuration"))
+    sizes = {key[len("parallelism_config_"):-len("_size")]: _integer(key, values.get(key), minimum=1) or 1
+             for key in PARALLELISM_KEYS}
+    if sizes["cp"] > 1:
+        raise ConfigError(f"parallelism_config_cp_size: {sizes['cp']}: context parallelism is not supported (torch's "
+                          "context_parallel needs the GPU attention kernels, and tasktrain has no CUDA implementation "
+                          "of it yet). Use 1.")
+    total = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp"]
+    if total == 1:
+        return
+    if total != s.num_processes:
+        raise ConfigError(f"parallelism_config: dp_replicate_size x dp_shard_size x tp_size = {total}, but "
+                          f"num_processes is {s.num_processes}. Make the product the number of processes.")
+    if sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1:
+        raise ConfigError("parallelism_config: dp_replicate_size > 1 with dp_shard_size 1 is pure data parallelism "
+                          "(or, with tp_size > 1, a combination Accelerate refuses): set dp_shard_size > 1, or drop "
+                          "parallelism_config and use distributed_type MULTI_CPU / MULTI_GPU.")
+    if s.is_deepspeed:
+        raise ConfigError("parallelism_config beside DeepSpeed: tensor parallelism runs on FSDP2 here; drop "
+                          "deepspeed_config or parallelism_config.")
+    s.parallelism = {"dp_replicate": sizes["dp_replicate"], "dp_shard": sizes["dp_shard"], "tp": sizes["tp"]}
+    s.strategy = "model_parallel"
+    if s.fsdp:  # said, not dropped: fully_shard over the data-parallel dimensions is the mesh strategy's own
+        s.ignored.append(f"fsdp_config options {sorted(s.fsdp)} (parallelism_config's strategy model_parallel "
+                         "applies FSDP2 itself)")
+    s.fsdp = None
+    s.notes.append(f"parallelism_config: a (dp_replicate={sizes['dp_replicate']}, dp_shard={sizes['dp_shard']}, "
+                   f"tp={sizes['tp']}) device mesh: strategy model_parallel (the Accelerator's ParallelismConfig() "
+                   "reads these sizes; a Trainer's ModelParallelStrategy gets tensor_parallel_size="
+                   f"{sizes['tp']} and shards over the other {sizes['dp_replicate'] * sizes['dp_shard']} as one "
+                   "data-parallel dimension)")
 
 
 def _resolve_precision(s: LaunchSettings, merged: dict, sources: dict):
@@ -783,7 +837,7 @@ def settings_to_values(settings: LaunchSettings) -> dict:
         "rdzv_backend": settings.rdzv_backend,
         "strategy": None if plain else settings.strategy,
     }
-    if dist_type == "FSDP":
+    if dist_type == "FSDP" and STRATEGIES[settings.strategy].cls == "FSDP":  # others (model_parallel): own key
         values["fsdp_config"] = {"fsdp_version": 2,
                                  "fsdp_offload_params": bool(STRATEGIES[settings.strategy].kwargs.get("cpu_offload"))}
         values["strategy"] = None

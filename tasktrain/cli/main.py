@@ -119,6 +119,14 @@ def _launch(args) -> int:
     max_restarts = args.max_restarts or 0
     if max_restarts < 0:
         raise cfg.ConfigError(f"--max_restarts {max_restarts}: use 0 (no restart) or a positive number.")
+    from tasktrain.strategies import requeue
+    from tasktrain.strategies.environment import SlurmAllocationError, check_launch_in_slurm
+
+    try:
+        check_launch_in_slurm(settings.num_machines, settings.num_processes)  # issue 40: srun'd once per node
+    except SlurmAllocationError as err:
+        raise cfg.ConfigError(str(err)) from None
+    requeue.ignore_in_launcher()  # issue 40: the workers save and requeue on SLURM's signal; the launcher waits
     print(settings.describe(), flush=True)
     if max_restarts:
         print(f"  max_restarts: {max_restarts} (each restart resumes from the newest complete checkpoint)", flush=True)
@@ -432,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_env(subparsers)
     _add_convert(subparsers)
     return parser
+
 
 
 def main(argv=None) -> int:

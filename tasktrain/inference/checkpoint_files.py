@@ -15,6 +15,12 @@ import os
 
 import torch
 
+from tasktrain.checkpoint_io import CheckpointError, safe_load
+
+
+class CheckpointIndexError(CheckpointError, ValueError):
+    """A sharded index that is not one (a ValueError as before, and a CheckpointError as every unreadable file)."""
+
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 WEIGHTS_NAME = "pytorch_model.bin"
@@ -57,13 +63,11 @@ class Entry:
 
 def _torch_state_dict(path):
     """(state dict, memory-mapped?) of a torch file: a plain state dict or a Trainer checkpoint ({"state_dict": ...})."""
-    try:
-        loaded, mapped = torch.load(path, map_location="cpu", mmap=True, weights_only=True), True
-    except RuntimeError as err:
-        if "zip" not in str(err).lower():
-            raise
-        # Files in torch's legacy (pre-1.6) format cannot be mapped; they are read whole.
-        loaded, mapped = torch.load(path, map_location="cpu", weights_only=True), False
+    # mapped unless the file is in torch's legacy (pre-1.6) format, which is read whole; a file holding code, or one
+    # that cannot be read, is a CheckpointError naming it (issue 38)
+    import zipfile
+
+    loaded, mapped = safe_load(path, mmap=True), zipfile.is_zipfile(path)
     if isinstance(loaded, dict):
         for key in ("state_dict", "module"):
             if isinstance(loaded.get(key), dict):
@@ -118,8 +122,8 @@ class CheckpointFiles:
             if not isinstance(weight_map, dict):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
-            raise ValueError(f"{path!r} is not a sharded checkpoint index: expected JSON with a 'weight_map' "
-                             f"{{key: shard file}}, as transformers writes.") from None
+            raise CheckpointIndexError(f"{path!r} is not a sharded checkpoint index: expected JSON with a 'weight_map' "
+                                       f"{{key: shard file}}, as transformers writes.") from None
         folder = os.path.dirname(path)
         shards = []
         for name in weight_map.values():
@@ -136,8 +140,7 @@ class CheckpointFiles:
     def _describe(self, shard):
         """(key, dtype, shape) of every tensor of one shard, in the order the file lists them."""
         if is_safetensors(shard):
-            safe_open = _safetensors().safe_open
-            with safe_open(shard, framework="pt") as f:
+            with _safe_open(shard) as f:
                 found = []
                 for key in f.keys():
                     view = f.get_slice(key)
@@ -171,13 +174,13 @@ class ShardReader:
         if shard != self.current:
             self.close()
             if is_safetensors(shard):
-                self._handle = _safetensors().safe_open(shard, framework="pt")
+                self._handle = _safe_open(shard)
                 self.mapped = True
             else:
                 self._handle, self.mapped = _torch_state_dict(shard)
             self.current = shard
         if is_safetensors(shard):
-            return self._handle.get_tensor(key)
+            return _unreadable_as_error(shard, self._handle.get_tensor, key)
         return self._handle[key]
 
     def close(self):
@@ -191,7 +194,21 @@ def read_state_dict(path) -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Checkpoint {path!r} is not a file.")
     if is_safetensors(path):
-        safe_open = _safetensors().safe_open
-        with safe_open(path, framework="pt") as f:
-            return {key: f.get_tensor(key) for key in f.keys()}
+        with _safe_open(path) as f:
+            return {key: _unreadable_as_error(path, f.get_tensor, key) for key in f.keys()}
     return _torch_state_dict(path)[0]
+
+
+def _safe_open(path):
+    """safetensors' safe_open (a safe format: a JSON header and raw bytes), a damaged file a CheckpointError."""
+    return _unreadable_as_error(path, _safetensors().safe_open, path, framework="pt")
+
+
+def _unreadable_as_error(path, function, *args, **kwargs):
+    try:
+        return function(*args, **kwargs)
+    except CheckpointError:
+        raise
+    except Exception as err:  # safetensors' SafetensorError, OSError of a truncated map, ...
+        raise CheckpointError(f"Checkpoint {os.fspath(path)!r} is truncated or corrupted and cannot be read "
+                              f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}).") from None

@@ -155,6 +155,23 @@ class Strategy(abc.ABC):
     def rank(self):
         return self.global_rank
 
+    # -- data parallelism (issue 39): the Trainer shards its loaders by these ----------------------------------------
+    @property
+    def device_mesh(self):
+        """The named torch DeviceMesh the module is parallelized on (TaskModule.device_mesh), or None. Default None."""
+        return None
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many different batches the world reads per step. Default world_size (every rank its own); a strategy
+        whose ranks share batches (tensor parallel groups) says less."""
+        return self.world_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which of those data_parallel_size batches this rank reads. Default global_rank."""
+        return self.global_rank
+
     @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0

@@ -57,22 +57,140 @@ def detect_environment(env=None) -> ClusterEnvironment:
             main_port=int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None,
             launcher=env.get("TASKTRAIN_LAUNCHER", "torchrun"),
         )
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
-        world = int(env["SLURM_NTASKS"])
-        nodes = int(env.get("SLURM_NNODES", 1))
-        host = env.get("MASTER_ADDR") or _first_slurm_host(env.get("SLURM_NODELIST", "127.0.0.1"))
-        port = env.get("MASTER_PORT") or str(10000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
-        return ClusterEnvironment(
-            global_rank=int(env["SLURM_PROCID"]),
-            world_size=world,
-            local_rank=int(env.get("SLURM_LOCALID", 0)),
-            local_world_size=int(str(env.get("SLURM_NTASKS_PER_NODE", max(1, world // max(1, nodes)))).split("(")[0]),
-            node_rank=int(env.get("SLURM_NODEID", 0)),
-            main_address=host,
-            main_port=int(port),
-            launcher="slurm",
-        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return _slurm_environment(env)
     return ClusterEnvironment()
+
+
+# -- SLURM ------------------------------------------------------------------------------------------------------------
+# Which SLURM processes form a world (Lightning's rules where they are sound, see docs/slurm.md):
+# - a job step that `srun` launched with several tasks (SLURM_STEP_NUM_TASKS > 1): one world of those tasks, whatever
+#   the job's name. Lightning ignores every job named "bash" or "interactive", so `srun python train.py` inside
+#   `salloc` (job name "interactive") became separate one-process runs writing to one folder; here it is one world.
+# - a step of one task in a job named "bash" or "interactive" (`srun --pty bash`, `salloc`'s shell): an interactive
+#   shell on a node, not a launch: the Trainer may start its own processes there, as in Lightning.
+# - a step of one task otherwise: a world of one, SLURM-managed.
+# - the batch script itself (SLURM_PROCID set, no SLURM_STEP_ID) in an allocation of several tasks: the user ran
+#   `python train.py` without srun; the other tasks never start, so rank 0 would wait for them for the whole
+#   process-group timeout. An error now, naming srun.
+INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+
+
+class SlurmAllocationError(RuntimeError):
+    """The SLURM allocation and the run disagree (the message names the SLURM variables and the fix)."""
+
+
+def _slurm_environment(env) -> ClusterEnvironment:
+    in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
+    tasks = int(env["SLURM_NTASKS"])
+    if not in_step and tasks > 1:
+        raise SlurmAllocationError(
+            f"This process is SLURM's batch script (SLURM_PROCID is set but SLURM_STEP_ID is not), and the allocation "
+            f"has SLURM_NTASKS={tasks} tasks: the other {tasks - 1} task(s) were never started, so this run would "
+            f"wait for them until the process-group timeout. Launch every task with srun: `srun python "
+            f"{_script_hint()}` in the sbatch script (or `srun tasktrain launch ...` with --ntasks-per-node=1), or "
+            f"ask for one task (#SBATCH --ntasks=1) and let the Trainer start its processes itself."
+        )
+    if tasks == 1 and env.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES:
+        return ClusterEnvironment()  # an interactive shell on a node: not a launch
+    per_node = _tasks_per_node(env)
+    nodes = int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", 1)))
+    if len(set(per_node)) > 1:
+        name = "SLURM_STEP_TASKS_PER_NODE" if "SLURM_STEP_TASKS_PER_NODE" in env else "SLURM_TASKS_PER_NODE"
+        raise SlurmAllocationError(
+            f"SLURM spread the {tasks} tasks unevenly over {nodes} nodes ({name}={env[name]}): every node must run "
+            f"the same number of processes. Ask for --nodes=N --ntasks-per-node=K (K = processes per node, e.g. one "
+            f"per GPU) instead of --ntasks={tasks}."
+        )
+    local_world = per_node[0] if per_node else max(1, tasks // max(1, nodes))
+    host = env.get("MASTER_ADDR") or _first_slurm_host(env.get("SLURM_STEP_NODELIST") or
+                                                       env.get("SLURM_NODELIST", "127.0.0.1"))
+    port = env.get("MASTER_PORT") or str(10000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
+    return ClusterEnvironment(
+        global_rank=int(env["SLURM_PROCID"]),
+        world_size=tasks,
+        local_rank=int(env.get("SLURM_LOCALID", 0)),
+        local_world_size=local_world,
+        node_rank=int(env.get("SLURM_NODEID", 0)),
+        main_address=host,
+        main_port=int(port),
+        launcher="slurm",
+    )
+
+
+def _tasks_per_node(env):
+    """SLURM's compressed tasks-per-node list ("2(x3),1" -> [2, 2, 2, 1]); [] when SLURM gave none."""
+    text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or \
+        env.get("SLURM_NTASKS_PER_NODE") or ""
+    counts = []
+    for part in filter(None, text.split(",")):
+        if "(x" in part:
+            count, repeat = part.rstrip(")").split("(x")
+            counts += [int(count)] * int(repeat)
+        else:
+            counts.append(int(part))
+    return counts
+
+
+def _script_hint():
+    import sys
+
+    return " ".join(sys.argv)[:80] or "train.py"
+
+
+def check_slurm_allocation(env: ClusterEnvironment, devices: int, num_nodes: int, names=None, source=None):
+    """Lightning's rules: under a SLURM launch, the processes per node (devices) and the number of nodes asked for
+    must be what the job step has (SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE, SLURM_NNODES /
+    SLURM_STEP_NUM_NODES). Checked before any process group forms, the same on every rank."""
+    if env.launcher != "slurm":
+        return
+    variables = os.environ
+    nodes = env.world_size // max(1, env.local_world_size)
+    given = source or "the Trainer"
+    names = names or {"devices": "devices", "num_nodes": "num_nodes"}
+    if devices != env.local_world_size:
+        raise SlurmAllocationError(
+            f"{given} asks for {names['devices']}={devices} processes per node, but the SLURM job step runs "
+            f"{env.local_world_size} task(s) per node (SLURM_STEP_TASKS_PER_NODE="
+            f"{variables.get('SLURM_STEP_TASKS_PER_NODE', variables.get('SLURM_TASKS_PER_NODE', '?'))}, "
+            f"SLURM_NTASKS_PER_NODE={variables.get('SLURM_NTASKS_PER_NODE', 'unset')}). Make them agree: pass "
+            f"{names['devices']}={env.local_world_size} (or 'auto'), or ask SLURM for "
+            f"#SBATCH --ntasks-per-node={devices} (one task per device)."
+        )
+    if num_nodes != nodes:
+        raise SlurmAllocationError(
+            f"{given} asks for {names['num_nodes']}={num_nodes} nodes, but the SLURM job step runs on {nodes} "
+            f"(SLURM_NNODES={variables.get('SLURM_NNODES', '?')}, SLURM_STEP_NUM_NODES="
+            f"{variables.get('SLURM_STEP_NUM_NODES', 'unset')}). Make them agree: pass {names['num_nodes']}={nodes}, "
+            f"or ask SLURM for #SBATCH --nodes={num_nodes}."
+        )
+
+
+def check_launch_in_slurm(num_machines: int, num_processes: int, env=None):
+    """`tasktrain launch` run by srun: one launcher per node, and the launch config's machines and processes are the
+    job step's nodes and (nodes x processes per node). Nothing to check outside a SLURM job step."""
+    env = os.environ if env is None else env
+    if "SLURM_STEP_ID" not in env and "SLURM_STEPID" not in env:
+        return
+    nodes = int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", 1)))
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", 1)))
+    if tasks != nodes:
+        raise SlurmAllocationError(
+            f"tasktrain launch runs once per node and starts the processes of its node itself, but srun started "
+            f"{tasks} launchers on {nodes} node(s) (SLURM_STEP_NUM_TASKS={tasks}, SLURM_STEP_NUM_NODES={nodes}). Run "
+            f"it with `srun --ntasks-per-node=1 tasktrain launch ...` (#SBATCH --ntasks-per-node=1)."
+        )
+    if num_machines != nodes:
+        raise SlurmAllocationError(
+            f"The launch config says num_machines={num_machines}, but the SLURM job step has {nodes} node(s) "
+            f"(SLURM_STEP_NUM_NODES={nodes}). Pass --num_machines {nodes} (--num_processes = {nodes} x processes "
+            f"per node), or ask SLURM for #SBATCH --nodes={num_machines}."
+        )
+    if num_processes % max(1, num_machines):
+        raise SlurmAllocationError(
+            f"The launch config says num_processes={num_processes} on num_machines={num_machines}: each node must "
+            f"run the same number of processes; pass a multiple of {num_machines}."
+        )
 
 
 def _first_slurm_host(nodelist: str) -> str:

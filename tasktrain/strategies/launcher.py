@@ -26,6 +26,7 @@ import threading
 import time
 
 JOIN_TIMEOUT = 120.0  # seconds rank 0 waits at exit for workers that are still finishing the script
+INTERRUPT_GRACE = 15.0  # after Ctrl-C: seconds for the workers' on_exception; one blocked in a collective never ends
 
 
 def find_free_port() -> int:
@@ -59,6 +60,7 @@ class SubprocessLauncher:
         self._lock = threading.Lock()
         self._ending = False
         self._signalled = False  # rank 0 passed SIGTERM on: workers stopping now is the plan, not a failure
+        self._interrupted = False  # rank 0 got Ctrl-C (issue 38): workers get a short grace, not JOIN_TIMEOUT
 
     def launch(self):
         """Start ranks 1..N-1 and set this process's environment as rank 0."""
@@ -94,6 +96,7 @@ class SubprocessLauncher:
     def forward_signal(self, sig=signal.SIGTERM):
         """Pass a signal (SIGTERM: preemption) on to the running workers; their exit is then expected."""
         self._signalled = True
+        self._interrupted = self._interrupted or sig == signal.SIGINT
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(sig)
@@ -114,8 +117,9 @@ class SubprocessLauncher:
             return None
 
     def _stopped_as_asked(self, rank, code):
-        # After SIGTERM a worker saves its checkpoint and ends with SystemExit (code 1, no error recorded).
-        return self._signalled and code == 1 and self._read_error(rank) is None
+        # After SIGTERM a worker saves its checkpoint and ends with SystemExit (code 1, no error recorded); after
+        # Ctrl-C (the whole process group gets SIGINT) it runs on_exception and exits 130 (issue 38, trainer/guards.py).
+        return code == 130 or (self._signalled and code == 1 and self._read_error(rank) is None)
 
     def describe_exit(self, rank, proc, code) -> str:
         error = self._read_error(rank)
@@ -151,13 +155,17 @@ class SubprocessLauncher:
             if self._ending:
                 return
             self._ending = True  # the watchdog stops; from here on this function decides
-        deadline = time.monotonic() + (3.0 if rank0_failed else JOIN_TIMEOUT)
+        grace = 3.0 if rank0_failed else INTERRUPT_GRACE if self._interrupted else JOIN_TIMEOUT
+        deadline = time.monotonic() + grace
         failures = []
         for rank, proc in enumerate(self.procs, start=1):
             try:
                 code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                if not rank0_failed:
+                if self._interrupted:  # it was waiting in a collective for a rank that stopped: not a failure
+                    print(f"[tasktrain] rank {rank} (pid {proc.pid}) had not stopped {grace:.0f} s after Ctrl-C "
+                          "(waiting in a collective its peers had left); stopped it.", file=sys.stderr, flush=True)
+                elif not rank0_failed:
                     failures.append(f"rank {rank} (pid {proc.pid}) was still running {JOIN_TIMEOUT:.0f} s after "
                                     "rank 0 finished (waiting on a collective rank 0 never joined?); killed it")
                 continue

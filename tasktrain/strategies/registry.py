@@ -3,6 +3,8 @@
 Explicit arguments win; then what `tasktrain launch` passed (TASKTRAIN_* variables); then torchrun / SLURM
 variables; then the hardware. The names themselves are in the table of tasktrain/names.py.
 """
+import os
+
 import torch
 
 from tasktrain.names import AUTO_STRATEGY, STRATEGIES
@@ -26,6 +28,8 @@ def strategy_of_launch(launch):
     arguments, the configured instance."""
     if launch.strategy == "deepspeed" and launch.deepspeed:
         return strategy_from_name("deepspeed", **launch.deepspeed)
+    if launch.strategy == "model_parallel" and os.environ.get("PARALLELISM_CONFIG_TP_SIZE"):  # issue 39
+        return strategy_from_name("model_parallel", tensor_parallel_size=int(os.environ["PARALLELISM_CONFIG_TP_SIZE"]))
     if launch.fsdp and launch.strategy in STRATEGIES and STRATEGIES[launch.strategy].distributed_type == "FSDP":
         return strategy_from_name(launch.strategy, **launch.fsdp)  # wrap / activation_checkpointing by class name
     return launch.strategy

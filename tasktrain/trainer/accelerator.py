@@ -24,15 +24,17 @@ import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.loggers.trackers import GeneralTracker, check_log_with, make_trackers
+from tasktrain.strategies import requeue
 from tasktrain.strategies.base import ClipsInsideStep, GradientClip, MultiProcess, Plan, Sharded
 from tasktrain.strategies.precision import unpatch_forward
-from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action, watched_batches
-from tasktrain.trainer.data import ResumableSampler, StatefulLoaderData, StreamData, prepare_train_data
-from tasktrain.trainer.dispatch import is_prepared_here, prepare_for_accelerator
-from tasktrain.trainer.epoch import DataPosition, EpochIterator
+from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, watched_action
+from tasktrain.trainer.data import prepare_train_data
+from tasktrain.trainer.dispatch import prepare_for_accelerator
+from tasktrain.trainer.epoch import EpochIterator
+from tasktrain.trainer.prepared import PreparedDataLoader  # (its public path is this module too)
 from tasktrain.trainer.shard import ShardData, can_shard
 from tasktrain.trainer.run_state import (Objects, Optimizers, RandomStates, RunState, Value, Weights, check_counts,
-                                         check_global_batch, upgrade)
+                                         upgrade)
 from tasktrain.trainer.runtime import ACCELERATOR_NAMES, broadcast_seed, build_runtime, rng_restore_of_this_rank
 from tasktrain.tree import apply_to_leaves
 
@@ -126,6 +128,7 @@ class Accelerator:
             raise ValueError("ProjectConfiguration(save_on_each_node=True): save_state writes from every process "
                              "into one directory, which must be on storage all machines share; set it False.")
         self.strategy.setup_environment()
+        self._requeue = requeue.AcceleratorRequeue(self)  # issue 40: SLURM's warning signal
         self._watchdog = self.strategy.watchdog  # None on one process; watches the prepared loaders' loops
         # backward and optimizer.step are progress inside a prepared loader's batch (marked only with a watchdog)
         self._backward = watched_action(self._watchdog, "backward", self.strategy.backward)
@@ -264,6 +267,7 @@ class Accelerator:
                 out[i] = self.prepare_data_loader(objects[i])
             elif kind == "scheduler":
                 out[i] = self.prepare_scheduler(objects[i])
+        self._requeue.after_prepare()  # issue 40: a requeued job loads its pre-emption state
         return out[0] if len(out) == 1 else tuple(out)
 
     def prepare_model(self, model):
@@ -312,20 +316,25 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(self, loader):
-        if isinstance(loader, PreparedDataLoader) or is_prepared_here(loader):
+        if isinstance(loader, PreparedDataLoader):
             return loader
         if self._data_seed is None:
             self._data_seed = broadcast_seed(self.strategy)
         prepared = prepare_for_accelerator(loader, self)  # dispatched, or an IterableDataset cut by global batch
+        if prepared is not None and self.strategy.data_parallel_size != self.num_processes:  # issue 39
+            raise ValueError("A dispatched loader or an IterableDataset is cut into one part per process, but under "
+                             "tensor parallelism the processes of a tensor-parallel group must read the same batch: "
+                             "prepare a map-style DataLoader (sharded over the data-parallel ranks only).")
         if prepared is not None:
             self._loaders.append(prepared)
             return prepared
         if can_shard(loader):  # a map-style DataLoader: Accelerate's order (whole batches per rank)
-            data = ShardData(loader, self.num_processes, self.process_index, self._data_seed,
+            data = ShardData(loader, self.strategy.data_parallel_size, self.strategy.data_parallel_rank, self._data_seed,
                              split_batches=self.split_batches, even_batches=self.even_batches,
                              use_seedable_sampler=self.use_seedable_sampler, broadcast=self.strategy.broadcast)
         else:
-            data = prepare_train_data(loader, self.num_processes, self.process_index, self._data_seed)
+            data = prepare_train_data(loader, self.strategy.data_parallel_size, self.strategy.data_parallel_rank,
+                                      self._data_seed)
         prepared = PreparedDataLoader(data, self, source=loader)
         self._loaders.append(prepared)
         return prepared
@@ -334,9 +343,8 @@ class Accelerator:
     def backward(self, loss, **kwargs):
         """strategy.backward (GradScaler-scaled under fp16); divided by the micro-batches of the accumulation window
         (window_loss="own") or by gradient_accumulation_steps (window_loss="steps", Accelerate's rule)."""
-        divisor = self._window if self._window_loss == "own" else self.gradient_accumulation_steps
-        if divisor > 1:
-            loss = loss / divisor
+        loss = EpochIterator.per_window(loss, self._window if self._window_loss == "own" else
+                                        self.gradient_accumulation_steps)
         if not self.sync_gradients:
             self._window_has_grads = True
         if isinstance(self.strategy, ClipsInsideStep):
@@ -932,6 +940,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.step_was_skipped = not stepped
         if accelerator._optimizers and accelerator._optimizers[0] is self:
             accelerator._steps += 1
+            accelerator._requeue.after_step()  # issue 40
         accelerator._window_has_grads = False
         return None
 
@@ -1014,280 +1023,10 @@ class PreparedScheduler:
         return getattr(self.scheduler, name)
 
 
-class PreparedDataLoader:
-    """This rank's shard of the loader (tasktrain.trainer.data.prepare_train_data), reshuffled every epoch from
-    (seed, epoch), batches moved to the device, and counted so that save_state/load_state resume mid-epoch. The
-    counting, the resumed epoch's skip and the resume checks are the epoch iterator's (tasktrain/trainer/epoch.py),
-    the Trainer's too."""
-
-    def __init__(self, data, accelerator, source=None):
-        self._accelerator = accelerator
-        self._source = source  # the user's loader
-        self.position = DataPosition()  # the epoch the next iteration runs, and how far into it
-        self._use(data)
-        self.at_last_batch = False
-        self._skip_pending = 0  # skip_first_batches for the next iteration: len() is shorter by it
-        self._pass_skip = 0  # ... for the iteration in flight
-        self._pass_start = 0  # batch index the iteration in flight started at (its layout's first step)
-
-    def _use(self, data):
-        self._data = data  # TrainData
-        self.length = len(data) if data.has_len() else None  # batches of a whole epoch
-        self._epochs = EpochIterator(data, self._accelerator.num_processes, self.length, self.position)
-
-    @property
-    def epoch(self):
-        """The epoch the next full iteration runs (counts completed iterations)."""
-        return self.position.epoch
-
-    @property
-    def batches_seen(self):
-        """Batches of the current epoch yielded so far, skipped ones included."""
-        return self.position.batch_in_epoch
-
-    @property
-    def epoch_length(self):
-        """Batches of the epoch being iterated (a resumed one: those done + those left); None without a length."""
-        return self._epochs.length
-
-    @property
-    def base_dataloader(self):
-        return self._data.loader
-
-    @property
-    def dataset(self):
-        return self._data.loader.dataset
-
-    @property
-    def batch_size(self):
-        return self._data.loader.batch_size
-
-    @property
-    def sampler(self):
-        return self.get_sampler()
-
-    def __len__(self):
-        """This rank's batches of an epoch; after skip_first_batches(loader, n), n fewer for that iteration."""
-        if self.length is None:
-            raise TypeError("this prepared loader has no length (its dataset is iterable)")
-        return max(0, self.length - (self._skip_pending or self._pass_skip))
-
-    @property
-    def batch_sampler(self):
-        """Accelerate's BatchSamplerShard surface on a map-style loader (`batch_sampler.batch_sampler` is the
-        user's, `batch_sampler.even_batches` ...); else the loader's own batch sampler."""
-        if isinstance(self._data, ShardData):
-            return self._data.shard_sampler
-        return self._data.loader.batch_sampler
-
-    def get_sampler(self):
-        """The sampler of the user's batch sampler (the order's source)."""
-        if isinstance(self._data, ShardData):
-            return self._data.user_sampler
-        return self._data.loader.sampler
-
-    def set_sampler(self, sampler):
-        """Draw the order from `sampler` from the next iteration on (as Accelerate's set_sampler)."""
-        if not isinstance(self._data, ShardData):
-            raise TypeError("set_sampler: this prepared loader's order is not drawn from a sampler of a map-style "
-                            "DataLoader.")
-        data = self._data
-        data.user_batch_sampler.sampler = data.user_sampler = sampler
-        generator = getattr(sampler, "generator", None)
-        if isinstance(generator, torch.Generator) and all(generator is not g for g in data.generators):
-            data.generators.append(generator)
-
-    @property
-    def iteration(self):
-        """The epoch the next iteration runs (Accelerate's DataLoaderShard.iteration)."""
-        return self.position.epoch
-
-    @iteration.setter
-    def iteration(self, value):
-        self.set_epoch(value)
-
-    @property
-    def end_of_dataloader(self):
-        """True while the last batch of the iteration is being used (and after it, until the next iteration), as
-        Accelerate's DataLoaderShard.end_of_dataloader (GradientState reads it)."""
-        return self.at_last_batch
-
-    @property
-    def total_batch_size(self):
-        """Samples of one global batch: all processes' batches together (the batch size under split_batches)."""
-        if isinstance(self._data, ShardData):
-            return self._data.total_batch_size
-        batch_size = self._data.loader.batch_size
-        return None if batch_size is None else batch_size * self._accelerator.num_processes
-
-    @property
-    def total_dataset_length(self):
-        dataset = self.dataset
-        return getattr(dataset, "total_length", None) or len(dataset)
-
-    @property
-    def remainder(self):
-        """Real samples of the epoch's last global batch (the dataset's length modulo the total batch size), as
-        Accelerate's GradientState.remainder: -1 when not applicable (drop_last, no length, no batch size)."""
-        total = self.total_batch_size
-        drop_last = self._data.drop_last if isinstance(self._data, ShardData) else self._data.loader.drop_last
-        if total is None or drop_last:
-            return -1
-        try:
-            return self.total_dataset_length % total
-        except TypeError:
-            return -1
-
-    def set_epoch(self, epoch):
-        self.position.epoch = int(epoch)
-
-    def skip(self, num_batches):
-        """The next iteration starts `num_batches` batches into this rank's shard (skip_first_batches)."""
-        self._epochs.skip(num_batches)
-        self._skip_pending = max(0, int(num_batches))
-
-    def __iter__(self):
-        accelerator, epochs = self._accelerator, self._epochs
-        length = epochs.begin(self.position.epoch)
-        start = self.position.batch_in_epoch
-        self._pass_skip, self._skip_pending, self._pass_start = self._skip_pending, 0, start
-        self.at_last_batch = length is not None and start >= length
-        if accelerator._rng_types and accelerator.use_distributed:
-            accelerator._synchronize_rng_states()
-        accelerator._active_loaders.append(self)
-        # watchdog (issue 19): the loop over this loader is watched; each batch is progress, the first may take long
-        watchdog = accelerator._watchdog
-        if watchdog is not None:
-            watchdog.arm(accelerator.stall_timeout)
-        try:
-            for index, batch, last in watched_batches(watchdog, epochs.batches(), "the loop's body", _no_step, start):
-                epochs.advance(index)  # counted before the body runs: a save_state inside it resumes after it
-                self.at_last_batch = last or (length is not None and index + 1 >= length)
-                yield accelerator._place_batch(batch)
-            epochs.end_epoch()
-            self._pass_skip = 0
-        finally:
-            if watchdog is not None:
-                watchdog.disarm()
-            if self in accelerator._active_loaders:
-                accelerator._active_loaders.remove(self)
-
-    # -- for gather_for_metrics ---------------------------------------------------------------------------------------
-    def shard_step(self):
-        """(every rank's batch size, real samples) of the step of the batch last yielded, on a loader in
-        Accelerate's order (tasktrain/trainer/shard.py: each rank knows the epoch's whole layout); else None."""
-        data = self._data
-        if not isinstance(data, ShardData) or not data.steps:
-            return None
-        index = self.position.batch_in_epoch - 1 - self._pass_start
-        if not 0 <= index < len(data.steps):
-            return None
-        batches, real = data.steps[index]
-        return [0 if batch is None else len(batch) for batch in batches], real
-
-    @property
-    def current_batch_size(self):
-        """Samples in the batch last yielded, on every rank alike (the shards are padded to equal length)."""
-        counts, batch_size = self._iteration_counts(), self._data.loader.batch_size
-        if counts is None or batch_size is None:
-            return None
-        if self.at_last_batch and self.length is not None and not self._data.loader.drop_last:
-            # of this iteration (a resumed one shards what was left of the epoch)
-            return counts.iteration_samples - (counts.iteration_samples - 1) // batch_size * batch_size
-        return batch_size
-
-    def repeated_in_batch(self):
-        """How many samples of the current (gathered) batch repeat others only to even out the shards."""
-        counts = self._iteration_counts()
-        if not self.at_last_batch or counts is None:
-            return 0
-        batch_size = self._data.loader.batch_size
-        if self._data.loader.drop_last and counts.iteration_samples % batch_size:
-            return 0  # the padded sample was in the dropped partial batch
-        return counts.iteration_padding
-
-    @property
-    def interleaved(self):
-        """Rank r's batch holds positions r, r + W, ... of the global batch (the map-style order), else a run of
-        consecutive positions (a ShardedStream: rank 0's run first)."""
-        return not isinstance(self._data, StreamData)
-
-    def _iteration_counts(self):
-        """What holds this iteration's samples and padding (None: a loader whose order is its own)."""
-        if isinstance(self._data, StreamData):
-            return self._data
-        sampler = self._data.sampler
-        return sampler if isinstance(sampler, ResumableSampler) else None
-
-    # -- resume ------------------------------------------------------------------------------------------------------
-    def state_dict(self):
-        position = self.position
-        epoch, seen = position.epoch, position.batch_in_epoch
-        # the position in the epoch's global order, on any world size (None: the order is the loader's own)
-        samples = position.samples_in_epoch if self._data.resumes_on_any_world_size else None
-        in_flight = seen > 0
-        if self.epoch_length is not None and seen >= self.epoch_length:
-            epoch, seen, samples = epoch + 1, 0, 0  # saved after the last batch, before the loop ended
-            in_flight = False
-        state = {"epoch": epoch, "batches_seen": seen, "samples_seen": samples,
-                 "world_size": self._accelerator.num_processes, "batch_size": self._data.loader.batch_size,
-                 "accumulation": self._accelerator.gradient_accumulation_steps}
-        if isinstance(self._data, ShardData):
-            # Accelerate's order: the generators at the epoch's start draw it again on a resume (any world size)
-            state["order_state"] = self._data.order_state(started=in_flight)
-            state["batch_size"] = self._data.batch_size
-            state["split_batches"] = self._data.split_batches
-        if isinstance(self._data, StatefulLoaderData):  # a StatefulDataLoader's own state: every rank's, in order
-            state["loader_states"] = self._accelerator.strategy.all_gather_object(self._data.loader_state(seen))
-        return state
-
-    def load_state_dict(self, state):
-        accelerator = self._accelerator
-        if isinstance(self._data, ShardData) and "order_state" not in state and self._source is not None:
-            # Saved before issue 26, when prepared loaders interleaved samples from a (seed, epoch) order: the run
-            # continues in that order, so that it reaches the weights it would have reached.
-            self._use(prepare_train_data(self._source, accelerator.num_processes, accelerator.process_index,
-                                         accelerator._data_seed))
-        self.position.epoch = int(state["epoch"])
-        seed = accelerator._data_seed
-        if seed is not None:
-            self._data.seed = seed
-            if self._data.sampler is not None and hasattr(self._data.sampler, "seed"):
-                self._data.sampler.seed = seed
-        world, saved_world = accelerator.num_processes, int(state.get("world_size", accelerator.num_processes))
-        position = {"batch_in_epoch": int(state["batches_seen"])}
-        if state.get("samples_seen") is not None:
-            position["samples_in_epoch"] = int(state["samples_seen"])
-        accumulate = accelerator.gradient_accumulation_steps
-        self._epochs.resume(position, saved_world, accumulate, source="This loader's state",
-                            epoch_name="an epoch", world=world,
-                            order_remedy="prepare a plain DataLoader (shuffle=True or False, no sampler)")
-        if isinstance(self._data, ShardData) and state.get("order_state") is not None:
-            self._data.restore(state["order_state"])
-            self._data.resumed_mid_epoch = self.position.batch_in_epoch > 0
-        states = state.get("loader_states")
-        if isinstance(self._data, StatefulLoaderData) and states is not None and len(states) == world:
-            self._data.load_loader_state(states[accelerator.process_index])  # (another world: refused above)
-        saved_batch, batch = state.get("batch_size"), self._data.loader.batch_size
-        saved_accumulate = int(state.get("accumulation", accumulate))  # (not recorded before format 2: the same)
-        saved_global, global_batch = (saved_batch or 0) * saved_world * saved_accumulate, (batch or 0) * world * accumulate
-        if isinstance(self._data, ShardData):  # split_batches: one global batch is the loader's batch
-            batch = self._data.batch_size
-            saved_global = (saved_batch or 0) * (1 if state.get("split_batches") else saved_world) * saved_accumulate
-            global_batch = (self._data.samples_per_batch(world) or 0) * accumulate
-        if accelerator.is_main_process:
-            check_global_batch("This loader", saved_global, global_batch, world, batch, accumulate,
-                               self.position.samples_in_epoch)
-
-
-def _no_step():
-    return -1
-
-
 def skip_first_batches(dataloader, num_batches=0):
     """`dataloader` starting `num_batches` into its next iteration: a prepared loader skips them without loading
     them (and counts them for save_state); any other iterable with a length is wrapped."""
-    if isinstance(dataloader, PreparedDataLoader) or is_prepared_here(dataloader):
+    if isinstance(dataloader, PreparedDataLoader):
         dataloader.skip(num_batches)
         return dataloader
     return _Skipped(dataloader, num_batches)
@@ -1325,7 +1064,7 @@ def _kind(obj):
         return "model"
     if isinstance(obj, torch.optim.Optimizer):
         return "optimizer"
-    if isinstance(obj, (torch.utils.data.DataLoader, PreparedDataLoader)) or is_prepared_here(obj):
+    if isinstance(obj, (torch.utils.data.DataLoader, PreparedDataLoader)):
         return "dataloader"
     if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau,
                         PreparedScheduler)):

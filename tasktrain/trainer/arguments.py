@@ -5,6 +5,7 @@ import os
 import torch
 
 from tasktrain.callbacks.base import Logger
+from tasktrain.trainer import guards
 
 
 def refuse_lightning_only(barebones, plugins, max_restarts):
@@ -19,12 +20,13 @@ def refuse_lightning_only(barebones, plugins, max_restarts):
     if plugins:
         raise ValueError(
             f"plugins={plugins!r}: tasktrain has no plugin objects. Precision is precision='bf16-mixed' (...), the "
-            "cluster environment is read from the launcher's variables (tasktrain launch, torchrun, SLURM), and "
+            "cluster environment is read from the launcher's variables (tasktrain launch, torchrun, SLURM; SLURM's "
+            "requeue: TASKTRAIN_SLURM_REQUEUE / TASKTRAIN_REQUEUE_SIGNAL, docs/slurm.md), and "
             "checkpoint I/O belongs to the strategy (strategy=...).")
 
 
-def loop_limits(fast_dev_run, overfit_batches, min_epochs, max_epochs, max_steps, limits, num_sanity_val_steps,
-                val_check_interval, check_val_every_n_epoch, logger):
+def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs, max_steps, limits,
+                num_sanity_val_steps, val_check_interval, check_val_every_n_epoch, logger):
     """The loop's limits after fast_dev_run (Lightning's debugging run: n batches of each loop, one epoch, no
     sanity check, no loggers; ModelCheckpoint and EarlyStopping do nothing) and overfit_batches (the same first
     batches every epoch, unshuffled, for training and validation). `limits`: (train, val, test, predict)."""
@@ -44,6 +46,9 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, max_epochs, max_steps
         test = predict = dev_batches
         max_steps, max_epochs, num_sanity_val_steps = dev_batches, 1, 0
         val_check_interval, check_val_every_n_epoch, logger = None, 1, False
+    guards.check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interval,  # issue 38
+                        limit_train_batches=train, limit_val_batches=val, limit_test_batches=test,
+                        limit_predict_batches=predict)
     min_epochs = int(min_epochs or 0)
     if max_epochs is None and max_steps in (None, -1):
         max_epochs = max(1000, min_epochs)

@@ -92,8 +92,42 @@ class EvalShardSampler(Sampler):
         return len(range(self.rank, self.length, self.num_replicas))
 
 
+def read_ahead(iterator):
+    """(item, whether it is the last) for each item: one read ahead, so that the last is known while it is used."""
+    item = next(iterator, _END)
+    while item is not _END:
+        upcoming = next(iterator, _END)
+        yield item, upcoming is _END
+        item = upcoming
+
+
+_END = object()
+
+
+def samples_per_step(batch_size, world_size, split_batches=False):
+    """Samples of the global order one step takes over all processes: each process's batch (split_batches: the
+    loader's batch is cut into one part per process). None: batches have no fixed size."""
+    if batch_size is None:
+        return None
+    return batch_size if split_batches else batch_size * world_size
+
+
 class TrainData:
-    """A training loader plus what the loop needs to drive it: set_epoch and skip-ahead."""
+    """A training loader plus what the loop needs to drive it: set_epoch and skip-ahead.
+
+    The kinds (this class: the Trainer's order of (seed, epoch) or a loader of the user's own order; StreamData,
+    StatefulLoaderData here; ShardData in shard.py: Accelerate's batch order; DispatchData and IterableShardData in
+    dispatch.py: one process reads for all, or every process cuts an IterableDataset by global batch) all have
+    this surface, which the EpochIterator (epoch.py) and the PreparedDataLoader (prepared.py) drive. `kind` names
+    the kind in a saved data position; `interleaved`: rank r's batch holds positions r, r + W, ... of the step
+    (else a run of consecutive ones); `sliced`: every process's batch is a slice of a global batch whose layout
+    `step_layout` tells; `batched_order`: the epoch's order depends on the batch size."""
+
+    kind = "sampler"
+    interleaved = True
+    sliced = False
+    split_batches = False
+    batched_order = False  # the order of an epoch depends on the loader's batch size
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
         self.loader, self.sampler, self.generator, self.seed = loader, sampler, generator, seed
@@ -122,8 +156,12 @@ class TrainData:
 
     def samples_per_batch(self, world_size):
         """Positions of the global order one loop batch covers on all ranks together (None: not known)."""
-        batch_size = getattr(self.loader, "batch_size", None)
-        return None if batch_size is None else batch_size * world_size
+        return samples_per_step(getattr(self.loader, "batch_size", None), world_size)
+
+    def step_layout(self, index):
+        """(every rank's batch size, real samples) of step `index` of the pass in flight, where every rank knows it
+        (None: not known here)."""
+        return None
 
     def batches_from(self, num_samples: int):
         """Batches of this rank in an epoch resumed `num_samples` into the global order (None without a length)."""
@@ -159,8 +197,8 @@ class TrainData:
         iterator = iter(self.loader)
         skip, self._skip_batches = self._skip_batches, 0
         if skip:
-            warnings.warn(f"Resuming mid-epoch by loading and dropping {skip} batches: this loader's sampler is the "
-                          "user's own, so it cannot skip ahead without loading them.")
+            warnings.warn(f"Resuming mid-epoch by loading and dropping {skip} batches: this loader's order is its own "
+                          "(a sampler of yours, or an IterableDataset), so it cannot skip ahead without loading them.")
             for _ in range(skip):
                 next(iterator, None)
         return iterator
@@ -227,6 +265,8 @@ class StatefulLoaderData(TrainData):
     of reading and dropping the consumed batches. It is one rank's state, so only the same number of processes can
     continue it (the epoch iterator refuses another one mid-epoch)."""
 
+    kind = "stateful"
+
     def __init__(self, loader, sampler, seed):
         super().__init__(loader, sampler, None, seed)
         self._restored = None  # a loaded state, for the resumed pass
@@ -274,6 +314,9 @@ class StreamData(TrainData):
     """A DataLoader over a ShardedStream (tasktrain/data.py), set up for this rank: the order is the stream's global
     order from (seed, epoch), so a resume on any number of processes and workers continues it exactly, starting
     at the count of items consumed without reading them."""
+
+    kind = "stream"
+    interleaved = False  # rank r reads the r-th run of each global batch of the stream
 
     def __init__(self, loader, stream, seed):
         self.stream = stream
@@ -345,8 +388,25 @@ def _prepare_stream(loader, world_size, rank, seed, shuffle) -> StreamData:
     return StreamData(DataLoader(stream, **kwargs), stream, seed)
 
 
-def prepare_train_data(loader, world_size, rank, seed, shuffle=None) -> TrainData:
-    """shuffle=False reads a shuffling loader in order (overfit_batches); None keeps the loader's choice."""
+def dispatches(loader) -> bool:
+    """A DataLoader over an IterableDataset of the user's (not a ShardedStream, which shards itself, nor under a
+    StatefulDataLoader, whose own state resumes it) with a batch size: nothing tells which items are whose, so one
+    process reads it and sends every process its slice of each global batch (tasktrain/trainer/dispatch.py)."""
+    return isinstance(loader, DataLoader) and isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
+        not isinstance(loader.dataset, ShardedStream) and not is_stateful_loader(loader) and \
+        loader.batch_size is not None
+
+
+def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=None, reads=True) -> TrainData:
+    """This rank's TrainData of a training loader, sharded `world_size` ways (this rank's shard: `rank`; both the
+    data-parallel ones where processes share batches). shuffle=False reads a shuffling loader in order
+    (overfit_batches); None keeps the loader's choice. With `broadcast` (the strategy's: rank 0's object on every
+    rank) an IterableDataset of the user's is read by the process that `reads` (global rank 0) and dispatched
+    (`dispatches`), the Trainer's rule; without it, it is read as it is on every process."""
+    if broadcast is not None and dispatches(loader):
+        from tasktrain.trainer.dispatch import dispatch_data  # (dispatch.py builds on this module)
+
+        return dispatch_data(loader, world_size, rank, seed, broadcast, reads, shuffle=shuffle)
     if isinstance(loader, DataLoader) and isinstance(loader.dataset, ShardedStream):
         return _prepare_stream(loader, world_size, rank, seed, shuffle)
     if _replaceable(loader):
@@ -367,9 +427,10 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None) -> TrainDat
         return StatefulLoaderData(loader, sampler if isinstance(sampler, DistributedSampler) else None, seed)
     if world_size > 1 and not isinstance(sampler, DistributedSampler):
         warnings.warn(
-            "The training loader has a custom sampler or an IterableDataset, so the Trainer cannot shard it: make "
-            "sure each rank reads its own part of the data (e.g. a DistributedSampler), or every rank trains on "
-            "the same samples. A streaming data set made of shards is sharded and resumed exactly as a "
+            "The training loader has a custom sampler or an IterableDataset without a batch_size, so the Trainer "
+            "cannot shard it: make sure each rank reads its own part of the data (e.g. a DistributedSampler), or "
+            "every rank trains on the same samples. An IterableDataset with a batch_size is read by rank 0 and "
+            "dispatched; a streaming data set made of shards is sharded and resumed exactly as a "
             "tasktrain.data.ShardedStream (docs/data.md)."
         )
     return TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)
@@ -418,10 +479,11 @@ def resume_point(train_state: dict, saved_world_size: int, data: TrainData, worl
     """Where a resumed epoch continues on this run: (batch index, samples of the global order to skip, or None
     to skip `batch index` batches of this rank's shard instead).
 
-    `train_state` is the checkpoint's. On our own order the position is the number of samples consumed; the batch
-    index is the checkpoint's when this run's batches cover the global order in the same steps (the same global
-    batch), else it is counted in this run's batches, at the start of an accumulation window. A checkpoint written
-    before the sample count existed held per-rank batches of the same size: its count is rebuilt from them."""
+    `train_state` is the checkpoint's. On an order every process draws alike the position is the number of samples
+    consumed; the batch index is the checkpoint's when this run's batches cover the global order in the same steps
+    (the same global batch), else it is counted in this run's batches, at the start of an accumulation window. A
+    checkpoint written before the sample count existed held per-rank batches of the same size: its count is rebuilt
+    from them."""
     batches = int(train_state.get("batch_in_epoch", 0))
     if not data.resumes_on_any_world_size:
         return batches, None
@@ -429,7 +491,8 @@ def resume_point(train_state: dict, saved_world_size: int, data: TrainData, worl
     samples = train_state.get("samples_in_epoch")
     if samples is None:
         samples = batches * data.loader.batch_size * saved_world_size
-    samples = min(int(samples), data.num_samples)
-    if samples == min(batches * per_batch, data.num_samples):
+    cap = data.num_samples if data.num_samples is not None else float("inf")  # (a stream of unknown length)
+    samples = int(min(int(samples), cap))
+    if samples == min(batches * per_batch, cap):
         return batches, samples
     return (samples // (per_batch * accumulate)) * accumulate, samples

@@ -1,34 +1,42 @@
-"""Loaders that one process reads for all (DataLoaderDispatcher) and iterable data sets cut by global batch
-(IterableDatasetShard): Accelerate 1.15's DataLoaderConfiguration(dispatch_batches=...) for prepared loaders.
+"""Loaders that one process reads for all (dispatched) and iterable data sets cut by global batch
+(IterableDatasetShard): Accelerate 1.15's DataLoaderConfiguration(dispatch_batches=...), and the Trainer's way to read
+an IterableDataset of the user's on several processes.
 
-Where the Accelerator cannot give each process its own samples through a sampler (an IterableDataset has none), or
-where the user asks that only one process reads (dispatch_batches=True: a data set on one machine's disk, a
-tokenizer that should run once), a prepared loader is one of the two kinds here:
+Where nothing gives each process its own samples (an IterableDataset has no sampler), or where the user asks that
+only one process reads (dispatch_batches=True: a data set on one machine's disk, a tokenizer that should run once),
+the training data is one of the two TrainData kinds here, under the one PreparedDataLoader (prepared.py) and the
+one EpochIterator (epoch.py) that every kind shares:
 
-- dispatched (DataLoaderDispatcher): rank 0 alone iterates the loader. Each step it takes W of its batches (one
-  with split_batches=True), joins them into the step's global batch, sends it to every process (strategy.broadcast),
+- dispatched (DispatchData): rank 0 alone iterates the loader. Each step it takes W of its batches (one with
+  split_batches=True), joins them into the step's global batch, sends it to every process (strategy.broadcast),
   and each process keeps its run of consecutive samples: rank r the r-th of W equal slices. The other processes
-  never touch the data set (not even its len(): rank 0 tells the length when the loader is prepared).
-- sharded by global batch (IterableDatasetShard): every process reads the whole stream, groups it into global
-  batches of B x W items (B with split_batches=True), and keeps its slice of each.
+  never touch the data set (not even its len(): rank 0 tells the length when the loader is prepared). The
+  Accelerator's default for an IterableDataset, and the Trainer's for an IterableDataset with a batch size
+  (data.prepare_train_data): each item is trained once per epoch, whatever the number of processes.
+- sharded by global batch (IterableShardData, through IterableDatasetShard): every process reads the whole stream,
+  groups it into global batches of B x W items (B with split_batches=True), and keeps its slice of each.
 
 The last global batch, when it does not fill W equal slices, is completed with the first samples of the pass (as
 Accelerate does; drop_last=True drops an incomplete step instead), and gather_for_metrics drops those repeats.
 `end_of_dataloader` is True while the last batch is used (read one ahead), `remainder` is the real samples of the
 last global batch once there (-1 before).
 
-Which kind applies (`prepare_for_accelerator`), by Accelerate's rules: dispatch_batches=True dispatches every
-DataLoader; None (the default) dispatches a DataLoader over an IterableDataset; False shards an IterableDataset with
-IterableDatasetShard. A tasktrain.data.ShardedStream (it shards itself) and a StatefulDataLoader (its own state
-resumes it) keep their own path (tasktrain/trainer/data.py) unless dispatch_batches=True. Map-style data with
-dispatch_batches None/False is the sampler-sharded PreparedDataLoader's (tasktrain/trainer/accelerator.py).
+Which kind the Accelerator prepares (`prepare_for_accelerator`), by Accelerate's rules: dispatch_batches=True
+dispatches every DataLoader (DataLoaderDispatcher); None (the default) dispatches a DataLoader over an
+IterableDataset; False shards an IterableDataset with IterableDatasetShard (IterableShardLoader). A
+tasktrain.data.ShardedStream (it shards itself) and a StatefulDataLoader (its own state resumes it) keep their own
+kinds (data.py) unless dispatch_batches=True. Map-style data with dispatch_batches None/False is Accelerate's batch
+order (shard.py).
 
-Resume: save_state records the batches of the reader consumed (rank 0's loader batches when dispatched, the global
-batches of the stream when sharded). A dispatched loader resumes exactly on any number of processes: rank 0 skips
-that many batches of its loader (map-style data without loading them: rank 0 reads through the Trainer's order of
-(seed, epoch), tasktrain/trainer/data.py). A sharded stream resumes on the same number of processes; on another
-number the slices of the global batches differ, so that is refused with what to do.
+Resume: the position is the one every kind saves (prepared.py): the samples of the order consumed. A dispatched
+loader resumes exactly on any number of processes: rank 0 skips that many samples of its loader (map-style data
+without loading them: rank 0 reads through the Trainer's order of (seed, epoch), data.py; an IterableDataset by
+reading and dropping them). With DataLoader workers each worker batches its own items, so the loader's order
+depends on its batch size: resume with the same batch size. A stream sharded by global batch resumes on the same
+number of processes; on another number the slices of the global batches differ, so that is refused with what to do
+(epoch.check_resume).
 """
+import collections
 import itertools
 import math
 
@@ -37,9 +45,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from tasktrain.data import ShardedStream
 from tasktrain.strategies.base import move_to_device
-from tasktrain.strategies.watchdog import watched_batches
-from tasktrain.trainer.data import TrainData, is_stateful_loader, loader_options, prepare_train_data
-from tasktrain.trainer.epoch import warn_global_batch_change
+from tasktrain.trainer.data import (TrainData, is_stateful_loader, loader_options, prepare_train_data, read_ahead,
+                                    samples_per_step)
+from tasktrain.trainer.prepared import PreparedDataLoader
 
 __all__ = ["DataLoaderDispatcher", "IterableDatasetShard", "prepare_for_accelerator", "is_prepared_here"]
 
@@ -83,7 +91,7 @@ class IterableDatasetShard(IterableDataset):
 
     @property
     def global_batch_size(self):
-        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        return samples_per_step(self.batch_size, self.num_processes, self.split_batches)
 
     @property
     def process_batch_size(self):
@@ -226,404 +234,232 @@ class _ProcessGroupWorld:
         return move_to_device(batch, self.root_device)
 
 
-# -- what the two prepared kinds share ---------------------------------------------------------------------------------
-class _CountedLoader:
-    """The bookkeeping of a prepared loader here: the epoch, the steps yielded and the reader's batches consumed in it
-    (what save_state records), the pass's length, and what gather_for_metrics and accumulate() ask of the loader.
-    Subclasses give `_steps(skip)`, yielding (batch of this process, samples per process, repeats in the global
-    batch, reader batches it consumed, real samples of the global batch, whether it is the last step)."""
+# -- the two kinds of TrainData -------------------------------------------------------------------------------------
+class SlicedData(TrainData):
+    """What the two kinds here share: every process's batch is its run of consecutive samples of a global batch (rank
+    r the r-th of W equal slices), and every process knows the sizes of each step, so gather_for_metrics drops
+    exactly the samples repeated to fill the last one (`step_layout`). `remainder` is Accelerate's: the real samples
+    of the last global batch once the pass is there (-1 while not known)."""
 
-    interleaved = False  # rank r holds the r-th run of consecutive samples of each global batch
+    interleaved = False
+    sliced = True
 
-    def _setup(self, accelerator, world, split_batches, drop_last, epoch=0):
-        self._accelerator = accelerator  # None: built by hand
-        self._world = world
-        self.split_batches = bool(split_batches)
-        self._drop_last = bool(drop_last)
-        self._epoch = int(epoch)
-        self._steps_done = 0  # batches yielded in the epoch (skipped ones included)
-        self._consumed = 0  # the reader's batches consumed in the epoch
-        self._pending = None  # (reader batches to skip, steps they make): where the next pass starts
-        self._pass_length = None
-        self._pass_ended = False
-        self.at_last_batch = False
-        self.remainder = -1
-        self._size = None  # samples per process in the batch last yielded
-        self._repeated = 0  # repeats in the global batch last yielded
+    def _start_pass(self):
+        self._recent = collections.deque(maxlen=4)  # (index in the pass, samples per process, repeats) of steps
+        self._last_index = None  # the pass's last step, once read
+        self.remainder = self._first_remainder()
 
-    # Accelerate's names
-    @property
-    def end_of_dataloader(self):
-        """True while the last batch of the pass is used (and after it, until the next pass)."""
-        return self.at_last_batch
-
-    @property
-    def epoch(self):
-        """The epoch the next full pass runs."""
-        return self._epoch
-
-    @property
-    def iteration(self):
-        return self._epoch
-
-    @property
-    def batches_seen(self):
-        return self._steps_done
-
-    @property
-    def epoch_length(self):
-        """Steps of the pass in flight (a resumed one: done + left); None without a length."""
-        return self._pass_length if self._pass_length is not None else self._full_length()
-
-    @property
-    def num_processes(self):
-        return self._world.world_size
-
-    @property
-    def process_index(self):
-        return self._world.global_rank
-
-    def set_epoch(self, epoch):
-        self._epoch = int(epoch)
-
-    def skip(self, num_batches):
-        """The next pass starts `num_batches` batches (steps) in (skip_first_batches)."""
-        steps = max(0, int(num_batches))
-        self._pending = (steps * self._reader_batches_per_step(), steps)
-
-    def __len__(self):
-        length = self._full_length()
-        if length is None:
-            raise TypeError("this prepared loader has no length (its data set has no len())")
-        return length
-
-    def _left(self, consumed):
-        """Steps left in a pass once `consumed` reader batches are done (None: not known)."""
-        raise NotImplementedError
-
-    def _full_length(self):
-        return self._left(0)
-
-    def _reader_batches_per_step(self):
-        return 1
+    def is_last(self, index):
+        """Whether step `index` of the pass in flight is its last (known once it is read)."""
+        return index == self._last_index
 
     def _first_remainder(self):
-        """`remainder` while the pass runs, until its last batch may tell it (Accelerate's: -1 when not known)."""
         return -1
 
-    # -- the pass ------------------------------------------------------------------------------------------------------
-    def __iter__(self):
-        accelerator, world = self._accelerator, self._world
-        consumed, start = self._pending or (0, 0)
-        self._pending = None
-        left = self._left(consumed)
-        self._pass_length = None if left is None else start + left
-        self._steps_done, self._consumed = start, consumed
-        self.at_last_batch, self.remainder, self._pass_ended = False, self._first_remainder(), False
-        self._size, self._repeated = None, 0
-        if accelerator is not None:
-            if accelerator._rng_types and accelerator.use_distributed:
-                accelerator._synchronize_rng_states()
-            accelerator._active_loaders.append(self)
-        watchdog = accelerator._watchdog if accelerator is not None else None
-        if watchdog is not None:
-            watchdog.arm(accelerator.stall_timeout)
-        try:
-            steps = ((index, *step) for index, step in enumerate(self._steps(consumed), start))
-            for index, batch, size, repeated, used, real, last in watched_batches(
-                    watchdog, steps, "the loop's body", _no_step, start):
-                # counted before the body runs: a save_state inside it resumes after this batch
-                self._steps_done, self._consumed = index + 1, self._consumed + used
-                self._size, self._repeated = size, repeated
-                self.at_last_batch = last
-                if last:
-                    self._pass_ended = True
-                    if real is not None:
-                        self.remainder = real
-                yield world.batch_to_device(batch)
-            self._epoch += 1
-            self._steps_done = self._consumed = 0
-            self._pass_length = None
-        finally:
-            if watchdog is not None:
-                watchdog.disarm()
-            if accelerator is not None and self in accelerator._active_loaders:
-                accelerator._active_loaders.remove(self)
+    def step_layout(self, index):
+        for at, size, repeated in self._recent:
+            if at == index:
+                return None if size is None else ([size] * self.num_processes, size * self.num_processes - repeated)
+        return None
 
-    # -- for gather_for_metrics ------------------------------------------------------------------------------------------
-    @property
-    def current_batch_size(self):
-        """Samples per process in the batch last yielded (the same on every process)."""
-        return self._size
+    def __len__(self):
+        steps = self._left(0)
+        if steps is None:
+            raise TypeError("this prepared loader has no length (its data set has no len())")
+        return steps
 
-    def repeated_in_batch(self):
-        """Samples of the current global batch that repeat the pass's first ones only to fill the slices."""
-        return self._repeated if self.at_last_batch else 0
+    def has_len(self):
+        return self._left(0) is not None
 
-    def shard_step(self):
-        """(every rank's batch size, real samples) of the step of the batch last yielded: rank r held the r-th run
-        of it, so the ranks' parts in rank order, cut to the real samples, are the step's data (None: no step)."""
-        if self._size is None:
-            return None
-        return [self._size] * self.num_processes, self._size * self.num_processes - self.repeated_in_batch()
-
-    # -- resume ---------------------------------------------------------------------------------------------------------
-    def state_dict(self):
-        epoch, steps, consumed = self._epoch, self._steps_done, self._consumed
-        if self._pass_ended:  # saved after the last batch, before the loop ended
-            epoch, steps, consumed = epoch + 1, 0, 0
-        return {"kind": self._kind, "epoch": epoch, "batches_seen": steps, "reader_batches": consumed,
-                "world_size": self.num_processes, "split_batches": self.split_batches,
-                "batch_size": self._batch_size, "samples_seen": None,
-                "accumulation": self._accelerator.gradient_accumulation_steps if self._accelerator else 1}
-
-    def load_state_dict(self, state):
-        self._epoch = int(state["epoch"])
-        steps = int(state.get("batches_seen", 0))
-        self._pending = None
-        if not steps:
-            return
-        if state.get("kind") != self._kind:
-            raise ValueError(f"This loader's state stopped in the middle of epoch {self._epoch} in a prepared loader "
-                             f"of another kind ({state.get('kind') or 'sharded by sampler'}; this one is {self._kind}):"
-                             " prepare the loader with the same DataLoaderConfiguration(dispatch_batches=..., "
-                             "split_batches=...) as the run that saved it, or resume from a checkpoint taken at the "
-                             "end of an epoch.")
-        if state.get("batch_size") != self._batch_size:
-            raise ValueError(f"This loader's state stopped in the middle of epoch {self._epoch} with batch_size "
-                             f"{state.get('batch_size')}, and this loader's is {self._batch_size}: its batches "
-                             "counted there are not this loader's. Resume with the same batch_size, or from a "
-                             "checkpoint taken at the end of an epoch.")
-        self._pending = self._resume_point(state, steps, int(state["reader_batches"]))
-
-    def _resume_point(self, state, steps, consumed):
-        raise NotImplementedError
+    def set_epoch(self, epoch):
+        self.epoch = int(epoch)
 
 
-def _no_step():
-    return -1
+class DispatchData(SlicedData):
+    """One process reads, every process gets its slice (see the module's docstring): `reader` (a TrainData of the
+    loader on one process, or None on the processes that receive) yields the loader's batches; each step joins
+    `num_processes` of them (one with split_batches), `broadcast` sends the step to every process, and process
+    `process_index` keeps its slice. `length` and `dataset_length` are the reader's batches and samples per epoch,
+    told by the reader (None: not known). The position is the samples of the reader's order consumed: that order
+    does not depend on the number of processes, so a resume on any number continues it exactly."""
 
+    kind = "dispatched"
 
-def _read_ahead(iterator):
-    """(item, whether it is the last) for each item: one read ahead so that the last is known while it is used."""
-    item = next(iterator, _END)
-    while item is not _END:
-        upcoming = next(iterator, _END)
-        yield item, upcoming is _END
-        item = upcoming
-
-
-_END = object()
-
-
-# -- dispatched ----------------------------------------------------------------------------------------------------------
-class DataLoaderDispatcher(_CountedLoader):
-    """A loader that only rank 0 iterates; every process gets its slice of each step's batch by broadcast
-    (Accelerate's DataLoaderDispatcher; see the module's docstring).
-
-    Built by hand with Accelerate's arguments: `dataset` and the DataLoader's keyword arguments (`**kwargs`: batch_size,
-    shuffle, sampler, collate_fn, num_workers, ...) make the loader rank 0 reads; `split_batches` (False: each step
-    joins W of its batches and each process gets batch_size samples; True: each step cuts one batch into W parts);
-    `skip_batches` (the first steps of every pass are read but not yielded); `use_stateful_dataloader` (rank 0 reads
-    a torchdata StatefulDataLoader); `_drop_last` (an incomplete last step is dropped rather than completed with the
-    pass's first samples); `_non_blocking` (host-to-device copies are non-blocking here already, pinned memory or
-    not: both values are accepted); `slice_fn` (cuts a process's part: `slice_fn(batch, slice, process_index=,
-    num_processes=)`); `torch_device_mesh` (refused: tensor-parallel meshes are not supported); `iteration` (the
-    epoch of the first pass). `strategy` (ours): the tasktrain strategy whose broadcast to use; default
-    torch.distributed's default group if initialised, else one process. Prepared by an Accelerator, it is built for
-    you (Accelerator.prepare with DataLoaderConfiguration(dispatch_batches=True), or an IterableDataset)."""
-
-    _kind = "dispatched"
-
-    def __init__(self, dataset, split_batches=False, skip_batches=0, use_stateful_dataloader=False, _drop_last=False,
-                 _non_blocking=False, slice_fn=None, torch_device_mesh=None, iteration=0, strategy=None, **kwargs):
-        if torch_device_mesh is not None:
-            raise ValueError("DataLoaderDispatcher(torch_device_mesh=...): tensor-parallel device meshes are not "
-                             "supported; every process of the data-parallel world gets its own slice.")
-        if use_stateful_dataloader:
-            from torchdata.stateful_dataloader import StatefulDataLoader
-
-            base = StatefulDataLoader(dataset, **kwargs)
-        else:
-            base = DataLoader(dataset, **kwargs)
-        world = strategy if strategy is not None else _ProcessGroupWorld()
-        self._start(base, TrainData(base) if world.global_rank == 0 else None, None, world, split_batches,
-                    _drop_last, slice_fn, int(skip_batches), epoch=iteration, length=None)
-
-    @classmethod
-    def _prepared(cls, loader, accelerator, split_batches):
-        """The Accelerator's: rank 0 reads through tasktrain's order of (seed, epoch) where the loader allows it (a
-        plain DataLoader over map-style data: resumes skip without loading), and tells the others the length."""
-        self = cls.__new__(cls)
-        strategy = accelerator.strategy
-        reader = None
-        if strategy.global_rank == 0:
-            reader = prepare_train_data(loader, 1, 0, accelerator._data_seed)
-            length = len(reader) if reader.has_len() else None
-            dataset_length = _length(loader.dataset)
-        else:
-            length = dataset_length = None
-        if strategy.world_size > 1:
-            length, dataset_length = strategy.broadcast((length, dataset_length))
-        self._start(loader, reader, accelerator, strategy, split_batches, loader.drop_last, None, 0, epoch=0,
-                    length=length, dataset_length=dataset_length)
-        return self
-
-    def _start(self, base, reader, accelerator, world, split_batches, drop_last, slice_fn, skip_batches, epoch,
-               length, dataset_length=None):
-        batch_size = base.batch_size if base.batch_size is not None else getattr(base.batch_sampler, "batch_size",
-                                                                                  None)
-        if world.world_size > 1 and batch_size is None:
-            raise ValueError("A dispatched loader cuts each batch into one part per process, and this DataLoader has "
-                             "no batch_size (batch_size=None, or a batch sampler without one): give it batch_size.")
-        if split_batches and batch_size is not None and batch_size > 1 and batch_size % world.world_size:
-            raise ValueError(f"split_batches=True cuts each batch of {batch_size} samples into {world.world_size} "
-                             f"equal parts: use a batch_size that is a multiple of {world.world_size}.")
-        self._setup(accelerator, world, split_batches, drop_last, epoch)
-        self.base_dataloader = base
-        self._reader = reader  # rank 0 only
-        self._batch_size = batch_size
-        self._slice_fn = slice_fn or slice_batch
-        self.skip_batches = skip_batches
-        self._length = length  # the base loader's batches in an epoch (the Accelerator's: told by rank 0)
-        self._dataset_length = dataset_length
-
-    # Accelerate's names
-    @property
-    def dataset(self):
-        return self.base_dataloader.dataset
+    def __init__(self, loader, reader, num_processes, process_index, broadcast, *, split_batches=False,
+                 drop_last=False, slice_fn=None, skip_batches=0, length=None, dataset_length=None, seed=0):
+        self.reader = reader  # (before TrainData's init: its seed goes to the reader)
+        self.batch_size = check_dispatch(loader, num_processes, split_batches)
+        super().__init__(loader, None, None, seed)
+        self.num_processes, self.process_index = int(num_processes), int(process_index)
+        self.broadcast = broadcast
+        self.split_batches, self.drop_last = bool(split_batches), bool(drop_last)
+        self.slice_fn = slice_fn or slice_batch
+        self.skip_batches = int(skip_batches)  # the first steps of every pass are read but not yielded (by hand)
+        self.length, self.dataset_length = length, dataset_length
+        self.epoch = 0
+        self._skip_reader = 0  # the reader's batches to skip at the next pass
+        self._start_pass()
 
     @property
-    def batch_size(self):
-        return self._batch_size
+    def seed(self):
+        return self._seed
+
+    @seed.setter
+    def seed(self, value):
+        """The order's seed (a resume sets the saved run's): the reader's order of (seed, epoch) follows it."""
+        self._seed = value
+        reader = self.reader
+        if reader is not None and value is not None:
+            reader.seed = value
+            if reader.sampler is not None and hasattr(reader.sampler, "seed"):
+                reader.sampler.seed = value
 
     @property
-    def sampler(self):
-        return self.base_dataloader.sampler
+    def resumes_on_any_world_size(self) -> bool:
+        return self.batch_size is not None
 
     @property
-    def batch_sampler(self):
-        return self.base_dataloader.batch_sampler
+    def batched_order(self):
+        """DataLoader workers each make whole batches of their own items of an IterableDataset: the reader's order
+        then depends on the batch size."""
+        loader = self.loader
+        return isinstance(loader.dataset, IterableDataset) and not isinstance(loader.dataset, ShardedStream) and \
+            loader.num_workers > 0
+
+    @property
+    def num_samples(self):
+        return self.dataset_length if self.resumes_on_any_world_size else None
 
     @property
     def total_batch_size(self):
-        """Samples of one global batch (all processes' slices together)."""
-        if self._batch_size is None:
-            return None
-        return self._batch_size if self.split_batches else self._batch_size * self.num_processes
+        return samples_per_step(self.batch_size, self.num_processes, self.split_batches)
 
-    @property
-    def total_dataset_length(self):
-        if self._dataset_length is None and self._accelerator is None:
-            self._dataset_length = _length(self.dataset)
-        return self._dataset_length
+    def samples_per_batch(self, world_size):
+        return samples_per_step(self.batch_size, world_size, self.split_batches)
 
-    def _reader_batches_per_step(self):
+    def _per_step(self):
+        """The reader's batches in one step."""
         return 1 if self.split_batches else self.num_processes
 
-    def _base_length(self):
-        if self._length is None and self._accelerator is None:
-            self._length = _length(self.base_dataloader)  # built by hand: every process asks, as Accelerate's
-        return self._length
-
     def _left(self, consumed):
-        length = self._base_length()
-        if length is None:
+        """Steps left in a pass once `consumed` batches of the reader are done (None: not known)."""
+        if self.length is None:
             return None
-        rest = max(0, length - consumed)
-        per_step = self._reader_batches_per_step()
-        steps = rest // per_step if self._drop_last else math.ceil(rest / per_step)
+        rest, per_step = max(0, self.length - consumed), self._per_step()
+        steps = rest // per_step if self.drop_last else math.ceil(rest / per_step)
         return max(0, steps - (self.skip_batches if consumed == 0 else 0))
 
+    def _reader_batches(self, num_samples):
+        return math.ceil(max(0, int(num_samples)) / self.batch_size)
+
+    def batches_from(self, num_samples: int):
+        return self._left(self._reader_batches(num_samples)) if self.resumes_on_any_world_size else None
+
+    def skip(self, num_batches: int):
+        """Start the next pass `num_batches` steps in."""
+        steps = max(0, int(num_batches))
+        self._skip_reader = (steps + (self.skip_batches if steps else 0)) * self._per_step()
+
+    def skip_samples(self, num_samples: int):
+        self._skip_reader = self._reader_batches(num_samples)
+
+    def __iter__(self):
+        skip, self._skip_reader = self._skip_reader, 0
+        self._start_pass()
+        return self._steps(skip)
+
     def _global_batches(self, skip):
-        """Rank 0: (global batch, loader batches in it, whether it is the last) of each step of the pass."""
-        reader = self._reader
-        reader.set_epoch(self._epoch)
+        """The reader: (global batch, its batches of the loader, whether it is the pass's last) of each step."""
+        reader = self.reader
+        reader.set_epoch(self.epoch)
         dataset = reader.loader.dataset
         if isinstance(dataset, IterableDataset) and not isinstance(dataset, ShardedStream) and \
                 hasattr(dataset, "set_epoch"):
-            dataset.set_epoch(self._epoch)  # a stream of the user's that reshuffles by epoch (Accelerate's call)
+            dataset.set_epoch(self.epoch)  # a stream of the user's that reshuffles by epoch (Accelerate's call)
         if skip:
             reader.skip(skip)
-        iterator, per_step = iter(reader), self._reader_batches_per_step()
+        iterator, per_step = iter(reader), self._per_step()
 
         def steps():
             while True:
                 group = list(itertools.islice(iterator, per_step))
-                if not group or (len(group) < per_step and self._drop_last):
+                if not group or (len(group) < per_step and self.drop_last):
                     return
                 yield join_batches(group), len(group)
                 if len(group) < per_step:
                     return
 
-        for (batch, count), last in _read_ahead(steps()):
+        for (batch, count), last in read_ahead(steps()):
             yield batch, count, last
 
     def _steps(self, skip):
-        world, slice_fn = self._world, self._slice_fn
-        rank, size = world.global_rank, world.world_size
-        source = self._global_batches(skip) if rank == 0 else None
+        rank, size, slice_fn = self.process_index, self.num_processes, self.slice_fn
+        source = self._global_batches(skip) if self.reader is not None else None
+        dropped = self.skip_batches if skip == 0 else 0
         first = None  # the pass's first samples: what completes an uneven last step
         index = 0
         while True:
-            payload = next(source, None) if rank == 0 else None
+            payload = next(source, None) if source is not None else None
             if size > 1:
-                payload = world.broadcast(payload)  # every process calls it as often: rank 0 says when it ends
+                payload = self.broadcast(payload)  # every process calls it as often: the reader says when it ends
             if payload is None:
                 return
             batch, count, last = payload
-            keep = index >= self.skip_batches
-            index += 1
             if size == 1:  # nothing to cut
-                real = batch_size_of(batch) if self._batch_size else None  # (batch_size=None: items, not batches)
-                if keep:
-                    yield batch, real, 0, count, real if last else -1, last
+                real = batch_size_of(batch) if self.batch_size else None  # (batch_size=None: items, not batches)
+                mine, per_process, repeated = batch, real, 0
+            else:
+                real = batch_size_of(batch)
+                if first is None and not self.drop_last:
+                    first = slice_fn(batch, slice(0, size), process_index=rank, num_processes=size)
+                per_process, repeated = real // size, 0
+                if real % size and not self.drop_last:
+                    per_process += 1
+                    repeated = per_process * size - real
+                    batch = join_batches([batch] + _cycled(first, repeated))
+                mine = slice_fn(batch, slice(rank * per_process, (rank + 1) * per_process), process_index=rank,
+                                num_processes=size)
+            if dropped:
+                dropped -= 1
+            else:
+                self._recent.append((index, per_process, repeated))
                 if last:
-                    return
-                continue
-            real = batch_size_of(batch)
-            if first is None and not self._drop_last:
-                first = slice_fn(batch, slice(0, size), process_index=rank, num_processes=size)
-            per_process, repeated = real // size, 0
-            if real % size and not self._drop_last:
-                per_process += 1
-                repeated = per_process * size - real
-                batch = join_batches([batch] + _cycled(first, repeated))
-            mine = slice_fn(batch, slice(rank * per_process, (rank + 1) * per_process), process_index=rank,
-                            num_processes=size)
-            if keep:
-                yield mine, per_process, repeated, count, real, last
+                    self._last_index = index
+                    if real is not None:
+                        self.remainder = real
+                index += 1
+                yield mine
             if last:
                 return
 
-    def load_state_dict(self, state):
-        accelerator, reader = self._accelerator, self._reader
-        if accelerator is not None and accelerator._data_seed is not None and reader is not None:
-            # the saved run's order of (seed, epoch) (load_state restores the seed before the loaders)
-            reader.seed = accelerator._data_seed
-            if reader.sampler is not None and hasattr(reader.sampler, "seed"):
-                reader.sampler.seed = accelerator._data_seed
-        super().load_state_dict(state)
 
-    def _resume_point(self, state, steps, consumed):
-        saved_world = int(state.get("world_size", self.num_processes))
-        per_step = self._reader_batches_per_step()
-        if saved_world == self.num_processes and bool(state.get("split_batches")) == self.split_batches:
-            return consumed, steps
-        # Rank 0's loader order does not depend on the number of processes: skipping the batches it consumed
-        # continues the epoch exactly; only the global batch (the samples per step) changes.
-        accelerator = self._accelerator
-        saved_per_step = 1 if state.get("split_batches") else saved_world
-        saved, now = self._batch_size * saved_per_step, self._batch_size * per_step
-        if saved != now and (accelerator is None or accelerator.is_main_process):
-            warn_global_batch_change("This dispatched loader", saved, now,
-                                     f"{per_step} loader batch{'es' if per_step > 1 else ''} of {self._batch_size} "
-                                     "per step", consumed * self._batch_size)
-        return consumed, math.ceil(consumed / per_step)
+def check_dispatch(loader, num_processes, split_batches):
+    """The batch size a dispatched loader cuts by, checked (on every process alike, before anything is read)."""
+    batch_size = loader.batch_size if loader.batch_size is not None else getattr(loader.batch_sampler, "batch_size",
+                                                                                  None)
+    if num_processes > 1 and batch_size is None:
+        raise ValueError("A dispatched loader cuts each batch into one part per process, and this DataLoader has "
+                         "no batch_size (batch_size=None, or a batch sampler without one): give it batch_size.")
+    if split_batches and batch_size is not None and batch_size > 1 and batch_size % num_processes:
+        raise ValueError(f"split_batches=True cuts each batch of {batch_size} samples into {num_processes} "
+                         f"equal parts: use a batch_size that is a multiple of {num_processes}.")
+    return batch_size
 
-    def __reduce__(self):
-        raise TypeError("A DataLoaderDispatcher holds its process's place in the world and cannot be pickled: build "
-                        "it (or prepare the DataLoader) in each process.")
+
+def dispatch_data(loader, num_processes, process_index, seed, broadcast, reads, split_batches=False, shuffle=None):
+    """The DispatchData of `loader` for this process: the process that `reads` (global rank 0; every process when
+    there is one shard) reads it through the order of (seed, epoch) where the loader allows it (a plain DataLoader
+    over map-style data: a resume skips without loading) and tells the others its length. Every process calls it."""
+    check_dispatch(loader, num_processes, split_batches)
+    reader, length, dataset_length = None, None, None
+    if reads or num_processes == 1:
+        reader = prepare_train_data(loader, 1, 0, seed, shuffle)
+        length = len(reader) if reader.has_len() else None
+        dataset_length = _length(loader.dataset)
+    if num_processes > 1:
+        length, dataset_length = broadcast((length, dataset_length))
+    return DispatchData(loader, reader, num_processes, process_index, broadcast, split_batches=split_batches,
+                        drop_last=loader.drop_last, length=length, dataset_length=dataset_length, seed=seed)
 
 
 def _cycled(first, count):
@@ -644,114 +480,199 @@ def _length(obj):
         return None
 
 
-# -- sharded by global batch -----------------------------------------------------------------------------------------
-class IterableShardLoader(_CountedLoader):
-    """An Accelerator's prepared loader over an IterableDataset with dispatch_batches=False: every process reads the
-    stream through IterableDatasetShard and yields its slice of each global batch, as Accelerate's DataLoaderShard
-    over IterableDatasetShard does (on one process the loader as it is, as Accelerate leaves it). Resumes on the same
-    number of processes (each skips the global batches done). `remainder` is Accelerate's: the data set's length
-    modulo the global batch, -1 without a length or with drop_last."""
+class IterableShardData(SlicedData):
+    """Every process reads the stream through IterableDatasetShard and keeps its slice of each global batch, as
+    Accelerate's DataLoaderShard over IterableDatasetShard (on one process the loader as it is, as Accelerate leaves
+    it). The position is the global batches done: it continues on the same number of processes and batches only
+    (each process skips them); on another one the slices differ, and the epoch iterator refuses it."""
 
-    _kind = "iterable shard"
+    kind = "iterable shard"
 
-    def __init__(self, loader, accelerator, split_batches):
-        strategy = accelerator.strategy
-        self._setup(accelerator, strategy, split_batches, loader.drop_last)
-        self._batch_size = loader.batch_size
-        self._dataset_length = _length(loader.dataset)
+    def __init__(self, loader, num_processes, process_index, split_batches, seed=0):
+        self.batch_size, self.drop_last = loader.batch_size, bool(loader.drop_last)
+        self.num_processes, self.process_index = int(num_processes), int(process_index)
+        self.split_batches = bool(split_batches)
+        self.dataset_length = _length(loader.dataset)
         self.shard = None
-        self.base_dataloader = loader
-        if strategy.world_size == 1:
-            return
-        if loader.batch_size is None:
-            raise ValueError("An IterableDataset prepared with dispatch_batches=False is cut into global batches of "
-                             "batch_size x processes items, and this DataLoader has batch_size=None: give it "
-                             "batch_size, or leave dispatch_batches None (rank 0 reads, the others receive).")
-        self.shard = IterableDatasetShard(loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
-                                          num_processes=strategy.world_size, process_index=strategy.global_rank,
-                                          split_batches=split_batches)
-        kwargs = dict(loader_options(loader), batch_size=self.shard.process_batch_size, drop_last=loader.drop_last)
-        self.base_dataloader = DataLoader(self.shard, **kwargs)
+        base = loader
+        if self.num_processes > 1:
+            if loader.batch_size is None:
+                raise ValueError("An IterableDataset prepared with dispatch_batches=False is cut into global batches "
+                                 "of batch_size x processes items, and this DataLoader has batch_size=None: give it "
+                                 "batch_size, or leave dispatch_batches None (rank 0 reads, the others receive).")
+            self.shard = IterableDatasetShard(loader.dataset, batch_size=loader.batch_size,
+                                              drop_last=loader.drop_last, num_processes=self.num_processes,
+                                              process_index=self.process_index, split_batches=split_batches)
+            base = DataLoader(self.shard, **loader_options(loader), batch_size=self.shard.process_batch_size,
+                              drop_last=loader.drop_last)
+        super().__init__(base, None, None, seed)
+        self.epoch = 0
+        self._skip = 0  # global batches to skip at the next pass
+        self._start_pass()
 
     @property
-    def dataset(self):
-        return self.shard if self.shard is not None else self.base_dataloader.dataset
-
-    @property
-    def batch_size(self):
-        return self._batch_size
+    def resumes_on_any_world_size(self) -> bool:
+        return False
 
     @property
     def total_batch_size(self):
-        if self.shard is None:
-            return self._batch_size
-        return self.shard.global_batch_size
+        return self.batch_size if self.shard is None else self.shard.global_batch_size
 
-    @property
-    def total_dataset_length(self):
-        return self._dataset_length
+    def samples_per_batch(self, world_size):
+        return self.total_batch_size
 
     def _first_remainder(self):
-        if self._dataset_length is None or self._drop_last or not self.total_batch_size:
+        if self.dataset_length is None or self.drop_last or not self.total_batch_size:
             return -1
-        return self._dataset_length % self.total_batch_size
+        return self.dataset_length % self.total_batch_size
 
     def _left(self, consumed):
         if self.shard is None:
-            length = _length(self.base_dataloader)
+            length = _length(self.loader)
             return None if length is None else max(0, length - consumed)
-        if self._dataset_length is None:
+        if self.dataset_length is None:
             return None
-        batches = self._dataset_length / self.shard.global_batch_size
-        total = math.floor(batches) if self._drop_last else math.ceil(batches)
+        batches = self.dataset_length / self.shard.global_batch_size
+        total = math.floor(batches) if self.drop_last else math.ceil(batches)
         return max(0, total - consumed)
 
+    def skip(self, num_batches: int):
+        self._skip = max(0, int(num_batches))
+
+    def __iter__(self):
+        skip, self._skip = self._skip, 0
+        self._start_pass()
+        return self._steps(skip)
+
     def _steps(self, skip):
-        shard = self.shard
+        shard, index = self.shard, 0
         if shard is None:  # one process: the loader as it is (its own set_epoch, if any, is the data set's)
-            dataset = self.base_dataloader.dataset
+            dataset = self.loader.dataset
             if hasattr(dataset, "set_epoch"):
-                dataset.set_epoch(self._epoch)
-            for batch, last in _read_ahead(itertools.islice(iter(self.base_dataloader), skip, None)):
-                yield batch, batch_size_of(batch) if self._batch_size else None, 0, 1, None, last
+                dataset.set_epoch(self.epoch)
+            for index, batch in enumerate(itertools.islice(iter(self.loader), skip, None)):
+                self._recent.append((index, batch_size_of(batch) if self.batch_size else None, 0))
+                yield batch
             return
-        shard.set_epoch(self._epoch)
+        shard.set_epoch(self.epoch)
         shard.skip_batches = skip
-        iterator = iter(self.base_dataloader)
+        iterator = iter(self.loader)
         shard.skip_batches = 0  # (a worker took its copy already; one pass only)
-        in_process, size = self.base_dataloader.num_workers == 0, shard.global_batch_size
-        for batch, last in _read_ahead(iterator):
+        in_process, size = self.loader.num_workers == 0, shard.global_batch_size
+        for index, (batch, last) in enumerate(read_ahead(iterator)):
             repeated = 0
-            if last and not self._drop_last:
+            if last and not self.drop_last:
                 # the pass's end is read already: the shard knows its padding (a worker's copy: from the length)
                 repeated = shard.padding if in_process else (
-                    -self._dataset_length % size if self._dataset_length is not None else 0)
-            yield batch, shard.process_batch_size, repeated, 1, None, last
+                    -self.dataset_length % size if self.dataset_length is not None else 0)
+            self._recent.append((index, shard.process_batch_size, repeated))
+            if last:
+                self._last_index = index
+            yield batch
 
-    def _resume_point(self, state, steps, consumed):
-        saved_world = int(state.get("world_size", self.num_processes))
-        if saved_world != self.num_processes or bool(state.get("split_batches")) != self.split_batches:
-            raise ValueError(
-                f"This loader's state stopped in the middle of epoch {self._epoch} on {saved_world} processes "
-                f"(split_batches={bool(state.get('split_batches'))}), and this run has {self.num_processes} "
-                f"(split_batches={self.split_batches}): an IterableDataset sharded by global batch gives each process "
-                "another slice of every global batch then, so the samples done are not known. Resume on "
-                f"{saved_world} processes with the same split_batches, or from a checkpoint taken at the end of an "
-                "epoch, or prepare it with DataLoaderConfiguration(dispatch_batches=True) (rank 0 reads: resumes on "
-                "any number of processes), or make the data set a tasktrain.data.ShardedStream.")
-        return consumed, steps
+
+# -- the Accelerator's prepared loaders of these kinds (the one PreparedDataLoader, Accelerate's names) ------------
+class _SlicedLoader(PreparedDataLoader):
+    """Accelerate's names of a dispatched or sharded-by-global-batch loader, over the PreparedDataLoader."""
+
+    @property
+    def batch_size(self):
+        return self._data.batch_size
+
+    @property
+    def split_batches(self):
+        return self._data.split_batches
+
+    @property
+    def total_dataset_length(self):
+        return self._data.dataset_length
+
+
+class DataLoaderDispatcher(_SlicedLoader):
+    """A loader that only rank 0 iterates; every process gets its slice of each step's batch by broadcast
+    (Accelerate's DataLoaderDispatcher; see the module's docstring).
+
+    Built by hand with Accelerate's arguments: `dataset` and the DataLoader's keyword arguments (`**kwargs`: batch_size,
+    shuffle, sampler, collate_fn, num_workers, ...) make the loader rank 0 reads; `split_batches` (False: each step
+    joins W of its batches and each process gets batch_size samples; True: each step cuts one batch into W parts);
+    `skip_batches` (the first steps of every pass are read but not yielded); `use_stateful_dataloader` (rank 0 reads
+    a torchdata StatefulDataLoader); `_drop_last` (an incomplete last step is dropped rather than completed with the
+    pass's first samples); `_non_blocking` (host-to-device copies are non-blocking here already, pinned memory or
+    not: both values are accepted); `slice_fn` (cuts a process's part: `slice_fn(batch, slice, process_index=,
+    num_processes=)`); `torch_device_mesh` (refused: tensor-parallel meshes are not supported); `iteration` (the
+    epoch of the first pass). `strategy` (ours): the tasktrain strategy whose broadcast to use; default
+    torch.distributed's default group if initialised, else one process. Prepared by an Accelerator, it is built for
+    you (Accelerator.prepare with DataLoaderConfiguration(dispatch_batches=True), or an IterableDataset)."""
+
+    def __init__(self, dataset, split_batches=False, skip_batches=0, use_stateful_dataloader=False, _drop_last=False,
+                 _non_blocking=False, slice_fn=None, torch_device_mesh=None, iteration=0, strategy=None, **kwargs):
+        if torch_device_mesh is not None:
+            raise ValueError("DataLoaderDispatcher(torch_device_mesh=...): tensor-parallel device meshes are not "
+                             "supported; every process of the data-parallel world gets its own slice.")
+        if use_stateful_dataloader:
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            base = StatefulDataLoader(dataset, **kwargs)
+        else:
+            base = DataLoader(dataset, **kwargs)
+        world = strategy if strategy is not None else _ProcessGroupWorld()
+        # built by hand: every process asks the lengths, as Accelerate's
+        data = DispatchData(base, TrainData(base) if world.global_rank == 0 else None, world.world_size,
+                            world.global_rank, world.broadcast, split_batches=split_batches, drop_last=_drop_last,
+                            slice_fn=slice_fn, skip_batches=skip_batches, length=_length(base),
+                            dataset_length=_length(dataset))
+        super().__init__(data, None, world=world)
+        self.position.epoch = int(iteration)
+
+    @classmethod
+    def _prepared(cls, loader, accelerator, split_batches):
+        """The Accelerator's: rank 0 reads through tasktrain's order of (seed, epoch) where the loader allows it (a
+        plain DataLoader over map-style data: resumes skip without loading), and tells the others the length."""
+        strategy = accelerator.strategy
+        data = dispatch_data(loader, strategy.world_size, strategy.global_rank, accelerator._data_seed,
+                             strategy.broadcast, strategy.global_rank == 0, split_batches=split_batches)
+        return cls._over(data, accelerator, loader)
+
+    @classmethod
+    def _over(cls, data, accelerator, source):
+        self = cls.__new__(cls)
+        PreparedDataLoader.__init__(self, data, accelerator, source=source)
+        return self
+
+    @property
+    def _reader(self):
+        return self._data.reader
+
+    @property
+    def skip_batches(self):
+        return self._data.skip_batches
+
+    def __reduce__(self):
+        raise TypeError("A DataLoaderDispatcher holds its process's place in the world and cannot be pickled: build "
+                        "it (or prepare the DataLoader) in each process.")
+
+
+class IterableShardLoader(_SlicedLoader):
+    """An Accelerator's prepared loader over an IterableDataset with dispatch_batches=False (IterableShardData)."""
+
+    def __init__(self, loader, accelerator, split_batches):
+        strategy = accelerator.strategy
+        data = IterableShardData(loader, strategy.world_size, strategy.global_rank, split_batches,
+                                 accelerator._data_seed)
+        super().__init__(data, accelerator, source=loader)
+        self.shard = data.shard
 
 
 # -- the Accelerator's hook ------------------------------------------------------------------------------------------------
 def is_prepared_here(obj) -> bool:
     """Whether `obj` is a loader this module prepared (Accelerator.prepare passes it through)."""
-    return isinstance(obj, _CountedLoader)
+    return isinstance(obj, _SlicedLoader)
 
 
 def prepare_for_accelerator(loader, accelerator):
     """The prepared loader for `loader` when it is dispatched or sharded by global batch (see the module's
-    docstring), else None (the Accelerator's PreparedDataLoader takes it). Every process calls it (rank 0 tells the
-    others the length)."""
+    docstring), else None (the Accelerator's PreparedDataLoader over another kind takes it). Every process calls it
+    (rank 0 tells the others the length)."""
     dispatch = accelerator.dispatch_batches
     if not isinstance(loader, DataLoader):
         if dispatch:
@@ -770,4 +691,3 @@ def prepare_for_accelerator(loader, accelerator):
                          "these shard themselves by whole batches. Divide the batch size by the number of processes "
                          "instead, or pass dispatch_batches=True.")
     return None
-

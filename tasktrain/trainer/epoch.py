@@ -1,7 +1,8 @@
 """The epoch iterator: one pass over a training loader, counted and resumable, for the Trainer and the Accelerator.
 
-The Trainer's loop (`Trainer._train_epoch`) and the Accelerator's prepared loaders (`PreparedDataLoader`) both read
-their training data through an `EpochIterator`, so the bookkeeping of an epoch exists once:
+The Trainer's loop (`loop.train_epoch`) and the Accelerator's prepared loaders (`PreparedDataLoader`, prepared.py,
+whatever the kind of data: sharded by sampler, a stream, dispatched from rank 0, an IterableDataset cut by global
+batch) all read their training data through an `EpochIterator`, so the bookkeeping of an epoch exists once:
 
     it = EpochIterator(train_data, shard_world_size, length, position)
     num_batches = it.begin(epoch)          # set_epoch, the resumed epoch's skip, this pass's length
@@ -15,14 +16,15 @@ prepared loader's own `DataPosition`): the iterator writes the counts there, its
 (`resume`) turns a saved position into this run's: on the Trainer's own order (tasktrain.trainer.data) the
 samples consumed are skipped without loading them, on any number of processes; on a loader with an order of its
 own, this rank's batches are skipped, which only the same number of processes can do (else an error, before
-training). Accumulation windows (`window`) are counted from the position in the epoch, the same for both.
+training). Every error of a resume in the middle of an epoch is here (`check_resume`). Accumulation windows (`window`)
+are counted from the position in the epoch, the same for both.
 """
 import itertools
 import warnings
 from dataclasses import asdict, dataclass
 
 from tasktrain.profilers import profiled_iter
-from tasktrain.trainer.data import TrainData, resume_point
+from tasktrain.trainer.data import TrainData, read_ahead, resume_point
 
 
 @dataclass
@@ -96,7 +98,7 @@ class EpochIterator:
         data = self.data if profiler is None else profiled_iter(self.data, profiler, "train_dataloader_next")
         if length is not None:
             return zip(range(start, length), data, itertools.repeat(False))
-        return _read_ahead(iter(data), start)
+        return ((index, batch, last) for index, (batch, last) in enumerate(read_ahead(iter(data)), start))
 
     def advance(self, index):
         """Batch `index` is trained on: count it, and the samples of the global order it consumed."""
@@ -118,29 +120,97 @@ class EpochIterator:
         start = index - index % steps
         return start, steps if length is None else min(steps, length - start)
 
-    # -- resume -----------------------------------------------------------------------------------------------------
-    def resume(self, saved: dict, saved_world: int, accumulate: int, *, source, epoch_name, world, order_remedy,
-               own_order_reason=None):
-        """Continue from a saved position (`saved`: batch_in_epoch and samples_in_epoch, if known, written by
-        `saved_world` shards): the next `begin` starts there. `world` is this run's number of processes.
+    @staticmethod
+    def per_window(loss, size):
+        """A micro-batch's loss as its share of the window's gradient: divided by the window's `size`, the one place
+        the Trainer and the Accelerator scale a loss for accumulation."""
+        return loss / size if size > 1 else loss
 
-        Refused before training, on every rank alike, when the epoch stopped in its middle on another number of
-        processes and its order is not ours (the other ranks' position is not known): `own_order_reason` says why
-        the order is the user's (default: a sampler, batch sampler or IterableDataset of theirs)."""
+    # -- resume -----------------------------------------------------------------------------------------------------
+    def resume(self, saved: dict, saved_world: int, accumulate: int, *, source, epoch_name, world, owner="trainer",
+               users_split=False, now=None, order_remedy=None, own_order_reason=None):
+        """Continue from a saved position (`saved`: batch_in_epoch and samples_in_epoch, if known, written by
+        `saved_world` shards; a prepared loader's state adds its kind, batch_size and split_batches): the next `begin`
+        starts there. `world` is this run's number of shards, `now` this run's (batch_size, split_batches), `owner`
+        "trainer" or "accelerator" (whose remedies an error names), `users_split` that every process reads the
+        loader as the user built it (the Trainer's use_distributed_sampler=False).
+
+        Refused before training, on every rank alike, when the epoch stopped in its middle and cannot continue
+        exactly (see `check_resume`). `order_remedy` and `own_order_reason` replace the remedy and the reason an
+        error gives."""
         start, samples = resume_point(saved, saved_world, self.data, self.world_size, accumulate)
-        if start and saved_world != world and (samples is None or own_order_reason is not None):
-            why = own_order_reason or (
-                "the training loader's order is its own (a sampler or batch sampler of yours, or an "
-                "IterableDataset), so the other processes' position is not known")
-            raise ValueError(
-                f"{source} stopped in the middle of {epoch_name} on {saved_world} processes, and this run has "
-                f"{world}; {why}. Resume on {saved_world} processes, or resume from a checkpoint taken at the end of "
-                f"an epoch, or {order_remedy}.")
+        if start:
+            check_resume(self.data, saved, saved_world, world, exact=samples is not None and not users_split,
+                         source=source, epoch_name=epoch_name, owner=owner, users_split=users_split, now=now,
+                         order_remedy=order_remedy, own_order_reason=own_order_reason)
         self.position.batch_in_epoch = start
         if samples is not None:
             self.position.samples_in_epoch = samples
         self._resume = (start, samples)
         return start, samples
+
+
+# -- every error of a resume in the middle of an epoch (the Trainer's and the Accelerator's loaders) ------------------
+_KINDS = {"sampler": "sharded by sampler", "stream": "a ShardedStream", "stateful": "a StatefulDataLoader's own state",
+          "shard": "sharded in Accelerate's batch order", "dispatched": "dispatched from rank 0",
+          "iterable shard": "an IterableDataset sharded by global batch"}
+
+
+def check_resume(data, saved, saved_world, world, *, exact, source, epoch_name, owner, users_split=False, now=None,
+                 order_remedy=None, own_order_reason=None):
+    """Whether a position saved in the middle of an epoch can continue on `data` (a TrainData kind): the same kind
+    of loader; and where the position is not a count of samples of an order every process draws alike (`exact`
+    False: an order of the user's, an IterableDataset cut by global batch), the same number of shards and batches."""
+    saved_kind = saved.get("kind")  # (a prepared loader's state: None when written before kinds were recorded)
+    if "kind" in saved and (saved_kind or "sampler") != data.kind and (saved_kind is not None or data.sliced):
+        raise ValueError(
+            f"{source} stopped in the middle of {epoch_name} in a prepared loader of another kind "
+            f"({_KINDS.get(saved_kind or 'sampler', saved_kind)}; this one is {_KINDS.get(data.kind, data.kind)}): "
+            "prepare the loader with the same DataLoaderConfiguration(dispatch_batches=..., split_batches=...) as the "
+            "run that saved it, or resume from a checkpoint taken at the end of an epoch.")
+    if exact:
+        saved_batch = saved.get("batch_size")
+        if data.batched_order and now is not None and saved_batch is not None and saved_batch != now[0]:
+            raise ValueError(
+                f"{source} stopped in the middle of {epoch_name} with batch_size {saved_batch}, and this loader has "
+                f"batch_size {now[0]}: its DataLoader workers each make whole batches of their own items of the "
+                "IterableDataset, so the epoch's order depends on the batch size and the items left in it are not "
+                f"known. Resume with batch_size {saved_batch} (any number of processes), or from a checkpoint taken "
+                "at the end of an epoch.")
+        return
+    if saved_world != world:
+        if users_split:
+            why = ("with use_distributed_sampler=False each process reads the training loader as you built it, so "
+                   "the Trainer cannot tell which samples the other processes had trained on, nor which are left for "
+                   f"{world}")
+        elif data.kind == "iterable shard":
+            why = ("an IterableDataset sharded by global batch gives each process another slice of every global batch "
+                   "then, so the samples done are not known")
+        else:
+            why = ("the training loader's order is its own (a sampler or batch sampler of yours, or an "
+                   "IterableDataset), so the other processes' position is not known")
+        raise ValueError(
+            f"{source} stopped in the middle of {epoch_name} on {saved_world} processes, and this run has "
+            f"{world}; {own_order_reason or why}. Resume on {saved_world} processes, or resume from a checkpoint taken "
+            f"at the end of an epoch, or {order_remedy or _order_remedy(data, owner)}.")
+    saved_batch, saved_split = saved.get("batch_size"), bool(saved.get("split_batches"))
+    if now is not None and "batch_size" in saved and (saved_batch, saved_split) != (now[0], bool(now[1])):
+        raise ValueError(
+            f"{source} stopped in the middle of {epoch_name} with batch_size {saved_batch} (split_batches="
+            f"{saved_split}), and this loader has batch_size {now[0]} (split_batches={bool(now[1])}): the batches "
+            "counted there are not this loader's, and its order is not one the position can be counted in. Resume "
+            "with the same batch_size and split_batches, or from a checkpoint taken at the end of an epoch, or "
+            f"{order_remedy or _order_remedy(data, owner)}.")
+
+
+def _order_remedy(data, owner):
+    if owner == "trainer":
+        return ("let the Trainer shard the data (use_distributed_sampler=True, a plain DataLoader with shuffle=True "
+                "or False, no sampler, or an IterableDataset with a batch_size) so that the epoch continues exactly")
+    if data.kind == "iterable shard":
+        return ("prepare it with DataLoaderConfiguration(dispatch_batches=True) (rank 0 reads: resumes on any "
+                "number of processes), or make the data set a tasktrain.data.ShardedStream")
+    return "prepare a plain DataLoader (shuffle=True or False, no sampler)"
 
 
 def warn_global_batch_change(source, saved, now, detail, continues_at):
@@ -153,12 +223,3 @@ def warn_global_batch_change(source, saved, now, detail, continues_at):
         "size.")
 
 
-def _read_ahead(iterator, index):
-    batch = next(iterator, _END)
-    while batch is not _END:
-        upcoming = next(iterator, _END)
-        yield index, batch, upcoming is _END
-        batch, index = upcoming, index + 1
-
-
-_END = object()

@@ -143,8 +143,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
                 outputs = fit.training_step(batch, batch_idx)
                 loss = loss_of(outputs, batch_idx)
                 fit.loss_window.append(loss.detach())
-                if window.size > 1:
-                    loss = loss / window.size
+                loss = EpochIterator.per_window(loss, window.size)
                 optimizer = fit.optimizer
                 if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
                     for fn in hooks["on_before_zero_grad"]:

@@ -73,6 +73,8 @@ class MetricStore:
             if value.numel() != 1:
                 raise ValueError(f"self.log({name!r}, ...) needs a scalar, got a tensor of shape {tuple(value.shape)}. "
                                  "Reduce it first (e.g. .mean()).")
+            if type(value).__name__ == "DTensor":  # a loss under tensor parallelism (issue 39): its whole value
+                value = value.full_tensor()
             value = value if enable_graph else value.detach()
         else:
             value = torch.tensor(float(value))

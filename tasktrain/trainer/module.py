@@ -34,7 +34,7 @@ class TaskModule(torch.nn.Module):
     prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
     # Properties torch.jit.script must not compile (they read the trainer or iterate parameters).
     __jit_unused_properties__ = ["trainer", "hparams", "device", "dtype", "logger", "loggers", "global_step",
-                                 "current_epoch", "global_rank", "local_rank"]
+                                 "current_epoch", "global_rank", "local_rank", "device_mesh"]
 
     def __init__(self):
         super().__init__()
@@ -174,6 +174,11 @@ class TaskModule(torch.nn.Module):
     @trainer.setter
     def trainer(self, trainer):
         object.__setattr__(self, "_trainer", trainer)
+
+    @property
+    def device_mesh(self):
+        """The DeviceMesh to parallelize on in configure_model (ModelParallelStrategy), or None."""
+        return self._trainer.strategy.device_mesh if self._trainer is not None else None
 
     @property
     def hparams(self) -> AttributeDict:

@@ -151,17 +151,10 @@ def restore_train_state(trainer, path, saved, saved_world, epochs):
         state.epoch_finished = False
         return
     accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1
-    # Each rank read the loader as the user built it (use_distributed_sampler=False): how the ranks split the data
-    # is theirs, so the position of each rank's loader says nothing about which samples the ranks of another world
-    # have left.
-    users_split = None if trainer.use_distributed_sampler else (
-        "with use_distributed_sampler=False each process reads the training loader as you built it, so the "
-        "Trainer cannot tell which samples the other processes had trained on, nor which are left for "
-        f"{trainer.world_size}")
+    # use_distributed_sampler=False: each rank read the loader as the user built it, so the position of each rank's
+    # loader says nothing about which samples the ranks of another world have left (the errors: epoch.check_resume)
     epochs.resume(saved, saved_world, accumulate, source=path, epoch_name=f"epoch {state.epoch}",
-                  world=trainer.world_size, own_order_reason=users_split,
-                  order_remedy="let the Trainer shard the data (use_distributed_sampler=True, a plain DataLoader "
-                               "with shuffle=True or False, no sampler) so that the epoch continues exactly")
+                  world=trainer.world_size, users_split=not trainer.use_distributed_sampler)
     loader_states = saved.get("loader_states")
     if isinstance(epochs.data, StatefulLoaderData) and loader_states and len(loader_states) == trainer.world_size:
         epochs.data.load_loader_state(loader_states[trainer.global_rank])  # another world: refused just above

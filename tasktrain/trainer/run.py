@@ -124,6 +124,7 @@ def teardown(trainer, stage, module, status):
         trainer._callback_metrics_cache = dict(trainer._metrics.callback_metrics) if trainer._metrics else {}
         write_error = wait_for_checkpoint_write(trainer, status)  # issue 29: fit end, error, SIGTERM: wait for it
         trainer._last_metrics = trainer._metrics
+        trainer._fit_state = None  # nothing of the fit (its loaders, bound parts) outlives the strategy's teardown
         trainer.strategy.teardown()
         trainer._metrics = None
         if trainer.profiler is not None:

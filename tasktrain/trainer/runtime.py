@@ -22,7 +22,7 @@ from typing import Optional
 from tasktrain.checkpoint_io import restore_rng_states
 from tasktrain.names import AUTO_STRATEGY, normalize_precision
 from tasktrain.strategies.base import MultiProcess, Strategy
-from tasktrain.strategies.environment import ClusterEnvironment, detect_environment, launch_config
+from tasktrain.strategies.environment import ClusterEnvironment, check_slurm_allocation, detect_environment, launch_config
 from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
 from tasktrain.trainer.seed import get_seed, seed_rank_streams
@@ -85,6 +85,7 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
         else:
             num_nodes = 1
     num_nodes = int(num_nodes)
+    check_slurm_allocation(env, devices, num_nodes, source="The Accelerator" if custom_loop else "The Trainer")
     strategy = resolve_strategy(AUTO_STRATEGY if strategy is None else strategy, accelerator, devices, num_nodes, env)
     if env.world_size > 1 and not isinstance(strategy, MultiProcess):
         raise ValueError(

@@ -29,7 +29,7 @@ import math
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
-from tasktrain.trainer.data import TrainData, loader_options
+from tasktrain.trainer.data import TrainData, loader_options, samples_per_step
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -142,6 +142,8 @@ class ShardData(TrainData):
     TrainData surface the epoch iterator drives: set_epoch, skip (this rank's batches) and skip_samples (samples
     of the epoch's global order), and the counts of a resume on any number of processes."""
 
+    kind = "shard"
+
     def __init__(self, loader, num_processes, rank, seed, *, split_batches=False, even_batches=True,
                  use_seedable_sampler=False, broadcast=None):
         if loader.batch_sampler is None:
@@ -207,9 +209,7 @@ class ShardData(TrainData):
 
     def samples_per_batch(self, world_size):
         """Samples of the global order one step covers on every rank together."""
-        if self.batch_size is None:
-            return None
-        return self.batch_size if self.split_batches else self.batch_size * world_size
+        return samples_per_step(self.batch_size, world_size, self.split_batches)
 
     @property
     def total_batch_size(self):

@@ -22,10 +22,11 @@ from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.profilers import Profiler, resolve_profiler
+from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Plan, Sharded, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
-from tasktrain.trainer import arguments, evaluation, loop, resume, run
-from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data
+from tasktrain.trainer import arguments, evaluation, guards, loop, resume, run
+from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
@@ -103,7 +104,7 @@ class Trainer:
         self.profiler = resolve_profiler(profiler)  # bound again at each run's start (run.start_stage)
         self._profile = run.no_profile
         limits, logger = arguments.loop_limits(
-            fast_dev_run, overfit_batches, min_epochs, max_epochs, max_steps,
+            fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs, max_steps,
             (limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches),
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch, logger)
         self.__dict__.update(limits)  # fast_dev_run, max_epochs, max_steps, limit_*_batches, ... (arguments.py)
@@ -392,6 +393,7 @@ class Trainer:
         result = None
         status = "success"  # what the loggers' finalize hears
         restore_forward = compile_forward_as(module, compiled)  # undone in the finally below
+        sigint = guards.sigint_once()  # issue 38: the first Ctrl-C interrupts, a second cannot land mid-shutdown
         try:
             if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
@@ -410,13 +412,17 @@ class Trainer:
         except BaseException as exc:
             status = "failed"
             self.state.status = TrainerStatus.INTERRUPTED
+            interrupt = guards.interrupt_begin(exc, self.strategy)  # issue 38: Ctrl-C: one line, exit 130
             run.on_failure(self, exc)
+            if interrupt is not None:
+                raise interrupt.exit() from None
             raise
         finally:
             try:
                 run.teardown(self, stage, module, status)
             finally:
                 restore_forward()
+                guards.restore_sigint(sigint, strategy)
                 self.state.stage = None
         self.state.status = TrainerStatus.FINISHED
         return result
@@ -443,33 +449,43 @@ class Trainer:
         with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
             _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers,
                                                                       self._plan(module, train_data.given_loader))
-        restore_rng = None
+        restore_rng = resumed = None
         ckpt_path = resume.restart_ckpt_path(self, ckpt_path)  # issue 29: a restarted worker resumes from the newest
+        ckpt_path = requeue.resume_path(self.default_root_dir, ckpt_path, self.is_global_zero)  # issue 40
         if ckpt_path is not None:
             resumed = resume.restore(self, ckpt_path)
             if self._datamodule_restored:  # the loader hooks see the DataModule's restored state, as in Lightning
                 train_data = self._reload_dataloaders(None, train_data, has_val)
             if resumed is not None:  # the position in the epoch is worked out on the loader that will be trained on
                 restore_rng = resume.restore_position(self, *resumed, train_data)
+        finished = resumed is not None and guards.finished_run(self, resumed[0])  # issue 38: says so
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, train_data)
         self._call("on_fit_start")
         module.zero_grad()  # Lightning clears the gradients when each entry point starts
-        self._log_hyperparams(module)
+        if not finished:  # a finished run resumed writes no new log folder (issue 38)
+            self._log_hyperparams(module)
         self._watch()  # from the sanity check on; set-up is not watched
         if has_val and self.num_sanity_val_steps and self._resumed_from is None:
             self._sanity_check()
         if restore_rng is not None:
             restore_rng()
         previous = loop.install_sigterm_handler(self, fit)
+        requeue_handler = requeue.RequeueHandler(lambda: setattr(fit, "preempted", True))  # issue 40
         try:
-            loop.fit_loop(self, fit)
+            if not guards.trains_nothing(self):  # issue 38: limit_train_batches=0 skips the loop (Lightning's rule)
+                loop.fit_loop(self, fit)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+            requeue_handler.restore()  # issue 40
         self._call("on_fit_end")
         skipped = self.strategy.precision.skipped_steps
         if skipped and self.is_global_zero:
             print(f"[tasktrain] GradScaler skipped {skipped} optimizer step(s) with inf/NaN gradients.", flush=True)
+        if fit.preempt_path and requeue_handler.agreed(self.strategy):  # issue 40: SLURM's warning signal
+            raise SystemExit(requeue.requeue(self.default_root_dir, fit.preempt_path, self.global_step,
+                                             self.is_global_zero))
+        requeue.finished(self.default_root_dir, self.is_global_zero and not fit.preempt_path)  # issue 40
         if fit.preempted:
             raise SystemExit(
                 f"[tasktrain] stopped by SIGTERM after step {self.global_step}; a checkpoint was saved to "
@@ -546,21 +562,23 @@ class Trainer:
         """(world size, rank) the loaders are sharded for: (1, 0) with use_distributed_sampler=False."""
         if not self.use_distributed_sampler:
             return 1, 0
-        return self.strategy.world_size, self.strategy.global_rank
+        return self.strategy.data_parallel_size, self.strategy.data_parallel_rank  # tensor-parallel peers read the same
 
     def _setup_train_data(self, loader, previous=None):
         """The epoch iterator of a training loader (a rebuilt loader keeps the resume of the `previous` one)."""
         world_size, rank = self._shards()
         train_data = prepare_train_data(loader, world_size, rank, self.state.data_seed,
-                                        shuffle=False if self.overfit_batches else None)
+                                        shuffle=False if self.overfit_batches else None,
+                                        broadcast=self.strategy.broadcast, reads=self.strategy.is_global_zero)
         self.train_dataloader = train_data.loader
         length = len(train_data) if train_data.has_len() else None
+        guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error
         self._epoch_length = evaluation.apply_limit(length, self.limit_train_batches, "limit_train_batches")
         self.num_training_batches = self._epoch_length
         # samples of the global order per optimizer step, all processes together (a resume says when it changes)
         micro = _batch_size_of(loader)
         accumulate = self.accumulate_grad_batches if self.module.automatic_optimization else 1
-        self.state.global_batch_size = micro * world_size * accumulate if micro else 0
+        self.state.global_batch_size = (samples_per_step(micro, world_size) or 0) * accumulate
         if self.num_training_batches is None and self.max_steps == -1:
             raise ValueError(
                 "The training loader has no length (an infinite or iterable dataset) and max_steps is not set, so "
@@ -648,6 +666,8 @@ class Trainer:
 
     def save_checkpoint(self, filepath, weights_only=False):
         """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
+        if not self.may_save_checkpoint(filepath):  # issue 38: a non-finite state is never saved
+            return False
         started = time.perf_counter()
         with self.long_event("save_checkpoint"):  # may take long: not a stall (issue 19)
             self.strategy.wait_for_checkpoint()  # issue 29: a background write in flight ends first ("last" moves forward)
@@ -657,6 +677,12 @@ class Trainer:
             if not weights_only and self.is_global_zero:
                 ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
         self.checkpoint_seconds += time.perf_counter() - started
+        return True
+
+    def may_save_checkpoint(self, filepath):
+        """False (with a warning) when the loss or weights went non-finite: a checkpoint of it is not written;
+        inside fit's loop that raises FloatingPointError instead (tasktrain/trainer/guards.py). Every rank calls it."""
+        return guards.may_save_checkpoint(self, filepath)
 
 
     # -- the watchdog (issue 19, tasktrain/strategies/watchdog.py) ----------------------------------------------------

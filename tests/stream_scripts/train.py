@@ -10,8 +10,10 @@ Each run, in order, in every process of the launch. A run's keys:
              DIR/NAME/ (the Trainer's checkpoints: last.ckpt after every step), DIR/NAME.state/ (the Accelerator's
              save_state after step `save_at`)
     api      "trainer" or "accelerator";  data: "own" (a ShardedSource of ours: 4 shards of 12 generated items),
-             "own45" (the same with 9 in the last shard), "files" (ShardFiles over 6 files of 8, written under DIR)
-             or "stateful" (torchdata's StatefulDataLoader over an IterableDataset that shards itself, the Trainer)
+             "own45" (the same with 9 in the last shard), "files" (ShardFiles over 6 files of 8, written under DIR),
+             "stateful" (torchdata's StatefulDataLoader over an IterableDataset that shards itself, the Trainer)
+             or "plain" (an IterableDataset of 48 items that splits itself over DataLoader workers only, not over
+             processes: read by rank 0 and dispatched)
     batch    per-process batch size;  workers: DataLoader workers per process (default 1)
     resume   the Trainer: a checkpoint path; the Accelerator: the name of a run whose save_state to load
     kill_at  SIGKILL rank `kill_rank` (default: the last) once step `kill_at` is done and saved
@@ -106,7 +108,29 @@ class OwnOrder(torch.utils.data.IterableDataset):
         self.next = state["next"]
 
 
+class Plain(torch.utils.data.IterableDataset):
+    """("plain") Items 0..47 as a user writes an IterableDataset: split over the DataLoader's workers (worker w of n
+    reads items w, w + n, ...), as torch's documentation shows, but not over the processes; every read is noted."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for k in range(worker, N, workers):
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"pid": os.getpid(), "ids": [k]}) + "\n")
+            yield item(k)
+
+    def __len__(self):
+        return N
+
+
 def loader_of(root, run):
+    if run["data"] == "plain":
+        dataset = Plain(os.path.join(root, f"{run['name']}.reads.txt"))
+        return DataLoader(dataset, batch_size=run["batch"], num_workers=run.get("workers", 1))
     if run["data"] == "stateful":
         from torchdata.stateful_dataloader import StatefulDataLoader
 

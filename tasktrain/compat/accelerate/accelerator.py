@@ -83,6 +83,36 @@ class Accelerator(core.Accelerator):
                                  "happens if `AcceleratorState._reset_state()` was called after this Accelerator was "
                                  "made: make a new Accelerator() and prepare with it.")
 
+    # -- issue 39: the device mesh of a ParallelismConfig (Accelerate's names) ----------------------------------------
+    @property
+    def torch_device_mesh(self):
+        """The DeviceMesh of Accelerator(parallelism_config=...), dimensions "dp_replicate", "dp_shard", "tp" (and
+        the joint "dp", "dp_shard_cp"); None without one."""
+        return self.strategy.device_mesh
+
+    @property
+    def parallelism_config(self):
+        from tasktrain.compat.accelerate.parallelism_config import AccelerateMeshStrategy
+
+        return self.strategy.config if isinstance(self.strategy, AccelerateMeshStrategy) else None
+
+    def _mesh_rank(self, name, what):
+        if self.parallelism_config is None:
+            raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
+        return self.torch_device_mesh.get_local_rank(name)
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self._mesh_rank("tp", "Tensor parallelism")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self._mesh_rank("dp_replicate", "Data parallelism")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        return self._mesh_rank("dp_shard", "Shard-based data parallelism")
+
     @property
     def gradient_state(self):
         """Accelerate's GradientState of this Accelerator (tasktrain.state.GradientState): sync_gradients,
@@ -378,9 +408,8 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
         if value is not None:
             raise TypeError(f"Accelerator({name}=...) is not an argument (Accelerate 1.x moved it): pass "
                             f"dataloader_config=DataLoaderConfiguration({name}=...).")
-    _refuse("torch_tp_plugin", torch_tp_plugin, "tensor parallelism is not supported.")
     _refuse("megatron_lm_plugin", megatron_lm_plugin, "Megatron-LM is not supported.")
-    _refuse("parallelism_config", parallelism_config, "only data parallelism (DDP) and DeepSpeed ZeRO are supported.")
+    strategy = _mesh_strategy(parallelism_config, torch_tp_plugin, strategy, deepspeed_plugin, fsdp_plugin)
     _refuse("deepspeed_plugins", deepspeed_plugins, "one DeepSpeed plugin per Accelerator: pass deepspeed_plugin=.")
     compile_options = _compile_options(dynamo_backend, dynamo_plugin, TorchDynamoPlugin)
 
@@ -483,6 +512,38 @@ def _accelerate_options(*, device_placement, split_batches, even_batches, dispat
             "window_loss": "steps", "scheduler_steps_per_process": not config.split_batches,
             "sync_with_dataloader": sync_with_dataloader, "device_placement": device_placement,
             "compile_options": compile_options}
+
+
+# -- issue 39: tensor and data parallelism on one device mesh (ParallelismConfig) ----------------------------------------
+def _mesh_strategy(parallelism_config, torch_tp_plugin, strategy, deepspeed_plugin, fsdp_plugin):
+    """The strategy a ParallelismConfig (or the deprecated torch_tp_plugin, which Accelerate turns into
+    ParallelismConfig(tp_size=...)) asks for, or `strategy` unchanged when there is none. Accelerate's checks of the
+    sizes are ParallelismConfig's (tasktrain/compat/accelerate/parallelism_config.py); the product against the
+    number of processes is checked when the processes are known (the strategy's configure)."""
+    from tasktrain.compat.accelerate.parallelism_config import ParallelismConfig
+
+    if torch_tp_plugin is not None:
+        if parallelism_config is not None:
+            raise ValueError("Pass parallelism_config or torch_tp_plugin (deprecated in Accelerate: "
+                             "ParallelismConfig(tp_size=...)), not both.")
+        tp_size = getattr(torch_tp_plugin, "tp_size", None)
+        if not isinstance(tp_size, int):
+            raise TypeError("torch_tp_plugin needs a tp_size; pass parallelism_config=ParallelismConfig(tp_size=N).")
+        parallelism_config = ParallelismConfig(tp_size=tp_size)
+    if parallelism_config is None and os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
+        parallelism_config = ParallelismConfig()  # a launch config's parallelism_config (its sizes in the environment)
+    if parallelism_config is None:
+        return strategy
+    if not isinstance(parallelism_config, ParallelismConfig):
+        raise TypeError(f"parallelism_config must be a tasktrain.ParallelismConfig (Accelerate's fields: "
+                        f"dp_replicate_size, dp_shard_size, tp_size, cp_size), got {type(parallelism_config).__name__}.")
+    if strategy is not None or deepspeed_plugin is not None or fsdp_plugin is not None:
+        raise ValueError("parallelism_config picks the strategy (tensor parallel and FSDP2 on one device mesh: prepare "
+                         "applies fully_shard over the data-parallel dimensions itself); drop strategy=, "
+                         "deepspeed_plugin= and fsdp_plugin=.")
+    if parallelism_config.total_size == 1:
+        return strategy  # nothing to lay out: the default strategy, as in Accelerate (DDP on several processes)
+    return parallelism_config.strategy()
 
 
 def _compile_options(dynamo_backend, dynamo_plugin, plugin_class):

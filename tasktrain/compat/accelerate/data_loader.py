@@ -15,7 +15,7 @@ import itertools
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from tasktrain.trainer.data import loader_options
+from tasktrain.trainer.data import loader_options, read_ahead
 from tasktrain.trainer.dispatch import DataLoaderDispatcher, IterableDatasetShard
 from tasktrain.trainer.shard import SeedableRandomSampler, check_split, layout
 
@@ -165,15 +165,10 @@ class DataLoaderShard(_LoaderState, DataLoader):
             _synchronize(self.rng_types, self.synchronized_generator)
         self._begin(self.total_batch_size)
         self.set_epoch(self.iteration)
-        iterator = super().__iter__()
-        batch = next(iterator, _END)
-        index = 0
-        while batch is not _END:
-            upcoming = next(iterator, _END)  # one ahead: the last batch is known while it is used
-            self.end_of_dataloader = upcoming is _END
+        for index, (batch, last) in enumerate(read_ahead(super().__iter__())):
+            self.end_of_dataloader = last
             if index >= self.skip_batches:
                 yield _to_device(batch, self.device, self._non_blocking)
-            batch, index = upcoming, index + 1
         self.iteration += 1
 
     def __len__(self):
@@ -195,21 +190,14 @@ class SkipDataLoader(_LoaderState, DataLoader):
 
     def __iter__(self):
         self._begin(None)
-        iterator = super().__iter__()
-        batch = next(iterator, _END)
-        index = 0
-        while batch is not _END:
-            upcoming = next(iterator, _END)
-            self.end_of_dataloader = upcoming is _END
+        for index, (batch, last) in enumerate(read_ahead(super().__iter__())):
+            self.end_of_dataloader = last
             if index >= self.skip_batches:
                 yield batch
-            batch, index = upcoming, index + 1
 
     def __len__(self):
         return max(0, super().__len__() - self.skip_batches)
 
-
-_END = object()
 
 
 def get_sampler(dataloader):

@@ -15,13 +15,13 @@ unpickled. sampler.bin (Accelerate's SeedableRandomSampler object, pickled) is t
 order here is a function of the seed and the epoch already.
 """
 import os
-import pickle
 import random
 import warnings
 
 import numpy as np
 import torch
 
+from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.checkpoint_io import CheckpointError, atomic_save
 
 ACCELERATE_MARKERS = ("model.safetensors", "pytorch_model.bin", "optimizer.bin", "random_states_0.pkl")
@@ -37,30 +37,32 @@ def is_accelerate_folder(directory) -> bool:
     return any(os.path.exists(os.path.join(directory, name)) for name in ACCELERATE_MARKERS)
 
 
-def _numpy_globals():
-    allowed = [np.ndarray, np.dtype, np._core.multiarray._reconstruct]
-    allowed += [type(np.dtype(kind)) for kind in ("uint32", "int64", "float64", "float32", "int32")]
-    return allowed
-
-
 def safe_load(path):
-    """torch.load(weights_only=True), numpy arrays allowed; anything else is a CheckpointError naming it."""
+    """checkpoint_io.safe_load with numpy's generator state allowed (checkpoint_io.ALLOWED_GLOBALS["numpy"]): any
+    other object, or a truncated or corrupted file, is a CheckpointError naming the file; nothing in it runs."""
     try:
-        with torch.serialization.safe_globals(_numpy_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise CheckpointError(
-            f"{path} holds Python objects other than tensors and numpy arrays ({str(error).splitlines()[0]}); "
-            "tasktrain does not unpickle arbitrary objects. Load that file with Accelerate itself, or re-save the "
-            "object's state as tensors and numbers.") from None
+        return ckpt_io.safe_load(path, "numpy")
+    except CheckpointError as err:
+        if "truncated or corrupted" in str(err):
+            raise
+        raise CheckpointError(f"{err} tasktrain does not unpickle arbitrary objects: load that file with Accelerate "
+                              "itself, or re-save the object's state as tensors and numbers.") from None
+
+
+def _load_safetensors(path):
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except Exception as err:  # safetensors' own error for a truncated or corrupted header or body
+        raise CheckpointError(f"Checkpoint {path!r} is truncated or corrupted and cannot be read "
+                              f"({type(err).__name__}: {str(err)[:300]}).") from None
 
 
 def _load_model_file(directory, i):
     safe = os.path.join(directory, _numbered("model", i, ".safetensors"))
     if os.path.exists(safe):
-        from safetensors.torch import load_file
-
-        return load_file(safe)
+        return _load_safetensors(safe)
     plain = os.path.join(directory, _numbered("pytorch_model", i, ".bin"))
     if os.path.exists(plain):
         return safe_load(plain)

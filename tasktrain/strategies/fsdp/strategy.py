@@ -3,8 +3,8 @@
 Each rank keeps a 1/world_size shard of every parameter, of its gradient and of the optimizer state; a wrapped
 module's parameters are gathered (all-gather) just before its forward and backward and dropped again after, and
 the gradients are reduce-scattered, so each rank ends a backward holding the gradient of its own shard only. The
-processes, the process group and the collectives are DDP's (this class extends it); what differs is how the
-module is wrapped, how gradients are clipped and how checkpoints are written:
+processes, the process group and the collectives are the ProcessWorld's (world.py), as DDP's are; what differs is
+how the module is wrapped, how gradients are clipped and how checkpoints are written:
 
 - wrapping: `fully_shard` on each child module that holds parameters (or on what `wrap=` selects), then on the
   root. The parameters become DTensors (torch.distributed.tensor), and the optimizers the loop was given are
@@ -31,22 +31,23 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_state_dict, format_header, link_tree,
-                                     load_checkpoint_file, load_plain_state_dict, load_resumable_file, plain_name,
-                                     plain_state_dict, replace_dir)
+from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_state_dict, link_tree, load_checkpoint_file,
+                                     load_dcp, load_plain_state_dict, plain_state_dict, replace_dir)
 from tasktrain.checkpoint_io import fsync_save, stage_to_cpu  # background saves
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
-from tasktrain.strategies.base import Sharded, step_arguments
-from tasktrain.strategies.ddp import DDP
+from tasktrain.strategies.base import Sharded, Strategy, step_arguments
 from tasktrain.strategies.environment import detect_environment
+from tasktrain.strategies.fsdp.checkpoint import _SHARD_KEYS, _SHARDED_MARK, STATE_FILE, _split
+from tasktrain.strategies.fsdp.sharding import (_check_optimizer, _check_policy, _check_resettable,
+                                                _children_with_parameters, _describe_policy, _drop_unreduced_gradients,
+                                                _full, _holds_dtensors, _is_class_set, _is_sharded, _keyed_by_name,
+                                                _load_from_rank0, _materialize, _on_meta, _repoint_optimizer,
+                                                _shared_between, _steps_only_ids)
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, patch_forward
 from tasktrain.strategies.watchdog import checked_collective
+from tasktrain.strategies.world import ProcessWorld
 
-STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory (loop state, callbacks, RNG, ...)
-# The checkpoint values that hold shards (the Trainer's, then the Accelerator's save_state): written by DCP.
-_SHARD_KEYS = ("state_dict", "optimizer_states", "models", "optimizers")
-_SHARDED_MARK = "sharded: in the DCP files of this checkpoint directory"
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 _PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 
@@ -78,7 +79,7 @@ class FSDPPrecision(MixedPrecision):
             super().unscale(optimizer)
 
 
-class FSDP(Sharded, DDP):
+class FSDP(Sharded, ProcessWorld, Strategy):
     """Fully sharded data parallel (torch's FSDP2): parameters, gradients and optimizer state split over the ranks.
 
     Args:
@@ -109,7 +110,7 @@ class FSDP(Sharded, DDP):
             (without empty_init) is built in memory on rank 0 only, on the meta device on the others (so one copy
             of the whole model is in CPU memory, not one per rank). Rank 0's module must hold weights (not be on
             the meta device).
-        process_group_backend, timeout, start_method: as DDP's.
+        process_group_backend, timeout, start_method: the ProcessWorld's (as DDP's).
     """
 
     name = "fsdp"
@@ -120,8 +121,6 @@ class FSDP(Sharded, DDP):
                  cpu_ram_efficient_loading=False, process_group_backend=None, timeout=timedelta(minutes=30), start_method="popen"):
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
-        if start_method == "spawn":
-            self.name = "fsdp"  # DDP renames itself for spawn; the name here stays the strategy's
         if state_dict_type not in ("sharded", "full"):
             raise ValueError(f"FSDP state_dict_type={state_dict_type!r}: use 'sharded' (a DCP directory written by "
                              "every rank) or 'full' (one file written by rank 0).")
@@ -643,8 +642,6 @@ class FSDP(Sharded, DDP):
     def _read_directory(self, path, state_name):
         """Our state file, with the module's and the optimizers' shards read into what this run holds now: DCP
         reshards them to this world size."""
-        import torch.distributed.checkpoint as dcp
-
         state_file = os.path.join(path, state_name)
         if not os.path.isfile(state_file) or not os.path.isfile(os.path.join(path, ".metadata")):
             raise CheckpointError(f"{path!r} is not a checkpoint directory written by the tasktrain FSDP strategy "
@@ -658,7 +655,7 @@ class FSDP(Sharded, DDP):
                 ckpt[key] = template[key]
                 if not template[key]:
                     del template[key]  # nothing of it to load here (no optimizer in validate/test/predict)
-        dcp.load(template, checkpoint_id=path)
+        load_dcp(template, path)  # issue 38: .metadata and non-tensor items read the safe way
         return ckpt
 
     def _current(self, key):
@@ -693,381 +690,3 @@ class FSDP(Sharded, DDP):
         return (f"strategy={self.name} ({', '.join(extras)}), world_size={self.world_size}, backend={backend}, "
                 f"device={self.root_device}")
 
-
-# -- helpers ---------------------------------------------------------------------------------------------------------
-_HALF = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "bf16-true": torch.bfloat16,
-         "16-true": torch.float16}
-
-
-def _check_policy(policy, precision):
-    """A user's MixedPrecisionPolicy beside the run's precision: the policy decides FSDP's casting, the precision the
-    rest (autocast, the scaler, the stored dtype); a pair that says two different things is refused."""
-    half = _HALF.get(precision)
-    param = policy.param_dtype
-    if precision == "32-true" or param is None or param == half:
-        return
-    if precision.endswith("-mixed") and param == torch.float32:
-        return  # fp32 compute copies with autocast on top: Lightning's FSDP mixed precision
-    raise ValueError(f"FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype={param})) contradicts precision="
-                     f"{precision!r}, which computes in {half}. Give param_dtype={half} (or None), or use "
-                     "precision='32-true' to run the policy alone.")
-
-
-def _describe_policy(policy):
-    fields = ("param_dtype", "reduce_dtype", "output_dtype")
-    said = [f"{f}={str(getattr(policy, f)).replace('torch.', '')}" for f in fields if getattr(policy, f) is not None]
-    if not policy.cast_forward_inputs:
-        said.append("cast_forward_inputs=False")
-    return f"MixedPrecisionPolicy({', '.join(said)})"
-
-
-def _is_class_set(wrap):
-    """A set of module classes, or of class names (strings: how a launch config names them); empty: none."""
-    return isinstance(wrap, (set, frozenset, list, tuple)) and all(
-        isinstance(c, str) or (isinstance(c, type) and issubclass(c, torch.nn.Module)) for c in wrap)
-
-
-def _children_with_parameters(module, prefix=""):
-    names = []
-    for name, child in module.named_children():
-        if not any(True for _ in child.parameters()):
-            continue
-        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-            names += _children_with_parameters(child, f"{prefix}{name}.")
-        else:
-            names.append(f"{prefix}{name}")
-    return names
-
-
-def _shared_between(module, targets):
-    """The targets holding a parameter that a module outside them holds too (tied weights): such a parameter would be
-    sharded by the target's unit while the other module uses it outside that unit's forward."""
-    owners = {}  # id(parameter) -> names of the modules holding it directly
-    for name, m in module.named_modules():
-        for p in m.parameters(recurse=False):
-            owners.setdefault(id(p), set()).add(name)
-    shared = set()
-    for target in targets:
-        inside = target + "."
-        for p in module.get_submodule(target).parameters():
-            if any(o != target and not o.startswith(inside) for o in owners[id(p)]):
-                shared.add(target)
-    return shared
-
-
-def _drop_unreduced_gradients(module):
-    """The gradients of backward passes run without sync, which FSDP2 keeps per parameter, unsharded, until the next
-    synced backward reduce-scatters them with its own (torch's FSDPParam: unsharded_accumulated_grad, or the
-    unsharded parameter's .grad in fp32)."""
-    for m in module.modules():
-        get_state = getattr(m, "_get_fsdp_state", None)
-        group = get_state()._fsdp_param_group if get_state is not None else None
-        for fsdp_param in group.fsdp_params if group is not None else ():
-            fsdp_param.unsharded_accumulated_grad = None
-            unsharded = getattr(fsdp_param, "_unsharded_param", None)
-            if unsharded is not None:
-                unsharded.grad = None
-
-
-def _is_sharded(module):
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule)
-
-
-def _holds_dtensors(obj):
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(obj, DTensor):
-        return True
-    if isinstance(obj, dict):
-        return any(_holds_dtensors(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return any(_holds_dtensors(v) for v in obj)
-    return False
-
-
-def _keyed_by_name(state):
-    return isinstance(state, dict) and all(isinstance(k, str) for k in state.get("state", {}))
-
-
-def _full(tensor):
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def _own_tensors(module):
-    return [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-
-
-def _on_meta(module):
-    return any(t.is_meta for t in [*module.parameters(), *module.buffers()])
-
-
-def _check_resettable(module):
-    """A module built on the meta device is initialised by reset_parameters(): each submodule holding tensors of its
-    own must have one (checked before anything is allocated)."""
-    missing = [name or type(module).__name__ for name, m in module.named_modules()
-               if _own_tensors(m) and not callable(getattr(m, "reset_parameters", None))]
-    if missing:
-        raise ValueError(f"FSDP: the module was built with init_module(empty_init=True) (on the meta device), and "
-                         f"{missing[:5]} hold parameters or buffers of their own but define no reset_parameters() to "
-                         "initialise them. Define reset_parameters() on them (nn.Linear-style: fill the tensors in "
-                         "place), or build the module without empty_init.")
-
-
-def _materialize(module, device):
-    """Allocate each rank's shards (the parameters are DTensors by now: to_empty makes their local shards only) and
-    initialise them in place with every submodule's reset_parameters()."""
-    module.to_empty(device=device)
-    with torch.no_grad():
-        for m in module.modules():
-            if _own_tensors(m):
-                m.reset_parameters()
-
-
-def _load_from_rank0(module, whole, device, on_meta):
-    """Fill every rank's shards with rank 0's whole weights (`whole`, its state dict before sharding; {} on the
-    others), and its buffers (a state dict lacks the non-persistent ones)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    if on_meta:
-        module.to_empty(device=device)  # this rank's shards and buffers, uninitialised: rank 0's values come next
-    set_model_state_dict(module, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    if dist.is_initialized():
-        with torch.no_grad():
-            for buffer in module.buffers():
-                dist.broadcast(buffer, src=0)
-
-
-def _check_optimizer(optimizer, names):
-    """The optimizer is pointed at the sharded parameters after fully_shard: it must step the module's parameters
-    only, and must not have stepped yet (its state is keyed by the old parameters)."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) not in names:
-                raise ValueError(f"FSDP: {type(optimizer).__name__} steps a parameter that is not one of the module's "
-                                 "(shape {tuple(p.shape)}): under FSDP an optimizer steps the parameters of the "
-                                 "module it is set up with.")
-    if any(len(s) for s in optimizer.state.values()):
-        raise ValueError(f"FSDP: {type(optimizer).__name__} has stepped already (it holds state for the unsharded "
-                         "parameters). Set it up with the module before its first step (prepare them together).")
-
-
-def _steps_only_ids(optimizer, ids):
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    return bool(params) and all(id(p) in ids for p in params)
-
-
-def _repoint_optimizer(optimizer, names, params):
-    """fully_shard replaced the parameters by sharded ones (DTensors): the same optimizer object, with the same
-    groups and hyper-parameters, now steps the new ones."""
-    for group in optimizer.param_groups:
-        group["params"] = [params[names[id(p)]] for p in group["params"]]
-    optimizer.state.clear()
-
-
-def _split(checkpoint):
-    """(the DCP part: the values holding shards, the rest: our state file, with a mark where a value went)."""
-    shards, state = {}, dict(checkpoint)
-    for key in _SHARD_KEYS:
-        if key in state and _holds_dtensors(state[key]):
-            shards[key] = state[key]
-            state[key] = _SHARDED_MARK
-    return shards, state
-
-
-def is_fsdp_checkpoint(path) -> bool:
-    """A directory written by this strategy (DCP's .metadata next to our state file)."""
-    path = os.fspath(path)
-    return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, STATE_FILE))
-
-
-def convert_fsdp_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
-    """Gather the shards of an FSDP checkpoint directory (written by the Trainer) into one checkpoint dict in our
-    format. Returns it and, with `output_path`, writes it there.
-
-    By default the module's weights only (the optimizer's shards stay behind): `TaskModule.load_from_checkpoint`
-    reads it. With `optimizer=True`, a whole resumable checkpoint instead: the optimizer state in the layout of
-    torch's optimizer.state_dict() (keyed by parameter number over the groups, in order, with the names of those
-    parameters in `optimizer_param_names`), and the loop state, schedulers, callbacks and random states as saved,
-    so that a fit on one process, DDP or (through `convert_to_deepspeed`) DeepSpeed continues the run. Runs in one
-    process, without a process group (DCP's no-dist load); needs as much memory as the whole module (and, with the
-    optimizer, its state)."""
-    checkpoint_dir = os.fspath(checkpoint_dir)
-    ckpt = _read_fsdp_state(checkpoint_dir)
-    key = "state_dict" if ckpt.get("state_dict") == _SHARDED_MARK else "models"
-    if ckpt.get(key) != _SHARDED_MARK:
-        raise CheckpointError(f"{checkpoint_dir!r} holds no sharded module weights.")
-    if optimizer:
-        return _whole_from_fsdp(checkpoint_dir, ckpt, output_path)
-    loaded = _load_without_process_group(checkpoint_dir, {key})[key]
-    state_dict = _owned(loaded if key == "state_dict" else loaded[0])
-    out = {**format_header(), "state_dict": state_dict, "hyper_parameters": ckpt.get("hyper_parameters", {}),
-           "weights_only": True, "train_state": ckpt.get("train_state", {}),
-           "world_size": ckpt.get("fsdp", {}).get("world_size")}
-    if output_path is not None:
-        atomic_save(out, os.fspath(output_path))
-    return out
-
-
-def _read_fsdp_state(checkpoint_dir):
-    if not is_fsdp_checkpoint(checkpoint_dir):
-        if os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
-            raise CheckpointError(
-                f"{checkpoint_dir!r} holds DCP shards but no {STATE_FILE}: not a checkpoint of the Trainer's FSDP "
-                "strategy. For the Accelerator's save_state directory (accelerator_state.pt beside the shards): "
-                "`tasktrain convert DIR OUT_DIR --to ckpt` (or convert_fsdp_state_dir) writes the directory "
-                "save_state writes without FSDP; load_state(dir) under FSDP reads it on any number of processes "
-                "as it is.")
-        raise CheckpointError(f"{checkpoint_dir!r} is not an FSDP checkpoint directory (it needs {STATE_FILE} and "
-                              "DCP's .metadata).")
-    return load_checkpoint_file(os.path.join(checkpoint_dir, STATE_FILE))
-
-
-def _load_without_process_group(checkpoint_dir, keys):
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        return _load_state_dict_from_keys(set(keys), checkpoint_id=checkpoint_dir)
-
-
-def _owned(state):
-    """Tensors that own their memory (a view would make torch.save write the storage it is a view of)."""
-    return {k: v.clone() if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() != v.nbytes else v
-            for k, v in state.items()}
-
-
-def _whole_from_fsdp(checkpoint_dir, ckpt, output_path):
-    names = ckpt.get("optimizer_param_names")
-    if ckpt.get("weights_only") or not ckpt.get("optimizer_states") or not names:
-        raise CheckpointError(
-            f"{checkpoint_dir!r} holds no optimizer state with the names of its parameters (written with weights "
-            "only, without an optimizer, or by an older tasktrain): only its weights can be converted. Leave out "
-            "--to ckpt.")
-    # An optimizer without per-parameter state (SGD without momentum) has no shards: it is in the state file whole.
-    sharded = ckpt["optimizer_states"] == _SHARDED_MARK
-    loaded = _load_without_process_group(checkpoint_dir, {"state_dict", "optimizer_states"} if sharded else
-                                         {"state_dict"})
-    optimizers = [_numbered_optimizer_state(saved, group_names, checkpoint_dir) for saved, group_names in
-                  zip(loaded["optimizer_states"] if sharded else ckpt["optimizer_states"], names)]
-    out = {key: value for key, value in ckpt.items() if key != "fsdp"}
-    out.update({**format_header(), "state_dict": _owned(loaded["state_dict"]), "weights_only": False,
-                "optimizer_states": optimizers, "optimizer_param_names": names})
-    if output_path is not None:
-        atomic_save(out, os.fspath(output_path))
-    return out
-
-
-def _numbered_optimizer_state(saved, group_names, where):
-    """An optimizer state keyed by parameter name (FSDP's, get_optimizer_state_dict) -> optimizer.state_dict()'s
-    layout: numbered over the groups in order (each group's names are in the optimizer's order), checked against
-    `group_names` (the checkpoint's optimizer_param_names; None: the Accelerator's state, which has none)."""
-    groups, state, index = [], {}, 0
-    if group_names is not None and [[plain_name(n) for n in g["params"]] for g in saved["param_groups"]] != group_names:
-        raise CheckpointError(f"{where!r}: its optimizer state and its parameter names (optimizer_param_names) "
-                              "disagree; the checkpoint is not one the FSDP strategy wrote.")
-    for group in saved["param_groups"]:
-        numbers = []
-        for name in group["params"]:
-            if name in saved["state"]:
-                state[index] = _owned(saved["state"][name])
-            numbers.append(index)
-            index += 1
-        groups.append(dict(group, params=numbers))
-    return {"state": state, "param_groups": groups}
-
-
-def convert_to_fsdp(checkpoint_path, output_dir):
-    """Write a plain checkpoint (one file: a Trainer checkpoint of one process or DDP, `tasktrain convert --to ckpt`'s
-    output, or FSDP's state_dict_type="full" file) as the directory FSDP's sharded save writes (DCP files of the
-    weights and the optimizer state keyed by parameter name, plus tasktrain_state.pt with the loop state, schedulers,
-    callbacks and random states), which `fit(ckpt_path=DIR)` under FSDP resumes on any number of processes. Runs in
-    one process, without a process group. Returns `output_dir`; a directory already there is replaced only once the
-    new one is complete."""
-    import shutil
-
-    import torch.distributed.checkpoint as dcp
-
-    checkpoint_path = os.fspath(checkpoint_path)
-    if os.path.isdir(checkpoint_path):
-        fix = ("it is an FSDP checkpoint already: fit(ckpt_path=...) under FSDP resumes it on any number of "
-               "processes" if is_fsdp_checkpoint(checkpoint_path) else
-               "a DeepSpeed checkpoint directory goes to one file first: tasktrain convert DIR run.ckpt --to ckpt")
-        raise CheckpointError(f"{checkpoint_path!r} is a directory: --to fsdp takes one checkpoint file (a Trainer "
-                              f"checkpoint of one process or DDP); {fix}.")
-    ckpt = load_resumable_file(checkpoint_path, "an FSDP fit")
-    names = ckpt["optimizer_param_names"]
-    if len(names) != len(ckpt["optimizer_states"]):
-        raise CheckpointError(f"{checkpoint_path!r}: its optimizer states and its parameter names disagree.")
-    optimizers = [_named_optimizer_state(saved, group_names, checkpoint_path)
-                  for saved, group_names in zip(ckpt["optimizer_states"], names)]
-    shards = {"state_dict": dict(ckpt["state_dict"]), "optimizer_states": optimizers}
-    state = {**ckpt, "state_dict": _SHARDED_MARK, "optimizer_states": _SHARDED_MARK,
-             "fsdp": {"world_size": ckpt.get("world_size"), "layout": "dcp", "converted_from": "one file"}}
-    output_dir = os.path.abspath(os.fspath(output_dir))
-    tmp = f"{output_dir}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process")
-            dcp.save(shards, checkpoint_id=tmp, no_dist=True)
-        atomic_save(state, os.path.join(tmp, STATE_FILE))
-        replace_dir(tmp, output_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return output_dir
-
-
-def _named_optimizer_state(saved, group_names, where):
-    """optimizer.state_dict()'s layout (numbered) -> FSDP's (keyed by parameter name, as get_optimizer_state_dict)."""
-    if _keyed_by_name(saved) and saved.get("state"):
-        return saved  # FSDP's state_dict_type="full" file: keyed by name already
-    if len(saved["param_groups"]) != len(group_names):
-        raise CheckpointError(f"{where!r}: its optimizer state and its parameter names disagree.")
-    state, groups = {}, []
-    for group, names_of_group in zip(saved["param_groups"], group_names):
-        if len(group["params"]) != len(names_of_group) or None in names_of_group:
-            raise CheckpointError(f"{where!r}: a parameter of its optimizer is not one of the module's (or the "
-                                  "names and the state disagree).")
-        for index, name in zip(group["params"], names_of_group):
-            if index in saved["state"]:
-                state[name] = saved["state"][index]
-        groups.append(dict(group, params=list(names_of_group)))
-    return {"state": state, "param_groups": groups}
-
-
-def convert_fsdp_state_dir(checkpoint_dir, output_dir, state_name):
-    """The Accelerator's save_state directory written under FSDP (DCP shards of its models and optimizers, plus
-    `state_name`, its state file) -> the directory save_state writes without FSDP (that file alone, with the whole
-    weights and each optimizer's state numbered as optimizer.state_dict() numbers it), which load_state reads on one
-    process or DDP. Runs in one process without a process group. Returns `output_dir`, replaced only once complete."""
-    import shutil
-
-    checkpoint_dir = os.fspath(checkpoint_dir)
-    state_file = os.path.join(checkpoint_dir, state_name)
-    if not os.path.isfile(state_file) or not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
-        raise CheckpointError(f"{checkpoint_dir!r} is not a save_state directory written under FSDP (it needs "
-                              f"{state_name} and DCP's .metadata).")
-    state = load_checkpoint_file(state_file)
-    keys = [key for key in ("models", "optimizers") if state.get(key) == _SHARDED_MARK]
-    if "models" not in keys:
-        raise CheckpointError(f"{checkpoint_dir!r} holds no sharded models: nothing to convert.")
-    loaded = _load_without_process_group(checkpoint_dir, keys)
-    state["models"] = [_owned(weights) for weights in loaded["models"]]
-    if "optimizers" in keys:
-        state["optimizers"] = [_numbered_optimizer_state(saved, None, checkpoint_dir)
-                               for saved in loaded["optimizers"]]
-    state.pop("fsdp", None)
-    output_dir = os.path.abspath(os.fspath(output_dir))
-    tmp = f"{output_dir}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        os.makedirs(tmp)
-        atomic_save(state, os.path.join(tmp, state_name))
-        replace_dir(tmp, output_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return output_dir

@@ -1,8 +1,8 @@
 """DeepSpeed: ZeRO stages 0-3, optimizer and parameter offload, through DeepSpeed's own engine.
 
 DeepSpeed does the work (initialize, backward, step, clipping, the sharded checkpoint); this strategy
-translates between it and the loop. The processes and the process group are the DDP strategy's (self-launch,
-torchrun, SLURM, `tasktrain launch`), on CPU through DeepSpeed's CPU accelerator over gloo.
+translates between it and the loop. The processes and the process group are the ProcessWorld's (world.py:
+self-launch, torchrun, SLURM, `tasktrain launch`), on CPU through DeepSpeed's CPU accelerator over gloo.
 
 The config is the user's DeepSpeed config as given (a dict or a JSON file), with its "auto" or missing values
 filled from the plan the loop hands to setup_module_and_optimizers: micro batch size from the training loader,
@@ -46,14 +46,10 @@ The optimizer handed back is the user's own: DeepSpeed steps it (or, with optimi
 over the very same param-group dicts), so a scheduler built on it keeps working.
 """
 import contextlib
-import copy
 import gc
-import io
-import json
 import logging
 import os
 import shutil
-import sys
 import warnings
 from datetime import timedelta
 
@@ -61,49 +57,24 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, format_header, link_tree,
-                                     load_checkpoint_file, load_plain_state_dict, load_resumable_file, plain_name,
-                                     replace_dir)
+                                     load_checkpoint_file, load_plain_state_dict, replace_dir)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
-from tasktrain.strategies.base import ClipsInsideStep, Sharded, _StepWrapper, step_arguments
-from tasktrain.strategies.ddp import _PROCESS, DDP
+from tasktrain.strategies.base import ClipsInsideStep, Sharded, Strategy, _StepWrapper, step_arguments
+from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, _WRAPPER_PREFIX,
+                                                       _check_no_zero3_placeholders, _strip, check_deepspeed_folder,
+                                                       convert_zero_checkpoint)
+from tasktrain.strategies.deepspeed.config import (_agree, _check_param_dtypes, _clip_norm_of, _enabled,
+                                                   _fill_nvme_buffer_size, _nvme_buffer_auto, _nvme_folders,
+                                                   _offloads, _param_dtype_of, _positive_or_none, _read_config,
+                                                   build_config, check_nvme_offload)
+from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _honour_init_dtype,
+                                                   _quiet_untested_optimizer, _restore_functional_linear,
+                                                   _staging_checkpoint_engine, _sub_group_state_index,
+                                                   _swaps_optimizer, import_deepspeed)
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
+from tasktrain.strategies.world import ProcessWorld
 from tasktrain.tree import apply_to_leaves
 
-
-def import_deepspeed():
-    """`import deepspeed`, without the mlflow that DeepSpeed's autotuner imports with the package when mlflow is
-    installed: ~2 s of CPU in every process that imports DeepSpeed (mlflow pulls pandas, fastapi, ...), for the
-    autotuner alone (`deepspeed --autotuning`, which tasktrain never runs; it reads an absent mlflow as "do not
-    log"). mlflow is hidden only while deepspeed loads, and only when nothing imported it before: an `import
-    mlflow` afterwards (MLFlowLogger, the user) gets the real package. Every first import of deepspeed in
-    tasktrain goes through here."""
-    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
-        import deepspeed
-
-        return deepspeed
-    sys.modules["mlflow"] = None  # `import mlflow` raises ImportError, which the autotuner catches
-    try:
-        import deepspeed
-    finally:
-        if sys.modules.get("mlflow", 0) is None:
-            del sys.modules["mlflow"]
-    return deepspeed
-
-DEFAULT_STAGE = 2
-# Offload to disk: DeepSpeed's own defaults except where they fail or waste on a small model. buffer_size "auto" is
-# the largest parameter partition of the model (DeepSpeed's 1e8 elements x 5 buffers is 2 GB of fp32 buffers);
-# max_in_cpu 0 sends every partition big enough for aio (~1 MiB) to disk instead of keeping 1e9 elements in memory.
-NVME_DEFAULTS = {
-    "offload_param": {"buffer_count": 5, "buffer_size": "auto", "max_in_cpu": 0},
-    "offload_optimizer": {"buffer_count": 4},
-}
-# DeepSpeed's aio defaults (deepspeed/runtime/swap_tensor/constants.py), written out so that the config shows them.
-AIO_DEFAULTS = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
-                "overlap_events": True, "use_gds": False}
-STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory: loop state, callbacks, RNG, ...
-ENGINE_TAG = "zero"  # engine.save_checkpoint(tag=...): one fixed tag per checkpoint directory
-SIXTEEN_BIT_FILE = "model_16bit.pt"  # save_16bit_model=True: consolidated 16-bit weights for inference
-_WRAPPER_PREFIX = "module."  # parameter names under our _EngineForward wrapper
 _ANNOUNCED = set()
 
 
@@ -164,7 +135,7 @@ class DeepSpeedPrecision(Precision):
     # engine's own checkpoint).
 
 
-class DeepSpeed(ClipsInsideStep, Sharded, DDP):
+class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     """DeepSpeed ZeRO through DeepSpeed's engine.
 
     Args:
@@ -511,15 +482,14 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
             _restore_functional_linear()
         del engine
         gc.collect()
-        env = self.env
-        if env is not None and env.launcher is None and _PROCESS["owns_group"] and dist.is_initialized():
-            # A world of one is ended now (DDP does the same); DeepSpeed's destroy also forgets its copies of the
-            # group, so that a later run in this process can start a new one.
+        if self.owns_world_of_one():
+            # A world of one is ended now (ProcessWorld.teardown would); DeepSpeed's destroy also forgets its copies of
+            # the group, so that a later run in this process can start a new one.
             import deepspeed.comm
 
             if deepspeed.comm.is_initialized():
                 deepspeed.comm.destroy_process_group()
-                _PROCESS["owns_group"] = False
+                self.disown_group()
         if self._set_local_rank:
             os.environ.pop("LOCAL_RANK", None)
             self._set_local_rank = False
@@ -781,6 +751,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         return self._load_directory(path, STATE_FILE)
 
     def _load_directory(self, path, state_name):
+        check_deepspeed_folder(path)  # issue 38: before DeepSpeed's own loaders unpickle any of it
         state_file = os.path.join(path, state_name)
         if not os.path.isfile(state_file):
             raise CheckpointError(f"{path!r} is a directory without {state_name}: not a checkpoint written by the "
@@ -868,8 +839,8 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
         """Load a checkpoint written on another number of processes or at another ZeRO stage: rank 0 converts the
         shards with DeepSpeed's own converter into its universal format (once; kept in the directory), then every
         rank's engine loads its part of that, and what DeepSpeed 0.19.8 gets wrong there is put right
-        (deepspeed_universal.py)."""
-        from tasktrain.strategies import deepspeed_universal as universal
+        (universal.py)."""
+        from tasktrain.strategies.deepspeed import universal
 
         meta = ckpt.get("deepspeed", {})
         stage = self.config["zero_optimization"]["stage"]
@@ -977,366 +948,6 @@ class DeepSpeed(ClipsInsideStep, Sharded, DDP):
                 f"device={self.root_device}")
 
 
-# -- the config -----------------------------------------------------------------------------------------------
-def build_config(user_config=None, *, stage=None, offload_optimizer=None, offload_parameters=None,
-                 save_16bit_model=False, offload_device="cpu", nvme_path=None, aio=None, precision="32-true",
-                 device_type="cpu", micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
-                 world_size=1):
-    """The DeepSpeed config to run: `user_config` as given, its "auto" or missing values filled from the run.
-
-    A value given on both sides that disagrees is a ValueError naming both and the fix. `precision=None` or
-    `micro_batch_size=None` skip those parts (checks made before the run is known)."""
-    config = copy.deepcopy(user_config) if user_config else {}
-    if "optimizer" in config:
-        raise ValueError("The DeepSpeed config has an \"optimizer\" section, but the optimizer is the one "
-                         "configure_optimizers returns (handed to DeepSpeed as is). Remove the config's \"optimizer\" "
-                         "section and build that optimizer in configure_optimizers.")
-    zero = dict(config.get("zero_optimization") or {})
-    given = zero.get("stage", "auto")
-    if given == "auto":
-        zero["stage"] = DEFAULT_STAGE if stage is None else stage
-    elif stage is not None and int(given) != stage:
-        raise ValueError(f"The DeepSpeed config says zero_optimization.stage={given}, but the strategy asks for "
-                         f"stage {stage}. Make them agree: DeepSpeed(stage={given}, config=...), or remove the "
-                         "stage from the config.")
-    stage = int(zero["stage"])
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_optimization.stage={stage}: ZeRO stages are 0, 1, 2 and 3.")
-    _offload_section(zero, "offload_optimizer", offload_optimizer, offload_device, device_type)
-    _offload_section(zero, "offload_param", offload_parameters, offload_device, device_type)
-    if _offloads({"zero_optimization": zero}, "offload_param") and stage != 3:
-        raise ValueError(f"Parameter offload needs ZeRO stage 3 (this config runs stage {stage}, where DeepSpeed "
-                         "would ignore it): use stage=3 (\"deepspeed_stage_3_offload\") or offload only the optimizer.")
-    _nvme_sections(config, zero, stage, nvme_path, aio)
-    if _offloads({"zero_optimization": zero}, "offload_optimizer") and stage == 0:
-        raise ValueError("Optimizer offload needs a ZeRO stage of 1 or more (the optimizer state must be "
-                         "partitioned): use stage=2 (\"deepspeed_stage_2_offload\").")
-    if save_16bit_model and stage == 3:
-        key = "stage3_gather_16bit_weights_on_model_save"
-        if zero.get(key) is False:
-            raise ValueError(f"save_16bit_model=True needs {key}=true at stage 3 (the config sets it false): "
-                             "remove it from the config, or drop save_16bit_model.")
-        zero[key] = True
-    config["zero_optimization"] = zero
-    if precision is not None:
-        _precision_sections(config, precision, device_type)
-    if micro_batch_size is not None:
-        micro = _fill(config, "train_micro_batch_size_per_gpu", int(micro_batch_size),
-                      "the training loader's batch_size",
-                      "DataLoader(batch_size=...) or DeepSpeed(micro_batch_size=...)")
-        accumulation = _fill(config, "gradient_accumulation_steps", int(accumulate_grad_batches or 1),
-                             "accumulate_grad_batches", "Trainer(accumulate_grad_batches=...)")
-        _fill(config, "train_batch_size", micro * accumulation * int(world_size),
-              f"micro batch {micro} x accumulation {accumulation} x {world_size} processes",
-              "the micro batch size, the accumulation or the number of processes")
-    given = config.get("gradient_clipping", "auto")
-    if given == "auto":
-        # Always explicit: left out, DeepSpeed would clip to 1.0 without anyone asking.
-        config["gradient_clipping"] = float(gradient_clipping or 0.0)
-    elif gradient_clipping is not None and float(given) != float(gradient_clipping):
-        raise ValueError(f"The DeepSpeed config says gradient_clipping={given}, but the run clips to "
-                         f"{gradient_clipping} (gradient_clip_val / GradientClipping). Make them agree, or write "
-                         "\"auto\" in the config to take the run's value.")
-    config.setdefault("zero_allow_untested_optimizer", True)  # the client optimizer from configure_optimizers
-    return config
-
-
-def _fill(config, key, value, what, fix):
-    given = config.get(key, "auto")
-    if given == "auto":
-        config[key] = value
-        return value
-    if int(given) != value:
-        raise ValueError(f"The DeepSpeed config says {key}={given}, but {what} gives {value}. Make them agree: set "
-                         f"{fix} to {given}, or write \"auto\" in the config to take the run's value.")
-    return value
-
-
-def _offload_section(zero, key, wanted, device, device_type):
-    """offload_...=True adds the section for `device`, offload_...="cpu"/"nvme" for that device; a config's own
-    offload section is used as given (False adds nothing: `tasktrain launch` passes False for "not asked")."""
-    section = zero.get(key)
-    configured = isinstance(section, dict) and section.get("device", "none") not in (None, "none")
-    if not wanted or configured:
-        if wanted and isinstance(wanted, str) and section.get("device") != wanted:
-            raise ValueError(f"The DeepSpeed config's zero_optimization.{key} offloads to {section.get('device')!r} "
-                             f"and the strategy asks for {wanted!r}: make them agree (or leave one out).")
-        return
-    section = dict(section or {})
-    section["device"] = wanted if isinstance(wanted, str) else device
-    section.setdefault("pin_memory", device_type == "cuda")  # pinned memory helps copies to a GPU only
-    zero[key] = section
-
-
-def _nvme_sections(config, zero, stage, nvme_path, aio):
-    """Offload to disk ("nvme": any local folder, through DeepSpeed's async_io op): the folder, and buffer and aio
-    settings that work for small models as for big ones, each overridable by the config's own values."""
-    disk = [key for key in ("offload_optimizer", "offload_param")
-            if isinstance(zero.get(key), dict) and zero[key].get("device") == "nvme"]
-    if not disk:
-        if aio:
-            raise ValueError("DeepSpeed(aio=...) configures offload to disk, and nothing is offloaded to 'nvme': "
-                             "drop aio, or offload to disk (offload_device='nvme', nvme_path=...).")
-        return
-    if stage != 3:
-        # ZeRO 1-2 in DeepSpeed 0.19.8 have no swapper: an "nvme" optimizer offload would silently stay in CPU memory.
-        raise ValueError(f"Offload to disk (nvme) needs ZeRO stage 3: DeepSpeed's stage {stage} keeps an 'nvme' "
-                         "optimizer offload in CPU memory. Use stage=3 (the optimizer state and, optionally, the "
-                         "parameters go to disk), or offload_device='cpu' at this stage.")
-    for key in disk:
-        section = zero[key]
-        given = section.get("nvme_path")
-        if nvme_path is not None and given not in (None, "auto") and os.path.abspath(os.fspath(given)) != \
-                os.path.abspath(os.fspath(nvme_path)):
-            raise ValueError(f"The DeepSpeed config's zero_optimization.{key}.nvme_path is {given!r} and the strategy "
-                             f"has nvme_path={os.fspath(nvme_path)!r}: give the folder in one place.")
-        path = nvme_path if given in (None, "auto") else given
-        if path is None:
-            raise ValueError(f"Offload to disk (zero_optimization.{key} on 'nvme') needs a folder for the swap files: "
-                             "DeepSpeed(..., nvme_path='/local_nvme/swap'), or offload_optimizer_nvme_path / "
-                             "offload_param_nvme_path in the launch config. A local file system (NVMe, SSD) is best.")
-        section["nvme_path"] = os.path.abspath(os.path.expanduser(os.fspath(path)))
-        for name, value in NVME_DEFAULTS[key].items():
-            section.setdefault(name, value)
-    if "offload_param" in disk:
-        # DeepSpeed 0.19.8's prefetch of swapped parameters fails on a model of several swapped layers ("param N
-        # already assigned swap buffer id M", at the second forward): off unless the config sets it.
-        zero.setdefault("stage3_prefetch_bucket_size", 0)
-    merged = dict(AIO_DEFAULTS)
-    for name, value in (config.get("aio") or {}).items():
-        merged[name] = value
-    for name, value in (aio or {}).items():
-        if name not in AIO_DEFAULTS:
-            raise ValueError(f"DeepSpeed(aio={{{name!r}: ...}}): not an aio setting; DeepSpeed's are "
-                             f"{', '.join(AIO_DEFAULTS)}.")
-        if name in (config.get("aio") or {}) and config["aio"][name] != value:
-            raise ValueError(f"DeepSpeed(aio={{{name!r}: {value!r}}}) and the config's aio.{name}="
-                             f"{config['aio'][name]!r} disagree: give it in one place.")
-        merged[name] = value
-    config["aio"] = merged
-
-
-def _nvme_folders(config):
-    """The swap folders of a resolved config's offloads to disk, by section."""
-    zero = config.get("zero_optimization", {})
-    return {key: zero[key]["nvme_path"] for key in ("offload_optimizer", "offload_param")
-            if isinstance(zero.get(key), dict) and zero[key].get("device") == "nvme" and zero[key].get("nvme_path")}
-
-
-def _nvme_buffer_auto(config):
-    section = config.get("zero_optimization", {}).get("offload_param")
-    return isinstance(section, dict) and section.get("device") == "nvme" and section.get("buffer_size") == "auto"
-
-
-def _fill_nvme_buffer_size(config, module, world_size):
-    """buffer_size "auto": the largest parameter partition of this model (each swap buffer holds one), rounded up to
-    whole kilo-elements, the alignment DeepSpeed's aio reads use."""
-    if not _nvme_buffer_auto(config):
-        return
-    largest = max((-(-getattr(p, "ds_numel", p.numel()) // world_size) for p in module.parameters()), default=1)
-    config["zero_optimization"]["offload_param"]["buffer_size"] = max(1024, -(-largest // 1024) * 1024)
-
-
-LIBAIO_FIX = ("Offload to disk uses DeepSpeed's async_io op, which builds against libaio: install its headers "
-              "(Debian/Ubuntu package libaio-dev: `apt-get install -y libaio-dev` as root; Fedora/RHEL: libaio-devel), "
-              "then run again (the op compiles once into $TORCH_EXTENSIONS_DIR, several minutes).")
-
-
-def _async_io_available():
-    """Whether DeepSpeed's async_io op can be built here (libaio's headers and library found)."""
-    import_deepspeed()
-    import deepspeed.ops.op_builder as builders
-
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return builders.AsyncIOBuilder().is_compatible(verbose=False)
-
-
-def _probe_async_io(folder, aio):
-    """Write and read back 1 MiB in `folder` through DeepSpeed's async_io op, with the run's aio settings: the I/O the
-    swap files get (O_DIRECT, which some file systems refuse). Returns None, or what went wrong."""
-    from deepspeed.ops.op_builder import AsyncIOBuilder
-
-    op = AsyncIOBuilder().load(verbose=False)
-    handle = op.aio_handle(aio["block_size"], aio["queue_depth"], aio["single_submit"], aio["overlap_events"],
-                           aio["intra_op_parallelism"])
-    count = max(1 << 20, int(aio["block_size"]))
-    example = torch.empty(0, dtype=torch.uint8)
-    written, read = handle.new_cpu_locked_tensor(count, example), handle.new_cpu_locked_tensor(count, example)
-    path = os.path.join(folder, f".tasktrain-aio-probe-{os.getpid()}")
-    try:
-        written.copy_(torch.arange(count, dtype=torch.int64).remainder(251).to(torch.uint8))
-        read.zero_()
-        if handle.async_pwrite(written, path, 0) != 0 or handle.wait() != 1:
-            return "the write failed"
-        if handle.async_pread(read, path, 0) != 0 or handle.wait() != 1:
-            return "the read failed"
-        if not torch.equal(read, written):
-            return "what was read back differs from what was written"
-        return None
-    except Exception as err:  # the op raises on some failures and returns error counts on others
-        return f"{type(err).__name__}: {err}"
-    finally:
-        handle.free_cpu_locked_tensor(written)
-        handle.free_cpu_locked_tensor(read)
-        with contextlib.suppress(OSError):
-            os.remove(path)
-
-
-def check_nvme_offload(config):
-    """Before training, on every rank: each folder of an offload to disk exists and is writable, libaio is there for
-    DeepSpeed's async_io op, and a small aio write and read in the folder works. A ValueError/RuntimeError names the
-    problem and the fix."""
-    folders = _nvme_folders(config)
-    for key, folder in folders.items():
-        if not os.path.isdir(folder):
-            raise ValueError(f"Offload to disk ({key}): the folder nvme_path={folder!r} does not exist. Create it "
-                             f"(`mkdir -p {folder}`) on a local disk, or give another one.")
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise ValueError(f"Offload to disk ({key}): the folder nvme_path={folder!r} is not writable by this "
-                             "process: give a folder it can write, or fix its permissions.")
-    if not folders:
-        return
-    if not _async_io_available():
-        raise RuntimeError(LIBAIO_FIX)
-    for folder in sorted(set(folders.values())):
-        problem = _probe_async_io(folder, config["aio"])
-        if problem is not None:
-            raise RuntimeError(f"Offload to disk: async I/O (DeepSpeed's async_io op, O_DIRECT) does not work in "
-                               f"nvme_path={folder!r}: {problem}. Its file system may not take direct I/O (tmpfs, "
-                               "some network or overlay file systems): give a folder on a local disk.")
-
-
-def _offloads(config, key):
-    section = config.get("zero_optimization", {}).get(key)
-    return isinstance(section, dict) and section.get("device", "none") not in (None, "none")
-
-
-def _enabled(section):
-    return section.get("enabled") if isinstance(section, dict) else None
-
-
-def _input_dtype_of(config):
-    if _enabled(config.get("bf16", config.get("bfloat16"))) is True:
-        return torch.bfloat16
-    if _enabled(config.get("fp16")) is True:
-        return torch.float16
-    return None
-
-
-def _param_dtype_of(config):
-    """The dtype DeepSpeed keeps the module's (working) parameters in under this config."""
-    return _input_dtype_of(config) or torch.float32
-
-
-def _check_param_dtypes(params, expected, precision, where):
-    """Parameters (or their ZeRO-3 partitions) must be in the dtype the precision asks for: DeepSpeed has dropped
-    the dtype it was given before (0.19.8 on CPUs without float16), and a mismatch only shows later as a matmul
-    error deep in its linear layer."""
-    seen = set()
-    for param in params:
-        tensor = getattr(param, "ds_tensor", None)
-        dtype = (tensor if tensor is not None else param).dtype
-        if tensor is not None and getattr(tensor, "final_location", None) == "nvme":
-            # Offloaded to disk: while swapped out, the partition is DeepSpeed's fp16 placeholder; its real dtype is
-            # the swapper's (the dtype of the swap files).
-            dtype = getattr(getattr(param, "nvme_swapper", None), "dtype", expected)
-        if dtype.is_floating_point and dtype != expected:
-            seen.add(dtype)
-    if seen:
-        import deepspeed
-
-        raise RuntimeError(
-            f"DeepSpeed {deepspeed.__version__} made the parameters {where} "
-            f"{', '.join(sorted(str(d) for d in seen))}, but precision={precision!r} keeps them in {expected}. "
-            "This DeepSpeed release does not honour the dtype it is given on this machine: install a DeepSpeed "
-            "version in the range setup.py states, or report it with this message.")
-
-
-def _precision_sections(config, precision, device_type):
-    if precision in ("bf16-true", "16-true"):
-        raise ValueError(f"precision={precision!r} is not available under DeepSpeed (its half modes keep fp32 master "
-                         f"weights): use precision={precision.replace('true', 'mixed')!r}.")
-    if precision == "64-true":
-        raise ValueError("precision='64-true' is not available under DeepSpeed (it trains in fp32, bf16 or fp16): "
-                         "use precision='32-true' or another strategy.")
-    if precision == "16-mixed" and device_type == "cpu":
-        raise ValueError("precision='16-mixed' (fp16) is not supported by the DeepSpeed strategy on CPU: use "
-                         "precision='bf16-mixed', the fast mixed precision on CPU (or '32-true').")
-    bf16_key = "bfloat16" if "bfloat16" in config and "bf16" not in config else "bf16"
-    fp16, bf16 = _enabled(config.get("fp16")), _enabled(config.get(bf16_key))
-    autocast = config.get("torch_autocast") if _enabled(config.get("torch_autocast")) is True else None
-    if fp16 is True and bf16 is True:
-        raise ValueError("The DeepSpeed config enables both fp16 and bf16: enable one (or write \"auto\").")
-    says = "16-mixed" if fp16 is True else "bf16-mixed" if bf16 is True else None
-    if says is None and autocast is not None:
-        dtype = str(autocast.get("dtype", "bfloat16"))
-        says = "bf16-mixed" if "bf" in dtype else "16-mixed"
-    if says is not None and says != precision:
-        section = "torch_autocast" if autocast is not None else "fp16" if says == "16-mixed" else "bf16"
-        raise ValueError(f"The DeepSpeed config enables {section} (precision {says!r}), but the run's precision is "
-                         f"{precision!r}. Make them agree: precision={says!r}, or write \"enabled\": \"auto\" in "
-                         "the config to take the run's.")
-    if autocast is not None:
-        return  # torch autocast in the engine's forward: the weights stay fp32, the config is complete
-    for key, on in ((bf16_key, precision == "bf16-mixed"), ("fp16", precision == "16-mixed")):
-        if on or key in config:
-            config[key] = dict(config.get(key) or {}, enabled=on)
-
-
-def _agree(name, explicit, from_run):
-    """A value given to DeepSpeed(...) and by the run (the Trainer, the Accelerator, the launch config) must be the
-    same."""
-    if explicit is None or from_run is None:
-        return from_run if explicit is None else explicit
-    if float(explicit) != float(from_run):
-        raise ValueError(f"DeepSpeed({name}={explicit}) disagrees with the run's {from_run}. Give it in one place.")
-    return explicit
-
-
-def _clip_norm_of(requests):
-    """The max norm of the run's clipping requests (a GradientClip tuple), for the config; None when it clips not."""
-    if not requests:
-        return None
-    for request in requests:
-        who = f" ({request.requested_by})" if request.requested_by else ""
-        if request.algorithm != "norm":
-            raise ValueError(f"DeepSpeed clips by norm only{who}: use gradient_clip_val with gradient_clip_algorithm="
-                             "'norm' (GradientClipping(max_norm=...)), not clipping by value.")
-        if float(request.norm_type) != 2.0:
-            raise ValueError(f"DeepSpeed clips the 2-norm; norm_type={request.norm_type}{who} asks for another. Use "
-                             "norm_type=2.")
-    if len(requests) > 1:
-        who = ", ".join(r.requested_by or f"max_norm={r.value}" for r in requests)
-        raise ValueError(f"{len(requests)} gradient clippings ({who}): DeepSpeed clips once, to one max norm. Keep "
-                         "one.")
-    return requests[0].value
-
-
-def _read_config(config):
-    if config is None:
-        return None
-    if isinstance(config, dict):
-        return copy.deepcopy(config)
-    path = os.fspath(config)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"DeepSpeed(config={path!r}): no such file. Pass a dict or the path of a DeepSpeed "
-                                "JSON config.")
-    with open(path) as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"DeepSpeed(config={path!r}) is not valid JSON: {err}.") from None
-
-
-def _positive_or_none(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or int(value) != value or int(value) < 1:
-        raise ValueError(f"DeepSpeed({name}={value!r}): use a positive integer.")
-    return int(value)
-
-
 def _cast_floats(data, dtype):
     return apply_to_leaves(data, lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)
 
@@ -1347,287 +958,3 @@ def _say_once(key, is_global_zero, message):
         if is_global_zero:
             print(f"[tasktrain] {message}", flush=True)
 
-
-def _quiet_untested_optimizer(record):
-    # ZeRO warns about every optimizer it did not pick itself; here it always runs the user's, on purpose.
-    return "untested optimizer" not in str(record.msg)
-
-
-def _restore_functional_linear():
-    """A ZeRO-3 engine replaces torch.nn.functional.linear, for every later model of the process, by its own
-    (zero_optimization.memory_efficient_linear, on by default; DeepSpeed leaves it so "unless manually reset").
-    A later DDP or single-device run in the same process would then compute through DeepSpeed's function:
-    put torch's back when the engine is gone."""
-    from deepspeed.runtime.zero.linear import zero3_linear_wrap
-    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as patcher
-
-    original = getattr(patcher, "linear_bk", None)
-    if original is not None and torch.nn.functional.linear is zero3_linear_wrap:
-        torch.nn.functional.linear = original
-
-
-def _strip(key, prefix):
-    """The plain name of an engine's key: without our wrapper's prefix, nor the "_orig_mod." of compiled submodules."""
-    return plain_name(key[len(prefix):] if prefix and key.startswith(prefix) else key)
-
-
-def convert_zero_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
-    """Consolidate a DeepSpeed checkpoint directory into one checkpoint dict in our format.
-
-    By default the fp32 weights only ({"state_dict": ..., "hyper_parameters": ..., "weights_only": True, ...}):
-    `TaskModule.load_from_checkpoint(output_path)` and `torch.load(output_path, weights_only=True)` read it.
-    With `optimizer=True`, a whole resumable checkpoint instead: the optimizer's state (each parameter's moments
-    and step count, the groups' hyper-parameters, as torch's optimizer.state_dict() lays them out, through
-    DeepSpeed's universal checkpoint), the loop's state, schedulers, callbacks and random states, so that a fit
-    on another strategy (one process or DDP) continues the run. With `output_path`, it is also written there.
-    Runs in one process; needs as much memory as the whole model (and, with the optimizer, its state) in fp32.
-    """
-    checkpoint_dir = os.fspath(checkpoint_dir)
-    if not os.path.isdir(checkpoint_dir):
-        raise CheckpointError(f"{checkpoint_dir!r} is not a directory: convert takes a DeepSpeed checkpoint directory "
-                              "(what ModelCheckpoint writes under the DeepSpeed strategy).")
-    state_file = os.path.join(checkpoint_dir, STATE_FILE)
-    ckpt = load_checkpoint_file(state_file) if os.path.isfile(state_file) else {}
-    meta = ckpt.get("deepspeed", {})
-    tag = meta.get("tag")
-    if tag is None and not os.path.isfile(os.path.join(checkpoint_dir, "latest")):
-        raise CheckpointError(f"{checkpoint_dir!r} has neither {STATE_FILE} nor DeepSpeed's 'latest' file: not a "
-                              "DeepSpeed checkpoint directory.")
-    if meta.get("stage") == 0:
-        raise CheckpointError(f"{checkpoint_dir!r} was written at ZeRO stage 0, which has no shards to consolidate: "
-                              "its engine file holds the whole module already.")
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else DeepSpeed warns that it fell back to the CPU
-    prefix = meta.get("key_prefix", "")
-    if optimizer:
-        return _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path)
-    if meta.get("universal"):  # written by `tasktrain convert --to deepspeed`: no shards, the universal layout
-        from tasktrain.strategies.deepspeed_universal import read_universal
-
-        weights = read_universal(checkpoint_dir, tag)[0]
-    else:
-        import_deepspeed()
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        # It prints a progress report per shard (and its errors are raised, not printed).
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            weights = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=tag)
-    state_dict = {_strip(k, prefix): v.contiguous() for k, v in weights.items()}
-    out = {
-        **format_header(),
-        "state_dict": state_dict,
-        "hyper_parameters": ckpt.get("hyper_parameters", {}),
-        "weights_only": True,
-        "train_state": ckpt.get("train_state", {}),
-        "world_size": ckpt.get("world_size", meta.get("world_size")),
-    }
-    if output_path is not None:
-        atomic_save(out, os.fspath(output_path))
-    return out
-
-
-def _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path):
-    from tasktrain.strategies import deepspeed_universal as universal
-
-    names = ckpt.get("optimizer_param_names")
-    if ckpt.get("weights_only") or not ckpt.get("train_state") or not names:
-        raise CheckpointError(
-            f"{checkpoint_dir!r} does not say which parameter each part of its optimizer state belongs to (it was "
-            "written with weights only, by an older tasktrain, or not by the Trainer): only its weights can be "
-            "converted. Leave out --to ckpt.")
-    if len(names) != 1:
-        raise CheckpointError(f"{checkpoint_dir!r} has {len(names)} optimizers; a DeepSpeed checkpoint has one.")
-    utag = tag if ckpt.get("deepspeed", {}).get("universal") else universal.to_universal(checkpoint_dir, tag)
-    weights, param_state, universal_groups = universal.read_universal(checkpoint_dir, utag)
-    saved = (ckpt.get("optimizer_states") or [{}])[0]
-    hyper = saved.get("param_groups") or universal_groups
-    state, groups, index = {}, [], 0
-    for group_names, group in zip(names[0], hyper):
-        ids = []
-        for name in group_names:
-            entry = param_state.get(prefix + name)
-            if entry is not None:
-                shape = weights[prefix + name].shape
-                state[index] = {key: (torch.tensor(float(value)) if key == "step" else value.reshape(shape))
-                                for key, value in entry.items()}
-            ids.append(index)
-            index += 1
-        groups.append(dict(group, params=ids))
-    out = {key: value for key, value in ckpt.items() if key not in ("deepspeed", "optimizer_states")}
-    out.update({
-        **format_header(),
-        "state_dict": {_strip(k, prefix): v.contiguous() for k, v in weights.items()},
-        "weights_only": False,
-        "optimizer_states": [{"state": state, "param_groups": groups}],
-        "optimizer_param_names": names,
-    })
-    if output_path is not None:
-        atomic_save(out, os.fspath(output_path))
-    return out
-
-
-def convert_to_deepspeed(checkpoint_path, output_dir):
-    """Write a plain checkpoint (a Trainer checkpoint of one process or DDP, one file) as a DeepSpeed
-    checkpoint directory that any ZeRO stage resumes on any number of processes, optimizer state included: the
-    weights and each parameter's Adam moments and step count in DeepSpeed's universal layout, and the rest of the
-    checkpoint (loop state, schedulers, callbacks, random states) in our state file. Returns `output_dir`; a
-    directory already there is replaced only once the new one is complete."""
-    from tasktrain.strategies import deepspeed_universal as universal
-
-    ckpt = load_resumable_file(checkpoint_path, "a DeepSpeed fit")
-    names = ckpt["optimizer_param_names"]
-    if len(ckpt["optimizer_states"]) != 1:
-        raise CheckpointError(f"{checkpoint_path!r} has {len(ckpt['optimizer_states'])} optimizers; DeepSpeed drives "
-                              "one per engine.")
-    optimizer, group_names = ckpt["optimizer_states"][0], names[0]
-    if len(optimizer["param_groups"]) != len(group_names):
-        raise CheckpointError(f"{checkpoint_path!r}: its optimizer state and its parameter names disagree.")
-    prefix = _WRAPPER_PREFIX  # the Trainer's engine names; a load by the Accelerator renames (rekeyed)
-    param_state = {}
-    for group, names_of_group in zip(optimizer["param_groups"], group_names):
-        for index, name in zip(group["params"], names_of_group):
-            if name is None:
-                raise CheckpointError(f"{checkpoint_path!r}: a parameter of its optimizer is not one of the module's.")
-            if index in optimizer["state"]:
-                param_state[prefix + name] = optimizer["state"][index]
-    hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer["param_groups"]]
-    output_dir = os.path.abspath(os.fspath(output_dir))
-    tmp = f"{output_dir}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tag = universal.universal_tag(ENGINE_TAG)
-        universal.write_universal(tmp, tag, {prefix + k: v for k, v in ckpt["state_dict"].items()}, param_state,
-                                  hyper, global_steps=ckpt.get("train_state", {}).get("global_step", 0))
-        state = {key: value for key, value in ckpt.items() if key != "optimizer_states"}
-        state.update(state_dict={}, optimizer_states=[{"deepspeed": "in the universal checkpoint of this directory",
-                                                       "param_groups": hyper}],
-                     deepspeed={"tag": tag, "universal": True, "stage": None, "world_size": ckpt.get("world_size"),
-                                "key_prefix": prefix})
-        atomic_save(state, os.path.join(tmp, STATE_FILE))
-        replace_dir(tmp, output_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return output_dir
-
-
-@contextlib.contextmanager
-def _honour_init_dtype(enabled):
-    """Parameter offload to disk: DeepSpeed 0.19.8's engine partitions the module through zero.Init(dtype=<the
-    module's dtype>), and Init._set_dtype drops that explicit dtype on accelerators without float16 support
-    (`dtype or float16 if fp16 else bfloat16`, deepspeedai/DeepSpeed#8428): the parameter swapper, whose dtype is
-    Init's, would then keep an fp32 run's partitions in bf16 swap files. For initialize only, an explicit dtype is
-    used as given (the upstream fix); without one, DeepSpeed's own choice."""
-    if not enabled:
-        yield
-        return
-    from deepspeed.runtime.zero.partition_parameters import Init
-
-    original = Init._set_dtype
-
-    def set_dtype(self, ds_config, dtype):
-        if dtype is None:
-            return original(self, ds_config, dtype)
-        self.dtype = dtype
-
-    Init._set_dtype = set_dtype
-    try:
-        yield
-    finally:
-        Init._set_dtype = original
-
-
-def _swaps_optimizer(optimizer):
-    return bool(getattr(optimizer, "swap_optimizer", False))
-
-
-def _sub_group_state_index(optimizer):
-    """ZeRO-3's optimizer.state_dict() numbers its fp32 sub-group partitions by param group, then sub-group
-    (stage3._set_fp32_optimizer_param_groups): sub-group -> its index in the base optimizer's state dict."""
-    order = []
-    for group_id in range(len(optimizer.optimizer.param_groups)):
-        order += [i for i in range(len(optimizer.fp16_groups)) if optimizer.sub_group_to_group_id[i] == group_id]
-    return {sub_group: n for n, sub_group in enumerate(order)}
-
-
-@contextlib.contextmanager
-def _complete_swapped_state(optimizer):
-    """engine.save_checkpoint under offload to disk: DeepSpeed 0.19.8 writes the sub-groups it swaps out as empty
-    tensors (master weights and moments alike; their data is only in the swap folder). While this is open, the
-    ZeRO optimizer's state_dict() swaps each of them in and returns copies, so the ZeRO file is a complete
-    checkpoint: read by our resume, `tasktrain convert`, and DeepSpeed's own tools, with no swap folder."""
-    if not _swaps_optimizer(optimizer):
-        yield
-        return
-    original = optimizer.state_dict
-
-    def complete_state_dict():
-        state_dict = original()
-        base_state = state_dict["optimizer_state_dict"]["state"]
-        flats = list(state_dict["fp32_flat_groups"])
-        index = _sub_group_state_index(optimizer)
-        for sub_group, flat in enumerate(optimizer.fp32_partitioned_groups_flat):
-            if not optimizer._swappable_optimizer_subgroup(sub_group):
-                continue
-            optimizer.optimizer_swapper.swap_in_optimizer_state(parameter=flat)
-            flats[sub_group] = flat.detach().clone()
-            if index[sub_group] in base_state:  # a new dict: the old one is the optimizer's own
-                base_state[index[sub_group]] = {k: v.detach().clone() if torch.is_tensor(v) else v
-                                                for k, v in optimizer.optimizer.state[flat].items()}
-            optimizer._release_swap_buffers(sub_group)
-        state_dict["fp32_flat_groups"] = flats
-        return state_dict
-
-    optimizer.state_dict = complete_state_dict
-    try:
-        yield
-    finally:
-        del optimizer.state_dict
-
-
-def _check_no_zero3_placeholders(obj, where):
-    if not isinstance(obj, dict):
-        return
-    empty = [k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == 0]
-    if empty:
-        raise ValueError(
-            f"Refusing to save {where}: the state dict holds ZeRO-3 placeholders (shape (0,) tensors, e.g. "
-            f"{empty[0]!r}) instead of weights, because under DeepSpeed stage 3 each process holds only a slice of "
-            "every parameter. Build it with accelerator.get_state_dict(model), called on every process, which "
-            "gathers the slices."
-        )
-
-
-def _staging_checkpoint_engine(inner, previous):
-    """A DeepSpeed CheckpointEngine that keeps, instead of writing, a CPU copy of each file's state (save), for a
-    background thread to write; loads go to `inner`, the engine's own. `previous`: the copies of the previous save
-    by file name, copied into (and replaced) where they fit."""
-    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
-
-    from tasktrain.checkpoint_io import stage_to_cpu
-
-    class StagingCheckpointEngine(CheckpointEngine):
-        def __init__(self):
-            super().__init__()
-            self.name, self.inner, self.files = "tasktrain-staging", inner, []
-
-        def create(self, info):
-            pass
-
-        def save(self, state_dict, path):
-            name = os.path.basename(path)
-            previous[name] = staged = stage_to_cpu(state_dict, previous.get(name))
-            self.files.append((path, staged))
-
-        def load(self, path, map_location=None):
-            return self.inner.load(path, map_location=map_location)
-
-        def commit(self, info):
-            return True  # the files are not written yet: the writer thread commits (renames) when they are
-
-        def is_data_parallel_writer(self, dp_rank):
-            return self.inner.is_data_parallel_writer(dp_rank)
-
-        def preserves_storage_sharing(self):
-            return False  # DeepSpeed then skips its own clone before save: stage_to_cpu's copy is the only one
-
-    return StagingCheckpointEngine()

@@ -29,6 +29,8 @@ import shutil
 
 import torch
 
+from tasktrain.checkpoint_io import safe_load
+
 UNIVERSAL_SUFFIX = "_universal"  # DeepSpeed's own convention: <tag>_universal next to <tag>
 MODEL_STATES = ("mp_rank_00_model_states.pt",  # what stages 0-2 read
                 "zero_pp_rank_0_mp_rank_00_model_states.pt")  # what stage 3 reads
@@ -54,7 +56,7 @@ def to_universal(directory, tag):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from argparse import Namespace
 
-    from tasktrain.strategies.deepspeed import import_deepspeed
+    from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
     import_deepspeed()
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
@@ -85,7 +87,7 @@ def _write_zero3_extras(source, zero_dir):
     if not files:
         return
     files.sort(key=lambda f: int(re.search(r"zero_pp_rank_(\d+)_", os.path.basename(f)).group(1)))
-    states = [torch.load(f, map_location="cpu", weights_only=False) for f in files]  # no weights in them at stage 3
+    states = [safe_load(f, "deepspeed") for f in files]  # no weights in them at stage 3
     extras = {name: states[0]["module"][name] for name in states[0].get("buffer_names") or []}
     for name, shape in (states[0].get("frozen_param_shapes") or {}).items():
         flat = torch.cat([s["frozen_param_fragments"][name].reshape(-1) for s in states])
@@ -112,14 +114,14 @@ def restore_module_extras(module, directory, tag, partitioned):
                                 "parameter of this module): it was not written from this model.")
     gather = contextlib.nullcontext()
     if partitioned and frozen:
-        from tasktrain.strategies.deepspeed import import_deepspeed
+        from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
         deepspeed = import_deepspeed()
 
         gather = deepspeed.zero.GatheredParameters([p for _, p in frozen], modifier_rank=0)
     with gather, torch.no_grad():
         for name, tensor in targets:
-            value = torch.load(os.path.join(root, name, "fp32.pt"), map_location="cpu", weights_only=False)["param"]
+            value = safe_load(os.path.join(root, name, "fp32.pt"), "deepspeed")["param"]
             tensor.copy_(value.reshape(tensor.shape).to(tensor.dtype))
 
 
@@ -137,7 +139,7 @@ def write_universal(directory, tag, weights, param_state, param_groups, global_s
         parameter (a torch Adam/AdamW state, keyed by name); param_groups: the torch optimizer's param groups without
         "params" (hyper-parameters, in the optimizer's group order); global_steps: the engine's step counter.
     Every parameter of a group must have its state (ZeRO keeps one step count per group)."""
-    from tasktrain.strategies.deepspeed import import_deepspeed
+    from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
     deepspeed = import_deepspeed()
 
@@ -184,7 +186,7 @@ def read_universal(directory, tag):
     """(weights, param_state, param_groups) of a universal checkpoint: whole fp32 tensors by name, each parameter's
     optimizer state by name ({"exp_avg": ..., "step": ...}), and the groups' hyper-parameters (without params)."""
     root = os.path.join(directory, tag, "zero")
-    optimizer_state = torch.load(os.path.join(root, "optimizer_state.pt"), map_location="cpu", weights_only=False)
+    optimizer_state = safe_load(os.path.join(root, "optimizer_state.pt"), "deepspeed")
     inner = optimizer_state.get("optimizer_state_dict") or {}
     groups = optimizer_state.get("param_groups") or inner.get("param_groups") or []
     group_step = None
@@ -201,7 +203,7 @@ def read_universal(directory, tag):
             key, ext = os.path.splitext(file)
             if ext != ".pt":
                 continue
-            value = torch.load(os.path.join(folder, file), map_location="cpu", weights_only=False)
+            value = safe_load(os.path.join(folder, file), "deepspeed")
             value = value["param"] if isinstance(value, dict) else value
             if isinstance(value, torch.Tensor) and name in shapes and value.numel() == math.prod(shapes[name]):
                 value = value.reshape(shapes[name])
@@ -223,7 +225,7 @@ def _param_shapes(folder):
     files = sorted(glob.glob(os.path.join(folder, "*model_states.pt")))
     if not files:
         return {}
-    states = torch.load(files[0], map_location="cpu", weights_only=False)
+    states = safe_load(files[0], "deepspeed")
     shapes = {}
     for group in states.get("param_shapes") or []:
         shapes.update({name: tuple(shape) for name, shape in group.items()})

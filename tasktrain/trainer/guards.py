@@ -1,0 +1,226 @@
+"""Guards of a run the user can trust (issue 38): no silent no-op, no poisoned checkpoint, a clean Ctrl-C.
+
+- `check_limits`: the loop's limits, checked when the Trainer is built (Lightning's rules).
+- `check_training_batches`: an empty training loader is an error before training, not zero steps and a checkpoint;
+  `trains_nothing`: limit_train_batches=0 skips the loop, as in Lightning.
+- `finished_run`: a resume from a run that has nothing left to train says so, and the fit writes nothing.
+- `may_save_checkpoint`: before any checkpoint is written, whether the state since the last check stayed finite.
+- `interrupt_begin`: Ctrl-C is one line per rank, the on_exception hooks, then exit code 130.
+"""
+import numbers
+import signal
+import sys
+import threading
+import warnings
+import weakref
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from tasktrain.strategies.base import MultiProcess
+
+
+# -- limits -----------------------------------------------------------------------------------------------------------
+def _is_int(value):  # 3, numpy's int64(3), 3.0 from a config file; not True, not 1.5
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, numbers.Integral) or (isinstance(value, float) and value.is_integer())
+
+
+def check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interval, **batch_limits):
+    """Raise ValueError (the error tasktrain raises for every Trainer configuration mistake; Lightning raises its
+    MisconfigurationException) for a limit that would train nothing or be ignored."""
+    for name, value in (("max_epochs", max_epochs), ("max_steps", max_steps)):
+        if value is not None and (not _is_int(value) or value < -1):
+            raise ValueError(f"Trainer({name}={value!r}): use a non-negative integer, or -1 for no limit.")
+    for name, value in (("min_epochs", min_epochs), ("min_steps", min_steps)):
+        if value is not None and (not _is_int(value) or value < 0):
+            raise ValueError(f"Trainer({name}={value!r}): use a non-negative integer (or None for no minimum).")
+    for name, value in batch_limits.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+                                  or (isinstance(value, float) and value > 1.0)):
+            raise ValueError(f"Trainer({name}={value!r}): a float is a fraction of the loader in [0.0, 1.0]; an int "
+                             "is a number of batches (>= 0).")
+    if val_check_interval is not None:
+        value = val_check_interval
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or \
+                (isinstance(value, float) and value > 1.0):
+            raise ValueError(f"Trainer(val_check_interval={value!r}): a float is a fraction of the training epoch in "
+                             "(0.0, 1.0]; an int is a number of training batches (>= 1).")
+
+
+# -- an empty training loader -----------------------------------------------------------------------------------------
+def check_training_batches(length, loader):
+    """`length`: the batches this rank's training loader yields per epoch (None: unknown, an iterable)."""
+    if length != 0:
+        return
+    dataset = getattr(loader, "dataset", None)
+    try:
+        rows = len(dataset)
+    except TypeError:
+        rows = None
+    batch_size, drop_last = getattr(loader, "batch_size", None), getattr(loader, "drop_last", False)
+    if rows == 0:
+        why = "its dataset is empty"
+    elif drop_last and rows is not None and batch_size:
+        why = f"its dataset has {rows} rows, fewer than batch_size={batch_size}, and drop_last=True drops them"
+    else:
+        why = f"(dataset rows: {rows}, batch_size={batch_size}, drop_last={drop_last})"
+    raise ValueError(
+        f"The training loader yields no batches: {why}. fit would take no step and still write checkpoints. "
+        "Give it data, a smaller batch_size, or drop_last=False.")
+
+
+def trains_nothing(trainer):
+    """limit_train_batches=0: Lightning skips fit's loop (no epoch, no checkpoint, `last` unchanged); so do we, and
+    say so instead of counting empty epochs and saving an `epoch=N-step=0` checkpoint."""
+    if trainer.num_training_batches != 0:
+        return False
+    if trainer.is_global_zero:
+        print(f"[tasktrain] limit_train_batches={trainer.limit_train_batches}: fit trains nothing (no epoch, no "
+              "checkpoint).", file=sys.stderr, flush=True)
+    return True
+
+
+# -- a finished run resumed -------------------------------------------------------------------------------------------
+def finished_run(trainer, path):
+    """True (and says so on rank 0) when the restored position leaves nothing to train."""
+    if not trainer._done():
+        return False
+    if trainer.is_global_zero:
+        name = "max_steps" if trainer._max_steps_reached() else "max_epochs"
+        print(f"[tasktrain] {path} is a finished run (epoch {trainer.current_epoch}, global step "
+              f"{trainer.global_step}) and {name}={getattr(trainer, name)} is reached: nothing to train, nothing "
+              f"written. To train on, raise {name}.", file=sys.stderr, flush=True)
+    return True
+
+
+# -- non-finite state -------------------------------------------------------------------------------------------------
+class NonFiniteCheckpointWarning(UserWarning):
+    """A checkpoint was not written because the loss or the weights went non-finite."""
+
+
+_CHECKED = weakref.WeakKeyDictionary()  # trainer -> (position, reason): one check per position, however many saves
+
+
+def _local(tensor):
+    # a DTensor (FSDP2, tensor parallel): this rank's shard; the ranks' answers are combined below
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def nonfinite_reason(trainer):
+    """None when the losses since the last check and the weights are finite on every rank, else what was not.
+
+    The losses are the detached ones the loop keeps anyway (no host sync per step); here they and every parameter
+    are tested in one batch, with one host read and, on several processes, one small all-reduce."""
+    module = trainer.module
+    losses = list(getattr(trainer, "_loss_window", None) or [])
+    device = trainer.strategy.root_device
+    flags = torch.zeros(2, device=device)
+    if losses:
+        flags[0] = (~torch.isfinite(torch.stack([l.float().reshape(()) for l in losses]))).any().to(device)
+    if module is not None:
+        bad = [(~torch.isfinite(_local(p.detach()))).any().to(device) for p in module.parameters()
+               if p.dtype.is_floating_point and not p.is_meta and _local(p).numel()]
+        if bad:
+            flags[1] = torch.stack(bad).any()
+    if trainer.world_size > 1:
+        flags = trainer.strategy.reduce(flags, op="max")
+    loss_bad, weights_bad = (bool(v) for v in flags.tolist())
+    if not (loss_bad or weights_bad):
+        return None
+    what = " and ".join(w for w, bad in (("the training loss", loss_bad), ("the weights", weights_bad)) if bad)
+    return f"{what} went non-finite (NaN/inf)"
+
+
+def may_save_checkpoint(trainer, filepath):
+    """Whether a checkpoint of the trainer's state may be written now. A non-finite state is not written: a
+    NonFiniteCheckpointWarning says what was skipped; inside fit's loop a FloatingPointError then ends the run (the
+    error the loop's own loss check raises), so no save of that state is ever made, and nothing is deleted or
+    pointed at for it. Called on every rank (the answer is the same everywhere)."""
+    # The same state asked twice (ModelCheckpoint, then save_checkpoint) is checked once: every in-place change of
+    # a parameter (an optimizer step, a user's edit) bumps its version counter
+    module, state = trainer.module, trainer.state
+    versions = sum(p._version for p in module.parameters()) if module is not None else 0
+    position = (id(module), versions, state.global_step, len(getattr(trainer, "_loss_window", ()) or ()))
+    cached = _CHECKED.get(trainer)
+    if cached is not None and cached[0] == position:
+        reason = cached[1]
+    else:
+        reason = nonfinite_reason(trainer)
+        _CHECKED[trainer] = (position, reason)
+    if reason is None:
+        return True
+    where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
+    if trainer.is_global_zero:
+        warnings.warn(f"Not saving a checkpoint to {filepath}: {reason} at {where}. Checkpoints already written "
+                      "are kept, and 'last', 'best' and the top k stay on them.", NonFiniteCheckpointWarning,
+                      stacklevel=3)
+    handling_error = sys.exc_info()[1] is not None  # an exception save (on_exception): that error is the one raised
+    in_fit = state.fn == "fit" and state.status == "running"
+    if in_fit and not handling_error:
+        raise FloatingPointError(
+            f"Training stopped: {reason} at {where}, so {filepath} was not saved. Lower the learning rate, clip "
+            "gradients (gradient_clip_val=1.0), check the data for NaN/inf, or use bf16-mixed instead of 16-mixed.")
+    return False
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------------------------------------
+class _Interrupt:
+    def __init__(self, previous):
+        self.previous = previous
+
+    def exit(self):
+        """The SystemExit(130) that ends the interrupted run (a shell's code for SIGINT). One process: Ctrl-C works
+        again (a notebook goes on); several: it stays ignored, the process is ending."""
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return SystemExit(130)
+
+
+def sigint_once():
+    """While a stage runs (main thread, Python's own Ctrl-C handler in place): the first SIGINT raises
+    KeyboardInterrupt and ignores the next ones at once, before any Python runs. A worker receives both the
+    terminal's SIGINT and rank 0's forwarded one; the second must not interrupt the graceful shutdown. Returns the
+    handler restore_sigint puts back, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return None
+
+    def on_sigint(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    return previous
+
+
+def restore_sigint(previous, strategy):
+    """Put back what sigint_once replaced; except after a Ctrl-C on several processes: the process is on its way out,
+    and a late forwarded SIGINT must not interrupt its exit (atexit's group teardown) with a traceback."""
+    if previous is None:
+        return
+    if strategy.world_size > 1 and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return
+    signal.signal(signal.SIGINT, previous)
+
+
+def interrupt_begin(exc, strategy):
+    """Ctrl-C (KeyboardInterrupt): one line instead of a traceback, a second Ctrl-C ignored while the on_exception
+    hooks save, and the workers this process started told (those the terminal's SIGINT reached already ignore it);
+    returns the _Interrupt whose exit() to raise once the hooks ran. None for other errors."""
+    if not isinstance(exc, KeyboardInterrupt):
+        return None
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        # first: a worker gets the terminal's SIGINT and rank 0's forwarded one; the second must not land mid-print
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"[tasktrain] rank {strategy.global_rank}: Detected KeyboardInterrupt, attempting graceful shutdown ...",
+          file=sys.stderr, flush=True)
+    if strategy.world_size > 1:
+        previous = None
+        if isinstance(strategy, MultiProcess):
+            strategy.forward_signal(signal.SIGINT)
+    return _Interrupt(previous)
