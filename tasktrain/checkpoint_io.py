@@ -46,7 +46,10 @@ from tasktrain.version import __version__
 # one versioned schema; files of format 1 still load (run_state.upgrade).
 CHECKPOINT_FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
-POINTER_NAME = "last_checkpoint.json"
+# A hidden name: with ModelCheckpoint(dirpath=<default_root_dir>) the pointer sits among the checkpoints, and a
+# Lightning user's glob of that folder finds checkpoint files only. The name of older runs is still read.
+POINTER_NAME = ".last_checkpoint.json"
+_OLD_POINTER_NAME = "last_checkpoint.json"
 
 
 class CheckpointError(RuntimeError):
@@ -571,21 +574,18 @@ def write_last_pointer(root_dir: str, checkpoint_path: str, global_step: int, ep
 def read_last_record(root_dir: str):
     """The pointer's record ({"path", "global_step", "epoch", "run_id"}), or None when there is none or its
     checkpoint is gone."""
-    pointer = os.path.join(root_dir, POINTER_NAME)
-    if not os.path.exists(pointer):
-        return None
-    with open(pointer) as f:
-        record = json.load(f)
-    return record if os.path.exists(record["path"]) else None
+    for name in (POINTER_NAME, _OLD_POINTER_NAME):  # a run of an earlier version wrote the visible name
+        pointer = os.path.join(root_dir, name)
+        if os.path.exists(pointer):
+            with open(pointer) as f:
+                record = json.load(f)
+            return record if os.path.exists(record["path"]) else None
+    return None
 
 
 def read_last_pointer(root_dir: str):
-    pointer = os.path.join(root_dir, POINTER_NAME)
-    if not os.path.exists(pointer):
-        return None
-    with open(pointer) as f:
-        record = json.load(f)
-    return record["path"] if os.path.exists(record["path"]) else None
+    record = read_last_record(root_dir)
+    return None if record is None else record["path"]
 
 
 # -- links and directories ----------------------------------------------------------------------------------------

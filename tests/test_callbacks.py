@@ -407,7 +407,7 @@ def test_timer_stops_once_the_budget_is_spent(capsys):
     assert 0 < trainer.global_step < 4000 and trainer.should_stop  # stopped long before max_epochs
     assert re.search(r"Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop.",
                      capsys.readouterr().out)  # Lightning's message
-    assert timer.state_dict()["elapsed"] >= 0.2
+    assert timer.state_dict()["time_elapsed"]["train"] >= 0.2
 
     trainer = Trainer(max_epochs=1000, max_time="00:00:00:0.1", **quiet())  # Trainer(max_time=...) adds a Timer
     trainer.fit(Slow(), loader(32))
@@ -419,7 +419,7 @@ def test_timer_counts_time_of_the_run_it_resumes():
     timer.load_state_dict({"elapsed": 61.0})  # a resumed run that already spent the budget stops at once
     trainer = Trainer(max_epochs=10, callbacks=[timer], **quiet())
     trainer.fit(Linear(), loader(32))
-    assert trainer.global_step == 1
+    assert trainer.global_step == 0  # checked at fit start, once the state is loaded (Lightning's rule)
     assert parse_duration("01:02:03:04").total_seconds() == 93784
     with pytest.raises(ValueError, match="DD:HH:MM:SS"):
         Timer(duration="1 hour")

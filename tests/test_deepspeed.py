@@ -266,7 +266,7 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     for part in (STATE_FILE, "latest"):
         assert os.stat(last / part).st_ino == os.stat(newest / part).st_ino  # last.ckpt: hard links, no copy
     assert sorted(os.listdir(last / ENGINE_TAG)) == sorted(os.listdir(newest / ENGINE_TAG))
-    assert json.loads((root / "stage3" / "last_checkpoint.json").read_text())["path"] == str(last)
+    assert json.loads((root / "stage3" / ".last_checkpoint.json").read_text())["path"] == str(last)
 
     from tasktrain import CheckpointError
 

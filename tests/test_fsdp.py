@@ -393,7 +393,7 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     assert sorted(os.listdir(last)) == sorted([".metadata", "__0_0.distcp", "__1_0.distcp", STATE_FILE])
     for part in os.listdir(last):
         assert os.stat(last / part).st_ino == os.stat(newest / part).st_ino  # last.ckpt: hard links, no copy
-    assert json.loads((root / "fsdp" / "last_checkpoint.json").read_text())["path"] == str(last)
+    assert json.loads((root / "fsdp" / ".last_checkpoint.json").read_text())["path"] == str(last)
 
     from tasktrain import CheckpointError
 

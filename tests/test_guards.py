@@ -250,7 +250,7 @@ def test_ctrl_c_runs_on_exception_prints_one_line_per_rank_and_exits_130(tmp_pat
     if devices == 2:  # the first fit of the same processes: a NaN loss on rank 1 only stops both before its save
         for rank in range(2):
             assert "went non-finite" in (tmp_path / f"fpe{rank}").read_text()
-        assert sorted(os.listdir(tmp_path / "nan")) == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt", "last.ckpt",
-                                                        "last_checkpoint.json"]
+        assert sorted(os.listdir(tmp_path / "nan")) == [".last_checkpoint.json", "epoch=0-step=1.ckpt",
+                                                        "epoch=0-step=2.ckpt", "last.ckpt"]
     if devices == 1:  # OnExceptionCheckpoint saved the state at the interrupt
         assert "saved" in out and torch.load(tmp_path / "on_exception.ckpt", weights_only=True)["train_state"]["global_step"] >= 3

@@ -167,9 +167,10 @@ class EarlyStopping(Callback):
 
     # -- state -----------------------------------------------------------------------------------------------------
     def state_dict(self):
-        return {"wait_count": self.wait_count, "best_score": self.best_score, "best_epoch": self.best_epoch,
-                "stopped_epoch": self.stopped_epoch, "patience": self.patience,
-                "stopping_reason": self.stopping_reason.value, "stopping_reason_message": self.reason}
+        # Lightning's keys in its order, then best_epoch (tasktrain's: the epoch of best_score)
+        return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch, "best_score": self.best_score,
+                "patience": self.patience, "stopping_reason": self.stopping_reason.value,
+                "stopping_reason_message": self.reason, "best_epoch": self.best_epoch}
 
     def load_state_dict(self, state):
         self.wait_count = int(state.get("wait_count", 0))

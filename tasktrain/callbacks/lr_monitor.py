@@ -4,8 +4,8 @@ Names: "lr-<Optimizer class>" ("lr-AdamW"), "-1", "-2" added for further optimiz
 "/pg1", "/pg2", ... for each param group when there are several, or the scheduler's "name" when
 configure_optimizers gave one.
 
-logging_interval="step": at the trainer's log steps (every log_every_n_steps-th optimizer step), the rate in
-effect after that step's scheduler update (what the next step uses; `scheduler.get_last_lr()` at that point).
+logging_interval="step": as in Lightning, at on_train_batch_start of the steps whose number (global_step + 1) is a
+multiple of log_every_n_steps, the rate that step trains with, written at global_step.
 logging_interval="epoch": at each epoch start, the rate that epoch trains with.
 logging_interval=None: each optimizer at its scheduler's interval; optimizers without a scheduler at steps.
 
@@ -92,12 +92,12 @@ class LearningRateMonitor(Callback):
                     values[key] = self.last_weight_decay_values[key] = float(group.get("weight_decay", 0.0))
         return values
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        step = trainer.global_step
-        # Micro-batches of one accumulation window share a step: write once, at the trainer's log steps.
-        if step == self._last_step or step % trainer.log_every_n_steps or not trainer.is_global_zero:
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        # Lightning's point: before the step, the rate it trains with, when the step about to be taken is a log step
+        # (global_step + 1 a multiple of log_every_n_steps); each micro-batch of such a window writes, as there
+        n = trainer.log_every_n_steps
+        if not n or (trainer.global_step + 1) % n or not trainer.is_global_zero:
             return
-        self._last_step = step
         values = self._values("step")
         if values:
             trainer.log_to_loggers(values)

@@ -87,11 +87,18 @@ class Timer(Callback):
     def _check(self, trainer):
         if self.duration is None or trainer.should_stop:
             return
-        if self.time_elapsed() >= self.duration.total_seconds():
+        up = self.time_elapsed() >= self.duration.total_seconds()
+        if trainer.world_size > 1:  # rank 0's clock for every rank: the ranks must stop at the same step
+            up = bool(trainer.strategy.broadcast(up))
+        if up:
             trainer.should_stop = True
             if self.verbose and trainer.is_global_zero:
                 elapsed = timedelta(seconds=int(self.time_elapsed()))
                 print(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop.", flush=True)
+
+    def on_fit_start(self, trainer, module):
+        # after a resume's state is loaded (Lightning's rule): a budget already spent stops before the first step
+        self._check(trainer)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if self.interval == "step":
@@ -102,8 +109,8 @@ class Timer(Callback):
             self._check(trainer)
 
     def state_dict(self):
-        # Lightning's layout; "elapsed" as well, for checkpoints written before it
-        return {"time_elapsed": {stage: self.time_elapsed(stage) for stage in _STAGES}, "elapsed": self.elapsed()}
+        # Lightning's layout (load_state_dict still reads the "elapsed" of older checkpoints)
+        return {"time_elapsed": {stage: self.time_elapsed(stage) for stage in _STAGES}}
 
     def load_state_dict(self, state):
         elapsed = state.get("time_elapsed", {}).get("train", state.get("elapsed", 0.0))

@@ -39,6 +39,8 @@ def fit_loop(trainer, fit):
     trainer._call("on_train_start")
     every = trainer.reload_dataloaders_every_n_epochs
     while not done(trainer):
+        if trainer.should_stop and may_stop(trainer, fit):  # asked before the epoch (a spent Timer at fit start)
+            break
         epoch = trainer.state.epoch
         if every and epoch > 0 and epoch % every == 0:  # Lightning re-calls the loader hooks, not given loaders
             trainer._reload_dataloaders(fit)
