@@ -231,3 +231,33 @@ def test_fit_weights_only_false_reads_a_trusted_checkpoint(tmp_path):
     assert module.loaded == 7 and trainer.global_step == 4
     with pytest.raises(ValueError, match="weights_only"):
         trainer.fit(module, loader(16), weights_only="no")
+
+
+def test_namespace_hparams_pl_module_keywords_and_the_logo(capsys):
+    """save_hyperparameters(Namespace), Callback hooks by Lightning's argument names, cli_lightning_logo at the top
+    level (lightning.pytorch.cli_lightning_logo's place)."""
+    from argparse import Namespace
+
+    from tasktrain import Callback, TaskModule, cli_lightning_logo
+
+    class FromArgs(Linear):
+        def __init__(self, args):
+            super().__init__()
+            self.save_hyperparameters(args)
+
+    module = FromArgs(Namespace(lr=0.05, layers=2))
+    assert module.hparams.lr == 0.05 and dict(module.hparams) == {"lr": 0.05, "layers": 2}
+    seen = []
+
+    class Keyworded(Callback):
+        def setup(self, trainer, pl_module, stage):
+            super().setup(trainer=trainer, pl_module=pl_module, stage=stage)  # Lightning's names
+            seen.append((isinstance(pl_module, TaskModule), stage))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            super().on_train_batch_end(trainer, pl_module=pl_module, outputs=outputs, batch=batch, batch_idx=batch_idx)
+
+    fit([Keyworded()], epochs=1, module=module, enable_checkpointing=False)
+    assert seen == [(True, "fit")]
+    cli_lightning_logo()
+    assert capsys.readouterr().out.strip()

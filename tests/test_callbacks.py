@@ -83,7 +83,9 @@ def test_exception_event_then_teardown():
     assert rec.log[-3:] == ["on_train_batch_end", "on_exception", "teardown"]
 
 
-def test_module_hook_fires_before_callback_hooks_and_callbacks_in_list_order():
+def test_callback_hooks_fire_in_list_order_then_the_module_hook():
+    """Lightning's order within an event: the callbacks' hooks, then the module's (on_train_epoch_end: callbacks
+    other than EarlyStopping/ModelCheckpoint, the module's, then those two)."""
     log = []
 
     class M(Linear):
@@ -103,7 +105,7 @@ def test_module_hook_fires_before_callback_hooks_and_callbacks_in_list_order():
     Trainer(max_epochs=1, limit_train_batches=1, callbacks=[first, second], **quiet()).fit(M(), loader(), loader(8))
     for event in ("setup", "on_train_batch_end", "on_validation_epoch_end", "on_train_epoch_end"):
         order = [who for who, e in log if e == event]
-        assert order == ["module", "first", "second"], event
+        assert order == ["first", "second", "module"], event
 
 
 def test_loggers_are_sorted_first_and_model_checkpoint_last(tmp_path):

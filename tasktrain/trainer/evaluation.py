@@ -93,11 +93,9 @@ def evaluate(trainer, stage, loaders, limits):
                 for fn in hooks[f"on_{prefix}_batch_end"]:
                     fn(outputs, batch, batch_idx, *extra)
         metrics.dataloader_suffix = ""
-        for fn in trainer._module_hooks[f"on_{prefix}_epoch_end"]:
+        for fn in trainer._all_hooks[f"on_{prefix}_epoch_end"]:  # the callbacks', then the module's (Lightning)
             fn()
         values = metrics.reduce_epoch(stage)
-        for fn in trainer._callback_hooks[f"on_{prefix}_epoch_end"]:
-            fn()
     trainer._call(f"on_{prefix}_end")
     # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
     # frozen BatchNorm the user put in eval mode stays so)

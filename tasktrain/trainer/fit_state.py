@@ -8,7 +8,6 @@ clipping the plan asked for, the loss window and the stop flags. The Trainer kee
 (`trainer.optimizers`, `trainer.lr_scheduler_configs`, ...) pointing at the same objects.
 """
 import sys
-import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Optional
@@ -33,12 +32,17 @@ class Window:
 
 @dataclass(eq=False)
 class HookTables:
-    """For each event the callables to run, bound once per run: the module's hook (where overridden) first, then
-    each overriding callback's, bound to (trainer, module)."""
+    """For each event the callables to run, bound once per run, in Lightning's order (`all`): each overriding
+    callback's, bound to (trainer, module), then the module's hook (where overridden); on_load_checkpoint the
+    module's first; on_train_epoch_end the callbacks other than EarlyStopping/ModelCheckpoint, the module's, then
+    those two ("monitoring": they see what the module logs there). `callbacks` holds every callback's,
+    `plain` / `monitoring` the two groups."""
 
     module: dict
     callbacks: dict
     all: dict
+    plain: dict = None
+    monitoring: dict = None
 
 
 @dataclass(eq=False)
@@ -143,22 +147,39 @@ def accumulation_schedules(callbacks):
 
 
 def build_hook_tables(trainer, module):
-    """For each event, the module's hook (if overridden) then each overriding callback, bound once."""
+    """For each event the overriding callbacks, then the module's hook (if overridden), bound once (Lightning's
+    order; HookTables)."""
+    from tasktrain.callbacks.checkpoint import ModelCheckpoint
+    from tasktrain.callbacks.early_stopping import EarlyStopping
+
     tables = {}
     for event in EVENTS:
         fns = []
-        if event not in ("on_exception",) and is_overridden(event, module, TaskModule):
-            fns.append((True, getattr(module, event)))
         for cb in trainer.callbacks:
             if is_overridden(event, cb, Callback) or _bare_mock(getattr(cb, event, None)):
-                fns.append((False, partial(getattr(cb, event), trainer, module)))
+                kind = "monitor" if isinstance(cb, (EarlyStopping, ModelCheckpoint)) else "callback"
+                fns.append((kind, partial(getattr(cb, event), trainer, module)))
+        if event not in ("on_exception",) and is_overridden(event, module, TaskModule):
+            own = ("module", getattr(module, event))
+            if event == "on_load_checkpoint":
+                fns.insert(0, own)
+            elif event == "on_train_epoch_end":
+                fns.append(own)
+                fns.sort(key=lambda item: {"callback": 0, "module": 1, "monitor": 2}[item[0]])  # (a stable sort)
+            else:
+                fns.append(own)
         if trainer.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
-            fns = profiled_calls(trainer.profiler, event, fns, module, trainer.callbacks)
+            wrapped = profiled_calls(trainer.profiler, event, [(k == "module", f) for k, f in fns], module,
+                                     trainer.callbacks)
+            fns = [(k, f) for (k, _), (_, f) in zip(fns, wrapped)]
         tables[event] = fns
-    warn_hook_order(module, trainer.callbacks)
-    return HookTables(module={e: [f for is_mod, f in fns if is_mod] for e, fns in tables.items()},
-                      callbacks={e: [f for is_mod, f in fns if not is_mod] for e, fns in tables.items()},
-                      all={e: [f for _, f in fns] for e, fns in tables.items()})
+
+    def pick(*kinds):
+        return {e: [f for k, f in fns if k in kinds] for e, fns in tables.items()}
+
+    return HookTables(module=pick("module"), callbacks=pick("callback", "monitor"),
+                      all={e: [f for _, f in fns] for e, fns in tables.items()}, plain=pick("callback"),
+                      monitoring=pick("monitor"))
 
 
 def _bare_mock(hook):
@@ -166,22 +187,3 @@ def _bare_mock(hook):
     Lightning calls every callback's hooks, so such a callback receives the calls."""
     mock = sys.modules.get("unittest.mock")  # not imported: no Mock can exist
     return mock is not None and isinstance(hook, mock.Mock) and hook._mock_wraps is None
-
-
-_ORDER_WARNED = set()
-
-
-def warn_hook_order(module, callbacks):
-    """Where the module and a callback of the user's both override an event, the module's runs first here and
-    second in Lightning (docs/lightning.md, deliberate differences): said once per process and class pair."""
-    for cb in callbacks:
-        if type(cb).__module__.startswith("tasktrain."):
-            continue
-        both = [e for e in EVENTS if e not in ("state_dict", "load_state_dict", "on_exception")
-                and is_overridden(e, cb, Callback) and is_overridden(e, module, TaskModule)]
-        key = (type(module), type(cb))
-        if both and key not in _ORDER_WARNED:
-            _ORDER_WARNED.add(key)
-            warnings.warn(f"{type(module).__name__} and the callback {type(cb).__name__} both override "
-                          f"{', '.join(both)}: tasktrain runs the module's hook first, then the callback's (Lightning "
-                          "runs the callback's first). See docs/lightning.md, 'Deliberate differences'.")

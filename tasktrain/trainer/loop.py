@@ -4,8 +4,8 @@
       train_epoch(trainer, fit, epoch)     the epoch's micro-batches, then its end (metrics, validation, schedulers)
         training_step(trainer, fit, ...)   one micro-batch; at its window's last one, the optimizer step
 
-One micro-batch of automatic optimisation, in Lightning's order (the module's hook of an event runs before the
-callbacks'):
+One micro-batch of automatic optimisation, in Lightning's order (in each event the callbacks' hooks, then the
+module's):
 
     on_train_batch_start
     closure():  training_step -> (window's first) on_before_zero_grad, optimizer_zero_grad -> on_before_backward,
@@ -96,10 +96,14 @@ def train_epoch(trainer, fit, epoch):
             # the epoch before its last batch
             step_schedulers(trainer, fit, "epoch", plateau=None if fit.ended_by_hook else True)
         state.epoch_finished = True
+    # Lightning's order: the callbacks, the module, then EarlyStopping/ModelCheckpoint, which see the epoch's metrics
+    # (what the module logged here included)
+    for fn in trainer._plain_hooks["on_train_epoch_end"]:
+        fn()
     for fn in fit.module_hooks["on_train_epoch_end"]:
         fn()
     trainer._flush_epoch_metrics(metrics.reduce_epoch("train"))
-    for fn in fit.callback_hooks["on_train_epoch_end"]:
+    for fn in trainer._monitoring_hooks["on_train_epoch_end"]:
         fn()
     stop_agreed(trainer, fit, at_interval=False)
 
@@ -125,11 +129,11 @@ def training_step(trainer, fit, batch, batch_idx, window):
     batch = fit.to_device(batch)
     fit.metrics.set_batch(batch)
     skip_rest = False
+    for fn in fit.callback_hooks["on_train_batch_start"]:  # the callbacks', then the module's (Lightning's order)
+        fn(batch, batch_idx)
     for fn in fit.module_hooks["on_train_batch_start"]:
         response = fn(batch, batch_idx)
         skip_rest = skip_rest or (type(response) is int and response == -1)
-    for fn in fit.callback_hooks["on_train_batch_start"]:
-        fn(batch, batch_idx)
     if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
         fit.ended_by_hook = True
         return False

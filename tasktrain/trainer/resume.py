@@ -56,10 +56,10 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
                       world_size=trainer.world_size)
     if trainer.datamodule is not None and trainer.datamodule.hparams:
         checkpoint["datamodule_hyper_parameters"] = plain(dict(trainer.datamodule.hparams))
-    module.on_save_checkpoint(checkpoint)
-    for cb in trainer.callbacks:
+    for cb in trainer.callbacks:  # the callbacks', then the module's (Lightning's order)
         if is_overridden("on_save_checkpoint", cb, Callback):
             cb.on_save_checkpoint(trainer, module, checkpoint)
+    module.on_save_checkpoint(checkpoint)
     return checkpoint
 
 

@@ -304,6 +304,8 @@ class Trainer:
         self._module_hooks = tables.module if tables else {}
         self._callback_hooks = tables.callbacks if tables else {}
         self._all_hooks = tables.all if tables else {}
+        self._plain_hooks = tables.plain if tables else {}
+        self._monitoring_hooks = tables.monitoring if tables else {}
 
     def _call(self, event, *args):
         for fn in self._all_hooks[event]:
