@@ -242,7 +242,8 @@ def _fit_end():
 
 
 def _as_tasktrain(expected):
-    """Lightning's list with docs/lightning.md's remaining difference applied: fit requests its loaders (validation, then
+    """Lightning's list with docs/lightning.md's remaining difference applied: fit requests its loaders (validation,
+    then
     training) right after configure_optimizers, before on_fit_start (the strategy is set up with the batch size
     before on_fit_start)."""
     out = list(expected)
