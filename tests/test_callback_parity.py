@@ -261,3 +261,24 @@ def test_namespace_hparams_pl_module_keywords_and_the_logo(capsys):
     assert seen == [(True, "fit")]
     cli_lightning_logo()
     assert capsys.readouterr().out.strip()
+
+
+def test_model_checkpoint_arguments_parse_as_the_cli_reads_them():
+    """save_last is typed Optional[Union[bool, Literal["link"]]] (Lightning's), so jsonargparse (TaskCLI) parses
+    "link", true and null; the other arguments keep Lightning's positional order."""
+    import inspect
+
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(ModelCheckpoint, "checkpoint")
+    for given, expected in (("link", "link"), ("true", True), ("null", None)):
+        config = parser.parse_args(["--checkpoint.save_last", given, "--checkpoint.enable_version_counter", "false"])
+        checkpoint = ModelCheckpoint(**config.checkpoint.as_dict())
+        assert checkpoint.save_last == expected and checkpoint._enable_version_counter is False
+    with pytest.raises(Exception):
+        parser.parse_args(["--checkpoint.save_last", "copy"])
+    assert list(inspect.signature(ModelCheckpoint).parameters)[:15] == [
+        "dirpath", "filename", "monitor", "verbose", "save_last", "save_top_k", "save_on_exception",
+        "save_weights_only", "mode", "auto_insert_metric_name", "every_n_train_steps", "train_time_interval",
+        "every_n_epochs", "save_on_train_epoch_end", "enable_version_counter"]
