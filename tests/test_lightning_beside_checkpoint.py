@@ -208,3 +208,21 @@ def test_learning_rate_monitor_and_timer_beside_lightning(L, tmp_path, caplog, c
         seen[framework]["timer_stop"] = (trainer.global_step, [m for m in printed if "Time limit reached" in m])
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"]["lrs"]["lr-SGD"] and seen["tasktrain"]["timer_stop"][1]
+
+
+def test_constructor_arguments_are_lightnings(L, tmp_path):
+    """The same names in the same positional order (tasktrain's extras after them: ModelCheckpoint's async_save),
+    and the same defaults; EarlyStopping's strict: a missing metric fails (RuntimeError), or with strict=False the
+    check is skipped and the run goes on."""
+    import inspect
+
+    for name in ("ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Timer"):
+        theirs = inspect.signature(getattr(L.pytorch.callbacks, name)).parameters
+        ours = inspect.signature(getattr(tasktrain, name)).parameters
+        assert list(ours)[:len(theirs)] == list(theirs), name
+        assert [ours[p].default for p in theirs] == [theirs[p].default for p in theirs], name
+    for framework, cls in (("lightning", L.pytorch.callbacks.EarlyStopping), ("tasktrain", tasktrain.EarlyStopping)):
+        trainer, _ = run(framework, L, tmp_path / framework, [cls("not_logged", strict=False)], epochs=1)
+        assert trainer.current_epoch == 1 and not trainer.should_stop
+        with pytest.raises(RuntimeError, match="not_logged"):
+            run(framework, L, tmp_path / framework, [cls("not_logged")], epochs=1)

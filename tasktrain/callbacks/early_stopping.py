@@ -9,6 +9,7 @@ counts these checks. A fit with no validation loop is checked at every epoch end
 end without validation (check_val_every_n_epoch > 1) is not a check: the value would be the old one.
 """
 import math
+import warnings
 from enum import Enum
 
 import torch
@@ -27,9 +28,18 @@ class EarlyStoppingReason(Enum):
     NON_FINITE_METRIC = 4
 
 
+class _MissingMetric(RuntimeError, KeyError):
+    """Lightning raises RuntimeError for a missing monitored metric; a KeyError too, as tasktrain's was."""
+
+    def __str__(self):  # KeyError's would quote the message
+        return RuntimeError.__str__(self)
+
+
 class EarlyStopping(Callback):
-    def __init__(self, monitor, mode="min", patience=3, min_delta=0.0, stopping_threshold=None,
-                 divergence_threshold=None, check_finite=True, verbose=False, check_on_train_epoch_end=None):
+    # Lightning 2.6's arguments in its positional order
+    def __init__(self, monitor, min_delta=0.0, patience=3, verbose=False, mode="min", strict=True, check_finite=True,
+                 stopping_threshold=None, divergence_threshold=None, check_on_train_epoch_end=None,
+                 log_rank_zero_only=False):
         if not isinstance(monitor, str) or not monitor:
             raise MisconfigurationException(
                 f"EarlyStopping(monitor={monitor!r}): give the name of a logged metric, e.g. 'val_loss'.")
@@ -46,6 +56,8 @@ class EarlyStopping(Callback):
             raise MisconfigurationException(f"EarlyStopping(check_on_train_epoch_end={check_on_train_epoch_end!r}): "
                                             "use None, True or False.")
         self.monitor = monitor
+        self.strict = strict  # False: a check without the metric is skipped (with verbose, a RuntimeWarning)
+        self.log_rank_zero_only = log_rank_zero_only  # False: every rank prints its messages, rank-prefixed
         self.check_on_train_epoch_end = check_on_train_epoch_end
         self.mode = mode
         self.patience = patience
@@ -96,10 +108,14 @@ class EarlyStopping(Callback):
             return
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:
-            raise KeyError(
-                f"EarlyStopping(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "
-                f"{sorted(metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor."
-            )
+            message = (f"EarlyStopping(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "
+                       f"{sorted(metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor"
+                       " (or strict=False to skip such checks).")
+            if self.strict:
+                raise _MissingMetric(message)
+            if self.verbose:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+            return
         value = metrics[self.monitor]
         # the messages show the value as Lightning does (a tensor); the decision uses one host sync per check
         shown = value.detach().squeeze().cpu() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
@@ -110,7 +126,7 @@ class EarlyStopping(Callback):
             self.stopped_epoch = trainer.current_epoch
             self.stopped_step = trainer.global_step
             trainer.should_stop = True
-        if message and self.verbose and trainer.is_global_zero:
+        if message and self.verbose and (trainer.is_global_zero or not self.log_rank_zero_only):
             rank = f"[rank: {trainer.global_rank}] " if trainer.world_size > 1 else ""
             print(f"{rank}{message}", flush=True)
 
