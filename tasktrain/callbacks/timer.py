@@ -85,10 +85,10 @@ class Timer(Callback):
         self._ended("test")
 
     def _check(self, trainer):
-        if self.duration is None or trainer.should_stop:
+        if self.duration is None:
             return
         up = self.time_elapsed() >= self.duration.total_seconds()
-        if trainer.world_size > 1:  # rank 0's clock for every rank: the ranks must stop at the same step
+        if trainer.world_size > 1:  # rank 0's clock for every rank (every rank reaches this broadcast)
             up = bool(trainer.strategy.broadcast(up))
         if up:
             trainer.should_stop = True
