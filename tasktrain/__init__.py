@@ -33,6 +33,7 @@ _NAMES = {
     "ModelSummary": "tasktrain.callbacks.model_summary",
     "Tuner": "tasktrain.tuner",
     "TaskCLI": "tasktrain.cli.task_cli",
+    "cli_lightning_logo": "tasktrain.cli.task_cli",  # Lightning has it at lightning.pytorch.cli_lightning_logo
     "Strategy": "tasktrain.strategies.base",
     "SingleDevice": "tasktrain.strategies.single_device",
     "DDP": "tasktrain.strategies.ddp",

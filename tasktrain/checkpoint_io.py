@@ -22,6 +22,8 @@ Trainer's keys (the parts of its run state, tasktrain/trainer/run_state.py, whic
     rng_states          list, one per rank: {"python", "numpy", "torch", "cuda"}
     world_size          int
 """
+import contextlib
+import contextvars
 import copy
 import importlib
 import json
@@ -44,7 +46,10 @@ from tasktrain.version import __version__
 # one versioned schema; files of format 1 still load (run_state.upgrade).
 CHECKPOINT_FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
-POINTER_NAME = "last_checkpoint.json"
+# A hidden name: with ModelCheckpoint(dirpath=<default_root_dir>) the pointer sits among the checkpoints, and a
+# Lightning user's glob of that folder finds checkpoint files only. The name of older runs is still read.
+POINTER_NAME = ".last_checkpoint.json"
+_OLD_POINTER_NAME = "last_checkpoint.json"
 
 
 class CheckpointError(RuntimeError):
@@ -98,10 +103,25 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
+# fit(..., weights_only=False) (Lightning's argument): the user vouches for the file, so its resume may unpickle
+# any object; everything else loads weights-only.
+_TRUSTED = contextvars.ContextVar("tasktrain_trusted_checkpoint", default=False)
+
+
+@contextlib.contextmanager
+def trusted_pickles(trusted=True):
+    token = _TRUSTED.set(bool(trusted))
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
 def _torch_load(path, map_location, mmap):
+    weights_only = not _TRUSTED.get()
     if mmap and zipfile.is_zipfile(path):
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
-    return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=True)
+    return torch.load(path, map_location=map_location, weights_only=weights_only)
 
 
 def load_resumable_file(path, target):
@@ -206,8 +226,8 @@ def safe_load(path, layout="tasktrain", map_location="cpu", mmap=False):
             raise CheckpointError(
                 f"Refusing to load checkpoint {path!r}: it holds a pickled {held}, which is not plain data (tensors, "
                 "numbers, strings, lists, dicts) nor one of the types this kind of file holds, and unpickling it "
-                "could run arbitrary code. Nothing of it was run. Only load files you trust; re-save the weights as "
-                "a plain state dict.") from None
+                "could run arbitrary code. Nothing of it was run. Only load files you trust: re-save the weights as "
+                "a plain state dict, or resume with fit(..., weights_only=False).") from None
         raise _unreadable(path, err) from None
     except Exception as err:  # truncated or corrupted: zip, pickle and storage errors of every kind
         raise _unreadable(path, err) from None
@@ -554,21 +574,18 @@ def write_last_pointer(root_dir: str, checkpoint_path: str, global_step: int, ep
 def read_last_record(root_dir: str):
     """The pointer's record ({"path", "global_step", "epoch", "run_id"}), or None when there is none or its
     checkpoint is gone."""
-    pointer = os.path.join(root_dir, POINTER_NAME)
-    if not os.path.exists(pointer):
-        return None
-    with open(pointer) as f:
-        record = json.load(f)
-    return record if os.path.exists(record["path"]) else None
+    for name in (POINTER_NAME, _OLD_POINTER_NAME):  # a run of an earlier version wrote the visible name
+        pointer = os.path.join(root_dir, name)
+        if os.path.exists(pointer):
+            with open(pointer) as f:
+                record = json.load(f)
+            return record if os.path.exists(record["path"]) else None
+    return None
 
 
 def read_last_pointer(root_dir: str):
-    pointer = os.path.join(root_dir, POINTER_NAME)
-    if not os.path.exists(pointer):
-        return None
-    with open(pointer) as f:
-        record = json.load(f)
-    return record["path"] if os.path.exists(record["path"]) else None
+    record = read_last_record(root_dir)
+    return None if record is None else record["path"]
 
 
 # -- links and directories ----------------------------------------------------------------------------------------

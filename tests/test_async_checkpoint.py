@@ -92,7 +92,7 @@ def test_a_checkpoint_counts_only_once_complete_and_the_previous_stays_until_the
     # fit's end waited for the last write: complete, counted, pointed to; the evicted ones are gone
     assert pointer(tmp_path) == os.path.basename(cb.best_model_path) == "epoch=0-step=4.ckpt"
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=0-step=4.ckpt", "last.ckpt"]
-    assert list(cb.best_k_models) == [str(tmp_path / "ckpt" / "epoch=0-step=4.ckpt")]
+    assert cb.best_k_models == {}  # no monitor: best_model_path is the newest file (Lightning's rule)
 
 
 def test_the_staged_copy_is_the_state_of_its_step_while_training_goes_on(tmp_path, monkeypatch):
@@ -106,9 +106,9 @@ def test_the_staged_copy_is_the_state_of_its_step_while_training_goes_on(tmp_pat
         for name, value in look.weights[step].items():
             assert torch.equal(saved["state_dict"][name], value)
     assert not torch.equal(look.weights[2]["layer.weight"], look.weights[3]["layer.weight"])  # training moved on
-    # the file counts itself in its own top-k (a resume from it sees it)
+    # the file counts itself as the newest (best_model_path without a monitor: a resume from it sees it)
     saved = load_checkpoint_file(tmp_path / "ckpt" / "epoch=0-step=2.ckpt")
-    assert str(tmp_path / "ckpt" / "epoch=0-step=2.ckpt") in saved["callbacks"][cb.state_key]["best_k_models"]
+    assert saved["callbacks"][cb.state_key]["best_model_path"] == str(tmp_path / "ckpt" / "epoch=0-step=2.ckpt")
 
 
 def test_an_error_waits_for_the_write_in_flight(tmp_path, monkeypatch):

@@ -102,8 +102,9 @@ def test_missing_monitor_is_a_clear_error(tmp_path):
         trainer.fit(Linear(), loader(16))
     with pytest.raises(ValueError, match="mode"):
         ModelCheckpoint(mode="best")
-    with pytest.raises(ValueError, match="never"):
-        ModelCheckpoint(every_n_epochs=None)
+    # Lightning's rule: every_n_epochs=None with no other schedule is each epoch; 0 is accepted and means none
+    assert ModelCheckpoint(every_n_epochs=None).every_n_epochs == 1
+    assert ModelCheckpoint(every_n_epochs=0).every_n_epochs is None
 
 
 def test_save_last_keeps_last_ckpt_for_resuming(tmp_path):
@@ -113,14 +114,15 @@ def test_save_last_keeps_last_ckpt_for_resuming(tmp_path):
     assert ckpt_files(directory) == ["epoch=1-step=4.ckpt", "last.ckpt"]
     assert mc.last_model_path == str(directory / "last.ckpt")
     last = torch.load(directory / "last.ckpt", weights_only=True)
-    assert last["train_state"]["global_step"] == 6  # the last epoch, although it was not the best
-    with open(tmp_path / "last_checkpoint.json") as f:
+    # Lightning's rule: last is written with each checkpoint file written, so it is the best's step (4) here
+    assert last["train_state"]["global_step"] == 4
+    with open(tmp_path / ".last_checkpoint.json") as f:
         assert json.load(f)["path"] == str(directory / "last.ckpt")
     # fit(ckpt_path="last") continues from it
     trainer = Trainer(max_epochs=4, callbacks=[ModelCheckpoint(monitor="score", save_last=True)], logger=False,
                       enable_progress_bar=False, default_root_dir=tmp_path, num_sanity_val_steps=0)
     module = Scripted([9.0, 9.0, 9.0, 0.5])
-    module.runs = 3
+    module.runs = 2
     trainer.fit(module, loader(16), loader(8), ckpt_path="last")
     assert trainer.global_step == 8 and module.runs == 4
     assert os.path.basename(trainer.checkpoint_callback.best_model_path) == "epoch=3-step=8.ckpt"
@@ -137,8 +139,8 @@ def test_resuming_another_runs_checkpoint_never_touches_that_runs_files(tmp_path
     for dirpath in (None, tmp_path / "mine"):
         second = tmp_path / f"second_{dirpath is None}"
         mc = ModelCheckpoint(dirpath=dirpath, monitor="score", save_top_k=1, save_last=True)
-        module = Scripted([9.0, 9.0, 9.0, 0.1, 9.0])  # its first score (0.1) beats the first run's best
-        module.runs = 3
+        module = Scripted([9.0, 9.0, 9.0, 0.1, 9.0])  # its 0.1 beats the first run's best
+        module.runs = 2  # last.ckpt is the first run's step 4 (written with its best)
         trainer = Trainer(max_epochs=5, callbacks=[mc], logger=False, enable_progress_bar=False,
                           default_root_dir=second, num_sanity_val_steps=0)
         trainer.fit(module, loader(16), loader(8), ckpt_path=str(first / "checkpoints" / "last.ckpt"))
@@ -211,8 +213,9 @@ def test_two_checkpoints_with_different_monitors_keep_separate_state(tmp_path):
     fit([low, high], epochs=4)
     ckpt = torch.load(tmp_path / "high" / "last.ckpt", weights_only=True)
     saved = ckpt["callbacks"]
-    assert saved[low.state_key]["best_model_score"] == 1.0 and saved[high.state_key]["best_model_score"] == 10.0
-    assert len(saved[low.state_key]["best_k_models"]) == 2 and len(saved[high.state_key]["best_k_models"]) == 1
+    # high's last.ckpt is written with its best file (epoch 0, Lightning's rule): low's state then was its first
+    assert saved[low.state_key]["best_model_score"] == 5.0 and saved[high.state_key]["best_model_score"] == 10.0
+    assert len(saved[low.state_key]["best_k_models"]) == 1 and len(saved[high.state_key]["best_k_models"]) == 1
 
     # a fresh pair, listed the other way round, gets each its own state back
     low2 = ModelCheckpoint(dirpath=tmp_path / "low", monitor="score", mode="min", save_top_k=2)
@@ -224,9 +227,9 @@ def test_two_checkpoints_with_different_monitors_keep_separate_state(tmp_path):
             restored.update(low=(float(low2.best_model_score), dict(low2.best_k_models)),
                             high=(float(high2.best_model_score), high2.best_model_path))
 
-    trainer = Trainer(max_epochs=4, callbacks=[high2, low2], logger=False, enable_progress_bar=False)
+    trainer = Trainer(max_epochs=1, callbacks=[high2, low2], logger=False, enable_progress_bar=False)
     trainer.fit(Peek(), loader(16), loader(8), ckpt_path=tmp_path / "high" / "last.ckpt")
-    assert restored["low"] == (1.0, low.best_k_models)
+    assert restored["low"] == (5.0, saved[low.state_key]["best_k_models"])
     assert restored["high"] == (10.0, high.best_model_path)
 
 

@@ -81,6 +81,36 @@ def test_nonfinite_state_is_never_saved(tmp_path, poison, async_save):
     assert torch.load(last, weights_only=True)["train_state"]["global_step"] == 3
 
 
+class RaiseAfterPoison(Callback):
+    """At optimizer step `at`: the weights go inf, then an error ends fit (before ModelCheckpoint's save of it)."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.at:
+            with torch.no_grad():
+                module.layer.weight.fill_(float("inf"))
+            raise RuntimeError("boom")
+
+
+def test_save_on_exception_checks_finiteness_before_writing(tmp_path, capfd):
+    """ModelCheckpoint(save_on_exception=True): the guard comes first in its save path, so a poisoned state ends as
+    the user's error, with no exception checkpoint, and last/top-k stay on the finite files."""
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_last=True, save_on_exception=True)
+    trainer = Trainer(max_epochs=1, callbacks=[RaiseAfterPoison(3), checkpoint], logger=False,
+                      default_root_dir=tmp_path, **QUIET)
+    with pytest.warns(NonFiniteCheckpointWarning, match="Not saving"):
+        with pytest.raises(RuntimeError, match="boom"):
+            trainer.fit(Linear(), loader(n=32, batch_size=4))
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["epoch=0-step=2.ckpt", "last.ckpt"]
+    assert all(_weights_finite(p) for p in tmp_path.glob("*.ckpt"))
+    assert os.path.basename(checkpoint.last_model_path) == "last.ckpt"
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["train_state"]["global_step"] == 2
+    out = capfd.readouterr()
+    assert "saved checkpoint" not in out.out and "hook failed" not in out.err, out
+
+
 def test_finiteness_is_checked_at_saves_only(tmp_path, monkeypatch):
     """No per-step work: the losses and weights are looked at when a checkpoint is about to be written, once per
     state (ModelCheckpoint asks, then save_checkpoint asks again: one check)."""
@@ -220,7 +250,7 @@ def test_ctrl_c_runs_on_exception_prints_one_line_per_rank_and_exits_130(tmp_pat
     if devices == 2:  # the first fit of the same processes: a NaN loss on rank 1 only stops both before its save
         for rank in range(2):
             assert "went non-finite" in (tmp_path / f"fpe{rank}").read_text()
-        assert sorted(os.listdir(tmp_path / "nan")) == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt", "last.ckpt",
-                                                        "last_checkpoint.json"]
+        assert sorted(os.listdir(tmp_path / "nan")) == [".last_checkpoint.json", "epoch=0-step=1.ckpt",
+                                                        "epoch=0-step=2.ckpt", "last.ckpt"]
     if devices == 1:  # OnExceptionCheckpoint saved the state at the interrupt
         assert "saved" in out and torch.load(tmp_path / "on_exception.ckpt", weights_only=True)["train_state"]["global_step"] >= 3

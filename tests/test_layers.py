@@ -30,6 +30,7 @@ PUBLIC_PATHS = {
     "tasktrain.trainer.accelerate_layout": "tasktrain.compat.accelerate.layout",
     "tasktrain.utilities.rank_zero": "tasktrain.compat.lightning.utilities.rank_zero",
     "tasktrain.utilities.types": "tasktrain.compat.lightning.utilities.types",
+    "tasktrain.utilities.exceptions": "tasktrain.compat.lightning.utilities.exceptions",
     "tasktrain.core.module": "tasktrain.compat.lightning.core.module",
     "tasktrain.core.datamodule": "tasktrain.compat.lightning.core.datamodule",
 }

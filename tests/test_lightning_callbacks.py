@@ -295,7 +295,8 @@ def test_lr_monitor_logs_momentum_and_weight_decay(tmp_path, make, momentum, dec
 
 
 def test_lr_monitor_warns_when_an_optimizer_has_no_momentum(tmp_path):
-    with pytest.warns(UserWarning, match="Adagrad has no momentum"):
+    with pytest.warns(RuntimeWarning, match=r"You have set log_momentum=True, but some optimizers do not have "
+                      r"momentum. This will log a value 0 for the momentum \(Adagrad has no momentum"):
         Trainer(max_epochs=1, logger=CSVLogger(tmp_path), enable_progress_bar=False, enable_checkpointing=False,
                 callbacks=[LearningRateMonitor(log_momentum=True)]).fit(
             WithOptimizer(lambda p: torch.optim.Adagrad(p, lr=0.1)), loader(16))

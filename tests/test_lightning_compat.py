@@ -195,6 +195,18 @@ def test_gan_with_two_optimizers_on_two_ddp_processes_trains_as_one_process(ddp_
             assert got == pytest.approx(want, abs=1e-5)
 
 
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_model_checkpoint_writes_on_rank_zero_only(ddp_facts):
+    """Issue 37: on the other ranks of a multi-process run ModelCheckpoint writes no file (Lightning's rule), with
+    save_last=True and save_last="link" alike; rank 0 writes them all."""
+    zero, one = ddp_facts
+    assert one["checkpoint_writes"] == [], one["checkpoint_writes"]
+    assert "last.ckpt" in zero["checkpoint_writes"] and "epoch=0-step=2.ckpt" in zero["checkpoint_writes"]
+    assert zero["checkpoint_files"] == one["checkpoint_files"]
+    assert "last-v1.ckpt" in zero["checkpoint_files"]  # the second fit's last: a link, beside the first's
+
+
 def test_step_methods_without_batch_idx_get_the_batch_alone():
     seen = []
 

@@ -3,8 +3,9 @@ larger max_epochs / max_steps, validate, test (0 and 2 batches), predict, the Da
 argument-name variants, hook name by hook name with argument counts, against lists written from Lightning 2.6.6's
 behaviour (its tests/tests_pytorch/models/test_hooks.py records the same runs).
 
-Each expected list is Lightning's, then `_as_tasktrain` applies the differences docs/lightning.md states, and
-nothing else:
+Each expected list is Lightning's, then `_as_tasktrain` applies the one difference docs/lightning.md states (when
+fit asks for its loaders and restores a checkpoint), and nothing else; within each event the order is Lightning's
+(the callbacks' hooks, then the module's).
   (the optimization hooks, optimizer_step with its closure, optimizer_zero_grad, backward,
   configure_gradient_clipping and clip_gradients, are called where Lightning calls them: no difference.)
 
@@ -241,7 +242,8 @@ def _fit_end():
 
 
 def _as_tasktrain(expected):
-    """Lightning's list with docs/lightning.md's differences applied: fit requests its loaders (validation, then
+    """Lightning's list with docs/lightning.md's remaining difference applied: fit requests its loaders (validation,
+    then
     training) right after configure_optimizers, before on_fit_start (the strategy is set up with the batch size
     before on_fit_start)."""
     out = list(expected)

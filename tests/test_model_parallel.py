@@ -38,7 +38,7 @@ def run(*args, timeout=300, cwd=None):
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), *filter(None, [env.get("PYTHONPATH")])])  # this copy
     proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)  # in the run's folder: what a save writes beside it (last_checkpoint.json) too
+                          cwd=cwd)  # in the run's folder: what a save writes beside it (.last_checkpoint.json) too
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return proc
 

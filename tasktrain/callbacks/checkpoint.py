@@ -24,55 +24,80 @@ import os
 import re
 import sys
 import time
+import warnings
 from datetime import timedelta
+from typing import Literal, Optional, Union
 
 import torch
 
 from tasktrain.callbacks.base import Callback
 from tasktrain.checkpoint_io import atomic_link, link_tree, remove_path, write_last_pointer
+from tasktrain.exceptions import MisconfigurationException
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_/.\-]*)(:[^}]*)?\}")
-_DEFAULT = object()  # every_n_epochs not given: 1, unless a step or time schedule is given (as in Lightning)
 
 
 class ModelCheckpoint(Callback):
-    CHECKPOINT_EXT = ".ckpt"
-    LAST_NAME = "last"
+    # Lightning's class attributes: a subclass (or an instance) may change them, e.g. CHECKPOINT_NAME_LAST =
+    # "{epoch}-last" names the last checkpoint with the same fields as filename.
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
 
-    def __init__(self, dirpath=None, filename=None, monitor=None, mode="min", save_top_k=1, save_last=False,
-                 every_n_train_steps=None, every_n_epochs=_DEFAULT, save_weights_only=False,
-                 train_time_interval=None, save_on_train_epoch_end=None, auto_insert_metric_name=True,
-                 async_save=False):
+    STARTING_VERSION = 1  # the first "-v1" of a name that is taken (enable_version_counter)
+
+    # Lightning's positional order; async_save (ours) comes after Lightning's arguments
+    def __init__(self, dirpath: Optional[Union[str, os.PathLike]] = None, filename: Optional[str] = None,
+                 monitor: Optional[str] = None, verbose: bool = False,
+                 save_last: Optional[Union[bool, Literal["link"]]] = None, save_top_k: int = 1,
+                 save_on_exception: bool = False, save_weights_only: bool = False, mode: str = "min",
+                 auto_insert_metric_name: bool = True, every_n_train_steps: Optional[int] = None,
+                 train_time_interval: Optional[timedelta] = None, every_n_epochs: Optional[int] = None,
+                 save_on_train_epoch_end: Optional[bool] = None, enable_version_counter: bool = True,
+                 async_save: bool = False):
+        if save_last not in (None, True, False, "link"):
+            raise MisconfigurationException(f"ModelCheckpoint(save_last={save_last!r}): use True (write last.ckpt), "
+                                            "'link' (a link to the newest checkpoint), or False/None.")
         if mode not in ("min", "max"):
-            raise ValueError(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
+            raise MisconfigurationException(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
         if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0 (none) or a positive k.")
-        if every_n_epochs is _DEFAULT:
-            every_n_epochs = 1 if not every_n_train_steps and train_time_interval is None else None
+            raise MisconfigurationException(
+                f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0 (none) or a positive k.")
+        if every_n_epochs is None and every_n_train_steps is None and train_time_interval is None:
+            every_n_epochs = 1  # no schedule given: each epoch (Lightning's rule; every_n_epochs=0 means none)
         if train_time_interval is not None:
             if isinstance(train_time_interval, (int, float)):
                 train_time_interval = timedelta(seconds=train_time_interval)
             if not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() < 0:
-                raise ValueError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a timedelta "
-                                 "(or seconds), e.g. timedelta(minutes=30).")
+                raise MisconfigurationException(
+                    f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a timedelta "
+                    "(or seconds), e.g. timedelta(minutes=30).")
         if async_save not in (True, False):
-            raise ValueError(f"ModelCheckpoint(async_save={async_save!r}): use True (write in the background) or False.")
+            raise MisconfigurationException(
+                f"ModelCheckpoint(async_save={async_save!r}): use True (write in the background) or False.")
         if save_on_train_epoch_end not in (None, True, False):
-            raise ValueError(f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}): use None, True "
-                             "or False.")
+            raise MisconfigurationException(
+                f"ModelCheckpoint(save_on_train_epoch_end={save_on_train_epoch_end!r}): use None, True "
+                "or False.")
         for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"ModelCheckpoint({name}={value!r}): use a positive integer, or None/0 for never.")
-        if not every_n_train_steps and not every_n_epochs and train_time_interval is None:
-            raise ValueError("ModelCheckpoint: every_n_train_steps, every_n_epochs and train_time_interval are all "
-                             "off, so it would never save. Set one of them (every_n_epochs=1 saves at each epoch end).")
+                raise MisconfigurationException(
+                    f"ModelCheckpoint({name}={value!r}): use a positive integer, or None/0 for never.")
+        if save_on_exception not in (True, False):
+            raise MisconfigurationException(f"ModelCheckpoint(save_on_exception={save_on_exception!r}): use True or "
+                                            "False.")
+        # every_n_epochs=0 (and no other schedule) is Lightning's "no scheduled saves": only save_on_exception
+        # (and a save_checkpoint of the user's) writes then.
         self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self._auto_dirpath = None  # the folder setup filled dirpath with (dirpath=None): resolved again each fit
+        self.save_on_exception = save_on_exception
         self._restored = None  # the state a resume loaded: checked against this run's folder at fit start
         self.filename = filename
         self.monitor = monitor
         self.mode = mode
         self.save_top_k = save_top_k
         self.save_last = save_last
+        self.verbose = verbose
+        self._enable_version_counter = enable_version_counter
         self.every_n_train_steps = every_n_train_steps or None
         self.every_n_epochs = every_n_epochs or None
         self.save_weights_only = save_weights_only
@@ -86,8 +111,12 @@ class ModelCheckpoint(Callback):
         self.best_k_models = {}  # path -> score (for no monitor: the step, so "best" is the newest)
         self.best_model_path = ""
         self.best_model_score = None
+        self.current_score = None  # the monitored value of the latest top-k candidate (a tensor), as in Lightning
+        self.kth_best_model_path = ""  # the worst of the top k, once there are k (the one the next better evicts)
+        self.kth_value = self._worst_value()  # Lightning's start: +inf for mode="min", -inf for "max"
         self.last_model_path = ""
         self._last_saved_step = -1
+        self._last_checkpoint_saved = ""  # the newest file this callback wrote (what save_last="link" points at)
         self._seen_step = 0  # global_step at the previous batch end
         self._validated = False  # a validation ran inside the epoch since the last batch end
         self._validations_seen = 0  # validation runs of this fit (not the sanity check)
@@ -103,16 +132,34 @@ class ModelCheckpoint(Callback):
 
     def dirpath_resolved(self, trainer):
         if self._resolved_dir is None:
+            if self.dirpath is not None and self.dirpath == self._auto_dirpath:
+                self.dirpath = None  # filled in by an earlier fit: this fit's logger decides again
             directory = self.dirpath or _default_dirpath(trainer)
             self._resolved_dir = trainer.strategy.broadcast(directory)
+            if self.dirpath is None:  # Lightning's attribute shows the folder once fit has set it up
+                self.dirpath = self._auto_dirpath = self._resolved_dir
         return self._resolved_dir
+
+    def to_yaml(self, filepath=None):
+        """Write best_k_models ({path: score}) as YAML, to `filepath` or <dirpath>/best_k_models.yaml."""
+        import yaml  # PyYAML: only when asked
+
+        if filepath is None:
+            if not self.dirpath:
+                raise MisconfigurationException("ModelCheckpoint.to_yaml(): no dirpath yet (it is set when fit "
+                                                "starts); pass filepath=.")
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        with open(filepath, "w") as f:
+            yaml.dump({path: float(score) for path, score in self.best_k_models.items()}, f)
 
     # -- events --------------------------------------------------------------------------------------------------
     def setup(self, trainer, module, stage):
         self._resolved_dir = None
         self._restored = None  # (set again by a resume of this fit)
         if stage == "fit":
-            self.dirpath_resolved(trainer)
+            directory = self.dirpath_resolved(trainer)
+            if trainer.is_global_zero and self.save_top_k != 0 and os.path.isdir(directory) and os.listdir(directory):
+                warnings.warn(f"Checkpoint directory {directory} exists and is not empty.", stacklevel=2)
             if self.async_save:
                 trainer.strategy.check_async_save(self.save_weights_only)
         self._validated = False
@@ -149,13 +196,13 @@ class ModelCheckpoint(Callback):
             # the epoch's last batch: its validation has not run yet; on_train_epoch_end saves with fresh metrics
             self._step_save_pending = self._step_save_pending or bool(due)
             return
-        self._save(trainer)
+        self._save(trainer, by_step=bool(due))
 
     def on_train_epoch_end(self, trainer, module):
         # with saves at validation ends (save_on_train_epoch_end False), only an epoch that ended with one saves
         epoch_due = self._epoch_due(trainer) and (self._epoch_end_saves or self._validated)
         if epoch_due or self._step_save_pending:
-            self._save(trainer)
+            self._save(trainer, by_step=self._step_save_pending)
         self._step_save_pending = False
         self._validated = False
 
@@ -175,44 +222,113 @@ class ModelCheckpoint(Callback):
             self._last_time_checked = now
         return up
 
+    def on_train_end(self, trainer, module):
+        """save_last when nothing was saved during fit (save_top_k=0, or no scheduled save came): `last` is
+        written once, at the end (Lightning's rule)."""
+        if self.save_last and not self._last_checkpoint_saved and not trainer.fast_dev_run and not self.async_save:
+            if trainer.may_save_checkpoint(self.dirpath_resolved(trainer)):
+                self._save_last(trainer)
+
     # -- saving --------------------------------------------------------------------------------------------------
-    def _save(self, trainer):
-        """Save a top-k candidate (when it is one) and last.ckpt (when asked). Called on every rank."""
+    def on_exception(self, trainer, module, exception):
+        """save_on_exception=True: an exception that ends fit saves a checkpoint under the filename's name (not a
+        top-k entry) and last (when save_last), as Lightning; not during the sanity check, nor when this step is
+        saved already. On several processes every rank must reach this (an error raised on all of them)."""
+        if not self.save_on_exception or trainer.sanity_checking or self._last_saved_step == trainer.global_step:
+            return
+        self._save(trainer, exception=exception)
+
+    def _save(self, trainer, exception=None, by_step=False):
+        """Save a top-k candidate (when it is one) and `last` (when asked). Called on every rank. With `exception`
+        (save_on_exception), the checkpoint is written whatever its score and is not a top-k entry.
+
+        Writes, as in Lightning: the top-k file, then `last` (save_last=True: a second full write; "link": a
+        symbolic link to the newest file written). At an epoch's end `last` is written only when a top-k file was
+        (or with "link"); a save of the step schedule (every_n_train_steps, train_time_interval) always writes it."""
         if trainer.fast_dev_run:  # a debugging run writes no checkpoints (Lightning's rule)
             return
-        if not trainer.may_save_checkpoint(self.dirpath_resolved(trainer)):  # issue 38: non-finite: no save, no
-            return  # top-k, best or last change, nothing evicted (inside fit the trainer raises instead)
+        # issue 38, first of all: a non-finite state is never written (no file, no top-k, best or last change,
+        # nothing evicted; inside fit the trainer raises instead, except while an exception is being handled)
+        if not trainer.may_save_checkpoint(self.dirpath_resolved(trainer)):
+            return
+        if exception is not None:
+            return self._save_on_exception(trainer, exception)
         if self.async_save:
             return self._save_async(trainer)
         strategy = trainer.strategy
         self._last_saved_step = trainer.global_step
         candidate = self._candidate(trainer)
-        directory = self.dirpath_resolved(trainer)
         saved_path = None
         if candidate is not None and self.save_top_k != 0:
             # Rank 0's score and name for every rank: the keep/delete decision must be the same everywhere.
             score, path = strategy.broadcast(candidate)
             if self._is_top_k(score, path):
+                k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
                 # Book-keep first so the file holds its own entry; delete the evicted files only once it is on disk.
                 evicted = self._insert(path, score, trainer.global_step)
+                if self.verbose and score is not None and trainer.is_global_zero:
+                    print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} "
+                          f"reached {score:0.5f} (best {float(self.best_model_score):0.5f}), saving model to "
+                          f"{path!r} as top {k}", flush=True)
                 trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+                self._last_checkpoint_saved = path
                 for old in evicted:
                     if old != path:
                         strategy.remove_checkpoint(old)
                 saved_path = path
-        if self.save_last:
-            last = os.path.join(directory, self.LAST_NAME + self.CHECKPOINT_EXT)
-            self.last_model_path = last
-            if saved_path is not None:
-                # the same bytes: link (or copy) rather than serialise the state twice
-                strategy.link_checkpoint(saved_path, last)  # a file or (sharded) a directory, its own way
-                if not self.save_weights_only and trainer.is_global_zero:
-                    write_last_pointer(trainer.default_root_dir, last, trainer.global_step, trainer.current_epoch)
-            else:
-                trainer.save_checkpoint(last, weights_only=self.save_weights_only)
+            elif self.verbose and trainer.is_global_zero:
+                print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} was "
+                      f"not in top {self.save_top_k}", flush=True)
+        if self.save_last and (saved_path is not None or by_step or
+                               (self.save_last == "link" and self._last_checkpoint_saved)):
+            self._save_last(trainer, saved_path)
         if trainer.is_global_zero and (saved_path is not None or self.save_last):
             for logger in trainer.loggers:  # W&B and MLflow upload checkpoints from here (log_model)
                 logger.after_save_checkpoint(self)
+
+    def _save_last(self, trainer, saved_path=None):
+        """`last`: a full write (save_last=True), or a link to the newest file written (save_last="link", once this
+        callback has written one and save_top_k != 0)."""
+        strategy = trainer.strategy
+        last = self._last_path(trainer)
+        self._drop_previous_last(strategy, last, saved_path)
+        self.last_model_path = last  # before the write: the file holds it (Lightning's rule)
+        if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
+            self._link(trainer, self._last_checkpoint_saved, last)
+        else:
+            trainer.save_checkpoint(last, weights_only=self.save_weights_only)
+            self._last_checkpoint_saved = last
+
+    @staticmethod
+    def _link(trainer, target, link):
+        """save_last="link": rank 0 makes `link` a relative symbolic link to `target` (a copy where the file system
+        has no links); every rank waits for it."""
+        if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(link):
+            if os.path.islink(link) or os.path.isfile(link):
+                os.remove(link)
+            elif os.path.isdir(link):
+                remove_path(link)
+            try:
+                os.symlink(os.path.relpath(target, os.path.dirname(link)), link)
+            except OSError:
+                link_tree(target, link) if os.path.isdir(target) else atomic_link(target, link)
+        trainer.strategy.barrier("link_checkpoint")
+
+    def _save_on_exception(self, trainer, exception):
+        if self._pending is not None:
+            self._finish_pending(trainer)  # one write at a time
+        self._last_saved_step = trainer.global_step
+        metrics = self._monitor_candidates(trainer)
+        path = os.path.join(self.dirpath_resolved(trainer), self.format_checkpoint_name(trainer, metrics)
+                            + self.FILE_EXTENSION)
+        path = trainer.strategy.broadcast(path)
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self._last_checkpoint_saved = path
+        if self.save_last:
+            self._save_last(trainer, path)
+        if trainer.is_global_zero:
+            print(f"[tasktrain] ModelCheckpoint: an {type(exception).__name__} was raised with message: {exception}, "
+                  f"saved checkpoint to {path}", flush=True)
 
     # -- async_save ----------------------------------------------------------------------------------------------
     # The rules (docs/checkpointing.md): the step waits only while the state is staged into CPU memory; a save that
@@ -233,7 +349,7 @@ class ModelCheckpoint(Callback):
             if self._is_top_k(score, path):
                 evicted = [old for old in self._insert(path, score, step) if old != path]
                 target = path
-        last = os.path.join(directory, self.LAST_NAME + self.CHECKPOINT_EXT) if self.save_last else None
+        last = self._last_path(trainer) if self.save_last else None
         if target is None and last is None:
             return
         if last is not None:
@@ -270,10 +386,12 @@ class ModelCheckpoint(Callback):
                 logger.after_save_checkpoint(self)
 
     def _bookkeeping(self):
-        return (dict(self.best_k_models), self.best_model_path, self.best_model_score, self.last_model_path)
+        return (dict(self.best_k_models), self.best_model_path, self.best_model_score, self.last_model_path,
+                self.current_score, self.kth_best_model_path, self.kth_value)
 
     def _set_bookkeeping(self, values):
-        best_k, self.best_model_path, self.best_model_score, self.last_model_path = values
+        (best_k, self.best_model_path, self.best_model_score, self.last_model_path, self.current_score,
+         self.kth_best_model_path, self.kth_value) = values
         self.best_k_models = dict(best_k)
 
     def teardown(self, trainer, module, stage):
@@ -290,7 +408,7 @@ class ModelCheckpoint(Callback):
 
     def _candidate(self, trainer):
         """(score, path) of a top-k candidate, or None when there is nothing new to score."""
-        metrics = trainer.callback_metrics
+        metrics = self._monitor_candidates(trainer)
         score = None
         if self.monitor is not None:
             value = metrics.get(self.monitor)
@@ -299,16 +417,53 @@ class ModelCheckpoint(Callback):
                     return None  # a validation metric, and this fit has not validated yet
                 raise KeyError(
                     f"ModelCheckpoint(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "
-                    f"{sorted(metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor."
+                    f"{sorted(trainer.callback_metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or "
+                    "change monitor."
                 )
-            if value is self._last_scored:
+            if value is self._last_scored and self.monitor not in ("epoch", "step"):
                 return None  # not logged again since the previous save: scoring it twice would be stale
             self._last_scored = value
             score = float(value)
             if math.isnan(score):
                 score = math.inf if self.mode == "min" else -math.inf  # NaN is never the best
-        name = self.format_checkpoint_name(trainer, metrics)
-        return score, os.path.join(self.dirpath_resolved(trainer), name + self.CHECKPOINT_EXT)
+        return score, self._free_path(trainer, self.format_checkpoint_name(trainer, metrics), self.best_k_models)
+
+    def _last_path(self, trainer):
+        name = self.format_checkpoint_name(trainer, self._monitor_candidates(trainer),
+                                           template=self.CHECKPOINT_NAME_LAST)
+        return trainer.strategy.broadcast(self._free_path(trainer, name, (self.last_model_path,)))
+
+    def _free_path(self, trainer, name, own):
+        """<dirpath>/<name>.ckpt; with enable_version_counter, a name another file holds already (not one of `own`,
+        this callback's) gets Lightning's "-v1", "-v2", ... (rank 0's file system decides: the caller broadcasts)."""
+        directory = self.dirpath_resolved(trainer)
+        path = os.path.join(directory, name + self.FILE_EXTENSION)
+        version = self.STARTING_VERSION
+        while self._enable_version_counter and path not in own and os.path.lexists(path):
+            path = os.path.join(directory, f"{name}-v{version}{self.FILE_EXTENSION}")
+            version += 1
+        return path
+
+    def _drop_previous_last(self, strategy, last, saved_path):
+        """A CHECKPOINT_NAME_LAST with fields ("{epoch}-last") names each last checkpoint anew: the previous one
+        goes, unless it is also a top-k file (Lightning's rule)."""
+        previous = self.last_model_path
+        if previous and previous != last and previous not in (saved_path, self.best_model_path) \
+                and previous not in self.best_k_models \
+                and os.path.dirname(previous) == os.path.dirname(last):
+            strategy.remove_checkpoint(previous)
+
+    def _monitor_candidates(self, trainer):
+        """The logged metrics, with "epoch" and "step" always there (monitorable and usable in file names), as in
+        Lightning: a logged "epoch"/"step" is kept (as an int), otherwise the trainer's counters."""
+        metrics = dict(trainer.callback_metrics)
+        for name, counter in (("epoch", trainer.current_epoch), ("step", trainer.global_step)):
+            value = metrics.get(name)
+            metrics[name] = value.int() if isinstance(value, torch.Tensor) else torch.tensor(counter)
+        return metrics
+
+    def _worst_value(self):
+        return torch.tensor(math.inf if self.mode == "min" else -math.inf)
 
     def _is_top_k(self, score, path):
         if self.save_top_k == -1 or score is None or path in self.best_k_models:
@@ -327,8 +482,15 @@ class ModelCheckpoint(Callback):
     def _insert(self, path, score, step):
         """Add `path` to the top k; returns the paths that fell out of it."""
         evicted = []
+        if score is None and self.save_top_k in (1, -1):
+            # No monitor (Lightning): best_model_path is the newest file; save_top_k=1 deletes the one before, and
+            # best_k_models stays empty.
+            previous, self.best_model_path = self.best_model_path, path
+            if self.save_top_k == 1 and previous and previous != path:
+                evicted.append(previous)
+            return evicted
         if score is None:
-            # No monitor: the newest save_top_k files are kept.
+            # No monitor and save_top_k=k > 1 (tasktrain's; Lightning refuses it): the newest k files are kept.
             self.best_k_models.pop(path, None)
             self.best_k_models[path] = float(step)  # dicts keep insertion order: the first key is the oldest
             while self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
@@ -338,18 +500,22 @@ class ModelCheckpoint(Callback):
             self.best_model_path = path
             return evicted
         self.best_k_models[path] = score
+        self.current_score = torch.tensor(score)
         while self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
             worst = self._worst()
             del self.best_k_models[worst]
             evicted.append(worst)
+        if self.save_top_k == -1 or len(self.best_k_models) == self.save_top_k:
+            self.kth_best_model_path = self._worst()
+            self.kth_value = torch.tensor(self.best_k_models[self.kth_best_model_path])
         pick = min if self.mode == "min" else max
         self.best_model_path = pick(self.best_k_models, key=self.best_k_models.get)
         self.best_model_score = torch.tensor(self.best_k_models[self.best_model_path])
         return evicted
 
-    def format_checkpoint_name(self, trainer, metrics):
+    def format_checkpoint_name(self, trainer, metrics, template=None):
         """The file name (no extension): "{epoch}-{step}-{val_loss:.3f}" -> "epoch=2-step=30-val_loss=0.123"."""
-        template = self.filename or "{epoch}-{step}"
+        template = template or self.filename or "{epoch}-{step}"
         values = {"epoch": trainer.current_epoch, "step": trainer.global_step}
 
         def fill(match):
@@ -360,7 +526,8 @@ class ModelCheckpoint(Callback):
                 value = float(metrics[name])
             else:
                 raise KeyError(f"ModelCheckpoint(filename={template!r}) uses {{{name}}}, which was not logged. Logged "
-                               f"metrics: {sorted(metrics) or 'none'}. Log it with self.log({name!r}, ...) or change "
+                               f"metrics: {sorted(trainer.callback_metrics) or 'none'}. Log it with "
+                               f"self.log({name!r}, ...) or change "
                                "the filename.")
             text = format(value, fmt[1:])
             return f"{name}={text}" if self.auto_insert_metric_name else text
@@ -369,13 +536,20 @@ class ModelCheckpoint(Callback):
 
     # -- state -----------------------------------------------------------------------------------------------------
     def state_dict(self):
+        # Lightning's keys, in its order (the scores as floats: a checkpoint holds plain data)
+        def number(value):
+            return None if value is None else float(value)
+
         return {
-            "best_k_models": dict(self.best_k_models),
+            "monitor": self.monitor,
+            "best_model_score": number(self.best_model_score),
             "best_model_path": self.best_model_path,
-            "best_model_score": None if self.best_model_score is None else float(self.best_model_score),
-            "last_model_path": self.last_model_path,
+            "current_score": number(self.current_score),
             "dirpath": self._resolved_dir or self.dirpath,
-            "last_saved_step": self._last_saved_step,
+            "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": number(self.kth_value),
+            "last_model_path": self.last_model_path,
         }
 
     def load_state_dict(self, state):
@@ -384,7 +558,11 @@ class ModelCheckpoint(Callback):
         score = state.get("best_model_score")
         self.best_model_score = None if score is None else torch.tensor(score)
         self.last_model_path = state.get("last_model_path", "")
-        self._last_saved_step = state.get("last_saved_step", -1)
+        self.kth_best_model_path = state.get("kth_best_model_path", "")
+        value = state.get("current_score")
+        self.current_score = None if value is None else torch.tensor(value)
+        value = state.get("kth_value")
+        self.kth_value = self._worst_value() if value is None else torch.tensor(value)
         self._restored = state
 
     def on_fit_start(self, trainer, module):
@@ -400,6 +578,7 @@ class ModelCheckpoint(Callback):
         if os.path.abspath(saved_dir) == os.path.abspath(directory):
             return
         self.best_k_models, self.best_model_score, self.last_model_path = {}, None, ""
+        self.current_score, self.kth_best_model_path, self.kth_value = None, "", self._worst_value()
         self._last_saved_step = -1
         if trainer.is_global_zero:
             print(f"[tasktrain] ModelCheckpoint: the resumed checkpoint's top-k and last are in {saved_dir}; this run "

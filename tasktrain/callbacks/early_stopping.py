@@ -1,15 +1,21 @@
 """EarlyStopping: stop when a monitored metric stops improving, crosses a threshold, or is not finite.
 
-It checks once per validation run of the fit: at on_train_epoch_end after the epoch-end validation (and after
-the module's own on_train_epoch_end, so a metric logged there counts), and, when validation also runs inside the
-epoch (val_check_interval), at the on_train_batch_end of that step. `patience` counts these checks. A fit with
-no validation loop is checked at every epoch end, on the training metrics. An epoch end without validation
-(check_val_every_n_epoch > 1) is not a check: the value would be the old one.
+check_on_train_epoch_end (Lightning's argument): True checks at every training epoch end (after that epoch's
+validation, if it has one); False checks at the end of every validation run of the fit (inside the epoch too; not
+the sanity check). None (default) checks once per validation run of the fit: at on_train_epoch_end after the
+epoch-end validation (and after the module's own on_train_epoch_end, so a metric logged there counts), and, when
+validation also runs inside the epoch (val_check_interval), at the on_train_batch_end of that step. `patience`
+counts these checks. A fit with no validation loop is checked at every epoch end, on the training metrics. An epoch
+end without validation (check_val_every_n_epoch > 1) is not a check: the value would be the old one.
 """
 import math
+import warnings
 from enum import Enum
 
+import torch
+
 from tasktrain.callbacks.base import Callback
+from tasktrain.exceptions import MisconfigurationException
 
 
 class EarlyStoppingReason(Enum):
@@ -22,19 +28,37 @@ class EarlyStoppingReason(Enum):
     NON_FINITE_METRIC = 4
 
 
+class _MissingMetric(RuntimeError, KeyError):
+    """Lightning raises RuntimeError for a missing monitored metric; a KeyError too, as tasktrain's was."""
+
+    def __str__(self):  # KeyError's would quote the message
+        return RuntimeError.__str__(self)
+
+
 class EarlyStopping(Callback):
-    def __init__(self, monitor, mode="min", patience=3, min_delta=0.0, stopping_threshold=None,
-                 divergence_threshold=None, check_finite=True, verbose=True):
+    # Lightning 2.6's arguments in its positional order
+    def __init__(self, monitor, min_delta=0.0, patience=3, verbose=False, mode="min", strict=True, check_finite=True,
+                 stopping_threshold=None, divergence_threshold=None, check_on_train_epoch_end=None,
+                 log_rank_zero_only=False):
         if not isinstance(monitor, str) or not monitor:
-            raise ValueError(f"EarlyStopping(monitor={monitor!r}): give the name of a logged metric, e.g. 'val_loss'.")
+            raise MisconfigurationException(
+                f"EarlyStopping(monitor={monitor!r}): give the name of a logged metric, e.g. 'val_loss'.")
         if mode not in ("min", "max"):
-            raise ValueError(f"EarlyStopping(mode={mode!r}): use 'min' or 'max'.")
+            raise MisconfigurationException(f"EarlyStopping(mode={mode!r}): use 'min' or 'max'.")
         if not isinstance(patience, int) or patience < 0:
-            raise ValueError(f"EarlyStopping(patience={patience!r}): use a non-negative number of checks.")
+            raise MisconfigurationException(
+                f"EarlyStopping(patience={patience!r}): use a non-negative number of checks.")
         if min_delta < 0:
-            raise ValueError(f"EarlyStopping(min_delta={min_delta}): use a non-negative number; mode sets the "
-                             "direction.")
+            raise MisconfigurationException(
+                f"EarlyStopping(min_delta={min_delta}): use a non-negative number; mode sets the "
+                "direction.")
+        if check_on_train_epoch_end not in (None, True, False):
+            raise MisconfigurationException(f"EarlyStopping(check_on_train_epoch_end={check_on_train_epoch_end!r}): "
+                                            "use None, True or False.")
         self.monitor = monitor
+        self.strict = strict  # False: a check without the metric is skipped (with verbose, a RuntimeWarning)
+        self.log_rank_zero_only = log_rank_zero_only  # False: every rank prints its messages, rank-prefixed
+        self.check_on_train_epoch_end = check_on_train_epoch_end
         self.mode = mode
         self.patience = patience
         self.min_delta = float(min_delta)
@@ -45,7 +69,7 @@ class EarlyStopping(Callback):
         self.wait_count = 0
         self.best_score = None  # float
         self.best_epoch = None
-        self.stopped_epoch = None  # the epoch at which it asked the trainer to stop
+        self.stopped_epoch = 0  # the epoch at which it asked the trainer to stop (0 while it has not: Lightning's)
         self.stopped_step = None
         self.reason = None  # why it stopped, in words
         self.stopping_reason = EarlyStoppingReason.NOT_STOPPED  # the same, as an enum
@@ -61,16 +85,20 @@ class EarlyStopping(Callback):
 
     def on_validation_end(self, trainer, module):
         if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
-            self._validated = True
+            if self.check_on_train_epoch_end is False:
+                self._check(trainer)
+            else:
+                self._validated = True
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         # Only true right after a validation inside the epoch: the epoch-end one comes after the last batch end.
-        if self._validated:
+        if self._validated and self.check_on_train_epoch_end is None:
             self._validated = False
             self._check(trainer)
 
     def on_train_epoch_end(self, trainer, module):
-        if self._validated or not trainer.enable_validation:
+        if self.check_on_train_epoch_end or (self.check_on_train_epoch_end is None
+                                             and (self._validated or not trainer.enable_validation)):
             self._check(trainer)
         self._validated = False
 
@@ -80,50 +108,61 @@ class EarlyStopping(Callback):
             return
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:
-            raise KeyError(
-                f"EarlyStopping(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "
-                f"{sorted(metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor."
-            )
-        current = float(metrics[self.monitor])  # one host sync per check, not per step
-        reason = self._evaluate(current, trainer.current_epoch)
-        if reason is None:
+            message = (f"EarlyStopping(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "
+                       f"{sorted(metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor"
+                       " (or strict=False to skip such checks).")
+            if self.strict:
+                raise _MissingMetric(message)
+            if self.verbose:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
             return
-        self.reason = reason
-        self.stopping_reason = self._reason_kind
-        self.stopped_epoch = trainer.current_epoch
-        self.stopped_step = trainer.global_step
-        trainer.should_stop = True
-        if self.verbose and trainer.is_global_zero:
-            print(f"[tasktrain] EarlyStopping at epoch {trainer.current_epoch}, step {trainer.global_step}: {reason}",
-                  flush=True)
+        value = metrics[self.monitor]
+        # the messages show the value as Lightning does (a tensor); the decision uses one host sync per check
+        shown = value.detach().squeeze().cpu() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+        stop, message = self._evaluate(float(shown), shown, trainer.current_epoch)
+        if stop:
+            self.reason = message
+            self.stopping_reason = self._reason_kind
+            self.stopped_epoch = trainer.current_epoch
+            self.stopped_step = trainer.global_step
+            trainer.should_stop = True
+        if message and self.verbose and (trainer.is_global_zero or not self.log_rank_zero_only):
+            rank = f"[rank: {trainer.global_rank}] " if trainer.world_size > 1 else ""
+            print(f"{rank}{message}", flush=True)
 
-    def _evaluate(self, current, epoch):
-        """Update the counters with `current`; return why training should stop, or None."""
+    def _evaluate(self, current, shown, epoch):
+        """Update the counters with `current`; return (stop, Lightning's message for it, or None)."""
         name = self.monitor
-        self._reason_kind = EarlyStoppingReason.NON_FINITE_METRIC
+        best = self.best_score if self.best_score is not None else (math.inf if self.mode == "min" else -math.inf)
+        relation = "<" if self.mode == "min" else ">"
         if self.check_finite and not math.isfinite(current):
-            return (f"{name} = {current} is not finite. The previous best was {self._fmt(self.best_score)}. "
-                    "Set check_finite=False to keep training through it.")
+            self._reason_kind = EarlyStoppingReason.NON_FINITE_METRIC
+            return True, (f"Monitored metric {name} = {shown} is not finite. Previous best value was {best:.3f}. "
+                          "Signaling Trainer to stop.")
         if self.stopping_threshold is not None and self._beyond(current, self.stopping_threshold):
-            relation = "<" if self.mode == "min" else ">"
             self._reason_kind = EarlyStoppingReason.STOPPING_THRESHOLD
-            return f"{name} = {current:.6g} reached the stopping_threshold ({relation} {self.stopping_threshold})."
+            return True, (f"Stopping threshold reached: {name} = {shown} {relation} {self.stopping_threshold}. "
+                          "Signaling Trainer to stop.")
         if self.divergence_threshold is not None and self._beyond(self.divergence_threshold, current):
-            relation = ">" if self.mode == "min" else "<"
             self._reason_kind = EarlyStoppingReason.DIVERGENCE_THRESHOLD
-            return (f"{name} = {current:.6g} diverged past the divergence_threshold ({relation} "
-                    f"{self.divergence_threshold}).")
+            return True, (f"Divergence threshold reached: {name} = {shown} {relation} {self.divergence_threshold}. "
+                          "Signaling Trainer to stop.")
         if self._improves(current):
+            if math.isfinite(best):
+                message = (f"Metric {name} improved by {abs(best - current):.3f} >= min_delta = {self.min_delta}. "
+                           f"New best score: {current:.3f}")
+            else:
+                message = f"Metric {name} improved. New best score: {current:.3f}"
             self.best_score = current
             self.best_epoch = epoch
             self.wait_count = 0
-            return None
+            return False, message
         self.wait_count += 1
         if self.wait_count >= self.patience:
             self._reason_kind = EarlyStoppingReason.PATIENCE_EXHAUSTED
-            return (f"{name} did not improve by more than {self.min_delta} over the last {self.wait_count} checks; "
-                    f"best {self._fmt(self.best_score)} at epoch {self.best_epoch}, now {current:.6g}.")
-        return None
+            return True, (f"Monitored metric {name} did not improve in the last {self.wait_count} records. "
+                          f"Best score: {best:.3f}. Signaling Trainer to stop.")
+        return False, None
 
     def _improves(self, current):
         if math.isnan(current):
@@ -144,15 +183,16 @@ class EarlyStopping(Callback):
 
     # -- state -----------------------------------------------------------------------------------------------------
     def state_dict(self):
-        return {"wait_count": self.wait_count, "best_score": self.best_score, "best_epoch": self.best_epoch,
-                "stopped_epoch": self.stopped_epoch, "patience": self.patience,
-                "stopping_reason": self.stopping_reason.value, "stopping_reason_message": self.reason}
+        # Lightning's keys in its order, then best_epoch (tasktrain's: the epoch of best_score)
+        return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch, "best_score": self.best_score,
+                "patience": self.patience, "stopping_reason": self.stopping_reason.value,
+                "stopping_reason_message": self.reason, "best_epoch": self.best_epoch}
 
     def load_state_dict(self, state):
         self.wait_count = int(state.get("wait_count", 0))
         self.best_score = state.get("best_score")
         self.best_epoch = state.get("best_epoch")
-        self.stopped_epoch = state.get("stopped_epoch")
+        self.stopped_epoch = state.get("stopped_epoch") or 0
         self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
         self.reason = state.get("stopping_reason_message", self.reason)
 

@@ -111,6 +111,8 @@ def checkpoints_to_log(checkpoint_callback, logged):
     if last:
         scores.setdefault(last, None)
     best = getattr(checkpoint_callback, "best_model_path", "")
+    if best:  # without a monitor, the newest file (best_k_models stays empty, as in Lightning)
+        scores.setdefault(best, None)
     found = []
     for path, score in scores.items():
         if not os.path.exists(path):

@@ -4,8 +4,8 @@
       train_epoch(trainer, fit, epoch)     the epoch's micro-batches, then its end (metrics, validation, schedulers)
         training_step(trainer, fit, ...)   one micro-batch; at its window's last one, the optimizer step
 
-One micro-batch of automatic optimisation, in Lightning's order (the module's hook of an event runs before the
-callbacks'):
+One micro-batch of automatic optimisation, in Lightning's order (in each event the callbacks' hooks, then the
+module's):
 
     on_train_batch_start
     closure():  training_step -> (window's first) on_before_zero_grad, optimizer_zero_grad -> on_before_backward,
@@ -40,6 +40,8 @@ def fit_loop(trainer, fit):
     trainer._call("on_train_start")
     every = trainer.reload_dataloaders_every_n_epochs
     while not done(trainer):
+        if trainer.should_stop and may_stop(trainer, fit):  # asked before the epoch (a spent Timer at fit start)
+            break
         epoch = trainer.state.epoch
         if every and epoch > 0 and epoch % every == 0:  # Lightning re-calls the loader hooks, not given loaders
             loaders.reload(trainer, fit)
@@ -95,16 +97,14 @@ def train_epoch(trainer, fit, epoch):
             # the epoch before its last batch
             step_schedulers(trainer, fit, "epoch", plateau=None if fit.ended_by_hook else True)
         state.epoch_finished = True
-    # Lightning's order: the callbacks, the module, then the callbacks that watch metrics (checkpointing, early
-    # stopping), so that they see what the module logged in its on_train_epoch_end
-    monitors = fit.monitor_hooks["on_train_epoch_end"]
-    for fn in fit.callback_hooks["on_train_epoch_end"]:
-        if fn not in monitors:
-            fn()
+    # Lightning's order: the callbacks, the module, then EarlyStopping/ModelCheckpoint, which see the epoch's metrics
+    # (what the module logged here included)
+    for fn in trainer._plain_hooks["on_train_epoch_end"]:
+        fn()
     for fn in fit.module_hooks["on_train_epoch_end"]:
         fn()
     trainer._flush_epoch_metrics(metrics.reduce_epoch("train"))
-    for fn in monitors:
+    for fn in trainer._monitoring_hooks["on_train_epoch_end"]:
         fn()
     stop_agreed(trainer, fit, at_interval=False)
 
@@ -130,7 +130,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
     batch = fit.to_device(batch)
     fit.metrics.set_batch(batch)
     skip_rest = False
-    for fn in fit.callback_hooks["on_train_batch_start"]:
+    for fn in fit.callback_hooks["on_train_batch_start"]:  # the callbacks', then the module's (Lightning's order)
         fn(batch, batch_idx)
     for fn in fit.module_hooks["on_train_batch_start"]:
         response = fn(batch, batch_idx)

@@ -1,4 +1,5 @@
 """TaskModule: the user's model plus the hooks the Trainer calls."""
+import argparse
 import contextlib
 import copy
 import functools
@@ -362,7 +363,9 @@ class TaskModule(torch.nn.Module):
                 args.update(local.get(info.keywords, {}))
             init_args = {**args, **init_args}
             frame = frame.f_back
-        if names and len(names) == 1 and isinstance(names[0], dict):
+        if names and len(names) == 1 and isinstance(names[0], argparse.Namespace):
+            init_args = dict(vars(names[0]))  # an argparse Namespace, as Lightning takes it
+        elif names and len(names) == 1 and isinstance(names[0], dict):
             init_args = dict(names[0])
         elif names:
             missing = [n for n in names if n not in init_args]
@@ -371,6 +374,8 @@ class TaskModule(torch.nn.Module):
             init_args = {n: init_args[n] for n in names}
         for name in ignore if not isinstance(ignore, str) else [ignore]:
             init_args.pop(name, None)
+        if names and len(names) == 1 and isinstance(names[0], (dict, argparse.Namespace)):
+            self._hparams.clear()  # a dict or Namespace given is the hparams, replacing earlier calls' (Lightning)
         for key, value in init_args.items():
             if isinstance(value, torch.nn.Module):
                 continue  # modules are weights, not hyper-parameters

@@ -57,7 +57,7 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
                       world_size=trainer.world_size)
     if trainer.datamodule is not None and trainer.datamodule.hparams:
         checkpoint["datamodule_hyper_parameters"] = plain(dict(trainer.datamodule.hparams))
-    for cb in trainer.callbacks:  # Lightning's order: the callbacks', then the module's
+    for cb in trainer.callbacks:  # the callbacks', then the module's (Lightning's order)
         if is_overridden("on_save_checkpoint", cb, Callback):
             cb.on_save_checkpoint(trainer, module, checkpoint)
     module.on_save_checkpoint(checkpoint)
@@ -96,7 +96,8 @@ def restore(trainer, ckpt_path):
     if path is None:
         return None
     strategy, module = trainer.strategy, trainer.module
-    ckpt = upgrade(strategy.load_checkpoint(path))
+    with ckpt_io.trusted_pickles(getattr(trainer, "_ckpt_weights_only", None) is False):
+        ckpt = upgrade(strategy.load_checkpoint(path))
     if ckpt.get("weights_only"):
         raise ValueError(
             f"{path} was saved with save_weights_only=True: it holds the weights but no optimizer, scheduler or "

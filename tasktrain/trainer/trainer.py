@@ -303,6 +303,8 @@ class Trainer:
         self._module_hooks = tables.module if tables else {}
         self._callback_hooks = tables.callbacks if tables else {}
         self._all_hooks = tables.all if tables else {}
+        self._plain_hooks = tables.plain if tables else {}
+        self._monitoring_hooks = tables.monitoring if tables else {}
 
     def _call(self, event, *args):
         for fn in self._all_hooks[event]:
@@ -328,9 +330,20 @@ class Trainer:
             return self.strategy.module_init_context(empty_init=empty_init)
         return contextlib.nullcontext()
 
-    def fit(self, module, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None):
-        """Train `module` on loaders, or on a DataModule's (`datamodule=`, or passed as train_dataloaders)."""
-        return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
+    def print(self, *args, **kwargs):
+        """print() on global rank 0 only (the other ranks print nothing), as LightningModule.print."""
+        if self.is_global_zero:
+            print(*args, **kwargs)
+
+    def fit(self, module, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None,
+            weights_only=None):
+        """Train `module` on loaders, or on a DataModule's (`datamodule=`, or passed as train_dataloaders).
+        weights_only (Lightning's): how ckpt_path is read. None or True: tensors and plain data only (a file holding
+        other pickled objects is refused); False: any pickled object, for a file you trust."""
+        if weights_only not in (None, True, False):
+            raise ValueError(f"Trainer.fit(weights_only={weights_only!r}): use None, True or False.")
+        return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path, datamodule=datamodule,
+                         weights_only=weights_only)
 
     def validate(self, module=None, dataloaders=None, ckpt_path=None, verbose=True, datamodule=None):
         self._verbose = verbose  # False: the results are returned, not printed
@@ -349,7 +362,9 @@ class Trainer:
         return self._run("predict", module, None, dataloaders, ckpt_path=ckpt_path, gather=gather,
                          datamodule=datamodule)
 
-    def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False, datamodule=None):
+    def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False, datamodule=None,
+             weights_only=None):
+        self._ckpt_weights_only = weights_only  # how this run reads ckpt_path (fit's weights_only=)
         given = module if module is not None else self._given_module if self._given_module is not None else self.module
         # fit(torch.compile(module)): the module inside is trained, its forward compiled for the run (compiled.py).
         module, compiled = unwrap_compiled(given)

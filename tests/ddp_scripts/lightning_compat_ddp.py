@@ -86,6 +86,63 @@ def class_data():
     return x, (x.sum(1) > 0).long() + (x[:, 0] > 0.5).long()
 
 
+class _Regression(TaskModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def checkpoint_writes(out, **trainer_args):
+    """The files this rank writes under ModelCheckpoint's folder (every open for writing, rename, link and copy
+    into it) during a fit with top-k, last as a file and last as a link."""
+    import builtins
+    import shutil
+
+    from tasktrain import ModelCheckpoint
+
+    folder = os.path.join(out, "ckpt")
+    written = []
+
+    def recorded(name, target_arg):
+        real = getattr(os, name) if name != "open" else builtins.open
+
+        def call(*args, **kwargs):
+            target = str(args[target_arg]) if len(args) > target_arg else ""
+            mode = args[1] if name == "open" and len(args) > 1 else kwargs.get("mode", "r")
+            if target.startswith(folder) and (name != "open" or any(c in mode for c in "wax")):
+                written.append(os.path.basename(target))
+            return real(*args, **kwargs)
+        return real, call
+
+    patched = {name: recorded(name, arg) for name, arg in (("open", 0), ("replace", 1), ("rename", 1), ("link", 1),
+                                                           ("symlink", 1))}
+    copy = shutil.copyfile
+    shutil.copyfile = lambda src, dst, **kw: (written.append(os.path.basename(str(dst))), copy(src, dst, **kw))[1]
+    for name, (_, call) in patched.items():
+        setattr(builtins if name == "open" else os, name, call)
+    try:
+        x, y = common.regression_data()
+        for save_last in (True, "link"):
+            checkpoint = ModelCheckpoint(folder, save_top_k=-1, save_last=save_last, every_n_train_steps=2)
+            Trainer(max_epochs=1, callbacks=[checkpoint], **{**trainer_args, "enable_checkpointing": True}).fit(
+                _Regression(), DataLoader(TensorDataset(x, y), batch_size=8))
+    finally:
+        for name, (real, _) in patched.items():
+            setattr(builtins if name == "open" else os, name, real)
+        shutil.copyfile = copy
+    return written, sorted(os.listdir(folder))
+
+
 def main(out, strategy):
     common_args = dict(strategy=strategy, devices=2, accelerator="cpu", enable_progress_bar=False, logger=False,
                        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -96,6 +153,7 @@ def main(out, strategy):
     x, y = class_data()
     results = Trainer(**common_args).validate(Scored(), DataLoader(TensorDataset(x, y), batch_size=3), verbose=False)
     facts["val_acc"] = results[0]["val_acc"]
+    facts["checkpoint_writes"], facts["checkpoint_files"] = checkpoint_writes(out, **common_args)
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump(facts, f)
 

@@ -1,0 +1,228 @@
+"""Issue 37: ModelCheckpoint, EarlyStopping, LearningRateMonitor and Timer configured as a Lightning user does, run
+under Lightning 2.6 itself (a test dependency, imported here only) and under tasktrain, side by side: the same tiny
+Linear model, data and optimizer (CPU, one process, a few steps), then the files written (names and order of the
+writes, links), the monitored scores, the callbacks' state_dict keys, the logged keys and the messages compared."""
+import csv
+import glob
+import logging
+import os
+
+import pytest
+import torch
+from helpers import loader
+
+import tasktrain
+
+EPOCHS = 2  # 2 steps an epoch: loader(16) in batches of 8, validation on loader(8)
+
+
+@pytest.fixture(scope="module")
+def L():
+    import lightning
+
+    return lightning
+
+
+def lit_module(L, scheduler=False):
+    class LitLinear(L.LightningModule):  # tests/helpers.Linear, as a LightningModule
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self(x), y))
+
+        def configure_optimizers(self):
+            return configure(self, scheduler)
+
+    return LitLinear()
+
+
+def tt_module(scheduler=False):
+    from helpers import Linear
+
+    class Scheduled(Linear):
+        def configure_optimizers(self):
+            return configure(self, scheduler)
+
+    return Scheduled()
+
+
+def configure(module, scheduler):
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9 if scheduler else 0.0)
+    if not scheduler:
+        return optimizer
+    return {"optimizer": optimizer,
+            "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5), "interval": "step"}}
+
+
+def run(framework, L, root, callbacks, epochs=EPOCHS, logger=False, scheduler=False):
+    """fit under `framework` ("lightning" or "tasktrain"); returns (trainer, the basenames of the checkpoint writes in
+    their order)."""
+    common = dict(max_epochs=epochs, callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
+                  num_sanity_val_steps=0, default_root_dir=root, log_every_n_steps=1)
+    if framework == "lightning":
+        if logger:
+            logger = L.pytorch.loggers.CSVLogger(root, name="csv")
+        trainer = L.Trainer(accelerator="cpu", devices=1, logger=logger, **common)
+        module = lit_module(L, scheduler)
+    else:
+        if logger:
+            logger = tasktrain.CSVLogger(root, name="csv")
+        trainer = tasktrain.Trainer(logger=logger, **common)
+        module = tt_module(scheduler)
+    writes = []
+    save = trainer.save_checkpoint
+
+    def recorded(filepath, weights_only=False, *args, **kwargs):
+        writes.append(os.path.basename(filepath))
+        return save(filepath, weights_only)
+
+    trainer.save_checkpoint = recorded
+    trainer.fit(module, loader(16), loader(8))
+    return trainer, writes
+
+
+def folder(directory):
+    """The checkpoint folder as a user's glob sees it: names, and where each link points."""
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(directory, "*")))
+    links = {n: os.readlink(os.path.join(directory, n)) for n in names if os.path.islink(os.path.join(directory, n))}
+    return names, links
+
+
+def number(value):
+    return None if value is None else round(float(value), 5)
+
+
+CONFIGS = {
+    # top 2 by a metric, last written after each top-k file (a second write, as Lightning does)
+    "top2_last": dict(monitor="val_loss", save_top_k=2, save_last=True),
+    # a step schedule, every file kept, last a link to the newest
+    "steps_link": dict(every_n_train_steps=2, save_top_k=-1, save_last="link"),
+    # verbose, a metric in the name, mode max: only the first epoch is a top-1 file
+    "verbose_max": dict(filename="{epoch}-{val_loss:.2f}", monitor="val_loss", mode="max", verbose=True),
+    # nothing kept but last: written once, when training ends
+    "last_only": dict(save_top_k=0, save_last=True),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_model_checkpoint_beside_lightning(L, tmp_path, caplog, capsys, config):
+    seen = {}
+    for framework, cls in (("lightning", L.pytorch.callbacks.ModelCheckpoint),
+                           ("tasktrain", tasktrain.ModelCheckpoint)):
+        directory = tmp_path / framework / "ckpt"
+        checkpoint = cls(str(directory), **CONFIGS[config])  # dirpath positional, as Lightning's signature has it
+        caplog.clear()
+        capsys.readouterr()
+        with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+            _, writes = run(framework, L, tmp_path / framework, [checkpoint])
+        printed = capsys.readouterr().out.splitlines() + [r.getMessage() for r in caplog.records]
+        messages = [line.replace(str(directory), "DIR") for line in printed if line.startswith("Epoch ")]
+        stored = torch.load(os.path.join(directory, writes[-1]), weights_only=False)["callbacks"] if writes else {}
+        seen[framework] = dict(
+            writes=writes, folder=folder(directory), messages=messages,
+            best=(os.path.basename(checkpoint.best_model_path), number(checkpoint.best_model_score)),
+            kth=(os.path.basename(checkpoint.kth_best_model_path), number(getattr(checkpoint, "kth_value", None))),
+            last=os.path.basename(checkpoint.last_model_path),
+            top_k={os.path.basename(p): number(v) for p, v in checkpoint.best_k_models.items()},
+            state_keys=list(checkpoint.state_dict()),
+            stored_keys=[list(v) for k, v in stored.items() if k.startswith("ModelCheckpoint")])
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"]["writes"] or config == "last_only"  # the comparison saw files
+
+
+def test_version_counter_beside_lightning(L, tmp_path):
+    """A second fit into the same folder: names taken by the first run's files get -v1 (enable_version_counter), and
+    Lightning's "exists and is not empty" warning."""
+    seen = {}
+    for framework, cls in (("lightning", L.pytorch.callbacks.ModelCheckpoint),
+                           ("tasktrain", tasktrain.ModelCheckpoint)):
+        directory = str(tmp_path / framework / "ckpt")
+        run(framework, L, tmp_path / framework, [cls(directory, monitor="val_loss", save_last=True)], epochs=1)
+        with pytest.warns(UserWarning, match="exists and is not empty"):
+            _, writes = run(framework, L, tmp_path / framework, [cls(directory, monitor="val_loss", save_last=True)],
+                            epochs=1)
+        _, off = run(framework, L, tmp_path / framework,
+                     [cls(directory, monitor="val_loss", save_last=True, enable_version_counter=False)], epochs=1)
+        seen[framework] = writes, off, folder(directory)
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][0] == ["epoch=0-step=2-v1.ckpt", "last-v1.ckpt"]
+
+
+def test_early_stopping_beside_lightning(L, tmp_path, caplog, capsys):
+    seen = {}
+    for framework, cls in (("lightning", L.pytorch.callbacks.EarlyStopping), ("tasktrain", tasktrain.EarlyStopping)):
+        stopper = cls(monitor="val_loss", patience=1, mode="max", verbose=True)
+        caplog.clear()
+        capsys.readouterr()
+        with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+            trainer, _ = run(framework, L, tmp_path / framework, [stopper], epochs=6)
+        printed = capsys.readouterr().out.splitlines() + [r.getMessage() for r in caplog.records]
+        seen[framework] = dict(
+            stopped=(stopper.stopped_epoch, stopper.wait_count, trainer.current_epoch, trainer.global_step),
+            best=number(stopper.best_score), reason=str(stopper.stopping_reason),
+            reason_message=stopper.stopping_reason_message,
+            messages=[line for line in printed if line.startswith(("Metric ", "Monitored "))])
+        keys = list(stopper.state_dict())
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"]["stopped"][0] == 1
+    # Lightning's keys, and tasktrain's best_epoch beside them
+    lightning_keys = list(L.pytorch.callbacks.EarlyStopping(monitor="val_loss").state_dict())
+    assert [k for k in keys if k != "best_epoch"] == lightning_keys
+
+
+def test_learning_rate_monitor_and_timer_beside_lightning(L, tmp_path, caplog, capsys):
+    seen = {}
+    for framework, callbacks in (("lightning", L.pytorch.callbacks), ("tasktrain", tasktrain)):
+        monitor = callbacks.LearningRateMonitor(logging_interval="step", log_momentum=True)
+        timer = callbacks.Timer(duration=dict(days=1), interval="step")
+        trainer, _ = run(framework, L, tmp_path / framework, [monitor, timer], logger=True, scheduler=True)
+        trainer.logger.save()
+        with open(os.path.join(trainer.logger.log_dir, "metrics.csv")) as f:
+            rows = list(csv.DictReader(f))
+        columns = {k for row in rows for k, v in row.items() if v not in ("", None)}
+        seen[framework] = dict(
+            lrs={k: [number(v) for v in vs] for k, vs in monitor.lrs.items()},
+            logged=sorted(c for c in columns if c.startswith("lr-")),
+            lr_values=[number(row["lr-SGD"]) for row in rows if row.get("lr-SGD")],
+            timer_keys=list(timer.state_dict()), timer_ran=timer.time_elapsed("train") > 0)
+        # a duration already spent: the run stops after its first step, with Lightning's message
+        stopper = callbacks.Timer(duration="00:00:00:00", interval="step")
+        caplog.clear()
+        capsys.readouterr()
+        with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+            trainer, _ = run(framework, L, tmp_path / framework / "timer", [stopper])
+        printed = capsys.readouterr().out.splitlines() + [r.getMessage() for r in caplog.records]
+        seen[framework]["timer_stop"] = (trainer.global_step, [m for m in printed if "Time limit reached" in m])
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"]["lrs"]["lr-SGD"] and seen["tasktrain"]["timer_stop"][1]
+
+
+def test_constructor_arguments_are_lightnings(L, tmp_path):
+    """The same names in the same positional order (tasktrain's extras after them: ModelCheckpoint's async_save),
+    and the same defaults; EarlyStopping's strict: a missing metric fails (RuntimeError), or with strict=False the
+    check is skipped and the run goes on."""
+    import inspect
+
+    for name in ("ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Timer"):
+        theirs = inspect.signature(getattr(L.pytorch.callbacks, name)).parameters
+        ours = inspect.signature(getattr(tasktrain, name)).parameters
+        assert list(ours)[:len(theirs)] == list(theirs), name
+        assert [ours[p].default for p in theirs] == [theirs[p].default for p in theirs], name
+    for framework, cls in (("lightning", L.pytorch.callbacks.EarlyStopping), ("tasktrain", tasktrain.EarlyStopping)):
+        trainer, _ = run(framework, L, tmp_path / framework, [cls("not_logged", strict=False)], epochs=1)
+        assert trainer.current_epoch == 1 and not trainer.should_stop
+        with pytest.raises(RuntimeError, match="not_logged"):
+            run(framework, L, tmp_path / framework, [cls("not_logged")], epochs=1)
