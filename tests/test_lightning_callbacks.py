@@ -229,7 +229,7 @@ class BNNet(Linear):
         return torch.nn.functional.mse_loss(self(x), y)
 
 
-def test_swa_averages_epoch_ends_from_its_start_switches_the_rate_and_recomputes_batch_norm():
+def test_swa_averages_epoch_starts_from_its_start_switches_the_rate_and_recomputes_batch_norm():
     ends, lrs = [], []
     record = LambdaCallback(on_train_epoch_end=lambda trainer, module: (
         ends.append(module.layer.weight.detach().clone()), lrs.append(trainer.optimizers[0].param_groups[0]["lr"])))
@@ -237,7 +237,8 @@ def test_swa_averages_epoch_ends_from_its_start_switches_the_rate_and_recomputes
     swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2, annealing_epochs=2, annealing_strategy="linear")
     data = loader(32)
     Trainer(max_epochs=4, callbacks=[record, swa], **quiet()).fit(module, data)
-    torch.testing.assert_close(module.layer.weight, torch.stack(ends[1:]).mean(0))  # epochs 1, 2, 3 (0-based)
+    # Lightning's rule: the starts of epochs 1, 2, 3 (0-based), i.e. the ends of epochs 0, 1, 2
+    torch.testing.assert_close(module.layer.weight, torch.stack(ends[:3]).mean(0))
     assert lrs[0] == 0.1 and lrs[1] == pytest.approx(0.075) and lrs[2] == lrs[3] == pytest.approx(0.05)
     with torch.no_grad():  # BatchNorm's statistics: the averaged weights' batches, averaged with equal weights
         pre = [module.layer(x) for x, _ in data]
@@ -522,7 +523,7 @@ def test_swa_resume_continues_the_average_and_the_swa_schedule(tmp_path):
     full = BNNet()
     Trainer(max_epochs=4, callbacks=[swa(), saver], **quiet()).fit(full, loader(32))
     ckpt = torch.load(tmp_path / "e2.ckpt", weights_only=True)
-    assert int(ckpt["averaging_state"]["n_averaged"]) == 2  # epochs 1 and 2
+    assert ckpt["callbacks"]["StochasticWeightAveraging"]["n_averaged"] == 2  # the starts of epochs 1 and 2
     assert ckpt["callbacks"]["StochasticWeightAveraging"]["scheduler_state"] is not None
     resumed = BNNet()
     trainer = Trainer(max_epochs=4, callbacks=[swa()], **quiet())

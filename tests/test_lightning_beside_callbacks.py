@@ -1,0 +1,170 @@
+"""Lightning 2.6 beside tasktrain (issue 37): the same callback configurations run under Lightning itself and under
+tasktrain (tiny model, CPU, one process, a few steps), and what a user sees is compared: the errors raised and their
+types, the weights after StochasticWeightAveraging, requires_grad and learning rates after BackboneFinetuning, the
+accumulation factors of GradientAccumulationScheduler, the ModelSummary table, the prediction writer's files and the
+callbacks' state_dict keys. Lightning is a test dependency, imported inside the tests only."""
+import inspect
+import io
+import logging
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import tasktrain
+import tasktrain.callbacks
+from tasktrain.exceptions import MisconfigurationException
+
+L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
+from lightning.pytorch.utilities.exceptions import MisconfigurationException as LMisconfigurationException  # noqa
+
+
+def data(n=24, batch_size=6):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    return DataLoader(TensorDataset(x, x @ torch.ones(4, 1) + 0.1 * torch.randn(n, 1, generator=g)),
+                      batch_size=batch_size)
+
+
+def net_class(base, batch_norm=False, lr=0.1, scheduler=False):
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.backbone = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh())
+            if batch_norm:
+                self.backbone.append(torch.nn.BatchNorm1d(8))
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(self.backbone(x))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self(x), y)
+
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return self(batch[0])
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=lr)
+            if scheduler:
+                return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)]
+            return optimizer
+    return Net
+
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+             num_sanity_val_steps=0)
+
+
+def lightning_trainer(**kwargs):
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    return L.Trainer(accelerator="cpu", devices=1, **{**QUIET, **kwargs})
+
+
+def ours_trainer(**kwargs):
+    return tasktrain.Trainer(accelerator="cpu", devices=1, **{**QUIET, **kwargs})
+
+
+def both(fn):
+    """fn(framework namespace) under Lightning and under tasktrain: (Lightning's result, ours)."""
+    from lightning.pytorch import callbacks as lightning_callbacks
+
+    lightning = dict(Trainer=lightning_trainer, Module=L.LightningModule, cb=lightning_callbacks,
+                     Misconfiguration=LMisconfigurationException)
+    ours = dict(Trainer=ours_trainer, Module=tasktrain.TaskModule, cb=tasktrain.callbacks,
+                Misconfiguration=MisconfigurationException)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(**lightning), fn(**ours)
+
+
+def outcome(make):
+    """'ok', or the name of the exception's class (MisconfigurationException as one name for both frameworks)."""
+    try:
+        make()
+    except Exception as error:  # noqa: BLE001 (the type is the result)
+        return type(error).__name__
+    return "ok"
+
+
+def signature(cls):
+    return [(p.name, p.kind, repr(p.default)) for p in inspect.signature(cls.__init__).parameters.values()]
+
+
+# -- StochasticWeightAveraging -------------------------------------------------------------------------------------
+SWA_REFUSED_OR_NOT = [
+    dict(swa_lrs=0.1), dict(swa_lrs=[0.1, 0.2]), dict(swa_lrs=1), dict(swa_lrs=-0.1), dict(swa_lrs=(0.1,)),
+    dict(swa_lrs=[0.1, 1]), dict(swa_lrs=[]), dict(swa_lrs="0.1"),
+    dict(swa_lrs=0.1, swa_epoch_start=0), dict(swa_lrs=0.1, swa_epoch_start=1), dict(swa_lrs=0.1, swa_epoch_start=1.5),
+    dict(swa_lrs=0.1, swa_epoch_start=0.0), dict(swa_lrs=0.1, swa_epoch_start=-0.5),
+    dict(swa_lrs=0.1, avg_fn=3), dict(swa_lrs=0.1, avg_fn=lambda a, b, n: a),
+    dict(swa_lrs=0.1, device=3), dict(swa_lrs=0.1, device="cpu"), dict(swa_lrs=0.1, device=None),
+]
+
+
+def test_swa_constructor_refuses_what_lightning_refuses_with_the_same_type():
+    def run(cb, **_):
+        return [outcome(lambda: cb.StochasticWeightAveraging(**kwargs)) for kwargs in SWA_REFUSED_OR_NOT]
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert "MisconfigurationException" in ours
+    assert signature(tasktrain.callbacks.StochasticWeightAveraging) == \
+        signature(L.callbacks.StochasticWeightAveraging)
+
+
+def test_swa_fit_refusals_and_weights_after_swa_match_lightning():
+    def run(Trainer, Module, cb, **_):
+        results = {}
+        # fit-time refusals: a fractional start with max_epochs=-1
+        frac = cb.StochasticWeightAveraging(swa_lrs=0.1, swa_epoch_start=0.5)
+        results["fraction, max_epochs=-1"] = outcome(lambda: Trainer(max_epochs=-1, max_steps=3, callbacks=[frac])
+                                                     .fit(net_class(Module)(), data()))
+
+        class TwoOptimizers(net_class(Module)):
+            def configure_optimizers(self):
+                return [torch.optim.SGD(self.head.parameters(), lr=0.1),
+                        torch.optim.SGD(self.backbone.parameters(), lr=0.1)]
+
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                return None
+        results["two optimizers"] = outcome(lambda: Trainer(max_epochs=1, callbacks=[
+            cb.StochasticWeightAveraging(swa_lrs=0.1)]).fit(TwoOptimizers(), data()))
+        # the weights after SWA: starts at the 2nd epoch of 4, linear annealing over 2, a step scheduler before
+        for strategy in ("linear", "cos"):
+            module = net_class(Module, scheduler=True)()
+            swa = cb.StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2, annealing_epochs=2,
+                                               annealing_strategy=strategy)
+            lrs = []
+            record = cb.LambdaCallback(on_train_epoch_end=lambda trainer, m: lrs.append(
+                trainer.optimizers[0].param_groups[0]["lr"]))
+            trainer = Trainer(max_epochs=4, callbacks=[swa, record])
+            trainer.fit(module, data())
+            results[strategy] = ({k: v.clone() for k, v in module.state_dict().items()}, lrs, int(swa.n_averaged),
+                                 sorted(swa.state_dict()), swa.swa_start, swa.swa_end)
+        # a fractional start: int(0.5 * 4) = the 2nd epoch
+        module = net_class(Module)()
+        swa = cb.StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=0.5)
+        Trainer(max_epochs=4, callbacks=[swa]).fit(module, data())
+        results["fraction"] = ({k: v.clone() for k, v in module.state_dict().items()}, swa.swa_start)
+        return results
+
+    lightning, ours = both(run)
+    assert ours["fraction, max_epochs=-1"] == lightning["fraction, max_epochs=-1"] == "MisconfigurationException"
+    assert ours["two optimizers"] == lightning["two optimizers"] == "MisconfigurationException"
+    for key in ("linear", "cos", "fraction"):
+        theirs, mine = lightning[key], ours[key]
+        assert sorted(mine[0]) == sorted(theirs[0])
+        for name in theirs[0]:
+            torch.testing.assert_close(mine[0][name], theirs[0][name], msg=f"{key}: {name}")
+        assert mine[1:] == pytest.approx(theirs[1:]) if key == "fraction" else mine[1] == pytest.approx(theirs[1])
+        if key != "fraction":
+            assert mine[2:] == theirs[2:]
+    assert ours["linear"][3] == ["average_model_state", "latest_update_epoch", "n_averaged", "scheduler_state"]
