@@ -168,3 +168,50 @@ def test_swa_fit_refusals_and_weights_after_swa_match_lightning():
         if key != "fraction":
             assert mine[2:] == theirs[2:]
     assert ours["linear"][3] == ["average_model_state", "latest_update_epoch", "n_averaged", "scheduler_state"]
+
+
+# -- GradientAccumulationScheduler ---------------------------------------------------------------------------------
+def test_gradient_accumulation_scheduler_factors_steps_and_refusals_match_lightning():
+    def run(Trainer, Module, cb, **_):
+        results = {"init": [outcome(lambda: cb.GradientAccumulationScheduler(s)) for s in
+                            ({}, {-1: 2}, {0: 0}, {0: 1.5}, {"1": 2}, {0: 2, 3: 1}, {2: 4})]}
+        results["scheduling"] = cb.GradientAccumulationScheduler({2: 4}).scheduling
+        factors, steps = [], []
+        record = cb.LambdaCallback(on_train_epoch_end=lambda trainer, m: (
+            factors.append(trainer.accumulate_grad_batches), steps.append(trainer.global_step)))
+        module = net_class(Module)()
+        Trainer(max_epochs=4, callbacks=[cb.GradientAccumulationScheduler({1: 2, 3: 4}), record]).fit(module, data())
+        results["fit"] = (factors, steps, {k: v.clone() for k, v in module.state_dict().items()})
+
+        class Manual(net_class(Module)):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                return None
+        results["manual"] = outcome(lambda: Trainer(max_epochs=1, callbacks=[cb.GradientAccumulationScheduler(
+            {0: 2})]).fit(Manual(), data()))
+        results["trainer factor"] = outcome(lambda: Trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[
+            cb.GradientAccumulationScheduler({0: 2})]).fit(net_class(Module)(), data()))
+        return results
+
+    lightning, ours = both(run)
+    assert ours["init"] == lightning["init"]
+    assert ours["init"][:5] == ["TypeError"] + ["MisconfigurationException"] * 4
+    assert ours["scheduling"] == lightning["scheduling"] == {2: 4, 0: 1}
+    assert ours["fit"][:2] == lightning["fit"][:2] == ([1, 2, 2, 4], [4, 6, 8, 9])
+    for name, value in lightning["fit"][2].items():
+        torch.testing.assert_close(ours["fit"][2][name], value)
+    assert (ours["manual"], ours["trainer factor"]) == (lightning["manual"], lightning["trainer factor"]) == \
+        ("RuntimeError", "ValueError")
+
+
+def test_gradient_accumulation_scheduler_warns_as_lightning_when_optimizer_step_is_overridden():
+    class Stepper(net_class(tasktrain.TaskModule)):
+        def optimizer_step(self, *args, **kwargs):
+            return super().optimizer_step(*args, **kwargs)
+
+    with pytest.warns(UserWarning, match=r"optimizer_\{step,zero_grad\}.*optimizer_step"):
+        ours_trainer(max_epochs=1, limit_train_batches=2, callbacks=[
+            tasktrain.callbacks.GradientAccumulationScheduler({0: 2})]).fit(Stepper(), data())
