@@ -215,3 +215,85 @@ def test_gradient_accumulation_scheduler_warns_as_lightning_when_optimizer_step_
     with pytest.warns(UserWarning, match=r"optimizer_\{step,zero_grad\}.*optimizer_step"):
         ours_trainer(max_epochs=1, limit_train_batches=2, callbacks=[
             tasktrain.callbacks.GradientAccumulationScheduler({0: 2})]).fit(Stepper(), data())
+
+
+# -- BaseFinetuning / BackboneFinetuning ---------------------------------------------------------------------------
+def test_backbone_finetuning_unfreezes_rates_weights_state_and_refusals_match_lightning(capsys):
+    def run(Trainer, Module, cb, **_):
+        seen = []
+        record = cb.LambdaCallback(on_train_epoch_end=lambda trainer, m: seen.append((
+            [p.requires_grad for p in m.parameters()], [g["lr"] for g in trainer.optimizers[0].param_groups])))
+        module = net_class(Module, batch_norm=True)()
+        finetuning = cb.BackboneFinetuning(unfreeze_backbone_at_epoch=1, lambda_func=lambda epoch: 1.5,
+                                           backbone_initial_ratio_lr=0.2, train_bn=False)
+        Trainer(max_epochs=4, callbacks=[finetuning, record]).fit(module, data())
+        state = finetuning.state_dict()
+        groups = [[sorted(k for k in g if k != "params"), len(g["params"])]
+                  for g in state["internal_optimizer_metadata"][0]]
+        results = dict(seen=seen, weights={k: v.clone() for k, v in module.state_dict().items()},
+                       state=(sorted(state), state["previous_backbone_lr"]), groups=groups)
+
+        class NoBackbone(net_class(Module)):
+            def __init__(self):
+                super().__init__()
+                del self.backbone
+                self.body = torch.nn.Linear(4, 8)
+
+            def forward(self, x):
+                return self.head(self.body(x))
+        results["no backbone"] = outcome(lambda: Trainer(max_epochs=1, callbacks=[cb.BackboneFinetuning()]).fit(
+            NoBackbone(), data()))
+
+        class ListBackbone(net_class(Module)):
+            def __init__(self):
+                super().__init__()
+                self.parts = torch.nn.ModuleList([torch.nn.Linear(4, 8)])
+                self.__dict__["backbone"] = list(self.parts)  # an iterable of modules, no nn.Module
+
+            def forward(self, x):
+                return self.head(self.parts[0](x))
+        results["list backbone"] = outcome(lambda: Trainer(max_epochs=1, callbacks=[cb.BackboneFinetuning()]).fit(
+            ListBackbone(), data()))
+        # the helpers: the frozen parameters found by filter_params, and what make_trainable does to BatchNorm
+        net = net_class(Module, batch_norm=True)()
+        cb.BaseFinetuning.freeze(net.backbone, train_bn=True)
+        results["freeze train_bn"] = [p.requires_grad for p in net.parameters()]
+        cb.BaseFinetuning.freeze(net.backbone, train_bn=False)
+        results["frozen"] = len(list(cb.BaseFinetuning.filter_params(net, requires_grad=False)))
+        results["bn stats"] = net.backbone[2].track_running_stats
+        results["flatten"] = [type(m).__name__ for m in cb.BaseFinetuning.flatten_modules([net.backbone, net.head])]
+        # verbose: Lightning logs the line, tasktrain prints it
+        verbose = cb.BackboneFinetuning(unfreeze_backbone_at_epoch=0, verbose=True)
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        logging.getLogger("lightning.pytorch.callbacks.finetuning").addHandler(handler)
+        logging.getLogger("lightning.pytorch.callbacks.finetuning").setLevel(logging.INFO)
+        capsys.readouterr()
+        Trainer(max_epochs=2, callbacks=[verbose]).fit(net_class(Module)(), data())
+        logging.getLogger("lightning.pytorch.callbacks.finetuning").removeHandler(handler)
+        lines = stream.getvalue() + capsys.readouterr().out
+        results["verbose"] = [line for line in lines.splitlines() if line.startswith("Current lr")]
+        return results
+
+    lightning, ours = both(run)
+    assert ours["seen"] == lightning["seen"]
+    assert ours["seen"][0][0] == [False, False, True, True, True, True]  # BatchNorm frozen too: train_bn=False
+    assert ours["seen"][1][0] == [True] * 6 and len(ours["seen"][1][1]) == 2
+    for name, value in lightning["weights"].items():
+        torch.testing.assert_close(ours["weights"][name], value)
+    assert ours["state"][0] == lightning["state"][0] == ["internal_optimizer_metadata", "previous_backbone_lr"]
+    assert ours["state"][1] == pytest.approx(lightning["state"][1])
+    assert ours["groups"] == lightning["groups"]
+    assert (ours["no backbone"], ours["list backbone"]) == (lightning["no backbone"], lightning["list backbone"]) == \
+        ("AttributeError", "MisconfigurationException")
+    for key in ("freeze train_bn", "frozen", "bn stats", "flatten", "verbose"):
+        assert ours[key] == lightning[key], key
+    assert len(ours["verbose"]) == 2
+
+
+def test_backbone_finetuning_signature_is_lightnings():
+    ours = signature(tasktrain.callbacks.BackboneFinetuning)
+    theirs = signature(L.callbacks.BackboneFinetuning)
+    assert [p[:2] for p in ours] == [p[:2] for p in theirs]
+    assert [p[2] for p in ours if "function" not in p[2]] == [p[2] for p in theirs if "function" not in p[2]]
+    assert tasktrain.callbacks.BackboneFinetuning().lambda_func(3) == L.callbacks.BackboneFinetuning().lambda_func(3)

@@ -148,7 +148,7 @@ def test_base_finetuning_helpers():
     BaseFinetuning.make_trainable(net[2])
     assert [p.requires_grad for p in net.parameters()] == [False, False, False, False, True, True]
     optimizer = torch.optim.SGD(net[2].parameters(), lr=1.0)
-    with pytest.warns(UserWarning, match="already in a param group"):
+    with pytest.warns(UserWarning, match="already exist within another group"):
         BaseFinetuning.unfreeze_and_add_param_group(net, optimizer, initial_denom_lr=4.0)
     assert [g["lr"] for g in optimizer.param_groups] == [1.0, 0.25]
     assert len(optimizer.param_groups[1]["params"]) == 4
