@@ -297,3 +297,44 @@ def test_backbone_finetuning_signature_is_lightnings():
     assert [p[:2] for p in ours] == [p[:2] for p in theirs]
     assert [p[2] for p in ours if "function" not in p[2]] == [p[2] for p in theirs if "function" not in p[2]]
     assert tasktrain.callbacks.BackboneFinetuning().lambda_func(3) == L.callbacks.BackboneFinetuning().lambda_func(3)
+
+
+# -- ModelSummary / RichModelSummary ---------------------------------------------------------------------------------
+def test_model_summary_text_matches_lightning(capsys):
+    def run(Trainer, Module, cb, **_):
+        class Summarised(net_class(Module, batch_norm=True)):
+            def __init__(self):
+                super().__init__()
+                self.scale = torch.nn.Parameter(torch.ones(1))  # belongs to no layer: "other params"
+                self.head.eval()  # a module in eval mode
+                self.example_input_array = torch.zeros(3, 4)
+
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        lightning_log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
+        lightning_log.addHandler(handler)
+        lightning_log.setLevel(logging.INFO)
+        capsys.readouterr()
+        tables = []
+        for depth in (1, 2, 0):
+            Trainer(max_epochs=1, limit_train_batches=1, callbacks=[cb.ModelSummary(max_depth=depth)]).fit(
+                Summarised(), data())
+            text = stream.getvalue() + capsys.readouterr().out
+            tables.append("\n".join(line for line in text.splitlines() if line and not line.startswith("[tasktrain]")))
+            stream.seek(0), stream.truncate()
+        lightning_log.removeHandler(handler)
+        rich_available = True
+        try:
+            import rich  # noqa: F401
+        except ImportError:
+            rich_available = False
+        return tables, (None if rich_available else outcome(lambda: cb.RichModelSummary())), \
+            signature(cb.ModelSummary)
+
+    lightning, ours = both(run)
+    assert ours[0][0] == lightning[0][0]
+    assert "other params" in ours[0][0] and "FLOPs" in ours[0][0]
+    assert ours[0][1] == lightning[0][1] and "backbone.2" in ours[0][1]
+    assert ours[0][2] == lightning[0][2] == ""  # max_depth=0: no table
+    assert ours[1] == lightning[1]
+    assert ours[2] == lightning[2]

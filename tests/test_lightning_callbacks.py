@@ -378,12 +378,13 @@ def test_model_summary_depth_sizes_and_no_forward_without_an_example(capsys, mon
     assert "In sizes" in out and "[5, 4]" in out and "[5, 1]" in out and "block.1" not in out
 
 
-def test_model_summary_conflict_and_bad_depth():
-    with pytest.raises(ValueError, match="enable_model_summary=False"):
-        Trainer(enable_model_summary=False, callbacks=[ModelSummary()])
+def test_model_summary_given_with_enable_model_summary_false_runs_and_bad_depth(capsys):
+    # Lightning: enable_model_summary=False only stops the default one; a ModelSummary the user gives runs
+    Trainer(max_epochs=1, enable_model_summary=False, callbacks=[ModelSummary()], **quiet()).fit(Linear(), loader(8))
+    assert "Trainable params" in capsys.readouterr().out
     with pytest.raises(ValueError, match="max_depth"):
         ModelSummary(max_depth=-2)
-    assert str(model_summary.summarize(torch.nn.Linear(1000, 1000))).splitlines()[-4].startswith("1.0 M")
+    assert str(model_summary.summarize(torch.nn.Linear(1000, 1000))).splitlines()[-5].startswith("1.0 M")
 
 
 # -- BasePredictionWriter --------------------------------------------------------------------------------------------
