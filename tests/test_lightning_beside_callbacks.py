@@ -338,3 +338,41 @@ def test_model_summary_text_matches_lightning(capsys):
     assert ours[0][2] == lightning[0][2] == ""  # max_depth=0: no table
     assert ours[1] == lightning[1]
     assert ours[2] == lightning[2]
+
+
+# -- BasePredictionWriter ------------------------------------------------------------------------------------------
+def test_prediction_writer_files_match_lightning(tmp_path):
+    def run(Trainer, Module, cb, **_):
+        folder = tmp_path / Module.__name__
+
+        class Writer(cb.BasePredictionWriter):
+            def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx,
+                                   dataloader_idx):
+                torch.save((prediction, list(batch_indices)), folder / f"{dataloader_idx}-{batch_idx}.pt")
+
+            def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+                torch.save((predictions, batch_indices), folder / f"epoch-{trainer.global_rank}.pt")
+
+        folder.mkdir()
+        writer = Writer("batch_and_epoch")
+        returned = Trainer(callbacks=[writer]).predict(net_class(Module)(), data(n=10, batch_size=4),
+                                                       return_predictions=False)
+        files = {path.name: torch.load(path, weights_only=False) for path in sorted(folder.iterdir())}
+        return (returned, files, str(writer.interval), writer.interval == "batch_and_epoch",
+                (writer.interval.on_batch, writer.interval.on_epoch),
+                outcome(lambda: cb.BasePredictionWriter("step")), signature(cb.BasePredictionWriter))
+
+    lightning, ours = both(run)
+    assert ours[0] is None and lightning[0] is None
+    assert sorted(ours[1]) == sorted(lightning[1]) == ["0-0.pt", "0-1.pt", "0-2.pt", "epoch-0.pt"]
+    for name, (theirs_value, theirs_indices) in lightning[1].items():
+        mine_value, mine_indices = ours[1][name]
+        assert mine_indices == theirs_indices
+        if isinstance(theirs_value, list):  # the epoch file: the loader's predictions, one tensor per batch
+            assert len(mine_value) == len(theirs_value) == 3
+            for a, b in zip(mine_value, theirs_value):
+                torch.testing.assert_close(a, b)
+        else:
+            torch.testing.assert_close(mine_value, theirs_value)
+    assert ours[2:] == lightning[2:]
+    assert ours[5] == "MisconfigurationException"
