@@ -376,3 +376,51 @@ def test_prediction_writer_files_match_lightning(tmp_path):
             torch.testing.assert_close(mine_value, theirs_value)
     assert ours[2:] == lightning[2:]
     assert ours[5] == "MisconfigurationException"
+
+
+# -- ThroughputMonitor -----------------------------------------------------------------------------------------------
+def test_throughput_monitor_writes_lightnings_keys_by_default():
+    def run(Trainer, Module, cb, **_):
+        logged = []
+        if Module is L.LightningModule:
+            from lightning.pytorch.loggers import Logger
+
+            class Recorder(Logger):
+                name, version = "recorder", 0
+
+                def log_hyperparams(self, *args, **kwargs):
+                    pass
+
+                def log_metrics(self, metrics, step=None):
+                    logged.append(sorted(metrics))
+        else:
+            from tasktrain.loggers import Logger
+
+            class Recorder(Logger):
+                def log_metrics(self, metrics, step=None):
+                    logged.append(sorted(metrics))
+
+        class WithFlops(net_class(Module)):
+            flops_per_batch = 1000
+
+        monitor = cb.ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0],
+                                       length_fn=lambda batch: 3 * batch[0].shape[0], window_size=2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            Trainer(max_epochs=1, log_every_n_steps=2, logger=Recorder(), callbacks=[monitor]).fit(
+                net_class(Module)(), data(n=48))
+        warned = [str(w.message) for w in caught if "flops_per_batch" in str(w.message)]
+        keys_without = [k for k in logged if "train/samples" in k]
+        logged.clear()
+        Trainer(max_epochs=1, log_every_n_steps=2, logger=Recorder(), callbacks=[cb.ThroughputMonitor(
+            batch_size_fn=lambda batch: batch[0].shape[0], window_size=2)]).fit(WithFlops(), data(n=48))
+        keys_with = [k for k in logged if "train/samples" in k]
+        short = cb.ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], length_fn=lambda batch: 1)
+        return keys_without, keys_with, len(warned), outcome(lambda: Trainer(max_steps=1, callbacks=[short]).fit(
+            WithFlops(), data()))
+
+    lightning, ours = both(run)
+    assert ours[0] == lightning[0] and len(ours[0]) == 4
+    assert "train/device/items_per_sec" in ours[0][-1] and "train/device/flops_per_sec" not in ours[0][-1]
+    assert ours[1] == lightning[1] and "train/device/flops_per_sec" in ours[1][-1]
+    assert ours[2:] == lightning[2:] == (1, "ValueError")  # a length_fn counting fewer items than samples
