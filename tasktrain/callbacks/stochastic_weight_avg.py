@@ -201,9 +201,10 @@ class StochasticWeightAveraging(Callback):
                                             f"for {len(optimizer.param_groups)} param groups: give one per group.")
         for lr, group in zip(self._swa_lrs, optimizer.param_groups):
             group["initial_lr"] = lr  # as Lightning: the optimizer's state then holds it too
+        # Lightning's last_epoch (SWALR's rates do not depend on it; its state_dict does)
+        last_epoch = {"cos": trainer.max_epochs, "linear": -1}[self._annealing_strategy]
         self._swa_scheduler = SWALR(optimizer, swa_lr=self._swa_lrs, anneal_epochs=self._annealing_epochs,
-                                    anneal_strategy=self._annealing_strategy,
-                                    last_epoch=trainer.max_epochs if self._annealing_strategy == "cos" else -1)
+                                    anneal_strategy=self._annealing_strategy, last_epoch=last_epoch)
         if self._scheduler_state is not None:
             self._swa_scheduler.load_state_dict(self._scheduler_state)
         elif trainer.current_epoch != self.swa_start:
