@@ -182,8 +182,8 @@ class BackboneFinetuning(BaseFinetuning):
 
     def __init__(self, unfreeze_backbone_at_epoch: int = 10, lambda_func: Callable = multiplicative,
                  backbone_initial_ratio_lr: float = 10e-2, backbone_initial_lr: Optional[float] = None,
-                 should_align: bool = True, initial_denom_lr: float = 10.0, train_bn: bool = True, verbose: bool = False,
-                 rounding: int = 12) -> None:
+                 should_align: bool = True, initial_denom_lr: float = 10.0, train_bn: bool = True,
+                 verbose: bool = False, rounding: int = 12) -> None:
         super().__init__()
         self.unfreeze_backbone_at_epoch = unfreeze_backbone_at_epoch
         self.lambda_func = lambda_func

@@ -66,7 +66,8 @@ class GradientAccumulationScheduler(Callback):
                                "callback, or accumulate in training_step.")
         from tasktrain.trainer.module import TaskModule, is_overridden
 
-        overrides = [name for name in ("optimizer_step", "optimizer_zero_grad") if is_overridden(name, module, TaskModule)]
+        overrides = [name for name in ("optimizer_step", "optimizer_zero_grad")
+                     if is_overridden(name, module, TaskModule)]
         if overrides and self.going_to_accumulate_grad_batches():
             warnings.warn("When using `Trainer(accumulate_grad_batches != 1)` and overriding "
                           "`LightningModule.optimizer_{step,zero_grad}`, the hooks will not be called on every batch "

@@ -13,18 +13,19 @@ per second over the device's dense peak for the run's precision). With several p
 
 By default it writes what Lightning's writes, under the same keys. FLOPs per batch: the module's `flops_per_batch`
 attribute when it has one (Lightning's way; without one and without `measure_flops=True`, Lightning's warning that
-the FLOPs need it, and no FLOPs keys); with `measure_flops=True` they are counted once, on the stage's first batch, by torch.utils.flop_counter.FlopCounterMode around that batch's forward
-and backward (training) or its forward (evaluation): what the model really ran, not a formula. The peak: the
-`peak_flops` argument (FLOP/s), else the table PEAK_TFLOPS for the GPU's name and the precision; on a CPU, or a GPU
-not in the table, MFU is not written unless `peak_flops` is given.
+the FLOPs need it, and no FLOPs keys); with `measure_flops=True` they are counted once, on the stage's first batch,
+by torch.utils.flop_counter.FlopCounterMode around that batch's forward and backward (training) or its forward
+(evaluation): what the model really ran, not a formula. The peak: the `peak_flops` argument (FLOP/s), else the table
+PEAK_TFLOPS for the GPU's name and the precision; on a CPU, or a GPU not in the table, MFU is not written unless
+`peak_flops` is given.
 
-The step split (training, `step_split=True`; its keys are tasktrain's own): each rank times its batches' phases and the loggers get, at each
-log step, the mean seconds per batch since the last one, per rank: `train/split/rank<R>/data_wait` (from the end
-of a batch to the start of the next: the loader and the copy to the device), `forward` (training_step),
-`backward`, `optimizer` (clipping and the step), `checkpoint` (checkpoint saves between batches) and `other`
-(the rest: zero_grad, schedulers, logging, callbacks; validation excluded). In manual optimisation the loop fires
-no backward or optimizer events: the whole step is in `other`. On CUDA the device phases (forward,
-backward, optimizer) are CUDA events read at the log step, so the split adds no synchronisation per step.
+The step split (training, `step_split=True`; its keys are tasktrain's own): each rank times its batches' phases and
+the loggers get, at each log step, the mean seconds per batch since the last one, per rank:
+`train/split/rank<R>/data_wait` (from the end of a batch to the start of the next: the loader and the copy to the
+device), `forward` (training_step), `backward`, `optimizer` (clipping and the step), `checkpoint` (checkpoint saves
+between batches) and `other` (the rest: zero_grad, schedulers, logging, callbacks; validation excluded). In manual
+optimisation the loop fires no backward or optimizer events: the whole step is in `other`. On CUDA the device phases
+(forward, backward, optimizer) are CUDA events read at the log step, so the split adds no synchronisation per step.
 
 Training values are written at the trainer's log steps (every log_every_n_steps-th optimizer step, after the
 step, so its time is included); validation, test and predict values once at the end of each run (Lightning
