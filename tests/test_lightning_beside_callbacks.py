@@ -154,6 +154,17 @@ def test_swa_fit_refusals_and_weights_after_swa_match_lightning():
         swa = cb.StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=0.5)
         Trainer(max_epochs=4, callbacks=[swa]).fit(module, data())
         results["fraction"] = ({k: v.clone() for k, v in module.state_dict().items()}, swa.swa_start)
+        # BatchNorm: the statistics recomputed for the average. Lightning's extra epoch (max_epochs + 1) starts with
+        # the average transferred, then steps the optimizer with stale gradients (its bug #17245's root): the
+        # weights are compared where Lightning holds the average, the statistics at the end
+        module = net_class(Module, batch_norm=True)()
+        at_average = {}
+        grab = cb.LambdaCallback(on_train_epoch_start=lambda trainer, m: at_average.update(
+            {k: v.clone() for k, v in m.named_parameters()}) if trainer.current_epoch == 3 else None)
+        Trainer(max_epochs=3, callbacks=[cb.StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2), grab]).fit(
+            module, data())
+        results["batch norm"] = (at_average or dict(module.named_parameters()),
+                                 {k: v.clone() for k, v in module.named_buffers()})
         return results
 
     lightning, ours = both(run)
@@ -168,6 +179,10 @@ def test_swa_fit_refusals_and_weights_after_swa_match_lightning():
         if key != "fraction":
             assert mine[2:] == theirs[2:]
     assert ours["linear"][3] == ["average_model_state", "latest_update_epoch", "n_averaged", "scheduler_state"]
+    for theirs, mine in zip(lightning["batch norm"], ours["batch norm"]):
+        assert sorted(mine) == sorted(theirs)
+        for name in theirs:
+            torch.testing.assert_close(mine[name], theirs[name], msg=name)
 
 
 # -- GradientAccumulationScheduler ---------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ rate and keep an equal-weight average of the weights; when training ends the mod
   evaluates the weights being trained.
 - A module with BatchNorm gets its running statistics recomputed for the averaged weights after the transfer,
   with one pass over the training loader in train mode without gradients, calling `module(batch[0])` for a
-  list/tuple batch and `module(batch)` otherwise (torch's `update_bn` convention; Lightning runs one more
-  training epoch whose steps skip backward instead: the statistics are the same cumulative average; a module whose
-  forward wants something else overrides `update_batch_norm(trainer, module)`). On several processes the ranks'
+  list/tuple batch and `module(batch)` otherwise (torch's `update_bn` convention; a module whose forward wants
+  something else overrides `update_batch_norm(trainer, module)`). Lightning runs one more training epoch whose
+  steps skip the backward instead: the statistics are the same cumulative mean, but its optimizer still steps there
+  (with the last gradients in fp32; an error under 16-mixed, Lightning issue #17245), moving the weights off the
+  average: here the module ends with the average. On several processes the ranks'
   statistics are merged, so every rank ends with the same module.
 - Its checkpoint state is Lightning's: `n_averaged`, `latest_update_epoch`, `scheduler_state` (SWALR's) and
   `average_model_state` (the averaged copy's state_dict); a resume continues the average and the schedule.
