@@ -439,3 +439,11 @@ def test_throughput_monitor_writes_lightnings_keys_by_default():
     assert "train/device/items_per_sec" in ours[0][-1] and "train/device/flops_per_sec" not in ours[0][-1]
     assert ours[1] == lightning[1] and "train/device/flops_per_sec" in ours[1][-1]
     assert ours[2:] == lightning[2:] == (1, "ValueError")  # a length_fn counting fewer items than samples
+
+
+def test_swa_is_refused_under_a_sharding_strategy_as_lightning_refuses_it():
+    from tasktrain import FSDP
+
+    with pytest.raises(MisconfigurationException, match="SWA does not currently support sharded models"):
+        ours_trainer(strategy=FSDP(), max_epochs=1, callbacks=[
+            tasktrain.callbacks.StochasticWeightAveraging(swa_lrs=0.1)]).fit(net_class(tasktrain.TaskModule)(), data())

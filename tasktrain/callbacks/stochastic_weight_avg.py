@@ -28,8 +28,8 @@ rate and keep an equal-weight average of the weights; when training ends the mod
   `average_model_state` (the averaged copy's state_dict); a resume continues the average and the schedule.
 
 Wrong settings raise MisconfigurationException (a ValueError) where Lightning does: in the constructor, and at fit
-start for several optimizers, several schedulers, or a fractional start with max_epochs=-1. Refused where the
-parameters are sharded (DeepSpeed ZeRO-3, FSDP).
+start for several optimizers, several schedulers, or a fractional start with max_epochs=-1; at set-up (of any stage)
+under a sharding strategy (FSDP, DeepSpeed), as Lightning.
 """
 from typing import Callable, Literal, Optional, Union
 
@@ -156,10 +156,14 @@ class StochasticWeightAveraging(Callback):
 
     # -- events ----------------------------------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage):
-        if stage != "fit":
-            return
-        trainer.strategy.check_full_parameters("StochasticWeightAveraging (it keeps a full copy of the weights)")
-        self._average_model = _ParameterCopy(pl_module)
+        from tasktrain.strategies.base import Sharded
+
+        if isinstance(trainer.strategy, Sharded):  # every stage, as Lightning (FSDP, DeepSpeed)
+            raise MisconfigurationException(
+                f"SWA does not currently support sharded models: {type(trainer.strategy).__name__} shards the "
+                "parameters or the optimizer. Use strategy='ddp' (or a single device), or EMAWeightAveraging.")
+        if stage == "fit":
+            self._average_model = _ParameterCopy(pl_module)
 
     def on_fit_start(self, trainer, pl_module):
         if len(trainer.optimizers) != 1:
