@@ -447,3 +447,24 @@ def test_swa_is_refused_under_a_sharding_strategy_as_lightning_refuses_it():
     with pytest.raises(MisconfigurationException, match="SWA does not currently support sharded models"):
         ours_trainer(strategy=FSDP(), max_epochs=1, callbacks=[
             tasktrain.callbacks.StochasticWeightAveraging(swa_lrs=0.1)]).fit(net_class(tasktrain.TaskModule)(), data())
+
+
+# -- the public surface -------------------------------------------------------------------------------------------------
+def test_public_attributes_methods_and_signatures_are_lightnings():
+    from lightning.pytorch import callbacks as lightning_callbacks
+
+    def public(obj, base):
+        return {n for n in dir(obj) if not n.startswith("_")} - {n for n in dir(base) if not n.startswith("_")}
+
+    made = {"StochasticWeightAveraging": dict(swa_lrs=0.1), "GradientAccumulationScheduler": dict(scheduling={1: 2}),
+            "OnExceptionCheckpoint": dict(dirpath="."), "ThroughputMonitor": dict(batch_size_fn=len)}
+    for name in ("StochasticWeightAveraging", "BaseFinetuning", "BackboneFinetuning", "LambdaCallback",
+                 "GradientAccumulationScheduler", "OnExceptionCheckpoint", "ModelSummary", "ThroughputMonitor",
+                 "BasePredictionWriter"):
+        theirs = getattr(lightning_callbacks, name)(**made.get(name, {}))
+        ours = getattr(tasktrain.callbacks, name)(**made.get(name, {}))
+        missing = public(theirs, lightning_callbacks.Callback()) - public(ours, tasktrain.callbacks.Callback())
+        assert not missing, (name, missing)
+        if name in ("LambdaCallback", "GradientAccumulationScheduler", "OnExceptionCheckpoint", "ModelSummary",
+                    "BasePredictionWriter", "StochasticWeightAveraging"):
+            assert [p[:3] for p in signature(type(ours))] == [p[:3] for p in signature(type(theirs))], name

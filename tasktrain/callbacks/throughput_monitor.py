@@ -188,6 +188,7 @@ class ThroughputMonitor(Callback):
         self.length_fn = length_fn
         self.window_size = window_size
         self.separator = separator
+        self.kwargs = {"window_size": window_size, "separator": separator}  # what Lightning's **kwargs hold
         self.peak_flops = peak_flops  # the argument; the run's is in self.device_peak_flops
         self.measure_flops = measure_flops
         self.step_split = step_split
@@ -203,6 +204,11 @@ class ThroughputMonitor(Callback):
         self._val_seconds, self._val_started, self._previous_end, self._marks = 0.0, None, None, (0.0, 0.0)
         self._warned = False
         self._split_reset()
+
+    @property
+    def available_flops(self):
+        """Lightning's name for the device's peak FLOP/s of the run (None: unknown, no MFU)."""
+        return self.device_peak_flops
 
     def setup(self, trainer, module, stage):
         self._throughputs = {}
