@@ -158,13 +158,12 @@ class ModelSummary(Callback):
         return self._max_depth
 
     def on_fit_start(self, trainer, pl_module):
-        if not self._max_depth:
-            return
+        if not self._max_depth or not trainer.is_global_zero:
+            return  # only rank 0 prints: the others neither walk the module nor run the example forward
         summary = self._summary(trainer, pl_module)
-        if trainer.is_global_zero:
-            self.summarize(summary._get_summary_data(), summary.total_parameters, summary.trainable_parameters,
-                           summary.model_size, summary.total_training_modes, total_flops=summary.total_flops,
-                           **self._summarize_kwargs)
+        self.summarize(summary._get_summary_data(), summary.total_parameters, summary.trainable_parameters,
+                       summary.model_size, summary.total_training_modes, total_flops=summary.total_flops,
+                       **self._summarize_kwargs)
 
     def _summary(self, trainer, pl_module):
         strategy = trainer.strategy
@@ -178,8 +177,6 @@ class ModelSummary(Callback):
             else:
                 input_array = strategy.batch_to_device(input_array)
                 forward = _forward_in(strategy)
-        if not trainer.is_global_zero:
-            input_array = None  # only rank 0 prints: the others run no forward pass
         return Summary(pl_module, self._max_depth, numel=strategy.full_numel, input_array=input_array,
                        forward=forward, precision=trainer.precision)
 
