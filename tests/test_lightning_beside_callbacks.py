@@ -468,3 +468,37 @@ def test_public_attributes_methods_and_signatures_are_lightnings():
         if name in ("LambdaCallback", "GradientAccumulationScheduler", "OnExceptionCheckpoint", "ModelSummary",
                     "BasePredictionWriter", "StochasticWeightAveraging"):
             assert [p[:3] for p in signature(type(ours))] == [p[:3] for p in signature(type(theirs))], name
+
+
+# -- OnExceptionCheckpoint -------------------------------------------------------------------------------------------
+def test_on_exception_checkpoint_files_match_lightning(tmp_path):
+    def run(Trainer, Module, cb, **_):
+        folder = tmp_path / Module.__name__
+
+        class Failing(net_class(Module)):
+            fail_in = "train"
+
+            def training_step(self, batch, batch_idx):
+                if self.fail_in == "train" and batch_idx == 2:
+                    raise RuntimeError("bad batch")
+                return super().training_step(batch, batch_idx)
+
+            def validation_step(self, batch, batch_idx):
+                if self.fail_in == "validate":
+                    raise RuntimeError("bad validation batch")
+
+        seen = []
+        saver = cb.OnExceptionCheckpoint(folder, filename="crash")
+        module = Failing()
+        for fail_in, fn in (("train", "fit"), ("validate", "validate"), (None, "validate")):
+            module.fail_in = fail_in
+            # (Lightning counts OnExceptionCheckpoint as checkpointing: enable_checkpointing=False would refuse it)
+            trainer = Trainer(max_epochs=1, callbacks=[saver], enable_checkpointing=True,
+                              default_root_dir=tmp_path / "root" / Module.__name__)
+            result = outcome(lambda: trainer.fit(module, data()) if fn == "fit" else trainer.validate(module, data()))
+            seen.append((result, sorted(p.name for p in folder.iterdir()) if folder.exists() else []))
+        return seen, saver.ckpt_path.endswith("crash.ckpt"), outcome(lambda: cb.OnExceptionCheckpoint(folder, ""))
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[0] == [("RuntimeError", ["crash.ckpt"]), ("RuntimeError", ["crash.ckpt"]), ("ok", [])]
