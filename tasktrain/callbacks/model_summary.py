@@ -13,7 +13,10 @@ mode, and the total FLOPs.
 
 It costs a walk over the modules and parameters, no forward pass: only when the module sets `example_input_array`
 does it run one forward pass (rank 0, eval mode, no gradients, under torch's FlopCounterMode) to show each layer's
-input and output sizes and FLOPs; without it the FLOPs are 0, as in Lightning.
+input and output sizes and FLOPs; without it the FLOPs are 0, as in Lightning. Where the strategy partitions the
+parameters over devices (DeepSpeed ZeRO-3) the counts are the whole parameters' and a "Params per Device" column
+shows this device's partition, as Lightning's DeepSpeedSummary does; the sizes are left out there (a forward needs
+every rank).
 
 `summarize(module, max_depth=1)` returns the same table as an object (`str()` it; `total_parameters`,
 `trainable_parameters`, `layer_names`, `param_nums`, `total_flops`, ...), without a Trainer. RichModelSummary is
@@ -38,7 +41,8 @@ _PRECISION_BITS = {"64": 64, "32": 32, "16": 16, "bf16": 16, "16-true": 16, "bf1
 class Summary:
     """The summary of a module: one row per layer down to `max_depth`, and the totals (Lightning's ModelSummary)."""
 
-    def __init__(self, module, max_depth=1, numel=None, input_array=None, forward=None, precision=None):
+    def __init__(self, module, max_depth=1, numel=None, input_array=None, forward=None, precision=None,
+                 device_numel=None):
         _check_depth(max_depth)
         numel = numel or (lambda p: p.numel())
         self.max_depth = max_depth
@@ -52,6 +56,9 @@ class Summary:
         self.layer_names = [name for name, _ in layers]
         self.layer_types = [type(layer).__name__ for _, layer in layers]
         self.param_nums = [sum(numel(p) for p in layer.parameters()) for _, layer in layers]
+        # Lightning's DeepSpeedSummary column where parameters are partitioned over devices (ZeRO-3)
+        self.parameters_per_layer = None if device_numel is None else \
+            [sum(device_numel(p) for p in layer.parameters()) for _, layer in layers]
         self.training_modes = [layer.training for _, layer in layers]
         params = list(module.parameters())
         self.total_parameters = sum(numel(p) for p in params)
@@ -120,6 +127,8 @@ class Summary:
             ("Name", list(self.layer_names)),
             ("Type", list(self.layer_types)),
             ("Params", [get_human_readable_count(n) for n in self.param_nums]),
+            *([] if self.parameters_per_layer is None else
+              [("Params per Device", [get_human_readable_count(n) for n in self.parameters_per_layer])]),
             ("Mode", ["train" if mode else "eval" for mode in self.training_modes]),
             ("FLOPs", [get_human_readable_count(n) for n in self.flops]),
         ]
@@ -177,8 +186,11 @@ class ModelSummary(Callback):
             else:
                 input_array = strategy.batch_to_device(input_array)
                 forward = _forward_in(strategy)
+        params = list(pl_module.parameters())
+        partitioned = bool(params) and strategy.device_numel(params[0]) is not None
         return Summary(pl_module, self._max_depth, numel=strategy.full_numel, input_array=input_array,
-                       forward=forward, precision=trainer.precision)
+                       forward=forward, precision=trainer.precision,
+                       device_numel=strategy.device_numel if partitioned else None)
 
     @staticmethod
     def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
