@@ -163,6 +163,9 @@ class StochasticWeightAveraging(Callback):
                 f"SWA does not currently support sharded models: {type(trainer.strategy).__name__} shards the "
                 "parameters or the optimizer. Use strategy='ddp' (or a single device), or EMAWeightAveraging.")
         if stage == "fit":
+            # a fit starts SWA afresh (a checkpoint's state is loaded after set-up), also with this callback reused
+            self._initialized, self._swa_scheduler, self._scheduler_state = False, None, None
+            self.n_averaged, self._init_n_averaged, self._latest_update_epoch = None, 0, -1
             self._average_model = _ParameterCopy(pl_module)
 
     def on_fit_start(self, trainer, pl_module):
@@ -277,7 +280,7 @@ class StochasticWeightAveraging(Callback):
 
     def teardown(self, trainer, pl_module, stage):
         if stage == "fit":
-            self._average_model = None  # the copy's memory goes with the run
+            self._average_model = None  # the copy's memory goes with the run (n_averaged and the rest stay)
 
     # -- checkpoints -----------------------------------------------------------------------------------------------
     def state_dict(self):
