@@ -47,7 +47,8 @@ def test_flops_are_counted_once_and_match_a_hand_count(tmp_path):
     forward = 2 * BATCH * IN * HIDDEN + 2 * BATCH * HIDDEN * OUT
     train = forward + 2 * BATCH * IN * HIDDEN + 2 * 2 * BATCH * HIDDEN * OUT
     logger = CSVLogger(tmp_path)
-    monitor = ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0], window_size=2, peak_flops=1e9)
+    monitor = ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0], window_size=2, peak_flops=1e9,
+                                measure_flops=True)
     trainer = Trainer(max_epochs=1, callbacks=[monitor], logger=logger, log_every_n_steps=2, enable_progress_bar=False,
                       enable_checkpointing=False, num_sanity_val_steps=0)
     trainer.fit(TwoLayers(), data(48), data(16, batch_size=4))
@@ -121,10 +122,10 @@ def test_step_split_puts_each_phase_where_its_time_went(tmp_path):
         def on_save_checkpoint(self, checkpoint):
             time.sleep(checkpoint_sleep)
 
-    monitor = ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0], window_size=2, measure_flops=False)
+    monitor = ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0], window_size=2, step_split=True)
     saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
     logger = CSVLogger(tmp_path)
-    with pytest.warns(UserWarning, match="measure_flops=False"):
+    with pytest.warns(UserWarning, match="define a `flops_per_batch` attribute"):
         Trainer(max_steps=4, callbacks=[monitor, saving], logger=logger, log_every_n_steps=4,
                 enable_progress_bar=False, enable_model_summary=False).fit(Slow(), data(40, collate_fn=collate))
     split = {k.rsplit("/", 1)[1]: float(v) for k, v in rows(logger, "train/split/rank0/forward")[-1].items()
@@ -176,7 +177,8 @@ def test_tokens_per_second_mfu_and_step_split_equal_a_hand_count(tmp_path, monke
             return optimizer
 
     monitor = ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0],
-                                length_fn=lambda b: tokens_per_sample * b[0].shape[0], window_size=2, peak_flops=1e9)
+                                length_fn=lambda b: tokens_per_sample * b[0].shape[0], window_size=2, peak_flops=1e9,
+                                measure_flops=True, step_split=True)
     logger = CSVLogger(tmp_path)
     Trainer(max_steps=4, callbacks=[monitor], logger=logger, log_every_n_steps=2, enable_progress_bar=False,
             enable_checkpointing=False, enable_model_summary=False).fit(Clocked(), data(48, collate_fn=collate))

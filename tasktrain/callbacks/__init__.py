@@ -6,7 +6,7 @@ from tasktrain.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from tasktrain.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 from tasktrain.callbacks.lambda_function import LambdaCallback
 from tasktrain.callbacks.lr_monitor import LearningRateMonitor
-from tasktrain.callbacks.model_summary import ModelSummary
+from tasktrain.callbacks.model_summary import ModelSummary, RichModelSummary
 from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from tasktrain.callbacks.prediction_writer import BasePredictionWriter
 from tasktrain.callbacks.progress import ProgressBar
@@ -19,7 +19,7 @@ __all__ = ["Callback", "Logger", "ModelCheckpoint", "GradientClipping", "EarlySt
            "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "TQDMProgressBar", "Timer",
            "LambdaCallback", "OnExceptionCheckpoint", "GradientAccumulationScheduler", "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
-           "BaseFinetuning", "BackboneFinetuning", "ModelSummary"]
+           "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary"]
 
 _LOGGERS = ("TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger")
 

@@ -1,11 +1,14 @@
 """Fine-tuning: freeze part of a model before training and unfreeze it at a chosen epoch.
 
-BaseFinetuning is the frame: `freeze_before_training(module)` runs at set-up, before configure_optimizers (so
+BaseFinetuning is the frame: `freeze_before_training(module)` runs at set-up of every stage (as Lightning), before
+configure_optimizers (so
 `filter(lambda p: p.requires_grad, self.parameters())` there leaves the frozen part out), and
 `finetune_function(module, epoch, optimizer)` runs at each epoch start to unfreeze and add param groups. Its
 static helpers (freeze, make_trainable, unfreeze_and_add_param_group, ...) work on a module or a list of them.
 BackboneFinetuning unfreezes `module.backbone` at one epoch, at a fraction of the rest's learning rate, then
-raises that rate each epoch.
+raises that rate each epoch; `verbose` prints Lightning's "Current lr: ..., Backbone lr: ..." line (rank 0). A
+module without a `backbone` is an AttributeError at set-up, one whose `backbone` is no nn.Module a
+MisconfigurationException at fit start (both as Lightning).
 
 The param groups it added are saved in checkpoints (by parameter name) and added back on resume before the
 optimizer's own state is loaded, so a resumed run has the same groups, rates and moments.
@@ -14,10 +17,13 @@ When parameters start requiring gradients, the strategy is told (`trainable_para
 wrapper again, since torch's DDP syncs only the gradients of parameters that required them when it was built
 (without that, an unfrozen backbone would train apart on each rank); DeepSpeed refuses at set-up.
 """
+from typing import Callable, Optional
+
 from torch.nn import Module, ModuleDict
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from tasktrain.callbacks.base import Callback
+from tasktrain.exceptions import MisconfigurationException
 
 
 def _trainable(module):
@@ -96,13 +102,18 @@ class BaseFinetuning(Callback):
         if len(kept) != len(params):
             import warnings
 
-            warnings.warn(f"{len(params) - len(kept)} of the parameters to unfreeze are already in a param group of "
-                          f"{type(optimizer).__name__}; they are skipped. Build the optimizer from the trainable "
-                          "parameters only: filter(lambda p: p.requires_grad, self.parameters()).")
+            # Lightning's warning; the test is by identity (Lightning's torch.equal also skips a different parameter
+            # that happens to hold equal values, e.g. two zero biases: docs/lightning.md)
+            warnings.warn("The provided params to be frozen already exist within another group of this optimizer. "
+                          "Those parameters will be skipped.\nHINT: Did you init your optimizer in "
+                          "`configure_optimizer` as such:\n "
+                          f"{type(optimizer)}(filter(lambda p: p.requires_grad, self.parameters()), ...) ",
+                          UserWarning)
         return kept
 
     @staticmethod
-    def unfreeze_and_add_param_group(modules, optimizer, lr=None, initial_denom_lr=10.0, train_bn=True):
+    def unfreeze_and_add_param_group(modules, optimizer, lr: Optional[float] = None, initial_denom_lr: float = 10.0,
+                                     train_bn: bool = True) -> None:
         """Unfreeze `modules` and add their parameters to `optimizer` as a new group, at `lr`, or else at the first
         group's rate divided by `initial_denom_lr`."""
         BaseFinetuning.make_trainable(modules)
@@ -114,9 +125,10 @@ class BaseFinetuning(Callback):
 
     # -- events ------------------------------------------------------------------------------------------------
     def setup(self, trainer, module, stage):
+        # every stage, as Lightning: trainer.validate/test see the model frozen as training would start it
+        self.freeze_before_training(module)
         if stage == "fit":
             trainer.strategy.check_param_groups_can_change(type(self).__name__)
-            self.freeze_before_training(module)
 
     def on_load_checkpoint(self, trainer, module, checkpoint):
         # Runs before the optimizer's state is loaded: the groups added in the interrupted run must exist by then.
@@ -168,9 +180,10 @@ class BackboneFinetuning(BaseFinetuning):
     `backbone_initial_lr` (default: the current rate times `backbone_initial_ratio_lr`), then multiply its rate by
     `lambda_func(epoch + 1)` each epoch, capped at the rest's rate when `should_align`."""
 
-    def __init__(self, unfreeze_backbone_at_epoch=10, lambda_func=multiplicative, backbone_initial_ratio_lr=10e-2,
-                 backbone_initial_lr=None, should_align=True, initial_denom_lr=10.0, train_bn=True, verbose=False,
-                 rounding=12):
+    def __init__(self, unfreeze_backbone_at_epoch: int = 10, lambda_func: Callable = multiplicative,
+                 backbone_initial_ratio_lr: float = 10e-2, backbone_initial_lr: Optional[float] = None,
+                 should_align: bool = True, initial_denom_lr: float = 10.0, train_bn: bool = True,
+                 verbose: bool = False, rounding: int = 12) -> None:
         super().__init__()
         self.unfreeze_backbone_at_epoch = unfreeze_backbone_at_epoch
         self.lambda_func = lambda_func
@@ -183,14 +196,18 @@ class BackboneFinetuning(BaseFinetuning):
         self.rounding = rounding
         self.previous_backbone_lr = None
 
-    def setup(self, trainer, module, stage):
-        if stage == "fit" and not isinstance(getattr(module, "backbone", None), Module):
+    def on_fit_start(self, trainer, module):
+        if not isinstance(getattr(module, "backbone", None), Module):
+            raise MisconfigurationException(f"The LightningModule should have a nn.Module `backbone` attribute; "
+                                            f"{type(module).__name__}.backbone is "
+                                            f"{type(getattr(module, 'backbone', None)).__name__}.")
+
+    def freeze_before_training(self, module):
+        if not hasattr(module, "backbone"):
+            # AttributeError, as Lightning's freeze(pl_module.backbone) raises, with the fix
             raise AttributeError(f"BackboneFinetuning needs the module to have a `backbone` attribute that is an "
                                  f"nn.Module; {type(module).__name__} has none. Name the part to fine-tune "
                                  "`self.backbone`, or write a BaseFinetuning subclass.")
-        super().setup(trainer, module, stage)
-
-    def freeze_before_training(self, module):
         self.freeze(module.backbone)
 
     def finetune_function(self, module, epoch, optimizer):
@@ -209,9 +226,9 @@ class BackboneFinetuning(BaseFinetuning):
             self.previous_backbone_lr = lr
         else:
             return
-        if self.verbose and module.global_rank == 0:
-            print(f"[tasktrain] BackboneFinetuning: epoch {epoch}, lr {round(current_lr, self.rounding)}, backbone "
-                  f"lr {round(self.previous_backbone_lr, self.rounding)}", flush=True)
+        if self.verbose and module.global_rank == 0:  # Lightning's line
+            print(f"Current lr: {round(current_lr, self.rounding)}, Backbone lr: "
+                  f"{round(self.previous_backbone_lr, self.rounding)}", flush=True)
 
     def state_dict(self):
         return {**super().state_dict(), "previous_backbone_lr": self.previous_backbone_lr}

@@ -2,31 +2,44 @@
 
     GradientAccumulationScheduler(scheduling={0: 8, 4: 4, 8: 1})   # 8 micro-batches per step, from epoch 4: 4, ...
 
-Epochs count from 0; an epoch not in `scheduling` keeps the factor of the closest earlier key (1 before the
-first). At each epoch start it sets `trainer.accumulate_grad_batches`, which the loop reads for that epoch; an
-epoch whose length is not a multiple of the window ends with a shorter window that steps too.
+Epochs count from 0; an epoch not in `scheduling` keeps the factor of the closest earlier key. As in Lightning, a
+schedule without epoch 0 gets {0: 1} added to the very dict given (`self.scheduling` is that dict). At each epoch
+start it sets `trainer.accumulate_grad_batches`, which the loop reads for that epoch; an epoch whose length is not
+a multiple of the window ends with a shorter window that steps too.
+
+Refusals, Lightning's: an empty dict is a TypeError; an epoch that is not an int >= 0, or a factor that is not an
+int >= 1, a MisconfigurationException (a ValueError). At fit set-up: manual optimisation is a RuntimeError,
+Trainer(accumulate_grad_batches != 1) beside the callback a ValueError, and a module overriding optimizer_step or
+optimizer_zero_grad gets Lightning's warning that those hooks run once per optimizer step, not per batch.
 
 The Trainer tells the strategy the whole schedule before training (`Plan.accumulation_schedule`), so an engine
-that fixes the window at set-up (DeepSpeed writes it into its config) refuses it there. It is refused with
-manual optimisation (training_step steps itself) and with Trainer(accumulate_grad_batches=N != 1): one of the
-two would be ignored.
+that fixes the window at set-up (DeepSpeed writes it into its config) refuses it there. When fit ends the
+trainer's accumulate_grad_batches goes back to 1 (Lightning leaves the last factor, which its own check then
+refuses at the next fit of the same Trainer).
 """
+import warnings
+
 from tasktrain.callbacks.base import Callback
+from tasktrain.exceptions import MisconfigurationException
 
 
 class GradientAccumulationScheduler(Callback):
-    def __init__(self, scheduling):
-        if not isinstance(scheduling, dict) or not scheduling:
-            raise TypeError("GradientAccumulationScheduler(scheduling=...): give a non-empty dict {epoch: factor}.")
-        if any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in scheduling):
-            raise ValueError(f"GradientAccumulationScheduler: epochs are integers >= 0 (counted from 0); got "
-                             f"{list(scheduling)}.")
-        if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in scheduling.values()):
-            raise ValueError(f"GradientAccumulationScheduler: accumulation factors are integers >= 1; got "
-                             f"{list(scheduling.values())}.")
-        self.scheduling = dict(scheduling)
-        self.scheduling.setdefault(0, 1)
-        self.epochs = sorted(self.scheduling)
+    def __init__(self, scheduling: dict[int, int]):
+        if not scheduling:
+            raise TypeError("GradientAccumulationScheduler(scheduling={}): an empty dict cannot be interpreted; give "
+                            "{epoch: factor}, e.g. {0: 8, 4: 1}.")
+        if not isinstance(scheduling, dict):
+            raise TypeError(f"GradientAccumulationScheduler(scheduling={scheduling!r}): give a dict {{epoch: factor}}.")
+        if any(not isinstance(k, int) or k < 0 for k in scheduling):
+            raise MisconfigurationException(f"GradientAccumulationScheduler: epoch should be an int greater than or "
+                                            f"equal to 0 (counted from 0). Got {list(scheduling)}.")
+        if any(not isinstance(v, int) or v < 1 for v in scheduling.values()):
+            raise MisconfigurationException(f"GradientAccumulationScheduler: accumulation factor should be an int "
+                                            f"greater than 0. Got {list(scheduling.values())}.")
+        if min(scheduling) != 0:
+            scheduling.update({0: 1})
+        self.scheduling = scheduling
+        self.epochs = sorted(scheduling)
 
     def going_to_accumulate_grad_batches(self):
         return any(v > 1 for v in self.scheduling.values())
@@ -44,15 +57,26 @@ class GradientAccumulationScheduler(Callback):
         return dict(sorted(self.scheduling.items()))
 
     def setup(self, trainer, module, stage):
+        # Lightning checks at on_train_start; set-up is before any work, and the strategy reads the plan there
         if stage != "fit":
             return
         if not module.automatic_optimization:
-            raise ValueError("GradientAccumulationScheduler needs automatic optimisation; this module steps its "
-                             "optimizers itself (automatic_optimization = False). Remove the callback, or accumulate "
-                             "in training_step.")
+            raise RuntimeError("Automatic gradient accumulation and the GradientAccumulationScheduler are not "
+                               "supported for manual optimization (automatic_optimization = False). Remove the "
+                               "callback, or accumulate in training_step.")
+        from tasktrain.trainer.module import TaskModule, is_overridden
+
+        overrides = [name for name in ("optimizer_step", "optimizer_zero_grad")
+                     if is_overridden(name, module, TaskModule)]
+        if overrides and self.going_to_accumulate_grad_batches():
+            warnings.warn("When using `Trainer(accumulate_grad_batches != 1)` and overriding "
+                          "`LightningModule.optimizer_{step,zero_grad}`, the hooks will not be called on every batch "
+                          f"(rather, they are called on every optimization step); {type(module).__name__} overrides "
+                          f"{', '.join(overrides)}.", UserWarning)
         if trainer.accumulate_grad_batches != 1:
-            raise ValueError(f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and a "
-                             "GradientAccumulationScheduler both set the accumulation: remove one of them.")
+            raise ValueError(f"You have set Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and "
+                             "are using the GradientAccumulationScheduler callback. Either remove "
+                             "accumulate_grad_batches from the Trainer or remove the callback.")
 
     def on_train_epoch_start(self, trainer, module):
         trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)

@@ -1,90 +1,182 @@
-"""ModelSummary: a table of the module's layers and parameter counts, printed by rank 0 when fit starts.
+"""ModelSummary: a table of the module's layers and parameter counts, printed by rank 0 when fit starts, in
+Lightning 2.6's text.
+
+    ModelSummary(max_depth=1, **summarize_kwargs)
 
 On by default (`Trainer(enable_model_summary=True)`); `ModelSummary(max_depth=2)` in callbacks shows deeper
-layers, `max_depth=-1` all of them, `max_depth=0` nothing. It costs a walk over the modules and parameters, no
-forward pass: only when the module sets `example_input_array` does it run one forward pass (rank 0, eval mode,
-no gradients) to show each layer's input and output sizes.
+layers, `max_depth=-1` all of them, `max_depth=0` nothing. The columns are Lightning's: index, Name, Type, Params,
+Mode, FLOPs, and, when the module sets `example_input_array`, In sizes and Out sizes; parameters that belong to no
+listed layer are one more row, "other params". Then the totals: trainable, non-trainable and all parameters, the
+estimated size in MB (at the bits of the trainer's precision: 16 for "16-true"/"bf16-true", 64 for "64-true", 32
+otherwise; Lightning warns for a mixed precision and counts 32 bits, so does this), the modules in train and in eval
+mode, and the total FLOPs.
+
+It costs a walk over the modules and parameters, no forward pass: only when the module sets `example_input_array`
+does it run one forward pass (rank 0, eval mode, no gradients, under torch's FlopCounterMode) to show each layer's
+input and output sizes and FLOPs; without it the FLOPs are 0, as in Lightning. Where the strategy partitions the
+parameters over devices (DeepSpeed ZeRO-3) the counts are the whole parameters' and a "Params per Device" column
+shows this device's partition, as Lightning's DeepSpeedSummary does; the sizes are left out there (a forward needs
+every rank).
 
 `summarize(module, max_depth=1)` returns the same table as an object (`str()` it; `total_parameters`,
-`trainable_parameters`, `layer_names`, ...), without a Trainer.
+`trainable_parameters`, `layer_names`, `param_nums`, `total_flops`, ...), without a Trainer. RichModelSummary is
+the same summary drawn with rich; it needs the `rich` package (ModuleNotFoundError without it, as Lightning).
 """
+import math
+import warnings
+from typing import Any
+
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from tasktrain.callbacks.base import Callback
 
+UNKNOWN_SIZE = "?"
+LEFTOVER_PARAMS_NAME = "other params"
+NOT_APPLICABLE = "n/a"
+_PRECISION_BITS = {"64": 64, "32": 32, "16": 16, "bf16": 16, "16-true": 16, "bf16-true": 16, "32-true": 32,
+                   "64-true": 64}
+
 
 class Summary:
-    """The summary of a module: one row per layer down to `max_depth`, and the totals."""
+    """The summary of a module: one row per layer down to `max_depth`, and the totals (Lightning's ModelSummary)."""
 
-    def __init__(self, module, max_depth=1, numel=None, input_array=None, forward=None):
+    def __init__(self, module, max_depth=1, numel=None, input_array=None, forward=None, precision=None,
+                 device_numel=None):
         _check_depth(max_depth)
         numel = numel or (lambda p: p.numel())
         self.max_depth = max_depth
-        rows = []
-        for name, layer in module.named_modules():
-            depth = name.count(".") + 1
-            if not name or (max_depth != -1 and depth > max_depth):
-                continue
-            rows.append([name, type(layer).__name__, sum(numel(p) for p in layer.parameters()),
-                         "train" if layer.training else "eval"])
-        self.layer_names = [r[0] for r in rows]
-        self.layer_types = [r[1] for r in rows]
-        self.param_nums = [r[2] for r in rows]
-        self.training_modes = [r[3] == "train" for r in rows]
+        if max_depth == 0:
+            layers = []
+        elif max_depth == 1:
+            layers = list(module.named_children())
+        else:
+            layers = [(name, layer) for name, layer in list(module.named_modules())[1:]
+                      if max_depth == -1 or name.count(".") < max_depth]
+        self.layer_names = [name for name, _ in layers]
+        self.layer_types = [type(layer).__name__ for _, layer in layers]
+        self.param_nums = [sum(numel(p) for p in layer.parameters()) for _, layer in layers]
+        # Lightning's DeepSpeedSummary column where parameters are partitioned over devices (ZeRO-3)
+        self.parameters_per_layer = None if device_numel is None else \
+            [sum(device_numel(p) for p in layer.parameters()) for _, layer in layers]
+        self.training_modes = [layer.training for _, layer in layers]
         params = list(module.parameters())
         self.total_parameters = sum(numel(p) for p in params)
         self.trainable_parameters = sum(numel(p) for p in params if p.requires_grad)
-        self.total_size_bytes = sum(numel(p) * p.element_size() for p in params)
         children = list(module.modules())[1:]
         self.total_training_modes = {"train": sum(m.training for m in children),
                                      "eval": sum(not m.training for m in children)}
-        self.in_sizes = self.out_sizes = None
-        if input_array is not None and rows:
-            self.in_sizes, self.out_sizes = _sizes(module, self.layer_names, input_array, forward)
+        if precision is not None and precision not in _PRECISION_BITS:
+            warnings.warn(f"Precision {precision} is not supported by the model summary.  Estimated model size in MB "
+                          "will not be accurate. Using 32 bits instead.", UserWarning)
+        self.precision_bits = _PRECISION_BITS.get(precision, 32)
+        self.has_input = input_array is not None
+        self.in_sizes = [UNKNOWN_SIZE] * len(layers)
+        self.out_sizes = [UNKNOWN_SIZE] * len(layers)
+        self.flops = [0] * len(layers)
+        self.total_flops = 0
+        if input_array is not None:
+            self._measure(module, layers, input_array, forward, max_depth)
+
+    @property
+    def model_size(self):
+        """The parameters' size in MB at the precision's bits."""
+        return self.total_parameters * self.precision_bits / 8 * 1e-6
+
+    @property
+    def total_layer_params(self):
+        return sum(self.param_nums)
+
+    def _measure(self, module, layers, input_array, forward, max_depth):
+        """One forward pass in eval mode without gradients: each listed layer's first input and output sizes, and the
+        FLOPs each ran (torch's FlopCounterMode, by module name)."""
+        seen = {}
+
+        def hook_for(name):
+            def hook(layer, args, kwargs, output):
+                inputs = (*args, *kwargs.values())
+                seen.setdefault(name, (_shape(inputs[0] if len(inputs) == 1 else inputs), _shape(output)))
+            return hook
+
+        handles = [layer.register_forward_hook(hook_for(name), with_kwargs=True) for name, layer in layers]
+        modes = {layer: layer.training for layer in module.modules()}
+        counter = FlopCounterMode(display=False, depth=max_depth + 1)
+        module.eval()
+        try:
+            with torch.no_grad(), counter:
+                if forward is not None:
+                    forward(module, input_array)
+                else:
+                    _call(module, input_array)
+        finally:
+            for handle in handles:
+                handle.remove()
+            for layer, training in modes.items():
+                layer.training = training
+        counts = counter.get_flop_counts()
+        root = type(module).__name__
+        self.flops = [sum(counts.get(f"{root}.{name}", {}).values()) for name in self.layer_names]
+        self.total_flops = counter.get_total_flops()
+        self.in_sizes = [seen.get(name, (UNKNOWN_SIZE, UNKNOWN_SIZE))[0] for name in self.layer_names]
+        self.out_sizes = [seen.get(name, (UNKNOWN_SIZE, UNKNOWN_SIZE))[1] for name in self.layer_names]
+
+    def _get_summary_data(self):
+        """The table's columns: (header, cells), Lightning's order."""
+        columns = [
+            (" ", [str(i) for i in range(len(self.layer_names))]),
+            ("Name", list(self.layer_names)),
+            ("Type", list(self.layer_types)),
+            ("Params", [get_human_readable_count(n) for n in self.param_nums]),
+            *([] if self.parameters_per_layer is None else
+              [("Params per Device", [get_human_readable_count(n) for n in self.parameters_per_layer])]),
+            ("Mode", ["train" if mode else "eval" for mode in self.training_modes]),
+            ("FLOPs", [get_human_readable_count(n) for n in self.flops]),
+        ]
+        if self.has_input:
+            columns += [("In sizes", [str(s) for s in self.in_sizes]), ("Out sizes", [str(s) for s in self.out_sizes])]
+        leftover = self.total_parameters - self.total_layer_params
+        if leftover > 0:
+            extra = {" ": " ", "Name": LEFTOVER_PARAMS_NAME, "Params": get_human_readable_count(leftover)}
+            for header, cells in columns:
+                cells.append(extra.get(header, NOT_APPLICABLE))
+        return columns
 
     def __str__(self):
-        header = ["", "Name", "Type", "Params", "Mode"]
-        body = [[str(i), n, t, _human(p), "train" if m else "eval"]
-                for i, (n, t, p, m) in enumerate(zip(self.layer_names, self.layer_types, self.param_nums,
-                                                     self.training_modes))]
-        if self.in_sizes is not None:
-            header += ["In sizes", "Out sizes"]
-            for row, i, o in zip(body, self.in_sizes, self.out_sizes):
-                row += [i, o]
-        lines = []
-        if body and self.max_depth != 0:
-            widths = [max(len(str(r[c])) for r in [header] + body) for c in range(len(header))]
-            fmt = lambda row: " | ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip()  # noqa: E731
-            rule = "-" * len(fmt(header))
-            lines += [fmt(header), rule, *(fmt(r) for r in body), rule]
-        lines += [
-            f"{_human(self.trainable_parameters):<10}Trainable params",
-            f"{_human(self.total_parameters - self.trainable_parameters):<10}Non-trainable params",
-            f"{_human(self.total_parameters):<10}Total params",
-            f"{self.total_size_bytes / 1e6:<10.3f}Total estimated model params size (MB)",
-            f"{self.total_training_modes['train']:<10}Modules in train mode",
-            f"{self.total_training_modes['eval']:<10}Modules in eval mode",
-        ]
-        return "\n".join(lines)
+        return _format_summary_table(self.total_parameters, self.trainable_parameters, self.model_size,
+                                     self.total_training_modes, self.total_flops, *self._get_summary_data())
 
     __repr__ = __str__
 
 
 def summarize(module, max_depth=1):
-    """The summary of `module` (a TaskModule or any nn.Module), with sizes if it sets example_input_array."""
-    return Summary(module, max_depth, input_array=getattr(module, "example_input_array", None))
+    """The summary of `module` (a TaskModule or any nn.Module), with sizes and FLOPs if it sets
+    example_input_array."""
+    trainer = getattr(module, "_trainer", None)
+    return Summary(module, max_depth, input_array=getattr(module, "example_input_array", None),
+                   precision=None if trainer is None else trainer.precision)
 
 
 class ModelSummary(Callback):
-    def __init__(self, max_depth=1):
-        _check_depth(max_depth)
-        self.max_depth = max_depth
+    def __init__(self, max_depth: int = 1, **summarize_kwargs: Any) -> None:
+        _check_depth(max_depth)  # Lightning checks when fit starts; a bad depth is known here already
+        self._max_depth = max_depth
+        self._summarize_kwargs = summarize_kwargs
 
-    def on_fit_start(self, trainer, module):
-        if self.max_depth == 0:
-            return
+    @property
+    def max_depth(self):
+        return self._max_depth
+
+    def on_fit_start(self, trainer, pl_module):
+        if not self._max_depth or not trainer.is_global_zero:
+            return  # only rank 0 prints: the others neither walk the module nor run the example forward
+        summary = self._summary(trainer, pl_module)
+        self.summarize(summary._get_summary_data(), summary.total_parameters, summary.trainable_parameters,
+                       summary.model_size, summary.total_training_modes, total_flops=summary.total_flops,
+                       **self._summarize_kwargs)
+
+    def _summary(self, trainer, pl_module):
         strategy = trainer.strategy
-        input_array = getattr(module, "example_input_array", None)
+        input_array = getattr(pl_module, "example_input_array", None)
         forward = None
         if input_array is not None:
             try:  # a forward pass of rank 0 alone: impossible where each rank holds a shard of the parameters
@@ -94,67 +186,107 @@ class ModelSummary(Callback):
             else:
                 input_array = strategy.batch_to_device(input_array)
                 forward = _forward_in(strategy)
-        if not trainer.is_global_zero:
-            return
-        summary = Summary(module, self.max_depth, numel=strategy.full_numel, input_array=input_array,
-                          forward=forward)
-        print(summary, flush=True)
+        params = list(pl_module.parameters())
+        partitioned = bool(params) and strategy.device_numel(params[0]) is not None
+        return Summary(pl_module, self._max_depth, numel=strategy.full_numel, input_array=input_array,
+                       forward=forward, precision=trainer.precision,
+                       device_numel=strategy.device_numel if partitioned else None)
+
+    @staticmethod
+    def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                  total_flops, **summarize_kwargs):
+        """Print the table (Lightning logs it at INFO level)."""
+        print(_format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes,
+                                    total_flops, *summary_data), flush=True)
+
+
+class RichModelSummary(ModelSummary):
+    """ModelSummary drawn as a rich table (`header_style`, default "bold magenta"); needs the `rich` package."""
+
+    def __init__(self, max_depth: int = 1, **summarize_kwargs: Any) -> None:
+        try:
+            import rich  # noqa: F401
+        except ImportError:
+            raise ModuleNotFoundError("`RichModelSummary` requires `rich` to be installed. Install it by running "
+                                      "`pip install -U rich`.") from None
+        super().__init__(max_depth, **summarize_kwargs)
+
+    @staticmethod
+    def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                  total_flops, **summarize_kwargs):
+        from rich import get_console
+        from rich.table import Table
+
+        table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
+        right = {"Params", "Params per Device", "FLOPs", "In sizes", "Out sizes"}
+        for header, _ in summary_data:
+            table.add_column(header, justify="right" if header in right else "left", style="dim" if header == " "
+                             else None, no_wrap=header == "Name")
+        for row in zip(*(cells for _, cells in summary_data)):
+            table.add_row(*row)
+        console = get_console()
+        console.print(table)
+        console.print("\n".join([
+            f"[bold]Trainable params[/]: {get_human_readable_count(trainable_parameters)}",
+            f"[bold]Non-trainable params[/]: {get_human_readable_count(total_parameters - trainable_parameters)}",
+            f"[bold]Total params[/]: {get_human_readable_count(total_parameters)}",
+            f"[bold]Total estimated model params size (MB)[/]: {model_size:,.3f}",
+            f"[bold]Modules in train mode[/]: {total_training_modes['train']}",
+            f"[bold]Modules in eval mode[/]: {total_training_modes['eval']}",
+            f"[bold]Total FLOPs[/]: {get_human_readable_count(total_flops)}",
+        ]))
+
+
+def get_human_readable_count(number):
+    """123 -> '123  ', 1234 -> '1.2 K', 2e6 -> '2.0 M', 4e14 -> '400 T', 5e15 -> '5,000 T' (Lightning's)."""
+    units = [" ", "K", "M", "B", "T"]
+    groups = min(math.ceil((int(math.floor(math.log10(number))) + 1 if number > 0 else 1) / 3), len(units))
+    scaled = number * 10 ** (-3 * (groups - 1))
+    if groups == 1 or scaled >= 100:
+        return f"{int(scaled):,d} {units[groups - 1]}"
+    return f"{scaled:,.1f} {units[groups - 1]}"
+
+
+def _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes, total_flops,
+                          *columns):
+    widths = [max([len(header)] + [len(str(cell)) for cell in cells]) for header, cells in columns]
+    rule = "-" * (sum(widths) + 3 * (len(columns) + 1))
+    lines = [" | ".join(header.ljust(w) for (header, _), w in zip(columns, widths)), rule]
+    for row in zip(*(cells for _, cells in columns)):
+        lines.append(" | ".join(str(cell).ljust(w) for cell, w in zip(row, widths)))
+    lines.append(rule)
+    totals = [
+        (get_human_readable_count(trainable_parameters), "Trainable params"),
+        (get_human_readable_count(total_parameters - trainable_parameters), "Non-trainable params"),
+        (get_human_readable_count(total_parameters), "Total params"),
+        (f"{model_size:,.3f}", "Total estimated model params size (MB)"),
+        (total_training_modes["train"], "Modules in train mode"),
+        (total_training_modes["eval"], "Modules in eval mode"),
+        (get_human_readable_count(total_flops), "Total Flops"),
+    ]
+    lines += [f"{str(value):<10}{label}" for value, label in totals]
+    return "\n".join(lines)
 
 
 def _check_depth(max_depth):
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < -1:
-        raise ValueError(f"max_depth={max_depth!r}: use -1 (every layer), 0 (no table) or a positive depth.")
+        raise ValueError(f"`max_depth` can be -1, 0 or > 0, got {max_depth!r}: -1 shows every layer, 0 no table.")
+
+
+def _call(module, x):
+    return module(*x) if isinstance(x, (list, tuple)) else module(**x) if isinstance(x, dict) else module(x)
 
 
 def _forward_in(strategy):
     def forward(module, x):
         with strategy.forward_context():
-            return module(*x) if isinstance(x, tuple) else module(**x) if isinstance(x, dict) else module(x)
+            return _call(module, x)
     return forward
 
 
-def _sizes(module, names, input_array, forward=None):
-    """Each named layer's input and output sizes, from one forward pass in eval mode without gradients."""
-    seen = {}
-    layers = dict(module.named_modules())
-
-    def hook_for(name):
-        def hook(layer, inputs, output):
-            seen[name] = (_shape(inputs[0] if len(inputs) == 1 else inputs), _shape(output))
-        return hook
-
-    handles = [layers[n].register_forward_hook(hook_for(n)) for n in names]
-    was_training = module.training
-    module.eval()
-    try:
-        with torch.no_grad():
-            if forward is not None:
-                forward(module, input_array)
-            elif isinstance(input_array, tuple):
-                module(*input_array)
-            elif isinstance(input_array, dict):
-                module(**input_array)
-            else:
-                module(input_array)
-    finally:
-        for handle in handles:
-            handle.remove()
-        module.train(was_training)
-    return [seen.get(n, ("?", "?"))[0] for n in names], [seen.get(n, ("?", "?"))[1] for n in names]
-
-
 def _shape(value):
-    if isinstance(value, torch.Tensor):
+    if hasattr(value, "shape"):
         return list(value.shape)
     if isinstance(value, (list, tuple)):
         return [_shape(v) for v in value]
-    return "?"
-
-
-def _human(n):
-    """1234 -> '1.2 K', Lightning's style: K, M, B, T."""
-    n = float(n)
-    for unit in ("", " K", " M", " B", " T"):
-        if abs(n) < 1000 or unit == " T":
-            return f"{int(n)}" if unit == "" else f"{n:.1f}{unit}"
-        n /= 1000
+    return UNKNOWN_SIZE

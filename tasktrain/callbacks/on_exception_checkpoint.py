@@ -2,17 +2,22 @@
 
     Trainer(callbacks=[OnExceptionCheckpoint(dirpath="checkpoints")])   # -> checkpoints/on_exception.ckpt
 
-The checkpoint is a full one (resume with `trainer.fit(..., ckpt_path="checkpoints/on_exception.ckpt")`): it holds
-the state at the failure, i.e. after the last completed optimizer step and whatever the failing batch changed
-before it raised. A run that ends well removes the file a previous failure left, as Lightning does, so an old
-failure is not resumed by mistake.
+    OnExceptionCheckpoint(dirpath, filename="on_exception")
 
-On several processes it refuses to start (a deliberate difference from Lightning): a checkpoint needs every rank
-(rank 0 writes, all gather the RNG states, sharded engines write a shard each), and an error on one rank cannot
-bring the others to that save: they would wait in it. There, bound the work lost with
-ModelCheckpoint(every_n_train_steps=N, save_last=True); a SIGTERM is saved by every rank together.
+As in Lightning, any exception in fit, validate, test or predict (KeyboardInterrupt and SystemExit included) is
+saved: a full checkpoint (resume with `trainer.fit(..., ckpt_path="checkpoints/on_exception.ckpt")`) holding the
+state at the failure, i.e. after the last completed optimizer step and whatever the failing batch changed before it
+raised. A run (of any stage) that ends well removes the file a previous failure left, so an old failure is not
+resumed by mistake. `dirpath` is kept as given; an empty `filename` is a ValueError.
+
+On several processes it refuses to start: a checkpoint needs every rank (rank 0 writes, all gather the RNG states,
+sharded engines write a shard each), and an error on one rank cannot bring the others to that save: Lightning's
+save waits in a barrier the other ranks never reach and the original error is never shown (Lightning issue #20187,
+docs/lightning.md). There, bound the work lost with ModelCheckpoint(every_n_train_steps=N, save_last=True); a SIGTERM
+is saved by every rank together.
 """
 import os
+from typing import Union
 
 from tasktrain.callbacks.base import Callback
 
@@ -20,11 +25,12 @@ from tasktrain.callbacks.base import Callback
 class OnExceptionCheckpoint(Callback):
     FILE_EXTENSION = ".ckpt"
 
-    def __init__(self, dirpath, filename="on_exception"):
+    def __init__(self, dirpath: Union[str, os.PathLike], filename: str = "on_exception") -> None:
         if not filename:
-            raise ValueError("OnExceptionCheckpoint(filename=''): give a file name (without the extension).")
+            raise ValueError("The filename cannot be empty: OnExceptionCheckpoint(filename='') needs a file name "
+                             "(without the extension).")
         # fixed at construction: an error can happen before any set-up could work a directory out
-        self.dirpath = os.fspath(dirpath)
+        self.dirpath = dirpath
         self.filename = filename
         self._failed = False
 
@@ -34,7 +40,7 @@ class OnExceptionCheckpoint(Callback):
 
     def setup(self, trainer, module, stage):
         self._failed = False
-        if stage == "fit" and trainer.world_size > 1:
+        if trainer.world_size > 1:
             raise ValueError(
                 f"OnExceptionCheckpoint saves on one process only; this run has {trainer.world_size}. A checkpoint "
                 "needs every rank, and an error on one rank cannot bring the others to the save. Remove it, and "
@@ -43,14 +49,11 @@ class OnExceptionCheckpoint(Callback):
 
     def on_exception(self, trainer, module, exception):
         self._failed = True
-        in_fit_loop = trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate")
-        if not in_fit_loop or isinstance(exception, SystemExit):
-            return  # nothing trained to keep (validate/test/predict); SIGTERM saved its own checkpoint
         if trainer.save_checkpoint(self.ckpt_path) is False:  # issue 38: a non-finite state is not saved
             return
         print(f"[tasktrain] OnExceptionCheckpoint: {type(exception).__name__} at global step {trainer.global_step}; "
               f"saved {self.ckpt_path}", flush=True)
 
     def teardown(self, trainer, module, stage):
-        if stage == "fit" and not self._failed and os.path.exists(self.ckpt_path):
+        if not self._failed and os.path.exists(self.ckpt_path):
             trainer.strategy.remove_checkpoint(self.ckpt_path)

@@ -7,26 +7,54 @@ batch's samples (this rank's, on several processes), so predictions written per 
 
 With `trainer.predict(..., return_predictions=False)` predict returns None and, with batch writers only, keeps no
 prediction in memory; an epoch writer gets them all at the end either way (they are kept for it, as in Lightning).
-`predictions` at the epoch's end and `batch_indices` are per loader: `batch_indices[0][i]` is the i-th batch's.
-"""
-from tasktrain.callbacks.base import Callback
+`predictions` at the epoch's end are the one loader's list (a list per loader with several), `batch_indices` are
+per loader: `batch_indices[0][i]` is the i-th batch's (Lightning's shapes).
 
-_INTERVALS = ("batch", "epoch", "batch_and_epoch")
+As Lightning: `self.interval` is a WriteInterval (a str enum: `interval == "epoch"` holds; `.on_batch`,
+`.on_epoch`); a wrong `write_interval` is a MisconfigurationException (a ValueError), and a predict_step that takes
+`dataloader_iter` a NotImplementedError at set-up.
+"""
+import inspect
+from enum import Enum
+from typing import Literal
+
+from tasktrain.callbacks.base import Callback
+from tasktrain.exceptions import MisconfigurationException
+
+
+class WriteInterval(str, Enum):
+    BATCH = "batch"
+    EPOCH = "epoch"
+    BATCH_AND_EPOCH = "batch_and_epoch"
+
+    @property
+    def on_batch(self) -> bool:
+        return self in (WriteInterval.BATCH, WriteInterval.BATCH_AND_EPOCH)
+
+    @property
+    def on_epoch(self) -> bool:
+        return self in (WriteInterval.EPOCH, WriteInterval.BATCH_AND_EPOCH)
 
 
 class BasePredictionWriter(Callback):
-    def __init__(self, write_interval="batch"):
-        if write_interval not in _INTERVALS:
-            raise ValueError(f"BasePredictionWriter(write_interval={write_interval!r}): use one of {_INTERVALS}.")
-        self.interval = write_interval
+    def __init__(self, write_interval: Literal["batch", "epoch", "batch_and_epoch"] = "batch") -> None:
+        if write_interval not in [i.value for i in WriteInterval]:
+            raise MisconfigurationException(f"`write_interval` should be one of {[i.value for i in WriteInterval]}; "
+                                            f"got {write_interval!r}.")
+        self.interval = WriteInterval(write_interval)
 
     @property
     def writes_on_batch(self):
-        return self.interval in ("batch", "batch_and_epoch")
+        return self.interval.on_batch
 
     @property
     def writes_on_epoch(self):
-        return self.interval in ("epoch", "batch_and_epoch")
+        return self.interval.on_epoch
+
+    def setup(self, trainer, module, stage):
+        if "dataloader_iter" in inspect.signature(module.predict_step).parameters:
+            raise NotImplementedError("The `PredictionWriterCallback` does not support using `dataloader_iter`: "
+                                      f"{type(module).__name__}.predict_step takes it.")
 
     def write_on_batch_end(self, trainer, module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
         raise NotImplementedError(f"{type(self).__name__}(write_interval={self.interval!r}) must define "

@@ -1,7 +1,7 @@
 """ThroughputMonitor: batches, samples, items and FLOPs per second, MFU, and where a step's time goes.
 
     ThroughputMonitor(batch_size_fn=lambda batch: batch[0].size(0), length_fn=None, window_size=100, separator="/",
-                      peak_flops=None, measure_flops=True, step_split=True)
+                      peak_flops=None, measure_flops=False, step_split=False)
 
 For each stage ("train", "validate", "test", "predict") it writes `<stage>/time` (seconds since the stage began,
 validation time excluded from training's), `<stage>/batches`, `<stage>/samples` (and `<stage>/lengths` with a
@@ -11,19 +11,21 @@ rates over the last `window_size` batches: `<stage>/device/batches_per_sec`, `..
 per second over the device's dense peak for the run's precision). With several processes the global rates
 `<stage>/batches_per_sec`, ... (device rate x world size) are added.
 
-FLOPs per batch: the module's `flops_per_batch` attribute when it has one (Lightning's way); otherwise they are
-counted once, on the stage's first batch, by torch.utils.flop_counter.FlopCounterMode around that batch's forward
-and backward (training) or its forward (evaluation): what the model really ran, not a formula. The peak: the
-`peak_flops` argument (FLOP/s), else the table PEAK_TFLOPS for the GPU's name and the precision; on a CPU, or a GPU
-not in the table, MFU is not written unless `peak_flops` is given.
+By default it writes what Lightning's writes, under the same keys. FLOPs per batch: the module's `flops_per_batch`
+attribute when it has one (Lightning's way; without one and without `measure_flops=True`, Lightning's warning that
+the FLOPs need it, and no FLOPs keys); with `measure_flops=True` they are counted once, on the stage's first batch,
+by torch.utils.flop_counter.FlopCounterMode around that batch's forward and backward (training) or its forward
+(evaluation): what the model really ran, not a formula. The peak: the `peak_flops` argument (FLOP/s), else the table
+PEAK_TFLOPS for the GPU's name and the precision; on a CPU, or a GPU not in the table, MFU is not written unless
+`peak_flops` is given.
 
-The step split (training, `step_split=True`): each rank times its batches' phases and the loggers get, at each
-log step, the mean seconds per batch since the last one, per rank: `train/split/rank<R>/data_wait` (from the end
-of a batch to the start of the next: the loader and the copy to the device), `forward` (training_step),
-`backward`, `optimizer` (clipping and the step), `checkpoint` (checkpoint saves between batches) and `other`
-(the rest: zero_grad, schedulers, logging, callbacks; validation excluded). In manual optimisation the loop fires
-no backward or optimizer events: the whole step is in `other`. On CUDA the device phases (forward,
-backward, optimizer) are CUDA events read at the log step, so the split adds no synchronisation per step.
+The step split (training, `step_split=True`; its keys are tasktrain's own): each rank times its batches' phases and
+the loggers get, at each log step, the mean seconds per batch since the last one, per rank:
+`train/split/rank<R>/data_wait` (from the end of a batch to the start of the next: the loader and the copy to the
+device), `forward` (training_step), `backward`, `optimizer` (clipping and the step), `checkpoint` (checkpoint saves
+between batches) and `other` (the rest: zero_grad, schedulers, logging, callbacks; validation excluded). In manual
+optimisation the loop fires no backward or optimizer events: the whole step is in `other`. On CUDA the device phases
+(forward, backward, optimizer) are CUDA events read at the log step, so the split adds no synchronisation per step.
 
 Training values are written at the trainer's log steps (every log_every_n_steps-th optimizer step, after the
 step, so its time is included); validation, test and predict values once at the end of each run (Lightning
@@ -34,6 +36,7 @@ include the queued work.
 import time
 import warnings
 from collections import deque
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -124,6 +127,13 @@ class Throughput:
 
     def update(self, *, time, batches, samples, lengths=None, flops=None):
         """time, batches, samples, lengths: totals so far on this device; flops: this batch's, on this device."""
+        # Lightning's checks: batch_size_fn counts samples (at least one a batch), length_fn items (one a sample)
+        if samples < batches:
+            raise ValueError(f"Expected samples ({samples}) to be greater or equal than batches ({batches}): "
+                             "batch_size_fn should return the samples in a batch.")
+        if lengths is not None and lengths < samples:
+            raise ValueError(f"Expected lengths ({lengths}) to be greater or equal than samples ({samples}): "
+                             "length_fn should return the items (e.g. tokens) in a batch, summed over its samples.")
         self._time.append(time)
         self._batches.append(batches)
         self._samples.append(samples)
@@ -164,8 +174,11 @@ SPLIT_PHASES = ("data_wait", "forward", "backward", "optimizer", "checkpoint", "
 
 
 class ThroughputMonitor(Callback):
-    def __init__(self, batch_size_fn, length_fn=None, window_size=100, separator="/", peak_flops=None,
-                 measure_flops=True, step_split=True):
+    def __init__(self, batch_size_fn: Callable[[Any], int], length_fn: Optional[Callable[[Any], int]] = None,
+                 window_size: int = 100, separator: str = "/", peak_flops: Optional[float] = None,
+                 measure_flops: bool = False, step_split: bool = False) -> None:
+        # (Lightning's signature is (batch_size_fn, length_fn=None, **kwargs), the kwargs going to its Throughput:
+        # window_size and separator. measure_flops and step_split add keys Lightning does not write: off unless asked)
         if not callable(batch_size_fn):
             raise TypeError("ThroughputMonitor(batch_size_fn=...): give a function from a batch to its sample count.")
         if peak_flops is not None and not peak_flops > 0:
@@ -175,6 +188,7 @@ class ThroughputMonitor(Callback):
         self.length_fn = length_fn
         self.window_size = window_size
         self.separator = separator
+        self.kwargs = {"window_size": window_size, "separator": separator}  # what Lightning's **kwargs hold
         self.peak_flops = peak_flops  # the argument; the run's is in self.device_peak_flops
         self.measure_flops = measure_flops
         self.step_split = step_split
@@ -188,7 +202,13 @@ class ThroughputMonitor(Callback):
         self._counter = None  # the FlopCounterMode while a stage's first batch runs
         self.split = {}  # this rank's split: phase -> mean seconds per batch, as last written
         self._val_seconds, self._val_started, self._previous_end, self._marks = 0.0, None, None, (0.0, 0.0)
+        self._warned = False
         self._split_reset()
+
+    @property
+    def available_flops(self):
+        """Lightning's name for the device's peak FLOP/s of the run (None: unknown, no MFU)."""
+        return self.device_peak_flops
 
     def setup(self, trainer, module, stage):
         self._throughputs = {}
@@ -297,6 +317,11 @@ class ThroughputMonitor(Callback):
 
     # -- measuring -------------------------------------------------------------------------------------------------
     def _start(self, trainer, stage):
+        if not self.measure_flops and not hasattr(trainer.module, "flops_per_batch") and not self._warned:
+            self._warned = True  # Lightning's warning, once per callback
+            warnings.warn("When using the `ThroughputMonitor`, you need to define a `flops_per_batch` attribute or "
+                          f"property in {type(trainer.module).__name__} to compute the FLOPs (or pass "
+                          "ThroughputMonitor(measure_flops=True) to count them).", UserWarning)
         if stage not in self._throughputs:
             self._throughputs[stage] = Throughput(trainer.world_size, self.window_size, self.separator,
                                                   self.device_peak_flops)
@@ -331,9 +356,6 @@ class ThroughputMonitor(Callback):
         self._split_reset()
         if trainer.is_global_zero:
             self._start(trainer, "train")
-        if not self.measure_flops and not hasattr(module, "flops_per_batch") and trainer.is_global_zero:
-            warnings.warn("ThroughputMonitor(measure_flops=False): FLOPs per second and MFU are not written; set "
-                          "module.flops_per_batch or leave measure_flops on to count them.")
 
     def on_train_end(self, trainer, module):
         self._count_abandon()  # the module's on_train_batch_start ended the epoch (-1) before the batch ran

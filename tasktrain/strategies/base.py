@@ -472,6 +472,12 @@ class Strategy(abc.ABC):
         them). Default: param.numel()."""
         return param.numel()
 
+    def device_numel(self, param):
+        """How many of `param`'s elements this device holds where the engine partitions parameters over devices
+        (ModelSummary's "Params per Device" column, Lightning's for DeepSpeed ZeRO-3); None where it does not.
+        Default: None."""
+        return None
+
     def check_full_parameters(self, who: str):
         """Raise when `who` (a callback, in words) needs each rank's module to hold its whole parameters (a copy of
         the weights, a count of them) and this strategy shards them. Default: nothing is sharded."""

@@ -127,7 +127,7 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
         present = any(isinstance(c, kind) for c in callbacks)
         if wanted and not present:
             callbacks.append(kind())
-        if not wanted and present:
+        if not wanted and present and kind is not ModelSummary:  # Lightning runs a ModelSummary the user gave
             raise ValueError(f"{name}=False, but a {kind.__name__} is in callbacks: remove one of them.")
     if clip_val:  # None or 0 means no clipping, as gradient_clipping: 0 does in DeepSpeed
         if clip_algorithm not in ("norm", "value"):

@@ -56,7 +56,7 @@ facts = {}
 logger = CSVLogger(os.path.join(out, "logs"))
 ema = EMAWeightAveraging(decay=0.5)
 saves = ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), train_time_interval=timedelta(0), save_top_k=-1)
-monitor = ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=2)
+monitor = ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=2, step_split=True)
 module = Regression()
 trainer = Trainer(max_epochs=2, logger=logger, log_every_n_steps=2, callbacks=[ema, saves, monitor],
                   profiler=SimpleProfiler(dirpath=os.path.join(out, "prof"), filename="perf"), **common_args)
@@ -166,7 +166,8 @@ real_time, throughput_monitor.time = throughput_monitor.time, clock
 try:
     Trainer(max_steps=4, logger=CSVLogger(os.path.join(out, "clock_logs")), log_every_n_steps=2,
             enable_checkpointing=False, enable_model_summary=False,
-            callbacks=[ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=2)],
+            callbacks=[ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=2,
+                                         step_split=True)],
             **common_args).fit(Clocked(), DataLoader(TensorDataset(x, y), batch_size=4, collate_fn=clocked_collate))
 finally:
     throughput_monitor.time = real_time

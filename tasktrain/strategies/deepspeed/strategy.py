@@ -883,6 +883,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     def full_numel(self, param) -> int:
         return getattr(param, "ds_numel", param.numel())  # ZeRO-3: the parameter holds a shard, ds_numel the whole
 
+    def device_numel(self, param):
+        return param.partition_numel() if self.zero_stage() == 3 else None  # ZeRO-3: this rank's partition
+
     def check_full_parameters(self, who: str):
         if self.zero_stage() == 3:
             raise ValueError(f"{who} needs the whole parameters on every rank, and DeepSpeed ZeRO stage 3 shards them. "

@@ -1,0 +1,504 @@
+"""Lightning 2.6 beside tasktrain (issue 37): the same callback configurations run under Lightning itself and under
+tasktrain (tiny model, CPU, one process, a few steps), and what a user sees is compared: the errors raised and their
+types, the weights after StochasticWeightAveraging, requires_grad and learning rates after BackboneFinetuning, the
+accumulation factors of GradientAccumulationScheduler, the ModelSummary table, the prediction writer's files and the
+callbacks' state_dict keys. Lightning is a test dependency, imported inside the tests only."""
+import inspect
+import io
+import logging
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import tasktrain
+import tasktrain.callbacks
+from tasktrain.exceptions import MisconfigurationException
+
+L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
+from lightning.pytorch.utilities.exceptions import MisconfigurationException as LMisconfigurationException  # noqa
+
+
+def data(n=24, batch_size=6):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    return DataLoader(TensorDataset(x, x @ torch.ones(4, 1) + 0.1 * torch.randn(n, 1, generator=g)),
+                      batch_size=batch_size)
+
+
+def net_class(base, batch_norm=False, lr=0.1, scheduler=False):
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.backbone = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh())
+            if batch_norm:
+                self.backbone.append(torch.nn.BatchNorm1d(8))
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(self.backbone(x))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self(x), y)
+
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return self(batch[0])
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=lr)
+            if scheduler:
+                return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)]
+            return optimizer
+    return Net
+
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+             num_sanity_val_steps=0)
+
+
+def lightning_trainer(**kwargs):
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    return L.Trainer(accelerator="cpu", devices=1, **{**QUIET, **kwargs})
+
+
+def ours_trainer(**kwargs):
+    return tasktrain.Trainer(accelerator="cpu", devices=1, **{**QUIET, **kwargs})
+
+
+def both(fn):
+    """fn(framework namespace) under Lightning and under tasktrain: (Lightning's result, ours)."""
+    from lightning.pytorch import callbacks as lightning_callbacks
+
+    lightning = dict(Trainer=lightning_trainer, Module=L.LightningModule, cb=lightning_callbacks,
+                     Misconfiguration=LMisconfigurationException)
+    ours = dict(Trainer=ours_trainer, Module=tasktrain.TaskModule, cb=tasktrain.callbacks,
+                Misconfiguration=MisconfigurationException)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(**lightning), fn(**ours)
+
+
+def outcome(make):
+    """'ok', or the name of the exception's class (MisconfigurationException as one name for both frameworks)."""
+    try:
+        make()
+    except Exception as error:  # noqa: BLE001 (the type is the result)
+        return type(error).__name__
+    return "ok"
+
+
+def signature(cls):
+    return [(p.name, p.kind, repr(p.default)) for p in inspect.signature(cls.__init__).parameters.values()]
+
+
+# -- StochasticWeightAveraging -------------------------------------------------------------------------------------
+SWA_REFUSED_OR_NOT = [
+    dict(swa_lrs=0.1), dict(swa_lrs=[0.1, 0.2]), dict(swa_lrs=1), dict(swa_lrs=-0.1), dict(swa_lrs=(0.1,)),
+    dict(swa_lrs=[0.1, 1]), dict(swa_lrs=[]), dict(swa_lrs="0.1"),
+    dict(swa_lrs=0.1, swa_epoch_start=0), dict(swa_lrs=0.1, swa_epoch_start=1), dict(swa_lrs=0.1, swa_epoch_start=1.5),
+    dict(swa_lrs=0.1, swa_epoch_start=0.0), dict(swa_lrs=0.1, swa_epoch_start=-0.5),
+    dict(swa_lrs=0.1, avg_fn=3), dict(swa_lrs=0.1, avg_fn=lambda a, b, n: a),
+    dict(swa_lrs=0.1, device=3), dict(swa_lrs=0.1, device="cpu"), dict(swa_lrs=0.1, device=None),
+]
+
+
+def test_swa_constructor_refuses_what_lightning_refuses_with_the_same_type():
+    def run(cb, **_):
+        return [outcome(lambda: cb.StochasticWeightAveraging(**kwargs)) for kwargs in SWA_REFUSED_OR_NOT]
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert "MisconfigurationException" in ours
+    assert signature(tasktrain.callbacks.StochasticWeightAveraging) == \
+        signature(L.callbacks.StochasticWeightAveraging)
+
+
+def test_swa_fit_refusals_and_weights_after_swa_match_lightning():
+    def run(Trainer, Module, cb, **_):
+        results = {}
+        # fit-time refusals: a fractional start with max_epochs=-1
+        frac = cb.StochasticWeightAveraging(swa_lrs=0.1, swa_epoch_start=0.5)
+        results["fraction, max_epochs=-1"] = outcome(lambda: Trainer(max_epochs=-1, max_steps=3, callbacks=[frac])
+                                                     .fit(net_class(Module)(), data()))
+
+        class TwoOptimizers(net_class(Module)):
+            def configure_optimizers(self):
+                return [torch.optim.SGD(self.head.parameters(), lr=0.1),
+                        torch.optim.SGD(self.backbone.parameters(), lr=0.1)]
+
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                return None
+        results["two optimizers"] = outcome(lambda: Trainer(max_epochs=1, callbacks=[
+            cb.StochasticWeightAveraging(swa_lrs=0.1)]).fit(TwoOptimizers(), data()))
+        # the weights after SWA: starts at the 2nd epoch of 4, linear annealing over 2, a step scheduler before
+        for strategy in ("linear", "cos"):
+            module = net_class(Module, scheduler=True)()
+            swa = cb.StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2, annealing_epochs=2,
+                                               annealing_strategy=strategy)
+            lrs = []
+            record = cb.LambdaCallback(on_train_epoch_end=lambda trainer, m: lrs.append(
+                trainer.optimizers[0].param_groups[0]["lr"]))
+            trainer = Trainer(max_epochs=4, callbacks=[swa, record])
+            trainer.fit(module, data())
+            results[strategy] = ({k: v.clone() for k, v in module.state_dict().items()}, lrs, int(swa.n_averaged),
+                                 sorted(swa.state_dict()), swa.swa_start, swa.swa_end)
+        # a fractional start: int(0.5 * 4) = the 2nd epoch
+        module = net_class(Module)()
+        swa = cb.StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=0.5)
+        Trainer(max_epochs=4, callbacks=[swa]).fit(module, data())
+        results["fraction"] = ({k: v.clone() for k, v in module.state_dict().items()}, swa.swa_start)
+        # BatchNorm: the statistics recomputed for the average. Lightning's extra epoch (max_epochs + 1) starts with
+        # the average transferred, then steps the optimizer with stale gradients (its bug #17245's root): the
+        # weights are compared where Lightning holds the average, the statistics at the end
+        module = net_class(Module, batch_norm=True)()
+        at_average = {}
+        grab = cb.LambdaCallback(on_train_epoch_start=lambda trainer, m: at_average.update(
+            {k: v.clone() for k, v in m.named_parameters()}) if trainer.current_epoch == 3 else None)
+        Trainer(max_epochs=3, callbacks=[cb.StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2), grab]).fit(
+            module, data())
+        results["batch norm"] = (at_average or dict(module.named_parameters()),
+                                 {k: v.clone() for k, v in module.named_buffers()})
+        return results
+
+    lightning, ours = both(run)
+    assert ours["fraction, max_epochs=-1"] == lightning["fraction, max_epochs=-1"] == "MisconfigurationException"
+    assert ours["two optimizers"] == lightning["two optimizers"] == "MisconfigurationException"
+    for key in ("linear", "cos", "fraction"):
+        theirs, mine = lightning[key], ours[key]
+        assert sorted(mine[0]) == sorted(theirs[0])
+        for name in theirs[0]:
+            torch.testing.assert_close(mine[0][name], theirs[0][name], msg=f"{key}: {name}")
+        assert mine[1:] == pytest.approx(theirs[1:]) if key == "fraction" else mine[1] == pytest.approx(theirs[1])
+        if key != "fraction":
+            assert mine[2:] == theirs[2:]
+    assert ours["linear"][3] == ["average_model_state", "latest_update_epoch", "n_averaged", "scheduler_state"]
+    for theirs, mine in zip(lightning["batch norm"], ours["batch norm"]):
+        assert sorted(mine) == sorted(theirs)
+        for name in theirs:
+            torch.testing.assert_close(mine[name], theirs[name], msg=name)
+
+
+# -- GradientAccumulationScheduler ---------------------------------------------------------------------------------
+def test_gradient_accumulation_scheduler_factors_steps_and_refusals_match_lightning():
+    def run(Trainer, Module, cb, **_):
+        results = {"init": [outcome(lambda: cb.GradientAccumulationScheduler(s)) for s in
+                            ({}, {-1: 2}, {0: 0}, {0: 1.5}, {"1": 2}, {0: 2, 3: 1}, {2: 4})]}
+        results["scheduling"] = cb.GradientAccumulationScheduler({2: 4}).scheduling
+        factors, steps = [], []
+        record = cb.LambdaCallback(on_train_epoch_end=lambda trainer, m: (
+            factors.append(trainer.accumulate_grad_batches), steps.append(trainer.global_step)))
+        module = net_class(Module)()
+        Trainer(max_epochs=4, callbacks=[cb.GradientAccumulationScheduler({1: 2, 3: 4}), record]).fit(module, data())
+        results["fit"] = (factors, steps, {k: v.clone() for k, v in module.state_dict().items()})
+
+        class Manual(net_class(Module)):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                return None
+        results["manual"] = outcome(lambda: Trainer(max_epochs=1, callbacks=[cb.GradientAccumulationScheduler(
+            {0: 2})]).fit(Manual(), data()))
+        results["trainer factor"] = outcome(lambda: Trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[
+            cb.GradientAccumulationScheduler({0: 2})]).fit(net_class(Module)(), data()))
+        return results
+
+    lightning, ours = both(run)
+    assert ours["init"] == lightning["init"]
+    assert ours["init"][:5] == ["TypeError"] + ["MisconfigurationException"] * 4
+    assert ours["scheduling"] == lightning["scheduling"] == {2: 4, 0: 1}
+    assert ours["fit"][:2] == lightning["fit"][:2] == ([1, 2, 2, 4], [4, 6, 8, 9])
+    for name, value in lightning["fit"][2].items():
+        torch.testing.assert_close(ours["fit"][2][name], value)
+    assert (ours["manual"], ours["trainer factor"]) == (lightning["manual"], lightning["trainer factor"]) == \
+        ("RuntimeError", "ValueError")
+
+
+def test_gradient_accumulation_scheduler_warns_as_lightning_when_optimizer_step_is_overridden():
+    class Stepper(net_class(tasktrain.TaskModule)):
+        def optimizer_step(self, *args, **kwargs):
+            return super().optimizer_step(*args, **kwargs)
+
+    with pytest.warns(UserWarning, match=r"optimizer_\{step,zero_grad\}.*optimizer_step"):
+        ours_trainer(max_epochs=1, limit_train_batches=2, callbacks=[
+            tasktrain.callbacks.GradientAccumulationScheduler({0: 2})]).fit(Stepper(), data())
+
+
+# -- BaseFinetuning / BackboneFinetuning ---------------------------------------------------------------------------
+def test_backbone_finetuning_unfreezes_rates_weights_state_and_refusals_match_lightning(capsys):
+    def run(Trainer, Module, cb, **_):
+        seen = []
+        record = cb.LambdaCallback(on_train_epoch_end=lambda trainer, m: seen.append((
+            [p.requires_grad for p in m.parameters()], [g["lr"] for g in trainer.optimizers[0].param_groups])))
+        module = net_class(Module, batch_norm=True)()
+        finetuning = cb.BackboneFinetuning(unfreeze_backbone_at_epoch=1, lambda_func=lambda epoch: 1.5,
+                                           backbone_initial_ratio_lr=0.2, train_bn=False)
+        Trainer(max_epochs=4, callbacks=[finetuning, record]).fit(module, data())
+        state = finetuning.state_dict()
+        groups = [[sorted(k for k in g if k != "params"), len(g["params"])]
+                  for g in state["internal_optimizer_metadata"][0]]
+        results = dict(seen=seen, weights={k: v.clone() for k, v in module.state_dict().items()},
+                       state=(sorted(state), state["previous_backbone_lr"]), groups=groups)
+
+        class NoBackbone(net_class(Module)):
+            def __init__(self):
+                super().__init__()
+                del self.backbone
+                self.body = torch.nn.Linear(4, 8)
+
+            def forward(self, x):
+                return self.head(self.body(x))
+        results["no backbone"] = outcome(lambda: Trainer(max_epochs=1, callbacks=[cb.BackboneFinetuning()]).fit(
+            NoBackbone(), data()))
+
+        class ListBackbone(net_class(Module)):
+            def __init__(self):
+                super().__init__()
+                self.parts = torch.nn.ModuleList([torch.nn.Linear(4, 8)])
+                self.__dict__["backbone"] = list(self.parts)  # an iterable of modules, no nn.Module
+
+            def forward(self, x):
+                return self.head(self.parts[0](x))
+        results["list backbone"] = outcome(lambda: Trainer(max_epochs=1, callbacks=[cb.BackboneFinetuning()]).fit(
+            ListBackbone(), data()))
+        # the helpers: the frozen parameters found by filter_params, and what make_trainable does to BatchNorm
+        net = net_class(Module, batch_norm=True)()
+        cb.BaseFinetuning.freeze(net.backbone, train_bn=True)
+        results["freeze train_bn"] = [p.requires_grad for p in net.parameters()]
+        cb.BaseFinetuning.freeze(net.backbone, train_bn=False)
+        results["frozen"] = len(list(cb.BaseFinetuning.filter_params(net, requires_grad=False)))
+        results["bn stats"] = net.backbone[2].track_running_stats
+        results["flatten"] = [type(m).__name__ for m in cb.BaseFinetuning.flatten_modules([net.backbone, net.head])]
+        # verbose: Lightning logs the line, tasktrain prints it
+        verbose = cb.BackboneFinetuning(unfreeze_backbone_at_epoch=0, verbose=True)
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        logging.getLogger("lightning.pytorch.callbacks.finetuning").addHandler(handler)
+        logging.getLogger("lightning.pytorch.callbacks.finetuning").setLevel(logging.INFO)
+        capsys.readouterr()
+        Trainer(max_epochs=2, callbacks=[verbose]).fit(net_class(Module)(), data())
+        logging.getLogger("lightning.pytorch.callbacks.finetuning").removeHandler(handler)
+        lines = stream.getvalue() + capsys.readouterr().out
+        results["verbose"] = [line for line in lines.splitlines() if line.startswith("Current lr")]
+        return results
+
+    lightning, ours = both(run)
+    assert ours["seen"] == lightning["seen"]
+    assert ours["seen"][0][0] == [False, False, True, True, True, True]  # BatchNorm frozen too: train_bn=False
+    assert ours["seen"][1][0] == [True] * 6 and len(ours["seen"][1][1]) == 2
+    for name, value in lightning["weights"].items():
+        torch.testing.assert_close(ours["weights"][name], value)
+    assert ours["state"][0] == lightning["state"][0] == ["internal_optimizer_metadata", "previous_backbone_lr"]
+    assert ours["state"][1] == pytest.approx(lightning["state"][1])
+    assert ours["groups"] == lightning["groups"]
+    assert (ours["no backbone"], ours["list backbone"]) == (lightning["no backbone"], lightning["list backbone"]) == \
+        ("AttributeError", "MisconfigurationException")
+    for key in ("freeze train_bn", "frozen", "bn stats", "flatten", "verbose"):
+        assert ours[key] == lightning[key], key
+    assert len(ours["verbose"]) == 2
+
+
+def test_backbone_finetuning_signature_is_lightnings():
+    ours = signature(tasktrain.callbacks.BackboneFinetuning)
+    theirs = signature(L.callbacks.BackboneFinetuning)
+    assert [p[:2] for p in ours] == [p[:2] for p in theirs]
+    assert [p[2] for p in ours if "function" not in p[2]] == [p[2] for p in theirs if "function" not in p[2]]
+    assert tasktrain.callbacks.BackboneFinetuning().lambda_func(3) == L.callbacks.BackboneFinetuning().lambda_func(3)
+
+
+# -- ModelSummary / RichModelSummary ---------------------------------------------------------------------------------
+def test_model_summary_text_matches_lightning(capsys):
+    def run(Trainer, Module, cb, **_):
+        class Summarised(net_class(Module, batch_norm=True)):
+            def __init__(self):
+                super().__init__()
+                self.scale = torch.nn.Parameter(torch.ones(1))  # belongs to no layer: "other params"
+                self.head.eval()  # a module in eval mode
+                self.example_input_array = torch.zeros(3, 4)
+
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        lightning_log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
+        lightning_log.addHandler(handler)
+        lightning_log.setLevel(logging.INFO)
+        capsys.readouterr()
+        tables = []
+        for depth in (1, 2, 0):
+            Trainer(max_epochs=1, limit_train_batches=1, callbacks=[cb.ModelSummary(max_depth=depth)]).fit(
+                Summarised(), data())
+            text = stream.getvalue() + capsys.readouterr().out
+            tables.append("\n".join(line for line in text.splitlines() if line and not line.startswith("[tasktrain]")))
+            stream.seek(0), stream.truncate()
+        lightning_log.removeHandler(handler)
+        rich_available = True
+        try:
+            import rich  # noqa: F401
+        except ImportError:
+            rich_available = False
+        return tables, (None if rich_available else outcome(lambda: cb.RichModelSummary())), \
+            signature(cb.ModelSummary)
+
+    lightning, ours = both(run)
+    assert ours[0][0] == lightning[0][0]
+    assert "other params" in ours[0][0] and "FLOPs" in ours[0][0]
+    assert ours[0][1] == lightning[0][1] and "backbone.2" in ours[0][1]
+    assert ours[0][2] == lightning[0][2] == ""  # max_depth=0: no table
+    assert ours[1] == lightning[1]
+    assert ours[2] == lightning[2]
+
+
+# -- BasePredictionWriter ------------------------------------------------------------------------------------------
+def test_prediction_writer_files_match_lightning(tmp_path):
+    def run(Trainer, Module, cb, **_):
+        folder = tmp_path / Module.__name__
+
+        class Writer(cb.BasePredictionWriter):
+            def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx,
+                                   dataloader_idx):
+                torch.save((prediction, list(batch_indices)), folder / f"{dataloader_idx}-{batch_idx}.pt")
+
+            def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+                torch.save((predictions, batch_indices), folder / f"epoch-{trainer.global_rank}.pt")
+
+        folder.mkdir()
+        writer = Writer("batch_and_epoch")
+        returned = Trainer(callbacks=[writer]).predict(net_class(Module)(), data(n=10, batch_size=4),
+                                                       return_predictions=False)
+        files = {path.name: torch.load(path, weights_only=False) for path in sorted(folder.iterdir())}
+        return (returned, files, str(writer.interval), writer.interval == "batch_and_epoch",
+                (writer.interval.on_batch, writer.interval.on_epoch),
+                outcome(lambda: cb.BasePredictionWriter("step")), signature(cb.BasePredictionWriter))
+
+    lightning, ours = both(run)
+    assert ours[0] is None and lightning[0] is None
+    assert sorted(ours[1]) == sorted(lightning[1]) == ["0-0.pt", "0-1.pt", "0-2.pt", "epoch-0.pt"]
+    for name, (theirs_value, theirs_indices) in lightning[1].items():
+        mine_value, mine_indices = ours[1][name]
+        assert mine_indices == theirs_indices
+        if isinstance(theirs_value, list):  # the epoch file: the loader's predictions, one tensor per batch
+            assert len(mine_value) == len(theirs_value) == 3
+            for a, b in zip(mine_value, theirs_value):
+                torch.testing.assert_close(a, b)
+        else:
+            torch.testing.assert_close(mine_value, theirs_value)
+    assert ours[2:] == lightning[2:]
+    assert ours[5] == "MisconfigurationException"
+
+
+# -- ThroughputMonitor -----------------------------------------------------------------------------------------------
+def test_throughput_monitor_writes_lightnings_keys_by_default():
+    def run(Trainer, Module, cb, **_):
+        logged = []
+        if Module is L.LightningModule:
+            from lightning.pytorch.loggers import Logger
+
+            class Recorder(Logger):
+                name, version = "recorder", 0
+
+                def log_hyperparams(self, *args, **kwargs):
+                    pass
+
+                def log_metrics(self, metrics, step=None):
+                    logged.append(sorted(metrics))
+        else:
+            from tasktrain.loggers import Logger
+
+            class Recorder(Logger):
+                def log_metrics(self, metrics, step=None):
+                    logged.append(sorted(metrics))
+
+        class WithFlops(net_class(Module)):
+            flops_per_batch = 1000
+
+        monitor = cb.ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0],
+                                       length_fn=lambda batch: 3 * batch[0].shape[0], window_size=2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            Trainer(max_epochs=1, log_every_n_steps=2, logger=Recorder(), callbacks=[monitor]).fit(
+                net_class(Module)(), data(n=48))
+        warned = [str(w.message) for w in caught if "flops_per_batch" in str(w.message)]
+        keys_without = [k for k in logged if "train/samples" in k]
+        logged.clear()
+        Trainer(max_epochs=1, log_every_n_steps=2, logger=Recorder(), callbacks=[cb.ThroughputMonitor(
+            batch_size_fn=lambda batch: batch[0].shape[0], window_size=2)]).fit(WithFlops(), data(n=48))
+        keys_with = [k for k in logged if "train/samples" in k]
+        short = cb.ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], length_fn=lambda batch: 1)
+        return keys_without, keys_with, len(warned), outcome(lambda: Trainer(max_steps=1, callbacks=[short]).fit(
+            WithFlops(), data()))
+
+    lightning, ours = both(run)
+    assert ours[0] == lightning[0] and len(ours[0]) == 4
+    assert "train/device/items_per_sec" in ours[0][-1] and "train/device/flops_per_sec" not in ours[0][-1]
+    assert ours[1] == lightning[1] and "train/device/flops_per_sec" in ours[1][-1]
+    assert ours[2:] == lightning[2:] == (1, "ValueError")  # a length_fn counting fewer items than samples
+
+
+def test_swa_is_refused_under_a_sharding_strategy_as_lightning_refuses_it():
+    from tasktrain import FSDP
+
+    with pytest.raises(MisconfigurationException, match="SWA does not currently support sharded models"):
+        ours_trainer(strategy=FSDP(), max_epochs=1, callbacks=[
+            tasktrain.callbacks.StochasticWeightAveraging(swa_lrs=0.1)]).fit(net_class(tasktrain.TaskModule)(), data())
+
+
+# -- the public surface -------------------------------------------------------------------------------------------------
+def test_public_attributes_methods_and_signatures_are_lightnings():
+    from lightning.pytorch import callbacks as lightning_callbacks
+
+    def public(obj, base):
+        return {n for n in dir(obj) if not n.startswith("_")} - {n for n in dir(base) if not n.startswith("_")}
+
+    made = {"StochasticWeightAveraging": dict(swa_lrs=0.1), "GradientAccumulationScheduler": dict(scheduling={1: 2}),
+            "OnExceptionCheckpoint": dict(dirpath="."), "ThroughputMonitor": dict(batch_size_fn=len)}
+    for name in ("StochasticWeightAveraging", "BaseFinetuning", "BackboneFinetuning", "LambdaCallback",
+                 "GradientAccumulationScheduler", "OnExceptionCheckpoint", "ModelSummary", "ThroughputMonitor",
+                 "BasePredictionWriter"):
+        theirs = getattr(lightning_callbacks, name)(**made.get(name, {}))
+        ours = getattr(tasktrain.callbacks, name)(**made.get(name, {}))
+        missing = public(theirs, lightning_callbacks.Callback()) - public(ours, tasktrain.callbacks.Callback())
+        assert not missing, (name, missing)
+        if name in ("LambdaCallback", "GradientAccumulationScheduler", "OnExceptionCheckpoint", "ModelSummary",
+                    "BasePredictionWriter", "StochasticWeightAveraging"):
+            assert [p[:3] for p in signature(type(ours))] == [p[:3] for p in signature(type(theirs))], name
+
+
+# -- OnExceptionCheckpoint -------------------------------------------------------------------------------------------
+def test_on_exception_checkpoint_files_match_lightning(tmp_path):
+    def run(Trainer, Module, cb, **_):
+        folder = tmp_path / Module.__name__
+
+        class Failing(net_class(Module)):
+            fail_in = "train"
+
+            def training_step(self, batch, batch_idx):
+                if self.fail_in == "train" and batch_idx == 2:
+                    raise RuntimeError("bad batch")
+                return super().training_step(batch, batch_idx)
+
+            def validation_step(self, batch, batch_idx):
+                if self.fail_in == "validate":
+                    raise RuntimeError("bad validation batch")
+
+        seen = []
+        saver = cb.OnExceptionCheckpoint(folder, filename="crash")
+        module = Failing()
+        for fail_in, fn in (("train", "fit"), ("validate", "validate"), (None, "validate")):
+            module.fail_in = fail_in
+            # (Lightning counts OnExceptionCheckpoint as checkpointing: enable_checkpointing=False would refuse it)
+            trainer = Trainer(max_epochs=1, callbacks=[saver], enable_checkpointing=True,
+                              default_root_dir=tmp_path / "root" / Module.__name__)
+            result = outcome(lambda: trainer.fit(module, data()) if fn == "fit" else trainer.validate(module, data()))
+            seen.append((result, sorted(p.name for p in folder.iterdir()) if folder.exists() else []))
+        return seen, saver.ckpt_path.endswith("crash.ckpt"), outcome(lambda: cb.OnExceptionCheckpoint(folder, ""))
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[0] == [("RuntimeError", ["crash.ckpt"]), ("RuntimeError", ["crash.ckpt"]), ("ok", [])]
