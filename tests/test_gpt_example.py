@@ -71,11 +71,11 @@ def check_trained(name, metrics, texts, samples=4):
 # -- one process ----------------------------------------------------------------------------------------------------
 def plain_loop(argv):
     """examples/gpt_accelerator.py's loop in plain PyTorch on one process, reading the batches the Accelerator's
-    prepared loader reads (Accelerate's order: the shuffling DataLoader's own order, its sampler drawing from a
-    generator seeded once with the data seed, here seed_everything's); returns the weights."""
+    prepared loader reads (Accelerate's order on one process: the shuffling DataLoader's own, its sampler drawing
+    from torch's global generator at each epoch, as Accelerate's prepared loader does); returns the weights."""
     import argparse
 
-    from torch.utils.data import DataLoader, RandomSampler
+    from torch.utils.data import DataLoader
 
     from tasktrain import seed_everything
 
@@ -86,8 +86,7 @@ def plain_loop(argv):
     optimizer = gpt.configure_adamw(model, args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: gpt.lr_factor(step, args.warmup, args.max_steps))
-    sampler = RandomSampler(train, generator=torch.Generator().manual_seed(args.seed))
-    train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
+    train_loader = DataLoader(train, batch_size=args.batch_size, shuffle=True)  # draws from the global generator
     val_loader = DataLoader(val, batch_size=500)
     step = 0
     model.train()

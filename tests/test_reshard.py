@@ -493,7 +493,7 @@ def test_accelerator_load_state_of_a_users_sampler_mid_epoch_refuses_another_num
         optimizer.step()
         optimizer.zero_grad()
         if i == 1:
-            accelerator.save_state(str(tmp_path / "state"))
+            accelerator.save_state(str(tmp_path / "state"), layout="tasktrain")  # the run state in one file
             break
     state = torch.load(tmp_path / "state" / STATE_FILE, weights_only=True)
     assert state["loaders"][0]["batches_seen"] == 2 and state["loaders"][0]["samples_seen"] is None

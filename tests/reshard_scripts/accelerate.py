@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train import Net, Numbered  # noqa: E402
 
-from tasktrain import Accelerator, seed_everything  # noqa: E402
+from tasktrain import Accelerator, DataLoaderConfiguration, seed_everything  # noqa: E402
 
 SAVE_AT, EPOCHS = 3, 2
 
@@ -48,7 +48,10 @@ def strategy_of(spec):
 
 def run(root, spec):
     seed_everything(7)
-    accelerator = Accelerator(cpu=True, strategy=strategy_of(spec))
+    # a data seed: the order is then one function of (seed, epoch) on any number of processes, so a resume on another
+    # number continues the very order (without it, the order is Accelerate's, which depends on the number)
+    accelerator = Accelerator(cpu=True, strategy=strategy_of(spec),
+                              dataloader_config=DataLoaderConfiguration(data_seed=7))
     net = Net()
     optimizer = net.configure_optimizers()
     model, optimizer, loader = accelerator.prepare(net.body, optimizer,
