@@ -116,3 +116,15 @@ def test_dummy_logger_as_lightnings(tmp_path):
     for pkg in (tasktrain, L):
         trainer = pkg.Trainer(fast_dev_run=True, default_root_dir=str(tmp_path), enable_progress_bar=False)
         assert [type(one).__name__ for one in trainer.loggers] == ["DummyLogger"]
+
+
+def test_ddp_strategy_under_lightnings_name_takes_lightnings_keywords():
+    from lightning.pytorch.strategies import DDPStrategy as Theirs
+
+    from tasktrain.strategies import DDP, DDPStrategy
+
+    ours = DDPStrategy(find_unused_parameters=True, static_graph=False, timeout=__import__("datetime").timedelta(60))
+    theirs = Theirs(find_unused_parameters=True, static_graph=False, timeout=__import__("datetime").timedelta(60))
+    assert isinstance(ours, DDP) and ours.ddp_kwargs == theirs._ddp_kwargs
+    with pytest.raises(TypeError):  # an option DistributedDataParallel does not have is refused, not ignored
+        DDPStrategy(find_unused_parameter=True)
