@@ -127,6 +127,14 @@ def main():
     rank = results["lambda"]["rank"]
     with open(os.path.join(out_dir, f"{FRAMEWORK}_rank{rank}.json"), "w") as f:
         json.dump(results, f)
+    if FRAMEWORK == "accelerate" and torch.distributed.is_initialized():
+        # Accelerate leaves its gloo group to the interpreter's exit, where gloo's threads can abort the process
+        # ("terminate called without an active exception": FINDINGS, DDP with gloo): references first, then the group
+        import gc
+
+        del results
+        gc.collect()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
