@@ -22,6 +22,9 @@ from tasktrain.strategies.watchdog import start_watchdog
 
 out, mode = sys.argv[1], sys.argv[2]
 STALL = 2.0
+# the Accelerator part: set-up (imports, prepare's collectives) may take over 2 s on one rank of a loaded 2-core
+# machine, and a verdict there would end the run before rank 1 reaches its hang
+ACCELERATOR_STALL = 5.0
 rank = int(os.environ["RANK"])
 
 
@@ -53,7 +56,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from tasktrain import Accelerator  # noqa: E402
 
-accelerator = Accelerator(cpu=True, stall_timeout=STALL)
+accelerator = Accelerator(cpu=True, stall_timeout=ACCELERATOR_STALL)
 assert accelerator._watchdog is watchdog  # one watchdog per process group
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
