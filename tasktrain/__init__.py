@@ -1,5 +1,15 @@
 """tasktrain: a thin, honest PyTorch trainer. Names are imported on first use to keep `import tasktrain` cheap."""
+import logging
+
 from tasktrain.version import __version__
+
+# The "tasktrain" logger shows INFO messages (rank_zero_info, seed_everything's "Seed set to N") on stderr where the
+# program has not configured logging itself, as Lightning's package logger does; with a root handler it propagates.
+_logger = logging.getLogger(__name__)
+_logger.setLevel(logging.INFO)
+if not logging.getLogger().hasHandlers():
+    _logger.addHandler(logging.StreamHandler())
+    _logger.propagate = False
 
 _NAMES = {
     "TaskModule": "tasktrain.trainer.module",
@@ -83,7 +93,7 @@ def __getattr__(name):
 
 
 _SUBPACKAGES = ("callbacks", "loggers", "utilities", "strategies", "trainer", "core", "profilers", "tuner", "cli",
-                "data", "accelerator", "utils", "inference", "checkpoint_io", "exceptions")
+                "data", "accelerator", "utils", "inference", "checkpoint_io", "exceptions", "demos")
 
 
 def __dir__():

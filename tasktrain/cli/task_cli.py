@@ -15,9 +15,10 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   when given), the method's own arguments (`--ckpt_path`, ...) and `--seed_everything`.
 - Objects are given as `class_path` / `init_args`: `--trainer.callbacks+=EarlyStopping --trainer.callbacks.monitor
   val_loss`, or in YAML. `subclass_mode_model=True` takes the model class itself from the config that way.
-- `--seed_everything`: true (the default, `seed_everything_default`) draws a seed and writes it into the config,
-  so that the saved config repeats the run; an int seeds with it; false does not seed. (Processes started by a
-  launcher each draw their own: give an int for a multi-process run that repeats exactly.)
+- `--seed_everything`: true (the default, `seed_everything_default`) seeds with the launcher's seed
+  (TASKTRAIN_GLOBAL_SEED or PL_GLOBAL_SEED), else 0 with a warning, as Lightning's CLI; an int seeds with it; false
+  does not seed. The seed used is written into the config, so the saved config repeats the run. Data loader
+  workers are seeded too (`seed_everything(..., workers=True)`).
 - fit writes the config it ran with to `<trainer.log_dir>/config.yaml` (SaveConfigCallback, rank 0); an existing
   one is an error unless `save_config_kwargs={"overwrite": True}`.
 - `--optimizer` / `--lr_scheduler` (`auto_configure_optimizers=True`): any torch optimizer and scheduler, e.g.
@@ -43,7 +44,6 @@ Not here (LightningCLI has it): environment-variable parsing.
 import functools
 import importlib
 import os
-import random
 import warnings
 
 import torch
@@ -343,12 +343,11 @@ class TaskCLI:
 
         config = self.config[self.subcommand] if self.subcommand else self.config
         seed = config.get("seed_everything")
-        if seed is None or seed is False:
+        if seed is False:
             return
-        if seed is True:
-            seed = random.randint(0, 2**31 - 1)
-            config["seed_everything"] = seed  # the saved config repeats this run
-        seed_everything(seed)
+        # Lightning's rule: true (or null) seeds with the launcher's seed (TASKTRAIN_GLOBAL_SEED / PL_GLOBAL_SEED),
+        # else 0, the same on every process; the saved config holds the seed used, so it repeats the run
+        config["seed_everything"] = seed_everything(None if seed is True else seed, workers=True)
 
     def _add_automatic_optimizers(self, here):
         """The optimizer and scheduler groups with link_to="AUTOMATIC" (at most one of each) become the module's

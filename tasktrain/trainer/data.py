@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from tasktrain.data import ShardedStream
+from tasktrain.trainer.seed import add_worker_init_fn
 
 
 class ResumableSampler(DistributedSampler):
@@ -438,6 +439,7 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
 
 def prepare_eval_loader(loader, world_size, rank):
     """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is."""
+    add_worker_init_fn(loader, rank)  # seed_everything(workers=True)
     if world_size == 1 or not _replaceable(loader) or type(_order_sampler(loader)) is not SequentialSampler:
         return loader
     return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)

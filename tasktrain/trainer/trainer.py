@@ -34,6 +34,7 @@ from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.run_state import Callbacks
 from tasktrain.trainer.runtime import broadcast_seed, build_runtime
+from tasktrain.trainer.seed import isolate_rng
 from tasktrain.trainer.state import TrainState
 from tasktrain.trainer.states import RunningStage, TrainerStatus
 
@@ -507,9 +508,10 @@ class Trainer:
 
     def _sanity_check(self):
         self.sanity_checking = True
-        self._call("on_sanity_check_start")
-        evaluation.evaluate(self, "validate", self._val_loader, self.num_sanity_val_batches)
-        self._call("on_sanity_check_end")
+        with isolate_rng():  # the training draws as it would without a sanity check (Lightning's rule)
+            self._call("on_sanity_check_start")
+            evaluation.evaluate(self, "validate", self._val_loader, self.num_sanity_val_batches)
+            self._call("on_sanity_check_end")
         self.sanity_checking = False
         self._metrics.callback_metrics.clear()
         self._metrics.epoch_values.clear()

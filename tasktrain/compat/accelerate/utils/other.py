@@ -16,7 +16,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         from tasktrain.compat.accelerate.state import PartialState
 
         seed += PartialState().process_index
-    seed_everything(seed)
+    seed_everything(seed, verbose=False)  # Accelerate's set_seed says nothing
     if deterministic:
         torch.use_deterministic_algorithms(True)
 
