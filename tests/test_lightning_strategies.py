@@ -1,0 +1,152 @@
+"""Lightning's DeepSpeedStrategy and FSDPStrategy under their names (tasktrain.strategies): constructed beside
+Lightning 2.6's own classes with the same arguments, compared on what each builds (DeepSpeed's config dict, FSDP's
+sharding / offload / precision / wrapping choices), and the arguments tasktrain refuses. No processes here: the real
+engines run through these classes inside the 2-process launches of tests/test_deepspeed.py and tests/test_fsdp.py."""
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lightning.pytorch.strategies as L  # a test dependency (requirements-dev.txt): the spec, run beside ours
+
+from tasktrain import FSDP
+from tasktrain.strategies.deepspeed import DeepSpeed
+
+DEEPSPEED_CASES = [
+    {},
+    {"stage": 1},
+    {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
+    {"stage": 2, "offload_optimizer": True, "pin_memory": True},
+    {"stage": 1, "allgather_bucket_size": 5e7, "reduce_bucket_size": 3e7, "overlap_comm": False,
+     "contiguous_gradients": False, "allgather_partitions": False, "reduce_scatter": False, "sub_group_size": 10 ** 9},
+    {"stage": 3, "offload_optimizer": True, "offload_parameters": True, "offload_params_device": "nvme",
+     "offload_optimizer_device": "nvme", "nvme_path": "/tmp", "params_buffer_count": 3, "params_buffer_size": 10 ** 6,
+     "max_in_cpu": 10, "optimizer_buffer_count": 5, "block_size": 4096, "queue_depth": 4, "single_submit": True,
+     "overlap_events": False, "thread_count": 2},
+    {"zero_optimization": False},
+    {"stage": 2, "logging_batch_size_per_gpu": 4, "zero_allow_untested_optimizer": False},
+    {"partition_activations": True, "cpu_checkpointing": True, "contiguous_memory_optimization": True,
+     "synchronize_checkpoint_boundary": True},
+]
+
+
+def _contains(ours, theirs, where=""):
+    """Every key Lightning sets, with Lightning's value, is in ours (ours may add keys tasktrain's engine needs)."""
+    for key, value in theirs.items():
+        assert key in ours, f"{where}{key} missing"
+        if isinstance(value, dict):
+            _contains(ours[key], value, f"{where}{key}.")
+        else:
+            assert ours[key] == value, (f"{where}{key}", ours[key], value)
+
+
+@pytest.mark.parametrize("kwargs", DEEPSPEED_CASES, ids=lambda kw: ",".join(kw) or "defaults")
+def test_deepspeed_strategy_builds_lightnings_config(kwargs):
+    from tasktrain.strategies import DeepSpeedStrategy
+
+    ours, theirs = DeepSpeedStrategy(**kwargs), L.DeepSpeedStrategy(**kwargs)
+    assert isinstance(ours, DeepSpeed)
+    _contains(ours.config, theirs.config)
+    # the keys ours adds: DeepSpeed 0.19.8 reads aio's thread count under its new name
+    assert set(ours.config) == set(theirs.config)
+    assert ours.config["aio"]["intra_op_parallelism"] == theirs.config["aio"]["thread_count"]
+    assert ours.zero_stage() == (theirs.config["zero_optimization"]["stage"] if "zero_optimization" in theirs.config
+                                 else 0)
+
+
+def test_deepspeed_strategy_engine_config_keeps_lightnings_keys_and_adds_the_runs():
+    from tasktrain.strategies import DeepSpeedStrategy
+
+    kwargs = {"stage": 2, "offload_optimizer": True, "reduce_bucket_size": 10 ** 7}
+    ours, theirs = DeepSpeedStrategy(**kwargs), L.DeepSpeedStrategy(**kwargs)
+    ours.configure("cpu", devices=2, precision="bf16-mixed")
+    engine = ours.resolved_config(micro_batch_size=8, accumulate_grad_batches=2, gradient_clipping=0.5)
+    _contains(engine, theirs.config)
+    # what Lightning's _format_config adds at set-up for the same run: accumulation, micro batch, clipping, bf16
+    _contains(engine, {"gradient_accumulation_steps": 2, "train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.5,
+                       "bf16": {"enabled": True}})
+    assert engine["train_batch_size"] == 8 * 2 * 2
+
+
+def test_deepspeed_strategy_fp16_section_is_lightnings(monkeypatch):
+    from lightning.fabric.strategies.deepspeed import _format_precision_config
+
+    from tasktrain.strategies import DeepSpeedStrategy
+
+    scale = {"loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 50, "hysteresis": 3, "min_loss_scale": 2}
+    ours = DeepSpeedStrategy(**scale)
+    # fp16 under DeepSpeed is refused on CPU: the config of a CUDA run is built here without running it
+    monkeypatch.setattr(DeepSpeedStrategy, "root_device", property(lambda self: torch.device("cuda", 0)))
+    ours.configure(precision="16-mixed")
+    theirs = L.DeepSpeedStrategy(**scale).config
+    _format_precision_config(theirs, "16-mixed", **scale)
+    assert ours.resolved_config(micro_batch_size=1)["fp16"] == theirs["fp16"]
+    with pytest.raises(ValueError, match="initial_scale_power.*loss scaling.*'bf16-mixed'"):
+        DeepSpeedStrategy(initial_scale_power=8).configure(precision="bf16-mixed")  # Lightning ignores it there
+    DeepSpeedStrategy().configure("cpu", precision="bf16-mixed")  # the defaults are no request
+
+
+def test_deepspeed_strategy_takes_a_config_dict_a_json_path_or_lightnings_variable(tmp_path, monkeypatch):
+    from tasktrain.strategies import DeepSpeedStrategy
+
+    config = {"zero_optimization": {"stage": 3, "overlap_comm": False}, "train_micro_batch_size_per_gpu": 2}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    for given in (config, str(path)):
+        ours, theirs = DeepSpeedStrategy(config=given), L.DeepSpeedStrategy(config=given)
+        assert ours.config == theirs.config == config and ours.zero_stage() == 3 and ours.micro_batch_size == 2
+    monkeypatch.setenv("PL_DEEPSPEED_CONFIG_PATH", str(path))
+    assert DeepSpeedStrategy().config == L.DeepSpeedStrategy().config == config
+    monkeypatch.delenv("PL_DEEPSPEED_CONFIG_PATH")
+    # a config without a ZeRO stage goes to DeepSpeed as is under Lightning: stage 0
+    assert DeepSpeedStrategy(config={"train_micro_batch_size_per_gpu": 1}).zero_stage() == 0
+    # strategy.config is the dict the engine starts from: a change before fit is used
+    ours = DeepSpeedStrategy()
+    ours.config["zero_optimization"]["stage"] = 1
+    assert ours.zero_stage() == 1
+    with pytest.raises(ValueError, match=r"config=\.\.\., offload_optimizer, stage\).*ignored"):
+        DeepSpeedStrategy(config=config, stage=3, offload_optimizer=True)  # Lightning drops both silently
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        DeepSpeedStrategy(config=str(tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"remote_device": "cpu"}, r"remote_device='cpu'.*offload_parameters=True"),
+    ({"exclude_frozen_parameters": True}, "exclude_frozen_parameters=True"),
+    ({"parallel_devices": [torch.device("cpu")] * 2}, r"Trainer\(devices=2"),
+    ({"cluster_environment": object()}, "cluster_environment"),
+    ({"precision_plugin": object()}, r"precision_plugin=object.*Trainer\(precision="),
+    ({"nvme_path": "/x"}, r"nvme_path \(nothing is offloaded to 'nvme'\)"),
+    ({"offload_optimizer": True, "params_buffer_size": 10}, "params_buffer_size .parameters are not offloaded"),
+    ({"stage": 3, "offload_parameters": True, "optimizer_buffer_count": 8}, "optimizer_buffer_count"),
+    ({"thread_count": 4}, "thread_count"),
+    ({"pin_memory": True}, r"pin_memory \(nothing is offloaded\)"),
+    ({"offload_params_device": "nvme"}, r"offload_params_device \(offload_parameters=False\)"),
+    ({"zero_optimization": False, "stage": 3}, r"stage \(zero_optimization=False\)"),
+    ({"offload_optimizer": True, "offload_optimizer_device": "disk"}, "offload_optimizer_device='disk'"),
+    ({"stage": 2, "offload_parameters": True}, "Parameter offload needs ZeRO stage 3"),
+    ({"logging_batch_size_per_gpu": 0}, "logging_batch_size_per_gpu=0"),
+])
+def test_deepspeed_strategy_refuses_what_it_would_not_do(kwargs, words):
+    from tasktrain.strategies import DeepSpeedStrategy
+
+    with pytest.raises(ValueError, match=words):
+        DeepSpeedStrategy(**kwargs)
+
+
+def test_deepspeed_strategy_keeps_lightnings_other_arguments():
+    from tasktrain.strategies import DeepSpeedStrategy
+
+    ours = DeepSpeedStrategy(load_full_weights=True, logging_level=logging.ERROR, process_group_backend="gloo",
+                             accelerator="gpu", timeout=__import__("datetime").timedelta(seconds=90))
+    assert ours.load_full_weights and ours.logging_level == logging.ERROR and ours.process_group_backend == "gloo"
+    assert ours.accelerator == "cuda" and ours.timeout.total_seconds() == 90
+
+
+def test_importing_the_lightning_strategies_imports_neither_deepspeed_nor_lightning():
+    code = ("import sys; from tasktrain.strategies import DeepSpeedStrategy, FSDPStrategy; DeepSpeedStrategy(); "
+            "FSDPStrategy(); bad = [m for m in ('deepspeed', 'lightning') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
