@@ -150,3 +150,127 @@ def test_importing_the_lightning_strategies_imports_neither_deepspeed_nor_lightn
     code = ("import sys; from tasktrain.strategies import DeepSpeedStrategy, FSDPStrategy; DeepSpeedStrategy(); "
             "FSDPStrategy(); bad = [m for m in ('deepspeed', 'lightning') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# -- FSDP ----------------------------------------------------------------------------------------------------------
+def _net():
+    return torch.nn.Sequential(torch.nn.Linear(10, 100), torch.nn.Sequential(
+        torch.nn.Linear(100, 100), torch.nn.ReLU(), torch.nn.Linear(100, 2)))
+
+
+@pytest.mark.parametrize("sharding", ["FULL_SHARD", "full_shard", "SHARD_GRAD_OP", "shard_grad_op", "enum:FULL_SHARD",
+                                      "enum:SHARD_GRAD_OP"])
+@pytest.mark.parametrize("cpu_offload", [None, True, False, "CPUOffload(True)", "CPUOffload(False)"])
+def test_fsdp_strategy_sharding_and_offload_are_lightnings(sharding, cpu_offload):
+    from torch.distributed.fsdp import CPUOffload, ShardingStrategy
+
+    from tasktrain.strategies import FSDPStrategy
+
+    if sharding.startswith("enum:"):
+        sharding = ShardingStrategy[sharding[5:]]
+    if isinstance(cpu_offload, str):
+        cpu_offload = CPUOffload(offload_params=cpu_offload == "CPUOffload(True)")
+    ours = FSDPStrategy(sharding_strategy=sharding, cpu_offload=cpu_offload)
+    theirs = L.FSDPStrategy(sharding_strategy=sharding, cpu_offload=cpu_offload)
+    assert isinstance(ours, FSDP)
+    # FULL_SHARD frees the gathered parameters after each unit's forward; SHARD_GRAD_OP keeps them to the backward
+    assert ours.reshard_after_forward == (theirs.sharding_strategy == ShardingStrategy.FULL_SHARD)
+    assert ours.cpu_offload == theirs.cpu_offload.offload_params
+    assert ours.state_dict_type == theirs._state_dict_type == "full"  # Lightning's default: one file
+
+
+def test_fsdp_strategy_state_dict_type_and_mixed_precision_are_lightnings():
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    from tasktrain.strategies import FSDPStrategy
+
+    ours, theirs = FSDPStrategy(state_dict_type="sharded"), L.FSDPStrategy(state_dict_type="sharded")
+    assert ours.state_dict_type == theirs._state_dict_type == "sharded"
+    for cast in (True, False):
+        policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=cast,
+                                cast_root_forward_inputs=cast)
+        ours, theirs = FSDPStrategy(mixed_precision=policy), L.FSDPStrategy(mixed_precision=policy)
+        assert isinstance(ours.mixed_precision, MixedPrecisionPolicy)
+        for field in ("param_dtype", "reduce_dtype", "cast_forward_inputs"):
+            assert getattr(ours.mixed_precision, field) == getattr(theirs.mixed_precision_config, field), field
+    fsdp2 = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    assert FSDPStrategy(mixed_precision=fsdp2).mixed_precision is fsdp2  # FSDP2's own, as given
+    ours = FSDPStrategy(process_group_backend="gloo", timeout=__import__("datetime").timedelta(seconds=60),
+                        sync_module_states=True, use_orig_params=True)
+    assert ours.process_group_backend == "gloo" and ours.timeout.total_seconds() == 60
+    assert ours.cpu_ram_efficient_loading  # every rank starts from rank 0's weights
+
+
+def test_fsdp_strategy_wraps_and_checkpoints_what_lightnings_policies_pick():
+    import functools
+
+    from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy, size_based_auto_wrap_policy
+
+    from tasktrain.strategies import FSDPStrategy
+
+    net = _net()
+    assert FSDPStrategy()._wrap_targets(net) == []  # no policy: the root alone, as Lightning's FSDP
+    linear = ["0", "1.0", "1.2"]
+    for policy in ({torch.nn.Linear}, ModuleWrapPolicy({torch.nn.Linear}),
+                   CustomPolicy(lambda m: isinstance(m, torch.nn.Linear))):
+        assert FSDPStrategy(auto_wrap_policy=policy)._wrap_targets(net) == linear
+        theirs = L.FSDPStrategy(auto_wrap_policy=policy).kwargs["auto_wrap_policy"]
+        assert theirs is policy or isinstance(theirs, ModuleWrapPolicy)  # what Lightning hands FSDP1
+    # FSDP1's size-based traversal: "1" holds 10302 parameters, its first Linear 10100 of them (a unit); what is
+    # left of "1" (202) and "0" (1100) stay below 5000
+    size_based = functools.partial(size_based_auto_wrap_policy, min_num_params=5000)
+    assert FSDPStrategy(auto_wrap_policy=size_based)._wrap_targets(net) == ["1.0"]
+    for kwargs in ({"activation_checkpointing_policy": {torch.nn.Sequential}},
+                   {"activation_checkpointing_policy": ModuleWrapPolicy({torch.nn.Sequential})},
+                   {"activation_checkpointing": [torch.nn.Sequential]}):
+        with pytest.warns(DeprecationWarning) if "activation_checkpointing" in kwargs else _no_warning():
+            ours = FSDPStrategy(**kwargs)
+        assert ours._select(net, ours.activation_checkpointing, "activation_checkpointing") == ["1"]
+    ours = FSDPStrategy(activation_checkpointing_policy=size_based)
+    assert ours._select(net, ours.activation_checkpointing, "activation_checkpointing") == ["1.0"]
+    with pytest.raises(ValueError, match="cannot set both") as theirs:
+        L.FSDPStrategy(activation_checkpointing=torch.nn.Linear, activation_checkpointing_policy={torch.nn.Linear})
+    with pytest.raises(ValueError, match="cannot set both") as ours:
+        FSDPStrategy(activation_checkpointing=torch.nn.Linear, activation_checkpointing_policy={torch.nn.Linear})
+    assert str(ours.value) == str(theirs.value)
+
+
+def _no_warning():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"sharding_strategy": "NO_SHARD"}, ValueError, r"NO_SHARD.*strategy='ddp'"),
+    ({"sharding_strategy": "HYBRID_SHARD", "auto_wrap_policy": {torch.nn.Linear}}, ValueError,
+     r"HYBRID_SHARD.*ModelParallelStrategy\(data_parallel_replicate_size"),
+    ({"sharding_strategy": "_HYBRID_SHARD_ZERO2", "auto_wrap_policy": {torch.nn.Linear}}, ValueError, "HYBRID"),
+    ({"device_mesh": (2, 2)}, ValueError, r"device_mesh=\(2, 2\).*ModelParallelStrategy"),
+    ({"sharding_strategy": "EVERYTHING"}, ValueError, "'FULL_SHARD' or 'SHARD_GRAD_OP'"),
+    ({"checkpoint_io": object()}, ValueError, "checkpoint_io"),
+    ({"parallel_devices": [torch.device("cpu")]}, ValueError, r"Trainer\(devices=1"),
+    ({"use_orig_params": False}, ValueError, "use_orig_params=False"),
+    ({"ignored_modules": []}, TypeError, "FSDP1 option ignored_modules"),
+    ({"state_dict_type": "local"}, ValueError, "state_dict_type='local'"),
+    ({"auto_wrap_policy": "Block"}, TypeError, "auto_wrap_policy='Block'"),
+    ({"mixed_precision": "bf16"}, TypeError, "mixed_precision='bf16'"),
+])
+def test_fsdp_strategy_refuses_what_it_would_not_do(kwargs, error, words):
+    from tasktrain.strategies import FSDPStrategy
+
+    with pytest.raises(error, match=words):
+        FSDPStrategy(**kwargs)
+
+
+def test_fsdp_strategy_refuses_fsdp1_precision_fields_fsdp2_lacks_and_says_what_it_does_itself():
+    from torch.distributed.fsdp import MixedPrecision
+
+    from tasktrain.strategies import FSDPStrategy
+
+    with pytest.raises(ValueError, match="buffer_dtype"):
+        FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="keep_low_precision_grads"):
+        FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, keep_low_precision_grads=True))
+    with pytest.warns(UserWarning, match="limit_all_gathers=True.*FSDP2"):
+        FSDPStrategy(limit_all_gathers=True)

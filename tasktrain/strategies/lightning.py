@@ -259,3 +259,196 @@ def lightning_default_config(args):
     if args["logging_batch_size_per_gpu"] != "auto":
         config = {"train_micro_batch_size_per_gpu": args["logging_batch_size_per_gpu"], **config}
     return config
+
+
+# -- FSDP --------------------------------------------------------------------------------------------------------
+# FSDP1 options that FSDP2 does by itself (said aloud, changing nothing), and those mapped onto FSDP's arguments
+_FSDP1_SELF_MANAGED = {"limit_all_gathers": "FSDP2 limits its all-gathers itself",
+                       "forward_prefetch": "FSDP2 prefetches itself",
+                       "backward_prefetch": "FSDP2 prefetches itself"}
+_HSDP_FIX = ("tasktrain's FSDP shards over all processes; hybrid sharding (replicas of shards) is "
+             "ModelParallelStrategy(data_parallel_replicate_size=R, tensor_parallel_size=1) (docs/model_parallel.md)")
+
+
+class _FSDP1Policy:
+    """An FSDP1 auto-wrap policy (a torch.distributed.fsdp.wrap._Policy such as CustomPolicy, or a callable
+    `(module, recurse, nonwrapped_numel) -> bool` such as functools.partial(size_based_auto_wrap_policy, ...)),
+    applied to pick FSDP2 units / checkpointed blocks by torch's own FSDP1 traversal. FSDPStrategy's _select reads
+    it; called as a per-module choice it would be wrong, so it refuses."""
+
+    def __init__(self, policy, argument):
+        self.policy, self.argument = policy, argument
+
+    def __call__(self, module):
+        raise TypeError(f"{self.argument}: an FSDP1 policy picks modules over the whole tree; FSDPStrategy applies it.")
+
+    def select(self, root):
+        from torch.distributed.fsdp.wrap import _Policy, _recursive_wrap
+
+        if isinstance(self.policy, _Policy):
+            chosen = self.policy._run_policy(root, ignored_modules=set(), root_kwargs={})
+            for module, kwargs in chosen.items():
+                if module is not root and kwargs:
+                    raise ValueError(f"FSDPStrategy({self.argument}=...): the policy gives {type(module).__name__} "
+                                     f"FSDP1 arguments of its own ({sorted(kwargs)}), which FSDP2 units do not take. "
+                                     "Return True/False from the policy.")
+            chosen = set(chosen)
+        else:
+            chosen = set()
+
+            def record(module, **kwargs):
+                chosen.add(module)
+                return module
+
+            _recursive_wrap(root, auto_wrap_policy=self.policy, wrapper_cls=record, ignored_modules=set(),
+                            ignored_params=set(), only_wrap_children=True)
+        return [name for name, module in root.named_modules() if name and module in chosen]
+
+
+def _class_policy(policy):
+    """A set of layer classes (or torch's ModuleWrapPolicy of them) as FSDP's class set; None if it is not one."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    if isinstance(policy, ModuleWrapPolicy):
+        return set(policy._module_classes)
+    if isinstance(policy, (set, frozenset, list, tuple)) and all(
+            isinstance(c, type) and issubclass(c, torch_module()) for c in policy):
+        return set(policy)
+    return None
+
+
+def torch_module():
+    import torch
+
+    return torch.nn.Module
+
+
+def _policy_choice(policy, argument):
+    classes = _class_policy(policy)
+    if classes is not None:
+        return classes
+    from torch.distributed.fsdp.wrap import _Policy
+
+    if callable(policy) or isinstance(policy, _Policy):
+        return _FSDP1Policy(policy, argument)
+    raise TypeError(f"FSDPStrategy({argument}={policy!r}): use a set of layer classes (e.g. {{Block}}), "
+                    "ModuleWrapPolicy, CustomPolicy, or a callable policy (module, recurse, nonwrapped_numel) -> bool.")
+
+
+def _mixed_precision_policy(mixed_precision):
+    """Lightning hands FSDP1 a torch.distributed.fsdp.MixedPrecision; FSDP2 takes a MixedPrecisionPolicy. The fields
+    that mean the same are carried over; those FSDP2 has no counterpart for are refused when set."""
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    if mixed_precision is None or isinstance(mixed_precision, MixedPrecisionPolicy):
+        return mixed_precision
+    if not isinstance(mixed_precision, MixedPrecision):
+        raise TypeError(f"FSDPStrategy(mixed_precision={mixed_precision!r}): use torch.distributed.fsdp."
+                        "MixedPrecision(...) (Lightning's) or MixedPrecisionPolicy(...) (FSDP2's).")
+    import torch
+
+    if mixed_precision.buffer_dtype not in (None, torch.float32):
+        raise ValueError(f"FSDPStrategy(mixed_precision=MixedPrecision(buffer_dtype={mixed_precision.buffer_dtype})):"
+                         " FSDP2 leaves buffers in the dtype the module gives them; cast them in the module, or "
+                         "leave buffer_dtype None.")
+    if mixed_precision.keep_low_precision_grads:
+        raise ValueError("FSDPStrategy(mixed_precision=MixedPrecision(keep_low_precision_grads=True)): FSDP2 hands "
+                         "the optimizer gradients in the shards' dtype; use precision='bf16-true' for half "
+                         "gradients, or leave it False.")
+    return MixedPrecisionPolicy(param_dtype=mixed_precision.param_dtype, reduce_dtype=mixed_precision.reduce_dtype,
+                                cast_forward_inputs=bool(mixed_precision.cast_forward_inputs or
+                                                         mixed_precision.cast_root_forward_inputs))
+
+
+def _sharding(sharding_strategy):
+    """FULL_SHARD / SHARD_GRAD_OP (a name in any case, or torch's ShardingStrategy) -> reshard_after_forward."""
+    name = sharding_strategy.upper() if isinstance(sharding_strategy, str) else getattr(sharding_strategy, "name", None)
+    if name == "FULL_SHARD":
+        return True
+    if name == "SHARD_GRAD_OP":
+        return False
+    if name == "NO_SHARD":
+        raise ValueError("FSDPStrategy(sharding_strategy='NO_SHARD') replicates everything, which is DDP: use "
+                         "strategy='ddp' (DDPStrategy).")
+    if name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        raise ValueError(f"FSDPStrategy(sharding_strategy={name!r}): {_HSDP_FIX}.")
+    raise ValueError(f"FSDPStrategy(sharding_strategy={sharding_strategy!r}): use 'FULL_SHARD' or 'SHARD_GRAD_OP' "
+                     "(or torch's ShardingStrategy of those names).")
+
+
+class FSDPStrategy(FSDP):
+    """Lightning's FSDPStrategy: its arguments on tasktrain's FSDP (FSDP2, torch's fully_shard).
+
+    - sharding_strategy: "FULL_SHARD" (default) frees gathered parameters after each unit's forward, "SHARD_GRAD_OP"
+      keeps them to the backward (FSDP2's reshard_after_forward); strings in any case or torch's ShardingStrategy.
+      NO_SHARD (that is DDP) and the HYBRID ones, like device_mesh, are refused with the strategy that does them.
+    - auto_wrap_policy: which submodules get their own unit. None (default): the root alone, as Lightning's FSDP1;
+      a set of layer classes or ModuleWrapPolicy: every instance; CustomPolicy or an FSDP1 callable policy
+      (size_based_auto_wrap_policy, transformer_auto_wrap_policy partials): the modules torch's FSDP1 traversal
+      picks with it.
+    - activation_checkpointing_policy (or the older activation_checkpointing, a class or list of classes): the
+      submodules recomputed in the backward, chosen as auto_wrap_policy's modules are.
+    - cpu_offload: True/False or torch's CPUOffload(offload_params=...); mixed_precision: torch's FSDP1
+      MixedPrecision (param_dtype, reduce_dtype, cast_forward_inputs carried over; buffer_dtype other than fp32
+      and keep_low_precision_grads refused) or an FSDP2 MixedPrecisionPolicy; state_dict_type: "full" (default, one
+      file) or "sharded" (a DCP directory).
+    - **kwargs (FSDP1's own options): use_orig_params=True (FSDP2 always is), sync_module_states=True (every rank
+      starts from rank 0's weights: FSDP's cpu_ram_efficient_loading); limit_all_gathers, forward_prefetch,
+      backward_prefetch are accepted with a warning (FSDP2 does these itself); any other is refused.
+    """
+
+    def __init__(self, accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
+                 precision_plugin=None, process_group_backend=None, timeout=_PG_TIMEOUT, cpu_offload=None,
+                 mixed_precision=None, auto_wrap_policy=None, activation_checkpointing=None,
+                 activation_checkpointing_policy=None, sharding_strategy="FULL_SHARD", state_dict_type="full",
+                 device_mesh=None, **kwargs):
+        accelerator, precision = _check_common("FSDPStrategy", accelerator, parallel_devices, cluster_environment,
+                                               precision_plugin, checkpoint_io)
+        if device_mesh is not None:
+            raise ValueError(f"FSDPStrategy(device_mesh={device_mesh!r}): {_HSDP_FIX}.")
+        reshard_after_forward = _sharding(sharding_strategy)
+        from_rank0 = False
+        for key, value in kwargs.items():
+            if key == "use_orig_params" and value is False:
+                raise ValueError("FSDPStrategy(use_orig_params=False): FSDP2 keeps the original parameters (what "
+                                 "use_orig_params=True means); leave it out.")
+            if key == "sync_module_states":
+                from_rank0 = bool(value)
+            elif key in _FSDP1_SELF_MANAGED:
+                warnings.warn(f"FSDPStrategy({key}={value!r}) changes nothing here: {_FSDP1_SELF_MANAGED[key]}.")
+            elif key != "use_orig_params":
+                raise TypeError(f"FSDPStrategy got the FSDP1 option {key}={value!r}, which tasktrain's FSDP (FSDP2) "
+                                "does not have. Its FSDP1 options taken: use_orig_params, sync_module_states, "
+                                f"{', '.join(_FSDP1_SELF_MANAGED)}; see docs/fsdp.md for FSDP's own arguments.")
+        if activation_checkpointing is not None and activation_checkpointing_policy is not None:
+            raise ValueError("You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. "
+                             "Use the latter.")  # Lightning's words
+        if activation_checkpointing is not None:
+            classes = activation_checkpointing if isinstance(activation_checkpointing, list) else [
+                activation_checkpointing]
+            warnings.warn(f"`FSDPStrategy(activation_checkpointing={activation_checkpointing})` is deprecated, use "
+                          f"`FSDPStrategy(activation_checkpointing_policy={set(classes)})` instead.",
+                          DeprecationWarning)
+            checkpointed = _policy_choice(set(classes), "activation_checkpointing")
+        else:
+            checkpointed = None if activation_checkpointing_policy is None else _policy_choice(
+                activation_checkpointing_policy, "activation_checkpointing_policy")
+        wrap = set() if auto_wrap_policy is None else _policy_choice(auto_wrap_policy, "auto_wrap_policy")
+        if cpu_offload is not None and not isinstance(cpu_offload, bool):
+            offload_params = getattr(cpu_offload, "offload_params", None)
+            if not isinstance(offload_params, bool):
+                raise TypeError(f"FSDPStrategy(cpu_offload={cpu_offload!r}): use True/False or torch's "
+                                "CPUOffload(offload_params=...).")
+            cpu_offload = offload_params
+        super().__init__(accelerator=accelerator, precision=precision, wrap=wrap,
+                         reshard_after_forward=reshard_after_forward, cpu_offload=bool(cpu_offload),
+                         state_dict_type=state_dict_type, mixed_precision=_mixed_precision_policy(mixed_precision),
+                         activation_checkpointing=checkpointed, cpu_ram_efficient_loading=from_rank0,
+                         process_group_backend=process_group_backend,
+                         timeout=timeout if timeout is not None else _PG_TIMEOUT)
+        self.sharding_strategy = sharding_strategy
+
+    def _select(self, module, choice, argument):
+        if isinstance(choice, _FSDP1Policy):
+            return choice.select(module)
+        return super()._select(module, choice, argument)
