@@ -302,3 +302,15 @@ def test_every_name_in_lightnings_strategy_registry_runs_as_lightnings_or_is_ref
                 assert zero["offload_param"]["device"] == zero["offload_optimizer"]["device"] == "nvme"
         if name.startswith("fsdp"):
             assert ours.cpu_offload == bool(params.get("cpu_offload")), name
+
+
+def test_model_parallel_strategy_takes_lightnings_arguments():
+    from tasktrain.strategies import ModelParallelStrategy
+
+    kwargs = {"data_parallel_size": 2, "tensor_parallel_size": "auto", "save_distributed_checkpoint": False,
+              "process_group_backend": "gloo", "timeout": __import__("datetime").timedelta(seconds=60)}
+    ours, theirs = ModelParallelStrategy(**kwargs), L.ModelParallelStrategy(**kwargs)
+    assert ours.save_distributed_checkpoint == theirs._save_distributed_checkpoint is False
+    assert ours.process_group_backend == theirs._process_group_backend == "gloo" and ours.timeout == theirs._timeout
+    ours.configure("cpu", devices=2, num_nodes=2)  # Lightning's "auto": the 2 processes of each node
+    assert ours.mesh_shape(4) == (2, 2)
