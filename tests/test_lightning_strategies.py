@@ -314,3 +314,10 @@ def test_model_parallel_strategy_takes_lightnings_arguments():
     assert ours.process_group_backend == theirs._process_group_backend == "gloo" and ours.timeout == theirs._timeout
     ours.configure("cpu", devices=2, num_nodes=2)  # Lightning's "auto": the 2 processes of each node
     assert ours.mesh_shape(4) == (2, 2)
+
+
+def test_lightnings_fork_start_method_is_refused_with_what_to_use():
+    from tasktrain.strategies import DDPStrategy
+
+    with pytest.raises(ValueError, match="'popen'.*'spawn'.*Lightning's 'fork'.*notebook_launcher"):
+        DDPStrategy(start_method="fork")
