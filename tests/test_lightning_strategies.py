@@ -54,6 +54,7 @@ def test_deepspeed_strategy_builds_lightnings_config(kwargs):
     assert ours.config["aio"]["intra_op_parallelism"] == theirs.config["aio"]["thread_count"]
     assert ours.zero_stage() == (theirs.config["zero_optimization"]["stage"] if "zero_optimization" in theirs.config
                                  else 0)
+    assert ours.zero_stage_3 == theirs.zero_stage_3 and ours.deepspeed_engine is None
 
 
 def test_deepspeed_strategy_engine_config_keeps_lightnings_keys_and_adds_the_runs():

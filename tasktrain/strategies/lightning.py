@@ -189,6 +189,14 @@ class DeepSpeedStrategy(DeepSpeed):
             if device not in ("cpu", "nvme"):
                 raise ValueError(f"DeepSpeedStrategy({name}={device!r}): use 'cpu' or 'nvme'.")
 
+    @property
+    def deepspeed_engine(self):  # Lightning's name for the engine
+        return self.engine
+
+    @property
+    def zero_stage_3(self) -> bool:
+        return self.zero_stage() == 3
+
     # Lightning's `strategy.config`: its config from construction, the engine's (run values filled in) once it runs.
     @property
     def config(self):
