@@ -221,6 +221,8 @@ def test_fsdp_strategy_wraps_and_checkpoints_what_lightnings_policies_pick():
         with pytest.warns(DeprecationWarning) if "activation_checkpointing" in kwargs else _no_warning():
             ours = FSDPStrategy(**kwargs)
         assert ours._select(net, ours.activation_checkpointing, "activation_checkpointing") == ["1"]
+    with pytest.raises(ValueError, match=r"auto_wrap_policy=\['Conv2d'\]\): Sequential has no submodule"):
+        FSDPStrategy(auto_wrap_policy={torch.nn.Conv2d})._wrap_targets(net)  # Lightning: the root alone, silently
     ours = FSDPStrategy(activation_checkpointing_policy=size_based)
     assert ours._select(net, ours.activation_checkpointing, "activation_checkpointing") == ["1.0"]
     with pytest.raises(ValueError, match="cannot set both") as theirs:

@@ -459,4 +459,10 @@ class FSDPStrategy(FSDP):
     def _select(self, module, choice, argument):
         if isinstance(choice, _FSDP1Policy):
             return choice.select(module)
-        return super()._select(module, choice, argument)
+        try:
+            return super()._select(module, choice, argument)
+        except ValueError:  # a class set that matches nothing (Lightning's FSDP1 would silently wrap the root alone)
+            name = {"wrap": "auto_wrap_policy"}.get(argument, "activation_checkpointing_policy")
+            shown = sorted(c.__name__ for c in choice)
+            raise ValueError(f"FSDPStrategy({name}={shown}): {type(module).__name__} has no submodule of these "
+                             f"classes. Name the classes of its repeated blocks, or leave {name}=None.") from None
