@@ -15,6 +15,8 @@ import os
 import warnings
 from datetime import timedelta
 
+import torch
+
 from tasktrain.strategies.deepspeed.config import _read_config
 from tasktrain.strategies.deepspeed.strategy import DeepSpeed
 from tasktrain.strategies.fsdp.strategy import FSDP
@@ -320,15 +322,9 @@ def _class_policy(policy):
     if isinstance(policy, ModuleWrapPolicy):
         return set(policy._module_classes)
     if isinstance(policy, (set, frozenset, list, tuple)) and all(
-            isinstance(c, type) and issubclass(c, torch_module()) for c in policy):
+            isinstance(c, type) and issubclass(c, torch.nn.Module) for c in policy):
         return set(policy)
     return None
-
-
-def torch_module():
-    import torch
-
-    return torch.nn.Module
 
 
 def _policy_choice(policy, argument):
@@ -353,8 +349,6 @@ def _mixed_precision_policy(mixed_precision):
     if not isinstance(mixed_precision, MixedPrecision):
         raise TypeError(f"FSDPStrategy(mixed_precision={mixed_precision!r}): use torch.distributed.fsdp."
                         "MixedPrecision(...) (Lightning's) or MixedPrecisionPolicy(...) (FSDP2's).")
-    import torch
-
     if mixed_precision.buffer_dtype not in (None, torch.float32):
         raise ValueError(f"FSDPStrategy(mixed_precision=MixedPrecision(buffer_dtype={mixed_precision.buffer_dtype})):"
                          " FSDP2 leaves buffers in the dtype the module gives them; cast them in the module, or "
