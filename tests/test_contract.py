@@ -100,17 +100,21 @@ def test_every_builtin_strategy_implements_the_core_and_the_capabilities_it_decl
     from tasktrain.strategies.base import OneProcess, Strategy
     from tasktrain.strategies.data_parallel import DataParallel
     from tasktrain.strategies.fsdp import FSDP
+    from tasktrain.strategies.lightning import DeepSpeedStrategy, FSDPStrategy
     from tasktrain.strategies.model_parallel import ModelParallelStrategy
 
     assert inspect.isabstract(Strategy) and {"reduce", "broadcast", "barrier", "world_size", "global_rank"} <= \
         Strategy.__abstractmethods__
     classes = _builtin_strategies()
-    assert classes == {Strategy, SingleDevice, DataParallel, DDP, FSDP, DeepSpeed, ModelParallelStrategy}, classes
+    assert classes == {Strategy, SingleDevice, DataParallel, DDP, FSDP, DeepSpeed, ModelParallelStrategy,
+                       DeepSpeedStrategy, FSDPStrategy}, classes
     has = {cls.__name__: tuple(cap.__name__ for cap in (OneProcess, *_capabilities()) if issubclass(cls, cap))
            for cls in classes - {Strategy}}
     assert has == {"SingleDevice": ("OneProcess",), "DataParallel": ("OneProcess",), "DDP": ("MultiProcess",),
                    "FSDP": ("MultiProcess", "Sharded"), "ModelParallelStrategy": ("MultiProcess", "Sharded"),
-                   "DeepSpeed": ("MultiProcess", "Sharded", "ClipsInsideStep")}
+                   "DeepSpeed": ("MultiProcess", "Sharded", "ClipsInsideStep"),
+                   "FSDPStrategy": ("MultiProcess", "Sharded"),  # Lightning's names (strategies/lightning.py)
+                   "DeepSpeedStrategy": ("MultiProcess", "Sharded", "ClipsInsideStep")}
     for cls in classes - {Strategy}:
         assert not inspect.isabstract(cls), (cls, cls.__abstractmethods__)
         cls()  # each can be built with its defaults

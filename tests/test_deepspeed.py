@@ -49,6 +49,9 @@ def results(out):
 # -- the config, one process, no engine --------------------------------------------------------------------------
 def test_importing_the_strategy_does_not_import_deepspeed_and_deepspeed_comes_without_mlflow():
     code = ("import sys, tasktrain; from tasktrain import DeepSpeed; DeepSpeed(stage=3).resolved_config(8, 2); "
+            # Lightning's names too (tasktrain/strategies/lightning.py), without Lightning
+            "from tasktrain.strategies import DeepSpeedStrategy, FSDPStrategy; DeepSpeedStrategy(); FSDPStrategy()\n"
+            "assert 'lightning' not in sys.modules, 'lightning was imported'\n"
             "assert 'deepspeed' not in sys.modules, 'deepspeed was imported'\n"
             # then deepspeed as the strategy imports it: without mlflow (its autotuner's, ~2 s of CPU a process),
             # which stays importable for the user

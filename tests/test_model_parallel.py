@@ -314,8 +314,13 @@ def test_arguments_and_the_mesh_shape_are_checked_before_any_process_starts():
                 accelerator="cpu", logger=False)
     with pytest.raises(ValueError, match="tensor_parallel_size=3. does not divide the world of 4"):
         Trainer(strategy=ModelParallelStrategy(tensor_parallel_size=3), devices=4, accelerator="cpu", logger=False)
-    with pytest.raises(ValueError, match="tensor_parallel_size='auto'"):
-        ModelParallelStrategy(tensor_parallel_size="auto")
+    with pytest.raises(ValueError, match="tensor_parallel_size='all'"):
+        ModelParallelStrategy(tensor_parallel_size="all")
+    # Lightning's "auto": the processes of a node split the layers, the nodes are the data-parallel dimension
+    for devices, nodes in ((4, 1), (2, 2)):
+        strategy = ModelParallelStrategy(tensor_parallel_size="auto")
+        strategy.configure("cpu", devices=devices, num_nodes=nodes)
+        assert strategy.mesh_shape(devices * nodes) == (nodes, devices) and strategy.tensor_parallel_size == devices
     with pytest.raises(ValueError, match="data_parallel_size=0"):
         ModelParallelStrategy(data_parallel_size=0)
     with pytest.raises(ValueError, match=r"data_parallel_replicate_size=3\) does not divide data_parallel_size=2"):

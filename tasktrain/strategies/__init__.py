@@ -16,6 +16,10 @@ def __getattr__(name):
         from tasktrain.strategies.model_parallel import ModelParallelStrategy
 
         return ModelParallelStrategy
+    if name in ("DeepSpeedStrategy", "FSDPStrategy"):  # Lightning's classes, with their arguments (lightning.py)
+        from tasktrain.strategies import lightning
+
+        return getattr(lightning, name)
     if name == "DDPStrategy":  # Lightning's name: DDP takes its keyword arguments (find_unused_parameters, ddp_comm_*)
         return DDP
     raise AttributeError(f"module 'tasktrain.strategies' has no attribute {name!r}")

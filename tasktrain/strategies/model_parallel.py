@@ -48,7 +48,8 @@ class ModelParallelStrategy(FSDP):
     Args:
         data_parallel_size: processes per tensor-parallel position that hold FSDP shards of each other; "auto"
             (default): world size // tensor_parallel_size.
-        tensor_parallel_size: processes that split each layer between them (default 1: data parallel only).
+        tensor_parallel_size: processes that split each layer between them (default 1: data parallel only; "auto":
+            Lightning's default, every process of a node, the nodes then data-parallel).
             data_parallel_size * tensor_parallel_size must be the world size.
         save_distributed_checkpoint: True (default): checkpoints are DCP directories written by every rank, which
             load onto any mesh; False: one file with the whole weights and optimizer state, written by rank 0.
@@ -72,11 +73,11 @@ class ModelParallelStrategy(FSDP):
         if data_parallel_size != "auto" and (not isinstance(data_parallel_size, int) or data_parallel_size < 1):
             raise ValueError(f"ModelParallelStrategy(data_parallel_size={data_parallel_size!r}): use 'auto' (world "
                              "size // tensor_parallel_size) or a positive number of processes.")
-        if not isinstance(tensor_parallel_size, int) or isinstance(tensor_parallel_size, bool) or \
-                tensor_parallel_size < 1:
+        if tensor_parallel_size != "auto" and (not isinstance(tensor_parallel_size, int) or
+                                               isinstance(tensor_parallel_size, bool) or tensor_parallel_size < 1):
             raise ValueError(f"ModelParallelStrategy(tensor_parallel_size={tensor_parallel_size!r}): use a positive "
-                             "number of processes (1: data parallel only). Lightning's 'auto' (every process of "
-                             "a node) is not taken: name the size.")
+                             "number of processes (1: data parallel only), or 'auto' (Lightning's: every process "
+                             "of a node, devices).")
         if not isinstance(data_parallel_replicate_size, int) or isinstance(data_parallel_replicate_size, bool) or \
                 data_parallel_replicate_size < 1:
             raise ValueError(f"ModelParallelStrategy(data_parallel_replicate_size={data_parallel_replicate_size!r}): "
@@ -105,6 +106,8 @@ class ModelParallelStrategy(FSDP):
     def mesh_shape(self, world_size):
         """(data_parallel_size, tensor_parallel_size) for a world of `world_size` processes, or a ValueError."""
         dp, tp = self._requested_sizes
+        if tp == "auto":  # Lightning's: the processes of one node tensor-parallel, the nodes data-parallel
+            tp = max(1, world_size // max(1, self.num_nodes))
         if dp == "auto":
             if world_size % tp:
                 raise ValueError(f"ModelParallelStrategy(tensor_parallel_size={tp}) does not divide the world of "
@@ -144,7 +147,10 @@ class ModelParallelStrategy(FSDP):
 
     @property
     def tensor_parallel_size(self):
-        return self._layout_now[2] if self._layout_now else self._requested_sizes[1]
+        if self._layout_now:
+            return self._layout_now[2]
+        tp = self._requested_sizes[1]
+        return self.devices if tp == "auto" else tp  # "auto": every process of a node (Lightning's)
 
     def setup_environment(self):
         import torch.distributed as dist
@@ -355,7 +361,8 @@ class ModelParallelStrategy(FSDP):
         super().teardown()  # the mesh stays with the process group, for the next stage
 
     def describe(self):
-        dp, tp = (self.data_parallel_size, self.tensor_parallel_size) if self._layout_now else self._requested_sizes
+        dp, tp = (self.data_parallel_size, self.tensor_parallel_size) if self._layout_now else \
+            (self._requested_sizes[0], self.tensor_parallel_size)
         checkpoint = "distributed (DCP)" if self.save_distributed_checkpoint else "one file"
         replicas = self.data_parallel_replicate_size
         hsdp = f" as {replicas} replicas (HSDP)" if replicas > 1 else ""

@@ -11,9 +11,33 @@ from tasktrain.names import AUTO_STRATEGY, STRATEGIES
 from tasktrain.strategies.environment import detect_environment
 
 
+# Lightning 2.6's other registered names: those tasktrain runs, as (its name, the arguments they add), and those it
+# does not, with what to write instead (refused by name, rather than "unknown").
+LIGHTNING_NAMES = {
+    "ddp_find_unused_parameters_false": ("ddp", {"find_unused_parameters": False}),
+    "ddp_spawn_find_unused_parameters_false": ("ddp_spawn", {"find_unused_parameters": False}),
+    "ddp_spawn_find_unused_parameters_true": ("ddp_spawn", {"find_unused_parameters": True}),
+}
+_FORK = ("forks the processes from the running interpreter, which tasktrain's Trainer does not (forked children hang "
+         "once the parent ran multi-threaded ops): use strategy='ddp' in a script (the command is re-run for the other "
+         "ranks) or 'ddp_spawn' (module and loaders picklable); in a notebook, define the fit in a function and run "
+         "it with tasktrain's notebook_launcher(fn, num_processes=N) (docs/accelerator.md)")
+LIGHTNING_REFUSED = {
+    **{f"ddp_{kind}{unused}": _FORK for kind in ("fork", "notebook")
+       for unused in ("", "_find_unused_parameters_false", "_find_unused_parameters_true")},
+    **{name: "runs on TPUs through torch_xla, which tasktrain does not support: use accelerator='cpu' or 'gpu' with "
+             "strategy='ddp', 'fsdp' or 'deepspeed'" for name in ("xla", "xla_debug", "single_xla", "single_tpu")},
+}
+
+
 def strategy_from_name(name: str, **extra):
     import importlib
 
+    if name in LIGHTNING_NAMES:
+        name, added = LIGHTNING_NAMES[name]
+        extra = {**added, **extra}
+    if name in LIGHTNING_REFUSED:
+        raise ValueError(f"strategy={name!r} (Lightning's) {LIGHTNING_REFUSED[name]}.")
     if name not in STRATEGIES:
         raise ValueError(f"Unknown strategy {name!r}. Valid names: {', '.join([AUTO_STRATEGY, *STRATEGIES])}, "
                          "or pass a Strategy instance (e.g. DDP(...), DeepSpeed(stage=2)).")

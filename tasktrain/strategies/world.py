@@ -56,8 +56,11 @@ class ProcessWorld(MultiProcess):
                  start_method="popen"):
         super().__init__(accelerator=accelerator, precision=precision)
         if start_method not in ("popen", "spawn"):
+            fork = (" (Lightning's 'fork' is not: children forked from a running interpreter hang once it ran "
+                    "multi-threaded ops; in a notebook, run the fit in a function with notebook_launcher)"
+                    if start_method == "fork" else "")
             raise ValueError(f"{type(self).__name__} start_method must be 'popen' (re-run the command) or 'spawn', "
-                             f"got {start_method!r}.")
+                             f"got {start_method!r}{fork}.")
         if process_group_backend not in (None, "gloo", "nccl"):
             raise ValueError(f"{type(self).__name__} process_group_backend={process_group_backend!r}: use 'gloo', "
                              "'nccl' or None (auto).")

@@ -1,8 +1,11 @@
 """Two-process DeepSpeed runs on the digits classifier; every rank writes what it saw to OUT.rank{R}.pt.
 
     python train.py --root DIR --out OUT --case compare            # DDP, then ZeRO 1, 2, 3 (fp32, accumulation 2,
-                                                                   # clipping); stage 3 builds the module under
-                                                                   # zero3_init and checkpoints every step
+                                                                   # clipping; ZeRO 2 through Lightning's
+                                                                   # DeepSpeedStrategy and its default config:
+                                                                   # overlap_comm, buckets, ...); stage 3 builds the
+                                                                   # module under zero3_init and checkpoints every
+                                                                   # step
     python train.py --root DIR --out OUT --case resume --kill-at K # stage 3 as above, rank 1 SIGKILLed after step K
     python train.py --root DIR --out OUT --case resume --resume    # ... continued from ckpt_path="last"
     python train.py --root DIR --out OUT --case offload            # ZeRO 2 + optimizer offload (CPUAdam), with an
@@ -24,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from digits import Classifier, digits_loaders  # noqa: E402
 
 from tasktrain import Callback, DeepSpeed, ModelCheckpoint, Trainer, seed_everything  # noqa: E402
+from tasktrain.strategies import DeepSpeedStrategy  # noqa: E402
 
 EPOCHS = 2  # 22 batches of 32 per rank and epoch, accumulation 2: 11 optimizer steps per epoch
 
@@ -105,7 +109,9 @@ def main():
         weights = ModelCheckpoint(dirpath=os.path.join(args.root, "weights"), filename="final", every_n_epochs=EPOCHS,
                                   save_weights_only=True)
         results["stage1"] = fit("stage1", "deepspeed_stage_1", args.root, callbacks=[weights])
-        results["stage2"] = fit("stage2", "deepspeed_stage_2", args.root)
+        # Lightning's name and defaults (its config: overlap_comm, contiguous_gradients, 2e8 buckets, aio,
+        # activation_checkpointing) on the same engine
+        results["stage2"] = fit("stage2", DeepSpeedStrategy(stage=2), args.root)
         results["stage3"] = stage3_checkpointed(args.root)
     elif args.case == "resume":
         kill = [KillRank(args.kill_at, rank=1)] if args.kill_at is not None else []

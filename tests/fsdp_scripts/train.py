@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from digits import Classifier, digits_loaders  # noqa: E402
 
 from tasktrain import FSDP, Callback, ModelCheckpoint, TaskModule, Trainer, seed_everything  # noqa: E402
+from tasktrain.strategies import FSDPStrategy  # noqa: E402
 
 EPOCHS = 2  # 22 batches of 32 per rank and epoch, accumulation 2: 11 optimizer steps per epoch
 COUNTS = {"reduce_scatter": 0}
@@ -274,7 +275,10 @@ def main():
                                      args.root, epochs=1)
         results["fsdp_offload"] = fit("fsdp_offload", "fsdp_cpu_offload", args.root, epochs=1)
         # The whole net (dropout inside) recomputed in the backward: the losses stay DDP's
-        results["fsdp_ac"] = fit("fsdp_ac", FSDP(activation_checkpointing={torch.nn.Sequential}), args.root, epochs=1)
+        # (through Lightning's FSDPStrategy: its policies pick the unit and the recomputed block)
+        results["fsdp_ac"] = fit("fsdp_ac", FSDPStrategy(auto_wrap_policy={torch.nn.Sequential},
+                                                         activation_checkpointing_policy={torch.nn.Sequential}),
+                                 args.root, epochs=1)
         results["fsdp_bf16"] = fit("fsdp_bf16", "fsdp", args.root, precision="bf16-mixed", epochs=1)
         poison = InfOnOneRank(step=6)
         results["fsdp_fp16"] = fit("fsdp_fp16", "fsdp", args.root, precision="16-mixed", epochs=1, callbacks=[poison])

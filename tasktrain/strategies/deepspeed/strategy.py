@@ -939,7 +939,8 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             yield
 
     def describe(self):
-        stage = self.config["zero_optimization"]["stage"] if self.config else self.zero_stage()
+        # (before the engine, self.config may be a config of the user's: DeepSpeedStrategy's, Lightning's)
+        stage = self.config["zero_optimization"]["stage"] if self.engine is not None else self.zero_stage()
         extras = [f"ZeRO stage {stage}"]
         for key, what in (("offload_optimizer", "optimizer offload"), ("offload_param", "parameter offload")):
             if self.config and _offloads(self.config, key):
