@@ -43,7 +43,9 @@ STRATEGIES = {
     "fsdp": StrategyName("tasktrain.strategies.fsdp", "FSDP", {}, "FSDP"),
     "fsdp_cpu_offload": StrategyName("tasktrain.strategies.fsdp", "FSDP", {"cpu_offload": True}, "FSDP"),
     # tensor x data parallel on one DeviceMesh (issue 39); Accelerate names its FSDP2-based meshes FSDP too
-    "model_parallel": StrategyName("tasktrain.strategies.model_parallel", "ModelParallelStrategy", {}, "FSDP"),
+    # (the name is data parallel only; the class defaults to Lightning's tensor_parallel_size="auto")
+    "model_parallel": StrategyName("tasktrain.strategies.model_parallel", "ModelParallelStrategy",
+                                   {"tensor_parallel_size": 1}, "FSDP"),
 }
 AUTO_STRATEGY = "auto"  # ddp when several processes are asked for or were launched, else single_device
 

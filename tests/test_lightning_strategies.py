@@ -317,6 +317,16 @@ def test_model_parallel_strategy_takes_lightnings_arguments():
     assert ours.process_group_backend == theirs._process_group_backend == "gloo" and ours.timeout == theirs._timeout
     ours.configure("cpu", devices=2, num_nodes=2)  # Lightning's "auto": the 2 processes of each node
     assert ours.mesh_shape(4) == (2, 2)
+    # the defaults of the arguments both have are Lightning's: ModelParallelStrategy() is every process of a node
+    # tensor-parallel, the nodes data-parallel
+    import inspect
+
+    mine = inspect.signature(ModelParallelStrategy).parameters
+    for name, parameter in inspect.signature(L.ModelParallelStrategy).parameters.items():
+        assert mine[name].default == parameter.default, name
+    default = ModelParallelStrategy()
+    default.configure("cpu", devices=2, num_nodes=3)
+    assert default.mesh_shape(6) == (3, 2)
 
 
 def test_lightnings_fork_start_method_is_refused_with_what_to_use():

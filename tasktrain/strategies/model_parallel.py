@@ -48,8 +48,8 @@ class ModelParallelStrategy(FSDP):
     Args:
         data_parallel_size: processes per tensor-parallel position that hold FSDP shards of each other; "auto"
             (default): world size // tensor_parallel_size.
-        tensor_parallel_size: processes that split each layer between them (default 1: data parallel only; "auto":
-            Lightning's default, every process of a node, the nodes then data-parallel).
+        tensor_parallel_size: processes that split each layer between them; "auto" (default, Lightning's): every
+            process of a node, the nodes then data-parallel; 1: data parallel only.
             data_parallel_size * tensor_parallel_size must be the world size.
         save_distributed_checkpoint: True (default): checkpoints are DCP directories written by every rank, which
             load onto any mesh; False: one file with the whole weights and optimizer state, written by rank 0.
@@ -66,7 +66,7 @@ class ModelParallelStrategy(FSDP):
 
     name = "model_parallel"
 
-    def __init__(self, data_parallel_size="auto", tensor_parallel_size=1, save_distributed_checkpoint=True,
+    def __init__(self, data_parallel_size="auto", tensor_parallel_size="auto", save_distributed_checkpoint=True,
                  process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None,
                  data_parallel_replicate_size=1, wrap=None, reshard_after_forward=None, cpu_offload=False,
                  mixed_precision=None, activation_checkpointing=None):
