@@ -21,6 +21,7 @@ Trainer's keys (the parts of its run state, tasktrain/trainer/run_state.py, whic
     metrics             the in-epoch accumulators of self.log(on_epoch=True)
     rng_states          list, one per rank: {"python", "numpy", "torch", "cuda"}
     world_size          int
+    epoch, global_step  int: trainer.current_epoch and trainer.global_step when it was written (Lightning's keys)
 """
 import contextlib
 import contextvars

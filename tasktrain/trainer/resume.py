@@ -54,7 +54,9 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
     module = trainer.module
     checkpoint = run_state(trainer, weights_only).state_dict()
     checkpoint.update(hyper_parameters=plain(dict(module.hparams)), weights_only=bool(weights_only),
-                      world_size=trainer.world_size)
+                      world_size=trainer.world_size,
+                      # Lightning's top-level keys, which user code reads (the resume uses train_state)
+                      epoch=trainer.current_epoch, global_step=trainer.global_step)
     if trainer.datamodule is not None and trainer.datamodule.hparams:
         checkpoint["datamodule_hyper_parameters"] = plain(dict(trainer.datamodule.hparams))
     for cb in trainer.callbacks:  # the callbacks', then the module's (Lightning's order)
