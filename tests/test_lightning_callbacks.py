@@ -347,7 +347,10 @@ def test_save_on_train_epoch_end(tmp_path, flag, expected):
 
 
 # -- ModelSummary ----------------------------------------------------------------------------------------------------
-def test_model_summary_is_printed_at_fit_start_by_default(capsys):
+def test_model_summary_is_printed_at_fit_start_by_default(capsys, monkeypatch):
+    from tasktrain.callbacks import progress
+
+    monkeypatch.setattr(progress, "rich_available", lambda: False)  # the default without rich: ModelSummary's table
     Trainer(max_epochs=1, **quiet()).fit(Linear(), loader(16))
     out = capsys.readouterr().out
     assert "| Name  | Type   | Params | Mode" in out and "0 | layer | Linear | 5      | train" in out

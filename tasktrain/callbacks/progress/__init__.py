@@ -43,4 +43,6 @@ def __getattr__(name):
     if name in _LAZY:
         module = importlib.import_module(f"tasktrain.callbacks.progress.{_LAZY[name]}")
         return getattr(module, name)
+    if name in ("rich_progress", "tqdm_progress", "rich_columns"):  # the modules, as attributes (Lightning's)
+        return importlib.import_module(f"tasktrain.callbacks.progress.{name}")
     raise AttributeError(f"module 'tasktrain.callbacks.progress' has no attribute {name!r}")
