@@ -486,8 +486,11 @@ def test_gradient_accumulation_scheduler_refusals():
 
 # -- under DeepSpeed (one process, the real engine) -------------------------------------------------------------------
 @pytest.mark.timeout(300)
-def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parameters(capsys):
+def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parameters(capsys, monkeypatch):
     from tasktrain import DeepSpeed
+    from tasktrain.callbacks import progress
+
+    monkeypatch.setattr(progress, "rich_available", lambda: False)  # the default without rich: ModelSummary's table
 
     with pytest.raises(ValueError, match="ZeRO stage 3 shards them"):
         Trainer(strategy=DeepSpeed(stage=3), devices=1, max_epochs=1, callbacks=[EMAWeightAveraging()],

@@ -307,7 +307,7 @@ class RichProgressBar(ProgressBar):
 
     def __getstate__(self):
         # rich's console and display hold locks and threads, which do not pickle
-        return {**vars(self), "progress": None, "_console": None}
+        return {**vars(self), "progress": None, "_console": None, "_metric_component": None}
 
 
 def _items(value):
