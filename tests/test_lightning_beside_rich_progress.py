@@ -161,9 +161,18 @@ def test_rich_progress_bar_arguments_enabling_and_refusals_as_lightnings(monkeyp
         with pytest.raises(error) as disabled:
             pkg.Trainer(callbacks=[pkg.callbacks.RichProgressBar()], enable_progress_bar=False, logger=False)
         messages = [str(many.value), str(disabled.value)]
+        screen = io.StringIO()  # a disabled bar draws nothing through a whole fit
+        off = pkg.callbacks.RichProgressBar(refresh_rate=0, console_kwargs={"file": screen})
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            trainer = pkg.Trainer(max_epochs=1, callbacks=[off], logger=False, enable_checkpointing=False,
+                                  enable_model_summary=False)
+            trainer.fit(_module(pkg.TaskModule if pkg is tasktrain else pkg.LightningModule), _loader(8))
+        messages.append((screen.getvalue(), off.progress, off.train_progress_bar_id,
+                         off.get_metrics(trainer, trainer.lightning_module)))
         if pkg is tasktrain:
             ours = messages
     assert ours == messages
+    assert messages[2] == ("", None, None, {"shown": 0.25, "as_tensor": 2.0})
     # without rich: Lightning's ModuleNotFoundError at construction (the class itself still imports)
     monkeypatch.setattr(progress, "rich_available", lambda: False)
     monkeypatch.setattr(their_module, "_RICH_AVAILABLE", False)
