@@ -145,7 +145,8 @@ def test_rich_progress_bar_arguments_enabling_and_refusals_as_lightnings(monkeyp
                 for p in inspect.signature(cls).parameters.values()]
 
     assert described(our_module.RichProgressBar) == described(their_module.RichProgressBar)
-    assert dataclasses.asdict(our_module.RichProgressBarTheme()) == dataclasses.asdict(their_module.RichProgressBarTheme())
+    theirs = dataclasses.asdict(their_module.RichProgressBarTheme())
+    assert dataclasses.asdict(our_module.RichProgressBarTheme()) == theirs
     for pkg, error in ((tasktrain, MisconfigurationException), (L, TheirError)):
         off = pkg.callbacks.RichProgressBar(refresh_rate=0)  # refresh_rate=0 draws nothing
         assert off.is_disabled and not off.is_enabled and off.refresh_rate == 0

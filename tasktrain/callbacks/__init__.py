@@ -16,9 +16,9 @@ from tasktrain.callbacks.timer import Timer
 from tasktrain.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["Callback", "Logger", "ModelCheckpoint", "GradientClipping", "EarlyStopping", "TensorBoardLogger",
-           "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "TQDMProgressBar", "RichProgressBar",
-           "Timer",
-           "LambdaCallback", "OnExceptionCheckpoint", "GradientAccumulationScheduler", "BasePredictionWriter",
+           "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "TQDMProgressBar",
+           "RichProgressBar", "Timer", "LambdaCallback", "OnExceptionCheckpoint", "GradientAccumulationScheduler",
+           "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
            "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary"]
 
