@@ -212,3 +212,26 @@ def test_rich_bar_draws_on_rank_zero_only_and_rich_is_imported_only_when_used(mo
             "RichProgressBar(theme=RichProgressBarTheme()); assert 'rich' not in sys.modules, 'rich imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+class _Stream(torch.utils.data.IterableDataset):  # no length: the bar's total is inf ("--", a pulsing bar)
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        return iter([(torch.randn(4, generator=g), torch.randn(1, generator=g)) for _ in range(12)])
+
+
+def test_rich_bar_of_a_loader_without_a_length_as_lightnings():
+    seen = []
+    for pkg, base in ((tasktrain, tasktrain.TaskModule), (L, L.LightningModule)):
+        screen = io.StringIO()
+        bar = pkg.callbacks.RichProgressBar(console_kwargs={"file": screen, "width": 200})
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            trainer = pkg.Trainer(max_epochs=1, max_steps=3, callbacks=[bar], logger=False,
+                                  enable_checkpointing=False, enable_model_summary=False)
+            trainer.fit(_module(base), DataLoader(_Stream(), batch_size=4))
+        seen.append((_task(bar, "train_progress_bar"), type(bar.train_progress_bar).__name__,
+                     bar.train_progress_bar.time_remaining, _printed(screen.getvalue())))
+    assert seen[0] == seen[1]
+    assert seen[0][0] == ("Epoch 0/0 ", 3, float("inf"), True) and seen[0][1] == "CustomInfiniteTask"
+    assert "3/-- T • -:--:-- Sit/s shown: 0.250" in seen[0][3][0]
+
