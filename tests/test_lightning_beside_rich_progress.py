@@ -79,12 +79,12 @@ def _task(bar, name):
     return (task.description, task.completed, task.total, task.visible)
 
 
-def _run(pkg, module_base, bar, tmp_path):
+def _run(pkg, module_base, bar, tmp_path, **kwargs):
     """fit (2 validation loaders), test and predict under `pkg`; what the bar says after each, and what it printed."""
     out = bar._console_kwargs["file"]
     trainer = pkg.Trainer(max_epochs=2, callbacks=[bar], enable_checkpointing=False, enable_model_summary=False,
                           default_root_dir=str(tmp_path), logger=pkg.loggers.CSVLogger(str(tmp_path)),
-                          num_sanity_val_steps=1)
+                          num_sanity_val_steps=1, **kwargs)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         trainer.fit(_module(module_base), _loader(24), [_loader(8), _loader(12)])
         seen = {
@@ -108,15 +108,15 @@ def _run(pkg, module_base, bar, tmp_path):
     return seen
 
 
-@pytest.mark.parametrize("leave", [False, True])
-def test_rich_progress_bar_says_and_prints_what_lightnings_does(tmp_path, leave):
+@pytest.mark.parametrize("leave, val_check_interval", [(False, 1.0), (True, 1.0), (False, 0.5)])
+def test_rich_progress_bar_says_and_prints_what_lightnings_does(tmp_path, leave, val_check_interval):
     seen = {}
     for name, pkg, base in (("ours", tasktrain, tasktrain.TaskModule), ("theirs", L, L.LightningModule)):
         theme = pkg.callbacks.progress.rich_progress.RichProgressBarTheme(metrics_format=".2f", description="bold")
         bar = pkg.callbacks.RichProgressBar(leave=leave, theme=theme,
                                             console_kwargs={"file": io.StringIO(), "force_terminal": False,
                                                             "width": 240})
-        seen[name] = _run(pkg, base, bar, tmp_path / name)
+        seen[name] = _run(pkg, base, bar, tmp_path / name, val_check_interval=val_check_interval)
     ours, theirs = seen["ours"], seen["theirs"]
     assert ours == theirs
     # what that is: the last epoch's bar with the metrics in the order logged, tensors as numbers
