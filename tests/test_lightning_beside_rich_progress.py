@@ -6,8 +6,8 @@ import contextlib
 import dataclasses
 import inspect
 import io
+import importlib.util
 import re
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +19,7 @@ rich = pytest.importorskip("rich")
 
 import tasktrain  # noqa: E402
 from tasktrain.callbacks import progress  # noqa: E402
+from tasktrain.callbacks.progress import rich_progress as our_rich_progress  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -207,11 +208,24 @@ def test_rich_bar_draws_on_rank_zero_only_and_rich_is_imported_only_when_used(mo
     tasktrain.Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False,
                       enable_model_summary=False).fit(_module(tasktrain.TaskModule), _loader(8))
     assert bar.is_disabled and bar.progress is None and out.getvalue() == ""
-    code = ("import sys, tasktrain; from tasktrain import RichProgressBar; "
-            "from tasktrain.callbacks.progress.rich_progress import RichProgressBarTheme; "
-            "RichProgressBar(theme=RichProgressBarTheme()); assert 'rich' not in sys.modules, 'rich imported'")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+
+    # rich_progress.py run afresh with rich unimportable (a fresh copy: the loaded module stays as it is), then a bar
+    # and the default rule: none of it imports rich (rich_columns.py, which does, loads when a bar draws)
+    class NoRich:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "rich":
+                raise AssertionError(f"{name} imported")
+
+    with monkeypatch.context() as patch:  # rich's modules back at the block's end
+        for name in [name for name in sys.modules if name.split(".")[0] == "rich"]:
+            patch.delitem(sys.modules, name)
+        patch.setattr(sys, "meta_path", [NoRich(), *sys.meta_path])
+        spec = importlib.util.spec_from_file_location("fresh_rich_progress", our_rich_progress.__file__)
+        fresh = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fresh)
+        fresh.RichProgressBar(theme=fresh.RichProgressBarTheme(), console_kwargs={"width": 80})
+        assert type(progress.default_progress_bar()).__name__ == "RichProgressBar"
+        assert not [name for name in sys.modules if name.split(".")[0] == "rich"]
 
 
 class _Stream(torch.utils.data.IterableDataset):  # no length: the bar's total is inf ("--", a pulsing bar)
