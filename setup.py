@@ -29,6 +29,8 @@ setup(
         "torchdata": ["torchdata>=0.11,<1"],
         # schedule-free optimizers (Accelerate's is_schedulefree_available and its schedule_free example)
         "schedulefree": ["schedulefree>=1.4,<2"],
+        # RichProgressBar / RichModelSummary, and with rich installed the Trainer's defaults (Lightning's rule)
+        "rich": ["rich>=15.0,<16"],
     },
     entry_points={"console_scripts": ["tasktrain=tasktrain.cli.main:main"]},
 )

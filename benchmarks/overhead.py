@@ -77,7 +77,7 @@ def make_dataset(dims, batch, steps):
 
 
 class _Terminal(io.TextIOWrapper):
-    """/dev/null that says it is a terminal, so the progress bar draws its tqdm bar (its costlier path)."""
+    """/dev/null that says it is a terminal, so the progress bar draws (its costlier path)."""
 
     def isatty(self):
         return True
@@ -327,6 +327,7 @@ def count_child(label, helper):
     """Inside valgrind: run one variant, instrumenting only the steps between two stamps."""
     import ctypes
 
+    import tasktrain.callbacks.progress.rich_progress as rich_progress
     import tasktrain.callbacks.progress.tqdm_progress as progress
 
     global stamp
@@ -342,7 +343,7 @@ def count_child(label, helper):
         return 0.0, 0.0
 
     stamp = counting_stamp
-    progress.time = _StepClock()
+    progress.time = rich_progress.time = _StepClock()  # the default bar is RichProgressBar when rich is installed
     dims, batch = WORKLOADS["small"][:2]
     run = dict(variants(with_log_off=True))[label]
     with tempfile.TemporaryDirectory(prefix="tasktrain-count-") as root:

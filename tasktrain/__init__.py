@@ -24,6 +24,7 @@ _NAMES = {
     "GradientClipping": "tasktrain.callbacks.clipping",
     "ProgressBar": "tasktrain.callbacks.progress",
     "TQDMProgressBar": "tasktrain.callbacks.progress",
+    "RichProgressBar": "tasktrain.callbacks.progress",
     "TensorBoardLogger": "tasktrain.loggers",
     "CSVLogger": "tasktrain.loggers",
     "WandbLogger": "tasktrain.loggers",

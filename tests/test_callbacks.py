@@ -116,13 +116,16 @@ def test_callback_hooks_fire_before_the_modules_as_lightnings_and_monitors_after
     assert ("monitor", "on_train_epoch_end", True) in log  # it sees what the module logged there
 
 
-def test_loggers_are_sorted_first_and_model_checkpoint_last(tmp_path):
+def test_loggers_are_sorted_first_and_model_checkpoint_last(tmp_path, monkeypatch):
     from tasktrain import CSVLogger
+    from tasktrain.callbacks import progress
 
-    mc, rec, csv = ModelCheckpoint(dirpath=tmp_path), Recorder(), CSVLogger(tmp_path)
-    trainer = Trainer(callbacks=[mc, rec, csv], logger=False, enable_progress_bar=False)
-    summary = trainer.callbacks[2]  # enable_model_summary=True adds one (Lightning's default)
-    assert trainer.callbacks == [csv, rec, summary, mc] and type(summary).__name__ == "ModelSummary"
+    for rich, expected in ((False, "ModelSummary"), (True, "RichModelSummary")):  # Lightning's rule, each branch
+        monkeypatch.setattr(progress, "rich_available", lambda: rich)
+        mc, rec, csv = ModelCheckpoint(dirpath=tmp_path), Recorder(), CSVLogger(tmp_path)
+        trainer = Trainer(callbacks=[mc, rec, csv], logger=False, enable_progress_bar=False)
+        summary = trainer.callbacks[2]  # enable_model_summary=True adds one (Lightning's default)
+        assert trainer.callbacks == [csv, rec, summary, mc] and type(summary).__name__ == expected
 
 
 def test_a_callback_costs_nothing_on_events_it_does_not_override():
@@ -445,7 +448,10 @@ class Shown(Linear):
 
 def test_progress_bar_draws_lightnings_bars_and_reads_metrics_only_when_it_redraws(capsys, monkeypatch):
     from tasktrain import TQDMProgressBar
+    from tasktrain.callbacks import progress
     from tasktrain.trainer.metrics import MetricStore
+
+    monkeypatch.setattr(progress, "rich_available", lambda: False)  # the default without rich: tqdm's output read
 
     reads = []
     original = MetricStore.progress_bar_metrics

@@ -347,7 +347,10 @@ def test_save_on_train_epoch_end(tmp_path, flag, expected):
 
 
 # -- ModelSummary ----------------------------------------------------------------------------------------------------
-def test_model_summary_is_printed_at_fit_start_by_default(capsys):
+def test_model_summary_is_printed_at_fit_start_by_default(capsys, monkeypatch):
+    from tasktrain.callbacks import progress
+
+    monkeypatch.setattr(progress, "rich_available", lambda: False)  # the default without rich: ModelSummary's table
     Trainer(max_epochs=1, **quiet()).fit(Linear(), loader(16))
     out = capsys.readouterr().out
     assert "| Name  | Type   | Params | Mode" in out and "0 | layer | Linear | 5      | train" in out
@@ -483,8 +486,11 @@ def test_gradient_accumulation_scheduler_refusals():
 
 # -- under DeepSpeed (one process, the real engine) -------------------------------------------------------------------
 @pytest.mark.timeout(300)
-def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parameters(capsys):
+def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parameters(capsys, monkeypatch):
     from tasktrain import DeepSpeed
+    from tasktrain.callbacks import progress
+
+    monkeypatch.setattr(progress, "rich_available", lambda: False)  # the default without rich: ModelSummary's table
 
     with pytest.raises(ValueError, match="ZeRO stage 3 shards them"):
         Trainer(strategy=DeepSpeed(stage=3), devices=1, max_epochs=1, callbacks=[EMAWeightAveraging()],

@@ -16,8 +16,9 @@ from tasktrain.callbacks.timer import Timer
 from tasktrain.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["Callback", "Logger", "ModelCheckpoint", "GradientClipping", "EarlyStopping", "TensorBoardLogger",
-           "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "TQDMProgressBar", "Timer",
-           "LambdaCallback", "OnExceptionCheckpoint", "GradientAccumulationScheduler", "BasePredictionWriter",
+           "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "TQDMProgressBar",
+           "RichProgressBar", "Timer", "LambdaCallback", "OnExceptionCheckpoint", "GradientAccumulationScheduler",
+           "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
            "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary"]
 
@@ -31,8 +32,8 @@ def __getattr__(name):
         import tasktrain.loggers
 
         return getattr(tasktrain.loggers, name)
-    if name == "TQDMProgressBar":  # imports tqdm: only when used
-        from tasktrain.callbacks.progress import TQDMProgressBar
+    if name in ("TQDMProgressBar", "RichProgressBar"):  # imports tqdm / rich: only when used
+        import tasktrain.callbacks.progress
 
-        return TQDMProgressBar
+        return getattr(tasktrain.callbacks.progress, name)
     raise AttributeError(f"module 'tasktrain.callbacks' has no attribute {name!r}")

@@ -95,7 +95,8 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
                       model_summary):
     """The user's callbacks and those the Trainer's arguments add (logger, progress bar, summary, checkpointing,
     gradient_clip_val, max_time), in call order."""
-    from tasktrain.callbacks import ModelCheckpoint, ModelSummary, ProgressBar, TensorBoardLogger
+    from tasktrain.callbacks import ModelCheckpoint, ModelSummary, ProgressBar, RichModelSummary, TensorBoardLogger
+    from tasktrain.callbacks import progress
     from tasktrain.callbacks.clipping import GradientClipping
     from tasktrain.callbacks.timer import Timer
 
@@ -118,15 +119,13 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
     if bars and not progress_bar:
         raise MisconfigurationException(f"Trainer was configured with `enable_progress_bar=False` but found "
                                         f"`{type(bars[0]).__name__}` in callbacks list.")
-    if progress_bar and not bars:
-        from tasktrain.callbacks.progress import TQDMProgressBar
-
-        callbacks.append(TQDMProgressBar())
+    if progress_bar and not bars:  # Lightning's rule: RichProgressBar when rich is installed, else TQDMProgressBar
+        callbacks.append(progress.default_progress_bar())
     for wanted, kind, name in ((model_summary, ModelSummary, "enable_model_summary"),
                                (checkpointing, ModelCheckpoint, "enable_checkpointing")):
         present = any(isinstance(c, kind) for c in callbacks)
-        if wanted and not present:
-            callbacks.append(kind())
+        if wanted and not present:  # Lightning's summary: RichModelSummary when rich is installed
+            callbacks.append(RichModelSummary() if kind is ModelSummary and progress.rich_available() else kind())
         if not wanted and present and kind is not ModelSummary:  # Lightning runs a ModelSummary the user gave
             raise ValueError(f"{name}=False, but a {kind.__name__} is in callbacks: remove one of them.")
     if clip_val:  # None or 0 means no clipping, as gradient_clipping: 0 does in DeepSpeed

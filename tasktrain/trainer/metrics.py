@@ -222,9 +222,9 @@ class MetricStore:
 
     def progress_bar_metrics(self) -> dict:
         out = {}
-        for name in self.prog_bar_names:
-            value = self.callback_metrics.get(name)  # the latest step value, or the epoch value once reduced
-            if value is not None:
+        # in callback_metrics' order (first logged since the sanity check, as Lightning's), not the set's
+        for name, value in self.callback_metrics.items():  # the latest step value, or the epoch value once reduced
+            if name in self.prog_bar_names and value is not None:
                 out[name] = value.item() if isinstance(value, torch.Tensor) else value
         return out
 

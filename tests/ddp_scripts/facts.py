@@ -17,6 +17,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import common
 from tasktrain import Callback, TaskModule, Trainer, seed_everything
+from tasktrain.callbacks import progress
+
+progress.rich_available = lambda: False  # tests/test_ddp.py reads tqdm's bar on stdout: the default without rich
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
