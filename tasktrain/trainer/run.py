@@ -7,6 +7,8 @@ import sys
 import warnings
 
 from tasktrain.callbacks.base import Callback
+from tasktrain.callbacks.timer import Timer
+from tasktrain.exceptions import PossibleUserWarning
 from tasktrain.strategies.base import MultiProcess
 from tasktrain.trainer.arguments import in_call_order
 from tasktrain.trainer.datamodule import DataModule
@@ -91,6 +93,13 @@ def start_stage(trainer, stage, module):
     announce_rank(strategy.global_rank)  # @rank_zero_only functions of the user's script know their rank
     trainer._metrics = MetricStore(strategy)
     attach_module_callbacks(trainer, module)
+    if stage == "fit" and trainer._max_epochs_unset:  # Lightning's defaults, decided when fit starts
+        if trainer.max_steps == -1 and not any(isinstance(cb, Timer) for cb in trainer.callbacks):
+            trainer.max_epochs = max(1000, trainer.min_epochs)
+            warnings.warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, "
+                          "set `max_epochs=-1`.", PossibleUserWarning, stacklevel=2)
+        else:  # max_steps or a Timer (max_time=) ends the run
+            trainer.max_epochs = -1
     trainer._set_hook_tables(build_hook_tables(trainer, module))
     trainer._to_device, trainer._plain_transfer = batch_mover(trainer, module)
 

@@ -108,6 +108,7 @@ class Trainer:
             (limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches),
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch, logger)
         self.__dict__.update(limits)  # fast_dev_run, max_epochs, max_steps, limit_*_batches, ... (arguments.py)
+        self._max_epochs_unset = max_epochs is None and not fast_dev_run  # decided at fit's start (run.start_stage)
         self.__dict__.update(arguments.run_flags(  # log_every_n_steps, default_root_dir, ... (arguments.py)
             min_steps, log_every_n_steps, default_root_dir, enable_checkpointing, inference_mode,
             use_distributed_sampler, detect_anomaly, sync_batchnorm, reload_dataloaders_every_n_epochs))
