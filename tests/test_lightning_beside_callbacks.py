@@ -502,3 +502,48 @@ def test_on_exception_checkpoint_files_match_lightning(tmp_path):
     lightning, ours = both(run)
     assert ours == lightning
     assert ours[0] == [("RuntimeError", ["crash.ckpt"]), ("RuntimeError", ["crash.ckpt"]), ("ok", [])]
+
+
+# -- Checkpoint (the base of the checkpointing callbacks) ----------------------------------------------------------
+def test_checkpoint_base_class_counts_as_checkpointing_as_in_lightning(tmp_path):
+    def run(Trainer, Module, cb, **_):
+        order = []
+
+        class Mine(cb.Checkpoint):  # a checkpointing callback of the user's own
+            def on_train_epoch_end(self, trainer, module):
+                order.append("checkpoint")
+
+        class Plain(cb.Callback):
+            def on_train_epoch_end(self, trainer, module):
+                order.append("callback")
+
+        class Net(net_class(Module)):
+            def on_train_epoch_end(self):
+                order.append("module")
+
+        def refused(callback):
+            try:
+                Trainer(max_epochs=1, callbacks=[callback], enable_checkpointing=False)
+            except Exception as error:  # noqa: BLE001 (type and message are the result)
+                return type(error).__name__, str(error)
+            return "ok"
+
+        saver = cb.OnExceptionCheckpoint(tmp_path / Module.__name__)
+        refusals = [refused(saver), refused(Mine()), refused(cb.ModelCheckpoint(tmp_path))]
+        mine = Mine()
+        trainer = Trainer(max_epochs=1, callbacks=[mine, Plain(), saver], enable_checkpointing=True,
+                          default_root_dir=tmp_path / "root" / Module.__name__)
+        trainer.fit(Net(), data())
+        named = [type(c).__name__ for c in trainer.callbacks if type(c).__name__ in ("Mine", "Plain",
+                                                                                     "OnExceptionCheckpoint",
+                                                                                     "ModelCheckpoint")]
+        return (refusals, [type(c).__name__ for c in trainer.checkpoint_callbacks],
+                type(trainer.checkpoint_callback).__name__, named, order,
+                issubclass(cb.ModelCheckpoint, cb.Checkpoint), issubclass(cb.OnExceptionCheckpoint, cb.Checkpoint))
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[0][0] == ("MisconfigurationException", "Trainer was configured with `enable_checkpointing=False` but "
+                          "found `ModelCheckpoint` in callbacks list.")
+    assert ours[1:4] == (["Mine", "OnExceptionCheckpoint"], "Mine", ["Plain", "Mine", "OnExceptionCheckpoint"])
+    assert ours[4] == ["callback", "module", "checkpoint"]

@@ -56,11 +56,11 @@ class FailsAt(Linear):
 def test_on_exception_checkpoint_saves_a_resumable_checkpoint_and_a_good_run_removes_it(tmp_path):
     cb = OnExceptionCheckpoint(tmp_path)
     with pytest.raises(RuntimeError, match="went bad"):
-        Trainer(max_epochs=3, callbacks=[cb], **quiet()).fit(FailsAt(at=5), loader(32))
+        Trainer(max_epochs=3, callbacks=[cb], **quiet(enable_checkpointing=True)).fit(FailsAt(at=5), loader(32))
     ckpt = torch.load(cb.ckpt_path, weights_only=True)
     assert ckpt["train_state"]["global_step"] == 5 and "optimizer_states" in ckpt
     resumed = Linear()
-    trainer = Trainer(max_epochs=3, callbacks=[OnExceptionCheckpoint(tmp_path)], **quiet())
+    trainer = Trainer(max_epochs=3, callbacks=[OnExceptionCheckpoint(tmp_path)], **quiet(enable_checkpointing=True))
     trainer.fit(resumed, loader(32), ckpt_path=cb.ckpt_path)
     assert trainer.global_step == 12
     assert not os.path.exists(cb.ckpt_path)  # a good run removes the stale failure's file
@@ -70,14 +70,14 @@ def test_a_failing_on_exception_checkpoint_is_reported_and_the_original_error_ra
     blocker = tmp_path / "a_file"
     blocker.write_text("")  # the checkpoint's directory cannot be made under a file
     with pytest.raises(RuntimeError, match="went bad"):
-        Trainer(max_epochs=3, callbacks=[OnExceptionCheckpoint(blocker / "ckpts")], **quiet()).fit(FailsAt(at=1),
-                                                                                                  loader(32))
+        Trainer(max_epochs=3, callbacks=[OnExceptionCheckpoint(blocker / "ckpts")],
+                **quiet(enable_checkpointing=True)).fit(FailsAt(at=1), loader(32))
     err = capsys.readouterr().err
     assert "an on_exception hook failed too (OnExceptionCheckpoint.on_exception)" in err
 
 
 def test_on_exception_checkpoint_refuses_several_processes(tmp_path, monkeypatch):
-    trainer = Trainer(max_epochs=1, callbacks=[OnExceptionCheckpoint(tmp_path)], **quiet())
+    trainer = Trainer(max_epochs=1, callbacks=[OnExceptionCheckpoint(tmp_path)], **quiet(enable_checkpointing=True))
     monkeypatch.setattr(type(trainer.strategy), "world_size", 2, raising=False)
     with pytest.raises(ValueError, match="one process only"):
         trainer.fit(Linear(), loader(16))

@@ -1,4 +1,4 @@
-from tasktrain.callbacks.base import Callback, Logger
+from tasktrain.callbacks.base import Callback, Checkpoint, Logger
 from tasktrain.callbacks.checkpoint import ModelCheckpoint
 from tasktrain.callbacks.clipping import GradientClipping
 from tasktrain.callbacks.early_stopping import EarlyStopping
@@ -15,10 +15,10 @@ from tasktrain.callbacks.throughput_monitor import ThroughputMonitor
 from tasktrain.callbacks.timer import Timer
 from tasktrain.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
-__all__ = ["Callback", "Logger", "ModelCheckpoint", "GradientClipping", "EarlyStopping", "TensorBoardLogger",
-           "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar", "TQDMProgressBar",
-           "RichProgressBar", "Timer", "LambdaCallback", "OnExceptionCheckpoint", "GradientAccumulationScheduler",
-           "BasePredictionWriter",
+__all__ = ["Callback", "Checkpoint", "Logger", "ModelCheckpoint", "GradientClipping", "EarlyStopping",
+           "TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger", "LearningRateMonitor", "ProgressBar",
+           "TQDMProgressBar", "RichProgressBar", "Timer", "LambdaCallback", "OnExceptionCheckpoint",
+           "GradientAccumulationScheduler", "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
            "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary"]
 

@@ -88,6 +88,14 @@ class Callback:
     def on_exception(self, trainer, pl_module, exception): ...
 
 
+class Checkpoint(Callback):
+    """The base of the checkpointing callbacks (ModelCheckpoint, OnExceptionCheckpoint), as Lightning's: the Trainer
+    counts every Checkpoint as checkpointing. `trainer.checkpoint_callbacks` lists them (`checkpoint_callback` is the
+    first), they run after the other callbacks, with EarlyStopping at the end of a training epoch, and
+    `Trainer(enable_checkpointing=False)` refuses them. Subclass it so that the Trainer treats a checkpointing
+    callback of your own the same way."""
+
+
 class Logger(Callback):
     """A logger is a callback that also receives the flushed metrics (floats) and the hyper-parameters.
 

@@ -30,14 +30,14 @@ from typing import Literal, Optional, Union
 
 import torch
 
-from tasktrain.callbacks.base import Callback
+from tasktrain.callbacks.base import Checkpoint
 from tasktrain.checkpoint_io import atomic_link, link_tree, remove_path, write_last_pointer
 from tasktrain.exceptions import MisconfigurationException
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_/.\-]*)(:[^}]*)?\}")
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(Checkpoint):
     # Lightning's class attributes: a subclass (or an instance) may change them, e.g. CHECKPOINT_NAME_LAST =
     # "{epoch}-last" names the last checkpoint with the same fields as filename.
     CHECKPOINT_NAME_LAST = "last"

@@ -19,10 +19,10 @@ is saved by every rank together.
 import os
 from typing import Union
 
-from tasktrain.callbacks.base import Callback
+from tasktrain.callbacks.base import Checkpoint
 
 
-class OnExceptionCheckpoint(Callback):
+class OnExceptionCheckpoint(Checkpoint):
     FILE_EXTENSION = ".ckpt"
 
     def __init__(self, dirpath: Union[str, os.PathLike], filename: str = "on_exception") -> None:

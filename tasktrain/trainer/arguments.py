@@ -100,7 +100,7 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
     from tasktrain.callbacks.clipping import GradientClipping
     from tasktrain.callbacks.timer import Timer
 
-    from tasktrain.callbacks.base import Callback
+    from tasktrain.callbacks.base import Callback, Checkpoint
     from tasktrain.exceptions import MisconfigurationException
 
     callbacks = list(callbacks or []) if not isinstance(callbacks, Callback) else [callbacks]
@@ -121,13 +121,16 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
                                         f"`{type(bars[0]).__name__}` in callbacks list.")
     if progress_bar and not bars:  # Lightning's rule: RichProgressBar when rich is installed, else TQDMProgressBar
         callbacks.append(progress.default_progress_bar())
-    for wanted, kind, name in ((model_summary, ModelSummary, "enable_model_summary"),
-                               (checkpointing, ModelCheckpoint, "enable_checkpointing")):
-        present = any(isinstance(c, kind) for c in callbacks)
-        if wanted and not present:  # Lightning's summary: RichModelSummary when rich is installed
-            callbacks.append(RichModelSummary() if kind is ModelSummary and progress.rich_available() else kind())
-        if not wanted and present and kind is not ModelSummary:  # Lightning runs a ModelSummary the user gave
-            raise ValueError(f"{name}=False, but a {kind.__name__} is in callbacks: remove one of them.")
+    if model_summary and not any(isinstance(c, ModelSummary) for c in callbacks):
+        # Lightning's summary: RichModelSummary when rich is installed (and it runs a ModelSummary the user gave even
+        # when disabled)
+        callbacks.append(RichModelSummary() if progress.rich_available() else ModelSummary())
+    if any(isinstance(c, Checkpoint) for c in callbacks):  # any Checkpoint counts, OnExceptionCheckpoint too
+        if not checkpointing:
+            raise MisconfigurationException("Trainer was configured with `enable_checkpointing=False` but found "
+                                            "`ModelCheckpoint` in callbacks list.")
+    elif checkpointing:
+        callbacks.append(ModelCheckpoint())
     if clip_val:  # None or 0 means no clipping, as gradient_clipping: 0 does in DeepSpeed
         if clip_algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm={clip_algorithm!r}: use 'norm' or 'value'.")
@@ -141,9 +144,9 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
 
 def in_call_order(callbacks):
     """Loggers first, checkpointing last: a checkpoint holds the state of every other callback at that point."""
-    from tasktrain.callbacks import ModelCheckpoint
+    from tasktrain.callbacks.base import Checkpoint
 
-    return sorted(callbacks, key=lambda c: 0 if isinstance(c, Logger) else 2 if isinstance(c, ModelCheckpoint) else 1)
+    return sorted(callbacks, key=lambda c: 0 if isinstance(c, Logger) else 2 if isinstance(c, Checkpoint) else 1)
 
 
 def check_loggers(loggers):

@@ -149,7 +149,7 @@ def accumulation_schedules(callbacks):
 def build_hook_tables(trainer, module):
     """For each event the overriding callbacks, then the module's hook (if overridden), bound once (Lightning's
     order; HookTables)."""
-    from tasktrain.callbacks.checkpoint import ModelCheckpoint
+    from tasktrain.callbacks.base import Checkpoint
     from tasktrain.callbacks.early_stopping import EarlyStopping
 
     tables = {}
@@ -157,7 +157,7 @@ def build_hook_tables(trainer, module):
         fns = []
         for cb in trainer.callbacks:
             if is_overridden(event, cb, Callback) or _bare_mock(getattr(cb, event, None)):
-                kind = "monitor" if isinstance(cb, (EarlyStopping, ModelCheckpoint)) else "callback"
+                kind = "monitor" if isinstance(cb, (EarlyStopping, Checkpoint)) else "callback"
                 fns.append((kind, partial(getattr(cb, event), trainer, module)))
         if event not in ("on_exception",) and is_overridden(event, module, TaskModule):
             own = ("module", getattr(module, event))

@@ -327,7 +327,7 @@ def save_preemption_checkpoint(trainer, fit):
     """After a SIGTERM, once per fit: preempted-epoch=E-step=S.ckpt beside the ModelCheckpoint's files."""
     if fit.preempt_path:
         return
-    callback = trainer.checkpoint_callback
+    callback = next((c for c in trainer.checkpoint_callbacks if hasattr(c, "dirpath_resolved")), None)
     directory = callback.dirpath_resolved(trainer) if callback else os.path.join(trainer.log_dir, "checkpoints")
     path = os.path.join(directory, f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt")
     trainer.save_checkpoint(path)

@@ -68,7 +68,7 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
 
 def resolve_ckpt_path(trainer, ckpt_path):
     if ckpt_path == "best":
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        best = getattr(trainer.checkpoint_callback, "best_model_path", "")  # (an OnExceptionCheckpoint has none)
         if not best:
             raise ValueError("ckpt_path='best': no ModelCheckpoint of this trainer has saved a checkpoint yet; "
                              "fit first, or pass a path.")

@@ -171,9 +171,10 @@ class Trainer:
 
     @property
     def checkpoint_callbacks(self):
-        from tasktrain.callbacks import ModelCheckpoint
+        """Every Checkpoint in the callbacks (ModelCheckpoint, OnExceptionCheckpoint, ...), Lightning's rule."""
+        from tasktrain.callbacks.base import Checkpoint
 
-        return [c for c in self.callbacks if isinstance(c, ModelCheckpoint)]
+        return [c for c in self.callbacks if isinstance(c, Checkpoint)]
 
     @property
     def checkpoint_callback(self):

@@ -119,7 +119,7 @@ facts["swa_norm"] = [module.norm.running_mean.tolist(), module.norm.running_var.
 # 6. what refuses several processes, on every rank alike
 refusals = []
 try:
-    Trainer(max_epochs=1, logger=False, enable_checkpointing=False, callbacks=[OnExceptionCheckpoint(out)],
+    Trainer(max_epochs=1, logger=False, callbacks=[OnExceptionCheckpoint(out)],
             **common_args).fit(Regression(), data)
 except ValueError as err:
     refusals.append(str(err))

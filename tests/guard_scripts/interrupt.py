@@ -78,7 +78,7 @@ def main():
     if args.devices == 1:  # (OnExceptionCheckpoint refuses several processes: Report records their hooks)
         callbacks.append(OnExceptionCheckpoint(dirpath=args.root))
     trainer = Trainer(max_epochs=1000, callbacks=callbacks, logger=False, enable_progress_bar=False,
-                      enable_checkpointing=False, enable_model_summary=False, default_root_dir=args.root,
+                      enable_checkpointing=args.devices == 1, enable_model_summary=False, default_root_dir=args.root,
                       strategy="ddp" if args.devices > 1 else "auto", devices=args.devices, accelerator="cpu")
     trainer.fit(Net(), data)
     print("fit returned", flush=True)  # never: Ctrl-C ends the process with code 130
