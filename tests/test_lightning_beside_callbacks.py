@@ -441,6 +441,51 @@ def test_throughput_monitor_writes_lightnings_keys_by_default():
     assert ours[2:] == lightning[2:] == (1, "ValueError")  # a length_fn counting fewer items than samples
 
 
+def test_throughput_monitor_writes_evaluation_values_at_lightnings_batches():
+    def run(Trainer, Module, cb, **_):
+        logged = []
+        if Module is L.LightningModule:
+            from lightning.pytorch.loggers import Logger
+
+            class Recorder(Logger):
+                name, version = "recorder", 0
+
+                def log_hyperparams(self, *args, **kwargs):
+                    pass
+
+                def log_metrics(self, metrics, step=None):
+                    logged.extend((k, int(v)) for k, v in sorted(metrics.items()) if k.endswith("/batches"))
+        else:
+            from tasktrain.loggers import Logger
+
+            class Recorder(Logger):
+                def log_metrics(self, metrics, step=None):
+                    logged.extend((k, int(v)) for k, v in sorted(metrics.items()) if k.endswith("/batches"))
+
+        class Evaluated(net_class(Module)):
+            def validation_step(self, batch, batch_idx, dataloader_idx=0):
+                return None
+
+            def test_step(self, batch, batch_idx, dataloader_idx=0):
+                return None
+
+        def monitor():
+            return cb.ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=2)
+
+        module = Evaluated()
+        Trainer(max_epochs=2, log_every_n_steps=2, logger=Recorder(), callbacks=[monitor()]).fit(
+            module, data(n=12), data(n=30))  # 2 training, 5 validation batches an epoch
+        trainer = Trainer(log_every_n_steps=3, logger=Recorder(), callbacks=[monitor()])
+        trainer.test(module, [data(n=24), data(n=12)])  # 4 + 2 batches in one run
+        trainer.predict(module, data(n=24))
+        return logged
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert [v for k, v in ours if k == "validate/batches"] == [2, 4, 2, 4]
+    assert [v for k, v in ours if k in ("test/batches", "predict/batches")] == [3, 6, 3]
+
+
 def test_swa_is_refused_under_a_sharding_strategy_as_lightning_refuses_it():
     from tasktrain import FSDP
 

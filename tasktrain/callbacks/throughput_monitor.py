@@ -28,8 +28,8 @@ optimisation the loop fires no backward or optimizer events: the whole step is i
 (forward, backward, optimizer) are CUDA events read at the log step, so the split adds no synchronisation per step.
 
 Training values are written at the trainer's log steps (every log_every_n_steps-th optimizer step, after the
-step, so its time is included); validation, test and predict values once at the end of each run (Lightning
-writes them at every evaluation batch). Rank 0 measures the rates and writes; the split is gathered from every
+step, so its time is included); validation, test and predict values, as Lightning's, after each batch whose number in
+that run (from 1, all loaders together) is a multiple of log_every_n_steps. Rank 0 measures the rates and writes; the split is gathered from every
 rank at the log steps. On CUDA each rate measurement synchronises the device first, or the clock would not
 include the queued work.
 """
@@ -343,6 +343,14 @@ class ThroughputMonitor(Callback):
                                         lengths=counts[2] if self.length_fn is not None else None,
                                         flops=self._flops_of(module, stage))
 
+    def _evaluation_batch_end(self, trainer, module, stage, batch):
+        """Lightning's rule for evaluation writes (its logger connector's should_update_logs): after a batch whose
+        number in this run (all loaders together, from 1) is a multiple of log_every_n_steps, or once the trainer
+        should stop."""
+        self._update(trainer, module, stage, batch)
+        if self._counts[stage][0] % trainer.log_every_n_steps == 0 or trainer.should_stop:
+            self._write(trainer, stage)
+
     def _write(self, trainer, stage, extra=None):
         metrics = self._throughputs[stage].compute()
         values = {f"{stage}{self.separator}{k}": v for k, v in metrics.items()}
@@ -414,17 +422,14 @@ class ThroughputMonitor(Callback):
             return
         self._count_stop("validate")
         if trainer.is_global_zero:
-            self._update(trainer, module, "validate", batch)
+            self._evaluation_batch_end(trainer, module, "validate", batch)
 
     def on_validation_end(self, trainer, module):
         if trainer.sanity_checking:
             return
         seconds = time.perf_counter() - self._val_started
         self._val_seconds += seconds
-        if not trainer.is_global_zero:
-            return
-        self._write(trainer, "validate")
-        if "train" in self._t0:  # the validation's time does not count as training time
+        if trainer.is_global_zero and "train" in self._t0:  # the validation's time does not count as training time
             self._t0["train"] += seconds
 
     def on_test_start(self, trainer, module):
@@ -437,11 +442,7 @@ class ThroughputMonitor(Callback):
     def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
         self._count_stop("test")
         if trainer.is_global_zero:
-            self._update(trainer, module, "test", batch)
-
-    def on_test_end(self, trainer, module):
-        if trainer.is_global_zero:
-            self._write(trainer, "test")
+            self._evaluation_batch_end(trainer, module, "test", batch)
 
     def on_predict_start(self, trainer, module):
         if trainer.is_global_zero:
@@ -453,8 +454,4 @@ class ThroughputMonitor(Callback):
     def on_predict_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
         self._count_stop("predict")
         if trainer.is_global_zero:
-            self._update(trainer, module, "predict", batch)
-
-    def on_predict_end(self, trainer, module):
-        if trainer.is_global_zero:
-            self._write(trainer, "predict")
+            self._evaluation_batch_end(trainer, module, "predict", batch)
