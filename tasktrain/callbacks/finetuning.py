@@ -15,7 +15,8 @@ optimizer's own state is loaded, so a resumed run has the same groups, rates and
 
 When parameters start requiring gradients, the strategy is told (`trainable_parameters_changed`): DDP builds its
 wrapper again, since torch's DDP syncs only the gradients of parameters that required them when it was built
-(without that, an unfrozen backbone would train apart on each rank); DeepSpeed refuses at set-up.
+(without that, an unfrozen backbone would train apart on each rank). DeepSpeed refuses the callback at set-up, in every
+stage, with Lightning's NotImplementedError.
 """
 from typing import Callable, Optional
 
@@ -125,10 +126,10 @@ class BaseFinetuning(Callback):
 
     # -- events ------------------------------------------------------------------------------------------------
     def setup(self, trainer, module, stage):
-        # every stage, as Lightning: trainer.validate/test see the model frozen as training would start it
+        # every stage, as Lightning: trainer.validate/test see the model frozen as training would start it, and a
+        # strategy that cannot take new param groups refuses in every stage (DeepSpeed: Lightning's NotImplementedError)
         self.freeze_before_training(module)
-        if stage == "fit":
-            trainer.strategy.check_param_groups_can_change(type(self).__name__)
+        trainer.strategy.check_param_groups_can_change("The Finetuning callback")
 
     def on_load_checkpoint(self, trainer, module, checkpoint):
         # Runs before the optimizer's state is loaded: the groups added in the interrupted run must exist by then.

@@ -12,8 +12,8 @@ int >= 1, a MisconfigurationException (a ValueError). At fit set-up: manual opti
 Trainer(accumulate_grad_batches != 1) beside the callback a ValueError, and a module overriding optimizer_step or
 optimizer_zero_grad gets Lightning's warning that those hooks run once per optimizer step, not per batch.
 
-The Trainer tells the strategy the whole schedule before training (`Plan.accumulation_schedule`), so an engine
-that fixes the window at set-up (DeepSpeed writes it into its config) refuses it there. When fit ends the
+An engine that fixes the window at set-up (DeepSpeed writes it into its config) refuses any schedule at train start
+with Lightning's RuntimeError (`strategy.check_accumulation_can_change`); use Trainer(accumulate_grad_batches=N) there. When fit ends the
 trainer's accumulate_grad_batches goes back to 1 (Lightning leaves the last factor, which its own check then
 refuses at the next fit of the same Trainer).
 """
@@ -77,6 +77,10 @@ class GradientAccumulationScheduler(Callback):
             raise ValueError(f"You have set Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and "
                              "are using the GradientAccumulationScheduler callback. Either remove "
                              "accumulate_grad_batches from the Trainer or remove the callback.")
+
+    def on_train_start(self, trainer, module):
+        # Lightning's point and error: an engine that fixes the window at set-up (DeepSpeed) refuses any schedule
+        trainer.strategy.check_accumulation_can_change()
 
     def on_train_epoch_start(self, trainer, module):
         trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)

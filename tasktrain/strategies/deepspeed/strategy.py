@@ -329,12 +329,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         if self.engine is not None:
             raise ValueError("DeepSpeed trains one model with one optimizer per Accelerator: prepare a single model "
                              "and its optimizer together (use a separate Accelerator per model).")
-        scheduled = {factor for _, factor in plan.accumulation_schedule}
-        if len(scheduled) > 1:
-            raise ValueError("DeepSpeed writes the accumulation into its config (gradient_accumulation_steps) once, at "
-                             "set-up, and this run changes it by epoch (GradientAccumulationScheduler: "
-                             f"{dict(plan.accumulation_schedule)}). Use one accumulate_grad_batches for the run, or "
-                             "strategy='ddp'.")
+        # (a schedule that changes the window is refused at train start, Lightning's point: check_accumulation_can_change;
+        # the engine is built with its first window until then)
+        scheduled = {factor for _, factor in plan.accumulation_schedule[:1]}
         # prepare(torch.compile(model), ...): the engine must hold the module itself (ZeRO-3's forward hooks mark
         # the module's own parameters, and fail on the wrapper), so the module goes in with its forward compiled in
         # place, with the wrapper's settings; the module stays compiled, as the script asked.
@@ -357,7 +354,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
                           "uses it only for its throughput figures; pass DeepSpeed(micro_batch_size=N) to set it.")
             micro = 1
         # Manual optimisation steps where the user says: each backward closes its own window.
-        # A schedule with one factor for every epoch ({0: 4}) is that window for the whole run.
+        # A schedule (refused at train start) is built with its first window.
         planned = scheduled.pop() if scheduled else plan.accumulate_grad_batches
         accumulate = _agree("accumulate_grad_batches", self.accumulate_grad_batches,
                             planned if plan.automatic_optimization else 1)
@@ -892,9 +889,15 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
                              "Use stage 1 or 2 (they shard the optimizer state only), or remove it.")
 
     def check_param_groups_can_change(self, who: str):
-        raise ValueError(f"{who} adds param groups to the optimizer during training, and DeepSpeed copies the groups "
-                         "into its engine at set-up: the new ones would never be stepped. Use strategy='ddp', or "
-                         "train every parameter from the start.")
+        raise NotImplementedError(f"{who} does not support running with the DeepSpeed strategy. Choose a different "
+                                  "strategy or disable the callback. (It adds param groups to the optimizer during "
+                                  "training, and DeepSpeed copies the groups into its engine at set-up: the new ones "
+                                  "would never be stepped; strategy='ddp' runs it.)")
+
+    def check_accumulation_can_change(self):
+        raise RuntimeError(f"The `{type(self).__name__}` does not support `accumulate_grad_batches` changing between "
+                           "epochs. (DeepSpeed writes it into its config once, at set-up: use "
+                           "Trainer(accumulate_grad_batches=N) for the whole run, or strategy='ddp'.)")
 
     def trainable_parameters_changed(self, who: str):
         raise ValueError(f"{who} changed which parameters require gradients during training, and DeepSpeed built its "
