@@ -227,46 +227,6 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts():
         torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-6)
     assert "LOCAL_RANK" not in os.environ  # set for DeepSpeed during the run only
 
-    # Lightning's refusals under DeepSpeed (issue 37), at Lightning's points: a GradientAccumulationScheduler (even a
-    # constant one) at train start (after on_fit_start and the sanity check), BaseFinetuning at set-up in any stage.
-    from tasktrain.callbacks import BackboneFinetuning, GradientAccumulationScheduler, LambdaCallback
-
-    class Backboned(Linear):
-        def __init__(self):
-            super().__init__()
-            self.backbone = torch.nn.Linear(4, 4)
-
-    seen = []
-    record = LambdaCallback(on_fit_start=lambda *a: seen.append("fit_start"),
-                            on_sanity_check_end=lambda *a: seen.append("sanity_check"),
-                            on_train_epoch_start=lambda *a: seen.append("epoch"))
-    with pytest.raises(RuntimeError) as refused:
-        Trainer(strategy="deepspeed_stage_2", devices=1, max_epochs=2, callbacks=[
-            GradientAccumulationScheduler({0: 2, 1: 1}), record], **quiet(num_sanity_val_steps=1)).fit(
-            Linear(), loader(n=16, batch_size=8), loader(n=8, batch_size=8))
-    assert seen == ["fit_start", "sanity_check"]
-    for stage in ("fit", "validate"):
-        with pytest.raises(NotImplementedError) as finetuning:
-            trainer = Trainer(strategy="deepspeed_stage_2", devices=1, max_epochs=1, callbacks=[BackboneFinetuning()],
-                              **quiet())
-            getattr(trainer, stage)(Backboned(), loader(n=16, batch_size=8))
-    # Lightning's own callbacks' checks against its DeepSpeedStrategy (it needs no engine to refuse): same types, text
-    from types import SimpleNamespace
-
-    from lightning.pytorch import LightningModule, callbacks as lightning_callbacks
-    from lightning.pytorch.strategies import DeepSpeedStrategy
-
-    lightning_trainer = SimpleNamespace(strategy=DeepSpeedStrategy(stage=2), accumulate_grad_batches=1)
-    module = LightningModule()
-    module.backbone = torch.nn.Linear(4, 4)
-    for check, ours in ((lambda: lightning_callbacks.GradientAccumulationScheduler({0: 2, 1: 1}).on_train_start(
-            lightning_trainer, module), refused.value), (lambda: lightning_callbacks.BackboneFinetuning().setup(
-                lightning_trainer, module, "validate"), finetuning.value)):
-        with pytest.raises(type(ours)) as theirs:
-            check()
-        expected = str(theirs.value).replace("DeepSpeedStrategy", type(trainer.strategy).__name__)
-        assert str(ours).startswith(expected), (str(ours), expected)
-
 
 # -- 2 processes --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")

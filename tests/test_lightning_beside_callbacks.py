@@ -195,8 +195,19 @@ def test_gradient_accumulation_scheduler_factors_steps_and_refusals_match_lightn
         record = cb.LambdaCallback(on_train_epoch_end=lambda trainer, m: (
             factors.append(trainer.accumulate_grad_batches), steps.append(trainer.global_step)))
         module = net_class(Module)()
-        Trainer(max_epochs=4, callbacks=[cb.GradientAccumulationScheduler({1: 2, 3: 4}), record]).fit(module, data())
+        trainer = Trainer(max_epochs=4, callbacks=[cb.GradientAccumulationScheduler({1: 2, 3: 4}), record])
+        trainer.fit(module, data())
         results["fit"] = (factors, steps, {k: v.clone() for k, v in module.state_dict().items()})
+        # the last factor stays on the Trainer, and its check refuses a second fit of it, at train start
+        results["after fit"] = trainer.accumulate_grad_batches
+        seen = []
+        trainer.callbacks.append(cb.LambdaCallback(on_fit_start=lambda *a: seen.append("fit_start")))
+        if hasattr(trainer, "fit_loop"):  # Lightning's second fit goes on from epoch 4: it trains only with more
+            trainer.fit_loop.max_epochs = 5  # (tasktrain's fit starts again from epoch 0: noted in docs/lightning.md)
+        try:
+            trainer.fit(net_class(Module)(), data())
+        except ValueError as error:
+            results["second fit"] = (str(error), seen)
 
         class Manual(net_class(Module)):
             def __init__(self):
@@ -220,6 +231,9 @@ def test_gradient_accumulation_scheduler_factors_steps_and_refusals_match_lightn
         torch.testing.assert_close(ours["fit"][2][name], value)
     assert (ours["manual"], ours["trainer factor"]) == (lightning["manual"], lightning["trainer factor"]) == \
         ("RuntimeError", "ValueError")
+    assert ours["after fit"] == lightning["after fit"] == 4
+    assert ours["second fit"][1] == lightning["second fit"][1] == ["fit_start"]
+    assert ours["second fit"][0].startswith(lightning["second fit"][0])
 
 
 def test_gradient_accumulation_scheduler_warns_as_lightning_when_optimizer_step_is_overridden():

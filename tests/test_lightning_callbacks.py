@@ -449,7 +449,7 @@ def test_gradient_accumulation_scheduler_changes_the_window_by_epoch():
     # epoch 0: 6 steps of 1; epochs 1-2: 3 steps of 2; epoch 3: 2 steps of 3
     assert steps == [6, 9, 12, 14]
     assert sizes == [1] * 6 + [2] * 6 + [3] * 2
-    assert trainer.accumulate_grad_batches == 1  # the Trainer's own setting again after fit
+    assert trainer.accumulate_grad_batches == 3  # the last factor stays after fit, as in Lightning
 
 
 def test_gradient_accumulation_scheduler_matches_a_hand_loop():
@@ -471,7 +471,7 @@ def test_gradient_accumulation_scheduler_matches_a_hand_loop():
 
 
 def test_gradient_accumulation_scheduler_refusals():
-    with pytest.raises(ValueError, match="Either remove accumulate_grad_batches"):
+    with pytest.raises(ValueError, match="Either remove `accumulate_grad_batches`"):
         Trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[GradientAccumulationScheduler({0: 2})],
                 **quiet()).fit(Linear(), loader(16))
 
@@ -495,20 +495,44 @@ def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parame
     with pytest.raises(ValueError, match="ZeRO stage 3 shards them"):
         Trainer(strategy=DeepSpeed(stage=3), devices=1, max_epochs=1, callbacks=[EMAWeightAveraging()],
                 **quiet()).fit(Linear(), loader(16))
-    with pytest.raises(ValueError, match="DeepSpeed copies the groups"):
-        Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=1, callbacks=[BackboneFinetuning()],
-                **quiet()).fit(WithBackbone(), loader(16))
-    with pytest.raises(ValueError, match="accumulation"):
-        Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=1,
-                callbacks=[GradientAccumulationScheduler({1: 2})], **quiet()).fit(Linear(), loader(16))
-    # a schedule with one window for the whole run is that window for the engine, not the plan's default of 1
-    windows = []
-    probe = LambdaCallback(on_train_start=lambda trainer, module: windows.append(
-        trainer.strategy.engine.gradient_accumulation_steps()))
-    trainer = Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=1, **quiet(enable_model_summary=False),
-                      callbacks=[GradientAccumulationScheduler({0: 2}), probe])
-    trainer.fit(Linear(), loader(16))
-    assert windows == [2] and trainer.global_step == 1
+    # Lightning's refusals under DeepSpeed (issue 37), at Lightning's points: BaseFinetuning at set-up in any stage
+    # (NotImplementedError), a GradientAccumulationScheduler, even a constant one, at train start (RuntimeError: after
+    # on_fit_start and the sanity check; the engine is built with the schedule's first window until then)
+    class Validated(WithBackbone):
+        def validation_step(self, batch, batch_idx):
+            pass
+
+    refused = {}
+    for stage in ("fit", "validate"):
+        with pytest.raises(NotImplementedError) as refused["finetuning"]:
+            getattr(Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=1, callbacks=[BackboneFinetuning()],
+                            **quiet()), stage)(Validated(), loader(16))
+    seen = []
+    record = LambdaCallback(on_fit_start=lambda *a: seen.append("fit_start"),
+                            on_sanity_check_end=lambda trainer, m: seen.append(
+                                trainer.strategy.engine.gradient_accumulation_steps()))
+    with pytest.raises(RuntimeError) as refused["accumulation"]:
+        Trainer(strategy=DeepSpeed(stage=2), devices=1, max_epochs=2, callbacks=[
+            GradientAccumulationScheduler({0: 2, 1: 1}), record], **quiet(num_sanity_val_steps=1)).fit(
+            Linear(), loader(16), loader(8))
+    assert seen == ["fit_start", 2]
+    # Lightning's own callbacks' checks against its DeepSpeedStrategy (they need no engine to refuse): same types,
+    # same text (then our hint)
+    from types import SimpleNamespace
+
+    from lightning.pytorch import LightningModule, callbacks as lightning_callbacks
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    lightning_trainer = SimpleNamespace(strategy=DeepSpeedStrategy(stage=2), accumulate_grad_batches=1)
+    lightning_module = LightningModule()
+    lightning_module.backbone = torch.nn.Linear(4, 4)
+    for name, check in (("accumulation", lambda: lightning_callbacks.GradientAccumulationScheduler(
+            {0: 2}).on_train_start(lightning_trainer, lightning_module)),
+            ("finetuning", lambda: lightning_callbacks.BackboneFinetuning().setup(
+                lightning_trainer, lightning_module, "validate"))):
+        with pytest.raises(refused[name].type) as theirs:
+            check()
+        assert str(refused[name].value).startswith(str(theirs.value).replace("DeepSpeedStrategy", "DeepSpeed"))
     with pytest.raises(ValueError, match="Unfreezer changed which parameters require gradients"):
         DeepSpeed(stage=2).trainable_parameters_changed("Unfreezer")
     capsys.readouterr()

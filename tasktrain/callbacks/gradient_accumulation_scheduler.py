@@ -8,14 +8,15 @@ start it sets `trainer.accumulate_grad_batches`, which the loop reads for that e
 a multiple of the window ends with a shorter window that steps too.
 
 Refusals, Lightning's: an empty dict is a TypeError; an epoch that is not an int >= 0, or a factor that is not an
-int >= 1, a MisconfigurationException (a ValueError). At fit set-up: manual optimisation is a RuntimeError,
-Trainer(accumulate_grad_batches != 1) beside the callback a ValueError, and a module overriding optimizer_step or
-optimizer_zero_grad gets Lightning's warning that those hooks run once per optimizer step, not per batch.
+int >= 1, a MisconfigurationException (a ValueError). At train start (after on_fit_start and the sanity check, as
+Lightning): manual optimisation is a RuntimeError, Trainer(accumulate_grad_batches != 1) beside the callback a
+ValueError, and a module overriding optimizer_step or optimizer_zero_grad gets Lightning's warning that those hooks
+run once per optimizer step, not per batch.
 
 An engine that fixes the window at set-up (DeepSpeed writes it into its config) refuses any schedule at train start
-with Lightning's RuntimeError (`strategy.check_accumulation_can_change`); use Trainer(accumulate_grad_batches=N) there. When fit ends the
-trainer's accumulate_grad_batches goes back to 1 (Lightning leaves the last factor, which its own check then
-refuses at the next fit of the same Trainer).
+with Lightning's RuntimeError (`strategy.check_accumulation_can_change`); use Trainer(accumulate_grad_batches=N)
+there. After fit the trainer's accumulate_grad_batches stays at the last factor, as in Lightning, so a second fit of
+the same Trainer with the callback is refused (the ValueError above, as Lightning's check does): use a new Trainer.
 """
 import warnings
 
@@ -56,14 +57,12 @@ class GradientAccumulationScheduler(Callback):
         """{first epoch: factor}, what the loop will do (the plan's accumulation_schedule)."""
         return dict(sorted(self.scheduling.items()))
 
-    def setup(self, trainer, module, stage):
-        # Lightning checks at on_train_start; set-up is before any work, and the strategy reads the plan there
-        if stage != "fit":
-            return
+    def on_train_start(self, trainer, module):
+        # Lightning's checks, in Lightning's order, at Lightning's point (after on_fit_start and the sanity check)
         if not module.automatic_optimization:
-            raise RuntimeError("Automatic gradient accumulation and the GradientAccumulationScheduler are not "
-                               "supported for manual optimization (automatic_optimization = False). Remove the "
-                               "callback, or accumulate in training_step.")
+            raise RuntimeError("Automatic gradient accumulation and the `GradientAccumulationScheduler` is not "
+                               "supported for manual optimization. Please remove the callback or switch to automatic "
+                               "optimization.")
         from tasktrain.trainer.module import TaskModule, is_overridden
 
         overrides = [name for name in ("optimizer_step", "optimizer_zero_grad")
@@ -73,18 +72,13 @@ class GradientAccumulationScheduler(Callback):
                           "`LightningModule.optimizer_{step,zero_grad}`, the hooks will not be called on every batch "
                           f"(rather, they are called on every optimization step); {type(module).__name__} overrides "
                           f"{', '.join(overrides)}.", UserWarning)
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(f"You have set Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and "
-                             "are using the GradientAccumulationScheduler callback. Either remove "
-                             "accumulate_grad_batches from the Trainer or remove the callback.")
-
-    def on_train_start(self, trainer, module):
-        # Lightning's point and error: an engine that fixes the window at set-up (DeepSpeed) refuses any schedule
+        # an engine that fixes the window at set-up (DeepSpeed) refuses any schedule
         trainer.strategy.check_accumulation_can_change()
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError("You have set `accumulate_grad_batches` and are using the `GradientAccumulationScheduler` "
+                             "callback. Either remove `accumulate_grad_batches` from the Trainer or remove the "
+                             f"callback. (It is {trainer.accumulate_grad_batches}; a Trainer that already ran a fit with "
+                             "the callback keeps its last factor, as Lightning's does: fit again with a new Trainer.)")
 
     def on_train_epoch_start(self, trainer, module):
         trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)
-
-    def teardown(self, trainer, module, stage):
-        if stage == "fit":
-            trainer.accumulate_grad_batches = 1  # the Trainer's own setting, which setup required to be 1
