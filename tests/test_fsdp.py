@@ -340,6 +340,8 @@ def test_fsdp_trains_like_ddp(compare):
     assert proc.stdout.count("FSDP wrapped 1 module(s) [net] and the root Classifier") == 9  # rank 0, once per FSDP fit
     assert "FSDP activation checkpointing: 1 module(s) [net] recompute their forward in the backward" in proc.stdout
     assert "FSDP wrapped 2 module(s) [net.0, net.3]" in proc.stdout
+    # ModelSummary's example forward ran on both ranks (on rank 0 alone it would wait for rank 1's all-gather)
+    assert proc.stdout.count("| In sizes | Out sizes") == 1 and "| [3, 64]  | [3, 10]" in proc.stdout
     for rank, res in enumerate(ranks):
         ddp = res["ddp"]
         assert ddp["global_step"] == 22 and len(ddp["losses"]) == 44 and ddp["val_acc"] > 0.8

@@ -506,6 +506,12 @@ def test_swa_is_refused_under_a_sharding_strategy_as_lightning_refuses_it():
     with pytest.raises(MisconfigurationException, match="SWA does not currently support sharded models"):
         ours_trainer(strategy=FSDP(), max_epochs=1, callbacks=[
             tasktrain.callbacks.StochasticWeightAveraging(swa_lrs=0.1)]).fit(net_class(tasktrain.TaskModule)(), data())
+    # weight averaging keeps a full copy of the weights: refused under FSDP as under DeepSpeed ZeRO-3 (Lightning's
+    # WeightAveraging documents that sharded models do not work, and then averages the shards it is given)
+    for averaging in (tasktrain.callbacks.EMAWeightAveraging(), tasktrain.callbacks.WeightAveraging()):
+        with pytest.raises(ValueError, match="needs the whole parameters on every rank, and FSDP shards them"):
+            ours_trainer(strategy=FSDP(), max_epochs=1, callbacks=[averaging]).fit(
+                net_class(tasktrain.TaskModule)(), data())
 
 
 # -- the public surface -------------------------------------------------------------------------------------------------

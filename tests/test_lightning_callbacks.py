@@ -536,13 +536,18 @@ def test_deepspeed_refuses_what_it_cannot_do_and_the_summary_counts_zero3_parame
     with pytest.raises(ValueError, match="Unfreezer changed which parameters require gradients"):
         DeepSpeed(stage=2).trainable_parameters_changed("Unfreezer")
     capsys.readouterr()
-    module = WithBackbone()
+    class Forward(WithBackbone):
+        def forward(self, x):
+            return self.head(self.backbone(x))
+
+    module = Forward()
     module.example_input_array = torch.zeros(2, 4)
     Trainer(strategy=DeepSpeed(stage=3), devices=1, max_epochs=1, limit_train_batches=1, logger=False,
             enable_progress_bar=False, enable_checkpointing=False).fit(module, loader(16))
     out = capsys.readouterr().out
-    # the whole parameters are counted, not the (empty) local shards; no forward on rank 0 alone
-    assert "65        Total params" in out and "In sizes" not in out
+    # the whole parameters are counted, not the (empty) local shards; the example forward runs (on every rank, as
+    # Lightning runs it: ZeRO-3 gathers the parameters there) and gives the sizes
+    assert "65        Total params" in out and "| In sizes | Out sizes" in out and "| [2, 4]   | [2, 8]" in out
     # Lightning's DeepSpeedSummary column: this device's partition (one device: all of it)
     assert "| Params | Params per Device | Mode" in out and "| 56     | 56                | train" in out
 

@@ -12,11 +12,11 @@ otherwise; Lightning warns for a mixed precision and counts 32 bits, so does thi
 mode, and the total FLOPs.
 
 It costs a walk over the modules and parameters, no forward pass: only when the module sets `example_input_array`
-does it run one forward pass (rank 0, eval mode, no gradients, under torch's FlopCounterMode) to show each layer's
-input and output sizes and FLOPs; without it the FLOPs are 0, as in Lightning. Where the strategy partitions the
+does it run one forward pass (eval mode, no gradients, under torch's FlopCounterMode) to show each layer's input and
+output sizes and FLOPs; without it the FLOPs are 0, as in Lightning. Where the strategy partitions the
 parameters over devices (DeepSpeed ZeRO-3) the counts are the whole parameters' and a "Params per Device" column
-shows this device's partition, as Lightning's DeepSpeedSummary does; the sizes are left out there (a forward needs
-every rank).
+shows this device's partition, as Lightning's DeepSpeedSummary does. Where each rank holds a shard of the parameters
+(DeepSpeed ZeRO-3, FSDP) the example forward runs on every rank, as Lightning runs it, since it needs them all.
 
 `summarize(module, max_depth=1)` returns the same table as an object (`str()` it; `total_parameters`,
 `trainable_parameters`, `layer_names`, `param_nums`, `total_flops`, ...), without a Trainer. RichModelSummary is
@@ -167,25 +167,25 @@ class ModelSummary(Callback):
         return self._max_depth
 
     def on_fit_start(self, trainer, pl_module):
-        if not self._max_depth or not trainer.is_global_zero:
-            return  # only rank 0 prints: the others neither walk the module nor run the example forward
-        summary = self._summary(trainer, pl_module)
+        if not self._max_depth:
+            return
+        sharded = _sharded(trainer.strategy)
+        if not trainer.is_global_zero and not (sharded and getattr(pl_module, "example_input_array", None) is not None):
+            return  # the others have nothing to do; where each rank holds a shard, the example forward needs them all
+        summary = self._summary(trainer, pl_module, sharded)
+        if not trainer.is_global_zero:
+            return  # only rank 0 prints
         self.summarize(summary._get_summary_data(), summary.total_parameters, summary.trainable_parameters,
                        summary.model_size, summary.total_training_modes, total_flops=summary.total_flops,
                        **self._summarize_kwargs)
 
-    def _summary(self, trainer, pl_module):
+    def _summary(self, trainer, pl_module, sharded=False):
         strategy = trainer.strategy
         input_array = getattr(pl_module, "example_input_array", None)
         forward = None
-        if input_array is not None:
-            try:  # a forward pass of rank 0 alone: impossible where each rank holds a shard of the parameters
-                strategy.check_full_parameters("ModelSummary's In/Out sizes (a forward pass on rank 0 alone)")
-            except ValueError:
-                input_array = None
-            else:
-                input_array = strategy.batch_to_device(input_array)
-                forward = _forward_in(strategy)
+        if input_array is not None:  # (sharded: every rank runs it, as in Lightning; else rank 0 alone)
+            input_array = strategy.batch_to_device(input_array)
+            forward = _forward_in(strategy)
         params = list(pl_module.parameters())
         partitioned = bool(params) and strategy.device_numel(params[0]) is not None
         return Summary(pl_module, self._max_depth, numel=strategy.full_numel, input_array=input_array,
@@ -275,6 +275,16 @@ def _check_depth(max_depth):
 
 def _call(module, x):
     return module(*x) if isinstance(x, (list, tuple)) else module(**x) if isinstance(x, dict) else module(x)
+
+
+def _sharded(strategy):
+    """Whether each rank holds a shard of the parameters (DeepSpeed ZeRO-3, FSDP): a forward pass then needs every
+    rank."""
+    try:
+        strategy.check_full_parameters("ModelSummary")
+    except ValueError:
+        return True
+    return False
 
 
 def _forward_in(strategy):

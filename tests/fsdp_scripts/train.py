@@ -103,7 +103,7 @@ class InfOnOneRank(Callback):
             self.after = trainer.strategy.full_state_dict()
 
 
-def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epochs=EPOCHS, devices=2):
+def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epochs=EPOCHS, devices=2, example=False):
     seed_everything(0)
     train, val = digits_loaders(batch_size=32)
     record = Record()
@@ -113,6 +113,8 @@ def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epoc
                       num_sanity_val_steps=0, default_root_dir=os.path.join(root, name),
                       callbacks=[record, *callbacks])
     module = Classifier(hidden=64)
+    if example:  # ModelSummary's In/Out sizes: the example forward runs on every rank (issue 37)
+        module.example_input_array = torch.zeros(3, 64)
     COUNTS["reduce_scatter"] = 0
     start = time.perf_counter()
     trainer.fit(module, train, val, ckpt_path=ckpt_path)
@@ -272,7 +274,7 @@ def main():
         results["ddp"] = fit("ddp", "ddp", args.root)
         results["fsdp"] = checkpointed(args.root)
         results["fsdp_linear"] = fit("fsdp_linear", FSDP(wrap={torch.nn.Linear}, reshard_after_forward=False),
-                                     args.root, epochs=1)
+                                     args.root, epochs=1, example=True)
         results["fsdp_offload"] = fit("fsdp_offload", "fsdp_cpu_offload", args.root, epochs=1)
         # The whole net (dropout inside) recomputed in the backward: the losses stay DDP's
         # (through Lightning's FSDPStrategy: its policies pick the unit and the recomputed block)

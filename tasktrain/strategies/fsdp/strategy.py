@@ -668,6 +668,10 @@ class FSDP(Sharded, ProcessWorld, Strategy):
             return []  # validate/test/predict: no optimizer to load into
         return [self.optimizer_state(o) for o in self._all_optimizers]
 
+    def check_full_parameters(self, who: str):
+        raise ValueError(f"{who} needs the whole parameters on every rank, and FSDP shards them (each rank holds a "
+                         "slice of each parameter). Use strategy='ddp' or DeepSpeed stage 1 or 2, or remove it.")
+
     def link_checkpoint(self, src, dst):
         """ModelCheckpoint's last.ckpt: a directory of hard links to `src`'s files (a copy where links fail)."""
         from tasktrain.checkpoint_io import atomic_link
