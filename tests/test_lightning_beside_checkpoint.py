@@ -143,6 +143,36 @@ def test_model_checkpoint_beside_lightning(L, tmp_path, caplog, capsys, config):
     assert seen["tasktrain"]["writes"] or config == "last_only"  # the comparison saw files
 
 
+def test_save_on_exception_files_and_message_beside_lightning(L, tmp_path, caplog, capsys):
+    seen = {}
+    for framework in ("lightning", "tasktrain"):
+        base = lit_module(L) if framework == "lightning" else tt_module()
+
+        class Fails(type(base)):
+            def training_step(self, batch, batch_idx):
+                if self.global_step == 3:
+                    raise RuntimeError("boom")
+                return super().training_step(batch, batch_idx)
+
+        directory = tmp_path / framework / "ckpt"
+        cls = L.pytorch.callbacks.ModelCheckpoint if framework == "lightning" else tasktrain.ModelCheckpoint
+        common = dict(max_epochs=EPOCHS, enable_progress_bar=False, enable_model_summary=False, logger=False,
+                      num_sanity_val_steps=0, default_root_dir=tmp_path / framework,
+                      callbacks=[cls(str(directory), save_on_exception=True, save_last=True)])
+        trainer = L.Trainer(accelerator="cpu", devices=1, **common) if framework == "lightning" else \
+            tasktrain.Trainer(**common)
+        caplog.clear()
+        capsys.readouterr()
+        with caplog.at_level(logging.INFO, logger="lightning.pytorch"), pytest.raises(RuntimeError, match="boom"):
+            trainer.fit(Fails(), loader(16), loader(8))
+        printed = capsys.readouterr().out.splitlines() + [r.getMessage() for r in caplog.records]
+        seen[framework] = (folder(directory), [line.replace(str(directory), "DIR") for line in printed
+                                               if "was raised with message" in line])
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][1] == ["An RuntimeError was raised with message:             boom, saved checkpoint to "
+                                    "DIR/epoch=1-step=3.ckpt"]
+
+
 def test_version_counter_beside_lightning(L, tmp_path):
     """A second fit into the same folder: names taken by the first run's files get -v1 (enable_version_counter), and
     Lightning's "exists and is not empty" warning."""
@@ -178,9 +208,9 @@ def test_early_stopping_beside_lightning(L, tmp_path, caplog, capsys):
         keys = list(stopper.state_dict())
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"]["stopped"][0] == 1
-    # Lightning's keys, and tasktrain's best_epoch beside them
+    # Lightning's keys, in its order, and no others
     lightning_keys = list(L.pytorch.callbacks.EarlyStopping(monitor="val_loss").state_dict())
-    assert [k for k in keys if k != "best_epoch"] == lightning_keys
+    assert keys == lightning_keys
 
 
 def test_learning_rate_monitor_and_timer_beside_lightning(L, tmp_path, caplog, capsys):

@@ -327,8 +327,10 @@ class ModelCheckpoint(Checkpoint):
         if self.save_last:
             self._save_last(trainer, path)
         if trainer.is_global_zero:
-            print(f"[tasktrain] ModelCheckpoint: an {type(exception).__name__} was raised with message: {exception}, "
-                  f"saved checkpoint to {path}", flush=True)
+            # Lightning's text to the character: its source continues the line with a backslash inside the string,
+            # so the message holds that line's indentation (12 spaces) after "message: "
+            print(f"An {type(exception).__name__} was raised with message: {' ' * 12}{exception}, saved checkpoint to "
+                  f"{path}", flush=True)
 
     # -- async_save ----------------------------------------------------------------------------------------------
     # The rules (docs/checkpointing.md): the step waits only while the state is staged into CPU memory; a save that

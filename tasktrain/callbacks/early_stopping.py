@@ -183,15 +183,15 @@ class EarlyStopping(Callback):
 
     # -- state -----------------------------------------------------------------------------------------------------
     def state_dict(self):
-        # Lightning's keys in its order, then best_epoch (tasktrain's: the epoch of best_score)
+        # Lightning's keys in its order, and no others (best_epoch, tasktrain's attribute, is not restored by a resume)
         return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch, "best_score": self.best_score,
                 "patience": self.patience, "stopping_reason": self.stopping_reason.value,
-                "stopping_reason_message": self.reason, "best_epoch": self.best_epoch}
+                "stopping_reason_message": self.reason}
 
     def load_state_dict(self, state):
         self.wait_count = int(state.get("wait_count", 0))
         self.best_score = state.get("best_score")
-        self.best_epoch = state.get("best_epoch")
+        self.best_epoch = state.get("best_epoch")  # (a checkpoint of an earlier tasktrain has it)
         self.stopped_epoch = state.get("stopped_epoch") or 0
         self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
         self.reason = state.get("stopping_reason_message", self.reason)
