@@ -143,6 +143,23 @@ def test_model_checkpoint_beside_lightning(L, tmp_path, caplog, capsys, config):
     assert seen["tasktrain"]["writes"] or config == "last_only"  # the comparison saw files
 
 
+@pytest.mark.parametrize("config", [CONFIGS["steps_link"], dict(monitor="val_loss", mode="max", save_last="link")])
+def test_async_save_with_save_last_link_ends_as_lightnings_link(L, tmp_path, config):
+    """tasktrain's async_save=True (background writes) with save_last="link" leaves the folder Lightning's synchronous
+    saves leave: the same files, `last.ckpt` a symbolic link to the newest file written (with mode="max" only the
+    first epoch's file is top-1: the second epoch links to it again)."""
+    seen = {}
+    for framework, cls, extra in (("lightning", L.pytorch.callbacks.ModelCheckpoint, {}),
+                                  ("tasktrain", tasktrain.ModelCheckpoint, dict(async_save=True))):
+        directory = tmp_path / framework / "ckpt"
+        checkpoint = cls(str(directory), **config, **extra)
+        run(framework, L, tmp_path / framework, [checkpoint])
+        seen[framework] = (folder(directory), os.path.basename(checkpoint.last_model_path),
+                           os.path.basename(checkpoint.best_model_path))
+    assert seen["tasktrain"] == seen["lightning"]
+    assert os.path.islink(tmp_path / "tasktrain" / "ckpt" / "last.ckpt")
+
+
 def test_save_on_exception_files_and_message_beside_lightning(L, tmp_path, caplog, capsys):
     seen = {}
     for framework in ("lightning", "tasktrain"):

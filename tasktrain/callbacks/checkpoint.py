@@ -225,7 +225,7 @@ class ModelCheckpoint(Checkpoint):
     def on_train_end(self, trainer, module):
         """save_last when nothing was saved during fit (save_top_k=0, or no scheduled save came): `last` is
         written once, at the end (Lightning's rule)."""
-        if self.save_last and not self._last_checkpoint_saved and not trainer.fast_dev_run and not self.async_save:
+        if self.save_last and not self._last_checkpoint_saved and not trainer.fast_dev_run:
             if trainer.may_save_checkpoint(self.dirpath_resolved(trainer)):
                 self._save_last(trainer)
 
@@ -304,14 +304,7 @@ class ModelCheckpoint(Checkpoint):
         """save_last="link": rank 0 makes `link` a relative symbolic link to `target` (a copy where the file system
         has no links); every rank waits for it."""
         if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(link):
-            if os.path.islink(link) or os.path.isfile(link):
-                os.remove(link)
-            elif os.path.isdir(link):
-                remove_path(link)
-            try:
-                os.symlink(os.path.relpath(target, os.path.dirname(link)), link)
-            except OSError:
-                link_tree(target, link) if os.path.isdir(target) else atomic_link(target, link)
+            _symlink(target, link)
         trainer.strategy.barrier("link_checkpoint")
 
     def _save_on_exception(self, trainer, exception):
@@ -356,6 +349,11 @@ class ModelCheckpoint(Checkpoint):
             return
         if last is not None:
             self.last_model_path = last
+        # save_last="link": `last` is a symbolic link to the newest file written, as without async_save; with no new
+        # file this time it points at the previous one, which is complete (the save in flight was waited for above)
+        link = self.save_last == "link" and self.save_top_k != 0
+        if link and target is None and self._last_checkpoint_saved:
+            return self._link(trainer, self._last_checkpoint_saved, last)
         root, resumable = trainer.default_root_dir, not self.save_weights_only
         with trainer.long_event("save_checkpoint"):  # staging may take long: not a stall (issue 19)
             # the checkpoint holds this callback's state with itself counted: it is complete when anyone loads it
@@ -367,13 +365,16 @@ class ModelCheckpoint(Checkpoint):
                 written = target or last
                 if resumable:  # the pointer first, to the file of its own name (a swap of last.ckpt is two renames)
                     write_last_pointer(root, written, step, epoch)
-                if target is not None and last is not None:
+                if target is not None and last is not None and link:
+                    _symlink(target, last)
+                elif target is not None and last is not None:
                     link_tree(target, last) if os.path.isdir(target) else atomic_link(target, last)
                 for old in evicted:
                     remove_path(old)
 
             writer = strategy.save_checkpoint_async(checkpoint, target or last, on_complete=on_complete)
         self._pending = (writer, done)
+        self._last_checkpoint_saved = target or last
 
     def _finish_pending(self, trainer):
         """Wait for the save in flight (if any); once it is complete, its bookkeeping counts."""
@@ -603,3 +604,14 @@ def _default_dirpath(trainer):
     version = version if isinstance(version, str) else f"version_{version}"
     return os.path.join(logger.save_dir or trainer.default_root_dir, str(name), version, "checkpoints")
 
+
+def _symlink(target, link):
+    """`link` a relative symbolic link to `target` (a copy where the file system has no links), replacing it."""
+    if os.path.islink(link) or os.path.isfile(link):
+        os.remove(link)
+    elif os.path.isdir(link):
+        remove_path(link)
+    try:
+        os.symlink(os.path.relpath(target, os.path.dirname(link)), link)
+    except OSError:
+        link_tree(target, link) if os.path.isdir(target) else atomic_link(target, link)
