@@ -334,22 +334,11 @@ def resolve_profiler(profiler):
                      "Profiler instance (tasktrain.profilers).")
 
 
-def profiled_calls(profiler, event, fns, module, callbacks):
-    """The Trainer's hook list for `event`, each call inside profiler.profile("[Callback]<key>.<event>") or
-    "[TaskModule]<class>.<event>"."""
-    out = []
-    names = iter([f"[Callback]{cb.state_key}.{event}" for cb in callbacks if _overrides(cb, event)])
-    for is_module, fn in fns:
-        name = f"[TaskModule]{type(module).__name__}.{event}" if is_module else next(names)
-        out.append((is_module, profiled(profiler, name, fn)))
-    return out
-
-
-def _overrides(cb, event):
-    from tasktrain.callbacks.base import Callback
-    from tasktrain.trainer.module import is_overridden
-
-    return is_overridden(event, cb, Callback)
+def profiled_calls(profiler, event, fns):
+    """The Trainer's hook list for `event` ((kind, fn, owner): owner a callback, or the module for kind "module"),
+    each call inside profiler.profile("[Callback]<state_key>.<event>") or "[TaskModule]<class>.<event>"."""
+    return [profiled(profiler, f"[TaskModule]{type(owner).__name__}.{event}" if kind == "module" else
+                     f"[Callback]{owner.state_key}.{event}", fn) for kind, fn, owner in fns]
 
 
 def profiled(profiler, name, fn):

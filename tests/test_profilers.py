@@ -101,3 +101,52 @@ def test_profiler_names():
         Trainer(profiler="fast")
     with pytest.raises(ValueError, match="emit_nvtx"):
         PyTorchProfiler(emit_nvtx=True)
+
+
+def test_each_hook_call_is_named_after_its_own_owner_with_a_bare_mock_and_a_monitor_among_the_callbacks():
+    """Issue 37: a Mock(spec=Callback) receives every hook (as in Lightning) and the epoch-end order puts monitors
+    (EarlyStopping, Checkpoint) last; neither may shift the profiler's names onto other callbacks."""
+    from unittest.mock import Mock
+
+    from tasktrain import EarlyStopping
+
+    class Stack(PassThroughProfiler):
+        def __init__(self):
+            super().__init__()
+            self.stack = []
+
+        def start(self, action_name):
+            self.stack.append(action_name)
+
+        def stop(self, action_name):
+            self.stack.pop()
+
+    seen = []
+
+    class Plain(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append(("Plain", trainer.profiler.stack[-1]))
+
+        def on_train_epoch_end(self, trainer, module):
+            seen.append(("Plain", trainer.profiler.stack[-1]))
+
+    class Stopper(EarlyStopping):  # a monitor listed before Plain: at the epoch end it runs after the module
+        def on_train_epoch_end(self, trainer, module):
+            seen.append(("Stopper", trainer.profiler.stack[-1]))
+
+        def on_validation_end(self, trainer, module):
+            pass
+
+    class Module(Linear):
+        def on_train_epoch_end(self):
+            seen.append(("Module", self.trainer.profiler.stack[-1]))
+
+    mock = Mock(spec=Callback)
+    stopper, plain = Stopper(monitor="loss"), Plain()
+    Trainer(max_epochs=1, limit_train_batches=1, profiler=Stack(), callbacks=[mock, stopper, plain],
+            **quiet(enable_model_summary=False)).fit(Module(), loader(16))
+    assert mock.on_train_batch_end.call_count == 1
+    assert seen == [("Plain", f"[Callback]{plain.state_key}.on_train_batch_end"),
+                    ("Plain", f"[Callback]{plain.state_key}.on_train_epoch_end"),
+                    ("Module", "[TaskModule]Module.on_train_epoch_end"),
+                    ("Stopper", f"[Callback]{stopper.state_key}.on_train_epoch_end")]

@@ -158,9 +158,9 @@ def build_hook_tables(trainer, module):
         for cb in trainer.callbacks:
             if is_overridden(event, cb, Callback) or _bare_mock(getattr(cb, event, None)):
                 kind = "monitor" if isinstance(cb, (EarlyStopping, Checkpoint)) else "callback"
-                fns.append((kind, partial(getattr(cb, event), trainer, module)))
+                fns.append((kind, partial(getattr(cb, event), trainer, module), cb))
         if event not in ("on_exception",) and is_overridden(event, module, TaskModule):
-            own = ("module", getattr(module, event))
+            own = ("module", getattr(module, event), module)
             if event == "on_load_checkpoint":
                 fns.insert(0, own)
             elif event == "on_train_epoch_end":
@@ -169,10 +169,10 @@ def build_hook_tables(trainer, module):
             else:
                 fns.append(own)
         if trainer.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
-            wrapped = profiled_calls(trainer.profiler, event, [(k == "module", f) for k, f in fns], module,
-                                     trainer.callbacks)
-            fns = [(k, f) for (k, _), (_, f) in zip(fns, wrapped)]
-        tables[event] = fns
+            # each call is named by its owner, carried with it (the epoch-end sort and bare Mocks move no name)
+            tables[event] = [(k, f) for (k, _, _), f in zip(fns, profiled_calls(trainer.profiler, event, fns))]
+        else:
+            tables[event] = [(k, f) for k, f, _ in fns]
 
     def pick(*kinds):
         return {e: [f for k, f in fns if k in kinds] for e, fns in tables.items()}
