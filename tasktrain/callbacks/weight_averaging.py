@@ -14,7 +14,7 @@ resume puts each back.
 EMAWeightAveraging is WeightAveraging with `decay` (W_avg <- decay * W_avg + (1 - decay) * W, first update a copy),
 `update_every_n_steps`, `update_starting_at_step` and `update_starting_at_epoch`.
 
-The average is a full copy of the module on each rank: a strategy that shards parameters (DeepSpeed ZeRO-3)
+The average is a full copy of the module on each rank: a strategy that shards parameters (DeepSpeed ZeRO-3, FSDP)
 cannot give it full weights, and is refused at set-up.
 """
 import itertools
