@@ -77,8 +77,9 @@ class GradientAccumulationScheduler(Callback):
         if trainer.accumulate_grad_batches != 1:
             raise ValueError("You have set `accumulate_grad_batches` and are using the `GradientAccumulationScheduler` "
                              "callback. Either remove `accumulate_grad_batches` from the Trainer or remove the "
-                             f"callback. (It is {trainer.accumulate_grad_batches}; a Trainer that already ran a fit with "
-                             "the callback keeps its last factor, as Lightning's does: fit again with a new Trainer.)")
+                             f"callback. (It is {trainer.accumulate_grad_batches}; a Trainer that already ran a fit "
+                             "with the callback keeps its last factor, as Lightning's does: fit again with a new "
+                             "Trainer.)")
 
     def on_train_epoch_start(self, trainer, module):
         trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)

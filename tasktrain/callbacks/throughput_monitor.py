@@ -28,10 +28,10 @@ optimisation the loop fires no backward or optimizer events: the whole step is i
 (forward, backward, optimizer) are CUDA events read at the log step, so the split adds no synchronisation per step.
 
 Training values are written at the trainer's log steps (every log_every_n_steps-th optimizer step, after the
-step, so its time is included); validation, test and predict values, as Lightning's, after each batch whose number in
-that run (from 1, all loaders together) is a multiple of log_every_n_steps. Rank 0 measures the rates and writes; the split is gathered from every
-rank at the log steps. On CUDA each rate measurement synchronises the device first, or the clock would not
-include the queued work.
+step, so its time is included); validation, test and predict values, as Lightning's, after each batch whose number
+in that run (from 1, all loaders together) is a multiple of log_every_n_steps. Rank 0 measures the rates and writes;
+the split is gathered from every rank at the log steps. On CUDA each rate measurement synchronises the device first,
+or the clock would not include the queued work.
 """
 import time
 import warnings

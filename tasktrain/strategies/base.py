@@ -483,8 +483,9 @@ class Strategy(abc.ABC):
         the weights, a count of them) and this strategy shards them. Default: nothing is sharded."""
 
     def check_param_groups_can_change(self, who: str):
-        """Raise (NotImplementedError) when param groups that `who` adds to an optimizer after set-up would not be stepped (an engine that
-        copies the groups into its own optimizer at set-up). Default: the loop steps the optimizer as it is."""
+        """Raise (NotImplementedError) when param groups that `who` adds to an optimizer after set-up would not be
+        stepped (an engine that copies the groups into its own optimizer at set-up). Default: the loop steps the
+        optimizer as it is."""
 
     def check_accumulation_can_change(self):
         """Raise when the accumulation window cannot change between epochs (GradientAccumulationScheduler): an engine

@@ -329,8 +329,8 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         if self.engine is not None:
             raise ValueError("DeepSpeed trains one model with one optimizer per Accelerator: prepare a single model "
                              "and its optimizer together (use a separate Accelerator per model).")
-        # (a schedule that changes the window is refused at train start, Lightning's point: check_accumulation_can_change;
-        # the engine is built with its first window until then)
+        # (a GradientAccumulationScheduler is refused at train start, Lightning's point: check_accumulation_can_change;
+        # until then the engine is built with its first window)
         scheduled = {factor for _, factor in plan.accumulation_schedule[:1]}
         # prepare(torch.compile(model), ...): the engine must hold the module itself (ZeRO-3's forward hooks mark
         # the module's own parameters, and fail on the wrapper), so the module goes in with its forward compiled in
