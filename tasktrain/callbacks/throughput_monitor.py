@@ -27,7 +27,7 @@ between batches) and `other` (the rest: zero_grad, schedulers, logging, callback
 optimisation the loop fires no backward or optimizer events: the whole step is in `other`. On CUDA the device phases
 (forward, backward, optimizer) are CUDA events read at the log step, so the split adds no synchronisation per step.
 
-Training values are written at the trainer's log steps (every log_every_n_steps-th optimizer step, after the
+Training values are written at the trainer's log steps (Lightning's: at trainer.state.batches_that_stepped, after the
 step, so its time is included); validation, test and predict values once at the end of each run (Lightning
 writes them at every evaluation batch). Rank 0 measures the rates and writes; the split is gathered from every
 rank at the log steps. On CUDA each rate measurement synchronises the device first, or the clock would not
@@ -390,7 +390,7 @@ class ThroughputMonitor(Callback):
             self._split_batch_end(trainer)
         step = trainer.global_step
         stepped, self._seen_step = step != self._seen_step, step
-        write = stepped and step % trainer.log_every_n_steps == 0  # after a window's step: its time is included
+        write = stepped and trainer._should_update_logs  # after a window's step: its time is included
         split = self._split_metrics(trainer) if write and self.step_split else {}
         if not trainer.is_global_zero:
             return

@@ -34,7 +34,11 @@ class MetricStore:
         self.batch = None
         self._batch_size = None
         self._metas = {}
-        self.step_values = {}  # name -> step tensor logged since the last logger flush
+        # name -> step tensor logged since the last logger flush, per stage (an evaluation's own, written at its
+        # batches; training's, at the training log steps)
+        self._step_by_stage = {"train": {}}
+        self.step_values = self._step_by_stage["train"]
+        self.eval_batches_logged = {}  # (stage, dataloader_idx) -> batches written: an evaluation's step for the loggers
         self._acc_by_stage = {"train": {}}  # stage -> name -> [meta, accumulated value, accumulated weight]
         self.epoch_acc = self._acc_by_stage["train"]
         self.callback_metrics = {}  # name -> tensor: what callbacks (checkpoint, early stopping) monitor
@@ -49,6 +53,7 @@ class MetricStore:
     def set_stage(self, stage, on_step, on_epoch):
         self.stage, self.default_on_step, self.default_on_epoch = stage, on_step, on_epoch
         self.epoch_acc = self._acc_by_stage.setdefault(stage, {})
+        self.step_values = self._step_by_stage.setdefault(stage, {})
 
     def set_batch(self, batch):
         self.batch = batch
@@ -203,7 +208,7 @@ class MetricStore:
         """
         names = sorted(n for n in self.step_values if self._meta_of(n, "_step").logger)
         values = {n: self.step_values[n] for n in names}
-        self.step_values = {}
+        self.step_values.clear()
         synced = [n for n in names if self._meta_of(n, "_step").sync_dist and self.strategy.world_size > 1]
         if synced:
             with collective_label(self.strategy, f"sync_dist step values {synced}"):  # names both sides (issue 19)

@@ -1,0 +1,192 @@
+"""The step numbers the loggers get, beside Lightning 2.6 (issue 37): the same tiny module runs under Lightning and
+under tasktrain with a logger that records each log_metrics(metrics, step) call, and the (step, keys) sequences are
+compared exactly. Lightning's step is fit_loop.epoch_loop._batches_that_stepped (tasktrain:
+trainer.state.batches_that_stepped): training batches that stepped, counted after each batch, so
+log_every_n_steps=2 writes steps 1, 3, ...; epoch-end values at the last stepped batch's index; evaluation step
+values at the evaluation's own batch count. Lightning is a test dependency, imported inside the tests only."""
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import tasktrain
+from tasktrain.callbacks import LearningRateMonitor, ModelCheckpoint
+from tasktrain.callbacks.base import Logger as TLogger
+
+L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
+
+
+class _Record:
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    @property
+    def name(self):
+        return "record"
+
+    @property
+    def version(self):
+        return 0
+
+    @property
+    def experiment(self):
+        return None
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((step, tuple(sorted(metrics))))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
+class LitRecord(_Record, L.loggers.Logger):
+    pass
+
+
+class OurRecord(_Record, TLogger):
+    pass
+
+
+def loader(n, batch_size=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=batch_size)
+
+
+def module_class(base, manual=False, two_optimizers=False, scheduler=False):
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = torch.nn.Linear(3, 1)
+            self.b = torch.nn.Linear(3, 1)
+            self.automatic_optimization = not manual
+
+        def loss(self, batch):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.a(x) + self.b(x), y)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.loss(batch)
+            self.log("loss", loss, on_step=True, on_epoch=True)
+            self.log("only_step", loss)
+            if not manual:
+                return loss
+            optimizers = self.optimizers()
+            for opt in (optimizers if isinstance(optimizers, list) else [optimizers]):
+                opt.zero_grad()
+                self.manual_backward(self.loss(batch))
+                opt.step()
+
+        def on_train_epoch_end(self):
+            self.log("at_epoch_end", float(self.current_epoch))
+
+        def validation_step(self, batch, batch_idx):
+            loss = self.loss(batch)
+            self.log("val_loss", loss)
+            self.log("val_step_loss", loss, on_step=True, on_epoch=True)
+
+        def test_step(self, batch, batch_idx):
+            self.log("test_loss", self.loss(batch), on_step=True, on_epoch=True)
+
+        def configure_optimizers(self):
+            if two_optimizers:
+                return [torch.optim.SGD(self.a.parameters(), lr=0.01), torch.optim.SGD(self.b.parameters(), lr=0.01)]
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+            if scheduler:
+                return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.9)]
+            return optimizer
+    return Net
+
+
+COMMON = dict(enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=1)
+
+
+def run_lightning(tmp_path, manual=False, two_optimizers=False, scheduler=False, callbacks=(), after=(), ckpt=None,
+                  **kwargs):
+    logger = LitRecord()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = module_class(L.LightningModule, manual, two_optimizers, scheduler)()
+        trainer = L.Trainer(default_root_dir=tmp_path / "lit", logger=logger, callbacks=list(callbacks),
+                            enable_checkpointing=any(isinstance(c, L.callbacks.ModelCheckpoint) for c in callbacks),
+                            accelerator="cpu", **COMMON, **kwargs)
+        trainer.fit(module, loader(14), loader(4), ckpt_path=ckpt)
+        for stage in after:
+            getattr(trainer, stage)(module, loader(4), verbose=False)
+    return logger.calls, trainer
+
+
+def run_ours(tmp_path, manual=False, two_optimizers=False, scheduler=False, callbacks=(), after=(), ckpt=None,
+             **kwargs):
+    logger = OurRecord()
+    module = module_class(tasktrain.TaskModule, manual, two_optimizers, scheduler)()
+    trainer = tasktrain.Trainer(default_root_dir=tmp_path / "ours", logger=logger, callbacks=list(callbacks),
+                                enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+                                **COMMON, **kwargs)
+    trainer.fit(module, loader(14), loader(4), ckpt_path=ckpt)
+    for stage in after:
+        getattr(trainer, stage)(module, loader(4), verbose=False)
+    return logger.calls, trainer
+
+
+def test_automatic_accumulation_validation_and_evaluation_after_fit(tmp_path):
+    # 7 batches an epoch in windows of 2 (the last one cut short): 4 stepping batches; validation after batch 2 (a
+    # window's middle) and 5 and at the epoch's end; the learning rate at the log steps; validate and test after fit
+    args = dict(max_epochs=2, log_every_n_steps=2, accumulate_grad_batches=2, val_check_interval=3,
+                after=("validate", "test"), scheduler=True)
+    lit, _ = run_lightning(tmp_path, callbacks=[L.callbacks.LearningRateMonitor("step")], **args)
+    ours, trainer = run_ours(tmp_path, callbacks=[LearningRateMonitor("step")], **args)
+    assert ours == lit
+    assert trainer.state.batches_that_stepped == 8 and trainer.global_step == 8
+    steps = [s for s, keys in ours if "loss_step" in keys]
+    assert steps == [1, 3, 5, 7]  # (global_step would be 2, 4, 6, 8)
+    assert [s for s, keys in ours if "loss_epoch" in keys] == [3, 7]  # the last stepped batch's index
+
+
+def test_log_every_step_with_validation_each_batch(tmp_path):
+    args = dict(max_epochs=1, log_every_n_steps=1, val_check_interval=2, limit_val_batches=1, after=("validate",))
+    lit, _ = run_lightning(tmp_path, **args)
+    ours, _ = run_ours(tmp_path, **args)
+    assert ours == lit
+    assert [s for s, keys in ours if "loss_step" in keys] == list(range(7))
+
+
+@pytest.mark.parametrize("two_optimizers", [False, True])
+def test_manual_optimization_counts_batches(tmp_path, two_optimizers):
+    args = dict(max_epochs=1, log_every_n_steps=3, manual=True, two_optimizers=two_optimizers, after=("test",))
+    lit, _ = run_lightning(tmp_path, **args)
+    ours, trainer = run_ours(tmp_path, **args)
+    assert ours == lit
+    assert trainer.state.batches_that_stepped == 7  # once per batch, whatever the optimizer steps
+    assert trainer.global_step == (14 if two_optimizers else 7)
+
+
+def test_resume_from_a_mid_epoch_checkpoint(tmp_path):
+    # a checkpoint every 3 optimizer steps, saved in on_train_batch_end; the fit resumes from the one at step 3
+    # (mid-epoch, in the second window's... of the first epoch) and goes on to the end: the same steps as Lightning
+    args = dict(max_epochs=2, log_every_n_steps=2, accumulate_grad_batches=2, val_check_interval=3)
+    lit_ckpt = L.callbacks.ModelCheckpoint(dirpath=tmp_path / "lit_ckpt", every_n_train_steps=3, save_top_k=-1)
+    run_lightning(tmp_path, callbacks=[lit_ckpt], **args)
+    our_ckpt = ModelCheckpoint(dirpath=tmp_path / "our_ckpt", every_n_train_steps=3, save_top_k=-1)
+    run_ours(tmp_path, callbacks=[our_ckpt], **args)
+    lit, _ = run_lightning(tmp_path, ckpt=str(tmp_path / "lit_ckpt" / "epoch=0-step=3.ckpt"), **args)
+    saved = torch.load(tmp_path / "our_ckpt" / "epoch=0-step=3.ckpt", weights_only=False)
+    assert saved["train_state"]["batches_that_stepped"] == 3  # the batch it was saved in is counted
+    ours, trainer = run_ours(tmp_path, ckpt=str(tmp_path / "our_ckpt" / "epoch=0-step=3.ckpt"), **args)
+    assert ours == lit
+    assert trainer.state.batches_that_stepped == 8
+
+
+def test_checkpoint_without_the_counter_resumes_at_global_step(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+    run_ours(tmp_path, callbacks=[ckpt], max_epochs=1, log_every_n_steps=2)
+    path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+    saved = torch.load(path, weights_only=False)
+    assert saved["train_state"].pop("batches_that_stepped") == 3
+    torch.save(saved, path)  # a checkpoint written before the counter existed
+    ours, trainer = run_ours(tmp_path, ckpt=str(path), max_epochs=1, log_every_n_steps=2)
+    assert trainer.state.batches_that_stepped == 7
+    assert [s for s, keys in ours if "loss_step" in keys] == [3, 5]
