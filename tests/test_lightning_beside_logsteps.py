@@ -190,3 +190,15 @@ def test_checkpoint_without_the_counter_resumes_at_global_step(tmp_path):
     ours, trainer = run_ours(tmp_path, ckpt=str(path), max_epochs=1, log_every_n_steps=2)
     assert trainer.state.batches_that_stepped == 7
     assert [s for s, keys in ours if "loss_step" in keys] == [3, 5]
+
+
+def test_log_every_n_steps_zero_writes_no_step_values(tmp_path):
+    # Lightning accepts 0 (barebones sets it): no step values, no step-interval learning rate; epoch values stay
+    args = dict(max_epochs=1, log_every_n_steps=0, val_check_interval=3)
+    lit, _ = run_lightning(tmp_path, callbacks=[L.callbacks.LearningRateMonitor("step")], **args)
+    ours, _ = run_ours(tmp_path, callbacks=[LearningRateMonitor("step")], **args)
+    assert ours == lit
+    assert not [keys for _, keys in ours if "loss_step" in keys or "lr-SGD" in keys]
+    assert [s for s, keys in ours if "loss_epoch" in keys] == [6]
+    with pytest.raises(ValueError, match="log_every_n_steps=-1"):
+        tasktrain.Trainer(log_every_n_steps=-1)

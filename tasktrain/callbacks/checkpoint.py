@@ -220,7 +220,7 @@ class ModelCheckpoint(Callback):
 
     def _time_is_up(self, trainer):
         """Rank 0's clock, the same answer on every rank (checked where the ranks agree on stopping)."""
-        if trainer.world_size > 1 and trainer.global_step % trainer.log_every_n_steps:
+        if trainer.world_size > 1 and trainer.global_step % (trainer.log_every_n_steps or 50):
             return False
         now = time.monotonic()
         up = now - self._last_time_checked >= self.train_time_interval.total_seconds()

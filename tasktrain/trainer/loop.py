@@ -321,7 +321,7 @@ def stop_agreed(trainer, fit, at_interval):
     after a SIGTERM the pre-emption checkpoint is written there. Returns whether this rank asked to stop."""
     local = trainer.should_stop or fit.preempted
     if trainer.world_size > 1:
-        if at_interval and trainer.global_step % trainer.log_every_n_steps:
+        if at_interval and trainer.global_step % (trainer.log_every_n_steps or 50):  # (0: no step logs; 50 here)
             return False
         local = agree_on_stop_flags(trainer, fit)
     if fit.preempted:

@@ -572,6 +572,8 @@ class Trainer:
     def _should_update_logs(self):
         """Lightning's rule for a training log step: the batch about to be counted, batches_that_stepped + 1, is a
         multiple of log_every_n_steps (also read before the step, in on_train_batch_start), or a stop was asked."""
+        if not self.log_every_n_steps:  # 0: no step values at all (Lightning's)
+            return False
         return (self.state.batches_that_stepped + 1) % self.log_every_n_steps == 0 or bool(self.should_stop)
 
     def log_to_loggers(self, values, step=None, add_epoch=None):
