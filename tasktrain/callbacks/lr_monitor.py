@@ -96,7 +96,7 @@ class LearningRateMonitor(Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         # Lightning's point: before the step, the rate it trains with, when the step about to be taken is a log step
         # (batches_that_stepped + 1 a multiple of log_every_n_steps); each micro-batch of such a window writes, as there
-        if not trainer._should_update_logs or not trainer.is_global_zero:
+        if not trainer.should_update_logs or not trainer.is_global_zero:
             return
         values = self._values("step")
         if values:

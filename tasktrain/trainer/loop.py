@@ -193,13 +193,13 @@ def training_step(trainer, fit, batch, batch_idx, window):
     fit.epochs.advance(batch_idx)
 
     state.stepping_batch = steps  # (a checkpoint saved from here to the count below counts this batch)
-    if steps and trainer._should_update_logs:
+    if steps and trainer.should_update_logs:
         check_finite_loss(trainer, fit)
     for fn in hooks["on_train_batch_end"]:
         fn(outputs, batch, batch_idx)
     # Lightning's order: the step metrics (what on_train_batch_end logged included), validation (after any batch, a
     # window's middle included), then the count
-    if steps and trainer._should_update_logs:
+    if steps and trainer.should_update_logs:
         trainer._flush_step_metrics()  # at state.batches_that_stepped
     if fit.val_every and (batch_idx + 1) % fit.val_every == 0 and batch_idx + 1 != trainer.num_training_batches:
         run_validation(trainer, zero_grad=steps)

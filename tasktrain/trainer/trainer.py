@@ -569,7 +569,7 @@ class Trainer:
             self.log_to_loggers(self._metrics.logger_epoch_values(values), step, add_epoch=True)
 
     @property
-    def _should_update_logs(self):
+    def should_update_logs(self):
         """Lightning's rule for a training log step: the batch about to be counted, batches_that_stepped + 1, is a
         multiple of log_every_n_steps (also read before the step, in on_train_batch_start), or a stop was asked."""
         if not self.log_every_n_steps:  # 0: no step values at all (Lightning's)
