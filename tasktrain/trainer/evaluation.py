@@ -121,7 +121,9 @@ def log_eval_step(trainer, stage, dataloader_idx):
     key = (stage, dataloader_idx)
     step = metrics.eval_batches_logged.get(key, 0)
     metrics.eval_batches_logged[key] = step + 1
-    values = metrics.step_metrics_for_logger()  # every rank: may synchronise sync_dist values
+    # not synchronised: evaluation shards are unpadded, so the ranks may not meet at every batch (a collective per
+    # batch could wait for a rank that has no such batch); sync_dist applies to the epoch values
+    values = metrics.step_metrics_for_logger(sync=False)
     if trainer.is_global_zero and values:
         trainer.log_to_loggers(values, step)
 

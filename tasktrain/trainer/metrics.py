@@ -200,8 +200,9 @@ class MetricStore:
                 acc[n][1] = reduced[2 * i]
                 acc[n][2] = reduced[2 * i + 1] if op == "sum" else 1
 
-    def step_metrics_for_logger(self):
-        """The step values logged since the last flush (synchronised across ranks where asked). Called on every rank.
+    def step_metrics_for_logger(self, sync=True):
+        """The step values logged since the last flush (synchronised across ranks where asked, unless sync=False).
+        Called on every rank.
 
         Only what was logged since the previous flush is written: a value logged once is not repeated at every
         later log step.
@@ -209,7 +210,7 @@ class MetricStore:
         names = sorted(n for n in self.step_values if self._meta_of(n, "_step").logger)
         values = {n: self.step_values[n] for n in names}
         self.step_values.clear()
-        synced = [n for n in names if self._meta_of(n, "_step").sync_dist and self.strategy.world_size > 1]
+        synced = [n for n in names if sync and self._meta_of(n, "_step").sync_dist and self.strategy.world_size > 1]
         if synced:
             with collective_label(self.strategy, f"sync_dist step values {synced}"):  # names both sides (issue 19)
                 stacked = self.strategy.reduce(torch.stack([values[n].float().reshape(()) for n in synced]), op="mean")
