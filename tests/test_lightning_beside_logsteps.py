@@ -202,3 +202,23 @@ def test_log_every_n_steps_zero_writes_no_step_values(tmp_path):
     assert [s for s, keys in ours if "loss_epoch" in keys] == [6]
     with pytest.raises(ValueError, match="log_every_n_steps=-1"):
         tasktrain.Trainer(log_every_n_steps=-1)
+
+
+def test_a_logged_step_value_is_the_step(tmp_path):
+    def fit(base, trainer_class, logger, **extra):
+        class StepLogging(module_class(base)):
+            def training_step(self, batch, batch_idx):
+                loss = self.loss(batch)
+                self.log("loss", loss)
+                self.log("step", float(100 + batch_idx))  # taken out of the values and used as the step
+                return loss
+
+        trainer_class(logger=logger, max_epochs=1, log_every_n_steps=2, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, **extra).fit(StepLogging(), loader(8))
+        return logger.calls
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lit = fit(L.LightningModule, L.Trainer, LitRecord(), default_root_dir=tmp_path / "lit", accelerator="cpu")
+    ours = fit(tasktrain.TaskModule, tasktrain.Trainer, OurRecord(), default_root_dir=tmp_path / "ours")
+    assert ours == lit == [(101, ("loss",)), (103, ("loss",)), (3, ("at_epoch_end", "epoch"))]
