@@ -222,3 +222,32 @@ def test_a_logged_step_value_is_the_step(tmp_path):
         lit = fit(L.LightningModule, L.Trainer, LitRecord(), default_root_dir=tmp_path / "lit", accelerator="cpu")
     ours = fit(tasktrain.TaskModule, tasktrain.Trainer, OurRecord(), default_root_dir=tmp_path / "ours")
     assert ours == lit == [(101, ("loss",)), (103, ("loss",)), (3, ("at_epoch_end", "epoch"))]
+
+
+def test_a_step_value_logged_once_is_written_again_until_its_epoch_ends(tmp_path):
+    # Lightning writes the latest value of every step metric of the epoch at each write; with two validation
+    # loaders each writes its own values (and values logged without a suffix)
+    def fit(base, trainer_class, logger, **extra):
+        class Sometimes(module_class(base)):
+            def training_step(self, batch, batch_idx):
+                if batch_idx == 0:
+                    self.log("first_batch", 1.0)
+                return super().training_step(batch, batch_idx)
+
+            def validation_step(self, batch, batch_idx, dataloader_idx=0):
+                if batch_idx == 0:
+                    self.log("val_first", 1.0, on_step=True, on_epoch=False)
+                self.log("val_every", self.loss(batch), on_step=True)
+
+        trainer_class(logger=logger, max_epochs=2, log_every_n_steps=2, num_sanity_val_steps=0,
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                      **extra).fit(Sometimes(), loader(10), [loader(4), loader(4, seed=1)])
+        return logger.calls
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lit = fit(L.LightningModule, L.Trainer, LitRecord(), default_root_dir=tmp_path / "lit", accelerator="cpu")
+    ours = fit(tasktrain.TaskModule, tasktrain.Trainer, OurRecord(), default_root_dir=tmp_path / "ours")
+    assert ours == lit
+    assert [s for s, keys in ours if "first_batch" in keys] == [1, 3, 5, 7, 9]  # each write, not the first only
+    assert [s for s, keys in ours if "val_first/dataloader_idx_1" in keys] == [0, 1, 2, 3]

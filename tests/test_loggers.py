@@ -102,7 +102,7 @@ def test_csv_logger_rows_new_columns_and_buffering(tmp_path):
             self.log("a", float(self.global_step + 1), logger=True)
             if self.current_epoch == 1:  # a column that appears after the file was written
                 self.log("late", 10.0 * (self.global_step + 1))
-            if self.global_step == 0:  # logged once: written once, not repeated at later log steps
+            if self.global_step == 0:  # logged once: written at each later write of its epoch (Lightning's)
                 self.log("once", 7.0)
             return loss
 
@@ -118,7 +118,7 @@ def test_csv_logger_rows_new_columns_and_buffering(tmp_path):
         assert f.readline().strip() == "step,a,once,train_loss,epoch,late"
     rows = read_csv(logger.metrics_file_path)
     assert [(r["step"], r["a"], r["epoch"], r["late"], r["once"]) for r in rows] == [
-        ("1", "2.0", "0.0", "", "7.0"), ("3", "4.0", "0.0", "", ""), ("5", "6.0", "1.0", "60.0", ""),
+        ("1", "2.0", "0.0", "", "7.0"), ("3", "4.0", "0.0", "", "7.0"), ("5", "6.0", "1.0", "60.0", ""),
         ("7", "8.0", "1.0", "80.0", "")]
     assert float(rows[-1]["train_loss"]) == pytest.approx(float(trainer.callback_metrics["train_loss"]))
     with open(os.path.join(trainer.log_dir, "hparams.yaml")) as f:

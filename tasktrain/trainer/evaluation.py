@@ -123,7 +123,7 @@ def log_eval_step(trainer, stage, dataloader_idx):
     metrics.eval_batches_logged[key] = step + 1
     # not synchronised: evaluation shards are unpadded, so the ranks may not meet at every batch (a collective per
     # batch could wait for a rank that has no such batch); sync_dist applies to the epoch values
-    values = metrics.step_metrics_for_logger(sync=False)
+    values = metrics.step_metrics_for_logger(sync=False, loader_suffix=metrics.dataloader_suffix)
     if trainer.is_global_zero and values:
         trainer.log_to_loggers(values, step)
 
