@@ -38,7 +38,7 @@ class MetricStore:
         # batches; training's, at the training log steps)
         self._step_by_stage = {"train": {}}
         self.step_values = self._step_by_stage["train"]
-        self.eval_batches_logged = {}  # (stage, dataloader_idx) -> batches written: an evaluation's step for the loggers
+        self.eval_batches_logged = {}  # (stage, dataloader_idx) -> batches written: the step of an evaluation write
         self._acc_by_stage = {"train": {}}  # stage -> name -> [meta, accumulated value, accumulated weight]
         self.epoch_acc = self._acc_by_stage["train"]
         self.callback_metrics = {}  # name -> tensor: what callbacks (checkpoint, early stopping) monitor
