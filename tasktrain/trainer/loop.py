@@ -13,11 +13,12 @@ module's):
     window's last micro-batch:  module.optimizer_step(epoch, batch_idx, optimizer, closure), whose default is
                 optimizer.step(closure=closure): the closure runs, then on_before_optimizer_step, the clipping
                 (configure_gradient_clipping / the planned GradientClip requests) and the strategy's step;
-                then the step-interval schedulers, the logger flush, validation when due
+                then the step-interval schedulers
     otherwise:  closure()
     on_train_batch_end
-    a batch that stepped:  the step metrics to the loggers (at Lightning's log steps), validation when due, then
-                the batch is counted in batches_that_stepped (Lightning's logging step)
+    then (Lightning's on_advance_end): a stepped batch's step values to the loggers at Lightning's log steps,
+                validation when due (after any batch), then a stepped batch is counted in batches_that_stepped
+                (the loggers' step)
 """
 import os
 import signal

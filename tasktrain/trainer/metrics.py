@@ -34,8 +34,8 @@ class MetricStore:
         self.batch = None
         self._batch_size = None
         self._metas = {}
-        # name -> step tensor logged since the last logger flush, per stage (an evaluation's own, written at its
-        # batches; training's, at the training log steps)
+        # name -> the latest step tensor of the stage's epoch (or evaluation run), per stage: an evaluation's own,
+        # written at its batches; training's, at the training log steps
         self._step_by_stage = {"train": {}}
         self.step_values = self._step_by_stage["train"]
         self.eval_batches_logged = {}  # (stage, dataloader_idx) -> batches written: the step of an evaluation write

@@ -571,10 +571,13 @@ class Trainer:
     @property
     def should_update_logs(self):
         """Lightning's rule for a training log step: the batch about to be counted, batches_that_stepped + 1, is a
-        multiple of log_every_n_steps (also read before the step, in on_train_batch_start), or a stop was asked."""
+        multiple of log_every_n_steps (also read before the step, in on_train_batch_start), or a stop was asked. On
+        several processes a stop request counts once agreed (at those multiples): one rank's own request would make
+        a log step, and the collectives of its writes (sync_dist values, ThroughputMonitor's split), there alone."""
         if not self.log_every_n_steps:  # 0: no step values at all (Lightning's)
             return False
-        return (self.state.batches_that_stepped + 1) % self.log_every_n_steps == 0 or bool(self.should_stop)
+        stop = bool(self.should_stop) and self.world_size == 1
+        return (self.state.batches_that_stepped + 1) % self.log_every_n_steps == 0 or stop
 
     def log_to_loggers(self, values, step=None, add_epoch=None):
         """Write `values` (numbers or scalar tensors) to every logger and record them in trainer.logged_metrics.
