@@ -251,3 +251,38 @@ def test_a_step_value_logged_once_is_written_again_until_its_epoch_ends(tmp_path
     assert ours == lit
     assert [s for s, keys in ours if "first_batch" in keys] == [1, 3, 5, 7, 9]  # each write, not the first only
     assert [s for s, keys in ours if "val_first/dataloader_idx_1" in keys] == [0, 1, 2, 3]
+
+
+def test_validation_inside_the_epoch_comes_after_the_batch_end_and_its_step_write(tmp_path):
+    # Lightning's on_advance_end: on_train_batch_end, the step values written, then the validation; EarlyStopping
+    # checks at that validation's end (val_check_interval=2: Lightning's default checks at each validation)
+    def fit(callback_base, trainer_class, base, logger, stopper, **extra):
+        class Hooks(callback_base):
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                logger.calls.append(("on_train_batch_end", batch_idx))
+
+            def on_validation_start(self, trainer, module):
+                logger.calls.append(("on_validation_start", trainer.global_step))
+
+        class Declining(module_class(base)):
+            def on_validation_epoch_end(self):
+                self.log("score", float(self.global_step))  # rises: patience 1 stops at the 2nd validation
+
+        trainer = trainer_class(logger=logger, callbacks=[Hooks(), stopper], max_epochs=1, log_every_n_steps=1,
+                                val_check_interval=2, limit_val_batches=1, num_sanity_val_steps=0,
+                                enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                                **extra)
+        trainer.fit(Declining(), loader(14), loader(4))
+        return logger.calls, trainer.global_step
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lit = fit(L.Callback, L.Trainer, L.LightningModule, LitRecord(), L.callbacks.EarlyStopping("score", patience=1),
+                  default_root_dir=tmp_path / "lit", accelerator="cpu")
+    from tasktrain.callbacks import Callback, EarlyStopping
+
+    ours = fit(Callback, tasktrain.Trainer, tasktrain.TaskModule, OurRecord(), EarlyStopping("score", patience=1),
+               default_root_dir=tmp_path / "ours")
+    assert ours == lit
+    assert lit[1] == 4 and lit[0][:4] == [("on_train_batch_end", 0), (0, ("epoch", "loss_step", "only_step")),
+                                          ("on_train_batch_end", 1), (1, ("epoch", "loss_step", "only_step"))]
