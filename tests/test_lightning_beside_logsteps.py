@@ -166,7 +166,7 @@ def test_manual_optimization_counts_batches(tmp_path, two_optimizers):
 
 def test_resume_from_a_mid_epoch_checkpoint(tmp_path):
     # a checkpoint every 3 optimizer steps, saved in on_train_batch_end; the fit resumes from the one at step 3
-    # (mid-epoch, in the second window's... of the first epoch) and goes on to the end: the same steps as Lightning
+    # (batch 5 of the first epoch's 7, before that batch was counted) and goes on to the end: Lightning's steps
     args = dict(max_epochs=2, log_every_n_steps=2, accumulate_grad_batches=2, val_check_interval=3)
     lit_ckpt = L.callbacks.ModelCheckpoint(dirpath=tmp_path / "lit_ckpt", every_n_train_steps=3, save_top_k=-1)
     run_lightning(tmp_path, callbacks=[lit_ckpt], **args)
