@@ -27,7 +27,7 @@ between batches) and `other` (the rest: zero_grad, schedulers, logging, callback
 optimisation the loop fires no backward or optimizer events: the whole step is in `other`. On CUDA the device phases
 (forward, backward, optimizer) are CUDA events read at the log step, so the split adds no synchronisation per step.
 
-Training values are written at the trainer's log steps (Lightning's: at trainer.state.batches_that_stepped, after the
+Training values are written at the trainer's log steps (every log_every_n_steps-th optimizer step, after the
 step, so its time is included); validation, test and predict values once at the end of each run (Lightning
 writes them at every evaluation batch). Rank 0 measures the rates and writes; the split is gathered from every
 rank at the log steps. On CUDA each rate measurement synchronises the device first, or the clock would not
