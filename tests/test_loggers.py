@@ -46,15 +46,17 @@ def test_tensorboard_event_files_hold_the_logged_scalars_and_hparams(tmp_path):
     trainer = fit(Squares(lr=0.05), n=48, val=loader(16), logger=logger, log_every_n_steps=4)  # 6 steps an epoch
     assert trainer.log_dir == logger.log_dir == str(tmp_path / "tasktrain_logs" / "version_0")
     points, acc = scalars(trainer.log_dir, "square")
-    assert points == [(4, 16.0), (8, 64.0), (12, 144.0)]  # steps are the multiples of log_every_n_steps
-    assert [s for s, _ in scalars(trainer.log_dir, "loss_step")[0]] == [4, 8, 12]
-    # epoch metrics once per epoch, at the epoch's last step
+    # Lightning's step (batches_that_stepped): the batches counted before the log step's batch, so the 4th, 8th and
+    # 12th optimizer steps are written at 3, 7, 11
+    assert points == [(3, 16.0), (7, 64.0), (11, 144.0)]
+    assert [s for s, _ in scalars(trainer.log_dir, "loss_step")[0]] == [3, 7, 11]
+    # epoch metrics once per epoch, at the epoch's last stepped batch (its index in the count)
     epoch_loss = scalars(trainer.log_dir, "loss_epoch")[0]
-    assert [s for s, _ in epoch_loss] == [6, 12]
+    assert [s for s, _ in epoch_loss] == [5, 11]
     assert epoch_loss[-1][1] == pytest.approx(float(trainer.callback_metrics["loss_epoch"]))
     val = scalars(trainer.log_dir, "val_loss")[0]
-    assert [s for s, _ in val] == [6, 12] and val[-1][1] == pytest.approx(float(trainer.callback_metrics["val_loss"]))
-    assert scalars(trainer.log_dir, "epoch")[0][-1] == (12, 1.0)
+    assert [s for s, _ in val] == [5, 11] and val[-1][1] == pytest.approx(float(trainer.callback_metrics["val_loss"]))
+    assert scalars(trainer.log_dir, "epoch")[0][-1] == (11, 1.0)
 
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -75,7 +77,7 @@ def test_logger_argument_forms(tmp_path):
     trainer.fit(Squares(), loader(16))
     assert trainer.log_dir == str(tmp_path / "tasktrain_logs" / "version_0")
     points, acc = scalars(trainer.log_dir, "loss_epoch")
-    assert points[0][0] == 2 and "square" not in acc.Tags()["scalars"]  # 2 steps < log_every_n_steps=50
+    assert points[0][0] == 1 and "square" not in acc.Tags()["scalars"]  # 2 steps < log_every_n_steps=50
 
     root = tmp_path / "none"
     trainer = fit(Squares(), logger=False, default_root_dir=root)
@@ -84,8 +86,8 @@ def test_logger_argument_forms(tmp_path):
     both = [TensorBoardLogger(tmp_path / "many"), CSVLogger(tmp_path / "many", name="csv")]
     trainer = fit(Squares(), logger=both, log_every_n_steps=2)
     assert trainer.loggers == both and trainer.logger is both[0]
-    assert [int(r["step"]) for r in read_csv(both[1].metrics_file_path) if r["square"]] == [2, 4, 6, 8]
-    assert [s for s, _ in scalars(both[0].log_dir, "square")[0]] == [2, 4, 6, 8]
+    assert [int(r["step"]) for r in read_csv(both[1].metrics_file_path) if r["square"]] == [1, 3, 5, 7]
+    assert [s for s, _ in scalars(both[0].log_dir, "square")[0]] == [1, 3, 5, 7]
 
     with pytest.raises(TypeError, match="logger="):
         Trainer(logger="tensorboard")
@@ -100,7 +102,7 @@ def test_csv_logger_rows_new_columns_and_buffering(tmp_path):
             self.log("a", float(self.global_step + 1), logger=True)
             if self.current_epoch == 1:  # a column that appears after the file was written
                 self.log("late", 10.0 * (self.global_step + 1))
-            if self.global_step == 0:  # logged once: written once, not repeated at later log steps
+            if self.global_step == 0:  # logged once: written at each later write of its epoch (Lightning's)
                 self.log("once", 7.0)
             return loss
 
@@ -111,13 +113,13 @@ def test_csv_logger_rows_new_columns_and_buffering(tmp_path):
     logger = CSVLogger(tmp_path, flush_logs_every_n_steps=2)
     trainer = fit(M(), logger=logger, log_every_n_steps=2)
     assert logger.metrics_file_path == os.path.join(trainer.log_dir, "metrics.csv")
-    assert seen_on_disk[0] is None and [r["step"] for r in seen_on_disk[1]] == ["2", "4"]
+    assert seen_on_disk[0] is None and [r["step"] for r in seen_on_disk[1]] == ["1", "3"]
     with open(logger.metrics_file_path) as f:
         assert f.readline().strip() == "step,a,once,train_loss,epoch,late"
     rows = read_csv(logger.metrics_file_path)
     assert [(r["step"], r["a"], r["epoch"], r["late"], r["once"]) for r in rows] == [
-        ("2", "2.0", "0.0", "", "7.0"), ("4", "4.0", "0.0", "", ""), ("6", "6.0", "1.0", "60.0", ""),
-        ("8", "8.0", "1.0", "80.0", "")]
+        ("1", "2.0", "0.0", "", "7.0"), ("3", "4.0", "0.0", "", "7.0"), ("5", "6.0", "1.0", "60.0", ""),
+        ("7", "8.0", "1.0", "80.0", "")]
     assert float(rows[-1]["train_loss"]) == pytest.approx(float(trainer.callback_metrics["train_loss"]))
     with open(os.path.join(trainer.log_dir, "hparams.yaml")) as f:
         assert yaml.safe_load(f) == {"lr": 0.1}
@@ -136,7 +138,7 @@ def test_csv_logger_one_row_per_step_and_epoch_values(tmp_path):
     rows = read_csv(logger.metrics_file_path)
     # step values, epoch values and validation of the same step share a row
     assert [(r["step"], r["square"], bool(r["loss_epoch"]), bool(r["val_loss"])) for r in rows] == [
-        ("4", "16.0", True, True), ("8", "64.0", True, True)]
+        ("3", "16.0", True, True), ("7", "64.0", True, True)]
 
 
 def test_metric_names_ending_in_step_or_epoch(tmp_path):
@@ -149,7 +151,7 @@ def test_metric_names_ending_in_step_or_epoch(tmp_path):
     logger = CSVLogger(tmp_path)
     fit(M(), epochs=1, logger=logger, log_every_n_steps=2)
     rows = read_csv(logger.metrics_file_path)
-    assert [(r["step"], r["warm_step"], r["acc_epoch"]) for r in rows] == [("2", "2.0", ""), ("4", "2.0", "0.5")]
+    assert [(r["step"], r["warm_step"], r["acc_epoch"]) for r in rows] == [("1", "2.0", ""), ("3", "2.0", "0.5")]
 
 
 def test_loggers_write_on_rank_zero_only(tmp_path, monkeypatch):
@@ -252,7 +254,7 @@ def test_tensorboard_logger_arguments_properties_and_graph(tmp_path):
     trainer = fit(Graph(), epochs=1, logger=logger, log_every_n_steps=2)
     assert trainer.log_dir == logger.log_dir
     points, acc = scalars(logger.log_dir, "train-square")  # prefix joined with "-"
-    assert points == [(2, 4.0), (4, 16.0)] and "square" not in acc.Tags()["scalars"]
+    assert points == [(1, 4.0), (3, 16.0)] and "square" not in acc.Tags()["scalars"]
     assert scalars(logger.log_dir, "train-hp_metric")[0] == [(0, -1.0)]  # default_hp_metric
     assert acc.Tags()["graph"]  # log_graph traced the module with example_input_array
     from torch.utils.tensorboard import SummaryWriter
@@ -333,8 +335,8 @@ def test_trainer_logger_forms_setters_and_finalize_status(tmp_path):
 
     recorder = Recorder()
     trainer = fit(Squares(lr=0.2), epochs=1, logger=recorder, log_every_n_steps=4, default_root_dir=tmp_path)
-    assert recorder.calls == [("hparams", {"lr": 0.2}), ("graph", "Squares"), ("save",), ("metrics", 4),
-                              ("metrics", 4), ("finalize", "success")]
+    assert recorder.calls == [("hparams", {"lr": 0.2}), ("graph", "Squares"), ("save",), ("metrics", 3),
+                              ("metrics", 3), ("finalize", "success")]
     assert trainer.log_dir == str(tmp_path)  # a logger without log_dir or save_dir
 
     class Broken(Squares):
@@ -444,9 +446,9 @@ def test_wandb_logger_offline_run_holds_metrics_config_and_checkpoints(tmp_path)
 
     history = wandb_history(run)
     squares = [(row["trainer/global_step"], row["square"]) for row in history if "square" in row]
-    assert squares == [(2, 4.0), (4, 16.0), (6, 36.0), (8, 64.0)]
+    assert squares == [(1, 4.0), (3, 16.0), (5, 36.0), (7, 64.0)]
     val = [(row["trainer/global_step"], row["val_loss"]) for row in history if "val_loss" in row]
-    assert [s for s, _ in val] == [4, 8] and val[-1][1] == pytest.approx(float(trainer.callback_metrics["val_loss"]))
+    assert [s for s, _ in val] == [3, 7] and val[-1][1] == pytest.approx(float(trainer.callback_metrics["val_loss"]))
     assert [row["samples/_type"] for row in history if "samples/_type" in row] == ["table-file"]
     assert any("parameters/layer.weight/_type" in row for row in history)  # watch: wandb's histograms
     config = {item.key: json.loads(item.value_json) for c in wandb_kind(run, "config") for item in c.update}
@@ -495,7 +497,7 @@ def test_mlflow_logger_local_store_holds_metrics_params_status_and_checkpoints(t
     assert run.info.run_name == "first" and run.data.tags["team"] == "a"
     assert run.data.params == {"lr": "0.05"} and run.info.status == "FINISHED"
     history = [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "fit-square")]
-    assert history == [(2, 4.0), (4, 16.0), (6, 36.0), (8, 64.0)]
+    assert history == [(1, 4.0), (3, 16.0), (5, 36.0), (7, 64.0)]
     assert checkpoint.dirpath_resolved(trainer) == str(store / run.info.experiment_id / run.info.run_id / "checkpoints")
     # log_model="all": each checkpoint as it was saved, with its metadata
     assert sorted(a.path for a in client.list_artifacts(logger.run_id)) == ["epoch=0-step=4", "epoch=1-step=8"]

@@ -177,8 +177,16 @@ class ModelCheckpoint(Checkpoint):
 
     def on_validation_end(self, trainer, module):
         if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
-            self._validated = True
             self._validations_seen += 1
+            # one inside the epoch runs after on_train_batch_end (Lightning's order): it saves here, as Lightning's,
+            # unless that batch end saved this step already; the epoch-end one saves at on_train_epoch_end
+            total = trainer.num_training_batches
+            if total is not None and trainer.state.batch_in_epoch < total:
+                if not self._epoch_end_saves and self._epoch_due(trainer) and \
+                        self._last_saved_step != trainer.global_step:
+                    self._save(trainer)
+                return
+            self._validated = True
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -212,7 +220,7 @@ class ModelCheckpoint(Checkpoint):
 
     def _time_is_up(self, trainer):
         """Rank 0's clock, the same answer on every rank (checked where the ranks agree on stopping)."""
-        if trainer.world_size > 1 and trainer.global_step % trainer.log_every_n_steps:
+        if trainer.world_size > 1 and trainer.global_step % (trainer.log_every_n_steps or 50):
             return False
         now = time.monotonic()
         up = now - self._last_time_checked >= self.train_time_interval.total_seconds()

@@ -85,16 +85,15 @@ class EarlyStopping(Callback):
 
     def on_validation_end(self, trainer, module):
         if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
-            if self.check_on_train_epoch_end is False:
+            # Lightning's default (None): at the epoch's end when validation runs once an epoch, else at each
+            # validation's end (the one inside the epoch runs after on_train_batch_end, as Lightning's)
+            at_epoch_end = self.check_on_train_epoch_end
+            if at_epoch_end is None:
+                at_epoch_end = trainer.val_check_interval in (None, 1.0) and trainer.check_val_every_n_epoch == 1
+            if not at_epoch_end:
                 self._check(trainer)
             else:
                 self._validated = True
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        # Only true right after a validation inside the epoch: the epoch-end one comes after the last batch end.
-        if self._validated and self.check_on_train_epoch_end is None:
-            self._validated = False
-            self._check(trainer)
 
     def on_train_epoch_end(self, trainer, module):
         if self.check_on_train_epoch_end or (self.check_on_train_epoch_end is None

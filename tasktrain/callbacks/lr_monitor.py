@@ -4,8 +4,9 @@ Names: "lr-<Optimizer class>" ("lr-AdamW"), "-1", "-2" added for further optimiz
 "/pg1", "/pg2", ... for each param group when there are several, or the scheduler's "name" when
 configure_optimizers gave one.
 
-logging_interval="step": as in Lightning, at on_train_batch_start of the steps whose number (global_step + 1) is a
-multiple of log_every_n_steps, the rate that step trains with, written at global_step.
+logging_interval="step": as in Lightning, at on_train_batch_start of the batches that are log steps (the batch about
+to be counted, trainer.state.batches_that_stepped + 1, a multiple of log_every_n_steps), the rate that step trains
+with, written at batches_that_stepped (Lightning's logging step), without an "epoch" value.
 logging_interval="epoch": at each epoch start, the rate that epoch trains with.
 logging_interval=None: each optimizer at its scheduler's interval; optimizers without a scheduler at steps.
 
@@ -94,16 +95,15 @@ class LearningRateMonitor(Callback):
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         # Lightning's point: before the step, the rate it trains with, when the step about to be taken is a log step
-        # (global_step + 1 a multiple of log_every_n_steps); each micro-batch of such a window writes, as there
-        n = trainer.log_every_n_steps
-        if not n or (trainer.global_step + 1) % n or not trainer.is_global_zero:
+        # (batches_that_stepped + 1 a multiple of log_every_n_steps); each micro-batch of such a window writes, as there
+        if not trainer.should_update_logs or not trainer.is_global_zero:
             return
         values = self._values("step")
         if values:
-            trainer.log_to_loggers(values)
+            trainer.log_to_loggers(values, trainer.state.batches_that_stepped)
 
     def on_train_epoch_start(self, trainer, module):
         if trainer.is_global_zero:
             values = self._values("epoch")
             if values:
-                trainer.log_to_loggers(values)
+                trainer.log_to_loggers(values, trainer.state.batches_that_stepped)

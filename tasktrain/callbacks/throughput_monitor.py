@@ -398,7 +398,7 @@ class ThroughputMonitor(Callback):
             self._split_batch_end(trainer)
         step = trainer.global_step
         stepped, self._seen_step = step != self._seen_step, step
-        write = stepped and step % trainer.log_every_n_steps == 0  # after a window's step: its time is included
+        write = stepped and trainer.should_update_logs  # after a window's step: its time is included
         split = self._split_metrics(trainer) if write and self.step_split else {}
         if not trainer.is_global_zero:
             return

@@ -67,8 +67,10 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
 def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointing, inference_mode,
               use_distributed_sampler, detect_anomaly, sync_batchnorm, reload_dataloaders_every_n_epochs):
     """The Trainer's plain settings, checked."""
-    if int(log_every_n_steps) < 1:
-        raise ValueError(f"log_every_n_steps={log_every_n_steps}: use a positive integer.")
+    log_every_n_steps = 50 if log_every_n_steps is None else log_every_n_steps  # Lightning's None
+    if int(log_every_n_steps) < 0:
+        raise ValueError(f"log_every_n_steps={log_every_n_steps}: use a positive integer, or 0 for no step values "
+                         "(Lightning's).")
     reload_every = int(reload_dataloaders_every_n_epochs or 0)
     if reload_every < 0:
         raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")

@@ -51,8 +51,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             return None
         return per_loader if len(loaders) > 1 else per_loader[0]  # a list per loader when there are several
     values = evaluate(trainer, stage, loaders, limits)
-    if trainer.is_global_zero and values:
-        trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values))
+    if trainer.is_global_zero and values:  # at batches_that_stepped (the fit's count, 0 without one), as Lightning
+        trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), add_epoch=True)
     if trainer.is_global_zero and values and getattr(trainer, "_verbose", True):
         print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
     # One dict per loader (Lightning's shape): its own suffixed metrics and those logged without a suffix.
@@ -76,6 +76,7 @@ def evaluate(trainer, stage, loaders, limits):
         state.stage = RunningStage(stage)
     getattr(module, f"on_{prefix}_model_eval")()
     metrics.set_stage(stage, False, True)
+    metrics.step_values.clear()  # (Lightning resets an evaluation's results: nothing of the last one is written)
     hooks = trainer._all_hooks
     eval_step = strategy.eval_step if trainer.profiler is None else \
         profiled(trainer.profiler, f"{prefix}_step", strategy.eval_step)
@@ -93,6 +94,8 @@ def evaluate(trainer, stage, loaders, limits):
                 outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
                 for fn in hooks[f"on_{prefix}_batch_end"]:
                     fn(outputs, batch, batch_idx, *extra)
+                if not trainer.sanity_checking:
+                    log_eval_step(trainer, stage, dataloader_idx)
         metrics.dataloader_suffix = ""
         # Lightning's order: the callbacks then the module, each seeing the epoch's values of what was logged in
         # the steps; what they log here is reduced after them
@@ -108,6 +111,21 @@ def evaluate(trainer, stage, loaders, limits):
         restore_training_modes(module, modes)
     state.stage = outer_stage
     return values
+
+
+def log_eval_step(trainer, stage, dataloader_idx):
+    """The step values an evaluation batch logged (self.log(..., on_step=True)), written after each batch as
+    Lightning does (log_every_n_steps does not apply) at that loader's own batch count: counted over the entry point
+    (fit's validations go on counting), never the training step."""
+    metrics = trainer._metrics
+    key = (stage, dataloader_idx)
+    step = metrics.eval_batches_logged.get(key, 0)
+    metrics.eval_batches_logged[key] = step + 1
+    # not synchronised: evaluation shards are unpadded, so the ranks may not meet at every batch (a collective per
+    # batch could wait for a rank that has no such batch); sync_dist applies to the epoch values
+    values = metrics.step_metrics_for_logger(sync=False, loader_suffix=metrics.dataloader_suffix)
+    if trainer.is_global_zero and values:
+        trainer.log_to_loggers(values, step)
 
 
 def predict(trainer, module, loaders, limits, gather):

@@ -13,9 +13,12 @@ module's):
     window's last micro-batch:  module.optimizer_step(epoch, batch_idx, optimizer, closure), whose default is
                 optimizer.step(closure=closure): the closure runs, then on_before_optimizer_step, the clipping
                 (configure_gradient_clipping / the planned GradientClip requests) and the strategy's step;
-                then the step-interval schedulers, the logger flush, validation when due
+                then the step-interval schedulers
     otherwise:  closure()
     on_train_batch_end
+    then (Lightning's on_advance_end): a stepped batch's step values to the loggers at Lightning's log steps,
+                validation when due (after any batch), then a stepped batch is counted in batches_that_stepped
+                (the loggers' step)
 """
 import os
 import signal
@@ -61,6 +64,7 @@ def train_epoch(trainer, fit, epoch):
     """One epoch: its micro-batches through `training_step`, then its end (metrics, validation, schedulers, hooks)."""
     state, metrics, module = trainer.state, fit.metrics, fit.module
     metrics.set_stage("train", True, False)
+    metrics.step_values.clear()  # Lightning resets the epoch's results: a step value of the last epoch is not written
     # Resumed mid-epoch: the epoch iterator skips what was trained on, without loading it on the Trainer's order.
     num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
     start = state.batch_in_epoch
@@ -87,9 +91,14 @@ def train_epoch(trainer, fit, epoch):
         return
     # epoch end: train epoch metrics, validation when due, epoch schedulers, then on_train_epoch_end.
     complete = num_batches is None or state.batch_in_epoch >= num_batches or fit.ended_by_hook
-    trainer._flush_epoch_metrics(metrics.reduce_epoch("train"))
-    if complete and not fit.ended_by_hook and val_at_epoch_end(trainer, epoch):  # (-1: no validation, as Lightning)
-        run_validation(trainer)
+    # Lightning writes the epoch's values (and the epoch-end validation's) at the last stepped batch's index
+    last_step = state.batches_that_stepped - 1
+    epoch_values = metrics.reduce_epoch("train")  # published to the callbacks now, written after on_train_epoch_end
+    # (-1: no validation, as Lightning; nor with a val_check_interval of batches that the epoch's length is no
+    # multiple of: Lightning validates at those multiples only)
+    interval_ends_here = fit.val_every is None or num_batches is None or num_batches % fit.val_every == 0
+    if complete and not fit.ended_by_hook and interval_ends_here and val_at_epoch_end(trainer, epoch):
+        run_validation(trainer, last_step)
     metrics.set_stage("train", False, True)
     if complete:
         if module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
@@ -103,7 +112,8 @@ def train_epoch(trainer, fit, epoch):
         fn()
     for fn in fit.module_hooks["on_train_epoch_end"]:
         fn()
-    trainer._flush_epoch_metrics(metrics.reduce_epoch("train"))
+    epoch_values.update(metrics.reduce_epoch("train"))
+    trainer._flush_epoch_metrics(epoch_values, last_step)  # one write, as Lightning's
     for fn in trainer._monitoring_hooks["on_train_epoch_end"]:
         fn()
     stop_agreed(trainer, fit, at_interval=False)
@@ -183,14 +193,20 @@ def training_step(trainer, fit, batch, batch_idx, window):
         outputs = fit.training_step(batch, batch_idx)
     fit.epochs.advance(batch_idx)
 
-    if steps:
-        if state.global_step % trainer.log_every_n_steps == 0:
-            check_finite_loss(trainer, fit)
-            trainer._flush_step_metrics()
-        if fit.val_every and (batch_idx + 1) % fit.val_every == 0 and batch_idx + 1 != trainer.num_training_batches:
-            run_validation(trainer)
+    state.stepping_batch = steps  # (a checkpoint saved from here to the count below counts this batch)
+    if steps and trainer.should_update_logs:
+        check_finite_loss(trainer, fit)
     for fn in hooks["on_train_batch_end"]:
         fn(outputs, batch, batch_idx)
+    # Lightning's order: the step metrics (what on_train_batch_end logged included), validation (after any batch, a
+    # window's middle included), then the count
+    if steps and trainer.should_update_logs:
+        trainer._flush_step_metrics()  # at state.batches_that_stepped
+    if fit.val_every and (batch_idx + 1) % fit.val_every == 0 and batch_idx + 1 != trainer.num_training_batches:
+        run_validation(trainer, zero_grad=steps)
+    if steps:
+        state.batches_that_stepped += 1
+        state.stepping_batch = False
     stop = steps and ((stop_agreed(trainer, fit, at_interval=True) and may_stop(trainer, fit))
                       or max_steps_reached(trainer))
     return not stop
@@ -306,7 +322,7 @@ def stop_agreed(trainer, fit, at_interval):
     after a SIGTERM the pre-emption checkpoint is written there. Returns whether this rank asked to stop."""
     local = trainer.should_stop or fit.preempted
     if trainer.world_size > 1:
-        if at_interval and trainer.global_step % trainer.log_every_n_steps:
+        if at_interval and trainer.global_step % (trainer.log_every_n_steps or 50):  # (0: no step logs; 50 here)
             return False
         local = agree_on_stop_flags(trainer, fit)
     if fit.preempted:
@@ -373,17 +389,21 @@ def val_at_epoch_end(trainer, epoch):
     return every is not None and (epoch + 1) % every == 0
 
 
-def run_validation(trainer):
+def run_validation(trainer, step=None, zero_grad=True):
+    """Validation inside fit; its epoch values are written at `step` (None: batches_that_stepped, the count of the
+    batch it runs after, which is not yet counted), with the epoch, as Lightning's."""
     from tasktrain.trainer.evaluation import evaluate
 
     if trainer.limit_val_batches == 0:
         return
     module = trainer.module
-    if is_overridden("on_validation_model_zero_grad", module, TaskModule) or module.automatic_optimization:
-        module.on_validation_model_zero_grad()  # Lightning clears the gradients before each validation
+    # Lightning clears the gradients before each validation, except in an accumulation window's middle
+    if zero_grad and (is_overridden("on_validation_model_zero_grad", module, TaskModule)
+                      or module.automatic_optimization):
+        module.on_validation_model_zero_grad()
     values = evaluate(trainer, "validate", trainer._val_loader, trainer.num_val_batches)
     if trainer.is_global_zero and values:
-        trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values))
+        trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), step, add_epoch=True)
     trainer._metrics.set_stage("train", True, False)
 
 

@@ -34,7 +34,11 @@ class MetricStore:
         self.batch = None
         self._batch_size = None
         self._metas = {}
-        self.step_values = {}  # name -> step tensor logged since the last logger flush
+        # name -> the latest step tensor of the stage's epoch (or evaluation run), per stage: an evaluation's own,
+        # written at its batches; training's, at the training log steps
+        self._step_by_stage = {"train": {}}
+        self.step_values = self._step_by_stage["train"]
+        self.eval_batches_logged = {}  # (stage, dataloader_idx) -> batches written: the step of an evaluation write
         self._acc_by_stage = {"train": {}}  # stage -> name -> [meta, accumulated value, accumulated weight]
         self.epoch_acc = self._acc_by_stage["train"]
         self.callback_metrics = {}  # name -> tensor: what callbacks (checkpoint, early stopping) monitor
@@ -49,6 +53,7 @@ class MetricStore:
     def set_stage(self, stage, on_step, on_epoch):
         self.stage, self.default_on_step, self.default_on_epoch = stage, on_step, on_epoch
         self.epoch_acc = self._acc_by_stage.setdefault(stage, {})
+        self.step_values = self._step_by_stage.setdefault(stage, {})
 
     def set_batch(self, batch):
         self.batch = batch
@@ -79,7 +84,7 @@ class MetricStore:
         else:
             value = torch.tensor(float(value))
         if meta.on_step:
-            key = name + "_step" if meta.on_epoch else name
+            key = _forked(name, "_step") if meta.on_epoch else name
             self.step_values[key] = value
             self.callback_metrics[name] = value
         if meta.on_epoch:
@@ -109,7 +114,7 @@ class MetricStore:
             cache = metric._forward_cache
             if cache is not None:
                 cache = _scalar_of(name, cache).detach()
-                key = name + "_step" if meta.on_epoch else name
+                key = _forked(name, "_step") if meta.on_epoch else name
                 self.step_values[key] = cache
                 self.callback_metrics[name] = cache
         # kept until the stage's epoch ends, where it is computed (on_epoch) and reset (in any case)
@@ -149,14 +154,15 @@ class MetricStore:
             meta, total, weight = acc[name]
             if weight is None:  # a Metric object: computed (in the same order on every rank: it syncs), then reset
                 if meta.on_epoch:
-                    values[name + "_epoch" if meta.on_step else name] = _scalar_of(name, total.compute()).detach()
+                    values[_forked(name, "_epoch") if meta.on_step else name] = \
+                        _scalar_of(name, total.compute()).detach()
                 total.reset()
                 if not meta.on_epoch:
                     continue
             else:
-                key = name + "_epoch" if meta.on_step else name
+                key = _forked(name, "_epoch") if meta.on_step else name
                 values[key] = total / weight if meta.reduce_fx == "mean" else total
-            key = name + "_epoch" if meta.on_step else name
+            key = _forked(name, "_epoch") if meta.on_step else name
             self.callback_metrics[name] = values[key]
         acc.clear()
         self.epoch_values.update(values)
@@ -195,16 +201,17 @@ class MetricStore:
                 acc[n][1] = reduced[2 * i]
                 acc[n][2] = reduced[2 * i + 1] if op == "sum" else 1
 
-    def step_metrics_for_logger(self):
-        """The step values logged since the last flush (synchronised across ranks where asked). Called on every rank.
-
-        Only what was logged since the previous flush is written: a value logged once is not repeated at every
-        later log step.
+    def step_metrics_for_logger(self, sync=True, loader_suffix=None):
+        """The latest value of each step metric of the stage's epoch (synchronised across ranks where asked, unless
+        sync=False). Called on every rank. As Lightning: a value logged once is written again at each later write
+        of the epoch (the stage's values are dropped when its epoch, or evaluation run, starts). `loader_suffix`:
+        while one of several evaluation loaders runs, only its values ("/dataloader_idx_N") and unsuffixed ones.
         """
         names = sorted(n for n in self.step_values if self._meta_of(n, "_step").logger)
+        if loader_suffix:
+            names = [n for n in names if n.endswith(loader_suffix) or "/dataloader_idx_" not in n]
         values = {n: self.step_values[n] for n in names}
-        self.step_values = {}
-        synced = [n for n in names if self._meta_of(n, "_step").sync_dist and self.strategy.world_size > 1]
+        synced = [n for n in names if sync and self._meta_of(n, "_step").sync_dist and self.strategy.world_size > 1]
         if synced:
             with collective_label(self.strategy, f"sync_dist step values {synced}"):  # names both sides (issue 19)
                 stacked = self.strategy.reduce(torch.stack([values[n].float().reshape(()) for n in synced]), op="mean")
@@ -216,8 +223,10 @@ class MetricStore:
         return {n: v for n, v in values.items() if self._meta_of(n, "_epoch").logger}
 
     def _meta_of(self, key, suffix):
-        # "loss_step"/"loss_epoch" belong to "loss" (on_step and on_epoch); a name that itself ends so, to itself
-        meta = self._metas.get(key.removesuffix(suffix))
+        # "loss_step"/"loss_epoch" belong to "loss" (on_step and on_epoch), "x_step/dataloader_idx_0" to
+        # "x/dataloader_idx_0"; a name that itself ends so, to itself
+        base, loader, idx = key.rpartition(_LOADER)
+        meta = self._metas.get(base.removesuffix(suffix) + loader + idx if loader else key.removesuffix(suffix))
         return meta if meta is not None and (meta.on_step and meta.on_epoch) else self._metas.get(key, meta)
 
     def progress_bar_metrics(self) -> dict:
@@ -240,6 +249,16 @@ class MetricStore:
         for name, item in state.items():
             meta = self._new_meta(name, item["total"], tuple(item["args"]))
             acc[name] = [meta, item["total"], item["weight"]]
+
+
+_LOADER = "/dataloader_idx_"
+
+
+def _forked(name, tag):
+    """The step or epoch form of a name, Lightning's: "x_step", and "x_step/dataloader_idx_0" for a name that
+    carries an evaluation loader's suffix."""
+    base, loader, idx = name.rpartition(_LOADER)
+    return f"{base}{tag}{loader}{idx}" if loader else name + tag
 
 
 def is_metric_object(value):

@@ -4,7 +4,7 @@ from typing import Optional
 from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
 # Lightning's TrainerState fields: where the Trainer is now, not where training is; not saved in checkpoints
-_RUN_ONLY = ("status", "fn", "stage")
+_RUN_ONLY = ("status", "fn", "stage", "stepping_batch")
 
 
 @dataclass
@@ -15,6 +15,10 @@ class TrainState:
 
     epoch: int = 0  # the epoch being trained (0-based)
     global_step: int = 0  # optimizer steps taken
+    # Lightning's logging step (fit_loop.epoch_loop._batches_that_stepped): training batches that ended with an
+    # optimizer step (once per batch, whatever the number of optimizers or of their steps), counted after the batch
+    # (its on_train_batch_end, step logs and validation see the count before it)
+    batches_that_stepped: int = 0
     batch_in_epoch: int = 0  # loop batches of `epoch` already trained on, in this run's numbering
     # Positions of the epoch's global order (a function of data_seed and epoch over the whole dataset) already
     # trained on by all ranks together: a resume on any number of processes skips exactly these.
@@ -22,6 +26,7 @@ class TrainState:
     global_batch_size: int = 0  # samples per optimizer step over all ranks (micro x world x accumulation); 0: unknown
     data_seed: int = 0  # the data order is a function of (data_seed, epoch)
     epoch_finished: bool = False  # the epoch's end (validation, schedulers, hooks) already ran
+    stepping_batch: bool = False  # a batch that stepped is being finished: not yet in batches_that_stepped
     status: TrainerStatus = TrainerStatus.INITIALIZING
     fn: Optional[TrainerFn] = None  # the entry point: "fit", "validate", "test", "predict"
     stage: Optional[RunningStage] = None  # the loop running now: "train", "sanity_check", "validate", ...
@@ -35,9 +40,16 @@ class TrainState:
         return self.status == TrainerStatus.INTERRUPTED
 
     def state_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in _RUN_ONLY}
+        state = {k: v for k, v in asdict(self).items() if k not in _RUN_ONLY}
+        # saved in the middle of a batch that stepped (on_train_batch_end, a mid-epoch validation): the resumed run
+        # goes on after that batch, so it counts it (Lightning adds the 1 when it restarts)
+        state["batches_that_stepped"] += int(self.stepping_batch)
+        return state
 
     def load_state_dict(self, state: dict):
         for key, value in state.items():
             if hasattr(self, key) and key not in _RUN_ONLY:  # (older checkpoints carry stage="fit": not a stage)
                 setattr(self, key, value)
+        if "batches_that_stepped" not in state:  # a checkpoint from before the counter: one optimizer's steps
+            self.batches_that_stepped = int(self.global_step)  # (Lightning's migration of such checkpoints)
+        self.stepping_batch = False

@@ -563,25 +563,43 @@ class Trainer:
         return loop.max_steps_reached(self)
 
     # -- metrics out -----------------------------------------------------------------------------------------------
-    def _flush_step_metrics(self):
+    def _flush_step_metrics(self, step=None):
         values = self._metrics.step_metrics_for_logger()  # every rank: may synchronise sync_dist values
         if self.is_global_zero and values:
-            self.log_to_loggers(values)
+            self.log_to_loggers(values, step)
 
-    def _flush_epoch_metrics(self, values):
+    def _flush_epoch_metrics(self, values, step=None):
         if self.is_global_zero and values:
-            self.log_to_loggers(self._metrics.logger_epoch_values(values))
+            self.log_to_loggers(self._metrics.logger_epoch_values(values), step, add_epoch=True)
 
-    def log_to_loggers(self, values):
-        """Write `values` (numbers or scalar tensors) to every logger at the current global step, with the epoch,
-        and record them in trainer.logged_metrics. Call it on rank 0 (loggers write there only)."""
+    @property
+    def should_update_logs(self):
+        """Lightning's rule for a training log step: the batch about to be counted, batches_that_stepped + 1, is a
+        multiple of log_every_n_steps (also read before the step, in on_train_batch_start), or a stop was asked. On
+        several processes a stop request counts once agreed (at those multiples): one rank's own request would make
+        a log step, and the collectives of its writes (sync_dist values, ThroughputMonitor's split), there alone."""
+        if not self.log_every_n_steps:  # 0: no step values at all (Lightning's)
+            return False
+        stop = bool(self.should_stop) and self.world_size == 1
+        return (self.state.batches_that_stepped + 1) % self.log_every_n_steps == 0 or stop
+
+    def log_to_loggers(self, values, step=None, add_epoch=None):
+        """Write `values` (numbers or scalar tensors) to every logger and record them in trainer.logged_metrics.
+        Lightning's rule for the step: `step` when given; else a "step" value among them (taken out); else
+        trainer.state.batches_that_stepped (Lightning's _batches_that_stepped), with the current epoch added as
+        "epoch". Call it on rank 0 (loggers write there only)."""
         floats = {k: float(v) for k, v in values.items()}
         if not floats:
             return
-        floats["epoch"] = float(self.current_epoch)
+        if step is None and "step" in floats:
+            step = int(floats.pop("step"))
+            add_epoch = False if add_epoch is None else add_epoch
+        if add_epoch if add_epoch is not None else step is None:
+            floats.setdefault("epoch", float(self.current_epoch))
+        step = self.state.batches_that_stepped if step is None else int(step)
         self._logged_metrics.update(floats)
         for logger in self.loggers:
-            logger.log_metrics(floats, self.global_step)
+            logger.log_metrics(floats, step)
 
     # -- checkpoints (what a checkpoint holds and how a fit resumes: resume.py) ---------------------------------------
     def dump_checkpoint(self, weights_only=False) -> dict:
