@@ -468,13 +468,13 @@ def test_throughput_monitor_writes_evaluation_values_at_lightnings_batches():
                     pass
 
                 def log_metrics(self, metrics, step=None):
-                    logged.extend((k, int(v)) for k, v in sorted(metrics.items()) if k.endswith("/batches"))
+                    logged.extend((k, int(v), step) for k, v in sorted(metrics.items()) if k.endswith("/batches"))
         else:
             from tasktrain.loggers import Logger
 
             class Recorder(Logger):
                 def log_metrics(self, metrics, step=None):
-                    logged.extend((k, int(v)) for k, v in sorted(metrics.items()) if k.endswith("/batches"))
+                    logged.extend((k, int(v), step) for k, v in sorted(metrics.items()) if k.endswith("/batches"))
 
         class Evaluated(net_class(Module)):
             def validation_step(self, batch, batch_idx, dataloader_idx=0):
@@ -495,9 +495,9 @@ def test_throughput_monitor_writes_evaluation_values_at_lightnings_batches():
         return logged
 
     lightning, ours = both(run)
-    assert ours == lightning
-    assert [v for k, v in ours if k == "validate/batches"] == [2, 4, 2, 4]
-    assert [v for k, v in ours if k in ("test/batches", "predict/batches")] == [3, 6, 3]
+    assert ours == lightning  # the values and their steps (Lightning's: the batch's number in its run)
+    assert [(v, step) for k, v, step in ours if k == "validate/batches"] == [(2, 2), (4, 4), (2, 2), (4, 4)]
+    assert [(v, step) for k, v, step in ours if k in ("test/batches", "predict/batches")] == [(3, 3), (6, 6), (3, 3)]
 
 
 def test_swa_is_refused_under_a_sharding_strategy_as_lightning_refuses_it():

@@ -29,7 +29,8 @@ optimisation the loop fires no backward or optimizer events: the whole step is i
 
 Training values are written at the trainer's log steps (every log_every_n_steps-th optimizer step, after the
 step, so its time is included); validation, test and predict values, as Lightning's, after each batch whose number
-in that run (from 1, all loaders together) is a multiple of log_every_n_steps. Rank 0 measures the rates and writes;
+in that run (from 1, all loaders together) is a multiple of log_every_n_steps, with that number as the step (no
+"epoch" key). Rank 0 measures the rates and writes;
 the split is gathered from every rank at the log steps. On CUDA each rate measurement synchronises the device first,
 or the clock would not include the queued work.
 """
@@ -344,17 +345,18 @@ class ThroughputMonitor(Callback):
                                         flops=self._flops_of(module, stage))
 
     def _evaluation_batch_end(self, trainer, module, stage, batch):
-        """Lightning's rule for evaluation writes (its logger connector's should_update_logs): after a batch whose
-        number in this run (all loaders together, from 1) is a multiple of log_every_n_steps, or once the trainer
-        should stop."""
+        """Lightning's rule for evaluation writes (its logger connector's should_update_logs in an evaluation loop):
+        after a batch whose number in this run (all loaders together, from 1) is a multiple of log_every_n_steps (0:
+        never), or once the trainer should stop; that number is the write's step (no "epoch" key)."""
         self._update(trainer, module, stage, batch)
-        if self._counts[stage][0] % trainer.log_every_n_steps == 0 or trainer.should_stop:
-            self._write(trainer, stage)
+        count = self._counts[stage][0]
+        if trainer.log_every_n_steps and (count % trainer.log_every_n_steps == 0 or trainer.should_stop):
+            self._write(trainer, stage, step=count)
 
-    def _write(self, trainer, stage, extra=None):
+    def _write(self, trainer, stage, extra=None, step=None):
         metrics = self._throughputs[stage].compute()
         values = {f"{stage}{self.separator}{k}": v for k, v in metrics.items()}
-        trainer.log_to_loggers({**values, **(extra or {})})
+        trainer.log_to_loggers({**values, **(extra or {})}, step=step)
 
     # -- events ----------------------------------------------------------------------------------------------------
     def on_train_start(self, trainer, module):
