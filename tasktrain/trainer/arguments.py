@@ -1,11 +1,21 @@
 """The Trainer's arguments: checks, Lightning's refusals, fast_dev_run's rewrites, global torch flags and the
 callbacks it adds. Plain functions called by Trainer.__init__, each for one concern."""
+import logging
 import os
 
 import torch
 
 from tasktrain.callbacks.base import Logger
 from tasktrain.trainer import guards
+
+_log = logging.getLogger("tasktrain")
+
+
+def _info(message):
+    """logging.info on global rank 0 only (Lightning's rank_zero_info): the rank from the launcher's variables."""
+    rank = next((os.environ[key] for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if key in os.environ), "0")
+    if int(rank) == 0:
+        _log.info(message)
 
 
 def refuse_lightning_only(barebones, plugins, max_restarts):
@@ -38,9 +48,15 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
         raise ValueError(f"fast_dev_run={fast_dev_run!r}: use True (one batch), False, or a number of batches.")
     overfit = check_limit(overfit_batches, "overfit_batches")
     train, val, test, predict = limits
+    for name, value in (("overfit_batches", overfit_batches), ("limit_train_batches", train),
+                        ("limit_val_batches", val), ("limit_test_batches", test),
+                        ("limit_predict_batches", predict), ("val_check_interval", val_check_interval)):
+        _say_what_one_means(name, value)
     if overfit:
         train = val = overfit
     if dev_batches:
+        _info(f"Running in `fast_dev_run` mode: will run the requested loop using {dev_batches} batch(es). "
+                  "Logging and checkpointing is suppressed.")
         if not overfit:
             train = val = dev_batches
         test = predict = dev_batches
@@ -158,6 +174,21 @@ def check_loggers(loggers):
             raise TypeError(f"logger=[..., {logger!r}, ...]: every item must be a Logger (tasktrain.loggers: "
                             "TensorBoardLogger, CSVLogger, WandbLogger, MLFlowLogger, or a Logger subclass).")
     return loggers
+
+
+def _say_what_one_means(name, value):
+    """Lightning's note for a limit given as 1 or 1.0 (a count of one batch, or all of them): easy to mix up."""
+    if value is None or isinstance(value, bool) or value != 1:
+        return
+    if isinstance(value, int):
+        what = {"limit_train_batches": "1 batch per epoch will be used",
+                "val_check_interval": "validation will run after every batch"}.get(name, "1 batch will be used")
+        _info(f"`Trainer({name}=1)` was configured so {what}.")
+    elif isinstance(value, float):
+        what = {"limit_train_batches": "100% of the batches per epoch will be used",
+                "val_check_interval": "validation will run at the end of the training epoch"}.get(
+            name, "100% of the batches will be used")
+        _info(f"`Trainer({name}=1.0)` was configured so {what}.")
 
 
 def check_limit(value, name):

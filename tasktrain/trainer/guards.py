@@ -17,6 +17,7 @@ import weakref
 import torch
 from torch.distributed.tensor import DTensor
 
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies.base import MultiProcess
 
 
@@ -39,8 +40,10 @@ def check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interva
     for name, value in batch_limits.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
                                   or (isinstance(value, float) and value > 1.0)):
-            raise ValueError(f"Trainer({name}={value!r}): a float is a fraction of the loader in [0.0, 1.0]; an int "
-                             "is a number of batches (>= 0).")
+            raise MisconfigurationException(  # Lightning's type and first sentence
+                f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] or an int. "
+                f"Trainer({name}={value!r}): a float is a fraction of the loader in [0.0, 1.0]; an int is a number "
+                "of batches (>= 0).")
     if val_check_interval is not None:
         value = val_check_interval
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or \
