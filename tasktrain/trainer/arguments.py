@@ -66,6 +66,8 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
             from tasktrain.loggers.logger import DummyLogger
 
             logger = DummyLogger()
+    val_check_seconds = guards.val_check_seconds(val_check_interval)  # a time: validate once it has passed
+    guards.check_val_schedule(val_check_interval, check_val_every_n_epoch)
     guards.check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interval,  # issue 38
                         limit_train_batches=train, limit_val_batches=val, limit_test_batches=test,
                         limit_predict_batches=predict)
@@ -77,6 +79,7 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
         max_epochs=-1 if max_epochs is None else int(max_epochs), max_steps=-1 if max_steps is None else int(max_steps),
         limit_train_batches=train, limit_val_batches=val, limit_test_batches=test, limit_predict_batches=predict,
         num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
+        _val_check_time_interval=None if dev_batches else val_check_seconds,
         check_val_every_n_epoch=check_val_every_n_epoch), logger
 
 

@@ -13,6 +13,7 @@ import sys
 import threading
 import warnings
 import weakref
+from datetime import timedelta
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -44,12 +45,75 @@ def check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interva
                 f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] or an int. "
                 f"Trainer({name}={value!r}): a float is a fraction of the loader in [0.0, 1.0]; an int is a number "
                 "of batches (>= 0).")
-    if val_check_interval is not None:
+    if val_check_interval is not None and not isinstance(val_check_interval, (str, dict, timedelta)):
         value = val_check_interval
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or \
                 (isinstance(value, float) and value > 1.0):
-            raise ValueError(f"Trainer(val_check_interval={value!r}): a float is a fraction of the training epoch in "
-                             "(0.0, 1.0]; an int is a number of training batches (>= 1).")
+            raise MisconfigurationException(
+                f"Trainer(val_check_interval={value!r}): a float is a fraction of the training epoch in (0.0, 1.0]; "
+                "an int is a number of training batches (>= 1); a time ('DD:HH:MM:SS', a timedelta or a dict of "
+                "timedelta's arguments) validates once that long has passed since the last validation.")
+
+
+def check_val_schedule(val_check_interval, check_val_every_n_epoch):
+    """Lightning's refusals of a validation schedule, raised when the Trainer is built."""
+    if check_val_every_n_epoch is not None and (isinstance(check_val_every_n_epoch, bool)
+                                                or not isinstance(check_val_every_n_epoch, int)):
+        raise MisconfigurationException(
+            f"`check_val_every_n_epoch` should be an integer, found {check_val_every_n_epoch!r}.")
+    if check_val_every_n_epoch is None and isinstance(val_check_interval, float):
+        raise MisconfigurationException(
+            "`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
+            "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`.")
+
+
+def check_val_interval_fits(trainer, has_length):
+    """At training start (Lightning's point), where the training loader is known: a val_check_interval that no epoch
+    reaches, or a fraction of an epoch that has no length, is an error (it would never validate)."""
+    interval = trainer.val_check_interval
+    if trainer._val_loader is None or interval is None or trainer._val_check_time_interval is not None:
+        return
+    if isinstance(interval, int) and not isinstance(interval, bool):
+        batches = trainer.num_training_batches
+        if has_length and batches is not None and interval > batches and \
+                trainer.check_val_every_n_epoch is not None and trainer.limit_val_batches != 0:
+            raise ValueError(
+                f" `val_check_interval` ({interval}) must be less than or equal to the number of the training "
+                f"batches ({batches}). If you want to disable validation set `limit_val_batches` to 0.0 instead. If "
+                "you want to validate based on the total training batches, set `check_val_every_n_epoch=None`.")
+    elif not has_length and interval != 1.0:
+        raise MisconfigurationException(
+            "When using an IterableDataset for `train_dataloader`, `Trainer(val_check_interval)` must be time based, "
+            "`1.0` or an int. An int k specifies checking validation every k training batches.")
+
+
+def val_check_seconds(value):
+    """val_check_interval given as a time (Lightning's: 'DD:HH:MM:SS', a timedelta, a dict of timedelta's
+    arguments) -> seconds; None for a fraction or a count of batches."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, dict):
+        try:
+            seconds = timedelta(**value).total_seconds()
+        except TypeError as error:
+            raise MisconfigurationException(f"Trainer(val_check_interval={value!r}): {error}; use timedelta's "
+                                            "arguments (days, hours, minutes, seconds, ...).") from None
+    elif isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) != 4:
+            raise MisconfigurationException(
+                f"Invalid time format for `val_check_interval`: {value!r}. Expected 'DD:HH:MM:SS'.")
+        try:
+            days, hours, minutes, secs = (int(part) for part in parts)
+        except ValueError:
+            raise MisconfigurationException(
+                f"Non-integer component in `val_check_interval` string: {value!r}. Use 'DD:HH:MM:SS'.") from None
+        seconds = timedelta(days=days, hours=hours, minutes=minutes, seconds=secs).total_seconds()
+    else:
+        return None
+    if seconds < 0:
+        raise MisconfigurationException(f"Trainer(val_check_interval={value!r}): a time cannot be negative.")
+    return seconds
 
 
 # -- an empty training loader -----------------------------------------------------------------------------------------

@@ -24,12 +24,15 @@ import os
 import signal
 import sys
 import threading
+import time
+import warnings
 
 import torch
 
+from tasktrain.exceptions import PossibleUserWarning
 from tasktrain.strategies.base import MultiProcess
 from tasktrain.strategies.watchdog import watched_batches
-from tasktrain.trainer import loaders
+from tasktrain.trainer import guards, loaders
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -40,7 +43,14 @@ def fit_loop(trainer, fit):
     # (no module.train() here: Lightning leaves the module's modes as they are, and evaluation gives them back)
     trainer.training = True
     fit.first_epoch = trainer.state.epoch  # its first step may compile: no watchdog deadline (issue 19)
+    guards.check_val_interval_fits(trainer, trainer._loader_data.has_len())
+    if trainer.loggers and trainer.num_training_batches is not None and not trainer.fast_dev_run and \
+            trainer.num_training_batches < trainer.log_every_n_steps:
+        warnings.warn(f"The number of training batches ({trainer.num_training_batches}) is smaller than the logging "
+                      f"interval Trainer(log_every_n_steps={trainer.log_every_n_steps}). Set a lower value for "
+                      "log_every_n_steps if you want to see logs for the training epoch.", PossibleUserWarning)
     trainer._call("on_train_start")
+    fit.last_val_time = time.monotonic()  # a val_check_interval of time counts from here
     every = trainer.reload_dataloaders_every_n_epochs
     while not done(trainer):
         if trainer.should_stop and may_stop(trainer, fit):  # asked before the epoch (a spent Timer at fit start)
@@ -202,8 +212,16 @@ def training_step(trainer, fit, batch, batch_idx, window):
     # window's middle included), then the count
     if steps and trainer.should_update_logs:
         trainer._flush_step_metrics()  # at state.batches_that_stepped
-    if fit.val_every and (batch_idx + 1) % fit.val_every == 0 and batch_idx + 1 != trainer.num_training_batches:
+    # (check_val_every_n_epoch=None: every val_check_interval batches of the whole run, Lightning's total_batch_idx)
+    by_epoch = trainer.check_val_every_n_epoch is not None  # (an epoch's last batch: the epoch-end validation)
+    count = batch_idx if by_epoch or not trainer.num_training_batches else \
+        trainer.state.epoch * trainer.num_training_batches + batch_idx
+    if fit.val_every and (count + 1) % fit.val_every == 0 and (
+            not by_epoch or batch_idx + 1 != trainer.num_training_batches):
         run_validation(trainer, zero_grad=steps)
+    elif trainer._val_check_time_interval is not None and val_time_is_up(trainer, fit, batch_idx):
+        run_validation(trainer, zero_grad=steps)
+        fit.last_val_time = time.monotonic()
     if steps:
         state.batches_that_stepped += 1
         state.stepping_batch = False
@@ -370,7 +388,8 @@ def install_sigterm_handler(trainer, fit):
 
 # -- validation inside fit -----------------------------------------------------------------------------------------
 def val_every_n_batches(trainer):
-    if trainer._val_loader is None or trainer.val_check_interval is None:
+    if trainer._val_loader is None or trainer.val_check_interval is None or \
+            trainer._val_check_time_interval is not None:
         return None
     interval = trainer.val_check_interval
     if isinstance(interval, float):
@@ -382,8 +401,23 @@ def val_every_n_batches(trainer):
     return int(interval)
 
 
+def val_time_is_up(trainer, fit, batch_idx):
+    """val_check_interval as a time (Lightning's): validate after a batch once that long has passed since training
+    started or the last validation ended, in the epochs check_val_every_n_epoch names. Rank 0's clock decides for
+    every rank (the ranks' clocks differ: each deciding alone would send some into a validation the others skip)."""
+    every = trainer.check_val_every_n_epoch
+    if trainer._val_loader is None or (every is not None and (trainer.state.epoch + 1) % every):
+        return False
+    up = time.monotonic() - fit.last_val_time >= trainer._val_check_time_interval
+    if trainer.world_size > 1:
+        up = trainer.strategy.broadcast(up)
+    return up
+
+
 def val_at_epoch_end(trainer, epoch):
     if trainer._val_loader is None:
+        return False
+    if trainer._val_check_time_interval is not None:  # validated by the clock after batches, not at epoch ends
         return False
     every = trainer.check_val_every_n_epoch
     return every is not None and (epoch + 1) % every == 0
