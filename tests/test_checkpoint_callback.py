@@ -88,8 +88,10 @@ def test_filename_template_and_default_name(tmp_path):
     trainer = fit([], epochs=1, default_root_dir=tmp_path / "root")  # the default ModelCheckpoint
     assert ckpt_files(tmp_path / "root" / "checkpoints") == ["epoch=0-step=2.ckpt"]
     assert trainer.checkpoint_callback.best_model_path.endswith("epoch=0-step=2.ckpt")
-    with pytest.raises(KeyError, match=r"uses \{nope\}.*Logged metrics: \['double', 'score', 'train_loss'\]"):
+    # Lightning's rule: a field that was not logged is written as 0 (we warn, naming it)
+    with pytest.warns(UserWarning, match=r"uses \{nope\}, which was not logged: it is written as 0"):
         fit([ModelCheckpoint(dirpath=tmp_path / "x", filename="{nope}")], epochs=1)
+    assert ckpt_files(tmp_path / "x") == ["nope=0.ckpt"]
 
 
 def test_missing_monitor_is_a_clear_error(tmp_path):
@@ -104,7 +106,7 @@ def test_missing_monitor_is_a_clear_error(tmp_path):
         ModelCheckpoint(mode="best")
     # Lightning's rule: every_n_epochs=None with no other schedule is each epoch; 0 is accepted and means none
     assert ModelCheckpoint(every_n_epochs=None).every_n_epochs == 1
-    assert ModelCheckpoint(every_n_epochs=0).every_n_epochs is None
+    assert ModelCheckpoint(every_n_epochs=0).every_n_epochs == 0
 
 
 def test_save_last_keeps_last_ckpt_for_resuming(tmp_path):
