@@ -97,7 +97,7 @@ class ModelCheckpoint(Checkpoint):
                                             "False.")
         # every_n_epochs=0 (and no other schedule) is Lightning's "no scheduled saves": only save_on_exception
         # (and a save_checkpoint of the user's) writes then.
-        if dirpath:  # Lightning's: "~" expanded, the absolute real path (a later chdir does not move it)
+        if dirpath and _is_local(dirpath):  # Lightning's: "~" expanded, the real path (a later chdir does not move it)
             dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath)))
         self.dirpath = dirpath or None
         self._auto_dirpath = None  # the folder setup filled dirpath with (dirpath=None): resolved again each fit
@@ -189,6 +189,9 @@ class ModelCheckpoint(Checkpoint):
 
     # -- events --------------------------------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage):
+        if self.save_last == "link" and self.dirpath and not _is_local(self.dirpath):
+            raise ValueError(f"`ModelCheckpoint(save_last='link')` is only supported for local file paths, got "
+                             f"`dirpath={self.dirpath}`. Use save_last=True there.")
         self._resolved_dir = None
         self._restored = None  # (set again by a resume of this fit)
         if stage == "fit":
@@ -313,10 +316,10 @@ class ModelCheckpoint(Checkpoint):
                     print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} "
                           f"reached {score:0.5f} (best {float(self.best_model_score):0.5f}), saving model to "
                           f"{path!r} as top {k}", flush=True)
-                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+                trainer.save_checkpoint(path, self.save_weights_only)
                 self._last_checkpoint_saved = path
                 for old in evicted:
-                    if old != path:
+                    if self._should_remove_checkpoint(trainer, old, path):
                         strategy.remove_checkpoint(old)
                 saved_path = path
             elif self.verbose and trainer.is_global_zero:
@@ -334,12 +337,12 @@ class ModelCheckpoint(Checkpoint):
         callback has written one and save_top_k != 0)."""
         strategy = trainer.strategy
         last = self._last_path(trainer)
-        self._drop_previous_last(strategy, last, saved_path)
+        self._drop_previous_last(trainer, last, saved_path)
         self.last_model_path = last  # before the write: the file holds it (Lightning's rule)
         if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
             self._link_checkpoint(trainer, self._last_checkpoint_saved, last)
         else:
-            trainer.save_checkpoint(last, weights_only=self.save_weights_only)
+            trainer.save_checkpoint(last, self.save_weights_only)
             self._last_checkpoint_saved = last
 
     @staticmethod
@@ -357,7 +360,7 @@ class ModelCheckpoint(Checkpoint):
         metrics = self._monitor_candidates(trainer)
         self.dirpath_resolved(trainer)  # (sets dirpath when it was None)
         path = trainer.strategy.broadcast(self.format_checkpoint_name(metrics))
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        trainer.save_checkpoint(path, self.save_weights_only)
         self._last_checkpoint_saved = path
         if self.save_last:
             self._save_last(trainer, path)
@@ -384,7 +387,8 @@ class ModelCheckpoint(Checkpoint):
         if candidate is not None and self.save_top_k != 0:
             score, path = strategy.broadcast(candidate)
             if self._is_top_k(score, path):
-                evicted = [old for old in self._insert(path, score, step) if old != path]
+                evicted = [old for old in self._insert(path, score, step)
+                           if self._should_remove_checkpoint(trainer, old, path)]
                 target = path
         last = self._last_path(trainer) if self.save_last else None
         if target is None and last is None:
@@ -491,14 +495,25 @@ class ModelCheckpoint(Checkpoint):
             version += 1
         return path
 
-    def _drop_previous_last(self, strategy, last, saved_path):
+    def _drop_previous_last(self, trainer, last, saved_path):
         """A CHECKPOINT_NAME_LAST with fields ("{epoch}-last") names each last checkpoint anew: the previous one
         goes, unless it is also a top-k file (Lightning's rule)."""
         previous = self.last_model_path
         if previous and previous != last and previous not in (saved_path, self.best_model_path) \
                 and previous not in self.best_k_models \
                 and os.path.dirname(previous) == os.path.dirname(last):
-            strategy.remove_checkpoint(previous)
+            if self._should_remove_checkpoint(trainer, previous, last):
+                trainer.strategy.remove_checkpoint(previous)
+
+    def _should_remove_checkpoint(self, trainer, previous, current):
+        """Lightning's rule: a file that falls out of the top k (or an old `last`) is deleted unless it is the new
+        file itself, the checkpoint this fit resumed from, or outside this callback's folder."""
+        if previous == current:
+            return False
+        if trainer.ckpt_path is not None and os.path.abspath(previous) == os.path.abspath(trainer.ckpt_path):
+            return False
+        directory = os.path.abspath(self.dirpath_resolved(trainer))
+        return os.path.abspath(previous).startswith(directory + os.sep)
 
     def _monitor_candidates(self, trainer):
         """The logged metrics, with "epoch" and "step" always there (monitorable and usable in file names), as in
@@ -627,6 +642,10 @@ class ModelCheckpoint(Checkpoint):
         value = state.get("kth_value")
         self.kth_value = self._worst_value() if value is None else torch.tensor(value)
         self._restored = state
+        directory = self._resolved_dir or self.dirpath  # (fit's setup has resolved it by now)
+        if directory:
+            self._restored = None
+            self._forget_other_folder(state.get("dirpath"), directory)
 
     def on_fit_start(self, trainer, pl_module):
         """After a resume, the restored top-k and last are this run's only if this run saves to the folder they are
@@ -634,19 +653,25 @@ class ModelCheckpoint(Checkpoint):
         version, starts a top-k of its own in this run's folder, and the other folder's files are never deleted.
         best_model_path is kept (Lightning's rule) until this run saves a better one."""
         state, self._restored = self._restored, None
-        saved_dir = state and state.get("dirpath")
-        if not saved_dir:
-            return
-        directory = self.dirpath_resolved(trainer)
-        if os.path.abspath(saved_dir) == os.path.abspath(directory):
+        if state:
+            self._forget_other_folder(state.get("dirpath"), self.dirpath_resolved(trainer))
+
+    def _forget_other_folder(self, saved_dir, directory):
+        """A restored state from another folder: only best_model_path is kept, with Lightning's warning."""
+        if not saved_dir or os.path.abspath(saved_dir) == os.path.abspath(directory):
             return
         self.best_k_models, self.best_model_score, self.last_model_path = {}, None, ""
         self.current_score, self.kth_best_model_path, self.kth_value = None, "", self._worst_value()
         self._last_saved_step = -1
-        if trainer.is_global_zero:
-            print(f"[tasktrain] ModelCheckpoint: the resumed checkpoint's top-k and last are in {saved_dir}; this run "
-                  f"saves to {directory}, so it starts its own top-k and last there (the files in {saved_dir} are "
-                  "left as they are).", flush=True)
+        warnings.warn(f"The dirpath has changed from {saved_dir!r} to {directory!r}, therefore `best_model_score`, "
+                      "`kth_best_model_path`, `kth_value`, `last_model_path` and `best_k_models` won't be reloaded. "
+                      f"Only `best_model_path` will be reloaded (this run starts its own top-k in {directory}; the "
+                      f"files in {saved_dir} are left as they are).", stacklevel=3)
+
+
+def _is_local(path):
+    path = os.fspath(path)
+    return "://" not in path or path.startswith("file://")
 
 
 def _default_dirpath(trainer):
