@@ -129,6 +129,7 @@ class ModelCheckpoint(Checkpoint):
         self.kth_value = self._worst_value()  # Lightning's start: +inf for mode="min", -inf for "max"
         self.last_model_path = ""
         self._last_saved_step = -1
+        self._topk_written = False
         self._last_checkpoint_saved = ""  # the newest file this callback wrote (what save_last="link" points at)
         self._seen_step = 0  # global_step at the previous batch end
         self._validated = False  # a validation ran inside the epoch since the last batch end
@@ -301,36 +302,53 @@ class ModelCheckpoint(Checkpoint):
             return self._save_on_exception(trainer, exception)
         if self.async_save:
             return self._save_async(trainer)
-        strategy = trainer.strategy
         self._last_saved_step = trainer.global_step
-        candidate = self._candidate(trainer)
-        saved_path = None
-        if candidate is not None and self.save_top_k != 0:
-            # Rank 0's score and name for every rank: the keep/delete decision must be the same everywhere.
-            score, path = strategy.broadcast(candidate)
-            if self._is_top_k(score, path):
-                k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
-                # Book-keep first so the file holds its own entry; delete the evicted files only once it is on disk.
-                evicted = self._insert(path, score, trainer.global_step)
-                if self.verbose and score is not None and trainer.is_global_zero:
-                    print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} "
-                          f"reached {score:0.5f} (best {float(self.best_model_score):0.5f}), saving model to "
-                          f"{path!r} as top {k}", flush=True)
-                trainer.save_checkpoint(path, self.save_weights_only)
-                self._last_checkpoint_saved = path
-                for old in evicted:
-                    if self._should_remove_checkpoint(trainer, old, path):
-                        strategy.remove_checkpoint(old)
-                saved_path = path
-            elif self.verbose and trainer.is_global_zero:
-                print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} was "
-                      f"not in top {self.save_top_k}", flush=True)
-        if self.save_last and (saved_path is not None or by_step or
-                               (self.save_last == "link" and self._last_checkpoint_saved)):
-            self._save_last(trainer, saved_path)
+        monitor_candidates = self._monitor_candidates(trainer)
+        self._topk_written = False  # set by _save_topk_checkpoint when it writes
+        self._save_topk_checkpoint(trainer, monitor_candidates)
+        saved_path = self._last_checkpoint_saved if self._topk_written else None
+        if saved_path is not None or by_step or (self.save_last == "link" and self._last_checkpoint_saved):
+            self._save_last_checkpoint(trainer, monitor_candidates)
         if trainer.is_global_zero and (saved_path is not None or self.save_last):
             for logger in trainer.loggers:  # W&B and MLflow upload checkpoints from here (log_model)
                 logger.after_save_checkpoint(self)
+
+    def _save_topk_checkpoint(self, trainer, monitor_candidates):
+        """Lightning's override point: save a top-k candidate when it is one (every rank calls it)."""
+        if self.save_top_k == 0:
+            return
+        candidate = self._candidate(trainer, monitor_candidates)
+        if candidate is None:
+            return
+        strategy = trainer.strategy
+        # Rank 0's score and name for every rank: the keep/delete decision must be the same everywhere.
+        score, path = strategy.broadcast(candidate)
+        if self._is_top_k(score, path):
+            k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
+            # Book-keep first so the file holds its own entry; delete the evicted files only once it is on disk.
+            evicted = self._insert(path, score, trainer.global_step)
+            if self.verbose and score is not None and trainer.is_global_zero:
+                print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} "
+                      f"reached {score:0.5f} (best {float(self.best_model_score):0.5f}), saving model to "
+                      f"{path!r} as top {k}", flush=True)
+            trainer.save_checkpoint(path, self.save_weights_only)
+            self._last_checkpoint_saved, self._topk_written = path, True
+            for old in evicted:
+                if self._should_remove_checkpoint(trainer, old, path):
+                    strategy.remove_checkpoint(old)
+        elif self.verbose and trainer.is_global_zero:
+            print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} was "
+                  f"not in top {self.save_top_k}", flush=True)
+
+    def _save_last_checkpoint(self, trainer, monitor_candidates):
+        """Lightning's override point: write (or link) `last` when save_last is set."""
+        if self.save_last:
+            self._save_last(trainer)
+
+    @property
+    def _last_global_step_saved(self):
+        """Lightning's attribute: the global step of the latest save (0 before any)."""
+        return max(self._last_saved_step, 0)
 
     def _save_last(self, trainer, saved_path=None):
         """`last`: a full write (save_last=True), or a link to the newest file written (save_last="link", once this
@@ -455,9 +473,9 @@ class ModelCheckpoint(Checkpoint):
             return
         self._finish_pending(trainer)
 
-    def _candidate(self, trainer):
+    def _candidate(self, trainer, metrics=None):
         """(score, path) of a top-k candidate, or None when there is nothing new to score."""
-        metrics = self._monitor_candidates(trainer)
+        metrics = self._monitor_candidates(trainer) if metrics is None else metrics
         score = None
         if self.monitor is not None:
             value = metrics.get(self.monitor)
