@@ -309,7 +309,8 @@ def test_model_checkpoint_api_beside_lightning(L, tmp_path, monkeypatch):
     def names(cls):
         out = []
         for dirpath, filename, metrics, kwargs in (
-                (tmp_path, None, {"epoch": 3, "step": 2}, {}), (None, "{epoch:03d}-{acc}", {"epoch": 3, "acc": 0.03}, {}),
+                (tmp_path, None, {"epoch": 3, "step": 2}, {}),
+                (None, "{epoch:03d}-{acc}", {"epoch": 3, "acc": 0.03}, {}),
                 (tmp_path, "name", {}, dict(ver=3)), (tmp_path, "name", {}, dict(prefix="test")),
                 (None, "{epoch}_{val/loss:.5f}", {"epoch": 4, "val/loss": 0.03}, {}),
                 (".", "{epoch}-{step}", {"epoch": torch.tensor(1), "step": torch.tensor(7)}, {}),
