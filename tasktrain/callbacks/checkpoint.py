@@ -632,9 +632,10 @@ class ModelCheckpoint(Checkpoint):
 
     # -- state -----------------------------------------------------------------------------------------------------
     def state_dict(self):
-        # Lightning's keys, in its order (the scores as floats: a checkpoint holds plain data)
+        # Lightning's keys, in its order, the scores as (float32) tensors as Lightning stores them: a checkpoint
+        # moves between the two
         def number(value):
-            return None if value is None else float(value)
+            return None if value is None else torch.tensor(float(value))
 
         return {
             "monitor": self.monitor,
@@ -642,23 +643,24 @@ class ModelCheckpoint(Checkpoint):
             "best_model_path": self.best_model_path,
             "current_score": number(self.current_score),
             "dirpath": self._resolved_dir or self.dirpath,
-            "best_k_models": dict(self.best_k_models),
+            "best_k_models": {path: number(score) for path, score in self.best_k_models.items()},
             "kth_best_model_path": self.kth_best_model_path,
             "kth_value": number(self.kth_value),
             "last_model_path": self.last_model_path,
         }
 
     def load_state_dict(self, state):
-        self.best_k_models = dict(state.get("best_k_models", {}))
+        # a score is a float (tasktrain before) or a tensor (Lightning, tasktrain now): floats inside
+        self.best_k_models = {path: float(score) for path, score in state.get("best_k_models", {}).items()}
         self.best_model_path = state.get("best_model_path", "")
         score = state.get("best_model_score")
-        self.best_model_score = None if score is None else torch.tensor(score)
+        self.best_model_score = None if score is None else torch.tensor(float(score))
         self.last_model_path = state.get("last_model_path", "")
         self.kth_best_model_path = state.get("kth_best_model_path", "")
         value = state.get("current_score")
-        self.current_score = None if value is None else torch.tensor(value)
+        self.current_score = None if value is None else torch.tensor(float(value))
         value = state.get("kth_value")
-        self.kth_value = self._worst_value() if value is None else torch.tensor(value)
+        self.kth_value = self._worst_value() if value is None else torch.tensor(float(value))
         self._restored = state
         directory = self._resolved_dir or self.dirpath  # (fit's setup has resolved it by now)
         if directory:
