@@ -273,3 +273,117 @@ def test_constructor_arguments_are_lightnings(L, tmp_path):
         assert trainer.current_epoch == 1 and not trainer.should_stop
         with pytest.raises(RuntimeError, match="not_logged"):
             run(framework, L, tmp_path / framework, [cls("not_logged")], epochs=1)
+
+
+def _error(cls, **kwargs):
+    with pytest.raises(Exception) as info:
+        cls(**kwargs)
+    return type(info.value).__name__, str(info.value)
+
+
+def test_model_checkpoint_api_beside_lightning(L, tmp_path, monkeypatch):
+    """What Lightning users call or override on ModelCheckpoint, without training: the errors (type, and Lightning's
+    message first: ours may add what to do), state_key, the names format_checkpoint_name and _format_checkpoint_name
+    give (class constants changed on an instance, versions, prefixes, "/" and "." in metric names, a missing field
+    written as 0), the schedule attributes, "~" in dirpath, _find_last_checkpoints, _link_checkpoint, and the state a
+    checkpoint from another folder restores."""
+    from datetime import timedelta
+    from unittest.mock import Mock
+
+    theirs, ours = L.pytorch.callbacks.ModelCheckpoint, tasktrain.ModelCheckpoint
+    for bad in (dict(save_top_k=-3), dict(every_n_epochs=-3), dict(every_n_train_steps=-3), dict(mode="unknown"),
+                dict(every_n_train_steps=2, every_n_epochs=2),
+                dict(train_time_interval=timedelta(minutes=1), every_n_epochs=1)):
+        (their_type, their_message), (our_type, our_message) = _error(theirs, **bad), _error(ours, **bad)
+        assert our_type == their_type == "MisconfigurationException" and our_message.startswith(their_message), bad
+    for config in (dict(monitor="val_loss"), dict(monitor="acc", mode="max", every_n_train_steps=3),
+                   dict(train_time_interval=timedelta(seconds=5)), dict(every_n_epochs=0)):
+        lit, tt = theirs(**config), ours(**config)
+        assert tt.state_key == lit.state_key, config
+        assert (tt._every_n_train_steps, tt._every_n_epochs, tt._train_time_interval, tt.every_n_epochs) == \
+               (lit._every_n_train_steps, lit._every_n_epochs, lit._train_time_interval, lit.every_n_epochs)
+    for name in ("CHECKPOINT_JOIN_CHAR", "CHECKPOINT_EQUALS_CHAR", "CHECKPOINT_NAME_LAST", "FILE_EXTENSION",
+                 "STARTING_VERSION"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+
+    def names(cls):
+        out = []
+        for dirpath, filename, metrics, kwargs in (
+                (tmp_path, None, {"epoch": 3, "step": 2}, {}),
+                (None, "{epoch:03d}-{acc}", {"epoch": 3, "acc": 0.03}, {}),
+                (tmp_path, "name", {}, dict(ver=3)), (tmp_path, "name", {}, dict(prefix="test")),
+                (None, "{epoch}_{val/loss:.5f}", {"epoch": 4, "val/loss": 0.03}, {}),
+                (".", "{epoch}-{step}", {"epoch": torch.tensor(1), "step": torch.tensor(7)}, {}),
+                (tmp_path, "{missing:d}", {}, {})):
+            out.append(cls(dirpath=dirpath, filename=filename).format_checkpoint_name(dict(metrics), **kwargs))
+        checkpoint = cls(dirpath=tmp_path)
+        checkpoint.CHECKPOINT_JOIN_CHAR, checkpoint.CHECKPOINT_EQUALS_CHAR = "@", ":"
+        out.append(checkpoint._format_checkpoint_name("{epoch},{acc:.5f}", {"epoch": 3, "acc": 0.03}, prefix="test"))
+        out.append(checkpoint._format_checkpoint_name("mAP@0.50={val/mAP@0.50:.4f}", {"val/mAP@0.50": 0.2},
+                                                      auto_insert_metric_name=False))
+        out.append(cls(dirpath="~/ckpts").dirpath)
+        return out
+
+    with pytest.warns(UserWarning, match=r"uses \{missing\}, which was not logged: it is written as 0"):
+        assert names(ours) == names(theirs)
+
+    last_dir = tmp_path / "last_files"
+    last_dir.mkdir()
+    for name in ("last.ckpt", "last-1.ckpt", "last-v1.ckpt", "last.pt", "epoch=0.ckpt", "not-last.ckpt"):
+        (last_dir / name).touch()
+    assert ours(dirpath=last_dir)._find_last_checkpoints(None) == theirs(dirpath=last_dir)._find_last_checkpoints(None)
+    for cls in (theirs, ours):  # a relative link, replacing a file that was there
+        (tmp_path / f"{cls.__module__}.target").touch()
+        link = tmp_path / f"{cls.__module__}.link"
+        link.touch()
+        cls._link_checkpoint(Mock(), filepath=str(tmp_path / f"{cls.__module__}.target"), linkpath=str(link))
+        assert os.path.islink(link) and not os.path.isabs(os.readlink(link))
+
+    # a state saved in another folder: only best_model_path is restored, with Lightning's warning
+    saved = ours(dirpath=tmp_path / "first", monitor="val_loss", save_top_k=-1, save_last=True)
+    saved.best_model_path, saved.best_model_score = str(tmp_path / "first" / "a.ckpt"), torch.tensor(0.5)
+    saved.best_k_models, saved.last_model_path = {saved.best_model_path: torch.tensor(0.5)}, "last.ckpt"
+    restored = {}
+    for cls in (theirs, ours):
+        checkpoint = cls(dirpath=tmp_path / "second", monitor="val_loss", save_top_k=-1, save_last=True)
+        with pytest.warns(UserWarning, match="The dirpath has changed from .* Only `best_model_path` will be reloaded"):
+            checkpoint.load_state_dict(saved.state_dict())
+        restored[cls] = (checkpoint.best_model_path, checkpoint.best_model_score, checkpoint.best_k_models,
+                         checkpoint.last_model_path, checkpoint.kth_best_model_path)
+    assert restored[ours] == restored[theirs] == (saved.best_model_path, None, {}, "", "")
+
+
+def test_model_checkpoint_state_under_the_old_key_still_loads(tmp_path):
+    """state_key is Lightning's now; a checkpoint that tasktrain wrote under its earlier key (sorted settings, None
+    for an unused schedule) restores the callback all the same."""
+    from tasktrain.trainer.run_state import Callbacks
+
+    checkpoint = tasktrain.ModelCheckpoint(monitor="val_loss")
+    old_key = "ModelCheckpoint{'every_n_epochs': 1, 'every_n_train_steps': None, 'mode': 'min', 'monitor': 'val_loss'}"
+    assert checkpoint.state_key != old_key
+    state = {"best_model_path": "a.ckpt", "best_model_score": 0.25, "best_k_models": {"a.ckpt": 0.25}}
+    Callbacks([checkpoint]).load_state_dict({old_key: state})
+    assert (checkpoint.best_model_path, float(checkpoint.best_model_score)) == ("a.ckpt", 0.25)
+
+
+def test_resume_keeps_the_resumed_from_file_beside_lightning(L, tmp_path):
+    """Resuming into the same folder: the file the fit resumed from is never deleted by the top k (Lightning's rule),
+    and the writes and the folder are Lightning's."""
+    seen = {}
+    for framework in ("lightning", "tasktrain"):
+        cls = L.pytorch.callbacks.ModelCheckpoint if framework == "lightning" else tasktrain.ModelCheckpoint
+        directory = tmp_path / framework / "ckpt"
+        config = dict(monitor="step", mode="max", save_top_k=2, every_n_train_steps=2)
+        trainer, first = run(framework, L, tmp_path / framework, [cls(directory, **config)], epochs=2)
+        resume_from = str(directory / first[-1])
+        common = dict(max_epochs=4, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      default_root_dir=tmp_path / framework, logger=False, callbacks=[cls(directory, **config)])
+        if framework == "lightning":
+            trainer, module = L.Trainer(accelerator="cpu", devices=1, **common), lit_module(L)
+        else:
+            trainer, module = tasktrain.Trainer(**common), tt_module()
+        with pytest.warns(UserWarning, match="exists and is not empty"):
+            trainer.fit(module, loader(16), loader(8), ckpt_path=resume_from)
+        seen[framework] = first, folder(directory)
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][1][0] == ["epoch=1-step=4.ckpt", "epoch=2-step=6.ckpt", "epoch=3-step=8.ckpt"]

@@ -34,12 +34,14 @@ from tasktrain.callbacks.base import Checkpoint
 from tasktrain.checkpoint_io import atomic_link, link_tree, remove_path, write_last_pointer
 from tasktrain.exceptions import MisconfigurationException
 
-_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_/.\-]*)(:[^}]*)?\}")
+_FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")  # {name} or {name:format}; a name may hold "/", "." or "@"
 
 
 class ModelCheckpoint(Checkpoint):
     # Lightning's class attributes: a subclass (or an instance) may change them, e.g. CHECKPOINT_NAME_LAST =
     # "{epoch}-last" names the last checkpoint with the same fields as filename.
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
     CHECKPOINT_NAME_LAST = "last"
     FILE_EXTENSION = ".ckpt"
 
@@ -57,11 +59,12 @@ class ModelCheckpoint(Checkpoint):
         if save_last not in (None, True, False, "link"):
             raise MisconfigurationException(f"ModelCheckpoint(save_last={save_last!r}): use True (write last.ckpt), "
                                             "'link' (a link to the newest checkpoint), or False/None.")
+        # Lightning's messages (users and tests match on them), each followed by what to do
         if mode not in ("min", "max"):
-            raise MisconfigurationException(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
+            raise MisconfigurationException(f"`mode` can be min, max but got {mode}")
         if not isinstance(save_top_k, int) or save_top_k < -1:
             raise MisconfigurationException(
-                f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0 (none) or a positive k.")
+                f"Invalid value for save_top_k={save_top_k}. Must be >= -1 (-1: all, 0: none, k: the best k).")
         if every_n_epochs is None and every_n_train_steps is None and train_time_interval is None:
             every_n_epochs = 1  # no schedule given: each epoch (Lightning's rule; every_n_epochs=0 means none)
         if train_time_interval is not None:
@@ -81,13 +84,22 @@ class ModelCheckpoint(Checkpoint):
         for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise MisconfigurationException(
-                    f"ModelCheckpoint({name}={value!r}): use a positive integer, or None/0 for never.")
+                    f"Invalid value for {name}={value}. Must be >= 0 (a positive integer, or None/0 for never).")
+        if sum((bool(every_n_train_steps), bool(every_n_epochs), train_time_interval is not None)) > 1:
+            raise MisconfigurationException(
+                f"Combination of parameters every_n_train_steps={every_n_train_steps or 0}, "
+                f"every_n_epochs={every_n_epochs or 0} and train_time_interval={train_time_interval} should be "
+                "mutually exclusive. Use one ModelCheckpoint per schedule.")
+        # monitor=None with save_top_k=k > 1 keeps the newest k (Lightning refuses it; tasktrain's async, restart,
+        # DeepSpeed and FSDP checkpointing rely on it): kept, see docs/callbacks.md
         if save_on_exception not in (True, False):
             raise MisconfigurationException(f"ModelCheckpoint(save_on_exception={save_on_exception!r}): use True or "
                                             "False.")
         # every_n_epochs=0 (and no other schedule) is Lightning's "no scheduled saves": only save_on_exception
         # (and a save_checkpoint of the user's) writes then.
-        self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        if dirpath and _is_local(dirpath):  # Lightning's: "~" expanded, the real path (a later chdir does not move it)
+            dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath)))
+        self.dirpath = dirpath or None
         self._auto_dirpath = None  # the folder setup filled dirpath with (dirpath=None): resolved again each fit
         self.save_on_exception = save_on_exception
         self._restored = None  # the state a resume loaded: checked against this run's folder at fit start
@@ -98,10 +110,11 @@ class ModelCheckpoint(Checkpoint):
         self.save_last = save_last
         self.verbose = verbose
         self._enable_version_counter = enable_version_counter
-        self.every_n_train_steps = every_n_train_steps or None
-        self.every_n_epochs = every_n_epochs or None
+        # Lightning's attributes: 0 means "not on this schedule"
+        self._every_n_train_steps = every_n_train_steps or 0
+        self._every_n_epochs = every_n_epochs or 0
         self.save_weights_only = save_weights_only
-        self.train_time_interval = train_time_interval
+        self._train_time_interval = train_time_interval
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.auto_insert_metric_name = auto_insert_metric_name
         self.async_save = async_save
@@ -116,6 +129,7 @@ class ModelCheckpoint(Checkpoint):
         self.kth_value = self._worst_value()  # Lightning's start: +inf for mode="min", -inf for "max"
         self.last_model_path = ""
         self._last_saved_step = -1
+        self._topk_written = False
         self._last_checkpoint_saved = ""  # the newest file this callback wrote (what save_last="link" points at)
         self._seen_step = 0  # global_step at the previous batch end
         self._validated = False  # a validation ran inside the epoch since the last batch end
@@ -125,10 +139,32 @@ class ModelCheckpoint(Checkpoint):
         self._resolved_dir = None
 
     @property
+    def every_n_epochs(self):
+        return self._every_n_epochs
+
+    @property
+    def every_n_train_steps(self):
+        return self._every_n_train_steps
+
+    @property
+    def train_time_interval(self):
+        return self._train_time_interval
+
+    @property
     def state_key(self):
-        extra = {} if self.train_time_interval is None else {"train_time_interval": self.train_time_interval}
-        return self._generate_state_key(monitor=self.monitor, mode=self.mode, every_n_epochs=self.every_n_epochs,
-                                        every_n_train_steps=self.every_n_train_steps, **extra)
+        # Lightning's key, in its order (not sorted): a checkpoint written by either loads in the other
+        settings = {"monitor": self.monitor, "mode": self.mode, "every_n_train_steps": self._every_n_train_steps,
+                    "every_n_epochs": self._every_n_epochs, "train_time_interval": self._train_time_interval}
+        return f"{type(self).__qualname__}{settings!r}"
+
+    @property
+    def _legacy_state_keys(self):
+        """The keys tasktrain used before (sorted settings, None for an unused schedule): such a checkpoint still
+        loads."""
+        extra = {} if self._train_time_interval is None else {"train_time_interval": self._train_time_interval}
+        return (self._generate_state_key(monitor=self.monitor, mode=self.mode,
+                                         every_n_epochs=self._every_n_epochs or None,
+                                         every_n_train_steps=self._every_n_train_steps or None, **extra),)
 
     def dirpath_resolved(self, trainer):
         if self._resolved_dir is None:
@@ -153,7 +189,10 @@ class ModelCheckpoint(Checkpoint):
             yaml.dump({path: float(score) for path, score in self.best_k_models.items()}, f)
 
     # -- events --------------------------------------------------------------------------------------------------
-    def setup(self, trainer, module, stage):
+    def setup(self, trainer, pl_module, stage):
+        if self.save_last == "link" and self.dirpath and not _is_local(self.dirpath):
+            raise ValueError(f"`ModelCheckpoint(save_last='link')` is only supported for local file paths, got "
+                             f"`dirpath={self.dirpath}`. Use save_last=True there.")
         self._resolved_dir = None
         self._restored = None  # (set again by a resume of this fit)
         if stage == "fit":
@@ -167,7 +206,7 @@ class ModelCheckpoint(Checkpoint):
         self._step_save_pending = False
         self._last_scored = None
 
-    def on_train_start(self, trainer, module):
+    def on_train_start(self, trainer, pl_module):
         self._seen_step = trainer.global_step
         self._last_time_checked = time.monotonic()
         self._epoch_end_saves = self.save_on_train_epoch_end
@@ -175,7 +214,7 @@ class ModelCheckpoint(Checkpoint):
             inside = trainer.val_check_interval is not None and trainer.val_check_interval != 1.0
             self._epoch_end_saves = trainer.check_val_every_n_epoch == 1 and not (trainer.enable_validation and inside)
 
-    def on_validation_end(self, trainer, module):
+    def on_validation_end(self, trainer, pl_module):
         if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
             self._validations_seen += 1
             # one inside the epoch runs after on_train_batch_end (Lightning's order): it saves here, as Lightning's,
@@ -188,7 +227,7 @@ class ModelCheckpoint(Checkpoint):
                 return
             self._validated = True
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         # Only batches that completed an optimizer step count (not the other micro-batches of a window).
         stepped, self._seen_step = step != self._seen_step, step
@@ -206,7 +245,7 @@ class ModelCheckpoint(Checkpoint):
             return
         self._save(trainer, by_step=bool(due))
 
-    def on_train_epoch_end(self, trainer, module):
+    def on_train_epoch_end(self, trainer, pl_module):
         # with saves at validation ends (save_on_train_epoch_end False), only an epoch that ended with one saves
         epoch_due = self._epoch_due(trainer) and (self._epoch_end_saves or self._validated)
         if epoch_due or self._step_save_pending:
@@ -230,7 +269,7 @@ class ModelCheckpoint(Checkpoint):
             self._last_time_checked = now
         return up
 
-    def on_train_end(self, trainer, module):
+    def on_train_end(self, trainer, pl_module):
         """save_last when nothing was saved during fit (save_top_k=0, or no scheduled save came): `last` is
         written once, at the end (Lightning's rule)."""
         if self.save_last and not self._last_checkpoint_saved and not trainer.fast_dev_run:
@@ -238,7 +277,7 @@ class ModelCheckpoint(Checkpoint):
                 self._save_last(trainer)
 
     # -- saving --------------------------------------------------------------------------------------------------
-    def on_exception(self, trainer, module, exception):
+    def on_exception(self, trainer, pl_module, exception):
         """save_on_exception=True: an exception that ends fit saves a checkpoint under the filename's name (not a
         top-k entry) and last (when save_last), as Lightning; not during the sanity check, nor when this step is
         saved already. On several processes every rank must reach this (an error raised on all of them)."""
@@ -263,56 +302,73 @@ class ModelCheckpoint(Checkpoint):
             return self._save_on_exception(trainer, exception)
         if self.async_save:
             return self._save_async(trainer)
-        strategy = trainer.strategy
         self._last_saved_step = trainer.global_step
-        candidate = self._candidate(trainer)
-        saved_path = None
-        if candidate is not None and self.save_top_k != 0:
-            # Rank 0's score and name for every rank: the keep/delete decision must be the same everywhere.
-            score, path = strategy.broadcast(candidate)
-            if self._is_top_k(score, path):
-                k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
-                # Book-keep first so the file holds its own entry; delete the evicted files only once it is on disk.
-                evicted = self._insert(path, score, trainer.global_step)
-                if self.verbose and score is not None and trainer.is_global_zero:
-                    print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} "
-                          f"reached {score:0.5f} (best {float(self.best_model_score):0.5f}), saving model to "
-                          f"{path!r} as top {k}", flush=True)
-                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
-                self._last_checkpoint_saved = path
-                for old in evicted:
-                    if old != path:
-                        strategy.remove_checkpoint(old)
-                saved_path = path
-            elif self.verbose and trainer.is_global_zero:
-                print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} was "
-                      f"not in top {self.save_top_k}", flush=True)
-        if self.save_last and (saved_path is not None or by_step or
-                               (self.save_last == "link" and self._last_checkpoint_saved)):
-            self._save_last(trainer, saved_path)
+        monitor_candidates = self._monitor_candidates(trainer)
+        self._topk_written = False  # set by _save_topk_checkpoint when it writes
+        self._save_topk_checkpoint(trainer, monitor_candidates)
+        saved_path = self._last_checkpoint_saved if self._topk_written else None
+        if saved_path is not None or by_step or (self.save_last == "link" and self._last_checkpoint_saved):
+            self._save_last_checkpoint(trainer, monitor_candidates)
         if trainer.is_global_zero and (saved_path is not None or self.save_last):
             for logger in trainer.loggers:  # W&B and MLflow upload checkpoints from here (log_model)
                 logger.after_save_checkpoint(self)
+
+    def _save_topk_checkpoint(self, trainer, monitor_candidates):
+        """Lightning's override point: save a top-k candidate when it is one (every rank calls it)."""
+        if self.save_top_k == 0:
+            return
+        candidate = self._candidate(trainer, monitor_candidates)
+        if candidate is None:
+            return
+        strategy = trainer.strategy
+        # Rank 0's score and name for every rank: the keep/delete decision must be the same everywhere.
+        score, path = strategy.broadcast(candidate)
+        if self._is_top_k(score, path):
+            k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
+            # Book-keep first so the file holds its own entry; delete the evicted files only once it is on disk.
+            evicted = self._insert(path, score, trainer.global_step)
+            if self.verbose and score is not None and trainer.is_global_zero:
+                print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} "
+                      f"reached {score:0.5f} (best {float(self.best_model_score):0.5f}), saving model to "
+                      f"{path!r} as top {k}", flush=True)
+            trainer.save_checkpoint(path, self.save_weights_only)
+            self._last_checkpoint_saved, self._topk_written = path, True
+            for old in evicted:
+                if self._should_remove_checkpoint(trainer, old, path):
+                    strategy.remove_checkpoint(old)
+        elif self.verbose and trainer.is_global_zero:
+            print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} was "
+                  f"not in top {self.save_top_k}", flush=True)
+
+    def _save_last_checkpoint(self, trainer, monitor_candidates):
+        """Lightning's override point: write (or link) `last` when save_last is set."""
+        if self.save_last:
+            self._save_last(trainer)
+
+    @property
+    def _last_global_step_saved(self):
+        """Lightning's attribute: the global step of the latest save (0 before any)."""
+        return max(self._last_saved_step, 0)
 
     def _save_last(self, trainer, saved_path=None):
         """`last`: a full write (save_last=True), or a link to the newest file written (save_last="link", once this
         callback has written one and save_top_k != 0)."""
         strategy = trainer.strategy
         last = self._last_path(trainer)
-        self._drop_previous_last(strategy, last, saved_path)
+        self._drop_previous_last(trainer, last, saved_path)
         self.last_model_path = last  # before the write: the file holds it (Lightning's rule)
         if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
-            self._link(trainer, self._last_checkpoint_saved, last)
+            self._link_checkpoint(trainer, self._last_checkpoint_saved, last)
         else:
-            trainer.save_checkpoint(last, weights_only=self.save_weights_only)
+            trainer.save_checkpoint(last, self.save_weights_only)
             self._last_checkpoint_saved = last
 
     @staticmethod
-    def _link(trainer, target, link):
-        """save_last="link": rank 0 makes `link` a relative symbolic link to `target` (a copy where the file system
-        has no links); every rank waits for it."""
-        if trainer.is_global_zero and os.path.abspath(target) != os.path.abspath(link):
-            _symlink(target, link)
+    def _link_checkpoint(trainer, filepath, linkpath):
+        """save_last="link": rank 0 makes `linkpath` a relative symbolic link to `filepath` (a copy where the file
+        system has no links); every rank waits for it."""
+        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
+            _symlink(filepath, linkpath)
         trainer.strategy.barrier("link_checkpoint")
 
     def _save_on_exception(self, trainer, exception):
@@ -320,10 +376,9 @@ class ModelCheckpoint(Checkpoint):
             self._finish_pending(trainer)  # one write at a time
         self._last_saved_step = trainer.global_step
         metrics = self._monitor_candidates(trainer)
-        path = os.path.join(self.dirpath_resolved(trainer), self.format_checkpoint_name(trainer, metrics)
-                            + self.FILE_EXTENSION)
-        path = trainer.strategy.broadcast(path)
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self.dirpath_resolved(trainer)  # (sets dirpath when it was None)
+        path = trainer.strategy.broadcast(self.format_checkpoint_name(metrics))
+        trainer.save_checkpoint(path, self.save_weights_only)
         self._last_checkpoint_saved = path
         if self.save_last:
             self._save_last(trainer, path)
@@ -350,7 +405,8 @@ class ModelCheckpoint(Checkpoint):
         if candidate is not None and self.save_top_k != 0:
             score, path = strategy.broadcast(candidate)
             if self._is_top_k(score, path):
-                evicted = [old for old in self._insert(path, score, step) if old != path]
+                evicted = [old for old in self._insert(path, score, step)
+                           if self._should_remove_checkpoint(trainer, old, path)]
                 target = path
         last = self._last_path(trainer) if self.save_last else None
         if target is None and last is None:
@@ -361,7 +417,7 @@ class ModelCheckpoint(Checkpoint):
         # file this time it points at the previous one, which is complete (the save in flight was waited for above)
         link = self.save_last == "link" and self.save_top_k != 0
         if link and target is None and self._last_checkpoint_saved:
-            return self._link(trainer, self._last_checkpoint_saved, last)
+            return self._link_checkpoint(trainer, self._last_checkpoint_saved, last)
         root, resumable = trainer.default_root_dir, not self.save_weights_only
         with trainer.long_event("save_checkpoint"):  # staging may take long: not a stall (issue 19)
             # the checkpoint holds this callback's state with itself counted: it is complete when anyone loads it
@@ -405,7 +461,7 @@ class ModelCheckpoint(Checkpoint):
          self.kth_best_model_path, self.kth_value) = values
         self.best_k_models = dict(best_k)
 
-    def teardown(self, trainer, module, stage):
+    def teardown(self, trainer, pl_module, stage):
         """The end of fit, an error or SIGTERM: the write in flight is waited for (the process ends after it)."""
         if self._pending is None:
             return
@@ -417,9 +473,9 @@ class ModelCheckpoint(Checkpoint):
             return
         self._finish_pending(trainer)
 
-    def _candidate(self, trainer):
+    def _candidate(self, trainer, metrics=None):
         """(score, path) of a top-k candidate, or None when there is nothing new to score."""
-        metrics = self._monitor_candidates(trainer)
+        metrics = self._monitor_candidates(trainer) if metrics is None else metrics
         score = None
         if self.monitor is not None:
             value = metrics.get(self.monitor)
@@ -437,32 +493,45 @@ class ModelCheckpoint(Checkpoint):
             score = float(value)
             if math.isnan(score):
                 score = math.inf if self.mode == "min" else -math.inf  # NaN is never the best
-        return score, self._free_path(trainer, self.format_checkpoint_name(trainer, metrics), self.best_k_models)
+        own = self.best_k_models if self.monitor is not None else (self.best_model_path,)
+        return score, self._free_path(trainer, metrics, None, own)
 
     def _last_path(self, trainer):
-        name = self.format_checkpoint_name(trainer, self._monitor_candidates(trainer),
-                                           template=self.CHECKPOINT_NAME_LAST)
-        return trainer.strategy.broadcast(self._free_path(trainer, name, (self.last_model_path,)))
+        path = self._free_path(trainer, self._monitor_candidates(trainer), self.CHECKPOINT_NAME_LAST,
+                               (self.last_model_path,))
+        return trainer.strategy.broadcast(path)
 
-    def _free_path(self, trainer, name, own):
-        """<dirpath>/<name>.ckpt; with enable_version_counter, a name another file holds already (not one of `own`,
-        this callback's) gets Lightning's "-v1", "-v2", ... (rank 0's file system decides: the caller broadcasts)."""
-        directory = self.dirpath_resolved(trainer)
-        path = os.path.join(directory, name + self.FILE_EXTENSION)
+    def _free_path(self, trainer, metrics, filename, own):
+        """format_checkpoint_name's path; with enable_version_counter, a name another file holds already (not one of
+        `own`, this callback's) gets Lightning's "-v1", "-v2", ... (rank 0's file system decides: the caller
+        broadcasts)."""
+        self.dirpath_resolved(trainer)  # (sets dirpath when it was None)
+        path = self.format_checkpoint_name(metrics, filename)
         version = self.STARTING_VERSION
         while self._enable_version_counter and path not in own and os.path.lexists(path):
-            path = os.path.join(directory, f"{name}-v{version}{self.FILE_EXTENSION}")
+            path = self.format_checkpoint_name(metrics, filename, ver=version)
             version += 1
         return path
 
-    def _drop_previous_last(self, strategy, last, saved_path):
+    def _drop_previous_last(self, trainer, last, saved_path):
         """A CHECKPOINT_NAME_LAST with fields ("{epoch}-last") names each last checkpoint anew: the previous one
         goes, unless it is also a top-k file (Lightning's rule)."""
         previous = self.last_model_path
         if previous and previous != last and previous not in (saved_path, self.best_model_path) \
                 and previous not in self.best_k_models \
                 and os.path.dirname(previous) == os.path.dirname(last):
-            strategy.remove_checkpoint(previous)
+            if self._should_remove_checkpoint(trainer, previous, last):
+                trainer.strategy.remove_checkpoint(previous)
+
+    def _should_remove_checkpoint(self, trainer, previous, current):
+        """Lightning's rule: a file that falls out of the top k (or an old `last`) is deleted unless it is the new
+        file itself, the checkpoint this fit resumed from, or outside this callback's folder."""
+        if previous == current:
+            return False
+        if trainer.ckpt_path is not None and os.path.abspath(previous) == os.path.abspath(trainer.ckpt_path):
+            return False
+        directory = os.path.abspath(self.dirpath_resolved(trainer))
+        return os.path.abspath(previous).startswith(directory + os.sep)
 
     def _monitor_candidates(self, trainer):
         """The logged metrics, with "epoch" and "step" always there (monitorable and usable in file names), as in
@@ -524,32 +593,49 @@ class ModelCheckpoint(Checkpoint):
         self.best_model_score = torch.tensor(self.best_k_models[self.best_model_path])
         return evicted
 
-    def format_checkpoint_name(self, trainer, metrics, template=None):
-        """The file name (no extension): "{epoch}-{step}-{val_loss:.3f}" -> "epoch=2-step=30-val_loss=0.123"."""
-        template = template or self.filename or "{epoch}-{step}"
-        values = {"epoch": trainer.current_epoch, "step": trainer.global_step}
+    def _format_checkpoint_name(self, filename, metrics, prefix=None, auto_insert_metric_name=True):
+        """Lightning's: the name (no folder, no extension) from a template, e.g. "{epoch}-{val_loss:.3f}" ->
+        "epoch=2-val_loss=0.123". A field that is not in `metrics` is written as 0 (with a warning)."""
+        template = filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
 
         def fill(match):
-            name, fmt = match.group(1), match.group(2) or ""
-            if name in values:
-                value = values[name]
-            elif name in metrics:
-                value = float(metrics[name])
-            else:
-                raise KeyError(f"ModelCheckpoint(filename={template!r}) uses {{{name}}}, which was not logged. Logged "
-                               f"metrics: {sorted(trainer.callback_metrics) or 'none'}. Log it with "
-                               f"self.log({name!r}, ...) or change "
-                               "the filename.")
-            text = format(value, fmt[1:])
-            return f"{name}={text}" if self.auto_insert_metric_name else text
+            name, spec = match.group(1), (match.group(2) or ":")[1:]
+            if name not in metrics:
+                warnings.warn(f"ModelCheckpoint: the file name {template!r} uses {{{name}}}, which was not logged: it "
+                              f"is written as 0. Log it with self.log({name!r}, ...) before this save, or change "
+                              "filename.", stacklevel=3)
+                metrics[name] = torch.tensor(0)
+            text = format(metrics[name], spec)
+            return name + self.CHECKPOINT_EQUALS_CHAR + text if auto_insert_metric_name else text
 
-        return _FIELD.sub(fill, template).replace("/", "_")
+        name = _FIELD.sub(fill, template)
+        return name if prefix is None else self.CHECKPOINT_JOIN_CHAR.join([prefix, name])
+
+    def format_checkpoint_name(self, metrics, filename=None, ver=None, prefix=None):
+        """Lightning's: the checkpoint's path, <dirpath>/<name>[-v<ver>]<FILE_EXTENSION> (no folder while dirpath is
+        unset), the name from `filename` (default: this callback's) filled from `metrics`."""
+        name = self._format_checkpoint_name(filename or self.filename, metrics, prefix=prefix,
+                                            auto_insert_metric_name=self.auto_insert_metric_name)
+        if ver is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
+        name += self.FILE_EXTENSION
+        return os.path.join(self.dirpath, name) if self.dirpath else name
+
+    def _find_last_checkpoints(self, trainer):
+        """The `last` files (CHECKPOINT_NAME_LAST, optionally "-<n>", with FILE_EXTENSION) in the checkpoint folder."""
+        directory = self.dirpath or _default_dirpath(trainer)
+        pattern = re.compile(rf"^{self.CHECKPOINT_NAME_LAST}(-(\d+))?")
+        if not os.path.isdir(directory):
+            return set()
+        return {os.path.normpath(os.path.join(directory, f)) for f in os.listdir(directory)
+                if os.path.splitext(f)[1] == self.FILE_EXTENSION and pattern.match(os.path.splitext(f)[0])}
 
     # -- state -----------------------------------------------------------------------------------------------------
     def state_dict(self):
-        # Lightning's keys, in its order (the scores as floats: a checkpoint holds plain data)
+        # Lightning's keys, in its order, the scores as (float32) tensors as Lightning stores them: a checkpoint
+        # moves between the two
         def number(value):
-            return None if value is None else float(value)
+            return None if value is None else torch.tensor(float(value))
 
         return {
             "monitor": self.monitor,
@@ -557,44 +643,55 @@ class ModelCheckpoint(Checkpoint):
             "best_model_path": self.best_model_path,
             "current_score": number(self.current_score),
             "dirpath": self._resolved_dir or self.dirpath,
-            "best_k_models": dict(self.best_k_models),
+            "best_k_models": {path: number(score) for path, score in self.best_k_models.items()},
             "kth_best_model_path": self.kth_best_model_path,
             "kth_value": number(self.kth_value),
             "last_model_path": self.last_model_path,
         }
 
     def load_state_dict(self, state):
-        self.best_k_models = dict(state.get("best_k_models", {}))
+        # a score is a float (tasktrain before) or a tensor (Lightning, tasktrain now): floats inside
+        self.best_k_models = {path: float(score) for path, score in state.get("best_k_models", {}).items()}
         self.best_model_path = state.get("best_model_path", "")
         score = state.get("best_model_score")
-        self.best_model_score = None if score is None else torch.tensor(score)
+        self.best_model_score = None if score is None else torch.tensor(float(score))
         self.last_model_path = state.get("last_model_path", "")
         self.kth_best_model_path = state.get("kth_best_model_path", "")
         value = state.get("current_score")
-        self.current_score = None if value is None else torch.tensor(value)
+        self.current_score = None if value is None else torch.tensor(float(value))
         value = state.get("kth_value")
-        self.kth_value = self._worst_value() if value is None else torch.tensor(value)
+        self.kth_value = self._worst_value() if value is None else torch.tensor(float(value))
         self._restored = state
+        directory = self._resolved_dir or self.dirpath  # (fit's setup has resolved it by now)
+        if directory:
+            self._restored = None
+            self._forget_other_folder(state.get("dirpath"), directory)
 
-    def on_fit_start(self, trainer, module):
+    def on_fit_start(self, trainer, pl_module):
         """After a resume, the restored top-k and last are this run's only if this run saves to the folder they are
         in (as in Lightning): resuming another run's checkpoint, or with another dirpath, default_root_dir or logger
         version, starts a top-k of its own in this run's folder, and the other folder's files are never deleted.
         best_model_path is kept (Lightning's rule) until this run saves a better one."""
         state, self._restored = self._restored, None
-        saved_dir = state and state.get("dirpath")
-        if not saved_dir:
-            return
-        directory = self.dirpath_resolved(trainer)
-        if os.path.abspath(saved_dir) == os.path.abspath(directory):
+        if state:
+            self._forget_other_folder(state.get("dirpath"), self.dirpath_resolved(trainer))
+
+    def _forget_other_folder(self, saved_dir, directory):
+        """A restored state from another folder: only best_model_path is kept, with Lightning's warning."""
+        if not saved_dir or os.path.abspath(saved_dir) == os.path.abspath(directory):
             return
         self.best_k_models, self.best_model_score, self.last_model_path = {}, None, ""
         self.current_score, self.kth_best_model_path, self.kth_value = None, "", self._worst_value()
         self._last_saved_step = -1
-        if trainer.is_global_zero:
-            print(f"[tasktrain] ModelCheckpoint: the resumed checkpoint's top-k and last are in {saved_dir}; this run "
-                  f"saves to {directory}, so it starts its own top-k and last there (the files in {saved_dir} are "
-                  "left as they are).", flush=True)
+        warnings.warn(f"The dirpath has changed from {saved_dir!r} to {directory!r}, therefore `best_model_score`, "
+                      "`kth_best_model_path`, `kth_value`, `last_model_path` and `best_k_models` won't be reloaded. "
+                      f"Only `best_model_path` will be reloaded (this run starts its own top-k in {directory}; the "
+                      f"files in {saved_dir} are left as they are).", stacklevel=3)
+
+
+def _is_local(path):
+    path = os.fspath(path)
+    return "://" not in path or path.startswith("file://")
 
 
 def _default_dirpath(trainer):

@@ -113,8 +113,11 @@ class Callbacks:
 
     def load_state_dict(self, states):
         for cb in self.callbacks:
-            if cb.state_key in states:
-                cb.load_state_dict(states[cb.state_key])
+            # a key the callback used before (getattr: the base Callback has none) still finds its state
+            keys = (cb.state_key, *getattr(cb, "_legacy_state_keys", ()))
+            key = next((k for k in keys if k in states), None)
+            if key is not None:
+                cb.load_state_dict(states[key])
 
 
 class RandomStates:
