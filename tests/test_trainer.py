@@ -142,7 +142,7 @@ def test_missing_training_step_is_clear():
 
 
 @pytest.mark.parametrize("returned, error, message", [
-    (lambda self, loss: None, TypeError, "returned None at batch 0"),
+    (lambda self, loss: "loss", TypeError, "returned str at batch 0"),
     (lambda self, loss: loss.repeat(3), ValueError, "shape \\(3,\\)"),
     (lambda self, loss: loss.detach(), ValueError, "no gradient"),
 ])

@@ -74,6 +74,7 @@ class FitState:
     loss_window: list = field(default_factory=list)
     loss_window_start: int = 0
     val_every: Optional[int] = None
+    window_backwards: int = 0  # backwards run in this accumulation window (training_step may return None)
     last_val_time: float = 0.0  # time.monotonic() at training start or the last validation's end (a time interval)
     ended_by_hook: bool = False
     # stop flags (should_stop is the trainer's: callbacks set it)

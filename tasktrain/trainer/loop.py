@@ -160,28 +160,41 @@ def training_step(trainer, fit, batch, batch_idx, window):
         return False
     steps = batch_idx == window.last
     if module.automatic_optimization:
-        outputs = None
+        outputs, ran = None, False
 
         def closure():  # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
-            nonlocal outputs
+            nonlocal outputs, ran
+            ran = True
             # DDP skips the gradient all-reduce inside a window (it must cover the forward); DeepSpeed learns where
             # the window ends
             with trainer.strategy.no_backward_sync(not steps):
                 outputs = fit.training_step(batch, batch_idx)
-                loss = loss_of(outputs, batch_idx)
-                fit.loss_window.append(loss.detach())
-                loss = EpochIterator.per_window(loss, window.size)
+                skipped = outputs is None  # Lightning's rule: this batch is skipped (no backward)
+                if skipped:
+                    check_skip_allowed(trainer, batch_idx)
+                    if not _warned_once["skip"]:  # once per process, as Lightning's warning cache
+                        _warned_once["skip"] = True
+                        warnings.warn("`training_step` returned `None`. If this was on purpose, ignore this warning...",
+                                      stacklevel=2)  # Lightning's words
+                else:
+                    loss = loss_of(outputs, batch_idx)
+                    fit.loss_window.append(loss.detach())
+                    loss = EpochIterator.per_window(loss, window.size)
                 optimizer = fit.optimizer
                 if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
+                    fit.window_backwards = 0
                     for fn in hooks["on_before_zero_grad"]:
                         fn(optimizer)
                     if fit.optimizer_zero_grad is None:
                         fit.zero_grad(optimizer)
                     else:
                         fit.optimizer_zero_grad(state.epoch, batch_idx, optimizer)
+                if skipped:
+                    return None
                 for fn in hooks["on_before_backward"]:
                     fn(loss)
                 fit.backward(loss)
+                fit.window_backwards += 1
                 for fn in hooks["on_after_backward"]:
                     fn()
             return loss
@@ -193,7 +206,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
             # the module's hook; its default optimizer.step(closure=closure) runs the closure, then
             # on_before_optimizer_step, the clipping and the strategy's step (StepOptimizer.step)
             fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)
-            if outputs is None:
+            if not ran:
                 closure_not_run(module)
             if fit.stepper.stepped:  # (not when GradScaler skipped the step, nor when the hook did not step)
                 step_schedulers(trainer, fit, "step")
@@ -230,6 +243,20 @@ def training_step(trainer, fit, batch, batch_idx, window):
     return not stop
 
 
+_warned_once = {"skip": False}
+
+
+def check_skip_allowed(trainer, batch_idx):
+    """training_step returning None skips the batch on one process (Lightning's rule). On several processes the other
+    ranks would wait in the backward's all-reduce for this one; DeepSpeed's engine steps only after its backward."""
+    if trainer.world_size > 1 or trainer.strategy.name.startswith("deepspeed"):
+        raise RuntimeError(
+            f"training_step returned None at batch {batch_idx}, which skips the batch; that works on one process "
+            f"without DeepSpeed only (Lightning's rule), and this run uses {trainer.strategy.name} on "
+            f"{trainer.world_size} process(es): every rank must run the backward. Return a loss (e.g. multiplied by "
+            "0 to skip its effect), or use manual optimisation.")
+
+
 def closure_not_run(module):
     raise RuntimeError(
         f"{type(module).__name__}.optimizer_step did not run the closure it was given: call "
@@ -252,6 +279,9 @@ class StepOptimizer:
         optimizer = self.optimizer
         if closure is not None:
             closure()
+            if not fit.window_backwards:  # every training_step of the window returned None: nothing to step on
+                trainer.state.global_step += 1  # (Lightning counts it: its optimizer.step ran on no gradients)
+                return
         for fn in fit.all_hooks["on_before_optimizer_step"]:
             fn(optimizer)
         clip_gradients(trainer, fit, optimizer)
