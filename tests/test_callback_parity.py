@@ -1,5 +1,6 @@
 """Lightning 2.6's callback API (issue 37): the expected values are read from Lightning's source and docs
 (src/lightning/pytorch/callbacks/*.py); Lightning is not installed in the test environment."""
+import logging
 import os
 
 import pytest
@@ -121,13 +122,15 @@ class Constant(Linear):
 
 
 @pytest.mark.parametrize("check_on_train_epoch_end,stopped", [(True, 2), (False, 1), (None, 1)])
-def test_early_stopping_check_on_train_epoch_end(capsys, check_on_train_epoch_end, stopped):
+def test_early_stopping_check_on_train_epoch_end(caplog, check_on_train_epoch_end, stopped):
     # two validations per epoch (val_check_interval=0.5), the score never improves after the first: patience 2
     # counts epochs with True (Lightning: the train epoch end) and validation runs with False / None
     stopper = EarlyStopping("score", patience=2, verbose=True, check_on_train_epoch_end=check_on_train_epoch_end)
-    trainer = fit([stopper], epochs=5, module=Constant(), val_check_interval=0.5)
+    with caplog.at_level(logging.INFO, logger="tasktrain.callbacks.early_stopping"):
+        trainer = fit([stopper], epochs=5, module=Constant(), val_check_interval=0.5)
     assert stopper.stopped_epoch == stopped and trainer.should_stop
-    out = capsys.readouterr().out
+    assert stopper.check_on_train_epoch_end is (check_on_train_epoch_end is True)  # None resolved in setup: False
+    out = caplog.text
     assert "Metric score improved. New best score: 1.000" in out
     assert ("Monitored metric score did not improve in the last 2 records. Best score: 1.000. Signaling Trainer to "
             "stop.") in out

@@ -113,8 +113,10 @@ class Callbacks:
 
     def load_state_dict(self, states):
         for cb in self.callbacks:
-            if cb.state_key in states:
-                cb.load_state_dict(states[cb.state_key])
+            # a callback whose key changed names its earlier ones (_legacy_state_keys): older files still load
+            key = next((k for k in (cb.state_key, *getattr(cb, "_legacy_state_keys", ())) if k in states), None)
+            if key is not None:
+                cb.load_state_dict(states[key])
 
 
 class RandomStates:
