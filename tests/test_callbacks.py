@@ -406,6 +406,11 @@ def test_early_stopping_state_round_trip():
     other.load_state_dict(stopper.state_dict())
     assert (float(other.best_score), other.wait_count) == (1.5, 2) and "best_epoch" not in stopper.state_dict()
     assert EarlyStopping("a").state_key != EarlyStopping("b").state_key
+    # a checkpoint saved under tasktrain's earlier key (sorted settings) still restores the state
+    from tasktrain.trainer.run_state import Callbacks
+    restored = EarlyStopping("score", patience=3)
+    Callbacks([restored]).load_state_dict({"EarlyStopping{'mode': 'min', 'monitor': 'score'}": stopper.state_dict()})
+    assert restored.wait_count == 2 and float(restored.best_score) == 1.5
 
 
 # -- timer ------------------------------------------------------------------------------------------------------

@@ -174,13 +174,26 @@ def test_early_stopping_beside_lightning(L, tmp_path, caplog, capsys):
             stopped=(stopper.stopped_epoch, stopper.wait_count, trainer.current_epoch, trainer.global_step),
             best=number(stopper.best_score), reason=str(stopper.stopping_reason),
             reason_message=stopper.stopping_reason_message,
-            messages=[line for line in printed if line.startswith(("Metric ", "Monitored "))])
-        keys = list(stopper.state_dict())
+            messages=[line for line in printed if line.startswith(("Metric ", "Monitored "))],
+            # None resolved in setup (validation once an epoch: checked at the train epoch end)
+            resolved=stopper._check_on_train_epoch_end, keys=list(stopper.state_dict()))
+        # what a subclass reads or overrides: the sign convention of min_delta, best_score a tensor (inf at start),
+        # Lightning's state_key and mode error, the decomposed steps
+        fresh = [cls("val_loss", min_delta=0.5, mode=mode) for mode in ("min", "max")]
+        seen[framework]["fresh"] = [(es.state_key, es.min_delta, type(es.best_score), float(es.best_score),
+                                     es.monitor_op, es.order_dict[es.mode]) for es in fresh]
+        with pytest.raises(Exception) as error:  # MisconfigurationException (ours is a ValueError too)
+            cls("val_loss", mode="lowest")
+        seen[framework]["mode_error"] = (type(error.value).__name__, str(error.value))
+        seen[framework]["steps"] = [callable(getattr(cls, name, None)) for name in (
+            "_run_early_stopping_check", "_evaluate_stopping_criteria", "_improvement_message",
+            "_validate_condition_metric", "_should_skip_check", "_log_info")]
+        seen[framework]["evaluate"] = [fresh[0]._evaluate_stopping_criteria(torch.tensor(v)) for v in (2.0, 1.8, 1.0)]
+        seen[framework]["evaluate"].append(fresh[0]._improvement_message(torch.tensor(0.2)))
     assert seen["tasktrain"] == seen["lightning"]
-    assert seen["tasktrain"]["stopped"][0] == 1
-    # Lightning's keys, and tasktrain's best_epoch beside them
-    lightning_keys = list(L.pytorch.callbacks.EarlyStopping(monitor="val_loss").state_dict())
-    assert [k for k in keys if k != "best_epoch"] == lightning_keys
+    assert seen["tasktrain"]["stopped"][0] == 1 and seen["tasktrain"]["resolved"] is True
+    assert seen["tasktrain"]["fresh"][0][0] == "EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}"
+    assert all(seen["tasktrain"]["steps"])
 
 
 def test_learning_rate_monitor_and_timer_beside_lightning(L, tmp_path, caplog, capsys):
