@@ -159,7 +159,7 @@ def test_lr_monitor_history_momentum_and_weight_decay(tmp_path):
         fit([LearningRateMonitor()], epochs=1)
 
 
-def test_timer_stages_interval_and_no_duration(capsys):
+def test_timer_stages_interval_and_no_duration(caplog):
     from tasktrain import Timer
 
     timer = Timer()  # duration=None (Lightning's default): it measures, never stops
@@ -172,7 +172,7 @@ def test_timer_stages_interval_and_no_duration(capsys):
     timer = Timer(duration={"seconds": 0}, interval="epoch")  # spent at once: checked at fit start (Lightning's)
     trainer = fit([timer], epochs=3)
     assert trainer.current_epoch == 0 and trainer.global_step == 0 and timer.time_remaining() <= 0
-    assert "Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop." in capsys.readouterr().out
+    assert "Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop." in caplog.messages
     resumed = Timer(duration=100)
     resumed.load_state_dict(timer.state_dict())
     assert resumed.time_elapsed() == pytest.approx(timer.time_elapsed()) and resumed.time_remaining() > 99

@@ -414,7 +414,7 @@ def test_early_stopping_state_round_trip():
 
 
 # -- timer ------------------------------------------------------------------------------------------------------
-def test_timer_stops_once_the_budget_is_spent(capsys):
+def test_timer_stops_once_the_budget_is_spent(caplog):
     class Slow(Linear):
         def training_step(self, batch, batch_idx):
             time.sleep(0.02)
@@ -426,13 +426,19 @@ def test_timer_stops_once_the_budget_is_spent(capsys):
     trainer.fit(Slow(), loader(32))
     assert timer.elapsed() >= 0.2 and time.monotonic() - started >= 0.2
     assert 0 < trainer.global_step < 4000 and trainer.should_stop  # stopped long before max_epochs
-    assert re.search(r"Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop.",
-                     capsys.readouterr().out)  # Lightning's message
+    # Lightning's message, logged on the "tasktrain" logger (INFO, shown on stderr)
+    assert "Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop." in caplog.messages
     assert timer.state_dict()["time_elapsed"]["train"] >= 0.2
 
     trainer = Trainer(max_epochs=1000, max_time="00:00:00:0.1", **quiet())  # Trainer(max_time=...) adds a Timer
     trainer.fit(Slow(), loader(32))
     assert any(isinstance(c, Timer) for c in trainer.callbacks) and trainer.global_step < 4000
+    assert [c._duration for c in trainer.callbacks if isinstance(c, Timer)] == [0.1]  # Lightning's: seconds
+    # a Timer among the callbacks wins over max_time, as in Lightning (which says so)
+    caplog.clear()
+    trainer = Trainer(max_time={"seconds": 1337}, callbacks=[Timer(duration=5)], **quiet())
+    assert [c._duration for c in trainer.callbacks if isinstance(c, Timer)] == [5]
+    assert any("callbacks list already contains a Timer" in m for m in caplog.messages)
 
 
 def test_timer_counts_time_of_the_run_it_resumes():
