@@ -82,22 +82,22 @@ class Timer(Callback):
     def _ended(self, stage):
         self._end_time[stage] = time.monotonic()
 
-    def on_train_start(self, trainer, module):
+    def on_train_start(self, trainer, pl_module):
         self._started("train")
 
-    def on_train_end(self, trainer, module):
+    def on_train_end(self, trainer, pl_module):
         self._ended("train")
 
-    def on_validation_start(self, trainer, module):
+    def on_validation_start(self, trainer, pl_module):
         self._started("validate")
 
-    def on_validation_end(self, trainer, module):
+    def on_validation_end(self, trainer, pl_module):
         self._ended("validate")
 
-    def on_test_start(self, trainer, module):
+    def on_test_start(self, trainer, pl_module):
         self._started("test")
 
-    def on_test_end(self, trainer, module):
+    def on_test_end(self, trainer, pl_module):
         self._ended("test")
 
     def _check(self, trainer):
@@ -112,15 +112,15 @@ class Timer(Callback):
                 elapsed = timedelta(seconds=int(self.time_elapsed()))
                 rank_zero_info(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop.")
 
-    def on_fit_start(self, trainer, module):
+    def on_fit_start(self, trainer, pl_module):
         # after a resume's state is loaded (Lightning's rule): a budget already spent stops before the first step
         self._check(trainer)
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self._interval == "step":
             self._check(trainer)
 
-    def on_train_epoch_end(self, trainer, module):
+    def on_train_epoch_end(self, trainer, pl_module):
         if self._interval == "epoch":
             self._check(trainer)
 
