@@ -239,3 +239,45 @@ def test_constructor_arguments_are_lightnings(L, tmp_path):
         assert trainer.current_epoch == 1 and not trainer.should_stop
         with pytest.raises(RuntimeError, match="not_logged"):
             run(framework, L, tmp_path / framework, [cls("not_logged")], epochs=1)
+
+
+def test_learning_rate_monitor_names_as_lightnings(L):
+    """Names and histories worked out as Lightning does, on the same optimizers and scheduler configs (a stand-in
+    trainer: the naming reads only these): schedulers' optimizers first, param-group names, "-1" for a second
+    optimizer of a class, the history moved to "/pg1" when a group is added, callback_metrics filled; duplicate group
+    names refused."""
+    from types import SimpleNamespace
+
+    def trainer_of(optimizers, configs):
+        return SimpleNamespace(optimizers=optimizers, lr_scheduler_configs=configs, callback_metrics={}, loggers=[1],
+                               strategy=SimpleNamespace(root_device=torch.device("cpu")))
+
+    def params(n=1):
+        return [torch.nn.Parameter(torch.zeros(1)) for _ in range(n)]
+
+    seen = {}
+    for framework, cls in (("lightning", L.pytorch.callbacks.LearningRateMonitor),
+                           ("tasktrain", tasktrain.LearningRateMonitor)):
+        sgd = torch.optim.SGD(params(), lr=0.1, momentum=0.9)
+        adam = torch.optim.Adam([{"params": params(), "name": "head"}, {"params": params()}], lr=0.01)
+        adam2 = torch.optim.Adam(params(), lr=0.02, weight_decay=0.5)
+        scheduler = torch.optim.lr_scheduler.StepLR(adam2, 1)
+        config = SimpleNamespace(scheduler=scheduler, name=None, interval="epoch", frequency=1)
+        trainer = trainer_of([sgd, adam, adam2], [config])
+        monitor = cls(log_momentum=True, log_weight_decay=True)
+        monitor.on_train_start(trainer, None)
+        names = list(monitor.lrs)
+        step = monitor._extract_stats(trainer, "step")
+        epoch = monitor._extract_stats(trainer, "epoch")
+        sgd.add_param_group({"params": params(), "lr": 0.3})  # BaseFinetuning's unfreeze
+        monitor._extract_stats(trainer, "any")
+        seen[framework] = dict(names=names, step=step, epoch=epoch, lrs=monitor.lrs,
+                               metrics=sorted(trainer.callback_metrics),
+                               momentum=dict(monitor.last_momentum_values),
+                               decay=dict(monitor.last_weight_decay_values))
+        twin = torch.optim.SGD([{"params": params(), "name": "x"}, {"params": params(), "name": "x"}], lr=0.1)
+        with pytest.raises(Exception, match="duplicated parameter group names"):
+            cls().on_train_start(trainer_of([twin], []), None)
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"]["names"] == ["lr-Adam", "lr-SGD", "lr-Adam-1/head", "lr-Adam-1/pg2"]
+    assert seen["tasktrain"]["lrs"]["lr-SGD/pg1"] == [0.1, 0.1, 0.1]
