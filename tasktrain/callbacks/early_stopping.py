@@ -14,6 +14,7 @@ A fit without a validation loop is therefore checked at every epoch end, on the 
 checks. Messages (verbose=True) go to the module's `log` at INFO level, rank-prefixed in a multi-process run.
 """
 import logging
+import warnings
 from enum import Enum
 
 import torch
@@ -132,8 +133,7 @@ class EarlyStopping(Callback):
         if self.strict:
             raise RuntimeError(message)
         if self.verbose:
-            from tasktrain.compat.lightning.utilities.rank_zero import rank_zero_warn
-            rank_zero_warn(message, category=RuntimeWarning)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
         return False
 
     def _run_early_stopping_check(self, trainer):

@@ -1,8 +1,8 @@
+import logging
 import time
 from datetime import timedelta
 
 from tasktrain.callbacks.base import Callback
-from tasktrain.compat.lightning.utilities.rank_zero import rank_zero_info
 from tasktrain.exceptions import MisconfigurationException
 
 
@@ -21,6 +21,8 @@ def parse_duration(duration) -> timedelta:
     days, hours, minutes, seconds = (float(p) for p in parts)
     return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
 
+
+log = logging.getLogger("tasktrain")  # Lightning logs this on its package logger (rank_zero_info)
 
 _STAGES = ("train", "sanity_check", "validate", "test", "predict")  # Lightning's RunningStage values
 
@@ -108,9 +110,9 @@ class Timer(Callback):
             up = bool(trainer.strategy.broadcast(up))
         if up:
             trainer.should_stop = True
-            if self._verbose:  # Lightning's message, logged on rank 0 (the "tasktrain" logger prints INFO)
+            if self._verbose and trainer.is_global_zero:  # Lightning's message; the "tasktrain" logger prints INFO
                 elapsed = timedelta(seconds=int(self.time_elapsed()))
-                rank_zero_info(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop.")
+                log.info(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop.")
 
     def on_fit_start(self, trainer, pl_module):
         # after a resume's state is loaded (Lightning's rule): a budget already spent stops before the first step

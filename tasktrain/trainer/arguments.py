@@ -1,5 +1,6 @@
 """The Trainer's arguments: checks, Lightning's refusals, fast_dev_run's rewrites, global torch flags and the
 callbacks it adds. Plain functions called by Trainer.__init__, each for one concern."""
+import logging
 import os
 
 import torch
@@ -99,7 +100,6 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
     from tasktrain.callbacks import progress
     from tasktrain.callbacks.clipping import GradientClipping
     from tasktrain.callbacks.timer import Timer
-    from tasktrain.compat.lightning.utilities.rank_zero import rank_zero_info
 
     from tasktrain.callbacks.base import Callback
     from tasktrain.exceptions import MisconfigurationException
@@ -136,7 +136,8 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
         clipping.from_trainer = True
         callbacks.append(clipping)
     if max_time is not None and any(isinstance(c, Timer) for c in callbacks):  # the user's Timer wins (Lightning's)
-        rank_zero_info("Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
+        logging.getLogger("tasktrain").info(
+            "Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
     elif max_time is not None:
         callbacks.append(Timer(duration=max_time))
     return in_call_order(callbacks)
