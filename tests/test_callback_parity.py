@@ -1,5 +1,6 @@
 """Lightning 2.6's callback API (issue 37): the expected values are read from Lightning's source and docs
 (src/lightning/pytorch/callbacks/*.py); Lightning is not installed in the test environment."""
+import logging
 import os
 
 import pytest
@@ -121,13 +122,15 @@ class Constant(Linear):
 
 
 @pytest.mark.parametrize("check_on_train_epoch_end,stopped", [(True, 2), (False, 1), (None, 1)])
-def test_early_stopping_check_on_train_epoch_end(capsys, check_on_train_epoch_end, stopped):
+def test_early_stopping_check_on_train_epoch_end(caplog, check_on_train_epoch_end, stopped):
     # two validations per epoch (val_check_interval=0.5), the score never improves after the first: patience 2
     # counts epochs with True (Lightning: the train epoch end) and validation runs with False / None
     stopper = EarlyStopping("score", patience=2, verbose=True, check_on_train_epoch_end=check_on_train_epoch_end)
-    trainer = fit([stopper], epochs=5, module=Constant(), val_check_interval=0.5)
+    with caplog.at_level(logging.INFO, logger="tasktrain.callbacks.early_stopping"):
+        trainer = fit([stopper], epochs=5, module=Constant(), val_check_interval=0.5)
     assert stopper.stopped_epoch == stopped and trainer.should_stop
-    out = capsys.readouterr().out
+    assert stopper.check_on_train_epoch_end is (check_on_train_epoch_end is True)  # None resolved in setup: False
+    out = caplog.text
     assert "Metric score improved. New best score: 1.000" in out
     assert ("Monitored metric score did not improve in the last 2 records. Best score: 1.000. Signaling Trainer to "
             "stop.") in out
@@ -156,7 +159,7 @@ def test_lr_monitor_history_momentum_and_weight_decay(tmp_path):
         fit([LearningRateMonitor()], epochs=1)
 
 
-def test_timer_stages_interval_and_no_duration(capsys):
+def test_timer_stages_interval_and_no_duration(caplog):
     from tasktrain import Timer
 
     timer = Timer()  # duration=None (Lightning's default): it measures, never stops
@@ -169,7 +172,7 @@ def test_timer_stages_interval_and_no_duration(capsys):
     timer = Timer(duration={"seconds": 0}, interval="epoch")  # spent at once: checked at fit start (Lightning's)
     trainer = fit([timer], epochs=3)
     assert trainer.current_epoch == 0 and trainer.global_step == 0 and timer.time_remaining() <= 0
-    assert "Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop." in capsys.readouterr().out
+    assert "Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop." in caplog.messages
     resumed = Timer(duration=100)
     resumed.load_state_dict(timer.state_dict())
     assert resumed.time_elapsed() == pytest.approx(timer.time_elapsed()) and resumed.time_remaining() > 99

@@ -1,6 +1,7 @@
 """The callback system: event order, module-before-callback, cost of unused events, should_stop, clipping,
 early stopping, the timer and the progress bar."""
 import io
+import logging
 import math
 import re
 import time
@@ -329,15 +330,16 @@ def _early_fit(scores, capsys=None, **kwargs):
     return trainer, stopper
 
 
-def test_early_stopping_stops_after_patience_checks_without_improvement(capsys):
+def test_early_stopping_stops_after_patience_checks_without_improvement(caplog):
     # best 3.0 at epoch 2; epochs 3, 4, 5 do not improve on it: the third of them stops the run
-    trainer, stopper = _early_fit([5, 4, 3, 3.5, 3.2, 3.1, 2, 1, 0], patience=3, verbose=True)
+    with caplog.at_level(logging.INFO, logger="tasktrain.callbacks.early_stopping"):
+        trainer, stopper = _early_fit([5, 4, 3, 3.5, 3.2, 3.1, 2, 1, 0], patience=3, verbose=True)
     assert trainer.current_epoch == 6 and stopper.stopped_epoch == 5 and trainer.global_step == 12
     assert stopper.best_score == 3.0 and stopper.best_epoch == 2
-    # Lightning's message, printed with verbose=True
-    assert stopper.reason == ("Monitored metric score did not improve in the last 3 records. Best score: 3.000. "
-                              "Signaling Trainer to stop.")
-    assert stopper.reason in capsys.readouterr().out
+    # Lightning's message, logged (INFO, the module's logger) with verbose=True
+    assert stopper.stopping_reason_message == stopper.reason == (
+        "Monitored metric score did not improve in the last 3 records. Best score: 3.000. Signaling Trainer to stop.")
+    assert stopper.reason in caplog.messages
 
 
 def test_early_stopping_min_delta_and_mode_max():
@@ -390,23 +392,29 @@ def test_early_stopping_without_validation_checks_training_metrics_each_epoch():
 
 
 def test_early_stopping_missing_metric_names_the_logged_ones():
-    with pytest.raises(KeyError, match=r"monitor='val_los'.*Logged metrics: \['train_loss', 'val_loss'\]"):
+    # Lightning's RuntimeError and words
+    with pytest.raises(RuntimeError, match=r"metric `val_los` which is not available.*: `train_loss`, `val_loss`"):
         Trainer(max_epochs=2, callbacks=[EarlyStopping("val_los")], **quiet()).fit(Linear(), loader(16), loader(8))
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="`mode` can be min, max, got lowest"):
         EarlyStopping("x", mode="lowest")
 
 
 def test_early_stopping_state_round_trip():
     stopper = EarlyStopping("score", patience=3)
-    stopper.best_score, stopper.wait_count, stopper.best_epoch = 1.5, 2, 4
+    stopper.best_score, stopper.wait_count = torch.tensor(1.5), 2
     other = EarlyStopping("score", patience=3)
     other.load_state_dict(stopper.state_dict())
-    assert (other.best_score, other.wait_count, other.best_epoch) == (1.5, 2, None)  # Lightning's keys only
+    assert (float(other.best_score), other.wait_count) == (1.5, 2) and "best_epoch" not in stopper.state_dict()
     assert EarlyStopping("a").state_key != EarlyStopping("b").state_key
+    # a checkpoint saved under tasktrain's earlier key (sorted settings) still restores the state
+    from tasktrain.trainer.run_state import Callbacks
+    restored = EarlyStopping("score", patience=3)
+    Callbacks([restored]).load_state_dict({"EarlyStopping{'mode': 'min', 'monitor': 'score'}": stopper.state_dict()})
+    assert restored.wait_count == 2 and float(restored.best_score) == 1.5
 
 
 # -- timer ------------------------------------------------------------------------------------------------------
-def test_timer_stops_once_the_budget_is_spent(capsys):
+def test_timer_stops_once_the_budget_is_spent(caplog):
     class Slow(Linear):
         def training_step(self, batch, batch_idx):
             time.sleep(0.02)
@@ -418,13 +426,19 @@ def test_timer_stops_once_the_budget_is_spent(capsys):
     trainer.fit(Slow(), loader(32))
     assert timer.elapsed() >= 0.2 and time.monotonic() - started >= 0.2
     assert 0 < trainer.global_step < 4000 and trainer.should_stop  # stopped long before max_epochs
-    assert re.search(r"Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop.",
-                     capsys.readouterr().out)  # Lightning's message
+    # Lightning's message, logged on the "tasktrain" logger (INFO, shown on stderr)
+    assert "Time limit reached. Elapsed time is 0:00:00. Signaling Trainer to stop." in caplog.messages
     assert timer.state_dict()["time_elapsed"]["train"] >= 0.2
 
     trainer = Trainer(max_epochs=1000, max_time="00:00:00:0.1", **quiet())  # Trainer(max_time=...) adds a Timer
     trainer.fit(Slow(), loader(32))
     assert any(isinstance(c, Timer) for c in trainer.callbacks) and trainer.global_step < 4000
+    assert [c._duration for c in trainer.callbacks if isinstance(c, Timer)] == [0.1]  # Lightning's: seconds
+    # a Timer among the callbacks wins over max_time, as in Lightning (which says so)
+    caplog.clear()
+    trainer = Trainer(max_time={"seconds": 1337}, callbacks=[Timer(duration=5)], **quiet())
+    assert [c._duration for c in trainer.callbacks if isinstance(c, Timer)] == [5]
+    assert any("callbacks list already contains a Timer" in m for m in caplog.messages)
 
 
 def test_timer_counts_time_of_the_run_it_resumes():

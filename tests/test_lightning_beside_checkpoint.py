@@ -221,13 +221,29 @@ def test_early_stopping_beside_lightning(L, tmp_path, caplog, capsys):
             stopped=(stopper.stopped_epoch, stopper.wait_count, trainer.current_epoch, trainer.global_step),
             best=number(stopper.best_score), reason=str(stopper.stopping_reason),
             reason_message=stopper.stopping_reason_message,
-            messages=[line for line in printed if line.startswith(("Metric ", "Monitored "))])
-        keys = list(stopper.state_dict())
+            messages=[line for line in printed if line.startswith(("Metric ", "Monitored "))],
+            # None resolved in setup (validation once an epoch: checked at the train epoch end)
+            resolved=stopper._check_on_train_epoch_end, keys=list(stopper.state_dict()))
+        # what a subclass reads or overrides: the sign convention of min_delta, best_score a tensor (inf at start),
+        # Lightning's state_key and mode error, the decomposed steps
+        fresh = [cls("val_loss", min_delta=0.5, mode=mode) for mode in ("min", "max")]
+        seen[framework]["fresh"] = [(es.state_key, es.min_delta, type(es.best_score), float(es.best_score),
+                                     es.monitor_op, es.order_dict[es.mode]) for es in fresh]
+        with pytest.raises(Exception) as error:  # MisconfigurationException (ours is a ValueError too)
+            cls("val_loss", mode="lowest")
+        seen[framework]["mode_error"] = (type(error.value).__name__, str(error.value))
+        seen[framework]["steps"] = [callable(getattr(cls, name, None)) for name in (
+            "_run_early_stopping_check", "_evaluate_stopping_criteria", "_improvement_message",
+            "_validate_condition_metric", "_should_skip_check", "_log_info")]
+        seen[framework]["evaluate"] = [fresh[0]._evaluate_stopping_criteria(torch.tensor(v)) for v in (2.0, 1.8, 1.0)]
+        seen[framework]["evaluate"].append(fresh[0]._improvement_message(torch.tensor(0.2)))
     assert seen["tasktrain"] == seen["lightning"]
-    assert seen["tasktrain"]["stopped"][0] == 1
+    assert seen["tasktrain"]["stopped"][0] == 1 and seen["tasktrain"]["resolved"] is True
+    assert seen["tasktrain"]["fresh"][0][0] == "EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}"
+    assert all(seen["tasktrain"]["steps"])
     # Lightning's keys, in its order, and no others
     lightning_keys = list(L.pytorch.callbacks.EarlyStopping(monitor="val_loss").state_dict())
-    assert keys == lightning_keys
+    assert seen["tasktrain"]["keys"] == lightning_keys
 
 
 def test_learning_rate_monitor_and_timer_beside_lightning(L, tmp_path, caplog, capsys):
@@ -387,3 +403,45 @@ def test_resume_keeps_the_resumed_from_file_beside_lightning(L, tmp_path):
         seen[framework] = first, folder(directory)
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"][1][0] == ["epoch=1-step=4.ckpt", "epoch=2-step=6.ckpt", "epoch=3-step=8.ckpt"]
+
+
+def test_learning_rate_monitor_names_as_lightnings(L):
+    """Names and histories worked out as Lightning does, on the same optimizers and scheduler configs (a stand-in
+    trainer: the naming reads only these): schedulers' optimizers first, param-group names, "-1" for a second
+    optimizer of a class, the history moved to "/pg1" when a group is added, callback_metrics filled; duplicate group
+    names refused."""
+    from types import SimpleNamespace
+
+    def trainer_of(optimizers, configs):
+        return SimpleNamespace(optimizers=optimizers, lr_scheduler_configs=configs, callback_metrics={}, loggers=[1],
+                               strategy=SimpleNamespace(root_device=torch.device("cpu")))
+
+    def params(n=1):
+        return [torch.nn.Parameter(torch.zeros(1)) for _ in range(n)]
+
+    seen = {}
+    for framework, cls in (("lightning", L.pytorch.callbacks.LearningRateMonitor),
+                           ("tasktrain", tasktrain.LearningRateMonitor)):
+        sgd = torch.optim.SGD(params(), lr=0.1, momentum=0.9)
+        adam = torch.optim.Adam([{"params": params(), "name": "head"}, {"params": params()}], lr=0.01)
+        adam2 = torch.optim.Adam(params(), lr=0.02, weight_decay=0.5)
+        scheduler = torch.optim.lr_scheduler.StepLR(adam2, 1)
+        config = SimpleNamespace(scheduler=scheduler, name=None, interval="epoch", frequency=1)
+        trainer = trainer_of([sgd, adam, adam2], [config])
+        monitor = cls(log_momentum=True, log_weight_decay=True)
+        monitor.on_train_start(trainer, None)
+        names = list(monitor.lrs)
+        step = monitor._extract_stats(trainer, "step")
+        epoch = monitor._extract_stats(trainer, "epoch")
+        sgd.add_param_group({"params": params(), "lr": 0.3})  # BaseFinetuning's unfreeze
+        monitor._extract_stats(trainer, "any")
+        seen[framework] = dict(names=names, step=step, epoch=epoch, lrs=monitor.lrs,
+                               metrics=sorted(trainer.callback_metrics),
+                               momentum=dict(monitor.last_momentum_values),
+                               decay=dict(monitor.last_weight_decay_values))
+        twin = torch.optim.SGD([{"params": params(), "name": "x"}, {"params": params(), "name": "x"}], lr=0.1)
+        with pytest.raises(Exception, match="duplicated parameter group names"):
+            cls().on_train_start(trainer_of([twin], []), None)
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"]["names"] == ["lr-Adam", "lr-SGD", "lr-Adam-1/head", "lr-Adam-1/pg2"]
+    assert seen["tasktrain"]["lrs"]["lr-SGD/pg1"] == [0.1, 0.1, 0.1]

@@ -2,6 +2,7 @@
 module, loaders and bar configuration run under both, and what a user reads from the bar must be equal."""
 import contextlib
 import io
+from unittest import mock
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ def _module(base):
             loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
             self.log("shown", 0.25, prog_bar=True)
             self.log("hidden", 0.5)
+            if batch_idx == 0:  # printed above the bar (tqdm.write), as LightningModule.print does
+                self.print("printed", self.current_epoch, end="")
             return loss
 
         def validation_step(self, batch, batch_idx, dataloader_idx=0):
@@ -44,9 +47,11 @@ def _run(pkg, module_base, bar, tmp_path, **kwargs):
     trainer = pkg.Trainer(max_epochs=2, callbacks=[bar], enable_checkpointing=False, enable_model_summary=False,
                           default_root_dir=str(tmp_path), logger=pkg.loggers.CSVLogger(str(tmp_path)),
                           num_sanity_val_steps=1, **kwargs)
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()), \
+            mock.patch("tqdm.tqdm.write") as write:
         trainer.fit(_module(module_base), _loader(24), [_loader(8), _loader(12)])
     seen = {
+        "printed": write.call_args_list,
         "metrics": bar.get_metrics(trainer, trainer.lightning_module),
         "train": (bar.train_progress_bar.n, bar.train_progress_bar.total, bar.train_progress_bar.desc),
         "val": (bar.val_progress_bar.n, bar.val_progress_bar.total, bar.val_progress_bar.desc),
@@ -65,6 +70,7 @@ def test_tqdm_progress_bar_says_what_lightnings_says(tmp_path):
     theirs, their_out = _run(L, L.LightningModule, L.callbacks.TQDMProgressBar(refresh_rate=refresh_rate),
                              tmp_path / "theirs")
     assert ours == theirs
+    assert ours["printed"] == [mock.call("printed 0", end=""), mock.call("printed 1", end="")]
     for text in ("Epoch 1: 100%", "6/6", "shown=0.250", "v_num=0", "val_shown/dataloader_idx_1=1.500",
                  "Validation DataLoader 1", "Sanity Checking DataLoader 0"):
         assert (text in our_out) == (text in their_out) == True, text  # noqa: E712

@@ -1,14 +1,19 @@
 """EarlyStopping: stop when a monitored metric stops improving, crosses a threshold, or is not finite.
 
-check_on_train_epoch_end (Lightning's argument): True checks at every training epoch end (after that epoch's
-validation, if it has one); False checks at the end of every validation run of the fit (inside the epoch too; not
-the sanity check). None (default) checks once per validation run of the fit: at on_train_epoch_end after the
-epoch-end validation (and after the module's own on_train_epoch_end, so a metric logged there counts), and, when
-validation also runs inside the epoch (val_check_interval), at the on_train_batch_end of that step. `patience`
-counts these checks. A fit with no validation loop is checked at every epoch end, on the training metrics. An epoch
-end without validation (check_val_every_n_epoch > 1) is not a check: the value would be the old one.
+Lightning 2.6's callback, method by method, so that a subclass overriding one of its steps (or a test patching it)
+works as under Lightning:
+
+    on_train_epoch_end / on_validation_end -> _should_skip_check -> _run_early_stopping_check
+        -> _validate_condition_metric(logs) -> _evaluate_stopping_criteria(current) -> (should_stop, reason)
+        -> strategy.reduce_boolean_decision(should_stop, all=False) -> _log_info(trainer, reason, ...)
+
+check_on_train_epoch_end: True checks at every training epoch end (after that epoch's validation); False at the end
+of every validation run of the fit (not the sanity check). None (default) is resolved in `setup` as Lightning does:
+True when validation runs once per epoch at its end (val_check_interval 1.0, check_val_every_n_epoch 1), else False.
+A fit without a validation loop is therefore checked at every epoch end, on the training metrics. `patience` counts
+checks. Messages (verbose=True) go to the module's `log` at INFO level, rank-prefixed in a multi-process run.
 """
-import math
+import logging
 import warnings
 from enum import Enum
 
@@ -16,6 +21,8 @@ import torch
 
 from tasktrain.callbacks.base import Callback
 from tasktrain.exceptions import MisconfigurationException
+
+log = logging.getLogger(__name__)
 
 
 class EarlyStoppingReason(Enum):
@@ -28,174 +35,183 @@ class EarlyStoppingReason(Enum):
     NON_FINITE_METRIC = 4
 
 
-class _MissingMetric(RuntimeError, KeyError):
-    """Lightning raises RuntimeError for a missing monitored metric; a KeyError too, as tasktrain's was."""
-
-    def __str__(self):  # KeyError's would quote the message
-        return RuntimeError.__str__(self)
+def _rank_prefixed_message(message, rank):
+    return message if rank is None else f"[rank: {rank}] {message}"
 
 
 class EarlyStopping(Callback):
+    mode_dict = {"min": torch.lt, "max": torch.gt}
+    order_dict = {"min": "<", "max": ">"}
+
     # Lightning 2.6's arguments in its positional order
     def __init__(self, monitor, min_delta=0.0, patience=3, verbose=False, mode="min", strict=True, check_finite=True,
                  stopping_threshold=None, divergence_threshold=None, check_on_train_epoch_end=None,
                  log_rank_zero_only=False):
+        super().__init__()
         if not isinstance(monitor, str) or not monitor:
             raise MisconfigurationException(
                 f"EarlyStopping(monitor={monitor!r}): give the name of a logged metric, e.g. 'val_loss'.")
-        if mode not in ("min", "max"):
-            raise MisconfigurationException(f"EarlyStopping(mode={mode!r}): use 'min' or 'max'.")
+        if mode not in self.mode_dict:
+            raise MisconfigurationException(f"`mode` can be {', '.join(self.mode_dict)}, got {mode}")
         if not isinstance(patience, int) or patience < 0:
             raise MisconfigurationException(
                 f"EarlyStopping(patience={patience!r}): use a non-negative number of checks.")
-        if min_delta < 0:
-            raise MisconfigurationException(
-                f"EarlyStopping(min_delta={min_delta}): use a non-negative number; mode sets the "
-                "direction.")
         if check_on_train_epoch_end not in (None, True, False):
             raise MisconfigurationException(f"EarlyStopping(check_on_train_epoch_end={check_on_train_epoch_end!r}): "
                                             "use None, True or False.")
         self.monitor = monitor
-        self.strict = strict  # False: a check without the metric is skipped (with verbose, a RuntimeWarning)
-        self.log_rank_zero_only = log_rank_zero_only  # False: every rank prints its messages, rank-prefixed
-        self.check_on_train_epoch_end = check_on_train_epoch_end
-        self.mode = mode
         self.patience = patience
-        self.min_delta = float(min_delta)
+        self.verbose = verbose
+        self.mode = mode
+        self.strict = strict  # False: a check without the metric is skipped (with verbose, a RuntimeWarning)
+        self.check_finite = check_finite
         self.stopping_threshold = stopping_threshold
         self.divergence_threshold = divergence_threshold
-        self.check_finite = check_finite
-        self.verbose = verbose
+        self.log_rank_zero_only = log_rank_zero_only  # False: every rank logs its messages, rank-prefixed
+        self._check_on_train_epoch_end = check_on_train_epoch_end  # None until setup resolves it
+        # Lightning's sign convention: stored with the mode's direction (negative in "min" mode), so that
+        # `current - min_delta` beats best_score exactly when it improves by more than |min_delta|
+        self.min_delta = min_delta * (1 if self.monitor_op == torch.gt else -1)
+        self.best_score = torch.tensor(torch.inf) if self.monitor_op == torch.lt else -torch.tensor(torch.inf)
         self.wait_count = 0
-        self.best_score = None  # float
-        self.best_epoch = None
         self.stopped_epoch = 0  # the epoch at which it asked the trainer to stop (0 while it has not: Lightning's)
-        self.stopped_step = None
-        self.reason = None  # why it stopped, in words
-        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED  # the same, as an enum
-        self._validated = False
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        self.stopping_reason_message = None  # why it stopped, in words
+        self.best_epoch = None  # tasktrain's: the epoch of best_score (not saved: Lightning's state has no such key)
+        self.stopped_step = None  # tasktrain's: the global step at which it asked the trainer to stop
+
+    @property
+    def monitor_op(self):
+        return self.mode_dict[self.mode]
+
+    @property
+    def check_on_train_epoch_end(self):
+        """The argument as given (None) before setup, as resolved after it."""
+        return self._check_on_train_epoch_end
+
+    @property
+    def reason(self):
+        """tasktrain's earlier name for `stopping_reason_message`."""
+        return self.stopping_reason_message
 
     @property
     def state_key(self):
-        return self._generate_state_key(monitor=self.monitor, mode=self.mode)
+        # Lightning's key order (monitor, then mode): checkpoints of either framework name the same state
+        return f"{type(self).__qualname__}{repr({'monitor': self.monitor, 'mode': self.mode})}"
+
+    @property
+    def _legacy_state_keys(self):
+        """The keys tasktrain saved this state under before (sorted settings): such checkpoints still load it."""
+        return [self._generate_state_key(monitor=self.monitor, mode=self.mode)]
 
     # -- events --------------------------------------------------------------------------------------------------
-    def setup(self, trainer, module, stage):
-        self._validated = False
+    def setup(self, trainer, pl_module, stage):
+        if self._check_on_train_epoch_end is None:
+            # validation more than once an epoch, or not every epoch: check after each validation run instead
+            self._check_on_train_epoch_end = (trainer.val_check_interval in (None, 1.0)
+                                              and trainer.check_val_every_n_epoch == 1)
 
-    def on_validation_end(self, trainer, module):
-        if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
-            # Lightning's default (None): at the epoch's end when validation runs once an epoch, else at each
-            # validation's end (the one inside the epoch runs after on_train_batch_end, as Lightning's)
-            at_epoch_end = self.check_on_train_epoch_end
-            if at_epoch_end is None:
-                at_epoch_end = trainer.val_check_interval in (None, 1.0) and trainer.check_val_every_n_epoch == 1
-            if not at_epoch_end:
-                self._check(trainer)
-            else:
-                self._validated = True
+    def _should_skip_check(self, trainer):
+        return trainer.state.fn != "fit" or trainer.sanity_checking
 
-    def on_train_epoch_end(self, trainer, module):
-        if self.check_on_train_epoch_end or (self.check_on_train_epoch_end is None
-                                             and (self._validated or not trainer.enable_validation)):
-            self._check(trainer)
-        self._validated = False
+    def on_train_epoch_end(self, trainer, pl_module):
+        if not self._check_on_train_epoch_end or self._should_skip_check(trainer):
+            return
+        self._run_early_stopping_check(trainer)
+
+    def on_validation_end(self, trainer, pl_module):
+        if self._check_on_train_epoch_end or self._should_skip_check(trainer):
+            return
+        self._run_early_stopping_check(trainer)
 
     # -- the decision ----------------------------------------------------------------------------------------------
-    def _check(self, trainer):
-        if trainer.should_stop or trainer.fast_dev_run:  # a debugging run is not judged (Lightning's rule)
+    def _validate_condition_metric(self, logs):
+        if logs.get(self.monitor) is not None:
+            return True
+        message = (f"Early stopping conditioned on metric `{self.monitor}` which is not available. Pass in or modify "
+                   f"your `EarlyStopping` callback to use any of the following: `{'`, `'.join(logs)}`")
+        if self.strict:
+            raise RuntimeError(message)
+        if self.verbose:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return False
+
+    def _run_early_stopping_check(self, trainer):
+        """Evaluate the monitored metric; if any rank decides to stop, every rank tells its trainer to stop."""
+        logs = trainer.callback_metrics
+        # a debugging run is not judged (Lightning's rule); nor a check without the metric (strict=False)
+        if trainer.fast_dev_run or not self._validate_condition_metric(logs):
             return
-        metrics = trainer.callback_metrics
-        if self.monitor not in metrics:
-            message = (f"EarlyStopping(monitor={self.monitor!r}): no such metric was logged. Logged metrics: "
-                       f"{sorted(metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or change monitor"
-                       " (or strict=False to skip such checks).")
-            if self.strict:
-                raise _MissingMetric(message)
-            if self.verbose:
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
-            return
-        value = metrics[self.monitor]
-        # the messages show the value as Lightning does (a tensor); the decision uses one host sync per check
-        shown = value.detach().squeeze().cpu() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-        stop, message = self._evaluate(float(shown), shown, trainer.current_epoch)
-        if stop:
-            self.reason = message
-            self.stopping_reason = self._reason_kind
+        current = logs[self.monitor]
+        current = (current if isinstance(current, torch.Tensor) else torch.tensor(float(current))).squeeze()
+        should_stop, reason = self._evaluate_stopping_criteria(current)
+        if self.best_score is current:  # it improved
+            self.best_epoch = trainer.current_epoch
+        should_stop = trainer.strategy.reduce_boolean_decision(should_stop, all=False)
+        trainer.should_stop = trainer.should_stop or should_stop
+        if should_stop:
             self.stopped_epoch = trainer.current_epoch
             self.stopped_step = trainer.global_step
-            trainer.should_stop = True
-        if message and self.verbose and (trainer.is_global_zero or not self.log_rank_zero_only):
-            rank = f"[rank: {trainer.global_rank}] " if trainer.world_size > 1 else ""
-            print(f"{rank}{message}", flush=True)
+            self.stopping_reason_message = reason
+        if reason and self.verbose:
+            self._log_info(trainer, reason, self.log_rank_zero_only)
 
-    def _evaluate(self, current, shown, epoch):
-        """Update the counters with `current`; return (stop, Lightning's message for it, or None)."""
-        name = self.monitor
-        best = self.best_score if self.best_score is not None else (math.inf if self.mode == "min" else -math.inf)
-        relation = "<" if self.mode == "min" else ">"
-        if self.check_finite and not math.isfinite(current):
-            self._reason_kind = EarlyStoppingReason.NON_FINITE_METRIC
-            return True, (f"Monitored metric {name} = {shown} is not finite. Previous best value was {best:.3f}. "
-                          "Signaling Trainer to stop.")
-        if self.stopping_threshold is not None and self._beyond(current, self.stopping_threshold):
-            self._reason_kind = EarlyStoppingReason.STOPPING_THRESHOLD
-            return True, (f"Stopping threshold reached: {name} = {shown} {relation} {self.stopping_threshold}. "
-                          "Signaling Trainer to stop.")
-        if self.divergence_threshold is not None and self._beyond(self.divergence_threshold, current):
-            self._reason_kind = EarlyStoppingReason.DIVERGENCE_THRESHOLD
-            return True, (f"Divergence threshold reached: {name} = {shown} {relation} {self.divergence_threshold}. "
-                          "Signaling Trainer to stop.")
-        if self._improves(current):
-            if math.isfinite(best):
-                message = (f"Metric {name} improved by {abs(best - current):.3f} >= min_delta = {self.min_delta}. "
-                           f"New best score: {current:.3f}")
-            else:
-                message = f"Metric {name} improved. New best score: {current:.3f}"
+    def _evaluate_stopping_criteria(self, current):
+        """Update the counters with `current` (a tensor); return (should_stop, Lightning's message or None)."""
+        order = self.order_dict[self.mode]
+        if self.check_finite and not torch.isfinite(current):
+            self.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
+            return True, (f"Monitored metric {self.monitor} = {current} is not finite. Previous best value was "
+                          f"{self.best_score:.3f}. Signaling Trainer to stop.")
+        if self.stopping_threshold is not None and self.monitor_op(current, self.stopping_threshold):
+            self.stopping_reason = EarlyStoppingReason.STOPPING_THRESHOLD
+            return True, (f"Stopping threshold reached: {self.monitor} = {current} {order} "
+                          f"{self.stopping_threshold}. Signaling Trainer to stop.")
+        if self.divergence_threshold is not None and self.monitor_op(-current, -self.divergence_threshold):
+            self.stopping_reason = EarlyStoppingReason.DIVERGENCE_THRESHOLD
+            return True, (f"Divergence threshold reached: {self.monitor} = {current} {order} "
+                          f"{self.divergence_threshold}. Signaling Trainer to stop.")
+        if self.monitor_op(current - self.min_delta, self.best_score.to(current.device)):
+            reason = self._improvement_message(current)
             self.best_score = current
-            self.best_epoch = epoch
             self.wait_count = 0
-            return False, message
+            return False, reason
         self.wait_count += 1
         if self.wait_count >= self.patience:
-            self._reason_kind = EarlyStoppingReason.PATIENCE_EXHAUSTED
-            return True, (f"Monitored metric {name} did not improve in the last {self.wait_count} records. "
-                          f"Best score: {best:.3f}. Signaling Trainer to stop.")
+            self.stopping_reason = EarlyStoppingReason.PATIENCE_EXHAUSTED
+            return True, (f"Monitored metric {self.monitor} did not improve in the last {self.wait_count} records. "
+                          f"Best score: {self.best_score:.3f}. Signaling Trainer to stop.")
         return False, None
 
-    def _improves(self, current):
-        if math.isnan(current):
-            return False
-        if self.best_score is None:
-            return True
-        if self.mode == "min":
-            return current < self.best_score - self.min_delta
-        return current > self.best_score + self.min_delta
-
-    def _beyond(self, a, b):
-        """a is strictly better than b in this mode."""
-        return a < b if self.mode == "min" else a > b
+    def _improvement_message(self, current):
+        """The message for an improvement of the monitored score (Lightning's words)."""
+        if torch.isfinite(self.best_score):
+            return (f"Metric {self.monitor} improved by {abs(self.best_score - current):.3f} >= min_delta = "
+                    f"{abs(self.min_delta)}. New best score: {current:.3f}")
+        return f"Metric {self.monitor} improved. New best score: {current:.3f}"
 
     @staticmethod
-    def _fmt(value):
-        return "none" if value is None else f"{value:.6g}"
+    def _log_info(trainer, message, log_rank_zero_only):
+        rank = trainer.global_rank if trainer.world_size > 1 else None
+        message = _rank_prefixed_message(message, rank)
+        if rank is None or not log_rank_zero_only or rank == 0:
+            log.info(message)
 
     # -- state -----------------------------------------------------------------------------------------------------
     def state_dict(self):
-        # Lightning's keys in its order, and no others (best_epoch, tasktrain's attribute, is not restored by a resume)
+        # Lightning's keys in its order
         return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch, "best_score": self.best_score,
                 "patience": self.patience, "stopping_reason": self.stopping_reason.value,
-                "stopping_reason_message": self.reason}
+                "stopping_reason_message": self.stopping_reason_message}
 
-    def load_state_dict(self, state):
-        self.wait_count = int(state.get("wait_count", 0))
-        self.best_score = state.get("best_score")
-        self.best_epoch = state.get("best_epoch")  # (a checkpoint of an earlier tasktrain has it)
-        self.stopped_epoch = state.get("stopped_epoch") or 0
-        self.stopping_reason = EarlyStoppingReason(state.get("stopping_reason", 0))
-        self.reason = state.get("stopping_reason_message", self.reason)
-
-    @property
-    def stopping_reason_message(self):
-        """Lightning's name for `reason`: why it stopped, in words (None while it has not)."""
-        return self.reason
+    def load_state_dict(self, state_dict):
+        self.wait_count = state_dict["wait_count"]
+        self.stopped_epoch = state_dict["stopped_epoch"] or 0
+        best = state_dict["best_score"]
+        if best is None:  # tasktrain's earlier checkpoints: no improvement seen yet
+            best = torch.tensor(torch.inf) if self.monitor_op == torch.lt else -torch.tensor(torch.inf)
+        self.best_score = best if isinstance(best, torch.Tensor) else torch.tensor(float(best))
+        self.patience = state_dict.get("patience", self.patience)
+        self.stopping_reason = EarlyStoppingReason(state_dict.get("stopping_reason",
+                                                                  EarlyStoppingReason.NOT_STOPPED.value))
+        self.stopping_reason_message = state_dict.get("stopping_reason_message")

@@ -1,14 +1,18 @@
-"""LearningRateMonitor: write each optimizer's learning rate to the trainer's loggers.
+"""LearningRateMonitor: write each optimizer's learning rate to the trainer's loggers, named as Lightning names them.
 
-Names: "lr-<Optimizer class>" ("lr-AdamW"), "-1", "-2" added for further optimizers of the same class,
-"/pg1", "/pg2", ... for each param group when there are several, or the scheduler's "name" when
-configure_optimizers gave one.
+Names, worked out at every write (so that param groups added during the fit, e.g. by BaseFinetuning, show up):
+the optimizers with a scheduler first, in the schedulers' order, then the others; "lr-<Optimizer class>"
+("lr-AdamW"), or the scheduler's "name"; "-1", "-2" for further optimizers of the same class; "/<group name>" when a
+param group has a "name" key, else "/pg1", "/pg2", ... when there are several groups (the history of "lr-SGD" moves
+to "lr-SGD/pg1" when a second group appears). Two groups of one optimizer with the same name are refused.
 
 logging_interval="step": as in Lightning, at on_train_batch_start of the batches that are log steps (the batch about
-to be counted, trainer.state.batches_that_stepped + 1, a multiple of log_every_n_steps), the rate that step trains
-with, written at batches_that_stepped (Lightning's logging step), without an "epoch" value.
-logging_interval="epoch": at each epoch start, the rate that epoch trains with.
-logging_interval=None: each optimizer at its scheduler's interval; optimizers without a scheduler at steps.
+to be counted, trainer.state.batches_that_stepped + 1, a multiple of log_every_n_steps), every optimizer's rate for
+that step, written at batches_that_stepped (Lightning's logging step), without an "epoch" value.
+logging_interval="epoch": at each epoch start, every optimizer's rate for that epoch.
+logging_interval=None: an optimizer with a scheduler at its scheduler's interval; one without a scheduler at both.
+Each written value is also put in trainer.callback_metrics (as a tensor): EarlyStopping or ModelCheckpoint can
+monitor "lr-SGD".
 
 log_momentum=True adds "<name>-momentum" (the group's `momentum`, or `betas[0]` for Adam-style optimizers; 0 with
 a warning for an optimizer that has neither); log_weight_decay=True adds "<name>-weight_decay". They are written
@@ -18,6 +22,9 @@ As in Lightning, `lrs` keeps the history ({name: [each rate written]}), `last_mo
 `last_weight_decay_values` the latest "<name>-momentum" / "<name>-weight_decay" values (None until written).
 """
 import warnings
+from collections import defaultdict
+
+import torch
 
 from tasktrain.callbacks.base import Callback
 from tasktrain.exceptions import MisconfigurationException
@@ -31,38 +38,18 @@ class LearningRateMonitor(Callback):
         self.logging_interval = logging_interval
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay
-        self._entries = []  # (interval, optimizer, [(name, param group index)])
-        self._last_step = -1
         self.lrs = {}
         self.last_momentum_values = {}
         self.last_weight_decay_values = {}
 
-    def setup(self, trainer, module, stage):
+    def setup(self, trainer, pl_module, stage):
         if stage == "fit" and not trainer.loggers:
             raise MisconfigurationException(
                 "Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger (logger=False). Use "
                 "logger=True, a TensorBoardLogger or a CSVLogger, or remove it.")
 
-    def on_train_start(self, trainer, module):
-        intervals = {id(c.scheduler.optimizer): c for c in trainer.lr_scheduler_configs
-                     if hasattr(c.scheduler, "optimizer")}
-        seen = {}
-        self._entries = []
-        for optimizer in trainer.optimizers:
-            config = intervals.get(id(optimizer))
-            if self.logging_interval is not None:
-                interval = self.logging_interval
-            else:
-                interval = config.interval if config is not None else "step"
-            base = config.name if config is not None and config.name else f"lr-{type(optimizer).__name__}"
-            count = seen.get(base, 0)
-            seen[base] = count + 1
-            name = base if count == 0 else f"{base}-{count}"
-            groups = optimizer.param_groups
-            names = [(name, 0)] if len(groups) == 1 else [(f"{name}/pg{i + 1}", i) for i in range(len(groups))]
-            self._entries.append((interval, optimizer, names))
-        self._last_step = trainer.global_step  # no optimizer step yet (or, on resume, already written)
-        names = [name for _, _, entry_names in self._entries for name, _ in entry_names]
+    def on_train_start(self, trainer, pl_module):
+        names = [name for _, entry_names, _ in self._named_optimizers(trainer) for name in entry_names]
         self.lrs = {name: [] for name in names}
         self.last_momentum_values = {f"{name}-momentum": None for name in names}
         self.last_weight_decay_values = {f"{name}-weight_decay": None for name in names}
@@ -74,36 +61,77 @@ class LearningRateMonitor(Callback):
                               f"a value 0 for the momentum ({', '.join(lacking)} has no momentum or betas).",
                               RuntimeWarning)
 
-    def _values(self, interval):
-        values = {}
-        for entry_interval, optimizer, names in self._entries:
-            if entry_interval != interval:
+    def _named_optimizers(self, trainer):
+        """[(optimizer, a name per param group, its scheduler config or None)] in Lightning's order and names."""
+        entries, per_class = [], defaultdict(int)
+
+        def add(optimizer, base, config):
+            if config is None or config.name is None:  # a named scheduler does not count towards "-1", "-2"
+                per_class[type(optimizer)] += 1
+            groups = optimizer.param_groups
+            group_names = [group.get("name", f"pg{i}") for i, group in enumerate(groups, start=1)]
+            duplicates = {n for n in group_names if group_names.count(n) > 1}
+            if duplicates:
+                raise MisconfigurationException(
+                    "A single `Optimizer` cannot have multiple parameter groups with identical `name` values. "
+                    f"{base} has duplicated parameter group names {duplicates}")
+            count = per_class.get(type(optimizer), 0)
+            base = f"{base}-{count - 1}" if count > 1 else base
+            if len(groups) > 1:
+                names = [f"{base}/{n}" for n in group_names]
+            else:
+                names = [f"{base}/{groups[0]['name']}" if groups[0].get("name") else base]
+            entries.append((optimizer, names, config))
+
+        for config in trainer.lr_scheduler_configs:
+            optimizer = config.scheduler.optimizer
+            add(optimizer, config.name if config.name is not None else f"lr-{type(optimizer).__name__}", config)
+        seen = [entry[0] for entry in entries]
+        for optimizer in trainer.optimizers:
+            optimizer = getattr(optimizer, "optimizer", optimizer)  # an engine's wrapper: the torch optimizer inside
+            if not any(optimizer is other for other in seen):
+                add(optimizer, f"lr-{type(optimizer).__name__}", None)
+        return entries
+
+    def _extract_stats(self, trainer, interval):
+        """The values to write at a point of `interval` ("step", "epoch", or "any"); fills the histories."""
+        stats = {}
+        for optimizer, names, config in self._named_optimizers(trainer):
+            for name in names:  # a group added since: the single group's history continues as "/pg1"
+                old = name.replace("/pg1", "")
+                if "/pg1" in name and old in self.lrs:
+                    self.lrs[name] = self.lrs.pop(old)
+                elif name not in self.lrs:
+                    self.lrs[name] = []
+            if config is not None and interval not in (config.interval, "any"):
                 continue
-            for name, i in names:
-                group = optimizer.param_groups[i]
-                values[name] = float(group["lr"])
-                self.lrs.setdefault(name, []).append(values[name])
+            use_betas = "betas" in optimizer.defaults  # Adam-style optimizers keep their momentum as the first beta
+            for group, name in zip(optimizer.param_groups, names):
+                stats[name] = group["lr"]
+                self.lrs[name].append(group["lr"])
                 if self.log_momentum:
-                    # Adam-style optimizers keep their momentum as the first beta
                     key = f"{name}-momentum"
-                    values[key] = self.last_momentum_values[key] = float(
-                        group["betas"][0] if "betas" in optimizer.defaults else group.get("momentum", 0.0))
+                    stats[key] = self.last_momentum_values[key] = (
+                        group["betas"][0] if use_betas else group.get("momentum", 0))
                 if self.log_weight_decay:
                     key = f"{name}-weight_decay"
-                    values[key] = self.last_weight_decay_values[key] = float(group.get("weight_decay", 0.0))
-        return values
+                    stats[key] = self.last_weight_decay_values[key] = group.get("weight_decay", 0.0)
+        device = trainer.strategy.root_device
+        trainer.callback_metrics.update({k: torch.tensor(float(v), device=device) for k, v in stats.items()})
+        return stats
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         # Lightning's point: before the step, the rate it trains with, when the step about to be taken is a log step
         # (batches_that_stepped + 1 a multiple of log_every_n_steps); each micro-batch of such a window writes, as there
-        if not trainer.should_update_logs or not trainer.is_global_zero:
+        if not trainer.should_update_logs or self.logging_interval == "epoch":
             return
-        values = self._values("step")
-        if values:
-            trainer.log_to_loggers(values, trainer.state.batches_that_stepped)
+        stats = self._extract_stats(trainer, "step" if self.logging_interval is None else "any")
+        if stats and trainer.is_global_zero:
+            trainer.log_to_loggers(stats, trainer.state.batches_that_stepped)
 
-    def on_train_epoch_start(self, trainer, module):
-        if trainer.is_global_zero:
-            values = self._values("epoch")
-            if values:
-                trainer.log_to_loggers(values, trainer.state.batches_that_stepped)
+    def on_train_epoch_start(self, trainer, pl_module):
+        if self.logging_interval == "step":
+            return
+        stats = self._extract_stats(trainer, "epoch" if self.logging_interval is None else "any")
+        if stats and trainer.is_global_zero:
+            trainer.log_to_loggers(stats, trainer.state.batches_that_stepped)

@@ -1,3 +1,4 @@
+import logging
 import time
 from datetime import timedelta
 
@@ -14,11 +15,14 @@ def parse_duration(duration) -> timedelta:
         return timedelta(seconds=duration)
     parts = str(duration).split(":")
     if len(parts) != 4:
-        raise MisconfigurationException(f"Timer(duration={duration!r}): use 'DD:HH:MM:SS', a timedelta, a dict like "
-                         "{'hours': 1}, or seconds.")
+        raise MisconfigurationException(f"`Timer(duration={duration!r})` is not a valid duration. Expected a string "
+                                        "in the format DD:HH:MM:SS (or a timedelta, a dict like {'hours': 1}, or "
+                                        "seconds).")
     days, hours, minutes, seconds = (float(p) for p in parts)
     return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
 
+
+log = logging.getLogger("tasktrain")  # Lightning logs this on its package logger (rank_zero_info)
 
 _STAGES = ("train", "sanity_check", "validate", "test", "predict")  # Lightning's RunningStage values
 
@@ -32,12 +36,26 @@ class Timer(Callback):
         if interval not in ("step", "epoch"):
             raise MisconfigurationException(f"Unsupported parameter value `Timer(interval={interval})`. Possible "
                                             "choices are: step, epoch")
-        self.duration = None if duration is None else parse_duration(duration)
-        self.interval = interval
-        self.verbose = verbose
+        # Lightning's private names (subclasses and Lightning's tests read them): the budget in seconds
+        self._duration = None if duration is None else parse_duration(duration).total_seconds()
+        self._interval = interval
+        self._verbose = verbose
         self._start_time = dict.fromkeys(_STAGES)
         self._end_time = dict.fromkeys(_STAGES)
         self._offset = 0.0  # training seconds of the earlier runs this one resumed
+
+    @property
+    def duration(self):
+        """The budget as a timedelta (None: it only measures)."""
+        return None if self._duration is None else timedelta(seconds=self._duration)
+
+    @property
+    def interval(self):
+        return self._interval
+
+    @property
+    def verbose(self):
+        return self._verbose
 
     def start_time(self, stage="train"):
         return self._start_time[_stage(stage)]
@@ -54,7 +72,7 @@ class Timer(Callback):
         return (time.monotonic() if end is None else end) - start + offset
 
     def time_remaining(self, stage="train"):
-        return None if self.duration is None else self.duration.total_seconds() - self.time_elapsed(stage)
+        return None if self._duration is None else self._duration - self.time_elapsed(stage)
 
     def elapsed(self) -> float:
         """The training seconds so far (time_elapsed("train"))."""
@@ -66,46 +84,46 @@ class Timer(Callback):
     def _ended(self, stage):
         self._end_time[stage] = time.monotonic()
 
-    def on_train_start(self, trainer, module):
+    def on_train_start(self, trainer, pl_module):
         self._started("train")
 
-    def on_train_end(self, trainer, module):
+    def on_train_end(self, trainer, pl_module):
         self._ended("train")
 
-    def on_validation_start(self, trainer, module):
+    def on_validation_start(self, trainer, pl_module):
         self._started("validate")
 
-    def on_validation_end(self, trainer, module):
+    def on_validation_end(self, trainer, pl_module):
         self._ended("validate")
 
-    def on_test_start(self, trainer, module):
+    def on_test_start(self, trainer, pl_module):
         self._started("test")
 
-    def on_test_end(self, trainer, module):
+    def on_test_end(self, trainer, pl_module):
         self._ended("test")
 
     def _check(self, trainer):
-        if self.duration is None:
+        if self._duration is None:
             return
-        up = self.time_elapsed() >= self.duration.total_seconds()
+        up = self.time_elapsed() >= self._duration
         if trainer.world_size > 1:  # rank 0's clock for every rank (every rank reaches this broadcast)
             up = bool(trainer.strategy.broadcast(up))
         if up:
             trainer.should_stop = True
-            if self.verbose and trainer.is_global_zero:
+            if self._verbose and trainer.is_global_zero:  # Lightning's message; the "tasktrain" logger prints INFO
                 elapsed = timedelta(seconds=int(self.time_elapsed()))
-                print(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop.", flush=True)
+                log.info(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop.")
 
-    def on_fit_start(self, trainer, module):
+    def on_fit_start(self, trainer, pl_module):
         # after a resume's state is loaded (Lightning's rule): a budget already spent stops before the first step
         self._check(trainer)
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.interval == "step":
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._interval == "step":
             self._check(trainer)
 
-    def on_train_epoch_end(self, trainer, module):
-        if self.interval == "epoch":
+    def on_train_epoch_end(self, trainer, pl_module):
+        if self._interval == "epoch":
             self._check(trainer)
 
     def state_dict(self):

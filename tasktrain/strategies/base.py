@@ -407,6 +407,12 @@ class Strategy(abc.ABC):
     def reduce(self, tensor, op="mean"):
         """All-reduce a tensor: "mean", "sum", "max" or "min". Every rank calls it."""
 
+    def reduce_boolean_decision(self, decision, all=True) -> bool:
+        """One decision for every rank (Lightning's): all=True, every rank's must be True; all=False, any rank's.
+        A callback that stops the run on one rank's metric (EarlyStopping) stops it on all of them."""
+        votes = self.reduce(torch.tensor(int(decision), device=self.root_device), op="sum")
+        return bool(votes == self.world_size) if all else bool(votes)
+
     @abc.abstractmethod
     def all_gather(self, tensor):
         """Every rank's tensor, stacked along a new first dimension of world_size."""

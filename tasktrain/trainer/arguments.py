@@ -158,7 +158,10 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
         clipping = GradientClipping(**({"max_norm": clip_val} if clip_algorithm == "norm" else {"max_value": clip_val}))
         clipping.from_trainer = True
         callbacks.append(clipping)
-    if max_time is not None:
+    if max_time is not None and any(isinstance(c, Timer) for c in callbacks):  # the user's Timer wins (Lightning's)
+        logging.getLogger("tasktrain").info(
+            "Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
+    elif max_time is not None:
         callbacks.append(Timer(duration=max_time))
     return in_call_order(callbacks)
 

@@ -289,8 +289,13 @@ class TaskModule(torch.nn.Module):
         return self._trainer.local_rank if self._trainer is not None else 0
 
     def print(self, *args, **kwargs):
+        """print on rank 0; through the enabled progress bar when there is one (above its bar, as Lightning does)."""
         if self.global_rank == 0:
-            print(*args, **kwargs)
+            bar = getattr(self._trainer, "progress_bar_callback", None)
+            if bar is not None and getattr(bar, "is_enabled", True):
+                bar.print(*args, **kwargs)
+            else:
+                print(*args, **kwargs)
 
     # -- logging -----------------------------------------------------------------------------------------------
     def log(self, name, value, prog_bar=False, logger=True, on_step=None, on_epoch=None, reduce_fx="mean",
