@@ -3,9 +3,10 @@ larger max_epochs / max_steps, validate, test (0 and 2 batches), predict, the Da
 argument-name variants, hook name by hook name with argument counts, against lists written from Lightning 2.6.6's
 behaviour (its tests/tests_pytorch/models/test_hooks.py records the same runs).
 
-Each expected list is Lightning's, then `_as_tasktrain` applies the one difference docs/lightning.md states (when
-fit asks for its loaders and restores a checkpoint), and nothing else; within each event the order is Lightning's
-(the callbacks' hooks, then the module's).
+Each expected list is Lightning's, unmodified: when fit asks for its loaders (val_dataloader after
+on_sanity_check_start, train_dataloader before on_train_start) and restores a checkpoint (the module's and
+callbacks' part before configure_optimizers) included; within each event the order is Lightning's (the callbacks'
+hooks, then the module's).
   (the optimization hooks, optimizer_step with its closure, optimizer_zero_grad, backward,
   configure_gradient_clipping and clip_gradients, are called where Lightning calls them: no difference.)
 
@@ -241,30 +242,6 @@ def _fit_end():
             *_end("fit")]
 
 
-def _as_tasktrain(expected):
-    """Lightning's list with docs/lightning.md's remaining difference applied: fit requests its loaders (validation,
-    then
-    training) right after configure_optimizers, before on_fit_start (the strategy is set up with the batch size
-    before on_fit_start)."""
-    out = list(expected)
-    if ("configure_optimizers", 0) in out:
-        at = out.index(("configure_optimizers", 0)) + 1
-        for loader in ("train_dataloader", "val_dataloader"):
-            if (loader, 0) in out[at:]:
-                out.pop(out.index((loader, 0), at))
-                out.insert(at, (loader, 0))
-        # a resume restores the checkpoint through the strategy once it holds the module and its optimizers: after
-        # configure_optimizers and the loaders (Lightning: the module's part before configure_optimizers)
-        load = [("on_load_checkpoint", 1), ("Callback.on_load_checkpoint", 3), ("Callback.load_state_dict", 1)]
-        if load[0] in out:
-            first = out.index(load[0])
-            block = out[first:first + 3]
-            del out[first:first + 3]
-            after = out.index(("Callback.on_fit_start", 2))
-            out[after:after] = block
-    return out
-
-
 def _show(called, expected):
     import difflib
 
@@ -272,8 +249,7 @@ def _show(called, expected):
                                           "expected", "called", lineterm="", n=2))
 
 
-def _check(called, lightning_list):
-    expected = _as_tasktrain(lightning_list)
+def _check(called, expected):
     assert called == expected, _show(called, expected)
 
 

@@ -285,6 +285,11 @@ class Strategy(abc.ABC):
     # -- the module -------------------------------------------------------------------------------------------------
     # (Building a module sharded, module_init_context, is the Sharded capability's: elsewhere the module is built as
     # usual, on the CPU, and moved in setup_module_and_optimizers.)
+    def needs_micro_batch_size(self) -> bool:
+        """Whether setup_module_and_optimizers reads plan.micro_batch_size (the Trainer then requests the training
+        loader before the set-up; otherwise when training starts, as Lightning does). Default: no."""
+        return False
+
     def setup_module_and_optimizers(self, module, optimizers, plan: Plan):
         """Cast, move and wrap `module`, and set up `optimizers` (the ones that step its parameters) for what
         `plan` says the loop will do. Returns (model, optimizers): `model` is what a caller calls as the module

@@ -5,6 +5,7 @@ from the hooks when asked (reload_dataloaders_every_n_epochs, a resumed DataModu
 Functions over the Trainer: what they set on it (train_dataloader, num_training_batches, num_val_batches, ...) are
 the Trainer's public attributes, Lightning's names."""
 from tasktrain.trainer import evaluation, guards
+from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -58,15 +59,46 @@ def setup_train(trainer, loader, previous=None):
     return epochs
 
 
-def setup_fit_val(trainer, module, val_loader):
-    """The fit's validation loaders; False when it has none (no validation_step, limit_val_batches=0, None)."""
-    if not is_overridden("validation_step", module, TaskModule) or trainer.limit_val_batches == 0:
-        return False
-    val_loader = val_loader if val_loader is not None else trainer._loader_of(module, "val_dataloader")
-    if val_loader is None:
-        return False
-    setup_val(trainer, val_loader)
-    return True
+def plan_fit_val(trainer, module, val_loader):
+    """Whether the fit validates: validation_step, limit_val_batches != 0, and a loader given or a val_dataloader
+    hook. The loader itself is requested at the sanity check, or else at the first validation (val_data_now), as
+    Lightning does."""
+    trainer._val_loader = None
+    hooked = is_overridden("val_dataloader", trainer.datamodule if trainer.datamodule is not None else module,
+                           DataModule if trainer.datamodule is not None else TaskModule)
+    validates = (is_overridden("validation_step", module, TaskModule) and trainer.limit_val_batches != 0
+                 and (val_loader is not None or hooked))
+    trainer._pending_val = (module, val_loader) if validates else None
+    return bool(validates)
+
+
+def val_data_now(trainer):
+    """The fit's validation loaders, requested and counted the first time they are needed (None: the hook gave none,
+    and the fit does not validate)."""
+    if trainer._pending_val is not None:
+        module, val_loader = trainer._pending_val
+        trainer._pending_val = None
+        val_loader = val_loader if val_loader is not None else trainer._loader_of(module, "val_dataloader")
+        if val_loader is not None:
+            setup_val(trainer, val_loader)
+    return trainer._val_loader
+
+
+def train_data_early(trainer, strategy):
+    """The training loader before the strategy's set-up, where the strategy needs the micro-batch size in its Plan
+    (DeepSpeed without one in its config, as Lightning's DeepSpeed asks for the loader in its set-up); None
+    elsewhere: the loader is requested when training starts."""
+    return train_data_now(trainer).given_loader if strategy.needs_micro_batch_size() else None
+
+
+def datamodule_restored(trainer):
+    """A DataModule's state was restored: a training loader requested from its hook before that (in
+    configure_optimizers, or for the strategy's set-up) is requested again, so that the hooks see the restored
+    state."""
+    if trainer._train_data is not None and trainer._loaders_from_hooks[0]:
+        previous = trainer._train_data
+        trainer._train_data = setup_train(trainer, trainer._loader_of(trainer.module, "train_dataloader"), previous)
+        trainer._train_data.given_loader = previous.given_loader
 
 
 def setup_val(trainer, loader):
@@ -81,19 +113,15 @@ def setup_val(trainer, loader):
                                       for one in val_loaders]
 
 
-def reload(trainer, fit, train_data=None, has_val=None):
+def reload(trainer, fit):
     """The loaders from the hooks again (reload_dataloaders_every_n_epochs; a resumed DataModule's state): the
     training one keeps the pending resume of the one it replaces. Given loaders stay."""
     from_train_hook, from_val_hook = trainer._loaders_from_hooks
-    train_data = fit.epochs if fit is not None else train_data
-    has_val = trainer._val_loader is not None if has_val is None else has_val
+    train_data = fit.epochs
     if from_train_hook:
-        train_data = setup_train(trainer, trainer._loader_of(trainer.module, "train_dataloader"), train_data)
-        if fit is not None:
-            fit.epochs = train_data
-    if from_val_hook and has_val:
+        fit.epochs = setup_train(trainer, trainer._loader_of(trainer.module, "train_dataloader"), train_data)
+    if from_val_hook and trainer._val_loader is not None:  # (not requested yet: it will be at the first validation)
         setup_val(trainer, trainer._loader_of(trainer.module, "val_dataloader"))
-    return train_data
 
 
 def batch_size_of(loader):

@@ -418,7 +418,7 @@ def install_sigterm_handler(trainer, fit):
 
 # -- validation inside fit -----------------------------------------------------------------------------------------
 def val_every_n_batches(trainer):
-    if trainer._val_loader is None or trainer.val_check_interval is None or \
+    if not trainer.enable_validation or trainer.val_check_interval is None or \
             trainer._val_check_time_interval is not None:
         return None
     interval = trainer.val_check_interval
@@ -445,7 +445,7 @@ def val_time_is_up(trainer, fit, batch_idx):
 
 
 def val_at_epoch_end(trainer, epoch):
-    if trainer._val_loader is None:
+    if not trainer.enable_validation:
         return False
     if trainer._val_check_time_interval is not None:  # validated by the clock after batches, not at epoch ends
         return False
@@ -465,6 +465,8 @@ def run_validation(trainer, step=None, zero_grad=True):
     if zero_grad and (is_overridden("on_validation_model_zero_grad", module, TaskModule)
                       or module.automatic_optimization):
         module.on_validation_model_zero_grad()
+    if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)
+        return
     values = evaluate(trainer, "validate", trainer._val_loader, trainer.num_val_batches)
     if trainer.is_global_zero and values:
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), step, add_epoch=True)

@@ -2,8 +2,13 @@
 
     run_state(trainer)                      the stateful parts under the checkpoint's keys (run_state.py)
     dump_checkpoint(trainer)                the checkpoint dict (Trainer.save_checkpoint writes it)
-    restore(trainer, ckpt_path)             weights, optimizers, schedulers, precision, callbacks, metrics, RNG
-    restore_position(trainer, ..., data)    the loop's position, on the data it will continue
+    restore_module_and_callbacks(trainer, ckpt_path)   the DataModule, the module's weights, the callbacks
+    restore_training_state(trainer, loaded)            optimizers, schedulers, precision, metrics, the counters
+    restore_position(trainer, loaded, data)            the position in the epoch, on the data it will continue
+
+In Lightning's order (Trainer._fit): the first part before configure_optimizers, or after on_fit_start where the
+strategy's engine reads the checkpoint (restores_after_setup); the second after on_fit_start; the position once
+the training loader is requested, after the sanity check; the RNG last, as the loop starts.
 
 The Accelerator's save_state / load_state use the same parts (RunState, Weights, Optimizers, ...), the same upgrade of
 old formats and count checks, and the same global-batch check (`check_global_batch`).
@@ -12,6 +17,7 @@ import os
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback
+from tasktrain.strategies.base import Sharded
 from tasktrain.trainer import loaders
 from tasktrain.trainer.data import StatefulLoaderData
 from tasktrain.trainer.module import is_overridden
@@ -90,10 +96,24 @@ def restart_ckpt_path(trainer, ckpt_path):  # issue 29 (the rule: checkpoint_io.
     return resolved
 
 
-def restore(trainer, ckpt_path):
-    """Load everything but the loop's position and the RNG; returns what restore_position needs (None: no
-    checkpoint)."""
-    path = resolve_ckpt_path(trainer, ckpt_path)
+def restores_after_setup(strategy):
+    """Lightning's restore_checkpoint_after_setup: an engine that shards the module (DeepSpeed, FSDP) reads a
+    checkpoint into the module and optimizers it has set up, so the module's and callbacks' part is restored after
+    on_fit_start; elsewhere it is restored before configure_optimizers."""
+    return isinstance(strategy, Sharded)
+
+
+class Loaded:
+    """A checkpoint read for a resume: its path and dict."""
+
+    def __init__(self, path, ckpt):
+        self.path, self.ckpt = path, ckpt
+
+
+def load(trainer, ckpt_path):
+    """Read the checkpoint to resume from (None: there is none); a weights-only one is refused here, before any of
+    it is restored."""
+    path = None if ckpt_path is None else resolve_ckpt_path(trainer, ckpt_path)
     trainer._resumed_from = path
     if path is None:
         return None
@@ -106,52 +126,77 @@ def restore(trainer, ckpt_path):
             "loop state, so training cannot resume from it. Use it for inference "
             f"({type(module).__name__}.load_from_checkpoint(path)) or start a new fit from those weights."
         )
+    return Loaded(path, ckpt)
+
+
+def restore_module_and_callbacks(trainer, ckpt_path):
+    """The checkpoint's first part, in Lightning's order: the DataModule's state, the module's on_load_checkpoint
+    and weights, the callbacks' on_load_checkpoint and state. Returns the Loaded checkpoint (None: no checkpoint)
+    for restore_training_state. Before the strategy's set-up the weights go into the module itself."""
+    loaded = load(trainer, ckpt_path)
+    if loaded is None:
+        return None
+    strategy, module, ckpt = trainer.strategy, trainer.module, loaded.ckpt
+    datamodule = trainer.datamodule
+    if datamodule is not None and type(datamodule).__qualname__ in ckpt:  # under its class name, as Lightning keeps it
+        datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
+        loaders.datamodule_restored(trainer)
     module.on_load_checkpoint(ckpt)
+    if "state_dict" in ckpt:
+        strategy.load_module_state_dict(ckpt["state_dict"], None if restores_after_setup(strategy) else module)
     for cb in trainer.callbacks:
         if is_overridden("on_load_checkpoint", cb, Callback):
             cb.on_load_checkpoint(trainer, module, ckpt)
-    parts = run_state(trainer)
-    parts.load_state_dict(ckpt, only=["state_dict"])
-    optimizers = trainer.optimizers
+    if "callbacks" in ckpt:
+        Callbacks(trainer.callbacks).load_state_dict(ckpt["callbacks"])
+    # the data order's seed: the training loader, requested after this, follows the saved order
+    trainer.state.data_seed = ckpt["train_state"].get("data_seed", trainer.state.data_seed)
+    return loaded
+
+
+def restore_training_state(trainer, loaded):
+    """The checkpoint's second part, once the strategy holds the optimizers (Lightning's restore_training_state):
+    optimizers, schedulers, precision, metrics and the loop's counters. The position inside the epoch waits for the
+    training loader (restore_position), the RNG for the loop's start."""
+    path, ckpt, optimizers = loaded.path, loaded.ckpt, trainer.optimizers
     check_counts(ckpt, "optimizer_states", len(optimizers), lambda saved: (
         f"{path} has {saved} optimizer states but configure_optimizers returned {len(optimizers)} optimizers."))
-    # the loop's position (train_state) is restored on the data it will continue (restore_position)
-    parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers", "precision", "callbacks", "metrics",
-                                      "rng_states"])
-    if trainer.datamodule is not None and type(trainer.datamodule).__qualname__ in ckpt:
-        parts.load_state_dict(ckpt, only=[type(trainer.datamodule).__qualname__])
-        trainer._datamodule_restored = True
-    # the data order's seed now: loaders rebuilt after a DataModule restore follow the saved order
-    trainer.state.data_seed = ckpt["train_state"].get("data_seed", trainer.state.data_seed)
-    return (path, ckpt["train_state"], int(ckpt.get("world_size", trainer.world_size)),
-            parts.parts["rng_states"].loaded)
-
-
-def restore_position(trainer, path, saved, saved_world, rng_states, data):
-    """The loop's position from the checkpoint's train state, on this run's number of processes and batches and
-    on the training data as it will be trained (rebuilt after a DataModule restore); returns what restores the
-    RNG, to call once the loop is about to continue."""
-    state = trainer.state
-    restore_train_state(trainer, path, saved, saved_world, data)
-    if trainer.is_global_zero:
-        print(f"[tasktrain] resumed from {path} at epoch {state.epoch}, global step {state.global_step}, "
-              f"batch {state.batch_in_epoch} of the epoch", flush=True)
-    return rng_restore_of_this_rank(rng_states, trainer.strategy, path, state.data_seed, state.global_step)
-
-
-def restore_train_state(trainer, path, saved, saved_world, epochs):
-    state = trainer.state
-    global_batch = state.global_batch_size  # this run's
+    parts = run_state(trainer)
+    parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers", "precision", "metrics", "rng_states"])
+    loaded.rng_states = parts.parts["rng_states"].loaded
+    state, saved = trainer.state, ckpt["train_state"]
+    global_batch = state.global_batch_size  # this run's, where the training loader is already set up
     state.load_state_dict(saved)
     state.data_seed = saved.get("data_seed", state.data_seed)
-    shard_world = loaders.shards(trainer)[0]  # the global order is sharded over this many (1: use_distributed_sampler=False)
-    saved_global_batch = saved.get("global_batch_size") or (
-        global_batch // shard_world * saved_world if global_batch else 0)  # written before it was recorded
     state.global_batch_size = global_batch
     if state.epoch_finished:
         state.epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
         state.epoch_finished = False
+
+
+def restore_position(trainer, loaded, data):
+    """The loop's position inside the epoch from the checkpoint's train state, on this run's number of processes and
+    batches and on the training data as it will be trained; returns what restores the RNG, to call once the loop
+    is about to continue."""
+    state, ckpt = trainer.state, loaded.ckpt
+    restore_train_state(trainer, loaded.path, ckpt["train_state"], int(ckpt.get("world_size", trainer.world_size)),
+                        data)
+    if trainer.is_global_zero:
+        print(f"[tasktrain] resumed from {loaded.path} at epoch {state.epoch}, global step {state.global_step}, "
+              f"batch {state.batch_in_epoch} of the epoch", flush=True)
+    return rng_restore_of_this_rank(loaded.rng_states, trainer.strategy, loaded.path, state.data_seed,
+                                    state.global_step)
+
+
+def restore_train_state(trainer, path, saved, saved_world, epochs):
+    """The position inside the saved epoch (the counters are restored already: restore_training_state)."""
+    state = trainer.state
+    global_batch = state.global_batch_size  # this run's
+    shard_world = loaders.shards(trainer)[0]  # the global order is sharded over this many (1: use_distributed_sampler=False)
+    saved_global_batch = saved.get("global_batch_size") or (
+        global_batch // shard_world * saved_world if global_batch else 0)  # written before it was recorded
+    if saved.get("epoch_finished"):
         return
     accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1
     # use_distributed_sampler=False: each rank read the loader as the user built it, so the position of each rank's

@@ -136,9 +136,8 @@ class Trainer:
         self.num_sanity_val_batches = []
         self.num_test_batches = []
         self.num_predict_batches = []
-        self._val_loader = None
+        self._val_loader = self._pending_val = None  # _pending_val: the fit's loader not requested yet (loaders.py)
         self._resumed_from = None
-        self._datamodule_restored = False
         self._fit_state = None  # the FitState of the fit in progress (fit_state.py)
         self.predictions, self.predict_batch_indices = [], []  # of the predict run in progress (prediction writers)
 
@@ -246,7 +245,7 @@ class Trainer:
     @property
     def enable_validation(self):
         """Whether this fit runs a validation loop: a validation loader, validation_step, limit_val_batches != 0."""
-        return self._val_loader is not None and self.limit_val_batches != 0
+        return (self._val_loader is not None or self._pending_val is not None) and self.limit_val_batches != 0
 
     # Lightning's flags over trainer.state.stage (the loop running now)
     @property
@@ -436,43 +435,47 @@ class Trainer:
 
     # -- fit ---------------------------------------------------------------------------------------------------------
     def _fit(self, module, train_loader, val_loader, ckpt_path):
-        """The fit's set-up (Lightning's order: configure_optimizers, then the loaders, val first), the resume, the
-        sanity check, then the loop (loop.fit_loop) over the FitState built here."""
+        """The fit's set-up in Lightning's order, then the loop (loop.fit_loop) over the FitState built here:
+        the checkpoint's module-and-callbacks part (resume.py: before configure_optimizers, or after on_fit_start
+        where the strategy's engine reads it), configure_optimizers and the strategy's set-up, on_fit_start, the
+        training state, the sanity check (on_sanity_check_start, then val_dataloader), then train_dataloader, the
+        position in the epoch and the RNG, and on_train_start. The training loader comes earlier where
+        configure_optimizers reads estimated_stepping_batches or the strategy needs the micro-batch size."""
         strategy = self.strategy
         self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
         _convert_sync_batchnorm(module, strategy, self.sync_batchnorm)
         check_optimization_hooks(module, strategy)
         # Data order: a function of (seed, epoch), the same seed on every rank.
         self.state = TrainState(data_seed=broadcast_seed(strategy), status=self.state.status, fn=self.state.fn)
-        # configure_optimizers reading trainer.estimated_stepping_batches gets the training loader set up there
-        self._pending_train, self._train_data = (module, train_loader), None
-        optimizers, self.lr_scheduler_configs = parse_optimizers(module)
-        has_val = loaders.setup_fit_val(self, module, val_loader)
-        train_data = loaders.train_data_now(self)
-        _check_optimizers(module, optimizers, self.accumulate_grad_batches)
-        with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
-            _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers,
-                                                                      self._plan(module, train_data.given_loader))
-        restore_rng = resumed = None
+        self._pending_train, self._train_data = (module, train_loader), None  # requested by train_data_now
+        has_val = loaders.plan_fit_val(self, module, val_loader)  # requested by val_data_now
         ckpt_path = resume.restart_ckpt_path(self, ckpt_path)  # issue 29: a restarted worker resumes from the newest
         ckpt_path = requeue.resume_path(self.default_root_dir, ckpt_path, self.is_global_zero)  # issue 40
-        if ckpt_path is not None:
-            resumed = resume.restore(self, ckpt_path)
-            if self._datamodule_restored:  # the loader hooks see the DataModule's restored state, as in Lightning
-                train_data = loaders.reload(self, None, train_data, has_val)
-            if resumed is not None:  # the position in the epoch is worked out on the loader that will be trained on
-                restore_rng = resume.restore_position(self, *resumed, train_data)
-        finished = resumed is not None and guards.finished_run(self, resumed[0])  # issue 38: says so
-        fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, train_data)
+        after_setup = resume.restores_after_setup(strategy)
+        loaded = None if after_setup else resume.restore_module_and_callbacks(self, ckpt_path)
+        optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+        _check_optimizers(module, optimizers, self.accumulate_grad_batches)
+        plan = self._plan(module, loaders.train_data_early(self, strategy))
+        with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+            _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+        fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         self._call("on_fit_start")
+        if after_setup:
+            loaded = resume.restore_module_and_callbacks(self, ckpt_path)
+        if loaded is not None:
+            resume.restore_training_state(self, loaded)
+        finished = loaded is not None and guards.finished_run(self, loaded.path)  # issue 38: says so
         module.zero_grad()  # Lightning clears the gradients when each entry point starts
         if not finished:  # a finished run resumed writes no new log folder (issue 38)
             self._log_hyperparams(module)
         self._watch()  # from the sanity check on; set-up is not watched
         if has_val and self.num_sanity_val_steps and self._resumed_from is None:
             self._sanity_check()
-        if restore_rng is not None:
-            restore_rng()
+        fit.epochs = loaders.train_data_now(self)
+        if loaded is not None:  # the position in the epoch, on the loader that will be trained on; then the RNG
+            restore_rng = resume.restore_position(self, loaded, fit.epochs)
+            if restore_rng is not None:
+                restore_rng()
         previous = loop.install_sigterm_handler(self, fit)
         requeue_handler = requeue.RequeueHandler(lambda: setattr(fit, "preempted", True))  # issue 40
         try:
@@ -497,7 +500,8 @@ class Trainer:
             )
 
     def _plan(self, module, train_loader):
-        """What the loop will do, for the strategy's set-up (strategies/base.py Plan)."""
+        """What the loop will do, for the strategy's set-up (strategies/base.py Plan); train_loader None: the
+        micro-batch size is not asked for (strategy.needs_micro_batch_size)."""
         return Plan(
             training=True, calls_steps=True, micro_batch_size=loaders.batch_size_of(train_loader),
             accumulate_grad_batches=self.accumulate_grad_batches,
@@ -512,7 +516,8 @@ class Trainer:
         self.sanity_checking = True
         with isolate_rng():  # the training draws as it would without a sanity check (Lightning's rule)
             self._call("on_sanity_check_start")
-            evaluation.evaluate(self, "validate", self._val_loader, self.num_sanity_val_batches)
+            if loaders.val_data_now(self) is not None:  # val_dataloader is requested here, as in Lightning
+                evaluation.evaluate(self, "validate", self._val_loader, self.num_sanity_val_batches)
             self._call("on_sanity_check_end")
         self.sanity_checking = False
         self._metrics.callback_metrics.clear()

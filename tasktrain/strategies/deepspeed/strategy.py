@@ -347,7 +347,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         if self._client_optimizer is None:
             self._initialize(micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None)
             return self.engine, self.optimizers
-        micro = self.micro_batch_size or plan.micro_batch_size
+        micro = self.micro_batch_size or plan.micro_batch_size or self._configured_micro_batch_size()
         if micro is None:
             warnings.warn("DeepSpeed: the micro-batch size is not known (the training loader has no batch_size: a "
                           "custom batch sampler?), so the config's train_micro_batch_size_per_gpu is 1. DeepSpeed "
@@ -373,6 +373,15 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     def setup_optimizer(self, optimizer):
         raise ValueError("Under DeepSpeed the model and its optimizer are prepared together: pass both to one "
                          "accelerator.prepare(model, optimizer, ...) call.")
+
+    def needs_micro_batch_size(self):
+        """The config's train_micro_batch_size_per_gpu comes from the training loader unless it is given (the
+        config, DeepSpeed(micro_batch_size=)), as in Lightning's DeepSpeed."""
+        return self.micro_batch_size is None and self._configured_micro_batch_size() is None
+
+    def _configured_micro_batch_size(self):
+        given = (self.user_config or {}).get("train_micro_batch_size_per_gpu", "auto")
+        return None if given == "auto" else int(given)
 
     def _initialize(self, micro_batch_size, accumulate_grad_batches, gradient_clipping):
         """deepspeed.initialize. micro_batch_size=None: an engine that does not train (no batch values needed)."""
