@@ -207,6 +207,7 @@ class ModelCheckpoint(Checkpoint):
         self._last_scored = None
 
     def on_train_start(self, trainer, pl_module):
+        self._adopt_restored(trainer)  # DeepSpeed/FSDP restore the callbacks after on_fit_start (Lightning's order)
         self._seen_step = trainer.global_step
         self._last_time_checked = time.monotonic()
         self._epoch_end_saves = self.save_on_train_epoch_end
@@ -668,6 +669,9 @@ class ModelCheckpoint(Checkpoint):
             self._forget_other_folder(state.get("dirpath"), directory)
 
     def on_fit_start(self, trainer, pl_module):
+        self._adopt_restored(trainer)
+
+    def _adopt_restored(self, trainer):
         """After a resume, the restored top-k and last are this run's only if this run saves to the folder they are
         in (as in Lightning): resuming another run's checkpoint, or with another dirpath, default_root_dir or logger
         version, starts a top-k of its own in this run's folder, and the other folder's files are never deleted.

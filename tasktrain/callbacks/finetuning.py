@@ -128,14 +128,27 @@ class BaseFinetuning(Callback):
     def setup(self, trainer, module, stage):
         # every stage, as Lightning: trainer.validate/test see the model frozen as training would start it, and a
         # strategy that cannot take new param groups refuses in every stage (DeepSpeed: Lightning's NotImplementedError)
+        self._fit_started, self._pending_groups = False, None
         self.freeze_before_training(module)
         trainer.strategy.check_param_groups_can_change("The Finetuning callback")
 
     def on_load_checkpoint(self, trainer, module, checkpoint):
-        # Runs before the optimizer's state is loaded: the groups added in the interrupted run must exist by then.
+        # The groups added in the interrupted run must exist before the optimizer's state is loaded: at on_fit_start
+        # (Lightning's), or here where the checkpoint is read after it (DeepSpeed/FSDP, restore after set-up).
         state = (checkpoint.get("callbacks") or {}).get(self.state_key)
         if not state:
             return
+        self._pending_groups = state
+        if getattr(self, "_fit_started", False):
+            self._restore_groups(trainer, module)
+
+    def on_fit_start(self, trainer, module):
+        self._fit_started = True
+        if getattr(self, "_pending_groups", None) is not None:
+            self._restore_groups(trainer, module)
+
+    def _restore_groups(self, trainer, module):
+        state, self._pending_groups = self._pending_groups, None
         self._internal_optimizer_metadata = {int(k): v for k, v in state["internal_optimizer_metadata"].items()}
         by_name = dict(module.named_parameters())
         before = _trainable(module)
@@ -202,6 +215,7 @@ class BackboneFinetuning(BaseFinetuning):
             raise MisconfigurationException(f"The LightningModule should have a nn.Module `backbone` attribute; "
                                             f"{type(module).__name__}.backbone is "
                                             f"{type(getattr(module, 'backbone', None)).__name__}.")
+        super().on_fit_start(trainer, module)
 
     def freeze_before_training(self, module):
         if not hasattr(module, "backbone"):

@@ -165,6 +165,7 @@ class StochasticWeightAveraging(Callback):
         if stage == "fit":
             # a fit starts SWA afresh (a checkpoint's state is loaded after set-up), also with this callback reused
             self._initialized, self._swa_scheduler, self._scheduler_state = False, None, None
+            self._resume_pending = False
             self.n_averaged, self._init_n_averaged, self._latest_update_epoch = None, 0, -1
             self._average_model = _ParameterCopy(pl_module)
 
@@ -178,6 +179,9 @@ class StochasticWeightAveraging(Callback):
                 f"begins); configure_optimizers returned {len(trainer.lr_scheduler_configs)}.")
         self._resolve_start(trainer)
         self._model_contains_batch_norm = self.pl_module_contains_batch_norm(pl_module)
+        if getattr(self, "_resume_pending", False):  # before the trainer loads the schedulers' states
+            self._resume_pending = False
+            self._initialize(trainer, pl_module)
 
     def _resolve_start(self, trainer):
         self._max_epochs = trainer.max_epochs
@@ -247,9 +251,7 @@ class StochasticWeightAveraging(Callback):
         if state.get("scheduler_state") is None or self._initialized:
             return
         self.load_state_dict(state)
-        if self._max_epochs is None:
-            self._resolve_start(trainer)
-        self._initialize(trainer, pl_module)
+        self._resume_pending = True  # SWALR is set up at on_fit_start, once the optimizer exists (Lightning's order)
 
     def on_train_end(self, trainer, pl_module):
         # the trainer counted the last epoch before this event: current_epoch - 1 is the last one trained

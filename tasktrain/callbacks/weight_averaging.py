@@ -109,8 +109,8 @@ class WeightAveraging(Callback):
         average = {"module." + k: v for k, v in checkpoint["state_dict"].items()}
         average.update(checkpoint["averaging_state"])
         self._average_model.load_state_dict(average)
-        # the trainer loads checkpoint["state_dict"] into the module next: it must be the weights being trained
-        checkpoint["state_dict"] = checkpoint["current_model_state"]
+        # the module got checkpoint["state_dict"] (the average) already (Lightning's order): it trains the current ones
+        trainer.strategy.load_module_state_dict(checkpoint["current_model_state"], module)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def _pairs(self, module):

@@ -130,20 +130,20 @@ def load(trainer, ckpt_path):
 
 
 def restore_module_and_callbacks(trainer, ckpt_path):
-    """The checkpoint's first part, in Lightning's order: the DataModule's state, the module's on_load_checkpoint
-    and weights, the callbacks' on_load_checkpoint and state. Returns the Loaded checkpoint (None: no checkpoint)
+    """The checkpoint's first part, in Lightning's order: the module's on_load_checkpoint and weights, the
+    DataModule's state, the callbacks' on_load_checkpoint and state. Returns the Loaded checkpoint (None: no checkpoint)
     for restore_training_state. Before the strategy's set-up the weights go into the module itself."""
     loaded = load(trainer, ckpt_path)
     if loaded is None:
         return None
     strategy, module, ckpt = trainer.strategy, trainer.module, loaded.ckpt
+    module.on_load_checkpoint(ckpt)
+    if "state_dict" in ckpt:
+        strategy.load_module_state_dict(ckpt["state_dict"], None if restores_after_setup(strategy) else module)
     datamodule = trainer.datamodule
     if datamodule is not None and type(datamodule).__qualname__ in ckpt:  # under its class name, as Lightning keeps it
         datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
         loaders.datamodule_restored(trainer)
-    module.on_load_checkpoint(ckpt)
-    if "state_dict" in ckpt:
-        strategy.load_module_state_dict(ckpt["state_dict"], None if restores_after_setup(strategy) else module)
     for cb in trainer.callbacks:
         if is_overridden("on_load_checkpoint", cb, Callback):
             cb.on_load_checkpoint(trainer, module, ckpt)

@@ -7,10 +7,11 @@ work is in rooms of tasktrain/trainer/ a reader can name:
     loop.py         fit_loop -> train_epoch -> training_step: one optimizer step on one screen
     evaluation.py   validate / test / predict (and fit's validation)
     resume.py       what a checkpoint holds (dump_checkpoint) and how a fit resumes from one (restore)
-    loaders.py      the fit's data: the training loader prepared once, the validation loaders counted, reloads
+    loaders.py      the fit's data: each loader requested when first needed, the training one prepared once, the
+                    validation loaders counted, reloads
 
-Here: the run of a stage on every rank (`_run_stage`), the fit's set-up before its loop (`_fit`: optimizers, data,
-plan, strategy, resume, sanity check), metrics out to the loggers, save_checkpoint and the watchdog.
+Here: the run of a stage on every rank (`_run_stage`), the fit's set-up before its loop (`_fit`, in Lightning's
+order: resume, optimizers, strategy, sanity check, data), metrics out to the loggers, save_checkpoint and the watchdog.
 """
 import contextlib
 import signal
