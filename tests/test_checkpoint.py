@@ -106,6 +106,30 @@ def test_weights_only_checkpoint_loads_but_refuses_to_resume(tmp_path):
         Trainer(max_epochs=3, **quiet()).fit(Linear(), loader(), ckpt_path=path)
 
 
+class TwoOptimizers(Linear):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.steps = 0
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self):
+        return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.1)]
+
+
+def test_a_checkpoint_that_does_not_fit_the_optimizers_raises_before_training(tmp_path):
+    # the module's part is restored before configure_optimizers (Lightning's order), the optimizers' after it: the
+    # count is checked there, before the first step
+    trainer, _ = trained(tmp_path)
+    module = TwoOptimizers()
+    with pytest.raises(ValueError, match="has 1 optimizer states but configure_optimizers returned 2 optimizers"):
+        Trainer(max_epochs=3, **quiet()).fit(module, loader(), ckpt_path=trainer.checkpoint_callback.best_model_path)
+    assert module.steps == 0
+
+
 def test_last_follows_the_pointer_not_file_times(tmp_path):
     trainer, _ = trained(tmp_path, callbacks=[ModelCheckpoint(save_top_k=-1)])
     pointer = json.load(open(tmp_path / ckpt_io.POINTER_NAME))

@@ -188,9 +188,13 @@ def test_callbacks_use_only_the_public_trainer_api():
 class Recording(SingleDevice):
     """The contract's defaults, recording what the loop hands over."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, wants_micro_batch_size=True, **kwargs):
         super().__init__(**kwargs)
         self.plans, self.clip_calls = [], []
+        self.wants_micro_batch_size = wants_micro_batch_size
+
+    def needs_micro_batch_size(self):
+        return self.wants_micro_batch_size
 
     def setup_module_and_optimizers(self, module, optimizers, plan):
         self.plans.append(plan)
@@ -215,6 +219,11 @@ def test_the_trainer_tells_the_strategy_its_plan():
     # ... and the clipping callbacks ask for exactly that at each of the 2 optimizer steps
     assert sorted(strategy.clip_calls, key=str) == sorted([(None, 3.0, 2.0), (0.5, None, 2.0)] * 2, key=str)
     assert not validate.training and validate.calls_steps and validate.clipping == ()
+    # a strategy that does not read the micro-batch size is set up before the training loader is requested (Lightning's
+    # order: train_dataloader when training starts); its Plan says the size is not known
+    strategy = Recording(wants_micro_batch_size=False)
+    Trainer(strategy=strategy, max_steps=1, **quiet()).fit(Linear(), loader(n=32, batch_size=8))
+    assert strategy.plans[0].micro_batch_size is None
 
 
 def test_the_accelerator_tells_the_strategy_its_plan():

@@ -279,6 +279,33 @@ def test_fit(tmp_path, automatic, override_model_train):
         ("Callback.on_train_epoch_end", 2), ("on_train_epoch_end", 0), *_save(), *_fit_end()])
 
 
+def test_fit_without_sanity_check_requests_the_val_loader_at_train_start(tmp_path):
+    called = []
+    trainer = _trainer(tmp_path, called, max_epochs=1, limit_train_batches=2, limit_val_batches=2,
+                       num_sanity_val_steps=0)
+    trainer.fit(HookedModel(called))
+    # Lightning's fit loop asks for the validation loader before on_train_start when the first epoch validates
+    _check(called, [
+        *_start("fit"), ("configure_optimizers", 0), ("Callback.on_fit_start", 2), ("on_fit_start", 0),
+        ("zero_grad", 0), ("train_dataloader", 0), ("val_dataloader", 0), ("Callback.on_train_start", 2),
+        ("on_train_start", 0), ("Callback.on_train_epoch_start", 2), ("on_train_epoch_start", 0), *_auto_batches(2),
+        ("zero_grad", 0), ("on_validation_model_zero_grad", 0), *_validation(2),
+        ("Callback.on_train_epoch_end", 2), ("on_train_epoch_end", 0), *_save(), *_fit_end()])
+
+
+def test_fit_without_sanity_check_requests_the_val_loader_at_the_first_validation(tmp_path):
+    called = []
+    trainer = _trainer(tmp_path, called, max_epochs=2, limit_train_batches=1, limit_val_batches=1,
+                       num_sanity_val_steps=0, check_val_every_n_epoch=2)
+    trainer.fit(HookedModel(called))
+    # (recorded from Lightning 2.6.6 itself: the first epoch does not validate, the loader comes at epoch 1's end)
+    shown = {"Callback.on_fit_start", "train_dataloader", "val_dataloader", "Callback.on_train_start",
+             "Callback.on_train_epoch_start", "on_validation_model_zero_grad"}
+    assert [name for name, _ in called if name in shown] == [
+        "Callback.on_fit_start", "train_dataloader", "Callback.on_train_start", "Callback.on_train_epoch_start",
+        "Callback.on_train_epoch_start", "on_validation_model_zero_grad", "val_dataloader"]
+
+
 def _first_checkpoint(tmp_path, **kwargs):
     trainer = _trainer(tmp_path, [], limit_val_batches=0, **kwargs)
     trainer.fit(Boring())

@@ -61,8 +61,8 @@ def setup_train(trainer, loader, previous=None):
 
 def plan_fit_val(trainer, module, val_loader):
     """Whether the fit validates: validation_step, limit_val_batches != 0, and a loader given or a val_dataloader
-    hook. The loader itself is requested at the sanity check, or else at the first validation (val_data_now), as
-    Lightning does."""
+    hook. The loader itself is requested at the sanity check, at the training start, or at the first validation
+    (val_data_now), as Lightning does."""
     trainer._val_loader = None
     hooked = is_overridden("val_dataloader", trainer.datamodule if trainer.datamodule is not None else module,
                            DataModule if trainer.datamodule is not None else TaskModule)
@@ -82,6 +82,15 @@ def val_data_now(trainer):
         if val_loader is not None:
             setup_val(trainer, val_loader)
     return trainer._val_loader
+
+
+def val_data_at_train_start(trainer):
+    """Without a sanity check, the validation loaders are requested before on_train_start when the first epoch
+    validates at its end (Lightning's fit loop does, for the progress bar's totals); otherwise at the first
+    validation."""
+    every = trainer.check_val_every_n_epoch
+    if trainer.enable_validation and (every is None or (trainer.current_epoch + 1) % every == 0):
+        val_data_now(trainer)
 
 
 def train_data_early(trainer, strategy):

@@ -473,6 +473,7 @@ class Trainer:
         if has_val and self.num_sanity_val_steps and self._resumed_from is None:
             self._sanity_check()
         fit.epochs = loaders.train_data_now(self)
+        loaders.val_data_at_train_start(self)  # (without a sanity check)
         if loaded is not None:  # the position in the epoch, on the loader that will be trained on; then the RNG
             restore_rng = resume.restore_position(self, loaded, fit.epochs)
             if restore_rng is not None:
