@@ -17,6 +17,7 @@ import os
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback
+from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Sharded
 from tasktrain.trainer import loaders
 from tasktrain.trainer.data import StatefulLoaderData
@@ -110,11 +111,18 @@ class Loaded:
         self.path, self.ckpt = path, ckpt
 
 
-def load(trainer, ckpt_path):
-    """Read the checkpoint to resume from (None: there is none); a weights-only one is refused here, before any of
-    it is restored."""
-    path = None if ckpt_path is None else resolve_ckpt_path(trainer, ckpt_path)
-    trainer._resumed_from = path
+def resume_path(trainer, ckpt_path):
+    """The checkpoint this fit resumes from (None: a fresh fit), known from the fit's start (trainer.ckpt_path): a
+    restarted worker's newest (issue 29), a requeued job's (issue 40), "best" / "last" resolved."""
+    ckpt_path = restart_ckpt_path(trainer, ckpt_path)
+    ckpt_path = requeue.resume_path(trainer.default_root_dir, ckpt_path, trainer.is_global_zero)
+    trainer._resumed_from = None if ckpt_path is None else resolve_ckpt_path(trainer, ckpt_path)
+    return trainer._resumed_from
+
+
+def load(trainer, path):
+    """Read the checkpoint at `path` (resume_path's; None: none); a weights-only one is refused here, before any
+    of it is restored."""
     if path is None:
         return None
     strategy, module = trainer.strategy, trainer.module
@@ -129,11 +137,11 @@ def load(trainer, ckpt_path):
     return Loaded(path, ckpt)
 
 
-def restore_module_and_callbacks(trainer, ckpt_path):
+def restore_module_and_callbacks(trainer, path):
     """The checkpoint's first part, in Lightning's order: the module's on_load_checkpoint and weights, the
     DataModule's state, the callbacks' on_load_checkpoint and state. Returns the Loaded checkpoint (None: no checkpoint)
     for restore_training_state. Before the strategy's set-up the weights go into the module itself."""
-    loaded = load(trainer, ckpt_path)
+    loaded = load(trainer, path)
     if loaded is None:
         return None
     strategy, module, ckpt = trainer.strategy, trainer.module, loaded.ckpt

@@ -450,8 +450,7 @@ class Trainer:
         self.state = TrainState(data_seed=broadcast_seed(strategy), status=self.state.status, fn=self.state.fn)
         self._pending_train, self._train_data = (module, train_loader), None  # requested by train_data_now
         has_val = loaders.plan_fit_val(self, module, val_loader)  # requested by val_data_now
-        ckpt_path = resume.restart_ckpt_path(self, ckpt_path)  # issue 29: a restarted worker resumes from the newest
-        ckpt_path = requeue.resume_path(self.default_root_dir, ckpt_path, self.is_global_zero)  # issue 40
+        ckpt_path = resume.resume_path(self, ckpt_path)  # restarts (issue 29), requeues (issue 40), "best"/"last"
         after_setup = resume.restores_after_setup(strategy)
         loaded = None if after_setup else resume.restore_module_and_callbacks(self, ckpt_path)
         optimizers, self.lr_scheduler_configs = parse_optimizers(module)
