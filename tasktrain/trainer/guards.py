@@ -71,7 +71,7 @@ def check_val_interval_fits(trainer, has_length):
     """At training start (Lightning's point), where the training loader is known: a val_check_interval that no epoch
     reaches, or a fraction of an epoch that has no length, is an error (it would never validate)."""
     interval = trainer.val_check_interval
-    if trainer._val_loader is None or interval is None or trainer._val_check_time_interval is not None:
+    if not trainer.enable_validation or interval is None or trainer._val_check_time_interval is not None:
         return
     if isinstance(interval, int) and not isinstance(interval, bool):
         batches = trainer.num_training_batches

@@ -436,7 +436,7 @@ def val_time_is_up(trainer, fit, batch_idx):
     started or the last validation ended, in the epochs check_val_every_n_epoch names. Rank 0's clock decides for
     every rank (the ranks' clocks differ: each deciding alone would send some into a validation the others skip)."""
     every = trainer.check_val_every_n_epoch
-    if trainer._val_loader is None or (every is not None and (trainer.state.epoch + 1) % every):
+    if not trainer.enable_validation or (every is not None and (trainer.state.epoch + 1) % every):
         return False
     up = time.monotonic() - fit.last_val_time >= trainer._val_check_time_interval
     if trainer.world_size > 1:
