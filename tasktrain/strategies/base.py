@@ -498,6 +498,16 @@ class Strategy(abc.ABC):
         stepped (an engine that copies the groups into its own optimizer at set-up). Default: the loop steps the
         optimizer as it is."""
 
+    def check_step_can_be_skipped(self, where: str):
+        """Raise when a micro-batch may not skip its backward (training_step returning None, `where` says which):
+        the other ranks would wait for this one in the backward's gradient all-reduce. Default: allowed on one
+        process only."""
+        if self.world_size > 1:
+            raise RuntimeError(
+                f"{where}, which skips the batch; that works on one process only (Lightning's rule), and this run has "
+                f"{self.world_size}: every rank must run the backward. Return a loss (multiplied by 0 to skip its "
+                "effect), or use manual optimisation.")
+
     def check_accumulation_can_change(self):
         """Raise when the accumulation window cannot change between epochs (GradientAccumulationScheduler): an engine
         that writes it into its config at set-up. Default: the loop reads it at each epoch."""

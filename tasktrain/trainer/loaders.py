@@ -46,12 +46,7 @@ def setup_train(trainer, loader, previous=None):
     # samples of the global order per optimizer step, all processes together (a resume says when it changes)
     accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1
     trainer.state.global_batch_size = (samples_per_step(batch_size_of(loader), world_size) or 0) * accumulate
-    if trainer.num_training_batches is None and trainer.max_steps == -1:
-        raise ValueError(
-            "The training loader has no length (an infinite or iterable dataset) and max_steps is not set, so "
-            "training would never end. Set Trainer(max_steps=N), or give the loader a __len__ / set "
-            "limit_train_batches=N to define an epoch."
-        )
+    # (a loader without a length ends each epoch where it runs out, as in Lightning: max_epochs passes of it)
     trainer._loader_data = train_data
     epochs = EpochIterator(train_data, world_size, trainer._epoch_length, trainer.state)
     if previous is not None:

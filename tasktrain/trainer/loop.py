@@ -171,7 +171,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
                 outputs = fit.training_step(batch, batch_idx)
                 skipped = outputs is None  # Lightning's rule: this batch is skipped (no backward)
                 if skipped:
-                    check_skip_allowed(trainer, batch_idx)
+                    trainer.strategy.check_step_can_be_skipped(f"training_step returned None at batch {batch_idx}")
                     if not _warned_once["skip"]:  # once per process, as Lightning's warning cache
                         _warned_once["skip"] = True
                         warnings.warn("`training_step` returned `None`. If this was on purpose, ignore this warning...",
@@ -244,17 +244,6 @@ def training_step(trainer, fit, batch, batch_idx, window):
 
 
 _warned_once = {"skip": False}
-
-
-def check_skip_allowed(trainer, batch_idx):
-    """training_step returning None skips the batch on one process (Lightning's rule). On several processes the other
-    ranks would wait in the backward's all-reduce for this one; DeepSpeed's engine steps only after its backward."""
-    if trainer.world_size > 1 or trainer.strategy.name.startswith("deepspeed"):
-        raise RuntimeError(
-            f"training_step returned None at batch {batch_idx}, which skips the batch; that works on one process "
-            f"without DeepSpeed only (Lightning's rule), and this run uses {trainer.strategy.name} on "
-            f"{trainer.world_size} process(es): every rank must run the backward. Return a loss (e.g. multiplied by "
-            "0 to skip its effect), or use manual optimisation.")
 
 
 def closure_not_run(module):

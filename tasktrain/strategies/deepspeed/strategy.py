@@ -903,6 +903,11 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
                                   "training, and DeepSpeed copies the groups into its engine at set-up: the new ones "
                                   "would never be stepped; strategy='ddp' runs it.)")
 
+    def check_step_can_be_skipped(self, where: str):
+        raise RuntimeError(f"{where}, which skips the batch; DeepSpeed's engine steps only after its own backward, so "
+                           "a batch cannot skip it (Lightning documents it as unsupported under DeepSpeed). Return a "
+                           "loss (multiplied by 0 to skip its effect), or use strategy='ddp'.")
+
     def check_accumulation_can_change(self):
         raise RuntimeError(f"The `{type(self).__name__}` does not support `accumulate_grad_batches` changing between "
                            "epochs. (DeepSpeed writes it into its config once, at set-up: use "

@@ -1,0 +1,285 @@
+"""The basics a renamed Lightning script or test leans on, beside Lightning itself: tasktrain.demos.boring_classes
+(the same seed gives the same data, module and, after the same fit, the same weights), seed_everything and
+isolate_rng, the Trainer's notes on its arguments, loaders without a length, Lightning's module paths."""
+import inspect
+import logging
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
+
+import tasktrain  # noqa: E402
+from tasktrain.demos import boring_classes as ours  # noqa: E402
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+def _fit(lib, classes, model_name, datamodule=False, **kwargs):
+    lib.seed_everything(7, verbose=False)
+    model = getattr(classes, model_name)()
+    args = dict(max_epochs=2, limit_train_batches=5, limit_val_batches=3, **QUIET)
+    args.update(kwargs)
+    trainer = lib.Trainer(**args)
+    if model_name == "DemoModel":  # (it has no loaders of its own)
+        trainer.fit(model, torch.utils.data.DataLoader(classes.RandomDataset(32, 64), batch_size=2))
+    elif datamodule:
+        trainer.fit(model, datamodule=classes.BoringDataModule())
+    else:
+        trainer.fit(model)
+    return model, trainer
+
+
+@pytest.mark.parametrize("model_name,datamodule", [("BoringModel", False), ("BoringModel", True),
+                                                   ("ManualOptimBoringModel", False), ("DemoModel", False)])
+def test_a_boring_fit_ends_on_lightnings_weights(model_name, datamodule):
+    mine, trainer = _fit(tasktrain, ours, model_name, datamodule)
+    reference, lightning_trainer = _fit(pl, theirs, model_name, datamodule)
+    assert trainer.global_step == lightning_trainer.global_step > 0
+    for (name, a), (_, b) in zip(mine.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+    if model_name == "BoringModel":  # StepLR(step_size=1) stepped once per epoch, as Lightning's
+        assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.1 ** 2)
+
+
+def test_the_datasets_draw_lightnings_numbers():
+    for name, args in (("RandomDataset", (32, 8)), ("RandomDictDataset", (4, 3))):
+        torch.manual_seed(3)
+        a = getattr(ours, name)(*args)
+        torch.manual_seed(3)
+        b = getattr(theirs, name)(*args)
+        assert len(a) == len(b) == args[1]
+        for i in range(len(a)):
+            x, y = a[i], b[i]
+            if isinstance(x, dict):
+                assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+            else:
+                assert torch.equal(x, y)
+    for name in ("RandomIterableDataset", "RandomIterableDatasetWithLen"):
+        torch.manual_seed(3)
+        a = list(getattr(ours, name)(4, 5))
+        torch.manual_seed(3)
+        b = list(getattr(theirs, name)(4, 5))
+        assert len(a) == 5 and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert len(ours.RandomIterableDatasetWithLen(4, 5)) == 5
+    assert not hasattr(ours.RandomIterableDataset(4, 5), "__len__")
+    torch.manual_seed(0)
+    net_a = ours.Net()
+    torch.manual_seed(0)
+    net_b = theirs.Net()
+    x = torch.randn(2, 1, 28, 28)
+    net_a.eval(), net_b.eval()
+    torch.testing.assert_close(net_a(x), net_b(x))
+
+
+def test_the_no_length_datamodule_trains_by_max_steps():
+    tasktrain.seed_everything(0, verbose=False)
+    trainer = tasktrain.Trainer(max_steps=4, limit_val_batches=2, **QUIET)
+    trainer.fit(ours.BoringModel(), datamodule=ours.BoringDataModuleNoLen())
+    assert trainer.global_step == 4 and trainer.num_training_batches in (None, float("inf"))
+
+
+def test_a_finite_iterable_dataset_trains_max_epochs_as_under_lightning():
+    """A loader without a length (RandomIterableDataset) ends each epoch where it runs out, as Lightning's: max_epochs
+    passes of it, no max_steps needed."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        lib.seed_everything(1, verbose=False)
+        model = classes.BoringModel()
+        trainer = lib.Trainer(max_epochs=3, limit_val_batches=0, **QUIET)
+        trainer.fit(model, torch.utils.data.DataLoader(classes.RandomIterableDataset(32, 10), batch_size=4))
+        seen[lib.__name__] = (trainer.global_step, trainer.current_epoch, model.layer.weight.detach().clone())
+    (steps, epochs, weight), (l_steps, l_epochs, l_weight) = seen.values()
+    assert (steps, epochs) == (l_steps, l_epochs) == (9, 3)
+    torch.testing.assert_close(weight, l_weight)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _logged(logger_name, fn):
+    handler, logger = _Records(), logging.getLogger(logger_name)
+    logger.addHandler(handler)
+    try:
+        fn()
+    finally:
+        logger.removeHandler(handler)
+    return handler.messages
+
+
+def test_seed_everything_and_isolate_rng_as_lightnings(monkeypatch):
+    from lightning.fabric.utilities.seed import seed_everything as theirs_seed
+    from lightning.pytorch.utilities.seed import isolate_rng as theirs_isolate
+
+    from tasktrain.utilities.seed import isolate_rng, reset_seed
+
+    assert [(p.name, p.default) for p in inspect.signature(tasktrain.seed_everything).parameters.values()] == \
+        [(p.name, p.default) for p in inspect.signature(theirs_seed).parameters.values()]
+    monkeypatch.delenv("RANK", raising=False)
+    mine = _logged("tasktrain", lambda: tasktrain.seed_everything(5))
+    lightning = _logged("lightning.fabric", lambda: theirs_seed(5))
+    assert mine == lightning == ["Seed set to 5"]
+    for bad in (-1, 2**32):
+        with pytest.raises(ValueError) as error:
+            tasktrain.seed_everything(bad)
+        with pytest.raises(ValueError) as lightning_error:
+            theirs_seed(bad)
+        assert str(error.value) == str(lightning_error.value)
+    for var in ("TASKTRAIN_GLOBAL_SEED", "PL_GLOBAL_SEED"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.warns(UserWarning, match="No seed found, seed set to 0"):
+        assert tasktrain.seed_everything() == 0
+    monkeypatch.setenv("TASKTRAIN_GLOBAL_SEED", "9")
+    assert tasktrain.seed_everything(verbose=False) == 9
+    draws = torch.rand(2)
+    torch.rand(5)
+    reset_seed()  # seeds again with 9
+    assert torch.equal(torch.rand(2), draws)
+    for isolate in (isolate_rng, theirs_isolate):
+        tasktrain.seed_everything(3, verbose=False)
+        with isolate():
+            torch.rand(3), np.random.rand(3), random.random()
+        assert (torch.rand(1).item(), np.random.rand(), random.random()) == \
+            (tasktrain.seed_everything(3, verbose=False) and (torch.rand(1).item(), np.random.rand(), random.random()))
+
+
+def test_seed_everything_workers_seeds_each_worker_and_rank_apart(monkeypatch):
+    from tasktrain.trainer.seed import add_worker_init_fn, worker_init_function
+
+    loader = torch.utils.data.DataLoader(range(4), num_workers=2)
+    tasktrain.seed_everything(1, verbose=False)  # workers=False: the loader is left alone
+    add_worker_init_fn(loader, rank=0)
+    assert loader.worker_init_fn is None
+    tasktrain.seed_everything(1, workers=True, verbose=False)
+    add_worker_init_fn(loader, rank=1)
+    assert loader.worker_init_fn.func is worker_init_function and loader.worker_init_fn.keywords == {"rank": 1}
+    seen = set()
+    for rank in (0, 1):
+        for worker in (0, 1):
+            torch.manual_seed(1000 + worker)  # what torch gives a worker: base seed + worker id
+            worker_init_function(worker, rank=rank)
+            seen.add((np.random.randint(1 << 30), random.random(), torch.rand(1).item()))
+    assert len(seen) == 4
+    tasktrain.seed_everything(1, verbose=False)
+
+
+@pytest.mark.parametrize("argument", ["limit_train_batches", "limit_val_batches", "limit_test_batches",
+                                      "limit_predict_batches", "overfit_batches", "val_check_interval"])
+@pytest.mark.parametrize("value", [1, 1.0])
+def test_the_trainer_notes_what_one_and_one_point_zero_mean(monkeypatch, argument, value):
+    monkeypatch.delenv("RANK", raising=False)
+    kwargs = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    mine = _logged("tasktrain", lambda: tasktrain.Trainer(**{argument: value}, **kwargs))
+    lightning = _logged("lightning.pytorch", lambda: pl.Trainer(**{argument: value}, **kwargs))
+    lightning = [m.replace("..", ".") for m in lightning if "was configured" in m]  # (Lightning doubles a period)
+    assert mine == lightning and len(mine) == 1
+    mine = _logged("tasktrain", lambda: tasktrain.Trainer(fast_dev_run=3, **kwargs))
+    lightning = _logged("lightning.pytorch", lambda: pl.Trainer(fast_dev_run=3, **kwargs))
+    assert mine == [m for m in lightning if "fast_dev_run" in m] and len(mine) == 1
+    with pytest.raises(tasktrain.exceptions.MisconfigurationException,
+                       match="You have passed invalid value 1.5 for limit_val_batches, it has to be in"):
+        tasktrain.Trainer(limit_val_batches=1.5)
+
+
+def test_lightnings_module_paths():
+    from tasktrain.callbacks.callback import Callback
+    from tasktrain.callbacks.model_checkpoint import ModelCheckpoint
+    from tasktrain.callbacks.rich_model_summary import RichModelSummary
+    from tasktrain.utilities.model_helpers import is_overridden
+    from tasktrain.utilities.warnings import PossibleUserWarning
+
+    assert Callback is tasktrain.Callback and ModelCheckpoint is tasktrain.ModelCheckpoint
+    assert RichModelSummary is tasktrain.callbacks.RichModelSummary and is_overridden is tasktrain.utilities.is_overridden
+    assert issubclass(PossibleUserWarning, UserWarning)
+    assert tasktrain.demos.boring_classes.BoringModel is ours.BoringModel
+
+
+def test_max_epochs_unset_is_lightnings_at_fit():
+    from tasktrain.utilities.warnings import PossibleUserWarning
+
+    kwargs = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                  limit_train_batches=1, limit_val_batches=0)
+    trainer = tasktrain.Trainer(max_time={"seconds": 0.5}, **kwargs)
+    trainer.fit(ours.BoringModel())
+    assert trainer.max_epochs == -1 and trainer.current_epoch > 1  # the Timer ended it, not 1000 epochs
+    trainer = tasktrain.Trainer(max_steps=-1, **kwargs)
+    with pytest.warns(PossibleUserWarning, match="`max_epochs` was not set. Setting it to 1000 epochs"):
+        trainer.fit(ours.BoringModel(), torch.utils.data.DataLoader(ours.RandomDataset(32, 1)))
+    assert trainer.max_epochs == 1000 and trainer.current_epoch == 1000
+
+
+@pytest.mark.parametrize("every,interval", [(1, "00:00:00:03"), (2, {"seconds": 2}), (None, "00:00:00:03")])
+def test_val_check_interval_as_a_time_validates_where_lightning_does(monkeypatch, every, interval):
+    """A fake clock both frameworks read (time.monotonic), moved 1 s by each training batch: the validations land
+    after the same batches."""
+    clock = [0.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        steps = []
+
+        class Tick(lib.Callback):
+            def on_train_batch_end(self, trainer, *args):
+                clock[0] += 1.0
+
+            def on_validation_end(self, trainer, module):
+                if not trainer.sanity_checking:
+                    steps.append(trainer.global_step)
+
+        lib.seed_everything(0, verbose=False)
+        trainer = lib.Trainer(max_epochs=4, limit_train_batches=4, limit_val_batches=1, val_check_interval=interval,
+                              check_val_every_n_epoch=every, callbacks=[Tick()], num_sanity_val_steps=0, **QUIET)
+        trainer.fit(classes.BoringModel())
+        seen[lib.__name__] = steps
+    assert seen["tasktrain"] == seen["lightning.pytorch"] and seen["tasktrain"], seen
+
+
+def test_lightnings_validation_schedule_refusals():
+    from tasktrain.exceptions import MisconfigurationException
+
+    with pytest.raises(MisconfigurationException, match="should be an integer or a time-based duration"):
+        tasktrain.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
+    with pytest.raises(MisconfigurationException, match="Invalid time format for `val_check_interval`: '1:2'"):
+        tasktrain.Trainer(val_check_interval="1:2")
+    trainer = tasktrain.Trainer(limit_train_batches=4, val_check_interval=10, **QUIET)
+    with pytest.raises(ValueError, match=r"`val_check_interval` \(10\) must be less than or equal to the number of"):
+        trainer.fit(ours.BoringModel())
+    trainer = tasktrain.Trainer(max_steps=3, val_check_interval=0.5, **QUIET)
+    with pytest.raises(MisconfigurationException, match="When using an IterableDataset for `train_dataloader`"):
+        trainer.fit(ours.BoringModel(), torch.utils.data.DataLoader(ours.RandomIterableDataset(32, 8)))
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_training_step_returning_none_skips_the_batch_as_lightning(monkeypatch, accumulate):
+    from tasktrain.trainer import loop
+
+    monkeypatch.setitem(loop._warned_once, "skip", False)  # (said once per process, as Lightning's)
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Skips(classes.BoringModel):
+            def training_step(self, batch, batch_idx):
+                return None if batch_idx % 3 == 1 else super().training_step(batch, batch_idx)
+
+        lib.seed_everything(3, verbose=False)
+        model = Skips()
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=6, limit_val_batches=0,
+                              accumulate_grad_batches=accumulate, **QUIET)
+        if lib is tasktrain:
+            with pytest.warns(UserWarning, match="`training_step` returned `None`. If this was on purpose"):
+                trainer.fit(model)
+        else:
+            trainer.fit(model)
+        seen[lib.__name__] = (trainer.global_step, model.layer.weight.detach().clone())
+    (steps, weight), (l_steps, l_weight) = seen.values()
+    assert steps == l_steps == 6 // accumulate
+    torch.testing.assert_close(weight, l_weight)
