@@ -62,7 +62,7 @@ def test_event_order_of_a_small_fit_is_the_documented_one():
     assert rec.log == ["setup", *_eval_run("predict", 2), "teardown"]
 
 
-def test_resume_fires_on_load_checkpoint_before_fit_start_and_skips_the_sanity_check(tmp_path):
+def test_resume_fires_on_load_checkpoint_before_fit_start_and_runs_the_sanity_check(tmp_path):
     trainer = Trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path)], logger=False,
                       enable_progress_bar=False, num_sanity_val_steps=1)
     trainer.fit(Linear(), loader(16), loader(8))
@@ -70,7 +70,9 @@ def test_resume_fires_on_load_checkpoint_before_fit_start_and_skips_the_sanity_c
     trainer = Trainer(max_epochs=2, callbacks=[rec], logger=False, enable_progress_bar=False,
                       enable_checkpointing=False, num_sanity_val_steps=1)
     trainer.fit(Linear(), loader(16), loader(8), ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt"))
-    assert rec.log[:4] == ["setup", "on_load_checkpoint", "on_fit_start", "on_train_start"]
+    # a resumed fit runs the sanity check too, as Lightning 2.6's
+    assert rec.log[:4] == ["setup", "on_load_checkpoint", "on_fit_start", "on_sanity_check_start"]
+    assert rec.log.index("on_sanity_check_end") < rec.log.index("on_train_start")
 
 
 def test_exception_event_then_teardown():
@@ -190,7 +192,8 @@ def test_should_stop_from_a_batch_stops_at_that_step():
     stop = StopAt(step=6)
     trainer = Trainer(max_epochs=10, callbacks=[stop], **quiet())
     trainer.fit(Linear(), loader(32))  # 4 batches an epoch: step 6 is in epoch 1
-    assert trainer.global_step == 6 and trainer.current_epoch == 1 and stop.batches_after == 0
+    # (the epoch it stopped inside counts once the loop ended, as Lightning's)
+    assert trainer.global_step == 6 and trainer.current_epoch == 2 and stop.batches_after == 0
 
 
 def test_should_stop_inside_an_accumulation_window_waits_for_the_step():
@@ -377,7 +380,7 @@ def test_early_stopping_checks_after_every_validation_inside_the_epoch():
     stopper = EarlyStopping("score", patience=1)
     trainer = Trainer(max_epochs=5, val_check_interval=2, callbacks=[stopper], **quiet())
     trainer.fit(Scripted([5, 4, 4.5, 1, 1, 1, 1, 1, 1, 1]), loader(32), loader(8))
-    assert trainer.current_epoch == 1 and trainer.global_step == 6 and stopper.stopped_step == 6
+    assert trainer.current_epoch == 2 and trainer.global_step == 6 and stopper.stopped_step == 6
 
 
 def test_early_stopping_without_validation_checks_training_metrics_each_epoch():

@@ -8,6 +8,7 @@ import torch
 from helpers import Linear, loader
 
 from tasktrain import ModelCheckpoint, Trainer
+from tasktrain.exceptions import MisconfigurationException
 
 SCORES = [5.0, 3.0, 4.0, 1.0, 2.0, 6.0]
 
@@ -160,7 +161,10 @@ def test_save_top_k_zero_with_save_last_writes_only_last(tmp_path):
 
 
 def test_no_monitor_keeps_the_newest_k(tmp_path):
-    mc = ModelCheckpoint(dirpath=tmp_path, save_top_k=2)
+    with pytest.raises(MisconfigurationException, match=r"ModelCheckpoint\(save_top_k=2, monitor=None\) is not a "
+                                                         "valid configuration. No quantity for top_k to track."):
+        ModelCheckpoint(dirpath=tmp_path, save_top_k=2)  # Lightning's refusal
+    mc = ModelCheckpoint(dirpath=tmp_path, save_top_k=2, monitor="step", mode="max")  # the newest k
     fit([mc], epochs=4)
     assert ckpt_files(tmp_path) == ["epoch=2-step=6.ckpt", "epoch=3-step=8.ckpt"]
     assert mc.best_model_path == str(tmp_path / "epoch=3-step=8.ckpt")

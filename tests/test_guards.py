@@ -56,8 +56,8 @@ def _weights_finite(path):
 def test_nonfinite_state_is_never_saved(tmp_path, poison, async_save):
     module = NaNFrom(at=3) if poison == "loss" else NaNFrom(at=10 ** 9)
     callbacks = [InfWeightsAt(4)] if poison == "weights" else []
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=2, save_last=True,
-                                 async_save=async_save)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=2, monitor="step",
+                                 mode="max", save_last=True, async_save=async_save)
     callbacks += [checkpoint, OnExceptionCheckpoint(dirpath=tmp_path / "exc")]
     # log_every_n_steps=50: the loop's own loss check alone would come far too late
     trainer = Trainer(max_epochs=3, callbacks=callbacks, logger=False, default_root_dir=tmp_path,

@@ -283,3 +283,22 @@ def test_training_step_returning_none_skips_the_batch_as_lightning(monkeypatch, 
     (steps, weight), (l_steps, l_weight) = seen.values()
     assert steps == l_steps == 6 // accumulate
     torch.testing.assert_close(weight, l_weight)
+
+
+def test_a_resumed_fit_runs_the_sanity_check_as_lightning(tmp_path):
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        sanity = []
+
+        class Sanity(lib.Callback):
+            def on_sanity_check_start(self, trainer, module):
+                sanity.append(trainer.global_step)
+
+        kwargs = dict(QUIET, enable_checkpointing=True, limit_train_batches=2, limit_val_batches=2,
+                      default_root_dir=str(tmp_path / lib.__name__))
+        first = lib.Trainer(max_epochs=1, callbacks=[Sanity()], **kwargs)
+        first.fit(classes.BoringModel())
+        path = first.checkpoint_callback.best_model_path
+        lib.Trainer(max_epochs=2, callbacks=[Sanity()], **kwargs).fit(classes.BoringModel(), ckpt_path=path)
+        seen[lib.__name__] = len(sanity)
+    assert seen["tasktrain"] == seen["lightning.pytorch"] == 2

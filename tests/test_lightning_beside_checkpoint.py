@@ -445,3 +445,31 @@ def test_learning_rate_monitor_names_as_lightnings(L):
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"]["names"] == ["lr-Adam", "lr-SGD", "lr-Adam-1/head", "lr-Adam-1/pg2"]
     assert seen["tasktrain"]["lrs"]["lr-SGD/pg1"] == [0.1, 0.1, 0.1]
+
+
+def test_save_checkpoint_override_sees_every_write_beside_lightning(L, tmp_path):
+    """_save_checkpoint(trainer, filepath), Lightning's override point for every file ModelCheckpoint writes (an
+    upload, a copy): called for the same files in the same order; under async_save (which writes in the background
+    and would skip it) such an override is refused at set-up."""
+    seen = {}
+    for framework, base in (("lightning", L.pytorch.callbacks.ModelCheckpoint), ("tasktrain", tasktrain.ModelCheckpoint)):
+        calls = []
+
+        class Uploading(base):
+            def _save_checkpoint(self, trainer, filepath):
+                super()._save_checkpoint(trainer, filepath)
+                calls.append(os.path.basename(filepath))
+
+        checkpoint = Uploading(tmp_path / framework, monitor="val_loss", save_top_k=2, save_last=True)
+        _, writes = run(framework, L, tmp_path / framework, [checkpoint])
+        seen[framework] = calls, writes
+    assert seen["tasktrain"] == seen["lightning"] and seen["tasktrain"][0]
+
+    class Uploading(tasktrain.ModelCheckpoint):
+        def _save_checkpoint(self, trainer, filepath):
+            super()._save_checkpoint(trainer, filepath)
+
+    trainer = tasktrain.Trainer(max_epochs=1, callbacks=[Uploading(tmp_path / "async", async_save=True)],
+                                enable_progress_bar=False, enable_model_summary=False, logger=False)
+    with pytest.raises(ValueError, match="overrides _save_checkpoint, which async_save=True does not call"):
+        trainer.fit(tt_module(), loader(16), loader(8))

@@ -174,9 +174,18 @@ class Forever(IterableDataset):
             yield torch.randn(4), torch.randn(1)
 
 
-def test_infinite_loader_without_bound_is_an_error():
-    with pytest.raises(ValueError, match="max_steps"):
-        Trainer(max_epochs=-1, **quiet()).fit(Linear(), DataLoader(Forever(), batch_size=4))
+def test_an_infinite_loader_trains_until_a_limit_or_a_stop():
+    """Lightning's rule: a loader without a length is allowed with any limits (max_epochs=-1 asks for no end); here
+    a callback's stop request ends it."""
+    from tasktrain import Callback
+
+    class StopAt(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            trainer.should_stop = trainer.global_step >= 7
+
+    trainer = Trainer(max_epochs=-1, callbacks=[StopAt()], **quiet())
+    trainer.fit(Linear(), DataLoader(Forever(), batch_size=4))
+    assert trainer.global_step == 7 and trainer.current_epoch == 1  # (the epoch it stopped inside counts)
     trainer = Trainer(max_steps=5, **quiet())
     trainer.fit(Linear(), DataLoader(Forever(), batch_size=4))
     assert trainer.global_step == 5
@@ -213,7 +222,8 @@ def test_limits_and_val_schedule():
 def test_max_steps_stops_mid_epoch():
     trainer = Trainer(max_steps=6, **quiet())
     trainer.fit(Linear(), loader())
-    assert trainer.global_step == 6 and trainer.current_epoch == 1
+    # the epoch it stopped inside counts once the loop ended, as in Lightning 2.6 (its position stays in the state)
+    assert trainer.global_step == 6 and trainer.current_epoch == 2 and trainer.state.epoch == 1
 
 
 def test_log_semantics_on_step_on_epoch_and_weighted_mean():

@@ -65,6 +65,10 @@ class ModelCheckpoint(Checkpoint):
         if not isinstance(save_top_k, int) or save_top_k < -1:
             raise MisconfigurationException(
                 f"Invalid value for save_top_k={save_top_k}. Must be >= -1 (-1: all, 0: none, k: the best k).")
+        if save_top_k not in (0, 1, -1) and monitor is None:
+            raise MisconfigurationException(
+                f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. No quantity for "
+                "top_k to track. (monitor='step', mode='max' keeps the newest k.)")
         if every_n_epochs is None and every_n_train_steps is None and train_time_interval is None:
             every_n_epochs = 1  # no schedule given: each epoch (Lightning's rule; every_n_epochs=0 means none)
         if train_time_interval is not None:
@@ -90,8 +94,6 @@ class ModelCheckpoint(Checkpoint):
                 f"Combination of parameters every_n_train_steps={every_n_train_steps or 0}, "
                 f"every_n_epochs={every_n_epochs or 0} and train_time_interval={train_time_interval} should be "
                 "mutually exclusive. Use one ModelCheckpoint per schedule.")
-        # monitor=None with save_top_k=k > 1 keeps the newest k (Lightning refuses it; tasktrain's async, restart,
-        # DeepSpeed and FSDP checkpointing rely on it): kept, see docs/callbacks.md
         if save_on_exception not in (True, False):
             raise MisconfigurationException(f"ModelCheckpoint(save_on_exception={save_on_exception!r}): use True or "
                                             "False.")
@@ -201,6 +203,13 @@ class ModelCheckpoint(Checkpoint):
                 warnings.warn(f"Checkpoint directory {directory} exists and is not empty.", stacklevel=2)
             if self.async_save:
                 trainer.strategy.check_async_save(self.save_weights_only)
+                overridden = [name for name in ("_save_topk_checkpoint", "_save_last_checkpoint", "_save_checkpoint")
+                              if getattr(type(self), name, None) is not getattr(ModelCheckpoint, name, None)]
+                if overridden:  # the background writer has its own path: the overrides would never run
+                    raise ValueError(
+                        f"{type(self).__name__} overrides {', '.join(overridden)}, which async_save=True does not call "
+                        "(it stages the state and writes it in the background). Use async_save=False with these "
+                        "overrides, or override format_checkpoint_name / the callback hooks instead.")
         self._validated = False
         self._validations_seen = 0
         self._step_save_pending = False
@@ -332,8 +341,8 @@ class ModelCheckpoint(Checkpoint):
                 print(f"Epoch {trainer.current_epoch:d}, global step {trainer.global_step:d}: {self.monitor!r} "
                       f"reached {score:0.5f} (best {float(self.best_model_score):0.5f}), saving model to "
                       f"{path!r} as top {k}", flush=True)
-            trainer.save_checkpoint(path, self.save_weights_only)
-            self._last_checkpoint_saved, self._topk_written = path, True
+            self._save_checkpoint(trainer, path)
+            self._topk_written = True
             for old in evicted:
                 if self._should_remove_checkpoint(trainer, old, path):
                     strategy.remove_checkpoint(old)
@@ -361,8 +370,13 @@ class ModelCheckpoint(Checkpoint):
         if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
             self._link_checkpoint(trainer, self._last_checkpoint_saved, last)
         else:
-            trainer.save_checkpoint(last, self.save_weights_only)
-            self._last_checkpoint_saved = last
+            self._save_checkpoint(trainer, last)
+
+    def _save_checkpoint(self, trainer, filepath):
+        """Lightning's override point: every file this callback writes (top-k, last, on exception) goes through
+        here; every rank calls it."""
+        trainer.save_checkpoint(filepath, self.save_weights_only)
+        self._last_checkpoint_saved = filepath
 
     @staticmethod
     def _link_checkpoint(trainer, filepath, linkpath):
@@ -379,8 +393,7 @@ class ModelCheckpoint(Checkpoint):
         metrics = self._monitor_candidates(trainer)
         self.dirpath_resolved(trainer)  # (sets dirpath when it was None)
         path = trainer.strategy.broadcast(self.format_checkpoint_name(metrics))
-        trainer.save_checkpoint(path, self.save_weights_only)
-        self._last_checkpoint_saved = path
+        self._save_checkpoint(trainer, path)
         if self.save_last:
             self._save_last(trainer, path)
         if trainer.is_global_zero:
@@ -571,7 +584,7 @@ class ModelCheckpoint(Checkpoint):
                 evicted.append(previous)
             return evicted
         if score is None:
-            # No monitor and save_top_k=k > 1 (tasktrain's; Lightning refuses it): the newest k files are kept.
+            # No monitor (save_top_k=-1; k > 1 is refused at construction, as Lightning's): every file is kept.
             self.best_k_models.pop(path, None)
             self.best_k_models[path] = float(step)  # dicts keep insertion order: the first key is the oldest
             while self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:

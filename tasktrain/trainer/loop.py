@@ -20,6 +20,7 @@ module's):
                 validation when due (after any batch), then a stepped batch is counted in batches_that_stepped
                 (the loggers' step)
 """
+import logging
 import os
 import signal
 import sys
@@ -36,6 +37,8 @@ from tasktrain.trainer import guards, loaders
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
 from tasktrain.trainer.module import TaskModule, is_overridden
+
+_log = logging.getLogger("tasktrain")
 
 
 # -- the loop --------------------------------------------------------------------------------------------------------
@@ -60,12 +63,18 @@ def fit_loop(trainer, fit):
             loaders.reload(trainer, fit)
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch)
-        if trainer.state.epoch_finished:  # current_epoch counts the finished epochs, also when the run stops here
+        finished = trainer.state.epoch_finished
+        if finished:  # current_epoch counts the finished epochs, also when the run stops here
             fit.epochs.end_epoch()
             trainer.state.epoch_finished = False
         if (trainer.should_stop and may_stop(trainer, fit)) or max_steps_reached(trainer):
+            # Lightning counts an epoch the run stopped inside too (its epoch loop ended); the position stays in
+            # the train state, so a resume continues inside that epoch
+            trainer._epoch_cut_short = not finished
             break
-        trainer.should_stop = False  # a request before min_epochs/min_steps is not kept (Lightning continues too)
+        if trainer.should_stop:  # kept until min_epochs/min_steps allow it, even inside an epoch (Lightning's rule)
+            _log.info(f"Trainer was signaled to stop but the required `min_epochs={trainer.min_epochs!r}` or "
+                      f"`min_steps={trainer.min_steps!r}` has not been met. Training will continue...")
     trainer.training = False
     trainer._call("on_train_end")
 

@@ -128,6 +128,7 @@ class Trainer:
     def _reset_run_state(self):
         """What belongs to one run (fit, validate, ...): fresh at the start of each, so nothing leaks into the next."""
         self.should_stop = False
+        self._epoch_cut_short = False  # the fit stopped inside an epoch (current_epoch counts it, as Lightning's)
         self.sanity_checking = False
         self.training = False
         self.num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
@@ -216,7 +217,8 @@ class Trainer:
 
     @property
     def current_epoch(self):
-        return self.state.epoch
+        """The finished epochs (Lightning's count: an epoch the run stopped inside counts once the loop ended)."""
+        return self.state.epoch + (1 if self._epoch_cut_short else 0)
 
     @property
     def global_rank(self):
@@ -469,7 +471,7 @@ class Trainer:
         if not finished:  # a finished run resumed writes no new log folder (issue 38)
             self._log_hyperparams(module)
         self._watch()  # from the sanity check on; set-up is not watched
-        if has_val and self.num_sanity_val_steps and self._resumed_from is None:
+        if has_val and self.num_sanity_val_steps:  # a resumed fit too, as Lightning's (isolate_rng: no draw moves)
             self._sanity_check()
         fit.epochs = loaders.train_data_now(self)
         loaders.val_data_at_train_start(self)  # (without a sanity check)

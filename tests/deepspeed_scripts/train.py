@@ -84,7 +84,8 @@ def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epoc
 
 
 def stage3_checkpointed(root, callbacks=(), ckpt_path=None):
-    checkpoint = ModelCheckpoint(every_n_train_steps=1, every_n_epochs=None, save_top_k=2, save_last=True)
+    checkpoint = ModelCheckpoint(every_n_train_steps=1, every_n_epochs=None, save_top_k=2, save_last=True,
+                                 monitor="step", mode="max")
     result = fit("stage3", DeepSpeed(stage=3, zero3_init=True), root, callbacks=[*callbacks, checkpoint],
                  ckpt_path=ckpt_path)
     # A fresh Trainer and module evaluate the last checkpoint directory (its shards consolidated on load).

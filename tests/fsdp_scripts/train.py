@@ -129,7 +129,8 @@ def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epoc
 
 
 def checkpointed(root, callbacks=(), ckpt_path=None):
-    checkpoint = ModelCheckpoint(every_n_train_steps=1, every_n_epochs=None, save_top_k=2, save_last=True)
+    checkpoint = ModelCheckpoint(every_n_train_steps=1, every_n_epochs=None, save_top_k=2, save_last=True,
+                                 monitor="step", mode="max")
     result = fit("fsdp", "fsdp", root, callbacks=[*callbacks, checkpoint], ckpt_path=ckpt_path)
     # A fresh Trainer and module evaluate the last checkpoint directory (DCP loads the shards into the new ones).
     trainer = Trainer(strategy="fsdp", devices=2, logger=False, enable_progress_bar=False)

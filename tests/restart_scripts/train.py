@@ -149,6 +149,7 @@ def main():
 
     callbacks = [Samples(os.path.join(args.root, f"samples.rank{RANK}.jsonl")),
                  ModelCheckpoint(dirpath=os.path.join(args.root, "ckpt"), every_n_train_steps=1, save_top_k=2,
+                                 monitor="step", mode="max",
                                  save_last=True, async_save=True)]
     kills = [k.split(":") for k in args.kills.split(",") if k]
     if ATTEMPT < len(kills):
