@@ -369,8 +369,8 @@ def test_the_public_trainer_api_callbacks_read():
     assert seen["fit"][:3] == (False, 4, [])
 
 
-def test_a_second_fit_after_a_resumed_one_runs_the_sanity_check(tmp_path):
-    """The resume of one fit is not carried into the next: it runs its own sanity check."""
+def test_a_resumed_fit_and_the_next_one_each_run_the_sanity_check(tmp_path):
+    """A resumed fit runs the sanity check (Lightning 2.6's rule), and so does the next fit of the same Trainer."""
     checks = []
 
     class Count(Callback):
@@ -384,9 +384,9 @@ def test_a_second_fit_after_a_resumed_one_runs_the_sanity_check(tmp_path):
     trainer = Trainer(max_epochs=2, default_root_dir=tmp_path, callbacks=[Count()], logger=False,
                       enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=1)
     trainer.fit(Linear(), loader(), loader(), ckpt_path=path)
-    assert checks == []  # a resumed fit continues: no sanity check
+    assert checks == [4]  # (global_step is the restored one when it starts)
     trainer.fit(Linear(), loader(), loader())
-    assert checks == [0]
+    assert checks == [4, 0]
 
 
 # -- the loop: windows of micro-batches ------------------------------------------------------------------------------

@@ -97,4 +97,5 @@ class _tuning:
             setattr(self.trainer, name, value)
         self.model.load_state_dict(self.weights)
         self.trainer.should_stop = False
+        self.trainer._epoch_cut_short = False  # (the trials' last epoch is not the run's)
         return False
