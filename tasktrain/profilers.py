@@ -343,9 +343,9 @@ def profiled_calls(profiler, event, fns):
 
 def profiled(profiler, name, fn):
     """`fn`, each call inside profiler.profile(name)."""
-    def call(*args):
+    def call(*args, **kwargs):
         with profiler.profile(name):
-            return fn(*args)
+            return fn(*args, **kwargs)
     return call
 
 

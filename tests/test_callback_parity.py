@@ -192,7 +192,7 @@ def test_a_mock_callback_receives_the_hooks():
     cb.on_train_start.assert_called_once_with(trainer, module)
     assert cb.on_train_epoch_end.call_count == 2 and cb.on_train_batch_end.call_count == 4
     assert cb.on_validation_end.call_count == 2
-    cb.setup.assert_called_once_with(trainer, module, "fit")  # Lightning calls it with stage=
+    cb.setup.assert_called_once_with(trainer, module, stage="fit")  # as Lightning calls it
 
 
 def test_trainer_print_is_rank_zero_only(capsys, monkeypatch):

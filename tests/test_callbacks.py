@@ -24,7 +24,7 @@ class Recorder(Callback):
 
 
 def _recording(event):
-    def hook(self, trainer, module, *args):
+    def hook(self, trainer, module, *args, **kwargs):  # (setup/teardown get stage= by keyword, as in Lightning)
         self.log.append(event if self.tag is None else (self.tag, event))
     return hook
 

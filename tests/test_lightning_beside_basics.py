@@ -108,12 +108,27 @@ class _Records(logging.Handler):
 
 
 def _logged(logger_name, fn):
+    """INFO messages of `logger_name` while fn runs, whatever earlier tests of this process did to the loggers'
+    levels or to the ranks Lightning's and tasktrain's rank_zero_only believe they are on."""
+    from lightning_utilities.core.rank_zero import rank_zero_only as lightning_rank_zero_only
+
+    from tasktrain.utilities import rank_zero_only
+
     handler, logger = _Records(), logging.getLogger(logger_name)
+    saved = (logger.level, logger.disabled, getattr(lightning_rank_zero_only, "rank", None), rank_zero_only.rank)
+    logger.setLevel(logging.INFO)
+    logger.disabled = False
+    lightning_rank_zero_only.rank = rank_zero_only.rank = 0
     logger.addHandler(handler)
     try:
         fn()
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.disabled = saved[1]
+        if saved[2] is not None:
+            lightning_rank_zero_only.rank = saved[2]
+        rank_zero_only.rank = saved[3]
     return handler.messages
 
 

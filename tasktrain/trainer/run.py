@@ -124,8 +124,8 @@ def teardown(trainer, stage, module, status):
     trainer._unwatch()
     try:
         if trainer.datamodule is not None:
-            trainer.datamodule.teardown(stage)
-        trainer._call("teardown", stage)
+            trainer.datamodule.teardown(stage=stage)  # (Lightning passes the stage by keyword)
+        trainer._call("teardown", stage=stage)
     finally:
         for logger in trainer.loggers:
             if trainer.is_global_zero:

@@ -311,9 +311,9 @@ class Trainer:
         self._plain_hooks = tables.plain if tables else {}
         self._monitoring_hooks = tables.monitoring if tables else {}
 
-    def _call(self, event, *args):
+    def _call(self, event, *args, **kwargs):
         for fn in self._all_hooks[event]:
-            fn(*args)
+            fn(*args, **kwargs)
 
 
 
@@ -406,8 +406,8 @@ class Trainer:
                 Trainer._announced = True
             run.prepare_data(self, module)
             if self.datamodule is not None:
-                self.datamodule.setup(stage)
-            self._call("setup", stage)
+                self.datamodule.setup(stage=stage)  # (Lightning passes the stage by keyword)
+            self._call("setup", stage=stage)
             if is_overridden("configure_model", module, TaskModule):
                 module.configure_model()
             with torch.autograd.set_detect_anomaly(self.detect_anomaly):
