@@ -47,8 +47,9 @@ from tasktrain.version import __version__
 # one versioned schema; files of format 1 still load (run_state.upgrade).
 CHECKPOINT_FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
-# A hidden name: with ModelCheckpoint(dirpath=<default_root_dir>) the pointer sits among the checkpoints, and a
-# Lightning user's glob of that folder finds checkpoint files only. The name of older runs is still read.
+# The restart record (restart_checkpoint): written only in a launch torch's elastic agent may restart; a run's
+# folders otherwise hold what Lightning's hold (checkpoints, logs). Runs of earlier versions wrote it always (the
+# visible name before that); `ckpt_path="last"` still reads it where no last checkpoint is found.
 POINTER_NAME = ".last_checkpoint.json"
 _OLD_POINTER_NAME = "last_checkpoint.json"
 
@@ -563,13 +564,20 @@ def _as_tuple(value):
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-# -- the "last" pointer -------------------------------------------------------------------------------------------
+# -- the restart record ---------------------------------------------------------------------------------------------
 def write_last_pointer(root_dir: str, checkpoint_path: str, global_step: int, epoch: int):
-    """Record the newest resumable checkpoint of this root dir: `fit(ckpt_path="last")` reads it, no dir scan."""
+    """Record `checkpoint_path` (complete, resumable) as the newest of this root dir and launch."""
     pointer = os.path.join(root_dir, POINTER_NAME)
     record = {"path": os.path.abspath(checkpoint_path), "global_step": global_step, "epoch": epoch,
               "run_id": launch_run_id()}
     atomic_write_text(json.dumps(record), pointer)
+
+
+def record_for_restarts(root_dir: str, checkpoint_path: str, global_step: int, epoch: int):
+    """write_last_pointer in a launch that torch's elastic agent may restart (restart_checkpoint reads it there);
+    elsewhere nothing: no file beside the user's checkpoints that Lightning would not write."""
+    if restarts_possible():
+        write_last_pointer(root_dir, checkpoint_path, global_step, epoch)
 
 
 def read_last_record(root_dir: str):
@@ -649,6 +657,11 @@ def launch_run_id():
     every restart of one launch), or None outside torchrun."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     return run_id if run_id and run_id != "none" else None
+
+
+def restarts_possible() -> bool:
+    """True in a worker of a launch that torch's elastic agent restarts after a failure (--max_restarts > 0)."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
 
 
 def restart_count() -> int:

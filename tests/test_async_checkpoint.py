@@ -17,6 +17,7 @@ import tasktrain.strategies.base as base
 from tasktrain import Accelerator, Callback, ModelCheckpoint, Trainer
 from tasktrain.checkpoint_io import (POINTER_NAME, CheckpointError, load_checkpoint_file, restart_checkpoint,
                                      stage_to_cpu, write_last_pointer)
+from tasktrain.trainer import resume
 
 from helpers import Linear, loader, quiet
 
@@ -65,6 +66,7 @@ class Look(Callback):
 
 def fit(tmp_path, gate, monkeypatch, callbacks=(), top_k=1, **kwargs):
     monkeypatch.setattr(base, "atomic_save", gate)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")  # a launch that can restart: the record a restart reads
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=top_k, save_last=True,
                                  async_save=True)
     trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, callbacks=[checkpoint, *callbacks],
@@ -139,6 +141,7 @@ def test_sigterm_waits_for_the_write_in_flight_and_last_moves_forward(tmp_path, 
     assert files == ["epoch=0-step=3.ckpt", "last.ckpt", "preempted-epoch=0-step=3.ckpt"]
     assert load_checkpoint_file(tmp_path / "ckpt" / "epoch=0-step=3.ckpt")["train_state"]["global_step"] == 3
     assert pointer(tmp_path) == "preempted-epoch=0-step=3.ckpt"  # the background write did not overtake it
+    assert resume.resolve_ckpt_path(trainer, "last") == str(tmp_path / "ckpt" / "preempted-epoch=0-step=3.ckpt")
 
 
 def test_a_failed_background_write_is_raised_and_never_becomes_last(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Checkpoint safety: atomic writes, weights_only loads, clear errors, the explicit 'last' pointer."""
+"""Checkpoint safety: atomic writes, weights_only loads, clear errors, ckpt_path="last"."""
 import json
 import os
 import pickle
@@ -9,6 +9,7 @@ import torch
 from helpers import Linear, loader, quiet
 from tasktrain import CheckpointError, ModelCheckpoint, Trainer
 from tasktrain import checkpoint_io as ckpt_io
+from tasktrain.trainer import resume
 
 
 def trained(tmp_path, **kwargs):
@@ -130,15 +131,41 @@ def test_a_checkpoint_that_does_not_fit_the_optimizers_raises_before_training(tm
     assert module.steps == 0
 
 
-def test_last_follows_the_pointer_not_file_times(tmp_path):
+def test_last_is_the_newest_last_file_as_in_lightning(tmp_path, monkeypatch):
+    """ckpt_path="last": the newest (file time) of the ModelCheckpoints' last files, nothing written beside them;
+    none: Lightning's warning and a fresh fit; an earlier tasktrain's record of the root dir still resumes."""
+    a = ModelCheckpoint(dirpath=tmp_path / "a", save_top_k=-1, save_last=True)
+    b = ModelCheckpoint(dirpath=tmp_path / "b", save_top_k=1, save_last=True, every_n_epochs=2)
+    trainer, _ = trained(tmp_path, callbacks=[a, b])
+    assert sorted(os.listdir(tmp_path)) == ["a", "b"]  # Lightning's folders: checkpoints only
+    assert torch.load(tmp_path / "b" / "last.ckpt", weights_only=True)["global_step"] == 8
+    os.utime(tmp_path / "a" / "last.ckpt", (2_000_000_000, 2_000_000_000))
+    assert resume.resolve_ckpt_path(trainer, "last") == str(tmp_path / "a" / "last.ckpt")
+    os.utime(tmp_path / "b" / "last.ckpt", (2_000_000_001, 2_000_000_001))
+    assert resume.resolve_ckpt_path(trainer, "last") == str(tmp_path / "b" / "last.ckpt")
+    # top-k files are not "last" (Lightning's rule): without a last file, a fresh fit and Lightning's warning
+    (tmp_path / "a" / "last.ckpt").unlink()
+    (tmp_path / "b" / "last.ckpt").unlink()
+    again = Trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path / "a")], logger=False,
+                    enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=tmp_path)
+    with pytest.warns(UserWarning, match='ckpt_path="last"\\) is set, but there is no last checkpoint available'):
+        again.fit(Linear(), loader(), ckpt_path="last")
+    assert again.global_step == 4  # one epoch from scratch
+    # an earlier tasktrain recorded the newest checkpoint in the root dir: such a run still resumes from it
+    ckpt_io.write_last_pointer(str(tmp_path), str(tmp_path / "a" / "epoch=1-step=8.ckpt"), 8, 1)
+    again = Trainer(max_epochs=3, callbacks=[ModelCheckpoint(dirpath=tmp_path / "c")], logger=False,
+                    enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=tmp_path)
+    again.fit(Linear(), loader(), ckpt_path="last")
+    assert again.global_step == 12  # resumed at step 8
+
+
+def test_restart_record_only_in_a_launch_that_can_restart(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-1")
     trainer, _ = trained(tmp_path, callbacks=[ModelCheckpoint(save_top_k=-1)])
-    pointer = json.load(open(tmp_path / ckpt_io.POINTER_NAME))
-    assert pointer["global_step"] == 8 and pointer["path"].endswith("epoch=1-step=8.ckpt")
-    older = os.path.join(os.path.dirname(pointer["path"]), "epoch=0-step=4.ckpt")
-    os.utime(older, (2_000_000_000, 2_000_000_000))  # the older file now looks newest by mtime
-    trainer = Trainer(max_epochs=3, default_root_dir=tmp_path, **quiet())
-    trainer.fit(Linear(), loader(), ckpt_path="last")
-    assert trainer.global_step == 12  # resumed from step 8, not 4
+    record = json.load(open(tmp_path / ckpt_io.POINTER_NAME))
+    assert record["global_step"] == 8 and record["run_id"] == "launch-1"
+    assert record["path"] == str(tmp_path / "checkpoints" / "epoch=1-step=8.ckpt")
 
 
 def test_save_checkpoint_api_and_resume_by_path(tmp_path):

@@ -397,7 +397,7 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     assert sorted(os.listdir(last)) == sorted([".metadata", "__0_0.distcp", "__1_0.distcp", STATE_FILE])
     for part in os.listdir(last):  # save_last=True: last.ckpt is a write of its own after the newest (Lightning's)
         assert os.stat(last / part).st_ino != os.stat(newest / part).st_ino
-    assert json.loads((root / "fsdp" / ".last_checkpoint.json").read_text())["path"] == str(last)
+    assert not (root / "fsdp" / ".last_checkpoint.json").exists()  # no launch restart: no record beside them
 
     from tasktrain import CheckpointError
 

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tasktrain import Callback, ModelCheckpoint, OnExceptionCheckpoint, Trainer
 from tasktrain import checkpoint_io as ckpt_io
+from tasktrain.trainer import resume
 from tasktrain.trainer.guards import NonFiniteCheckpointWarning
 
 from helpers import Linear, loader
@@ -76,8 +77,8 @@ def test_nonfinite_state_is_never_saved(tmp_path, poison, async_save):
     assert sorted(os.path.basename(p) for p in checkpoint.best_k_models) == ["epoch=0-step=2.ckpt",
                                                                               "epoch=0-step=3.ckpt"]
     assert all(os.path.exists(p) for p in checkpoint.best_k_models)
-    last = ckpt_io.read_last_pointer(str(tmp_path))
-    assert last is not None and _weights_finite(last)
+    last = resume.resolve_ckpt_path(trainer, "last")  # what a resume continues from: finite
+    assert last == str(tmp_path / "ckpt" / "last.ckpt") and _weights_finite(last)
     assert torch.load(last, weights_only=True)["train_state"]["global_step"] == 3
 
 
@@ -125,7 +126,8 @@ def test_finiteness_is_checked_at_saves_only(tmp_path, monkeypatch):
     assert calls == [8, 16]
 
 
-def test_save_checkpoint_after_fit_refuses_nonfinite_weights(tmp_path):
+def test_save_checkpoint_after_fit_refuses_nonfinite_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")  # a launch that can restart records its newest checkpoint
     trainer = Trainer(max_steps=2, logger=False, enable_checkpointing=False, default_root_dir=tmp_path, **QUIET)
     module = Linear()
     trainer.fit(module, loader())
@@ -169,7 +171,6 @@ def test_empty_training_loader_raises_before_training(tmp_path, data):
     with pytest.raises(ValueError, match="yields no batches.*" + ("empty" if data == "empty" else "drop_last=True")):
         trainer.fit(Linear(), train)
     assert not glob.glob(str(tmp_path / "**" / "*.ckpt"), recursive=True)
-    assert ckpt_io.read_last_pointer(str(tmp_path)) is None
 
 
 def test_limit_train_batches_zero_trains_nothing_and_writes_nothing(tmp_path, capfd):
@@ -178,7 +179,6 @@ def test_limit_train_batches_zero_trains_nothing_and_writes_nothing(tmp_path, ca
     assert "limit_train_batches=0: fit trains nothing" in capfd.readouterr().err
     assert trainer.global_step == 0 and trainer.current_epoch == 0  # Lightning's counters after a skipped loop
     assert not glob.glob(str(tmp_path / "**" / "*.ckpt"), recursive=True)
-    assert ckpt_io.read_last_pointer(str(tmp_path)) is None
 
 
 def test_resuming_a_finished_run_says_so_and_writes_nothing(tmp_path, capfd):
@@ -195,7 +195,7 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(tmp_path, capfd):
     capfd.readouterr()
     again = trainer()
     module = Linear()
-    again.fit(module, loader(), ckpt_path="last")
+    again.fit(module, loader(), ckpt_path=first.checkpoint_callback.best_model_path)
     err = capfd.readouterr().err
     assert "is a finished run" in err and "max_epochs=1" in err
     assert again.global_step == first.global_step
@@ -250,7 +250,7 @@ def test_ctrl_c_runs_on_exception_prints_one_line_per_rank_and_exits_130(tmp_pat
     if devices == 2:  # the first fit of the same processes: a NaN loss on rank 1 only stops both before its save
         for rank in range(2):
             assert "went non-finite" in (tmp_path / f"fpe{rank}").read_text()
-        assert sorted(os.listdir(tmp_path / "nan")) == [".last_checkpoint.json", "epoch=0-step=1.ckpt",
+        assert sorted(os.listdir(tmp_path / "nan")) == ["epoch=0-step=1.ckpt",
                                                         "epoch=0-step=2.ckpt", "last.ckpt"]
     if devices == 1:  # OnExceptionCheckpoint saved the state at the interrupt
         assert "saved" in out and torch.load(tmp_path / "on_exception.ckpt", weights_only=True)["train_state"]["global_step"] >= 3

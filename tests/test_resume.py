@@ -82,5 +82,5 @@ def test_ddp_resume_is_exact(tmp_path, reference, stop, at, rank):
 def test_last_with_nothing_saved_starts_fresh(tmp_path, reference):
     out = tmp_path / "out.pt"
     proc = run(tmp_path, out, "--resume")
-    assert "starting from scratch" in proc.stdout
+    assert "there is no last checkpoint available. No checkpoint will be loaded" in proc.stderr  # Lightning's warning
     assert_same_run(torch.load(out), reference(1))

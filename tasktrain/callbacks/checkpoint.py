@@ -31,7 +31,7 @@ from typing import Literal, Optional, Union
 import torch
 
 from tasktrain.callbacks.base import Checkpoint
-from tasktrain.checkpoint_io import atomic_link, link_tree, remove_path, write_last_pointer
+from tasktrain.checkpoint_io import atomic_link, link_tree, record_for_restarts, remove_path
 from tasktrain.exceptions import MisconfigurationException
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")  # {name} or {name:format}; a name may hold "/", "." or "@"
@@ -441,8 +441,8 @@ class ModelCheckpoint(Checkpoint):
 
             def on_complete():  # rank 0, the writer's thread, once every rank's files are in place
                 written = target or last
-                if resumable:  # the pointer first, to the file of its own name (a swap of last.ckpt is two renames)
-                    write_last_pointer(root, written, step, epoch)
+                if resumable:  # the restart record first, to the file of its own name (a swap of last.ckpt is
+                    record_for_restarts(root, written, step, epoch)  # two renames)
                 if target is not None and last is not None and link:
                     _symlink(target, last)
                 elif target is not None and last is not None:

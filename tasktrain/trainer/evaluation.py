@@ -35,7 +35,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     if ckpt_path is not None:
         from tasktrain.trainer.resume import resolve_ckpt_path
 
-        path = resolve_ckpt_path(trainer, ckpt_path)
+        path = resolve_ckpt_path(trainer, ckpt_path, stage)
         if path is not None:
             ckpt = strategy.load_checkpoint(path)
             module.on_load_checkpoint(ckpt)

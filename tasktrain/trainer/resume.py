@@ -73,20 +73,72 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
     return checkpoint
 
 
-def resolve_ckpt_path(trainer, ckpt_path):
+def resolve_ckpt_path(trainer, ckpt_path, fn="fit"):
+    """"best" and "last" as Lightning resolves them (fn: the entry point, for the messages). "best": the first
+    checkpoint callback's best_model_path. "last": of the ModelCheckpoints' `last` files and the
+    OnExceptionCheckpoints' files, the newest (file time); where there is none, the record an earlier tasktrain wrote
+    in the root dir (`.last_checkpoint.json`: such runs still resume), else None with Lightning's warning."""
     if ckpt_path == "best":
-        best = getattr(trainer.checkpoint_callback, "best_model_path", "")  # (an OnExceptionCheckpoint has none)
-        if not best:
-            raise ValueError("ckpt_path='best': no ModelCheckpoint of this trainer has saved a checkpoint yet; "
-                             "fit first, or pass a path.")
-        return best
+        if len(trainer.checkpoint_callbacks) > 1:
+            _warn(trainer, f'`.{fn}(ckpt_path="best")` is called with Trainer configured with multiple '
+                           "`ModelCheckpoint` callbacks. It will use the best checkpoint path from first checkpoint "
+                           "callback.")
+        callback = trainer.checkpoint_callback
+        if callback is None:
+            raise ValueError(f'`.{fn}(ckpt_path="best")` is set but `ModelCheckpoint` is not configured.')
+        if hasattr(callback, "best_model_path") and not callback.best_model_path:
+            if trainer.fast_dev_run:
+                raise ValueError(f'You cannot execute `.{fn}(ckpt_path="best")` with `fast_dev_run=True`. Please pass '
+                                 f"an exact checkpoint path to `.{fn}(ckpt_path=...)`")
+            raise ValueError(f'`.{fn}(ckpt_path="best")` is set but `ModelCheckpoint` is not configured to save the '
+                             "best model.")
+        return getattr(callback, "best_model_path", None) or None  # (an OnExceptionCheckpoint first: none)
     if ckpt_path == "last":
-        path = ckpt_io.read_last_pointer(trainer.default_root_dir)
-        if path is None and trainer.is_global_zero:
-            print(f"[tasktrain] ckpt_path='last': no checkpoint recorded under {trainer.default_root_dir}; "
-                  "starting from scratch.", flush=True)
+        path = last_checkpoint(trainer)
+        if path is None:
+            path = ckpt_io.read_last_pointer(trainer.default_root_dir)
+            if path is not None and trainer.is_global_zero:
+                print(f"[tasktrain] ckpt_path='last': no last checkpoint in the checkpoint folders; resuming from "
+                      f"{path}, recorded by an earlier run in {trainer.default_root_dir}.", flush=True)
+        if path is None:  # not an error (Lightning's): "last" can be set before the first fit
+            _warn(trainer, f'.{fn}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+                           "will be loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`.")
         return path
     return os.fspath(ckpt_path)
+
+
+def last_checkpoint(trainer):
+    """The newest (file time) of what the trainer's checkpoint callbacks keep as `last`: each ModelCheckpoint's
+    `last` files (_find_last_checkpoints) and each OnExceptionCheckpoint's file, or None. Every checkpoint appears
+    under its name only once complete (atomic renames; sharded folders once every rank's part is in), so whatever is
+    found is whole."""
+    from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+
+    candidates = set()
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, OnExceptionCheckpoint):
+            candidates.add(os.fspath(callback.ckpt_path))
+        elif hasattr(callback, "_find_last_checkpoints"):
+            candidates |= set(callback._find_last_checkpoints(trainer))
+            candidates |= preemption_checkpoints(callback.dirpath_resolved(trainer))
+    times = {path: os.path.getmtime(path) for path in candidates if os.path.exists(path)}
+    return max(times, key=times.get) if times else None
+
+
+def preemption_checkpoints(directory):
+    """The checkpoints a SIGTERM left in `directory` (loop.save_preemption_checkpoint: tasktrain's, Lightning
+    writes none): "last" candidates too, so that the resume the SIGTERM message advises continues from them."""
+    if not os.path.isdir(directory):
+        return set()
+    return {os.path.join(directory, f) for f in os.listdir(directory) if f.startswith("preempted-")
+            and f.endswith(".ckpt")}
+
+
+def _warn(trainer, message):
+    if trainer.is_global_zero:
+        import warnings
+
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def restart_ckpt_path(trainer, ckpt_path):  # issue 29 (the rule: checkpoint_io.restart_checkpoint)
@@ -116,6 +168,14 @@ def resume_path(trainer, ckpt_path):
     restarted worker's newest (issue 29), a requeued job's (issue 40), "best" / "last" resolved."""
     ckpt_path = restart_ckpt_path(trainer, ckpt_path)
     ckpt_path = requeue.resume_path(trainer.default_root_dir, ckpt_path, trainer.is_global_zero)
+    from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+
+    if ckpt_path is None and any(isinstance(c, OnExceptionCheckpoint) for c in trainer.callbacks):
+        ckpt_path = "last"  # Lightning's: a fit with an on-exception checkpoint continues the one a failure left
+        _warn(trainer, "`.fit(ckpt_path=None)` was called without a model. The last model of the previous `fit` call "
+                       "will be used. You can pass `fit(ckpt_path='best')` to use the best model or "
+                       "`fit(ckpt_path='last')` to use the last model. If you pass a value, this warning will be "
+                       "silenced.")
     trainer._resumed_from = None if ckpt_path is None else resolve_ckpt_path(trainer, ckpt_path)
     return trainer._resumed_from
 

@@ -499,7 +499,8 @@ class Trainer:
         if fit.preempted:
             raise SystemExit(
                 f"[tasktrain] stopped by SIGTERM after step {self.global_step}; a checkpoint was saved to "
-                f"{fit.preempt_path}. Resume with trainer.fit(module, ..., ckpt_path='last')."
+                f"{fit.preempt_path}. Resume with trainer.fit(module, ..., ckpt_path='last') (the newest of the "
+                f"checkpoint folder's last and pre-emption checkpoints) or ckpt_path='{fit.preempt_path}'."
             )
 
     def _plan(self, module, train_loader):
@@ -615,7 +616,8 @@ class Trainer:
         return resume.dump_checkpoint(self, weights_only)
 
     def save_checkpoint(self, filepath, weights_only=False):
-        """Write a checkpoint (call on every rank; rank 0 writes). A full checkpoint becomes the 'last' pointer."""
+        """Write a checkpoint (call on every rank; rank 0 writes). In a launch that can restart, a full checkpoint is
+        recorded for the restart (checkpoint_io.record_for_restarts)."""
         if not self.may_save_checkpoint(filepath):  # issue 38: a non-finite state is never saved
             return False
         started = time.perf_counter()
@@ -624,8 +626,8 @@ class Trainer:
             with self._profile("save_checkpoint"):
                 checkpoint = self.dump_checkpoint(weights_only)
                 self.strategy.save_checkpoint(checkpoint, filepath)
-            if not weights_only and self.is_global_zero:
-                ckpt_io.write_last_pointer(self.default_root_dir, filepath, self.global_step, self.current_epoch)
+            if not weights_only and self.is_global_zero:  # issue 29: a restarted worker resumes from it
+                ckpt_io.record_for_restarts(self.default_root_dir, filepath, self.global_step, self.current_epoch)
         self.checkpoint_seconds += time.perf_counter() - started
         return True
 
