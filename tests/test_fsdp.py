@@ -179,7 +179,7 @@ def test_16_mixed_sharded_scaler_state_is_in_checkpoints(tmp_path):
     start = ScaleAtStart()
     Trainer(strategy="fsdp", devices=1, precision="16-mixed", max_steps=4, default_root_dir=str(tmp_path),
             logger=False, enable_progress_bar=False, enable_checkpointing=False,
-            callbacks=[start]).fit(Net(), data, ckpt_path="last")
+            callbacks=[start]).fit(Net(), data, ckpt_path=last)
     assert start.scale == saved
 
 
@@ -212,7 +212,7 @@ def test_an_optimizer_without_state_resumes(tmp_path):
     Trainer(max_steps=2, callbacks=[ModelCheckpoint(save_last=True)], **options).fit(Net(), data)
     start = LrAtStart()
     trainer = Trainer(max_steps=3, enable_checkpointing=False, callbacks=[start], **options)
-    trainer.fit(Net(), data, ckpt_path="last")
+    trainer.fit(Net(), data, ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
     assert trainer.global_step == 3 and start.lr == pytest.approx(0.01 * 0.5 ** 2)
 
 

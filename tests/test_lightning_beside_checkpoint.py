@@ -6,6 +6,7 @@ import csv
 import glob
 import logging
 import os
+import warnings
 
 import pytest
 import torch
@@ -473,3 +474,45 @@ def test_save_checkpoint_override_sees_every_write_beside_lightning(L, tmp_path)
                                 enable_progress_bar=False, enable_model_summary=False, logger=False)
     with pytest.raises(ValueError, match="overrides _save_checkpoint, which async_save=True does not call"):
         trainer.fit(tt_module(), loader(16), loader(8))
+
+
+def test_ckpt_path_last_and_the_folder_beside_lightning(L, tmp_path):
+    """ckpt_path="last" resolves as Lightning's (the newest last file; none: its warning and a fresh fit), a fit with
+    an OnExceptionCheckpoint and no ckpt_path continues "last", and a checkpoint folder that is default_root_dir
+    holds the same files (nothing of tasktrain's beside them)."""
+    seen = {}
+    for framework in ("lightning", "tasktrain"):
+        pl = L.pytorch if framework == "lightning" else tasktrain
+        root = tmp_path / framework
+
+        class Crash(pl.Callback):
+            def on_train_batch_start(self, trainer, module, batch, batch_idx):
+                if trainer.global_step == 3 and trainer.max_epochs == 3:
+                    raise RuntimeError("crash")
+
+        def fit(epochs, callbacks, ckpt_path=None):
+            common = dict(max_epochs=epochs, callbacks=callbacks, enable_progress_bar=False, logger=False,
+                          enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=root)
+            trainer = (L.Trainer(accelerator="cpu", devices=1, **common) if framework == "lightning"
+                       else tasktrain.Trainer(**common))
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                try:
+                    trainer.fit(lit_module(L) if framework == "lightning" else tt_module(), loader(16), loader(8),
+                                ckpt_path=ckpt_path)
+                except RuntimeError:
+                    pass
+            messages = [str(w.message).replace(str(root), "ROOT") for w in said
+                        if "ckpt_path" in str(w.message) or "Checkpoint directory" in str(w.message)]
+            return trainer.global_step, os.path.basename(trainer.ckpt_path or ""), messages
+
+        results = [fit(2, [pl.callbacks.ModelCheckpoint(root, save_last=True), Crash()]),
+                   sorted(os.listdir(root)),
+                   fit(3, [pl.callbacks.ModelCheckpoint(root, save_last=True)], "last"),
+                   fit(3, [pl.callbacks.ModelCheckpoint(root / "other")], "last"),
+                   fit(3, [pl.callbacks.OnExceptionCheckpoint(root / "exc"), Crash()]),
+                   fit(4, [pl.callbacks.OnExceptionCheckpoint(root / "exc")])]
+        seen[framework] = results
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][1] == ["epoch=1-step=4.ckpt", "last.ckpt"]
+    assert seen["tasktrain"][2][:2] == (6, "last.ckpt") and seen["tasktrain"][5][:2] == (8, "on_exception.ckpt")
