@@ -412,7 +412,7 @@ def test_datamodule_entry_points_state_and_rules(tmp_path):
     data.epochs_seen = 5
     trainer.save_checkpoint("a.ckpt")
     assert torch.load("a.ckpt", weights_only=False)["_Data"] == {"epochs_seen": 5}
-    result = trainer.test()  # the datamodule stays: its test_dataloader
+    result = trainer.test(module)  # the datamodule stays: its test_dataloader (no module: "best", as Lightning)
     assert data.stage == "test" and "test_loss" in result[0]
     assert len(trainer.predict(module)) == 1
     with pytest.raises(ValueError, match="both dataloaders and a datamodule"):
@@ -886,11 +886,12 @@ def test_datamodule_from_datasets_and_verbose(capsys):
     data = DataModule.from_datasets(loader(16).dataset, val_dataset=[loader(8).dataset, loader(16).dataset],
                                     test_dataset=loader(8).dataset, batch_size=8)
     trainer = Trainer(max_epochs=1, **quiet())
-    trainer.fit(_TwoLoaders(), datamodule=data)
+    module = _TwoLoaders()
+    trainer.fit(module, datamodule=data)
     assert trainer.num_training_batches == 2 and trainer.num_val_batches == [1, 2]
     capsys.readouterr()
-    assert trainer.test(verbose=False)[0]["test_loss"] > 0 and "test:" not in capsys.readouterr().out
-    trainer.test(verbose=True)
+    assert trainer.test(module, verbose=False)[0]["test_loss"] > 0 and "test:" not in capsys.readouterr().out
+    trainer.test(module, verbose=True)
     assert "[tasktrain] test: test_loss=" in capsys.readouterr().out
 
 

@@ -516,3 +516,28 @@ def test_ckpt_path_last_and_the_folder_beside_lightning(L, tmp_path):
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"][1] == ["epoch=1-step=4.ckpt", "last.ckpt"]
     assert seen["tasktrain"][2][:2] == (6, "last.ckpt") and seen["tasktrain"][5][:2] == (8, "on_exception.ckpt")
+
+
+def test_evaluation_after_fit_without_a_module_uses_the_best_as_lightning(L, tmp_path):
+    """trainer.validate()/test() with no module and no ckpt_path after a fit: Lightning's "best" (here an earlier
+    epoch's weights, mode="max"), with its warning; without a ModelCheckpoint its error."""
+    seen = {}
+    for framework in ("lightning", "tasktrain"):
+        pl = L.pytorch if framework == "lightning" else tasktrain
+        best = pl.callbacks.ModelCheckpoint(tmp_path / framework, monitor="val_loss", mode="max")
+        trainer, _ = run(framework, L, tmp_path / framework, [best], epochs=3)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            metrics = trainer.validate(dataloaders=loader(8), verbose=False)
+        said = [str(w.message) for w in said if "ckpt_path" in str(w.message)]
+        plain = run(framework, L, tmp_path / f"{framework}-none", [], epochs=1)[0]
+        plain_error = None
+        plain.callbacks.remove(plain.checkpoint_callback)  # the default ModelCheckpoint both add
+        try:
+            plain.test(dataloaders=loader(8), verbose=False)
+        except ValueError as err:
+            plain_error = str(err)
+        seen[framework] = (os.path.basename(best.best_model_path), round(metrics[0]["val_loss"], 5), said,
+                           plain_error)
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][0] == "epoch=0-step=2.ckpt" and seen["tasktrain"][3]

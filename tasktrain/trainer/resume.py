@@ -107,6 +107,19 @@ def resolve_ckpt_path(trainer, ckpt_path, fn="fit"):
     return os.fspath(ckpt_path)
 
 
+def default_eval_ckpt_path(trainer, fn):
+    """validate/test/predict with no module and no ckpt_path after a fit: Lightning's "best", with its warning."""
+    from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+
+    tip = (" There is also an on-exception checkpoint available, however it is used by default only when fitting."
+           if any(isinstance(c, OnExceptionCheckpoint) for c in trainer.callbacks) else "")
+    _warn(trainer, f"`.{fn}(ckpt_path=None)` was called without a model. The best model of the previous `fit` call "
+                   f"will be used.{tip} You can pass `.{fn}(ckpt_path='best')` to use the best model or "
+                   f"`.{fn}(ckpt_path='last')` to use the last model. If you pass a value, this warning will be "
+                   "silenced.")
+    return "best"
+
+
 def last_checkpoint(trainer):
     """The newest (file time) of what the trainer's checkpoint callbacks keep as `last`: each ModelCheckpoint's
     `last` files (_find_last_checkpoints) and each OnExceptionCheckpoint's file, or None. Every checkpoint appears

@@ -370,6 +370,8 @@ class Trainer:
     def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False, datamodule=None,
              weights_only=None):
         self._ckpt_weights_only = weights_only  # how this run reads ckpt_path (fit's weights_only=)
+        if stage != "fit" and module is None and ckpt_path is None and self._given_module is not None:
+            ckpt_path = resume.default_eval_ckpt_path(self, stage)  # Lightning's: the best of the previous fit
         given = module if module is not None else self._given_module if self._given_module is not None else self.module
         # fit(torch.compile(module)): the module inside is trained, its forward compiled for the run (compiled.py).
         module, compiled = unwrap_compiled(given)
