@@ -203,3 +203,19 @@ def test_a_checkpoint_past_max_epochs_is_refused_as_by_lightning(tmp_path):
                                     "but you have set Trainer(max_epochs=1).")
     assert seen["tasktrain"][2][1].startswith("You restored a checkpoint with current_epoch=3,")
     assert seen["tasktrain"][1] == seen["tasktrain"][3] == (3, 12)
+
+
+def test_the_tuner_on_a_used_trainer_tries_from_step_0_and_puts_the_counters_back(tmp_path):
+    """(tasktrain alone) The tuner's trial fits start from fresh counters: a trial on a used Trainer would otherwise
+    go on from its step and stop at once; the counters are put back, and the next fit goes on from them."""
+    from tasktrain.tuner import Tuner
+
+    trainer = tasktrain.Trainer(max_epochs=2, default_root_dir=tmp_path, **QUIET)
+    module = ours.BoringModel()
+    trainer.fit(module)
+    finder = Tuner(trainer).lr_find(module, num_training=5, early_stop_threshold=None, update_attr=False)
+    assert len(finder.results["lr"]) == 5
+    assert (trainer.current_epoch, trainer.global_step, trainer.max_epochs, trainer.max_steps) == (2, 8, 2, -1)
+    trainer.max_epochs = 3
+    trainer.fit(module)
+    assert (trainer.current_epoch, trainer.global_step) == (3, 12)
