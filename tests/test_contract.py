@@ -385,8 +385,8 @@ def test_a_resumed_fit_and_the_next_one_each_run_the_sanity_check(tmp_path):
                       enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=1)
     trainer.fit(Linear(), loader(), loader(), ckpt_path=path)
     assert checks == [4]  # (global_step is the restored one when it starts)
-    trainer.fit(Linear(), loader(), loader())
-    assert checks == [4, 0]
+    trainer.fit(Linear(), loader(), loader())  # max_epochs reached: trains nothing, but checks (Lightning's)
+    assert checks == [4, 8]  # (the next fit goes on from the counters the last one reached, as Lightning's)
 
 
 # -- the loop: windows of micro-batches ------------------------------------------------------------------------------

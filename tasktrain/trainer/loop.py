@@ -59,7 +59,9 @@ def fit_loop(trainer, fit):
         if trainer.should_stop and may_stop(trainer, fit):  # asked before the epoch (a spent Timer at fit start)
             break
         epoch = trainer.state.epoch
-        if every and epoch > 0 and epoch % every == 0:  # Lightning re-calls the loader hooks, not given loaders
+        # Lightning re-calls the loader hooks (not given loaders) every `every` epochs from the epoch this fit
+        # requested them at (a second fit's or a resumed fit's first epoch included)
+        if every and epoch > fit.first_epoch and (epoch - fit.first_epoch) % every == 0:
             loaders.reload(trainer, fit)
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch)
@@ -75,6 +77,7 @@ def fit_loop(trainer, fit):
         if trainer.should_stop:  # kept until min_epochs/min_steps allow it, even inside an epoch (Lightning's rule)
             _log.info(f"Trainer was signaled to stop but the required `min_epochs={trainer.min_epochs!r}` or "
                       f"`min_steps={trainer.min_steps!r}` has not been met. Training will continue...")
+    say_why_fit_stopped(trainer)
     trainer.training = False
     trainer._call("on_train_end")
 
@@ -353,6 +356,26 @@ def may_stop(trainer, fit):
     SIGTERM always."""
     state = trainer.state
     return fit.preempted or (state.global_step >= trainer.min_steps and state.epoch >= trainer.min_epochs)
+
+
+def nothing_left(trainer):
+    """A fit whose counters are at max_epochs / max_steps already (a used Trainer's second fit, a finished run
+    resumed) trains nothing: the loop does not start (no on_train_start / on_train_end), as Lightning's skips."""
+    if not done(trainer):
+        return False
+    say_why_fit_stopped(trainer)
+    return True
+
+
+def say_why_fit_stopped(trainer):
+    """Lightning's note (rank 0, the "tasktrain" logger at INFO) when fit's loop ends at max_steps / max_epochs:
+    max_steps is named first where both are reached; a stop request or a Timer is not a limit reached."""
+    if not trainer.is_global_zero:
+        return
+    if max_steps_reached(trainer):
+        _log.info(f"`Trainer.fit` stopped: `max_steps={trainer.max_steps!r}` reached.")
+    elif trainer.max_epochs != -1 and trainer.current_epoch >= trainer.max_epochs:
+        _log.info(f"`Trainer.fit` stopped: `max_epochs={trainer.max_epochs!r}` reached.")
 
 
 def done(trainer):

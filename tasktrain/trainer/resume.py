@@ -17,6 +17,7 @@ import os
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Sharded
 from tasktrain.trainer import loaders
@@ -247,13 +248,25 @@ def restore_training_state(trainer, loaded):
     loaded.rng_states = parts.parts["rng_states"].loaded
     state, saved = trainer.state, ckpt["train_state"]
     global_batch = state.global_batch_size  # this run's, where the training loader is already set up
+    state.start_over()  # the checkpoint's counters, not a used Trainer's (Lightning: the checkpoint wins)
     state.load_state_dict(saved)
+    check_epochs_left(trainer, ckpt, saved)
     state.data_seed = saved.get("data_seed", state.data_seed)
     state.global_batch_size = global_batch
     if state.epoch_finished:
         state.epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
         state.epoch_finished = False
+
+
+def check_epochs_left(trainer, ckpt, saved):
+    """Lightning's refusal of a checkpoint past max_epochs: its current_epoch (as saved: the epoch-end
+    checkpoint of epoch E says E, one saved after a fit of N epochs says N) above max_epochs. Equal to it is
+    not refused: that fit trains nothing."""
+    epoch = int(ckpt.get("epoch", saved.get("epoch", 0)))
+    if trainer.max_epochs not in (-1, None) and epoch > trainer.max_epochs:
+        raise MisconfigurationException(f"You restored a checkpoint with current_epoch={epoch}, but you have set "
+                                        f"Trainer(max_epochs={trainer.max_epochs}).")
 
 
 def restore_position(trainer, loaded, data):

@@ -100,6 +100,8 @@ def start_stage(trainer, stage, module):
                           "set `max_epochs=-1`.", PossibleUserWarning, stacklevel=2)
         else:  # max_steps or a Timer (max_time=) ends the run
             trainer.max_epochs = -1
+        trainer._max_epochs_unset = False  # decided once (Lightning's Trainer does at init): a later fit keeps it,
+        # or the value the user set in between (trainer.max_epochs = N to train on)
     trainer._set_hook_tables(build_hook_tables(trainer, module))
     trainer._to_device, trainer._plain_transfer = batch_mover(trainer, module)
 

@@ -39,6 +39,25 @@ class TrainState:
     def stopped(self) -> bool:
         return self.status == TrainerStatus.INTERRUPTED
 
+    def start_fit(self, data_seed, stopped_inside_epoch=False):
+        """A fit of a used Trainer goes on from these counters, as Lightning's fit loop keeps its progress between
+        fits: an epoch the last fit stopped inside (or whose end it ran) counts as done, and this fit starts the next
+        epoch at its first batch (Lightning starts a new epoch too; only a checkpoint's position resumes inside one).
+        The data order follows the seed this fit draws."""
+        if stopped_inside_epoch or self.epoch_finished:
+            self.epoch += 1
+        self.batch_in_epoch = self.samples_in_epoch = self.global_batch_size = 0
+        self.epoch_finished = self.stepping_batch = False
+        self.data_seed = data_seed
+
+    def start_over(self):
+        """Every counter back to 0, the data seed kept: a checkpoint's counters then win over a used Trainer's
+        (a key an older checkpoint lacks starts from 0, not from the last fit)."""
+        seed, fresh = self.data_seed, TrainState()
+        for key in self.state_dict():
+            setattr(self, key, getattr(fresh, key))
+        self.data_seed = seed
+
     def state_dict(self) -> dict:
         state = {k: v for k, v in asdict(self).items() if k not in _RUN_ONLY}
         # saved in the middle of a batch that stepped (on_train_batch_end, a mid-epoch validation): the resumed run

@@ -123,12 +123,14 @@ class Trainer:
         self._metrics, self._callback_metrics_cache, self._logged_metrics = None, {}, {}
         self._set_hook_tables(None)
         self._watchdog, self._watching = None, False
+        # the last fit stopped inside an epoch (current_epoch counts it, as Lightning's); kept past that fit's end
+        # (validate/test after it see the same current_epoch), folded into the counters when the next fit starts
+        self._epoch_cut_short = False
         self._reset_run_state()
 
     def _reset_run_state(self):
         """What belongs to one run (fit, validate, ...): fresh at the start of each, so nothing leaks into the next."""
         self.should_stop = False
-        self._epoch_cut_short = False  # the fit stopped inside an epoch (current_epoch counts it, as Lightning's)
         self.sanity_checking = False
         self.training = False
         self.num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
@@ -450,8 +452,10 @@ class Trainer:
         self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
         _convert_sync_batchnorm(module, strategy, self.sync_batchnorm)
         check_optimization_hooks(module, strategy)
-        # Data order: a function of (seed, epoch), the same seed on every rank.
-        self.state = TrainState(data_seed=broadcast_seed(strategy), status=self.state.status, fn=self.state.fn)
+        # A used Trainer goes on from its last fit's counters (Lightning's); a checkpoint's win (resume.py). Data
+        # order: a function of (seed, epoch), the same seed on every rank.
+        self.state.start_fit(broadcast_seed(strategy), stopped_inside_epoch=self._epoch_cut_short)
+        self._epoch_cut_short = False
         self._pending_train, self._train_data = (module, train_loader), None  # requested by train_data_now
         has_val = loaders.plan_fit_val(self, module, val_loader)  # requested by val_data_now
         ckpt_path = resume.resume_path(self, ckpt_path)  # restarts (issue 29), requeues (issue 40), "best"/"last"
@@ -484,7 +488,9 @@ class Trainer:
         previous = loop.install_sigterm_handler(self, fit)
         requeue_handler = requeue.RequeueHandler(lambda: setattr(fit, "preempted", True))  # issue 40
         try:
-            if not guards.trains_nothing(self):  # issue 38: limit_train_batches=0 skips the loop (Lightning's rule)
+            # issue 38: limit_train_batches=0 skips the loop (Lightning's rule); so does a fit with nothing left to
+            # train (a used Trainer or a checkpoint at max_epochs / max_steps): no on_train_start / on_train_end
+            if not guards.trains_nothing(self) and not loop.nothing_left(self):
                 loop.fit_loop(self, fit)
         finally:
             if previous is not None:
@@ -727,6 +733,7 @@ class _StageRun:
             "callback_metrics": dict(trainer.callback_metrics),
             "logged_metrics": dict(trainer.logged_metrics),
             "callbacks": Callbacks(trainer.callbacks).state_dict(),
+            "epoch_cut_short": trainer._epoch_cut_short,
             "result": result,
         }
 
@@ -736,6 +743,7 @@ class _StageRun:
         module.trainer = trainer
         trainer.module = module
         trainer.state.load_state_dict(collected["train_state"])
+        trainer._epoch_cut_short = collected["epoch_cut_short"]  # (current_epoch, and where the next fit starts)
         trainer._callback_metrics_cache = collected["callback_metrics"]
         trainer._logged_metrics = collected["logged_metrics"]
         Callbacks(trainer.callbacks).load_state_dict(collected["callbacks"])

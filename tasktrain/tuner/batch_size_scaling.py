@@ -13,7 +13,7 @@ import gc
 
 import torch
 
-from tasktrain.tuner.lr_finder import set_attr
+from tasktrain.tuner.lr_finder import set_attr, start_counters_over
 
 
 def is_oom_error(exception):
@@ -74,6 +74,7 @@ def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, m
     while trials < max_trials:
         trials += 1
         set_attr(owner, batch_arg_name, size)
+        start_counters_over(trainer)
         fits = this.run_trial(trainer, model, loaders)
         print(f"[tasktrain] scale_batch_size: batch size {size} {'fits' if fits else 'ran out of memory'}", flush=True)
         if fits:

@@ -4,6 +4,7 @@ import math
 import torch
 
 from tasktrain.callbacks.base import Callback
+from tasktrain.trainer.state import TrainState
 
 
 class LRFinder:
@@ -99,6 +100,13 @@ def set_attr(model, name, value):
         setattr(model, name, value)
 
 
+def start_counters_over(trainer):
+    """A trial fit starts at step 0 of epoch 0: a fit of a used Trainer would go on from its counters (put back
+    when tuning ends)."""
+    trainer.state = TrainState()
+    trainer._epoch_cut_short = False
+
+
 def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr,
             attr_name):
     if mode not in ("exponential", "linear"):
@@ -112,6 +120,7 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     trainer.callbacks = [sweep]
     trainer.max_steps, trainer.max_epochs = num_training, -1
     trainer.limit_val_batches = 0  # the sweep reads the training loss only
+    start_counters_over(trainer)
     trainer.fit(model, **loaders)
     finder = LRFinder(mode, min_lr, max_lr, num_training, sweep.lrs, sweep.losses)
     if name is not None:

@@ -69,7 +69,7 @@ def _fit_loaders(train, val, dataloaders, datamodule):
 
 _SETTINGS = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "val_check_interval",
              "check_val_every_n_epoch", "num_sanity_val_steps", "callbacks", "accumulate_grad_batches", "profiler",
-             "state")
+             "state", "_max_epochs_unset")
 
 
 class _tuning:
@@ -86,6 +86,7 @@ class _tuning:
         self.settings = {name: getattr(self.trainer, name) for name in _SETTINGS}
         self.settings["callbacks"] = list(self.trainer.callbacks)
         self.settings["state"] = copy.deepcopy(self.trainer.state)
+        self.cut_short = self.trainer._epoch_cut_short
         self.weights = copy.deepcopy(self.model.state_dict())
         self.trainer.callbacks = []
         self.trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
@@ -97,5 +98,5 @@ class _tuning:
             setattr(self.trainer, name, value)
         self.model.load_state_dict(self.weights)
         self.trainer.should_stop = False
-        self.trainer._epoch_cut_short = False  # (the trials' last epoch is not the run's)
+        self.trainer._epoch_cut_short = self.cut_short  # (the trials' last epoch is not the run's)
         return False
