@@ -317,3 +317,31 @@ def test_a_resumed_fit_runs_the_sanity_check_as_lightning(tmp_path):
         lib.Trainer(max_epochs=2, callbacks=[Sanity()], **kwargs).fit(classes.BoringModel(), ckpt_path=path)
         seen[lib.__name__] = len(sanity)
     assert seen["tasktrain"] == seen["lightning.pytorch"] == 2
+
+
+@pytest.mark.parametrize("stop_at, every", [(2, 1), (2, 2), (4, 1)])
+def test_a_stop_request_inside_an_epoch_validates_once_more_as_lightning(stop_at, every):
+    """should_stop set in on_train_batch_end inside an epoch: Lightning validates after that batch (its ModelCheckpoint
+    and EarlyStopping see the last weights), in the epochs check_val_every_n_epoch names; at the epoch's last batch
+    the epoch-end validation is that one."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        events = []
+
+        class StopAt(lib.Callback):
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                if trainer.global_step == stop_at + 4:  # in the second epoch
+                    trainer.should_stop = True
+
+            def on_validation_end(self, trainer, module):
+                events.append(("val", trainer.global_step, trainer.current_epoch))
+
+            def on_train_epoch_end(self, trainer, module):
+                events.append(("epoch_end", trainer.global_step, trainer.current_epoch))
+
+        lib.seed_everything(0, verbose=False)
+        trainer = lib.Trainer(max_epochs=3, limit_train_batches=4, limit_val_batches=1, num_sanity_val_steps=0,
+                              check_val_every_n_epoch=every, callbacks=[StopAt()], **QUIET)
+        trainer.fit(classes.BoringModel())
+        seen[lib.__name__] = events, trainer.global_step, trainer.current_epoch
+    assert seen["tasktrain"] == seen["lightning.pytorch"], seen

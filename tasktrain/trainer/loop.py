@@ -241,18 +241,25 @@ def training_step(trainer, fit, batch, batch_idx, window):
     by_epoch = trainer.check_val_every_n_epoch is not None  # (an epoch's last batch: the epoch-end validation)
     count = batch_idx if by_epoch or not trainer.num_training_batches else \
         trainer.state.epoch * trainer.num_training_batches + batch_idx
-    if fit.val_every and (count + 1) % fit.val_every == 0 and (
-            not by_epoch or batch_idx + 1 != trainer.num_training_batches):
+    last_of_epoch = batch_idx + 1 == trainer.num_training_batches
+    validated = True
+    if fit.val_every and (count + 1) % fit.val_every == 0 and (not by_epoch or not last_of_epoch):
         run_validation(trainer, zero_grad=steps)
     elif trainer._val_check_time_interval is not None and val_time_is_up(trainer, fit, batch_idx):
         run_validation(trainer, zero_grad=steps)
         fit.last_val_time = time.monotonic()
+    else:
+        validated = False
     if steps:
         state.batches_that_stepped += 1
         state.stepping_batch = False
-    stop = steps and ((stop_agreed(trainer, fit, at_interval=True) and may_stop(trainer, fit))
-                      or max_steps_reached(trainer))
-    return not stop
+    requested = steps and stop_agreed(trainer, fit, at_interval=True) and may_stop(trainer, fit)
+    if requested and not validated and not last_of_epoch and not fit.preempted and val_this_epoch(trainer):
+        # Lightning validates once more where a stop request ends the epoch early (a Timer, should_stop set in a
+        # hook): its ModelCheckpoint/EarlyStopping see the last weights. (The epoch's last batch: the epoch-end
+        # validation.) Written at this batch's step, as the validation before the count would be.
+        run_validation(trainer, state.batches_that_stepped - 1, zero_grad=steps)
+    return not (requested or (steps and max_steps_reached(trainer)))
 
 
 _warned_once = {"skip": False}
@@ -463,6 +470,12 @@ def val_time_is_up(trainer, fit, batch_idx):
     if trainer.world_size > 1:
         up = trainer.strategy.broadcast(up)
     return up
+
+
+def val_this_epoch(trainer):
+    """Lightning's _should_check_val_epoch: validation is on and check_val_every_n_epoch names this epoch."""
+    every = trainer.check_val_every_n_epoch
+    return trainer.enable_validation and (every is None or (trainer.state.epoch + 1) % every == 0)
 
 
 def val_at_epoch_end(trainer, epoch):
