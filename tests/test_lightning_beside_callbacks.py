@@ -615,3 +615,148 @@ def test_checkpoint_base_class_counts_as_checkpointing_as_in_lightning(tmp_path)
                           "found `ModelCheckpoint` in callbacks list.")
     assert ours[1:4] == (["Mine", "OnExceptionCheckpoint"], "Mine", ["Plain", "Mine", "OnExceptionCheckpoint"])
     assert ours[4] == ["callback", "module", "checkpoint"]
+
+
+# -- the Lightning suite's cases (tests_pytorch/callbacks), each beside Lightning -----------------------------------------
+def messages(make):
+    """The str of the exception `make` raises ('' when none)."""
+    try:
+        make()
+    except Exception as error:  # noqa: BLE001 (the message is the result)
+        return str(error)
+    return ""
+
+
+def test_refusal_messages_open_with_lightnings():
+    def run(cb, **_):
+        return [messages(lambda: cb.GradientAccumulationScheduler(s)) for s in ({}, {-1: 2}, {0: 0})] + \
+            [messages(lambda: cb.StochasticWeightAveraging(swa_lrs=0.1, swa_epoch_start=0))]
+
+    lightning, ours = both(run)
+    for theirs, mine in zip(lightning, ours):
+        assert theirs and mine.startswith(theirs.rstrip(".")), (mine, theirs)
+
+
+def test_weight_averaging_keeps_its_average_validates_it_and_warns_as_lightning(tmp_path):
+    def run(Trainer, Module, cb, **_):
+        validated = []
+
+        class Net(net_class(Module)):
+            def validation_step(self, batch, batch_idx):
+                validated.append(self.head.weight.detach().clone())
+
+        module = Net()
+        initial = module.head.weight.detach().clone()
+        ema = cb.EMAWeightAveraging(decay=0.5, update_starting_at_step=100)  # no update within the run
+        Trainer(max_epochs=2, limit_val_batches=1, callbacks=[ema]).fit(module, data(), data())
+        kept = (ema._average_model is not None, int(ema._average_model.n_averaged))
+        # a checkpoint made without WeightAveraging: Lightning's warning, both the module and the average take it
+        plain = Trainer(max_epochs=1)
+        plain.fit(net_class(Module)(), data())
+        path = tmp_path / f"{Module.__name__}.ckpt"
+        plain.save_checkpoint(path)
+        resumed = cb.WeightAveraging()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            Trainer(max_epochs=2, callbacks=[resumed]).fit(net_class(Module)(), data(), ckpt_path=path)
+        said = [str(w.message) for w in caught if "WeightAveraging" in str(w.message)]
+        return [torch.allclose(v, initial) for v in validated], kept, said, module.head.weight.detach().clone()
+
+    lightning, ours = both(run)
+    assert ours[:3] == lightning[:3]
+    assert ours[0] == [True, True] and ours[1] == (True, 0) and len(ours[2]) == 1
+    torch.testing.assert_close(ours[3], lightning[3])  # the module ends with the average (never updated)
+
+
+def test_throughput_monitor_steps_and_counts_across_runs_as_lightning():
+    def run(Trainer, Module, cb, **_):
+        logged = []
+        if Module is L.LightningModule:
+            from lightning.pytorch.loggers import Logger
+
+            class Recorder(Logger):
+                name, version = "recorder", 0
+
+                def log_hyperparams(self, *args, **kwargs):
+                    pass
+
+                def log_metrics(self, metrics, step=None):
+                    logged.extend((k, int(v), step) for k, v in sorted(metrics.items()) if k.endswith("/batches"))
+        else:
+            from tasktrain.loggers import Logger
+
+            class Recorder(Logger):
+                def log_metrics(self, metrics, step=None):
+                    logged.extend((k, int(v), step) for k, v in sorted(metrics.items()) if k.endswith("/batches"))
+
+        class Evaluated(net_class(Module)):
+            def validation_step(self, batch, batch_idx):
+                return None
+
+        monitor = cb.ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=2)
+        trainer = Trainer(max_epochs=2, limit_train_batches=2, val_check_interval=1, limit_val_batches=2,
+                          log_every_n_steps=1, logger=Recorder(), callbacks=[monitor])
+        trainer.fit(Evaluated(), data(), data())  # two validation runs an epoch
+        trainer.validate(Evaluated(), data(n=12))
+        trainer.validate(Evaluated(), data(n=12))
+        return [entry for entry in logged if entry[0] == "validate/batches"]
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    # in a fit the steps count the validation batches of the epoch; validate calls go on from the last counts
+    assert [step for _, _, step in ours] == [1, 2, 3, 4] * 2 + [1, 2, 3, 4]
+    assert [v for _, v, _ in ours][-4:] == [3, 4, 5, 6]
+
+
+def test_prediction_writer_gets_the_indices_of_the_predicted_batches_only_as_lightning():
+    def run(Trainer, Module, cb, **_):
+        got = []
+
+        class Writer(cb.BasePredictionWriter):
+            def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+                got.append((len(predictions), batch_indices))
+
+        Trainer(limit_predict_batches=2, callbacks=[Writer("epoch")]).predict(
+            net_class(Module)(), data(n=20, batch_size=4), return_predictions=False)
+        return got
+
+    lightning, ours = both(run)
+    assert ours == lightning == [(2, [[[0, 1, 2, 3], [4, 5, 6, 7]]])]
+
+
+def test_a_resume_missing_a_stateful_callback_warns_as_lightning(tmp_path):
+    def run(Trainer, Module, cb, **_):
+        class Counter(cb.Callback):
+            def __init__(self):
+                self.count = 0
+
+            def on_train_epoch_end(self, trainer, module):
+                self.count += 1
+
+            def state_dict(self):
+                return {"count": self.count}
+
+            def load_state_dict(self, state_dict):
+                self.count = state_dict["count"]
+
+        class Stateless(cb.Callback):
+            pass
+
+        trainer = Trainer(max_epochs=1, callbacks=[Counter(), Stateless()])
+        trainer.fit(net_class(Module)(), data())
+        path = tmp_path / f"{Module.__name__}.ckpt"
+        trainer.save_checkpoint(path)
+        said = []
+        for callbacks in ([], [Counter()]):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                Trainer(max_epochs=2, callbacks=callbacks).fit(net_class(Module)(), data(), ckpt_path=path)
+            said.append([str(w.message) for w in caught if "Please add the following callbacks" in str(w.message)])
+        return said
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert len(ours[0]) == 1 and ours[0][0].startswith(
+        "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided during "
+        "`Trainer` instantiation. Please add the following callbacks: ['") and ours[0][0].endswith(".Counter'].")
+    assert ours[1] == []  # the stateless callback is not missed: its empty state does not count

@@ -480,7 +480,7 @@ def test_gradient_accumulation_scheduler_refusals():
 
     with pytest.raises(RuntimeError, match="manual optimization"):
         Trainer(max_epochs=1, callbacks=[GradientAccumulationScheduler({0: 2})], **quiet()).fit(Manual(), loader(16))
-    with pytest.raises(ValueError, match="accumulation factor should be an int greater than 0"):
+    with pytest.raises(ValueError, match="Accumulation factor should be an int greater than 0"):
         GradientAccumulationScheduler({0: 0})
 
 

@@ -27,16 +27,16 @@ from tasktrain.exceptions import MisconfigurationException
 class GradientAccumulationScheduler(Callback):
     def __init__(self, scheduling: dict[int, int]):
         if not scheduling:
-            raise TypeError("GradientAccumulationScheduler(scheduling={}): an empty dict cannot be interpreted; give "
-                            "{epoch: factor}, e.g. {0: 8, 4: 1}.")
+            raise TypeError("Empty dict cannot be interpreted correct: GradientAccumulationScheduler(scheduling=...) "
+                            "takes {epoch: factor}, e.g. {0: 8, 4: 1}.")
         if not isinstance(scheduling, dict):
             raise TypeError(f"GradientAccumulationScheduler(scheduling={scheduling!r}): give a dict {{epoch: factor}}.")
         if any(not isinstance(k, int) or k < 0 for k in scheduling):
-            raise MisconfigurationException(f"GradientAccumulationScheduler: epoch should be an int greater than or "
-                                            f"equal to 0 (counted from 0). Got {list(scheduling)}.")
+            raise MisconfigurationException(f"Epoch should be an int greater than or equal to 0. Got {list(scheduling)}"
+                                            " (GradientAccumulationScheduler's epochs count from 0).")
         if any(not isinstance(v, int) or v < 1 for v in scheduling.values()):
-            raise MisconfigurationException(f"GradientAccumulationScheduler: accumulation factor should be an int "
-                                            f"greater than 0. Got {list(scheduling.values())}.")
+            raise MisconfigurationException("Accumulation factor should be an int greater than 0. Got "
+                                            f"{list(scheduling.values())} (GradientAccumulationScheduler).")
         if min(scheduling) != 0:
             scheduling.update({0: 1})
         self.scheduling = scheduling

@@ -22,6 +22,7 @@ shows this device's partition, as Lightning's DeepSpeedSummary does. Where each 
 `trainable_parameters`, `layer_names`, `param_nums`, `total_flops`, ...), without a Trainer. RichModelSummary is
 the same summary drawn with rich; it needs the `rich` package (ModuleNotFoundError without it, as Lightning).
 """
+import importlib.util
 import math
 import warnings
 from typing import Any
@@ -32,6 +33,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from tasktrain.callbacks.base import Callback
 
 UNKNOWN_SIZE = "?"
+# Lightning's flag (tests patch it to stand for a machine without rich); looked up, not imported: rich loads on use
+_RICH_AVAILABLE = importlib.util.find_spec("rich") is not None
 LEFTOVER_PARAMS_NAME = "other params"
 NOT_APPLICABLE = "n/a"
 _PRECISION_BITS = {"64": 64, "32": 32, "16": 16, "bf16": 16, "16-true": 16, "bf16-true": 16, "32-true": 32,
@@ -204,11 +207,9 @@ class RichModelSummary(ModelSummary):
     """ModelSummary drawn as a rich table (`header_style`, default "bold magenta"); needs the `rich` package."""
 
     def __init__(self, max_depth: int = 1, **summarize_kwargs: Any) -> None:
-        try:
-            import rich  # noqa: F401
-        except ImportError:
+        if not _RICH_AVAILABLE:
             raise ModuleNotFoundError("`RichModelSummary` requires `rich` to be installed. Install it by running "
-                                      "`pip install -U rich`.") from None
+                                      "`pip install -U rich`.")
         super().__init__(max_depth, **summarize_kwargs)
 
     @staticmethod
@@ -226,15 +227,21 @@ class RichModelSummary(ModelSummary):
             table.add_row(*row)
         console = get_console()
         console.print(table)
-        console.print("\n".join([
-            f"[bold]Trainable params[/]: {get_human_readable_count(trainable_parameters)}",
-            f"[bold]Non-trainable params[/]: {get_human_readable_count(total_parameters - trainable_parameters)}",
-            f"[bold]Total params[/]: {get_human_readable_count(total_parameters)}",
-            f"[bold]Total estimated model params size (MB)[/]: {model_size:,.3f}",
-            f"[bold]Modules in train mode[/]: {total_training_modes['train']}",
-            f"[bold]Modules in eval mode[/]: {total_training_modes['eval']}",
-            f"[bold]Total FLOPs[/]: {get_human_readable_count(total_flops)}",
-        ]))
+        # a grid, as Lightning's: rich highlights numbers in printed text, not in table cells
+        counts = [get_human_readable_count(int(n)) for n in
+                  (trainable_parameters, total_parameters - trainable_parameters, total_parameters)]
+        counts = [f"{text:<10}" for text in counts + [f"{model_size:,.3f}"]]
+        grid = Table.grid(expand=True)
+        grid.add_column()
+        grid.add_column()
+        for row in (f"[bold]Trainable params[/]: {counts[0]}", f"[bold]Non-trainable params[/]: {counts[1]}",
+                    f"[bold]Total params[/]: {counts[2]}",
+                    f"[bold]Total estimated model params size (MB)[/]: {counts[3]}",
+                    f"[bold]Modules in train mode[/]: {total_training_modes['train']}",
+                    f"[bold]Modules in eval mode[/]: {total_training_modes['eval']}",
+                    f"[bold]Total FLOPs[/]: {get_human_readable_count(total_flops)}"):
+            grid.add_row(row)
+        console.print(grid)
 
 
 def get_human_readable_count(number):

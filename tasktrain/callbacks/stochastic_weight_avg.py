@@ -31,6 +31,7 @@ Wrong settings raise MisconfigurationException (a ValueError) where Lightning do
 start for several optimizers, several schedulers, or a fractional start with max_epochs=-1; at set-up (of any stage)
 under a sharding strategy (FSDP, DeepSpeed), as Lightning.
 """
+import logging
 from typing import Callable, Literal, Optional, Union
 
 import torch
@@ -43,9 +44,9 @@ from tasktrain.exceptions import MisconfigurationException
 _AVG_FN = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
-def _rank_zero_print(trainer, message):
-    if trainer.is_global_zero:
-        print(message, flush=True)
+def _rank_zero_info(trainer, message):
+    if trainer.is_global_zero:  # Lightning's rank_zero_info: a log record at INFO (the "tasktrain" logger shows it)
+        logging.getLogger("tasktrain").info(message)
 
 
 class StochasticWeightAveraging(Callback):
@@ -62,8 +63,9 @@ class StochasticWeightAveraging(Callback):
             (isinstance(swa_epoch_start, float) and 0.0 <= swa_epoch_start <= 1.0)
         if not start_ok:
             raise MisconfigurationException(
-                f"StochasticWeightAveraging(swa_epoch_start={swa_epoch_start!r}): swa_epoch_start should be a >0 "
-                "integer (the epoch, counted from 1) or a float between 0 and 1 (a fraction of max_epochs).")
+                "swa_epoch_start should be a >0 integer or a float between 0 and 1. Got "
+                f"StochasticWeightAveraging(swa_epoch_start={swa_epoch_start!r}) (an int is the epoch counted from 1, "
+                "a float a fraction of max_epochs).")
         lrs_ok = (isinstance(swa_lrs, float) and swa_lrs > 0) or \
             (isinstance(swa_lrs, list) and all(isinstance(lr, float) and lr > 0 for lr in swa_lrs))
         if not lrs_ok:
@@ -236,7 +238,7 @@ class StochasticWeightAveraging(Callback):
                     import warnings
 
                     warnings.warn(f"SWA is currently only supported every epoch. Found {previous}", UserWarning)
-                _rank_zero_print(trainer, f"Swapping scheduler `{type(previous.scheduler).__name__}` for "
+                _rank_zero_info(trainer, f"Swapping scheduler `{type(previous.scheduler).__name__}` for "
                                           f"`{type(self._swa_scheduler).__name__}`")
             trainer.lr_scheduler_configs[0] = config
         else:

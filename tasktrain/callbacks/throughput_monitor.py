@@ -100,6 +100,15 @@ def device_peak_flops(device, precision):
     return PEAK_TFLOPS[key][kind] * 1e12
 
 
+def get_available_flops(device, dtype):
+    """Lightning's name: the dense peak FLOP/s of `device` for a compute `dtype` (torch.bfloat16, torch.float16,
+    torch.float32, ...) or a precision name ("bf16-mixed"), or None when unknown. ThroughputMonitor looks it up here
+    (a test patches it, as Lightning's tests do)."""
+    if isinstance(dtype, torch.dtype):
+        dtype = {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed", torch.float32: "32-true"}.get(dtype, "64-true")
+    return device_peak_flops(device, dtype)
+
+
 def measure_flops(fn, *args, **kwargs):
     """(FLOPs counted by torch.utils.flop_counter.FlopCounterMode while fn(*args, **kwargs) ran, its result).
     Call it with the forward and the backward inside fn for a training step's FLOPs."""
@@ -197,6 +206,8 @@ class ThroughputMonitor(Callback):
         self._throughputs = {}
         self._t0 = {}
         self._counts = {}  # stage -> [batches, samples, lengths]
+        self._run_batches = {}  # stage -> batches in the current run (Lightning's batch_progress.current)
+        self._eval_steps = {}  # (entry point, stage) -> evaluation batches counted for the steps (its .total)
         self._seen_step = 0
         self.flops_per_batch = {}  # stage -> FLOPs of one batch on this device, as counted (not the module's)
         self.device_peak_flops = None
@@ -214,7 +225,7 @@ class ThroughputMonitor(Callback):
     def setup(self, trainer, module, stage):
         self._throughputs = {}
         self.flops_per_batch = {}
-        self.device_peak_flops = self.peak_flops or device_peak_flops(trainer.strategy.root_device, trainer.precision)
+        self.device_peak_flops = self.peak_flops or get_available_flops(trainer.strategy.root_device, trainer.precision)
 
     # -- FLOPs, counted once per stage --------------------------------------------------------------------------------
     def _flops_of(self, module, stage):
@@ -323,11 +334,15 @@ class ThroughputMonitor(Callback):
             warnings.warn("When using the `ThroughputMonitor`, you need to define a `flops_per_batch` attribute or "
                           f"property in {type(trainer.module).__name__} to compute the FLOPs (or pass "
                           "ThroughputMonitor(measure_flops=True) to count them).", UserWarning)
+        # Lightning's rule: in a fit every stage starts its counts again; a validate/test/predict call goes on
+        # from the counts (and the steps) of the last call of the same kind
         if stage not in self._throughputs:
             self._throughputs[stage] = Throughput(trainer.world_size, self.window_size, self.separator,
                                                   self.device_peak_flops)
-        self._throughputs[stage].reset()
-        self._counts[stage] = [0, 0, 0]
+        if trainer.state.fn == "fit" or stage not in self._counts:
+            self._throughputs[stage].reset()
+            self._counts[stage] = [0, 0, 0]
+        self._run_batches[stage] = 0
         self._t0[stage] = time.perf_counter()
 
     @torch.inference_mode()
@@ -347,11 +362,15 @@ class ThroughputMonitor(Callback):
     def _evaluation_batch_end(self, trainer, module, stage, batch):
         """Lightning's rule for evaluation writes (its logger connector's should_update_logs in an evaluation loop):
         after a batch whose number in this run (all loaders together, from 1) is a multiple of log_every_n_steps (0:
-        never), or once the trainer should stop; that number is the write's step (no "epoch" key)."""
+        never), or once the trainer should stop. The write's step is the loop's total of batches: in a fit, the
+        validation batches since the training epoch began; in validate/test/predict calls, all the calls' batches."""
         self._update(trainer, module, stage, batch)
-        count = self._counts[stage][0]
+        self._run_batches[stage] += 1
+        key = (trainer.state.fn, stage)
+        self._eval_steps[key] = self._eval_steps.get(key, 0) + 1
+        count = self._run_batches[stage]
         if trainer.log_every_n_steps and (count % trainer.log_every_n_steps == 0 or trainer.should_stop):
-            self._write(trainer, stage, step=count)
+            self._write(trainer, stage, step=self._eval_steps[key])
 
     def _write(self, trainer, stage, extra=None, step=None):
         metrics = self._throughputs[stage].compute()
@@ -366,6 +385,9 @@ class ThroughputMonitor(Callback):
         self._split_reset()
         if trainer.is_global_zero:
             self._start(trainer, "train")
+
+    def on_train_epoch_start(self, trainer, module):
+        self._eval_steps.pop(("fit", "validate"), None)  # Lightning counts a fit's validation steps per epoch
 
     def on_train_end(self, trainer, module):
         self._count_abandon()  # the module's on_train_batch_start ended the epoch (-1) before the batch ran
@@ -411,7 +433,8 @@ class ThroughputMonitor(Callback):
     def on_validation_start(self, trainer, module):
         if trainer.sanity_checking:
             return
-        self._val_started = time.perf_counter()
+        if self.step_split:
+            self._val_started = time.perf_counter()
         if trainer.is_global_zero:
             self._start(trainer, "validate")
 
@@ -429,10 +452,15 @@ class ThroughputMonitor(Callback):
     def on_validation_end(self, trainer, module):
         if trainer.sanity_checking:
             return
-        seconds = time.perf_counter() - self._val_started
-        self._val_seconds += seconds
-        if trainer.is_global_zero and "train" in self._t0:  # the validation's time does not count as training time
-            self._t0["train"] += seconds
+        if self.step_split:
+            self._val_seconds += time.perf_counter() - self._val_started
+        if trainer.is_global_zero and trainer.state.fn == "fit" and "train" in self._t0:
+            # the validation's time does not count as training time: Lightning's arithmetic, from the times already
+            # measured (the gap from the last training measurement to the validation's start, and the validation
+            # up to its last batch), no clock read here
+            train_times, val_times = self._throughputs["train"]._time, self._throughputs["validate"]._time
+            training_finished = self._t0["train"] + (train_times[-1] if train_times else 0.0)
+            self._t0["train"] += self._t0["validate"] - training_finished + (val_times[-1] if val_times else 0.0)
 
     def on_test_start(self, trainer, module):
         if trainer.is_global_zero:

@@ -2,14 +2,17 @@
 
 WeightAveraging keeps a `torch.optim.swa_utils.AveragedModel` of the module, updated after every optimizer step
 (or whatever `should_update(step_idx=..., epoch_idx=...)` says). During validation the averaged weights are
-swapped in, once there has been an update (before it, the average is a copy of the initial weights, which
-Lightning would validate); when training ends they are copied into the module for good. Keyword arguments go to AveragedModel
+swapped in (`_swap_models`; before the first update the average is the copy made at set-up, as in Lightning); when
+training ends they are copied into the module for good (`_copy_average_to_current`). The AveragedModel stays on the
+callback after fit (`_average_model`, as Lightning's). Keyword arguments go to AveragedModel
 (`avg_fn`, `multi_avg_fn`); without one it is the equal-weight average (SWA). `use_buffers=True` (the default,
-unlike AveragedModel's) averages the buffers too (BatchNorm statistics).
+unlike AveragedModel's) averages the buffers too (BatchNorm statistics). A module that overrides `configure_model`
+gets Lightning's warning and the hook is called before the copy is made.
 
 Checkpoints hold the averaged weights under "state_dict" (what load_from_checkpoint and inference get), the
 weights being trained under "current_model_state", and the average's own counters under "averaging_state"; a
-resume puts each back.
+resume puts each back. A checkpoint made without WeightAveraging loads into both the module and the average (with
+Lightning's warning); a checkpoint saved or loaded outside fit gets Lightning's note or warning.
 
 EMAWeightAveraging is WeightAveraging with `decay` (W_avg <- decay * W_avg + (1 - decay) * W, first update a copy),
 `update_every_n_steps`, `update_starting_at_step` and `update_starting_at_epoch`.
@@ -18,11 +21,26 @@ The average is a full copy of the module on each rank: a strategy that shards pa
 cannot give it full weights, and is refused at set-up.
 """
 import itertools
+import logging
+import warnings
+from copy import deepcopy
 
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
 
 from tasktrain.callbacks.base import Callback
+
+log = logging.getLogger(__name__)
+
+
+def _warn(trainer, message):
+    if trainer.is_global_zero:  # Lightning's rank_zero_warn
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _info(trainer, message):
+    if trainer.is_global_zero:
+        log.info(message)
 
 
 class WeightAveraging(Callback):
@@ -34,7 +52,6 @@ class WeightAveraging(Callback):
         # global_step at the last update: the first should_update call comes after the first optimizer step
         self._latest_update_step = 0
         self._latest_update_epoch = -1
-        self._swapped = False
 
     def should_update(self, step_idx=None, epoch_idx=None):
         """Called after each optimizer step (step_idx: its 0-based index) and each training epoch (epoch_idx).
@@ -43,7 +60,7 @@ class WeightAveraging(Callback):
 
     @property
     def average_model(self):
-        """The torch AveragedModel (its `.module` holds the averaged weights), or None outside fit."""
+        """The torch AveragedModel (its `.module` holds the averaged weights), or None before the first fit."""
         return self._average_model
 
     # -- events ------------------------------------------------------------------------------------------------
@@ -51,6 +68,13 @@ class WeightAveraging(Callback):
         if stage != "fit":
             return
         trainer.strategy.check_full_parameters(f"{type(self).__name__} (it keeps a full copy of the weights)")
+        from tasktrain.trainer.module import TaskModule, is_overridden
+
+        if is_overridden("configure_model", module, TaskModule):
+            _warn(trainer, "You're using the WeightAveraging callback with a model that overrides the "
+                           "configure_model callback. WeightAveraging doesn't support sharding model layers, so you "
+                           "may run out of memory.")
+            module.configure_model()
         self._average_model = AveragedModel(module, device=self._device or module.device,
                                             use_buffers=self._use_buffers, **self._kwargs)
 
@@ -67,24 +91,16 @@ class WeightAveraging(Callback):
             self._latest_update_epoch = epoch
 
     def on_validation_epoch_start(self, trainer, module):
-        # only once it holds an average: before the first update it is a copy of the initial weights
-        self._swapped = self._average_model is not None and int(self._average_model.n_averaged) > 0
-        if self._swapped:
-            self._swap(module)
+        if self._average_model is not None:
+            self._swap_models(module)
 
     def on_validation_epoch_end(self, trainer, module):
-        if self._swapped:
-            self._swap(module)
-        self._swapped = False
+        if self._average_model is not None:
+            self._swap_models(module)
 
     def on_train_end(self, trainer, module):
         if self._average_model is not None:
-            for average, current in self._pairs(module):
-                current.detach().copy_(average.detach())
-
-    def teardown(self, trainer, module, stage):
-        if stage == "fit":
-            self._average_model = None  # the copy's memory goes with the run
+            self._copy_average_to_current(module)
 
     # -- checkpoints -----------------------------------------------------------------------------------------------
     def state_dict(self):
@@ -96,7 +112,11 @@ class WeightAveraging(Callback):
 
     def on_save_checkpoint(self, trainer, module, checkpoint):
         if self._average_model is None:
-            return  # outside fit: after training the module already holds the averaged weights
+            _info(trainer, "You're using the WeightAveraging callback, but saving a checkpoint outside the 'fit' "
+                           "stage. The state of the WeightAveraging callback won't be saved in the checkpoint. If "
+                           "training has finished, the average model parameters will be saved to the state_dict in "
+                           "the checkpoint.")
+            return
         average = self._average_model.state_dict()
         checkpoint["current_model_state"] = checkpoint["state_dict"]
         checkpoint["state_dict"] = {k[len("module."):]: v.to(checkpoint["current_model_state"][k[len("module."):]].device)
@@ -104,8 +124,18 @@ class WeightAveraging(Callback):
         checkpoint["averaging_state"] = {k: v for k, v in average.items() if not k.startswith("module.")}
 
     def on_load_checkpoint(self, trainer, module, checkpoint):
-        if self._average_model is None or "current_model_state" not in checkpoint:
-            return  # a checkpoint without an average: the average starts from the loaded weights at the next update
+        if self._average_model is None:
+            _warn(trainer, "You're using the WeightAveraging callback, but loading a checkpoint outside the 'fit' "
+                           "stage. The WeightAveraging state cannot be restored. If you're using the checkpoint for "
+                           "prediction or testing, you can ignore this warning. To disable the warning, remove the "
+                           "WeightAveraging callback.")
+            return
+        if "current_model_state" not in checkpoint or "averaging_state" not in checkpoint:
+            _warn(trainer, "The checkpoint was not created with WeightAveraging. Both the current and the average "
+                           "model will be initialized with state_dict.")
+            self._average_model.module.load_state_dict(deepcopy(checkpoint["state_dict"]), strict=False)
+            return
+        _info(trainer, "Found current_model_state in the checkpoint. This will be used to initialize the model.")
         average = {"module." + k: v for k, v in checkpoint["state_dict"].items()}
         average.update(checkpoint["averaging_state"])
         self._average_model.load_state_dict(average)
@@ -118,7 +148,12 @@ class WeightAveraging(Callback):
         return zip(itertools.chain(average.parameters(), average.buffers()),
                    itertools.chain(module.parameters(), module.buffers()))
 
-    def _swap(self, module):
+    def _copy_average_to_current(self, module):
+        with torch.no_grad():
+            for average, current in self._pairs(module):
+                current.copy_(average.to(current.device))
+
+    def _swap_models(self, module):
         with torch.no_grad():
             for average, current in self._pairs(module):
                 kept = current.detach().clone()

@@ -155,6 +155,7 @@ def predict(trainer, module, loaders, limits, gather):
         for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
             extra = (dataloader_idx,) if len(loaders) > 1 else ()
             predictions = per_loader[dataloader_idx]
+            done = 0
             for batch_idx, batch in _batches(trainer, loader, limit, "predict"):
                 batch = trainer._eval_to_device(batch, dataloader_idx)
                 trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
@@ -162,6 +163,9 @@ def predict(trainer, module, loaders, limits, gather):
                 if keep:
                     predictions.append(out)
                 trainer._call("on_predict_batch_end", out, batch, batch_idx, *extra)
+                done += 1
+            if writers:  # the sampler ran ahead of the batches predicted (a limit, workers' prefetch): not theirs
+                del trainer.predict_batch_indices[dataloader_idx][done:]
     trainer._call("on_predict_epoch_end")
     trainer._call("on_predict_end")
     restore_training_modes(module, modes)  # (Lightning calls no on_predict_model_train)

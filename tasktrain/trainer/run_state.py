@@ -20,6 +20,8 @@ The Trainer's keys are Lightning's layout (scripts and tools read ckpt["state_di
 Accelerator's parts are lists because it prepares any number of each. `register_for_checkpointing` adds an object
 to the Accelerator's "custom" part. Format 1 files (before the run state) load: `upgrade` maps them.
 """
+import warnings
+
 from tasktrain import checkpoint_io as ckpt_io
 
 
@@ -112,12 +114,19 @@ class Callbacks:
         return {cb.state_key: cb.state_dict() for cb in self.callbacks}
 
     def load_state_dict(self, states):
+        found = set()
         for cb in self.callbacks:
             # a key the callback used before (getattr: the base Callback has none) still finds its state
             keys = (cb.state_key, *getattr(cb, "_legacy_state_keys", ()))
             key = next((k for k in keys if k in states), None)
             if key is not None:
+                found.add(key)
                 cb.load_state_dict(states[key])
+        missing = [key for key, state in states.items() if state and key not in found]
+        if missing:  # Lightning's warning (it saves only callbacks with a state: an empty one is not missed)
+            warnings.warn("Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be "
+                          f"provided during `Trainer` instantiation. Please add the following callbacks: {missing}.",
+                          UserWarning)
 
 
 class RandomStates:

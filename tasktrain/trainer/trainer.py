@@ -616,7 +616,7 @@ class Trainer:
         step = self.state.batches_that_stepped if step is None else int(step)
         self._logged_metrics.update(floats)
         for logger in self.loggers:
-            logger.log_metrics(floats, step)
+            logger.log_metrics(metrics=floats, step=step)  # by keyword, as Lightning calls it
 
     # -- checkpoints (what a checkpoint holds and how a fit resumes: resume.py) ---------------------------------------
     def dump_checkpoint(self, weights_only=False) -> dict:
