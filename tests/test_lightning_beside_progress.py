@@ -134,3 +134,47 @@ def test_ddp_strategy_under_lightnings_name_takes_lightnings_keywords():
     assert isinstance(ours, DDP) and ours.ddp_kwargs == theirs._ddp_kwargs
     with pytest.raises(TypeError):  # an option DistributedDataParallel does not have is refused, not ignored
         DDPStrategy(find_unused_parameter=True)
+
+
+def _epoch_metrics_seen(pkg, module_base, tmp_path):
+    """What TQDMProgressBar.get_metrics returns each time the bar asks, over two epochs that validate at their end."""
+    seen = []
+
+    class Recording(pkg.callbacks.TQDMProgressBar):
+        refresh_interval = 0  # tasktrain's redraw throttle off: Lightning asks at every refresh_rate batch
+
+        def get_metrics(self, trainer, module):
+            seen.append((trainer.state.stage.value, trainer.current_epoch, trainer.global_step,
+                         super().get_metrics(trainer, module)))
+            return seen[-1][-1]
+
+    class Logged(module_base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            self.log("a", float(self.global_step), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="max")
+            return self.layer(batch[0]).sum()
+
+        def validation_step(self, batch, batch_idx):
+            self.log("b", float(self.global_step), prog_bar=True, on_step=False, on_epoch=True, reduce_fx="max")
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = pkg.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, callbacks=[Recording()],
+                          logger=False, enable_checkpointing=False, enable_model_summary=False,
+                          default_root_dir=str(tmp_path))
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        trainer.fit(Logged(), _loader(8), _loader(4))
+    return seen
+
+
+def test_tqdm_shows_the_epochs_training_values_after_its_validation_as_lightning(tmp_path):
+    # Lightning reduces an epoch's training values after the epoch-end validation: the bar's postfix at that
+    # validation's end still shows the epoch before's ("a" absent in epoch 0), then the new one at the epoch's end
+    ours = _epoch_metrics_seen(tasktrain, tasktrain.TaskModule, tmp_path / "ours")
+    theirs = _epoch_metrics_seen(L, L.LightningModule, tmp_path / "theirs")
+    assert ours == theirs
+    assert ("validate", 0, 2, {"b": 2.0}) in ours and ("train", 0, 2, {"b": 2.0, "a": 1.0}) in ours

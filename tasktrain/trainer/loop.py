@@ -115,13 +115,15 @@ def train_epoch(trainer, fit, epoch):
     complete = num_batches is None or state.batch_in_epoch >= num_batches or fit.ended_by_hook
     # Lightning writes the epoch's values (and the epoch-end validation's) at the last stepped batch's index
     last_step = state.batches_that_stepped - 1
-    epoch_values = metrics.reduce_epoch("train")  # published to the callbacks now, written after on_train_epoch_end
     # (-1: no validation, as Lightning; nor with a val_check_interval of batches that the epoch's length is no
     # multiple of: Lightning validates at those multiples only)
     interval_ends_here = fit.val_every is None or num_batches is None or num_batches % fit.val_every == 0
     if complete and not fit.ended_by_hook and interval_ends_here and val_at_epoch_end(trainer, epoch):
         run_validation(trainer, last_step)
     metrics.set_stage("train", False, True)
+    # Lightning reduces the epoch's training values once its validation ran (the fit loop's epoch end): the epoch-end
+    # validation's callbacks and progress bar see those of the epoch before; written after on_train_epoch_end
+    epoch_values = metrics.reduce_epoch("train")
     if complete:
         if module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
             # the metric-watching ones after the epoch's validation; all of them when on_train_batch_start ended
