@@ -222,8 +222,12 @@ def test_every_lightning_module_hook_is_called_with_its_arguments_or_refused(tmp
 def test_every_lightning_callback_hook_is_called_with_its_arguments(tmp_path):
     from tasktrain import Callback
 
+    class Stateful(Callback):  # (Lightning calls load_state_dict with a saved state that is not empty only)
+        def state_dict(self):
+            return {"seen": 1}
+
     calls = {}
-    recorder = _recording(Callback, LIGHTNING_CALLBACK_HOOKS, calls)()
+    recorder = _recording(Stateful, LIGHTNING_CALLBACK_HOOKS, calls)()
     _all_entry_points(_Full(), [recorder], tmp=str(tmp_path))
 
     class Failing(_Full):

@@ -286,3 +286,14 @@ def test_validation_inside_the_epoch_comes_after_the_batch_end_and_its_step_writ
     assert ours == lit
     assert lit[1] == 4 and lit[0][:4] == [("on_train_batch_end", 0), (0, ("epoch", "loss_step", "only_step")),
                                           ("on_train_batch_end", 1), (1, ("epoch", "loss_step", "only_step"))]
+
+
+def test_a_reload_of_the_validation_loaders_starts_their_step_count_again(tmp_path):
+    # reload_dataloaders_every_n_epochs=3 with validation every 2nd epoch (1, 3, 5): Lightning sets the validation
+    # loaders up again at a validation 3 epochs or more after the last set-up (epochs 1 and 5, given loaders too), and
+    # each set-up restarts the step of the validation's on_step values
+    args = dict(max_epochs=6, limit_train_batches=2, check_val_every_n_epoch=2, reload_dataloaders_every_n_epochs=3)
+    lit, _ = run_lightning(tmp_path, **args)
+    ours, _ = run_ours(tmp_path, **args)
+    assert ours == lit
+    assert [s for s, keys in ours if "val_step_loss_step" in keys] == [0, 1, 2, 3, 0, 1]

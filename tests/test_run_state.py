@@ -149,3 +149,29 @@ def test_the_epoch_iterator_reads_ahead_without_a_length_and_refuses_a_users_ord
     with pytest.raises(ValueError, match=r"stopped in the middle of epoch 2 on 2 processes, and this run has 1; the "
                                          r"training loader's order is its own.*or do this"):
         it.resume({"batch_in_epoch": 3}, 2, 1, source="ckpt", epoch_name="epoch 2", world=1, order_remedy="do this")
+
+
+def test_gathering_the_random_states_writes_nothing_through_torch_save(monkeypatch):
+    # all_gather_object pickles what it sends: a tensor's storage pickles through torch.save, which a user's (or
+    # Lightning's test's) hook on torch.save counts as a checkpoint write on every rank. Lightning's ranks other than
+    # 0 write nothing; the states come back as the tensors the checkpoint holds.
+    import io
+    import pickle
+
+    from tasktrain.checkpoint_io import collect_rng_states
+    from tasktrain.trainer.run_state import RandomStates
+
+    class PicklingTwoRanks:  # all_gather_object as torch.distributed sends it: pickled, for each of 2 ranks
+        def all_gather_object(self, obj):
+            buffer = io.BytesIO()
+            pickle.Pickler(buffer).dump(obj)
+            return [pickle.loads(buffer.getvalue()) for _ in range(2)]
+
+    saves = []
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda *args, **kwargs: saves.append(1) or real_save(*args, **kwargs))
+    states = RandomStates(PicklingTwoRanks()).state_dict()
+    assert saves == []
+    expected = collect_rng_states()
+    assert len(states) == 2 and torch.equal(states[1]["torch"], expected["torch"])
+    assert torch.equal(states[0]["numpy"][1], expected["numpy"][1]) and states[0]["python"] == expected["python"]

@@ -4,6 +4,8 @@ from the hooks when asked (reload_dataloaders_every_n_epochs, a resumed DataModu
 
 Functions over the Trainer: what they set on it (train_dataloader, num_training_batches, num_val_batches, ...) are
 the Trainer's public attributes, Lightning's names."""
+import math
+
 from tasktrain.trainer import evaluation, guards
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
@@ -59,6 +61,7 @@ def plan_fit_val(trainer, module, val_loader):
     hook. The loader itself is requested at the sanity check, at the training start, or at the first validation
     (val_data_now), as Lightning does."""
     trainer._val_loader = None
+    trainer._val_loaded_epoch = -math.inf
     hooked = is_overridden("val_dataloader", trainer.datamodule if trainer.datamodule is not None else module,
                            DataModule if trainer.datamodule is not None else TaskModule)
     validates = (is_overridden("validation_step", module, TaskModule) and trainer.limit_val_batches != 0
@@ -115,17 +118,41 @@ def setup_val(trainer, loader):
     trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit) for one in val_loaders]
     trainer.num_sanity_val_batches = [evaluation.sanity_limit(one, limit, sanity_steps) if sanity_steps else 0
                                       for one in val_loaders]
+    _val_set_up(trainer)
+
+
+def _val_set_up(trainer):
+    """Lightning's evaluation loop, each time it sets up its loaders: the step of the validation's on_step values
+    (each loader's batch count) starts again at 0; the epoch is noted for reload_dataloaders_every_n_epochs, except by
+    a sanity check before an epoch that does not validate."""
+    if trainer._metrics is not None:
+        logged = trainer._metrics.eval_batches_logged
+        for key in [key for key in logged if key[0] == "validate"]:
+            del logged[key]
+    every = trainer.check_val_every_n_epoch
+    if not trainer.sanity_checking or every is None or (trainer.current_epoch + 1) % every == 0:
+        trainer._val_loaded_epoch = trainer.current_epoch
+
+
+def reload_val_when_due(trainer):
+    """Before a validation of fit (Lightning's rule): with reload_dataloaders_every_n_epochs=n, the loaders are set up
+    again once n epochs passed since they last were (val_dataloader called again; given loaders are kept)."""
+    every = trainer.reload_dataloaders_every_n_epochs
+    if not every or trainer.current_epoch - trainer._val_loaded_epoch < every:
+        return
+    if trainer._loaders_from_hooks[1]:
+        setup_val(trainer, trainer._loader_of(trainer.module, "val_dataloader"))
+    else:
+        _val_set_up(trainer)
 
 
 def reload(trainer, fit):
-    """The loaders from the hooks again (reload_dataloaders_every_n_epochs; a resumed DataModule's state): the
-    training one keeps the pending resume of the one it replaces. Given loaders stay."""
-    from_train_hook, from_val_hook = trainer._loaders_from_hooks
+    """The training loader from its hook again (reload_dataloaders_every_n_epochs), keeping the pending resume of the
+    one it replaces. A given loader stays."""
     train_data = fit.epochs
-    if from_train_hook:
+    if trainer._loaders_from_hooks[0]:
         fit.epochs = setup_train(trainer, trainer._loader_of(trainer.module, "train_dataloader"), train_data)
-    if from_val_hook and trainer._val_loader is not None:  # (not requested yet: it will be at the first validation)
-        setup_val(trainer, trainer._loader_of(trainer.module, "val_dataloader"))
+    # (the validation loaders: at the validation, reload_val_when_due)
 
 
 def batch_size_of(loader):

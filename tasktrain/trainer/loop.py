@@ -503,6 +503,7 @@ def run_validation(trainer, step=None, zero_grad=True):
         module.on_validation_model_zero_grad()
     if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)
         return
+    loaders.reload_val_when_due(trainer)
     values = evaluate(trainer, "validate", trainer._val_loader, trainer.num_val_batches)
     if trainer.is_global_zero and values:
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), step, add_epoch=True)

@@ -22,6 +22,9 @@ to the Accelerator's "custom" part. Format 1 files (before the run state) load: 
 """
 import warnings
 
+import numpy as np
+import torch
+
 from tasktrain import checkpoint_io as ckpt_io
 
 
@@ -121,6 +124,7 @@ class Callbacks:
             key = next((k for k in keys if k in states), None)
             if key is not None:
                 found.add(key)
+            if key is not None and states[key]:  # (Lightning's: an empty state, or None from an override, is skipped)
                 cb.load_state_dict(states[key])
         missing = [key for key, state in states.items() if state and key not in found]
         if missing:  # Lightning's warning (it saves only callbacks with a state: an empty one is not missed)
@@ -137,10 +141,24 @@ class RandomStates:
         self.strategy, self.loaded = strategy, None
 
     def state_dict(self):
-        return self.strategy.all_gather_object(ckpt_io.collect_rng_states())
+        # the tensors travel as numpy arrays: pickling a tensor runs torch.save (its storage's reduction), which a
+        # hook on torch.save would count as a checkpoint write on every rank, where Lightning's ranks write nothing
+        gathered = self.strategy.all_gather_object(_map_arrays(ckpt_io.collect_rng_states(), torch.Tensor,
+                                                               lambda t: t.numpy()))
+        return _map_arrays(gathered, np.ndarray, torch.from_numpy)
 
     def load_state_dict(self, states):
         self.loaded = states
+
+
+def _map_arrays(obj, kind, fn):
+    if isinstance(obj, kind):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map_arrays(v, kind, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_arrays(v, kind, fn) for v in obj)
+    return obj
 
 
 class Value:

@@ -730,6 +730,7 @@ class _StageRun:
         return {
             "state_dict": self.module.state_dict(),
             "train_state": trainer.state.state_dict(),
+            "status": (trainer.state.status, trainer.state.fn),  # (Lightning's parent takes the child's state)
             "callback_metrics": dict(trainer.callback_metrics),
             "logged_metrics": dict(trainer.logged_metrics),
             "callbacks": Callbacks(trainer.callbacks).state_dict(),
@@ -744,6 +745,7 @@ class _StageRun:
         trainer.module = module
         trainer.state.load_state_dict(collected["train_state"])
         trainer._epoch_cut_short = collected["epoch_cut_short"]  # (current_epoch, and where the next fit starts)
+        trainer.state.status, trainer.state.fn = collected["status"]
         trainer._callback_metrics_cache = collected["callback_metrics"]
         trainer._logged_metrics = collected["logged_metrics"]
         Callbacks(trainer.callbacks).load_state_dict(collected["callbacks"])
