@@ -345,3 +345,50 @@ def test_a_stop_request_inside_an_epoch_validates_once_more_as_lightning(stop_at
         trainer.fit(classes.BoringModel())
         seen[lib.__name__] = events, trainer.global_step, trainer.current_epoch
     assert seen["tasktrain"] == seen["lightning.pytorch"], seen
+
+
+def _hook_calls(lib, classes):
+    """What a module and a DataModule see of the hooks Lightning calls with its own arguments: the base's validation
+    and test steps (super()), configure_gradient_clipping's arguments, and which transfer hook runs when the
+    DataModule's is only wrapped around its base (a recording wrapper: functools.update_wrapper over a partial)."""
+    import functools
+
+    calls = []
+    base = lib.LightningModule if lib is pl else tasktrain.TaskModule
+
+    class Net(classes.BoringModel):
+        def validation_step(self, batch, batch_idx):
+            calls.append(("validation_step", base.validation_step(self, batch, batch_idx)))
+
+        def test_step(self, batch, batch_idx):
+            calls.append(("test_step", base.test_step(self, batch, batch_idx)))
+
+        def configure_gradient_clipping(self, optimizer, *args, **kwargs):
+            calls.append(("clip", len(args), kwargs))
+            super().configure_gradient_clipping(optimizer, *args, **kwargs)
+
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("module transfer", dataloader_idx))
+            return batch
+
+    class Data(classes.BoringDataModule):
+        def __init__(self):
+            super().__init__()
+            hook = self.on_before_batch_transfer
+            wrapper = functools.partial(lambda fn, *a: calls.append(("datamodule transfer",)) or fn(*a), hook)
+            self.on_before_batch_transfer = functools.update_wrapper(wrapper, hook)
+
+    trainer = lib.Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, limit_test_batches=1,
+                          num_sanity_val_steps=0, gradient_clip_val=0.5, **QUIET)
+    data = Data()
+    trainer.fit(Net(), datamodule=data)
+    trainer.test(trainer.lightning_module, datamodule=data, verbose=False)
+    return calls
+
+
+def test_the_hooks_get_lightnings_arguments_and_the_base_steps():
+    ours_calls, theirs_calls = _hook_calls(tasktrain, ours), _hook_calls(pl, theirs)
+    assert ours_calls == theirs_calls
+    assert ("validation_step", None) in ours_calls and ("test_step", None) in ours_calls
+    assert ("clip", 0, {"gradient_clip_val": 0.5, "gradient_clip_algorithm": None}) in ours_calls
+    assert ("module transfer", 0) in ours_calls and ("datamodule transfer",) not in ours_calls

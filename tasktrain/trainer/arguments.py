@@ -153,6 +153,7 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
     elif checkpointing:
         callbacks.append(ModelCheckpoint())
     if clip_val:  # None or 0 means no clipping, as gradient_clipping: 0 does in DeepSpeed
+        clip_algorithm = clip_algorithm or "norm"  # (None, Lightning's default, is what the hooks are given)
         if clip_algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm={clip_algorithm!r}: use 'norm' or 'value'.")
         clipping = GradientClipping(**({"max_norm": clip_val} if clip_algorithm == "norm" else {"max_value": clip_val}))

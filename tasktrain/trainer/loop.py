@@ -313,7 +313,8 @@ def clip_gradients(trainer, fit, optimizer):
     configure_gradient_clipping or clip_gradients, its configure_gradient_clipping with the Trainer's values in
     place of the Trainer's own request (Lightning's rule)."""
     if fit.configure_clipping is not None:
-        fit.configure_clipping(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+        fit.configure_clipping(optimizer, gradient_clip_val=trainer.gradient_clip_val,
+                               gradient_clip_algorithm=trainer.gradient_clip_algorithm)  # (by keyword: Lightning's call)
     for clipper in fit.clippers:
         clipper.clip(trainer, fit.module, optimizer)
 

@@ -50,7 +50,14 @@ class TaskModule(torch.nn.Module):
             "returning the loss tensor (or a dict with a 'loss' key)."
         )
 
-    # validation_step, test_step, predict_step are optional: the Trainer checks whether they are defined.
+    # validation_step and test_step are optional: the Trainer runs a loop only where a subclass overrides them
+    # (Lightning's base defines both, doing nothing, so that a subclass may call super() and hooks see them)
+    def validation_step(self, *args, **kwargs):
+        """One validation batch: log what it measures (self.log); what it returns goes to on_validation_batch_end."""
+
+    def test_step(self, *args, **kwargs):
+        """One test batch: log what it measures (self.log); what it returns goes to on_test_batch_end."""
+
 
     def predict_step(self, batch, batch_idx, dataloader_idx=0):
         batch = batch[0] if isinstance(batch, (list, tuple)) else batch

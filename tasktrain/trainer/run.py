@@ -41,10 +41,20 @@ def prepare_data(trainer, module):
             trainer.strategy.barrier("prepare_data")
 
 
+def _datamodule_overrides(datamodule, name):
+    """Lightning's choice between the DataModule's and the module's hook: its is_overridden looks at a wrapper's
+    __wrapped__ first, so a hook wrapped around the base's own (functools.update_wrapper over a partial, as a recording
+    test does) does not count, and the module's hook runs."""
+    wrapped = getattr(getattr(datamodule, name, None), "__wrapped__", None)
+    if wrapped is not None:
+        return getattr(wrapped, "__code__", None) is not getattr(getattr(DataModule, name, None), "__code__", None)
+    return is_overridden(name, datamodule, DataModule)
+
+
 def data_hook(trainer, name, module):
     """The DataModule's `name` where it overrides it (it wins, as in Lightning), else the module's, or None."""
     module_has = is_overridden(name, module, TaskModule)
-    if trainer.datamodule is not None and is_overridden(name, trainer.datamodule, DataModule):
+    if trainer.datamodule is not None and _datamodule_overrides(trainer.datamodule, name):
         if module_has:  # one of them runs (Lightning's rule and warning), never both
             warnings.warn(f"{name} is overridden in both {type(module).__name__} and "
                           f"{type(trainer.datamodule).__name__}: the DataModule's runs, the module's does not.")

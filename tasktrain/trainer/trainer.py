@@ -62,7 +62,7 @@ class Trainer:
         num_sanity_val_steps=2,
         accumulate_grad_batches=1,
         gradient_clip_val=None,
-        gradient_clip_algorithm="norm",
+        gradient_clip_algorithm=None,
         callbacks: Optional[Union[List[Callback], Callback]] = None,
         logger: Union[bool, Logger, List[Logger], None] = True,
         enable_progress_bar=True,
