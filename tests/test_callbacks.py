@@ -463,7 +463,7 @@ class Shown(Linear):
         return loss
 
 
-def test_progress_bar_draws_lightnings_bars_and_reads_metrics_only_when_it_redraws(capsys, monkeypatch):
+def test_progress_bar_draws_lightnings_bars_and_reads_metrics_at_lightnings_updates(capsys, monkeypatch):
     from tasktrain import TQDMProgressBar
     from tasktrain.callbacks import progress
     from tasktrain.trainer.metrics import MetricStore
@@ -481,9 +481,9 @@ def test_progress_bar_draws_lightnings_bars_and_reads_metrics_only_when_it_redra
         assert f"Epoch {epoch}: 100%" in text and f"Epoch {epoch}:" in text
     assert "4/4" in text and "shown=0.250" in text and "Validation DataLoader 0" in text
     assert "train_loss" not in text  # not prog_bar=True: not shown
-    # the redraw waits for refresh_interval (0.1 s) besides refresh_rate: a fast epoch of 4 batches reads the
-    # metrics at its first and last batch, at its end and after validation, never at every batch
-    assert len(reads) <= 3 * 4
+    # the redraw waits for refresh_interval (0.1 s), the postfix does not: as under Lightning the metrics are read at
+    # each of an epoch's 4 batches (refresh_rate=1), at the end of its validation and at its end
+    assert len(reads) == 3 * (4 + 2)
 
 
 def test_progress_bar_refresh_interval_zero_redraws_at_every_refresh_rate(capsys):

@@ -133,6 +133,7 @@ class Trainer:
         self.should_stop = False
         self.sanity_checking = False
         self.training = False
+        self.val_check_batch = None  # Lightning's: set with the training data (loaders.val_check_batch)
         self.num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
         self._epoch_length = None  # batches of a whole epoch (limit_train_batches applied)
         self._loader_data = None  # the TrainData being trained (a StatefulDataLoader's state is checkpointed)

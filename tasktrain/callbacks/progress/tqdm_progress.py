@@ -2,10 +2,11 @@
 ("Epoch N", batches done / total, rate, the metrics of `get_metrics`), a validation bar below it during validation,
 a bar per sanity check, test and predict run; all written to sys.stdout by `Tqdm`.
 
-The one liberty taken: the bars redraw (and read the displayed metrics, a host sync each) at most every
-`refresh_interval` seconds (0.1, tqdm's own default) besides Lightning's `refresh_rate`, and always at a loop's last
-batch; `bar.n` is set at every update, as Lightning does. A training step is then never slowed by the terminal; set
-`refresh_interval = 0` for a redraw at every `refresh_rate` batches, exactly Lightning's."""
+The one liberty taken: the bars redraw at most every `refresh_interval` seconds (0.1, tqdm's own default) besides
+Lightning's `refresh_rate`, and always at a loop's last batch. What Lightning does at each update is still done then:
+`bar.n` is set and the postfix is set from `get_metrics` (a host sync per metric shown, as Lightning's), so a
+`get_metrics` override is called as under Lightning; only the terminal write waits. Set `refresh_interval = 0` for a
+redraw at every `refresh_rate` batches, exactly Lightning's."""
 import math
 import os
 import sys
@@ -140,8 +141,9 @@ class TQDMProgressBar(ProgressBar):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         bar = self._train_progress_bar
-        if bar is not None and self._update(bar, batch_idx + 1):
-            bar.set_postfix(self.get_metrics(trainer, pl_module))
+        if bar is not None and not bar.disable and self._should_update(batch_idx + 1, bar.total):
+            bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)  # drawn by _update when due
+            self._update(bar, batch_idx + 1)
 
     def on_train_epoch_end(self, trainer, pl_module):
         if not self.train_progress_bar.disable:
