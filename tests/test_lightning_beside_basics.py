@@ -392,3 +392,29 @@ def test_the_hooks_get_lightnings_arguments_and_the_base_steps():
     assert ("validation_step", None) in ours_calls and ("test_step", None) in ours_calls
     assert ("clip", 0, {"gradient_clip_val": 0.5, "gradient_clip_algorithm": None}) in ours_calls
     assert ("module transfer", 0) in ours_calls and ("datamodule transfer",) not in ours_calls
+
+
+def _plateau_lrs(lib, classes):
+    lrs = []
+
+    class Net(classes.BoringModel):
+        def on_train_epoch_start(self):
+            lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+
+        def on_train_epoch_end(self):  # the watched value exists only once the epoch's hooks ran
+            self.log("epoch_value", 1.0)
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "epoch_value"}}
+
+    trainer = lib.Trainer(max_epochs=4, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0, **QUIET)
+    trainer.fit(Net())
+    return lrs
+
+
+def test_a_plateau_scheduler_watches_a_value_logged_in_on_train_epoch_end():
+    # Lightning steps the metric-watching epoch schedulers after on_train_epoch_end (its fit loop's epoch end)
+    ours_lrs, theirs_lrs = _plateau_lrs(tasktrain, ours), _plateau_lrs(pl, theirs)
+    assert ours_lrs == theirs_lrs == [1.0, 1.0, 0.5, 0.25]

@@ -111,7 +111,7 @@ def train_epoch(trainer, fit, epoch):
     check_finite_loss(trainer, fit)
     if fit.preempted and trainer.should_stop:
         return
-    # epoch end: train epoch metrics, validation when due, epoch schedulers, then on_train_epoch_end.
+    # epoch end: validation when due, train epoch metrics, on_train_epoch_end, then the metric-watching schedulers.
     complete = num_batches is None or state.batch_in_epoch >= num_batches or fit.ended_by_hook
     # Lightning writes the epoch's values (and the epoch-end validation's) at the last stepped batch's index
     last_step = state.batches_that_stepped - 1
@@ -125,10 +125,6 @@ def train_epoch(trainer, fit, epoch):
     # validation's callbacks and progress bar see those of the epoch before; written after on_train_epoch_end
     epoch_values = metrics.reduce_epoch("train")
     if complete:
-        if module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
-            # the metric-watching ones after the epoch's validation; all of them when on_train_batch_start ended
-            # the epoch before its last batch
-            step_schedulers(trainer, fit, "epoch", plateau=None if fit.ended_by_hook else True)
         state.epoch_finished = True
     # Lightning's order: the callbacks, the module, then EarlyStopping/ModelCheckpoint, which see the epoch's metrics
     # (what the module logged here included)
@@ -140,6 +136,10 @@ def train_epoch(trainer, fit, epoch):
     trainer._flush_epoch_metrics(epoch_values, last_step)  # one write, as Lightning's
     for fn in trainer._monitoring_hooks["on_train_epoch_end"]:
         fn()
+    if complete and module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
+        # the metric-watching ones after the epoch-end hooks (Lightning's fit loop: they may watch a value logged in
+        # on_train_epoch_end); all of them when on_train_batch_start ended the epoch before its last batch
+        step_schedulers(trainer, fit, "epoch", plateau=None if fit.ended_by_hook else True)
     stop_agreed(trainer, fit, at_interval=False)
 
 
