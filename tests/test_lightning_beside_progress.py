@@ -176,3 +176,31 @@ def test_tqdm_shows_the_epochs_training_values_after_its_validation_as_lightning
     theirs = _epoch_metrics_seen(L, L.LightningModule, tmp_path / "theirs")
     assert ours == theirs
     assert ("validate", 0, 2, {"b": 2.0}) in ours and ("train", 0, 2, {"b": 2.0, "a": 1.0}) in ours
+
+
+def _shown_after_logging_an_integer_tensor(pkg, module_base, tmp_path):
+    class Logged(module_base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            self.log("count", torch.tensor([1]), prog_bar=True, on_epoch=False)
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    bar = pkg.callbacks.TQDMProgressBar()
+    trainer = pkg.Trainer(max_epochs=1, limit_train_batches=1, callbacks=[bar], logger=False,
+                          enable_checkpointing=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        trainer.fit(Logged(), _loader(4))
+    return (trainer.callback_metrics["count"].dtype, repr(trainer.progress_bar_metrics["count"]),
+            str(bar.train_progress_bar.postfix))
+
+
+def test_an_integer_tensor_is_logged_and_shown_as_a_float_as_lightning(tmp_path):
+    ours = _shown_after_logging_an_integer_tensor(tasktrain, tasktrain.TaskModule, tmp_path / "ours")
+    theirs = _shown_after_logging_an_integer_tensor(L, L.LightningModule, tmp_path / "theirs")
+    assert ours == theirs == (torch.float32, "1.0", "count=1.000")

@@ -81,6 +81,8 @@ class MetricStore:
             if type(value).__name__ == "DTensor":  # a loss under tensor parallelism (issue 39): its whole value
                 value = value.full_tensor()
             value = value if enable_graph else value.detach()
+            if not value.is_floating_point():  # Lightning's: an integer or bool tensor is logged as a float
+                value = value.to(torch.get_default_dtype())
         else:
             value = torch.tensor(float(value))
         if meta.on_step:
