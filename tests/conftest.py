@@ -33,3 +33,30 @@ def _offline_trackers(tmp_path_factory):
             mp.delenv(var, raising=False)
         yield
 
+
+
+# The slowest files of `make test` (seconds from its --durations on 2026-12-05, a loaded machine: what matters is
+# their order). A file missing here counts as light; add one when it becomes one of the slowest.
+HEAVY_FILES = {
+    "test_restart.py": 418, "test_gpt_example.py": 319, "test_deepspeed.py": 313, "test_reshard.py": 289,
+    "test_fsdp.py": 244, "test_resume.py": 238, "test_benchmarks.py": 179, "test_ddp.py": 170,
+    "test_gpu_check.py": 168, "test_ddp_failures.py": 146, "test_watchdog.py": 138, "test_accelerator_api.py": 123,
+    "test_slurm.py": 116, "test_stream.py": 114, "test_accelerate_options.py": 98, "test_loggers.py": 88,
+    "test_accelerator_clipping.py": 74, "test_lightning_ddp.py": 71, "test_accelerator.py": 70,
+    "test_accelerate_suite.py": 60, "test_launch.py": 51, "test_demo.py": 49, "test_accelerate_numbers.py": 43,
+    "test_model_parallel.py": 41, "test_lightning_compat.py": 32, "test_iterable_dispatch.py": 30,
+}
+
+
+def pytest_configure(config):
+    # `make test` runs -n 2 --dist loadfile: a file stays on one worker from its first test to its last. xdist hands
+    # out files by their number of tests, which put the slowest ones (a few long launches each) last, where one
+    # worker could run them alone while the other had nothing left; it follows the collection order below instead.
+    if getattr(config.option, "dist", "no") == "loadfile":
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the heaviest files first (a stable sort: a file's own tests keep their order)."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: -HEAVY_FILES.get(item.path.name, 0))

@@ -1,8 +1,8 @@
 """DeepSpeed strategy: the config translation (one process, no engine) and real ZeRO runs on 2 gloo processes.
 
-The 2-process runs (tests/deepspeed_scripts/train.py) train the digits classifier with DDP and ZeRO 1, 2, 3 in one
-launch, kill and resume a ZeRO-3 run, and train with optimizer/parameter offload (DeepSpeedCPUAdam: its C++ op
-compiles once into TORCH_EXTENSIONS_DIR, ~1-3 min on a fresh machine) and bf16.
+The 2-process runs (tests/deepspeed_scripts/train.py) train the digits classifier with DDP and ZeRO 1, 2, 3, then
+with optimizer/parameter offload (DeepSpeedCPUAdam: its C++ op compiles once into TORCH_EXTENSIONS_DIR, ~1-3 min on a
+fresh machine) and bf16, all in one launch; and kill and resume a ZeRO-3 run.
 """
 import json
 import os
@@ -27,7 +27,7 @@ def run(*args, expect_ok=True, timeout=300):
     proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if expect_ok:
         assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    else:
+    elif expect_ok is not None:  # None: the caller checks
         assert proc.returncode != 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return proc
 
@@ -230,16 +230,27 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts():
 
 # -- 2 processes --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def compare(tmp_path_factory):
-    """DDP, then ZeRO 1, 2 and 3 in one 2-process launch (fp32, accumulation 2, clipping 0.5); the ZeRO-3 run
-    checkpoints every step (top 2 + last) and its last checkpoint is validated by a fresh Trainer."""
+def launched(tmp_path_factory):
+    """One 2-process launch: DDP, then ZeRO 1, 2 and 3 (fp32, accumulation 2, clipping 0.5; the ZeRO-3 run
+    checkpoints every step, top 2 + last, and its last checkpoint is validated by a fresh Trainer); then optimizer
+    offload and bf16 (the "offload" case). The script keeps the first part's results should the second fail."""
     root = tmp_path_factory.mktemp("ds_compare")
-    run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare")
+    proc = run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare", "offload",
+               expect_ok=None, timeout=840)
+    return root, proc
+
+
+@pytest.fixture(scope="module")
+def compare(launched):
+    root, proc = launched
+    if not os.path.exists(f"{root / 'out'}.rank0.pt"):
+        pytest.fail("the launch ended before the DDP/ZeRO comparison was written:\n" + proc.stdout[-5000:]
+                    + proc.stderr[-5000:])
     return root, results(root / "out")
 
 
 @pytest.mark.world_size(2)
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # its set-up is the whole launch
 def test_zero_stages_train_like_ddp(compare):
     _, ranks = compare
     for rank, res in enumerate(ranks):
@@ -330,11 +341,12 @@ def test_kill_and_resume_is_exact(compare, tmp_path):
 
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(900)
-def test_offload_and_bf16(compare, tmp_path):
+def test_offload_and_bf16(launched, compare):
+    root, proc = launched
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     _, ranks = compare
     ddp_acc = ranks[0]["ddp"]["val_acc"]
-    out = tmp_path / "out"
-    proc = run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "offload", timeout=600)
+    out = root / "out"
     assert proc.stdout.count("replaced by DeepSpeedCPUAdam") == 1  # said once, by rank 0
     for res in results(out):
         offload = res["stage2_offload"]
@@ -349,7 +361,7 @@ def test_offload_and_bf16(compare, tmp_path):
         assert bf16["global_step"] == 22 and bf16["val_acc"] > 0.8
 
     Classifier = classifier()
-    sixteen = tmp_path / "s3off" / "checkpoints" / "last.ckpt" / "model_16bit.pt"
+    sixteen = root / "s3off" / "checkpoints" / "last.ckpt" / "model_16bit.pt"
     state = torch.load(sixteen, weights_only=True)["state_dict"]
     assert {v.dtype for v in state.values()} == {torch.bfloat16}
     module = Classifier.load_from_checkpoint(str(sixteen))  # loads into the plain (fp32) module

@@ -11,6 +11,8 @@
     python train.py --root DIR --out OUT --case offload            # ZeRO 2 + optimizer offload (CPUAdam), with an
                                                                    # in-process resume; ZeRO 3 + offload, bf16,
                                                                    # save_16bit_model
+    python train.py --root DIR --out OUT --case compare offload    # both in one launch (the processes and their
+                                                                   # imports start once); OUT is written after each
 
 The Trainer self-launches rank 1 (devices=2); both ranks run every fit in order and share one process group.
 """
@@ -99,13 +101,14 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--case", choices=("compare", "resume", "offload"), required=True)
+    p.add_argument("--case", choices=("compare", "resume", "offload"), nargs="+", required=True)
     p.add_argument("--kill-at", type=int, default=None)
     p.add_argument("--resume", action="store_true")
     args = p.parse_args()
 
+    rank = int(os.environ.get("RANK", "0"))
     results = {}
-    if args.case == "compare":
+    if "compare" in args.case:
         results["ddp"] = fit("ddp", "ddp", args.root)
         weights = ModelCheckpoint(dirpath=os.path.join(args.root, "weights"), filename="final", every_n_epochs=EPOCHS,
                                   save_weights_only=True)
@@ -114,10 +117,11 @@ def main():
         # activation_checkpointing) on the same engine
         results["stage2"] = fit("stage2", DeepSpeedStrategy(stage=2), args.root)
         results["stage3"] = stage3_checkpointed(args.root)
-    elif args.case == "resume":
+        torch.save(results, f"{args.out}.rank{rank}.pt")  # what is done is kept, should a later case fail
+    if "resume" in args.case:
         kill = [KillRank(args.kill_at, rank=1)] if args.kill_at is not None else []
         results["stage3"] = stage3_checkpointed(args.root, kill, ckpt_path="last" if args.resume else None)
-    else:
+    if "offload" in args.case:
         offload = DeepSpeed(stage=2, offload_optimizer=True)
         results["stage2_offload"] = fit("s2off", offload, args.root)
         checkpoint = ModelCheckpoint(every_n_epochs=1, save_last=True)
@@ -129,7 +133,6 @@ def main():
                                                                 offload_parameters=True, save_16bit_model=True),
                                              args.root, precision="bf16-mixed",
                                              callbacks=[ModelCheckpoint(every_n_epochs=EPOCHS, save_last=True)])
-    rank = int(os.environ.get("RANK", "0"))
     torch.save(results, f"{args.out}.rank{rank}.pt")
 
 
