@@ -44,7 +44,7 @@ class Squares(Linear):
 def test_tensorboard_event_files_hold_the_logged_scalars_and_hparams(tmp_path):
     logger = TensorBoardLogger(tmp_path)
     trainer = fit(Squares(lr=0.05), n=48, val=loader(16), logger=logger, log_every_n_steps=4)  # 6 steps an epoch
-    assert trainer.log_dir == logger.log_dir == str(tmp_path / "tasktrain_logs" / "version_0")
+    assert trainer.log_dir == logger.log_dir == str(tmp_path / "lightning_logs" / "version_0")
     points, acc = scalars(trainer.log_dir, "square")
     # Lightning's step (batches_that_stepped): the batches counted before the log step's batch, so the 4th, 8th and
     # 12th optimizer steps are written at 3, 7, 11
@@ -68,14 +68,14 @@ def test_tensorboard_event_files_hold_the_logged_scalars_and_hparams(tmp_path):
 
     # the next run gets the next version
     trainer = fit(Squares(), epochs=1, logger=TensorBoardLogger(tmp_path))
-    assert trainer.log_dir == str(tmp_path / "tasktrain_logs" / "version_1")
+    assert trainer.log_dir == str(tmp_path / "lightning_logs" / "version_1")
 
 
 def test_logger_argument_forms(tmp_path):
     trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False)  # logger=True: TensorBoard
     assert [type(lg) for lg in trainer.loggers] == [TensorBoardLogger]
     trainer.fit(Squares(), loader(16))
-    assert trainer.log_dir == str(tmp_path / "tasktrain_logs" / "version_0")
+    assert trainer.log_dir == str(tmp_path / "lightning_logs" / "version_0")
     points, acc = scalars(trainer.log_dir, "loss_epoch")
     assert points[0][0] == 1 and "square" not in acc.Tags()["scalars"]  # 2 steps < log_every_n_steps=50
 
@@ -134,7 +134,7 @@ def test_csv_logger_rows_new_columns_and_buffering(tmp_path):
 def test_csv_logger_one_row_per_step_and_epoch_values(tmp_path):
     logger = CSVLogger(tmp_path, version="run")
     trainer = fit(Squares(), logger=logger, log_every_n_steps=4, val=loader(8))
-    assert trainer.log_dir == str(tmp_path / "tasktrain_logs" / "run")
+    assert trainer.log_dir == str(tmp_path / "lightning_logs" / "run")
     rows = read_csv(logger.metrics_file_path)
     # step values, epoch values and validation of the same step share a row
     assert [(r["step"], r["square"], bool(r["loss_epoch"]), bool(r["val_loss"])) for r in rows] == [

@@ -19,7 +19,7 @@ class CSVLogger(VersionedLogger):
     NAME_METRICS = "metrics.csv"
     NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, save_dir, name="tasktrain_logs", version=None, prefix="", flush_logs_every_n_steps=100):
+    def __init__(self, save_dir, name="lightning_logs", version=None, prefix="", flush_logs_every_n_steps=100):
         super().__init__(save_dir, name, version, prefix)
         self.flush_logs_every_n_steps = flush_logs_every_n_steps
         self.hparams = {}

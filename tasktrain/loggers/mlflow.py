@@ -50,7 +50,7 @@ class MLFlowLogger(Logger):
 
     LOGGER_JOIN_CHAR = "-"
 
-    def __init__(self, experiment_name="tasktrain_logs", run_name=None, tracking_uri=None, tags=None,
+    def __init__(self, experiment_name="lightning_logs", run_name=None, tracking_uri=None, tags=None,
                  save_dir="./mlruns", log_model=False, prefix="", artifact_location=None, run_id=None,
                  synchronous=None, checkpoint_path_prefix=""):
         import_optional("mlflow", "mlflow", "MLFlowLogger")

@@ -26,7 +26,7 @@ class TensorBoardLogger(VersionedLogger):
 
     NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, save_dir, name="tasktrain_logs", version=None, log_graph=False, default_hp_metric=True,
+    def __init__(self, save_dir, name="lightning_logs", version=None, log_graph=False, default_hp_metric=True,
                  prefix="", sub_dir=None, **kwargs):
         super().__init__(save_dir, name, version, prefix)
         self._log_graph = log_graph
