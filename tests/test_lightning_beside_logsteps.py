@@ -373,3 +373,28 @@ def test_the_logs_folder_is_lightnings(tmp_path, logger):
     assert ours == lit
     assert lit[0] == os.path.join("lightning_logs", "version_0")
     assert lit[1] == os.path.join("lightning_logs", "version_0", "checkpoints")
+
+
+def test_a_step_logged_at_an_epoch_end_is_the_step(tmp_path):
+    # Lightning's test_adding_step_key: a "step" value logged in on_train_epoch_end / on_validation_epoch_end is the
+    # step of that write (and no "epoch" is added)
+    def fit(base, trainer_class, logger, **extra):
+        class EpochStep(module_class(base)):
+            def on_train_epoch_end(self):
+                self.log_dict({"step": float(50 + self.current_epoch), "train_acc": 0.5})
+
+            def on_validation_epoch_end(self):
+                self.log_dict({"step": float(90 + self.current_epoch), "val_acc": 0.25})
+
+        trainer_class(logger=logger, max_epochs=2, log_every_n_steps=50, limit_val_batches=1, num_sanity_val_steps=0,
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                      **extra).fit(EpochStep(), loader(4), loader(4))
+        return logger.calls
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lit = fit(L.LightningModule, L.Trainer, LitRecord(), default_root_dir=tmp_path / "lit", accelerator="cpu")
+    ours = fit(tasktrain.TaskModule, tasktrain.Trainer, OurRecord(), default_root_dir=tmp_path / "ours")
+    assert ours == lit
+    assert [(s, "epoch" in keys) for s, keys in lit if "val_acc" in keys] == [(90, False), (91, False)]
+    assert [s for s, keys in lit if "train_acc" in keys] == [50, 51]

@@ -141,8 +141,11 @@ class TensorBoardLogger(VersionedLogger):
     @rank_zero_method
     def save(self):
         """Push buffered events to disk now (the writer also does so every flush_secs); hparams.yaml is written
-        when the folder has none (Lightning's: a run without hyper-parameters gets an empty one)."""
-        self.experiment.flush()
+        when the folder has none (Lightning's: a run without hyper-parameters gets an empty one). Lightning's
+        save() also creates the SummaryWriter; here it waits for the first event (importing tensorboard costs
+        ~0.5 s before the first step)."""
+        if self._experiment is not None:
+            self._experiment.flush()
         path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
         if not os.path.isfile(path):
             write_hparams_yaml(self.hparams, path)

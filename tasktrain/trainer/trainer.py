@@ -610,7 +610,8 @@ class Trainer:
 
     def log_to_loggers(self, values, step=None, add_epoch=None, save=True):
         """Write `values` (numbers or scalar tensors) to every logger and record them in trainer.logged_metrics.
-        Lightning's rule for the step: `step` when given; else a "step" value among them (taken out); else
+        Lightning's rule for the step: `step` when given (for epoch-end values, add_epoch=True, a "step" value among
+        them wins: Lightning writes those with no step of its own); else a "step" value among them (taken out); else
         trainer.state.batches_that_stepped (Lightning's _batches_that_stepped), with the current epoch added as
         "epoch". Each logger's `save()` follows its `log_metrics` (Lightning's logger connector does so: a CSV
         file or TensorBoard event file holds each write once it returns); save=False for a callback's own write
@@ -618,9 +619,10 @@ class Trainer:
         floats = {k: float(v) for k, v in values.items()}
         if not floats:
             return
-        if step is None and "step" in floats:
+        # (Lightning writes epoch-end values with no step of its own: a logged "step" is theirs too, without "epoch")
+        if "step" in floats and (step is None or add_epoch):
             step = int(floats.pop("step"))
-            add_epoch = False if add_epoch is None else add_epoch
+            add_epoch = False
         if add_epoch if add_epoch is not None else step is None:
             floats.setdefault("epoch", float(self.current_epoch))
         step = self.state.batches_that_stepped if step is None else int(step)
