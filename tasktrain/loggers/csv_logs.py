@@ -3,7 +3,7 @@ import csv
 import os
 import warnings
 
-from tasktrain.loggers.logger import VersionedLogger, rank_zero_method
+from tasktrain.loggers.logger import VersionedLogger, rank_zero_experiment, rank_zero_method
 from tasktrain.loggers.utilities import add_prefix, convert_params, scalar, write_hparams_yaml
 
 
@@ -16,7 +16,8 @@ class CSVLogger(VersionedLogger):
     logger connector does), when `(step + 1) % flush_logs_every_n_steps == 0` for a direct `log_metrics` call, and
     when the run ends. The first write into a version folder that already holds files warns, and a metrics.csv
     there is replaced (Lightning's rule). `prefix` is put before every metric name, joined with "-". `experiment`
-    is the logger itself (it has log_metrics, save, metrics, metrics_file_path). Writes happen on global rank 0.
+    is the logger itself on global rank 0 (it has log_metrics, save, metrics, metrics_file_path), a do-nothing
+    stand-in elsewhere. Writes happen on global rank 0.
     """
 
     NAME_METRICS = NAME_METRICS_FILE = "metrics.csv"
@@ -33,7 +34,8 @@ class CSVLogger(VersionedLogger):
         self._started = False
 
     @property
-    def experiment(self):
+    @rank_zero_experiment
+    def experiment(self):  # (a do-nothing stand-in on the other ranks, as Lightning's)
         self._start()
         return self
 

@@ -159,5 +159,5 @@ class TensorBoardLogger(VersionedLogger):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_writer"] = None  # an open writer cannot travel to another process (ddp_spawn)
+        state["_experiment"] = None  # an open writer cannot travel to another process (ddp_spawn)
         return state
