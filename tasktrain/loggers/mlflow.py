@@ -95,8 +95,8 @@ class MLFlowLogger(Logger):
             if found is not None and found.lifecycle_stage != "deleted":
                 self._experiment_id = found.experiment_id
             else:
-                self._experiment_id = client.create_experiment(self._experiment_name,
-                                                               artifact_location=self._artifact_location)
+                self._experiment_id = client.create_experiment(name=self._experiment_name,
+                                                                    artifact_location=self._artifact_location)
             from mlflow.tracking.context.registry import resolve_tags
             from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
