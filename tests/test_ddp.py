@@ -154,7 +154,7 @@ def test_self_launch_writes_once_prints_once_and_leaves_nothing_behind(self_laun
     # (Lightning's TQDMProgressBar on stdout: one process's training bar is drawn once at its creation and once at
     # the epoch's reset; a bar on rank 1 would double that)
     assert stdout.count("Training: ") == 2 and "Epoch 0: 100%" in stdout
-    logs = os.path.join(out, "run1", "tasktrain_logs")
+    logs = os.path.join(out, "run1", "lightning_logs")
     assert os.listdir(logs) == ["version_0"]
     files = os.listdir(os.path.join(logs, "version_0"))
     assert len([f for f in files if f.startswith("events.out.tfevents")]) == 1

@@ -20,6 +20,6 @@ def test_demo_reaches_095_on_two_processes(tmp_path):
     accuracy = float(re.search(r"final validation accuracy: ([0-9.]+)", proc.stdout).group(1))
     assert accuracy >= 0.95, proc.stdout
     assert "world_size=2" in proc.stdout
-    logs = tmp_path / "tasktrain_logs" / "version_0"
+    logs = tmp_path / "lightning_logs" / "version_0"
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(logs))
     assert "last.ckpt" in os.listdir(logs / "checkpoints")

@@ -4,6 +4,7 @@ compared exactly. Lightning's step is fit_loop.epoch_loop._batches_that_stepped 
 trainer.state.batches_that_stepped): training batches that stepped, counted after each batch, so
 log_every_n_steps=2 writes steps 1, 3, ...; epoch-end values at the last stepped batch's index; evaluation step
 values at the evaluation's own batch count. Lightning is a test dependency, imported inside the tests only."""
+import os
 import warnings
 
 import pytest
@@ -297,3 +298,113 @@ def test_a_reload_of_the_validation_loaders_starts_their_step_count_again(tmp_pa
     ours, _ = run_ours(tmp_path, **args)
     assert ours == lit
     assert [s for s, keys in ours if "val_step_loss_step" in keys] == [0, 1, 2, 3, 0, 1]
+
+
+class _Saves(_Record):
+    """Records each write and each save(), in order."""
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append(("write", step, tuple(sorted(metrics))))
+
+    def save(self):
+        self.calls.append(("save",))
+
+
+class LitSaves(_Saves, L.loggers.Logger):
+    pass
+
+
+class OurSaves(_Saves, TLogger):
+    pass
+
+
+def test_save_follows_each_write_of_the_trainer_and_a_stop(tmp_path):
+    # Lightning's logger connector saves after each of its writes (not after LearningRateMonitor's own), the
+    # hyper-parameters' write at fit start ends with one, a batch at which a stop was asked ends with one, finalize
+    # saves; with and without validation (Lightning validates once more at a batch where a stop was asked)
+    def fit(callback_base, trainer_class, base, logger, monitor, val, **extra):
+        class StopAt(callback_base):
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                if trainer.current_epoch == 1 and batch_idx == 3:
+                    trainer.should_stop = True
+
+        trainer = trainer_class(logger=logger, callbacks=[StopAt(), monitor], max_epochs=2, log_every_n_steps=2,
+                                val_check_interval=3, limit_val_batches=1, num_sanity_val_steps=0,
+                                enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                                **extra)
+        trainer.fit(module_class(base)(), loader(14), loader(4) if val else None)
+        return logger.calls
+
+    seen = {}
+    for val in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lit = fit(L.Callback, L.Trainer, L.LightningModule, LitSaves(), L.callbacks.LearningRateMonitor("step"),
+                      val, default_root_dir=tmp_path / "lit", accelerator="cpu")
+        from tasktrain.callbacks import Callback
+
+        ours = fit(Callback, tasktrain.Trainer, tasktrain.TaskModule, OurSaves(), LearningRateMonitor("step"), val,
+                   default_root_dir=tmp_path / "ours")
+        assert ours == lit
+        seen[val] = lit
+    trainer_writes = [c for c in seen[True] if c[0] == "write" and c[2] != ("lr-SGD",)]
+    assert seen[True][0] == ("save",) and seen[True].count(("save",)) == 1 + len(trainer_writes) + 1 + 1
+    # the stop: the batch's write, its save, the stop's save, the epoch values, their save, finalize's save
+    assert [c[0] for c in seen[False][-6:]] == ["write", "save", "save", "write", "save", "save"]
+
+
+def _tree(root):
+    """The folders and files under root, relative; event files by their kind (their names hold a host and a time),
+    hidden files left out (tasktrain's resume pointer, .last_checkpoint.json: docs/lightning.md)."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        found += [os.path.join(rel, d) + "/" for d in dirs]
+        found += [os.path.join(rel, "events.out.tfevents" if f.startswith("events.out.tfevents") else f)
+                  for f in files if not f.startswith(".")]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("logger", ["default", "csv", "tensorboard"])
+def test_the_logs_folder_is_lightnings(tmp_path, logger):
+    def fit(trainer_class, base, loggers, root):
+        made = {"default": True, "csv": lambda: loggers.CSVLogger(root),
+                "tensorboard": lambda: loggers.TensorBoardLogger(root)}[logger]
+        trainer = trainer_class(default_root_dir=root, logger=made if made is True else made(), max_steps=1,
+                                enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module_class(base)(), loader(2))
+        return (os.path.relpath(trainer.log_dir, root), os.path.relpath(trainer.checkpoint_callback.dirpath, root),
+                _tree(root))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lit = fit(lambda **kw: L.Trainer(accelerator="cpu", **kw), L.LightningModule, L.loggers, tmp_path / "lit")
+    ours = fit(tasktrain.Trainer, tasktrain.TaskModule, tasktrain.loggers, tmp_path / "ours")
+    assert ours == lit
+    assert lit[0] == os.path.join("lightning_logs", "version_0")
+    assert lit[1] == os.path.join("lightning_logs", "version_0", "checkpoints")
+
+
+def test_a_step_logged_at_an_epoch_end_is_the_step(tmp_path):
+    # Lightning's test_adding_step_key: a "step" value logged in on_train_epoch_end / on_validation_epoch_end is the
+    # step of that write (and no "epoch" is added)
+    def fit(base, trainer_class, logger, **extra):
+        class EpochStep(module_class(base)):
+            def on_train_epoch_end(self):
+                self.log_dict({"step": float(50 + self.current_epoch), "train_acc": 0.5})
+
+            def on_validation_epoch_end(self):
+                self.log_dict({"step": float(90 + self.current_epoch), "val_acc": 0.25})
+
+        trainer_class(logger=logger, max_epochs=2, log_every_n_steps=50, limit_val_batches=1, num_sanity_val_steps=0,
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                      **extra).fit(EpochStep(), loader(4), loader(4))
+        return logger.calls
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lit = fit(L.LightningModule, L.Trainer, LitRecord(), default_root_dir=tmp_path / "lit", accelerator="cpu")
+    ours = fit(tasktrain.TaskModule, tasktrain.Trainer, OurRecord(), default_root_dir=tmp_path / "ours")
+    assert ours == lit
+    assert [(s, "epoch" in keys) for s, keys in lit if "val_acc" in keys] == [(90, False), (91, False)]
+    assert [s for s, keys in lit if "train_acc" in keys] == [50, 51]

@@ -44,7 +44,7 @@ class Squares(Linear):
 def test_tensorboard_event_files_hold_the_logged_scalars_and_hparams(tmp_path):
     logger = TensorBoardLogger(tmp_path)
     trainer = fit(Squares(lr=0.05), n=48, val=loader(16), logger=logger, log_every_n_steps=4)  # 6 steps an epoch
-    assert trainer.log_dir == logger.log_dir == str(tmp_path / "tasktrain_logs" / "version_0")
+    assert trainer.log_dir == logger.log_dir == str(tmp_path / "lightning_logs" / "version_0")
     points, acc = scalars(trainer.log_dir, "square")
     # Lightning's step (batches_that_stepped): the batches counted before the log step's batch, so the 4th, 8th and
     # 12th optimizer steps are written at 3, 7, 11
@@ -68,14 +68,14 @@ def test_tensorboard_event_files_hold_the_logged_scalars_and_hparams(tmp_path):
 
     # the next run gets the next version
     trainer = fit(Squares(), epochs=1, logger=TensorBoardLogger(tmp_path))
-    assert trainer.log_dir == str(tmp_path / "tasktrain_logs" / "version_1")
+    assert trainer.log_dir == str(tmp_path / "lightning_logs" / "version_1")
 
 
 def test_logger_argument_forms(tmp_path):
     trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False)  # logger=True: TensorBoard
     assert [type(lg) for lg in trainer.loggers] == [TensorBoardLogger]
     trainer.fit(Squares(), loader(16))
-    assert trainer.log_dir == str(tmp_path / "tasktrain_logs" / "version_0")
+    assert trainer.log_dir == str(tmp_path / "lightning_logs" / "version_0")
     points, acc = scalars(trainer.log_dir, "loss_epoch")
     assert points[0][0] == 1 and "square" not in acc.Tags()["scalars"]  # 2 steps < log_every_n_steps=50
 
@@ -114,8 +114,8 @@ def test_csv_logger_rows_new_columns_and_buffering(tmp_path):
     trainer = fit(M(), logger=logger, log_every_n_steps=2)
     assert logger.metrics_file_path == os.path.join(trainer.log_dir, "metrics.csv")
     assert seen_on_disk[0] is None and [r["step"] for r in seen_on_disk[1]] == ["1", "3"]
-    with open(logger.metrics_file_path) as f:
-        assert f.readline().strip() == "step,a,once,train_loss,epoch,late"
+    with open(logger.metrics_file_path) as f:  # Lightning's header: the columns sorted
+        assert f.readline().strip() == "a,epoch,late,once,step,train_loss"
     rows = read_csv(logger.metrics_file_path)
     assert [(r["step"], r["a"], r["epoch"], r["late"], r["once"]) for r in rows] == [
         ("1", "2.0", "0.0", "", "7.0"), ("3", "4.0", "0.0", "", "7.0"), ("5", "6.0", "1.0", "60.0", ""),
@@ -124,21 +124,25 @@ def test_csv_logger_rows_new_columns_and_buffering(tmp_path):
     with open(os.path.join(trainer.log_dir, "hparams.yaml")) as f:
         assert yaml.safe_load(f) == {"lr": 0.1}
 
-    # buffered: nothing on disk until the run ends when the flush interval is longer than the run
-    seen_on_disk.clear()
-    logger = CSVLogger(tmp_path, name="buffered")
-    fit(M(), logger=logger, log_every_n_steps=2)
-    assert seen_on_disk == [None, None] and len(read_csv(logger.metrics_file_path)) == 4
+    # the Trainer saves after each write (Lightning's); a direct log_metrics is buffered until
+    # (step + 1) % flush_logs_every_n_steps == 0 (Lightning's rule)
+    logger = CSVLogger(tmp_path, name="buffered", flush_logs_every_n_steps=3)
+    logger.log_metrics({"x": 1.0}, step=0)
+    logger.log_metrics({"x": 2.0}, step=1)
+    assert not os.path.exists(logger.metrics_file_path) and len(logger.experiment.metrics) == 2
+    logger.log_metrics({"x": 3.0}, step=2)
+    assert [r["x"] for r in read_csv(logger.metrics_file_path)] == ["1.0", "2.0", "3.0"] and not logger.metrics
 
 
-def test_csv_logger_one_row_per_step_and_epoch_values(tmp_path):
+def test_csv_logger_one_row_per_write_and_epoch_values(tmp_path):
     logger = CSVLogger(tmp_path, version="run")
     trainer = fit(Squares(), logger=logger, log_every_n_steps=4, val=loader(8))
-    assert trainer.log_dir == str(tmp_path / "tasktrain_logs" / "run")
+    assert trainer.log_dir == str(tmp_path / "lightning_logs" / "run")
     rows = read_csv(logger.metrics_file_path)
-    # step values, epoch values and validation of the same step share a row
+    # one row per write, as Lightning's: the step values, the epoch-end validation, then the epoch values
     assert [(r["step"], r["square"], bool(r["loss_epoch"]), bool(r["val_loss"])) for r in rows] == [
-        ("3", "16.0", True, True), ("7", "64.0", True, True)]
+        ("3", "16.0", False, False), ("3", "", False, True), ("3", "", True, False),
+        ("7", "64.0", False, False), ("7", "", False, True), ("7", "", True, False)]
 
 
 def test_metric_names_ending_in_step_or_epoch(tmp_path):
@@ -151,7 +155,8 @@ def test_metric_names_ending_in_step_or_epoch(tmp_path):
     logger = CSVLogger(tmp_path)
     fit(M(), epochs=1, logger=logger, log_every_n_steps=2)
     rows = read_csv(logger.metrics_file_path)
-    assert [(r["step"], r["warm_step"], r["acc_epoch"]) for r in rows] == [("1", "2.0", ""), ("3", "2.0", "0.5")]
+    assert [(r["step"], r["warm_step"], r["acc_epoch"]) for r in rows] == [("1", "2.0", ""), ("3", "2.0", ""),
+                                                                         ("3", "", "0.5")]
 
 
 def test_loggers_write_on_rank_zero_only(tmp_path, monkeypatch):
@@ -335,8 +340,9 @@ def test_trainer_logger_forms_setters_and_finalize_status(tmp_path):
 
     recorder = Recorder()
     trainer = fit(Squares(lr=0.2), epochs=1, logger=recorder, log_every_n_steps=4, default_root_dir=tmp_path)
-    assert recorder.calls == [("hparams", {"lr": 0.2}), ("graph", "Squares"), ("save",), ("metrics", 3),
-                              ("metrics", 3), ("finalize", "success")]
+    # each write of the Trainer is followed by save(), as Lightning's logger connector does
+    assert recorder.calls == [("hparams", {"lr": 0.2}), ("graph", "Squares"), ("save",), ("metrics", 3), ("save",),
+                              ("metrics", 3), ("save",), ("finalize", "success")]
     assert trainer.log_dir == str(tmp_path)  # a logger without log_dir or save_dir
 
     class Broken(Squares):
@@ -540,7 +546,7 @@ def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path):
     facts = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     logs = tmp_path / "logs"
     assert facts[0]["experiments"] == ["Run", "SummaryWriter", "CSVLogger", "MlflowClient"]
-    assert facts[1]["experiments"] == ["DummyExperiment"] * 2 + ["CSVLogger", "DummyExperiment"]
+    assert facts[1]["experiments"] == ["DummyExperiment"] * 4  # CSVLogger's too, as Lightning's
     run_id = facts[0]["wandb_id"]
     # the checkpoint folder comes from rank 0's run id, on both ranks
     assert [f["checkpoint_dir"] for f in facts] == [str(logs / "ddp" / run_id / "checkpoints")] * 2

@@ -127,11 +127,11 @@ class LearningRateMonitor(Callback):
             return
         stats = self._extract_stats(trainer, "step" if self.logging_interval is None else "any")
         if stats and trainer.is_global_zero:
-            trainer.log_to_loggers(stats, trainer.state.batches_that_stepped)
+            trainer.log_to_loggers(stats, trainer.state.batches_that_stepped, save=False)
 
     def on_train_epoch_start(self, trainer, pl_module):
         if self.logging_interval == "step":
             return
         stats = self._extract_stats(trainer, "epoch" if self.logging_interval is None else "any")
         if stats and trainer.is_global_zero:
-            trainer.log_to_loggers(stats, trainer.state.batches_that_stepped)
+            trainer.log_to_loggers(stats, trainer.state.batches_that_stepped, save=False)

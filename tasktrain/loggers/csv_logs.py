@@ -1,95 +1,123 @@
 """CSVLogger: metrics.csv and hparams.yaml under save_dir/name/version_N."""
 import csv
 import os
+import warnings
 
-from tasktrain.loggers.logger import VersionedLogger, rank_zero_method
+from tasktrain.loggers.logger import VersionedLogger, rank_zero_experiment, rank_zero_method
 from tasktrain.loggers.utilities import add_prefix, convert_params, scalar, write_hparams_yaml
 
 
 class CSVLogger(VersionedLogger):
-    """Metrics as save_dir/name/version_N/metrics.csv (a `step` column, then one column per metric; the values
-    written at the same step share a row) and the hyper-parameters as hparams.yaml next to it.
+    """Metrics as save_dir/name/version_N/metrics.csv and the hyper-parameters as hparams.yaml next to it, in
+    Lightning's layout: one row per `log_metrics` call, the columns sorted by name (`step` among them); a metric
+    that appears after the file was started adds a column (the file is rewritten with it, old rows left blank).
 
-    Rows are buffered and written every `flush_logs_every_n_steps` steps, on `save()` and when the run ends. A
-    metric that appears after the file was started adds a column: the file is then rewritten with it, old rows
-    left blank. `prefix` is put before every metric name, joined with "-". `experiment` is the logger itself
-    (it has log_metrics, save and metrics_file_path). Writes happen on global rank 0 only.
+    Rows are buffered and written on `save()`, which the Trainer calls after each of its writes (as Lightning's
+    logger connector does), when `(step + 1) % flush_logs_every_n_steps == 0` for a direct `log_metrics` call, and
+    when the run ends. The first write into a version folder that already holds files warns, and a metrics.csv
+    there is replaced (Lightning's rule). `prefix` is put before every metric name, joined with "-". `experiment`
+    is the logger itself on global rank 0 (it has log_metrics, save, metrics, metrics_file_path), a do-nothing
+    stand-in elsewhere. Writes happen on global rank 0.
     """
 
-    NAME_METRICS = "metrics.csv"
+    NAME_METRICS = NAME_METRICS_FILE = "metrics.csv"
     NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, save_dir, name="tasktrain_logs", version=None, prefix="", flush_logs_every_n_steps=100):
+    def __init__(self, save_dir, name="lightning_logs", version=None, prefix="", flush_logs_every_n_steps=100):
         super().__init__(save_dir, name, version, prefix)
         self.flush_logs_every_n_steps = flush_logs_every_n_steps
         self.hparams = {}
-        self._rows = []
-        self._columns = []  # the columns of the file on disk
-        self._last_flush_step = None
-        self._written_rows = 0
+        self.metrics = []  # the rows not written yet (Lightning's experiment.metrics)
+        self.metrics_keys = []  # the columns of the file on disk
+        self._rows_logged = 0
+        self._file = None
+        self._started = False
 
     @property
-    def experiment(self):
+    @rank_zero_experiment
+    def experiment(self):  # (a do-nothing stand-in on the other ranks, as Lightning's)
+        self._start()
         return self
 
     @property
     def metrics_file_path(self):
         return os.path.join(self.log_dir, self.NAME_METRICS)
 
+    def _start(self):
+        """Lightning's check when its writer is created: a version folder with files in it is written over."""
+        if self._started or not self._is_global_zero():
+            return
+        self._started = True
+        if os.path.isdir(self.log_dir) and os.listdir(self.log_dir):
+            warnings.warn(f"Experiment logs directory {self.log_dir} exists and is not empty. Previous log files "
+                          "in this directory will be deleted when the new ones are saved!")
+            if os.path.isfile(self.metrics_file_path):
+                os.remove(self.metrics_file_path)
+        os.makedirs(self.log_dir, exist_ok=True)
+
     @rank_zero_method
     def log_metrics(self, metrics, step=None):
-        if step is None:  # as Lightning: the row's number
-            step = self._written_rows + len(self._rows)
-        metrics = {k: scalar(v) for k, v in add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items()}
-        last = self._rows[-1] if self._rows else None
-        if last is not None and last["step"] == step and all(last.get(k, v) == v for k, v in metrics.items()):
-            last.update(metrics)  # one row per step where the writes agree (step metrics, then lr, epoch values)
-        else:
-            self._rows.append({"step": step, **metrics})
-        if self._last_flush_step is None:
-            self._last_flush_step = step
-        if step - self._last_flush_step >= self.flush_logs_every_n_steps:
+        self._start()
+        if step is None:  # the row's number (Lightning's counts the rows since its last save, restarting at 0)
+            step = self._rows_logged
+        self._rows_logged += 1
+        row = {k: scalar(v) for k, v in add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items()}
+        row["step"] = step
+        self.metrics.append(row)
+        if (step + 1) % self.flush_logs_every_n_steps == 0:
             self.save()
 
     @rank_zero_method
-    def log_hyperparams(self, params):
+    def log_hyperparams(self, params=None):
+        self._start()
         self.hparams.update(convert_params(params))
         write_hparams_yaml(self.hparams, os.path.join(self.log_dir, self.NAME_HPARAMS_FILE))
 
     @rank_zero_method
     def save(self):
-        """Write the buffered rows: append when the columns are unchanged, else rewrite the whole file."""
-        if not self._rows:
+        """Write the buffered rows: append when no column is new, else rewrite the file with the new header."""
+        if not self.metrics:
             return
-        rows, self._rows = self._rows, []
-        self._written_rows += len(rows)
-        self._last_flush_step = rows[-1]["step"]
+        self._start()
+        rows, self.metrics = self.metrics, []
         path = self.metrics_file_path
-        if not self._columns and os.path.exists(path):
-            # an explicit version that already has a file (a resumed run): continue it
-            with open(path, newline="") as f:
-                self._columns = next(csv.reader(f), [])
-        on_disk = os.path.exists(path) and bool(self._columns)
-        new = [k for row in rows for k in row if k not in self._columns]
-        if on_disk and not new:
-            with open(path, "a", newline="") as f:
-                csv.DictWriter(f, fieldnames=self._columns).writerows(rows)
+        new = {k for row in rows for k in row} - set(self.metrics_keys)
+        exists = os.path.isfile(path)
+        if new:
+            self.metrics_keys = sorted([*self.metrics_keys, *new])
+        if exists and not new:
+            # the file stays open between saves (the Trainer saves after each write: an open per save would cost
+            # ~0.3 ms); flushed, so a reader sees each row once save() returns
+            if self._file is None or self._file.closed:
+                self._file = open(path, "a", newline="")
+            csv.DictWriter(self._file, fieldnames=self.metrics_keys).writerows(rows)
+            self._file.flush()
             return
+        self._close()
         old = []
-        if on_disk:
+        if exists:
             with open(path, newline="") as f:
                 old = list(csv.DictReader(f))
-        columns = list(dict.fromkeys(["step", *self._columns, *new]))
         os.makedirs(self.log_dir, exist_ok=True)
         tmp = path + ".tmp"
         with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
+            writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
             writer.writeheader()
             writer.writerows(old)
             writer.writerows(rows)
         os.replace(tmp, path)
-        self._columns = columns
+
+    def _close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     @rank_zero_method
     def finalize(self, status="success"):
         self.save()
+        self._close()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_file"] = None  # an open file cannot travel to another process (ddp_spawn)
+        return state

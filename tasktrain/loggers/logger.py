@@ -123,8 +123,8 @@ class VersionedLogger(Logger):
         return self._name
 
     @property
-    def root_dir(self):
-        return os.path.join(self._save_dir, self._name) if self._name else self._save_dir
+    def root_dir(self):  # self.name: a subclass that overrides `name` gets its folder (Lightning's rule)
+        return os.path.join(self._save_dir, self.name) if self.name else self._save_dir
 
     @property
     def version(self):

@@ -50,7 +50,7 @@ class MLFlowLogger(Logger):
 
     LOGGER_JOIN_CHAR = "-"
 
-    def __init__(self, experiment_name="tasktrain_logs", run_name=None, tracking_uri=None, tags=None,
+    def __init__(self, experiment_name="lightning_logs", run_name=None, tracking_uri=None, tags=None,
                  save_dir="./mlruns", log_model=False, prefix="", artifact_location=None, run_id=None,
                  synchronous=None, checkpoint_path_prefix=""):
         import_optional("mlflow", "mlflow", "MLFlowLogger")
@@ -95,8 +95,8 @@ class MLFlowLogger(Logger):
             if found is not None and found.lifecycle_stage != "deleted":
                 self._experiment_id = found.experiment_id
             else:
-                self._experiment_id = client.create_experiment(self._experiment_name,
-                                                               artifact_location=self._artifact_location)
+                self._experiment_id = client.create_experiment(name=self._experiment_name,
+                                                                    artifact_location=self._artifact_location)
             from mlflow.tracking.context.registry import resolve_tags
             from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 

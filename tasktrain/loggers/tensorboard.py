@@ -26,7 +26,7 @@ class TensorBoardLogger(VersionedLogger):
 
     NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, save_dir, name="tasktrain_logs", version=None, log_graph=False, default_hp_metric=True,
+    def __init__(self, save_dir, name="lightning_logs", version=None, log_graph=False, default_hp_metric=True,
                  prefix="", sub_dir=None, **kwargs):
         super().__init__(save_dir, name, version, prefix)
         self._log_graph = log_graph
@@ -34,7 +34,7 @@ class TensorBoardLogger(VersionedLogger):
         self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
         kwargs.setdefault("flush_secs", 30)
         self._writer_kwargs = kwargs
-        self._writer = None
+        self._experiment = None
         self.hparams = {}
 
     @property
@@ -54,12 +54,12 @@ class TensorBoardLogger(VersionedLogger):
     @rank_zero_experiment
     def experiment(self):
         """torch.utils.tensorboard.SummaryWriter (created on first use: importing tensorboard costs ~0.5 s)."""
-        if self._writer is None:
+        if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
             os.makedirs(self.log_dir, exist_ok=True)
-            self._writer = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
-        return self._writer
+            self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
+        return self._experiment
 
     writer = experiment  # the name this logger had before `experiment`
 
@@ -106,34 +106,58 @@ class TensorBoardLogger(VersionedLogger):
     def log_graph(self, model, input_array=None):
         if not self._log_graph:
             return
-        input_array = getattr(model, "example_input_array", None) if input_array is None else input_array
-        if input_array is None:
-            warnings.warn("TensorBoardLogger(log_graph=True): no graph written, because the module has no "
-                          "example_input_array and no input_array was given. Set `self.example_input_array = "
-                          "torch.randn(...)` in the module's __init__.")
-            return
         import torch
 
+        input_array = getattr(model, "example_input_array", None) if input_array is None else input_array
+        if input_array is None:  # Lightning's warnings, in its words
+            warnings.warn("Could not log computational graph to TensorBoard: The `model.example_input_array` "
+                          "attribute is not set or `input_array` was not given.")
+            return
+        if not isinstance(input_array, (torch.Tensor, tuple)):
+            warnings.warn("Could not log computational graph to TensorBoard: The `input_array` or "
+                          f"`model.example_input_array` has type {type(input_array)} which can't be traced by "
+                          "TensorBoard. Make the input array a tuple representing the positional arguments to the "
+                          "model's `forward()` implementation.")
+            return
         param = next(model.parameters(), None)
-        if param is not None:
+        if hasattr(model, "transfer_batch_to_device") and param is not None:  # a TaskModule: its batch hooks
+            input_array = model.on_before_batch_transfer(input_array, 0)
+            input_array = model.transfer_batch_to_device(input_array, param.device, 0)
+            input_array = model.on_after_batch_transfer(input_array, 0)
+        elif param is not None:
             move = (lambda t: t.to(param.device) if isinstance(t, torch.Tensor) else t)
             input_array = tuple(map(move, input_array)) if isinstance(input_array, tuple) else move(input_array)
-        self.experiment.add_graph(model, input_array)
+        # the trace probes every attribute, `module.trainer` too, which may be unattached here (Lightning's flag)
+        before = model.__dict__.get("_jit_is_scripting", None)
+        object.__setattr__(model, "_jit_is_scripting", True)
+        try:
+            self.experiment.add_graph(model, input_array)
+        finally:
+            if before is None:
+                model.__dict__.pop("_jit_is_scripting", None)
+            else:
+                object.__setattr__(model, "_jit_is_scripting", before)
 
     @rank_zero_method
     def save(self):
-        """Push buffered events to disk now (the writer also does so every flush_secs)."""
-        if self._writer is not None:
-            self._writer.flush()
+        """Push buffered events to disk now (the writer also does so every flush_secs); hparams.yaml is written
+        when the folder has none (Lightning's: a run without hyper-parameters gets an empty one). Lightning's
+        save() also creates the SummaryWriter; here it waits for the first event (importing tensorboard costs
+        ~0.5 s before the first step)."""
+        if self._experiment is not None:
+            self._experiment.flush()
+        path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
+        if not os.path.isfile(path):
+            write_hparams_yaml(self.hparams, path)
 
     @rank_zero_method
     def finalize(self, status="success"):
-        if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()
-            self._writer = None
+        if self._experiment is not None:
+            self._experiment.flush()
+            self._experiment.close()
+            self._experiment = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_writer"] = None  # an open writer cannot travel to another process (ddp_spawn)
+        state["_experiment"] = None  # an open writer cannot travel to another process (ddp_spawn)
         return state

@@ -25,6 +25,32 @@ def convert_params(params):
     return dict(params)
 
 
+def hyperparameters_to_log(module, datamodule):
+    """Lightning's choice of what the loggers get at a run's start: the hyper-parameters of the module and of the
+    DataModule that called save_hyperparameters(logger=True), merged (a key in both with different values is
+    Lightning's RuntimeError); None when neither did. LightningCLI's `_class_path` is left out."""
+    import torch
+
+    own = getattr(module, "_log_hyperparams", False)
+    data = datamodule is not None and getattr(datamodule, "_log_hyperparams", False)
+    if own and data:
+        ours, theirs = dict(module.hparams), dict(datamodule.hparams)
+        different = [key for key in ours.keys() & theirs.keys() if key != "_class_path" and (
+            type(ours[key]) is not type(theirs[key])
+            or (isinstance(ours[key], torch.Tensor) and ours[key] is not theirs[key]) or ours[key] != theirs[key])]
+        if different:
+            raise RuntimeError(f"Error while merging hparams: the keys {different} are present in both the "
+                               "LightningModule's and LightningDataModule's hparams but have different values.")
+        hparams = {**ours, **theirs}
+    elif own:
+        hparams = dict(module.hparams)
+    elif data:
+        hparams = dict(datamodule.hparams)
+    else:
+        return None
+    return {k: v for k, v in hparams.items() if k != "_class_path"}
+
+
 def flatten_dict(params, separator="/", prefix=""):
     """{"opt": {"lr": 0.1}} -> {"opt/lr": 0.1}: what the flat parameter stores (MLflow, TensorBoard) take."""
     flat = {}

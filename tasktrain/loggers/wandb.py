@@ -21,7 +21,7 @@ class WandbLogger(Logger):
         version, id: the run id, to continue a run (resume="allow").
         offline: write the run locally only (`wandb sync` uploads it later); no network.
         anonymous: log without an account ("allow").
-        project: the project (default: $WANDB_PROJECT, else "tasktrain_logs").
+        project: the project (default: $WANDB_PROJECT, else "lightning_logs").
         log_model: upload ModelCheckpoint's checkpoints as artifacts: True at the end of a successful fit (the
             kept top k, `last`, the best), "all" as each is saved (also True with save_top_k=-1). In offline mode
             the artifacts are recorded with the offline run and uploaded by `wandb sync`.
@@ -52,7 +52,7 @@ class WandbLogger(Logger):
         dir = os.fspath(dir) if dir is not None else None
         self._wandb_init = {
             "name": name,
-            "project": project or os.environ.get("WANDB_PROJECT", "tasktrain_logs"),
+            "project": project or os.environ.get("WANDB_PROJECT", "lightning_logs"),
             "dir": save_dir or dir,
             "id": version or id,
             "resume": "allow",

@@ -23,6 +23,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     with trainer._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
         strategy.setup_module_and_optimizers(module, [], Plan(training=False))
     module.zero_grad()  # Lightning clears the gradients when each entry point starts
+    trainer._log_hyperparams(module)  # (Lightning's: at the start of every run)
     limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
                  "predict": trainer.limit_predict_batches}[stage]
     if limit_arg == 0 and stage != "predict":

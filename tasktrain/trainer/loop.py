@@ -261,6 +261,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
         # hook): its ModelCheckpoint/EarlyStopping see the last weights. (The epoch's last batch: the epoch-end
         # validation.) Written at this batch's step, as the validation before the count would be.
         run_validation(trainer, state.batches_that_stepped - 1, zero_grad=steps)
+    if trainer.should_stop and trainer.is_global_zero:  # Lightning's: a stop asked, the loggers write what they hold
+        for logger in trainer.loggers:
+            logger.save()
     return not (requested or (steps and max_steps_reached(trainer)))
 
 

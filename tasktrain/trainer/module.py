@@ -360,8 +360,10 @@ class TaskModule(torch.nn.Module):
         return apply_to_leaves(data, gather)
 
     # -- hyper-parameters ----------------------------------------------------------------------------------------
-    def save_hyperparameters(self, *names, ignore=()):
-        """Store the calling __init__'s arguments in self.hparams (and in checkpoints)."""
+    def save_hyperparameters(self, *names, ignore=(), logger=True):
+        """Store the calling __init__'s arguments in self.hparams (and in checkpoints); logger=True (Lightning's
+        default): the loggers get them at the start of each run."""
+        self._log_hyperparams = bool(logger)
         frame = inspect.currentframe().f_back
         init_args = {}
         # Walk up through the __init__ chain of subclasses so the outermost __init__'s arguments win.

@@ -537,9 +537,17 @@ class Trainer:
         self._metrics.epoch_values.clear()
 
     def _log_hyperparams(self, module):
+        """Lightning's rule, at the start of each run: the hyper-parameters save_hyperparameters() stored (with
+        logger=True) of the module and the DataModule, then log_graph and save, for every logger."""
+        if not self.loggers:
+            return
+        from tasktrain.loggers.utilities import hyperparameters_to_log
+
+        hparams = hyperparameters_to_log(module, self.datamodule)  # (its error on every rank)
         if self.is_global_zero:
             for logger in self.loggers:
-                logger.log_hyperparams(dict(module.hparams))
+                if hparams is not None:
+                    logger.log_hyperparams(hparams)
                 logger.log_graph(module)
                 logger.save()
 
@@ -601,23 +609,29 @@ class Trainer:
         stop = bool(self.should_stop) and self.world_size == 1
         return (self.state.batches_that_stepped + 1) % self.log_every_n_steps == 0 or stop
 
-    def log_to_loggers(self, values, step=None, add_epoch=None):
+    def log_to_loggers(self, values, step=None, add_epoch=None, save=True):
         """Write `values` (numbers or scalar tensors) to every logger and record them in trainer.logged_metrics.
-        Lightning's rule for the step: `step` when given; else a "step" value among them (taken out); else
+        Lightning's rule for the step: `step` when given (for epoch-end values, add_epoch=True, a "step" value among
+        them wins: Lightning writes those with no step of its own); else a "step" value among them (taken out); else
         trainer.state.batches_that_stepped (Lightning's _batches_that_stepped), with the current epoch added as
-        "epoch". Call it on rank 0 (loggers write there only)."""
+        "epoch". Each logger's `save()` follows its `log_metrics` (Lightning's logger connector does so: a CSV
+        file or TensorBoard event file holds each write once it returns); save=False for a callback's own write
+        (LearningRateMonitor's, which Lightning writes without a save). Call it on rank 0 (loggers write there only)."""
         floats = {k: float(v) for k, v in values.items()}
         if not floats:
             return
-        if step is None and "step" in floats:
+        # (Lightning writes epoch-end values with no step of its own: a logged "step" is theirs too, without "epoch")
+        if "step" in floats and (step is None or add_epoch):
             step = int(floats.pop("step"))
-            add_epoch = False if add_epoch is None else add_epoch
+            add_epoch = False
         if add_epoch if add_epoch is not None else step is None:
             floats.setdefault("epoch", float(self.current_epoch))
         step = self.state.batches_that_stepped if step is None else int(step)
         self._logged_metrics.update(floats)
         for logger in self.loggers:
             logger.log_metrics(metrics=floats, step=step)  # by keyword, as Lightning calls it
+            if save:
+                logger.save()
 
     # -- checkpoints (what a checkpoint holds and how a fit resumes: resume.py) ---------------------------------------
     def dump_checkpoint(self, weights_only=False) -> dict:
