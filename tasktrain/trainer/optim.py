@@ -1,8 +1,12 @@
 """configure_optimizers: every usual return form, checked up front with errors that say what is expected."""
+import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from tasktrain.exceptions import MisconfigurationException
 
 _FORMS = (
     "an optimizer; a list of optimizers; a tuple (optimizers, schedulers); or a dict "
@@ -92,42 +96,151 @@ def _scheduler_config(item, where):
     return config
 
 
-class ManualOptimizer:
-    """What self.optimizers() returns in manual optimisation: step() goes through precision and counts steps."""
+def do_nothing_closure():
+    return None
 
-    def __init__(self, optimizer, trainer):
-        self.optimizer = optimizer
-        self._trainer = trainer
 
-    def step(self, closure=None):
-        """on_before_optimizer_step fires when the gradients are there: before the step, or, with a closure (which
-        computes them), after each call of it, inside the optimizer's step (Lightning's order)."""
-        trainer = self._trainer
-        hooks = trainer._all_hooks["on_before_optimizer_step"]
-        # the clipping of Trainer(gradient_clip_val=...) and GradientClipping callbacks, after the hooks as in the
-        # automatic step (tasktrain/trainer/loop.py)
-        clippers = trainer._fit_state.clippers if trainer._fit_state is not None else ()
-        if closure is None:
-            for fn in hooks:
-                fn(self.optimizer)
-            for clipper in clippers:
-                clipper.clip(trainer, trainer.module, self.optimizer)
-            wrapped = None
-        else:
-            def wrapped():
-                out = closure()
-                for fn in hooks:
-                    fn(self.optimizer)
-                for clipper in clippers:
-                    clipper.clip(trainer, trainer.module, self.optimizer)
-                return out
-        stepped = trainer.strategy.optimizer_step(self.optimizer, wrapped)
-        trainer.state.global_step += 1
-        return stepped
+_classes = {}  # the optimizer's class -> its LightningOptimizer class (one per class, not one per instance)
+
+
+class LightningOptimizer:
+    """Lightning's LightningOptimizer: what `self.optimizers()` returns and what `optimizer_step` receives. It is an
+    instance of the optimizer's own class too (`isinstance(opt, torch.optim.SGD)`, `str(opt)` "LightningSGD (...)");
+    what it does not define is the wrapped optimizer's (`param_groups`, `state`, `defaults` are the wrapped one's).
+
+    `step(closure=None, **kwargs)` steps through the Trainer (set when a fit attaches it): the closure, then
+    on_before_optimizer_step (and, in automatic optimisation, the clipping), the strategy's step (precision,
+    engine; `kwargs` reach the optimizer's step), and counts `trainer.global_step`. It returns what the optimizer's
+    step returned (for torch's optimizers given a closure: the closure's first result)."""
+
+    def __init__(self, optimizer):
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        self._optimizer = optimizer
+        self._step_fn = None  # (closure, kwargs) -> the step's output: set by the fit that steps it
+        self._trainer = None
+        base = type(optimizer)
+        if base not in _classes:
+            _classes[base] = type("Lightning" + base.__name__, (LightningOptimizer, base), {})
+        self.__class__ = _classes[base]
+
+    @property
+    def optimizer(self):
+        return self._optimizer
+
+    # the wrapped optimizer's state, read and written through (a load_state_dict on either is seen by both)
+    @property
+    def param_groups(self):
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self._optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self._optimizer.state
+
+    @state.setter
+    def state(self, value):
+        self._optimizer.state = value
+
+    @property
+    def defaults(self):
+        return self._optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        self._optimizer.defaults = value
+
+    def state_dict(self):
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        return self._optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none=True):
         # (Lightning fires on_before_zero_grad in automatic optimisation only: not for the user's own zero_grad())
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        return self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group):
+        return self._optimizer.add_param_group(param_group)
+
+    def step(self, closure=None, **kwargs):
+        if closure is None:
+            closure = do_nothing_closure
+        elif not callable(closure):
+            raise MisconfigurationException("When `optimizer.step(closure)` is called, the closure should be callable")
+        if self._step_fn is None:
+            raise RuntimeError(f"{type(self).__name__}.step(): this optimizer is not attached to a running Trainer's "
+                               "fit. Step it from training_step or optimizer_step, or step the torch optimizer "
+                               "(`.optimizer`) yourself.")
+        return self._step_fn(closure, kwargs)
+
+    @contextlib.contextmanager
+    def toggle_model(self, sync_grad=True):
+        """Only this optimizer's parameters require gradients inside (the module's toggle_optimizer);
+        sync_grad=False: no gradient synchronisation between processes for the backwards inside (an accumulation
+        window's middle)."""
+        trainer = self._trainer
+        if trainer is None:
+            raise RuntimeError("toggle_model(): this optimizer is not attached to a running Trainer's fit.")
+        module = trainer.module
+        with trainer.strategy.no_backward_sync(not sync_grad):
+            module.toggle_optimizer(self)
+            yield
+            module.untoggle_optimizer(self)
 
     def __getattr__(self, name):
-        return getattr(self.optimizer, name)
+        if name == "_optimizer":  # missing only mid-unpickle / mid-copy
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+
+def lightning_optimizers(trainer):
+    """The LightningOptimizers of the trainer's optimizers, one per optimizer, kept while they stay the same
+    objects (Lightning's strategy._lightning_optimizers): self.optimizers() gives the same objects at every call, and
+    in automatic optimisation the one optimizer_step receives."""
+    current = list(trainer.optimizers)
+    kept = trainer.__dict__.get("_lightning_optimizers") or []
+    if len(kept) != len(current) or any(w._optimizer is not o for w, o in zip(kept, current)):
+        kept = [LightningOptimizer(o) for o in current]
+        for wrapper in kept:
+            wrapper._trainer = trainer
+            wrapper._step_fn = functools.partial(manual_step, trainer, wrapper)
+        trainer._lightning_optimizers = kept
+    return kept
+
+
+def manual_step(trainer, optimizer, closure, kwargs):
+    """optimizer.step(closure, **kwargs) in manual optimisation (Lightning's order): the closure (it computes the
+    gradients), on_before_optimizer_step, the clipping of Trainer(gradient_clip_val=...) and GradientClipping
+    callbacks, the strategy's step; then global_step counts it. Where the strategy takes closures (32-bit) the
+    closure goes into the optimizer's step, which may call it several times (LBFGS)."""
+    torch_optimizer = optimizer._optimizer
+    hooks = trainer._all_hooks["on_before_optimizer_step"]
+    clippers = trainer._fit_state.clippers if trainer._fit_state is not None else ()
+
+    def after_closure():
+        for fn in hooks:
+            fn(torch_optimizer)
+        for clipper in clippers:
+            clipper.clip(trainer, trainer.module, torch_optimizer)
+
+    strategy = trainer.strategy
+    strategy.precision.last_step_output = None
+    if strategy.steps_with_closure():
+        def wrapped():
+            out = closure()
+            after_closure()
+            return out
+
+        strategy.optimizer_step(torch_optimizer, wrapped, **kwargs)
+        output = strategy.precision.last_step_output
+    else:
+        output = closure()
+        after_closure()
+        strategy.optimizer_step(torch_optimizer, **kwargs)
+        output = strategy.precision.last_step_output
+    trainer.state.global_step += 1
+    return output

@@ -595,19 +595,20 @@ class Trainer:
         """Write `values` (numbers or scalar tensors) to every logger and record them in trainer.logged_metrics.
         Lightning's rule for the step: `step` when given; else a "step" value among them (taken out); else
         trainer.state.batches_that_stepped (Lightning's _batches_that_stepped), with the current epoch added as
-        "epoch". Call it on rank 0 (loggers write there only)."""
-        floats = {k: float(v) for k, v in values.items()}
-        if not floats:
+        "epoch" (not recorded in logged_metrics, as Lightning). Call it on rank 0 (loggers write there only)."""
+        if not self.loggers or not values:  # (Lightning's: nothing is logged, nor recorded, without a logger)
             return
+        # logged_metrics: the values as given (tensors stay tensors), before "step" is taken out and "epoch" added
+        self._logged_metrics.update(values)
+        floats = {k: float(v) for k, v in values.items()}
         if step is None and "step" in floats:
             step = int(floats.pop("step"))
             add_epoch = False if add_epoch is None else add_epoch
         if add_epoch if add_epoch is not None else step is None:
-            floats.setdefault("epoch", float(self.current_epoch))
+            floats.setdefault("epoch", self.current_epoch)  # (an int, as Lightning adds it)
         step = self.state.batches_that_stepped if step is None else int(step)
-        self._logged_metrics.update(floats)
         for logger in self.loggers:
-            logger.log_metrics(floats, step)
+            logger.log_metrics(metrics=floats, step=step)  # (by keyword, as Lightning calls it)
 
     # -- checkpoints (what a checkpoint holds and how a fit resumes: resume.py) ---------------------------------------
     def dump_checkpoint(self, weights_only=False) -> dict:
