@@ -605,7 +605,7 @@ class Trainer:
             step = int(floats.pop("step"))
             add_epoch = False if add_epoch is None else add_epoch
         if add_epoch if add_epoch is not None else step is None:
-            floats.setdefault("epoch", self.current_epoch)  # (an int, as Lightning adds it)
+            floats.setdefault("epoch", float(self.current_epoch))
         step = self.state.batches_that_stepped if step is None else int(step)
         for logger in self.loggers:
             logger.log_metrics(metrics=floats, step=step)  # (by keyword, as Lightning calls it)
