@@ -126,3 +126,38 @@ def test_self_log_refusals_as_lightning():
             trainer = lib.Trainer(max_steps=1, limit_val_batches=0, logger=False, **QUIET)
             with pytest.raises(Exception, match=match.replace("(", r"\(").replace(")", r"\)")):
                 trainer.fit(Bad())
+
+
+def test_schedulers_checked_only_in_automatic_optimization():
+    class Custom:  # no LRScheduler: Lightning refuses it in automatic optimisation only
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        def module(automatic, scheduler):
+            class Scheduled(classes.BoringModel):
+                def __init__(self):
+                    super().__init__()
+                    self.automatic_optimization = automatic
+
+                def configure_optimizers(self):
+                    optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+                    return [optimizer], [scheduler(optimizer)]
+
+            return Scheduled()
+
+        def fit(model):
+            lib.Trainer(max_epochs=0, logger=False, **QUIET).fit(model)
+
+        fit(module(False, Custom))
+        with pytest.raises(Exception, match="doesn't follow PyTorch's LRScheduler API"):
+            fit(module(True, Custom))
+        plateau = {"scheduler": None, "monitor": "loss", "interval": "step"}
+        with pytest.warns(RuntimeWarning, match=r"\['monitor'\], but the keys will be ignored"):
+            fit(module(False, lambda opt: {**plateau, "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt)}))

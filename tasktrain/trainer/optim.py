@@ -1,6 +1,7 @@
 """configure_optimizers: every usual return form, checked up front with errors that say what is expected."""
 import contextlib
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -17,30 +18,37 @@ _FORMS = (
 
 @dataclass
 class SchedulerConfig:
+    """Lightning's LRSchedulerConfig (`tasktrain.utilities.types.LRSchedulerConfig`), its fields in its order."""
     scheduler: object
+    name: Optional[str] = None
     interval: str = "epoch"
     frequency: int = 1
+    reduce_on_plateau: bool = False  # (automatic optimisation: a ReduceLROnPlateau, unless the dict says)
     monitor: Optional[str] = None
     strict: bool = True
-    name: Optional[str] = None
 
 
 def parse_optimizers(module):
     result = module.configure_optimizers()
     where = f"{type(module).__name__}.configure_optimizers()"
+    # in manual optimisation training_step steps the schedulers itself: Lightning checks none of them (any object
+    # with a state_dict, a ReduceLROnPlateau without a monitor) and warns about the keys it ignores
+    manual = not module.automatic_optimization
+    custom_step = _overrides_lr_scheduler_step(module)
     if result is None:
         raise ValueError(f"{where} returned None. It must return {_FORMS}.")
     optimizers, schedulers = [], []
     if isinstance(result, torch.optim.Optimizer):
         optimizers = [result]
     elif isinstance(result, dict):
-        optimizers, schedulers = _from_dict(result, where)
+        optimizers, schedulers = _from_dict(result, where, manual, custom_step)
     elif isinstance(result, (list, tuple)) and len(result) == 2 and isinstance(result[0], (list, tuple)):
         optimizers = list(result[0])
-        schedulers = [_scheduler_config(s, where) for s in (result[1] if isinstance(result[1], (list, tuple)) else [result[1]])]
+        schedulers = [_scheduler_config(s, where, manual, custom_step)
+                      for s in (result[1] if isinstance(result[1], (list, tuple)) else [result[1]])]
     elif isinstance(result, (list, tuple)) and result and all(isinstance(d, dict) for d in result):
         for d in result:
-            opts, scheds = _from_dict(d, where)
+            opts, scheds = _from_dict(d, where, manual, custom_step)
             optimizers += opts
             schedulers += scheds
     elif isinstance(result, (list, tuple)):
@@ -60,7 +68,13 @@ def parse_optimizers(module):
     return optimizers, schedulers
 
 
-def _from_dict(d, where):
+def _overrides_lr_scheduler_step(module):
+    from tasktrain.trainer.module import TaskModule, is_overridden
+
+    return is_overridden("lr_scheduler_step", module, TaskModule)
+
+
+def _from_dict(d, where, manual=False, custom_step=False):
     unknown = set(d) - {"optimizer", "lr_scheduler", "monitor", "frequency"}
     if "optimizer" not in d or unknown:
         problem = "has no 'optimizer' key" if "optimizer" not in d else f"has unknown keys {sorted(unknown)}"
@@ -70,20 +84,31 @@ def _from_dict(d, where):
         sched = d["lr_scheduler"]
         if not isinstance(sched, dict) and "monitor" in d:
             sched = {"scheduler": sched, "monitor": d["monitor"]}
-        schedulers.append(_scheduler_config(sched, where))
+        schedulers.append(_scheduler_config(sched, where, manual, custom_step))
     return [d["optimizer"]], schedulers
 
 
-def _scheduler_config(item, where):
+def _scheduler_config(item, where, manual=False, custom_step=False):
     if isinstance(item, dict):
-        unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+        unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau"}
         if "scheduler" not in item or unknown:
             problem = "has no 'scheduler' key" if "scheduler" not in item else f"has unknown keys {sorted(unknown)}"
             raise ValueError(f"{where}: the 'lr_scheduler' dict {problem}. Expected keys: scheduler, interval "
                              "('step' or 'epoch'), frequency, monitor, strict, name.")
+        if manual:
+            ignored = [k for k in item if k in ("monitor", "strict")]
+            if ignored:  # (Lightning's words)
+                warnings.warn(f"The lr scheduler dict contains the key(s) {ignored}, but the keys will be ignored. You "
+                              "need to call `lr_scheduler.step()` manually in manual optimization.", RuntimeWarning,
+                              stacklevel=3)
+            item = {k: v for k, v in item.items() if k not in ("monitor", "strict")}
         config = SchedulerConfig(**item)
     else:
         config = SchedulerConfig(scheduler=item)
+    if manual:  # (the interval is kept: LearningRateMonitor reads it)
+        return config
+    if not (isinstance(item, dict) and "reduce_on_plateau" in item):
+        config.reduce_on_plateau = isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     if config.interval not in ("step", "epoch"):
         raise ValueError(f"{where}: lr_scheduler interval={config.interval!r}; use 'step' or 'epoch'.")
     if int(config.frequency) < 1:
@@ -91,8 +116,13 @@ def _scheduler_config(item, where):
     if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and not config.monitor:
         raise ValueError(f"{where}: ReduceLROnPlateau needs a metric to watch. Return "
                          "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}.")
-    if not hasattr(config.scheduler, "step"):
-        raise ValueError(f"{where}: {type(config.scheduler).__name__} is not a learning-rate scheduler (no .step()).")
+    if not custom_step and not isinstance(config.scheduler, (torch.optim.lr_scheduler.LRScheduler,
+                                                             torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        # (Lightning's words first)
+        raise MisconfigurationException(
+            f"The provided lr scheduler `{type(config.scheduler).__name__}` doesn't follow PyTorch's LRScheduler API. "
+            "You should override the `LightningModule.lr_scheduler_step` hook with your own logic if you are using a "
+            f"custom LR scheduler. ({where})")
     return config
 
 
