@@ -608,7 +608,7 @@ class Trainer:
             floats.setdefault("epoch", float(self.current_epoch))
         step = self.state.batches_that_stepped if step is None else int(step)
         for logger in self.loggers:
-            logger.log_metrics(metrics=floats, step=step)  # (by keyword, as Lightning calls it)
+            logger.log_metrics(metrics=floats, step=step)  # by keyword, as Lightning calls it
 
     # -- checkpoints (what a checkpoint holds and how a fit resumes: resume.py) ---------------------------------------
     def dump_checkpoint(self, weights_only=False) -> dict:
