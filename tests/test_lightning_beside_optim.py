@@ -161,3 +161,20 @@ def test_schedulers_checked_only_in_automatic_optimization():
         plateau = {"scheduler": None, "monitor": "loss", "interval": "step"}
         with pytest.warns(RuntimeWarning, match=r"\['monitor'\], but the keys will be ignored"):
             fit(module(False, lambda opt: {**plateau, "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt)}))
+
+
+def test_several_optimizers_in_automatic_optimization_are_lightnings_errors():
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class OldStyle(classes.BoringModel):
+            def training_step(self, batch, batch_idx, optimizer_idx):
+                return super().training_step(batch, batch_idx)
+
+        with pytest.raises(RuntimeError, match="Remove the `optimizer_idx` argument from `training_step`"):
+            lib.Trainer(max_steps=1, logger=False, **QUIET).fit(OldStyle())
+
+        class TwoOptimizers(classes.BoringModel):
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.1)
+
+        with pytest.raises(RuntimeError, match="multiple optimizers is only supported with manual optimization"):
+            lib.Trainer(max_steps=1, logger=False, **QUIET).fit(TwoOptimizers())

@@ -14,6 +14,7 @@ Here: the run of a stage on every rank (`_run_stage`), the fit's set-up before i
 order: resume, optimizers, strategy, sanity check, data), metrics out to the loggers, save_checkpoint and the watchdog.
 """
 import contextlib
+import inspect
 import signal
 import time
 from typing import List, Optional, Union
@@ -671,6 +672,12 @@ def _check_module(module, stage):
                 f"{type(module).__name__} does not define configure_optimizers(self); return an optimizer, "
                 "e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
             )
+        if module.automatic_optimization and "optimizer_idx" in inspect.signature(module.training_step).parameters:
+            # Lightning 1.x's multi-optimizer loop; Lightning 2's error, its words
+            raise RuntimeError(
+                "Training with multiple optimizers is only supported with manual optimization. Remove the "
+                "`optimizer_idx` argument from `training_step`, set `self.automatic_optimization = False` and access "
+                "your optimizers in `training_step` with `opt1, opt2, ... = self.optimizers()`.")
     elif stage in ("validate", "test"):
         name = "validation_step" if stage == "validate" else "test_step"
         if not is_overridden(name, module, TaskModule):
@@ -679,10 +686,11 @@ def _check_module(module, stage):
 
 def _check_optimizers(module, optimizers, accumulate_grad_batches):
     if module.automatic_optimization and len(optimizers) > 1:
-        raise ValueError(
-            f"configure_optimizers returned {len(optimizers)} optimizers: automatic optimisation steps one. "
-            "Set `self.automatic_optimization = False` in __init__ and step them yourself in training_step "
-            "(self.optimizers(), self.manual_backward(loss))."
+        raise RuntimeError(  # (Lightning's error and words first)
+            "Training with multiple optimizers is only supported with manual optimization. Set "
+            "`self.automatic_optimization = False`, then access your optimizers in `training_step` with "
+            f"`opt1, opt2, ... = self.optimizers()`. (configure_optimizers returned {len(optimizers)} optimizers: "
+            "automatic optimisation steps one; step them yourself with self.manual_backward(loss).)"
         )
     if not module.automatic_optimization and accumulate_grad_batches != 1:
         # The loop would step the user's optimizers at every batch regardless: say so instead of ignoring it.
