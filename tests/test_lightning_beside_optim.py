@@ -158,6 +158,10 @@ def test_schedulers_checked_only_in_automatic_optimization():
         fit(module(False, Custom))
         with pytest.raises(Exception, match="doesn't follow PyTorch's LRScheduler API"):
             fit(module(True, Custom))
+        with pytest.raises(Exception, match="must include a monitor when a `ReduceLROnPlateau`"):
+            fit(module(True, torch.optim.lr_scheduler.ReduceLROnPlateau))
+        with pytest.raises(Exception, match='The "interval" key in lr scheduler dict must be "step" or "epoch"'):
+            fit(module(True, lambda opt: {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1), "interval": "x"}))
         plateau = {"scheduler": None, "monitor": "loss", "interval": "step"}
         with pytest.warns(RuntimeWarning, match=r"\['monitor'\], but the keys will be ignored"):
             fit(module(False, lambda opt: {**plateau, "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt)}))

@@ -54,17 +54,22 @@ def parse_optimizers(module):
     elif isinstance(result, (list, tuple)):
         optimizers = list(result)
     else:
-        raise ValueError(f"{where} returned a {type(result).__name__}. It must return {_FORMS}.")
+        raise MisconfigurationException(f"Unknown configuration for model optimizers. {where} returned a "
+                                        f"{type(result).__name__}. It must return {_FORMS}.")
     if not optimizers:
         raise ValueError(f"{where} returned no optimizer. It must return {_FORMS}.")
     for opt in optimizers:
         if not isinstance(opt, torch.optim.Optimizer):
-            raise ValueError(f"{where} returned {type(opt).__name__} where an optimizer was expected. It must return {_FORMS}.")
+            raise MisconfigurationException(f"Unknown configuration for model optimizers. {where} returned "
+                                            f"{type(opt).__name__} where an optimizer was expected. It must return "
+                                            f"{_FORMS}.")
     for config in schedulers:
         owned = any(getattr(config.scheduler, "optimizer", None) is opt for opt in optimizers)
         if not owned:
-            raise ValueError(f"{where}: the scheduler {type(config.scheduler).__name__} does not belong to any of the "
-                             "returned optimizers; build it on one of them.")
+            raise MisconfigurationException(
+                "Some schedulers are attached with an optimizer that wasn't returned from `configure_optimizers`. "
+                f"({where}: the scheduler {type(config.scheduler).__name__} does not belong to any of the returned "
+                "optimizers; build it on one of them.)")
     return optimizers, schedulers
 
 
@@ -93,8 +98,11 @@ def _scheduler_config(item, where, manual=False, custom_step=False):
         unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau"}
         if "scheduler" not in item or unknown:
             problem = "has no 'scheduler' key" if "scheduler" not in item else f"has unknown keys {sorted(unknown)}"
-            raise ValueError(f"{where}: the 'lr_scheduler' dict {problem}. Expected keys: scheduler, interval "
-                             "('step' or 'epoch'), frequency, monitor, strict, name.")
+            lightning = ('The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler. '
+                         if "scheduler" not in item else "")
+            raise MisconfigurationException(
+                f"{lightning}{where}: the 'lr_scheduler' dict {problem}. Expected keys: scheduler, interval "
+                "('step' or 'epoch'), frequency, monitor, strict, name, reduce_on_plateau.")
         if manual:
             ignored = [k for k in item if k in ("monitor", "strict")]
             if ignored:  # (Lightning's words)
@@ -110,12 +118,15 @@ def _scheduler_config(item, where, manual=False, custom_step=False):
     if not (isinstance(item, dict) and "reduce_on_plateau" in item):
         config.reduce_on_plateau = isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     if config.interval not in ("step", "epoch"):
-        raise ValueError(f"{where}: lr_scheduler interval={config.interval!r}; use 'step' or 'epoch'.")
+        raise MisconfigurationException(f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is '
+                                        f'"{config.interval}". ({where})')
     if int(config.frequency) < 1:
         raise ValueError(f"{where}: lr_scheduler frequency={config.frequency}; use a positive integer.")
     if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and not config.monitor:
-        raise ValueError(f"{where}: ReduceLROnPlateau needs a metric to watch. Return "
-                         "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}.")
+        raise MisconfigurationException(
+            "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used. "
+            f"(ReduceLROnPlateau needs a metric to watch: {where}: return "
+            "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}.)")
     if not custom_step and not isinstance(config.scheduler, (torch.optim.lr_scheduler.LRScheduler,
                                                              torch.optim.lr_scheduler.ReduceLROnPlateau)):
         # (Lightning's words first)
