@@ -223,10 +223,13 @@ class RecordingSGD(torch.optim.SGD):
         self.norms, self.maxabs = [], []
 
     def step(self, closure=None):
+        # (after the step: the Trainer's closure, which computes the gradients, runs inside it, as in Lightning;
+        # the update leaves the gradients as they were)
+        loss = super().step(closure)
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
         self.norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
         self.maxabs.append(max(float(g.abs().max()) for g in grads))
-        return super().step(closure)
+        return loss
 
 
 class BigGradients(Linear):

@@ -398,10 +398,17 @@ class Strategy(abc.ABC):
             cached = self._module_order = (id(optimizer), len(held), order)
         return [held[i] for i in cached[2]]
 
-    def optimizer_step(self, optimizer, closure=None) -> bool:
+    def optimizer_step(self, optimizer, closure=None, **kwargs) -> bool:
         """Step `optimizer` through the precision; returns whether it really stepped (False: GradScaler or the
-        engine skipped a step with inf/NaN gradients)."""
-        return self.precision.optimizer_step(optimizer, closure)
+        engine skipped a step with inf/NaN gradients). `kwargs` go to the optimizer's step; what it returned is
+        `precision.last_step_output`."""
+        return self.precision.optimizer_step(optimizer, closure, **kwargs)
+
+    def steps_with_closure(self) -> bool:
+        """Whether optimizer_step takes the closure that computes the gradients into the optimizer's step
+        (Lightning's 32-bit path; LBFGS needs it). False: the loop runs the closure first, then steps (a
+        GradScaler, an engine that steps itself). Default: the precision's say."""
+        return self.precision.steps_with_closure
 
     def zero_grad(self, optimizer):
         """Clear the gradients after a step. Default: set them to None."""

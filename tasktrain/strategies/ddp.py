@@ -137,8 +137,8 @@ class DDP(ProcessWorld, Strategy):
             self._model_averager = PeriodicModelAverager(period=self.comm["model_averaging_period"],
                                                          warmup_steps=state.start_localSGD_iter)
 
-    def optimizer_step(self, optimizer, closure=None) -> bool:
-        stepped = super().optimizer_step(optimizer, closure)
+    def optimizer_step(self, optimizer, closure=None, **kwargs) -> bool:
+        stepped = super().optimizer_step(optimizer, closure, **kwargs)
         if self._model_averager is not None and stepped:
             # post-local SGD: after its warm-up each process steps on its own gradients; every period steps the
             # parameters the optimizer moved are averaged over the processes (Lightning's rule)

@@ -25,6 +25,10 @@ class Precision:
 
     name = "32-true"
     autocast_options = {}  # AutocastKwargs (enabled, cache_enabled): used where an autocast runs
+    # Whether a closure (the gradients' computation) goes into optimizer.step(closure=...), as Lightning's
+    # precision plugins pass it: False where a GradScaler steps (the closure runs first, then the unscale)
+    steps_with_closure = True
+    last_step_output = None  # what the last optimizer.step(...) returned (LightningOptimizer.step returns it)
 
     def __init__(self, device_type: str = "cpu"):
         self.device_type = device_type
@@ -46,8 +50,10 @@ class Precision:
     def unscale(self, optimizer) -> None:
         pass
 
-    def optimizer_step(self, optimizer, closure=None) -> bool:
-        optimizer.step() if closure is None else optimizer.step(closure)
+    def optimizer_step(self, optimizer, closure=None, **kwargs) -> bool:
+        """`kwargs`: the extra arguments of the optimizer's step (LightningOptimizer.step(closure, **kwargs))."""
+        self.last_step_output = optimizer.step(**kwargs) if closure is None else optimizer.step(closure=closure,
+                                                                                                 **kwargs)
         return True
 
     def state_dict(self) -> dict:
@@ -107,11 +113,11 @@ class HalfPrecision(Precision):
     def convert_input(self, batch):
         return _apply_to_floats(batch, lambda t: t.to(self.dtype))
 
-    def optimizer_step(self, optimizer, closure=None):
+    def optimizer_step(self, optimizer, closure=None, **kwargs):
         if id(optimizer) not in self._checked:
             self._checked.add(id(optimizer))
             warn_eps_in_half(optimizer, self.dtype, self.name)
-        return super().optimizer_step(optimizer, closure)
+        return super().optimizer_step(optimizer, closure, **kwargs)
 
 
 def warn_eps_in_half(optimizer, dtype, name):
@@ -169,14 +175,19 @@ class MixedPrecision(Precision):
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
 
-    def optimizer_step(self, optimizer, closure=None):
+    @property
+    def steps_with_closure(self):
+        return self.scaler is None
+
+    def optimizer_step(self, optimizer, closure=None, **kwargs):
         if self.scaler is None:
-            return super().optimizer_step(optimizer, closure)
+            return super().optimizer_step(optimizer, closure, **kwargs)
         if closure is not None:
             raise ValueError("precision='16-mixed' does not support optimizer closures (LBFGS); use '32-true'.")
         self.unscale(optimizer)
         before = self.scaler.get_scale()
-        self.scaler.step(optimizer)  # GradScaler itself syncs here to look for inf/NaN: no extra cost below
+        # GradScaler itself syncs here to look for inf/NaN: no extra cost below
+        self.last_step_output = self.scaler.step(optimizer, **kwargs)
         self.scaler.update()
         self._unscaled.discard(id(optimizer))
         stepped = self.scaler.get_scale() >= before

@@ -68,7 +68,8 @@ class FitState:
     clippers: list  # GradientClipping callbacks whose requests the step applies (the plan's clipping)
     accumulation_schedules: list  # callbacks that set the window by epoch (get_accumulate_grad_batches(epoch))
     optimizer: Any = None  # the optimizer automatic optimisation steps (the first)
-    stepper: Any = None  # the StepOptimizer the module's optimizer_step receives
+    stepper: Any = None  # the LightningOptimizer the module's optimizer_step receives (self.optimizers()'s)
+    stepped: bool = False  # whether the window's optimizer step really stepped (schedulers follow it)
     # per epoch
     first_epoch: int = 0
     loss_window: list = field(default_factory=list)
@@ -84,7 +85,8 @@ class FitState:
 
 def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
     """The FitState of `trainer`'s fit: the step's parts bound once (see the module's docstring)."""
-    from tasktrain.trainer.loop import StepOptimizer, step_scheduler
+    from tasktrain.trainer.loop import automatic_step, step_scheduler
+    from tasktrain.trainer.optim import lightning_optimizers, manual_step
 
     strategy, profiler, watchdog = trainer.strategy, trainer.profiler, trainer._watchdog
     overrides = {name: is_overridden(name, module, TaskModule) for name in (
@@ -118,8 +120,13 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         configure_clipping=module.configure_gradient_clipping if module_clips else None, clippers=clippers,
         accumulation_schedules=accumulation_schedules(trainer.callbacks),
     )
+    wrappers = lightning_optimizers(trainer)  # (trainer.optimizers are `optimizers`)
+    for wrapper in wrappers:  # (kept from an earlier fit where configure_optimizers returned the same objects)
+        wrapper._step_fn = partial(manual_step, trainer, wrapper)
     if optimizers:
-        fit.optimizer, fit.stepper = optimizers[0], StepOptimizer(trainer, fit, optimizers[0])
+        fit.optimizer, fit.stepper = optimizers[0], wrappers[0]
+        if module.automatic_optimization:
+            fit.stepper._step_fn = partial(automatic_step, trainer, fit, fit.stepper)
     return fit
 
 

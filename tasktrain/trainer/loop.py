@@ -211,18 +211,18 @@ def training_step(trainer, fit, batch, batch_idx, window):
                 fit.window_backwards += 1
                 for fn in hooks["on_after_backward"]:
                     fn()
-            return loss
+            return loss.detach()  # (Lightning's closure returns the loss without its graph)
 
         if not steps:
             closure()
         else:
-            fit.stepper.stepped = False
+            fit.stepped = False
             # the module's hook; its default optimizer.step(closure=closure) runs the closure, then
-            # on_before_optimizer_step, the clipping and the strategy's step (StepOptimizer.step)
+            # on_before_optimizer_step, the clipping and the strategy's step (loop.automatic_step)
             fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)
             if not ran:
                 closure_not_run(module)
-            if fit.stepper.stepped:  # (not when GradScaler skipped the step, nor when the hook did not step)
+            if fit.stepped:  # (not when GradScaler skipped the step, nor when the hook did not step)
                 step_schedulers(trainer, fit, "step")
             if window.ends_epoch:
                 step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
@@ -237,7 +237,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
         fn(outputs, batch, batch_idx)
     # Lightning's order: the step metrics (what on_train_batch_end logged included), validation (after any batch, a
     # window's middle included), then the count
-    if steps and trainer.should_update_logs:
+    if steps and (trainer.should_update_logs or trainer.fast_dev_run):  # (fast_dev_run: every step, Lightning's)
         trainer._flush_step_metrics()  # at state.batches_that_stepped
     # (check_val_every_n_epoch=None: every val_check_interval batches of the whole run, Lightning's total_batch_idx)
     by_epoch = trainer.check_val_every_n_epoch is not None  # (an epoch's last batch: the epoch-end validation)
@@ -277,37 +277,43 @@ def closure_not_run(module):
         "training_step and backward run.")
 
 
-class StepOptimizer:
-    """The optimizer the module's optimizer_step receives (Lightning's LightningOptimizer): `step(closure)` runs the
-    closure, then on_before_optimizer_step, the clipping and the strategy's step (the engine's: DeepSpeed, FSDP,
-    the GradScaler, which may skip it). Anything else is the torch optimizer's."""
+def automatic_step(trainer, fit, optimizer, closure, kwargs):
+    """optimizer.step(closure, **kwargs) of automatic optimisation (the LightningOptimizer that the module's
+    optimizer_step receives): the closure (training_step, zero_grad, backward), then on_before_optimizer_step, the
+    clipping and the strategy's step (the engine's: DeepSpeed, FSDP, the GradScaler, which may skip it). Where the
+    strategy takes closures (32-bit) the closure goes into the optimizer's step, which may call it several times
+    (LBFGS), each call followed by the hooks and the clipping (Lightning's precision plugin); elsewhere it runs
+    first. global_step counts the step here, as in Lightning: an optimizer_step that reads it after
+    optimizer.step() (the warm-up of Lightning's docs) sees the step it just took. Returns what the optimizer's
+    step returned."""
+    torch_optimizer = optimizer._optimizer
 
-    def __init__(self, trainer, fit, optimizer):
-        self._parts, self.optimizer, self.stepped = (trainer, fit), optimizer, False
-
-    def step(self, closure=None):
-        """global_step counts the step here, as in Lightning: an optimizer_step that reads it after
-        optimizer.step() (the warm-up of Lightning's docs) sees the step it just took."""
-        trainer, fit = self._parts
-        optimizer = self.optimizer
-        if closure is not None:
-            closure()
-            if not fit.window_backwards:  # every training_step of the window returned None: nothing to step on
-                trainer.state.global_step += 1  # (Lightning counts it: its optimizer.step ran on no gradients)
-                return
+    def after_closure():
         for fn in fit.all_hooks["on_before_optimizer_step"]:
-            fn(optimizer)
-        clip_gradients(trainer, fit, optimizer)
-        self.stepped = fit.step(optimizer)
-        trainer.state.global_step += 1
+            fn(torch_optimizer)
+        clip_gradients(trainer, fit, torch_optimizer)
 
-    def zero_grad(self, set_to_none=True):
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    precision = trainer.strategy.precision
+    precision.last_step_output = None
+    if trainer.strategy.steps_with_closure():
+        def wrapped():
+            out = closure()
+            if fit.window_backwards:  # (every training_step of the window returned None: no gradients to see)
+                after_closure()
+            return out
 
-    def __getattr__(self, name):  # (only for names not set above; "optimizer" itself is missing only mid-unpickle)
-        if name in ("optimizer", "_parts"):
-            raise AttributeError(name)
-        return getattr(self.optimizer, name)
+        stepped = fit.step(torch_optimizer, wrapped, **kwargs)
+        # a window whose training_steps all returned None stepped on no gradients: nothing moved
+        fit.stepped = stepped and fit.window_backwards > 0
+    else:
+        out = closure()
+        if not fit.window_backwards:  # every training_step of the window returned None: nothing to step on
+            trainer.state.global_step += 1
+            return out
+        after_closure()
+        fit.stepped = fit.step(torch_optimizer, **kwargs)
+    trainer.state.global_step += 1
+    return precision.last_step_output
 
 
 def clip_gradients(trainer, fit, optimizer):

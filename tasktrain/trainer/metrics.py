@@ -89,6 +89,8 @@ class MetricStore:
             key = _forked(name, "_step") if meta.on_epoch else name
             self.step_values[key] = value
             self.callback_metrics[name] = value
+            if key != name and self.stage == "train":  # (Lightning's: the "_step" name too, in training)
+                self.callback_metrics[key] = value
         if meta.on_epoch:
             acc = self.epoch_acc.get(name)
             fx = meta.reduce_fx
@@ -119,6 +121,8 @@ class MetricStore:
                 key = _forked(name, "_step") if meta.on_epoch else name
                 self.step_values[key] = cache
                 self.callback_metrics[name] = cache
+                if key != name and self.stage == "train":
+                    self.callback_metrics[key] = cache
         # kept until the stage's epoch ends, where it is computed (on_epoch) and reset (in any case)
         self.epoch_acc[name] = [meta, metric, None]
 
@@ -127,16 +131,18 @@ class MetricStore:
         if reduce_fx not in _REDUCE_FX:
             raise ValueError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
         if not isinstance(value, (torch.Tensor, int, float)) and not is_metric_object(value):
-            raise TypeError(f"self.log({name!r}, ...) takes a number, a scalar tensor or a torchmetrics Metric, got "
-                            f"{type(value).__name__}.")
+            # (Lightning's words first; a ValueError, as Lightning's)
+            raise ValueError(f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be "
+                             "logged: self.log takes a number, a scalar tensor or a torchmetrics Metric.")
         on_step = self.default_on_step if on_step is None else on_step
         on_epoch = self.default_on_epoch if on_epoch is None else on_epoch
         if stage != "train":
             on_step = False if on_step is None else on_step
         meta = _Meta(name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, args)
         self._metas[name] = meta
-        if prog_bar:
-            self.prog_bar_names.add(name)
+        if prog_bar:  # (Lightning's: a value logged both on_step and on_epoch shows as "x_step" and "x_epoch")
+            self.prog_bar_names.update((_forked(name, "_step"), _forked(name, "_epoch")) if on_step and on_epoch
+                                       else (name,))
         return meta
 
     # -- reductions -----------------------------------------------------------------------------------------------
@@ -237,6 +243,9 @@ class MetricStore:
         for name, value in self.callback_metrics.items():  # the latest step value, or the epoch value once reduced
             if name in self.prog_bar_names and value is not None:
                 out[name] = value.item() if isinstance(value, torch.Tensor) else value
+        for name, value in self.step_values.items():  # an evaluation's "x_step" (not among callback_metrics)
+            if name in self.prog_bar_names and name not in out:
+                out[name] = value.item()
         return out
 
     def state_dict(self):

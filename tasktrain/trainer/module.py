@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.tree import apply_to_leaves
 
 _NOT_SET = object()
@@ -331,7 +332,13 @@ class TaskModule(torch.nn.Module):
                                  "0 alone cannot be synchronised (the other ranks would never join). Drop one.")
             if trainer.global_rank != 0:
                 return
-        reduce_fx = _REDUCE_NAMES.get(reduce or reduce_fx, reduce or reduce_fx)
+        reduce_fx = reduce or reduce_fx
+        if isinstance(reduce_fx, str):
+            reduce_fx = reduce_fx.lower()  # (Lightning's: "SUM", "Max", "avg" too)
+        reduce_fx = _REDUCE_NAMES.get(reduce_fx, reduce_fx)
+        if "/dataloader_idx_" in name:  # the loop adds it: Lightning's refusal
+            raise MisconfigurationException(f"You called `self.log` with the key `{name}` but it should not contain "
+                                            "information about `dataloader_idx`")
         if add_dataloader_idx:
             name = name + trainer._metrics.dataloader_suffix
         trainer._metrics.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size,
@@ -397,17 +404,18 @@ class TaskModule(torch.nn.Module):
 
     # -- manual optimisation ---------------------------------------------------------------------------------------
     def optimizers(self, use_pl_optimizer=True):
-        """The optimizers, wrapped so that step() goes through the precision and counts steps
-        (use_pl_optimizer=False: the torch optimizers themselves)."""
-        from tasktrain.trainer.optim import ManualOptimizer
+        """The optimizers as LightningOptimizers (tasktrain.core.optimizer), the same objects at every call: step()
+        goes through the Trainer's step (hooks, precision, strategy) and counts global_step (use_pl_optimizer=False:
+        the torch optimizers themselves)."""
+        from tasktrain.trainer.optim import lightning_optimizers
 
-        opts = [ManualOptimizer(o, self.trainer) if use_pl_optimizer else o for o in self.trainer.optimizers]
+        opts = lightning_optimizers(self.trainer) if use_pl_optimizer else list(self.trainer.optimizers)
         return opts[0] if len(opts) == 1 else opts
 
     def toggle_optimizer(self, optimizer):
         """Only `optimizer`'s parameters require gradients until untoggle_optimizer (Lightning's, for GANs):
         the parameters of the other optimizers are switched off, and their previous state is kept."""
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # a ManualOptimizer wraps it
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps it
         state = {}
         for opt in self.trainer.optimizers:
             for group in opt.param_groups:

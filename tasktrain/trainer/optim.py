@@ -1,8 +1,13 @@
 """configure_optimizers: every usual return form, checked up front with errors that say what is expected."""
+import contextlib
+import functools
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from tasktrain.exceptions import MisconfigurationException
 
 _FORMS = (
     "an optimizer; a list of optimizers; a tuple (optimizers, schedulers); or a dict "
@@ -13,50 +18,68 @@ _FORMS = (
 
 @dataclass
 class SchedulerConfig:
+    """Lightning's LRSchedulerConfig (`tasktrain.utilities.types.LRSchedulerConfig`), its fields in its order."""
     scheduler: object
+    name: Optional[str] = None
     interval: str = "epoch"
     frequency: int = 1
+    reduce_on_plateau: bool = False  # (automatic optimisation: a ReduceLROnPlateau, unless the dict says)
     monitor: Optional[str] = None
     strict: bool = True
-    name: Optional[str] = None
 
 
 def parse_optimizers(module):
     result = module.configure_optimizers()
     where = f"{type(module).__name__}.configure_optimizers()"
+    # in manual optimisation training_step steps the schedulers itself: Lightning checks none of them (any object
+    # with a state_dict, a ReduceLROnPlateau without a monitor) and warns about the keys it ignores
+    manual = not module.automatic_optimization
+    custom_step = _overrides_lr_scheduler_step(module)
     if result is None:
         raise ValueError(f"{where} returned None. It must return {_FORMS}.")
     optimizers, schedulers = [], []
     if isinstance(result, torch.optim.Optimizer):
         optimizers = [result]
     elif isinstance(result, dict):
-        optimizers, schedulers = _from_dict(result, where)
+        optimizers, schedulers = _from_dict(result, where, manual, custom_step)
     elif isinstance(result, (list, tuple)) and len(result) == 2 and isinstance(result[0], (list, tuple)):
         optimizers = list(result[0])
-        schedulers = [_scheduler_config(s, where) for s in (result[1] if isinstance(result[1], (list, tuple)) else [result[1]])]
+        schedulers = [_scheduler_config(s, where, manual, custom_step)
+                      for s in (result[1] if isinstance(result[1], (list, tuple)) else [result[1]])]
     elif isinstance(result, (list, tuple)) and result and all(isinstance(d, dict) for d in result):
         for d in result:
-            opts, scheds = _from_dict(d, where)
+            opts, scheds = _from_dict(d, where, manual, custom_step)
             optimizers += opts
             schedulers += scheds
     elif isinstance(result, (list, tuple)):
         optimizers = list(result)
     else:
-        raise ValueError(f"{where} returned a {type(result).__name__}. It must return {_FORMS}.")
+        raise MisconfigurationException(f"Unknown configuration for model optimizers. {where} returned a "
+                                        f"{type(result).__name__}. It must return {_FORMS}.")
     if not optimizers:
         raise ValueError(f"{where} returned no optimizer. It must return {_FORMS}.")
     for opt in optimizers:
         if not isinstance(opt, torch.optim.Optimizer):
-            raise ValueError(f"{where} returned {type(opt).__name__} where an optimizer was expected. It must return {_FORMS}.")
+            raise MisconfigurationException(f"Unknown configuration for model optimizers. {where} returned "
+                                            f"{type(opt).__name__} where an optimizer was expected. It must return "
+                                            f"{_FORMS}.")
     for config in schedulers:
         owned = any(getattr(config.scheduler, "optimizer", None) is opt for opt in optimizers)
         if not owned:
-            raise ValueError(f"{where}: the scheduler {type(config.scheduler).__name__} does not belong to any of the "
-                             "returned optimizers; build it on one of them.")
+            raise MisconfigurationException(
+                "Some schedulers are attached with an optimizer that wasn't returned from `configure_optimizers`. "
+                f"({where}: the scheduler {type(config.scheduler).__name__} does not belong to any of the returned "
+                "optimizers; build it on one of them.)")
     return optimizers, schedulers
 
 
-def _from_dict(d, where):
+def _overrides_lr_scheduler_step(module):
+    from tasktrain.trainer.module import TaskModule, is_overridden
+
+    return is_overridden("lr_scheduler_step", module, TaskModule)
+
+
+def _from_dict(d, where, manual=False, custom_step=False):
     unknown = set(d) - {"optimizer", "lr_scheduler", "monitor", "frequency"}
     if "optimizer" not in d or unknown:
         problem = "has no 'optimizer' key" if "optimizer" not in d else f"has unknown keys {sorted(unknown)}"
@@ -66,68 +89,199 @@ def _from_dict(d, where):
         sched = d["lr_scheduler"]
         if not isinstance(sched, dict) and "monitor" in d:
             sched = {"scheduler": sched, "monitor": d["monitor"]}
-        schedulers.append(_scheduler_config(sched, where))
+        schedulers.append(_scheduler_config(sched, where, manual, custom_step))
     return [d["optimizer"]], schedulers
 
 
-def _scheduler_config(item, where):
+def _scheduler_config(item, where, manual=False, custom_step=False):
     if isinstance(item, dict):
-        unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+        unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau"}
         if "scheduler" not in item or unknown:
             problem = "has no 'scheduler' key" if "scheduler" not in item else f"has unknown keys {sorted(unknown)}"
-            raise ValueError(f"{where}: the 'lr_scheduler' dict {problem}. Expected keys: scheduler, interval "
-                             "('step' or 'epoch'), frequency, monitor, strict, name.")
+            lightning = ('The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler. '
+                         if "scheduler" not in item else "")
+            raise MisconfigurationException(
+                f"{lightning}{where}: the 'lr_scheduler' dict {problem}. Expected keys: scheduler, interval "
+                "('step' or 'epoch'), frequency, monitor, strict, name, reduce_on_plateau.")
+        if manual:
+            ignored = [k for k in item if k in ("monitor", "strict")]
+            if ignored:  # (Lightning's words)
+                warnings.warn(f"The lr scheduler dict contains the key(s) {ignored}, but the keys will be ignored. You "
+                              "need to call `lr_scheduler.step()` manually in manual optimization.", RuntimeWarning,
+                              stacklevel=3)
+            item = {k: v for k, v in item.items() if k not in ("monitor", "strict")}
         config = SchedulerConfig(**item)
     else:
         config = SchedulerConfig(scheduler=item)
+    if manual:  # (the interval is kept: LearningRateMonitor reads it)
+        return config
+    if not (isinstance(item, dict) and "reduce_on_plateau" in item):
+        config.reduce_on_plateau = isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     if config.interval not in ("step", "epoch"):
-        raise ValueError(f"{where}: lr_scheduler interval={config.interval!r}; use 'step' or 'epoch'.")
+        raise MisconfigurationException(f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is '
+                                        f'"{config.interval}". ({where})')
     if int(config.frequency) < 1:
         raise ValueError(f"{where}: lr_scheduler frequency={config.frequency}; use a positive integer.")
     if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and not config.monitor:
-        raise ValueError(f"{where}: ReduceLROnPlateau needs a metric to watch. Return "
-                         "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}.")
-    if not hasattr(config.scheduler, "step"):
-        raise ValueError(f"{where}: {type(config.scheduler).__name__} is not a learning-rate scheduler (no .step()).")
+        raise MisconfigurationException(
+            "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used. "
+            f"(ReduceLROnPlateau needs a metric to watch: {where}: return "
+            "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}.)")
+    if not custom_step and not isinstance(config.scheduler, (torch.optim.lr_scheduler.LRScheduler,
+                                                             torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        # (Lightning's words first)
+        raise MisconfigurationException(
+            f"The provided lr scheduler `{type(config.scheduler).__name__}` doesn't follow PyTorch's LRScheduler API. "
+            "You should override the `LightningModule.lr_scheduler_step` hook with your own logic if you are using a "
+            f"custom LR scheduler. ({where})")
     return config
 
 
-class ManualOptimizer:
-    """What self.optimizers() returns in manual optimisation: step() goes through precision and counts steps."""
+def do_nothing_closure():
+    return None
 
-    def __init__(self, optimizer, trainer):
-        self.optimizer = optimizer
-        self._trainer = trainer
 
-    def step(self, closure=None):
-        """on_before_optimizer_step fires when the gradients are there: before the step, or, with a closure (which
-        computes them), after each call of it, inside the optimizer's step (Lightning's order)."""
-        trainer = self._trainer
-        hooks = trainer._all_hooks["on_before_optimizer_step"]
-        # the clipping of Trainer(gradient_clip_val=...) and GradientClipping callbacks, after the hooks as in the
-        # automatic step (tasktrain/trainer/loop.py)
-        clippers = trainer._fit_state.clippers if trainer._fit_state is not None else ()
-        if closure is None:
-            for fn in hooks:
-                fn(self.optimizer)
-            for clipper in clippers:
-                clipper.clip(trainer, trainer.module, self.optimizer)
-            wrapped = None
-        else:
-            def wrapped():
-                out = closure()
-                for fn in hooks:
-                    fn(self.optimizer)
-                for clipper in clippers:
-                    clipper.clip(trainer, trainer.module, self.optimizer)
-                return out
-        stepped = trainer.strategy.optimizer_step(self.optimizer, wrapped)
-        trainer.state.global_step += 1
-        return stepped
+_classes = {}  # the optimizer's class -> its LightningOptimizer class (one per class, not one per instance)
+
+
+class LightningOptimizer:
+    """Lightning's LightningOptimizer: what `self.optimizers()` returns and what `optimizer_step` receives. It is an
+    instance of the optimizer's own class too (`isinstance(opt, torch.optim.SGD)`, `str(opt)` "LightningSGD (...)");
+    what it does not define is the wrapped optimizer's (`param_groups`, `state`, `defaults` are the wrapped one's).
+
+    `step(closure=None, **kwargs)` steps through the Trainer (set when a fit attaches it): the closure, then
+    on_before_optimizer_step (and, in automatic optimisation, the clipping), the strategy's step (precision,
+    engine; `kwargs` reach the optimizer's step), and counts `trainer.global_step`. It returns what the optimizer's
+    step returned (for torch's optimizers given a closure: the closure's first result)."""
+
+    def __init__(self, optimizer):
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        self._optimizer = optimizer
+        self._step_fn = None  # (closure, kwargs) -> the step's output: set by the fit that steps it
+        self._trainer = None
+        base = type(optimizer)
+        if base not in _classes:
+            _classes[base] = type("Lightning" + base.__name__, (LightningOptimizer, base), {})
+        self.__class__ = _classes[base]
+
+    @property
+    def optimizer(self):
+        return self._optimizer
+
+    # the wrapped optimizer's state, read and written through (a load_state_dict on either is seen by both)
+    @property
+    def param_groups(self):
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self._optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self._optimizer.state
+
+    @state.setter
+    def state(self, value):
+        self._optimizer.state = value
+
+    @property
+    def defaults(self):
+        return self._optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        self._optimizer.defaults = value
+
+    def state_dict(self):
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        return self._optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none=True):
         # (Lightning fires on_before_zero_grad in automatic optimisation only: not for the user's own zero_grad())
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        return self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group):
+        return self._optimizer.add_param_group(param_group)
+
+    def step(self, closure=None, **kwargs):
+        if closure is None:
+            closure = do_nothing_closure
+        elif not callable(closure):
+            raise MisconfigurationException("When `optimizer.step(closure)` is called, the closure should be callable")
+        if self._step_fn is None:
+            raise RuntimeError(f"{type(self).__name__}.step(): this optimizer is not attached to a running Trainer's "
+                               "fit. Step it from training_step or optimizer_step, or step the torch optimizer "
+                               "(`.optimizer`) yourself.")
+        return self._step_fn(closure, kwargs)
+
+    @contextlib.contextmanager
+    def toggle_model(self, sync_grad=True):
+        """Only this optimizer's parameters require gradients inside (the module's toggle_optimizer);
+        sync_grad=False: no gradient synchronisation between processes for the backwards inside (an accumulation
+        window's middle)."""
+        trainer = self._trainer
+        if trainer is None:
+            raise RuntimeError("toggle_model(): this optimizer is not attached to a running Trainer's fit.")
+        module = trainer.module
+        with trainer.strategy.no_backward_sync(not sync_grad):
+            module.toggle_optimizer(self)
+            yield
+            module.untoggle_optimizer(self)
 
     def __getattr__(self, name):
-        return getattr(self.optimizer, name)
+        if name == "_optimizer":  # missing only mid-unpickle / mid-copy
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+
+def lightning_optimizers(trainer):
+    """The LightningOptimizers of the trainer's optimizers, one per optimizer, kept while they stay the same
+    objects (Lightning's strategy._lightning_optimizers): self.optimizers() gives the same objects at every call, and
+    in automatic optimisation the one optimizer_step receives."""
+    current = list(trainer.optimizers)
+    kept = trainer.__dict__.get("_lightning_optimizers") or []
+    if len(kept) != len(current) or any(w._optimizer is not o for w, o in zip(kept, current)):
+        kept = [LightningOptimizer(o) for o in current]
+        for wrapper in kept:
+            wrapper._trainer = trainer
+            wrapper._step_fn = functools.partial(manual_step, trainer, wrapper)
+        trainer._lightning_optimizers = kept
+    return kept
+
+
+def manual_step(trainer, optimizer, closure, kwargs):
+    """optimizer.step(closure, **kwargs) in manual optimisation (Lightning's order): the closure (it computes the
+    gradients), on_before_optimizer_step, the clipping of Trainer(gradient_clip_val=...) and GradientClipping
+    callbacks, the strategy's step; then global_step counts it. Where the strategy takes closures (32-bit) the
+    closure goes into the optimizer's step, which may call it several times (LBFGS)."""
+    torch_optimizer = optimizer._optimizer
+    hooks = trainer._all_hooks["on_before_optimizer_step"]
+    clippers = trainer._fit_state.clippers if trainer._fit_state is not None else ()
+
+    def after_closure():
+        for fn in hooks:
+            fn(torch_optimizer)
+        for clipper in clippers:
+            clipper.clip(trainer, trainer.module, torch_optimizer)
+
+    strategy = trainer.strategy
+    strategy.precision.last_step_output = None
+    if strategy.steps_with_closure():
+        def wrapped():
+            out = closure()
+            after_closure()
+            return out
+
+        strategy.optimizer_step(torch_optimizer, wrapped, **kwargs)
+        output = strategy.precision.last_step_output
+    else:
+        output = closure()
+        after_closure()
+        strategy.optimizer_step(torch_optimizer, **kwargs)
+        output = strategy.precision.last_step_output
+    trainer.state.global_step += 1
+    return output

@@ -14,6 +14,7 @@ Here: the run of a stage on every rank (`_run_stage`), the fit's set-up before i
 order: resume, optimizers, strategy, sanity check, data), metrics out to the loggers, save_checkpoint and the watchdog.
 """
 import contextlib
+import inspect
 import signal
 import time
 from typing import List, Optional, Union
@@ -614,12 +615,15 @@ class Trainer:
         Lightning's rule for the step: `step` when given (for epoch-end values, add_epoch=True, a "step" value among
         them wins: Lightning writes those with no step of its own); else a "step" value among them (taken out); else
         trainer.state.batches_that_stepped (Lightning's _batches_that_stepped), with the current epoch added as
-        "epoch". Each logger's `save()` follows its `log_metrics` (Lightning's logger connector does so: a CSV
-        file or TensorBoard event file holds each write once it returns); save=False for a callback's own write
-        (LearningRateMonitor's, which Lightning writes without a save). Call it on rank 0 (loggers write there only)."""
-        floats = {k: float(v) for k, v in values.items()}
-        if not floats:
+        "epoch" (not recorded in logged_metrics, as Lightning). Each logger's `save()` follows its `log_metrics`
+        (Lightning's logger connector does so: a CSV file or TensorBoard event file holds each write once it
+        returns); save=False for a callback's own write (LearningRateMonitor's, which Lightning writes without a
+        save). Call it on rank 0 (loggers write there only)."""
+        if not self.loggers or not values:  # (Lightning's: nothing is logged, nor recorded, without a logger)
             return
+        # logged_metrics: the values as given (tensors stay tensors), before "step" is taken out and "epoch" added
+        self._logged_metrics.update(values)
+        floats = {k: float(v) for k, v in values.items()}
         # (Lightning writes epoch-end values with no step of its own: a logged "step" is theirs too, without "epoch")
         if "step" in floats and (step is None or add_epoch):
             step = int(floats.pop("step"))
@@ -627,7 +631,6 @@ class Trainer:
         if add_epoch if add_epoch is not None else step is None:
             floats.setdefault("epoch", float(self.current_epoch))
         step = self.state.batches_that_stepped if step is None else int(step)
-        self._logged_metrics.update(floats)
         for logger in self.loggers:
             logger.log_metrics(metrics=floats, step=step)  # by keyword, as Lightning calls it
             if save:
@@ -695,6 +698,12 @@ def _check_module(module, stage):
                 f"{type(module).__name__} does not define configure_optimizers(self); return an optimizer, "
                 "e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
             )
+        if module.automatic_optimization and "optimizer_idx" in inspect.signature(module.training_step).parameters:
+            # Lightning 1.x's multi-optimizer loop; Lightning 2's error, its words
+            raise RuntimeError(
+                "Training with multiple optimizers is only supported with manual optimization. Remove the "
+                "`optimizer_idx` argument from `training_step`, set `self.automatic_optimization = False` and access "
+                "your optimizers in `training_step` with `opt1, opt2, ... = self.optimizers()`.")
     elif stage in ("validate", "test"):
         name = "validation_step" if stage == "validate" else "test_step"
         if not is_overridden(name, module, TaskModule):
@@ -703,10 +712,11 @@ def _check_module(module, stage):
 
 def _check_optimizers(module, optimizers, accumulate_grad_batches):
     if module.automatic_optimization and len(optimizers) > 1:
-        raise ValueError(
-            f"configure_optimizers returned {len(optimizers)} optimizers: automatic optimisation steps one. "
-            "Set `self.automatic_optimization = False` in __init__ and step them yourself in training_step "
-            "(self.optimizers(), self.manual_backward(loss))."
+        raise RuntimeError(  # (Lightning's error and words first)
+            "Training with multiple optimizers is only supported with manual optimization. Set "
+            "`self.automatic_optimization = False`, then access your optimizers in `training_step` with "
+            f"`opt1, opt2, ... = self.optimizers()`. (configure_optimizers returned {len(optimizers)} optimizers: "
+            "automatic optimisation steps one; step them yourself with self.manual_backward(loss).)"
         )
     if not module.automatic_optimization and accumulate_grad_batches != 1:
         # The loop would step the user's optimizers at every batch regardless: say so instead of ignoring it.

@@ -158,7 +158,7 @@ class Clocked(Regression):
 
     def configure_optimizers(self):
         optimizer = super().configure_optimizers()
-        optimizer.register_step_pre_hook(lambda *args: setattr(clock, "now", clock.now + 1 / 16))  # optimizer
+        optimizer.register_step_post_hook(lambda *args: setattr(clock, "now", clock.now + 1 / 16))  # optimizer
         return optimizer
 
 

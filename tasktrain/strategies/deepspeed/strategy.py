@@ -532,7 +532,13 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         if not self.engine.is_gradient_accumulation_boundary():
             self.engine.step()  # DeepSpeed counts every micro-batch; inside a window its step changes nothing
 
-    def optimizer_step(self, optimizer=None, closure=None) -> bool:
+    def steps_with_closure(self) -> bool:
+        return False  # the engine's step takes no closure: the loop runs it first
+
+    def optimizer_step(self, optimizer=None, closure=None, **kwargs) -> bool:
+        if kwargs:
+            raise ValueError(f"DeepSpeed's engine steps without arguments: optimizer.step(**{sorted(kwargs)}) "
+                             "cannot reach it. Drop them, or use DDP.")
         if closure is not None:
             raise ValueError("DeepSpeed steps without a closure: optimizers that need one (LBFGS) are not supported "
                              "under DeepSpeed; use DDP for them.")

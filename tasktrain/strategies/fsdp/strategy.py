@@ -306,12 +306,12 @@ class FSDP(Sharded, ProcessWorld, Strategy):
         self._waiting.append(optimizer)  # its module may come in a later prepare; stepping before is refused
         return optimizer
 
-    def optimizer_step(self, optimizer, closure=None):
+    def optimizer_step(self, optimizer, closure=None, **kwargs):
         if self._waiting and optimizer in self._waiting:
             raise ValueError(f"FSDP: {type(optimizer).__name__} steps parameters of no prepared model (its model was "
                              "never prepared, or it mixes the parameters of several). Prepare its model too, "
                              "with one optimizer per model: accelerator.prepare(model, optimizer).")
-        return super().optimizer_step(optimizer, closure)
+        return super().optimizer_step(optimizer, closure, **kwargs)
 
     def _shard(self, module):
         from torch.distributed.device_mesh import init_device_mesh

@@ -10,4 +10,13 @@ OptimizerLRScheduler = Optional[Union[torch.optim.Optimizer, Sequence[torch.opti
                                       Iterable[Any]]]
 LRSchedulerTypeUnion = Any
 
-__all__ = ["STEP_OUTPUT", "TRAIN_DATALOADERS", "EVAL_DATALOADERS", "OptimizerLRScheduler", "LRSchedulerTypeUnion"]
+__all__ = ["STEP_OUTPUT", "TRAIN_DATALOADERS", "EVAL_DATALOADERS", "OptimizerLRScheduler", "LRSchedulerTypeUnion",
+           "LRSchedulerConfig"]
+
+
+def __getattr__(name):
+    if name == "LRSchedulerConfig":  # what trainer.lr_scheduler_configs hold (the core's class, read when asked)
+        from tasktrain.trainer.optim import SchedulerConfig
+
+        return SchedulerConfig
+    raise AttributeError(name)

@@ -1,0 +1,21 @@
+"""`lightning.pytorch.utilities.imports`: the availability flags Lightning scripts and tests read (what is installed
+beside torch), computed without importing those packages."""
+import importlib.util
+
+
+def _version_at_least(package, minimum):
+    if importlib.util.find_spec(package) is None:
+        return False
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        parts = version(package).split("+")[0].split(".")
+    except PackageNotFoundError:
+        return False
+    numbers = tuple(int(p) if p.isdigit() else 0 for p in parts[:3])
+    return numbers >= minimum
+
+
+_RICH_AVAILABLE = importlib.util.find_spec("rich") is not None
+_OMEGACONF_AVAILABLE = importlib.util.find_spec("omegaconf") is not None
+_TORCHMETRICS_GREATER_EQUAL_0_11 = _version_at_least("torchmetrics", (0, 11, 0))

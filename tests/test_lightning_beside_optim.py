@@ -1,0 +1,184 @@
+"""The optimizer a module steps and what self.log records, beside Lightning itself: LightningOptimizer (what
+self.optimizers() and optimizer_step get: the optimizer's own class, its step's arguments and result, LBFGS's
+closure), and the keys of logged_metrics / callback_metrics / progress_bar_metrics under Lightning's rules."""
+from unittest import mock
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.core.optimizer import LightningOptimizer as TheirOptimizer  # noqa: E402
+from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
+
+import tasktrain  # noqa: E402
+from tasktrain.core.optimizer import LightningOptimizer as OurOptimizer  # noqa: E402
+from tasktrain.demos import boring_classes as ours  # noqa: E402
+
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+def _manual_gan(classes, wrapper):
+    """Two optimizers stepped by hand: the first with an extra step argument and a closure, the second every
+    other batch; records what self.optimizers() gave and what step() returned."""
+
+    class Gan(classes.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            first, second = self.optimizers()
+            assert self.optimizers()[0] is first  # the same objects at every call
+            assert isinstance(first, wrapper) and isinstance(first, torch.optim.SGD)
+
+            def closure():
+                loss = self.step(batch)
+                first.zero_grad()
+                self.manual_backward(loss)
+                return loss
+
+            out = first.step(closure=closure, foo="bar")
+            self.seen.append((str(first).split(" ")[0], type(out).__name__))
+            if batch_idx % 2 == 0:
+                second.zero_grad()
+                self.manual_backward(self.step(batch))
+                second.step()
+
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.layer.parameters(), lr=0.1), torch.optim.Adam(self.layer.parameters())]
+
+    return Gan()
+
+
+def test_manual_optimizers_are_lightning_optimizers():
+    results = []
+    for lib, classes, wrapper in ((tasktrain, ours, OurOptimizer), (pl, theirs, TheirOptimizer)):
+        model = _manual_gan(classes, wrapper)
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=0, logger=False, **QUIET)
+        # the extra argument reaches SGD.step beside the closure, as Lightning passes them
+        with mock.patch.object(torch.optim.SGD, "step", side_effect=lambda closure, **kw: closure()) as sgd_step:
+            trainer.fit(model)
+        results.append((model.seen, [c.kwargs.keys() for c in sgd_step.call_args_list], trainer.global_step))
+    assert results[0] == results[1]
+    assert results[0][0][0] == ("LightningSGD", "Tensor") and results[0][2] == 6
+
+
+def _lbfgs_fit(lib, classes):
+    lib.seed_everything(0, verbose=False)
+
+    class Lbfgs(classes.BoringModel):
+        def configure_optimizers(self):
+            return torch.optim.LBFGS(self.parameters(), max_iter=4)
+
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            self.returned = optimizer.step(closure=optimizer_closure)  # LBFGS calls the closure several times
+
+    model = Lbfgs()
+    trainer = lib.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, logger=False, **QUIET)
+    with mock.patch.object(torch.optim.LBFGS, "zero_grad", autospec=True,
+                           side_effect=torch.optim.Optimizer.zero_grad) as zero_grad:
+        trainer.fit(model)
+    return zero_grad.call_count, float(model.returned), model.layer.weight.detach().clone()
+
+
+def test_lbfgs_gets_the_closure_in_automatic_optimization():
+    mine, reference = _lbfgs_fit(tasktrain, ours), _lbfgs_fit(pl, theirs)
+    assert mine[0] == reference[0] > 2  # the closure zeroes at each of LBFGS's calls
+    assert mine[1] == pytest.approx(reference[1])
+    torch.testing.assert_close(mine[2], reference[2])
+
+
+def _logged(lib, classes, tmp_path):
+    class Logs(classes.BoringModel):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)["loss"]
+            self.log("default", loss)
+            self.log("l_se", loss, on_step=True, on_epoch=True)
+            self.log("p_se", loss, on_step=True, on_epoch=True, prog_bar=True, logger=False)
+            self.log("p_e", loss, on_step=False, on_epoch=True, prog_bar=True, logger=False)
+            self.log("total", 2.0, on_epoch=True, reduce_fx="SUM", logger=True)
+            return loss
+
+    trainer = lib.Trainer(default_root_dir=tmp_path, max_epochs=2, limit_train_batches=2, limit_val_batches=0,
+                          log_every_n_steps=1, **QUIET)
+    trainer.fit(Logs())
+    kinds = {k: type(v).__name__ for k, v in trainer.logged_metrics.items()}
+    return (kinds, sorted(trainer.callback_metrics), sorted(trainer.progress_bar_metrics),
+            float(trainer.callback_metrics["total_epoch"]))
+
+
+def test_self_log_keys_as_lightning(tmp_path):
+    mine = _logged(tasktrain, ours, tmp_path / "ours")
+    assert mine == _logged(pl, theirs, tmp_path / "theirs")
+    assert "epoch" not in mine[0] and "p_se_step" in mine[2] and mine[3] == 4.0
+
+
+def test_self_log_refusals_as_lightning():
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        for name, value, match in (("foo", {"a": 1}, "`self.log(foo, {'a': 1})` was called"),
+                                   ("foo/dataloader_idx_0", 1.0, "`self.log` with the key `foo/dataloader_idx_0`")):
+            class Bad(classes.BoringModel):
+                def training_step(self, batch, batch_idx):
+                    self.log(name, value)
+                    return super().training_step(batch, batch_idx)
+
+            trainer = lib.Trainer(max_steps=1, limit_val_batches=0, logger=False, **QUIET)
+            with pytest.raises(Exception, match=match.replace("(", r"\(").replace(")", r"\)")):
+                trainer.fit(Bad())
+
+
+def test_schedulers_checked_only_in_automatic_optimization():
+    class Custom:  # no LRScheduler: Lightning refuses it in automatic optimisation only
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        def module(automatic, scheduler):
+            class Scheduled(classes.BoringModel):
+                def __init__(self):
+                    super().__init__()
+                    self.automatic_optimization = automatic
+
+                def configure_optimizers(self):
+                    optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+                    return [optimizer], [scheduler(optimizer)]
+
+            return Scheduled()
+
+        def fit(model):
+            lib.Trainer(max_epochs=0, logger=False, **QUIET).fit(model)
+
+        fit(module(False, Custom))
+        with pytest.raises(Exception, match="doesn't follow PyTorch's LRScheduler API"):
+            fit(module(True, Custom))
+        with pytest.raises(Exception, match="must include a monitor when a `ReduceLROnPlateau`"):
+            fit(module(True, torch.optim.lr_scheduler.ReduceLROnPlateau))
+        with pytest.raises(Exception, match='The "interval" key in lr scheduler dict must be "step" or "epoch"'):
+            fit(module(True, lambda opt: {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1), "interval": "x"}))
+        plateau = {"scheduler": None, "monitor": "loss", "interval": "step"}
+        with pytest.warns(RuntimeWarning, match=r"\['monitor'\], but the keys will be ignored"):
+            fit(module(False, lambda opt: {**plateau, "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt)}))
+
+
+def test_several_optimizers_in_automatic_optimization_are_lightnings_errors():
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class OldStyle(classes.BoringModel):
+            def training_step(self, batch, batch_idx, optimizer_idx):
+                return super().training_step(batch, batch_idx)
+
+        with pytest.raises(RuntimeError, match="Remove the `optimizer_idx` argument from `training_step`"):
+            lib.Trainer(max_steps=1, logger=False, **QUIET).fit(OldStyle())
+
+        class TwoOptimizers(classes.BoringModel):
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.1)
+
+        with pytest.raises(RuntimeError, match="multiple optimizers is only supported with manual optimization"):
+            lib.Trainer(max_steps=1, logger=False, **QUIET).fit(TwoOptimizers())
