@@ -182,3 +182,59 @@ def test_several_optimizers_in_automatic_optimization_are_lightnings_errors():
 
         with pytest.raises(RuntimeError, match="multiple optimizers is only supported with manual optimization"):
             lib.Trainer(max_steps=1, logger=False, **QUIET).fit(TwoOptimizers())
+
+
+def _sgd(module):
+    return torch.optim.SGD(module.parameters(), lr=0.1)
+
+
+class _NoState:  # a scheduler without state_dict / load_state_dict
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def step(self):
+        pass
+
+
+CONFIGS = {
+    "none": lambda m: None,
+    "unknown_optimizer_key": lambda m: {"optimizer": _sgd(m), "extra": 1},
+    "unknown_scheduler_key": lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {
+        "scheduler": torch.optim.lr_scheduler.StepLR(o, 1), "extra": 1}})(_sgd(m)),
+    "one_cycle_by_epoch": lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {
+        "scheduler": torch.optim.lr_scheduler.OneCycleLR(o, 0.1, total_steps=10), "interval": "epoch"}})(_sgd(m)),
+    "scheduler_without_state": lambda m: (lambda o: {"optimizer": o, "lr_scheduler": _NoState(o)})(_sgd(m)),
+    "plateau_metric_missing": lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {
+        "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o), "monitor": "nope"}})(_sgd(m)),
+    "plateau_metric_missing_not_strict": lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {
+        "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o), "monitor": "nope", "strict": False}})(_sgd(m)),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_configure_optimizers_outputs_warned_or_refused_as_lightning(config):
+    """What Lightning warns about and leaves out (unknown keys, None: a fit without an optimizer), what it warns
+    about and keeps (OneCycleLR by epoch, a missing metric with strict=False), and what it refuses."""
+    import warnings
+
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Model(classes.BoringModel):
+            def configure_optimizers(self):
+                return CONFIGS[config](self)
+
+        model = Model()
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, logger=False, **QUIET)
+        error = None
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                trainer.fit(model)
+            except Exception as err:  # noqa: BLE001 (the type and text are compared)
+                error = (type(err).__name__, str(err).split(" (")[0])
+        words = sorted({str(w.message) for w in said if w.category in (RuntimeWarning, UserWarning)
+                        and any(k in str(w.message) for k in ("optimizer", "scheduler", "OneCycle", "ReduceLR"))})
+        changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        seen[lib.__name__] = words, error, changed, trainer.global_step
+    assert seen["tasktrain"] == seen["lightning.pytorch"], seen

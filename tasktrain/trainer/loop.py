@@ -537,13 +537,19 @@ def step_schedulers(trainer, fit, interval, plateau=None):
             continue
         value = trainer.callback_metrics.get(config.monitor)
         if value is None:
-            if trainer.sanity_checking or not config.strict:
+            if trainer.sanity_checking:
                 continue
-            raise KeyError(
-                f"The scheduler {type(config.scheduler).__name__} monitors {config.monitor!r}, which was not logged. "
-                f"Logged metrics: {sorted(trainer.callback_metrics)}. Log it with self.log({config.monitor!r}, ...) "
-                "or change 'monitor'."
-            )
+            if not config.strict:  # (Lightning's words)
+                warnings.warn(f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available but "
+                              "strict is set to `False`. Skipping learning rate update.", RuntimeWarning)
+                continue
+            from tasktrain.exceptions import MisconfigurationException
+
+            raise MisconfigurationException(
+                f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available. Available metrics "
+                f"are: {list(trainer.callback_metrics)}. Condition can be set using `monitor` key in lr scheduler "
+                f"dict (the scheduler {type(config.scheduler).__name__}: log it with self.log({config.monitor!r}, "
+                "...) or change 'monitor')")
         step_scheduler(config.scheduler, float(value))
 
 

@@ -35,8 +35,10 @@ def parse_optimizers(module):
     # with a state_dict, a ReduceLROnPlateau without a monitor) and warns about the keys it ignores
     manual = not module.automatic_optimization
     custom_step = _overrides_lr_scheduler_step(module)
-    if result is None:
-        raise ValueError(f"{where} returned None. It must return {_FORMS}.")
+    if result is None:  # Lightning's: a fit without an optimizer (forward and backward, no weight changes)
+        warnings.warn("`LightningModule.configure_optimizers` returned `None`, this fit will run with no optimizer",
+                      UserWarning, stacklevel=2)
+        result = _NoOptimizer()
     optimizers, schedulers = [], []
     if isinstance(result, torch.optim.Optimizer):
         optimizers = [result]
@@ -73,6 +75,17 @@ def parse_optimizers(module):
     return optimizers, schedulers
 
 
+class _NoOptimizer(torch.optim.Optimizer):
+    """What a configure_optimizers that returned None trains with (Lightning's _MockOptimizer): an optimizer of one
+    parameter of its own, so a step changes none of the module's weights."""
+
+    def __init__(self):
+        super().__init__([torch.zeros(1)], {})
+
+    def step(self, closure=None):
+        return closure() if closure is not None else None
+
+
 def _overrides_lr_scheduler_step(module):
     from tasktrain.trainer.module import TaskModule, is_overridden
 
@@ -81,9 +94,10 @@ def _overrides_lr_scheduler_step(module):
 
 def _from_dict(d, where, manual=False, custom_step=False):
     unknown = set(d) - {"optimizer", "lr_scheduler", "monitor", "frequency"}
-    if "optimizer" not in d or unknown:
-        problem = "has no 'optimizer' key" if "optimizer" not in d else f"has unknown keys {sorted(unknown)}"
-        raise ValueError(f"{where} returned a dict that {problem}. It must return {_FORMS}.")
+    if "optimizer" not in d:
+        raise ValueError(f"{where} returned a dict that has no 'optimizer' key. It must return {_FORMS}.")
+    if unknown:  # Lightning's: said and left out
+        warnings.warn(f"Found unsupported keys in the optimizer configuration: {unknown}", RuntimeWarning, stacklevel=3)
     schedulers = []
     if d.get("lr_scheduler") is not None:
         sched = d["lr_scheduler"]
@@ -96,6 +110,10 @@ def _from_dict(d, where, manual=False, custom_step=False):
 def _scheduler_config(item, where, manual=False, custom_step=False):
     if isinstance(item, dict):
         unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau"}
+        if unknown and not manual and "scheduler" in item:  # Lightning's: said and left out
+            warnings.warn(f"Found unsupported keys in the lr scheduler dict: {unknown}. HINT: remove them from the "
+                          "output of `configure_optimizers`.", RuntimeWarning, stacklevel=3)
+            item, unknown = {k: v for k, v in item.items() if k not in unknown}, set()
         if "scheduler" not in item or unknown:
             problem = "has no 'scheduler' key" if "scheduler" not in item else f"has unknown keys {sorted(unknown)}"
             lightning = ('The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler. '
@@ -113,8 +131,15 @@ def _scheduler_config(item, where, manual=False, custom_step=False):
         config = SchedulerConfig(**item)
     else:
         config = SchedulerConfig(scheduler=item)
+    if not (callable(getattr(config.scheduler, "state_dict", None))
+            and callable(getattr(config.scheduler, "load_state_dict", None))):  # (Lightning's words)
+        raise TypeError(f"The provided lr scheduler `{type(config.scheduler).__name__}` is invalid. It should have "
+                        "`state_dict` and `load_state_dict` methods defined.")
     if manual:  # (the interval is kept: LearningRateMonitor reads it)
         return config
+    if isinstance(config.scheduler, torch.optim.lr_scheduler.OneCycleLR) and config.interval == "epoch":
+        warnings.warn("A `OneCycleLR` scheduler is using 'interval': 'epoch'. Are you sure you didn't mean "
+                      "'interval': 'step'?", RuntimeWarning, stacklevel=3)
     if not (isinstance(item, dict) and "reduce_on_plateau" in item):
         config.reduce_on_plateau = isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     if config.interval not in ("step", "epoch"):
