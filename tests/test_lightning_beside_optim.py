@@ -238,3 +238,15 @@ def test_configure_optimizers_outputs_warned_or_refused_as_lightning(config):
         changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
         seen[lib.__name__] = words, error, changed, trainer.global_step
     assert seen["tasktrain"] == seen["lightning.pytorch"], seen
+
+
+@pytest.mark.parametrize("argument", [dict(gradient_clip_val=1.0), dict(accumulate_grad_batches=2)])
+def test_manual_optimization_refuses_automatic_clipping_and_accumulation_as_lightning(argument):
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, logger=False, **QUIET,
+                              **argument)
+        with pytest.raises(Exception) as raised:
+            trainer.fit(classes.ManualOptimBoringModel())
+        seen[lib.__name__] = type(raised.value).__name__, str(raised.value).split(" (")[0]
+    assert seen["tasktrain"] == seen["lightning.pytorch"], seen

@@ -24,6 +24,7 @@ import torch
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Plan, Sharded, Strategy
@@ -464,7 +465,7 @@ class Trainer:
         after_setup = resume.restores_after_setup(strategy)
         loaded = None if after_setup else resume.restore_module_and_callbacks(self, ckpt_path)
         optimizers, self.lr_scheduler_configs = parse_optimizers(module)
-        _check_optimizers(module, optimizers, self.accumulate_grad_batches)
+        _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
         plan = self._plan(module, loaders.train_data_early(self, strategy))
         with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
             _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
@@ -710,7 +711,7 @@ def _check_module(module, stage):
             raise NotImplementedError(f"Trainer.{stage} needs {type(module).__name__}.{name}(self, batch, batch_idx).")
 
 
-def _check_optimizers(module, optimizers, accumulate_grad_batches):
+def _check_optimizers(module, optimizers, accumulate_grad_batches, gradient_clip_val=None):
     if module.automatic_optimization and len(optimizers) > 1:
         raise RuntimeError(  # (Lightning's error and words first)
             "Training with multiple optimizers is only supported with manual optimization. Set "
@@ -718,13 +719,21 @@ def _check_optimizers(module, optimizers, accumulate_grad_batches):
             f"`opt1, opt2, ... = self.optimizers()`. (configure_optimizers returned {len(optimizers)} optimizers: "
             "automatic optimisation steps one; step them yourself with self.manual_backward(loss).)"
         )
+    if not module.automatic_optimization and gradient_clip_val:  # (Lightning's error, its words first)
+        raise MisconfigurationException(
+            "Automatic gradient clipping is not supported for manual optimization. Remove "
+            f"`Trainer(gradient_clip_val={gradient_clip_val})` or switch to automatic optimization. (Clip in "
+            "training_step: self.clip_gradients(optimizer, gradient_clip_val=..., gradient_clip_algorithm=...) "
+            "between manual_backward and step.)")
     if not module.automatic_optimization and accumulate_grad_batches != 1:
         # The loop would step the user's optimizers at every batch regardless: say so instead of ignoring it.
-        raise ValueError(
+        raise MisconfigurationException(
+            "Automatic gradient accumulation is not supported for manual optimization. Remove "
+            f"`Trainer(accumulate_grad_batches={accumulate_grad_batches})` or switch to automatic optimization. ("
             f"accumulate_grad_batches={accumulate_grad_batches} (Trainer argument or the launch config's "
             "gradient_accumulation_steps) does nothing under manual optimisation (automatic_optimization = "
             "False): training_step steps the optimizers itself. Remove it, and accumulate in training_step "
-            "(call opt.step() and opt.zero_grad() every N batches)."
+            "(call opt.step() and opt.zero_grad() every N batches).)"
         )
 
 
