@@ -250,3 +250,14 @@ def test_manual_optimization_refuses_automatic_clipping_and_accumulation_as_ligh
             trainer.fit(classes.ManualOptimBoringModel())
         seen[lib.__name__] = type(raised.value).__name__, str(raised.value).split(" (")[0]
     assert seen["tasktrain"] == seen["lightning.pytorch"], seen
+
+
+def test_gradient_clip_algorithm_checked_as_lightning():
+    for lib in (tasktrain, pl):
+        with pytest.raises(Exception) as raised:
+            lib.Trainer(gradient_clip_algorithm="foo", logger=False)
+        assert (type(raised.value).__name__, str(raised.value)) == (
+            "MisconfigurationException", "`gradient_clip_algorithm` foo is invalid. Allowed algorithms: ['value', "
+            "'norm'].")
+        lib.Trainer(gradient_clip_algorithm="NORM", logger=False)  # any case, clipping off or on
+        lib.Trainer(gradient_clip_algorithm="Value", gradient_clip_val=0.5, logger=False)

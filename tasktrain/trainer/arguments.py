@@ -152,10 +152,11 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
                                             "`ModelCheckpoint` in callbacks list.")
     elif checkpointing:
         callbacks.append(ModelCheckpoint())
+    if clip_algorithm is not None and str(clip_algorithm).lower() not in ("value", "norm"):  # (Lightning's check)
+        raise MisconfigurationException(f"`gradient_clip_algorithm` {clip_algorithm} is invalid. Allowed algorithms: "
+                                        "['value', 'norm'].")
     if clip_val:  # None or 0 means no clipping, as gradient_clipping: 0 does in DeepSpeed
-        clip_algorithm = clip_algorithm or "norm"  # (None, Lightning's default, is what the hooks are given)
-        if clip_algorithm not in ("norm", "value"):
-            raise ValueError(f"gradient_clip_algorithm={clip_algorithm!r}: use 'norm' or 'value'.")
+        clip_algorithm = (clip_algorithm or "norm").lower()  # (None, Lightning's default, is what the hooks get)
         clipping = GradientClipping(**({"max_norm": clip_val} if clip_algorithm == "norm" else {"max_value": clip_val}))
         clipping.from_trainer = True
         callbacks.append(clipping)
