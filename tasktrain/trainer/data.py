@@ -129,6 +129,9 @@ class TrainData:
     sliced = False
     split_batches = False
     batched_order = False  # the order of an epoch depends on the loader's batch size
+    # The loader was rebuilt with a generator of ours, where the user's had none: its iter() no longer draws its
+    # base seed from torch's global generator, so the Trainer's loop draws it (draw_loader_seed), as under Lightning.
+    draws_global_seed = False
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
         self.loader, self.sampler, self.generator, self.seed = loader, sampler, generator, seed
@@ -203,6 +206,15 @@ class TrainData:
             for _ in range(skip):
                 next(iterator, None)
         return iterator
+
+
+def draw_loader_seed(data):
+    """The one draw a plain DataLoader without a generator makes from torch's global generator at each iter() (its
+    workers' base seed), made where the Trainer replaced that loader by one of its own order: the global generator
+    then stands where it stands under Lightning after each epoch, so dropout in the next epoch's training_step
+    draws Lightning's numbers."""
+    if data is not None and data.draws_global_seed:
+        torch.empty((), dtype=torch.int64).random_()
 
 
 def _order_sampler(loader):
@@ -416,7 +428,9 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         shuffle = random and shuffle is not False
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
-        return TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)
+        data = TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)
+        data.draws_global_seed = loader.generator is None
+        return data
     sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)
     if is_stateful_loader(loader):
         if world_size > 1 and not isinstance(sampler, DistributedSampler) and \
