@@ -418,3 +418,33 @@ def test_a_plateau_scheduler_watches_a_value_logged_in_on_train_epoch_end():
     # Lightning steps the metric-watching epoch schedulers after on_train_epoch_end (its fit loop's epoch end)
     ours_lrs, theirs_lrs = _plateau_lrs(tasktrain, ours), _plateau_lrs(pl, theirs)
     assert ours_lrs == theirs_lrs == [1.0, 1.0, 0.5, 0.25]
+
+def _dropout_fit(lib, classes, **kwargs):
+    class DropoutModel(classes.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.dropout = torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            return self.layer(self.dropout(x))
+
+    lib.seed_everything(0, verbose=False)
+    model = DropoutModel()
+    args = dict(max_epochs=3, limit_train_batches=4, limit_val_batches=2, **QUIET)
+    args.update(kwargs)
+    lib.Trainer(**args).fit(model)
+    return model, torch.rand(1)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"limit_val_batches": 0}, {"reload_dataloaders_every_n_epochs": 1, "limit_val_batches": 0}],
+                         ids=["validation", "no-validation", "reload"])
+def test_dropout_draws_lightnings_numbers_in_every_epoch(kwargs):
+    """Each iter() of a DataLoader without a generator draws its base seed from torch's global generator: Lightning
+    iterates the training loader once per epoch (twice when it reloads it), the validation loader once per
+    validation. The Trainer's own order has a generator, so the loop draws that seed itself: dropout from the
+    second epoch on, and any draw after fit, are Lightning's (issue 37)."""
+    mine, after_mine = _dropout_fit(tasktrain, ours, **kwargs)
+    reference, after_reference = _dropout_fit(pl, theirs, **kwargs)
+    for (name, a), (_, b) in zip(mine.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+    torch.testing.assert_close(after_mine, after_reference)

@@ -68,6 +68,7 @@ def fit_loop(trainer, fit):
         # requested them at (a second fit's or a resumed fit's first epoch included)
         if every and epoch > fit.first_epoch and (epoch - fit.first_epoch) % every == 0:
             loaders.reload(trainer, fit)
+            draw_loader_seed(trainer._loader_data)  # Lightning's setup_data iterates a reloaded loader once more
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch)
         finished = trainer.state.epoch_finished
