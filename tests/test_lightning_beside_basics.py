@@ -436,7 +436,7 @@ def _dropout_fit(lib, classes, **kwargs):
     return model, torch.rand(1)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"limit_val_batches": 0}, {"reload_dataloaders_every_n_epochs": 1, "limit_val_batches": 0}],
+@pytest.mark.parametrize("kwargs", [{}, {"limit_val_batches": 0}, {"reload_dataloaders_every_n_epochs": 1}],
                          ids=["validation", "no-validation", "reload"])
 def test_dropout_draws_lightnings_numbers_in_every_epoch(kwargs):
     """Each iter() of a DataLoader without a generator draws its base seed from torch's global generator: Lightning
