@@ -419,7 +419,8 @@ def test_a_plateau_scheduler_watches_a_value_logged_in_on_train_epoch_end():
     ours_lrs, theirs_lrs = _plateau_lrs(tasktrain, ours), _plateau_lrs(pl, theirs)
     assert ours_lrs == theirs_lrs == [1.0, 1.0, 0.5, 0.25]
 
-def _dropout_fit(lib, classes, **kwargs):
+
+def _dropout_fit(lib, classes, ckpt_path=None, **kwargs):
     class DropoutModel(classes.BoringModel):
         def __init__(self):
             super().__init__()
@@ -432,7 +433,7 @@ def _dropout_fit(lib, classes, **kwargs):
     model = DropoutModel()
     args = dict(max_epochs=3, limit_train_batches=4, limit_val_batches=2, **QUIET)
     args.update(kwargs)
-    lib.Trainer(**args).fit(model)
+    lib.Trainer(**args).fit(model, ckpt_path=ckpt_path)
     return model, torch.rand(1)
 
 
@@ -448,3 +449,25 @@ def test_dropout_draws_lightnings_numbers_in_every_epoch(kwargs):
     for (name, a), (_, b) in zip(mine.state_dict().items(), reference.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name)
     torch.testing.assert_close(after_mine, after_reference)
+
+
+@pytest.mark.parametrize("stop_at", [4, 6], ids=["epoch-end", "mid-epoch"])
+def test_a_resumed_dropout_fit_draws_as_the_uninterrupted_one(tmp_path, stop_at):
+    """The loop's draw of the training loader's base seed is made where a pass starts at the epoch's first batch:
+    a fit resumed mid-epoch gets the generator's state from after it and makes none, so the resumed fit ends on the
+    uninterrupted one's weights and generator, whether it stopped at an epoch's end (4 batches) or inside one."""
+    class Stop(tasktrain.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            trainer.should_stop = trainer.should_stop or trainer.global_step == stop_at
+
+    def fit(callbacks=(), ckpt_path=None):
+        save = tasktrain.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1,
+                                                   save_top_k=0)
+        return _dropout_fit(tasktrain, ours, enable_checkpointing=True, callbacks=[save, *callbacks],
+                            ckpt_path=ckpt_path)
+
+    weights, after = fit()
+    fit([Stop()])
+    resumed, resumed_after = fit(ckpt_path=str(tmp_path / "last.ckpt"))
+    torch.testing.assert_close(resumed.layer.weight, weights.layer.weight, rtol=0, atol=0)
+    torch.testing.assert_close(resumed_after, after, rtol=0, atol=0)
