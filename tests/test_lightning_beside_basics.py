@@ -460,14 +460,14 @@ def test_a_resumed_dropout_fit_draws_as_the_uninterrupted_one(tmp_path, stop_at)
         def on_train_batch_end(self, trainer, *args):
             trainer.should_stop = trainer.should_stop or trainer.global_step == stop_at
 
-    def fit(callbacks=(), ckpt_path=None):
-        save = tasktrain.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1,
+    def fit(folder, callbacks=(), ckpt_path=None):
+        save = tasktrain.callbacks.ModelCheckpoint(dirpath=tmp_path / folder, save_last=True, every_n_train_steps=1,
                                                    save_top_k=0)
         return _dropout_fit(tasktrain, ours, enable_checkpointing=True, callbacks=[save, *callbacks],
                             ckpt_path=ckpt_path)
 
-    weights, after = fit()
-    fit([Stop()])
-    resumed, resumed_after = fit(ckpt_path=str(tmp_path / "last.ckpt"))
+    weights, after = fit("whole")
+    fit("stopped", [Stop()])
+    resumed, resumed_after = fit("resumed", ckpt_path=str(tmp_path / "stopped" / "last.ckpt"))
     torch.testing.assert_close(resumed.layer.weight, weights.layer.weight, rtol=0, atol=0)
     torch.testing.assert_close(resumed_after, after, rtol=0, atol=0)
