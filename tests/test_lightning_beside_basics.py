@@ -471,3 +471,19 @@ def test_a_resumed_dropout_fit_draws_as_the_uninterrupted_one(tmp_path, stop_at)
     resumed, resumed_after = fit("resumed", ckpt_path=str(tmp_path / "stopped" / "last.ckpt"))
     torch.testing.assert_close(resumed.layer.weight, weights.layer.weight, rtol=0, atol=0)
     torch.testing.assert_close(resumed_after, after, rtol=0, atol=0)
+
+
+def test_a_shuffling_loader_leaves_the_generator_where_lightning_does():
+    """On one process Lightning keeps a shuffling loader's RandomSampler, which draws its seed from the global
+    generator at each epoch's first batch; the Trainer's order is drawn from (seed, epoch) instead (so the batches
+    are not Lightning's), and the loop makes that draw too: what is drawn after fit is Lightning's."""
+    def fit(lib, classes):
+        class Shuffled(classes.BoringModel):
+            def train_dataloader(self):
+                return torch.utils.data.DataLoader(classes.RandomDataset(32, 64), batch_size=2, shuffle=True)
+
+        lib.seed_everything(0, verbose=False)
+        lib.Trainer(max_epochs=3, limit_train_batches=4, limit_val_batches=2, **QUIET).fit(Shuffled())
+        return torch.rand(1)
+
+    torch.testing.assert_close(fit(tasktrain, ours), fit(pl, theirs))

@@ -129,9 +129,10 @@ class TrainData:
     sliced = False
     split_batches = False
     batched_order = False  # the order of an epoch depends on the loader's batch size
-    # The loader was rebuilt with a generator of ours, where the user's had none: its iter() no longer draws its
-    # base seed from torch's global generator, so the Trainer's loop draws it (draw_loader_seed), as under Lightning.
-    draws_global_seed = False
+    # Draws from torch's global generator that the user's loader made at each iter() and the loader rebuilt on our
+    # order no longer makes (its base seed: ours has a generator; a RandomSampler's seed: our order is drawn from
+    # (seed, epoch)): the Trainer's loop makes them (draw_loader_seed), so the generator moves as under Lightning.
+    global_draws = 0
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
         self.loader, self.sampler, self.generator, self.seed = loader, sampler, generator, seed
@@ -209,11 +210,11 @@ class TrainData:
 
 
 def draw_loader_seed(data):
-    """The one draw a plain DataLoader without a generator makes from torch's global generator at each iter() (its
-    workers' base seed), made where the Trainer replaced that loader by one of its own order: the global generator
-    then stands where it stands under Lightning after each epoch, so dropout in the next epoch's training_step
-    draws Lightning's numbers."""
-    if data is not None and data.draws_global_seed:
+    """The draws the user's DataLoader makes from torch's global generator at each iter() (its workers' base seed
+    without a generator of its own; a RandomSampler's seed), made where the Trainer replaced that loader by one of
+    its own order: the global generator then stands where it stands under Lightning after each epoch, so dropout in
+    the next epoch's training_step draws Lightning's numbers."""
+    for _ in range(data.global_draws if data is not None else 0):
         torch.empty((), dtype=torch.int64).random_()
 
 
@@ -429,7 +430,10 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
         data = TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)
-        data.draws_global_seed = loader.generator is None
+        # Lightning keeps a RandomSampler where it does not shard (one process, use_distributed_sampler=False),
+        # which draws its seed from the global generator at each epoch's first batch when it has no generator
+        data.global_draws = int(loader.generator is None) + \
+            int(shuffle and world_size == 1 and type(order) is RandomSampler and order.generator is None)
         return data
     sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)
     if is_stateful_loader(loader):
