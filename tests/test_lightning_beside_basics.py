@@ -418,3 +418,72 @@ def test_a_plateau_scheduler_watches_a_value_logged_in_on_train_epoch_end():
     # Lightning steps the metric-watching epoch schedulers after on_train_epoch_end (its fit loop's epoch end)
     ours_lrs, theirs_lrs = _plateau_lrs(tasktrain, ours), _plateau_lrs(pl, theirs)
     assert ours_lrs == theirs_lrs == [1.0, 1.0, 0.5, 0.25]
+
+
+def _dropout_fit(lib, classes, ckpt_path=None, **kwargs):
+    class DropoutModel(classes.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.dropout = torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            return self.layer(self.dropout(x))
+
+    lib.seed_everything(0, verbose=False)
+    model = DropoutModel()
+    args = dict(max_epochs=3, limit_train_batches=4, limit_val_batches=2, **QUIET)
+    args.update(kwargs)
+    lib.Trainer(**args).fit(model, ckpt_path=ckpt_path)
+    return model, torch.rand(1)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"limit_val_batches": 0}, {"reload_dataloaders_every_n_epochs": 1}],
+                         ids=["validation", "no-validation", "reload"])
+def test_dropout_draws_lightnings_numbers_in_every_epoch(kwargs):
+    """Each iter() of a DataLoader without a generator draws its base seed from torch's global generator: Lightning
+    iterates the training loader once per epoch (twice when it reloads it), the validation loader once per
+    validation. The Trainer's own order has a generator, so the loop draws that seed itself: dropout from the
+    second epoch on, and any draw after fit, are Lightning's (issue 37)."""
+    mine, after_mine = _dropout_fit(tasktrain, ours, **kwargs)
+    reference, after_reference = _dropout_fit(pl, theirs, **kwargs)
+    for (name, a), (_, b) in zip(mine.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+    torch.testing.assert_close(after_mine, after_reference)
+
+
+@pytest.mark.parametrize("stop_at", [4, 6], ids=["epoch-end", "mid-epoch"])
+def test_a_resumed_dropout_fit_draws_as_the_uninterrupted_one(tmp_path, stop_at):
+    """The loop's draw of the training loader's base seed is made where a pass starts at the epoch's first batch:
+    a fit resumed mid-epoch gets the generator's state from after it and makes none, so the resumed fit ends on the
+    uninterrupted one's weights and generator, whether it stopped at an epoch's end (4 batches) or inside one."""
+    class Stop(tasktrain.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            trainer.should_stop = trainer.should_stop or trainer.global_step == stop_at
+
+    def fit(folder, callbacks=(), ckpt_path=None):
+        save = tasktrain.callbacks.ModelCheckpoint(dirpath=tmp_path / folder, save_last=True, every_n_train_steps=1,
+                                                   save_top_k=0)
+        return _dropout_fit(tasktrain, ours, enable_checkpointing=True, callbacks=[save, *callbacks],
+                            ckpt_path=ckpt_path)
+
+    weights, after = fit("whole")
+    fit("stopped", [Stop()])
+    resumed, resumed_after = fit("resumed", ckpt_path=str(tmp_path / "stopped" / "last.ckpt"))
+    torch.testing.assert_close(resumed.layer.weight, weights.layer.weight, rtol=0, atol=0)
+    torch.testing.assert_close(resumed_after, after, rtol=0, atol=0)
+
+
+def test_a_shuffling_loader_leaves_the_generator_where_lightning_does():
+    """On one process Lightning keeps a shuffling loader's RandomSampler, which draws its seed from the global
+    generator at each epoch's first batch; the Trainer's order is drawn from (seed, epoch) instead (so the batches
+    are not Lightning's), and the loop makes that draw too: what is drawn after fit is Lightning's."""
+    def fit(lib, classes):
+        class Shuffled(classes.BoringModel):
+            def train_dataloader(self):
+                return torch.utils.data.DataLoader(classes.RandomDataset(32, 64), batch_size=2, shuffle=True)
+
+        lib.seed_everything(0, verbose=False)
+        lib.Trainer(max_epochs=3, limit_train_batches=4, limit_val_batches=2, **QUIET).fit(Shuffled())
+        return torch.rand(1)
+
+    torch.testing.assert_close(fit(tasktrain, ours), fit(pl, theirs))

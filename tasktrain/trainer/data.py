@@ -129,6 +129,10 @@ class TrainData:
     sliced = False
     split_batches = False
     batched_order = False  # the order of an epoch depends on the loader's batch size
+    # Draws from torch's global generator that the user's loader made at each iter() and the loader rebuilt on our
+    # order no longer makes (its base seed: ours has a generator; a RandomSampler's seed: our order is drawn from
+    # (seed, epoch)): the Trainer's loop makes them (draw_loader_seed), so the generator moves as under Lightning.
+    global_draws = 0
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
         self.loader, self.sampler, self.generator, self.seed = loader, sampler, generator, seed
@@ -203,6 +207,15 @@ class TrainData:
             for _ in range(skip):
                 next(iterator, None)
         return iterator
+
+
+def draw_loader_seed(data):
+    """The draws the user's DataLoader makes from torch's global generator at each iter() (its workers' base seed
+    without a generator of its own; a RandomSampler's seed), made where the Trainer replaced that loader by one of
+    its own order: the global generator then stands where it stands under Lightning after each epoch, so dropout in
+    the next epoch's training_step draws Lightning's numbers."""
+    for _ in range(data.global_draws if data is not None else 0):
+        torch.empty((), dtype=torch.int64).random_()
 
 
 def _order_sampler(loader):
@@ -416,7 +429,12 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         shuffle = random and shuffle is not False
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
-        return TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)
+        data = TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)
+        # Lightning keeps a RandomSampler where it does not shard (one process, use_distributed_sampler=False),
+        # which draws its seed from the global generator at each epoch's first batch when it has no generator
+        data.global_draws = int(loader.generator is None) + \
+            int(shuffle and world_size == 1 and type(order) is RandomSampler and order.generator is None)
+        return data
     sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)
     if is_stateful_loader(loader):
         if world_size > 1 and not isinstance(sampler, DistributedSampler) and \

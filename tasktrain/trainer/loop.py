@@ -34,6 +34,7 @@ from tasktrain.exceptions import PossibleUserWarning
 from tasktrain.strategies.base import MultiProcess
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, loaders
+from tasktrain.trainer.data import draw_loader_seed
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -52,6 +53,10 @@ def fit_loop(trainer, fit):
         warnings.warn(f"The number of training batches ({trainer.num_training_batches}) is smaller than the logging "
                       f"interval Trainer(log_every_n_steps={trainer.log_every_n_steps}). Set a lower value for "
                       "log_every_n_steps if you want to see logs for the training epoch.", PossibleUserWarning)
+    if trainer.state.batch_in_epoch == 0:
+        # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
+        # mid-epoch got its generator's state back from after that draw (issue 37)
+        draw_loader_seed(trainer._loader_data)
     trainer._call("on_train_start")
     fit.last_val_time = time.monotonic()  # a val_check_interval of time counts from here
     every = trainer.reload_dataloaders_every_n_epochs
@@ -63,6 +68,7 @@ def fit_loop(trainer, fit):
         # requested them at (a second fit's or a resumed fit's first epoch included)
         if every and epoch > fit.first_epoch and (epoch - fit.first_epoch) % every == 0:
             loaders.reload(trainer, fit)
+            draw_loader_seed(trainer._loader_data)  # Lightning's setup_data iterates a reloaded loader once more
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch)
         finished = trainer.state.epoch_finished
@@ -92,6 +98,8 @@ def train_epoch(trainer, fit, epoch):
     start = state.batch_in_epoch
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         trainer._call("on_train_epoch_start")
+        if epoch != fit.first_epoch:  # Lightning's iter() of each later epoch, after on_train_epoch_start
+            draw_loader_seed(trainer._loader_data)
     elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read after
