@@ -260,7 +260,7 @@ def test_zero_stages_train_like_ddp(compare):
         for stage in ("stage1", "stage2", "stage3"):
             ds = res[stage]
             assert ds["global_step"] == 22, stage
-            torch.testing.assert_close(torch.tensor(ds["losses"]), torch.tensor(ddp["losses"]), rtol=0, atol=1e-5)
+            torch.testing.assert_close(torch.tensor(ds["losses"]), torch.tensor(ddp["losses"]), rtol=0, atol=1e-4)
             for name, value in ddp["weights"].items():
                 torch.testing.assert_close(ds["weights"][name], value, rtol=0, atol=1e-5)
             assert abs(ds["val_acc"] - ddp["val_acc"]) < 0.01, (rank, stage)
