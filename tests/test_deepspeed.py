@@ -260,9 +260,19 @@ def test_zero_stages_train_like_ddp(compare):
         for stage in ("stage1", "stage2", "stage3"):
             ds = res[stage]
             assert ds["global_step"] == 22, stage
-            torch.testing.assert_close(torch.tensor(ds["losses"]), torch.tensor(ddp["losses"]), rtol=0, atol=1e-4)
-            for name, value in ddp["weights"].items():
-                torch.testing.assert_close(ds["weights"][name], value, rtol=0, atol=1e-5)
+            if stage != "stage3":
+                torch.testing.assert_close(torch.tensor(ds["losses"]), torch.tensor(ddp["losses"]), rtol=0, atol=1e-5)
+                for name, value in ddp["weights"].items():
+                    torch.testing.assert_close(ds["weights"][name], value, rtol=0, atol=1e-5)
+            else:
+                # ZeRO-3 reduce-scatters each micro-batch and sums the window's partitions ((a1+b1)+(a2+b2) where
+                # DDP has (a1+a2)+(b1+b2)): its weights drift from DDP's by ~1e-7, and once such a drift moves a hidden
+                # unit's pre-activation across ReLU's kink, that unit's gradient differs (measured: one unit at step
+                # 21 of 22, weights then 5e-4 apart, losses 3e-5). Compared per tensor by relative distance: the drift
+                # gives <= 3.4e-4; a real difference (ZeRO-3 without the clipping) gives 4e-2 to 1e-1.
+                torch.testing.assert_close(torch.tensor(ds["losses"]), torch.tensor(ddp["losses"]), rtol=0, atol=1e-4)
+                for name, value in ddp["weights"].items():
+                    assert float((ds["weights"][name] - value).norm() / value.norm()) < 2e-3, (rank, name)
             assert abs(ds["val_acc"] - ddp["val_acc"]) < 0.01, (rank, stage)
             assert ds["validate_after_fit"] == pytest.approx(ds["val_acc"], abs=1e-6), (rank, stage)
         assert res["stage3"]["validate_last"] == pytest.approx(res["stage3"]["val_acc"], abs=1e-6)
