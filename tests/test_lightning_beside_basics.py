@@ -5,6 +5,7 @@ import inspect
 import logging
 import os
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -282,22 +283,63 @@ def test_training_step_returning_none_skips_the_batch_as_lightning(monkeypatch, 
     seen = {}
     for lib, classes in ((tasktrain, ours), (pl, theirs)):
         class Skips(classes.BoringModel):
+            calls = []
+
             def training_step(self, batch, batch_idx):
                 return None if batch_idx % 3 == 1 else super().training_step(batch, batch_idx)
 
+            def on_before_optimizer_step(self, optimizer):  # called for every step, a skipped one's too
+                self.calls.append(("before_step", self.trainer.global_step, self.layer.weight.grad is None))
+
+            def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+                self.calls.append(("clip", gradient_clip_val))
+                self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
         lib.seed_everything(3, verbose=False)
         model = Skips()
-        trainer = lib.Trainer(max_epochs=1, limit_train_batches=6, limit_val_batches=0,
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=6, limit_val_batches=0, gradient_clip_val=0.05,
                               accumulate_grad_batches=accumulate, **QUIET)
         if lib is tasktrain:
             with pytest.warns(UserWarning, match="`training_step` returned `None`. If this was on purpose"):
                 trainer.fit(model)
         else:
             trainer.fit(model)
-        seen[lib.__name__] = (trainer.global_step, model.layer.weight.detach().clone())
-    (steps, weight), (l_steps, l_weight) = seen.values()
+        seen[lib.__name__] = (trainer.global_step, model.layer.weight.detach().clone(), model.calls)
+    (steps, weight, calls), (l_steps, l_weight, l_calls) = seen.values()
     assert steps == l_steps == 6 // accumulate
     torch.testing.assert_close(weight, l_weight)
+    assert calls == l_calls and len(calls) == 2 * steps
+    assert accumulate == 2 or ("before_step", 1, True) in calls  # (batch 1 skipped: a step on no gradients)
+
+
+def test_a_skipped_step_under_fp16_leaves_the_scaler_for_the_next_one(monkeypatch):
+    """16-mixed (GradScaler): a step whose training_step returned None has no gradients to unscale; the next step's
+    gradients are unscaled before on_before_optimizer_step sees them, as under 32-true."""
+    from tasktrain.trainer import loop
+
+    monkeypatch.setitem(loop._warned_once, "skip", True)
+    norms = {}
+    for precision in ("32-true", "16-mixed"):
+        class Skips(ours.BoringModel):
+            seen = []
+
+            def training_step(self, batch, batch_idx):  # (small: the scaled fp16 gradients stay finite)
+                return None if batch_idx == 1 else {"loss": super().training_step(batch, batch_idx)["loss"] * 1e-4}
+
+            def on_before_optimizer_step(self, optimizer):
+                grad = self.layer.weight.grad
+                self.seen.append(None if grad is None else float(grad.norm()))
+
+        tasktrain.seed_everything(3, verbose=False)
+        model = Skips()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (fp16 on a CPU: tasktrain warns that it is slow)
+            tasktrain.Trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=0, precision=precision,
+                              **QUIET).fit(model)
+        norms[precision] = model.seen
+    assert norms["32-true"][1] is None and norms["16-mixed"][1] is None
+    for full, half in zip(norms["32-true"][2:], norms["16-mixed"][2:]):
+        assert half == pytest.approx(full, rel=2e-2)  # (scaled gradients would be 65536 times larger)
 
 
 def test_a_resumed_fit_runs_the_sanity_check_as_lightning(tmp_path):

@@ -170,8 +170,12 @@ class MixedPrecision(Precision):
         loss.backward(**kwargs) if backward_fn is None else backward_fn(loss, **kwargs)
 
     def unscale(self, optimizer):
-        # GradScaler raises when unscale_ runs twice before update: clipping and norm logging may both ask.
-        if self.scaler is not None and id(optimizer) not in self._unscaled:
+        # GradScaler raises when unscale_ runs twice before update: clipping and norm logging may both ask. An
+        # optimizer without gradients (every training_step of the window returned None) is not unscaled: it does not
+        # step, and an unscale_ without its step would leave the scaler's state for the next window's gradients
+        # (Lightning's AMP plugin skips it too).
+        if self.scaler is not None and id(optimizer) not in self._unscaled and any(
+                p.grad is not None for group in optimizer.param_groups for p in group["params"]):
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
 

@@ -306,8 +306,7 @@ def automatic_step(trainer, fit, optimizer, closure, kwargs):
     if trainer.strategy.steps_with_closure():
         def wrapped():
             out = closure()
-            if fit.window_backwards:  # (every training_step of the window returned None: no gradients to see)
-                after_closure()
+            after_closure()  # (Lightning's: also when every training_step of the window returned None)
             return out
 
         stepped = fit.step(torch_optimizer, wrapped, **kwargs)
@@ -315,10 +314,13 @@ def automatic_step(trainer, fit, optimizer, closure, kwargs):
         fit.stepped = stepped and fit.window_backwards > 0
     else:
         out = closure()
+        # Lightning's AMP plugin: the gradients unscaled before on_before_optimizer_step sees them (the precision
+        # leaves an optimizer without gradients alone), then the hooks and the clipping, even where nothing backwarded
+        trainer.strategy.unscale_gradients(torch_optimizer)
+        after_closure()
         if not fit.window_backwards:  # every training_step of the window returned None: nothing to step on
             trainer.state.global_step += 1
             return out
-        after_closure()
         fit.stepped = fit.step(torch_optimizer, **kwargs)
     trainer.state.global_step += 1
     return precision.last_step_output
