@@ -342,6 +342,36 @@ def test_a_skipped_step_under_fp16_leaves_the_scaler_for_the_next_one(monkeypatc
         assert half == pytest.approx(full, rel=2e-2)  # (scaled gradients would be 65536 times larger)
 
 
+def test_manual_optimization_under_fp16_shows_unscaled_gradients_to_the_hook():
+    norms = {}
+    for precision in ("32-true", "16-mixed"):
+        class Manual(ours.BoringModel):
+            seen = []
+
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                opt = self.optimizers()
+                opt.zero_grad()
+                self.manual_backward(self.step(batch) * 1e-4)  # (small: the scaled fp16 gradients stay finite)
+                opt.step()
+
+            def on_before_optimizer_step(self, optimizer):
+                self.seen.append(float(self.layer.weight.grad.norm()))
+
+        tasktrain.seed_everything(3, verbose=False)
+        model = Manual()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (fp16 on a CPU: tasktrain warns that it is slow)
+            tasktrain.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0, precision=precision,
+                              **QUIET).fit(model)
+        norms[precision] = model.seen
+    assert len(norms["16-mixed"]) == 3
+    assert norms["16-mixed"] == pytest.approx(norms["32-true"], rel=2e-2)
+
+
 def test_a_resumed_fit_runs_the_sanity_check_as_lightning(tmp_path):
     seen = {}
     for lib, classes in ((tasktrain, ours), (pl, theirs)):

@@ -305,6 +305,7 @@ def manual_step(trainer, optimizer, closure, kwargs):
         output = strategy.precision.last_step_output
     else:
         output = closure()
+        strategy.unscale_gradients(torch_optimizer)  # (Lightning's AMP plugin: before on_before_optimizer_step)
         after_closure()
         strategy.optimizer_step(torch_optimizer, **kwargs)
         output = strategy.precision.last_step_output
