@@ -115,8 +115,8 @@ def test_reloads_and_the_sanity_check_of_a_resumed_fit_are_lightnings(when, ever
               for run in (ours_, theirs_)]
     assert sanity[0] == sanity[1] == ([("validation_step", True, 0)] if max_steps == -1 and when == "epoch end"
                                       else [])
-    if max_steps != -1:  # (Lightning's step-counted resume then runs epoch 0's end again: not followed, see
-        return  # docs/lightning.md)
+    if max_steps != -1:  # (Lightning's step-counted resume from an epoch's end then runs that epoch's end again,
+        return  # its ModelCheckpoint writing epoch=0-step=2.ckpt once more: not followed)
     assert ours_ == theirs_
     if when == "epoch end" and max_steps == -1:  # (what Lightning shows, spelled out)
         loads = [event[1] for event in ours_["resumed"] if event[0] == "train_dataloader"]
