@@ -586,9 +586,17 @@ def read_last_record(root_dir: str):
     for name in (POINTER_NAME, _OLD_POINTER_NAME):  # a run of an earlier version wrote the visible name
         pointer = os.path.join(root_dir, name)
         if os.path.exists(pointer):
-            with open(pointer) as f:
-                record = json.load(f)
-            return record if os.path.exists(record["path"]) else None
+            try:
+                with open(pointer) as f:
+                    record = json.load(f)
+                found = os.path.exists(record["path"])
+            except (ValueError, TypeError, KeyError) as err:  # (bad JSON or bytes, not a {"path": ...} record)
+                raise CheckpointError(
+                    f"{pointer} is not a readable last-checkpoint record ({type(err).__name__}: {err}). It only "
+                    "records which checkpoint an earlier tasktrain run saved last (no checkpoint is lost without "
+                    f"it): delete {pointer}, and pass the checkpoint to resume from as ckpt_path=<its file>."
+                ) from err
+            return record if found else None
     return None
 
 

@@ -67,8 +67,10 @@ def test_torchrun_reports_the_rank_that_failed(tmp_path, mode, cause):
 @pytest.mark.timeout(TIMEOUT + 30)
 def test_ddp_spawn_names_the_child_that_raised(tmp_path):
     out = str(tmp_path)
-    code, _, stderr, _ = run([sys.executable, script("fail.py"), out, "raise", "ddp_spawn"], TIMEOUT, out)
+    code, stdout, stderr, _ = run([sys.executable, script("fail.py"), out, "raise", "ddp_spawn"], TIMEOUT, out)
     assert code != 0
+    # (Lightning 2.6's parent keeps the module its fit was given, and the interrupted state; issue 37)
+    assert "parent: lightning_module is the module: True, fn=fit, status=interrupted" in stdout, stdout
     assert "RuntimeError: ddp_spawn: rank 1 (pid" in stderr, stderr
     assert "failed: ValueError: boom at step 3 on rank 1; the other ranks were stopped" in stderr
     assert all(process_gone(pid) for pid in _pids(out))

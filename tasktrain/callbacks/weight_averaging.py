@@ -104,11 +104,12 @@ class WeightAveraging(Callback):
 
     # -- checkpoints -----------------------------------------------------------------------------------------------
     def state_dict(self):
-        return {"latest_update_step": self._latest_update_step, "latest_update_epoch": self._latest_update_epoch}
+        # Lightning's one key. The epoch of the last update needs no saving: a resumed fit's epochs come after it (an
+        # older checkpoint's "latest_update_epoch" is ignored, as Lightning would)
+        return {"latest_update_step": self._latest_update_step}
 
     def load_state_dict(self, state_dict):
         self._latest_update_step = state_dict["latest_update_step"]
-        self._latest_update_epoch = state_dict.get("latest_update_epoch", -1)
 
     def on_save_checkpoint(self, trainer, module, checkpoint):
         if self._average_model is None:

@@ -51,6 +51,7 @@ def setup_train(trainer, loader, previous=None):
     trainer.state.global_batch_size = (samples_per_step(batch_size_of(loader), world_size) or 0) * accumulate
     # (a loader without a length ends each epoch where it runs out, as in Lightning: max_epochs passes of it)
     trainer._loader_data = train_data
+    trainer._train_loaded_epoch = trainer.current_epoch  # reload_dataloaders_every_n_epochs counts from here
     epochs = EpochIterator(train_data, world_size, trainer._epoch_length, trainer.state)
     if previous is not None:
         epochs.keep_resume_of(previous)
@@ -161,10 +162,20 @@ def reload_val_when_due(trainer):
         _val_set_up(trainer)
 
 
+def train_reload_due(trainer):
+    """Lightning's rule (its fit loop's _should_reload_train_dl), asked when the fit's loop starts and before each
+    epoch: with reload_dataloaders_every_n_epochs=n, the training loader is requested again once n epochs passed since
+    it last was, counted in current_epoch. So a fit resumed from an epoch-end checkpoint of epoch E, whose loader is
+    requested at E (the checkpoint's current_epoch), reloads it at E + n: with n=1 at its first epoch too."""
+    every = trainer.reload_dataloaders_every_n_epochs
+    return bool(every) and trainer.current_epoch - trainer._train_loaded_epoch >= every
+
+
 def reload(trainer, fit):
     """The training loader from its hook again (reload_dataloaders_every_n_epochs), keeping the pending resume of the
-    one it replaces. A given loader stays."""
+    one it replaces. A given loader stays (its epoch is noted all the same, as Lightning's set-up notes it)."""
     train_data = fit.epochs
+    trainer._train_loaded_epoch = trainer.current_epoch
     if trainer._loaders_from_hooks[0]:
         fit.epochs = setup_train(trainer, trainer._loader_of(trainer.module, "train_dataloader"), train_data)
     # (the validation loaders: at the validation, reload_val_when_due)

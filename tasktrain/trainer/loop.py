@@ -59,14 +59,13 @@ def fit_loop(trainer, fit):
         draw_loader_seed(trainer._loader_data)
     trainer._call("on_train_start")
     fit.last_val_time = time.monotonic()  # a val_check_interval of time counts from here
-    every = trainer.reload_dataloaders_every_n_epochs
     while not done(trainer):
         if trainer.should_stop and may_stop(trainer, fit):  # asked before the epoch (a spent Timer at fit start)
             break
         epoch = trainer.state.epoch
-        # Lightning re-calls the loader hooks (not given loaders) every `every` epochs from the epoch this fit
-        # requested them at (a second fit's or a resumed fit's first epoch included)
-        if every and epoch > fit.first_epoch and (epoch - fit.first_epoch) % every == 0:
+        # Lightning re-calls the loader hook (not a given loader) once reload_dataloaders_every_n_epochs epochs passed
+        # since the epoch it last requested it at
+        if loaders.train_reload_due(trainer):
             loaders.reload(trainer, fit)
             draw_loader_seed(trainer._loader_data)  # Lightning's setup_data iterates a reloaded loader once more
         with trainer._profile("run_training_epoch"):
@@ -408,7 +407,10 @@ def say_why_fit_stopped(trainer):
 
 
 def done(trainer):
-    return max_steps_reached(trainer) or (trainer.max_epochs != -1 and trainer.state.epoch >= trainer.max_epochs)
+    """max_steps or max_epochs reached; the epochs counted are those whose end ran (an epoch-end checkpoint's epoch
+    included before the loop moves past it: resume.start_after_finished_epoch)."""
+    epochs = trainer.state.epoch + int(trainer.state.epoch_finished)
+    return max_steps_reached(trainer) or (trainer.max_epochs != -1 and epochs >= trainer.max_epochs)
 
 
 def max_steps_reached(trainer):

@@ -4,6 +4,7 @@
     dump_checkpoint(trainer)                the checkpoint dict (Trainer.save_checkpoint writes it)
     restore_module_and_callbacks(trainer, ckpt_path)   the DataModule, the module's weights, the callbacks
     restore_training_state(trainer, loaded)            optimizers, schedulers, precision, metrics, the counters
+    start_after_finished_epoch(trainer)                an epoch-end checkpoint's next epoch, as the loop starts
     restore_position(trainer, loaded, data)            the position in the epoch, on the data it will continue
 
 In Lightning's order (Trainer._fit): the first part before configure_optimizers, or after on_fit_start where the
@@ -253,6 +254,29 @@ def restore_training_state(trainer, loaded):
     check_epochs_left(trainer, ckpt, saved)
     state.data_seed = saved.get("data_seed", state.data_seed)
     state.global_batch_size = global_batch
+    # (a checkpoint of an epoch's end stays at that epoch until the loop starts: start_after_finished_epoch)
+
+
+def skips_sanity_check(trainer, loaded):
+    """Lightning's rule: a fit resumed from a checkpoint is "restarting" (and runs no sanity check) when the
+    checkpoint's epoch was not finished (saved inside it, its end-of-epoch validation included) or the run counts in
+    steps (max_steps set); a checkpoint of an epoch's end, or of a fit that ended, gets the sanity check."""
+    if loaded is None:
+        return False
+    ckpt = loaded.ckpt
+    saved = ckpt["train_state"]
+    # (a fit stopped inside an epoch counts it, as Lightning's: its checkpoint's current_epoch is one past the position)
+    finished = (saved.get("epoch_finished") or not saved.get("batch_in_epoch")
+                or int(ckpt.get("epoch", saved.get("epoch", 0))) > int(saved.get("epoch", 0)))
+    return trainer.max_steps != -1 or not finished
+
+
+def start_after_finished_epoch(trainer):
+    """A fit resumed from a checkpoint of epoch E's end goes on at epoch E+1 from here: once the training loader is
+    requested. Until then (on_fit_start, the sanity check, train_dataloader) current_epoch is E, the checkpoint's, as
+    in Lightning, whose fit loop counts the restored epoch as completed only when it starts; a checkpoint saved
+    meanwhile is that same epoch-end state."""
+    state = trainer.state
     if state.epoch_finished:
         state.epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0

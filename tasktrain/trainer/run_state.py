@@ -114,7 +114,9 @@ class Callbacks:
         self.callbacks = callbacks
 
     def state_dict(self):
-        return {cb.state_key: cb.state_dict() for cb in self.callbacks}
+        # Lightning's: a callback whose state_dict() is empty is not saved (loading skips a missing key)
+        states = ((cb.state_key, cb.state_dict()) for cb in self.callbacks)
+        return {key: state for key, state in states if state}
 
     def load_state_dict(self, states):
         found = set()

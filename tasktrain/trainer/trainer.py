@@ -39,7 +39,7 @@ from tasktrain.trainer.run_state import Callbacks
 from tasktrain.trainer.runtime import broadcast_seed, build_runtime
 from tasktrain.trainer.seed import isolate_rng
 from tasktrain.trainer.state import TrainState
-from tasktrain.trainer.states import RunningStage, TrainerStatus
+from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
 
 class Trainer:
@@ -396,9 +396,17 @@ class Trainer:
                 raise ValueError(f"Trainer.{stage} was given both dataloaders and a datamodule: pass one of them.")
             self.datamodule = datamodule
             datamodule.trainer = self
+        # Lightning's entry points name the module and the stage before the launch: a spawned run's parent shows
+        # them too, also when the run raised (lightning_module, state.fn, state.status INTERRUPTED)
+        self.module = module
+        self.state.fn, self.state.status = TrainerFn(stage), TrainerStatus.RUNNING
         # The strategy runs the stage on every rank: here, or in the processes it starts (ddp_spawn).
-        return self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather, compiled), train_loader,
-                                    eval_loader)
+        try:
+            return self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather, compiled), train_loader,
+                                        eval_loader)
+        except BaseException:
+            self.state.status = TrainerStatus.INTERRUPTED
+            raise
 
     def _run_stage(self, stage, module, train_loader, eval_loader, ckpt_path, gather, compiled=None):
         strategy = self.strategy
@@ -480,9 +488,13 @@ class Trainer:
         if not finished:  # a finished run resumed writes no new log folder (issue 38)
             self._log_hyperparams(module)
         self._watch()  # from the sanity check on; set-up is not watched
-        if has_val and self.num_sanity_val_steps:  # a resumed fit too, as Lightning's (isolate_rng: no draw moves)
+        # (isolate_rng: no draw moves); a resumed fit too, unless it continues inside an epoch or counts steps
+        if has_val and self.num_sanity_val_steps and not resume.skips_sanity_check(self, loaded):
             self._sanity_check()
         fit.epochs = loaders.train_data_now(self)
+        if loaders.train_reload_due(self):  # requested early (configure_optimizers) at another epoch: Lightning's rule
+            loaders.reload(self, fit)
+        resume.start_after_finished_epoch(self)  # (a fit resumed from an epoch's end: current_epoch moves on here)
         loaders.val_data_at_train_start(self)  # (without a sanity check)
         if loaded is not None:  # the position in the epoch, on the loader that will be trained on; then the RNG
             restore_rng = resume.restore_position(self, loaded, fit.epochs)

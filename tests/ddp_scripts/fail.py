@@ -44,4 +44,10 @@ if __name__ == "__main__":
     data = TensorDataset(torch.randn(64, 4))
     trainer = Trainer(strategy=strategy, devices="auto" if "RANK" in os.environ else 2, accelerator="cpu",
                       max_epochs=1000, logger=False, enable_progress_bar=False, enable_checkpointing=False)
-    trainer.fit(Failing(), DataLoader(data, batch_size=4))
+    module = Failing()
+    try:
+        trainer.fit(module, DataLoader(data, batch_size=4))
+    finally:
+        if strategy == "ddp_spawn":  # the parent, after its children failed: Lightning's trainer still names the run
+            print(f"parent: lightning_module is the module: {trainer.lightning_module is module}, "
+                  f"fn={trainer.state.fn}, status={trainer.state.status}", flush=True)

@@ -1,0 +1,253 @@
+"""Details of a resumed fit and of what a checkpoint holds, beside Lightning 2.6 (issue 37): reload_dataloaders_every_n_epochs
+counts from the epoch each loader was last requested at (a resumed fit included); the sanity check of a fit resumed
+from an epoch's end sees that epoch as current_epoch (and a checkpoint saved then resumes as the original); callbacks
+with an empty state are not saved, and one the checkpoint has no state for keeps its own; WeightAveraging saves
+Lightning's keys; a corrupt `.last_checkpoint.json` names itself and the fix."""
+import os
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
+
+import tasktrain  # noqa: E402
+from tasktrain.demos import boring_classes as ours  # noqa: E402
+
+LIBS = {"tasktrain": (tasktrain, ours), "lightning": (pl, theirs)}
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, limit_train_batches=2, limit_val_batches=1,
+             num_sanity_val_steps=1)
+
+
+def _callbacks(lib):
+    return pl.callbacks if lib is pl else tasktrain.callbacks
+
+
+def _classes(lib, classes, seen):
+    """A boring module that notes each loader request and validation with current_epoch (and whether it is the
+    sanity check), logs a constant (the loggers' rows are compared), and a logger that keeps the rows."""
+
+    class Module(classes.BoringModel):
+        def train_dataloader(self):
+            seen.append(("train_dataloader", self.trainer.current_epoch))
+            return super().train_dataloader()
+
+        def val_dataloader(self):
+            seen.append(("val_dataloader", self.trainer.sanity_checking, self.trainer.current_epoch))
+            return super().val_dataloader()
+
+        def validation_step(self, batch, batch_idx):
+            seen.append(("validation_step", self.trainer.sanity_checking, self.trainer.current_epoch))
+            self.log("v", 1.0)
+            return super().validation_step(batch, batch_idx)
+
+    base = pl.loggers.Logger if lib is pl else tasktrain.loggers.Logger
+
+    class Rows(base):
+        name, version = "rows", 0
+
+        def log_metrics(self, metrics, step=None):
+            seen.append(("log", step, tuple(sorted((k, float(v)) for k, v in metrics.items()))))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    return Module, Rows
+
+
+def _saver(lib, when, path):
+    """trainer.save_checkpoint(path) once: at epoch 0's end, after step 3 (inside epoch 1), or at the sanity check's
+    end."""
+
+    class Saver(lib.Callback):
+        def on_train_epoch_end(self, trainer, module):
+            if when == "epoch end" and trainer.current_epoch == 0:
+                trainer.save_checkpoint(path)
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if when == "mid epoch" and trainer.global_step == 3:
+                trainer.save_checkpoint(path)
+
+        def on_sanity_check_end(self, trainer, module):
+            if when == "sanity" and not os.path.exists(path):
+                trainer.save_checkpoint(path)
+
+    return Saver()
+
+
+def _resume_run(name, when, every, check_val, max_steps, root):
+    lib, classes = LIBS[name]
+    seen = []
+    Module, Rows = _classes(lib, classes, seen)
+    kwargs = dict(QUIET, reload_dataloaders_every_n_epochs=every, check_val_every_n_epoch=check_val,
+                  default_root_dir=root)
+    first = os.path.join(root, "first.ckpt")
+    lib.seed_everything(1, verbose=False)
+    lib.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, callbacks=[_saver(lib, when, first)],
+                **kwargs).fit(Module())
+    seen.clear()
+    lib.seed_everything(2, verbose=False)
+    folder = os.path.join(root, "kept")
+    sanity = os.path.join(root, "sanity.ckpt")
+    checkpoint = _callbacks(lib).ModelCheckpoint(dirpath=folder, save_top_k=-1)
+    trainer = lib.Trainer(max_epochs=4, max_steps=max_steps, logger=Rows(),
+                          callbacks=[checkpoint, _saver(lib, "sanity", sanity)], **kwargs)
+    trainer.fit(Module(), ckpt_path=first)
+    out = dict(resumed=list(seen), files=sorted(os.listdir(folder)))
+    if not os.path.exists(sanity):  # no sanity check
+        return out
+    out["sanity_epoch"] = torch.load(sanity, weights_only=False)["epoch"]
+    # the checkpoint written during the sanity check resumes as the one the fit started from
+    seen.clear()
+    lib.seed_everything(3, verbose=False)
+    lib.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, **kwargs).fit(Module(), ckpt_path=sanity)
+    out["from_sanity"] = list(seen)
+    return out
+
+
+@pytest.mark.parametrize("when,every,check_val,max_steps", [
+    ("epoch end", 1, 1, -1), ("epoch end", 2, 1, -1), ("mid epoch", 2, 2, -1), ("epoch end", 1, 1, 7)])
+def test_reloads_and_the_sanity_check_of_a_resumed_fit_are_lightnings(when, every, check_val, max_steps, tmp_path):
+    """Lightning runs the sanity check of a resumed fit only when the checkpoint's epoch was finished and the fit
+    does not count steps (max_steps); it then sees the checkpoint's epoch as current_epoch."""
+    ours_, theirs_ = (_resume_run(name, when, every, check_val, max_steps, str(tmp_path / name)) for name in LIBS)
+    sanity = [[event for event in run["resumed"] if event[0] == "validation_step" and event[1]]
+              for run in (ours_, theirs_)]
+    assert sanity[0] == sanity[1] == ([("validation_step", True, 0)] if max_steps == -1 and when == "epoch end"
+                                      else [])
+    if max_steps != -1:  # (Lightning's step-counted resume from an epoch's end then runs that epoch's end again,
+        return  # its ModelCheckpoint writing epoch=0-step=2.ckpt once more: not followed)
+    assert ours_ == theirs_
+    if when == "epoch end" and max_steps == -1:  # (what Lightning shows, spelled out)
+        loads = [event[1] for event in ours_["resumed"] if event[0] == "train_dataloader"]
+        assert loads == ([0, 1, 2, 3] if every == 1 else [0, 2])  # requested at 0, again 1 or 2 epochs later
+
+
+def test_a_loader_requested_early_is_reloaded_at_the_resumed_epoch_as_lightning(tmp_path):
+    """configure_optimizers reads estimated_stepping_batches: the training loader is requested before the
+    checkpoint's counters are restored (at current_epoch 0); the resumed fit at epoch 3 requests it again before
+    its loop starts, as Lightning's does."""
+    def run(name):
+        lib, classes = LIBS[name]
+        seen = []
+        Module, _ = _classes(lib, classes, seen)
+
+        class Early(Module):
+            def configure_optimizers(self):
+                seen.append(("stepping batches", self.trainer.estimated_stepping_batches))
+                return super().configure_optimizers()
+
+        root = str(tmp_path / name)
+        kwargs = dict(QUIET, num_sanity_val_steps=0, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                      reload_dataloaders_every_n_epochs=2, default_root_dir=root)
+        lib.seed_everything(1, verbose=False)
+        trainer = lib.Trainer(max_epochs=3, **kwargs)
+        trainer.fit(Module())
+        trainer.save_checkpoint(os.path.join(root, "end.ckpt"))
+        seen.clear()
+        lib.seed_everything(1, verbose=False)
+        lib.Trainer(max_epochs=5, **kwargs).fit(Early(), ckpt_path=os.path.join(root, "end.ckpt"))
+        return seen
+
+    assert run("tasktrain") == run("lightning")
+
+
+class _Stateless:
+    """A callback without state (Lightning saves nothing for it)."""
+
+
+class _Counter:
+    """A callback with state, which notes each load."""
+
+    def __init__(self, count=0):
+        self.count, self.loaded = count, []
+
+    @property
+    def state_key(self):
+        return "Counter"
+
+    def on_train_epoch_end(self, trainer, module):
+        self.count += 1
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state_dict):
+        self.loaded.append(dict(state_dict))
+
+
+def test_callbacks_without_state_are_not_saved_and_a_missing_one_keeps_its_own_as_lightning(tmp_path, recwarn):
+    def run(name):
+        lib, classes = LIBS[name]
+        stateless = type("Stateless", (_Stateless, lib.Callback), {})
+        counter = type("Counter", (_Counter, lib.Callback), {})
+        cbs = _callbacks(lib)
+        kwargs = dict(QUIET, logger=False, enable_checkpointing=False, default_root_dir=str(tmp_path / name))
+        path = str(tmp_path / name / "one.ckpt")
+        lib.seed_everything(1, verbose=False)
+        trainer = lib.Trainer(max_epochs=1, callbacks=[stateless(), cbs.LambdaCallback(on_fit_start=print), cbs.EarlyStopping(
+            monitor="missing", check_finite=False, strict=False)], **kwargs)
+        trainer.fit(classes.BoringModel())
+        trainer.save_checkpoint(path)
+        saved = sorted(torch.load(path, weights_only=False)["callbacks"])
+        # a callback the checkpoint has no state for (added for the resumed fit): not loaded, keeps its own; no
+        # warning (Lightning warns only about saved states no callback takes)
+        recwarn.clear()
+        added = counter(count=5)
+        lib.Trainer(max_epochs=2, callbacks=[stateless(), added], **kwargs).fit(classes.BoringModel(), ckpt_path=path)
+        warned = [str(w.message) for w in recwarn if "callbacks used to create the checkpoint" in str(w.message)]
+        return saved, added.loaded, added.count, warned
+
+    ours_, theirs_ = run("tasktrain"), run("lightning")
+    assert ours_ == theirs_
+    assert ours_[0] == [tasktrain.EarlyStopping(monitor="missing").state_key]  # only the callback with a state
+    assert ours_[1:3] == ([], 6)  # never loaded; its own count went on
+    assert len(ours_[3]) == 1 and "EarlyStopping" in ours_[3][0]  # the saved EarlyStopping state nobody took
+
+
+def test_weight_averaging_state_is_lightnings_and_resumes_exactly(tmp_path):
+    """WeightAveraging updated at epoch ends only (should_update(epoch_idx=...)): its saved state has Lightning's
+    keys, and a fit resumed from an epoch-end checkpoint ends on the unbroken fit's average."""
+    def averaging(lib):
+        base = _callbacks(lib).WeightAveraging
+
+        class EveryEpoch(base):
+            def should_update(self, step_idx=None, epoch_idx=None):
+                return epoch_idx is not None
+
+        return EveryEpoch()
+
+    def fit(name, epochs, ckpt_path=None, save=None):
+        lib, classes = LIBS[name]
+        callbacks = [averaging(lib)]
+        if save is not None:  # after the averaging callback: the checkpoint holds epoch 0's update
+            callbacks.append(_saver(lib, "epoch end", save))
+        lib.seed_everything(1, verbose=False)
+        module = classes.BoringModel()
+        lib.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, callbacks=callbacks,
+                    **dict(QUIET, num_sanity_val_steps=0)).fit(module, ckpt_path=ckpt_path)
+        return module
+
+    keys = {}
+    for name in LIBS:
+        path = str(tmp_path / f"{name}.ckpt")
+        unbroken = fit(name, 3, save=path)
+        keys[name] = {k: sorted(v) for k, v in torch.load(path, weights_only=False)["callbacks"].items()}
+        if name == "tasktrain":
+            resumed = fit(name, 3, ckpt_path=path)
+            for a, b in zip(resumed.parameters(), unbroken.parameters()):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert keys["tasktrain"] == keys["lightning"]
+    assert list(keys["tasktrain"].values()) == [["latest_update_step"]]
+
+
+def test_a_corrupt_last_checkpoint_record_names_itself_and_the_fix(tmp_path):
+    from tasktrain.checkpoint_io import POINTER_NAME, CheckpointError
+
+    record = tmp_path / POINTER_NAME
+    trainer = tasktrain.Trainer(max_epochs=1, default_root_dir=str(tmp_path), logger=False, **QUIET)
+    for text in ('{"path": "/x/epoch=0', "[]"):  # cut short by a crash; not a record
+        record.write_text(text)
+        with pytest.raises(CheckpointError) as error:
+            trainer.fit(ours.BoringModel(), ckpt_path="last")
+        assert str(record) in str(error.value) and "delete" in str(error.value) and "ckpt_path=" in str(error.value)
