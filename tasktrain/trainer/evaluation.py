@@ -58,11 +58,16 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), add_epoch=True)
     if trainer.is_global_zero and values and getattr(trainer, "_verbose", True):
         print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
-    # One dict per loader (Lightning's shape): its own suffixed metrics and those logged without a suffix.
+    # One dict per loader (Lightning's shape): its own suffixed metrics, those it logged with add_dataloader_idx=False
+    # (a name several loaders logged so: one value over them, in each of their dicts; Lightning refuses that name),
+    # and those logged outside the loaders (the epoch-end hooks).
     if len(loaders) == 1:
         return [{k: float(v) for k, v in values.items()}]
-    return [{k: float(v) for k, v in values.items() if "/dataloader_idx_" not in k or
-             k.endswith(f"/dataloader_idx_{idx}")} for idx in range(len(loaders))]
+    owners = trainer._metrics.loader_of_name
+    everywhere = {f"/dataloader_idx_{idx}" for idx in range(len(loaders))}
+    return [{k: float(v) for k, v in values.items() if k.endswith(f"/dataloader_idx_{idx}") or
+             ("/dataloader_idx_" not in k and f"/dataloader_idx_{idx}" in
+              owners.get(k.removesuffix("_epoch"), owners.get(k, everywhere)))} for idx in range(len(loaders))]
 
 
 def evaluate(trainer, stage, loaders, limits):

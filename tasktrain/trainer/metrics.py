@@ -122,6 +122,7 @@ class MetricStore:
         self.fx = None  # the hook the loop is in (in_hook / hook_scope): self.log's rules and defaults are its own
         self.metric_attributes = None  # id(Metric) -> the module's attribute that holds it, found at the first Metric
         self.dataloader_suffix = ""  # "/dataloader_idx_N" while an evaluation loop runs its N-th of several loaders
+        self.loader_of_name = {}  # a name logged with add_dataloader_idx=False -> the suffixes of the loaders that did
         self.default_on_step, self.default_on_epoch = True, False
         self.batch = None
         self._batch_size = None
@@ -134,7 +135,9 @@ class MetricStore:
         self._acc_by_stage = {"train": {}}  # stage -> name -> [meta, accumulated value, accumulated weight]
         self.epoch_acc = self._acc_by_stage["train"]
         self.callback_metrics = {}  # name -> tensor: what callbacks (checkpoint, early stopping) monitor
-        self.logged_metrics = {}  # name -> float: what was last written to the loggers
+        # trainer.logged_metrics (the trainer's dict): as Lightning's, each logger=True value as it is logged (step
+        # values under their step names, epoch values once reduced), loggers or not, log_every_n_steps or not
+        self.logged_metrics = {}
         self.prog_bar_names = set()
         self.eval_bar_values = {}  # name -> the latest step value an evaluation logged with prog_bar=True
         self.epoch_values = {}  # name -> tensor, the last reduced epoch values (for the progress bar)
@@ -190,6 +193,8 @@ class MetricStore:
                 with collective_label(self.strategy, f"sync_dist step value {name!r}"):  # names both sides (issue 19)
                     step_value = self.strategy.reduce(value.float(), op=meta.reduce_fx)
             self.step_values[key] = step_value
+            if meta.logger:
+                self.logged_metrics[key] = step_value
             if self.stage == "train":  # Lightning's: evaluation step values reach the loggers and the bar, not
                 self.callback_metrics[name] = step_value  # callback_metrics (its epoch values do)
                 if key != name:
@@ -225,6 +230,8 @@ class MetricStore:
                 cache = _scalar_of(name, cache).detach()
                 key = _forked(name, "_step") if meta.on_epoch else name
                 self.step_values[key] = cache
+                if meta.logger:
+                    self.logged_metrics[key] = cache
                 if self.stage == "train":
                     self.callback_metrics[name] = cache
                     if key != name:
@@ -288,6 +295,8 @@ class MetricStore:
                 values[key] = total / weight if meta.reduce_fx == "mean" else total
             key = _forked(name, "_epoch") if meta.on_step else name
             self.callback_metrics[name] = values[key]
+            if meta.logger:
+                self.logged_metrics[key] = values[key]
         acc.clear()
         self.epoch_values.update(values)
         self.callback_metrics.update(values)
@@ -385,11 +394,11 @@ def _forked(name, tag):
     return f"{base}{tag}{loader}{idx}" if loader else name + tag
 
 
-def is_metric_object(value):
-    """A torchmetrics Metric: torchmetrics is not imported here (an optional extra); a Metric exists only once the
-    user's code has imported it."""
+def is_metric_object(value, kind="Metric"):
+    """A torchmetrics Metric (or `kind`: "MetricCollection"): torchmetrics is not imported here (an optional extra); a
+    Metric exists only once the user's code has imported it."""
     torchmetrics = sys.modules.get("torchmetrics")
-    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
+    return torchmetrics is not None and isinstance(value, getattr(torchmetrics, kind))
 
 
 def _scalar_of(name, value):

@@ -308,7 +308,7 @@ class TaskModule(torch.nn.Module):
                 print(*args, **kwargs)
 
     # -- logging -----------------------------------------------------------------------------------------------
-    def log(self, name, value, prog_bar=False, logger=True, on_step=None, on_epoch=None, reduce_fx="mean",
+    def log(self, name, value, prog_bar=False, logger=None, on_step=None, on_epoch=None, reduce_fx="mean",
             enable_graph=False, sync_dist=False, sync_dist_group=None, add_dataloader_idx=True, batch_size=None,
             metric_attribute=None, rank_zero_only=False, reduce=None):
         """Record a metric. Values stay tensors until a logger or the progress bar needs them.
@@ -363,12 +363,24 @@ class TaskModule(torch.nn.Module):
                        "setting an attribute for the metric in your `TaskModule`.")
                 raise MisconfigurationException("Could not find the `TaskModule` attribute for the "
                                                 f"`torchmetrics.Metric` logged. You can fix this by {fix}")
+        if logger and not trainer.loggers:  # (asked for explicitly; the default, None, logs where there is one)
+            warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. You can "
+                          "enable one by doing `Trainer(logger=ALogger(...))`")
+        logger = True if logger is None else logger
         if add_dataloader_idx:
             name = name + metrics.dataloader_suffix
+        elif metrics.dataloader_suffix:  # one of several loaders logs it unsuffixed: in that loader's results
+            metrics.loader_of_name.setdefault(name, set()).add(metrics.dataloader_suffix)
         metrics.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, enable_graph)
 
     def log_dict(self, dictionary: dict, **kwargs):
-        for name, value in dictionary.items():
+        """self.log of each item; a torchmetrics MetricCollection logs its metrics (shared compute-group states are
+        read, not copied, as Lightning reads them)."""
+        if is_metric_object(dictionary, "MetricCollection"):
+            items = dictionary.items(keep_base=False, copy_state=not getattr(dictionary, "_enable_compute_groups", False))
+        else:
+            items = dictionary.items()
+        for name, value in items:
             self.log(name, value, **kwargs)
 
     def all_gather(self, data, group=None, sync_grads=False):

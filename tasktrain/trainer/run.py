@@ -108,9 +108,12 @@ def start_stage(trainer, stage, module):
                                strategy.is_global_zero, module)
     announce_rank(strategy.global_rank)  # @rank_zero_only functions of the user's script know their rank
     trainer._metrics = MetricStore(strategy)
+    # self.log fills trainer.logged_metrics as it logs; each run starts it afresh (Lightning's reset_metrics)
+    trainer._logged_metrics = trainer._metrics.logged_metrics = {}
     attach_module_callbacks(trainer, module)
     for callback in trainer.callbacks:  # Lightning's: a callback logs with self.log / self.log_dict, the module's
-        if getattr(type(callback), "log", None) is None:  # (one that defines its own log keeps it)
+        mine = getattr(callback, "log", None)  # (a callback's own `log`, a method or a list, is kept)
+        if mine is None or isinstance(getattr(mine, "__self__", None), TaskModule):
             callback.log, callback.log_dict = module.log, module.log_dict
     if stage == "fit" and trainer._max_epochs_unset:  # Lightning's defaults, decided when fit starts
         if trainer.max_steps == -1 and not any(isinstance(cb, Timer) for cb in trainer.callbacks):

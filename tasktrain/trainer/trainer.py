@@ -540,6 +540,8 @@ class Trainer:
         self.sanity_checking = False
         self._metrics.callback_metrics.clear()
         self._metrics.epoch_values.clear()
+        self._metrics.eval_bar_values.clear()  # (Lightning resets its metrics after the sanity check: these too)
+        self._logged_metrics.clear()
 
     def _log_hyperparams(self, module):
         """Lightning's rule, at the start of each run: the hyper-parameters save_hyperparameters() stored (with
