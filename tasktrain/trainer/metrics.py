@@ -190,7 +190,7 @@ class MetricStore:
                 # Lightning reduces a sync_dist step value when it is logged, with its reduce_fx, so that every rank's
                 # callbacks see the same value. (Evaluation step values are not: its shards are unpadded, a rank may
                 # have fewer batches, and a collective per batch would wait for it; their epoch values are synced.)
-                with collective_label(self.strategy, f"sync_dist step value {name!r}"):  # names both sides (issue 19)
+                with collective_label(self.strategy, f"sync_dist step value [{name!r}]"):  # names both sides (issue 19)
                     step_value = self.strategy.reduce(value.float(), op=meta.reduce_fx)
             self.step_values[key] = step_value
             if meta.logger:
