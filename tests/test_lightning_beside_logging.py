@@ -286,3 +286,49 @@ def test_self_log_refuses_what_lightning_refuses_with_its_words(tmp_path):
 def test_without_a_trainer_self_log_warns_and_logs_nothing():
     with pytest.warns(UserWarning, match="`self.trainer` reference is not registered"):
         tasktrain.TaskModule().log("x", 1.0)
+
+
+def plateau_module(base):
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+            self.validations, self.lrs = 0, []
+
+        def training_step(self, batch, batch_idx):
+            self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_metric", float(self.validations))  # worse at every validation: the plateau reduces
+
+        def on_validation_epoch_end(self):
+            self.validations += 1
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=0.5, patience=0)
+            return [optimizer], [{"scheduler": plateau, "interval": "step", "monitor": "val_metric", "strict": False}]
+    return Net
+
+
+def run_plateau(trainer_class, module_base, tmp_path):
+    module = plateau_module(module_base)()
+    trainer = trainer_class(default_root_dir=tmp_path, max_epochs=1, val_check_interval=2, limit_val_batches=1,
+                            num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader(6), loader(1))
+    return module.lrs, trainer.lr_scheduler_configs[0].scheduler.last_epoch
+
+
+def test_a_step_plateau_scheduler_steps_after_the_batchs_validation_as_in_lightning(tmp_path):
+    # validations after batches 1, 3 and 5: a plateau of interval "step" sees each one's value at that batch
+    ours = run_plateau(tasktrain.Trainer, tasktrain.TaskModule, tmp_path / "ours")
+    lit = run_plateau(L.Trainer, L.LightningModule, tmp_path / "lit")
+    assert ours == lit
+    # batch 1's step sees the 1st validation (its best), batch 2's the same value again (no better: halved), ...;
+    # stepped before the validation (tasktrain before), batch 1's step had no value and each halving came a batch later
+    assert ours == ([1.0, 1.0, 1.0, 0.5, 0.25, 0.125], 5)
