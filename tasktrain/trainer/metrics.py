@@ -2,8 +2,10 @@
 
 Values stay tensors until something needs a number (a logger flush, the progress bar, a monitor): logging a
 loss every step costs a dict write, not a host sync. Epoch values are reduced once per epoch; `sync_dist=True`
-values are reduced across ranks at that point (and at logger flushes for step values), with one collective per
-reduction kind, never one per key per step.
+epoch values are reduced across ranks at that point, with one collective per reduction kind. A `sync_dist=True`
+training step value is reduced when it is logged (Lightning's rule: every rank's callbacks see the same value), one
+collective per such call. Where self.log may be called, and its defaults there, is Lightning's table (HOOK_LOGGING),
+checked against the hook the loop is in (MetricStore.fx, set by in_hook / hook_scope around each hook it calls).
 """
 import contextlib
 import sys
