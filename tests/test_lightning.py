@@ -716,7 +716,7 @@ def test_self_log_lightning_options(monkeypatch):
     for kwargs, message in (({"rank_zero_only": True, "sync_dist": True}, "cannot be synchronised"),
                             ({"metric_attribute": "acc"}, "is not self.acc"),
                             ({"sync_dist_group": object()}, "all ranks only"),
-                            ({"reduce_fx": lambda v: v}, "use one of")):
+                            ({"reduce_fx": lambda v: v}, r"reduce_fx=\{min,max,mean,sum\}\)` are supported")):
         with pytest.raises(ValueError, match=message):
             Trainer(max_steps=1, **quiet()).fit(refused(**kwargs), loader(8))
 

@@ -253,7 +253,7 @@ def test_log_rejects_non_scalar():
             self.log("vec", torch.ones(3))
             return super().training_step(batch, batch_idx)
 
-    with pytest.raises(ValueError, match="scalar"):
+    with pytest.raises(ValueError, match="the tensor must have a single element"):
         Trainer(max_epochs=1, **quiet()).fit(M(), loader())
 
 

@@ -11,6 +11,7 @@ from tasktrain.strategies.base import Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices
+from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage
 
@@ -39,7 +40,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
         path = resolve_ckpt_path(trainer, ckpt_path, stage)
         if path is not None:
             ckpt = strategy.load_checkpoint(path)
-            module.on_load_checkpoint(ckpt)
+            with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
+                module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"])
     world_size, rank = fit_data.shards(trainer)
     loaders = [prepare_eval_loader(one, world_size, rank) for one in as_loaders(loader)]
@@ -56,11 +58,16 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), add_epoch=True)
     if trainer.is_global_zero and values and getattr(trainer, "_verbose", True):
         print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
-    # One dict per loader (Lightning's shape): its own suffixed metrics and those logged without a suffix.
+    # One dict per loader (Lightning's shape): its own suffixed metrics, those it logged with add_dataloader_idx=False
+    # (a name several loaders logged so: one value over them, in each of their dicts; Lightning refuses that name),
+    # and those logged outside the loaders (the epoch-end hooks).
     if len(loaders) == 1:
         return [{k: float(v) for k, v in values.items()}]
-    return [{k: float(v) for k, v in values.items() if "/dataloader_idx_" not in k or
-             k.endswith(f"/dataloader_idx_{idx}")} for idx in range(len(loaders))]
+    owners = trainer._metrics.loader_of_name
+    everywhere = {f"/dataloader_idx_{idx}" for idx in range(len(loaders))}
+    return [{k: float(v) for k, v in values.items() if k.endswith(f"/dataloader_idx_{idx}") or
+             ("/dataloader_idx_" not in k and f"/dataloader_idx_{idx}" in
+              owners.get(k.removesuffix("_epoch"), owners.get(k, everywhere)))} for idx in range(len(loaders))]
 
 
 def evaluate(trainer, stage, loaders, limits):
@@ -75,12 +82,14 @@ def evaluate(trainer, stage, loaders, limits):
     outer_stage = state.stage
     if not trainer.sanity_checking:
         state.stage = RunningStage(stage)
-    getattr(module, f"on_{prefix}_model_eval")()
+    with hook_scope(trainer, f"on_{prefix}_model_eval"):  # (named for self.log, which refuses it there)
+        getattr(module, f"on_{prefix}_model_eval")()
     metrics.set_stage(stage, False, True)
     metrics.step_values.clear()  # (Lightning resets an evaluation's results: nothing of the last one is written)
     hooks = trainer._all_hooks
     eval_step = strategy.eval_step if trainer.profiler is None else \
         profiled(trainer.profiler, f"{prefix}_step", strategy.eval_step)
+    eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
     trainer._call(f"on_{prefix}_start")
     trainer._call(f"on_{prefix}_epoch_start")
     with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
@@ -107,7 +116,8 @@ def evaluate(trainer, stage, loaders, limits):
     # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
     # frozen BatchNorm the user put in eval mode stays so)
     if is_overridden(f"on_{prefix}_model_train", module, TaskModule):
-        getattr(module, f"on_{prefix}_model_train")()
+        with hook_scope(trainer, f"on_{prefix}_model_train"):  # (named for self.log, which refuses it there)
+            getattr(module, f"on_{prefix}_model_train")()
     else:
         restore_training_modes(module, modes)
     state.stage = outer_stage
@@ -124,7 +134,7 @@ def log_eval_step(trainer, stage, dataloader_idx):
     metrics.eval_batches_logged[key] = step + 1
     # not synchronised: evaluation shards are unpadded, so the ranks may not meet at every batch (a collective per
     # batch could wait for a rank that has no such batch); sync_dist applies to the epoch values
-    values = metrics.step_metrics_for_logger(sync=False, loader_suffix=metrics.dataloader_suffix)
+    values = metrics.step_metrics_for_logger(loader_suffix=metrics.dataloader_suffix)
     if trainer.is_global_zero and values:
         trainer.log_to_loggers(values, step)
 

@@ -16,6 +16,7 @@ from tasktrain.callbacks.base import EVENTS, Callback
 from tasktrain.profilers import profiled, profiled_calls
 from tasktrain.strategies.base import ClipsInsideStep
 from tasktrain.strategies.watchdog import watched_action
+from tasktrain.trainer.metrics import in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 
 
@@ -70,6 +71,7 @@ class FitState:
     optimizer: Any = None  # the optimizer automatic optimisation steps (the first)
     stepper: Any = None  # the LightningOptimizer the module's optimizer_step receives (self.optimizers()'s)
     stepped: bool = False  # whether the window's optimizer step really stepped (schedulers follow it)
+    plateau_step_due: bool = False  # a step-interval scheduler that watches a metric steps after the validation
     # per epoch
     first_epoch: int = 0
     loss_window: list = field(default_factory=list)
@@ -92,12 +94,16 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
     overrides = {name: is_overridden(name, module, TaskModule) for name in (
         "backward", "optimizer_zero_grad", "optimizer_step", "configure_gradient_clipping", "clip_gradients",
         "lr_scheduler_step")}
+    metrics = trainer._metrics  # the module's hooks below run named for self.log (metrics.HOOK_LOGGING)
     if overrides["backward"]:
+        module_backward = in_hook(metrics, "backward", module.backward)
+
         def backward(loss):
-            strategy.backward(loss, backward_fn=module.backward)
+            strategy.backward(loss, backward_fn=module_backward)
     else:
         backward = strategy.backward
-    zero_grad, training_step, step = strategy.zero_grad, strategy.training_step, strategy.optimizer_step
+    zero_grad, step = strategy.zero_grad, strategy.optimizer_step
+    training_step = in_hook(metrics, "training_step", strategy.training_step)
     if profiler is not None:  # only then is a part wrapped: without one they are called as they are
         training_step, backward, step, zero_grad = (profiled(profiler, name, fn) for name, fn in (
             ("training_step", training_step), ("backward", backward), ("optimizer_step", step),
@@ -114,10 +120,13 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         training_step=training_step, backward=watched_action(watchdog, "backward", backward),
         step=watched_action(watchdog, "optimizer step", step,
                             after="after the optimizer step (logging, validation, callbacks)"),
-        zero_grad=zero_grad, optimizer_step=module.optimizer_step,
-        optimizer_zero_grad=module.optimizer_zero_grad if overrides["optimizer_zero_grad"] else None,
-        lr_scheduler_step=module.lr_scheduler_step if overrides["lr_scheduler_step"] else step_scheduler,
-        configure_clipping=module.configure_gradient_clipping if module_clips else None, clippers=clippers,
+        zero_grad=zero_grad, optimizer_step=in_hook(metrics, "optimizer_step", module.optimizer_step),
+        optimizer_zero_grad=in_hook(metrics, "optimizer_zero_grad", module.optimizer_zero_grad)
+        if overrides["optimizer_zero_grad"] else None,
+        lr_scheduler_step=in_hook(metrics, "lr_scheduler_step", module.lr_scheduler_step)
+        if overrides["lr_scheduler_step"] else step_scheduler,
+        configure_clipping=in_hook(metrics, "configure_gradient_clipping", module.configure_gradient_clipping)
+        if module_clips else None, clippers=clippers,
         accumulation_schedules=accumulation_schedules(trainer.callbacks),
     )
     wrappers = lightning_optimizers(trainer)  # (trainer.optimizers are `optimizers`)
@@ -177,6 +186,8 @@ def build_hook_tables(trainer, module):
                 fns.sort(key=lambda item: {"callback": 0, "module": 1, "monitor": 2}[item[0]])  # (a stable sort)
             else:
                 fns.append(own)
+        # each hook named for self.log while it runs (Lightning's rules and defaults per hook: metrics.HOOK_LOGGING)
+        fns = [(kind, in_hook(trainer._metrics, event, fn), owner) for kind, fn, owner in fns]
         if trainer.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
             # each call is named by its owner, carried with it (the epoch-end sort and bare Mocks move no name)
             tables[event] = [(k, f) for (k, _, _), f in zip(fns, profiled_calls(trainer.profiler, event, fns))]

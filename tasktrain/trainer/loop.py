@@ -37,6 +37,7 @@ from tasktrain.trainer import guards, loaders
 from tasktrain.trainer.data import draw_loader_seed
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
+from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import TaskModule, is_overridden
 
 _log = logging.getLogger("tasktrain")
@@ -127,6 +128,7 @@ def train_epoch(trainer, fit, epoch):
     interval_ends_here = fit.val_every is None or num_batches is None or num_batches % fit.val_every == 0
     if complete and not fit.ended_by_hook and interval_ends_here and val_at_epoch_end(trainer, epoch):
         run_validation(trainer, last_step)
+    step_plateau_schedulers(trainer, fit)  # the last batch's, after its (epoch-end) validation as in Lightning
     metrics.set_stage("train", False, True)
     # Lightning reduces the epoch's training values once its validation ran (the fit loop's epoch end): the epoch-end
     # validation's callbacks and progress bar see those of the epoch before; written after on_train_epoch_end
@@ -230,7 +232,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
             if not ran:
                 closure_not_run(module)
             if fit.stepped:  # (not when GradScaler skipped the step, nor when the hook did not step)
-                step_schedulers(trainer, fit, "step")
+                # the metric-watching ones once this batch's validation ran (Lightning's): they may watch its values
+                step_schedulers(trainer, fit, "step", plateau=False)
+                fit.plateau_step_due = True
             if window.ends_epoch:
                 step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
     else:
@@ -259,6 +263,8 @@ def training_step(trainer, fit, batch, batch_idx, window):
         fit.last_val_time = time.monotonic()
     else:
         validated = False
+    if fit.plateau_step_due and not window.ends_epoch:  # (the epoch's last batch: after the epoch-end validation)
+        step_plateau_schedulers(trainer, fit)
     if steps:
         state.batches_that_stepped += 1
         state.stepping_batch = False
@@ -522,7 +528,8 @@ def run_validation(trainer, step=None, zero_grad=True):
     # Lightning clears the gradients before each validation, except in an accumulation window's middle
     if zero_grad and (is_overridden("on_validation_model_zero_grad", module, TaskModule)
                       or module.automatic_optimization):
-        module.on_validation_model_zero_grad()
+        with hook_scope(trainer, "on_validation_model_zero_grad"):  # (named for self.log, which refuses it there)
+            module.on_validation_model_zero_grad()
     if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)
         return
     loaders.reload_val_when_due(trainer)
@@ -533,6 +540,13 @@ def run_validation(trainer, step=None, zero_grad=True):
 
 
 # -- schedulers ----------------------------------------------------------------------------------------------------
+def step_plateau_schedulers(trainer, fit):
+    """The step-interval schedulers that watch a metric, once the stepped batch's validation (if any) ran."""
+    if fit.plateau_step_due:
+        fit.plateau_step_due = False
+        step_schedulers(trainer, fit, "step", plateau=True)
+
+
 def step_schedulers(trainer, fit, interval, plateau=None):
     """Step the schedulers of `interval`; plateau=True/False: only those that watch a metric / only the others."""
     step_scheduler = fit.lr_scheduler_step

@@ -2,34 +2,129 @@
 
 Values stay tensors until something needs a number (a logger flush, the progress bar, a monitor): logging a
 loss every step costs a dict write, not a host sync. Epoch values are reduced once per epoch; `sync_dist=True`
-values are reduced across ranks at that point (and at logger flushes for step values), with one collective per
-reduction kind, never one per key per step.
+epoch values are reduced across ranks at that point, with one collective per reduction kind. A `sync_dist=True`
+training step value is reduced when it is logged (Lightning's rule: every rank's callbacks see the same value), one
+collective per such call. Where self.log may be called, and its defaults there, is Lightning's table (HOOK_LOGGING),
+checked against the hook the loop is in (MetricStore.fx, set by in_hook / hook_scope around each hook it calls).
 """
+import contextlib
 import sys
 import threading
 from functools import partial
 
 import torch
 
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies.watchdog import collective_label
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
 
+# Where self.log may be called, Lightning 2.6's table (its _FxValidator): hook -> (allowed on_step values, allowed
+# on_epoch values, default on_step, default on_epoch); None: self.log is refused there. The hook is the one the loop
+# is in (MetricStore.fx, set around each hook call), so a callback's hook and the module's of the same name share it.
+_ANY_STEP = ((False, True), (False, True), True, False)  # training's per-step hooks: logged per step by default
+_ANY_EVAL = ((False, True), (False, True), False, True)  # an evaluation's per-batch hooks: per epoch by default
+_EPOCH_ONLY = ((False,), (True,), False, True)  # run once per epoch or run: an epoch value only
+HOOK_LOGGING = {
+    **dict.fromkeys((
+        "on_before_backward", "backward", "on_after_backward", "on_before_optimizer_step", "optimizer_step",
+        "configure_gradient_clipping", "clip_gradients", "on_before_zero_grad", "optimizer_zero_grad",
+        "on_train_batch_start", "on_train_batch_end", "training_step"), _ANY_STEP),
+    **dict.fromkeys((
+        "on_validation_batch_start", "on_validation_batch_end", "on_test_batch_start", "on_test_batch_end",
+        "validation_step", "test_step"), _ANY_EVAL),
+    **dict.fromkeys((
+        "on_train_start", "on_validation_start", "on_test_start", "on_train_epoch_start", "on_train_epoch_end",
+        "on_validation_epoch_start", "on_validation_epoch_end", "on_test_epoch_start", "on_test_epoch_end"),
+        _EPOCH_ONLY),
+    **dict.fromkeys((
+        "lr_scheduler_step", "on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end",
+        "on_train_end", "on_validation_end", "on_test_end", "on_predict_start", "on_predict_end",
+        "on_predict_epoch_start", "on_predict_epoch_end", "on_before_batch_transfer", "transfer_batch_to_device",
+        "on_after_batch_transfer", "on_predict_batch_start", "on_predict_batch_end", "on_exception", "state_dict",
+        "on_save_checkpoint", "on_load_checkpoint", "load_state_dict", "setup", "teardown", "configure_sharded_model",
+        "configure_model", "predict_step", "configure_optimizers", "train_dataloader", "val_dataloader",
+        "test_dataloader", "predict_dataloader", "prepare_data", "configure_callbacks",
+        "on_validation_model_zero_grad", "on_validation_model_eval", "on_test_model_eval",
+        "on_validation_model_train", "on_test_model_train"), None),
+}
+
+
+def logging_levels(fx, on_step, on_epoch):
+    """(on_step, on_epoch) of a self.log call in hook `fx`: Lightning's defaults for the hook where not given, and
+    its errors (MisconfigurationException, its words) where the hook refuses logging or the values."""
+    if fx not in HOOK_LOGGING:
+        raise RuntimeError(f"Logging inside `{fx}` is not implemented. Please, open an issue in "
+                           "`https://github.com/Lightning-AI/pytorch-lightning/issues`.")
+    options = HOOK_LOGGING[fx]
+    if options is None:
+        raise MisconfigurationException(f"You can't `self.log()` inside `{fx}`. HINT: You can still log directly to "
+                                        "the logger by using `self.logger.experiment`.")
+    allowed_step, allowed_epoch, default_step, default_epoch = options
+    on_step = default_step if on_step is None else on_step
+    on_epoch = default_epoch if on_epoch is None else on_epoch
+    for what, value, allowed in (("on_step", on_step, allowed_step), ("on_epoch", on_epoch, allowed_epoch)):
+        if value not in allowed:
+            raise MisconfigurationException(f"You can't `self.log({what}={value})` inside `{fx}`, must be one of "
+                                            f"{allowed}.")
+    return on_step, on_epoch
+
+
+def in_hook(metrics, fx, fn):
+    """`fn`, called as hook `fx`: what self.log checks and takes its defaults from (the hook before is restored after:
+    hooks nest, e.g. training_step inside the closure that optimizer_step runs)."""
+    def call(*args, **kwargs):
+        previous = metrics.fx
+        metrics.fx = fx
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            metrics.fx = previous
+    call.func = getattr(fn, "func", fn)  # (what an on_exception failure report names, as for a partial)
+    return call
+
+
+@contextlib.contextmanager
+def hook_scope(trainer, fx):
+    """A hook the loop calls directly (configure_optimizers, a checkpoint hook, ...), named for self.log. Nothing to
+    name outside a run (no trainer, or no metric store)."""
+    metrics = getattr(trainer, "_metrics", None)
+    if metrics is None:
+        yield
+        return
+    previous = metrics.fx
+    metrics.fx = fx
+    try:
+        yield
+    finally:
+        metrics.fx = previous
+
 
 class _Meta:
-    __slots__ = ("name", "prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "sync_dist", "args")
+    __slots__ = ("name", "fx", "prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "sync_dist", "args")
 
-    def __init__(self, name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, args):
-        self.name, self.prog_bar, self.logger = name, prog_bar, logger
+    def __init__(self, name, fx, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, args):
+        self.name, self.fx, self.prog_bar, self.logger = name, fx, prog_bar, logger
         self.on_step, self.on_epoch, self.reduce_fx, self.sync_dist = on_step, on_epoch, reduce_fx, sync_dist
-        self.args = args
+        self.args = args  # the call's own arguments (on_step/on_epoch as given): a repeated call reuses this meta
+
+    def settings(self):
+        return self.prog_bar, self.logger, self.on_step, self.on_epoch, self.reduce_fx, self.sync_dist
+
+    def resolved_args(self):
+        """args with on_step/on_epoch decided: rebuilding a meta from them (a checkpoint, another rank) gives this one."""
+        return (self.fx, self.args[1], self.prog_bar, self.logger, self.on_step, self.on_epoch, self.reduce_fx,
+                self.sync_dist)
 
 
 class MetricStore:
     def __init__(self, strategy):
         self.strategy = strategy
         self.stage = "train"
+        self.fx = None  # the hook the loop is in (in_hook / hook_scope): self.log's rules and defaults are its own
+        self.metric_attributes = None  # id(Metric) -> the module's attribute that holds it, found at the first Metric
         self.dataloader_suffix = ""  # "/dataloader_idx_N" while an evaluation loop runs its N-th of several loaders
+        self.loader_of_name = {}  # a name logged with add_dataloader_idx=False -> the suffixes of the loaders that did
         self.default_on_step, self.default_on_epoch = True, False
         self.batch = None
         self._batch_size = None
@@ -42,8 +137,11 @@ class MetricStore:
         self._acc_by_stage = {"train": {}}  # stage -> name -> [meta, accumulated value, accumulated weight]
         self.epoch_acc = self._acc_by_stage["train"]
         self.callback_metrics = {}  # name -> tensor: what callbacks (checkpoint, early stopping) monitor
-        self.logged_metrics = {}  # name -> float: what was last written to the loggers
+        # trainer.logged_metrics (the trainer's dict): as Lightning's, each logger=True value as it is logged (step
+        # values under their step names, epoch values once reduced), loggers or not, log_every_n_steps or not
+        self.logged_metrics = {}
         self.prog_bar_names = set()
+        self.eval_bar_values = {}  # name -> the latest step value an evaluation logged with prog_bar=True
         self.epoch_values = {}  # name -> tensor, the last reduced epoch values (for the progress bar)
         if strategy.runs_steps_in_threads:
             # self.log runs in every GPU's thread (DataParallel): one thread at a time, values onto one device.
@@ -67,30 +165,44 @@ class MetricStore:
     # -- self.log -------------------------------------------------------------------------------------------------
     def log(self, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size,
             enable_graph=False):
-        args = (self.stage, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
+        args = (self.fx, self.stage, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
         meta = self._metas.get(name)
-        if meta is None or meta.args != args:
-            meta = self._new_meta(name, value, args)
+        if meta is None or meta.args != args:  # (a repeated call, the common case, is checked once)
+            meta = self._new_meta(name, value, args, logged=meta)
         if not isinstance(value, (torch.Tensor, int, float)):  # a torchmetrics Metric (_new_meta checked it)
             self._log_metric_object(name, meta, value)
             return
         if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError(f"self.log({name!r}, ...) needs a scalar, got a tensor of shape {tuple(value.shape)}. "
-                                 "Reduce it first (e.g. .mean()).")
+            if value.numel() != 1:  # (Lightning's words)
+                raise ValueError(f"`self.log({name}, {value})` was called, but the tensor must have a single element. "
+                                 f"You can try doing `self.log({name}, {value}.mean())`")
             if type(value).__name__ == "DTensor":  # a loss under tensor parallelism (issue 39): its whole value
                 value = value.full_tensor()
             value = value if enable_graph else value.detach()
+            if value.dim():  # a one-element tensor of any shape is logged as a scalar (Lightning squeezes it)
+                value = value.reshape(())
             if not value.is_floating_point():  # Lightning's: an integer or bool tensor is logged as a float
                 value = value.to(torch.get_default_dtype())
         else:
             value = torch.tensor(float(value))
         if meta.on_step:
             key = _forked(name, "_step") if meta.on_epoch else name
-            self.step_values[key] = value
-            self.callback_metrics[name] = value
-            if key != name and self.stage == "train":  # (Lightning's: the "_step" name too, in training)
-                self.callback_metrics[key] = value
+            step_value = value
+            if meta.sync_dist and self.stage == "train" and self.strategy.world_size > 1:
+                # Lightning reduces a sync_dist step value when it is logged, with its reduce_fx, so that every rank's
+                # callbacks see the same value. (Evaluation step values are not: its shards are unpadded, a rank may
+                # have fewer batches, and a collective per batch would wait for it; their epoch values are synced.)
+                with collective_label(self.strategy, f"sync_dist step value [{name!r}]"):  # names both sides (issue 19)
+                    step_value = self.strategy.reduce(value.float(), op=meta.reduce_fx)
+            self.step_values[key] = step_value
+            if meta.logger:
+                self.logged_metrics[key] = step_value
+            if self.stage == "train":  # Lightning's: evaluation step values reach the loggers and the bar, not
+                self.callback_metrics[name] = step_value  # callback_metrics (its epoch values do)
+                if key != name:
+                    self.callback_metrics[key] = step_value
+            elif meta.prog_bar:  # (kept for the bar after the evaluation, as Lightning's progress_bar_metrics)
+                self.eval_bar_values[key] = step_value
         if meta.on_epoch:
             acc = self.epoch_acc.get(name)
             fx = meta.reduce_fx
@@ -120,25 +232,38 @@ class MetricStore:
                 cache = _scalar_of(name, cache).detach()
                 key = _forked(name, "_step") if meta.on_epoch else name
                 self.step_values[key] = cache
-                self.callback_metrics[name] = cache
-                if key != name and self.stage == "train":
-                    self.callback_metrics[key] = cache
+                if meta.logger:
+                    self.logged_metrics[key] = cache
+                if self.stage == "train":
+                    self.callback_metrics[name] = cache
+                    if key != name:
+                        self.callback_metrics[key] = cache
+                elif meta.prog_bar:
+                    self.eval_bar_values[key] = cache
         # kept until the stage's epoch ends, where it is computed (on_epoch) and reset (in any case)
         self.epoch_acc[name] = [meta, metric, None]
 
-    def _new_meta(self, name, value, args):
-        stage, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist = args
+    def _new_meta(self, name, value, args, logged=None):
+        fx, stage, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist = args
+        if fx is not None:  # Lightning's rules of the hook: refused there, or its defaults and allowed values
+            on_step, on_epoch = logging_levels(fx, on_step, on_epoch)
+        else:  # a call the loop did not name (outside its hooks): the stage's defaults
+            on_step = self.default_on_step if on_step is None else on_step
+            on_epoch = self.default_on_epoch if on_epoch is None else on_epoch
+        if not on_step and not on_epoch:
+            raise MisconfigurationException("`self.log(on_step=False, on_epoch=False)` is not useful.")
         if reduce_fx not in _REDUCE_FX:
-            raise ValueError(f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {_REDUCE_FX}.")
+            raise MisconfigurationException(
+                "Only `self.log(..., reduce_fx={min,max,mean,sum})` are supported. If you need a custom reduction, "
+                f"please log a `torchmetrics.Metric` instance instead. Found: {reduce_fx}")
         if not isinstance(value, (torch.Tensor, int, float)) and not is_metric_object(value):
             # (Lightning's words first; a ValueError, as Lightning's)
             raise ValueError(f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be "
                              "logged: self.log takes a number, a scalar tensor or a torchmetrics Metric.")
-        on_step = self.default_on_step if on_step is None else on_step
-        on_epoch = self.default_on_epoch if on_epoch is None else on_epoch
-        if stage != "train":
-            on_step = False if on_step is None else on_step
-        meta = _Meta(name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, args)
+        meta = _Meta(name, fx, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, args)
+        if logged is not None and fx is not None and logged.fx == fx and logged.settings() != meta.settings():
+            raise MisconfigurationException(f"You called `self.log({name}, ...)` twice in `{fx}` with different "
+                                            "arguments. This is not allowed")
         self._metas[name] = meta
         if prog_bar:  # (Lightning's: a value logged both on_step and on_epoch shows as "x_step" and "x_epoch")
             self.prog_bar_names.update((_forked(name, "_step"), _forked(name, "_epoch")) if on_step and on_epoch
@@ -172,6 +297,8 @@ class MetricStore:
                 values[key] = total / weight if meta.reduce_fx == "mean" else total
             key = _forked(name, "_epoch") if meta.on_step else name
             self.callback_metrics[name] = values[key]
+            if meta.logger:
+                self.logged_metrics[key] = values[key]
         acc.clear()
         self.epoch_values.update(values)
         self.callback_metrics.update(values)
@@ -181,7 +308,8 @@ class MetricStore:
         """Evaluation shards are unpadded, so a rank may have seen no batch (or not logged a metric): every rank
         takes part in the sync of every sync_dist metric any rank logged, with an empty accumulator if need be.
         One small object collective per evaluation run, never per step."""
-        mine = sorted((n, item[0].args) for n, item in acc.items() if item[0].sync_dist and item[2] is not None)
+        mine = sorted(((n, item[0].resolved_args()) for n, item in acc.items()
+                       if item[0].sync_dist and item[2] is not None), key=lambda pair: pair[0])
         union = {}
         with collective_label(self.strategy, "sync_dist metric names"):
             gathered = self.strategy.all_gather_object(mine)
@@ -209,23 +337,16 @@ class MetricStore:
                 acc[n][1] = reduced[2 * i]
                 acc[n][2] = reduced[2 * i + 1] if op == "sum" else 1
 
-    def step_metrics_for_logger(self, sync=True, loader_suffix=None):
-        """The latest value of each step metric of the stage's epoch (synchronised across ranks where asked, unless
-        sync=False). Called on every rank. As Lightning: a value logged once is written again at each later write
-        of the epoch (the stage's values are dropped when its epoch, or evaluation run, starts). `loader_suffix`:
-        while one of several evaluation loaders runs, only its values ("/dataloader_idx_N") and unsuffixed ones.
+    def step_metrics_for_logger(self, loader_suffix=None):
+        """The latest value of each step metric of the stage's epoch (training's sync_dist values were reduced across
+        ranks when logged). As Lightning: a value logged once is written again at each later write of the epoch (the
+        stage's values are dropped when its epoch, or evaluation run, starts). `loader_suffix`: while one of several
+        evaluation loaders runs, only its values ("/dataloader_idx_N") and unsuffixed ones.
         """
         names = sorted(n for n in self.step_values if self._meta_of(n, "_step").logger)
         if loader_suffix:
             names = [n for n in names if n.endswith(loader_suffix) or "/dataloader_idx_" not in n]
-        values = {n: self.step_values[n] for n in names}
-        synced = [n for n in names if sync and self._meta_of(n, "_step").sync_dist and self.strategy.world_size > 1]
-        if synced:
-            with collective_label(self.strategy, f"sync_dist step values {synced}"):  # names both sides (issue 19)
-                stacked = self.strategy.reduce(torch.stack([values[n].float().reshape(()) for n in synced]), op="mean")
-            for i, n in enumerate(synced):
-                values[n] = stacked[i]
-        return values
+        return {n: self.step_values[n] for n in names}
 
     def logger_epoch_values(self, values):
         return {n: v for n, v in values.items() if self._meta_of(n, "_epoch").logger}
@@ -243,22 +364,25 @@ class MetricStore:
         for name, value in self.callback_metrics.items():  # the latest step value, or the epoch value once reduced
             if name in self.prog_bar_names and value is not None:
                 out[name] = value.item() if isinstance(value, torch.Tensor) else value
-        for name, value in self.step_values.items():  # an evaluation's "x_step" (not among callback_metrics)
-            if name in self.prog_bar_names and name not in out:
+        for name, value in self.eval_bar_values.items():  # an evaluation's step values (not among callback_metrics)
+            if name not in out:
                 out[name] = value.item()
         return out
 
     def state_dict(self):
         # the training epoch's accumulators, so that epoch metrics after a mid-epoch resume cover the whole epoch
         acc = self._acc_by_stage.get("train", {})
-        return {name: {"total": total, "weight": weight, "args": list(meta.args)}
+        return {name: {"total": total, "weight": weight, "args": list(meta.resolved_args())}
                 for name, (meta, total, weight) in acc.items() if weight is not None}  # (a Metric: its own state)
 
     def load_state_dict(self, state):
         acc = self._acc_by_stage.setdefault("train", {})
         acc.clear()
         for name, item in state.items():
-            meta = self._new_meta(name, item["total"], tuple(item["args"]))
+            args = tuple(item["args"])
+            if len(args) == 7:  # written before the hook's name was kept (it had none: the stage's defaults)
+                args = (None,) + args
+            meta = self._new_meta(name, item["total"], args)
             acc[name] = [meta, item["total"], item["weight"]]
 
 
@@ -272,11 +396,11 @@ def _forked(name, tag):
     return f"{base}{tag}{loader}{idx}" if loader else name + tag
 
 
-def is_metric_object(value):
-    """A torchmetrics Metric: torchmetrics is not imported here (an optional extra); a Metric exists only once the
-    user's code has imported it."""
+def is_metric_object(value, kind="Metric"):
+    """A torchmetrics Metric (or `kind`: "MetricCollection"): torchmetrics is not imported here (an optional extra); a
+    Metric exists only once the user's code has imported it."""
     torchmetrics = sys.modules.get("torchmetrics")
-    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
+    return torchmetrics is not None and isinstance(value, getattr(torchmetrics, kind))
 
 
 def _scalar_of(name, value):

@@ -6,10 +6,12 @@ import functools
 import inspect
 import numbers
 import sys
+import warnings
 
 import torch
 
 from tasktrain.exceptions import MisconfigurationException
+from tasktrain.trainer.metrics import is_metric_object
 from tasktrain.tree import apply_to_leaves
 
 _NOT_SET = object()
@@ -306,7 +308,7 @@ class TaskModule(torch.nn.Module):
                 print(*args, **kwargs)
 
     # -- logging -----------------------------------------------------------------------------------------------
-    def log(self, name, value, prog_bar=False, logger=True, on_step=None, on_epoch=None, reduce_fx="mean",
+    def log(self, name, value, prog_bar=False, logger=None, on_step=None, on_epoch=None, reduce_fx="mean",
             enable_graph=False, sync_dist=False, sync_dist_group=None, add_dataloader_idx=True, batch_size=None,
             metric_attribute=None, rank_zero_only=False, reduce=None):
         """Record a metric. Values stay tensors until a logger or the progress bar needs them.
@@ -317,8 +319,17 @@ class TaskModule(torch.nn.Module):
         logs (the call does nothing elsewhere, so it cannot be sync_dist, and callbacks on other ranks cannot
         monitor it)."""
         trainer = self._trainer
-        if trainer is None or trainer._metrics is None:
-            raise RuntimeError(f"self.log({name!r}, ...) was called outside a Trainer run.")
+        if trainer is None:  # Lightning's: a *_step tried without a Trainer logs nothing, and says so
+            warnings.warn("You are trying to `self.log()` but the `self.trainer` reference is not registered on the "
+                          "model yet. This is most likely because the model hasn't been passed to the `Trainer`")
+            return
+        metrics = trainer._metrics
+        if metrics is None or trainer.state.fn == "predict":  # (Lightning's words; and tasktrain's outside a run)
+            where = ("This is most likely because you are trying to log in a `predict` hook, but it doesn't "
+                     "support logging" if metrics is not None else
+                     f"self.log({name!r}, ...) was called outside a Trainer run: call it from a hook the Trainer runs")
+            raise MisconfigurationException("You are trying to `self.log()` but the loop's result collection is not "
+                                            f"registered yet. {where}")
         if sync_dist_group is not None:
             raise ValueError(f"self.log({name!r}, sync_dist_group=...): tasktrain reduces over all ranks only; use "
                              "sync_dist=True, or self.all_gather and reduce the part you need yourself.")
@@ -336,16 +347,40 @@ class TaskModule(torch.nn.Module):
         if isinstance(reduce_fx, str):
             reduce_fx = reduce_fx.lower()  # (Lightning's: "SUM", "Max", "avg" too)
         reduce_fx = _REDUCE_NAMES.get(reduce_fx, reduce_fx)
-        if "/dataloader_idx_" in name:  # the loop adds it: Lightning's refusal
+        if add_dataloader_idx and "/dataloader_idx_" in name:  # the loop adds it: Lightning's refusal
             raise MisconfigurationException(f"You called `self.log` with the key `{name}` but it should not contain "
-                                            "information about `dataloader_idx`")
+                                            "information about `dataloader_idx` when `add_dataloader_idx=True`")
+        if metric_attribute is None and is_metric_object(value):
+            # Lightning's: a logged Metric is one of the module's attributes (its state is the module's, saved with
+            # it); the attributes are looked up once per run
+            attributes = metrics.metric_attributes
+            if attributes is None:
+                attributes = metrics.metric_attributes = {
+                    id(module): attr for attr, module in self.named_modules() if is_metric_object(module)}
+            if id(value) not in attributes:
+                fix = (f"calling `self.log({name}, ..., metric_attribute=name)` where `name` is one of "
+                       f"{list(attributes.values())}" if attributes else
+                       "setting an attribute for the metric in your `TaskModule`.")
+                raise MisconfigurationException("Could not find the `TaskModule` attribute for the "
+                                                f"`torchmetrics.Metric` logged. You can fix this by {fix}")
+        if logger and not trainer.loggers:  # (asked for explicitly; the default, None, logs where there is one)
+            warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. You can "
+                          "enable one by doing `Trainer(logger=ALogger(...))`")
+        logger = True if logger is None else logger
         if add_dataloader_idx:
-            name = name + trainer._metrics.dataloader_suffix
-        trainer._metrics.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size,
-                             enable_graph)
+            name = name + metrics.dataloader_suffix
+        elif metrics.dataloader_suffix:  # one of several loaders logs it unsuffixed: in that loader's results
+            metrics.loader_of_name.setdefault(name, set()).add(metrics.dataloader_suffix)
+        metrics.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, enable_graph)
 
     def log_dict(self, dictionary: dict, **kwargs):
-        for name, value in dictionary.items():
+        """self.log of each item; a torchmetrics MetricCollection logs its metrics (shared compute-group states are
+        read, not copied, as Lightning reads them)."""
+        if is_metric_object(dictionary, "MetricCollection"):
+            items = dictionary.items(keep_base=False, copy_state=not getattr(dictionary, "_enable_compute_groups", False))
+        else:
+            items = dictionary.items()
+        for name, value in items:
             self.log(name, value, **kwargs)
 
     def all_gather(self, data, group=None, sync_grads=False):

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from tasktrain.exceptions import MisconfigurationException
+from tasktrain.trainer.metrics import hook_scope
 
 _FORMS = (
     "an optimizer; a list of optimizers; a tuple (optimizers, schedulers); or a dict "
@@ -29,7 +30,8 @@ class SchedulerConfig:
 
 
 def parse_optimizers(module):
-    result = module.configure_optimizers()
+    with hook_scope(module._trainer, "configure_optimizers"):  # (named for self.log, which refuses it there)
+        result = module.configure_optimizers()
     where = f"{type(module).__name__}.configure_optimizers()"
     # in manual optimisation training_step steps the schedulers itself: Lightning checks none of them (any object
     # with a state_dict, a ReduceLROnPlateau without a monitor) and warns about the keys it ignores

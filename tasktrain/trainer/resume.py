@@ -23,6 +23,7 @@ from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Sharded
 from tasktrain.trainer import loaders
 from tasktrain.trainer.data import StatefulLoaderData
+from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import is_overridden
 from tasktrain.trainer.run_state import (Callbacks, Objects, Optimizers, RandomStates, RunState, Value, Weights,
                                          check_counts, check_global_batch, upgrade)
@@ -68,10 +69,11 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
                       epoch=trainer.current_epoch, global_step=trainer.global_step)
     if trainer.datamodule is not None and trainer.datamodule.hparams:
         checkpoint["datamodule_hyper_parameters"] = plain(dict(trainer.datamodule.hparams))
-    for cb in trainer.callbacks:  # the callbacks', then the module's (Lightning's order)
-        if is_overridden("on_save_checkpoint", cb, Callback):
-            cb.on_save_checkpoint(trainer, module, checkpoint)
-    module.on_save_checkpoint(checkpoint)
+    with hook_scope(trainer, "on_save_checkpoint"):  # (named for self.log, which refuses it there)
+        for cb in trainer.callbacks:  # the callbacks', then the module's (Lightning's order)
+            if is_overridden("on_save_checkpoint", cb, Callback):
+                cb.on_save_checkpoint(trainer, module, checkpoint)
+        module.on_save_checkpoint(checkpoint)
     return checkpoint
 
 
@@ -220,7 +222,8 @@ def restore_module_and_callbacks(trainer, path):
     if loaded is None:
         return None
     strategy, module, ckpt = trainer.strategy, trainer.module, loaded.ckpt
-    module.on_load_checkpoint(ckpt)
+    with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
+        module.on_load_checkpoint(ckpt)
     if "state_dict" in ckpt:
         strategy.load_module_state_dict(ckpt["state_dict"], None if restores_after_setup(strategy) else module)
     datamodule = trainer.datamodule

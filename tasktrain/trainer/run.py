@@ -13,7 +13,7 @@ from tasktrain.strategies.base import MultiProcess
 from tasktrain.trainer.arguments import in_call_order
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import build_hook_tables
-from tasktrain.trainer.metrics import MetricStore
+from tasktrain.trainer.metrics import MetricStore, hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.runtime import announce_rank
 from tasktrain.trainer.states import TrainerFn, TrainerStatus
@@ -23,7 +23,8 @@ def attach_module_callbacks(trainer, module):
     """The module's configure_callbacks(): each replaces the trainer's callbacks of its exact type."""
     if not is_overridden("configure_callbacks", module, TaskModule):
         return
-    extra = module.configure_callbacks()
+    with hook_scope(trainer, "configure_callbacks"):  # (named for self.log, which refuses it there)
+        extra = module.configure_callbacks()
     extra = [extra] if isinstance(extra, Callback) else list(extra or [])
     replaced = {type(c) for c in extra}
     trainer.callbacks = in_call_order([c for c in trainer.callbacks if type(c) not in replaced] + extra)
@@ -36,7 +37,8 @@ def prepare_data(trainer, module):
         if owner is None or not is_overridden("prepare_data", owner, base):
             continue
         if trainer.local_rank == 0 if owner.prepare_data_per_node else trainer.is_global_zero:
-            owner.prepare_data()
+            with hook_scope(trainer, "prepare_data"):  # (named for self.log, which refuses it there)
+                owner.prepare_data()
         if trainer.world_size > 1:
             trainer.strategy.barrier("prepare_data")
 
@@ -73,6 +75,10 @@ def batch_mover(trainer, module):
         "on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"))
     if before is None and transfer is None and after is None:
         return strategy.batch_to_device, True
+    # (named for self.log, which refuses them)
+    before, transfer, after = (fn if fn is None else in_hook(trainer._metrics, name, fn) for name, fn in (
+        ("on_before_batch_transfer", before), ("transfer_batch_to_device", transfer),
+        ("on_after_batch_transfer", after)))
 
     def move(batch, dataloader_idx=0):
         if before is not None:
@@ -102,7 +108,13 @@ def start_stage(trainer, stage, module):
                                strategy.is_global_zero, module)
     announce_rank(strategy.global_rank)  # @rank_zero_only functions of the user's script know their rank
     trainer._metrics = MetricStore(strategy)
+    # self.log fills trainer.logged_metrics as it logs; each run starts it afresh (Lightning's reset_metrics)
+    trainer._logged_metrics = trainer._metrics.logged_metrics = {}
     attach_module_callbacks(trainer, module)
+    for callback in trainer.callbacks:  # Lightning's: a callback logs with self.log / self.log_dict, the module's
+        mine = getattr(callback, "log", None)  # (a callback's own `log`, a method or a list, is kept)
+        if mine is None or isinstance(getattr(mine, "__self__", None), TaskModule):
+            callback.log, callback.log_dict = module.log, module.log_dict
     if stage == "fit" and trainer._max_epochs_unset:  # Lightning's defaults, decided when fit starts
         if trainer.max_steps == -1 and not any(isinstance(cb, Timer) for cb in trainer.callbacks):
             trainer.max_epochs = max(1000, trainer.min_epochs)

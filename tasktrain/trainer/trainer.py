@@ -33,6 +33,7 @@ from tasktrain.trainer import arguments, evaluation, guards, loaders, loop, resu
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
                                          clipping_callbacks)
+from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.run_state import Callbacks
@@ -325,7 +326,8 @@ class Trainer:
 
     def _loader_of(self, module, name):
         """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module."""
-        return getattr(self.datamodule if self.datamodule is not None else module, name)()
+        with hook_scope(self, name):  # (named for self.log, which refuses it there)
+            return getattr(self.datamodule if self.datamodule is not None else module, name)()
 
 
     def _eval_to_device(self, batch, dataloader_idx):
@@ -424,7 +426,8 @@ class Trainer:
                 self.datamodule.setup(stage=stage)  # (Lightning passes the stage by keyword)
             self._call("setup", stage=stage)
             if is_overridden("configure_model", module, TaskModule):
-                module.configure_model()
+                with hook_scope(self, "configure_model"):  # (named for self.log, which refuses it there)
+                    module.configure_model()
             with torch.autograd.set_detect_anomaly(self.detect_anomaly):
                 if stage == "fit":
                     self._fit(module, train_loader, eval_loader, ckpt_path)
@@ -549,6 +552,8 @@ class Trainer:
         self.sanity_checking = False
         self._metrics.callback_metrics.clear()
         self._metrics.epoch_values.clear()
+        self._metrics.eval_bar_values.clear()  # (Lightning resets its metrics after the sanity check: these too)
+        self._logged_metrics.clear()
 
     def _log_hyperparams(self, module):
         """Lightning's rule, at the start of each run: the hyper-parameters save_hyperparameters() stored (with
@@ -604,7 +609,7 @@ class Trainer:
 
     # -- metrics out -----------------------------------------------------------------------------------------------
     def _flush_step_metrics(self, step=None):
-        values = self._metrics.step_metrics_for_logger()  # every rank: may synchronise sync_dist values
+        values = self._metrics.step_metrics_for_logger()  # (sync_dist values were synchronised when logged)
         if self.is_global_zero and values:
             self.log_to_loggers(values, step)
 

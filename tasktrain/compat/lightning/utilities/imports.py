@@ -18,4 +18,7 @@ def _version_at_least(package, minimum):
 
 _RICH_AVAILABLE = importlib.util.find_spec("rich") is not None
 _OMEGACONF_AVAILABLE = importlib.util.find_spec("omegaconf") is not None
+_TORCHMETRICS_GREATER_EQUAL_0_8_0 = _version_at_least("torchmetrics", (0, 8, 0))
+_TORCHMETRICS_GREATER_EQUAL_0_9_1 = _version_at_least("torchmetrics", (0, 9, 1))
 _TORCHMETRICS_GREATER_EQUAL_0_11 = _version_at_least("torchmetrics", (0, 11, 0))
+_TORCHMETRICS_GREATER_EQUAL_1_0_0 = _version_at_least("torchmetrics", (1, 0, 0))

@@ -1,0 +1,334 @@
+"""self.log beside Lightning 2.6 (issue 37): the same tiny module runs under Lightning and under tasktrain, logging from
+every hook each framework calls; what each call does (logged, or refused with which exception and words) and what
+reaches trainer.callback_metrics / logged_metrics / progress_bar_metrics are compared exactly. Lightning's spec is its
+_FxValidator table (which hook may log, with which on_step/on_epoch defaults and allowed values) and its results
+collection (which dict receives step and epoch values). Lightning is a test dependency, imported inside the tests
+only."""
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import tasktrain
+
+L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
+torchmetrics = pytest.importorskip("torchmetrics")  # the `torchmetrics` extra (requirements-dev.txt)
+
+
+def loader(n=2):
+    x = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3) / 10
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=1)
+
+
+def outcome(fn):
+    """'ok', or the exception's class name and words (Lightning's "LightningModule" read as "TaskModule")."""
+    try:
+        fn()
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 (what is compared is which exception)
+        return type(exc).__name__, str(exc).replace("LightningModule", "TaskModule")
+
+
+# The module hooks both frameworks call (the step and data hooks are written out in the class: their signatures are
+# read); each logs its own name with the hook's defaults, a value that changes per call (a mean and a last value differ)
+MODULE_HOOKS = (
+    "setup", "configure_model", "on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start",
+    "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
+    "on_train_batch_end", "on_validation_model_zero_grad", "on_validation_model_eval", "on_validation_model_train",
+    "on_validation_start", "on_validation_epoch_start", "on_validation_batch_start", "on_validation_batch_end",
+    "on_validation_epoch_end", "on_validation_end", "on_train_epoch_end", "on_train_end", "on_fit_end", "teardown",
+    "on_save_checkpoint", "on_before_batch_transfer", "on_after_batch_transfer", "on_test_start",
+    "on_test_epoch_start", "on_test_batch_start", "on_test_batch_end", "on_test_epoch_end", "on_test_end",
+    "on_test_model_eval", "on_test_model_train", "on_predict_start", "on_predict_batch_start", "on_predict_end",
+    "on_predict_model_eval", "prepare_data", "configure_callbacks")
+CALLBACK_HOOKS = (
+    "setup", "on_fit_start", "on_sanity_check_start", "on_sanity_check_end", "on_train_start",
+    "on_train_epoch_start", "on_train_batch_start", "on_before_backward", "on_after_backward",
+    "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end", "on_validation_start",
+    "on_validation_epoch_start", "on_validation_batch_start", "on_validation_batch_end", "on_validation_epoch_end",
+    "on_validation_end", "on_train_epoch_end", "on_train_end", "on_fit_end", "teardown", "on_save_checkpoint",
+    "on_test_start", "on_test_batch_end", "on_test_epoch_end", "on_test_end", "on_predict_start",
+    "on_predict_batch_end")
+
+
+def logging_module(base):
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+            self.outcomes, self.calls = {}, Counter()
+
+        def try_log(self, owner, hook, **kwargs):
+            self.calls[owner, hook] += 1
+            name = f"{owner}.{hook}"
+            self.outcomes.setdefault(name, set()).add(
+                outcome(lambda: self.log(name, float(self.calls[owner, hook]), **kwargs)))
+
+        def loss(self, batch):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def training_step(self, batch, batch_idx):
+            self.try_log("module", "training_step")
+            return self.loss(batch)
+
+        def validation_step(self, batch, batch_idx):
+            self.try_log("module", "validation_step")
+
+        def test_step(self, batch, batch_idx):
+            self.try_log("module", "test_step")
+
+        def predict_step(self, batch, batch_idx):
+            self.try_log("module", "predict_step")
+            return batch[0]
+
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            self.try_log("module", "transfer_batch_to_device")
+            return batch
+
+        def configure_optimizers(self):
+            self.try_log("module", "configure_optimizers")
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self):
+            self.try_log("module", "train_dataloader")
+            return loader()
+
+        def val_dataloader(self):
+            self.try_log("module", "val_dataloader")
+            return loader()
+
+        def test_dataloader(self):
+            return loader()
+
+        def predict_dataloader(self):
+            return loader()
+
+    def wrap(hook):
+        def logging_hook(self, *args, **kwargs):
+            out = getattr(base, hook)(self, *args, **kwargs)
+            self.try_log("module", hook)
+            return out
+        return logging_hook
+
+    for hook in MODULE_HOOKS:
+        setattr(Net, hook, wrap(hook))
+    return Net
+
+
+def logging_callback(base):
+    class Logs(base):
+        pass
+
+    def wrap(hook):
+        def logging_hook(self, trainer, pl_module, *args, **kwargs):
+            pl_module.try_log("callback", hook)
+        return logging_hook
+
+    for hook in CALLBACK_HOOKS:
+        setattr(Logs, hook, wrap(hook))
+    return Logs
+
+
+def numbers(metrics):
+    return {k: round(float(v), 6) for k, v in metrics.items()}
+
+
+def run_every_hook(trainer_class, module_base, callback_base, tmp_path):
+    module = logging_module(module_base)()
+    trainer = trainer_class(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=2,
+                            num_sanity_val_steps=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, callbacks=[logging_callback(callback_base)()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module)
+        seen = {"fit": (numbers(trainer.callback_metrics), numbers(trainer.logged_metrics))}
+        trainer.validate(module, verbose=False)
+        seen["validate"] = (numbers(trainer.callback_metrics), numbers(trainer.logged_metrics))
+        trainer.test(module, verbose=False)
+        seen["test"] = (numbers(trainer.callback_metrics), numbers(trainer.logged_metrics))
+        trainer.predict(module)
+    return module.outcomes, seen
+
+
+def test_self_log_in_every_hook_is_allowed_refused_and_defaulted_as_in_lightning(tmp_path):
+    ours = run_every_hook(tasktrain.Trainer, tasktrain.TaskModule, tasktrain.Callback, tmp_path / "ours")
+    lit = run_every_hook(L.Trainer, L.LightningModule, L.Callback, tmp_path / "lit")
+    assert ours[0] == lit[0]  # per hook: logged, or refused with Lightning's exception and words
+    # the hooks that refuse logging were seen (setup, the data hooks, checkpoint hooks, predict ...): a real check
+    refused = {hook for hook, results in ours[0].items() if "ok" not in results}
+    assert {"module.setup", "module.transfer_batch_to_device", "module.on_save_checkpoint", "callback.on_fit_end",
+            "module.predict_step", "callback.on_sanity_check_start", "module.configure_optimizers"} <= refused
+    # what each hook's defaults made of the values: step values (the last) or epoch values (the mean), the same keys
+    for stage in ("fit", "validate", "test"):
+        assert ours[1][stage] == lit[1][stage], stage
+
+
+def step_and_epoch_module(base):
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def loss(self, batch):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def training_step(self, batch, batch_idx):
+            value = float(batch_idx + 1)
+            self.log("t_step", value, on_step=True, on_epoch=False, prog_bar=True)
+            self.log("t_both", value, on_step=True, on_epoch=True, prog_bar=True)
+            self.log("t_sum", value, on_step=False, on_epoch=True, reduce_fx="sum")
+            self.log("t_hidden", value, logger=False)
+            return self.loss(batch)
+
+        def validation_step(self, batch, batch_idx):
+            value = float(batch_idx + 1) * 10
+            self.log("v_step", value, on_step=True, on_epoch=False, prog_bar=True)
+            self.log("v_both", value, on_step=True, on_epoch=True, prog_bar=True)
+            self.log("v_default", value)
+            self.log("v_max", value, reduce_fx="max", prog_bar=True)
+
+        def test_step(self, batch, batch_idx):
+            self.log("x_both", float(batch_idx) + 0.5, on_step=True, on_epoch=True)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+    return Net
+
+
+def run_step_and_epoch(trainer_class, module_base, tmp_path):
+    module = step_and_epoch_module(module_base)()
+    trainer = trainer_class(default_root_dir=tmp_path, max_epochs=1, num_sanity_val_steps=2, logger=False,
+                            enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader(3), loader(2))
+        seen = [numbers(trainer.callback_metrics), numbers(trainer.logged_metrics),
+                numbers(trainer.progress_bar_metrics)]
+        results = trainer.test(module, loader(2), verbose=False)
+    return seen + [numbers(trainer.callback_metrics), numbers(trainer.logged_metrics), results]
+
+
+def test_step_and_epoch_values_reach_lightnings_dicts(tmp_path):
+    ours = run_step_and_epoch(tasktrain.Trainer, tasktrain.TaskModule, tmp_path / "ours")
+    lit = run_step_and_epoch(L.Trainer, L.LightningModule, tmp_path / "lit")
+    assert ours == lit
+    callback_metrics, logged_metrics, bar = ours[:3]
+    # an evaluation's step values reach the loggers' dict and the bar, never callback_metrics (training's do)
+    assert "v_step" not in callback_metrics and "v_both_step" not in callback_metrics
+    assert logged_metrics["v_step"] == 20.0 and bar["v_step"] == 20.0 and callback_metrics["t_both_step"] == 3.0
+    assert "t_hidden" in callback_metrics and "t_hidden" not in logged_metrics  # logger=False
+    assert logged_metrics["t_step"] == 3.0  # filled without a logger and between log_every_n_steps writes
+
+
+def refusals_module(base):
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+            self.attribute_metric = torchmetrics.MeanMetric()
+            self.outcomes = {}
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 0:
+                stray = torchmetrics.MeanMetric()
+                stray.update(1.0)
+                self.attribute_metric.update(1.0)
+                for case, call in (
+                        ("not useful", lambda: self.log("a", 1.0, on_step=False, on_epoch=False)),
+                        ("custom reduce_fx", lambda: self.log("b", 1.0, reduce_fx=torch.median)),
+                        ("dataloader_idx in the name", lambda: self.log("c/dataloader_idx_0", 1.0)),
+                        ("first", lambda: self.log("d", 1.0)),
+                        ("twice, other arguments", lambda: self.log("d", 1.0, prog_bar=True)),
+                        ("a Metric that is no attribute", lambda: self.log("e", stray)),
+                        ("an attribute's Metric", lambda: self.log("f", self.attribute_metric, on_epoch=True,
+                                                                         on_step=False)),
+                        ("two elements", lambda: self.log("g", torch.ones(2)))):
+                    self.outcomes[case] = outcome(call)
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def on_train_epoch_end(self):
+            self.outcomes["on_step in an epoch hook"] = outcome(lambda: self.log("h", 1.0, on_step=True))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+    return Net
+
+
+def run_refusals(trainer_class, module_base, tmp_path):
+    module = refusals_module(module_base)()
+    trainer = trainer_class(default_root_dir=tmp_path, max_epochs=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader(2))
+    return module.outcomes, numbers(trainer.callback_metrics)
+
+
+def test_self_log_refuses_what_lightning_refuses_with_its_words(tmp_path):
+    ours = run_refusals(tasktrain.Trainer, tasktrain.TaskModule, tmp_path / "ours")
+    lit = run_refusals(L.Trainer, L.LightningModule, tmp_path / "lit")
+    assert ours == lit
+    outcomes = ours[0]
+    assert outcomes["not useful"] == ("MisconfigurationException",
+                                      "`self.log(on_step=False, on_epoch=False)` is not useful.")
+    assert outcomes["a Metric that is no attribute"][0] == "MisconfigurationException"
+    assert outcomes["on_step in an epoch hook"] == (
+        "MisconfigurationException", "You can't `self.log(on_step=True)` inside `on_train_epoch_end`, must be one of "
+        "(False,).")
+    assert outcomes["first"] == outcomes["an attribute's Metric"] == "ok" and ours[1] == {"d": 1.0, "f": 1.0}
+
+
+def test_without_a_trainer_self_log_warns_and_logs_nothing():
+    with pytest.warns(UserWarning, match="`self.trainer` reference is not registered"):
+        tasktrain.TaskModule().log("x", 1.0)
+
+
+def plateau_module(base):
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+            self.validations, self.lrs = 0, []
+
+        def training_step(self, batch, batch_idx):
+            self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_metric", float(self.validations))  # worse at every validation: the plateau reduces
+
+        def on_validation_epoch_end(self):
+            self.validations += 1
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=0.5, patience=0)
+            return [optimizer], [{"scheduler": plateau, "interval": "step", "monitor": "val_metric", "strict": False}]
+    return Net
+
+
+def run_plateau(trainer_class, module_base, tmp_path):
+    module = plateau_module(module_base)()
+    trainer = trainer_class(default_root_dir=tmp_path, max_epochs=1, val_check_interval=2, limit_val_batches=1,
+                            num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader(6), loader(1))
+    return module.lrs, trainer.lr_scheduler_configs[0].scheduler.last_epoch
+
+
+def test_a_step_plateau_scheduler_steps_after_the_batchs_validation_as_in_lightning(tmp_path):
+    # validations after batches 1, 3 and 5: a plateau of interval "step" sees each one's value at that batch
+    ours = run_plateau(tasktrain.Trainer, tasktrain.TaskModule, tmp_path / "ours")
+    lit = run_plateau(L.Trainer, L.LightningModule, tmp_path / "lit")
+    assert ours == lit
+    # batch 1's step sees the 1st validation (its best), batch 2's the same value again (no better: halved), ...;
+    # stepped before the validation (tasktrain before), batch 1's step had no value and each halving came a batch later
+    assert ours == ([1.0, 1.0, 1.0, 0.5, 0.25, 0.125], 5)
