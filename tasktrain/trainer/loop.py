@@ -269,7 +269,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
         # hook): its ModelCheckpoint/EarlyStopping see the last weights. (The epoch's last batch: the epoch-end
         # validation.) Written at this batch's step, as the validation before the count would be.
         run_validation(trainer, state.batches_that_stepped - 1, zero_grad=steps)
-    if trainer.should_stop and trainer.is_global_zero:  # Lightning's: a stop asked, the loggers write what they hold
+    if trainer.should_stop:  # Lightning's: a stop asked, the loggers write what they hold (every rank, as there)
         for logger in trainer.loggers:
             logger.save()
     return not (requested or (steps and max_steps_reached(trainer)))
@@ -523,7 +523,7 @@ def run_validation(trainer, step=None, zero_grad=True):
         return
     loaders.reload_val_when_due(trainer)
     values = evaluate(trainer, "validate", trainer._val_loader, trainer.num_val_batches)
-    if trainer.is_global_zero and values:
+    if values:  # every rank (log_to_loggers)
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), step, add_epoch=True)
     trainer._metrics.set_stage("train", True, False)
 
