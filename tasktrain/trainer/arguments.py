@@ -192,18 +192,19 @@ def resolve_loggers(logger, root_dir):
         return []
     if isinstance(logger, Iterable) and not isinstance(logger, (str, bytes, Logger)):
         return check_loggers(list(logger))
-    return check_loggers([logger])
+    return check_loggers([logger], one=True)
 
 
-def check_loggers(loggers, methods=LOGGER_METHODS):
+def check_loggers(loggers, methods=LOGGER_METHODS, one=False):
     """Any object with Lightning's Logger methods is a logger (a tasktrain.loggers logger, a subclass of
     tasktrain.loggers.Logger, a user's own class, a Mock); anything else is refused with the methods it lacks."""
     loggers = list(loggers)
     for logger in loggers:
         missing = [name for name in methods if not callable(getattr(logger, name, None))]
         if missing:
+            where = f"logger={logger!r}" if one else f"logger=[..., {logger!r}, ...]"
             raise TypeError(
-                f"logger: {logger!r} is not a logger, it has no {', '.join(missing)}. A logger has Lightning's Logger "
+                f"{where}: not a logger, it has no {', '.join(missing)}. A logger has Lightning's Logger "
                 "methods: log_metrics(metrics, step), log_hyperparams(params), log_graph(model, input_array=None), "
                 "save(), finalize(status), after_save_checkpoint(checkpoint_callback) (subclass "
                 "tasktrain.loggers.Logger to get them all). Use logger=True (the default TensorBoardLogger), False "
