@@ -30,7 +30,7 @@ from typing import Literal, Optional, Union
 
 import torch
 
-from tasktrain.callbacks.base import Checkpoint
+from tasktrain.callbacks.base import Checkpoint, Logger
 from tasktrain.checkpoint_io import atomic_link, link_tree, record_for_restarts, remove_path
 from tasktrain.exceptions import MisconfigurationException
 
@@ -718,6 +718,10 @@ def _default_dirpath(trainer):
     logger = trainer.logger
     if logger is None:
         return os.path.join(trainer.default_root_dir, "checkpoints")
+    if not isinstance(logger, Logger):  # another logger object (a class of the user's): Lightning's rule exactly
+        version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+        save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+        return os.path.join(save_dir, str(logger.name), version, "checkpoints")
     if logger.log_dir:
         return os.path.join(logger.log_dir, "checkpoints")
     name, version = logger.name, logger.version

@@ -141,9 +141,10 @@ def train_epoch(trainer, fit, epoch):
     for fn in fit.module_hooks["on_train_epoch_end"]:
         fn()
     epoch_values.update(metrics.reduce_epoch("train"))
-    trainer._flush_epoch_metrics(epoch_values, last_step)  # one write, as Lightning's
     for fn in trainer._monitoring_hooks["on_train_epoch_end"]:
         fn()
+    # one write, as Lightning's, after ModelCheckpoint's save of the epoch (its after_save_checkpoint comes first)
+    trainer._flush_epoch_metrics(epoch_values, last_step)
     if complete and module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
         # the metric-watching ones after the epoch-end hooks (Lightning's fit loop: they may watch a value logged in
         # on_train_epoch_end); all of them when on_train_batch_start ended the epoch before its last batch

@@ -181,6 +181,8 @@ class Trainer:
         logger = self.logger
         if logger is None:
             return self.default_root_dir
+        if not isinstance(logger, Logger):  # another logger object (a class of the user's): its save_dir (Lightning's)
+            return logger.save_dir if logger.save_dir is not None else self.default_root_dir
         return logger.log_dir or logger.save_dir or self.default_root_dir
 
     @property
