@@ -37,7 +37,7 @@ class CallLog:
         return self
 
     def log_hyperparams(self, params, *args, **kwargs):
-        self.calls.append(["log_hyperparams", sorted(params)])
+        self.calls.append(["log_hyperparams", sorted([key, value] for key, value in params.items())])
 
     def log_graph(self, model, input_array=None):
         self.calls.append(["log_graph"])
@@ -114,7 +114,7 @@ def test_a_logger_of_the_users_own_gets_lightnings_calls(tmp_path):
     assert ours.calls == lit.calls
     # what the sequence holds (so that two empty lists cannot pass): hyper-parameters then graph and save at each run's
     # start, metrics each followed by save, a checkpoint per epoch in the logger's folder, the run's status at its end
-    assert ours.calls[:3] == [["log_hyperparams", ["lr"]], ["log_graph"], ["save"]]
+    assert ours.calls[:3] == [["log_hyperparams", [["lr", 0.1]]], ["log_graph"], ["save"]]
     assert ["log_metrics", 1, ["epoch", "loss_step"]] in ours.calls
     assert ["after_save_checkpoint", os.path.join("calls", "version_0", "checkpoints")] in ours.calls
     assert [c for c in ours.calls if c[0] == "finalize"] == [["finalize", "success"]] * 2 + [["finalize", "failed"]]
@@ -172,3 +172,27 @@ def test_loggers_are_called_on_every_rank_as_in_lightning(tmp_path):
     names = [{c[0] for c in seen["tasktrain"]} for seen in ranks]
     assert names[0] == {"log_hyperparams", "log_graph", "save", "log_metrics", "after_save_checkpoint", "finalize"}
     assert names[1] == names[0] - {"after_save_checkpoint"}
+
+
+def test_the_hyperparameters_logged_are_those_saved_as_lightning_logs_them(tmp_path):
+    """Lightning logs hparams_initial: a change to self.hparams after save_hyperparameters() is not what the loggers
+    get (the module's merged with a DataModule's)."""
+    logged = {}
+    for name, pkg, base, data_base in (("lightning", L, L.LightningModule, L.LightningDataModule),
+                                       ("tasktrain", tasktrain, tasktrain.TaskModule, tasktrain.DataModule)):
+        class Data(data_base):
+            def __init__(self, batch_size=2):
+                super().__init__()
+                self.save_hyperparameters()
+
+            def train_dataloader(self):
+                return loader()
+
+        module, data = module_class(base)(lr=0.5), Data()
+        module.hparams.lr = 0.25  # after the save: hparams holds it, hparams_initial does not
+        assert module.hparams_initial == {"lr": 0.5}
+        logger = CallLog(tmp_path / name)
+        pkg.Trainer(default_root_dir=str(tmp_path / name), logger=logger, max_steps=1, enable_progress_bar=False,
+                    enable_model_summary=False, enable_checkpointing=False).fit(module, datamodule=data)
+        logged[name] = [c for c in logger.calls if c[0] == "log_hyperparams"]
+    assert logged["tasktrain"] == logged["lightning"] == [["log_hyperparams", [["batch_size", 2], ["lr", 0.5]]]]

@@ -4,12 +4,14 @@ joins a group that exists); each rank writes OUT/rank{R}.json with the calls eac
 
     torchrun --standalone --nproc_per_node 2 loggers_beside_lightning.py OUT
 """
+import gc
 import json
 import os
 import sys
 import warnings
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from test_lightning_beside_loggers import CallLog, loader, module_class  # noqa: E402
@@ -31,9 +33,15 @@ def main(out):
                               num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(module_class(base)(), loader(), loader(4))
         seen[name] = logger.calls
+        del trainer
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
+    # Lightning made the group (tasktrain joined it, so it leaves it alone): nothing that holds gloo work may outlive
+    # it, then every rank closes it together (FINDINGS.md: gloo aborts at exit otherwise)
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
