@@ -76,6 +76,13 @@ def module_class(base, fail_at=None):
             x, y = batch
             self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))
 
+        def test_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("test_loss", torch.nn.functional.mse_loss(self.layer(x), y), on_step=True)
+
+        def predict_step(self, batch, batch_idx):
+            return self.layer(batch[0])
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
@@ -89,7 +96,7 @@ def loader(n=8):
 
 
 def run_both(tmp_path, make_logger, **kwargs):
-    """The same runs under both: fit (2 epochs, a checkpoint each), validate, then a fit that fails."""
+    """The same runs under both: fit (2 epochs, a checkpoint each), validate, test, predict, then a fit that fails."""
     out = {}
     for name, pkg, base in (("lightning", L, L.LightningModule), ("tasktrain", tasktrain, tasktrain.TaskModule)):
         logger = make_logger(tmp_path / name)
@@ -100,6 +107,8 @@ def run_both(tmp_path, make_logger, **kwargs):
         trainer.fit(module, loader(), loader(4))
         assert module.logger is logger
         trainer.validate(module, loader(4))
+        trainer.test(module, loader(4))
+        trainer.predict(module, loader(4))
         failing = pkg.Trainer(default_root_dir=str(tmp_path / name), logger=[logger], max_epochs=1,
                               enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
         with pytest.raises(RuntimeError, match="boom"):
@@ -117,7 +126,8 @@ def test_a_logger_of_the_users_own_gets_lightnings_calls(tmp_path):
     assert ours.calls[:3] == [["log_hyperparams", [["lr", 0.1]]], ["log_graph"], ["save"]]
     assert ["log_metrics", 1, ["epoch", "loss_step"]] in ours.calls
     assert ["after_save_checkpoint", os.path.join("calls", "version_0", "checkpoints")] in ours.calls
-    assert [c for c in ours.calls if c[0] == "finalize"] == [["finalize", "success"]] * 2 + [["finalize", "failed"]]
+    assert [c for c in ours.calls if c[0] == "finalize"] == [["finalize", "success"]] * 4 + [["finalize", "failed"]]
+    assert ["log_metrics", 1, ["test_loss_step"]] in ours.calls
     assert ours.experiment_reads >= 1 and lit.experiment_reads >= 1  # created before the setup hooks, as there
     assert our_trainer.log_dir == ours.save_dir == lit_trainer.log_dir.replace("lightning", "tasktrain")
 
