@@ -536,7 +536,7 @@ def test_mlflow_logger_local_store_holds_metrics_params_status_and_checkpoints(t
 
 
 @pytest.mark.timeout(180)
-def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path):
+def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path, monkeypatch):
     import glob
     import json
     import sys
@@ -560,6 +560,8 @@ def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path):
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    # the read-back uses MLflow's file store too (MLflow 3 refuses it unless asked; MLFlowLogger asks in its process)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(f"file:{logs / 'mlruns'}")
     (experiment,) = [e for e in client.search_experiments() if e.name == "ddp"]
     (run_info,) = client.search_runs([experiment.experiment_id])
