@@ -97,12 +97,15 @@ class Checkpoint(Callback):
 
 
 class Logger(Callback):
-    """A logger is a callback that also receives the flushed metrics (floats) and the hyper-parameters.
+    """tasktrain's logger base class: a callback that also receives the flushed metrics (floats) and the
+    hyper-parameters. (Any object with these methods is a logger too, as in Lightning: it is called the same way,
+    without the callback hooks.)
 
-    The Trainer calls, on global rank 0 only: `log_hyperparams(params)`, `log_graph(module)` and `save()` at
-    the start of fit; `log_metrics(metrics, step)` at each write; `after_save_checkpoint(checkpoint_callback)`
-    after each ModelCheckpoint save; `finalize(status)` at the end of every run ("success" or "failed").
-    The back-ends (TensorBoard, CSV, Weights & Biases, MLflow) are in `tasktrain.loggers`.
+    The Trainer calls, on every rank as Lightning does: `log_hyperparams(params)`, `log_graph(module)` and `save()`
+    at the start of every run; `log_metrics(metrics, step)` and `save()` at each write; `finalize(status)` at the
+    end of every run ("success" or "failed"); and on global rank 0 `after_save_checkpoint(checkpoint_callback)`
+    after each file a ModelCheckpoint writes. tasktrain's back-ends (TensorBoard, CSV, Weights & Biases, MLflow, in
+    `tasktrain.loggers`) act on global rank 0 only; a subclass that writes guards itself (`rank_zero_only`).
 
     `name`, `version`, `save_dir`, `root_dir` and `log_dir` are None here; a logger sets or overrides the ones
     it has (plain attributes or properties). `trainer.log_dir` is the first logger's `log_dir`, else its

@@ -30,7 +30,7 @@ from typing import Literal, Optional, Union
 
 import torch
 
-from tasktrain.callbacks.base import Checkpoint
+from tasktrain.callbacks.base import Checkpoint, Logger
 from tasktrain.checkpoint_io import atomic_link, link_tree, record_for_restarts, remove_path
 from tasktrain.exceptions import MisconfigurationException
 
@@ -319,9 +319,6 @@ class ModelCheckpoint(Checkpoint):
         saved_path = self._last_checkpoint_saved if self._topk_written else None
         if saved_path is not None or by_step or (self.save_last == "link" and self._last_checkpoint_saved):
             self._save_last_checkpoint(trainer, monitor_candidates)
-        if trainer.is_global_zero and (saved_path is not None or self.save_last):
-            for logger in trainer.loggers:  # W&B and MLflow upload checkpoints from here (log_model)
-                logger.after_save_checkpoint(self)
 
     def _save_topk_checkpoint(self, trainer, monitor_candidates):
         """Lightning's override point: save a top-k candidate when it is one (every rank calls it)."""
@@ -377,6 +374,9 @@ class ModelCheckpoint(Checkpoint):
         here; every rank calls it."""
         trainer.save_checkpoint(filepath, self.save_weights_only)
         self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:  # after each file written, as Lightning (a link is no write)
+            for logger in trainer.loggers:  # W&B and MLflow upload checkpoints from here (log_model)
+                logger.after_save_checkpoint(self)
 
     @staticmethod
     def _link_checkpoint(trainer, filepath, linkpath):
@@ -718,6 +718,10 @@ def _default_dirpath(trainer):
     logger = trainer.logger
     if logger is None:
         return os.path.join(trainer.default_root_dir, "checkpoints")
+    if not isinstance(logger, Logger):  # another logger object (a class of the user's): Lightning's rule exactly
+        version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+        save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+        return os.path.join(save_dir, str(logger.name), version, "checkpoints")
     if logger.log_dir:
         return os.path.join(logger.log_dir, "checkpoints")
     name, version = logger.name, logger.version

@@ -126,12 +126,12 @@ class LearningRateMonitor(Callback):
         if not trainer.should_update_logs or self.logging_interval == "epoch":
             return
         stats = self._extract_stats(trainer, "step" if self.logging_interval is None else "any")
-        if stats and trainer.is_global_zero:
+        if stats:  # every rank, as Lightning (log_to_loggers)
             trainer.log_to_loggers(stats, trainer.state.batches_that_stepped, save=False)
 
     def on_train_epoch_start(self, trainer, pl_module):
         if self.logging_interval == "step":
             return
         stats = self._extract_stats(trainer, "epoch" if self.logging_interval is None else "any")
-        if stats and trainer.is_global_zero:
+        if stats:  # every rank, as Lightning (log_to_loggers)
             trainer.log_to_loggers(stats, trainer.state.batches_that_stepped, save=False)

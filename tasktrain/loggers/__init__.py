@@ -3,9 +3,11 @@
     from tasktrain.loggers import TensorBoardLogger, CSVLogger, WandbLogger, MLFlowLogger
     Trainer(logger=[TensorBoardLogger("logs"), WandbLogger(project="demo", offline=True)])
 
-Every logger is a callback (tasktrain.Callback) that also receives the flushed metrics; they act on global
-rank 0 only. wandb and mlflow are optional extras (`pip install 'tasktrain[wandb]'`, `'tasktrain[mlflow]'`),
-imported when their logger is created: importing this module imports neither (nor tensorboard).
+Every logger here is a callback (tasktrain.Callback) that also receives the flushed metrics; the Trainer calls
+loggers on every rank (Lightning's rule) and these act on global rank 0 only. Any object with Lightning's Logger
+methods is accepted as a logger too (docs/logging.md, "Writing a logger"). wandb and mlflow are optional extras
+(`pip install 'tasktrain[wandb]'`, `'tasktrain[mlflow]'`), imported when their logger is created: importing this
+module imports neither (nor tensorboard).
 The Accelerator's trackers are built on the same classes: tasktrain.loggers.trackers.
 """
 from tasktrain.loggers.csv_logs import CSVLogger

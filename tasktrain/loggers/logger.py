@@ -1,7 +1,8 @@
 """The logger base class and what the back-ends share.
 
-`Logger` itself lives in tasktrain/callbacks/base.py (a logger is a callback: the Trainer sorts it first and
-gives it the flushed metrics); this module is its Lightning-style address, `tasktrain.loggers.logger.Logger`.
+`Logger` itself lives in tasktrain/callbacks/base.py (tasktrain's loggers are callbacks: the Trainer sorts them
+first and gives them the flushed metrics; any other object with Lightning's Logger methods is a logger too); this
+module is its Lightning-style address, `tasktrain.loggers.logger.Logger`.
 """
 import functools
 import os

@@ -33,8 +33,8 @@ def hyperparameters_to_log(module, datamodule):
 
     own = getattr(module, "_log_hyperparams", False)
     data = datamodule is not None and getattr(datamodule, "_log_hyperparams", False)
-    if own and data:
-        ours, theirs = dict(module.hparams), dict(datamodule.hparams)
+    if own and data:  # (the values as saved: later changes to self.hparams are not logged, Lightning's rule)
+        ours, theirs = dict(module.hparams_initial), dict(datamodule.hparams_initial)
         different = [key for key in ours.keys() & theirs.keys() if key != "_class_path" and (
             type(ours[key]) is not type(theirs[key])
             or (isinstance(ours[key], torch.Tensor) and ours[key] is not theirs[key]) or ours[key] != theirs[key])]
@@ -43,9 +43,9 @@ def hyperparameters_to_log(module, datamodule):
                                "LightningModule's and LightningDataModule's hparams but have different values.")
         hparams = {**ours, **theirs}
     elif own:
-        hparams = dict(module.hparams)
+        hparams = dict(module.hparams_initial)
     elif data:
-        hparams = dict(datamodule.hparams)
+        hparams = dict(datamodule.hparams_initial)
     else:
         return None
     return {k: v for k, v in hparams.items() if k != "_class_path"}

@@ -112,11 +112,11 @@ def set_torch_flags(deterministic, benchmark):
         torch.backends.cudnn.benchmark = bool(benchmark)
 
 
-def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, clip_val, clip_algorithm, max_time,
+def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing, clip_val, clip_algorithm, max_time,
                       model_summary):
-    """The user's callbacks and those the Trainer's arguments add (logger, progress bar, summary, checkpointing,
-    gradient_clip_val, max_time), in call order."""
-    from tasktrain.callbacks import ModelCheckpoint, ModelSummary, ProgressBar, RichModelSummary, TensorBoardLogger
+    """The user's callbacks and those the Trainer's arguments add (the loggers that are tasktrain Loggers, progress
+    bar, summary, checkpointing, gradient_clip_val, max_time), in call order. `loggers`: resolve_loggers' list."""
+    from tasktrain.callbacks import ModelCheckpoint, ModelSummary, ProgressBar, RichModelSummary
     from tasktrain.callbacks import progress
     from tasktrain.callbacks.clipping import GradientClipping
     from tasktrain.callbacks.timer import Timer
@@ -125,14 +125,9 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
     from tasktrain.exceptions import MisconfigurationException
 
     callbacks = list(callbacks or []) if not isinstance(callbacks, Callback) else [callbacks]
-    if logger is True or logger is None:  # None is Lightning's default: the default logger
-        callbacks.append(TensorBoardLogger(root_dir))
-    elif isinstance(logger, Logger):
-        callbacks.append(logger)
-    elif isinstance(logger, (list, tuple)):
-        callbacks.extend(check_loggers(logger))
-    elif logger is not False:
-        raise TypeError(f"logger={logger!r}: use True, False, a Logger (tasktrain.loggers), or a list of them.")
+    # a tasktrain Logger is also a callback (its setup hook agrees on the version across ranks); another logger
+    # object is only called as a logger
+    callbacks.extend(logger for logger in loggers if isinstance(logger, Logger))
     bars = [c for c in callbacks if isinstance(c, ProgressBar)]
     if len(bars) > 1:  # Lightning's refusals, Lightning's words
         raise MisconfigurationException("You added multiple progress bar callbacks to the Trainer, but currently only "
@@ -152,6 +147,8 @@ def default_callbacks(callbacks, root_dir, logger, progress_bar, checkpointing, 
                                             "`ModelCheckpoint` in callbacks list.")
     elif checkpointing:
         callbacks.append(ModelCheckpoint())
+    if any(isinstance(c, ModelCheckpoint) for c in callbacks):  # it calls after_save_checkpoint: checked up front
+        check_loggers(loggers, methods=LOGGER_METHODS + ("after_save_checkpoint",))
     if clip_algorithm is not None and str(clip_algorithm).lower() not in ("value", "norm"):  # (Lightning's check)
         raise MisconfigurationException(f"`gradient_clip_algorithm` {clip_algorithm} is invalid. Allowed algorithms: "
                                         "['value', 'norm'].")
@@ -175,12 +172,43 @@ def in_call_order(callbacks):
     return sorted(callbacks, key=lambda c: 0 if isinstance(c, Logger) else 2 if isinstance(c, Checkpoint) else 1)
 
 
-def check_loggers(loggers):
+# What the Trainer calls on every logger in every run (Lightning's Logger interface): log_hyperparams, log_graph and
+# save at a run's start, log_metrics and save at each write, finalize at its end; after_save_checkpoint when a
+# ModelCheckpoint saves.
+LOGGER_METHODS = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize")
+
+
+def resolve_loggers(logger, root_dir):
+    """Lightning's `logger=` rule: True or None the default TensorBoardLogger, False (or an empty list) none, an
+    iterable its items, any other object one logger. Every logger is checked for Lightning's Logger methods here,
+    before training (Lightning fails on the first missing method during the run)."""
+    from collections.abc import Iterable
+
+    from tasktrain.loggers.tensorboard import TensorBoardLogger
+
+    if logger is True or logger is None:  # None is Lightning's default: the default logger
+        return [TensorBoardLogger(root_dir)]
+    if logger is False:
+        return []
+    if isinstance(logger, Iterable) and not isinstance(logger, (str, bytes, Logger)):
+        return check_loggers(list(logger))
+    return check_loggers([logger], one=True)
+
+
+def check_loggers(loggers, methods=LOGGER_METHODS, one=False):
+    """Any object with Lightning's Logger methods is a logger (a tasktrain.loggers logger, a subclass of
+    tasktrain.loggers.Logger, a user's own class, a Mock); anything else is refused with the methods it lacks."""
     loggers = list(loggers)
     for logger in loggers:
-        if not isinstance(logger, Logger):
-            raise TypeError(f"logger=[..., {logger!r}, ...]: every item must be a Logger (tasktrain.loggers: "
-                            "TensorBoardLogger, CSVLogger, WandbLogger, MLFlowLogger, or a Logger subclass).")
+        missing = [name for name in methods if not callable(getattr(logger, name, None))]
+        if missing:
+            where = f"logger={logger!r}" if one else f"logger=[..., {logger!r}, ...]"
+            raise TypeError(
+                f"{where}: not a logger, it has no {', '.join(missing)}. A logger has Lightning's Logger "
+                "methods: log_metrics(metrics, step), log_hyperparams(params), log_graph(model, input_array=None), "
+                "save(), finalize(status), after_save_checkpoint(checkpoint_callback) (subclass "
+                "tasktrain.loggers.Logger to get them all). Use logger=True (the default TensorBoardLogger), False "
+                "(none), a logger, or a list of loggers.")
     return loggers
 
 

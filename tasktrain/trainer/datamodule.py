@@ -22,6 +22,7 @@ class DataModule:
 
     # self.save_hyperparameters() in __init__, as in a TaskModule (kept in checkpoints as datamodule_hyper_parameters)
     save_hyperparameters = TaskModule.save_hyperparameters
+    hparams_initial = TaskModule.hparams_initial
 
     @classmethod
     def from_datasets(cls, train_dataset=None, val_dataset=None, test_dataset=None, predict_dataset=None,

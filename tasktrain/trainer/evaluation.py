@@ -54,7 +54,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             return None
         return per_loader if len(loaders) > 1 else per_loader[0]  # a list per loader when there are several
     values = evaluate(trainer, stage, loaders, limits)
-    if trainer.is_global_zero and values:  # at batches_that_stepped (the fit's count, 0 without one), as Lightning
+    if values:  # at batches_that_stepped (the fit's count, 0 without one), as Lightning; every rank (log_to_loggers)
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), add_epoch=True)
     if trainer.is_global_zero and values and getattr(trainer, "_verbose", True):
         print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
@@ -135,7 +135,7 @@ def log_eval_step(trainer, stage, dataloader_idx):
     # not synchronised: evaluation shards are unpadded, so the ranks may not meet at every batch (a collective per
     # batch could wait for a rank that has no such batch); sync_dist applies to the epoch values
     values = metrics.step_metrics_for_logger(loader_suffix=metrics.dataloader_suffix)
-    if trainer.is_global_zero and values:
+    if values:  # every rank (log_to_loggers)
         trainer.log_to_loggers(values, step)
 
 

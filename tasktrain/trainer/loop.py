@@ -142,9 +142,10 @@ def train_epoch(trainer, fit, epoch):
     for fn in fit.module_hooks["on_train_epoch_end"]:
         fn()
     epoch_values.update(metrics.reduce_epoch("train"))
-    trainer._flush_epoch_metrics(epoch_values, last_step)  # one write, as Lightning's
     for fn in trainer._monitoring_hooks["on_train_epoch_end"]:
         fn()
+    # one write, as Lightning's, after ModelCheckpoint's save of the epoch (its after_save_checkpoint comes first)
+    trainer._flush_epoch_metrics(epoch_values, last_step)
     if complete and module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
         # the metric-watching ones after the epoch-end hooks (Lightning's fit loop: they may watch a value logged in
         # on_train_epoch_end); all of them when on_train_batch_start ended the epoch before its last batch
@@ -274,7 +275,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
         # hook): its ModelCheckpoint/EarlyStopping see the last weights. (The epoch's last batch: the epoch-end
         # validation.) Written at this batch's step, as the validation before the count would be.
         run_validation(trainer, state.batches_that_stepped - 1, zero_grad=steps)
-    if trainer.should_stop and trainer.is_global_zero:  # Lightning's: a stop asked, the loggers write what they hold
+    if trainer.should_stop:  # Lightning's: a stop asked, the loggers write what they hold (every rank, as there)
         for logger in trainer.loggers:
             logger.save()
     return not (requested or (steps and max_steps_reached(trainer)))
@@ -534,7 +535,7 @@ def run_validation(trainer, step=None, zero_grad=True):
         return
     loaders.reload_val_when_due(trainer)
     values = evaluate(trainer, "validate", trainer._val_loader, trainer.num_val_batches)
-    if trainer.is_global_zero and values:
+    if values:  # every rank (log_to_loggers)
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), step, add_epoch=True)
     trainer._metrics.set_stage("train", True, False)
 

@@ -37,8 +37,8 @@ class TaskModule(torch.nn.Module):
     automatic_optimization = True
     prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
     # Properties torch.jit.script must not compile (they read the trainer or iterate parameters).
-    __jit_unused_properties__ = ["trainer", "hparams", "device", "dtype", "logger", "loggers", "global_step",
-                                 "current_epoch", "global_rank", "local_rank", "device_mesh"]
+    __jit_unused_properties__ = ["trainer", "hparams", "hparams_initial", "device", "dtype", "logger", "loggers",
+                                 "global_step", "current_epoch", "global_rank", "local_rank", "device_mesh"]
 
     def __init__(self):
         super().__init__()
@@ -436,6 +436,17 @@ class TaskModule(torch.nn.Module):
             if isinstance(value, torch.nn.Module):
                 continue  # modules are weights, not hyper-parameters
             self._hparams[key] = copy.deepcopy(value) if _is_plain(value) else value
+        # what the loggers get (Lightning's hparams_initial): the values as saved, not later changes to self.hparams
+        self._hparams_initial = AttributeDict(
+            {k: copy.deepcopy(v) if _is_plain(v) else v for k, v in self._hparams.items()})
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """The hyper-parameters as save_hyperparameters() stored them (a copy), Lightning's attribute."""
+        saved = self.__dict__.get("_hparams_initial")
+        if saved is None:
+            return AttributeDict()
+        return AttributeDict({k: copy.deepcopy(v) if _is_plain(v) else v for k, v in saved.items()})
 
     # -- manual optimisation ---------------------------------------------------------------------------------------
     def optimizers(self, use_pl_optimizer=True):

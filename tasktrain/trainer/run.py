@@ -151,9 +151,8 @@ def teardown(trainer, stage, module, status):
             trainer.datamodule.teardown(stage=stage)  # (Lightning passes the stage by keyword)
         trainer._call("teardown", stage=stage)
     finally:
-        for logger in trainer.loggers:
-            if trainer.is_global_zero:
-                logger.finalize(status)
+        for logger in trainer.loggers:  # every rank, as Lightning (tasktrain's loggers act on rank 0 only)
+            logger.finalize(status)
         trainer._callback_metrics_cache = dict(trainer._metrics.callback_metrics) if trainer._metrics else {}
         write_error = wait_for_checkpoint_write(trainer, status)  # issue 29: fit end, error, SIGTERM: wait for it
         trainer._last_metrics = trainer._metrics

@@ -117,8 +117,9 @@ class Trainer:
             min_steps, log_every_n_steps, default_root_dir, enable_checkpointing, inference_mode,
             use_distributed_sampler, detect_anomaly, sync_batchnorm, reload_dataloaders_every_n_epochs))
         arguments.set_torch_flags(deterministic, benchmark)
+        self._loggers = arguments.resolve_loggers(logger, self.default_root_dir)  # what logger= gave (Lightning's)
         self.callbacks = arguments.default_callbacks(
-            callbacks, self.default_root_dir, logger, enable_progress_bar, enable_checkpointing,
+            callbacks, self.default_root_dir, self._loggers, enable_progress_bar, enable_checkpointing,
             self.gradient_clip_val, gradient_clip_algorithm, max_time, enable_model_summary)
         self.state, self.optimizers, self.lr_scheduler_configs = TrainState(), [], []
         self.module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
@@ -152,12 +153,19 @@ class Trainer:
     # -- properties ----------------------------------------------------------------------------------------------
     @property
     def loggers(self):
-        return [c for c in self.callbacks if isinstance(c, Logger)]
+        """Every logger: the tasktrain Loggers given in callbacks= (a Logger is a callback too), then logger='s, in
+        the order given. Any object with Lightning's Logger methods is one (a Mock, a class of the user's)."""
+        in_callbacks = [c for c in self.callbacks if isinstance(c, Logger)]
+        # a tasktrain Logger counts while it is among the callbacks (the tuner's trials set them aside)
+        given = [g for g in self._loggers if not isinstance(g, Logger) or any(g is c for c in in_callbacks)]
+        return [c for c in in_callbacks if not any(c is g for g in given)] + given
 
     @loggers.setter
     def loggers(self, loggers):
+        loggers = arguments.check_loggers(loggers or [])  # (Lightning's: None or [] means none)
         others = [c for c in self.callbacks if not isinstance(c, Logger)]
-        self.callbacks = arguments.check_loggers(loggers or []) + others
+        self._loggers = loggers
+        self.callbacks = [c for c in loggers if isinstance(c, Logger)] + others
 
     @property
     def logger(self):
@@ -166,7 +174,7 @@ class Trainer:
 
     @logger.setter
     def logger(self, logger):
-        self.loggers = [] if logger is None else [logger]
+        self.loggers = [logger] if logger else []  # (Lightning's: a falsy value, None or False, means none)
 
     @property
     def log_dir(self):
@@ -174,6 +182,8 @@ class Trainer:
         logger = self.logger
         if logger is None:
             return self.default_root_dir
+        if not isinstance(logger, Logger):  # another logger object (a class of the user's): its save_dir (Lightning's)
+            return logger.save_dir if logger.save_dir is not None else self.default_root_dir
         return logger.log_dir or logger.save_dir or self.default_root_dir
 
     @property
@@ -422,6 +432,9 @@ class Trainer:
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
                 Trainer._announced = True
             run.prepare_data(self, module)
+            for logger in self.loggers:  # Lightning reads each logger's experiment here (every rank) so that it
+                if not isinstance(logger, Logger) and hasattr(logger, "experiment"):  # exists before the setup hooks
+                    logger.experiment  # (tasktrain's loggers make theirs on rank 0 when first written to)
             if self.datamodule is not None:
                 self.datamodule.setup(stage=stage)  # (Lightning passes the stage by keyword)
             self._call("setup", stage=stage)
@@ -563,12 +576,11 @@ class Trainer:
         from tasktrain.loggers.utilities import hyperparameters_to_log
 
         hparams = hyperparameters_to_log(module, self.datamodule)  # (its error on every rank)
-        if self.is_global_zero:
-            for logger in self.loggers:
-                if hparams is not None:
-                    logger.log_hyperparams(hparams)
-                logger.log_graph(module)
-                logger.save()
+        for logger in self.loggers:  # every rank, as Lightning: tasktrain's loggers act on global rank 0 only
+            if hparams is not None:
+                logger.log_hyperparams(hparams)
+            logger.log_graph(module)
+            logger.save()
 
 
     @property
@@ -610,11 +622,11 @@ class Trainer:
     # -- metrics out -----------------------------------------------------------------------------------------------
     def _flush_step_metrics(self, step=None):
         values = self._metrics.step_metrics_for_logger()  # (sync_dist values were synchronised when logged)
-        if self.is_global_zero and values:
+        if values:  # every rank (log_to_loggers)
             self.log_to_loggers(values, step)
 
     def _flush_epoch_metrics(self, values, step=None):
-        if self.is_global_zero and values:
+        if values:
             self.log_to_loggers(self._metrics.logger_epoch_values(values), step, add_epoch=True)
 
     @property
@@ -636,7 +648,8 @@ class Trainer:
         "epoch" (not recorded in logged_metrics, as Lightning). Each logger's `save()` follows its `log_metrics`
         (Lightning's logger connector does so: a CSV file or TensorBoard event file holds each write once it
         returns); save=False for a callback's own write (LearningRateMonitor's, which Lightning writes without a
-        save). Call it on rank 0 (loggers write there only)."""
+        save). Called on every rank, as Lightning's logger connector is: tasktrain's loggers write on global rank 0
+        only, another logger (a class of the user's, a Mock) is called on each rank, as in Lightning."""
         if not self.loggers or not values:  # (Lightning's: nothing is logged, nor recorded, without a logger)
             return
         # logged_metrics: the values as given (tensors stay tensors), before "step" is taken out and "epoch" added

@@ -69,7 +69,7 @@ def _fit_loaders(train, val, dataloaders, datamodule):
 
 _SETTINGS = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "val_check_interval",
              "check_val_every_n_epoch", "num_sanity_val_steps", "callbacks", "accumulate_grad_batches", "profiler",
-             "state", "_max_epochs_unset")
+             "state", "_max_epochs_unset", "_loggers")
 
 
 class _tuning:
@@ -89,6 +89,7 @@ class _tuning:
         self.cut_short = self.trainer._epoch_cut_short
         self.weights = copy.deepcopy(self.model.state_dict())
         self.trainer.callbacks = []
+        self.trainer._loggers = []  # (loggers that are not callbacks too)
         self.trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
         self.trainer.num_sanity_val_steps = 0
         return self

@@ -1,0 +1,208 @@
+"""Loggers as Lightning 2.6 accepts them (issue 37), beside Lightning itself: any object with Lightning's Logger
+methods is a logger (a class of the user's with no base class, a Mock), given as `logger=` or in a list, returned by
+`trainer.logger` / `trainer.loggers`, and called where Lightning calls it, on every rank (Lightning's own loggers
+guard themselves with rank_zero_only; tasktrain's do the same). The same logger class runs under Lightning and under
+tasktrain and the calls each received are compared exactly: method names, hyper-parameter and metric keys, steps,
+statuses, the checkpoint folder, and on two processes the rank of each call. Lightning is a test dependency, imported
+inside the tests only."""
+import json
+import os
+import sys
+from unittest.mock import Mock
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import tasktrain
+
+L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class CallLog:
+    """A logger of the user's own, with Lightning's Logger interface and no base class: it records every call."""
+
+    group_separator = "/"
+
+    def __init__(self, save_dir):
+        self.save_dir = str(save_dir)
+        self.name, self.version = "calls", 0
+        self.calls, self.experiment_reads = [], 0
+
+    @property
+    def experiment(self):
+        self.experiment_reads += 1
+        return self
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        self.calls.append(["log_hyperparams", sorted([key, value] for key, value in params.items())])
+
+    def log_graph(self, model, input_array=None):
+        self.calls.append(["log_graph"])
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append(["log_metrics", step, sorted(metrics)])
+
+    def save(self):
+        self.calls.append(["save"])
+
+    def finalize(self, status):
+        self.calls.append(["finalize", status])
+
+    def after_save_checkpoint(self, checkpoint_callback):
+        # the folder ModelCheckpoint chose from this logger (save_dir/name/version_0/checkpoints, Lightning's rule)
+        self.calls.append(["after_save_checkpoint", os.path.relpath(checkpoint_callback.dirpath, self.save_dir)])
+
+
+def module_class(base, fail_at=None):
+    class Net(base):
+        def __init__(self, lr=0.1):
+            super().__init__()
+            self.save_hyperparameters()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == fail_at:
+                raise RuntimeError("boom")
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("loss", loss, on_step=True, on_epoch=True)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))
+
+        def test_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("test_loss", torch.nn.functional.mse_loss(self.layer(x), y), on_step=True)
+
+        def predict_step(self, batch, batch_idx):
+            return self.layer(batch[0])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    return Net
+
+
+def loader(n=8):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=g)
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
+
+
+def run_both(tmp_path, make_logger, **kwargs):
+    """The same runs under both: fit (2 epochs, a checkpoint each), validate, test, predict, then a fit that fails."""
+    out = {}
+    for name, pkg, base in (("lightning", L, L.LightningModule), ("tasktrain", tasktrain, tasktrain.TaskModule)):
+        logger = make_logger(tmp_path / name)
+        trainer = pkg.Trainer(default_root_dir=str(tmp_path / name), logger=logger, max_epochs=2, limit_val_batches=2,
+                              log_every_n_steps=2, enable_progress_bar=False, enable_model_summary=False, **kwargs)
+        assert trainer.logger is logger and trainer.loggers == [logger]
+        module = module_class(base)()
+        trainer.fit(module, loader(), loader(4))
+        assert module.logger is logger
+        trainer.validate(module, loader(4))
+        trainer.test(module, loader(4))
+        trainer.predict(module, loader(4))
+        failing = pkg.Trainer(default_root_dir=str(tmp_path / name), logger=[logger], max_epochs=1,
+                              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        with pytest.raises(RuntimeError, match="boom"):
+            failing.fit(module_class(base, fail_at=1)(), loader())
+        out[name] = (logger, trainer)
+    return out
+
+
+def test_a_logger_of_the_users_own_gets_lightnings_calls(tmp_path):
+    out = run_both(tmp_path, CallLog)
+    (lit, lit_trainer), (ours, our_trainer) = out["lightning"], out["tasktrain"]
+    assert ours.calls == lit.calls
+    # what the sequence holds (so that two empty lists cannot pass): hyper-parameters then graph and save at each run's
+    # start, metrics each followed by save, a checkpoint per epoch in the logger's folder, the run's status at its end
+    assert ours.calls[:3] == [["log_hyperparams", [["lr", 0.1]]], ["log_graph"], ["save"]]
+    assert ["log_metrics", 1, ["epoch", "loss_step"]] in ours.calls
+    assert ["after_save_checkpoint", os.path.join("calls", "version_0", "checkpoints")] in ours.calls
+    assert [c for c in ours.calls if c[0] == "finalize"] == [["finalize", "success"]] * 4 + [["finalize", "failed"]]
+    assert ["log_metrics", 1, ["test_loss_step"]] in ours.calls
+    assert ours.experiment_reads >= 1 and lit.experiment_reads >= 1  # created before the setup hooks, as there
+    assert our_trainer.log_dir == ours.save_dir == lit_trainer.log_dir.replace("lightning", "tasktrain")
+
+
+def test_a_mock_logger_and_a_list_with_tasktrains_own(tmp_path):
+    calls = {}
+    for name, pkg, base in (("lightning", L, L.LightningModule), ("tasktrain", tasktrain, tasktrain.TaskModule)):
+        mock, csv = Mock(), pkg.loggers.CSVLogger(str(tmp_path / name))
+        trainer = pkg.Trainer(default_root_dir=str(tmp_path / name), logger=[mock, csv], max_epochs=1,
+                              log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
+                              enable_checkpointing=False)
+        assert trainer.loggers == [mock, csv] and trainer.logger is mock
+        trainer.fit(module_class(base)(), loader())
+        calls[name] = [(c[0], sorted(c[2].get("metrics", {})), c[2].get("step")) for c in mock.method_calls]
+        with open(os.path.join(csv.log_dir, "metrics.csv")) as f:
+            calls[name + " csv"] = f.readline().strip()
+        trainer.logger = None  # Lightning's setter: no logger
+        assert trainer.loggers == [] and trainer.logger is None
+    assert calls["tasktrain"] == calls["lightning"] and len(calls["tasktrain"]) > 4
+    assert calls["tasktrain csv"] == calls["lightning csv"] == "epoch,loss_epoch,loss_step,step"
+
+
+def test_a_value_that_is_not_a_logger_is_refused_before_training():
+    with pytest.raises(TypeError, match=r"logger=3: not a logger, it has no log_metrics, log_hyperparams"):
+        tasktrain.Trainer(logger=3)
+    with pytest.raises(TypeError, match=r"logger=\[\.\.\., 'tb', \.\.\.\]: not a logger"):
+        tasktrain.Trainer(logger=[Mock(), "tb"])
+
+    class NoCheckpoints:  # Lightning's methods but after_save_checkpoint: fine without a ModelCheckpoint
+        log_metrics = log_hyperparams = log_graph = save = finalize = staticmethod(lambda *a, **k: None)
+
+    assert tasktrain.Trainer(logger=NoCheckpoints(), enable_checkpointing=False).loggers[0].__class__ is NoCheckpoints
+    with pytest.raises(TypeError, match="it has no after_save_checkpoint"):
+        tasktrain.Trainer(logger=NoCheckpoints())  # a ModelCheckpoint would call it
+
+
+def test_loggers_are_called_on_every_rank_as_in_lightning(tmp_path):
+    """Two processes (one torchrun launch): Lightning's fit, then tasktrain's in the same group; each rank records the
+    calls its logger got."""
+    sys.path.insert(0, HERE)
+    from ddp_scripts.common import run, torchrun
+
+    code, stdout, stderr, _ = run(torchrun("--standalone", "--nproc_per_node", "2",
+                                           os.path.join(HERE, "ddp_scripts", "loggers_beside_lightning.py"),
+                                           str(tmp_path)), 240, str(tmp_path), env={"PYTHONPATH": os.pathsep.join(
+                                               [os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])})
+    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    for seen in ranks:
+        assert seen["tasktrain"] == seen["lightning"]
+    # every method on both ranks, after_save_checkpoint on rank 0 only (ModelCheckpoint's rule in both)
+    names = [{c[0] for c in seen["tasktrain"]} for seen in ranks]
+    assert names[0] == {"log_hyperparams", "log_graph", "save", "log_metrics", "after_save_checkpoint", "finalize"}
+    assert names[1] == names[0] - {"after_save_checkpoint"}
+
+
+def test_the_hyperparameters_logged_are_those_saved_as_lightning_logs_them(tmp_path):
+    """Lightning logs hparams_initial: a change to self.hparams after save_hyperparameters() is not what the loggers
+    get (the module's merged with a DataModule's)."""
+    logged = {}
+    for name, pkg, base, data_base in (("lightning", L, L.LightningModule, L.LightningDataModule),
+                                       ("tasktrain", tasktrain, tasktrain.TaskModule, tasktrain.DataModule)):
+        class Data(data_base):
+            def __init__(self, batch_size=2):
+                super().__init__()
+                self.save_hyperparameters()
+
+            def train_dataloader(self):
+                return loader()
+
+        module, data = module_class(base)(lr=0.5), Data()
+        module.hparams.lr = 0.25  # after the save: hparams holds it, hparams_initial does not
+        assert module.hparams_initial == {"lr": 0.5}
+        logger = CallLog(tmp_path / name)
+        pkg.Trainer(default_root_dir=str(tmp_path / name), logger=logger, max_steps=1, enable_progress_bar=False,
+                    enable_model_summary=False, enable_checkpointing=False).fit(module, datamodule=data)
+        logged[name] = [c for c in logger.calls if c[0] == "log_hyperparams"]
+    assert logged["tasktrain"] == logged["lightning"] == [["log_hyperparams", [["batch_size", 2], ["lr", 0.5]]]]
