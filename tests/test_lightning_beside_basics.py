@@ -559,3 +559,22 @@ def test_a_shuffling_loader_leaves_the_generator_where_lightning_does():
         return torch.rand(1)
 
     torch.testing.assert_close(fit(tasktrain, ours), fit(pl, theirs))
+
+
+def test_setup_and_teardown_get_the_stage_as_lightnings_trainer_fn():
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        calls = []
+
+        class Stages(classes.BoringModel):
+            def setup(self, stage):
+                calls.append(("setup", type(stage).__name__, stage == "validate", stage.value))
+
+            def teardown(self, stage):
+                calls.append(("teardown", type(stage).__name__, stage == "validate", stage.value))
+
+        lib.Trainer(limit_val_batches=1, **QUIET).validate(Stages())
+        seen[lib.__name__] = calls
+    ours_calls, theirs_calls = seen.values()
+    assert ours_calls == theirs_calls == [("setup", "TrainerFn", True, "validate"),
+                                          ("teardown", "TrainerFn", True, "validate")]

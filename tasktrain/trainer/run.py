@@ -147,9 +147,9 @@ def on_failure(trainer, exc):
 def teardown(trainer, stage, module, status):
     trainer._unwatch()
     try:
-        if trainer.datamodule is not None:
-            trainer.datamodule.teardown(stage=stage)  # (Lightning passes the stage by keyword)
-        trainer._call("teardown", stage=stage)
+        if trainer.datamodule is not None:  # (Lightning passes the stage by keyword, as its TrainerFn)
+            trainer.datamodule.teardown(stage=TrainerFn(stage))
+        trainer._call("teardown", stage=TrainerFn(stage))
     finally:
         for logger in trainer.loggers:  # every rank, as Lightning (tasktrain's loggers act on rank 0 only)
             logger.finalize(status)

@@ -435,9 +435,10 @@ class Trainer:
             for logger in self.loggers:  # Lightning reads each logger's experiment here (every rank) so that it
                 if not isinstance(logger, Logger) and hasattr(logger, "experiment"):  # exists before the setup hooks
                     logger.experiment  # (tasktrain's loggers make theirs on rank 0 when first written to)
+            # (Lightning passes the stage by keyword, as its TrainerFn: a str enum, == "fit" and .value both work)
             if self.datamodule is not None:
-                self.datamodule.setup(stage=stage)  # (Lightning passes the stage by keyword)
-            self._call("setup", stage=stage)
+                self.datamodule.setup(stage=TrainerFn(stage))
+            self._call("setup", stage=TrainerFn(stage))
             if is_overridden("configure_model", module, TaskModule):
                 with hook_scope(self, "configure_model"):  # (named for self.log, which refuses it there)
                     module.configure_model()
