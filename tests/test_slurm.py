@@ -262,6 +262,9 @@ def test_requeue_signal_saves_requeues_and_resumes_bitwise(cluster, runs):
     assert resumed[0]["params"] == facts(uninterrupted, 2)[0]["params"]
     # the record of the pre-emption is spent once the resumed fit ends
     assert not os.listdir(folder / "out" / ".slurm-requeue")
+    # the loggers heard "finished" when the job was requeued (Lightning's SLURM handler), "success" at the end
+    for rank in (0, 1):
+        assert (folder / "out" / f"finalize-rank{rank}.txt").read_text().split() == ["finished", "success"], rank
 
 
 @pytest.mark.timeout(2 * JOB_TIMEOUT)

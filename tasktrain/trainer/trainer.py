@@ -448,7 +448,9 @@ class Trainer:
                 else:
                     result = evaluation.run_evaluation(self, stage, module, eval_loader, ckpt_path, gather)
         except BaseException as exc:
-            status = "failed"
+            # a job that saved and was requeued (issue 40) finished its part: Lightning's SLURM handler says so
+            requeued = isinstance(exc, SystemExit) and getattr(exc, "requeued", False)
+            status = "finished" if requeued else "failed"
             self.state.status = TrainerStatus.INTERRUPTED
             interrupt = guards.interrupt_begin(exc, self.strategy)  # issue 38: Ctrl-C: one line, exit 130
             run.on_failure(self, exc)
@@ -533,8 +535,10 @@ class Trainer:
         if skipped and self.is_global_zero:
             print(f"[tasktrain] GradScaler skipped {skipped} optimizer step(s) with inf/NaN gradients.", flush=True)
         if fit.preempt_path and requeue_handler.agreed(self.strategy):  # issue 40: SLURM's warning signal
-            raise SystemExit(requeue.requeue(self.default_root_dir, fit.preempt_path, self.global_step,
-                                             self.is_global_zero))
+            exit = SystemExit(requeue.requeue(self.default_root_dir, fit.preempt_path, self.global_step,
+                                              self.is_global_zero))
+            exit.requeued = exit.code == requeue.REQUEUED_EXIT_CODE  # (the loggers' finalize hears "finished")
+            raise exit
         requeue.finished(self.default_root_dir, self.is_global_zero and not fit.preempt_path)  # issue 40
         if fit.preempted:
             raise SystemExit(
