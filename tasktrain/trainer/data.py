@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from tasktrain.data import ShardedStream
+from tasktrain.exceptions import PossibleUserWarning
 from tasktrain.trainer.seed import add_worker_init_fn
 
 
@@ -555,8 +556,14 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
     return TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)
 
 
-def prepare_eval_loader(loader, world_size, rank):
-    """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is."""
+def prepare_eval_loader(loader, world_size, rank, prefix=None):
+    """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is (a shuffling
+    one keeps shuffling, as under Lightning, which warns: `prefix` names the loader, "val", "test" or "predict")."""
+    if prefix is not None and rank == 0 and isinstance(loader, DataLoader) and \
+            not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
+            isinstance(_order_sampler(loader), RandomSampler):
+        warnings.warn(f"Your `{prefix}_dataloader`'s sampler has shuffling enabled, it is strongly recommended that "
+                      "you turn shuffling off for val/test dataloaders.", PossibleUserWarning)
     add_worker_init_fn(loader, rank)  # seed_everything(workers=True)
     if world_size == 1 or not _replaceable(loader) or type(_order_sampler(loader)) is not SequentialSampler:
         return loader

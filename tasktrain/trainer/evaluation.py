@@ -42,7 +42,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"])
     world_size, rank = fit_data.shards(trainer)
-    loaders = [prepare_eval_loader(one, world_size, rank) for one in as_loaders(loader)]
+    prefix = {"validate": "val"}.get(stage, stage)
+    loaders = [prepare_eval_loader(one, world_size, rank, prefix) for one in as_loaders(loader)]
     limits = [limit_eval(one, limit_arg) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     trainer._watch()

@@ -127,7 +127,7 @@ def setup_val(trainer, loader):
     """The validation loaders, counted once per fit (a fraction of a loader without a length fails here, before
     training)."""
     world_size, rank = shards(trainer)
-    val_loaders = [prepare_eval_loader(one, world_size, rank) for one in evaluation.as_loaders(loader)]
+    val_loaders = [prepare_eval_loader(one, world_size, rank, "val") for one in evaluation.as_loaders(loader)]
     trainer._val_loader = val_loaders
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
     trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit) for one in val_loaders]
