@@ -152,7 +152,7 @@ def test_the_accelerators_loader_keeps_the_seed_and_epoch_order():
     data.set_epoch(2)
     reference = torch.utils.data.DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=4)
     reference.set_epoch(2)
-    assert list(data.sampler) == list(reference) and data.drawn_order() is None
+    assert list(data.sampler) == list(reference) and not data.drawn_order()
 
 
 def test_a_shuffling_evaluation_loader_is_warned_about_as_lightning_warns():

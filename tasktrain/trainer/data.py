@@ -60,6 +60,7 @@ class ResumableSampler(DistributedSampler):
         self.order_generator = None
         self.epoch_order = None
         self.exhausted = False  # the epoch's pass read the order to its end (a RandomSampler then draws once more)
+        self.drawn_orders = True  # False: a fit resumed from a checkpoint older than drawn orders keeps (seed, epoch)
 
     def global_order(self):
         """The epoch's order of the whole dataset: a function of (seed, epoch), or of what was drawn for it."""
@@ -87,6 +88,8 @@ class ResumableSampler(DistributedSampler):
             self.epoch_order = {"epoch": self.epoch, "state": self.order_generator.get_state()}
             torch.randperm(len(self.dataset), generator=self.order_generator)  # the generator moves as RandomSampler's
         self.exhausted = False
+        if not self.drawn_orders:
+            self.epoch_order = None  # (drawn all the same: the generators move as they did in the version that saved)
 
     def _generator_follows(self):
         return self.draws and self.order_generator is not None and self.epoch_order is not None and \
@@ -210,14 +213,18 @@ class TrainData:
         generators = self._users_generators()
         if generators:
             state["generators"] = [g.get_state() for g in generators]
-        return state or None
+        # (on the Trainer's own order, saved even when empty: its presence says the order of later epochs is drawn)
+        return state if state or isinstance(sampler, ResumableSampler) else None
 
     def load_drawn_order(self, state):
         """A checkpoint's `drawn_order`: the saved epoch continues on its permutation, the user's generators where
-        they stood."""
+        they stood. None (a checkpoint from before drawn orders): this fit keeps the (seed, epoch) order its version
+        trained, so that it reaches the weights that version would have."""
+        sampler = self.sampler
+        if state is None and isinstance(sampler, ResumableSampler):
+            sampler.drawn_orders = False
         if not state:
             return
-        sampler = self.sampler
         if isinstance(sampler, ResumableSampler) and "epoch" in state:
             sampler.epoch_order = {k: state[k] for k in ("epoch", "seed", "state") if k in state}
             sampler.exhausted = bool(state.get("exhausted", False))
