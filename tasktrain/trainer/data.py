@@ -517,12 +517,16 @@ def dispatches(loader) -> bool:
         loader.batch_size is not None
 
 
-def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=None, reads=True) -> TrainData:
+def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=None, reads=True,
+                       keeps_sampler=None) -> TrainData:
     """This rank's TrainData of a training loader, sharded `world_size` ways (this rank's shard: `rank`; both the
     data-parallel ones where processes share batches). shuffle=False reads a shuffling loader in order
     (overfit_batches); None keeps the loader's choice. With `broadcast` (the strategy's: rank 0's object on every
     rank) an IterableDataset of the user's is read by the process that `reads` (global rank 0) and dispatched
-    (`dispatches`), the Trainer's rule; without it, it is read as it is on every process."""
+    (`dispatches`), the Trainer's rule; without it, it is read as it is on every process. `keeps_sampler`: where
+    Lightning keeps the user's RandomSampler (a strategy that is not distributed, or use_distributed_sampler=False;
+    None: where `world_size` is 1), the epoch's order is the permutation that sampler draws, when the loop draws it
+    (ResumableSampler.draw_order)."""
     if broadcast is not None and dispatches(loader):
         from tasktrain.trainer.dispatch import dispatch_data  # (dispatch.py builds on this module)
 
@@ -540,7 +544,8 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         data.draws_base_seed, data.base_generator = True, loader.generator
         # Lightning keeps a RandomSampler where it does not shard (one process, use_distributed_sampler=False): the
         # epoch's permutation is drawn as that sampler draws it (a DistributedSampler's is (seed, epoch)'s)
-        sampler.draws = shuffle and world_size == 1 and type(order) is RandomSampler
+        keeps = world_size == 1 and (keeps_sampler is None or keeps_sampler)
+        sampler.draws = shuffle and keeps and type(order) is RandomSampler
         sampler.order_generator = order.generator if sampler.draws else None
         return data
     sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)

@@ -45,6 +45,9 @@ def run_state(trainer, weights_only=False):
             order = data.drawn_order()
             if order is not None:  # an epoch's order drawn as Lightning's RandomSampler draws it (tasktrain/trainer/data.py)
                 saved["drawn_order"] = order
+                if trainer.world_size > 1 and getattr(data.sampler, "draws", False):
+                    # use_distributed_sampler=False: each rank drew from its own generator; every rank's, in rank order
+                    saved["drawn_orders"] = strategy.all_gather_object(order)
             return saved
 
         parts["train_state"] = Value(train_state, state.load_state_dict)
@@ -296,7 +299,9 @@ def restore_train_state(trainer, path, saved, saved_world, epochs):
     saved_global_batch = saved.get("global_batch_size") or (
         global_batch // shard_world * saved_world if global_batch else 0)  # written before it was recorded
     # the drawn order of the saved epoch and the user's loader generators (one process: Lightning's RandomSampler)
-    epochs.data.load_drawn_order(saved.get("drawn_order"))
+    per_rank = saved.get("drawn_orders")
+    mine = per_rank[trainer.global_rank] if per_rank and len(per_rank) == trainer.world_size else None
+    epochs.data.load_drawn_order(mine if mine is not None else saved.get("drawn_order"))
     if saved.get("epoch_finished"):
         return
     accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1
