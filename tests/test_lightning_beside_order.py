@@ -144,15 +144,41 @@ def test_a_drawn_epoch_resumed_on_another_world_size_trains_its_rest_then_follow
         assert list(data.sampler) == list(reference)
 
 
-def test_the_accelerators_loader_keeps_the_seed_and_epoch_order():
-    """Nothing is drawn outside the Trainer's loop (the Accelerator's prepared loaders): the order stays (seed,
-    epoch)'s, DistributedSampler's on one process."""
+@pytest.mark.parametrize("keeps_sampler", [None, False], ids=["accelerator", "distributed-strategy"])
+def test_where_nothing_is_drawn_the_order_is_distributed_samplers(keeps_sampler):
+    """Nothing is drawn outside the Trainer's loop (the Accelerator's prepared loaders), nor where Lightning shards
+    (a distributed strategy on one process: DistributedSampler): the order is (seed, epoch)'s, as
+    DistributedSampler's."""
     dataset = ours.RandomDataset(1, 10)
-    data = prepare_train_data(DataLoader(dataset, batch_size=2, shuffle=True), 1, 0, seed=4)
+    data = prepare_train_data(DataLoader(dataset, batch_size=2, shuffle=True), 1, 0, seed=4,
+                              keeps_sampler=keeps_sampler)
     data.set_epoch(2)
+    if keeps_sampler is False:
+        draw_loader_seed(data)
     reference = torch.utils.data.DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=4)
     reference.set_epoch(2)
     assert list(data.sampler) == list(reference) and not data.drawn_order()
+
+
+def test_an_epoch_saved_by_several_processes_continues_its_order_on_one_then_draws():
+    """A checkpoint written by 2 processes (no drawn permutation) resumed on one: the rest of the interrupted epoch
+    is that epoch's (seed, epoch) order; the next epoch is drawn, as Lightning's RandomSampler draws it."""
+    dataset = ours.RandomDataset(1, 12)
+    loader = DataLoader(dataset, batch_size=2, shuffle=True)
+    two = prepare_train_data(loader, 2, 0, seed=5)
+    saved = two.drawn_order()
+    assert saved == {}  # (present: the checkpoint is of a version that draws orders)
+    one = prepare_train_data(loader, 1, 0, seed=5)
+    one.load_drawn_order(saved)
+    one.set_epoch(0)
+    one.skip_samples(4)  # the loop makes no draw in an epoch resumed in its middle
+    assert list(one.sampler) == two.sampler.global_order()[4:]
+    torch.manual_seed(0)
+    seed = int(torch.empty((), dtype=torch.int64).random_().item())
+    torch.manual_seed(0)
+    one.set_epoch(1)
+    draw_loader_seed(one, at_iter=False)
+    assert list(one.sampler) == torch.randperm(12, generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def test_a_shuffling_evaluation_loader_is_warned_about_as_lightning_warns():
