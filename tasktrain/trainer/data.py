@@ -228,10 +228,10 @@ class TrainData:
         if isinstance(sampler, ResumableSampler) and "epoch" in state:
             sampler.epoch_order = {k: state[k] for k in ("epoch", "seed", "state") if k in state}
             sampler.exhausted = bool(state.get("exhausted", False))
-        generators = self._users_generators()
-        for generator, saved in zip(generators, state.get("generators") or []):
-            if len(generators) == len(state["generators"]):
-                generator.set_state(saved)
+        generators, saved = self._users_generators(), state.get("generators") or []
+        if len(generators) == len(saved):  # (another loader than the one saved: its generators start as given)
+            for generator, one in zip(generators, saved):
+                generator.set_state(one)
 
     def _users_generators(self):
         found = [self.base_generator] if self.draws_base_seed and self.base_generator is not None else []
