@@ -547,8 +547,8 @@ def test_a_resumed_dropout_fit_draws_as_the_uninterrupted_one(tmp_path, stop_at)
 
 def test_a_shuffling_loader_leaves_the_generator_where_lightning_does():
     """On one process Lightning keeps a shuffling loader's RandomSampler, which draws its seed from the global
-    generator at each epoch's first batch; the Trainer's order is drawn from (seed, epoch) instead (so the batches
-    are not Lightning's), and the loop makes that draw too: what is drawn after fit is Lightning's."""
+    generator at each epoch's first batch; the loop makes that draw and takes the epoch's order from it (the batches
+    themselves: tests/test_lightning_beside_order.py): what is drawn after fit is Lightning's."""
     def fit(lib, classes):
         class Shuffled(classes.BoringModel):
             def train_dataloader(self):

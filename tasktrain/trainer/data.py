@@ -15,6 +15,15 @@ prefix of the recomputed global order, and shards what is left over the processe
 epoch is trained once, on any number of processes. When the rest does not divide evenly, it is padded, as
 DistributedSampler pads, with the first samples of the epoch's order (the same padding as an uninterrupted run
 when the resume starts at a multiple of W).
+
+One exception, Lightning's rule (issue 37): where the Trainer does not shard a shuffling loader (one process, or
+use_distributed_sampler=False) Lightning keeps the user's RandomSampler, whose permutation of each epoch comes from
+a seed it draws from torch's global generator at the epoch's first batch (or, with a generator of its own, from that
+generator, which it advances). The Trainer's loop makes that draw at Lightning's point (`draw_loader_seed`) and the
+epoch's global order is then the permutation of what was drawn (`ResumableSampler.draw_order`), recorded so that a
+checkpoint holds it (`drawn_order`): a resume on any number of processes continues that epoch exactly, and the
+epochs after it follow the rule of the world they run on. Where nothing is drawn (the Accelerator's loaders, an
+epoch resumed in its middle from a checkpoint without a record) the order is the (seed, epoch) one.
 """
 import collections
 import copy
@@ -25,6 +34,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from tasktrain.data import ShardedStream
+from tasktrain.exceptions import PossibleUserWarning
 from tasktrain.trainer.seed import add_worker_init_fn
 
 
@@ -43,15 +53,47 @@ class ResumableSampler(DistributedSampler):
         self.iteration_start = 0
         self.iteration_samples = self.num_samples
         self.iteration_padding = self.total_size - len(self.dataset)
+        # Lightning's one-process rule (module docstring): the user's RandomSampler's generator (None: a seed from
+        # torch's global generator), and what the epoch's permutation was drawn from: {"epoch", "seed"} or
+        # {"epoch", "state"} (that generator's state), None where the order is (seed, epoch)'s
+        self.draws = False
+        self.order_generator = None
+        self.epoch_order = None
+        self.exhausted = False  # the epoch's pass read the order to its end (a RandomSampler then draws once more)
+        self.drawn_orders = True  # False: a fit resumed from a checkpoint older than drawn orders keeps (seed, epoch)
 
     def global_order(self):
-        """The epoch's order of the whole dataset: a function of (seed, epoch) only."""
+        """The epoch's order of the whole dataset: a function of (seed, epoch), or of what was drawn for it."""
         n = len(self.dataset)
         if not self.shuffle:
             return list(range(n))
         generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)  # DistributedSampler's generator: the same permutation
+        drawn = self.epoch_order if self.epoch_order is not None and self.epoch_order["epoch"] == self.epoch else None
+        if drawn is None:
+            generator.manual_seed(self.seed + self.epoch)  # DistributedSampler's generator: the same permutation
+        elif "seed" in drawn:
+            generator.manual_seed(int(drawn["seed"]))  # RandomSampler's: a generator seeded with the drawn seed
+        else:
+            generator.set_state(drawn["state"])
         return torch.randperm(n, generator=generator).tolist()
+
+    def draw_order(self):
+        """The draw the user's RandomSampler makes at an epoch's first batch (Lightning keeps it on one process):
+        the epoch's permutation is then taken from what it drew."""
+        if not (self.draws and self.shuffle):
+            return
+        if self.order_generator is None:
+            self.epoch_order = {"epoch": self.epoch, "seed": int(torch.empty((), dtype=torch.int64).random_().item())}
+        else:
+            self.epoch_order = {"epoch": self.epoch, "state": self.order_generator.get_state()}
+            torch.randperm(len(self.dataset), generator=self.order_generator)  # the generator moves as RandomSampler's
+        self.exhausted = False
+        if not self.drawn_orders:
+            self.epoch_order = None  # (drawn all the same: the generators move as they did in the version that saved)
+
+    def _generator_follows(self):
+        return self.draws and self.order_generator is not None and self.epoch_order is not None and \
+            self.epoch_order["epoch"] == self.epoch
 
     def skip_samples(self, num_samples: int):
         """Start the next iteration `num_samples` into the epoch's global order (applies once)."""
@@ -72,7 +114,17 @@ class ResumableSampler(DistributedSampler):
         self.iteration_start = start
         self.iteration_samples = len(rest) // self.num_replicas
         self.iteration_padding = padding
-        return iter(rest[self.rank::self.num_replicas])
+        shard = rest[self.rank::self.num_replicas]
+        if self._generator_follows():
+            return self._then_exhausted(shard)
+        return iter(shard)
+
+    def _then_exhausted(self, shard):
+        yield from shard
+        if not self.exhausted:  # (a resumed pass of an epoch read to its end before the checkpoint: drawn already)
+            # RandomSampler(generator=g) takes a second, empty, permutation from g when it is read to its end
+            torch.randperm(len(self.dataset), generator=self.order_generator)
+            self.exhausted = True
 
     def samples_left(self, start: int) -> int:
         """Samples of this rank in an iteration that starts at global position `start`."""
@@ -132,11 +184,61 @@ class TrainData:
     # Draws from torch's global generator that the user's loader made at each iter() and the loader rebuilt on our
     # order no longer makes (its base seed: ours has a generator; a RandomSampler's seed: our order is drawn from
     # (seed, epoch)): the Trainer's loop makes them (draw_loader_seed), so the generator moves as under Lightning.
-    global_draws = 0
+    # (the base seed is drawn from the user's loader's generator where it has one: `base_generator`)
+    draws_base_seed = False
+    base_generator = None
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
         self.loader, self.sampler, self.generator, self.seed = loader, sampler, generator, seed
         self._skip_batches = 0
+
+    def draw_at_iter(self):
+        """The draw of the user's loader's iter(): its workers' base seed, from its generator or the global one."""
+        if self.draws_base_seed:
+            torch.empty((), dtype=torch.int64).random_(generator=self.base_generator)
+
+    def draw_at_first_batch(self):
+        """The draw of the user's RandomSampler at the epoch's first batch, where Lightning keeps it."""
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.draw_order()
+
+    def drawn_order(self):
+        """What a checkpoint keeps of the drawn order: the epoch's permutation source and the user's generators'
+        states now (None when the order is (seed, epoch)'s and no generator of the user's moves)."""
+        sampler = self.sampler
+        state = {}
+        if isinstance(sampler, ResumableSampler) and sampler.epoch_order is not None and \
+                sampler.epoch_order["epoch"] == sampler.epoch:
+            state.update(sampler.epoch_order, exhausted=sampler.exhausted)
+        generators = self._users_generators()
+        if generators:
+            state["generators"] = [g.get_state() for g in generators]
+        # (on the Trainer's own order, saved even when empty: its presence says the order of later epochs is drawn)
+        return state if state or isinstance(sampler, ResumableSampler) else None
+
+    def load_drawn_order(self, state):
+        """A checkpoint's `drawn_order`: the saved epoch continues on its permutation, the user's generators where
+        they stood. None (a checkpoint from before drawn orders): this fit keeps the (seed, epoch) order its version
+        trained, so that it reaches the weights that version would have."""
+        sampler = self.sampler
+        if state is None and isinstance(sampler, ResumableSampler):
+            sampler.drawn_orders = False
+        if not state:
+            return
+        if isinstance(sampler, ResumableSampler) and "epoch" in state:
+            sampler.epoch_order = {k: state[k] for k in ("epoch", "seed", "state") if k in state}
+            sampler.exhausted = bool(state.get("exhausted", False))
+        generators, saved = self._users_generators(), state.get("generators") or []
+        if len(generators) == len(saved):  # (another loader than the one saved: its generators start as given)
+            for generator, one in zip(generators, saved):
+                generator.set_state(one)
+
+    def _users_generators(self):
+        found = [self.base_generator] if self.draws_base_seed and self.base_generator is not None else []
+        mine = getattr(self.sampler, "order_generator", None) if getattr(self.sampler, "draws", False) else None
+        if mine is not None and all(mine is not g for g in found):
+            found.append(mine)
+        return found
 
     def __len__(self):
         return len(self.loader)
@@ -209,13 +311,17 @@ class TrainData:
         return iterator
 
 
-def draw_loader_seed(data):
-    """The draws the user's DataLoader makes from torch's global generator at each iter() (its workers' base seed
-    without a generator of its own; a RandomSampler's seed), made where the Trainer replaced that loader by one of
-    its own order: the global generator then stands where it stands under Lightning after each epoch, so dropout in
-    the next epoch's training_step draws Lightning's numbers."""
-    for _ in range(data.global_draws if data is not None else 0):
-        torch.empty((), dtype=torch.int64).random_()
+def draw_loader_seed(data, at_iter=True, at_first_batch=True):
+    """The draws the user's DataLoader makes at an iter() (its workers' base seed, from its generator or torch's
+    global one) and at an epoch's first batch (a RandomSampler's seed, or its permutation from its own generator),
+    made where the Trainer replaced that loader by one of its own order, at Lightning's points: the generators then
+    stand where they stand under Lightning, and on one process the epoch's order is the permutation drawn there."""
+    if data is None:
+        return
+    if at_iter:
+        data.draw_at_iter()
+    if at_first_batch:
+        data.draw_at_first_batch()
 
 
 def _order_sampler(loader):
@@ -411,12 +517,16 @@ def dispatches(loader) -> bool:
         loader.batch_size is not None
 
 
-def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=None, reads=True) -> TrainData:
+def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=None, reads=True,
+                       keeps_sampler=None) -> TrainData:
     """This rank's TrainData of a training loader, sharded `world_size` ways (this rank's shard: `rank`; both the
     data-parallel ones where processes share batches). shuffle=False reads a shuffling loader in order
     (overfit_batches); None keeps the loader's choice. With `broadcast` (the strategy's: rank 0's object on every
     rank) an IterableDataset of the user's is read by the process that `reads` (global rank 0) and dispatched
-    (`dispatches`), the Trainer's rule; without it, it is read as it is on every process."""
+    (`dispatches`), the Trainer's rule; without it, it is read as it is on every process. `keeps_sampler`: where
+    Lightning keeps the user's RandomSampler (a strategy that is not distributed, or use_distributed_sampler=False;
+    None: where `world_size` is 1), the epoch's order is the permutation that sampler draws, when the loop draws it
+    (ResumableSampler.draw_order)."""
     if broadcast is not None and dispatches(loader):
         from tasktrain.trainer.dispatch import dispatch_data  # (dispatch.py builds on this module)
 
@@ -430,10 +540,13 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
         data = TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)
-        # Lightning keeps a RandomSampler where it does not shard (one process, use_distributed_sampler=False),
-        # which draws its seed from the global generator at each epoch's first batch when it has no generator
-        data.global_draws = int(loader.generator is None) + \
-            int(shuffle and world_size == 1 and type(order) is RandomSampler and order.generator is None)
+        # each iter() of the user's loader draws its base seed (Lightning's loader too, sharded or not)
+        data.draws_base_seed, data.base_generator = True, loader.generator
+        # Lightning keeps a RandomSampler where it does not shard (one process, use_distributed_sampler=False): the
+        # epoch's permutation is drawn as that sampler draws it (a DistributedSampler's is (seed, epoch)'s)
+        keeps = world_size == 1 and (keeps_sampler is None or keeps_sampler)
+        sampler.draws = shuffle and keeps and type(order) is RandomSampler
+        sampler.order_generator = order.generator if sampler.draws else None
         return data
     sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)
     if is_stateful_loader(loader):
@@ -455,8 +568,14 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
     return TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)
 
 
-def prepare_eval_loader(loader, world_size, rank):
-    """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is."""
+def prepare_eval_loader(loader, world_size, rank, prefix=None):
+    """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is (a shuffling
+    one keeps shuffling, as under Lightning, which warns: `prefix` names the loader, "val", "test" or "predict")."""
+    if prefix is not None and rank == 0 and isinstance(loader, DataLoader) and \
+            not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
+            isinstance(_order_sampler(loader), RandomSampler):
+        warnings.warn(f"Your `{prefix}_dataloader`'s sampler has shuffling enabled, it is strongly recommended that "
+                      "you turn shuffling off for val/test dataloaders.", PossibleUserWarning)
     add_worker_init_fn(loader, rank)  # seed_everything(workers=True)
     if world_size == 1 or not _replaceable(loader) or type(_order_sampler(loader)) is not SequentialSampler:
         return loader

@@ -44,7 +44,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
                 module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"])
     world_size, rank = fit_data.shards(trainer)
-    loaders = [prepare_eval_loader(one, world_size, rank) for one in as_loaders(loader)]
+    prefix = {"validate": "val"}.get(stage, stage)
+    loaders = [prepare_eval_loader(one, world_size, rank, prefix) for one in as_loaders(loader)]
     limits = [limit_eval(one, limit_arg) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     trainer._watch()
@@ -194,11 +195,10 @@ def _batches(trainer, loader, limit, prefix, end_event=None):
         profiled_iter(loader, trainer.profiler, f"{prefix}_dataloader_next")
     state = trainer.state
     extra = {} if end_event is None else {"end_event": end_event}
-    for batch_idx, batch in watched_batches(trainer._watchdog, enumerate(batches), f"{prefix}_step",
-                                            lambda: state.global_step, **extra):
-        if limit is not None and batch_idx >= limit:
-            break
-        yield batch_idx, batch
+    # (stops at the limit without reading a batch more, as Lightning: a loader read to its end moves what its
+    # RandomSampler draws from, the user's generator; issue 37)
+    counted = enumerate(batches) if limit is None else zip(range(limit), batches)
+    yield from watched_batches(trainer._watchdog, counted, f"{prefix}_step", lambda: state.global_step, **extra)
 
 
 def gather_predictions(strategy, predictions):

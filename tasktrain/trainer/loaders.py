@@ -6,6 +6,7 @@ Functions over the Trainer: what they set on it (train_dataloader, num_training_
 the Trainer's public attributes, Lightning's names."""
 import math
 
+from tasktrain.strategies.base import OneProcess
 from tasktrain.trainer import evaluation, guards
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
@@ -39,7 +40,10 @@ def setup_train(trainer, loader, previous=None):
     world_size, rank = shards(trainer)
     train_data = prepare_train_data(loader, world_size, rank, trainer.state.data_seed,
                                     shuffle=False if trainer.overfit_batches else None,
-                                    broadcast=trainer.strategy.broadcast, reads=trainer.strategy.is_global_zero)
+                                    broadcast=trainer.strategy.broadcast, reads=trainer.strategy.is_global_zero,
+                                    # Lightning shards (DistributedSampler) under any distributed strategy
+                                    keeps_sampler=not trainer.use_distributed_sampler or
+                                    isinstance(trainer.strategy, OneProcess))
     trainer.train_dataloader = train_data.loader
     length = len(train_data) if train_data.has_len() else None
     guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error
@@ -128,7 +132,7 @@ def setup_val(trainer, loader):
     """The validation loaders, counted once per fit (a fraction of a loader without a length fails here, before
     training)."""
     world_size, rank = shards(trainer)
-    val_loaders = [prepare_eval_loader(one, world_size, rank) for one in evaluation.as_loaders(loader)]
+    val_loaders = [prepare_eval_loader(one, world_size, rank, "val") for one in evaluation.as_loaders(loader)]
     trainer._val_loader = val_loaders
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
     trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit) for one in val_loaders]

@@ -57,7 +57,7 @@ def fit_loop(trainer, fit):
     if trainer.state.batch_in_epoch == 0:
         # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
         # mid-epoch got its generator's state back from after that draw (issue 37)
-        draw_loader_seed(trainer._loader_data)
+        draw_loader_seed(trainer._loader_data, at_first_batch=False)
     trainer._call("on_train_start")
     fit.last_val_time = time.monotonic()  # a val_check_interval of time counts from here
     while not done(trainer):
@@ -68,7 +68,8 @@ def fit_loop(trainer, fit):
         # since the epoch it last requested it at
         if loaders.train_reload_due(trainer):
             loaders.reload(trainer, fit)
-            draw_loader_seed(trainer._loader_data)  # Lightning's setup_data iterates a reloaded loader once more
+            # Lightning's setup_data iterates a reloaded loader once more
+            draw_loader_seed(trainer._loader_data, at_first_batch=False)
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch)
         finished = trainer.state.epoch_finished
@@ -98,8 +99,9 @@ def train_epoch(trainer, fit, epoch):
     start = state.batch_in_epoch
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         trainer._call("on_train_epoch_start")
-        if epoch != fit.first_epoch:  # Lightning's iter() of each later epoch, after on_train_epoch_start
-            draw_loader_seed(trainer._loader_data)
+        # Lightning's iter() of each later epoch, after on_train_epoch_start, then (every epoch) its first batch,
+        # where a RandomSampler it kept draws the epoch's order
+        draw_loader_seed(trainer._loader_data, at_iter=epoch != fit.first_epoch)
     elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read after

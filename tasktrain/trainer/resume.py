@@ -37,12 +37,20 @@ def run_state(trainer, weights_only=False):
     strategy, state = trainer.strategy, trainer.state
     parts = {"state_dict": Weights(strategy), "train_state": state}
     data = trainer._loader_data
-    if not weights_only and isinstance(data, StatefulLoaderData):
-        # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order, beside
-        # the position (restored on the same number of processes: restore_train_state)
+    if not weights_only and data is not None:
         def train_state():
-            states = strategy.all_gather_object(data.loader_state(state.batch_in_epoch))
-            return {**state.state_dict(), "loader_states": states}
+            saved = state.state_dict()
+            if isinstance(data, StatefulLoaderData):
+                # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order,
+                # beside the position (restored on the same number of processes: restore_train_state)
+                saved["loader_states"] = strategy.all_gather_object(data.loader_state(state.batch_in_epoch))
+            order = data.drawn_order()
+            if order is not None:  # an epoch's order drawn as Lightning's RandomSampler draws it (tasktrain/trainer/data.py)
+                saved["drawn_order"] = order
+                if trainer.world_size > 1 and getattr(data.sampler, "draws", False):
+                    # use_distributed_sampler=False: each rank drew from its own generator; every rank's, in rank order
+                    saved["drawn_orders"] = strategy.all_gather_object(order)
+            return saved
 
         parts["train_state"] = Value(train_state, state.load_state_dict)
     if not weights_only:
@@ -317,6 +325,10 @@ def restore_train_state(trainer, path, saved, saved_world, epochs):
     shard_world = loaders.shards(trainer)[0]  # the global order is sharded over this many (1: use_distributed_sampler=False)
     saved_global_batch = saved.get("global_batch_size") or (
         global_batch // shard_world * saved_world if global_batch else 0)  # written before it was recorded
+    # the drawn order of the saved epoch and the user's loader generators (one process: Lightning's RandomSampler)
+    per_rank = saved.get("drawn_orders")
+    mine = per_rank[trainer.global_rank] if per_rank and len(per_rank) == trainer.world_size else None
+    epochs.data.load_drawn_order(mine if mine is not None else saved.get("drawn_order"))
     if saved.get("epoch_finished"):
         return
     accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1

@@ -87,7 +87,10 @@ def strategy_of(run):
         return DeepSpeed(stage=int(name[-1]), gradient_clipping=0.0)
     if name == "fsdp":
         return name  # on one process too: a world of one, DCP resharding the 2-process checkpoint onto it
-    return name if run["devices"] > 1 else "auto"
+    # DDP on one process too: Lightning's DistributedSampler order of (seed, epoch) on every world size, which these
+    # runs compare across 1 and 2 processes (a single-device fit draws each epoch's order as Lightning's
+    # RandomSampler does: docs/checkpointing.md)
+    return name
 
 
 def fit(root, run):
