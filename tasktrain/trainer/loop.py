@@ -98,6 +98,7 @@ def train_epoch(trainer, fit, epoch):
     num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
     start = state.batch_in_epoch
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
+        state.epoch_validated = False
         trainer._call("on_train_epoch_start")
         if epoch != fit.first_epoch:  # Lightning's iter() of each later epoch, after on_train_epoch_start
             draw_loader_seed(trainer._loader_data)
@@ -127,7 +128,10 @@ def train_epoch(trainer, fit, epoch):
     # (-1: no validation, as Lightning; nor with a val_check_interval of batches that the epoch's length is no
     # multiple of: Lightning validates at those multiples only)
     interval_ends_here = fit.val_every is None or num_batches is None or num_batches % fit.val_every == 0
-    if complete and not fit.ended_by_hook and interval_ends_here and val_at_epoch_end(trainer, epoch):
+    # (not again when resumed from a checkpoint its on_validation_end saved, as Lightning's restart skips it)
+    if complete and not fit.ended_by_hook and interval_ends_here and not state.epoch_validated and \
+            val_at_epoch_end(trainer, epoch):
+        state.epoch_validated = True  # (before: a checkpoint saved in it holds it)
         run_validation(trainer, last_step)
     step_plateau_schedulers(trainer, fit)  # the last batch's, after its (epoch-end) validation as in Lightning
     metrics.set_stage("train", False, True)
