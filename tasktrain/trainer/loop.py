@@ -104,6 +104,8 @@ def train_epoch(trainer, fit, epoch):
             draw_loader_seed(trainer._loader_data)
     elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
+    if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now
+        step_plateau_schedulers(trainer, fit)
     # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read after
     # the epoch-start hooks: a GradientAccumulationScheduler sets it there.
     accumulate = trainer.accumulate_grad_batches if module.automatic_optimization else 1
@@ -544,11 +546,13 @@ def step_plateau_schedulers(trainer, fit):
     """The step-interval schedulers that watch a metric, once the stepped batch's validation (if any) ran."""
     if fit.plateau_step_due:
         fit.plateau_step_due = False
-        step_schedulers(trainer, fit, "step", plateau=True)
+        values, fit.plateau_values = fit.plateau_values, None
+        step_schedulers(trainer, fit, "step", plateau=True, values=values)
 
 
-def step_schedulers(trainer, fit, interval, plateau=None):
-    """Step the schedulers of `interval`; plateau=True/False: only those that watch a metric / only the others."""
+def step_schedulers(trainer, fit, interval, plateau=None, values=None):
+    """Step the schedulers of `interval`; plateau=True/False: only those that watch a metric / only the others;
+    `values`: the watched values as a checkpoint saved them (in place of callback_metrics)."""
     step_scheduler = fit.lr_scheduler_step
     for config in fit.lr_scheduler_configs:
         if config.interval != interval:
@@ -561,7 +565,7 @@ def step_schedulers(trainer, fit, interval, plateau=None):
         if config.monitor is None:
             step_scheduler(config.scheduler, None)
             continue
-        value = trainer.callback_metrics.get(config.monitor)
+        value = (trainer.callback_metrics if values is None else values).get(config.monitor)
         if value is None:
             if trainer.sanity_checking:
                 continue

@@ -36,14 +36,20 @@ def run_state(trainer, weights_only=False):
     strategy, state = trainer.strategy, trainer.state
     parts = {"state_dict": Weights(strategy), "train_state": state}
     data = trainer._loader_data
-    if not weights_only and isinstance(data, StatefulLoaderData):
-        # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order, beside
-        # the position (restored on the same number of processes: restore_train_state)
-        def train_state():
-            states = strategy.all_gather_object(data.loader_state(state.batch_in_epoch))
-            return {**state.state_dict(), "loader_states": states}
+    stateful = not weights_only and isinstance(data, StatefulLoaderData)
 
-        parts["train_state"] = Value(train_state, state.load_state_dict)
+    def train_state():
+        saved = state.state_dict()
+        if stateful:
+            # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order, beside
+            # the position (restored on the same number of processes: restore_train_state)
+            saved["loader_states"] = strategy.all_gather_object(data.loader_state(state.batch_in_epoch))
+        pending = pending_plateau_step(trainer)
+        if pending is not None and not weights_only:
+            saved["plateau_step_values"] = pending
+        return saved
+
+    parts["train_state"] = Value(train_state, state.load_state_dict)
     if not weights_only:
         optimizers = trainer.optimizers
         parts.update(
@@ -260,6 +266,23 @@ def restore_training_state(trainer, loaded):
         state.epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
         state.epoch_finished = False
+    elif saved.get("plateau_step_values") and trainer._fit_state is not None:  # taken when the loop goes on
+        trainer._fit_state.plateau_step_due = True
+        trainer._fit_state.plateau_values = dict(saved["plateau_step_values"])
+
+
+def pending_plateau_step(trainer):
+    """Saved inside a stepped batch before its step schedulers that watch a metric stepped (a validation's
+    on_validation_end, the epoch-end one included): the values they will watch ({monitor: float or None}), so that
+    the resumed run takes that step as the uninterrupted one does (Lightning skips it: callback_metrics are not in
+    its checkpoints; it then raises for a strict scheduler). None when no such step is due."""
+    fit = trainer._fit_state
+    if fit is None or not fit.plateau_step_due:
+        return None
+    metrics = trainer.callback_metrics
+    values = {config.monitor: (float(metrics[config.monitor]) if config.monitor in metrics else None)
+              for config in trainer.lr_scheduler_configs if config.interval == "step" and config.monitor is not None}
+    return values or None
 
 
 def check_epochs_left(trainer, ckpt, saved):
