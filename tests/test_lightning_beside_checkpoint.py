@@ -656,3 +656,24 @@ def test_epoch_end_validation_checkpoint_saved_and_resumed_where_lightning_does(
         assert seen["tasktrain"]["resumed"][0] == "train_epoch_end"
     assert torch.equal(weights["tasktrain"][1], weights["tasktrain"][0])  # tasktrain's resume is exact
     assert torch.equal(weights["tasktrain"][0], weights["lightning"][0])  # the same uninterrupted fit as Lightning
+
+
+def test_resume_from_a_mid_epoch_validation_checkpoint_takes_the_pending_plateau_step(tmp_path):
+    """val_check_interval=0.5: the file saved at the mid-epoch validation's end comes before the step plateau
+    scheduler's step of that batch; it keeps the watched value (train_state's plateau_step_values) and the resumed fit
+    takes the step first, ending on the uninterrupted fit's weights and scheduler state (Lightning's resume skips it)."""
+    def fit(directory, ckpt_path=None):
+        log = []
+        trainer = tasktrain.Trainer(max_epochs=2, val_check_interval=0.5, num_sanity_val_steps=0, logger=False,
+                                    enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                                    callbacks=[tasktrain.ModelCheckpoint(directory, save_top_k=-1)])
+        module = hooked_module(tasktrain.TaskModule, log)
+        trainer.fit(module, loader(32), loader(8), ckpt_path=ckpt_path)
+        return module.layer.weight.detach().clone(), trainer.lr_scheduler_configs[0].scheduler.state_dict()
+
+    full, plateau = fit(tmp_path / "a")
+    saved = torch.load(tmp_path / "a" / "epoch=0-step=2.ckpt", weights_only=True)
+    assert list(saved["train_state"]["plateau_step_values"]) == ["train_loss"]
+    assert saved["lr_schedulers"][0]["last_epoch"] == 1  # the second step still to come
+    resumed, resumed_plateau = fit(tmp_path / "b", str(tmp_path / "a" / "epoch=0-step=2.ckpt"))
+    assert torch.equal(resumed, full) and resumed_plateau == plateau
