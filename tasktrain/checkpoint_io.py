@@ -12,9 +12,10 @@ Trainer's keys (the parts of its run state, tasktrain/trainer/run_state.py, whic
     hyper_parameters    dict (save_hyperparameters)
     weights_only        bool: True means no training state, the file cannot resume a fit
     train_state         TrainState: epoch, global_step, batches_that_stepped (the loggers' step), batch_in_epoch,
-                        samples_in_epoch, global_batch_size, data_seed, epoch_finished, stage; drawn_order where
-                        an epoch's order was drawn as Lightning's RandomSampler draws it (one process) or a loader
-                        has a generator of the user's (tasktrain/trainer/data.py)
+                        samples_in_epoch, global_batch_size, data_seed, epoch_finished, epoch_validated, stage;
+                        drawn_order where an epoch's order was drawn as Lightning's RandomSampler draws it (one
+                        process) or a loader has a generator of the user's (tasktrain/trainer/data.py);
+                        plateau_step_values (only where a metric-watching step scheduler's step is pending)
     optimizer_states    list of optimizer state dicts
     optimizer_param_names  per optimizer, per param group, the names of its parameters (state dict keys), in order
     lr_schedulers       list of scheduler state dicts

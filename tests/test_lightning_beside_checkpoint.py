@@ -541,3 +541,139 @@ def test_evaluation_after_fit_without_a_module_uses_the_best_as_lightning(L, tmp
                            plain_error)
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"][0] == "epoch=0-step=2.ckpt" and seen["tasktrain"][3]
+
+
+def hooked_module(base, log):
+    """tests/helpers.Linear under `base` (LightningModule or TaskModule) with a step ReduceLROnPlateau on train_loss
+    and an epoch StepLR, recording the hooks around the epoch's end and what each saved checkpoint holds."""
+    class Hooked(base):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", torch.nn.functional.mse_loss(self(batch[0]), batch[1]))
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.9)
+            epochly = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+            # strict=False: after a resume Lightning has no train_loss for the step its checkpoint was saved before
+            return [optimizer], [{"scheduler": plateau, "interval": "step", "monitor": "train_loss", "strict": False},
+                                 {"scheduler": epochly, "interval": "epoch"}]
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            log.append(f"batch_end {self.current_epoch}/{batch_idx}")
+
+        def on_validation_end(self):
+            log.append("validation_end")
+
+        def on_train_epoch_end(self):
+            log.append("train_epoch_end")
+            self.log("epoch_value", float(self.current_epoch))
+
+        def lr_scheduler_step(self, scheduler, metric):
+            log.append("step " + type(scheduler).__name__)
+            super().lr_scheduler_step(scheduler, metric)
+
+        def on_save_checkpoint(self, checkpoint):
+            log.append(("save", checkpoint["epoch"], checkpoint["global_step"],
+                        [s["last_epoch"] for s in checkpoint["lr_schedulers"]],
+                        sorted(self.trainer.callback_metrics)))
+
+    return Hooked()
+
+
+@pytest.mark.parametrize("save_on_train_epoch_end", [False, True, None])
+def test_epoch_end_validation_checkpoint_saved_and_resumed_where_lightning_does(L, tmp_path, save_on_train_epoch_end):
+    """With check_val_every_n_epoch=2, ModelCheckpoint saves the epoch-end validation's checkpoint at its
+    on_validation_end where saves are at validation ends (False; None resolves to False): before the step
+    ReduceLROnPlateau steps after that validation and before on_train_epoch_end (its value not in the file's
+    callback_metrics yet); True saves at on_train_epoch_end. Hook order, scheduler states, the files written and the
+    folder are Lightning's; a resume from that file runs the epoch's end (on_train_epoch_end, not the validation
+    again) as Lightning's does, and in tasktrain it ends on the uninterrupted fit's weights (Lightning's resume does not:
+    it skips the pending plateau step)."""
+    seen, weights, plateau_steps = {}, {}, {}
+    for framework in ("lightning", "tasktrain"):
+        log = []
+        if framework == "lightning":
+            base, cls = L.LightningModule, L.pytorch.callbacks.ModelCheckpoint
+        else:
+            base, cls = tasktrain.TaskModule, tasktrain.ModelCheckpoint
+
+        def fit(directory, epochs, ckpt_path=None):
+            checkpoint = cls(directory, save_top_k=-1, save_last=True, save_on_train_epoch_end=save_on_train_epoch_end)
+            common = dict(max_epochs=epochs, callbacks=[checkpoint], enable_progress_bar=False,
+                          enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path / framework,
+                          logger=False, check_val_every_n_epoch=2)
+            if framework == "lightning":
+                trainer = L.Trainer(accelerator="cpu", devices=1, **common)
+            else:
+                trainer = tasktrain.Trainer(**common)
+            writes, save = [], trainer.save_checkpoint
+            trainer.save_checkpoint = lambda path, weights_only=False: (writes.append(os.path.basename(path)),
+                                                                        save(path, weights_only))
+            module = hooked_module(base, log)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trainer.fit(module, loader(16), loader(8), ckpt_path=ckpt_path)
+            return module.layer.weight.detach().clone(), writes
+
+        directory = tmp_path / framework / "ckpt"
+        full, writes = fit(directory, 3)
+        first = list(log)
+        log.clear()
+        resumed, resumed_writes = fit(tmp_path / framework / "again", 3, str(directory / "epoch=1-step=4.ckpt"))
+        # (the plateau's steps after the resume are compared below: tasktrain takes the one the file was saved
+        # before, Lightning skips it)
+        plateau_steps[framework] = [e[3][0] for e in log if e[0] == "save"]
+        seen[framework] = dict(first=first, writes=writes, folder=folder(directory), resumed_writes=resumed_writes,
+                               resumed=[e[:3] + (e[3][1:],) + e[4:] if e[0] == "save" else e for e in log
+                                        if not (isinstance(e, str) and e.startswith("step Reduce"))])
+        weights[framework] = full, resumed
+    assert seen["tasktrain"] == seen["lightning"]
+    pending = 0 if save_on_train_epoch_end else 1
+    assert plateau_steps["tasktrain"] == [n + pending for n in plateau_steps["lightning"]] and plateau_steps["lightning"]
+    first = seen["tasktrain"]["first"]
+    save_at = first.index(next(e for e in first if e[0] == "save" and e[1] == 1))
+    if save_on_train_epoch_end:  # after epoch 1's hooks (epoch 1's validation ran and all of its 4 steps)
+        assert first[save_at - 4:save_at] == ["batch_end 1/1", "validation_end", "step ReduceLROnPlateau",
+                                              "train_epoch_end"] and first[save_at][3] == [4, 2]
+    else:  # after the validation, before the plateau step and the epoch's end: 3 plateau steps of 4 taken
+        assert first[save_at - 1] == "batch_end 1/1" and first[save_at + 2:save_at + 4] == [
+            "validation_end", "step ReduceLROnPlateau"]
+        assert first[save_at][3] == [3, 2] and first[save_at + 4] == "train_epoch_end"
+        # the resumed fit runs epoch 1's end first: no validation, no batch again
+        assert seen["tasktrain"]["resumed"][0] == "train_epoch_end"
+    assert torch.equal(weights["tasktrain"][1], weights["tasktrain"][0])  # tasktrain's resume is exact
+    assert torch.equal(weights["tasktrain"][0], weights["lightning"][0])  # the same uninterrupted fit as Lightning
+
+
+def test_resume_from_a_mid_epoch_validation_checkpoint_takes_the_pending_plateau_step(tmp_path):
+    """val_check_interval=0.5: the file saved at the mid-epoch validation's end comes before the step plateau
+    scheduler's step of that batch; it keeps the watched value (train_state's plateau_step_values) and the resumed fit
+    takes the step first, ending on the uninterrupted fit's weights and scheduler state (Lightning's resume skips it)."""
+    def fit(directory, ckpt_path=None):
+        log = []
+        trainer = tasktrain.Trainer(max_epochs=2, val_check_interval=0.5, num_sanity_val_steps=0, logger=False,
+                                    enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                                    callbacks=[tasktrain.ModelCheckpoint(directory, save_top_k=-1)])
+        module = hooked_module(tasktrain.TaskModule, log)
+        trainer.fit(module, loader(32), loader(8), ckpt_path=ckpt_path)
+        return module.layer.weight.detach().clone(), trainer.lr_scheduler_configs[0].scheduler.state_dict()
+
+    full, plateau = fit(tmp_path / "a")
+    saved = torch.load(tmp_path / "a" / "epoch=0-step=2.ckpt", weights_only=True)
+    assert list(saved["train_state"]["plateau_step_values"]) == ["train_loss"]
+    assert saved["lr_schedulers"][0]["last_epoch"] == 1  # the second step still to come
+    resumed, resumed_plateau = fit(tmp_path / "b", str(tmp_path / "a" / "epoch=0-step=2.ckpt"))
+    assert torch.equal(resumed, full) and resumed_plateau == plateau

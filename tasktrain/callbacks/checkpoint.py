@@ -2,10 +2,13 @@
 
 When it saves (it is the last callback, so every other callback's state is already updated):
 
-- every_n_epochs: at on_train_epoch_end, after the epoch's validation; and after a validation that runs inside
-  the epoch (val_check_interval), at that step.
+- every_n_epochs: at on_train_epoch_end, after the epoch's validation (save_on_train_epoch_end True); or at the end
+  of each validation run, inside the epoch (val_check_interval) and at its end (False), as Lightning: the epoch-end
+  one saves before the step schedulers that watch a metric step after it, before on_train_epoch_end and the epoch
+  schedulers, so a resume from that file runs the epoch's end (not its validation again).
 - every_n_train_steps: at on_train_batch_end of every n-th optimizer step; at the last batch of an epoch the save
-  waits for on_train_epoch_end, so that it sees the epoch-end validation of the same step.
+  waits for the epoch-end validation of the same step (its on_validation_end, or on_train_epoch_end when saves are
+  at epoch ends or no validation follows).
 - train_time_interval: at on_train_batch_end of the first optimizer step after that much time since the previous
   such save (rank 0's clock decides for every rank; on several processes it is looked at every
   log_every_n_steps-th step, where the ranks already agree on stopping, so no collective is added per step).
@@ -134,7 +137,6 @@ class ModelCheckpoint(Checkpoint):
         self._topk_written = False
         self._last_checkpoint_saved = ""  # the newest file this callback wrote (what save_last="link" points at)
         self._seen_step = 0  # global_step at the previous batch end
-        self._validated = False  # a validation ran inside the epoch since the last batch end
         self._validations_seen = 0  # validation runs of this fit (not the sanity check)
         self._step_save_pending = False  # a step save deferred to the epoch end
         self._last_scored = None  # the monitored tensor of the previous save: the same object means stale
@@ -210,7 +212,6 @@ class ModelCheckpoint(Checkpoint):
                         f"{type(self).__name__} overrides {', '.join(overridden)}, which async_save=True does not call "
                         "(it stages the state and writes it in the background). Use async_save=False with these "
                         "overrides, or override format_checkpoint_name / the callback hooks instead.")
-        self._validated = False
         self._validations_seen = 0
         self._step_save_pending = False
         self._last_scored = None
@@ -227,41 +228,46 @@ class ModelCheckpoint(Checkpoint):
     def on_validation_end(self, trainer, pl_module):
         if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
             self._validations_seen += 1
-            # one inside the epoch runs after on_train_batch_end (Lightning's order): it saves here, as Lightning's,
-            # unless that batch end saved this step already; the epoch-end one saves at on_train_epoch_end
+            # Lightning's order: a validation runs after the batch's on_train_batch_end, and with saves at validation
+            # ends (save_on_train_epoch_end False) it saves here, unless that batch end saved this step already. The
+            # epoch-end one too: before the step schedulers that watch a metric step after it, before
+            # on_train_epoch_end and the epoch schedulers (the file is "inside the epoch": a resume from it runs the
+            # epoch's end); a step save its last batch deferred to this validation is made here.
             total = trainer.num_training_batches
-            if total is not None and trainer.state.batch_in_epoch < total:
-                if not self._epoch_end_saves and self._epoch_due(trainer) and \
-                        self._last_saved_step != trainer.global_step:
-                    self._save(trainer)
+            inside = total is not None and trainer.state.batch_in_epoch < total
+            if self._epoch_end_saves:
                 return
-            self._validated = True
+            due = self._epoch_due(trainer) or (not inside and self._step_save_pending)
+            by_step = not inside and self._step_save_pending
+            if not inside:
+                self._step_save_pending = False
+            if due and self._last_saved_step != trainer.global_step:
+                self._save(trainer, by_step=by_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         # Only batches that completed an optimizer step count (not the other micro-batches of a window).
         stepped, self._seen_step = step != self._seen_step, step
-        # A validation inside the epoch (val_check_interval) ran just before this hook, at this step.
-        after_val, self._validated = self._validated, False
         due = bool(stepped and self.every_n_train_steps and step % self.every_n_train_steps == 0)
         if stepped and self.train_time_interval is not None and self._time_is_up(trainer):
             due = True
-        if not (due or (after_val and not self._epoch_end_saves and self._epoch_due(trainer))):
+        if not due:
             return
         total = trainer.num_training_batches
         if total is not None and trainer.state.batch_in_epoch >= total:
-            # the epoch's last batch: its validation has not run yet; on_train_epoch_end saves with fresh metrics
+            # the epoch's last batch: its validation has not run yet; the save waits for fresh metrics, at that
+            # validation's end (saves at validation ends) or at on_train_epoch_end
             self._step_save_pending = self._step_save_pending or bool(due)
             return
         self._save(trainer, by_step=bool(due))
 
     def on_train_epoch_end(self, trainer, pl_module):
-        # with saves at validation ends (save_on_train_epoch_end False), only an epoch that ended with one saves
-        epoch_due = self._epoch_due(trainer) and (self._epoch_end_saves or self._validated)
+        # with saves at validation ends (save_on_train_epoch_end False) the epoch's schedule saved at its validation's
+        # end; here only a step save of the last batch that no validation followed
+        epoch_due = self._epoch_due(trainer) and self._epoch_end_saves
         if epoch_due or self._step_save_pending:
             self._save(trainer, by_step=self._step_save_pending)
         self._step_save_pending = False
-        self._validated = False
 
     def _epoch_due(self, trainer):
         n = self.every_n_epochs

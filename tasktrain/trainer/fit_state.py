@@ -72,6 +72,7 @@ class FitState:
     stepper: Any = None  # the LightningOptimizer the module's optimizer_step receives (self.optimizers()'s)
     stepped: bool = False  # whether the window's optimizer step really stepped (schedulers follow it)
     plateau_step_due: bool = False  # a step-interval scheduler that watches a metric steps after the validation
+    plateau_values: Optional[dict] = None  # the values it watches, from a checkpoint saved before it stepped
     # per epoch
     first_epoch: int = 0
     loss_window: list = field(default_factory=list)

@@ -98,12 +98,15 @@ def train_epoch(trainer, fit, epoch):
     num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
     start = state.batch_in_epoch
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
+        state.epoch_validated = False
         trainer._call("on_train_epoch_start")
         # Lightning's iter() of each later epoch, after on_train_epoch_start, then (every epoch) its first batch,
         # where a RandomSampler it kept draws the epoch's order
         draw_loader_seed(trainer._loader_data, at_iter=epoch != fit.first_epoch)
     elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
+    if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now
+        step_plateau_schedulers(trainer, fit)
     # In manual optimisation training_step steps the optimizers itself: every batch is a window of one. Read after
     # the epoch-start hooks: a GradientAccumulationScheduler sets it there.
     accumulate = trainer.accumulate_grad_batches if module.automatic_optimization else 1
@@ -128,7 +131,10 @@ def train_epoch(trainer, fit, epoch):
     # (-1: no validation, as Lightning; nor with a val_check_interval of batches that the epoch's length is no
     # multiple of: Lightning validates at those multiples only)
     interval_ends_here = fit.val_every is None or num_batches is None or num_batches % fit.val_every == 0
-    if complete and not fit.ended_by_hook and interval_ends_here and val_at_epoch_end(trainer, epoch):
+    # (not again when resumed from a checkpoint its on_validation_end saved, as Lightning's restart skips it)
+    if complete and not fit.ended_by_hook and interval_ends_here and not state.epoch_validated and \
+            val_at_epoch_end(trainer, epoch):
+        state.epoch_validated = True  # (before: a checkpoint saved in it holds it)
         run_validation(trainer, last_step)
     step_plateau_schedulers(trainer, fit)  # the last batch's, after its (epoch-end) validation as in Lightning
     metrics.set_stage("train", False, True)
@@ -547,11 +553,13 @@ def step_plateau_schedulers(trainer, fit):
     """The step-interval schedulers that watch a metric, once the stepped batch's validation (if any) ran."""
     if fit.plateau_step_due:
         fit.plateau_step_due = False
-        step_schedulers(trainer, fit, "step", plateau=True)
+        values, fit.plateau_values = fit.plateau_values, None
+        step_schedulers(trainer, fit, "step", plateau=True, values=values)
 
 
-def step_schedulers(trainer, fit, interval, plateau=None):
-    """Step the schedulers of `interval`; plateau=True/False: only those that watch a metric / only the others."""
+def step_schedulers(trainer, fit, interval, plateau=None, values=None):
+    """Step the schedulers of `interval`; plateau=True/False: only those that watch a metric / only the others;
+    `values`: the watched values as a checkpoint saved them (in place of callback_metrics)."""
     step_scheduler = fit.lr_scheduler_step
     for config in fit.lr_scheduler_configs:
         if config.interval != interval:
@@ -564,7 +572,7 @@ def step_schedulers(trainer, fit, interval, plateau=None):
         if config.monitor is None:
             step_scheduler(config.scheduler, None)
             continue
-        value = trainer.callback_metrics.get(config.monitor)
+        value = (trainer.callback_metrics if values is None else values).get(config.monitor)
         if value is None:
             if trainer.sanity_checking:
                 continue

@@ -37,22 +37,27 @@ def run_state(trainer, weights_only=False):
     strategy, state = trainer.strategy, trainer.state
     parts = {"state_dict": Weights(strategy), "train_state": state}
     data = trainer._loader_data
-    if not weights_only and data is not None:
-        def train_state():
-            saved = state.state_dict()
+    has_data = not weights_only and data is not None
+
+    def train_state():
+        saved = state.state_dict()
+        if has_data:
             if isinstance(data, StatefulLoaderData):
                 # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order,
                 # beside the position (restored on the same number of processes: restore_train_state)
                 saved["loader_states"] = strategy.all_gather_object(data.loader_state(state.batch_in_epoch))
             order = data.drawn_order()
-            if order is not None:  # an epoch's order drawn as Lightning's RandomSampler draws it (tasktrain/trainer/data.py)
+            if order is not None:  # an epoch's order drawn as Lightning's RandomSampler draws it (trainer/data.py)
                 saved["drawn_order"] = order
                 if trainer.world_size > 1 and getattr(data.sampler, "draws", False):
                     # use_distributed_sampler=False: each rank drew from its own generator; every rank's, in rank order
                     saved["drawn_orders"] = strategy.all_gather_object(order)
-            return saved
+        pending = pending_plateau_step(trainer)
+        if pending is not None and not weights_only:
+            saved["plateau_step_values"] = pending
+        return saved
 
-        parts["train_state"] = Value(train_state, state.load_state_dict)
+    parts["train_state"] = Value(train_state, state.load_state_dict)
     if not weights_only:
         optimizers = trainer.optimizers
         parts.update(
@@ -292,6 +297,23 @@ def start_after_finished_epoch(trainer):
         state.epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
         state.epoch_finished = False
+    elif saved.get("plateau_step_values") and trainer._fit_state is not None:  # taken when the loop goes on
+        trainer._fit_state.plateau_step_due = True
+        trainer._fit_state.plateau_values = dict(saved["plateau_step_values"])
+
+
+def pending_plateau_step(trainer):
+    """Saved inside a stepped batch before its step schedulers that watch a metric stepped (a validation's
+    on_validation_end, the epoch-end one included): the values they will watch ({monitor: float or None}), so that
+    the resumed run takes that step as the uninterrupted one does (Lightning skips it: callback_metrics are not in
+    its checkpoints; it then raises for a strict scheduler). None when no such step is due."""
+    fit = trainer._fit_state
+    if fit is None or not fit.plateau_step_due:
+        return None
+    metrics = trainer.callback_metrics
+    values = {config.monitor: (float(metrics[config.monitor]) if config.monitor in metrics else None)
+              for config in trainer.lr_scheduler_configs if config.interval == "step" and config.monitor is not None}
+    return values or None
 
 
 def check_epochs_left(trainer, ckpt, saved):

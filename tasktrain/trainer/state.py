@@ -26,6 +26,8 @@ class TrainState:
     global_batch_size: int = 0  # samples per optimizer step over all ranks (micro x world x accumulation); 0: unknown
     data_seed: int = 0  # the data order is a function of (data_seed, epoch)
     epoch_finished: bool = False  # the epoch's end (validation, schedulers, hooks) already ran
+    # the epoch-end validation ran (a checkpoint saved at its on_validation_end: the resume runs the rest of the end)
+    epoch_validated: bool = False
     stepping_batch: bool = False  # a batch that stepped is being finished: not yet in batches_that_stepped
     status: TrainerStatus = TrainerStatus.INITIALIZING
     fn: Optional[TrainerFn] = None  # the entry point: "fit", "validate", "test", "predict"
