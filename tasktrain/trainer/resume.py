@@ -271,6 +271,9 @@ def restore_training_state(trainer, loaded):
     state.data_seed = saved.get("data_seed", state.data_seed)
     state.global_batch_size = global_batch
     # (a checkpoint of an epoch's end stays at that epoch until the loop starts: start_after_finished_epoch)
+    if not state.epoch_finished and saved.get("plateau_step_values") and trainer._fit_state is not None:
+        trainer._fit_state.plateau_step_due = True  # taken when the loop goes on
+        trainer._fit_state.plateau_values = dict(saved["plateau_step_values"])
 
 
 def skips_sanity_check(trainer, loaded):
@@ -297,9 +300,6 @@ def start_after_finished_epoch(trainer):
         state.epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
         state.epoch_finished = False
-    elif saved.get("plateau_step_values") and trainer._fit_state is not None:  # taken when the loop goes on
-        trainer._fit_state.plateau_step_due = True
-        trainer._fit_state.plateau_values = dict(saved["plateau_step_values"])
 
 
 def pending_plateau_step(trainer):
