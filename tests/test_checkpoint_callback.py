@@ -182,27 +182,32 @@ def test_every_n_epochs(tmp_path):
     assert ckpt_files(tmp_path) == ["epoch=1-step=4.ckpt", "epoch=3-step=8.ckpt"]
 
 
-def test_a_step_save_at_an_epoch_end_waits_for_that_validation(tmp_path):
-    # steps 2, 4, 6 are each the last step of an epoch: saved after the epoch's validation, with its score
+def test_a_step_save_at_an_epoch_end_is_lightnings(tmp_path):
+    # steps 2, 4, 6 are each the last step of an epoch, saves at epoch ends (validation every epoch): Lightning 2.6
+    # saves at the batch's end, before that epoch's validation; step 2 has no score yet (deferred to a validation
+    # end, which saves nothing here), step 4 scores epoch 0's validation, step 6 epoch 1's (checked beside Lightning)
     mc = ModelCheckpoint(dirpath=tmp_path, monitor="score", every_n_train_steps=2, every_n_epochs=None,
                          save_top_k=-1, filename="{step}-{score:.0f}")
     fit([mc], epochs=3)
-    assert ckpt_files(tmp_path) == ["step=2-score=5.ckpt", "step=4-score=3.ckpt", "step=6-score=4.ckpt"]
+    assert ckpt_files(tmp_path) == ["step=4-score=5.ckpt", "step=6-score=3.ckpt"]
 
 
-def test_saves_after_each_validation_inside_the_epoch_and_never_scores_a_value_twice(tmp_path):
+def test_saves_after_each_validation_inside_the_epoch_and_stale_values_as_lightning(tmp_path):
     mc = ModelCheckpoint(dirpath=tmp_path, monitor="score", save_top_k=-1, filename="{epoch}-{step}-{score:.0f}")
     trainer = Trainer(max_epochs=2, val_check_interval=2, callbacks=[mc], logger=False, enable_progress_bar=False,
                       num_sanity_val_steps=0)
     trainer.fit(Scripted(), loader(32), loader(8))  # 4 batches: validation after batch 2 and at the end
     assert ckpt_files(tmp_path) == ["epoch=0-step=2-score=5.ckpt", "epoch=0-step=4-score=3.ckpt",
                                     "epoch=1-step=6-score=4.ckpt", "epoch=1-step=8-score=1.ckpt"]
-    # every step with check_val_every_n_epoch=2: only the steps after a validation are top-k candidates
+    # every step with check_val_every_n_epoch=2 (Lightning 2.6, checked beside it): the steps before the first
+    # validation defer (no score yet; made at epoch 1's validation end), later steps score the last validation's
+    # value again (a stale value is a candidate, as in Lightning), the last batch of a validating epoch waits for it
     mc = ModelCheckpoint(dirpath=tmp_path / "b", monitor="score", save_top_k=-1, every_n_train_steps=1,
                          every_n_epochs=None, save_last=True)
     fit([mc], epochs=4, check_val_every_n_epoch=2)
-    assert sorted(mc.best_k_models.values()) == [3.0, 5.0]
-    assert ckpt_files(tmp_path / "b") == ["epoch=1-step=4.ckpt", "epoch=3-step=8.ckpt", "last.ckpt"]
+    assert sorted(mc.best_k_models.values()) == [3.0, 5.0, 5.0, 5.0, 5.0]
+    assert ckpt_files(tmp_path / "b") == ["epoch=1-step=4.ckpt", "epoch=2-step=5.ckpt", "epoch=2-step=6.ckpt",
+                                          "epoch=3-step=7.ckpt", "epoch=3-step=8.ckpt", "last.ckpt"]
 
 
 def test_nan_score_is_never_the_best(tmp_path):

@@ -677,3 +677,62 @@ def test_resume_from_a_mid_epoch_validation_checkpoint_takes_the_pending_plateau
     assert saved["lr_schedulers"][0]["last_epoch"] == 1  # the second step still to come
     resumed, resumed_plateau = fit(tmp_path / "b", str(tmp_path / "a" / "epoch=0-step=2.ckpt"))
     assert torch.equal(resumed, full) and resumed_plateau == plateau
+
+
+STEP_SAVES = {  # every_n_train_steps where Lightning 2.6 saves: at the batch, or deferred to a validation's end
+    "no_monitor": (dict(every_n_train_steps=4, save_top_k=-1), {}),
+    "monitor_not_logged_yet": (dict(every_n_train_steps=4, monitor="val_loss", save_top_k=2), {}),
+    "epoch_end_saves": (dict(every_n_train_steps=4, monitor="train_loss", save_top_k=-1, save_on_train_epoch_end=True),
+                        {}),
+    "stale_value_and_last": (dict(every_n_train_steps=4, monitor="val_loss", save_top_k=-1, save_last=True), {}),
+    "inside_validations": (dict(every_n_train_steps=3, monitor="val_loss", save_top_k=-1),
+                           dict(val_check_interval=0.5)),
+    "validation_end_saves": (dict(every_n_train_steps=4, save_top_k=-1, save_on_train_epoch_end=False), {}),
+}
+
+
+def _step_saves(lib, classes, root, checkpoint, trainer_args):
+    hook, saves = {"now": None}, []
+
+    class Where(lib.Callback):  # (before the ModelCheckpoint, which both frameworks run last)
+        pass
+
+    for name in ("on_train_batch_end", "on_validation_end", "on_train_epoch_end", "on_train_end"):
+        setattr(Where, name, (lambda n: lambda self, *args, **kwargs: hook.__setitem__("now", n))(name))
+
+    class Logged(classes.BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("train_loss", out["loss"])
+            return out
+
+        def validation_step(self, batch, batch_idx):
+            out = super().validation_step(batch, batch_idx)
+            self.log("val_loss", out["x"])
+            return out
+
+        def on_save_checkpoint(self, checkpoint):
+            saves.append((hook["now"], self.trainer.global_step))
+
+    lib.seed_everything(1, verbose=False)
+    trainer = lib.Trainer(max_epochs=2, limit_train_batches=8, limit_val_batches=2, logger=False,
+                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                          callbacks=[Where(), lib.callbacks.ModelCheckpoint(dirpath=root, **checkpoint)],
+                          **trainer_args)
+    trainer.fit(Logged())
+    return saves, sorted(os.listdir(root))
+
+
+@pytest.mark.parametrize("case", list(STEP_SAVES))
+def test_step_saves_where_and_what_lightning_saves(L, tmp_path, case):
+    from lightning.pytorch.demos import boring_classes as theirs
+
+    from tasktrain.demos import boring_classes as ours
+
+    checkpoint, trainer_args = STEP_SAVES[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mine = _step_saves(tasktrain, ours, tmp_path / "ours", checkpoint, trainer_args)
+        theirs_ = _step_saves(L.pytorch, theirs, tmp_path / "theirs", checkpoint, trainer_args)
+    assert mine == theirs_
+    assert mine[0]  # (each case saves something)

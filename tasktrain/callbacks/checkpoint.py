@@ -138,8 +138,7 @@ class ModelCheckpoint(Checkpoint):
         self._last_checkpoint_saved = ""  # the newest file this callback wrote (what save_last="link" points at)
         self._seen_step = 0  # global_step at the previous batch end
         self._validations_seen = 0  # validation runs of this fit (not the sanity check)
-        self._step_save_pending = False  # a step save deferred to the epoch end
-        self._last_scored = None  # the monitored tensor of the previous save: the same object means stale
+        self._step_save_deferred = False  # a step save deferred to the next validation's end (Lightning's)
         self._resolved_dir = None
 
     @property
@@ -213,8 +212,7 @@ class ModelCheckpoint(Checkpoint):
                         "(it stages the state and writes it in the background). Use async_save=False with these "
                         "overrides, or override format_checkpoint_name / the callback hooks instead.")
         self._validations_seen = 0
-        self._step_save_pending = False
-        self._last_scored = None
+        self._step_save_deferred = False
 
     def on_train_start(self, trainer, pl_module):
         self._adopt_restored(trainer)  # DeepSpeed/FSDP restore the callbacks after on_fit_start (Lightning's order)
@@ -228,21 +226,19 @@ class ModelCheckpoint(Checkpoint):
     def on_validation_end(self, trainer, pl_module):
         if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
             self._validations_seen += 1
-            # Lightning's order: a validation runs after the batch's on_train_batch_end, and with saves at validation
-            # ends (save_on_train_epoch_end False) it saves here, unless that batch end saved this step already. The
+            # Lightning's order: a validation runs after the batch's on_train_batch_end; with saves at validation ends
+            # (save_on_train_epoch_end False) the epoch schedule saves here at every validation's end, and a step save
+            # its batch deferred (a monitor not logged yet, or fresh validation metrics due) is made here. The
             # epoch-end one too: before the step schedulers that watch a metric step after it, before
             # on_train_epoch_end and the epoch schedulers (the file is "inside the epoch": a resume from it runs the
-            # epoch's end); a step save its last batch deferred to this validation is made here.
-            total = trainer.num_training_batches
-            inside = total is not None and trainer.state.batch_in_epoch < total
-            if self._epoch_end_saves:
+            # epoch's end).
+            if self._epoch_end_saves or self._last_saved_step == trainer.global_step:
                 return
-            due = self._epoch_due(trainer) or (not inside and self._step_save_pending)
-            by_step = not inside and self._step_save_pending
-            if not inside:
-                self._step_save_pending = False
-            if due and self._last_saved_step != trainer.global_step:
-                self._save(trainer, by_step=by_step)
+            if self._step_save_deferred:
+                self._step_save_deferred = False
+                self._save(trainer, by_step=True)
+            elif self._epoch_due(trainer):
+                self._save(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -251,23 +247,32 @@ class ModelCheckpoint(Checkpoint):
         due = bool(stepped and self.every_n_train_steps and step % self.every_n_train_steps == 0)
         if stepped and self.train_time_interval is not None and self._time_is_up(trainer):
             due = True
-        if not due:
+        if not due or self._last_saved_step == step:
             return
-        total = trainer.num_training_batches
-        if total is not None and trainer.state.batch_in_epoch >= total:
-            # the epoch's last batch: its validation has not run yet; the save waits for fresh metrics, at that
-            # validation's end (saves at validation ends) or at on_train_epoch_end
-            self._step_save_pending = self._step_save_pending or bool(due)
-            return
-        self._save(trainer, by_step=bool(due))
+        # Lightning's deferrals to the next validation's end (made there only with saves at validation ends): the
+        # monitored value is not logged yet, or this is the epoch's last batch and its validation will run
+        if self.monitor is not None:
+            if self.monitor not in self._monitor_candidates(trainer):
+                self._step_save_deferred = True
+                return
+            total = trainer.num_training_batches
+            if not self._epoch_end_saves and total is not None and trainer.state.batch_in_epoch >= total and \
+                    self._validates_this_epoch(trainer):
+                self._step_save_deferred = True
+                return
+        self._save(trainer, by_step=True)
 
     def on_train_epoch_end(self, trainer, pl_module):
         # with saves at validation ends (save_on_train_epoch_end False) the epoch's schedule saved at its validation's
-        # end; here only a step save of the last batch that no validation followed
-        epoch_due = self._epoch_due(trainer) and self._epoch_end_saves
-        if epoch_due or self._step_save_pending:
-            self._save(trainer, by_step=self._step_save_pending)
-        self._step_save_pending = False
+        # end; Lightning's rule: nothing more where this step was saved already
+        if self._epoch_end_saves and self._epoch_due(trainer) and self._last_saved_step != trainer.global_step:
+            self._save(trainer)
+
+    def _validates_this_epoch(self, trainer):
+        n = trainer.check_val_every_n_epoch
+        counts = trainer.num_val_batches  # (None: a loader without a length; empty: not requested yet)
+        return bool(trainer.enable_validation) and (not counts or any(c is None or c > 0 for c in counts)) and \
+            (n is None or (trainer.current_epoch + 1) % n == 0)
 
     def _epoch_due(self, trainer):
         n = self.every_n_epochs
@@ -507,9 +512,6 @@ class ModelCheckpoint(Checkpoint):
                     f"{sorted(trainer.callback_metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or "
                     "change monitor."
                 )
-            if value is self._last_scored and self.monitor not in ("epoch", "step"):
-                return None  # not logged again since the previous save: scoring it twice would be stale
-            self._last_scored = value
             score = float(value)
             if math.isnan(score):
                 score = math.inf if self.mode == "min" else -math.inf  # NaN is never the best
