@@ -736,3 +736,30 @@ def test_step_saves_where_and_what_lightning_saves(L, tmp_path, case):
         theirs_ = _step_saves(L.pytorch, theirs, tmp_path / "theirs", checkpoint, trainer_args)
     assert mine == theirs_
     assert mine[0]  # (each case saves something)
+
+
+def test_a_step_checkpoint_of_a_loader_without_length_resumes(tmp_path):
+    """Lightning's #20565 case: a step save at an epoch's last batch (now at the batch's end, inside the epoch) of a
+    loader without a length, limited by limit_train_batches, resumes to more epochs (it raised a TypeError)."""
+    from tasktrain.demos.boring_classes import BoringModel, RandomIterableDataset
+
+    dataset = RandomIterableDataset(size=32, count=10)
+
+    class Iterable(BoringModel):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(dataset)
+
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader(dataset)
+
+    args = dict(default_root_dir=tmp_path, limit_train_batches=2, limit_val_batches=None, logger=False,
+                enable_model_summary=False, enable_progress_bar=False)
+    model = Iterable()
+    tasktrain.Trainer(max_epochs=2, callbacks=tasktrain.ModelCheckpoint(save_last=True, every_n_train_steps=1),
+                      **args).fit(model)
+    path = tmp_path / "checkpoints" / "epoch=1-step=4.ckpt"
+    assert path.is_file()
+    trainer = tasktrain.Trainer(max_epochs=4, callbacks=tasktrain.ModelCheckpoint(save_last=True, every_n_train_steps=1),
+                                **args)
+    trainer.fit(model, ckpt_path=str(path))
+    assert trainer.global_step == 8 and trainer.current_epoch == 4

@@ -63,8 +63,9 @@ class EpochIterator:
         start, skip_samples = self._resume if self._resume is not None else (0, None)
         self._resume = None
         length = self.full_length
-        if skip_samples is not None and length is not None:
-            length = min(length, start + data.batches_from(skip_samples))  # what is left, in this run's batches
+        left = data.batches_from(skip_samples) if skip_samples is not None and length is not None else None
+        if left is not None:  # (None: a loader without a length, limited by limit_train_batches: the limit stands)
+            length = min(length, start + left)  # what is left, in this run's batches
         if length is None or start < length:  # (a skip applies to the next iteration: only if there is one)
             if skip_samples is not None:
                 data.skip_samples(skip_samples)
