@@ -219,3 +219,28 @@ def test_the_tuner_on_a_used_trainer_tries_from_step_0_and_puts_the_counters_bac
     trainer.max_epochs = 3
     trainer.fit(module)
     assert (trainer.current_epoch, trainer.global_step) == (3, 12)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_second_fit_draws_and_shuffles_as_lightnings(shuffle):
+    """Lightning's epoch loop iterates the training loader again at a fit's first epoch when it is not epoch 0 and
+    the fit does not resume a checkpoint (a second fit of the same Trainer): one more draw of the global generator,
+    which a shuffling loader's order on one process and everything drawn later follow."""
+    seen = {}
+    for name, (lib, classes) in LIBS.items():
+        lib.seed_everything(7, verbose=False)
+        model = classes.BoringModel()
+        train = torch.utils.data.DataLoader(classes.RandomDataset(32, 64), batch_size=4, shuffle=shuffle)
+        val = torch.utils.data.DataLoader(classes.RandomDataset(32, 8), batch_size=4)
+        trainer = lib.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                              enable_checkpointing=False, num_sanity_val_steps=0)
+        trainer.fit(model, train, val)
+        if lib is pl:
+            trainer.fit_loop.max_epochs = 2
+        else:
+            trainer.max_epochs = 2
+        trainer.fit(model, train, val)
+        seen[name] = (trainer.global_step, model.layer.weight.detach().clone(), torch.rand(1).item())
+    (steps, weight, draw), (l_steps, l_weight, l_draw) = seen.values()
+    assert steps == l_steps == 32 and draw == l_draw
+    torch.testing.assert_close(weight, l_weight, rtol=0, atol=0)

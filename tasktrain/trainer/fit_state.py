@@ -75,6 +75,7 @@ class FitState:
     plateau_values: Optional[dict] = None  # the values it watches, from a checkpoint saved before it stepped
     # per epoch
     first_epoch: int = 0
+    resumed: bool = False  # this fit continues a checkpoint (ckpt_path): Lightning's is_resuming
     loss_window: list = field(default_factory=list)
     loss_window_start: int = 0
     val_every: Optional[int] = None

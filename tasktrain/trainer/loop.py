@@ -100,9 +100,10 @@ def train_epoch(trainer, fit, epoch):
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         state.epoch_validated = False
         trainer._call("on_train_epoch_start")
-        # Lightning's iter() of each later epoch, after on_train_epoch_start, then (every epoch) its first batch,
-        # where a RandomSampler it kept draws the epoch's order
-        draw_loader_seed(trainer._loader_data, at_iter=epoch != fit.first_epoch)
+        # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
+        # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
+        # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
+        draw_loader_seed(trainer._loader_data, at_iter=epoch > 0 and not (fit.resumed and epoch == fit.first_epoch))
     elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now

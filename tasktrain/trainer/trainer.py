@@ -524,6 +524,7 @@ class Trainer:
         try:
             # issue 38: limit_train_batches=0 skips the loop (Lightning's rule); so does a fit with nothing left to
             # train (a used Trainer or a checkpoint at max_epochs / max_steps): no on_train_start / on_train_end
+            fit.resumed = loaded is not None
             if not guards.trains_nothing(self) and not loop.nothing_left(self):
                 loop.fit_loop(self, fit)
         finally:
