@@ -171,6 +171,12 @@ def do_nothing_closure():
 _classes = {}  # the optimizer's class -> its LightningOptimizer class (one per class, not one per instance)
 
 
+def _through(name):
+    """A property of the wrapped optimizer's `name`, read and written on it."""
+    return property(lambda self: getattr(self._optimizer, name),
+                    lambda self, value: setattr(self._optimizer, name, value))
+
+
 class LightningOptimizer:
     """Lightning's LightningOptimizer: what `self.optimizers()` returns and what `optimizer_step` receives. It is an
     instance of the optimizer's own class too (`isinstance(opt, torch.optim.SGD)`, `str(opt)` "LightningSGD (...)");
@@ -197,29 +203,9 @@ class LightningOptimizer:
         return self._optimizer
 
     # the wrapped optimizer's state, read and written through (a load_state_dict on either is seen by both)
-    @property
-    def param_groups(self):
-        return self._optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self._optimizer.param_groups = value
-
-    @property
-    def state(self):
-        return self._optimizer.state
-
-    @state.setter
-    def state(self, value):
-        self._optimizer.state = value
-
-    @property
-    def defaults(self):
-        return self._optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value):
-        self._optimizer.defaults = value
+    param_groups = _through("param_groups")
+    state = _through("state")
+    defaults = _through("defaults")
 
     def state_dict(self):
         return self._optimizer.state_dict()
