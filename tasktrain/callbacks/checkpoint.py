@@ -10,8 +10,8 @@ When it saves (it is the last callback, so every other callback's state is alrea
   waits for the epoch-end validation of the same step (its on_validation_end, or on_train_epoch_end when saves are
   at epoch ends or no validation follows).
 - train_time_interval: at on_train_batch_end of the first optimizer step after that much time since the previous
-  such save (rank 0's clock decides for every rank; on several processes it is looked at every
-  log_every_n_steps-th step, where the ranks already agree on stopping, so no collective is added per step).
+  such save (or the fit's start); on several processes rank 0's clock decides for every rank, broadcast at each
+  optimizer step as Lightning does (the one collective per step this schedule costs).
 
 save_on_train_epoch_end says which of the epoch schedule's points count: True, the epoch ends; False, the ends of
 validation runs (inside the epoch and at its end; an epoch without validation saves nothing); None (default),
@@ -279,9 +279,7 @@ class ModelCheckpoint(Checkpoint):
         return bool(n) and (trainer.current_epoch + 1) % n == 0
 
     def _time_is_up(self, trainer):
-        """Rank 0's clock, the same answer on every rank (checked where the ranks agree on stopping)."""
-        if trainer.world_size > 1 and trainer.global_step % (trainer.log_every_n_steps or 50):
-            return False
+        """Rank 0's clock, the same answer on every rank."""
         now = time.monotonic()
         up = now - self._last_time_checked >= self.train_time_interval.total_seconds()
         if trainer.world_size > 1:
