@@ -206,3 +206,40 @@ def test_the_hyperparameters_logged_are_those_saved_as_lightning_logs_them(tmp_p
                     enable_model_summary=False, enable_checkpointing=False).fit(module, datamodule=data)
         logged[name] = [c for c in logger.calls if c[0] == "log_hyperparams"]
     assert logged["tasktrain"] == logged["lightning"] == [["log_hyperparams", [["batch_size", 2], ["lr", 0.5]]]]
+
+
+def test_trainer_log_dir_is_lightnings_for_each_kind_of_logger(tmp_path):
+    """trainer.log_dir: a TensorBoardLogger's / CSVLogger's log_dir, any other logger's save_dir (even one of the
+    Logger base class that has a log_dir of its own, and None where it has no folder), default_root_dir without."""
+    seen = {}
+    for name, pkg in (("lightning", L), ("tasktrain", tasktrain)):
+        class Folders(pkg.loggers.Logger):
+            name, version, experiment = "folders", 0, None
+
+            def __init__(self, save_dir):
+                super().__init__()
+                self._save = save_dir
+
+            @property
+            def save_dir(self):
+                return self._save
+
+            @property
+            def log_dir(self):
+                return os.path.join(str(self._save), "own_log_dir")
+
+            def log_hyperparams(self, *args, **kwargs):
+                pass
+
+            def log_metrics(self, *args, **kwargs):
+                pass
+
+        root = str(tmp_path / name)
+        dirs = []
+        for logger in (Folders(os.path.join(root, "s")), Folders(None), pkg.loggers.CSVLogger(root),
+                       pkg.loggers.TensorBoardLogger(root), False):
+            trainer = pkg.Trainer(default_root_dir=root, logger=logger)
+            dirs.append(trainer.log_dir if trainer.log_dir is None else os.path.relpath(trainer.log_dir, root))
+        seen[name] = dirs
+    assert seen["tasktrain"] == seen["lightning"] == ["s", None, os.path.join("lightning_logs", "version_0"),
+                                                      os.path.join("lightning_logs", "version_0"), "."]

@@ -108,8 +108,8 @@ class Logger(Callback):
     `tasktrain.loggers`) act on global rank 0 only; a subclass that writes guards itself (`rank_zero_only`).
 
     `name`, `version`, `save_dir`, `root_dir` and `log_dir` are None here; a logger sets or overrides the ones
-    it has (plain attributes or properties). `trainer.log_dir` is the first logger's `log_dir`, else its
-    `save_dir`.
+    it has (plain attributes or properties). `trainer.log_dir` is, as in Lightning, a TensorBoardLogger's or
+    CSVLogger's `log_dir` and any other first logger's `save_dir`.
     """
 
     name = None

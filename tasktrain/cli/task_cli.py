@@ -171,7 +171,7 @@ class SaveConfigCallback(Callback):
     def setup(self, trainer, module, stage):
         if self.already_saved or stage != "fit":
             return
-        path = os.path.join(trainer.log_dir, self.config_filename)
+        path = os.path.join(trainer.log_dir or trainer.default_root_dir, self.config_filename)
         exists = trainer.strategy.broadcast(os.path.isfile(path))
         if exists and not self.overwrite:
             raise RuntimeError(f"SaveConfigCallback: {path} already exists, and saving the config there would "

@@ -460,7 +460,7 @@ def save_preemption_checkpoint(trainer, fit):
     if fit.preempt_path:
         return
     callback = next((c for c in trainer.checkpoint_callbacks if hasattr(c, "dirpath_resolved")), None)
-    directory = callback.dirpath_resolved(trainer) if callback else os.path.join(trainer.log_dir, "checkpoints")
+    directory = callback.dirpath_resolved(trainer) if callback else os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
     path = os.path.join(directory, f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt")
     trainer.save_checkpoint(path)
     fit.preempt_path = path

@@ -104,7 +104,8 @@ def start_stage(trainer, stage, module):
     module.trainer = trainer
     trainer._profile = trainer.profiler.profile if trainer.profiler is not None else no_profile
     if trainer.profiler is not None:
-        trainer.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None, trainer.log_dir,
+        trainer.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None,
+                               trainer.log_dir or trainer.default_root_dir,
                                strategy.is_global_zero, module)
     announce_rank(strategy.global_rank)  # @rank_zero_only functions of the user's script know their rank
     trainer._metrics = MetricStore(strategy)

@@ -178,13 +178,16 @@ class Trainer:
 
     @property
     def log_dir(self):
-        """The first logger's log_dir, else its save_dir (W&B, MLflow), else default_root_dir."""
+        """Lightning's rule: a TensorBoardLogger's or CSVLogger's log_dir, any other first logger's save_dir (None for
+        a logger without a local folder, e.g. MLflow on a server), default_root_dir without a logger."""
+        from tasktrain.loggers import CSVLogger, TensorBoardLogger
+
         logger = self.logger
         if logger is None:
             return self.default_root_dir
-        if not isinstance(logger, Logger):  # another logger object (a class of the user's): its save_dir (Lightning's)
-            return logger.save_dir if logger.save_dir is not None else self.default_root_dir
-        return logger.log_dir or logger.save_dir or self.default_root_dir
+        if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+            return logger.log_dir
+        return logger.save_dir
 
     @property
     def checkpoint_callbacks(self):
