@@ -204,3 +204,34 @@ def test_an_integer_tensor_is_logged_and_shown_as_a_float_as_lightning(tmp_path)
     ours = _shown_after_logging_an_integer_tensor(tasktrain, tasktrain.TaskModule, tmp_path / "ours")
     theirs = _shown_after_logging_an_integer_tensor(L, L.LightningModule, tmp_path / "theirs")
     assert ours == theirs == (torch.float32, "1.0", "count=1.000")
+
+
+def test_a_progress_bar_and_its_trainer_pickle_after_each_stage_as_lightning(tmp_path):
+    """Lightning's progress bars pickle (with the Trainer they hold) after every stage; the run's hook tables and
+    the optimizers' LightningOptimizer wrappers (a class made per optimizer class) must not stop that."""
+    import pickle
+
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoring
+
+    from tasktrain.demos.boring_classes import BoringModel
+
+    for name, pkg, model in (("lightning", L, LitBoring), ("tasktrain", tasktrain, BoringModel)):
+        bar = pkg.callbacks.TQDMProgressBar()
+        trainer = pkg.Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False,
+                              enable_model_summary=False, default_root_dir=str(tmp_path / name),
+                              limit_train_batches=2, limit_val_batches=2, limit_test_batches=2)
+        module = model()
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            trainer.fit(module, module.train_dataloader(), module.val_dataloader())
+            pickle.dumps(bar)
+            trainer.validate(module, module.val_dataloader())
+            trainer.test(module, module.test_dataloader())
+            again = pickle.loads(pickle.dumps(bar))
+        assert again._trainer.global_step == trainer.global_step == 2
+        (opt,) = again._trainer.optimizers
+        assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["lr"] == 0.1 * 0.1  # (StepLR stepped once)
+
+    wrapped = tasktrain.trainer.optim.LightningOptimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.5))
+    copy = pickle.loads(pickle.dumps(wrapped))
+    assert type(copy).__name__ == "LightningSGD" and isinstance(copy, torch.optim.SGD)
+    assert copy.param_groups[0]["lr"] == 0.5 and copy.optimizer is not wrapped.optimizer

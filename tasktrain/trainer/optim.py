@@ -245,6 +245,11 @@ class LightningOptimizer:
             yield
             module.untoggle_optimizer(self)
 
+    def __reduce__(self):
+        # its class is made at run time (one per optimizer class), so a pickle rebuilds it from the optimizer; the
+        # link to a running fit is not kept (a step after unpickling says so)
+        return LightningOptimizer, (self._optimizer,)
+
     def __getattr__(self, name):
         if name == "_optimizer":  # missing only mid-unpickle / mid-copy
             raise AttributeError(name)

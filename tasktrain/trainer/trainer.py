@@ -330,6 +330,14 @@ class Trainer:
         self._plain_hooks = tables.plain if tables else {}
         self._monitoring_hooks = tables.monitoring if tables else {}
 
+    def __getstate__(self):
+        """A Trainer pickles (a callback that holds it, e.g. a progress bar, pickles as in Lightning): the run's hook
+        tables are closures, built again at each run's start, so they are left out."""
+        state = dict(self.__dict__)
+        state.update(_hook_tables=None, _module_hooks={}, _callback_hooks={}, _all_hooks={}, _plain_hooks={},
+                     _monitoring_hooks={})
+        return state
+
     def _call(self, event, *args, **kwargs):
         for fn in self._all_hooks[event]:
             fn(*args, **kwargs)
