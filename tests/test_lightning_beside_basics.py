@@ -578,3 +578,72 @@ def test_setup_and_teardown_get_the_stage_as_lightnings_trainer_fn():
     ours_calls, theirs_calls = seen.values()
     assert ours_calls == theirs_calls == [("setup", "TrainerFn", True, "validate"),
                                           ("teardown", "TrainerFn", True, "validate")]
+
+
+def test_loop_limits_read_as_lightnings_before_and_after_fit(caplog):
+    """max_epochs unset reads None until a fit decides it; min_epochs / min_steps stay None when not given (a fit
+    with min_steps sets min_epochs to 1); num_sanity_val_steps=-1 reads inf; the minimum's message is said once."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        limits = []
+        for kwargs in (dict(), dict(max_steps=0), dict(max_epochs=3), dict(min_steps=2, num_sanity_val_steps=-1)):
+            trainer = lib.Trainer(**kwargs, **QUIET)
+            limits.append((trainer.max_epochs, trainer.max_steps, trainer.min_epochs, trainer.min_steps,
+                           trainer.num_sanity_val_steps))
+        trainer = lib.Trainer(max_steps=3, min_steps=2, limit_val_batches=0, **QUIET)
+        trainer.fit(classes.BoringModel())
+        limits.append((trainer.max_epochs, trainer.min_epochs, trainer.min_steps))
+
+        class Stops(classes.BoringModel):  # asks to stop at every batch; min_epochs keeps it going
+            def training_step(self, batch, batch_idx):
+                self.trainer.should_stop = True
+                return super().training_step(batch, batch_idx)
+
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            trainer = lib.Trainer(min_epochs=3, max_epochs=5, limit_train_batches=2, limit_val_batches=0, **QUIET)
+            trainer.fit(Stops())
+        said = [r.getMessage() for r in caplog.records if "has not been met" in r.getMessage()]
+        seen[lib.__name__] = limits, trainer.current_epoch, said
+        for name, infinite in (("max_steps", " \\(infinite steps\\)"), ("max_epochs", "")):
+            with pytest.raises(Exception, match=rf"`{name}` must be a non-negative integer or -1{infinite}. You passed "
+                                                r"in -2") as refused:
+                lib.Trainer(**{name: -2})
+            assert type(refused.value).__name__ == "MisconfigurationException"
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    limits, epochs, said = seen["tasktrain"]
+    assert limits[:4] == [(None, -1, None, None, 2), (None, 0, None, None, 2), (3, -1, None, None, 2),
+                          (None, -1, None, 2, float("inf"))]
+    assert limits[4] == (-1, 1, 2) and epochs == 3 and len(said) == 1 and "`min_epochs=3` or `min_steps=None`" in said[0]
+
+
+def test_trainer_ckpt_path_is_what_each_run_loaded_and_can_be_set_as_lightning(tmp_path):
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        root = tmp_path / lib.__name__
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, default_root_dir=root,
+                              logger=False, enable_progress_bar=False, enable_model_summary=False)
+        model = classes.BoringModel()
+        trainer.fit(model)
+        best = trainer.checkpoint_callback.best_model_path
+        paths = [trainer.ckpt_path]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.validate(ckpt_path="best", verbose=False)
+            paths.append(trainer.ckpt_path)
+            trainer.test(model, verbose=False)  # a module and no path: nothing loaded
+            paths.append(trainer.ckpt_path)
+            trainer.ckpt_path = best  # every following run loads it
+            trainer.test(model, verbose=False)
+            paths.append(trainer.ckpt_path)
+            trainer.predict(model)
+            paths.append(trainer.ckpt_path)
+        with pytest.warns(UserWarning, match=r"`trainer.ckpt_path = .*` was called but then you passed "
+                                             r"`trainer.fit\(ckpt_path='best'\)`. The latter will be loaded."):
+            trainer.validate(model, ckpt_path="best", verbose=False)
+        trainer.test(model, verbose=False)  # the setting ended with that run
+        paths.append(trainer.ckpt_path)
+        seen[lib.__name__] = [p if p is None else os.path.relpath(p, root) for p in paths]
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    name = seen["tasktrain"][1]
+    assert name.endswith(".ckpt") and seen["tasktrain"] == [None, name, None, name, name, None]

@@ -71,12 +71,14 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
     guards.check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interval,  # issue 38
                         limit_train_batches=train, limit_val_batches=val, limit_test_batches=test,
                         limit_predict_batches=predict)
-    min_epochs = int(min_epochs or 0)
-    if max_epochs is None and max_steps in (None, -1):
-        max_epochs = max(1000, min_epochs)
+    # Lightning's: max_epochs left unset stays None until a fit decides it (run.start_stage), min_epochs and
+    # min_steps stay None when not given
+    min_epochs = None if min_epochs is None else int(min_epochs)
+    if num_sanity_val_steps == -1:
+        num_sanity_val_steps = float("inf")  # Lightning's: the whole validation, as many batches as it has
     return dict(
         fast_dev_run=True if dev_batches == 1 else dev_batches, overfit_batches=overfit, min_epochs=min_epochs,
-        max_epochs=-1 if max_epochs is None else int(max_epochs), max_steps=-1 if max_steps is None else int(max_steps),
+        max_epochs=None if max_epochs is None else int(max_epochs), max_steps=-1 if max_steps is None else int(max_steps),
         limit_train_batches=train, limit_val_batches=val, limit_test_batches=test, limit_predict_batches=predict,
         num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
         _val_check_time_interval=None if dev_batches else val_check_seconds,
@@ -94,7 +96,7 @@ def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointi
     if reload_every < 0:
         raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")
     return dict(
-        min_steps=int(min_steps or 0), log_every_n_steps=int(log_every_n_steps),
+        min_steps=None if min_steps is None else int(min_steps), log_every_n_steps=int(log_every_n_steps),
         default_root_dir=os.fspath(default_root_dir) if default_root_dir else os.getcwd(),
         enable_checkpointing=enable_checkpointing,
         inference_mode=bool(inference_mode),  # False: evaluation under torch.no_grad() instead

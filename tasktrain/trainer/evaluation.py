@@ -25,15 +25,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
         strategy.setup_module_and_optimizers(module, [], Plan(training=False))
     module.zero_grad()  # Lightning clears the gradients when each entry point starts
     trainer._log_hyperparams(module)  # (Lightning's: at the start of every run)
-    limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
-                 "predict": trainer.limit_predict_batches}[stage]
-    if limit_arg == 0 and stage != "predict":
-        return []  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
-    name = _LOADER_HOOK[stage]
-    loader = loader if loader is not None else trainer._loader_of(module, name)
-    if loader is None:
-        raise ValueError(f"Trainer.{stage} needs data: pass dataloaders= or datamodule=, or define {name}() on "
-                         "the module.")
+    path = None
     if ckpt_path is not None:
         from tasktrain.trainer.resume import resolve_ckpt_path
 
@@ -43,6 +35,16 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
                 module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"])
+    trainer._resumed_from = path  # trainer.ckpt_path: what this run loaded (Lightning's, for every entry point)
+    limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
+                 "predict": trainer.limit_predict_batches}[stage]
+    if limit_arg == 0 and stage != "predict":
+        return []  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
+    name = _LOADER_HOOK[stage]
+    loader = loader if loader is not None else trainer._loader_of(module, name)
+    if loader is None:
+        raise ValueError(f"Trainer.{stage} needs data: pass dataloaders= or datamodule=, or define {name}() on "
+                         "the module.")
     world_size, rank = fit_data.shards(trainer)
     prefix = {"validate": "val"}.get(stage, stage)
     loaders = [prepare_eval_loader(one, world_size, rank, prefix) for one in as_loaders(loader)]
@@ -246,7 +248,7 @@ def limit_eval(loader, limit):
 
 def sanity_limit(loader, limit_val_batches, num_sanity_val_steps):
     limit = limit_eval(loader, limit_val_batches)
-    if num_sanity_val_steps == -1:
+    if num_sanity_val_steps in (-1, float("inf")):  # (Lightning stores -1 as inf)
         return limit
     return num_sanity_val_steps if limit is None else min(num_sanity_val_steps, limit)
 

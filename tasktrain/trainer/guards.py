@@ -30,11 +30,15 @@ def _is_int(value):  # 3, numpy's int64(3), 3.0 from a config file; not True, no
 
 
 def check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interval, **batch_limits):
-    """Raise ValueError (the error tasktrain raises for every Trainer configuration mistake; Lightning raises its
-    MisconfigurationException) for a limit that would train nothing or be ignored."""
+    """Raise MisconfigurationException (a ValueError) for a limit that would train nothing or be ignored, with
+    Lightning's words first where Lightning refuses it too."""
     for name, value in (("max_epochs", max_epochs), ("max_steps", max_steps)):
         if value is not None and (not _is_int(value) or value < -1):
-            raise ValueError(f"Trainer({name}={value!r}): use a non-negative integer, or -1 for no limit.")
+            infinite = " (infinite steps)" if name == "max_steps" else ""  # (Lightning's two sentences)
+            raise MisconfigurationException(f"`{name}` must be a non-negative integer or -1{infinite}. You passed in "
+                                            f"{value}. "
+                                            f"Trainer({name}={value!r}): use a non-negative integer, or -1 for no "
+                                            "limit.")
     for name, value in (("min_epochs", min_epochs), ("min_steps", min_steps)):
         if value is not None and (not _is_int(value) or value < 0):
             raise ValueError(f"Trainer({name}={value!r}): use a non-negative integer (or None for no minimum).")

@@ -81,7 +81,8 @@ def fit_loop(trainer, fit):
             # the train state, so a resume continues inside that epoch
             trainer._epoch_cut_short = not finished
             break
-        if trainer.should_stop:  # kept until min_epochs/min_steps allow it, even inside an epoch (Lightning's rule)
+        if trainer.should_stop and "min limits" not in trainer._said_once:  # kept until min_epochs/min_steps
+            trainer._said_once.add("min limits")  # allow it, even inside an epoch (Lightning's rule); said once
             _log.info(f"Trainer was signaled to stop but the required `min_epochs={trainer.min_epochs!r}` or "
                       f"`min_steps={trainer.min_steps!r}` has not been met. Training will continue...")
     say_why_fit_stopped(trainer)
@@ -205,7 +206,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
                 skipped = outputs is None  # Lightning's rule: this batch is skipped (no backward)
                 if skipped:
                     trainer.strategy.check_step_can_be_skipped(f"training_step returned None at batch {batch_idx}")
-                    if not _warned_once["skip"]:  # once per process, as Lightning's warning cache
+                    if not _warned_once["skip"]:  # once per process, as Lightning's (a class-level warning cache)
                         _warned_once["skip"] = True
                         warnings.warn("`training_step` returned `None`. If this was on purpose, ignore this warning...",
                                       stacklevel=2)  # Lightning's words
@@ -399,7 +400,8 @@ def may_stop(trainer, fit):
     """A stop request (EarlyStopping, should_stop) is honoured once min_epochs and min_steps are reached;
     SIGTERM always."""
     state = trainer.state
-    return fit.preempted or (state.global_step >= trainer.min_steps and state.epoch >= trainer.min_epochs)
+    return fit.preempted or (state.global_step >= (trainer.min_steps or 0) and
+                             state.epoch >= (trainer.min_epochs or 0))
 
 
 def nothing_left(trainer):

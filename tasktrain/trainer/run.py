@@ -118,13 +118,15 @@ def start_stage(trainer, stage, module):
             callback.log, callback.log_dict = module.log, module.log_dict
     if stage == "fit" and trainer._max_epochs_unset:  # Lightning's defaults, decided when fit starts
         if trainer.max_steps == -1 and not any(isinstance(cb, Timer) for cb in trainer.callbacks):
-            trainer.max_epochs = max(1000, trainer.min_epochs)
+            trainer.max_epochs = 1000
             warnings.warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, "
                           "set `max_epochs=-1`.", PossibleUserWarning, stacklevel=2)
         else:  # max_steps or a Timer (max_time=) ends the run
             trainer.max_epochs = -1
         trainer._max_epochs_unset = False  # decided once (Lightning's Trainer does at init): a later fit keeps it,
         # or the value the user set in between (trainer.max_epochs = N to train on)
+    if stage == "fit" and trainer.min_epochs is None and trainer.min_steps is not None:
+        trainer.min_epochs = 1  # Lightning's: so that a stop asked for at fit start is looked at again
     trainer._set_hook_tables(build_hook_tables(trainer, module))
     trainer._to_device, trainer._plain_transfer = batch_mover(trainer, module)
 

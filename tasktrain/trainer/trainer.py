@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import signal
 import time
+import warnings
 from typing import List, Optional, Union
 
 import torch
@@ -130,6 +131,8 @@ class Trainer:
         # the last fit stopped inside an epoch (current_epoch counts it, as Lightning's); kept past that fit's end
         # (validate/test after it see the same current_epoch), folded into the counters when the next fit starts
         self._epoch_cut_short = False
+        self._ckpt_user_path = None  # trainer.ckpt_path = ...: what every run loads until it is set to None
+        self._said_once = set()  # messages Lightning's loops say once per Trainer (their warning caches)
         self._reset_run_state()
 
     def _reset_run_state(self):
@@ -222,8 +225,15 @@ class Trainer:
 
     @property
     def ckpt_path(self):
-        """The checkpoint the current (or last) fit resumed from, or None."""
+        """The checkpoint the current (or last) run loaded (fit, validate, test or predict), or None."""
         return self._resumed_from
+
+    @ckpt_path.setter
+    def ckpt_path(self, path):
+        """Lightning's: every following run loads `path` (one given to the run itself wins, with a warning, and ends
+        this), until it is set back to None."""
+        self._resumed_from = path
+        self._ckpt_user_path = path or None
 
     @property
     def lightning_module(self):
@@ -398,6 +408,15 @@ class Trainer:
     def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False, datamodule=None,
              weights_only=None):
         self._ckpt_weights_only = weights_only  # how this run reads ckpt_path (fit's weights_only=)
+        if self._ckpt_user_path is not None:  # trainer.ckpt_path = ... (Lightning's rule and words)
+            if ckpt_path:
+                if self.is_global_zero:
+                    warnings.warn(f"`trainer.ckpt_path = {self._ckpt_user_path!r}` was called but then you passed "
+                                  f"`trainer.fit(ckpt_path={ckpt_path!r})`. The latter will be loaded.", UserWarning,
+                                  stacklevel=3)
+                self._ckpt_user_path = None
+            else:
+                ckpt_path = self._ckpt_user_path
         if stage != "fit" and module is None and ckpt_path is None and self._given_module is not None:
             ckpt_path = resume.default_eval_ckpt_path(self, stage)  # Lightning's: the best of the previous fit
         given = module if module is not None else self._given_module if self._given_module is not None else self.module
