@@ -647,3 +647,43 @@ def test_trainer_ckpt_path_is_what_each_run_loaded_and_can_be_set_as_lightning(t
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     name = seen["tasktrain"][1]
     assert name.endswith(".ckpt") and seen["tasktrain"] == [None, name, None, name, name, None]
+
+
+def test_trainer_model_is_the_wrapper_and_the_eval_hooks_switch_it_as_lightning():
+    """trainer.model is what the forward goes through (DDP's wrapper under "ddp"); the default eval hooks switch it,
+    the loop gives the module's modes back and leaves the wrapper as the hook left it (Lightning's behaviour)."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Modes(classes.BoringModel):
+            seen_modes = []
+
+            def _note(self, where):
+                self.seen_modes.append((where, type(self.trainer.model).__name__, self.trainer.model.training,
+                                        self.training))
+
+            def on_train_start(self):
+                self._note("train_start")
+
+            def on_validation_start(self):
+                self._note("validation_start")
+
+            def on_train_batch_start(self, batch, batch_idx):
+                self._note("train_batch")
+
+            def on_test_start(self):
+                self._note("test_start")
+
+        model = Modes()
+        trainer = lib.Trainer(strategy="ddp", accelerator="cpu", devices=1, max_steps=2, limit_val_batches=1,
+                              val_check_interval=1, num_sanity_val_steps=1, **QUIET)
+        trainer.fit(model)
+        trainer.test(model, verbose=False)
+        with pytest.raises(TypeError, match=r"`Trainer.validate\(\)` requires a `(Task|Lightning)Module` when it "
+                                            r"hasn't been passed in a previous run"):
+            lib.Trainer(**QUIET).validate()
+        with pytest.raises(TypeError, match=r"`model` must be a `(Task|Lightning)Module` or "
+                                            r"`torch._dynamo.OptimizedModule`, got `Linear`"):
+            lib.Trainer(**QUIET).fit(torch.nn.Linear(1, 1))
+        seen[lib.__name__] = Modes.seen_modes
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert ("train_batch", "DistributedDataParallel", False, True) in seen["tasktrain"]  # (the wrapper stays in eval)

@@ -111,7 +111,8 @@ class DDP(ProcessWorld, Strategy):
         # manual optimisation: backward runs inside training_step, i.e. inside DDP's forward, before DDP has
         # readied its reducer (it does at the forward's end): backward() readies it first (Lightning's pre_backward)
         self._backward_in_forward = plan.calls_steps and plan.training and not plan.automatic_optimization
-        self.model = self._wrap(target)
+        # validate / test / predict: nothing to synchronise, so no DDP (Lightning's: trainer.model is the module)
+        self.model = self._wrap(target) if plan.training or not plan.calls_steps else module
         return self.model, self.optimizers
 
     def _wrap(self, target):

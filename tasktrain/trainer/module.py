@@ -129,23 +129,28 @@ class TaskModule(torch.nn.Module):
         return []
 
     # The evaluation loops put the module in eval mode through these (the default is Lightning's).
+    # Lightning's defaults switch trainer.model (the DDP / DeepSpeed wrapper the forward goes through, or the module);
+    # the loop then gives each of the module's submodules its mode back, the wrapper stays as the hook left it
     def on_validation_model_eval(self):
-        self.eval()
+        self._run_model().eval()
 
     def on_validation_model_train(self):
-        self.train()
+        self._run_model().train()
 
     def on_validation_model_zero_grad(self):
         self.zero_grad()  # (set_to_none=True, torch's default)
 
     def on_test_model_eval(self):
-        self.eval()
+        self._run_model().eval()
 
     def on_test_model_train(self):
-        self.train()
+        self._run_model().train()
 
     def on_predict_model_eval(self):
-        self.eval()
+        self._run_model().eval()
+
+    def _run_model(self):
+        return self._trainer.model if self._trainer is not None else self
 
     # The batch on its way to the device: on_before_batch_transfer -> transfer_batch_to_device ->
     # on_after_batch_transfer. Without an override the strategy moves it (and applies the precision's input cast).

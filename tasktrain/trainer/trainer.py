@@ -236,6 +236,13 @@ class Trainer:
         self._ckpt_user_path = path or None
 
     @property
+    def model(self):
+        """Lightning's trainer.model: what the module's forward goes through in the run (a DDP / DeepSpeed / FSDP
+        wrapper, or the module itself); outside a run, the module."""
+        wrapped = self.strategy.model if self.strategy is not None else None
+        return wrapped if wrapped is not None else self.module
+
+    @property
     def lightning_module(self):
         """Lightning's name for `trainer.module`, the TaskModule of the current (or last) run."""
         return self.module
@@ -422,8 +429,12 @@ class Trainer:
         given = module if module is not None else self._given_module if self._given_module is not None else self.module
         # fit(torch.compile(module)): the module inside is trained, its forward compiled for the run (compiled.py).
         module, compiled = unwrap_compiled(given)
-        if not isinstance(module, TaskModule):
-            raise TypeError(f"Trainer.{stage} needs a TaskModule, got {type(module).__name__}.")
+        if given is None and stage != "fit":  # (Lightning's words)
+            raise TypeError(f"`Trainer.{stage}()` requires a `TaskModule` when it hasn't been passed in a previous "
+                            "run")
+        if not isinstance(module, TaskModule):  # (Lightning's words first)
+            raise TypeError(f"`model` must be a `TaskModule` or `torch._dynamo.OptimizedModule`, got "
+                            f"`{type(module).__qualname__}`. Trainer.{stage} trains a tasktrain.TaskModule.")
         _check_module(module, stage)
         self._given_module = given
         # A DataModule passed where the loaders go is the datamodule (Lightning's rule); it stays for later runs.
