@@ -50,4 +50,4 @@ if __name__ == "__main__":
     finally:
         if strategy == "ddp_spawn":  # the parent, after its children failed: Lightning's trainer still names the run
             print(f"parent: lightning_module is the module: {trainer.lightning_module is module}, "
-                  f"fn={trainer.state.fn}, status={trainer.state.status}", flush=True)
+                  f"fn={trainer.state.fn.value}, status={trainer.state.status.value}", flush=True)
