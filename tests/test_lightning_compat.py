@@ -207,6 +207,23 @@ def test_model_checkpoint_writes_on_rank_zero_only(ddp_facts):
     assert "last-v1.ckpt" in zero["checkpoint_files"]  # the second fit's last: a link, beside the first's
 
 
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_ddp_without_seed_everything_shuffles_as_lightnings_distributed_sampler(ddp_facts):
+    """Lightning's DistributedSampler gets seed PL_GLOBAL_SEED, 0 without seed_everything (not a draw): each rank
+    trains on the batches DistributedSampler(seed=0) gives it, epoch by epoch."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    for rank, facts in enumerate(ddp_facts):
+        expected = []
+        for epoch in (0, 1):
+            sampler = DistributedSampler(range(12), num_replicas=2, rank=rank, shuffle=True, seed=0)
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+            expected += [[epoch, order[i:i + 2]] for i in range(0, len(order), 2)]
+        assert facts["orders"]["train"] == expected, rank
+
+
 def test_step_methods_without_batch_idx_get_the_batch_alone():
     seen = []
 

@@ -143,7 +143,34 @@ def checkpoint_writes(out, **trainer_args):
     return written, sorted(os.listdir(folder))
 
 
+class Orders(TaskModule):
+    """Records the dataset indices each rank trains on, per epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.train_seen = []
+
+    def training_step(self, batch, batch_idx):
+        self.train_seen.append([self.current_epoch, batch[0].tolist()])
+        return self.layer(batch[0].float().unsqueeze(1)).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def orders(**trainer_args):
+    """A shuffling training loader without seed_everything: Lightning's DistributedSampler seed is 0 then."""
+    torch.manual_seed(1234)  # (torch's seed is not the sampler's: only seed_everything's is)
+    module = Orders()
+    Trainer(max_epochs=2, **trainer_args).fit(module, DataLoader(TensorDataset(torch.arange(12)), batch_size=2,
+                                                                 shuffle=True))
+    return {"train": module.train_seen}
+
+
 def main(out, strategy):
+    # no seed_everything in this script: not even one a Lightning test of the pytest process left in the environment
+    os.environ.pop("PL_GLOBAL_SEED", None)
     common_args = dict(strategy=strategy, devices=2, accelerator="cpu", enable_progress_bar=False, logger=False,
                        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0)
     facts = {}
@@ -154,6 +181,7 @@ def main(out, strategy):
     results = Trainer(**common_args).validate(Scored(), DataLoader(TensorDataset(x, y), batch_size=3), verbose=False)
     facts["val_acc"] = results[0]["val_acc"]
     facts["checkpoint_writes"], facts["checkpoint_files"] = checkpoint_writes(out, **common_args)
+    facts["orders"] = orders(**common_args)
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump(facts, f)
 
