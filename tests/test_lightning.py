@@ -329,7 +329,7 @@ def test_prepare_data_runs_once_before_setup_and_configure_model_before_the_opti
             order.append("prepare_data")
 
         def setup(self, stage):
-            order.append(f"setup:{stage}")
+            order.append(f"setup:{stage.value}")  # (str(stage) is "TrainerFn.FITTING", as Lightning's)
 
         def configure_model(self):
             order.append("configure_model")
