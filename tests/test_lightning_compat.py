@@ -224,6 +224,28 @@ def test_ddp_without_seed_everything_shuffles_as_lightnings_distributed_sampler(
         assert facts["orders"]["train"] == expected, rank
 
 
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_epoch_values_without_sync_dist_warn_once_per_name_on_rank_zero_as_lightning(ddp_facts):
+    """Lightning's PossibleUserWarning (its words) when an epoch-level tensor is logged without sync_dist under a
+    process group: on rank 0 only, once per name over both epochs; not for step values nor sync_dist ones."""
+    zero, one = (facts["orders"]["warnings"] for facts in ddp_facts)
+    recommended = [w for w in zero if w.startswith("It is recommended")]
+    assert recommended == [
+        f"It is recommended to use `self.log('{name}', ..., sync_dist=True)` when logging on epoch level in "
+        "distributed setting to accumulate the metric across devices." for name in ("val_idx", "train_loss")]
+    assert not [w for w in one if w.startswith("It is recommended")]
+
+
+def test_a_dataloader_iter_step_is_refused_before_training():
+    class Iterating(Linear):
+        def training_step(self, dataloader_iter):
+            raise AssertionError("not reached")
+
+    with pytest.raises(NotImplementedError, match=r"training_step\(self, dataloader_iter\): tasktrain does not run"):
+        Trainer(max_epochs=1, **quiet()).fit(Iterating(), loader(8))
+
+
 def test_step_methods_without_batch_idx_get_the_batch_alone():
     seen = []
 

@@ -60,7 +60,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     if trainer.is_global_zero and values and getattr(trainer, "_verbose", True):
         print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
     # One dict per loader (Lightning's shape): its own suffixed metrics, those it logged with add_dataloader_idx=False
-    # (a name several loaders logged so: one value over them, in each of their dicts; Lightning refuses that name),
+    # (one loader per hook and name, Lightning's rule; a name several loaders logged so from different hooks: one
+    # value over them, in each of their dicts),
     # and those logged outside the loaders (the epoch-end hooks).
     if len(loaders) == 1:
         return [{k: float(v) for k, v in values.items()}]

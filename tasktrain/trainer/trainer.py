@@ -724,6 +724,14 @@ def _check_module(module, stage):
     if stage in ("fit", "validate", "test", "predict") and is_overridden("configure_sharded_model", module, TaskModule):
         raise NotImplementedError(f"{type(module).__name__} overrides configure_sharded_model, which tasktrain does "
                                   "not call: it is deprecated in Lightning; rename it to configure_model.")
+    steps = {"fit": ("training_step", "validation_step"), "validate": ("validation_step",), "test": ("test_step",),
+             "predict": ("predict_step",)}.get(stage, ())
+    for name in steps:  # Lightning's experimental step that draws its own batches: refused, not fed a batch
+        if is_overridden(name, module, TaskModule) and \
+                "dataloader_iter" in inspect.signature(getattr(module, name)).parameters:
+            raise NotImplementedError(
+                f"{type(module).__name__}.{name}(self, dataloader_iter): tasktrain does not run Lightning's "
+                f"experimental `dataloader_iter` step flavor. Take the batch instead: {name}(self, batch, batch_idx).")
     if stage == "fit":
         if not is_overridden("training_step", module, TaskModule):
             raise NotImplementedError(

@@ -144,16 +144,25 @@ def checkpoint_writes(out, **trainer_args):
 
 
 class Orders(TaskModule):
-    """Records the dataset indices each rank trains on, per epoch."""
+    """Records the dataset indices each rank trains and validates on, per epoch; logs epoch values with and without
+    sync_dist."""
 
     def __init__(self):
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
-        self.train_seen = []
+        self.train_seen, self.val_seen = [], []
 
     def training_step(self, batch, batch_idx):
         self.train_seen.append([self.current_epoch, batch[0].tolist()])
-        return self.layer(batch[0].float().unsqueeze(1)).pow(2).mean()
+        loss = self.layer(batch[0].float().unsqueeze(1)).pow(2).mean()
+        self.log("train_loss", loss, on_epoch=True)  # an epoch value without sync_dist: Lightning warns
+        self.log("train_step_only", loss)  # a step value: no warning
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.val_seen.append([self.current_epoch, batch[0].tolist()])
+        self.log("val_idx", batch[0].float().mean())  # (an evaluation value is an epoch value: Lightning warns)
+        self.log("val_synced", batch[0].float().mean(), sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -162,10 +171,17 @@ class Orders(TaskModule):
 def orders(**trainer_args):
     """A shuffling training loader without seed_everything: Lightning's DistributedSampler seed is 0 then."""
     torch.manual_seed(1234)  # (torch's seed is not the sampler's: only seed_everything's is)
+    import warnings
+
     module = Orders()
-    Trainer(max_epochs=2, **trainer_args).fit(module, DataLoader(TensorDataset(torch.arange(12)), batch_size=2,
-                                                                 shuffle=True))
-    return {"train": module.train_seen}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(max_epochs=2, **trainer_args).fit(
+            module, DataLoader(TensorDataset(torch.arange(12)), batch_size=2, shuffle=True),
+            DataLoader(TensorDataset(torch.arange(11)), batch_size=2, shuffle=True))
+    words = ("It is recommended to use `self.log(", "sampler has shuffling enabled")
+    return {"train": module.train_seen, "val": module.val_seen,
+            "warnings": [str(w.message) for w in caught if any(word in str(w.message) for word in words)]}
 
 
 def main(out, strategy):
