@@ -237,6 +237,26 @@ def test_epoch_values_without_sync_dist_warn_once_per_name_on_rank_zero_as_light
     assert not [w for w in one if w.startswith("It is recommended")]
 
 
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_a_shuffling_validation_loader_under_ddp_reads_lightnings_distributed_sampler(ddp_facts):
+    """Lightning replaces a shuffling validation loader's sampler under DDP by DistributedSampler(shuffle=True,
+    seed=0 without seed_everything; padded), its epoch set to the fit's epoch at each validation, and warns on rank 0."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    for rank, facts in enumerate(ddp_facts):
+        expected = []
+        for epoch in (0, 1):
+            sampler = DistributedSampler(range(11), num_replicas=2, rank=rank, shuffle=True, seed=0)
+            sampler.set_epoch(epoch)
+            order = list(sampler)  # 6 of the 11 on each rank: one sample read twice
+            expected += [[epoch, order[i:i + 2]] for i in range(0, len(order), 2)]
+        assert facts["orders"]["val"] == expected, rank
+        shuffled = [w for w in facts["orders"]["warnings"] if "shuffling enabled" in w]
+        assert shuffled == (["Your `val_dataloader`'s sampler has shuffling enabled, it is strongly recommended that "
+                             "you turn shuffling off for val/test dataloaders."] if rank == 0 else [])
+
+
 def test_a_dataloader_iter_step_is_refused_before_training():
     class Iterating(Linear):
         def training_step(self, dataloader_iter):

@@ -10,7 +10,7 @@ from tasktrain.profilers import profiled, profiled_iter
 from tasktrain.strategies.base import Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import loaders as fit_data
-from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices
+from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage
@@ -45,7 +45,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             strategy.load_module_state_dict(ckpt["state_dict"])
     world_size, rank = fit_data.shards(trainer)
     prefix = {"validate": "val"}.get(stage, stage)
-    loaders = [prepare_eval_loader(one, world_size, rank, prefix) for one in as_loaders(loader)]
+    shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
+    loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed) for one in as_loaders(loader)]
     limits = [limit_eval(one, limit_arg) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     trainer._watch()
@@ -94,6 +95,8 @@ def evaluate(trainer, stage, loaders, limits):
     eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
     trainer._call(f"on_{prefix}_start")
     trainer._call(f"on_{prefix}_epoch_start")
+    for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
+        set_sampler_epoch(loader, trainer.current_epoch)
     with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
         for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
             extra = (dataloader_idx,) if len(loaders) > 1 else ()
@@ -164,6 +167,8 @@ def predict(trainer, module, loaders, limits, gather):
     trainer._call("on_predict_epoch_start")
     eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
         profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)
+    for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
+        set_sampler_epoch(loader, trainer.current_epoch)
     with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
         for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
             extra = (dataloader_idx,) if len(loaders) > 1 else ()
