@@ -71,6 +71,33 @@ def test_ddp_spawn_names_the_child_that_raised(tmp_path):
     assert code != 0
     # (Lightning 2.6's parent keeps the module its fit was given, and the interrupted state; issue 37)
     assert "parent: lightning_module is the module: True, fn=fit, status=interrupted" in stdout, stdout
-    assert "RuntimeError: ddp_spawn: rank 1 (pid" in stderr, stderr
-    assert "failed: ValueError: boom at step 3 on rank 1; the other ranks were stopped" in stderr
+    # Lightning's ddp_spawn lets torch's ProcessRaisedException through (its text: torch's header and the child's
+    # traceback); ours is that type and a RuntimeError
+    caught = stdout[stdout.index("parent caught: "):].splitlines()[0]
+    assert caught.startswith("parent caught: torch's True, RuntimeError True, rank 1, pid given True, message "
+                             "'\\n\\n-- Process 1 terminated with the following error:\\nTraceback (most recent call last):"), caught
+    assert caught.endswith("ValueError: boom at step 3 on rank 1\\n'"), caught
+    assert "ProcessRaisedException: \n\n-- Process 1 terminated with the following error:" in stderr, stderr
     assert all(process_gone(pid) for pid in _pids(out))
+
+
+@pytest.mark.parametrize("torch_error", ["ProcessRaisedException", "ProcessExitedException"])
+def test_ddp_spawn_lets_torchs_exception_through_as_lightning(monkeypatch, torch_error):
+    """The translation alone, for a child killed by a signal too (a real SIGKILLed spawn costs seconds)."""
+    import torch
+    from tasktrain.strategies import spawn
+
+    extra = (-9, "SIGKILL") if torch_error == "ProcessExitedException" else ()
+    given = getattr(torch.multiprocessing, torch_error)("process 1 terminated with signal SIGKILL", 1, 4242, *extra)
+
+    def start_processes(*args, **kwargs):
+        raise given
+
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", start_processes)
+    strategy = type("Strategy", (), {"num_nodes": 1, "devices": 2})()
+    with pytest.raises(getattr(torch.multiprocessing, torch_error)) as raised:
+        spawn.run_spawned(strategy, print, ())  # (any picklable run)
+    err = raised.value
+    assert isinstance(err, RuntimeError) and type(err).__name__ == torch_error
+    assert (str(err), err.error_index, err.error_pid) == (str(given), 1, 4242)
+    assert [getattr(err, name, None) for name in ("exit_code", "signal_name")] == list(extra or (None, None))

@@ -687,3 +687,44 @@ def test_trainer_model_is_the_wrapper_and_the_eval_hooks_switch_it_as_lightning(
         seen[lib.__name__] = Modes.seen_modes
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert ("train_batch", "DistributedDataParallel", False, True) in seen["tasktrain"]  # (the wrapper stays in eval)
+
+def test_the_trainer_state_enums_print_compare_and_hash_as_lightnings():
+    from lightning.pytorch.trainer import states as theirs_states
+    from tasktrain.trainer import states as our_states
+
+    def facts(states):
+        seen = []
+        for enum_name in ("TrainerFn", "TrainerStatus", "RunningStage"):
+            for member in getattr(states, enum_name):
+                other = "FIT" if member.value == "fit" else member.value.upper()
+                seen.append((str(member), format(member), f"{member}", "%s" % member, repr(member), member.value,
+                             member == member.value, member == other, member != other, member != member.value,
+                             hash(member) == hash(member.value), {member.value: 1}.get(member),
+                             member in {other.lower()}, getattr(member, "dataloader_prefix", None),
+                             getattr(member, "evaluating", None), getattr(member, "stopped", None)))
+            enum = getattr(states, enum_name)
+            name = next(iter(enum.__members__))
+            seen.append((enum.from_str(name.lower()), enum.from_str(enum[name].value.upper(), source="value"),
+                         enum.from_str(enum[name].value, source="any")))
+            for source in ("key", "value", "any"):
+                with pytest.raises(ValueError) as error:
+                    enum.from_str("nothing", source=source)
+                with pytest.warns(UserWarning) as warned:
+                    assert enum.try_from_str("nothing", source=source) is None
+                seen.append((str(error.value), str(warned[0].message)))
+        seen.append(states.TrainerFn.VALIDATING == states.RunningStage.VALIDATING)
+        return seen
+
+    ours_facts, theirs_facts = facts(our_states), facts(theirs_states)
+    assert ours_facts == theirs_facts
+    assert ("TrainerFn.FITTING", "TrainerFn.FITTING") == ours_facts[0][:2]
+
+
+def test_trainer_state_stopped_and_finished_after_a_run_as_lightnings():
+    seen = []
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        trainer = lib.Trainer(max_steps=1, limit_val_batches=0, **QUIET)
+        before = (trainer.state.stopped, trainer.state.finished)
+        trainer.fit(classes.BoringModel())
+        seen.append((before, trainer.state.stopped, trainer.state.finished, trainer.state.fn.value))
+    assert seen[0] == seen[1] == ((False, False), True, True, "fit")

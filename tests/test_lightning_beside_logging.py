@@ -332,3 +332,48 @@ def test_a_step_plateau_scheduler_steps_after_the_batchs_validation_as_in_lightn
     # batch 1's step sees the 1st validation (its best), batch 2's the same value again (no better: halved), ...;
     # stepped before the validation (tasktrain before), batch 1's step had no value and each halving came a batch later
     assert ours == ([1.0, 1.0, 1.0, 0.5, 0.25, 0.125], 5)
+
+
+def several_loaders_module(base, hook):
+    class Shared(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            if hook == "step":  # every loader logs the same unsuffixed name: Lightning refuses the second
+                self.log("shared", float(dataloader_idx), add_dataloader_idx=False)
+            else:  # one loader only, and in the epoch-end hook: allowed
+                if dataloader_idx == 1:
+                    self.log("shared", float(batch_idx), add_dataloader_idx=False)
+                self.log("each", float(dataloader_idx))
+
+        def on_validation_epoch_end(self):
+            if hook != "step":
+                self.log("shared", 5.0, add_dataloader_idx=False)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    return Shared
+
+
+@pytest.mark.parametrize("hook", ["step", "one loader"])
+def test_add_dataloader_idx_false_from_several_loaders_as_lightning(hook):
+    seen = []
+    for lib, base in ((tasktrain, tasktrain.TaskModule), (L, L.LightningModule)):
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=1, logger=False, enable_progress_bar=False,
+                              enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0)
+        module = several_loaders_module(base, hook)()
+        result = outcome(lambda: trainer.fit(module, loader(), [loader(), loader(3)]))
+        # (after the refusal Lightning's callback_metrics hold what it had collected: not compared)
+        seen.append((result, numbers(trainer.callback_metrics) if result == "ok" else None))
+    assert seen[0] == seen[1]
+    if hook == "step":
+        assert seen[0][0] == ("MisconfigurationException", "You called `self.log(shared, ...)` twice in "
+                              "`validation_step` with different arguments. This is not allowed")
+    else:
+        assert seen[0] == ("ok", {"each/dataloader_idx_0": 0.0, "each/dataloader_idx_1": 1.0, "shared": 5.0})

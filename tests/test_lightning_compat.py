@@ -207,6 +207,65 @@ def test_model_checkpoint_writes_on_rank_zero_only(ddp_facts):
     assert "last-v1.ckpt" in zero["checkpoint_files"]  # the second fit's last: a link, beside the first's
 
 
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_ddp_without_seed_everything_shuffles_as_lightnings_distributed_sampler(ddp_facts):
+    """Lightning's DistributedSampler gets seed PL_GLOBAL_SEED, 0 without seed_everything (not a draw): each rank
+    trains on the batches DistributedSampler(seed=0) gives it, epoch by epoch."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    for rank, facts in enumerate(ddp_facts):
+        expected = []
+        for epoch in (0, 1):
+            sampler = DistributedSampler(range(12), num_replicas=2, rank=rank, shuffle=True, seed=0)
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+            expected += [[epoch, order[i:i + 2]] for i in range(0, len(order), 2)]
+        assert facts["orders"]["train"] == expected, rank
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_epoch_values_without_sync_dist_warn_once_per_name_on_rank_zero_as_lightning(ddp_facts):
+    """Lightning's PossibleUserWarning (its words) when an epoch-level tensor is logged without sync_dist under a
+    process group: on rank 0 only, once per name over both epochs; not for step values nor sync_dist ones."""
+    zero, one = (facts["orders"]["warnings"] for facts in ddp_facts)
+    recommended = [w for w in zero if w.startswith("It is recommended")]
+    assert recommended == [
+        f"It is recommended to use `self.log('{name}', ..., sync_dist=True)` when logging on epoch level in "
+        "distributed setting to accumulate the metric across devices." for name in ("val_idx", "train_loss")]
+    assert not [w for w in one if w.startswith("It is recommended")]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_a_shuffling_validation_loader_under_ddp_reads_lightnings_distributed_sampler(ddp_facts):
+    """Lightning replaces a shuffling validation loader's sampler under DDP by DistributedSampler(shuffle=True,
+    seed=0 without seed_everything; padded), its epoch set to the fit's epoch at each validation, and warns on rank 0."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    for rank, facts in enumerate(ddp_facts):
+        expected = []
+        for epoch in (0, 1):
+            sampler = DistributedSampler(range(11), num_replicas=2, rank=rank, shuffle=True, seed=0)
+            sampler.set_epoch(epoch)
+            order = list(sampler)  # 6 of the 11 on each rank: one sample read twice
+            expected += [[epoch, order[i:i + 2]] for i in range(0, len(order), 2)]
+        assert facts["orders"]["val"] == expected, rank
+        shuffled = [w for w in facts["orders"]["warnings"] if "shuffling enabled" in w]
+        assert shuffled == (["Your `val_dataloader`'s sampler has shuffling enabled, it is strongly recommended that "
+                             "you turn shuffling off for val/test dataloaders."] if rank == 0 else [])
+
+
+def test_a_dataloader_iter_step_is_refused_before_training():
+    class Iterating(Linear):
+        def training_step(self, dataloader_iter):
+            raise AssertionError("not reached")
+
+    with pytest.raises(NotImplementedError, match=r"training_step\(self, dataloader_iter\): tasktrain does not run"):
+        Trainer(max_epochs=1, **quiet()).fit(Iterating(), loader(8))
+
+
 def test_step_methods_without_batch_idx_get_the_batch_alone():
     seen = []
 

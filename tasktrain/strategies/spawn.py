@@ -59,22 +59,25 @@ def run_spawned(strategy, run, args):
                             "the loaders, datasets and collate functions picklable (defined at module level), or "
                             "use strategy='ddp'.") from err
         except torch.multiprocessing.ProcessRaisedException as err:
-            # err's text is the child's traceback; its last line is the error itself.
-            error = str(err).strip().splitlines()[-1]
-            raise RuntimeError(f"ddp_spawn: rank {err.error_index} (pid {err.error_pid}) failed: {error}; the other "
-                               f"ranks were stopped. Its traceback:{err}") from None
+            # Lightning's launcher lets torch's exception reach the user: its text is the child's traceback
+            raise ProcessRaisedException(err.msg, err.error_index, err.error_pid) from None
         except torch.multiprocessing.ProcessExitedException as err:
-            raise RuntimeError(f"ddp_spawn: rank {err.error_index} (pid {err.error_pid}) {_exit_words(err)}; the "
-                               "other ranks were stopped.") from None
+            raise ProcessExitedException(err.msg, err.error_index, err.error_pid, err.exit_code,
+                                         err.signal_name) from None
         # Written by our own child into our private directory: plain tensors and python objects.
         collected = torch.load(result_path, map_location="cpu", weights_only=False)
     return run.restore(collected)
 
 
-def _exit_words(err):
-    if err.signal_name:
-        return f"was killed by {err.signal_name}"
-    return f"exited with code {err.exit_code}"
+class ProcessRaisedException(torch.multiprocessing.ProcessRaisedException, RuntimeError):
+    """A child raised: torch's exception, as Lightning's ddp_spawn raises it (its text: "-- Process 1 terminated with
+    the following error:" and the child's traceback; `error_index` the rank, `error_pid` its process), and a
+    RuntimeError as tasktrain raised before."""
+
+
+class ProcessExitedException(torch.multiprocessing.ProcessExitedException, RuntimeError):
+    """A child died without raising (a signal, os._exit): torch's exception, as Lightning raises it ("process 1
+    terminated with signal SIGKILL"; `exit_code`, `signal_name`), and a RuntimeError as tasktrain raised before."""
 
 
 def _child(rank, env, private, args, result_path):

@@ -568,18 +568,34 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
     return TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)
 
 
-def prepare_eval_loader(loader, world_size, rank, prefix=None):
+def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None):
     """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is (a shuffling
-    one keeps shuffling, as under Lightning, which warns: `prefix` names the loader, "val", "test" or "predict")."""
+    one keeps shuffling, as under Lightning, which warns: `prefix` names the loader, "val", "test" or "predict").
+    `shuffle_seed` (given under a distributed strategy): a shuffling validation/test loader reads Lightning's
+    DistributedSampler(shuffle=True, seed=shuffle_seed) instead, padded as Lightning's, its epoch set by the
+    evaluation run (set_sampler_epoch)."""
     if prefix is not None and rank == 0 and isinstance(loader, DataLoader) and \
             not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
             isinstance(_order_sampler(loader), RandomSampler):
         warnings.warn(f"Your `{prefix}_dataloader`'s sampler has shuffling enabled, it is strongly recommended that "
                       "you turn shuffling off for val/test dataloaders.", PossibleUserWarning)
     add_worker_init_fn(loader, rank)  # seed_everything(workers=True)
+    if shuffle_seed is not None and prefix in ("val", "test") and _replaceable(loader) and \
+            loader.batch_size is not None and type(loader.sampler) is RandomSampler:
+        sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=shuffle_seed)
+        return _rebuild(loader, sampler, loader.generator)
     if world_size == 1 or not _replaceable(loader) or type(_order_sampler(loader)) is not SequentialSampler:
         return loader
     return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)
+
+
+def set_sampler_epoch(loader, epoch):
+    """Lightning's rule at each evaluation run: the loader's sampler and batch sampler that have set_epoch get the
+    epochs the fit has run (a shuffling DistributedSampler then draws another order each epoch)."""
+    for name in ("sampler", "batch_sampler"):
+        sampler = getattr(loader, name, None)
+        if sampler is not None and callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)
 
 
 class _RecordingBatchSampler:

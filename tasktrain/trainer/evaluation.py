@@ -10,7 +10,7 @@ from tasktrain.profilers import profiled, profiled_iter
 from tasktrain.strategies.base import Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import loaders as fit_data
-from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices
+from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage
@@ -47,7 +47,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
                          "the module.")
     world_size, rank = fit_data.shards(trainer)
     prefix = {"validate": "val"}.get(stage, stage)
-    loaders = [prepare_eval_loader(one, world_size, rank, prefix) for one in as_loaders(loader)]
+    shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
+    loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed) for one in as_loaders(loader)]
     limits = [limit_eval(one, limit_arg) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     trainer._watch()
@@ -62,7 +63,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     if trainer.is_global_zero and values and getattr(trainer, "_verbose", True):
         print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
     # One dict per loader (Lightning's shape): its own suffixed metrics, those it logged with add_dataloader_idx=False
-    # (a name several loaders logged so: one value over them, in each of their dicts; Lightning refuses that name),
+    # (one loader per hook and name, Lightning's rule; a name several loaders logged so from different hooks: one
+    # value over them, in each of their dicts),
     # and those logged outside the loaders (the epoch-end hooks).
     if len(loaders) == 1:
         return [{k: float(v) for k, v in values.items()}]
@@ -95,6 +97,8 @@ def evaluate(trainer, stage, loaders, limits):
     eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
     trainer._call(f"on_{prefix}_start")
     trainer._call(f"on_{prefix}_epoch_start")
+    for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
+        set_sampler_epoch(loader, trainer.current_epoch)
     with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
         for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
             extra = (dataloader_idx,) if len(loaders) > 1 else ()
@@ -165,6 +169,8 @@ def predict(trainer, module, loaders, limits, gather):
     trainer._call("on_predict_epoch_start")
     eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
         profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)
+    for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
+        set_sampler_epoch(loader, trainer.current_epoch)
     with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
         for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
             extra = (dataloader_idx,) if len(loaders) > 1 else ()

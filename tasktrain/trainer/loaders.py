@@ -11,6 +11,7 @@ from tasktrain.trainer import evaluation, guards
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
+from tasktrain.trainer.seed import sampler_seed
 from tasktrain.trainer.module import TaskModule, is_overridden
 
 
@@ -20,6 +21,14 @@ def shards(trainer):
     if not trainer.use_distributed_sampler:
         return 1, 0
     return trainer.strategy.data_parallel_size, trainer.strategy.data_parallel_rank
+
+
+def eval_shuffle_seed(trainer):
+    """The seed a shuffling validation/test loader's DistributedSampler gets (Lightning's: under a distributed
+    strategy with use_distributed_sampler, also of one process); None where the loader is kept as it is."""
+    if not trainer.use_distributed_sampler or isinstance(trainer.strategy, OneProcess):
+        return None
+    return sampler_seed()
 
 
 def train_data_now(trainer):
@@ -132,7 +141,8 @@ def setup_val(trainer, loader):
     """The validation loaders, counted once per fit (a fraction of a loader without a length fails here, before
     training)."""
     world_size, rank = shards(trainer)
-    val_loaders = [prepare_eval_loader(one, world_size, rank, "val") for one in evaluation.as_loaders(loader)]
+    val_loaders = [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer))
+                   for one in evaluation.as_loaders(loader)]
     trainer._val_loader = val_loaders
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
     trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit) for one in val_loaders]

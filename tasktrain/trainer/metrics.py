@@ -12,12 +12,15 @@ import sys
 import threading
 from functools import partial
 
+import warnings
+
 import torch
 
-from tasktrain.exceptions import MisconfigurationException
+from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.strategies.watchdog import collective_label
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
+_WARNED_UNSYNCED = set()  # names already warned about (Lightning's warning cache: once per name per process)
 
 # Where self.log may be called, Lightning 2.6's table (its _FxValidator): hook -> (allowed on_step values, allowed
 # on_epoch values, default on_step, default on_epoch); None: self.log is refused there. The hook is the one the loop
@@ -125,6 +128,7 @@ class MetricStore:
         self.metric_attributes = None  # id(Metric) -> the module's attribute that holds it, found at the first Metric
         self.dataloader_suffix = ""  # "/dataloader_idx_N" while an evaluation loop runs its N-th of several loaders
         self.loader_of_name = {}  # a name logged with add_dataloader_idx=False -> the suffixes of the loaders that did
+        self.unsuffixed_loader = {}  # (hook, such a name) -> the one loader allowed to log it (Lightning's rule)
         self.default_on_step, self.default_on_epoch = True, False
         self.batch = None
         self._batch_size = None
@@ -279,6 +283,7 @@ class MetricStore:
         if not acc:
             return {}
         names = sorted(acc)
+        self._warn_unsynced(acc, names)
         synced = [n for n in names if acc[n][0].sync_dist and acc[n][2] is not None and self.strategy.world_size > 1]
         if synced:
             self._sync_accumulators(acc, synced)
@@ -303,6 +308,22 @@ class MetricStore:
         self.epoch_values.update(values)
         self.callback_metrics.update(values)
         return values
+
+    def _warn_unsynced(self, acc, names):
+        """Lightning's PossibleUserWarning where an epoch value (not a Metric object, which syncs itself) is reduced
+        without sync_dist under an initialised process group: each rank then keeps its own value. On rank 0, once
+        per name per process."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
+                not self.strategy.is_global_zero:
+            return
+        for key in names:
+            meta, _, weight = acc[key]
+            name = key.partition(_LOADER)[0]  # (Lightning's message names the value as logged, without its loader)
+            if weight is not None and not meta.sync_dist and name not in _WARNED_UNSYNCED:
+                _WARNED_UNSYNCED.add(name)
+                warnings.warn(f"It is recommended to use `self.log({name!r}, ..., sync_dist=True)` when logging on "
+                              "epoch level in distributed setting to accumulate the metric across devices.",
+                              PossibleUserWarning)
 
     def _agree_on_synced_names(self, acc):
         """Evaluation shards are unpadded, so a rank may have seen no batch (or not logged a metric): every rank

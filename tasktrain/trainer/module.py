@@ -375,6 +375,11 @@ class TaskModule(torch.nn.Module):
         if add_dataloader_idx:
             name = name + metrics.dataloader_suffix
         elif metrics.dataloader_suffix:  # one of several loaders logs it unsuffixed: in that loader's results
+            # Lightning keeps one value per (hook, name) and its loader: another loader logging the name so is refused
+            loader = metrics.unsuffixed_loader.setdefault((metrics.fx, name), metrics.dataloader_suffix)
+            if loader != metrics.dataloader_suffix:
+                raise MisconfigurationException(f"You called `self.log({name}, ...)` twice in `{metrics.fx}` with "
+                                                "different arguments. This is not allowed")
             metrics.loader_of_name.setdefault(name, set()).add(metrics.dataloader_suffix)
         metrics.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size, enable_graph)
 

@@ -132,9 +132,10 @@ def check_accumulation(name, value) -> int:
     return value
 
 
-def broadcast_seed(strategy) -> int:
-    """The data order is a function of (seed, epoch): every rank draws it from rank 0's seed."""
-    return int(strategy.broadcast(get_seed()))
+def broadcast_seed(strategy, seed=None) -> int:
+    """The data order is a function of (seed, epoch): every rank draws it from rank 0's seed (`seed`; None: get_seed's,
+    seed_everything's or a draw)."""
+    return int(strategy.broadcast(get_seed() if seed is None else seed))
 
 
 def rng_restore_of_this_rank(states, strategy, source, seed, global_step):

@@ -72,6 +72,14 @@ def get_seed() -> int:
     return int(torch.initial_seed() % 2**31)
 
 
+def sampler_seed() -> int:
+    """The seed of the Trainer's data order, Lightning's (the seed its DistributedSampler gets): seed_everything's
+    (TASKTRAIN_GLOBAL_SEED, or Lightning's PL_GLOBAL_SEED where a Lightning launcher set it), else 0, not a draw:
+    a DDP run without seed_everything shuffles as Lightning's, the same order at every run."""
+    value = os.environ.get(_SEED_VAR) or os.environ.get("PL_GLOBAL_SEED")
+    return int(value) if value else 0
+
+
 def derive_rank_seed(seed: int, global_step: int, rank: int) -> int:
     """A seed for a rank that a checkpoint has no random state for (a resume on more processes than wrote it):
     a function of (seed, global step, rank) only, so that the resumed run is the same each time it is resumed."""

@@ -38,8 +38,8 @@ class TrainState:
         return self.status == TrainerStatus.FINISHED
 
     @property
-    def stopped(self) -> bool:
-        return self.status == TrainerStatus.INTERRUPTED
+    def stopped(self) -> bool:  # (Lightning's: the run ended, finished or interrupted)
+        return self.status.stopped
 
     def start_fit(self, data_seed, stopped_inside_epoch=False):
         """A fit of a used Trainer goes on from these counters, as Lightning's fit loop keeps its progress between

@@ -1,11 +1,46 @@
 """Lightning's trainer states (lightning.pytorch.trainer.states): what `trainer.state.status`, `.fn` and `.stage`
-hold. Each is a str enum, so it compares equal to its value (`trainer.state.fn == "fit"`)."""
+hold. Each is a str enum as Lightning's (its LightningEnum): it compares equal to its value in any case
+(`trainer.state.fn == "fit"`, `== "FIT"`), hashes as that value (so `{"fit": ...}[trainer.state.fn]` works), and
+str()/format() give the member's name, `TrainerFn.FITTING` (Python's own rule for a str enum); `.value` is "fit"."""
+import warnings
 from enum import Enum
 
 
 class _StrEnum(str, Enum):
-    def __str__(self):
-        return self.value
+    @classmethod
+    def from_str(cls, value, source="key"):
+        """The member named `value` (source="key", any case), whose value is `value` (source="value"), or either
+        (source="any": the names first)."""
+        if source in ("key", "any"):
+            for name, member in cls.__members__.items():
+                if name.lower() == value.lower():
+                    return member
+        if source in ("value", "any"):
+            for member in cls:
+                if member == value:
+                    return member
+        names, values = list(cls.__members__), [member.value for member in cls]
+        allowed = {"key": names, "value": values}.get(source, names + values)
+        raise ValueError(f"Invalid match: expected one of {allowed}, but got {value}.")
+
+    @classmethod
+    def try_from_str(cls, value, source="key"):
+        """from_str, or None with a warning where nothing matches."""
+        try:
+            return cls.from_str(value, source)
+        except ValueError as error:
+            warnings.warn(UserWarning(str(error).replace("Invalid match", "Invalid string")))
+            return None
+
+    def __eq__(self, other):
+        if isinstance(other, Enum):
+            other = other.value
+        return self.value.lower() == str(other).lower()
+
+    # (`!=` stays str's exact comparison, as in Lightning, whose enum overrides == only: `TrainerFn.FITTING != "FIT"`)
+
+    def __hash__(self):  # equal members and strings hash alike (an __eq__ of its own would drop the hash)
+        return hash(self.value.lower())
 
 
 class TrainerStatus(_StrEnum):
@@ -40,3 +75,8 @@ class RunningStage(_StrEnum):
     @property
     def evaluating(self):
         return self in (RunningStage.VALIDATING, RunningStage.TESTING, RunningStage.SANITY_CHECKING)
+
+    @property
+    def dataloader_prefix(self):
+        """The loader hook's prefix: "val" for validation and the sanity check, else the value."""
+        return "val" if self in (RunningStage.VALIDATING, RunningStage.SANITY_CHECKING) else self.value

@@ -39,7 +39,7 @@ from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.run_state import Callbacks
 from tasktrain.trainer.runtime import broadcast_seed, build_runtime
-from tasktrain.trainer.seed import isolate_rng
+from tasktrain.trainer.seed import isolate_rng, sampler_seed
 from tasktrain.trainer.state import TrainState
 from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
@@ -524,8 +524,8 @@ class Trainer:
         _convert_sync_batchnorm(module, strategy, self.sync_batchnorm)
         check_optimization_hooks(module, strategy)
         # A used Trainer goes on from its last fit's counters (Lightning's); a checkpoint's win (resume.py). Data
-        # order: a function of (seed, epoch), the same seed on every rank.
-        self.state.start_fit(broadcast_seed(strategy), stopped_inside_epoch=self._epoch_cut_short)
+        # order: a function of (seed, epoch), the same seed on every rank: Lightning's (0 without seed_everything).
+        self.state.start_fit(broadcast_seed(strategy, sampler_seed()), stopped_inside_epoch=self._epoch_cut_short)
         self._epoch_cut_short = False
         self._pending_train, self._train_data = (module, train_loader), None  # requested by train_data_now
         has_val = loaders.plan_fit_val(self, module, val_loader)  # requested by val_data_now
@@ -765,6 +765,14 @@ def _check_module(module, stage):
     if stage in ("fit", "validate", "test", "predict") and is_overridden("configure_sharded_model", module, TaskModule):
         raise NotImplementedError(f"{type(module).__name__} overrides configure_sharded_model, which tasktrain does "
                                   "not call: it is deprecated in Lightning; rename it to configure_model.")
+    steps = {"fit": ("training_step", "validation_step"), "validate": ("validation_step",), "test": ("test_step",),
+             "predict": ("predict_step",)}.get(stage, ())
+    for name in steps:  # Lightning's experimental step that draws its own batches: refused, not fed a batch
+        if is_overridden(name, module, TaskModule) and \
+                "dataloader_iter" in inspect.signature(getattr(module, name)).parameters:
+            raise NotImplementedError(
+                f"{type(module).__name__}.{name}(self, dataloader_iter): tasktrain does not run Lightning's "
+                f"experimental `dataloader_iter` step flavor. Take the batch instead: {name}(self, batch, batch_idx).")
     if stage == "fit":
         if not is_overridden("training_step", module, TaskModule):
             raise NotImplementedError(

@@ -47,7 +47,13 @@ if __name__ == "__main__":
     module = Failing()
     try:
         trainer.fit(module, DataLoader(data, batch_size=4))
+    except BaseException as err:
+        if strategy == "ddp_spawn":  # Lightning's type (torch's) and a RuntimeError, as tasktrain raised before
+            print(f"parent caught: torch's {isinstance(err, torch.multiprocessing.ProcessRaisedException)}, "
+                  f"RuntimeError {isinstance(err, RuntimeError)}, rank {err.error_index}, "
+                  f"pid given {err.error_pid > 0}, message {str(err)!r}", flush=True)
+        raise
     finally:
         if strategy == "ddp_spawn":  # the parent, after its children failed: Lightning's trainer still names the run
             print(f"parent: lightning_module is the module: {trainer.lightning_module is module}, "
-                  f"fn={trainer.state.fn}, status={trainer.state.status}", flush=True)
+                  f"fn={trainer.state.fn.value}, status={trainer.state.status.value}", flush=True)

@@ -143,7 +143,50 @@ def checkpoint_writes(out, **trainer_args):
     return written, sorted(os.listdir(folder))
 
 
+class Orders(TaskModule):
+    """Records the dataset indices each rank trains and validates on, per epoch; logs epoch values with and without
+    sync_dist."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.train_seen, self.val_seen = [], []
+
+    def training_step(self, batch, batch_idx):
+        self.train_seen.append([self.current_epoch, batch[0].tolist()])
+        loss = self.layer(batch[0].float().unsqueeze(1)).pow(2).mean()
+        self.log("train_loss", loss, on_epoch=True)  # an epoch value without sync_dist: Lightning warns
+        self.log("train_step_only", loss)  # a step value: no warning
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.val_seen.append([self.current_epoch, batch[0].tolist()])
+        self.log("val_idx", batch[0].float().mean())  # (an evaluation value is an epoch value: Lightning warns)
+        self.log("val_synced", batch[0].float().mean(), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def orders(**trainer_args):
+    """A shuffling training loader without seed_everything: Lightning's DistributedSampler seed is 0 then."""
+    torch.manual_seed(1234)  # (torch's seed is not the sampler's: only seed_everything's is)
+    import warnings
+
+    module = Orders()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(max_epochs=2, **trainer_args).fit(
+            module, DataLoader(TensorDataset(torch.arange(12)), batch_size=2, shuffle=True),
+            DataLoader(TensorDataset(torch.arange(11)), batch_size=2, shuffle=True))
+    words = ("It is recommended to use `self.log(", "sampler has shuffling enabled")
+    return {"train": module.train_seen, "val": module.val_seen,
+            "warnings": [str(w.message) for w in caught if any(word in str(w.message) for word in words)]}
+
+
 def main(out, strategy):
+    # no seed_everything in this script: not even one a Lightning test of the pytest process left in the environment
+    os.environ.pop("PL_GLOBAL_SEED", None)
     common_args = dict(strategy=strategy, devices=2, accelerator="cpu", enable_progress_bar=False, logger=False,
                        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0)
     facts = {}
@@ -154,6 +197,7 @@ def main(out, strategy):
     results = Trainer(**common_args).validate(Scored(), DataLoader(TensorDataset(x, y), batch_size=3), verbose=False)
     facts["val_acc"] = results[0]["val_acc"]
     facts["checkpoint_writes"], facts["checkpoint_files"] = checkpoint_writes(out, **common_args)
+    facts["orders"] = orders(**common_args)
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump(facts, f)
 

@@ -128,7 +128,8 @@ class LitClassifier(pl.TaskModule):
     def validation_step(self, batch, batch_idx, dataloader_idx=0):
         x, y = batch
         self.log("val_acc", (self(x).argmax(1) == y).float().mean(), sync_dist=True)
-        self.log("val_batches", 1.0, reduce_fx=torch.sum, add_dataloader_idx=False, sync_dist=True)
+        # (one loader per unsuffixed name, Lightning's rule: each loader counts under a name of its own)
+        self.log(f"val_batches_{dataloader_idx}", 1.0, reduce_fx=torch.sum, add_dataloader_idx=False, sync_dist=True)
 
     def configure_callbacks(self):
         return [EarlyStopping("val_acc/dataloader_idx_0", mode="max", patience=1, verbose=False)]
@@ -210,7 +211,7 @@ trainer.fit(classifier, classification(32, 0), [classification(16, 1), classific
 stopper = next(c for c in trainer.callbacks if isinstance(c, EarlyStopping))
 facts["classifier"] = {
     "metrics": sorted(k for k in trainer.callback_metrics if k.startswith("val_")),
-    "val_batches": float(trainer.callback_metrics["val_batches"]),
+    "val_batches": [float(trainer.callback_metrics[f"val_batches_{i}"]) for i in (0, 1)],
     "num_val_batches": trainer.num_val_batches,
     "stopping_reason": stopper.stopping_reason.name, "stopped_epoch": stopper.stopped_epoch,
     "current_epoch": trainer.current_epoch,
