@@ -688,6 +688,7 @@ def test_trainer_model_is_the_wrapper_and_the_eval_hooks_switch_it_as_lightning(
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert ("train_batch", "DistributedDataParallel", False, True) in seen["tasktrain"]  # (the wrapper stays in eval)
 
+
 def test_the_trainer_state_enums_print_compare_and_hash_as_lightnings():
     from lightning.pytorch.trainer import states as theirs_states
     from tasktrain.trainer import states as our_states
