@@ -604,8 +604,10 @@ def test_inference_mode_detect_anomaly_and_benchmark(monkeypatch):
     assert modes == [("anomaly", True), ("inference", False, False)] and torch.backends.cudnn.benchmark is True
     assert not torch.is_anomaly_enabled()
     modes.clear()
-    Trainer(max_steps=1, **quiet()).fit(Probe(), loader(8), loader(8))
-    assert modes == [("anomaly", False), ("inference", True, False)]
+    trainer = Trainer(max_steps=1, **quiet())
+    trainer.fit(Probe(), loader(8), loader(8))  # the fit's validation: no_grad (Lightning's), inference_mode
+    trainer.validate(trainer.module, loader(8))  # outside a fit
+    assert modes == [("anomaly", False), ("inference", False, False), ("inference", True, False)]
 
 
 def test_barebones_and_plugins_are_refused_with_what_to_do():

@@ -729,3 +729,44 @@ def test_trainer_state_stopped_and_finished_after_a_run_as_lightnings():
         trainer.fit(classes.BoringModel())
         seen.append((before, trainer.state.stopped, trainer.state.finished, trainer.state.fn.value))
     assert seen[0] == seen[1] == ((False, False), True, True, "fit")
+
+
+def test_evaluation_grad_modes_are_lightnings():
+    """no_grad for the fit's sanity check and validation (hooks included), inference_mode for validate / test /
+    predict, as Lightning."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Modes(classes.BoringModel):
+            modes = []
+
+            def _note(self, where):
+                self.modes.append((where, torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+
+            def validation_step(self, batch, batch_idx):
+                self._note("validation_step")
+                return super().validation_step(batch, batch_idx)
+
+            def on_validation_epoch_end(self):
+                self._note("on_validation_epoch_end")
+
+            def on_validation_end(self):
+                self._note("on_validation_end")
+
+            def test_step(self, batch, batch_idx):
+                self._note("test_step")
+
+            def predict_step(self, batch, batch_idx, dataloader_idx=0):
+                self._note("predict_step")
+
+        model = Modes()
+        trainer = lib.Trainer(max_steps=1, limit_val_batches=1, limit_test_batches=1, limit_predict_batches=1,
+                              num_sanity_val_steps=1, **QUIET)
+        trainer.fit(model)
+        trainer.validate(model, verbose=False)
+        trainer.test(model, verbose=False)
+        trainer.predict(model)
+        seen[lib.__name__] = Modes.modes
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert seen["tasktrain"][:3] == [("validation_step", False, False), ("on_validation_epoch_end", False, False),
+                                     ("on_validation_end", False, False)]
+    assert seen["tasktrain"][-1] == ("predict_step", True, False)

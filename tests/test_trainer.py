@@ -36,17 +36,24 @@ def test_validate_test_predict_return_values():
 
 
 def test_evaluation_runs_in_inference_mode_and_eval_mode():
-    seen = {}
+    """Lightning's rule: the fit's validation under no_grad (a callback may change the weights there and train on),
+    validate / test / predict under inference_mode; eval mode in all, the train mode given back after."""
+    seen = []
 
     class Probe(Linear):
         def validation_step(self, batch, batch_idx):
-            seen["inference"] = torch.is_inference_mode_enabled()
-            seen["training"] = self.training
+            seen.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled(), self.training))
+
+        def on_validation_epoch_end(self):  # hooks too: an in-place change of a weight here trains on after
+            seen.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled(), self.training))
 
     module = Probe()
-    Trainer(max_epochs=1, **quiet()).fit(module, loader(), loader())
-    assert seen == {"inference": True, "training": False}
-    assert module.training
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(module, loader(), loader())
+    assert set(seen) == {(False, False, False)} and module.training
+    seen.clear()
+    trainer.validate(module, loader())
+    assert set(seen) == {(True, False, False)} and module.training
 
 
 def test_gradient_accumulation_matches_hand_computed_sgd():

@@ -13,7 +13,7 @@ from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
-from tasktrain.trainer.states import RunningStage
+from tasktrain.trainer.states import RunningStage, TrainerFn
 
 _LOADER_HOOK = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
 _COUNT_ATTRIBUTE = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
@@ -75,10 +75,28 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
               owners.get(k.removesuffix("_epoch"), owners.get(k, everywhere)))} for idx in range(len(loaders))]
 
 
+def grad_context(trainer):
+    """What an evaluation run (its hooks included) runs under, Lightning's rule: torch.no_grad for the fit's own
+    validation and sanity check (Lightning's fit validates with inference_mode=False: a callback may change the
+    parameters there and train on), under gloo and FSDP; otherwise torch.inference_mode, unless
+    Trainer(inference_mode=False)."""
+    fitting = trainer.state.fn == TrainerFn.FITTING
+    gloo = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_backend() == "gloo"
+    if not trainer.inference_mode or fitting or gloo or trainer.strategy.name.startswith("fsdp"):
+        return torch.no_grad()
+    return torch.inference_mode()
+
+
 def evaluate(trainer, stage, loaders, limits):
-    """Run validation/test batches of each loader under inference_mode; returns the reduced epoch metrics.
+    """Run validation/test batches of each loader (grad_context); returns the reduced epoch metrics.
     With several loaders the step and batch hooks get dataloader_idx, and self.log adds the
     "/dataloader_idx_N" suffix (Lightning's rule)."""
+    with grad_context(trainer):
+        return _evaluate(trainer, stage, loaders, limits)
+
+
+def _evaluate(trainer, stage, loaders, limits):
     module, strategy, metrics = trainer.module, trainer.strategy, trainer._metrics
     prefix = "validation" if stage == "validate" else stage
     step_fn = getattr(module, f"{prefix}_step")
@@ -99,26 +117,25 @@ def evaluate(trainer, stage, loaders, limits):
     trainer._call(f"on_{prefix}_epoch_start")
     for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
         set_sampler_epoch(loader, trainer.current_epoch)
-    with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
-        for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
-            extra = (dataloader_idx,) if len(loaders) > 1 else ()
-            metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
-            for batch_idx, batch in _batches(trainer, loader, limit, prefix, f"end of the {prefix} epoch"):
-                batch = trainer._eval_to_device(batch, dataloader_idx)
-                metrics.set_batch(batch)
-                for fn in hooks[f"on_{prefix}_batch_start"]:
-                    fn(batch, batch_idx, *extra)
-                outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
-                for fn in hooks[f"on_{prefix}_batch_end"]:
-                    fn(outputs, batch, batch_idx, *extra)
-                if not trainer.sanity_checking:
-                    log_eval_step(trainer, stage, dataloader_idx)
-        metrics.dataloader_suffix = ""
-        # Lightning's order: the callbacks then the module, each seeing the epoch's values of what was logged in
-        # the steps; what they log here is reduced after them
-        values = metrics.reduce_epoch(stage)
-        trainer._call(f"on_{prefix}_epoch_end")
-        values.update(metrics.reduce_epoch(stage))
+    for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+        extra = (dataloader_idx,) if len(loaders) > 1 else ()
+        metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
+        for batch_idx, batch in _batches(trainer, loader, limit, prefix, f"end of the {prefix} epoch"):
+            batch = trainer._eval_to_device(batch, dataloader_idx)
+            metrics.set_batch(batch)
+            for fn in hooks[f"on_{prefix}_batch_start"]:
+                fn(batch, batch_idx, *extra)
+            outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
+            for fn in hooks[f"on_{prefix}_batch_end"]:
+                fn(outputs, batch, batch_idx, *extra)
+            if not trainer.sanity_checking:
+                log_eval_step(trainer, stage, dataloader_idx)
+    metrics.dataloader_suffix = ""
+    # Lightning's order: the callbacks then the module, each seeing the epoch's values of what was logged in
+    # the steps; what they log here is reduced after them
+    values = metrics.reduce_epoch(stage)
+    trainer._call(f"on_{prefix}_epoch_end")
+    values.update(metrics.reduce_epoch(stage))
     trainer._call(f"on_{prefix}_end")
     # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
     # frozen BatchNorm the user put in eval mode stays so)
@@ -149,6 +166,11 @@ def log_eval_step(trainer, stage, dataloader_idx):
 def predict(trainer, module, loaders, limits, gather):
     """The predictions of each loader (a list per loader); predict_step and the batch hooks get dataloader_idx
     when there are several."""
+    with grad_context(trainer):
+        return _predict(trainer, module, loaders, limits, gather)
+
+
+def _predict(trainer, module, loaders, limits, gather):
     modes = training_modes(module)
     trainer.state.stage = RunningStage.PREDICTING
     module.on_predict_model_eval()
@@ -171,21 +193,20 @@ def predict(trainer, module, loaders, limits, gather):
         profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)
     for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
         set_sampler_epoch(loader, trainer.current_epoch)
-    with torch.inference_mode() if trainer.inference_mode else torch.no_grad():
-        for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
-            extra = (dataloader_idx,) if len(loaders) > 1 else ()
-            predictions = per_loader[dataloader_idx]
-            done = 0
-            for batch_idx, batch in _batches(trainer, loader, limit, "predict"):
-                batch = trainer._eval_to_device(batch, dataloader_idx)
-                trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
-                out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
-                if keep:
-                    predictions.append(out)
-                trainer._call("on_predict_batch_end", out, batch, batch_idx, *extra)
-                done += 1
-            if writers:  # the sampler ran ahead of the batches predicted (a limit, workers' prefetch): not theirs
-                del trainer.predict_batch_indices[dataloader_idx][done:]
+    for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+        extra = (dataloader_idx,) if len(loaders) > 1 else ()
+        predictions = per_loader[dataloader_idx]
+        done = 0
+        for batch_idx, batch in _batches(trainer, loader, limit, "predict"):
+            batch = trainer._eval_to_device(batch, dataloader_idx)
+            trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
+            out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
+            if keep:
+                predictions.append(out)
+            trainer._call("on_predict_batch_end", out, batch, batch_idx, *extra)
+            done += 1
+        if writers:  # the sampler ran ahead of the batches predicted (a limit, workers' prefetch): not theirs
+            del trainer.predict_batch_indices[dataloader_idx][done:]
     trainer._call("on_predict_epoch_end")
     trainer._call("on_predict_end")
     restore_training_modes(module, modes)  # (Lightning calls no on_predict_model_train)
