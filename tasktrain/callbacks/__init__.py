@@ -1,6 +1,7 @@
 from tasktrain.callbacks.base import Callback, Checkpoint, Logger
 from tasktrain.callbacks.checkpoint import ModelCheckpoint
 from tasktrain.callbacks.clipping import GradientClipping
+from tasktrain.callbacks.device_stats_monitor import DeviceStatsMonitor
 from tasktrain.callbacks.early_stopping import EarlyStopping
 from tasktrain.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from tasktrain.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
@@ -20,7 +21,7 @@ __all__ = ["Callback", "Checkpoint", "Logger", "ModelCheckpoint", "GradientClipp
            "TQDMProgressBar", "RichProgressBar", "Timer", "LambdaCallback", "OnExceptionCheckpoint",
            "GradientAccumulationScheduler", "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
-           "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary"]
+           "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary", "DeviceStatsMonitor"]
 
 _LOGGERS = ("TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger")
 

@@ -1,0 +1,141 @@
+"""Lightning 2.6 beside tasktrain for DeviceStatsMonitor, SpikeDetection and ModelPruning (issue 37): the same
+configuration runs under Lightning itself and under tasktrain (tiny model, CPU, one process) and what a user sees is
+compared: the keys and steps written to the logger, the errors and their types, the batches a spike excludes and the
+file that lists them, the pruning masks and weights, the pruned checkpoint. Lightning is a test dependency, imported
+inside the tests only."""
+import json
+import logging
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import tasktrain
+import tasktrain.callbacks
+from tasktrain.exceptions import MisconfigurationException
+
+L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
+from lightning.pytorch.utilities.exceptions import MisconfigurationException as LMisconfigurationException  # noqa
+
+
+def data(n=12, batch_size=3):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    return DataLoader(TensorDataset(x, x @ torch.ones(4, 1)), batch_size=batch_size)
+
+
+def net_class(base):
+    class Net(base):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.body = torch.nn.Linear(4, 8)
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.body(x)))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self(x), y))
+
+        def test_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("test_loss", torch.nn.functional.mse_loss(self(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+    return Net
+
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+             num_sanity_val_steps=0, accelerator="cpu", devices=1)
+
+
+def both(fn):
+    """fn(namespace) under Lightning and under tasktrain: (Lightning's result, ours)."""
+    from lightning.pytorch import callbacks as lightning_callbacks
+    from lightning.pytorch import loggers as lightning_loggers
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    lightning = dict(Trainer=lambda **kw: L.Trainer(**{**QUIET, **kw}), Module=L.LightningModule,
+                     cb=lightning_callbacks, loggers=lightning_loggers, Misconfiguration=LMisconfigurationException)
+    ours = dict(Trainer=lambda **kw: tasktrain.Trainer(**{**QUIET, **kw}), Module=tasktrain.TaskModule,
+                cb=tasktrain.callbacks, loggers=tasktrain.loggers, Misconfiguration=MisconfigurationException)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(**lightning), fn(**ours)
+
+
+def outcome(make):
+    try:
+        make()
+    except Exception as error:  # noqa: BLE001 (the type is the result)
+        return type(error).__name__
+    return "ok"
+
+
+# -- DeviceStatsMonitor ----------------------------------------------------------------------------------------------
+def test_device_stats_monitor_writes_lightnings_keys_at_lightnings_steps(tmp_path):
+    def run(Trainer, Module, cb, loggers, **_):
+        written = []
+
+        class Recording(loggers.CSVLogger):
+            def log_metrics(self, metrics, step=None):
+                keys = sorted(k for k in metrics if k.startswith("DeviceStatsMonitor"))
+                if keys:
+                    written.append((step, keys))
+                super().log_metrics(metrics, step)
+
+        results = {}
+        for cpu_stats in (None, True, False):
+            written.clear()
+            trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, limit_test_batches=2,
+                              log_every_n_steps=2, logger=Recording(tmp_path / type(Module).__name__),
+                              callbacks=[cb.DeviceStatsMonitor(cpu_stats=cpu_stats)])
+            trainer.fit(net_class(Module)(), data(), data())
+            trainer.test(trainer.lightning_module, data())
+            results[cpu_stats] = list(written)
+        results["no logger"] = outcome(lambda: Trainer(max_epochs=1, callbacks=[cb.DeviceStatsMonitor()])
+                                       .fit(net_class(Module)(), data()))
+        # without a logger, validate/test are not refused (Lightning checks at fit only)
+        results["test without logger"] = outcome(lambda: Trainer(callbacks=[cb.DeviceStatsMonitor()])
+                                                 .test(net_class(Module)(), data()))
+        return results
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    keys = {key for _, written in ours[None] for key in written}
+    assert "DeviceStatsMonitor.on_train_batch_start/cpu_percent" in keys
+    assert "DeviceStatsMonitor.on_validation_batch_end/cpu_vm_percent" in keys
+    assert "DeviceStatsMonitor.on_test_batch_start/cpu_swap_percent" in keys
+    # training: the batch about to be step 2 (start and end); validation and test: their 2nd batch (of that run);
+    # the epoch-end validation at the last training batch's step, before it is counted (Lightning's)
+    assert [(step, keys[0].split("/")[0]) for step, keys in ours[None]] == [
+        (1, "DeviceStatsMonitor.on_train_batch_start"), (1, "DeviceStatsMonitor.on_train_batch_end"),
+        (2, "DeviceStatsMonitor.on_validation_batch_start"), (2, "DeviceStatsMonitor.on_validation_batch_end"),
+        (3, "DeviceStatsMonitor.on_test_batch_start"), (3, "DeviceStatsMonitor.on_test_batch_end")]
+    assert ours[False] == [] and ours["no logger"] == "MisconfigurationException"
+
+
+def test_device_stats_monitor_without_psutil_is_an_error_before_training(monkeypatch, tmp_path):
+    import tasktrain.callbacks.device_stats_monitor as monitor_module
+
+    monkeypatch.setattr(monitor_module, "_PSUTIL_AVAILABLE", False)
+    for cpu_stats in (None, True):  # Lightning raises at the first batch for True: here before training too
+        trainer = tasktrain.Trainer(**{**QUIET, "logger": tasktrain.CSVLogger(tmp_path)},
+                                    callbacks=[tasktrain.callbacks.DeviceStatsMonitor(cpu_stats=cpu_stats)])
+        module = net_class(tasktrain.TaskModule)()
+        before = module.head.weight.detach().clone()
+        with pytest.raises(ModuleNotFoundError, match="pip install psutil"):
+            trainer.fit(module, data())
+        assert torch.equal(module.head.weight, before)
+    trainer = tasktrain.Trainer(**{**QUIET, "logger": tasktrain.CSVLogger(tmp_path), "max_epochs": 1,
+                                   "log_every_n_steps": 1},
+                                callbacks=[tasktrain.callbacks.DeviceStatsMonitor(cpu_stats=False)])
+    trainer.fit(net_class(tasktrain.TaskModule)(), data())  # nothing to read: no psutil needed
