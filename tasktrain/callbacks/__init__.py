@@ -11,6 +11,7 @@ from tasktrain.callbacks.model_summary import ModelSummary, RichModelSummary
 from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from tasktrain.callbacks.prediction_writer import BasePredictionWriter
 from tasktrain.callbacks.progress import ProgressBar
+from tasktrain.callbacks.spike import SpikeDetection, TrainingSpikeException
 from tasktrain.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from tasktrain.callbacks.throughput_monitor import ThroughputMonitor
 from tasktrain.callbacks.timer import Timer
@@ -21,7 +22,8 @@ __all__ = ["Callback", "Checkpoint", "Logger", "ModelCheckpoint", "GradientClipp
            "TQDMProgressBar", "RichProgressBar", "Timer", "LambdaCallback", "OnExceptionCheckpoint",
            "GradientAccumulationScheduler", "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
-           "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary", "DeviceStatsMonitor"]
+           "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary", "DeviceStatsMonitor",
+           "SpikeDetection", "TrainingSpikeException"]
 
 _LOGGERS = ("TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger")
 
