@@ -44,6 +44,7 @@ _NAMES = {
     "ModelSummary": "tasktrain.callbacks.model_summary",
     "DeviceStatsMonitor": "tasktrain.callbacks.device_stats_monitor",
     "SpikeDetection": "tasktrain.callbacks.spike",
+    "ModelPruning": "tasktrain.callbacks.pruning",
     "Tuner": "tasktrain.tuner",
     "TaskCLI": "tasktrain.cli.task_cli",
     "cli_lightning_logo": "tasktrain.cli.task_cli",  # Lightning has it at lightning.pytorch.cli_lightning_logo

@@ -215,3 +215,98 @@ def test_spike_detection_state_dict_round_trip_and_message():
     second = SpikeDetection(window=2)
     second.load_state_dict(first.state_dict())  # (Lightning's fails here: it has no `running` attribute)
     assert second.running_mean == 4.0 and second.last_val == 5.0
+
+
+# -- ModelPruning ----------------------------------------------------------------------------------------------------
+def pruned_state(module):
+    """Every parameter and buffer (masks and originals included), as plain lists."""
+    return {k: v.detach().tolist() for k, v in module.state_dict().items()}
+
+
+PRUNING_CASES = [
+    # global L1 over every weight and bias, permanent at the end: the weights after fit
+    dict(pruning_fn="l1_unstructured", amount=0.5),
+    # one layer each, structured, amount and apply by epoch, lottery ticket, not permanent: the masks and originals
+    dict(pruning_fn="ln_structured", use_global_unstructured=False, pruning_dim=1, pruning_norm=2,
+         amount=lambda epoch: 2 if epoch == 0 else 0.25, apply_pruning=lambda epoch: epoch != 1,
+         make_pruning_permanent=False, parameter_names=["weight"]),
+    # at validation's end, the parameters given, no lottery ticket, not permanent
+    dict(pruning_fn="l1_unstructured", use_global_unstructured=False, amount=0.3, prune_on_train_epoch_end=False,
+         use_lottery_ticket_hypothesis=False, make_pruning_permanent=False, parameters_to_prune="body"),
+]
+
+
+def test_model_pruning_prunes_the_same_weights_and_saves_the_same_checkpoint_as_lightning(tmp_path, caplog):
+    def run(Trainer, Module, cb, **_):
+        results = []
+        for i, kwargs in enumerate(PRUNING_CASES):
+            module = net_class(Module)()
+            if kwargs.get("parameters_to_prune") == "body":
+                kwargs = {**kwargs, "parameters_to_prune": [(module.body, "weight"), (module.body, "bias")]}
+            checkpoint = cb.ModelCheckpoint(dirpath=tmp_path / f"{Module.__name__}{i}", save_last=True)
+            trainer = Trainer(max_epochs=3, limit_val_batches=1, enable_checkpointing=True,
+                              callbacks=[cb.ModelPruning(verbose=2, **kwargs), checkpoint])
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger=cb.ModelPruning.__module__):  # (both put their lines there)
+                trainer.fit(module, data(), data())
+            lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Applied")]
+            saved = torch.load(checkpoint.last_model_path, weights_only=False)["state_dict"]
+            results.append((pruned_state(module), {k: v.tolist() for k, v in saved.items()}, lines))
+        return results
+
+    lightning, ours = both(run)
+    for (l_state, l_saved, l_lines), (o_state, o_saved, o_lines) in zip(lightning, ours):
+        assert list(o_state) == list(l_state)
+        for key in l_state:
+            assert torch.allclose(torch.tensor(o_state[key]), torch.tensor(l_state[key]), atol=1e-6), key
+        assert sorted(o_saved) == sorted(l_saved)
+        for key in l_saved:
+            assert torch.allclose(torch.tensor(o_saved[key]), torch.tensor(l_saved[key]), atol=1e-6), key
+        assert o_lines == l_lines and o_lines
+    permanent, structured, at_validation = ours
+    assert "body.weight" in permanent[0] and not any(k.endswith("_mask") for k in permanent[0])
+    assert sum(v == 0.0 for row in permanent[0]["body.weight"] for v in row) > 0
+    # permanent: the checkpoint (saved while the module still had its masks) holds plain pruned weights
+    assert "body.weight" in permanent[1] and not any(k.endswith(("_orig", "_mask")) for k in permanent[1])
+    assert "body.weight_mask" in structured[0] and "body.weight_mask" in structured[1]  # not permanent: the masks
+    # ln_structured along dim 1: whole input columns of body.weight are zero in the mask
+    mask = torch.tensor(structured[0]["body.weight_mask"])
+    assert ((mask == 0).all(dim=0)).sum() >= 2 and ((mask == 0).any(dim=0) == (mask == 0).all(dim=0)).all()
+    assert "body.bias_mask" in at_validation[0] and "head.weight_mask" not in at_validation[0]
+
+
+PRUNING_REFUSED_OR_NOT = [
+    dict(pruning_fn="l1_unstructured"), dict(pruning_fn="L1_Unstructured"), dict(pruning_fn="chocolate"),
+    dict(pruning_fn={}), dict(pruning_fn=torch.nn.utils.prune.L1Unstructured(amount=0.5)),
+    dict(pruning_fn=torch.nn.utils.prune.L1Unstructured), dict(pruning_fn=torch.nn.utils.prune.L1Unstructured,
+                                                               use_global_unstructured=False),
+    dict(pruning_fn="random_structured"), dict(pruning_fn="ln_structured", pruning_dim=0),
+    dict(pruning_fn="ln_structured", pruning_dim=0, pruning_norm=1),
+    dict(pruning_fn="ln_structured", pruning_dim=0, pruning_norm=1, use_global_unstructured=False),
+    dict(pruning_fn="l1_unstructured", parameter_names=["chocolate"]), dict(pruning_fn="l1_unstructured", verbose=3),
+    dict(pruning_fn="l1_unstructured", amount="half"), dict(pruning_fn="l1_unstructured", amount=None),
+]
+
+
+def test_model_pruning_refuses_what_lightning_refuses_with_its_messages():
+    def run(cb, Trainer, Module, **_):
+        results = []
+        for kwargs in PRUNING_REFUSED_OR_NOT:
+            try:
+                cb.ModelPruning(**kwargs)
+                results.append("ok")
+            except Exception as error:  # noqa: BLE001
+                results.append((type(error).__name__, str(error).replace("lightning.pytorch", "tasktrain")))
+        # at set-up: a module that is not in the model, a parameter it does not have, a malformed list
+        stranger = torch.nn.Linear(2, 2)
+        for given in ([(stranger, "weight")], "body.chocolate", [("body", "weight")]):
+            module = net_class(Module)()
+            given = [(module.body, "chocolate")] if given == "body.chocolate" else given
+            results.append(outcome(lambda: Trainer(max_epochs=1, callbacks=[
+                cb.ModelPruning("l1_unstructured", parameters_to_prune=given)]).fit(module, data())))
+        return results
+
+    lightning, ours = both(run)
+    assert ours == lightning
+    assert ours[0] == "ok" and ours[2][0] == "MisconfigurationException" and ours[-3:] == [
+        "MisconfigurationException"] * 3

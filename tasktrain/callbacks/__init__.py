@@ -11,6 +11,7 @@ from tasktrain.callbacks.model_summary import ModelSummary, RichModelSummary
 from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from tasktrain.callbacks.prediction_writer import BasePredictionWriter
 from tasktrain.callbacks.progress import ProgressBar
+from tasktrain.callbacks.pruning import ModelPruning
 from tasktrain.callbacks.spike import SpikeDetection, TrainingSpikeException
 from tasktrain.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from tasktrain.callbacks.throughput_monitor import ThroughputMonitor
@@ -23,7 +24,7 @@ __all__ = ["Callback", "Checkpoint", "Logger", "ModelCheckpoint", "GradientClipp
            "GradientAccumulationScheduler", "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
            "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary", "DeviceStatsMonitor",
-           "SpikeDetection", "TrainingSpikeException"]
+           "SpikeDetection", "TrainingSpikeException", "ModelPruning"]
 
 _LOGGERS = ("TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger")
 
