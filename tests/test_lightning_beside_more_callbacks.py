@@ -310,3 +310,4 @@ def test_model_pruning_refuses_what_lightning_refuses_with_its_messages():
     assert ours == lightning
     assert ours[0] == "ok" and ours[2][0] == "MisconfigurationException" and ours[-3:] == [
         "MisconfigurationException"] * 3
+
