@@ -5,11 +5,13 @@ Keys: "DeviceStatsMonitor.<hook>/<statistic>" (the separator is each logger's `g
 on_train_batch_start/end, on_validation_batch_start/end and on_test_batch_start/end. The statistics are those
 Lightning's accelerator of the device reports: on CUDA `torch.cuda.memory_stats(device)` (bytes, counts); on the CPU
 psutil's cpu_percent, cpu_vm_percent and cpu_swap_percent (tasktrain/accelerators/cpu.py); on MPS the same three
-under Lightning's "M1_" names. Written at Lightning's points: in training on the batches where trainer.should_update_logs holds
-(the batch about to be counted a multiple of `log_every_n_steps`); in validation and test on the batches whose number
-in that evaluation run (from 1, all loaders together) is a multiple of it (or once the trainer should stop); at Lightning's
-logging step, trainer.state.batches_that_stepped as it was at the last training batch's end (the epoch-end
-validation runs after tasktrain counted that batch, before Lightning does), straight to each logger (no "epoch" key, not in
+under Lightning's "M1_" names.
+
+Written at Lightning's points: in training on the batches where trainer.should_update_logs holds (the batch about to
+be counted a multiple of `log_every_n_steps`); in validation and test on the batches whose number in that evaluation
+run (from 1, all loaders together) is a multiple of it (or once the trainer should stop). At Lightning's logging step:
+trainer.state.batches_that_stepped as it was at the last training batch's end (the epoch-end validation runs after
+tasktrain counted that batch, before Lightning does). Straight to each logger (no "epoch" key, not in
 logged_metrics), on every rank (tasktrain's loggers write on rank 0).
 
 cpu_stats: None logs the CPU's statistics only when training on the CPU; True adds them on any device; False never
