@@ -256,25 +256,32 @@ class ModelPruning(Callback):
             log.debug("`ModelPruning.on_train_end`. Pruning is made permanent for this checkpoint")
             self.make_pruning_permanent(pl_module)
 
-    def _make_pruning_permanent_on_state_dict(self, pl_module):
-        # the module keeps its masks (training goes on with them); the saved copy holds mask * original
-        state_dict = pl_module.state_dict()
+    @staticmethod
+    def _permanent_state_dict(state_dict):
+        """`state_dict` with each pruned "<name>_orig" / "<name>_mask" pair replaced by "<name>" = mask * original,
+        in place of the original (key order kept), on the CPU. The module keeps its masks: training goes on."""
         pruned = {k[:-len("_mask")] for k in state_dict if k.endswith("_mask")}
         permanent = {}
         for key, value in state_dict.items():
             if key.endswith("_orig") and key[:-len("_orig")] in pruned:
-                name = key[:-len("_orig")]
-                value = state_dict[name + "_mask"].to(dtype=value.dtype) * value
-                key = name
+                key = key[:-len("_orig")]
+                value = state_dict[key + "_mask"].to(dtype=value.dtype) * value
             elif key.endswith("_mask") and key[:-len("_mask")] in pruned:
                 continue
             permanent[key] = value.detach().cpu() if isinstance(value, Tensor) else value
         return permanent
 
+    def _make_pruning_permanent_on_state_dict(self, pl_module):
+        return self._permanent_state_dict(pl_module.state_dict())
+
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         if self._make_pruning_permanent:
             log.debug("`ModelPruning.on_save_checkpoint`. Pruning is made permanent for this checkpoint")
-            checkpoint["state_dict"] = self._make_pruning_permanent_on_state_dict(pl_module)
+            # the weights the strategy put in the checkpoint (a full copy under FSDP, where the module holds shards)
+            # rather than Lightning's pl_module.state_dict(): the same dict on one device and under DDP
+            saved = checkpoint.get("state_dict")
+            checkpoint["state_dict"] = (self._permanent_state_dict(saved) if isinstance(saved, dict)
+                                        else self._make_pruning_permanent_on_state_dict(pl_module))
 
     @staticmethod
     def sanitize_parameters_to_prune(pl_module, parameters_to_prune=(), parameter_names=()):
