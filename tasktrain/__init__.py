@@ -42,6 +42,9 @@ _NAMES = {
     "BaseFinetuning": "tasktrain.callbacks.finetuning",
     "BackboneFinetuning": "tasktrain.callbacks.finetuning",
     "ModelSummary": "tasktrain.callbacks.model_summary",
+    "DeviceStatsMonitor": "tasktrain.callbacks.device_stats_monitor",
+    "SpikeDetection": "tasktrain.callbacks.spike",
+    "ModelPruning": "tasktrain.callbacks.pruning",
     "Tuner": "tasktrain.tuner",
     "TaskCLI": "tasktrain.cli.task_cli",
     "cli_lightning_logo": "tasktrain.cli.task_cli",  # Lightning has it at lightning.pytorch.cli_lightning_logo

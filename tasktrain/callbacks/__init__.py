@@ -1,6 +1,7 @@
 from tasktrain.callbacks.base import Callback, Checkpoint, Logger
 from tasktrain.callbacks.checkpoint import ModelCheckpoint
 from tasktrain.callbacks.clipping import GradientClipping
+from tasktrain.callbacks.device_stats_monitor import DeviceStatsMonitor
 from tasktrain.callbacks.early_stopping import EarlyStopping
 from tasktrain.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from tasktrain.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
@@ -10,6 +11,8 @@ from tasktrain.callbacks.model_summary import ModelSummary, RichModelSummary
 from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from tasktrain.callbacks.prediction_writer import BasePredictionWriter
 from tasktrain.callbacks.progress import ProgressBar
+from tasktrain.callbacks.pruning import ModelPruning
+from tasktrain.callbacks.spike import SpikeDetection, TrainingSpikeException
 from tasktrain.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from tasktrain.callbacks.throughput_monitor import ThroughputMonitor
 from tasktrain.callbacks.timer import Timer
@@ -20,7 +23,8 @@ __all__ = ["Callback", "Checkpoint", "Logger", "ModelCheckpoint", "GradientClipp
            "TQDMProgressBar", "RichProgressBar", "Timer", "LambdaCallback", "OnExceptionCheckpoint",
            "GradientAccumulationScheduler", "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
-           "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary"]
+           "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary", "DeviceStatsMonitor",
+           "SpikeDetection", "TrainingSpikeException", "ModelPruning"]
 
 _LOGGERS = ("TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger")
 
