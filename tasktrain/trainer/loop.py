@@ -30,7 +30,7 @@ import warnings
 
 import torch
 
-from tasktrain.exceptions import PossibleUserWarning
+from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.strategies.base import MultiProcess
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, loaders
@@ -193,11 +193,12 @@ def training_step(trainer, fit, batch, batch_idx, window):
         return False
     steps = batch_idx == window.last
     if module.automatic_optimization:
-        outputs, ran = None, False
+        batch_output, ran = {}, False
 
         def closure():  # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
-            nonlocal outputs, ran
+            nonlocal batch_output, ran
             ran = True
+            batch_output = {}  # (a training_step that returned None: Lightning's empty dict)
             # DDP skips the gradient all-reduce inside a window (it must cover the forward); DeepSpeed learns where
             # the window ends
             with trainer.strategy.no_backward_sync(not steps):
@@ -213,6 +214,10 @@ def training_step(trainer, fit, batch, batch_idx, window):
                     loss = loss_of(outputs, batch_idx)
                     fit.loss_window.append(loss.detach())
                     loss = EpochIterator.per_window(loss, window.size)
+                    # what on_train_batch_end receives (Lightning's): a dict whose loss is this micro-batch's share
+                    # of the window, without its graph (a user keeping it would hold every step's graph alive)
+                    extra = {k: v for k, v in outputs.items() if k != "loss"} if isinstance(outputs, dict) else {}
+                    batch_output = {"loss": loss.detach().clone(), **extra}
                 optimizer = fit.optimizer
                 if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
                     fit.window_backwards = 0
@@ -248,14 +253,14 @@ def training_step(trainer, fit, batch, batch_idx, window):
             if window.ends_epoch:
                 step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
     else:
-        outputs = fit.training_step(batch, batch_idx)
+        batch_output = manual_output(fit.training_step(batch, batch_idx))
     fit.epochs.advance(batch_idx)
 
     state.stepping_batch = steps  # (a checkpoint saved from here to the count below counts this batch)
     if steps and trainer.should_update_logs:
         check_finite_loss(trainer, fit)
     for fn in hooks["on_train_batch_end"]:
-        fn(outputs, batch, batch_idx)
+        fn(batch_output, batch, batch_idx)
     # Lightning's order: the step metrics (what on_train_batch_end logged included), validation (after any batch, a
     # window's middle included), then the count
     if steps and (trainer.should_update_logs or trainer.fast_dev_run):  # (fast_dev_run: every step, Lightning's)
@@ -291,6 +296,19 @@ def training_step(trainer, fit, batch, batch_idx, window):
 
 
 _warned_once = {"skip": False}
+
+
+def manual_output(outputs):
+    """What on_train_batch_end receives from a manual-optimisation training_step (Lightning's): a dict, its loss
+    without the graph that manual_backward already used."""
+    if outputs is None:
+        return {}
+    if isinstance(outputs, torch.Tensor):
+        return {"loss": outputs.detach()}
+    if isinstance(outputs, dict):
+        return {**outputs, "loss": outputs["loss"].detach()} if "loss" in outputs else dict(outputs)
+    raise MisconfigurationException(
+        "In manual optimization, `training_step` must either return a Tensor or have no return.")
 
 
 def closure_not_run(module):

@@ -59,11 +59,10 @@ class _Sweep(Callback):
         self._lr = lr
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self._window.append(loss.detach().float())
+        self._window.append(outputs["loss"].float())  # (each micro-batch's share of its window: their sum is the mean)
         if trainer.global_step == len(self.lrs):
             return  # inside an accumulation window: the step comes later
-        value = float(trainer.strategy.reduce(torch.stack(self._window).mean()))
+        value = float(trainer.strategy.reduce(torch.stack(self._window).sum()))
         self._window = []
         self._avg = self.beta * self._avg + (1 - self.beta) * value
         smoothed = self._avg / (1 - self.beta ** (len(self.losses) + 1))
