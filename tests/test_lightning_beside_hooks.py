@@ -75,3 +75,93 @@ def test_on_train_batch_end_receives_lightnings_outputs(returns, manual, accumul
     assert all(isinstance(outputs, dict) for outputs in ours) and len(ours) == 2
     if returns != "none":
         assert ours[0]["loss"][1] is False
+
+
+def test_val_check_interval_attribute_is_lightnings():
+    """trainer.val_check_interval reads 1.0 (the epoch's end) when not given and under fast_dev_run, as Lightning's."""
+    _quiet_lightning()
+    for kwargs in (dict(), dict(val_check_interval=0.5), dict(val_check_interval=3), dict(fast_dev_run=2),
+                   dict(fast_dev_run=True, val_check_interval=0.25)):
+        values = [Trainer(logger=False, enable_progress_bar=False, **kwargs).val_check_interval
+                  for Trainer, _ in FRAMEWORKS.values()]
+        assert values[1] == values[0], kwargs
+        assert type(values[1]) is type(values[0])
+
+
+def _fit_warnings(framework, case):
+    """The warnings of one fit (their categories' names and texts) and what on_train_batch_end received."""
+    Trainer, Module = FRAMEWORKS[framework]
+    seen, calls = [], [0]
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            if case == "eval submodule":
+                self.frozen = torch.nn.Dropout().eval()
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            seen.append(None if outputs is None else sorted(outputs))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def none_when_even(items):  # a collate_fn that drops every other batch
+        calls[0] += 1
+        return None if calls[0] % 2 else torch.utils.data.default_collate(items)
+
+    loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=2,
+                        collate_fn=none_when_even if case == "none batches" else None)
+    _quiet_lightning()
+    trainer = Trainer(**QUIET, limit_train_batches=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Net(), loader)
+    texts = [(w.category.__name__, str(w.message)) for w in caught if "eval mode" in str(w.message)
+             or "yielded None" in str(w.message)]
+    return texts, seen, trainer.global_step
+
+
+@pytest.mark.parametrize("case", ["eval submodule", "none batches", "plain"])
+def test_fit_warnings_and_none_batches_match_lightning(case):
+    """Lightning warns when a submodule is in eval mode at training start (the loop does not call train()), and
+    when the training loader yields None: that batch runs no hook but on_train_batch_end (with None) and no step."""
+    theirs, ours = _fit_warnings("lightning", case), _fit_warnings("tasktrain", case)
+    assert ours == theirs
+    assert len(ours[0]) == (0 if case == "plain" else 1)
+    if case == "none batches":
+        assert ours[1] == [None, ["loss"], None, ["loss"]] and ours[2] == 2
+
+
+def test_tuner_skips_under_fast_dev_run_as_lightning():
+    from lightning.pytorch.tuner import Tuner as LightningTuner
+
+    from tasktrain.tuner import Tuner
+
+    results = []
+    for (Trainer, Module), TunerClass in zip(FRAMEWORKS.values(), (LightningTuner, Tuner)):
+        class Net(Module):
+            lr, batch_size = 0.1, 2
+
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).sum()
+
+            def train_dataloader(self):
+                return DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=self.batch_size)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=self.lr)
+        _quiet_lightning()
+        tuner = TunerClass(Trainer(logger=False, enable_progress_bar=False, fast_dev_run=True))
+        with pytest.warns(UserWarning) as caught:
+            results.append((tuner.lr_find(Net()), tuner.scale_batch_size(Net()), Net.lr))
+        results.append([str(w.message) for w in caught if "Skipping" in str(w.message)])
+    assert results[2:] == results[:2]
+    assert results[2] == (None, None, 0.1) and len(results[3]) == 2

@@ -58,6 +58,7 @@ def fit_loop(trainer, fit):
         # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
         # mid-epoch got its generator's state back from after that draw (issue 37)
         draw_loader_seed(trainer._loader_data, at_first_batch=False)
+    warn_if_modules_in_eval_mode(trainer, fit.module)
     trainer._call("on_train_start")
     fit.last_val_time = time.monotonic()  # a val_check_interval of time counts from here
     while not done(trainer):
@@ -87,6 +88,16 @@ def fit_loop(trainer, fit):
     say_why_fit_stopped(trainer)
     trainer.training = False
     trainer._call("on_train_end")
+
+
+def warn_if_modules_in_eval_mode(trainer, module):
+    """Lightning's warning: the loop does not call module.train(), so a submodule left in eval mode (dropout off,
+    BatchNorm frozen) trains that way; often a leftover of an earlier evaluation or of loading."""
+    in_eval = [name for name, child in module.named_modules() if not child.training]
+    if in_eval and trainer.is_global_zero:
+        warnings.warn(f"Found {len(in_eval)} module(s) in eval mode at the start of training. This may lead to "
+                      "unexpected behavior during training. If this is intentional, you can ignore this warning.",
+                      PossibleUserWarning, stacklevel=2)
 
 
 def train_epoch(trainer, fit, epoch):
@@ -183,16 +194,22 @@ def training_step(trainer, fit, batch, batch_idx, window):
     batch = fit.to_device(batch)
     fit.metrics.set_batch(batch)
     skip_rest = False
-    for fn in fit.callback_hooks["on_train_batch_start"]:  # the callbacks', then the module's (Lightning's order)
-        fn(batch, batch_idx)
-    for fn in fit.module_hooks["on_train_batch_start"]:
+    if batch is None and not _warned_once["none batch"]:  # (the loader's collate_fn may drop a whole batch)
+        _warned_once["none batch"] = True
+        warnings.warn("train_dataloader yielded None. If this was on purpose, ignore this warning...",
+                      stacklevel=2)  # Lightning's words
+    for fn in fit.callback_hooks["on_train_batch_start"] if batch is not None else ():
+        fn(batch, batch_idx)  # the callbacks', then the module's (Lightning's order)
+    for fn in fit.module_hooks["on_train_batch_start"] if batch is not None else ():
         response = fn(batch, batch_idx)
         skip_rest = skip_rest or (type(response) is int and response == -1)
     if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
         fit.ended_by_hook = True
         return False
     steps = batch_idx == window.last
-    if module.automatic_optimization:
+    if batch is None:  # Lightning's: no training_step, no optimizer step; on_train_batch_end gets None
+        batch_output = None
+    elif module.automatic_optimization:
         batch_output, ran = {}, False
 
         def closure():  # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
@@ -295,7 +312,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
     return not (requested or (steps and max_steps_reached(trainer)))
 
 
-_warned_once = {"skip": False}
+_warned_once = {"skip": False, "none batch": False}
 
 
 def manual_output(outputs):
