@@ -165,3 +165,54 @@ def test_tuner_skips_under_fast_dev_run_as_lightning():
         results.append([str(w.message) for w in caught if "Skipping" in str(w.message)])
     assert results[2:] == results[:2]
     assert results[2] == (None, None, 0.1) and len(results[3]) == 2
+
+
+def _manual_step_checkpoint(framework, folder, keep_states):
+    """Manual optimisation with a step checkpoint: the best file's weights and the warnings about them."""
+    Trainer, Module = FRAMEWORKS[framework]
+    from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
+
+    from tasktrain.callbacks import ModelCheckpoint
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(2, 1)
+            self.automatic_optimization = False
+            if keep_states:
+                self.saved_models = {}
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch[0]).sum()
+            self.log("score", float([3, 1, 2, 4][batch_idx]))
+            if keep_states:  # Lightning's documented way to checkpoint the weights the loss was computed with
+                self.saved_models[batch_idx] = {k: v.detach().clone() for k, v in self.layer.state_dict().items()}
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    checkpoint = {"lightning": LightningModelCheckpoint, "tasktrain": ModelCheckpoint}[framework](
+        dirpath=folder / framework, monitor="score", every_n_train_steps=1, save_weights_only=True)
+    _quiet_lightning()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(**{**QUIET, "enable_checkpointing": True}, limit_train_batches=4, callbacks=[checkpoint]).fit(
+            Net(), DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=1))
+    best = torch.load(checkpoint.best_model_path, weights_only=True)["state_dict"]
+    return best, sum("no pre-optimization state was saved" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("keep_states", [True, False])
+def test_manual_optimization_step_checkpoint_matches_lightning(tmp_path, keep_states):
+    """A step checkpoint of manual optimisation holds the weights before the step that the module kept in
+    saved_models (Lightning's documented remedy), else the weights after it, with Lightning's warning."""
+    theirs, ours = (_manual_step_checkpoint(name, tmp_path, keep_states) for name in FRAMEWORKS)
+    assert sorted(ours[0]) == sorted(theirs[0])
+    for name, value in theirs[0].items():
+        torch.testing.assert_close(ours[0][name], value)
+    assert ours[1] == theirs[1] and (ours[1] > 0) is not keep_states
