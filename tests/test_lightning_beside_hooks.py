@@ -216,31 +216,3 @@ def test_manual_optimization_step_checkpoint_matches_lightning(tmp_path, keep_st
     for name, value in theirs[0].items():
         torch.testing.assert_close(ours[0][name], value)
     assert ours[1] == theirs[1] and (ours[1] > 0) is not keep_states
-
-
-def test_is_overridden_looks_through_a_wrapper_first_as_lightning():
-    """A partial that update_wrapper() points at the hook it wraps is judged by that hook (None: switched off)."""
-    import functools
-
-    from lightning.pytorch.utilities.model_helpers import is_overridden as lightning_is_overridden
-
-    from tasktrain.utilities.model_helpers import is_overridden
-
-    def record(*args):
-        return args
-
-    results = []
-    for judge, (_, Module) in zip((lightning_is_overridden, is_overridden), FRAMEWORKS.values()):
-        class Net(Module):
-            configure_model = None
-
-            def on_fit_start(self):
-                return None
-
-        module = Net()
-        for name in ("configure_model", "on_fit_start", "on_train_start"):
-            wrapper = functools.partial(record, name)
-            functools.update_wrapper(wrapper, getattr(module, name))
-            setattr(module, name, wrapper)
-        results.append([judge(name, module) for name in ("configure_model", "on_fit_start", "on_train_start")])
-    assert results[1] == results[0] == [False, True, False]

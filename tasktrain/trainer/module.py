@@ -601,14 +601,12 @@ def is_overridden(name, obj=None, base=None) -> bool:
 def _unwrapped(fn):
     mock = sys.modules.get("unittest.mock")  # not imported: no Mock can exist
     for _ in range(100):  # a chain of wrappers; bounded against a wrapper that wraps itself
-        # (__wrapped__ first, as Lightning: a partial given update_wrapper(partial, hook) is judged by that hook,
-        # which may be None, a hook switched off)
-        if hasattr(fn, "__wrapped__") and not isinstance(fn, type):
-            fn = fn.__wrapped__
-        elif mock is not None and isinstance(fn, mock.Mock):
+        if mock is not None and isinstance(fn, mock.Mock):
             fn = fn._mock_wraps
         elif isinstance(fn, functools.partial):
             fn = fn.func
+        elif hasattr(fn, "__wrapped__") and not isinstance(fn, type):
+            fn = fn.__wrapped__
         else:
             break
     return fn
