@@ -216,3 +216,30 @@ def test_manual_optimization_step_checkpoint_matches_lightning(tmp_path, keep_st
     for name, value in theirs[0].items():
         torch.testing.assert_close(ours[0][name], value)
     assert ours[1] == theirs[1] and (ours[1] > 0) is not keep_states
+
+
+@pytest.mark.parametrize("returns", ["str", "dict without loss"])
+def test_bad_training_step_return_raises_lightnings_error(returns):
+    def run(framework):
+        Trainer, Module = FRAMEWORKS[framework]
+
+        class Net(Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                loss = self.layer(batch[0]).sum()
+                return "loss" if returns == "str" else {"total": loss}
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        _quiet_lightning()
+        with pytest.raises(Exception) as caught:
+            Trainer(**QUIET, limit_train_batches=1).fit(Net(), DataLoader(TensorDataset(torch.ones(2, 2))))
+        return type(caught.value).__name__, str(caught.value)
+
+    theirs, ours = run("lightning"), run("tasktrain")
+    assert ours[0] == theirs[0] == "MisconfigurationException"
+    assert ours[1].startswith(theirs[1].rstrip("."))

@@ -389,13 +389,16 @@ def clip_gradients(trainer, fit, optimizer):
 
 
 def loss_of(outputs, batch_idx):
-    loss = outputs["loss"] if isinstance(outputs, dict) and "loss" in outputs else outputs
+    if isinstance(outputs, dict) and outputs.get("loss") is None:
+        raise MisconfigurationException(  # (Lightning's words, then ours)
+            "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be present "
+            f"(training_step returned a dict with the keys {sorted(outputs)} at batch {batch_idx}).")
+    loss = outputs["loss"] if isinstance(outputs, dict) else outputs
     if not isinstance(loss, torch.Tensor):
-        got = "None" if loss is None else type(loss).__name__
-        raise TypeError(
-            f"training_step returned {got} at batch {batch_idx}; with automatic optimisation it must return the "
-            "loss tensor (or a dict with a 'loss' key). Return the loss, or set "
-            "`self.automatic_optimization = False` to step optimizers yourself."
+        raise MisconfigurationException(  # (Lightning's words, then ours)
+            "In automatic optimization, `training_step` must return a Tensor, a dict, or None (where the step will "
+            f"be skipped). training_step returned {type(loss).__name__} at batch {batch_idx}: return the loss, or "
+            "set `self.automatic_optimization = False` to step optimizers yourself."
         )
     if loss.numel() != 1:
         raise ValueError(f"training_step returned a loss of shape {tuple(loss.shape)} at batch {batch_idx}; the "
