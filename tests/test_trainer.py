@@ -8,6 +8,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from helpers import Linear, loader, quiet, regression_data
 from tasktrain import TaskModule, Trainer, seed_everything
+from tasktrain.exceptions import MisconfigurationException
 
 
 def test_fit_trains_and_counts():
@@ -147,7 +148,8 @@ def test_missing_training_step_is_clear():
 
 
 @pytest.mark.parametrize("returned, error, message", [
-    (lambda self, loss: "loss", TypeError, "returned str at batch 0"),
+    (lambda self, loss: "loss", MisconfigurationException, "a dict, or None.*returned str at batch 0"),
+    (lambda self, loss: {"x": loss}, MisconfigurationException, "the 'loss' key needs to be present"),
     (lambda self, loss: loss.repeat(3), ValueError, "shape \\(3,\\)"),
     (lambda self, loss: loss.detach(), ValueError, "no gradient"),
 ])

@@ -88,6 +88,15 @@ def test_lr_find_linear_mode_without_early_stop_and_the_attribute_checks():
     with pytest.raises(AttributeError, match="neither `lr` nor `learning_rate`"):
         Tuner(Trainer(**quiet())).lr_find(NoRate())
 
+    class SkipsSome(Regressor):  # Lightning's rule: a step whose training_step returned None is a NaN point
+        def training_step(self, batch, batch_idx):
+            return None if batch_idx % 3 == 0 else super().training_step(batch, batch_idx)
+
+    finder = Tuner(Trainer(**quiet())).lr_find(SkipsSome(), num_training=20, early_stop_threshold=None,
+                                               update_attr=False)
+    losses = torch.tensor(finder.results["loss"])
+    assert len(losses) == 20 and torch.isnan(losses).tolist() == [i % 16 % 3 == 0 for i in range(20)]  # 16 a epoch
+
 
 def test_scale_batch_size_power_and_binsearch_with_a_replaced_trial(monkeypatch):
     tried = []

@@ -37,6 +37,22 @@ from tasktrain.callbacks.base import Checkpoint, Logger
 from tasktrain.checkpoint_io import atomic_link, link_tree, record_for_restarts, remove_path
 from tasktrain.exceptions import MisconfigurationException
 
+_MANUAL_STEP_SAVE_WARNING = (  # (Lightning's words)
+    "Using ModelCheckpoint with manual optimization and every_n_train_steps, but no pre-optimization state was "
+    "saved. The checkpoint will contain the model state AFTER optimization. To save the pre-optimization state, save "
+    "the model state in training_step before optimizer.step(). Example:\n"
+    "def training_step(self, batch, batch_idx):\n"
+    "    # ... forward pass, loss calculation, backward pass ...\n"
+    "    # Save model state before optimization\n"
+    "    if not hasattr(self, 'saved_models'):\n"
+    "        self.saved_models = {}\n"
+    "    self.saved_models[batch_idx] = {\n"
+    "        k: v.detach().clone() for k, v in self.layer.state_dict().items()\n"
+    "    }\n"
+    "    # Then perform optimization\n"
+    "    optimizer.zero_grad()\n"
+    "    self.manual_backward(loss)\n"
+    "    optimizer.step()")
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")  # {name} or {name:format}; a name may hold "/", "." or "@"
 
 
@@ -260,7 +276,32 @@ class ModelCheckpoint(Checkpoint):
                     self._validates_this_epoch(trainer):
                 self._step_save_deferred = True
                 return
+        if not pl_module.automatic_optimization and self.every_n_train_steps and step % self.every_n_train_steps == 0:
+            self._save_pre_step_weights(trainer, pl_module)
+            return
         self._save(trainer, by_step=True)
+
+    def _save_pre_step_weights(self, trainer, pl_module):
+        """A step save of manual optimisation, as Lightning 2.6 documents it: training_step stepped the optimizer
+        before this save, so the module's weights are already the next step's. Lightning's documented remedy: the
+        module keeps `self.saved_models[batch_idx]`, its `self.layer`'s state before optimizer.step(); the save then
+        holds the latest one (the live weights are put back after). Without it, Lightning's warning."""
+        saved, layer = getattr(pl_module, "saved_models", None), getattr(pl_module, "layer", None)
+        if not (isinstance(saved, dict) and saved and isinstance(layer, torch.nn.Module)):
+            if trainer.is_global_zero:
+                warnings.warn(_MANUAL_STEP_SAVE_WARNING, UserWarning, stacklevel=2)
+            self._save(trainer, by_step=True)
+            return
+        state = saved[max(saved)]
+        if not isinstance(state, dict):
+            raise TypeError("Saved model state must be a dictionary")  # (Lightning's words)
+        with torch.no_grad():
+            live = {k: v.detach().clone() for k, v in layer.state_dict().items()}
+            try:
+                layer.load_state_dict(state)
+                self._save(trainer, by_step=True)
+            finally:
+                layer.load_state_dict(live)
 
     def on_train_epoch_end(self, trainer, pl_module):
         # with saves at validation ends (save_on_train_epoch_end False) the epoch's schedule saved at its validation's

@@ -80,7 +80,9 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
         fast_dev_run=True if dev_batches == 1 else dev_batches, overfit_batches=overfit, min_epochs=min_epochs,
         max_epochs=None if max_epochs is None else int(max_epochs), max_steps=-1 if max_steps is None else int(max_steps),
         limit_train_batches=train, limit_val_batches=val, limit_test_batches=test, limit_predict_batches=predict,
-        num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
+        num_sanity_val_steps=num_sanity_val_steps,
+        # Lightning's trainer.val_check_interval: 1.0 (the epoch's end) when not given and under fast_dev_run
+        val_check_interval=1.0 if val_check_interval is None else val_check_interval,
         _val_check_time_interval=None if dev_batches else val_check_seconds,
         check_val_every_n_epoch=check_val_every_n_epoch), logger
 

@@ -30,7 +30,7 @@ import warnings
 
 import torch
 
-from tasktrain.exceptions import PossibleUserWarning
+from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.strategies.base import MultiProcess
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, loaders
@@ -58,6 +58,7 @@ def fit_loop(trainer, fit):
         # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
         # mid-epoch got its generator's state back from after that draw (issue 37)
         draw_loader_seed(trainer._loader_data, at_first_batch=False)
+    warn_if_modules_in_eval_mode(trainer, fit.module)
     trainer._call("on_train_start")
     fit.last_val_time = time.monotonic()  # a val_check_interval of time counts from here
     while not done(trainer):
@@ -88,6 +89,16 @@ def fit_loop(trainer, fit):
     say_why_fit_stopped(trainer)
     trainer.training = False
     trainer._call("on_train_end")
+
+
+def warn_if_modules_in_eval_mode(trainer, module):
+    """Lightning's warning: the loop does not call module.train(), so a submodule left in eval mode (dropout off,
+    BatchNorm frozen) trains that way; often a leftover of an earlier evaluation or of loading."""
+    in_eval = [name for name, child in module.named_modules() if not child.training]
+    if in_eval and trainer.is_global_zero:
+        warnings.warn(f"Found {len(in_eval)} module(s) in eval mode at the start of training. This may lead to "
+                      "unexpected behavior during training. If this is intentional, you can ignore this warning.",
+                      PossibleUserWarning, stacklevel=2)
 
 
 def train_epoch(trainer, fit, epoch):
@@ -184,21 +195,28 @@ def training_step(trainer, fit, batch, batch_idx, window):
     batch = fit.to_device(batch)
     fit.metrics.set_batch(batch)
     skip_rest = False
-    for fn in fit.callback_hooks["on_train_batch_start"]:  # the callbacks', then the module's (Lightning's order)
-        fn(batch, batch_idx)
-    for fn in fit.module_hooks["on_train_batch_start"]:
+    if batch is None and not _warned_once["none batch"]:  # (the loader's collate_fn may drop a whole batch)
+        _warned_once["none batch"] = True
+        warnings.warn("train_dataloader yielded None. If this was on purpose, ignore this warning...",
+                      stacklevel=2)  # Lightning's words
+    for fn in fit.callback_hooks["on_train_batch_start"] if batch is not None else ():
+        fn(batch, batch_idx)  # the callbacks', then the module's (Lightning's order)
+    for fn in fit.module_hooks["on_train_batch_start"] if batch is not None else ():
         response = fn(batch, batch_idx)
         skip_rest = skip_rest or (type(response) is int and response == -1)
     if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
         fit.ended_by_hook = True
         return False
     steps = batch_idx == window.last
-    if module.automatic_optimization:
-        outputs, ran = None, False
+    if batch is None:  # Lightning's: no training_step, no optimizer step; on_train_batch_end gets None
+        batch_output = None
+    elif module.automatic_optimization:
+        batch_output, ran = {}, False
 
         def closure():  # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
-            nonlocal outputs, ran
+            nonlocal batch_output, ran
             ran = True
+            batch_output = {}  # (a training_step that returned None: Lightning's empty dict)
             # DDP skips the gradient all-reduce inside a window (it must cover the forward); DeepSpeed learns where
             # the window ends
             with trainer.strategy.no_backward_sync(not steps):
@@ -214,6 +232,10 @@ def training_step(trainer, fit, batch, batch_idx, window):
                     loss = loss_of(outputs, batch_idx)
                     fit.loss_window.append(loss.detach())
                     loss = EpochIterator.per_window(loss, window.size)
+                    # what on_train_batch_end receives (Lightning's): a dict whose loss is this micro-batch's share
+                    # of the window, without its graph (a user keeping it would hold every step's graph alive)
+                    extra = {k: v for k, v in outputs.items() if k != "loss"} if isinstance(outputs, dict) else {}
+                    batch_output = {"loss": loss.detach().clone(), **extra}
                 optimizer = fit.optimizer
                 if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
                     fit.window_backwards = 0
@@ -249,14 +271,14 @@ def training_step(trainer, fit, batch, batch_idx, window):
             if window.ends_epoch:
                 step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
     else:
-        outputs = fit.training_step(batch, batch_idx)
+        batch_output = manual_output(fit.training_step(batch, batch_idx))
     fit.epochs.advance(batch_idx)
 
     state.stepping_batch = steps  # (a checkpoint saved from here to the count below counts this batch)
     if steps and trainer.should_update_logs:
         check_finite_loss(trainer, fit)
     for fn in hooks["on_train_batch_end"]:
-        fn(outputs, batch, batch_idx)
+        fn(batch_output, batch, batch_idx)
     # Lightning's order: the step metrics (what on_train_batch_end logged included), validation (after any batch, a
     # window's middle included), then the count
     if steps and (trainer.should_update_logs or trainer.fast_dev_run):  # (fast_dev_run: every step, Lightning's)
@@ -291,7 +313,20 @@ def training_step(trainer, fit, batch, batch_idx, window):
     return not (requested or (steps and max_steps_reached(trainer)))
 
 
-_warned_once = {"skip": False}
+_warned_once = {"skip": False, "none batch": False}
+
+
+def manual_output(outputs):
+    """What on_train_batch_end receives from a manual-optimisation training_step (Lightning's): a dict, its loss
+    without the graph that manual_backward already used."""
+    if outputs is None:
+        return {}
+    if isinstance(outputs, torch.Tensor):
+        return {"loss": outputs.detach()}
+    if isinstance(outputs, dict):
+        return {**outputs, "loss": outputs["loss"].detach()} if "loss" in outputs else dict(outputs)
+    raise MisconfigurationException(
+        "In manual optimization, `training_step` must either return a Tensor or have no return.")
 
 
 def closure_not_run(module):
@@ -355,13 +390,16 @@ def clip_gradients(trainer, fit, optimizer):
 
 
 def loss_of(outputs, batch_idx):
-    loss = outputs["loss"] if isinstance(outputs, dict) and "loss" in outputs else outputs
+    if isinstance(outputs, dict) and outputs.get("loss") is None:
+        raise MisconfigurationException(  # (Lightning's words, then ours)
+            "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be present "
+            f"(training_step returned a dict with the keys {sorted(outputs)} at batch {batch_idx}).")
+    loss = outputs["loss"] if isinstance(outputs, dict) else outputs
     if not isinstance(loss, torch.Tensor):
-        got = "None" if loss is None else type(loss).__name__
-        raise TypeError(
-            f"training_step returned {got} at batch {batch_idx}; with automatic optimisation it must return the "
-            "loss tensor (or a dict with a 'loss' key). Return the loss, or set "
-            "`self.automatic_optimization = False` to step optimizers yourself."
+        raise MisconfigurationException(  # (Lightning's words, then ours)
+            "In automatic optimization, `training_step` must return a Tensor, a dict, or None (where the step will "
+            f"be skipped). training_step returned {type(loss).__name__} at batch {batch_idx}: return the loss, or "
+            "set `self.automatic_optimization = False` to step optimizers yourself."
         )
     if loss.numel() != 1:
         raise ValueError(f"training_step returned a loss of shape {tuple(loss.shape)} at batch {batch_idx}; the "

@@ -59,11 +59,15 @@ class _Sweep(Callback):
         self._lr = lr
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self._window.append(loss.detach().float())
+        if outputs:  # ({}: training_step returned None)
+            self._window.append(outputs["loss"].float())  # (each micro-batch's share of its window: the sum is the mean)
         if trainer.global_step == len(self.lrs):
             return  # inside an accumulation window: the step comes later
-        value = float(trainer.strategy.reduce(torch.stack(self._window).mean()))
+        if not self._window:  # the window's training_steps all returned None: a NaN point, as Lightning's
+            self.lrs.append(self._lr)  # (left out of the suggestion, which uses finite points only)
+            self.losses.append(float("nan"))
+            return
+        value = float(trainer.strategy.reduce(torch.stack(self._window).sum()))
         self._window = []
         self._avg = self.beta * self._avg + (1 - self.beta) * value
         smoothed = self._avg / (1 - self.beta ** (len(self.losses) + 1))

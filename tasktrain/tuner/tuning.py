@@ -12,6 +12,7 @@ They run on one process: on several, each rank's trials would have to agree on e
 error on one rank leaves the others waiting); find the values in a one-process run and pass them in.
 """
 import copy
+import warnings
 
 from tasktrain.tuner.batch_size_scaling import scale_batch_size
 from tasktrain.tuner.lr_finder import lr_find
@@ -30,6 +31,8 @@ class Tuner:
         module's `lr` / `learning_rate` attribute or hyper-parameter (or `attr_name`) to the suggestion."""
         _check_method(method)
         loaders = _fit_loaders(train_dataloaders, val_dataloaders, dataloaders, datamodule)
+        if _skipped(self._trainer, "learning rate finder"):
+            return None
         with _tuning(self._trainer, model, "lr_find"):
             return lr_find(self._trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold,
                            update_attr, attr_name)
@@ -47,9 +50,19 @@ class Tuner:
                              "train_dataloader() must read: loaders passed in are already built with one size. Build "
                              "them in the module's (or the DataModule's) train_dataloader()/val_dataloader().")
         loaders = _fit_loaders(None, None, None, datamodule)
+        if _skipped(self._trainer, "batch size scaler"):
+            return None
         with _tuning(self._trainer, model, "scale_batch_size"):
             return scale_batch_size(self._trainer, model, loaders, mode, steps_per_trial, init_val, max_trials,
                                     batch_arg_name)
+
+
+def _skipped(trainer, what):
+    """Lightning's rule: a fast_dev_run trainer only checks that the code runs, so nothing is tuned (None)."""
+    if trainer.fast_dev_run:
+        warnings.warn(f"Skipping {what} since `fast_dev_run` is enabled.", UserWarning, stacklevel=3)
+        return True
+    return False
 
 
 def _check_method(method):

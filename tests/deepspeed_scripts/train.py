@@ -42,7 +42,7 @@ class Record(Callback):
         self.weights = None
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.losses.append(float(outputs.detach()))
+        self.losses.append(float(outputs["loss"]))
 
     def on_train_end(self, trainer, module):
         full = getattr(trainer.strategy, "full_state_dict", None)

@@ -54,7 +54,7 @@ class Record(Callback):
         self.weights = None
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.losses.append(float(outputs.detach()))
+        self.losses.append(float(outputs["loss"]))
         self.scatters.append(COUNTS["reduce_scatter"])
 
     def on_before_optimizer_step(self, trainer, module, optimizer):

@@ -1,0 +1,245 @@
+"""Lightning 2.6 beside tasktrain (issue 37): what the module's and the callbacks' hooks receive, and the warnings
+the loop gives, under Lightning itself and under tasktrain (tiny model, CPU, one process, a few steps). Lightning is
+a test dependency, imported inside the tests only."""
+import logging
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import tasktrain
+
+L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+             accelerator="cpu", devices=1, max_epochs=1)
+FRAMEWORKS = {"lightning": (L.Trainer, L.LightningModule), "tasktrain": (tasktrain.Trainer, tasktrain.TaskModule)}
+
+
+def _quiet_lightning():
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+
+def _described(value):
+    """A hook argument as plain values: tensors as (value, requires_grad), so the frameworks compare."""
+    if isinstance(value, dict):
+        return {k: _described(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        return (round(float(value), 5), value.requires_grad)
+    return value
+
+
+def _batch_end_outputs(framework, returns, manual=False, accumulate=1):
+    Trainer, Module = FRAMEWORKS[framework]
+    seen = []
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(2, 1)
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch[0]).sum()
+            if manual:
+                optimizer = self.optimizers()
+                optimizer.zero_grad()
+                self.manual_backward(loss)
+                optimizer.step()
+            return {"tensor": loss, "dict": {"loss": loss, "double": 2 * loss, "tag": [1]}, "none": None}[returns]
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            seen.append(_described(outputs))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    _quiet_lightning()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Trainer(**QUIET, limit_train_batches=2, **({} if manual else {"accumulate_grad_batches": accumulate})).fit(
+            Net(), DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2))
+    return seen
+
+
+@pytest.mark.parametrize("returns, manual, accumulate", [
+    ("dict", False, 2), ("none", False, 1), ("tensor", True, 1), ("dict", True, 1)])
+def test_on_train_batch_end_receives_lightnings_outputs(returns, manual, accumulate):
+    """Lightning's on_train_batch_end gets a dict: the loss without its graph (divided for accumulation in automatic
+    optimisation), the other keys as returned; {} when training_step returned None."""
+    theirs = _batch_end_outputs("lightning", returns, manual, accumulate)
+    ours = _batch_end_outputs("tasktrain", returns, manual, accumulate)
+    assert ours == theirs
+    assert all(isinstance(outputs, dict) for outputs in ours) and len(ours) == 2
+    if returns != "none":
+        assert ours[0]["loss"][1] is False
+
+
+def test_val_check_interval_attribute_is_lightnings():
+    """trainer.val_check_interval reads 1.0 (the epoch's end) when not given and under fast_dev_run, as Lightning's."""
+    _quiet_lightning()
+    for kwargs in (dict(), dict(val_check_interval=0.5), dict(val_check_interval=3), dict(fast_dev_run=2),
+                   dict(fast_dev_run=True, val_check_interval=0.25)):
+        values = [Trainer(logger=False, enable_progress_bar=False, **kwargs).val_check_interval
+                  for Trainer, _ in FRAMEWORKS.values()]
+        assert values[1] == values[0], kwargs
+        assert type(values[1]) is type(values[0])
+
+
+def _fit_warnings(framework, case):
+    """The warnings of one fit (their categories' names and texts) and what on_train_batch_end received."""
+    Trainer, Module = FRAMEWORKS[framework]
+    seen, calls = [], [0]
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            if case == "eval submodule":
+                self.frozen = torch.nn.Dropout().eval()
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            seen.append(None if outputs is None else sorted(outputs))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def none_when_even(items):  # a collate_fn that drops every other batch
+        calls[0] += 1
+        return None if calls[0] % 2 else torch.utils.data.default_collate(items)
+
+    loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=2,
+                        collate_fn=none_when_even if case == "none batches" else None)
+    _quiet_lightning()
+    trainer = Trainer(**QUIET, limit_train_batches=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Net(), loader)
+    texts = [(w.category.__name__, str(w.message)) for w in caught if "eval mode" in str(w.message)
+             or "yielded None" in str(w.message)]
+    return texts, seen, trainer.global_step
+
+
+@pytest.mark.parametrize("case", ["eval submodule", "none batches", "plain"])
+def test_fit_warnings_and_none_batches_match_lightning(case):
+    """Lightning warns when a submodule is in eval mode at training start (the loop does not call train()), and
+    when the training loader yields None: that batch runs no hook but on_train_batch_end (with None) and no step."""
+    theirs, ours = _fit_warnings("lightning", case), _fit_warnings("tasktrain", case)
+    assert ours == theirs
+    assert len(ours[0]) == (0 if case == "plain" else 1)
+    if case == "none batches":
+        assert ours[1] == [None, ["loss"], None, ["loss"]] and ours[2] == 2
+
+
+def test_tuner_skips_under_fast_dev_run_as_lightning():
+    from lightning.pytorch.tuner import Tuner as LightningTuner
+
+    from tasktrain.tuner import Tuner
+
+    results = []
+    for (Trainer, Module), TunerClass in zip(FRAMEWORKS.values(), (LightningTuner, Tuner)):
+        class Net(Module):
+            lr, batch_size = 0.1, 2
+
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).sum()
+
+            def train_dataloader(self):
+                return DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=self.batch_size)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=self.lr)
+        _quiet_lightning()
+        tuner = TunerClass(Trainer(logger=False, enable_progress_bar=False, fast_dev_run=True))
+        with pytest.warns(UserWarning) as caught:
+            results.append((tuner.lr_find(Net()), tuner.scale_batch_size(Net()), Net.lr))
+        results.append([str(w.message) for w in caught if "Skipping" in str(w.message)])
+    assert results[2:] == results[:2]
+    assert results[2] == (None, None, 0.1) and len(results[3]) == 2
+
+
+def _manual_step_checkpoint(framework, folder, keep_states):
+    """Manual optimisation with a step checkpoint: the best file's weights and the warnings about them."""
+    Trainer, Module = FRAMEWORKS[framework]
+    from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
+
+    from tasktrain.callbacks import ModelCheckpoint
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(2, 1)
+            self.automatic_optimization = False
+            if keep_states:
+                self.saved_models = {}
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch[0]).sum()
+            self.log("score", float([3, 1, 2, 4][batch_idx]))
+            if keep_states:  # Lightning's documented way to checkpoint the weights the loss was computed with
+                self.saved_models[batch_idx] = {k: v.detach().clone() for k, v in self.layer.state_dict().items()}
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    checkpoint = {"lightning": LightningModelCheckpoint, "tasktrain": ModelCheckpoint}[framework](
+        dirpath=folder / framework, monitor="score", every_n_train_steps=1, save_weights_only=True)
+    _quiet_lightning()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(**{**QUIET, "enable_checkpointing": True}, limit_train_batches=4, callbacks=[checkpoint]).fit(
+            Net(), DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=1))
+    best = torch.load(checkpoint.best_model_path, weights_only=True)["state_dict"]
+    return best, sum("no pre-optimization state was saved" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("keep_states", [True, False])
+def test_manual_optimization_step_checkpoint_matches_lightning(tmp_path, keep_states):
+    """A step checkpoint of manual optimisation holds the weights before the step that the module kept in
+    saved_models (Lightning's documented remedy), else the weights after it, with Lightning's warning."""
+    theirs, ours = (_manual_step_checkpoint(name, tmp_path, keep_states) for name in FRAMEWORKS)
+    assert sorted(ours[0]) == sorted(theirs[0])
+    for name, value in theirs[0].items():
+        torch.testing.assert_close(ours[0][name], value)
+    assert ours[1] == theirs[1] and (ours[1] > 0) is not keep_states
+
+
+@pytest.mark.parametrize("returns", ["str", "dict without loss"])
+def test_bad_training_step_return_raises_lightnings_error(returns):
+    def run(framework):
+        Trainer, Module = FRAMEWORKS[framework]
+
+        class Net(Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                loss = self.layer(batch[0]).sum()
+                return "loss" if returns == "str" else {"total": loss}
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        _quiet_lightning()
+        with pytest.raises(Exception) as caught:
+            Trainer(**QUIET, limit_train_batches=1).fit(Net(), DataLoader(TensorDataset(torch.ones(2, 2))))
+        return type(caught.value).__name__, str(caught.value)
+
+    theirs, ours = run("lightning"), run("tasktrain")
+    assert ours[0] == theirs[0] == "MisconfigurationException"
+    assert ours[1].startswith(theirs[1].rstrip("."))
