@@ -580,7 +580,7 @@ def test_setup_and_teardown_get_the_stage_as_lightnings_trainer_fn():
                                           ("teardown", "TrainerFn", True, "validate")]
 
 
-def test_loop_limits_read_as_lightnings_before_and_after_fit(caplog):
+def test_loop_limits_read_as_lightnings_before_and_after_fit():
     """max_epochs unset reads None until a fit decides it; min_epochs / min_steps stay None when not given (a fit
     with min_steps sets min_epochs to 1); num_sanity_val_steps=-1 reads inf; the minimum's message is said once."""
     seen = {}
@@ -599,18 +599,26 @@ def test_loop_limits_read_as_lightnings_before_and_after_fit(caplog):
                 self.trainer.should_stop = True
                 return super().training_step(batch, batch_idx)
 
-        caplog.clear()
-        with caplog.at_level(logging.INFO):
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append  # (each package's logger may not propagate: listen to it directly)
+        package_logger = logging.getLogger("tasktrain" if lib is tasktrain else "lightning.pytorch")
+        package_logger.addHandler(handler)
+        try:
             trainer = lib.Trainer(min_epochs=3, max_epochs=5, limit_train_batches=2, limit_val_batches=0, **QUIET)
             trainer.fit(Stops())
-        said = [r.getMessage() for r in caplog.records if "has not been met" in r.getMessage()]
+        finally:
+            package_logger.removeHandler(handler)
+        said = [r.getMessage() for r in records if "has not been met" in r.getMessage()]
         seen[lib.__name__] = limits, trainer.current_epoch, said
         for name, infinite in (("max_steps", " \\(infinite steps\\)"), ("max_epochs", "")):
             with pytest.raises(Exception, match=rf"`{name}` must be a non-negative integer or -1{infinite}. You passed "
                                                 r"in -2") as refused:
                 lib.Trainer(**{name: -2})
             assert type(refused.value).__name__ == "MisconfigurationException"
-    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    # (Lightning's message goes through rank_zero_info, whose rank and level earlier tests in the process may have
+    # changed: its count is checked on ours, against Lightning's once-per-Trainer warning cache)
+    assert seen["tasktrain"][:2] == seen["lightning.pytorch"][:2]
     limits, epochs, said = seen["tasktrain"]
     assert limits[:4] == [(None, -1, None, None, 2), (None, 0, None, None, 2), (3, -1, None, None, 2),
                           (None, -1, None, 2, float("inf"))]
@@ -731,9 +739,11 @@ def test_trainer_state_stopped_and_finished_after_a_run_as_lightnings():
     assert seen[0] == seen[1] == ((False, False), True, True, "fit")
 
 
-def test_evaluation_grad_modes_are_lightnings():
+def test_evaluation_grad_modes_are_lightnings(monkeypatch):
     """no_grad for the fit's sanity check and validation (hooks included), inference_mode for validate / test /
     predict, as Lightning."""
+    # one process: a gloo group an earlier test left in this process would make Lightning's check choose no_grad
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     seen = {}
     for lib, classes in ((tasktrain, ours), (pl, theirs)):
         class Modes(classes.BoringModel):

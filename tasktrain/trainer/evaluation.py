@@ -7,7 +7,7 @@
 import torch
 
 from tasktrain.profilers import profiled, profiled_iter
-from tasktrain.strategies.base import Plan, step_arguments
+from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
@@ -78,12 +78,12 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
 def grad_context(trainer):
     """What an evaluation run (its hooks included) runs under, Lightning's rule: torch.no_grad for the fit's own
     validation and sanity check (Lightning's fit validates with inference_mode=False: a callback may change the
-    parameters there and train on), under gloo and FSDP; otherwise torch.inference_mode, unless
-    Trainer(inference_mode=False)."""
+    parameters there and train on) and in a run of several processes on gloo; otherwise torch.inference_mode, unless
+    Trainer(inference_mode=False). (FSDP's eval_step runs its steps under no_grad itself.)"""
     fitting = trainer.state.fn == TrainerFn.FITTING
-    gloo = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+    gloo = isinstance(trainer.strategy, MultiProcess) and torch.distributed.is_initialized() and \
         torch.distributed.get_backend() == "gloo"
-    if not trainer.inference_mode or fitting or gloo or trainer.strategy.name.startswith("fsdp"):
+    if not trainer.inference_mode or fitting or gloo:
         return torch.no_grad()
     return torch.inference_mode()
 
