@@ -604,7 +604,9 @@ def _unwrapped(fn):
         if mock is not None and isinstance(fn, mock.Mock):
             fn = fn._mock_wraps
         elif isinstance(fn, functools.partial):
-            fn = fn.func
+            # update_wrapper(partial(...), None): a wrapper of a hook the class set to None (switched off), which
+            # Lightning's is_overridden (it reads __wrapped__ first) sees as not overridden
+            fn = None if "__wrapped__" in getattr(fn, "__dict__", {}) and fn.__wrapped__ is None else fn.func
         elif hasattr(fn, "__wrapped__") and not isinstance(fn, type):
             fn = fn.__wrapped__
         else:
