@@ -24,12 +24,16 @@ def test_checkpoint_holds_every_documented_key(tmp_path):
     trainer, module = trained(tmp_path)
     path = trainer.checkpoint_callback.best_model_path
     ckpt = torch.load(path, weights_only=True)  # plain data only
-    for key in ("format_version", "tasktrain_version", "torch_version", "state_dict", "hyper_parameters",
-                "weights_only", "train_state", "optimizer_states", "lr_schedulers", "precision", "callbacks",
-                "metrics", "rng_states", "world_size"):
-        assert key in ckpt, key
-    assert ckpt["train_state"]["global_step"] == 8 and ckpt["hyper_parameters"] == {"lr": 0.1}
-    assert set(ckpt["rng_states"][0]) >= {"python", "numpy", "torch"}
+    # Lightning's top-level keys exactly (no precision state: fp32 has none), tasktrain's own under "loops"
+    assert set(ckpt) == {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops", "callbacks",
+                         "optimizer_states", "lr_schedulers", "hparams_name", "hyper_parameters"}
+    assert set(ckpt["loops"]) == {"format_version", "tasktrain_version", "torch_version", "weights_only", "world_size",
+                                  "train_state", "optimizer_param_names", "metrics", "rng_states"}
+    assert ckpt["loops"]["format_version"] == 3 and ckpt["loops"]["weights_only"] is False
+    assert ckpt["loops"]["train_state"]["global_step"] == ckpt["global_step"] == 8
+    assert ckpt["hyper_parameters"] == {"lr": 0.1} and ckpt["hparams_name"] == "kwargs"
+    assert ckpt["loops"]["world_size"] == 1
+    assert set(ckpt["loops"]["rng_states"][0]) >= {"python", "numpy", "torch"}
     for name, value in module.state_dict().items():
         assert torch.equal(ckpt["state_dict"][name], value)
 
@@ -101,7 +105,9 @@ def test_weights_only_checkpoint_loads_but_refuses_to_resume(tmp_path):
     trainer, module = trained(tmp_path, callbacks=[ModelCheckpoint(save_weights_only=True)])
     path = trainer.checkpoint_callback.best_model_path
     ckpt = torch.load(path, weights_only=True)
-    assert ckpt["weights_only"] is True and "optimizer_states" not in ckpt
+    assert ckpt["loops"]["weights_only"] is True and "optimizer_states" not in ckpt
+    assert set(ckpt) == {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops",
+                         "hparams_name", "hyper_parameters"}  # Lightning's weights-only keys
     assert torch.equal(Linear.load_from_checkpoint(path).layer.weight, module.layer.weight)
     with pytest.raises(ValueError, match="save_weights_only=True"):
         Trainer(max_epochs=3, **quiet()).fit(Linear(), loader(), ckpt_path=path)

@@ -419,6 +419,11 @@ class TaskModule(torch.nn.Module):
                 args.update(local.get(info.keywords, {}))
             init_args = {**args, **init_args}
             frame = frame.f_back
+        # Lightning's hparams_name (saved beside them): "kwargs", or the __init__ argument a dict/Namespace came from
+        self._hparams_name = "kwargs" if names or init_args else None
+        if names and len(names) == 1 and isinstance(names[0], (dict, argparse.Namespace)):
+            self._hparams_name = next((k for k, v in init_args.items()
+                                       if v is names[0] or (type(v) is type(names[0]) and v == names[0])), None)
         if names and len(names) == 1 and isinstance(names[0], argparse.Namespace):
             init_args = dict(vars(names[0]))  # an argparse Namespace, as Lightning takes it
         elif names and len(names) == 1 and isinstance(names[0], dict):

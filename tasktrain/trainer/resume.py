@@ -73,8 +73,6 @@ def run_state(trainer, weights_only=False):
         parts.update(callbacks=Callbacks(trainer.callbacks), optimizer_states=Optimizers(strategy, optimizers),
                      lr_schedulers=Objects([config.scheduler for config in trainer.lr_scheduler_configs]))
         parts[precision_key(strategy)] = strategy.precision  # (dropped by dump_checkpoint when empty, as Lightning's)
-    if trainer.datamodule is not None:  # under its class name, as Lightning keeps it (dropped when empty)
-        parts[type(trainer.datamodule).__qualname__] = trainer.datamodule
     return RunState(parts, header=False)
 
 
@@ -87,13 +85,16 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
     """The checkpoint dict (see tasktrain/checkpoint_io.py for every key). Called on every rank."""
     module, datamodule = trainer.module, trainer.datamodule
     checkpoint = run_state(trainer, weights_only).state_dict()
-    for key in (precision_key(trainer.strategy), None if datamodule is None else type(datamodule).__qualname__):
-        if key in checkpoint and not checkpoint[key]:  # Lightning's: an empty state is not saved
-            del checkpoint[key]
-    if module.hparams:  # (Lightning's hparams_name, the argument save_hyperparameters took them from: not kept)
-        checkpoint["hyper_parameters"] = plain(dict(module.hparams))
-    if datamodule is not None and datamodule.hparams:
-        checkpoint["datamodule_hyper_parameters"] = plain(dict(datamodule.hparams))
+    if not checkpoint.get(precision_key(trainer.strategy), True):  # Lightning's: an empty state is not saved
+        del checkpoint[precision_key(trainer.strategy)]
+    for obj, prefix in ((module, ""), (datamodule, "datamodule_")):
+        if obj is not None and obj.hparams:  # (Lightning's: its hparams_name where save_hyperparameters set one)
+            if hasattr(obj, "_hparams_name"):
+                checkpoint[f"{prefix}hparams_name"] = obj._hparams_name
+            checkpoint[f"{prefix}hyper_parameters"] = plain(dict(obj.hparams))
+    datamodule_state = datamodule.state_dict() if datamodule is not None else None
+    if datamodule_state:  # under its class name, as Lightning keeps it
+        checkpoint[type(datamodule).__qualname__] = datamodule_state
     with hook_scope(trainer, "on_save_checkpoint"):  # (named for self.log, which refuses it there)
         for cb in trainer.callbacks:  # the callbacks', then the module's (Lightning's order)
             if is_overridden("on_save_checkpoint", cb, Callback):
