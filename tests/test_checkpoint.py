@@ -81,6 +81,10 @@ def test_incompatible_format_version_says_so(tmp_path):
     torch.save({"format_version": 99, "tasktrain_version": "9.0", "state_dict": {}}, path)
     with pytest.raises(CheckpointError, match="format version 99"):
         ckpt_io.load_checkpoint_file(path)
+    # the header where format 3 keeps it, under "loops"
+    torch.save({"state_dict": {}, "loops": {"format_version": 99, "tasktrain_version": "9.0"}}, path)
+    with pytest.raises(CheckpointError, match=r"format version 99.*reads versions 1, 2, 3.*\(9\.0\)"):
+        ckpt_io.load_checkpoint_file(path)
 
 
 def test_crash_during_save_keeps_the_previous_file(tmp_path, monkeypatch):
@@ -215,3 +219,14 @@ def test_validate_with_best_checkpoint(tmp_path):
     best = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=True)["state_dict"]
     trainer.validate(module, loader(), ckpt_path="best")
     assert torch.equal(module.layer.weight, best["layer.weight"])
+
+
+def test_a_file_without_the_trainers_loop_state_is_refused_before_training(tmp_path):
+    path = tmp_path / "lightning_like.ckpt"  # Lightning's keys, but not tasktrain's loop state under "loops"
+    torch.save({"epoch": 0, "global_step": 8, "state_dict": Linear().state_dict(), "loops": {"fit_loop": {}}}, path)
+    module = Linear()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, logger=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match="holds no tasktrain loop state.*load_state_dict"):
+        trainer.fit(module, loader(), ckpt_path=str(path))
+    assert trainer.global_step == 0 and all(torch.equal(before[k], v) for k, v in module.state_dict().items())
