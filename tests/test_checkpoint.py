@@ -230,3 +230,23 @@ def test_a_file_without_the_trainers_loop_state_is_refused_before_training(tmp_p
     with pytest.raises(ValueError, match="holds no tasktrain loop state.*load_state_dict"):
         trainer.fit(module, loader(), ckpt_path=str(path))
     assert trainer.global_step == 0 and all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def test_hyper_parameters_saved_from_one_argument_come_back_as_that_argument(tmp_path):
+    """save_hyperparameters(config) in __init__(self, config): the file says so (Lightning's hparams_name) and
+    load_from_checkpoint passes the dict back as `config`, overrides still winning for their keys' argument."""
+    class Configured(Linear):
+        def __init__(self, config):
+            super().__init__(lr=config["lr"])
+            self.save_hyperparameters(config)
+
+    module = Configured({"lr": 0.5, "width": 3})
+    trainer = Trainer(max_steps=1, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False)
+    trainer.fit(module, loader())
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    ckpt = torch.load(tmp_path / "c.ckpt", weights_only=True)
+    assert ckpt["hparams_name"] == "config" and ckpt["hyper_parameters"] == {"lr": 0.5, "width": 3}
+    again = Configured.load_from_checkpoint(tmp_path / "c.ckpt")
+    assert dict(again.hparams) == {"lr": 0.5, "width": 3} and torch.equal(again.layer.weight, module.layer.weight)
+    assert dict(Configured.load_from_checkpoint(tmp_path / "c.ckpt", config={"lr": 0.1}).hparams) == {"lr": 0.1}

@@ -561,8 +561,10 @@ class TaskModule(torch.nn.Module):
 
         ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
         hparams = dict(ckpt.get("hyper_parameters") or {})
-        hparams.update(overrides)
         params = inspect.signature(cls.__init__).parameters
+        if ckpt.get("hparams_name") in params:  # Lightning's: save_hyperparameters(arg) took them from that argument
+            hparams = {ckpt["hparams_name"]: hparams}
+        hparams.update(overrides)
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         kwargs = hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}
         module = cls(**kwargs)
