@@ -4,27 +4,38 @@ the Trainer and the Accelerator all write and read checkpoints through it.
 The format, atomic writes, safe loads, hard links and directory swaps, RNG capture and the explicit "last" pointer.
 
 A checkpoint is a dict of tensors and plain containers only (so `torch.load(weights_only=True)` reads it). The
-Trainer's keys (the parts of its run state, tasktrain/trainer/run_state.py, which also lists the Accelerator's):
+Trainer's file has exactly Lightning 2.6's top-level keys (scripts and tools written for Lightning read it), and
+tasktrain's own keys under Lightning's loop-state key, "loops" (the parts of its run state,
+tasktrain/trainer/run_state.py, which also lists the Accelerator's layout):
 
-    format_version      int, CHECKPOINT_FORMAT_VERSION
-    tasktrain_version   str;  torch_version: str
+    epoch, global_step  int: trainer.current_epoch and trainer.global_step when it was written
+    pytorch-lightning_version  str: the tasktrain version (Lightning's key; its value names the writer)
     state_dict          the module's state dict
-    hyper_parameters    dict (save_hyperparameters)
-    weights_only        bool: True means no training state, the file cannot resume a fit
-    train_state         TrainState: epoch, global_step, batches_that_stepped (the loggers' step), batch_in_epoch,
-                        samples_in_epoch, global_batch_size, data_seed, epoch_finished, epoch_validated, stage;
-                        drawn_order where an epoch's order was drawn as Lightning's RandomSampler draws it (one
-                        process) or a loader has a generator of the user's (tasktrain/trainer/data.py);
-                        plateau_step_values (only where a metric-watching step scheduler's step is pending)
+    loops               tasktrain's own state (own_state(ckpt) reads it; user code need not):
+        format_version      int, CHECKPOINT_FORMAT_VERSION
+        tasktrain_version   str;  torch_version: str
+        weights_only        bool: True means no training state, the file cannot resume a fit
+        world_size          int: the number of processes that wrote it
+        train_state         TrainState: epoch, global_step, batches_that_stepped (the loggers' step), batch_in_epoch,
+                            samples_in_epoch, global_batch_size, data_seed, epoch_finished, epoch_validated, stage;
+                            drawn_order where an epoch's order was drawn as Lightning's RandomSampler draws it (one
+                            process) or a loader has a generator of the user's (tasktrain/trainer/data.py);
+                            plateau_step_values (only where a metric-watching step scheduler's step is pending)
+        optimizer_param_names  per optimizer, per param group, the names of its parameters (state dict keys)
+        metrics             the in-epoch accumulators of self.log(on_epoch=True)
+        rng_states          list, one per rank: {"python", "numpy", "torch", "cuda"}
+        precision           (only in files upgraded from format 2: its precision plugin's state)
+    -- unless weights-only:
+    callbacks           {callback.state_key: callback.state_dict()} (those with a non-empty state)
     optimizer_states    list of optimizer state dicts
-    optimizer_param_names  per optimizer, per param group, the names of its parameters (state dict keys), in order
     lr_schedulers       list of scheduler state dicts
-    precision           precision plugin state (GradScaler)
-    callbacks           {callback.state_key: callback.state_dict()}
-    metrics             the in-epoch accumulators of self.log(on_epoch=True)
-    rng_states          list, one per rank: {"python", "numpy", "torch", "cuda"}
-    world_size          int
-    epoch, global_step  int: trainer.current_epoch and trainer.global_step when it was written (Lightning's keys)
+    <precision plugin's class __qualname__>   its state (GradScaler), only when non-empty
+    -- only when non-empty:
+    hyper_parameters    dict (save_hyperparameters); datamodule_hyper_parameters: the DataModule's
+    <DataModule's class __qualname__>   its state_dict()
+
+Files of formats 1 and 2 (tasktrain's keys at the top level) are read in this layout: load_checkpoint_file
+upgrades them (upgrade_layout).
 """
 import contextlib
 import contextvars
@@ -48,8 +59,13 @@ from tasktrain.version import __version__
 
 # 2: the run state (tasktrain/trainer/run_state.py): the Trainer's and the Accelerator's files under one header and
 # one versioned schema; files of format 1 still load (run_state.upgrade).
-CHECKPOINT_FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)
+# 3: the Trainer's files in Lightning's top-level layout, tasktrain's own keys (the header included) under "loops"
+# (OWN_KEYS); the Accelerator's layout is unchanged. Files of formats 1 and 2 are upgraded on load (upgrade_layout).
+CHECKPOINT_FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
+OWN_KEY = "loops"
+OWN_KEYS = ("format_version", "tasktrain_version", "torch_version", "weights_only", "world_size", "train_state",
+            "optimizer_param_names", "metrics", "rng_states")
 # The restart record (restart_checkpoint): written only in a launch torch's elastic agent may restart; a run's
 # folders otherwise hold what Lightning's hold (checkpoints, logs). Runs of earlier versions wrote it always (the
 # visible name before that); `ckpt_path="last"` still reads it where no last checkpoint is found.
@@ -134,7 +150,8 @@ def load_resumable_file(path, target):
     states and the names of their parameters (`optimizer_param_names`) must be in it. `target` names the fit the
     caller converts for, in the error ("a DeepSpeed fit")."""
     ckpt = load_checkpoint_file(path)
-    if ckpt.get("weights_only") or not ckpt.get("optimizer_states") or not ckpt.get("optimizer_param_names"):
+    own = own_state(ckpt)
+    if own.get("weights_only") or not ckpt.get("optimizer_states") or not own.get("optimizer_param_names"):
         raise CheckpointError(
             f"{path!r} holds no optimizer state with the names of its parameters (a weights-only file, or one written "
             f"by an older tasktrain): there is nothing to convert for a resume. To start {target} from its weights, "
@@ -158,14 +175,14 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
     ckpt = safe_load(path, "tasktrain", map_location, mmap)
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"Checkpoint {path!r} holds a {type(ckpt).__name__}, not a checkpoint dict.")
-    version = ckpt.get("format_version")
+    version = format_version(ckpt)
     if ("state_dict" in ckpt or "models" in ckpt) and version is not None and version not in READABLE_FORMAT_VERSIONS:
         raise CheckpointError(
             f"Checkpoint {path!r} has format version {version}, but this tasktrain ({__version__}) reads versions "
             f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))}. Load it with the tasktrain version that wrote it "
-            f"({ckpt.get('tasktrain_version', 'unknown')}) and re-save the weights."
+            f"({own_state(ckpt).get('tasktrain_version', 'unknown')}) and re-save the weights."
         )
-    return ckpt
+    return upgrade_layout(ckpt)
 
 
 # -- safe loading: what each layout may hold ------------------------------------------------------------------------
@@ -657,9 +674,60 @@ def remove_path(path: str):
 
 
 def format_header() -> dict:
-    """The keys every checkpoint file starts with: which format, written by which tasktrain and torch."""
+    """The keys that say which format a file has, written by which tasktrain and torch: under "loops" in the
+    Trainer's files, at the top level in the Accelerator's."""
     return {"format_version": CHECKPOINT_FORMAT_VERSION, "tasktrain_version": __version__,
             "torch_version": str(torch.__version__)}
+
+
+def own_state(ckpt: dict) -> dict:
+    """tasktrain's own keys of a checkpoint dict (OWN_KEYS): ckpt["loops"] in a Trainer file of format 3, the dict
+    itself in the Accelerator's layout (and in a Trainer file of format 1 or 2 not upgraded yet)."""
+    loops = ckpt.get(OWN_KEY)
+    return loops if isinstance(loops, dict) and "format_version" in loops else ckpt
+
+
+def format_version(ckpt: dict):
+    """The file's format version (None: none recorded: format 1, or not a tasktrain file)."""
+    return own_state(ckpt).get("format_version")
+
+
+def upgrade_layout(ckpt: dict) -> dict:
+    """A Trainer checkpoint of format 1 or 2 (tasktrain's keys at the top level) in format 3's layout: Lightning's
+    top-level keys, tasktrain's under "loops" (a format 2 file's precision state there as "precision": the plugin
+    class that wrote it is not recorded). Any other dict (a current file, the Accelerator's, a Lightning or plain
+    state-dict file, which has no train state) is returned as it is."""
+    if OWN_KEY in ckpt or "state_dict" not in ckpt or "train_state" not in ckpt:
+        return ckpt
+    out = {"epoch": ckpt.get("epoch", ckpt["train_state"].get("epoch", 0)),
+           "global_step": ckpt.get("global_step", ckpt["train_state"].get("global_step", 0)),
+           "pytorch-lightning_version": ckpt.get("tasktrain_version", "unknown")}
+    loops = {"format_version": ckpt.get("format_version", 1)}
+    for key, value in ckpt.items():
+        if key in OWN_KEYS:
+            loops[key] = value
+        elif key == "precision":
+            if value:
+                loops["precision"] = value
+        elif key not in ("hyper_parameters", "datamodule_hyper_parameters") or value:
+            out[key] = value
+    out[OWN_KEY] = loops
+    return out
+
+
+def weights_file(ckpt: dict, state_dict: dict, **own) -> dict:
+    """A weights-only checkpoint (format 3's layout) of the module `state_dict`, with the counters, train state and
+    hyper-parameters of `ckpt` (a Trainer checkpoint: {} where there is none); `own`: more of tasktrain's keys."""
+    loops = own_state(ckpt)
+    train_state = loops.get("train_state", {})
+    out = {"epoch": ckpt.get("epoch", train_state.get("epoch", 0)),
+           "global_step": ckpt.get("global_step", train_state.get("global_step", 0)),
+           "pytorch-lightning_version": __version__, "state_dict": state_dict,
+           OWN_KEY: {**format_header(), "weights_only": True, "train_state": train_state, **own}}
+    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+        if ckpt.get(key):
+            out[key] = ckpt[key]
+    return out
 
 
 # -- restarts (torch.distributed.run --max-restarts) ------------------------------------------------------------------

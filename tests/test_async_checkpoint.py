@@ -104,7 +104,7 @@ def test_the_staged_copy_is_the_state_of_its_step_while_training_goes_on(tmp_pat
     trainer.fit(Linear(), loader(n=32, batch_size=8))
     for step in (2, 4):
         saved = load_checkpoint_file(tmp_path / "ckpt" / f"epoch=0-step={step}.ckpt")
-        assert saved["train_state"]["global_step"] == step
+        assert saved["loops"]["train_state"]["global_step"] == step
         for name, value in look.weights[step].items():
             assert torch.equal(saved["state_dict"][name], value)
     assert not torch.equal(look.weights[2]["layer.weight"], look.weights[3]["layer.weight"])  # training moved on
@@ -124,7 +124,7 @@ def test_an_error_waits_for_the_write_in_flight(tmp_path, monkeypatch):
         trainer.fit(Linear(), loader(n=32, batch_size=8))
     assert not trainer.strategy.checkpoint_writer.in_flight
     assert pointer(tmp_path) == "epoch=0-step=2.ckpt"
-    assert load_checkpoint_file(tmp_path / "ckpt" / "epoch=0-step=2.ckpt")["train_state"]["global_step"] == 2
+    assert load_checkpoint_file(tmp_path / "ckpt" / "epoch=0-step=2.ckpt")["loops"]["train_state"]["global_step"] == 2
 
 
 def test_sigterm_waits_for_the_write_in_flight_and_last_moves_forward(tmp_path, monkeypatch):
@@ -139,7 +139,7 @@ def test_sigterm_waits_for_the_write_in_flight_and_last_moves_forward(tmp_path, 
     files = sorted(os.listdir(tmp_path / "ckpt"))
     # step 3's background save was in flight when SIGTERM's save came: it was finished first, complete
     assert files == ["epoch=0-step=3.ckpt", "last.ckpt", "preempted-epoch=0-step=3.ckpt"]
-    assert load_checkpoint_file(tmp_path / "ckpt" / "epoch=0-step=3.ckpt")["train_state"]["global_step"] == 3
+    assert load_checkpoint_file(tmp_path / "ckpt" / "epoch=0-step=3.ckpt")["loops"]["train_state"]["global_step"] == 3
     assert pointer(tmp_path) == "preempted-epoch=0-step=3.ckpt"  # the background write did not overtake it
     assert resume.resolve_ckpt_path(trainer, "last") == str(tmp_path / "ckpt" / "preempted-epoch=0-step=3.ckpt")
 

@@ -93,7 +93,7 @@ def test_save_on_exception_writes_a_checkpoint_when_fit_fails(tmp_path, capsys):
         fit([mc], module=Fails())
     assert ckpts(tmp_path) == ["epoch=1-step=3.ckpt", "last.ckpt"]
     saved = torch.load(tmp_path / "epoch=1-step=3.ckpt", weights_only=True)
-    assert saved["train_state"]["global_step"] == 3
+    assert saved["loops"]["train_state"]["global_step"] == 3
     assert "An RuntimeError was raised with message:             boom, saved checkpoint to" in capsys.readouterr().out
     off = ModelCheckpoint(dirpath=tmp_path / "off", every_n_epochs=0)
     with pytest.raises(RuntimeError, match="boom"):

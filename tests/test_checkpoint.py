@@ -24,12 +24,16 @@ def test_checkpoint_holds_every_documented_key(tmp_path):
     trainer, module = trained(tmp_path)
     path = trainer.checkpoint_callback.best_model_path
     ckpt = torch.load(path, weights_only=True)  # plain data only
-    for key in ("format_version", "tasktrain_version", "torch_version", "state_dict", "hyper_parameters",
-                "weights_only", "train_state", "optimizer_states", "lr_schedulers", "precision", "callbacks",
-                "metrics", "rng_states", "world_size"):
-        assert key in ckpt, key
-    assert ckpt["train_state"]["global_step"] == 8 and ckpt["hyper_parameters"] == {"lr": 0.1}
-    assert set(ckpt["rng_states"][0]) >= {"python", "numpy", "torch"}
+    # Lightning's top-level keys exactly (no precision state: fp32 has none), tasktrain's own under "loops"
+    assert set(ckpt) == {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops", "callbacks",
+                         "optimizer_states", "lr_schedulers", "hparams_name", "hyper_parameters"}
+    assert set(ckpt["loops"]) == {"format_version", "tasktrain_version", "torch_version", "weights_only", "world_size",
+                                  "train_state", "optimizer_param_names", "metrics", "rng_states"}
+    assert ckpt["loops"]["format_version"] == 3 and ckpt["loops"]["weights_only"] is False
+    assert ckpt["loops"]["train_state"]["global_step"] == ckpt["global_step"] == 8
+    assert ckpt["hyper_parameters"] == {"lr": 0.1} and ckpt["hparams_name"] == "kwargs"
+    assert ckpt["loops"]["world_size"] == 1
+    assert set(ckpt["loops"]["rng_states"][0]) >= {"python", "numpy", "torch"}
     for name, value in module.state_dict().items():
         assert torch.equal(ckpt["state_dict"][name], value)
 
@@ -77,6 +81,10 @@ def test_incompatible_format_version_says_so(tmp_path):
     torch.save({"format_version": 99, "tasktrain_version": "9.0", "state_dict": {}}, path)
     with pytest.raises(CheckpointError, match="format version 99"):
         ckpt_io.load_checkpoint_file(path)
+    # the header where format 3 keeps it, under "loops"
+    torch.save({"state_dict": {}, "loops": {"format_version": 99, "tasktrain_version": "9.0"}}, path)
+    with pytest.raises(CheckpointError, match=r"format version 99.*reads versions 1, 2, 3.*\(9\.0\)"):
+        ckpt_io.load_checkpoint_file(path)
 
 
 def test_crash_during_save_keeps_the_previous_file(tmp_path, monkeypatch):
@@ -101,7 +109,9 @@ def test_weights_only_checkpoint_loads_but_refuses_to_resume(tmp_path):
     trainer, module = trained(tmp_path, callbacks=[ModelCheckpoint(save_weights_only=True)])
     path = trainer.checkpoint_callback.best_model_path
     ckpt = torch.load(path, weights_only=True)
-    assert ckpt["weights_only"] is True and "optimizer_states" not in ckpt
+    assert ckpt["loops"]["weights_only"] is True and "optimizer_states" not in ckpt
+    assert set(ckpt) == {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops",
+                         "hparams_name", "hyper_parameters"}  # Lightning's weights-only keys
     assert torch.equal(Linear.load_from_checkpoint(path).layer.weight, module.layer.weight)
     with pytest.raises(ValueError, match="save_weights_only=True"):
         Trainer(max_epochs=3, **quiet()).fit(Linear(), loader(), ckpt_path=path)
@@ -209,3 +219,34 @@ def test_validate_with_best_checkpoint(tmp_path):
     best = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=True)["state_dict"]
     trainer.validate(module, loader(), ckpt_path="best")
     assert torch.equal(module.layer.weight, best["layer.weight"])
+
+
+def test_a_file_without_the_trainers_loop_state_is_refused_before_training(tmp_path):
+    path = tmp_path / "lightning_like.ckpt"  # Lightning's keys, but not tasktrain's loop state under "loops"
+    torch.save({"epoch": 0, "global_step": 8, "state_dict": Linear().state_dict(), "loops": {"fit_loop": {}}}, path)
+    module = Linear()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, logger=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match="holds no tasktrain loop state.*load_state_dict"):
+        trainer.fit(module, loader(), ckpt_path=str(path))
+    assert trainer.global_step == 0 and all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def test_hyper_parameters_saved_from_one_argument_come_back_as_that_argument(tmp_path):
+    """save_hyperparameters(config) in __init__(self, config): the file says so (Lightning's hparams_name) and
+    load_from_checkpoint passes the dict back as `config`, overrides still winning for their keys' argument."""
+    class Configured(Linear):
+        def __init__(self, config):
+            super().__init__(lr=config["lr"])
+            self.save_hyperparameters(config)
+
+    module = Configured({"lr": 0.5, "width": 3})
+    trainer = Trainer(max_steps=1, default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False)
+    trainer.fit(module, loader())
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    ckpt = torch.load(tmp_path / "c.ckpt", weights_only=True)
+    assert ckpt["hparams_name"] == "config" and ckpt["hyper_parameters"] == {"lr": 0.5, "width": 3}
+    again = Configured.load_from_checkpoint(tmp_path / "c.ckpt")
+    assert dict(again.hparams) == {"lr": 0.5, "width": 3} and torch.equal(again.layer.weight, module.layer.weight)
+    assert dict(Configured.load_from_checkpoint(tmp_path / "c.ckpt", config={"lr": 0.1}).hparams) == {"lr": 0.1}

@@ -53,7 +53,7 @@ def test_top_k_files_on_disk_are_the_k_best_scores(tmp_path, mode, k):
     assert sorted(mc.best_k_models.values()) == sorted(SCORES[e] for e in ranked)
     # each file really holds the weights of the epoch in its name
     saved = torch.load(mc.best_model_path, weights_only=True)
-    assert saved["train_state"]["epoch"] == best and saved["train_state"]["global_step"] == 2 * (best + 1)
+    assert saved["loops"]["train_state"]["epoch"] == best and saved["loops"]["train_state"]["global_step"] == 2 * (best + 1)
 
 
 def test_old_files_are_deleted_only_after_the_new_one_is_on_disk(tmp_path):
@@ -118,7 +118,7 @@ def test_save_last_keeps_last_ckpt_for_resuming(tmp_path):
     assert mc.last_model_path == str(directory / "last.ckpt")
     last = torch.load(directory / "last.ckpt", weights_only=True)
     # Lightning's rule: last is written with each checkpoint file written, so it is the best's step (4) here
-    assert last["train_state"]["global_step"] == 4
+    assert last["loops"]["train_state"]["global_step"] == 4
     assert sorted(os.listdir(tmp_path)) == ["checkpoints"]  # Lightning's folder: nothing beside the checkpoints
     # fit(ckpt_path="last") continues from it
     trainer = Trainer(max_epochs=4, callbacks=[ModelCheckpoint(monitor="score", save_last=True)], logger=False,
@@ -248,7 +248,7 @@ def test_save_weights_only(tmp_path):
     mc = ModelCheckpoint(dirpath=tmp_path, save_weights_only=True)
     fit([mc], epochs=1)
     ckpt = torch.load(mc.best_model_path, weights_only=True)
-    assert ckpt["weights_only"] is True and "optimizer_states" not in ckpt and "state_dict" in ckpt
+    assert ckpt["loops"]["weights_only"] is True and "optimizer_states" not in ckpt and "state_dict" in ckpt
     trainer = Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match="save_weights_only=True"):
         trainer.fit(Scripted(), loader(16), ckpt_path=mc.best_model_path)

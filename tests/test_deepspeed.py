@@ -301,7 +301,7 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     proc = run("-m", "tasktrain.cli.main", "convert", str(last), str(out), timeout=120)
     assert "wrote" in proc.stdout
     plain = torch.load(out, weights_only=True)
-    assert plain["weights_only"] is True and plain["hyper_parameters"]["hidden"] == 64
+    assert plain["loops"]["weights_only"] is True and plain["hyper_parameters"]["hidden"] == 64
     module = Classifier.load_from_checkpoint(str(out))
     trained = ranks[0]["stage3"]["weights"]
     assert set(module.state_dict()) == set(trained)

@@ -175,7 +175,7 @@ def test_16_mixed_sharded_scaler_state_is_in_checkpoints(tmp_path):
     assert isinstance(scaler, ShardedGradScaler) and skipped >= 1 and scaler.get_scale() == 2.0 ** (16 - skipped)
     last = trainer.checkpoint_callback.last_model_path
     saved = scaler.get_scale()
-    assert load_checkpoint_file(os.path.join(last, STATE_FILE))["precision"]["scaler"]["scale"] == saved
+    assert load_checkpoint_file(os.path.join(last, STATE_FILE))["FSDPPrecision"]["scaler"]["scale"] == saved
     start = ScaleAtStart()
     Trainer(strategy="fsdp", devices=1, precision="16-mixed", max_steps=4, default_root_dir=str(tmp_path),
             logger=False, enable_progress_bar=False, enable_checkpointing=False,
@@ -487,7 +487,7 @@ def test_full_checkpoint_files_are_mapped_not_read(tmp_path):
     mapped = {}
     for name in ("new.ckpt", "old.ckpt"):
         loaded = strategy.load_checkpoint(str(tmp_path / name))
-        assert torch.equal(loaded["state_dict"]["w"], torch.arange(6.0)) and loaded["train_state"]["global_step"] == 3
+        assert torch.equal(loaded["state_dict"]["w"], torch.arange(6.0)) and loaded["loops"]["train_state"]["global_step"] == 3
         address = loaded["state_dict"]["w"].untyped_storage().data_ptr()
         with open("/proc/self/maps") as f:  # "start-end perms offset dev inode path": is the tensor in the file?
             spans = [line.split()[0].split("-") for line in f if line.rstrip().endswith(str(tmp_path / name))]

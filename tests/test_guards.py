@@ -79,7 +79,7 @@ def test_nonfinite_state_is_never_saved(tmp_path, poison, async_save):
     assert all(os.path.exists(p) for p in checkpoint.best_k_models)
     last = resume.resolve_ckpt_path(trainer, "last")  # what a resume continues from: finite
     assert last == str(tmp_path / "ckpt" / "last.ckpt") and _weights_finite(last)
-    assert torch.load(last, weights_only=True)["train_state"]["global_step"] == 3
+    assert torch.load(last, weights_only=True)["loops"]["train_state"]["global_step"] == 3
 
 
 class RaiseAfterPoison(Callback):
@@ -107,7 +107,7 @@ def test_save_on_exception_checks_finiteness_before_writing(tmp_path, capfd):
     assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["epoch=0-step=2.ckpt", "last.ckpt"]
     assert all(_weights_finite(p) for p in tmp_path.glob("*.ckpt"))
     assert os.path.basename(checkpoint.last_model_path) == "last.ckpt"
-    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["train_state"]["global_step"] == 2
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["loops"]["train_state"]["global_step"] == 2
     out = capfd.readouterr()
     assert "saved checkpoint" not in out.out and "hook failed" not in out.err, out
 
@@ -253,4 +253,4 @@ def test_ctrl_c_runs_on_exception_prints_one_line_per_rank_and_exits_130(tmp_pat
         assert sorted(os.listdir(tmp_path / "nan")) == ["epoch=0-step=1.ckpt",
                                                         "epoch=0-step=2.ckpt", "last.ckpt"]
     if devices == 1:  # OnExceptionCheckpoint saved the state at the interrupt
-        assert "saved" in out and torch.load(tmp_path / "on_exception.ckpt", weights_only=True)["train_state"]["global_step"] >= 3
+        assert "saved" in out and torch.load(tmp_path / "on_exception.ckpt", weights_only=True)["loops"]["train_state"]["global_step"] >= 3

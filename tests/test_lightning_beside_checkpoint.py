@@ -673,7 +673,7 @@ def test_resume_from_a_mid_epoch_validation_checkpoint_takes_the_pending_plateau
 
     full, plateau = fit(tmp_path / "a")
     saved = torch.load(tmp_path / "a" / "epoch=0-step=2.ckpt", weights_only=True)
-    assert list(saved["train_state"]["plateau_step_values"]) == ["train_loss"]
+    assert list(saved["loops"]["train_state"]["plateau_step_values"]) == ["train_loss"]
     assert saved["lr_schedulers"][0]["last_epoch"] == 1  # the second step still to come
     resumed, resumed_plateau = fit(tmp_path / "b", str(tmp_path / "a" / "epoch=0-step=2.ckpt"))
     assert torch.equal(resumed, full) and resumed_plateau == plateau

@@ -175,7 +175,7 @@ def test_resume_from_a_mid_epoch_checkpoint(tmp_path):
     run_ours(tmp_path, callbacks=[our_ckpt], **args)
     lit, _ = run_lightning(tmp_path, ckpt=str(tmp_path / "lit_ckpt" / "epoch=0-step=3.ckpt"), **args)
     saved = torch.load(tmp_path / "our_ckpt" / "epoch=0-step=3.ckpt", weights_only=False)
-    assert saved["train_state"]["batches_that_stepped"] == 3  # the batch it was saved in is counted
+    assert saved["loops"]["train_state"]["batches_that_stepped"] == 3  # the batch it was saved in is counted
     ours, trainer = run_ours(tmp_path, ckpt=str(tmp_path / "our_ckpt" / "epoch=0-step=3.ckpt"), **args)
     assert ours == lit
     assert trainer.state.batches_that_stepped == 8
@@ -186,7 +186,7 @@ def test_checkpoint_without_the_counter_resumes_at_global_step(tmp_path):
     run_ours(tmp_path, callbacks=[ckpt], max_epochs=1, log_every_n_steps=2)
     path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
     saved = torch.load(path, weights_only=False)
-    assert saved["train_state"].pop("batches_that_stepped") == 3
+    assert saved["loops"]["train_state"].pop("batches_that_stepped") == 3
     torch.save(saved, path)  # a checkpoint written before the counter existed
     ours, trainer = run_ours(tmp_path, ckpt=str(path), max_epochs=1, log_every_n_steps=2)
     assert trainer.state.batches_that_stepped == 7

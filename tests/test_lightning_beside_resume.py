@@ -251,3 +251,48 @@ def test_a_corrupt_last_checkpoint_record_names_itself_and_the_fix(tmp_path):
         with pytest.raises(CheckpointError) as error:
             trainer.fit(ours.BoringModel(), ckpt_path="last")
         assert str(record) in str(error.value) and "delete" in str(error.value) and "ckpt_path=" in str(error.value)
+
+
+def _saved_checkpoint(name, root, hparams, weights_only):
+    """A short fit of a boring module (a scheduler; its hyper-parameters and a DataModule with a state and
+    hyper-parameters where `hparams`) under `name`'s Trainer, then save_checkpoint: the dict written."""
+    lib, classes = LIBS[name]
+
+    class Module(classes.BoringModel):
+        def __init__(self, width=32):
+            super().__init__()
+            if hparams:
+                self.save_hyperparameters()
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [opt], [torch.optim.lr_scheduler.StepLR(opt, 1)]
+
+    class Data(classes.BoringDataModule):
+        def __init__(self, config=None):
+            super().__init__()
+            if hparams:
+                self.save_hyperparameters(config)
+
+        def state_dict(self):
+            return {"seen": 2} if hparams else {}
+
+    trainer = lib.Trainer(default_root_dir=root, max_steps=2, logger=False, enable_checkpointing=False, **QUIET)
+    trainer.fit(Module(), datamodule=Data({"n": 64}))
+    trainer.save_checkpoint(os.path.join(root, "x.ckpt"), weights_only=weights_only)
+    return torch.load(os.path.join(root, "x.ckpt"), weights_only=False)
+
+
+@pytest.mark.parametrize("hparams,weights_only", [(True, False), (False, True)])
+def test_a_checkpoints_top_level_keys_and_values_are_lightnings(tmp_path, hparams, weights_only):
+    """Lightning 2.6's layout: epoch, global_step, pytorch-lightning_version, state_dict, loops; callbacks,
+    optimizer_states, lr_schedulers unless weights-only; the hyper-parameters (with hparams_name) and the
+    DataModule's state (under its class name) only when there are any. tasktrain's own keys are under "loops"."""
+    ours_, theirs_ = (_saved_checkpoint(name, str(tmp_path / name), hparams, weights_only) for name in LIBS)
+    assert list(ours_) == list(theirs_)  # the same keys, in the same order
+    assert ours_["pytorch-lightning_version"] == tasktrain.__version__
+    for key in set(ours_) - {"pytorch-lightning_version", "state_dict", "loops", "optimizer_states",
+                             "lr_schedulers", "callbacks"}:
+        assert ours_[key] == theirs_[key], key  # epoch, global_step, the hyper-parameters, the DataModule's state
+    assert len(ours_.get("lr_schedulers", [])) == len(theirs_.get("lr_schedulers", []))
+    assert ours_["loops"]["weights_only"] is weights_only and ours_["loops"]["train_state"]["global_step"] == 2

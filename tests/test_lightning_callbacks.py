@@ -58,7 +58,7 @@ def test_on_exception_checkpoint_saves_a_resumable_checkpoint_and_a_good_run_rem
     with pytest.raises(RuntimeError, match="went bad"):
         Trainer(max_epochs=3, callbacks=[cb], **quiet(enable_checkpointing=True)).fit(FailsAt(at=5), loader(32))
     ckpt = torch.load(cb.ckpt_path, weights_only=True)
-    assert ckpt["train_state"]["global_step"] == 5 and "optimizer_states" in ckpt
+    assert ckpt["loops"]["train_state"]["global_step"] == 5 and "optimizer_states" in ckpt
     resumed = Linear()
     trainer = Trainer(max_epochs=3, callbacks=[OnExceptionCheckpoint(tmp_path)], **quiet(enable_checkpointing=True))
     trainer.fit(resumed, loader(32), ckpt_path=cb.ckpt_path)

@@ -446,7 +446,7 @@ def test_trainer_state_is_lightnings_and_stays_out_of_checkpoints(tmp_path):
     assert stages == [("predict", "predict", True)] and trainer.state.fn == "predict" and trainer.state.finished
     path = str(tmp_path / "a.ckpt")
     trainer.save_checkpoint(path)
-    saved = torch.load(path, weights_only=True)["train_state"]
+    saved = torch.load(path, weights_only=True)["loops"]["train_state"]
     assert not {"status", "fn", "stage"} & set(saved) and saved["global_step"] == 1
 
     class Failing(Linear):

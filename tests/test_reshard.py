@@ -212,9 +212,9 @@ def convert_many(jobs):
 def plain(path):
     """A converted (or plain) checkpoint as the runs' outputs: params, optimizer state, global step."""
     ckpt = torch.load(path, weights_only=True)
-    assert ckpt["weights_only"] is False
+    assert ckpt["loops"]["weights_only"] is False
     return {"params": ckpt["state_dict"], "optimizer": ckpt["optimizer_states"][0],
-            "global_step": ckpt["train_state"]["global_step"]}
+            "global_step": ckpt["loops"]["train_state"]["global_step"]}
 
 
 @pytest.fixture(scope="module")
@@ -457,8 +457,9 @@ def test_an_order_of_the_users_stopped_mid_epoch_refuses_another_number_of_proce
     trainer(max_steps=2, callbacks=[ModelCheckpoint(every_n_train_steps=1)]).fit(Tiny(), loader())
     [name] = [f for f in os.listdir(tmp_path / "checkpoints") if "step=2" in f]
     ckpt = torch.load(tmp_path / "checkpoints" / name, weights_only=True)
-    assert ckpt["train_state"]["batch_in_epoch"] == 2 and not ckpt["train_state"]["epoch_finished"]
-    ckpt["world_size"], ckpt["rng_states"] = 2, ckpt["rng_states"] * 2  # as if 2 processes had written it
+    own = ckpt["loops"]
+    assert own["train_state"]["batch_in_epoch"] == 2 and not own["train_state"]["epoch_finished"]
+    own["world_size"], own["rng_states"] = 2, own["rng_states"] * 2  # as if 2 processes had written it
     torch.save(ckpt, tmp_path / "from2.ckpt")
     module = Tiny()
     with pytest.raises(ValueError, match=r"stopped in the middle of epoch 0 on 2 processes, and this run has 1.*"
@@ -470,7 +471,7 @@ def test_an_order_of_the_users_stopped_mid_epoch_refuses_another_number_of_proce
     trainer(max_epochs=1).fit(module, loader(), ckpt_path=str(tmp_path / "checkpoints" / name))
     assert module.steps == 2
     # and one taken at the end of an epoch resumes on any number of processes: the next epoch starts whole
-    ckpt["train_state"]["epoch_finished"] = True
+    own["train_state"]["epoch_finished"] = True
     torch.save(ckpt, tmp_path / "from2-end.ckpt")
     module = Tiny()
     trainer(max_epochs=2).fit(module, loader(), ckpt_path=str(tmp_path / "from2-end.ckpt"))

@@ -59,13 +59,14 @@ def test_a_trainer_checkpoint_of_format_1_resumes_to_the_weights_that_version_re
     assert trainer.global_step == expected["trainer_step"] == 9
     for name, value in expected["trainer"].items():
         assert torch.equal(module.state_dict()[name], value), name
-    # what it writes now is format 2, with the same Lightning keys
+    # what it writes now is format 3: Lightning's keys, tasktrain's own under "loops"
     trainer.save_checkpoint(tmp_path / "now.ckpt")
     now = torch.load(tmp_path / "now.ckpt", weights_only=True)
-    assert now["format_version"] == CHECKPOINT_FORMAT_VERSION == 2
-    for key in ("state_dict", "optimizer_states", "optimizer_param_names", "lr_schedulers", "precision", "callbacks",
-                "metrics", "rng_states", "train_state", "hyper_parameters", "world_size"):
-        assert key in now, key
+    assert now["loops"]["format_version"] == CHECKPOINT_FORMAT_VERSION == 3
+    assert set(now) == {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops", "callbacks",
+                        "optimizer_states", "lr_schedulers", "hparams_name", "hyper_parameters"}
+    for key in ("optimizer_param_names", "metrics", "rng_states", "train_state", "world_size", "weights_only"):
+        assert key in now["loops"], key
 
 
 def test_an_accelerator_state_of_format_1_loads_and_continues_to_the_weights_that_version_reached(tmp_path):
@@ -94,7 +95,8 @@ def test_an_accelerator_state_of_format_1_loads_and_continues_to_the_weights_tha
     # saved now: one header for both kinds of file, the loop's position as its own part
     accelerator.save_state(str(tmp_path / "state"))
     now = torch.load(tmp_path / "state" / STATE_FILE, weights_only=True)
-    assert now["format_version"] == 2 and now["loop"]["steps"] == 12 and "steps" not in now
+    assert now["format_version"] == CHECKPOINT_FORMAT_VERSION and now["loop"]["steps"] == 12 and "steps" not in now
+    assert "loops" not in now  # the Accelerator's layout is its own: the header at the top level
 
 
 def test_upgrade_maps_the_accelerator_format_1_loop_keys():
@@ -175,3 +177,53 @@ def test_gathering_the_random_states_writes_nothing_through_torch_save(monkeypat
     expected = collect_rng_states()
     assert len(states) == 2 and torch.equal(states[1]["torch"], expected["torch"])
     assert torch.equal(states[0]["numpy"][1], expected["numpy"][1]) and states[0]["python"] == expected["python"]
+
+
+def _format_2(ckpt):
+    """A checkpoint of this format in format 2's layout, as tasktrain wrote them before: its own keys at the top
+    level, the precision plugin's state as "precision", hyper_parameters always."""
+    old = {key: value for key, value in ckpt.items() if key not in ("loops", "pytorch-lightning_version")}
+    old.update(ckpt["loops"], format_version=2, precision={})
+    old.setdefault("hyper_parameters", {})
+    return old
+
+
+def test_a_trainer_checkpoint_of_format_2_resumes_as_the_current_one(tmp_path):
+    """Saved inside an epoch (position, random states and metrics matter), written again in format 2's layout: both
+    files resume to the same weights, and on_load_checkpoint sees format 3's layout for both."""
+    data = _data()
+    _trainer(tmp_path, max_steps=4).fit(Reg(), DataLoader(data, batch_size=4, shuffle=True))
+    trainer = _trainer(tmp_path, max_steps=4)
+    module = Reg()
+    trainer.fit(module, DataLoader(data, batch_size=4, shuffle=True))
+    trainer.save_checkpoint(tmp_path / "now.ckpt")
+    now = torch.load(tmp_path / "now.ckpt", weights_only=True)
+    assert now["loops"]["train_state"]["batch_in_epoch"] == 4 and not now["loops"]["train_state"]["epoch_finished"]
+    torch.save(_format_2(now), tmp_path / "old.ckpt")
+    weights, seen = {}, {}
+    for name in ("now", "old"):
+        class Seen(Reg):
+            def on_load_checkpoint(self, checkpoint):
+                seen[name] = checkpoint
+
+        module = Seen()
+        resumed = _trainer(tmp_path, max_steps=9)
+        resumed.fit(module, DataLoader(data, batch_size=4, shuffle=True), ckpt_path=str(tmp_path / f"{name}.ckpt"))
+        assert resumed.global_step == 9
+        weights[name] = module.state_dict()
+    for key, value in weights["now"].items():
+        assert torch.equal(weights["old"][key], value), key
+    assert set(seen["old"]) == set(seen["now"]) and set(seen["old"]["loops"]) == set(seen["now"]["loops"])
+    assert seen["old"]["loops"]["format_version"] == 2 and seen["now"]["loops"]["format_version"] == 3
+
+
+def test_upgrade_keeps_a_format_2_precision_state_and_drops_empty_hyper_parameters():
+    scaler = {"scaler": {"scale": 1024.0}}
+    old = {"format_version": 2, "tasktrain_version": "0.1.0", "torch_version": "2.13", "state_dict": {},
+           "train_state": {"epoch": 1, "global_step": 6}, "precision": scaler, "hyper_parameters": {},
+           "world_size": 2, "weights_only": False, "callbacks": {}, "rng_states": []}
+    new = upgrade(old)
+    assert list(new) == ["epoch", "global_step", "pytorch-lightning_version", "state_dict", "callbacks", "loops"]
+    assert (new["epoch"], new["global_step"], new["pytorch-lightning_version"]) == (1, 6, "0.1.0")
+    assert new["loops"]["precision"] == scaler and new["loops"]["world_size"] == 2
+    assert upgrade(new) is new

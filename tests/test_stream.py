@@ -301,9 +301,9 @@ def test_stateful_dataloader_over_its_own_iterable_resumes_from_its_state(tmp_pa
     assert not set(read_ids(tmp_path)) & set(first.seen)  # the consumed items were not read again
     # the state is one rank's: another number of processes is refused before training
     checkpoint = torch.load(str(tmp_path / "stopped.ckpt"), weights_only=False)
-    assert len(checkpoint["train_state"]["loader_states"]) == 1
-    checkpoint["world_size"] = 2
-    checkpoint["train_state"]["loader_states"] *= 2
+    assert len(checkpoint["loops"]["train_state"]["loader_states"]) == 1
+    checkpoint["loops"]["world_size"] = 2
+    checkpoint["loops"]["train_state"]["loader_states"] *= 2
     torch.save(checkpoint, str(tmp_path / "other_world.ckpt"))
     with pytest.raises(ValueError, match="on 2 processes, and this run has 1"):
         fit(tmp_path, 12, ckpt_path=str(tmp_path / "other_world.ckpt"))

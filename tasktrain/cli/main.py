@@ -373,7 +373,7 @@ def _convert_run(args, CheckpointError) -> int:
                 from tasktrain.strategies.deepspeed import convert_zero_checkpoint
 
                 checkpoint = convert_zero_checkpoint(args.checkpoint_dir, args.output, optimizer=True)
-            steps = checkpoint["train_state"].get("global_step")
+            steps = checkpoint["loops"]["train_state"].get("global_step")
             print(f"tasktrain convert: wrote {args.output} (weights, optimizer state and loop state at global step "
                   f"{steps}): resume from it on one process or DDP (any number of processes), or convert it "
                   "--to deepspeed or --to fsdp")

@@ -351,7 +351,10 @@ class ModelParallelStrategy(FSDP):
         if not self.is_global_zero or saved == now:
             return
         if saved is None:
-            source = f"{ckpt.get('world_size', '?')} processes (no mesh recorded: another strategy's checkpoint)"
+            from tasktrain.checkpoint_io import own_state
+
+            source = (f"{own_state(ckpt).get('world_size', '?')} processes (no mesh recorded: another strategy's "
+                      "checkpoint)")
         else:
             source = _describe_layout(saved)
         print(f"[tasktrain] {path}: written on {source}, loaded onto {_describe_layout(now)}: weights and optimizer "

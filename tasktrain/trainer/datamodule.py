@@ -100,8 +100,10 @@ class DataModule:
 
         ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
         hparams = dict(ckpt.get("datamodule_hyper_parameters") or {})
-        hparams.update(overrides)
         params = inspect.signature(cls.__init__).parameters
+        if ckpt.get("datamodule_hparams_name") in params:  # as the module's (Lightning's): from that argument
+            hparams = {ckpt["datamodule_hparams_name"]: hparams}
+        hparams.update(overrides)
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         unknown = sorted(k for k in overrides if k not in params) if not takes_kwargs else []
         if unknown:

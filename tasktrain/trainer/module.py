@@ -429,6 +429,11 @@ class TaskModule(torch.nn.Module):
                 args.update(local.get(info.keywords, {}))
             init_args = {**args, **init_args}
             frame = frame.f_back
+        # Lightning's hparams_name (saved beside them): "kwargs", or the __init__ argument a dict/Namespace came from
+        self._hparams_name = "kwargs" if names or init_args else None
+        if names and len(names) == 1 and isinstance(names[0], (dict, argparse.Namespace)):
+            self._hparams_name = next((k for k, v in init_args.items()
+                                       if v is names[0] or (type(v) is type(names[0]) and v == names[0])), None)
         if names and len(names) == 1 and isinstance(names[0], argparse.Namespace):
             init_args = dict(vars(names[0]))  # an argparse Namespace, as Lightning takes it
         elif names and len(names) == 1 and isinstance(names[0], dict):
@@ -566,8 +571,10 @@ class TaskModule(torch.nn.Module):
 
         ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
         hparams = dict(ckpt.get("hyper_parameters") or {})
-        hparams.update(overrides)
         params = inspect.signature(cls.__init__).parameters
+        if ckpt.get("hparams_name") in params:  # Lightning's: save_hyperparameters(arg) took them from that argument
+            hparams = {ckpt["hparams_name"]: hparams}
+        hparams.update(overrides)
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         kwargs = hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}
         module = cls(**kwargs)
@@ -614,7 +621,9 @@ def _unwrapped(fn):
         if mock is not None and isinstance(fn, mock.Mock):
             fn = fn._mock_wraps
         elif isinstance(fn, functools.partial):
-            fn = fn.func
+            # update_wrapper(partial(...), None): a wrapper of a hook the class set to None (switched off), which
+            # Lightning's is_overridden (it reads __wrapped__ first) sees as not overridden
+            fn = None if "__wrapped__" in getattr(fn, "__dict__", {}) and fn.__wrapped__ is None else fn.func
         elif hasattr(fn, "__wrapped__") and not isinstance(fn, type):
             fn = fn.__wrapped__
         else:

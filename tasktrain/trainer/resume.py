@@ -28,14 +28,15 @@ from tasktrain.trainer.module import is_overridden
 from tasktrain.trainer.run_state import (Callbacks, Objects, Optimizers, RandomStates, RunState, Value, Weights,
                                          check_counts, check_global_batch, upgrade)
 from tasktrain.trainer.runtime import rng_restore_of_this_rank
+from tasktrain.version import __version__
 
 import torch
 
 
 def run_state(trainer, weights_only=False):
-    """This run's state as stateful parts (tasktrain/trainer/run_state.py), under the checkpoint's keys."""
+    """This run's state as stateful parts (tasktrain/trainer/run_state.py), under the checkpoint's keys: Lightning's
+    at the top level, tasktrain's own under "loops"."""
     strategy, state = trainer.strategy, trainer.state
-    parts = {"state_dict": Weights(strategy), "train_state": state}
     data = trainer._loader_data
     has_data = not weights_only and data is not None
 
@@ -57,31 +58,43 @@ def run_state(trainer, weights_only=False):
             saved["plateau_step_values"] = pending
         return saved
 
-    parts["train_state"] = Value(train_state, state.load_state_dict)
+    own = {"weights_only": Value(bool(weights_only)), "world_size": Value(trainer.world_size),
+           "train_state": Value(train_state, state.load_state_dict)}
+    # Lightning's keys, in its order (the counters are saved for scripts that read them; the resume uses train_state)
+    parts = {"epoch": Value(trainer.current_epoch), "global_step": Value(trainer.global_step),
+             "pytorch-lightning_version": Value(__version__), "state_dict": Weights(strategy),
+             "loops": RunState(own)}
     if not weights_only:
         optimizers = trainer.optimizers
-        parts.update(
-            optimizer_states=Optimizers(strategy, optimizers),
-            optimizer_param_names=Value(lambda: [strategy.optimizer_param_names(o) for o in optimizers]),
-            lr_schedulers=Objects([config.scheduler for config in trainer.lr_scheduler_configs]),
-            precision=strategy.precision, callbacks=Callbacks(trainer.callbacks),
-            metrics=trainer._metrics if trainer._metrics is not None else Value({}),
-            rng_states=RandomStates(strategy))
-        if trainer.datamodule is not None:  # under its class name, as Lightning keeps it
-            parts[type(trainer.datamodule).__qualname__] = trainer.datamodule
-    return RunState(parts)
+        own.update(optimizer_param_names=Value(lambda: [strategy.optimizer_param_names(o) for o in optimizers]),
+                   metrics=trainer._metrics if trainer._metrics is not None else Value({}),
+                   rng_states=RandomStates(strategy))
+        parts["loops"] = RunState(own)
+        parts.update(callbacks=Callbacks(trainer.callbacks), optimizer_states=Optimizers(strategy, optimizers),
+                     lr_schedulers=Objects([config.scheduler for config in trainer.lr_scheduler_configs]))
+        parts[precision_key(strategy)] = strategy.precision  # (dropped by dump_checkpoint when empty, as Lightning's)
+    return RunState(parts, header=False)
+
+
+def precision_key(strategy):
+    """Where the precision plugin's state is (Lightning's: its class's __qualname__)."""
+    return type(strategy.precision).__qualname__
 
 
 def dump_checkpoint(trainer, weights_only=False) -> dict:
     """The checkpoint dict (see tasktrain/checkpoint_io.py for every key). Called on every rank."""
-    module = trainer.module
+    module, datamodule = trainer.module, trainer.datamodule
     checkpoint = run_state(trainer, weights_only).state_dict()
-    checkpoint.update(hyper_parameters=plain(dict(module.hparams)), weights_only=bool(weights_only),
-                      world_size=trainer.world_size,
-                      # Lightning's top-level keys, which user code reads (the resume uses train_state)
-                      epoch=trainer.current_epoch, global_step=trainer.global_step)
-    if trainer.datamodule is not None and trainer.datamodule.hparams:
-        checkpoint["datamodule_hyper_parameters"] = plain(dict(trainer.datamodule.hparams))
+    if not checkpoint.get(precision_key(trainer.strategy), True):  # Lightning's: an empty state is not saved
+        del checkpoint[precision_key(trainer.strategy)]
+    for obj, prefix in ((module, ""), (datamodule, "datamodule_")):
+        if obj is not None and obj.hparams:  # (Lightning's: its hparams_name where save_hyperparameters set one)
+            if hasattr(obj, "_hparams_name"):
+                checkpoint[f"{prefix}hparams_name"] = obj._hparams_name
+            checkpoint[f"{prefix}hyper_parameters"] = plain(dict(obj.hparams))
+    datamodule_state = datamodule.state_dict() if datamodule is not None else None
+    if datamodule_state:  # under its class name, as Lightning keeps it
+        checkpoint[type(datamodule).__qualname__] = datamodule_state
     with hook_scope(trainer, "on_save_checkpoint"):  # (named for self.log, which refuses it there)
         for cb in trainer.callbacks:  # the callbacks', then the module's (Lightning's order)
             if is_overridden("on_save_checkpoint", cb, Callback):
@@ -218,11 +231,18 @@ def load(trainer, path):
     strategy, module = trainer.strategy, trainer.module
     with ckpt_io.trusted_pickles(getattr(trainer, "_ckpt_weights_only", None) is False):
         ckpt = upgrade(strategy.load_checkpoint(path))
-    if ckpt.get("weights_only"):
+    if ckpt_io.own_state(ckpt).get("weights_only"):
         raise ValueError(
             f"{path} was saved with save_weights_only=True: it holds the weights but no optimizer, scheduler or "
             "loop state, so training cannot resume from it. Use it for inference "
             f"({type(module).__name__}.load_from_checkpoint(path)) or start a new fit from those weights."
+        )
+    if "train_state" not in ckpt_io.own_state(ckpt):
+        raise ValueError(
+            f"{path} holds no tasktrain loop state (its 'loops' has no train_state): it was not written by the "
+            "Trainer (a Lightning checkpoint, a plain state dict, the Accelerator's save_state?), so a fit cannot "
+            f"resume from it. Load its weights into the module before fit ({type(module).__name__}.load_state_dict), "
+            "or resume from a checkpoint the Trainer wrote."
         )
     return Loaded(path, ckpt)
 
@@ -249,7 +269,7 @@ def restore_module_and_callbacks(trainer, path):
     if "callbacks" in ckpt:
         Callbacks(trainer.callbacks).load_state_dict(ckpt["callbacks"])
     # the data order's seed: the training loader, requested after this, follows the saved order
-    trainer.state.data_seed = ckpt["train_state"].get("data_seed", trainer.state.data_seed)
+    trainer.state.data_seed = ckpt_io.own_state(ckpt)["train_state"].get("data_seed", trainer.state.data_seed)
     return loaded
 
 
@@ -260,10 +280,13 @@ def restore_training_state(trainer, loaded):
     path, ckpt, optimizers = loaded.path, loaded.ckpt, trainer.optimizers
     check_counts(ckpt, "optimizer_states", len(optimizers), lambda saved: (
         f"{path} has {saved} optimizer states but configure_optimizers returned {len(optimizers)} optimizers."))
-    parts = run_state(trainer)
-    parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers", "precision", "metrics", "rng_states"])
-    loaded.rng_states = parts.parts["rng_states"].loaded
-    state, saved = trainer.state, ckpt["train_state"]
+    parts, own = run_state(trainer), ckpt_io.own_state(ckpt)
+    parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers", precision_key(trainer.strategy)])
+    if precision_key(trainer.strategy) not in ckpt and own.get("precision"):  # a format 2 file's (upgrade_layout)
+        trainer.strategy.precision.load_state_dict(own["precision"])
+    parts.parts["loops"].load_state_dict(own, only=["metrics", "rng_states"])
+    loaded.rng_states = parts.parts["loops"].parts["rng_states"].loaded
+    state, saved = trainer.state, own["train_state"]
     global_batch = state.global_batch_size  # this run's, where the training loader is already set up
     state.start_over()  # the checkpoint's counters, not a used Trainer's (Lightning: the checkpoint wins)
     state.load_state_dict(saved)
@@ -283,7 +306,7 @@ def skips_sanity_check(trainer, loaded):
     if loaded is None:
         return False
     ckpt = loaded.ckpt
-    saved = ckpt["train_state"]
+    saved = ckpt_io.own_state(ckpt)["train_state"]
     # (a fit stopped inside an epoch counts it, as Lightning's: its checkpoint's current_epoch is one past the position)
     finished = (saved.get("epoch_finished") or not saved.get("batch_in_epoch")
                 or int(ckpt.get("epoch", saved.get("epoch", 0))) > int(saved.get("epoch", 0)))
@@ -331,7 +354,8 @@ def restore_position(trainer, loaded, data):
     batches and on the training data as it will be trained; returns what restores the RNG, to call once the loop
     is about to continue."""
     state, ckpt = trainer.state, loaded.ckpt
-    restore_train_state(trainer, loaded.path, ckpt["train_state"], int(ckpt.get("world_size", trainer.world_size)),
+    own = ckpt_io.own_state(ckpt)
+    restore_train_state(trainer, loaded.path, own["train_state"], int(own.get("world_size", trainer.world_size)),
                         data)
     if trainer.is_global_zero:
         print(f"[tasktrain] resumed from {loaded.path} at epoch {state.epoch}, global step {state.global_step}, "

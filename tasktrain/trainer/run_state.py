@@ -1,24 +1,38 @@
 """The run state: what a run saves to continue exactly, as one dict of stateful parts.
 
 As torchtitan's checkpointer holds `Stateful` parts, a run's state is `RunState({name: part})`, each part with
-`state_dict()` and `load_state_dict(state)`; a checkpoint is the dict of their states under one versioned header
+`state_dict()` and `load_state_dict(state)`; a checkpoint is the dict of their states, with a versioned header
 (checkpoint_io.format_header: format_version, tasktrain_version, torch_version). The Trainer's checkpoints and the
 Accelerator's save_state are both written and read through it, from the same parts:
 
-    what                   Trainer key         Accelerator key    part
-    the weights            state_dict          models             Weights (through the strategy: an engine's shards)
-    the optimizers         optimizer_states    optimizers         Optimizers (through the strategy)
-    the schedulers         lr_schedulers       schedulers         Objects
-    loss scaling           precision           precision          the precision plugin
-    the data position      train_state         loaders            TrainState / each prepared loader's epoch iterator
-    the loop position      train_state         loop               TrainState / AcceleratorLoop (steps, window, seed)
-    callbacks and objects  callbacks           custom             Callbacks (by state_key) / Objects (registered)
-    metrics                metrics             -                  MetricStore (self.log's epoch accumulators)
-    random generators      rng_states          rng_states         RandomStates (every rank's, restored later)
+    what                   Trainer key                 Accelerator key    part
+    the weights            state_dict                  models             Weights (through the strategy: an
+                                                                          engine's shards)
+    the optimizers         optimizer_states            optimizers         Optimizers (through the strategy)
+    the schedulers         lr_schedulers               schedulers         Objects
+    loss scaling           <plugin class qualname>     precision          the precision plugin
+    the data position      loops.train_state           loaders            TrainState / each prepared loader's
+                                                                          epoch iterator
+    the loop position      loops.train_state           loop               TrainState / AcceleratorLoop (steps,
+                                                                          window, seed)
+    callbacks and objects  callbacks                   custom             Callbacks (by state_key) / Objects
+    the DataModule         <its class qualname>        -                  the DataModule's state_dict()
+    metrics                loops.metrics               -                  MetricStore (self.log's epoch
+                                                                          accumulators)
+    random generators      loops.rng_states            rng_states         RandomStates (every rank's, restored
+                                                                          later)
+    parameter names        loops.optimizer_param_names -                  per optimizer and group (conversions)
+    the header             loops.format_version, ...   format_version, ...
+    who wrote it           loops.world_size,           world_size         the number of processes; a
+                           loops.weights_only                             weights-only file resumes nothing
 
-The Trainer's keys are Lightning's layout (scripts and tools read ckpt["state_dict"], ckpt["callbacks"]); the
-Accelerator's parts are lists because it prepares any number of each. `register_for_checkpointing` adds an object
-to the Accelerator's "custom" part. Format 1 files (before the run state) load: `upgrade` maps them.
+The Trainer's top-level keys are exactly Lightning 2.6's (epoch, global_step, pytorch-lightning_version,
+state_dict, loops, callbacks, optimizer_states, lr_schedulers, the precision plugin's and the DataModule's states
+under their class names when non-empty, hyper_parameters when there are any: scripts and tools read
+ckpt["state_dict"], ckpt["callbacks"]); everything only tasktrain reads is under Lightning's loop-state key "loops"
+(a RunState of its own, with the header). The Accelerator's parts are lists because it prepares any number of
+each, its header at the top level. `register_for_checkpointing` adds an object to the Accelerator's "custom" part.
+Files of formats 1 and 2 load: `upgrade` maps them (checkpoint_io.upgrade_layout for the Trainer's).
 """
 import warnings
 
@@ -29,13 +43,15 @@ from tasktrain import checkpoint_io as ckpt_io
 
 
 class RunState:
-    """{name: part}; state_dict() is the checkpoint dict (header + each part's state under its name)."""
+    """{name: part}; state_dict() is the checkpoint dict (each part's state under its name, after the header when
+    `header`)."""
 
-    def __init__(self, parts):
-        self.parts = dict(parts)
+    def __init__(self, parts, header=True):
+        self.parts, self.header = dict(parts), header
 
     def state_dict(self) -> dict:
-        return {**ckpt_io.format_header(), **{name: part.state_dict() for name, part in self.parts.items()}}
+        header = ckpt_io.format_header() if self.header else {}
+        return {**header, **{name: part.state_dict() for name, part in self.parts.items()}}
 
     def load_state_dict(self, checkpoint: dict, only=None):
         """Each part (or those named in `only`, in that order) from its entry; a part the file lacks is left as is
@@ -46,8 +62,10 @@ class RunState:
 
 
 def upgrade(checkpoint: dict) -> dict:
-    """A checkpoint of an older format, in the current one (the dict itself when it is current)."""
-    if checkpoint.get("format_version", 1) >= 2:
+    """A checkpoint of an older format, in the current one (the dict itself when it is current). Format 3 changed
+    the Trainer's layout only (checkpoint_io.upgrade_layout: load_checkpoint_file applies it already)."""
+    checkpoint = ckpt_io.upgrade_layout(checkpoint)
+    if (ckpt_io.format_version(checkpoint) or 1) >= 2:
         return checkpoint
     if "loaders" in checkpoint and "loop" not in checkpoint:  # the Accelerator's format 1: the loop at the top
         checkpoint = dict(checkpoint)

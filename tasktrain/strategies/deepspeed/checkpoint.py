@@ -8,7 +8,7 @@ import shutil
 import torch
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, check_files, format_header, load_checkpoint_file,
-                                     load_resumable_file, plain_name, replace_dir)
+                                     load_resumable_file, own_state, plain_name, replace_dir, weights_file)
 from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
 
@@ -37,7 +37,8 @@ def _strip(key, prefix):
 def convert_zero_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
     """Consolidate a DeepSpeed checkpoint directory into one checkpoint dict in our format.
 
-    By default the fp32 weights only ({"state_dict": ..., "hyper_parameters": ..., "weights_only": True, ...}):
+    By default the fp32 weights only (Lightning's layout: {"state_dict": ..., "hyper_parameters": ..., "loops":
+    {"weights_only": True, ...}, ...}: checkpoint_io.weights_file):
     `TaskModule.load_from_checkpoint(output_path)` and `torch.load(output_path, weights_only=True)` read it.
     With `optimizer=True`, a whole resumable checkpoint instead: the optimizer's state (each parameter's moments
     and step count, the groups' hyper-parameters, as torch's optimizer.state_dict() lays them out, through
@@ -89,14 +90,7 @@ def _convert(checkpoint_dir, output_path, optimizer, ckpt, meta, tag, prefix):
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             weights = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=tag)
     state_dict = {_strip(k, prefix): v.contiguous() for k, v in weights.items()}
-    out = {
-        **format_header(),
-        "state_dict": state_dict,
-        "hyper_parameters": ckpt.get("hyper_parameters", {}),
-        "weights_only": True,
-        "train_state": ckpt.get("train_state", {}),
-        "world_size": ckpt.get("world_size", meta.get("world_size")),
-    }
+    out = weights_file(ckpt, state_dict, world_size=own_state(ckpt).get("world_size", meta.get("world_size")))
     if output_path is not None:
         atomic_save(out, os.fspath(output_path))
     return out
@@ -105,8 +99,9 @@ def _convert(checkpoint_dir, output_path, optimizer, ckpt, meta, tag, prefix):
 def _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path):
     from tasktrain.strategies.deepspeed import universal
 
-    names = ckpt.get("optimizer_param_names")
-    if ckpt.get("weights_only") or not ckpt.get("train_state") or not names:
+    own = own_state(ckpt)
+    names = own.get("optimizer_param_names")
+    if own.get("weights_only") or not own.get("train_state") or not names:
         raise CheckpointError(
             f"{checkpoint_dir!r} does not say which parameter each part of its optimizer state belongs to (it was "
             "written with weights only, by an older tasktrain, or not by the Trainer): only its weights can be "
@@ -131,11 +126,9 @@ def _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path):
         groups.append(dict(group, params=ids))
     out = {key: value for key, value in ckpt.items() if key not in ("deepspeed", "optimizer_states")}
     out.update({
-        **format_header(),
         "state_dict": {_strip(k, prefix): v.contiguous() for k, v in weights.items()},
-        "weights_only": False,
         "optimizer_states": [{"state": state, "param_groups": groups}],
-        "optimizer_param_names": names,
+        "loops": {**own, **format_header(), "weights_only": False},
     })
     if output_path is not None:
         atomic_save(out, os.fspath(output_path))
@@ -151,7 +144,8 @@ def convert_to_deepspeed(checkpoint_path, output_dir):
     from tasktrain.strategies.deepspeed import universal
 
     ckpt = load_resumable_file(checkpoint_path, "a DeepSpeed fit")
-    names = ckpt["optimizer_param_names"]
+    own = own_state(ckpt)
+    names = own["optimizer_param_names"]
     if len(ckpt["optimizer_states"]) != 1:
         raise CheckpointError(f"{checkpoint_path!r} has {len(ckpt['optimizer_states'])} optimizers; DeepSpeed drives "
                               "one per engine.")
@@ -173,11 +167,11 @@ def convert_to_deepspeed(checkpoint_path, output_dir):
     try:
         tag = universal.universal_tag(ENGINE_TAG)
         universal.write_universal(tmp, tag, {prefix + k: v for k, v in ckpt["state_dict"].items()}, param_state,
-                                  hyper, global_steps=ckpt.get("train_state", {}).get("global_step", 0))
+                                  hyper, global_steps=own.get("train_state", {}).get("global_step", 0))
         state = {key: value for key, value in ckpt.items() if key != "optimizer_states"}
         state.update(state_dict={}, optimizer_states=[{"deepspeed": "in the universal checkpoint of this directory",
                                                        "param_groups": hyper}],
-                     deepspeed={"tag": tag, "universal": True, "stage": None, "world_size": ckpt.get("world_size"),
+                     deepspeed={"tag": tag, "universal": True, "stage": None, "world_size": own.get("world_size"),
                                 "key_prefix": prefix})
         atomic_save(state, os.path.join(tmp, STATE_FILE))
         replace_dir(tmp, output_dir)

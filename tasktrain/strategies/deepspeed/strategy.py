@@ -56,8 +56,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, format_header, link_tree,
-                                     load_checkpoint_file, load_plain_state_dict, replace_dir)
+from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, link_tree, load_checkpoint_file,
+                                     load_plain_state_dict, own_state, replace_dir, weights_file)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.strategies.base import ClipsInsideStep, Sharded, Strategy, _StepWrapper, step_arguments
 from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, _WRAPPER_PREFIX,
@@ -636,7 +636,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
 
         A weights-only checkpoint is a single file with the consolidated fp32 weights instead."""
         path = os.path.abspath(os.fspath(path))
-        if checkpoint.get("weights_only"):
+        if own_state(checkpoint).get("weights_only"):
             tmp = f"{path}.zero-tmp"
             self._save_engine(tmp, {}, sixteen_bit=False)
             if self.is_global_zero:
@@ -670,8 +670,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         with _complete_swapped_state(self.engine.optimizer):
             self.engine.save_checkpoint(directory, tag=ENGINE_TAG, client_state={}, save_latest=True)
         if self.save_16bit and sixteen_bit:
-            self.save_16bit_weights(os.path.join(directory, SIXTEEN_BIT_FILE), hyper_parameters=state.get(
-                "hyper_parameters", {}))
+            self.save_16bit_weights(os.path.join(directory, SIXTEEN_BIT_FILE), checkpoint=state)
         if self.is_global_zero:
             state = dict(state, deepspeed={"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
                                            "world_size": self.world_size,
@@ -697,7 +696,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
                              "async_save, or async_save=False.")
 
     def save_checkpoint_async(self, checkpoint: dict, path: str, on_complete=None, filename=None):
-        self.check_async_save(checkpoint.get("weights_only", False))
+        self.check_async_save(own_state(checkpoint).get("weights_only", False))
         from tasktrain.checkpoint_io import fsync_save, mark_done, stage_to_cpu, wait_for_marks
 
         writer = self.checkpoint_writer
@@ -736,9 +735,10 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         writer.start(write, path)
         return writer
 
-    def save_16bit_weights(self, path, hyper_parameters=None):
-        """Write the consolidated 16-bit weights (our checkpoint format, weights only) to `path`. Every rank calls
-        it (stage 3 gathers the partitions)."""
+    def save_16bit_weights(self, path, hyper_parameters=None, checkpoint=None):
+        """Write the consolidated 16-bit weights (our checkpoint format, weights only; the counters and train state
+        of `checkpoint`, the Trainer's, where given) to `path`. Every rank calls it (stage 3 gathers the
+        partitions)."""
         directory, name = os.path.split(os.path.abspath(path))
         raw = f".{name}.deepspeed"
         if not self.engine.save_16bit_model(directory, raw):
@@ -749,8 +749,10 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             weights = torch.load(os.path.join(directory, raw), map_location="cpu", weights_only=True)
             weights = {_strip(k, _WRAPPER_PREFIX if self._wrapped else ""): v.to(dtype) if v.is_floating_point() else v
                        for k, v in weights.items()}
-            atomic_save({**format_header(), "state_dict": weights, "hyper_parameters": hyper_parameters or {},
-                         "weights_only": True}, path)
+            ckpt = dict(checkpoint or {})
+            if hyper_parameters:
+                ckpt["hyper_parameters"] = hyper_parameters
+            atomic_save(weights_file(ckpt, weights, world_size=self.world_size), path)
             os.remove(os.path.join(directory, raw))
         self.barrier("save_16bit")
 
@@ -770,11 +772,11 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
                                   "tasktrain DeepSpeed strategy (or an interrupted save).")
         ckpt = load_checkpoint_file(state_file)
         meta = ckpt.get("deepspeed", {})
-        if self._client_optimizer is None or ckpt.get("weights_only"):
+        if self._client_optimizer is None or own_state(ckpt).get("weights_only"):
             ckpt["state_dict"] = convert_zero_checkpoint(path)["state_dict"]
             return ckpt
         stage = self.config["zero_optimization"]["stage"]
-        saved_world = meta.get("world_size", ckpt.get("world_size"))
+        saved_world = meta.get("world_size", own_state(ckpt).get("world_size"))
         saved_stage = meta.get("stage")
         tag = meta.get("tag", ENGINE_TAG)
         same = saved_world in (None, self.world_size) and saved_stage in (None, stage)

@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, format_header, load_checkpoint_file,
-                                     load_resumable_file, plain_name, read_dcp, replace_dir)
+                                     load_resumable_file, own_state, plain_name, read_dcp, replace_dir, weights_file)
 from tasktrain.strategies.fsdp.sharding import _holds_dtensors, _keyed_by_name
 
 STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory (loop state, callbacks, RNG, ...)
@@ -61,9 +61,7 @@ def _convert(checkpoint_dir, output_path, optimizer, ckpt):
         return _whole_from_fsdp(checkpoint_dir, ckpt, output_path)
     loaded = _load_without_process_group(checkpoint_dir, {key})[key]
     state_dict = _owned(loaded if key == "state_dict" else loaded[0])
-    out = {**format_header(), "state_dict": state_dict, "hyper_parameters": ckpt.get("hyper_parameters", {}),
-           "weights_only": True, "train_state": ckpt.get("train_state", {}),
-           "world_size": ckpt.get("fsdp", {}).get("world_size")}
+    out = weights_file(ckpt, state_dict, world_size=ckpt.get("fsdp", {}).get("world_size"))
     if output_path is not None:
         atomic_save(out, os.fspath(output_path))
     return out
@@ -94,8 +92,9 @@ def _owned(state):
 
 
 def _whole_from_fsdp(checkpoint_dir, ckpt, output_path):
-    names = ckpt.get("optimizer_param_names")
-    if ckpt.get("weights_only") or not ckpt.get("optimizer_states") or not names:
+    own = own_state(ckpt)
+    names = own.get("optimizer_param_names")
+    if own.get("weights_only") or not ckpt.get("optimizer_states") or not names:
         raise CheckpointError(
             f"{checkpoint_dir!r} holds no optimizer state with the names of its parameters (written with weights "
             "only, without an optimizer, or by an older tasktrain): only its weights can be converted. Leave out "
@@ -107,8 +106,8 @@ def _whole_from_fsdp(checkpoint_dir, ckpt, output_path):
     optimizers = [_numbered_optimizer_state(saved, group_names, checkpoint_dir) for saved, group_names in
                   zip(loaded["optimizer_states"] if sharded else ckpt["optimizer_states"], names)]
     out = {key: value for key, value in ckpt.items() if key != "fsdp"}
-    out.update({**format_header(), "state_dict": _owned(loaded["state_dict"]), "weights_only": False,
-                "optimizer_states": optimizers, "optimizer_param_names": names})
+    out.update({"state_dict": _owned(loaded["state_dict"]), "optimizer_states": optimizers,
+                "loops": {**own, **format_header(), "weights_only": False}})
     if output_path is not None:
         atomic_save(out, os.fspath(output_path))
     return out
@@ -152,14 +151,14 @@ def convert_to_fsdp(checkpoint_path, output_dir):
         raise CheckpointError(f"{checkpoint_path!r} is a directory: --to fsdp takes one checkpoint file (a Trainer "
                               f"checkpoint of one process or DDP); {fix}.")
     ckpt = load_resumable_file(checkpoint_path, "an FSDP fit")
-    names = ckpt["optimizer_param_names"]
+    names = own_state(ckpt)["optimizer_param_names"]
     if len(names) != len(ckpt["optimizer_states"]):
         raise CheckpointError(f"{checkpoint_path!r}: its optimizer states and its parameter names disagree.")
     optimizers = [_named_optimizer_state(saved, group_names, checkpoint_path)
                   for saved, group_names in zip(ckpt["optimizer_states"], names)]
     shards = {"state_dict": dict(ckpt["state_dict"]), "optimizer_states": optimizers}
     state = {**ckpt, "state_dict": _SHARDED_MARK, "optimizer_states": _SHARDED_MARK,
-             "fsdp": {"world_size": ckpt.get("world_size"), "layout": "dcp", "converted_from": "one file"}}
+             "fsdp": {"world_size": own_state(ckpt).get("world_size"), "layout": "dcp", "converted_from": "one file"}}
     output_dir = os.path.abspath(os.fspath(output_dir))
     tmp = f"{output_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
