@@ -780,3 +780,31 @@ def test_evaluation_grad_modes_are_lightnings(monkeypatch):
     assert seen["tasktrain"][:3] == [("validation_step", False, False), ("on_validation_epoch_end", False, False),
                                      ("on_validation_end", False, False)]
     assert seen["tasktrain"][-1] == ("predict_step", True, False)
+
+
+def test_trainer_small_rules_as_lightnings(tmp_path):
+    """trainer.interrupted, default_root_dir with ~ expanded, gradient_clip_val's type, save_checkpoint before any
+    run: Lightning's values, types and words."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        facts = [lib.Trainer(default_root_dir="~/runs/../trainer", **QUIET).default_root_dir]
+        with pytest.raises(TypeError, match=r"`gradient_clip_val` should be an int or a float. Got \(1, 2\)."):
+            lib.Trainer(gradient_clip_val=(1, 2))
+        trainer = lib.Trainer(default_root_dir=tmp_path, **QUIET)
+        with pytest.raises(AttributeError, match=r"Saving a checkpoint is only possible if a model is attached to the "
+                                                 r"Trainer. Did you call `Trainer.save_checkpoint\(\)` before"):
+            trainer.save_checkpoint(tmp_path / "early.ckpt")
+
+        class Fails(classes.BoringModel):
+            def training_step(self, batch, batch_idx):
+                raise KeyboardInterrupt  # (Lightning's: the run ends, interrupted)
+
+        trainer = lib.Trainer(max_steps=1, **QUIET)
+        facts.append(trainer.interrupted)
+        try:
+            trainer.fit(Fails())
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        facts.append(trainer.interrupted)
+        seen[lib.__name__] = facts
+    assert seen["tasktrain"] == seen["lightning.pytorch"] == [os.path.expanduser("~/trainer"), False, True]

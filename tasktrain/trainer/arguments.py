@@ -99,7 +99,9 @@ def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointi
         raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")
     return dict(
         min_steps=None if min_steps is None else int(min_steps), log_every_n_steps=int(log_every_n_steps),
-        default_root_dir=os.fspath(default_root_dir) if default_root_dir else os.getcwd(),
+        # (Lightning's: a local path normalised, ~ expanded)
+        default_root_dir=os.path.normpath(os.path.expanduser(os.fspath(default_root_dir))) if default_root_dir
+        else os.getcwd(),
         enable_checkpointing=enable_checkpointing,
         inference_mode=bool(inference_mode),  # False: evaluation under torch.no_grad() instead
         use_distributed_sampler=bool(use_distributed_sampler),  # False: each rank reads the loaders as given

@@ -50,6 +50,9 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
     """The strategy and the run's numbers. None means "not given" for every choice (the Trainer passes its
     defaults as None; strategy "auto" is not given either); custom_loop=True for the Accelerator, whose strategy
     must wrap a model's own forward."""
+    if gradient_clip_val is not None and (isinstance(gradient_clip_val, bool) or
+                                          not isinstance(gradient_clip_val, (int, float))):
+        raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val}.")  # Lightning's
     launch = launch_config()
     env = detect_environment()
     if isinstance(strategy, str) and strategy == AUTO_STRATEGY:

@@ -236,6 +236,11 @@ class Trainer:
         self._ckpt_user_path = path or None
 
     @property
+    def interrupted(self):
+        """Lightning's: the last entry point ended with an exception (a failure, KeyboardInterrupt)."""
+        return self.state.status == TrainerStatus.INTERRUPTED
+
+    @property
     def model(self):
         """Lightning's trainer.model: what the module's forward goes through in the run (a DDP / DeepSpeed / FSDP
         wrapper, or the module itself); outside a run, the module."""
@@ -722,6 +727,9 @@ class Trainer:
     def save_checkpoint(self, filepath, weights_only=False):
         """Write a checkpoint (call on every rank; rank 0 writes). In a launch that can restart, a full checkpoint is
         recorded for the restart (checkpoint_io.record_for_restarts)."""
+        if self.module is None:  # (Lightning's words)
+            raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer. Did you "
+                                 "call `Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
         if not self.may_save_checkpoint(filepath):  # issue 38: a non-finite state is never saved
             return False
         started = time.perf_counter()
