@@ -266,7 +266,8 @@ def fit_trainer(cfg, gpt, train, on_step_start):
                 on_step_start(trainer)
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            self.last_loss = outputs
+            # (Lightning's outputs: {"loss": the micro-batch loss divided by the window, detached})
+            self.last_loss = outputs["loss"] * cfg["accumulate"]
 
         def on_train_end(self, trainer, module):
             on_step_start(trainer)

@@ -684,8 +684,12 @@ def test_trainer_model_is_the_wrapper_and_the_eval_hooks_switch_it_as_lightning(
         model = Modes()
         trainer = lib.Trainer(strategy="ddp", accelerator="cpu", devices=1, max_steps=2, limit_val_batches=1,
                               val_check_interval=1, num_sanity_val_steps=1, **QUIET)
-        trainer.fit(model)
-        trainer.test(model, verbose=False)
+        try:
+            trainer.fit(model)
+            trainer.test(model, verbose=False)
+        finally:  # Lightning's world of one outlives its run (ours ends at teardown): not left to later tests
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
         with pytest.raises(TypeError, match=r"`Trainer.validate\(\)` requires a `(Task|Lightning)Module` when it "
                                             r"hasn't been passed in a previous run"):
             lib.Trainer(**QUIET).validate()
