@@ -827,6 +827,9 @@ def test_a_weights_only_save_calls_the_modules_hook_only_as_lightning(tmp_path):
         trainer.fit(Model())
         trainer.save_checkpoint(tmp_path / f"{lib.__name__}-weights.ckpt", weights_only=True)
         trainer.save_checkpoint(tmp_path / f"{lib.__name__}-full.ckpt")
+        with pytest.raises(TypeError, match=r"`Trainer.save_checkpoint\(..., storage_options=...\)` with "
+                                            r"`storage_options` arg is not supported for `TorchCheckpointIO`"):
+            trainer.save_checkpoint(tmp_path / "never.ckpt", storage_options={"a": 1})
         seen[lib.__name__] = [c[0] for c in calls], calls[0], calls[-1]
     assert seen["tasktrain"][0] == seen["lightning.pytorch"][0] == ["module", "callback", "module"]
     assert seen["tasktrain"][1] == ("module", False) and seen["tasktrain"][2] == ("module", True)
