@@ -812,3 +812,28 @@ def test_trainer_small_rules_as_lightnings(tmp_path):
         facts.append(trainer.interrupted)
         seen[lib.__name__] = facts
     assert seen["tasktrain"] == seen["lightning.pytorch"] == [os.path.expanduser("~/trainer"), False, True]
+
+
+def test_a_weights_only_save_calls_the_modules_hook_only_as_lightning(tmp_path):
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        calls = []
+
+        class Saves(lib.Callback):
+            def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+                calls.append(("callback", sorted(checkpoint)))
+
+        class Model(classes.BoringModel):
+            def on_save_checkpoint(self, checkpoint):
+                calls.append(("module", "optimizer_states" in checkpoint))
+
+        trainer = lib.Trainer(max_steps=1, callbacks=[Saves()], default_root_dir=tmp_path, **QUIET)
+        trainer.fit(Model())
+        trainer.save_checkpoint(tmp_path / f"{lib.__name__}-weights.ckpt", weights_only=True)
+        trainer.save_checkpoint(tmp_path / f"{lib.__name__}-full.ckpt")
+        with pytest.raises(TypeError, match=r"`Trainer.save_checkpoint\(..., storage_options=...\)` with "
+                                            r"`storage_options` arg is not supported for `TorchCheckpointIO`"):
+            trainer.save_checkpoint(tmp_path / "never.ckpt", storage_options={"a": 1})
+        seen[lib.__name__] = [c[0] for c in calls], calls[0], calls[-1]
+    assert seen["tasktrain"][0] == seen["lightning.pytorch"][0] == ["module", "callback", "module"]
+    assert seen["tasktrain"][1] == ("module", False) and seen["tasktrain"][2] == ("module", True)

@@ -500,9 +500,10 @@ def save_preemption_checkpoint(trainer, fit):
     if fit.preempt_path:
         return
     callback = next((c for c in trainer.checkpoint_callbacks if hasattr(c, "dirpath_resolved")), None)
-    directory = callback.dirpath_resolved(trainer) if callback else os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
+    directory = callback.dirpath_resolved(trainer) if callback else \
+        os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
     path = os.path.join(directory, f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt")
-    trainer.save_checkpoint(path)
+    trainer.save_checkpoint(path, weights_only=False)
     fit.preempt_path = path
     if trainer.is_global_zero:
         print(f"[tasktrain] SIGTERM: finished step {trainer.global_step}, saved {path}", file=sys.stderr, flush=True)

@@ -96,7 +96,9 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
     if datamodule_state:  # under its class name, as Lightning keeps it
         checkpoint[type(datamodule).__qualname__] = datamodule_state
     with hook_scope(trainer, "on_save_checkpoint"):  # (named for self.log, which refuses it there)
-        for cb in trainer.callbacks:  # the callbacks', then the module's (Lightning's order)
+        # the callbacks', then the module's (Lightning's order); a weights-only save calls the module's only, as
+        # Lightning's (no callback state goes into such a file)
+        for cb in trainer.callbacks if not weights_only else ():
             if is_overridden("on_save_checkpoint", cb, Callback):
                 cb.on_save_checkpoint(trainer, module, checkpoint)
         module.on_save_checkpoint(checkpoint)

@@ -15,6 +15,7 @@ order: resume, optimizers, strategy, sanity check, data), metrics out to the log
 """
 import contextlib
 import inspect
+import logging
 import signal
 import time
 import warnings
@@ -724,12 +725,22 @@ class Trainer:
         """The checkpoint dict (see tasktrain/checkpoint_io.py for every key). Called on every rank."""
         return resume.dump_checkpoint(self, weights_only)
 
-    def save_checkpoint(self, filepath, weights_only=False):
+    def save_checkpoint(self, filepath, weights_only=None, storage_options=None):
         """Write a checkpoint (call on every rank; rank 0 writes). In a launch that can restart, a full checkpoint is
-        recorded for the restart (checkpoint_io.record_for_restarts)."""
+        recorded for the restart (checkpoint_io.record_for_restarts). Lightning's signature: weights_only None is
+        False (said at INFO, as Lightning says it); storage_options is for a CheckpointIO plugin, which tasktrain's
+        file writing is not (Lightning's TorchCheckpointIO refuses it the same way)."""
         if self.module is None:  # (Lightning's words)
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer. Did you "
                                  "call `Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
+        if storage_options is not None:  # (Lightning's words)
+            raise TypeError("`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg is not "
+                            "supported for `TorchCheckpointIO`. Please implement your custom `CheckpointIO` to define "
+                            "how you'd like to use `storage_options`.")
+        if weights_only is None:
+            weights_only = False
+            if self.is_global_zero:
+                logging.getLogger("tasktrain").info("`weights_only` was not set, defaulting to `False`.")
         if not self.may_save_checkpoint(filepath):  # issue 38: a non-finite state is never saved
             return False
         started = time.perf_counter()
