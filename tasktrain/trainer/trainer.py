@@ -733,10 +733,6 @@ class Trainer:
         if self.module is None:  # (Lightning's words)
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer. Did you "
                                  "call `Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
-        if storage_options is not None:  # (Lightning's words)
-            raise TypeError("`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg is not "
-                            "supported for `TorchCheckpointIO`. Please implement your custom `CheckpointIO` to define "
-                            "how you'd like to use `storage_options`.")
         if weights_only is None:
             weights_only = False
             if self.is_global_zero:
@@ -748,6 +744,10 @@ class Trainer:
             self.strategy.wait_for_checkpoint()  # issue 29: a background write in flight ends first ("last" moves forward)
             with self._profile("save_checkpoint"):
                 checkpoint = self.dump_checkpoint(weights_only)
+                if storage_options is not None:  # (Lightning's words, raised where its CheckpointIO raises them)
+                    raise TypeError("`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg is "
+                                    "not supported for `TorchCheckpointIO`. Please implement your custom `CheckpointIO` "
+                                    "to define how you'd like to use `storage_options`.")
                 self.strategy.save_checkpoint(checkpoint, filepath)
             if not weights_only and self.is_global_zero:  # issue 29: a restarted worker resumes from it
                 ckpt_io.record_for_restarts(self.default_root_dir, filepath, self.global_step, self.current_epoch)
