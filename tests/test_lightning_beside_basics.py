@@ -838,3 +838,41 @@ def test_a_weights_only_save_calls_the_modules_hook_only_as_lightning(tmp_path):
     # (the refused storage_options save still dumps the checkpoint, as Lightning raises from its CheckpointIO)
     assert seen["tasktrain"][0] == seen["lightning.pytorch"][0] == ["module"] + ["callback", "module"] * 2
     assert seen["tasktrain"][1] == ("module", False) and seen["tasktrain"][2] == ("module", True)
+
+
+@pytest.mark.parametrize("skip", ["none_batches", "fp16_overflow"])
+def test_step_schedulers_step_at_every_window_end_counting_the_epochs_batches_as_lightning(skip, monkeypatch):
+    """frequency counts the epoch's batches (batch_idx + 1, again each epoch), and a window that stepped nothing
+    (every training_step returned None, or GradScaler skipped an overflowing step) still steps the scheduler."""
+    if skip == "fp16_overflow":
+        from tasktrain.strategies import precision as our_precision
+
+        monkeypatch.setattr(our_precision, "fp16_supported", lambda device: True, raising=False)
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Sched(classes.BoringModel):
+            def training_step(self, batch, batch_idx):
+                if skip == "none_batches" and batch_idx in (2, 3):
+                    return None
+                out = super().training_step(batch, batch_idx)
+                if skip == "fp16_overflow" and batch_idx == 1:
+                    out["loss"] = out["loss"] * 1e36  # finite, but inf once GradScaler scales it
+                return out
+
+            def configure_optimizers(self):
+                opt = torch.optim.SGD(self.parameters(), lr=1.0)
+                sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+                return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 3}}
+
+            def on_train_batch_end(self, outputs, batch, batch_idx):
+                self.lrs = getattr(self, "lrs", []) + [self.trainer.optimizers[0].param_groups[0]["lr"]]
+
+        model = Sched()
+        kwargs = dict(precision="16-mixed") if skip == "fp16_overflow" else {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lib.Trainer(max_epochs=2, limit_train_batches=5, limit_val_batches=0, accumulate_grad_batches=1,
+                        **kwargs, **QUIET).fit(model)
+        seen[lib.__name__] = model.lrs
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert seen["tasktrain"] == [1.0, 1.0, 0.5, 0.5, 0.5] + [0.5, 0.5, 0.25, 0.25, 0.25]  # batches 3 of each epoch

@@ -71,6 +71,7 @@ class FitState:
     optimizer: Any = None  # the optimizer automatic optimisation steps (the first)
     stepper: Any = None  # the LightningOptimizer the module's optimizer_step receives (self.optimizers()'s)
     stepped: bool = False  # whether the window's optimizer step really stepped (schedulers follow it)
+    plateau_step_batch: Optional[int] = None  # the batch_idx that stepped, for its frequency (None: a resume's)
     plateau_step_due: bool = False  # a step-interval scheduler that watches a metric steps after the validation
     plateau_values: Optional[dict] = None  # the values it watches, from a checkpoint saved before it stepped
     # per epoch

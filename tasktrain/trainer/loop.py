@@ -264,10 +264,11 @@ def training_step(trainer, fit, batch, batch_idx, window):
             fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)
             if not ran:
                 closure_not_run(module)
-            if fit.stepped:  # (not when GradScaler skipped the step, nor when the hook did not step)
-                # the metric-watching ones once this batch's validation ran (Lightning's): they may watch its values
-                step_schedulers(trainer, fit, "step", plateau=False)
-                fit.plateau_step_due = True
+            # Lightning's: at every window's end, also where nothing stepped (GradScaler skipped it, every
+            # training_step returned None, the module's optimizer_step did not step); the metric-watching ones once
+            # this batch's validation ran (they may watch its values)
+            step_schedulers(trainer, fit, "step", plateau=False, batch_idx=batch_idx)
+            fit.plateau_step_due, fit.plateau_step_batch = True, batch_idx
             if window.ends_epoch:
                 step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
     else:
@@ -596,19 +597,24 @@ def step_plateau_schedulers(trainer, fit):
     if fit.plateau_step_due:
         fit.plateau_step_due = False
         values, fit.plateau_values = fit.plateau_values, None
-        step_schedulers(trainer, fit, "step", plateau=True, values=values)
+        step_schedulers(trainer, fit, "step", plateau=True, values=values, batch_idx=fit.plateau_step_batch)
 
 
-def step_schedulers(trainer, fit, interval, plateau=None, values=None):
+def step_schedulers(trainer, fit, interval, plateau=None, values=None, batch_idx=None):
     """Step the schedulers of `interval`; plateau=True/False: only those that watch a metric / only the others;
-    `values`: the watched values as a checkpoint saved them (in place of callback_metrics)."""
+    `values`: the watched values as a checkpoint saved them (in place of callback_metrics). A step scheduler's
+    `frequency` counts the epoch's batches (batch_idx + 1: Lightning's rule, which starts again each epoch), an epoch
+    scheduler's the epochs."""
     step_scheduler = fit.lr_scheduler_step
     for config in fit.lr_scheduler_configs:
         if config.interval != interval:
             continue
         if plateau is not None and plateau != (config.monitor is not None):
             continue
-        count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+        if interval == "step":
+            count = (batch_idx if batch_idx is not None else trainer.state.batch_in_epoch - 1) + 1
+        else:
+            count = trainer.current_epoch + 1
         if count % config.frequency:
             continue
         if config.monitor is None:
