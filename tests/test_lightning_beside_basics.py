@@ -876,3 +876,30 @@ def test_step_schedulers_step_at_every_window_end_counting_the_epochs_batches_as
         seen[lib.__name__] = model.lrs
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert seen["tasktrain"] == [1.0, 1.0, 0.5, 0.5, 0.5] + [0.5, 0.5, 0.25, 0.25, 0.25]  # batches 3 of each epoch
+
+
+def test_a_shuffling_predict_loader_is_sharded_as_lightnings_on_several_processes():
+    """Each rank predicts its own part of a shuffling predict loader, in Lightning's order
+    (UnrepeatedDistributedSamplerWrapper: the loader's draw, positions permuted by the epoch, unpadded)."""
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSamplerWrapper
+
+    from tasktrain.trainer.data import prepare_eval_loader, set_sampler_epoch
+
+    dataset = torch.utils.data.TensorDataset(torch.arange(11))
+    for epoch in (0, 3):
+        ours_by_rank, theirs_by_rank = [], []
+        for rank in (0, 1):
+            loader = torch.utils.data.DataLoader(dataset, batch_size=2, shuffle=True,
+                                                 generator=torch.Generator().manual_seed(5))
+            sharded = prepare_eval_loader(loader, 2, rank, "predict")
+            set_sampler_epoch(sharded, epoch)
+            ours_by_rank.append([int(i) for (batch,) in sharded for i in batch])
+            # Lightning's rebuilt loader: its sampler over the loader's RandomSampler, the loader's generator kept
+            generator = torch.Generator().manual_seed(5)
+            reference = torch.utils.data.RandomSampler(dataset, generator=generator)
+            theirs = UnrepeatedDistributedSamplerWrapper(reference, num_replicas=2, rank=rank, shuffle=True, seed=0)
+            theirs.set_epoch(epoch)
+            rebuilt = torch.utils.data.DataLoader(dataset, batch_size=2, sampler=theirs, generator=generator)
+            theirs_by_rank.append([int(i) for (batch,) in rebuilt for i in batch])
+        assert ours_by_rank == theirs_by_rank
+        assert sorted(ours_by_rank[0] + ours_by_rank[1]) == list(range(11)) and len(ours_by_rank[0]) == 6

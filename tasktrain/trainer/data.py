@@ -145,6 +145,27 @@ class EvalShardSampler(Sampler):
         return len(range(self.rank, self.length, self.num_replicas))
 
 
+class PredictShardSampler(Sampler):
+    """A shuffling predict loader on several processes, as Lightning's UnrepeatedDistributedSamplerWrapper: the
+    loader's own sampler drawn anew at each iteration, its positions permuted by torch.randperm seeded with the epoch
+    alone (Lightning's rule), then rank r takes every num_replicas-th from r: no padding, each sample predicted once."""
+
+    def __init__(self, sampler, num_replicas, rank):
+        self.sampler, self.num_replicas, self.rank = sampler, num_replicas, rank
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = list(self.sampler)
+        positions = torch.randperm(len(order), generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        return iter([order[p] for p in positions[self.rank::self.num_replicas]])
+
+    def __len__(self):
+        return len(range(self.rank, len(self.sampler), self.num_replicas))
+
+
 def read_ahead(iterator):
     """(item, whether it is the last) for each item: one read ahead, so that the last is known while it is used."""
     item = next(iterator, _END)
@@ -573,7 +594,7 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
     one keeps shuffling, as under Lightning, which warns: `prefix` names the loader, "val", "test" or "predict").
     `shuffle_seed` (given under a distributed strategy): a shuffling validation/test loader reads Lightning's
     DistributedSampler(shuffle=True, seed=shuffle_seed) instead, padded as Lightning's, its epoch set by the
-    evaluation run (set_sampler_epoch)."""
+    evaluation run (set_sampler_epoch); a shuffling predict loader on several processes, PredictShardSampler."""
     if prefix is not None and rank == 0 and isinstance(loader, DataLoader) and \
             not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
             isinstance(_order_sampler(loader), RandomSampler):
@@ -584,6 +605,9 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
             loader.batch_size is not None and type(loader.sampler) is RandomSampler:
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=shuffle_seed)
         return _rebuild(loader, sampler, loader.generator)
+    if world_size > 1 and prefix == "predict" and _replaceable(loader) and loader.batch_size is not None and \
+            type(loader.sampler) is RandomSampler:  # (otherwise every rank would predict everything)
+        return _rebuild(loader, PredictShardSampler(loader.sampler, world_size, rank), loader.generator)
     if world_size == 1 or not _replaceable(loader) or type(_order_sampler(loader)) is not SequentialSampler:
         return loader
     return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)
