@@ -841,13 +841,10 @@ def test_a_weights_only_save_calls_the_modules_hook_only_as_lightning(tmp_path):
 
 
 @pytest.mark.parametrize("skip", ["none_batches", "fp16_overflow"])
-def test_step_schedulers_step_at_every_window_end_counting_the_epochs_batches_as_lightning(skip, monkeypatch):
+def test_step_schedulers_step_at_every_window_end_counting_the_epochs_batches_as_lightning(skip):
     """frequency counts the epoch's batches (batch_idx + 1, again each epoch), and a window that stepped nothing
     (every training_step returned None, or GradScaler skipped an overflowing step) still steps the scheduler."""
-    if skip == "fp16_overflow":
-        from tasktrain.strategies import precision as our_precision
-
-        monkeypatch.setattr(our_precision, "fp16_supported", lambda device: True, raising=False)
+    # (16-mixed on CPU needs no probe: the overflow is made by the loss itself, times GradScaler's scale, on any CPU)
     seen = {}
     for lib, classes in ((tasktrain, ours), (pl, theirs)):
         class Sched(classes.BoringModel):

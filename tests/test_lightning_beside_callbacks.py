@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import tasktrain
 import tasktrain.callbacks
 from tasktrain.exceptions import MisconfigurationException
+from helpers import outcome
 
 L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
 from lightning.pytorch.utilities.exceptions import MisconfigurationException as LMisconfigurationException  # noqa
@@ -79,15 +80,6 @@ def both(fn):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fn(**lightning), fn(**ours)
-
-
-def outcome(make):
-    """'ok', or the name of the exception's class (MisconfigurationException as one name for both frameworks)."""
-    try:
-        make()
-    except Exception as error:  # noqa: BLE001 (the type is the result)
-        return type(error).__name__
-    return "ok"
 
 
 def signature(cls):

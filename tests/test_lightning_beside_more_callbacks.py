@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import tasktrain
 import tasktrain.callbacks
 from tasktrain.exceptions import MisconfigurationException
+from helpers import outcome
 
 L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
 from lightning.pytorch.utilities.exceptions import MisconfigurationException as LMisconfigurationException  # noqa
@@ -70,14 +71,6 @@ def both(fn):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fn(**lightning), fn(**ours)
-
-
-def outcome(make):
-    try:
-        make()
-    except Exception as error:  # noqa: BLE001 (the type is the result)
-        return type(error).__name__
-    return "ok"
 
 
 # -- DeviceStatsMonitor ----------------------------------------------------------------------------------------------
