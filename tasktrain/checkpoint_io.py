@@ -697,8 +697,8 @@ def upgrade_layout(ckpt: dict) -> dict:
     top-level keys, tasktrain's under "loops" (a format 2 file's precision state there as "precision": the plugin
     class that wrote it is not recorded). Any other dict (a current file, the Accelerator's, a Lightning or plain
     state-dict file, which has no train state) is returned as it is."""
-    if OWN_KEY in ckpt or "state_dict" not in ckpt or "train_state" not in ckpt:
-        return ckpt
+    if OWN_KEY in ckpt or "state_dict" not in ckpt or not isinstance(ckpt.get("train_state"), dict):
+        return ckpt  # (a train_state that is not a dict: not a Trainer file; the resume refuses it by name)
     out = {"epoch": ckpt.get("epoch", ckpt["train_state"].get("epoch", 0)),
            "global_step": ckpt.get("global_step", ckpt["train_state"].get("global_step", 0)),
            "pytorch-lightning_version": ckpt.get("tasktrain_version", "unknown")}

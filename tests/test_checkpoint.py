@@ -230,6 +230,13 @@ def test_a_file_without_the_trainers_loop_state_is_refused_before_training(tmp_p
     with pytest.raises(ValueError, match="holds no tasktrain loop state.*load_state_dict"):
         trainer.fit(module, loader(), ckpt_path=str(path))
     assert trainer.global_step == 0 and all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    # a malformed loop state (hand-edited or hostile files, in either layout) gets the same error, not a crash inside
+    for name, bad in (("loops_list", {"loops": [1]}), ("format2_int", {"format_version": 2, "train_state": 5}),
+                      ("format3_str", {"loops": {"format_version": 3, "train_state": "x"}})):
+        torch.save({"epoch": 0, "global_step": 0, "state_dict": Linear().state_dict(), **bad}, tmp_path / name)
+        with pytest.raises(ValueError, match=f"{name} holds no tasktrain loop state"):
+            Trainer(max_epochs=1, default_root_dir=tmp_path, logger=False, enable_progress_bar=False).fit(
+                module, loader(), ckpt_path=str(tmp_path / name))
 
 
 def test_hyper_parameters_saved_from_one_argument_come_back_as_that_argument(tmp_path):

@@ -239,9 +239,9 @@ def load(trainer, path):
             "loop state, so training cannot resume from it. Use it for inference "
             f"({type(module).__name__}.load_from_checkpoint(path)) or start a new fit from those weights."
         )
-    if "train_state" not in ckpt_io.own_state(ckpt):
+    if not isinstance(ckpt_io.own_state(ckpt).get("train_state"), dict):
         raise ValueError(
-            f"{path} holds no tasktrain loop state (its 'loops' has no train_state): it was not written by the "
+            f"{path} holds no tasktrain loop state (its 'loops' has no train_state dict): it was not written by the "
             "Trainer (a Lightning checkpoint, a plain state dict, the Accelerator's save_state?), so a fit cannot "
             f"resume from it. Load its weights into the module before fit ({type(module).__name__}.load_state_dict), "
             "or resume from a checkpoint the Trainer wrote."
