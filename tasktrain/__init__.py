@@ -97,7 +97,7 @@ def __getattr__(name):
 
 
 _SUBPACKAGES = ("callbacks", "loggers", "utilities", "strategies", "trainer", "core", "profilers", "tuner", "cli",
-                "data", "accelerator", "utils", "inference", "checkpoint_io", "exceptions", "demos")
+                "data", "accelerator", "utils", "inference", "checkpoint_io", "exceptions", "demos", "plugins")
 
 
 def __dir__():

@@ -37,6 +37,7 @@ tasktrain/trainer/run_state.py, which also lists the Accelerator's layout):
 Files of formats 1 and 2 (tasktrain's keys at the top level) are read in this layout: load_checkpoint_file
 upgrades them (upgrade_layout).
 """
+import abc
 import contextlib
 import contextvars
 import copy
@@ -884,3 +885,78 @@ class CheckpointWriter:
             raise CheckpointError(f"The background write of {self._what} failed ({type(error).__name__}: {error}); "
                                   "it was not made 'last', the previous checkpoint is. Check the disk (space, "
                                   "permissions) and the error above.") from error
+
+
+# -- CheckpointIO: Lightning's plugin interface for writing, reading and removing one checkpoint file ---------------
+class CheckpointIO(abc.ABC):
+    """How a strategy that writes one file per checkpoint (single device, DDP) saves, loads and removes it
+    (`strategy.checkpoint_io`, Lightning's plugin interface; `Trainer(plugins=[MyIO()])`). Subclass it and implement
+    the three methods; rank 0 calls save_checkpoint(checkpoint, path, storage_options=...) and
+    remove_checkpoint(path), every rank calls load_checkpoint(path, weights_only=...). Strategies whose engines write
+    sharded directories (DeepSpeed, FSDP) refuse a CheckpointIO of the user's."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        raise NotImplementedError(f"{type(self).__name__}.save_checkpoint(checkpoint, path, storage_options=None)")
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        raise NotImplementedError(f"{type(self).__name__}.load_checkpoint(path, map_location=None, weights_only=None)")
+
+    @abc.abstractmethod
+    def remove_checkpoint(self, path):
+        raise NotImplementedError(f"{type(self).__name__}.remove_checkpoint(path)")
+
+    def teardown(self):
+        """The end of a run (strategy.teardown): release what the plugin holds. Default: nothing."""
+
+
+class TorchCheckpointIO(CheckpointIO):
+    """tasktrain's own file I/O as a CheckpointIO (every strategy's default): atomic writes, weights_only loads,
+    the format checks of load_checkpoint_file."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        if storage_options is not None:  # (Lightning's words)
+            raise TypeError("`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg is not "
+                            f"supported for `{type(self).__name__}`. Please implement your custom `CheckpointIO` to "
+                            "define how you'd like to use `storage_options`.")
+        atomic_save(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        # weights_only=False would unpickle code: a tasktrain checkpoint never needs it, so every load is safe
+        return load_checkpoint_file(path, map_location="cpu" if map_location is None else map_location)
+
+    def remove_checkpoint(self, path):
+        remove_path(os.fspath(path))
+
+
+class AsyncCheckpointIO(CheckpointIO):
+    """Lightning's AsyncCheckpointIO: save_checkpoint returns once the checkpoint is copied into CPU memory; the
+    wrapped CheckpointIO (default TorchCheckpointIO) writes it in a background thread, one write at a time
+    (CheckpointWriter). A write's error is raised at the next save, load, removal or at teardown. Loads and removals
+    wait for the write in flight first, so they never see a file half written."""
+
+    def __init__(self, checkpoint_io=None):
+        self.checkpoint_io = checkpoint_io
+        self._writer = CheckpointWriter()
+
+    @property
+    def _io(self):
+        return self.checkpoint_io if self.checkpoint_io is not None else TorchCheckpointIO()
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        io = self._io
+        staged = stage_to_cpu(checkpoint)  # training may change the tensors as soon as this returns
+        self._writer.start(lambda: io.save_checkpoint(staged, path, storage_options=storage_options), path)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        self._writer.wait()
+        return self._io.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path):
+        self._writer.wait()
+        self._io.remove_checkpoint(path)
+
+    def teardown(self):
+        self._writer.wait()
+        self._io.teardown()

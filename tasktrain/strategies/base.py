@@ -52,8 +52,8 @@ import weakref
 import torch
 
 from tasktrain.checkpoint_io import CheckpointWriter, fsync_save, replace_dir, stage_to_cpu  # background saves
-from tasktrain.checkpoint_io import (atomic_link, atomic_save, load_checkpoint_file, load_plain_state_dict,
-                                    plain_state_dict, remove_path)
+from tasktrain.checkpoint_io import (TorchCheckpointIO, atomic_link, atomic_save, load_checkpoint_file,
+                                    load_plain_state_dict, plain_state_dict, remove_path, upgrade_layout)
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, make_precision, patch_forward
 from tasktrain.tree import apply_to_leaves
@@ -215,7 +215,7 @@ class Strategy(abc.ABC):
         """The run's choices, once, before setup_environment (tasktrain/trainer/runtime.py calls it for the Trainer
         and the Accelerator). Raise here for a choice this strategy cannot run: every rank fails alike, before any
         process starts. `precision` is the run's precision name (None: not chosen). Default: records the choices and
-        builds the precision plugin (precision_plugin), keeping a Precision given to the constructor; a precision
+        builds the precision plugin (build_precision), keeping a Precision given to the constructor; a precision
         given both here and to the constructor must be the same."""
         if accelerator not in (None, "auto"):
             self.accelerator = accelerator
@@ -232,13 +232,66 @@ class Strategy(abc.ABC):
         if isinstance(self._precision_choice, Precision):
             self.precision = self._precision_choice
         else:
-            self.precision = self.precision_plugin(own or normalize_precision(precision))
+            self.precision = self.build_precision(own or normalize_precision(precision))
 
-    def precision_plugin(self, name: str) -> Precision:
+    def build_precision(self, name: str) -> Precision:
         """The precision plugin for `name` under this strategy. Default: autocast/GradScaler plugins
         (tasktrain/strategies/precision.py). Engines with their own precision policy return a plugin that maps
         onto it (DeepSpeed), or raise for a name they cannot run."""
         return make_precision(name, self.root_device.type)
+
+    # -- Lightning's plugin attributes (Trainer(plugins=[...]) sets them after configure) ----------------------------
+    @property
+    def precision_plugin(self) -> Precision:
+        """Lightning's name for `strategy.precision`, the plugin the strategy runs."""
+        return self.precision
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision):
+        self.precision = self.adopt_precision(plugin)
+
+    def adopt_precision(self, plugin: Precision) -> Precision:
+        """The plugin this strategy runs for a precision plugin object of the user's (Lightning's
+        Trainer(plugins=[MixedPrecision("bf16-mixed", "cpu")])), or raise naming what to write instead. Default: the
+        plugin itself, on this strategy's device; an engine's plugin (`plugin.engine`: Lightning's DeepSpeedPrecision,
+        FSDPPrecision) is refused. Engines with their own precision policy return theirs of the same name."""
+        device = self.root_device.type
+        if plugin.engine is not None:
+            raise ValueError(f"plugins=[{type(plugin).__name__}({plugin.name!r})]: that is the {plugin.engine} "
+                             f"strategy's precision plugin, and this run's strategy is {type(self).__name__}. Use "
+                             f"MixedPrecision / HalfPrecision / DoublePrecision / Precision, or precision="
+                             f"{plugin.name!r}.")
+        if isinstance(plugin, MixedPrecision) and plugin.device_type != device:
+            raise ValueError(f"plugins=[MixedPrecision({plugin.name!r}, {plugin.device_type!r})]: this run is on "
+                             f"{device!r}, so its autocast and GradScaler would do nothing. Write "
+                             f"MixedPrecision({plugin.name!r}, {device!r}), or precision={plugin.name!r}.")
+        plugin.device_type = device
+        return plugin
+
+    _checkpoint_io = None
+
+    @property
+    def checkpoint_io(self):
+        """Lightning's `strategy.checkpoint_io`: what writes, reads and removes one checkpoint file
+        (tasktrain.checkpoint_io.CheckpointIO). Default TorchCheckpointIO, tasktrain's atomic file I/O."""
+        if self._checkpoint_io is None:
+            self._checkpoint_io = TorchCheckpointIO()
+        return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io):
+        self._checkpoint_io = self.adopt_checkpoint_io(io)
+
+    def adopt_checkpoint_io(self, io):
+        """Raise when this strategy cannot write its checkpoints through `io` (a CheckpointIO of the user's);
+        return it otherwise. Default: any CheckpointIO (save_checkpoint, load_checkpoint, remove_checkpoint go
+        through it)."""
+        return io
+
+    def has_own_checkpoint_io(self) -> bool:
+        """Whether a CheckpointIO other than tasktrain's own file I/O writes this strategy's files (a user's: it
+        cannot link files or write in the background, it is called instead)."""
+        return self._checkpoint_io is not None and type(self._checkpoint_io) is not TorchCheckpointIO
 
     # -- processes ----------------------------------------------------------------------------------------------------
     def launch(self, run, *args):
@@ -281,6 +334,8 @@ class Strategy(abc.ABC):
         self.model = None
         self.optimizers = []
         self._module_order = None
+        if self._checkpoint_io is not None:
+            self._checkpoint_io.teardown()  # (Lightning's: an AsyncCheckpointIO finishes its writes)
 
     # -- the module -------------------------------------------------------------------------------------------------
     # (Building a module sharded, module_init_context, is the Sharded capability's: elsewhere the module is built as
@@ -525,16 +580,22 @@ class Strategy(abc.ABC):
         that set at set-up rebuilds what depends on it, or raises. Default: backward and the optimizer read
         requires_grad as it is, nothing to do."""
 
-    def save_checkpoint(self, checkpoint: dict, path: str):
+    def save_checkpoint(self, checkpoint: dict, path: str, storage_options=None):
         """Write a named checkpoint at `path` (a file; a directory for strategies whose ranks write shards), never
-        leaving a broken one there. Every rank calls it. Default: rank 0 writes the file atomically."""
+        leaving a broken one there. Every rank calls it. Default: rank 0 writes the file through checkpoint_io
+        (TorchCheckpointIO: atomically); `storage_options` is for a CheckpointIO of the user's (Lightning's)."""
+        if storage_options is not None and type(self.checkpoint_io) is TorchCheckpointIO:
+            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options)  # its TypeError, on every rank
         if self.is_global_zero:
-            atomic_save(checkpoint, path)
+            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
         self.barrier("save_checkpoint")
 
     def load_checkpoint(self, path: str) -> dict:
-        """Read what save_checkpoint wrote (weights_only: plain data only). Every rank calls it."""
-        return load_checkpoint_file(path)
+        """Read what save_checkpoint wrote (weights_only: plain data only). Every rank calls it. Default: through
+        checkpoint_io (TorchCheckpointIO: load_checkpoint_file)."""
+        if not self.has_own_checkpoint_io():
+            return load_checkpoint_file(path)
+        return upgrade_layout(self.checkpoint_io.load_checkpoint(path, weights_only=None))
 
     def save_checkpoint_into(self, directory: str, checkpoint: dict, filename: str):
         """Write `checkpoint` as directory/filename, into a directory that may hold other files (the Accelerator's
@@ -553,7 +614,7 @@ class Strategy(abc.ABC):
     def remove_checkpoint(self, path: str):
         """Delete a checkpoint written by save_checkpoint (a file or a directory). Every rank calls it."""
         if self.is_global_zero:
-            remove_path(path)
+            self.checkpoint_io.remove_checkpoint(path)
 
     def link_checkpoint(self, src: str, dst: str):
         """Make `dst` the same checkpoint as `src` without writing it twice (ModelCheckpoint's last.ckpt): hard
@@ -574,7 +635,12 @@ class Strategy(abc.ABC):
 
     def check_async_save(self, weights_only=False):
         """Raise, before training, when this strategy cannot write checkpoints in the background (naming what is
-        missing and the fix). Every rank calls it. Default: it can."""
+        missing and the fix). Every rank calls it. Default: it can, unless a CheckpointIO of the user's writes the
+        files (the background writer would bypass it)."""
+        if self.has_own_checkpoint_io():
+            raise ValueError(f"ModelCheckpoint(async_save=True) writes in tasktrain's background writer, which would "
+                             f"bypass plugins=[{type(self.checkpoint_io).__name__}(...)]. For background writes through "
+                             "your CheckpointIO, wrap it: plugins=[AsyncCheckpointIO(YourIO())] with async_save=False.")
 
     def save_checkpoint_async(self, checkpoint: dict, path: str, on_complete=None, filename=None):
         """save_checkpoint with the write in the background: it returns once `checkpoint` is staged (copied into CPU
@@ -680,6 +746,16 @@ class Sharded(abc.ABC):
         (DeepSpeed zero3_init) or on the meta device (FSDP), so no rank ever holds the whole model. `empty_init=True`
         says the weights will be loaded from a checkpoint, so initialising them is wasted work: an engine that can
         skip it does. (Without this capability the module is built as usual, on the CPU, and moved at set-up.)"""
+
+    def adopt_checkpoint_io(self, io):
+        """The engine writes directories of shards itself (Lightning's DeepSpeedStrategy and FSDP's sharded state
+        dicts do not call a CheckpointIO's save_checkpoint either): only tasktrain's own file I/O is accepted."""
+        if type(io) is not TorchCheckpointIO:
+            raise ValueError(f"plugins=[{type(io).__name__}(...)]: {type(self).__name__} writes its checkpoints as "
+                             "directories of shards through its engine, not through a CheckpointIO, so the plugin "
+                             "would never be called. Leave it out, or use strategy='ddp' (single checkpoint files) "
+                             "with it.")
+        return io
 
 
 class ClipsInsideStep(abc.ABC):

@@ -1,6 +1,6 @@
 """Precision plugins: how the forward is cast and how gradients are scaled.
 
-A strategy owns its plugin (`strategy.precision`, built by strategy.configure through precision_plugin) and
+A strategy owns its plugin (`strategy.precision`, built by strategy.configure through build_precision) and
 calls it; the Trainer and the Accelerator go through the strategy, in this order, every optimizer step:
 
     with strategy.forward_context(): loss = forward(...)     # precision.autocast(): the one place autocast is entered
@@ -29,6 +29,12 @@ class Precision:
     # precision plugins pass it: False where a GradScaler steps (the closure runs first, then the unscale)
     steps_with_closure = True
     last_step_output = None  # what the last optimizer.step(...) returned (LightningOptimizer.step returns it)
+    engine = None  # the engine strategy whose own plugin this names ("DeepSpeed", "FSDP"), or None: any strategy
+
+    @property
+    def precision(self) -> str:
+        """Lightning's attribute: the precision name ("32-true", "bf16-mixed", ...)."""
+        return self.name
 
     def __init__(self, device_type: str = "cpu"):
         self.device_type = device_type

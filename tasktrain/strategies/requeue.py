@@ -15,6 +15,9 @@ Trainer, the Accelerator and `tasktrain launch` (which passes its environment to
     TASKTRAIN_SLURM_REQUEUE=0        off: the signal is left to its default action (SIGUSR1 ends the process)
     TASKTRAIN_REQUEUE_SIGNAL=USR2    another signal (a name, with or without SIG, or a number); default SIGUSR1
 
+The Trainer's script may say the same with Lightning's plugin instead (it wins over the variables):
+Trainer(plugins=[SLURMEnvironment(auto_requeue=False)]) or SLURMEnvironment(requeue_signal=signal.SIGUSR2).
+
 Outside a SLURM job (no SLURM_JOB_ID) nothing is installed.
 """
 import json
@@ -32,10 +35,16 @@ RECORD_FOLDER = ".slurm-requeue"
 SCONTROL_TIMEOUT = 60.0
 
 
-def requeue_signal(env=None):
-    """The requeue signal, or None when requeueing is off or this is not a SLURM job."""
+def requeue_signal(env=None, settings=None):
+    """The requeue signal, or None when requeueing is off or this is not a SLURM job. `settings`: (auto_requeue,
+    signal) given in the script (Lightning's SLURMEnvironment plugin), which win over the environment's."""
     env = os.environ if env is None else env
-    if not env.get("SLURM_JOB_ID") or env.get("TASKTRAIN_SLURM_REQUEUE", "1") in ("0", "false", "False", "no"):
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    if settings is not None:
+        auto_requeue, sig = settings
+        return signal.Signals(sig) if auto_requeue else None
+    if env.get("TASKTRAIN_SLURM_REQUEUE", "1") in ("0", "false", "False", "no"):
         return None
     text = env.get("TASKTRAIN_REQUEUE_SIGNAL", "SIGUSR1").strip()
     try:
@@ -59,10 +68,10 @@ class RequeueHandler:
     SIGTERM); `requested` says it came. Installs nothing outside a SLURM job, with requeueing off, or off the main
     thread."""
 
-    def __init__(self, on_signal):
+    def __init__(self, on_signal, settings=None):
         self.requested = False
         self._previous = None
-        self.signal = requeue_signal()
+        self.signal = requeue_signal(settings=settings)
         if self.signal is None or threading.current_thread() is not threading.main_thread():
             return
 

@@ -93,13 +93,17 @@ class Trainer:
         reload_dataloaders_every_n_epochs=0,
         max_restarts=0,
     ):
+        found = arguments.plugins_of(plugins, precision, sync_batchnorm, strategy)  # Lightning's plugins= rules
         # The Accelerator's rules too; arguments left at their defaults let `tasktrain launch`'s config fill them.
         runtime = build_runtime(
-            accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, precision=precision,
+            accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes,
+            precision=precision if found.precision is None else found.precision.name,
             accumulate_grad_batches=None if arguments.is_one(accumulate_grad_batches) else accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, stall_timeout=stall_timeout,
         )
         arguments.refuse_lightning_only(barebones, plugins, max_restarts)
+        self._requeue_settings = arguments.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
+        sync_batchnorm = sync_batchnorm or found.layer_sync is not None  # TorchSyncBatchNorm()
         self.env, self.strategy = runtime.env, runtime.strategy
         self.devices, self.num_nodes, self.accumulate_grad_batches = (
             runtime.devices, runtime.num_nodes, runtime.accumulate_grad_batches)
@@ -286,6 +290,11 @@ class Trainer:
     def precision(self):
         """The precision name of the strategy's plugin ("32-true", "bf16-mixed", ...)."""
         return self.strategy.precision.name
+
+    @property
+    def precision_plugin(self):
+        """Lightning's trainer.precision_plugin: the strategy's precision plugin."""
+        return self.strategy.precision_plugin
 
     @property
     def enable_validation(self):
@@ -567,7 +576,8 @@ class Trainer:
             if restore_rng is not None:
                 restore_rng()
         previous = loop.install_sigterm_handler(self, fit)
-        requeue_handler = requeue.RequeueHandler(lambda: setattr(fit, "preempted", True))  # issue 40
+        requeue_handler = requeue.RequeueHandler(lambda: setattr(fit, "preempted", True),  # issue 40
+                                                 self._requeue_settings)
         try:
             # issue 38: limit_train_batches=0 skips the loop (Lightning's rule); so does a fit with nothing left to
             # train (a used Trainer or a checkpoint at max_epochs / max_steps): no on_train_start / on_train_end
@@ -728,8 +738,8 @@ class Trainer:
     def save_checkpoint(self, filepath, weights_only=None, storage_options=None):
         """Write a checkpoint (call on every rank; rank 0 writes). In a launch that can restart, a full checkpoint is
         recorded for the restart (checkpoint_io.record_for_restarts). Lightning's signature: weights_only None is
-        False (said at INFO, as Lightning says it); storage_options is for a CheckpointIO plugin, which tasktrain's
-        file writing is not (Lightning's TorchCheckpointIO refuses it the same way)."""
+        False (said at INFO, as Lightning says it); storage_options is for a CheckpointIO plugin of the user's
+        (trainer.strategy.checkpoint_io; the default TorchCheckpointIO refuses it, as Lightning's does)."""
         if self.module is None:  # (Lightning's words)
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer. Did you "
                                  "call `Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
@@ -744,11 +754,10 @@ class Trainer:
             self.strategy.wait_for_checkpoint()  # issue 29: a background write in flight ends first ("last" moves forward)
             with self._profile("save_checkpoint"):
                 checkpoint = self.dump_checkpoint(weights_only)
-                if storage_options is not None:  # (Lightning's words, raised where its CheckpointIO raises them)
-                    raise TypeError("`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg is "
-                                    "not supported for `TorchCheckpointIO`. Please implement your custom `CheckpointIO` "
-                                    "to define how you'd like to use `storage_options`.")
-                self.strategy.save_checkpoint(checkpoint, filepath)
+                if storage_options is None:
+                    self.strategy.save_checkpoint(checkpoint, filepath)
+                else:  # for a CheckpointIO plugin (TorchCheckpointIO refuses it, in Lightning's words)
+                    self.strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
             if not weights_only and self.is_global_zero:  # issue 29: a restarted worker resumes from it
                 ckpt_io.record_for_restarts(self.default_root_dir, filepath, self.global_step, self.current_epoch)
         self.checkpoint_seconds += time.perf_counter() - started

@@ -235,9 +235,16 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)
         if not isinstance(self.precision, DeepSpeedPrecision):  # a plugin given to the constructor: the engine's
-            self.precision = self.precision_plugin(self.precision.name)  # policy of the same name
+            self.precision = self.build_precision(self.precision.name)  # policy of the same name
 
-    def precision_plugin(self, name):
+    def adopt_precision(self, plugin):
+        """A precision plugin object (Trainer(plugins=[...])): the engine's own plugin of that name (the engine
+        casts, scales and steps; Lightning's DeepSpeedStrategy reads only the plugin's precision name too)."""
+        if plugin.engine not in (None, "DeepSpeed"):
+            return super().adopt_precision(plugin)  # (its error)
+        return self.build_precision(plugin.name)
+
+    def build_precision(self, name):
         """The engine owns precision: a plugin that forwards to it (the config's bf16/fp16 sections come from the
         name; an impossible one fails in setup_environment, before any process starts)."""
         if name in ("bf16-true", "16-true"):

@@ -168,13 +168,21 @@ class FSDP(Sharded, ProcessWorld, Strategy):
         if isinstance(self._precision_choice, Precision):
             # A plugin object given to the constructor: FSDP's own of that name instead (a plain GradScaler would
             # let the ranks skip different steps), and a name FSDP cannot run is refused as when given by name.
-            wanted = self.precision_plugin(self.precision.name)
+            wanted = self.build_precision(self.precision.name)
             if type(self.precision) is not type(wanted):
                 self.precision = wanted
         if self.mixed_precision is not None:
             _check_policy(self.mixed_precision, self.precision.name)
 
-    def precision_plugin(self, name):
+    def adopt_precision(self, plugin):
+        """A precision plugin object (Trainer(plugins=[...])): Lightning's FSDPStrategy takes its FSDPPrecision only
+        (its TypeError); FSDP's own plugin of that name runs it."""
+        if plugin.engine != "FSDP":
+            raise TypeError(f"The FSDP strategy can only work with the `FSDPPrecision` plugin, found {plugin}. "
+                            f"Write FSDPPrecision({plugin.name!r}) (tasktrain.plugins), or precision={plugin.name!r}.")
+        return self.build_precision(plugin.name)
+
+    def build_precision(self, name):
         name = normalize_precision(name)
         if name == "32-true":
             return Precision(self.root_device.type)

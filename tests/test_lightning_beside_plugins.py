@@ -1,0 +1,257 @@
+"""Trainer(plugins=...) beside Lightning: how plugins are sorted and which combinations are refused (Lightning's
+exception types and words), a CheckpointIO of the user's called as Lightning calls it, a precision plugin object
+training as its precision name, and the attributes a Lightning script reads (trainer.precision,
+trainer.strategy.precision_plugin, trainer.strategy.checkpoint_io). Tiny models, CPU, one process."""
+import os
+import re
+import signal
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+import lightning.pytorch.plugins as their_plugins  # noqa: E402
+from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
+from lightning.pytorch.plugins.environments import SLURMEnvironment as TheirSLURM  # noqa: E402
+
+import tasktrain  # noqa: E402
+import tasktrain.plugins as our_plugins  # noqa: E402
+from tasktrain.demos import boring_classes as ours  # noqa: E402
+from tasktrain.exceptions import MisconfigurationException  # noqa: E402
+from tasktrain.plugins.environments import (ClusterEnvironment, LightningEnvironment, SLURMEnvironment,  # noqa: E402
+                                            TorchElasticEnvironment)
+from tasktrain.strategies import requeue  # noqa: E402
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+             accelerator="cpu", devices=1)
+
+
+def _plugins(lib, names):
+    """The same plugin list built from each library's classes."""
+    if lib is pl:
+        from lightning.pytorch.plugins import environments as envs
+    else:
+        from tasktrain.plugins import environments as envs
+    p = their_plugins if lib is pl else our_plugins
+    built = {"bf16": lambda: p.MixedPrecision("bf16-mixed", "cpu"), "half": lambda: p.HalfPrecision("bf16-true"),
+             "double": lambda: p.DoublePrecision(), "io": lambda: p.TorchCheckpointIO(),
+             "io2": lambda: p.AsyncCheckpointIO(), "env": lambda: envs.LightningEnvironment(),
+             "env2": lambda: envs.LightningEnvironment(), "sync": lambda: p.TorchSyncBatchNorm(),
+             "obj": lambda: object(), "slurm": lambda: envs.SLURMEnvironment(auto_requeue=False)}
+    return [built[n]() for n in names]
+
+
+def _outcome(lib, plugins, **kwargs):
+    try:
+        lib.Trainer(plugins=plugins, **{**QUIET, **kwargs})
+    except Exception as err:  # noqa: BLE001 (the type and words are compared)
+        return type(err).__name__, re.sub(r"<[^>]*>|\S+ object at 0x[0-9a-f]+", "<obj>", str(err))
+    return None
+
+
+@pytest.mark.parametrize("names,kwargs", [
+    (["bf16"], {}), (["bf16", "io", "env", "sync"], {}), (["half", "io2"], {}), (["double"], {}), ([], {}),
+    (["slurm"], {}),
+    (["bf16", "half"], {}), (["io", "io2"], {}), (["env", "env2"], {}), (["sync", "sync"], {}),
+    (["bf16"], {"precision": "bf16-mixed"}), (["double"], {"precision": 16}), (["obj"], {}),
+    (["sync"], {"sync_batchnorm": True}),
+])
+def test_plugin_lists_are_accepted_and_refused_as_lightning_does(names, kwargs):
+    theirs_out = _outcome(pl, _plugins(pl, names), **kwargs)
+    ours_out = _outcome(tasktrain, _plugins(tasktrain, names), **kwargs)
+    if theirs_out is None:
+        assert ours_out is None
+    else:
+        assert ours_out is not None and ours_out[0] == theirs_out[0]
+        assert ours_out[1].startswith(theirs_out[1].split("<obj>")[0]), (ours_out, theirs_out)
+
+
+def test_a_string_or_a_single_plugin_is_read_as_lightning_reads_it():
+    # one plugin, not in a list; and a string, which Lightning iterates character by character
+    for lib, p in ((pl, their_plugins), (tasktrain, our_plugins)):
+        trainer = lib.Trainer(plugins=p.DoublePrecision(), **QUIET)
+        assert trainer.precision == "64-true"
+    assert _outcome(pl, "16-mixed")[0] == _outcome(tasktrain, "16-mixed")[0] == "MisconfigurationException"
+    with pytest.raises(MisconfigurationException, match="Found invalid type for plugin 1"):
+        tasktrain.Trainer(plugins="16-mixed", **QUIET)
+
+
+def test_the_plugin_attributes_a_lightning_script_reads():
+    for precision_plugin, name in ((our_plugins.MixedPrecision("bf16-mixed", "cpu"), "bf16-mixed"),
+                                   (our_plugins.HalfPrecision(), "16-true"), (our_plugins.Precision(), "32-true")):
+        io = our_plugins.AsyncCheckpointIO()
+        trainer = tasktrain.Trainer(plugins=[precision_plugin, io], **QUIET)
+        assert trainer.precision == name == precision_plugin.precision
+        assert trainer.strategy.precision_plugin is precision_plugin is trainer.precision_plugin
+        assert trainer.strategy.checkpoint_io is io
+    theirs_trainer = pl.Trainer(plugins=[their_plugins.MixedPrecision("bf16-mixed", "cpu")], **QUIET)
+    assert theirs_trainer.precision == "bf16-mixed" and theirs_trainer.precision_plugin.device == "cpu"
+    assert our_plugins.MixedPrecision("bf16-mixed", "cpu").device == "cpu"
+    # the default, as Lightning's: a TorchCheckpointIO
+    default = tasktrain.Trainer(**QUIET).strategy.checkpoint_io
+    assert type(default).__name__ == type(pl.Trainer(**QUIET).strategy.checkpoint_io).__name__ == "TorchCheckpointIO"
+    # Lightning's constructor checks
+    for lib, p in ((pl, their_plugins), (tasktrain, our_plugins)):
+        with pytest.raises(ValueError, match="Precision must be '16-mixed' or 'bf16-mixed'"):
+            p.MixedPrecision("32-true", "cpu")
+        with pytest.raises(MisconfigurationException if lib is tasktrain else pl.utilities.exceptions.
+                           MisconfigurationException, match="does not use a scaler"):
+            p.MixedPrecision("bf16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+
+
+def test_precision_given_beside_a_strategy_objects_own_is_refused():
+    with pytest.raises(MisconfigurationException, match="precision set through both strategy class and plugins"):
+        tasktrain.Trainer(strategy=tasktrain.strategies.SingleDevice(precision="bf16-mixed"),
+                          plugins=[our_plugins.DoublePrecision()], **{**QUIET, "devices": "auto"})
+
+
+def test_what_tasktrain_cannot_honor_is_refused_before_training():
+    class LightningStyle(our_plugins.MixedPrecision):
+        def pre_backward(self, tensor, module):  # Lightning's hook, which tasktrain's plugins do not have
+            return tensor
+
+    class MyEnvironment(ClusterEnvironment):
+        pass
+
+    class MyLayerSync(our_plugins.LayerSync):
+        def apply(self, model):
+            return model
+
+        def revert(self, model):
+            return model
+
+    cases = [([LightningStyle("bf16-mixed", "cpu")], "overrides pre_backward"),
+             ([MyEnvironment()], "RANK, WORLD_SIZE"), ([MyLayerSync()], "TorchSyncBatchNorm"),
+             ([our_plugins.MixedPrecision("bf16-mixed", "cuda")], r"MixedPrecision\('bf16-mixed', 'cpu'\)"),
+             ([our_plugins.DeepSpeedPrecision("bf16-mixed")], "DeepSpeed strategy's precision plugin"),
+             ([TorchElasticEnvironment()], "not started by torchrun")]
+    for plugins, words in cases:
+        with pytest.raises(ValueError, match=words):
+            tasktrain.Trainer(plugins=plugins, **QUIET)
+    for unavailable in ("BitsandbytesPrecision", "TransformerEnginePrecision", "XLAPrecision"):
+        with pytest.raises(ValueError, match="tasktrain"):
+            getattr(our_plugins, unavailable)()
+    tasktrain.Trainer(plugins=[LightningEnvironment()], **QUIET)  # the default launcher: accepted
+
+
+def test_a_checkpoint_io_that_the_engine_strategies_would_not_call_is_refused():
+    pytest.importorskip("deepspeed")
+
+    class Recording(our_plugins.TorchCheckpointIO):
+        pass
+
+    with pytest.raises(ValueError, match="directories of shards"):
+        tasktrain.Trainer(strategy="deepspeed", plugins=[Recording()], **{**QUIET, "devices": 1})
+    # a user's CheckpointIO under a strategy that writes files: ModelCheckpoint's background writer would bypass it
+    trainer = tasktrain.Trainer(plugins=[Recording()], **QUIET)
+    with pytest.raises(ValueError, match="AsyncCheckpointIO"):
+        trainer.strategy.check_async_save()
+
+
+def _recording_io(base):
+    class RecordingIO(base):
+        def __init__(self):
+            self.calls = []
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            self.calls.append(("save", os.path.basename(path), storage_options, sorted(checkpoint)[:3]))
+            torch.save(checkpoint, path)
+
+        def load_checkpoint(self, path, map_location=None, weights_only=None):
+            self.calls.append(("load", os.path.basename(path), map_location, weights_only))
+            return torch.load(path, map_location="cpu", weights_only=True)
+
+        def remove_checkpoint(self, path):
+            self.calls.append(("remove", os.path.basename(path)))
+            os.remove(path)
+
+    return RecordingIO()
+
+
+def _fit_with_io(lib, classes, io_base, root, **extra):
+    lib.seed_everything(3, verbose=False)
+    io = _recording_io(io_base)
+    callback = lib.callbacks.ModelCheckpoint(dirpath=str(root), save_top_k=1, monitor="step", mode="max",
+                                             filename="{epoch}-{step}")
+    args = dict(QUIET, enable_checkpointing=True, max_epochs=3, limit_train_batches=2, limit_val_batches=1,
+                callbacks=[callback], plugins=[io], default_root_dir=str(root))
+    args.update(extra)
+    trainer = lib.Trainer(**args)
+    trainer.fit(classes.BoringModel())
+    return io, trainer
+
+
+def test_a_users_checkpoint_io_gets_lightnings_calls(tmp_path):
+    theirs_io, their_trainer = _fit_with_io(pl, theirs, their_plugins.CheckpointIO, tmp_path / "theirs")
+    ours_io, trainer = _fit_with_io(tasktrain, ours, our_plugins.CheckpointIO, tmp_path / "ours")
+    assert ours_io.calls == theirs_io.calls
+    assert [c[0] for c in ours_io.calls] == ["save", "save", "remove", "save", "remove"]
+    assert sorted(os.listdir(tmp_path / "ours")) == sorted(os.listdir(tmp_path / "theirs")) == ["epoch=2-step=6.ckpt"]
+    # a resume loads through it too, with Lightning's arguments
+    path = str(tmp_path / "ours" / "epoch=2-step=6.ckpt")
+    ours_io.calls.clear()
+    trainer = tasktrain.Trainer(**dict(QUIET, max_epochs=4, limit_train_batches=2, limit_val_batches=0,
+                                       plugins=[ours_io]))
+    trainer.fit(ours.BoringModel(), ckpt_path=path)
+    assert ours_io.calls[0] == ("load", "epoch=2-step=6.ckpt", None, None) and trainer.global_step == 8
+    # storage_options reach it (the default TorchCheckpointIO refuses them, as Lightning's)
+    trainer.save_checkpoint(str(tmp_path / "x.ckpt"), storage_options={"bucket": 1})
+    assert ours_io.calls[-1][:3] == ("save", "x.ckpt", {"bucket": 1})
+    plain = tasktrain.Trainer(**dict(QUIET, max_steps=1, limit_val_batches=0))
+    plain.fit(ours.BoringModel())
+    with pytest.raises(TypeError, match="not supported for `TorchCheckpointIO`"):
+        plain.save_checkpoint(str(tmp_path / "y.ckpt"), storage_options={"bucket": 1})
+
+
+def test_async_checkpoint_io_writes_in_the_background_and_finishes_at_teardown(tmp_path):
+    inner = _recording_io(our_plugins.CheckpointIO)
+    _fit_with_io(tasktrain, ours, our_plugins.CheckpointIO, tmp_path / "a",
+                 plugins=[our_plugins.AsyncCheckpointIO(inner)])
+    assert [c[0] for c in inner.calls] == ["save", "save", "remove", "save", "remove"]
+    assert os.listdir(tmp_path / "a") == ["epoch=2-step=6.ckpt"]
+    loaded = torch.load(tmp_path / "a" / "epoch=2-step=6.ckpt", weights_only=True)
+    assert loaded["global_step"] == 6
+
+
+def _weights(lib, classes, **kwargs):
+    lib.seed_everything(5, verbose=False)
+    model = classes.BoringModel()
+    lib.Trainer(**dict(QUIET, max_steps=4, limit_val_batches=0, **kwargs)).fit(model)
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("name,make", [("bf16-mixed", lambda p: p.MixedPrecision("bf16-mixed", "cpu")),
+                                       ("bf16-true", lambda p: p.HalfPrecision("bf16-true")),
+                                       ("64-true", lambda p: p.DoublePrecision())])
+def test_a_precision_plugin_trains_as_its_name_and_as_lightnings_plugin(name, make):
+    by_plugin = _weights(tasktrain, ours, plugins=[make(our_plugins)])
+    by_name = _weights(tasktrain, ours, precision=name)
+    lightning = _weights(pl, theirs, plugins=[make(their_plugins)])
+    for key in by_name:
+        assert torch.equal(by_plugin[key], by_name[key]), key
+        torch.testing.assert_close(by_plugin[key], lightning[key], msg=key)
+
+
+def test_slurm_environment_sets_the_requeue(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.delenv("TASKTRAIN_SLURM_REQUEUE", raising=False)
+    monkeypatch.delenv("TASKTRAIN_REQUEUE_SIGNAL", raising=False)
+    assert requeue.requeue_signal() == signal.SIGUSR1  # the default, from the environment
+    assert requeue.requeue_signal(settings=(False, signal.SIGUSR1)) is None
+    monkeypatch.setenv("TASKTRAIN_SLURM_REQUEUE", "0")
+    assert requeue.requeue_signal(settings=(True, signal.SIGUSR2)) == signal.SIGUSR2  # the script's plugin wins
+    for env, settings in ((SLURMEnvironment(auto_requeue=False), (False, signal.SIGUSR1)),
+                          (SLURMEnvironment(requeue_signal=signal.SIGUSR2), (True, signal.SIGUSR2))):
+        their = TheirSLURM(auto_requeue=env.auto_requeue, requeue_signal=env.requeue_signal)
+        assert (their.auto_requeue, their.requeue_signal) == settings
+        monkeypatch.delenv("SLURM_JOB_ID")
+        trainer = tasktrain.Trainer(plugins=[env], **QUIET)  # outside a SLURM job: accepted, nothing installed
+        monkeypatch.setenv("SLURM_JOB_ID", "77")
+        assert trainer._requeue_settings == settings
+        handler = requeue.RequeueHandler(lambda: None, trainer._requeue_settings)
+        try:
+            assert handler.signal == (settings[1] if settings[0] else None)
+            if handler.signal is not None:
+                assert signal.getsignal(handler.signal) is not signal.SIG_DFL
+        finally:
+            handler.restore()
