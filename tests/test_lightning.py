@@ -613,8 +613,10 @@ def test_inference_mode_detect_anomaly_and_benchmark(monkeypatch):
 def test_barebones_and_plugins_are_refused_with_what_to_do():
     with pytest.raises(ValueError, match="no barebones mode.*logger=False"):
         Trainer(barebones=True)
-    with pytest.raises(ValueError, match="no plugin objects.*precision="):
-        Trainer(plugins=[object()])
+    from tasktrain.exceptions import MisconfigurationException
+
+    with pytest.raises(MisconfigurationException, match="Found invalid type for plugin.*tasktrain.plugins"):
+        Trainer(plugins=[object()])  # (plugins: tests/test_lightning_beside_plugins.py)
     assert Trainer(plugins=None, **quiet()).fast_dev_run == 0
 
 

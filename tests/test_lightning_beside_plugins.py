@@ -99,10 +99,26 @@ def test_the_plugin_attributes_a_lightning_script_reads():
             p.MixedPrecision("bf16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
 
 
-def test_precision_given_beside_a_strategy_objects_own_is_refused():
-    with pytest.raises(MisconfigurationException, match="precision set through both strategy class and plugins"):
-        tasktrain.Trainer(strategy=tasktrain.strategies.SingleDevice(precision="bf16-mixed"),
-                          plugins=[our_plugins.DoublePrecision()], **{**QUIET, "devices": "auto"})
+def test_a_strategy_objects_own_precision_or_checkpoint_io_beside_plugins_is_refused():
+    from lightning.pytorch.strategies import DDPStrategy as TheirDDP, SingleDeviceStrategy
+
+    cases = [  # (Lightning's Trainer arguments, ours)
+        (dict(strategy=SingleDeviceStrategy("cpu", precision_plugin=their_plugins.Precision()),
+              plugins=[their_plugins.DoublePrecision()]),
+         dict(strategy=tasktrain.strategies.SingleDevice(precision="bf16-mixed"),
+              plugins=[our_plugins.DoublePrecision()])),
+        (dict(strategy=TheirDDP(checkpoint_io=their_plugins.TorchCheckpointIO()),
+              plugins=[their_plugins.TorchCheckpointIO()]),
+         dict(strategy=tasktrain.strategies.DDPStrategy(checkpoint_io=our_plugins.TorchCheckpointIO()),
+              plugins=[our_plugins.TorchCheckpointIO()])),
+    ]
+    for theirs_args, ours_args in cases:
+        theirs_out = _outcome(pl, theirs_args.pop("plugins"), **{**QUIET, "devices": "auto", **theirs_args})
+        ours_out = _outcome(tasktrain, ours_args.pop("plugins"), **{**QUIET, "devices": "auto", **ours_args})
+        assert theirs_out == ours_out and "set through both strategy class and plugins" in ours_out[1]
+    io = our_plugins.AsyncCheckpointIO()
+    trainer = tasktrain.Trainer(strategy=tasktrain.strategies.DDPStrategy(checkpoint_io=io), **QUIET)
+    assert trainer.strategy.checkpoint_io is io
 
 
 def test_what_tasktrain_cannot_honor_is_refused_before_training():
@@ -155,6 +171,7 @@ def _recording_io(base):
 
         def save_checkpoint(self, checkpoint, path, storage_options=None):
             self.calls.append(("save", os.path.basename(path), storage_options, sorted(checkpoint)[:3]))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             torch.save(checkpoint, path)
 
         def load_checkpoint(self, path, map_location=None, weights_only=None):

@@ -288,6 +288,11 @@ class Strategy(abc.ABC):
         through it)."""
         return io
 
+    @property
+    def checkpoint_io_given(self) -> bool:
+        """Whether a CheckpointIO was given (to the constructor, or by Trainer(plugins=[...]))."""
+        return self._checkpoint_io is not None
+
     def has_own_checkpoint_io(self) -> bool:
         """Whether a CheckpointIO other than tasktrain's own file I/O writes this strategy's files (a user's: it
         cannot link files or write in the background, it is called instead)."""

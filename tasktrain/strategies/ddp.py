@@ -45,6 +45,7 @@ class DDP(ProcessWorld, Strategy):
         model_averaging_period: with a PostLocalSGDState as ddp_comm_state, average the parameters over the
             processes every that many optimizer steps after the state's start_localSGD_iter (torch's
             PeriodicModelAverager), as Lightning does.
+        checkpoint_io: a CheckpointIO (tasktrain.plugins.io) for the checkpoint files, as Lightning's DDPStrategy.
         **ddp_kwargs: options of torch.nn.parallel.DistributedDataParallel (find_unused_parameters,
             static_graph, gradient_as_bucket_view, bucket_cap_mb, broadcast_buffers, ...).
     """
@@ -60,6 +61,7 @@ class DDP(ProcessWorld, Strategy):
                                  "ddp_comm_wrapper": ddp_comm_wrapper,
                                  "model_averaging_period": model_averaging_period})
         self._model_averager = None  # torch's PeriodicModelAverager, with model_averaging_period
+        checkpoint_io = ddp_kwargs.pop("checkpoint_io", None)  # Lightning's DDPStrategy(checkpoint_io=...)
         unknown = sorted(set(ddp_kwargs) - _DDP_OPTIONS)
         if unknown:
             raise TypeError(f"DDP got unknown option(s) {unknown}. It takes the options of torch's "
@@ -70,6 +72,8 @@ class DDP(ProcessWorld, Strategy):
         self.ddp_kwargs = ddp_kwargs
         self._wrappers = []  # the DDP wrappers made by setup_module_and_optimizers, released at teardown
         self._target, self._calls_steps = None, True  # what the wrapper wraps (built again when it must be)
+        if checkpoint_io is not None:
+            self.checkpoint_io = checkpoint_io
 
     def configure_processes(self, process_group_backend=None, timeout=None, ddp_kwargs=None):
         """(Accelerate's DistributedDataParallelKwargs: its comm_hook / comm_wrapper / comm_state_option come as

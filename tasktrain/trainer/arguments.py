@@ -91,6 +91,8 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
     if isinstance(strategy, Strategy):
         if found.precision is not None and strategy.requested_precision is not None:
             raise MisconfigurationException("precision set through both strategy class and plugins, choose one")
+        if found.checkpoint_io is not None and strategy.checkpoint_io_given:
+            raise MisconfigurationException("checkpoint_io set through both strategy class and plugins, choose one")
     _check_plugin_classes(found)
     return found
 

@@ -756,6 +756,9 @@ class Trainer:
                 checkpoint = self.dump_checkpoint(weights_only)
                 if storage_options is None:
                     self.strategy.save_checkpoint(checkpoint, filepath)
+                elif isinstance(self.strategy, Sharded):  # its engine writes, no CheckpointIO (Lightning's words)
+                    raise TypeError("`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg is "
+                                    f"not supported for `{type(self.strategy).__name__}` as `CheckpointIO` is not used.")
                 else:  # for a CheckpointIO plugin (TorchCheckpointIO refuses it, in Lightning's words)
                     self.strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
             if not weights_only and self.is_global_zero:  # issue 29: a restarted worker resumes from it
