@@ -249,26 +249,26 @@ def test_a_precision_plugin_trains_as_its_name_and_as_lightnings_plugin(name, ma
         torch.testing.assert_close(by_plugin[key], lightning[key], msg=key)
 
 
-def test_slurm_environment_sets_the_requeue(monkeypatch):
-    monkeypatch.setenv("SLURM_JOB_ID", "77")
+def test_slurm_environment_sets_the_requeue_of_a_fit(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")  # a SLURM job (not a SLURM launch: no SLURM_PROCID / SLURM_NTASKS)
     monkeypatch.delenv("TASKTRAIN_SLURM_REQUEUE", raising=False)
     monkeypatch.delenv("TASKTRAIN_REQUEUE_SIGNAL", raising=False)
     assert requeue.requeue_signal() == signal.SIGUSR1  # the default, from the environment
-    assert requeue.requeue_signal(settings=(False, signal.SIGUSR1)) is None
+    seen = {}
+
+    class Handlers(tasktrain.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen.update({sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGUSR2)})
+
+    for env, settings, installed in ((SLURMEnvironment(auto_requeue=False), (False, signal.SIGUSR1), None),
+                                     (SLURMEnvironment(requeue_signal=signal.SIGUSR2), (True, signal.SIGUSR2),
+                                      signal.SIGUSR2)):
+        their = TheirSLURM(auto_requeue=env.auto_requeue, requeue_signal=env.requeue_signal)
+        assert (their.auto_requeue, their.requeue_signal) == (env.auto_requeue, env.requeue_signal) == settings
+        trainer = tasktrain.Trainer(plugins=[env], callbacks=[Handlers()], max_steps=1, limit_val_batches=0, **QUIET)
+        trainer.fit(ours.BoringModel())
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):  # the run's handler on the plugin's signal only
+            assert (seen[sig] is not signal.SIG_DFL) == (sig == installed), (settings, sig)
+            assert signal.getsignal(sig) is signal.SIG_DFL  # put back after the fit
     monkeypatch.setenv("TASKTRAIN_SLURM_REQUEUE", "0")
     assert requeue.requeue_signal(settings=(True, signal.SIGUSR2)) == signal.SIGUSR2  # the script's plugin wins
-    for env, settings in ((SLURMEnvironment(auto_requeue=False), (False, signal.SIGUSR1)),
-                          (SLURMEnvironment(requeue_signal=signal.SIGUSR2), (True, signal.SIGUSR2))):
-        their = TheirSLURM(auto_requeue=env.auto_requeue, requeue_signal=env.requeue_signal)
-        assert (their.auto_requeue, their.requeue_signal) == settings
-        monkeypatch.delenv("SLURM_JOB_ID")
-        trainer = tasktrain.Trainer(plugins=[env], **QUIET)  # outside a SLURM job: accepted, nothing installed
-        monkeypatch.setenv("SLURM_JOB_ID", "77")
-        assert trainer._requeue_settings == settings
-        handler = requeue.RequeueHandler(lambda: None, trainer._requeue_settings)
-        try:
-            assert handler.signal == (settings[1] if settings[0] else None)
-            if handler.signal is not None:
-                assert signal.getsignal(handler.signal) is not signal.SIG_DFL
-        finally:
-            handler.restore()
