@@ -158,6 +158,18 @@ def test_a_checkpoint_io_that_the_engine_strategies_would_not_call_is_refused():
 
     with pytest.raises(ValueError, match="directories of shards"):
         tasktrain.Trainer(strategy="deepspeed", plugins=[Recording()], **{**QUIET, "devices": 1})
+    with pytest.raises(ValueError, match="directories of shards"):
+        tasktrain.Trainer(strategy="fsdp", plugins=[our_plugins.AsyncCheckpointIO()], **{**QUIET, "devices": 1})
+    # the engines' own precision plugins, by Lightning's names; Lightning's FSDP takes no other (its TypeError)
+    for strategy, plugin in (("deepspeed", our_plugins.DeepSpeedPrecision("bf16-mixed")),
+                             ("deepspeed", our_plugins.MixedPrecision("bf16-mixed", "cpu")),
+                             ("fsdp", our_plugins.FSDPPrecision("bf16-mixed"))):
+        trainer = tasktrain.Trainer(strategy=strategy, plugins=[plugin], **{**QUIET, "devices": 1})
+        assert trainer.precision == "bf16-mixed" and type(trainer.precision_plugin).__module__.startswith(
+            f"tasktrain.strategies.{strategy}")
+    with pytest.raises(TypeError, match="The FSDP strategy can only work with the `FSDPPrecision` plugin"):
+        tasktrain.Trainer(strategy="fsdp", plugins=[our_plugins.MixedPrecision("bf16-mixed", "cpu")],
+                          **{**QUIET, "devices": 1})
     # a user's CheckpointIO under a strategy that writes files: ModelCheckpoint's background writer would bypass it
     trainer = tasktrain.Trainer(plugins=[Recording()], **QUIET)
     with pytest.raises(ValueError, match="AsyncCheckpointIO"):
@@ -238,6 +250,7 @@ def _weights(lib, classes, **kwargs):
 
 
 @pytest.mark.parametrize("name,make", [("bf16-mixed", lambda p: p.MixedPrecision("bf16-mixed", "cpu")),
+                                       ("16-mixed", lambda p: p.MixedPrecision("16-mixed", "cpu")),
                                        ("bf16-true", lambda p: p.HalfPrecision("bf16-true")),
                                        ("64-true", lambda p: p.DoublePrecision())])
 def test_a_precision_plugin_trains_as_its_name_and_as_lightnings_plugin(name, make):
