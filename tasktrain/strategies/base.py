@@ -52,8 +52,9 @@ import weakref
 import torch
 
 from tasktrain.checkpoint_io import CheckpointWriter, fsync_save, replace_dir, stage_to_cpu  # background saves
-from tasktrain.checkpoint_io import (TorchCheckpointIO, atomic_link, atomic_save, load_checkpoint_file,
-                                    load_plain_state_dict, plain_state_dict, remove_path, upgrade_layout)
+from tasktrain.checkpoint_io import (CheckpointError, TorchCheckpointIO, atomic_link, atomic_save,
+                                    load_checkpoint_file, load_plain_state_dict, plain_state_dict, remove_path,
+                                    upgrade_layout)
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, make_precision, patch_forward
 from tasktrain.tree import apply_to_leaves
@@ -600,7 +601,11 @@ class Strategy(abc.ABC):
         checkpoint_io (TorchCheckpointIO: load_checkpoint_file)."""
         if not self.has_own_checkpoint_io():
             return load_checkpoint_file(path)
-        return upgrade_layout(self.checkpoint_io.load_checkpoint(path, weights_only=None))
+        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=None)
+        if not isinstance(checkpoint, dict):
+            raise CheckpointError(f"{type(self.checkpoint_io).__name__}.load_checkpoint({path!r}) returned a "
+                                  f"{type(checkpoint).__name__}, not the checkpoint dict its save_checkpoint was given.")
+        return upgrade_layout(checkpoint)
 
     def save_checkpoint_into(self, directory: str, checkpoint: dict, filename: str):
         """Write `checkpoint` as directory/filename, into a directory that may hold other files (the Accelerator's
