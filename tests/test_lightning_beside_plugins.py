@@ -285,3 +285,41 @@ def test_slurm_environment_sets_the_requeue_of_a_fit(monkeypatch):
             assert signal.getsignal(sig) is signal.SIG_DFL  # put back after the fit
     monkeypatch.setenv("TASKTRAIN_SLURM_REQUEUE", "0")
     assert requeue.requeue_signal(settings=(True, signal.SIGUSR2)) == signal.SIGUSR2  # the script's plugin wins
+
+
+def test_the_environment_plugins_are_checked_against_the_launchers_variables(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert TorchElasticEnvironment.detect() is False and SLURMEnvironment.detect() is False
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    trainer = tasktrain.Trainer(plugins=[TorchElasticEnvironment()], **QUIET)  # torchrun's variables: accepted
+    assert TorchElasticEnvironment.detect() and TorchElasticEnvironment().world_size() == trainer.world_size == 1
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name)
+    for name, value in (("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("SLURM_STEP_ID", "0"), ("SLURM_JOB_ID", "9"),
+                        ("SLURM_JOB_NAME", "train"), ("SLURM_NNODES", "1"), ("SLURM_TASKS_PER_NODE", "1")):
+        monkeypatch.setenv(name, value)
+    assert SLURMEnvironment.detect()
+    with pytest.raises(ValueError, match="LightningEnvironment.*SLURM job step.*SLURMEnvironment"):
+        tasktrain.Trainer(plugins=[LightningEnvironment()], **QUIET)
+    with pytest.raises(ValueError, match="not started by torchrun"):
+        tasktrain.Trainer(plugins=[TorchElasticEnvironment()], **QUIET)
+    tasktrain.Trainer(plugins=[SLURMEnvironment()], **QUIET)
+
+
+def test_a_failed_background_write_is_raised_at_the_next_call(tmp_path):
+    class Failing(our_plugins.TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            raise OSError("disk full")
+
+    io = our_plugins.AsyncCheckpointIO(Failing())
+    io.save_checkpoint({"w": torch.ones(2)}, str(tmp_path / "a.ckpt"))  # returns: the write runs in the background
+    with pytest.raises(tasktrain.checkpoint_io.CheckpointError, match="disk full"):
+        io.teardown()
+    good = our_plugins.AsyncCheckpointIO()
+    tensor = torch.ones(2)
+    good.save_checkpoint({"w": tensor}, str(tmp_path / "b.ckpt"))
+    tensor.add_(1)  # the copy was taken when save_checkpoint returned
+    assert torch.equal(good.load_checkpoint(str(tmp_path / "b.ckpt"))["w"], torch.ones(2))
