@@ -323,3 +323,15 @@ def test_a_failed_background_write_is_raised_at_the_next_call(tmp_path):
     good.save_checkpoint({"w": tensor}, str(tmp_path / "b.ckpt"))
     tensor.add_(1)  # the copy was taken when save_checkpoint returned
     assert torch.equal(good.load_checkpoint(str(tmp_path / "b.ckpt"))["w"], torch.ones(2))
+
+
+def test_plugins_from_the_cli_as_lightnings_cli_takes_them():
+    pytest.importorskip("jsonargparse")
+    from tasktrain.cli import TaskCLI
+
+    plugins = ('[{"class_path": "tasktrain.plugins.environments.SLURMEnvironment", "init_args": {"auto_requeue": '
+               'false}}, {"class_path": "tasktrain.plugins.MixedPrecision", "init_args": {"precision": "bf16-mixed", '
+               '"device": "cpu"}}]')
+    cli = TaskCLI(ours.BoringModel, run=False, seed_everything_default=False,
+                  args=["--trainer.plugins", plugins, "--trainer.logger", "false", "--trainer.accelerator", "cpu"])
+    assert cli.trainer.precision == "bf16-mixed" and cli.trainer._requeue_settings == (False, signal.SIGUSR1)
