@@ -1,7 +1,7 @@
 """Lightning's Trainer plugins under their names (`from tasktrain.plugins import MixedPrecision`; `lightning.pytorch`
 renamed to `tasktrain`, docs/lightning.md): precision plugins, checkpoint I/O, cluster environments and layer
 synchronization, for `Trainer(plugins=[...])`. The Trainer sorts them as Lightning does (tasktrain/trainer/
-arguments.py plugins_of) and hands each to the strategy (trainer.strategy.precision_plugin, .checkpoint_io)."""
+plugin_args.py) and hands each to the strategy (trainer.strategy.precision_plugin, .checkpoint_io)."""
 from tasktrain.plugins.environments import ClusterEnvironment
 from tasktrain.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO, XLACheckpointIO
 from tasktrain.plugins.layer_sync import LayerSync, TorchSyncBatchNorm

@@ -2,7 +2,6 @@
 callbacks it adds. Plain functions called by Trainer.__init__, each for one concern."""
 import logging
 import os
-from dataclasses import dataclass
 
 import torch
 
@@ -20,8 +19,7 @@ def _info(message):
 
 
 def refuse_lightning_only(barebones, plugins, max_restarts):
-    """Lightning's arguments without a counterpart: a clear error instead of a silent difference. (`plugins`: sorted
-    and checked by plugins_of.)"""
+    """Lightning's arguments without a counterpart: a clear error instead of a silent difference."""
     if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
         raise ValueError(f"Trainer(max_restarts={max_restarts!r}): use 0 (no restart) or a positive number.")
     if barebones:
@@ -29,116 +27,6 @@ def refuse_lightning_only(barebones, plugins, max_restarts):
             "barebones=True: tasktrain has no barebones mode. Turn off what it would turn off: logger=False, "
             "enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0 (the loop itself adds "
             "no per-step work beyond those; see docs/benchmarks.md).")
-
-
-@dataclass
-class Plugins:
-    """Trainer(plugins=...), sorted as Lightning sorts them: one of each kind at most."""
-
-    precision: object = None  # a Precision plugin (tasktrain.plugins.precision)
-    checkpoint_io: object = None  # a CheckpointIO (tasktrain.plugins.io)
-    environment: object = None  # a ClusterEnvironment (tasktrain.plugins.environments)
-    layer_sync: object = None  # TorchSyncBatchNorm
-
-
-def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
-    """Lightning's rules for `plugins=` (its accelerator connector's, with its exceptions and words): a plugin or an
-    iterable of them; each a Precision, CheckpointIO, ClusterEnvironment or LayerSync; one of each kind; a precision
-    plugin not beside precision= nor a strategy object's own precision. Checked before the strategy is configured."""
-    from collections import Counter
-    from collections.abc import Iterable
-
-    from tasktrain.checkpoint_io import CheckpointIO
-    from tasktrain.exceptions import MisconfigurationException
-    from tasktrain.names import normalize_precision
-    from tasktrain.plugins.environments import ClusterEnvironment
-    from tasktrain.plugins.layer_sync import LayerSync, TorchSyncBatchNorm
-    from tasktrain.strategies.base import Strategy
-    from tasktrain.strategies.precision import Precision
-
-    found = Plugins()
-    if plugins is None:
-        return found
-    plugins = plugins if isinstance(plugins, Iterable) else [plugins]  # (a string is an iterable of characters)
-    if not plugins:
-        return found
-    kinds = Counter()
-    for plugin in plugins:
-        if isinstance(plugin, Precision):
-            found.precision, kind = plugin, "Precision"
-        elif isinstance(plugin, CheckpointIO):
-            found.checkpoint_io, kind = plugin, "CheckpointIO"
-        elif isinstance(plugin, ClusterEnvironment):
-            found.environment, kind = plugin, "ClusterEnvironment"
-        elif isinstance(plugin, LayerSync):
-            if sync_batchnorm and not isinstance(plugin, TorchSyncBatchNorm):
-                raise MisconfigurationException(
-                    f"You set `Trainer(sync_batchnorm=True)` and provided a `{plugin.__class__.__name__}` plugin, but "
-                    "this is not allowed. Choose one or the other.")
-            found.layer_sync, kind = plugin, "TorchSyncBatchNorm"
-        else:
-            raise MisconfigurationException(
-                f"Found invalid type for plugin {plugin}. Expected one of: Precision, CheckpointIO, ClusterEnvironment, "
-                "or LayerSync. (tasktrain's are in tasktrain.plugins; a precision by name is precision=...)")
-        kinds[kind] += 1
-    duplicated = [kind for kind, count in kinds.items() if count > 1]
-    if duplicated:
-        raise MisconfigurationException(f"Received multiple values for {', '.join(duplicated)} flags in `plugins`. "
-                                        "Expected one value for each type at most.")
-    if found.precision is not None and precision is not None:
-        raise ValueError(f"Received both `precision={normalize_precision(precision)}` and "
-                         f"`plugins={found.precision}`. Choose one.")
-    if isinstance(strategy, Strategy):
-        if found.precision is not None and strategy.requested_precision is not None:
-            raise MisconfigurationException("precision set through both strategy class and plugins, choose one")
-        if found.checkpoint_io is not None and strategy.checkpoint_io_given:
-            raise MisconfigurationException("checkpoint_io set through both strategy class and plugins, choose one")
-    _check_plugin_classes(found)
-    return found
-
-
-def _check_plugin_classes(found):
-    """Subclasses of one's own that tasktrain would not call as Lightning calls them: refused, saying why."""
-    plugin = found.precision
-    if plugin is not None and not type(plugin).__module__.startswith("tasktrain."):
-        own = sorted({name for cls in type(plugin).__mro__ if not cls.__module__.startswith("tasktrain.")
-                      and cls is not object for name, value in vars(cls).items()
-                      if callable(value) and name != "__init__" and not name.startswith("__")})
-        if own:
-            raise ValueError(
-                f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(own)}: tasktrain's precision plugins "
-                "have their own methods (autocast, backward, unscale, optimizer_step; tasktrain/strategies/"
-                "precision.py), not Lightning's precision hooks, so the override would not be called as Lightning "
-                "calls it. Use the plugin as it is (or precision='...'), and put per-step work in the module's hooks "
-                "(on_before_backward, on_before_optimizer_step, optimizer_step).")
-    sync = found.layer_sync
-    if sync is not None and type(sync).__module__ != "tasktrain.plugins.layer_sync":
-        raise ValueError(f"plugins=[{type(sync).__name__}()]: tasktrain's layer synchronization is torch's SyncBatchNorm "
-                         "(TorchSyncBatchNorm(), or sync_batchnorm=True). Convert other layers yourself in the module's "
-                         "configure_model, and leave the plugin out.")
-    env = found.environment
-    if env is not None and type(env).__module__ != "tasktrain.plugins.environments":
-        from tasktrain.plugins.environments import ClusterEnvironment
-
-        ClusterEnvironment.check(env, None)  # a ClusterEnvironment of one's own: the base class's refusal
-
-
-def apply_plugins(found, strategy, env):
-    """Hand the sorted plugins to the configured strategy (Lightning's strategy.precision_plugin /
-    strategy.checkpoint_io) and check the environment plugin against the launcher's variables. Returns the SLURM
-    requeue settings a SLURMEnvironment gives ((auto_requeue, signal)), or None."""
-    if found.precision is not None:
-        strategy.precision_plugin = found.precision
-    if found.checkpoint_io is not None:
-        strategy.checkpoint_io = found.checkpoint_io
-    if found.environment is None:
-        return None
-    from tasktrain.plugins.environments import SLURMEnvironment
-
-    found.environment.check(env)
-    if isinstance(found.environment, SLURMEnvironment):
-        return found.environment.auto_requeue, found.environment.requeue_signal
-    return None
 
 
 def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs, max_steps, limits,

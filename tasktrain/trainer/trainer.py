@@ -31,7 +31,7 @@ from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Plan, Sharded, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
-from tasktrain.trainer import arguments, evaluation, guards, loaders, loop, resume, run
+from tasktrain.trainer import arguments, evaluation, guards, loaders, loop, plugin_args, resume, run
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
                                          clipping_callbacks)
@@ -93,7 +93,7 @@ class Trainer:
         reload_dataloaders_every_n_epochs=0,
         max_restarts=0,
     ):
-        found = arguments.plugins_of(plugins, precision, sync_batchnorm, strategy)  # Lightning's plugins= rules
+        found = plugin_args.plugins_of(plugins, precision, sync_batchnorm, strategy)  # Lightning's plugins= rules
         # The Accelerator's rules too; arguments left at their defaults let `tasktrain launch`'s config fill them.
         runtime = build_runtime(
             accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes,
@@ -102,7 +102,7 @@ class Trainer:
             gradient_clip_val=gradient_clip_val, stall_timeout=stall_timeout,
         )
         arguments.refuse_lightning_only(barebones, plugins, max_restarts)
-        self._requeue_settings = arguments.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
+        self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
         sync_batchnorm = sync_batchnorm or found.layer_sync is not None  # TorchSyncBatchNorm()
         self.env, self.strategy = runtime.env, runtime.strategy
         self.devices, self.num_nodes, self.accumulate_grad_batches = (
