@@ -6,8 +6,6 @@ the same precision name does (MixedPrecision("bf16-mixed", "cpu") is precision="
 FSDPPrecision name their engine's precision (the strategy runs its own plugin of that name); the plugins of libraries
 tasktrain does not run (bitsandbytes, Transformer Engine, XLA) are refused when built, saying what to write instead.
 """
-import torch
-
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies import precision as _core
 
@@ -112,5 +110,3 @@ class TransformerEnginePrecision(_Unavailable):
 class XLAPrecision(_Unavailable):
     what = "tasktrain runs on CPUs and CUDA GPUs, not TPUs (XLA). Use precision='bf16-mixed' / 'bf16-true'."
 
-
-del torch
