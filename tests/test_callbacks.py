@@ -296,7 +296,9 @@ def test_gradient_clipping_logs_the_norm_before_clipping():
 def test_gradient_clipping_under_fp16_happens_after_unscaling():
     # unscaled targets: fp16 gradients overflow only while GradScaler's scale is still at its initial 65536
     module = BigGradients(scale=1.0)
-    trainer = Trainer(max_epochs=1, precision="16-mixed", gradient_clip_val=0.05, **quiet())
+    from tasktrain.plugins import MixedPrecision  # (precision="16-mixed" on a CPU is bf16-mixed, as Lightning's)
+
+    trainer = Trainer(max_epochs=1, plugins=[MixedPrecision("16-mixed", "cpu")], gradient_clip_val=0.05, **quiet())
     trainer.fit(module, loader(96, batch_size=8))
     assert trainer.strategy.precision.scaler.get_scale() >= 1024  # the loss really was scaled
     # clipped before unscaling, the optimizer would see ~0.05 / scale; clipped after, exactly the bound

@@ -312,6 +312,13 @@ def test_training_step_returning_none_skips_the_batch_as_lightning(monkeypatch, 
     assert accumulate == 2 or ("before_step", 1, True) in calls  # (batch 1 skipped: a step on no gradients)
 
 
+def _precision(name):
+    """fp16 AMP on a CPU is Lightning's MixedPrecision plugin (precision="16-mixed" there runs bf16-mixed)."""
+    from tasktrain.plugins import MixedPrecision
+
+    return dict(plugins=[MixedPrecision(name, "cpu")]) if name == "16-mixed" else dict(precision=name)
+
+
 def test_a_skipped_step_under_fp16_leaves_the_scaler_for_the_next_one(monkeypatch):
     """16-mixed (GradScaler): a step whose training_step returned None has no gradients to unscale; the next step's
     gradients are unscaled before on_before_optimizer_step sees them, as under 32-true."""
@@ -334,7 +341,7 @@ def test_a_skipped_step_under_fp16_leaves_the_scaler_for_the_next_one(monkeypatc
         model = Skips()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (fp16 on a CPU: tasktrain warns that it is slow)
-            tasktrain.Trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=0, precision=precision,
+            tasktrain.Trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=0, **_precision(precision),
                               **QUIET).fit(model)
         norms[precision] = model.seen
     assert norms["32-true"][1] is None and norms["16-mixed"][1] is None
@@ -365,7 +372,7 @@ def test_manual_optimization_under_fp16_shows_unscaled_gradients_to_the_hook():
         model = Manual()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (fp16 on a CPU: tasktrain warns that it is slow)
-            tasktrain.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0, precision=precision,
+            tasktrain.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0, **_precision(precision),
                               **QUIET).fit(model)
         norms[precision] = model.seen
     assert len(norms["16-mixed"]) == 3
@@ -844,9 +851,14 @@ def test_a_weights_only_save_calls_the_modules_hook_only_as_lightning(tmp_path):
 def test_step_schedulers_step_at_every_window_end_counting_the_epochs_batches_as_lightning(skip):
     """frequency counts the epoch's batches (batch_idx + 1, again each epoch), and a window that stepped nothing
     (every training_step returned None, or GradScaler skipped an overflowing step) still steps the scheduler."""
-    # (16-mixed on CPU needs no probe: the overflow is made by the loss itself, times GradScaler's scale, on any CPU)
+    # (16-mixed on CPU needs no probe: the overflow is made by the loss itself, times GradScaler's scale, on any CPU;
+    # the plugin, as precision="16-mixed" on a CPU is bf16-mixed in both)
+    import lightning.pytorch.plugins as their_plugins
+
+    import tasktrain.plugins as our_plugins
+
     seen = {}
-    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+    for lib, classes, plugins in ((tasktrain, ours, our_plugins), (pl, theirs, their_plugins)):
         class Sched(classes.BoringModel):
             def training_step(self, batch, batch_idx):
                 if skip == "none_batches" and batch_idx in (2, 3):
@@ -865,7 +877,7 @@ def test_step_schedulers_step_at_every_window_end_counting_the_epochs_batches_as
                 self.lrs = getattr(self, "lrs", []) + [self.trainer.optimizers[0].param_groups[0]["lr"]]
 
         model = Sched()
-        kwargs = dict(precision="16-mixed") if skip == "fp16_overflow" else {}
+        kwargs = dict(plugins=[plugins.MixedPrecision("16-mixed", "cpu")]) if skip == "fp16_overflow" else {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             lib.Trainer(max_epochs=2, limit_train_batches=5, limit_val_batches=0, accumulate_grad_batches=1,

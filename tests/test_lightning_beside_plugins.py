@@ -5,6 +5,7 @@ trainer.strategy.precision_plugin, trainer.strategy.checkpoint_io). Tiny models,
 import os
 import re
 import signal
+import warnings
 
 import pytest
 import torch
@@ -255,11 +256,17 @@ def _weights(lib, classes, **kwargs):
                                        ("64-true", lambda p: p.DoublePrecision())])
 def test_a_precision_plugin_trains_as_its_name_and_as_lightnings_plugin(name, make):
     by_plugin = _weights(tasktrain, ours, plugins=[make(our_plugins)])
-    by_name = _weights(tasktrain, ours, precision=name)
     lightning = _weights(pl, theirs, plugins=[make(their_plugins)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (16-mixed by name on a CPU: both say they run bf16-mixed)
+        by_name = _weights(tasktrain, ours, precision=name)
+        lightning_by_name = _weights(pl, theirs, precision=name)
     for key in by_name:
-        assert torch.equal(by_plugin[key], by_name[key]), key
         torch.testing.assert_close(by_plugin[key], lightning[key], msg=key)
+        torch.testing.assert_close(by_name[key], lightning_by_name[key], msg=key)
+    # the plugin trains as its name, except 16-mixed by name on a CPU, which both run as bf16-mixed
+    same = all(torch.equal(by_plugin[key], by_name[key]) for key in by_name)
+    assert same == (name != "16-mixed")
 
 
 def test_slurm_environment_sets_the_requeue_of_a_fit(monkeypatch):

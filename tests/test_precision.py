@@ -1,8 +1,11 @@
+import warnings
+
 import pytest
 import torch
 
 from helpers import Linear, loader, quiet
 from tasktrain import Trainer
+from tasktrain.plugins import MixedPrecision as MixedPrecisionPlugin
 from tasktrain.strategies.precision import MixedPrecision, make_precision, normalize_precision
 
 
@@ -12,7 +15,16 @@ from tasktrain.strategies.precision import MixedPrecision, make_precision, norma
                                          ("16-true", "16-true")])
 def test_aliases(alias, name):
     assert normalize_precision(alias) == name
-    assert Trainer(precision=alias, **quiet()).precision == name
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = Trainer(precision=alias, accelerator="cpu", **quiet())
+    # Lightning's Trainer runs 16-mixed on a CPU as bf16-mixed, saying so (its MixedPrecision plugin keeps fp16)
+    assert trainer.precision == ("bf16-mixed" if name == "16-mixed" else name)
+    switched = [w for w in caught if "AMP with fp16 is not supported on CPU" in str(w.message)]
+    assert len(switched) == (name == "16-mixed")
+
+
+FP16_PLUGIN = dict(plugins=[MixedPrecisionPlugin("16-mixed", "cpu")])  # fp16 AMP on a CPU, as Lightning's plugin
 
 
 class DtypeProbe(Linear):
@@ -35,13 +47,19 @@ def test_64_true_converts_module_and_inputs():
     assert module.seen == (torch.float64, torch.float64, torch.float64)
 
 
-def test_16_mixed_on_cpu_warns_scales_and_trains():
+def test_16_mixed_on_cpu_is_bf16_mixed_as_lightnings_and_the_plugin_keeps_fp16():
+    module = DtypeProbe()
+    with pytest.warns(UserWarning, match="Using `precision='bf16-mixed'` instead"):
+        trainer = Trainer(max_steps=2, precision=16, **quiet())
+    trainer.fit(module, loader())
+    assert module.seen[0] == torch.bfloat16 and trainer.strategy.precision.scaler is None
+
     module = DtypeProbe()
     before = module.layer.weight.detach().clone()
-    with pytest.warns(UserWarning, match="bf16-mixed"):
-        trainer = Trainer(max_steps=40, precision=16, **quiet())
+    with pytest.warns(UserWarning, match="precision='bf16-mixed' is the fast half precision on CPU"):
+        trainer = Trainer(max_steps=40, **FP16_PLUGIN, **quiet())
     trainer.fit(module, loader())  # GradScaler starts at 2**16 and backs off over the first (skipped) steps
-    assert module.seen[0] == torch.float16
+    assert module.seen[0] == torch.float16 and trainer.precision == "16-mixed"
     assert trainer.strategy.precision.scaler.is_enabled()
     assert not torch.equal(before, module.layer.weight)
 
@@ -54,7 +72,7 @@ def test_grad_scaler_skips_inf_steps_and_counts_them():
                 self.layer.weight.grad.fill_(float("inf"))
 
     def skipped(module):
-        trainer = Trainer(max_steps=30, precision="16-mixed", **quiet())
+        trainer = Trainer(max_steps=30, **FP16_PLUGIN, **quiet())
         trainer.fit(module, loader())
         return trainer.strategy.precision.skipped_steps
 

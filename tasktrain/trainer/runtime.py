@@ -21,7 +21,7 @@ from typing import Optional
 
 from tasktrain.checkpoint_io import restore_rng_states
 from tasktrain.names import AUTO_STRATEGY, normalize_precision
-from tasktrain.strategies.base import MultiProcess, Strategy
+from tasktrain.strategies.base import MultiProcess, Sharded, Strategy
 from tasktrain.strategies.environment import ClusterEnvironment, check_slurm_allocation, detect_environment, launch_config
 from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
@@ -46,10 +46,10 @@ class Runtime:
 
 def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_nodes=None, precision=None,
                   accumulate_grad_batches=None, gradient_clip_val=None, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                  names=TRAINER_NAMES, custom_loop=False) -> Runtime:
+                  names=TRAINER_NAMES, custom_loop=False, fp16_on_cpu_as_bf16=False) -> Runtime:
     """The strategy and the run's numbers. None means "not given" for every choice (the Trainer passes its
     defaults as None; strategy "auto" is not given either); custom_loop=True for the Accelerator, whose strategy
-    must wrap a model's own forward."""
+    must wrap a model's own forward. fp16_on_cpu_as_bf16: Lightning's Trainer rule for its precision= (below)."""
     if gradient_clip_val is not None and (isinstance(gradient_clip_val, bool) or
                                           not isinstance(gradient_clip_val, (int, float))):
         raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val}.")  # Lightning's
@@ -105,6 +105,15 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
             warnings.warn(f"The script's {type(strategy).__name__}(precision={own!r}) overrides "
                           f"{names['precision']}={precision!r} from the launch config.")
         precision = None
+    if fp16_on_cpu_as_bf16 and precision == "16-mixed" and accelerator == "cpu" and own is None \
+            and "precision" not in from_launch and not isinstance(strategy, Sharded):
+        # Lightning's Trainer runs fp16 AMP on a CPU as bf16-mixed (its DeepSpeed and FSDP keep fp16; its
+        # ModelParallelStrategy refuses 16-mixed, ours runs it as FSDP does); its MixedPrecision("16-mixed", "cpu")
+        # plugin keeps fp16, and so does Trainer(plugins=[...]) here. The Accelerator keeps fp16 (Accelerate's).
+        if env.global_rank == 0:
+            warnings.warn("You passed `Trainer(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not "
+                          "supported on CPU. Using `precision='bf16-mixed'` instead.", stacklevel=3)
+        precision = "bf16-mixed"
     strategy.configure(accelerator, devices, num_nodes, precision)
     stall_timeout = resolve_stall_timeout(stall_timeout)
     strategy.stall_timeout = stall_timeout  # read by its setup_environment, which starts the watchdog

@@ -100,6 +100,7 @@ class Trainer:
             precision=precision if found.precision is None else found.precision.name,
             accumulate_grad_batches=None if arguments.is_one(accumulate_grad_batches) else accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, stall_timeout=stall_timeout,
+            fp16_on_cpu_as_bf16=found.precision is None,  # (a MixedPrecision("16-mixed", "cpu") plugin keeps fp16)
         )
         arguments.refuse_lightning_only(barebones, plugins, max_restarts)
         self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
