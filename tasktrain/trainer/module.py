@@ -328,6 +328,10 @@ class TaskModule(torch.nn.Module):
             warnings.warn("You are trying to `self.log()` but the `self.trainer` reference is not registered on the "
                           "model yet. This is most likely because the model hasn't been passed to the `Trainer`")
             return
+        if trainer.barebones:  # (Lightning's: a warning, and nothing logged)
+            warnings.warn("You are trying to `self.log()` but `Trainer(barebones=True)` is configured. Logging can "
+                          "impact raw speed so it is disabled under this setting.")
+            return
         metrics = trainer._metrics
         if metrics is None or trainer.state.fn == "predict":  # (Lightning's words; and tasktrain's outside a run)
             where = ("This is most likely because you are trying to log in a `predict` hook, but it doesn't "

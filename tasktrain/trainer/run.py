@@ -3,6 +3,7 @@ fresh run state, profiler, metric store, the module's callbacks, hook tables, ho
 data hooks (prepare_data, the transfer hooks), the failure path (on_exception) and the teardown.
 Trainer._run_stage calls them in that order."""
 import contextlib
+import logging
 import sys
 import warnings
 
@@ -125,6 +126,10 @@ def start_stage(trainer, stage, module):
             trainer.max_epochs = -1
         trainer._max_epochs_unset = False  # decided once (Lightning's Trainer does at init): a later fit keeps it,
         # or the value the user set in between (trainer.max_epochs = N to train on)
+    if trainer.barebones and strategy.is_global_zero:  # (Lightning's: nothing shows the run)
+        logging.getLogger("tasktrain").info(
+            "`Trainer(barebones=True)` started running. The progress bar is disabled so you might want to manually "
+            "print the progress in your model.")
     if stage == "fit" and trainer.min_epochs is None and trainer.min_steps is not None:
         trainer.min_epochs = 1  # Lightning's: so that a stop asked for at fit start is looked at again
     trainer._set_hook_tables(build_hook_tables(trainer, module))
