@@ -402,9 +402,8 @@ def loss_of(outputs, batch_idx):
             f"be skipped). training_step returned {type(loss).__name__} at batch {batch_idx}: return the loss, or "
             "set `self.automatic_optimization = False` to step optimizers yourself."
         )
-    if loss.numel() != 1:
-        raise ValueError(f"training_step returned a loss of shape {tuple(loss.shape)} at batch {batch_idx}; the "
-                         "loss must be a scalar. Reduce it, e.g. loss.mean().")
+    # (a loss of more than one element goes on to backward, where torch refuses it: Lightning's RuntimeError, "grad
+    # can be implicitly created only for scalar outputs", after on_before_backward, as there)
     if not loss.requires_grad:
         raise ValueError(
             f"training_step returned a loss with no gradient (requires_grad=False) at batch {batch_idx}: it was "
