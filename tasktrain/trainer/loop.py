@@ -38,7 +38,7 @@ from tasktrain.trainer.data import draw_loader_seed
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
 from tasktrain.trainer.metrics import hook_scope
-from tasktrain.trainer.module import TaskModule, is_overridden
+from tasktrain.trainer.module import TaskModule, hook_is_called
 
 _log = logging.getLogger("tasktrain")
 
@@ -577,7 +577,7 @@ def run_validation(trainer, step=None, zero_grad=True):
         return
     module = trainer.module
     # Lightning clears the gradients before each validation, except in an accumulation window's middle
-    if zero_grad and (is_overridden("on_validation_model_zero_grad", module, TaskModule)
+    if zero_grad and (hook_is_called("on_validation_model_zero_grad", module, TaskModule)
                       or module.automatic_optimization):
         with hook_scope(trainer, "on_validation_model_zero_grad"):  # (named for self.log, which refuses it there)
             module.on_validation_model_zero_grad()

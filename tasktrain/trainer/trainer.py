@@ -798,7 +798,8 @@ class Trainer:
 
 
 def _check_module(module, stage):
-    if stage in ("fit", "validate", "test", "predict") and is_overridden("configure_sharded_model", module, TaskModule):
+    # (TaskModule has no configure_sharded_model: any definition is the user's)
+    if stage in ("fit", "validate", "test", "predict") and callable(getattr(module, "configure_sharded_model", None)):
         raise NotImplementedError(f"{type(module).__name__} overrides configure_sharded_model, which tasktrain does "
                                   "not call: it is deprecated in Lightning; rename it to configure_model.")
     steps = {"fit": ("training_step", "validation_step"), "validate": ("validation_step",), "test": ("test_step",),
