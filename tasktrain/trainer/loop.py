@@ -230,7 +230,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
                                       stacklevel=2)  # Lightning's words
                 else:
                     loss = loss_of(outputs, batch_idx)
-                    fit.loss_window.append(loss.detach())
+                    fit.loss_window.append(_finite_probe(loss))
                     loss = EpochIterator.per_window(loss, window.size)
                     # what on_train_batch_end receives (Lightning's): a dict whose loss is this micro-batch's share
                     # of the window, without its graph (a user keeping it would hold every step's graph alive)
@@ -410,6 +410,15 @@ def loss_of(outputs, batch_idx):
             "computed without the module's parameters, under torch.no_grad(), or detached (.item(), .detach())."
         )
     return loss
+
+
+def _finite_probe(loss):
+    """One number per step for check_finite_loss: the loss, or, for a loss of several elements (a module's own
+    backward may take one, as under Lightning), its largest magnitude: NaN or infinite where any element is."""
+    loss = loss.detach()
+    if loss.numel() == 1:
+        return loss.reshape(())
+    return loss.abs().amax() if loss.numel() else loss.new_zeros(())
 
 
 def check_finite_loss(trainer, fit):
