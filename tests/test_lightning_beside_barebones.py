@@ -17,12 +17,12 @@ LIBS = ((tasktrain, ours), (pl, theirs))
 
 
 def _outcome(make):
-    """'ok', or the exception's class name and words."""
+    """'ok' (or what make returns, where it returns something), or the exception's class name and words."""
     try:
-        make()
+        made = make()
     except Exception as error:  # noqa: BLE001 (the exception is the result)
         return type(error).__name__, str(error)
-    return "ok"
+    return "ok" if made is None or isinstance(made, (tasktrain.Trainer, pl.Trainer)) else made
 
 
 @pytest.mark.parametrize("setting,values", [
@@ -63,6 +63,20 @@ def test_what_the_trainer_holds_is_lightnings(tmp_path, kwargs):
     else:  # the defaults that are None in the signature: Lightning's values
         assert (mine["log_every_n_steps"], mine["num_sanity_val_steps"]) == (50, 2)
         assert mine["checkpoint_callback"] == "ModelCheckpoint"
+
+
+@pytest.mark.parametrize("callback", ["ModelCheckpoint", "TQDMProgressBar", "ModelSummary", "EarlyStopping"])
+def test_a_callback_given_beside_barebones_is_lightnings(tmp_path, callback):
+    def build(lib):
+        kwargs = {"monitor": "x"} if callback == "EarlyStopping" else {}
+        trainer = lib.Trainer(barebones=True, default_root_dir=str(tmp_path),
+                              callbacks=[getattr(lib.callbacks, callback)(**kwargs)])
+        return sorted(type(c).__name__ for c in trainer.callbacks)
+
+    mine, lightning = _outcome(lambda: build(tasktrain)), _outcome(lambda: build(pl))
+    assert mine == lightning
+    refused = callback in ("ModelCheckpoint", "TQDMProgressBar")  # (enable_checkpointing / _progress_bar=False)
+    assert mine[0] == "MisconfigurationException" if refused else mine == [callback]
 
 
 def test_the_defaults_are_lightnings_signature():
