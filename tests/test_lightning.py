@@ -610,9 +610,7 @@ def test_inference_mode_detect_anomaly_and_benchmark(monkeypatch):
     assert modes == [("anomaly", False), ("inference", False, False), ("inference", True, False)]
 
 
-def test_barebones_and_plugins_are_refused_with_what_to_do():
-    with pytest.raises(ValueError, match="no barebones mode.*logger=False"):
-        Trainer(barebones=True)
+def test_a_plugin_of_another_type_is_refused_with_what_to_do():
     from tasktrain.exceptions import MisconfigurationException
 
     with pytest.raises(MisconfigurationException, match="Found invalid type for plugin.*tasktrain.plugins"):

@@ -22,11 +22,54 @@ def refuse_lightning_only(barebones, plugins, max_restarts):
     """Lightning's arguments without a counterpart: a clear error instead of a silent difference."""
     if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
         raise ValueError(f"Trainer(max_restarts={max_restarts!r}): use 0 (no restart) or a positive number.")
-    if barebones:
-        raise ValueError(
-            "barebones=True: tasktrain has no barebones mode. Turn off what it would turn off: logger=False, "
-            "enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0 (the loop itself adds "
-            "no per-step work beyond those; see docs/benchmarks.md).")
+
+
+def barebones_settings(barebones, logger, enable_checkpointing, enable_progress_bar, log_every_n_steps,
+                       enable_model_summary, num_sanity_val_steps, fast_dev_run, detect_anomaly, profiler):
+    """Lightning's barebones mode: every feature that costs speed off, for measuring the Trainer's own overhead.
+    The settings it turns off default to None so that one asked for explicitly is refused (Lightning's ValueErrors,
+    its words); without barebones None means each one's usual default. Returns (logger, enable_checkpointing,
+    enable_progress_bar, log_every_n_steps, enable_model_summary, num_sanity_val_steps)."""
+    if not barebones:
+        return (True if logger is None else logger, True if enable_checkpointing is None else enable_checkpointing,
+                True if enable_progress_bar is None else enable_progress_bar,
+                50 if log_every_n_steps is None else log_every_n_steps,
+                True if enable_model_summary is None else enable_model_summary,
+                2 if num_sanity_val_steps is None else num_sanity_val_steps)
+    refused = (  # (setting, given, what barebones refuses, why)
+        ("enable_checkpointing", enable_checkpointing, bool(enable_checkpointing),
+         "Checkpointing can impact raw speed"),
+        ("logger", logger, logger is not None and logger is not False, "Logging can impact raw speed"),
+        ("enable_progress_bar", enable_progress_bar, bool(enable_progress_bar),
+         "The progress bar can impact raw speed"),
+        ("log_every_n_steps", log_every_n_steps, log_every_n_steps is not None and log_every_n_steps != 0,
+         "Logging can impact raw speed"),
+        ("enable_model_summary", enable_model_summary, bool(enable_model_summary),
+         "Model summary can impact raw speed"),
+        ("num_sanity_val_steps", num_sanity_val_steps, num_sanity_val_steps is not None and num_sanity_val_steps != 0,
+         "Sanity checking can impact raw speed"),
+        ("fast_dev_run", fast_dev_run, fast_dev_run is not False and fast_dev_run != 0,
+         "Development run is not meant for raw speed evaluation"),
+        ("detect_anomaly", detect_anomaly, bool(detect_anomaly), "Anomaly detection can impact raw speed"),
+        ("profiler", profiler, profiler is not None, "Profiling can impact raw speed"),
+    )
+    for name, value, conflicts, why in refused:
+        if conflicts:
+            raise ValueError(f"`Trainer(barebones=True, {name}={value!r})` was passed. {why} so it is disabled in "
+                             "barebones mode.")
+    _info("You are running in `Trainer(barebones=True)` mode. All features that may impact raw speed have been "
+          "disabled to facilitate analyzing the Trainer overhead. Specifically, the following features are "
+          "deactivated:" + os.linesep + os.linesep.join((
+              " - Checkpointing: `Trainer(enable_checkpointing=True)`",
+              " - Progress bar: `Trainer(enable_progress_bar=True)`",
+              " - Model summary: `Trainer(enable_model_summary=True)`",
+              " - Logging: `Trainer(logger=True)`, `Trainer(log_every_n_steps>0)`, `TaskModule.log(...)`, "
+              "`TaskModule.log_dict(...)`",
+              " - Sanity checking: `Trainer(num_sanity_val_steps>0)`",
+              " - Development run: `Trainer(fast_dev_run=True)`",
+              " - Anomaly detection: `Trainer(detect_anomaly=True)`",
+              " - Profiling: `Trainer(profiler=...)`")))
+    return False, False, False, 0, False, 0
 
 
 def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs, max_steps, limits,

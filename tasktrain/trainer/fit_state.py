@@ -7,7 +7,6 @@ optimization hooks where it overrides them, wrapped for the profiler and the wat
 clipping the plan asked for, the loss window and the stop flags. The Trainer keeps its public attributes
 (`trainer.optimizers`, `trainer.lr_scheduler_configs`, ...) pointing at the same objects.
 """
-import sys
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Optional
@@ -17,7 +16,7 @@ from tasktrain.profilers import profiled, profiled_calls
 from tasktrain.strategies.base import ClipsInsideStep
 from tasktrain.strategies.watchdog import watched_action
 from tasktrain.trainer.metrics import in_hook
-from tasktrain.trainer.module import TaskModule, is_overridden
+from tasktrain.trainer.module import TaskModule, hook_is_called, is_overridden
 
 
 @dataclass(slots=True)
@@ -94,7 +93,8 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
     from tasktrain.trainer.optim import lightning_optimizers, manual_step
 
     strategy, profiler, watchdog = trainer.strategy, trainer.profiler, trainer._watchdog
-    overrides = {name: is_overridden(name, module, TaskModule) for name in (
+    # (Lightning calls these always: the module's where anything but the base's own function is there)
+    overrides = {name: hook_is_called(name, module, TaskModule) for name in (
         "backward", "optimizer_zero_grad", "optimizer_step", "configure_gradient_clipping", "clip_gradients",
         "lr_scheduler_step")}
     metrics = trainer._metrics  # the module's hooks below run named for self.log (metrics.HOOK_LOGGING)
@@ -177,10 +177,12 @@ def build_hook_tables(trainer, module):
     for event in EVENTS:
         fns = []
         for cb in trainer.callbacks:
-            if is_overridden(event, cb, Callback) or _bare_mock(getattr(cb, event, None)):
+            if hook_is_called(event, cb, Callback):
                 kind = "monitor" if isinstance(cb, (EarlyStopping, Checkpoint)) else "callback"
                 fns.append((kind, partial(getattr(cb, event), trainer, module), cb))
-        if event not in ("on_exception",) and is_overridden(event, module, TaskModule):
+        # (the module's hooks are the events TaskModule defines: Lightning calls no module's on_sanity_check_* or
+        # on_exception)
+        if hasattr(TaskModule, event) and hook_is_called(event, module, TaskModule):
             own = ("module", getattr(module, event), module)
             if event == "on_load_checkpoint":
                 fns.insert(0, own)
@@ -203,10 +205,3 @@ def build_hook_tables(trainer, module):
     return HookTables(module=pick("module"), callbacks=pick("callback", "monitor"),
                       all={e: [f for _, f in fns] for e, fns in tables.items()}, plain=pick("callback"),
                       monitoring=pick("monitor"))
-
-
-def _bare_mock(hook):
-    """A Mock wrapping nothing (Mock(spec=Callback)'s hooks): not an override by Lightning's is_overridden, but
-    Lightning calls every callback's hooks, so such a callback receives the calls."""
-    mock = sys.modules.get("unittest.mock")  # not imported: no Mock can exist
-    return mock is not None and isinstance(hook, mock.Mock) and hook._mock_wraps is None

@@ -38,7 +38,7 @@ from tasktrain.trainer.data import draw_loader_seed
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
 from tasktrain.trainer.metrics import hook_scope
-from tasktrain.trainer.module import TaskModule, is_overridden
+from tasktrain.trainer.module import TaskModule, hook_is_called
 
 _log = logging.getLogger("tasktrain")
 
@@ -230,7 +230,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
                                       stacklevel=2)  # Lightning's words
                 else:
                     loss = loss_of(outputs, batch_idx)
-                    fit.loss_window.append(loss.detach())
+                    fit.loss_window.append(_finite_probe(loss))
                     loss = EpochIterator.per_window(loss, window.size)
                     # what on_train_batch_end receives (Lightning's): a dict whose loss is this micro-batch's share
                     # of the window, without its graph (a user keeping it would hold every step's graph alive)
@@ -402,15 +402,23 @@ def loss_of(outputs, batch_idx):
             f"be skipped). training_step returned {type(loss).__name__} at batch {batch_idx}: return the loss, or "
             "set `self.automatic_optimization = False` to step optimizers yourself."
         )
-    if loss.numel() != 1:
-        raise ValueError(f"training_step returned a loss of shape {tuple(loss.shape)} at batch {batch_idx}; the "
-                         "loss must be a scalar. Reduce it, e.g. loss.mean().")
+    # (a loss of more than one element goes on to backward, where torch refuses it: Lightning's RuntimeError, "grad
+    # can be implicitly created only for scalar outputs", after on_before_backward, as there)
     if not loss.requires_grad:
         raise ValueError(
             f"training_step returned a loss with no gradient (requires_grad=False) at batch {batch_idx}: it was "
             "computed without the module's parameters, under torch.no_grad(), or detached (.item(), .detach())."
         )
     return loss
+
+
+def _finite_probe(loss):
+    """One number per step for check_finite_loss: the loss, or, for a loss of several elements (a module's own
+    backward may take one, as under Lightning), its largest magnitude: NaN or infinite where any element is."""
+    loss = loss.detach()
+    if loss.numel() == 1:
+        return loss.reshape(())
+    return loss.abs().amax() if loss.numel() else loss.new_zeros(())
 
 
 def check_finite_loss(trainer, fit):
@@ -578,7 +586,7 @@ def run_validation(trainer, step=None, zero_grad=True):
         return
     module = trainer.module
     # Lightning clears the gradients before each validation, except in an accumulation window's middle
-    if zero_grad and (is_overridden("on_validation_model_zero_grad", module, TaskModule)
+    if zero_grad and (hook_is_called("on_validation_model_zero_grad", module, TaskModule)
                       or module.automatic_optimization):
         with hook_scope(trainer, "on_validation_model_zero_grad"):  # (named for self.log, which refuses it there)
             module.on_validation_model_zero_grad()

@@ -328,6 +328,10 @@ class TaskModule(torch.nn.Module):
             warnings.warn("You are trying to `self.log()` but the `self.trainer` reference is not registered on the "
                           "model yet. This is most likely because the model hasn't been passed to the `Trainer`")
             return
+        if trainer.barebones:  # (Lightning's: a warning, and nothing logged)
+            warnings.warn("You are trying to `self.log()` but `Trainer(barebones=True)` is configured. Logging can "
+                          "impact raw speed so it is disabled under this setting.")
+            return
         metrics = trainer._metrics
         if metrics is None or trainer.state.fn == "predict":  # (Lightning's words; and tasktrain's outside a run)
             where = ("This is most likely because you are trying to log in a `predict` hook, but it doesn't "
@@ -533,7 +537,7 @@ class TaskModule(torch.nn.Module):
     def manual_backward(self, loss, *args, **kwargs):
         trainer = self.trainer
         trainer._call("on_before_backward", loss)
-        if is_overridden("backward", self, TaskModule):  # Lightning's: through the module's backward
+        if hook_is_called("backward", self, TaskModule):  # Lightning's: through the module's backward
             trainer.strategy.backward(loss, *args, backward_fn=self.backward, **kwargs)
         else:
             trainer.strategy.backward(loss, *args, **kwargs)
@@ -590,9 +594,14 @@ def _is_plain(value):
 
 
 def is_overridden(name, obj=None, base=None) -> bool:
-    """Whether `obj` replaces `base`'s `name` (Lightning's rule): an attribute set to None is not an override (the
-    way to switch a hook off: `model.validation_step = None`); wrappers (functools.wraps, partial, Mock(wraps=...))
-    are looked through, so a hook wrapped by a test or a decorator is judged, and called, once, as what it wraps."""
+    """Whether `obj` replaces `base`'s `name`, Lightning's answer (lightning_utilities' is_overridden): an attribute
+    that is None is not an override (`model.validation_step = None` switches validation off); ONE wrapper is looked
+    through, `__wrapped__` first (functools.wraps / update_wrapper, contextmanager), then a Mock's `wraps` or a
+    partial's function, and what is left is compared with the base's code. So a recording wrapper around the base's
+    own hook (update_wrapper(partial(record, ...), hook)) is no override, and a wrapper of a wrapper is one. Where
+    Lightning's fails (what is left has no code: a callable object, a Mock wrapping a partial or a Mock: its
+    AttributeError, docs/lightning.md), the wrappers are followed to what they wrap. A name the base does not define
+    is Lightning's ValueError. Whether the loop *calls* a hook is hook_is_called: Lightning calls every hook."""
     if obj is None:
         return False
     if base is None:  # Lightning's signature: the base class is the one of TaskModule / DataModule / Callback
@@ -603,27 +612,61 @@ def is_overridden(name, obj=None, base=None) -> bool:
         if base is None:
             raise ValueError(f"is_overridden({name!r}, {type(obj).__name__}): pass the base class as the third "
                              "argument (it is not a TaskModule, DataModule or Callback).")
-    impl = _unwrapped(getattr(obj, name, None))
+    impl = getattr(obj, name, None)
     if impl is None:
         return False
-    base_impl = _unwrapped(getattr(base, name, None))
+    impl = _looked_through(impl)
+    if impl is None:
+        return False
+    base_impl = getattr(base, name, None)
     if base_impl is None:
-        return True  # the base does not define it (validation_step, refused hooks): any definition is an override
+        raise ValueError(f"The parent should define the method (is_overridden({name!r}): {base.__name__} has no "
+                         f"{name}).")
+    base_impl = getattr(base_impl, "__wrapped__", base_impl)
     code = getattr(impl, "__code__", None)
-    if code is None:
-        return True  # a callable object set in the hook's place
-    return code is not getattr(base_impl, "__code__", None)
+    if code is None:  # (Lightning's AttributeError)
+        impl = _unwrapped(impl)
+        if impl is None:
+            return False
+        code = getattr(impl, "__code__", None)
+        if code is None:
+            return True  # a callable object set in the hook's place
+    return code != getattr(base_impl, "__code__", None)
+
+
+def hook_is_called(name, obj, base) -> bool:
+    """Whether the loop calls `obj`'s hook `name`. Lightning calls every hook; tasktrain leaves out only the calls
+    that could do nothing but what the loop does without them: an attribute that is not callable (None switches a hook
+    off, as in Lightning) and the base's own function, not overridden. Anything else is called: an override, and
+    whatever is set in the hook's place (a functools.partial, a recording wrapper around the base's hook, a Mock,
+    Mock(spec=Callback)'s hooks), also where is_overridden, looking through the wrapper, finds the base's."""
+    fn = getattr(obj, name, None)
+    if not callable(fn):
+        return False
+    return getattr(fn, "__func__", None) is not getattr(base, name, None)
+
+
+def _looked_through(fn):
+    """One wrapper looked through, as Lightning's is_overridden does: `__wrapped__` first, then a Mock's `wraps` or a
+    partial's function."""
+    if hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    mock = sys.modules.get("unittest.mock")  # not imported: no Mock can exist
+    if mock is not None and isinstance(fn, mock.Mock):
+        return fn._mock_wraps
+    if isinstance(fn, functools.partial):
+        return fn.func
+    return fn
 
 
 def _unwrapped(fn):
-    mock = sys.modules.get("unittest.mock")  # not imported: no Mock can exist
-    for _ in range(100):  # a chain of wrappers; bounded against a wrapper that wraps itself
+    """Every wrapper looked through (a chain; bounded against a wrapper that wraps itself)."""
+    mock = sys.modules.get("unittest.mock")
+    for _ in range(100):
         if mock is not None and isinstance(fn, mock.Mock):
             fn = fn._mock_wraps
-        elif isinstance(fn, functools.partial):
-            # update_wrapper(partial(...), None): a wrapper of a hook the class set to None (switched off), which
-            # Lightning's is_overridden (it reads __wrapped__ first) sees as not overridden
-            fn = None if "__wrapped__" in getattr(fn, "__dict__", {}) and fn.__wrapped__ is None else fn.func
+        elif isinstance(fn, functools.partial) and "__wrapped__" not in getattr(fn, "__dict__", {}):
+            fn = fn.func
         elif hasattr(fn, "__wrapped__") and not isinstance(fn, type):
             fn = fn.__wrapped__
         else:

@@ -24,7 +24,7 @@ from tasktrain.strategies.base import Sharded
 from tasktrain.trainer import loaders
 from tasktrain.trainer.data import StatefulLoaderData
 from tasktrain.trainer.metrics import hook_scope
-from tasktrain.trainer.module import is_overridden
+from tasktrain.trainer.module import hook_is_called
 from tasktrain.trainer.run_state import (Callbacks, Objects, Optimizers, RandomStates, RunState, Value, Weights,
                                          check_counts, check_global_batch, upgrade)
 from tasktrain.trainer.runtime import rng_restore_of_this_rank
@@ -99,7 +99,7 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
         # the callbacks', then the module's (Lightning's order); a weights-only save calls the module's only, as
         # Lightning's (no callback state goes into such a file)
         for cb in trainer.callbacks if not weights_only else ():
-            if is_overridden("on_save_checkpoint", cb, Callback):
+            if hook_is_called("on_save_checkpoint", cb, Callback):  # (Lightning calls every callback's)
                 cb.on_save_checkpoint(trainer, module, checkpoint)
         module.on_save_checkpoint(checkpoint)
     return checkpoint
@@ -266,7 +266,7 @@ def restore_module_and_callbacks(trainer, path):
         datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
         loaders.datamodule_restored(trainer)
     for cb in trainer.callbacks:
-        if is_overridden("on_load_checkpoint", cb, Callback):
+        if hook_is_called("on_load_checkpoint", cb, Callback):
             cb.on_load_checkpoint(trainer, module, ckpt)
     if "callbacks" in ckpt:
         Callbacks(trainer.callbacks).load_state_dict(ckpt["callbacks"])

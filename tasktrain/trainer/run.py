@@ -3,6 +3,7 @@ fresh run state, profiler, metric store, the module's callbacks, hook tables, ho
 data hooks (prepare_data, the transfer hooks), the failure path (on_exception) and the teardown.
 Trainer._run_stage calls them in that order."""
 import contextlib
+import logging
 import sys
 import warnings
 
@@ -14,14 +15,14 @@ from tasktrain.trainer.arguments import in_call_order
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import build_hook_tables
 from tasktrain.trainer.metrics import MetricStore, hook_scope, in_hook
-from tasktrain.trainer.module import TaskModule, is_overridden
+from tasktrain.trainer.module import TaskModule, hook_is_called, is_overridden
 from tasktrain.trainer.runtime import announce_rank
 from tasktrain.trainer.states import TrainerFn, TrainerStatus
 
 
 def attach_module_callbacks(trainer, module):
     """The module's configure_callbacks(): each replaces the trainer's callbacks of its exact type."""
-    if not is_overridden("configure_callbacks", module, TaskModule):
+    if not hook_is_called("configure_callbacks", module, TaskModule):  # (Lightning calls it always)
         return
     with hook_scope(trainer, "configure_callbacks"):  # (named for self.log, which refuses it there)
         extra = module.configure_callbacks()
@@ -43,20 +44,12 @@ def prepare_data(trainer, module):
             trainer.strategy.barrier("prepare_data")
 
 
-def _datamodule_overrides(datamodule, name):
-    """Lightning's choice between the DataModule's and the module's hook: its is_overridden looks at a wrapper's
-    __wrapped__ first, so a hook wrapped around the base's own (functools.update_wrapper over a partial, as a recording
-    test does) does not count, and the module's hook runs."""
-    wrapped = getattr(getattr(datamodule, name, None), "__wrapped__", None)
-    if wrapped is not None:
-        return getattr(wrapped, "__code__", None) is not getattr(getattr(DataModule, name, None), "__code__", None)
-    return is_overridden(name, datamodule, DataModule)
-
-
 def data_hook(trainer, name, module):
-    """The DataModule's `name` where it overrides it (it wins, as in Lightning), else the module's, or None."""
+    """The DataModule's `name` where it overrides it (it wins, as in Lightning: its is_overridden looks through a
+    recording wrapper around the base's own hook, which does not count), else the module's, called as Lightning calls
+    it (also a wrapper around the base's own), or None where there is nothing but the base's own."""
     module_has = is_overridden(name, module, TaskModule)
-    if trainer.datamodule is not None and _datamodule_overrides(trainer.datamodule, name):
+    if trainer.datamodule is not None and is_overridden(name, trainer.datamodule, DataModule):
         if module_has:  # one of them runs (Lightning's rule and warning), never both
             warnings.warn(f"{name} is overridden in both {type(module).__name__} and "
                           f"{type(trainer.datamodule).__name__}: the DataModule's runs, the module's does not.")
@@ -64,7 +57,7 @@ def data_hook(trainer, name, module):
     if module_has and trainer.datamodule is not None:
         warnings.warn(f"{name} is overridden in {type(module).__name__} and a DataModule was passed that does "
                       "not override it: the module's runs.")
-    return getattr(module, name) if module_has else None
+    return getattr(module, name) if hook_is_called(name, module, TaskModule) else None
 
 
 def batch_mover(trainer, module):
@@ -125,6 +118,10 @@ def start_stage(trainer, stage, module):
             trainer.max_epochs = -1
         trainer._max_epochs_unset = False  # decided once (Lightning's Trainer does at init): a later fit keeps it,
         # or the value the user set in between (trainer.max_epochs = N to train on)
+    if trainer.barebones and strategy.is_global_zero:  # (Lightning's: nothing shows the run)
+        logging.getLogger("tasktrain").info(
+            "`Trainer(barebones=True)` started running. The progress bar is disabled so you might want to manually "
+            "print the progress in your model.")
     if stage == "fit" and trainer.min_epochs is None and trainer.min_steps is not None:
         trainer.min_epochs = 1  # Lightning's: so that a stop asked for at fit start is looked at again
     trainer._set_hook_tables(build_hook_tables(trainer, module))

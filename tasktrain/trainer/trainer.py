@@ -64,20 +64,20 @@ class Trainer:
         limit_predict_batches=None,
         val_check_interval=None,
         check_val_every_n_epoch=1,
-        num_sanity_val_steps=2,
+        num_sanity_val_steps: Optional[int] = None,  # None: Lightning's (2; barebones: 0 and a given one refused)
         accumulate_grad_batches=1,
         gradient_clip_val=None,
         gradient_clip_algorithm=None,
         callbacks: Optional[Union[List[Callback], Callback]] = None,
-        logger: Union[bool, Logger, List[Logger], None] = True,
-        enable_progress_bar=True,
-        enable_checkpointing=True,
-        log_every_n_steps=50,
+        logger: Union[bool, Logger, List[Logger], None] = None,
+        enable_progress_bar: Optional[bool] = None,
+        enable_checkpointing: Optional[bool] = None,
+        log_every_n_steps: Optional[int] = None,
         default_root_dir=None,
         deterministic=False,
         max_time=None,
         stall_timeout=DEFAULT_STALL_TIMEOUT,
-        enable_model_summary=True,
+        enable_model_summary: Optional[bool] = None,
         profiler: Union[str, Profiler, None] = None,
         fast_dev_run=False,
         min_epochs=None,
@@ -93,6 +93,11 @@ class Trainer:
         reload_dataloaders_every_n_epochs=0,
         max_restarts=0,
     ):
+        self.barebones = barebones  # Lightning's: checked before anything else is built
+        (logger, enable_checkpointing, enable_progress_bar, log_every_n_steps, enable_model_summary,
+         num_sanity_val_steps) = arguments.barebones_settings(
+            barebones, logger, enable_checkpointing, enable_progress_bar, log_every_n_steps, enable_model_summary,
+            num_sanity_val_steps, fast_dev_run, detect_anomaly, profiler)
         found = plugin_args.plugins_of(plugins, precision, sync_batchnorm, strategy)  # Lightning's plugins= rules
         # The Accelerator's rules too; arguments left at their defaults let `tasktrain launch`'s config fill them.
         runtime = build_runtime(
@@ -794,7 +799,8 @@ class Trainer:
 
 
 def _check_module(module, stage):
-    if stage in ("fit", "validate", "test", "predict") and is_overridden("configure_sharded_model", module, TaskModule):
+    # (TaskModule has no configure_sharded_model: any definition is the user's)
+    if stage in ("fit", "validate", "test", "predict") and callable(getattr(module, "configure_sharded_model", None)):
         raise NotImplementedError(f"{type(module).__name__} overrides configure_sharded_model, which tasktrain does "
                                   "not call: it is deprecated in Lightning; rename it to configure_model.")
     steps = {"fit": ("training_step", "validation_step"), "validate": ("validation_step",), "test": ("test_step",),
