@@ -342,3 +342,29 @@ def test_plugins_from_the_cli_as_lightnings_cli_takes_them():
     cli = TaskCLI(ours.BoringModel, run=False, seed_everything_default=False,
                   args=["--trainer.plugins", plugins, "--trainer.logger", "false", "--trainer.accelerator", "cpu"])
     assert cli.trainer.precision == "bf16-mixed" and cli.trainer._requeue_settings == (False, signal.SIGUSR1)
+
+
+def test_a_lightning_strategys_precision_plugin_and_cluster_environment_are_taken_as_plugins_are(monkeypatch):
+    from lightning.pytorch.strategies import DDPStrategy as TheirDDP
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")  # a SLURM job, where SLURMEnvironment's requeue settings apply
+    theirs_trainer = pl.Trainer(strategy=TheirDDP(precision_plugin=their_plugins.DoublePrecision()), **QUIET)
+    env = SLURMEnvironment(auto_requeue=False, requeue_signal=signal.SIGUSR2)
+    trainer = tasktrain.Trainer(strategy=tasktrain.strategies.DDPStrategy(
+        precision_plugin=our_plugins.DoublePrecision(), cluster_environment=env), **QUIET)
+    assert trainer.precision == theirs_trainer.precision == "64-true"
+    assert trainer.strategy.cluster_environment is env and trainer._requeue_settings == (False, signal.SIGUSR2)
+    fsdp = tasktrain.strategies.FSDPStrategy(cluster_environment=LightningEnvironment())
+    assert isinstance(fsdp.cluster_environment, LightningEnvironment)
+    # the strategy's beside a plugin: Lightning keeps the strategy's and drops the plugin unsaid; refused here
+    with pytest.raises(MisconfigurationException, match="cluster_environment set through both"):
+        tasktrain.Trainer(strategy=tasktrain.strategies.DDPStrategy(cluster_environment=SLURMEnvironment()),
+                          plugins=[SLURMEnvironment(auto_requeue=False)], **QUIET)
+    with pytest.raises(ValueError, match="give the precision once"):
+        tasktrain.strategies.DDPStrategy(precision="bf16-mixed", precision_plugin=our_plugins.DoublePrecision())
+    with pytest.raises(ValueError, match=r"DDPStrategy\(parallel_devices=\.\.\.\).*Trainer\(devices=2"):
+        tasktrain.strategies.DDPStrategy(parallel_devices=[torch.device("cpu")] * 2)
+    with pytest.raises(ValueError, match=r"cluster_environment=object.*tasktrain.plugins.environments"):
+        tasktrain.strategies.DDPStrategy(cluster_environment=object())

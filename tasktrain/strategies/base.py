@@ -109,6 +109,9 @@ class Strategy(abc.ABC):
 
     name = "base"  # shown by describe(); the registry's names are in tasktrain/names.py
     supports_custom_loop = True  # can wrap a model's own forward for the Accelerator (Plan.calls_steps=False)
+    # Lightning's strategy.cluster_environment: a tasktrain.plugins.environments one given to a Lightning-named
+    # strategy's constructor (checked by the Trainer as a plugin is), else the Trainer's (plugins=, or the detected one)
+    cluster_environment = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

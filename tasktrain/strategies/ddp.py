@@ -46,6 +46,10 @@ class DDP(ProcessWorld, Strategy):
             processes every that many optimizer steps after the state's start_localSGD_iter (torch's
             PeriodicModelAverager), as Lightning does.
         checkpoint_io: a CheckpointIO (tasktrain.plugins.io) for the checkpoint files, as Lightning's DDPStrategy.
+        precision_plugin, cluster_environment: Lightning's DDPStrategy arguments: a precision plugin
+            (tasktrain.plugins.precision; or precision= by name) and a ClusterEnvironment
+            (tasktrain.plugins.environments), as in Trainer(plugins=[...]). parallel_devices is refused (the
+            Trainer's devices=).
         **ddp_kwargs: options of torch.nn.parallel.DistributedDataParallel (find_unused_parameters,
             static_graph, gradient_as_bucket_view, bucket_cap_mb, broadcast_buffers, ...).
     """
@@ -55,13 +59,24 @@ class DDP(ProcessWorld, Strategy):
     def __init__(self, accelerator=None, precision=None, process_group_backend=None, timeout=timedelta(minutes=30),
                  start_method="popen", sync_batchnorm=False, ddp_comm_state=None, ddp_comm_hook=None,
                  ddp_comm_wrapper=None, model_averaging_period=None, **ddp_kwargs):
+        checkpoint_io = ddp_kwargs.pop("checkpoint_io", None)  # Lightning's DDPStrategy(checkpoint_io=...)
+        lightning_args = {name: ddp_kwargs.pop(name) for name in ("precision_plugin", "cluster_environment",
+                                                                  "parallel_devices") if name in ddp_kwargs}
+        if lightning_args:
+            from tasktrain.strategies.lightning import _check_common
+
+            if lightning_args.get("precision_plugin") is not None and precision is not None:
+                raise ValueError("DDP(precision=..., precision_plugin=...): give the precision once.")
+            _check_common("DDPStrategy", None, lightning_args.get("parallel_devices"),
+                          lightning_args.get("cluster_environment"), lightning_args.get("precision_plugin"))
+            precision = lightning_args.get("precision_plugin") or precision
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
+        self.cluster_environment = lightning_args.get("cluster_environment")
         self.comm = _check_comm({"ddp_comm_state": ddp_comm_state, "ddp_comm_hook": ddp_comm_hook,
                                  "ddp_comm_wrapper": ddp_comm_wrapper,
                                  "model_averaging_period": model_averaging_period})
         self._model_averager = None  # torch's PeriodicModelAverager, with model_averaging_period
-        checkpoint_io = ddp_kwargs.pop("checkpoint_io", None)  # Lightning's DDPStrategy(checkpoint_io=...)
         unknown = sorted(set(ddp_kwargs) - _DDP_OPTIONS)
         if unknown:
             raise TypeError(f"DDP got unknown option(s) {unknown}. It takes the options of torch's "

@@ -31,9 +31,7 @@ def _check_common(cls, accelerator, parallel_devices, cluster_environment, preci
     if parallel_devices is not None:
         raise ValueError(f"{cls}(parallel_devices=...): the devices are the Trainer's here; write "
                          f"Trainer(devices={len(parallel_devices)}, accelerator=...) and leave parallel_devices out.")
-    if cluster_environment is not None:
-        raise ValueError(f"{cls}(cluster_environment=...): tasktrain reads torchrun's, SLURM's and `tasktrain "
-                         "launch`'s variables itself (docs/launch.md, docs/slurm.md); leave cluster_environment out.")
+    check_cluster_environment(cls, cluster_environment)
     if checkpoint_io is not None:
         raise ValueError(f"{cls}(checkpoint_io=...): checkpoints are written by the strategy itself (atomic writes, "
                          "sharded directories); leave checkpoint_io out.")
@@ -44,6 +42,18 @@ def _check_common(cls, accelerator, parallel_devices, cluster_environment, preci
         raise ValueError(f"{cls}(precision_plugin={type(precision_plugin).__name__}(...)): give the precision by "
                          "name, Trainer(precision='bf16-mixed'); the strategy builds its engine's plugin for it.")
     return ("cuda" if accelerator == "gpu" else accelerator), precision_plugin
+
+
+def check_cluster_environment(cls, environment):
+    """Lightning's `cluster_environment=` of a strategy: one of tasktrain.plugins.environments (the Trainer checks it
+    against the launcher's variables, as it checks one in plugins=[...]), or None."""
+    from tasktrain.plugins.environments import ClusterEnvironment
+
+    if environment is not None and not isinstance(environment, ClusterEnvironment):
+        raise ValueError(f"{cls}(cluster_environment={type(environment).__name__}(...)): give a ClusterEnvironment "
+                        "(tasktrain.plugins.environments: LightningEnvironment, TorchElasticEnvironment, "
+                        "SLURMEnvironment), or leave it out: tasktrain reads the launcher's variables itself.")
+    return environment
 
 
 def _given(cls, args):
@@ -154,6 +164,7 @@ class DeepSpeedStrategy(DeepSpeed):
         super().__init__(stage=ds_stage, config=lightning_config, micro_batch_size=micro, logging_level=logging_level,
                          accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout if timeout is not None else _PG_TIMEOUT)
+        self.cluster_environment = cluster_environment
         self.remote_device = remote_device
         self.load_full_weights = load_full_weights  # a single-file checkpoint's whole weights load at every stage
         self.exclude_frozen_parameters = exclude_frozen_parameters
@@ -449,6 +460,7 @@ class FSDPStrategy(FSDP):
                          process_group_backend=process_group_backend,
                          timeout=timeout if timeout is not None else _PG_TIMEOUT)
         self.sharding_strategy = sharding_strategy
+        self.cluster_environment = cluster_environment
 
     def _select(self, module, choice, argument):
         if isinstance(choice, _FSDP1Policy):

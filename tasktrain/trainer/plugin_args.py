@@ -67,6 +67,10 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
             raise MisconfigurationException("precision set through both strategy class and plugins, choose one")
         if found.checkpoint_io is not None and strategy.checkpoint_io_given:
             raise MisconfigurationException("checkpoint_io set through both strategy class and plugins, choose one")
+        if found.environment is not None and strategy.cluster_environment is not None:
+            # (Lightning keeps the strategy's and drops the plugin without a word)
+            raise MisconfigurationException("cluster_environment set through both strategy class and plugins, "
+                                            "choose one")
     _check_plugin_classes(found)
     return found
 
@@ -90,7 +94,10 @@ def _check_plugin_classes(found):
         raise ValueError(f"plugins=[{type(sync).__name__}()]: tasktrain's layer synchronization is torch's SyncBatchNorm "
                          "(TorchSyncBatchNorm(), or sync_batchnorm=True). Convert other layers yourself in the module's "
                          "configure_model, and leave the plugin out.")
-    env = found.environment
+    _check_environment_class(found.environment)
+
+
+def _check_environment_class(env):
     if env is not None and type(env).__module__ != "tasktrain.plugins.environments":
         from tasktrain.plugins.environments import ClusterEnvironment
 
@@ -105,11 +112,14 @@ def apply_plugins(found, strategy, env):
         strategy.precision_plugin = found.precision
     if found.checkpoint_io is not None:
         strategy.checkpoint_io = found.checkpoint_io
-    if found.environment is None:
-        return None
     from tasktrain.plugins.environments import SLURMEnvironment
 
-    found.environment.check(env)
-    if isinstance(found.environment, SLURMEnvironment):
-        return found.environment.auto_requeue, found.environment.requeue_signal
+    given = found.environment or strategy.cluster_environment  # plugins=[...], or the strategy's constructor's
+    if given is None:  # (the launcher's variables are read: tasktrain/strategies/environment.py)
+        return None
+    _check_environment_class(given)
+    given.check(env)
+    strategy.cluster_environment = given
+    if isinstance(given, SLURMEnvironment):
+        return given.auto_requeue, given.requeue_signal
     return None
