@@ -82,6 +82,13 @@ class FitState:
     window_backwards: int = 0  # backwards run in this accumulation window (training_step may return None)
     last_val_time: float = 0.0  # time.monotonic() at training start or the last validation's end (a time interval)
     ended_by_hook: bool = False
+    # where the loop is, for Lightning's loop counters (lightning_loops.py): None outside an epoch, "start" in its
+    # on_train_epoch_start, "run" over its batches and validations, "end" from its on_train_epoch_end on; in_batch: a
+    # batch was taken and is not yet counted in batch_in_epoch; restarting: Lightning's fit_loop.restarting
+    epoch_phase: Optional[str] = None
+    in_batch: bool = False
+    whole_epochs: bool = True  # no epoch of this fit was ended by on_train_batch_start's -1
+    restarting: bool = False
     # stop flags (should_stop is the trainer's: callbacks set it)
     preempted: bool = False
     preempt_path: Optional[str] = None

@@ -59,6 +59,7 @@ def fit_loop(trainer, fit):
         # mid-epoch got its generator's state back from after that draw (issue 37)
         draw_loader_seed(trainer._loader_data, at_first_batch=False)
     warn_if_modules_in_eval_mode(trainer, fit.module)
+    fit.epoch_phase = "run" if trainer.state.batch_in_epoch else None  # (resumed inside an epoch: it goes on)
     trainer._call("on_train_start")
     fit.last_val_time = time.monotonic()  # a val_check_interval of time counts from here
     while not done(trainer):
@@ -77,6 +78,7 @@ def fit_loop(trainer, fit):
         if finished:  # current_epoch counts the finished epochs, also when the run stops here
             fit.epochs.end_epoch()
             trainer.state.epoch_finished = False
+        fit.epoch_phase, fit.restarting = None, False  # (Lightning's restart ends with the first epoch)
         if (trainer.should_stop and may_stop(trainer, fit)) or max_steps_reached(trainer):
             # Lightning counts an epoch the run stopped inside too (its epoch loop ended); the position stays in
             # the train state, so a resume continues inside that epoch
@@ -111,7 +113,9 @@ def train_epoch(trainer, fit, epoch):
     start = state.batch_in_epoch
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         state.epoch_validated = False
+        fit.epoch_phase, fit.in_batch = "start", False
         trainer._call("on_train_epoch_start")
+        fit.epoch_phase = "run"
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
@@ -156,6 +160,7 @@ def train_epoch(trainer, fit, epoch):
     epoch_values = metrics.reduce_epoch("train")
     if complete:
         state.epoch_finished = True
+    fit.epoch_phase = "end"
     # Lightning's order: the callbacks, the module, then EarlyStopping/ModelCheckpoint, which see the epoch's metrics
     # (what the module logged here included)
     for fn in trainer._plain_hooks["on_train_epoch_end"]:
@@ -192,6 +197,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
     """One micro-batch (see the module's docstring); False when the epoch ends after it (a hook's -1, a stop
     request, max_steps)."""
     state, hooks, module = trainer.state, fit.all_hooks, fit.module
+    fit.in_batch = True
     batch = fit.to_device(batch)
     fit.metrics.set_batch(batch)
     skip_rest = False
@@ -205,7 +211,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
         response = fn(batch, batch_idx)
         skip_rest = skip_rest or (type(response) is int and response == -1)
     if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
-        fit.ended_by_hook = True
+        fit.ended_by_hook, fit.whole_epochs = True, False
         return False
     steps = batch_idx == window.last
     if batch is None:  # Lightning's: no training_step, no optimizer step; on_train_batch_end gets None
@@ -274,6 +280,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
     else:
         batch_output = manual_output(fit.training_step(batch, batch_idx))
     fit.epochs.advance(batch_idx)
+    fit.in_batch = False
 
     state.stepping_batch = steps  # (a checkpoint saved from here to the count below counts this batch)
     if steps and trainer.should_update_logs:

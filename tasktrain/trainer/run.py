@@ -122,8 +122,8 @@ def start_stage(trainer, stage, module):
         logging.getLogger("tasktrain").info(
             "`Trainer(barebones=True)` started running. The progress bar is disabled so you might want to manually "
             "print the progress in your model.")
-    if stage == "fit" and trainer.min_epochs is None and trainer.min_steps is not None:
-        trainer.min_epochs = 1  # Lightning's: so that a stop asked for at fit start is looked at again
+    if stage == "fit" and trainer.min_epochs is None:  # Lightning's: 0, or 1 with min_steps (so that a stop asked
+        trainer.min_epochs = 1 if trainer.min_steps is not None else 0  # for at fit start is looked at again)
     trainer._set_hook_tables(build_hook_tables(trainer, module))
     trainer._to_device, trainer._plain_transfer = batch_mover(trainer, module)
 

@@ -31,7 +31,7 @@ from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Plan, Sharded, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
-from tasktrain.trainer import arguments, evaluation, guards, loaders, loop, plugin_args, resume, run
+from tasktrain.trainer import arguments, evaluation, guards, lightning_loops, loaders, loop, plugin_args, resume, run
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
                                          clipping_callbacks)
@@ -47,6 +47,7 @@ from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
 class Trainer:
     checkpoint_seconds = 0.0  # this process's time in save_checkpoint, summed (read by ThroughputMonitor)
+    fit_loop = lightning_loops.LoopAttribute(lightning_loops.FitLoop)  # Lightning's names, a view of self.state
 
     def __init__(
         self,
@@ -564,6 +565,7 @@ class Trainer:
             loaded = resume.restore_module_and_callbacks(self, ckpt_path)
         if loaded is not None:
             resume.restore_training_state(self, loaded)
+        fit.restarting = resume.skips_sanity_check(self, loaded)  # (Lightning's fit_loop.restarting)
         finished = loaded is not None and guards.finished_run(self, loaded.path)  # issue 38: says so
         module.zero_grad()  # Lightning clears the gradients when each entry point starts
         if not finished:  # a finished run resumed writes no new log folder (issue 38)

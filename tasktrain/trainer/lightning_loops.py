@@ -1,0 +1,230 @@
+"""Lightning's loop attributes (`trainer.fit_loop`, `trainer.fit_loop.epoch_loop`), as a read view of the Trainer's
+own state: a callback or script written for Lightning reads `trainer.fit_loop.epoch_progress.current.processed`,
+`trainer.fit_loop.total_batch_idx`, `trainer.fit_loop.restarting`, ... and sets `trainer.fit_loop.max_epochs = N`.
+
+There is no loop here and no counter of its own: every value is computed, when read, from `trainer.state`
+(TrainState: epoch, batch_in_epoch, epoch_finished, global_step), `trainer.current_epoch` and two marks the loop
+keeps on the FitState of the fit in progress (fit_state.py): `epoch_phase` (where the epoch is: its
+on_train_epoch_start, its batches and validations, its end from on_train_epoch_end on) and `in_batch` (a batch was
+taken and is not yet counted in batch_in_epoch). The limits Lightning users write (max_epochs, min_epochs and, on
+`epoch_loop`, max_steps, min_steps) write the Trainer's own attributes.
+
+Lightning's counters at each point, as this view gives them (e = the epoch being trained, N = its batches):
+
+    epoch_progress.current   ready    started   processed   completed
+      on_train_epoch_start    e+1       e          e           e
+      batches, validation     e+1      e+1         e           e
+      on_train_epoch_end...   e+1      e+1        e+1          e       (until the loop moves to the next epoch)
+      restored from an epoch's end, until the loop starts: e+1, e+1, e+1, e (current_epoch is e there)
+      elsewhere               trainer.current_epoch for all four
+    (`total` is the same: tasktrain keeps no count of restarts)
+
+    batch_idx         the index in its epoch of the last batch the loop took (Lightning's batch_progress.current.ready
+                      - 1): from the batch's on_train_batch_start to the next one; before an epoch's first batch, the
+                      last one of the epoch before (-1 before any); a RuntimeError where that epoch's length is not
+                      known (before the first batch of a used Trainer's or a resumed fit, after fit)
+    total_batch_idx   epoch x N + batch_idx, Lightning's count over the epochs where every epoch had N batches (the
+                      loop's own rule for check_val_every_n_epoch=None): offered in a fit from epoch 0 whose epochs all
+                      had their length (none ended by on_train_batch_start's -1), and in epoch 0; a RuntimeError
+                      elsewhere (tasktrain keeps no count of batches over epochs)
+    restarting        a fit resumed from a checkpoint saved inside an epoch (or counted in steps: max_steps set), from
+                      the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
+    done              max_steps or max_epochs reached (epochs counted as `processed`), no training batches, or a stop
+                      asked once min_epochs / min_steps are met (Lightning's fit_loop.done, without its log lines)
+"""
+
+
+class LoopAttribute:
+    """`Trainer.fit_loop`: the view, made once per Trainer. Lightning lets a user replace a loop object; tasktrain has
+    none, so an assignment is refused rather than ignored."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def __set_name__(self, owner, name):
+        self.name, self.key = name, f"_{name}_view"
+
+    def __get__(self, trainer, owner=None):
+        if trainer is None:
+            return self
+        view = trainer.__dict__.get(self.key)
+        if view is None:
+            view = trainer.__dict__[self.key] = self.view(trainer)
+        return view
+
+    def __set__(self, trainer, value):
+        raise AttributeError(
+            f"trainer.{self.name} is a read view of the Trainer's state in tasktrain (docs/lightning.md): it has no "
+            "loop object to replace. Put custom behaviour in a Callback or the module's hooks.")
+
+
+class Tracker:
+    """Lightning's progress tracker: `ready`, `started`, `processed`, `completed`, read when asked."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, counts):
+        self._counts = counts  # () -> (ready, started, processed, completed)
+
+    ready = property(lambda self: self._counts()[0])
+    started = property(lambda self: self._counts()[1])
+    processed = property(lambda self: self._counts()[2])
+    completed = property(lambda self: self._counts()[3])
+
+    def __repr__(self):
+        return "Tracker(ready={}, started={}, processed={}, completed={})".format(*self._counts())
+
+
+class Progress:
+    """Lightning's _Progress: `current` and `total` trackers."""
+
+    __slots__ = ("current", "total")
+
+    def __init__(self, counts):
+        self.current = self.total = Tracker(counts)
+
+    def __repr__(self):
+        return f"Progress(current={self.current!r})"
+
+
+class EpochLoop:
+    """`trainer.fit_loop.epoch_loop`: Lightning's training epoch loop's step limits and counters."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+
+    @property
+    def max_steps(self):
+        return self._trainer.max_steps
+
+    @max_steps.setter
+    def max_steps(self, value):
+        self._trainer.max_steps = value
+
+    @property
+    def min_steps(self):
+        return self._trainer.min_steps
+
+    @min_steps.setter
+    def min_steps(self, value):
+        self._trainer.min_steps = value
+
+    @property
+    def global_step(self):
+        return self._trainer.global_step
+
+    @property
+    def batch_idx(self):
+        return _batches_taken(self._trainer)[1] - 1
+
+    @property
+    def total_batch_idx(self):
+        return _total_taken(self._trainer) - 1
+
+
+class FitLoop:
+    """`trainer.fit_loop`: Lightning's fit loop's limits and counters (see the module's docstring)."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+        self.epoch_loop = EpochLoop(trainer)
+        self.epoch_progress = Progress(lambda: _epoch_counts(trainer))
+
+    @property
+    def max_epochs(self):
+        return self._trainer.max_epochs
+
+    @max_epochs.setter
+    def max_epochs(self, value):
+        self._trainer.max_epochs = value
+
+    @property
+    def min_epochs(self):
+        return self._trainer.min_epochs
+
+    @min_epochs.setter
+    def min_epochs(self, value):
+        self._trainer.min_epochs = value
+
+    @property
+    def max_steps(self):  # (read-only, as Lightning's: epoch_loop.max_steps is the one to set)
+        return self._trainer.max_steps
+
+    @property
+    def min_steps(self):
+        return self._trainer.min_steps
+
+    @property
+    def batch_idx(self):
+        return self.epoch_loop.batch_idx
+
+    @property
+    def total_batch_idx(self):
+        return self.epoch_loop.total_batch_idx
+
+    @property
+    def restarting(self):
+        fit = self._trainer._fit_state
+        return fit is not None and fit.restarting
+
+    @property
+    def done(self):
+        trainer = self._trainer
+        if trainer.num_training_batches == 0:
+            return True
+        if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+            return True
+        processed = _epoch_counts(trainer)[2]
+        if trainer.max_epochs is not None and trainer.max_epochs != -1 and processed >= trainer.max_epochs:
+            return True
+        can_stop = processed >= (trainer.min_epochs or 0) and trainer.global_step >= (trainer.min_steps or 0)
+        return bool(trainer.should_stop) and can_stop
+
+
+def _phase(trainer):
+    fit = trainer._fit_state
+    return None if fit is None else fit.epoch_phase
+
+
+def _epoch_counts(trainer):
+    phase, epoch = _phase(trainer), trainer.state.epoch
+    if phase is None and trainer.state.epoch_finished:  # restored from an epoch's end, the loop not started yet
+        return epoch + 1, epoch + 1, epoch + 1, epoch
+    if phase is None:
+        done = trainer.current_epoch
+        return done, done, done, done
+    return epoch + 1, epoch + (phase != "start"), epoch + (phase == "end"), epoch
+
+
+def _batches_taken(trainer):
+    """(the epoch of the last batch taken, the batches taken in it): Lightning's batch_progress.current.ready."""
+    state, fit = trainer.state, trainer._fit_state
+    taken = state.batch_in_epoch + int(fit is not None and fit.in_batch)
+    epoch = state.epoch
+    if not taken and _phase(trainer) in (None, "start") and epoch > 0:
+        # between epochs (an epoch's start included) Lightning still counts the epoch before's batches: known when
+        # this fit trained that epoch whole (not ended by on_train_batch_start's -1)
+        whole = fit is not None and epoch > fit.first_epoch and not fit.ended_by_hook
+        epoch, taken = epoch - 1, trainer.num_training_batches if whole else None
+    if taken is None:
+        raise RuntimeError(
+            "trainer.fit_loop.batch_idx: before an epoch's first batch it is the last batch of the epoch before, "
+            "which tasktrain knows where this fit trained that epoch whole (not before the first batch of a used "
+            "Trainer's or a resumed fit, nor after fit).")
+    return epoch, taken
+
+
+def _total_taken(trainer):
+    """Lightning's batch_progress.total.ready, as epoch x batches per epoch + the batches taken in the epoch: exact
+    where every earlier epoch was trained whole by this fit from the first (the loop's own rule for
+    check_val_every_n_epoch=None)."""
+    epoch, taken = _batches_taken(trainer)
+    fit, length = trainer._fit_state, trainer.num_training_batches
+    if epoch == 0:
+        return taken
+    if fit is None or fit.first_epoch or fit.resumed or not fit.whole_epochs or length is None:
+        raise RuntimeError(
+            "trainer.fit_loop.total_batch_idx: tasktrain counts it as epoch x batches per epoch + the batch's index, "
+            "known during a fit that trains from epoch 0 on a loader with a length and no epoch ended early by "
+            "on_train_batch_start returning -1 (not in a used Trainer's or a resumed fit after its first epoch).")
+    return epoch * length + taken

@@ -1,0 +1,142 @@
+"""`trainer.fit_loop` (tasktrain/trainer/lightning_loops.py: Lightning's loop attributes as a view of the Trainer's
+state) beside Lightning 2.6's: a recording callback reads the same attributes at every hook of the same runs under
+both frameworks (a fit with a validation inside the epoch and at its end, a fit stopped inside an epoch, a second fit
+after `fit_loop.max_epochs = N`, fits resumed from a checkpoint saved inside an epoch and at an epoch's end, one
+counted in steps) and the readings must be equal, hook by hook."""
+import pytest
+
+pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
+
+import tasktrain  # noqa: E402
+from tasktrain.demos import boring_classes as ours  # noqa: E402
+
+LIBS = {"tasktrain": (tasktrain, ours), "lightning": (pl, theirs)}
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+             limit_train_batches=4, limit_val_batches=1, num_sanity_val_steps=1)
+HOOKS = ("setup", "on_fit_start", "on_sanity_check_start", "on_sanity_check_end", "on_train_start",
+         "on_train_epoch_start", "on_train_batch_start", "on_before_backward", "on_after_backward",
+         "on_before_zero_grad", "on_before_optimizer_step", "on_train_batch_end", "on_validation_start",
+         "on_validation_batch_end", "on_validation_end", "on_train_epoch_end", "on_train_end", "on_fit_end",
+         "on_save_checkpoint", "teardown")
+
+
+def _reading(trainer):
+    loop = trainer.fit_loop
+    progress = loop.epoch_progress
+    return (progress.current.ready, progress.current.started, progress.current.processed, progress.current.completed,
+            progress.total.processed, _known(lambda: (loop.batch_idx, loop.epoch_loop.batch_idx)),
+            _known(lambda: loop.total_batch_idx), loop.restarting, loop.done, loop.epoch_loop.global_step,
+            loop.max_epochs, loop.max_steps, loop.epoch_loop.max_steps, loop.min_epochs, loop.min_steps)
+
+
+def _known(read):
+    try:
+        return read()
+    except RuntimeError:  # tasktrain: where it keeps no count to give it from (lightning_loops.py; checked below)
+        return "unknown"
+
+
+def _recorder(lib, stop_at=None, save_at=None):
+    """Reads the view at each hook; `stop_at` (epoch, batch): should_stop after that batch; `save_at` (epoch, batch,
+    path): trainer.save_checkpoint(path) after that batch."""
+
+    class Recorder(lib.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.seen.append(("on_train_batch_end", _reading(trainer)))
+            if stop_at == (trainer.current_epoch, batch_idx):
+                trainer.should_stop = True
+            if save_at is not None and save_at[:2] == (trainer.current_epoch, batch_idx):
+                trainer.save_checkpoint(save_at[2])
+
+    def hook(event):
+        def record(self, trainer, *args, **kwargs):
+            self.seen.append((event, _reading(trainer)))
+        return record
+
+    for event in HOOKS:
+        if event != "on_train_batch_end":
+            setattr(Recorder, event, hook(event))
+    return Recorder()
+
+
+def _run(lib, classes, tmp_path, name):
+    checkpoint_cls = pl.callbacks.ModelCheckpoint if lib is pl else lib.ModelCheckpoint
+    lib.seed_everything(1, verbose=False)
+    if name == "fit":  # a validation after batch 2 and at the epoch's end
+        rec = _recorder(lib)
+        trainer = lib.Trainer(max_epochs=2, val_check_interval=2, callbacks=[rec], **QUIET)
+        trainer.fit(classes.BoringModel())
+    elif name == "stop_inside_epoch":  # the epoch stopped inside ends; a second fit goes on after it
+        rec = _recorder(lib, stop_at=(0, 1))
+        trainer = lib.Trainer(max_epochs=2, callbacks=[rec], **{**QUIET, "limit_val_batches": 0})
+        module = classes.BoringModel()
+        trainer.fit(module)
+        trainer.fit_loop.max_epochs = 3  # (Lightning's documented way to train on)
+        trainer.fit(module)
+    elif name in ("resume_inside_epoch", "resume_epoch_end", "resume_by_steps"):
+        path = tmp_path / f"{name}.ckpt"
+        if name == "resume_epoch_end":
+            saver = checkpoint_cls(dirpath=tmp_path, filename="saved", save_top_k=-1)
+            first = lib.Trainer(max_epochs=1, callbacks=[saver], **{**QUIET, "enable_checkpointing": True})
+            path = tmp_path / "saved.ckpt"
+        else:
+            limits = dict(max_steps=6) if name == "resume_by_steps" else dict(max_epochs=2)
+            first = lib.Trainer(callbacks=[_recorder(lib, stop_at=(1, 1), save_at=(1, 1, path))], **limits, **QUIET)
+        first.fit(classes.BoringModel())
+        rec = _recorder(lib)
+        limits = dict(max_steps=10) if name == "resume_by_steps" else dict(max_epochs=3)
+        trainer = lib.Trainer(callbacks=[rec], **limits, **QUIET)
+        trainer.fit(classes.BoringModel(), ckpt_path=path)
+    else:
+        raise AssertionError(name)
+    return rec.seen, _reading(trainer)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", ["fit", "stop_inside_epoch", "resume_inside_epoch", "resume_epoch_end",
+                                  "resume_by_steps"])
+def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
+    ran = {key: _run(lib, classes, tmp_path / key, name) for key, (lib, classes) in LIBS.items()}
+    (mine, mine_after), (reference, reference_after) = ran["tasktrain"], ran["lightning"]
+    assert [event for event, _ in mine] == [event for event, _ in reference]
+    trained = False
+    for i, ((event, a), (_, b)) in enumerate(zip(mine, reference)):
+        trained = (trained or event == "on_train_batch_start") and event != "setup"
+        # batch_idx is known from a fit's first batch on; total_batch_idx in a fit from epoch 0 (or in epoch 0)
+        if a[5] == "unknown":
+            assert not trained and i > 0, f"{name}: reading {i} ({event})"
+        if a[6] == "unknown":
+            assert name != "fit", f"{name}: reading {i} ({event})"
+        assert _same(a, b), f"{name}: reading {i} ({event}): tasktrain {a}, Lightning {b}"
+    assert _same(mine_after, reference_after)
+    if name == "fit":  # (what the comparison covers, spelled out)
+        batch_ends = [reading for event, reading in mine if event == "on_train_batch_end"]
+        assert [r[6] for r in batch_ends] == list(range(8))  # total_batch_idx over both epochs
+        assert not any("unknown" in reading for event, reading in mine)
+        epoch_ends = [reading for event, reading in mine if event == "on_train_epoch_end"]
+        assert [r[:4] for r in epoch_ends] == [(1, 1, 1, 0), (2, 2, 2, 1)]
+    if name == "resume_inside_epoch":
+        assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not
+
+
+def _same(mine, reference):
+    return all(a == b or a == "unknown" for a, b in zip(mine, reference))
+
+
+def test_the_view_writes_the_limits_and_refuses_to_be_replaced():
+    trainer = tasktrain.Trainer(max_epochs=2, max_steps=-1, logger=False, enable_progress_bar=False)
+    assert trainer.fit_loop is trainer.fit_loop
+    trainer.fit_loop.max_epochs, trainer.fit_loop.min_epochs = 5, 1
+    trainer.fit_loop.epoch_loop.max_steps, trainer.fit_loop.epoch_loop.min_steps = 7, 2
+    assert (trainer.max_epochs, trainer.min_epochs, trainer.max_steps, trainer.min_steps) == (5, 1, 7, 2)
+    assert trainer.fit_loop.max_steps == 7 and not trainer.fit_loop.done
+    with pytest.raises(AttributeError):  # (Lightning's fit_loop.max_steps has no setter either)
+        trainer.fit_loop.max_steps = 3
+    with pytest.raises(AttributeError, match="read view"):
+        trainer.fit_loop = object()
+    with pytest.raises(AttributeError):  # the counters are the Trainer's: not written through the view
+        trainer.fit_loop.epoch_progress.current.completed = 3
