@@ -227,3 +227,18 @@ def test_upgrade_keeps_a_format_2_precision_state_and_drops_empty_hyper_paramete
     assert (new["epoch"], new["global_step"], new["pytorch-lightning_version"]) == (1, 6, "0.1.0")
     assert new["loops"]["precision"] == scaler and new["loops"]["world_size"] == 2
     assert upgrade(new) is new
+
+
+def test_callback_states_load_beside_a_dummy_logger():
+    """fast_dev_run's DummyLogger (a callback here) answers every attribute, `_legacy_state_keys` included, with a
+    function: the callbacks' states still load (a spawned run's parent loads them back; it raised a TypeError)."""
+    from tasktrain import ModelCheckpoint
+    from tasktrain.loggers.logger import DummyLogger
+    from tasktrain.trainer.run_state import Callbacks
+
+    saver = ModelCheckpoint(monitor="loss")
+    saver.best_model_path = "best.ckpt"
+    states = Callbacks([saver]).state_dict()
+    loaded = ModelCheckpoint(monitor="loss")
+    Callbacks([DummyLogger(), loaded]).load_state_dict(states)
+    assert loaded.best_model_path == "best.ckpt"

@@ -554,7 +554,11 @@ class ModelCheckpoint(Checkpoint):
             score = float(value)
             if math.isnan(score):
                 score = math.inf if self.mode == "min" else -math.inf  # NaN is never the best
-        own = self.best_k_models if self.monitor is not None else (self.best_model_path,)
+        # the name may be taken over only from the file this save replaces (Lightning's del_filepath): the previous
+        # newest without a monitor, the worst of a full top k with one; any other file's name gets "-vN" (a fixed
+        # filename with save_top_k=-1 keeps every file)
+        full = self.best_k_models and self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k
+        own = (self.best_model_path,) if self.monitor is None else (self._worst(),) if full else ()
         return score, self._free_path(trainer, metrics, None, own)
 
     def _last_path(self, trainer):

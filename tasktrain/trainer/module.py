@@ -280,12 +280,12 @@ class TaskModule(torch.nn.Module):
         """No parameter gets gradients, and eval mode (Lightning's freeze)."""
         for p in self.parameters():
             p.requires_grad = False
-        self.eval()
+        return self.eval()  # (the module, as Lightning's: model.freeze().to(device) chains)
 
     def unfreeze(self):
         for p in self.parameters():
             p.requires_grad = True
-        self.train()
+        return self.train()
 
     @property
     def global_step(self) -> int:

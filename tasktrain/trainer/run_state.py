@@ -139,8 +139,10 @@ class Callbacks:
     def load_state_dict(self, states):
         found = set()
         for cb in self.callbacks:
-            # a key the callback used before (getattr: the base Callback has none) still finds its state
-            keys = (cb.state_key, *getattr(cb, "_legacy_state_keys", ()))
+            # a key the callback used before (getattr: the base Callback has none) still finds its state; a tuple
+            # only (Lightning's DummyLogger answers every attribute with a function)
+            legacy = getattr(cb, "_legacy_state_keys", ())
+            keys = (cb.state_key, *(legacy if isinstance(legacy, (tuple, list)) else ()))
             key = next((k for k in keys if k in states), None)
             if key is not None:
                 found.add(key)

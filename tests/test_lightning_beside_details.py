@@ -1,0 +1,44 @@
+"""Small behaviours a Lightning user sees, beside Lightning 2.6 (found by its own test suite under the renames):
+ModelCheckpoint's names for a fixed `filename` (only the file a save replaces gives its name up; any other taken
+name gets "-vN"), and `freeze()` / `unfreeze()` returning the module."""
+import os
+
+import pytest
+
+pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
+
+import tasktrain  # noqa: E402
+from tasktrain.demos import boring_classes as ours  # noqa: E402
+
+LIBS = {"tasktrain": (tasktrain, ours, tasktrain.ModelCheckpoint),
+        "lightning": (pl, theirs, pl.callbacks.ModelCheckpoint)}
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, limit_train_batches=1,
+             limit_val_batches=1, num_sanity_val_steps=0)
+
+
+@pytest.mark.parametrize("top_k, mode", [(-1, "min"), (2, "max"), (2, "min"), (1, "max")])
+def test_a_fixed_checkpoint_name_is_versioned_as_lightnings(tmp_path, top_k, mode):
+    seen = {}
+    for key, (lib, classes, checkpoint_cls) in LIBS.items():
+        directory = tmp_path / key
+        saver = checkpoint_cls(dirpath=directory, filename="test", monitor="epoch", mode=mode, save_top_k=top_k)
+        trainer = lib.Trainer(max_epochs=2, callbacks=[saver], default_root_dir=directory, **QUIET)
+        lib.seed_everything(1, verbose=False)
+        trainer.fit(classes.BoringModel())
+        trainer.fit_loop.max_epochs = 4  # a second fit of the same Trainer writes into the same folder
+        trainer.fit(classes.BoringModel())
+        seen[key] = (sorted(os.listdir(directory)), sorted(os.path.basename(p) for p in saver.best_k_models),
+                     os.path.basename(saver.best_model_path))
+    assert seen["tasktrain"] == seen["lightning"]
+    if top_k == -1:  # (every file kept: the second and later saves of "test" are versioned)
+        assert seen["tasktrain"][0] == ["test-v1.ckpt", "test-v2.ckpt", "test-v3.ckpt", "test.ckpt"]
+
+
+def test_freeze_and_unfreeze_return_the_module():
+    for lib, classes, _ in LIBS.values():
+        module = classes.BoringModel()
+        assert module.freeze() is module and not module.training
+        assert not any(p.requires_grad for p in module.parameters())
+        assert module.unfreeze() is module and module.training
+        assert all(p.requires_grad for p in module.parameters())
