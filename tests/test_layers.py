@@ -33,6 +33,7 @@ PUBLIC_PATHS = {
     "tasktrain.utilities.exceptions": "tasktrain.compat.lightning.utilities.exceptions",
     "tasktrain.core.module": "tasktrain.compat.lightning.core.module",
     "tasktrain.core.datamodule": "tasktrain.compat.lightning.core.datamodule",
+    "tasktrain.core.saving": "tasktrain.compat.lightning.core.saving",
 }
 
 

@@ -42,3 +42,38 @@ def test_freeze_and_unfreeze_return_the_module():
         assert not any(p.requires_grad for p in module.parameters())
         assert module.unfreeze() is module and module.training
         assert all(p.requires_grad for p in module.parameters())
+
+
+def test_hyper_parameter_files_as_lightnings_core_saving(tmp_path):
+    """tasktrain.core.saving: hparams.yaml and meta_tags.csv written and read back as Lightning's helpers do."""
+    import enum
+    import threading
+    import warnings
+    from argparse import Namespace
+
+    from lightning.pytorch.core import saving as theirs_saving
+
+    from tasktrain.core import saving as ours_saving
+
+    Color = enum.Enum("Color", "RED BLUE")
+    seen = {}
+    for key, saving in (("tasktrain", ours_saving), ("lightning", theirs_saving)):
+        folder = tmp_path / key
+        folder.mkdir()
+        hparams = {"batch_size": 32, "lr": 0.008, "name": "adam", "sizes": [1, 2], "color": Color.RED,
+                   "lock": threading.Lock()}
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            saving.save_hparams_to_yaml(folder / "hparams.yaml", dict(hparams), use_omegaconf=False)
+            saving.save_hparams_to_tags_csv(folder / "meta_tags.csv", Namespace(an_int=1, a_float=2.0, text="a str"))
+            loaded = (saving.load_hparams_from_yaml(folder / "hparams.yaml", use_omegaconf=False),
+                      saving.load_hparams_from_tags_csv(folder / "meta_tags.csv"),
+                      saving.load_hparams_from_yaml(folder / "missing.yaml"),
+                      saving.load_hparams_from_tags_csv(folder / "missing.csv"))
+        with pytest.raises(RuntimeError, match="Missing folder") as refused:
+            saving.save_hparams_to_yaml(folder / "nowhere" / "hparams.yaml", {"a": 1})
+        files = ((folder / "hparams.yaml").read_text(), (folder / "meta_tags.csv").read_text())
+        notes = sorted((type(w.message).__name__, str(w.message).replace(str(folder), "DIR")) for w in said)
+        seen[key] = loaded, files, notes, str(refused.value).replace(str(folder), "DIR")
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][0][0] == {"batch_size": 32, "color": "RED", "lr": 0.008, "name": "adam", "sizes": [1, 2]}
