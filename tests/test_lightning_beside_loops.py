@@ -18,7 +18,7 @@ HOOKS = ("setup", "on_fit_start", "on_sanity_check_start", "on_sanity_check_end"
          "on_train_epoch_start", "on_train_batch_start", "on_before_backward", "on_after_backward",
          "on_before_zero_grad", "on_before_optimizer_step", "on_train_batch_end", "on_validation_start",
          "on_validation_batch_end", "on_validation_end", "on_train_epoch_end", "on_train_end", "on_fit_end",
-         "on_save_checkpoint", "teardown")
+         "on_save_checkpoint", "on_test_start", "on_test_batch_end", "on_test_end", "teardown")
 
 
 def _reading(trainer):
@@ -27,7 +27,9 @@ def _reading(trainer):
     return (progress.current.ready, progress.current.started, progress.current.processed, progress.current.completed,
             progress.total.processed, _known(lambda: (loop.batch_idx, loop.epoch_loop.batch_idx)),
             _known(lambda: loop.total_batch_idx), loop.restarting, loop.done, loop.epoch_loop.global_step,
-            loop.max_epochs, loop.max_steps, loop.epoch_loop.max_steps, loop.min_epochs, loop.min_steps)
+            loop.max_epochs, loop.max_steps, loop.epoch_loop.max_steps, loop.min_epochs, loop.min_steps,
+            *(_known(lambda: (evaluation.batch_progress.current.completed, evaluation.batch_progress.total.completed))
+              for evaluation in (loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)))
 
 
 def _known(read):
@@ -70,6 +72,19 @@ def _run(lib, classes, tmp_path, name):
         rec = _recorder(lib)
         trainer = lib.Trainer(max_epochs=2, val_check_interval=2, callbacks=[rec], **QUIET)
         trainer.fit(classes.BoringModel())
+    elif name == "evaluate":  # validate twice (two loaders), test once, then a fit: each loop counts its own
+        rec = _recorder(lib)
+        trainer = lib.Trainer(max_epochs=1, callbacks=[rec], **{**QUIET, "limit_val_batches": 2})
+        class TwoLoaders(classes.BoringModel):
+            def validation_step(self, batch, batch_idx, dataloader_idx=0):
+                return super().validation_step(batch, batch_idx)
+
+        module = TwoLoaders()
+        loaders = [module.val_dataloader(), module.val_dataloader()]
+        trainer.validate(module, loaders, verbose=False)
+        trainer.validate(module, verbose=False)
+        trainer.test(module, verbose=False)
+        trainer.fit(module)
     elif name == "stop_inside_epoch":  # the epoch stopped inside ends; a second fit goes on after it
         rec = _recorder(lib, stop_at=(0, 1))
         trainer = lib.Trainer(max_epochs=2, callbacks=[rec], **{**QUIET, "limit_val_batches": 0})
@@ -97,7 +112,7 @@ def _run(lib, classes, tmp_path, name):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("name", ["fit", "stop_inside_epoch", "resume_inside_epoch", "resume_epoch_end",
+@pytest.mark.parametrize("name", ["fit", "evaluate", "stop_inside_epoch", "resume_inside_epoch", "resume_epoch_end",
                                   "resume_by_steps"])
 def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
     ran = {key: _run(lib, classes, tmp_path / key, name) for key, (lib, classes) in LIBS.items()}
@@ -111,14 +126,20 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
             assert not trained and i > 0, f"{name}: reading {i} ({event})"
         if a[6] == "unknown":
             assert name != "fit", f"{name}: reading {i} ({event})"
+        if a[15] == "unknown":  # fit's validation batches in a resumed fit, before they are counted again
+            assert name.startswith("resume"), f"{name}: reading {i} ({event})"
         assert _same(a, b), f"{name}: reading {i} ({event}): tasktrain {a}, Lightning {b}"
     assert _same(mine_after, reference_after)
     if name == "fit":  # (what the comparison covers, spelled out)
         batch_ends = [reading for event, reading in mine if event == "on_train_batch_end"]
         assert [r[6] for r in batch_ends] == list(range(8))  # total_batch_idx over both epochs
         assert not any("unknown" in reading for event, reading in mine)
+        assert [r[15] for e, r in mine if e == "on_validation_end"] == [(1, 1), (1, 1), (1, 2), (1, 1), (1, 2)]
         epoch_ends = [reading for event, reading in mine if event == "on_train_epoch_end"]
         assert [r[:4] for r in epoch_ends] == [(1, 1, 1, 0), (2, 2, 2, 1)]
+    if name == "evaluate":
+        assert [r[16:] for e, r in mine if e in ("on_validation_end", "on_test_end")][:3] == [
+            ((4, 4), (0, 0)), ((2, 6), (0, 0)), ((2, 6), (64, 64))]
     if name == "resume_inside_epoch":
         assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not
 

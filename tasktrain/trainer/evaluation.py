@@ -113,6 +113,10 @@ def _evaluate(trainer, stage, loaders, limits):
     eval_step = strategy.eval_step if trainer.profiler is None else \
         profiled(trainer.profiler, f"{prefix}_step", strategy.eval_step)
     eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
+    # batches completed (Lightning's evaluation batch_progress, read through trainer.validate_loop / test_loop /
+    # fit_loop.epoch_loop.val_loop: lightning_loops.py): [total, in this run]; None: not known (a resumed fit's)
+    completed = trainer._eval_completed["val" if trainer.state.fn == "fit" else stage]
+    completed[1] = 0
     trainer._call(f"on_{prefix}_start")
     trainer._call(f"on_{prefix}_epoch_start")
     for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
@@ -128,6 +132,7 @@ def _evaluate(trainer, stage, loaders, limits):
             outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
             for fn in hooks[f"on_{prefix}_batch_end"]:
                 fn(outputs, batch, batch_idx, *extra)
+            completed[:] = [None if completed[0] is None else completed[0] + 1, completed[1] + 1]
             if not trainer.sanity_checking:
                 log_eval_step(trainer, stage, dataloader_idx)
     metrics.dataloader_suffix = ""

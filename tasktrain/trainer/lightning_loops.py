@@ -1,13 +1,15 @@
-"""Lightning's loop attributes (`trainer.fit_loop`, `trainer.fit_loop.epoch_loop`), as a read view of the Trainer's
-own state: a callback or script written for Lightning reads `trainer.fit_loop.epoch_progress.current.processed`,
-`trainer.fit_loop.total_batch_idx`, `trainer.fit_loop.restarting`, ... and sets `trainer.fit_loop.max_epochs = N`.
+"""Lightning's loop attributes (`trainer.fit_loop`, `.epoch_loop`, `.epoch_loop.val_loop`, `trainer.validate_loop`,
+`trainer.test_loop`), as a read view of the Trainer's own state: a callback or script written for Lightning reads
+`trainer.fit_loop.epoch_progress.current.processed`, `trainer.fit_loop.total_batch_idx`,
+`trainer.fit_loop.restarting`, ... and sets `trainer.fit_loop.max_epochs = N`.
 
 There is no loop here and no counter of its own: every value is computed, when read, from `trainer.state`
-(TrainState: epoch, batch_in_epoch, epoch_finished, global_step), `trainer.current_epoch` and two marks the loop
-keeps on the FitState of the fit in progress (fit_state.py): `epoch_phase` (where the epoch is: its
-on_train_epoch_start, its batches and validations, its end from on_train_epoch_end on) and `in_batch` (a batch was
-taken and is not yet counted in batch_in_epoch). The limits Lightning users write (max_epochs, min_epochs and, on
-`epoch_loop`, max_steps, min_steps) write the Trainer's own attributes.
+(TrainState: epoch, batch_in_epoch, epoch_finished, global_step), `trainer.current_epoch`, the evaluation batches
+the Trainer counts (`trainer._eval_completed`, evaluation.py) and marks the loop keeps on the FitState of the fit in
+progress (fit_state.py): `epoch_phase` (where the epoch is: its on_train_epoch_start, its batches and validations,
+its end from on_train_epoch_end on), `in_batch` (a batch was taken and is not yet counted in batch_in_epoch),
+`restarting`, `whole_epochs`. The limits Lightning users write (max_epochs, min_epochs and, on `epoch_loop`,
+max_steps, min_steps) write the Trainer's own attributes.
 
 Lightning's counters at each point, as this view gives them (e = the epoch being trained, N = its batches):
 
@@ -29,6 +31,8 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
                       elsewhere (tasktrain keeps no count of batches over epochs)
     restarting        a fit resumed from a checkpoint saved inside an epoch (or counted in steps: max_steps set), from
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
+    val_loop, validate_loop, test_loop   batch_progress.current / .total .completed: evaluation batches completed
+                      (EvaluationLoop: ready, started, processed are not offered)
     done              max_steps or max_epochs reached (epochs counted as `processed`), no training batches, or a stop
                       asked once min_epochs / min_steps are met (Lightning's fit_loop.done, without its log lines)
 """
@@ -38,8 +42,8 @@ class LoopAttribute:
     """`Trainer.fit_loop`: the view, made once per Trainer. Lightning lets a user replace a loop object; tasktrain has
     none, so an assignment is refused rather than ignored."""
 
-    def __init__(self, view):
-        self.view = view
+    def __init__(self, view, *args):
+        self.view, self.args = view, args
 
     def __set_name__(self, owner, name):
         self.name, self.key = name, f"_{name}_view"
@@ -49,7 +53,7 @@ class LoopAttribute:
             return self
         view = trainer.__dict__.get(self.key)
         if view is None:
-            view = trainer.__dict__[self.key] = self.view(trainer)
+            view = trainer.__dict__[self.key] = self.view(trainer, *self.args)
         return view
 
     def __set__(self, trainer, value):
@@ -87,11 +91,49 @@ class Progress:
         return f"Progress(current={self.current!r})"
 
 
+class Completed:
+    """A tracker of which only `completed` is kept (evaluation batches): ready / started / processed are not offered."""
+
+    __slots__ = ("_count",)
+
+    def __init__(self, count):
+        self._count = count
+
+    completed = property(lambda self: self._count())
+
+    def __repr__(self):
+        return f"Completed(completed={self._count()})"
+
+
+class EvaluationLoop:
+    """`trainer.validate_loop`, `trainer.test_loop` and `trainer.fit_loop.epoch_loop.val_loop`: the evaluation batches
+    completed (after each batch's on_*_batch_end), `batch_progress.current` in the run, `batch_progress.total` over
+    the Trainer's validate / test runs, or over the training epoch's validations for fit's (from each epoch's start
+    and after the sanity check, which counts its own), as Lightning's. In a fit resumed from a checkpoint, fit's
+    counts are a RuntimeError until they start again (Lightning's come from the file)."""
+
+    def __init__(self, trainer, key):
+        self._trainer, self._key = trainer, key
+        self.batch_progress = Progress.__new__(Progress)
+        self.batch_progress.current = Completed(lambda: self._count(1))
+        self.batch_progress.total = Completed(lambda: self._count(0))
+
+    def _count(self, which):
+        count = self._trainer._eval_completed[self._key][which]
+        if count is None:
+            raise RuntimeError(
+                "trainer.fit_loop.epoch_loop.val_loop.batch_progress: a fit resumed from a checkpoint counts its "
+                "validation batches from its first validation run (current) and its next epoch (total); Lightning's "
+                "counts before those come from the file, which tasktrain does not keep.")
+        return count
+
+
 class EpochLoop:
     """`trainer.fit_loop.epoch_loop`: Lightning's training epoch loop's step limits and counters."""
 
     def __init__(self, trainer):
         self._trainer = trainer
+        self.val_loop = EvaluationLoop(trainer, "val")
 
     @property
     def max_steps(self):

@@ -116,6 +116,7 @@ def train_epoch(trainer, fit, epoch):
         fit.epoch_phase, fit.in_batch = "start", False
         trainer._call("on_train_epoch_start")
         fit.epoch_phase = "run"
+        trainer._eval_completed["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order

@@ -47,7 +47,10 @@ from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
 class Trainer:
     checkpoint_seconds = 0.0  # this process's time in save_checkpoint, summed (read by ThroughputMonitor)
-    fit_loop = lightning_loops.LoopAttribute(lightning_loops.FitLoop)  # Lightning's names, a view of self.state
+    # Lightning's loop attributes: views of this Trainer's state (lightning_loops.py)
+    fit_loop = lightning_loops.LoopAttribute(lightning_loops.FitLoop)
+    validate_loop = lightning_loops.LoopAttribute(lightning_loops.EvaluationLoop, "validate")
+    test_loop = lightning_loops.LoopAttribute(lightning_loops.EvaluationLoop, "test")
 
     def __init__(
         self,
@@ -145,6 +148,9 @@ class Trainer:
         self._epoch_cut_short = False
         self._ckpt_user_path = None  # trainer.ckpt_path = ...: what every run loads until it is set to None
         self._said_once = set()  # messages Lightning's loops say once per Trainer (their warning caches)
+        # evaluation batches completed, [total, in the run] (lightning_loops.py): fit's validations (the total from
+        # each training epoch's start, as Lightning's val_loop), validate's and test's (over the Trainer's runs)
+        self._eval_completed = {"val": [0, 0], "validate": [0, 0], "test": [0, 0]}
         self._reset_run_state()
 
     def _reset_run_state(self):
@@ -565,6 +571,7 @@ class Trainer:
             loaded = resume.restore_module_and_callbacks(self, ckpt_path)
         if loaded is not None:
             resume.restore_training_state(self, loaded)
+            self._eval_completed["val"] = [None, None]  # (Lightning's come from the file: not kept here)
         fit.restarting = resume.skips_sanity_check(self, loaded)  # (Lightning's fit_loop.restarting)
         finished = loaded is not None and guards.finished_run(self, loaded.path)  # issue 38: says so
         module.zero_grad()  # Lightning clears the gradients when each entry point starts
@@ -634,6 +641,7 @@ class Trainer:
                 evaluation.evaluate(self, "validate", self._val_loader, self.num_sanity_val_batches)
             self._call("on_sanity_check_end")
         self.sanity_checking = False
+        self._eval_completed["val"] = [0, 0]  # (Lightning resets its validation progress after the sanity check)
         self._metrics.callback_metrics.clear()
         self._metrics.epoch_values.clear()
         self._metrics.eval_bar_values.clear()  # (Lightning resets its metrics after the sanity check: these too)
