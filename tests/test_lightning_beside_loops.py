@@ -161,3 +161,49 @@ def test_the_view_writes_the_limits_and_refuses_to_be_replaced():
         trainer.fit_loop = object()
     with pytest.raises(AttributeError):  # the counters are the Trainer's: not written through the view
         trainer.fit_loop.epoch_progress.current.completed = 3
+
+
+@pytest.mark.parametrize("interval", ["batch", "epoch", None])
+def test_predict_loop_batch_indices_read_as_lightnings(interval, tmp_path):
+    """trainer.predict_loop.epoch_batch_indices at each predict hook, with a writer at each batch, at the epoch's end,
+    or none; two loaders, the second one shuffled (the indices are the sampler's draw)."""
+    import copy
+
+    from torch.utils.data import DataLoader
+
+    seen = {}
+    for key, (lib, classes) in LIBS.items():
+        writer_cls = pl.callbacks.BasePredictionWriter if lib is pl else lib.callbacks.BasePredictionWriter
+
+        class Writer(writer_cls):
+            def write_on_batch_end(self, *args):
+                pass
+
+            def write_on_epoch_end(self, *args):
+                pass
+
+        class Reader(lib.Callback):
+            def __init__(self):
+                self.seen = []
+
+        for event in ("on_predict_start", "on_predict_batch_start", "on_predict_batch_end", "on_predict_epoch_end",
+                      "on_predict_end", "teardown"):
+            setattr(Reader, event, lambda self, trainer, *args, event=event, **kwargs: self.seen.append(
+                (event, copy.deepcopy(trainer.predict_loop.epoch_batch_indices))))  # (Lightning's list grows)
+
+        class TwoLoaders(classes.BoringModel):
+            def predict_step(self, batch, batch_idx, dataloader_idx=0):
+                return super().predict_step(batch, batch_idx)
+
+        reader = Reader()
+        callbacks = [reader] + ([Writer(interval)] if interval else [])
+        trainer = lib.Trainer(callbacks=callbacks, logger=False, enable_progress_bar=False, limit_predict_batches=2,
+                              default_root_dir=tmp_path)
+        data = classes.RandomDataset(32, 16)
+        lib.seed_everything(3, verbose=False)
+        trainer.predict(TwoLoaders(), [DataLoader(data, batch_size=4), DataLoader(data, batch_size=4, shuffle=True)],
+                        return_predictions=False)
+        seen[key] = reader.seen, trainer.predict_loop.epoch_batch_indices
+    assert seen["tasktrain"] == seen["lightning"]
+    if interval == "epoch":
+        assert seen["tasktrain"][0][-3][1][0] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # (on_predict_epoch_end, loader 0)

@@ -192,6 +192,8 @@ def _predict(trainer, module, loaders, limits, gather):
     per_loader = [[] for _ in loaders]
     # what an epoch writer gets: the one loader's list, or a list per loader (Lightning's shape)
     trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
+    # the batches started per loader (Lightning's predict_loop.epoch_batch_indices: lightning_loops.py)
+    started = trainer._predict_started = [0] * len(loaders)
     trainer._call("on_predict_start")
     trainer._call("on_predict_epoch_start")
     eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
@@ -204,6 +206,7 @@ def _predict(trainer, module, loaders, limits, gather):
         done = 0
         for batch_idx, batch in _batches(trainer, loader, limit, "predict"):
             batch = trainer._eval_to_device(batch, dataloader_idx)
+            started[dataloader_idx] += 1
             trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
             out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
             if keep:
@@ -213,6 +216,7 @@ def _predict(trainer, module, loaders, limits, gather):
         if writers:  # the sampler ran ahead of the batches predicted (a limit, workers' prefetch): not theirs
             del trainer.predict_batch_indices[dataloader_idx][done:]
     trainer._call("on_predict_epoch_end")
+    trainer._predict_started = None  # (Lightning empties epoch_batch_indices before on_predict_end)
     trainer._call("on_predict_end")
     restore_training_modes(module, modes)  # (Lightning calls no on_predict_model_train)
     trainer.predictions, trainer.predict_batch_indices = [], []  # the writers are done with them

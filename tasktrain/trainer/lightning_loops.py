@@ -33,6 +33,7 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
     val_loop, validate_loop, test_loop   batch_progress.current / .total .completed: evaluation batches completed
                       (EvaluationLoop: ready, started, processed are not offered)
+    predict_loop      epoch_batch_indices (PredictionLoop)
     done              max_steps or max_epochs reached (epochs counted as `processed`), no training batches, or a stop
                       asked once min_epochs / min_steps are met (Lightning's fit_loop.done, without its log lines)
 """
@@ -126,6 +127,26 @@ class EvaluationLoop:
                 "validation batches from its first validation run (current) and its next epoch (total); Lightning's "
                 "counts before those come from the file, which tasktrain does not keep.")
         return count
+
+
+class PredictionLoop:
+    """`trainer.predict_loop.epoch_batch_indices`: during a predict run, per loader, the dataset indices of each batch
+    started so far (from its on_predict_batch_start on) where a BasePredictionWriter writes at the epoch's end, else
+    an empty list per loader; [] outside a run (Lightning's, which empties it after on_predict_end)."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+
+    @property
+    def epoch_batch_indices(self):
+        from tasktrain.callbacks.prediction_writer import BasePredictionWriter
+
+        trainer, started = self._trainer, self._trainer._predict_started
+        if started is None:
+            return []
+        if not any(isinstance(cb, BasePredictionWriter) and cb.writes_on_epoch for cb in trainer.callbacks):
+            return [[] for _ in started]
+        return [list(indices[:count]) for indices, count in zip(trainer.predict_batch_indices, started)]
 
 
 class EpochLoop:

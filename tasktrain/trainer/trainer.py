@@ -51,6 +51,7 @@ class Trainer:
     fit_loop = lightning_loops.LoopAttribute(lightning_loops.FitLoop)
     validate_loop = lightning_loops.LoopAttribute(lightning_loops.EvaluationLoop, "validate")
     test_loop = lightning_loops.LoopAttribute(lightning_loops.EvaluationLoop, "test")
+    predict_loop = lightning_loops.LoopAttribute(lightning_loops.PredictionLoop)
 
     def __init__(
         self,
@@ -170,6 +171,7 @@ class Trainer:
         self._resumed_from = None
         self._fit_state = None  # the FitState of the fit in progress (fit_state.py)
         self.predictions, self.predict_batch_indices = [], []  # of the predict run in progress (prediction writers)
+        self._predict_started = None  # its batches started per loader (evaluation._predict)
 
     # -- properties ----------------------------------------------------------------------------------------------
     @property
