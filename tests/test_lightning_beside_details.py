@@ -77,3 +77,36 @@ def test_hyper_parameter_files_as_lightnings_core_saving(tmp_path):
         seen[key] = loaded, files, notes, str(refused.value).replace(str(folder), "DIR")
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"][0][0] == {"batch_size": 32, "color": "RED", "lr": 0.008, "name": "adam", "sizes": [1, 2]}
+
+
+@pytest.mark.parametrize("bar", ["rich", "tqdm"])
+def test_a_faked_clock_validates_where_lightnings_does(bar):
+    """A time-based val_check_interval under a fake time.monotonic (one second a read, as Lightning's own test fakes
+    it): the progress bar keeps its own clock, so the validations fall where Lightning's do."""
+    import time
+    from unittest.mock import patch
+
+    seen = {}
+    for key, (lib, classes, _) in LIBS.items():
+        reads = iter(range(10_000))
+        if lib is tasktrain:
+            bars = {"rich": tasktrain.callbacks.RichProgressBar, "tqdm": tasktrain.callbacks.TQDMProgressBar}
+        else:
+            bars = {"rich": pl.callbacks.RichProgressBar, "tqdm": pl.callbacks.TQDMProgressBar}
+
+        class Counted(classes.BoringModel):
+            validated = []
+
+            def on_validation_start(self):
+                self.validated.append((self.trainer.current_epoch, self.trainer.global_step))
+
+        module = Counted()
+        module.validated = []
+        with patch("time.monotonic", side_effect=lambda: next(reads)):
+            trainer = lib.Trainer(logger=False, enable_checkpointing=False, enable_model_summary=False, max_epochs=4,
+                                  limit_train_batches=2, limit_val_batches=1, val_check_interval="00:00:00:04",
+                                  check_val_every_n_epoch=None, num_sanity_val_steps=0, callbacks=[bars[bar]()])
+            trainer.fit(module)
+        seen[key] = module.validated
+        time.monotonic()  # (the real clock again)
+    assert seen["tasktrain"] == seen["lightning"] and len(seen["tasktrain"]) >= 2
