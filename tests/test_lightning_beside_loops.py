@@ -3,6 +3,8 @@ state) beside Lightning 2.6's: a recording callback reads the same attributes at
 both frameworks (a fit with a validation inside the epoch and at its end, a fit stopped inside an epoch, a second fit
 after `fit_loop.max_epochs = N`, fits resumed from a checkpoint saved inside an epoch and at an epoch's end, one
 counted in steps) and the readings must be equal, hook by hook."""
+import pickle
+
 import pytest
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -161,6 +163,9 @@ def test_the_view_writes_the_limits_and_refuses_to_be_replaced():
         trainer.fit_loop = object()
     with pytest.raises(AttributeError):  # the counters are the Trainer's: not written through the view
         trainer.fit_loop.epoch_progress.current.completed = 3
+    trainer.validate_loop.batch_progress.total.completed  # (every view made)
+    copy = pickle.loads(pickle.dumps(trainer))  # a Trainer holding its views still pickles (ddp_spawn sends it)
+    assert copy.fit_loop.max_epochs == 5 and copy.fit_loop._trainer is copy
 
 
 @pytest.mark.parametrize("interval", ["batch", "epoch", None])

@@ -116,8 +116,15 @@ class EvaluationLoop:
     def __init__(self, trainer, key):
         self._trainer, self._key = trainer, key
         self.batch_progress = Progress.__new__(Progress)
-        self.batch_progress.current = Completed(lambda: self._count(1))
-        self.batch_progress.total = Completed(lambda: self._count(0))
+        # (bound methods, not lambdas: a Trainer holding its views pickles, e.g. to ddp_spawn's processes)
+        self.batch_progress.current = Completed(self._current)
+        self.batch_progress.total = Completed(self._total)
+
+    def _current(self):
+        return self._count(1)
+
+    def _total(self):
+        return self._count(0)
 
     def _count(self, which):
         count = self._trainer._eval_completed[self._key][which]
@@ -191,7 +198,10 @@ class FitLoop:
     def __init__(self, trainer):
         self._trainer = trainer
         self.epoch_loop = EpochLoop(trainer)
-        self.epoch_progress = Progress(lambda: _epoch_counts(trainer))
+        self.epoch_progress = Progress(self._epoch_counts)
+
+    def _epoch_counts(self):
+        return _epoch_counts(self._trainer)
 
     @property
     def max_epochs(self):
