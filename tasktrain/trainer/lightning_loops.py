@@ -24,7 +24,8 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
     batch_idx         the index in its epoch of the last batch the loop took (Lightning's batch_progress.current.ready
                       - 1): from the batch's on_train_batch_start to the next one; before an epoch's first batch, the
                       last one of the epoch before (-1 before any); a RuntimeError where that epoch's length is not
-                      known (before the first batch of a used Trainer's or a resumed fit, after fit)
+                      known (before the first batch of a used Trainer's or a resumed fit, at the start of an epoch
+                      after one that on_train_batch_start's -1 ended, after fit)
     total_batch_idx   epoch x N + batch_idx, Lightning's count over the epochs where every epoch had N batches (the
                       loop's own rule for check_val_every_n_epoch=None): offered in a fit from epoch 0 whose epochs all
                       had their length (none ended by on_train_batch_start's -1), and in epoch 0; a RuntimeError
