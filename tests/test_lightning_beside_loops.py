@@ -31,7 +31,8 @@ def _reading(trainer):
             _known(lambda: loop.total_batch_idx), loop.restarting, loop.done, loop.epoch_loop.global_step,
             loop.max_epochs, loop.max_steps, loop.epoch_loop.max_steps, loop.min_epochs, loop.min_steps,
             *(_known(lambda: (evaluation.batch_progress.current.completed, evaluation.batch_progress.total.completed))
-              for evaluation in (loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)))
+              for evaluation in (loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)),
+            _known(lambda: loop.epoch_loop._batches_that_stepped))
 
 
 def _known(read):
@@ -139,6 +140,8 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
             assert name != "fit", f"{name}: reading {i} ({event})"
         if a[15] == "unknown":  # fit's validation batches in a resumed fit, before they are counted again
             assert name.startswith("resume"), f"{name}: reading {i} ({event})"
+        if a[18] == "unknown":  # the loggers' step in a restarting epoch
+            assert name.startswith("resume") and a[7], f"{name}: reading {i} ({event})"
         assert _same(a, b), f"{name}: reading {i} ({event}): tasktrain {a}, Lightning {b}"
     assert _same(mine_after, reference_after)
     if name == "fit":  # (what the comparison covers, spelled out)
@@ -148,8 +151,10 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
         assert [r[15] for e, r in mine if e == "on_validation_end"] == [(1, 1), (1, 1), (1, 2), (1, 1), (1, 2)]
         epoch_ends = [reading for event, reading in mine if event == "on_train_epoch_end"]
         assert [r[:4] for r in epoch_ends] == [(1, 1, 1, 0), (2, 2, 2, 1)]
+        # the loggers' step at each validation: after batch 2 (not counted yet), at the epoch's end (without its last)
+        assert [r[18] for e, r in mine if e == "on_validation_start"] == [0, 1, 3, 5, 7]
     if name == "evaluate":
-        assert [r[16:] for e, r in mine if e in ("on_validation_end", "on_test_end")][:3] == [
+        assert [r[16:18] for e, r in mine if e in ("on_validation_end", "on_test_end")][:3] == [
             ((4, 4), (0, 0)), ((2, 6), (0, 0)), ((2, 6), (64, 64))]
     if name == "resume_inside_epoch":
         assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not

@@ -88,6 +88,7 @@ class FitState:
     epoch_phase: Optional[str] = None
     in_batch: bool = False
     whole_epochs: bool = True  # no epoch of this fit was ended by on_train_batch_start's -1
+    validates_counted_batch: bool = False  # a validation after the batch it follows is in batches_that_stepped
     restarting: bool = False
     # stop flags (should_stop is the trainer's: callbacks set it)
     preempted: bool = False

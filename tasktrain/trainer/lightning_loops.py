@@ -8,7 +8,7 @@ There is no loop here and no counter of its own: every value is computed, when r
 the Trainer counts (`trainer._eval_completed`, evaluation.py) and marks the loop keeps on the FitState of the fit in
 progress (fit_state.py): `epoch_phase` (where the epoch is: its on_train_epoch_start, its batches and validations,
 its end from on_train_epoch_end on), `in_batch` (a batch was taken and is not yet counted in batch_in_epoch),
-`restarting`, `whole_epochs`. The limits Lightning users write (max_epochs, min_epochs and, on `epoch_loop`,
+`restarting`, `whole_epochs`, `validates_counted_batch`. The limits Lightning users write (max_epochs, min_epochs and, on `epoch_loop`,
 max_steps, min_steps) write the Trainer's own attributes.
 
 Lightning's counters at each point, as this view gives them (e = the epoch being trained, N = its batches):
@@ -30,6 +30,8 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
                       loop's own rule for check_val_every_n_epoch=None): offered in a fit from epoch 0 whose epochs all
                       had their length (none ended by on_train_batch_start's -1), and in epoch 0; a RuntimeError
                       elsewhere (tasktrain keeps no count of batches over epochs)
+    epoch_loop._batches_that_stepped   the loggers' step (TrainState.batches_that_stepped), less the batch a
+                      validation follows where tasktrain validates after counting it; refused in a restarting epoch
     restarting        a fit resumed from a checkpoint saved inside an epoch (or counted in steps: max_steps set), from
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
     val_loop, validate_loop, test_loop   batch_progress.current / .total .completed: evaluation batches completed
@@ -183,6 +185,20 @@ class EpochLoop:
     @property
     def global_step(self):
         return self._trainer.global_step
+
+    @property
+    def _batches_that_stepped(self):
+        """The loggers' step (trainer.state.batches_that_stepped, docs/logging.md), as Lightning's reads at each
+        point: a validation tasktrain runs after the batch it follows is counted (the epoch's end, a stop) sees the
+        count without it."""
+        trainer = self._trainer
+        fit = trainer._fit_state
+        if fit is not None and fit.restarting:
+            raise RuntimeError(
+                "trainer.fit_loop.epoch_loop._batches_that_stepped in the first epoch of a resumed fit: Lightning's "
+                "counts the batch the checkpoint was saved in when its loop restarts, tasktrain when it saves; read "
+                "trainer.state.batches_that_stepped (the loggers' step).")
+        return trainer.state.batches_that_stepped - int(fit is not None and fit.validates_counted_batch)
 
     @property
     def batch_idx(self):

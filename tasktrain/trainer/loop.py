@@ -588,6 +588,17 @@ def val_at_epoch_end(trainer, epoch):
 def run_validation(trainer, step=None, zero_grad=True):
     """Validation inside fit; its epoch values are written at `step` (None: batches_that_stepped, the count of the
     batch it runs after, which is not yet counted), with the epoch, as Lightning's."""
+    fit = trainer._fit_state
+    # a step given: the batch it follows is counted already (the epoch's end, a stop), where Lightning's is not yet
+    # (its fit_loop.epoch_loop._batches_that_stepped: lightning_loops.py)
+    fit.validates_counted_batch = step is not None
+    try:
+        _run_validation(trainer, step, zero_grad)
+    finally:
+        fit.validates_counted_batch = False
+
+
+def _run_validation(trainer, step, zero_grad):
     from tasktrain.trainer.evaluation import evaluate
 
     if trainer.limit_val_batches == 0:
