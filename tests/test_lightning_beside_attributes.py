@@ -1,0 +1,96 @@
+"""The public attributes a Lightning user's callback or script reads on the Trainer and the module, beside Lightning
+itself: one recording callback reads them all at every hook of fit, validate, test and predict (and before and
+after each run) under both frameworks, and the records are compared value by value; strict_loading at resume and at
+load_from_checkpoint; received_sigterm after a SIGTERM to the process; device_ids / num_devices /
+distributed_sampler_kwargs on two gloo processes."""
+import os
+import signal
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
+
+import tasktrain  # noqa: E402
+from tasktrain.demos import boring_classes as ours  # noqa: E402
+
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+HOOKS = ("setup", "teardown", "on_fit_start", "on_fit_end", "on_sanity_check_start", "on_sanity_check_end",
+         "on_train_start", "on_train_end", "on_train_epoch_start", "on_train_epoch_end", "on_train_batch_start",
+         "on_train_batch_end", "on_validation_start", "on_validation_end", "on_validation_epoch_start",
+         "on_validation_epoch_end", "on_validation_batch_start", "on_validation_batch_end", "on_test_start",
+         "on_test_end", "on_test_epoch_start", "on_test_epoch_end", "on_test_batch_start", "on_test_batch_end",
+         "on_predict_start", "on_predict_end", "on_predict_epoch_start", "on_predict_epoch_end",
+         "on_predict_batch_start", "on_predict_batch_end")
+
+
+def _loaders(value):
+    """A loader (or list / dict of loaders) as the lengths of its loaders, comparable across frameworks."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_loaders(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _loaders(v) for k, v in value.items()}
+    return ("loader", len(value))
+
+
+def read(trainer, module):
+    """Every attribute of the item, in a form both frameworks can be compared in."""
+    seen = dict(
+        accelerator=type(trainer.accelerator).__name__, device_ids=trainer.device_ids,
+        num_devices=trainer.num_devices, distributed_sampler_kwargs=trainer.distributed_sampler_kwargs,
+        stages=(trainer.training, trainer.sanity_checking, trainer.validating, trainer.testing, trainer.predicting),
+        evaluating=trainer.evaluating, is_last_batch=trainer.is_last_batch, received_sigterm=trainer.received_sigterm,
+        scaler=None if trainer.scaler is None else type(trainer.scaler).__name__,
+        train_dataloader=_loaders(trainer.train_dataloader), val_dataloaders=_loaders(trainer.val_dataloaders),
+        test_dataloaders=_loaders(trainer.test_dataloaders),
+        predict_dataloaders=_loaders(trainer.predict_dataloaders),
+        num_training_batches=trainer.num_training_batches, num_val_batches=trainer.num_val_batches,
+        num_sanity_val_batches=trainer.num_sanity_val_batches, num_test_batches=trainer.num_test_batches,
+        num_predict_batches=trainer.num_predict_batches,
+    )
+    if module is not None:
+        seen.update(fabric=module.fabric, on_gpu=module.on_gpu, strict_loading=module.strict_loading,
+                    keys=(module.CHECKPOINT_HYPER_PARAMS_KEY, module.CHECKPOINT_HYPER_PARAMS_NAME,
+                          module.CHECKPOINT_HYPER_PARAMS_TYPE))
+    return seen
+
+
+def _recorder(lib):
+    records = []
+
+    def make(name):
+        def hook(self, trainer, pl_module, *args, **kwargs):
+            records.append((name, read(trainer, pl_module)))
+        return hook
+
+    recorder = type("Recorder", (lib.Callback,), {name: make(name) for name in HOOKS})()
+    return recorder, records
+
+
+def _runs(lib, classes):
+    recorder, records = _recorder(lib)
+    model = classes.BoringModel()
+    trainer = lib.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, limit_test_batches=2,
+                          limit_predict_batches=2, num_sanity_val_steps=1, callbacks=[recorder], **QUIET)
+    records.append(("before", read(trainer, None)))
+    trainer.fit(model)
+    records.append(("after fit", read(trainer, model)))
+    trainer.validate(model)
+    records.append(("after validate", read(trainer, model)))
+    trainer.test(model)
+    records.append(("after test", read(trainer, model)))
+    trainer.predict(model)
+    records.append(("after predict", read(trainer, model)))
+    return records
+
+
+def test_every_attribute_reads_lightnings_value_at_every_hook():
+    mine, reference = _runs(tasktrain, ours), _runs(pl, theirs)
+    assert [name for name, _ in mine] == [name for name, _ in reference]
+    differences = [(i, name, key, value, reference[i][1][key]) for i, (name, seen) in enumerate(mine)
+                   for key, value in seen.items() if value != reference[i][1][key]]
+    assert not differences, "\n".join(map(str, differences))
