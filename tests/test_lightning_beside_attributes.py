@@ -94,3 +94,86 @@ def test_every_attribute_reads_lightnings_value_at_every_hook():
     differences = [(i, name, key, value, reference[i][1][key]) for i, (name, seen) in enumerate(mine)
                    for key, value in seen.items() if value != reference[i][1][key]]
     assert not differences, "\n".join(map(str, differences))
+
+
+def _strict_loading(lib, classes, root):
+    """A checkpoint of BoringModel loaded into one with an extra buffer (a key the file lacks), at a fit's resume
+    and in load_from_checkpoint, with and without strict_loading=False: the outcome and what was said."""
+    os.makedirs(root)
+    trainer = lib.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, default_root_dir=root, **QUIET)
+    trainer.fit(classes.BoringModel())
+    path = os.path.join(root, "boring.ckpt")
+    trainer.save_checkpoint(path)
+
+    class Wider(classes.BoringModel):
+        def __init__(self, loose=None):
+            super().__init__()
+            self.register_buffer("extra", torch.ones(2))
+            if loose is not None:
+                self.strict_loading = not loose
+
+    def outcome(fn):
+        import warnings
+
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                result = fn()
+            except Exception as error:
+                result = type(error).__name__
+        return result, [str(w.message) for w in said if "Found keys" in str(w.message)]
+
+    def resume(loose):
+        model = Wider(loose)
+        lib.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, default_root_dir=root,
+                    **QUIET).fit(model, ckpt_path=path)
+        return model.strict_loading, model.extra.tolist()
+
+    def load(loose, strict):
+        model = Wider.load_from_checkpoint(path, strict=strict, **({} if loose is None else {"loose": loose}))
+        return model.strict_loading, torch.equal(model.layer.weight, torch.load(path)["state_dict"]["layer.weight"])
+
+    return [outcome(lambda: resume(loose)) for loose in (None, True)] + \
+        [outcome(lambda: load(loose, strict)) for loose, strict in ((None, None), (True, None), (None, False),
+                                                                   (True, True), (True, False), (False, False))]
+
+
+def test_strict_loading_at_resume_and_load_from_checkpoint_as_lightning(tmp_path):
+    mine = _strict_loading(tasktrain, ours, str(tmp_path / "ours"))
+    reference = _strict_loading(pl, theirs, str(tmp_path / "theirs"))
+    assert mine == reference
+    missing = ["Found keys that are in the model state dict but not in the checkpoint: ['extra']"]
+    assert mine == [("RuntimeError", []), ((False, [1.0, 1.0]), []), ("RuntimeError", []), ((False, True), missing),
+                    ((True, True), missing), ("ValueError", []), ((False, True), missing), ("ValueError", [])]
+
+
+def _sigterm(lib, classes, root):
+    seen = []
+
+    class Kill(lib.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            seen.append((batch_idx, trainer.received_sigterm))
+
+        def on_exception(self, trainer, pl_module, exception):
+            seen.append((isinstance(exception, SystemExit), trainer.received_sigterm))
+
+    trainer = lib.Trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=0, default_root_dir=root,
+                          callbacks=[Kill()], **QUIET)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        trainer.fit(classes.BoringModel())
+    except SystemExit:  # (both stop the fit with one: Lightning's SIGTERMException, tasktrain's pre-emption exit)
+        seen.append("exit")
+    assert signal.getsignal(signal.SIGTERM) == previous  # (the handler given back)
+    seen.append(("after", trainer.received_sigterm))
+    trainer.validate(classes.BoringModel())  # a new run starts without it
+    seen.append(("validate", trainer.received_sigterm))
+    return seen
+
+
+def test_received_sigterm_is_set_by_the_handler_as_lightnings(tmp_path):
+    mine = _sigterm(tasktrain, ours, str(tmp_path / "ours"))
+    assert mine == _sigterm(pl, theirs, str(tmp_path / "theirs"))
+    assert mine == [(0, False), (1, True), (True, True), "exit", ("after", True), ("validate", False)]

@@ -43,7 +43,8 @@ class TaskModule(torch.nn.Module):
     prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
     # Properties torch.jit.script must not compile (they read the trainer or iterate parameters).
     __jit_unused_properties__ = ["trainer", "hparams", "hparams_initial", "device", "dtype", "logger", "loggers",
-                                 "global_step", "current_epoch", "global_rank", "local_rank", "device_mesh"]
+                                 "global_step", "current_epoch", "global_rank", "local_rank", "device_mesh",
+                                 "on_gpu", "fabric", "strict_loading"]
 
     def __init__(self):
         super().__init__()
