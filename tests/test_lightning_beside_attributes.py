@@ -177,3 +177,61 @@ def test_received_sigterm_is_set_by_the_handler_as_lightnings(tmp_path):
     mine = _sigterm(tasktrain, ours, str(tmp_path / "ours"))
     assert mine == _sigterm(pl, theirs, str(tmp_path / "theirs"))
     assert mine == [(0, False), (1, True), (True, True), "exit", ("after", True), ("validate", False)]
+
+
+def _accelerator_and_scaler(lib, plugin_class):
+    accelerator = lib.Trainer(**QUIET).accelerator
+    seen = [type(accelerator).__name__, accelerator.is_available(), accelerator.auto_device_count(),
+            accelerator.name(), accelerator.parse_devices("2"), accelerator.get_parallel_devices(2),
+            sorted(accelerator.get_device_stats(torch.device("cpu")))]
+    for call in (lambda: accelerator.setup_device(torch.device("meta")), lambda: accelerator.parse_devices(0)):
+        try:
+            call()
+        except Exception as error:
+            seen.append((type(error).__name__, str(error)))
+    for kwargs in (dict(), dict(precision="bf16-mixed"), dict(plugins=[plugin_class("16-mixed", "cpu")])):
+        trainer = lib.Trainer(**kwargs, **QUIET)
+        seen.append((trainer.precision, type(trainer.scaler).__name__, trainer.scaler is trainer.precision_plugin.scaler
+                     if trainer.scaler is not None else None))
+    return seen
+
+
+def test_the_accelerator_object_and_the_scaler_as_lightnings():
+    from lightning.pytorch.plugins import MixedPrecision as TheirPrecision
+
+    from tasktrain.plugins import MixedPrecision
+
+    mine = _accelerator_and_scaler(tasktrain, MixedPrecision)
+    assert mine == _accelerator_and_scaler(pl, TheirPrecision)
+    assert mine[0] == "CPUAccelerator" and mine[-1] == ("16-mixed", "GradScaler", True)
+    from tasktrain.accelerators import CUDAAccelerator, accelerator_for
+
+    assert isinstance(accelerator_for(torch.device("cuda", 0)), CUDAAccelerator)
+    assert CUDAAccelerator.is_available() == torch.cuda.is_available()
+
+
+def _hparams(classes, datamodule_class):
+    class Base(classes.BoringModel):
+        def __init__(self, a=1, b=2):
+            super().__init__()
+            self.save_hyperparameters()
+
+    class Child(Base):
+        def __init__(self, a=1, b=2):
+            super().__init__(a, b)
+            self.remove_ignored_hparams(["b", "not_there"])
+
+    class Data(datamodule_class):
+        def __init__(self, size=4, workers=0):
+            super().__init__()
+            self.save_hyperparameters()
+            self.remove_ignored_hparams(["workers"])
+
+    return (dict(Child().hparams), dict(Data().hparams), Child().fabric, Child().on_gpu,
+            [getattr(Data, f"CHECKPOINT_HYPER_PARAMS_{k}") for k in ("KEY", "NAME", "TYPE")])
+
+
+def test_remove_ignored_hparams_and_the_datamodules_keys_as_lightnings():
+    mine = _hparams(ours, tasktrain.DataModule)
+    assert mine == _hparams(theirs, pl.LightningDataModule)
+    assert mine[:2] == ({"a": 1}, {"size": 4})
