@@ -34,7 +34,10 @@ def _loaders(value):
         return [_loaders(v) for v in value]
     if isinstance(value, dict):
         return {k: _loaders(v) for k, v in value.items()}
-    return ("loader", len(value))
+    try:
+        return ("loader", len(value))
+    except TypeError:  # (an iterable dataset's)
+        return ("loader", None)
 
 
 def read(trainer, module):
@@ -88,12 +91,42 @@ def _runs(lib, classes):
     return records
 
 
-def test_every_attribute_reads_lightnings_value_at_every_hook():
-    mine, reference = _runs(tasktrain, ours), _runs(pl, theirs)
+def _differences(mine, reference):
     assert [name for name, _ in mine] == [name for name, _ in reference]
-    differences = [(i, name, key, value, reference[i][1][key]) for i, (name, seen) in enumerate(mine)
-                   for key, value in seen.items() if value != reference[i][1][key]]
+    return [(i, name, key, value, reference[i][1][key]) for i, (name, seen) in enumerate(mine)
+            for key, value in seen.items() if value != reference[i][1][key]]
+
+
+def test_every_attribute_reads_lightnings_value_at_every_hook():
+    differences = _differences(_runs(tasktrain, ours), _runs(pl, theirs))
     assert not differences, "\n".join(map(str, differences))
+
+
+def _unsized_then_again(lib, classes):
+    """Loaders without a length (fit and test), then a second fit of the same Trainer on sized ones."""
+    recorder, records = _recorder(lib)
+    model = classes.BoringModel()
+    trainer = lib.Trainer(max_epochs=1, num_sanity_val_steps=1, callbacks=[recorder], **QUIET)
+
+    def unsized():
+        return torch.utils.data.DataLoader(classes.RandomIterableDataset(32, 4), batch_size=2)
+
+    trainer.fit(model, unsized(), unsized())
+    trainer.test(model, unsized())
+    trainer.fit(model, torch.utils.data.DataLoader(classes.RandomDataset(32, 4), batch_size=2))
+    records.append(("after", read(trainer, model)))
+    return records
+
+
+def test_loaders_without_a_length_and_a_second_fit_read_lightnings_counts():
+    differences = _differences(_unsized_then_again(tasktrain, ours), _unsized_then_again(pl, theirs))
+    # Lightning's bug (docs/lightning.md, issue 37): during a fit's sanity check its num_test_batches reads the last
+    # test's counts cut to num_sanity_val_steps (every evaluation loop's max_batches is cut while sanity checking)
+    assert differences and all(key == "num_test_batches" and value == [float("inf")] and theirs_ == [1]
+                               for _, _, key, value, theirs_ in differences), differences
+    assert {name for _, name, _, _, _ in differences} == {
+        "on_sanity_check_start", "on_sanity_check_end", "on_validation_start", "on_validation_epoch_start",
+        "on_validation_batch_start", "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end"}
 
 
 def _strict_loading(lib, classes, root):

@@ -595,7 +595,7 @@ def run_validation(trainer, step=None, zero_grad=True):
     if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)
         return
     loaders.reload_val_when_due(trainer)
-    values = evaluate(trainer, "validate", trainer._val_loader, trainer.num_val_batches)
+    values = evaluate(trainer, "validate", trainer._val_loader, trainer._counts["fit"])
     if values:  # every rank (log_to_loggers)
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), step, add_epoch=True)
     trainer._metrics.set_stage("train", True, False)

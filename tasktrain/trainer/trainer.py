@@ -144,16 +144,12 @@ class Trainer:
         self._epoch_cut_short = False
         self._ckpt_user_path = None  # trainer.ckpt_path = ...: what every run loads until it is set to None
         self._said_once = set()  # messages Lightning's loops say once per Trainer (their warning caches)
-        # The batch counts (Lightning's num_*_batches): kept after their run, as Lightning's loops keep them; a count
-        # is set when its loader is, each one per loader (its batch count, or None without a length). The fit's
-        # (training, validation, sanity check) start afresh with each fit (_start_fit_counts).
+        # The batch counts of each loop (Lightning's num_*_batches): one per loader (None: no length), set when the
+        # loop's loaders are, kept after its run until they are set again (Lightning's loops keep theirs). The
+        # properties below read them in Lightning's form (inf for no length).
         self._num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
-        self._fit_val_batches, self._validate_val_batches = [], []  # (num_val_batches reads the one of state.fn)
-        self.num_sanity_val_batches, self.num_test_batches, self.num_predict_batches = [], [], []
+        self._counts = {"fit": [], "sanity": [], "validate": [], "test": [], "predict": []}  # ("fit": its validation)
         self._reset_run_state()
-
-    def _start_fit_counts(self):
-        self._num_training_batches, self._fit_val_batches, self.num_sanity_val_batches = None, [], []
 
     def _reset_run_state(self):
         """What belongs to one run (fit, validate, ...): fresh at the start of each, so nothing leaks into the next."""
@@ -364,14 +360,35 @@ class Trainer:
     @property
     def num_val_batches(self):
         """The validation counts of the last validate run while one runs (state.fn), else the fit's (Lightning's)."""
-        return self._validate_val_batches if self.state.fn == TrainerFn.VALIDATING else self._fit_val_batches
+        return _inf_counts(self._counts["validate" if self.state.fn == TrainerFn.VALIDATING else "fit"])
 
     @num_val_batches.setter
     def num_val_batches(self, counts):
-        if self.state.fn == TrainerFn.VALIDATING:
-            self._validate_val_batches = counts
-        else:
-            self._fit_val_batches = counts
+        self._counts["validate" if self.state.fn == TrainerFn.VALIDATING else "fit"] = counts
+
+    @property
+    def num_sanity_val_batches(self):
+        return _inf_counts(self._counts["sanity"])
+
+    @num_sanity_val_batches.setter
+    def num_sanity_val_batches(self, counts):
+        self._counts["sanity"] = counts
+
+    @property
+    def num_test_batches(self):
+        return _inf_counts(self._counts["test"])
+
+    @num_test_batches.setter
+    def num_test_batches(self, counts):
+        self._counts["test"] = counts
+
+    @property
+    def num_predict_batches(self):
+        return _inf_counts(self._counts["predict"])
+
+    @num_predict_batches.setter
+    def num_predict_batches(self, counts):
+        self._counts["predict"] = counts
 
     @property
     def test_dataloaders(self):
@@ -623,7 +640,6 @@ class Trainer:
         configure_optimizers reads estimated_stepping_batches or the strategy needs the micro-batch size."""
         strategy = self.strategy
         self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
-        self._start_fit_counts()
         _convert_sync_batchnorm(module, strategy, self.sync_batchnorm)
         check_optimization_hooks(module, strategy)
         # A used Trainer goes on from its last fit's counters (Lightning's); a checkpoint's win (resume.py). Data
@@ -712,7 +728,7 @@ class Trainer:
         with isolate_rng():  # the training draws as it would without a sanity check (Lightning's rule)
             self._call("on_sanity_check_start")
             if loaders.val_data_now(self) is not None:  # val_dataloader is requested here, as in Lightning
-                evaluation.evaluate(self, "validate", self._val_loader, self.num_sanity_val_batches)
+                evaluation.evaluate(self, "validate", self._val_loader, self._counts["sanity"])
             self._call("on_sanity_check_end")
         self.state.stage = outer_stage  # (training again, Lightning's)
         self._metrics.callback_metrics.clear()
@@ -739,7 +755,7 @@ class Trainer:
     def estimated_stepping_batches(self):
         """The optimizer steps this fit will take (Lightning's): per epoch ceil(batches / accumulate_grad_batches)
         of this rank's shard, times max_epochs, capped by max_steps; readable from configure_optimizers on."""
-        if self._num_training_batches is None and self.state.fn == "fit" and getattr(self, "_train_data", 0) is None:
+        if self.state.fn == "fit" and getattr(self, "_train_data", 0) is None:
             loaders.train_data_now(self)  # read in configure_optimizers: the training loader is requested now (Lightning's)
         if self._num_training_batches is None:
             if self.max_steps != -1:
@@ -995,6 +1011,10 @@ class _StageRun:
 _NULL = contextlib.nullcontext()
 _RUNNING_STAGE = {"fit": RunningStage.TRAINING, "validate": RunningStage.VALIDATING, "test": RunningStage.TESTING,
                   "predict": RunningStage.PREDICTING}
+
+
+def _inf_counts(counts):
+    return [float("inf") if count is None else count for count in counts]
 
 
 def _one_or_list(loaders):
