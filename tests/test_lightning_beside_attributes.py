@@ -268,3 +268,32 @@ def test_remove_ignored_hparams_and_the_datamodules_keys_as_lightnings():
     mine = _hparams(ours, tasktrain.DataModule)
     assert mine == _hparams(theirs, pl.LightningDataModule)
     assert mine[:2] == ({"a": 1}, {"size": 4})
+
+
+def test_strict_loading_reaches_deepspeeds_engine_at_resume(tmp_path):
+    """Under DeepSpeed the engine loads the weights of a resumed fit itself: strict_loading=False reaches it (as
+    Lightning's DeepSpeedStrategy passes load_module_strict=strict_loading); strict, a key the file lacks fails."""
+    pytest.importorskip("deepspeed")
+    from helpers import Linear, loader, quiet
+
+    saving = tasktrain.ModelCheckpoint(dirpath=str(tmp_path), filename="ds")
+    tasktrain.Trainer(strategy="deepspeed_stage_2", devices=1, max_epochs=1, enable_model_summary=False,
+                      **quiet(enable_checkpointing=True, callbacks=[saving])).fit(Linear(), loader(n=16, batch_size=8))
+
+    class Wider(Linear):
+        def __init__(self, loose):
+            super().__init__()
+            self.register_buffer("extra", torch.full((2,), 3.0))
+            self.strict_loading = not loose
+
+    seen = []
+    for loose in (True, False):
+        module = Wider(loose)
+        trainer = tasktrain.Trainer(strategy="deepspeed_stage_2", devices=1, max_epochs=2, enable_model_summary=False,
+                                    **quiet())
+        try:
+            trainer.fit(module, loader(n=16, batch_size=8), ckpt_path=str(tmp_path / "ds.ckpt"))
+            seen.append((trainer.global_step, module.extra.tolist()))
+        except RuntimeError as error:
+            seen.append("module.extra" in str(error))
+    assert seen == [(4, [3.0, 3.0]), True]
