@@ -237,6 +237,7 @@ def test_the_accelerator_object_and_the_scaler_as_lightnings():
     mine = _accelerator_and_scaler(tasktrain, MixedPrecision)
     assert mine == _accelerator_and_scaler(pl, TheirPrecision)
     assert mine[0] == "CPUAccelerator" and mine[-1] == ("16-mixed", "GradScaler", True)
+    assert isinstance(tasktrain.Trainer(**QUIET).accelerator, tasktrain.accelerators.Accelerator)  # (Lightning's path)
     from tasktrain.accelerators import CUDAAccelerator, accelerator_for
 
     assert isinstance(accelerator_for(torch.device("cuda", 0)), CUDAAccelerator)

@@ -222,6 +222,12 @@ class TaskModule(torch.nn.Module):
         """Lightning's module under Lightning Fabric; tasktrain's modules never are: None."""
         return None
 
+    @fabric.setter
+    def fabric(self, fabric):
+        if fabric is not None:
+            raise TypeError(f"{type(self).__name__}.fabric = {type(fabric).__name__}: a tasktrain module does not run "
+                            "under Lightning Fabric; train it with tasktrain.Trainer (or tasktrain.Accelerator).")
+
     @property
     def on_gpu(self) -> bool:
         return self.device.type == "cuda"
