@@ -1,8 +1,8 @@
 """The public attributes a Lightning user's callback or script reads on the Trainer and the module, beside Lightning
 itself: one recording callback reads them all at every hook of fit, validate, test and predict (and before and
 after each run) under both frameworks, and the records are compared value by value; strict_loading at resume and at
-load_from_checkpoint; received_sigterm after a SIGTERM to the process; device_ids / num_devices /
-distributed_sampler_kwargs on two gloo processes."""
+load_from_checkpoint (and under DeepSpeed's engine); received_sigterm after a SIGTERM to the process. (device_ids,
+num_devices, distributed_sampler_kwargs on two gloo processes: tests/test_lightning_ddp.py, in its one launch.)"""
 import os
 import signal
 
@@ -98,8 +98,18 @@ def _differences(mine, reference):
 
 
 def test_every_attribute_reads_lightnings_value_at_every_hook():
-    differences = _differences(_runs(tasktrain, ours), _runs(pl, theirs))
+    mine = _runs(tasktrain, ours)
+    differences = _differences(mine, _runs(pl, theirs))
     assert not differences, "\n".join(map(str, differences))
+    by_hook = {}
+    for name, seen in mine:
+        by_hook.setdefault(name, []).append(seen)
+    assert by_hook["before"][0]["num_training_batches"] == float("inf")
+    assert [seen["is_last_batch"] for seen in by_hook["on_train_batch_start"]] == [False, False, True]
+    assert [seen["evaluating"] for seen in by_hook["setup"]] == [False, True, True, False]
+    assert by_hook["on_test_start"][0]["test_dataloaders"] == ("loader", 64)
+    assert by_hook["after predict"][0]["num_val_batches"] == [2] and by_hook["on_fit_start"][0]["keys"] == (
+        "hyper_parameters", "hparams_name", "hparams_type")
 
 
 def _unsized_then_again(lib, classes):
