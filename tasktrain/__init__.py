@@ -97,7 +97,8 @@ def __getattr__(name):
 
 
 _SUBPACKAGES = ("callbacks", "loggers", "utilities", "strategies", "trainer", "core", "profilers", "tuner", "cli",
-                "data", "accelerator", "utils", "inference", "checkpoint_io", "exceptions", "demos", "plugins")
+                "data", "accelerator", "utils", "inference", "checkpoint_io", "exceptions", "demos", "plugins",
+                "accelerators")
 
 
 def __dir__():

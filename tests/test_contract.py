@@ -364,7 +364,7 @@ def test_the_public_trainer_api_callbacks_read():
     logged_in_fit = dict(trainer.logged_metrics)  # (each run starts logged_metrics afresh, as Lightning's)
     trainer.test(Linear(), loader(n=16))
     assert seen["fit"] == (True, 4, [3], [1])
-    assert seen["test"] == (False, [2], [])
+    assert seen["test"] == (False, [2], [3])  # num_val_batches: the fit's, kept (Lightning's; beside_attributes)
     assert (0, {"custom": 2.5, "epoch": 0.0}) in logger.rows and logged_in_fit["custom"] == 2.5
     Trainer(max_epochs=1, callbacks=[Read()], **quiet(logger=logger)).fit(Linear(), loader())
     assert seen["fit"][:3] == (False, 4, [])

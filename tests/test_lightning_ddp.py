@@ -27,6 +27,9 @@ def test_callbacks_profiler_and_refusals_on_two_processes(ran):
     out, facts, stdout = ran
     # EMA: the same average on both ranks (the replicas step together)
     assert facts[0]["weights"] == facts[1]["weights"] and facts[0]["global_step"] == 8
+    # Lightning's values for DDP on 2 CPU processes (its device_ids: each parallel device's index, or its position)
+    for rank in (0, 1):
+        assert facts[rank]["devices"] == [[0, 1], 2, {"num_replicas": 2, "rank": rank}, "CPUAccelerator"]
     # the time schedule (a zero interval), decided by rank 0 at every optimizer step as Lightning: the same files
     assert facts[0]["saved"] == facts[1]["saved"] == [f"epoch={(s - 1) // 4}-step={s}.ckpt" for s in range(1, 9)]
     # ThroughputMonitor: rank 0 writes; the global rates are the device's times the world size

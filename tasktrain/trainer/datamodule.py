@@ -11,6 +11,10 @@ from tasktrain.trainer.module import AttributeDict, TaskModule
 class DataModule:
     prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
     name = None
+    # where a checkpoint keeps its save_hyperparameters()'s values (Lightning's keys; load_from_checkpoint reads them)
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
 
     def __init__(self):
         self.trainer = None  # set by the Trainer when a run with this DataModule starts
@@ -23,6 +27,7 @@ class DataModule:
     # self.save_hyperparameters() in __init__, as in a TaskModule (kept in checkpoints as datamodule_hyper_parameters)
     save_hyperparameters = TaskModule.save_hyperparameters
     hparams_initial = TaskModule.hparams_initial
+    remove_ignored_hparams = TaskModule.remove_ignored_hparams
 
     @classmethod
     def from_datasets(cls, train_dataset=None, val_dataset=None, test_dataset=None, predict_dataset=None,
@@ -99,10 +104,11 @@ class DataModule:
         from tasktrain.checkpoint_io import load_checkpoint_file
 
         ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
-        hparams = dict(ckpt.get("datamodule_hyper_parameters") or {})
+        hparams = dict(ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
         params = inspect.signature(cls.__init__).parameters
-        if ckpt.get("datamodule_hparams_name") in params:  # as the module's (Lightning's): from that argument
-            hparams = {ckpt["datamodule_hparams_name"]: hparams}
+        name = ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
+        if name in params:  # as the module's (Lightning's): from that argument
+            hparams = {name: hparams}
         hparams.update(overrides)
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         unknown = sorted(k for k in overrides if k not in params) if not takes_kwargs else []

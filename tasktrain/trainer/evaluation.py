@@ -34,7 +34,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             ckpt = strategy.load_checkpoint(path)
             with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
                 module.on_load_checkpoint(ckpt)
-            strategy.load_module_state_dict(ckpt["state_dict"])
+            strategy.load_module_state_dict(ckpt["state_dict"], strict=module.strict_loading)
     trainer._resumed_from = path  # trainer.ckpt_path: what this run loaded (Lightning's, for every entry point)
     limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
                  "predict": trainer.limit_predict_batches}[stage]
@@ -51,6 +51,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed) for one in as_loaders(loader)]
     limits = [limit_eval(one, limit_arg) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
+    setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
     trainer._watch()
     if stage == "predict":
         per_loader = predict(trainer, module, loaders, limits, gather)

@@ -78,7 +78,7 @@ def check_val_interval_fits(trainer, has_length):
     if not trainer.enable_validation or interval is None or trainer._val_check_time_interval is not None:
         return
     if isinstance(interval, int) and not isinstance(interval, bool):
-        batches = trainer.num_training_batches
+        batches = trainer._num_training_batches
         if has_length and batches is not None and interval > batches and \
                 trainer.check_val_every_n_epoch is not None and trainer.limit_val_batches != 0:
             raise ValueError(
@@ -145,7 +145,7 @@ def check_training_batches(length, loader):
 def trains_nothing(trainer):
     """limit_train_batches=0: Lightning skips fit's loop (no epoch, no checkpoint, `last` unchanged); so do we, and
     say so instead of counting empty epochs and saving an `epoch=N-step=0` checkpoint."""
-    if trainer.num_training_batches != 0:
+    if trainer._num_training_batches != 0:
         return False
     if trainer.is_global_zero:
         print(f"[tasktrain] limit_train_batches={trainer.limit_train_batches}: fit trains nothing (no epoch, no "

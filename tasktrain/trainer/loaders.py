@@ -57,7 +57,7 @@ def setup_train(trainer, loader, previous=None):
     length = len(train_data) if train_data.has_len() else None
     guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error
     trainer._epoch_length = evaluation.apply_limit(length, trainer.limit_train_batches, "limit_train_batches")
-    trainer.num_training_batches = trainer._epoch_length
+    trainer._num_training_batches = trainer._epoch_length
     trainer.val_check_batch = val_check_batch(trainer)
     # samples of the global order per optimizer step, all processes together (a resume says when it changes)
     accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1
@@ -75,7 +75,7 @@ def val_check_batch(trainer):
     """Lightning's trainer.val_check_batch once the training data is set up: the batches between validations (an
     int interval as given, a fraction of the epoch's batches, inf for a fraction 1.0 of a loader without a length;
     None with a time interval)."""
-    interval, batches = trainer.val_check_interval, trainer.num_training_batches
+    interval, batches = trainer.val_check_interval, trainer._num_training_batches
     if trainer._val_check_time_interval is not None:
         return None
     if isinstance(interval, int):

@@ -49,9 +49,9 @@ def fit_loop(trainer, fit):
     trainer.training = True
     fit.first_epoch = trainer.state.epoch  # its first step may compile: no watchdog deadline (issue 19)
     guards.check_val_interval_fits(trainer, trainer._loader_data.has_len())
-    if trainer.loggers and trainer.num_training_batches is not None and not trainer.fast_dev_run and \
-            trainer.num_training_batches < trainer.log_every_n_steps:
-        warnings.warn(f"The number of training batches ({trainer.num_training_batches}) is smaller than the logging "
+    if trainer.loggers and trainer._num_training_batches is not None and not trainer.fast_dev_run and \
+            trainer._num_training_batches < trainer.log_every_n_steps:
+        warnings.warn(f"The number of training batches ({trainer._num_training_batches}) is smaller than the logging "
                       f"interval Trainer(log_every_n_steps={trainer.log_every_n_steps}). Set a lower value for "
                       "log_every_n_steps if you want to see logs for the training epoch.", PossibleUserWarning)
     if trainer.state.batch_in_epoch == 0:
@@ -89,8 +89,7 @@ def fit_loop(trainer, fit):
             _log.info(f"Trainer was signaled to stop but the required `min_epochs={trainer.min_epochs!r}` or "
                       f"`min_steps={trainer.min_steps!r}` has not been met. Training will continue...")
     say_why_fit_stopped(trainer)
-    trainer.training = False
-    trainer._call("on_train_end")
+    trainer._call("on_train_end")  # (trainer.training stays True until the run ends, as Lightning's)
 
 
 def warn_if_modules_in_eval_mode(trainer, module):
@@ -134,7 +133,9 @@ def train_epoch(trainer, fit, epoch):
     batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer.profiler), "training_step",
                               lambda: state.global_step, start, epoch == fit.first_epoch,
                               end_event="end of the training epoch")
+    state.is_last_batch = False
     for batch_idx, batch, window in windows(batches, accumulate, num_batches):
+        state.is_last_batch = batch_idx == window.last and window.ends_epoch  # (trainer.is_last_batch)
         if not training_step(trainer, fit, batch, batch_idx, window):
             break
     del batches  # (the watchdog's end-of-epoch mark)
@@ -294,9 +295,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
         trainer._flush_step_metrics()  # at state.batches_that_stepped
     # (check_val_every_n_epoch=None: every val_check_interval batches of the whole run, Lightning's total_batch_idx)
     by_epoch = trainer.check_val_every_n_epoch is not None  # (an epoch's last batch: the epoch-end validation)
-    count = batch_idx if by_epoch or not trainer.num_training_batches else \
-        trainer.state.epoch * trainer.num_training_batches + batch_idx
-    last_of_epoch = batch_idx + 1 == trainer.num_training_batches
+    count = batch_idx if by_epoch or not trainer._num_training_batches else \
+        trainer.state.epoch * trainer._num_training_batches + batch_idx
+    last_of_epoch = batch_idx + 1 == trainer._num_training_batches
     validated = True
     if fit.val_every and (count + 1) % fit.val_every == 0 and (not by_epoch or not last_of_epoch):
         run_validation(trainer, zero_grad=steps)
@@ -533,6 +534,7 @@ def install_sigterm_handler(trainer, fit):
     strategy = trainer.strategy
 
     def on_sigterm(signum, frame):
+        trainer.received_sigterm = True  # (Lightning's trainer.received_sigterm)
         if fit.preempted:
             return
         fit.preempted = True
@@ -551,9 +553,9 @@ def val_every_n_batches(trainer):
     if isinstance(interval, float):
         if not 0.0 < interval <= 1.0:
             raise ValueError(f"val_check_interval={interval}: a float must be a fraction of the epoch in (0, 1].")
-        if interval == 1.0 or trainer.num_training_batches is None:
+        if interval == 1.0 or trainer._num_training_batches is None:
             return None
-        return max(1, int(trainer.num_training_batches * interval))
+        return max(1, int(trainer._num_training_batches * interval))
     return int(interval)
 
 
@@ -612,7 +614,7 @@ def _run_validation(trainer, step, zero_grad):
     if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)
         return
     loaders.reload_val_when_due(trainer)
-    values = evaluate(trainer, "validate", trainer._val_loader, trainer.num_val_batches)
+    values = evaluate(trainer, "validate", trainer._val_loader, trainer._counts["fit"])
     if values:  # every rank (log_to_loggers)
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), step, add_epoch=True)
     trainer._metrics.set_stage("train", True, False)

@@ -35,16 +35,23 @@ class AttributeDict(dict):
 
 class TaskModule(torch.nn.Module):
     automatic_optimization = True
+    # where a checkpoint keeps save_hyperparameters()'s values, and the __init__ argument they came from (Lightning's
+    # keys; load_from_checkpoint reads them under the class's names)
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
     prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
     # Properties torch.jit.script must not compile (they read the trainer or iterate parameters).
     __jit_unused_properties__ = ["trainer", "hparams", "hparams_initial", "device", "dtype", "logger", "loggers",
-                                 "global_step", "current_epoch", "global_rank", "local_rank", "device_mesh"]
+                                 "global_step", "current_epoch", "global_rank", "local_rank", "device_mesh",
+                                 "on_gpu", "fabric", "strict_loading"]
 
     def __init__(self):
         super().__init__()
         # Plain attributes, not submodules: the trainer must never become part of the state dict.
         object.__setattr__(self, "_trainer", None)
         object.__setattr__(self, "_hparams", AttributeDict())
+        object.__setattr__(self, "_strict_loading", None)  # None: not set (strict_loading reads True)
 
     # -- what the user writes ----------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
@@ -199,6 +206,36 @@ class TaskModule(torch.nn.Module):
     @property
     def hparams(self) -> AttributeDict:
         return self._hparams
+
+    @property
+    def strict_loading(self) -> bool:
+        """Lightning's: whether a checkpoint's weights must match the module's keys exactly, at a fit's resume
+        (ckpt_path=) and in load_from_checkpoint. False: missing and unexpected keys are allowed (and said)."""
+        return self._strict_loading in (None, True)
+
+    @strict_loading.setter
+    def strict_loading(self, strict_loading):
+        object.__setattr__(self, "_strict_loading", strict_loading)
+
+    @property
+    def fabric(self):
+        """Lightning's module under Lightning Fabric; tasktrain's modules never are: None."""
+        return None
+
+    @fabric.setter
+    def fabric(self, fabric):
+        if fabric is not None:
+            raise TypeError(f"{type(self).__name__}.fabric = {type(fabric).__name__}: a tasktrain module does not run "
+                            "under Lightning Fabric; train it with tasktrain.Trainer (or tasktrain.Accelerator).")
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def remove_ignored_hparams(self, ignore_list):
+        """Drop hyper-parameters an earlier save_hyperparameters (a base class's) stored (Lightning's)."""
+        for key in ignore_list:
+            self._hparams.pop(key, None)
 
     @property
     def device(self) -> torch.device:
@@ -569,24 +606,43 @@ class TaskModule(torch.nn.Module):
 
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, map_location="cpu", strict=True, **overrides):
-        """Rebuild the module from a checkpoint's saved hyper-parameters (overridden by **overrides)."""
+    def load_from_checkpoint(cls, checkpoint_path, map_location="cpu", strict=None, **overrides):
+        """Rebuild the module from a checkpoint's saved hyper-parameters (overridden by **overrides). strict None:
+        the module's strict_loading (Lightning's rule; a strict= that contradicts one the module set is refused)."""
         from tasktrain.checkpoint_io import load_checkpoint_file, load_plain_state_dict
 
         ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
-        hparams = dict(ckpt.get("hyper_parameters") or {})
+        hparams = dict(ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
         params = inspect.signature(cls.__init__).parameters
-        if ckpt.get("hparams_name") in params:  # Lightning's: save_hyperparameters(arg) took them from that argument
-            hparams = {ckpt["hparams_name"]: hparams}
+        name = ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
+        if name in params:  # Lightning's: save_hyperparameters(arg) took them from that argument
+            hparams = {name: hparams}
         hparams.update(overrides)
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         kwargs = hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}
         module = cls(**kwargs)
+        if module._strict_loading is not None and strict is not None and strict != module.strict_loading:
+            raise ValueError(f"You set `.load_from_checkpoint(..., strict={strict!r})` which is in conflict with "
+                             f"`{cls.__name__}.strict_loading={module.strict_loading!r}. Please set the same value for "
+                             "both of them.")  # (Lightning's words)
+        strict = module.strict_loading if strict is None else strict
         if is_overridden("configure_model", module, TaskModule):  # the layers it makes are in the state dict
             module.configure_model()
         module.on_load_checkpoint(ckpt)
-        load_plain_state_dict(module, ckpt["state_dict"], strict=strict)
+        keys = load_plain_state_dict(module, ckpt["state_dict"], strict=strict)
+        if not strict:
+            warn_loose_keys(keys)
         return module
+
+
+def warn_loose_keys(keys):
+    """What a load with strict=False left out, said (Lightning's words)."""
+    if keys.missing_keys:
+        warnings.warn(f"Found keys that are in the model state dict but not in the checkpoint: {keys.missing_keys}",
+                      stacklevel=3)
+    if keys.unexpected_keys:
+        warnings.warn(f"Found keys that are not in the model state dict but in the checkpoint: "
+                      f"{keys.unexpected_keys}", stacklevel=3)
 
 
 def _is_plain(value):

@@ -260,7 +260,8 @@ def restore_module_and_callbacks(trainer, path):
     with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
         module.on_load_checkpoint(ckpt)
     if "state_dict" in ckpt:
-        strategy.load_module_state_dict(ckpt["state_dict"], None if restores_after_setup(strategy) else module)
+        strategy.load_module_state_dict(ckpt["state_dict"], None if restores_after_setup(strategy) else module,
+                                        strict=module.strict_loading)  # (Lightning's)
     datamodule = trainer.datamodule
     if datamodule is not None and type(datamodule).__qualname__ in ckpt:  # under its class name, as Lightning keeps it
         datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])

@@ -4,7 +4,7 @@ from typing import Optional
 from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
 # Lightning's TrainerState fields: where the Trainer is now, not where training is; not saved in checkpoints
-_RUN_ONLY = ("status", "fn", "stage", "stepping_batch")
+_RUN_ONLY = ("status", "fn", "stage", "stepping_batch", "is_last_batch")
 
 
 @dataclass
@@ -32,6 +32,7 @@ class TrainState:
     status: TrainerStatus = TrainerStatus.INITIALIZING
     fn: Optional[TrainerFn] = None  # the entry point: "fit", "validate", "test", "predict"
     stage: Optional[RunningStage] = None  # the loop running now: "train", "sanity_check", "validate", ...
+    is_last_batch: bool = False  # the training batch being run is its epoch's last (Lightning's trainer.is_last_batch)
 
     @property
     def finished(self) -> bool:

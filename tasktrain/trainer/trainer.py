@@ -29,7 +29,7 @@ from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
-from tasktrain.strategies.base import Plan, Sharded, Strategy
+from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
 from tasktrain.trainer import arguments, evaluation, guards, lightning_loops, loaders, loop, plugin_args, resume, run
 from tasktrain.trainer.datamodule import DataModule
@@ -152,6 +152,11 @@ class Trainer:
         # evaluation batches completed, [total, in the run] (lightning_loops.py): fit's validations (the total from
         # each training epoch's start, as Lightning's val_loop), validate's and test's (over the Trainer's runs)
         self._eval_completed = {"val": [0, 0], "validate": [0, 0], "test": [0, 0]}
+        # The batch counts of each loop (Lightning's num_*_batches): one per loader (None: no length), set when the
+        # loop's loaders are, kept after its run until they are set again (Lightning's loops keep theirs). The
+        # properties below read them in Lightning's form (inf for no length).
+        self._num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
+        self._counts = {"fit": [], "sanity": [], "validate": [], "test": [], "predict": []}  # ("fit": its validation)
         self._reset_run_state()
 
     def _reset_run_state(self):
@@ -160,13 +165,11 @@ class Trainer:
         self.sanity_checking = False
         self.training = False
         self.val_check_batch = None  # Lightning's: set with the training data (loaders.val_check_batch)
-        self.num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
         self._epoch_length = None  # batches of a whole epoch (limit_train_batches applied)
         self._loader_data = None  # the TrainData being trained (a StatefulDataLoader's state is checkpointed)
-        self.num_val_batches = []  # one entry per validation loader (Lightning's shape): its batch count or None
-        self.num_sanity_val_batches = []
-        self.num_test_batches = []
-        self.num_predict_batches = []
+        self.train_dataloader = None  # Lightning's: the loaders of the run in progress (or the last), set as requested
+        self._test_loaders = self._predict_loaders = None  # (evaluation.run_evaluation)
+        self.received_sigterm = False  # Lightning's, fresh at each run's start: set by the SIGTERM handler (loop.py)
         self._val_loader = self._pending_val = None  # _pending_val: the fit's loader not requested yet (loaders.py)
         self._resumed_from = None
         self._fit_state = None  # the FitState of the fit in progress (fit_state.py)
@@ -310,6 +313,100 @@ class Trainer:
     def precision_plugin(self):
         """Lightning's trainer.precision_plugin: the strategy's precision plugin."""
         return self.strategy.precision_plugin
+
+    # -- Lightning's attributes a callback reads (issue 37): views of the strategy's and the loops' state ----------
+    @property
+    def accelerator(self):
+        """Lightning's Accelerator object of the run's device (CPUAccelerator, CUDAAccelerator: tasktrain.accelerators)."""
+        from tasktrain.accelerators import accelerator_for
+
+        device = self.strategy.root_device
+        if getattr(self, "_accelerator_object", None) is None or self._accelerator_object.name() != device.type:
+            self._accelerator_object = accelerator_for(device)
+        return self._accelerator_object
+
+    @property
+    def device_ids(self):
+        """The device indices of this node (Lightning's): one per process of a multi-process world, else the one."""
+        if isinstance(self.strategy, MultiProcess):
+            return list(range(self.devices))
+        return [self.strategy.root_device.index or 0]
+
+    @property
+    def num_devices(self):
+        return len(self.device_ids)
+
+    @property
+    def distributed_sampler_kwargs(self):
+        """What a DistributedSampler of this world takes (num_replicas, rank), None on one process (Lightning's)."""
+        if not isinstance(self.strategy, MultiProcess):
+            return None
+        return dict(num_replicas=self.strategy.data_parallel_size, rank=self.strategy.data_parallel_rank)
+
+    @property
+    def scaler(self):
+        """The fp16 GradScaler of the precision plugin, or None."""
+        return getattr(self.precision_plugin, "scaler", None)
+
+    @property
+    def evaluating(self):
+        return self.state.stage is not None and RunningStage(self.state.stage).evaluating
+
+    @property
+    def is_last_batch(self):
+        """The training batch being run is its epoch's last (kept until the next epoch starts, as Lightning's)."""
+        return self.state.is_last_batch
+
+    @property
+    def num_training_batches(self):
+        """Training batches of the epoch being (or last) trained; inf before the fit knows them (Lightning's)."""
+        return float("inf") if self._num_training_batches is None else self._num_training_batches
+
+    @num_training_batches.setter
+    def num_training_batches(self, batches):
+        self._num_training_batches = batches
+
+    @property
+    def num_val_batches(self):
+        """The validation counts of the last validate run while one runs (state.fn), else the fit's (Lightning's)."""
+        return _inf_counts(self._counts["validate" if self.state.fn == TrainerFn.VALIDATING else "fit"])
+
+    @num_val_batches.setter
+    def num_val_batches(self, counts):
+        self._counts["validate" if self.state.fn == TrainerFn.VALIDATING else "fit"] = counts
+
+    @property
+    def num_sanity_val_batches(self):
+        return _inf_counts(self._counts["sanity"])
+
+    @num_sanity_val_batches.setter
+    def num_sanity_val_batches(self, counts):
+        self._counts["sanity"] = counts
+
+    @property
+    def num_test_batches(self):
+        return _inf_counts(self._counts["test"])
+
+    @num_test_batches.setter
+    def num_test_batches(self, counts):
+        self._counts["test"] = counts
+
+    @property
+    def num_predict_batches(self):
+        return _inf_counts(self._counts["predict"])
+
+    @num_predict_batches.setter
+    def num_predict_batches(self, counts):
+        self._counts["predict"] = counts
+
+    @property
+    def test_dataloaders(self):
+        """The test loader(s) of the current (or last) test run, as this rank reads them."""
+        return _one_or_list(self._test_loaders)
+
+    @property
+    def predict_dataloaders(self):
+        return _one_or_list(self._predict_loaders)
 
     @property
     def enable_validation(self):
@@ -494,6 +591,7 @@ class Trainer:
     def _run_stage(self, stage, module, train_loader, eval_loader, ckpt_path, gather, compiled=None):
         strategy = self.strategy
         run.start_stage(self, stage, module)
+        self.state.stage = _RUNNING_STAGE[stage]  # Lightning's: from the setup hooks to the teardown ones
         result = None
         status = "success"  # what the loggers' finalize hears
         restore_forward = compile_forward_as(module, compiled)  # undone in the finally below
@@ -636,13 +734,14 @@ class Trainer:
         )
 
     def _sanity_check(self):
+        outer_stage = self.state.stage
         self.sanity_checking = True
         with isolate_rng():  # the training draws as it would without a sanity check (Lightning's rule)
             self._call("on_sanity_check_start")
             if loaders.val_data_now(self) is not None:  # val_dataloader is requested here, as in Lightning
-                evaluation.evaluate(self, "validate", self._val_loader, self.num_sanity_val_batches)
+                evaluation.evaluate(self, "validate", self._val_loader, self._counts["sanity"])
             self._call("on_sanity_check_end")
-        self.sanity_checking = False
+        self.state.stage = outer_stage  # (training again, Lightning's)
         self._eval_completed["val"] = [0, 0]  # (Lightning resets its validation progress after the sanity check)
         self._metrics.callback_metrics.clear()
         self._metrics.epoch_values.clear()
@@ -668,9 +767,9 @@ class Trainer:
     def estimated_stepping_batches(self):
         """The optimizer steps this fit will take (Lightning's): per epoch ceil(batches / accumulate_grad_batches)
         of this rank's shard, times max_epochs, capped by max_steps; readable from configure_optimizers on."""
-        if self.num_training_batches is None and self.state.fn == "fit" and getattr(self, "_train_data", 0) is None:
+        if self.state.fn == "fit" and getattr(self, "_train_data", 0) is None:
             loaders.train_data_now(self)  # read in configure_optimizers: the training loader is requested now (Lightning's)
-        if self.num_training_batches is None:
+        if self._num_training_batches is None:
             if self.max_steps != -1:
                 return self.max_steps
             if self.state.fn != "fit":
@@ -678,15 +777,15 @@ class Trainer:
                                    "in configure_optimizers or later.")
             return float("inf")
         accumulate = self.accumulate_grad_batches if self.module is None or self.module.automatic_optimization else 1
-        per_epoch = -(-self.num_training_batches // accumulate)
+        per_epoch = -(-self._num_training_batches // accumulate)
         steps = per_epoch * max(self.max_epochs, 1) if self.max_epochs != -1 else float("inf")
         return min(steps, self.max_steps) if self.max_steps != -1 else steps
 
     @property
     def val_dataloaders(self):
-        """The validation loader(s) of the fit, as this rank reads them (a list when there are several)."""
-        loaders = self._val_loader
-        return loaders[0] if loaders and len(loaders) == 1 else loaders
+        """The validation loader(s) of the fit or validate run, as this rank reads them (a list when there are
+        several)."""
+        return _one_or_list(self._val_loader)
 
     # -- the loop's state, read by code outside the loop (tasktrain/trainer/guards.py of issue 38) -------------------
     @property
@@ -922,6 +1021,16 @@ class _StageRun:
 
 
 _NULL = contextlib.nullcontext()
+_RUNNING_STAGE = {"fit": RunningStage.TRAINING, "validate": RunningStage.VALIDATING, "test": RunningStage.TESTING,
+                  "predict": RunningStage.PREDICTING}
+
+
+def _inf_counts(counts):
+    return [float("inf") if count is None else count for count in counts]
+
+
+def _one_or_list(loaders):
+    return loaders[0] if loaders and len(loaders) == 1 else loaders
 
 
 

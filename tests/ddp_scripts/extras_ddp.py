@@ -65,6 +65,8 @@ facts["rank"] = trainer.global_rank
 facts["weights"] = module.layer.weight.flatten().tolist()
 facts["global_step"] = trainer.global_step
 facts["saved"] = sorted(os.listdir(os.path.join(out, "ckpt")))
+facts["devices"] = [trainer.device_ids, trainer.num_devices, trainer.distributed_sampler_kwargs,  # issue 37
+                   type(trainer.accelerator).__name__]
 
 # 2. GradientAccumulationScheduler: windows of 1 then 2
 trainer = Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_model_summary=False,

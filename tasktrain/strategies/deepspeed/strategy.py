@@ -809,7 +809,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             # DeepSpeed copies the checkpoint's copy of the swap folder back, and fails where there is none (one
             # written without offload to disk); what it copies is put right from the ZeRO file after the load.
             os.makedirs(os.path.join(path, tag, "offloaded_tensors", f"rank{self.global_rank:0>2d}"), exist_ok=True)
-        loaded, _ = self.engine.load_checkpoint(path, tag=tag, load_module_strict=True,
+        loaded, _ = self.engine.load_checkpoint(path, tag=tag, load_module_strict=_strict_loading(self.module),
                                                 load_optimizer_states=True, load_lr_scheduler_states=True)
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the checkpoint in {path!r} (see its log above).")
@@ -994,3 +994,9 @@ def _say_once(key, is_global_zero, message):
         if is_global_zero:
             print(f"[tasktrain] {message}", flush=True)
 
+
+
+def _strict_loading(module):
+    """Lightning's module.strict_loading (a TaskModule's; True for any other module): whether the engine's weights
+    must match the checkpoint's keys exactly."""
+    return getattr(module, "strict_loading", True)
