@@ -88,6 +88,7 @@ class FitState:
     epoch_phase: Optional[str] = None
     in_batch: bool = False
     whole_epochs: bool = True  # no epoch of this fit was ended by on_train_batch_start's -1
+    last_epoch_whole: bool = True  # the last epoch that ended ran all its batches (not stopped inside, nor by -1)
     validates_counted_batch: bool = False  # a validation after the batch it follows is in batches_that_stepped
     restarting: bool = False
     # stop flags (should_stop is the trainer's: callbacks set it)
@@ -139,6 +140,7 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         configure_clipping=in_hook(metrics, "configure_gradient_clipping", module.configure_gradient_clipping)
         if module_clips else None, clippers=clippers,
         accumulation_schedules=accumulation_schedules(trainer.callbacks),
+        first_epoch=trainer.state.epoch,  # (set again once a resume has restored the state: loop.py)
     )
     wrappers = lightning_optimizers(trainer)  # (trainer.optimizers are `optimizers`)
     for wrapper in wrappers:  # (kept from an earlier fit where configure_optimizers returned the same objects)

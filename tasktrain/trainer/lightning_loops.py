@@ -294,7 +294,7 @@ def _batches_taken(trainer):
     if not taken and _phase(trainer) in (None, "start") and epoch > 0:
         # between epochs (an epoch's start included) Lightning still counts the epoch before's batches: known when
         # this fit trained that epoch whole (not ended by on_train_batch_start's -1)
-        whole = fit is not None and epoch > fit.first_epoch and not fit.ended_by_hook
+        whole = fit is not None and epoch > fit.first_epoch and not fit.ended_by_hook and fit.last_epoch_whole
         epoch, taken = epoch - 1, trainer.num_training_batches if whole else None
     if taken is None:
         raise RuntimeError(

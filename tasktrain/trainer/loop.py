@@ -162,6 +162,7 @@ def train_epoch(trainer, fit, epoch):
     epoch_values = metrics.reduce_epoch("train")
     if complete:
         state.epoch_finished = True
+    fit.last_epoch_whole = complete and not fit.ended_by_hook
     fit.epoch_phase = "end"
     # Lightning's order: the callbacks, the module, then EarlyStopping/ModelCheckpoint, which see the epoch's metrics
     # (what the module logged here included)
