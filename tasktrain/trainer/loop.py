@@ -177,14 +177,16 @@ def train_epoch(trainer, fit, epoch):
 def windows(batches, accumulate, num_batches):
     """(index, batch, Window) from the epoch iterator's (index, batch, last of the epoch): the accumulation window
     of each micro-batch as one record, made once per window. Windows start at multiples of `accumulate`; the last
-    one is cut short by the epoch's end (its loss divisor stays the size it was planned with, as before)."""
+    one is cut short by the epoch's end. Every window's losses are divided by `accumulate`, the short one's too
+    (Lightning's closure divides by accumulate_grad_batches always): its step takes a smaller gradient."""
     window = None
     for batch_idx, batch, last_of_epoch in batches:
         if window is None or batch_idx > window.last:
             first, size = EpochIterator.window(batch_idx, accumulate, num_batches)
-            window = Window(first, size, first + size - 1, num_batches is not None and first + size == num_batches)
+            window = Window(first, accumulate, first + size - 1,
+                            num_batches is not None and first + size == num_batches)
         if last_of_epoch and (batch_idx != window.last or not window.ends_epoch):
-            window = Window(window.first, window.size, batch_idx, True)  # an epoch without a length ended here
+            window = Window(window.first, window.divisor, batch_idx, True)  # an epoch without a length ended here
         yield batch_idx, batch, window
 
 
@@ -231,7 +233,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
                 else:
                     loss = loss_of(outputs, batch_idx)
                     fit.loss_window.append(_finite_probe(loss))
-                    loss = EpochIterator.per_window(loss, window.size)
+                    loss = EpochIterator.per_window(loss, window.divisor)
                     # what on_train_batch_end receives (Lightning's): a dict whose loss is this micro-batch's share
                     # of the window, without its graph (a user keeping it would hold every step's graph alive)
                     extra = {k: v for k, v in outputs.items() if k != "loss"} if isinstance(outputs, dict) else {}
