@@ -153,7 +153,7 @@ def test_missing_training_step_is_clear():
     (lambda self, loss: {"x": loss}, MisconfigurationException, "the 'loss' key needs to be present"),
     # (Lightning's: torch's backward refuses it)
     (lambda self, loss: loss.repeat(3), RuntimeError, "grad can be implicitly created only for scalar outputs"),
-    (lambda self, loss: loss.detach(), ValueError, "no gradient"),
+    (lambda self, loss: loss.detach(), RuntimeError, "element 0 of tensors does not require grad"),
 ])
 def test_bad_training_step_return(returned, error, message):
     class M(Linear):

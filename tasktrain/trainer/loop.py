@@ -404,13 +404,9 @@ def loss_of(outputs, batch_idx):
             f"be skipped). training_step returned {type(loss).__name__} at batch {batch_idx}: return the loss, or "
             "set `self.automatic_optimization = False` to step optimizers yourself."
         )
-    # (a loss of more than one element goes on to backward, where torch refuses it: Lightning's RuntimeError, "grad
-    # can be implicitly created only for scalar outputs", after on_before_backward, as there)
-    if not loss.requires_grad:
-        raise ValueError(
-            f"training_step returned a loss with no gradient (requires_grad=False) at batch {batch_idx}: it was "
-            "computed without the module's parameters, under torch.no_grad(), or detached (.item(), .detach())."
-        )
+    # (a loss of more than one element, or one that requires no grad (a constant, a detached loss), goes on to
+    # backward, where torch refuses it: Lightning's RuntimeError, "grad can be implicitly created only for scalar
+    # outputs" / "element 0 of tensors does not require grad ...", after on_before_backward, as there)
     return loss
 
 
