@@ -4,7 +4,9 @@
   accumulate_grad_batches, as every window's (Lightning's closure normalises by it always), with a plain factor and
   with a GradientAccumulationScheduler: the same weights, steps and on_train_batch_end losses.
 - A training_step loss that requires no grad (a constant, a detached loss) goes on to backward, where torch's
-  RuntimeError stops the fit after on_before_backward, as under Lightning."""
+  RuntimeError stops the fit after on_before_backward, as under Lightning.
+- on_validation_model_zero_grad before each validation in fit, under manual optimisation too: its default's
+  module.zero_grad() drops the gradients a manual training_step accumulates across the validation."""
 import warnings
 
 import pytest
@@ -94,3 +96,46 @@ def test_a_loss_that_requires_no_grad_fails_in_backward_as_under_lightning(retur
     assert mine[2][-3:] == (["on_before_zero_grad", "on_before_backward", "on_exception"] if accumulate == 1 else
                             ["on_train_batch_start", "on_before_backward", "on_exception"])
     torch.testing.assert_close(mine[3], lightning[3])
+
+
+def _fit_manual_across_validation(lib, classes, override):
+    seen = []
+
+    class Accumulating(classes.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            self.manual_backward(self.step(batch))
+            if batch_idx % 2 == 1:  # steps every second batch: a validation runs between the two backwards
+                opt.step()
+                opt.zero_grad()
+
+        def on_validation_start(self):
+            seen.append(("validation", self.trainer.global_step, self.layer.weight.grad is None))
+
+        if override:
+            def on_validation_model_zero_grad(self):
+                seen.append("zero_grad hook")
+                super().on_validation_model_zero_grad()
+
+    lib.seed_everything(3, verbose=False)
+    model = Accumulating()
+    trainer = lib.Trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=1, val_check_interval=1,
+                          num_sanity_val_steps=0, **QUIET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model)
+    return seen, model.layer.weight.detach().clone()
+
+
+@pytest.mark.parametrize("override", [False, True])
+def test_manual_optimisation_gradients_are_cleared_before_validation_as_under_lightning(override):
+    (seen, weight), (their_seen, their_weight) = (_fit_manual_across_validation(tasktrain, ours, override),
+                                                  _fit_manual_across_validation(pl, theirs, override))
+    assert seen == their_seen
+    assert [entry for entry in seen if entry != "zero_grad hook"] == [
+        ("validation", 0, True), ("validation", 1, True), ("validation", 1, True), ("validation", 2, True)]
+    torch.testing.assert_close(weight, their_weight)

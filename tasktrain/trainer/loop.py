@@ -38,7 +38,7 @@ from tasktrain.trainer.data import draw_loader_seed
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
 from tasktrain.trainer.metrics import hook_scope
-from tasktrain.trainer.module import TaskModule, hook_is_called
+from tasktrain.trainer.module import TaskModule
 
 _log = logging.getLogger("tasktrain")
 
@@ -583,9 +583,10 @@ def run_validation(trainer, step=None, zero_grad=True):
     if trainer.limit_val_batches == 0:
         return
     module = trainer.module
-    # Lightning clears the gradients before each validation, except in an accumulation window's middle
-    if zero_grad and (hook_is_called("on_validation_model_zero_grad", module, TaskModule)
-                      or module.automatic_optimization):
+    # Lightning clears the gradients before each validation, except in an accumulation window's middle; under
+    # manual optimisation too (its default's module.zero_grad() drops gradients a training_step accumulates across
+    # the validation). (None in the hook's place switches it off.)
+    if zero_grad and callable(getattr(module, "on_validation_model_zero_grad", None)):
         with hook_scope(trainer, "on_validation_model_zero_grad"):  # (named for self.log, which refuses it there)
             module.on_validation_model_zero_grad()
     if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)
