@@ -107,9 +107,9 @@ def test_rules_match_the_hand_loop_on_two_processes(tmp_path):
             assert theirs[name]["lrs"] == pytest.approx(ranks[r][name]["lrs"], rel=1e-12, abs=0), name
 
 
-def test_the_core_defaults_stay_the_trainers_rules():
-    """The core Accelerator keeps its own rules unless told (the Trainer's: a short window / its own length, one
-    scheduler step per optimizer step); window_loss="steps" is Accelerate's, and differs on a short window."""
+def test_the_core_defaults_stay_its_own_rules():
+    """The core Accelerator keeps its own rules unless told (a short window / its own length, one scheduler step
+    per optimizer step); window_loss="steps" is Accelerate's (and the Trainer's), and differs on a short window."""
     from tasktrain.trainer.accelerator import Accelerator as Core
 
     def train(**options):

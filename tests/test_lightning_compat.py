@@ -529,7 +529,8 @@ class _WarmUp(Linear):
 
 
 def _hand_written_warm_up(epochs, accumulate, clip):
-    """The same run as a plain torch loop: windows of `accumulate` batches of 8 (losses divided by the window),
+    """The same run as a plain torch loop: windows of `accumulate` batches of 8 (losses divided by `accumulate`, the
+    last, short window's too: Lightning's),
     clipping by norm, the warm-up after each step."""
     data = list(loader(40))  # 5 batches an epoch: windows of 2, 2, 1
     model = Linear()
@@ -540,7 +541,7 @@ def _hand_written_warm_up(epochs, accumulate, clip):
             window = data[first:first + accumulate]
             optimizer.zero_grad()
             for x, y in window:
-                (torch.nn.functional.mse_loss(model(x), y) / len(window)).backward()
+                (torch.nn.functional.mse_loss(model(x), y) / accumulate).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
             step += 1

@@ -58,7 +58,8 @@ def test_evaluation_runs_in_inference_mode_and_eval_mode():
 
 
 def test_gradient_accumulation_matches_hand_computed_sgd():
-    # 5 batches, accumulate 2: windows [0,1], [2,3], [4] -- the last partial window steps, scaled by its size.
+    # 5 batches, accumulate 2: windows [0,1], [2,3], [4] -- the last partial window steps, its loss divided by 2 as
+    # every window's (Lightning's rule: accumulate_grad_batches, not the window's size)
     data = regression_data(40)
     module = Linear(lr=0.05)
     reference = torch.nn.Linear(4, 1)
@@ -67,7 +68,7 @@ def test_gradient_accumulation_matches_hand_computed_sgd():
     for window in ([0, 1], [2, 3], [4]):
         for b in window:
             x, y = data[b * 8:(b + 1) * 8]
-            (torch.nn.functional.mse_loss(reference(x), y) / len(window)).backward()
+            (torch.nn.functional.mse_loss(reference(x), y) / 2).backward()
         opt.step()
         opt.zero_grad()
     trainer = Trainer(max_epochs=1, accumulate_grad_batches=2, **quiet())
@@ -152,7 +153,7 @@ def test_missing_training_step_is_clear():
     (lambda self, loss: {"x": loss}, MisconfigurationException, "the 'loss' key needs to be present"),
     # (Lightning's: torch's backward refuses it)
     (lambda self, loss: loss.repeat(3), RuntimeError, "grad can be implicitly created only for scalar outputs"),
-    (lambda self, loss: loss.detach(), ValueError, "no gradient"),
+    (lambda self, loss: loss.detach(), RuntimeError, "element 0 of tensors does not require grad"),
 ])
 def test_bad_training_step_return(returned, error, message):
     class M(Linear):

@@ -78,9 +78,9 @@ class Accelerator:
     (DataLoaderConfiguration's: rank 0 reads and sends each process its slice, tasktrain/trainer/dispatch.py).
     Arguments left as None come from `tasktrain launch` (its TASKTRAIN_* variables), then from the defaults.
 
-    The accumulation and scheduler rules (the defaults are the Trainer's; tasktrain.Accelerator passes Accelerate's):
+    The accumulation and scheduler rules (tasktrain.Accelerator passes Accelerate's):
     `window_loss` "own": backward divides a loss by the length of its window (a short last window by its own
-    length), "steps": always by gradient_accumulation_steps; `scheduler_steps_per_process` False: a prepared
+    length), "steps": always by gradient_accumulation_steps (Accelerate's, and the Trainer's, as Lightning's); `scheduler_steps_per_process` False: a prepared
     scheduler steps once per optimizer step, True: num_processes times (each process's batch counted as one
     schedule step; a scheduler with total_steps, OneCycleLR, stops at its end); `sync_with_dataloader` True: a
     window also ends at a prepared loader's last batch and the next epoch starts a new one, False: windows count

@@ -129,8 +129,10 @@ class EpochIterator:
 
     @staticmethod
     def per_window(loss, size):
-        """A micro-batch's loss as its share of the window's gradient: divided by the window's `size`, the one place
-        the Trainer and the Accelerator scale a loss for accumulation."""
+        """A micro-batch's loss as its share of the window's gradient: divided by `size` (the Trainer's
+        accumulate_grad_batches, also for a window the epoch cuts short, as Lightning's; the Accelerator's window
+        length or gradient_accumulation_steps), the one place the Trainer and the Accelerator scale a loss for
+        accumulation."""
         return loss / size if size > 1 else loss
 
     # -- resume -----------------------------------------------------------------------------------------------------

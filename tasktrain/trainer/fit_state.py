@@ -21,11 +21,12 @@ from tasktrain.trainer.module import TaskModule, hook_is_called, is_overridden
 
 @dataclass(slots=True)
 class Window:
-    """One accumulation window of micro-batches: its first and last index in the epoch, the size its losses are
-    divided by, and whether it ends the epoch (its step is then followed by the epoch-end schedulers)."""
+    """One accumulation window of micro-batches: its first and last index in the epoch, what its losses are
+    divided by (accumulate_grad_batches, also where the epoch's end cuts the window short: Lightning's), and
+    whether it ends the epoch (its step is then followed by the epoch-end schedulers)."""
 
     first: int
-    size: int
+    divisor: int
     last: int
     ends_epoch: bool
 

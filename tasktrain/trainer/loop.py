@@ -38,7 +38,7 @@ from tasktrain.trainer.data import draw_loader_seed
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.fit_state import Window
 from tasktrain.trainer.metrics import hook_scope
-from tasktrain.trainer.module import TaskModule, hook_is_called
+from tasktrain.trainer.module import TaskModule
 
 _log = logging.getLogger("tasktrain")
 
@@ -185,14 +185,16 @@ def train_epoch(trainer, fit, epoch):
 def windows(batches, accumulate, num_batches):
     """(index, batch, Window) from the epoch iterator's (index, batch, last of the epoch): the accumulation window
     of each micro-batch as one record, made once per window. Windows start at multiples of `accumulate`; the last
-    one is cut short by the epoch's end (its loss divisor stays the size it was planned with, as before)."""
+    one is cut short by the epoch's end. Every window's losses are divided by `accumulate`, the short one's too
+    (Lightning's closure divides by accumulate_grad_batches always): its step takes a smaller gradient."""
     window = None
     for batch_idx, batch, last_of_epoch in batches:
         if window is None or batch_idx > window.last:
             first, size = EpochIterator.window(batch_idx, accumulate, num_batches)
-            window = Window(first, size, first + size - 1, num_batches is not None and first + size == num_batches)
+            window = Window(first, accumulate, first + size - 1,
+                            num_batches is not None and first + size == num_batches)
         if last_of_epoch and (batch_idx != window.last or not window.ends_epoch):
-            window = Window(window.first, window.size, batch_idx, True)  # an epoch without a length ended here
+            window = Window(window.first, window.divisor, batch_idx, True)  # an epoch without a length ended here
         yield batch_idx, batch, window
 
 
@@ -240,7 +242,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
                 else:
                     loss = loss_of(outputs, batch_idx)
                     fit.loss_window.append(_finite_probe(loss))
-                    loss = EpochIterator.per_window(loss, window.size)
+                    loss = EpochIterator.per_window(loss, window.divisor)
                     # what on_train_batch_end receives (Lightning's): a dict whose loss is this micro-batch's share
                     # of the window, without its graph (a user keeping it would hold every step's graph alive)
                     extra = {k: v for k, v in outputs.items() if k != "loss"} if isinstance(outputs, dict) else {}
@@ -412,13 +414,9 @@ def loss_of(outputs, batch_idx):
             f"be skipped). training_step returned {type(loss).__name__} at batch {batch_idx}: return the loss, or "
             "set `self.automatic_optimization = False` to step optimizers yourself."
         )
-    # (a loss of more than one element goes on to backward, where torch refuses it: Lightning's RuntimeError, "grad
-    # can be implicitly created only for scalar outputs", after on_before_backward, as there)
-    if not loss.requires_grad:
-        raise ValueError(
-            f"training_step returned a loss with no gradient (requires_grad=False) at batch {batch_idx}: it was "
-            "computed without the module's parameters, under torch.no_grad(), or detached (.item(), .detach())."
-        )
+    # (a loss of more than one element, or one that requires no grad (a constant, a detached loss), goes on to
+    # backward, where torch refuses it: Lightning's RuntimeError, "grad can be implicitly created only for scalar
+    # outputs" / "element 0 of tensors does not require grad ...", after on_before_backward, as there)
     return loss
 
 
@@ -607,9 +605,10 @@ def _run_validation(trainer, step, zero_grad):
     if trainer.limit_val_batches == 0:
         return
     module = trainer.module
-    # Lightning clears the gradients before each validation, except in an accumulation window's middle
-    if zero_grad and (hook_is_called("on_validation_model_zero_grad", module, TaskModule)
-                      or module.automatic_optimization):
+    # Lightning clears the gradients before each validation, except in an accumulation window's middle; under
+    # manual optimisation too (its default's module.zero_grad() drops gradients a training_step accumulates across
+    # the validation). (None in the hook's place switches it off.)
+    if zero_grad and callable(getattr(module, "on_validation_model_zero_grad", None)):
         with hook_scope(trainer, "on_validation_model_zero_grad"):  # (named for self.log, which refuses it there)
             module.on_validation_model_zero_grad()
     if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)

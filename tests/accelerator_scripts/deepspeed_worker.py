@@ -30,12 +30,12 @@ result["plain_vs_trainer"] = max_difference(plain, trainer_run())
 
 
 # accumulate(): 50 samples per rank in batches of 32 make 2 micro-batches, a window of 3 cut short at the loader's
-# end: the engine is told where the window ends, as the Trainer tells it. (The core Accelerator, whose default rule
-# is the Trainer's: the short window's loss / 2; tasktrain.Accelerator divides by 3, as Accelerate.)
+# end: the engine is told where the window ends, as the Trainer tells it. (The core Accelerator with Accelerate's
+# rule, which is also the Trainer's, Lightning's: the short window's loss / 3; its default "own" divides by 2.)
 from tasktrain.trainer.accelerator import Accelerator as CoreAccelerator  # noqa: E402
 
 seed_everything(0)
-accumulated = accelerator_loop(CoreAccelerator(gradient_accumulation_steps=3), accumulate=True)
+accumulated = accelerator_loop(CoreAccelerator(gradient_accumulation_steps=3, window_loss="steps"), accumulate=True)
 result["accumulate_vs_trainer"] = max_difference(accumulated, trainer_run(accumulate=3))
 
 # ZeRO-3: the unwrapped model's own state dict holds placeholders; save refuses it, get_state_dict gathers.
