@@ -542,7 +542,8 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
                        keeps_sampler=None) -> TrainData:
     """This rank's TrainData of a training loader, sharded `world_size` ways (this rank's shard: `rank`; both the
     data-parallel ones where processes share batches). shuffle=False reads a shuffling loader in order
-    (overfit_batches); None keeps the loader's choice. With `broadcast` (the strategy's: rank 0's object on every
+    (overfit_batches); True shuffles a sequential one too (the Trainer's DistributedSampler, Lightning's rule under a
+    distributed strategy); None keeps the loader's choice. With `broadcast` (the strategy's: rank 0's object on every
     rank) an IterableDataset of the user's is read by the process that `reads` (global rank 0) and dispatched
     (`dispatches`), the Trainer's rule; without it, it is read as it is on every process. `keeps_sampler`: where
     Lightning keeps the user's RandomSampler (a strategy that is not distributed, or use_distributed_sampler=False;
@@ -557,7 +558,7 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
     if _replaceable(loader):
         order = _order_sampler(loader)
         random = isinstance(order, RandomSampler) or _torchdata_sampler(order, "RandomSampler")
-        shuffle = random and shuffle is not False
+        shuffle = random if shuffle is None else shuffle
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
         data = TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)

@@ -47,12 +47,13 @@ def train_data_now(trainer):
 def setup_train(trainer, loader, previous=None):
     """The epoch iterator of a training loader (a rebuilt loader keeps the resume of the `previous` one)."""
     world_size, rank = shards(trainer)
-    train_data = prepare_train_data(loader, world_size, rank, trainer.state.data_seed,
-                                    shuffle=False if trainer.overfit_batches else None,
+    # Lightning shards (DistributedSampler) under any distributed strategy, and its training sampler always
+    # shuffles there (a sequential loader too), except with overfit_batches: the same batches every epoch
+    keeps_sampler = not trainer.use_distributed_sampler or isinstance(trainer.strategy, OneProcess)
+    shuffle = False if trainer.overfit_batches else (None if keeps_sampler else True)
+    train_data = prepare_train_data(loader, world_size, rank, trainer.state.data_seed, shuffle=shuffle,
                                     broadcast=trainer.strategy.broadcast, reads=trainer.strategy.is_global_zero,
-                                    # Lightning shards (DistributedSampler) under any distributed strategy
-                                    keeps_sampler=not trainer.use_distributed_sampler or
-                                    isinstance(trainer.strategy, OneProcess))
+                                    keeps_sampler=keeps_sampler)
     trainer.train_dataloader = train_data.loader
     length = len(train_data) if train_data.has_len() else None
     guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error

@@ -1,0 +1,81 @@
+"""Helper for tests/test_lightning_beside_ddp_order.py, started by torchrun with 2 processes: the same fits over a
+sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrain's in the same process group, with
+and without seed_everything and with overfit_batches; each rank writes OUT/rank{R}.json with, per fit, the sample
+indices of every batch it trained on ((epoch, batch_idx) order) and the weights after.
+
+    torchrun --standalone --nproc_per_node 2 order_beside_lightning.py OUT
+"""
+import gc
+import json
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_num_threads(1)
+warnings.filterwarnings("ignore")
+SEED_VARS = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS")
+CASES = {"no seed": dict(seed=None), "seed 7": dict(seed=7), "overfit": dict(seed=None, overfit_batches=2)}
+
+
+def data():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(22, 3, generator=g)
+    return TensorDataset(torch.arange(22), x, x @ torch.tensor([[1.0], [-2.0], [0.5]]))
+
+
+def fit(lib, base, seed, overfit_batches=0):
+    for var in SEED_VARS:
+        os.environ.pop(var, None)
+    if seed is None:
+        torch.manual_seed(0)  # the weights' draw; the sampler's seed is then Lightning's default, 0
+    else:
+        lib.seed_everything(seed, verbose=False)
+    rows = []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            index, x, y = batch
+            rows.append([self.current_epoch, batch_idx, index.tolist()])
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Module()
+    trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+                          overfit_batches=overfit_batches, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False)
+    trainer.fit(module, DataLoader(data(), batch_size=2, shuffle=False))
+    weights = [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
+    del trainer
+    return {"batches": rows, "weights": weights}
+
+
+def main(out):
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    seen = {}
+    for name, lib, base in (("lightning", L, L.LightningModule), ("tasktrain", tasktrain, tasktrain.TaskModule)):
+        seen[name] = {case: fit(lib, base, **kwargs) for case, kwargs in CASES.items()}
+    rank = int(os.environ["RANK"])
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(seen, f)
+    # Lightning made the group (tasktrain joined it): nothing that holds gloo work may outlive it, then every rank
+    # closes it together (FINDINGS.md: gloo aborts at exit otherwise)
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,51 @@
+"""The training data order under DDP beside Lightning 2.6 (issue 37): with use_distributed_sampler (the default) a
+distributed strategy's training sampler shuffles even a sequential loader (Lightning's DistributedSampler(shuffle=
+True, seed=PL_GLOBAL_SEED or 0)), except with overfit_batches; one torchrun launch of 2 processes runs the same fits
+under both and compares each rank's batches over 2 epochs and the weights after."""
+import json
+import os
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+pytest.importorskip("lightning.pytorch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(300)
+def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
+    from ddp_scripts.common import run, torchrun
+
+    code, stdout, stderr, _ = run(torchrun("--standalone", "--nproc_per_node", "2",
+                                           os.path.join(HERE, "ddp_scripts", "order_beside_lightning.py"),
+                                           str(tmp_path)), 240, str(tmp_path), env={"PYTHONPATH": os.pathsep.join(
+                                               [os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])})
+    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    for seen in ranks:
+        assert seen["tasktrain"].keys() == seen["lightning"].keys() == {"no seed", "seed 7", "overfit"}
+        for case, mine in seen["tasktrain"].items():
+            theirs = seen["lightning"][case]
+            assert mine["batches"] == theirs["batches"], case
+            assert mine["weights"] == theirs["weights"], case
+    # what Lightning reads is torch's DistributedSampler(shuffle=True, seed): the seed's permutation per epoch,
+    # sharded rank::2, in batches of 2 (22 samples: 11 a rank, 6 batches); overfit_batches: in order, 2 batches
+    for rank, seen in enumerate(ranks):
+        for case, seed in (("no seed", 0), ("seed 7", 7)):
+            sampler = DistributedSampler(range(22), num_replicas=2, rank=rank, shuffle=True, seed=seed)
+            expected = []
+            for epoch in (0, 1):
+                sampler.set_epoch(epoch)
+                order = list(sampler)
+                expected += [[epoch, b, order[2 * b:2 * b + 2]] for b in range(6)]
+            assert seen["tasktrain"][case]["batches"] == expected, case
+        assert seen["tasktrain"]["overfit"]["batches"] == [[e, b, [4 * b + rank, 4 * b + 2 + rank]]
+                                                          for e in (0, 1) for b in (0, 1)]
+    # the two seeds read different orders; both ranks end on the same weights
+    assert ranks[0]["tasktrain"]["no seed"]["batches"] != ranks[0]["tasktrain"]["seed 7"]["batches"]
+    for case in ("no seed", "seed 7", "overfit"):
+        assert ranks[0]["tasktrain"][case]["weights"] == ranks[1]["tasktrain"][case]["weights"]
+    assert torch.tensor(ranks[0]["tasktrain"]["no seed"]["weights"]).abs().sum() > 0
