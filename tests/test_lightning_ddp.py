@@ -77,8 +77,9 @@ def test_callbacks_profiler_and_refusals_on_two_processes(ran):
 
 
 def _warm_up_reference(steps=6, warmup=4, lr=0.1, clip=0.5):
-    """One process, plain torch: what optimization_hooks.py's module does on 2 ranks x 8 (batches of 16 in order),
-    with the warm-up of Lightning's docs after each step and clipping by norm."""
+    """One process, plain torch: what optimization_hooks.py's module does on 2 ranks x 8 (global batches of 16 in
+    the Trainer's DDP order, common.ddp_order), with the warm-up of Lightning's docs after each step and clipping by
+    norm."""
     x, y = common.regression_data()
     torch.manual_seed(0)
     layer = torch.nn.Linear(3, 1)
@@ -86,9 +87,10 @@ def _warm_up_reference(steps=6, warmup=4, lr=0.1, clip=0.5):
     lrs = []
     for step in range(steps):
         lrs.append(opt.param_groups[0]["lr"])
-        b = step % 2
+        epoch, b = divmod(step, 2)
+        sl = common.ddp_order(len(x), epoch)[b * 16:(b + 1) * 16]
         opt.zero_grad()
-        torch.nn.functional.mse_loss(layer(x[b * 16:(b + 1) * 16]), y[b * 16:(b + 1) * 16]).backward()
+        torch.nn.functional.mse_loss(layer(x[sl]), y[sl]).backward()
         torch.nn.utils.clip_grad_norm_(layer.parameters(), clip)
         opt.step()
         if step + 1 < warmup:

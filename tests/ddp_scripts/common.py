@@ -6,6 +6,7 @@ import sys
 import time
 
 import torch
+from torch.utils.data import DistributedSampler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -59,15 +60,30 @@ def regression_data():
     return x, y
 
 
+def ddp_order(n, epoch, seed=0, world_size=2):
+    """The epoch's global order of the Trainer's (Lightning's) training sampler under DDP, even of a sequential
+    loader: DistributedSampler(shuffle=True, seed) per rank, interleaved (rank r reads positions r, r + W, ...), so
+    the global batch of step b (each rank's b-th batch of B) is positions [b * W * B, (b + 1) * W * B) of it."""
+    ranks = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        sampler.set_epoch(epoch)
+        ranks.append(list(sampler))
+    return torch.tensor([index for group in zip(*ranks) for index in group])
+
+
 def reference_params(batch_size=8, steps=4, lr=0.1):
-    """One process, plain torch: SGD on the sequential batches of `batch_size` (what 2 ranks x 4 must equal)."""
+    """One process, plain torch: SGD on the global batches of `batch_size` in the order 2 DDP ranks x 4 of the
+    Trainer read (ddp_order of seed 0, a new permutation each epoch), what their run must equal."""
     x, y = regression_data()
     torch.manual_seed(0)
     layer = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(layer.parameters(), lr=lr)
+    per_epoch = len(x) // batch_size
     for b in range(steps):
+        epoch, b = divmod(b, per_epoch)
+        sl = ddp_order(len(x), epoch)[b * batch_size:(b + 1) * batch_size]
         opt.zero_grad()
-        sl = slice(b * batch_size, (b + 1) * batch_size)
         torch.nn.functional.mse_loss(layer(x[sl]), y[sl]).backward()
         opt.step()
     return [p.detach().flatten().tolist() for p in layer.parameters()]
@@ -75,7 +91,8 @@ def reference_params(batch_size=8, steps=4, lr=0.1):
 
 def finetuning_reference(batch_size=8, epochs=3, lr=0.1):
     """One process, plain torch: what BackboneFinetuning(unfreeze_backbone_at_epoch=1) does to a Linear backbone and
-    head (the head alone in epoch 0; then the backbone as a second group at lr/10, doubled each epoch)."""
+    head (the head alone in epoch 0; then the backbone as a second group at lr/10, doubled each epoch), on the
+    global batches of 2 DDP ranks (ddp_order)."""
     x, y = regression_data()
     torch.manual_seed(0)
     backbone, head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
@@ -87,9 +104,10 @@ def finetuning_reference(batch_size=8, epochs=3, lr=0.1):
             opt.add_param_group({"params": list(backbone.parameters()), "lr": lr * 0.1})
         elif epoch > 1:
             opt.param_groups[1]["lr"] = min(2 * opt.param_groups[1]["lr"], lr)
+        order = ddp_order(len(x), epoch)
         for b in range(len(x) // batch_size):
             opt.zero_grad()
-            sl = slice(b * batch_size, (b + 1) * batch_size)
+            sl = order[b * batch_size:(b + 1) * batch_size]
             torch.nn.functional.mse_loss(head(backbone(x[sl])), y[sl]).backward()
             opt.step()
     return [p.detach().flatten().tolist() for p in (*backbone.parameters(), *head.parameters())]
