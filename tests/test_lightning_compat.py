@@ -185,9 +185,11 @@ def ddp_facts(tmp_path_factory):
 def test_gan_with_two_optimizers_on_two_ddp_processes_trains_as_one_process(ddp_facts):
     from ddp_scripts.lightning_compat_ddp import fit_gan
 
+    from ddp_scripts.common import DDPOrder
+
     # the reference: one process, the batches of both ranks together (each rank's loss is a mean over 4 samples,
-    # DDP averages the gradients: the mean over the 8)
-    trainer, reference = fit_gan(8, **quiet(enable_model_summary=False))
+    # DDP averages the gradients: the mean over the 8), in the order the ranks' shuffled DistributedSamplers read
+    trainer, reference = fit_gan(8, sampler=DDPOrder(32), **quiet(enable_model_summary=False))
     assert trainer.global_step == 16  # 2 epochs x 4 batches x 2 optimizers, training_step(self, batch)
     for facts in ddp_facts:
         assert facts["global_step"] == 16

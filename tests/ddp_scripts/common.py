@@ -72,6 +72,17 @@ def ddp_order(n, epoch, seed=0, world_size=2):
     return torch.tensor([index for group in zip(*ranks) for index in group])
 
 
+class DDPOrder(DistributedSampler):
+    """ddp_order(n, epoch) as the sampler of a one-process reference fit of what 2 DDP ranks read together (a
+    DistributedSampler of one replica, so that the Trainer keeps it and calls its set_epoch)."""
+
+    def __init__(self, n):
+        super().__init__(range(n), num_replicas=1, rank=0, shuffle=False)
+
+    def __iter__(self):
+        return iter(ddp_order(len(self.dataset), self.epoch).tolist())
+
+
 def reference_params(batch_size=8, steps=4, lr=0.1):
     """One process, plain torch: SGD on the global batches of `batch_size` in the order 2 DDP ranks x 4 of the
     Trainer read (ddp_order of seed 0, a new permutation each epoch), what their run must equal."""

@@ -52,11 +52,11 @@ class GAN(TaskModule):
                 torch.optim.SGD(self.discriminator.parameters(), lr=0.1))
 
 
-def fit_gan(batch_size, **trainer_args):
+def fit_gan(batch_size, sampler=None, **trainer_args):
     x, y = common.regression_data()  # 32 samples
     gan = GAN()
     trainer = Trainer(max_epochs=2, **trainer_args)
-    trainer.fit(gan, DataLoader(TensorDataset(x, y), batch_size=batch_size))
+    trainer.fit(gan, DataLoader(TensorDataset(x, y), batch_size=batch_size, sampler=sampler))
     return trainer, [p.detach().flatten().tolist() for p in gan.parameters()]
 
 
