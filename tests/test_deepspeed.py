@@ -174,11 +174,19 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts():
         Trainer(strategy=conflicting, devices=1, max_steps=2, accumulate_grad_batches=2, **quiet()).fit(
             Linear(), loader())
 
+    def same_order(strategy, n):
+        """The loader of n; on single_device with the order a distributed strategy gives it on one process (as
+        Lightning's: DistributedSampler(shuffle=True, seed=0) for the training loader, sequential or not)."""
+        if strategy != "single_device":
+            return loader(n=n, batch_size=8)
+        sampler = torch.utils.data.DistributedSampler(range(n), num_replicas=1, rank=0, shuffle=True, seed=0)
+        return torch.utils.data.DataLoader(regression_data(n), batch_size=8, sampler=sampler)
+
     def train(strategy):
         module = Linear()
         trainer = Trainer(strategy=strategy, devices=1, max_epochs=2, accumulate_grad_batches=2,
                           gradient_clip_val=0.5, **quiet())
-        trainer.fit(module, loader(n=40, batch_size=8))
+        trainer.fit(module, same_order(strategy, 40))
         return trainer.global_step, module.state_dict()
 
     steps, ref = train("single_device")  # 5 batches: windows of 2, 2 and 1 (cut short by the epoch)
@@ -202,7 +210,7 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts():
 
     def train_manual(strategy):
         module = Manual()
-        Trainer(strategy=strategy, devices=1, max_epochs=1, **quiet()).fit(module, loader(n=32, batch_size=8))
+        Trainer(strategy=strategy, devices=1, max_epochs=1, **quiet()).fit(module, same_order(strategy, 32))
         return module.state_dict()
 
     ref, trained = train_manual("single_device"), train_manual("deepspeed_stage_1")
