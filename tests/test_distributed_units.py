@@ -49,10 +49,12 @@ def loaders():
     return DataLoader(data, batch_size=8), DataLoader(data, batch_size=8)
 
 
-def fitted_params(strategy, **kwargs):
+def fitted_params(strategy, sampler=None, **kwargs):
     model = Regression()
     trainer = Trainer(strategy=strategy, accelerator="cpu", max_epochs=2, **QUIET, **kwargs)
     train, val = loaders()
+    if sampler is not None:
+        train = DataLoader(train.dataset, batch_size=8, sampler=sampler)
     trainer.fit(model, train, val)
     return trainer, model
 
@@ -107,7 +109,10 @@ def test_ddp_world_of_one_trains_like_one_device_and_leaves_no_group(monkeypatch
     monkeypatch.delenv("MASTER_PORT", raising=False)
     trainer, ddp_model = fitted_params("ddp", devices=1)
     assert trainer.world_size == 1 and "backend=" in trainer.strategy.describe()
-    _, single_model = fitted_params("single_device")
+    # DDP shuffles the sequential training loader, as Lightning's DistributedSampler(shuffle=True, seed=0) does on
+    # one process too: the one-device reference reads that order
+    order = torch.utils.data.DistributedSampler(range(32), num_replicas=1, rank=0, shuffle=True, seed=0)
+    _, single_model = fitted_params("single_device", sampler=order)
     for a, b in zip(ddp_model.parameters(), single_model.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
     assert not dist.is_initialized()
