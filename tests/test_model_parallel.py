@@ -5,7 +5,9 @@ RowwiseParallel, SequenceParallel, loss_parallel; fully_shard on the data-parall
 resumes its step-5 checkpoint on the same mesh (a DCP directory and a one-file checkpoint), on dp-only (4, 1) and
 tp-only (1, 4), and runs the Accelerator with ParallelismConfig(dp_shard_size=2, tp_size=2) in a loop of its own.
 In the test's own process, one process trains the same model on the full batch without any parallelism
-(the reference) and resumes the DCP checkpoint on one process.
+(the reference: in the order the Trainer's shuffled DistributedSampler gives a sequential loader under a distributed
+strategy, as Lightning's; the Accelerator's runs keep the loader's sequential order, Accelerate's rule, so theirs is
+the `sequential` reference) and resumes the DCP checkpoint on one process.
 
 Tolerances against the reference: the (2, 2) run computes the same sums in another order: the gradients of two
 data-parallel halves are averaged by a reduce-scatter instead of summed in one backward, and every row-parallel
@@ -77,9 +79,11 @@ def runs(tmp_path_factory):
     # The one-process runs here (a world of one of our own; no second interpreter to start): the reference, on the
     # full batch without any parallelism, and the (1, 1) mesh resumed from the (2, 2) checkpoint.
     train = script()
-    reference = train.fit(0, 1, train.BATCH, train.STEPS, csv=str(root / "reference"))
+    reference = train.fit(0, 1, train.BATCH, train.STEPS, csv=str(root / "reference"), shuffled=True)
+    sequential = train.fit(0, 1, train.BATCH, train.STEPS)
     one = train.fit(1, 1, train.BATCH, train.STEPS, ckpt=str(root / "step5.ckpt"), csv=str(root / "one"))
-    return dict(root=root, ranks=ranks, single=dict(reference=reference, one=one), log=mesh.stdout + mesh.stderr)
+    return dict(root=root, ranks=ranks, single=dict(reference=reference, sequential=sequential, one=one),
+                log=mesh.stdout + mesh.stderr)
 
 
 def test_a_2d_mesh_trains_like_one_process_on_the_full_batch(runs):
@@ -170,7 +174,7 @@ def test_convert_the_dcp_folder_to_one_file_and_safetensors(runs):
 
 
 def test_the_accelerator_with_a_parallelism_config_trains_like_one_process(runs):
-    reference = runs["single"]["reference"]
+    reference = runs["single"]["sequential"]
     e = [r["E"] for r in runs["ranks"]]
     assert all(r["mesh"] == (("dp_replicate", "dp_shard", "cp", "tp"), (1, 2, 1, 2)) for r in e)
     assert [r["ranks"] for r in e] == [(0, 0), (0, 1), (1, 0), (1, 1)]  # (data_parallel_shard_rank, tp rank)

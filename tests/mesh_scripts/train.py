@@ -137,10 +137,13 @@ class Llama(TaskModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.1)
 
 
-def loader(batch_size):
+def loader(batch_size, shuffled=False):
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, VOCAB, (SAMPLES, SEQ + 1), generator=g)
     data = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    if shuffled:  # the global order of the ranks' DistributedSampler(shuffle=True, seed=0) (Lightning's)
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)
+        return torch.utils.data.DataLoader(data, batch_size=batch_size, sampler=sampler)
     return torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
 
 
@@ -172,7 +175,9 @@ class Record(Callback):
         self.end = {k: v.detach().clone() for k, v in trainer.strategy.full_state_dict().items()}
 
 
-def fit(dp, tp, batch, steps, ckpt=None, save=(), csv=None, **strategy_options):
+def fit(dp, tp, batch, steps, ckpt=None, save=(), csv=None, shuffled=False, **strategy_options):
+    """shuffled (single device): read the order the Trainer's DistributedSampler gives the sequential loader under
+    ModelParallelStrategy, so that a one-process reference compares with the mesh's runs."""
     record = Record(save)
     strategy = ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp, **strategy_options) \
         if dp else "single_device"
@@ -180,7 +185,7 @@ def fit(dp, tp, batch, steps, ckpt=None, save=(), csv=None, **strategy_options):
                       callbacks=[record], logger=CSVLogger(csv, name="", version="") if csv else False,
                       log_every_n_steps=1, gradient_clip_val=CLIP, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False)
-    trainer.fit(build(), loader(batch), ckpt_path=ckpt)
+    trainer.fit(build(), loader(batch, shuffled), ckpt_path=ckpt)
     mesh = trainer.strategy.device_mesh if dp else None
     return dict(losses=record.losses, start=record.start, end=record.end, summed=record.summed,
                 data_parallel=trainer.strategy.data_parallel_size,
