@@ -1,7 +1,8 @@
 """The training data order under DDP beside Lightning 2.6 (issue 37): with use_distributed_sampler (the default) a
 distributed strategy's training sampler shuffles even a sequential loader (Lightning's DistributedSampler(shuffle=
 True, seed=PL_GLOBAL_SEED or 0)), except with overfit_batches; one torchrun launch of 2 processes runs the same fits
-under both and compares each rank's batches over 2 epochs and the weights after."""
+under both and compares each rank's batches over 2 epochs and the weights after; a fit resumed mid-epoch continues
+that order exactly."""
 import json
 import os
 
@@ -26,6 +27,10 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     for seen in ranks:
+        # a fit resumed from its step-3 checkpoint (the middle of epoch 0) continues the shuffled order exactly
+        whole, resumed = seen["resume"]["whole"], seen["resume"]["resumed"]
+        assert whole["batches"] == seen["tasktrain"]["no seed"]["batches"]
+        assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
         assert seen["tasktrain"].keys() == seen["lightning"].keys() == {"no seed", "seed 7", "overfit"}
         for case, mine in seen["tasktrain"].items():
             theirs = seen["lightning"][case]

@@ -1,7 +1,8 @@
 """Helper for tests/test_lightning_beside_ddp_order.py, started by torchrun with 2 processes: the same fits over a
 sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrain's in the same process group, with
-and without seed_everything and with overfit_batches; each rank writes OUT/rank{R}.json with, per fit, the sample
-indices of every batch it trained on ((epoch, batch_idx) order) and the weights after.
+and without seed_everything and with overfit_batches, then tasktrain's fit resumed from the middle of an epoch; each rank writes
+OUT/rank{R}.json with, per fit, the sample indices of every batch it trained on ((epoch, batch_idx) order) and the
+weights after.
 
     torchrun --standalone --nproc_per_node 2 order_beside_lightning.py OUT
 """
@@ -27,7 +28,7 @@ def data():
     return TensorDataset(torch.arange(22), x, x @ torch.tensor([[1.0], [-2.0], [0.5]]))
 
 
-def fit(lib, base, seed, overfit_batches=0):
+def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None):
     for var in SEED_VARS:
         os.environ.pop(var, None)
     if seed is None:
@@ -51,9 +52,9 @@ def fit(lib, base, seed, overfit_batches=0):
 
     module = Module()
     trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
-                          overfit_batches=overfit_batches, enable_checkpointing=False, enable_progress_bar=False,
-                          enable_model_summary=False)
-    trainer.fit(module, DataLoader(data(), batch_size=2, shuffle=False))
+                          overfit_batches=overfit_batches, callbacks=list(callbacks),
+                          enable_checkpointing=bool(callbacks), enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, DataLoader(data(), batch_size=2, shuffle=False), ckpt_path=ckpt_path)
     weights = [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
     del trainer
     return {"batches": rows, "weights": weights}
@@ -67,6 +68,12 @@ def main(out):
     seen = {}
     for name, lib, base in (("lightning", L, L.LightningModule), ("tasktrain", tasktrain, tasktrain.TaskModule)):
         seen[name] = {case: fit(lib, base, **kwargs) for case, kwargs in CASES.items()}
+    # tasktrain's exact resume of that shuffled order: a fit resumed from the middle of its first epoch (step 3 of 6)
+    saves = os.path.join(out, "checkpoints")
+    saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    seen["resume"] = {"whole": fit(tasktrain, tasktrain.TaskModule, None, callbacks=[saver]),
+                      "resumed": fit(tasktrain, tasktrain.TaskModule, None,
+                                     ckpt_path=os.path.join(saves, "step=3.ckpt"))}
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
