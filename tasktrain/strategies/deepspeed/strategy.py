@@ -637,6 +637,14 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             "module.load_state_dict(torch.load(path, weights_only=True)['state_dict']).)"
         )
 
+    def check_can_save(self):
+        if self.engine is None:
+            raise RuntimeError(
+                "trainer.save_checkpoint(...) after the run: tasktrain releases DeepSpeed's engine (and with it the "
+                "partitioned optimizer state) when a run ends, so there is nothing whole to save (Lightning keeps its "
+                "engine). Save inside the run: ModelCheckpoint(save_last=True), or trainer.save_checkpoint(...) in a "
+                "callback's on_train_end / on_fit_end (every rank calls it).")
+
     def save_checkpoint(self, checkpoint: dict, path: str):
         """A directory: the engine's shards (one file per rank) plus our state file; written under a temporary
         name and renamed into place, so a crash never leaves a half directory under the real name.
