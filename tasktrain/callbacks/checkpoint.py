@@ -340,10 +340,16 @@ class ModelCheckpoint(Checkpoint):
     def on_exception(self, trainer, pl_module, exception):
         """save_on_exception=True: an exception that ends fit saves a checkpoint under the filename's name (not a
         top-k entry) and last (when save_last), as Lightning; not during the sanity check, nor when this step is
-        saved already. On several processes every rank must reach this (an error raised on all of them)."""
-        if not self.save_on_exception or trainer.sanity_checking or self._last_saved_step == trainer.global_step:
-            return
-        self._save(trainer, exception=exception)
+        saved already. On several processes every rank must reach this (an error raised on all of them). Then, as a
+        run that raised gets no teardown hooks (Lightning's rule), the write in flight is waited for here (the run's
+        error is the one raised)."""
+        if self.save_on_exception and not trainer.sanity_checking and self._last_saved_step != trainer.global_step:
+            self._save(trainer, exception=exception)
+        if self._pending is not None:
+            try:
+                self._finish_pending(trainer)
+            except Exception as err:
+                print(f"[tasktrain] ModelCheckpoint: {err}", file=sys.stderr, flush=True)
 
     def _save(self, trainer, exception=None, by_step=False):
         """Save a top-k candidate (when it is one) and `last` (when asked). Called on every rank. With `exception`
@@ -526,16 +532,9 @@ class ModelCheckpoint(Checkpoint):
         self.best_k_models = dict(best_k)
 
     def teardown(self, trainer, pl_module, stage):
-        """The end of fit, an error or SIGTERM: the write in flight is waited for (the process ends after it)."""
-        if self._pending is None:
-            return
-        if sys.exc_info()[1] is not None:  # the run is failing already: that error is the one raised
-            try:
-                self._finish_pending(trainer)
-            except Exception as err:
-                print(f"[tasktrain] ModelCheckpoint: {err}", file=sys.stderr, flush=True)
-            return
-        self._finish_pending(trainer)
+        """The end of fit, or SIGTERM's save-and-stop: the write in flight is waited for (the process ends after it)."""
+        if self._pending is not None:
+            self._finish_pending(trainer)
 
     def _candidate(self, trainer, metrics=None):
         """(score, path) of a top-k candidate, or None when there is nothing new to score."""

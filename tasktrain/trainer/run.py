@@ -147,9 +147,11 @@ def on_failure(trainer, exc):
 def teardown(trainer, stage, module, status):
     trainer._unwatch()
     try:
-        if trainer.datamodule is not None:  # (Lightning passes the stage by keyword, as its TrainerFn)
-            trainer.datamodule.teardown(stage=TrainerFn(stage))
-        trainer._call("teardown", stage=TrainerFn(stage))
+        # Lightning calls the teardown hooks at a run's end only: a run that raised had on_exception instead
+        if status != "failed":
+            if trainer.datamodule is not None:  # (Lightning passes the stage by keyword, as its TrainerFn)
+                trainer.datamodule.teardown(stage=TrainerFn(stage))
+            trainer._call("teardown", stage=TrainerFn(stage))
     finally:
         for logger in trainer.loggers:  # every rank, as Lightning (tasktrain's loggers act on rank 0 only)
             logger.finalize(status)
