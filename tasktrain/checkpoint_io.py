@@ -19,7 +19,8 @@ tasktrain/trainer/run_state.py, which also lists the Accelerator's layout):
         train_state         TrainState: epoch, global_step, batches_that_stepped (the loggers' step), batch_in_epoch,
                             samples_in_epoch, global_batch_size, data_seed, epoch_finished, epoch_validated, stage;
                             drawn_order where an epoch's order was drawn as Lightning's RandomSampler draws it (one
-                            process) or a loader has a generator of the user's (tasktrain/trainer/data.py);
+                            process) or a loader has a generator of the user's, and the generator state its
+                            workers' base seed was drawn from (tasktrain/trainer/data.py);
                             plateau_step_values (only where a metric-watching step scheduler's step is pending)
         optimizer_param_names  per optimizer, per param group, the names of its parameters (state dict keys)
         metrics             the in-epoch accumulators of self.log(on_epoch=True)

@@ -57,7 +57,7 @@ def fit_loop(trainer, fit):
     if trainer.state.batch_in_epoch == 0:
         # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
         # mid-epoch got its generator's state back from after that draw (issue 37)
-        draw_loader_seed(trainer._loader_data, at_first_batch=False)
+        draw_loader_seed(trainer._loader_data, trainer.state.epoch, at_first_batch=False)
     warn_if_modules_in_eval_mode(trainer, fit.module)
     trainer._call("on_train_start")
     fit.last_val_time = time.monotonic()  # a val_check_interval of time counts from here
@@ -70,7 +70,7 @@ def fit_loop(trainer, fit):
         if loaders.train_reload_due(trainer):
             loaders.reload(trainer, fit)
             # Lightning's setup_data iterates a reloaded loader once more
-            draw_loader_seed(trainer._loader_data, at_first_batch=False)
+            draw_loader_seed(trainer._loader_data, trainer.state.epoch, at_first_batch=False)
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch)
         finished = trainer.state.epoch_finished
@@ -115,7 +115,8 @@ def train_epoch(trainer, fit, epoch):
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
-        draw_loader_seed(trainer._loader_data, at_iter=epoch > 0 and not (fit.resumed and epoch == fit.first_epoch))
+        first_of_resumed = fit.resumed and epoch == fit.first_epoch
+        draw_loader_seed(trainer._loader_data, epoch, at_iter=epoch > 0 and not first_of_resumed)
     elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now

@@ -2,9 +2,11 @@
 from `lightning.fabric.utilities.seed` (seed_everything, reset_seed)."""
 import os
 
-from tasktrain.trainer.seed import _SEED_VAR, _WORKERS_VAR, isolate_rng, seed_everything
+from tasktrain.trainer.seed import _SEED_VAR, _WORKERS_VAR, isolate_rng, seed_everything, worker_init_function
 
-__all__ = ["isolate_rng", "reset_seed", "seed_everything"]
+__all__ = ["isolate_rng", "pl_worker_init_function", "reset_seed", "seed_everything"]
+
+pl_worker_init_function = worker_init_function  # what seed_everything(workers=True) gives the Trainer's loaders
 
 
 def reset_seed():
