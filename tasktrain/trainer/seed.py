@@ -47,6 +47,14 @@ def seed_everything(seed=None, workers: bool = False, verbose: bool = True) -> i
     return seed
 
 
+def reset_seed() -> None:
+    """Seed again with what seed_everything last set (nothing when it was never called): Lightning's reset_seed,
+    which its distributed strategies call as each run sets up its processes (the Trainer's start of a stage)."""
+    seed = os.environ.get(_SEED_VAR)
+    if seed is not None:
+        seed_everything(int(seed), workers=os.environ.get(_WORKERS_VAR) == "1", verbose=False)
+
+
 def worker_init_function(worker_id: int, rank: int = None) -> None:
     """A DataLoader worker's seeds after seed_everything(workers=True), Lightning's pl_worker_init_function: torch,
     python and numpy each get a seed mixed from (the loader's base seed, worker id, rank), so no two workers of any
