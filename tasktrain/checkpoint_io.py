@@ -17,7 +17,8 @@ tasktrain/trainer/run_state.py, which also lists the Accelerator's layout):
         weights_only        bool: True means no training state, the file cannot resume a fit
         world_size          int: the number of processes that wrote it
         train_state         TrainState: epoch, global_step, batches_that_stepped (the loggers' step), batch_in_epoch,
-                            samples_in_epoch, global_batch_size, data_seed, epoch_finished, epoch_validated, stage;
+                            samples_in_epoch, global_batch_size, data_seed, epoch_finished, epoch_validated,
+                            epoch_started, stage;
                             drawn_order where an epoch's order was drawn as Lightning's RandomSampler draws it (one
                             process) or a loader has a generator of the user's, and the generator state its
                             workers' base seed was drawn from (tasktrain/trainer/data.py);

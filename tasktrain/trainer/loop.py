@@ -76,7 +76,7 @@ def fit_loop(trainer, fit):
         finished = trainer.state.epoch_finished
         if finished:  # current_epoch counts the finished epochs, also when the run stops here
             fit.epochs.end_epoch()
-            trainer.state.epoch_finished = False
+            trainer.state.epoch_finished = trainer.state.epoch_started = False
         if (trainer.should_stop and may_stop(trainer, fit)) or max_steps_reached(trainer):
             # Lightning counts an epoch the run stopped inside too (its epoch loop ended); the position stays in
             # the train state, so a resume continues inside that epoch
@@ -111,6 +111,7 @@ def train_epoch(trainer, fit, epoch):
     start = state.batch_in_epoch
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         state.epoch_validated = False
+        state.epoch_started = True  # (before the hook: a checkpoint saved in it holds it)
         trainer._call("on_train_epoch_start")
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
