@@ -395,6 +395,8 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     assert sorted(os.listdir(directory)) == ["epoch=1-step=21.ckpt", "epoch=1-step=22.ckpt", "last.ckpt"]
     newest, last = directory / "epoch=1-step=22.ckpt", directory / "last.ckpt"
     assert sorted(os.listdir(last)) == sorted([".metadata", "__0_0.distcp", "__1_0.distcp", STATE_FILE])
+    state = torch.load(last / STATE_FILE, weights_only=True)  # Lightning's top level; the layout under "loops"
+    assert "fsdp" not in state and state["loops"]["fsdp"] == {"world_size": 2, "layout": "dcp"}
     for part in os.listdir(last):  # save_last=True: last.ckpt is a write of its own after the newest (Lightning's)
         assert os.stat(last / part).st_ino != os.stat(newest / part).st_ino
     assert not (root / "fsdp" / ".last_checkpoint.json").exists()  # no launch restart: no record beside them
