@@ -17,14 +17,19 @@ tasktrain/trainer/run_state.py, which also lists the Accelerator's layout):
         weights_only        bool: True means no training state, the file cannot resume a fit
         world_size          int: the number of processes that wrote it
         train_state         TrainState: epoch, global_step, batches_that_stepped (the loggers' step), batch_in_epoch,
-                            samples_in_epoch, global_batch_size, data_seed, epoch_finished, epoch_validated, stage;
+                            samples_in_epoch, global_batch_size, data_seed, epoch_finished, epoch_validated,
+                            epoch_started, stage;
                             drawn_order where an epoch's order was drawn as Lightning's RandomSampler draws it (one
-                            process) or a loader has a generator of the user's (tasktrain/trainer/data.py);
+                            process) or a loader has a generator of the user's, and the generator state its
+                            workers' base seed was drawn from (tasktrain/trainer/data.py);
                             plateau_step_values (only where a metric-watching step scheduler's step is pending)
         optimizer_param_names  per optimizer, per param group, the names of its parameters (state dict keys)
         metrics             the in-epoch accumulators of self.log(on_epoch=True)
         rng_states          list, one per rank: {"python", "numpy", "torch", "cuda"}
         precision           (only in files upgraded from format 2: its precision plugin's state)
+        deepspeed           (a DeepSpeed directory's state file) tag, ZeRO stage, world_size, key_prefix[, universal]
+        fsdp                (an FSDP directory's state file) world_size, layout "dcp"[, converted_from]
+        device_mesh         (ModelParallelStrategy's files) the mesh's sizes by dimension name
     -- unless weights-only:
     callbacks           {callback.state_key: callback.state_dict()} (those with a non-empty state)
     optimizer_states    list of optimizer state dicts
@@ -35,7 +40,8 @@ tasktrain/trainer/run_state.py, which also lists the Accelerator's layout):
     <DataModule's class __qualname__>   its state_dict()
 
 Files of formats 1 and 2 (tasktrain's keys at the top level) are read in this layout: load_checkpoint_file
-upgrades them (upgrade_layout).
+upgrades them (upgrade_layout), as it moves the engine records (deepspeed, fsdp, device_mesh) that earlier files of
+format 3 kept at the top level under "loops".
 """
 import abc
 import contextlib
@@ -65,8 +71,11 @@ from tasktrain.version import __version__
 CHECKPOINT_FORMAT_VERSION = 3
 READABLE_FORMAT_VERSIONS = (1, 2, 3)
 OWN_KEY = "loops"
+# How an engine wrote a checkpoint (a DeepSpeed or FSDP directory's state file, a model-parallel file's mesh): among
+# tasktrain's own keys too, so that the file's top level is Lightning's (files written before were upgraded on load)
+ENGINE_KEYS = ("deepspeed", "fsdp", "device_mesh")
 OWN_KEYS = ("format_version", "tasktrain_version", "torch_version", "weights_only", "world_size", "train_state",
-            "optimizer_param_names", "metrics", "rng_states")
+            "optimizer_param_names", "metrics", "rng_states") + ENGINE_KEYS
 # The restart record (restart_checkpoint): written only in a launch torch's elastic agent may restart; a run's
 # folders otherwise hold what Lightning's hold (checkpoints, logs). Runs of earlier versions wrote it always (the
 # visible name before that); `ckpt_path="last"` still reads it where no last checkpoint is found.
@@ -698,7 +707,9 @@ def upgrade_layout(ckpt: dict) -> dict:
     top-level keys, tasktrain's under "loops" (a format 2 file's precision state there as "precision": the plugin
     class that wrote it is not recorded). Any other dict (a current file, the Accelerator's, a Lightning or plain
     state-dict file, which has no train state) is returned as it is."""
-    if OWN_KEY in ckpt or "state_dict" not in ckpt or not isinstance(ckpt.get("train_state"), dict):
+    if OWN_KEY in ckpt:
+        return _engine_keys_under_loops(ckpt)
+    if "state_dict" not in ckpt or not isinstance(ckpt.get("train_state"), dict):
         return ckpt  # (a train_state that is not a dict: not a Trainer file; the resume refuses it by name)
     out = {"epoch": ckpt.get("epoch", ckpt["train_state"].get("epoch", 0)),
            "global_step": ckpt.get("global_step", ckpt["train_state"].get("global_step", 0)),
@@ -713,6 +724,36 @@ def upgrade_layout(ckpt: dict) -> dict:
         elif key not in ("hyper_parameters", "datamodule_hyper_parameters") or value:
             out[key] = value
     out[OWN_KEY] = loops
+    return out
+
+
+def _engine_keys_under_loops(ckpt: dict) -> dict:
+    """A format 3 Trainer file written before the engine records moved under "loops" (ENGINE_KEYS at its top level):
+    in today's layout. Anything else is returned as it is."""
+    loops = ckpt.get(OWN_KEY)
+    moved = [key for key in ENGINE_KEYS if key in ckpt]
+    if not moved or not isinstance(loops, dict) or "format_version" not in loops:
+        return ckpt
+    out = {key: value for key, value in ckpt.items() if key not in moved}
+    out[OWN_KEY] = {**loops, **{key: ckpt[key] for key in moved}}
+    return out
+
+
+def with_own(ckpt: dict, **entries) -> dict:
+    """`ckpt` with `entries` among tasktrain's own keys (own_state): under "loops" in a Trainer file, at the top level
+    of the Accelerator's layout. A shallow copy: the caller's dict is left as it is."""
+    loops = ckpt.get(OWN_KEY)
+    if isinstance(loops, dict) and "format_version" in loops:
+        return dict(ckpt, **{OWN_KEY: dict(loops, **entries)})
+    return dict(ckpt, **entries)
+
+
+def without_own(ckpt: dict, *keys) -> dict:
+    """`ckpt` without tasktrain's own `keys` (wherever the layout keeps them): a shallow copy."""
+    out = {key: value for key, value in ckpt.items() if key not in keys}
+    loops = out.get(OWN_KEY)
+    if isinstance(loops, dict) and "format_version" in loops:
+        out[OWN_KEY] = {key: value for key, value in loops.items() if key not in keys}
     return out
 
 

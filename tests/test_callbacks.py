@@ -83,7 +83,8 @@ def test_exception_event_then_teardown():
     rec = Recorder()
     with pytest.raises(RuntimeError, match="boom"):
         Trainer(max_epochs=1, callbacks=[rec, Boom()], **quiet()).fit(Linear(), loader())
-    assert rec.log[-3:] == ["on_train_batch_end", "on_exception", "teardown"]
+    # a run that raised gets on_exception and no teardown hooks, as in Lightning (tests/test_lightning_beside_hooks.py)
+    assert rec.log[-2:] == ["on_train_batch_end", "on_exception"] and "teardown" not in rec.log
 
 
 def test_callback_hooks_fire_before_the_modules_as_lightnings_and_monitors_after_at_train_epoch_end():

@@ -298,6 +298,10 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     for part in (STATE_FILE, "latest"):  # save_last=True: last.ckpt is a write of its own (Lightning's)
         assert os.stat(last / part).st_ino != os.stat(newest / part).st_ino
     assert sorted(os.listdir(last / ENGINE_TAG)) == sorted(os.listdir(newest / ENGINE_TAG))
+    # the state file's top level is Lightning's; how the engine wrote the directory is among tasktrain's own keys
+    state = torch.load(last / STATE_FILE, weights_only=True)
+    assert "deepspeed" not in state and state["loops"]["deepspeed"]["stage"] == 3
+    assert state["loops"]["deepspeed"]["world_size"] == 2
     assert not (root / "stage3" / ".last_checkpoint.json").exists()  # no launch restart: no record beside them
 
     from tasktrain import CheckpointError

@@ -243,3 +243,76 @@ def test_bad_training_step_return_raises_lightnings_error(returns):
     theirs, ours = run("lightning"), run("tasktrain")
     assert ours[0] == theirs[0] == "MisconfigurationException"
     assert ours[1].startswith(theirs[1].rstrip("."))
+
+
+@pytest.mark.parametrize("where", ["training_step", "on_validation_end", "test_step"])
+def test_a_run_that_raises_calls_on_exception_and_no_teardown_hooks_as_lightning(where):
+    """Lightning calls the teardown hooks (callbacks', the module's, the DataModule's) at a run's end only: a run that
+    raised gets on_exception, and the loggers' finalize("failed")."""
+    seen = {}
+    for lib in (tasktrain, L):
+        calls = []
+
+        class Rec(lib.Callback):
+            def on_exception(self, trainer, module, exception):
+                calls.append(("callback", "on_exception", type(exception).__name__))
+
+            def teardown(self, trainer, module, stage):
+                calls.append(("callback", "teardown", str(stage)))
+
+        class Module(lib.LightningModule if lib is L else lib.TaskModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def _step(self, batch):
+                if where in ("training_step", "test_step") and self.trainer.state.fn in ("fit", "test") \
+                        and (where == "training_step") == (self.trainer.state.fn == "fit"):
+                    raise ValueError("boom")
+                return self.layer(batch[0]).pow(2).mean()
+
+            def training_step(self, batch, batch_idx):
+                return self._step(batch)
+
+            def validation_step(self, batch, batch_idx):
+                self._step(batch)
+
+            def test_step(self, batch, batch_idx):
+                self._step(batch)
+
+            def on_validation_end(self):
+                if where == "on_validation_end":
+                    raise ValueError("boom")
+
+            def on_exception(self, exception):
+                calls.append(("module", "on_exception", type(exception).__name__))
+
+            def teardown(self, stage):
+                calls.append(("module", "teardown", str(stage)))
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        class Data(lib.LightningDataModule if lib is L else lib.DataModule):
+            def _loader(self):
+                return DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
+
+            train_dataloader = val_dataloader = test_dataloader = _loader
+
+            def on_exception(self, exception):
+                calls.append(("datamodule", "on_exception", type(exception).__name__))
+
+            def teardown(self, stage):
+                calls.append(("datamodule", "teardown", str(stage)))
+
+        trainer = lib.Trainer(**{**QUIET, "max_epochs": 1, "num_sanity_val_steps": 0}, callbacks=[Rec()])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(ValueError, match="boom"):
+                if where == "test_step":
+                    trainer.test(Module(), datamodule=Data(), verbose=False)
+                else:
+                    trainer.fit(Module(), datamodule=Data())
+        seen[lib.__name__] = calls
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert not any(event == "teardown" for _, event, _ in seen["tasktrain"])

@@ -242,3 +242,25 @@ def test_callback_states_load_beside_a_dummy_logger():
     loaded = ModelCheckpoint(monitor="loss")
     Callbacks([DummyLogger(), loaded]).load_state_dict(states)
     assert loaded.best_model_path == "best.ckpt"
+
+
+def test_engine_records_of_older_files_move_under_loops():
+    """DeepSpeed's, FSDP's and the model-parallel mesh's records (checkpoint_io.ENGINE_KEYS) are tasktrain's own keys:
+    a format 3 file written when they sat at the top level (or a format 2 one) loads with them under "loops",
+    Lightning's top level left; the current layout and the Accelerator's are left as they are."""
+    from tasktrain.checkpoint_io import with_own, without_own
+
+    meta = {"deepspeed": {"tag": "zero", "stage": 3, "world_size": 2, "key_prefix": ""},
+            "fsdp": {"world_size": 2, "layout": "dcp"}, "device_mesh": {"data_parallel": 2, "tensor_parallel": 1}}
+    loops = {"format_version": 3, "train_state": {"epoch": 0, "global_step": 2}, "world_size": 2}
+    for old in ({"epoch": 0, "global_step": 2, "state_dict": {}, "loops": loops, **meta},
+                {"format_version": 2, "state_dict": {}, "train_state": loops["train_state"], "world_size": 2, **meta}):
+        new = upgrade(old)
+        assert not set(meta) & set(new) and all(new["loops"][key] == value for key, value in meta.items())
+        assert upgrade(new) is new
+    accelerators = {"format_version": 3, "models": [], **meta}
+    assert upgrade(accelerators) is accelerators
+    written = with_own({"state_dict": {}, "loops": loops}, fsdp=meta["fsdp"])
+    assert "fsdp" not in written and written["loops"]["fsdp"] == meta["fsdp"] and "fsdp" not in loops
+    assert with_own(accelerators, fsdp=1)["fsdp"] == 1
+    assert "fsdp" not in without_own(written, "fsdp")["loops"] and "fsdp" in written["loops"]

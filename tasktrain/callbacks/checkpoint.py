@@ -12,6 +12,7 @@ When it saves (it is the last callback, so every other callback's state is alrea
 - train_time_interval: at on_train_batch_end of the first optimizer step after that much time since the previous
   such save (or the fit's start); on several processes rank 0's clock decides for every rank, broadcast at each
   optimizer step as Lightning does (the one collective per step this schedule costs).
+- under manual optimisation both schedules are checked at every batch's end (_manual_batch_end).
 
 save_on_train_epoch_end says which of the epoch schedule's points count: True, the epoch ends; False, the ends of
 validation runs (inside the epoch and at its end; an epoch without validation saves nothing); None (default),
@@ -260,6 +261,9 @@ class ModelCheckpoint(Checkpoint):
         step = trainer.global_step
         # Only batches that completed an optimizer step count (not the other micro-batches of a window).
         stepped, self._seen_step = step != self._seen_step, step
+        if not pl_module.automatic_optimization:
+            self._manual_batch_end(trainer, pl_module, step)
+            return
         due = bool(stepped and self.every_n_train_steps and step % self.every_n_train_steps == 0)
         if stepped and self.train_time_interval is not None and self._time_is_up(trainer):
             due = True
@@ -276,10 +280,25 @@ class ModelCheckpoint(Checkpoint):
                     self._validates_this_epoch(trainer):
                 self._step_save_deferred = True
                 return
-        if not pl_module.automatic_optimization and self.every_n_train_steps and step % self.every_n_train_steps == 0:
-            self._save_pre_step_weights(trainer, pl_module)
-            return
         self._save(trainer, by_step=True)
+
+    def _manual_batch_end(self, trainer, pl_module, step):
+        """The step schedule under manual optimisation, Lightning 2.6's: training_step steps when it likes, so every
+        batch's end is checked, a batch that did not step included: a save is due where global_step is a multiple of
+        every_n_train_steps and was not saved yet (none at step 0), so one deferred at its step (the monitored value
+        not logged yet) is made at the next batch once that value exists, or at the next validation's end with saves
+        there. No deferral for a value the epoch-end validation will refresh. train_time_interval is checked at every
+        batch's end too: Lightning 2.6 ignores it under manual optimisation (a bug, its fix is Lightning's PR #21699:
+        docs/lightning.md), which would leave a run with only a time schedule without any checkpoint."""
+        due = bool(self.every_n_train_steps) and step % self.every_n_train_steps == 0
+        if self.train_time_interval is not None and self._time_is_up(trainer):
+            due = True
+        if not due or step == 0 or self._last_saved_step == step:
+            return
+        if self.monitor is not None and self.monitor not in self._monitor_candidates(trainer):
+            self._step_save_deferred = True
+            return
+        self._save_pre_step_weights(trainer, pl_module)
 
     def _save_pre_step_weights(self, trainer, pl_module):
         """A step save of manual optimisation, as Lightning 2.6 documents it: training_step stepped the optimizer
@@ -288,7 +307,7 @@ class ModelCheckpoint(Checkpoint):
         holds the latest one (the live weights are put back after). Without it, Lightning's warning."""
         saved, layer = getattr(pl_module, "saved_models", None), getattr(pl_module, "layer", None)
         if not (isinstance(saved, dict) and saved and isinstance(layer, torch.nn.Module)):
-            if trainer.is_global_zero:
+            if trainer.is_global_zero and self.every_n_train_steps:  # (the warning names that schedule)
                 warnings.warn(_MANUAL_STEP_SAVE_WARNING, UserWarning, stacklevel=2)
             self._save(trainer, by_step=True)
             return
@@ -340,10 +359,16 @@ class ModelCheckpoint(Checkpoint):
     def on_exception(self, trainer, pl_module, exception):
         """save_on_exception=True: an exception that ends fit saves a checkpoint under the filename's name (not a
         top-k entry) and last (when save_last), as Lightning; not during the sanity check, nor when this step is
-        saved already. On several processes every rank must reach this (an error raised on all of them)."""
-        if not self.save_on_exception or trainer.sanity_checking or self._last_saved_step == trainer.global_step:
-            return
-        self._save(trainer, exception=exception)
+        saved already. On several processes every rank must reach this (an error raised on all of them). Then, as a
+        run that raised gets no teardown hooks (Lightning's rule), the write in flight is waited for here (the run's
+        error is the one raised)."""
+        if self.save_on_exception and not trainer.sanity_checking and self._last_saved_step != trainer.global_step:
+            self._save(trainer, exception=exception)
+        if self._pending is not None:
+            try:
+                self._finish_pending(trainer)
+            except Exception as err:
+                print(f"[tasktrain] ModelCheckpoint: {err}", file=sys.stderr, flush=True)
 
     def _save(self, trainer, exception=None, by_step=False):
         """Save a top-k candidate (when it is one) and `last` (when asked). Called on every rank. With `exception`
@@ -526,16 +551,9 @@ class ModelCheckpoint(Checkpoint):
         self.best_k_models = dict(best_k)
 
     def teardown(self, trainer, pl_module, stage):
-        """The end of fit, an error or SIGTERM: the write in flight is waited for (the process ends after it)."""
-        if self._pending is None:
-            return
-        if sys.exc_info()[1] is not None:  # the run is failing already: that error is the one raised
-            try:
-                self._finish_pending(trainer)
-            except Exception as err:
-                print(f"[tasktrain] ModelCheckpoint: {err}", file=sys.stderr, flush=True)
-            return
-        self._finish_pending(trainer)
+        """The end of fit, or SIGTERM's save-and-stop: the write in flight is waited for (the process ends after it)."""
+        if self._pending is not None:
+            self._finish_pending(trainer)
 
     def _candidate(self, trainer, metrics=None):
         """(score, path) of a top-k candidate, or None when there is nothing new to score."""

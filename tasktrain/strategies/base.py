@@ -686,6 +686,10 @@ class Strategy(abc.ABC):
         writer.start(write, path)
         return writer
 
+    def check_can_save(self):
+        """Raise, naming what to do instead, where this strategy cannot write a checkpoint now (trainer.save_checkpoint
+        after its run released an engine). Default: it always can."""
+
     def wait_for_checkpoint(self, release=False):
         """Block until this process's background checkpoint write, if one is in flight, is complete; raise its
         error. No collective: every rank waits for its own part (rank 0's part includes making it complete).

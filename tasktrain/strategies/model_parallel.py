@@ -35,6 +35,7 @@ from datetime import timedelta
 
 import torch
 
+from tasktrain.checkpoint_io import own_state, with_own
 from tasktrain.strategies.fsdp import FSDP
 
 MESH_NAMES = ("data_parallel", "tensor_parallel")
@@ -324,15 +325,15 @@ class ModelParallelStrategy(FSDP):
         return layout
 
     def save_checkpoint(self, checkpoint, path):
-        checkpoint = dict(checkpoint, device_mesh=self._layout())
+        checkpoint = with_own(checkpoint, device_mesh=self._layout())
         return super().save_checkpoint(checkpoint, path)
 
     def save_checkpoint_into(self, directory, checkpoint, filename):
-        checkpoint = dict(checkpoint, device_mesh=self._layout())
+        checkpoint = with_own(checkpoint, device_mesh=self._layout())
         return super().save_checkpoint_into(directory, checkpoint, filename)
 
     def save_checkpoint_async(self, checkpoint, path, on_complete=None, filename=None):
-        checkpoint = dict(checkpoint, device_mesh=self._layout())
+        checkpoint = with_own(checkpoint, device_mesh=self._layout())
         return super().save_checkpoint_async(checkpoint, path, on_complete, filename)
 
     def load_checkpoint(self, path):
@@ -346,13 +347,11 @@ class ModelParallelStrategy(FSDP):
         return ckpt
 
     def _say_resharded(self, ckpt, path):
-        saved = ckpt.get("device_mesh") if isinstance(ckpt, dict) else None
+        saved = own_state(ckpt).get("device_mesh") if isinstance(ckpt, dict) else None
         now = self._layout()
         if not self.is_global_zero or saved == now:
             return
         if saved is None:
-            from tasktrain.checkpoint_io import own_state
-
             source = (f"{own_state(ckpt).get('world_size', '?')} processes (no mesh recorded: another strategy's "
                       "checkpoint)")
         else:

@@ -214,6 +214,12 @@ class ProcessWorld(MultiProcess):
             _destroy_group_at_exit()
 
     # -- collectives -----------------------------------------------------------------------------------------
+    def _alone(self):
+        """A world of one whose group ended with its run (teardown): its collectives are local, so that what
+        Lightning allows after a run (trainer.save_checkpoint after fit) still works, as Lightning's group of one,
+        which outlives the run, allows it."""
+        return self.world_size == 1 and not dist.is_initialized()
+
     @checked_collective("reduce", data=("tensor",))  # watchdog (issue 19)
     def reduce(self, tensor, op="mean"):
         if op not in _REDUCE_OPS:
@@ -221,6 +227,8 @@ class ProcessWorld(MultiProcess):
         if not isinstance(tensor, torch.Tensor):
             tensor = torch.tensor(tensor, device=self.root_device)
         out = tensor.detach().clone().to(self.root_device)
+        if self._alone():
+            return out
         dist.all_reduce(out, op=_REDUCE_OPS[op])
         if op == "mean":
             out = out / self.world_size
@@ -230,18 +238,24 @@ class ProcessWorld(MultiProcess):
     def all_gather(self, tensor):
         """Every rank's tensor, stacked: shape (world_size, *tensor.shape). All ranks must pass the same shape."""
         tensor = tensor.detach().contiguous().to(self.root_device)
+        if self._alone():
+            return tensor.unsqueeze(0).clone()
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(out, tensor)
         return torch.stack(out)
 
     @checked_collective("all_gather_object", objects=("obj",))  # watchdog (issue 19)
     def all_gather_object(self, obj):
+        if self._alone():
+            return [obj]
         out = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
 
     @checked_collective("broadcast", objects=("obj",))  # watchdog (issue 19)
     def broadcast(self, obj, src=0):
+        if self._alone():
+            return obj
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]

@@ -208,19 +208,46 @@ class TrainData:
     # (the base seed is drawn from the user's loader's generator where it has one: `base_generator`)
     draws_base_seed = False
     base_generator = None
+    # The state that base seed was drawn from: the rebuilt loader's next iter() draws its workers' base seed from it,
+    # so that its workers are seeded as the user's loader's would be (`pending_base`), and the pass in flight's
+    # (`pass_base`), which a checkpoint keeps so that a pass resumed in its middle starts its workers alike. Where
+    # nothing was drawn (the Accelerator's loaders, a checkpoint older than this) the base seed comes from the
+    # generator set_epoch seeds from (seed, epoch).
+    pending_base = None
+    pass_base = None
+    _order_drawn_at_iter = False
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
         self.loader, self.sampler, self.generator, self.seed = loader, sampler, generator, seed
         self._skip_batches = 0
 
-    def draw_at_iter(self):
-        """The draw of the user's loader's iter(): its workers' base seed, from its generator or the global one."""
-        if self.draws_base_seed:
-            torch.empty((), dtype=torch.int64).random_(generator=self.base_generator)
+    def _starts_workers(self):
+        """Whether the loader's next iter() starts its workers (so draws their base seed): not where persistent
+        workers run already."""
+        loader = self.loader
+        return not (getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", None) is not None)
+
+    def draw_at_iter(self, epoch=None):
+        """The draws of the user's loader's iter(): its workers' base seed, from its generator or the global one,
+        which the rebuilt loader's next iter() draws again; and with workers, a RandomSampler's seed, which the
+        workers' first indices draw inside iter() (`epoch`: the epoch the iterator is for)."""
+        if self.draws_base_seed and self._starts_workers():
+            source = self.base_generator
+            state = source.get_state() if source is not None else torch.get_rng_state()
+            torch.empty((), dtype=torch.int64).random_(generator=source)
+            self.pending_base = state
+        if isinstance(self.sampler, ResumableSampler) and getattr(self.loader, "num_workers", 0) > 0:
+            if epoch is not None:
+                self.sampler.set_epoch(epoch)
+            self.sampler.draw_order()
+            self._order_drawn_at_iter = True
 
     def draw_at_first_batch(self):
-        """The draw of the user's RandomSampler at the epoch's first batch, where Lightning keeps it."""
-        if isinstance(self.sampler, ResumableSampler):
+        """The draw of the user's RandomSampler at the epoch's first batch, where Lightning keeps it (made at iter()
+        already where the loader has workers)."""
+        if self._order_drawn_at_iter:
+            self._order_drawn_at_iter = False
+        elif isinstance(self.sampler, ResumableSampler):
             self.sampler.draw_order()
 
     def drawn_order(self):
@@ -234,6 +261,8 @@ class TrainData:
         generators = self._users_generators()
         if generators:
             state["generators"] = [g.get_state() for g in generators]
+        if self.pass_base is not None:  # (bytes, not a tensor: train states compare with ==)
+            state["base_seed_state"] = self.pass_base.numpy().tobytes()
         # (on the Trainer's own order, saved even when empty: its presence says the order of later epochs is drawn)
         return state if state or isinstance(sampler, ResumableSampler) else None
 
@@ -246,6 +275,8 @@ class TrainData:
             sampler.drawn_orders = False
         if not state:
             return
+        if state.get("base_seed_state") is not None:  # (a resume at an epoch's start draws anew at the fit's start)
+            self.pending_base = torch.frombuffer(bytearray(state["base_seed_state"]), dtype=torch.uint8)
         if isinstance(sampler, ResumableSampler) and "epoch" in state:
             sampler.epoch_order = {k: state[k] for k in ("epoch", "seed", "state") if k in state}
             sampler.exhausted = bool(state.get("exhausted", False))
@@ -302,7 +333,7 @@ class TrainData:
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
         if self.generator is not None:
-            # Worker seeds come from this generator, so they too are a function of (seed, epoch).
+            # Worker seeds come from this generator where the loop drew none (pending_base): (seed, epoch)'s.
             self.generator.manual_seed(self.seed * 100_003 + epoch)
 
     def skip(self, num_batches: int):
@@ -322,6 +353,10 @@ class TrainData:
         self.sampler.skip_samples(num_samples)
 
     def __iter__(self):
+        if self.generator is not None and self._starts_workers():
+            if self.pending_base is not None:
+                self.generator.set_state(self.pending_base)
+            self.pass_base, self.pending_base = self.pending_base, None
         iterator = iter(self.loader)
         skip, self._skip_batches = self._skip_batches, 0
         if skip:
@@ -332,15 +367,16 @@ class TrainData:
         return iterator
 
 
-def draw_loader_seed(data, at_iter=True, at_first_batch=True):
+def draw_loader_seed(data, epoch=None, at_iter=True, at_first_batch=True):
     """The draws the user's DataLoader makes at an iter() (its workers' base seed, from its generator or torch's
     global one) and at an epoch's first batch (a RandomSampler's seed, or its permutation from its own generator),
     made where the Trainer replaced that loader by one of its own order, at Lightning's points: the generators then
-    stand where they stand under Lightning, and on one process the epoch's order is the permutation drawn there."""
+    stand where they stand under Lightning, and on one process the epoch's order is the permutation drawn there.
+    `epoch`: the epoch the iterator is for (None: the sampler's)."""
     if data is None:
         return
     if at_iter:
-        data.draw_at_iter()
+        data.draw_at_iter(epoch)
     if at_first_batch:
         data.draw_at_first_batch()
 
@@ -590,18 +626,19 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
     return TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)
 
 
-def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None):
+def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None, global_rank=None):
     """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is (a shuffling
     one keeps shuffling, as under Lightning, which warns: `prefix` names the loader, "val", "test" or "predict").
     `shuffle_seed` (given under a distributed strategy): a shuffling validation/test loader reads Lightning's
     DistributedSampler(shuffle=True, seed=shuffle_seed) instead, padded as Lightning's, its epoch set by the
-    evaluation run (set_sampler_epoch); a shuffling predict loader on several processes, PredictShardSampler."""
+    evaluation run (set_sampler_epoch); a shuffling predict loader on several processes, PredictShardSampler.
+    `global_rank` (default `rank`): the rank seed_everything(workers=True)'s worker seeds are mixed with."""
     if prefix is not None and rank == 0 and isinstance(loader, DataLoader) and \
             not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
             isinstance(_order_sampler(loader), RandomSampler):
         warnings.warn(f"Your `{prefix}_dataloader`'s sampler has shuffling enabled, it is strongly recommended that "
                       "you turn shuffling off for val/test dataloaders.", PossibleUserWarning)
-    add_worker_init_fn(loader, rank)  # seed_everything(workers=True)
+    add_worker_init_fn(loader, rank if global_rank is None else global_rank)  # seed_everything(workers=True)
     if shuffle_seed is not None and prefix in ("val", "test") and _replaceable(loader) and \
             loader.batch_size is not None and type(loader.sampler) is RandomSampler:
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=shuffle_seed)

@@ -48,7 +48,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     world_size, rank = fit_data.shards(trainer)
     prefix = {"validate": "val"}.get(stage, stage)
     shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
-    loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed) for one in as_loaders(loader)]
+    loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed, trainer.global_rank)
+               for one in as_loaders(loader)]
     limits = [limit_eval(one, limit_arg) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)

@@ -11,7 +11,7 @@ from tasktrain.trainer import evaluation, guards
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
-from tasktrain.trainer.seed import sampler_seed
+from tasktrain.trainer.seed import add_worker_init_fn, sampler_seed
 from tasktrain.trainer.module import TaskModule, is_overridden
 
 
@@ -47,6 +47,7 @@ def train_data_now(trainer):
 def setup_train(trainer, loader, previous=None):
     """The epoch iterator of a training loader (a rebuilt loader keeps the resume of the `previous` one)."""
     world_size, rank = shards(trainer)
+    add_worker_init_fn(loader, trainer.global_rank)  # seed_everything(workers=True), before the loader is rebuilt
     # Lightning shards (DistributedSampler) under any distributed strategy, and its training sampler always
     # shuffles there (a sequential loader too), except with overfit_batches: the same batches every epoch
     keeps_sampler = not trainer.use_distributed_sampler or isinstance(trainer.strategy, OneProcess)
@@ -142,7 +143,7 @@ def setup_val(trainer, loader):
     """The validation loaders, counted once per fit (a fraction of a loader without a length fails here, before
     training)."""
     world_size, rank = shards(trainer)
-    val_loaders = [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer))
+    val_loaders = [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer), trainer.global_rank)
                    for one in evaluation.as_loaders(loader)]
     trainer._val_loader = val_loaders
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps

@@ -57,7 +57,7 @@ def fit_loop(trainer, fit):
     if trainer.state.batch_in_epoch == 0:
         # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
         # mid-epoch got its generator's state back from after that draw (issue 37)
-        draw_loader_seed(trainer._loader_data, at_first_batch=False)
+        draw_loader_seed(trainer._loader_data, trainer.state.epoch, at_first_batch=False)
     warn_if_modules_in_eval_mode(trainer, fit.module)
     fit.epoch_phase = "run" if trainer.state.batch_in_epoch else None  # (resumed inside an epoch: it goes on)
     trainer._call("on_train_start")
@@ -71,13 +71,13 @@ def fit_loop(trainer, fit):
         if loaders.train_reload_due(trainer):
             loaders.reload(trainer, fit)
             # Lightning's setup_data iterates a reloaded loader once more
-            draw_loader_seed(trainer._loader_data, at_first_batch=False)
+            draw_loader_seed(trainer._loader_data, trainer.state.epoch, at_first_batch=False)
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch)
         finished = trainer.state.epoch_finished
         if finished:  # current_epoch counts the finished epochs, also when the run stops here
             fit.epochs.end_epoch()
-            trainer.state.epoch_finished = False
+            trainer.state.epoch_finished = trainer.state.epoch_started = False
         fit.epoch_phase, fit.restarting = None, False  # (Lightning's restart ends with the first epoch)
         if (trainer.should_stop and may_stop(trainer, fit)) or max_steps_reached(trainer):
             # Lightning counts an epoch the run stopped inside too (its epoch loop ended); the position stays in
@@ -113,13 +113,15 @@ def train_epoch(trainer, fit, epoch):
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         state.epoch_validated = False
         fit.epoch_phase, fit.in_batch = "start", False
+        state.epoch_started = True  # (before the hook: a checkpoint saved in it holds it)
         trainer._call("on_train_epoch_start")
         fit.epoch_phase = "run"
         trainer._eval_completed["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
-        draw_loader_seed(trainer._loader_data, at_iter=epoch > 0 and not (fit.resumed and epoch == fit.first_epoch))
+        first_of_resumed = fit.resumed and epoch == fit.first_epoch
+        draw_loader_seed(trainer._loader_data, epoch, at_iter=epoch > 0 and not first_of_resumed)
     elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now

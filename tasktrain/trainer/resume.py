@@ -304,8 +304,9 @@ def restore_training_state(trainer, loaded):
 
 def skips_sanity_check(trainer, loaded):
     """Lightning's rule: a fit resumed from a checkpoint is "restarting" (and runs no sanity check) when the
-    checkpoint's epoch was not finished (saved inside it, its end-of-epoch validation included) or the run counts in
-    steps (max_steps set); a checkpoint of an epoch's end, or of a fit that ended, gets the sanity check."""
+    checkpoint's epoch was not finished (saved inside it, its end-of-epoch validation included, or in its
+    on_train_epoch_start, before its first batch) or the run counts in steps (max_steps set); a checkpoint of an
+    epoch's end, or of a fit that ended, gets the sanity check."""
     if loaded is None:
         return False
     ckpt = loaded.ckpt
@@ -313,7 +314,8 @@ def skips_sanity_check(trainer, loaded):
     # (a fit stopped inside an epoch counts it, as Lightning's: its checkpoint's current_epoch is one past the position)
     finished = (saved.get("epoch_finished") or not saved.get("batch_in_epoch")
                 or int(ckpt.get("epoch", saved.get("epoch", 0))) > int(saved.get("epoch", 0)))
-    return trainer.max_steps != -1 or not finished
+    started = saved.get("epoch_started") and not saved.get("batch_in_epoch") and not saved.get("epoch_finished")
+    return trainer.max_steps != -1 or not finished or bool(started)
 
 
 def start_after_finished_epoch(trainer):
@@ -325,7 +327,7 @@ def start_after_finished_epoch(trainer):
     if state.epoch_finished:
         state.epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
-        state.epoch_finished = False
+        state.epoch_finished = state.epoch_started = False
 
 
 def pending_plateau_step(trainer):

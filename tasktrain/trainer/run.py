@@ -17,6 +17,7 @@ from tasktrain.trainer.fit_state import build_hook_tables
 from tasktrain.trainer.metrics import MetricStore, hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, hook_is_called, is_overridden
 from tasktrain.trainer.runtime import announce_rank
+from tasktrain.trainer.seed import reset_seed
 from tasktrain.trainer.states import TrainerFn, TrainerStatus
 
 
@@ -89,6 +90,8 @@ def start_stage(trainer, stage, module):
     """The run's environment, fresh run state, profiler, metric store, callbacks and hook tables."""
     strategy = trainer.strategy
     strategy.setup_environment()
+    if isinstance(strategy, MultiProcess):
+        reset_seed()  # Lightning's distributed strategies seed again as they set up their processes
     trainer._reset_run_state()
     trainer.state.fn, trainer.state.status = TrainerFn(stage), TrainerStatus.RUNNING  # Lightning's trainer.state
     # watchdog (issue 19): None on one process; the loops are observed through watched_batches/watched_action
@@ -147,9 +150,11 @@ def on_failure(trainer, exc):
 def teardown(trainer, stage, module, status):
     trainer._unwatch()
     try:
-        if trainer.datamodule is not None:  # (Lightning passes the stage by keyword, as its TrainerFn)
-            trainer.datamodule.teardown(stage=TrainerFn(stage))
-        trainer._call("teardown", stage=TrainerFn(stage))
+        # Lightning calls the teardown hooks at a run's end only: a run that raised had on_exception instead
+        if status != "failed":
+            if trainer.datamodule is not None:  # (Lightning passes the stage by keyword, as its TrainerFn)
+                trainer.datamodule.teardown(stage=TrainerFn(stage))
+            trainer._call("teardown", stage=TrainerFn(stage))
     finally:
         for logger in trainer.loggers:  # every rank, as Lightning (tasktrain's loggers act on rank 0 only)
             logger.finalize(status)

@@ -47,21 +47,55 @@ def seed_everything(seed=None, workers: bool = False, verbose: bool = True) -> i
     return seed
 
 
-def worker_init_function(worker_id: int, rank: int = 0) -> None:
-    """A DataLoader worker's seeds after seed_everything(workers=True): torch gives each worker base seed +
-    worker id; numpy and python get seeds derived from (base seed, worker id, rank), which torch leaves alone
-    (so by default every worker's numpy draws alike)."""
-    base = torch.initial_seed() - worker_id
-    torch_seed, python_seed, numpy_seed = np.random.SeedSequence([base, worker_id, rank]).generate_state(3, np.uint64)
-    torch.manual_seed(int(torch_seed))
-    random.seed(int(python_seed))
-    np.random.seed(int(numpy_seed) & 0xFFFFFFFF)
+def reset_seed() -> None:
+    """Seed again with what seed_everything last set (nothing when it was never called): Lightning's reset_seed,
+    which its distributed strategies call as each run sets up its processes (the Trainer's start of a stage)."""
+    seed = os.environ.get(_SEED_VAR)
+    if seed is not None:
+        seed_everything(int(seed), workers=os.environ.get(_WORKERS_VAR) == "1", verbose=False)
+
+
+def worker_init_function(worker_id: int, rank: int = None) -> None:
+    """A DataLoader worker's seeds after seed_everything(workers=True), Lightning's pl_worker_init_function: torch,
+    python and numpy each get a seed mixed from (the loader's base seed, worker id, rank), so no two workers of any
+    rank draw alike and each draws what it draws under Lightning. rank None: this process's global rank."""
+    if rank is None:
+        rank = _process_rank()
+    base = torch.initial_seed() - worker_id  # torch seeded this worker with base seed + worker id
+    torch_seed, python_high, python_low = _mixed_seeds(base, worker_id, rank, 3)
+    torch.manual_seed(torch_seed)
+    random.seed((python_high << 32) | python_low)
+    np.random.seed(np.random.SeedSequence([base, worker_id, rank]).generate_state(4))
+
+
+def _mixed_seeds(base: int, worker_id: int, rank: int, count: int) -> list:
+    """64-bit seeds from (base, worker, rank), as Lightning derives them (so the numbers match its workers'): the
+    three packed into one word, spread by MurmurHash3's 64-bit finaliser, then stepped by Knuth's MMIX LCG."""
+    mask = (1 << 64) - 1
+    word = (base << 32) | (worker_id << 16) | rank
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        word ^= word >> 33
+        word = (word * multiplier) & mask
+    word ^= word >> 33
+    seeds = []
+    for _ in range(count):
+        word = (word * 6364136223846793005 + 1) & mask
+        seeds.append(word)
+    return seeds
+
+
+def _process_rank() -> int:
+    """The global rank a launcher gave this process (Lightning's rank_zero_only.rank), 0 without one."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
 
 
 def add_worker_init_fn(loader, rank: int) -> None:
-    """seed_everything(workers=True): give a loader with workers and no worker_init_fn worker_init_function."""
-    if os.environ.get(_WORKERS_VAR) == "1" and getattr(loader, "num_workers", 0) > 0 and \
-            getattr(loader, "worker_init_fn", 0) is None:
+    """seed_everything(workers=True): give a loader without a worker_init_fn worker_init_function for this global
+    rank (Lightning's rule, on every loader the Trainer is given, with workers or not)."""
+    if os.environ.get(_WORKERS_VAR) == "1" and getattr(loader, "worker_init_fn", 0) is None:
         loader.worker_init_fn = functools.partial(worker_init_function, rank=rank)
 
 

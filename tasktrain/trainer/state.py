@@ -28,6 +28,9 @@ class TrainState:
     epoch_finished: bool = False  # the epoch's end (validation, schedulers, hooks) already ran
     # the epoch-end validation ran (a checkpoint saved at its on_validation_end: the resume runs the rest of the end)
     epoch_validated: bool = False
+    # the epoch's on_train_epoch_start ran (Lightning's epoch progress "ready"): a checkpoint saved there, before the
+    # epoch's first batch, is Lightning's restart on the epoch's start, which runs no sanity check
+    epoch_started: bool = False
     stepping_batch: bool = False  # a batch that stepped is being finished: not yet in batches_that_stepped
     status: TrainerStatus = TrainerStatus.INITIALIZING
     fn: Optional[TrainerFn] = None  # the entry point: "fit", "validate", "test", "predict"
@@ -50,7 +53,7 @@ class TrainState:
         if stopped_inside_epoch or self.epoch_finished:
             self.epoch += 1
         self.batch_in_epoch = self.samples_in_epoch = self.global_batch_size = 0
-        self.epoch_finished = self.stepping_batch = False
+        self.epoch_finished = self.stepping_batch = self.epoch_started = False
         self.data_seed = data_seed
 
     def start_over(self):

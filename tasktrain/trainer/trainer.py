@@ -860,6 +860,7 @@ class Trainer:
         if self.module is None:  # (Lightning's words)
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer. Did you "
                                  "call `Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
+        self.strategy.check_can_save()  # (DeepSpeed after its run: its engine is gone)
         if weights_only is None:
             weights_only = False
             if self.is_global_zero:

@@ -65,9 +65,19 @@ def accelerator_loop(accelerator, epochs=3, accumulate=False, n=100, batch_size=
 
 
 class Wrapped(TaskModule):
-    def __init__(self, model, lr):
+    def __init__(self, model, lr, rebuild_seed=None):
         super().__init__()
-        self.model, self.lr = model, lr
+        self.model, self.lr, self.rebuild_seed = model, lr, rebuild_seed
+
+    def on_train_start(self):
+        # Under a distributed strategy the Trainer seeds again as it sets up its processes (Lightning's reset_seed),
+        # after this module was built; the snippet's dropout draws follow its model's initialisation: those draws
+        # are made again here, so that both loops train on the same random stream.
+        from tasktrain.strategies.base import MultiProcess
+
+        if self.rebuild_seed is not None and isinstance(self.trainer.strategy, MultiProcess):
+            seed_everything(self.rebuild_seed, verbose=False)
+            MyModel()
 
     def training_step(self, batch, batch_idx):
         source, targets = batch
@@ -100,7 +110,7 @@ def trainer_run(epochs=3, accumulate=1, n=100, batch_size=32, lr=0.01, seed=0, *
     """The Trainer on the batches the Accelerator's loop reads (`accelerate_order`: the Trainer's own order
     interleaves samples over the processes, the Accelerator's is Accelerate's)."""
     seed_everything(seed)
-    module = Wrapped(MyModel(), lr)
+    module = Wrapped(MyModel(), lr, rebuild_seed=seed)
     trainer = Trainer(max_epochs=epochs, accumulate_grad_batches=accumulate, gradient_clip_val=1.0, logger=False,
                       enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0, **trainer_kwargs)
     with warnings.catch_warnings():

@@ -8,7 +8,7 @@ import shutil
 import torch
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, check_files, format_header, load_checkpoint_file,
-                                     load_resumable_file, own_state, plain_name, replace_dir, weights_file)
+                                     load_resumable_file, own_state, plain_name, replace_dir, weights_file, with_own)
 from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
 
@@ -53,7 +53,7 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
     check_deepspeed_folder(checkpoint_dir)
     state_file = os.path.join(checkpoint_dir, STATE_FILE)
     ckpt = load_checkpoint_file(state_file) if os.path.isfile(state_file) else {}
-    meta = ckpt.get("deepspeed", {})
+    meta = own_state(ckpt).get("deepspeed", {})
     if not isinstance(meta, dict):
         raise CheckpointError(f"{state_file!r} is corrupted: its 'deepspeed' entry is a {type(meta).__name__}.")
     tag = meta.get("tag")
@@ -108,7 +108,7 @@ def _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path):
             "converted. Leave out --to ckpt.")
     if len(names) != 1:
         raise CheckpointError(f"{checkpoint_dir!r} has {len(names)} optimizers; a DeepSpeed checkpoint has one.")
-    utag = tag if ckpt.get("deepspeed", {}).get("universal") else universal.to_universal(checkpoint_dir, tag)
+    utag = tag if own.get("deepspeed", {}).get("universal") else universal.to_universal(checkpoint_dir, tag)
     weights, param_state, universal_groups = universal.read_universal(checkpoint_dir, utag)
     saved = (ckpt.get("optimizer_states") or [{}])[0]
     hyper = saved.get("param_groups") or universal_groups
@@ -128,7 +128,7 @@ def _convert_with_optimizer(checkpoint_dir, ckpt, tag, prefix, output_path):
     out.update({
         "state_dict": {_strip(k, prefix): v.contiguous() for k, v in weights.items()},
         "optimizer_states": [{"state": state, "param_groups": groups}],
-        "loops": {**own, **format_header(), "weights_only": False},
+        "loops": {**{k: v for k, v in own.items() if k != "deepspeed"}, **format_header(), "weights_only": False},
     })
     if output_path is not None:
         atomic_save(out, os.fspath(output_path))
@@ -170,9 +170,9 @@ def convert_to_deepspeed(checkpoint_path, output_dir):
                                   hyper, global_steps=own.get("train_state", {}).get("global_step", 0))
         state = {key: value for key, value in ckpt.items() if key != "optimizer_states"}
         state.update(state_dict={}, optimizer_states=[{"deepspeed": "in the universal checkpoint of this directory",
-                                                       "param_groups": hyper}],
-                     deepspeed={"tag": tag, "universal": True, "stage": None, "world_size": own.get("world_size"),
-                                "key_prefix": prefix})
+                                                       "param_groups": hyper}])
+        state = with_own(state, deepspeed={"tag": tag, "universal": True, "stage": None,
+                                           "world_size": own.get("world_size"), "key_prefix": prefix})
         atomic_save(state, os.path.join(tmp, STATE_FILE))
         replace_dir(tmp, output_dir)
     finally:

@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, link_tree, load_checkpoint_file,
-                                     load_plain_state_dict, own_state, replace_dir, weights_file)
+                                     load_plain_state_dict, own_state, replace_dir, weights_file, with_own)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.strategies.base import ClipsInsideStep, Sharded, Strategy, _StepWrapper, step_arguments
 from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, _WRAPPER_PREFIX,
@@ -637,6 +637,14 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             "module.load_state_dict(torch.load(path, weights_only=True)['state_dict']).)"
         )
 
+    def check_can_save(self):
+        if self.engine is None:
+            raise RuntimeError(
+                "trainer.save_checkpoint(...) after the run: tasktrain releases DeepSpeed's engine (and with it the "
+                "partitioned optimizer state) when a run ends, so there is nothing whole to save (Lightning keeps its "
+                "engine). Save inside the run: ModelCheckpoint(save_last=True), or trainer.save_checkpoint(...) in a "
+                "callback's on_train_end / on_fit_end (every rank calls it).")
+
     def save_checkpoint(self, checkpoint: dict, path: str):
         """A directory: the engine's shards (one file per rank) plus our state file; written under a temporary
         name and renamed into place, so a crash never leaves a half directory under the real name.
@@ -679,9 +687,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         if self.save_16bit and sixteen_bit:
             self.save_16bit_weights(os.path.join(directory, SIXTEEN_BIT_FILE), checkpoint=state)
         if self.is_global_zero:
-            state = dict(state, deepspeed={"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
-                                           "world_size": self.world_size,
-                                           "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""})
+            state = with_own(state, deepspeed={"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
+                                               "world_size": self.world_size,
+                                               "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""})
             atomic_save(state, os.path.join(directory, state_file))
 
     # -- background saves (issue 29) -------------------------------------------------------------------------------
@@ -724,8 +732,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         staged = None
         if self.is_global_zero:
             staged = writer.staged["state"] = stage_to_cpu(checkpoint, writer.staged.get("state"))
-            staged["deepspeed"] = {"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
-                                   "world_size": world_size, "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""}
+            staged = with_own(staged, deepspeed={"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
+                                                 "world_size": world_size,
+                                                 "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""})
 
         def write():
             for file_path, state in files:
@@ -778,7 +787,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             raise CheckpointError(f"{path!r} is a directory without {state_name}: not a checkpoint written by the "
                                   "tasktrain DeepSpeed strategy (or an interrupted save).")
         ckpt = load_checkpoint_file(state_file)
-        meta = ckpt.get("deepspeed", {})
+        meta = own_state(ckpt).get("deepspeed", {})
         if self._client_optimizer is None or own_state(ckpt).get("weights_only"):
             ckpt["state_dict"] = convert_zero_checkpoint(path)["state_dict"]
             return ckpt
@@ -863,7 +872,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         (universal.py)."""
         from tasktrain.strategies.deepspeed import universal
 
-        meta = ckpt.get("deepspeed", {})
+        meta = own_state(ckpt).get("deepspeed", {})
         stage = self.config["zero_optimization"]["stage"]
         error, utag = None, tag
         if self.is_global_zero:

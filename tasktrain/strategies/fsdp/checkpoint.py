@@ -6,7 +6,8 @@ import warnings
 import torch
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, format_header, load_checkpoint_file,
-                                     load_resumable_file, own_state, plain_name, read_dcp, replace_dir, weights_file)
+                                     load_resumable_file, own_state, plain_name, read_dcp, replace_dir, weights_file,
+                                     with_own, without_own)
 from tasktrain.strategies.fsdp.sharding import _holds_dtensors, _keyed_by_name
 
 STATE_FILE = "tasktrain_state.pt"  # our part of a checkpoint directory (loop state, callbacks, RNG, ...)
@@ -61,7 +62,7 @@ def _convert(checkpoint_dir, output_path, optimizer, ckpt):
         return _whole_from_fsdp(checkpoint_dir, ckpt, output_path)
     loaded = _load_without_process_group(checkpoint_dir, {key})[key]
     state_dict = _owned(loaded if key == "state_dict" else loaded[0])
-    out = weights_file(ckpt, state_dict, world_size=ckpt.get("fsdp", {}).get("world_size"))
+    out = weights_file(ckpt, state_dict, world_size=own_state(ckpt).get("fsdp", {}).get("world_size"))
     if output_path is not None:
         atomic_save(out, os.fspath(output_path))
     return out
@@ -105,9 +106,9 @@ def _whole_from_fsdp(checkpoint_dir, ckpt, output_path):
                                          {"state_dict"})
     optimizers = [_numbered_optimizer_state(saved, group_names, checkpoint_dir) for saved, group_names in
                   zip(loaded["optimizer_states"] if sharded else ckpt["optimizer_states"], names)]
-    out = {key: value for key, value in ckpt.items() if key != "fsdp"}
+    out = without_own(ckpt, "fsdp")
     out.update({"state_dict": _owned(loaded["state_dict"]), "optimizer_states": optimizers,
-                "loops": {**own, **format_header(), "weights_only": False}})
+                "loops": {**{k: v for k, v in own.items() if k != "fsdp"}, **format_header(), "weights_only": False}})
     if output_path is not None:
         atomic_save(out, os.fspath(output_path))
     return out
@@ -157,8 +158,9 @@ def convert_to_fsdp(checkpoint_path, output_dir):
     optimizers = [_named_optimizer_state(saved, group_names, checkpoint_path)
                   for saved, group_names in zip(ckpt["optimizer_states"], names)]
     shards = {"state_dict": dict(ckpt["state_dict"]), "optimizer_states": optimizers}
-    state = {**ckpt, "state_dict": _SHARDED_MARK, "optimizer_states": _SHARDED_MARK,
-             "fsdp": {"world_size": own_state(ckpt).get("world_size"), "layout": "dcp", "converted_from": "one file"}}
+    state = with_own({**ckpt, "state_dict": _SHARDED_MARK, "optimizer_states": _SHARDED_MARK},
+                     fsdp={"world_size": own_state(ckpt).get("world_size"), "layout": "dcp",
+                           "converted_from": "one file"})
     output_dir = os.path.abspath(os.fspath(output_dir))
     tmp = f"{output_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -212,7 +214,7 @@ def convert_fsdp_state_dir(checkpoint_dir, output_dir, state_name):
     if "optimizers" in keys:
         state["optimizers"] = [_numbered_optimizer_state(saved, None, checkpoint_dir)
                                for saved in loaded["optimizers"]]
-    state.pop("fsdp", None)
+    state = without_own(state, "fsdp")
     output_dir = os.path.abspath(os.fspath(output_dir))
     tmp = f"{output_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

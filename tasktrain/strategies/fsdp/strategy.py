@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_state_dict, link_tree, load_checkpoint_file,
-                                     load_dcp, load_plain_state_dict, plain_state_dict, replace_dir)
+                                     load_dcp, load_plain_state_dict, plain_state_dict, replace_dir, with_own)
 from tasktrain.checkpoint_io import fsync_save, stage_to_cpu  # background saves
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
@@ -589,7 +589,7 @@ class FSDP(Sharded, ProcessWorld, Strategy):
         shards, state = _split(checkpoint)
         dcp.save(shards, checkpoint_id=directory)
         if self.is_global_zero:
-            state["fsdp"] = {"world_size": self.world_size, "layout": "dcp"}
+            state = with_own(state, fsdp={"world_size": self.world_size, "layout": "dcp"})
             atomic_save(state, os.path.join(directory, state_file))
 
     def save_checkpoint_async(self, checkpoint: dict, path: str, on_complete=None, filename=None):
@@ -619,7 +619,7 @@ class FSDP(Sharded, ProcessWorld, Strategy):
         staged = None
         if self.is_global_zero:
             staged = writer.staged["state"] = stage_to_cpu(state, writer.staged.get("state"))
-            staged["fsdp"] = {"world_size": self.world_size, "layout": "dcp"}
+            staged = with_own(staged, fsdp={"world_size": self.world_size, "layout": "dcp"})
 
         def write():
             future.result()
