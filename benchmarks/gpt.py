@@ -139,7 +139,8 @@ class RawLoop:
             model = DDP(model, device_ids=[self.device] if self.device is not None else None)
         self.model = model
         self.ctx = nullcontext() if cfg["precision"] == "32-true" else torch.autocast(DEVICE, dtype=torch.bfloat16)
-        sampler = DistributedSampler(train, shuffle=False) if self.ddp else None
+        # (the order the Trainer's training sampler reads under a distributed strategy, as Lightning's: shuffled, seed 0)
+        sampler = DistributedSampler(train, shuffle=True, seed=0) if self.ddp else None
         self.batches = iter(DataLoader(train, batch_size=cfg["micro_batch"], shuffle=False, sampler=sampler))
         self.it = 0
         self.last_loss = None
@@ -235,13 +236,16 @@ class AcceleratorLoop:
 
 def shards_as_batches(n, batch_size, world):
     """An order of 0..n-1 whose whole batches are DistributedSampler's shards: the Accelerator gives process r whole
-    batches r, r + W, ... of its loader (Accelerate's order), the loop (a) and the Trainer interleave samples over
-    the processes (DistributedSampler, no shuffle). Listing each step's shards one after the other gives every
-    variant the same samples on each process at each step, so the same arithmetic."""
+    batches r, r + W, ... of its loader (Accelerate's order), the loop (a) and the Trainer read DistributedSampler's
+    shards (shuffled, seed 0: the Trainer's training sampler under a distributed strategy, as Lightning's). Listing
+    each step's shards one after the other gives every variant the same samples on each process at each step, so
+    the same arithmetic."""
+    from torch.utils.data import DistributedSampler
+
     if world == 1:
         return list(range(n))
-    padded = list(range(n)) + list(range(-n % world))  # DistributedSampler's padding
-    shards = [padded[rank::world] for rank in range(world)]
+    shards = [list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=0))
+              for rank in range(world)]
     order = []
     for start in range(0, len(shards[0]), batch_size):
         for shard in shards:

@@ -30,7 +30,7 @@ import traceback
 import warnings
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run from a checkout: its tasktrain, not an installed one
@@ -188,7 +188,10 @@ def check_fp16(accelerator):
                 seen["after"] = flat(module)
                 seen["scale_after"] = trainer.strategy.precision.scaler.get_scale()
 
-    trainer, model = fit(accelerator, record, precision="16-mixed", callbacks=[Poison()])
+    from tasktrain.plugins import MixedPrecision
+
+    # (the plugin, as precision="16-mixed" on a CPU is bf16-mixed, as Lightning's Trainer: the twin runs fp16 too)
+    trainer, model = fit(accelerator, record, plugins=[MixedPrecision("16-mixed", accelerator)], callbacks=[Poison()])
     scaler = trainer.strategy.precision.scaler
     dtypes = {r["dtype"] for r in record}
     if dtypes != {"torch.float16"}:
@@ -455,6 +458,26 @@ def worker_fsdp(out, accelerator, precision):
     write_facts(out, resumed.global_rank, facts)
 
 
+class MeshRowsOrder(DistributedSampler):
+    """What the data-parallel rows of a mesh read together, for a one-process reference: the Trainer's (Lightning's)
+    training sampler under a distributed strategy shuffles a sequential loader, DistributedSampler(shuffle=True,
+    seed=0) per row; the rows' b-th batches side by side. (A DistributedSampler of one replica, so that the Trainer
+    keeps it and calls its set_epoch.)"""
+
+    def __init__(self, n, rows, batch_size):
+        super().__init__(range(n), num_replicas=1, rank=0, shuffle=False)
+        self.rows, self.batch_size = rows, batch_size
+
+    def __iter__(self):
+        per_row = []
+        for row in range(self.rows):
+            sampler = DistributedSampler(self.dataset, num_replicas=self.rows, rank=row, shuffle=True, seed=0)
+            sampler.set_epoch(self.epoch)
+            per_row.append(list(sampler))
+        return iter([index for start in range(0, len(per_row[0]), self.batch_size) for row in per_row
+                     for index in row[start:start + self.batch_size]])
+
+
 def tp_layout(accelerator):
     """(data_parallel, tensor_parallel) of the tensor-parallel check: a 2-D (2, 2) mesh over 4 gloo ranks on CPU or
     4 GPUs; (1, N) on fewer GPUs (nccl takes one GPU per rank)."""
@@ -474,7 +497,8 @@ def check_tensor_parallel(accelerator):
 
     reference = Trainer(accelerator=accelerator, devices=1, max_steps=4, gradient_clip_val=0.5, **QUIET)
     model = make_regressor()
-    reference.fit(model, DataLoader(tiny_data(n=32), batch_size=8 * dp))  # every data-parallel row's batch at once
+    # every data-parallel row's batch at once, in the shuffled order the rows read
+    reference.fit(model, DataLoader(tiny_data(n=32), batch_size=8 * dp, sampler=MeshRowsOrder(32, dp, 8)))
     one_process = max_diff(ranks[0]["whole"], flat(model))
     facts = ranks[0]
     if facts["backend"] != ("nccl" if accelerator == "cuda" else "gloo"):

@@ -70,14 +70,15 @@ def test_accumulate_matches_the_trainer_including_a_short_last_window():
 
     reference = trainer_run(accumulate=3)
     seed_everything(0)
-    # the core Accelerator's default rule is the Trainer's: the short window's loss / its own length
-    mine = accelerator_loop(CoreAccelerator(gradient_accumulation_steps=3), accumulate=True)
+    # tasktrain.Accelerator follows Accelerate's rule (every loss / 3, tests/test_accelerate_options.py), which is the
+    # Trainer's (Lightning's closure divides the short window's losses by accumulate_grad_batches too)
+    mine = accelerator_loop(Accelerator(gradient_accumulation_steps=3), accumulate=True)
     assert max_difference(reference, mine) <= FP32_TOLERANCE
-    # tasktrain.Accelerator follows Accelerate's (every loss / 3, tests/test_accelerate_options.py): the same windows,
-    # another last step
+    # the core Accelerator's default divides the short window's loss by its own length: the same windows, another
+    # last step
     seed_everything(0)
-    accelerate_rule = accelerator_loop(Accelerator(gradient_accumulation_steps=3), accumulate=True)
-    assert max_difference(reference, accelerate_rule) > 1e-4
+    own_rule = accelerator_loop(CoreAccelerator(gradient_accumulation_steps=3), accumulate=True)
+    assert max_difference(reference, own_rule) > 1e-4
 
 
 def test_accumulate_steps_only_at_window_ends_and_zero_grad_keeps_the_window():
