@@ -110,3 +110,18 @@ def test_a_faked_clock_validates_where_lightnings_does(bar):
         seen[key] = module.validated
         time.monotonic()  # (the real clock again)
     assert seen["tasktrain"] == seen["lightning"] and len(seen["tasktrain"]) >= 2
+
+
+def test_an_hparams_file_is_read_as_plain_yaml_only(tmp_path):
+    """A file a user hands us: the tuples yaml.dump writes load, a tag that builds Python objects is refused with an
+    error naming the file (Lightning's full_load constructs some)."""
+    from tasktrain.core import saving
+
+    good = tmp_path / "hparams.yaml"
+    saving.save_hparams_to_yaml(good, {"shape": (2, 3), "lr": 0.1}, use_omegaconf=False)
+    assert "!!python/tuple" in good.read_text()
+    assert saving.load_hparams_from_yaml(good, use_omegaconf=False) == {"shape": (2, 3), "lr": 0.1}
+    hostile = tmp_path / "hostile.yaml"
+    hostile.write_text("x: !!python/object/new:os.system [echo pwned]\ny: !!python/name:os.system\n")
+    with pytest.raises(ValueError, match="hostile.yaml is not an hparams file"):
+        saving.load_hparams_from_yaml(hostile, use_omegaconf=False)

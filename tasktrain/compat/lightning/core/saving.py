@@ -21,7 +21,11 @@ def load_hparams_from_yaml(config_yaml, use_omegaconf=True):
     import yaml
 
     with open(config_yaml) as f:
-        hparams = yaml.full_load(f)
+        try:  # a file a user hands us: plain YAML only, no constructor that runs code (Lightning's full_load has some)
+            hparams = yaml.load(f, Loader=_hparams_loader())
+        except yaml.YAMLError as err:
+            raise ValueError(f"{config_yaml} is not an hparams file tasktrain reads: plain YAML values (and the "
+                             f"tuples yaml.dump writes) only. {err}") from None
     if use_omegaconf and importlib.util.find_spec("omegaconf") is not None:
         from omegaconf import OmegaConf
         from omegaconf.errors import UnsupportedValueType, ValidationError
@@ -31,6 +35,17 @@ def load_hparams_from_yaml(config_yaml, use_omegaconf=True):
         except (UnsupportedValueType, ValidationError):
             pass
     return hparams
+
+
+def _hparams_loader():
+    """yaml's SafeLoader plus the one Python tag the savers write for plain values: !!python/tuple."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("tag:yaml.org,2002:python/tuple", lambda loader, node: tuple(loader.construct_sequence(node)))
+    return Loader
 
 
 def save_hparams_to_yaml(config_yaml, hparams, use_omegaconf=True):
