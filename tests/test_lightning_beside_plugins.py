@@ -368,3 +368,15 @@ def test_a_lightning_strategys_precision_plugin_and_cluster_environment_are_take
         tasktrain.strategies.DDPStrategy(parallel_devices=[torch.device("cpu")] * 2)
     with pytest.raises(ValueError, match=r"cluster_environment=object.*tasktrain.plugins.environments"):
         tasktrain.strategies.DDPStrategy(cluster_environment=object())
+
+
+def test_a_strategys_precision_plugin_that_overrides_lightnings_hooks_is_refused_as_in_plugins():
+    class Hooked(our_plugins.MixedPrecision):
+        def pre_backward(self, tensor, module):  # a Lightning precision hook tasktrain would not call
+            return tensor
+
+    with pytest.raises(ValueError, match="overrides pre_backward"):
+        tasktrain.Trainer(strategy=tasktrain.strategies.DDPStrategy(precision_plugin=Hooked("bf16-mixed", "cpu")),
+                          **QUIET)
+    with pytest.raises(ValueError, match="overrides pre_backward"):
+        tasktrain.Trainer(plugins=[Hooked("bf16-mixed", "cpu")], **QUIET)

@@ -31,6 +31,9 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
     from tasktrain.strategies.precision import Precision
 
     found = Plugins()
+    if isinstance(strategy, Strategy) and isinstance(strategy._precision_choice, Precision):
+        # a strategy's own precision plugin (DDPStrategy(precision_plugin=...)) is held to a plugin's rules too
+        _check_plugin_classes(Plugins(precision=strategy._precision_choice))
     if plugins is None:
         return found
     plugins = plugins if isinstance(plugins, Iterable) else [plugins]  # (a string is an iterable of characters)
