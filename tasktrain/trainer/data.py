@@ -1,8 +1,18 @@
 """Data: each rank gets its own shard, the order is a function of (seed, epoch), and a resume skips ahead.
 
 The Trainer rebuilds a plain DataLoader whose sampler is a RandomSampler or SequentialSampler around our
-ResumableSampler, so a resumed epoch skips the samples already seen without loading them. A user's own sampler or
-batch sampler is left alone. A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
+ResumableSampler, so a resumed epoch skips the samples already seen without loading them. A loader of the user's own
+order (a sampler or batch sampler of theirs, a RandomSampler with replacement or num_samples) is taken as Lightning's
+Trainer takes it (issue 37, `_lightning_train_data`, `prepare_eval_loader`): set_epoch(epoch) reaches its sampler and
+its batch sampler's sampler at each epoch's start (`loader_samplers`); on one process (or use_distributed_sampler=
+False) it is otherwise left alone; under a distributed strategy its `sampler`, unless a DistributedSampler, is
+replaced: a Random/Sequential one by DistributedSampler(dataset, shuffle=True, seed) (a ResumableSampler), any other by
+DistributedSamplerWrapper (the positions of what the user's sampler yields, shuffled by (seed, epoch) and sharded),
+a custom batch sampler built again around the replacement; evaluation loaders alike (shuffle where the sampler is a
+RandomSampler), predict loaders unpadded (PredictShardSampler) and without drop_last. Such a loader resumes mid-epoch
+by reading and dropping the batches trained on (its order repeats: the wrapper's is a function of (seed, epoch) and
+the user's set_epoch), except over a ResumableSampler with a batch size, which skips ahead. The Accelerator's loaders
+keep Accelerate's rules (no set_epoch of a user's sampler, nothing wrapped). A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
 ShardedStream (the global position resumes it); over data of its own order its state is what resumes
 (StatefulLoaderData: saved per rank, continued on the same number of processes).
 
@@ -726,15 +736,43 @@ def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
     return data
 
 
-def _with_sampler(loader, sampler):
-    """The loader built again with `sampler` in place of its `sampler` (a custom batch sampler built around it)."""
+def _with_sampler(loader, sampler, predicting=False):
+    """The loader built again with `sampler` in place of its `sampler` (a custom batch sampler built around it).
+    `predicting`: every sample is predicted (Lightning's predict loaders drop no last batch)."""
     batch_sampler = loader.batch_sampler
     if batch_sampler is None:  # (batch_size=None: items one by one)
         return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **loader_options(loader))
     if type(batch_sampler) is BatchSampler or _torchdata_sampler(batch_sampler, "BatchSampler"):
-        return _rebuild(loader, sampler, loader.generator)
-    return DataLoader(loader.dataset, batch_sampler=_batch_sampler_around(batch_sampler, sampler),
+        rebuilt = _rebuild(loader, sampler, loader.generator)
+        if predicting and rebuilt.drop_last:
+            rebuilt = DataLoader(loader.dataset, batch_size=rebuilt.batch_size, sampler=sampler, drop_last=False,
+                                 **loader_options(loader))
+        return rebuilt
+    return DataLoader(loader.dataset, batch_sampler=_batch_sampler_around(batch_sampler, sampler, predicting),
                       **loader_options(loader))
+
+
+def _predict_loader(loader, world_size, rank):
+    """A map-style predict loader, as Lightning's Trainer takes it (it builds every predict loader again): on several
+    processes its sampler replaced by PredictShardSampler (UnrepeatedDistributedSamplerWrapper: unpadded), shuffling
+    where Lightning's test says; its batch sampler built again around it with drop_last=False (a custom one that cannot
+    be is kept, with Lightning's warning). The loader as it is where nothing changes."""
+    batch_sampler = loader.batch_sampler
+    custom = batch_sampler is not None and type(batch_sampler) is not BatchSampler and \
+        not _torchdata_sampler(batch_sampler, "BatchSampler")
+    if custom and not (hasattr(batch_sampler, "batch_size") and hasattr(batch_sampler, "drop_last")):
+        if rank == 0:
+            warnings.warn(f"You are using a custom batch sampler `{type(batch_sampler).__qualname__}` for prediction."
+                          " Lightning would normally set `drop_last=False` to ensure all samples are returned, but for"
+                          " custom samplers it can't guarantee this. Make sure your sampler is configured correctly to"
+                          " return all indices.", PossibleUserWarning)
+        return loader
+    sampler = loader.sampler
+    if world_size > 1 and not isinstance(sampler, DistributedSampler):
+        sampler = PredictShardSampler(sampler, world_size, rank, shuffle=_is_shuffled(loader))
+    drops = batch_sampler is not None and bool(getattr(batch_sampler, "drop_last", False))
+    return _with_sampler(loader, sampler, predicting=True) if sampler is not loader.sampler or custom or drops \
+        else loader
 
 
 def _is_shuffled(loader):
@@ -745,20 +783,22 @@ def _is_shuffled(loader):
     return isinstance(sampler, RandomSampler) and not isinstance(sampler, SequentialSampler)
 
 
-_CANNOT_INJECT = (" The Trainer can't inject a (distributed) sampler into your batch sampler, because it doesn't "
+_CANNOT_INJECT = (" Lightning can't inject a (distributed) sampler into your batch sampler, because it doesn't "
                   "subclass PyTorch's `BatchSampler`. To mitigate this, either follow the API of `BatchSampler` or set "
                   "`Trainer(use_distributed_sampler=False)`. If you choose the latter, you will be responsible for "
-                  "handling the distributed sampling within your batch sampler.")
+                  "handling the distributed sampling within your batch sampler.")  # (Lightning's words: its users'
+# searches find them; "Lightning" is the Trainer here)
 
 
-def _batch_sampler_around(batch_sampler, sampler):
+def _batch_sampler_around(batch_sampler, sampler, predicting=False):
     """The user's batch sampler built again around `sampler`, as Lightning builds it: its class called with
-    (sampler, batch_size=, drop_last=); one without those attributes, or whose class takes them otherwise, is
-    refused (Lightning's error)."""
+    (sampler, batch_size=, drop_last= (False when predicting)); one without those attributes, or whose class takes
+    them otherwise, is refused (Lightning's error)."""
     if not (hasattr(batch_sampler, "batch_size") and hasattr(batch_sampler, "drop_last")):
         raise TypeError(_CANNOT_INJECT)
     try:
-        return type(batch_sampler)(sampler, batch_size=batch_sampler.batch_size, drop_last=batch_sampler.drop_last)
+        return type(batch_sampler)(sampler, batch_size=batch_sampler.batch_size,
+                                   drop_last=False if predicting else batch_sampler.drop_last)
     except TypeError as error:
         if "__init__() got multiple values" not in str(error):
             raise  # (Lightning lets any other TypeError through as it is)
@@ -782,19 +822,21 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
             loader.batch_size is not None and type(loader.sampler) is RandomSampler:
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=shuffle_seed)
         return _rebuild(loader, sampler, loader.generator)
-    if world_size > 1 and prefix == "predict" and _replaceable(loader) and loader.batch_size is not None and \
-            type(loader.sampler) is RandomSampler:  # (otherwise every rank would predict everything)
-        return _rebuild(loader, PredictShardSampler(loader.sampler, world_size, rank), loader.generator)
-    if (shuffle_seed is not None or (prefix == "predict" and world_size > 1)) and isinstance(loader, DataLoader) and \
+    if prefix == "predict":
+        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+            return loader
+        if world_size > 1 and _replaceable(loader) and type(_order_sampler(loader)) is SequentialSampler and \
+                not loader.drop_last:
+            return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)
+        return _predict_loader(loader, world_size, rank)
+    if shuffle_seed is not None and isinstance(loader, DataLoader) and \
             not _replaceable(loader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
             not isinstance(loader.sampler, DistributedSampler):
         # A loader of the user's own order under a distributed strategy (use_distributed_sampler), as Lightning's
         # Trainer takes it: its sampler replaced by one of the rank's part, shuffling where Lightning's test says
         # (_is_shuffled); a custom batch sampler built again around it
         shuffle = _is_shuffled(loader)
-        if prefix == "predict":  # (Lightning's UnrepeatedDistributedSamplerWrapper: unpadded)
-            sampler = PredictShardSampler(loader.sampler, world_size, rank, shuffle=shuffle)
-        elif isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+        if isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
             sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                          seed=shuffle_seed)
         else:
