@@ -151,7 +151,8 @@ def test_the_trainers_rule_for_a_users_order_under_a_distributed_strategy():
     data = dataset(8)
     for rank in (0, 1):
         expected = list(DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=5))
-        for batch_sampler in (Mine(list(reversed(range(8))), 2, False), BatchSampler(list(reversed(range(8))), 2, False)):
+        backwards = list(reversed(range(8)))
+        for batch_sampler in (Mine(backwards, 2, False), BatchSampler(backwards, 2, False)):
             made = prepare_train_data(DataLoader(data, batch_sampler=batch_sampler), 2, rank, 5, shuffle=True,
                                       keeps_sampler=False, lightning=True)
             assert type(made.loader.batch_sampler) is type(batch_sampler)

@@ -12,7 +12,9 @@ a custom batch sampler built again around the replacement; evaluation loaders al
 RandomSampler), predict loaders unpadded (PredictShardSampler) and without drop_last. Such a loader resumes mid-epoch
 by reading and dropping the batches trained on (its order repeats: the wrapper's is a function of (seed, epoch) and
 the user's set_epoch), except over a ResumableSampler with a batch size, which skips ahead. The Accelerator's loaders
-keep Accelerate's rules (no set_epoch of a user's sampler, nothing wrapped). A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
+keep Accelerate's rules (no set_epoch of a user's sampler, nothing wrapped).
+
+A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
 ShardedStream (the global position resumes it); over data of its own order its state is what resumes
 (StatefulLoaderData: saved per rank, continued on the same number of processes).
 
@@ -189,7 +191,8 @@ def _check_wrappable(sampler):
                         "method. The sampler was about to be replaced by `DistributedSamplerWrapper` since "
                         "`use_distributed_sampler` is True and you are using distributed training. Either provide "
                         "`__len__` method in your sampler, remove it from DataLoader or set "
-                        "`use_distributed_sampler=False` if you want to handle distributed sampling yourself.") from None
+                        "`use_distributed_sampler=False` if you want to handle distributed sampling yourself."
+                        ) from None
     if length == float("inf"):
         raise TypeError("You seem to have configured a sampler in your DataLoader which does not provide finite "
                         "`__len__` method. The sampler was about to be replaced by `DistributedSamplerWrapper` since "
