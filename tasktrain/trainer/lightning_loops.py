@@ -84,59 +84,60 @@ class Tracker:
 
 
 class Progress:
-    """Lightning's _Progress: `current` and `total` trackers."""
+    """Lightning's _Progress: `current` and `total` trackers (one tracker where Lightning's two are equal)."""
 
     __slots__ = ("current", "total")
 
-    def __init__(self, counts):
-        self.current = self.total = Tracker(counts)
+    def __init__(self, current, total=None):
+        self.current = Tracker(current)
+        self.total = self.current if total is None else Tracker(total)
 
     def __repr__(self):
-        return f"Progress(current={self.current!r})"
+        return f"Progress(current={self.current!r}, total={self.total!r})"
 
 
-class Completed:
-    """A tracker of which only `completed` is kept (evaluation batches): ready / started / processed are not offered."""
+class BatchProgress(Progress):
+    """Lightning's _BatchProgress: a Progress and `is_last_batch`."""
 
-    __slots__ = ("_count",)
+    __slots__ = ("_is_last",)
 
-    def __init__(self, count):
-        self._count = count
+    def __init__(self, current, total, is_last):
+        super().__init__(current, total)
+        self._is_last = is_last
 
-    completed = property(lambda self: self._count())
-
-    def __repr__(self):
-        return f"Completed(completed={self._count()})"
+    is_last_batch = property(lambda self: self._is_last())
 
 
 class EvaluationLoop:
     """`trainer.validate_loop`, `trainer.test_loop` and `trainer.fit_loop.epoch_loop.val_loop`: the evaluation batches
-    completed (after each batch's on_*_batch_end), `batch_progress.current` in the run, `batch_progress.total` over
-    the Trainer's validate / test runs, or over the training epoch's validations for fit's (from each epoch's start
-    and after the sanity check, which counts its own), as Lightning's. In a fit resumed from a checkpoint, fit's
-    counts are a RuntimeError until they start again (Lightning's come from the file)."""
+    (`batch_progress.current` in the run, `.total` over the Trainer's validate / test runs, or over the training
+    epoch's validations for fit's, from each epoch's start and after the sanity check, which counts its own), as
+    Lightning's: `ready` from the batch's on_*_batch_start, `started` from its step, `processed` from its
+    on_*_batch_end, `completed` after it. In a fit resumed from a checkpoint, fit's counts are a RuntimeError until
+    they start again (Lightning's come from the file)."""
 
     def __init__(self, trainer, key):
         self._trainer, self._key = trainer, key
-        self.batch_progress = Progress.__new__(Progress)
         # (bound methods, not lambdas: a Trainer holding its views pickles, e.g. to ddp_spawn's processes)
-        self.batch_progress.current = Completed(self._current)
-        self.batch_progress.total = Completed(self._total)
+        self.batch_progress = Progress(self._current, self._total)
 
     def _current(self):
-        return self._count(1)
+        return self._counts(1)
 
     def _total(self):
-        return self._count(0)
+        return self._counts(0)
 
-    def _count(self, which):
-        count = self._trainer._eval_completed[self._key][which]
-        if count is None:
+    def _counts(self, which):
+        # [total completed, completed in this run, how far the batch being evaluated got] (evaluation.py)
+        counts = self._trainer._eval_completed[self._key]
+        completed, phase = counts[which], counts[2]
+        if completed is None:
             raise RuntimeError(
                 "trainer.fit_loop.epoch_loop.val_loop.batch_progress: a fit resumed from a checkpoint counts its "
                 "validation batches from its first validation run (current) and its next epoch (total); Lightning's "
                 "counts before those come from the file, which tasktrain does not keep.")
-        return count
+        return (completed + (phase is not None), completed + (phase in ("started", "processed")),
+                completed + (phase == "processed"), completed)
 
 
 class PredictionLoop:
@@ -165,6 +166,16 @@ class EpochLoop:
     def __init__(self, trainer):
         self._trainer = trainer
         self.val_loop = EvaluationLoop(trainer, "val")
+        self.batch_progress = BatchProgress(self._current_batches, self._total_batches, self._is_last_batch)
+
+    def _current_batches(self):
+        return _batch_counts(self._trainer, total=False)
+
+    def _total_batches(self):
+        return _batch_counts(self._trainer, total=True)
+
+    def _is_last_batch(self):
+        return self._trainer.state.is_last_batch
 
     @property
     def max_steps(self):
@@ -202,11 +213,11 @@ class EpochLoop:
 
     @property
     def batch_idx(self):
-        return _batches_taken(self._trainer)[1] - 1
+        return self.batch_progress.current.ready - 1
 
     @property
     def total_batch_idx(self):
-        return _total_taken(self._trainer) - 1
+        return self.batch_progress.total.ready - 1
 
 
 class FitLoop:
@@ -286,35 +297,17 @@ def _epoch_counts(trainer):
     return epoch + 1, epoch + (phase != "start"), epoch + (phase == "end"), epoch
 
 
-def _batches_taken(trainer):
-    """(the epoch of the last batch taken, the batches taken in it): Lightning's batch_progress.current.ready."""
-    state, fit = trainer.state, trainer._fit_state
-    taken = state.batch_in_epoch + int(fit is not None and fit.in_batch)
-    epoch = state.epoch
-    if not taken and _phase(trainer) in (None, "start") and epoch > 0:
-        # between epochs (an epoch's start included) Lightning still counts the epoch before's batches: known when
-        # this fit trained that epoch whole (not ended by on_train_batch_start's -1)
-        whole = fit is not None and epoch > fit.first_epoch and not fit.ended_by_hook and fit.last_epoch_whole
-        epoch, taken = epoch - 1, trainer.num_training_batches if whole else None
-    if taken is None:
-        raise RuntimeError(
-            "trainer.fit_loop.batch_idx: before an epoch's first batch it is the last batch of the epoch before, "
-            "which tasktrain knows where this fit trained that epoch whole (not before the first batch of a used "
-            "Trainer's or a resumed fit, nor after fit).")
-    return epoch, taken
+# the counts the batch being trained has not reached yet, by how far it got (TrainState.batch_phase)
+_NOT_YET = {None: (0, 0, 0), "ready": (1, 1, 1), "started": (0, 1, 1), "processed": (0, 0, 1)}
 
 
-def _total_taken(trainer):
-    """Lightning's batch_progress.total.ready, as epoch x batches per epoch + the batches taken in the epoch: exact
-    where every earlier epoch was trained whole by this fit from the first (the loop's own rule for
-    check_val_every_n_epoch=None)."""
-    epoch, taken = _batches_taken(trainer)
-    fit, length = trainer._fit_state, trainer.num_training_batches
-    if epoch == 0:
-        return taken
-    if fit is None or fit.first_epoch or fit.resumed or not fit.whole_epochs or length is None:
-        raise RuntimeError(
-            "trainer.fit_loop.total_batch_idx: tasktrain counts it as epoch x batches per epoch + the batch's index, "
-            "known during a fit that trains from epoch 0 on a loader with a length and no epoch ended early by "
-            "on_train_batch_start returning -1 (not in a used Trainer's or a resumed fit after its first epoch).")
-    return epoch * length + taken
+def _batch_counts(trainer, total):
+    """Lightning's training batch_progress (ready, started, processed, completed), from the TrainState's counters:
+    `total` over every epoch, fit and resume, `current` since the epoch's counts began (after its
+    on_train_epoch_start); a batch whose on_train_batch_start returned -1 is ready and processed, never started nor
+    completed (Lightning's)."""
+    state = trainer.state
+    ready = state.batches_taken - (0 if total else state.epoch_batches_from)
+    cut = state.batches_cut if total else int(state.epoch_cut)
+    started, processed, completed = _NOT_YET[state.batch_phase]
+    return ready, ready - cut - started, ready - processed, ready - cut - completed

@@ -112,17 +112,21 @@ def train_epoch(trainer, fit, epoch):
     start = state.batch_in_epoch
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         state.epoch_validated = False
-        fit.epoch_phase, fit.in_batch = "start", False
+        fit.epoch_phase, state.batch_phase = "start", None
         state.epoch_started = True  # (before the hook: a checkpoint saved in it holds it)
         trainer._call("on_train_epoch_start")
         fit.epoch_phase = "run"
+        # Lightning's epoch loop resets its batch counts (`current`) and is_last_batch after on_train_epoch_start
+        state.epoch_batches_from, state.epoch_cut = state.batches_taken, False
         trainer._eval_completed["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
         first_of_resumed = fit.resumed and epoch == fit.first_epoch
         draw_loader_seed(trainer._loader_data, epoch, at_iter=epoch > 0 and not first_of_resumed)
-    elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
+    else:  # a batch a checkpoint was saved in (its on_train_batch_end) completes when the loop goes on (Lightning's)
+        state.batch_phase = None
+    if start and fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now
         step_plateau_schedulers(trainer, fit)
@@ -135,7 +139,8 @@ def train_epoch(trainer, fit, epoch):
     batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer.profiler), "training_step",
                               lambda: state.global_step, start, epoch == fit.first_epoch,
                               end_event="end of the training epoch")
-    state.is_last_batch = False
+    if start == 0:
+        state.is_last_batch = False
     for batch_idx, batch, window in windows(batches, accumulate, num_batches):
         state.is_last_batch = batch_idx == window.last and window.ends_epoch  # (trainer.is_last_batch)
         if not training_step(trainer, fit, batch, batch_idx, window):
@@ -164,7 +169,6 @@ def train_epoch(trainer, fit, epoch):
     epoch_values = metrics.reduce_epoch("train")
     if complete:
         state.epoch_finished = True
-    fit.last_epoch_whole = complete and not fit.ended_by_hook
     fit.epoch_phase = "end"
     # Lightning's order: the callbacks, the module, then EarlyStopping/ModelCheckpoint, which see the epoch's metrics
     # (what the module logged here included)
@@ -204,7 +208,8 @@ def training_step(trainer, fit, batch, batch_idx, window):
     """One micro-batch (see the module's docstring); False when the epoch ends after it (a hook's -1, a stop
     request, max_steps)."""
     state, hooks, module = trainer.state, fit.all_hooks, fit.module
-    fit.in_batch = True
+    state.batches_taken += 1  # (Lightning's batch_progress: ready, then started / processed / completed below)
+    state.batch_phase = "ready"
     batch = fit.to_device(batch)
     fit.metrics.set_batch(batch)
     skip_rest = False
@@ -218,8 +223,12 @@ def training_step(trainer, fit, batch, batch_idx, window):
         response = fn(batch, batch_idx)
         skip_rest = skip_rest or (type(response) is int and response == -1)
     if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
-        fit.ended_by_hook, fit.whole_epochs = True, False
+        fit.ended_by_hook = True
+        state.batches_cut += 1  # (Lightning counts this batch processed, never started nor completed)
+        state.epoch_cut = state.is_last_batch = True
+        state.batch_phase = None
         return False
+    state.batch_phase = "started"
     steps = batch_idx == window.last
     if batch is None:  # Lightning's: no training_step, no optimizer step; on_train_batch_end gets None
         batch_output = None
@@ -287,21 +296,22 @@ def training_step(trainer, fit, batch, batch_idx, window):
     else:
         batch_output = manual_output(fit.training_step(batch, batch_idx))
     fit.epochs.advance(batch_idx)
-    fit.in_batch = False
+    state.batch_phase = "processed"
 
     state.stepping_batch = steps  # (a checkpoint saved from here to the count below counts this batch)
     if steps and trainer.should_update_logs:
         check_finite_loss(trainer, fit)
     for fn in hooks["on_train_batch_end"]:
         fn(batch_output, batch, batch_idx)
+    state.batch_phase = None  # (completed)
     # Lightning's order: the step metrics (what on_train_batch_end logged included), validation (after any batch, a
     # window's middle included), then the count
     if steps and (trainer.should_update_logs or trainer.fast_dev_run):  # (fast_dev_run: every step, Lightning's)
         trainer._flush_step_metrics()  # at state.batches_that_stepped
-    # (check_val_every_n_epoch=None: every val_check_interval batches of the whole run, Lightning's total_batch_idx)
+    # (check_val_every_n_epoch=None: every val_check_interval batches of the whole run, counted over epochs, fits and
+    # resumes as Lightning's total_batch_idx: an epoch's length need not be a multiple of the interval)
     by_epoch = trainer.check_val_every_n_epoch is not None  # (an epoch's last batch: the epoch-end validation)
-    count = batch_idx if by_epoch or not trainer._num_training_batches else \
-        trainer.state.epoch * trainer._num_training_batches + batch_idx
+    count = batch_idx if by_epoch else state.batches_taken - 1
     last_of_epoch = batch_idx + 1 == trainer._num_training_batches
     validated = True
     if fit.val_every and (count + 1) % fit.val_every == 0 and (not by_epoch or not last_of_epoch):
