@@ -6,6 +6,7 @@ counted in steps) and the readings must be equal, hook by hook."""
 import pickle
 
 import pytest
+import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
@@ -126,14 +127,40 @@ def _run(lib, classes, tmp_path, name):
         limits = dict(max_steps=10) if name == "resume_by_steps" else dict(max_epochs=3)
         trainer = lib.Trainer(callbacks=[rec], **limits, **QUIET)
         trainer.fit(classes.BoringModel(), ckpt_path=path)
+    elif name.startswith("val_by_total_batches"):
+        # check_val_every_n_epoch=None: a validation every 3 batches of the whole run, over epochs of 4 (or 5: the
+        # whole loader, 64 samples in batches of 16), resumed from a checkpoint saved inside epoch 1
+        limits = dict(check_val_every_n_epoch=None, val_check_interval=3, max_epochs=3)
+        if name.endswith("unlimited"):
+            limits["limit_train_batches"] = 1.0
+
+            class Module(classes.BoringModel):
+                def train_dataloader(self):
+                    return torch.utils.data.DataLoader(classes.RandomDataset(32, 80), batch_size=16)
+        elif name.endswith("cut"):  # on_train_batch_start's -1 ends epoch 1 at its batch 2 (taken, not trained)
+            class Module(classes.BoringModel):
+                def on_train_batch_start(self, batch, batch_idx):
+                    return -1 if (self.current_epoch, batch_idx) == (1, 2) else None
+        else:
+            Module = classes.BoringModel
+        if name.endswith("resumed"):
+            path = tmp_path / f"{name}.ckpt"
+            first = lib.Trainer(callbacks=[_recorder(lib, stop_at=(1, 1), save_at=(1, 1, path))],
+                                **{**QUIET, **limits})
+            first.fit(Module())
+        rec = _recorder(lib)
+        trainer = lib.Trainer(callbacks=[rec], **{**QUIET, **limits})
+        trainer.fit(Module(), ckpt_path=path if name.endswith("resumed") else None)
     else:
         raise AssertionError(name)
     return rec.seen, _reading(trainer)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "stop_inside_epoch", "resume_inside_epoch", "resume_epoch_end",
-                                  "resume_by_steps"])
+@pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "stop_inside_epoch", "resume_inside_epoch",
+                                  "resume_epoch_end", "resume_by_steps", "val_by_total_batches",
+                                  "val_by_total_batches_unlimited", "val_by_total_batches_resumed",
+                                  "val_by_total_batches_cut"])
 def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
     ran = {key: _run(lib, classes, tmp_path / key, name) for key, (lib, classes) in LIBS.items()}
     (mine, mine_after), (reference, reference_after) = ran["tasktrain"], ran["lightning"]
@@ -142,9 +169,9 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
         # batch_idx and total_batch_idx: known everywhere (TrainState's batch counters, saved in checkpoints)
         assert "unknown" not in (a[5], a[6]), f"{name}: reading {i} ({event})"
         if a[15] == "unknown":  # fit's validation batches in a resumed fit, before they are counted again
-            assert name.startswith("resume"), f"{name}: reading {i} ({event})"
+            assert "resume" in name, f"{name}: reading {i} ({event})"
         if a[18] == "unknown":  # the loggers' step in a restarting epoch
-            assert name.startswith("resume") and a[7], f"{name}: reading {i} ({event})"
+            assert "resume" in name and a[7], f"{name}: reading {i} ({event})"
         assert _same(a, b), f"{name}: reading {i} ({event}): tasktrain {a}, Lightning {b}"
     assert _same(mine_after, reference_after)
     if name == "fit":  # (what the comparison covers, spelled out)
@@ -159,6 +186,13 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
     if name == "evaluate":
         assert [r[16:18] for e, r in mine if e in ("on_validation_end", "on_test_end")][:3] == [
             ((4, 4), (0, 0)), ((2, 6), (0, 0)), ((2, 6), (64, 64))]
+    if name.startswith("val_by_total_batches"):  # (which batches validate: every 3rd of the run, across epochs)
+        validated = [(r[5][0], r[6], r[9]) for e, r in mine if e == "on_validation_start"]
+        expected = {"val_by_total_batches": [(-1, -1, 0), (2, 2, 3), (1, 5, 6), (0, 8, 9), (3, 11, 12)],
+                    "val_by_total_batches_unlimited": [(-1, -1, 0), (2, 2, 3), (0, 5, 6), (3, 8, 9), (1, 11, 12), (4, 14, 15)],
+                    "val_by_total_batches_resumed": [(0, 8, 9), (3, 11, 12)],
+                    "val_by_total_batches_cut": [(-1, -1, 0), (2, 2, 3), (1, 5, 6), (1, 8, 8)]}[name]
+        assert validated == expected
     if name == "resume_inside_epoch":
         assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not
 
