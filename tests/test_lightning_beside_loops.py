@@ -27,6 +27,7 @@ HOOKS = ("setup", "on_fit_start", "on_sanity_check_start", "on_sanity_check_end"
 def _reading(trainer):
     loop = trainer.fit_loop
     progress = loop.epoch_progress
+    optimizer = loop.epoch_loop.automatic_optimization.optim_progress.optimizer
     return (progress.current.ready, progress.current.started, progress.current.processed, progress.current.completed,
             progress.total.processed, _known(lambda: (loop.batch_idx, loop.epoch_loop.batch_idx)),
             _known(lambda: loop.total_batch_idx), loop.restarting, loop.done, loop.epoch_loop.global_step,
@@ -38,7 +39,13 @@ def _reading(trainer):
                                                  loop.epoch_loop.batch_progress.total)),
             loop.epoch_loop.batch_progress.is_last_batch, trainer.is_last_batch,
             *(_known(lambda: (_counts(evaluation.batch_progress.current), _counts(evaluation.batch_progress.total)))
-              for evaluation in (loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)))
+              for evaluation in (loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)),
+            *((p.ready, p.completed) for p in (loop.epoch_loop.scheduler_progress.current,
+                                               loop.epoch_loop.scheduler_progress.total, optimizer.step.current,
+                                               optimizer.step.total,
+                                               loop.epoch_loop.manual_optimization.optim_step_progress.total)),
+            *((p.ready, p.started, p.completed) for p in (optimizer.zero_grad.current, optimizer.zero_grad.total)),
+            loop.epoch_loop.automatic_optimization.optim_progress.optimizer_steps)
 
 
 def _counts(tracker):
@@ -193,6 +200,8 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
                     "val_by_total_batches_resumed": [(0, 8, 9), (3, 11, 12)],
                     "val_by_total_batches_cut": [(-1, -1, 0), (2, 2, 3), (1, 5, 6), (1, 8, 8)]}[name]
         assert validated == expected
+    if name == "resume_epoch_end":  # trainer.is_last_batch restored: True until the next epoch's first batch
+        assert [r[22] for e, r in mine if e in ("on_train_start", "on_train_epoch_start")][:2] == [True, True]
     if name == "resume_inside_epoch":
         assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not
 

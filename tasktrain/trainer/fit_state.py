@@ -87,6 +87,8 @@ class FitState:
     # on_train_epoch_start, "run" over its batches and validations, "end" from its on_train_epoch_end on (the batch's:
     # TrainState.batch_phase); restarting: Lightning's fit_loop.restarting
     epoch_phase: Optional[str] = None
+    optimizer_step_from: Optional[int] = None  # global_step when the module's optimizer_step began (None: not in it)
+    zero_grad_phase: Optional[str] = None  # "ready" (on_before_zero_grad), "started" (optimizer_zero_grad), None
     validates_counted_batch: bool = False  # a validation after the batch it follows is in batches_that_stepped
     restarting: bool = False
     # stop flags (should_stop is the trainer's: callbacks set it)

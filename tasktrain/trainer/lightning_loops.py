@@ -83,14 +83,32 @@ class Tracker:
         return "Tracker(ready={}, started={}, processed={}, completed={})".format(*self._counts())
 
 
+class StartedTracker(Tracker):
+    """Lightning's _StartedTracker (optimizer zero_grad calls): no `processed`."""
+
+    __slots__ = ()
+    processed = property(lambda self: _no_such("processed", "_StartedTracker"))
+
+
+class ReadyCompletedTracker(StartedTracker):
+    """Lightning's _ReadyCompletedTracker (optimizer and scheduler steps): `ready` and `completed` only."""
+
+    __slots__ = ()
+    started = property(lambda self: _no_such("started", "_ReadyCompletedTracker"))
+
+
+def _no_such(name, tracker):
+    raise AttributeError(f"Lightning's {tracker} has no `{name}` (it counts ready and completed only)")
+
+
 class Progress:
     """Lightning's _Progress: `current` and `total` trackers (one tracker where Lightning's two are equal)."""
 
     __slots__ = ("current", "total")
 
-    def __init__(self, current, total=None):
-        self.current = Tracker(current)
-        self.total = self.current if total is None else Tracker(total)
+    def __init__(self, current, total=None, tracker=Tracker):
+        self.current = tracker(current)
+        self.total = self.current if total is None else tracker(total)
 
     def __repr__(self):
         return f"Progress(current={self.current!r}, total={self.total!r})"
@@ -160,6 +178,21 @@ class PredictionLoop:
         return [list(indices[:count]) for indices, count in zip(trainer.predict_batch_indices, started)]
 
 
+class Holder:
+    """A plain object holding Lightning's nested names (optim_progress.optimizer.step, ...)."""
+
+    def __init__(self, **parts):
+        self.__dict__.update(parts)
+
+
+class OptimizationProgress(Holder):
+    """Lightning's _OptimizationProgress: `optimizer.step`, `optimizer.zero_grad`, `optimizer_steps`."""
+
+    @property
+    def optimizer_steps(self):
+        return self.optimizer.step.total.completed
+
+
 class EpochLoop:
     """`trainer.fit_loop.epoch_loop`: Lightning's training epoch loop's step limits and counters."""
 
@@ -167,7 +200,17 @@ class EpochLoop:
         self._trainer = trainer
         self.val_loop = EvaluationLoop(trainer, "val")
         self.batch_progress = BatchProgress(self._current_batches, self._total_batches, self._is_last_batch)
+        self.scheduler_progress = Progress(self._current_scheduler_steps, self._total_scheduler_steps,
+                                           ReadyCompletedTracker)
+        steps = Progress(self._current_steps, self._total_steps, ReadyCompletedTracker)
+        zero_grads = Progress(self._current_zero_grads, self._total_zero_grads, StartedTracker)
+        self.automatic_optimization = Holder(optim_progress=OptimizationProgress(
+            optimizer=Holder(step=steps, zero_grad=zero_grads)))
+        # (manual optimisation's steps: never reset by an epoch in Lightning, so current is total)
+        self.manual_optimization = Holder(optim_step_progress=Progress(
+            self._manual_steps, tracker=ReadyCompletedTracker))
 
+    # (bound methods, not lambdas: a Trainer holding its views pickles)
     def _current_batches(self):
         return _batch_counts(self._trainer, total=False)
 
@@ -176,6 +219,28 @@ class EpochLoop:
 
     def _is_last_batch(self):
         return self._trainer.state.is_last_batch
+
+    def _current_scheduler_steps(self):
+        state = self._trainer.state
+        return _ready_completed(state.scheduler_steps - state.epoch_scheduler_steps_from)
+
+    def _total_scheduler_steps(self):
+        return _ready_completed(self._trainer.state.scheduler_steps)
+
+    def _current_steps(self):
+        return _step_counts(self._trainer, self._trainer.state.epoch_steps_from, automatic=True)
+
+    def _total_steps(self):
+        return _step_counts(self._trainer, 0, automatic=True)
+
+    def _manual_steps(self):
+        return _step_counts(self._trainer, 0, automatic=False)
+
+    def _current_zero_grads(self):
+        return _zero_grad_counts(self._trainer, self._trainer.state.epoch_zero_grads_from)
+
+    def _total_zero_grads(self):
+        return _zero_grad_counts(self._trainer, 0)
 
     @property
     def max_steps(self):
@@ -311,3 +376,26 @@ def _batch_counts(trainer, total):
     cut = state.batches_cut if total else int(state.epoch_cut)
     started, processed, completed = _NOT_YET[state.batch_phase]
     return ready, ready - cut - started, ready - processed, ready - cut - completed
+
+
+def _ready_completed(count, open_=False):
+    return count + open_, None, None, count
+
+
+def _step_counts(trainer, since, automatic):
+    """Lightning's optimizer step progress: `ready` from the module's optimizer_step on (manual optimisation: from
+    the LightningOptimizer's step), `completed` once it returned; global_step counts it inside (an optimizer_step
+    that reads it after optimizer.step() sees the step, as in Lightning), so the one in progress is taken off."""
+    module = trainer.module
+    if module is not None and bool(module.automatic_optimization) != automatic:  # (the other loop's: not counted)
+        return 0, None, None, 0
+    fit = trainer._fit_state
+    from_ = None if fit is None else fit.optimizer_step_from
+    completed = trainer.global_step if from_ is None else from_
+    return _ready_completed(completed - since, from_ is not None)
+
+
+def _zero_grad_counts(trainer, since):
+    fit, count = trainer._fit_state, trainer.state.zero_grads - since
+    phase = None if fit is None else fit.zero_grad_phase
+    return count, count - (phase == "ready"), None, count - (phase is not None)

@@ -118,6 +118,8 @@ def train_epoch(trainer, fit, epoch):
         fit.epoch_phase = "run"
         # Lightning's epoch loop resets its batch counts (`current`) and is_last_batch after on_train_epoch_start
         state.epoch_batches_from, state.epoch_cut = state.batches_taken, False
+        state.epoch_steps_from, state.epoch_zero_grads_from = state.global_step, state.zero_grads
+        state.epoch_scheduler_steps_from = state.scheduler_steps
         trainer._eval_completed["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
@@ -183,8 +185,8 @@ def train_epoch(trainer, fit, epoch):
     trainer._flush_epoch_metrics(epoch_values, last_step)
     if complete and module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
         # the metric-watching ones after the epoch-end hooks (Lightning's fit loop: they may watch a value logged in
-        # on_train_epoch_end); all of them when on_train_batch_start ended the epoch before its last batch
-        step_schedulers(trainer, fit, "epoch", plateau=None if fit.ended_by_hook else True)
+        # on_train_epoch_end); the others stepped at the epoch's last batch (or the one on_train_batch_start ended it at)
+        step_schedulers(trainer, fit, "epoch", plateau=True)
     stop_agreed(trainer, fit, at_interval=False)
 
 
@@ -227,6 +229,10 @@ def training_step(trainer, fit, batch, batch_idx, window):
         state.batches_cut += 1  # (Lightning counts this batch processed, never started nor completed)
         state.epoch_cut = state.is_last_batch = True
         state.batch_phase = None
+        if module.automatic_optimization:  # Lightning's: this batch ends the epoch, so the schedulers that do not
+            # watch a metric step now, before on_train_epoch_end (no optimizer step was taken: Lightning's too)
+            step_schedulers(trainer, fit, "step", plateau=False, batch_idx=batch_idx)
+            step_schedulers(trainer, fit, "epoch", plateau=False)
         return False
     state.batch_phase = "started"
     steps = batch_idx == window.last
@@ -261,12 +267,16 @@ def training_step(trainer, fit, batch, batch_idx, window):
                 optimizer = fit.optimizer
                 if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
                     fit.window_backwards = 0
+                    state.zero_grads += 1  # (Lightning's optim_progress.optimizer.zero_grad)
+                    fit.zero_grad_phase = "ready"
                     for fn in hooks["on_before_zero_grad"]:
                         fn(optimizer)
+                    fit.zero_grad_phase = "started"
                     if fit.optimizer_zero_grad is None:
                         fit.zero_grad(optimizer)
                     else:
                         fit.optimizer_zero_grad(state.epoch, batch_idx, optimizer)
+                    fit.zero_grad_phase = None
                 if skipped:
                     return None
                 for fn in hooks["on_before_backward"]:
@@ -283,7 +293,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
             fit.stepped = False
             # the module's hook; its default optimizer.step(closure=closure) runs the closure, then
             # on_before_optimizer_step, the clipping and the strategy's step (loop.automatic_step)
+            fit.optimizer_step_from = state.global_step  # (Lightning's optimizer step: ready, completed after)
             fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)
+            fit.optimizer_step_from = None
             if not ran:
                 closure_not_run(module)
             # Lightning's: at every window's end, also where nothing stepped (GradScaler skipped it, every
@@ -660,6 +672,7 @@ def step_schedulers(trainer, fit, interval, plateau=None, values=None, batch_idx
             continue
         if config.monitor is None:
             step_scheduler(config.scheduler, None)
+            trainer.state.scheduler_steps += 1  # (Lightning's scheduler_progress)
             continue
         value = (trainer.callback_metrics if values is None else values).get(config.monitor)
         if value is None:
@@ -677,6 +690,7 @@ def step_schedulers(trainer, fit, interval, plateau=None, values=None, batch_idx
                 f"dict (the scheduler {type(config.scheduler).__name__}: log it with self.log({config.monitor!r}, "
                 "...) or change 'monitor')")
         step_scheduler(config.scheduler, float(value))
+        trainer.state.scheduler_steps += 1
 
 
 def step_scheduler(scheduler, metric):

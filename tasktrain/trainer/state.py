@@ -45,6 +45,13 @@ class TrainState:
     # backward, step), "processed" (its on_train_batch_end), None once completed. Saved: a checkpoint written in
     # on_train_batch_end holds its batch not completed until the resumed loop goes on (Lightning's restart)
     batch_phase: Optional[str] = None
+    # the same for Lightning's optim_progress and scheduler_progress: zero_grad calls and lr scheduler steps over the
+    # run, and where the epoch's own counts began (optimizer steps are global_step)
+    zero_grads: int = 0
+    scheduler_steps: int = 0
+    epoch_steps_from: int = 0
+    epoch_zero_grads_from: int = 0
+    epoch_scheduler_steps_from: int = 0
     status: TrainerStatus = TrainerStatus.INITIALIZING
     fn: Optional[TrainerFn] = None  # the entry point: "fit", "validate", "test", "predict"
     stage: Optional[RunningStage] = None  # the loop running now: "train", "sanity_check", "validate", ...
