@@ -175,10 +175,10 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
     for i, ((event, a), (_, b)) in enumerate(zip(mine, reference)):
         # batch_idx and total_batch_idx: known everywhere (TrainState's batch counters, saved in checkpoints)
         assert "unknown" not in (a[5], a[6]), f"{name}: reading {i} ({event})"
-        if a[15] == "unknown":  # fit's validation batches in a resumed fit, before they are counted again
-            assert "resume" in name, f"{name}: reading {i} ({event})"
-        if a[18] == "unknown":  # the loggers' step in a restarting epoch
-            assert "resume" in name and a[7], f"{name}: reading {i} ({event})"
+        # the evaluation batches: known everywhere (TrainState.eval_batches, saved in checkpoints)
+        assert "unknown" not in (a[15], a[16], a[17], a[23], a[24], a[25]), f"{name}: reading {i} ({event})"
+        if a[18] == "unknown":  # the loggers' step in a resumed fit before its loop goes on
+            assert "resume" in name and event == "on_train_start", f"{name}: reading {i} ({event})"
         assert _same(a, b), f"{name}: reading {i} ({event}): tasktrain {a}, Lightning {b}"
     assert _same(mine_after, reference_after)
     if name == "fit":  # (what the comparison covers, spelled out)

@@ -131,8 +131,7 @@ class EvaluationLoop:
     (`batch_progress.current` in the run, `.total` over the Trainer's validate / test runs, or over the training
     epoch's validations for fit's, from each epoch's start and after the sanity check, which counts its own), as
     Lightning's: `ready` from the batch's on_*_batch_start, `started` from its step, `processed` from its
-    on_*_batch_end, `completed` after it. In a fit resumed from a checkpoint, fit's counts are a RuntimeError until
-    they start again (Lightning's come from the file)."""
+    on_*_batch_end, `completed` after it (TrainState.eval_batches: a checkpoint keeps them, as Lightning's)."""
 
     def __init__(self, trainer, key):
         self._trainer, self._key = trainer, key
@@ -146,14 +145,8 @@ class EvaluationLoop:
         return self._counts(0)
 
     def _counts(self, which):
-        # [total completed, completed in this run, how far the batch being evaluated got] (evaluation.py)
-        counts = self._trainer._eval_completed[self._key]
-        completed, phase = counts[which], counts[2]
-        if completed is None:
-            raise RuntimeError(
-                "trainer.fit_loop.epoch_loop.val_loop.batch_progress: a fit resumed from a checkpoint counts its "
-                "validation batches from its first validation run (current) and its next epoch (total); Lightning's "
-                "counts before those come from the file, which tasktrain does not keep.")
+        trainer = self._trainer
+        completed, phase = trainer.state.eval_batches[self._key][which], trainer._eval_phase[self._key]
         return (completed + (phase is not None), completed + (phase in ("started", "processed")),
                 completed + (phase == "processed"), completed)
 
@@ -269,10 +262,11 @@ class EpochLoop:
         count without it."""
         trainer = self._trainer
         fit = trainer._fit_state
-        if fit is not None and fit.restarting:
+        if trainer.state.batch_phase == "restored":
             raise RuntimeError(
-                "trainer.fit_loop.epoch_loop._batches_that_stepped in the first epoch of a resumed fit: Lightning's "
-                "counts the batch the checkpoint was saved in when its loop restarts, tasktrain when it saves; read "
+                "trainer.fit_loop.epoch_loop._batches_that_stepped in a fit resumed from a checkpoint saved in "
+                "on_train_batch_end, before its loop goes on: Lightning's counts the batch the checkpoint was saved in "
+                "once its loop restarts where it stepped, tasktrain when it saves; read "
                 "trainer.state.batches_that_stepped (the loggers' step).")
         return trainer.state.batches_that_stepped - int(fit is not None and fit.validates_counted_batch)
 
@@ -363,7 +357,7 @@ def _epoch_counts(trainer):
 
 
 # the counts the batch being trained has not reached yet, by how far it got (TrainState.batch_phase)
-_NOT_YET = {None: (0, 0, 0), "ready": (1, 1, 1), "started": (0, 1, 1), "processed": (0, 0, 1)}
+_NOT_YET = {None: (0, 0, 0), "ready": (1, 1, 1), "started": (0, 1, 1), "processed": (0, 0, 1), "restored": (0, 0, 1)}
 
 
 def _batch_counts(trainer, total):

@@ -120,14 +120,12 @@ def train_epoch(trainer, fit, epoch):
         state.epoch_batches_from, state.epoch_cut = state.batches_taken, False
         state.epoch_steps_from, state.epoch_zero_grads_from = state.global_step, state.zero_grads
         state.epoch_scheduler_steps_from = state.scheduler_steps
-        trainer._eval_completed["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
+        state.eval_batches["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
         first_of_resumed = fit.resumed and epoch == fit.first_epoch
         draw_loader_seed(trainer._loader_data, epoch, at_iter=epoch > 0 and not first_of_resumed)
-    else:  # a batch a checkpoint was saved in (its on_train_batch_end) completes when the loop goes on (Lightning's)
-        state.batch_phase = None
     if start and fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now
@@ -137,6 +135,14 @@ def train_epoch(trainer, fit, epoch):
     accumulate = trainer.accumulate_grad_batches if module.automatic_optimization else 1
     fit.loss_window, fit.loss_window_start = [], start
     fit.val_every = val_every_n_batches(trainer)
+    if start:  # a batch a checkpoint was saved in (its on_train_batch_end) completes when the loop goes on
+        if state.batch_phase == "restored" and val_this_epoch(trainer) and val_due_after(trainer, fit, start - 1):
+            # Lightning's restart does not run again the validation due after that batch, and counts its batches
+            # as run (its val_loop's increment_progress_to_evaluation_end); neither runs it here
+            counts = [n for n in trainer.num_val_batches if n != float("inf")]
+            if counts and trainer.limit_val_batches != 0:
+                state.eval_batches["val"] = [count + max(counts) for count in state.eval_batches["val"]]
+        state.batch_phase = None
     fit.ended_by_hook = False
     batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer.profiler), "training_step",
                               lambda: state.global_step, start, epoch == fit.first_epoch,
@@ -320,13 +326,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
     # window's middle included), then the count
     if steps and (trainer.should_update_logs or trainer.fast_dev_run):  # (fast_dev_run: every step, Lightning's)
         trainer._flush_step_metrics()  # at state.batches_that_stepped
-    # (check_val_every_n_epoch=None: every val_check_interval batches of the whole run, counted over epochs, fits and
-    # resumes as Lightning's total_batch_idx: an epoch's length need not be a multiple of the interval)
-    by_epoch = trainer.check_val_every_n_epoch is not None  # (an epoch's last batch: the epoch-end validation)
-    count = batch_idx if by_epoch else state.batches_taken - 1
     last_of_epoch = batch_idx + 1 == trainer._num_training_batches
     validated = True
-    if fit.val_every and (count + 1) % fit.val_every == 0 and (not by_epoch or not last_of_epoch):
+    if val_due_after(trainer, fit, batch_idx):
         run_validation(trainer, zero_grad=steps)
     elif trainer._val_check_time_interval is not None and val_time_is_up(trainer, fit, batch_idx):
         run_validation(trainer, zero_grad=steps)
@@ -580,6 +582,18 @@ def val_every_n_batches(trainer):
             return None
         return max(1, int(trainer._num_training_batches * interval))
     return int(interval)
+
+
+def val_due_after(trainer, fit, batch_idx):
+    """A validation of val_check_interval batches is due after batch `batch_idx` (not the epoch's last: the epoch-end
+    validation). check_val_every_n_epoch=None: every val_check_interval batches of the whole run, counted over
+    epochs, fits and resumes as Lightning's total_batch_idx (TrainState.batches_taken): an epoch's length need not
+    be a multiple of the interval."""
+    if not fit.val_every:
+        return False
+    if trainer.check_val_every_n_epoch is None:
+        return trainer.state.batches_taken % fit.val_every == 0
+    return (batch_idx + 1) % fit.val_every == 0 and batch_idx + 1 != trainer._num_training_batches
 
 
 def val_time_is_up(trainer, fit, batch_idx):

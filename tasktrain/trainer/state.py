@@ -1,4 +1,4 @@
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
@@ -43,7 +43,7 @@ class TrainState:
     epoch_cut: bool = False
     # how far the batch being trained got: "ready" (taken: its on_train_batch_start), "started" (training_step,
     # backward, step), "processed" (its on_train_batch_end), None once completed. Saved: a checkpoint written in
-    # on_train_batch_end holds its batch not completed until the resumed loop goes on (Lightning's restart)
+    # on_train_batch_end holds its batch not completed until the resumed loop goes on ("restored": Lightning's restart)
     batch_phase: Optional[str] = None
     # the same for Lightning's optim_progress and scheduler_progress: zero_grad calls and lr scheduler steps over the
     # run, and where the epoch's own counts began (optimizer steps are global_step)
@@ -52,6 +52,10 @@ class TrainState:
     epoch_steps_from: int = 0
     epoch_zero_grads_from: int = 0
     epoch_scheduler_steps_from: int = 0
+    # evaluation batches completed (Lightning's batch_progress of fit's val_loop, validate_loop and test_loop, which
+    # its checkpoints keep too): {loop: [total, in its last run]}; fit's total counts the training epoch's (from
+    # after its on_train_epoch_start, and after the sanity check, which counts its own)
+    eval_batches: dict = field(default_factory=lambda: {"val": [0, 0], "validate": [0, 0], "test": [0, 0]})
     status: TrainerStatus = TrainerStatus.INITIALIZING
     fn: Optional[TrainerFn] = None  # the entry point: "fit", "validate", "test", "predict"
     stage: Optional[RunningStage] = None  # the loop running now: "train", "sanity_check", "validate", ...
@@ -102,5 +106,6 @@ class TrainState:
         if "batches_that_stepped" not in state:  # a checkpoint from before the counter: one optimizer's steps
             self.batches_that_stepped = int(self.global_step)  # (Lightning's migration of such checkpoints)
         self.stepping_batch = False
-        if self.batch_phase != "processed":  # (Lightning restarts a batch saved before its end from its start)
-            self.batch_phase = None
+        # a batch saved in its on_train_batch_end is "restored": processed, not completed until the loop goes on;
+        # (Lightning restarts a batch saved before its end from its start)
+        self.batch_phase = "restored" if self.batch_phase == "processed" else None
