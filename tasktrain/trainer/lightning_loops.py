@@ -1,17 +1,18 @@
 """Lightning's loop attributes (`trainer.fit_loop`, `.epoch_loop`, `.epoch_loop.val_loop`, `trainer.validate_loop`,
-`trainer.test_loop`), as a read view of the Trainer's own state: a callback or script written for Lightning reads
-`trainer.fit_loop.epoch_progress.current.processed`, `trainer.fit_loop.total_batch_idx`,
-`trainer.fit_loop.restarting`, ... and sets `trainer.fit_loop.max_epochs = N`.
+`trainer.test_loop`, `trainer.predict_loop`), as a read view of the Trainer's state: a callback or script written for
+Lightning reads `trainer.fit_loop.epoch_progress.current.processed`, `trainer.fit_loop.epoch_loop.batch_progress`,
+`trainer.fit_loop.total_batch_idx`, `trainer.fit_loop.restarting`, ... and sets `trainer.fit_loop.max_epochs = N`.
 
-There is no loop here and no counter of its own: every value is computed, when read, from `trainer.state`
-(TrainState: epoch, batch_in_epoch, epoch_finished, global_step), `trainer.current_epoch`, the evaluation batches
-the Trainer counts (`trainer._eval_completed`, evaluation.py) and marks the loop keeps on the FitState of the fit in
-progress (fit_state.py): `epoch_phase` (where the epoch is: its on_train_epoch_start, its batches and validations,
-its end from on_train_epoch_end on), `in_batch` (a batch was taken and is not yet counted in batch_in_epoch),
-`restarting`, `whole_epochs`, `validates_counted_batch`. The limits Lightning users write (max_epochs, min_epochs and, on `epoch_loop`,
-max_steps, min_steps) write the Trainer's own attributes.
+There is no loop here and no copy of Lightning's progress objects: every value is computed, when read, from
+`trainer.state` (TrainState: epoch, global_step, batch_in_epoch, epoch_finished, and the plain counters a checkpoint
+keeps as Lightning's keeps its `total`s: batches_taken, batches_cut, zero_grads, scheduler_steps, eval_batches, where
+the epoch's own counts began (epoch_*_from), batch_phase), `trainer.current_epoch` and marks the loop keeps on the
+FitState of the fit in progress (fit_state.py): `epoch_phase` (where the epoch is: its on_train_epoch_start, its
+batches and validations, its end from on_train_epoch_end on), `optimizer_step_from` and `zero_grad_phase` (inside an
+optimizer step or a zero_grad), `restarting`, `validates_counted_batch`. The limits Lightning users write
+(max_epochs, min_epochs and, on `epoch_loop`, max_steps, min_steps) write the Trainer's own attributes.
 
-Lightning's counters at each point, as this view gives them (e = the epoch being trained, N = its batches):
+Lightning's counters at each point, as this view gives them (e = the epoch being trained):
 
     epoch_progress.current   ready    started   processed   completed
       on_train_epoch_start    e+1       e          e           e
@@ -19,23 +20,26 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
       on_train_epoch_end...   e+1      e+1        e+1          e       (until the loop moves to the next epoch)
       restored from an epoch's end, until the loop starts: e+1, e+1, e+1, e (current_epoch is e there)
       elsewhere               trainer.current_epoch for all four
-    (`total` is the same: tasktrain keeps no count of restarts)
+    (`total` is the same)
 
-    batch_idx         the index in its epoch of the last batch the loop took (Lightning's batch_progress.current.ready
-                      - 1): from the batch's on_train_batch_start to the next one; before an epoch's first batch, the
-                      last one of the epoch before (-1 before any); a RuntimeError where that epoch's length is not
-                      known (before the first batch of a used Trainer's or a resumed fit, at the start of an epoch
-                      after one that on_train_batch_start's -1 ended, after fit)
-    total_batch_idx   epoch x N + batch_idx, Lightning's count over the epochs where every epoch had N batches (the
-                      loop's own rule for check_val_every_n_epoch=None): offered in a fit from epoch 0 whose epochs all
-                      had their length (none ended by on_train_batch_start's -1), and in epoch 0; a RuntimeError
-                      elsewhere (tasktrain keeps no count of batches over epochs)
+    epoch_loop.batch_progress   `total` over every epoch, fit and resume; `current` from after an epoch's
+                      on_train_epoch_start (until then the epoch before's); a batch is `ready` from its
+                      on_train_batch_start, `started` from its training_step, `processed` from its on_train_batch_end,
+                      `completed` after it; one whose on_train_batch_start returned -1 is ready and processed only.
+                      `is_last_batch` (trainer.is_last_batch) is kept until the next epoch's first batch and saved.
+                      A checkpoint saved in on_train_batch_end holds that batch not completed until the resumed loop
+                      goes on (Lightning's restart)
+    batch_idx, total_batch_idx   batch_progress.current.ready - 1, batch_progress.total.ready - 1
+    epoch_loop.scheduler_progress, .automatic_optimization.optim_progress.optimizer.step / .zero_grad,
+    .manual_optimization.optim_step_progress   lr scheduler steps, optimizer steps (global_step), zero_grad calls,
+                      `current` from after an epoch's on_train_epoch_start (manual steps: never reset, as Lightning's)
     epoch_loop._batches_that_stepped   the loggers' step (TrainState.batches_that_stepped), less the batch a
-                      validation follows where tasktrain validates after counting it; refused in a restarting epoch
+                      validation follows where tasktrain validates after counting it; refused in a fit resumed from a
+                      checkpoint saved in on_train_batch_end until its loop goes on
     restarting        a fit resumed from a checkpoint saved inside an epoch (or counted in steps: max_steps set), from
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
-    val_loop, validate_loop, test_loop   batch_progress.current / .total .completed: evaluation batches completed
-                      (EvaluationLoop: ready, started, processed are not offered)
+    val_loop, validate_loop, test_loop   batch_progress.current / .total: evaluation batches (TrainState.eval_batches),
+                      ready from on_*_batch_start, started from the step, processed from on_*_batch_end
     predict_loop      epoch_batch_indices (PredictionLoop)
     done              max_steps or max_epochs reached (epochs counted as `processed`), no training batches, or a stop
                       asked once min_epochs / min_steps are met (Lightning's fit_loop.done, without its log lines)
