@@ -102,7 +102,7 @@ class ReadyCompletedTracker(StartedTracker):
 
 
 def _no_such(name, tracker):
-    raise AttributeError(f"Lightning's {tracker} has no `{name}` (it counts ready and completed only)")
+    raise AttributeError(f"Lightning's {tracker} has no `{name}`: it does not count that stage")
 
 
 class Progress:
