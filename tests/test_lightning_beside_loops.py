@@ -1,8 +1,10 @@
 """`trainer.fit_loop` (tasktrain/trainer/lightning_loops.py: Lightning's loop attributes as a view of the Trainer's
-state) beside Lightning 2.6's: a recording callback reads the same attributes at every hook of the same runs under
-both frameworks (a fit with a validation inside the epoch and at its end, a fit stopped inside an epoch, a second fit
-after `fit_loop.max_epochs = N`, fits resumed from a checkpoint saved inside an epoch and at an epoch's end, one
-counted in steps) and the readings must be equal, hook by hook."""
+state) beside Lightning 2.6's: a recording callback reads the same attributes (epoch, batch, scheduler, optimizer and
+evaluation progress, batch indices, is_last_batch, ...) at every hook of the same runs under both frameworks (a fit
+with a validation inside the epoch and at its end, accumulation with an epoch ended by on_train_batch_start's -1,
+manual optimisation, a fit stopped inside an epoch, a second fit after `fit_loop.max_epochs = N`, fits resumed from a
+checkpoint saved inside an epoch and at an epoch's end, one counted in steps, and check_val_every_n_epoch=None with a
+val_check_interval that the epochs' length is no multiple of) and the readings must be equal, hook by hook."""
 import pickle
 
 import pytest
@@ -97,6 +99,11 @@ def _run(lib, classes, tmp_path, name):
             def on_train_batch_start(self, batch, batch_idx):
                 return -1 if (self.current_epoch, batch_idx) == (1, 2) else None
 
+            def configure_optimizers(self):  # (a scheduler stepped each step too: both step at the cut)
+                optimizers, schedulers = super().configure_optimizers()
+                every_step = torch.optim.lr_scheduler.StepLR(optimizers[0], step_size=1)
+                return optimizers, schedulers + [{"scheduler": every_step, "interval": "step"}]
+
         rec = _recorder(lib)
         trainer = lib.Trainer(max_epochs=3, accumulate_grad_batches=2, callbacks=[rec], **QUIET)
         trainer.fit(Cut())
@@ -113,6 +120,24 @@ def _run(lib, classes, tmp_path, name):
         trainer.validate(module, verbose=False)
         trainer.test(module, verbose=False)
         trainer.fit(module)
+    elif name == "manual":  # manual optimisation: its own step count (optim_step_progress), none in automatic's
+        class Manual(classes.BoringModel):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                optimizer = self.optimizers()
+                optimizer.zero_grad()
+                loss = self.step(batch)
+                self.manual_backward(loss)
+                if batch_idx % 2:
+                    optimizer.step()
+                return loss
+
+        rec = _recorder(lib)
+        trainer = lib.Trainer(max_epochs=2, callbacks=[rec], **QUIET)
+        trainer.fit(Manual())
     elif name == "stop_inside_epoch":  # the epoch stopped inside ends; a second fit goes on after it
         rec = _recorder(lib, stop_at=(0, 1))
         trainer = lib.Trainer(max_epochs=2, callbacks=[rec], **{**QUIET, "limit_val_batches": 0})
@@ -164,7 +189,8 @@ def _run(lib, classes, tmp_path, name):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "stop_inside_epoch", "resume_inside_epoch",
+@pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "manual", "stop_inside_epoch",
+                                  "resume_inside_epoch",
                                   "resume_epoch_end", "resume_by_steps", "val_by_total_batches",
                                   "val_by_total_batches_unlimited", "val_by_total_batches_resumed",
                                   "val_by_total_batches_cut"])
@@ -200,6 +226,11 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
                     "val_by_total_batches_resumed": [(0, 8, 9), (3, 11, 12)],
                     "val_by_total_batches_cut": [(-1, -1, 0), (2, 2, 3), (1, 5, 6), (1, 8, 8)]}[name]
         assert validated == expected
+    if name == "manual":  # (manual steps counted, the automatic loop's none)
+        assert mine_after[30] == (4, 4) and mine_after[28] == (0, 0)
+    if name == "accumulate_and_cut":  # scheduler steps: epoch 0's 2 optimizer steps + its end; epoch 1's step at
+        # batch 1, then at the cut (batch 2) the step and the epoch schedulers, before on_train_epoch_end
+        assert [r[27] for e, r in mine if e == "on_train_epoch_end"][:2] == [(3, 3), (6, 6)]
     if name == "resume_epoch_end":  # trainer.is_last_batch restored: True until the next epoch's first batch
         assert [r[22] for e, r in mine if e in ("on_train_start", "on_train_epoch_start")][:2] == [True, True]
     if name == "resume_inside_epoch":
