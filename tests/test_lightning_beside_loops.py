@@ -1,11 +1,14 @@
 """`trainer.fit_loop` (tasktrain/trainer/lightning_loops.py: Lightning's loop attributes as a view of the Trainer's
-state) beside Lightning 2.6's: a recording callback reads the same attributes at every hook of the same runs under
-both frameworks (a fit with a validation inside the epoch and at its end, a fit stopped inside an epoch, a second fit
-after `fit_loop.max_epochs = N`, fits resumed from a checkpoint saved inside an epoch and at an epoch's end, one
-counted in steps) and the readings must be equal, hook by hook."""
+state) beside Lightning 2.6's: a recording callback reads the same attributes (epoch, batch, scheduler, optimizer and
+evaluation progress, batch indices, is_last_batch, ...) at every hook of the same runs under both frameworks (a fit
+with a validation inside the epoch and at its end, accumulation with an epoch ended by on_train_batch_start's -1,
+manual optimisation, a fit stopped inside an epoch, a second fit after `fit_loop.max_epochs = N`, fits resumed from a
+checkpoint saved inside an epoch and at an epoch's end, one counted in steps, and check_val_every_n_epoch=None with a
+val_check_interval that the epochs' length is no multiple of) and the readings must be equal, hook by hook."""
 import pickle
 
 import pytest
+import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
@@ -19,20 +22,36 @@ QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False
 HOOKS = ("setup", "on_fit_start", "on_sanity_check_start", "on_sanity_check_end", "on_train_start",
          "on_train_epoch_start", "on_train_batch_start", "on_before_backward", "on_after_backward",
          "on_before_zero_grad", "on_before_optimizer_step", "on_train_batch_end", "on_validation_start",
-         "on_validation_batch_end", "on_validation_end", "on_train_epoch_end", "on_train_end", "on_fit_end",
+         "on_validation_batch_start", "on_validation_batch_end", "on_test_batch_start", "on_validation_end", "on_train_epoch_end", "on_train_end", "on_fit_end",
          "on_save_checkpoint", "on_test_start", "on_test_batch_end", "on_test_end", "teardown")
 
 
 def _reading(trainer):
     loop = trainer.fit_loop
     progress = loop.epoch_progress
+    optimizer = loop.epoch_loop.automatic_optimization.optim_progress.optimizer
     return (progress.current.ready, progress.current.started, progress.current.processed, progress.current.completed,
             progress.total.processed, _known(lambda: (loop.batch_idx, loop.epoch_loop.batch_idx)),
             _known(lambda: loop.total_batch_idx), loop.restarting, loop.done, loop.epoch_loop.global_step,
             loop.max_epochs, loop.max_steps, loop.epoch_loop.max_steps, loop.min_epochs, loop.min_steps,
             *(_known(lambda: (evaluation.batch_progress.current.completed, evaluation.batch_progress.total.completed))
               for evaluation in (loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)),
-            _known(lambda: loop.epoch_loop._batches_that_stepped))
+            _known(lambda: loop.epoch_loop._batches_that_stepped),
+            *(_counts(progress) for progress in (loop.epoch_loop.batch_progress.current,
+                                                 loop.epoch_loop.batch_progress.total)),
+            loop.epoch_loop.batch_progress.is_last_batch, trainer.is_last_batch,
+            *(_known(lambda: (_counts(evaluation.batch_progress.current), _counts(evaluation.batch_progress.total)))
+              for evaluation in (loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)),
+            *((p.ready, p.completed) for p in (loop.epoch_loop.scheduler_progress.current,
+                                               loop.epoch_loop.scheduler_progress.total, optimizer.step.current,
+                                               optimizer.step.total,
+                                               loop.epoch_loop.manual_optimization.optim_step_progress.total)),
+            *((p.ready, p.started, p.completed) for p in (optimizer.zero_grad.current, optimizer.zero_grad.total)),
+            loop.epoch_loop.automatic_optimization.optim_progress.optimizer_steps)
+
+
+def _counts(tracker):
+    return tracker.ready, tracker.started, tracker.processed, tracker.completed
 
 
 def _known(read):
@@ -80,6 +99,11 @@ def _run(lib, classes, tmp_path, name):
             def on_train_batch_start(self, batch, batch_idx):
                 return -1 if (self.current_epoch, batch_idx) == (1, 2) else None
 
+            def configure_optimizers(self):  # (a scheduler stepped each step too: both step at the cut)
+                optimizers, schedulers = super().configure_optimizers()
+                every_step = torch.optim.lr_scheduler.StepLR(optimizers[0], step_size=1)
+                return optimizers, schedulers + [{"scheduler": every_step, "interval": "step"}]
+
         rec = _recorder(lib)
         trainer = lib.Trainer(max_epochs=3, accumulate_grad_batches=2, callbacks=[rec], **QUIET)
         trainer.fit(Cut())
@@ -96,6 +120,24 @@ def _run(lib, classes, tmp_path, name):
         trainer.validate(module, verbose=False)
         trainer.test(module, verbose=False)
         trainer.fit(module)
+    elif name == "manual":  # manual optimisation: its own step count (optim_step_progress), none in automatic's
+        class Manual(classes.BoringModel):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                optimizer = self.optimizers()
+                optimizer.zero_grad()
+                loss = self.step(batch)
+                self.manual_backward(loss)
+                if batch_idx % 2:
+                    optimizer.step()
+                return loss
+
+        rec = _recorder(lib)
+        trainer = lib.Trainer(max_epochs=2, callbacks=[rec], **QUIET)
+        trainer.fit(Manual())
     elif name == "stop_inside_epoch":  # the epoch stopped inside ends; a second fit goes on after it
         rec = _recorder(lib, stop_at=(0, 1))
         trainer = lib.Trainer(max_epochs=2, callbacks=[rec], **{**QUIET, "limit_val_batches": 0})
@@ -117,31 +159,52 @@ def _run(lib, classes, tmp_path, name):
         limits = dict(max_steps=10) if name == "resume_by_steps" else dict(max_epochs=3)
         trainer = lib.Trainer(callbacks=[rec], **limits, **QUIET)
         trainer.fit(classes.BoringModel(), ckpt_path=path)
+    elif name.startswith("val_by_total_batches"):
+        # check_val_every_n_epoch=None: a validation every 3 batches of the whole run, over epochs of 4 (or 5: the
+        # whole loader, 64 samples in batches of 16), resumed from a checkpoint saved inside epoch 1
+        limits = dict(check_val_every_n_epoch=None, val_check_interval=3, max_epochs=3)
+        if name.endswith("unlimited"):
+            limits["limit_train_batches"] = 1.0
+
+            class Module(classes.BoringModel):
+                def train_dataloader(self):
+                    return torch.utils.data.DataLoader(classes.RandomDataset(32, 80), batch_size=16)
+        elif name.endswith("cut"):  # on_train_batch_start's -1 ends epoch 1 at its batch 2 (taken, not trained)
+            class Module(classes.BoringModel):
+                def on_train_batch_start(self, batch, batch_idx):
+                    return -1 if (self.current_epoch, batch_idx) == (1, 2) else None
+        else:
+            Module = classes.BoringModel
+        if name.endswith("resumed"):
+            path = tmp_path / f"{name}.ckpt"
+            first = lib.Trainer(callbacks=[_recorder(lib, stop_at=(1, 1), save_at=(1, 1, path))],
+                                **{**QUIET, **limits})
+            first.fit(Module())
+        rec = _recorder(lib)
+        trainer = lib.Trainer(callbacks=[rec], **{**QUIET, **limits})
+        trainer.fit(Module(), ckpt_path=path if name.endswith("resumed") else None)
     else:
         raise AssertionError(name)
     return rec.seen, _reading(trainer)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "stop_inside_epoch", "resume_inside_epoch", "resume_epoch_end",
-                                  "resume_by_steps"])
+@pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "manual", "stop_inside_epoch",
+                                  "resume_inside_epoch",
+                                  "resume_epoch_end", "resume_by_steps", "val_by_total_batches",
+                                  "val_by_total_batches_unlimited", "val_by_total_batches_resumed",
+                                  "val_by_total_batches_cut"])
 def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
     ran = {key: _run(lib, classes, tmp_path / key, name) for key, (lib, classes) in LIBS.items()}
     (mine, mine_after), (reference, reference_after) = ran["tasktrain"], ran["lightning"]
     assert [event for event, _ in mine] == [event for event, _ in reference]
-    trained = False
     for i, ((event, a), (_, b)) in enumerate(zip(mine, reference)):
-        trained = (trained or event == "on_train_batch_start") and event != "setup"
-        # batch_idx is known from a fit's first batch on; total_batch_idx in a fit from epoch 0 (or in epoch 0)
-        if a[5] == "unknown":  # (and at the start of the epoch after one that on_train_batch_start's -1 ended)
-            assert (not trained and i > 0) or (name == "accumulate_and_cut" and event == "on_train_epoch_start"), \
-                f"{name}: reading {i} ({event})"
-        if a[6] == "unknown":
-            assert name != "fit", f"{name}: reading {i} ({event})"
-        if a[15] == "unknown":  # fit's validation batches in a resumed fit, before they are counted again
-            assert name.startswith("resume"), f"{name}: reading {i} ({event})"
-        if a[18] == "unknown":  # the loggers' step in a restarting epoch
-            assert name.startswith("resume") and a[7], f"{name}: reading {i} ({event})"
+        # batch_idx and total_batch_idx: known everywhere (TrainState's batch counters, saved in checkpoints)
+        assert "unknown" not in (a[5], a[6]), f"{name}: reading {i} ({event})"
+        # the evaluation batches: known everywhere (TrainState.eval_batches, saved in checkpoints)
+        assert "unknown" not in (a[15], a[16], a[17], a[23], a[24], a[25]), f"{name}: reading {i} ({event})"
+        if a[18] == "unknown":  # the loggers' step in a resumed fit before its loop goes on
+            assert "resume" in name and event == "on_train_start", f"{name}: reading {i} ({event})"
         assert _same(a, b), f"{name}: reading {i} ({event}): tasktrain {a}, Lightning {b}"
     assert _same(mine_after, reference_after)
     if name == "fit":  # (what the comparison covers, spelled out)
@@ -156,6 +219,20 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
     if name == "evaluate":
         assert [r[16:18] for e, r in mine if e in ("on_validation_end", "on_test_end")][:3] == [
             ((4, 4), (0, 0)), ((2, 6), (0, 0)), ((2, 6), (64, 64))]
+    if name.startswith("val_by_total_batches"):  # (which batches validate: every 3rd of the run, across epochs)
+        validated = [(r[5][0], r[6], r[9]) for e, r in mine if e == "on_validation_start"]
+        expected = {"val_by_total_batches": [(-1, -1, 0), (2, 2, 3), (1, 5, 6), (0, 8, 9), (3, 11, 12)],
+                    "val_by_total_batches_unlimited": [(-1, -1, 0), (2, 2, 3), (0, 5, 6), (3, 8, 9), (1, 11, 12), (4, 14, 15)],
+                    "val_by_total_batches_resumed": [(0, 8, 9), (3, 11, 12)],
+                    "val_by_total_batches_cut": [(-1, -1, 0), (2, 2, 3), (1, 5, 6), (1, 8, 8)]}[name]
+        assert validated == expected
+    if name == "manual":  # (manual steps counted, the automatic loop's none)
+        assert mine_after[30] == (4, 4) and mine_after[28] == (0, 0)
+    if name == "accumulate_and_cut":  # scheduler steps: epoch 0's 2 optimizer steps + its end; epoch 1's step at
+        # batch 1, then at the cut (batch 2) the step and the epoch schedulers, before on_train_epoch_end
+        assert [r[27] for e, r in mine if e == "on_train_epoch_end"][:2] == [(3, 3), (6, 6)]
+    if name == "resume_epoch_end":  # trainer.is_last_batch restored: True until the next epoch's first batch
+        assert [r[22] for e, r in mine if e in ("on_train_start", "on_train_epoch_start")][:2] == [True, True]
     if name == "resume_inside_epoch":
         assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not
 

@@ -116,8 +116,11 @@ def _evaluate(trainer, stage, loaders, limits):
         profiled(trainer.profiler, f"{prefix}_step", strategy.eval_step)
     eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
     # batches completed (Lightning's evaluation batch_progress, read through trainer.validate_loop / test_loop /
-    # fit_loop.epoch_loop.val_loop: lightning_loops.py): [total, in this run]; None: not known (a resumed fit's)
-    completed = trainer._eval_completed["val" if trainer.state.fn == "fit" else stage]
+    # fit_loop.epoch_loop.val_loop: lightning_loops.py): [total, in this run] (TrainState.eval_batches), and how far
+    # the batch being evaluated got: "ready" (its on_*_batch_start), "started" (its step), "processed" (its
+    # on_*_batch_end), None once completed
+    key = "val" if trainer.state.fn == "fit" else stage
+    completed, phases = state.eval_batches[key], trainer._eval_phase
     completed[1] = 0
     trainer._call(f"on_{prefix}_start")
     trainer._call(f"on_{prefix}_epoch_start")
@@ -129,12 +132,17 @@ def _evaluate(trainer, stage, loaders, limits):
         for batch_idx, batch in _batches(trainer, loader, limit, prefix, f"end of the {prefix} epoch"):
             batch = trainer._eval_to_device(batch, dataloader_idx)
             metrics.set_batch(batch)
+            phases[key] = "ready"
             for fn in hooks[f"on_{prefix}_batch_start"]:
                 fn(batch, batch_idx, *extra)
+            phases[key] = "started"
             outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
+            phases[key] = "processed"
             for fn in hooks[f"on_{prefix}_batch_end"]:
                 fn(outputs, batch, batch_idx, *extra)
-            completed[:] = [None if completed[0] is None else completed[0] + 1, completed[1] + 1]
+            completed[0] += 1
+            completed[1] += 1
+            phases[key] = None
             if not trainer.sanity_checking:
                 log_eval_step(trainer, stage, dataloader_idx)
     metrics.dataloader_suffix = ""

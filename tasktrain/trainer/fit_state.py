@@ -84,12 +84,11 @@ class FitState:
     last_val_time: float = 0.0  # time.monotonic() at training start or the last validation's end (a time interval)
     ended_by_hook: bool = False
     # where the loop is, for Lightning's loop counters (lightning_loops.py): None outside an epoch, "start" in its
-    # on_train_epoch_start, "run" over its batches and validations, "end" from its on_train_epoch_end on; in_batch: a
-    # batch was taken and is not yet counted in batch_in_epoch; restarting: Lightning's fit_loop.restarting
+    # on_train_epoch_start, "run" over its batches and validations, "end" from its on_train_epoch_end on (the batch's:
+    # TrainState.batch_phase); restarting: Lightning's fit_loop.restarting
     epoch_phase: Optional[str] = None
-    in_batch: bool = False
-    whole_epochs: bool = True  # no epoch of this fit was ended by on_train_batch_start's -1
-    last_epoch_whole: bool = True  # the last epoch that ended ran all its batches (not stopped inside, nor by -1)
+    optimizer_step_from: Optional[int] = None  # global_step when the module's optimizer_step began (None: not in it)
+    zero_grad_phase: Optional[str] = None  # "ready" (on_before_zero_grad), "started" (optimizer_zero_grad), None
     validates_counted_batch: bool = False  # a validation after the batch it follows is in batches_that_stepped
     restarting: bool = False
     # stop flags (should_stop is the trainer's: callbacks set it)

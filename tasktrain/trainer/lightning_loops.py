@@ -1,17 +1,18 @@
 """Lightning's loop attributes (`trainer.fit_loop`, `.epoch_loop`, `.epoch_loop.val_loop`, `trainer.validate_loop`,
-`trainer.test_loop`), as a read view of the Trainer's own state: a callback or script written for Lightning reads
-`trainer.fit_loop.epoch_progress.current.processed`, `trainer.fit_loop.total_batch_idx`,
-`trainer.fit_loop.restarting`, ... and sets `trainer.fit_loop.max_epochs = N`.
+`trainer.test_loop`, `trainer.predict_loop`), as a read view of the Trainer's state: a callback or script written for
+Lightning reads `trainer.fit_loop.epoch_progress.current.processed`, `trainer.fit_loop.epoch_loop.batch_progress`,
+`trainer.fit_loop.total_batch_idx`, `trainer.fit_loop.restarting`, ... and sets `trainer.fit_loop.max_epochs = N`.
 
-There is no loop here and no counter of its own: every value is computed, when read, from `trainer.state`
-(TrainState: epoch, batch_in_epoch, epoch_finished, global_step), `trainer.current_epoch`, the evaluation batches
-the Trainer counts (`trainer._eval_completed`, evaluation.py) and marks the loop keeps on the FitState of the fit in
-progress (fit_state.py): `epoch_phase` (where the epoch is: its on_train_epoch_start, its batches and validations,
-its end from on_train_epoch_end on), `in_batch` (a batch was taken and is not yet counted in batch_in_epoch),
-`restarting`, `whole_epochs`, `validates_counted_batch`. The limits Lightning users write (max_epochs, min_epochs and, on `epoch_loop`,
-max_steps, min_steps) write the Trainer's own attributes.
+There is no loop here and no copy of Lightning's progress objects: every value is computed, when read, from
+`trainer.state` (TrainState: epoch, global_step, batch_in_epoch, epoch_finished, and the plain counters a checkpoint
+keeps as Lightning's keeps its `total`s: batches_taken, batches_cut, zero_grads, scheduler_steps, eval_batches, where
+the epoch's own counts began (epoch_*_from), batch_phase), `trainer.current_epoch` and marks the loop keeps on the
+FitState of the fit in progress (fit_state.py): `epoch_phase` (where the epoch is: its on_train_epoch_start, its
+batches and validations, its end from on_train_epoch_end on), `optimizer_step_from` and `zero_grad_phase` (inside an
+optimizer step or a zero_grad), `restarting`, `validates_counted_batch`. The limits Lightning users write
+(max_epochs, min_epochs and, on `epoch_loop`, max_steps, min_steps) write the Trainer's own attributes.
 
-Lightning's counters at each point, as this view gives them (e = the epoch being trained, N = its batches):
+Lightning's counters at each point, as this view gives them (e = the epoch being trained):
 
     epoch_progress.current   ready    started   processed   completed
       on_train_epoch_start    e+1       e          e           e
@@ -19,23 +20,26 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
       on_train_epoch_end...   e+1      e+1        e+1          e       (until the loop moves to the next epoch)
       restored from an epoch's end, until the loop starts: e+1, e+1, e+1, e (current_epoch is e there)
       elsewhere               trainer.current_epoch for all four
-    (`total` is the same: tasktrain keeps no count of restarts)
+    (`total` is the same)
 
-    batch_idx         the index in its epoch of the last batch the loop took (Lightning's batch_progress.current.ready
-                      - 1): from the batch's on_train_batch_start to the next one; before an epoch's first batch, the
-                      last one of the epoch before (-1 before any); a RuntimeError where that epoch's length is not
-                      known (before the first batch of a used Trainer's or a resumed fit, at the start of an epoch
-                      after one that on_train_batch_start's -1 ended, after fit)
-    total_batch_idx   epoch x N + batch_idx, Lightning's count over the epochs where every epoch had N batches (the
-                      loop's own rule for check_val_every_n_epoch=None): offered in a fit from epoch 0 whose epochs all
-                      had their length (none ended by on_train_batch_start's -1), and in epoch 0; a RuntimeError
-                      elsewhere (tasktrain keeps no count of batches over epochs)
+    epoch_loop.batch_progress   `total` over every epoch, fit and resume; `current` from after an epoch's
+                      on_train_epoch_start (until then the epoch before's); a batch is `ready` from its
+                      on_train_batch_start, `started` from its training_step, `processed` from its on_train_batch_end,
+                      `completed` after it; one whose on_train_batch_start returned -1 is ready and processed only.
+                      `is_last_batch` (trainer.is_last_batch) is kept until the next epoch's first batch and saved.
+                      A checkpoint saved in on_train_batch_end holds that batch not completed until the resumed loop
+                      goes on (Lightning's restart)
+    batch_idx, total_batch_idx   batch_progress.current.ready - 1, batch_progress.total.ready - 1
+    epoch_loop.scheduler_progress, .automatic_optimization.optim_progress.optimizer.step / .zero_grad,
+    .manual_optimization.optim_step_progress   lr scheduler steps, optimizer steps (global_step), zero_grad calls,
+                      `current` from after an epoch's on_train_epoch_start (manual steps: never reset, as Lightning's)
     epoch_loop._batches_that_stepped   the loggers' step (TrainState.batches_that_stepped), less the batch a
-                      validation follows where tasktrain validates after counting it; refused in a restarting epoch
+                      validation follows where tasktrain validates after counting it; refused in a fit resumed from a
+                      checkpoint saved in on_train_batch_end until its loop goes on
     restarting        a fit resumed from a checkpoint saved inside an epoch (or counted in steps: max_steps set), from
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
-    val_loop, validate_loop, test_loop   batch_progress.current / .total .completed: evaluation batches completed
-                      (EvaluationLoop: ready, started, processed are not offered)
+    val_loop, validate_loop, test_loop   batch_progress.current / .total: evaluation batches (TrainState.eval_batches),
+                      ready from on_*_batch_start, started from the step, processed from on_*_batch_end
     predict_loop      epoch_batch_indices (PredictionLoop)
     done              max_steps or max_epochs reached (epochs counted as `processed`), no training batches, or a stop
                       asked once min_epochs / min_steps are met (Lightning's fit_loop.done, without its log lines)
@@ -83,60 +87,72 @@ class Tracker:
         return "Tracker(ready={}, started={}, processed={}, completed={})".format(*self._counts())
 
 
+class StartedTracker(Tracker):
+    """Lightning's _StartedTracker (optimizer zero_grad calls): no `processed`."""
+
+    __slots__ = ()
+    processed = property(lambda self: _no_such("processed", "_StartedTracker"))
+
+
+class ReadyCompletedTracker(StartedTracker):
+    """Lightning's _ReadyCompletedTracker (optimizer and scheduler steps): `ready` and `completed` only."""
+
+    __slots__ = ()
+    started = property(lambda self: _no_such("started", "_ReadyCompletedTracker"))
+
+
+def _no_such(name, tracker):
+    raise AttributeError(f"Lightning's {tracker} has no `{name}`: it does not count that stage")
+
+
 class Progress:
-    """Lightning's _Progress: `current` and `total` trackers."""
+    """Lightning's _Progress: `current` and `total` trackers (one tracker where Lightning's two are equal)."""
 
     __slots__ = ("current", "total")
 
-    def __init__(self, counts):
-        self.current = self.total = Tracker(counts)
+    def __init__(self, current, total=None, tracker=Tracker):
+        self.current = tracker(current)
+        self.total = self.current if total is None else tracker(total)
 
     def __repr__(self):
-        return f"Progress(current={self.current!r})"
+        return f"Progress(current={self.current!r}, total={self.total!r})"
 
 
-class Completed:
-    """A tracker of which only `completed` is kept (evaluation batches): ready / started / processed are not offered."""
+class BatchProgress(Progress):
+    """Lightning's _BatchProgress: a Progress and `is_last_batch`."""
 
-    __slots__ = ("_count",)
+    __slots__ = ("_is_last",)
 
-    def __init__(self, count):
-        self._count = count
+    def __init__(self, current, total, is_last):
+        super().__init__(current, total)
+        self._is_last = is_last
 
-    completed = property(lambda self: self._count())
-
-    def __repr__(self):
-        return f"Completed(completed={self._count()})"
+    is_last_batch = property(lambda self: self._is_last())
 
 
 class EvaluationLoop:
     """`trainer.validate_loop`, `trainer.test_loop` and `trainer.fit_loop.epoch_loop.val_loop`: the evaluation batches
-    completed (after each batch's on_*_batch_end), `batch_progress.current` in the run, `batch_progress.total` over
-    the Trainer's validate / test runs, or over the training epoch's validations for fit's (from each epoch's start
-    and after the sanity check, which counts its own), as Lightning's. In a fit resumed from a checkpoint, fit's
-    counts are a RuntimeError until they start again (Lightning's come from the file)."""
+    (`batch_progress.current` in the run, `.total` over the Trainer's validate / test runs, or over the training
+    epoch's validations for fit's, from each epoch's start and after the sanity check, which counts its own), as
+    Lightning's: `ready` from the batch's on_*_batch_start, `started` from its step, `processed` from its
+    on_*_batch_end, `completed` after it (TrainState.eval_batches: a checkpoint keeps them, as Lightning's)."""
 
     def __init__(self, trainer, key):
         self._trainer, self._key = trainer, key
-        self.batch_progress = Progress.__new__(Progress)
         # (bound methods, not lambdas: a Trainer holding its views pickles, e.g. to ddp_spawn's processes)
-        self.batch_progress.current = Completed(self._current)
-        self.batch_progress.total = Completed(self._total)
+        self.batch_progress = Progress(self._current, self._total)
 
     def _current(self):
-        return self._count(1)
+        return self._counts(1)
 
     def _total(self):
-        return self._count(0)
+        return self._counts(0)
 
-    def _count(self, which):
-        count = self._trainer._eval_completed[self._key][which]
-        if count is None:
-            raise RuntimeError(
-                "trainer.fit_loop.epoch_loop.val_loop.batch_progress: a fit resumed from a checkpoint counts its "
-                "validation batches from its first validation run (current) and its next epoch (total); Lightning's "
-                "counts before those come from the file, which tasktrain does not keep.")
-        return count
+    def _counts(self, which):
+        trainer = self._trainer
+        completed, phase = trainer.state.eval_batches[self._key][which], trainer._eval_phase[self._key]
+        return (completed + (phase is not None), completed + (phase in ("started", "processed")),
+                completed + (phase == "processed"), completed)
 
 
 class PredictionLoop:
@@ -159,12 +175,69 @@ class PredictionLoop:
         return [list(indices[:count]) for indices, count in zip(trainer.predict_batch_indices, started)]
 
 
+class Holder:
+    """A plain object holding Lightning's nested names (optim_progress.optimizer.step, ...)."""
+
+    def __init__(self, **parts):
+        self.__dict__.update(parts)
+
+
+class OptimizationProgress(Holder):
+    """Lightning's _OptimizationProgress: `optimizer.step`, `optimizer.zero_grad`, `optimizer_steps`."""
+
+    @property
+    def optimizer_steps(self):
+        return self.optimizer.step.total.completed
+
+
 class EpochLoop:
     """`trainer.fit_loop.epoch_loop`: Lightning's training epoch loop's step limits and counters."""
 
     def __init__(self, trainer):
         self._trainer = trainer
         self.val_loop = EvaluationLoop(trainer, "val")
+        self.batch_progress = BatchProgress(self._current_batches, self._total_batches, self._is_last_batch)
+        self.scheduler_progress = Progress(self._current_scheduler_steps, self._total_scheduler_steps,
+                                           ReadyCompletedTracker)
+        steps = Progress(self._current_steps, self._total_steps, ReadyCompletedTracker)
+        zero_grads = Progress(self._current_zero_grads, self._total_zero_grads, StartedTracker)
+        self.automatic_optimization = Holder(optim_progress=OptimizationProgress(
+            optimizer=Holder(step=steps, zero_grad=zero_grads)))
+        # (manual optimisation's steps: never reset by an epoch in Lightning, so current is total)
+        self.manual_optimization = Holder(optim_step_progress=Progress(
+            self._manual_steps, tracker=ReadyCompletedTracker))
+
+    # (bound methods, not lambdas: a Trainer holding its views pickles)
+    def _current_batches(self):
+        return _batch_counts(self._trainer, total=False)
+
+    def _total_batches(self):
+        return _batch_counts(self._trainer, total=True)
+
+    def _is_last_batch(self):
+        return self._trainer.state.is_last_batch
+
+    def _current_scheduler_steps(self):
+        state = self._trainer.state
+        return _ready_completed(state.scheduler_steps - state.epoch_scheduler_steps_from)
+
+    def _total_scheduler_steps(self):
+        return _ready_completed(self._trainer.state.scheduler_steps)
+
+    def _current_steps(self):
+        return _step_counts(self._trainer, self._trainer.state.epoch_steps_from, automatic=True)
+
+    def _total_steps(self):
+        return _step_counts(self._trainer, 0, automatic=True)
+
+    def _manual_steps(self):
+        return _step_counts(self._trainer, 0, automatic=False)
+
+    def _current_zero_grads(self):
+        return _zero_grad_counts(self._trainer, self._trainer.state.epoch_zero_grads_from)
+
+    def _total_zero_grads(self):
+        return _zero_grad_counts(self._trainer, 0)
 
     @property
     def max_steps(self):
@@ -193,20 +266,21 @@ class EpochLoop:
         count without it."""
         trainer = self._trainer
         fit = trainer._fit_state
-        if fit is not None and fit.restarting:
+        if trainer.state.batch_phase == "restored":
             raise RuntimeError(
-                "trainer.fit_loop.epoch_loop._batches_that_stepped in the first epoch of a resumed fit: Lightning's "
-                "counts the batch the checkpoint was saved in when its loop restarts, tasktrain when it saves; read "
+                "trainer.fit_loop.epoch_loop._batches_that_stepped in a fit resumed from a checkpoint saved in "
+                "on_train_batch_end, before its loop goes on: Lightning's counts the batch the checkpoint was saved in "
+                "once its loop restarts where it stepped, tasktrain when it saves; read "
                 "trainer.state.batches_that_stepped (the loggers' step).")
         return trainer.state.batches_that_stepped - int(fit is not None and fit.validates_counted_batch)
 
     @property
     def batch_idx(self):
-        return _batches_taken(self._trainer)[1] - 1
+        return self.batch_progress.current.ready - 1
 
     @property
     def total_batch_idx(self):
-        return _total_taken(self._trainer) - 1
+        return self.batch_progress.total.ready - 1
 
 
 class FitLoop:
@@ -286,35 +360,40 @@ def _epoch_counts(trainer):
     return epoch + 1, epoch + (phase != "start"), epoch + (phase == "end"), epoch
 
 
-def _batches_taken(trainer):
-    """(the epoch of the last batch taken, the batches taken in it): Lightning's batch_progress.current.ready."""
-    state, fit = trainer.state, trainer._fit_state
-    taken = state.batch_in_epoch + int(fit is not None and fit.in_batch)
-    epoch = state.epoch
-    if not taken and _phase(trainer) in (None, "start") and epoch > 0:
-        # between epochs (an epoch's start included) Lightning still counts the epoch before's batches: known when
-        # this fit trained that epoch whole (not ended by on_train_batch_start's -1)
-        whole = fit is not None and epoch > fit.first_epoch and not fit.ended_by_hook and fit.last_epoch_whole
-        epoch, taken = epoch - 1, trainer.num_training_batches if whole else None
-    if taken is None:
-        raise RuntimeError(
-            "trainer.fit_loop.batch_idx: before an epoch's first batch it is the last batch of the epoch before, "
-            "which tasktrain knows where this fit trained that epoch whole (not before the first batch of a used "
-            "Trainer's or a resumed fit, nor after fit).")
-    return epoch, taken
+# the counts the batch being trained has not reached yet, by how far it got (TrainState.batch_phase)
+_NOT_YET = {None: (0, 0, 0), "ready": (1, 1, 1), "started": (0, 1, 1), "processed": (0, 0, 1), "restored": (0, 0, 1)}
 
 
-def _total_taken(trainer):
-    """Lightning's batch_progress.total.ready, as epoch x batches per epoch + the batches taken in the epoch: exact
-    where every earlier epoch was trained whole by this fit from the first (the loop's own rule for
-    check_val_every_n_epoch=None)."""
-    epoch, taken = _batches_taken(trainer)
-    fit, length = trainer._fit_state, trainer.num_training_batches
-    if epoch == 0:
-        return taken
-    if fit is None or fit.first_epoch or fit.resumed or not fit.whole_epochs or length is None:
-        raise RuntimeError(
-            "trainer.fit_loop.total_batch_idx: tasktrain counts it as epoch x batches per epoch + the batch's index, "
-            "known during a fit that trains from epoch 0 on a loader with a length and no epoch ended early by "
-            "on_train_batch_start returning -1 (not in a used Trainer's or a resumed fit after its first epoch).")
-    return epoch * length + taken
+def _batch_counts(trainer, total):
+    """Lightning's training batch_progress (ready, started, processed, completed), from the TrainState's counters:
+    `total` over every epoch, fit and resume, `current` since the epoch's counts began (after its
+    on_train_epoch_start); a batch whose on_train_batch_start returned -1 is ready and processed, never started nor
+    completed (Lightning's)."""
+    state = trainer.state
+    ready = state.batches_taken - (0 if total else state.epoch_batches_from)
+    cut = state.batches_cut if total else int(state.epoch_cut)
+    started, processed, completed = _NOT_YET[state.batch_phase]
+    return ready, ready - cut - started, ready - processed, ready - cut - completed
+
+
+def _ready_completed(count, open_=False):
+    return count + open_, None, None, count
+
+
+def _step_counts(trainer, since, automatic):
+    """Lightning's optimizer step progress: `ready` from the module's optimizer_step on (manual optimisation: from
+    the LightningOptimizer's step), `completed` once it returned; global_step counts it inside (an optimizer_step
+    that reads it after optimizer.step() sees the step, as in Lightning), so the one in progress is taken off."""
+    module = trainer.module
+    if module is not None and bool(module.automatic_optimization) != automatic:  # (the other loop's: not counted)
+        return 0, None, None, 0
+    fit = trainer._fit_state
+    from_ = None if fit is None else fit.optimizer_step_from
+    completed = trainer.global_step if from_ is None else from_
+    return _ready_completed(completed - since, from_ is not None)
+
+
+def _zero_grad_counts(trainer, since):
+    fit, count = trainer._fit_state, trainer.state.zero_grads - since
+    phase = None if fit is None else fit.zero_grad_phase
+    return count, count - (phase == "ready"), None, count - (phase is not None)

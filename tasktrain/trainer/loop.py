@@ -112,17 +112,21 @@ def train_epoch(trainer, fit, epoch):
     start = state.batch_in_epoch
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         state.epoch_validated = False
-        fit.epoch_phase, fit.in_batch = "start", False
+        fit.epoch_phase, state.batch_phase = "start", None
         state.epoch_started = True  # (before the hook: a checkpoint saved in it holds it)
         trainer._call("on_train_epoch_start")
         fit.epoch_phase = "run"
-        trainer._eval_completed["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
+        # Lightning's epoch loop resets its batch counts (`current`) and is_last_batch after on_train_epoch_start
+        state.epoch_batches_from, state.epoch_cut = state.batches_taken, False
+        state.epoch_steps_from, state.epoch_zero_grads_from = state.global_step, state.zero_grads
+        state.epoch_scheduler_steps_from = state.scheduler_steps
+        state.eval_batches["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
         first_of_resumed = fit.resumed and epoch == fit.first_epoch
         draw_loader_seed(trainer._loader_data, epoch, at_iter=epoch > 0 and not first_of_resumed)
-    elif fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
+    if start and fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now
         step_plateau_schedulers(trainer, fit)
@@ -131,11 +135,20 @@ def train_epoch(trainer, fit, epoch):
     accumulate = trainer.accumulate_grad_batches if module.automatic_optimization else 1
     fit.loss_window, fit.loss_window_start = [], start
     fit.val_every = val_every_n_batches(trainer)
+    if start:  # a batch a checkpoint was saved in (its on_train_batch_end) completes when the loop goes on
+        if state.batch_phase == "restored" and val_this_epoch(trainer) and val_due_after(trainer, fit, start - 1):
+            # Lightning's restart does not run again the validation due after that batch, and counts its batches
+            # as run (its val_loop's increment_progress_to_evaluation_end); neither runs it here
+            counts = [n for n in trainer.num_val_batches if n != float("inf")]
+            if counts and trainer.limit_val_batches != 0:
+                state.eval_batches["val"] = [count + max(counts) for count in state.eval_batches["val"]]
+        state.batch_phase = None
     fit.ended_by_hook = False
     batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer.profiler), "training_step",
                               lambda: state.global_step, start, epoch == fit.first_epoch,
                               end_event="end of the training epoch")
-    state.is_last_batch = False
+    if start == 0:
+        state.is_last_batch = False
     for batch_idx, batch, window in windows(batches, accumulate, num_batches):
         state.is_last_batch = batch_idx == window.last and window.ends_epoch  # (trainer.is_last_batch)
         if not training_step(trainer, fit, batch, batch_idx, window):
@@ -164,7 +177,6 @@ def train_epoch(trainer, fit, epoch):
     epoch_values = metrics.reduce_epoch("train")
     if complete:
         state.epoch_finished = True
-    fit.last_epoch_whole = complete and not fit.ended_by_hook
     fit.epoch_phase = "end"
     # Lightning's order: the callbacks, the module, then EarlyStopping/ModelCheckpoint, which see the epoch's metrics
     # (what the module logged here included)
@@ -179,8 +191,8 @@ def train_epoch(trainer, fit, epoch):
     trainer._flush_epoch_metrics(epoch_values, last_step)
     if complete and module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
         # the metric-watching ones after the epoch-end hooks (Lightning's fit loop: they may watch a value logged in
-        # on_train_epoch_end); all of them when on_train_batch_start ended the epoch before its last batch
-        step_schedulers(trainer, fit, "epoch", plateau=None if fit.ended_by_hook else True)
+        # on_train_epoch_end); the others stepped at the epoch's last batch (or the one on_train_batch_start ended it at)
+        step_schedulers(trainer, fit, "epoch", plateau=True)
     stop_agreed(trainer, fit, at_interval=False)
 
 
@@ -204,7 +216,8 @@ def training_step(trainer, fit, batch, batch_idx, window):
     """One micro-batch (see the module's docstring); False when the epoch ends after it (a hook's -1, a stop
     request, max_steps)."""
     state, hooks, module = trainer.state, fit.all_hooks, fit.module
-    fit.in_batch = True
+    state.batches_taken += 1  # (Lightning's batch_progress: ready, then started / processed / completed below)
+    state.batch_phase = "ready"
     batch = fit.to_device(batch)
     fit.metrics.set_batch(batch)
     skip_rest = False
@@ -218,8 +231,16 @@ def training_step(trainer, fit, batch, batch_idx, window):
         response = fn(batch, batch_idx)
         skip_rest = skip_rest or (type(response) is int and response == -1)
     if skip_rest:  # Lightning's rule: the module's on_train_batch_start returned -1, the epoch ends here
-        fit.ended_by_hook, fit.whole_epochs = True, False
+        fit.ended_by_hook = True
+        state.batches_cut += 1  # (Lightning counts this batch processed, never started nor completed)
+        state.epoch_cut = state.is_last_batch = True
+        state.batch_phase = None
+        if module.automatic_optimization:  # Lightning's: this batch ends the epoch, so the schedulers that do not
+            # watch a metric step now, before on_train_epoch_end (no optimizer step was taken: Lightning's too)
+            step_schedulers(trainer, fit, "step", plateau=False, batch_idx=batch_idx)
+            step_schedulers(trainer, fit, "epoch", plateau=False)
         return False
+    state.batch_phase = "started"
     steps = batch_idx == window.last
     if batch is None:  # Lightning's: no training_step, no optimizer step; on_train_batch_end gets None
         batch_output = None
@@ -252,12 +273,16 @@ def training_step(trainer, fit, batch, batch_idx, window):
                 optimizer = fit.optimizer
                 if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
                     fit.window_backwards = 0
+                    state.zero_grads += 1  # (Lightning's optim_progress.optimizer.zero_grad)
+                    fit.zero_grad_phase = "ready"
                     for fn in hooks["on_before_zero_grad"]:
                         fn(optimizer)
+                    fit.zero_grad_phase = "started"
                     if fit.optimizer_zero_grad is None:
                         fit.zero_grad(optimizer)
                     else:
                         fit.optimizer_zero_grad(state.epoch, batch_idx, optimizer)
+                    fit.zero_grad_phase = None
                 if skipped:
                     return None
                 for fn in hooks["on_before_backward"]:
@@ -274,7 +299,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
             fit.stepped = False
             # the module's hook; its default optimizer.step(closure=closure) runs the closure, then
             # on_before_optimizer_step, the clipping and the strategy's step (loop.automatic_step)
+            fit.optimizer_step_from = state.global_step  # (Lightning's optimizer step: ready, completed after)
             fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)
+            fit.optimizer_step_from = None
             if not ran:
                 closure_not_run(module)
             # Lightning's: at every window's end, also where nothing stepped (GradScaler skipped it, every
@@ -287,24 +314,21 @@ def training_step(trainer, fit, batch, batch_idx, window):
     else:
         batch_output = manual_output(fit.training_step(batch, batch_idx))
     fit.epochs.advance(batch_idx)
-    fit.in_batch = False
+    state.batch_phase = "processed"
 
     state.stepping_batch = steps  # (a checkpoint saved from here to the count below counts this batch)
     if steps and trainer.should_update_logs:
         check_finite_loss(trainer, fit)
     for fn in hooks["on_train_batch_end"]:
         fn(batch_output, batch, batch_idx)
+    state.batch_phase = None  # (completed)
     # Lightning's order: the step metrics (what on_train_batch_end logged included), validation (after any batch, a
     # window's middle included), then the count
     if steps and (trainer.should_update_logs or trainer.fast_dev_run):  # (fast_dev_run: every step, Lightning's)
         trainer._flush_step_metrics()  # at state.batches_that_stepped
-    # (check_val_every_n_epoch=None: every val_check_interval batches of the whole run, Lightning's total_batch_idx)
-    by_epoch = trainer.check_val_every_n_epoch is not None  # (an epoch's last batch: the epoch-end validation)
-    count = batch_idx if by_epoch or not trainer._num_training_batches else \
-        trainer.state.epoch * trainer._num_training_batches + batch_idx
     last_of_epoch = batch_idx + 1 == trainer._num_training_batches
     validated = True
-    if fit.val_every and (count + 1) % fit.val_every == 0 and (not by_epoch or not last_of_epoch):
+    if val_due_after(trainer, fit, batch_idx):
         run_validation(trainer, zero_grad=steps)
     elif trainer._val_check_time_interval is not None and val_time_is_up(trainer, fit, batch_idx):
         run_validation(trainer, zero_grad=steps)
@@ -560,6 +584,18 @@ def val_every_n_batches(trainer):
     return int(interval)
 
 
+def val_due_after(trainer, fit, batch_idx):
+    """A validation of val_check_interval batches is due after batch `batch_idx` (not the epoch's last: the epoch-end
+    validation). check_val_every_n_epoch=None: every val_check_interval batches of the whole run, counted over
+    epochs, fits and resumes as Lightning's total_batch_idx (TrainState.batches_taken): an epoch's length need not
+    be a multiple of the interval."""
+    if not fit.val_every:
+        return False
+    if trainer.check_val_every_n_epoch is None:
+        return trainer.state.batches_taken % fit.val_every == 0
+    return (batch_idx + 1) % fit.val_every == 0 and batch_idx + 1 != trainer._num_training_batches
+
+
 def val_time_is_up(trainer, fit, batch_idx):
     """val_check_interval as a time (Lightning's): validate after a batch once that long has passed since training
     started or the last validation ended, in the epochs check_val_every_n_epoch names. Rank 0's clock decides for
@@ -650,6 +686,7 @@ def step_schedulers(trainer, fit, interval, plateau=None, values=None, batch_idx
             continue
         if config.monitor is None:
             step_scheduler(config.scheduler, None)
+            trainer.state.scheduler_steps += 1  # (Lightning's scheduler_progress)
             continue
         value = (trainer.callback_metrics if values is None else values).get(config.monitor)
         if value is None:
@@ -667,6 +704,7 @@ def step_schedulers(trainer, fit, interval, plateau=None, values=None, batch_idx
                 f"dict (the scheduler {type(config.scheduler).__name__}: log it with self.log({config.monitor!r}, "
                 "...) or change 'monitor')")
         step_scheduler(config.scheduler, float(value))
+        trainer.state.scheduler_steps += 1
 
 
 def step_scheduler(scheduler, metric):

@@ -286,8 +286,10 @@ def manual_step(trainer, optimizer, closure, kwargs):
         for clipper in clippers:
             clipper.clip(trainer, trainer.module, torch_optimizer)
 
-    strategy = trainer.strategy
+    strategy, fit = trainer.strategy, trainer._fit_state
     strategy.precision.last_step_output = None
+    if fit is not None:  # (Lightning's optim_step_progress: ready from here, completed once counted)
+        fit.optimizer_step_from = trainer.state.global_step
     if strategy.steps_with_closure():
         def wrapped():
             out = closure()
@@ -303,4 +305,6 @@ def manual_step(trainer, optimizer, closure, kwargs):
         strategy.optimizer_step(torch_optimizer, **kwargs)
         output = strategy.precision.last_step_output
     trainer.state.global_step += 1
+    if fit is not None:
+        fit.optimizer_step_from = None
     return output

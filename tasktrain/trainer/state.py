@@ -1,10 +1,10 @@
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
-# Lightning's TrainerState fields: where the Trainer is now, not where training is; not saved in checkpoints
-_RUN_ONLY = ("status", "fn", "stage", "stepping_batch", "is_last_batch")
+# where the Trainer is now, not where training is (Lightning's TrainerState fields): not saved in checkpoints
+_RUN_ONLY = ("status", "fn", "stage", "stepping_batch")
 
 
 @dataclass
@@ -32,10 +32,36 @@ class TrainState:
     # epoch's first batch, is Lightning's restart on the epoch's start, which runs no sanity check
     epoch_started: bool = False
     stepping_batch: bool = False  # a batch that stepped is being finished: not yet in batches_that_stepped
+    # Lightning's training batch_progress (read through trainer.fit_loop.epoch_loop, lightning_loops.py), kept over
+    # epochs, fits and resumes as Lightning's `total`: the batches taken (from before their on_train_batch_start on),
+    # those of them whose on_train_batch_start returned -1 (Lightning never counts those started nor completed), the
+    # count where the epoch's own (`current`) began (after its on_train_epoch_start: until then `current` is the
+    # epoch before's) and whether -1 ended that epoch
+    batches_taken: int = 0
+    batches_cut: int = 0
+    epoch_batches_from: int = 0
+    epoch_cut: bool = False
+    # how far the batch being trained got: "ready" (taken: its on_train_batch_start), "started" (training_step,
+    # backward, step), "processed" (its on_train_batch_end), None once completed. Saved: a checkpoint written in
+    # on_train_batch_end holds its batch not completed until the resumed loop goes on ("restored": Lightning's restart)
+    batch_phase: Optional[str] = None
+    # the same for Lightning's optim_progress and scheduler_progress: zero_grad calls and lr scheduler steps over the
+    # run, and where the epoch's own counts began (optimizer steps are global_step)
+    zero_grads: int = 0
+    scheduler_steps: int = 0
+    epoch_steps_from: int = 0
+    epoch_zero_grads_from: int = 0
+    epoch_scheduler_steps_from: int = 0
+    # evaluation batches completed (Lightning's batch_progress of fit's val_loop, validate_loop and test_loop, which
+    # its checkpoints keep too): {loop: [total, in its last run]}; fit's total counts the training epoch's (from
+    # after its on_train_epoch_start, and after the sanity check, which counts its own)
+    eval_batches: dict = field(default_factory=lambda: {"val": [0, 0], "validate": [0, 0], "test": [0, 0]})
     status: TrainerStatus = TrainerStatus.INITIALIZING
     fn: Optional[TrainerFn] = None  # the entry point: "fit", "validate", "test", "predict"
     stage: Optional[RunningStage] = None  # the loop running now: "train", "sanity_check", "validate", ...
-    is_last_batch: bool = False  # the training batch being run is its epoch's last (Lightning's trainer.is_last_batch)
+    # the training batch being run is its epoch's last (Lightning's trainer.is_last_batch); kept until the next epoch's
+    # first batch, and saved: a fit resumed from an epoch's end reads True until then, as Lightning's
+    is_last_batch: bool = False
 
     @property
     def finished(self) -> bool:
@@ -75,6 +101,11 @@ class TrainState:
         for key, value in state.items():
             if hasattr(self, key) and key not in _RUN_ONLY:  # (older checkpoints carry stage="fit": not a stage)
                 setattr(self, key, value)
+        if "batches_taken" not in state:  # a checkpoint from before the batch counters: the epoch's batches only
+            self.batches_taken = int(state.get("batch_in_epoch", 0))
         if "batches_that_stepped" not in state:  # a checkpoint from before the counter: one optimizer's steps
             self.batches_that_stepped = int(self.global_step)  # (Lightning's migration of such checkpoints)
         self.stepping_batch = False
+        # a batch saved in its on_train_batch_end is "restored": processed, not completed until the loop goes on;
+        # (Lightning restarts a batch saved before its end from its start)
+        self.batch_phase = "restored" if self.batch_phase == "processed" else None

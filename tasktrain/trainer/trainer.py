@@ -151,7 +151,7 @@ class Trainer:
         self._said_once = set()  # messages Lightning's loops say once per Trainer (their warning caches)
         # evaluation batches completed, [total, in the run] (lightning_loops.py): fit's validations (the total from
         # each training epoch's start, as Lightning's val_loop), validate's and test's (over the Trainer's runs)
-        self._eval_completed = {"val": [0, 0], "validate": [0, 0], "test": [0, 0]}
+        self._eval_phase = {"val": None, "validate": None, "test": None}  # (the batch being evaluated: evaluation.py)
         # The batch counts of each loop (Lightning's num_*_batches): one per loader (None: no length), set when the
         # loop's loaders are, kept after its run until they are set again (Lightning's loops keep theirs). The
         # properties below read them in Lightning's form (inf for no length).
@@ -671,7 +671,6 @@ class Trainer:
             loaded = resume.restore_module_and_callbacks(self, ckpt_path)
         if loaded is not None:
             resume.restore_training_state(self, loaded)
-            self._eval_completed["val"] = [None, None]  # (Lightning's come from the file: not kept here)
         fit.restarting = resume.skips_sanity_check(self, loaded)  # (Lightning's fit_loop.restarting)
         finished = loaded is not None and guards.finished_run(self, loaded.path)  # issue 38: says so
         module.zero_grad()  # Lightning clears the gradients when each entry point starts
@@ -742,7 +741,7 @@ class Trainer:
                 evaluation.evaluate(self, "validate", self._val_loader, self._counts["sanity"])
             self._call("on_sanity_check_end")
         self.state.stage = outer_stage  # (training again, Lightning's)
-        self._eval_completed["val"] = [0, 0]  # (Lightning resets its validation progress after the sanity check)
+        self.state.eval_batches["val"] = [0, 0]  # (Lightning resets its validation progress after the sanity check)
         self._metrics.callback_metrics.clear()
         self._metrics.epoch_values.clear()
         self._metrics.eval_bar_values.clear()  # (Lightning resets its metrics after the sanity check: these too)
