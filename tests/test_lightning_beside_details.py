@@ -125,3 +125,29 @@ def test_an_hparams_file_is_read_as_plain_yaml_only(tmp_path):
     hostile.write_text("x: !!python/object/new:os.system [echo pwned]\ny: !!python/name:os.system\n")
     with pytest.raises(ValueError, match="hostile.yaml is not an hparams file"):
         saving.load_hparams_from_yaml(hostile, use_omegaconf=False)
+
+
+@pytest.mark.parametrize("interval, every", [(3, 2), (0.5, 2), (4, None)])
+def test_mid_epoch_validation_only_in_the_epochs_check_val_every_n_epoch_names(interval, every):
+    """val_check_interval validates inside an epoch only where check_val_every_n_epoch says (Lightning's
+    _should_check_val_fx); None counts the interval over the whole run."""
+    from torch.utils.data import DataLoader
+
+    seen = {}
+    for key, (lib, classes, _) in LIBS.items():
+        validated = []
+
+        class Model(classes.BoringModel):
+            def validation_step(self, batch, batch_idx):
+                if batch_idx == 0:
+                    validated.append((self.current_epoch, self.global_step))
+                return super().validation_step(batch, batch_idx)
+
+        data = classes.RandomDataset(32, 20)
+        trainer = lib.Trainer(max_epochs=4, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                              enable_model_summary=False, num_sanity_val_steps=0, val_check_interval=interval,
+                              check_val_every_n_epoch=every)
+        trainer.fit(Model(), DataLoader(data, batch_size=2), DataLoader(data, batch_size=10))
+        seen[key] = validated
+    assert seen["tasktrain"] == seen["lightning"]
+    assert len(seen["tasktrain"]) == {3: 6, 0.5: 4, 4: 10}[interval]

@@ -588,8 +588,8 @@ def val_due_after(trainer, fit, batch_idx):
     """A validation of val_check_interval batches is due after batch `batch_idx` (not the epoch's last: the epoch-end
     validation). check_val_every_n_epoch=None: every val_check_interval batches of the whole run, counted over
     epochs, fits and resumes as Lightning's total_batch_idx (TrainState.batches_taken): an epoch's length need not
-    be a multiple of the interval."""
-    if not fit.val_every:
+    be a multiple of the interval. Only in the epochs check_val_every_n_epoch names, as Lightning's."""
+    if not fit.val_every or not val_this_epoch(trainer):  # (check_val_every_n_epoch skips the epoch's middle too)
         return False
     if trainer.check_val_every_n_epoch is None:
         return trainer.state.batches_taken % fit.val_every == 0
