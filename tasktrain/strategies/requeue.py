@@ -9,7 +9,7 @@ a higher-priority job pre-empts it). On that signal, inside a SLURM job:
 3. SLURM starts the job again (same job id, SLURM_RESTART_COUNT > 0): the run finds the record of its own job and
    resumes from it, with no ckpt_path; a resumed run equals an uninterrupted one bitwise.
 
-SIGTERM keeps its meaning (save and stop with exit code 1, no requeue). Settings, read from the environment so that the
+SIGTERM keeps Lightning's meaning (SIGTERMException, on_exception hooks, exit status 0, no requeue). Settings, read from the environment so that the
 Trainer, the Accelerator and `tasktrain launch` (which passes its environment to the workers) share them:
 
     TASKTRAIN_SLURM_REQUEUE=0        off: the signal is left to its default action (SIGUSR1 ends the process)
@@ -64,9 +64,9 @@ def job_id(env=None):
 
 
 class RequeueHandler:
-    """The requeue signal's handler for one run: `on_signal()` is called when it arrives (the run stops as on
-    SIGTERM); `requested` says it came. Installs nothing outside a SLURM job, with requeueing off, or off the main
-    thread."""
+    """The requeue signal's handler for one run: `on_signal()` is called when it arrives (the run stops as on a
+    stop request); `requested` says it came. Installs nothing outside a SLURM job, with requeueing off, or off the
+    main thread."""
 
     def __init__(self, on_signal, settings=None):
         self.requested = False
