@@ -169,8 +169,11 @@ def sigterm_in_evaluation(trainer):
     """SIGTERM seen after an evaluation batch (issue 37): Lightning raises SIGTERMException here, on the rank that got
     it; so does tasktrain, except in a fit's validation (not its sanity check) on several processes: there the
     training loop raises it at the ranks' next agreement point, every rank together (loop.sigterm_due), so that an
-    on_exception save finds all of them."""
-    if trainer._fit_state is None or trainer.sanity_checking or trainer.world_size == 1:
+    on_exception save finds all of them. Nor while a fit answers SLURM's requeue signal: the requeue ends it."""
+    fit = trainer._fit_state
+    if fit is not None and fit.preempted:
+        return
+    if fit is None or trainer.sanity_checking or trainer.world_size == 1:
         raise SIGTERMException
 
 
