@@ -3,7 +3,7 @@ distributed strategy's training sampler shuffles even a sequential loader (Light
 True, seed=PL_GLOBAL_SEED or 0)), except with overfit_batches; one torchrun launch of 2 processes runs the same fits
 under both and compares each rank's batches over 2 epochs and the weights after; a fit resumed mid-epoch continues
 that order exactly. In the same launch, SIGTERM to both ranks at the same batch (issue 37): the same hooks and the same
-SIGTERMException after that batch under both."""
+SIGTERMException after that batch under both, and ModelCheckpoint(save_on_exception=True)'s file."""
 import json
 import os
 
@@ -27,10 +27,11 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
                                                [os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])})
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
-    for seen in ranks:  # SIGTERM to both ranks after batch 2: both raise after that batch, no on_train_end
+    for seen in ranks:  # SIGTERM to both ranks at batch 2: both raise after that batch (no on_train_end) and save
         assert seen["sigterm"]["tasktrain"] == seen["sigterm"]["lightning"] == [
             ["on_train_batch_end", 0, False], ["on_train_batch_end", 1, False], ["on_train_batch_end", 2, False],
-            ["on_exception", "SIGTERMException", 3, True], "SIGTERMException", ["after", True, True]]
+            ["on_exception", "SIGTERMException", 3, True], "SIGTERMException",
+            ["after", True, True, ["epoch=0-step=3.ckpt"]]]
     for seen in ranks:
         # a fit resumed from its step-3 checkpoint (the middle of epoch 0) continues the shuffled order exactly
         whole, resumed = seen["resume"]["whole"], seen["resume"]["resumed"]

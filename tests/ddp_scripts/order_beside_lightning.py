@@ -3,7 +3,7 @@ sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrai
 and without seed_everything and with overfit_batches, then tasktrain's fit resumed from the middle of an epoch; each rank writes
 OUT/rank{R}.json with, per fit, the sample indices of every batch it trained on ((epoch, batch_idx) order) and the
 weights after. Last, under both, a fit whose every rank gets SIGTERM at the same batch (as torchrun and SLURM signal
-every process; issue 37): the hooks it saw and how the fit ended.
+every process; issue 37): the hooks it saw, how the fit ended, and what ModelCheckpoint(save_on_exception=True) saved.
 
     torchrun --standalone --nproc_per_node 2 order_beside_lightning.py OUT
 """
@@ -62,7 +62,7 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None):
     return {"batches": rows, "weights": weights}
 
 
-def sigterm_fit(lib, base, sigterm_exception):
+def sigterm_fit(lib, base, sigterm_exception, folder):
     """SIGTERM to this rank at batch 2 of epoch 0 (every rank alike): what each hook saw, and how the fit ended."""
     seen = []
 
@@ -90,15 +90,16 @@ def sigterm_fit(lib, base, sigterm_exception):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    saver = lib.callbacks.ModelCheckpoint(dirpath=folder, save_on_exception=True)  # (every rank reaches its save)
     trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, log_every_n_steps=1,
-                          callbacks=[Term()], enable_checkpointing=False, enable_progress_bar=False,
-                          enable_model_summary=False)
+                          callbacks=[Term(), saver], enable_progress_bar=False, enable_model_summary=False)
     try:
         trainer.fit(Module(), DataLoader(data(), batch_size=2, shuffle=False))
         seen.append("returned")
     except sigterm_exception:
         seen.append("SIGTERMException")
-    seen.append(["after", trainer.received_sigterm, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL])
+    seen.append(["after", trainer.received_sigterm, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                 sorted(os.listdir(folder))])
     del trainer
     return seen
 
@@ -121,8 +122,8 @@ def main(out):
 
     from tasktrain.utilities.exceptions import SIGTERMException as Ours
 
-    seen["sigterm"] = {"lightning": sigterm_fit(L, L.LightningModule, Theirs),
-                       "tasktrain": sigterm_fit(tasktrain, tasktrain.TaskModule, Ours)}
+    seen["sigterm"] = {"lightning": sigterm_fit(L, L.LightningModule, Theirs, os.path.join(out, "sigterm-lightning")),
+                       "tasktrain": sigterm_fit(tasktrain, tasktrain.TaskModule, Ours, os.path.join(out, "sigterm-tasktrain"))}
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
