@@ -505,7 +505,7 @@ def stop_agreed(trainer, fit, at_interval):
         local = agree_on_stop_flags(trainer, fit)
     if fit.preempted:
         trainer.should_stop = True
-        save_preemption_checkpoint(trainer, fit, "requeue signal")
+        save_preemption_checkpoint(trainer, fit)
     return local
 
 
@@ -535,7 +535,7 @@ def stop_on_sigterm(trainer, fit):
     raise SIGTERMException
 
 
-def save_preemption_checkpoint(trainer, fit, reason):
+def save_preemption_checkpoint(trainer, fit):
     """After SLURM's requeue signal, once per fit: preempted-epoch=E-step=S.ckpt beside the ModelCheckpoint's files
     (without one: under the log folder), the checkpoint the requeued job resumes from (issue 40)."""
     if fit.preempt_path:
@@ -547,8 +547,8 @@ def save_preemption_checkpoint(trainer, fit, reason):
     trainer.save_checkpoint(path, weights_only=False)
     fit.preempt_path = path
     if trainer.is_global_zero:
-        print(f"[tasktrain] {reason}: finished step {trainer.global_step}, saved {path}; resume with "
-              "trainer.fit(module, ..., ckpt_path='last')", file=sys.stderr, flush=True)
+        print(f"[tasktrain] requeue signal: finished step {trainer.global_step}, saved {path}", file=sys.stderr,
+              flush=True)
 
 
 # -- validation inside fit -----------------------------------------------------------------------------------------
