@@ -60,13 +60,14 @@ def test_sigterm_in_every_stage_as_lightning(tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("signals", [("SIGUSR1",), ("SIGUSR1", "SIGTERM")])
+@pytest.mark.parametrize("signals", [("SIGUSR1",), ("SIGUSR1", "SIGTERM"), ("users SIGUSR1",)])
 def test_slurms_requeue_signal_keeps_its_path_beside_sigterm(tmp_path, monkeypatch, signals):
     """Inside a SLURM job with SLURMEnvironment(auto_requeue=True, requeue_signal=SIGUSR1) (scontrol: a stand-in that
     notes its arguments), the requeue signal saves, requeues and ends the fit with exit status 0, also when SIGTERM
-    comes with it (SLURM's own order at a time limit): SIGTERM does not turn the requeue into a SIGTERMException.
-    The script's SIGUSR1 handler is given back; SIGTERM stays ignored after the requeue (issue 40: SLURM ends the
-    requeued job with it, the process is on its way out). (On a real cluster: tests/test_slurm.py.)"""
+    comes with it (SLURM's own order at a time limit): SIGTERM does not turn the requeue into a SIGTERMException, and
+    the script's SIGTERM handler is called too. SIGTERM stays ignored after the requeue (issue 40: SLURM ends the
+    requeued job with it). A script with a SIGUSR1 handler of its own keeps it and nothing is requeued (Lightning's
+    rule). (On a real cluster: tests/test_slurm.py.)"""
     import signal
 
     import tasktrain
@@ -84,32 +85,45 @@ def test_slurms_requeue_signal_keeps_its_path_beside_sigterm(tmp_path, monkeypat
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
     monkeypatch.setenv("SLURM_NTASKS", "1")
+    users_own = signals == ("users SIGUSR1",)
 
     class Signal(tasktrain.Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             if batch_idx == 1:
                 for name in signals:
-                    os.kill(os.getpid(), getattr(signal, name))
+                    os.kill(os.getpid(), getattr(signal, name.split()[-1]))
 
     calls = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: calls.append(signum))
-                for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    previous_in_run = {sig: signal.getsignal(sig) for sig in previous}
+
+    def users_handler(signum, frame):
+        calls.append(signum)
+
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, users_handler),
+                signal.SIGUSR1: signal.signal(signal.SIGUSR1, users_handler if users_own else signal.SIG_DFL)}
     try:
         trainer = tasktrain.Trainer(max_epochs=1, limit_train_batches=6, limit_val_batches=0, log_every_n_steps=1,
                                     logger=False, enable_progress_bar=False, enable_model_summary=False,
                                     default_root_dir=str(tmp_path / "run"), callbacks=[Signal()],
                                     plugins=[SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1)])
-        with pytest.raises(SystemExit) as stop:
-            trainer.fit(BoringModel(), DataLoader(RandomDataset(32, 64), batch_size=2))
+        module, data = BoringModel(), DataLoader(RandomDataset(32, 64), batch_size=2)
+        if users_own:
+            trainer.fit(module, data)
+        else:
+            with pytest.raises(SystemExit) as stop:
+                trainer.fit(module, data)
         handlers_back = [signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if users_own:  # its handler ran, the fit went on to its end; nothing saved or requeued
+        assert calls == [signal.SIGUSR1] and trainer.global_step == 6 and not trainer.received_sigterm
+        assert handlers_back == [users_handler, users_handler] and not (tmp_path / "scontrol.txt").exists()
+        assert not (tmp_path / "run" / ".slurm-requeue").exists()
+        return
     assert type(stop.value) is SystemExit and stop.value.code == 0  # requeued: not a SIGTERMException
     assert (tmp_path / "scontrol.txt").read_text().split() == ["requeue", "4242"]
     assert os.listdir(tmp_path / "run" / "checkpoints") == ["preempted-epoch=0-step=2.ckpt"]
     assert os.listdir(tmp_path / "run" / ".slurm-requeue") == ["4242.json"]
     assert trainer.received_sigterm is ("SIGTERM" in signals) and trainer.global_step == 2
-    assert handlers_back[0] is signal.SIG_IGN and handlers_back[1] is previous_in_run[signal.SIGUSR1]
-    assert calls == ([signal.SIGTERM] if "SIGTERM" in signals else [])  # the script's SIGTERM handler was called too
+    assert handlers_back == [signal.SIG_IGN, signal.SIG_DFL]
+    assert calls == ([signal.SIGTERM] if "SIGTERM" in signals else [])

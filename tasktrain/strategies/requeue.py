@@ -66,13 +66,17 @@ def job_id(env=None):
 class RequeueHandler:
     """The requeue signal's handler for one run: `on_signal()` is called when it arrives (the run stops as on a
     stop request); `requested` says it came. Installs nothing outside a SLURM job, with requeueing off, or off the
-    main thread."""
+    main thread; nor where the script has a handler of its own for that signal (Lightning's rule: its SLURM handler
+    is registered only on a signal nobody handles; SIG_IGN, which `tasktrain launch` leaves its workers, is none)."""
 
     def __init__(self, on_signal, settings=None):
         self.requested = False
         self._previous = None
         self.signal = requeue_signal(settings=settings)
         if self.signal is None or threading.current_thread() is not threading.main_thread():
+            return
+        if callable(signal.getsignal(self.signal)):
+            self.signal = None  # (the same script on every rank: all leave it, agreed() asks none)
             return
 
         def handle(signum, frame):
