@@ -122,3 +122,57 @@ def test_a_custom_sampler_inside_a_batch_sampler_is_kept_with_the_warning():
     with pytest.warns(UserWarning, match="cannot shard it"):
         kept = prepare_train_data(given, world_size=2, rank=0, seed=0)
     assert kept.loader is given and [b[0].tolist() for b in kept.loader] == [[7, 6, 5, 4], [3, 2, 1, 0]]
+
+
+def test_the_trainers_rule_for_a_users_order_under_a_distributed_strategy():
+    """lightning=True (the Trainer's): a custom batch sampler is built again around DistributedSampler(dataset,
+    shuffle=True, seed) (its own sampler discarded, as Lightning's), one it cannot build is Lightning's TypeError, a
+    sampler without a length too; a plain BatchSampler(custom sampler) reads DistributedSampler(dataset)'s order in its
+    batches (Lightning would lose the batching there: batch_size=None)."""
+    from torch.utils.data import BatchSampler
+
+    class Mine(BatchSampler):
+        pass
+
+    class NoSize:  # a batch sampler that is not torch's: no batch_size/drop_last to build it again with
+        def __init__(self, batches):
+            self.batches = batches
+
+        def __iter__(self):
+            return iter(self.batches)
+
+        def __len__(self):
+            return len(self.batches)
+
+    class Endless(torch.utils.data.Sampler):
+        def __iter__(self):
+            return iter(range(8))
+
+    data = dataset(8)
+    for rank in (0, 1):
+        expected = list(DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=5))
+        backwards = list(reversed(range(8)))
+        for batch_sampler in (Mine(backwards, 2, False), BatchSampler(backwards, 2, False)):
+            made = prepare_train_data(DataLoader(data, batch_sampler=batch_sampler), 2, rank, 5, shuffle=True,
+                                      keeps_sampler=False, lightning=True)
+            assert type(made.loader.batch_sampler) is type(batch_sampler)
+            assert [b[0].tolist() for b in made.loader] == [expected[:2], expected[2:]]
+    with pytest.raises(TypeError, match="can't inject a \\(distributed\\) sampler into your batch sampler"):
+        prepare_train_data(DataLoader(data, batch_sampler=NoSize([[0, 1]])), 2, 0, 5, shuffle=True,
+                           keeps_sampler=False, lightning=True)
+    with pytest.raises(TypeError, match="does not provide `__len__`"):
+        prepare_train_data(DataLoader(data, batch_size=2, sampler=Endless()), 2, 0, 5, shuffle=True,
+                           keeps_sampler=False, lightning=True)
+    # one process: the loader is the user's, untouched
+    given = DataLoader(data, batch_sampler=NoSize([[0, 1]]))
+    assert prepare_train_data(given, 1, 0, 5, keeps_sampler=True, lightning=True).loader is given
+
+
+def test_a_predict_loader_drops_no_last_batch():
+    """Lightning builds every predict loader's batch sampler again with drop_last=False (on one process too)."""
+    from tasktrain.trainer.data import prepare_eval_loader
+
+    data = dataset(5)
+    for world, rank in ((1, 0), (2, 1)):
+        made = prepare_eval_loader(DataLoader(data, batch_size=2, drop_last=True), world, rank, "predict")
+        assert [i for b in made for i in b[0].tolist()] == list(range(rank, 5, world))

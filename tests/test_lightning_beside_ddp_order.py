@@ -2,7 +2,11 @@
 distributed strategy's training sampler shuffles even a sequential loader (Lightning's DistributedSampler(shuffle=
 True, seed=PL_GLOBAL_SEED or 0)), except with overfit_batches; one torchrun launch of 2 processes runs the same fits
 under both and compares each rank's batches over 2 epochs and the weights after; a fit resumed mid-epoch continues
-that order exactly. In the same launch, SIGTERM to both ranks at the same batch (issue 37): the same hooks and the same
+that order exactly. The same launch runs loaders of the user's own order (a custom sampler with set_epoch, a custom
+batch sampler, RandomSampler(replacement=True, num_samples)) for training, validation and prediction: each rank's
+indices, the weights and the set_epoch calls the user's samplers got are Lightning's (DistributedSamplerWrapper,
+DistributedSampler over the dataset, UnrepeatedDistributedSamplerWrapper); tests/test_lightning_beside_samplers.py
+has the one-process cases. Last, SIGTERM to both ranks at the same batch (issue 37): the same hooks and the same
 SIGTERMException after that batch under both, and ModelCheckpoint(save_on_exception=True)'s file."""
 import json
 import os
@@ -37,11 +41,18 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         whole, resumed = seen["resume"]["whole"], seen["resume"]["resumed"]
         assert whole["batches"] == seen["tasktrain"]["no seed"]["batches"]
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
-        assert seen["tasktrain"].keys() == seen["lightning"].keys() == {"no seed", "seed 7", "overfit"}
+        assert seen["tasktrain"].keys() == seen["lightning"].keys() == {
+            "no seed", "seed 7", "overfit", "custom sampler", "custom batch sampler", "replacement"}
         for case, mine in seen["tasktrain"].items():
             theirs = seen["lightning"][case]
-            assert mine["batches"] == theirs["batches"], case
-            assert mine["weights"] == theirs["weights"], case
+            assert mine.keys() == theirs.keys(), case
+            for key in mine:  # batches, weights; val, predict, set_epoch for the loaders of the user's order
+                assert mine[key] == theirs[key], (case, key)
+        # the custom sampler's fit resumed from step 3 reads and drops 3 batches: the rest of the epoch exactly
+        whole, resumed = seen["resume custom"]["whole"], seen["resume custom"]["resumed"]
+        assert whole["batches"] == seen["tasktrain"]["custom sampler"]["batches"]
+        assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
+        assert resumed["set_epoch"]["train"] == [0, 1]
     # what Lightning reads is torch's DistributedSampler(shuffle=True, seed): the seed's permutation per epoch,
     # sharded rank::2, in batches of 2 (22 samples: 11 a rank, 6 batches); overfit_batches: in order, 2 batches
     for rank, seen in enumerate(ranks):
@@ -55,6 +66,20 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
             assert seen["tasktrain"][case]["batches"] == expected, case
         assert seen["tasktrain"]["overfit"]["batches"] == [[e, b, [4 * b + rank, 4 * b + 2 + rank]]
                                                           for e in (0, 1) for b in (0, 1)]
+    # the user's orders are sharded: the ranks read disjoint parts of each epoch, together all of it (22 samples of
+    # the sampler's permutation; the custom batch sampler's DistributedSampler; the replacing sampler's dataset),
+    # and the user's sampler got set_epoch(epoch) once an epoch (the batch sampler's was replaced: never)
+    for case in ("custom sampler", "custom batch sampler", "replacement"):
+        for epoch in (0, 1):
+            parts = [[i for e, _, batch in seen["tasktrain"][case]["batches"] if e == epoch for i in batch]
+                     for seen in ranks]
+            assert not set(parts[0]) & set(parts[1]) and sorted(parts[0] + parts[1]) == list(range(22)), case
+    assert ranks[0]["tasktrain"]["custom sampler"]["set_epoch"]["train"] == [0, 1]
+    assert ranks[0]["tasktrain"]["custom batch sampler"]["set_epoch"]["train"] == []
+    # prediction: each of the sampler's 7 samples once over the ranks, unpadded (4 and 3)
+    predicted = [[i for _, batch in seen["tasktrain"]["custom sampler"]["predict"] for i in batch] for seen in ranks]
+    assert sorted(predicted[0] + predicted[1]) == sorted(set(predicted[0] + predicted[1])) and len(predicted[0]) == 4
+    assert len(predicted[0] + predicted[1]) == 7
     # the two seeds read different orders; both ranks end on the same weights
     assert ranks[0]["tasktrain"]["no seed"]["batches"] != ranks[0]["tasktrain"]["seed 7"]["batches"]
     for case in ("no seed", "seed 7", "overfit"):

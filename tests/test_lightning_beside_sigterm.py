@@ -26,7 +26,8 @@ def test_sigterm_in_every_stage_as_lightning(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, SCRIPT, "tasktrain", str(tmp_path / "uncaught")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # (meanwhile, the cases)
-    mine, theirs = run_cases("tasktrain", str(tmp_path / "tasktrain")), run_cases("lightning", str(tmp_path / "lightning"))
+    mine = run_cases("tasktrain", str(tmp_path / "tasktrain"))
+    theirs = run_cases("lightning", str(tmp_path / "lightning"))
     output = proc.communicate(timeout=100)[0]
     # the uncaught SIGTERMException ends the script silently with status 0, after ModelCheckpoint(save_on_exception=
     # True) saved; Lightning's is a SystemExit without a code too (its exc.code, None, is in the records compared)

@@ -1,8 +1,20 @@
 """Data: each rank gets its own shard, the order is a function of (seed, epoch), and a resume skips ahead.
 
 The Trainer rebuilds a plain DataLoader whose sampler is a RandomSampler or SequentialSampler around our
-ResumableSampler, so a resumed epoch skips the samples already seen without loading them. A user's own sampler or
-batch sampler is left alone. A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
+ResumableSampler, so a resumed epoch skips the samples already seen without loading them. A loader of the user's own
+order (a sampler or batch sampler of theirs, a RandomSampler with replacement or num_samples) is taken as Lightning's
+Trainer takes it (issue 37, `_lightning_train_data`, `prepare_eval_loader`): set_epoch(epoch) reaches its sampler and
+its batch sampler's sampler at each epoch's start (`loader_samplers`); on one process (or use_distributed_sampler=
+False) it is otherwise left alone; under a distributed strategy its `sampler`, unless a DistributedSampler, is
+replaced: a Random/Sequential one by DistributedSampler(dataset, shuffle=True, seed) (a ResumableSampler), any other by
+DistributedSamplerWrapper (the positions of what the user's sampler yields, shuffled by (seed, epoch) and sharded),
+a custom batch sampler built again around the replacement; evaluation loaders alike (shuffle where the sampler is a
+RandomSampler), predict loaders unpadded (PredictShardSampler) and without drop_last. Such a loader resumes mid-epoch
+by reading and dropping the batches trained on (its order repeats: the wrapper's is a function of (seed, epoch) and
+the user's set_epoch), except over a ResumableSampler with a batch size, which skips ahead. The Accelerator's loaders
+keep Accelerate's rules (no set_epoch of a user's sampler, nothing wrapped).
+
+A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
 ShardedStream (the global position resumes it); over data of its own order its state is what resumes
 (StatefulLoaderData: saved per rank, continued on the same number of processes).
 
@@ -146,12 +158,14 @@ class EvalShardSampler(Sampler):
 
 
 class PredictShardSampler(Sampler):
-    """A shuffling predict loader on several processes, as Lightning's UnrepeatedDistributedSamplerWrapper: the
-    loader's own sampler drawn anew at each iteration, its positions permuted by torch.randperm seeded with the epoch
-    alone (Lightning's rule), then rank r takes every num_replicas-th from r: no padding, each sample predicted once."""
+    """A predict loader's sampler on several processes, as Lightning's UnrepeatedDistributedSamplerWrapper: the
+    loader's own sampler drawn anew at each iteration, its positions (shuffle: a shuffling sampler's) permuted by
+    torch.randperm seeded with the epoch alone (Lightning's rule), then rank r takes every num_replicas-th from r: no
+    padding, each sample predicted once. (Its set_epoch is its own: Lightning's does not reach the user's sampler.)"""
 
-    def __init__(self, sampler, num_replicas, rank):
-        self.sampler, self.num_replicas, self.rank = sampler, num_replicas, rank
+    def __init__(self, sampler, num_replicas, rank, shuffle=True):
+        _check_wrappable(sampler)
+        self.sampler, self.num_replicas, self.rank, self.shuffle = sampler, num_replicas, rank, shuffle
         self.epoch = 0
 
     def set_epoch(self, epoch):
@@ -159,11 +173,64 @@ class PredictShardSampler(Sampler):
 
     def __iter__(self):
         order = list(self.sampler)
-        positions = torch.randperm(len(order), generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        positions = range(len(order)) if not self.shuffle else \
+            torch.randperm(len(order), generator=torch.Generator().manual_seed(self.epoch)).tolist()
         return iter([order[p] for p in positions[self.rank::self.num_replicas]])
 
     def __len__(self):
         return len(range(self.rank, len(self.sampler), self.num_replicas))
+
+
+def _check_wrappable(sampler):
+    """A sampler of the user's is sharded by its positions, so it needs a finite length (Lightning's checks and
+    words)."""
+    try:
+        length = len(sampler)
+    except TypeError:
+        raise TypeError("You seem to have configured a sampler in your DataLoader which does not provide `__len__` "
+                        "method. The sampler was about to be replaced by `DistributedSamplerWrapper` since "
+                        "`use_distributed_sampler` is True and you are using distributed training. Either provide "
+                        "`__len__` method in your sampler, remove it from DataLoader or set "
+                        "`use_distributed_sampler=False` if you want to handle distributed sampling yourself."
+                        ) from None
+    if length == float("inf"):
+        raise TypeError("You seem to have configured a sampler in your DataLoader which does not provide finite "
+                        "`__len__` method. The sampler was about to be replaced by `DistributedSamplerWrapper` since "
+                        "`use_distributed_sampler` is True and you are using distributed training. Either provide "
+                        "`__len__` method in your sampler which returns a finite number, remove it from DataLoader "
+                        "or set `use_distributed_sampler=False` if you want to handle distributed sampling yourself.")
+
+
+class _Positions:
+    """What a DistributedSampler over a user's sampler is built on: as many items as the sampler yields."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __len__(self):
+        return len(self.sampler)
+
+
+class DistributedSamplerWrapper(DistributedSampler):
+    """A sampler of the user's sharded over the ranks, as Lightning's DistributedSamplerWrapper (the Trainer's rule
+    under a distributed strategy with use_distributed_sampler): torch's DistributedSampler(shuffle, seed, drop_last)
+    over the *positions* of what the user's sampler yields, which is drawn anew at each iteration; rank r gets the
+    sampler's items at its positions (padded as DistributedSampler pads). set_epoch reaches the user's sampler too."""
+
+    def __init__(self, sampler, num_replicas, rank, shuffle=True, seed=0, drop_last=False):
+        _check_wrappable(sampler)
+        super().__init__(_Positions(sampler), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last)
+        self.sampler = sampler
+
+    def __iter__(self):
+        drawn = list(self.sampler)
+        return (drawn[position] for position in super().__iter__())
+
+    def set_epoch(self, epoch):
+        super().set_epoch(epoch)
+        if callable(getattr(self.sampler, "set_epoch", None)):
+            self.sampler.set_epoch(epoch)
 
 
 def read_ahead(iterator):
@@ -215,6 +282,9 @@ class TrainData:
     # generator set_epoch seeds from (seed, epoch).
     pending_base = None
     pass_base = None
+    # The Trainer's rule (Lightning's fit loop): set_epoch(epoch) reaches the loader's sampler and its batch sampler's
+    # sampler at each epoch's start, a user's own too (the Accelerator leaves those to the user, as Accelerate does)
+    sets_loader_epoch = False
     _order_drawn_at_iter = False
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
@@ -330,8 +400,12 @@ class TrainData:
         return left // batch_size if self.loader.drop_last else math.ceil(left / batch_size)
 
     def set_epoch(self, epoch):
-        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
+        samplers = {id(self.sampler): self.sampler} if self.sampler is not None else {}
+        if self.sets_loader_epoch:  # the Trainer's (Lightning's) rule: the loader's samplers, whoever built them
+            samplers.update((id(one), one) for one in loader_samplers(self.loader))
+        for sampler in samplers.values():
+            if callable(getattr(sampler, "set_epoch", None)):
+                sampler.set_epoch(epoch)
         if self.generator is not None:
             # Worker seeds come from this generator where the loop drew none (pending_base): (seed, epoch)'s.
             self.generator.manual_seed(self.seed * 100_003 + epoch)
@@ -575,7 +649,7 @@ def dispatches(loader) -> bool:
 
 
 def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=None, reads=True,
-                       keeps_sampler=None) -> TrainData:
+                       keeps_sampler=None, lightning=False) -> TrainData:
     """This rank's TrainData of a training loader, sharded `world_size` ways (this rank's shard: `rank`; both the
     data-parallel ones where processes share batches). shuffle=False reads a shuffling loader in order
     (overfit_batches); True shuffles a sequential one too (the Trainer's DistributedSampler, Lightning's rule under a
@@ -584,13 +658,18 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
     (`dispatches`), the Trainer's rule; without it, it is read as it is on every process. `keeps_sampler`: where
     Lightning keeps the user's RandomSampler (a strategy that is not distributed, or use_distributed_sampler=False;
     None: where `world_size` is 1), the epoch's order is the permutation that sampler draws, when the loop draws it
-    (ResumableSampler.draw_order)."""
+    (ResumableSampler.draw_order). `lightning` (the Trainer's): a map-style loader of the user's own order follows
+    Lightning's rules too (`_lightning_train_data`: sharded under a distributed strategy, set_epoch every epoch)."""
     if broadcast is not None and dispatches(loader):
         from tasktrain.trainer.dispatch import dispatch_data  # (dispatch.py builds on this module)
 
         return dispatch_data(loader, world_size, rank, seed, broadcast, reads, shuffle=shuffle)
     if isinstance(loader, DataLoader) and isinstance(loader.dataset, ShardedStream):
         return _prepare_stream(loader, world_size, rank, seed, shuffle)
+    if lightning and isinstance(loader, DataLoader) and shuffle is False and \
+            not isinstance(loader.sampler, SequentialSampler) and rank == 0:
+        warnings.warn("You requested to overfit but enabled train dataloader shuffling. We are turning off the train "
+                      "dataloader shuffling for you.")  # (Lightning's words; the order is then sequential)
     if _replaceable(loader):
         order = _order_sampler(loader)
         random = isinstance(order, RandomSampler) or _torchdata_sampler(order, "RandomSampler")
@@ -605,7 +684,11 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         keeps = world_size == 1 and (keeps_sampler is None or keeps_sampler)
         sampler.draws = shuffle and keeps and type(order) is RandomSampler
         sampler.order_generator = order.generator if sampler.draws else None
+        data.sets_loader_epoch = lightning
         return data
+    if lightning and isinstance(loader, DataLoader) and not is_stateful_loader(loader) and \
+            not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=keeps_sampler is False)
     sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)
     if is_stateful_loader(loader):
         if world_size > 1 and not isinstance(sampler, DistributedSampler) and \
@@ -614,7 +697,9 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
                           "Trainer cannot shard it, so make sure each rank reads its own part (e.g. through "
                           "get_worker_info and the rank), or every rank trains on the same samples. Its state is "
                           "saved per rank and resumes on the same number of processes only.")
-        return StatefulLoaderData(loader, sampler if isinstance(sampler, DistributedSampler) else None, seed)
+        data = StatefulLoaderData(loader, sampler if isinstance(sampler, DistributedSampler) else None, seed)
+        data.sets_loader_epoch = lightning
+        return data
     if world_size > 1 and not isinstance(sampler, DistributedSampler):
         warnings.warn(
             "The training loader has a custom sampler or an IterableDataset without a batch_size, so the Trainer "
@@ -624,6 +709,103 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
             "tasktrain.data.ShardedStream (docs/data.md)."
         )
     return TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)
+
+
+def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
+    """A map-style training loader of the user's own order (a sampler or batch sampler of the user's, a RandomSampler
+    with replacement or num_samples), as Lightning's Trainer takes it. Where it does not shard (one process,
+    use_distributed_sampler=False) the loader is kept, its samplers getting set_epoch(epoch) each epoch; under a
+    distributed strategy a loader whose `sampler` is not a DistributedSampler has it replaced: a Random/Sequential
+    one (the default one beside a batch_sampler= too) by DistributedSampler(dataset, shuffle=True, seed) (our
+    ResumableSampler, which yields the same), any other by DistributedSamplerWrapper(sampler, shuffle=True, seed);
+    a custom batch sampler is built again around it. overfit_batches (shuffle=False) reads the dataset in order.
+
+    A resume of such a fit mid-epoch reads and drops the batches already trained on (Lightning's order, our read of
+    it), except over a DistributedSampler of ours with a batch size: that one skips ahead on any number of
+    processes."""
+    sampler = loader.sampler
+    if shuffle is False and not isinstance(sampler, SequentialSampler):
+        sampler = SequentialSampler(loader.dataset)  # (overfit_batches: Lightning's replacement, warned above)
+    if distributed and not isinstance(sampler, DistributedSampler):
+        shuffle = True if shuffle is None else shuffle
+        if isinstance(sampler, (RandomSampler, SequentialSampler)):
+            sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
+        else:
+            sampler = DistributedSamplerWrapper(sampler, world_size, rank, shuffle=shuffle, seed=seed)
+    if sampler is not loader.sampler:
+        loader = _with_sampler(loader, sampler)
+    data = TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)
+    data.sets_loader_epoch = True
+    return data
+
+
+def _with_sampler(loader, sampler, predicting=False):
+    """The loader built again with `sampler` in place of its `sampler` (a custom batch sampler built around it).
+    `predicting`: every sample is predicted (Lightning's predict loaders drop no last batch)."""
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is None:  # (batch_size=None: items one by one)
+        return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **loader_options(loader))
+    if type(batch_sampler) is BatchSampler or _torchdata_sampler(batch_sampler, "BatchSampler"):
+        rebuilt = _rebuild(loader, sampler, loader.generator)
+        if predicting and rebuilt.drop_last:
+            rebuilt = DataLoader(loader.dataset, batch_size=rebuilt.batch_size, sampler=sampler, drop_last=False,
+                                 **loader_options(loader))
+        return rebuilt
+    return DataLoader(loader.dataset, batch_sampler=_batch_sampler_around(batch_sampler, sampler, predicting),
+                      **loader_options(loader))
+
+
+def _predict_loader(loader, world_size, rank):
+    """A map-style predict loader, as Lightning's Trainer takes it (it builds every predict loader again): on several
+    processes its sampler replaced by PredictShardSampler (UnrepeatedDistributedSamplerWrapper: unpadded), shuffling
+    where Lightning's test says; its batch sampler built again around it with drop_last=False (a custom one that cannot
+    be is kept, with Lightning's warning). The loader as it is where nothing changes."""
+    batch_sampler = loader.batch_sampler
+    custom = batch_sampler is not None and type(batch_sampler) is not BatchSampler and \
+        not _torchdata_sampler(batch_sampler, "BatchSampler")
+    if custom and not (hasattr(batch_sampler, "batch_size") and hasattr(batch_sampler, "drop_last")):
+        if rank == 0:
+            warnings.warn(f"You are using a custom batch sampler `{type(batch_sampler).__qualname__}` for prediction."
+                          " Lightning would normally set `drop_last=False` to ensure all samples are returned, but for"
+                          " custom samplers it can't guarantee this. Make sure your sampler is configured correctly to"
+                          " return all indices.", PossibleUserWarning)
+        return loader
+    sampler = loader.sampler
+    if world_size > 1 and not isinstance(sampler, DistributedSampler):
+        sampler = PredictShardSampler(sampler, world_size, rank, shuffle=_is_shuffled(loader))
+    drops = batch_sampler is not None and bool(getattr(batch_sampler, "drop_last", False))
+    return _with_sampler(loader, sampler, predicting=True) if sampler is not loader.sampler or custom or drops \
+        else loader
+
+
+def _is_shuffled(loader):
+    """Lightning's test of whether an evaluation loader shuffles: the batch sampler's sampler (or the batch sampler
+    itself, without one), else the loader's, is a RandomSampler."""
+    batch_sampler = loader.batch_sampler
+    sampler = loader.sampler if batch_sampler is None else getattr(batch_sampler, "sampler", batch_sampler)
+    return isinstance(sampler, RandomSampler) and not isinstance(sampler, SequentialSampler)
+
+
+_CANNOT_INJECT = (" Lightning can't inject a (distributed) sampler into your batch sampler, because it doesn't "
+                  "subclass PyTorch's `BatchSampler`. To mitigate this, either follow the API of `BatchSampler` or set "
+                  "`Trainer(use_distributed_sampler=False)`. If you choose the latter, you will be responsible for "
+                  "handling the distributed sampling within your batch sampler.")  # (Lightning's words: its users'
+# searches find them; "Lightning" is the Trainer here)
+
+
+def _batch_sampler_around(batch_sampler, sampler, predicting=False):
+    """The user's batch sampler built again around `sampler`, as Lightning builds it: its class called with
+    (sampler, batch_size=, drop_last= (False when predicting)); one without those attributes, or whose class takes
+    them otherwise, is refused (Lightning's error)."""
+    if not (hasattr(batch_sampler, "batch_size") and hasattr(batch_sampler, "drop_last")):
+        raise TypeError(_CANNOT_INJECT)
+    try:
+        return type(batch_sampler)(sampler, batch_size=batch_sampler.batch_size,
+                                   drop_last=False if predicting else batch_sampler.drop_last)
+    except TypeError as error:
+        if "__init__() got multiple values" not in str(error):
+            raise  # (Lightning lets any other TypeError through as it is)
+        raise TypeError(_CANNOT_INJECT) from error
 
 
 def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None, global_rank=None):
@@ -643,20 +825,47 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
             loader.batch_size is not None and type(loader.sampler) is RandomSampler:
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=shuffle_seed)
         return _rebuild(loader, sampler, loader.generator)
-    if world_size > 1 and prefix == "predict" and _replaceable(loader) and loader.batch_size is not None and \
-            type(loader.sampler) is RandomSampler:  # (otherwise every rank would predict everything)
-        return _rebuild(loader, PredictShardSampler(loader.sampler, world_size, rank), loader.generator)
+    if prefix == "predict":
+        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+            return loader
+        if world_size > 1 and _replaceable(loader) and type(_order_sampler(loader)) is SequentialSampler and \
+                not loader.drop_last:
+            return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)
+        return _predict_loader(loader, world_size, rank)
+    if shuffle_seed is not None and isinstance(loader, DataLoader) and \
+            not _replaceable(loader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
+            not isinstance(loader.sampler, DistributedSampler):
+        # A loader of the user's own order under a distributed strategy (use_distributed_sampler), as Lightning's
+        # Trainer takes it: its sampler replaced by one of the rank's part, shuffling where Lightning's test says
+        # (_is_shuffled); a custom batch sampler built again around it
+        shuffle = _is_shuffled(loader)
+        if isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+            sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                         seed=shuffle_seed)
+        else:
+            sampler = DistributedSamplerWrapper(loader.sampler, world_size, rank, shuffle=shuffle, seed=shuffle_seed)
+        return _with_sampler(loader, sampler)
     if world_size == 1 or not _replaceable(loader) or type(_order_sampler(loader)) is not SequentialSampler:
         return loader
     return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)
 
 
+def loader_samplers(loader):
+    """The samplers Lightning's set_epoch reaches on a loader: its sampler and its batch sampler's sampler (each
+    once; a batch sampler's own set_epoch is not called)."""
+    found = {}
+    for sampler in (getattr(loader, "sampler", None),
+                    getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if sampler is not None:
+            found[id(sampler)] = sampler
+    return list(found.values())
+
+
 def set_sampler_epoch(loader, epoch):
-    """Lightning's rule at each evaluation run: the loader's sampler and batch sampler that have set_epoch get the
+    """Lightning's rule at each evaluation run: the loader's samplers that have set_epoch (loader_samplers) get the
     epochs the fit has run (a shuffling DistributedSampler then draws another order each epoch)."""
-    for name in ("sampler", "batch_sampler"):
-        sampler = getattr(loader, name, None)
-        if sampler is not None and callable(getattr(sampler, "set_epoch", None)):
+    for sampler in loader_samplers(loader):
+        if callable(getattr(sampler, "set_epoch", None)):
             sampler.set_epoch(epoch)
 
 

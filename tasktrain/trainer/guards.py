@@ -300,7 +300,7 @@ def interrupt_begin(exc, strategy):
     return _Interrupt(previous)
 
 
-# -- SIGTERM (issue 37: Lightning's signal connector) -------------------------------------------------------------------
+# -- SIGTERM (issue 37: Lightning's signal connector) ------------------------------------------------------------------
 def install_sigterm_handler(trainer):
     """Lightning's SIGTERM handler for one run (fit, validate, test, predict), installed where Lightning registers it:
     after the set-up and the checkpoint's restore, before the loop (the sanity check included). It sets

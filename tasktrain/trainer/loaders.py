@@ -54,7 +54,7 @@ def setup_train(trainer, loader, previous=None):
     shuffle = False if trainer.overfit_batches else (None if keeps_sampler else True)
     train_data = prepare_train_data(loader, world_size, rank, trainer.state.data_seed, shuffle=shuffle,
                                     broadcast=trainer.strategy.broadcast, reads=trainer.strategy.is_global_zero,
-                                    keeps_sampler=keeps_sampler)
+                                    keeps_sampler=keeps_sampler, lightning=True)
     trainer.train_dataloader = train_data.loader
     length = len(train_data) if train_data.has_len() else None
     guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error

@@ -1,9 +1,12 @@
 """Helper for tests/test_lightning_beside_ddp_order.py, started by torchrun with 2 processes: the same fits over a
 sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrain's in the same process group, with
-and without seed_everything and with overfit_batches, then tasktrain's fit resumed from the middle of an epoch; each rank writes
-OUT/rank{R}.json with, per fit, the sample indices of every batch it trained on ((epoch, batch_idx) order) and the
-weights after. Last, under both, a fit whose every rank gets SIGTERM at the same batch (as torchrun and SLURM signal
-every process; issue 37): the hooks it saw, how the fit ended, and what ModelCheckpoint(save_on_exception=True) saved.
+and without seed_everything and with overfit_batches, and over loaders of the user's own order (CASES: custom sampler,
+custom batch sampler, RandomSampler with replacement; with validation and prediction), then tasktrain's fits resumed
+from the middle of an epoch; each rank writes OUT/rank{R}.json with, per fit, the sample indices of every batch it
+trained on ((epoch, batch_idx) order) and the weights after (and the validation's and prediction's batches and the
+set_epoch calls the user's samplers got). Last, under both, a fit whose every rank gets SIGTERM at the same batch
+(as torchrun and SLURM signal every process; issue 37): the hooks it saw, how the fit ended, and what
+ModelCheckpoint(save_on_exception=True) saved.
 
     torchrun --standalone --nproc_per_node 2 order_beside_lightning.py OUT
 """
@@ -16,12 +19,53 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore")
 SEED_VARS = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS")
 CASES = {"no seed": dict(seed=None), "seed 7": dict(seed=7), "overfit": dict(seed=None, overfit_batches=2)}
+
+
+class EpochSampler(Sampler):
+    """A sampler of the user's: a permutation of range(n) drawn from its epoch, every set_epoch call noted."""
+
+    def __init__(self, n, calls):
+        self.n, self.calls, self.epoch = n, calls, 0
+
+    def set_epoch(self, epoch):
+        self.calls.append(epoch)
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist())
+
+    def __len__(self):
+        return self.n
+
+
+class MyBatchSampler(BatchSampler):
+    """A batch sampler of the user's (a subclass: Lightning builds it again around its DistributedSampler)."""
+
+
+def custom_sampler(calls):  # (train: DistributedSamplerWrapper; val: the same, unshuffled; predict: unrepeated)
+    return dict(train=DataLoader(data(), batch_size=2, sampler=EpochSampler(22, calls["train"])),
+                val=DataLoader(data(), batch_size=2, sampler=EpochSampler(7, calls["val"])),
+                predict=DataLoader(data(), batch_size=2, sampler=EpochSampler(7, calls["predict"])))
+
+
+def custom_batch_sampler(calls):  # (its sampler is replaced by DistributedSampler(dataset): never set_epoch)
+    return dict(train=DataLoader(data(), batch_sampler=MyBatchSampler(EpochSampler(22, calls["train"]), 3, False)),
+                val=DataLoader(data(), batch_sampler=MyBatchSampler(EpochSampler(5, calls["val"]), 2, False)),
+                predict=DataLoader(data(), batch_sampler=MyBatchSampler(EpochSampler(5, calls["predict"]), 2, True)))
+
+
+def replacement(calls):  # (RandomSampler(replacement=True, num_samples): DistributedSampler(dataset))
+    return dict(train=DataLoader(data(), batch_size=2, sampler=RandomSampler(range(22), True, num_samples=8)))
+
+
+CASES.update({"custom sampler": dict(seed=7, loaders=custom_sampler), "custom batch sampler":
+              dict(seed=None, loaders=custom_batch_sampler), "replacement": dict(seed=None, loaders=replacement)})
 
 
 def data():
@@ -30,14 +74,16 @@ def data():
     return TensorDataset(torch.arange(22), x, x @ torch.tensor([[1.0], [-2.0], [0.5]]))
 
 
-def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None):
+def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loaders=None):
     for var in SEED_VARS:
         os.environ.pop(var, None)
     if seed is None:
         torch.manual_seed(0)  # the weights' draw; the sampler's seed is then Lightning's default, 0
     else:
         lib.seed_everything(seed, verbose=False)
-    rows = []
+    rows, val_rows, predict_rows = [], [], []
+    calls = {"train": [], "val": [], "predict": []}
+    given = loaders(calls) if loaders is not None else {}
 
     class Module(base):
         def __init__(self):
@@ -52,14 +98,27 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    module = Module()
+    class Evaluated(Module):
+        def validation_step(self, batch, batch_idx):
+            val_rows.append([self.trainer.sanity_checking, self.current_epoch, batch_idx, batch[0].tolist()])
+
+        def predict_step(self, batch, batch_idx):
+            predict_rows.append([batch_idx, batch[0].tolist()])
+
+    module = Evaluated() if "val" in given else Module()
     trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
                           overfit_batches=overfit_batches, callbacks=list(callbacks),
                           enable_checkpointing=bool(callbacks), enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, DataLoader(data(), batch_size=2, shuffle=False), ckpt_path=ckpt_path)
+    trainer.fit(module, given.get("train", DataLoader(data(), batch_size=2, shuffle=False)), given.get("val"),
+                ckpt_path=ckpt_path)
     weights = [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
+    if "predict" in given:
+        trainer.predict(module, given["predict"], return_predictions=False)
     del trainer
-    return {"batches": rows, "weights": weights}
+    seen = {"batches": rows, "weights": weights}
+    if loaders is not None:
+        seen.update(val=val_rows, predict=predict_rows, set_epoch=calls)
+    return seen
 
 
 def sigterm_fit(lib, base, sigterm_exception, folder):
@@ -118,12 +177,20 @@ def main(out):
     seen["resume"] = {"whole": fit(tasktrain, tasktrain.TaskModule, None, callbacks=[saver]),
                       "resumed": fit(tasktrain, tasktrain.TaskModule, None,
                                      ckpt_path=os.path.join(saves, "step=3.ckpt"))}
+    # a custom sampler's fit (DistributedSamplerWrapper) resumed mid-epoch: it reads and drops the batches trained on
+    saves = os.path.join(out, "custom")
+    saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    seen["resume custom"] = {"whole": fit(tasktrain, tasktrain.TaskModule, 7, callbacks=[saver],
+                                          loaders=custom_sampler),
+                             "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=custom_sampler,
+                                            ckpt_path=os.path.join(saves, "step=3.ckpt"))}
     from lightning.pytorch.utilities.exceptions import SIGTERMException as Theirs
 
     from tasktrain.utilities.exceptions import SIGTERMException as Ours
 
-    seen["sigterm"] = {"lightning": sigterm_fit(L, L.LightningModule, Theirs, os.path.join(out, "sigterm-lightning")),
-                       "tasktrain": sigterm_fit(tasktrain, tasktrain.TaskModule, Ours, os.path.join(out, "sigterm-tasktrain"))}
+    seen["sigterm"] = {
+        "lightning": sigterm_fit(L, L.LightningModule, Theirs, os.path.join(out, "sigterm-lightning")),
+        "tasktrain": sigterm_fit(tasktrain, tasktrain.TaskModule, Ours, os.path.join(out, "sigterm-tasktrain"))}
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)

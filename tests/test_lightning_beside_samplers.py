@@ -1,0 +1,89 @@
+"""A training loader's custom sampler on one process beside Lightning 2.6 (issue 37): Lightning keeps the loader and
+calls set_epoch(epoch) on its sampler and on its batch sampler's sampler at each epoch's start (and on the validation
+loader's at each validation), so a sampler that draws its order from its epoch reads another order each epoch. The same
+fits under both frameworks read the same indices and make the same set_epoch calls. The 2-process cases (the sampler
+sharded by Lightning's DistributedSamplerWrapper) run in tests/test_lightning_beside_ddp_order.py's launch."""
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
+
+pytest.importorskip("lightning.pytorch")
+
+
+class EpochSampler(Sampler):
+    """A permutation of range(n) drawn from the epoch; notes every set_epoch call."""
+
+    def __init__(self, n, calls):
+        self.n, self.calls, self.epoch = n, calls, 0
+
+    def set_epoch(self, epoch):
+        self.calls.append(epoch)
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist())
+
+    def __len__(self):
+        return self.n
+
+
+class MyBatchSampler(BatchSampler):
+    pass
+
+
+def data(n):
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(3))
+    return TensorDataset(torch.arange(n), x, x.sum(1, keepdim=True))
+
+
+def fit(lib, base, case):
+    torch.manual_seed(0)
+    rows, val_rows, calls, val_calls = [], [], [], []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            rows.append([self.current_epoch, batch_idx, batch[0].tolist()])
+            return torch.nn.functional.mse_loss(self.layer(batch[1]), batch[2])
+
+        def validation_step(self, batch, batch_idx):
+            val_rows.append([self.trainer.sanity_checking, self.current_epoch, batch_idx, batch[0].tolist()])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    if case == "sampler":
+        train = DataLoader(data(10), batch_size=2, sampler=EpochSampler(10, calls))
+    else:  # (set_epoch reaches the batch sampler's sampler)
+        train = DataLoader(data(10), batch_sampler=MyBatchSampler(EpochSampler(10, calls), 3, False))
+    val = DataLoader(data(6), batch_size=2, sampler=EpochSampler(6, val_calls))
+    module = Module()
+    trainer = lib.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, train, val)
+    weights = [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
+    return {"batches": rows, "val": val_rows, "set_epoch": calls, "val set_epoch": val_calls, "weights": weights}
+
+
+@pytest.mark.parametrize("case", ["sampler", "batch sampler"])
+def test_a_custom_sampler_gets_set_epoch_every_epoch_as_under_lightning(case):
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    theirs = fit(L, L.LightningModule, case)
+    mine = fit(tasktrain, tasktrain.TaskModule, case)
+    for key in theirs:
+        assert mine[key] == theirs[key], key
+    # set_epoch(epoch) at each epoch's start, so each epoch reads the sampler's permutation of that epoch
+    assert mine["set_epoch"] == [0, 1, 2]
+    for epoch in range(3):
+        read = [i for e, _, batch in mine["batches"] if e == epoch for i in batch]
+        assert read == torch.randperm(10, generator=torch.Generator().manual_seed(100 + epoch)).tolist()
