@@ -10,7 +10,8 @@ a higher-priority job pre-empts it). On that signal, inside a SLURM job:
    resumes from it, with no ckpt_path; a resumed run equals an uninterrupted one bitwise.
 
 SIGTERM keeps Lightning's meaning (SIGTERMException, on_exception hooks, exit status 0, no requeue). Settings, read
-from the environment so that the Trainer, the Accelerator and `tasktrain launch` (which passes its environment to the workers) share them:
+from the environment so that the Trainer, the Accelerator and `tasktrain launch` (which passes its environment to the
+workers) share them:
 
     TASKTRAIN_SLURM_REQUEUE=0        off: the signal is left to its default action (SIGUSR1 ends the process)
     TASKTRAIN_REQUEUE_SIGNAL=USR2    another signal (a name, with or without SIG, or a number); default SIGUSR1
