@@ -6,3 +6,10 @@ class MisconfigurationException(ValueError):
 class PossibleUserWarning(UserWarning):
     """A warning about a setting that may be a mistake (Lightning's class, `lightning.pytorch.utilities.warnings`):
     filter it with warnings.filterwarnings("ignore", category=PossibleUserWarning) where it is not."""
+
+
+class SIGTERMException(SystemExit):
+    """The run received SIGTERM (Lightning's class, `lightning.pytorch.utilities.exceptions`): raised by the loops at
+    Lightning's points (after a training batch, at an epoch's end, after an evaluation batch that is not the last),
+    so that the on_exception hooks run (an OnExceptionCheckpoint or ModelCheckpoint(save_on_exception=True) saves
+    there); a SystemExit without a code, so a script that does not catch it exits with status 0."""

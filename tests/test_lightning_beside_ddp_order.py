@@ -6,7 +6,8 @@ that order exactly. The same launch runs loaders of the user's own order (a cust
 batch sampler, RandomSampler(replacement=True, num_samples)) for training, validation and prediction: each rank's
 indices, the weights and the set_epoch calls the user's samplers got are Lightning's (DistributedSamplerWrapper,
 DistributedSampler over the dataset, UnrepeatedDistributedSamplerWrapper); tests/test_lightning_beside_samplers.py
-has the one-process cases."""
+has the one-process cases. Last, SIGTERM to both ranks at the same batch (issue 37): the same hooks and the same
+SIGTERMException after that batch under both, and ModelCheckpoint(save_on_exception=True)'s file."""
 import json
 import os
 
@@ -30,6 +31,11 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
                                                [os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])})
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    for seen in ranks:  # SIGTERM to both ranks at batch 2: both raise after that batch (no on_train_end) and save
+        assert seen["sigterm"]["tasktrain"] == seen["sigterm"]["lightning"] == [
+            ["on_train_batch_end", 0, False], ["on_train_batch_end", 1, False], ["on_train_batch_end", 2, False],
+            ["on_exception", "SIGTERMException", 3, True], "SIGTERMException",
+            ["after", True, True, ["epoch=0-step=3.ckpt"]]]
     for seen in ranks:
         # a fit resumed from its step-3 checkpoint (the middle of epoch 0) continues the shuffled order exactly
         whole, resumed = seen["resume"]["whole"], seen["resume"]["resumed"]

@@ -551,7 +551,8 @@ class ModelCheckpoint(Checkpoint):
         self.best_k_models = dict(best_k)
 
     def teardown(self, trainer, pl_module, stage):
-        """The end of fit, or SIGTERM's save-and-stop: the write in flight is waited for (the process ends after it)."""
+        """The end of fit, or the requeue signal's save-and-stop: the write in flight is waited for (the process ends
+        after it)."""
         if self._pending is not None:
             self._finish_pending(trainer)
 

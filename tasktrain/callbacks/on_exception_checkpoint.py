@@ -13,8 +13,8 @@ resumed by mistake. `dirpath` is kept as given; an empty `filename` is a ValueEr
 On several processes it refuses to start: a checkpoint needs every rank (rank 0 writes, all gather the RNG states,
 sharded engines write a shard each), and an error on one rank cannot bring the others to that save: Lightning's
 save waits in a barrier the other ranks never reach and the original error is never shown (Lightning issue #20187,
-docs/lightning.md). There, bound the work lost with ModelCheckpoint(every_n_train_steps=N, save_last=True); a SIGTERM
-is saved by every rank together.
+docs/lightning.md). There, bound the work lost with ModelCheckpoint(every_n_train_steps=N, save_last=True); SIGTERM
+with ModelCheckpoint(save_on_exception=True), which every rank reaches together (docs/lightning.md#sigterm).
 """
 import os
 from typing import Union

@@ -117,7 +117,8 @@ class SubprocessLauncher:
             return None
 
     def _stopped_as_asked(self, rank, code):
-        # After SIGTERM a worker saves its checkpoint and ends with SystemExit (code 1, no error recorded); after
+        # After SIGTERM a worker ends with Lightning's SIGTERMException (status 0; 1 where a script turns it into an
+        # error, with no error recorded); after
         # Ctrl-C (the whole process group gets SIGINT) it runs on_exception and exits 130 (issue 38, trainer/guards.py).
         return code == 130 or (self._signalled and code == 1 and self._read_error(rank) is None)
 

@@ -9,8 +9,9 @@ a higher-priority job pre-empts it). On that signal, inside a SLURM job:
 3. SLURM starts the job again (same job id, SLURM_RESTART_COUNT > 0): the run finds the record of its own job and
    resumes from it, with no ckpt_path; a resumed run equals an uninterrupted one bitwise.
 
-SIGTERM keeps its meaning (save and stop with exit code 1, no requeue). Settings, read from the environment so that the
-Trainer, the Accelerator and `tasktrain launch` (which passes its environment to the workers) share them:
+SIGTERM keeps Lightning's meaning (SIGTERMException, on_exception hooks, exit status 0, no requeue). Settings, read
+from the environment so that the Trainer, the Accelerator and `tasktrain launch` (which passes its environment to the
+workers) share them:
 
     TASKTRAIN_SLURM_REQUEUE=0        off: the signal is left to its default action (SIGUSR1 ends the process)
     TASKTRAIN_REQUEUE_SIGNAL=USR2    another signal (a name, with or without SIG, or a number); default SIGUSR1
@@ -64,15 +65,19 @@ def job_id(env=None):
 
 
 class RequeueHandler:
-    """The requeue signal's handler for one run: `on_signal()` is called when it arrives (the run stops as on
-    SIGTERM); `requested` says it came. Installs nothing outside a SLURM job, with requeueing off, or off the main
-    thread."""
+    """The requeue signal's handler for one run: `on_signal()` is called when it arrives (the run stops as on a
+    stop request); `requested` says it came. Installs nothing outside a SLURM job, with requeueing off, or off the
+    main thread; nor where the script has a handler of its own for that signal (Lightning's rule: its SLURM handler
+    is registered only on a signal nobody handles; SIG_IGN, which `tasktrain launch` leaves its workers, is none)."""
 
     def __init__(self, on_signal, settings=None):
         self.requested = False
         self._previous = None
         self.signal = requeue_signal(settings=settings)
         if self.signal is None or threading.current_thread() is not threading.main_thread():
+            return
+        if callable(signal.getsignal(self.signal)):
+            self.signal = None  # (the same script on every rank: all leave it, agreed() asks none)
             return
 
         def handle(signum, frame):

@@ -6,9 +6,11 @@
 """
 import torch
 
+from tasktrain.exceptions import SIGTERMException
 from tasktrain.profilers import profiled, profiled_iter
 from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
+from tasktrain.trainer import guards
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
@@ -36,6 +38,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
                 module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"], strict=module.strict_loading)
     trainer._resumed_from = path  # trainer.ckpt_path: what this run loaded (Lightning's, for every entry point)
+    guards.install_sigterm_handler(trainer)  # (Lightning's place: after the restore, before the loop; issue 37)
     limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
                  "predict": trainer.limit_predict_batches}[stage]
     if limit_arg == 0 and stage != "predict":
@@ -56,10 +59,12 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     trainer._watch()
     if stage == "predict":
         per_loader = predict(trainer, module, loaders, limits, gather)
+        guards.restore_sigterm_handler(trainer)  # (Lightning's: before the teardown hooks)
         if per_loader is None:  # return_predictions=False
             return None
         return per_loader if len(loaders) > 1 else per_loader[0]  # a list per loader when there are several
     values = evaluate(trainer, stage, loaders, limits)
+    guards.restore_sigterm_handler(trainer)  # (Lightning's: before the teardown hooks)
     if values:  # at batches_that_stepped (the fit's count, 0 without one), as Lightning; every rank (log_to_loggers)
         trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), add_epoch=True)
     if trainer.is_global_zero and values and getattr(trainer, "_verbose", True):
@@ -145,6 +150,11 @@ def _evaluate(trainer, stage, loaders, limits):
             phases[key] = None
             if not trainer.sanity_checking:
                 log_eval_step(trainer, stage, dataloader_idx)
+            # Lightning's check: SIGTERM ends the evaluation after this batch, unless it was the last one (of the
+            # last loader; a loader without a length: its last batch is not known, it ends after any)
+            if trainer.received_sigterm and not (dataloader_idx == len(loaders) - 1 and limit is not None and
+                                                 batch_idx + 1 >= limit):
+                sigterm_in_evaluation(trainer)
     metrics.dataloader_suffix = ""
     # Lightning's order: the callbacks then the module, each seeing the epoch's values of what was logged in
     # the steps; what they log here is reduced after them
@@ -161,6 +171,18 @@ def _evaluate(trainer, stage, loaders, limits):
         restore_training_modes(module, modes)
     state.stage = outer_stage
     return values
+
+
+def sigterm_in_evaluation(trainer):
+    """SIGTERM seen after an evaluation batch (issue 37): Lightning raises SIGTERMException here, on the rank that got
+    it; so does tasktrain, except in a fit's validation (not its sanity check) on several processes: there the
+    training loop raises it at the ranks' next agreement point, every rank together (loop.sigterm_due), so that an
+    on_exception save finds all of them. Nor while a fit answers SLURM's requeue signal: the requeue ends it."""
+    fit = trainer._fit_state
+    if fit is not None and fit.preempted:
+        return
+    if fit is None or trainer.sanity_checking or trainer.world_size == 1:
+        raise SIGTERMException
 
 
 def log_eval_step(trainer, stage, dataloader_idx):

@@ -92,7 +92,8 @@ class FitState:
     validates_counted_batch: bool = False  # a validation after the batch it follows is in batches_that_stepped
     restarting: bool = False
     # stop flags (should_stop is the trainer's: callbacks set it)
-    preempted: bool = False
+    preempted: bool = False  # SLURM's requeue signal (issue 40)
+    sigterm: bool = False  # SIGTERM, as the ranks agreed on it (several processes: loop.agree_on_stop_flags)
     preempt_path: Optional[str] = None
 
 

@@ -6,7 +6,10 @@
 - `finished_run`: a resume from a run that has nothing left to train says so, and the fit writes nothing.
 - `may_save_checkpoint`: before any checkpoint is written, whether the state since the last check stayed finite.
 - `interrupt_begin`: Ctrl-C is one line per rank, the on_exception hooks, then exit code 130.
+- `install_sigterm_handler`: SIGTERM sets trainer.received_sigterm for the run (issue 37: Lightning's handler); the
+  loops raise SIGTERMException where Lightning's do (loop.py, evaluation.py).
 """
+import logging
 import numbers
 import signal
 import sys
@@ -295,3 +298,38 @@ def interrupt_begin(exc, strategy):
         if isinstance(strategy, MultiProcess):
             strategy.forward_signal(signal.SIGINT)
     return _Interrupt(previous)
+
+
+# -- SIGTERM (issue 37: Lightning's signal connector) ------------------------------------------------------------------
+def install_sigterm_handler(trainer):
+    """Lightning's SIGTERM handler for one run (fit, validate, test, predict), installed where Lightning registers it:
+    after the set-up and the checkpoint's restore, before the loop (the sanity check included). It sets
+    trainer.received_sigterm (False again here), passes the signal on once to the workers this process started (a
+    self-launched DDP run), and calls the handler that was there before (the user's; not SIG_IGN / SIG_DFL), as
+    Lightning composes them. The loops raise SIGTERMException at their next check (loop.py, evaluation.py); predict
+    has none and runs on. restore_sigterm_handler puts the previous handler back at the run's end. Main thread only
+    (Python's rule for signal handlers)."""
+    trainer.received_sigterm = False
+    if threading.current_thread() is not threading.main_thread():
+        return
+    strategy = trainer.strategy
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        logging.getLogger("tasktrain").info(f"[rank: {strategy.local_rank}] Received SIGTERM: {signum}")
+        if not trainer.received_sigterm and isinstance(strategy, MultiProcess):
+            strategy.forward_signal(signal.SIGTERM)  # to the workers it started itself, if any
+        trainer.received_sigterm = True
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    trainer._sigterm_previous = (previous,)
+
+
+def restore_sigterm_handler(trainer):
+    """The run's end (its loop done, or after the on_exception hooks): the handler there before the run is back."""
+    saved = getattr(trainer, "_sigterm_previous", None)
+    trainer._sigterm_previous = None
+    if saved is not None and saved[0] is not None:
+        signal.signal(signal.SIGTERM, saved[0])

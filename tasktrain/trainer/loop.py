@@ -22,16 +22,13 @@ module's):
 """
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 import warnings
 
 import torch
 
-from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
-from tasktrain.strategies.base import MultiProcess
+from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, SIGTERMException
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, loaders
 from tasktrain.trainer.data import draw_loader_seed
@@ -79,6 +76,8 @@ def fit_loop(trainer, fit):
             fit.epochs.end_epoch()
             trainer.state.epoch_finished = trainer.state.epoch_started = False
         fit.epoch_phase, fit.restarting = None, False  # (Lightning's restart ends with the first epoch)
+        if sigterm_due(trainer, fit):  # Lightning's fit loop checks at each epoch's end (issue 37)
+            stop_on_sigterm(trainer, fit)
         if (trainer.should_stop and may_stop(trainer, fit)) or max_steps_reached(trainer):
             # Lightning counts an epoch the run stopped inside too (its epoch loop ended); the position stays in
             # the train state, so a resume continues inside that epoch
@@ -349,6 +348,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
     if trainer.should_stop:  # Lightning's: a stop asked, the loggers write what they hold (every rank, as there)
         for logger in trainer.loggers:
             logger.save()
+    # Lightning's check after each batch (issue 37); at the epoch's last batch or max_steps it is the epoch end's
+    if sigterm_due(trainer, fit) and not (state.is_last_batch or max_steps_reached(trainer)):
+        stop_on_sigterm(trainer, fit)
     return not (requested or (steps and max_steps_reached(trainer)))
 
 
@@ -479,7 +481,7 @@ def check_finite_loss(trainer, fit):
 # -- when the loop ends --------------------------------------------------------------------------------------------
 def may_stop(trainer, fit):
     """A stop request (EarlyStopping, should_stop) is honoured once min_epochs and min_steps are reached;
-    SIGTERM always."""
+    SLURM's requeue signal always."""
     state = trainer.state
     return fit.preempted or (state.global_step >= (trainer.min_steps or 0) and
                              state.epoch >= (trainer.min_epochs or 0))
@@ -517,8 +519,9 @@ def max_steps_reached(trainer):
 
 
 def stop_agreed(trainer, fit, at_interval):
-    """Stop requests (should_stop, SIGTERM) are agreed by all ranks at fixed points, so that they stop together;
-    after a SIGTERM the pre-emption checkpoint is written there. Returns whether this rank asked to stop."""
+    """Stop requests (should_stop, SLURM's requeue signal) and SIGTERM are agreed by all ranks at fixed points, so
+    that they stop together; after the requeue signal the pre-emption checkpoint is written there. Returns whether
+    this rank asked to stop (SIGTERM is no stop request: the loop raises SIGTERMException, stop_on_sigterm)."""
     local = trainer.should_stop or fit.preempted
     if trainer.world_size > 1:
         if at_interval and trainer.global_step % (trainer.log_every_n_steps or 50):  # (0: no step logs; 50 here)
@@ -531,15 +534,34 @@ def stop_agreed(trainer, fit, at_interval):
 
 
 def agree_on_stop_flags(trainer, fit):
-    """One small all-reduce (max) of (should_stop, SIGTERM seen): one process's request is every process's. Only at
-    every log_every_n_steps-th step and at epoch ends: never a collective per step."""
-    flags = trainer.strategy.reduce(torch.tensor([float(trainer.should_stop), float(fit.preempted)]), op="max")
-    trainer.should_stop, fit.preempted = bool(flags[0]), bool(flags[1])
+    """One small all-reduce (max) of (should_stop, requeue signal seen, SIGTERM seen): one process's request is every
+    process's. Only at every log_every_n_steps-th step and at epoch ends: never a collective per step."""
+    flags = trainer.strategy.reduce(torch.tensor(
+        [float(trainer.should_stop), float(fit.preempted), float(trainer.received_sigterm)]), op="max")
+    trainer.should_stop, fit.preempted, fit.sigterm = bool(flags[0]), bool(flags[1]), bool(flags[2])
     return trainer.should_stop or fit.preempted
 
 
+def sigterm_due(trainer, fit):
+    """Whether the loop's SIGTERM check fires (issue 37). One process: trainer.received_sigterm, as Lightning's loops
+    read it. Several: the flag the ranks agreed on at their last agreement point (agree_on_stop_flags), so that every
+    rank raises after the same batch (Lightning broadcasts rank 0's flag before every batch: a collective per step).
+    Not while SLURM's requeue signal is being answered: the requeue ends the run (issue 40)."""
+    if fit.preempted:
+        return False
+    return fit.sigterm if trainer.world_size > 1 else trainer.received_sigterm
+
+
+def stop_on_sigterm(trainer, fit):
+    """Lightning's SIGTERMException (issue 37): the run's on_exception hooks follow (an OnExceptionCheckpoint or
+    ModelCheckpoint(save_on_exception=True) saves there: Lightning's way, and the only save SIGTERM makes), no
+    teardown hooks, and a script that does not catch it exits with status 0."""
+    raise SIGTERMException
+
+
 def save_preemption_checkpoint(trainer, fit):
-    """After a SIGTERM, once per fit: preempted-epoch=E-step=S.ckpt beside the ModelCheckpoint's files."""
+    """After SLURM's requeue signal, once per fit: preempted-epoch=E-step=S.ckpt beside the ModelCheckpoint's files
+    (without one: under the log folder), the checkpoint the requeued job resumes from (issue 40)."""
     if fit.preempt_path:
         return
     callback = next((c for c in trainer.checkpoint_callbacks if hasattr(c, "dirpath_resolved")), None)
@@ -549,24 +571,8 @@ def save_preemption_checkpoint(trainer, fit):
     trainer.save_checkpoint(path, weights_only=False)
     fit.preempt_path = path
     if trainer.is_global_zero:
-        print(f"[tasktrain] SIGTERM: finished step {trainer.global_step}, saved {path}", file=sys.stderr, flush=True)
-
-
-def install_sigterm_handler(trainer, fit):
-    """SIGTERM marks the fit pre-empted; the loop saves and stops at the next agreed point (loop.stop_agreed)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    strategy = trainer.strategy
-
-    def on_sigterm(signum, frame):
-        trainer.received_sigterm = True  # (Lightning's trainer.received_sigterm)
-        if fit.preempted:
-            return
-        fit.preempted = True
-        if isinstance(strategy, MultiProcess):
-            strategy.forward_signal(signal.SIGTERM)  # to the workers it started itself, if any
-
-    return signal.signal(signal.SIGTERM, on_sigterm)
+        print(f"[tasktrain] requeue signal: finished step {trainer.global_step}, saved {path}", file=sys.stderr,
+              flush=True)
 
 
 # -- validation inside fit -----------------------------------------------------------------------------------------

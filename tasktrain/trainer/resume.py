@@ -171,8 +171,9 @@ def last_checkpoint(trainer):
 
 
 def preemption_checkpoints(directory):
-    """The checkpoints a SIGTERM left in `directory` (loop.save_preemption_checkpoint: tasktrain's, Lightning
-    writes none): "last" candidates too, so that the resume the SIGTERM message advises continues from them."""
+    """The checkpoints SLURM's requeue signal left in `directory` (loop.save_preemption_checkpoint: tasktrain's,
+    issue 40; SIGTERM writes none since issue 37, as Lightning's): "last" candidates too, so that the resume the
+    message advises continues from them."""
     if not os.path.isdir(directory):
         return set()
     return {os.path.join(directory, f) for f in os.listdir(directory) if f.startswith("preempted-")

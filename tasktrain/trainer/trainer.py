@@ -16,7 +16,6 @@ order: resume, optimizers, strategy, sanity check, data), metrics out to the log
 import contextlib
 import inspect
 import logging
-import signal
 import time
 import warnings
 from typing import List, Optional, Union
@@ -157,6 +156,10 @@ class Trainer:
         # properties below read them in Lightning's form (inf for no length).
         self._num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
         self._counts = {"fit": [], "sanity": [], "validate": [], "test": [], "predict": []}  # ("fit": its validation)
+        # Lightning's: set by the SIGTERM handler, False again where each run installs it (guards.py, issue 37), kept
+        # after the run (its on_exception hooks and the script read it)
+        self.received_sigterm = False
+        self._sigterm_previous = None  # the SIGTERM handler the run replaced (guards.restore_sigterm_handler)
         self._reset_run_state()
 
     def _reset_run_state(self):
@@ -169,7 +172,6 @@ class Trainer:
         self._loader_data = None  # the TrainData being trained (a StatefulDataLoader's state is checkpointed)
         self.train_dataloader = None  # Lightning's: the loaders of the run in progress (or the last), set as requested
         self._test_loaders = self._predict_loaders = None  # (evaluation.run_evaluation)
-        self.received_sigterm = False  # Lightning's, fresh at each run's start: set by the SIGTERM handler (loop.py)
         self._val_loader = self._pending_val = None  # _pending_val: the fit's loader not requested yet (loaders.py)
         self._resumed_from = None
         self._fit_state = None  # the FitState of the fit in progress (fit_state.py)
@@ -631,6 +633,7 @@ class Trainer:
                 run.teardown(self, stage, module, status)
             finally:
                 restore_forward()
+                guards.restore_sigterm_handler(self)  # (an exception's path: after the on_exception hooks)
                 guards.restore_sigint(sigint, strategy)
                 self.state.stage = None
         self.state.status = TrainerStatus.FINISHED
@@ -677,6 +680,7 @@ class Trainer:
         if not finished:  # a finished run resumed writes no new log folder (issue 38)
             self._log_hyperparams(module)
         self._watch()  # from the sanity check on; set-up is not watched
+        guards.install_sigterm_handler(self)  # (Lightning's place: before the sanity check; issue 37)
         # (isolate_rng: no draw moves); a resumed fit too, unless it continues inside an epoch or counts steps
         if has_val and self.num_sanity_val_steps and not resume.skips_sanity_check(self, loaded):
             self._sanity_check()
@@ -689,7 +693,6 @@ class Trainer:
             restore_rng = resume.restore_position(self, loaded, fit.epochs)
             if restore_rng is not None:
                 restore_rng()
-        previous = loop.install_sigterm_handler(self, fit)
         requeue_handler = requeue.RequeueHandler(lambda: setattr(fit, "preempted", True),  # issue 40
                                                  self._requeue_settings)
         try:
@@ -699,9 +702,10 @@ class Trainer:
             if not guards.trains_nothing(self) and not loop.nothing_left(self):
                 loop.fit_loop(self, fit)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
             requeue_handler.restore()  # issue 40
+        # Lightning gives the SIGTERM handler back before on_fit_end (its _teardown); after an exception, once the
+        # on_exception hooks ran (_run_stage)
+        guards.restore_sigterm_handler(self)
         self._call("on_fit_end")
         skipped = self.strategy.precision.skipped_steps
         if skipped and self.is_global_zero:
@@ -712,12 +716,6 @@ class Trainer:
             exit.requeued = exit.code == requeue.REQUEUED_EXIT_CODE  # (the loggers' finalize hears "finished")
             raise exit
         requeue.finished(self.default_root_dir, self.is_global_zero and not fit.preempt_path)  # issue 40
-        if fit.preempted:
-            raise SystemExit(
-                f"[tasktrain] stopped by SIGTERM after step {self.global_step}; a checkpoint was saved to "
-                f"{fit.preempt_path}. Resume with trainer.fit(module, ..., ckpt_path='last') (the newest of the "
-                f"checkpoint folder's last and pre-emption checkpoints) or ckpt_path='{fit.preempt_path}'."
-            )
 
     def _plan(self, module, train_loader):
         """What the loop will do, for the strategy's set-up (strategies/base.py Plan); train_loader None: the

@@ -4,13 +4,16 @@ and without seed_everything and with overfit_batches, and over loaders of the us
 custom batch sampler, RandomSampler with replacement; with validation and prediction), then tasktrain's fits resumed
 from the middle of an epoch; each rank writes OUT/rank{R}.json with, per fit, the sample indices of every batch it
 trained on ((epoch, batch_idx) order) and the weights after (and the validation's and prediction's batches and the
-set_epoch calls the user's samplers got).
+set_epoch calls the user's samplers got). Last, under both, a fit whose every rank gets SIGTERM at the same batch
+(as torchrun and SLURM signal every process; issue 37): the hooks it saw, how the fit ended, and what
+ModelCheckpoint(save_on_exception=True) saved.
 
     torchrun --standalone --nproc_per_node 2 order_beside_lightning.py OUT
 """
 import gc
 import json
 import os
+import signal
 import sys
 import warnings
 
@@ -118,6 +121,48 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loader
     return seen
 
 
+def sigterm_fit(lib, base, sigterm_exception, folder):
+    """SIGTERM to this rank at batch 2 of epoch 0 (every rank alike): what each hook saw, and how the fit ended."""
+    seen = []
+
+    class Term(lib.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append(["on_train_batch_end", batch_idx, trainer.received_sigterm])
+            if (trainer.current_epoch, batch_idx) == (0, 2):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        def on_train_end(self, trainer, module):
+            seen.append(["on_train_end"])
+
+        def on_exception(self, trainer, module, exception):
+            seen.append(["on_exception", type(exception).__name__, trainer.global_step, trainer.received_sigterm])
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            index, x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    saver = lib.callbacks.ModelCheckpoint(dirpath=folder, save_on_exception=True)  # (every rank reaches its save)
+    trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, log_every_n_steps=1,
+                          callbacks=[Term(), saver], enable_progress_bar=False, enable_model_summary=False)
+    try:
+        trainer.fit(Module(), DataLoader(data(), batch_size=2, shuffle=False))
+        seen.append("returned")
+    except sigterm_exception:
+        seen.append("SIGTERMException")
+    seen.append(["after", trainer.received_sigterm, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                 sorted(os.listdir(folder))])
+    del trainer
+    return seen
+
+
 def main(out):
     import lightning.pytorch as L
 
@@ -139,6 +184,13 @@ def main(out):
                                           loaders=custom_sampler),
                              "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=custom_sampler,
                                             ckpt_path=os.path.join(saves, "step=3.ckpt"))}
+    from lightning.pytorch.utilities.exceptions import SIGTERMException as Theirs
+
+    from tasktrain.utilities.exceptions import SIGTERMException as Ours
+
+    seen["sigterm"] = {
+        "lightning": sigterm_fit(L, L.LightningModule, Theirs, os.path.join(out, "sigterm-lightning")),
+        "tasktrain": sigterm_fit(tasktrain, tasktrain.TaskModule, Ours, os.path.join(out, "sigterm-tasktrain"))}
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)

@@ -1,4 +1,5 @@
-"""`lightning.pytorch.utilities.exceptions`: the core's MisconfigurationException under Lightning's path."""
-from tasktrain.exceptions import MisconfigurationException
+"""`lightning.pytorch.utilities.exceptions`: the core's MisconfigurationException and SIGTERMException under
+Lightning's path."""
+from tasktrain.exceptions import MisconfigurationException, SIGTERMException
 
-__all__ = ["MisconfigurationException"]
+__all__ = ["MisconfigurationException", "SIGTERMException"]
