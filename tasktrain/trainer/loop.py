@@ -114,7 +114,10 @@ def train_epoch(trainer, fit, epoch):
         state.epoch_validated = False
         fit.epoch_phase, fit.in_batch = "start", False
         state.epoch_started = True  # (before the hook: a checkpoint saved in it holds it)
+        epochs = fit.epochs
         trainer._call("on_train_epoch_start")
+        if fit.epochs is not epochs:  # the hook built the training data again (a BatchSizeFinder): this epoch reads it
+            num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
         fit.epoch_phase = "run"
         trainer._eval_completed["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
