@@ -9,7 +9,6 @@ on with loaders built again at that size. See docs/tuner.md.
 import warnings
 
 from tasktrain.callbacks.base import Callback
-from tasktrain.exceptions import MisconfigurationException
 
 
 class BatchSizeFinder(Callback):
@@ -41,24 +40,9 @@ class BatchSizeFinder(Callback):
     def setup(self, trainer, pl_module, stage=None):
         """Lightning's checks, before the run's set-up goes on: one process, loaders built by the module's or the
         DataModule's hooks (one per evaluation stage), and the attribute to tune."""
-        from tasktrain.tuner.tuning import check_batch_attribute, loaders_passed_error
+        from tasktrain.tuner.tuning import check_batch_size_setup
 
-        if trainer.world_size > 1:
-            raise MisconfigurationException("The Batch size finder is not supported with distributed strategies.")
-        stage = str(getattr(stage, "value", stage))
-        given_train, given_eval = trainer._given_loaders
-        if given_train is not None or (stage != "fit" and given_eval is not None):
-            # (Lightning refuses loaders given to fit only; loaders given to validate/test/predict would be run at
-            # their own size whatever the search found: refused too, rather than a search that changes nothing)
-            raise loaders_passed_error(stage)
-        if stage != "fit":
-            hook = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
-            loaders = trainer._loader_of(pl_module, hook)
-            if isinstance(loaders, (list, tuple, dict)) and len(loaders) > 1:
-                prefix = {"validate": "val"}.get(stage, stage)
-                raise MisconfigurationException(f"The Batch size finder cannot be used with multiple {prefix} "
-                                                "dataloaders.")
-        check_batch_attribute(pl_module, trainer.datamodule, self._batch_arg_name)
+        check_batch_size_setup(trainer, pl_module, stage, self._batch_arg_name)
 
     def scale_batch_size(self, trainer, pl_module):
         """Run the search now (from any hook of the run); sets `optimal_batch_size` and the module's attribute."""

@@ -34,16 +34,11 @@ class LearningRateFinder(Callback):
 
     def lr_find(self, trainer, pl_module):
         """Run the sweep now (from any hook of the fit); sets `optimal_lr` and, with update_attr, the rate."""
-        from tasktrain.tuner.tuning import find_lr
+        from tasktrain.tuner.tuning import find_lr, run_loaders
 
-        loaders = {}
-        if trainer.datamodule is not None:
-            loaders["datamodule"] = trainer.datamodule
-        else:  # the fit's own training and validation loaders, given or from the module's hooks
-            given_train, given_val = trainer._given_loaders
-            loaders = {"train_dataloaders": given_train, "val_dataloaders": given_val}
-        self.optimal_lr = find_lr(trainer, pl_module, loaders, self._min_lr, self._max_lr, self._num_training_steps,
-                                  self._mode, self._early_stop_threshold, self._update_attr, self._attr_name)
+        self.optimal_lr = find_lr(trainer, pl_module, run_loaders(trainer), self._min_lr, self._max_lr,
+                                  self._num_training_steps, self._mode, self._early_stop_threshold, self._update_attr,
+                                  self._attr_name)
 
     def on_fit_start(self, trainer, pl_module):
         self.lr_find(trainer, pl_module)

@@ -154,6 +154,36 @@ def check_batch_attribute(model, datamodule, name):
                       "remove either one.", UserWarning, stacklevel=3)
 
 
+def check_batch_size_setup(trainer, module, stage, batch_arg_name):
+    """BatchSizeFinder.setup's checks (Lightning's, in its order and words): one process, loaders built by the
+    module's or the DataModule's hooks (one per evaluation stage), and the attribute to tune."""
+    if trainer.world_size > 1:
+        raise MisconfigurationException("The Batch size finder is not supported with distributed strategies.")
+    stage = str(getattr(stage, "value", stage))
+    given_train, given_eval = trainer._given_loaders
+    if given_train is not None or (stage != "fit" and given_eval is not None):
+        # (Lightning refuses loaders given to fit only; loaders given to validate/test/predict would be run at their
+        # own size whatever the search found: refused too, rather than a search that changes nothing)
+        raise loaders_passed_error(stage)
+    if stage != "fit":
+        hook = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
+        loaders = trainer._loader_of(module, hook)
+        if isinstance(loaders, (list, tuple, dict)) and len(loaders) > 1:
+            prefix = {"validate": "val"}.get(stage, stage)
+            raise MisconfigurationException(f"The Batch size finder cannot be used with multiple {prefix} "
+                                            "dataloaders.")
+    check_batch_attribute(module, trainer.datamodule, batch_arg_name)
+
+
+def run_loaders(trainer):
+    """The fit in progress's data, as a trial's keyword arguments: its DataModule, else the loaders passed to it
+    (None: the module's hooks)."""
+    if trainer.datamodule is not None:
+        return {"datamodule": trainer.datamodule}
+    given_train, given_val = trainer._given_loaders
+    return {"train_dataloaders": given_train, "val_dataloaders": given_val}
+
+
 def loaders_passed_error(method):
     return MisconfigurationException(
         f"The Batch size finder cannot be used with dataloaders passed directly to `.{method}()`. Please disable the "
