@@ -1,4 +1,5 @@
 from tasktrain.callbacks.base import Callback, Checkpoint, Logger
+from tasktrain.callbacks.batch_size_finder import BatchSizeFinder
 from tasktrain.callbacks.checkpoint import ModelCheckpoint
 from tasktrain.callbacks.clipping import GradientClipping
 from tasktrain.callbacks.device_stats_monitor import DeviceStatsMonitor
@@ -6,6 +7,7 @@ from tasktrain.callbacks.early_stopping import EarlyStopping
 from tasktrain.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from tasktrain.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 from tasktrain.callbacks.lambda_function import LambdaCallback
+from tasktrain.callbacks.lr_finder import LearningRateFinder
 from tasktrain.callbacks.lr_monitor import LearningRateMonitor
 from tasktrain.callbacks.model_summary import ModelSummary, RichModelSummary
 from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
@@ -24,7 +26,7 @@ __all__ = ["Callback", "Checkpoint", "Logger", "ModelCheckpoint", "GradientClipp
            "GradientAccumulationScheduler", "BasePredictionWriter",
            "WeightAveraging", "EMAWeightAveraging", "StochasticWeightAveraging", "ThroughputMonitor",
            "BaseFinetuning", "BackboneFinetuning", "ModelSummary", "RichModelSummary", "DeviceStatsMonitor",
-           "SpikeDetection", "TrainingSpikeException", "ModelPruning"]
+           "SpikeDetection", "TrainingSpikeException", "ModelPruning", "BatchSizeFinder", "LearningRateFinder"]
 
 _LOGGERS = ("TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger")
 

@@ -209,10 +209,14 @@ def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing,
 
 
 def in_call_order(callbacks):
-    """Loggers first, checkpointing last: a checkpoint holds the state of every other callback at that point."""
+    """The finders first (Lightning's rule: they tune before any other callback sees the run), then loggers,
+    checkpointing last: a checkpoint holds the state of every other callback at that point."""
     from tasktrain.callbacks.base import Checkpoint
+    from tasktrain.callbacks.batch_size_finder import BatchSizeFinder
+    from tasktrain.callbacks.lr_finder import LearningRateFinder
 
-    return sorted(callbacks, key=lambda c: 0 if isinstance(c, Logger) else 2 if isinstance(c, Checkpoint) else 1)
+    return sorted(callbacks, key=lambda c: -1 if isinstance(c, (BatchSizeFinder, LearningRateFinder)) else
+                  0 if isinstance(c, Logger) else 2 if isinstance(c, Checkpoint) else 1)
 
 
 # What the Trainer calls on every logger in every run (Lightning's Logger interface): log_hyperparams, log_graph and

@@ -43,19 +43,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
                  "predict": trainer.limit_predict_batches}[stage]
     if limit_arg == 0 and stage != "predict":
         return []  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
-    name = _LOADER_HOOK[stage]
-    loader = loader if loader is not None else trainer._loader_of(module, name)
-    if loader is None:
-        raise ValueError(f"Trainer.{stage} needs data: pass dataloaders= or datamodule=, or define {name}() on "
-                         "the module.")
-    world_size, rank = fit_data.shards(trainer)
-    prefix = {"validate": "val"}.get(stage, stage)
-    shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
-    loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed, trainer.global_rank)
-               for one in as_loaders(loader)]
-    limits = [limit_eval(one, limit_arg) for one in loaders]
-    setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
-    setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
+    loaders, limits = eval_loaders(trainer, stage, module, loader)
     trainer._watch()
     if stage == "predict":
         per_loader = predict(trainer, module, loaders, limits, gather)
@@ -95,6 +83,35 @@ def grad_context(trainer):
     return torch.inference_mode()
 
 
+def eval_loaders(trainer, stage, module, loader):
+    """The run's loaders (`loader` if given, else the hook's) prepared, and their batch counts."""
+    limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
+                 "predict": trainer.limit_predict_batches}[stage]
+    name = _LOADER_HOOK[stage]
+    loader = loader if loader is not None else trainer._loader_of(module, name)
+    if loader is None:
+        raise ValueError(f"Trainer.{stage} needs data: pass dataloaders= or datamodule=, or define {name}() on "
+                         "the module.")
+    world_size, rank = fit_data.shards(trainer)
+    prefix = {"validate": "val"}.get(stage, stage)
+    shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
+    loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed, trainer.global_rank)
+               for one in as_loaders(loader)]
+    limits = [limit_eval(one, limit_arg) for one in loaders]
+    setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
+    setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
+    return loaders, limits
+
+
+def _rebuilt_if_stale(trainer, stage, loaders, limits):
+    """Built again when a hook at the run's start changed what the hooks' loaders read (a BatchSizeFinder's size):
+    the run's batches are read at the size found, as Lightning's loop sets its data up again."""
+    if not trainer._eval_data_stale:
+        return loaders, limits
+    trainer._eval_data_stale = False
+    return eval_loaders(trainer, stage, trainer.module, None)
+
+
 def evaluate(trainer, stage, loaders, limits):
     """Run validation/test batches of each loader (grad_context); returns the reduced epoch metrics.
     With several loaders the step and batch hooks get dataloader_idx, and self.log adds the
@@ -128,6 +145,8 @@ def _evaluate(trainer, stage, loaders, limits):
     completed, phases = state.eval_batches[key], trainer._eval_phase
     completed[1] = 0
     trainer._call(f"on_{prefix}_start")
+    if not trainer.sanity_checking and trainer.state.fn == stage:  # (a validate/test run's own loaders)
+        loaders, limits = _rebuilt_if_stale(trainer, stage, loaders, limits)
     trainer._call(f"on_{prefix}_epoch_start")
     for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
         set_sampler_epoch(loader, trainer.current_epoch)
@@ -227,6 +246,14 @@ def _predict(trainer, module, loaders, limits, gather):
     # the batches started per loader (Lightning's predict_loop.epoch_batch_indices: lightning_loops.py)
     started = trainer._predict_started = [0] * len(loaders)
     trainer._call("on_predict_start")
+    if trainer._eval_data_stale:  # (a BatchSizeFinder's size: the loaders again, their indices recorded again)
+        loaders, limits = _rebuilt_if_stale(trainer, "predict", loaders, limits)
+        if writers:
+            recorded = [record_batch_indices(loader) for loader in loaders]
+            loaders = [loader for loader, _ in recorded]
+            trainer.predict_batch_indices = [indices for _, indices in recorded]
+        per_loader = [[] for _ in loaders]
+        trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
     trainer._call("on_predict_epoch_start")
     eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
         profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)

@@ -113,7 +113,10 @@ def train_epoch(trainer, fit, epoch):
         state.epoch_validated = False
         fit.epoch_phase, state.batch_phase = "start", None
         state.epoch_started = True  # (before the hook: a checkpoint saved in it holds it)
+        epochs = fit.epochs
         trainer._call("on_train_epoch_start")
+        if fit.epochs is not epochs:  # the hook built the training data again (a BatchSizeFinder): this epoch reads it
+            num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
         fit.epoch_phase = "run"
         # Lightning's epoch loop resets its batch counts (`current`) and is_last_batch after on_train_epoch_start
         state.epoch_batches_from, state.epoch_cut = state.batches_taken, False

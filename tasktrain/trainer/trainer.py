@@ -177,6 +177,8 @@ class Trainer:
         self._fit_state = None  # the FitState of the fit in progress (fit_state.py)
         self.predictions, self.predict_batch_indices = [], []  # of the predict run in progress (prediction writers)
         self._predict_started = None  # its batches started per loader (evaluation._predict)
+        self._given_loaders = (None, None)  # (_run_stage)
+        self._eval_data_stale = False  # a hook changed what an evaluation run's loaders read (BatchSizeFinder)
 
     # -- properties ----------------------------------------------------------------------------------------------
     @property
@@ -593,6 +595,9 @@ class Trainer:
     def _run_stage(self, stage, module, train_loader, eval_loader, ckpt_path, gather, compiled=None):
         strategy = self.strategy
         run.start_stage(self, stage, module)
+        # the loaders passed to this run's entry point (None: from the module's or the DataModule's hooks), for the
+        # callbacks that need to know (BatchSizeFinder, LearningRateFinder)
+        self._given_loaders = (train_loader, eval_loader)
         self.state.stage = _RUNNING_STAGE[stage]  # Lightning's: from the setup hooks to the teardown ones
         result = None
         status = "success"  # what the loggers' finalize hears

@@ -28,9 +28,16 @@ def is_oom_error(exception):
 
 
 def run_trial(trainer, model, loaders):
-    """Run the trial fit; False if it ran out of memory."""
+    """Run the trial (a fit, or the validate / test / predict run loaders["method"] names); False if it ran out of
+    memory."""
+    kwargs = dict(loaders)
+    method = kwargs.pop("method", "fit")
+    if method in ("validate", "test"):
+        kwargs["verbose"] = False  # the trials' results are not the run's
+    elif method == "predict":
+        kwargs["return_predictions"] = False
     try:
-        trainer.fit(model, **loaders)
+        getattr(trainer, method)(model, **kwargs)
         return True
     except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError
         if not is_oom_error(err):
@@ -55,62 +62,101 @@ def _get(owner, name):
     return getattr(owner, name) if hasattr(owner, name) else owner.hparams[name]
 
 
-def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, max_trials, batch_arg_name):
+_TRIAL_LIMIT = {"fit": "limit_train_batches", "validate": "limit_val_batches", "test": "limit_test_batches",
+                "predict": "limit_predict_batches"}
+
+
+def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, max_trials, batch_arg_name,
+                     margin=0.05, max_val=8192):
+    """Lightning's search, on `trainer` set up for trials by the caller (tuning.py): "power" doubles from init_val
+    while a trial fits (and halves while none has: a size that fits is then doubled again), and stops at the
+    first failure after a success with the last size that fitted; "binsearch" doubles the same way, then bisects
+    between the last size that fitted and the first that failed, and takes `margin` off what it found. Both stop
+    once a size reaches the dataset's length (a larger batch holds no more samples), or `max_val`, or after
+    `max_trials` trials (binsearch counts the trials that fitted, as Lightning's)."""
     if mode not in ("power", "binsearch"):
-        raise ValueError(f"scale_batch_size(mode={mode!r}): use 'power' or 'binsearch'.")
-    for arg, value in (("steps_per_trial", steps_per_trial), ("init_val", init_val), ("max_trials", max_trials)):
+        raise ValueError("`mode` should be either of ('power', 'binsearch')")
+    if not 0.0 <= margin < 1.0:
+        raise AssertionError(f"`margin` should be between 0 and 1. Found margin={margin!r}")
+    for arg, value in (("steps_per_trial", steps_per_trial), ("init_val", init_val), ("max_trials", max_trials),
+                       ("max_val", max_val)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"scale_batch_size({arg}={value!r}): use a positive integer.")
     from tasktrain.tuner import batch_size_scaling as this  # look run_trial up at call time: it may be replaced
 
+    method = loaders.get("method", "fit")
     owner = batch_attr(model, loaders.get("datamodule"), batch_arg_name)
-    limit = _dataset_length(model, loaders)
+    limit = _dataset_length(model, loaders, method)
     trainer.callbacks = []
-    trainer.max_steps, trainer.max_epochs = steps_per_trial, -1
-    trainer.limit_train_batches = steps_per_trial
-    trainer.limit_val_batches = steps_per_trial  # the validation batches must fit too
-    trainer.accumulate_grad_batches = 1
-    size, low, high, trials = init_val, None, None, 0
-    while trials < max_trials:
-        trials += 1
+    if method == "fit":
+        trainer.max_steps, trainer.max_epochs = steps_per_trial, -1
+        trainer.limit_val_batches = steps_per_trial  # the validation batches must fit too
+        trainer.accumulate_grad_batches = 1
+    setattr(trainer, _TRIAL_LIMIT[method], steps_per_trial)
+
+    def fits(size):
         set_attr(owner, batch_arg_name, size)
         start_counters_over(trainer)
-        fits = this.run_trial(trainer, model, loaders)
-        print(f"[tasktrain] scale_batch_size: batch size {size} {'fits' if fits else 'ran out of memory'}", flush=True)
-        if fits:
-            low = size
-            if limit is not None and size >= limit:
-                break  # the whole dataset in one batch: no larger size means anything
-            if high is None:
-                size = size * 2 if limit is None else min(size * 2, limit)
-            elif mode == "binsearch" and high - low > 1:
-                size = (low + high) // 2
+        ok = this.run_trial(trainer, model, loaders)
+        print(f"[tasktrain] scale_batch_size: batch size {size} {'fits' if ok else 'ran out of memory'}", flush=True)
+        return ok
+
+    def whole_dataset(size):  # the size already holds every sample: a larger one tells nothing new
+        return limit is not None and size >= limit
+
+    size = min(init_val, max_val)
+    if mode == "power":
+        fitted_once = False
+        for trial in range(max_trials):
+            if fits(size):
+                if trial + 1 >= max_trials or whole_dataset(size) or size >= max_val:
+                    break
+                size, fitted_once = min(size * 2, max_val), True
             else:
-                break
-        else:
-            high = size
-            if low is not None and mode == "power":
-                size = low
-                break
-            if low is None:
                 if size == 1:
                     raise RuntimeError("scale_batch_size: even a batch of 1 runs out of memory.")
-                size = max(1, size // 2)
-            elif high - low > 1:
-                size = (low + high) // 2
+                size //= 2
+                if fitted_once:
+                    break
+    else:
+        low, high, fitted = 1, None, 0
+        while True:
+            if fits(size):
+                fitted += 1
+                if fitted >= max_trials or whole_dataset(size) or size >= max_val:
+                    break
+                low = size
+                if high is not None:
+                    if high - low <= 1:
+                        break
+                    size = (low + high) // 2
+                else:
+                    size = min(size * 2, max_val)
             else:
-                size = low
-                break
-    size = low if low is not None else size
+                high = size
+                size = (low + high) // 2
+                if high - low <= 1:
+                    break
+        if margin > 0:  # (binsearch only, as Lightning's: its size is at the edge of what fits)
+            reduced = max(1, int(size * (1 - margin)))
+            if reduced != size:
+                print(f"[tasktrain] scale_batch_size: margin {margin:.1%}: batch size {size} -> {reduced}",
+                      flush=True)
+            size = reduced
     set_attr(owner, batch_arg_name, size)
     print(f"[tasktrain] scale_batch_size: {batch_arg_name} set to {size}", flush=True)
     return size
 
 
-def _dataset_length(model, loaders):
-    """The training set's length, read from the loader the module builds (None when it has none)."""
+def _dataset_length(model, loaders, method="fit"):
+    """The length of the dataset the trials read (the training set for fit, else the stage's loader's), read from
+    the loader the module (or DataModule) builds; None when it has none."""
     source = loaders.get("datamodule") or model
+    hook = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
+            "predict": "predict_dataloader"}[method]
     try:
-        return len(source.train_dataloader().dataset)
-    except (TypeError, AttributeError):
+        loader = getattr(source, hook)()
+        loader = loader[0] if isinstance(loader, (list, tuple)) and len(loader) == 1 else loader
+        return len(loader.dataset)
+    except (TypeError, AttributeError, NotImplementedError):
         return None

@@ -88,12 +88,13 @@ def lr_attr_name(model, attr_name=""):
     for name in names:
         if hasattr(model, name) or name in getattr(model, "hparams", {}):
             return name
-    if attr_name:
-        raise AttributeError(f"lr_find(attr_name={attr_name!r}): {type(model).__name__} has no such attribute or "
-                             "hyper-parameter.")
-    raise AttributeError(f"lr_find(update_attr=True) sets the module's learning rate, but {type(model).__name__} "
-                         "has neither `lr` nor `learning_rate` (as an attribute or in self.hparams). Add one and use "
-                         "it in configure_optimizers, pass attr_name=..., or update_attr=False.")
+    if attr_name:  # (Lightning's words)
+        raise AttributeError(f"The attribute name for the learning rate was set to {attr_name}, but could not find "
+                             "this as a field in `model` or `model.hparams`.")
+    raise AttributeError("When using the learning rate finder, either `model` or `model.hparams` should have one of "
+                         "these fields: ('lr', 'learning_rate'). If your model has a different name for the learning "
+                         "rate, set it with `.lr_find(attr_name=...)`. (tasktrain: it has neither `lr` nor "
+                         "`learning_rate`; add one and use it in configure_optimizers, or pass update_attr=False.)")
 
 
 def set_attr(model, name, value):
@@ -114,7 +115,7 @@ def start_counters_over(trainer):
 def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr,
             attr_name):
     if mode not in ("exponential", "linear"):
-        raise ValueError(f"lr_find(mode={mode!r}): use 'exponential' or 'linear'.")
+        raise ValueError("`mode` should be either of ('linear', 'exponential')")
     if not 0 < min_lr < max_lr:
         raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): use 0 < min_lr < max_lr.")
     if not isinstance(num_training, int) or num_training < 2:

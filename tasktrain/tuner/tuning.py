@@ -1,116 +1,293 @@
-"""Tuner: the learning-rate finder and the batch-size finder, each a few short fits on the trainer it is given.
+"""Tuner: the learning-rate finder and the batch-size finder, each a few short trial runs on the trainer it is given.
 
     tuner = Tuner(trainer)
     finder = tuner.lr_find(module, train_loader)   # sweeps the rate, sets module.lr to finder.suggestion()
     size = tuner.scale_batch_size(module)          # grows module.batch_size while a few steps still fit
     trainer.fit(module, ...)                       # the real run, from the module's original weights
 
-Both leave the module's weights and the trainer's settings and state (global_step, current_epoch) as they found
-them (they run with the trainer's callbacks, loggers and profiler set aside: nothing is checkpointed, logged or
-profiled), and change only the attribute they tune.
+The callbacks LearningRateFinder and BatchSizeFinder (tasktrain/callbacks/lr_finder.py, batch_size_finder.py) run
+the same searches from inside a run (at its start, or from any hook of a subclass); `find_lr` and
+`find_batch_size` below are the one implementation both use, as Lightning's Tuner runs its callbacks.
+
+Both leave the module's weights and the trainer as they found them (its settings, where it is: global_step,
+current_epoch, and from inside a run everything of the run in progress: its loaders, metrics, hook tables, the
+strategy's wrapped module and optimizers). The trials run with the trainer's callbacks, loggers and profiler set
+aside: nothing is checkpointed, logged or profiled. They change only the attribute they tune (and, from inside a
+fit, the learning rate of the optimizers already built, as Lightning's).
 They run on one process: on several, each rank's trials would have to agree on every outcome (an out-of-memory
 error on one rank leaves the others waiting); find the values in a one-process run and pass them in.
 """
 import copy
 import warnings
 
-from tasktrain.tuner.batch_size_scaling import scale_batch_size
-from tasktrain.tuner.lr_finder import lr_find
+from tasktrain.exceptions import MisconfigurationException
+from tasktrain.trainer.seed import isolate_rng
+from tasktrain.tuner import batch_size_scaling
+from tasktrain.tuner.lr_finder import lr_attr_name, lr_find
+
+_METHODS = ("fit", "validate", "test", "predict")
 
 
 class Tuner:
+    """Lightning's Tuner: lr_find and scale_batch_size on the trainer it is given."""
+
     def __init__(self, trainer):
         self._trainer = trainer
 
     def lr_find(self, model, train_dataloaders=None, val_dataloaders=None, dataloaders=None, datamodule=None,
-                method="fit", min_lr=1e-8, max_lr=1.0, num_training=100, mode="exponential",
+                method="fit", min_lr=1e-8, max_lr=1, num_training=100, mode="exponential",
                 early_stop_threshold=4.0, update_attr=True, attr_name=""):
         """Train `num_training` steps with the rate growing from min_lr to max_lr ("exponential" or "linear"),
         recording the smoothed loss; stops early once the loss passes early_stop_threshold x its best (None: never).
         Returns an LRFinder (`results` {"lr": [...], "loss": [...]}, `suggestion()`); with update_attr, sets the
         module's `lr` / `learning_rate` attribute or hyper-parameter (or `attr_name`) to the suggestion."""
-        _check_method(method)
-        loaders = _fit_loaders(train_dataloaders, val_dataloaders, dataloaders, datamodule)
-        if _skipped(self._trainer, "learning rate finder"):
-            return None
-        with _tuning(self._trainer, model, "lr_find"):
-            return lr_find(self._trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold,
-                           update_attr, attr_name)
+        if method != "fit":  # (Lightning's checks and words, in its order)
+            raise MisconfigurationException("method='fit' is the only valid configuration to run lr finder.")
+        _check_tuner_configuration(train_dataloaders, val_dataloaders, dataloaders, method)
+        from tasktrain.callbacks.lr_finder import LearningRateFinder
+
+        if any(isinstance(cb, LearningRateFinder) for cb in self._trainer.callbacks):
+            raise ValueError("Trainer is already configured with a `LearningRateFinder` callback.Please remove it if "
+                             "you want to use the Tuner.")
+        check_lr_find_arguments(mode)
+        loaders = {"datamodule": datamodule} if datamodule is not None else {
+            "train_dataloaders": train_dataloaders, "val_dataloaders": val_dataloaders}
+        return find_lr(self._trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold,
+                       update_attr, attr_name)
 
     def scale_batch_size(self, model, train_dataloaders=None, val_dataloaders=None, dataloaders=None,
                          datamodule=None, method="fit", mode="power", steps_per_trial=3, init_val=2, max_trials=25,
-                         batch_arg_name="batch_size"):
-        """The largest batch size (module.<batch_arg_name>, or its hyper-parameter, read by the module's own
-        train_dataloader) with which `steps_per_trial` training and validation steps run without running out of
-        memory: doubled from init_val until a trial fails ("power"), then, in "binsearch", bisected between the
-        last size that fit and the first that did not. Sets the attribute and returns the size."""
-        _check_method(method)
-        if train_dataloaders is not None or val_dataloaders is not None or dataloaders is not None:
-            raise ValueError("scale_batch_size changes the module's batch size attribute, which its own "
-                             "train_dataloader() must read: loaders passed in are already built with one size. Build "
-                             "them in the module's (or the DataModule's) train_dataloader()/val_dataloader().")
-        loaders = _fit_loaders(None, None, None, datamodule)
-        if _skipped(self._trainer, "batch size scaler"):
-            return None
-        with _tuning(self._trainer, model, "scale_batch_size"):
-            return scale_batch_size(self._trainer, model, loaders, mode, steps_per_trial, init_val, max_trials,
-                                    batch_arg_name)
+                         batch_arg_name="batch_size", margin=0.05, max_val=8192):
+        """The largest batch size (module.<batch_arg_name>, or its hyper-parameter, or the DataModule's, read by
+        their own *_dataloader hooks) with which `steps_per_trial` steps of `method` (fit: training and validation)
+        run without running out of memory: doubled from init_val until a trial fails ("power"), then, in
+        "binsearch", bisected between the last size that fit and the first that did not, less `margin`; never past
+        max_val. Sets the attribute and returns the size."""
+        _check_tuner_configuration(train_dataloaders, val_dataloaders, dataloaders, method)
+        from tasktrain.callbacks.batch_size_finder import BatchSizeFinder
+
+        if self._trainer.world_size > 1:
+            raise ValueError("Tuning the batch size is currently not supported with distributed strategies.")
+        if any(isinstance(cb, BatchSizeFinder) for cb in self._trainer.callbacks):
+            raise ValueError("Trainer is already configured with a `BatchSizeFinder` callback.Please remove it if "
+                             "you want to use the Tuner.")
+        check_batch_size_arguments(mode, margin)
+        given = train_dataloaders if method == "fit" else dataloaders
+        if given is not None and not _is_datamodule(given) or val_dataloaders is not None:
+            raise loaders_passed_error(method)
+        if _is_datamodule(given):  # (a DataModule where the loaders go is the datamodule: Lightning's rule)
+            datamodule = given
+        loaders = {"method": method}
+        if datamodule is not None:
+            loaders["datamodule"] = datamodule
+        check_batch_attribute(model, datamodule, batch_arg_name)
+        return find_batch_size(self._trainer, model, loaders, mode, steps_per_trial, init_val, max_trials,
+                               batch_arg_name, margin, max_val)
+
+
+# -- the one implementation (the Tuner's and the callbacks') --------------------------------------------------------
+def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr,
+            attr_name):
+    """The learning-rate sweep on `trainer` (idle, or inside a fit of `model`), RNG isolated as Lightning's: an
+    LRFinder, or None under fast_dev_run. With update_attr the suggestion is set on the module and, inside a fit,
+    on the optimizers already built (their configure_optimizers ran before the sweep: Lightning's rule)."""
+    if _skipped(trainer, "learning rate finder"):
+        return None
+    name = lr_attr_name(model, attr_name) if update_attr else None
+    with isolate_rng(), _tuning(trainer, model, "lr_find"):
+        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, False,
+                         attr_name)
+    if name is not None:
+        lr = finder.suggestion()
+        if lr is None:
+            print("[tasktrain] lr_find: too few finite losses for a suggestion; the learning rate is unchanged "
+                  "(raise num_training or lower max_lr).", flush=True)
+        else:
+            from tasktrain.tuner.lr_finder import set_attr
+
+            set_attr(model, name, lr)
+            for optimizer in trainer.optimizers or []:  # (inside a fit: the run goes on at the suggested rate)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+            print(f"[tasktrain] lr_find: learning rate set to {lr:.3g} ({type(model).__name__}.{name})", flush=True)
+    return finder
+
+
+def find_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, max_trials, batch_arg_name, margin,
+                    max_val):
+    """The batch-size search on `trainer` (idle, or inside a run of `model`): the size found, or None under
+    fast_dev_run. Inside a run, the run's loaders are built again with the size found (as Lightning resets its
+    loops' data): a fit's at its next use, an epoch that is starting with it."""
+    if _skipped(trainer, "batch size scaler"):
+        return None
+    with _tuning(trainer, model, "scale_batch_size") as tuning:
+        size = batch_size_scaling.scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val,
+                                                   max_trials, batch_arg_name, margin, max_val)
+    if tuning.in_run:
+        _rebuild_run_data(trainer)
+    return size
+
+
+# -- checks (Lightning's words) -------------------------------------------------------------------------------------
+def check_lr_find_arguments(mode):
+    if str(mode).lower() not in ("linear", "exponential"):
+        raise ValueError("`mode` should be either of ('linear', 'exponential')")
+
+
+def check_batch_size_arguments(mode, margin):
+    if str(mode).lower() not in ("power", "binsearch"):
+        raise ValueError("`mode` should be either of ('power', 'binsearch')")
+    if not 0.0 <= margin < 1.0:  # (an AssertionError, as Lightning's assert; raised also under python -O)
+        raise AssertionError(f"`margin` should be between 0 and 1. Found margin={margin!r}")
+
+
+def check_batch_attribute(model, datamodule, name):
+    """Lightning's: the batch size must be a field of the module, its hparams, or the DataModule."""
+    owners = [model, datamodule]
+    if not any(owner is not None and (hasattr(owner, name) or name in getattr(owner, "hparams", {}))
+               for owner in owners):
+        raise MisconfigurationException(f"Field {name} not found in `model`, `datamodule`, nor their `hparams` "
+                                        "attributes.")
+    if hasattr(model, name) and name in getattr(model, "hparams", {}):
+        warnings.warn(f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! `model.{name}` will "
+                      "be used as the initial batch size for scaling. If this is not the intended behavior, please "
+                      "remove either one.", UserWarning, stacklevel=3)
+
+
+def check_batch_size_setup(trainer, module, stage, batch_arg_name):
+    """BatchSizeFinder.setup's checks (Lightning's, in its order and words): one process, loaders built by the
+    module's or the DataModule's hooks (one per evaluation stage), and the attribute to tune."""
+    if trainer.world_size > 1:
+        raise MisconfigurationException("The Batch size finder is not supported with distributed strategies.")
+    stage = str(getattr(stage, "value", stage))
+    given_train, given_eval = trainer._given_loaders
+    if given_train is not None or (stage != "fit" and given_eval is not None):
+        # (Lightning refuses loaders given to fit only; loaders given to validate/test/predict would be run at their
+        # own size whatever the search found: refused too, rather than a search that changes nothing)
+        raise loaders_passed_error(stage)
+    if stage != "fit":
+        hook = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
+        loaders = trainer._loader_of(module, hook)
+        if isinstance(loaders, (list, tuple, dict)) and len(loaders) > 1:
+            prefix = {"validate": "val"}.get(stage, stage)
+            raise MisconfigurationException(f"The Batch size finder cannot be used with multiple {prefix} "
+                                            "dataloaders.")
+    check_batch_attribute(module, trainer.datamodule, batch_arg_name)
+
+
+def run_loaders(trainer):
+    """The fit in progress's data, as a trial's keyword arguments: its DataModule, else the loaders passed to it
+    (None: the module's hooks)."""
+    if trainer.datamodule is not None:
+        return {"datamodule": trainer.datamodule}
+    given_train, given_val = trainer._given_loaders
+    return {"train_dataloaders": given_train, "val_dataloaders": given_val}
+
+
+def loaders_passed_error(method):
+    return MisconfigurationException(
+        f"The Batch size finder cannot be used with dataloaders passed directly to `.{method}()`. Please disable the "
+        "feature or incorporate the dataloader into your TaskModule or DataModule (the size it finds is read by "
+        "their *_dataloader hooks; a loader passed in is already built with one size).")
+
+
+def _check_tuner_configuration(train_dataloaders, val_dataloaders, dataloaders, method):
+    if method not in _METHODS:
+        raise ValueError(f"method {method!r} is invalid. Should be one of {_METHODS}.")
+    if method == "fit":
+        if dataloaders is not None:
+            raise MisconfigurationException(
+                f"In tuner with method={method!r}, `dataloaders` argument should be None, please consider setting "
+                "`train_dataloaders` and `val_dataloaders` instead.")
+    elif train_dataloaders is not None or val_dataloaders is not None:
+        raise MisconfigurationException(
+            f"In tuner with `method`={method!r}, `train_dataloaders` and `val_dataloaders` arguments should be None, "
+            "please consider setting `dataloaders` instead.")
+
+
+def _is_datamodule(value):
+    from tasktrain.trainer.datamodule import DataModule
+
+    return isinstance(value, DataModule)
 
 
 def _skipped(trainer, what):
     """Lightning's rule: a fast_dev_run trainer only checks that the code runs, so nothing is tuned (None)."""
     if trainer.fast_dev_run:
-        warnings.warn(f"Skipping {what} since `fast_dev_run` is enabled.", UserWarning, stacklevel=3)
+        warnings.warn(f"Skipping {what} since `fast_dev_run` is enabled.", UserWarning, stacklevel=4)
         return True
     return False
 
 
-def _check_method(method):
-    if method != "fit":
-        raise ValueError(f"method={method!r}: the tuner tunes training (method='fit'); validate/test/predict have "
-                         "no learning rate, and their batch size can be found with a fit's.")
-
-
-def _fit_loaders(train, val, dataloaders, datamodule):
-    if dataloaders is not None and train is not None:
-        raise ValueError("Give train_dataloaders or dataloaders, not both.")
-    kwargs = {"train_dataloaders": train if train is not None else dataloaders, "val_dataloaders": val}
-    if datamodule is not None:
-        kwargs = {"datamodule": datamodule}
-    return kwargs
-
-
-_SETTINGS = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "val_check_interval",
-             "check_val_every_n_epoch", "num_sanity_val_steps", "callbacks", "accumulate_grad_batches", "profiler",
-             "state", "_max_epochs_unset", "_loggers")
-
-
 class _tuning:
     """Set the trainer up for trials (no callbacks, loggers, profiler or sanity check) and put everything back
-    after: its settings, where it is (global_step, current_epoch), and the module's weights and buffers."""
+    after: the trainer's attributes as they were (its settings, its counters, and inside a run that run's loaders,
+    metric store, hook tables and fit state), the strategy's (the run's wrapped module and optimizers: a trial's
+    teardown drops them), the module's weights, buffers and train/eval modes, and the state of the optimizers and
+    schedulers already built (a configure_optimizers that returns the same objects each time trains them)."""
 
     def __init__(self, trainer, model, name):
         if trainer.world_size > 1:
             raise ValueError(f"Tuner.{name} runs on one process; this trainer has {trainer.world_size}. Find the "
                              "value in a one-process run (devices=1) and pass it to this one.")
         self.trainer, self.model = trainer, model
+        self.in_run = trainer._metrics is not None  # called from a hook of a run in progress
 
     def __enter__(self):
-        self.settings = {name: getattr(self.trainer, name) for name in _SETTINGS}
-        self.settings["callbacks"] = list(self.trainer.callbacks)
-        self.settings["state"] = copy.deepcopy(self.trainer.state)
-        self.cut_short = self.trainer._epoch_cut_short
+        trainer, strategy = self.trainer, self.trainer.strategy
+        # (shallow: the run in progress holds these very objects, e.g. trainer.state, and must find them again)
+        self.attributes = dict(trainer.__dict__)
+        self.callbacks = list(trainer.callbacks)
+        self.strategy_attributes = dict(strategy.__dict__)
+        self.precision = copy.deepcopy(strategy.precision.state_dict()) if hasattr(
+            strategy.precision, "state_dict") else None
         self.weights = copy.deepcopy(self.model.state_dict())
-        self.trainer.callbacks = []
-        self.trainer._loggers = []  # (loggers that are not callbacks too)
-        self.trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
-        self.trainer.num_sanity_val_steps = 0
+        self.modes = [(module, module.training) for module in self.model.modules()]
+        self.optimizers = [(o, copy.deepcopy(o.state_dict())) for o in (trainer.optimizers or [])]
+        self.schedulers = [(c.scheduler, copy.deepcopy(c.scheduler.state_dict()))
+                           for c in (getattr(trainer, "lr_scheduler_configs", None) or [])]
+        trainer.callbacks = []
+        trainer._loggers = []  # (loggers that are not callbacks too)
+        trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
+        trainer.num_sanity_val_steps = 0
         return self
 
     def __exit__(self, *exc):
-        for name, value in self.settings.items():
-            setattr(self.trainer, name, value)
+        trainer, strategy = self.trainer, self.trainer.strategy
+        trainer.__dict__.clear()
+        trainer.__dict__.update(self.attributes)
+        trainer.callbacks[:] = self.callbacks  # (the same list object, its items as they were)
+        strategy.__dict__.clear()
+        strategy.__dict__.update(self.strategy_attributes)
+        if self.precision is not None:
+            strategy.precision.load_state_dict(self.precision)
         self.model.load_state_dict(self.weights)
-        self.trainer.should_stop = False
-        self.trainer._epoch_cut_short = self.cut_short  # (the trials' last epoch is not the run's)
+        for module, training in self.modes:
+            module.training = training
+        for optimizer, state in self.optimizers:
+            optimizer.load_state_dict(state)
+        for scheduler, state in self.schedulers:
+            scheduler.load_state_dict(state)
+        self.model.trainer = trainer
         return False
+
+
+def _rebuild_run_data(trainer):
+    """After a batch-size search inside a run: the run's loaders that its hooks built are built again (with the size
+    found), as Lightning's loops set up their data again. A fit's training data not built yet is built when the fit
+    asks for it; one in use is replaced (an epoch starting now runs on the new one: loop.train_epoch); an evaluation
+    run's loaders are built again before its first batch (evaluation.py)."""
+    from tasktrain.trainer import loaders
+
+    fit = trainer._fit_state
+    if trainer.state.fn == "fit":
+        if trainer._train_data is not None and trainer._loaders_from_hooks[0]:
+            if fit is not None and fit.epochs is not None:
+                loaders.reload(trainer, fit)
+                trainer._train_data = fit.epochs
+            else:
+                trainer._train_data = None  # (requested early: requested again when training starts)
+        if trainer._val_loader is not None and trainer._loaders_from_hooks[1]:
+            loaders.setup_val(trainer, trainer._loader_of(trainer.module, "val_dataloader"))
+    else:
+        trainer._eval_data_stale = True
