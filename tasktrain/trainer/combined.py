@@ -14,7 +14,8 @@ loader (sequential reads each to its limit; the other modes only count with them
 capped lengths, the loop stops there).
 
 The Trainer (loaders.setup_train) prepares each inner training loader as it prepares one (`prepare_train_data`:
-its own shard, its own order and set_epoch under a distributed strategy) and drives them through `CombinedTrainData`,
+its own shard, its own order and set_epoch under a distributed strategy) and drives them through `CombinedTrainData`
+(modes min_size, max_size_cycle, max_size: Lightning's fit refuses sequential, `check_training_mode`),
 one TrainData kind, so that the epoch iterator (epoch.py) counts, limits and resumes the combined batches like any
 loader's. A resume in the middle of an epoch starts each inner loader where the uninterrupted run's would be at that
 combined batch (its own skip: without loading on the Trainer's order), on the same number of processes.
@@ -136,27 +137,17 @@ def _started(loader, ahead, i, skip):
     if ahead and skip is not None:
         return skip(i, ahead)
     iterator = iter(loader)
-    for _ in range(ahead):
+    for _ in range(ahead):  # (a CombinedLoader of the user's never starts ahead: only the Trainer's resume does)
         next(iterator, None)
     return iterator
 
 
-def _sequential_pass(loaders, limits, start=0, skip=None, before=None):
-    """Each loader to its end (or its limit) in turn. `before(i)`: called before loader i > 0 is started inside the
-    pass."""
-    position = start
+def _sequential_pass(loaders, limits):
+    """Each loader to its end (or its limit) in turn."""
     for i, loader in enumerate(loaders):
         limit = limits[i] if limits is not None else None
         limit = math.inf if limit is None else limit
-        length = _length(loader)
-        size = min(limit, length if length is not None else math.inf)
-        if position >= size:  # (a resume past this loader: it was read before the checkpoint)
-            position -= size
-            continue
-        if i > 0 and before is not None and (position == 0 or start == 0):
-            before(i)  # (a resume inside loader i: its draw was made before the checkpoint)
-        iterator = _started(loader, position, i, skip)
-        batch_idx, position, start = position, 0, 0
+        iterator, batch_idx = iter(loader), 0
         while batch_idx < limit:
             try:
                 batch = next(iterator)
@@ -279,6 +270,13 @@ def _stateful(one):
     return callable(getattr(one, "state_dict", None)) and callable(getattr(one, "load_state_dict", None))
 
 
+def check_training_mode(combined):
+    """Lightning's fit loop refuses a sequential CombinedLoader (at its first epoch; here before training)."""
+    if combined.mode == "sequential":
+        raise ValueError('`Trainer.fit` does not support the `CombinedLoader(mode="sequential")` mode. The available '
+                         f"modes are: {[mode for mode in MODES if mode != 'sequential']}")
+
+
 def is_combined(loader):
     """Several training loaders: a CombinedLoader, or a dict / list / tuple of loaders (Lightning combines them in
     max_size_cycle mode)."""
@@ -330,22 +328,19 @@ class CombinedTrainData(TrainData):
         for one in self.inner:  # Lightning sets each inner loader's sampler epoch
             one.set_epoch(epoch)
 
-    # Lightning's draws: iter() of the combined loader iterates every inner loader (sequential: the first only); its
-    # first batch takes a batch of each (sequential: of the first)
-    def _first(self):
-        return self.inner[:1] if self.mode == "sequential" else self.inner
-
+    # Lightning's draws: iter() of the combined loader iterates every inner loader, its first batch takes a batch of
+    # each
     def draw_at_iter(self, epoch=None):
-        for one in self._first():
+        for one in self.inner:
             one.draw_at_iter(epoch)
 
     def draw_at_first_batch(self):
-        for one in self._first():
+        for one in self.inner:
             one.draw_at_first_batch()
 
     def _redraw(self, i):
-        # an inner loader started again inside the epoch (max_size_cycle) or after the one before it (sequential):
-        # its iter() and first batch draw as under Lightning
+        # an inner loader started again inside the epoch (max_size_cycle): its iter() and first batch draw as under
+        # Lightning
         self.inner[i].draw_at_iter()
         self.inner[i].draw_at_first_batch()
 
@@ -373,9 +368,6 @@ class CombinedTrainData(TrainData):
 
     def __iter__(self):
         start, self._start = self._start, 0
-        if self.mode == "sequential":
-            return (batch for batch, _, _ in _sequential_pass(self.inner, self.limits, start, self._skip_inner,
-                                                             before=self._redraw))
         lengths = [len(one) if one.has_len() else None for one in self.inner]
         return (unflatten(out, self._spec) for out, _, _ in
                 _zip_pass(self.mode, self.inner, lengths, start, self._skip_inner, restart=self._redraw))

@@ -8,7 +8,7 @@ import math
 
 from tasktrain.strategies.base import OneProcess
 from tasktrain.trainer import evaluation, guards
-from tasktrain.trainer.combined import CombinedLoader, CombinedTrainData, is_combined
+from tasktrain.trainer.combined import CombinedLoader, CombinedTrainData, check_training_mode, is_combined
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
@@ -63,6 +63,7 @@ def setup_train(trainer, loader, previous=None):
         # several training loaders (a dict, list or CombinedLoader): each prepared as one (its own shard and
         # order), limit_train_batches applied to each, the epoch's length the mode's (Lightning's fit loop)
         combined = loader if isinstance(loader, CombinedLoader) else CombinedLoader(loader, "max_size_cycle")
+        check_training_mode(combined)
         inner = [prepared(one) for one in combined.flattened]
         limits = [evaluation.apply_limit(len(one) if one.has_len() else None, trainer.limit_train_batches,
                                          "limit_train_batches") for one in inner]
