@@ -2,7 +2,8 @@
 distributed strategy's training sampler shuffles even a sequential loader (Lightning's DistributedSampler(shuffle=
 True, seed=PL_GLOBAL_SEED or 0)), except with overfit_batches; one torchrun launch of 2 processes runs the same fits
 under both and compares each rank's batches over 2 epochs and the weights after; a fit resumed mid-epoch continues
-that order exactly."""
+that order exactly; two training loaders in a dict are each sharded and combined as Lightning's (issue 37), and
+resume mid-epoch exactly."""
 import json
 import os
 
@@ -31,7 +32,10 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         whole, resumed = seen["resume"]["whole"], seen["resume"]["resumed"]
         assert whole["batches"] == seen["tasktrain"]["no seed"]["batches"]
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
-        assert seen["tasktrain"].keys() == seen["lightning"].keys() == {"no seed", "seed 7", "overfit"}
+        whole, resumed = seen["resume combined"]["whole"], seen["resume combined"]["resumed"]
+        assert whole["batches"] == seen["tasktrain"]["combined"]["batches"]
+        assert resumed["batches"] == whole["batches"][5:] and resumed["weights"] == whole["weights"]
+        assert seen["tasktrain"].keys() == seen["lightning"].keys() == {"no seed", "seed 7", "overfit", "combined"}
         for case, mine in seen["tasktrain"].items():
             theirs = seen["lightning"][case]
             assert mine["batches"] == theirs["batches"], case
@@ -49,8 +53,19 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
             assert seen["tasktrain"][case]["batches"] == expected, case
         assert seen["tasktrain"]["overfit"]["batches"] == [[e, b, [4 * b + rank, 4 * b + 2 + rank]]
                                                           for e in (0, 1) for b in (0, 1)]
+    # two loaders in a dict (max_size_cycle): each sharded with its own DistributedSampler, the 7 samples of b
+    # padded to 8 (4 a rank, 1 a batch) and cycled over a's 6 batches
+    for rank, seen in enumerate(ranks):
+        assert seen["tasktrain"]["combined"]["samplers"] == seen["lightning"]["combined"]["samplers"] == \
+            {"a": True, "b": True}
+        batches = seen["tasktrain"]["combined"]["batches"]
+        assert len(batches) == 12 and [len(b[2]["b"]) for b in batches] == [1] * 12
+        sampler = DistributedSampler(range(7), num_replicas=2, rank=rank, shuffle=True, seed=0)
+        sampler.set_epoch(0)
+        assert [b[2]["b"][0] - 100 for b in batches[:6]] == (list(sampler) * 2)[:6]
+    assert ranks[0]["tasktrain"]["combined"]["batches"] != ranks[1]["tasktrain"]["combined"]["batches"]
     # the two seeds read different orders; both ranks end on the same weights
     assert ranks[0]["tasktrain"]["no seed"]["batches"] != ranks[0]["tasktrain"]["seed 7"]["batches"]
-    for case in ("no seed", "seed 7", "overfit"):
+    for case in ("no seed", "seed 7", "overfit", "combined"):
         assert ranks[0]["tasktrain"][case]["weights"] == ranks[1]["tasktrain"][case]["weights"]
     assert torch.tensor(ranks[0]["tasktrain"]["no seed"]["weights"]).abs().sum() > 0
