@@ -130,6 +130,11 @@ def test_a_resumed_combined_fit_takes_the_next_batch(tmp_path):
         again = _fit("tasktrain", "max_size_cycle", True, ckpt_path=os.path.join(tmp_path, f"step={step}.ckpt"))
         assert [row for row in again[0] if row[0] == "train"] == batches[step:], step
         assert again[1] == whole[1]
+    # Lightning's resumed epoch reads its plain loaders again from their first batch (only loaders with a state_dict
+    # resume), with batch_idx going on: a's batch 0 comes back as batch 2 (docs/lightning.md)
+    theirs = _fit("lightning", "max_size_cycle", False, saves=str(tmp_path / "lightning"))
+    again = _fit("lightning", "max_size_cycle", False, ckpt_path=str(tmp_path / "lightning" / "step=2.ckpt"))
+    assert theirs[0][0][3]["a"] == again[0][0][3]["a"] == [0, 1, 2] and again[0][0][2] == 2
 
 
 def _evaluate(name, how, mode=None):

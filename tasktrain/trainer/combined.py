@@ -83,8 +83,8 @@ def mode_length(mode, lengths, limits=None):
     return None if total == math.inf else int(total)
 
 
-# -- one pass in each mode: (batches of the flat loaders, batch_idx, dataloader_idx); `starts`: the combined batch
-# the pass starts at (a resume), each loader told to skip where it would be then -----------------------------------
+# -- one pass in each mode: (batches of the flat loaders, batch_idx, dataloader_idx); `start`: the combined batch the
+# pass starts at (the Trainer's resume), each loader started where it would be then --------------------------------
 def _zip_pass(mode, loaders, lengths, start=0, skip=None, restart=None):
     """min_size, max_size and max_size_cycle. `skip(i, n)` starts loader i n batches in (default: read and drop);
     `restart(i)` is called before a loader is started again inside the pass (max_size_cycle)."""
@@ -285,8 +285,8 @@ def is_combined(loader):
 
 class CombinedTrainData(TrainData):
     """The Trainer's training data over several loaders: each inner loader prepared as one (`inner`, TrainData kinds),
-    read together in the CombinedLoader's mode. A batch is the structure of the inner batches (sequential: one
-    loader's batch). `limits`: each inner loader's batches after limit_train_batches (None: no length)."""
+    read together in the CombinedLoader's mode (not sequential: check_training_mode). A batch is the structure of the
+    inner batches. `limits`: each inner loader's batches after limit_train_batches (None: no length)."""
 
     kind = "combined"
 
@@ -354,6 +354,9 @@ class CombinedTrainData(TrainData):
             orders = [None] * len(self.inner)
         for one, order in zip(self.inner, orders):
             one.load_drawn_order(order)
+
+    def draws_own_order(self):
+        return any(one.draws_own_order() for one in self.inner)
 
     def skip(self, num_batches):
         """Start the next pass at combined batch `num_batches` (each inner loader where it is then)."""
