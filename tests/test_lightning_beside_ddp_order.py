@@ -7,7 +7,8 @@ batch sampler, RandomSampler(replacement=True, num_samples)) for training, valid
 indices, the weights and the set_epoch calls the user's samplers got are Lightning's (DistributedSamplerWrapper,
 DistributedSampler over the dataset, UnrepeatedDistributedSamplerWrapper); tests/test_lightning_beside_samplers.py
 has the one-process cases. Last, SIGTERM to both ranks at the same batch (issue 37): the same hooks and the same
-SIGTERMException after that batch under both, and ModelCheckpoint(save_on_exception=True)'s file."""
+SIGTERMException after that batch under both, and ModelCheckpoint(save_on_exception=True)'s file. Two training
+loaders in a dict are each sharded and combined as Lightning's, and resume mid-epoch exactly."""
 import json
 import os
 
@@ -42,7 +43,10 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         assert whole["batches"] == seen["tasktrain"]["no seed"]["batches"]
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
         assert seen["tasktrain"].keys() == seen["lightning"].keys() == {
-            "no seed", "seed 7", "overfit", "custom sampler", "custom batch sampler", "replacement"}
+            "no seed", "seed 7", "overfit", "custom sampler", "custom batch sampler", "replacement", "combined"}
+        whole, resumed = seen["resume combined"]["whole"], seen["resume combined"]["resumed"]
+        assert whole["batches"] == seen["tasktrain"]["combined"]["batches"]
+        assert resumed["batches"] == whole["batches"][5:] and resumed["weights"] == whole["weights"]
         for case, mine in seen["tasktrain"].items():
             theirs = seen["lightning"][case]
             assert mine.keys() == theirs.keys(), case
@@ -80,8 +84,19 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
     predicted = [[i for _, batch in seen["tasktrain"]["custom sampler"]["predict"] for i in batch] for seen in ranks]
     assert sorted(predicted[0] + predicted[1]) == sorted(set(predicted[0] + predicted[1])) and len(predicted[0]) == 4
     assert len(predicted[0] + predicted[1]) == 7
+    # two loaders in a dict (max_size_cycle): each sharded with its own DistributedSampler, the 7 samples of b
+    # padded to 8 (4 a rank, 1 a batch) and cycled over a's 6 batches
+    for rank, seen in enumerate(ranks):
+        assert seen["tasktrain"]["combined"]["samplers"] == seen["lightning"]["combined"]["samplers"] == \
+            {"a": True, "b": True}
+        batches = seen["tasktrain"]["combined"]["batches"]
+        assert len(batches) == 12 and [len(b[2]["b"]) for b in batches] == [1] * 12
+        sampler = DistributedSampler(range(7), num_replicas=2, rank=rank, shuffle=True, seed=0)
+        sampler.set_epoch(0)
+        assert [b[2]["b"][0] - 100 for b in batches[:6]] == (list(sampler) * 2)[:6]
+    assert ranks[0]["tasktrain"]["combined"]["batches"] != ranks[1]["tasktrain"]["combined"]["batches"]
     # the two seeds read different orders; both ranks end on the same weights
     assert ranks[0]["tasktrain"]["no seed"]["batches"] != ranks[0]["tasktrain"]["seed 7"]["batches"]
-    for case in ("no seed", "seed 7", "overfit"):
+    for case in ("no seed", "seed 7", "overfit", "combined"):
         assert ranks[0]["tasktrain"][case]["weights"] == ranks[1]["tasktrain"][case]["weights"]
     assert torch.tensor(ranks[0]["tasktrain"]["no seed"]["weights"]).abs().sum() > 0

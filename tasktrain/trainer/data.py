@@ -355,6 +355,11 @@ class TrainData:
             for generator, one in zip(generators, saved):
                 generator.set_state(one)
 
+    def draws_own_order(self):
+        """The epoch's order is drawn as the user's RandomSampler draws it (each rank from its own generator where the
+        Trainer does not shard: use_distributed_sampler=False)."""
+        return getattr(self.sampler, "draws", False)
+
     def _users_generators(self):
         found = [self.base_generator] if self.draws_base_seed and self.base_generator is not None else []
         mine = getattr(self.sampler, "order_generator", None) if getattr(self.sampler, "draws", False) else None

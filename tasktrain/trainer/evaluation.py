@@ -12,6 +12,7 @@ from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards
 from tasktrain.trainer import loaders as fit_data
+from tasktrain.trainer.combined import CombinedLoader, flatten
 from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -96,7 +97,7 @@ def eval_loaders(trainer, stage, module, loader):
     prefix = {"validate": "val"}.get(stage, stage)
     shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
     loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed, trainer.global_rank)
-               for one in as_loaders(loader)]
+               for one in as_loaders(loader, stage)]
     limits = [limit_eval(one, limit_arg) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
@@ -322,15 +323,21 @@ def restore_training_modes(module, modes):
             sub.training = modes[name]
 
 
-def as_loaders(loader):
-    """Evaluation loaders as a list: several in a list, tuple or dict (in its order, Lightning's sequential mode)."""
-    if isinstance(loader, dict):
-        return list(loader.values())
-    if isinstance(loader, (list, tuple)):
-        if not loader:
-            raise ValueError("An empty list of evaluation dataloaders: pass at least one, or None.")
-        return list(loader)
-    return [loader]
+def as_loaders(loader, stage=None):
+    """Evaluation loaders as a list: several in a (nested) list, tuple or dict, in its order, or a
+    CombinedLoader(mode="sequential") (Lightning's evaluation mode: each loader in turn, with its dataloader_idx)."""
+    if isinstance(loader, CombinedLoader):
+        if loader.mode != "sequential":
+            if stage == "predict":
+                raise ValueError('`trainer.predict()` only supports the `CombinedLoader(mode="sequential")` mode.')
+            raise ValueError(f'A CombinedLoader(mode="{loader.mode}") given for {stage or "evaluation"}: tasktrain '
+                             'evaluates several loaders in mode="sequential" only (each loader in turn, the step '
+                             'gets its dataloader_idx). Pass the loaders as a list or dict, or as '
+                             'CombinedLoader(loaders, mode="sequential").')
+        return list(loader.flattened)
+    if isinstance(loader, (list, tuple)) and not loader:
+        raise ValueError("An empty list of evaluation dataloaders: pass at least one, or None.")
+    return flatten(loader)[0]
 
 
 def limit_eval(loader, limit):

@@ -8,6 +8,7 @@ import math
 
 from tasktrain.strategies.base import OneProcess
 from tasktrain.trainer import evaluation, guards
+from tasktrain.trainer.combined import CombinedLoader, CombinedTrainData, check_training_mode, is_combined
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
@@ -47,18 +48,36 @@ def train_data_now(trainer):
 def setup_train(trainer, loader, previous=None):
     """The epoch iterator of a training loader (a rebuilt loader keeps the resume of the `previous` one)."""
     world_size, rank = shards(trainer)
-    add_worker_init_fn(loader, trainer.global_rank)  # seed_everything(workers=True), before the loader is rebuilt
     # Lightning shards (DistributedSampler) under any distributed strategy, and its training sampler always
     # shuffles there (a sequential loader too), except with overfit_batches: the same batches every epoch
     keeps_sampler = not trainer.use_distributed_sampler or isinstance(trainer.strategy, OneProcess)
     shuffle = False if trainer.overfit_batches else (None if keeps_sampler else True)
-    train_data = prepare_train_data(loader, world_size, rank, trainer.state.data_seed, shuffle=shuffle,
-                                    broadcast=trainer.strategy.broadcast, reads=trainer.strategy.is_global_zero,
-                                    keeps_sampler=keeps_sampler, lightning=True)
-    trainer.train_dataloader = train_data.loader
-    length = len(train_data) if train_data.has_len() else None
-    guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error
-    trainer._epoch_length = evaluation.apply_limit(length, trainer.limit_train_batches, "limit_train_batches")
+
+    def prepared(one):
+        add_worker_init_fn(one, trainer.global_rank)  # seed_everything(workers=True), before the loader is rebuilt
+        return prepare_train_data(one, world_size, rank, trainer.state.data_seed, shuffle=shuffle,
+                                  broadcast=trainer.strategy.broadcast, reads=trainer.strategy.is_global_zero,
+                                  keeps_sampler=keeps_sampler, lightning=True)
+
+    if is_combined(loader):
+        # several training loaders (a dict, list or CombinedLoader): each prepared as one (its own shard and
+        # order), limit_train_batches applied to each, the epoch's length the mode's (Lightning's fit loop)
+        combined = loader if isinstance(loader, CombinedLoader) else CombinedLoader(loader, "max_size_cycle")
+        check_training_mode(combined)
+        inner = [prepared(one) for one in combined.flattened]
+        limits = [evaluation.apply_limit(len(one) if one.has_len() else None, trainer.limit_train_batches,
+                                         "limit_train_batches") for one in inner]
+        train_data = CombinedTrainData(combined, inner, limits, trainer.state.data_seed)
+        trainer.train_dataloader = train_data.loader.iterables  # Lightning's: the combined loader's iterables
+        length = train_data.length()
+        guards.check_training_batches(length, loader)
+        trainer._epoch_length = length
+    else:
+        train_data = prepared(loader)
+        trainer.train_dataloader = train_data.loader
+        length = len(train_data) if train_data.has_len() else None
+        guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error
+        trainer._epoch_length = evaluation.apply_limit(length, trainer.limit_train_batches, "limit_train_batches")
     trainer._num_training_batches = trainer._epoch_length
     trainer.val_check_batch = val_check_batch(trainer)
     # samples of the global order per optimizer step, all processes together (a resume says when it changes)
@@ -144,7 +163,7 @@ def setup_val(trainer, loader):
     training)."""
     world_size, rank = shards(trainer)
     val_loaders = [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer), trainer.global_rank)
-                   for one in evaluation.as_loaders(loader)]
+                   for one in evaluation.as_loaders(loader, "validate")]
     trainer._val_loader = val_loaders
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
     trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit) for one in val_loaders]

@@ -50,7 +50,7 @@ def run_state(trainer, weights_only=False):
             order = data.drawn_order()
             if order is not None:  # an epoch's order drawn as Lightning's RandomSampler draws it (trainer/data.py)
                 saved["drawn_order"] = order
-                if trainer.world_size > 1 and getattr(data.sampler, "draws", False):
+                if trainer.world_size > 1 and data.draws_own_order():
                     # use_distributed_sampler=False: each rank drew from its own generator; every rank's, in rank order
                     saved["drawn_orders"] = strategy.all_gather_object(order)
         pending = pending_plateau_step(trainer)

@@ -1,7 +1,8 @@
 """Helper for tests/test_lightning_beside_ddp_order.py, started by torchrun with 2 processes: the same fits over a
 sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrain's in the same process group, with
 and without seed_everything and with overfit_batches, and over loaders of the user's own order (CASES: custom sampler,
-custom batch sampler, RandomSampler with replacement; with validation and prediction), then tasktrain's fits resumed
+custom batch sampler, RandomSampler with replacement; with validation and prediction), over two training
+loaders in a dict (each sharded), then tasktrain's fits resumed
 from the middle of an epoch; each rank writes OUT/rank{R}.json with, per fit, the sample indices of every batch it
 trained on ((epoch, batch_idx) order) and the weights after (and the validation's and prediction's batches and the
 set_epoch calls the user's samplers got). Last, under both, a fit whose every rank gets SIGTERM at the same batch
@@ -19,12 +20,13 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, TensorDataset
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore")
 SEED_VARS = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS")
-CASES = {"no seed": dict(seed=None), "seed 7": dict(seed=7), "overfit": dict(seed=None, overfit_batches=2)}
+CASES = {"no seed": dict(seed=None), "seed 7": dict(seed=7), "overfit": dict(seed=None, overfit_batches=2),
+         "combined": dict(seed=None, combined=True)}
 
 
 class EpochSampler(Sampler):
@@ -74,7 +76,12 @@ def data():
     return TensorDataset(torch.arange(22), x, x @ torch.tensor([[1.0], [-2.0], [0.5]]))
 
 
-def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loaders=None):
+def small():
+    x = torch.randn(7, 3, generator=torch.Generator().manual_seed(4))
+    return TensorDataset(torch.arange(100, 107), x, x @ torch.tensor([[0.5], [1.0], [-1.0]]))
+
+
+def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loaders=None, combined=False):
     for var in SEED_VARS:
         os.environ.pop(var, None)
     if seed is None:
@@ -91,6 +98,9 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loader
             self.layer = torch.nn.Linear(3, 1)
 
         def training_step(self, batch, batch_idx):
+            if combined:  # {"a": batch, "b": batch} of two loaders (max_size_cycle), each sharded by the strategy
+                rows.append([self.current_epoch, batch_idx, {k: v[0].tolist() for k, v in batch.items()}])
+                return sum(torch.nn.functional.mse_loss(self.layer(x), y) for _, x, y in batch.values())
             index, x, y = batch
             rows.append([self.current_epoch, batch_idx, index.tolist()])
             return torch.nn.functional.mse_loss(self.layer(x), y)
@@ -109,15 +119,19 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loader
     trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
                           overfit_batches=overfit_batches, callbacks=list(callbacks),
                           enable_checkpointing=bool(callbacks), enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, given.get("train", DataLoader(data(), batch_size=2, shuffle=False)), given.get("val"),
-                ckpt_path=ckpt_path)
+    loader = given.get("train", DataLoader(data(), batch_size=2, shuffle=False))
+    if combined:
+        loader = {"a": loader, "b": DataLoader(small(), batch_size=1, shuffle=True)}
+    trainer.fit(module, loader, given.get("val"), ckpt_path=ckpt_path)
     weights = [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
     if "predict" in given:
         trainer.predict(module, given["predict"], return_predictions=False)
-    del trainer
     seen = {"batches": rows, "weights": weights}
     if loaders is not None:
         seen.update(val=val_rows, predict=predict_rows, set_epoch=calls)
+    if combined:  # trainer.train_dataloader: the loaders as given, each with a DistributedSampler
+        seen["samplers"] = {k: isinstance(v.sampler, DistributedSampler) for k, v in trainer.train_dataloader.items()}
+    del trainer
     return seen
 
 
@@ -191,6 +205,14 @@ def main(out):
     seen["sigterm"] = {
         "lightning": sigterm_fit(L, L.LightningModule, Theirs, os.path.join(out, "sigterm-lightning")),
         "tasktrain": sigterm_fit(tasktrain, tasktrain.TaskModule, Ours, os.path.join(out, "sigterm-tasktrain"))}
+    # the same over two combined loaders: a resume at step 5 (the middle of epoch 0, loader b cycled once) goes on
+    # with the batch an uninterrupted run takes next
+    saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves + "-combined", every_n_train_steps=5, save_top_k=-1,
+                                                filename="{step}")
+    seen["resume combined"] = {
+        "whole": fit(tasktrain, tasktrain.TaskModule, None, callbacks=[saver], combined=True),
+        "resumed": fit(tasktrain, tasktrain.TaskModule, None, combined=True,
+                       ckpt_path=os.path.join(saves + "-combined", "step=5.ckpt"))}
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)

@@ -3,10 +3,11 @@ import torch
 
 from tasktrain.compat.lightning.utilities.rank_zero import (rank_zero_debug, rank_zero_deprecation, rank_zero_info,
                                                          rank_zero_only, rank_zero_warn)
+from tasktrain.compat.lightning.utilities.combined_loader import CombinedLoader
 from tasktrain.strategies.base import move_to_device as _move_to_device
 from tasktrain.trainer.module import AttributeDict, is_overridden
 
-__all__ = ["AttributeDict", "grad_norm", "is_overridden", "move_data_to_device", "rank_zero_debug",
+__all__ = ["AttributeDict", "CombinedLoader", "grad_norm", "is_overridden", "move_data_to_device", "rank_zero_debug",
            "rank_zero_deprecation", "rank_zero_info", "rank_zero_only", "rank_zero_warn"]
 
 

@@ -1,0 +1,195 @@
+"""Several loaders beside Lightning 2.6 (issue 37): `CombinedLoader` (tasktrain.utilities) and its modes, fit on a
+dict / nested structure of training loaders (Lightning wraps it in CombinedLoader(mode="max_size_cycle")) or on a
+CombinedLoader, and evaluation on several loaders or a CombinedLoader(mode="sequential"). The same script runs under
+both frameworks on one process; the batches training_step / validation_step receive (sample indices), batch_idx,
+dataloader_idx, num_training_batches, epoch ends, weights and errors are compared. A fit resumed in the middle of an
+epoch continues with the batch an uninterrupted run takes next (DDP: tests/test_lightning_beside_ddp_order.py)."""
+import os
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.utilities import CombinedLoader as TheirCombinedLoader  # noqa: E402
+
+import tasktrain  # noqa: E402
+from tasktrain.utilities import CombinedLoader  # noqa: E402
+from tasktrain.utilities.combined_loader import CombinedLoader as ByModule  # noqa: E402
+
+QUIET = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
+FRAMEWORKS = {"lightning": (pl, pl.LightningModule, TheirCombinedLoader),
+              "tasktrain": (tasktrain, tasktrain.TaskModule, CombinedLoader)}
+
+
+def _data(n, first):
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(n))
+    return TensorDataset(torch.arange(first, first + n), x, x.sum(1, keepdim=True))
+
+
+def _train_loaders(shuffle):
+    # 4, 2 and 1 batches: b's loaders run out (and cycle) before a's
+    return {"a": DataLoader(_data(10, 0), batch_size=3, shuffle=shuffle),
+            "b": [DataLoader(_data(4, 100), batch_size=2, shuffle=shuffle), DataLoader(_data(5, 200), batch_size=5)]}
+
+
+def _indices(batch):
+    if batch is None:
+        return None
+    if isinstance(batch, dict):
+        return {key: _indices(value) for key, value in batch.items()}
+    if isinstance(batch[0], torch.Tensor):
+        return batch[0].tolist()
+    return [_indices(one) for one in batch]
+
+
+def _losses(layer, batch):
+    if batch is None:
+        return []
+    if isinstance(batch, dict):
+        return [loss for value in batch.values() for loss in _losses(layer, value)]
+    if isinstance(batch[0], torch.Tensor):
+        return [torch.nn.functional.mse_loss(layer(batch[1]), batch[2])]
+    return [loss for one in batch for loss in _losses(layer, one)]
+
+
+def _fit(name, mode=None, shuffle=False, saves=None, ckpt_path=None, **trainer_kwargs):
+    lib, base, combined = FRAMEWORKS[name]
+    torch.manual_seed(0)  # the weights, and the draws of the shuffling loaders
+    rows = []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            rows.append(["train", self.current_epoch, batch_idx, _indices(batch)])
+            return sum(_losses(self.layer, batch))
+
+        def on_train_epoch_end(self):
+            rows.append(["epoch end", self.current_epoch, self.trainer.num_training_batches])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Module()
+    callbacks = [lib.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=1, save_top_k=-1,
+                                               filename="{step}")] if saves else []
+    trainer = lib.Trainer(max_epochs=2, callbacks=callbacks, enable_checkpointing=bool(saves), **QUIET,
+                          **trainer_kwargs)
+    loaders = _train_loaders(shuffle)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, combined(loaders, mode) if mode else loaders, ckpt_path=ckpt_path)
+    loaded = trainer.train_dataloader  # Lightning's: the combined loader's iterables, in their structure
+    structure = {key: type(value).__name__ for key, value in loaded.items()}
+    return rows, [round(v, 6) for p in module.parameters() for v in p.detach().flatten().tolist()], structure
+
+
+def test_combined_loader_alone_is_lightnings():
+    assert CombinedLoader is ByModule
+    for mode in ("min_size", "max_size_cycle", "max_size", "sequential"):
+        for limits in (None, [1, 2], [5, 1]):
+            seen = []
+            for cls in (TheirCombinedLoader, CombinedLoader):
+                combined = cls({"a": DataLoader(range(6), batch_size=4), "b": DataLoader(range(15), batch_size=5)},
+                               mode)
+                combined.limits = limits
+                with pytest.raises(RuntimeError, match="iter"):
+                    len(combined)
+                iter(combined)
+                seen.append((len(combined), [repr(out) for out in combined],
+                             {k: type(v).__name__ for k, v in combined.sampler.items()}))
+            assert seen[0] == seen[1], (mode, limits)
+    with pytest.raises(ValueError, match="Unsupported mode 'nope'"):
+        CombinedLoader([], "nope")
+
+
+@pytest.mark.parametrize("mode, shuffle, kwargs", [
+    (None, False, {}),  # a dict of loaders: max_size_cycle
+    ("max_size", True, {}),  # None for a loader that ran out; shuffled: the same draws as Lightning's
+    ("min_size", False, {}),
+    (None, True, {"limit_train_batches": 3}),
+])
+def test_fit_on_several_loaders_reads_lightnings_batches(mode, shuffle, kwargs):
+    theirs = _fit("lightning", mode, shuffle, **kwargs)
+    mine = _fit("tasktrain", mode, shuffle, **kwargs)
+    assert mine == theirs
+    assert mine[2] == {"a": "DataLoader", "b": "list"}
+    ends = [row for row in mine[0] if row[0] == "epoch end"]
+    length = {None: 4, "max_size": 4, "min_size": 1}[mode] if not kwargs else 3
+    assert ends == [["epoch end", 0, length], ["epoch end", 1, length]]
+
+
+def test_a_resumed_combined_fit_takes_the_next_batch(tmp_path):
+    whole = _fit("tasktrain", "max_size_cycle", True, saves=str(tmp_path))
+    batches = [row for row in whole[0] if row[0] == "train"]
+    for step in (2, 3, 6):  # 2: b's first loader starts again there; 6: inside epoch 1
+        again = _fit("tasktrain", "max_size_cycle", True, ckpt_path=os.path.join(tmp_path, f"step={step}.ckpt"))
+        assert [row for row in again[0] if row[0] == "train"] == batches[step:], step
+        assert again[1] == whole[1]
+    # Lightning's resumed epoch reads its plain loaders again from their first batch (only loaders with a state_dict
+    # resume), with batch_idx going on: a's batch 0 comes back as batch 2 (docs/lightning.md)
+    theirs = _fit("lightning", "max_size_cycle", False, saves=str(tmp_path / "lightning"))
+    again = _fit("lightning", "max_size_cycle", False, ckpt_path=str(tmp_path / "lightning" / "step=2.ckpt"))
+    assert theirs[0][0][3]["a"] == again[0][0][3]["a"] == [0, 1, 2] and again[0][0][2] == 2
+
+
+def _evaluate(name, how, mode=None):
+    lib, base, combined = FRAMEWORKS[name]
+    torch.manual_seed(0)
+    rows = []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[1]).sum()
+
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            rows.append([batch_idx, dataloader_idx, batch[0].tolist()])
+
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return batch[0]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = lib.Trainer(max_epochs=1, num_sanity_val_steps=0, enable_checkpointing=False, **QUIET)
+    loaders = {"x": DataLoader(_data(5, 0), batch_size=2), "y": [DataLoader(_data(3, 50), batch_size=2)]}
+    loaders = combined(loaders, mode) if mode else loaders
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if how == "fit":
+                trainer.fit(Module(), DataLoader(_data(4, 0), batch_size=2), loaders)
+            elif how == "validate":
+                trainer.validate(Module(), loaders)
+            elif how == "predict":
+                rows = [[one.tolist() for one in each] for each in trainer.predict(Module(), loaders)]
+            else:  # a sequential CombinedLoader to train on
+                trainer.fit(Module(), combined({"a": DataLoader(_data(4, 0), batch_size=2)}, "sequential"))
+    except ValueError as error:
+        return str(error).split("` does not support")[-1]  # (Lightning names its `_FitLoop`)
+    return rows, trainer.num_val_batches
+
+
+@pytest.mark.parametrize("how, mode", [("fit", None), ("fit", "sequential"), ("validate", "sequential"),
+                                       ("validate", None), ("predict", None), ("predict", "sequential"),
+                                       ("predict", "max_size"), ("train", None)])
+def test_evaluation_on_several_loaders_is_lightnings(how, mode):
+    theirs, mine = _evaluate("lightning", how, mode), _evaluate("tasktrain", how, mode)
+    assert mine == theirs
+    if how in ("fit", "validate"):
+        assert mine == ([[0, 0, [0, 1]], [1, 0, [2, 3]], [2, 0, [4]], [0, 1, [50, 51]], [1, 1, [52]]], [3, 2])
+
+
+def test_evaluation_refuses_the_other_modes():
+    # Lightning evaluates them (its step gets the combined batch); tasktrain evaluates several loaders in sequence
+    # only, and says so before any step (docs/lightning.md)
+    said = _evaluate("tasktrain", "validate", "max_size_cycle")
+    assert 'CombinedLoader(mode="max_size_cycle") given for validate' in said and 'mode="sequential" only' in said
