@@ -54,6 +54,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
     trainer._watch()
+    if no_batches(limits):  # Lightning's: loaders without a batch skip the loop and its hooks
+        return None if stage == "predict" else []
     if stage == "predict":
         per_loader = predict(trainer, module, loaders, limits, gather)
         if per_loader is None:  # return_predictions=False
@@ -93,7 +95,10 @@ def grad_context(trainer):
 def evaluate(trainer, stage, loaders, limits):
     """Run validation/test batches of each loader (grad_context); returns the reduced epoch metrics.
     With several loaders the step and batch hooks get dataloader_idx, and self.log adds the
-    "/dataloader_idx_N" suffix (Lightning's rule)."""
+    "/dataloader_idx_N" suffix (Lightning's rule). Loaders without a batch: nothing runs, no hook (Lightning's
+    evaluation loop skips when its batch counts sum to 0: zero-length loaders, an empty list of loaders)."""
+    if no_batches(limits):
+        return {}
     with grad_context(trainer):
         return _evaluate(trainer, stage, loaders, limits)
 
@@ -265,13 +270,20 @@ def restore_training_modes(module, modes):
             sub.training = modes[name]
 
 
+def no_batches(limits):
+    """Every loader has 0 batches to run (None, a loader without a length, is not known to be empty)."""
+    return all(limit == 0 for limit in limits)
+
+
 def as_loaders(loader):
     """Evaluation loaders as a list: several in a list, tuple or dict (in its order, Lightning's sequential mode)."""
+    if isinstance(loader, (list, tuple, dict)) and not loader:
+        # Lightning's: an empty collection is one loader without batches, so the stage runs no batch and no hook
+        # (as a zero-length loader), num_*_batches is [0]
+        return [[]]
     if isinstance(loader, dict):
         return list(loader.values())
     if isinstance(loader, (list, tuple)):
-        if not loader:
-            raise ValueError("An empty list of evaluation dataloaders: pass at least one, or None.")
         return list(loader)
     return [loader]
 
