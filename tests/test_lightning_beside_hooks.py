@@ -316,3 +316,113 @@ def test_a_run_that_raises_calls_on_exception_and_no_teardown_hooks_as_lightning
         seen[lib.__name__] = calls
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert not any(event == "teardown" for _, event, _ in seen["tasktrain"])
+
+
+def test_load_from_checkpoint_on_load_checkpoint_sees_hyper_parameters_as_lightning(tmp_path):
+    """Lightning's test_load_from_checkpoint_hook_calls: load_from_checkpoint calls configure_model, then
+    on_load_checkpoint with the saved checkpoint plus "hyper_parameters" (empty where the module saved none, holding
+    the arguments given to load_from_checkpoint); a DataModule's load_from_checkpoint calls load_state_dict with what
+    its state_dict saved. Both files are written by a fit of each framework."""
+    seen = {}
+    for lib in (tasktrain, L):
+        calls = []
+
+        class Module(lib.LightningModule if lib is L else lib.TaskModule):
+            def __init__(self, width=2, tag="fit"):
+                super().__init__()
+                self.layer = torch.nn.Linear(width, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).sum()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+            def configure_model(self):
+                calls.append(("configure_model",))
+
+            def on_load_checkpoint(self, checkpoint):
+                calls.append(("on_load_checkpoint", checkpoint.get("hyper_parameters"),
+                              "state_dict" in checkpoint, Data.__qualname__ in checkpoint))
+
+        class Data(lib.LightningDataModule if lib is L else lib.DataModule):
+            def train_dataloader(self):
+                return DataLoader(TensorDataset(torch.ones(2, 2)), batch_size=2)
+
+            def state_dict(self):
+                return {"foo": "bar"}
+
+            def load_state_dict(self, state):
+                calls.append(("load_state_dict", state))
+
+        trainer = lib.Trainer(**{**QUIET, "limit_train_batches": 1})
+        _quiet_lightning()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Module(), datamodule=Data())
+            path = str(tmp_path / f"{lib.__name__}.ckpt")
+            trainer.save_checkpoint(path)
+            calls.clear()
+            Module.load_from_checkpoint(path)
+            Module.load_from_checkpoint(path, tag="loaded")
+            Data.load_from_checkpoint(path)
+        seen[lib.__name__] = calls
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert ("on_load_checkpoint", {"tag": "loaded"}, True, True) in seen["tasktrain"]
+
+
+def test_evaluation_loaders_without_a_batch_skip_the_loop_as_lightning():
+    """Lightning's evaluation and prediction loops skip (no hook, validate/test return [], predict None) when their
+    loaders' batch counts sum to 0: an empty list, tuple or dict of loaders (val_dataloader() returning [], Lightning's
+    test_rich_progress_bar_empty_val_dataloader_model) or zero-length loaders; the fit trains on, and the sanity check's
+    own hooks still run. tasktrain refused an empty list and ran the hooks for zero-length loaders."""
+    seen = {}
+    for lib in (tasktrain, L):
+        calls = []
+        Trainer, Module = FRAMEWORKS["lightning" if lib is L else "tasktrain"]
+
+        class Net(Module):
+            def __init__(self, val=None):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+                self.val = val
+
+            def training_step(self, batch, batch_idx):
+                calls.append("training_step")
+                return self.layer(batch[0]).sum()
+
+            def validation_step(self, batch, batch_idx):
+                calls.append("validation_step")
+
+            test_step = predict_step = validation_step
+
+            def val_dataloader(self):
+                return self.val
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        class Rec(lib.Callback):
+            pass
+
+        for hook in ("on_sanity_check_start", "on_validation_start", "on_validation_epoch_end", "on_test_start",
+                     "on_predict_start", "on_predict_epoch_end"):
+            setattr(Rec, hook, lambda self, *args, _name=hook: calls.append(_name))
+        empty = DataLoader(TensorDataset(torch.ones(0, 2)), batch_size=2)
+        train = DataLoader(TensorDataset(torch.ones(2, 2)), batch_size=2)
+        results = []
+        _quiet_lightning()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for val in ([], {}, empty):
+                trainer = Trainer(**{**QUIET, "limit_train_batches": 1, "num_sanity_val_steps": 2}, callbacks=[Rec()])
+                trainer.fit(Net(val), train)
+                results.append(("fit", list(trainer.num_val_batches), trainer.global_step))
+            trainer = Trainer(**QUIET, callbacks=[Rec()])
+            for data in ([], (), {}, empty):
+                results.append(("validate", trainer.validate(Net(), data, verbose=False)))
+                results.append(("test", trainer.test(Net(), data, verbose=False)))
+                results.append(("predict", trainer.predict(Net(), data)))
+        seen[lib.__name__] = (calls, results)
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert seen["tasktrain"][0].count("training_step") == 3 and "validation_step" not in seen["tasktrain"][0]

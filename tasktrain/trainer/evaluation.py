@@ -46,6 +46,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
         return []  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
     loaders, limits = eval_loaders(trainer, stage, module, loader)
     trainer._watch()
+    if no_batches(limits):  # Lightning's: loaders without a batch skip the loop and its hooks
+        return None if stage == "predict" else []
     if stage == "predict":
         per_loader = predict(trainer, module, loaders, limits, gather)
         guards.restore_sigterm_handler(trainer)  # (Lightning's: before the teardown hooks)
@@ -116,7 +118,10 @@ def _rebuilt_if_stale(trainer, stage, loaders, limits):
 def evaluate(trainer, stage, loaders, limits):
     """Run validation/test batches of each loader (grad_context); returns the reduced epoch metrics.
     With several loaders the step and batch hooks get dataloader_idx, and self.log adds the
-    "/dataloader_idx_N" suffix (Lightning's rule)."""
+    "/dataloader_idx_N" suffix (Lightning's rule). Loaders without a batch: nothing runs, no hook (Lightning's
+    evaluation loop skips when its batch counts sum to 0: zero-length loaders, an empty list of loaders)."""
+    if no_batches(limits):
+        return {}
     with grad_context(trainer):
         return _evaluate(trainer, stage, loaders, limits)
 
@@ -323,6 +328,11 @@ def restore_training_modes(module, modes):
             sub.training = modes[name]
 
 
+def no_batches(limits):
+    """Every loader has 0 batches to run (None, a loader without a length, is not known to be empty)."""
+    return all(limit == 0 for limit in limits)
+
+
 def as_loaders(loader, stage=None):
     """Evaluation loaders as a list: several in a (nested) list, tuple or dict, in its order, or a
     CombinedLoader(mode="sequential") (Lightning's evaluation mode: each loader in turn, with its dataloader_idx)."""
@@ -335,8 +345,10 @@ def as_loaders(loader, stage=None):
                              'gets its dataloader_idx). Pass the loaders as a list or dict, or as '
                              'CombinedLoader(loaders, mode="sequential").')
         return list(loader.flattened)
-    if isinstance(loader, (list, tuple)) and not loader:
-        raise ValueError("An empty list of evaluation dataloaders: pass at least one, or None.")
+    if isinstance(loader, (list, tuple, dict)) and not loader:
+        # Lightning's: an empty collection is one loader without batches, so the stage runs no batch and no hook
+        # (as a zero-length loader), num_*_batches is [0]
+        return [[]]
     return flatten(loader)[0]
 
 

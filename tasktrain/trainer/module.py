@@ -628,6 +628,11 @@ class TaskModule(torch.nn.Module):
         strict = module.strict_loading if strict is None else strict
         if is_overridden("configure_model", module, TaskModule):  # the layers it makes are in the state dict
             module.configure_model()
+        # Lightning's on_load_checkpoint sees checkpoint["hyper_parameters"] always (empty where none were saved),
+        # holding the arguments given here over the saved ones: the values the module was just built with
+        ckpt.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
+        if overrides and isinstance(ckpt[cls.CHECKPOINT_HYPER_PARAMS_KEY], dict):
+            ckpt[cls.CHECKPOINT_HYPER_PARAMS_KEY].update(overrides)
         module.on_load_checkpoint(ckpt)
         keys = load_plain_state_dict(module, ckpt["state_dict"], strict=strict)
         if not strict:
