@@ -18,8 +18,17 @@ def _info(message):
         _log.info(message)
 
 
-def refuse_lightning_only(barebones, plugins, max_restarts):
+def refuse_lightning_only(barebones, plugins, max_restarts, model_registry=None):
     """Lightning's arguments without a counterpart: a clear error instead of a silent difference."""
+    if model_registry:  # (Lightning treats "" as None too)
+        # Lightning hands the name to the `litmodels` package (LitModelCheckpoint uploads each checkpoint to Lightning
+        # AI's cloud model registry); without litmodels installed it ignores the name and saves locally. tasktrain
+        # has no registry client: refuse rather than let a user believe the checkpoints were uploaded.
+        raise ValueError(
+            f"Trainer(model_registry={model_registry!r}): tasktrain has no model registry (Lightning uploads "
+            "checkpoints to Lightning AI's registry through the `litmodels` package). Remove model_registry; the "
+            "checkpoints are saved locally by ModelCheckpoint (default_root_dir, or ModelCheckpoint(dirpath=...)), and "
+            "you can upload those files yourself afterwards (with the litmodels package, for instance).")
     if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
         raise ValueError(f"Trainer(max_restarts={max_restarts!r}): use 0 (no restart) or a positive number.")
 
