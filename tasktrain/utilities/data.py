@@ -1,0 +1,6 @@
+"""Lightning's `lightning.pytorch.utilities.data` path: tasktrain/compat/lightning/utilities/data.py (this name is that
+very module)."""
+import importlib
+import sys
+
+sys.modules[__name__] = importlib.import_module("tasktrain.compat.lightning.utilities.data")
