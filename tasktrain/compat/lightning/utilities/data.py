@@ -13,6 +13,7 @@ __all__ = ["extract_batch_size", "has_iterable_dataset", "has_len_all_ranks", "s
 
 _CANNOT_INFER = ("We could not infer the batch_size from the batch. Either simplify its structure or provide the "
                  "batch_size as `self.log(..., batch_size=batch_size)`.")
+_warned = set()  # each ambiguity message once per process (Lightning's warning cache)
 
 
 def _sizes(batch):
@@ -38,8 +39,11 @@ def extract_batch_size(batch):
             if size is None:
                 size = found
             elif found != size:
-                rank_zero_warn("Trying to infer the `batch_size` from an ambiguous collection. The batch size we found "
-                               f"is {size}. To avoid any miscalculations, use `self.log(..., batch_size=batch_size)`.")
+                message = ("Trying to infer the `batch_size` from an ambiguous collection. The batch size we found "
+                           f"is {size}. To avoid any miscalculations, use `self.log(..., batch_size=batch_size)`.")
+                if message not in _warned:
+                    _warned.add(message)
+                    rank_zero_warn(message)
                 break
     except RecursionError:
         raise RecursionError(_CANNOT_INFER)
