@@ -165,7 +165,8 @@ def test_parsing():
 
 def test_lightning_getattr_setattr(tmp_path):
     for name, pkg, base in BOTH:
-        getattr_, setattr_, hasattr_ = (getattr(pkg.utilities.parsing, f"lightning_{n}attr") for n in ("get", "set", "has"))
+        parsing = pkg.utilities.parsing
+        getattr_, setattr_, hasattr_ = parsing.lightning_getattr, parsing.lightning_setattr, parsing.lightning_hasattr
 
         class Net(base):
             def __init__(self, lr=0.1):
@@ -211,8 +212,8 @@ class Batch:
 
 
 def test_data_helpers():
-    batches = [torch.zeros(3, 2), torch.tensor(5.0), [torch.zeros(4), {"y": torch.zeros(4, 1)}], Batch(torch.zeros(6), "a"),
-               {"ids": torch.zeros(2, 7), "text": ["a", "b"]}]
+    batches = [torch.zeros(3, 2), torch.tensor(5.0), [torch.zeros(4), {"y": torch.zeros(4, 1)}],
+               Batch(torch.zeros(6), "a"), {"ids": torch.zeros(2, 7), "text": ["a", "b"]}]
     sizes = [[extract(b) for b in batches] for extract in both("data.extract_batch_size")]
     assert sizes[0] == sizes[1] == [3, 1, 4, 6, 2]
     for extract in both("data.extract_batch_size"):
@@ -248,8 +249,9 @@ def test_is_param_in_hook_signature():
         def c(self, x, y, z): ...
 
     hooks = Hooks()
-    cases = [(hooks.a, "batch_idx", False, None), (hooks.a, "dataloader_idx", False, None), (hooks.b, "batch_idx", False, None),
-             (hooks.b, "batch_idx", True, None), (hooks.c, "dataloader_idx", True, 3), (Hooks.a, "batch", False, None)]
+    cases = [(hooks.a, "batch_idx", False, None), (hooks.a, "dataloader_idx", False, None),
+             (hooks.b, "batch_idx", False, None), (hooks.b, "batch_idx", True, None),
+             (hooks.c, "dataloader_idx", True, 3), (Hooks.a, "batch", False, None)]
     results = [[check(*case) for case in cases] for check in both("signature_utils.is_param_in_hook_signature")]
     assert results[0] == results[1] == [True, False, True, False, True, True]
 

@@ -1,5 +1,6 @@
-"""Lightning's `lightning.pytorch.utilities` path under the rename rule: the names of tasktrain/compat/lightning/utilities, and its
-modules under their Lightning names (tasktrain.utilities.<module> are those very modules)."""
+"""Lightning's `lightning.pytorch.utilities` path under the rename rule: the names of
+tasktrain/compat/lightning/utilities, and its modules under their Lightning names (tasktrain.utilities.<module> are
+those very modules)."""
 import importlib
 
 from tasktrain.compat.lightning import utilities as _layer

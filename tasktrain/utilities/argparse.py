@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.argparse` path: tasktrain/compat/lightning/utilities/argparse.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.argparse` path: this name is the very module
+tasktrain/compat/lightning/utilities/argparse.py."""
 import importlib
 import sys
 

@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.compile` path: tasktrain/compat/lightning/utilities/compile.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.compile` path: this name is the very module
+tasktrain/compat/lightning/utilities/compile.py."""
 import importlib
 import sys
 

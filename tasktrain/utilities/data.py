@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.data` path: tasktrain/compat/lightning/utilities/data.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.data` path: this name is the very module
+tasktrain/compat/lightning/utilities/data.py."""
 import importlib
 import sys
 

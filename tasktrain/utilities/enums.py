@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.enums` path: tasktrain/compat/lightning/utilities/enums.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.enums` path: this name is the very module
+tasktrain/compat/lightning/utilities/enums.py."""
 import importlib
 import sys
 

@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.grads` path: tasktrain/compat/lightning/utilities/grads.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.grads` path: this name is the very module
+tasktrain/compat/lightning/utilities/grads.py."""
 import importlib
 import sys
 

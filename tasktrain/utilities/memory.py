@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.memory` path: tasktrain/compat/lightning/utilities/memory.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.memory` path: this name is the very module
+tasktrain/compat/lightning/utilities/memory.py."""
 import importlib
 import sys
 

@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.migration` path: tasktrain/compat/lightning/utilities/migration.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.migration` path: this name is the very module
+tasktrain/compat/lightning/utilities/migration.py."""
 import importlib
 import sys
 

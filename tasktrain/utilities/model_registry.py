@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.model_registry` path: tasktrain/compat/lightning/utilities/model_registry.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.model_registry` path: this name is the very module
+tasktrain/compat/lightning/utilities/model_registry.py."""
 import importlib
 import sys
 

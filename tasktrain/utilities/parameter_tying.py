@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.parameter_tying` path: tasktrain/compat/lightning/utilities/parameter_tying.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.parameter_tying` path: this name is the very module
+tasktrain/compat/lightning/utilities/parameter_tying.py."""
 import importlib
 import sys
 

@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.parsing` path: tasktrain/compat/lightning/utilities/parsing.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.parsing` path: this name is the very module
+tasktrain/compat/lightning/utilities/parsing.py."""
 import importlib
 import sys
 

@@ -1,5 +1,5 @@
-"""Lightning's `lightning.pytorch.utilities.signature_utils` path: tasktrain/compat/lightning/utilities/signature_utils.py (this name is that
-very module)."""
+"""Lightning's `lightning.pytorch.utilities.signature_utils` path: this name is the very module
+tasktrain/compat/lightning/utilities/signature_utils.py."""
 import importlib
 import sys
 
