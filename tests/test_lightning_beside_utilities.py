@@ -316,6 +316,11 @@ def test_submodules_are_attributes_and_pickle_by_name():
                  "model_registry", "model_summary", "parameter_tying", "parsing", "signature_utils"):
         assert hasattr(TU, name) and hasattr(LU, name)
     assert TU.grads.grad_norm is TU.grad_norm and TU.imports.package_available("torch")
+    batch = [torch.zeros(2, 3), (torch.zeros(1), "text"), 5]
+    shapes = [parse(batch) for parse in both("model_summary.parse_batch_shape")]
+    assert shapes[0] == shapes[1] == [[2, 3], [[1], "?"], "?"]
+    sizes = [[fmt(v) for v in (0.0, 12345.6789)] for fmt in both("model_summary.get_formatted_model_size")]
+    assert sizes[0] == sizes[1] == ["0.000", "12,345.679"]
     assert pickle.loads(pickle.dumps(TU.GradClipAlgorithmType.NORM)) is TU.GradClipAlgorithmType.NORM
 
 
