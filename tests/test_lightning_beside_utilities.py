@@ -163,6 +163,43 @@ def test_parsing():
     assert TU.parsing.AttributeDict is TU.AttributeDict is tasktrain.trainer.module.AttributeDict
 
 
+def test_init_args_and_save_hyperparameters_from_a_helper():
+    import inspect
+
+    found = []
+    for name, pkg, base in BOTH:
+        parsing = pkg.utilities.parsing
+
+        class Base:
+            def __init__(self, x, *rest, **extra):
+                self.collected = parsing.collect_init_args(inspect.currentframe(), [])
+                self.own = parsing.get_init_args(inspect.currentframe())
+                super().__init__()
+
+        class Child(Base):
+            def __init__(self, y=2, **extra):
+                super().__init__(1, z=3)
+
+        def helper(obj):  # a helper of the user's: the __init__ frame is given
+            parsing.save_hyperparameters(obj, ignore="depth", frame=inspect.currentframe().f_back)
+
+        class Net(base):
+            def __init__(self, lr=0.1, depth=2, act="relu"):
+                super().__init__()
+                helper(self)
+
+        class Direct(base):
+            def __init__(self, lr=0.5, depth=3):
+                super().__init__()
+                parsing.save_hyperparameters(self, "lr")  # the caller's frame
+
+        child = Child(w=4)
+        found.append((child.collected, child.own, dict(Net(act="gelu").hparams), dict(Direct().hparams)))
+    assert found[0] == found[1]
+    assert found[1] == ([{"x": 1, "z": 3}, {"y": 2, "w": 4}], {"x": 1, "z": 3}, {"lr": 0.1, "act": "gelu"},
+                        {"lr": 0.5})
+
+
 def test_lightning_getattr_setattr(tmp_path):
     for name, pkg, base in BOTH:
         parsing = pkg.utilities.parsing
