@@ -1,7 +1,8 @@
 """`lightning.pytorch.utilities.parsing`: AttributeDict (the core's), is_picklable, clean_namespace,
 parse_class_init_keys, get_init_args / collect_init_args (an __init__ frame's arguments), save_hyperparameters(obj)
-(the TaskModule / DataModule method, called for obj), and lightning_hasattr / lightning_getattr / lightning_setattr (an attribute looked up on the
-module, in its hparams, on the trainer's DataModule and in its hparams: what the tuner reads and sets)."""
+(the TaskModule / DataModule method, called for obj), and lightning_hasattr / lightning_getattr / lightning_setattr
+(an attribute looked up on the module, in its hparams, on the trainer's DataModule and in its hparams: what the tuner
+reads and sets)."""
 import inspect
 import pickle
 
