@@ -318,6 +318,19 @@ def test_compile_round_trip():
         with pytest.raises(ValueError, match="compiled"):
             from_compiled(torch.compile(torch.nn.Linear(2, 2)))
 
+        class Step(Net):
+            def training_step(self, batch, batch_idx):
+                return self(batch[0]).pow(2).mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = pkg.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False)  # the module from_compiled gave trains (eager backend: fast)
+        trainer.fit(from_compiled(torch.compile(Step(), backend="eager")),
+                    DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
+        assert trainer.global_step == 2
+
 
 def test_migration_and_warnings_and_exceptions():
     from tasktrain.utilities.migration import migrate_checkpoint, pl_legacy_patch
