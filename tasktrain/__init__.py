@@ -77,6 +77,7 @@ _NAMES = {
     "find_executable_batch_size": "tasktrain.compat.accelerate.utils.memory",
     "notebook_launcher": "tasktrain.compat.accelerate.launchers",
     "ParallelismConfig": "tasktrain.compat.accelerate.parallelism_config",  # issue 39
+    "disable_possible_user_warnings": "tasktrain.compat.lightning.utilities.warnings",  # lightning.pytorch's too
 }
 
 __all__ = ["__version__", *_NAMES]
@@ -103,3 +104,12 @@ _SUBPACKAGES = ("callbacks", "loggers", "utilities", "strategies", "trainer", "c
 
 def __dir__():
     return sorted(__all__)
+
+
+# Lightning's switch, read when the package is imported: POSSIBLE_USER_WARNINGS=0 (or off) silences them all
+if __import__("os").environ.get("POSSIBLE_USER_WARNINGS", "").lower() in ("0", "off"):
+    import warnings as _warnings
+
+    from tasktrain.exceptions import PossibleUserWarning as _PossibleUserWarning
+
+    _warnings.filterwarnings("ignore", category=_PossibleUserWarning)  # (disable_possible_user_warnings(), cheaply)

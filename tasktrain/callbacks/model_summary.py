@@ -254,6 +254,11 @@ def get_human_readable_count(number):
     return f"{scaled:,.1f} {units[groups - 1]}"
 
 
+def get_formatted_model_size(total_model_size):
+    """Megabytes as the summary prints them: thousands separated, three decimals."""
+    return f"{total_model_size:,.3f}"
+
+
 def _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes, total_flops,
                           *columns):
     widths = [max([len(header)] + [len(str(cell)) for cell in cells]) for header, cells in columns]
@@ -266,7 +271,7 @@ def _format_summary_table(total_parameters, trainable_parameters, model_size, to
         (get_human_readable_count(trainable_parameters), "Trainable params"),
         (get_human_readable_count(total_parameters - trainable_parameters), "Non-trainable params"),
         (get_human_readable_count(total_parameters), "Total params"),
-        (f"{model_size:,.3f}", "Total estimated model params size (MB)"),
+        (get_formatted_model_size(model_size), "Total estimated model params size (MB)"),
         (total_training_modes["train"], "Modules in train mode"),
         (total_training_modes["eval"], "Modules in eval mode"),
         (get_human_readable_count(total_flops), "Total Flops"),

@@ -156,6 +156,11 @@ class TensorBoardLogger(VersionedLogger):
             self._experiment.flush()
             self._experiment.close()
             self._experiment = None
+        # Lightning's finalize saves on success: an hparams.yaml ({} without hyper-parameters) in a log folder that
+        # has none (seen with Trainer(enable_autolog_hparams=False)); no folder is created for it
+        path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
+        if status == "success" and os.path.isdir(self.log_dir) and not os.path.isfile(path):
+            write_hparams_yaml(self.hparams, path)
 
     def __getstate__(self):
         state = self.__dict__.copy()

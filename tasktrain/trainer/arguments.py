@@ -18,8 +18,22 @@ def _info(message):
         _log.info(message)
 
 
-def refuse_lightning_only(barebones, plugins, max_restarts):
+def no_model_registry(what):
+    """The error for Lightning's model-registry features. Lightning hands them to the `litmodels` package
+    (LitModelCheckpoint uploads each checkpoint to Lightning AI's cloud registry; without litmodels installed it
+    ignores the name and saves locally). tasktrain has no registry client: refuse rather than let a user believe the
+    checkpoints were uploaded."""
+    return ValueError(
+        f"{what}: tasktrain has no model registry (Lightning uploads checkpoints to Lightning AI's registry through "
+        "the `litmodels` package). Remove it; the checkpoints are saved locally by ModelCheckpoint (default_root_dir, "
+        "or ModelCheckpoint(dirpath=...)), and you can upload those files yourself afterwards (with the litmodels "
+        "package, for instance).")
+
+
+def refuse_lightning_only(barebones, plugins, max_restarts, model_registry=None):
     """Lightning's arguments without a counterpart: a clear error instead of a silent difference."""
+    if model_registry:  # (Lightning treats "" as None too)
+        raise no_model_registry(f"Trainer(model_registry={model_registry!r})")
     if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
         raise ValueError(f"Trainer(max_restarts={max_restarts!r}): use 0 (no restart) or a positive number.")
 
@@ -192,7 +206,9 @@ def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing,
         callbacks.append(ModelCheckpoint())
     if any(isinstance(c, ModelCheckpoint) for c in callbacks):  # it calls after_save_checkpoint: checked up front
         check_loggers(loggers, methods=LOGGER_METHODS + ("after_save_checkpoint",))
-    if clip_algorithm is not None and str(clip_algorithm).lower() not in ("value", "norm"):  # (Lightning's check)
+    # (Lightning's check; .lower() of a str enum such as GradClipAlgorithmType.NORM is its value's, "norm")
+    if clip_algorithm is not None and getattr(clip_algorithm, "lower", str(clip_algorithm).lower)() not in (
+            "value", "norm"):
         raise MisconfigurationException(f"`gradient_clip_algorithm` {clip_algorithm} is invalid. Allowed algorithms: "
                                         "['value', 'norm'].")
     if clip_val:  # None or 0 means no clipping, as gradient_clipping: 0 does in DeepSpeed

@@ -453,11 +453,13 @@ class TaskModule(torch.nn.Module):
         return apply_to_leaves(data, gather)
 
     # -- hyper-parameters ----------------------------------------------------------------------------------------
-    def save_hyperparameters(self, *names, ignore=(), logger=True):
+    def save_hyperparameters(self, *names, ignore=(), frame=None, logger=True):
         """Store the calling __init__'s arguments in self.hparams (and in checkpoints); logger=True (Lightning's
-        default): the loggers get them at the start of each run."""
+        default): the loggers get them at the start of each run. `frame` (Lightning's): the __init__ frame to read
+        them from, when the call is made from a helper rather than from __init__ itself."""
         self._log_hyperparams = bool(logger)
-        frame = inspect.currentframe().f_back
+        ignore = () if ignore is None else ignore  # (Lightning's default is None)
+        frame = frame or inspect.currentframe().f_back
         init_args = {}
         # Walk up through the __init__ chain of subclasses so the outermost __init__'s arguments win.
         while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:

@@ -96,6 +96,8 @@ class Trainer:
         sync_batchnorm=False,
         reload_dataloaders_every_n_epochs=0,
         max_restarts=0,
+        enable_autolog_hparams: bool = True,
+        model_registry: Optional[str] = None,
     ):
         self.barebones = barebones  # Lightning's: checked before anything else is built
         (logger, enable_checkpointing, enable_progress_bar, log_every_n_steps, enable_model_summary,
@@ -111,7 +113,8 @@ class Trainer:
             gradient_clip_val=gradient_clip_val, stall_timeout=stall_timeout,
             fp16_on_cpu_as_bf16=found.precision is None,  # (a MixedPrecision("16-mixed", "cpu") plugin keeps fp16)
         )
-        arguments.refuse_lightning_only(barebones, plugins, max_restarts)
+        arguments.refuse_lightning_only(barebones, plugins, max_restarts, model_registry)
+        self.enable_autolog_hparams = enable_autolog_hparams  # Lightning's: False skips _log_hyperparams entirely
         self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
         sync_batchnorm = sync_batchnorm or found.layer_sync is not None  # TorchSyncBatchNorm()
         self.env, self.strategy = runtime.env, runtime.strategy
@@ -752,8 +755,9 @@ class Trainer:
 
     def _log_hyperparams(self, module):
         """Lightning's rule, at the start of each run: the hyper-parameters save_hyperparameters() stored (with
-        logger=True) of the module and the DataModule, then log_graph and save, for every logger."""
-        if not self.loggers:
+        logger=True) of the module and the DataModule, then log_graph and save, for every logger; none of it with
+        Trainer(enable_autolog_hparams=False) (Lightning skips the whole call there too)."""
+        if not self.enable_autolog_hparams or not self.loggers:
             return
         from tasktrain.loggers.utilities import hyperparameters_to_log
 

@@ -1,14 +1,30 @@
-"""Utilities a Lightning user imports from `lightning.pytorch.utilities` (the same names here)."""
+"""Utilities a Lightning user imports from `lightning.pytorch.utilities` (the same names here), and its submodules
+(argparse, compile, data, enums, exceptions, grads, imports, memory, migration, model_registry, parameter_tying,
+parsing, rank_zero, seed, signature_utils, types, warnings) under the same names."""
+import os
+
 import torch
 
+from tasktrain.compat.lightning.utilities.enums import GradClipAlgorithmType, LightningEnum
+from tasktrain.compat.lightning.utilities.grads import grad_norm
+from tasktrain.compat.lightning.utilities.parameter_tying import find_shared_parameters, set_shared_parameters
+from tasktrain.compat.lightning.utilities.parsing import AttributeDict, is_picklable
 from tasktrain.compat.lightning.utilities.rank_zero import (rank_zero_debug, rank_zero_deprecation, rank_zero_info,
                                                          rank_zero_only, rank_zero_warn)
 from tasktrain.compat.lightning.utilities.combined_loader import CombinedLoader
+from tasktrain.compat.lightning.utilities.warnings import disable_possible_user_warnings
 from tasktrain.strategies.base import move_to_device as _move_to_device
-from tasktrain.trainer.module import AttributeDict, is_overridden
+from tasktrain.trainer.module import is_overridden
 
-__all__ = ["AttributeDict", "CombinedLoader", "grad_norm", "is_overridden", "move_data_to_device", "rank_zero_debug",
-           "rank_zero_deprecation", "rank_zero_info", "rank_zero_only", "rank_zero_warn"]
+__all__ = ["AttributeDict", "CombinedLoader", "FLOAT16_EPSILON", "FLOAT32_EPSILON", "FLOAT64_EPSILON", "GradClipAlgorithmType",
+           "LightningEnum", "disable_possible_user_warnings", "find_shared_parameters", "grad_norm", "is_overridden",
+           "is_picklable", "is_shared_filesystem", "measure_flops", "move_data_to_device", "rank_zero_debug",
+           "rank_zero_deprecation", "rank_zero_info", "rank_zero_only", "rank_zero_warn", "set_shared_parameters",
+           "suggested_max_num_workers"]
+
+FLOAT16_EPSILON = torch.finfo(torch.float16).eps
+FLOAT32_EPSILON = torch.finfo(torch.float32).eps
+FLOAT64_EPSILON = torch.finfo(torch.float64).eps
 
 
 def move_data_to_device(batch, device):
@@ -16,14 +32,63 @@ def move_data_to_device(batch, device):
     return _move_to_device(batch, torch.device(device))
 
 
-def grad_norm(module, norm_type, group_separator="/"):
-    """The p-norm of each parameter's gradient ("grad_2.0_norm/layer.weight") and of all of them together
-    ("grad_2.0_norm_total"), for `self.log_dict(grad_norm(self, 2))` in on_before_optimizer_step."""
-    norm_type = float(norm_type)
-    if norm_type <= 0:
-        raise ValueError(f"grad_norm(norm_type={norm_type}): use a positive number or 'inf'.")
-    norms = {f"grad_{norm_type}_norm{group_separator}{name}": p.grad.detach().norm(norm_type)
-             for name, p in module.named_parameters() if p.grad is not None}
-    if norms:
-        norms[f"grad_{norm_type}_norm_total"] = torch.stack(list(norms.values())).norm(norm_type)
-    return norms
+def measure_flops(model, forward_fn, loss_fn=None):
+    """The FLOPs torch's FlopCounterMode counts while forward_fn() runs (and, with loss_fn, loss_fn(output)
+    .backward() too): a training step's or an inference's FLOPs. A model built under `torch.device("meta")` is
+    measured without computing anything. `model` is not used (Lightning's signature keeps it)."""
+    from tasktrain.callbacks.throughput_monitor import measure_flops as count_flops  # the core's counter
+
+    def run():
+        output = forward_fn()
+        if loss_fn is not None:
+            loss_fn(output).backward()
+
+    flops, _ = count_flops(run)
+    return flops
+
+
+def suggested_max_num_workers(local_world_size):
+    """An upper bound for a DataLoader's num_workers: the CPU cores this process may use, shared by the
+    `local_world_size` processes of this machine, one left for each main process; at least 1."""
+    if local_world_size < 1:
+        raise ValueError(f"`local_world_size` should be >= 1, got {local_world_size}.")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // local_world_size - 1)
+
+
+def is_shared_filesystem(strategy, path=None, timeout=3):
+    """Whether `path` (default: the working directory) is one file system seen by every process of the strategy's
+    run: rank 0 creates a file there and each rank looks for it for up to `timeout` seconds. Every rank calls it (it
+    runs collectives); a remote URL ("s3://...") and a run of one process are shared without a check."""
+    import time
+    from pathlib import Path
+
+    if path is not None and "://" in str(path) and not str(path).startswith("file://"):
+        return True
+    path = Path(Path.cwd() if path is None else path).resolve()
+    if strategy.world_size == 1:
+        return True
+    if not strategy.reduce_boolean_decision(strategy.broadcast(path) == path, all=True):
+        return False  # the path itself differs between ranks
+    if not strategy.reduce_boolean_decision(path.exists(), all=True):
+        raise FileNotFoundError(f"Unable to determine if the path belongs to a shared filesystem. The path does not "
+                                f"exist: {path}")
+    folder = path.parent if path.is_file() else path
+    marker = folder / ".lightning_shared_fs_check"
+    marker.unlink(missing_ok=True)
+    strategy.barrier()
+    if strategy.is_global_zero:
+        marker.touch()
+        found = True
+    else:
+        deadline = time.perf_counter() + timeout
+        found = marker.exists()
+        while not found and time.perf_counter() < deadline:
+            found = marker.exists()
+    strategy.barrier()
+    shared = strategy.reduce_boolean_decision(found, all=True)
+    try:
+        marker.unlink()
+    except OSError:  # another rank removed it first
+        pass
+    return shared

@@ -22,3 +22,8 @@ _TORCHMETRICS_GREATER_EQUAL_0_8_0 = _version_at_least("torchmetrics", (0, 8, 0))
 _TORCHMETRICS_GREATER_EQUAL_0_9_1 = _version_at_least("torchmetrics", (0, 9, 1))
 _TORCHMETRICS_GREATER_EQUAL_0_11 = _version_at_least("torchmetrics", (0, 11, 0))
 _TORCHMETRICS_GREATER_EQUAL_1_0_0 = _version_at_least("torchmetrics", (1, 0, 0))
+
+
+def package_available(package_name):
+    """Whether the top-level package can be imported (found on the path; not imported to check)."""
+    return importlib.util.find_spec(package_name) is not None

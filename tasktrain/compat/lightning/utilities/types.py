@@ -1,7 +1,8 @@
 """Type names Lightning scripts annotate with (`lightning.pytorch.utilities.types`)."""
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Mapping, NotRequired, Optional, Required, Sequence, TypedDict, Union
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 STEP_OUTPUT = Optional[Union[torch.Tensor, Mapping[str, Any]]]
 TRAIN_DATALOADERS = Any  # a loader, or a collection of loaders
@@ -10,8 +11,30 @@ OptimizerLRScheduler = Optional[Union[torch.optim.Optimizer, Sequence[torch.opti
                                       Iterable[Any]]]
 LRSchedulerTypeUnion = Any
 
+
+class LRSchedulerConfigType(TypedDict, total=False):
+    """The dict form of a scheduler in configure_optimizers' return (the keys the Trainer reads)."""
+    scheduler: Required[LRSchedulerTypeUnion]
+    name: Optional[str]
+    interval: str
+    frequency: int
+    reduce_on_plateau: bool
+    monitor: Optional[str]
+    strict: bool
+
+
+class OptimizerConfig(TypedDict):
+    optimizer: torch.optim.Optimizer
+
+
+class OptimizerLRSchedulerConfig(TypedDict):
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Union[LRSchedulerTypeUnion, LRSchedulerConfigType]
+    monitor: NotRequired[str]
+
 __all__ = ["STEP_OUTPUT", "TRAIN_DATALOADERS", "EVAL_DATALOADERS", "OptimizerLRScheduler", "LRSchedulerTypeUnion",
-           "LRSchedulerConfig"]
+           "LRSchedulerConfig", "LRSchedulerConfigType", "OptimizerConfig", "OptimizerLRSchedulerConfig",
+           "DistributedDataParallel"]
 
 
 def __getattr__(name):

@@ -1,0 +1,445 @@
+"""`lightning.pytorch.utilities` (issue 37) beside Lightning 2.6 itself: every function is called under both frameworks
+on the same inputs and the results compared (FLOPs of a small model, tied parameters, the worker-count bound on a
+patched CPU count, the shared-filesystem check on a one-process and a fake two-rank strategy, enums, parsing, memory,
+batch sizes, hook signatures, torch.compile round trips), and the Trainer's `enable_autolog_hparams` (the loggers'
+hparams files and calls) and `model_registry` arguments, through the Trainer and TaskCLI. In-process, no launch.
+Lightning is a test dependency, imported inside the tests only."""
+import dataclasses
+import os
+import pickle
+import threading
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+import tasktrain
+import tasktrain.utilities as TU
+
+L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
+import lightning.pytorch.utilities as LU  # noqa: E402
+
+BOTH = (("lightning", L, L.LightningModule), ("tasktrain", tasktrain, tasktrain.TaskModule))
+
+
+def both(path):
+    """The same name under Lightning's path and tasktrain's (`memory.recursive_detach` -> both functions)."""
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    suffix = f".{module}" if module else ""
+    return [getattr(importlib.import_module(root + suffix), name)
+            for root in ("lightning.pytorch.utilities", "tasktrain.utilities")]
+
+
+def test_every_public_name_of_lightnings_utilities_is_here():
+    missing = [n for n in dir(LU) if not n.startswith("_") and not hasattr(TU, n)]
+    assert missing == ["CombinedLoader", "combined_loader"]  # (another issue builds CombinedLoader)
+    assert tasktrain.disable_possible_user_warnings is TU.disable_possible_user_warnings
+    assert TU.FLOAT16_EPSILON == LU.FLOAT16_EPSILON and TU.FLOAT64_EPSILON == LU.FLOAT64_EPSILON
+    assert TU.FLOAT32_EPSILON == LU.FLOAT32_EPSILON == torch.finfo(torch.float32).eps
+
+
+def test_measure_flops_forward_and_training_step():
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    x = torch.randn(8, 16)
+    got = []
+    for measure in both("measure_flops"):
+        net = model()
+        got.append((measure(net, lambda: net(x)), measure(net, lambda: net(x), lambda y: y.sum())))
+    assert got[0] == got[1]
+    forward, step = got[1]
+    assert forward == 2 * 8 * (16 * 32 + 32 * 4) and step > forward  # two matmuls; the backward adds its own
+    with torch.device("meta"):  # Lightning's recommended way: nothing computed
+        net, xm = model(), torch.randn(8, 16)
+    assert [measure(net, lambda: net(xm)) for measure in both("measure_flops")] == [forward, forward]
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 3)
+        self.body = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 5, bias=False))
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight
+        self.body[1].weight = self.embed.weight
+
+
+def test_shared_parameters_found_and_tied_again():
+    found = [find(Tied()) for find in both("find_shared_parameters")]
+    assert found[0] == found[1] == [["embed.weight", "body.1.weight", "head.weight"]]
+    assert [find(torch.nn.Linear(2, 2)) for find in both("find_shared_parameters")] == [[], []]
+    for set_shared in both("set_shared_parameters"):
+        model = Tied()
+        model.head.weight = torch.nn.Parameter(model.head.weight.detach().clone())  # untied (as a copy would)
+        model.body[1].weight = torch.nn.Parameter(model.head.weight.detach().clone())
+        assert set_shared(model, found[0]) is model
+        assert model.head.weight is model.embed.weight and model.body[1].weight is model.embed.weight
+
+
+@pytest.mark.parametrize("affinity", [True, False])
+def test_suggested_max_num_workers(monkeypatch, affinity):
+    """Both branches of the CPU count (the cores this process may use; os.cpu_count where that is not known), pinned
+    by patching, not read from the host."""
+    if affinity:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    else:
+        monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+        monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    cases = [1, 2, 3, 4, 8, 16]
+    results = [[suggest(n) for n in cases] for suggest in both("suggested_max_num_workers")]
+    assert results[0] == results[1] == [7, 3, 1, 1, 1, 1]  # cores // processes - 1, at least 1
+    for suggest in both("suggested_max_num_workers"):
+        with pytest.raises(ValueError, match="local_world_size"):
+            suggest(0)
+
+
+class FakeRanks:
+    """A strategy of two ranks seen from one of them: the collectives answer with this rank's own values."""
+
+    def __init__(self, is_global_zero):
+        self.world_size, self.is_global_zero = 2, is_global_zero
+
+    def broadcast(self, obj, src=0):
+        return obj
+
+    def reduce_boolean_decision(self, decision, all=True):
+        return bool(decision)
+
+    def barrier(self, *args, **kwargs):
+        pass
+
+
+def test_is_shared_filesystem(tmp_path):
+    one = tasktrain.Trainer(accelerator="cpu", devices=1, logger=False).strategy
+    lit_one = L.Trainer(accelerator="cpu", devices=1, logger=False).strategy
+    lit, ours = both("is_shared_filesystem")
+    assert lit(lit_one, tmp_path) is ours(one, tmp_path) is True  # one process: shared without a check
+    assert lit(FakeRanks(False), "s3://bucket/x") is ours(FakeRanks(False), "s3://bucket/x") is True
+    # rank 0 writes the marker and sees it; a rank that never sees rank 0's marker says "not shared" after timeout
+    assert lit(FakeRanks(True), tmp_path) is ours(FakeRanks(True), tmp_path) is True
+    assert lit(FakeRanks(False), tmp_path, timeout=0.05) is ours(FakeRanks(False), tmp_path, timeout=0.05) is False
+    assert not os.listdir(tmp_path)  # the marker is removed
+    for check in (lit, ours):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            check(FakeRanks(True), tmp_path / "missing")
+
+
+def test_enums_and_gradient_clip_algorithm_type():
+    (lit_type, our_type), (lit_enum, our_enum) = both("GradClipAlgorithmType"), both("LightningEnum")
+    assert both("enums.GradClipAlgorithmType") == [lit_type, our_type]
+    for cls in (lit_type, our_type):
+        assert cls.supported_types() == ["value", "norm"] and cls.supported_type("norm") and not cls.supported_type("x")
+        assert cls.NORM == "NORM" and cls.from_str("value") is cls.VALUE and cls("norm") is cls.NORM
+        assert {cls.VALUE: 1}["value"] == 1 and cls.VALUE.lower() == "value"
+    assert issubclass(our_type, our_enum) and issubclass(our_enum, str)
+    assert our_enum is type(tasktrain.trainer.states.TrainerFn.FITTING).__mro__[1]  # the core's enum, not a copy
+    for pkg in (L, tasktrain):  # the Trainer takes the enum for gradient_clip_algorithm
+        trainer = pkg.Trainer(gradient_clip_val=1.0, gradient_clip_algorithm=pkg.utilities.GradClipAlgorithmType.VALUE,
+                              logger=False, enable_checkpointing=False, enable_progress_bar=False)
+        assert trainer.gradient_clip_algorithm == "value"
+
+
+def test_parsing():
+    values = [1, "a", [1, 2], lambda: 0, threading.Lock()]
+    picklable = [[check(v) for v in values] for check in both("is_picklable")]
+    assert picklable[0] == picklable[1] == [True, True, True, False, False]
+    for clean in both("parsing.clean_namespace"):
+        hparams = {"lr": 0.1, "fn": lambda: 0}
+        with pytest.warns(UserWarning, match="'fn' removed from hparams"):
+            clean(hparams)
+        assert hparams == {"lr": 0.1}
+
+    class Model:
+        def __init__(self, hparams, *my_args, anykw=42, **my_kwargs):
+            pass
+
+    assert [parse(Model) for parse in both("parsing.parse_class_init_keys")] == [("self", "my_args", "my_kwargs")] * 2
+    assert TU.parsing.AttributeDict is TU.AttributeDict is tasktrain.trainer.module.AttributeDict
+
+
+def test_init_args_and_save_hyperparameters_from_a_helper():
+    import inspect
+
+    found = []
+    for name, pkg, base in BOTH:
+        parsing = pkg.utilities.parsing
+
+        class Base:
+            def __init__(self, x, *rest, **extra):
+                self.collected = parsing.collect_init_args(inspect.currentframe(), [])
+                self.own = parsing.get_init_args(inspect.currentframe())
+                super().__init__()
+
+        class Child(Base):
+            def __init__(self, y=2, **extra):
+                super().__init__(1, z=3)
+
+        def helper(obj):  # a helper of the user's: the __init__ frame is given
+            parsing.save_hyperparameters(obj, ignore="depth", frame=inspect.currentframe().f_back)
+
+        class Net(base):
+            def __init__(self, lr=0.1, depth=2, act="relu"):
+                super().__init__()
+                helper(self)
+
+        class Direct(base):
+            def __init__(self, lr=0.5, depth=3):
+                super().__init__()
+                parsing.save_hyperparameters(self, "lr")  # the caller's frame
+
+        child = Child(w=4)
+        found.append((child.collected, child.own, dict(Net(act="gelu").hparams), dict(Direct().hparams)))
+    assert found[0] == found[1]
+    assert found[1] == ([{"x": 1, "z": 3}, {"y": 2, "w": 4}], {"x": 1, "z": 3}, {"lr": 0.1, "act": "gelu"},
+                        {"lr": 0.5})
+
+
+def test_lightning_getattr_setattr(tmp_path):
+    for name, pkg, base in BOTH:
+        parsing = pkg.utilities.parsing
+        getattr_, setattr_, hasattr_ = parsing.lightning_getattr, parsing.lightning_setattr, parsing.lightning_hasattr
+
+        class Net(base):
+            def __init__(self, lr=0.1):
+                super().__init__()
+                self.save_hyperparameters()
+                self.batch_size = 4
+
+        dm = (L.LightningDataModule if name == "lightning" else tasktrain.DataModule)()
+        dm.batch_size = 8
+        net = Net()
+        net._trainer = SimpleNamespace(datamodule=dm)
+        assert hasattr_(net, "lr") and not hasattr_(net, "nothing")
+        assert getattr_(net, "lr") == 0.1 and getattr_(net, "batch_size") == 8, name  # the DataModule's: the last
+        setattr_(net, "batch_size", 16)
+        assert net.batch_size == dm.batch_size == 16
+        with pytest.raises(AttributeError, match="neither stored in the model namespace"):
+            getattr_(net, "nothing")
+
+
+def test_memory():
+    batch = {"x": torch.ones(2, requires_grad=True) * 2, "rest": [torch.zeros(1, requires_grad=True) + 1, "text", 3]}
+    for detach in both("memory.recursive_detach"):
+        out = detach(batch, to_cpu=True)
+        assert not out["x"].requires_grad and not out["rest"][0].requires_grad and out["rest"][1:] == ["text", 3]
+        assert torch.equal(out["x"], batch["x"].detach())
+    errors = [RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"),
+              RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if ..."),
+              RuntimeError("[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory: you tried"),
+              RuntimeError("shape mismatch"), ValueError("CUDA out of memory")]
+    names = ("is_oom_error", "is_cuda_out_of_memory", "is_cudnn_snafu", "is_out_of_cpu_memory")
+    table = [[[fn(e) for e in errors] for fn in both(f"memory.{n}")] for n in names]
+    for lit, ours in table:
+        assert lit == ours
+    assert table[0][1] == [True, True, True, False, False]
+    for collect in both("memory.garbage_collection_cuda"):
+        collect()  # (no CUDA here: it collects Python's garbage and returns)
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    label: str
+
+
+def test_data_helpers():
+    batches = [torch.zeros(3, 2), torch.tensor(5.0), [torch.zeros(4), {"y": torch.zeros(4, 1)}],
+               Batch(torch.zeros(6), "a"), {"ids": torch.zeros(2, 7), "text": ["a", "b"]}]
+    sizes = [[extract(b) for b in batches] for extract in both("data.extract_batch_size")]
+    assert sizes[0] == sizes[1] == [3, 1, 4, 6, 2]
+    for extract in both("data.extract_batch_size"):
+        with pytest.warns(UserWarning, match="ambiguous collection. The batch size we found is 9"):
+            assert extract([torch.zeros(9), torch.zeros(3)]) == 9
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the same message again: said once per process (Lightning's cache)
+            assert extract([torch.zeros(9), torch.zeros(5)]) == 9
+        with pytest.raises(Exception, match="could not infer the batch_size") as error:
+            extract({"a": None})
+        assert type(error.value).__name__ == "MisconfigurationException"
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    loaders = [DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2), DataLoader(Stream()), [1, 2, 3]]
+    for sized_len, has_iterable in zip(both("data.sized_len"), both("data.has_iterable_dataset")):
+        assert [sized_len(d) for d in loaders] == [2, None, 3]
+        assert [has_iterable(d) for d in loaders] == [False, True, False]
+    strategies = (L.Trainer(accelerator="cpu", devices=1, logger=False).strategy,
+                  tasktrain.Trainer(accelerator="cpu", devices=1, logger=False).strategy)
+    for has_len_all_ranks, strategy in zip(both("data.has_len_all_ranks"), strategies):
+        assert has_len_all_ranks(loaders[0], strategy) is True and has_len_all_ranks(loaders[1], strategy) is False
+        with pytest.warns(UserWarning, match="across ranks is zero"):
+            assert has_len_all_ranks([], strategy) is True
+
+
+def test_is_param_in_hook_signature():
+    class Hooks:
+        def a(self, batch, batch_idx): ...
+        def b(self, *args): ...
+        def c(self, x, y, z): ...
+
+    hooks = Hooks()
+    cases = [(hooks.a, "batch_idx", False, None), (hooks.a, "dataloader_idx", False, None),
+             (hooks.b, "batch_idx", False, None), (hooks.b, "batch_idx", True, None),
+             (hooks.c, "dataloader_idx", True, 3), (Hooks.a, "batch", False, None)]
+    results = [[check(*case) for case in cases] for check in both("signature_utils.is_param_in_hook_signature")]
+    assert results[0] == results[1] == [True, False, True, False, True, True]
+
+
+def test_compile_round_trip():
+    for name, pkg, base in BOTH:
+        from_compiled, to_uncompiled = (getattr(pkg.utilities.compile, n) for n in ("from_compiled", "to_uncompiled"))
+
+        class Net(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 2)
+
+            def forward(self, x):
+                return self.layer(x)
+
+        net = Net()
+        original_forward = net.forward
+        module = from_compiled(torch.compile(net))  # (nothing is compiled until it is called)
+        assert module is net and module._compiler_ctx["original_forward"] == original_forward
+        assert module.forward != original_forward and module.training_step != Net.training_step.__get__(net)
+        assert to_uncompiled(module) is net and net._compiler_ctx is None and net.forward == original_forward
+        with pytest.raises(ValueError, match="non-compiled"):
+            to_uncompiled(net)
+        with pytest.raises(ValueError, match="OptimizedModule"):
+            from_compiled(net)
+        with pytest.raises(ValueError, match="compiled"):
+            from_compiled(torch.compile(torch.nn.Linear(2, 2)))
+
+        class Step(Net):
+            def training_step(self, batch, batch_idx):
+                return self(batch[0]).pow(2).mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = pkg.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False)  # the module from_compiled gave trains (eager backend: fast)
+        trainer.fit(from_compiled(torch.compile(Step(), backend="eager")),
+                    DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
+        assert trainer.global_step == 2
+
+
+def test_migration_and_warnings_and_exceptions():
+    from tasktrain.utilities.migration import migrate_checkpoint, pl_legacy_patch
+
+    with pl_legacy_patch():  # a no-op here: tasktrain never unpickles classes
+        pass
+    lightning_written = {"state_dict": {}, "pytorch-lightning_version": "1.5.0", "loops": {"fit_loop": {}}}
+    with pytest.raises(ValueError, match="not written by tasktrain.*upgrade_checkpoint"):
+        migrate_checkpoint(lightning_written)
+    with pytest.raises(ValueError, match="target_version"):
+        migrate_checkpoint({"state_dict": {}}, target_version="2.0.0")
+    old = {"state_dict": {"w": torch.ones(1)}, "train_state": {"epoch": 1, "global_step": 5}, "format_version": 1}
+    upgraded, applied = migrate_checkpoint(old)
+    assert upgraded is old and old["global_step"] == 5 and old["loops"]["format_version"] == 1 and applied
+    assert migrate_checkpoint(old) == (old, {})  # current: nothing left to do
+    for pkg in (L, tasktrain):
+        warning = pkg.utilities.warnings.PossibleUserWarning
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            pkg.utilities.disable_possible_user_warnings("some\\.other\\.module")
+            warnings.warn("kept", warning)
+            pkg.utilities.disable_possible_user_warnings()
+            warnings.warn("dropped", warning)
+        assert [str(w.message) for w in seen] == ["kept"]
+    assert issubclass(TU.exceptions.SIGTERMException, SystemExit)
+    assert issubclass(TU.exceptions.MisconfigurationException, ValueError)
+    with pytest.raises(ValueError, match="no model registry"):
+        TU.model_registry.download_model_from_registry("registry:my-model", None)
+
+
+def test_submodules_are_attributes_and_pickle_by_name():
+    for name in ("argparse", "compile", "data", "enums", "exceptions", "grads", "imports", "memory", "migration",
+                 "model_registry", "model_summary", "parameter_tying", "parsing", "signature_utils"):
+        assert hasattr(TU, name) and hasattr(LU, name)
+    assert TU.grads.grad_norm is TU.grad_norm and TU.imports.package_available("torch")
+    batch = [torch.zeros(2, 3), (torch.zeros(1), "text"), 5]
+    shapes = [parse(batch) for parse in both("model_summary.parse_batch_shape")]
+    assert shapes[0] == shapes[1] == [[2, 3], [[1], "?"], "?"]
+    sizes = [[fmt(v) for v in (0.0, 12345.6789)] for fmt in both("model_summary.get_formatted_model_size")]
+    assert sizes[0] == sizes[1] == ["0.000", "12,345.679"]
+    assert pickle.loads(pickle.dumps(TU.GradClipAlgorithmType.NORM)) is TU.GradClipAlgorithmType.NORM
+
+
+def hparams_module(base):
+    class Net(base):
+        def __init__(self, lr=0.1):
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch[0]).pow(2).mean()
+            self.log("loss", loss)  # (an event: the TensorBoard folder exists under both)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    return Net
+
+
+@pytest.mark.parametrize("autolog", [True, False])
+def test_enable_autolog_hparams(tmp_path, autolog):
+    """Trainer(enable_autolog_hparams=False): the loggers get no hyper-parameters, no graph, no save at the run's
+    start. The hparams files the CSV and TensorBoard loggers leave, and the calls a logger receives, beside
+    Lightning."""
+    from unittest.mock import Mock
+
+    found = {}
+    for name, pkg, base in BOTH:
+        root = tmp_path / name
+        csv, tb = pkg.loggers.CSVLogger(str(root), name="csv"), pkg.loggers.TensorBoardLogger(str(root), name="tb")
+        mock = Mock()
+        trainer = pkg.Trainer(default_root_dir=str(root), logger=[csv, tb, mock], max_steps=1, log_every_n_steps=1,
+                              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                              enable_autolog_hparams=autolog)
+        assert trainer.enable_autolog_hparams is autolog
+        trainer.fit(hparams_module(base)(), DataLoader(TensorDataset(torch.randn(4, 3)), batch_size=2))
+        files = {}
+        for sub in ("csv", "tb"):
+            path = root / sub / "version_0" / "hparams.yaml"
+            files[sub] = path.read_text().strip() if path.exists() else None
+        calls = [c[0] for c in mock.method_calls if c[0] in ("log_hyperparams", "log_graph", "save")]
+        found[name] = (files, calls[:3])
+    assert found["tasktrain"] == found["lightning"]
+    files, calls = found["tasktrain"]
+    if autolog:
+        assert files == {"csv": "lr: 0.1", "tb": "lr: 0.1"} and calls == ["log_hyperparams", "log_graph", "save"]
+    else:
+        # no hyper-parameters: the CSV logger writes no hparams.yaml, TensorBoard's an empty one when the run ends
+        assert "log_hyperparams" not in calls and "log_graph" not in calls and files == {"csv": None, "tb": "{}"}
+
+
+def test_model_registry():
+    for pkg in (L, tasktrain):
+        assert pkg.Trainer(model_registry=None, logger=False).enable_autolog_hparams is True
+    # Lightning without the litmodels package takes the name and saves locally; tasktrain, with no registry, refuses
+    # up front rather than let the user believe checkpoints were uploaded
+    L.Trainer(model_registry="my-model", logger=False)
+    with pytest.raises(ValueError, match="model_registry='my-model'.*no model registry.*litmodels.*ModelCheckpoint"):
+        tasktrain.Trainer(model_registry="my-model", logger=False)
+
+
+def test_task_cli_parses_the_new_trainer_arguments():
+    from tasktrain.cli import TaskCLI
+    from tasktrain.demos.boring_classes import BoringModel
+
+    cli = TaskCLI(BoringModel, run=False, args=["--trainer.enable_autolog_hparams=false", "--trainer.logger=false",
+                                                "--trainer.enable_progress_bar=false"])
+    assert cli.trainer.enable_autolog_hparams is False
+    with pytest.raises(ValueError, match="no model registry"):
+        TaskCLI(BoringModel, run=False, args=["--trainer.model_registry=my-model", "--trainer.logger=false"])
