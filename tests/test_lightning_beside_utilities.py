@@ -36,7 +36,7 @@ def both(path):
 
 def test_every_public_name_of_lightnings_utilities_is_here():
     missing = [n for n in dir(LU) if not n.startswith("_") and not hasattr(TU, n)]
-    assert missing == ["CombinedLoader", "combined_loader"]  # (another issue builds CombinedLoader)
+    assert missing == []
     assert tasktrain.disable_possible_user_warnings is TU.disable_possible_user_warnings
     assert TU.FLOAT16_EPSILON == LU.FLOAT16_EPSILON and TU.FLOAT64_EPSILON == LU.FLOAT64_EPSILON
     assert TU.FLOAT32_EPSILON == LU.FLOAT32_EPSILON == torch.finfo(torch.float32).eps
