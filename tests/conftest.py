@@ -7,7 +7,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torch_extensions"))
 # Tests must never inherit a launcher's world from the shell that runs them.
 for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "TASKTRAIN_LAUNCH", "TASKTRAIN_STRATEGY", "TASKTRAIN_PRECISION", "TASKTRAIN_GLOBAL_SEED"):
+            "TASKTRAIN_LAUNCH", "TASKTRAIN_STRATEGY", "TASKTRAIN_PRECISION", "TASKTRAIN_GLOBAL_SEED", "PL_GLOBAL_SEED"):
     os.environ.pop(var, None)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 def _isolated(tmp_path, monkeypatch):
     """Each test runs in its own directory with no seed left over from another test."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("TASKTRAIN_GLOBAL_SEED", raising=False)
+    for var in ("TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
+        monkeypatch.delenv(var, raising=False)  # (seed_everything sets Lightning's names too)
     yield
 
 

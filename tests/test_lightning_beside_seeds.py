@@ -179,3 +179,14 @@ def test_dataloader_workers_on_two_processes_draw_lightnings_numbers(tmp_path):
         assert len(seen["tasktrain"]) == 4 and seen["tasktrain"] == seen["lightning"]
     # the two ranks' workers (their worker_init_function mixes in the rank) draw apart
     assert ranks[0]["tasktrain"][0][0][1:] != ranks[1]["tasktrain"][0][0][1:]
+
+
+def test_seed_everything_leaves_lightnings_variables_as_lightning(monkeypatch):
+    """A script (or a library beside it) reads PL_GLOBAL_SEED / PL_SEED_WORKERS back after seed_everything."""
+    seen = {}
+    for key, lib in (("lightning", pl), ("tasktrain", tasktrain)):
+        for var in SEED_VARS:
+            monkeypatch.delenv(var, raising=False)
+        lib.seed_everything(123, workers=True, verbose=False)
+        seen[key] = (os.environ.get("PL_GLOBAL_SEED"), os.environ.get("PL_SEED_WORKERS"))
+    assert seen["tasktrain"] == seen["lightning"] == ("123", "1")

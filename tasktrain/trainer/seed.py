@@ -41,6 +41,8 @@ def seed_everything(seed=None, workers: bool = False, verbose: bool = True) -> i
         log.info(f"[rank: {rank}] Seed set to {seed}" if rank is not None else f"Seed set to {seed}")
     os.environ[_SEED_VAR] = str(seed)  # inherited by self-launched workers
     os.environ[_WORKERS_VAR] = str(int(bool(workers)))
+    # and Lightning's names, which a Lightning script (or a library beside it) reads back
+    os.environ["PL_GLOBAL_SEED"], os.environ["PL_SEED_WORKERS"] = os.environ[_SEED_VAR], os.environ[_WORKERS_VAR]
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
