@@ -569,3 +569,23 @@ def test_swa_resume_continues_the_average_and_the_swa_schedule(tmp_path):
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05)
     for a, b in zip(resumed.state_dict().values(), full.state_dict().values()):
         torch.testing.assert_close(a, b)
+
+
+def test_swa_recomputes_batch_norm_over_several_training_loaders():
+    """A fit over a dict of loaders: the statistics' pass reads the combined batches (max_size_cycle) the fit read,
+    each given to the module as the dict (it iterated the dict's keys before)."""
+    class DictNet(BNNet):
+        def forward(self, batch):
+            return self.norm(self.layer(batch["a"][0] if isinstance(batch, dict) else batch))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch["a"]
+            return torch.nn.functional.mse_loss(self(x), y) + 0 * sum(p.sum() for p in batch["b"])
+
+    module = DictNet()
+    data = {"a": loader(32), "b": loader(16)}
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1)
+    Trainer(max_epochs=2, callbacks=[swa], **quiet()).fit(module, data)
+    with torch.no_grad():
+        pre = [module.layer(x) for x, _ in data["a"]]
+    torch.testing.assert_close(module.norm.running_mean, torch.stack([p.mean(0) for p in pre]).mean(0))

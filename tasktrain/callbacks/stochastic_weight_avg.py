@@ -274,8 +274,13 @@ class StochasticWeightAveraging(Callback):
         train mode without gradients (momentum None: the cumulative mean over the batches)."""
         was_training = pl_module.training
         pl_module.train()
+        batches = trainer.train_dataloader
+        if isinstance(batches, (dict, list, tuple)):  # several training loaders: their batches as the fit combined them
+            from tasktrain.utilities import CombinedLoader
+
+            batches = (combined for combined, _, _ in CombinedLoader(batches, "max_size_cycle"))
         with torch.no_grad():
-            for batch in trainer.train_dataloader:
+            for batch in batches:
                 batch = trainer.strategy.batch_to_device(batch)
                 pl_module(batch[0] if isinstance(batch, (list, tuple)) else batch)
         pl_module.train(was_training)
