@@ -5,6 +5,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torch_extensions"))
+# DeepSpeed's op builds use the ninja on PATH: the venv's, as `make` sets it (a system ninja records its builds in
+# another log format, and each then rebuilds what the other built, minutes per op), also for a bare `pytest` run.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 # Tests must never inherit a launcher's world from the shell that runs them.
 for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
             "TASKTRAIN_LAUNCH", "TASKTRAIN_STRATEGY", "TASKTRAIN_PRECISION", "TASKTRAIN_GLOBAL_SEED", "PL_GLOBAL_SEED"):
