@@ -121,7 +121,8 @@ class Strategy(abc.ABC):
                                 f"{instead}. See docs/strategies.md.")
 
     def __init__(self, accelerator=None, precision=None):
-        self.accelerator = accelerator  # "cpu" | "cuda" | None (auto)
+        self._accelerator_object = None
+        self.accelerator = accelerator  # "cpu" | "cuda" | None (auto): accelerator_name (the property below)
         if precision is not None and not isinstance(precision, Precision):
             normalize_precision(precision)  # an unknown name fails here, where it was written
         self._precision_choice = precision  # a name, a Precision, or None: the run's (configure)
@@ -133,6 +134,21 @@ class Strategy(abc.ABC):
         self.optimizers = []
         self._root_device = None
         self._module_order = None  # clip_gradients' parameter order: (id of the optimizer, its size, positions)
+
+    @property
+    def accelerator(self):
+        """Lightning's strategy.accelerator: the Accelerator object of the run's device kind (tasktrain.accelerators:
+        CPUAccelerator, CUDAAccelerator) once a Trainer has resolved it; before that, and under the Accelerator
+        (Accelerate's API, which has no such object), the name given: "cpu", "cuda" or None (auto). The strategy
+        itself reads `accelerator_name`, always the name."""
+        return self._accelerator_object if self._accelerator_object is not None else self.accelerator_name
+
+    @accelerator.setter
+    def accelerator(self, value):
+        if value is None or isinstance(value, str):
+            self.accelerator_name, self._accelerator_object = value, None
+        else:  # an Accelerator object (the Trainer sets one, as Lightning's connector does): its kind is the name
+            self._accelerator_object, self.accelerator_name = value, value.name()
 
     # -- who am I (abstract: OneProcess is the world of one) --------------------------------------------------------
     @property
@@ -188,7 +204,7 @@ class Strategy(abc.ABC):
         return self._root_device
 
     def _pick_device(self):
-        if self.accelerator == "cuda" or (self.accelerator in (None, "auto") and torch.cuda.is_available()):
+        if self.accelerator_name == "cuda" or (self.accelerator_name in (None, "auto") and torch.cuda.is_available()):
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")
 

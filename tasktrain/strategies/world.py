@@ -103,7 +103,7 @@ class ProcessWorld(MultiProcess):
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)
         # Checked here, before any process starts, so every rank fails alike and at once.
-        if self.process_group_backend == "nccl" and self.accelerator == "cpu":
+        if self.process_group_backend == "nccl" and self.accelerator_name == "cpu":
             raise ValueError("process_group_backend='nccl' needs CUDA devices; use 'gloo' (the default) on CPU.")
 
     # -- lifecycle -----------------------------------------------------------------------------------------
