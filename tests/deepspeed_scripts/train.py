@@ -94,14 +94,14 @@ def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epoc
     validate_after_fit = trainer.validate(module, val)[0]["val_acc"]
     if save_after:  # ... and after validate (its engine's weights, no optimizer), read back by a fresh Trainer
         trainer.save_checkpoint(os.path.join(root, name, "after_validate"))
-        fresh = Trainer(strategy=type(strategy)(stage=strategy.stage), devices=2, logger=False,
+        fresh = Trainer(strategy=type(strategy)(stage=strategy.zero_stage()), devices=2, logger=False,
                         enable_progress_bar=False)
         after["validate_saved_after_validate"] = fresh.validate(Classifier(hidden=hidden), val, ckpt_path=os.path.join(
             root, name, "after_validate"))[0]["val_acc"]
         # a new Trainer resumes from the directory saved after fit: its weights and step where training would go on
         seed_everything(0)
         start = StopAtStart()
-        Trainer(strategy=type(strategy)(stage=strategy.stage), devices=2, max_epochs=epochs + 1,
+        Trainer(strategy=type(strategy)(stage=strategy.zero_stage()), devices=2, max_epochs=epochs + 1,
                 accumulate_grad_batches=2, gradient_clip_val=0.5, logger=False, enable_progress_bar=False,
                 enable_checkpointing=False, num_sanity_val_steps=0, callbacks=[start]).fit(
             Classifier(hidden=hidden), train, val, ckpt_path=os.path.join(root, name, "after_fit"))
