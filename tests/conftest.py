@@ -17,11 +17,15 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
-    """Each test runs in its own directory with no seed left over from another test."""
+    """Each test runs in its own directory with no seed left over from another test, and no DeepSpeed engine kept
+    after its last run (Strategy.end_run: with a world of one, its process group too) left to the next test."""
     monkeypatch.chdir(tmp_path)
     for var in ("TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
         monkeypatch.delenv(var, raising=False)  # (seed_everything sets Lightning's names too)
     yield
+    base = sys.modules.get("tasktrain.strategies.base")
+    if base is not None:
+        base.release_kept_runs()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -164,7 +164,7 @@ def test_fp16_on_cpu_fails_before_any_process_starts():
 
 
 @pytest.mark.timeout(300)
-def test_one_process_trains_like_single_device_and_rejects_conflicts():
+def test_one_process_trains_like_single_device_and_rejects_conflicts(tmp_path):
     """A world of one (no launcher): an accumulation conflict is an error before the engine starts; then the same
     process trains under ZeRO-2 exactly like SingleDevice (SGD, fp32), with the group set up again."""
     from helpers import Linear, loader, quiet, regression_data
@@ -233,6 +233,34 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts():
     assert steps == ds_steps == 3  # before the contract's windows, DeepSpeed refused the window cut short here
     for name, value in ref.items():
         torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-6)
+
+    # Lightning's: the engine outlives the run, so trainer.save_checkpoint(...) after fit (and after validate) writes
+    # its shards; a world of one keeps its group for it until the next run sets up (its own group then)
+    from tasktrain import Callback, CheckpointError
+
+    class StopAtStart(Callback):
+        def on_train_start(self, trainer, module):
+            self.weights, self.step = {k: v.clone() for k, v in module.state_dict().items()}, trainer.global_step
+            trainer.should_stop = True
+
+    kept, module = Trainer(strategy="deepspeed_stage_2", devices=1, max_epochs=1, **quiet()), Linear()
+    kept.fit(module, loader(n=16))
+    kept.save_checkpoint(tmp_path / "after_fit")
+    fitted = {k: v.clone() for k, v in module.state_dict().items()}
+    kept.validate(module, loader(n=16), verbose=False)
+    kept.save_checkpoint(tmp_path / "after_validate")
+    start = StopAtStart()
+    Trainer(strategy="deepspeed_stage_2", devices=1, max_epochs=2, callbacks=[start], **quiet()).fit(
+        Linear(), loader(n=16), ckpt_path=tmp_path / "after_fit")
+    assert start.step == kept.global_step == 2
+    assert not torch.equal(fitted["layer.weight"], Linear().state_dict()["layer.weight"])
+    for name, value in fitted.items():
+        assert torch.equal(start.weights[name], value), name
+    with pytest.raises(CheckpointError, match="saved after validate"):  # an evaluation engine has no optimizer
+        Trainer(strategy="deepspeed_stage_2", devices=1, max_epochs=2, **quiet()).fit(
+            Linear(), loader(n=16), ckpt_path=tmp_path / "after_validate")
+    with pytest.raises(RuntimeError, match="holds no engine"):  # a later run set up: the kept engine went
+        kept.save_checkpoint(tmp_path / "too_late")
     assert "LOCAL_RANK" not in os.environ  # set for DeepSpeed during the run only
 
 
@@ -284,6 +312,14 @@ def test_zero_stages_train_like_ddp(compare):
             assert abs(ds["val_acc"] - ddp["val_acc"]) < 0.01, (rank, stage)
             assert ds["validate_after_fit"] == pytest.approx(ds["val_acc"], abs=1e-6), (rank, stage)
         assert res["stage3"]["validate_last"] == pytest.approx(res["stage3"]["val_acc"], abs=1e-6)
+        # trainer.save_checkpoint after fit (Lightning's engine outlives the run): a new Trainer resumes from it at the
+        # fit's step with its very weights; the save after validate holds the weights a fresh validate reads back
+        stage2 = res["stage2"]
+        assert stage2["resumed_step"] == 22
+        for name, value in stage2["weights"].items():
+            assert torch.equal(stage2["weights_after_fit"][name], value), (rank, name)
+            assert torch.equal(stage2["resumed_weights"][name], value), (rank, name)
+        assert stage2["validate_saved_after_validate"] == pytest.approx(stage2["val_acc"], abs=1e-6)
         assert res["stage3"]["created_partitioned"] and not res["stage2"]["created_partitioned"]  # zero3_init
 
 

@@ -44,6 +44,9 @@ def read(trainer, module):
     """Every attribute of the item, in a form both frameworks can be compared in."""
     seen = dict(
         accelerator=type(trainer.accelerator).__name__, device_ids=trainer.device_ids,
+        # Lightning's strategy.accelerator: the Trainer's Accelerator object itself
+        strategy_accelerator=(type(trainer.strategy.accelerator).__name__,
+                              trainer.strategy.accelerator is trainer.accelerator),
         num_devices=trainer.num_devices, distributed_sampler_kwargs=trainer.distributed_sampler_kwargs,
         stages=(trainer.training, trainer.sanity_checking, trainer.validating, trainer.testing, trainer.predicting),
         evaluating=trainer.evaluating, is_last_batch=trainer.is_last_batch, received_sigterm=trainer.received_sigterm,
@@ -237,6 +240,31 @@ def _accelerator_and_scaler(lib, plugin_class):
         seen.append((trainer.precision, type(trainer.scaler).__name__, trainer.scaler is trainer.precision_plugin.scaler
                      if trainer.scaler is not None else None))
     return seen
+
+
+def _strategy_accelerators(lib, ddp_class):
+    """strategy.accelerator of a strategy object before and after a Trainer resolves it, and of named strategies."""
+    given = ddp_class()
+    seen = [given.accelerator]  # (Lightning's: None until a Trainer sets it)
+    trainer = lib.Trainer(strategy=given, accelerator="cpu", devices=2, **QUIET)
+    seen.append((type(given.accelerator).__name__, given.accelerator.name(), given.accelerator is trainer.accelerator))
+    for kwargs in (dict(), dict(strategy="ddp", devices=2), dict(accelerator="cpu", strategy="ddp_spawn", devices=2)):
+        strategy = lib.Trainer(**kwargs, **QUIET).strategy
+        seen.append((type(strategy.accelerator).__name__, strategy.accelerator.name()))
+    return seen
+
+
+def test_strategy_accelerator_is_lightnings_object():
+    from lightning.pytorch.strategies import DDPStrategy as TheirDDP
+
+    from tasktrain.strategies import DDPStrategy
+
+    mine = _strategy_accelerators(tasktrain, DDPStrategy)
+    assert mine == _strategy_accelerators(pl, TheirDDP)
+    assert mine[1] == ("CPUAccelerator", "cpu", True)
+    # the strategy still reads its own choice by name (the Accelerator, Accelerate's API, sets no object)
+    strategy = tasktrain.Trainer(accelerator="cpu", **QUIET).strategy
+    assert strategy.accelerator_name == "cpu" and strategy.root_device.type == "cpu"
 
 
 def test_the_accelerator_object_and_the_scaler_as_lightnings():

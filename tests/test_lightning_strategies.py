@@ -329,6 +329,37 @@ def test_model_parallel_strategy_takes_lightnings_arguments():
     assert default.mesh_shape(6) == (3, 2)
 
 
+def _model_parallel_precisions(trainer_class, strategy_class):
+    """For each precision: 'ok', or the error's type and text, of Trainer(strategy=ModelParallelStrategy(), ...)."""
+    seen = {}
+    for precision in ("16-mixed", 16, "64-true", 64, "32-true", "bf16-mixed", "bf16-true", "16-true", None):
+        try:
+            trainer_class(strategy=strategy_class(), accelerator="cpu", devices=2, precision=precision, logger=False,
+                          enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+            seen[precision] = "ok"
+        except Exception as error:  # noqa: BLE001 (the type and words are the result)
+            seen[precision] = (type(error).__name__, str(error))
+    return seen
+
+
+def test_model_parallel_strategy_refuses_lightnings_precisions_in_its_words():
+    import lightning.pytorch as pl
+
+    from tasktrain import Trainer
+    from tasktrain.strategies import ModelParallelStrategy
+
+    mine, theirs = (_model_parallel_precisions(Trainer, ModelParallelStrategy),
+                    _model_parallel_precisions(pl.Trainer, L.ModelParallelStrategy))
+    assert {k: v if v == "ok" else v[0] for k, v in mine.items()} == \
+        {k: v if v == "ok" else v[0] for k, v in theirs.items()}
+    refused = [k for k, v in theirs.items() if v != "ok"]
+    assert refused == ["16-mixed", 16, "64-true", 64]
+    for precision in refused:  # Lightning's words first, then ours
+        assert mine[precision][1].startswith(theirs[precision][1]), precision
+    with pytest.raises(ValueError, match="precision='16-mixed'"):  # the strategy's own precision too
+        Trainer(strategy=ModelParallelStrategy(precision="16-mixed"), accelerator="cpu", devices=2)
+
+
 def test_lightnings_fork_start_method_is_refused_with_what_to_use():
     from tasktrain.strategies import DDPStrategy
 

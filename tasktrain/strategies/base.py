@@ -121,7 +121,8 @@ class Strategy(abc.ABC):
                                 f"{instead}. See docs/strategies.md.")
 
     def __init__(self, accelerator=None, precision=None):
-        self.accelerator = accelerator  # "cpu" | "cuda" | None (auto)
+        self._accelerator_object = None
+        self.accelerator = accelerator  # "cpu" | "cuda" | None (auto): accelerator_name (the property below)
         if precision is not None and not isinstance(precision, Precision):
             normalize_precision(precision)  # an unknown name fails here, where it was written
         self._precision_choice = precision  # a name, a Precision, or None: the run's (configure)
@@ -133,6 +134,21 @@ class Strategy(abc.ABC):
         self.optimizers = []
         self._root_device = None
         self._module_order = None  # clip_gradients' parameter order: (id of the optimizer, its size, positions)
+
+    @property
+    def accelerator(self):
+        """Lightning's strategy.accelerator: the Accelerator object of the run's device kind (tasktrain.accelerators:
+        CPUAccelerator, CUDAAccelerator) once a Trainer has resolved it; before that, and under the Accelerator
+        (Accelerate's API, which has no such object), the name given: "cpu", "cuda" or None (auto). The strategy
+        itself reads `accelerator_name`, always the name."""
+        return self._accelerator_object if self._accelerator_object is not None else self.accelerator_name
+
+    @accelerator.setter
+    def accelerator(self, value):
+        if value is None or isinstance(value, str):
+            self.accelerator_name, self._accelerator_object = value, None
+        else:  # an Accelerator object (the Trainer sets one, as Lightning's connector does): its kind is the name
+            self._accelerator_object, self.accelerator_name = value, value.name()
 
     # -- who am I (abstract: OneProcess is the world of one) --------------------------------------------------------
     @property
@@ -188,7 +204,7 @@ class Strategy(abc.ABC):
         return self._root_device
 
     def _pick_device(self):
-        if self.accelerator == "cuda" or (self.accelerator in (None, "auto") and torch.cuda.is_available()):
+        if self.accelerator_name == "cuda" or (self.accelerator_name in (None, "auto") and torch.cuda.is_available()):
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")
 
@@ -314,7 +330,9 @@ class Strategy(abc.ABC):
 
     def setup_environment(self):
         """Start what the run needs: processes, the process group, the device. Called at the start of every stage
-        (fit, validate, ...): a second call must find what the first made. Default: set the CUDA device."""
+        (fit, validate, ...): a second call must find what the first made. Default: set the CUDA device. Every
+        strategy's set-up first tears down what an earlier run kept for a save after it (end_run)."""
+        release_kept_runs()
         if self.max_restarts and "TORCHELASTIC_MAX_RESTARTS" not in os.environ:  # issue 29
             raise ValueError(f"Trainer(max_restarts={self.max_restarts}): restarts are torch's elastic agent's, which "
                              "starts the processes of a multi-process strategy; this run is one process. Use "
@@ -337,6 +355,13 @@ class Strategy(abc.ABC):
     # max_restarts (issue 29): Trainer(max_restarts=N), set before setup_environment; a multi-process strategy that
     # starts its own processes starts them under torch's elastic agent, which restarts them after a failure.
     max_restarts = 0
+
+    def end_run(self):
+        """The end of a Trainer run (fit, validate, test, predict). Default: teardown(). A strategy whose engine holds
+        what trainer.save_checkpoint(...) after the run needs (DeepSpeed's shards) keeps it instead, as Lightning's
+        strategies keep their model after a run: keep_until_next_run(self), and teardown() follows when the next
+        run of this process sets up (any strategy's setup_environment) or at exit, before the process group ends."""
+        self.teardown()
 
     def teardown(self):
         """End of a stage: drop the wrappers (the process group, if any, may outlive it for the next stage)."""
@@ -700,6 +725,37 @@ class Strategy(abc.ABC):
             finally:
                 if release:
                     self._checkpoint_writer.staged.clear()
+
+
+# -- what a finished run keeps for a save after it (Strategy.end_run) ---------------------------------------------------
+_KEPT = []  # strategies whose last run's engine is kept until the next run sets up or the process exits
+_KEPT_EXIT_HOOK = []
+
+
+def keep_until_next_run(strategy):
+    """Keep `strategy`'s engine after its run (end_run): release_kept_runs() tears it down when the next run of this
+    process sets up, or at exit. The exit hook is registered after the process group's own (atexit runs the last
+    registered first), so engines go before the group, as gloo needs (FINDINGS)."""
+    if strategy not in _KEPT:
+        _KEPT.append(strategy)
+    if not _KEPT_EXIT_HOOK:
+        import atexit
+
+        atexit.register(release_kept_runs)
+        _KEPT_EXIT_HOOK.append(True)
+
+
+def release_kept_runs():
+    """Tear down every strategy that kept its last run's engine: a new run is setting up (one engine per process at a
+    time: a new engine, a new group of one, DeepSpeed's patched torch functions undone) or the process exits. Local
+    work only (no collective): every rank calls it at the same point of the script anyway."""
+    while _KEPT:
+        strategy = _KEPT.pop()
+        try:
+            strategy.teardown()
+        except Exception as err:  # the next run (or the exit) goes on: one line, not a second traceback
+            print(f"[tasktrain] tearing down the kept {type(strategy).__name__} run failed: {type(err).__name__}: {err}",
+                  flush=True)
 
 
 # -- the world of one process ------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ class DataParallel(OneProcess, Strategy):
         self._warned = False
 
     def _choose_ids(self):
-        if self.accelerator == "cpu" or not torch.cuda.is_available():
+        if self.accelerator_name == "cpu" or not torch.cuda.is_available():
             return []
         count = torch.cuda.device_count()
         if self.device_ids is not None:

@@ -113,7 +113,7 @@ class DDP(ProcessWorld, Strategy):
 
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)
-        if self.sync_batchnorm and self.accelerator == "cpu":
+        if self.sync_batchnorm and self.accelerator_name == "cpu":
             raise ValueError(
                 "sync_batchnorm=True needs CUDA devices: torch.nn.SyncBatchNorm runs on GPUs only. On CPU leave "
                 "sync_batchnorm off (each process then normalises with its own batch statistics)."

@@ -36,11 +36,15 @@ from datetime import timedelta
 import torch
 
 from tasktrain.checkpoint_io import own_state, with_own
+from tasktrain.names import normalize_precision
 from tasktrain.strategies.fsdp import FSDP
 
 MESH_NAMES = ("data_parallel", "tensor_parallel")
 HSDP_NAMES = ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")  # data_parallel_replicate_size > 1
 _STEPS_REGISTERED = weakref.WeakSet()  # modules whose steps run as FSDP forward methods already
+
+
+_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")  # what Lightning's ModelParallelStrategy runs
 
 
 class ModelParallelStrategy(FSDP):
@@ -127,6 +131,13 @@ class ModelParallelStrategy(FSDP):
         return dp, tp
 
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
+        # Lightning's Trainer refuses these precisions for its ModelParallelStrategy (its accelerator connector, before
+        # anything runs): 16-mixed's GradScaler, 64-true, ... are not among them. Its type and words, then ours.
+        name = self.requested_precision or normalize_precision(precision)  # (None: the default, 32-true)
+        if name not in _PRECISIONS:
+            raise ValueError(f"The `ModelParallelStrategy` does not support `Fabric(..., precision={name!r})`. Choose a "
+                             f"different precision among: {', '.join(_PRECISIONS)}. (Lightning refuses it, and so does "
+                             "tasktrain, before any process starts; FSDP(...) runs it.)")
         super().configure(accelerator, devices, num_nodes, precision)
         self.mesh_shape(devices * num_nodes)  # before any process starts: every rank would fail alike
 

@@ -30,7 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tasktrain.strategies.base import MultiProcess
+from tasktrain.strategies.base import MultiProcess, release_kept_runs
 from tasktrain.strategies.environment import detect_environment
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
@@ -103,7 +103,7 @@ class ProcessWorld(MultiProcess):
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)
         # Checked here, before any process starts, so every rank fails alike and at once.
-        if self.process_group_backend == "nccl" and self.accelerator == "cpu":
+        if self.process_group_backend == "nccl" and self.accelerator_name == "cpu":
             raise ValueError("process_group_backend='nccl' needs CUDA devices; use 'gloo' (the default) on CPU.")
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -121,6 +121,9 @@ class ProcessWorld(MultiProcess):
         return run(*args)
 
     def setup_environment(self):
+        # An earlier run's kept engine (DeepSpeed's, for a save after its run) goes before this run starts, and with a
+        # world of one its group: this run then starts or joins its own.
+        release_kept_runs()
         if self.max_restarts:  # issue 29
             from tasktrain.strategies.launcher import check_restarts, run_under_elastic_agent
 
@@ -267,6 +270,7 @@ class ProcessWorld(MultiProcess):
 
 
 def _destroy_group_at_exit():
+    release_kept_runs()  # a run's kept engine goes before the group (its own exit hook ran first, normally)
     stop_watchdog()  # watchdog (issue 19): its thread talks to the store, which may go with the group
     gc.collect()  # nothing that holds gloo work may outlive the group (a full collection: ~0.1 s, once)
     if _PROCESS["owns_group"] and dist.is_initialized():

@@ -162,7 +162,9 @@ def teardown(trainer, stage, module, status):
         write_error = wait_for_checkpoint_write(trainer, status)  # issue 29: fit end, error, SIGTERM: wait for it
         trainer._last_metrics = trainer._metrics
         trainer._fit_state = None  # nothing of the fit (its loaders, bound parts) outlives the strategy's teardown
-        trainer.strategy.teardown()
+        # A run that ended keeps what trainer.save_checkpoint(...) after it needs (end_run: DeepSpeed keeps its
+        # engine until the next run sets up, as Lightning's keeps it); a failed one is torn down now.
+        trainer.strategy.teardown() if status == "failed" else trainer.strategy.end_run()
         trainer._metrics = None
         if trainer.profiler is not None:
             trainer.profiler.describe()

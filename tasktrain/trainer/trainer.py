@@ -118,6 +118,7 @@ class Trainer:
         self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
         sync_batchnorm = sync_batchnorm or found.layer_sync is not None  # TorchSyncBatchNorm()
         self.env, self.strategy = runtime.env, runtime.strategy
+        self.accelerator  # Lightning's strategy.accelerator: the Accelerator object from here on (the property below)
         self.devices, self.num_nodes, self.accumulate_grad_batches = (
             runtime.devices, runtime.num_nodes, runtime.accumulate_grad_batches)
         # read by the step's clipping (TaskModule.configure_gradient_clipping's values) and TaskModule.clip_gradients
@@ -324,13 +325,14 @@ class Trainer:
     # -- Lightning's attributes a callback reads (issue 37): views of the strategy's and the loops' state ----------
     @property
     def accelerator(self):
-        """Lightning's Accelerator object of the run's device (CPUAccelerator, CUDAAccelerator: tasktrain.accelerators)."""
-        from tasktrain.accelerators import accelerator_for
+        """Lightning's Accelerator object of the run's device (CPUAccelerator, CUDAAccelerator: tasktrain.accelerators),
+        which is also trainer.strategy.accelerator (as in Lightning: the Trainer resolves it into its strategy)."""
+        from tasktrain.accelerators import Accelerator, accelerator_for
 
-        device = self.strategy.root_device
-        if getattr(self, "_accelerator_object", None) is None or self._accelerator_object.name() != device.type:
-            self._accelerator_object = accelerator_for(device)
-        return self._accelerator_object
+        device, current = self.strategy.root_device, self.strategy.accelerator
+        if not isinstance(current, Accelerator) or current.name() != device.type:
+            self.strategy.accelerator = current = accelerator_for(device)
+        return current
 
     @property
     def device_ids(self):

@@ -50,6 +50,15 @@ class Record(Callback):
         self.weights = {k: v.detach().float().clone() for k, v in state.items()}
 
 
+class StopAtStart(Callback):
+    """The whole weights and the step a resumed fit starts training from; then it stops (no batch is trained)."""
+
+    def on_train_start(self, trainer, module):
+        self.weights = {k: v.detach().float().clone() for k, v in trainer.strategy.full_state_dict().items()}
+        self.global_step = trainer.global_step
+        trainer.should_stop = True
+
+
 class KillRank(Callback):
     def __init__(self, step, rank):
         self.step, self.rank = step, rank
@@ -59,7 +68,8 @@ class KillRank(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epochs=EPOCHS, hidden=64, **kwargs):
+def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epochs=EPOCHS, hidden=64, save_after=False,
+        **kwargs):
     seed_everything(0)
     train, val = digits_loaders(batch_size=32)
     record = Record()
@@ -76,11 +86,29 @@ def fit(name, strategy, root, precision=None, callbacks=(), ckpt_path=None, epoc
     trainer.fit(module, train, val, ckpt_path=ckpt_path)
     seconds = time.perf_counter() - start
     val_acc = float(trainer.callback_metrics["val_acc"])
+    after = {}
+    if save_after:  # Lightning's: the engine outlives fit, and trainer.save_checkpoint(...) writes its shards
+        trainer.save_checkpoint(os.path.join(root, name, "after_fit"))
+        after["weights_after_fit"] = {k: v.float().clone() for k, v in trainer.strategy.full_state_dict().items()}
     # the trained module itself (under stage 3 still partitioned) evaluated again, through a new engine
     validate_after_fit = trainer.validate(module, val)[0]["val_acc"]
+    if save_after:  # ... and after validate (its engine's weights, no optimizer), read back by a fresh Trainer
+        trainer.save_checkpoint(os.path.join(root, name, "after_validate"))
+        fresh = Trainer(strategy=type(strategy)(stage=strategy.zero_stage()), devices=2, logger=False,
+                        enable_progress_bar=False)
+        after["validate_saved_after_validate"] = fresh.validate(Classifier(hidden=hidden), val, ckpt_path=os.path.join(
+            root, name, "after_validate"))[0]["val_acc"]
+        # a new Trainer resumes from the directory saved after fit: its weights and step where training would go on
+        seed_everything(0)
+        start = StopAtStart()
+        Trainer(strategy=type(strategy)(stage=strategy.zero_stage()), devices=2, max_epochs=epochs + 1,
+                accumulate_grad_batches=2, gradient_clip_val=0.5, logger=False, enable_progress_bar=False,
+                enable_checkpointing=False, num_sanity_val_steps=0, callbacks=[start]).fit(
+            Classifier(hidden=hidden), train, val, ckpt_path=os.path.join(root, name, "after_fit"))
+        after.update(resumed_weights=start.weights, resumed_step=start.global_step)
     return {"created_partitioned": created_partitioned, "losses": record.losses, "weights": record.weights,
             "val_acc": val_acc, "validate_after_fit": validate_after_fit, "global_step": trainer.global_step,
-            "seconds": seconds,
+            "seconds": seconds, **after,
             "last": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
             "best_k": sorted(trainer.checkpoint_callback.best_k_models) if trainer.checkpoint_callback else None}
 
@@ -115,7 +143,9 @@ def main():
         results["stage1"] = fit("stage1", "deepspeed_stage_1", args.root, callbacks=[weights])
         # Lightning's name and defaults (its config: overlap_comm, contiguous_gradients, 2e8 buckets, aio,
         # activation_checkpointing) on the same engine
-        results["stage2"] = fit("stage2", DeepSpeedStrategy(stage=2), args.root)
+        # (and trainer.save_checkpoint after fit and after validate, resumed and read back: Lightning's engine
+        # outlives the run)
+        results["stage2"] = fit("stage2", DeepSpeedStrategy(stage=2), args.root, save_after=True)
         results["stage3"] = stage3_checkpointed(args.root)
         torch.save(results, f"{args.out}.rank{rank}.pt")  # what is done is kept, should a later case fail
     if "resume" in args.case:

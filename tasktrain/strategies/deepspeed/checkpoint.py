@@ -8,7 +8,8 @@ import shutil
 import torch
 
 from tasktrain.checkpoint_io import (CheckpointError, atomic_save, check_files, format_header, load_checkpoint_file,
-                                     load_resumable_file, own_state, plain_name, replace_dir, weights_file, with_own)
+                                     load_resumable_file, own_state, plain_name, replace_dir, safe_load, weights_file,
+                                     with_own)
 from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
 
@@ -60,7 +61,7 @@ def convert_zero_checkpoint(checkpoint_dir, output_path=None, optimizer=False):
     if tag is None and not os.path.isfile(os.path.join(checkpoint_dir, "latest")):
         raise CheckpointError(f"{checkpoint_dir!r} has neither {STATE_FILE} nor DeepSpeed's 'latest' file: not a "
                               "DeepSpeed checkpoint directory.")
-    if meta.get("stage") == 0:
+    if meta.get("stage") == 0 and optimizer:
         raise CheckpointError(f"{checkpoint_dir!r} was written at ZeRO stage 0, which has no shards to consolidate: "
                               "its engine file holds the whole module already.")
     if not torch.cuda.is_available():
@@ -82,6 +83,8 @@ def _convert(checkpoint_dir, output_path, optimizer, ckpt, meta, tag, prefix):
         from tasktrain.strategies.deepspeed.universal import read_universal
 
         weights = read_universal(checkpoint_dir, tag)[0]
+    elif meta.get("stage") == 0:  # (an evaluation engine's save below stage 3, or a stage-0 fit): whole, in one file
+        weights = safe_load(os.path.join(checkpoint_dir, tag, "mp_rank_00_model_states.pt"), "deepspeed")["module"]
     else:
         import_deepspeed()
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

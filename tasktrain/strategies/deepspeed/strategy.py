@@ -59,7 +59,8 @@ import torch.distributed as dist
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, link_tree, load_checkpoint_file,
                                      load_plain_state_dict, own_state, replace_dir, weights_file, with_own)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
-from tasktrain.strategies.base import ClipsInsideStep, Sharded, Strategy, _StepWrapper, step_arguments
+from tasktrain.strategies.base import (ClipsInsideStep, Sharded, Strategy, _StepWrapper, keep_until_next_run,
+                                      release_kept_runs, step_arguments)
 from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, _WRAPPER_PREFIX,
                                                        _check_no_zero3_placeholders, _strip, check_deepspeed_folder,
                                                        convert_zero_checkpoint)
@@ -468,6 +469,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
                                "strategy.precision) first, then create the module inside the context.")
         deepspeed = import_deepspeed()
 
+        # A run's kept engine (end_run) goes first: with a world of one, its group with it, so that the parameters are
+        # partitioned over the group the next run trains on.
+        release_kept_runs()
         if self.env is None or not dist.is_initialized():
             self.setup_environment()
         config = self._config_without_batch()
@@ -482,6 +486,19 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         finally:
             hook.remove()
         _check_param_dtypes(created, _param_dtype_of(config), self.precision.name, "created under zero3_init")
+
+    def end_run(self):
+        """A Trainer run's end: the engine stays (Lightning's DeepSpeedStrategy keeps it after fit), so that
+        trainer.save_checkpoint(...) after the run writes its shards, and strategy.full_state_dict() gathers them; it
+        is torn down when the next run of this process sets up (this Trainer's or another's, any strategy), or at
+        exit before the process group. With a world of one the group stays until then too: the engine's save runs
+        collectives over it."""
+        if self.engine is None:
+            return self.teardown()
+        if self._set_local_rank:  # (read by DeepSpeed at initialize only: the environment is left as it was found)
+            os.environ.pop("LOCAL_RANK", None)
+            self._set_local_rank = False
+        keep_until_next_run(self)
 
     def teardown(self):
         engine, self.engine = self.engine, None
@@ -640,10 +657,11 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     def check_can_save(self):
         if self.engine is None:
             raise RuntimeError(
-                "trainer.save_checkpoint(...) after the run: tasktrain releases DeepSpeed's engine (and with it the "
-                "partitioned optimizer state) when a run ends, so there is nothing whole to save (Lightning keeps its "
-                "engine). Save inside the run: ModelCheckpoint(save_last=True), or trainer.save_checkpoint(...) in a "
-                "callback's on_train_end / on_fit_end (every rank calls it).")
+                "trainer.save_checkpoint(...): this DeepSpeed strategy holds no engine, so there are no shards to save. "
+                "A run's engine is kept after the run for such a save until the next run of this process sets up "
+                "(any Trainer's or Accelerator's), and a run that failed releases it at once. Save before starting "
+                "the next run, or inside the run: ModelCheckpoint(save_last=True), or trainer.save_checkpoint(...) in "
+                "a callback's on_train_end / on_fit_end (every rank calls it).")
 
     def save_checkpoint(self, checkpoint: dict, path: str):
         """A directory: the engine's shards (one file per rank) plus our state file; written under a temporary
@@ -689,7 +707,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         if self.is_global_zero:
             state = with_own(state, deepspeed={"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
                                                "world_size": self.world_size,
-                                               "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""})
+                                               "key_prefix": _WRAPPER_PREFIX if self._wrapped else "",
+                                               # False: an evaluation run's engine (no optimizer), saved after it
+                                               "trained": self._client_optimizer is not None})
             atomic_save(state, os.path.join(directory, state_file))
 
     # -- background saves (issue 29) -------------------------------------------------------------------------------
@@ -734,7 +754,8 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             staged = writer.staged["state"] = stage_to_cpu(checkpoint, writer.staged.get("state"))
             staged = with_own(staged, deepspeed={"tag": ENGINE_TAG, "stage": self.config["zero_optimization"]["stage"],
                                                  "world_size": world_size,
-                                                 "key_prefix": _WRAPPER_PREFIX if self._wrapped else ""})
+                                                 "key_prefix": _WRAPPER_PREFIX if self._wrapped else "",
+                                                 "trained": self._client_optimizer is not None})
 
         def write():
             for file_path, state in files:
@@ -791,6 +812,13 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         if self._client_optimizer is None or own_state(ckpt).get("weights_only"):
             ckpt["state_dict"] = convert_zero_checkpoint(path)["state_dict"]
             return ckpt
+        if meta.get("trained") is False:
+            raise CheckpointError(
+                f"{path!r} was saved after validate/test/predict (trainer.save_checkpoint after an evaluation run): "
+                "that run's engine had no optimizer, so the directory holds the weights only, and a fit resumes from "
+                "the optimizer's shards too. Resume from a checkpoint saved in or after a fit; to start a new fit from "
+                "these weights, convert them (`tasktrain convert DIR model.ckpt`) and load them into the module before "
+                "fit.")
         stage = self.config["zero_optimization"]["stage"]
         saved_world = meta.get("world_size", own_state(ckpt).get("world_size"))
         saved_stage = meta.get("stage")
