@@ -942,3 +942,24 @@ def test_datamodule_from_datasets_and_str_as_lightnings():
     ours_, theirs_ = run(tasktrain.DataModule, ours), run(pl.LightningDataModule, theirs)
     assert ours_ == theirs_
     assert ours_[0] == 4 and "1. size=16 ; 2. size=NA" in ours_[3]
+
+
+def test_an_inner_task_module_gets_the_outer_ones_trainer_as_lightnings():
+    """Setting module.trainer (the Trainer does at each run) sets it on child TaskModules too: an ensemble member's
+    self.trainer (its global_step, its logger...) works in the outer module's run, as in Lightning."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Ensemble(classes.BoringModel):
+            def __init__(self):
+                super().__init__()
+                self.member = classes.BoringModel()
+
+            def training_step(self, batch, batch_idx):
+                steps.append(self.member.trainer.global_step)  # (it raised: the member was not attached)
+                return super().training_step(batch, batch_idx)
+
+        model, steps = Ensemble(), []
+        trainer = lib.Trainer(max_steps=2, limit_val_batches=0, **QUIET)
+        trainer.fit(model)
+        seen[lib.__name__] = model.member.trainer is trainer, steps
+    assert seen["tasktrain"] == seen["lightning.pytorch"] == (True, [0, 1]), seen

@@ -197,6 +197,11 @@ class TaskModule(torch.nn.Module):
 
     @trainer.setter
     def trainer(self, trainer):
+        # an inner TaskModule (an ensemble's members) gets the same trainer, so its self.log / self.trainer work
+        # inside the outer one's run (Lightning's setter)
+        for child in self.children():
+            if isinstance(child, TaskModule):
+                child.trainer = trainer
         object.__setattr__(self, "_trainer", trainer)
 
     @property
