@@ -147,7 +147,8 @@ class SimpleProfiler(Profiler):
         return "\n".join([title, rule, fmt(header), rule, *(fmt(r) for r in body), rule])
 
     def teardown(self, stage):
-        self.recorded_durations.clear()
+        # recorded_durations stay (Lightning's SimpleProfiler keeps them: trainer.profiler.recorded_durations is
+        # readable after fit, and a later run of the same Trainer adds to them)
         self.current_actions.clear()
 
 

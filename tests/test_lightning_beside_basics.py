@@ -912,3 +912,54 @@ def test_a_shuffling_predict_loader_is_sharded_as_lightnings_on_several_processe
             theirs_by_rank.append([int(i) for (batch,) in rebuilt for i in batch])
         assert ours_by_rank == theirs_by_rank
         assert sorted(ours_by_rank[0] + ours_by_rank[1]) == list(range(11)) and len(ours_by_rank[0]) == 6
+
+
+def test_datamodule_from_datasets_and_str_as_lightnings():
+    """from_datasets hands batch_size / num_workers to an __init__ that takes them, keeps a class's own hook where no
+    dataset is given, does not shuffle an iterable dataset, builds the same loaders; str() lists the loaders."""
+
+    class Iterable(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    def run(base, boring):
+        class Data(base):
+            def __init__(self, batch_size=1, other=None):
+                super().__init__()
+                self.batch_size, self.other = batch_size, other
+
+            def test_dataloader(self):
+                return torch.utils.data.DataLoader(boring.RandomDataset(32, 8))
+
+        dm = Data.from_datasets(boring.RandomDataset(32, 64), val_dataset=[boring.RandomDataset(32, 16), Iterable()],
+                                predict_dataset=Iterable(), batch_size=4, num_workers=0, other=5)
+        train, val, test, predict = (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader(),
+                                     dm.predict_dataloader())
+        loaders = [train, *val, test, predict]
+        desc = [(type(dl.sampler).__name__, dl.batch_size, dl.num_workers, dl.pin_memory) for dl in loaders]
+        return dm.batch_size, dm.other, desc, str(dm), str(boring.BoringDataModule())
+
+    ours_, theirs_ = run(tasktrain.DataModule, ours), run(pl.LightningDataModule, theirs)
+    assert ours_ == theirs_
+    assert ours_[0] == 4 and "1. size=16 ; 2. size=NA" in ours_[3]
+
+
+def test_an_inner_task_module_gets_the_outer_ones_trainer_as_lightnings():
+    """Setting module.trainer (the Trainer does at each run) sets it on child TaskModules too: an ensemble member's
+    self.trainer (its global_step, its logger...) works in the outer module's run, as in Lightning."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Ensemble(classes.BoringModel):
+            def __init__(self):
+                super().__init__()
+                self.member = classes.BoringModel()
+
+            def training_step(self, batch, batch_idx):
+                steps.append(self.member.trainer.global_step)  # (it raised: the member was not attached)
+                return super().training_step(batch, batch_idx)
+
+        model, steps = Ensemble(), []
+        trainer = lib.Trainer(max_steps=2, limit_val_batches=0, **QUIET)
+        trainer.fit(model)
+        seen[lib.__name__] = model.member.trainer is trainer, steps
+    assert seen["tasktrain"] == seen["lightning.pytorch"] == (True, [0, 1]), seen

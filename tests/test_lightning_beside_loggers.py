@@ -243,3 +243,26 @@ def test_trainer_log_dir_is_lightnings_for_each_kind_of_logger(tmp_path):
         seen[name] = dirs
     assert seen["tasktrain"] == seen["lightning"] == ["s", None, os.path.join("lightning_logs", "version_0"),
                                                       os.path.join("lightning_logs", "version_0"), "."]
+
+
+@pytest.mark.parametrize("kind", ["CSVLogger", "TensorBoardLogger"])
+def test_a_remote_save_dir_is_refused_where_lightning_writes_through_fsspec(kind, tmp_path, monkeypatch):
+    """Lightning writes a "memory://" / "s3://" save_dir through fsspec; tasktrain's file loggers refuse it when
+    built (they wrote into a local folder named "memory:"). A "file://" URL is the local folder in both."""
+    fsspec = pytest.importorskip("fsspec")
+    monkeypatch.chdir(tmp_path)
+    theirs = getattr(L.loggers, kind)(save_dir="memory://beside_remote")
+    theirs.log_metrics({"loss": 0.1}, step=0)
+    theirs.save()
+    fs = fsspec.filesystem("memory")
+    assert fs.ls(theirs.log_dir)  # Lightning wrote there
+    fs.rm("/beside_remote", recursive=True)
+    with pytest.raises(ValueError, match="remote file system URL"):
+        getattr(tasktrain.loggers, kind)(save_dir="memory://beside_remote")
+    assert os.listdir(tmp_path) == []  # nothing written locally
+    ours = getattr(tasktrain.loggers, kind)(save_dir=f"file://{tmp_path}/local")
+    theirs_dir = getattr(L.loggers, kind)(save_dir=f"file://{tmp_path}/local").log_dir  # (before ours writes)
+    ours.log_metrics({"loss": 0.1}, step=0)
+    ours.save()
+    assert os.listdir(tmp_path / "local" / "lightning_logs" / "version_0")
+    assert os.path.realpath(ours.log_dir) == os.path.realpath(theirs_dir.replace("file://", ""))

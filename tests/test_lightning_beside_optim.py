@@ -261,3 +261,33 @@ def test_gradient_clip_algorithm_checked_as_lightning():
             "'norm'].")
         lib.Trainer(gradient_clip_algorithm="NORM", logger=False)  # any case, clipping off or on
         lib.Trainer(gradient_clip_algorithm="Value", gradient_clip_val=0.5, logger=False)
+
+
+@pytest.mark.parametrize("trainer_args,call_args,raises", [
+    (dict(gradient_clip_val=1e-4), dict(gradient_clip_val=1e-2), True),
+    (dict(gradient_clip_algorithm="norm"), dict(gradient_clip_algorithm="value"), True),
+    (dict(gradient_clip_val=0.5, gradient_clip_algorithm="Value"), dict(gradient_clip_val=0.5,
+                                                                      gradient_clip_algorithm="value"), False),
+])
+def test_clip_gradients_against_the_trainers_clipping_as_lightning(trainer_args, call_args, raises):
+    """clip_gradients in configure_gradient_clipping with a value / algorithm other than the Trainer's: the same
+    error as Lightning's (the same values: both clip); a module not attached: the same message."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Model(classes.BoringModel):
+            def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+                self.clip_gradients(optimizer, **call_args)
+
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0, logger=False, **QUIET,
+                              **trainer_args)
+        try:
+            trainer.fit(Model())
+            seen[lib.__name__] = None
+        except Exception as err:
+            seen[lib.__name__] = type(err).__name__, str(err)
+        with pytest.raises(RuntimeError) as raised:
+            classes.BoringModel().trainer  # noqa: B018
+        seen[lib.__name__, "detached"] = str(raised.value).split(" (")[0]
+    assert seen["tasktrain"] == seen["lightning.pytorch"], seen
+    assert seen["tasktrain", "detached"] == seen["lightning.pytorch", "detached"], seen
+    assert (seen["tasktrain"] is not None) == raises

@@ -150,3 +150,24 @@ def test_each_hook_call_is_named_after_its_own_owner_with_a_bare_mock_and_a_moni
                     ("Plain", f"[Callback]{plain.state_key}.on_train_epoch_end"),
                     ("Module", "[TaskModule]Module.on_train_epoch_end"),
                     ("Stopper", f"[Callback]{stopper.state_key}.on_train_epoch_end")]
+
+
+def test_simple_profiler_keeps_its_durations_after_the_run_as_lightning():
+    """trainer.profiler.recorded_durations is readable after fit and a later test adds to it (it was cleared at the
+    end of each run), as in Lightning."""
+    L = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.demos.boring_classes import BoringModel as Theirs
+
+    from tasktrain.demos.boring_classes import BoringModel as Ours
+
+    seen = {}
+    for lib, model in ((L, Theirs), (__import__("tasktrain"), Ours)):
+        trainer = lib.Trainer(max_steps=2, limit_val_batches=0, limit_test_batches=1, profiler="simple", logger=False,
+                              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        trainer.fit(model())
+        after_fit = trainer.profiler.recorded_durations
+        fit_steps = len(after_fit.get("run_training_epoch", []))
+        trainer.test(model(), verbose=False)
+        seen[lib.__name__] = fit_steps, len(trainer.profiler.recorded_durations["run_training_epoch"]), any(
+            "test_step" in k for k in trainer.profiler.recorded_durations)
+    assert seen["tasktrain"] == seen["lightning.pytorch"] == (1, 1, True), seen

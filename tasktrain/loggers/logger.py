@@ -110,7 +110,16 @@ class VersionedLogger(Logger):
     LOGGER_JOIN_CHAR = "-"
 
     def __init__(self, save_dir, name, version, prefix=""):
-        self._save_dir = os.fspath(save_dir)
+        save_dir = os.fspath(save_dir)
+        if save_dir.startswith("file://"):
+            save_dir = save_dir[len("file://"):]
+        if "://" in save_dir:
+            # the files are written with os/open: a URL would become a local folder named "s3:" (Lightning's write
+            # through fsspec), so refuse it before anything is written
+            raise ValueError(f"{type(self).__name__}(save_dir={save_dir!r}): tasktrain's file loggers write to a "
+                             "local (or mounted) folder only, not to a remote file system URL. Log to a local "
+                             "folder and copy it, or mount the bucket.")
+        self._save_dir = save_dir
         self._name = name or ""
         self._version = version
         self._prefix = prefix

@@ -5,6 +5,8 @@ the loader hook of the stage, the batch-transfer hooks (these win over the modul
 (load_state_dict on resume), on_exception when the run fails and teardown(stage) at its end. With a DataModule the
 module's own loader hooks are not called.
 """
+import os
+
 from tasktrain.trainer.module import AttributeDict, TaskModule
 
 
@@ -33,14 +35,17 @@ class DataModule:
     def from_datasets(cls, train_dataset=None, val_dataset=None, test_dataset=None, predict_dataset=None,
                       batch_size=1, num_workers=0, **datamodule_kwargs):
         """A DataModule whose loader hooks wrap the given datasets (a list or dict of them: several loaders); the
-        training loader shuffles (Lightning's helper)."""
-        from torch.utils.data import DataLoader
+        training loader shuffles unless the dataset is iterable (Lightning's helper). batch_size / num_workers also
+        go to the class's __init__ where it takes them (or **kwargs), as Lightning's; a hook whose dataset is None
+        is left as the class defines it."""
+        import inspect
+
+        from torch.utils.data import DataLoader, IterableDataset
 
         def loaders(datasets, shuffle):
-            if datasets is None:
-                return None
             def one(ds):
-                return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)
+                return DataLoader(ds, batch_size=batch_size, shuffle=shuffle and not isinstance(ds, IterableDataset),
+                                  num_workers=num_workers, pin_memory=True)
 
             if isinstance(datasets, dict):
                 return {key: one(ds) for key, ds in datasets.items()}
@@ -48,12 +53,47 @@ class DataModule:
                 return [one(ds) for ds in datasets]
             return one(datasets)
 
-        datamodule = cls(**datamodule_kwargs)
-        datamodule.train_dataloader = lambda: loaders(train_dataset, True)
-        datamodule.val_dataloader = lambda: loaders(val_dataset, False)
-        datamodule.test_dataloader = lambda: loaders(test_dataset, False)
-        datamodule.predict_dataloader = lambda: loaders(predict_dataset, False)
+        params = inspect.signature(cls.__init__).parameters
+        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        special = {k: v for k, v in {"batch_size": batch_size, "num_workers": num_workers}.items()
+                   if takes_kwargs or k in params}
+        datamodule = cls(**datamodule_kwargs, **special)
+        for hook, datasets, shuffle in (("train_dataloader", train_dataset, True), ("val_dataloader", val_dataset, False),
+                                        ("test_dataloader", test_dataset, False),
+                                        ("predict_dataloader", predict_dataset, False)):
+            if datasets is not None:
+                setattr(datamodule, hook, lambda datasets=datasets, shuffle=shuffle: loaders(datasets, shuffle))
         return datamodule
+
+    def __str__(self):
+        """Lightning's summary of the loaders: one `{Train dataloader: size=64}` line per loader hook (`None` where
+        the hook fails or has no loader, `NA` for a dataset without a length, `1. size=.. ; 2. size=..` for
+        several)."""
+        from collections.abc import Mapping, Sized
+
+        from torch.utils.data import DataLoader
+
+        def one(loader):
+            if not isinstance(loader, DataLoader):
+                return "None"
+            return f"size={len(loader.dataset)}" if isinstance(loader.dataset, Sized) else "size=NA"
+
+        lines = []
+        for title, hook in (("Train dataloader", "train_dataloader"), ("Validation dataloader", "val_dataloader"),
+                            ("Test dataloader", "test_dataloader"), ("Predict dataloader", "predict_dataloader")):
+            try:
+                loader = getattr(self, hook)()
+            except Exception:  # a hook that needs setup() first: Lightning shows it as None too
+                loader = None
+            if isinstance(loader, Mapping):
+                loader = list(loader.values())
+            if isinstance(loader, (list, tuple)):
+                text = " ; ".join(f"{i}. {one(x)}" if isinstance(x, DataLoader) else "None"
+                                  for i, x in enumerate(loader, start=1))
+            else:
+                text = one(loader)
+            lines.append(f"{{{title}: {text}}}")
+        return os.linesep.join(lines)
 
     def prepare_data(self):
         """Download or write files: runs in one process per machine, so never assign state here (use setup)."""

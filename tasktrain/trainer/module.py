@@ -191,11 +191,17 @@ class TaskModule(torch.nn.Module):
         if self._trainer is None and getattr(self, "_jit_is_scripting", False):
             return None  # torch.jit.script probes every attribute: not an error while it does
         if self._trainer is None:
-            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) first.")
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`. "
+                               "(Call trainer.fit(module) first.)")
         return self._trainer
 
     @trainer.setter
     def trainer(self, trainer):
+        # an inner TaskModule (an ensemble's members) gets the same trainer, so its self.log / self.trainer work
+        # inside the outer one's run (Lightning's setter)
+        for child in self.children():
+            if isinstance(child, TaskModule):
+                child.trainer = trainer
         object.__setattr__(self, "_trainer", trainer)
 
     @property
@@ -556,8 +562,21 @@ class TaskModule(torch.nn.Module):
         """Clip `optimizer`'s gradients now, through the strategy (it unscales them first): by total norm
         ("norm") or by value ("value"); the trainer's gradient_clip_val/_algorithm where not given."""
         trainer = self.trainer
+        # a value given both to the Trainer and here is ambiguous (which one clips?): Lightning's error, its words
+        if (gradient_clip_val is not None and trainer.gradient_clip_val is not None
+                and trainer.gradient_clip_val != gradient_clip_val):
+            raise MisconfigurationException(
+                f"You have set `Trainer(gradient_clip_val={trainer.gradient_clip_val!r})` and have passed "
+                f"`clip_gradients(gradient_clip_val={gradient_clip_val!r})`. Please use only one of them.")
+        trainer_algorithm = getattr(trainer.gradient_clip_algorithm, "value", trainer.gradient_clip_algorithm)
+        if gradient_clip_algorithm is not None:
+            gradient_clip_algorithm = getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm).lower()
+            if trainer_algorithm is not None and trainer_algorithm.lower() != gradient_clip_algorithm:
+                raise MisconfigurationException(
+                    f"You have set `Trainer(gradient_clip_algorithm={trainer_algorithm.lower()!r})` and have passed "
+                    f"`clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) Please use only one of them.")
         value = gradient_clip_val if gradient_clip_val is not None else trainer.gradient_clip_val
-        algorithm = gradient_clip_algorithm or trainer.gradient_clip_algorithm or "norm"
+        algorithm = (gradient_clip_algorithm or trainer_algorithm or "norm").lower()
         if not value:
             return None
         if algorithm not in ("norm", "value"):
