@@ -233,3 +233,27 @@ def test_errors_and_warnings_are_lightnings():
     assert outcomes[0] == ("ValueError", "`mode` should be either of ('power', 'binsearch')")
     assert outcomes[3][0] == "MisconfigurationException" and outcomes[-1] == (None, None)
     assert len(outcomes[-2]) == 2
+
+
+@pytest.mark.parametrize("mode,num_training,threshold,accumulate,max_epochs", [
+    ("exponential", 40, 4.0, 1, 1000),   # 32 batches an epoch: the sweep crosses an epoch; diverges (early stop)
+    ("linear", 30, 4.0, 1, 1000),
+    ("exponential", 25, None, 1, 1000),  # no early stop: the whole sweep
+    ("linear", 20, None, 3, 1000),       # accumulation: one point per window, the last micro-batch's loss
+    ("exponential", 60, None, 1, 1),     # num_training beyond the loader, one epoch: the sweep ends with it
+])
+def test_lr_find_gives_lightnings_rates_losses_and_suggestion(mode, num_training, threshold, accumulate, max_epochs):
+    def run(framework):
+        Trainer, _, _, Tuner = FRAMEWORKS[framework]
+        module = _module(framework)
+        torch.manual_seed(3)
+        trainer = Trainer(max_epochs=max_epochs, accumulate_grad_batches=accumulate, **QUIET)
+        finder = Tuner(trainer).lr_find(module, min_lr=1e-4, max_lr=10.0, num_training=num_training, mode=mode,
+                                        early_stop_threshold=threshold)
+        return finder.results["lr"], finder.results["loss"], finder.suggestion(), finder.suggestion(2, 3), module.lr
+
+    lightning, ours = run("lightning"), run("tasktrain")
+    assert len(ours[0]) == len(lightning[0]) and len(ours[1]) == len(lightning[1])
+    assert ours[0] == lightning[0]
+    assert ours[1] == pytest.approx(lightning[1], rel=1e-5, nan_ok=True)
+    assert ours[2:] == lightning[2:]  # (the same rates, the same index: equal, None where Lightning gives None)

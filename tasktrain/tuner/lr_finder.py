@@ -17,20 +17,22 @@ class LRFinder:
         self._optimal_idx = None
 
     def suggestion(self, skip_begin=10, skip_end=1):
-        """The rate where the smoothed loss falls fastest (its steepest negative slope per step), leaving out the
-        first skip_begin and last skip_end points; None when fewer than two finite points remain."""
-        lrs = self.results["lr"][skip_begin:len(self.results["lr"]) - skip_end]
-        losses = torch.tensor(self.results["loss"][skip_begin:len(self.results["loss"]) - skip_end],
-                              dtype=torch.float64)
+        """Lightning's rule: the rate where d(loss)/d(lr) (torch.gradient with the rates as spacing) is lowest,
+        over results[skip_begin:-skip_end] (so skip_end=0 leaves nothing, as Lightning's slice) and finite losses
+        only; None when fewer than two points remain."""
+        losses = torch.tensor(self.results["loss"][skip_begin:-skip_end])
+        lrs = torch.tensor(self.results["lr"][skip_begin:-skip_end])
         finite = torch.isfinite(losses)
-        lrs = [lr for lr, ok in zip(lrs, finite.tolist()) if ok]
-        losses = losses[finite]
+        losses, lrs = losses[finite], lrs[finite]
         if len(losses) < 2:
+            print("[tasktrain] Failed to compute suggestion for learning rate because there are not enough points. "
+                  "Increase the loop iteration limits or the size of your dataset/dataloader.", flush=True)
             self._optimal_idx = None
             return None
-        index = int(torch.argmin(torch.gradient(losses)[0]))
-        self._optimal_idx = self.results["lr"].index(lrs[index])
-        return lrs[index]
+        index = int(torch.argmin(torch.gradient(losses, spacing=[lrs])[0]))
+        kept = torch.arange(len(self.results["loss"]))[skip_begin:-skip_end][finite]
+        self._optimal_idx = int(kept[index])
+        return self.results["lr"][self._optimal_idx]
 
     def plot(self, *args, **kwargs):
         raise NotImplementedError("LRFinder has no plot(): plot results['lr'] (log scale) against results['loss'] "
@@ -38,48 +40,54 @@ class LRFinder:
 
 
 class _Sweep(Callback):
-    """Sets each step's rate just before the optimizer step and records the smoothed loss after it."""
+    """Lightning's sweep, step for step: step k runs at min_lr (k=0) or at the rate (k+1)/num_training of the way
+    from min_lr to max_lr (its scheduler's count); a point (rate, smoothed loss) is kept at each batch that closes an
+    accumulation window (batch_idx + 1 divisible by accumulate_grad_batches), from that batch's loss alone (already
+    divided by the window, as Lightning's), with the bias correction counted from global_step after the step."""
 
     def __init__(self, min_lr, max_lr, num_training, mode, early_stop_threshold, beta=0.98):
         self.min_lr, self.max_lr, self.num_training, self.mode = min_lr, max_lr, num_training, mode
         self.early_stop_threshold, self.beta = early_stop_threshold, beta
         self.lrs, self.losses = [], []
-        self._window, self._avg, self._best = [], 0.0, None
+        self._avg, self._best = 0.0, 0.0
 
-    def rate(self, i):
-        t = i / max(1, self.num_training - 1)
+    def rate(self, step):
+        if step == 0:
+            return self.min_lr
+        r = (step + 1) / self.num_training
         if self.mode == "exponential":
-            return self.min_lr * (self.max_lr / self.min_lr) ** t
-        return self.min_lr + (self.max_lr - self.min_lr) * t
+            return self.min_lr * (self.max_lr / self.min_lr) ** r
+        return self.min_lr + r * (self.max_lr - self.min_lr)
+
+    def _closes_window(self, trainer, batch_idx):
+        return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         lr = self.rate(trainer.global_step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        self._lr = lr
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if self._closes_window(trainer, batch_idx):
+            self.lrs.append(self.rate(trainer.global_step))
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if outputs:  # ({}: training_step returned None)
-            self._window.append(outputs["loss"].float())  # (each micro-batch's share of its window: the sum is the mean)
-        if trainer.global_step == len(self.lrs):
-            return  # inside an accumulation window: the step comes later
-        if not self._window:  # the window's training_steps all returned None: a NaN point, as Lightning's
-            self.lrs.append(self._lr)  # (left out of the suggestion, which uses finite points only)
+        if not self._closes_window(trainer, batch_idx):
+            return
+        if not outputs:  # training_step returned None: a NaN point (left out of the suggestion), as Lightning's
             self.losses.append(float("nan"))
             return
-        value = float(trainer.strategy.reduce(torch.stack(self._window).sum()))
-        self._window = []
+        loss = outputs if isinstance(outputs, torch.Tensor) else outputs["loss"]
+        value = float(loss)
+        step = trainer.global_step
         self._avg = self.beta * self._avg + (1 - self.beta) * value
-        smoothed = self._avg / (1 - self.beta ** (len(self.losses) + 1))
-        self.lrs.append(self._lr)
-        self.losses.append(smoothed)
-        if not math.isfinite(smoothed):
-            trainer.should_stop = True
-            return
-        self._best = smoothed if self._best is None else min(self._best, smoothed)
-        if (self.early_stop_threshold is not None and len(self.losses) > 1
-                and smoothed > self.early_stop_threshold * self._best):
+        smoothed = self._avg / (1 - self.beta ** (step + 1))
+        if self.early_stop_threshold is not None and step > 1 and smoothed > self.early_stop_threshold * self._best:
             trainer.should_stop = True  # diverging: the rest of the sweep would tell nothing
+        trainer.should_stop = bool(trainer.strategy.broadcast(trainer.should_stop))
+        if smoothed < self._best or step == 1:
+            self._best = smoothed
+        self.losses.append(smoothed)
 
 
 def lr_attr_name(model, attr_name=""):
@@ -123,7 +131,7 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     name = lr_attr_name(model, attr_name) if update_attr else None
     sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
     trainer.callbacks = [sweep]
-    trainer.max_steps, trainer.max_epochs = num_training, -1
+    trainer.max_steps = num_training  # (max_epochs stays the Trainer's: Lightning's; a short loader ends it)
     trainer.limit_val_batches = 0  # the sweep reads the training loss only
     start_counters_over(trainer)
     trainer.fit(model, **loaders)
