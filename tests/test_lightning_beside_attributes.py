@@ -336,3 +336,22 @@ def test_strict_loading_reaches_deepspeeds_engine_at_resume(tmp_path):
         except RuntimeError as error:
             seen.append("module.extra" in str(error))
     assert seen == [(4, [3.0, 3.0]), True]
+
+
+def test_device_ids_from_lightnings_device_lists_and_strings(monkeypatch):
+    # Lightning's "0, 1" / [0, 1] pick those devices; ours runs on the first N visible ones, so any other indices
+    # ([2], "2,", "0, 2") are refused by name (with CUDA_VISIBLE_DEVICES as the fix), never moved to 0..N-1
+    import lightning.fabric.accelerators.cuda as lcuda
+    from lightning.pytorch import Trainer as LTrainer
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(lcuda, "num_cuda_devices", lambda: 4)
+    monkeypatch.setattr(lcuda, "_check_cuda_matmul_precision", lambda device: None, raising=False)
+    for devices in ([0, 1], "0, 1", "0,", [0]):
+        want = LTrainer(accelerator="cuda", devices=devices, logger=False).device_ids
+        assert tasktrain.Trainer(accelerator="cuda", devices=devices, logger=False).device_ids == want, devices
+    for devices, lightnings in (([2], [2]), ("2,", [2]), ("0, 2", [0, 2])):
+        assert LTrainer(accelerator="cuda", devices=devices, logger=False).device_ids == lightnings
+        with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+            tasktrain.Trainer(accelerator="cuda", devices=devices, logger=False)

@@ -365,3 +365,20 @@ def test_lightnings_fork_start_method_is_refused_with_what_to_use():
 
     with pytest.raises(ValueError, match="'popen'.*'spawn'.*Lightning's 'fork'.*notebook_launcher"):
         DDPStrategy(start_method="fork")
+
+
+def test_single_device_strategy_is_lightnings_name_for_single_device():
+    # Lightning's `Trainer(strategy=SingleDeviceStrategy(device=...))`: the same device and accelerator type after setup
+    from lightning.pytorch import Trainer as LTrainer
+
+    from tasktrain import Trainer
+    from tasktrain.strategies import SingleDevice, SingleDeviceStrategy
+
+    assert SingleDeviceStrategy is SingleDevice
+    ours = Trainer(strategy=SingleDeviceStrategy(device=torch.device("cpu")), logger=False, enable_checkpointing=False)
+    theirs = LTrainer(strategy=L.SingleDeviceStrategy(device=torch.device("cpu")), logger=False,
+                      enable_checkpointing=False)
+    assert ours.strategy.root_device == theirs.strategy.root_device == torch.device("cpu")
+    assert type(ours.accelerator).__name__ == type(theirs.accelerator).__name__ == "CPUAccelerator"
+    with pytest.raises(TypeError):  # an argument it does not take is named at construction, not ignored
+        SingleDeviceStrategy(device="cpu", checkpoint_io=object())

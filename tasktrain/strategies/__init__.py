@@ -20,6 +20,8 @@ def __getattr__(name):
         from tasktrain.strategies import lightning
 
         return getattr(lightning, name)
+    if name == "SingleDeviceStrategy":  # Lightning's name: SingleDevice takes its device= / accelerator= arguments
+        return SingleDevice
     if name == "DDPStrategy":  # Lightning's name: DDP takes its keyword arguments (find_unused_parameters, ddp_comm_*)
         return DDP
     raise AttributeError(f"module 'tasktrain.strategies' has no attribute {name!r}")

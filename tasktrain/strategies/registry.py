@@ -83,7 +83,17 @@ def resolve_devices(devices, accelerator: str, env=None) -> int:
         if env.launcher is not None:
             return env.local_world_size
         return torch.cuda.device_count() if accelerator == "cuda" and devices in (-1, "-1") else 1
+    if isinstance(devices, str) and "," in devices:  # Lightning's "2," / "0, 2": a list of device indices
+        try:
+            devices = [int(d) for d in devices.split(",") if d.strip()]
+        except ValueError:
+            raise ValueError(f"devices={devices!r}: use 'auto', a positive number, or a list of device indices.") from None
     if isinstance(devices, (list, tuple)):
+        # each process runs on the device of its local rank, so only the first N visible devices can be picked; other
+        # indices are refused rather than silently moved to 0..N-1 (Lightning would use exactly those devices)
+        if list(devices) != list(range(len(devices))):
+            raise ValueError(f"devices={list(devices)!r}: tasktrain runs on the first N visible devices; pick these "
+                             f"with CUDA_VISIBLE_DEVICES={','.join(map(str, devices))} and devices={len(devices)}.")
         return len(devices)
     try:
         count = int(devices)
