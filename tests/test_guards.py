@@ -1,6 +1,6 @@
 """Issue 38: a run the user can trust. A non-finite state is never saved as a good one; limits and loaders that would
 train nothing are errors before training; a finished run resumed says so and writes nothing; Ctrl-C runs
-on_exception, prints one line per rank and exits 130 (real processes receiving SIGINT)."""
+on_exception, prints one line per rank and exits 1, as Lightning (real processes receiving SIGINT)."""
 import glob
 import os
 import signal
@@ -234,9 +234,9 @@ def _interrupt(root, devices, timeout=120):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("devices", [1, 2])
-def test_ctrl_c_runs_on_exception_prints_one_line_per_rank_and_exits_130(tmp_path, devices):
+def test_ctrl_c_runs_on_exception_prints_one_line_per_rank_and_exits_1(tmp_path, devices):
     code, out, err = _interrupt(tmp_path, devices)
-    assert code == 130, out + err
+    assert code == 1, out + err
     assert "Traceback" not in err and "fit returned" not in out
     for rank in range(devices):
         line = err.count(f"rank {rank}: Detected KeyboardInterrupt, attempting graceful shutdown ...")

@@ -118,8 +118,8 @@ class SubprocessLauncher:
 
     def _stopped_as_asked(self, rank, code):
         # After SIGTERM a worker ends with Lightning's SIGTERMException (status 0; 1 where a script turns it into an
-        # error, with no error recorded); after
-        # Ctrl-C (the whole process group gets SIGINT) it runs on_exception and exits 130 (issue 38, trainer/guards.py).
+        # error, with no error recorded); after Ctrl-C (the whole process group gets SIGINT) it runs on_exception and
+        # exits 130 (a worker of ours; rank 0 exits 1, Lightning's code: trainer/guards.py).
         return code == 130 or (self._signalled and code == 1 and self._read_error(rank) is None)
 
     def describe_exit(self, rank, proc, code) -> str:

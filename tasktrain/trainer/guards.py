@@ -5,12 +5,13 @@
   `trains_nothing`: limit_train_batches=0 skips the loop, as in Lightning.
 - `finished_run`: a resume from a run that has nothing left to train says so, and the fit writes nothing.
 - `may_save_checkpoint`: before any checkpoint is written, whether the state since the last check stayed finite.
-- `interrupt_begin`: Ctrl-C is one line per rank, the on_exception hooks, then exit code 130.
+- `interrupt_begin`: Ctrl-C is one line per rank, the on_exception hooks, then exit code 1 (Lightning's).
 - `install_sigterm_handler`: SIGTERM sets trainer.received_sigterm for the run (issue 37: Lightning's handler); the
   loops raise SIGTERMException where Lightning's do (loop.py, evaluation.py).
 """
 import logging
 import numbers
+import os
 import signal
 import sys
 import threading
@@ -245,11 +246,12 @@ class _Interrupt:
         self.previous = previous
 
     def exit(self):
-        """The SystemExit(130) that ends the interrupted run (a shell's code for SIGINT). One process: Ctrl-C works
-        again (a notebook goes on); several: it stays ignored, the process is ending."""
+        """The SystemExit that ends the interrupted run: code 1, Lightning's; a worker our launcher started exits 130
+        (the shell's code for SIGINT), which rank 0's watcher reads as "stopped as asked", not as a failure. One
+        process: Ctrl-C works again (a notebook goes on); several: it stays ignored, the process is ending."""
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
-        return SystemExit(130)
+        return SystemExit(130 if os.environ.get("TASKTRAIN_ERROR_FILE") else 1)
 
 
 def sigint_once():

@@ -633,7 +633,7 @@ class Trainer:
             requeued = isinstance(exc, SystemExit) and getattr(exc, "requeued", False)
             status = "finished" if requeued else "failed"
             self.state.status = TrainerStatus.INTERRUPTED
-            interrupt = guards.interrupt_begin(exc, self.strategy)  # issue 38: Ctrl-C: one line, exit 130
+            interrupt = guards.interrupt_begin(exc, self.strategy)  # issue 38: Ctrl-C: one line, exit 1
             run.on_failure(self, exc)
             if interrupt is not None:
                 raise interrupt.exit() from None

@@ -81,7 +81,7 @@ def main():
                       enable_checkpointing=args.devices == 1, enable_model_summary=False, default_root_dir=args.root,
                       strategy="ddp" if args.devices > 1 else "auto", devices=args.devices, accelerator="cpu")
     trainer.fit(Net(), data)
-    print("fit returned", flush=True)  # never: Ctrl-C ends the process with code 130
+    print("fit returned", flush=True)  # never: Ctrl-C ends the process with code 1
 
 
 if __name__ == "__main__":
