@@ -59,3 +59,43 @@ def outcome(make):
     except Exception as error:  # noqa: BLE001 (the type is the result)
         return type(error).__name__
     return "ok"
+
+
+# Several `tasktrain ...` commands in one fresh interpreter, each through the CLI's own main as if typed (what
+# `python -m tasktrain.cli.main` does, its exit code, and what it printed on stdout / stderr), so that the imports
+# (torch, DeepSpeed: seconds each) are paid once per test rather than once per command.
+_CLI_COMMANDS = """import contextlib, io, json, sys, traceback
+from tasktrain.cli.main import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's errors end the command line so
+            code = e.code if isinstance(e.code, int) else 1
+        except Exception:  # an uncaught error: its traceback and status 1, as the interpreter would end
+            traceback.print_exc()
+            code = 1
+    results.append([code or 0, out.getvalue(), err.getvalue()])
+with open(sys.argv[2], "w") as f:
+    json.dump(results, f)
+"""
+
+
+def cli_commands(commands, tmp_path, timeout=300):
+    """Run each command (a list of `tasktrain` arguments) in one subprocess; returns [(returncode, stdout, stderr)]
+    in order. The subprocess itself must end cleanly (it does unless the interpreter crashes)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    scrub = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in scrub and not k.startswith("TASKTRAIN_")}
+    results = os.path.join(str(tmp_path), "cli_commands.json")
+    proc = subprocess.run([sys.executable, "-c", _CLI_COMMANDS, json.dumps([[str(a) for a in c] for c in commands]),
+                           results], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    with open(results) as f:
+        return [tuple(r) for r in json.load(f)]

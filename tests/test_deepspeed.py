@@ -17,6 +17,8 @@ from tasktrain import DeepSpeed, Trainer
 from tasktrain.strategies.deepspeed import ENGINE_TAG, STATE_FILE, build_config
 from tasktrain.strategies.registry import strategy_from_name
 
+from helpers import cli_commands
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "deepspeed_scripts", "train.py")
 _SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -345,9 +347,14 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     Classifier = classifier()
     with pytest.raises(CheckpointError, match="convert"):
         Classifier.load_from_checkpoint(str(last))
+    # The three `tasktrain convert` commands below, run in one interpreter (see helpers.cli_commands): the directory
+    # to one file, that file given as a directory (an error), the directory to safetensors shards.
     out = tmp_path / "model.ckpt"
-    proc = run("-m", "tasktrain.cli.main", "convert", str(last), str(out), timeout=120)
-    assert "wrote" in proc.stdout
+    export = tmp_path / "export"
+    (code, stdout, stderr), bad, (export_code, export_stdout, export_stderr) = cli_commands([
+        ["convert", last, out], ["convert", out, tmp_path / "x.ckpt"],
+        ["convert", last, export, "--format", "safetensors", "--max-shard-size", "10KB"]], tmp_path, timeout=240)
+    assert code == 0 and "wrote" in stdout, stdout + stderr
     plain = torch.load(out, weights_only=True)
     assert plain["loops"]["weights_only"] is True and plain["hyper_parameters"]["hidden"] == 64
     module = Classifier.load_from_checkpoint(str(out))
@@ -355,13 +362,10 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     assert set(module.state_dict()) == set(trained)
     for name, value in module.state_dict().items():
         torch.testing.assert_close(value, trained[name], rtol=0, atol=1e-6)
-    bad = run("-m", "tasktrain.cli.main", "convert", str(out), str(tmp_path / "x.ckpt"), expect_ok=False)
-    assert "not a directory" in bad.stderr
+    assert bad[0] != 0 and "not a directory" in bad[2], bad
 
     # The same directory as Hugging Face safetensors shards (issue 21): the consolidated fp32 weights, by key.
-    export = tmp_path / "export"
-    run("-m", "tasktrain.cli.main", "convert", str(last), str(export), "--format", "safetensors",
-        "--max-shard-size", "10KB", timeout=120)
+    assert export_code == 0, export_stdout + export_stderr
     index = json.loads((export / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(trained) and len(set(index["weight_map"].values())) > 1
     from tasktrain.inference.checkpoint_files import read_state_dict

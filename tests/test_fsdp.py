@@ -20,6 +20,8 @@ from tasktrain.state import distributed_type_of
 from tasktrain.strategies.fsdp import STATE_FILE
 from tasktrain.strategies.registry import strategy_from_name
 
+from helpers import cli_commands
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "fsdp_scripts", "train.py")
 _SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -408,16 +410,19 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     Classifier = classifier()
     with pytest.raises(CheckpointError):
         Classifier.load_from_checkpoint(str(last))
+    # Both `tasktrain convert` commands in one interpreter (see helpers.cli_commands): to one file, to safetensors.
     out = tmp_path / "model.ckpt"
-    proc = run("-m", "tasktrain.cli.main", "convert", str(last), str(out), timeout=120)
-    assert "wrote" in proc.stdout
+    export = tmp_path / "export"
+    converted = cli_commands([["convert", last, out], ["convert", last, export, "--format", "safetensors"]],
+                             tmp_path, timeout=240)
+    for code, stdout, stderr in converted:
+        assert code == 0, stdout + stderr
+    assert "wrote" in converted[0][1]
     module = Classifier.load_from_checkpoint(str(out))
     trained = ranks[0]["fsdp"]["weights"]
     assert set(module.state_dict()) == set(trained)
     for name, value in module.state_dict().items():
         assert torch.equal(value, trained[name]), name
-    export = tmp_path / "export"
-    run("-m", "tasktrain.cli.main", "convert", str(last), str(export), "--format", "safetensors", timeout=120)
     from tasktrain.inference.checkpoint_files import read_state_dict
 
     index = export / "model.safetensors"

@@ -19,6 +19,8 @@ import sys
 import pytest
 import torch
 
+from helpers import cli_commands
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "reshard_scripts", "train.py")
 _SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -191,24 +193,6 @@ def convert(src, dst, to):
     return proc.stdout
 
 
-_CONVERT_MANY = """import json, sys
-from tasktrain.cli.main import main
-for src, dst, to in json.loads(sys.argv[1]):
-    assert main(["convert", src, dst, "--to", to]) == 0, (src, dst, to)
-"""
-
-
-def convert_many(jobs):
-    """Several `tasktrain convert` commands in one interpreter (the CLI's own main, each as if typed): the imports
-    (DeepSpeed's among them) are paid once."""
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
-    jobs = [[str(src), str(dst), to] for src, dst, to in jobs]
-    proc = subprocess.run([sys.executable, "-c", _CONVERT_MANY, json.dumps(jobs)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
-
-
 def plain(path):
     """A converted (or plain) checkpoint as the runs' outputs: params, optimizer state, global step."""
     ckpt = torch.load(path, weights_only=True)
@@ -231,20 +215,24 @@ def zero(ddp):
     # ZeRO-2 2 -> 1: the uninterrupted ZeRO-2 run's step 3 resumed on one process x 8
     logs["z2res1"] = launch(root, [{"name": "z2res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_2",
                                     "resume": ckpt(root, "z2ref", 3)}], timeout=600)
-    # ZeRO-3 -> one file -> DDP: the ZeRO-3 run's step 9 as a plain checkpoint, resumed on one process; and the same
-    # for the run moved to FSDP on 2 (the `ddp` fixture): its step 9 (a DCP directory) -> one file -> one process
-    convert(ckpt(root, "z3res2", 9), root / "z3res2-step9.ckpt", "ckpt")
-    logs["fsdp_to_ckpt"] = convert(ckpt(root, "fres2", 9), root / "fres2-step9.ckpt", "ckpt")
-    logs["back1"] = launch(root, [{"name": "back1", "devices": 1, "batch": 8, "resume": str(root / "z3res2-step9.ckpt")},
-                                  {"name": "fback1", "devices": 1, "batch": 8, "resume": str(root / "fres2-step9.ckpt")}])
     # DeepSpeed's own converter at stages 3 and 1, in one launch: ZeRO-3's step 6 (2 processes) resumed on one at
     # stage 3, and ZeRO-2's step 3 (2 processes) resumed on one at stage 1
     logs["zres1"] = launch(root, [
         {"name": "z3res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_3", "resume": ckpt(root, "z3res2", 6)},
         {"name": "z1res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_1", "resume": ckpt(root, "z2ref", 3)},
     ], timeout=600)
-    convert_many([(ckpt(root, name), root / f"{name}.final.ckpt", "ckpt")
-                  for name in ("z2ref", "z2res1", "z3res2", "z3res1", "z1res1")])
+    # One interpreter for the conversions from here on (helpers.cli_commands), each a `tasktrain convert` as typed:
+    # ZeRO-3 -> one file -> DDP: the ZeRO-3 run's step 9 as a plain checkpoint, resumed on one process below; the
+    # same for the run moved to FSDP on 2 (the `ddp` fixture): its step 9 (a DCP directory) -> one file; and the
+    # final checkpoints of the DeepSpeed runs as plain files, which the tests compare.
+    jobs = [(ckpt(root, "z3res2", 9), root / "z3res2-step9.ckpt"), (ckpt(root, "fres2", 9), root / "fres2-step9.ckpt")]
+    jobs += [(ckpt(root, name), root / f"{name}.final.ckpt") for name in ("z2ref", "z2res1", "z3res2", "z3res1", "z1res1")]
+    converted = cli_commands([["convert", src, dst, "--to", "ckpt"] for src, dst in jobs], root, timeout=300)
+    for (src, dst), (code, stdout, stderr) in zip(jobs, converted):
+        assert code == 0, (src, dst, stdout + stderr)
+    logs["fsdp_to_ckpt"] = converted[1][1]
+    logs["back1"] = launch(root, [{"name": "back1", "devices": 1, "batch": 8, "resume": str(root / "z3res2-step9.ckpt")},
+                                  {"name": "fback1", "devices": 1, "batch": 8, "resume": str(root / "fres2-step9.ckpt")}])
     return root, logs
 
 
