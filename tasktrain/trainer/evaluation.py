@@ -4,6 +4,10 @@
       evaluate(trainer, stage, loaders, limits)                          validation / test batches (fit's too)
       predict(trainer, module, loaders, limits, gather)                  predict batches
 """
+import os
+import shutil
+import sys
+
 import torch
 
 from tasktrain.exceptions import SIGTERMException
@@ -56,21 +60,96 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
         return per_loader if len(loaders) > 1 else per_loader[0]  # a list per loader when there are several
     values = evaluate(trainer, stage, loaders, limits)
     guards.restore_sigterm_handler(trainer)  # (Lightning's: before the teardown hooks)
-    if values:  # at batches_that_stepped (the fit's count, 0 without one), as Lightning; every rank (log_to_loggers)
-        trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), add_epoch=True)
-    if trainer.is_global_zero and values and getattr(trainer, "_verbose", True):
-        print(f"[tasktrain] {stage}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in sorted(values.items())))
+    # What validate / test return and print are the logged metrics only (Lightning's: a self.log(..., logger=False)
+    # name is among callback_metrics, not in the results)
+    logged = trainer._metrics.logger_epoch_values(values) if values else {}
+    if logged:  # at batches_that_stepped (the fit's count, 0 without one), as Lightning; every rank (log_to_loggers)
+        trainer.log_to_loggers(logged, add_epoch=True)
+    results = per_loader_results(trainer, logged, len(loaders))
+    if trainer.is_global_zero and getattr(trainer, "_verbose", True):  # (the entry points only, never fit's)
+        print_results(results, stage)
+    return results
+
+
+def per_loader_results(trainer, values, n_loaders):
+    """What validate / test return."""
     # One dict per loader (Lightning's shape): its own suffixed metrics, those it logged with add_dataloader_idx=False
     # (one loader per hook and name, Lightning's rule; a name several loaders logged so from different hooks: one
     # value over them, in each of their dicts),
     # and those logged outside the loaders (the epoch-end hooks).
-    if len(loaders) == 1:
+    if n_loaders == 1:
         return [{k: float(v) for k, v in values.items()}]
     owners = trainer._metrics.loader_of_name
-    everywhere = {f"/dataloader_idx_{idx}" for idx in range(len(loaders))}
+    everywhere = {f"/dataloader_idx_{idx}" for idx in range(n_loaders)}
     return [{k: float(v) for k, v in values.items() if k.endswith(f"/dataloader_idx_{idx}") or
              ("/dataloader_idx_" not in k and f"/dataloader_idx_{idx}" in
-              owners.get(k.removesuffix("_epoch"), owners.get(k, everywhere)))} for idx in range(len(loaders))]
+              owners.get(k.removesuffix("_epoch"), owners.get(k, everywhere)))} for idx in range(n_loaders)]
+
+
+def print_results(results, stage):
+    """The results table Lightning prints after validate / test (verbose=True, global rank zero): one row per
+    metric name (the /dataloader_idx_N suffix dropped, sorted), one column per loader ("DataLoader N", blank where
+    that loader did not log the name), under a "Validate metric" / "Test metric" header. Drawn by rich's console
+    when rich is installed (`rich_available()`, the same rule as the default progress bar), else as plain text
+    ruled with "─" across the terminal. Nothing is printed when no metric was logged."""
+    from tasktrain.callbacks import progress
+
+    names = sorted({key.split("/dataloader_idx_")[0] for result in results for key in result})
+    if not names:
+        return
+    columns = [{key.split("/dataloader_idx_")[0]: value for key, value in result.items()} for result in results]
+    cells = [[str(column[name]) if name in column else " " for column in columns] for name in names]
+    headers = [f"DataLoader {idx}" for idx in range(len(results))]
+    # The width Lightning sizes every column to: the longest name or header, at least 25, at most half the terminal
+    # (120 columns where the terminal's width is unknown); as many loader columns as fit beside the name column go
+    # in one table, the rest in the tables below it.
+    width = shutil.get_terminal_size(fallback=(120, 30)).columns or 120
+    cell = int(min(max(max(len(n) for n in names), max(len(h) for h in headers), 25), width / 2))
+    per_table = int((width - cell) / cell)
+    title = f"{stage} metric".capitalize()  # "Validate metric", "Test metric"
+    for start in range(0, len(headers), per_table):
+        shown = headers[start:start + per_table]
+        rows = [row[start:start + per_table] for row in cells]
+        if progress.rich_available():
+            _print_rich_table([title, *shown], names, rows, cell)
+        else:
+            _print_plain_table([title, *shown], names, rows, cell, width)
+
+
+def _print_rich_table(headers, names, rows, cell):
+    from rich import get_console
+    from rich.table import Column, Table
+
+    table = Table(*[Column(header, justify="center", style="cyan" if idx == 0 else "magenta", width=cell)
+                    for idx, header in enumerate(headers)])
+    for name, row in zip(names, rows):
+        table.add_row(name, *row)
+    get_console().print(table)
+
+
+def _print_plain_table(headers, names, rows, cell, width):
+    def line(*texts):  # each text centred in its column, trailing blanks dropped
+        return "".join(f"{text:^{cell}}" for text in texts).rstrip()
+
+    try:  # a terminal whose encoding lacks the box-drawing rule gets "-"
+        "─".encode(sys.stdout.encoding or "utf-8")
+        rule = "─" * width
+    except UnicodeEncodeError:
+        rule = "-" * width
+    half = int(width / 2)
+    lines = [rule, line(*headers), rule]
+    for name, row in zip(names, rows):
+        if len(name) <= half:
+            lines.append(line(name, *row))
+            continue
+        # A name longer than half the terminal (its table then has one loader column) is cut into pieces of that
+        # length: each full piece on a line with the row's value, the rest beside a blank.
+        while len(name) > half:
+            lines.append(line(name[:half], *row))
+            name = name[half:]
+        lines.append(line(name, *[" "] * len(row)))
+    lines.append(rule)
+    print(os.linesep.join(lines))
 
 
 def grad_context(trainer):
