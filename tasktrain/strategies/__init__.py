@@ -2,11 +2,11 @@ from tasktrain.strategies.base import (ClipsInsideStep, GradientClip, MultiProce
                                       Strategy)
 from tasktrain.strategies.ddp import DDP
 from tasktrain.strategies.precision import Precision
-from tasktrain.strategies.single_device import SingleDevice
+from tasktrain.strategies.single_device import SingleDevice, SingleDeviceStrategy
 from tasktrain.strategies.world import ProcessWorld
 
 __all__ = ["Strategy", "OneProcess", "ProcessWorld", "MultiProcess", "Sharded", "ClipsInsideStep", "Plan", "GradientClip", "DDP",
-           "Precision", "SingleDevice"]
+           "Precision", "SingleDevice", "SingleDeviceStrategy"]
 
 
 def __getattr__(name):
