@@ -336,3 +336,22 @@ def test_strict_loading_reaches_deepspeeds_engine_at_resume(tmp_path):
         except RuntimeError as error:
             seen.append("module.extra" in str(error))
     assert seen == [(4, [3.0, 3.0]), True]
+
+
+def test_gpu_indices_given_as_a_list_or_a_string_are_read_or_refused_never_replaced(monkeypatch):
+    from lightning.fabric.utilities.device_parser import _normalize_parse_gpu_string_input
+
+    from tasktrain.strategies.registry import resolve_devices
+
+    # Lightning reads "0, 1" and "2," as lists of indices, "2" as a count
+    for given in ("0, 1", "2,", "2"):
+        theirs_read = _normalize_parse_gpu_string_input(given)
+        assert resolve_devices(given, "cpu") == (len(theirs_read) if isinstance(theirs_read, list) else theirs_read)
+    # indices other than the first n: Lightning trains on exactly those GPUs; tasktrain's ranks take cuda:0..n-1,
+    # so it refuses before training (it used to train on cuda:0 for devices=[2]) and names the way to select them
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    for given, visible in (([2], "2"), ("0, 2", "0,2")):
+        with pytest.raises(ValueError, match=f"CUDA_VISIBLE_DEVICES={visible} and pass devices="):
+            tasktrain.Trainer(accelerator="cuda", devices=given, logger=False)
+    assert resolve_devices([0, 1], "cuda") == 2 and resolve_devices([3], "cpu") == 1

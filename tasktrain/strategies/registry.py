@@ -83,7 +83,19 @@ def resolve_devices(devices, accelerator: str, env=None) -> int:
         if env.launcher is not None:
             return env.local_world_size
         return torch.cuda.device_count() if accelerator == "cuda" and devices in (-1, "-1") else 1
+    if isinstance(devices, str) and "," in devices:  # Lightning's "2," / "0, 2": a list of device indices
+        try:
+            devices = [int(part) for part in devices.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(f"devices={devices!r}: use 'auto', a positive number, or a list of device indices.") \
+                from None
     if isinstance(devices, (list, tuple)):
+        if accelerator == "cuda" and list(devices) != list(range(len(devices))):
+            # Lightning runs on exactly these GPUs; tasktrain's processes take the first visible ones (local rank
+            # i on cuda:i), so other indices are refused rather than silently replaced by 0..n-1
+            raise ValueError(f"devices={devices!r}: tasktrain runs on the first visible GPUs (cuda:0 ... cuda:n-1). "
+                             f"Select these GPUs with CUDA_VISIBLE_DEVICES={','.join(map(str, devices))} and pass "
+                             f"devices={len(devices)}.")
         return len(devices)
     try:
         count = int(devices)
