@@ -175,6 +175,9 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
     ignores the weights (an FSDP rank that gets its shard from rank 0) never holds them. Files in torch's old
     (pre-zip) format cannot be mapped: they are read whole."""
     path = os.fspath(path)
+    if isinstance(path, str) and path.startswith(("http://", "https://")):
+        # Lightning's load_from_checkpoint / ckpt_path take a URL: torch.hub downloads it once into its cache
+        return torch.hub.load_state_dict_from_url(path, map_location=map_location, weights_only=True)
     if not os.path.exists(path):
         raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
     if os.path.isdir(path):

@@ -763,3 +763,43 @@ def test_a_step_checkpoint_of_a_loader_without_length_resumes(tmp_path):
                                 **args)
     trainer.fit(model, ckpt_path=str(path))
     assert trainer.global_step == 8 and trainer.current_epoch == 4
+
+
+def _url_round_trip(lib, classes, root, base_url):
+    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                 accelerator="cpu", devices=1, limit_train_batches=2, limit_val_batches=0)
+    trainer = lib.Trainer(max_epochs=1, **quiet)
+    trainer.fit(classes.BoringModel())
+    trainer.save_checkpoint(os.path.join(root, f"{lib.__name__}.ckpt"))
+    url = f"{base_url}/{lib.__name__}.ckpt"
+    loaded = classes.BoringModel.load_from_checkpoint(url)
+    resumed = lib.Trainer(max_epochs=2, **quiet)
+    resumed.fit(classes.BoringModel(), ckpt_path=url)
+    same = all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                  trainer.lightning_module.state_dict().values()))
+    return same, resumed.current_epoch, resumed.global_step
+
+
+def test_a_checkpoint_at_a_url_loads_and_resumes_as_under_lightning(L, tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    from lightning.pytorch.demos import boring_classes as theirs
+
+    from tasktrain.demos import boring_classes as ours
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    torch_home = os.environ.get("TORCH_HOME")
+    os.environ["TORCH_HOME"] = str(tmp_path / "hub")  # torch.hub's download cache: this test's own
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        theirs_out = _url_round_trip(L.pytorch, theirs, tmp_path, base)
+        ours_out = _url_round_trip(tasktrain, ours, tmp_path, base)
+    finally:
+        server.shutdown()
+        server.server_close()
+        os.environ.pop("TORCH_HOME") if torch_home is None else os.environ.update(TORCH_HOME=torch_home)
+    assert ours_out == theirs_out == (True, 2, 4)

@@ -380,3 +380,21 @@ def test_a_strategys_precision_plugin_that_overrides_lightnings_hooks_is_refused
                           **QUIET)
     with pytest.raises(ValueError, match="overrides pre_backward"):
         tasktrain.Trainer(plugins=[Hooked("bf16-mixed", "cpu")], **QUIET)
+
+
+def test_single_device_strategy_under_lightnings_name_and_arguments(tmp_path):
+    from lightning.pytorch.strategies import SingleDeviceStrategy as TheirSingle
+
+    from tasktrain.strategies import SingleDeviceStrategy
+
+    theirs_trainer = pl.Trainer(strategy=TheirSingle(device=torch.device("cpu"),
+                                                     precision_plugin=their_plugins.DoublePrecision()), **QUIET)
+    io = our_plugins.TorchCheckpointIO()
+    strategy = SingleDeviceStrategy(device=torch.device("cpu"), precision_plugin=our_plugins.DoublePrecision(),
+                                    checkpoint_io=io)
+    trainer = tasktrain.Trainer(strategy=strategy, **QUIET)
+    assert trainer.strategy is strategy and trainer.strategy.checkpoint_io is io
+    assert trainer.strategy.root_device == theirs_trainer.strategy.root_device == torch.device("cpu")
+    assert trainer.precision == theirs_trainer.precision == "64-true"
+    with pytest.raises(ValueError, match="give the precision once"):
+        SingleDeviceStrategy(precision="bf16-mixed", precision_plugin=our_plugins.DoublePrecision())

@@ -76,3 +76,21 @@ def test_a_non_finite_loss_of_several_elements_is_caught_where_a_scalar_one_is()
     """tasktrain's own check (Lightning has none): a loss the module's backward reduces is looked at element-wise."""
     raised = _fit(tasktrain, ours, "nan-own-backward", 1)[0]
     assert raised[0] == "FloatingPointError" and raised[1].startswith("The training loss became nan at epoch 0, batch 2")
+
+
+def _predict_none_warnings(lib, classes):
+    class Model(classes.BoringModel):
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return None if batch_idx % 2 else super().predict_step(batch, batch_idx)
+
+    trainer = lib.Trainer(**QUIET, accelerator="cpu", devices=1, limit_predict_batches=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = [trainer.predict(Model(), classes.BoringDataModule()) for _ in range(2)]
+    said = [str(w.message) for w in caught if "predict returned None" in str(w.message)]
+    return said, [[r is None for r in run] for run in results]
+
+
+def test_a_predict_step_returning_none_warns_once_as_under_lightning():
+    theirs_out, ours_out = _predict_none_warnings(pl, theirs), _predict_none_warnings(tasktrain, ours)
+    assert ours_out == theirs_out and len(ours_out[0]) == 1

@@ -381,4 +381,4 @@ def test_single_device_strategy_is_lightnings_name_for_single_device():
     assert ours.strategy.root_device == theirs.strategy.root_device == torch.device("cpu")
     assert type(ours.accelerator).__name__ == type(theirs.accelerator).__name__ == "CPUAccelerator"
     with pytest.raises(TypeError):  # an argument it does not take is named at construction, not ignored
-        SingleDeviceStrategy(device="cpu", checkpoint_io=object())
+        SingleDeviceStrategy(device="cpu", not_an_argument=1)

@@ -2,11 +2,11 @@ from tasktrain.strategies.base import (ClipsInsideStep, GradientClip, MultiProce
                                       Strategy)
 from tasktrain.strategies.ddp import DDP
 from tasktrain.strategies.precision import Precision
-from tasktrain.strategies.single_device import SingleDevice
+from tasktrain.strategies.single_device import SingleDevice, SingleDeviceStrategy
 from tasktrain.strategies.world import ProcessWorld
 
 __all__ = ["Strategy", "OneProcess", "ProcessWorld", "MultiProcess", "Sharded", "ClipsInsideStep", "Plan", "GradientClip", "DDP",
-           "Precision", "SingleDevice"]
+           "Precision", "SingleDevice", "SingleDeviceStrategy"]
 
 
 def __getattr__(name):
@@ -20,8 +20,6 @@ def __getattr__(name):
         from tasktrain.strategies import lightning
 
         return getattr(lightning, name)
-    if name == "SingleDeviceStrategy":  # Lightning's name: SingleDevice takes its device= / accelerator= arguments
-        return SingleDevice
     if name == "DDPStrategy":  # Lightning's name: DDP takes its keyword arguments (find_unused_parameters, ddp_comm_*)
         return DDP
     raise AttributeError(f"module 'tasktrain.strategies' has no attribute {name!r}")

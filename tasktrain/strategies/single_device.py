@@ -6,9 +6,25 @@ class SingleDevice(OneProcess, Strategy):
 
     name = "single_device"
 
-    def __init__(self, device=None, accelerator=None, precision=None):
+    def __init__(self, device=None, accelerator=None, precision=None, checkpoint_io=None, precision_plugin=None):
+        # checkpoint_io, precision_plugin: Lightning's SingleDeviceStrategy arguments (precision_plugin is the
+        # precision, one of tasktrain.plugins.precision)
+        if precision_plugin is not None:
+            from tasktrain.strategies.lightning import _check_common
+
+            if precision is not None:
+                raise ValueError("SingleDeviceStrategy(precision=..., precision_plugin=...): give the precision once.")
+            _check_common("SingleDeviceStrategy", None, None, None, precision_plugin)
+            precision = precision_plugin
         super().__init__(accelerator=accelerator, precision=precision)
+        if checkpoint_io is not None:
+            self.checkpoint_io = checkpoint_io
         if device is not None:
             import torch
 
             self._root_device = torch.device(device)
+
+
+# Lightning's name: `from lightning.pytorch.strategies import SingleDeviceStrategy` after the rename; the default
+# strategy of one device is an instance of it, as under Lightning
+SingleDeviceStrategy = SingleDevice

@@ -7,6 +7,7 @@
 import os
 import shutil
 import sys
+import warnings
 
 import torch
 
@@ -353,6 +354,10 @@ def _predict(trainer, module, loaders, limits, gather):
             started[dataloader_idx] += 1
             trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
             out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
+            if out is None and not trainer._predict_none_warned:  # (Lightning's: once per Trainer)
+                trainer._predict_none_warned = True
+                if trainer.is_global_zero:
+                    warnings.warn("predict returned None if it was on purpose, ignore this warning...", UserWarning)
             if keep:
                 predictions.append(out)
             trainer._call("on_predict_batch_end", out, batch, batch_idx, *extra)

@@ -164,6 +164,7 @@ class Trainer:
         # after the run (its on_exception hooks and the script read it)
         self.received_sigterm = False
         self._sigterm_previous = None  # the SIGTERM handler the run replaced (guards.restore_sigterm_handler)
+        self._predict_none_warned = False  # Lightning warns once per Trainer (its loop's cache) when predict_step returns None
         self._reset_run_state()
 
     def _reset_run_state(self):
