@@ -151,3 +151,43 @@ def test_mid_epoch_validation_only_in_the_epochs_check_val_every_n_epoch_names(i
         seen[key] = validated
     assert seen["tasktrain"] == seen["lightning"]
     assert len(seen["tasktrain"]) == {3: 6, 0.5: 4, 4: 10}[interval]
+
+
+def test_a_fraction_limit_that_leaves_no_batch_is_lightnings_error():
+    """limit_*_batches=0.5 of a one-batch loader would run nothing: Lightning's MisconfigurationException, the same
+    words (tasktrain trained zero steps silently); a fraction of a loader without a length is refused but 1.0."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.randn(4, 32))
+
+    def outcome(call):
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 (the type and the words are what is compared)
+            return type(error).__name__, str(error)
+        return "ran"
+
+    seen = {}
+    for key, (lib, classes, _) in LIBS.items():
+        one_batch = classes.RandomDataset(32, 2)
+        quiet = dict(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                     enable_model_summary=False, num_sanity_val_steps=0)
+        seen[key] = [
+            outcome(lambda: lib.Trainer(limit_train_batches=0.5, **quiet).fit(
+                classes.BoringModel(), DataLoader(one_batch, batch_size=2))),
+            outcome(lambda: lib.Trainer(limit_val_batches=0.1, **quiet).validate(
+                classes.BoringModel(), DataLoader(one_batch, batch_size=1), verbose=False)),
+            outcome(lambda: lib.Trainer(limit_test_batches=0.3, **quiet).test(
+                classes.BoringModel(), DataLoader(one_batch, batch_size=1), verbose=False)),
+            outcome(lambda: lib.Trainer(limit_predict_batches=0.2, **quiet).predict(
+                classes.BoringModel(), DataLoader(one_batch, batch_size=1))),
+            outcome(lambda: lib.Trainer(limit_train_batches=1.0, max_steps=2, **quiet).fit(
+                classes.BoringModel(), DataLoader(Stream(), batch_size=2))),
+            outcome(lambda: lib.Trainer(limit_train_batches=0.5, **quiet).fit(
+                classes.BoringModel(), DataLoader(Stream(), batch_size=2))),
+        ]
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][0][0] == "MisconfigurationException" and seen["tasktrain"][4] == "ran"

@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from tasktrain.exceptions import SIGTERMException
+from tasktrain.exceptions import MisconfigurationException, SIGTERMException
 from tasktrain.profilers import profiled, profiled_iter
 from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
@@ -180,7 +180,7 @@ def eval_loaders(trainer, stage, module, loader):
     shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
     loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed, trainer.global_rank)
                for one in as_loaders(loader, stage)]
-    limits = [limit_eval(one, limit_arg) for one in loaders]
+    limits = [limit_eval(one, limit_arg, prefix) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
     return loaders, limits
@@ -436,29 +436,44 @@ def as_loaders(loader, stage=None):
     return flatten(loader)[0]
 
 
-def limit_eval(loader, limit):
+def limit_eval(loader, limit, prefix="val"):
+    """`prefix`: the loader's stage as Lightning names it in messages ("val", "test", "predict")."""
     try:
         length = len(loader)
     except TypeError:
         length = None
-    return apply_limit(length, limit, "limit_*_batches")
+    return apply_limit(length, limit, f"limit_{prefix}_batches")
 
 
 def sanity_limit(loader, limit_val_batches, num_sanity_val_steps):
-    limit = limit_eval(loader, limit_val_batches)
+    limit = limit_eval(loader, limit_val_batches, "val")
     if num_sanity_val_steps in (-1, float("inf")):  # (Lightning stores -1 as inf)
         return limit
     return num_sanity_val_steps if limit is None else min(num_sanity_val_steps, limit)
 
 
 def apply_limit(length, limit, name):
+    """Batches a loader of `length` batches (None: no length) runs under limit_<stage>_batches `limit` (`name`), as
+    Lightning's _parse_num_batches: a fraction that leaves no batch of a loader that has some is its
+    MisconfigurationException (the run would silently do nothing), as is a fraction of a loader without a length."""
     if limit is None:
         return length
     if isinstance(limit, float):
         if not 0.0 <= limit <= 1.0:
             raise ValueError(f"{name}={limit}: a float is a fraction of the loader in [0, 1]; an int is a batch count.")
         if length is None:
-            raise ValueError(f"{name}={limit} is a fraction, but the loader has no length: use an int batch count.")
-        return int(length * limit) if limit < 1.0 else length
+            if limit == 1.0:
+                return None
+            stage = name[len("limit_"):-len("_batches")]
+            raise MisconfigurationException(
+                f"When using an `IterableDataset`, `Trainer({name})` must be `1.0` or an int. An int specifies "
+                f"`num_{stage}_batches` to use.")
+        batches = int(length * limit) if limit < 1.0 else length
+        if batches == 0 and length > 0 and limit > 0.0:
+            stage = name[len("limit_"):-len("_batches")]
+            raise MisconfigurationException(
+                f"You requested to check {limit} of the `{stage}_dataloader` but {limit} * {length} < 1. Please "
+                f"increase the `{name}` argument. Try at least `{name}={1.0 / length}`")
+        return batches
     limit = int(limit)
     return limit if length is None else min(limit, length)

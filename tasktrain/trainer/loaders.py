@@ -166,7 +166,7 @@ def setup_val(trainer, loader):
                    for one in evaluation.as_loaders(loader, "validate")]
     trainer._val_loader = val_loaders
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
-    trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit) for one in val_loaders]
+    trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit, "val") for one in val_loaders]
     trainer.num_sanity_val_batches = [evaluation.sanity_limit(one, limit, sanity_steps) if sanity_steps else 0
                                       for one in val_loaders]
     _val_set_up(trainer)
