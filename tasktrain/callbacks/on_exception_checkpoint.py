@@ -41,6 +41,7 @@ class OnExceptionCheckpoint(Checkpoint):
     def setup(self, trainer, module, stage):
         self._failed = False
         if trainer.world_size > 1:
+            self._failed = None  # (refused: the on_exception of this very error has nothing to save)
             raise ValueError(
                 f"OnExceptionCheckpoint saves on one process only; this run has {trainer.world_size}. A checkpoint "
                 "needs every rank, and an error on one rank cannot bring the others to the save. Remove it, and "
@@ -48,6 +49,8 @@ class OnExceptionCheckpoint(Checkpoint):
             )
 
     def on_exception(self, trainer, module, exception):
+        if self._failed is None:
+            return
         self._failed = True
         if trainer.save_checkpoint(self.ckpt_path) is False:  # issue 38: a non-finite state is not saved
             return

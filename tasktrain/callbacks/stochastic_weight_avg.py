@@ -276,7 +276,7 @@ class StochasticWeightAveraging(Callback):
         pl_module.train()
         batches = trainer.train_dataloader
         if isinstance(batches, (dict, list, tuple)):  # several training loaders: their batches as the fit combined them
-            from tasktrain.utilities import CombinedLoader
+            from tasktrain.trainer.combined import CombinedLoader
 
             batches = (combined for combined, _, _ in CombinedLoader(batches, "max_size_cycle"))
         with torch.no_grad():

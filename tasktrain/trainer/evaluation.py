@@ -51,7 +51,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
         return []  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
     loaders, limits = eval_loaders(trainer, stage, module, loader)
     trainer._watch()
-    if no_batches(limits):  # Lightning's: loaders without a batch skip the loop and its hooks
+    if no_batches(trainer, limits):  # Lightning's: loaders without a batch skip the loop and its hooks
         return None if stage == "predict" else []
     if stage == "predict":
         per_loader = predict(trainer, module, loaders, limits, gather)
@@ -200,7 +200,7 @@ def evaluate(trainer, stage, loaders, limits):
     With several loaders the step and batch hooks get dataloader_idx, and self.log adds the
     "/dataloader_idx_N" suffix (Lightning's rule). Loaders without a batch: nothing runs, no hook (Lightning's
     evaluation loop skips when its batch counts sum to 0: zero-length loaders, an empty list of loaders)."""
-    if no_batches(limits):
+    if no_batches(trainer, limits):
         return {}
     with grad_context(trainer):
         return _evaluate(trainer, stage, loaders, limits)
@@ -412,9 +412,14 @@ def restore_training_modes(module, modes):
             sub.training = modes[name]
 
 
-def no_batches(limits):
-    """Every loader has 0 batches to run (None, a loader without a length, is not known to be empty)."""
-    return all(limit == 0 for limit in limits)
+def no_batches(trainer, limits):
+    """Every loader has 0 batches to run (None, a loader without a length, is not known to be empty), on every rank:
+    an unpadded shard can leave one rank without a batch while another has some, and the ranks must agree on
+    running the loop (its hooks and metrics' collectives), as Lightning's padded shards always do."""
+    empty = all(limit == 0 for limit in limits)
+    if trainer.world_size > 1:
+        return trainer.strategy.reduce_boolean_decision(empty, all=True)
+    return empty
 
 
 def as_loaders(loader, stage=None):

@@ -93,8 +93,9 @@ def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     on the optimizers already built (their configure_optimizers ran before the sweep: Lightning's rule)."""
     if _skipped(trainer, "learning rate finder"):
         return None
+    tuning = _tuning(trainer, model, "lr_find")  # (several processes: refused first, before the attribute's check)
     name = lr_attr_name(model, attr_name) if update_attr else None
-    with isolate_rng(), _tuning(trainer, model, "lr_find"):
+    with isolate_rng(), tuning:
         finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, False,
                          attr_name)
     if name is not None:

@@ -5,7 +5,6 @@
 the same batches (in the Accelerator's order) with the Trainer, so the two can be compared parameter for parameter.
 """
 import os
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -111,11 +110,13 @@ def trainer_run(epochs=3, accumulate=1, n=100, batch_size=32, lr=0.01, seed=0, *
     interleaves samples over the processes, the Accelerator's is Accelerate's)."""
     seed_everything(seed)
     module = Wrapped(MyModel(), lr, rebuild_seed=seed)
+    # the loader is this process's shard already (Accelerate's BatchSamplerShard): use_distributed_sampler=False, as a
+    # Lightning user who shards the data themselves writes (Lightning would rebuild the batch sampler around its own
+    # DistributedSampler, and BatchSamplerShard takes no batch_size: TypeError)
     trainer = Trainer(max_epochs=epochs, accumulate_grad_batches=accumulate, gradient_clip_val=1.0, logger=False,
-                      enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0, **trainer_kwargs)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The training loader has a custom sampler")  # it is sharded
-        trainer.fit(module, accelerate_order(make_dataset(n), batch_size, seed))
+                      enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                      use_distributed_sampler=False, **trainer_kwargs)
+    trainer.fit(module, accelerate_order(make_dataset(n), batch_size, seed))
     return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
 
 
