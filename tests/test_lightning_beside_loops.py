@@ -145,9 +145,13 @@ def _run(lib, classes, tmp_path, name):
         trainer.fit(module)
         trainer.fit_loop.max_epochs = 3  # (Lightning's documented way to train on)
         trainer.fit(module)
-    elif name in ("resume_inside_epoch", "resume_epoch_end", "resume_by_steps"):
+    elif name in ("resume_inside_epoch", "resume_epoch_end", "resume_by_steps", "resume_last_batch",
+                  "resume_last_batch_of_last_epoch"):
         path = tmp_path / f"{name}.ckpt"
-        if name == "resume_epoch_end":
+        if name.startswith("resume_last_batch"):  # saved in the epoch's last on_train_batch_end (before its end)
+            epoch = 1 if name.endswith("last_epoch") else 0
+            first = lib.Trainer(max_epochs=2, callbacks=[_recorder(lib, save_at=(epoch, 3, path))], **QUIET)
+        elif name == "resume_epoch_end":
             saver = checkpoint_cls(dirpath=tmp_path, filename="saved", save_top_k=-1)
             first = lib.Trainer(max_epochs=1, callbacks=[saver], **{**QUIET, "enable_checkpointing": True})
             path = tmp_path / "saved.ckpt"
@@ -190,7 +194,7 @@ def _run(lib, classes, tmp_path, name):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "manual", "stop_inside_epoch",
-                                  "resume_inside_epoch",
+                                  "resume_inside_epoch", "resume_last_batch", "resume_last_batch_of_last_epoch",
                                   "resume_epoch_end", "resume_by_steps", "val_by_total_batches",
                                   "val_by_total_batches_unlimited", "val_by_total_batches_resumed",
                                   "val_by_total_batches_cut"])
@@ -203,8 +207,8 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
         assert "unknown" not in (a[5], a[6]), f"{name}: reading {i} ({event})"
         # the evaluation batches: known everywhere (TrainState.eval_batches, saved in checkpoints)
         assert "unknown" not in (a[15], a[16], a[17], a[23], a[24], a[25]), f"{name}: reading {i} ({event})"
-        if a[18] == "unknown":  # the loggers' step in a resumed fit before its loop goes on
-            assert "resume" in name and event == "on_train_start", f"{name}: reading {i} ({event})"
+        # the loggers' step: known everywhere, a fit resumed from on_train_batch_end's checkpoint included
+        assert a[18] != "unknown", f"{name}: reading {i} ({event})"
         assert _same(a, b), f"{name}: reading {i} ({event}): tasktrain {a}, Lightning {b}"
     assert _same(mine_after, reference_after)
     if name == "fit":  # (what the comparison covers, spelled out)
@@ -233,6 +237,17 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
         assert [r[27] for e, r in mine if e == "on_train_epoch_end"][:2] == [(3, 3), (6, 6)]
     if name == "resume_epoch_end":  # trainer.is_last_batch restored: True until the next epoch's first batch
         assert [r[22] for e, r in mine if e in ("on_train_start", "on_train_epoch_start")][:2] == [True, True]
+    if name.startswith("resume_last_batch"):  # the restored epoch's end is not run, nor the next one's start
+        first = name == "resume_last_batch"  # (saved in epoch 0 of 3, else in epoch 1)
+        events = [event for event, _ in mine]
+        assert events[events.index("on_train_start") + 1] == "on_train_batch_start"
+        assert (events.count("on_train_epoch_start"), events.count("on_train_epoch_end")) == ((1, 2) if first else (0, 1))
+        # the loggers' step at on_train_start: without the saved batch; from the loop's first batch, with it
+        assert [r[18] for e, r in mine if e in ("on_train_start", "on_train_batch_start")][:2] == ([3, 4] if first
+                                                                                                  else [7, 8])
+        # epoch progress: ready and started one lower from the resumed epoch on (its start was skipped)
+        assert [r[:4] for e, r in mine if e == "on_train_epoch_end"] == ([(1, 1, 2, 1), (2, 2, 3, 2)] if first
+                                                                           else [(2, 2, 3, 2)])
     if name == "resume_inside_epoch":
         assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not
 

@@ -265,14 +265,11 @@ class EpochLoop:
         point: a validation tasktrain runs after the batch it follows is counted (the epoch's end, a stop) sees the
         count without it."""
         trainer = self._trainer
-        fit = trainer._fit_state
-        if trainer.state.batch_phase == "restored":
-            raise RuntimeError(
-                "trainer.fit_loop.epoch_loop._batches_that_stepped in a fit resumed from a checkpoint saved in "
-                "on_train_batch_end, before its loop goes on: Lightning's counts the batch the checkpoint was saved in "
-                "once its loop restarts where it stepped, tasktrain when it saves; read "
-                "trainer.state.batches_that_stepped (the loggers' step).")
-        return trainer.state.batches_that_stepped - int(fit is not None and fit.validates_counted_batch)
+        fit, state = trainer._fit_state, trainer.state
+        if state.batch_phase == "restored":  # resumed from on_train_batch_end: Lightning counts that batch (if it
+            # stepped) once its restarted loop goes on, tasktrain's checkpoint when it was saved
+            return state.batches_that_stepped - int(state.saved_in_stepping_batch)
+        return state.batches_that_stepped - int(fit is not None and fit.validates_counted_batch)
 
     @property
     def batch_idx(self):
@@ -351,6 +348,12 @@ def _phase(trainer):
 
 
 def _epoch_counts(trainer):
+    ready, started, processed, completed = _epoch_counts_as_run(trainer)
+    skipped = trainer.state.epoch_starts_skipped  # (epochs run without their start: never ready nor started)
+    return ready - skipped, started - skipped, processed, completed
+
+
+def _epoch_counts_as_run(trainer):
     phase, epoch = _phase(trainer), trainer.state.epoch
     if phase is None and trainer.state.epoch_finished:  # restored from an epoch's end, the loop not started yet
         return epoch + 1, epoch + 1, epoch + 1, epoch

@@ -109,12 +109,19 @@ def train_epoch(trainer, fit, epoch):
     # Resumed mid-epoch: the epoch iterator skips what was trained on, without loading it on the Trainer's order.
     num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
     start = state.batch_in_epoch
+    skips_start = start == 0 and fit.skip_epoch_start
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         state.epoch_validated = False
         fit.epoch_phase, state.batch_phase = "start", None
         state.epoch_started = True  # (before the hook: a checkpoint saved in it holds it)
         epochs = fit.epochs
-        trainer._call("on_train_epoch_start")
+        if skips_start:
+            # resumed from a checkpoint saved in the last epoch's final on_train_batch_end: Lightning's restarted loop
+            # runs this epoch without its on_train_epoch_start (its progress counts it neither ready nor started)
+            fit.skip_epoch_start = False
+            state.epoch_starts_skipped += 1
+        else:
+            trainer._call("on_train_epoch_start")
         if fit.epochs is not epochs:  # the hook built the training data again (a BatchSizeFinder): this epoch reads it
             num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
         fit.epoch_phase = "run"
@@ -128,7 +135,7 @@ def train_epoch(trainer, fit, epoch):
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
         first_of_resumed = fit.resumed and epoch == fit.first_epoch
         draw_loader_seed(trainer._loader_data, epoch, at_iter=epoch > 0 and not first_of_resumed)
-    if start and fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
+    if (start or skips_start) and fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now
         step_plateau_schedulers(trainer, fit)
@@ -141,10 +148,14 @@ def train_epoch(trainer, fit, epoch):
         if state.batch_phase == "restored" and val_this_epoch(trainer) and val_due_after(trainer, fit, start - 1):
             # Lightning's restart does not run again the validation due after that batch, and counts its batches
             # as run (its val_loop's increment_progress_to_evaluation_end); neither runs it here
-            counts = [n for n in trainer.num_val_batches if n != float("inf")]
-            if counts and trainer.limit_val_batches != 0:
-                state.eval_batches["val"] = [count + max(counts) for count in state.eval_batches["val"]]
+            count_validation_as_run(trainer)
         state.batch_phase = None
+    elif skips_start and val_this_epoch(trainer) and (
+            trainer.check_val_every_n_epoch is not None or state.batches_taken % (fit.val_every or 1) == 0):
+        # the epoch after one restarted at its last batch: Lightning's restarted loop takes its first batch for one
+        # where a validation is due (batch_idx -1: (batch_idx + 1) % val_check_batch == 0) and counts that
+        # validation as run, without running it
+        count_validation_as_run(trainer)
     fit.ended_by_hook = False
     batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer.profiler), "training_step",
                               lambda: state.global_step, start, epoch == fit.first_epoch,
@@ -196,6 +207,14 @@ def train_epoch(trainer, fit, epoch):
         # on_train_epoch_end); the others stepped at the epoch's last batch (or the one on_train_batch_start ended it at)
         step_schedulers(trainer, fit, "epoch", plateau=True)
     stop_agreed(trainer, fit, at_interval=False)
+
+
+def count_validation_as_run(trainer):
+    """Lightning's val_loop.increment_progress_to_evaluation_end: the validation's batches counted as run (`total` and
+    `current`, the longest loader's), without running it."""
+    counts = [n for n in trainer.num_val_batches if n != float("inf")]
+    if counts and trainer.limit_val_batches != 0:
+        trainer.state.eval_batches["val"] = [count + max(counts) for count in trainer.state.eval_batches["val"]]
 
 
 def windows(batches, accumulate, num_batches):
