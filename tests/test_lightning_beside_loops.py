@@ -47,7 +47,30 @@ def _reading(trainer):
                                                optimizer.step.total,
                                                loop.epoch_loop.manual_optimization.optim_step_progress.total)),
             *((p.ready, p.started, p.completed) for p in (optimizer.zero_grad.current, optimizer.zero_grad.total)),
-            loop.epoch_loop.automatic_optimization.optim_progress.optimizer_steps)
+            loop.epoch_loop.automatic_optimization.optim_progress.optimizer_steps,
+            # the evaluation loops' other attributes (index 34 on), the training epoch's length and validation, and
+            # the evaluation loop of the run (ThroughputMonitor's reading)
+            *((evaluation.batch_progress.is_last_batch, evaluation.max_batches,
+               _defined(lambda: evaluation.num_dataloaders), evaluation._has_run)
+              for evaluation in (loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop)),
+            loop.max_batches,
+            # (read where callbacks read it: in a fit; Lightning's enable_validation outside one is the module's loader)
+            loop.epoch_loop._should_check_val_epoch() if trainer.state.fn == "fit" else None,
+            _raises(lambda: _counts(trainer._evaluation_loop.batch_progress.total)))
+
+
+def _defined(read):
+    try:
+        return read()
+    except AssertionError:  # Lightning: num_dataloaders outside the loop's run (no loaders held)
+        return "undefined"
+
+
+def _raises(read):
+    try:
+        return read()
+    except RuntimeError as error:  # (both frameworks: outside the scope it is defined in)
+        return f"raises {error}"
 
 
 def _counts(tracker):
@@ -209,8 +232,13 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
         assert "unknown" not in (a[15], a[16], a[17], a[23], a[24], a[25]), f"{name}: reading {i} ({event})"
         # the loggers' step: known everywhere, a fit resumed from on_train_batch_end's checkpoint included
         assert a[18] != "unknown", f"{name}: reading {i} ({event})"
+        if event == "setup" and a[38] != b[38]:  # (docs/lightning.md: enable_validation is known once the fit
+            # plans its validation loader, after setup)
+            assert (a[38], b[38]) == (False, True)
+            a = a[:38] + (b[38],) + a[39:]
+        a = _undefined_where_lightnings_is(a, b)
         assert _same(a, b), f"{name}: reading {i} ({event}): tasktrain {a}, Lightning {b}"
-    assert _same(mine_after, reference_after)
+    assert _same(_undefined_where_lightnings_is(mine_after, reference_after), reference_after)
     if name == "fit":  # (what the comparison covers, spelled out)
         batch_ends = [reading for event, reading in mine if event == "on_train_batch_end"]
         assert [r[6] for r in batch_ends] == list(range(8))  # total_batch_idx over both epochs
@@ -250,6 +278,17 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
                                                                            else [(2, 2, 3, 2)])
     if name == "resume_inside_epoch":
         assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not
+
+
+def _undefined_where_lightnings_is(mine, reference):
+    """Lightning's num_dataloaders is undefined outside the loop's run; tasktrain's is then the loaders of max_batches
+    (checked here)."""
+    mine = list(mine)
+    for index in (34, 35, 36):
+        if reference[index][2] == "undefined":
+            assert mine[index][2] == len(mine[index][1])
+            mine[index] = mine[index][:2] + ("undefined",) + mine[index][3:]
+    return tuple(mine)
 
 
 def _same(mine, reference):

@@ -230,6 +230,9 @@ def _evaluate(trainer, stage, loaders, limits):
     key = "val" if trainer.state.fn == "fit" else stage
     completed, phases = state.eval_batches[key], trainer._eval_phase
     completed[1] = 0
+    # Lightning's batch_progress.is_last_batch (the last batch of the last loader taken; kept after the run) and
+    # _has_run (a batch completed in this run, the sanity check's not counted)
+    state.eval_is_last_batch[key], trainer._eval_has_run[key] = False, False
     trainer._call(f"on_{prefix}_start")
     if not trainer.sanity_checking and trainer.state.fn == stage:  # (a validate/test run's own loaders)
         loaders, limits = _rebuilt_if_stale(trainer, stage, loaders, limits)
@@ -243,6 +246,8 @@ def _evaluate(trainer, stage, loaders, limits):
             batch = trainer._eval_to_device(batch, dataloader_idx)
             metrics.set_batch(batch)
             phases[key] = "ready"
+            state.eval_is_last_batch[key] = (dataloader_idx == len(loaders) - 1 and limit is not None
+                                             and batch_idx + 1 >= limit)
             for fn in hooks[f"on_{prefix}_batch_start"]:
                 fn(batch, batch_idx, *extra)
             phases[key] = "started"
@@ -254,6 +259,7 @@ def _evaluate(trainer, stage, loaders, limits):
             completed[1] += 1
             phases[key] = None
             if not trainer.sanity_checking:
+                trainer._eval_has_run[key] = True
                 log_eval_step(trainer, stage, dataloader_idx)
             # Lightning's check: SIGTERM ends the evaluation after this batch, unless it was the last one (of the
             # last loader; a loader without a length: its last batch is not known, it ends after any)
@@ -331,6 +337,10 @@ def _predict(trainer, module, loaders, limits, gather):
     trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
     # the batches started per loader (Lightning's predict_loop.epoch_batch_indices: lightning_loops.py)
     started = trainer._predict_started = [0] * len(loaders)
+    # Lightning's predict_loop.batch_progress ([total over the Trainer's runs, this run's] completed) and
+    # .predictions (kept after the run, until the next one)
+    counts = trainer._predict_counts
+    counts[1], trainer._predict_kept = 0, per_loader
     trainer._call("on_predict_start")
     if trainer._eval_data_stale:  # (a BatchSizeFinder's size: the loaders again, their indices recorded again)
         loaders, limits = _rebuilt_if_stale(trainer, "predict", loaders, limits)
@@ -338,7 +348,7 @@ def _predict(trainer, module, loaders, limits, gather):
             recorded = [record_batch_indices(loader) for loader in loaders]
             loaders = [loader for loader, _ in recorded]
             trainer.predict_batch_indices = [indices for _, indices in recorded]
-        per_loader = [[] for _ in loaders]
+        per_loader = trainer._predict_kept = [[] for _ in loaders]
         trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
     trainer._call("on_predict_epoch_start")
     eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
@@ -352,15 +362,24 @@ def _predict(trainer, module, loaders, limits, gather):
         for batch_idx, batch in _batches(trainer, loader, limit, "predict"):
             batch = trainer._eval_to_device(batch, dataloader_idx)
             started[dataloader_idx] += 1
+            trainer._predict_phase = "ready"
+            trainer._predict_is_last = dataloader_idx == len(loaders) - 1 and limit is not None and batch_idx + 1 >= limit
+            if any(writer.writes_on_batch for writer in writers):  # (Lightning's predict_loop.current_batch_indices)
+                trainer._predict_current_indices = trainer.predict_batch_indices[dataloader_idx][batch_idx]
             trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
+            trainer._predict_phase = "started"
             out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
+            trainer._predict_phase = "processed"
             if out is None and not trainer._predict_none_warned:  # (Lightning's: once per Trainer)
                 trainer._predict_none_warned = True
                 if trainer.is_global_zero:
                     warnings.warn("predict returned None if it was on purpose, ignore this warning...", UserWarning)
-            if keep:
-                predictions.append(out)
             trainer._call("on_predict_batch_end", out, batch, batch_idx, *extra)
+            counts[0] += 1
+            counts[1] += 1
+            trainer._predict_phase = None
+            if keep:  # (after on_predict_batch_end, as Lightning's)
+                predictions.append(out)
             done += 1
         if writers:  # the sampler ran ahead of the batches predicted (a limit, workers' prefetch): not theirs
             del trainer.predict_batch_indices[dataloader_idx][done:]

@@ -135,12 +135,39 @@ class EvaluationLoop:
     (`batch_progress.current` in the run, `.total` over the Trainer's validate / test runs, or over the training
     epoch's validations for fit's, from each epoch's start and after the sanity check, which counts its own), as
     Lightning's: `ready` from the batch's on_*_batch_start, `started` from its step, `processed` from its
-    on_*_batch_end, `completed` after it (TrainState.eval_batches: a checkpoint keeps them, as Lightning's)."""
+    on_*_batch_end, `completed` after it (TrainState.eval_batches: a checkpoint keeps them, as Lightning's);
+    `batch_progress.is_last_batch` (the last loader's last batch taken, kept after the run), `max_batches` (the
+    batch count of each loader: the sanity check's in it), `num_dataloaders`, `_has_run` (a batch completed in the
+    run, the sanity check's not counted: ModelCheckpoint reads it)."""
+
+    _COUNTS = {"val": "fit", "validate": "validate", "test": "test"}  # (the Trainer's num_*_batches of the loop)
 
     def __init__(self, trainer, key):
         self._trainer, self._key = trainer, key
         # (bound methods, not lambdas: a Trainer holding its views pickles, e.g. to ddp_spawn's processes)
-        self.batch_progress = Progress(self._current, self._total)
+        self.batch_progress = BatchProgress(self._current, self._total, self._is_last_batch)
+
+    def _is_last_batch(self):
+        return self._trainer.state.eval_is_last_batch[self._key]
+
+    @property
+    def max_batches(self):
+        trainer = self._trainer
+        if self._key == "val" and trainer.sanity_checking:
+            return [float("inf") if count is None else count for count in trainer._counts["sanity"]]
+        counts = [float("inf") if count is None else count for count in trainer._counts[self._COUNTS[self._key]]]
+        if trainer.sanity_checking:  # (Lightning's property clamps every evaluation loop's during the sanity check)
+            steps = trainer.num_sanity_val_steps
+            counts = [min(float("inf") if steps == -1 else steps, count) for count in counts]
+        return counts
+
+    @property
+    def num_dataloaders(self):
+        return len(self.max_batches)
+
+    @property
+    def _has_run(self):
+        return self._trainer._eval_has_run[self._key]
 
     def _current(self):
         return self._counts(1)
@@ -158,10 +185,48 @@ class EvaluationLoop:
 class PredictionLoop:
     """`trainer.predict_loop.epoch_batch_indices`: during a predict run, per loader, the dataset indices of each batch
     started so far (from its on_predict_batch_start on) where a BasePredictionWriter writes at the epoch's end, else
-    an empty list per loader; [] outside a run (Lightning's, which empties it after on_predict_end)."""
+    an empty list per loader; [] outside a run (Lightning's, which empties it after on_predict_end).
+    `batch_progress` (current: the run's, total: the Trainer's runs'; ready from on_predict_batch_start, started from
+    predict_step, processed from on_predict_batch_end, completed after it; is_last_batch), `current_batch_indices` (a
+    batch writer's indices of the batch), `predictions` (the run's, kept until the next: the one loader's list or one
+    per loader; empty unless returned or written at the epoch's end), `max_batches`, `num_dataloaders`."""
 
     def __init__(self, trainer):
         self._trainer = trainer
+        self.batch_progress = BatchProgress(self._current, self._total, self._is_last_batch)
+
+    def _current(self):
+        return self._counts(1)
+
+    def _total(self):
+        return self._counts(0)
+
+    def _counts(self, which):
+        completed, phase = self._trainer._predict_counts[which], self._trainer._predict_phase
+        return (completed + (phase is not None), completed + (phase in ("started", "processed")),
+                completed + (phase == "processed"), completed)
+
+    def _is_last_batch(self):
+        return self._trainer._predict_is_last
+
+    @property
+    def current_batch_indices(self):
+        return self._trainer._predict_current_indices
+
+    @property
+    def predictions(self):
+        kept = self._trainer._predict_kept
+        if not kept:
+            return []
+        return kept[0] if len(kept) == 1 else kept
+
+    @property
+    def max_batches(self):
+        return [float("inf") if count is None else count for count in self._trainer._counts["predict"]]
+
+    @property
+    def num_dataloaders(self):
+        return len(self.max_batches)
 
     @property
     def epoch_batch_indices(self):
@@ -279,6 +344,11 @@ class EpochLoop:
     def total_batch_idx(self):
         return self.batch_progress.total.ready - 1
 
+    def _should_check_val_epoch(self):
+        """Lightning's: this epoch validates (check_val_every_n_epoch; its progress bar reads it)."""
+        trainer, every = self._trainer, self._trainer.check_val_every_n_epoch
+        return bool(trainer.enable_validation) and (every is None or (trainer.current_epoch + 1) % every == 0)
+
 
 class FitLoop:
     """`trainer.fit_loop`: Lightning's fit loop's limits and counters (see the module's docstring)."""
@@ -322,6 +392,18 @@ class FitLoop:
     @property
     def total_batch_idx(self):
         return self.epoch_loop.total_batch_idx
+
+    @property
+    def max_batches(self):
+        """The training epoch's batch count (trainer.num_training_batches; inf without a length)."""
+        return self._trainer.num_training_batches
+
+    @max_batches.setter
+    def max_batches(self, value):
+        raise AttributeError(
+            "trainer.fit_loop.max_batches is read-only in tasktrain: the epoch's length comes from the loader and "
+            "limit_train_batches (Lightning's StochasticWeightAveraging writes it: use tasktrain's "
+            "StochasticWeightAveraging callback).")
 
     @property
     def restarting(self):

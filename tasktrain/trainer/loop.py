@@ -215,6 +215,7 @@ def count_validation_as_run(trainer):
     counts = [n for n in trainer.num_val_batches if n != float("inf")]
     if counts and trainer.limit_val_batches != 0:
         trainer.state.eval_batches["val"] = [count + max(counts) for count in trainer.state.eval_batches["val"]]
+        trainer.state.eval_is_last_batch["val"] = True
 
 
 def windows(batches, accumulate, num_batches):

@@ -63,6 +63,8 @@ class TrainState:
     # its checkpoints keep too): {loop: [total, in its last run]}; fit's total counts the training epoch's (from
     # after its on_train_epoch_start, and after the sanity check, which counts its own)
     eval_batches: dict = field(default_factory=lambda: {"val": [0, 0], "validate": [0, 0], "test": [0, 0]})
+    # their batch_progress.is_last_batch: the last batch of the run's last loader was taken (saved, as Lightning's)
+    eval_is_last_batch: dict = field(default_factory=lambda: {"val": False, "validate": False, "test": False})
     status: TrainerStatus = TrainerStatus.INITIALIZING
     fn: Optional[TrainerFn] = None  # the entry point: "fit", "validate", "test", "predict"
     stage: Optional[RunningStage] = None  # the loop running now: "train", "sanity_check", "validate", ...

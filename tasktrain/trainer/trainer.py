@@ -52,6 +52,16 @@ class Trainer:
     test_loop = lightning_loops.LoopAttribute(lightning_loops.EvaluationLoop, "test")
     predict_loop = lightning_loops.LoopAttribute(lightning_loops.PredictionLoop)
 
+    @property
+    def _evaluation_loop(self):
+        """Lightning's: the evaluation loop of the run in progress (callbacks such as ThroughputMonitor read its
+        batch_progress)."""
+        loop = {TrainerFn.FITTING: self.fit_loop.epoch_loop.val_loop, TrainerFn.VALIDATING: self.validate_loop,
+                TrainerFn.TESTING: self.test_loop}.get(self.state.fn)
+        if loop is None:
+            raise RuntimeError("The `Trainer._evaluation_loop` property isn't defined. Accessed outside of scope")
+        return loop
+
     def __init__(
         self,
         *,
@@ -155,6 +165,11 @@ class Trainer:
         # evaluation batches completed, [total, in the run] (lightning_loops.py): fit's validations (the total from
         # each training epoch's start, as Lightning's val_loop), validate's and test's (over the Trainer's runs)
         self._eval_phase = {"val": None, "validate": None, "test": None}  # (the batch being evaluated: evaluation.py)
+        self._eval_has_run = {"val": False, "validate": False, "test": False}  # (Lightning's loops' _has_run)
+        # predict_loop's view: batches completed [total, in the run], how far the batch in progress got, whether it
+        # is the last, the batch writer's indices of the batch, the last run's predictions (evaluation._predict)
+        self._predict_counts, self._predict_phase, self._predict_is_last = [0, 0], None, False
+        self._predict_current_indices, self._predict_kept = [], []
         # The batch counts of each loop (Lightning's num_*_batches): one per loader (None: no length), set when the
         # loop's loaders are, kept after its run until they are set again (Lightning's loops keep theirs). The
         # properties below read them in Lightning's form (inf for no length).
@@ -751,6 +766,7 @@ class Trainer:
             self._call("on_sanity_check_end")
         self.state.stage = outer_stage  # (training again, Lightning's)
         self.state.eval_batches["val"] = [0, 0]  # (Lightning resets its validation progress after the sanity check)
+        self.state.eval_is_last_batch["val"] = False
         self._metrics.callback_metrics.clear()
         self._metrics.epoch_values.clear()
         self._metrics.eval_bar_values.clear()  # (Lightning resets its metrics after the sanity check: these too)
