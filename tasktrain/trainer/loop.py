@@ -51,6 +51,8 @@ def fit_loop(trainer, fit):
         warnings.warn(f"The number of training batches ({trainer._num_training_batches}) is smaller than the logging "
                       f"interval Trainer(log_every_n_steps={trainer.log_every_n_steps}). Set a lower value for "
                       "log_every_n_steps if you want to see logs for the training epoch.", PossibleUserWarning)
+    if fit.skip_epoch_start:
+        draw_as_skipped_validation(trainer)
     if trainer.state.batch_in_epoch == 0:
         # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
         # mid-epoch got its generator's state back from after that draw (issue 37)
@@ -89,6 +91,21 @@ def fit_loop(trainer, fit):
                       f"`min_steps={trainer.min_steps!r}` has not been met. Training will continue...")
     say_why_fit_stopped(trainer)
     trainer._call("on_train_end")  # (trainer.training stays True until the run ends, as Lightning's)
+
+
+def draw_as_skipped_validation(trainer):
+    """Resumed from a checkpoint saved in an epoch's last on_train_batch_end, the epoch's end is skipped (Lightning's
+    restart: resume.start_after_finished_epoch); its validation's loaders are read as that validation read them (not
+    the model's steps, nor a hook) so that the random generators stand where the uninterrupted run's stand after it,
+    and the run goes on with the same data order and dropout masks."""
+    epoch = trainer.state.epoch - 1
+    if trainer.limit_val_batches == 0 or not val_at_epoch_end(trainer, epoch):
+        return
+    if loaders.val_data_now(trainer) is None:
+        return
+    for loader, limit in zip(trainer._val_loader, trainer._counts["fit"]):
+        for _ in (loader if limit is None else zip(range(limit), loader)):
+            pass
 
 
 def warn_if_modules_in_eval_mode(trainer, module):
