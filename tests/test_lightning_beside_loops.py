@@ -339,7 +339,8 @@ def test_predict_loop_batch_indices_read_as_lightnings(interval, tmp_path):
         for event in ("on_predict_start", "on_predict_batch_start", "on_predict_batch_end", "on_predict_epoch_end",
                       "on_predict_end", "teardown"):
             setattr(Reader, event, lambda self, trainer, *args, event=event, **kwargs: self.seen.append(
-                (event, copy.deepcopy(trainer.predict_loop.epoch_batch_indices))))  # (Lightning's list grows)
+                (event, copy.deepcopy(trainer.predict_loop.epoch_batch_indices),  # (Lightning's list grows)
+                 _predict_reading(trainer.predict_loop, "batch" in event))))
 
         class TwoLoaders(classes.BoringModel):
             def predict_step(self, batch, batch_idx, dataloader_idx=0):
@@ -353,7 +354,26 @@ def test_predict_loop_batch_indices_read_as_lightnings(interval, tmp_path):
         lib.seed_everything(3, verbose=False)
         trainer.predict(TwoLoaders(), [DataLoader(data, batch_size=4), DataLoader(data, batch_size=4, shuffle=True)],
                         return_predictions=False)
-        seen[key] = reader.seen, trainer.predict_loop.epoch_batch_indices
+        seen[key] = reader.seen, trainer.predict_loop.epoch_batch_indices, _predict_reading(trainer.predict_loop, True)
     assert seen["tasktrain"] == seen["lightning"]
     if interval == "epoch":
         assert seen["tasktrain"][0][-3][1][0] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # (on_predict_epoch_end, loader 0)
+    # (what the comparison covers: the counts move, the predictions are kept after the run, two loaders)
+    assert [reading[2][0] for reading in seen["tasktrain"][0][:4]] == [
+        ((0, 0, 0, 0), (0, 0, 0, 0)), ((1, 0, 0, 0), (1, 0, 0, 0)), ((1, 1, 1, 0), (1, 1, 1, 0)),
+        ((2, 1, 1, 1), (2, 1, 1, 1))]
+    assert seen["tasktrain"][2][:4] == (((4, 4, 4, 4), (4, 4, 4, 4)), True, [2, 2], 2)
+    if interval == "epoch":  # (kept for the writer: 2 batches of 4 per loader; not returned, emptied at the end)
+        assert seen["tasktrain"][0][-3][2][5] == [[4, 4], [4, 4]] and seen["tasktrain"][2][5] == []
+    if interval == "batch":  # (the writer's indices of the last batch: the shuffled loader's)
+        assert len(seen["tasktrain"][2][4]) == 4
+
+
+def _predict_reading(loop, in_batch):
+    """predict_loop's batch_progress (current, total), is_last_batch (in the batch hooks: Lightning sets it at the
+    first batch), max_batches, num_dataloaders (Lightning's: while the run holds its loaders), current_batch_indices
+    and the predictions' batch sizes."""
+    return ((tuple(_counts(loop.batch_progress.current)), tuple(_counts(loop.batch_progress.total))),
+            loop.batch_progress.is_last_batch if in_batch else None, loop.max_batches,
+            _defined(lambda: loop.num_dataloaders), list(loop.current_batch_indices),
+            [[len(p) for p in predictions] for predictions in loop.predictions])

@@ -385,6 +385,8 @@ def _predict(trainer, module, loaders, limits, gather):
             del trainer.predict_batch_indices[dataloader_idx][done:]
     trainer._call("on_predict_epoch_end")
     trainer._predict_started = None  # (Lightning empties epoch_batch_indices before on_predict_end)
+    if not returns:  # (and predict_loop.predictions, unless they are returned)
+        trainer._predict_kept = []
     trainer._call("on_predict_end")
     restore_training_modes(module, modes)  # (Lightning calls no on_predict_model_train)
     trainer.predictions, trainer.predict_batch_indices = [], []  # the writers are done with them
