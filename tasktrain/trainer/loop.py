@@ -53,6 +53,9 @@ def fit_loop(trainer, fit):
                       "log_every_n_steps if you want to see logs for the training epoch.", PossibleUserWarning)
     if fit.skip_epoch_start:
         draw_as_skipped_validation(trainer)
+        # the saved batch's step of the step-interval schedulers that watch a metric, with the values the checkpoint
+        # kept (a kept difference: Lightning's restart skips it, docs/lightning.md)
+        step_plateau_schedulers(trainer, fit)
     if trainer.state.batch_in_epoch == 0:
         # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
         # mid-epoch got its generator's state back from after that draw (issue 37)

@@ -334,12 +334,12 @@ def start_after_finished_epoch(trainer):
         # processed and completed without its end (no validation, on_train_epoch_end, epoch metrics, metric-watching
         # epoch schedulers), and the next one runs without its on_train_epoch_start (train_epoch). The batch stays
         # not completed, and is_last_batch True, until that epoch begins, as in Lightning's on_train_start.
+        fit = trainer._fit_state
+        fit.skip_epoch_start = True
+        fit.plateau_step_batch = state.batch_in_epoch - 1  # (its metric-watching step: loop.fit_loop takes it)
         state.epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
         state.epoch_started = False
-        fit = trainer._fit_state
-        fit.skip_epoch_start = True
-        fit.plateau_step_due, fit.plateau_values = False, None  # (that batch's end: skipped with the epoch's end)
 
 
 def ended_at_last_batch(saved):
