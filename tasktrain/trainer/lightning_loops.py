@@ -34,13 +34,18 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
     .manual_optimization.optim_step_progress   lr scheduler steps, optimizer steps (global_step), zero_grad calls,
                       `current` from after an epoch's on_train_epoch_start (manual steps: never reset, as Lightning's)
     epoch_loop._batches_that_stepped   the loggers' step (TrainState.batches_that_stepped), less the batch a
-                      validation follows where tasktrain validates after counting it; refused in a fit resumed from a
-                      checkpoint saved in on_train_batch_end until its loop goes on
+                      validation follows where tasktrain validates after counting it, or (a fit resumed from a
+                      checkpoint saved in on_train_batch_end, until its loop goes on) the saved batch if it stepped
+    epoch_progress after a resume from an epoch's last on_train_batch_end: the next epoch runs without its
+                      on_train_epoch_start (Lightning's restart), so `ready` and `started` read one lower from then on
+                      (TrainState.epoch_starts_skipped)
     restarting        a fit resumed from a checkpoint saved inside an epoch (or counted in steps: max_steps set), from
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
     val_loop, validate_loop, test_loop   batch_progress.current / .total: evaluation batches (TrainState.eval_batches),
-                      ready from on_*_batch_start, started from the step, processed from on_*_batch_end
-    predict_loop      epoch_batch_indices (PredictionLoop)
+                      ready from on_*_batch_start, started from the step, processed from on_*_batch_end; is_last_batch,
+                      max_batches, num_dataloaders, _has_run
+    predict_loop      batch_progress, current_batch_indices, predictions, epoch_batch_indices, max_batches,
+                      num_dataloaders (PredictionLoop)
     done              max_steps or max_epochs reached (epochs counted as `processed`), no training batches, or a stop
                       asked once min_epochs / min_steps are met (Lightning's fit_loop.done, without its log lines)
 """
