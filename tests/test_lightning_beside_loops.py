@@ -169,10 +169,10 @@ def _run(lib, classes, tmp_path, name):
         trainer.fit_loop.max_epochs = 3  # (Lightning's documented way to train on)
         trainer.fit(module)
     elif name in ("resume_inside_epoch", "resume_epoch_end", "resume_by_steps", "resume_last_batch",
-                  "resume_last_batch_of_last_epoch"):
+                  "resume_last_batch_of_last_epoch", "resume_last_batch_at_max_epochs"):
         path = tmp_path / f"{name}.ckpt"
         if name.startswith("resume_last_batch"):  # saved in the epoch's last on_train_batch_end (before its end)
-            epoch = 1 if name.endswith("last_epoch") else 0
+            epoch = 0 if name == "resume_last_batch" else 1
             first = lib.Trainer(max_epochs=2, callbacks=[_recorder(lib, save_at=(epoch, 3, path))], **QUIET)
         elif name == "resume_epoch_end":
             saver = checkpoint_cls(dirpath=tmp_path, filename="saved", save_top_k=-1)
@@ -184,6 +184,8 @@ def _run(lib, classes, tmp_path, name):
         first.fit(classes.BoringModel())
         rec = _recorder(lib)
         limits = dict(max_steps=10) if name == "resume_by_steps" else dict(max_epochs=3)
+        if name.endswith("at_max_epochs"):  # (the restored epoch was the last: nothing left to train)
+            limits = dict(max_epochs=2)
         trainer = lib.Trainer(callbacks=[rec], **limits, **QUIET)
         trainer.fit(classes.BoringModel(), ckpt_path=path)
     elif name.startswith("val_by_total_batches"):
@@ -218,6 +220,7 @@ def _run(lib, classes, tmp_path, name):
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "manual", "stop_inside_epoch",
                                   "resume_inside_epoch", "resume_last_batch", "resume_last_batch_of_last_epoch",
+                                  "resume_last_batch_at_max_epochs",
                                   "resume_epoch_end", "resume_by_steps", "val_by_total_batches",
                                   "val_by_total_batches_unlimited", "val_by_total_batches_resumed",
                                   "val_by_total_batches_cut"])
@@ -265,7 +268,10 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
         assert [r[27] for e, r in mine if e == "on_train_epoch_end"][:2] == [(3, 3), (6, 6)]
     if name == "resume_epoch_end":  # trainer.is_last_batch restored: True until the next epoch's first batch
         assert [r[22] for e, r in mine if e in ("on_train_start", "on_train_epoch_start")][:2] == [True, True]
-    if name.startswith("resume_last_batch"):  # the restored epoch's end is not run, nor the next one's start
+    if name == "resume_last_batch_at_max_epochs":  # (the loop starts and ends: nothing trained)
+        assert [event for event, _ in mine] == ["setup", "on_fit_start", "on_train_start", "on_train_end", "on_fit_end",
+                                                "teardown"]
+    elif name.startswith("resume_last_batch"):  # the restored epoch's end is not run, nor the next one's start
         first = name == "resume_last_batch"  # (saved in epoch 0 of 3, else in epoch 1)
         events = [event for event, _ in mine]
         assert events[events.index("on_train_start") + 1] == "on_train_batch_start"

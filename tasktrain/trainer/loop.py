@@ -92,6 +92,7 @@ def fit_loop(trainer, fit):
             trainer._said_once.add("min limits")  # allow it, even inside an epoch (Lightning's rule); said once
             _log.info(f"Trainer was signaled to stop but the required `min_epochs={trainer.min_epochs!r}` or "
                       f"`min_steps={trainer.min_steps!r}` has not been met. Training will continue...")
+    fit.restarting = False  # (also where no epoch ran: Lightning's loop ends its restart with its run)
     say_why_fit_stopped(trainer)
     trainer._call("on_train_end")  # (trainer.training stays True until the run ends, as Lightning's)
 
