@@ -56,7 +56,8 @@ def _reading(trainer):
             loop.max_batches,
             # (read where callbacks read it: in a fit; Lightning's enable_validation outside one is the module's loader)
             loop.epoch_loop._should_check_val_epoch() if trainer.state.fn == "fit" else None,
-            _raises(lambda: _counts(trainer._evaluation_loop.batch_progress.total)))
+            _raises(lambda: _counts(trainer._evaluation_loop.batch_progress.total)),
+            loop._should_accumulate())  # (ThroughputMonitor's)
 
 
 def _defined(read):
