@@ -351,14 +351,13 @@ class EpochLoop:
 
     def _should_accumulate(self):
         """Lightning's: the batch being trained does not end an accumulation window (nor the epoch), so no optimizer
-        step follows it (ThroughputMonitor reads it in on_train_batch_end). A strategy that accumulates by itself
-        (handles_gradient_accumulation) accumulates over the epoch's last batch too."""
+        step follows it (ThroughputMonitor reads it in on_train_batch_end). (tasktrain's loop steps at the epoch's
+        last batch under every strategy, DeepSpeed's included.)"""
         trainer, progress = self._trainer, self.batch_progress
         ready = progress.current.ready
         window_done = ready % trainer.accumulate_grad_batches == 0
         final = ready == trainer.num_training_batches or progress.is_last_batch
-        return not window_done and (bool(getattr(trainer.strategy, "handles_gradient_accumulation", False))
-                                    or not final)
+        return not window_done and not final
 
     def _should_check_val_epoch(self):
         """Lightning's: this epoch validates (check_val_every_n_epoch; its progress bar reads it)."""
