@@ -257,3 +257,62 @@ def test_lr_find_gives_lightnings_rates_losses_and_suggestion(mode, num_training
     assert ours[0] == lightning[0]
     assert ours[1] == pytest.approx(lightning[1], rel=1e-5, nan_ok=True)
     assert ours[2:] == lightning[2:]  # (the same rates, the same index: equal, None where Lightning gives None)
+
+
+@pytest.mark.parametrize("mode,suggest,given_ax", [("exponential", True, False), ("linear", True, True),
+                                                   ("exponential", False, True)])
+def test_plot_draws_lightnings_lines_and_suggestion(mode, suggest, given_ax, monkeypatch):
+    """plot(): the same line (rates, smoothed losses), axis scale and labels, and the red suggestion dot, as
+    Lightning's plot of the same seeded sweep; on the Axes given, or on a new figure (Agg: nothing is shown)."""
+    matplotlib = pytest.importorskip("matplotlib")  # requirements-dev.txt pins it (a test-only dependency)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = []
+    monkeypatch.setattr(plt, "show", lambda *a, **k: shown.append(1))
+
+    def run(framework):
+        Trainer, _, _, Tuner = FRAMEWORKS[framework]
+        module = _module(framework)
+        torch.manual_seed(3)
+        finder = _run(framework, lambda *_: Tuner(Trainer(max_epochs=1000, **QUIET)).lr_find(
+            module, min_lr=1e-4, max_lr=1.0, num_training=30, mode=mode, early_stop_threshold=None))
+        ax = plt.subplots()[1] if given_ax else None
+        fig = finder.plot(suggest=suggest, show=True, ax=ax)
+        ax = fig.axes[0] if ax is None else ax
+        assert fig is ax.figure
+        lines = [(list(line.get_xdata()), list(line.get_ydata()), line.get_marker(), line.get_color(),
+                  line.get_markersize()) for line in ax.lines]
+        plt.close(fig)
+        return lines, ax.get_xscale(), ax.get_xlabel(), ax.get_ylabel(), finder.suggestion()
+
+    theirs, ours = run("lightning"), run("tasktrain")
+    assert len(ours[0]) == len(theirs[0]) == (2 if suggest else 1)
+    for (x, y, *style), (tx, ty, *tstyle) in zip(ours[0], theirs[0]):
+        assert x == tx and y == pytest.approx(ty, rel=1e-5) and style == tstyle
+    assert ours[1:] == theirs[1:] and ours[1] == ("log" if mode == "exponential" else "linear")
+    if suggest:  # the dot sits on the suggested rate
+        assert ours[0][1][0] == [ours[4]] and ours[0][1][2] == "o" and ours[0][1][3] == "red"
+    assert shown == [1, 1]
+
+
+def test_plot_without_matplotlib_raises_lightnings_error(monkeypatch):
+    """matplotlib is imported by plot() only: without it (its import blocked here; Lightning's availability flag
+    patched) both raise Lightning's MisconfigurationException, and importing the tuner never needed it."""
+    import sys
+
+    import lightning.pytorch.tuner.lr_finder as lightning_lr_finder
+
+    from tasktrain.tuner.lr_finder import LRFinder
+
+    monkeypatch.setattr(lightning_lr_finder, "_MATPLOTLIB_AVAILABLE", False)
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # (import matplotlib and find_spec now fail: not installed)
+    errors = []
+    for finder in (lightning_lr_finder._LRFinder("linear", 1e-3, 1.0, 5), LRFinder("linear", 1e-3, 1.0, 5, [], [])):
+        with pytest.raises(Exception) as caught:
+            finder.plot(suggest=True)
+        errors.append((type(caught.value).__name__, str(caught.value)))
+    assert errors[0] == errors[1]
+    assert errors[0][0] == "MisconfigurationException" and "pip install -U matplotlib" in errors[0][1]

@@ -8,8 +8,8 @@ from tasktrain.trainer.state import TrainState
 
 
 class LRFinder:
-    """What lr_find found: `results` {"lr": [...], "loss": [...]} (the smoothed loss after each step's rate) and
-    `suggestion()`. There is no plot(): draw results["lr"] against results["loss"] (log x) with any library."""
+    """What lr_find found: `results` {"lr": [...], "loss": [...]} (the smoothed loss after each step's rate),
+    `suggestion()` and `plot()` (matplotlib, imported only there)."""
 
     def __init__(self, mode, lr_min, lr_max, num_training, lrs, losses):
         self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
@@ -34,9 +34,37 @@ class LRFinder:
         self._optimal_idx = int(kept[index])
         return self.results["lr"][self._optimal_idx]
 
-    def plot(self, *args, **kwargs):
-        raise NotImplementedError("LRFinder has no plot(): plot results['lr'] (log scale) against results['loss'] "
-                                  "with the plotting library of your choice.")
+    def plot(self, suggest=False, show=False, ax=None):
+        """Lightning's plot: the smoothed loss against the rate (a log x axis in "exponential" mode) on `ax`, else on
+        a new figure; suggest=True marks the suggestion with a red dot (as Lightning's, not when it is the first
+        point or there is none); show=True calls plt.show(). Returns the figure. matplotlib is an optional
+        dependency, imported here only."""
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:  # (Lightning's exception and words)
+            from tasktrain.exceptions import MisconfigurationException
+
+            raise MisconfigurationException("To use the `plot` method, you must have Matplotlib installed. Install "
+                                            "it by running `pip install -U matplotlib`.")
+        import matplotlib.pyplot as plt
+
+        lrs, losses = self.results["lr"], self.results["loss"]
+        if ax is None:
+            fig, ax = plt.subplots()
+        else:
+            fig = ax.figure
+        ax.plot(lrs, losses)
+        if self.mode == "exponential":
+            ax.set_xscale("log")
+        ax.set_xlabel("Learning rate")
+        ax.set_ylabel("Loss")
+        if suggest:
+            self.suggestion()
+            if self._optimal_idx:  # (Lightning's test: index 0 draws no marker either)
+                ax.plot(lrs[self._optimal_idx], losses[self._optimal_idx], markersize=10, marker="o", color="red")
+        if show:
+            plt.show()
+        return fig
 
 
 class _Sweep(Callback):
