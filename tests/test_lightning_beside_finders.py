@@ -316,3 +316,57 @@ def test_plot_without_matplotlib_raises_lightnings_error(monkeypatch):
         errors.append((type(caught.value).__name__, str(caught.value)))
     assert errors[0] == errors[1]
     assert errors[0][0] == "MisconfigurationException" and "pip install -U matplotlib" in errors[0][1]
+
+
+@pytest.mark.parametrize("path", ["tuner", "callback"])
+def test_the_sweep_calls_lightnings_hooks_and_validates_as_lightning(path):
+    """The sweep runs the fit loop alone, as Lightning's (_try_loop_run): no on_fit_start / on_fit_end, no sanity
+    check; validation at each epoch's end with limit_val_batches=num_training; from inside a fit (the callback at
+    on_fit_start) no setup / teardown either. The module's hooks, with the counters at each, are Lightning's, as are
+    the sweep's results and the weights after the fit. (Left out of the comparison: the loader and optimizer hooks,
+    which tasktrain's trial calls again, and the counters at the Tuner's teardown, which Lightning reads after its
+    restore.)"""
+    hooks = ["setup", "teardown", "on_fit_start", "on_fit_end", "on_sanity_check_start", "on_train_start",
+             "on_train_epoch_start", "on_train_epoch_end", "on_train_batch_start", "on_validation_start",
+             "on_validation_epoch_end", "on_validation_end", "on_train_end"]
+
+    def case(Trainer, Module, callbacks, Tuner):
+        name = "lightning" if Trainer is L.Trainer else "tasktrain"
+        log = []
+        base = type(_module(name))
+
+        class Recorded(base):
+            def validation_step(self, batch, batch_idx):
+                log.append(("validation_step", self.trainer.current_epoch, self.trainer.global_step, batch_idx))
+
+            def val_dataloader(self):
+                return DataLoader(_data(8), batch_size=2)
+
+        def recorder(hook):
+            def record(self, *args, **kwargs):
+                log.append((hook, self.trainer.current_epoch, self.trainer.global_step))
+            return record
+
+        for hook in hooks:
+            setattr(Recorded, hook, recorder(hook))
+        module = Recorded()
+        module.batch_size = 8  # 8 batches an epoch: the sweep of 12 steps crosses an epoch's end
+        arguments = dict(min_lr=1e-4, max_lr=1.0, early_stop_threshold=None)
+        if path == "tuner":
+            trainer = Trainer(max_epochs=3, **QUIET)
+            finder = Tuner(trainer).lr_find(module, num_training=12, **arguments)
+        else:
+            callback = callbacks.LearningRateFinder(num_training_steps=12, **arguments)
+            trainer = Trainer(max_epochs=2, callbacks=[callback], **QUIET)
+            trainer.fit(module)
+            finder = callback.optimal_lr
+        if path == "tuner":  # (Lightning's teardown comes after its restore: other counters)
+            log = [entry[:1] if entry[0] == "teardown" else entry for entry in log]
+        return (log, finder.results["lr"], [round(v, 6) for v in finder.results["loss"]],
+                [round(float(v), 6) for v in module.layer.weight.flatten()], trainer.global_step)
+
+    log, *rest = _both(case)
+    names = [entry[0] for entry in log]
+    assert "on_sanity_check_start" not in names[:names.index("on_train_end")]  # (the sweep's part)
+    assert names.count("validation_step") >= 4 and ("validation_step", 0, 8, 0) in log  # validated mid-sweep
+    assert len(rest[0]) == 12

@@ -151,7 +151,7 @@ def teardown(trainer, stage, module, status):
     trainer._unwatch()
     try:
         # Lightning calls the teardown hooks at a run's end only: a run that raised had on_exception instead
-        if status != "failed":
+        if status != "failed" and "teardown" not in trainer._trial_skips:  # (a tuner's trial: tuning._tuning)
             if trainer.datamodule is not None:  # (Lightning passes the stage by keyword, as its TrainerFn)
                 trainer.datamodule.teardown(stage=TrainerFn(stage))
             trainer._call("teardown", stage=TrainerFn(stage))

@@ -160,7 +160,9 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
     trainer.callbacks = [sweep]
     trainer.max_steps = num_training  # (max_epochs stays the Trainer's: Lightning's; a short loader ends it)
-    trainer.limit_val_batches = 0  # the sweep reads the training loss only
+    # Lightning's: validation runs during the sweep where the fit's own would (val_check_interval and
+    # check_val_every_n_epoch as set), on at most num_training batches; no sanity check (tuning._tuning)
+    trainer.limit_val_batches = num_training
     start_counters_over(trainer)
     trainer.fit(model, **loaders)
     finder = LRFinder(mode, min_lr, max_lr, num_training, sweep.lrs, sweep.losses)

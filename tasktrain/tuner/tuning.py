@@ -251,6 +251,10 @@ class _tuning:
         trainer._loggers = []  # (loggers that are not callbacks too)
         trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
         trainer.num_sanity_val_steps = 0
+        # Lightning's trials run its fit loop alone (_try_loop_run): no on_fit_start / on_fit_end, and from inside a
+        # run none of the set-up and teardown hooks either (its own set-up stands); from the Tuner, the trial is the
+        # fit Lightning's Tuner runs, whose setup and teardown hooks run
+        trainer._trial_skips = ("on_fit_start", "on_fit_end") + (("setup", "teardown") if self.in_run else ())
         return self
 
     def __exit__(self, *exc):
