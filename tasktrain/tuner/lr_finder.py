@@ -166,6 +166,9 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     start_counters_over(trainer)
     trainer.fit(model, **loaders)
     finder = LRFinder(mode, min_lr, max_lr, num_training, sweep.lrs, sweep.losses)
+    # several processes: every rank takes rank 0's points (each rank's loss is its own shard's), so that the
+    # suggestion, and the rate set, are the same everywhere (Lightning's broadcast)
+    finder.results = trainer.strategy.broadcast(finder.results)
     if name is not None:
         lr = finder.suggestion()
         if lr is None:

@@ -14,8 +14,9 @@ current_epoch, and from inside a run everything of the run in progress: its load
 strategy's wrapped module and optimizers). The trials run with the trainer's callbacks, loggers and profiler set
 aside: nothing is checkpointed, logged or profiled. They change only the attribute they tune (and, from inside a
 fit, the learning rate of the optimizers already built, as Lightning's).
-They run on one process: on several, each rank's trials would have to agree on every outcome (an out-of-memory
-error on one rank leaves the others waiting); find the values in a one-process run and pass them in.
+On several processes (Lightning's rules): the learning-rate sweep runs on every rank, stopped early when rank 0's
+loss diverges, and every rank takes rank 0's results (so the same suggestion); the batch-size search is refused
+(an out-of-memory error on one rank would leave the others waiting).
 """
 import copy
 import warnings
@@ -93,7 +94,7 @@ def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     on the optimizers already built (their configure_optimizers ran before the sweep: Lightning's rule)."""
     if _skipped(trainer, "learning rate finder"):
         return None
-    tuning = _tuning(trainer, model, "lr_find")  # (several processes: refused first, before the attribute's check)
+    tuning = _tuning(trainer, model, "lr_find")
     name = lr_attr_name(model, attr_name) if update_attr else None
     with isolate_rng(), tuning:
         finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, False,
@@ -228,9 +229,8 @@ class _tuning:
     schedulers already built (a configure_optimizers that returns the same objects each time trains them)."""
 
     def __init__(self, trainer, model, name):
-        if trainer.world_size > 1:
-            raise ValueError(f"Tuner.{name} runs on one process; this trainer has {trainer.world_size}. Find the "
-                             "value in a one-process run (devices=1) and pass it to this one.")
+        # (several processes: the batch-size search is refused before this, in Lightning's words; the lr sweep runs on
+        # every rank, its early stop and results rank 0's: lr_finder.py)
         self.trainer, self.model = trainer, model
         self.in_run = trainer._metrics is not None  # called from a hook of a run in progress
 
