@@ -240,6 +240,7 @@ def test_errors_and_warnings_are_lightnings():
     ("linear", 30, 4.0, 1, 1000),
     ("exponential", 25, None, 1, 1000),  # no early stop: the whole sweep
     ("linear", 20, None, 3, 1000),       # accumulation: one point per window, the last micro-batch's loss
+    ("linear", 30, None, 1, 1000),       # no early stop: the loss becomes inf, then NaN, recorded (no FloatingPointError)
     ("exponential", 60, None, 1, 1),     # num_training beyond the loader, one epoch: the sweep ends with it
 ])
 def test_lr_find_gives_lightnings_rates_losses_and_suggestion(mode, num_training, threshold, accumulate, max_epochs):

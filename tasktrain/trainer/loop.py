@@ -463,7 +463,8 @@ def _finite_probe(loss):
 def check_finite_loss(trainer, fit):
     """The losses since the last check are tested in one go, so there is no host sync per step."""
     window = fit.loss_window
-    if not window:
+    if not window or "check_finite_loss" in trainer._trial_skips:  # (a learning-rate sweep: lr_finder.py)
+        fit.loss_window = []
         return
     finite = torch.isfinite(torch.stack(window).float())
     if not bool(finite.all()):

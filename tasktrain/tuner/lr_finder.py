@@ -163,6 +163,9 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     # Lightning's: validation runs during the sweep where the fit's own would (val_check_interval and
     # check_val_every_n_epoch as set), on at most num_training batches; no sanity check (tuning._tuning)
     trainer.limit_val_batches = num_training
+    # a sweep is meant to reach the rates where the loss blows up: a non-finite loss is a point (left out of the
+    # suggestion), as in Lightning, not the fit's FloatingPointError (tuning._tuning puts _trial_skips back)
+    trainer._trial_skips = tuple(trainer._trial_skips) + ("check_finite_loss",)
     start_counters_over(trainer)
     trainer.fit(model, **loaders)
     finder = LRFinder(mode, min_lr, max_lr, num_training, sweep.lrs, sweep.losses)
