@@ -218,6 +218,25 @@ def test_errors_and_warnings_are_lightnings():
         outcome(lambda: Tuner(trainer).scale_batch_size(module))
         outcome(lambda: Tuner(trainer).lr_find(module))
         outcome(lambda: Tuner(Trainer(**QUIET)).lr_find(module, method="test"))
+
+        class TwoOptimizers(type(module)):  # (manual optimisation: automatic refuses several optimizers earlier)
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                loss = self._loss(batch)
+                self.manual_backward(loss)
+                for optimizer in self.optimizers():
+                    optimizer.step()
+                return loss
+
+            def configure_optimizers(self):
+                return [torch.optim.SGD(self.parameters(), lr=self.lr), torch.optim.SGD(self.parameters(), lr=self.lr)]
+
+        outcome(lambda: Tuner(Trainer(max_epochs=1, **QUIET)).lr_find(TwoOptimizers(), num_training=5))
+        outcome(lambda: Trainer(max_epochs=1, callbacks=[callbacks.LearningRateFinder(num_training_steps=5)],
+                                **QUIET).fit(TwoOptimizers()))
         outcome(lambda: Tuner(Trainer(**QUIET)).scale_batch_size(module, method="tune"))
         outcome(lambda: Tuner(Trainer(**QUIET)).scale_batch_size(module, dataloaders=given))
         # fast_dev_run: both finders skip with a warning, the fit goes on
@@ -232,6 +251,8 @@ def test_errors_and_warnings_are_lightnings():
     outcomes = _both(case)
     assert outcomes[0] == ("ValueError", "`mode` should be either of ('power', 'binsearch')")
     assert outcomes[3][0] == "MisconfigurationException" and outcomes[-1] == (None, None)
+    assert outcomes[8] == outcomes[9] == ("MisconfigurationException",
+                                          "`model.configure_optimizers()` returned 2, but learning rate")
     assert len(outcomes[-2]) == 2
 
 

@@ -87,6 +87,15 @@ class _Sweep(Callback):
             return self.min_lr * (self.max_lr / self.min_lr) ** r
         return self.min_lr + r * (self.max_lr - self.min_lr)
 
+    def on_train_start(self, trainer, module):
+        # (Lightning's check and words; several optimizers reach here under manual optimisation only: automatic
+        # optimisation refuses them at set-up)
+        if len(trainer.optimizers) != 1:
+            from tasktrain.exceptions import MisconfigurationException
+
+            raise MisconfigurationException(f"`model.configure_optimizers()` returned {len(trainer.optimizers)}, but "
+                                            "learning rate finder only works with single optimizer")
+
     def _closes_window(self, trainer, batch_idx):
         return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
