@@ -439,3 +439,38 @@ def test_a_sweep_at_an_epoch_milestone_puts_the_fit_back_as_lightning_and_sweeps
     # the kept difference, measured: Lightning's sweep is cut short (the bug still there), tasktrain's is whole
     assert len(lightning_results["lr"]) == (8 if threshold is None else 1)
     assert len(our_results["lr"]) == 12 and our_results["lr"][0] == 1e-4
+
+
+def test_under_a_distributed_strategy_of_one_process_the_lr_sweep_runs_and_the_batch_size_search_is_refused():
+    """Lightning's rules for a distributed strategy (here DDP on one CPU process, which both run in-process):
+    lr_find runs, by the Tuner and by the callback inside the fit (tasktrain's trial keeps the run's DDP wrapper
+    whole), with Lightning's results; the batch-size search is refused even for one process, in Lightning's words."""
+
+    def case(Trainer, Module, callbacks, Tuner):
+        name = "lightning" if Trainer is L.Trainer else "tasktrain"
+        ddp = dict(QUIET, strategy="ddp", devices=1)
+        found = []
+        module = _module(name)
+        torch.manual_seed(3)
+        finder = Tuner(Trainer(max_epochs=1, **ddp)).lr_find(module, num_training=20, min_lr=1e-4, max_lr=1.0)
+        found.append((finder.results["lr"], [round(v, 6) for v in finder.results["loss"]], module.lr))
+        module = _module(name)
+        callback = callbacks.LearningRateFinder(num_training_steps=20, min_lr=1e-4, max_lr=1.0)
+        trainer = Trainer(max_epochs=1, callbacks=[callback], **ddp)
+        trainer.fit(module)
+        found.append((callback.optimal_lr.results["lr"], [round(v, 6) for v in callback.optimal_lr.results["loss"]],
+                      module.lr, trainer.global_step, [round(float(v), 5) for v in module.layer.weight.flatten()]))
+        for run in (lambda: Tuner(Trainer(max_epochs=1, **ddp)).scale_batch_size(_module(name)),
+                    lambda: Trainer(max_epochs=1, callbacks=[callbacks.BatchSizeFinder()], **ddp).fit(_module(name))):
+            try:
+                run()
+                found.append(None)
+            except Exception as err:
+                found.append((type(err).__name__, str(err)))
+        return found
+
+    found = _both(case)
+    assert len(found[0][0]) == len(found[1][0]) == 20 and found[1][3] == 32
+    assert found[2] == ("ValueError", "Tuning the batch size is currently not supported with distributed strategies.")
+    assert found[3] == ("MisconfigurationException", "The Batch size finder is not supported with distributed "
+                                                     "strategies.")

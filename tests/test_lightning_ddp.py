@@ -81,6 +81,10 @@ def test_callbacks_profiler_and_refusals_on_two_processes(ran):
     found = [rank_facts["lr_find"] for rank_facts in facts]
     assert found[0] == found[1] and len(found[0]["lr"]) == 20 and found[0]["restored"]
     assert found[0]["suggestion"] is not None and found[0]["set"] == found[0]["suggestion"] != 0.05
+    # the callback inside a DDP fit: the same on both ranks, the fit went on (5 epochs of 4 steps) at the suggestion
+    found = [rank_facts["lr_finder_callback"] for rank_facts in facts]
+    assert found[0] == found[1] and len(found[0]["lr"]) == 20
+    assert found[0]["set"] == found[0]["rate"] not in (0.05, 0.1) and found[0]["global_step"] == 20
 
 
 def _warm_up_reference(steps=6, warmup=4, lr=0.1, clip=0.5):

@@ -22,6 +22,7 @@ import copy
 import warnings
 
 from tasktrain.exceptions import MisconfigurationException
+from tasktrain.strategies.base import MultiProcess
 from tasktrain.trainer.seed import isolate_rng
 from tasktrain.tuner import batch_size_scaling
 from tasktrain.tuner.lr_finder import lr_attr_name, lr_find
@@ -67,7 +68,7 @@ class Tuner:
         _check_tuner_configuration(train_dataloaders, val_dataloaders, dataloaders, method)
         from tasktrain.callbacks.batch_size_finder import BatchSizeFinder
 
-        if self._trainer.world_size > 1:
+        if isinstance(self._trainer.strategy, MultiProcess):  # (Lightning's rule: a distributed strategy, even of one)
             raise ValueError("Tuning the batch size is currently not supported with distributed strategies.")
         if any(isinstance(cb, BatchSizeFinder) for cb in self._trainer.callbacks):
             raise ValueError("Trainer is already configured with a `BatchSizeFinder` callback.Please remove it if "
@@ -159,7 +160,7 @@ def check_batch_attribute(model, datamodule, name):
 def check_batch_size_setup(trainer, module, stage, batch_arg_name):
     """BatchSizeFinder.setup's checks (Lightning's, in its order and words): one process, loaders built by the
     module's or the DataModule's hooks (one per evaluation stage), and the attribute to tune."""
-    if trainer.world_size > 1:
+    if isinstance(trainer.strategy, MultiProcess):  # (Lightning's rule: a distributed strategy, even of one process)
         raise MisconfigurationException("The Batch size finder is not supported with distributed strategies.")
     stage = str(getattr(stage, "value", stage))
     given_train, given_eval = trainer._given_loaders
