@@ -188,8 +188,81 @@ def test_evaluation_on_several_loaders_is_lightnings(how, mode):
         assert mine == ([[0, 0, [0, 1]], [1, 0, [2, 3]], [2, 0, [4]], [0, 1, [50, 51]], [1, 1, [52]]], [3, 2])
 
 
+def _evaluate_together(name, how, mode, **kwargs):
+    """A CombinedLoader in min_size / max_size / max_size_cycle for validate / test / fit's validation: the batches
+    (the structure, None for a loader that ran out), the hooks' arguments, the logged metrics and the results."""
+    lib, base, combined = FRAMEWORKS[name]
+    torch.manual_seed(0)
+    rows = []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[1]).sum()
+
+        def _step(self, batch, batch_idx, *rest):
+            rows.append(["step", batch_idx, list(rest), _indices(batch)])
+            values = [float(one[0].sum()) for one in (batch["x"], batch["y"][0]) if one is not None]
+            self.log("seen", sum(values), on_step=True, on_epoch=True)
+            self.log("count", float(len(values)), reduce_fx="sum")
+
+        def validation_step(self, batch, batch_idx, *rest):
+            self._step(batch, batch_idx, *rest)
+
+        def test_step(self, batch, batch_idx, *rest):
+            self._step(batch, batch_idx, *rest)
+
+        def on_validation_batch_end(self, outputs, batch, batch_idx, *rest):
+            rows.append(["batch end", batch_idx, list(rest)])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    logged = []
+
+    class Logger(lib.loggers.CSVLogger if name == "tasktrain" else pl.loggers.CSVLogger):
+        def log_metrics(self, metrics, step=None):
+            logged.append([step, {k: round(float(v), 4) for k, v in sorted(metrics.items())}])
+
+    quiet = dict(QUIET, logger=Logger(kwargs.pop("save_dir")))
+    trainer = lib.Trainer(max_epochs=1, enable_checkpointing=False, **quiet, **kwargs)
+    loaders = combined({"x": DataLoader(_data(5, 0), batch_size=2), "y": [DataLoader(_data(3, 50), batch_size=2)]},
+                       mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if how == "fit":
+            trainer.fit(Module(), DataLoader(_data(4, 0), batch_size=2), loaders)
+            results = None
+        else:
+            results = getattr(trainer, how)(Module(), loaders, verbose=False)
+    counts = trainer.num_test_batches if how == "test" else trainer.num_val_batches
+    metrics = {k: round(float(v), 4) for k, v in sorted(trainer.callback_metrics.items())}
+    return rows, counts, results, metrics, logged
+
+
+@pytest.mark.parametrize("how, mode, kwargs", [
+    ("validate", "max_size_cycle", {}),  # y (2 batches) starts again for x's third
+    ("validate", "max_size", {}),  # y gives None at x's third
+    ("test", "min_size", {}),
+    ("validate", "max_size_cycle", {"limit_val_batches": 1}),
+    ("fit", "max_size", {"num_sanity_val_steps": 1, "limit_train_batches": 1}),  # the sanity check's limit too
+])
+def test_evaluation_of_a_combined_loader_is_lightnings(how, mode, kwargs, tmp_path):
+    theirs = _evaluate_together("lightning", how, mode, save_dir=str(tmp_path / "l"), **dict(kwargs))
+    mine = _evaluate_together("tasktrain", how, mode, save_dir=str(tmp_path / "t"), **dict(kwargs))
+    assert mine == theirs
+    rows = [row for row in mine[0] if row[0] == "step"]
+    assert all(row[2] == [] for row in mine[0])  # no dataloader_idx for the step and hooks
+    if how == "validate" and not kwargs:
+        assert [row[3] for row in rows] == [{"x": [0, 1], "y": [[50, 51]]}, {"x": [2, 3], "y": [[52]]},
+                                            {"x": [4], "y": [[50, 51] if mode == "max_size_cycle" else None]}]
+        assert mine[1] == [3, 2] and len(mine[2]) == 1 and mine[2][0]["count"] == 6 - (mode == "max_size")
+
+
 def test_evaluation_refuses_the_other_modes():
-    # Lightning evaluates them (its step gets the combined batch); tasktrain evaluates several loaders in sequence
-    # only, and says so before any step (docs/lightning.md)
-    said = _evaluate("tasktrain", "validate", "max_size_cycle")
-    assert 'CombinedLoader(mode="max_size_cycle") given for validate' in said and 'mode="sequential" only' in said
+    # Lightning predicts in sequential mode only, and says so
+    said = _evaluate("tasktrain", "predict", "max_size_cycle")
+    assert "only supports the `CombinedLoader(mode=\"sequential\")` mode" in said

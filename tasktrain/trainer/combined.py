@@ -277,6 +277,37 @@ def check_training_mode(combined):
                          f"modes are: {[mode for mode in MODES if mode != 'sequential']}")
 
 
+class CombinedEvalLoaders(list):
+    """An evaluation's loaders of a CombinedLoader in mode min_size, max_size or max_size_cycle (Lightning's evaluation
+    loop runs them so): the flat list of prepared loaders (each counted under limit_*_batches, num_*_batches a count
+    per loader, as Lightning's max_batches), read together as one pass whose batch is the structure of the inner
+    batches, batch_idx counted over the pass, dataloader_idx 0 and not passed to the step or hooks."""
+
+    def __init__(self, loaders, mode, spec):
+        super().__init__(loaders)
+        self.mode, self.spec = mode, spec
+
+    def length(self, limits):
+        """Batches of the pass (Lightning's fetcher: len() of the combined loader, None where an inner loader has no
+        length: the pass runs to the mode's end)."""
+        lengths = [_length(one) for one in self]
+        if any(n is None for n in lengths):
+            return None
+        return mode_length(self.mode, lengths, [math.inf if limit is None else limit for limit in limits])
+
+    def batches(self):
+        combined = CombinedLoader(unflatten(list(self), self.spec), self.mode)
+        return (batch for batch, _, _ in iter(combined))
+
+
+def combined_eval(loader, prepared):
+    """`prepared` (the flat loaders of `loader`, prepared) as the evaluation reads them: together where `loader` is a
+    CombinedLoader in a mode other than sequential, else in turn (a plain list)."""
+    if isinstance(loader, CombinedLoader) and loader.mode != "sequential":
+        return CombinedEvalLoaders(prepared, loader.mode, loader._spec)
+    return prepared
+
+
 def is_combined(loader):
     """Several training loaders: a CombinedLoader, or a dict / list / tuple of loaders (Lightning combines them in
     max_size_cycle mode)."""
