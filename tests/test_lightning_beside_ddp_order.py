@@ -95,6 +95,20 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         sampler.set_epoch(0)
         assert [b[2]["b"][0] - 100 for b in batches[:6]] == (list(sampler) * 2)[:6]
     assert ranks[0]["tasktrain"]["combined"]["batches"] != ranks[1]["tasktrain"]["combined"]["batches"]
+    # validate over a CombinedLoader(mode="max_size_cycle"): each loader sharded, read together (y's 2 batches
+    # cycled over x's 6), no dataloader_idx, the metric synced over the ranks: Lightning's, and its warning on rank 0
+    # for each loader it shards
+    for rank, seen in enumerate(ranks):
+        mine, theirs = seen["tasktrain validate combined"], seen["lightning validate combined"]
+        assert mine == theirs
+        assert [row[:2] for row in mine["rows"]] == [[b, 0] for b in range(6)]
+        shard = list(range(rank, 22, 2))
+        assert [row[2]["x"] for row in mine["rows"]] == [shard[2 * b:2 * b + 2] for b in range(6)]
+        assert [row[2]["y"] for row in mine["rows"]][2:4] == [row[2]["y"] for row in mine["rows"]][:2]
+        assert len(mine["warnings"]) == (2 if rank == 0 else 0)
+    total = sum(i for seen in ranks for row in seen["tasktrain validate combined"]["rows"] for v in row[2].values()
+                for i in v)
+    assert ranks[0]["tasktrain validate combined"]["results"] == [{"seen": float(total)}]
     # the two seeds read different orders; both ranks end on the same weights
     assert ranks[0]["tasktrain"]["no seed"]["batches"] != ranks[0]["tasktrain"]["seed 7"]["batches"]
     for case in ("no seed", "seed 7", "overfit", "combined"):

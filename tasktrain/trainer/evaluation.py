@@ -11,7 +11,9 @@ import warnings
 
 import torch
 
-from tasktrain.exceptions import MisconfigurationException, SIGTERMException
+from torch.utils.data import DataLoader, DistributedSampler
+
+from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, SIGTERMException
 from tasktrain.profilers import profiled, profiled_iter
 from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
@@ -184,12 +186,30 @@ def eval_loaders(trainer, stage, module, loader):
     world_size, rank = fit_data.shards(trainer)
     prefix = {"validate": "val"}.get(stage, stage)
     shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
+    flat = as_loaders(loader, stage)
+    if shuffle_seed is not None and world_size > 1 and trainer.state.fn == stage and trainer.is_global_zero:
+        warn_distributed_eval(flat, stage)
     loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed,
-                                                         trainer.global_rank) for one in as_loaders(loader, stage)])
+                                                         trainer.global_rank) for one in flat])
     limits = [limit_eval(one, limit_arg, prefix) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
     return loaders, limits
+
+
+def warn_distributed_eval(loaders, stage):
+    """Lightning's PossibleUserWarning (rank zero) for each loader of a validate / test run it shards with a
+    DistributedSampler (a DataLoader over a map-style data set whose sampler is not one already), on several
+    processes with use_distributed_sampler: its padding evaluates some samples twice. (tasktrain's unshuffled shards
+    are unpadded; the advice stands for the shuffled ones and for the user's own samplers.)"""
+    for one in loaders:
+        if isinstance(one, DataLoader) and not isinstance(one.dataset, torch.utils.data.IterableDataset) and \
+                not isinstance(one.sampler, DistributedSampler):
+            warnings.warn(f"Using `DistributedSampler` with the dataloaders. During `trainer.{stage}()`, it is "
+                          "recommended to use `Trainer(devices=1, num_nodes=1)` to ensure each sample/batch gets "
+                          "evaluated exactly once. Otherwise, multi-device settings use `DistributedSampler` that "
+                          "replicates some samples to make sure all devices have same batch size in case of uneven "
+                          "inputs.", PossibleUserWarning)
 
 
 def _rebuilt_if_stale(trainer, stage, loaders, limits):

@@ -2,7 +2,7 @@
 sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrain's in the same process group, with
 and without seed_everything and with overfit_batches, and over loaders of the user's own order (CASES: custom sampler,
 custom batch sampler, RandomSampler with replacement; with validation and prediction), over two training
-loaders in a dict (each sharded), then tasktrain's fits resumed
+loaders in a dict (each sharded), a validate over a CombinedLoader(mode="max_size_cycle"), then tasktrain's fits resumed
 from the middle of an epoch; each rank writes OUT/rank{R}.json with, per fit, the sample indices of every batch it
 trained on ((epoch, batch_idx) order) and the weights after (and the validation's and prediction's batches and the
 set_epoch calls the user's samplers got). Last, under both, a fit whose every rank gets SIGTERM at the same batch
@@ -177,6 +177,34 @@ def sigterm_fit(lib, base, sigterm_exception, folder):
     return seen
 
 
+def validate_combined(lib, base, combined):
+    """validate on a CombinedLoader(mode="max_size_cycle") of two loaders (each sharded: 6 and 2 batches a rank), a
+    metric logged with sync_dist: the batches, the results, and the `DistributedSampler` warnings rank 0 gives."""
+    rows = []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            rows.append([batch_idx, dataloader_idx, {k: v[0].tolist() for k, v in batch.items()}])
+            self.log("seen", float(sum(v[0].sum() for v in batch.values())), on_epoch=True, sync_dist=True,
+                     reduce_fx="sum")
+
+    eight = TensorDataset(*(t[:8] for t in data().tensors))
+    loaders = combined({"x": DataLoader(data(), batch_size=2), "y": DataLoader(eight, batch_size=2)},
+                       "max_size_cycle")
+    trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
+                          enable_model_summary=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = trainer.validate(Module(), loaders, verbose=False)
+    said = [str(w.message) for w in caught if "Using `DistributedSampler`" in str(w.message)]
+    del trainer
+    return {"rows": rows, "results": results, "warnings": said}
+
+
 def main(out):
     import lightning.pytorch as L
 
@@ -185,6 +213,8 @@ def main(out):
     seen = {}
     for name, lib, base in (("lightning", L, L.LightningModule), ("tasktrain", tasktrain, tasktrain.TaskModule)):
         seen[name] = {case: fit(lib, base, **kwargs) for case, kwargs in CASES.items()}
+        combined = L.utilities.CombinedLoader if name == "lightning" else tasktrain.utilities.CombinedLoader
+        seen[name + " validate combined"] = validate_combined(lib, base, combined)
     # tasktrain's exact resume of that shuffled order: a fit resumed from the middle of its first epoch (step 3 of 6)
     saves = os.path.join(out, "checkpoints")
     saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=3, save_top_k=-1, filename="{step}")
