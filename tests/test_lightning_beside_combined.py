@@ -266,3 +266,76 @@ def test_evaluation_refuses_the_other_modes():
     # Lightning predicts in sequential mode only, and says so
     said = _evaluate("tasktrain", "predict", "max_size_cycle")
     assert "only supports the `CombinedLoader(mode=\"sequential\")` mode" in said
+
+
+class _Counter(torch.utils.data.IterableDataset):
+    """An order of its own with a state (where it is): what a StatefulDataLoader saves and loads back."""
+
+    def __init__(self, read):
+        self.next, self.read = None, read
+
+    def __iter__(self):
+        start, self.next = (0 if self.next is None else self.next), None
+        for i in range(start, 10):
+            self.next = i + 1
+            self.read.append(i)
+            yield torch.tensor(i), torch.full((3,), float(i)), torch.zeros(1)
+        self.next = None
+
+    def __len__(self):
+        return 10
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state):
+        self.next = state["next"]
+
+
+def _fit_stateful(name, saves=None, ckpt_path=None):
+    """A combined fit (max_size_cycle) whose longer loader is a StatefulDataLoader: the batches trained on, the
+    weights, and the items its data set read."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    lib, base, _ = FRAMEWORKS[name]
+    torch.manual_seed(0)
+    rows, read = [], []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            rows.append([batch_idx, _indices(batch)])
+            return sum(_losses(self.layer, batch))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    callbacks = [lib.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=1, save_top_k=-1,
+                                               filename="{step}")] if saves else []
+    trainer = lib.Trainer(max_epochs=1, callbacks=callbacks, enable_checkpointing=bool(saves), **QUIET)
+    loaders = {"a": StatefulDataLoader(_Counter(read), batch_size=2), "b": DataLoader(_data(4, 100), batch_size=2)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Module(), loaders, ckpt_path=ckpt_path)
+    return rows, [round(v, 6) for p in trainer.lightning_module.parameters() for v in p.detach().flatten().tolist()] \
+        if name == "lightning" else [round(v, 6) for p in trainer.module.parameters() for v in
+                                     p.detach().flatten().tolist()], read
+
+
+def test_a_stateful_inner_loader_resumes_from_its_state(tmp_path):
+    pytest.importorskip("torchdata.stateful_dataloader")
+    whole = _fit_stateful("tasktrain", saves=str(tmp_path / "t"))
+    theirs = _fit_stateful("lightning", saves=str(tmp_path / "l"))
+    assert whole[0] == theirs[0] and len(whole[0]) == 5
+    for step in (2, 3):  # 2: b (2 batches) starts again at the resumed batch; 3: in b's second pass
+        mine = _fit_stateful("tasktrain", ckpt_path=str(tmp_path / "t" / f"step={step}.ckpt"))
+        # exact: the batches an uninterrupted run takes next, the same weights
+        assert mine[0] == whole[0][step:] and mine[1] == whole[1], step
+        # a from its saved state: its data set reads on from item 2 * step, nothing consumed is read again
+        assert mine[2] == list(range(2 * step, 10)), step
+        # Lightning resumes a StatefulDataLoader from its state too: a's batches are its own (b starts again there)
+        again = _fit_stateful("lightning", ckpt_path=str(tmp_path / "l" / f"step={step}.ckpt"))
+        assert [row[1]["a"] for row in again[0]] == [row[1]["a"] for row in mine[0]] and again[2] == mine[2], step

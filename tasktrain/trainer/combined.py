@@ -22,7 +22,7 @@ combined batch (its own skip: without loading on the Trainer's order), on the sa
 """
 import math
 
-from tasktrain.trainer.data import TrainData
+from tasktrain.trainer.data import StatefulLoaderData, TrainData
 
 MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
 
@@ -395,6 +395,34 @@ class CombinedTrainData(TrainData):
 
     def skip_samples(self, num_samples):
         raise ValueError("Combined training loaders resume by combined batch, not by sample count.")
+
+    # inner loaders that keep their own state (a StatefulDataLoader over data whose order is its own:
+    # StatefulLoaderData) resume from it, as one such loader alone does; the others skip on the Trainer's order
+    def keeps_loader_states(self):
+        return any(isinstance(one, StatefulLoaderData) for one in self.inner)
+
+    def loader_state(self, batch_in_epoch):
+        """Each inner loader's state once the loop has trained on `batch_in_epoch` combined batches (None for a loader
+        without one, or at its pass's start): where it is in its current pass (max_size_cycle: since it last started
+        again)."""
+        states = []
+        for one, length in zip(self.inner, [len(one) if one.has_len() else None for one in self.inner]):
+            at = batch_in_epoch
+            if length is not None and at >= length:
+                at = at % length if self.mode == "max_size_cycle" else 0  # (ran out: max_size reads it no more)
+            states.append(one.loader_state(at) if isinstance(one, StatefulLoaderData) and at > 0 else None)
+        return {"combined": states}
+
+    def load_loader_state(self, state):
+        """This rank's saved states: each stateful inner loader's resumed pass starts from its own (read and drop
+        where none was saved)."""
+        states = (state or {}).get("combined")
+        if states is None or len(states) != len(self.inner):
+            raise RuntimeError(f"The combined training loaders have {len(self.inner)} loaders, but the checkpoint "
+                               f"holds {len(states or [])} loader states: resume with the loaders of the saved run.")
+        for one, saved in zip(self.inner, states):
+            if isinstance(one, StatefulLoaderData) and saved is not None:
+                one.load_loader_state(saved)
 
     def _skip_inner(self, i, num_batches):
         self.inner[i].skip(num_batches)
