@@ -43,7 +43,8 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         assert whole["batches"] == seen["tasktrain"]["no seed"]["batches"]
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
         assert seen["tasktrain"].keys() == seen["lightning"].keys() == {
-            "no seed", "seed 7", "overfit", "custom sampler", "custom batch sampler", "replacement", "combined"}
+            "no seed", "seed 7", "overfit", "custom sampler", "custom batch sampler", "replacement", "combined",
+            "stateful custom sampler"}
         whole, resumed = seen["resume combined"]["whole"], seen["resume combined"]["resumed"]
         assert whole["batches"] == seen["tasktrain"]["combined"]["batches"]
         assert resumed["batches"] == whole["batches"][5:] and resumed["weights"] == whole["weights"]
@@ -57,6 +58,14 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         assert whole["batches"] == seen["tasktrain"]["custom sampler"]["batches"]
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
         assert resumed["set_epoch"]["train"] == [0, 1]
+        # a StatefulDataLoader with a custom sampler: rebuilt as one, its batches drawn from a DistributedSamplerWrapper
+        # (sharded as the plain DataLoader), and resumed from its state exactly
+        assert seen["tasktrain"]["stateful custom sampler"]["loader"] == ["StatefulDataLoader",
+                                                                         "DistributedSamplerWrapper"]
+        assert seen["tasktrain"]["stateful custom sampler"]["batches"] == seen["tasktrain"]["custom sampler"]["batches"]
+        whole, resumed = seen["resume stateful"]["whole"], seen["resume stateful"]["resumed"]
+        assert whole["batches"] == seen["tasktrain"]["stateful custom sampler"]["batches"]
+        assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
     # what Lightning reads is torch's DistributedSampler(shuffle=True, seed): the seed's permutation per epoch,
     # sharded rank::2, in batches of 2 (22 samples: 11 a rank, 6 batches); overfit_batches: in order, 2 batches
     for rank, seen in enumerate(ranks):
@@ -73,7 +82,7 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
     # the user's orders are sharded: the ranks read disjoint parts of each epoch, together all of it (22 samples of
     # the sampler's permutation; the custom batch sampler's DistributedSampler; the replacing sampler's dataset),
     # and the user's sampler got set_epoch(epoch) once an epoch (the batch sampler's was replaced: never)
-    for case in ("custom sampler", "custom batch sampler", "replacement"):
+    for case in ("custom sampler", "custom batch sampler", "replacement", "stateful custom sampler"):
         for epoch in (0, 1):
             parts = [[i for e, _, batch in seen["tasktrain"][case]["batches"] if e == epoch for i in batch]
                      for seen in ranks]

@@ -66,6 +66,13 @@ def replacement(calls):  # (RandomSampler(replacement=True, num_samples): Distri
     return dict(train=DataLoader(data(), batch_size=2, sampler=RandomSampler(range(22), True, num_samples=8)))
 
 
+def stateful_custom_sampler(calls):  # (a StatefulDataLoader: rebuilt as one around DistributedSamplerWrapper)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return dict(train=StatefulDataLoader(data(), batch_size=2, sampler=EpochSampler(22, calls["train"])))
+
+
+CASES.update({"stateful custom sampler": dict(seed=7, loaders=stateful_custom_sampler, kinds=True)})
 CASES.update({"custom sampler": dict(seed=7, loaders=custom_sampler), "custom batch sampler":
               dict(seed=None, loaders=custom_batch_sampler), "replacement": dict(seed=None, loaders=replacement)})
 
@@ -81,14 +88,15 @@ def small():
     return TensorDataset(torch.arange(100, 107), x, x @ torch.tensor([[0.5], [1.0], [-1.0]]))
 
 
-def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loaders=None, combined=False):
+def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loaders=None, combined=False,
+        kinds=False):
     for var in SEED_VARS:
         os.environ.pop(var, None)
     if seed is None:
         torch.manual_seed(0)  # the weights' draw; the sampler's seed is then Lightning's default, 0
     else:
         lib.seed_everything(seed, verbose=False)
-    rows, val_rows, predict_rows = [], [], []
+    rows, val_rows, predict_rows, kinds = [], [], [], ([] if kinds else None)
     calls = {"train": [], "val": [], "predict": []}
     given = loaders(calls) if loaders is not None else {}
 
@@ -98,6 +106,11 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loader
             self.layer = torch.nn.Linear(3, 1)
 
         def training_step(self, batch, batch_idx):
+            if kinds == []:  # the loader trained on (Lightning drops it after the fit), and the
+                # sampler its batches come from (Lightning rebuilds a StatefulDataLoader's torchdata BatchSampler
+                # around it, leaving `sampler` a SequentialSampler)
+                kinds.extend([type(self.trainer.train_dataloader).__name__,
+                              type(self.trainer.train_dataloader.batch_sampler.sampler).__name__])
             if combined:  # {"a": batch, "b": batch} of two loaders (max_size_cycle), each sharded by the strategy
                 rows.append([self.current_epoch, batch_idx, {k: v[0].tolist() for k, v in batch.items()}])
                 return sum(torch.nn.functional.mse_loss(self.layer(x), y) for _, x, y in batch.values())
@@ -128,7 +141,7 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loader
         trainer.predict(module, given["predict"], return_predictions=False)
     seen = {"batches": rows, "weights": weights}
     if loaders is not None:
-        seen.update(val=val_rows, predict=predict_rows, set_epoch=calls)
+        seen.update(val=val_rows, predict=predict_rows, set_epoch=calls, **({} if kinds is None else {"loader": kinds}))
     if combined:  # trainer.train_dataloader: the loaders as given, each with a DistributedSampler
         seen["samplers"] = {k: isinstance(v.sampler, DistributedSampler) for k, v in trainer.train_dataloader.items()}
     del trainer
@@ -228,6 +241,13 @@ def main(out):
                                           loaders=custom_sampler),
                              "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=custom_sampler,
                                             ckpt_path=os.path.join(saves, "step=3.ckpt"))}
+    # the same with a StatefulDataLoader: its own state (per rank) resumes it
+    saves = os.path.join(out, "stateful")
+    saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    seen["resume stateful"] = {"whole": fit(tasktrain, tasktrain.TaskModule, 7, callbacks=[saver],
+                                            loaders=stateful_custom_sampler),
+                               "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=stateful_custom_sampler,
+                                              ckpt_path=os.path.join(saves, "step=3.ckpt"))}
     from lightning.pytorch.utilities.exceptions import SIGTERMException as Theirs
 
     from tasktrain.utilities.exceptions import SIGTERMException as Ours
