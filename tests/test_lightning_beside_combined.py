@@ -1,9 +1,12 @@
 """Several loaders beside Lightning 2.6 (issue 37): `CombinedLoader` (tasktrain.utilities) and its modes, fit on a
 dict / nested structure of training loaders (Lightning wraps it in CombinedLoader(mode="max_size_cycle")) or on a
-CombinedLoader, and evaluation on several loaders or a CombinedLoader(mode="sequential"). The same script runs under
+CombinedLoader, and evaluation on several loaders, a CombinedLoader(mode="sequential") or one in another mode (read
+together: the combined batch, no dataloader_idx). The same script runs under
 both frameworks on one process; the batches training_step / validation_step receive (sample indices), batch_idx,
 dataloader_idx, num_training_batches, epoch ends, weights and errors are compared. A fit resumed in the middle of an
-epoch continues with the batch an uninterrupted run takes next (DDP: tests/test_lightning_beside_ddp_order.py)."""
+epoch continues with the batch an uninterrupted run takes next, an inner StatefulDataLoader from its own state (DDP:
+tests/test_lightning_beside_ddp_order.py). DeepSpeed's micro-batch size of several loaders:
+tests/test_lightning_strategies.py."""
 import os
 import warnings
 

@@ -8,7 +8,10 @@ indices, the weights and the set_epoch calls the user's samplers got are Lightni
 DistributedSampler over the dataset, UnrepeatedDistributedSamplerWrapper); tests/test_lightning_beside_samplers.py
 has the one-process cases. Last, SIGTERM to both ranks at the same batch (issue 37): the same hooks and the same
 SIGTERMException after that batch under both, and ModelCheckpoint(save_on_exception=True)'s file. Two training
-loaders in a dict are each sharded and combined as Lightning's, and resume mid-epoch exactly."""
+loaders in a dict are each sharded and combined as Lightning's, and resume mid-epoch exactly; validate over a
+CombinedLoader(mode="max_size_cycle") reads Lightning's batches, synced metric and results, with its
+`DistributedSampler` warning on rank 0; a StatefulDataLoader with a custom sampler is sharded as a DataLoader (its
+class kept) and resumes mid-epoch exactly."""
 import json
 import os
 

@@ -18,7 +18,12 @@ its own shard, its own order and set_epoch under a distributed strategy) and dri
 (modes min_size, max_size_cycle, max_size: Lightning's fit refuses sequential, `check_training_mode`),
 one TrainData kind, so that the epoch iterator (epoch.py) counts, limits and resumes the combined batches like any
 loader's. A resume in the middle of an epoch starts each inner loader where the uninterrupted run's would be at that
-combined batch (its own skip: without loading on the Trainer's order), on the same number of processes.
+combined batch (its own skip: without loading on the Trainer's order; a StatefulDataLoader of its own order: from its
+saved state), on the same number of processes.
+
+Evaluation (validate, test, the fit's validation) reads a sequential CombinedLoader (or a dict / list of loaders) each
+loader in turn; a CombinedLoader in another mode as one pass over its prepared loaders together
+(`CombinedEvalLoaders`), as Lightning's evaluation loop does. predict refuses those modes (Lightning's error).
 """
 import math
 
