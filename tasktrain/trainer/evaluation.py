@@ -253,6 +253,7 @@ def _evaluate(trainer, stage, loaders, limits):
             completed[0] += 1
             completed[1] += 1
             phases[key] = None
+            metrics.set_batch(None)  # (Lightning's: the epoch-end hooks' values infer no batch size)
             if not trainer.sanity_checking:
                 log_eval_step(trainer, stage, dataloader_idx)
             # Lightning's check: SIGTERM ends the evaluation after this batch, unless it was the last one (of the
