@@ -13,6 +13,11 @@ for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"
             "TASKTRAIN_LAUNCH", "TASKTRAIN_STRATEGY", "TASKTRAIN_PRECISION", "TASKTRAIN_GLOBAL_SEED", "PL_GLOBAL_SEED"):
     os.environ.pop(var, None)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+# A test process killed while loading a DeepSpeed op leaves its lock, and every later load of the op would wait for
+# it forever: cleared before any test loads one (tasktrain/strategies/deepspeed/ops.py says when a lock is stale).
+from tasktrain.strategies.deepspeed.ops import clear_stale_op_locks  # noqa: E402
+
+clear_stale_op_locks()
 
 
 @pytest.fixture(autouse=True)

@@ -55,8 +55,15 @@ def _module(framework, fits=20, n=64, seen=None):
                 seen.append(("test", batch[0].shape[0]))
             self._loss(batch)
 
+        def predict_step(self, batch, batch_idx):
+            self._loss(batch)
+            return batch[0].shape[0]
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+        def predict_dataloader(self):
+            return DataLoader(_data(n), batch_size=self.batch_size)
 
         def train_dataloader(self):
             return DataLoader(_data(n), batch_size=self.batch_size)
@@ -110,6 +117,31 @@ def test_tuner_and_test_stage_sizes_are_lightnings_and_the_run_reads_the_size_fo
     by_tuner, attribute, at_test, test_batches = _both(case)
     assert by_tuner == attribute == 8 and at_test == 16
     assert len(test_batches) == 1 + 64 // 16  # one trial batch, then the test run itself at the size found
+
+
+def test_predict_stage_size_reaches_the_prediction_writers_batch_indices():
+    # the predict run reads the size found, and a writer's batch indices are those of the loaders built again
+    def case(Trainer, Module, callbacks, Tuner):
+        class Writer(callbacks.BasePredictionWriter):
+            def __init__(self):
+                super().__init__("batch_and_epoch")
+                self.batches, self.epoch = [], None
+
+            def write_on_batch_end(self, trainer, module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+                self.batches.append((prediction, list(batch_indices)))
+
+            def write_on_epoch_end(self, trainer, module, predictions, batch_indices):
+                self.epoch = (predictions, [list(one) for one in batch_indices[0]])
+
+        name = "lightning" if Trainer is L.Trainer else "tasktrain"
+        writer, finder = Writer(), callbacks.BatchSizeFinder(mode="power", steps_per_trial=1, init_val=8)
+        returned = Trainer(callbacks=[finder, writer], **QUIET).predict(_module(name, fits=16, n=40))
+        return finder.optimal_batch_size, returned, writer.batches, writer.epoch
+
+    size, returned, batches, epoch = _both(case)
+    assert size == 16 and returned == [16, 16, 8]
+    assert batches == [(16, list(range(16))), (16, list(range(16, 32))), (8, list(range(32, 40)))]
+    assert epoch == (returned, [indices for _, indices in batches])
 
 
 class _Milestones:

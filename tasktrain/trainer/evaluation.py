@@ -283,6 +283,7 @@ def _evaluate(trainer, stage, loaders, limits):
             completed[0] += 1
             completed[1] += 1
             phases[key] = None
+            metrics.set_batch(None)  # (Lightning's: the epoch-end hooks' values infer no batch size)
             if not trainer.sanity_checking:
                 log_eval_step(trainer, stage, dataloader_idx)
             # Lightning's check: SIGTERM ends the evaluation after this batch, unless it was the last one (of the
@@ -352,24 +353,13 @@ def _predict(trainer, module, loaders, limits, gather):
     writers = [c for c in trainer.callbacks if isinstance(c, BasePredictionWriter)]
     returns = getattr(trainer, "_return_predictions", True)
     keep = returns or any(w.writes_on_epoch for w in writers)
-    if writers:
-        recorded = [record_batch_indices(loader) for loader in loaders]
-        loaders = [loader for loader, _ in recorded]
-        trainer.predict_batch_indices = [indices for _, indices in recorded]
-    per_loader = [[] for _ in loaders]
-    # what an epoch writer gets: the one loader's list, or a list per loader (Lightning's shape)
-    trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
+    loaders, per_loader = _predict_outputs(trainer, loaders, writers)
     # the batches started per loader (Lightning's predict_loop.epoch_batch_indices: lightning_loops.py)
     started = trainer._predict_started = [0] * len(loaders)
     trainer._call("on_predict_start")
     if trainer._eval_data_stale:  # (a BatchSizeFinder's size: the loaders again, their indices recorded again)
         loaders, limits = _rebuilt_if_stale(trainer, "predict", loaders, limits)
-        if writers:
-            recorded = [record_batch_indices(loader) for loader in loaders]
-            loaders = [loader for loader, _ in recorded]
-            trainer.predict_batch_indices = [indices for _, indices in recorded]
-        per_loader = [[] for _ in loaders]
-        trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
+        loaders, per_loader = _predict_outputs(trainer, loaders, writers)
     trainer._call("on_predict_epoch_start")
     eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
         profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)
@@ -404,6 +394,19 @@ def _predict(trainer, module, loaders, limits, gather):
     if gather and trainer.world_size > 1:
         return [gather_predictions(trainer.strategy, predictions) for predictions in per_loader]
     return per_loader
+
+
+def _predict_outputs(trainer, loaders, writers):
+    """The predict loaders (their batches' dataset indices recorded in trainer.predict_batch_indices when there are
+    prediction writers) and an empty list per loader for the predictions, set as trainer.predictions: what an epoch
+    writer gets, the one loader's list or a list per loader (Lightning's shape)."""
+    if writers:
+        recorded = [record_batch_indices(loader) for loader in loaders]
+        loaders = [loader for loader, _ in recorded]
+        trainer.predict_batch_indices = [indices for _, indices in recorded]
+    per_loader = [[] for _ in loaders]
+    trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
+    return loaders, per_loader
 
 
 def _batches(trainer, loader, limit, prefix, end_event=None):

@@ -324,6 +324,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
     for fn in hooks["on_train_batch_end"]:
         fn(batch_output, batch, batch_idx)
     state.batch_phase = None  # (completed)
+    fit.metrics.set_batch(None)  # (Lightning's: what is logged after the batch's hooks infers no batch size)
     # Lightning's order: the step metrics (what on_train_batch_end logged included), validation (after any batch, a
     # window's middle included), then the count
     if steps and (trainer.should_update_logs or trainer.fast_dev_run):  # (fast_dev_run: every step, Lightning's)

@@ -157,15 +157,15 @@ def start_counters_over(trainer):
     trainer._epoch_cut_short = False
 
 
-def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr,
-            attr_name):
+def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold):
+    """The sweep itself: a short fit of `model` on `trainer` (callbacks, limits and counters replaced; the caller,
+    tuning.find_lr, puts them back and sets the suggestion where the module keeps its rate)."""
     if mode not in ("exponential", "linear"):
         raise ValueError("`mode` should be either of ('linear', 'exponential')")
     if not 0 < min_lr < max_lr:
         raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): use 0 < min_lr < max_lr.")
     if not isinstance(num_training, int) or num_training < 2:
         raise ValueError(f"lr_find(num_training={num_training!r}): use at least 2 steps.")
-    name = lr_attr_name(model, attr_name) if update_attr else None
     sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
     trainer.callbacks = [sweep]
     trainer.max_steps = num_training  # (max_epochs stays the Trainer's: Lightning's; a short loader ends it)
@@ -181,12 +181,4 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     # several processes: every rank takes rank 0's points (each rank's loss is its own shard's), so that the
     # suggestion, and the rate set, are the same everywhere (Lightning's broadcast)
     finder.results = trainer.strategy.broadcast(finder.results)
-    if name is not None:
-        lr = finder.suggestion()
-        if lr is None:
-            print("[tasktrain] lr_find: too few finite losses for a suggestion; the learning rate is unchanged "
-                  "(raise num_training or lower max_lr).", flush=True)
-        else:
-            set_attr(model, name, lr)
-            print(f"[tasktrain] lr_find: learning rate set to {lr:.3g} ({type(model).__name__}.{name})", flush=True)
     return finder

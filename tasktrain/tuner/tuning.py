@@ -25,7 +25,7 @@ from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies.base import MultiProcess
 from tasktrain.trainer.seed import isolate_rng
 from tasktrain.tuner import batch_size_scaling
-from tasktrain.tuner.lr_finder import lr_attr_name, lr_find
+from tasktrain.tuner.lr_finder import lr_attr_name, lr_find, set_attr
 
 _METHODS = ("fit", "validate", "test", "predict")
 
@@ -98,16 +98,13 @@ def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     tuning = _tuning(trainer, model, "lr_find")
     name = lr_attr_name(model, attr_name) if update_attr else None
     with isolate_rng(), tuning:
-        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, False,
-                         attr_name)
+        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold)
     if name is not None:
         lr = finder.suggestion()
         if lr is None:
             print("[tasktrain] lr_find: too few finite losses for a suggestion; the learning rate is unchanged "
                   "(raise num_training or lower max_lr).", flush=True)
         else:
-            from tasktrain.tuner.lr_finder import set_attr
-
             set_attr(model, name, lr)
             for optimizer in trainer.optimizers or []:  # (inside a fit: the run goes on at the suggested rate)
                 for group in optimizer.param_groups:

@@ -20,34 +20,16 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import EpochSampler, MyBatchSampler  # noqa: E402
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore")
 SEED_VARS = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS")
 CASES = {"no seed": dict(seed=None), "seed 7": dict(seed=7), "overfit": dict(seed=None, overfit_batches=2),
          "combined": dict(seed=None, combined=True)}
-
-
-class EpochSampler(Sampler):
-    """A sampler of the user's: a permutation of range(n) drawn from its epoch, every set_epoch call noted."""
-
-    def __init__(self, n, calls):
-        self.n, self.calls, self.epoch = n, calls, 0
-
-    def set_epoch(self, epoch):
-        self.calls.append(epoch)
-        self.epoch = epoch
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist())
-
-    def __len__(self):
-        return self.n
-
-
-class MyBatchSampler(BatchSampler):
-    """A batch sampler of the user's (a subclass: Lightning builds it again around its DistributedSampler)."""
 
 
 def custom_sampler(calls):  # (train: DistributedSamplerWrapper; val: the same, unshuffled; predict: unrepeated)
