@@ -41,9 +41,12 @@ slurm:
 
 # DeepSpeed's C++ ops the tests use, compiled once into TORCH_EXTENSIONS_DIR before the tests (each takes minutes
 # on 2 cores, longer than a test's timeout): cpu_adam (optimizer offload) and async_io (offload to disk), for
-# DeepSpeed's CPU accelerator, which the tests train on.
+# DeepSpeed's CPU accelerator, which the tests train on. A lock left by a build that was killed is cleared first
+# (tasktrain/strategies/deepspeed/ops.py), else this step would wait for it forever.
 $(OPS): $(STAMP) | libaio
-	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder; \
+	DS_ACCELERATOR=cpu $(PY) -c "from tasktrain.strategies.deepspeed.ops import clear_stale_op_locks; \
+	clear_stale_op_locks(); \
+	from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder; \
 	CPUAdamBuilder().load(); \
 	AsyncIOBuilder().is_compatible() and AsyncIOBuilder().load()"
 	touch $(OPS)

@@ -389,6 +389,9 @@ def main():
     parser.add_argument("--quick", action="store_true", help="a smoke run: few steps and 2 repeats")
     parser.add_argument("--repeats", type=int, help="override the repeats of every workload")
     parser.add_argument("--medium-steps", type=int, help="optimizer steps of the medium workload")
+    parser.add_argument("--small-steps", type=int, help="optimizer steps of the small workload")
+    parser.add_argument("--medium-width", type=int, help="hidden width of the medium workload (the tests' smoke run "
+                        "shrinks it: what they check is the table, not the times)")
     parser.add_argument("--only", choices=sorted(WORKLOADS), help="run one workload")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: on a shared machine more threads make every time "
@@ -413,6 +416,10 @@ def main():
             steps, warmup, repeats = QUICK[name]
         if name == "medium" and args.medium_steps:
             steps, warmup = args.medium_steps, min(warmup, args.medium_steps // 4)
+        if name == "small" and args.small_steps:
+            steps, warmup = args.small_steps, min(warmup, args.small_steps // 4)
+        if name == "medium" and args.medium_width:
+            dims = (dims[0], args.medium_width, args.medium_width, dims[-1])
         repeats = args.repeats or repeats
         print(f"{name}: MLP {'-'.join(map(str, dims))}, batch {batch}, {steps} steps, warm-up {warmup}, "
               f"{repeats} repeats", file=sys.stderr, flush=True)

@@ -78,6 +78,9 @@ _NAMES = {
     "notebook_launcher": "tasktrain.compat.accelerate.launchers",
     "ParallelismConfig": "tasktrain.compat.accelerate.parallelism_config",  # issue 39
     "disable_possible_user_warnings": "tasktrain.compat.lightning.utilities.warnings",  # lightning.pytorch's too
+    # lightning.pytorch's top-level names besides its classes: a banner, and lightning_utilities' module check
+    "LIGHTNING_LOGO": "tasktrain.compat.lightning",
+    "module_available": "tasktrain.compat.lightning.utilities.imports",
 }
 
 __all__ = ["__version__", *_NAMES]

@@ -176,8 +176,7 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
     (pre-zip) format cannot be mapped: they are read whole."""
     path = os.fspath(path)
     if isinstance(path, str) and path.startswith(("http://", "https://")):
-        # Lightning's load_from_checkpoint / ckpt_path take a URL: torch.hub downloads it once into its cache
-        return torch.hub.load_state_dict_from_url(path, map_location=map_location, weights_only=True)
+        return _load_url(path, map_location, mmap)
     if not os.path.exists(path):
         raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
     if os.path.isdir(path):
@@ -196,6 +195,51 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
             f"({own_state(ckpt).get('tasktrain_version', 'unknown')}) and re-save the weights."
         )
     return upgrade_layout(ckpt)
+
+
+def _load_url(url, map_location, mmap):
+    """Lightning's load_from_checkpoint / ckpt_path take an http(s) URL: downloaded once into torch.hub's cache
+    ($TORCH_HOME/hub/checkpoints/<the URL's file name>, where torch.hub.load_state_dict_from_url keeps it), then read
+    as a local file, with the same checks and errors. A failed download, or a downloaded file that cannot be read,
+    is an error naming the URL and what to do."""
+    import http.client
+    import urllib.error
+    import urllib.parse
+
+    cache = os.path.join(torch.hub.get_dir(), "checkpoints")
+    name = os.path.basename(urllib.parse.urlparse(url).path)
+    if not name:
+        raise CheckpointError(f"Checkpoint {url!r} names no file (its path ends with '/'): give the URL of the "
+                              "checkpoint file itself.")
+    cached = os.path.join(cache, name)
+    if not os.path.exists(cached):
+        os.makedirs(cache, exist_ok=True)
+        sys.stdout.write(f'Downloading: "{url}" to {cached}\n')  # (torch.hub's line)
+        fix = ("Check the URL (open it in a browser or with curl), or download the file yourself and pass its local "
+               "path.")
+        try:  # (torch writes to a temporary file and renames it: a failed download leaves nothing in the cache)
+            torch.hub.download_url_to_file(url, cached, progress=True)
+        except urllib.error.HTTPError as err:
+            if err.code in (404, 410):
+                raise FileNotFoundError(f"Checkpoint {url!r} does not exist (HTTP {err.code} {err.reason}). "
+                                        f"{fix}") from None
+            raise CheckpointError(f"Checkpoint {url!r} could not be downloaded (HTTP {err.code} {err.reason}). "
+                                  f"{fix}") from None
+        except (OSError, http.client.HTTPException) as err:  # refused, unreachable, cut short
+            detail = (str(err).splitlines() or [""])[0][:300]
+            raise CheckpointError(f"Checkpoint {url!r} could not be downloaded ({type(err).__name__}: {detail}). "
+                                  f"Check the network (and a proxy: HTTPS_PROXY / HTTP_PROXY) or {fix[0].lower()}"
+                                  f"{fix[1:]}") from None
+    try:
+        return load_checkpoint_file(cached, map_location, mmap)
+    except (CheckpointError, FileNotFoundError) as err:
+        # a damaged copy left in the cache would be read again by every later load instead of a new download
+        with contextlib.suppress(OSError):
+            os.remove(cached)
+        raise CheckpointError(
+            f"Checkpoint {url!r}, downloaded to {cached!r}, cannot be loaded: {err} The downloaded copy was removed "
+            "from torch.hub's cache, so the next load downloads it again: if the file at the URL is itself damaged, "
+            "upload it again or use another checkpoint.") from None
 
 
 # -- safe loading: what each layout may hold ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Tiny models and data shared by the tests."""
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
 
 from tasktrain import TaskModule
 
@@ -42,6 +42,28 @@ class Linear(TaskModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class EpochSampler(Sampler):
+    """A sampler of the user's: a permutation of range(n) drawn from its epoch, every set_epoch call noted in
+    `calls` (what the beside-Lightning sampler tests compare)."""
+
+    def __init__(self, n, calls):
+        self.n, self.calls, self.epoch = n, calls, 0
+
+    def set_epoch(self, epoch):
+        self.calls.append(epoch)
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist())
+
+    def __len__(self):
+        return self.n
+
+
+class MyBatchSampler(BatchSampler):
+    """A batch sampler of the user's (a subclass: Lightning builds it again around its DistributedSampler)."""
 
 
 def quiet(**kwargs):

@@ -40,7 +40,8 @@ def markdown_table(stdout):
 
 @pytest.mark.timeout(300)
 def test_overhead_quick_table_and_equal_losses():
-    header, body = markdown_table(run_quick("overhead.py"))
+    # Tinier than --quick (the table's shape and the equal losses need no size): 60 small steps, a 256-wide medium.
+    header, body = markdown_table(run_quick("overhead.py", "--small-steps", "60", "--medium-width", "256"))
     assert header == ["workload", "variant", "wall per step", "wall ratio (range)", "CPU per step",
                       "CPU ratio (range)", "fit (wall)", "final loss = raw"]
     ours = ["raw PyTorch loop", "tasktrain, defaults + self.log", "tasktrain, all off"]

@@ -76,6 +76,47 @@ def test_corrupted_checkpoint_names_the_file(tmp_path, damage):
     assert os.path.basename(path) in str(err.value)
 
 
+def test_a_checkpoint_url_that_fails_names_the_url_and_the_fix(tmp_path, monkeypatch):
+    import functools
+    import http.server
+    import threading
+
+    served, hub = tmp_path / "served", tmp_path / "hub"
+    served.mkdir()
+    monkeypatch.setenv("TORCH_HOME", str(hub))  # torch.hub's download cache: this test's own
+    module = Linear()
+    path = served / "run.ckpt"
+    Trainer(max_epochs=1, limit_train_batches=1, **quiet()).fit(module, loader())
+    module.trainer.save_checkpoint(path)
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # (port 0: a free one)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    cached = hub / "hub" / "checkpoints" / "run.ckpt"
+    try:
+        with pytest.raises(FileNotFoundError, match=r"'http://127\.0\.0\.1:\d+/missing\.ckpt' does not exist "
+                                                    r"\(HTTP 404 File not found\)\. Check the URL"):
+            Linear.load_from_checkpoint(f"{base}/missing.ckpt")
+        assert not (hub / "hub" / "checkpoints" / "missing.ckpt").exists()
+        with pytest.raises(CheckpointError, match=r"'http://127\.0\.0\.1:\d+/run\.ckpt', downloaded to .*run\.ckpt"
+                                                  r"', cannot be loaded: .*truncated or corrupted.*The downloaded copy "
+                                                  r"was removed"):
+            Trainer(max_epochs=2, **quiet()).fit(Linear(), loader(), ckpt_path=f"{base}/run.ckpt")
+        assert not cached.exists()  # (else every later load would read the damaged copy again)
+        path.write_bytes(whole)  # the file at the URL mended: the next load downloads it again and reads it
+        again = Linear.load_from_checkpoint(f"{base}/run.ckpt")
+        assert torch.equal(again.layer.weight, module.layer.weight) and cached.exists()
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(CheckpointError, match=r"'http://127\.0\.0\.1:\d+/gone\.ckpt' could not be downloaded "
+                                              r"\(URLError: .*refused.*Check the network"):
+        ckpt_io.load_checkpoint_file(f"{base}/gone.ckpt")  # (the server is down: nothing listens at the port)
+
+
 def test_incompatible_format_version_says_so(tmp_path):
     path = tmp_path / "future.ckpt"
     torch.save({"format_version": 99, "tasktrain_version": "9.0", "state_dict": {}}, path)

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -49,7 +50,57 @@ def results(out):
 
 
 # -- the config, one process, no engine --------------------------------------------------------------------------
-def test_importing_the_strategy_does_not_import_deepspeed_and_deepspeed_comes_without_mlflow():
+def _op_folder(root, op, built=True, lock_age=0.0, others_age=None):
+    """A fake op build folder under root: <op>.so (built) and an object file, `others_age` seconds old (default:
+    the lock's age), and a lock file `lock_age` seconds old."""
+    folder = root / op
+    folder.mkdir(parents=True)
+    now = time.time()
+    for name in ([f"{op}.so"] if built else []) + [f"{op}.o", "build.ninja"]:
+        (folder / name).write_bytes(b"")
+        age = lock_age if others_age is None else others_age
+        os.utime(folder / name, (now - age, now - age))
+    (folder / "lock").write_bytes(b"")
+    os.utime(folder / "lock", (now - lock_age, now - lock_age))
+    return folder / "lock"
+
+
+def test_a_stale_op_lock_is_removed_with_a_warning_and_a_live_one_is_kept(tmp_path):
+    from tasktrain.strategies.deepspeed.ops import STALE_LOCK_SECONDS, clear_stale_op_locks
+
+    old = STALE_LOCK_SECONDS + 60
+    stale = _op_folder(tmp_path, "cpu_adam", lock_age=old)
+    nested = _op_folder(tmp_path / "py311_cpu", "fused_adam", lock_age=old)  # (torch's default root's layout)
+    fresh = _op_folder(tmp_path, "async_io", lock_age=5)  # a load checking or building now
+    building = _op_folder(tmp_path, "first", built=False, lock_age=old)  # no .so: a first build may be running
+    active = _op_folder(tmp_path, "rebuild", lock_age=old, others_age=30)  # a rebuild still writes its objects
+    held = _op_folder(tmp_path, "held", lock_age=old)
+    fd = os.open(held, os.O_RDONLY)  # a live FileBaton holder keeps its lock open
+    try:
+        with pytest.warns(RuntimeWarning) as caught:
+            removed = clear_stale_op_locks(str(tmp_path))
+    finally:
+        os.close(fd)
+    assert sorted(removed) == sorted([str(stale), str(nested)])
+    assert not stale.exists() and not nested.exists()
+    assert fresh.exists() and building.exists() and active.exists() and held.exists()
+    messages = [str(w.message) for w in caught]
+    assert any(f"Removed the stale lock file {str(stale)!r} of DeepSpeed's cpu_adam op" in m for m in messages)
+    # an old lock it must keep is named, with what to do; a young one is not (every load takes it briefly)
+    assert any(f"DeepSpeed's first op is locked by {str(building)!r}" in m and "delete that file" in m
+               for m in messages)
+    assert not any("async_io" in m for m in messages)
+    with pytest.warns(RuntimeWarning) as caught:  # its holder gone, the held lock is stale too
+        assert clear_stale_op_locks(str(tmp_path)) == [str(held)]
+    assert len(caught) == 1 and "held op" in str(caught[0].message)  # (an old lock kept is named once a process)
+
+
+def test_importing_the_strategy_does_not_import_deepspeed_and_deepspeed_comes_without_mlflow(tmp_path, monkeypatch):
+    # (and the first import of deepspeed clears a stale op lock of TORCH_EXTENSIONS_DIR before any op is loaded)
+    from tasktrain.strategies.deepspeed.ops import STALE_LOCK_SECONDS
+
+    lock = _op_folder(tmp_path / "ext", "cpu_adam", lock_age=STALE_LOCK_SECONDS + 60)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     code = ("import sys, tasktrain; from tasktrain import DeepSpeed; DeepSpeed(stage=3).resolved_config(8, 2); "
             # Lightning's names too (tasktrain/strategies/lightning.py), without Lightning
             "from tasktrain.strategies import DeepSpeedStrategy, FSDPStrategy; DeepSpeedStrategy(); FSDPStrategy()\n"
@@ -61,7 +112,8 @@ def test_importing_the_strategy_does_not_import_deepspeed_and_deepspeed_comes_wi
             "assert 'deepspeed' in sys.modules and 'mlflow' not in sys.modules, sorted(sys.modules)\n"
             "import deepspeed.autotuning.autotuner as tuner, mlflow; assert tuner.has_mlflow is False\n"
             "assert mlflow.__spec__ is not None and 'mlflow' in sys.modules")
-    run("-c", code, timeout=120)
+    proc = run("-c", code, timeout=120)
+    assert not lock.exists() and f"Removed the stale lock file {str(lock)!r}" in proc.stderr
 
 
 def test_registry_names():

@@ -1,9 +1,12 @@
 """Several loaders beside Lightning 2.6 (issue 37): `CombinedLoader` (tasktrain.utilities) and its modes, fit on a
 dict / nested structure of training loaders (Lightning wraps it in CombinedLoader(mode="max_size_cycle")) or on a
-CombinedLoader, and evaluation on several loaders or a CombinedLoader(mode="sequential"). The same script runs under
+CombinedLoader, and evaluation on several loaders, a CombinedLoader(mode="sequential") or one in another mode (read
+together: the combined batch, no dataloader_idx). The same script runs under
 both frameworks on one process; the batches training_step / validation_step receive (sample indices), batch_idx,
 dataloader_idx, num_training_batches, epoch ends, weights and errors are compared. A fit resumed in the middle of an
-epoch continues with the batch an uninterrupted run takes next (DDP: tests/test_lightning_beside_ddp_order.py)."""
+epoch continues with the batch an uninterrupted run takes next, an inner StatefulDataLoader from its own state (DDP:
+tests/test_lightning_beside_ddp_order.py). DeepSpeed's micro-batch size of several loaders:
+tests/test_lightning_strategies.py."""
 import os
 import warnings
 
@@ -188,8 +191,154 @@ def test_evaluation_on_several_loaders_is_lightnings(how, mode):
         assert mine == ([[0, 0, [0, 1]], [1, 0, [2, 3]], [2, 0, [4]], [0, 1, [50, 51]], [1, 1, [52]]], [3, 2])
 
 
+def _evaluate_together(name, how, mode, **kwargs):
+    """A CombinedLoader in min_size / max_size / max_size_cycle for validate / test / fit's validation: the batches
+    (the structure, None for a loader that ran out), the hooks' arguments, the logged metrics and the results."""
+    lib, base, combined = FRAMEWORKS[name]
+    torch.manual_seed(0)
+    rows = []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[1]).sum()
+
+        def _step(self, batch, batch_idx, *rest):
+            rows.append(["step", batch_idx, list(rest), _indices(batch)])
+            values = [float(one[0].sum()) for one in (batch["x"], batch["y"][0]) if one is not None]
+            self.log("seen", sum(values), on_step=True, on_epoch=True)
+            self.log("count", float(len(values)), reduce_fx="sum")
+
+        def validation_step(self, batch, batch_idx, *rest):
+            self._step(batch, batch_idx, *rest)
+
+        def test_step(self, batch, batch_idx, *rest):
+            self._step(batch, batch_idx, *rest)
+
+        def on_validation_batch_end(self, outputs, batch, batch_idx, *rest):
+            rows.append(["batch end", batch_idx, list(rest)])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    logged = []
+
+    class Logger(lib.loggers.CSVLogger if name == "tasktrain" else pl.loggers.CSVLogger):
+        def log_metrics(self, metrics, step=None):
+            logged.append([step, {k: round(float(v), 4) for k, v in sorted(metrics.items())}])
+
+    quiet = dict(QUIET, logger=Logger(kwargs.pop("save_dir")))
+    trainer = lib.Trainer(max_epochs=1, enable_checkpointing=False, **quiet, **kwargs)
+    loaders = combined({"x": DataLoader(_data(5, 0), batch_size=2), "y": [DataLoader(_data(3, 50), batch_size=2)]},
+                       mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if how == "fit":
+            trainer.fit(Module(), DataLoader(_data(4, 0), batch_size=2), loaders)
+            results = None
+        else:
+            results = getattr(trainer, how)(Module(), loaders, verbose=False)
+    counts = trainer.num_test_batches if how == "test" else trainer.num_val_batches
+    metrics = {k: round(float(v), 4) for k, v in sorted(trainer.callback_metrics.items())}
+    return rows, counts, results, metrics, logged
+
+
+@pytest.mark.parametrize("how, mode, kwargs", [
+    ("validate", "max_size_cycle", {}),  # y (2 batches) starts again for x's third
+    ("validate", "max_size", {}),  # y gives None at x's third
+    ("test", "min_size", {}),
+    ("validate", "max_size_cycle", {"limit_val_batches": 1}),
+    ("fit", "max_size", {"num_sanity_val_steps": 1, "limit_train_batches": 1}),  # the sanity check's limit too
+])
+def test_evaluation_of_a_combined_loader_is_lightnings(how, mode, kwargs, tmp_path):
+    theirs = _evaluate_together("lightning", how, mode, save_dir=str(tmp_path / "l"), **dict(kwargs))
+    mine = _evaluate_together("tasktrain", how, mode, save_dir=str(tmp_path / "t"), **dict(kwargs))
+    assert mine == theirs
+    rows = [row for row in mine[0] if row[0] == "step"]
+    assert all(row[2] == [] for row in mine[0])  # no dataloader_idx for the step and hooks
+    if how == "validate" and not kwargs:
+        assert [row[3] for row in rows] == [{"x": [0, 1], "y": [[50, 51]]}, {"x": [2, 3], "y": [[52]]},
+                                            {"x": [4], "y": [[50, 51] if mode == "max_size_cycle" else None]}]
+        assert mine[1] == [3, 2] and len(mine[2]) == 1 and mine[2][0]["count"] == 6 - (mode == "max_size")
+
+
 def test_evaluation_refuses_the_other_modes():
-    # Lightning evaluates them (its step gets the combined batch); tasktrain evaluates several loaders in sequence
-    # only, and says so before any step (docs/lightning.md)
-    said = _evaluate("tasktrain", "validate", "max_size_cycle")
-    assert 'CombinedLoader(mode="max_size_cycle") given for validate' in said and 'mode="sequential" only' in said
+    # Lightning predicts in sequential mode only, and says so
+    said = _evaluate("tasktrain", "predict", "max_size_cycle")
+    assert "only supports the `CombinedLoader(mode=\"sequential\")` mode" in said
+
+
+class _Counter(torch.utils.data.IterableDataset):
+    """An order of its own with a state (where it is): what a StatefulDataLoader saves and loads back."""
+
+    def __init__(self, read):
+        self.next, self.read = None, read
+
+    def __iter__(self):
+        start, self.next = (0 if self.next is None else self.next), None
+        for i in range(start, 10):
+            self.next = i + 1
+            self.read.append(i)
+            yield torch.tensor(i), torch.full((3,), float(i)), torch.zeros(1)
+        self.next = None
+
+    def __len__(self):
+        return 10
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state):
+        self.next = state["next"]
+
+
+def _fit_stateful(name, saves=None, ckpt_path=None):
+    """A combined fit (max_size_cycle) whose longer loader is a StatefulDataLoader: the batches trained on, the
+    weights, and the items its data set read."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    lib, base, _ = FRAMEWORKS[name]
+    torch.manual_seed(0)
+    rows, read = [], []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            rows.append([batch_idx, _indices(batch)])
+            return sum(_losses(self.layer, batch))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    callbacks = [lib.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=1, save_top_k=-1,
+                                               filename="{step}")] if saves else []
+    trainer = lib.Trainer(max_epochs=1, callbacks=callbacks, enable_checkpointing=bool(saves), **QUIET)
+    loaders = {"a": StatefulDataLoader(_Counter(read), batch_size=2), "b": DataLoader(_data(4, 100), batch_size=2)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Module(), loaders, ckpt_path=ckpt_path)
+    return rows, [round(v, 6) for p in trainer.lightning_module.parameters() for v in p.detach().flatten().tolist()] \
+        if name == "lightning" else [round(v, 6) for p in trainer.module.parameters() for v in
+                                     p.detach().flatten().tolist()], read
+
+
+def test_a_stateful_inner_loader_resumes_from_its_state(tmp_path):
+    pytest.importorskip("torchdata.stateful_dataloader")
+    whole = _fit_stateful("tasktrain", saves=str(tmp_path / "t"))
+    theirs = _fit_stateful("lightning", saves=str(tmp_path / "l"))
+    assert whole[0] == theirs[0] and len(whole[0]) == 5
+    for step in (2, 3):  # 2: b (2 batches) starts again at the resumed batch; 3: in b's second pass
+        mine = _fit_stateful("tasktrain", ckpt_path=str(tmp_path / "t" / f"step={step}.ckpt"))
+        # exact: the batches an uninterrupted run takes next, the same weights
+        assert mine[0] == whole[0][step:] and mine[1] == whole[1], step
+        # a from its saved state: its data set reads on from item 2 * step, nothing consumed is read again
+        assert mine[2] == list(range(2 * step, 10)), step
+        # Lightning resumes a StatefulDataLoader from its state too: a's batches are its own (b starts again there)
+        again = _fit_stateful("lightning", ckpt_path=str(tmp_path / "l" / f"step={step}.ckpt"))
+        assert [row[1]["a"] for row in again[0]] == [row[1]["a"] for row in mine[0]] and again[2] == mine[2], step

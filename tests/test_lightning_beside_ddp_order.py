@@ -8,7 +8,10 @@ indices, the weights and the set_epoch calls the user's samplers got are Lightni
 DistributedSampler over the dataset, UnrepeatedDistributedSamplerWrapper); tests/test_lightning_beside_samplers.py
 has the one-process cases. Last, SIGTERM to both ranks at the same batch (issue 37): the same hooks and the same
 SIGTERMException after that batch under both, and ModelCheckpoint(save_on_exception=True)'s file. Two training
-loaders in a dict are each sharded and combined as Lightning's, and resume mid-epoch exactly."""
+loaders in a dict are each sharded and combined as Lightning's, and resume mid-epoch exactly; validate over a
+CombinedLoader(mode="max_size_cycle") reads Lightning's batches, synced metric and results, with its
+`DistributedSampler` warning on rank 0; a StatefulDataLoader with a custom sampler is sharded as a DataLoader (its
+class kept) and resumes mid-epoch exactly."""
 import json
 import os
 
@@ -43,7 +46,8 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         assert whole["batches"] == seen["tasktrain"]["no seed"]["batches"]
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
         assert seen["tasktrain"].keys() == seen["lightning"].keys() == {
-            "no seed", "seed 7", "overfit", "custom sampler", "custom batch sampler", "replacement", "combined"}
+            "no seed", "seed 7", "overfit", "custom sampler", "custom batch sampler", "replacement", "combined",
+            "stateful custom sampler"}
         whole, resumed = seen["resume combined"]["whole"], seen["resume combined"]["resumed"]
         assert whole["batches"] == seen["tasktrain"]["combined"]["batches"]
         assert resumed["batches"] == whole["batches"][5:] and resumed["weights"] == whole["weights"]
@@ -57,6 +61,14 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         assert whole["batches"] == seen["tasktrain"]["custom sampler"]["batches"]
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
         assert resumed["set_epoch"]["train"] == [0, 1]
+        # a StatefulDataLoader with a custom sampler: rebuilt as one, its batches drawn from a DistributedSamplerWrapper
+        # (sharded as the plain DataLoader), and resumed from its state exactly
+        assert seen["tasktrain"]["stateful custom sampler"]["loader"] == ["StatefulDataLoader",
+                                                                         "DistributedSamplerWrapper"]
+        assert seen["tasktrain"]["stateful custom sampler"]["batches"] == seen["tasktrain"]["custom sampler"]["batches"]
+        whole, resumed = seen["resume stateful"]["whole"], seen["resume stateful"]["resumed"]
+        assert whole["batches"] == seen["tasktrain"]["stateful custom sampler"]["batches"]
+        assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
     # what Lightning reads is torch's DistributedSampler(shuffle=True, seed): the seed's permutation per epoch,
     # sharded rank::2, in batches of 2 (22 samples: 11 a rank, 6 batches); overfit_batches: in order, 2 batches
     for rank, seen in enumerate(ranks):
@@ -73,7 +85,7 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
     # the user's orders are sharded: the ranks read disjoint parts of each epoch, together all of it (22 samples of
     # the sampler's permutation; the custom batch sampler's DistributedSampler; the replacing sampler's dataset),
     # and the user's sampler got set_epoch(epoch) once an epoch (the batch sampler's was replaced: never)
-    for case in ("custom sampler", "custom batch sampler", "replacement"):
+    for case in ("custom sampler", "custom batch sampler", "replacement", "stateful custom sampler"):
         for epoch in (0, 1):
             parts = [[i for e, _, batch in seen["tasktrain"][case]["batches"] if e == epoch for i in batch]
                      for seen in ranks]
@@ -95,6 +107,20 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         sampler.set_epoch(0)
         assert [b[2]["b"][0] - 100 for b in batches[:6]] == (list(sampler) * 2)[:6]
     assert ranks[0]["tasktrain"]["combined"]["batches"] != ranks[1]["tasktrain"]["combined"]["batches"]
+    # validate over a CombinedLoader(mode="max_size_cycle"): each loader sharded, read together (y's 2 batches
+    # cycled over x's 6), no dataloader_idx, the metric synced over the ranks: Lightning's, and its warning on rank 0
+    # for each loader it shards
+    for rank, seen in enumerate(ranks):
+        mine, theirs = seen["tasktrain validate combined"], seen["lightning validate combined"]
+        assert mine == theirs
+        assert [row[:2] for row in mine["rows"]] == [[b, 0] for b in range(6)]
+        shard = list(range(rank, 22, 2))
+        assert [row[2]["x"] for row in mine["rows"]] == [shard[2 * b:2 * b + 2] for b in range(6)]
+        assert [row[2]["y"] for row in mine["rows"]][2:4] == [row[2]["y"] for row in mine["rows"]][:2]
+        assert len(mine["warnings"]) == (2 if rank == 0 else 0)
+    total = sum(i for seen in ranks for row in seen["tasktrain validate combined"]["rows"] for v in row[2].values()
+                for i in v)
+    assert ranks[0]["tasktrain validate combined"]["results"] == [{"seen": float(total)}]
     # the two seeds read different orders; both ranks end on the same weights
     assert ranks[0]["tasktrain"]["no seed"]["batches"] != ranks[0]["tasktrain"]["seed 7"]["batches"]
     for case in ("no seed", "seed 7", "overfit", "combined"):

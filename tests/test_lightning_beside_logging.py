@@ -377,3 +377,77 @@ def test_add_dataloader_idx_false_from_several_loaders_as_lightning(hook):
                               "`validation_step` with different arguments. This is not allowed")
     else:
         assert seen[0] == ("ok", {"each/dataloader_idx_0": 0.0, "each/dataloader_idx_1": 1.0, "shared": 5.0})
+
+
+def _structured_batches(kind):
+    """Four batches of `kind`, the last one short (3 then 1 samples): what self.log infers their size from."""
+    def one(n, i):
+        x = torch.full((n, 3), float(i))
+        return {"dict": {"x": x, "y": x.sum(1)},
+                "list": [x, x.sum(1)],
+                "nested": {"inputs": [x, {"mask": torch.ones(n + 2)}], "y": x.sum(1)},  # later sizes disagree
+                "scalar first": [torch.tensor(5.0), x],
+                "strings first": {"names": [f"s{k}" for k in range(n)], "x": x},  # (strings have no size)
+                "no tensor": {"names": [f"s{k}" for k in range(n)], "ids": list(range(n))}}[kind]
+
+    return [one(3 if i < 3 else 1, i) for i in range(4)]
+
+
+def _features(batch):
+    if isinstance(batch, dict) and "ids" in batch:
+        return torch.ones(len(batch["ids"]), 3)
+    if isinstance(batch, dict):
+        return batch["inputs"][0] if "inputs" in batch else batch["x"]
+    return batch[1] if batch[0].ndim == 0 else batch[0]
+
+
+def run_structured(trainer_class, base, kind):
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(_features(batch)).pow(2).mean()
+            self.log("seen", torch.tensor(float(batch_idx + 1)), on_step=False, on_epoch=True)
+            self.log("given", torch.tensor(float(batch_idx + 1)), on_step=False, on_epoch=True, batch_size=2)
+            return loss
+
+        def on_train_epoch_end(self):  # (outside a batch: no size inferred)
+            self.log("at_end", torch.tensor(7.0), on_epoch=True)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = trainer_class(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0)
+    batches = _structured_batches(kind)
+    loader = DataLoader(range(len(batches)), batch_size=1, collate_fn=lambda index: batches[index[0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = outcome(lambda: trainer.fit(Module(), loader))
+    ambiguous = [str(w.message) for w in caught if "ambiguous collection" in str(w.message)]
+    return result, numbers(trainer.callback_metrics) if result == "ok" else None, ambiguous
+
+
+@pytest.mark.parametrize("kind", ["dict", "list", "nested", "scalar first", "strings first", "no tensor"])
+def test_the_batch_size_self_log_infers_weights_epoch_means_as_lightnings(kind):
+    import lightning.pytorch.utilities.data as lightning_data
+
+    from tasktrain.trainer import metrics
+
+    lightning_data.warning_cache.clear()  # (each framework warns once a process: this test's runs both warn)
+    metrics._ambiguity_warned.clear()
+    theirs = run_structured(L.Trainer, L.LightningModule, kind)
+    ours = run_structured(tasktrain.Trainer, tasktrain.TaskModule, kind)
+    assert ours == theirs
+    result, values, ambiguous = ours
+    if kind == "no tensor":  # nothing in the batch has a size: Lightning's error and words
+        assert result == ("MisconfigurationException", metrics.CANNOT_INFER_BATCH_SIZE)
+        return
+    size = {"scalar first": 1}.get(kind, 3)  # (a scalar tensor first: 1 for every batch)
+    expected = (1 * size + 2 * size + 3 * size + 4 * 1) / (3 * size + 1)
+    assert values["seen"] == pytest.approx(expected) and values["given"] == 2.5 and values["at_end"] == 7.0
+    # a warning per distinct message (the short last batch's says 1)
+    assert len(ambiguous) == {"nested": 2, "scalar first": 1}.get(kind, 0)

@@ -7,30 +7,11 @@ import warnings
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers import EpochSampler, MyBatchSampler
 
 pytest.importorskip("lightning.pytorch")
-
-
-class EpochSampler(Sampler):
-    """A permutation of range(n) drawn from the epoch; notes every set_epoch call."""
-
-    def __init__(self, n, calls):
-        self.n, self.calls, self.epoch = n, calls, 0
-
-    def set_epoch(self, epoch):
-        self.calls.append(epoch)
-        self.epoch = epoch
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist())
-
-    def __len__(self):
-        return self.n
-
-
-class MyBatchSampler(BatchSampler):
-    pass
 
 
 def data(n):

@@ -443,3 +443,89 @@ def test_task_cli_parses_the_new_trainer_arguments():
     assert cli.trainer.enable_autolog_hparams is False
     with pytest.raises(ValueError, match="no model registry"):
         TaskCLI(BoringModel, run=False, args=["--trainer.model_registry=my-model", "--trainer.logger=false"])
+
+
+def test_layer_summary_and_deepspeed_summary_as_lightnings():
+    """LayerSummary of one layer (before and after a forward pass, a detached hook, a lazy layer) and DeepSpeedSummary
+    of the same model, its parameters carrying ZeRO-3's attributes (ds_numel: the whole parameter; partition_numel():
+    this device's part, here a half), under both frameworks: the same attributes, rows and totals."""
+    def case(root, Module):
+        summaries = root.utilities.model_summary
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(3, 8, 3)
+        layer = summaries.LayerSummary(conv)
+        before = (layer.layer_type, layer.num_parameters, layer.training, layer.in_size, layer.out_size)
+        conv(torch.rand(1, 3, 5, 5))
+        conv.eval()
+        after = (layer.in_size, layer.out_size, layer.training)
+        detached = summaries.LayerSummary(torch.nn.Linear(2, 2))
+        detached.detach_hook()
+        detached._module(torch.zeros(4, 2))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (Lightning warns about the lazy parameter)
+            lazy = summaries.LayerSummary(torch.nn.LazyLinear(3)).num_parameters
+
+        class Net(Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+                self.head = torch.nn.Linear(2, 1)
+                self.scale = torch.nn.Parameter(torch.ones(3))  # (no layer's: the "other params" row)
+                self.example_input_array = torch.zeros(5, 4)
+                self.head.requires_grad_(False)
+                for p in self.parameters():
+                    p.ds_numel = p.numel()
+                    p.partition_numel = (lambda n: lambda: -(-n // 2))(p.numel())
+
+            def forward(self, x):
+                return self.head(self.encoder(x)) * self.scale.sum()
+
+        rows = []
+        for depth in (1, 2):
+            summary = summaries.DeepSpeedSummary(Net(), max_depth=depth)
+            rows.append((summary._get_summary_data(), summary.total_parameters, summary.trainable_parameters,
+                         summary.parameters_per_layer, summary.param_nums, summary.in_sizes, summary.out_sizes))
+        return before, after, (detached.in_size, detached.out_size), lazy, rows
+
+    theirs, ours = case(L, L.LightningModule), case(tasktrain, tasktrain.TaskModule)
+    assert ours == theirs
+    assert ours[0] == ("Conv2d", 224, True, "?", "?") and ours[1] == ([1, 3, 5, 5], [1, 8, 3, 3], False)
+    assert ours[2] == ("?", "?") and ours[3] == 0
+    data = dict(ours[4][0][0])
+    assert data["Params per Device"] == ["22  ", "2  ", "n/a"] and data["Name"] == ["encoder", "head", "other params"]
+
+
+def test_requirement_cache_compare_version_module_available_and_the_logo_as_lightnings():
+    import operator
+
+    import lightning_utilities.core.imports as theirs
+
+    from tasktrain.utilities import imports as ours
+
+    cases = [dict(requirement="torch>=2.0"), dict(requirement="torch>100.0"), dict(requirement="torch"),
+             dict(requirement="unknown_package_xyz"), dict(requirement="unknown_package_xyz>=1"),
+             dict(module="torch.utils"), dict(module="unknown.module.path"),
+             dict(requirement="torch>=2.0", module="torch.nn"), dict(requirement="torch>=2.0", module="not_a_module"),
+             dict(requirement="packaging>=1,<2000")]
+    for kwargs in cases:
+        results = []
+        for lib in (theirs, ours):
+            cache = lib.RequirementCache(**kwargs)
+            results.append((bool(cache), str(cache), repr(cache)))
+        assert results[0] == results[1], kwargs
+    assert bool(ours.RequirementCache("torch>=2.0")) and not ours.RequirementCache("torch>100.0")
+    for mod in (theirs, ours):
+        with pytest.raises(ValueError, match="At least one arguments need to be set."):
+            mod.RequirementCache()
+        with pytest.raises(ValueError, match="Expected semicolon"):  # (packaging's InvalidRequirement)
+            bool(mod.RequirementCache("not a requirement!!"))
+    for args in [("torch", operator.ge, "2.0"), ("torch", operator.lt, "2.0"), ("does_not_exist", operator.ge, "0.0"),
+                 ("torch", operator.ge, torch.__version__.split("+")[0], True), ("packaging", operator.gt, "1.0")]:
+        assert ours.compare_version(*args) == theirs.compare_version(*args), args
+    assert ours.compare_version("torch", operator.ge, "2.0") and not ours.compare_version("torch", operator.lt, "2.0")
+    for path in ("os", "os.path", "os.bla", "bla.bla", "torch.nn.functional", "torch.not_there"):
+        assert ours.module_available(path) == theirs.module_available(path), path
+        assert ours.package_available(path.split(".")[0]) == theirs.package_available(path.split(".")[0])
+    assert tasktrain.module_available is ours.module_available and L.module_available("os.path")
+    assert isinstance(tasktrain.LIGHTNING_LOGO, str) and tasktrain.LIGHTNING_LOGO.strip()
+    assert isinstance(L.LIGHTNING_LOGO, str)

@@ -72,8 +72,19 @@ def test_callbacks_profiler_and_refusals_on_two_processes(ran):
     assert facts[1]["swa_norm"][1] == pytest.approx(var, abs=1e-6)
     assert mean == pytest.approx(x.mean(0).tolist(), abs=1e-5)
     for rank_facts in facts:
-        assert len(rank_facts["refusals"]) == 2
-        assert "one process only" in rank_facts["refusals"][0] and "runs on one process" in rank_facts["refusals"][1]
+        assert rank_facts["refusals"] == [  # (the batch-size search: Lightning's refusals, the Tuner's and the callback's)
+            facts[0]["refusals"][0], "Tuning the batch size is currently not supported with distributed strategies.",
+            "The Batch size finder is not supported with distributed strategies."]
+        assert "one process only" in rank_facts["refusals"][0]
+    # the learning-rate sweep ran on both ranks (Lightning's rule): rank 0's results on each, so the same suggestion,
+    # set on each rank's module; the weights put back
+    found = [rank_facts["lr_find"] for rank_facts in facts]
+    assert found[0] == found[1] and len(found[0]["lr"]) == 20 and found[0]["restored"]
+    assert found[0]["suggestion"] is not None and found[0]["set"] == found[0]["suggestion"] != 0.05
+    # the callback inside a DDP fit: the same on both ranks, the fit went on (5 epochs of 4 steps) at the suggestion
+    found = [rank_facts["lr_finder_callback"] for rank_facts in facts]
+    assert found[0] == found[1] and len(found[0]["lr"]) == 20
+    assert found[0]["set"] == found[0]["rate"] not in (0.05, 0.1) and found[0]["global_step"] == 20
 
 
 def _warm_up_reference(steps=6, warmup=4, lr=0.1, clip=0.5):

@@ -382,3 +382,43 @@ def test_single_device_strategy_is_lightnings_name_for_single_device():
     assert type(ours.accelerator).__name__ == type(theirs.accelerator).__name__ == "CPUAccelerator"
     with pytest.raises(TypeError):  # an argument it does not take is named at construction, not ignored
         SingleDeviceStrategy(device="cpu", not_an_argument=1)
+
+
+def test_deepspeed_micro_batch_size_of_several_training_loaders_is_lightnings():
+    # Without train_micro_batch_size_per_gpu in the config, Lightning's DeepSpeedStrategy reads the training loader's
+    # batch_sampler.batch_size (_auto_select_batch_size), 1 where the loader has no batch_sampler: a dict or list of
+    # loaders; a CombinedLoader of one loader: that loader's. (A CombinedLoader of several: Lightning's lookup fails
+    # with AttributeError on the structure of batch samplers; tasktrain takes 1 as for a dict, docs/lightning.md.)
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSource
+    from lightning.pytorch.utilities import CombinedLoader as TheirCombinedLoader
+    from torch.utils.data import DataLoader
+
+    from tasktrain.trainer import loaders
+    from tasktrain.utilities import CombinedLoader
+
+    def theirs(loader):
+        source = _DataLoaderSource(loader, "train_dataloader")
+        stand_in = SimpleNamespace(lightning_module=SimpleNamespace(trainer=SimpleNamespace(
+            fit_loop=SimpleNamespace(_data_source=source))))
+        return L.DeepSpeedStrategy._auto_select_batch_size(stand_in)
+
+    def ours(loader):
+        strategy = DeepSpeed(stage=2)
+        strategy.configure("cpu", devices=2)
+        return strategy.resolved_config(micro_batch_size=loaders.batch_size_of(loader))[
+            "train_micro_batch_size_per_gpu"]
+
+    def given(combined):
+        return [DataLoader(range(8), batch_size=4), {"a": DataLoader(range(8), batch_size=3),
+                                                     "b": DataLoader(range(8), batch_size=2)},
+                [DataLoader(range(8), batch_size=3), DataLoader(range(8), batch_size=2)],
+                combined(DataLoader(range(8), batch_size=5), "max_size_cycle")]
+
+    assert [ours(one) for one in given(CombinedLoader)] == [theirs(one) for one in given(TheirCombinedLoader)] == \
+        [4, 1, 1, 5]
+    several = {"a": DataLoader(range(8), batch_size=3), "b": DataLoader(range(8), batch_size=2)}
+    with pytest.raises(AttributeError):
+        theirs(TheirCombinedLoader(several, "max_size_cycle"))
+    assert ours(CombinedLoader(several, "max_size_cycle")) == 1

@@ -35,7 +35,11 @@ def launch(root, strategy, kills="", timeout=420, plain=False):
         cmd += ["--kills", kills]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return [torch.load(os.path.join(root, f"out.rank{r}.pt"), weights_only=True) for r in range(2)], proc
+    return proc
+
+
+def outputs(out):
+    return [torch.load(f"{out}.rank{r}.pt", weights_only=True) for r in range(2)]
 
 
 def kill_plan(seed):
@@ -48,14 +52,16 @@ def kill_plan(seed):
     return ",".join(f"{s}:{rng.randrange(2)}:{w}" for s, w in zip(steps, whens))
 
 
-REFERENCES = {}
+STRATEGIES = ["ddp", "zero2", "fsdp"]
 
 
-def reference(strategy, tmp_path_factory):
-    """The uninterrupted run of `strategy` (once per test session)."""
-    if strategy not in REFERENCES:
-        REFERENCES[strategy], _ = launch(tmp_path_factory.mktemp(f"reference-{strategy}"), strategy)
-    return REFERENCES[strategy]
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """The uninterrupted run of each strategy, all three in one launch (one after the other in the same two
+    processes: the launch and the imports once, not three times)."""
+    root = tmp_path_factory.mktemp("references")
+    launch(root, ",".join(STRATEGIES))
+    return {strategy: outputs(os.path.join(root, f"out-{strategy}")) for strategy in STRATEGIES}
 
 
 def assert_same_end(ref_ranks, got_ranks, plan, output):
@@ -74,19 +80,19 @@ def assert_same_end(ref_ranks, got_ranks, plan, output):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp"])
-def test_killed_three_times_ends_bitwise_as_uninterrupted(tmp_path, tmp_path_factory, strategy):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_killed_three_times_ends_bitwise_as_uninterrupted(tmp_path, references, strategy):
     plan = kill_plan(seed={"ddp": 0, "zero2": 1, "fsdp": 2}[strategy])
-    restarted, proc = launch(tmp_path / "killed", strategy, kills=plan)
-    assert_same_end(reference(strategy, tmp_path_factory), restarted, plan, proc.stdout + proc.stderr)
+    proc = launch(tmp_path / "killed", strategy, kills=plan)
+    assert_same_end(references[strategy], outputs(tmp_path / "killed" / "out"), plan, proc.stdout + proc.stderr)
 
 
 @pytest.mark.timeout(600)
-def test_trainer_max_restarts_starts_the_elastic_agent_itself(tmp_path, tmp_path_factory):
+def test_trainer_max_restarts_starts_the_elastic_agent_itself(tmp_path, references):
     """`python train.py` with Trainer(strategy="ddp", devices=2, max_restarts=3): the process becomes torch's elastic
     agent, and the same three kills end as the uninterrupted run."""
     plan = kill_plan(seed=3)
-    restarted, proc = launch(tmp_path / "killed", "ddp", kills=plan, plain=True)
+    proc = launch(tmp_path / "killed", "ddp", kills=plan, plain=True)
     output = proc.stdout + proc.stderr
     assert "under torch's elastic agent" in output
-    assert_same_end(reference("ddp", tmp_path_factory), restarted, plan, output)
+    assert_same_end(references["ddp"], outputs(tmp_path / "killed" / "out"), plan, output)

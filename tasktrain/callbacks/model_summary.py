@@ -151,6 +151,78 @@ class Summary:
     __repr__ = __str__
 
 
+class LayerSummary:
+    """Lightning's summary of one layer: `layer_type` (its class name), `num_parameters` (uninitialized lazy
+    parameters count 0), `training`, and `in_size` / `out_size`, recorded by the first forward pass after it was made
+    (UNKNOWN_SIZE before; a hook that then removes itself; `detach_hook()` removes it before, as does the object's
+    end). Not for a torch.jit.ScriptModule's sizes (no hook can be registered there)."""
+
+    def __init__(self, module):
+        self._module = module
+        self._in_size = self._out_size = None
+        self._hook_handle = None
+        if not isinstance(module, torch.jit.ScriptModule):
+            self._hook_handle = module.register_forward_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs, output):
+        inputs = (*args, *kwargs.values())
+        self._in_size = _shape(inputs[0] if len(inputs) == 1 else inputs)
+        self._out_size = _shape(output)
+        self.detach_hook()
+
+    def __del__(self):
+        self.detach_hook()
+
+    def detach_hook(self):
+        if self._hook_handle is not None:
+            self._hook_handle.remove()
+
+    @property
+    def in_size(self):
+        return self._in_size or UNKNOWN_SIZE
+
+    @property
+    def out_size(self):
+        return self._out_size or UNKNOWN_SIZE
+
+    @property
+    def layer_type(self):
+        return type(self._module).__name__
+
+    @property
+    def num_parameters(self):
+        return sum(_initialized_numel(p) for p in self._module.parameters())
+
+    @property
+    def training(self):
+        return self._module.training
+
+
+class DeepSpeedSummary(Summary):
+    """Lightning's DeepSpeedSummary(model, max_depth=1): the summary of a module whose parameters DeepSpeed ZeRO-3
+    partitioned: counts of the whole parameters (`ds_numel`) and a "Params per Device" column (`parameters_per_layer`,
+    this device's partitions: `partition_numel()`). A parameter DeepSpeed did not partition counts its own elements
+    in both. With the module's example_input_array, one forward pass gives the sizes and FLOPs (every rank must run
+    it under ZeRO-3)."""
+
+    def __init__(self, model, max_depth=1):
+        trainer = getattr(model, "_trainer", None)
+        super().__init__(model, max_depth, numel=_full_numel, input_array=getattr(model, "example_input_array", None),
+                         precision=None if trainer is None else trainer.precision, device_numel=_partition_numel)
+
+
+def _initialized_numel(p):
+    return 0 if isinstance(p, torch.nn.parameter.UninitializedParameter) else p.numel()
+
+
+def _full_numel(p):
+    return getattr(p, "ds_numel", None) or _initialized_numel(p)
+
+
+def _partition_numel(p):
+    return p.partition_numel() if hasattr(p, "partition_numel") else _initialized_numel(p)
+
+
 def summarize(module, max_depth=1):
     """The summary of `module` (a TaskModule or any nn.Module), with sizes and FLOPs if it sets
     example_input_array."""

@@ -18,11 +18,16 @@ its own shard, its own order and set_epoch under a distributed strategy) and dri
 (modes min_size, max_size_cycle, max_size: Lightning's fit refuses sequential, `check_training_mode`),
 one TrainData kind, so that the epoch iterator (epoch.py) counts, limits and resumes the combined batches like any
 loader's. A resume in the middle of an epoch starts each inner loader where the uninterrupted run's would be at that
-combined batch (its own skip: without loading on the Trainer's order), on the same number of processes.
+combined batch (its own skip: without loading on the Trainer's order; a StatefulDataLoader of its own order: from its
+saved state), on the same number of processes.
+
+Evaluation (validate, test, the fit's validation) reads a sequential CombinedLoader (or a dict / list of loaders) each
+loader in turn; a CombinedLoader in another mode as one pass over its prepared loaders together
+(`CombinedEvalLoaders`), as Lightning's evaluation loop does. predict refuses those modes (Lightning's error).
 """
 import math
 
-from tasktrain.trainer.data import TrainData
+from tasktrain.trainer.data import StatefulLoaderData, TrainData
 
 MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
 
@@ -277,6 +282,37 @@ def check_training_mode(combined):
                          f"modes are: {[mode for mode in MODES if mode != 'sequential']}")
 
 
+class CombinedEvalLoaders(list):
+    """An evaluation's loaders of a CombinedLoader in mode min_size, max_size or max_size_cycle (Lightning's evaluation
+    loop runs them so): the flat list of prepared loaders (each counted under limit_*_batches, num_*_batches a count
+    per loader, as Lightning's max_batches), read together as one pass whose batch is the structure of the inner
+    batches, batch_idx counted over the pass, dataloader_idx 0 and not passed to the step or hooks."""
+
+    def __init__(self, loaders, mode, spec):
+        super().__init__(loaders)
+        self.mode, self.spec = mode, spec
+
+    def length(self, limits):
+        """Batches of the pass (Lightning's fetcher: len() of the combined loader, None where an inner loader has no
+        length: the pass runs to the mode's end)."""
+        lengths = [_length(one) for one in self]
+        if any(n is None for n in lengths):
+            return None
+        return mode_length(self.mode, lengths, [math.inf if limit is None else limit for limit in limits])
+
+    def batches(self):
+        combined = CombinedLoader(unflatten(list(self), self.spec), self.mode)
+        return (batch for batch, _, _ in iter(combined))
+
+
+def combined_eval(loader, prepared):
+    """`prepared` (the flat loaders of `loader`, prepared) as the evaluation reads them: together where `loader` is a
+    CombinedLoader in a mode other than sequential, else in turn (a plain list)."""
+    if isinstance(loader, CombinedLoader) and loader.mode != "sequential":
+        return CombinedEvalLoaders(prepared, loader.mode, loader._spec)
+    return prepared
+
+
 def is_combined(loader):
     """Several training loaders: a CombinedLoader, or a dict / list / tuple of loaders (Lightning combines them in
     max_size_cycle mode)."""
@@ -364,6 +400,34 @@ class CombinedTrainData(TrainData):
 
     def skip_samples(self, num_samples):
         raise ValueError("Combined training loaders resume by combined batch, not by sample count.")
+
+    # inner loaders that keep their own state (a StatefulDataLoader over data whose order is its own:
+    # StatefulLoaderData) resume from it, as one such loader alone does; the others skip on the Trainer's order
+    def keeps_loader_states(self):
+        return any(isinstance(one, StatefulLoaderData) for one in self.inner)
+
+    def loader_state(self, batch_in_epoch):
+        """Each inner loader's state once the loop has trained on `batch_in_epoch` combined batches (None for a loader
+        without one, or at its pass's start): where it is in its current pass (max_size_cycle: since it last started
+        again)."""
+        states = []
+        for one, length in zip(self.inner, [len(one) if one.has_len() else None for one in self.inner]):
+            at = batch_in_epoch
+            if length is not None and at >= length:
+                at = at % length if self.mode == "max_size_cycle" else 0  # (ran out: max_size reads it no more)
+            states.append(one.loader_state(at) if isinstance(one, StatefulLoaderData) and at > 0 else None)
+        return {"combined": states}
+
+    def load_loader_state(self, state):
+        """This rank's saved states: each stateful inner loader's resumed pass starts from its own (read and drop
+        where none was saved)."""
+        states = (state or {}).get("combined")
+        if states is None or len(states) != len(self.inner):
+            raise RuntimeError(f"The combined training loaders have {len(self.inner)} loaders, but the checkpoint "
+                               f"holds {len(states or [])} loader states: resume with the loaders of the saved run.")
+        for one, saved in zip(self.inner, states):
+            if isinstance(one, StatefulLoaderData) and saved is not None:
+                one.load_loader_state(saved)
 
     def _skip_inner(self, i, num_batches):
         self.inner[i].skip(num_batches)

@@ -482,11 +482,13 @@ def loader_options(loader) -> dict:
     return kwargs
 
 
-def _rebuild(loader: DataLoader, sampler, generator) -> DataLoader:
+def _rebuild(loader: DataLoader, sampler, generator, kind=DataLoader) -> DataLoader:
     batches = loader.batch_sampler if loader.batch_size is None else loader  # batch_sampler=BatchSampler(...)
     kwargs = dict(loader_options(loader), batch_size=batches.batch_size, sampler=sampler,
                   drop_last=batches.drop_last, generator=generator)
-    return DataLoader(loader.dataset, **kwargs)
+    if kind is not DataLoader:  # (a StatefulDataLoader keeps how often it snapshots its workers' state)
+        kwargs["snapshot_every_n_steps"] = loader.snapshot_every_n_steps
+    return kind(loader.dataset, **kwargs)
 
 
 def is_stateful_loader(loader) -> bool:
@@ -691,8 +693,7 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         sampler.order_generator = order.generator if sampler.draws else None
         data.sets_loader_epoch = lightning
         return data
-    if lightning and isinstance(loader, DataLoader) and not is_stateful_loader(loader) and \
-            not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+    if lightning and isinstance(loader, DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=keeps_sampler is False)
     sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)
     if is_stateful_loader(loader):
@@ -727,7 +728,7 @@ def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
 
     A resume of such a fit mid-epoch reads and drops the batches already trained on (Lightning's order, our read of
     it), except over a DistributedSampler of ours with a batch size: that one skips ahead on any number of
-    processes."""
+    processes; and a StatefulDataLoader (rebuilt as one): its own state, saved per rank, resumes it."""
     sampler = loader.sampler
     if shuffle is False and not isinstance(sampler, SequentialSampler):
         sampler = SequentialSampler(loader.dataset)  # (overfit_batches: Lightning's replacement, warned above)
@@ -739,7 +740,12 @@ def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
             sampler = DistributedSamplerWrapper(sampler, world_size, rank, shuffle=shuffle, seed=seed)
     if sampler is not loader.sampler:
         loader = _with_sampler(loader, sampler)
-    data = TrainData(loader, sampler if isinstance(sampler, DistributedSampler) else None, None, seed)
+    # a StatefulDataLoader (rebuilt as one around the rank's sampler) resumes from its own state, per rank
+    sharding = sampler if isinstance(sampler, DistributedSampler) else None
+    if is_stateful_loader(loader):
+        data = StatefulLoaderData(loader, sharding, seed)
+    else:
+        data = TrainData(loader, sharding, None, seed)
     data.sets_loader_epoch = True
     return data
 
@@ -748,16 +754,20 @@ def _with_sampler(loader, sampler, predicting=False):
     """The loader built again with `sampler` in place of its `sampler` (a custom batch sampler built around it).
     `predicting`: every sample is predicted (Lightning's predict loaders drop no last batch)."""
     batch_sampler = loader.batch_sampler
+    # a StatefulDataLoader is built again as one (Lightning's _update_dataloader keeps the loader's class): its own
+    # state still resumes it
+    kind = type(loader) if is_stateful_loader(loader) else DataLoader
+    options = dict(loader_options(loader), **({} if kind is DataLoader else
+                                              {"snapshot_every_n_steps": loader.snapshot_every_n_steps}))
     if batch_sampler is None:  # (batch_size=None: items one by one)
-        return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **loader_options(loader))
+        return kind(loader.dataset, batch_size=None, sampler=sampler, **options)
     if type(batch_sampler) is BatchSampler or _torchdata_sampler(batch_sampler, "BatchSampler"):
-        rebuilt = _rebuild(loader, sampler, loader.generator)
+        rebuilt = _rebuild(loader, sampler, loader.generator, kind)
         if predicting and rebuilt.drop_last:
             rebuilt = DataLoader(loader.dataset, batch_size=rebuilt.batch_size, sampler=sampler, drop_last=False,
                                  **loader_options(loader))
         return rebuilt
-    return DataLoader(loader.dataset, batch_sampler=_batch_sampler_around(batch_sampler, sampler, predicting),
-                      **loader_options(loader))
+    return kind(loader.dataset, batch_sampler=_batch_sampler_around(batch_sampler, sampler, predicting), **options)
 
 
 def _predict_loader(loader, world_size, rank):

@@ -11,13 +11,15 @@ import warnings
 
 import torch
 
-from tasktrain.exceptions import MisconfigurationException, SIGTERMException
+from torch.utils.data import DataLoader, DistributedSampler
+
+from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, SIGTERMException
 from tasktrain.profilers import profiled, profiled_iter
 from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards
 from tasktrain.trainer import loaders as fit_data
-from tasktrain.trainer.combined import CombinedLoader, flatten
+from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten
 from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -66,10 +68,16 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     logged = trainer._metrics.logger_epoch_values(values) if values else {}
     if logged:  # at batches_that_stepped (the fit's count, 0 without one), as Lightning; every rank (log_to_loggers)
         trainer.log_to_loggers(logged, add_epoch=True)
-    results = per_loader_results(trainer, logged, len(loaders))
+    results = per_loader_results(trainer, logged, result_count(loaders))
     if trainer.is_global_zero and getattr(trainer, "_verbose", True):  # (the entry points only, never fit's)
         print_results(results, stage)
     return results
+
+
+def result_count(loaders):
+    """Dicts validate / test return: one per loader, one for loaders read together (Lightning's: one per
+    dataloader_idx its loop saw)."""
+    return 1 if isinstance(loaders, CombinedEvalLoaders) else len(loaders)
 
 
 def per_loader_results(trainer, values, n_loaders):
@@ -178,12 +186,30 @@ def eval_loaders(trainer, stage, module, loader):
     world_size, rank = fit_data.shards(trainer)
     prefix = {"validate": "val"}.get(stage, stage)
     shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
-    loaders = [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed, trainer.global_rank)
-               for one in as_loaders(loader, stage)]
+    flat = as_loaders(loader, stage)
+    if shuffle_seed is not None and world_size > 1 and trainer.state.fn == stage and trainer.is_global_zero:
+        warn_distributed_eval(flat, stage)
+    loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed,
+                                                         trainer.global_rank) for one in flat])
     limits = [limit_eval(one, limit_arg, prefix) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
     return loaders, limits
+
+
+def warn_distributed_eval(loaders, stage):
+    """Lightning's PossibleUserWarning (rank zero) for each loader of a validate / test run it shards with a
+    DistributedSampler (a DataLoader over a map-style data set whose sampler is not one already), on several
+    processes with use_distributed_sampler: its padding evaluates some samples twice. (tasktrain's unshuffled shards
+    are unpadded; the advice stands for the shuffled ones and for the user's own samplers.)"""
+    for one in loaders:
+        if isinstance(one, DataLoader) and not isinstance(one.dataset, torch.utils.data.IterableDataset) and \
+                not isinstance(one.sampler, DistributedSampler):
+            warnings.warn(f"Using `DistributedSampler` with the dataloaders. During `trainer.{stage}()`, it is "
+                          "recommended to use `Trainer(devices=1, num_nodes=1)` to ensure each sample/batch gets "
+                          "evaluated exactly once. Otherwise, multi-device settings use `DistributedSampler` that "
+                          "replicates some samples to make sure all devices have same batch size in case of uneven "
+                          "inputs.", PossibleUserWarning)
 
 
 def _rebuilt_if_stale(trainer, stage, loaders, limits):
@@ -239,14 +265,18 @@ def _evaluate(trainer, stage, loaders, limits):
     trainer._call(f"on_{prefix}_epoch_start")
     for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
         set_sampler_epoch(loader, trainer.current_epoch)
-    for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
-        extra = (dataloader_idx,) if len(loaders) > 1 else ()
+    # the passes: each loader in turn with its dataloader_idx, or (a CombinedLoader not sequential) one pass over
+    # all of them together, dataloader_idx 0 and not given to the step and hooks (Lightning's _is_sequential)
+    together = isinstance(loaders, CombinedEvalLoaders)
+    passes = [(loaders.batches(), loaders.length(limits))] if together else list(zip(loaders, limits))
+    for dataloader_idx, (loader, limit) in enumerate(passes):
+        extra = (dataloader_idx,) if len(passes) > 1 else ()
         metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
         for batch_idx, batch in _batches(trainer, loader, limit, prefix, f"end of the {prefix} epoch"):
             batch = trainer._eval_to_device(batch, dataloader_idx)
             metrics.set_batch(batch)
             phases[key] = "ready"
-            state.eval_is_last_batch[key] = (dataloader_idx == len(loaders) - 1 and limit is not None
+            state.eval_is_last_batch[key] = (dataloader_idx == len(passes) - 1 and limit is not None
                                              and batch_idx + 1 >= limit)
             for fn in hooks[f"on_{prefix}_batch_start"]:
                 fn(batch, batch_idx, *extra)
@@ -258,12 +288,13 @@ def _evaluate(trainer, stage, loaders, limits):
             completed[0] += 1
             completed[1] += 1
             phases[key] = None
+            metrics.set_batch(None)  # (Lightning's: the epoch-end hooks' values infer no batch size)
             if not trainer.sanity_checking:
                 trainer._eval_has_run[key] = True
                 log_eval_step(trainer, stage, dataloader_idx)
             # Lightning's check: SIGTERM ends the evaluation after this batch, unless it was the last one (of the
             # last loader; a loader without a length: its last batch is not known, it ends after any)
-            if trainer.received_sigterm and not (dataloader_idx == len(loaders) - 1 and limit is not None and
+            if trainer.received_sigterm and not (dataloader_idx == len(passes) - 1 and limit is not None and
                                                  batch_idx + 1 >= limit):
                 sigterm_in_evaluation(trainer)
     metrics.dataloader_suffix = ""
@@ -328,13 +359,7 @@ def _predict(trainer, module, loaders, limits, gather):
     writers = [c for c in trainer.callbacks if isinstance(c, BasePredictionWriter)]
     returns = getattr(trainer, "_return_predictions", True)
     keep = returns or any(w.writes_on_epoch for w in writers)
-    if writers:
-        recorded = [record_batch_indices(loader) for loader in loaders]
-        loaders = [loader for loader, _ in recorded]
-        trainer.predict_batch_indices = [indices for _, indices in recorded]
-    per_loader = [[] for _ in loaders]
-    # what an epoch writer gets: the one loader's list, or a list per loader (Lightning's shape)
-    trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
+    loaders, per_loader = _predict_outputs(trainer, loaders, writers)
     # the batches started per loader (Lightning's predict_loop.epoch_batch_indices: lightning_loops.py)
     started = trainer._predict_started = [0] * len(loaders)
     # Lightning's predict_loop.batch_progress ([total over the Trainer's runs, this run's] completed) and
@@ -344,12 +369,8 @@ def _predict(trainer, module, loaders, limits, gather):
     trainer._call("on_predict_start")
     if trainer._eval_data_stale:  # (a BatchSizeFinder's size: the loaders again, their indices recorded again)
         loaders, limits = _rebuilt_if_stale(trainer, "predict", loaders, limits)
-        if writers:
-            recorded = [record_batch_indices(loader) for loader in loaders]
-            loaders = [loader for loader, _ in recorded]
-            trainer.predict_batch_indices = [indices for _, indices in recorded]
-        per_loader = trainer._predict_kept = [[] for _ in loaders]
-        trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
+        loaders, per_loader = _predict_outputs(trainer, loaders, writers)
+        trainer._predict_kept = per_loader
     trainer._call("on_predict_epoch_start")
     eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
         profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)
@@ -395,6 +416,19 @@ def _predict(trainer, module, loaders, limits, gather):
     if gather and trainer.world_size > 1:
         return [gather_predictions(trainer.strategy, predictions) for predictions in per_loader]
     return per_loader
+
+
+def _predict_outputs(trainer, loaders, writers):
+    """The predict loaders (their batches' dataset indices recorded in trainer.predict_batch_indices when there are
+    prediction writers) and an empty list per loader for the predictions, set as trainer.predictions: what an epoch
+    writer gets, the one loader's list or a list per loader (Lightning's shape)."""
+    if writers:
+        recorded = [record_batch_indices(loader) for loader in loaders]
+        loaders = [loader for loader, _ in recorded]
+        trainer.predict_batch_indices = [indices for _, indices in recorded]
+    per_loader = [[] for _ in loaders]
+    trainer.predictions = per_loader[0] if len(loaders) == 1 else per_loader
+    return loaders, per_loader
 
 
 def _batches(trainer, loader, limit, prefix, end_event=None):
@@ -444,16 +478,12 @@ def no_batches(trainer, limits):
 
 
 def as_loaders(loader, stage=None):
-    """Evaluation loaders as a list: several in a (nested) list, tuple or dict, in its order, or a
-    CombinedLoader(mode="sequential") (Lightning's evaluation mode: each loader in turn, with its dataloader_idx)."""
+    """Evaluation loaders as a flat list: several in a (nested) list, tuple or dict, in its order, or a
+    CombinedLoader's (sequential: Lightning's evaluation mode, each loader in turn with its dataloader_idx; the other
+    modes read them together, combined_eval; predict refuses those, as Lightning)."""
     if isinstance(loader, CombinedLoader):
-        if loader.mode != "sequential":
-            if stage == "predict":
-                raise ValueError('`trainer.predict()` only supports the `CombinedLoader(mode="sequential")` mode.')
-            raise ValueError(f'A CombinedLoader(mode="{loader.mode}") given for {stage or "evaluation"}: tasktrain '
-                             'evaluates several loaders in mode="sequential" only (each loader in turn, the step '
-                             'gets its dataloader_idx). Pass the loaders as a list or dict, or as '
-                             'CombinedLoader(loaders, mode="sequential").')
+        if loader.mode != "sequential" and stage == "predict":
+            raise ValueError('`trainer.predict()` only supports the `CombinedLoader(mode="sequential")` mode.')
         return list(loader.flattened)
     if isinstance(loader, (list, tuple, dict)) and not loader:
         # Lightning's: an empty collection is one loader without batches, so the stage runs no batch and no hook

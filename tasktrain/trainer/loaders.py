@@ -8,7 +8,8 @@ import math
 
 from tasktrain.strategies.base import OneProcess
 from tasktrain.trainer import evaluation, guards
-from tasktrain.trainer.combined import CombinedLoader, CombinedTrainData, check_training_mode, is_combined
+from tasktrain.trainer.combined import CombinedLoader, CombinedTrainData, check_training_mode, combined_eval, \
+    is_combined
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
@@ -162,8 +163,9 @@ def setup_val(trainer, loader):
     """The validation loaders, counted once per fit (a fraction of a loader without a length fails here, before
     training)."""
     world_size, rank = shards(trainer)
-    val_loaders = [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer), trainer.global_rank)
-                   for one in evaluation.as_loaders(loader, "validate")]
+    val_loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer),
+                                                             trainer.global_rank)
+                                         for one in evaluation.as_loaders(loader, "validate")])
     trainer._val_loader = val_loaders
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
     trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit, "val") for one in val_loaders]

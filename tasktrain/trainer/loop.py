@@ -365,6 +365,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
     for fn in hooks["on_train_batch_end"]:
         fn(batch_output, batch, batch_idx)
     state.batch_phase = None  # (completed)
+    fit.metrics.set_batch(None)  # (Lightning's: what is logged after the batch's hooks infers no batch size)
     # Lightning's order: the step metrics (what on_train_batch_end logged included), validation (after any batch, a
     # window's middle included), then the count
     if steps and (trainer.should_update_logs or trainer.fast_dev_run):  # (fast_dev_run: every step, Lightning's)
@@ -504,7 +505,8 @@ def _finite_probe(loss):
 def check_finite_loss(trainer, fit):
     """The losses since the last check are tested in one go, so there is no host sync per step."""
     window = fit.loss_window
-    if not window:
+    if not window or "check_finite_loss" in trainer._trial_skips:  # (a learning-rate sweep: lr_finder.py)
+        fit.loss_window = []
         return
     finite = torch.isfinite(torch.stack(window).float())
     if not bool(finite.all()):

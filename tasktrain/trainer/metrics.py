@@ -8,7 +8,9 @@ collective per such call. Where self.log may be called, and its defaults there, 
 checked against the hook the loop is in (MetricStore.fx, set by in_hook / hook_scope around each hook it calls).
 """
 import contextlib
+import dataclasses
 import sys
+from collections.abc import Iterable, Mapping
 import threading
 from functools import partial
 
@@ -162,8 +164,11 @@ class MetricStore:
         self._batch_size = None
 
     def batch_size(self):
+        """The current batch's size as Lightning infers it (once a batch); 1 outside a batch (an epoch-end hook)."""
+        if self.batch is None:
+            return 1
         if self._batch_size is None:
-            self._batch_size = _infer_batch_size(self.batch)
+            self._batch_size = extract_batch_size(self.batch, warn=self.strategy.is_global_zero)
         return self._batch_size
 
     # -- self.log -------------------------------------------------------------------------------------------------
@@ -432,20 +437,49 @@ def _scalar_of(name, value):
     return value
 
 
-def _infer_batch_size(batch):
+CANNOT_INFER_BATCH_SIZE = ("We could not infer the batch_size from the batch. Either simplify its structure or "
+                          "provide the batch_size as `self.log(..., batch_size=batch_size)`.")
+_ambiguity_warned = set()  # each ambiguity message once per process (Lightning's warning cache)
+
+
+def _batch_sizes(batch):
+    """The first dimension of every tensor in the batch (1 for a scalar tensor), in order; None for any other leaf."""
     if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() else 1
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            size = _infer_batch_size(item)
-            if size is not None:
-                return size
-    if isinstance(batch, dict):
-        for item in batch.values():
-            size = _infer_batch_size(item)
-            if size is not None:
-                return size
-    return 1
+        yield batch.size(0) if batch.ndim else 1
+    elif isinstance(batch, (Iterable, Mapping)) and not isinstance(batch, str):
+        for item in batch.values() if isinstance(batch, Mapping) else batch:
+            yield from _batch_sizes(item)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for field in dataclasses.fields(batch):
+            yield from _batch_sizes(getattr(batch, field.name))
+    else:
+        yield None
+
+
+def extract_batch_size(batch, warn=True):
+    """Lightning's extract_batch_size, the weight of a self.log(on_epoch=True, reduce_fx="mean") value without
+    batch_size=: the first size found walking the batch (tensors, lists, tuples, dicts, dataclasses, in order;
+    leaves without a size before it, strings, numbers, are passed over); a warning, once a process (with `warn`: on
+    global rank 0), when a later leaf disagrees (a tensor of another size, or, Lightning's rule, a leaf without a
+    size); MisconfigurationException when nothing in the batch has a size."""
+    size = None
+    try:
+        for found in _batch_sizes(batch):
+            if size is None:
+                size = found
+            elif found != size:
+                message = ("Trying to infer the `batch_size` from an ambiguous collection. The batch size we found "
+                           f"is {size}. To avoid any miscalculations, use `self.log(..., batch_size=batch_size)`.")
+                if message not in _ambiguity_warned:
+                    _ambiguity_warned.add(message)
+                    if warn:
+                        warnings.warn(message, UserWarning, stacklevel=4)
+                break
+    except RecursionError:
+        raise RecursionError(CANNOT_INFER_BATCH_SIZE) from None
+    if size is None:
+        raise MisconfigurationException(CANNOT_INFER_BATCH_SIZE)
+    return size
 
 
 def _log_from_threads(log, lock, device, name, value, *args):

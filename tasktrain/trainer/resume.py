@@ -22,6 +22,7 @@ from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Sharded
 from tasktrain.trainer import loaders
+from tasktrain.trainer.combined import CombinedTrainData
 from tasktrain.trainer.data import StatefulLoaderData
 from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import hook_is_called
@@ -43,7 +44,8 @@ def run_state(trainer, weights_only=False):
     def train_state():
         saved = state.state_dict()
         if has_data:
-            if isinstance(data, StatefulLoaderData):
+            if isinstance(data, StatefulLoaderData) or (isinstance(data, CombinedTrainData) and
+                                                        data.keeps_loader_states()):
                 # a StatefulDataLoader over data whose order is its own: every rank's loader state, in rank order,
                 # beside the position (restored on the same number of processes: restore_train_state)
                 saved["loader_states"] = strategy.all_gather_object(data.loader_state(state.batch_in_epoch))
@@ -407,7 +409,8 @@ def restore_train_state(trainer, path, saved, saved_world, epochs):
     epochs.resume(saved, saved_world, accumulate, source=path, epoch_name=f"epoch {state.epoch}",
                   world=trainer.world_size, users_split=not trainer.use_distributed_sampler)
     loader_states = saved.get("loader_states")
-    if isinstance(epochs.data, StatefulLoaderData) and loader_states and len(loader_states) == trainer.world_size:
+    if isinstance(epochs.data, (StatefulLoaderData, CombinedTrainData)) and loader_states and \
+            len(loader_states) == trainer.world_size:
         epochs.data.load_loader_state(loader_states[trainer.global_rank])  # another world: refused just above
     if trainer.is_global_zero:
         check_global_batch(path, saved_global_batch, global_batch, shard_world,

@@ -151,7 +151,7 @@ def teardown(trainer, stage, module, status):
     trainer._unwatch()
     try:
         # Lightning calls the teardown hooks at a run's end only: a run that raised had on_exception instead
-        if status != "failed":
+        if status != "failed" and "teardown" not in trainer._trial_skips:  # (a tuner's trial: tuning._tuning)
             if trainer.datamodule is not None:  # (Lightning passes the stage by keyword, as its TrainerFn)
                 trainer.datamodule.teardown(stage=TrainerFn(stage))
             trainer._call("teardown", stage=TrainerFn(stage))
@@ -164,7 +164,12 @@ def teardown(trainer, stage, module, status):
         trainer._fit_state = None  # nothing of the fit (its loaders, bound parts) outlives the strategy's teardown
         # A run that ended keeps what trainer.save_checkpoint(...) after it needs (end_run: DeepSpeed keeps its
         # engine until the next run sets up, as Lightning's keeps it); a failed one is torn down now.
-        trainer.strategy.teardown() if status == "failed" else trainer.strategy.end_run()
+        if "teardown" in trainer._trial_skips:
+            pass  # a tuner's trial inside a run: the run's wrappers and engines are still in use (its end drops them)
+        elif status == "failed":
+            trainer.strategy.teardown()
+        else:
+            trainer.strategy.end_run()
         trainer._metrics = None
         if trainer.profiler is not None:
             trainer.profiler.describe()

@@ -179,6 +179,9 @@ class Trainer:
         # after the run (its on_exception hooks and the script read it)
         self.received_sigterm = False
         self._sigterm_previous = None  # the SIGTERM handler the run replaced (guards.restore_sigterm_handler)
+        # Hooks a tuner's trial run does not call (tuning._tuning sets them): Lightning's trials run its fit loop
+        # alone, without on_fit_start / on_fit_end, and from inside a run without the set-up and teardown hooks
+        self._trial_skips = ()
         self._predict_none_warned = False  # Lightning warns once per Trainer (its loop's cache) when predict_step returns None
         self._reset_run_state()
 
@@ -633,9 +636,10 @@ class Trainer:
                 if not isinstance(logger, Logger) and hasattr(logger, "experiment"):  # exists before the setup hooks
                     logger.experiment  # (tasktrain's loggers make theirs on rank 0 when first written to)
             # (Lightning passes the stage by keyword, as its TrainerFn: a str enum, == "fit" and .value both work)
-            if self.datamodule is not None:
-                self.datamodule.setup(stage=TrainerFn(stage))
-            self._call("setup", stage=TrainerFn(stage))
+            if "setup" not in self._trial_skips:  # (a tuner's trial inside a run: the run's set-up stands)
+                if self.datamodule is not None:
+                    self.datamodule.setup(stage=TrainerFn(stage))
+                self._call("setup", stage=TrainerFn(stage))
             if is_overridden("configure_model", module, TaskModule):
                 with hook_scope(self, "configure_model"):  # (named for self.log, which refuses it there)
                     module.configure_model()
@@ -695,7 +699,8 @@ class Trainer:
         with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
             _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
-        self._call("on_fit_start")
+        if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)
+            self._call("on_fit_start")
         if after_setup:
             loaded = resume.restore_module_and_callbacks(self, ckpt_path)
         if loaded is not None:
@@ -734,7 +739,8 @@ class Trainer:
         # Lightning gives the SIGTERM handler back before on_fit_end (its _teardown); after an exception, once the
         # on_exception hooks ran (_run_stage)
         guards.restore_sigterm_handler(self)
-        self._call("on_fit_end")
+        if "on_fit_end" not in self._trial_skips:
+            self._call("on_fit_end")
         skipped = self.strategy.precision.skipped_steps
         if skipped and self.is_global_zero:
             print(f"[tasktrain] GradScaler skipped {skipped} optimizer step(s) with inf/NaN gradients.", flush=True)

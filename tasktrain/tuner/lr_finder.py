@@ -8,8 +8,8 @@ from tasktrain.trainer.state import TrainState
 
 
 class LRFinder:
-    """What lr_find found: `results` {"lr": [...], "loss": [...]} (the smoothed loss after each step's rate) and
-    `suggestion()`. There is no plot(): draw results["lr"] against results["loss"] (log x) with any library."""
+    """What lr_find found: `results` {"lr": [...], "loss": [...]} (the smoothed loss after each step's rate),
+    `suggestion()` and `plot()` (matplotlib, imported only there)."""
 
     def __init__(self, mode, lr_min, lr_max, num_training, lrs, losses):
         self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
@@ -34,9 +34,37 @@ class LRFinder:
         self._optimal_idx = int(kept[index])
         return self.results["lr"][self._optimal_idx]
 
-    def plot(self, *args, **kwargs):
-        raise NotImplementedError("LRFinder has no plot(): plot results['lr'] (log scale) against results['loss'] "
-                                  "with the plotting library of your choice.")
+    def plot(self, suggest=False, show=False, ax=None):
+        """Lightning's plot: the smoothed loss against the rate (a log x axis in "exponential" mode) on `ax`, else on
+        a new figure; suggest=True marks the suggestion with a red dot (as Lightning's, not when it is the first
+        point or there is none); show=True calls plt.show(). Returns the figure. matplotlib is an optional
+        dependency, imported here only."""
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:  # (Lightning's exception and words)
+            from tasktrain.exceptions import MisconfigurationException
+
+            raise MisconfigurationException("To use the `plot` method, you must have Matplotlib installed. Install "
+                                            "it by running `pip install -U matplotlib`.")
+        import matplotlib.pyplot as plt
+
+        lrs, losses = self.results["lr"], self.results["loss"]
+        if ax is None:
+            fig, ax = plt.subplots()
+        else:
+            fig = ax.figure
+        ax.plot(lrs, losses)
+        if self.mode == "exponential":
+            ax.set_xscale("log")
+        ax.set_xlabel("Learning rate")
+        ax.set_ylabel("Loss")
+        if suggest:
+            self.suggestion()
+            if self._optimal_idx:  # (Lightning's test: index 0 draws no marker either)
+                ax.plot(lrs[self._optimal_idx], losses[self._optimal_idx], markersize=10, marker="o", color="red")
+        if show:
+            plt.show()
+        return fig
 
 
 class _Sweep(Callback):
@@ -58,6 +86,15 @@ class _Sweep(Callback):
         if self.mode == "exponential":
             return self.min_lr * (self.max_lr / self.min_lr) ** r
         return self.min_lr + r * (self.max_lr - self.min_lr)
+
+    def on_train_start(self, trainer, module):
+        # (Lightning's check and words; several optimizers reach here under manual optimisation only: automatic
+        # optimisation refuses them at set-up)
+        if len(trainer.optimizers) != 1:
+            from tasktrain.exceptions import MisconfigurationException
+
+            raise MisconfigurationException(f"`model.configure_optimizers()` returned {len(trainer.optimizers)}, but "
+                                            "learning rate finder only works with single optimizer")
 
     def _closes_window(self, trainer, batch_idx):
         return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
@@ -120,28 +157,28 @@ def start_counters_over(trainer):
     trainer._epoch_cut_short = False
 
 
-def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr,
-            attr_name):
+def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold):
+    """The sweep itself: a short fit of `model` on `trainer` (callbacks, limits and counters replaced; the caller,
+    tuning.find_lr, puts them back and sets the suggestion where the module keeps its rate)."""
     if mode not in ("exponential", "linear"):
         raise ValueError("`mode` should be either of ('linear', 'exponential')")
     if not 0 < min_lr < max_lr:
         raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): use 0 < min_lr < max_lr.")
     if not isinstance(num_training, int) or num_training < 2:
         raise ValueError(f"lr_find(num_training={num_training!r}): use at least 2 steps.")
-    name = lr_attr_name(model, attr_name) if update_attr else None
     sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
     trainer.callbacks = [sweep]
     trainer.max_steps = num_training  # (max_epochs stays the Trainer's: Lightning's; a short loader ends it)
-    trainer.limit_val_batches = 0  # the sweep reads the training loss only
+    # Lightning's: validation runs during the sweep where the fit's own would (val_check_interval and
+    # check_val_every_n_epoch as set), on at most num_training batches; no sanity check (tuning._tuning)
+    trainer.limit_val_batches = num_training
+    # a sweep is meant to reach the rates where the loss blows up: a non-finite loss is a point (left out of the
+    # suggestion), as in Lightning, not the fit's FloatingPointError (tuning._tuning puts _trial_skips back)
+    trainer._trial_skips = tuple(trainer._trial_skips) + ("check_finite_loss",)
     start_counters_over(trainer)
     trainer.fit(model, **loaders)
     finder = LRFinder(mode, min_lr, max_lr, num_training, sweep.lrs, sweep.losses)
-    if name is not None:
-        lr = finder.suggestion()
-        if lr is None:
-            print("[tasktrain] lr_find: too few finite losses for a suggestion; the learning rate is unchanged "
-                  "(raise num_training or lower max_lr).", flush=True)
-        else:
-            set_attr(model, name, lr)
-            print(f"[tasktrain] lr_find: learning rate set to {lr:.3g} ({type(model).__name__}.{name})", flush=True)
+    # several processes: every rank takes rank 0's points (each rank's loss is its own shard's), so that the
+    # suggestion, and the rate set, are the same everywhere (Lightning's broadcast)
+    finder.results = trainer.strategy.broadcast(finder.results)
     return finder

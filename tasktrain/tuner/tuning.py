@@ -14,16 +14,18 @@ current_epoch, and from inside a run everything of the run in progress: its load
 strategy's wrapped module and optimizers). The trials run with the trainer's callbacks, loggers and profiler set
 aside: nothing is checkpointed, logged or profiled. They change only the attribute they tune (and, from inside a
 fit, the learning rate of the optimizers already built, as Lightning's).
-They run on one process: on several, each rank's trials would have to agree on every outcome (an out-of-memory
-error on one rank leaves the others waiting); find the values in a one-process run and pass them in.
+On several processes (Lightning's rules): the learning-rate sweep runs on every rank, stopped early when rank 0's
+loss diverges, and every rank takes rank 0's results (so the same suggestion); the batch-size search is refused
+(an out-of-memory error on one rank would leave the others waiting).
 """
 import copy
 import warnings
 
 from tasktrain.exceptions import MisconfigurationException
+from tasktrain.strategies.base import MultiProcess
 from tasktrain.trainer.seed import isolate_rng
 from tasktrain.tuner import batch_size_scaling
-from tasktrain.tuner.lr_finder import lr_attr_name, lr_find
+from tasktrain.tuner.lr_finder import lr_attr_name, lr_find, set_attr
 
 _METHODS = ("fit", "validate", "test", "predict")
 
@@ -66,7 +68,7 @@ class Tuner:
         _check_tuner_configuration(train_dataloaders, val_dataloaders, dataloaders, method)
         from tasktrain.callbacks.batch_size_finder import BatchSizeFinder
 
-        if self._trainer.world_size > 1:
+        if isinstance(self._trainer.strategy, MultiProcess):  # (Lightning's rule: a distributed strategy, even of one)
             raise ValueError("Tuning the batch size is currently not supported with distributed strategies.")
         if any(isinstance(cb, BatchSizeFinder) for cb in self._trainer.callbacks):
             raise ValueError("Trainer is already configured with a `BatchSizeFinder` callback.Please remove it if "
@@ -93,19 +95,16 @@ def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     on the optimizers already built (their configure_optimizers ran before the sweep: Lightning's rule)."""
     if _skipped(trainer, "learning rate finder"):
         return None
-    tuning = _tuning(trainer, model, "lr_find")  # (several processes: refused first, before the attribute's check)
+    tuning = _tuning(trainer, model, "lr_find")
     name = lr_attr_name(model, attr_name) if update_attr else None
     with isolate_rng(), tuning:
-        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, False,
-                         attr_name)
+        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold)
     if name is not None:
         lr = finder.suggestion()
         if lr is None:
             print("[tasktrain] lr_find: too few finite losses for a suggestion; the learning rate is unchanged "
                   "(raise num_training or lower max_lr).", flush=True)
         else:
-            from tasktrain.tuner.lr_finder import set_attr
-
             set_attr(model, name, lr)
             for optimizer in trainer.optimizers or []:  # (inside a fit: the run goes on at the suggested rate)
                 for group in optimizer.param_groups:
@@ -158,7 +157,7 @@ def check_batch_attribute(model, datamodule, name):
 def check_batch_size_setup(trainer, module, stage, batch_arg_name):
     """BatchSizeFinder.setup's checks (Lightning's, in its order and words): one process, loaders built by the
     module's or the DataModule's hooks (one per evaluation stage), and the attribute to tune."""
-    if trainer.world_size > 1:
+    if isinstance(trainer.strategy, MultiProcess):  # (Lightning's rule: a distributed strategy, even of one process)
         raise MisconfigurationException("The Batch size finder is not supported with distributed strategies.")
     stage = str(getattr(stage, "value", stage))
     given_train, given_eval = trainer._given_loaders
@@ -228,9 +227,8 @@ class _tuning:
     schedulers already built (a configure_optimizers that returns the same objects each time trains them)."""
 
     def __init__(self, trainer, model, name):
-        if trainer.world_size > 1:
-            raise ValueError(f"Tuner.{name} runs on one process; this trainer has {trainer.world_size}. Find the "
-                             "value in a one-process run (devices=1) and pass it to this one.")
+        # (several processes: the batch-size search is refused before this, in Lightning's words; the lr sweep runs on
+        # every rank, its early stop and results rank 0's: lr_finder.py)
         self.trainer, self.model = trainer, model
         self.in_run = trainer._metrics is not None  # called from a hook of a run in progress
 
@@ -251,6 +249,10 @@ class _tuning:
         trainer._loggers = []  # (loggers that are not callbacks too)
         trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
         trainer.num_sanity_val_steps = 0
+        # Lightning's trials run its fit loop alone (_try_loop_run): no on_fit_start / on_fit_end, and from inside a
+        # run none of the set-up and teardown hooks either (its own set-up stands); from the Tuner, the trial is the
+        # fit Lightning's Tuner runs, whose setup and teardown hooks run
+        trainer._trial_skips = ("on_fit_start", "on_fit_end") + (("setup", "teardown") if self.in_run else ())
         return self
 
     def __exit__(self, *exc):

@@ -16,6 +16,8 @@ from tasktrain import (BackboneFinetuning, BasePredictionWriter, CSVLogger, EMAW
                        GradientAccumulationScheduler, ModelCheckpoint, OnExceptionCheckpoint, StochasticWeightAveraging,
                        TaskModule, ThroughputMonitor, Trainer)
 from tasktrain.profilers import SimpleProfiler
+from tasktrain.callbacks import BatchSizeFinder, LearningRateFinder
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.tuner import Tuner
 
 out = sys.argv[1]
@@ -125,11 +127,38 @@ try:
             **common_args).fit(Regression(), data)
 except ValueError as err:
     refusals.append(str(err))
-try:
-    Tuner(Trainer(max_epochs=1, logger=False, enable_checkpointing=False, **common_args)).lr_find(Regression(), data)
+try:  # the batch-size search: refused on several processes (Lightning's rule and words), the Tuner's and the callback's
+    Tuner(Trainer(max_epochs=1, logger=False, enable_checkpointing=False, **common_args)).scale_batch_size(Regression())
 except ValueError as err:
     refusals.append(str(err))
+try:
+    Trainer(max_epochs=1, logger=False, enable_checkpointing=False, callbacks=[BatchSizeFinder()],
+            **common_args).fit(Regression())
+except MisconfigurationException as err:
+    refusals.append(str(err))
 facts["refusals"] = refusals
+
+# 6b. the learning-rate sweep runs on both ranks (Lightning's): each trains on its shard, rank 0's results are every
+# rank's, so the suggestion and the rate set are the same; the weights are put back
+tuned = Regression()
+tuned.lr = 0.05
+before = [p.detach().clone() for p in tuned.parameters()]
+finder = Tuner(Trainer(max_epochs=50, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                       **common_args)).lr_find(tuned, data, min_lr=1e-3, max_lr=1.0, num_training=20,
+                                               early_stop_threshold=None)
+facts["lr_find"] = {"lr": finder.results["lr"], "loss": finder.results["loss"], "suggestion": finder.suggestion(),
+                    "set": tuned.lr, "restored": all(torch.equal(a, b) for a, b in zip(before, tuned.parameters()))}
+# the callback, inside a fit: the sweep's trial leaves the fit's DDP wrapper whole, the fit goes on at rank 0's suggestion
+tuned = Regression()
+tuned.lr = 0.05
+callback = LearningRateFinder(min_lr=1e-3, max_lr=1.0, num_training_steps=20, early_stop_threshold=None)
+trainer = Trainer(max_epochs=5, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                  callbacks=[callback], **common_args)
+trainer.fit(tuned, data)
+facts["lr_finder_callback"] = {"lr": callback.optimal_lr.results["lr"], "loss": callback.optimal_lr.results["loss"],
+                               "set": tuned.lr, "rate": trainer.optimizers[0].param_groups[0]["lr"],
+                               "global_step": trainer.global_step,
+                               "weights": [p.detach().flatten().tolist() for p in tuned.parameters()]}
 
 # 7. ThroughputMonitor's step split per rank against a hand count: the monitor's clock moves only by each rank's own
 # phases (binary fractions, rank 1's forward twice rank 0's), so rank 0's gathered split is exact for both ranks

@@ -2,7 +2,7 @@
 sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrain's in the same process group, with
 and without seed_everything and with overfit_batches, and over loaders of the user's own order (CASES: custom sampler,
 custom batch sampler, RandomSampler with replacement; with validation and prediction), over two training
-loaders in a dict (each sharded), then tasktrain's fits resumed
+loaders in a dict (each sharded), a validate over a CombinedLoader(mode="max_size_cycle"), then tasktrain's fits resumed
 from the middle of an epoch; each rank writes OUT/rank{R}.json with, per fit, the sample indices of every batch it
 trained on ((epoch, batch_idx) order) and the weights after (and the validation's and prediction's batches and the
 set_epoch calls the user's samplers got). Last, under both, a fit whose every rank gets SIGTERM at the same batch
@@ -20,34 +20,16 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import EpochSampler, MyBatchSampler  # noqa: E402
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore")
 SEED_VARS = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS")
 CASES = {"no seed": dict(seed=None), "seed 7": dict(seed=7), "overfit": dict(seed=None, overfit_batches=2),
          "combined": dict(seed=None, combined=True)}
-
-
-class EpochSampler(Sampler):
-    """A sampler of the user's: a permutation of range(n) drawn from its epoch, every set_epoch call noted."""
-
-    def __init__(self, n, calls):
-        self.n, self.calls, self.epoch = n, calls, 0
-
-    def set_epoch(self, epoch):
-        self.calls.append(epoch)
-        self.epoch = epoch
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist())
-
-    def __len__(self):
-        return self.n
-
-
-class MyBatchSampler(BatchSampler):
-    """A batch sampler of the user's (a subclass: Lightning builds it again around its DistributedSampler)."""
 
 
 def custom_sampler(calls):  # (train: DistributedSamplerWrapper; val: the same, unshuffled; predict: unrepeated)
@@ -66,6 +48,13 @@ def replacement(calls):  # (RandomSampler(replacement=True, num_samples): Distri
     return dict(train=DataLoader(data(), batch_size=2, sampler=RandomSampler(range(22), True, num_samples=8)))
 
 
+def stateful_custom_sampler(calls):  # (a StatefulDataLoader: rebuilt as one around DistributedSamplerWrapper)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return dict(train=StatefulDataLoader(data(), batch_size=2, sampler=EpochSampler(22, calls["train"])))
+
+
+CASES.update({"stateful custom sampler": dict(seed=7, loaders=stateful_custom_sampler, kinds=True)})
 CASES.update({"custom sampler": dict(seed=7, loaders=custom_sampler), "custom batch sampler":
               dict(seed=None, loaders=custom_batch_sampler), "replacement": dict(seed=None, loaders=replacement)})
 
@@ -81,14 +70,15 @@ def small():
     return TensorDataset(torch.arange(100, 107), x, x @ torch.tensor([[0.5], [1.0], [-1.0]]))
 
 
-def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loaders=None, combined=False):
+def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loaders=None, combined=False,
+        kinds=False):
     for var in SEED_VARS:
         os.environ.pop(var, None)
     if seed is None:
         torch.manual_seed(0)  # the weights' draw; the sampler's seed is then Lightning's default, 0
     else:
         lib.seed_everything(seed, verbose=False)
-    rows, val_rows, predict_rows = [], [], []
+    rows, val_rows, predict_rows, kinds = [], [], [], ([] if kinds else None)
     calls = {"train": [], "val": [], "predict": []}
     given = loaders(calls) if loaders is not None else {}
 
@@ -98,6 +88,11 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loader
             self.layer = torch.nn.Linear(3, 1)
 
         def training_step(self, batch, batch_idx):
+            if kinds == []:  # the loader trained on (Lightning drops it after the fit), and the
+                # sampler its batches come from (Lightning rebuilds a StatefulDataLoader's torchdata BatchSampler
+                # around it, leaving `sampler` a SequentialSampler)
+                kinds.extend([type(self.trainer.train_dataloader).__name__,
+                              type(self.trainer.train_dataloader.batch_sampler.sampler).__name__])
             if combined:  # {"a": batch, "b": batch} of two loaders (max_size_cycle), each sharded by the strategy
                 rows.append([self.current_epoch, batch_idx, {k: v[0].tolist() for k, v in batch.items()}])
                 return sum(torch.nn.functional.mse_loss(self.layer(x), y) for _, x, y in batch.values())
@@ -128,7 +123,7 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loader
         trainer.predict(module, given["predict"], return_predictions=False)
     seen = {"batches": rows, "weights": weights}
     if loaders is not None:
-        seen.update(val=val_rows, predict=predict_rows, set_epoch=calls)
+        seen.update(val=val_rows, predict=predict_rows, set_epoch=calls, **({} if kinds is None else {"loader": kinds}))
     if combined:  # trainer.train_dataloader: the loaders as given, each with a DistributedSampler
         seen["samplers"] = {k: isinstance(v.sampler, DistributedSampler) for k, v in trainer.train_dataloader.items()}
     del trainer
@@ -177,6 +172,34 @@ def sigterm_fit(lib, base, sigterm_exception, folder):
     return seen
 
 
+def validate_combined(lib, base, combined):
+    """validate on a CombinedLoader(mode="max_size_cycle") of two loaders (each sharded: 6 and 2 batches a rank), a
+    metric logged with sync_dist: the batches, the results, and the `DistributedSampler` warnings rank 0 gives."""
+    rows = []
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            rows.append([batch_idx, dataloader_idx, {k: v[0].tolist() for k, v in batch.items()}])
+            self.log("seen", float(sum(v[0].sum() for v in batch.values())), on_epoch=True, sync_dist=True,
+                     reduce_fx="sum")
+
+    eight = TensorDataset(*(t[:8] for t in data().tensors))
+    loaders = combined({"x": DataLoader(data(), batch_size=2), "y": DataLoader(eight, batch_size=2)},
+                       "max_size_cycle")
+    trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
+                          enable_model_summary=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = trainer.validate(Module(), loaders, verbose=False)
+    said = [str(w.message) for w in caught if "Using `DistributedSampler`" in str(w.message)]
+    del trainer
+    return {"rows": rows, "results": results, "warnings": said}
+
+
 def main(out):
     import lightning.pytorch as L
 
@@ -185,6 +208,8 @@ def main(out):
     seen = {}
     for name, lib, base in (("lightning", L, L.LightningModule), ("tasktrain", tasktrain, tasktrain.TaskModule)):
         seen[name] = {case: fit(lib, base, **kwargs) for case, kwargs in CASES.items()}
+        combined = L.utilities.CombinedLoader if name == "lightning" else tasktrain.utilities.CombinedLoader
+        seen[name + " validate combined"] = validate_combined(lib, base, combined)
     # tasktrain's exact resume of that shuffled order: a fit resumed from the middle of its first epoch (step 3 of 6)
     saves = os.path.join(out, "checkpoints")
     saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=3, save_top_k=-1, filename="{step}")
@@ -198,6 +223,13 @@ def main(out):
                                           loaders=custom_sampler),
                              "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=custom_sampler,
                                             ckpt_path=os.path.join(saves, "step=3.ckpt"))}
+    # the same with a StatefulDataLoader: its own state (per rank) resumes it
+    saves = os.path.join(out, "stateful")
+    saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    seen["resume stateful"] = {"whole": fit(tasktrain, tasktrain.TaskModule, 7, callbacks=[saver],
+                                            loaders=stateful_custom_sampler),
+                               "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=stateful_custom_sampler,
+                                              ckpt_path=os.path.join(saves, "step=3.ckpt"))}
     from lightning.pytorch.utilities.exceptions import SIGTERMException as Theirs
 
     from tasktrain.utilities.exceptions import SIGTERMException as Ours

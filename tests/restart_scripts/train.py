@@ -3,6 +3,8 @@
 uninterrupted reference), or plainly with --trainer-restarts N (Trainer(max_restarts=N) starts the elastic agent).
 
     python train.py --strategy ddp|zero2|fsdp --root DIR --out OUT [--kills STEP:RANK:WHEN,...]
+    python train.py --strategy ddp,zero2,fsdp --root DIR --out OUT   # the references: each strategy in turn, in the
+                                                                     # same processes, into DIR/S and OUT-S
 
 Kill number i (0-based) fires in attempt i of the launch (TORCHELASTIC_RESTART_COUNT == i), so a run with three
 kills is restarted three times and its fourth attempt ends the fit. WHEN is
@@ -146,7 +148,19 @@ def main():
     p.add_argument("--trainer-restarts", type=int, default=0, help="Trainer(max_restarts=N), for a plain `python "
                    "train.py` (the Trainer starts torch's elastic agent)")
     args = p.parse_args()
+    strategies = args.strategy.split(",")
+    if len(strategies) == 1:
+        return run(args)
+    # Several uninterrupted references in one launch (the processes and their imports start once): each is the same
+    # run as in a fresh process (seeded, its own folder), which the killed launches check bit for bit.
+    assert not args.kills, "kills are for a launch of one strategy"
+    for strategy in strategies:
+        root = os.path.join(args.root, strategy)
+        os.makedirs(root, exist_ok=True)
+        run(argparse.Namespace(**dict(vars(args), strategy=strategy, root=root, out=f"{args.out}-{strategy}")))
 
+
+def run(args):
     callbacks = [Samples(os.path.join(args.root, f"samples.rank{RANK}.jsonl")),
                  ModelCheckpoint(dirpath=os.path.join(args.root, "ckpt"), every_n_train_steps=1, save_top_k=2,
                                  monitor="step", mode="max",
@@ -173,8 +187,7 @@ def main():
         for line in f:
             step, attempt, ids = json.loads(line)
             final[step] = ids  # a later attempt's line for the same step replaces an earlier one
-    torch.save = _torch_save
-    torch.save({"weights": {k: v.detach().clone() for k, v in weights.items()},
+    _torch_save({"weights": {k: v.detach().clone() for k, v in weights.items()},
                 "optimizer": [t.detach().clone() for t in local_tensors(optimizer.state_dict())],
                 "samples": [final[s] for s in sorted(final)], "global_step": trainer.global_step,
                 "attempt": ATTEMPT}, f"{args.out}.rank{RANK}.pt")

@@ -123,5 +123,28 @@ def get_standard_metrics(trainer):
     return {"v_num": version[-4:] if isinstance(version, str) else version}
 
 
+class SwitchedProgressBar(ProgressBar):
+    """What the drawing bars (TQDMProgressBar, RichProgressBar) share: `refresh_rate` (0: nothing is drawn) and the
+    switch that setup turns off on ranks other than 0. A subclass sets `_refresh_rate` and `_enabled`."""
+
+    @property
+    def refresh_rate(self):
+        return self._refresh_rate
+
+    @property
+    def is_enabled(self):
+        return self._enabled and self.refresh_rate > 0
+
+    @property
+    def is_disabled(self):
+        return not self.is_enabled
+
+    def disable(self):
+        self._enabled = False
+
+    def enable(self):
+        self._enabled = True
+
+
 def _inf(batches):
     return float("inf") if batches is None else batches

@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from tasktrain.callbacks.progress.progress_bar import ProgressBar
+from tasktrain.callbacks.progress.progress_bar import SwitchedProgressBar
 
 
 @dataclass
@@ -41,7 +41,7 @@ class RichProgressBarTheme:
     metrics_format: str = ".3f"
 
 
-class RichProgressBar(ProgressBar):
+class RichProgressBar(SwitchedProgressBar):
     """`refresh_rate`: redraws per second at most (0: nothing is drawn); `leave`: keep each epoch's finished training
     bar on screen; `theme`: a RichProgressBarTheme; `console_kwargs`: the arguments of rich's `Console` (`file`,
     `width`, `force_terminal`, ...)."""
@@ -66,24 +66,6 @@ class RichProgressBar(ProgressBar):
         self._progress_stopped = False
         self._drawn_at = -math.inf
         self.theme = theme
-
-    @property
-    def refresh_rate(self):
-        return self._refresh_rate
-
-    @property
-    def is_enabled(self):
-        return self._enabled and self.refresh_rate > 0
-
-    @property
-    def is_disabled(self):
-        return not self.is_enabled
-
-    def disable(self):
-        self._enabled = False
-
-    def enable(self):
-        self._enabled = True
 
     # -- the bars: rich Tasks of `progress` -----------------------------------------------------------------------
     def _task(self, which):

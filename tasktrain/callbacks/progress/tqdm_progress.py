@@ -14,7 +14,7 @@ import time
 
 from tqdm import tqdm as _tqdm
 
-from tasktrain.callbacks.progress.progress_bar import ProgressBar
+from tasktrain.callbacks.progress.progress_bar import SwitchedProgressBar
 
 _PAD_SIZE = 5
 
@@ -39,7 +39,7 @@ class Tqdm(_tqdm):
         return n
 
 
-class TQDMProgressBar(ProgressBar):
+class TQDMProgressBar(SwitchedProgressBar):
     """`refresh_rate`: batches between updates (0: nothing is drawn); `process_position`: lines to offset the bars
     by (bars of other programs above them); `leave`: keep each epoch's finished training bar on screen."""
 
@@ -78,26 +78,8 @@ class TQDMProgressBar(ProgressBar):
     del _bar
 
     @property
-    def refresh_rate(self):
-        return self._refresh_rate
-
-    @property
     def process_position(self):
         return self._process_position
-
-    @property
-    def is_enabled(self):
-        return self._enabled and self.refresh_rate > 0
-
-    @property
-    def is_disabled(self):
-        return not self.is_enabled
-
-    def disable(self):
-        self._enabled = False
-
-    def enable(self):
-        self._enabled = True
 
     def _tqdm(self, desc, position, leave, **extra):
         return Tqdm(desc=desc, position=position, disable=self.is_disabled, leave=leave, dynamic_ncols=True,

@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from tasktrain.strategies.deepspeed.ops import clear_stale_op_locks
 
 def import_deepspeed():
     """`import deepspeed`, without the mlflow that DeepSpeed's autotuner imports with the package when mlflow is
@@ -14,7 +15,9 @@ def import_deepspeed():
     autotuner alone (`deepspeed --autotuning`, which tasktrain never runs; it reads an absent mlflow as "do not
     log"). mlflow is hidden only while deepspeed loads, and only when nothing imported it before: an `import
     mlflow` afterwards (MLFlowLogger, the user) gets the real package. Every first import of deepspeed in
-    tasktrain goes through here."""
+    tasktrain goes through here, before any of DeepSpeed's ops is loaded: a stale op lock is cleared first (ops.py),
+    else that load would wait forever."""
+    clear_stale_op_locks()
     if "deepspeed" in sys.modules or "mlflow" in sys.modules:
         import deepspeed
 

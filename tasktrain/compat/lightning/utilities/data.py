@@ -1,55 +1,19 @@
 """`lightning.pytorch.utilities.data`: extract_batch_size (how self.log finds a batch's size in Lightning),
 sized_len, has_iterable_dataset, has_len_all_ranks."""
-import dataclasses
-from collections.abc import Iterable, Mapping
-
 import torch
 from torch.utils.data import IterableDataset
 
-from tasktrain.compat.lightning.utilities.rank_zero import rank_zero_warn
-from tasktrain.exceptions import MisconfigurationException
+from tasktrain.compat.lightning.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from tasktrain.trainer.metrics import extract_batch_size as _extract_batch_size
 
 __all__ = ["extract_batch_size", "has_iterable_dataset", "has_len_all_ranks", "sized_len"]
 
-_CANNOT_INFER = ("We could not infer the batch_size from the batch. Either simplify its structure or provide the "
-                 "batch_size as `self.log(..., batch_size=batch_size)`.")
-_warned = set()  # each ambiguity message once per process (Lightning's warning cache)
 
-
-def _sizes(batch):
-    """The first dimension of every tensor in the batch (1 for a scalar tensor), None for any other leaf."""
-    if isinstance(batch, torch.Tensor):
-        yield batch.size(0) if batch.ndim else 1
-    elif isinstance(batch, (Iterable, Mapping)) and not isinstance(batch, str):
-        for item in batch.values() if isinstance(batch, Mapping) else batch:
-            yield from _sizes(item)
-    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        for field in dataclasses.fields(batch):
-            yield from _sizes(getattr(batch, field.name))
-    else:
-        yield None
-
-
+# (the core's, which self.log uses: tasktrain/trainer/metrics.py)
 def extract_batch_size(batch):
-    """The first size found walking the batch (tensors, lists, tuples, dicts, dataclasses); a warning when a later
-    tensor disagrees; MisconfigurationException when nothing in it has a size."""
-    size = None
-    try:
-        for found in _sizes(batch):
-            if size is None:
-                size = found
-            elif found != size:
-                message = ("Trying to infer the `batch_size` from an ambiguous collection. The batch size we found "
-                           f"is {size}. To avoid any miscalculations, use `self.log(..., batch_size=batch_size)`.")
-                if message not in _warned:
-                    _warned.add(message)
-                    rank_zero_warn(message)
-                break
-    except RecursionError:
-        raise RecursionError(_CANNOT_INFER)
-    if size is None:
-        raise MisconfigurationException(_CANNOT_INFER)
-    return size
+    """The first size found walking the batch (tensors, lists, tuples, dicts, dataclasses); a warning (rank 0) when
+    a later tensor disagrees; MisconfigurationException when nothing in it has a size."""
+    return _extract_batch_size(batch, warn=rank_zero_only.rank == 0)
 
 
 def sized_len(dataloader):
