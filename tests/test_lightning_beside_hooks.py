@@ -306,6 +306,8 @@ def test_a_run_that_raises_calls_on_exception_and_no_teardown_hooks_as_lightning
                 calls.append(("datamodule", "teardown", str(stage)))
 
         trainer = lib.Trainer(**{**QUIET, "max_epochs": 1, "num_sanity_val_steps": 0}, callbacks=[Rec()])
+        # the strategy's hook (Lightning's Strategy.on_exception), last
+        trainer.strategy.on_exception = lambda exc: calls.append(("strategy", "on_exception", type(exc).__name__))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with pytest.raises(ValueError, match="boom"):
@@ -316,6 +318,7 @@ def test_a_run_that_raises_calls_on_exception_and_no_teardown_hooks_as_lightning
         seen[lib.__name__] = calls
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert not any(event == "teardown" for _, event, _ in seen["tasktrain"])
+    assert seen["tasktrain"][-1] == ("strategy", "on_exception", "ValueError")
 
 
 def test_load_from_checkpoint_on_load_checkpoint_sees_hyper_parameters_as_lightning(tmp_path):

@@ -235,9 +235,10 @@ def load(trainer, path):
     with ckpt_io.trusted_pickles(getattr(trainer, "_ckpt_weights_only", None) is False):
         ckpt = upgrade(strategy.load_checkpoint(path))
     if ckpt_io.own_state(ckpt).get("weights_only"):
-        raise ValueError(
-            f"{path} was saved with save_weights_only=True: it holds the weights but no optimizer, scheduler or "
-            "loop state, so training cannot resume from it. Use it for inference "
+        raise KeyError(  # Lightning's type and first sentence; the rest says what to do
+            "Trying to restore optimizer state but checkpoint contains only the model. This is probably due to "
+            f"`ModelCheckpoint.save_weights_only` being set to `True`. {path} holds the weights but no optimizer, "
+            "scheduler or loop state, so training cannot resume from it. Use it for inference "
             f"({type(module).__name__}.load_from_checkpoint(path)) or start a new fit from those weights."
         )
     if not isinstance(ckpt_io.own_state(ckpt).get("train_state"), dict):

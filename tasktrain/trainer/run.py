@@ -137,6 +137,7 @@ def on_failure(trainer, exc):
     handlers = list(trainer._all_hooks.get("on_exception", []))
     if trainer.datamodule is not None:
         handlers.append(trainer.datamodule.on_exception)
+    handlers.append(trainer.strategy.on_exception)  # last, as Lightning's
     for fn in handlers:
         try:
             fn(exc)
