@@ -429,3 +429,44 @@ def test_evaluation_loaders_without_a_batch_skip_the_loop_as_lightning():
         seen[lib.__name__] = (calls, results)
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert seen["tasktrain"][0].count("training_step") == 3 and "validation_step" not in seen["tasktrain"][0]
+
+
+def test_datamodule_hooks_are_profiled_as_lightnings(tmp_path):
+    """profiler="simple" records each DataModule hook the run calls once, as Lightning's "[LightningDataModule]<class>.
+    <hook>" ("[DataModule]..." under the rename): prepare_data, setup, state_dict (the checkpoint), teardown; and
+    load_state_dict on a resume."""
+    seen = {}
+    for lib in (tasktrain, L):
+        import importlib
+
+        classes = importlib.import_module(f"{lib.__name__}.demos.boring_classes")
+
+        class Data(classes.BoringDataModule):
+            def state_dict(self):
+                return {"temp": 1}
+
+            def prepare_data(self):
+                pass
+
+        def trainer():
+            return lib.Trainer(default_root_dir=tmp_path / lib.__name__, max_steps=1, limit_val_batches=0,
+                               profiler="simple", enable_model_summary=False, enable_progress_bar=False, logger=False)
+
+        runs = []
+        first = trainer()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first.fit(classes.BoringModel(), datamodule=Data())
+            second = trainer()
+            second.fit(classes.BoringModel(), datamodule=Data(), ckpt_path=first.checkpoint_callback.best_model_path)
+        for run in (first, second):
+            runs.append(sorted((name.replace("[LightningDataModule]", "[DataModule]"), len(durations))
+                               for name, durations in run.profiler.recorded_durations.items()
+                               if "DataModule]" in name))
+        seen[lib.__name__] = runs
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert [name.split(".")[-1] for name, _ in seen["tasktrain"][0]] == ["prepare_data", "setup", "state_dict",
+                                                                         "teardown", "train_dataloader"]
+    # (the resumed fit is already at max_steps: it saves nothing)
+    assert [name.split(".")[-1] for name, _ in seen["tasktrain"][1]] == ["load_state_dict", "prepare_data", "setup",
+                                                                         "teardown", "train_dataloader"]

@@ -21,7 +21,7 @@ from tasktrain.callbacks.base import Callback
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Sharded
-from tasktrain.trainer import loaders
+from tasktrain.trainer import loaders, run
 from tasktrain.trainer.data import StatefulLoaderData
 from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import hook_is_called
@@ -92,7 +92,7 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
             if hasattr(obj, "_hparams_name"):
                 checkpoint[f"{prefix}hparams_name"] = obj._hparams_name
             checkpoint[f"{prefix}hyper_parameters"] = plain(dict(obj.hparams))
-    datamodule_state = datamodule.state_dict() if datamodule is not None else None
+    datamodule_state = run.datamodule_call(trainer, "state_dict") if datamodule is not None else None
     if datamodule_state:  # under its class name, as Lightning keeps it
         checkpoint[type(datamodule).__qualname__] = datamodule_state
     with hook_scope(trainer, "on_save_checkpoint"):  # (named for self.log, which refuses it there)
@@ -266,7 +266,7 @@ def restore_module_and_callbacks(trainer, path):
                                         strict=module.strict_loading)  # (Lightning's)
     datamodule = trainer.datamodule
     if datamodule is not None and type(datamodule).__qualname__ in ckpt:  # under its class name, as Lightning keeps it
-        datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
+        run.datamodule_call(trainer, "load_state_dict", ckpt[type(datamodule).__qualname__])
         loaders.datamodule_restored(trainer)
     for cb in trainer.callbacks:
         if hook_is_called("on_load_checkpoint", cb, Callback):

@@ -500,9 +500,13 @@ class Trainer:
 
 
     def _loader_of(self, module, name):
-        """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module."""
+        """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module; profiled as
+        Lightning's ("[DataModule]<class>.<name>", "[TaskModule]<class>.<name>")."""
         with hook_scope(self, name):  # (named for self.log, which refuses it there)
-            return getattr(self.datamodule if self.datamodule is not None else module, name)()
+            if self.datamodule is not None:
+                return run.datamodule_call(self, name)
+            with self._profile(f"[TaskModule]{type(module).__name__}.{name}"):
+                return getattr(module, name)()
 
 
     def _eval_to_device(self, batch, dataloader_idx):
@@ -619,7 +623,7 @@ class Trainer:
                     logger.experiment  # (tasktrain's loggers make theirs on rank 0 when first written to)
             # (Lightning passes the stage by keyword, as its TrainerFn: a str enum, == "fit" and .value both work)
             if self.datamodule is not None:
-                self.datamodule.setup(stage=TrainerFn(stage))
+                run.datamodule_call(self, "setup", stage=TrainerFn(stage))
             self._call("setup", stage=TrainerFn(stage))
             if is_overridden("configure_model", module, TaskModule):
                 with hook_scope(self, "configure_model"):  # (named for self.log, which refuses it there)
