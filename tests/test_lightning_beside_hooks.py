@@ -470,3 +470,40 @@ def test_datamodule_hooks_are_profiled_as_lightnings(tmp_path):
     # (the resumed fit is already at max_steps: it saves nothing)
     assert [name.split(".")[-1] for name, _ in seen["tasktrain"][1]] == ["load_state_dict", "prepare_data", "setup",
                                                                          "teardown", "train_dataloader"]
+
+
+def test_every_entry_point_restores_the_datamodule_state_as_lightning(tmp_path):
+    """fit / validate / test / predict with ckpt_path: the DataModule's load_state_dict gets the state it saved
+    (Lightning restores it at every entry point; tasktrain did at fit only)."""
+    import importlib
+
+    seen = {}
+    for lib in (tasktrain, L):
+        classes = importlib.import_module(f"{lib.__name__}.demos.boring_classes")
+
+        class Data(classes.BoringDataModule):
+            def state_dict(self):
+                return {"my": "state_dict"}
+
+            def load_state_dict(self, state_dict):
+                self.restored = state_dict
+
+        def trainer():
+            return lib.Trainer(default_root_dir=tmp_path / lib.__name__, max_epochs=2, limit_train_batches=2,
+                               limit_val_batches=1, limit_test_batches=1, limit_predict_batches=1,
+                               enable_model_summary=False, enable_progress_bar=False, logger=False)
+
+        first = lib.Trainer(default_root_dir=tmp_path / lib.__name__, max_epochs=1, limit_train_batches=2,
+                            limit_val_batches=1, enable_model_summary=False, enable_progress_bar=False, logger=False)
+        restored = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first.fit(classes.BoringModel(), datamodule=Data())
+            for fn in ("fit", "validate", "test", "predict"):
+                data = Data()
+                getattr(trainer(), fn)(classes.BoringModel(), datamodule=data,
+                                       ckpt_path=first.checkpoint_callback.best_model_path)
+                restored[fn] = getattr(data, "restored", None)
+        seen[lib.__name__] = restored
+    assert seen["tasktrain"] == seen["lightning.pytorch"] == {fn: {"my": "state_dict"} for fn in
+                                                              ("fit", "validate", "test", "predict")}
