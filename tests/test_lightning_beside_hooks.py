@@ -507,3 +507,56 @@ def test_every_entry_point_restores_the_datamodule_state_as_lightning(tmp_path):
         seen[lib.__name__] = restored
     assert seen["tasktrain"] == seen["lightning.pytorch"] == {fn: {"my": "state_dict"} for fn in
                                                               ("fit", "validate", "test", "predict")}
+
+
+def test_datamodule_loader_hooks_and_from_datasets_as_lightning():
+    """A DataModule's loader hook it does not define raises Lightning's MisconfigurationException when called (it
+    returned None); from_datasets' loaders (batch size, sampler, workers, pin_memory; lists and dicts) are Lightning's;
+    a fit over a DataModule without val_dataloader still trains without validation."""
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([torch.zeros(2)] * 4)
+
+    def described(loader):
+        if isinstance(loader, (list, tuple)):
+            return [described(one) for one in loader]
+        if isinstance(loader, dict):
+            return {key: described(one) for key, one in loader.items()}
+        return loader.batch_size, type(loader.sampler).__name__, loader.num_workers, loader.pin_memory
+
+    seen = {}
+    for lib, base in ((tasktrain, tasktrain.DataModule), (L, L.LightningDataModule)):
+        out = []
+        for dataset in (TensorDataset(torch.zeros(8, 2)), Stream()):
+            dm = base.from_datasets(dataset, [dataset, dataset], {"a": dataset}, dataset, batch_size=4)
+            out.append([described(getattr(dm, f"{s}_dataloader")()) for s in ("train", "val", "test", "predict")])
+        for hook in ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"):
+            with pytest.raises(Exception) as missing:
+                getattr(base.from_datasets(), hook)()
+            out.append((type(missing.value).__name__, str(missing.value).split(" to be used")[0]))
+
+        class TrainOnly(base):
+            def train_dataloader(self):
+                return DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
+
+        class Net(lib.LightningModule if lib is L else lib.TaskModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).pow(2).mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = lib.Trainer(**{**QUIET, "max_epochs": 1})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Net(), datamodule=TrainOnly())
+        out.append((trainer.global_step, trainer.num_val_batches))
+        seen[lib.__name__] = out
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert seen["tasktrain"][2] == ("MisconfigurationException", "`train_dataloader` must be implemented")

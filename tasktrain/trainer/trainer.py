@@ -502,6 +502,8 @@ class Trainer:
     def _loader_of(self, module, name):
         """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module; profiled as
         Lightning's ("[DataModule]<class>.<name>", "[TaskModule]<class>.<name>")."""
+        if self.datamodule is not None and not is_overridden(name, self.datamodule, DataModule):
+            return None  # (the base's hook raises Lightning's "must be implemented")
         with hook_scope(self, name):  # (named for self.log, which refuses it there)
             if self.datamodule is not None:
                 return run.datamodule_call(self, name)
