@@ -917,17 +917,58 @@ def mark_done(directory, rank):
 
 
 def wait_for_marks(directory, world_size, timeout=MARK_TIMEOUT):
-    """Rank 0: wait until every rank has marked its part of `directory` done, then remove the marks."""
+    """Rank 0: wait until every rank has marked its part of `directory` done, then remove the marks.
+
+    In a CheckpointWriter's thread, once this process has received a SIGTERM since the write started (a launcher
+    stopping the survivors of a rank that died, or a pre-emption), the wait goes on only while the
+    checkpoint's files still change: once nothing in `directory` has changed for GIVE_UP_QUIET seconds, a missing
+    part will not come (its rank is dead) and the write ends with an error; the checkpoint is not made 'last'. A live
+    rank still writing its part keeps the wait going."""
     deadline = time.monotonic() + timeout
     marks = [os.path.join(directory, DONE_MARK.format(rank)) for rank in range(world_size)]
+    signals_at_start = getattr(threading.current_thread(), "sigterms_at_start", None)
+    seen, quiet_since = None, None
     while not all(os.path.exists(m) for m in marks):
+        missing = [r for r, m in enumerate(marks) if not os.path.exists(m)]
+        if signals_at_start is not None and _sigterms[0] != signals_at_start:
+            now = _tree_state(directory)
+            if now != seen:
+                seen, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since > GIVE_UP_QUIET:
+                raise CheckpointError(f"{directory}: given up waiting for ranks {missing} to write their part (a "
+                                      f"SIGTERM came, and nothing was written for {GIVE_UP_QUIET:.0f} s); the "
+                                      "checkpoint is not complete and was not made 'last'.")
         if time.monotonic() > deadline:
-            missing = [r for r, m in enumerate(marks) if not os.path.exists(m)]
             raise CheckpointError(f"{directory}: ranks {missing} did not finish writing their part within "
                                   f"{timeout:.0f} s; the checkpoint is not complete and was not made 'last'.")
         time.sleep(0.02)
     for m in marks:
         os.remove(m)
+
+
+GIVE_UP_QUIET = 5.0  # seconds without a change in a checkpoint's files after which a told-to-give-up wait ends
+
+
+def _tree_state(directory):
+    """(path, size, mtime) of every file under `directory`: what changes while some rank still writes its part."""
+    state = []
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:  # renamed or removed meanwhile: it changed
+                continue
+            state.append((root, name, st.st_size, st.st_mtime_ns))
+    return sorted(state)
+
+
+# SIGTERMs this process received (the Trainer's handler counts them: note_sigterm). A background write that sees one
+# arrive gives up on parts that stopped coming (wait_for_marks).
+_sigterms = [0]
+
+
+def note_sigterm():
+    _sigterms[0] += 1
 
 
 class CheckpointWriter:
@@ -953,6 +994,7 @@ class CheckpointWriter:
         self.wait()
         self._what, self._error = what, None
         self._thread = threading.Thread(target=self._run, args=(write,), name="tasktrain-checkpoint-writer")
+        self._thread.sigterms_at_start = _sigterms[0]  # (wait_for_marks)
         self._thread.start()
 
     def _run(self, write):
@@ -965,9 +1007,12 @@ class CheckpointWriter:
                   file=sys.stderr, flush=True)
 
     def wait(self):
+        """Block until the write in flight is done; raise its error. (The join wakes up every 50 ms so that a
+        SIGTERM's handler runs in this thread while it waits: the write then gives up on parts of dead ranks.)"""
         thread, self._thread = self._thread, None
         if thread is not None:
-            thread.join()
+            while thread.is_alive():
+                thread.join(timeout=0.05)
         error, self._error = self._error, None
         if error is not None:
             raise CheckpointError(f"The background write of {self._what} failed ({type(error).__name__}: {error}); "

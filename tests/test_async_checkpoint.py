@@ -266,3 +266,41 @@ def test_trainer_max_restarts_errors(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="restarts up to 3 times"):
         check_restarts(2)
     check_restarts(3)
+
+
+
+def test_writer_gives_up_on_a_dead_rank_after_a_sigterm(tmp_path, monkeypatch):
+    """Rank 0's background write waits for the other ranks' parts (wait_for_marks). A rank that died mid-save never
+    writes its part, and its launcher SIGTERMs the survivors: once a SIGTERM has come and the checkpoint's files have
+    stopped changing, the write ends with an error (not made 'last') instead of waiting until the launcher kills
+    the process. Without a SIGTERM it waits; after one, a part still being written keeps the wait going."""
+    from tasktrain import checkpoint_io
+    from tasktrain.checkpoint_io import CheckpointWriter, mark_done, note_sigterm, wait_for_marks
+    monkeypatch.setattr(checkpoint_io, "GIVE_UP_QUIET", 0.5)
+    part = tmp_path / "part"
+    part.mkdir()
+    mark_done(str(part), 0)  # rank 0's part is written; rank 1's never comes
+    writer = CheckpointWriter()
+    writer.start(lambda: wait_for_marks(str(part), 2), str(part))
+    time.sleep(1.0)
+    assert writer.in_flight  # no SIGTERM: it waits (a live rank's part may come)
+    note_sigterm()  # what the Trainer's SIGTERM handler does
+    asked = time.monotonic()
+    with pytest.raises(CheckpointError, match=r"given up waiting for ranks \[1\].*not made 'last'"):
+        writer.wait()
+    assert time.monotonic() - asked < 5
+    assert not writer.in_flight
+    # after a SIGTERM, a rank still writing its part (files changing) is waited for until its mark comes
+    writer.start(lambda: wait_for_marks(str(part), 2), str(part))
+    note_sigterm()
+
+    def slow_rank():
+        for i in range(6):
+            (part / "rank1.bin").write_bytes(b"x" * (i + 1))
+            time.sleep(0.3)  # 1.8 s in all: longer than the quiet time, never quiet for it
+        mark_done(str(part), 1)
+    writing = threading.Thread(target=slow_rank)
+    writing.start()
+    writer.wait()
+    writing.join()
+    assert writer.completed == 1

@@ -77,6 +77,29 @@ def test_the_datasets_draw_lightnings_numbers():
     torch.testing.assert_close(net_a(x), net_b(x))
 
 
+def test_the_iterable_boring_datamodule_is_lightnings():
+    """IterableBoringDataModule: per stage two loaders (a RandomDataset's, a RandomIterableDataset's) of 4-value
+    vectors, 16 / 32 / 64 / 128 of them; the same draws under both for the same seed."""
+    seen = []
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        lib.seed_everything(0, verbose=False)
+        dm = classes.IterableBoringDataModule()
+        loaders = {}
+        for stage, name in (("fit", "train"), ("validate", "val"), ("test", "test"), ("predict", "predict")):
+            dm.setup(stage)
+            loaders[name] = [(type(dl.dataset).__name__, torch.cat(list(dl))) for dl in
+                             getattr(dm, f"{name}_dataloader")()]
+        seen.append(loaders)
+    ours_loaders, their_loaders = seen
+    assert ours_loaders.keys() == their_loaders.keys()
+    for name in ours_loaders:
+        assert [kind for kind, _ in ours_loaders[name]] == [kind for kind, _ in their_loaders[name]]
+        for (_, a), (_, b) in zip(ours_loaders[name], their_loaders[name]):
+            torch.testing.assert_close(a, b)
+    assert [(kind, tuple(x.shape)) for kind, x in ours_loaders["train"]] == [("RandomDataset", (16, 4)),
+                                                                              ("RandomIterableDataset", (16, 4))]
+
+
 def test_the_no_length_datamodule_trains_by_max_steps():
     tasktrain.seed_everything(0, verbose=False)
     trainer = tasktrain.Trainer(max_steps=4, limit_val_batches=2, **QUIET)

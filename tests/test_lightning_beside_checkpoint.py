@@ -406,6 +406,26 @@ def test_resume_keeps_the_resumed_from_file_beside_lightning(L, tmp_path):
     assert seen["tasktrain"][1][0] == ["epoch=1-step=4.ckpt", "epoch=2-step=6.ckpt", "epoch=3-step=8.ckpt"]
 
 
+def test_resuming_from_a_weights_only_checkpoint_is_lightnings_key_error(L, tmp_path):
+    """A fit resumed from a ModelCheckpoint(save_weights_only=True) file: Lightning's KeyError (its words first)."""
+    seen = {}
+    for framework in ("lightning", "tasktrain"):
+        cls = L.pytorch.callbacks.ModelCheckpoint if framework == "lightning" else tasktrain.ModelCheckpoint
+        directory = tmp_path / framework / "ckpt"
+        trainer, files = run(framework, L, tmp_path / framework, [cls(directory, save_weights_only=True)], epochs=1)
+        common = dict(max_epochs=2, enable_progress_bar=False, enable_model_summary=False, logger=False,
+                      enable_checkpointing=False, default_root_dir=tmp_path / framework)
+        if framework == "lightning":
+            trainer, module = L.Trainer(accelerator="cpu", devices=1, **common), lit_module(L)
+        else:
+            trainer, module = tasktrain.Trainer(**common), tt_module()
+        with pytest.raises(KeyError) as refused:
+            trainer.fit(module, loader(16), loader(8), ckpt_path=str(directory / files[-1]))
+        seen[framework] = str(refused.value).split(" This is probably")[0]
+    assert seen["tasktrain"] == seen["lightning"] == "'Trying to restore optimizer state but checkpoint contains only " \
+                                                     "the model."
+
+
 def test_learning_rate_monitor_names_as_lightnings(L):
     """Names and histories worked out as Lightning does, on the same optimizers and scheduler configs (a stand-in
     trainer: the naming reads only these): schedulers' optimizers first, param-group names, "-1" for a second

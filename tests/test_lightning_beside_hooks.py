@@ -306,6 +306,8 @@ def test_a_run_that_raises_calls_on_exception_and_no_teardown_hooks_as_lightning
                 calls.append(("datamodule", "teardown", str(stage)))
 
         trainer = lib.Trainer(**{**QUIET, "max_epochs": 1, "num_sanity_val_steps": 0}, callbacks=[Rec()])
+        # the strategy's hook (Lightning's Strategy.on_exception), last
+        trainer.strategy.on_exception = lambda exc: calls.append(("strategy", "on_exception", type(exc).__name__))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with pytest.raises(ValueError, match="boom"):
@@ -316,6 +318,7 @@ def test_a_run_that_raises_calls_on_exception_and_no_teardown_hooks_as_lightning
         seen[lib.__name__] = calls
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert not any(event == "teardown" for _, event, _ in seen["tasktrain"])
+    assert seen["tasktrain"][-1] == ("strategy", "on_exception", "ValueError")
 
 
 def test_load_from_checkpoint_on_load_checkpoint_sees_hyper_parameters_as_lightning(tmp_path):
@@ -426,3 +429,134 @@ def test_evaluation_loaders_without_a_batch_skip_the_loop_as_lightning():
         seen[lib.__name__] = (calls, results)
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert seen["tasktrain"][0].count("training_step") == 3 and "validation_step" not in seen["tasktrain"][0]
+
+
+def test_datamodule_hooks_are_profiled_as_lightnings(tmp_path):
+    """profiler="simple" records each DataModule hook the run calls once, as Lightning's "[LightningDataModule]<class>.
+    <hook>" ("[DataModule]..." under the rename): prepare_data, setup, state_dict (the checkpoint), teardown; and
+    load_state_dict on a resume."""
+    seen = {}
+    for lib in (tasktrain, L):
+        import importlib
+
+        classes = importlib.import_module(f"{lib.__name__}.demos.boring_classes")
+
+        class Data(classes.BoringDataModule):
+            def state_dict(self):
+                return {"temp": 1}
+
+            def prepare_data(self):
+                pass
+
+        def trainer():
+            return lib.Trainer(default_root_dir=tmp_path / lib.__name__, max_steps=1, limit_val_batches=0,
+                               profiler="simple", enable_model_summary=False, enable_progress_bar=False, logger=False)
+
+        runs = []
+        first = trainer()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first.fit(classes.BoringModel(), datamodule=Data())
+            second = trainer()
+            second.fit(classes.BoringModel(), datamodule=Data(), ckpt_path=first.checkpoint_callback.best_model_path)
+        for run in (first, second):
+            runs.append(sorted((name.replace("[LightningDataModule]", "[DataModule]"), len(durations))
+                               for name, durations in run.profiler.recorded_durations.items()
+                               if "DataModule]" in name))
+        seen[lib.__name__] = runs
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert [name.split(".")[-1] for name, _ in seen["tasktrain"][0]] == ["prepare_data", "setup", "state_dict",
+                                                                         "teardown", "train_dataloader"]
+    # (the resumed fit is already at max_steps: it saves nothing)
+    assert [name.split(".")[-1] for name, _ in seen["tasktrain"][1]] == ["load_state_dict", "prepare_data", "setup",
+                                                                         "teardown", "train_dataloader"]
+
+
+def test_every_entry_point_restores_the_datamodule_state_as_lightning(tmp_path):
+    """fit / validate / test / predict with ckpt_path: the DataModule's load_state_dict gets the state it saved
+    (Lightning restores it at every entry point; tasktrain did at fit only)."""
+    import importlib
+
+    seen = {}
+    for lib in (tasktrain, L):
+        classes = importlib.import_module(f"{lib.__name__}.demos.boring_classes")
+
+        class Data(classes.BoringDataModule):
+            def state_dict(self):
+                return {"my": "state_dict"}
+
+            def load_state_dict(self, state_dict):
+                self.restored = state_dict
+
+        def trainer():
+            return lib.Trainer(default_root_dir=tmp_path / lib.__name__, max_epochs=2, limit_train_batches=2,
+                               limit_val_batches=1, limit_test_batches=1, limit_predict_batches=1,
+                               enable_model_summary=False, enable_progress_bar=False, logger=False)
+
+        first = lib.Trainer(default_root_dir=tmp_path / lib.__name__, max_epochs=1, limit_train_batches=2,
+                            limit_val_batches=1, enable_model_summary=False, enable_progress_bar=False, logger=False)
+        restored = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first.fit(classes.BoringModel(), datamodule=Data())
+            for fn in ("fit", "validate", "test", "predict"):
+                data = Data()
+                getattr(trainer(), fn)(classes.BoringModel(), datamodule=data,
+                                       ckpt_path=first.checkpoint_callback.best_model_path)
+                restored[fn] = getattr(data, "restored", None)
+        seen[lib.__name__] = restored
+    assert seen["tasktrain"] == seen["lightning.pytorch"] == {fn: {"my": "state_dict"} for fn in
+                                                              ("fit", "validate", "test", "predict")}
+
+
+def test_datamodule_loader_hooks_and_from_datasets_as_lightning():
+    """A DataModule's loader hook it does not define raises Lightning's MisconfigurationException when called (it
+    returned None); from_datasets' loaders (batch size, sampler, workers, pin_memory; lists and dicts) are Lightning's;
+    a fit over a DataModule without val_dataloader still trains without validation."""
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([torch.zeros(2)] * 4)
+
+    def described(loader):
+        if isinstance(loader, (list, tuple)):
+            return [described(one) for one in loader]
+        if isinstance(loader, dict):
+            return {key: described(one) for key, one in loader.items()}
+        return loader.batch_size, type(loader.sampler).__name__, loader.num_workers, loader.pin_memory
+
+    seen = {}
+    for lib, base in ((tasktrain, tasktrain.DataModule), (L, L.LightningDataModule)):
+        out = []
+        for dataset in (TensorDataset(torch.zeros(8, 2)), Stream()):
+            dm = base.from_datasets(dataset, [dataset, dataset], {"a": dataset}, dataset, batch_size=4)
+            out.append([described(getattr(dm, f"{s}_dataloader")()) for s in ("train", "val", "test", "predict")])
+        for hook in ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"):
+            with pytest.raises(Exception) as missing:
+                getattr(base.from_datasets(), hook)()
+            out.append((type(missing.value).__name__, str(missing.value).split(" to be used")[0]))
+
+        class TrainOnly(base):
+            def train_dataloader(self):
+                return DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
+
+        class Net(lib.LightningModule if lib is L else lib.TaskModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).pow(2).mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = lib.Trainer(**{**QUIET, "max_epochs": 1})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Net(), datamodule=TrainOnly())
+        out.append((trainer.global_step, trainer.num_val_batches))
+        seen[lib.__name__] = out
+    assert seen["tasktrain"] == seen["lightning.pytorch"]
+    assert seen["tasktrain"][2] == ("MisconfigurationException", "`train_dataloader` must be implemented")

@@ -176,7 +176,7 @@ def test_rich_progress_bar_arguments_enabling_and_refusals_as_lightnings(monkeyp
     assert ours == messages
     assert messages[2] == ("", None, None, {"shown": 0.25, "as_tensor": 2.0})
     # without rich: Lightning's ModuleNotFoundError at construction (the class itself still imports)
-    monkeypatch.setattr(progress, "rich_available", lambda: False)
+    monkeypatch.setattr(our_module, "_RICH_AVAILABLE", False)  # each module's own switch, as Lightning's
     monkeypatch.setattr(their_module, "_RICH_AVAILABLE", False)
     refused = []
     for cls in (our_module.RichProgressBar, their_module.RichProgressBar):
@@ -249,3 +249,123 @@ def test_rich_bar_of_a_loader_without_a_length_as_lightnings():
     assert seen[0][0] == ("Epoch 0/0 ", 3, float("inf"), True) and seen[0][1] == "CustomInfiniteTask"
     assert "3/-- T • -:--:-- Sit/s shown: 0.250" in seen[0][3][0]
 
+
+
+def _recorded_rich_calls(monkeypatch):
+    """Every call the bars make on rich's Progress (both frameworks' displays subclass it): (method, arguments)."""
+    calls = []
+    for name in ("update", "reset", "stop", "refresh"):
+        original = getattr(rich.progress.Progress, name)
+
+        def recording(self, *args, _name=name, _original=original, **kwargs):
+            calls.append((_name, args, tuple(sorted(kwargs.items()))))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(rich.progress.Progress, name, recording)
+    return calls
+
+
+def _counting_bar(pkg):
+    class Counting(pkg.callbacks.RichProgressBar):
+        """Records each get_metrics call as Lightning's own test does: (stage, epoch, step, metrics)."""
+
+        def __init__(self, **kwargs):
+            super().__init__(console_kwargs={"file": io.StringIO(), "width": 200}, **kwargs)
+            self.metric_calls = []
+
+        def get_metrics(self, trainer, module):
+            items = super().get_metrics(trainer, module)
+            self.metric_calls.append((trainer.state.stage, trainer.current_epoch, trainer.global_step, items))
+            return items
+
+    return Counting
+
+
+def test_rich_bar_reads_metrics_each_batch_and_drives_rich_as_lightnings(monkeypatch):
+    """get_metrics is called at every training batch, each validation end and epoch end (what a get_metrics override
+    sees), and the display gets the same update / reset / stop / refresh calls, for leave False and True, a
+    validation loader and refresh_rate=0 (no call at all); the display redraws from a thread of refresh_rate."""
+    seen = {}
+    for name, pkg, base in (("ours", tasktrain, tasktrain.TaskModule), ("theirs", L, L.LightningModule)):
+        runs = []
+        for kwargs in ({}, {"leave": True}, {"refresh_rate": 0}):
+            with monkeypatch.context() as patch:
+                calls = _recorded_rich_calls(patch)
+                bar = _counting_bar(pkg)(**kwargs)
+                threads = []
+                started = pkg.Callback()
+                started.on_train_start = lambda trainer, module: threads.append(
+                    (type(bar.progress.live._refresh_thread).__name__ != "NoneType",
+                     bar.progress.live._refresh_thread.refresh_per_second,
+                     bar.progress.live._refresh_thread.is_alive()) if bar.progress else None)
+                trainer = pkg.Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=2,
+                                      num_sanity_val_steps=1, callbacks=[bar, started], logger=False,
+                                      enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1)
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    trainer.fit(_module(base), _loader(12), _loader(8))
+                thread_after = bar.progress.live._refresh_thread if bar.progress else None
+                runs.append((bar.metric_calls, calls, threads, thread_after))
+        seen[name] = runs
+    assert seen["ours"] == seen["theirs"]
+    metric_calls, calls, threads, after = seen["ours"][0]
+    stages = [call[0] for call in metric_calls]
+    # per epoch: 3 training batches, validation end, training epoch end; the sanity check's validation end first
+    assert stages == ["sanity_check"] + (["train"] * 3 + ["validate", "train"]) * 2
+    assert [call[2] for call in metric_calls if call[0] == "train"] == [1, 2, 3, 3, 4, 5, 6, 6]
+    assert metric_calls[0][3] == {"val_shown": 1.5} and metric_calls[1][3] == {"shown": 0.25, "as_tensor": 2.0}
+    assert metric_calls[4][3] == {"shown": 0.25, "as_tensor": 2.0, "val_shown": 1.5}
+    # per epoch 3 + 2 batches and the validation bar hidden at its end; the sanity batch and its hide; epoch 1's new
+    # validation bar hides epoch 0's
+    assert [c[0] for c in calls].count("update") == 2 * (3 + 2 + 1) + 2 + 1
+    assert [c[0] for c in calls].count("reset") == 1 and [c[0] for c in calls].count("stop") == 1
+    assert threads == [(True, 100, True)] and after is None  # redrawn by a thread of 100/s, gone once stopped
+    assert [c[0] for c in seen["ours"][1][1]].count("reset") == 0  # leave=True: a new display per epoch
+    assert [c[0] for c in seen["ours"][1][1]].count("stop") == 2
+    assert seen["ours"][2][1] == [] and seen["ours"][2][0] == []  # refresh_rate=0: rich untouched, no metrics read
+
+
+def test_rich_bar_names_theme_and_interrupt_as_lightnings(monkeypatch):
+    """Lightning's module attributes are there (rich's Progress, the column classes) and the bar builds its display
+    from them, so patching them takes effect as in Lightning's; the theme's styles reach the columns; a
+    KeyboardInterrupt stops the display once (SystemExit, as Lightning)."""
+    from unittest import mock
+
+    from lightning.pytorch.callbacks.progress import rich_progress as their_module
+
+    columns = ("CustomBarColumn", "BatchesProcessedColumn", "CustomTimeColumn", "ProcessingSpeedColumn")
+    seen = []
+    for pkg, module in ((tasktrain, our_rich_progress), (L, their_module)):
+        assert module.Progress is rich.progress.Progress
+        assert issubclass(module.CustomProgress, rich.progress.Progress)
+        theme = module.RichProgressBarTheme(progress_bar="red", progress_bar_finished="green", batch_progress="blue",
+                                            time="bold", processing_speed="italic", progress_bar_pulse="cyan")
+        with mock.patch.multiple(module, **{name: mock.DEFAULT for name in columns}) as mocks:
+            bar = module.RichProgressBar(theme=theme, console_kwargs={"file": io.StringIO()})
+            bar.on_train_start(pkg.Trainer(logger=False), _module(tasktrain.TaskModule if pkg is tasktrain
+                                                                   else L.LightningModule))
+            styles = {name: mocks[name].call_args.kwargs for name in columns}
+            bar.progress.columns = (rich.progress.TextColumn(""),)  # the mocks cannot draw the display's last state
+            bar.teardown(None, None, "fit")
+        with mock.patch.object(module, "CustomProgress") as display:  # a disabled bar never builds a display
+            off = module.RichProgressBar(console_kwargs={"file": io.StringIO()})
+            off.disable()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                pkg.Trainer(max_epochs=1, callbacks=[off], logger=False, enable_checkpointing=False,
+                            enable_model_summary=False).fit(_module(tasktrain.TaskModule if pkg is tasktrain
+                                                                    else L.LightningModule), _loader(8))
+            built = display.call_count
+
+        class Interrupted(type(_module(tasktrain.TaskModule if pkg is tasktrain else L.LightningModule))):
+            def on_train_start(self):
+                raise KeyboardInterrupt
+
+        with monkeypatch.context() as patch:
+            calls = _recorded_rich_calls(patch)
+            with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()):
+                pkg.Trainer(fast_dev_run=True, logger=False, callbacks=[
+                    module.RichProgressBar(console_kwargs={"file": io.StringIO()})]).fit(Interrupted(), _loader(8))
+        seen.append((styles, built, [c[0] for c in calls if c[0] == "stop"]))
+    assert seen[0] == seen[1]
+    assert seen[0][0]["CustomBarColumn"] == {"complete_style": "red", "finished_style": "green", "pulse_style": "cyan"}
+    assert seen[0][0]["BatchesProcessedColumn"] == {"style": "blue"} and seen[0][1:] == (0, ["stop"])

@@ -159,6 +159,33 @@ class BoringDataModuleNoLen(BoringDataModule):
             self.random_predict = RandomIterableDataset(32, 64)
 
 
+class IterableBoringDataModule(DataModule):
+    """Lightning's: each stage a list of two loaders of 4-value vectors, one over a RandomDataset and one over a
+    RandomIterableDataset (16 each for training, 32 validation, 64 test, 128 prediction), batch size 1."""
+
+    def setup(self, stage):
+        if stage == "fit":
+            self.train_datasets = [RandomDataset(4, 16), RandomIterableDataset(4, 16)]
+        if stage in ("fit", "validate"):
+            self.val_datasets = [RandomDataset(4, 32), RandomIterableDataset(4, 32)]
+        if stage == "test":
+            self.test_datasets = [RandomDataset(4, 64), RandomIterableDataset(4, 64)]
+        if stage == "predict":
+            self.predict_datasets = [RandomDataset(4, 128), RandomIterableDataset(4, 128)]
+
+    def train_dataloader(self):
+        return [DataLoader(dataset) for dataset in self.train_datasets]
+
+    def val_dataloader(self):
+        return [DataLoader(dataset) for dataset in self.val_datasets]
+
+    def test_dataloader(self):
+        return [DataLoader(dataset) for dataset in self.test_datasets]
+
+    def predict_dataloader(self):
+        return [DataLoader(dataset) for dataset in self.predict_datasets]
+
+
 class DemoModel(TaskModule):
     """Linear(32, out_dim) + ReLU whose training loss is the sum of its outputs; Adam(lr=learning_rate)."""
 

@@ -363,6 +363,10 @@ class Strategy(abc.ABC):
         run of this process sets up (any strategy's setup_environment) or at exit, before the process group ends."""
         self.teardown()
 
+    def on_exception(self, exception):
+        """Lightning's hook: a run (fit, validate, test, predict) failed with `exception`; called after the callbacks'
+        and the DataModule's on_exception. Default: nothing."""
+
     def teardown(self):
         """End of a stage: drop the wrappers (the process group, if any, may outlive it for the next stage)."""
         self.model = None

@@ -104,17 +104,19 @@ class DataModule:
     def teardown(self, stage):
         """Release what setup made: runs on every rank at the end of each entry point."""
 
+    # The loader hooks a subclass defines; the base's raise Lightning's error, so that calling one the class does not
+    # define says so (the Trainer never calls them: it asks is_overridden first and takes "no loader" instead).
     def train_dataloader(self):
-        return None
+        raise _not_implemented("train_dataloader")
 
     def val_dataloader(self):
-        return None
+        raise _not_implemented("val_dataloader")
 
     def test_dataloader(self):
-        return None
+        raise _not_implemented("test_dataloader")
 
     def predict_dataloader(self):
-        return None
+        raise _not_implemented("predict_dataloader")
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         return batch
@@ -162,3 +164,9 @@ class DataModule:
 
     def on_exception(self, exception):
         """Called when an entry point fails, before teardown."""
+
+
+def _not_implemented(hook):
+    from tasktrain.exceptions import MisconfigurationException
+
+    return MisconfigurationException(f"`{hook}` must be implemented to be used with the Trainer")

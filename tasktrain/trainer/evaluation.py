@@ -17,7 +17,7 @@ from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning,
 from tasktrain.profilers import profiled, profiled_iter
 from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
-from tasktrain.trainer import guards
+from tasktrain.trainer import guards, run
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten
 from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
@@ -45,6 +45,9 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
                 module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"], strict=module.strict_loading)
+            datamodule = trainer.datamodule  # its state too, under its class name (Lightning's, at every entry point)
+            if datamodule is not None and type(datamodule).__qualname__ in ckpt:
+                run.datamodule_call(trainer, "load_state_dict", ckpt[type(datamodule).__qualname__])
     trainer._resumed_from = path  # trainer.ckpt_path: what this run loaded (Lightning's, for every entry point)
     guards.install_sigterm_handler(trainer)  # (Lightning's place: after the restore, before the loop; issue 37)
     limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,

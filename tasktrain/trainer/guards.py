@@ -22,6 +22,7 @@ from datetime import timedelta
 import torch
 from torch.distributed.tensor import DTensor
 
+from tasktrain.checkpoint_io import note_sigterm
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies.base import MultiProcess
 
@@ -322,6 +323,7 @@ def install_sigterm_handler(trainer):
         if not trainer.received_sigterm and isinstance(strategy, MultiProcess):
             strategy.forward_signal(signal.SIGTERM)  # to the workers it started itself, if any
         trainer.received_sigterm = True
+        note_sigterm()  # (a wait for a background checkpoint write gives up on parts of dead ranks)
         if callable(previous):
             previous(signum, frame)
 

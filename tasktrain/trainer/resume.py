@@ -21,7 +21,7 @@ from tasktrain.callbacks.base import Callback
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Sharded
-from tasktrain.trainer import loaders
+from tasktrain.trainer import loaders, run
 from tasktrain.trainer.combined import CombinedTrainData
 from tasktrain.trainer.data import StatefulLoaderData
 from tasktrain.trainer.metrics import hook_scope
@@ -94,7 +94,7 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
             if hasattr(obj, "_hparams_name"):
                 checkpoint[f"{prefix}hparams_name"] = obj._hparams_name
             checkpoint[f"{prefix}hyper_parameters"] = plain(dict(obj.hparams))
-    datamodule_state = datamodule.state_dict() if datamodule is not None else None
+    datamodule_state = run.datamodule_call(trainer, "state_dict") if datamodule is not None else None
     if datamodule_state:  # under its class name, as Lightning keeps it
         checkpoint[type(datamodule).__qualname__] = datamodule_state
     with hook_scope(trainer, "on_save_checkpoint"):  # (named for self.log, which refuses it there)
@@ -237,9 +237,10 @@ def load(trainer, path):
     with ckpt_io.trusted_pickles(getattr(trainer, "_ckpt_weights_only", None) is False):
         ckpt = upgrade(strategy.load_checkpoint(path))
     if ckpt_io.own_state(ckpt).get("weights_only"):
-        raise ValueError(
-            f"{path} was saved with save_weights_only=True: it holds the weights but no optimizer, scheduler or "
-            "loop state, so training cannot resume from it. Use it for inference "
+        raise KeyError(  # Lightning's type and first sentence; the rest says what to do
+            "Trying to restore optimizer state but checkpoint contains only the model. This is probably due to "
+            f"`ModelCheckpoint.save_weights_only` being set to `True`. {path} holds the weights but no optimizer, "
+            "scheduler or loop state, so training cannot resume from it. Use it for inference "
             f"({type(module).__name__}.load_from_checkpoint(path)) or start a new fit from those weights."
         )
     if not isinstance(ckpt_io.own_state(ckpt).get("train_state"), dict):
@@ -267,7 +268,7 @@ def restore_module_and_callbacks(trainer, path):
                                         strict=module.strict_loading)  # (Lightning's)
     datamodule = trainer.datamodule
     if datamodule is not None and type(datamodule).__qualname__ in ckpt:  # under its class name, as Lightning keeps it
-        datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
+        run.datamodule_call(trainer, "load_state_dict", ckpt[type(datamodule).__qualname__])
         loaders.datamodule_restored(trainer)
     for cb in trainer.callbacks:
         if hook_is_called("on_load_checkpoint", cb, Callback):

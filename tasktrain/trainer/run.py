@@ -40,9 +40,20 @@ def prepare_data(trainer, module):
             continue
         if trainer.local_rank == 0 if owner.prepare_data_per_node else trainer.is_global_zero:
             with hook_scope(trainer, "prepare_data"):  # (named for self.log, which refuses it there)
-                owner.prepare_data()
+                if owner is trainer.datamodule:
+                    datamodule_call(trainer, "prepare_data")
+                else:
+                    owner.prepare_data()
         if trainer.world_size > 1:
             trainer.strategy.barrier("prepare_data")
+
+
+def datamodule_call(trainer, name, *args, **kwargs):
+    """The DataModule's hook `name`, profiled as Lightning profiles it: "[DataModule]<class>.<hook>" (Lightning's
+    "[LightningDataModule]..." under the rename) in trainer.profiler's recorded actions."""
+    datamodule = trainer.datamodule
+    with trainer._profile(f"[DataModule]{type(datamodule).__name__}.{name}"):
+        return getattr(datamodule, name)(*args, **kwargs)
 
 
 def data_hook(trainer, name, module):
@@ -136,7 +147,8 @@ def on_failure(trainer, exc):
         trainer.strategy.mark_failed()
     handlers = list(trainer._all_hooks.get("on_exception", []))
     if trainer.datamodule is not None:
-        handlers.append(trainer.datamodule.on_exception)
+        handlers.append(lambda exception: datamodule_call(trainer, "on_exception", exception))
+    handlers.append(trainer.strategy.on_exception)  # last, as Lightning's
     for fn in handlers:
         try:
             fn(exc)
@@ -153,7 +165,7 @@ def teardown(trainer, stage, module, status):
         # Lightning calls the teardown hooks at a run's end only: a run that raised had on_exception instead
         if status != "failed" and "teardown" not in trainer._trial_skips:  # (a tuner's trial: tuning._tuning)
             if trainer.datamodule is not None:  # (Lightning passes the stage by keyword, as its TrainerFn)
-                trainer.datamodule.teardown(stage=TrainerFn(stage))
+                datamodule_call(trainer, "teardown", stage=TrainerFn(stage))
             trainer._call("teardown", stage=TrainerFn(stage))
     finally:
         for logger in trainer.loggers:  # every rank, as Lightning (tasktrain's loggers act on rank 0 only)

@@ -518,9 +518,15 @@ class Trainer:
 
 
     def _loader_of(self, module, name):
-        """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module."""
+        """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module; profiled as
+        Lightning's ("[DataModule]<class>.<name>", "[TaskModule]<class>.<name>")."""
+        if self.datamodule is not None and not is_overridden(name, self.datamodule, DataModule):
+            return None  # (the base's hook raises Lightning's "must be implemented")
         with hook_scope(self, name):  # (named for self.log, which refuses it there)
-            return getattr(self.datamodule if self.datamodule is not None else module, name)()
+            if self.datamodule is not None:
+                return run.datamodule_call(self, name)
+            with self._profile(f"[TaskModule]{type(module).__name__}.{name}"):
+                return getattr(module, name)()
 
 
     def _eval_to_device(self, batch, dataloader_idx):
@@ -638,7 +644,7 @@ class Trainer:
             # (Lightning passes the stage by keyword, as its TrainerFn: a str enum, == "fit" and .value both work)
             if "setup" not in self._trial_skips:  # (a tuner's trial inside a run: the run's set-up stands)
                 if self.datamodule is not None:
-                    self.datamodule.setup(stage=TrainerFn(stage))
+                    run.datamodule_call(self, "setup", stage=TrainerFn(stage))
                 self._call("setup", stage=TrainerFn(stage))
             if is_overridden("configure_model", module, TaskModule):
                 with hook_scope(self, "configure_model"):  # (named for self.log, which refuses it there)

@@ -1,6 +1,7 @@
-"""The rich parts of RichProgressBar (Lightning's columns): imported when a RichProgressBar starts drawing, never by
-`import tasktrain`, since every class here subclasses one of rich's."""
+"""The rich parts of RichProgressBar (Lightning's columns and display): imported when a RichProgressBar starts drawing,
+never by `import tasktrain`, since every class here subclasses one of rich's."""
 import math
+import threading
 from datetime import timedelta
 
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID
@@ -27,8 +28,57 @@ class CustomInfiniteTask(Task):
         return None
 
 
+class _RedrawThread(threading.Thread):
+    """Lightning's redraw thread: every 1/refresh_per_second seconds it redraws the display if the loop asked for a
+    redraw since the last one (`wanted`), so that a batch only sets a flag and never waits for rich to render.
+    rich's Live calls `stop()` when the display stops."""
+
+    def __init__(self, live, refresh_per_second):
+        super().__init__(daemon=True, name="tasktrain-rich-progress")
+        self.live = live
+        self.refresh_per_second = refresh_per_second
+        self.wanted = False
+        self.done = threading.Event()
+
+    def stop(self):
+        self.done.set()
+
+    def run(self):
+        while not self.done.wait(1 / self.refresh_per_second):
+            if self.wanted:
+                self.wanted = False
+                with self.live._lock:
+                    if not self.done.is_set():
+                        self.live.refresh()
+
+
 class CustomProgress(Progress):
-    """rich's Progress that also takes tasks of infinite total (a loader without a length)."""
+    """rich's Progress redrawn by a `_RedrawThread` on request (`soft_refresh`) instead of rich's own thread, which
+    redraws at every tick whether anything changed or not; it also takes tasks of infinite total (a loader without
+    a length)."""
+
+    def start(self):
+        auto = self.live.auto_refresh and not self.disable
+        if auto:  # rich's Live starts its own thread when auto_refresh is set: ours instead
+            self.live.auto_refresh = False
+        super().start()
+        if auto:
+            self.live.auto_refresh = True  # so that Live.stop stops our thread
+            self.live._refresh_thread = _RedrawThread(self.live, self.live.refresh_per_second)
+            self.live._refresh_thread.start()
+
+    def stop(self):
+        thread = self.live._refresh_thread
+        super().stop()
+        if thread is not None:
+            thread.stop()
+            thread.join()
+
+    def soft_refresh(self):
+        """Ask the redraw thread for a redraw at its next tick."""
+        thread = self.live._refresh_thread
+        if self.live.auto_refresh and isinstance(thread, _RedrawThread):
+            thread.wanted = True
 
     def add_task(self, description, start=True, total=100.0, completed=0, visible=True, **fields):
         if math.isfinite(total):
@@ -83,7 +133,7 @@ class ProcessingSpeedColumn(ProgressColumn):
 class MetricsTextColumn(ProgressColumn):
     """The metrics of the bar's `get_metrics`, on the training bar of a fit only ("name: value", floats formatted
     with the theme's `metrics_format`). The values are handed over by `update` from the training loop, so that a
-    redraw never reads (and synchronises) a tensor itself."""
+    redraw (on the redraw thread) never reads a tensor itself."""
 
     def __init__(self, trainer, style, text_delimiter, metrics_format, bar=None):
         self._trainer = trainer

@@ -4,23 +4,58 @@ elapsed • remaining, it/s, and the metrics of `get_metrics` as "name: value"),
 a bar per sanity check, test and predict loader; all on rich's console (Lightning's: `console_kwargs` reconfigures
 rich's global console, so that rich's logging handler and prints share it).
 
-rich is imported when a bar starts drawing (rich_columns.py holds everything that subclasses rich), so that this
-module, and `import tasktrain`, do not import it; without rich, constructing a RichProgressBar is Lightning's
-ModuleNotFoundError.
+As Lightning's: each batch updates its bar and asks for a redraw, and a training batch also reads `get_metrics`
+(a host sync per displayed tensor); a thread redraws at most `refresh_rate` times a second, and only when asked
+(in an interactive Python session every request redraws at once). `refresh_rate=0` draws nothing.
 
-`refresh_rate` is Lightning's: redraws per second at most (0: nothing is drawn). Lightning redraws from a thread
-of its own; here the training loop redraws when 1/refresh_rate seconds have passed since the last redraw (and
-always at a loop's last batch and an epoch's end), and reads the displayed metrics (a host sync each) only for such
-a redraw: what is drawn is the same, and a step is never slowed by reads nobody sees. There is therefore no
-`refresh_interval` here (TQDMProgressBar's, whose refresh_rate counts batches): the clock is refresh_rate itself."""
-import math
-import time
+rich is imported when a bar starts drawing (rich_columns.py holds everything that subclasses rich), so that this
+module, `import tasktrain` and `Trainer()` do not import it; rich's names and the column classes are this module's
+attributes nonetheless, as in Lightning's module (`rich_progress.Progress`, `rich_progress.CustomBarColumn`, ...),
+and the bar looks them up here, so that patching them here takes effect. Without rich (`_RICH_AVAILABLE`),
+constructing a RichProgressBar is Lightning's ModuleNotFoundError."""
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
 
+from tasktrain.callbacks.progress import rich_available
 from tasktrain.callbacks.progress.progress_bar import SwitchedProgressBar
+
+_RICH_AVAILABLE = rich_available()
+# Lightning's rule: in an interactive session (a REPL, `python -i`) every redraw request redraws at once
+_IS_INTERACTIVE = hasattr(sys, "ps1") or bool(sys.flags.interactive)
+
+_COLUMNS = ("CustomBarColumn", "CustomInfiniteTask", "CustomProgress", "CustomTimeColumn", "BatchesProcessedColumn",
+            "ProcessingSpeedColumn", "MetricsTextColumn")
+_RICH_NAMES = ("get_console", "reconfigure", "Progress", "ProgressColumn", "Task", "TaskID", "TextColumn",
+               "BarColumn", "Text", "Style")
+
+
+def _load_rich():
+    """Bind rich's names and the columns in this module on first use; a name already bound (a test's mock.patch of
+    `rich_progress.CustomProgress`, say) is kept."""
+    import rich
+    import rich.progress
+    import rich.style
+    import rich.text
+
+    from tasktrain.callbacks.progress import rich_columns
+
+    progress = rich.progress
+    found = {"get_console": rich.get_console, "reconfigure": rich.reconfigure, "Text": rich.text.Text,
+             "Style": rich.style.Style, "Progress": progress.Progress, "ProgressColumn": progress.ProgressColumn,
+             "Task": progress.Task, "TaskID": progress.TaskID, "TextColumn": progress.TextColumn,
+             "BarColumn": progress.BarColumn, **{name: getattr(rich_columns, name) for name in _COLUMNS}}
+    for name, value in found.items():
+        globals().setdefault(name, value)
+
+
+def __getattr__(name):
+    if name in _COLUMNS or name in _RICH_NAMES:
+        _load_rich()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -49,9 +84,7 @@ class RichProgressBar(SwitchedProgressBar):
     def __init__(self, refresh_rate: int = 100, leave: bool = False,
                  theme: RichProgressBarTheme = RichProgressBarTheme(),
                  console_kwargs: Optional[dict[str, Any]] = None) -> None:
-        from tasktrain.callbacks import progress
-
-        if not progress.rich_available():
+        if not _RICH_AVAILABLE:
             raise ModuleNotFoundError(
                 "`RichProgressBar` requires `rich` >= 10.2.2. Install it by running `pip install -U rich`.")
         super().__init__()
@@ -64,7 +97,6 @@ class RichProgressBar(SwitchedProgressBar):
         self._reset_progress_bar_ids()
         self._metric_component = None
         self._progress_stopped = False
-        self._drawn_at = -math.inf
         self.theme = theme
 
     # -- the bars: rich Tasks of `progress` -----------------------------------------------------------------------
@@ -97,49 +129,41 @@ class RichProgressBar(SwitchedProgressBar):
 
     def configure_columns(self, trainer):
         """The columns before the metrics (override to change them): description, bar, batches, time, speed."""
-        from rich.progress import TextColumn
-
-        from tasktrain.callbacks.progress import rich_columns as columns
-
+        _load_rich()
         theme = self.theme
         return [TextColumn("[progress.description]{task.description}"),
-                columns.CustomBarColumn(complete_style=theme.progress_bar, finished_style=theme.progress_bar_finished,
-                                        pulse_style=theme.progress_bar_pulse),
-                columns.BatchesProcessedColumn(style=theme.batch_progress),
-                columns.CustomTimeColumn(style=theme.time),
-                columns.ProcessingSpeedColumn(style=theme.processing_speed)]
+                CustomBarColumn(complete_style=theme.progress_bar, finished_style=theme.progress_bar_finished,
+                                pulse_style=theme.progress_bar_pulse),
+                BatchesProcessedColumn(style=theme.batch_progress),
+                CustomTimeColumn(style=theme.time),
+                ProcessingSpeedColumn(style=theme.processing_speed)]
 
     def _init_progress(self, trainer):
         if not self.is_enabled or (self.progress is not None and not self._progress_stopped):
             return
-        from rich import get_console, reconfigure
-
-        from tasktrain.callbacks.progress import rich_columns as columns
-
+        _load_rich()
         self._reset_progress_bar_ids()
         reconfigure(**self._console_kwargs)
         self._console = get_console()
-        if getattr(self._console, "_live_stack", None):  # a display left live by an interrupted run
-            self._console.clear_live()
+        if getattr(self._console, "_live_stack", True):  # a display left live by an interrupted run (rich < 14.1
+            self._console.clear_live()                   # has no stack: clear it always, as Lightning does)
         theme = self.theme
-        self._metric_component = columns.MetricsTextColumn(trainer, theme.metrics, theme.metrics_text_delimiter,
-                                                           theme.metrics_format, bar=self)
-        self.progress = columns.CustomProgress(*self.configure_columns(trainer), self._metric_component,
-                                               auto_refresh=False, disable=self.is_disabled, console=self._console)
+        self._metric_component = MetricsTextColumn(trainer, theme.metrics, theme.metrics_text_delimiter,
+                                                   theme.metrics_format, bar=self)
+        self.progress = CustomProgress(*self.configure_columns(trainer), self._metric_component, auto_refresh=True,
+                                       refresh_per_second=self.refresh_rate, disable=self.is_disabled,
+                                       console=self._console)
         self.progress.start()
         self._progress_stopped = False
-        self._drawn_at = -math.inf
-
-    def _due(self):
-        # (perf_counter: the display keeps its own clock; time.monotonic is the one the time-based val_check_interval
-        # and the Timer read, and a test that fakes it counts only their reads, as under Lightning)
-        return time.perf_counter() - self._drawn_at >= 1 / self.refresh_rate
 
     def refresh(self, hard: bool = False) -> None:
-        """Redraw now if `hard`, else if 1/refresh_rate seconds have passed since the last redraw."""
-        if self.progress is not None and self.is_enabled and (hard or self._due()):
-            self.progress.refresh()
-            self._drawn_at = time.perf_counter()
+        """Redraw now if `hard` (or in an interactive session), else ask the redraw thread for one at its next tick
+        (at most `refresh_rate` a second)."""
+        if self.progress is not None:
+            if hard or _IS_INTERACTIVE:
+                self.progress.refresh()
+            else:
+                self.progress.soft_refresh()
 
     def _add_task(self, total_batches, description, visible=True):
         description = f"[{self.theme.description}]{description}" if self.theme.description else description
@@ -148,7 +172,7 @@ class RichProgressBar(SwitchedProgressBar):
     def _update(self, progress_bar_id, current, visible=True, hard=False):
         if self.progress is not None and self.is_enabled and progress_bar_id is not None:
             self.progress.update(progress_bar_id, completed=current, visible=visible)
-            self.refresh(hard=hard or current == self.progress.tasks[progress_bar_id].total)
+            self.refresh(hard=hard)
 
     def _stop_progress(self):
         if self.progress is not None:
@@ -173,7 +197,7 @@ class RichProgressBar(SwitchedProgressBar):
     def on_sanity_check_end(self, trainer, pl_module):
         if self.progress is not None and self.val_sanity_progress_bar_id is not None:
             self.progress.update(self.val_sanity_progress_bar_id, advance=0, visible=False)
-        self.refresh(hard=True)
+        self.refresh()
 
     def on_train_start(self, trainer, pl_module):
         self._init_progress(trainer)
@@ -199,23 +223,20 @@ class RichProgressBar(SwitchedProgressBar):
                 self.train_progress_bar_id = self._add_task(total, description)
             else:
                 self.progress.reset(self.train_progress_bar_id, total=total, description=description, visible=True)
-        self.refresh(hard=True)
+        self.refresh()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self.is_disabled or self.progress is None:
-            return
-        if self.train_progress_bar_id is None:  # resumed in the middle of an epoch
+        if self.is_enabled and self.progress is not None and self.train_progress_bar_id is None:
+            # resumed in the middle of an epoch: no on_train_epoch_start drew the bar
             self.train_progress_bar_id = self._add_task(self.total_train_batches,
                                                         self._get_train_description(trainer.current_epoch))
-        n = batch_idx + 1
-        self.progress.update(self.train_progress_bar_id, completed=n)
-        if n == self.train_progress_bar.total or self._due():
-            self._update_metrics(trainer, pl_module)
-            self.refresh(hard=True)
+        self._update(self.train_progress_bar_id, batch_idx + 1)
+        self._update_metrics(trainer, pl_module)  # every batch, as Lightning (a get_metrics override sees each)
+        self.refresh()
 
     def on_train_epoch_end(self, trainer, pl_module):
         self._update_metrics(trainer, pl_module)
-        self.refresh(hard=True)
+        self.refresh()
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if self.is_disabled or self.progress is None or not self.has_dataloader_changed(dataloader_idx):
@@ -225,7 +246,7 @@ class RichProgressBar(SwitchedProgressBar):
             self.progress.update(getattr(self, which), advance=0, visible=False)
         description = self.sanity_check_description if trainer.sanity_checking else self.validation_description
         setattr(self, which, self._add_task(self.total_val_batches_current_dataloader, description, visible=False))
-        self.refresh(hard=True)
+        self.refresh()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if self.is_disabled:
@@ -236,7 +257,7 @@ class RichProgressBar(SwitchedProgressBar):
     def on_validation_epoch_end(self, trainer, pl_module):
         if self.is_enabled and self.val_progress_bar_id is not None and trainer.state.fn == "fit":
             self.progress.update(self.val_progress_bar_id, advance=0, visible=False)
-            self.refresh(hard=True)
+            self.refresh()
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.state.fn == "fit":
@@ -249,7 +270,7 @@ class RichProgressBar(SwitchedProgressBar):
         if self.test_progress_bar_id is not None:
             self.progress.update(self.test_progress_bar_id, advance=0, visible=False)
         self.test_progress_bar_id = self._add_task(self.total_test_batches_current_dataloader, self.test_description)
-        self.refresh(hard=True)
+        self.refresh()
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if not self.is_disabled:
@@ -265,7 +286,7 @@ class RichProgressBar(SwitchedProgressBar):
             self.progress.update(self.predict_progress_bar_id, advance=0, visible=False)
         self.predict_progress_bar_id = self._add_task(self.total_predict_batches_current_dataloader,
                                                       self.predict_description)
-        self.refresh(hard=True)
+        self.refresh()
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if not self.is_disabled:
@@ -302,13 +323,3 @@ def _items(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_items(v) for v in value)
     return value
-
-
-def __getattr__(name):
-    # Lightning's column classes live in its rich_progress module: the same names here, imported (with rich) on use
-    if name in ("CustomBarColumn", "CustomInfiniteTask", "CustomProgress", "CustomTimeColumn",
-                "BatchesProcessedColumn", "ProcessingSpeedColumn", "MetricsTextColumn"):
-        from tasktrain.callbacks.progress import rich_columns
-
-        return getattr(rich_columns, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -206,7 +206,7 @@ class TQDMProgressBar(SwitchedProgressBar):
         if bar.disable or not self._should_update(n, bar.total):
             return False
         bar.n = n
-        now = time.perf_counter()  # (the display's own clock, not time.monotonic: rich_progress.RichProgressBar._due)
+        now = time.perf_counter()  # (the display's own clock, not time.monotonic: val_check_interval's and the Timer's)
         if n != bar.total and now - getattr(bar, "drawn_at", -math.inf) < self.refresh_interval:
             return False
         bar.drawn_at = now
