@@ -557,6 +557,18 @@ def test_datamodule_loader_hooks_and_from_datasets_as_lightning():
             warnings.simplefilter("ignore")
             trainer.fit(Net(), datamodule=TrainOnly())
         out.append((trainer.global_step, trainer.num_val_batches))
+        # the module's own loader hooks: the base's raise the same error when called; a fit given a loader while
+        # the module defines none trains (the Trainer never calls a hook the module does not define)
+        for hook in ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"):
+            with pytest.raises(Exception) as missing:
+                getattr(Net(), hook)()
+            out.append((type(missing.value).__name__, str(missing.value).split(" to be used")[0]))
+        trainer = lib.Trainer(**{**QUIET, "max_epochs": 1})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Net(), DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
+        out.append((trainer.global_step, trainer.num_val_batches))
         seen[lib.__name__] = out
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert seen["tasktrain"][2] == ("MisconfigurationException", "`train_dataloader` must be implemented")
+    assert seen["tasktrain"][-5] == ("MisconfigurationException", "`train_dataloader` must be implemented")
