@@ -557,6 +557,87 @@ def test_datamodule_loader_hooks_and_from_datasets_as_lightning():
             warnings.simplefilter("ignore")
             trainer.fit(Net(), datamodule=TrainOnly())
         out.append((trainer.global_step, trainer.num_val_batches))
+        # the module's own loader hooks: the base's raise the same error when called; a fit given a loader while
+        # the module defines none trains (the Trainer never calls a hook the module does not define)
+        for hook in ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"):
+            with pytest.raises(Exception) as missing:
+                getattr(Net(), hook)()
+            out.append((type(missing.value).__name__, str(missing.value).split(" to be used")[0]))
+        trainer = lib.Trainer(**{**QUIET, "max_epochs": 1})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Net(), DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
+        out.append((trainer.global_step, trainer.num_val_batches))
         seen[lib.__name__] = out
     assert seen["tasktrain"] == seen["lightning.pytorch"]
     assert seen["tasktrain"][2] == ("MisconfigurationException", "`train_dataloader` must be implemented")
+    assert seen["tasktrain"][-5] == ("MisconfigurationException", "`train_dataloader` must be implemented")
+
+
+@pytest.mark.parametrize("stage", ["fit", "validate", "test", "predict"])
+@pytest.mark.parametrize("case", ["one loader, idx required", "several, no idx", "several, hook without idx",
+                                  "one loader, idx default", "several, *args"])
+def test_dataloader_idx_in_the_signature_is_checked_as_lightning(stage, case):
+    """Lightning checks, when an evaluation or predict run starts, that the step and the module's batch hooks take
+    dataloader_idx when several loaders are read in turn, and do not require it with one: its RuntimeError, before
+    any hook. tasktrain failed with a TypeError mid-run (or ran)."""
+    import lightning.pytorch as L
+
+    prefix = {"fit": "validation", "validate": "validation", "test": "test", "predict": "predict"}[stage]
+
+    def run(lib, base):
+        calls = []
+
+        class Net(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).pow(2).mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+            def on_validation_start(self):
+                calls.append("on_validation_start")
+
+        def step_required(self, batch, batch_idx, dataloader_idx):
+            calls.append(dataloader_idx)
+
+        def step_default(self, batch, batch_idx, dataloader_idx=0):
+            calls.append(dataloader_idx)
+
+        def step_plain(self, batch, batch_idx):
+            calls.append("step")
+
+        def step_args(self, batch, batch_idx, *args):
+            calls.append(args)
+
+        def hook_plain(self, batch, batch_idx):
+            calls.append("hook")
+
+        step = {"one loader, idx required": step_required, "several, no idx": step_plain,
+                "several, hook without idx": step_default, "one loader, idx default": step_default,
+                "several, *args": step_args}[case]
+        setattr(Net, f"{prefix}_step", step)
+        if case == "several, hook without idx":
+            setattr(Net, f"on_{prefix}_batch_start", hook_plain)
+        one = DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
+        loaders = one if case.startswith("one") else [one, DataLoader(TensorDataset(torch.randn(2, 2)), batch_size=2)]
+        trainer = lib.Trainer(**{**QUIET, "max_epochs": 1, "num_sanity_val_steps": 0})
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if stage == "fit":
+                    trainer.fit(Net(), one, loaders)
+                else:
+                    getattr(trainer, stage)(Net(), loaders, **({} if stage == "predict" else {"verbose": False}))
+        except Exception as err:
+            return type(err).__name__, str(err), calls
+        return "ran", calls
+
+    ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
+    assert ours == theirs
+    assert (ours[0] == "RuntimeError") == (case in ("one loader, idx required", "several, no idx",
+                                                    "several, hook without idx"))

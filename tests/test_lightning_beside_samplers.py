@@ -68,3 +68,54 @@ def test_a_custom_sampler_gets_set_epoch_every_epoch_as_under_lightning(case):
     for epoch in range(3):
         read = [i for e, _, batch in mine["batches"] if e == epoch for i in batch]
         assert read == torch.randperm(10, generator=torch.Generator().manual_seed(100 + epoch)).tolist()
+
+
+class Prebatched(torch.utils.data.Dataset):
+    """Items that are batches already (DataLoader(batch_size=None): no automatic batching)."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(5)
+        self.x = torch.randn(5, 4, 3, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return torch.full((4,), i), self.x[i], self.x[i].sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_loader_without_automatic_batching_trains_as_under_lightning(shuffle):
+    """DataLoader(batch_size=None) (each item is a batch the data set made) crashed in the loader's rebuild
+    (AttributeError on its missing batch sampler); Lightning trains on its items as batches, in the same order."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def run(lib, base):
+        torch.manual_seed(0)
+        seen = []
+
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                seen.append(int(batch[0][0]))
+                return torch.nn.functional.mse_loss(self.layer(batch[1]), batch[2])
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        module = Module()
+        trainer = lib.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+                              enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, DataLoader(Prebatched(), batch_size=None, shuffle=shuffle))
+        return seen, [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
+
+    ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
+    assert len(ours[0]) == 10 and sorted(ours[0][:5]) == list(range(5))
+    assert ours == theirs

@@ -483,7 +483,9 @@ def loader_options(loader) -> dict:
 
 
 def _rebuild(loader: DataLoader, sampler, generator, kind=DataLoader) -> DataLoader:
-    batches = loader.batch_sampler if loader.batch_size is None else loader  # batch_sampler=BatchSampler(...)
+    # batch_sampler=BatchSampler(...) keeps its batch size there; batch_size=None without one (no automatic
+    # batching: each item is a batch, as the user made it) stays so, as in Lightning's rebuilt loader
+    batches = loader.batch_sampler if loader.batch_size is None and loader.batch_sampler is not None else loader
     kwargs = dict(loader_options(loader), batch_size=batches.batch_size, sampler=sampler,
                   drop_last=batches.drop_last, generator=generator)
     if kind is not DataLoader:  # (a StatefulDataLoader keeps how often it snapshots its workers' state)

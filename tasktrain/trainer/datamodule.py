@@ -7,7 +7,7 @@ module's own loader hooks are not called.
 """
 import os
 
-from tasktrain.trainer.module import AttributeDict, TaskModule
+from tasktrain.trainer.module import AttributeDict, TaskModule, _not_implemented
 
 
 class DataModule:
@@ -165,8 +165,3 @@ class DataModule:
     def on_exception(self, exception):
         """Called when an entry point fails, before teardown."""
 
-
-def _not_implemented(hook):
-    from tasktrain.exceptions import MisconfigurationException
-
-    return MisconfigurationException(f"`{hook}` must be implemented to be used with the Trainer")

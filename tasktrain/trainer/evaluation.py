@@ -4,6 +4,7 @@
       evaluate(trainer, stage, loaders, limits)                          validation / test batches (fit's too)
       predict(trainer, module, loaders, limits, gather)                  predict batches
 """
+import inspect
 import os
 import shutil
 import sys
@@ -235,8 +236,30 @@ def evaluate(trainer, stage, loaders, limits):
         return _evaluate(trainer, stage, loaders, limits)
 
 
+def check_dataloader_idx(module, stage, several):
+    """Lightning's check at an evaluation or predict run's start (its loops' _verify_dataloader_idx_requirement):
+    with several loaders read in turn, the step and the module's batch hooks get dataloader_idx, so each must take
+    it; with one loader (or a CombinedLoader read together) they get none, so a dataloader_idx without a default
+    could never be filled. Either is Lightning's RuntimeError, before any hook, instead of a TypeError mid-run."""
+    prefix, loader = {"validate": ("validation", "val"), "test": ("test", "test"),
+                      "predict": ("predict", "predict")}[stage]
+    for hook in (f"{prefix}_step", f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"):
+        fx = getattr(module, hook)
+        spec = inspect.getfullargspec(getattr(fx, "__wrapped__", fx))
+        takes = "dataloader_idx" in spec.args[1:] or spec.varargs is not None  # (self listed for a bound method too)
+        if several and not takes:
+            raise RuntimeError(f"You provided multiple `{loader}_dataloader`, but no `dataloader_idx` argument in "
+                               f"`{type(module).__name__}.{hook}()`. Try adding `dataloader_idx=0` to its signature.")
+        parameter = inspect.signature(fx).parameters.get("dataloader_idx") if not several and takes else None
+        if parameter is not None and parameter.default is inspect.Parameter.empty:
+            raise RuntimeError(f"You provided only a single `{loader}_dataloader`, but have included `dataloader_idx` "
+                               f"in `{type(module).__name__}.{hook}()`. Either remove the argument or give it a "
+                               "default value i.e. `dataloader_idx=0`.")
+
+
 def _evaluate(trainer, stage, loaders, limits):
     module, strategy, metrics = trainer.module, trainer.strategy, trainer._metrics
+    check_dataloader_idx(module, stage, not isinstance(loaders, CombinedEvalLoaders) and len(loaders) > 1)
     prefix = "validation" if stage == "validate" else stage
     step_fn = getattr(module, f"{prefix}_step")
     modes = training_modes(module)  # each submodule's flag, given back at the end (Lightning's _ModuleMode)
@@ -353,6 +376,7 @@ def predict(trainer, module, loaders, limits, gather):
 
 
 def _predict(trainer, module, loaders, limits, gather):
+    check_dataloader_idx(module, "predict", len(loaders) > 1)
     modes = training_modes(module)
     trainer.state.stage = RunningStage.PREDICTING
     module.on_predict_model_eval()

@@ -33,6 +33,11 @@ class AttributeDict(dict):
         self[key] = value
 
 
+def _not_implemented(hook):
+    """Lightning's error for a loader hook the class does not define, called anyway."""
+    return MisconfigurationException(f"`{hook}` must be implemented to be used with the Trainer")
+
+
 class TaskModule(torch.nn.Module):
     automatic_optimization = True
     # where a checkpoint keeps save_hyperparameters()'s values, and the __init__ argument they came from (Lightning's
@@ -79,17 +84,19 @@ class TaskModule(torch.nn.Module):
             "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
         )
 
+    # The loader hooks a subclass defines; the base's raise Lightning's error, so that calling one the class does not
+    # define says so (the Trainer never calls them: it asks is_overridden first and takes "no loader" instead).
     def train_dataloader(self):
-        return None
+        raise _not_implemented("train_dataloader")
 
     def val_dataloader(self):
-        return None
+        raise _not_implemented("val_dataloader")
 
     def test_dataloader(self):
-        return None
+        raise _not_implemented("test_dataloader")
 
     def predict_dataloader(self):
-        return None
+        raise _not_implemented("predict_dataloader")
 
     # -- hooks (no-ops; the Trainer calls only the ones a subclass overrides) -------------------------------------
     def on_fit_start(self): ...

@@ -525,6 +525,8 @@ class Trainer:
         with hook_scope(self, name):  # (named for self.log, which refuses it there)
             if self.datamodule is not None:
                 return run.datamodule_call(self, name)
+            if not is_overridden(name, module, TaskModule):
+                return None  # (the base's hook raises Lightning's "must be implemented")
             with self._profile(f"[TaskModule]{type(module).__name__}.{name}"):
                 return getattr(module, name)()
 
