@@ -220,9 +220,7 @@ def _run(lib, classes, tmp_path, name):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "manual", "stop_inside_epoch",
-                                  "resume_inside_epoch", "resume_last_batch", "resume_last_batch_of_last_epoch",
-                                  "resume_last_batch_at_max_epochs",
-                                  "resume_epoch_end", "resume_by_steps", "val_by_total_batches",
+                                  "resume_inside_epoch", "resume_epoch_end", "resume_by_steps", "val_by_total_batches",
                                   "val_by_total_batches_unlimited", "val_by_total_batches_resumed",
                                   "val_by_total_batches_cut"])
 def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
@@ -269,22 +267,32 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
         assert [r[27] for e, r in mine if e == "on_train_epoch_end"][:2] == [(3, 3), (6, 6)]
     if name == "resume_epoch_end":  # trainer.is_last_batch restored: True until the next epoch's first batch
         assert [r[22] for e, r in mine if e in ("on_train_start", "on_train_epoch_start")][:2] == [True, True]
-    if name == "resume_last_batch_at_max_epochs":  # (the loop starts and ends: nothing trained)
-        assert [event for event, _ in mine] == ["setup", "on_fit_start", "on_train_start", "on_train_end", "on_fit_end",
-                                                "teardown"]
-    elif name.startswith("resume_last_batch"):  # the restored epoch's end is not run, nor the next one's start
-        first = name == "resume_last_batch"  # (saved in epoch 0 of 3, else in epoch 1)
-        events = [event for event, _ in mine]
-        assert events[events.index("on_train_start") + 1] == "on_train_batch_start"
-        assert (events.count("on_train_epoch_start"), events.count("on_train_epoch_end")) == ((1, 2) if first else (0, 1))
-        # the loggers' step at on_train_start: without the saved batch; from the loop's first batch, with it
-        assert [r[18] for e, r in mine if e in ("on_train_start", "on_train_batch_start")][:2] == ([3, 4] if first
-                                                                                                  else [7, 8])
-        # epoch progress: ready and started one lower from the resumed epoch on (its start was skipped)
-        assert [r[:4] for e, r in mine if e == "on_train_epoch_end"] == ([(1, 1, 2, 1), (2, 2, 3, 2)] if first
-                                                                           else [(2, 2, 3, 2)])
     if name == "resume_inside_epoch":
         assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not
+
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", ["resume_last_batch", "resume_last_batch_of_last_epoch",
+                                  "resume_last_batch_at_max_epochs"])
+def test_resume_from_an_epochs_last_batch_runs_its_end_where_lightning_skips_it(name, tmp_path):
+    """A kept difference, a bug in Lightning (issue 37, docs/lightning.md): resumed from a checkpoint saved in an
+    epoch's LAST on_train_batch_end (a ModelCheckpoint(every_n_train_steps) landing there), Lightning's restarted loop
+    counts that epoch done without its end (no validation, no on_train_epoch_end, no epoch-interval scheduler that
+    watches a metric) and runs the next epoch without its on_train_epoch_start (a BackboneFinetuning milestone there
+    never fires). tasktrain goes on as the uninterrupted fit: the epoch's end, then each later epoch whole."""
+    ran = {key: _run(lib, classes, tmp_path / key, name) for key, (lib, classes) in LIBS.items()}
+    events = {key: [event for event, _ in seen] for key, (seen, _) in ran.items()}
+    counts = {key: (e.count("on_train_epoch_start"), e.count("on_train_epoch_end"), e.count("on_validation_start"))
+              for key, e in events.items()}
+    # saved in epoch 0 (of max_epochs 3), in epoch 1 (of 3), in epoch 1 (of 2: nothing left after its end)
+    expected = {"resume_last_batch": ((2, 3, 3), (1, 2, 2)), "resume_last_batch_of_last_epoch": ((1, 2, 2), (0, 1, 1)),
+                "resume_last_batch_at_max_epochs": ((0, 1, 1), (0, 0, 0))}[name]
+    assert (counts["tasktrain"], counts["lightning"]) == expected
+    mine = events["tasktrain"]
+    after_start = mine[mine.index("on_train_start") + 1:]
+    assert after_start[0] == "on_validation_start"  # the saved epoch's validation, then its end, before any batch
+    assert after_start.index("on_train_epoch_end") < (after_start + ["on_train_batch_start"]).index("on_train_batch_start")
 
 
 def _undefined_where_lightnings_is(mine, reference):

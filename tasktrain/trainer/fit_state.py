@@ -91,9 +91,6 @@ class FitState:
     zero_grad_phase: Optional[str] = None  # "ready" (on_before_zero_grad), "started" (optimizer_zero_grad), None
     validates_counted_batch: bool = False  # a validation after the batch it follows is in batches_that_stepped
     restarting: bool = False
-    # resumed from a checkpoint saved in an epoch's last on_train_batch_end: the next epoch starts without its
-    # on_train_epoch_start (Lightning's restart, resume.start_after_finished_epoch)
-    skip_epoch_start: bool = False
     # stop flags (should_stop is the trainer's: callbacks set it)
     preempted: bool = False  # SLURM's requeue signal (issue 40)
     sigterm: bool = False  # SIGTERM, as the ranks agreed on it (several processes: loop.agree_on_stop_flags)

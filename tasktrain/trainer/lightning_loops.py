@@ -36,9 +36,6 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
     epoch_loop._batches_that_stepped   the loggers' step (TrainState.batches_that_stepped), less the batch a
                       validation follows where tasktrain validates after counting it, or (a fit resumed from a
                       checkpoint saved in on_train_batch_end, until its loop goes on) the saved batch if it stepped
-    epoch_progress after a resume from an epoch's last on_train_batch_end: the next epoch runs without its
-                      on_train_epoch_start (Lightning's restart), so `ready` and `started` read one lower from then on
-                      (TrainState.epoch_starts_skipped)
     restarting        a fit resumed from a checkpoint saved inside an epoch (or counted in steps: max_steps set), from
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
     val_loop, validate_loop, test_loop   batch_progress.current / .total: evaluation batches (TrainState.eval_batches),
@@ -448,12 +445,6 @@ def _phase(trainer):
 
 
 def _epoch_counts(trainer):
-    ready, started, processed, completed = _epoch_counts_as_run(trainer)
-    skipped = trainer.state.epoch_starts_skipped  # (epochs run without their start: never ready nor started)
-    return ready - skipped, started - skipped, processed, completed
-
-
-def _epoch_counts_as_run(trainer):
     phase, epoch = _phase(trainer), trainer.state.epoch
     if phase is None and trainer.state.epoch_finished:  # restored from an epoch's end, the loop not started yet
         return epoch + 1, epoch + 1, epoch + 1, epoch

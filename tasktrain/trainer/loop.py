@@ -51,11 +51,6 @@ def fit_loop(trainer, fit):
         warnings.warn(f"The number of training batches ({trainer._num_training_batches}) is smaller than the logging "
                       f"interval Trainer(log_every_n_steps={trainer.log_every_n_steps}). Set a lower value for "
                       "log_every_n_steps if you want to see logs for the training epoch.", PossibleUserWarning)
-    if fit.skip_epoch_start:
-        draw_as_skipped_validation(trainer)
-        # the saved batch's step of the step-interval schedulers that watch a metric, with the values the checkpoint
-        # kept (a kept difference: Lightning's restart skips it, docs/lightning.md)
-        step_plateau_schedulers(trainer, fit)
     if trainer.state.batch_in_epoch == 0:
         # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
         # mid-epoch got its generator's state back from after that draw (issue 37)
@@ -97,21 +92,6 @@ def fit_loop(trainer, fit):
     trainer._call("on_train_end")  # (trainer.training stays True until the run ends, as Lightning's)
 
 
-def draw_as_skipped_validation(trainer):
-    """Resumed from a checkpoint saved in an epoch's last on_train_batch_end, the epoch's end is skipped (Lightning's
-    restart: resume.start_after_finished_epoch); its validation's loaders are read as that validation read them (not
-    the model's steps, nor a hook) so that the random generators stand where the uninterrupted run's stand after it,
-    and the run goes on with the same data order and dropout masks."""
-    epoch = trainer.state.epoch - 1
-    if trainer.limit_val_batches == 0 or not val_at_epoch_end(trainer, epoch):
-        return
-    if loaders.val_data_now(trainer) is None:
-        return
-    for loader, limit in zip(trainer._val_loader, trainer._counts["fit"]):
-        for _ in (loader if limit is None else zip(range(limit), loader)):
-            pass
-
-
 def warn_if_modules_in_eval_mode(trainer, module):
     """Lightning's warning: the loop does not call module.train(), so a submodule left in eval mode (dropout off,
     BatchNorm frozen) trains that way; often a leftover of an earlier evaluation or of loading."""
@@ -130,19 +110,12 @@ def train_epoch(trainer, fit, epoch):
     # Resumed mid-epoch: the epoch iterator skips what was trained on, without loading it on the Trainer's order.
     num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
     start = state.batch_in_epoch
-    skips_start = start == 0 and fit.skip_epoch_start
     if start == 0:  # a mid-epoch resume goes on with the epoch: it does not start it again (Lightning's)
         state.epoch_validated = False
         fit.epoch_phase, state.batch_phase = "start", None
         state.epoch_started = True  # (before the hook: a checkpoint saved in it holds it)
         epochs = fit.epochs
-        if skips_start:
-            # resumed from a checkpoint saved in the last epoch's final on_train_batch_end: Lightning's restarted loop
-            # runs this epoch without its on_train_epoch_start (its progress counts it neither ready nor started)
-            fit.skip_epoch_start = False
-            state.epoch_starts_skipped += 1
-        else:
-            trainer._call("on_train_epoch_start")
+        trainer._call("on_train_epoch_start")
         if fit.epochs is not epochs:  # the hook built the training data again (a BatchSizeFinder): this epoch reads it
             num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
         fit.epoch_phase = "run"
@@ -156,7 +129,7 @@ def train_epoch(trainer, fit, epoch):
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
         first_of_resumed = fit.resumed and epoch == fit.first_epoch
         draw_loader_seed(trainer._loader_data, epoch, at_iter=epoch > 0 and not first_of_resumed)
-    if (start or skips_start) and fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
+    if start and fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now
         step_plateau_schedulers(trainer, fit)
@@ -171,12 +144,6 @@ def train_epoch(trainer, fit, epoch):
             # as run (its val_loop's increment_progress_to_evaluation_end); neither runs it here
             count_validation_as_run(trainer)
         state.batch_phase = None
-    elif skips_start and val_this_epoch(trainer) and (
-            trainer.check_val_every_n_epoch is not None or state.batches_taken % (fit.val_every or 1) == 0):
-        # the epoch after one restarted at its last batch: Lightning's restarted loop takes its first batch for one
-        # where a validation is due (batch_idx -1: (batch_idx + 1) % val_check_batch == 0) and counts that
-        # validation as run, without running it
-        count_validation_as_run(trainer)
     fit.ended_by_hook = False
     batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer.profiler), "training_step",
                               lambda: state.global_step, start, epoch == fit.first_epoch,

@@ -332,24 +332,6 @@ def start_after_finished_epoch(trainer):
         state.epoch += 1
         state.batch_in_epoch = state.samples_in_epoch = 0
         state.epoch_finished = state.epoch_started = False
-    elif ended_at_last_batch(state.state_dict()) and trainer._fit_state is not None:
-        # Lightning's restart from the epoch's last on_train_batch_end (its fit loop's reset): the epoch counts as
-        # processed and completed without its end (no validation, on_train_epoch_end, epoch metrics, metric-watching
-        # epoch schedulers), and the next one runs without its on_train_epoch_start (train_epoch). The batch stays
-        # not completed, and is_last_batch True, until that epoch begins, as in Lightning's on_train_start.
-        fit = trainer._fit_state
-        fit.skip_epoch_start = True
-        fit.plateau_step_batch = state.batch_in_epoch - 1  # (its metric-watching step: loop.fit_loop takes it)
-        state.epoch += 1
-        state.batch_in_epoch = state.samples_in_epoch = 0
-        state.epoch_started = False
-
-
-def ended_at_last_batch(saved):
-    """The train state (as saved) is of a checkpoint written in an epoch's last on_train_batch_end, inside the epoch
-    (before its end ran)."""
-    return (saved.get("batch_phase") in ("processed", "restored") and bool(saved.get("is_last_batch"))
-            and not saved.get("epoch_finished") and bool(saved.get("batch_in_epoch")))
 
 
 def pending_plateau_step(trainer):
@@ -402,7 +384,7 @@ def restore_train_state(trainer, path, saved, saved_world, epochs):
     per_rank = saved.get("drawn_orders")
     mine = per_rank[trainer.global_rank] if per_rank and len(per_rank) == trainer.world_size else None
     epochs.data.load_drawn_order(mine if mine is not None else saved.get("drawn_order"))
-    if saved.get("epoch_finished") or ended_at_last_batch(saved):  # (the next epoch starts at its first batch)
+    if saved.get("epoch_finished"):
         return
     accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1
     # use_distributed_sampler=False: each rank read the loader as the user built it, so the position of each rank's

@@ -48,10 +48,6 @@ class TrainState:
     # the batch such a checkpoint was saved in ended an accumulation window (it stepped): its batches_that_stepped
     # counts that batch, Lightning's only once its restarted loop goes on (written by state_dict)
     saved_in_stepping_batch: bool = False
-    # epochs that ran without their on_train_epoch_start: Lightning's restart from a checkpoint saved in an epoch's
-    # last on_train_batch_end counts that epoch done and trains the next one without its start, so its epoch
-    # progress reads `ready` and `started` one lower from then on (kept over fits and checkpoints, as its progress)
-    epoch_starts_skipped: int = 0
     # the same for Lightning's optim_progress and scheduler_progress: zero_grad calls and lr scheduler steps over the
     # run, and where the epoch's own counts began (optimizer steps are global_step)
     zero_grads: int = 0

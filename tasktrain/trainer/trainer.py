@@ -738,9 +738,7 @@ class Trainer:
             # issue 38: limit_train_batches=0 skips the loop (Lightning's rule); so does a fit with nothing left to
             # train (a used Trainer or a checkpoint at max_epochs / max_steps): no on_train_start / on_train_end
             fit.resumed = loaded is not None
-            # (resumed at an epoch's last on_train_batch_end, Lightning decides before counting that epoch done: its
-            # loop starts, on_train_start and on_train_end included, even when nothing is left after it)
-            if not guards.trains_nothing(self) and (fit.skip_epoch_start or not loop.nothing_left(self)):
+            if not guards.trains_nothing(self) and not loop.nothing_left(self):
                 loop.fit_loop(self, fit)
         finally:
             requeue_handler.restore()  # issue 40
