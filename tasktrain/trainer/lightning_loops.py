@@ -35,7 +35,8 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
                       `current` from after an epoch's on_train_epoch_start (manual steps: never reset, as Lightning's)
     epoch_loop._batches_that_stepped   the loggers' step (TrainState.batches_that_stepped), less the batch a
                       validation follows where tasktrain validates after counting it, or (a fit resumed from a
-                      checkpoint saved in on_train_batch_end, until its loop goes on) the saved batch if it stepped
+                      checkpoint saved in on_train_batch_end or in a validation, until its loop goes on) the saved
+                      batch if it stepped
     restarting        a fit resumed from a checkpoint saved inside an epoch (or counted in steps: max_steps set), from
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
     val_loop, validate_loop, test_loop   batch_progress.current / .total: evaluation batches (TrainState.eval_batches),
@@ -134,7 +135,8 @@ class BatchProgress(Progress):
 
 class EvaluationLoop:
     """`trainer.validate_loop`, `trainer.test_loop` and `trainer.fit_loop.epoch_loop.val_loop`: the evaluation batches
-    (`batch_progress.current` in the run, `.total` over the Trainer's validate / test runs, or over the training
+    (`batch_progress.current` in the run, `.total` over the Trainer's validate / test runs (a run given a ckpt_path:
+    from the count of that file, as Lightning's restores it: evaluation.restore_eval_total), or over the training
     epoch's validations for fit's, from each epoch's start and after the sanity check, which counts its own), as
     Lightning's: `ready` from the batch's on_*_batch_start, `started` from its step, `processed` from its
     on_*_batch_end, `completed` after it (TrainState.eval_batches: a checkpoint keeps them, as Lightning's);
@@ -333,9 +335,10 @@ class EpochLoop:
         count without it."""
         trainer = self._trainer
         fit, state = trainer._fit_state, trainer.state
-        if state.batch_phase == "restored":  # resumed from on_train_batch_end: Lightning counts that batch (if it
-            # stepped) once its restarted loop goes on, tasktrain's checkpoint when it was saved
-            return state.batches_that_stepped - int(state.saved_in_stepping_batch)
+        if state.saved_in_stepping_batch:  # resumed from a checkpoint saved in the on_train_batch_end or the
+            # validation of a batch that stepped: Lightning counts that batch once its restarted loop goes on,
+            # tasktrain's checkpoint when it was saved (the loop clears the mark as it goes on)
+            return state.batches_that_stepped - 1
         return state.batches_that_stepped - int(fit is not None and fit.validates_counted_batch)
 
     @property

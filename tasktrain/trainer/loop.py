@@ -144,6 +144,7 @@ def train_epoch(trainer, fit, epoch):
             # as run (its val_loop's increment_progress_to_evaluation_end); neither runs it here
             count_validation_as_run(trainer)
         state.batch_phase = None
+    state.saved_in_stepping_batch = False  # (the saved batch is counted from here on: lightning_loops.py)
     fit.ended_by_hook = False
     batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer.profiler), "training_step",
                               lambda: state.global_step, start, epoch == fit.first_epoch,

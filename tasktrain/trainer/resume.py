@@ -43,6 +43,12 @@ def run_state(trainer, weights_only=False):
 
     def train_state():
         saved = state.state_dict()
+        fit = trainer._fit_state
+        if fit is not None and fit.validates_counted_batch:
+            # saved in a validation that runs after the batch it follows was counted (the epoch's end, a stop):
+            # Lightning's checkpoint there does not count that batch yet (its restarted loop does), as one saved in
+            # a mid-epoch validation or in on_train_batch_end (lightning_loops.py: _batches_that_stepped)
+            saved["saved_in_stepping_batch"] = True
         if has_data:
             if isinstance(data, StatefulLoaderData) or (isinstance(data, CombinedTrainData) and
                                                         data.keeps_loader_states()):

@@ -45,8 +45,9 @@ class TrainState:
     # backward, step), "processed" (its on_train_batch_end), None once completed. Saved: a checkpoint written in
     # on_train_batch_end holds its batch not completed until the resumed loop goes on ("restored": Lightning's restart)
     batch_phase: Optional[str] = None
-    # the batch such a checkpoint was saved in ended an accumulation window (it stepped): its batches_that_stepped
-    # counts that batch, Lightning's only once its restarted loop goes on (written by state_dict)
+    # the batch such a checkpoint (or one saved in the validation after a batch) was saved in ended an accumulation
+    # window (it stepped): its batches_that_stepped counts that batch, Lightning's only once its restarted loop goes
+    # on (written by state_dict and run_state; loaded, it stands until the resumed loop goes on)
     saved_in_stepping_batch: bool = False
     # the same for Lightning's optim_progress and scheduler_progress: zero_grad calls and lr scheduler steps over the
     # run, and where the epoch's own counts began (optimizer steps are global_step)
@@ -100,7 +101,8 @@ class TrainState:
         # saved in the middle of a batch that stepped (on_train_batch_end, a mid-epoch validation): the resumed run
         # goes on after that batch, so it counts it (Lightning adds the 1 when it restarts)
         state["batches_that_stepped"] += int(self.stepping_batch)
-        state["saved_in_stepping_batch"] = bool(self.stepping_batch)
+        # (or restored from such a checkpoint, its loop not gone on yet: the count still holds that batch)
+        state["saved_in_stepping_batch"] = bool(self.stepping_batch) or self.saved_in_stepping_batch
         return state
 
     def load_state_dict(self, state: dict):
