@@ -46,6 +46,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
                 module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"], strict=module.strict_loading)
+            restore_eval_total(trainer, stage, ckpt)
             datamodule = trainer.datamodule  # its state too, under its class name (Lightning's, at every entry point)
             if datamodule is not None and type(datamodule).__qualname__ in ckpt:
                 run.datamodule_call(trainer, "load_state_dict", ckpt[type(datamodule).__qualname__])
@@ -76,6 +77,19 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     if trainer.is_global_zero and getattr(trainer, "_verbose", True):  # (the entry points only, never fit's)
         print_results(results, stage)
     return results
+
+
+def restore_eval_total(trainer, stage, ckpt):
+    """Lightning's validate / test restore their loop's progress from the file: the loop's `total` (its batch_progress,
+    trainer.validate_loop / test_loop) goes on from the count the file holds, at every run given a ckpt_path. (A
+    batch the file was saved inside is counted completed, as it was; Lightning's keeps it ready and never completed:
+    docs/lightning.md.)"""
+    from tasktrain.checkpoint_io import own_state
+
+    saved = own_state(ckpt).get("train_state")
+    counts = saved.get("eval_batches") if isinstance(saved, dict) else None
+    if stage in ("validate", "test") and isinstance(counts, dict) and stage in counts:
+        trainer.state.eval_batches[stage][0] = int(counts[stage][0])
 
 
 def result_count(loaders):
