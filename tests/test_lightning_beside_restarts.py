@@ -300,3 +300,34 @@ def test_an_evaluation_restarted_from_inside_a_validation_reads_as_lightnings(ca
         assert ends == [(3, nth - 1 + 3)] * 2  # (the file's: the batches completed before the one saved in)
     else:  # (no sanity check: a fit resumed inside an epoch)
         assert "on_sanity_check_start" not in _events(mine)
+
+
+def test_throughput_of_a_validate_from_a_checkpoint_is_written_at_lightnings_steps(tmp_path):
+    """ThroughputMonitor writes an evaluation's values at the loop's batch_progress.total.ready: a validate given a
+    ckpt_path goes on from the count that file holds (here one saved after a validate of 3 batches), as Lightning's."""
+    def steps(name):
+        lib, classes = LIBS[name]
+        cbs = pl.callbacks if lib is pl else lib.callbacks
+        written = []
+        base = pl.loggers.Logger if lib is pl else lib.loggers.Logger
+
+        class Rows(base):
+            name, version = "rows", 0
+
+            def log_metrics(self, metrics, step=None):
+                if any("validate" in key for key in metrics):
+                    written.append(step)
+
+            def log_hyperparams(self, *args, **kwargs):
+                pass
+
+        path = str(tmp_path / f"{name}.ckpt")
+        kwargs = dict(QUIET, logger=Rows(), log_every_n_steps=1, limit_val_batches=3, max_epochs=1)
+        monitor = (lambda: cbs.ThroughputMonitor(batch_size_fn=lambda batch: batch.shape[0]))
+        trainer = lib.Trainer(callbacks=[monitor()], **kwargs)
+        trainer.validate(classes.BoringModel(), verbose=False)
+        trainer.save_checkpoint(path)
+        lib.Trainer(callbacks=[monitor()], **kwargs).validate(classes.BoringModel(), ckpt_path=path, verbose=False)
+        return written
+
+    assert steps("tasktrain") == steps("lightning") == [1, 2, 3, 4, 5, 6]

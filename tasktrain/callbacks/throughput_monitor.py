@@ -207,7 +207,6 @@ class ThroughputMonitor(Callback):
         self._t0 = {}
         self._counts = {}  # stage -> [batches, samples, lengths]
         self._run_batches = {}  # stage -> batches in the current run (Lightning's batch_progress.current)
-        self._eval_steps = {}  # (entry point, stage) -> evaluation batches counted for the steps (its .total)
         self._seen_step = 0
         self.flops_per_batch = {}  # stage -> FLOPs of one batch on this device, as counted (not the module's)
         self.device_peak_flops = None
@@ -363,14 +362,15 @@ class ThroughputMonitor(Callback):
         """Lightning's rule for evaluation writes (its logger connector's should_update_logs in an evaluation loop):
         after a batch whose number in this run (all loaders together, from 1) is a multiple of log_every_n_steps (0:
         never), or once the trainer should stop. The write's step is the loop's total of batches: in a fit, the
-        validation batches since the training epoch began; in validate/test/predict calls, all the calls' batches."""
+        validation batches since the training epoch began; in validate/test/predict calls, all the calls' batches (from
+        the count a ckpt_path's file holds: the loop's batch_progress.total.ready, read as Lightning's callback reads
+        it)."""
         self._update(trainer, module, stage, batch)
         self._run_batches[stage] += 1
-        key = (trainer.state.fn, stage)
-        self._eval_steps[key] = self._eval_steps.get(key, 0) + 1
         count = self._run_batches[stage]
         if trainer.log_every_n_steps and (count % trainer.log_every_n_steps == 0 or trainer.should_stop):
-            self._write(trainer, stage, step=self._eval_steps[key])
+            loop = trainer.predict_loop if stage == "predict" else trainer._evaluation_loop
+            self._write(trainer, stage, step=loop.batch_progress.total.ready)
 
     def _write(self, trainer, stage, extra=None, step=None):
         metrics = self._throughputs[stage].compute()
@@ -385,9 +385,6 @@ class ThroughputMonitor(Callback):
         self._split_reset()
         if trainer.is_global_zero:
             self._start(trainer, "train")
-
-    def on_train_epoch_start(self, trainer, module):
-        self._eval_steps.pop(("fit", "validate"), None)  # Lightning counts a fit's validation steps per epoch
 
     def on_train_end(self, trainer, module):
         self._count_abandon()  # the module's on_train_batch_start ended the epoch (-1) before the batch ran
