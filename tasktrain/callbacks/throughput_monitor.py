@@ -369,7 +369,12 @@ class ThroughputMonitor(Callback):
         self._run_batches[stage] += 1
         count = self._run_batches[stage]
         if trainer.log_every_n_steps and (count % trainer.log_every_n_steps == 0 or trainer.should_stop):
-            loop = trainer.predict_loop if stage == "predict" else trainer._evaluation_loop
+            if stage == "predict":
+                loop = trainer.predict_loop
+            elif stage == "test":
+                loop = trainer.test_loop
+            else:
+                loop = trainer.fit_loop.epoch_loop.val_loop if trainer.state.fn == "fit" else trainer.validate_loop
             self._write(trainer, stage, step=loop.batch_progress.total.ready)
 
     def _write(self, trainer, stage, extra=None, step=None):
