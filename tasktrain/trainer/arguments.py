@@ -221,7 +221,29 @@ def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing,
             "Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
     elif max_time is not None:
         callbacks.append(Timer(duration=max_time))
+    check_state_keys(callbacks)
     return in_call_order(callbacks)
+
+
+def check_state_keys(callbacks):
+    """Lightning's refusal at Trainer(): two callbacks with a state (state_dict overridden) under one state_key would
+    write one entry of the checkpoint, and a resume would hand both the same state. (tasktrain Loggers are callbacks
+    here but loggers in Lightning, where two of a kind are allowed: not checked.)"""
+    from tasktrain.callbacks.base import Callback
+    from tasktrain.trainer.module import is_overridden
+
+    seen = set()
+    for callback in callbacks:
+        if isinstance(callback, Logger) or not is_overridden("state_dict", callback, Callback):
+            continue
+        if callback.state_key in seen:
+            name = type(callback).__name__
+            raise RuntimeError(
+                f"Found more than one stateful callback of type `{name}`. In the current configuration, this callback "
+                "does not support being saved alongside other instances of the same type. Please consult the "
+                f"documentation of `{name}` regarding valid settings for the callback state to be checkpointable. "
+                "HINT: The `callback.state_key` must be unique among all callbacks in the Trainer.")
+        seen.add(callback.state_key)
 
 
 def in_call_order(callbacks):
