@@ -296,3 +296,45 @@ def test_overfit_batches_validates_on_the_first_batches_in_order():
                      sorted({str(w.message) for w in said if "val dataloader" in str(w.message)}))
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"][:2] == (True, True) and len(seen["tasktrain"][2]) == 1
+
+
+def test_trainer_arguments_from_pl_trainer_environment_variables(monkeypatch):
+    """Lightning's Trainer reads an argument not passed from PL_TRAINER_<ARGUMENT> (a literal where it parses as
+    one, else the string; empty is unset; a passed argument wins; a subclass reads PL_<ITS NAME>_...); tasktrain
+    ignored them (found by Lightning's test_env_vars.py)."""
+    import inspect
+
+    monkeypatch.setenv("PL_TRAINER_LOGGER", "False")
+    monkeypatch.setenv("PL_TRAINER_MAX_STEPS", "7")
+    monkeypatch.setenv("PL_TRAINER_ACCELERATOR", "cpu")
+    monkeypatch.setenv("PL_TRAINER_LIMIT_VAL_BATCHES", "0.25")
+    monkeypatch.setenv("PL_TRAINER_MAX_EPOCHS", "")
+    monkeypatch.setenv("PL_TRAINER_NOT_AN_ARGUMENT", "1")
+    monkeypatch.setenv("PL_MYTRAINER_MIN_STEPS", "3")
+    seen = {}
+    for key, (lib, _, _) in LIBS.items():
+        class MyTrainer(lib.Trainer):
+            pass
+
+        quiet = dict(enable_progress_bar=False, enable_model_summary=False)
+        plain, passed, sub = lib.Trainer(**quiet), lib.Trainer(max_steps=42, logger=True, **quiet), MyTrainer(**quiet)
+        seen[key] = [(t.logger is None, t.max_steps, type(t.accelerator).__name__, t.limit_val_batches, t.max_epochs,
+                      t.min_steps) for t in (plain, passed, sub)]
+        assert "max_steps" in inspect.signature(lib.Trainer).parameters  # (the CLI reads the signature)
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][0][:2] == (True, 7) and seen["tasktrain"][1][:2] == (False, 42)
+    assert seen["tasktrain"][2][5] == 3
+
+
+@pytest.mark.parametrize("given", [{}, {"fast_dev_run": 0}, {"fast_dev_run": 1}, {"fast_dev_run": 3},
+                                   {"overfit_batches": 2}, {"limit_val_batches": 0.5, "limit_test_batches": 4}])
+def test_loop_limit_attributes_read_as_lightnings(given):
+    """trainer.limit_*_batches read 1.0 when not limited (tasktrain: None, which `trainer.limit_val_batches > 0`
+    refuses) and fast_dev_run keeps what was given (tasktrain: 0 for False)."""
+    names = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+             "fast_dev_run", "overfit_batches")
+    seen = {}
+    for key, (lib, _, _) in LIBS.items():
+        trainer = lib.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, **given)
+        seen[key] = [(getattr(trainer, name), type(getattr(trainer, name)).__name__) for name in names]
+    assert seen["tasktrain"] == seen["lightning"]

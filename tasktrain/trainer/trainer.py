@@ -62,6 +62,7 @@ class Trainer:
             raise RuntimeError("The `Trainer._evaluation_loop` property isn't defined. Accessed outside of scope")
         return loop
 
+    @arguments.defaults_from_env
     def __init__(
         self,
         *,
