@@ -191,3 +191,150 @@ def test_a_fraction_limit_that_leaves_no_batch_is_lightnings_error():
         ]
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"][0][0] == "MisconfigurationException" and seen["tasktrain"][4] == "ran"
+
+
+def test_a_zero_limit_requests_no_loader(tmp_path):
+    """limit_train_batches=0 / limit_predict_batches=0: Lightning's loops skip before their data is set up, so
+    train_dataloader() / predict_dataloader() are not called (tasktrain called them: a loader that is expensive to
+    build, or that fails on an empty split, was built all the same); the hooks that run and the counts are the
+    same (found by Lightning's test_dataloaders_are_not_loaded_if_disabled_through_limit_batches)."""
+    seen = {}
+    for key, (lib, classes, _) in LIBS.items():
+        class Counted(classes.BoringModel):
+            def __init__(self):
+                super().__init__()
+                self.called = []
+
+            def train_dataloader(self):
+                self.called.append("train_dataloader")
+                return super().train_dataloader()
+
+            def val_dataloader(self):
+                self.called.append("val_dataloader")
+                return super().val_dataloader()
+
+            def predict_dataloader(self):
+                self.called.append("predict_dataloader")
+                return super().predict_dataloader()
+
+            def on_train_start(self):
+                self.called.append("on_train_start")
+
+            def on_predict_start(self):
+                self.called.append("on_predict_start")
+
+        runs = []
+        for stage, limits in (("fit", dict(limit_train_batches=0)), ("fit", dict(limit_train_batches=0.0,
+                              num_sanity_val_steps=0)), ("predict", dict(limit_predict_batches=0))):
+            module = Counted()
+            trainer = lib.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                                  default_root_dir=tmp_path / key, **limits)
+            out = getattr(trainer, stage)(module)
+            runs.append((module.called, out, trainer.train_dataloader is None, trainer.num_training_batches,
+                         trainer.global_step))
+        seen[key] = runs
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][0][0] == ["val_dataloader"] and seen["tasktrain"][2][0] == []
+
+
+def test_two_stateful_callbacks_of_one_state_key_are_refused():
+    """Two callbacks with a state under one state_key (two ModelCheckpoints that differ only in their folder): one
+    checkpoint entry for both, a resume would hand both the same state. Lightning refuses them at Trainer() with a
+    RuntimeError; tasktrain accepted them. Keys that differ, and stateless callbacks, are accepted by both."""
+    import tasktrain.callbacks as ours_callbacks
+
+    seen = {}
+    for key, (lib, _, checkpoint_cls) in LIBS.items():
+        callbacks = ours_callbacks if lib is tasktrain else pl.callbacks
+        cases = [[checkpoint_cls("a"), checkpoint_cls("b")],
+                 [checkpoint_cls("a"), checkpoint_cls("b", monitor="x")],
+                 [callbacks.EarlyStopping("x"), callbacks.EarlyStopping("x")],
+                 [callbacks.EarlyStopping("x"), callbacks.EarlyStopping("x", mode="max")],
+                 [callbacks.LearningRateMonitor(), callbacks.LearningRateMonitor()]]
+        outcomes = []
+        for case in cases:
+            try:
+                lib.Trainer(callbacks=case, logger=False, enable_progress_bar=False, enable_model_summary=False)
+                outcomes.append("accepted")
+            except RuntimeError as error:
+                outcomes.append(str(error))
+        seen[key] = outcomes
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][0].startswith("Found more than one stateful callback of type `ModelCheckpoint`")
+    assert seen["tasktrain"][1] == "accepted" and seen["tasktrain"][4] == "accepted"
+
+
+def test_overfit_batches_validates_on_the_first_batches_in_order():
+    """overfit_batches with a shuffling val loader: Lightning warns and reads fit's validation loaders in order (as
+    the training loader), so every validation sees the same first batches; tasktrain kept them shuffling (found by
+    Lightning's test_overfit_batches_raises_warning_in_case_of_sequential_sampler)."""
+    import warnings
+
+    from torch.utils.data import DataLoader, SequentialSampler
+
+    seen = {}
+    for key, (lib, classes, _) in LIBS.items():
+        data = classes.RandomDataset(32, 64)
+        read = []
+
+        class Overfit(classes.BoringModel):
+            def validation_step(self, batch, batch_idx):
+                read.append((self.current_epoch, batch[0, 0].item()))
+                return super().validation_step(batch, batch_idx)
+
+            def val_dataloader(self):
+                return DataLoader(data, batch_size=2, shuffle=True)
+
+        trainer = lib.Trainer(max_epochs=2, overfit_batches=3, num_sanity_val_steps=0, logger=False,
+                              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            trainer.fit(Overfit())
+        in_order = [data[i][0].item() for i in (0, 2, 4)]
+        seen[key] = (read == [(epoch, x) for epoch in (0, 1) for x in in_order],
+                     isinstance(trainer.val_dataloaders.sampler, SequentialSampler),
+                     sorted({str(w.message) for w in said if "val dataloader" in str(w.message)}))
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][:2] == (True, True) and len(seen["tasktrain"][2]) == 1
+
+
+def test_trainer_arguments_from_pl_trainer_environment_variables(monkeypatch):
+    """Lightning's Trainer reads an argument not passed from PL_TRAINER_<ARGUMENT> (a literal where it parses as
+    one, else the string; empty is unset; a passed argument wins; a subclass reads PL_<ITS NAME>_...); tasktrain
+    ignored them (found by Lightning's test_env_vars.py)."""
+    import inspect
+
+    monkeypatch.setenv("PL_TRAINER_LOGGER", "False")
+    monkeypatch.setenv("PL_TRAINER_MAX_STEPS", "7")
+    monkeypatch.setenv("PL_TRAINER_ACCELERATOR", "cpu")
+    monkeypatch.setenv("PL_TRAINER_LIMIT_VAL_BATCHES", "0.25")
+    monkeypatch.setenv("PL_TRAINER_MAX_EPOCHS", "")
+    monkeypatch.setenv("PL_TRAINER_NOT_AN_ARGUMENT", "1")
+    monkeypatch.setenv("PL_MYTRAINER_MIN_STEPS", "3")
+    seen = {}
+    for key, (lib, _, _) in LIBS.items():
+        class MyTrainer(lib.Trainer):
+            pass
+
+        quiet = dict(enable_progress_bar=False, enable_model_summary=False)
+        plain, passed, sub = lib.Trainer(**quiet), lib.Trainer(max_steps=42, logger=True, **quiet), MyTrainer(**quiet)
+        seen[key] = [(t.logger is None, t.max_steps, type(t.accelerator).__name__, t.limit_val_batches, t.max_epochs,
+                      t.min_steps) for t in (plain, passed, sub)]
+        assert "max_steps" in inspect.signature(lib.Trainer).parameters  # (the CLI reads the signature)
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][0][:2] == (True, 7) and seen["tasktrain"][1][:2] == (False, 42)
+    assert seen["tasktrain"][2][5] == 3
+
+
+@pytest.mark.parametrize("given", [{}, {"fast_dev_run": 0}, {"fast_dev_run": 1}, {"fast_dev_run": 3},
+                                   {"overfit_batches": 2}, {"limit_val_batches": 0.5, "limit_test_batches": 4}])
+def test_loop_limit_attributes_read_as_lightnings(given):
+    """trainer.limit_*_batches read 1.0 when not limited (tasktrain: None, which `trainer.limit_val_batches > 0`
+    refuses) and fast_dev_run keeps what was given (tasktrain: 0 for False)."""
+    names = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+             "fast_dev_run", "overfit_batches")
+    seen = {}
+    for key, (lib, _, _) in LIBS.items():
+        trainer = lib.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, **given)
+        seen[key] = [(getattr(trainer, name), type(getattr(trainer, name)).__name__) for name in names]
+    assert seen["tasktrain"] == seen["lightning"]

@@ -451,3 +451,62 @@ def test_the_batch_size_self_log_infers_weights_epoch_means_as_lightnings(kind):
     assert values["seen"] == pytest.approx(expected) and values["given"] == 2.5 and values["at_end"] == 7.0
     # a warning per distinct message (the short last batch's says 1)
     assert len(ambiguous) == {"nested": 2, "scalar first": 1}.get(kind, 0)
+
+
+def test_a_value_logged_in_an_epoch_end_hook_reads_back_in_that_hook(tmp_path):
+    """Lightning's callback_metrics computes the epoch values while an epoch's end hooks run, so a value self.log'd in
+    on_train/validation/test_epoch_end is in trainer.callback_metrics right after the call (a mean, a sum of batch
+    values, in the sanity check too); tasktrain published it only after the hook (found by Lightning's
+    test_on_epoch_logging_with_sum_and_on_batch_start)."""
+    def run(trainer_class, module_base, folder):
+        read = []
+
+        class Net(module_base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.layer(x), y)
+
+            def validation_step(self, batch, batch_idx):
+                self.log("v_sum", 1.0, reduce_fx="sum")
+
+            test_step = validation_step
+
+            def on_train_batch_end(self, *_):
+                self.log("t_sum", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
+
+            def epoch_end(self, name):
+                self.log(name, 3.0)
+                self.log(name + "_max", 2.0, reduce_fx="max")
+                read.append((name, self.trainer.sanity_checking, numbers(self.trainer.callback_metrics)))
+
+            def on_train_epoch_end(self):
+                self.epoch_end("train_end")
+
+            def on_validation_epoch_end(self):
+                self.epoch_end("val_end")
+
+            def on_test_epoch_end(self):
+                self.epoch_end("test_end")
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        trainer = trainer_class(default_root_dir=folder, max_epochs=1, num_sanity_val_steps=2, logger=False,
+                                enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module = Net()
+            trainer.fit(module, loader(3), loader(2))
+            trainer.test(module, loader(2), verbose=False)
+        return read
+
+    ours = run(tasktrain.Trainer, tasktrain.TaskModule, tmp_path / "ours")
+    lit = run(L.Trainer, L.LightningModule, tmp_path / "lit")
+    assert ours == lit
+    assert [(name, sanity) for name, sanity, _ in ours] == [("val_end", True), ("val_end", False), ("train_end", False),
+                                                           ("test_end", False)]
+    assert ours[2][2]["train_end"] == 3.0 and ours[2][2]["t_sum"] == 3.0 and ours[3][2]["test_end_max"] == 2.0

@@ -144,7 +144,7 @@ def test_scale_batch_size_through_real_trials(mode, expected):
     before = {k: v.clone() for k, v in module.state_dict().items()}
     trainer = Trainer(max_epochs=2, **quiet())
     assert Tuner(trainer).scale_batch_size(module, mode=mode, steps_per_trial=2) == expected
-    assert module.batch_size == expected and trainer.max_epochs == 2 and trainer.limit_train_batches is None
+    assert module.batch_size == expected and trainer.max_epochs == 2 and trainer.limit_train_batches == 1.0
     for k, v in module.state_dict().items():
         assert torch.equal(v, before[k]), k
 

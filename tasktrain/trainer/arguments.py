@@ -1,5 +1,8 @@
 """The Trainer's arguments: checks, Lightning's refusals, fast_dev_run's rewrites, global torch flags and the
 callbacks it adds. Plain functions called by Trainer.__init__, each for one concern."""
+import ast
+import functools
+import inspect
 import logging
 import os
 
@@ -9,6 +12,31 @@ from tasktrain.callbacks.base import Logger
 from tasktrain.trainer import guards
 
 _log = logging.getLogger("tasktrain")
+
+
+def defaults_from_env(init):
+    """Lightning's environment defaults (its `_defaults_from_env_vars` on Trainer.__init__): an argument not passed
+    is read from `PL_<CLASS>_<ARGUMENT>` (`PL_TRAINER_MAX_STEPS=7`; a subclass's name for a subclass), its value
+    through `ast.literal_eval` where it is a Python literal ("False", "2", "[0, 1]"), else the string ("cpu"); an
+    empty value counts as unset. An argument passed wins over the environment."""
+    @functools.wraps(init)
+    def insert_env_defaults(self, *args, **kwargs):
+        cls = type(self)
+        names = inspect.signature(cls).parameters
+        if args:  # (a subclass's positional arguments, named by its signature, as Lightning's)
+            kwargs.update(zip(names, args))
+        env = {}
+        for name in names:
+            value = os.environ.get(f"PL_{cls.__name__.upper()}_{name.upper()}")
+            if value:
+                try:
+                    value = ast.literal_eval(value)
+                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                    pass  # not a literal: the string itself
+                env[name] = value
+        return init(self, **{**env, **kwargs})
+
+    return insert_env_defaults
 
 
 def _info(message):
@@ -127,8 +155,12 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
     min_epochs = None if min_epochs is None else int(min_epochs)
     if num_sanity_val_steps == -1:
         num_sanity_val_steps = float("inf")  # Lightning's: the whole validation, as many batches as it has
+    # Lightning's attributes: an unlimited loop reads 1.0 (its _determine_batch_limits of None), fast_dev_run
+    # keeps what was given (False stays False), 1 reads True
+    train, val, test, predict = (1.0 if limit is None else limit for limit in (train, val, test, predict))
     return dict(
-        fast_dev_run=True if dev_batches == 1 else dev_batches, overfit_batches=overfit, min_epochs=min_epochs,
+        fast_dev_run=True if dev_batches == 1 else (dev_batches or fast_dev_run), overfit_batches=overfit,
+        min_epochs=min_epochs,
         max_epochs=None if max_epochs is None else int(max_epochs), max_steps=-1 if max_steps is None else int(max_steps),
         limit_train_batches=train, limit_val_batches=val, limit_test_batches=test, limit_predict_batches=predict,
         num_sanity_val_steps=num_sanity_val_steps,
@@ -221,7 +253,29 @@ def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing,
             "Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
     elif max_time is not None:
         callbacks.append(Timer(duration=max_time))
+    check_state_keys(callbacks)
     return in_call_order(callbacks)
+
+
+def check_state_keys(callbacks):
+    """Lightning's refusal at Trainer(): two callbacks with a state (state_dict overridden) under one state_key would
+    write one entry of the checkpoint, and a resume would hand both the same state. (tasktrain Loggers are callbacks
+    here but loggers in Lightning, where two of a kind are allowed: not checked.)"""
+    from tasktrain.callbacks.base import Callback
+    from tasktrain.trainer.module import is_overridden
+
+    seen = set()
+    for callback in callbacks:
+        if isinstance(callback, Logger) or not is_overridden("state_dict", callback, Callback):
+            continue
+        if callback.state_key in seen:
+            name = type(callback).__name__
+            raise RuntimeError(
+                f"Found more than one stateful callback of type `{name}`. In the current configuration, this callback "
+                "does not support being saved alongside other instances of the same type. Please consult the "
+                f"documentation of `{name}` regarding valid settings for the callback state to be checkpointable. "
+                "HINT: The `callback.state_key` must be unique among all callbacks in the Trainer.")
+        seen.add(callback.state_key)
 
 
 def in_call_order(callbacks):

@@ -54,8 +54,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     guards.install_sigterm_handler(trainer)  # (Lightning's place: after the restore, before the loop; issue 37)
     limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
                  "predict": trainer.limit_predict_batches}[stage]
-    if limit_arg == 0 and stage != "predict":
-        return []  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
+    if limit_arg == 0:  # Lightning's: limit_*_batches=0 skips the loop, its loader and its hooks
+        return None if stage == "predict" else []
     loaders, limits = eval_loaders(trainer, stage, module, loader)
     trainer._watch()
     if no_batches(trainer, limits):  # Lightning's: loaders without a batch skip the loop and its hooks

@@ -150,7 +150,7 @@ def check_training_batches(length, loader):
 def trains_nothing(trainer):
     """limit_train_batches=0: Lightning skips fit's loop (no epoch, no checkpoint, `last` unchanged); so do we, and
     say so instead of counting empty epochs and saving an `epoch=N-step=0` checkpoint."""
-    if trainer._num_training_batches != 0:
+    if trainer.limit_train_batches != 0 and trainer._num_training_batches != 0:
         return False
     if trainer.is_global_zero:
         print(f"[tasktrain] limit_train_batches={trainer.limit_train_batches}: fit trains nothing (no epoch, no "

@@ -5,13 +5,16 @@ from the hooks when asked (reload_dataloaders_every_n_epochs, a resumed DataModu
 Functions over the Trainer: what they set on it (train_dataloader, num_training_batches, num_val_batches, ...) are
 the Trainer's public attributes, Lightning's names."""
 import math
+import warnings
+
+from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 
 from tasktrain.strategies.base import OneProcess
 from tasktrain.trainer import evaluation, guards
 from tasktrain.trainer.combined import CombinedLoader, CombinedTrainData, check_training_mode, combined_eval, \
     is_combined
 from tasktrain.trainer.datamodule import DataModule
-from tasktrain.trainer.data import prepare_eval_loader, prepare_train_data, samples_per_step
+from tasktrain.trainer.data import _with_sampler, prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.seed import add_worker_init_fn, sampler_seed
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -163,15 +166,30 @@ def setup_val(trainer, loader):
     """The validation loaders, counted once per fit (a fraction of a loader without a length fails here, before
     training)."""
     world_size, rank = shards(trainer)
+    ones = evaluation.as_loaders(loader, "validate")
+    if trainer.overfit_batches > 0:
+        ones = in_order_for_overfit(ones, trainer.is_global_zero)
     val_loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer),
-                                                             trainer.global_rank)
-                                         for one in evaluation.as_loaders(loader, "validate")])
+                                                             trainer.global_rank) for one in ones])
     trainer._val_loader = val_loaders
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
     trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit, "val") for one in val_loaders]
     trainer.num_sanity_val_batches = [evaluation.sanity_limit(one, limit, sanity_steps) if sanity_steps else 0
                                       for one in val_loaders]
     _val_set_up(trainer)
+
+
+def in_order_for_overfit(ones, warn):
+    """Lightning's rule for fit's validation loaders under overfit_batches (its _resolve_overfit_batches, as for the
+    training loader): unless every loader's sampler is a SequentialSampler, it warns and the map-style loaders are
+    built again to read in order, so each validation sees the same first batches."""
+    if all(isinstance(one.sampler, SequentialSampler) for one in ones if hasattr(one, "sampler")):
+        return ones
+    if warn:
+        warnings.warn("You requested to overfit but enabled val dataloader shuffling. We are turning off the val "
+                      "dataloader shuffling for you.")
+    return [_with_sampler(one, SequentialSampler(one.dataset)) if isinstance(one, DataLoader) and
+            not isinstance(one.dataset, IterableDataset) else one for one in ones]
 
 
 def _val_set_up(trainer):

@@ -22,6 +22,7 @@ from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.strategies.watchdog import collective_label
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
+_EPOCH_END_HOOKS = ("on_train_epoch_end", "on_validation_epoch_end", "on_test_epoch_end")
 _WARNED_UNSYNCED = set()  # names already warned about (Lightning's warning cache: once per name per process)
 
 # Where self.log may be called, Lightning 2.6's table (its _FxValidator): hook -> (allowed on_step values, allowed
@@ -230,6 +231,12 @@ class MetricStore:
                 acc[1] = torch.maximum(acc[1], value)
             else:
                 acc[1] = torch.minimum(acc[1], value)
+            if self.fx in _EPOCH_END_HOOKS and not (meta.sync_dist and self.strategy.world_size > 1):
+                # Lightning's callback_metrics computes the epoch values while an epoch's end hooks run: a value
+                # logged there reads back at once, in the same hook (it is reduced and published after the hooks;
+                # a sync_dist value of several processes only then, synced, where Lightning syncs it on reading)
+                acc = self.epoch_acc[name]
+                self.callback_metrics[name] = acc[1] / acc[2] if fx == "mean" else acc[1]
 
     def _log_metric_object(self, name, meta, metric):
         """A torchmetrics Metric, as Lightning logs it: the user's forward/update accumulates it; on_step logs the

@@ -62,6 +62,7 @@ class Trainer:
             raise RuntimeError("The `Trainer._evaluation_loop` property isn't defined. Accessed outside of scope")
         return loop
 
+    @arguments.defaults_from_env
     def __init__(
         self,
         *,
@@ -723,12 +724,17 @@ class Trainer:
         # (isolate_rng: no draw moves); a resumed fit too, unless it continues inside an epoch or counts steps
         if has_val and self.num_sanity_val_steps and not resume.skips_sanity_check(self, loaded):
             self._sanity_check()
-        fit.epochs = loaders.train_data_now(self)
-        if loaders.train_reload_due(self):  # requested early (configure_optimizers) at another epoch: Lightning's rule
-            loaders.reload(self, fit)
+        # Lightning's fit loop: limit_train_batches=0 skips it before its data is set up, so train_dataloader() is
+        # not called (nor val_dataloader() beyond the sanity check's)
+        skipped = self.limit_train_batches == 0
+        fit.epochs = None if skipped else loaders.train_data_now(self)
+        if not skipped and loaders.train_reload_due(self):  # requested early (configure_optimizers) at another
+            loaders.reload(self, fit)  # epoch: Lightning's rule
         resume.start_after_finished_epoch(self)  # (a fit resumed from an epoch's end: current_epoch moves on here)
-        loaders.val_data_at_train_start(self)  # (without a sanity check)
-        if loaded is not None:  # the position in the epoch, on the loader that will be trained on; then the RNG
+        if not skipped:
+            loaders.val_data_at_train_start(self)  # (without a sanity check)
+        if loaded is not None and not skipped:  # the position in the epoch, on the loader that will be trained on;
+            # then the RNG
             restore_rng = resume.restore_position(self, loaded, fit.epochs)
             if restore_rng is not None:
                 restore_rng()
@@ -806,7 +812,7 @@ class Trainer:
     def estimated_stepping_batches(self):
         """The optimizer steps this fit will take (Lightning's): per epoch ceil(batches / accumulate_grad_batches)
         of this rank's shard, times max_epochs, capped by max_steps; readable from configure_optimizers on."""
-        if self.state.fn == "fit" and getattr(self, "_train_data", 0) is None:
+        if self.state.fn == "fit" and getattr(self, "_train_data", 0) is None and self.limit_train_batches != 0:
             loaders.train_data_now(self)  # read in configure_optimizers: the training loader is requested now (Lightning's)
         if self._num_training_batches is None:
             if self.max_steps != -1:
