@@ -114,8 +114,15 @@ def ddp(tmp_path_factory):
     ])
     # 1 -> 2: the single-process run's step 3 resumed on 2 processes x 4; and one process -> FSDP on 2: the same
     # step 3 converted to FSDP's layout (`tasktrain convert --to fsdp`) and resumed under FSDP (its step 9 goes back
-    # to one process in the `zero` fixture's one-process launch)
-    logs["to_fsdp"] = convert(ckpt(root, "ref1", 3), root / "ref1-step3.fsdp", "fsdp")
+    # to one process in the `zero` fixture's one-process launch). One interpreter (helpers.cli_commands, each a
+    # `tasktrain convert` as typed) converts that step 3 twice: to FSDP's layout for here, and to DeepSpeed's (universal
+    # layout) for the `zero` fixture's ZeRO-3 run (DDP -> ZeRO-3)
+    converted = cli_commands([["convert", ckpt(root, "ref1", 3), root / "ref1-step3.fsdp", "--to", "fsdp"],
+                              ["convert", ckpt(root, "ref1", 3), root / "ref1-step3.deepspeed", "--to", "deepspeed"]],
+                             root)
+    for code, stdout, stderr in converted:
+        assert code == 0, stdout + stderr
+    logs["to_fsdp"], logs["to_ds"] = (stdout for _, stdout, _ in converted)
     logs["res2"] = launch(root, [{"name": "res2", "devices": 2, "batch": 4, "resume": ckpt(root, "ref1", 3)},
                                  {"name": "fres2", "devices": 2, "batch": 4, "strategy": "fsdp",
                                   "resume": str(root / "ref1-step3.fsdp")}])
@@ -209,8 +216,7 @@ def plain(path):
 def zero(ddp):
     root, _ = ddp
     logs = {}
-    # DDP -> ZeRO-3: the single-process run's step 3 as a DeepSpeed checkpoint (universal layout)
-    logs["to_ds"] = convert(ckpt(root, "ref1", 3), root / "ref1-step3.deepspeed", "deepspeed")
+    # (DDP -> ZeRO-3: the single-process run's step 3 as a DeepSpeed checkpoint, converted in the `ddp` fixture)
     logs["two"] = launch(root, [
         {"name": "z2ref", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_2"},
         {"name": "z3res2", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_3",
