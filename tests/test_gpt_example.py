@@ -11,7 +11,8 @@ doubling the global batch and so changing which sums make a batch).
 
 The 2-process runs are one launched pair running every strategy in turn, so the processes and the process group
 start once; each process takes 64 sums a step (the one-process global batch of 128) for 260 steps (tests/gpt_scripts/
-strategies.py: measured 0.126 to 0.912 exact match over its six cases).
+strategies.py: measured 0.126 to 0.912 exact match over its six cases), 200 for the bf16-mixed case (bf16 is
+emulated on this CPU, ~5x the cost of a step; measured over seeds 0-3 at 200 steps: 0.438 to 0.938).
 """
 import json
 import os
@@ -165,7 +166,8 @@ def test_every_strategy_on_two_processes(tmp_path):
         # Both ranks report the same held-out metrics (each sum counted once over the two shards).
         assert ranks[1][case]["metrics"] == result["metrics"], case
         if api == "Trainer":
-            assert (result["world_size"], result["global_step"]) == (2, 260), (case, result)
+            steps = 200 if case.endswith("bf16-mixed") else 260  # (strategies.py: bf16's cases run 200 steps)
+            assert (result["world_size"], result["global_step"]) == (2, steps), (case, result)
             assert result["strategy"] == strategy.split("_stage")[0], (case, result["strategy"])
             assert result["torch_linear_after"], case
         else:

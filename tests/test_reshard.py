@@ -94,11 +94,15 @@ def assert_same_adam(got, ref, atol=ATOL):
 def ddp(tmp_path_factory):
     root = tmp_path_factory.mktemp("reshard_ddp")
     logs = {}
-    # 2 processes x 4 samples: uninterrupted, then killed (rank 1, SIGKILL) after step 3 of the 6 of epoch 0
-    # (and FSDP, the same run: its step 3 is resumed on one process below)
-    logs["ref2"] = launch(root, [{"name": "ref2", "devices": 2, "batch": 4},
-                                 {"name": "f2ref", "devices": 2, "batch": 4, "strategy": "fsdp"}])
-    logs["kill2"] = launch(root, [{"name": "kill2", "devices": 2, "batch": 4, "kill_at": 3}], expect_ok=False)
+    # 2 processes x 4 samples: uninterrupted (and FSDP, the same run: its step 3 is resumed on one process below),
+    # then killed (rank 1, SIGKILL) after step 3 of the 6 of epoch 0. One launch: the kill ends it, after the
+    # uninterrupted runs wrote their results (each run seeds itself and has its own folder, as in a fresh launch).
+    logs["ref2"] = logs["kill2"] = launch(root, [{"name": "ref2", "devices": 2, "batch": 4},
+                                                 {"name": "f2ref", "devices": 2, "batch": 4, "strategy": "fsdp"},
+                                                 {"name": "kill2", "devices": 2, "batch": 4, "kill_at": 3}],
+                                          expect_ok=False)
+    assert all(os.path.exists(root / f"{name}.out.pt") for name in ("ref2", "f2ref")), logs["ref2"][-6000:]
+    assert not os.path.exists(root / "kill2.out.pt"), logs["kill2"][-6000:]  # the launch ended in the killed run
     # 1 process: its own uninterrupted run (x 8), and the killed run resumed with 8 (the global batch kept) and
     # with 4 (the per-process batch kept: the global batch halves); and FSDP's step 3 (a DCP directory written by 2
     # processes) under FSDP on one process x 8
@@ -110,8 +114,15 @@ def ddp(tmp_path_factory):
     ])
     # 1 -> 2: the single-process run's step 3 resumed on 2 processes x 4; and one process -> FSDP on 2: the same
     # step 3 converted to FSDP's layout (`tasktrain convert --to fsdp`) and resumed under FSDP (its step 9 goes back
-    # to one process in the `zero` fixture's one-process launch)
-    logs["to_fsdp"] = convert(ckpt(root, "ref1", 3), root / "ref1-step3.fsdp", "fsdp")
+    # to one process in the `zero` fixture's one-process launch). One interpreter (helpers.cli_commands, each a
+    # `tasktrain convert` as typed) converts that step 3 twice: to FSDP's layout for here, and to DeepSpeed's (universal
+    # layout) for the `zero` fixture's ZeRO-3 run (DDP -> ZeRO-3)
+    converted = cli_commands([["convert", ckpt(root, "ref1", 3), root / "ref1-step3.fsdp", "--to", "fsdp"],
+                              ["convert", ckpt(root, "ref1", 3), root / "ref1-step3.deepspeed", "--to", "deepspeed"]],
+                             root)
+    for code, stdout, stderr in converted:
+        assert code == 0, stdout + stderr
+    logs["to_fsdp"], logs["to_ds"] = (stdout for _, stdout, _ in converted)
     logs["res2"] = launch(root, [{"name": "res2", "devices": 2, "batch": 4, "resume": ckpt(root, "ref1", 3)},
                                  {"name": "fres2", "devices": 2, "batch": 4, "strategy": "fsdp",
                                   "resume": str(root / "ref1-step3.fsdp")}])
@@ -205,19 +216,17 @@ def plain(path):
 def zero(ddp):
     root, _ = ddp
     logs = {}
-    # DDP -> ZeRO-3: the single-process run's step 3 as a DeepSpeed checkpoint (universal layout)
-    logs["to_ds"] = convert(ckpt(root, "ref1", 3), root / "ref1-step3.deepspeed", "deepspeed")
+    # (DDP -> ZeRO-3: the single-process run's step 3 as a DeepSpeed checkpoint, converted in the `ddp` fixture)
     logs["two"] = launch(root, [
         {"name": "z2ref", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_2"},
         {"name": "z3res2", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_3",
          "resume": str(root / "ref1-step3.deepspeed")},
     ], timeout=600)
-    # ZeRO-2 2 -> 1: the uninterrupted ZeRO-2 run's step 3 resumed on one process x 8
-    logs["z2res1"] = launch(root, [{"name": "z2res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_2",
-                                    "resume": ckpt(root, "z2ref", 3)}], timeout=600)
-    # DeepSpeed's own converter at stages 3 and 1, in one launch: ZeRO-3's step 6 (2 processes) resumed on one at
-    # stage 3, and ZeRO-2's step 3 (2 processes) resumed on one at stage 1
-    logs["zres1"] = launch(root, [
+    # One one-process launch (DeepSpeed imported once, not twice) through DeepSpeed's own converter: ZeRO-2 2 -> 1
+    # (the uninterrupted ZeRO-2 run's step 3 resumed on one process x 8); then stages 3 and 1: ZeRO-3's step 6
+    # (2 processes) resumed on one at stage 3, and ZeRO-2's step 3 (2 processes) resumed on one at stage 1
+    logs["z2res1"] = logs["zres1"] = launch(root, [
+        {"name": "z2res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_2", "resume": ckpt(root, "z2ref", 3)},
         {"name": "z3res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_3", "resume": ckpt(root, "z3res2", 6)},
         {"name": "z1res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_1", "resume": ckpt(root, "z2ref", 3)},
     ], timeout=600)
@@ -245,7 +254,8 @@ def test_zero2_on_2_resumed_on_1_trains_each_sample_once_and_carries_adam(zero):
     assert min(r[1] for r in resumed) == 4
     assert epoch_ids(before + resumed, 0) == list(range(N)) and epoch_ids(resumed, 1) == list(range(N))
     assert by_step(before + resumed) == by_step(records(root, "ref2", 2))  # the same order as under DDP
-    assert "converting it to DeepSpeed's universal checkpoint" in logs["z2res1"]
+    # (its launch resumes at stages 2, 3 and 1: the stage names z2res1's conversion)
+    assert "this run has 1 at stage 2: converting it to DeepSpeed's universal checkpoint" in logs["z2res1"]
     # weights, moments, step counts and each group's hyper-parameters, against the uninterrupted ZeRO-2 run
     assert_same_training(plain(root / "z2res1.final.ckpt"), plain(root / "z2ref.final.ckpt"))
     assert_same_training(plain(root / "z2ref.final.ckpt"), out(root, "ref2"))  # and against DDP
@@ -300,7 +310,10 @@ def test_a_run_moves_one_process_to_fsdp_to_one_process_through_convert(ddp, zer
 @pytest.mark.timeout(1500)
 def test_zero3_on_2_resumed_on_1_and_zero2_resumed_at_stage_1_through_deepspeeds_converter(zero):
     root, logs = zero
-    assert logs["zres1"].count("converting it to DeepSpeed's universal checkpoint") == 2
+    # z3res1 and z1res1 each converted, once (their launch also ran z2res1, at stage 2: 3 conversions in all)
+    assert logs["zres1"].count("converting it to DeepSpeed's universal checkpoint") == 3
+    for stage in (3, 1):
+        assert logs["zres1"].count(f"this run has 1 at stage {stage}: converting it to DeepSpeed's universal") == 1
     # ZeRO-3, 2 -> 1 processes: the run that came from one process (ref1) goes on as ref1 did
     before = [r for r in records(root, "z3res2", 2) if r[1] <= 6]
     resumed = records(root, "z3res1", 1)
@@ -334,15 +347,20 @@ def launch_accelerate(root, runs, processes, timeout=300):
 @pytest.fixture(scope="module")
 def accelerate(tmp_path_factory):
     root = tmp_path_factory.mktemp("reshard_accelerate")
-    # save_state after step 3, go on (and the same under FSDP: a DCP directory)
-    logs = {"a2": launch_accelerate(root, [{"name": "a2", "batch": 4}, {"name": "fa2", "batch": 4, "strategy": "fsdp"}],
-                                    2)}
+    # save_state after step 3, go on (and the same under FSDP: a DCP directory; and under ZeRO-2, for the
+    # `accelerate_zero` tests: its launches are these, DeepSpeed imported by each process once)
+    logs = {"a2": launch_accelerate(root, [{"name": "a2", "batch": 4}, {"name": "fa2", "batch": 4, "strategy": "fsdp"},
+                                           {"name": "d2", "batch": 4, "strategy": "deepspeed_stage_2"}], 2,
+                                    timeout=600)}
     # FSDP's save_state directory -> the layout save_state writes without FSDP, loaded on one process below
     logs["fsdp_to_plain"] = convert(root / "fa2.state", root / "fa2plain.state", "ckpt")
     logs["one"] = launch_accelerate(root, [{"name": "a1", "batch": 8},  # the same on one process x 8
                                            {"name": "a2to1", "batch": 8, "load": "a2"},
                                            {"name": "a2to1b", "batch": 4, "load": "a2"},  # global batch 8 -> 4
-                                           {"name": "fa2to1", "batch": 8, "load": "fa2plain"}], 1)
+                                           {"name": "fa2to1", "batch": 8, "load": "fa2plain"},
+                                           # ZeRO-2's save_state on 2, loaded on 1 (the `accelerate_zero` tests)
+                                           {"name": "d2to1", "batch": 8, "strategy": "deepspeed_stage_2",
+                                            "load": "d2"}], 1, timeout=600)
     logs["a1to2"] = launch_accelerate(root, [{"name": "a1to2", "batch": 4, "load": "a1"}], 2)
     return root, logs
 
@@ -496,12 +514,11 @@ def test_accelerator_load_state_of_a_users_sampler_mid_epoch_refuses_another_num
 # -- the Accelerator under DeepSpeed ZeRO-2: save_state on 2 processes, load_state on 1 --------------------------------
 @pytest.fixture(scope="module")
 def accelerate_zero(accelerate):
-    root, _ = accelerate
-    logs = {"d2": launch_accelerate(root, [{"name": "d2", "batch": 4, "strategy": "deepspeed_stage_2"}], 2,
-                                    timeout=600)}
-    logs["d2to1"] = launch_accelerate(root, [{"name": "d2to1", "batch": 8, "strategy": "deepspeed_stage_2",
-                                              "load": "d2"}], 1, timeout=600)
-    return root, logs
+    """d2 (save_state under ZeRO-2 on 2 processes) and d2to1 (its load_state on 1) ran last in the `accelerate`
+    fixture's 2-process and 1-process launches; d2to1's log is that launch's, where only it resumes a DeepSpeed
+    state (the others are DDP and FSDP states), so the conversion message there is its."""
+    root, logs = accelerate
+    return root, {"d2": logs["a2"], "d2to1": logs["one"]}
 
 
 @pytest.mark.world_size(2)
