@@ -451,3 +451,42 @@ def test_the_batch_size_self_log_infers_weights_epoch_means_as_lightnings(kind):
     assert values["seen"] == pytest.approx(expected) and values["given"] == 2.5 and values["at_end"] == 7.0
     # a warning per distinct message (the short last batch's says 1)
     assert len(ambiguous) == {"nested": 2, "scalar first": 1}.get(kind, 0)
+
+
+def run_not_floating(trainer_class, module_base, tmp_path):
+    class Net(module_base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            # names of this test only: both frameworks warn once per message per process
+            self.log("nf_int_tensor", torch.tensor(batch_idx + 1))
+            self.log("nf_bool_tensor", torch.tensor(True))
+            self.log("nf_python_int", batch_idx + 1)  # converted without a word
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = trainer_class(default_root_dir=tmp_path, max_epochs=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Net(), loader(2))
+    said = [(w.category.__name__, str(w.message)) for w in caught if "needs to be floating" in str(w.message)]
+    metrics = {k: (v.dtype, float(v)) for k, v in trainer.callback_metrics.items() if k.startswith("nf_")}
+    return said, metrics
+
+
+def test_a_tensor_that_is_not_floating_is_converted_with_lightnings_warning(tmp_path):
+    ours = run_not_floating(tasktrain.Trainer, tasktrain.TaskModule, tmp_path / "ours")
+    lit = run_not_floating(L.Trainer, L.LightningModule, tmp_path / "lit")
+    assert ours == lit
+    said, metrics = ours
+    assert [message.split("`")[1] for _, message in said] == ["self.log('nf_int_tensor', ...)",
+                                                               "self.log('nf_bool_tensor', ...)"]  # once each
+    assert said[0][0] == "UserWarning" and "in your `training_step`" in said[0][1]
+    assert metrics == {"nf_int_tensor": (torch.float32, 2.0), "nf_bool_tensor": (torch.float32, 1.0),
+                       "nf_python_int": (torch.float32, 2.0)}

@@ -22,6 +22,7 @@ from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.strategies.watchdog import collective_label
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
+_WARNED_NOT_FLOATING = set()  # messages already given (Lightning's warning cache: once per message per process)
 _WARNED_UNSYNCED = set()  # names already warned about (Lightning's warning cache: once per name per process)
 
 # Where self.log may be called, Lightning 2.6's table (its _FxValidator): hook -> (allowed on_step values, allowed
@@ -191,6 +192,7 @@ class MetricStore:
             if value.dim():  # a one-element tensor of any shape is logged as a scalar (Lightning squeezes it)
                 value = value.reshape(())
             if not value.is_floating_point():  # Lightning's: an integer or bool tensor is logged as a float
+                self._warn_not_floating(name)
                 value = value.to(torch.get_default_dtype())
         else:
             value = torch.tensor(float(value))
@@ -230,6 +232,19 @@ class MetricStore:
                 acc[1] = torch.maximum(acc[1], value)
             else:
                 acc[1] = torch.minimum(acc[1], value)
+
+    def _warn_not_floating(self, name):
+        """Lightning's warning where a logged tensor is not floating (it is converted): on rank 0, once per message
+        per process (its warning cache). A Python int is converted without a word, as there."""
+        dtype = torch.get_default_dtype()
+        message = (f"You called `self.log({name!r}, ...)` in your `{self.fx}` but the value needs to be floating to be "
+                   f"reduced. Converting it to {dtype}. You can silence this warning by converting the value to "
+                   "floating point yourself. If you don't intend to reduce the value (for instance when logging the "
+                   f"global step or epoch) then you can use `self.logger.log_metrics({{{name!r}: ...}})` instead.")
+        if message not in _WARNED_NOT_FLOATING:
+            _WARNED_NOT_FLOATING.add(message)
+            if self.strategy.is_global_zero:
+                warnings.warn(message, UserWarning)
 
     def _log_metric_object(self, name, meta, metric):
         """A torchmetrics Metric, as Lightning logs it: the user's forward/update accumulates it; on_step logs the
