@@ -464,6 +464,7 @@ def run_not_floating(trainer_class, module_base, tmp_path):
             self.log("nf_int_tensor", torch.tensor(batch_idx + 1))
             self.log("nf_bool_tensor", torch.tensor(True))
             self.log("nf_python_int", batch_idx + 1)  # converted without a word
+            self.log("nf_half", torch.tensor(0.5, dtype=torch.float16))  # kept as float32 (no word either)
             x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x), y)
 
@@ -481,6 +482,7 @@ def run_not_floating(trainer_class, module_base, tmp_path):
 
 
 def test_a_tensor_that_is_not_floating_is_converted_with_lightnings_warning(tmp_path):
+    # (and a half-precision one is kept as float32, as Lightning keeps it: callback_metrics' dtype)
     ours = run_not_floating(tasktrain.Trainer, tasktrain.TaskModule, tmp_path / "ours")
     lit = run_not_floating(L.Trainer, L.LightningModule, tmp_path / "lit")
     assert ours == lit
@@ -489,4 +491,4 @@ def test_a_tensor_that_is_not_floating_is_converted_with_lightnings_warning(tmp_
                                                                "self.log('nf_bool_tensor', ...)"]  # once each
     assert said[0][0] == "UserWarning" and "in your `training_step`" in said[0][1]
     assert metrics == {"nf_int_tensor": (torch.float32, 2.0), "nf_bool_tensor": (torch.float32, 1.0),
-                       "nf_python_int": (torch.float32, 2.0)}
+                       "nf_python_int": (torch.float32, 2.0), "nf_half": (torch.float32, 0.5)}

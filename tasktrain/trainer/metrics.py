@@ -22,6 +22,14 @@ from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.strategies.watchdog import collective_label
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
+
+
+def _log_dtype():
+    """The dtype a logged value is kept in (Lightning's): the default dtype, but no lower than float32."""
+    dtype = torch.get_default_dtype()
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
 _WARNED_NOT_FLOATING = set()  # messages already given (Lightning's warning cache: once per message per process)
 _WARNED_UNSYNCED = set()  # names already warned about (Lightning's warning cache: once per name per process)
 
@@ -193,7 +201,9 @@ class MetricStore:
                 value = value.reshape(())
             if not value.is_floating_point():  # Lightning's: an integer or bool tensor is logged as a float
                 self._warn_not_floating(name)
-                value = value.to(torch.get_default_dtype())
+                value = value.to(_log_dtype())
+            elif value.dtype not in (torch.float32, torch.float64):  # a half value too (Lightning's: no lower)
+                value = value.to(_log_dtype())
         else:
             value = torch.tensor(float(value))
         if meta.on_step:
@@ -236,7 +246,7 @@ class MetricStore:
     def _warn_not_floating(self, name):
         """Lightning's warning where a logged tensor is not floating (it is converted): on rank 0, once per message
         per process (its warning cache). A Python int is converted without a word, as there."""
-        dtype = torch.get_default_dtype()
+        dtype = _log_dtype()
         message = (f"You called `self.log({name!r}, ...)` in your `{self.fx}` but the value needs to be floating to be "
                    f"reduced. Converting it to {dtype}. You can silence this warning by converting the value to "
                    "floating point yourself. If you don't intend to reduce the value (for instance when logging the "
