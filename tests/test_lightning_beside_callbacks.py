@@ -752,3 +752,30 @@ def test_a_resume_missing_a_stateful_callback_warns_as_lightning(tmp_path):
         "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided during "
         "`Trainer` instantiation. Please add the following callbacks: ['") and ours[0][0].endswith(".Counter'].")
     assert ours[1] == []  # the stateless callback is not missed: its empty state does not count
+
+
+def test_a_stop_iteration_from_a_hook_is_raised_where_lightning_ends_the_epoch_silently():
+    """A kept difference (docs/lightning.md, Hooks): Lightning's loops catch StopIteration around each batch (and
+    each epoch), so one raised by a callback's hook, even from the validation inside the epoch, ends the epoch with no
+    word (Lightning issue #5055); tasktrain raises it, as any other error. Asserted under both, so that a Lightning
+    that changes is noticed."""
+    def run(Trainer, Module, cb, **_):
+        class Stop(cb.Callback):
+            batches = []
+
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                self.batches.append((trainer.current_epoch, batch_idx))
+                if batch_idx == 1:
+                    raise StopIteration
+
+        stop = Stop()
+        trainer = Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=0, callbacks=[stop])
+        try:
+            trainer.fit(net_class(Module)(), data())
+        except StopIteration:
+            return "raised", stop.batches
+        return "silent", stop.batches
+
+    lightning, ours = both(run)
+    assert lightning == ("silent", [(0, 0), (0, 1), (1, 0), (1, 1)])  # each epoch ended after its batch 1
+    assert ours == ("raised", [(0, 0), (0, 1)])

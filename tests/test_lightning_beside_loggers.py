@@ -266,3 +266,40 @@ def test_a_remote_save_dir_is_refused_where_lightning_writes_through_fsspec(kind
     ours.save()
     assert os.listdir(tmp_path / "local" / "lightning_logs" / "version_0")
     assert os.path.realpath(ours.log_dir) == os.path.realpath(theirs_dir.replace("file://", ""))
+
+
+def test_loggers_receive_python_numbers_as_in_lightning(tmp_path):
+    """Lightning hands a logger each tensor's `.item()` and any other value as it was given (a callback's counts stay
+    ints), with "epoch" the int current_epoch: metrics.csv shows `epoch` 0 and ThroughputMonitor's `train/batches` 1,
+    not 0.0 / 1.0. The value types each call received and the CSV file's counting columns are compared."""
+    import csv
+    import importlib
+
+    kept = {"epoch", "step", "count", "plain", "train/batches", "train/samples", "validate/batches", "validate/samples"}
+    seen = {}
+    for name, pkg, base in (("lightning", L, L.LightningModule), ("tasktrain", tasktrain, tasktrain.TaskModule)):
+        loggers, callbacks = (importlib.import_module(f"{pkg.__name__}.{sub}") for sub in ("loggers", "callbacks"))
+
+        class Types(CallLog):
+            def log_metrics(self, metrics, step=None):
+                self.calls.append([step, sorted((k, type(v).__name__) for k, v in metrics.items())])
+
+        class Net(module_class(base)):
+            def training_step(self, batch, batch_idx):
+                self.log("count", torch.tensor(3))  # an int tensor: Lightning's self.log makes it a float
+                self.log("plain", 2)
+                return super().training_step(batch, batch_idx)
+
+        types, csv_logger = Types(tmp_path / name), loggers.CSVLogger(str(tmp_path / name))
+        monitor = callbacks.ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=2)
+        trainer = pkg.Trainer(default_root_dir=str(tmp_path / name), logger=[types, csv_logger], callbacks=[monitor],
+                              max_steps=3, log_every_n_steps=1, val_check_interval=2, limit_val_batches=1,
+                              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        trainer.fit(Net(), loader(), loader(4))
+        with open(os.path.join(csv_logger.log_dir, "metrics.csv")) as f:
+            rows = [{k: v for k, v in row.items() if k in kept and v} for row in csv.DictReader(f)]
+        seen[name] = (types.calls, rows)
+    assert seen["tasktrain"] == seen["lightning"]
+    calls, rows = seen["tasktrain"]
+    assert [0, [("count", "float"), ("epoch", "int"), ("loss_step", "float"), ("plain", "float")]] in calls
+    assert {"epoch": "0", "step": "0", "train/batches": "1", "train/samples": "2"} in rows

@@ -510,3 +510,44 @@ def test_a_value_logged_in_an_epoch_end_hook_reads_back_in_that_hook(tmp_path):
     assert [(name, sanity) for name, sanity, _ in ours] == [("val_end", True), ("val_end", False), ("train_end", False),
                                                            ("test_end", False)]
     assert ours[2][2]["train_end"] == 3.0 and ours[2][2]["t_sum"] == 3.0 and ours[3][2]["test_end_max"] == 2.0
+
+
+def run_not_floating(trainer_class, module_base, tmp_path):
+    class Net(module_base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            # names of this test only: both frameworks warn once per message per process
+            self.log("nf_int_tensor", torch.tensor(batch_idx + 1))
+            self.log("nf_bool_tensor", torch.tensor(True))
+            self.log("nf_python_int", batch_idx + 1)  # converted without a word
+            self.log("nf_half", torch.tensor(0.5, dtype=torch.float16))  # kept as float32 (no word either)
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = trainer_class(default_root_dir=tmp_path, max_epochs=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Net(), loader(2))
+    said = [(w.category.__name__, str(w.message)) for w in caught if "needs to be floating" in str(w.message)]
+    metrics = {k: (v.dtype, float(v)) for k, v in trainer.callback_metrics.items() if k.startswith("nf_")}
+    return said, metrics
+
+
+def test_a_tensor_that_is_not_floating_is_converted_with_lightnings_warning(tmp_path):
+    # (and a half-precision one is kept as float32, as Lightning keeps it: callback_metrics' dtype)
+    ours = run_not_floating(tasktrain.Trainer, tasktrain.TaskModule, tmp_path / "ours")
+    lit = run_not_floating(L.Trainer, L.LightningModule, tmp_path / "lit")
+    assert ours == lit
+    said, metrics = ours
+    assert [message.split("`")[1] for _, message in said] == ["self.log('nf_int_tensor', ...)",
+                                                               "self.log('nf_bool_tensor', ...)"]  # once each
+    assert said[0][0] == "UserWarning" and "in your `training_step`" in said[0][1]
+    assert metrics == {"nf_int_tensor": (torch.float32, 2.0), "nf_bool_tensor": (torch.float32, 1.0),
+                       "nf_python_int": (torch.float32, 2.0), "nf_half": (torch.float32, 0.5)}

@@ -23,6 +23,15 @@ from tasktrain.strategies.watchdog import collective_label
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
 _EPOCH_END_HOOKS = ("on_train_epoch_end", "on_validation_epoch_end", "on_test_epoch_end")
+
+
+def _log_dtype():
+    """The dtype a logged value is kept in (Lightning's): the default dtype, but no lower than float32."""
+    dtype = torch.get_default_dtype()
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+_WARNED_NOT_FLOATING = set()  # messages already given (Lightning's warning cache: once per message per process)
 _WARNED_UNSYNCED = set()  # names already warned about (Lightning's warning cache: once per name per process)
 
 # Where self.log may be called, Lightning 2.6's table (its _FxValidator): hook -> (allowed on_step values, allowed
@@ -192,7 +201,10 @@ class MetricStore:
             if value.dim():  # a one-element tensor of any shape is logged as a scalar (Lightning squeezes it)
                 value = value.reshape(())
             if not value.is_floating_point():  # Lightning's: an integer or bool tensor is logged as a float
-                value = value.to(torch.get_default_dtype())
+                self._warn_not_floating(name)
+                value = value.to(_log_dtype())
+            elif value.dtype not in (torch.float32, torch.float64):  # a half value too (Lightning's: no lower)
+                value = value.to(_log_dtype())
         else:
             value = torch.tensor(float(value))
         if meta.on_step:
@@ -237,6 +249,19 @@ class MetricStore:
                 # a sync_dist value of several processes only then, synced, where Lightning syncs it on reading)
                 acc = self.epoch_acc[name]
                 self.callback_metrics[name] = acc[1] / acc[2] if fx == "mean" else acc[1]
+
+    def _warn_not_floating(self, name):
+        """Lightning's warning where a logged tensor is not floating (it is converted): on rank 0, once per message
+        per process (its warning cache). A Python int is converted without a word, as there."""
+        dtype = _log_dtype()
+        message = (f"You called `self.log({name!r}, ...)` in your `{self.fx}` but the value needs to be floating to be "
+                   f"reduced. Converting it to {dtype}. You can silence this warning by converting the value to "
+                   "floating point yourself. If you don't intend to reduce the value (for instance when logging the "
+                   f"global step or epoch) then you can use `self.logger.log_metrics({{{name!r}: ...}})` instead.")
+        if message not in _WARNED_NOT_FLOATING:
+            _WARNED_NOT_FLOATING.add(message)
+            if self.strategy.is_global_zero:
+                warnings.warn(message, UserWarning)
 
     def _log_metric_object(self, name, meta, metric):
         """A torchmetrics Metric, as Lightning logs it: the user's forward/update accumulates it; on_step logs the

@@ -879,16 +879,19 @@ class Trainer:
             return
         # logged_metrics: the values as given (tensors stay tensors), before "step" is taken out and "epoch" added
         self._logged_metrics.update(values)
-        floats = {k: float(v) for k, v in values.items()}
+        # Lightning's conversion: a one-element tensor becomes its Python number (`.item()`: a float tensor a float, an
+        # int tensor an int), anything else is passed on as given, and "epoch" is the int current_epoch: a CSV file
+        # shows `epoch` 0 and a callback's count `train/batches` 1, not 0.0 / 1.0
+        scalars = {k: _to_scalar(k, v) for k, v in values.items()}
         # (Lightning writes epoch-end values with no step of its own: a logged "step" is theirs too, without "epoch")
-        if "step" in floats and (step is None or add_epoch):
-            step = int(floats.pop("step"))
+        if "step" in scalars and (step is None or add_epoch):
+            step = int(scalars.pop("step"))
             add_epoch = False
         if add_epoch if add_epoch is not None else step is None:
-            floats.setdefault("epoch", float(self.current_epoch))
+            scalars.setdefault("epoch", self.current_epoch)
         step = self.state.batches_that_stepped if step is None else int(step)
         for logger in self.loggers:
-            logger.log_metrics(metrics=floats, step=step)  # by keyword, as Lightning calls it
+            logger.log_metrics(metrics=scalars, step=step)  # by keyword, as Lightning calls it
             if save:
                 logger.save()
 
@@ -1081,3 +1084,14 @@ def _one_or_list(loaders):
 
 
 
+
+
+def _to_scalar(key, value):
+    """A logged value as loggers receive it (Lightning's convert_tensors_to_scalars): a tensor's one element as a
+    Python number; anything else unchanged."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"The metric `{key}` does not contain a single element, thus it cannot be converted to a "
+                             f"scalar. Found `{value}`")
+        return value.item()
+    return value
