@@ -338,3 +338,40 @@ def test_loop_limit_attributes_read_as_lightnings(given):
         trainer = lib.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, **given)
         seen[key] = [(getattr(trainer, name), type(getattr(trainer, name)).__name__) for name in names]
     assert seen["tasktrain"] == seen["lightning"]
+
+
+@pytest.mark.parametrize("case", [
+    dict(limit_train_batches=0, max_epochs=2), dict(limit_train_batches=0, max_steps=5),
+    dict(iterable=True, max_epochs=2), dict(iterable=True, max_steps=7),
+    dict(max_epochs=3, accumulate_grad_batches=3), dict(max_epochs=2, max_steps=5),
+    dict(max_epochs=-1, max_steps=4), dict(limit_train_batches=0.5, max_epochs=2)])
+def test_estimated_stepping_batches_read_as_lightnings(case):
+    """trainer.estimated_stepping_batches read in configure_optimizers: a loader without a length or a zero limit
+    gives max_steps (-1 when unset), as Lightning's; otherwise ceil(batches / accumulation) x epochs, capped."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    case = dict(case)
+    iterable = case.pop("iterable", False)
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.randn(10, 32))
+
+    seen = {}
+    for key, (lib, classes, _) in LIBS.items():
+        read = []
+
+        class Net(classes.BoringModel):
+            def configure_optimizers(self):
+                read.append(self.trainer.estimated_stepping_batches)
+                return super().configure_optimizers()
+
+            def train_dataloader(self):
+                return DataLoader(Stream() if iterable else classes.RandomDataset(32, 64), batch_size=4)
+
+        kwargs = dict(QUIET, limit_train_batches=1.0, limit_val_batches=0, enable_checkpointing=False)
+        kwargs.update(case)
+        lib.Trainer(**kwargs).fit(Net())
+        seen[key] = read
+    assert seen["tasktrain"] == seen["lightning"] and len(seen["tasktrain"]) == 1

@@ -814,13 +814,14 @@ class Trainer:
         of this rank's shard, times max_epochs, capped by max_steps; readable from configure_optimizers on."""
         if self.state.fn == "fit" and getattr(self, "_train_data", 0) is None and self.limit_train_batches != 0:
             loaders.train_data_now(self)  # read in configure_optimizers: the training loader is requested now (Lightning's)
-        if self._num_training_batches is None:
+        if self._num_training_batches in (None, float("inf")):  # no length (an iterable), a zero limit
             if self.max_steps != -1:
                 return self.max_steps
             if self.state.fn != "fit":
                 raise RuntimeError("estimated_stepping_batches is known once fit() has its training data: read it "
                                    "in configure_optimizers or later.")
-            return float("inf")
+            # Lightning's answer: infinite training is inf, a finite number of epochs of unknown length is max_steps
+            return float("inf") if self.max_epochs == -1 else self.max_steps
         accumulate = self.accumulate_grad_batches if self.module is None or self.module.automatic_optimization else 1
         per_epoch = -(-self._num_training_batches // accumulate)
         steps = per_epoch * max(self.max_epochs, 1) if self.max_epochs != -1 else float("inf")
