@@ -212,6 +212,22 @@ class TaskModule(torch.nn.Module):
         object.__setattr__(self, "_trainer", trainer)
 
     @property
+    def _current_fx_name(self):
+        """Lightning's: the name of the hook (the module's or a callback's) the Trainer is running, None outside
+        one: the hook self.log checks against (the run's metric store names it: metrics.in_hook / hook_scope)."""
+        metrics = self._trainer._metrics if self._trainer is not None else None
+        return metrics.fx if metrics is not None else None
+
+    @_current_fx_name.setter
+    def _current_fx_name(self, name):
+        # (Lightning's tests set it to call self.log as if from that hook: the run's store is where it lives)
+        metrics = self._trainer._metrics if self._trainer is not None else None
+        if metrics is None:
+            raise AttributeError(f"{type(self).__name__}._current_fx_name can only be set during a Trainer run (it "
+                                 "names the hook the run is in, for self.log).")
+        metrics.fx = name
+
+    @property
     def device_mesh(self):
         """The DeviceMesh to parallelize on in configure_model (ModelParallelStrategy), or None."""
         return self._trainer.strategy.device_mesh if self._trainer is not None else None
