@@ -1,6 +1,6 @@
 """Lightning's connector attributes (`trainer._checkpoint_connector`, `trainer._accelerator_connector`,
 `trainer._data_connector`), as thin views of the Trainer: scripts and callbacks written for Lightning reach into them
-(a `configure_optimizers` that sizes a schedule with `trainer._data_connector._train_dataloader_source.dataloader()`,
+(a `configure_optimizers` that sizes a schedule with `trainer.fit_loop._data_source.dataloader()`,
 a callback that restores the best weights with `trainer._checkpoint_connector.restore(path)`, a DataModule that reads
 `trainer._accelerator_connector.is_distributed`).
 
@@ -15,8 +15,9 @@ A name Lightning's connector has and these views do not raises AttributeError sa
     _accelerator_connector  read only: strategy, accelerator, precision_plugin, checkpoint_io, cluster_environment,
                             is_distributed, use_distributed_sampler, _precision_flag, _strategy_flag,
                             _accelerator_flag, _devices_flag, _parallel_devices, _num_nodes_flag
-    _data_connector         _train_dataloader_source / _val_ / _test_ / _predict_ (dataloader(), is_defined(),
-                            is_module()), prepare_data()
+    _data_connector         prepare_data()
+    the loops' _data_source (trainer.fit_loop._data_source, ...: lightning_loops.py reads data_source here):
+                            instance, name, dataloader(), is_defined(), is_module()
 """
 import logging
 
@@ -253,13 +254,22 @@ class AcceleratorConnector(_View):
         return self.trainer.num_nodes
 
 
-# -- trainer._data_connector ------------------------------------------------------------------------------------------
+# -- trainer._data_connector, and the loops' _data_source ------------------------------------------------------------
 class DataLoaderSource:
-    """Lightning's _DataLoaderSource: where a run takes one kind of loader from. `instance`: the loaders given to the
-    entry point, else the DataModule, else the module (tasktrain's order, the one its runs use); `name`: the hook."""
+    """Lightning's _DataLoaderSource, as `trainer.fit_loop._data_source` (and `fit_loop.epoch_loop.val_loop`'s,
+    `validate_loop`'s, `test_loop`'s, `predict_loop`'s): where the current (or last) run takes one kind of loader
+    from. `instance`: the loaders given to the entry point, else the DataModule, else the module (tasktrain's order,
+    the one its runs use; None before any run); `name`: the hook. Read only: a run attaches its loaders itself."""
 
     def __init__(self, trainer, instance, name):
-        self.trainer, self.instance, self.name = trainer, instance, name
+        object.__setattr__(self, "_trainer", trainer)
+        object.__setattr__(self, "instance", instance)
+        object.__setattr__(self, "name", name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"_data_source.{name} cannot be set in tasktrain: a run takes the loaders given to its "
+                             "entry point (trainer.fit(module, train_dataloaders=...)), else the DataModule's or the "
+                             "module's hooks.")
 
     def __repr__(self):
         return f"DataLoaderSource(instance={type(self.instance).__name__}, name={self.name!r})"
@@ -277,15 +287,18 @@ class DataLoaderSource:
     def dataloader(self):
         """The loaders: the given ones, or what the hook returns now (called again, as Lightning's)."""
         if isinstance(self.instance, DataModule):
-            with hook_scope(self.trainer, self.name):
-                return run.datamodule_call(self.trainer, self.name)
+            with hook_scope(self._trainer, self.name):
+                return run.datamodule_call(self._trainer, self.name)
         if isinstance(self.instance, TaskModule):
-            with hook_scope(self.trainer, self.name):
+            with hook_scope(self._trainer, self.name):
                 return getattr(self.instance, self.name)()
+        if self.instance is None:
+            raise RuntimeError(f"No {self.name.split('_')[0]} loaders are attached yet: a Trainer entry point "
+                               "(fit / validate / test / predict) attaches them.")
         return self.instance
 
 
-_GIVEN_TO = {  # which of _given_loaders (train, eval) a run's entry point filled, by loader kind
+_GIVEN_TO = {  # which of _given_loaders (train, eval) the last run's entry point filled, by the loop's loader kind
     "train": {TrainerFn.FITTING: 0},
     "val": {TrainerFn.FITTING: 1, TrainerFn.VALIDATING: 1},
     "test": {TrainerFn.TESTING: 1},
@@ -293,46 +306,32 @@ _GIVEN_TO = {  # which of _given_loaders (train, eval) a run's entry point fille
 }
 
 
+def data_source(trainer, kind):
+    """The DataLoaderSource of a loop's loaders (`kind`: "train", "val", "test", "predict"), as of the last run."""
+    module = trainer.lightning_module
+    if module is None:  # (Lightning's before any entry point: a source of nothing)
+        return DataLoaderSource(trainer, None, f"{kind}_dataloader")
+    slot = _GIVEN_TO[kind].get(trainer.state.fn)
+    given = trainer._given_loaders[slot] if slot is not None else None
+    if given is not None:
+        instance = given
+    elif trainer.datamodule is not None:
+        instance = trainer.datamodule
+    else:
+        instance = module
+    return DataLoaderSource(trainer, instance, f"{kind}_dataloader")
+
+
 class DataConnector(_View):
-    """Lightning's _DataConnector's reads: the loader sources of the current (or last) run, and prepare_data()."""
+    """Lightning's _DataConnector: prepare_data(). (Its loader sources are the loops' `_data_source` since
+    Lightning 2.0, as here.)"""
 
     _what = "_data_connector"
-    _offers = ("_train_dataloader_source, _val_dataloader_source, _test_dataloader_source, _predict_dataloader_source "
-               "and prepare_data()")
+    _offers = "prepare_data()"
     _instead = ("Loaders are attached when an entry point runs: pass them (or a DataModule) to trainer.fit / "
-                "validate / test / predict; the loaders in use are trainer.train_dataloader, trainer.val_dataloaders, "
-                "...")
-
-    def _source(self, kind):
-        trainer = self.trainer
-        module = trainer.lightning_module
-        if module is None:  # (Lightning's before any entry point: a source of nothing)
-            return DataLoaderSource(trainer, None, "")
-        slot = _GIVEN_TO[kind].get(trainer.state.fn)
-        given = trainer._given_loaders[slot] if slot is not None else None
-        if given is not None:
-            instance = given
-        elif trainer.datamodule is not None:
-            instance = trainer.datamodule
-        else:
-            instance = module
-        return DataLoaderSource(trainer, instance, f"{kind}_dataloader")
-
-    @property
-    def _train_dataloader_source(self):
-        return self._source("train")
-
-    @property
-    def _val_dataloader_source(self):
-        return self._source("val")
-
-    @property
-    def _test_dataloader_source(self):
-        return self._source("test")
-
-    @property
-    def _predict_dataloader_source(self):
-        return self._source("predict")
+                "validate / test / predict; where a run takes them from is trainer.fit_loop._data_source (and "
+                "validate_loop's, test_loop's, predict_loop's), the loaders in use trainer.train_dataloader, "
+                "trainer.val_dataloaders, ...")
 
     def prepare_data(self):
         """The DataModule's and the module's prepare_data, once per machine (or once in all), as a run calls them."""

@@ -215,8 +215,10 @@ class TaskModule(torch.nn.Module):
     def _current_fx_name(self):
         """Lightning's: the name of the hook (the module's or a callback's) the Trainer is running, None outside
         one: the hook self.log checks against (the run's metric store names it: metrics.in_hook / hook_scope)."""
-        metrics = self._trainer._metrics if self._trainer is not None else None
-        return metrics.fx if metrics is not None else None
+        if self._trainer is None:
+            return None
+        metrics = self._trainer._metrics
+        return metrics.fx if metrics is not None else self._trainer._fx_outside_run
 
     @_current_fx_name.setter
     def _current_fx_name(self, name):

@@ -162,6 +162,7 @@ class Trainer:
         self.module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
         self._given_module = None  # what the last run was given: the module, or torch.compile(module)
         self._metrics, self._callback_metrics_cache, self._logged_metrics = None, {}, {}
+        self._fx_outside_run = None  # the hook called outside a run (metrics.hook_scope), for module._current_fx_name
         self._set_hook_tables(None)
         self._watchdog, self._watching = None, False
         # the last fit stopped inside an epoch (current_epoch counts it, as Lightning's); kept past that fit's end
