@@ -300,3 +300,30 @@ def test_tensor_init_context_is_what_init_module_enters():
     with trainer.init_module(empty_init=True):
         layer = torch.nn.Linear(2, 2)
     assert calls == [True] and layer.weight.device.type == "cpu"
+
+
+# -- tasktrain.loops: Lightning's loop class names --------------------------------------------------------------------
+def test_loop_classes_name_the_trainers_loops_as_lightning():
+    def case(lib, boring):
+        import importlib
+
+        loops = importlib.import_module(f"{lib.__name__}.loops")
+        progress = importlib.import_module(f"{lib.__name__}.loops.progress")
+        trainer = lib.Trainer(**QUIET)
+        fit = trainer.fit_loop
+        return (isinstance(fit, loops._FitLoop), isinstance(fit, loops._Loop),
+                isinstance(fit.epoch_loop, loops._TrainingEpochLoop), isinstance(fit.epoch_loop, loops._Loop),
+                isinstance(fit.epoch_loop.val_loop, loops._EvaluationLoop),
+                *(isinstance(loop, loops._EvaluationLoop) for loop in (trainer.validate_loop, trainer.test_loop)),
+                isinstance(trainer.predict_loop, loops._PredictionLoop), isinstance(trainer.predict_loop, loops._Loop),
+                isinstance(trainer.validate_loop, loops._FitLoop),
+                isinstance(fit.epoch_progress, progress._Progress), isinstance(fit.epoch_progress, progress._BaseProgress),
+                isinstance(fit.epoch_progress.current, progress._BaseProgress),
+                isinstance(fit.epoch_loop.batch_progress, progress._BatchProgress))
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    with pytest.raises(AttributeError, match="optimization loop objects are not in tasktrain"):
+        import tasktrain.loops
+
+        tasktrain.loops._AutomaticOptimization
