@@ -3,6 +3,9 @@
     run_state(trainer)                      the stateful parts under the checkpoint's keys (run_state.py)
     dump_checkpoint(trainer)                the checkpoint dict (Trainer.save_checkpoint writes it)
     restore_module_and_callbacks(trainer, ckpt_path)   the DataModule, the module's weights, the callbacks
+                                            (read, check_resumable, restore_module, restore_datamodule,
+                                            restore_callbacks: also the steps of Lightning's
+                                            trainer._checkpoint_connector, lightning_connectors.py)
     restore_training_state(trainer, loaded)            optimizers, schedulers, precision, metrics, the counters
     start_after_finished_epoch(trainer)                an epoch-end checkpoint's next epoch, as the loop starts
     restore_position(trainer, loaded, data)            the position in the epoch, on the data it will continue
