@@ -194,10 +194,36 @@ def test_data_sources_are_read_only_and_the_data_connector_names_what_it_lacks()
         trainer.fit_loop._data_source.instance = DataLoader(ours.RandomDataset(32, 4))
     with pytest.raises(RuntimeError, match="No train loaders are attached yet"):
         trainer.fit_loop._data_source.dataloader()
-    with pytest.raises(AttributeError, match="'attach_data' is not supported by tasktrain.*fit_loop._data_source"):
-        trainer._data_connector.attach_data(ours.BoringModel())
+    with pytest.raises(NotImplementedError, match=r"attach_data\(train_dataloaders=...\).*pass them to trainer.fit"):
+        trainer._data_connector.attach_data(ours.BoringModel(), train_dataloaders=DataLoader(ours.RandomDataset(32, 4)))
+    with pytest.raises(AttributeError, match="'attach_datamodule' is not supported by tasktrain.*fit_loop._data_source"):
+        trainer._data_connector.attach_datamodule(ours.BoringModel())
     with pytest.raises(AttributeError, match="'_train_dataloader_source' is not supported"):  # (Lightning 1.x's)
         trainer._data_connector._train_dataloader_source
+
+
+def test_connected_module_and_attached_datamodule_save_as_lightning(tmp_path):
+    """Lightning's test_load_from_checkpoint_hook_calls' set-up: a fresh Trainer, a connected module, an attached
+    DataModule, a checkpoint saved with no run."""
+    def case(lib, boring):
+        class Data(boring.BoringDataModule):
+            def state_dict(self):
+                return {"foo": "bar"}
+
+        model, data = boring.BoringModel(), Data()
+        trainer = lib.Trainer(**QUIET)
+        trainer.strategy.connect(model)
+        trainer._data_connector.attach_data(model, datamodule=data)
+        path = tmp_path / f"{lib.__name__}.ckpt"
+        trainer.save_checkpoint(path)
+        saved = torch.load(path, weights_only=False)
+        return (trainer.lightning_module is model, trainer.datamodule is data, model.trainer is trainer,
+                data.trainer is trainer, sorted(k for k in saved if k != type(data).__qualname__),
+                saved.get(type(data).__qualname__), saved["global_step"],
+                torch.equal(saved["state_dict"]["layer.weight"], model.layer.weight))
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
 
 
 # -- trainer._checkpoint_connector, strategy.connect -------------------------------------------------------------------

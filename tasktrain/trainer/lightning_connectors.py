@@ -323,11 +323,11 @@ def data_source(trainer, kind):
 
 
 class DataConnector(_View):
-    """Lightning's _DataConnector: prepare_data(). (Its loader sources are the loops' `_data_source` since
-    Lightning 2.0, as here.)"""
+    """Lightning's _DataConnector: prepare_data(), and attach_data's DataModule part. (Its loader sources are the
+    loops' `_data_source` since Lightning 2.0, as here.)"""
 
     _what = "_data_connector"
-    _offers = "prepare_data()"
+    _offers = "prepare_data() and attach_data(model, datamodule=...)"
     _instead = ("Loaders are attached when an entry point runs: pass them (or a DataModule) to trainer.fit / "
                 "validate / test / predict; where a run takes them from is trainer.fit_loop._data_source (and "
                 "validate_loop's, test_loop's, predict_loop's), the loaders in use trainer.train_dataloader, "
@@ -336,3 +336,22 @@ class DataConnector(_View):
     def prepare_data(self):
         """The DataModule's and the module's prepare_data, once per machine (or once in all), as a run calls them."""
         run.prepare_data(self.trainer, self.trainer.lightning_module)
+
+    def attach_data(self, model, train_dataloaders=None, val_dataloaders=None, test_dataloaders=None,
+                    predict_dataloaders=None, datamodule=None):
+        """Give `model` this Trainer and make `datamodule` the Trainer's (trainer.datamodule: what the next runs read
+        their loaders from, as a run's datamodule= does). Loaders are refused: tasktrain's runs take theirs from their
+        entry point, so loaders attached here would never be read."""
+        given = {name: value for name, value in (("train_dataloaders", train_dataloaders),
+                                                 ("val_dataloaders", val_dataloaders),
+                                                 ("test_dataloaders", test_dataloaders),
+                                                 ("predict_dataloaders", predict_dataloaders)) if value is not None}
+        if given:
+            raise NotImplementedError(
+                f"trainer._data_connector.attach_data({', '.join(given)}=...): tasktrain attaches loaders when an entry "
+                "point runs; pass them to trainer.fit / validate / test / predict (a DataModule can be attached "
+                "here: attach_data(model, datamodule=...)).")
+        model.trainer = self.trainer
+        if datamodule is not None:
+            self.trainer.datamodule = datamodule
+            datamodule.trainer = self.trainer

@@ -159,7 +159,7 @@ class Trainer:
             callbacks, self.default_root_dir, self._loggers, enable_progress_bar, enable_checkpointing,
             self.gradient_clip_val, gradient_clip_algorithm, max_time, enable_model_summary)
         self.state, self.optimizers, self.lr_scheduler_configs = TrainState(), [], []
-        self.module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
+        self._module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
         self._given_module = None  # what the last run was given: the module, or torch.compile(module)
         self._metrics, self._callback_metrics_cache, self._logged_metrics = None, {}, {}
         self._fx_outside_run = None  # the hook called outside a run (metrics.hook_scope), for module._current_fx_name
@@ -306,10 +306,19 @@ class Trainer:
         return wrapped if wrapped is not None else self.module
 
     @property
+    def module(self):
+        """The TaskModule of the current (or last) run; before any run, the one given to
+        `trainer.strategy.connect(model)` (Lightning's: the strategy holds it)."""
+        return self._module if self._module is not None else self.strategy.module
+
+    @module.setter
+    def module(self, module):
+        self._module = module
+
+    @property
     def lightning_module(self):
-        """Lightning's name for `trainer.module`, the TaskModule of the current (or last) run; before any run, the
-        one given to `trainer.strategy.connect(model)` (Lightning's: the strategy holds it)."""
-        return self.module if self.module is not None else self.strategy.module
+        """Lightning's name for `trainer.module`."""
+        return self.module
 
     @property
     def global_step(self):
