@@ -353,3 +353,36 @@ def test_loop_classes_name_the_trainers_loops_as_lightning():
         import tasktrain.loops
 
         tasktrain.loops._AutomaticOptimization
+
+
+# -- tasktrain.overrides.distributed --------------------------------------------------------------------------------
+def test_unrepeated_sampler_and_index_wrapper_as_lightnings():
+    from torch.utils.data import BatchSampler
+
+    def case(lib, boring):
+        import importlib
+        import pickle
+
+        overrides = importlib.import_module(f"{lib.__name__}.overrides.distributed")
+        seen = []
+        for size, replicas, shuffle, epoch in ((10, 3, False, 0), (10, 3, True, 0), (10, 3, True, 4), (2, 4, True, 1)):
+            for rank in range(replicas):
+                try:
+                    sampler = overrides.UnrepeatedDistributedSampler(list(range(size)), num_replicas=replicas,
+                                                                     rank=rank, shuffle=shuffle)
+                except (AssertionError, ValueError):  # a rank without a sample (Lightning: AssertionError)
+                    seen.append("refused")
+                    continue
+                sampler.set_epoch(epoch)
+                seen.append((list(sampler), len(sampler), sampler.num_samples, sampler.total_size))
+        wrapper = overrides._IndexBatchSamplerWrapper(BatchSampler(range(7), batch_size=3, drop_last=False))
+        first = [batch for batch in wrapper]
+        seen.append((first, list(wrapper.seen_batch_indices), len(wrapper), wrapper.batch_size, wrapper.drop_last))
+        again = iter(wrapper)
+        next(again)
+        seen.append(list(wrapper.seen_batch_indices))
+        seen.append(len(pickle.loads(pickle.dumps(wrapper))))
+        return seen
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
