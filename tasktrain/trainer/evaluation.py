@@ -403,9 +403,9 @@ def _predict(trainer, module, loaders, limits, gather):
         profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)
     for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
         set_sampler_epoch(loader, trainer.current_epoch)
-    # named as the hook it is (module._current_fx_name, Lightning's; self.log refuses it there)
-    predict_step = module.predict_step if trainer._metrics is None else in_hook(trainer._metrics, "predict_step",
-                                                                                 module.predict_step)
+    if trainer._metrics is not None:  # named as the hook it is (module._current_fx_name; self.log refuses it there)
+        eval_step = in_hook(trainer._metrics, "predict_step", eval_step)  # (the step itself stays the bound method:
+        # DataParallel's eval_step calls it by name)
     for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
         extra = (dataloader_idx,) if len(loaders) > 1 else ()
         predictions = per_loader[dataloader_idx]
@@ -419,7 +419,7 @@ def _predict(trainer, module, loaders, limits, gather):
                 trainer._predict_current_indices = trainer.predict_batch_indices[dataloader_idx][batch_idx]
             trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
             trainer._predict_phase = "started"
-            out = eval_step(predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
+            out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
             trainer._predict_phase = "processed"
             if out is None and not trainer._predict_none_warned:  # (Lightning's: once per Trainer)
                 trainer._predict_none_warned = True
