@@ -49,7 +49,7 @@ class TaskModule(torch.nn.Module):
     # Properties torch.jit.script must not compile (they read the trainer or iterate parameters).
     __jit_unused_properties__ = ["trainer", "hparams", "hparams_initial", "device", "dtype", "logger", "loggers",
                                  "global_step", "current_epoch", "global_rank", "local_rank", "device_mesh",
-                                 "on_gpu", "fabric", "strict_loading"]
+                                 "on_gpu", "fabric", "strict_loading", "_current_fx_name"]
 
     def __init__(self):
         super().__init__()
