@@ -109,6 +109,9 @@ def test_accelerator_connector_reads_as_lightning(config, monkeypatch):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer = lib.Trainer(**config, **QUIET)
+        import importlib
+
+        launchers = importlib.import_module(f"{lib.__name__}.strategies.launchers")
         connector = trainer._accelerator_connector
         strategy_flag = connector._strategy_flag
         launcher = trainer.strategy.launcher
@@ -118,7 +121,10 @@ def test_accelerator_connector_reads_as_lightning(config, monkeypatch):
                     devices=connector._devices_flag, parallel_devices=connector._parallel_devices,
                     num_nodes=connector._num_nodes_flag, sampler=connector.use_distributed_sampler,
                     distributed=connector.is_distributed,
-                    launcher=None if launcher is None else ("interactive", launcher.is_interactive_compatible))
+                    launcher=None if launcher is None else (
+                        launcher.is_interactive_compatible,
+                        isinstance(launcher, launchers._SubprocessScriptLauncher),
+                        isinstance(launcher, launchers._MultiProcessingLauncher)))
 
     got = _both(case)
     assert got["tasktrain"] == got["lightning"]
