@@ -392,3 +392,40 @@ def test_unrepeated_sampler_and_index_wrapper_as_lightnings():
 
     got = _both(case)
     assert got["tasktrain"] == got["lightning"]
+
+
+def test_parse_ckpt_path_as_lightning(tmp_path):
+    """The checkpoint connector's _parse_ckpt_path (Lightning's tests and NeMo-style scripts call it) resolves as
+    Lightning's, with the same warnings, through the Trainer's own rules."""
+    import warnings
+
+    def case(lib, boring):
+        first, second = (lib.callbacks.ModelCheckpoint(dirpath=tmp_path / lib.__name__ / name, monitor="step",
+                                                       mode=mode) for name, mode in (("a", "max"), ("b", "min")))
+        trainer = lib.Trainer(max_steps=2, callbacks=[first, second], default_root_dir=tmp_path / lib.__name__,
+                              logger=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(boring.BoringModel())
+        import importlib
+
+        trainer_fn = importlib.import_module(f"{lib.__name__}.trainer.states").TrainerFn
+        seen = []
+        for fn, path, provided, connected in (("test", None, False, True), ("test", "best", False, True),
+                                              ("fit", None, True, True), ("validate", "last", False, True),
+                                              ("predict", "some.ckpt", False, False)):
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                got = trainer._checkpoint_connector._parse_ckpt_path(trainer_fn(fn), path, model_provided=provided,
+                                                                      model_connected=connected)
+            seen.append((got == first.best_model_path, got, sorted(str(w.message) for w in said
+                                                                   if issubclass(w.category, UserWarning)
+                                                                   and "ckpt_path" in str(w.message))))
+        fast = lib.Trainer(fast_dev_run=True, logger=False, enable_progress_bar=False)
+        with pytest.raises(ValueError, match="fast_dev_run=True"):
+            fast._checkpoint_connector._parse_ckpt_path(trainer_fn("test"), "best", model_provided=False,
+                                                        model_connected=True)
+        return [(same, None if same else got, said) for same, got, said in seen]
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    assert [same for same, _, _ in got["tasktrain"]] == [True, True, False, False, False]
+    assert [len(said) for _, _, said in got["tasktrain"]] == [2, 1, 0, 1, 0]  # (default "best", several callbacks, no last)

@@ -11,7 +11,7 @@ A name Lightning's connector has and these views do not raises AttributeError sa
 
     _checkpoint_connector   resume_start(path) / resume_end(), restore(path), restore_model(), restore_datamodule(),
                             restore_callbacks(), restore_training_state(), dump_checkpoint(weights_only),
-                            _ckpt_path, _user_managed, _loaded_checkpoint
+                            _parse_ckpt_path(...), _ckpt_path, _user_managed, _loaded_checkpoint
     _accelerator_connector  read only: strategy, accelerator, precision_plugin, checkpoint_io, cluster_environment,
                             is_distributed, use_distributed_sampler, _precision_flag, _strategy_flag,
                             _accelerator_flag, _devices_flag, _parallel_devices, _num_nodes_flag
@@ -82,7 +82,8 @@ class CheckpointConnector(_View):
 
     _what = "_checkpoint_connector"
     _offers = ("resume_start(), resume_end(), restore(), restore_model(), restore_datamodule(), restore_callbacks(), "
-               "restore_training_state(), dump_checkpoint(), _ckpt_path, _user_managed, _loaded_checkpoint")
+               "restore_training_state(), dump_checkpoint(), _parse_ckpt_path(), _ckpt_path, _user_managed, "
+               "_loaded_checkpoint")
     _instead = ("Pass ckpt_path= to trainer.fit / validate / test / predict, or save with trainer.save_checkpoint; "
                 "SLURM's requeue checkpoints are written and found by the Trainer itself (docs/lightning.md).")
 
@@ -164,6 +165,22 @@ class CheckpointConnector(_View):
         loaded = resume.Loaded(trainer.ckpt_path, ckpt)
         resume.check_resumable(trainer, loaded)
         resume.restore_training_state(trainer, loaded)
+
+    def _parse_ckpt_path(self, state_fn, ckpt_path, model_provided, model_connected):
+        """The file an entry point `state_fn` loads for `ckpt_path` ("best", "last", a path or None), by the rules
+        and with the warnings of the Trainer's runs (resume.py): None with a module given; "best" of the last fit
+        for an evaluation of the connected module; "last" for a fit beside an OnExceptionCheckpoint."""
+        from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+
+        trainer, fn = self.trainer, TrainerFn(state_fn).value
+        if ckpt_path is None and trainer.state.fn == TrainerFn.FITTING and \
+                any(isinstance(c, OnExceptionCheckpoint) for c in trainer.callbacks):
+            ckpt_path = resume.on_exception_default(trainer, fn)
+        if model_provided and ckpt_path is None:
+            return None
+        if model_connected and ckpt_path is None:
+            ckpt_path = resume.default_eval_ckpt_path(trainer, fn)
+        return resume.resolve_ckpt_path(trainer, ckpt_path, fn)
 
     def dump_checkpoint(self, weights_only=None):
         """The checkpoint dict trainer.save_checkpoint writes (weights_only None: False, as Lightning's)."""

@@ -222,11 +222,7 @@ def resume_path(trainer, ckpt_path):
     from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 
     if ckpt_path is None and any(isinstance(c, OnExceptionCheckpoint) for c in trainer.callbacks):
-        ckpt_path = "last"  # Lightning's: a fit with an on-exception checkpoint continues the one a failure left
-        _warn(trainer, "`.fit(ckpt_path=None)` was called without a model. The last model of the previous `fit` call "
-                       "will be used. You can pass `fit(ckpt_path='best')` to use the best model or "
-                       "`fit(ckpt_path='last')` to use the last model. If you pass a value, this warning will be "
-                       "silenced.")
+        ckpt_path = on_exception_default(trainer)
     trainer._resumed_from = None if ckpt_path is None else resolve_ckpt_path(trainer, ckpt_path)
     return trainer._resumed_from
 
@@ -238,6 +234,16 @@ def read(trainer, path, weights_only=None):
         weights_only = getattr(trainer, "_ckpt_weights_only", None)
     with ckpt_io.trusted_pickles(weights_only is False):
         return upgrade(trainer.strategy.load_checkpoint(path))
+
+
+def on_exception_default(trainer, fn="fit"):
+    """Lightning's: a fit without ckpt_path, beside an OnExceptionCheckpoint, continues the one a failure left
+    ("last"), and says so."""
+    _warn(trainer, f"`.{fn}(ckpt_path=None)` was called without a model. The last model of the previous `fit` call "
+                   f"will be used. You can pass `{fn}(ckpt_path='best')` to use the best model or "
+                   f"`{fn}(ckpt_path='last')` to use the last model. If you pass a value, this warning will be "
+                   "silenced.")
+    return "last"
 
 
 def load(trainer, path):
