@@ -378,6 +378,25 @@ class Strategy(abc.ABC):
     # -- the module -------------------------------------------------------------------------------------------------
     # (Building a module sharded, module_init_context, is the Sharded capability's: elsewhere the module is built as
     # usual, on the CPU, and moved in setup_module_and_optimizers.)
+    def tensor_init_context(self, empty_init=None):
+        """Lightning's name for what `trainer.init_module(empty_init)` enters: the Sharded capability's
+        module_init_context (built sharded or on meta), elsewhere nothing (the module is built on the CPU in its own
+        dtype and moved and cast at set-up; Lightning's builds it on the device in the precision's dtype)."""
+        if isinstance(self, Sharded):
+            return self.module_init_context(empty_init=bool(empty_init))
+        return contextlib.nullcontext()
+
+    def connect(self, model):
+        """Lightning's: hold `model` as the strategy's module before a run sets one up (`trainer.lightning_module`
+        reads it until a run attaches its own); a run's set-up replaces it."""
+        self.module = self.model = model
+
+    @property
+    def launcher(self):
+        """Lightning's strategy.launcher: what starts this strategy's processes from a plain `python script.py`.
+        One process starts nothing: None. (MultiProcess strategies: tasktrain/strategies/world.py.)"""
+        return None
+
     def needs_micro_batch_size(self) -> bool:
         """Whether setup_module_and_optimizers reads plan.micro_batch_size (the Trainer then requests the training
         loader before the set-up; otherwise when training starts, as Lightning does). Default: no."""

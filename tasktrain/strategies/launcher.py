@@ -51,7 +51,17 @@ def _command():
     return [sys.executable, script] + sys.argv[1:]
 
 
+def _refuse_lightning_launch():
+    """Lightning's `strategy.launcher.launch(function, *args, trainer=...)` (run a function on every rank)."""
+    raise NotImplementedError(
+        "strategy.launcher.launch(function, ..., trainer=...) (Lightning's) is not supported: tasktrain starts the "
+        "processes when a Trainer entry point sets up (trainer.fit / validate / test / predict). To run a function "
+        "on every rank, use tasktrain.notebook_launcher(function, args, num_processes=N) or torchrun.")
+
+
 class SubprocessLauncher:
+    is_interactive_compatible = False  # Lightning's: re-running the command cannot work from a notebook
+
     def __init__(self, num_processes: int, num_nodes: int = 1):
         self.num_processes = num_processes
         self.num_nodes = num_nodes
@@ -62,8 +72,10 @@ class SubprocessLauncher:
         self._signalled = False  # rank 0 passed SIGTERM on: workers stopping now is the plan, not a failure
         self._interrupted = False  # rank 0 got Ctrl-C (issue 38): workers get a short grace, not JOIN_TIMEOUT
 
-    def launch(self):
+    def launch(self, *lightning_args, **lightning_kwargs):
         """Start ranks 1..N-1 and set this process's environment as rank 0."""
+        if lightning_args or lightning_kwargs:
+            _refuse_lightning_launch()
         if self.num_nodes > 1:
             raise RuntimeError(
                 f"num_nodes={self.num_nodes} needs a launcher on every machine: run the script with "

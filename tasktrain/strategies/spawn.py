@@ -29,6 +29,22 @@ from tasktrain.strategies.launcher import find_free_port
 from tasktrain.tree import apply_to_leaves
 
 
+class SpawnLauncher:
+    """Lightning's strategy.launcher under start_method="spawn": the processes are started by strategy.launch
+    (run_spawned) when an entry point runs; this object only answers what Lightning's _MultiProcessingLauncher does."""
+
+    is_interactive_compatible = False  # Lightning's: True for "fork" only, which tasktrain refuses
+    start_method = "spawn"
+
+    def __init__(self, num_processes):
+        self.num_processes = num_processes
+
+    def launch(self, *args, **kwargs):
+        from tasktrain.strategies.launcher import _refuse_lightning_launch
+
+        _refuse_lightning_launch()
+
+
 def run_spawned(strategy, run, args):
     """strategy.launch for start_method="spawn": run(*args) in one new process per rank; returns
     run.restore(what run.collect returned on rank 0)."""

@@ -78,10 +78,29 @@ class ProcessWorld(MultiProcess):
         if timeout is not None:
             self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
 
+    _idle_launcher = None  # the launcher view of a strategy whose workers are not started (yet), made when read
+
     @property
     def launcher(self):
-        """The SubprocessLauncher of this process's self-launched workers (None elsewhere)."""
-        return _PROCESS["launcher"]
+        """Lightning's strategy.launcher: what starts the workers from a plain `python script.py`, None where a
+        launcher outside started the processes (torchrun, SLURM, `tasktrain launch`, or this process is a worker).
+        The SubprocessLauncher of this process's self-launched workers once they run; before (or with a world of one,
+        where nothing is started) one not started; start_method="spawn": a SpawnLauncher (spawn.py). Its
+        `is_interactive_compatible` is False, as Lightning's for these start methods."""
+        if _PROCESS["launcher"] is not None:
+            return _PROCESS["launcher"]
+        if detect_environment().launcher is not None:
+            return None
+        if self._idle_launcher is None:
+            if self.start_method == "spawn":
+                from tasktrain.strategies.spawn import SpawnLauncher
+
+                self._idle_launcher = SpawnLauncher(self.devices)
+            else:
+                from tasktrain.strategies.launcher import SubprocessLauncher
+
+                self._idle_launcher = SubprocessLauncher(self.devices, self.num_nodes)
+        return self._idle_launcher
 
     # -- who am I ------------------------------------------------------------------------------------------
     @property

@@ -417,6 +417,9 @@ def _predict(trainer, module, loaders, limits, gather):
         profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)
     for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
         set_sampler_epoch(loader, trainer.current_epoch)
+    if trainer._metrics is not None:  # named as the hook it is (module._current_fx_name; self.log refuses it there)
+        eval_step = in_hook(trainer._metrics, "predict_step", eval_step)  # (the step itself stays the bound method:
+        # DataParallel's eval_step calls it by name)
     for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
         extra = (dataloader_idx,) if len(loaders) > 1 else ()
         predictions = per_loader[dataloader_idx]

@@ -47,6 +47,7 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
     done              max_steps or max_epochs reached (epochs counted as `processed`), no training batches, or a stop
                       asked once min_epochs / min_steps are met (Lightning's fit_loop.done, without its log lines)
 """
+from tasktrain.trainer.lightning_connectors import data_source
 
 
 class LoopAttribute:
@@ -155,6 +156,11 @@ class EvaluationLoop:
         return self._trainer.state.eval_is_last_batch[self._key]
 
     @property
+    def _data_source(self):
+        """Where the last run takes this loop's loaders from (lightning_connectors.DataLoaderSource)."""
+        return data_source(self._trainer, "val" if self._key in ("val", "validate") else self._key)
+
+    @property
     def max_batches(self):
         trainer = self._trainer
         if self._key == "val" and trainer.sanity_checking:
@@ -198,6 +204,10 @@ class PredictionLoop:
     def __init__(self, trainer):
         self._trainer = trainer
         self.batch_progress = BatchProgress(self._current, self._total, self._is_last_batch)
+
+    @property
+    def _data_source(self):
+        return data_source(self._trainer, "predict")
 
     def _current(self):
         return self._counts(1)
@@ -375,6 +385,12 @@ class FitLoop:
 
     def _epoch_counts(self):
         return _epoch_counts(self._trainer)
+
+    @property
+    def _data_source(self):
+        """Where the last fit takes its training loaders from (lightning_connectors.DataLoaderSource): a
+        configure_optimizers that sizes its schedule reads `len(trainer.fit_loop._data_source.dataloader())`."""
+        return data_source(self._trainer, "train")
 
     @property
     def max_epochs(self):

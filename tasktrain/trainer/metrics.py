@@ -101,11 +101,20 @@ def in_hook(metrics, fx, fn):
 
 @contextlib.contextmanager
 def hook_scope(trainer, fx):
-    """A hook the loop calls directly (configure_optimizers, a checkpoint hook, ...), named for self.log. Nothing to
-    name outside a run (no trainer, or no metric store)."""
+    """A hook the loop calls directly (configure_optimizers, a checkpoint hook, ...), named for self.log. Outside a
+    run (no metric store: trainer.save_checkpoint after a fit) the name is kept on the trainer alone, for
+    module._current_fx_name (Lightning's names every hook it calls)."""
     metrics = getattr(trainer, "_metrics", None)
     if metrics is None:
-        yield
+        if not hasattr(trainer, "_fx_outside_run"):  # (no Trainer: a module built alone, the Accelerator's)
+            yield
+            return
+        previous = trainer._fx_outside_run
+        trainer._fx_outside_run = fx
+        try:
+            yield
+        finally:
+            trainer._fx_outside_run = previous
         return
     previous = metrics.fx
     metrics.fx = fx

@@ -49,7 +49,7 @@ class TaskModule(torch.nn.Module):
     # Properties torch.jit.script must not compile (they read the trainer or iterate parameters).
     __jit_unused_properties__ = ["trainer", "hparams", "hparams_initial", "device", "dtype", "logger", "loggers",
                                  "global_step", "current_epoch", "global_rank", "local_rank", "device_mesh",
-                                 "on_gpu", "fabric", "strict_loading"]
+                                 "on_gpu", "fabric", "strict_loading", "_current_fx_name"]
 
     def __init__(self):
         super().__init__()
@@ -210,6 +210,24 @@ class TaskModule(torch.nn.Module):
             if isinstance(child, TaskModule):
                 child.trainer = trainer
         object.__setattr__(self, "_trainer", trainer)
+
+    @property
+    def _current_fx_name(self):
+        """Lightning's: the name of the hook (the module's or a callback's) the Trainer is running, None outside
+        one: the hook self.log checks against (the run's metric store names it: metrics.in_hook / hook_scope)."""
+        if self._trainer is None:
+            return None
+        metrics = self._trainer._metrics
+        return metrics.fx if metrics is not None else self._trainer._fx_outside_run
+
+    @_current_fx_name.setter
+    def _current_fx_name(self, name):
+        # (Lightning's tests set it to call self.log as if from that hook: the run's store is where it lives)
+        metrics = self._trainer._metrics if self._trainer is not None else None
+        if metrics is None:
+            raise AttributeError(f"{type(self).__name__}._current_fx_name can only be set during a Trainer run (it "
+                                 "names the hook the run is in, for self.log).")
+        metrics.fx = name
 
     @property
     def device_mesh(self):

@@ -3,6 +3,9 @@
     run_state(trainer)                      the stateful parts under the checkpoint's keys (run_state.py)
     dump_checkpoint(trainer)                the checkpoint dict (Trainer.save_checkpoint writes it)
     restore_module_and_callbacks(trainer, ckpt_path)   the DataModule, the module's weights, the callbacks
+                                            (read, check_resumable, restore_module, restore_datamodule,
+                                            restore_callbacks: also the steps of Lightning's
+                                            trainer._checkpoint_connector, lightning_connectors.py)
     restore_training_state(trainer, loaded)            optimizers, schedulers, precision, metrics, the counters
     start_after_finished_epoch(trainer)                an epoch-end checkpoint's next epoch, as the loop starts
     restore_position(trainer, loaded, data)            the position in the epoch, on the data it will continue
@@ -225,13 +228,28 @@ def resume_path(trainer, ckpt_path):
     from tasktrain.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 
     if ckpt_path is None and any(isinstance(c, OnExceptionCheckpoint) for c in trainer.callbacks):
-        ckpt_path = "last"  # Lightning's: a fit with an on-exception checkpoint continues the one a failure left
-        _warn(trainer, "`.fit(ckpt_path=None)` was called without a model. The last model of the previous `fit` call "
-                       "will be used. You can pass `fit(ckpt_path='best')` to use the best model or "
-                       "`fit(ckpt_path='last')` to use the last model. If you pass a value, this warning will be "
-                       "silenced.")
+        ckpt_path = on_exception_default(trainer)
     trainer._resumed_from = None if ckpt_path is None else resolve_ckpt_path(trainer, ckpt_path)
     return trainer._resumed_from
+
+
+def read(trainer, path, weights_only=None):
+    """The checkpoint at `path` as a dict, older formats upgraded; nothing refused yet (load's checks, the view
+    trainer._checkpoint_connector.resume_start). weights_only: fit's weights_only= (False: any pickle)."""
+    if weights_only is None:
+        weights_only = getattr(trainer, "_ckpt_weights_only", None)
+    with ckpt_io.trusted_pickles(weights_only is False):
+        return upgrade(trainer.strategy.load_checkpoint(path))
+
+
+def on_exception_default(trainer, fn="fit"):
+    """Lightning's: a fit without ckpt_path, beside an OnExceptionCheckpoint, continues the one a failure left
+    ("last"), and says so."""
+    _warn(trainer, f"`.{fn}(ckpt_path=None)` was called without a model. The last model of the previous `fit` call "
+                   f"will be used. You can pass `{fn}(ckpt_path='best')` to use the best model or "
+                   f"`{fn}(ckpt_path='last')` to use the last model. If you pass a value, this warning will be "
+                   "silenced.")
+    return "last"
 
 
 def load(trainer, path):
@@ -239,9 +257,15 @@ def load(trainer, path):
     of it is restored."""
     if path is None:
         return None
-    strategy, module = trainer.strategy, trainer.module
-    with ckpt_io.trusted_pickles(getattr(trainer, "_ckpt_weights_only", None) is False):
-        ckpt = upgrade(strategy.load_checkpoint(path))
+    loaded = Loaded(path, read(trainer, path))
+    check_resumable(trainer, loaded)
+    return loaded
+
+
+def check_resumable(trainer, loaded):
+    """A fit resumes from a full checkpoint the Trainer wrote: a weights-only one, or one without tasktrain's loop
+    state, is refused before any of it is restored."""
+    module, path, ckpt = trainer.lightning_module, loaded.path, loaded.ckpt
     if ckpt_io.own_state(ckpt).get("weights_only"):
         raise KeyError(  # Lightning's type and first sentence; the rest says what to do
             "Trying to restore optimizer state but checkpoint contains only the model. This is probably due to "
@@ -256,7 +280,6 @@ def load(trainer, path):
             f"resume from it. Load its weights into the module before fit ({type(module).__name__}.load_state_dict), "
             "or resume from a checkpoint the Trainer wrote."
         )
-    return Loaded(path, ckpt)
 
 
 def restore_module_and_callbacks(trainer, path):
@@ -266,24 +289,50 @@ def restore_module_and_callbacks(trainer, path):
     loaded = load(trainer, path)
     if loaded is None:
         return None
-    strategy, module, ckpt = trainer.strategy, trainer.module, loaded.ckpt
+    ckpt = loaded.ckpt
+    restore_module(trainer, trainer.module, ckpt)
+    restore_datamodule(trainer, ckpt)
+    restore_callbacks(trainer, trainer.module, ckpt)
+    # the data order's seed: the training loader, requested after this, follows the saved order
+    trainer.state.data_seed = ckpt_io.own_state(ckpt)["train_state"].get("data_seed", trainer.state.data_seed)
+    return loaded
+
+
+def restore_module(trainer, module, ckpt):
+    """The module's on_load_checkpoint, then its weights (strict as module.strict_loading: Lightning's). Before the
+    strategy's set-up the weights go into the module itself."""
+    strategy = trainer.strategy
     with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
         module.on_load_checkpoint(ckpt)
     if "state_dict" in ckpt:
         strategy.load_module_state_dict(ckpt["state_dict"], None if restores_after_setup(strategy) else module,
                                         strict=module.strict_loading)  # (Lightning's)
+
+
+def restore_datamodule(trainer, ckpt):
+    """The DataModule's state, under its class name as Lightning keeps it."""
     datamodule = trainer.datamodule
-    if datamodule is not None and type(datamodule).__qualname__ in ckpt:  # under its class name, as Lightning keeps it
+    if datamodule is not None and type(datamodule).__qualname__ in ckpt:
         run.datamodule_call(trainer, "load_state_dict", ckpt[type(datamodule).__qualname__])
         loaders.datamodule_restored(trainer)
+
+
+def restore_callbacks(trainer, module, ckpt):
+    """Each callback's on_load_checkpoint, then the callbacks' states by state_key (Lightning's order)."""
     for cb in trainer.callbacks:
         if hook_is_called("on_load_checkpoint", cb, Callback):
             cb.on_load_checkpoint(trainer, module, ckpt)
     if "callbacks" in ckpt:
         Callbacks(trainer.callbacks).load_state_dict(ckpt["callbacks"])
-    # the data order's seed: the training loader, requested after this, follows the saved order
-    trainer.state.data_seed = ckpt_io.own_state(ckpt)["train_state"].get("data_seed", trainer.state.data_seed)
-    return loaded
+
+
+def restore_precision(trainer, ckpt):
+    """The precision plugin's state (a GradScaler's), where the checkpoint has one."""
+    key = precision_key(trainer.strategy)
+    if key in ckpt:
+        trainer.strategy.precision.load_state_dict(ckpt[key])
+    elif ckpt_io.own_state(ckpt).get("precision"):  # a format 2 file's (upgrade_layout)
+        trainer.strategy.precision.load_state_dict(ckpt_io.own_state(ckpt)["precision"])
 
 
 def restore_training_state(trainer, loaded):
@@ -294,9 +343,8 @@ def restore_training_state(trainer, loaded):
     check_counts(ckpt, "optimizer_states", len(optimizers), lambda saved: (
         f"{path} has {saved} optimizer states but configure_optimizers returned {len(optimizers)} optimizers."))
     parts, own = run_state(trainer), ckpt_io.own_state(ckpt)
-    parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers", precision_key(trainer.strategy)])
-    if precision_key(trainer.strategy) not in ckpt and own.get("precision"):  # a format 2 file's (upgrade_layout)
-        trainer.strategy.precision.load_state_dict(own["precision"])
+    parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers"])
+    restore_precision(trainer, ckpt)
     parts.parts["loops"].load_state_dict(own, only=["metrics", "rng_states"])
     loaded.rng_states = parts.parts["loops"].parts["rng_states"].loaded
     state, saved = trainer.state, own["train_state"]

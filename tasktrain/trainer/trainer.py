@@ -30,7 +30,8 @@ from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
-from tasktrain.trainer import arguments, evaluation, guards, lightning_loops, loaders, loop, plugin_args, resume, run
+from tasktrain.trainer import (arguments, evaluation, guards, lightning_connectors, lightning_loops, loaders, loop,
+                               plugin_args, resume, run)
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
                                          clipping_callbacks)
@@ -51,6 +52,10 @@ class Trainer:
     validate_loop = lightning_loops.LoopAttribute(lightning_loops.EvaluationLoop, "validate")
     test_loop = lightning_loops.LoopAttribute(lightning_loops.EvaluationLoop, "test")
     predict_loop = lightning_loops.LoopAttribute(lightning_loops.PredictionLoop)
+    # Lightning's connector attributes: read views of this Trainer (lightning_connectors.py), no connectors
+    _checkpoint_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.CheckpointConnector)
+    _accelerator_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.AcceleratorConnector)
+    _data_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.DataConnector)
 
     @property
     def _evaluation_loop(self):
@@ -115,6 +120,8 @@ class Trainer:
          num_sanity_val_steps) = arguments.barebones_settings(
             barebones, logger, enable_checkpointing, enable_progress_bar, log_every_n_steps, enable_model_summary,
             num_sanity_val_steps, fast_dev_run, detect_anomaly, profiler)
+        # as given, for Lightning's trainer._accelerator_connector._strategy_flag (lightning_connectors.py)
+        self._given_flags = {"strategy": strategy}
         found = plugin_args.plugins_of(plugins, precision, sync_batchnorm, strategy)  # Lightning's plugins= rules
         # The Accelerator's rules too; arguments left at their defaults let `tasktrain launch`'s config fill them.
         runtime = build_runtime(
@@ -153,9 +160,10 @@ class Trainer:
             callbacks, self.default_root_dir, self._loggers, enable_progress_bar, enable_checkpointing,
             self.gradient_clip_val, gradient_clip_algorithm, max_time, enable_model_summary)
         self.state, self.optimizers, self.lr_scheduler_configs = TrainState(), [], []
-        self.module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
+        self._module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
         self._given_module = None  # what the last run was given: the module, or torch.compile(module)
         self._metrics, self._callback_metrics_cache, self._logged_metrics = None, {}, {}
+        self._fx_outside_run = None  # the hook called outside a run (metrics.hook_scope), for module._current_fx_name
         self._set_hook_tables(None)
         self._watchdog, self._watching = None, False
         # the last fit stopped inside an epoch (current_epoch counts it, as Lightning's); kept past that fit's end
@@ -299,8 +307,18 @@ class Trainer:
         return wrapped if wrapped is not None else self.module
 
     @property
+    def module(self):
+        """The TaskModule of the current (or last) run; before any run, the one given to
+        `trainer.strategy.connect(model)` (Lightning's: the strategy holds it)."""
+        return self._module if self._module is not None else self.strategy.module
+
+    @module.setter
+    def module(self, module):
+        self._module = module
+
+    @property
     def lightning_module(self):
-        """Lightning's name for `trainer.module`, the TaskModule of the current (or last) run."""
+        """Lightning's name for `trainer.module`."""
         return self.module
 
     @property
@@ -539,10 +557,9 @@ class Trainer:
     def init_module(self, empty_init=False):
         """`with trainer.init_module(empty_init=True): module = Model()`: build the module the way the strategy wants
         it built (strategy.module_init_context): FSDP on the meta device with empty_init=True (each rank then
-        materialises only its shard), DeepSpeed's zero3_init partitioned; elsewhere as usual."""
-        if isinstance(self.strategy, Sharded):
-            return self.strategy.module_init_context(empty_init=empty_init)
-        return contextlib.nullcontext()
+        materialises only its shard), DeepSpeed's zero3_init partitioned; elsewhere as usual. (Lightning's path:
+        strategy.tensor_init_context, which a script's own strategy may override.)"""
+        return self.strategy.tensor_init_context(empty_init=empty_init)
 
     def print(self, *args, **kwargs):
         """print() on global rank 0 only (the other ranks print nothing), as LightningModule.print."""

@@ -25,6 +25,7 @@ _TORCHMETRICS_GREATER_EQUAL_0_8_0 = _version_at_least("torchmetrics", (0, 8, 0))
 _TORCHMETRICS_GREATER_EQUAL_0_9_1 = _version_at_least("torchmetrics", (0, 9, 1))
 _TORCHMETRICS_GREATER_EQUAL_0_11 = _version_at_least("torchmetrics", (0, 11, 0))
 _TORCHMETRICS_GREATER_EQUAL_1_0_0 = _version_at_least("torchmetrics", (1, 0, 0))
+_TORCH_GREATER_EQUAL_2_8 = _version_at_least("torch", (2, 8, 0))
 
 
 @functools.lru_cache

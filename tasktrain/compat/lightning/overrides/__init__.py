@@ -1,0 +1,1 @@
+"""Lightning's `lightning.pytorch.overrides` (tasktrain.overrides): distributed.py's samplers."""

@@ -1,0 +1,6 @@
+"""Lightning's `lightning.pytorch.loops` path under the rename rule: tasktrain/compat/lightning/loops (this package is
+that one, its submodules under their Lightning names)."""
+import importlib
+import sys
+
+sys.modules[__name__] = importlib.import_module("tasktrain.compat.lightning.loops")

@@ -1,0 +1,431 @@
+"""Lightning's internals that scripts and callbacks reach into (tasktrain/trainer/lightning_connectors.py, the
+strategy's connect / launcher / tensor_init_context, module._current_fx_name) beside Lightning 2.6's: the same case
+under both frameworks, the readings compared. Each case is one a script written for Lightning does (a
+configure_optimizers that sizes its schedule from `trainer._data_connector._train_dataloader_source.dataloader()`, a
+callback that restores a checkpoint's weights with `trainer._checkpoint_connector.restore(path)`, a DataModule that
+reads `trainer._accelerator_connector.is_distributed`, ...)."""
+import logging
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
+
+import tasktrain  # noqa: E402
+from tasktrain.demos import boring_classes as ours  # noqa: E402
+
+LIBS = {"tasktrain": (tasktrain, ours), "lightning": (pl, theirs)}
+QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lightning():
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    yield
+
+
+def _both(case):
+    return {name: case(*LIBS[name]) for name in LIBS}
+
+
+# -- module._current_fx_name ----------------------------------------------------------------------------------------
+MODULE_HOOKS = ("setup", "configure_model", "configure_optimizers", "on_fit_start", "on_train_start",
+                "on_train_epoch_start", "on_train_batch_start", "training_step", "on_before_backward",
+                "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end",
+                "on_validation_start", "on_validation_epoch_start", "on_validation_batch_start", "validation_step",
+                "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end", "on_train_epoch_end",
+                "on_train_end", "on_fit_end", "on_test_start", "test_step", "on_test_end", "on_predict_start",
+                "predict_step", "on_predict_end", "teardown", "on_save_checkpoint", "train_dataloader",
+                "val_dataloader", "test_dataloader", "predict_dataloader", "prepare_data")
+CALLBACK_HOOKS = ("setup", "on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start",
+                  "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
+                  "on_train_batch_end", "on_validation_start", "on_validation_batch_end", "on_validation_end",
+                  "on_train_epoch_end", "on_train_end", "on_fit_end", "on_test_start", "on_test_end",
+                  "on_predict_start", "on_predict_end", "teardown", "on_save_checkpoint", "on_sanity_check_start",
+                  "on_sanity_check_end")
+
+
+def _fx_names(lib, boring):
+    seen = []
+
+    def recorder(owner, name, module_of):
+        base = getattr(owner, name)
+
+        def hook(*args, **kwargs):
+            seen.append((type(owner).__name__[:1], name, module_of(args)._current_fx_name))
+            return base(*args, **kwargs)
+        return hook
+
+    class Model(boring.BoringModel):
+        pass
+
+    class Seen(lib.Callback):
+        pass
+
+    model, callback = Model(), Seen()
+    for name in MODULE_HOOKS:
+        object.__setattr__(model, name, recorder(model, name, lambda args: model))
+    for name in CALLBACK_HOOKS:
+        setattr(callback, name, recorder(callback, name, lambda args: args[1]))
+    trainer = lib.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, limit_test_batches=1,
+                          limit_predict_batches=1, num_sanity_val_steps=1, callbacks=[callback], **QUIET)
+    trainer.fit(model)
+    trainer.save_checkpoint("fx.ckpt")
+    trainer.test(model)
+    trainer.predict(model)
+    return seen, model._current_fx_name
+
+
+def test_current_fx_name_names_each_hook_as_lightning(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    got = _both(_fx_names)
+    assert got["tasktrain"][1] is None  # outside a run
+    assert got["tasktrain"] == got["lightning"]
+
+
+def test_current_fx_name_set_outside_a_run_is_refused():
+    module = ours.BoringModel()
+    assert module._current_fx_name is None
+    with pytest.raises(AttributeError, match="only be set during a Trainer run"):
+        module._current_fx_name = "training_step"
+
+
+# -- trainer._accelerator_connector ----------------------------------------------------------------------------------
+CONFIGS = [{}, dict(precision="bf16-mixed"), dict(precision=16, accelerator="cpu"), dict(precision="64"),
+           dict(strategy="ddp", devices=2, accelerator="cpu"), dict(strategy="ddp_spawn", devices=1),
+           dict(strategy="ddp", devices=1, use_distributed_sampler=False), dict(num_nodes=1, devices=1)]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[repr(c) for c in CONFIGS])
+def test_accelerator_connector_reads_as_lightning(config, monkeypatch):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_JOB_NAME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def case(lib, boring):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(**config, **QUIET)
+        import importlib
+
+        launchers = importlib.import_module(f"{lib.__name__}.strategies.launchers")
+        connector = trainer._accelerator_connector
+        strategy_flag = connector._strategy_flag
+        launcher = trainer.strategy.launcher
+        return dict(precision=connector._precision_flag, accelerator=connector._accelerator_flag,
+                    strategy=strategy_flag if isinstance(strategy_flag, str) else "an object",
+                    strategy_is_the_trainers=connector.strategy is trainer.strategy,
+                    devices=connector._devices_flag, parallel_devices=connector._parallel_devices,
+                    num_nodes=connector._num_nodes_flag, sampler=connector.use_distributed_sampler,
+                    distributed=connector.is_distributed,
+                    launcher=None if launcher is None else (
+                        launcher.is_interactive_compatible,
+                        isinstance(launcher, launchers._SubprocessScriptLauncher),
+                        isinstance(launcher, launchers._MultiProcessingLauncher)))
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+
+
+def test_accelerator_connector_is_read_only_and_names_what_it_lacks():
+    trainer = tasktrain.Trainer(**QUIET)
+    with pytest.raises(AttributeError, match="read only.*use_distributed_sampler="):
+        trainer._accelerator_connector.use_distributed_sampler = False
+    with pytest.raises(AttributeError, match="'_layer_sync' is not supported by tasktrain"):
+        trainer._accelerator_connector._layer_sync
+    with pytest.raises(AttributeError, match="cannot be replaced"):
+        trainer._accelerator_connector = None
+    with pytest.raises(NotImplementedError, match="notebook_launcher"):
+        tasktrain.Trainer(strategy="ddp", devices=2, **QUIET).strategy.launcher.launch(print, trainer=trainer)
+
+
+# -- the loops' _data_source (Lightning 2's place of the 1.x data connector's sources) -------------------------------
+def _sources(lib, boring):
+    """The sources read from configure_optimizers (the schedule-sizing pattern: len(fit_loop._data_source.dataloader()))
+    and from a validate run's hook, with loaders given, a DataModule, and the module's own hooks."""
+    seen = []
+
+    def read(trainer, where):
+        loops = {"train": trainer.fit_loop, "val": trainer.fit_loop.epoch_loop.val_loop, "validate": trainer.validate_loop,
+                 "test": trainer.test_loop, "predict": trainer.predict_loop}
+        for kind, loop in loops.items():
+            source = loop._data_source
+            defined = source.is_defined()
+            # (the test / predict loaders of BoringDataModule need its setup for those stages: not called)
+            loader = source.dataloader() if defined and kind in ("train", "val", "validate") else None
+            seen.append((where, kind, source.name, source.is_module(), defined, type(source.instance).__name__[:4],
+                         len(loader) if isinstance(loader, DataLoader) else type(loader).__name__))
+
+    class Model(boring.BoringModel):
+        def configure_optimizers(self):
+            read(self.trainer, "configure_optimizers")
+            return super().configure_optimizers()
+
+        def on_validation_start(self):
+            read(self.trainer, f"validation {self.trainer.state.fn}")
+
+    class Data(boring.BoringDataModule):
+        pass
+
+    fresh = lib.Trainer(**QUIET)
+    seen.append(("fresh", fresh.fit_loop._data_source.instance, fresh.fit_loop._data_source.name,
+                 fresh.fit_loop._data_source.is_defined()))
+    for given in ("loaders", "datamodule", "module"):
+        trainer = lib.Trainer(max_steps=1, limit_val_batches=1, num_sanity_val_steps=0, **QUIET)
+        model = Model()
+        if given == "loaders":
+            trainer.fit(model, DataLoader(boring.RandomDataset(32, 12), batch_size=4),
+                        DataLoader(boring.RandomDataset(32, 6), batch_size=2))
+            trainer.validate(model, DataLoader(boring.RandomDataset(32, 4), batch_size=2))
+        elif given == "datamodule":
+            trainer.fit(model, datamodule=Data())
+        else:
+            trainer.fit(model)
+            trainer.validate(model)
+        read(trainer, f"after {given}")
+    return seen
+
+
+def test_loop_data_sources_as_lightning():
+    got = _both(_sources)
+    assert got["tasktrain"] == got["lightning"]
+
+
+def test_data_sources_are_read_only_and_the_data_connector_names_what_it_lacks():
+    trainer = tasktrain.Trainer(**QUIET)
+    with pytest.raises(AttributeError, match="cannot be set in tasktrain"):
+        trainer.fit_loop._data_source.instance = DataLoader(ours.RandomDataset(32, 4))
+    with pytest.raises(RuntimeError, match="No train loaders are attached yet"):
+        trainer.fit_loop._data_source.dataloader()
+    with pytest.raises(NotImplementedError, match=r"attach_data\(train_dataloaders=...\).*pass them to trainer.fit"):
+        trainer._data_connector.attach_data(ours.BoringModel(), train_dataloaders=DataLoader(ours.RandomDataset(32, 4)))
+    with pytest.raises(AttributeError, match="'attach_datamodule' is not supported by tasktrain.*fit_loop._data_source"):
+        trainer._data_connector.attach_datamodule(ours.BoringModel())
+    with pytest.raises(AttributeError, match="'_train_dataloader_source' is not supported"):  # (Lightning 1.x's)
+        trainer._data_connector._train_dataloader_source
+
+
+def test_connected_module_and_attached_datamodule_save_as_lightning(tmp_path):
+    """Lightning's test_load_from_checkpoint_hook_calls' set-up: a fresh Trainer, a connected module, an attached
+    DataModule, a checkpoint saved with no run."""
+    def case(lib, boring):
+        class Data(boring.BoringDataModule):
+            def state_dict(self):
+                return {"foo": "bar"}
+
+        model, data = boring.BoringModel(), Data()
+        trainer = lib.Trainer(**QUIET)
+        trainer.strategy.connect(model)
+        trainer._data_connector.attach_data(model, datamodule=data)
+        path = tmp_path / f"{lib.__name__}.ckpt"
+        trainer.save_checkpoint(path)
+        saved = torch.load(path, weights_only=False)
+        return (trainer.lightning_module is model, trainer.datamodule is data, model.trainer is trainer,
+                data.trainer is trainer, sorted(k for k in saved if k != type(data).__qualname__),
+                saved.get(type(data).__qualname__), saved["global_step"],
+                torch.equal(saved["state_dict"]["layer.weight"], model.layer.weight))
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+
+
+# -- trainer._checkpoint_connector, strategy.connect -------------------------------------------------------------------
+def _restore_case(lib, boring, tmp_path):
+    """A callback's on_train_end restores the first checkpoint (NeMo's pattern), and a fresh Trainer with a connected
+    module restores callbacks before an evaluation (Lightning's own test); the readings at each step."""
+    seen = []
+    first = str(tmp_path / f"{lib.__name__}-first.ckpt")
+
+    class Keep(lib.Callback):
+        def __init__(self):
+            self.value = 0
+
+        def state_dict(self):
+            return {"value": self.value}
+
+        def load_state_dict(self, state):
+            self.value = state["value"]
+
+        def on_train_batch_end(self, trainer, module, *args):
+            self.value += 1
+            if trainer.global_step == 2:
+                trainer.save_checkpoint(first)
+                seen.append(("saved", self.value, [p.detach().clone() for p in module.parameters()]))
+
+        def on_train_end(self, trainer, module):
+            connector = trainer._checkpoint_connector
+            connector.restore(first)
+            seen.append(("restored", trainer.global_step, self.value, connector._ckpt_path == first,
+                         connector._loaded_checkpoint == {}, [p.detach().clone() for p in module.parameters()]))
+
+    keep = Keep()
+    trainer = lib.Trainer(max_steps=4, callbacks=[keep], **QUIET)
+    trainer.fit(boring.BoringModel())
+    seen.append(("after", trainer.global_step, keep.value, trainer.ckpt_path == first))
+    full = sorted(trainer._checkpoint_connector.dump_checkpoint())
+    weights = sorted(trainer._checkpoint_connector.dump_checkpoint(weights_only=True))
+    seen.append(("dump", full, weights))
+
+    # a fresh Trainer: connect a module, read the checkpoint, restore the callbacks, let it go
+    again, model = Keep(), boring.BoringModel()
+    fresh = lib.Trainer(callbacks=[again], **QUIET)
+    fresh.strategy.connect(model)
+    seen.append(("connected", fresh.lightning_module is model, fresh.model is model))
+    connector = fresh._checkpoint_connector
+    seen.append(("empty", connector._ckpt_path, connector._loaded_checkpoint))
+    connector.resume_start(first)
+    seen.append(("started", connector._ckpt_path == first, fresh.ckpt_path == first,
+                 torch.equal(connector._loaded_checkpoint["state_dict"]["layer.weight"], seen[0][2][0])))
+    connector.restore_callbacks()
+    connector.restore_model()
+    seen.append(("callbacks", again.value, [p.detach().clone() for p in model.parameters()]))
+    fresh.state.fn = "validate"
+    connector.resume_end()
+    seen.append(("ended", connector._ckpt_path == first, connector._loaded_checkpoint))
+
+    # trainer.ckpt_path = ... is what _user_managed says
+    fresh.ckpt_path = first
+    managed = connector._user_managed
+    fresh.ckpt_path = None
+    seen.append(("managed", managed, connector._user_managed, connector._ckpt_path))
+    return seen
+
+
+def test_checkpoint_connector_restores_as_lightning(tmp_path):
+    got = {name: _restore_case(*LIBS[name], tmp_path) for name in LIBS}
+    ours_seen, theirs_seen = got["tasktrain"], got["lightning"]
+    assert len(ours_seen) == len(theirs_seen)
+    for mine, lightnings in zip(ours_seen, theirs_seen):
+        assert mine[0] == lightnings[0]
+        for a, b in zip(mine[1:], lightnings[1:]):
+            if isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
+                continue  # weights: compared within each framework below (the two runs draw different weights)
+            assert a == b, (mine[0], a, b)
+    for seen in (ours_seen, theirs_seen):  # the restored weights are the first checkpoint's, in both
+        saved = seen[0][2]
+        restored, connected = seen[1][-1], next(s for s in seen if s[0] == "callbacks")[2]
+        assert all(torch.equal(a, b) for a, b in zip(saved, restored))
+        assert all(torch.equal(a, b) for a, b in zip(saved, connected))
+
+
+def test_checkpoint_connector_names_what_it_lacks():
+    trainer = tasktrain.Trainer(**QUIET)
+    with pytest.raises(AttributeError, match="'hpc_save_path' is not supported by tasktrain"):
+        trainer._checkpoint_connector.hpc_save_path
+    with pytest.raises(NotImplementedError, match="restore_training_state"):
+        trainer._checkpoint_connector.restore_loops()
+
+
+def test_tensor_init_context_is_what_init_module_enters():
+    trainer = tasktrain.Trainer(**QUIET)
+    calls = []
+    original = trainer.strategy.tensor_init_context
+
+    def spy(empty_init=None):
+        calls.append(empty_init)
+        return original(empty_init=empty_init)
+
+    trainer.strategy.tensor_init_context = spy
+    with trainer.init_module(empty_init=True):
+        layer = torch.nn.Linear(2, 2)
+    assert calls == [True] and layer.weight.device.type == "cpu"
+
+
+# -- tasktrain.loops: Lightning's loop class names --------------------------------------------------------------------
+def test_loop_classes_name_the_trainers_loops_as_lightning():
+    def case(lib, boring):
+        import importlib
+
+        loops = importlib.import_module(f"{lib.__name__}.loops")
+        progress = importlib.import_module(f"{lib.__name__}.loops.progress")
+        trainer = lib.Trainer(**QUIET)
+        fit = trainer.fit_loop
+        return (isinstance(fit, loops._FitLoop), isinstance(fit, loops._Loop),
+                isinstance(fit.epoch_loop, loops._TrainingEpochLoop), isinstance(fit.epoch_loop, loops._Loop),
+                isinstance(fit.epoch_loop.val_loop, loops._EvaluationLoop),
+                *(isinstance(loop, loops._EvaluationLoop) for loop in (trainer.validate_loop, trainer.test_loop)),
+                isinstance(trainer.predict_loop, loops._PredictionLoop), isinstance(trainer.predict_loop, loops._Loop),
+                isinstance(trainer.validate_loop, loops._FitLoop),
+                isinstance(fit.epoch_progress, progress._Progress), isinstance(fit.epoch_progress, progress._BaseProgress),
+                isinstance(fit.epoch_progress.current, progress._BaseProgress),
+                isinstance(fit.epoch_loop.batch_progress, progress._BatchProgress))
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    with pytest.raises(AttributeError, match="optimization loop objects are not in tasktrain"):
+        import tasktrain.loops
+
+        tasktrain.loops._AutomaticOptimization
+
+
+# -- tasktrain.overrides.distributed --------------------------------------------------------------------------------
+def test_unrepeated_sampler_and_index_wrapper_as_lightnings():
+    from torch.utils.data import BatchSampler
+
+    def case(lib, boring):
+        import importlib
+        import pickle
+
+        overrides = importlib.import_module(f"{lib.__name__}.overrides.distributed")
+        seen = []
+        for size, replicas, shuffle, epoch in ((10, 3, False, 0), (10, 3, True, 0), (10, 3, True, 4), (2, 4, True, 1)):
+            for rank in range(replicas):
+                try:
+                    sampler = overrides.UnrepeatedDistributedSampler(list(range(size)), num_replicas=replicas,
+                                                                     rank=rank, shuffle=shuffle)
+                except (AssertionError, ValueError):  # a rank without a sample (Lightning: AssertionError)
+                    seen.append("refused")
+                    continue
+                sampler.set_epoch(epoch)
+                seen.append((list(sampler), len(sampler), sampler.num_samples, sampler.total_size))
+        wrapper = overrides._IndexBatchSamplerWrapper(BatchSampler(range(7), batch_size=3, drop_last=False))
+        first = [batch for batch in wrapper]
+        seen.append((first, list(wrapper.seen_batch_indices), len(wrapper), wrapper.batch_size, wrapper.drop_last))
+        again = iter(wrapper)
+        next(again)
+        seen.append(list(wrapper.seen_batch_indices))
+        seen.append(len(pickle.loads(pickle.dumps(wrapper))))
+        return seen
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+
+
+def test_parse_ckpt_path_as_lightning(tmp_path):
+    """The checkpoint connector's _parse_ckpt_path (Lightning's tests and NeMo-style scripts call it) resolves as
+    Lightning's, with the same warnings, through the Trainer's own rules."""
+    import warnings
+
+    def case(lib, boring):
+        first, second = (lib.callbacks.ModelCheckpoint(dirpath=tmp_path / lib.__name__ / name, monitor="step",
+                                                       mode=mode) for name, mode in (("a", "max"), ("b", "min")))
+        trainer = lib.Trainer(max_steps=2, callbacks=[first, second], default_root_dir=tmp_path / lib.__name__,
+                              logger=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(boring.BoringModel())
+        import importlib
+
+        trainer_fn = importlib.import_module(f"{lib.__name__}.trainer.states").TrainerFn
+        seen = []
+        for fn, path, provided, connected in (("test", None, False, True), ("test", "best", False, True),
+                                              ("fit", None, True, True), ("validate", "last", False, True),
+                                              ("predict", "some.ckpt", False, False)):
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                got = trainer._checkpoint_connector._parse_ckpt_path(trainer_fn(fn), path, model_provided=provided,
+                                                                      model_connected=connected)
+            seen.append((got == first.best_model_path, got, sorted(str(w.message) for w in said
+                                                                   if issubclass(w.category, UserWarning)
+                                                                   and "ckpt_path" in str(w.message))))
+        fast = lib.Trainer(fast_dev_run=True, logger=False, enable_progress_bar=False)
+        with pytest.raises(ValueError, match="fast_dev_run=True"):
+            fast._checkpoint_connector._parse_ckpt_path(trainer_fn("test"), "best", model_provided=False,
+                                                        model_connected=True)
+        return [(same, None if same else got, said) for same, got, said in seen]
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    assert [same for same, _, _ in got["tasktrain"]] == [True, True, False, False, False]
+    assert [len(said) for _, _, said in got["tasktrain"]] == [2, 1, 0, 1, 0]  # (default "best", several callbacks, no last)
