@@ -334,6 +334,32 @@ def test_tensor_init_context_is_what_init_module_enters():
     assert calls == [True] and layer.weight.device.type == "cpu"
 
 
+@pytest.mark.parametrize("precision", ["64-true", "bf16-true", "16-true", "32-true", "bf16-mixed"])
+def test_init_module_builds_in_the_precisions_dtype_as_lightning(precision):
+    """`with trainer.init_module(): ...` builds parameters and the tensors made inside in a "-true" precision's dtype
+    on the root device (Lightning's precision plugins' tensor_init_context), and restores the default dtype after;
+    a fit of the module so built trains in that dtype."""
+    import warnings
+
+    def case(lib, boring):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(precision=precision, max_steps=1, limit_val_batches=0, **QUIET)
+            with trainer.init_module():
+                module = boring.BoringModel()
+                made = torch.zeros(1)
+            after = torch.get_default_dtype()
+            built = (module.layer.weight.dtype, module.layer.weight.device.type, made.dtype, after)
+            trainer.fit(module)
+        return built, module.layer.weight.dtype
+
+    seen = _both(case)
+    assert seen["tasktrain"] == seen["lightning"]
+    expected = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}.get(precision,
+                                                                                                    torch.float32)
+    assert seen["tasktrain"][0] == (expected, "cpu", expected, torch.float32)
+
+
 # -- tasktrain.loops: Lightning's loop class names --------------------------------------------------------------------
 def test_loop_classes_name_the_trainers_loops_as_lightning():
     def case(lib, boring):

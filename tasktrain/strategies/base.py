@@ -380,11 +380,17 @@ class Strategy(abc.ABC):
     # usual, on the CPU, and moved in setup_module_and_optimizers.)
     def tensor_init_context(self, empty_init=None):
         """Lightning's name for what `trainer.init_module(empty_init)` enters: the Sharded capability's
-        module_init_context (built sharded or on meta), elsewhere nothing (the module is built on the CPU in its own
-        dtype and moved and cast at set-up; Lightning's builds it on the device in the precision's dtype)."""
+        module_init_context (built sharded or on meta), elsewhere the root device as the default device; both with
+        the precision's default dtype ("64-true": float64, "bf16-true"/"16-true": the half dtype; mixed and 32-bit:
+        unchanged), as Lightning's strategies and precision plugins build it."""
+        stack = contextlib.ExitStack()
         if isinstance(self, Sharded):
-            return self.module_init_context(empty_init=bool(empty_init))
-        return contextlib.nullcontext()
+            stack.enter_context(self.module_init_context(empty_init=bool(empty_init)))
+        else:
+            stack.enter_context(torch.device(self.root_device))
+        if self.precision is not None:
+            stack.enter_context(self.precision.tensor_init_context())
+        return stack
 
     def connect(self, model):
         """Lightning's: hold `model` as the strategy's module before a run sets one up (`trainer.lightning_module`

@@ -46,6 +46,19 @@ class Precision:
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module
 
+    @contextlib.contextmanager
+    def tensor_init_context(self):
+        """What `trainer.init_module()` builds the module in (Lightning's precision plugins): a "-true" precision's
+        dtype as the default dtype (float64, float16, bfloat16), else unchanged."""
+        dtype = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true": torch.bfloat16}.get(self.name)
+        previous = torch.get_default_dtype()
+        if dtype is not None:
+            torch.set_default_dtype(dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(previous)
+
     def convert_input(self, batch):
         return batch
 
