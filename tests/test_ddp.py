@@ -221,6 +221,7 @@ def test_ddp_spawn_trains_in_children_and_hands_the_result_back(tmp_path):
     # predict(gather=True) came back from rank 0 with every sample, in order
     assert facts["predictions"] == pytest.approx(facts["expected_predictions"], abs=1e-5)
     assert facts["parent_env_rank"] is None  # the parent never joined the world
+    assert facts["plain_predict"] is None  # (Lightning's: a spawned predict returns nothing by default)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)

@@ -375,3 +375,22 @@ def test_estimated_stepping_batches_read_as_lightnings(case):
         lib.Trainer(**kwargs).fit(Net())
         seen[key] = read
     assert seen["tasktrain"] == seen["lightning"] and len(seen["tasktrain"]) == 1
+
+
+def test_a_spawned_predict_refuses_return_predictions_as_lightning():
+    """Under "ddp_spawn" Lightning returns no predictions by default and refuses return_predictions=True (its
+    prediction loop's setter, run in the children); tasktrain refuses it with the same words before spawning, and
+    returns None by default (tests/test_ddp.py's spawned run checks that; gather=True brings them back)."""
+    from torch.utils.data import DataLoader
+
+    lit = pl.Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", logger=False)
+    lit.predict_loop.return_predictions = None
+    assert lit.predict_loop.return_predictions is False
+    with pytest.raises(pl.utilities.exceptions.MisconfigurationException) as theirs_error:
+        lit.predict_loop.return_predictions = True
+    trainer = tasktrain.Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", logger=False)
+    loader = DataLoader(ours.RandomDataset(32, 4), batch_size=2)
+    with pytest.raises(tasktrain.exceptions.MisconfigurationException) as ours_error:
+        trainer.predict(ours.BoringModel(), loader, return_predictions=True)
+    start = "`return_predictions` should be set to `False` when using the strategies that spawn or fork. Found True"
+    assert str(theirs_error.value).startswith(start) and str(ours_error.value).startswith(start)

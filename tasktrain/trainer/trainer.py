@@ -588,8 +588,19 @@ class Trainer:
                 datamodule=None):
         """Predictions of this rank, in loader order (a list per loader when there are several); with gather=True,
         every rank's, in dataset order. return_predictions=False keeps none in memory and returns None (a
-        BasePredictionWriter writes them)."""
-        self._return_predictions = return_predictions is None or bool(return_predictions)
+        BasePredictionWriter writes them). Under a strategy that spawns its processes ("ddp_spawn"), as Lightning's:
+        None by default and return_predictions=True refused; gather=True still brings every rank's back."""
+        from tasktrain.strategies.spawn import SpawnLauncher
+
+        spawned = isinstance(self.strategy.launcher, SpawnLauncher)  # (this process starts the ranks by spawning)
+        if spawned and return_predictions and not gather:  # Lightning's words, here before the processes start
+            raise MisconfigurationException(
+                "`return_predictions` should be set to `False` when using the strategies that spawn or fork. Found "
+                f"{return_predictions} with strategy {type(self.strategy)}. (tasktrain: `predict(..., gather=True)` "
+                "brings every rank's predictions back from the spawned processes.)")
+        if return_predictions is None:
+            return_predictions = gather or not spawned
+        self._return_predictions = bool(return_predictions)
         return self._run("predict", module, None, dataloaders, ckpt_path=ckpt_path, gather=gather,
                          datamodule=datamodule)
 

@@ -45,6 +45,8 @@ if __name__ == "__main__":
     train_loss = float(trainer.callback_metrics["train_loss"])
     x = regression_data().tensors[0][:11]
     predictions = trainer.predict(model, DataLoader(TensorDataset(x), batch_size=3), gather=True)
+    # without gather=True a spawned predict returns None, as Lightning's (its children keep their predictions)
+    plain = trainer.predict(model, DataLoader(TensorDataset(x), batch_size=3))
     facts = {
         "params": [p.detach().flatten().tolist() for p in model.parameters()],
         "global_step": trainer.global_step,
@@ -52,6 +54,7 @@ if __name__ == "__main__":
         "predictions": predictions.tolist(),
         "expected_predictions": model.layer(x)[:, 0].tolist(),
         "parent_env_rank": os.environ.get("RANK"),
+        "plain_predict": plain,
     }
     with open(os.path.join(out, "parent.json"), "w") as f:
         json.dump(facts, f)
