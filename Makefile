@@ -58,7 +58,7 @@ demo: $(STAMP)
 # worker): many tests wait on process start-up, rendezvous and file I/O, so two files at once take ~10 minutes on 2
 # cores where one at a time took ~15. `$(PY) -m pytest -q tests` still runs them one by one.
 test: $(STAMP) $(OPS) slurm
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 bench: $(STAMP) $(OPS)
 	$(PY) benchmarks/overhead.py
