@@ -986,13 +986,7 @@ def _check_module(module, stage):
 
 
 def _check_optimizers(module, optimizers, accumulate_grad_batches, gradient_clip_val=None):
-    if module.automatic_optimization and len(optimizers) > 1:
-        raise RuntimeError(  # (Lightning's error and words first)
-            "Training with multiple optimizers is only supported with manual optimization. Set "
-            "`self.automatic_optimization = False`, then access your optimizers in `training_step` with "
-            f"`opt1, opt2, ... = self.optimizers()`. (configure_optimizers returned {len(optimizers)} optimizers: "
-            "automatic optimisation steps one; step them yourself with self.manual_backward(loss).)"
-        )
+    # (several optimizers under automatic optimisation: parse_optimizers, where Lightning checks it)
     if not module.automatic_optimization and gradient_clip_val:  # (Lightning's error, its words first)
         raise MisconfigurationException(
             "Automatic gradient clipping is not supported for manual optimization. Remove "
