@@ -364,3 +364,52 @@ def test_lightning_private_optimizer_helpers_as_lightning():
     assert len(ours_seen) == len(theirs_seen)
     for a, b in zip(ours_seen, theirs_seen):
         assert a == b
+
+
+class _Forgetful:  # optimizer_step neither steps nor runs the closure
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+        pass
+
+
+class _BackwardInAutomatic:  # manual_backward under automatic optimisation
+    def training_step(self, batch, batch_idx):
+        loss = self.step(batch)
+        self.manual_backward(loss)
+        return loss
+
+
+class _ClipAlgorithmUnknown:  # clip_gradients with an algorithm nobody has (no value: still checked)
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, gradient_clip_algorithm="foo")
+
+
+class _ClipValueNotANumber:
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, gradient_clip_val="0.5")
+
+
+class _ClipArguments:  # what configure_gradient_clipping receives, and the Trainer's attribute
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.seen = (gradient_clip_val, type(gradient_clip_algorithm).__name__, str(gradient_clip_algorithm),
+                     gradient_clip_algorithm == "VALUE", type(self.trainer.gradient_clip_algorithm).__name__)
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
+
+
+@pytest.mark.parametrize("mixin,trainer_args", [
+    (_Forgetful, {}), (_BackwardInAutomatic, {}), (_ClipAlgorithmUnknown, {}), (_ClipValueNotANumber, {}),
+    (_ClipArguments, dict(gradient_clip_val=0.5, gradient_clip_algorithm="Value")),
+])
+def test_optimization_hook_mistakes_and_arguments_as_lightning(mixin, trainer_args):
+    """A module's optimization hooks used wrongly: Lightning's exception type and words (ours may add a hint in
+    parentheses); used rightly: the arguments Lightning gives (the clipping algorithm as its enum)."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        model = type("Model", (mixin, classes.BoringModel), {})()
+        trainer = lib.Trainer(max_steps=2, limit_val_batches=0, logger=False, **QUIET, **trainer_args)
+        try:
+            trainer.fit(model)
+            seen[lib.__name__] = getattr(model, "seen", None), trainer.global_step
+        except Exception as err:  # noqa: BLE001 (the type and Lightning's words are compared)
+            seen[lib.__name__] = type(err).__name__, str(err).split(" (")[0]
+    assert seen["tasktrain"] == seen["lightning.pytorch"], seen

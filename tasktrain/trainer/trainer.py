@@ -41,6 +41,7 @@ from tasktrain.trainer.run_state import Callbacks
 from tasktrain.trainer.runtime import broadcast_seed, build_runtime
 from tasktrain.trainer.seed import isolate_rng, sampler_seed
 from tasktrain.trainer.state import TrainState
+from tasktrain.trainer.states import GradClipAlgorithmType
 from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
 
@@ -151,6 +152,8 @@ class Trainer:
         self.callbacks = arguments.default_callbacks(
             callbacks, self.default_root_dir, self._loggers, enable_progress_bar, enable_checkpointing,
             self.gradient_clip_val, gradient_clip_algorithm, max_time, enable_model_summary)
+        if gradient_clip_algorithm is not None:  # (checked there) Lightning's enum, what the clipping hooks receive
+            self.gradient_clip_algorithm = GradClipAlgorithmType(gradient_clip_algorithm.lower())
         self.state, self.optimizers, self.lr_scheduler_configs = TrainState(), [], []
         self.module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
         self._given_module = None  # what the last run was given: the module, or torch.compile(module)
