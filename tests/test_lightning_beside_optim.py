@@ -364,6 +364,8 @@ def test_lightning_private_optimizer_helpers_as_lightning():
     assert len(ours_seen) == len(theirs_seen)
     for a, b in zip(ours_seen, theirs_seen):
         assert a == b
+    assert ours_seen[2] == (False, (["Adam"], [("StepLR", "epoch", 1, False, None, True, None)]), [])
+    assert ours_seen[1][1][0] == "RuntimeError"  # two optimizers under automatic optimisation
 
 
 class _Forgetful:  # optimizer_step neither steps nor runs the closure
@@ -413,3 +415,8 @@ def test_optimization_hook_mistakes_and_arguments_as_lightning(mixin, trainer_ar
         except Exception as err:  # noqa: BLE001 (the type and Lightning's words are compared)
             seen[lib.__name__] = type(err).__name__, str(err).split(" (")[0]
     assert seen["tasktrain"] == seen["lightning.pytorch"], seen
+    if mixin is _ClipArguments:  # (the hook ran: the enum, equal to "VALUE" in any case, the Trainer's too)
+        assert seen["tasktrain"] == ((0.5, "GradClipAlgorithmType", "GradClipAlgorithmType.VALUE", True,
+                                      "GradClipAlgorithmType"), 2)
+    else:
+        assert seen["tasktrain"][0] in ("MisconfigurationException", "TypeError")
