@@ -420,3 +420,34 @@ def test_optimization_hook_mistakes_and_arguments_as_lightning(mixin, trainer_ar
                                       "GradClipAlgorithmType"), 2)
     else:
         assert seen["tasktrain"][0] in ("MisconfigurationException", "TypeError")
+
+
+def test_manual_steps_count_only_inside_training_step_as_lightning():
+    """Manual optimisation: an opt.step() in training_step counts in global_step; one in on_train_epoch_end (the
+    gradients the epoch accumulated) steps the weights but is not counted, as in Lightning."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Model(classes.BoringModel):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+                self.steps = []
+
+            def training_step(self, batch, batch_idx):
+                if batch_idx == 0:
+                    self.optimizers().zero_grad()
+                    self.manual_backward(self.step(batch))
+                    self.optimizers().step()  # counted
+                self.manual_backward(self.step(batch))
+
+            def on_train_epoch_end(self):
+                before = self.layer.weight.detach().clone()
+                self.optimizers().step()  # not counted
+                self.optimizers().zero_grad()
+                self.steps.append((self.trainer.global_step, not torch.equal(before, self.layer.weight)))
+
+        model = Model()
+        trainer = lib.Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=0, logger=False, **QUIET)
+        trainer.fit(model)
+        seen[lib.__name__] = model.steps, trainer.global_step
+    assert seen["tasktrain"] == seen["lightning.pytorch"] == ([(1, True), (2, True)], 2), seen

@@ -323,7 +323,11 @@ def training_step(trainer, fit, batch, batch_idx, window):
             if window.ends_epoch:
                 step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
     else:
-        batch_output = manual_output(fit.training_step(batch, batch_idx))
+        fit.in_manual_training_step = True
+        try:
+            batch_output = manual_output(fit.training_step(batch, batch_idx))
+        finally:
+            fit.in_manual_training_step = False
     fit.epochs.advance(batch_idx)
     state.batch_phase = "processed"
 

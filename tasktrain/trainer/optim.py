@@ -328,7 +328,8 @@ def lightning_optimizers(trainer):
 def manual_step(trainer, optimizer, closure, kwargs):
     """optimizer.step(closure, **kwargs) in manual optimisation (Lightning's order): the closure (it computes the
     gradients), on_before_optimizer_step, the clipping of Trainer(gradient_clip_val=...) and GradientClipping
-    callbacks, the strategy's step; then global_step counts it. Where the strategy takes closures (32-bit) the
+    callbacks, the strategy's step; then global_step counts it, where the batch's training_step took it (Lightning's
+    rule: a step in another hook is not counted). Where the strategy takes closures (32-bit) the
     closure goes into the optimizer's step, which may call it several times (LBFGS)."""
     torch_optimizer = optimizer._optimizer
     hooks = trainer._all_hooks["on_before_optimizer_step"]
@@ -342,7 +343,8 @@ def manual_step(trainer, optimizer, closure, kwargs):
 
     strategy, fit = trainer.strategy, trainer._fit_state
     strategy.precision.last_step_output = None
-    if fit is not None:  # (Lightning's optim_step_progress: ready from here, completed once counted)
+    counted = fit is not None and fit.in_manual_training_step  # (Lightning's: only a training_step's steps count)
+    if counted:  # (Lightning's optim_step_progress: ready from here, completed once counted)
         fit.optimizer_step_from = trainer.state.global_step
     if strategy.steps_with_closure():
         def wrapped():
@@ -358,7 +360,7 @@ def manual_step(trainer, optimizer, closure, kwargs):
         after_closure()
         strategy.optimizer_step(torch_optimizer, **kwargs)
         output = strategy.precision.last_step_output
-    trainer.state.global_step += 1
-    if fit is not None:
+    if counted:
+        trainer.state.global_step += 1
         fit.optimizer_step_from = None
     return output
