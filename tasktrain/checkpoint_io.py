@@ -178,7 +178,8 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
     if isinstance(path, str) and path.startswith(("http://", "https://")):
         return _load_url(path, map_location, mmap)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"Checkpoint {path!r} does not exist.")
+        # (Lightning's words first: its TorchCheckpointIO's, what fit/validate/test(ckpt_path=...) raise there)
+        raise FileNotFoundError(f"Checkpoint file not found: {path} (no file or directory {path!r} exists).")
     if os.path.isdir(path):
         raise CheckpointError(f"Checkpoint {path!r} is a directory (a DeepSpeed checkpoint?): load it with "
                               "Trainer(strategy='deepspeed...').fit(ckpt_path=...), or convert it into one file: "

@@ -426,6 +426,28 @@ def test_resuming_from_a_weights_only_checkpoint_is_lightnings_key_error(L, tmp_
                                                      "the model."
 
 
+def test_a_missing_ckpt_path_is_lightnings_file_not_found(L, tmp_path):
+    """fit / validate given a ckpt_path where no file is: Lightning's FileNotFoundError and words, before training."""
+    seen = {}
+    for framework in ("lightning", "tasktrain"):
+        common = dict(max_epochs=1, enable_progress_bar=False, enable_model_summary=False, logger=False,
+                      enable_checkpointing=False, default_root_dir=tmp_path / framework)
+        if framework == "lightning":
+            trainer, module = L.Trainer(accelerator="cpu", devices=1, **common), lit_module(L)
+        else:
+            trainer, module = tasktrain.Trainer(**common), tt_module()
+        before = [p.detach().clone() for p in module.parameters()]
+        missing = str(tmp_path / "missing.ckpt")
+        with pytest.raises(FileNotFoundError) as fit_refused:
+            trainer.fit(module, loader(16), ckpt_path=missing)
+        with pytest.raises(FileNotFoundError) as validate_refused:
+            trainer.validate(module, loader(8), ckpt_path=missing)
+        untouched = all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+        seen[framework] = [str(e.value).split(" (")[0] for e in (fit_refused, validate_refused)], untouched
+    assert seen["tasktrain"] == seen["lightning"] == ([f"Checkpoint file not found: {tmp_path}/missing.ckpt"] * 2,
+                                                      True)
+
+
 def test_learning_rate_monitor_names_as_lightnings(L):
     """Names and histories worked out as Lightning does, on the same optimizers and scheduler configs (a stand-in
     trainer: the naming reads only these): schedulers' optimizers first, param-group names, "-1" for a second

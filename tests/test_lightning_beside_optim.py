@@ -199,6 +199,7 @@ class _NoState:  # a scheduler without state_dict / load_state_dict
 CONFIGS = {
     "none": lambda m: None,
     "unknown_optimizer_key": lambda m: {"optimizer": _sgd(m), "extra": 1},
+    "optimizer_frequency": lambda m: {"optimizer": _sgd(m), "frequency": 2},  # Lightning 1.x's, gone in 2
     "unknown_scheduler_key": lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {
         "scheduler": torch.optim.lr_scheduler.StepLR(o, 1), "extra": 1}})(_sgd(m)),
     "one_cycle_by_epoch": lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {
@@ -291,3 +292,162 @@ def test_clip_gradients_against_the_trainers_clipping_as_lightning(trainer_args,
     assert seen["tasktrain"] == seen["lightning.pytorch"], seen
     assert seen["tasktrain", "detached"] == seen["lightning.pytorch", "detached"], seen
     assert (seen["tasktrain"] is not None) == raises
+
+
+class _CustomPlateau:  # a scheduler of the user's that watches a metric (no state_dict: checked only at a fit)
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
+def _private_helpers_seen(lib, classes, core):
+    """Lightning's private helpers of lightning.pytorch.core.optimizer, called as scripts and Lightning's tests call
+    them: what each returns, warns or raises."""
+    import warnings
+
+    def outcome(fn):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                result = fn()
+            except Exception as err:  # noqa: BLE001 (the type and Lightning's words are compared)
+                result = (type(err).__name__, str(err).split(" (")[0])
+        return result, sorted(str(w.message) for w in said if w.category is RuntimeWarning)
+
+    def configs(result):  # a config as its fields, the scheduler by class
+        return [(type(c.scheduler).__name__, c.interval, c.frequency, c.reduce_on_plateau, c.monitor, c.strict,
+                 c.name) for c in result]
+
+    model = classes.BoringModel()
+    model.trainer = lib.Trainer(logger=False, **QUIET)
+    opt_a, opt_b = torch.optim.Adam(model.parameters()), torch.optim.SGD(model.parameters(), lr=0.1)
+    step = torch.optim.lr_scheduler.StepLR(opt_a, 10)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt_a)
+    seen = []
+    forms = [opt_a, (opt_a, opt_b), ([opt_a], [step]), ([opt_a], step), {"optimizer": opt_a, "lr_scheduler": step},
+             [{"optimizer": opt_a, "lr_scheduler": step}, {"optimizer": opt_b, "lr_scheduler": step}],
+             {"optimizer": opt_a, "lr_scheduler": {"scheduler": step, "foo": 1}, "bar": 2},
+             {"optimizer": opt_a, "lr_scheduler": _NoState(opt_a)}, {"optimizer": opt_a, "lr_scheduler": plateau}]
+    for manual in (False, True):
+        model.automatic_optimization = not manual
+        for form in forms:
+            model.configure_optimizers = lambda form=form: form
+            result, said = outcome(lambda: core._init_optimizers_and_lr_schedulers(model))
+            if isinstance(result, tuple) and isinstance(result[0], list):
+                result = ([type(o).__name__ for o in result[0]], configs(result[1]))
+            elif manual and "foo" in result[1]:  # an unknown scheduler key: refused by both (Lightning: a TypeError
+                result = "refused"  # of its dataclass; tasktrain: a MisconfigurationException that names the key)
+            seen.append((manual, result, said))
+    seen.append(outcome(lambda: [type(o).__name__ for o in core._configure_optimizers(
+        {"optimizer": opt_a, "lr_scheduler": step, "foo": 1})[0]]))
+    for entry in ({"scheduler": torch.optim.lr_scheduler.OneCycleLR(opt_a, 0.1, total_steps=3)},
+                  {"reduce_on_plateau": True, "scheduler": _CustomPlateau(opt_a), "monitor": "my_loss"},
+                  {"reduce_on_plateau": True, "scheduler": _CustomPlateau(opt_a)},
+                  {"scheduler": step, "interval": "batch"}, {"interval": "step"}):
+        result, said = outcome(lambda entry=entry: core._configure_schedulers_automatic_opt([dict(entry)], None))
+        seen.append((configs(result) if isinstance(result, list) else result, said))
+    seen.append(outcome(lambda: configs(core._configure_schedulers_automatic_opt([plateau], "val_loss"))))
+    seen.append(outcome(lambda: configs(core._configure_schedulers_manual_opt(
+        [{"scheduler": plateau, "monitor": "x", "strict": False, "interval": "step"}]))))
+    return seen
+
+
+def test_lightning_private_optimizer_helpers_as_lightning():
+    """_init_optimizers_and_lr_schedulers / _configure_optimizers / _configure_schedulers_automatic_opt /
+    _configure_schedulers_manual_opt (tasktrain.core.optimizer) give Lightning's results, warnings and errors for
+    every return form, automatic and manual."""
+    import lightning.pytorch.core.optimizer as their_core
+
+    import tasktrain.core.optimizer as our_core
+
+    ours_seen = _private_helpers_seen(tasktrain, ours, our_core)
+    theirs_seen = _private_helpers_seen(pl, theirs, their_core)
+    assert len(ours_seen) == len(theirs_seen)
+    for a, b in zip(ours_seen, theirs_seen):
+        assert a == b
+    assert ours_seen[2] == (False, (["Adam"], [("StepLR", "epoch", 1, False, None, True, None)]), [])
+    assert ours_seen[1][1][0] == "RuntimeError"  # two optimizers under automatic optimisation
+
+
+class _Forgetful:  # optimizer_step neither steps nor runs the closure
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+        pass
+
+
+class _BackwardInAutomatic:  # manual_backward under automatic optimisation
+    def training_step(self, batch, batch_idx):
+        loss = self.step(batch)
+        self.manual_backward(loss)
+        return loss
+
+
+class _ClipAlgorithmUnknown:  # clip_gradients with an algorithm nobody has (no value: still checked)
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, gradient_clip_algorithm="foo")
+
+
+class _ClipValueNotANumber:
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, gradient_clip_val="0.5")
+
+
+class _ClipArguments:  # what configure_gradient_clipping receives, and the Trainer's attribute
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.seen = (gradient_clip_val, type(gradient_clip_algorithm).__name__, str(gradient_clip_algorithm),
+                     gradient_clip_algorithm == "VALUE", type(self.trainer.gradient_clip_algorithm).__name__)
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
+
+
+@pytest.mark.parametrize("mixin,trainer_args", [
+    (_Forgetful, {}), (_BackwardInAutomatic, {}), (_ClipAlgorithmUnknown, {}), (_ClipValueNotANumber, {}),
+    (_ClipArguments, dict(gradient_clip_val=0.5, gradient_clip_algorithm="Value")),
+])
+def test_optimization_hook_mistakes_and_arguments_as_lightning(mixin, trainer_args):
+    """A module's optimization hooks used wrongly: Lightning's exception type and words (ours may add a hint in
+    parentheses); used rightly: the arguments Lightning gives (the clipping algorithm as its enum)."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        model = type("Model", (mixin, classes.BoringModel), {})()
+        trainer = lib.Trainer(max_steps=2, limit_val_batches=0, logger=False, **QUIET, **trainer_args)
+        try:
+            trainer.fit(model)
+            seen[lib.__name__] = getattr(model, "seen", None), trainer.global_step
+        except Exception as err:  # noqa: BLE001 (the type and Lightning's words are compared)
+            seen[lib.__name__] = type(err).__name__, str(err).split(" (")[0]
+    assert seen["tasktrain"] == seen["lightning.pytorch"], seen
+    if mixin is _ClipArguments:  # (the hook ran: the enum, equal to "VALUE" in any case, the Trainer's too)
+        assert seen["tasktrain"] == ((0.5, "GradClipAlgorithmType", "GradClipAlgorithmType.VALUE", True,
+                                      "GradClipAlgorithmType"), 2)
+    else:
+        assert seen["tasktrain"][0] in ("MisconfigurationException", "TypeError")
+
+
+def test_manual_steps_count_only_inside_training_step_as_lightning():
+    """Manual optimisation: an opt.step() in training_step counts in global_step; one in on_train_epoch_end (the
+    gradients the epoch accumulated) steps the weights but is not counted, as in Lightning."""
+    seen = {}
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        class Model(classes.BoringModel):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+                self.steps = []
+
+            def training_step(self, batch, batch_idx):
+                if batch_idx == 0:
+                    self.optimizers().zero_grad()
+                    self.manual_backward(self.step(batch))
+                    self.optimizers().step()  # counted
+                self.manual_backward(self.step(batch))
+
+            def on_train_epoch_end(self):
+                before = self.layer.weight.detach().clone()
+                self.optimizers().step()  # not counted
+                self.optimizers().zero_grad()
+                self.steps.append((self.trainer.global_step, not torch.equal(before, self.layer.weight)))
+
+        model = Model()
+        trainer = lib.Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=0, logger=False, **QUIET)
+        trainer.fit(model)
+        seen[lib.__name__] = model.steps, trainer.global_step
+    assert seen["tasktrain"] == seen["lightning.pytorch"] == ([(1, True), (2, True)], 2), seen

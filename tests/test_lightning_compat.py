@@ -9,6 +9,7 @@ import torch
 
 from helpers import Linear, loader, quiet
 from tasktrain import Callback, DataModule, TaskModule, Trainer
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.utilities import is_overridden
 
 
@@ -603,7 +604,7 @@ def test_optimization_hooks_order_arguments_and_a_step_skipped_by_the_hook():
         def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
             pass  # neither steps nor runs the closure
 
-    with pytest.raises(RuntimeError, match="did not run the closure"):
+    with pytest.raises(MisconfigurationException, match="The closure hasn't been executed.*did not run the closure"):
         Trainer(max_steps=1, **quiet()).fit(Forgetful(), loader(8))
 
 

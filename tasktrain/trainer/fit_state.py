@@ -88,6 +88,9 @@ class FitState:
     # TrainState.batch_phase); restarting: Lightning's fit_loop.restarting
     epoch_phase: Optional[str] = None
     optimizer_step_from: Optional[int] = None  # global_step when the module's optimizer_step began (None: not in it)
+    # manual optimisation: the batch's training_step runs; Lightning counts (global_step) only the steps taken there,
+    # not an opt.step() of another hook (on_train_epoch_end, a callback's on_train_batch_end)
+    in_manual_training_step: bool = False
     zero_grad_phase: Optional[str] = None  # "ready" (on_before_zero_grad), "started" (optimizer_zero_grad), None
     validates_counted_batch: bool = False  # a validation after the batch it follows is in batches_that_stepped
     restarting: bool = False

@@ -323,7 +323,11 @@ def training_step(trainer, fit, batch, batch_idx, window):
             if window.ends_epoch:
                 step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
     else:
-        batch_output = manual_output(fit.training_step(batch, batch_idx))
+        fit.in_manual_training_step = True
+        try:
+            batch_output = manual_output(fit.training_step(batch, batch_idx))
+        finally:
+            fit.in_manual_training_step = False
     fit.epochs.advance(batch_idx)
     state.batch_phase = "processed"
 
@@ -384,10 +388,12 @@ def manual_output(outputs):
 
 
 def closure_not_run(module):
-    raise RuntimeError(
+    raise MisconfigurationException(  # (Lightning's error and words first)
+        "The closure hasn't been executed. HINT: did you call `optimizer_closure()` in your `optimizer_step` hook? It "
+        "could also happen because the `optimizer.step(optimizer_closure)` call did not execute it internally. ("
         f"{type(module).__name__}.optimizer_step did not run the closure it was given: call "
-        "optimizer.step(closure=optimizer_closure) (or optimizer_closure() before deciding not to step), so that "
-        "training_step and backward run.")
+        "optimizer.step(closure=optimizer_closure), or optimizer_closure() before deciding not to step, so that "
+        "training_step and backward run.)")
 
 
 def automatic_step(trainer, fit, optimizer, closure, kwargs):

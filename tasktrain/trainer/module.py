@@ -600,12 +600,16 @@ class TaskModule(torch.nn.Module):
                 raise MisconfigurationException(
                     f"You have set `Trainer(gradient_clip_algorithm={trainer_algorithm.lower()!r})` and have passed "
                     f"`clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) Please use only one of them.")
-        value = gradient_clip_val if gradient_clip_val is not None else trainer.gradient_clip_val
+        value = gradient_clip_val if gradient_clip_val is not None else (trainer.gradient_clip_val or 0.0)
         algorithm = (gradient_clip_algorithm or trainer_algorithm or "norm").lower()
+        # Lightning's checks (its words), before a value of 0 makes the call a no-op
+        if not isinstance(value, (int, float)):
+            raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {value}.")
+        if algorithm not in ("norm", "value"):
+            raise MisconfigurationException(f"`gradient_clip_algorithm` {algorithm} is invalid. Allowed algorithms: "
+                                            "['value', 'norm'].")
         if not value:
             return None
-        if algorithm not in ("norm", "value"):
-            raise ValueError(f"clip_gradients(gradient_clip_algorithm={algorithm!r}): use 'norm' or 'value'.")
         optimizer = getattr(optimizer, "optimizer", optimizer)
         if algorithm == "norm":
             return trainer.strategy.clip_gradients(optimizer, max_norm=float(value))
@@ -619,6 +623,11 @@ class TaskModule(torch.nn.Module):
 
     def manual_backward(self, loss, *args, **kwargs):
         trainer = self.trainer
+        if self.automatic_optimization:  # the loop runs the backward of what training_step returns (Lightning's error)
+            raise MisconfigurationException(
+                "to use manual_backward, please disable automatic optimization: set model property "
+                "`automatic_optimization` as False (set `self.automatic_optimization = False` in __init__ and step "
+                "the optimizers in training_step, or return the loss and let the Trainer run its backward)")
         trainer._call("on_before_backward", loss)
         if hook_is_called("backward", self, TaskModule):  # Lightning's: through the module's backward
             trainer.strategy.backward(loss, *args, backward_fn=self.backward, **kwargs)

@@ -30,6 +30,8 @@ class SchedulerConfig:
 
 
 def parse_optimizers(module):
+    """configure_optimizers' result as (optimizers, scheduler configs), checked as Lightning checks it (Lightning's
+    `_init_optimizers_and_lr_schedulers`)."""
     with hook_scope(module._trainer, "configure_optimizers"):  # (named for self.log, which refuses it there)
         result = module.configure_optimizers()
     where = f"{type(module).__name__}.configure_optimizers()"
@@ -41,25 +43,8 @@ def parse_optimizers(module):
         warnings.warn("`LightningModule.configure_optimizers` returned `None`, this fit will run with no optimizer",
                       UserWarning, stacklevel=2)
         result = _NoOptimizer()
-    optimizers, schedulers = [], []
-    if isinstance(result, torch.optim.Optimizer):
-        optimizers = [result]
-    elif isinstance(result, dict):
-        optimizers, schedulers = _from_dict(result, where, manual, custom_step)
-    elif isinstance(result, (list, tuple)) and len(result) == 2 and isinstance(result[0], (list, tuple)):
-        optimizers = list(result[0])
-        schedulers = [_scheduler_config(s, where, manual, custom_step)
-                      for s in (result[1] if isinstance(result[1], (list, tuple)) else [result[1]])]
-    elif isinstance(result, (list, tuple)) and result and all(isinstance(d, dict) for d in result):
-        for d in result:
-            opts, scheds = _from_dict(d, where, manual, custom_step)
-            optimizers += opts
-            schedulers += scheds
-    elif isinstance(result, (list, tuple)):
-        optimizers = list(result)
-    else:
-        raise MisconfigurationException(f"Unknown configuration for model optimizers. {where} returned a "
-                                        f"{type(result).__name__}. It must return {_FORMS}.")
+    optimizers, items = _split_forms(result, where)
+    schedulers = [_scheduler_config(item, where, manual) for item in items]
     if not optimizers:
         raise ValueError(f"{where} returned no optimizer. It must return {_FORMS}.")
     for opt in optimizers:
@@ -67,6 +52,13 @@ def parse_optimizers(module):
             raise MisconfigurationException(f"Unknown configuration for model optimizers. {where} returned "
                                             f"{type(opt).__name__} where an optimizer was expected. It must return "
                                             f"{_FORMS}.")
+    if not manual and len(optimizers) > 1:
+        raise RuntimeError(  # (Lightning's error and words first)
+            "Training with multiple optimizers is only supported with manual optimization. Set "
+            "`self.automatic_optimization = False`, then access your optimizers in `training_step` with "
+            f"`opt1, opt2, ... = self.optimizers()`. ({where} returned {len(optimizers)} optimizers: automatic "
+            "optimisation steps one; step them yourself with self.manual_backward(loss).)"
+        )
     for config in schedulers:
         owned = any(getattr(config.scheduler, "optimizer", None) is opt for opt in optimizers)
         if not owned:
@@ -74,7 +66,58 @@ def parse_optimizers(module):
                 "Some schedulers are attached with an optimizer that wasn't returned from `configure_optimizers`. "
                 f"({where}: the scheduler {type(config.scheduler).__name__} does not belong to any of the returned "
                 "optimizers; build it on one of them.)")
+    for config in schedulers:
+        _check_scheduler_api(config, where, manual, custom_step)
     return optimizers, schedulers
+
+
+def _split_forms(result, where):
+    """The optimizers and the scheduler entries (a scheduler, or its dict) of one configure_optimizers return form;
+    a dict's top-level `monitor` goes into its bare scheduler's entry."""
+    optimizers, items = [], []
+    if isinstance(result, torch.optim.Optimizer):
+        optimizers = [result]
+    elif isinstance(result, dict):
+        optimizers, items = _from_dict(result, where)
+    elif isinstance(result, (list, tuple)) and len(result) == 2 and isinstance(result[0], (list, tuple)):
+        optimizers = list(result[0])
+        items = list(result[1]) if isinstance(result[1], (list, tuple)) else [result[1]]
+    elif isinstance(result, (list, tuple)) and result and all(isinstance(d, dict) for d in result):
+        for d in result:
+            opts, scheds = _from_dict(d, where)
+            optimizers += opts
+            items += scheds
+    elif isinstance(result, (list, tuple)):
+        optimizers = list(result)
+    else:
+        raise MisconfigurationException(f"Unknown configuration for model optimizers. {where} returned a "
+                                        f"{type(result).__name__}. It must return {_FORMS}.")
+    return optimizers, items
+
+
+# Lightning's private helpers under their names (lightning.pytorch.core.optimizer; scripts and Lightning's own tests
+# call them): the same checks as a fit's, from the functions above
+def _init_optimizers_and_lr_schedulers(model):
+    """Calls `model.configure_optimizers()`: (optimizers, scheduler configs), checked as at a fit's start."""
+    return parse_optimizers(model)
+
+
+def _configure_optimizers(optim_conf):
+    """(optimizers, scheduler entries, monitor) of a configure_optimizers return value. Lightning returns a single
+    dict's `monitor` apart; here it is already in its bare scheduler's entry, so the monitor returned is None."""
+    optimizers, items = _split_forms(optim_conf, "configure_optimizers()")
+    return optimizers, items, None
+
+
+def _configure_schedulers_automatic_opt(schedulers, monitor):
+    """The scheduler entries as configs, automatic optimisation's checks (the API checks come later, at the fit)."""
+    return [_scheduler_config({"scheduler": s, "monitor": monitor} if monitor is not None and not isinstance(s, dict)
+                              else s, "configure_optimizers()") for s in schedulers]
+
+
+def _configure_schedulers_manual_opt(schedulers):
+    """The scheduler entries as configs, manual optimisation's rules (monitor / strict ignored, with a warning)."""
+    return [_scheduler_config(s, "configure_optimizers()", manual=True) for s in schedulers]
 
 
 class _NoOptimizer(torch.optim.Optimizer):
@@ -94,22 +137,25 @@ def _overrides_lr_scheduler_step(module):
     return is_overridden("lr_scheduler_step", module, TaskModule)
 
 
-def _from_dict(d, where, manual=False, custom_step=False):
-    unknown = set(d) - {"optimizer", "lr_scheduler", "monitor", "frequency"}
+def _from_dict(d, where):
+    # Lightning 2's keys; its 1.x optimizer "frequency" is gone there too (said and left out, as Lightning does)
+    unknown = set(d) - {"optimizer", "lr_scheduler", "monitor"}
     if "optimizer" not in d:
         raise ValueError(f"{where} returned a dict that has no 'optimizer' key. It must return {_FORMS}.")
     if unknown:  # Lightning's: said and left out
-        warnings.warn(f"Found unsupported keys in the optimizer configuration: {unknown}", RuntimeWarning, stacklevel=3)
-    schedulers = []
+        warnings.warn(f"Found unsupported keys in the optimizer configuration: {unknown}", RuntimeWarning, stacklevel=4)
+    items = []
     if d.get("lr_scheduler") is not None:
         sched = d["lr_scheduler"]
         if not isinstance(sched, dict) and "monitor" in d:
             sched = {"scheduler": sched, "monitor": d["monitor"]}
-        schedulers.append(_scheduler_config(sched, where, manual, custom_step))
-    return [d["optimizer"]], schedulers
+        items.append(sched)
+    return [d["optimizer"]], items
 
 
-def _scheduler_config(item, where, manual=False, custom_step=False):
+def _scheduler_config(item, where, manual=False):
+    """One scheduler entry as a SchedulerConfig, with Lightning's checks of the entry (the scheduler object's API is
+    checked apart, by _check_scheduler_api, as Lightning does once every entry is read)."""
     if isinstance(item, dict):
         unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau"}
         if unknown and not manual and "scheduler" in item:  # Lightning's: said and left out
@@ -118,11 +164,11 @@ def _scheduler_config(item, where, manual=False, custom_step=False):
             item, unknown = {k: v for k, v in item.items() if k not in unknown}, set()
         if "scheduler" not in item or unknown:
             problem = "has no 'scheduler' key" if "scheduler" not in item else f"has unknown keys {sorted(unknown)}"
-            lightning = ('The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler. '
-                         if "scheduler" not in item else "")
-            raise MisconfigurationException(
-                f"{lightning}{where}: the 'lr_scheduler' dict {problem}. Expected keys: scheduler, interval "
-                "('step' or 'epoch'), frequency, monitor, strict, name, reduce_on_plateau.")
+            detail = (f"{where}: the 'lr_scheduler' dict {problem}. Expected keys: scheduler, interval ('step' or "
+                      "'epoch'), frequency, monitor, strict, name, reduce_on_plateau.")
+            raise MisconfigurationException(  # (Lightning's words first, where it has some)
+                f'The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler ({detail})'
+                if "scheduler" not in item else detail)
         if manual:
             ignored = [k for k in item if k in ("monitor", "strict")]
             if ignored:  # (Lightning's words)
@@ -133,10 +179,6 @@ def _scheduler_config(item, where, manual=False, custom_step=False):
         config = SchedulerConfig(**item)
     else:
         config = SchedulerConfig(scheduler=item)
-    if not (callable(getattr(config.scheduler, "state_dict", None))
-            and callable(getattr(config.scheduler, "load_state_dict", None))):  # (Lightning's words)
-        raise TypeError(f"The provided lr scheduler `{type(config.scheduler).__name__}` is invalid. It should have "
-                        "`state_dict` and `load_state_dict` methods defined.")
     if manual:  # (the interval is kept: LearningRateMonitor reads it)
         return config
     if isinstance(config.scheduler, torch.optim.lr_scheduler.OneCycleLR) and config.interval == "epoch":
@@ -146,22 +188,34 @@ def _scheduler_config(item, where, manual=False, custom_step=False):
         config.reduce_on_plateau = isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     if config.interval not in ("step", "epoch"):
         raise MisconfigurationException(f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is '
-                                        f'"{config.interval}". ({where})')
+                                        f'"{config.interval}" ({where})')
     if int(config.frequency) < 1:
         raise ValueError(f"{where}: lr_scheduler frequency={config.frequency}; use a positive integer.")
-    if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and not config.monitor:
-        raise MisconfigurationException(
-            "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used. "
-            f"(ReduceLROnPlateau needs a metric to watch: {where}: return "
-            "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}.)")
-    if not custom_step and not isinstance(config.scheduler, (torch.optim.lr_scheduler.LRScheduler,
-                                                             torch.optim.lr_scheduler.ReduceLROnPlateau)):
+    if config.reduce_on_plateau and not config.monitor:  # (a dict's reduce_on_plateau=True too, as Lightning)
+        lightning = ('The lr scheduler dict must include a monitor when a `ReduceLROnPlateau` scheduler is used. '
+                     'For example: {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": '
+                     '"your_loss"}}' if isinstance(item, dict) else
+                     "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used. "
+                     'For example: {"optimizer": optimizer, "lr_scheduler": scheduler, "monitor": "metric_to_track"}')
+        raise MisconfigurationException(f"{lightning} (ReduceLROnPlateau needs a metric to watch: {where}.)")
+    return config
+
+
+def _check_scheduler_api(config, where, manual, custom_step):
+    """Lightning's scheduler API checks: a state_dict always; in automatic optimisation a torch scheduler's step
+    unless the module steps it in lr_scheduler_step."""
+    if not (callable(getattr(config.scheduler, "state_dict", None))
+            and callable(getattr(config.scheduler, "load_state_dict", None))):  # (Lightning's words)
+        raise TypeError(f"The provided lr scheduler `{type(config.scheduler).__name__}` is invalid. It should have "
+                        "`state_dict` and `load_state_dict` methods defined.")
+    torch_api = isinstance(config.scheduler, (torch.optim.lr_scheduler.LRScheduler,
+                                              torch.optim.lr_scheduler.ReduceLROnPlateau))
+    if not manual and not custom_step and not torch_api:
         # (Lightning's words first)
         raise MisconfigurationException(
             f"The provided lr scheduler `{type(config.scheduler).__name__}` doesn't follow PyTorch's LRScheduler API. "
             "You should override the `LightningModule.lr_scheduler_step` hook with your own logic if you are using a "
             f"custom LR scheduler. ({where})")
-    return config
 
 
 def do_nothing_closure():
@@ -274,7 +328,8 @@ def lightning_optimizers(trainer):
 def manual_step(trainer, optimizer, closure, kwargs):
     """optimizer.step(closure, **kwargs) in manual optimisation (Lightning's order): the closure (it computes the
     gradients), on_before_optimizer_step, the clipping of Trainer(gradient_clip_val=...) and GradientClipping
-    callbacks, the strategy's step; then global_step counts it. Where the strategy takes closures (32-bit) the
+    callbacks, the strategy's step; then global_step counts it, where the batch's training_step took it (Lightning's
+    rule: a step in another hook is not counted). Where the strategy takes closures (32-bit) the
     closure goes into the optimizer's step, which may call it several times (LBFGS)."""
     torch_optimizer = optimizer._optimizer
     hooks = trainer._all_hooks["on_before_optimizer_step"]
@@ -288,7 +343,8 @@ def manual_step(trainer, optimizer, closure, kwargs):
 
     strategy, fit = trainer.strategy, trainer._fit_state
     strategy.precision.last_step_output = None
-    if fit is not None:  # (Lightning's optim_step_progress: ready from here, completed once counted)
+    counted = fit is not None and fit.in_manual_training_step  # (Lightning's: only a training_step's steps count)
+    if counted:  # (Lightning's optim_step_progress: ready from here, completed once counted)
         fit.optimizer_step_from = trainer.state.global_step
     if strategy.steps_with_closure():
         def wrapped():
@@ -304,7 +360,7 @@ def manual_step(trainer, optimizer, closure, kwargs):
         after_closure()
         strategy.optimizer_step(torch_optimizer, **kwargs)
         output = strategy.precision.last_step_output
-    trainer.state.global_step += 1
-    if fit is not None:
+    if counted:
+        trainer.state.global_step += 1
         fit.optimizer_step_from = None
     return output

@@ -80,3 +80,19 @@ class RunningStage(_StrEnum):
     def dataloader_prefix(self):
         """The loader hook's prefix: "val" for validation and the sanity check, else the value."""
         return "val" if self in (RunningStage.VALIDATING, RunningStage.SANITY_CHECKING) else self.value
+
+
+class GradClipAlgorithmType(_StrEnum):
+    """Trainer(gradient_clip_algorithm=...): "norm" clips the total norm of all gradients, "value" each element
+    (Lightning's enum: what trainer.gradient_clip_algorithm holds and configure_gradient_clipping receives)."""
+
+    VALUE = "value"
+    NORM = "norm"
+
+    @staticmethod
+    def supported_type(val):
+        return any(member.value == val for member in GradClipAlgorithmType)
+
+    @staticmethod
+    def supported_types():
+        return [member.value for member in GradClipAlgorithmType]

@@ -42,6 +42,7 @@ from tasktrain.trainer.run_state import Callbacks
 from tasktrain.trainer.runtime import broadcast_seed, build_runtime
 from tasktrain.trainer.seed import isolate_rng, sampler_seed
 from tasktrain.trainer.state import TrainState
+from tasktrain.trainer.states import GradClipAlgorithmType
 from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
 
@@ -159,6 +160,8 @@ class Trainer:
         self.callbacks = arguments.default_callbacks(
             callbacks, self.default_root_dir, self._loggers, enable_progress_bar, enable_checkpointing,
             self.gradient_clip_val, gradient_clip_algorithm, max_time, enable_model_summary)
+        if gradient_clip_algorithm is not None:  # (checked there) Lightning's enum, what the clipping hooks receive
+            self.gradient_clip_algorithm = GradClipAlgorithmType(gradient_clip_algorithm.lower())
         self.state, self.optimizers, self.lr_scheduler_configs = TrainState(), [], []
         self._module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
         self._given_module = None  # what the last run was given: the module, or torch.compile(module)
@@ -1024,13 +1027,7 @@ def _check_module(module, stage):
 
 
 def _check_optimizers(module, optimizers, accumulate_grad_batches, gradient_clip_val=None):
-    if module.automatic_optimization and len(optimizers) > 1:
-        raise RuntimeError(  # (Lightning's error and words first)
-            "Training with multiple optimizers is only supported with manual optimization. Set "
-            "`self.automatic_optimization = False`, then access your optimizers in `training_step` with "
-            f"`opt1, opt2, ... = self.optimizers()`. (configure_optimizers returned {len(optimizers)} optimizers: "
-            "automatic optimisation steps one; step them yourself with self.manual_backward(loss).)"
-        )
+    # (several optimizers under automatic optimisation: parse_optimizers, where Lightning checks it)
     if not module.automatic_optimization and gradient_clip_val:  # (Lightning's error, its words first)
         raise MisconfigurationException(
             "Automatic gradient clipping is not supported for manual optimization. Remove "
