@@ -529,3 +529,34 @@ def test_requirement_cache_compare_version_module_available_and_the_logo_as_ligh
     assert tasktrain.module_available is ours.module_available and L.module_available("os.path")
     assert isinstance(tasktrain.LIGHTNING_LOGO, str) and tasktrain.LIGHTNING_LOGO.strip()
     assert isinstance(L.LIGHTNING_LOGO, str)
+
+
+def test_requirement_cache_extras_are_lightning_utilities(tmp_path, monkeypatch):
+    """`package[extra]`: lightning_utilities takes the package's Requires-Dist lines that contain the extra's name
+    anywhere (not the `extra ==` marker): "yaml" also takes the line of the "ruamel" extra that names ruamel.yaml,
+    "fast" the line of "fastest"; truth values and messages beside lightning_utilities on a distribution made here."""
+    import lightning_utilities.core.imports as theirs
+
+    from tasktrain.utilities import imports as ours
+
+    info = tmp_path / "tt_fake_extras-1.0.dist-info"
+    info.mkdir()
+    lines = ["packaging; extra == 'gpu'", "packaging>=1; extra == 'yaml'",
+             "tt-not-installed-ruamel.yaml>=1; extra == 'ruamel'", "torch; extra == 'fastest'",
+             "torch>1000; extra == 'old'", "tt-not-installed-xyz; extra == 'all'"]
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tt-fake-extras\nVersion: 1.0\n"
+                                   + "".join(f"Requires-Dist: {line}\n" for line in lines))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = {}
+    for kwargs in [dict(requirement="tt-fake-extras[gpu]"), dict(requirement="tt-fake-extras[yaml]"),
+                   dict(requirement="tt-fake-extras[fast]"), dict(requirement="tt-fake-extras[old]"),
+                   dict(requirement="tt-fake-extras[nothing]"), dict(requirement="tt-fake-extras[gpu,all]"),
+                   dict(requirement="tt-fake-extras[gpu]>=2"), dict(requirement="tt-fake-extras[gpu]>=1"),
+                   dict(requirement="tt-fake-extras[yaml]", module="os.path")]:
+        results = [(bool(cache), str(cache)) for cache in (lib.RequirementCache(**kwargs) for lib in (theirs, ours))]
+        assert results[0] == results[1], kwargs
+        seen[kwargs["requirement"], kwargs.get("module")] = results[1][0]
+    seen = {requirement: value for (requirement, module), value in seen.items() if module is None}
+    # the substring rule at work: a marker-based check would say the opposite for yaml and fast
+    assert seen["tt-fake-extras[gpu]"] and not seen["tt-fake-extras[yaml]"] and seen["tt-fake-extras[fast]"]
+    assert not seen["tt-fake-extras[nothing]"] and not seen["tt-fake-extras[gpu]>=2"]
