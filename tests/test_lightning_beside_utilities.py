@@ -560,3 +560,71 @@ def test_requirement_cache_extras_are_lightning_utilities(tmp_path, monkeypatch)
     # the substring rule at work: a marker-based check would say the opposite for yaml and fast
     assert seen["tt-fake-extras[gpu]"] and not seen["tt-fake-extras[yaml]"] and seen["tt-fake-extras[fast]"]
     assert not seen["tt-fake-extras[nothing]"] and not seen["tt-fake-extras[gpu]>=2"]
+
+
+def test_model_summary_of_a_module_runs_its_example_input_as_lightnings():
+    """`utilities.model_summary.ModelSummary(model)` and `summarize` run the module's example_input_array as
+    Lightning's do: through its batch hooks (on_before_batch_transfer in the module's mode, transfer_batch_to_device
+    to its device, on_after_batch_transfer, dataloader_idx 0), then one forward in eval mode without gradients, under
+    the attached trainer's precision (bf16-mixed: autocast; its warning and bits for the size). The tables (In / Out
+    sizes, "?" for a layer the forward skips, FLOPs, no size columns without an example) and the hook calls are
+    compared."""
+    def case(root, Module):
+        summaries = root.utilities.model_summary
+        log = []
+
+        class Net(Module):
+            def __init__(self, example=True):
+                super().__init__()
+                torch.manual_seed(0)
+                self.encoder = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU())
+                self.head = torch.nn.Linear(6, 1)
+                self.unused = torch.nn.Linear(3, 3)  # ("?" sizes)
+                if example:
+                    self.example_input_array = {"x": torch.zeros(5, 7)}
+
+            def forward(self, x):
+                log.append(("forward", self.training, torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")))
+                return self.head(self.encoder(x))
+
+            def predict_step(self, batch, batch_idx):
+                return self(**batch)
+
+            def on_before_batch_transfer(self, batch, dataloader_idx):
+                log.append(("before", dataloader_idx, self.training))
+                return {"x": batch["x"][:, :4]}  # (the sizes show the hook ran)
+
+            def transfer_batch_to_device(self, batch, device, dataloader_idx):
+                log.append(("transfer", str(device), dataloader_idx))
+                return {k: v.to(device) for k, v in batch.items()}
+
+            def on_after_batch_transfer(self, batch, dataloader_idx):
+                log.append(("after", dataloader_idx))
+                return batch
+
+        out = []
+        for depth in (1, 2, 0):
+            summary = summaries.ModelSummary(Net(), max_depth=depth)
+            out.append((str(summary), summary.in_sizes, summary.out_sizes, summary.total_flops))
+        summary = summaries.ModelSummary(Net(example=False))
+        out.append((str(summary), summary.in_sizes, summary.out_sizes))
+        out.append(str(summaries.summarize(Net(), max_depth=2)))
+        net = Net()
+        trainer = root.Trainer(precision="bf16-mixed", accelerator="cpu", devices=1, logger=False,
+                               enable_progress_bar=False)
+        # (Lightning's batch hooks need a trainer that ran: its data hook selector)
+        trainer.predict(net, torch.utils.data.DataLoader([{"x": torch.zeros(7)}] * 2, batch_size=2))
+        log.append("attached")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summary = summaries.ModelSummary(net)
+        out.append((str(summary), summary.model_size, [str(w.message) for w in caught if "summary" in str(w.message)]))
+        return out, log
+
+    theirs, ours = case(L, L.LightningModule), case(tasktrain, tasktrain.TaskModule)
+    assert ours == theirs
+    out, log = ours
+    assert out[0][1] == [[5, 4], [5, 6], "?"] and out[0][2] == [[5, 6], [5, 1], "?"] and out[0][3] > 0
+    assert "In sizes" not in out[3][0] and out[3][1] == ["?", "?", "?"]
+    assert log[:4] == [("before", 0, True), ("transfer", "cpu", 0), ("after", 0), ("forward", False, False, False)]
+    assert log[-1] == ("forward", False, False, True) and len(out[-1][2]) == 1  # autocast; the precision warning
