@@ -510,3 +510,53 @@ def test_under_a_distributed_strategy_of_one_process_the_lr_sweep_runs_and_the_b
     assert found[2] == ("ValueError", "Tuning the batch size is currently not supported with distributed strategies.")
     assert found[3] == ("MisconfigurationException", "The Batch size finder is not supported with distributed "
                                                      "strategies.")
+
+
+@pytest.mark.parametrize("num_training,threshold,max_epochs", [
+    (40, 4.0, 1000),  # diverges: stopped early, the bar closed where it stopped
+    (25, None, 1000),  # the whole sweep: no line
+    (60, None, 1),  # the loader ends first (32 steps): Lightning's line says so too, in its words
+    (6, None, 1000),  # too few points for a suggestion: Lightning's error, the rate left as it was
+])
+def test_lr_find_says_what_lightning_says_on_its_channels(num_training, threshold, max_epochs, capfd):
+    """The sweep's "Finding best initial lr" tqdm bar on stderr (with the Trainer's bar off), and the finder's log
+    records (logger, level, text): "LR finder stopped early after N steps due to diverging loss.", "Failed to compute
+    suggestion ...", "Learning rate set to ..."; the same under both frameworks."""
+    import re
+
+    def run(framework):
+        Trainer, _, _, Tuner = FRAMEWORKS[framework]
+        name = {"lightning": "lightning.pytorch.tuner.lr_finder", "tasktrain": "tasktrain.tuner.lr_finder"}[framework]
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger(name)
+        level = logger.level
+        logger.addHandler(handler)
+        try:
+            module = _module(framework)
+            trainer = Trainer(max_epochs=max_epochs, **QUIET)
+            torch.manual_seed(3)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                logging.getLogger("lightning.pytorch").setLevel(logging.INFO)  # (_run's ERROR would hide them)
+                logger.setLevel(logging.INFO)
+                Tuner(trainer).lr_find(module, min_lr=1e-4, max_lr=10.0, num_training=num_training,
+                                       early_stop_threshold=threshold)
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        err = capfd.readouterr().err
+        bars = re.findall(r"Finding best initial lr: +\d+%\|[^|]*\| (\d+)/(\d+)", err)
+        return ([(r.levelname, r.getMessage()) for r in records], err.count("Finding best initial lr:   0%"),
+                bars[-1] if bars else None)
+
+    theirs, ours = run("lightning"), run("tasktrain")
+    assert ours == theirs
+    messages = [text for _, text in ours[0]]
+    assert ours[1] == 1 and ours[2][1] == str(num_training)
+    if threshold is not None or max_epochs == 1:
+        assert messages[0].startswith("LR finder stopped early after ") and int(ours[2][0]) < num_training
+    else:
+        assert not any("stopped early" in text for text in messages)
+    assert (ours[0][-1][0] == "ERROR") == (num_training == 6)

@@ -25,6 +25,7 @@ from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies.base import MultiProcess
 from tasktrain.trainer.seed import isolate_rng
 from tasktrain.tuner import batch_size_scaling
+from tasktrain.tuner.lr_finder import log as lr_finder_log
 from tasktrain.tuner.lr_finder import lr_attr_name, lr_find, set_attr
 
 _METHODS = ("fit", "validate", "test", "predict")
@@ -100,16 +101,13 @@ def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     with isolate_rng(), tuning:
         finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold)
     if name is not None:
-        lr = finder.suggestion()
-        if lr is None:
-            print("[tasktrain] lr_find: too few finite losses for a suggestion; the learning rate is unchanged "
-                  "(raise num_training or lower max_lr).", flush=True)
-        else:
+        lr = finder.suggestion()  # (None: it logged Lightning's error; the rate is left as it was)
+        if lr is not None:
             set_attr(model, name, lr)
             for optimizer in trainer.optimizers or []:  # (inside a fit: the run goes on at the suggested rate)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-            print(f"[tasktrain] lr_find: learning rate set to {lr:.3g} ({type(model).__name__}.{name})", flush=True)
+            lr_finder_log.info(f"Learning rate set to {lr}")
     return finder
 
 
