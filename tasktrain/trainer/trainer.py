@@ -195,6 +195,7 @@ class Trainer:
         self._loader_data = None  # the TrainData being trained (a StatefulDataLoader's state is checkpointed)
         self.train_dataloader = None  # Lightning's: the loaders of the run in progress (or the last), set as requested
         self._test_loaders = self._predict_loaders = None  # (evaluation.run_evaluation)
+        self._loader_views = {}  # each stage's loaders in the structure they were given (trainer.val_dataloaders, ...)
         self._val_loader = self._pending_val = None  # _pending_val: the fit's loader not requested yet (loaders.py)
         self._resumed_from = None
         self._fit_state = None  # the FitState of the fit in progress (fit_state.py)
@@ -429,12 +430,13 @@ class Trainer:
 
     @property
     def test_dataloaders(self):
-        """The test loader(s) of the current (or last) test run, as this rank reads them."""
-        return _one_or_list(self._test_loaders)
+        """The test loader(s) of the current (or last) test run, as this rank reads them, in the structure they were
+        given (Lightning's: a CombinedLoader's iterables, a dict as a dict, a list of one as a list)."""
+        return None if self._test_loaders is None else self._loader_views["test"]
 
     @property
     def predict_dataloaders(self):
-        return _one_or_list(self._predict_loaders)
+        return None if self._predict_loaders is None else self._loader_views["predict"]
 
     @property
     def enable_validation(self):
@@ -822,9 +824,9 @@ class Trainer:
 
     @property
     def val_dataloaders(self):
-        """The validation loader(s) of the fit or validate run, as this rank reads them (a list when there are
-        several)."""
-        return _one_or_list(self._val_loader)
+        """The validation loader(s) of the fit or validate run, as this rank reads them, in the structure they were
+        given (as test_dataloaders)."""
+        return None if self._val_loader is None else self._loader_views["validate"]
 
     # -- the loop's state, read by code outside the loop (tasktrain/trainer/guards.py of issue 38) -------------------
     @property
@@ -1067,11 +1069,3 @@ _RUNNING_STAGE = {"fit": RunningStage.TRAINING, "validate": RunningStage.VALIDAT
 
 def _inf_counts(counts):
     return [float("inf") if count is None else count for count in counts]
-
-
-def _one_or_list(loaders):
-    return loaders[0] if loaders and len(loaders) == 1 else loaders
-
-
-
-
