@@ -641,7 +641,8 @@ class Trainer:
             if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
                 Trainer._announced = True
-            run.prepare_data(self, module)
+            if "prepare_data" not in self._trial_skips:  # (a tuner's trial inside a run: done by the run)
+                run.prepare_data(self, module)
             for logger in self.loggers:  # Lightning reads each logger's experiment here (every rank) so that it
                 if not isinstance(logger, Logger) and hasattr(logger, "experiment"):  # exists before the setup hooks
                     logger.experiment  # (tasktrain's loggers make theirs on rank 0 when first written to)
@@ -650,7 +651,7 @@ class Trainer:
                 if self.datamodule is not None:
                     run.datamodule_call(self, "setup", stage=TrainerFn(stage))
                 self._call("setup", stage=TrainerFn(stage))
-            if is_overridden("configure_model", module, TaskModule):
+            if is_overridden("configure_model", module, TaskModule) and "configure_model" not in self._trial_skips:
                 with hook_scope(self, "configure_model"):  # (named for self.log, which refuses it there)
                     module.configure_model()
             with torch.autograd.set_detect_anomaly(self.detect_anomaly):
@@ -703,11 +704,17 @@ class Trainer:
         ckpt_path = resume.resume_path(self, ckpt_path)  # restarts (issue 29), requeues (issue 40), "best"/"last"
         after_setup = resume.restores_after_setup(strategy)
         loaded = None if after_setup else resume.restore_module_and_callbacks(self, ckpt_path)
-        optimizers, self.lr_scheduler_configs = parse_optimizers(module)
-        _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
-        plan = self._plan(module, loaders.train_data_early(self, strategy))
-        with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
-            _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+        if "configure_optimizers" in self._trial_skips:
+            # a tuner's trial inside a run (tuning._tuning): Lightning's runs its fit loop on what the run's set-up
+            # built, its optimizers and schedulers (a copy of the list: the lr sweep puts its own scheduler there);
+            # configure_optimizers is not called and the strategy sets nothing up again
+            self.lr_scheduler_configs = list(self.lr_scheduler_configs)
+        else:
+            optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+            _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
+            plan = self._plan(module, loaders.train_data_early(self, strategy))
+            with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+                _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)
             self._call("on_fit_start")

@@ -105,14 +105,18 @@ class _Sweep(Callback):
 
             raise MisconfigurationException(f"`model.configure_optimizers()` returned {len(trainer.optimizers)}, but "
                                             "learning rate finder only works with single optimizer")
+        # Lightning's _exchange_scheduler: the optimizer starts at min_lr and the sweep's scheduler, stepped after
+        # each optimizer step (through the module's lr_scheduler_step, as any step scheduler), replaces the fit's
+        # (the trial's list: the caller's is put back after)
+        from tasktrain.trainer.optim import SchedulerConfig
+
+        optimizer = trainer.optimizers[0]
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] = self.min_lr
+        trainer.lr_scheduler_configs[:] = [SchedulerConfig(_SweepLR(optimizer, self), interval="step")]
 
     def _closes_window(self, trainer, batch_idx):
         return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
-
-    def on_before_optimizer_step(self, trainer, module, optimizer):
-        lr = self.rate(trainer.global_step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self._closes_window(trainer, batch_idx):
@@ -139,6 +143,17 @@ class _Sweep(Callback):
         if smoothed < self._best or step == 1:
             self._best = smoothed
         self.losses.append(smoothed)
+
+
+class _SweepLR(torch.optim.lr_scheduler.LRScheduler):
+    """The sweep's rates as a scheduler (Lightning's _ExponentialLR / _LinearLR): after k steps, sweep.rate(k)."""
+
+    def __init__(self, optimizer, sweep):
+        self.sweep = sweep
+        super().__init__(optimizer)
+
+    def get_lr(self):
+        return [self.sweep.rate(self.last_epoch) for _ in self.optimizer.param_groups]
 
 
 def _tqdm():

@@ -250,7 +250,12 @@ class _tuning:
         # Lightning's trials run its fit loop alone (_try_loop_run): no on_fit_start / on_fit_end, and from inside a
         # run none of the set-up and teardown hooks either (its own set-up stands); from the Tuner, the trial is the
         # fit Lightning's Tuner runs, whose setup and teardown hooks run
-        trainer._trial_skips = ("on_fit_start", "on_fit_end") + (("setup", "teardown") if self.in_run else ())
+        # and from inside a run nothing of the run's set-up again (prepare_data, configure_callbacks,
+        # configure_model, configure_optimizers: the trial steps the run's optimizers, put back after); from the
+        # Tuner, the callbacks of configure_callbacks are not the trial's (Lightning's trial has its own alone)
+        trainer._trial_skips = ("on_fit_start", "on_fit_end") + (
+            ("setup", "teardown", "prepare_data", "configure_callbacks", "configure_model", "configure_optimizers")
+            if self.in_run else ("module_callbacks",))
         return self
 
     def __exit__(self, *exc):
