@@ -182,6 +182,8 @@ class Trainer:
         # Hooks a tuner's trial run does not call (tuning._tuning sets them): Lightning's trials run its fit loop
         # alone, without on_fit_start / on_fit_end, and from inside a run without the set-up and teardown hooks
         self._trial_skips = ()
+        # a finder's (tuning._tuning): the callbacks of the run it searches from, and the checkpoint dict it "saved"
+        self._trial_callbacks = self._trial_checkpoint = None
         self._predict_none_warned = False  # Lightning warns once per Trainer (its loop's cache) when predict_step returns None
         self._reset_run_state()
 
@@ -718,6 +720,8 @@ class Trainer:
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)
             self._call("on_fit_start")
+        elif self._trial_checkpoint is None:  # the Tuner's first trial: where Lightning's finder saves its checkpoint
+            self._trial_checkpoint = resume.trial_save(self)
         if after_setup:
             loaded = resume.restore_module_and_callbacks(self, ckpt_path)
         if loaded is not None:

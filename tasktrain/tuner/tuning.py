@@ -23,6 +23,7 @@ import warnings
 
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies.base import MultiProcess
+from tasktrain.trainer import resume
 from tasktrain.trainer.seed import isolate_rng
 from tasktrain.tuner import batch_size_scaling
 from tasktrain.tuner.lr_finder import log as lr_finder_log
@@ -99,7 +100,8 @@ def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     tuning = _tuning(trainer, model, "lr_find")
     name = lr_attr_name(model, attr_name) if update_attr else None
     with isolate_rng(), tuning:
-        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold)
+        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold,
+                         from_tuner=not tuning.in_run)
     if name is not None:
         lr = finder.suggestion()  # (None: it logged Lightning's error; the rate is left as it was)
         if lr is not None:
@@ -243,6 +245,10 @@ class _tuning:
         self.optimizers = [(o, copy.deepcopy(o.state_dict())) for o in (trainer.optimizers or [])]
         self.schedulers = [(c.scheduler, copy.deepcopy(c.scheduler.state_dict()))
                            for c in (getattr(trainer, "lr_scheduler_configs", None) or [])]
+        # Lightning's finders save the run to a checkpoint and restore it after: its hooks run here too (resume.py:
+        # trial_save, from inside a run now, from the Tuner at its first trial's start; trial_restored at the end)
+        trainer._trial_callbacks = self.callbacks
+        trainer._trial_checkpoint = resume.trial_save(trainer) if self.in_run else None
         trainer.callbacks = []
         trainer._loggers = []  # (loggers that are not callbacks too)
         trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
@@ -260,6 +266,7 @@ class _tuning:
 
     def __exit__(self, *exc):
         trainer, strategy = self.trainer, self.trainer.strategy
+        checkpoint = trainer._trial_checkpoint
         trainer.__dict__.clear()
         trainer.__dict__.update(self.attributes)
         trainer.callbacks[:] = self.callbacks  # (the same list object, its items as they were)
@@ -275,6 +282,8 @@ class _tuning:
         for scheduler, state in self.schedulers:
             scheduler.load_state_dict(state)
         self.model.trainer = trainer
+        if checkpoint is not None:  # (Lightning restores in a `finally`: after a failed trial too)
+            resume.trial_restored(trainer, self.model, checkpoint)
         return False
 
 
