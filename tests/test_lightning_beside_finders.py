@@ -635,3 +635,24 @@ def test_the_sweep_calls_the_set_up_and_checkpoint_hooks_as_often_as_lightning(p
     assert len(rates) == 12 and seen["configure_optimizers"] == seen["configure_model"] == seen["prepare_data"] == 1
     assert seen["on_save_checkpoint"] == seen["on_load_checkpoint"] == seen["callback.load_state_dict"] == 1
     assert seen["lr_scheduler_step"] == 12 + 2 * (path == "callback") and seen["train_dataloader"] == 2
+
+
+@pytest.mark.parametrize("path", ["tuner", "callback"])
+def test_the_sweep_clips_with_the_trainers_gradient_clip_val_as_lightning(path):
+    """Trainer(gradient_clip_val=...) clips during the sweep too (Lightning's trial keeps the Trainer's clipping; here
+    it is a callback, kept when the others are set aside): the same smoothed losses, which without clipping blow
+    up at the high rates."""
+    def case(Trainer, Module, callbacks, Tuner):
+        module = _module("lightning" if Trainer is L.Trainer else "tasktrain")
+        arguments = dict(min_lr=1e-4, max_lr=10.0, early_stop_threshold=None)
+        if path == "tuner":
+            trainer = Trainer(max_epochs=1, gradient_clip_val=0.001, **QUIET)
+            finder = Tuner(trainer).lr_find(module, num_training=20, **arguments)
+        else:
+            callback = callbacks.LearningRateFinder(num_training_steps=20, **arguments)
+            Trainer(max_epochs=1, gradient_clip_val=0.001, callbacks=[callback], **QUIET).fit(module)
+            finder = callback.optimal_lr
+        return [round(loss, 5) for loss in finder.results["loss"]]
+
+    losses = _both(case)
+    assert len(losses) == 20 and max(losses[-5:]) < 100  # (unclipped, the last losses pass 1e5)

@@ -213,7 +213,7 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
         raise ValueError(f"lr_find(num_training={num_training!r}): use at least 2 steps.")
     sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
     sweep.requests_train_again = from_tuner
-    trainer.callbacks = [sweep]
+    trainer.callbacks = [sweep] + trainer.callbacks  # (what tuning._tuning kept: the Trainer's gradient clipping)
     trainer.max_steps = num_training  # (max_epochs stays the Trainer's: Lightning's; a short loader ends it)
     # Lightning's: validation runs during the sweep where the fit's own would (val_check_interval and
     # check_val_every_n_epoch as set), on at most num_training batches; no sanity check (tuning._tuning)

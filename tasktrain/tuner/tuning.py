@@ -249,7 +249,9 @@ class _tuning:
         # trial_save, from inside a run now, from the Tuner at its first trial's start; trial_restored at the end)
         trainer._trial_callbacks = self.callbacks
         trainer._trial_checkpoint = resume.trial_save(trainer) if self.in_run else None
-        trainer.callbacks = []
+        # (the Trainer's own gradient clipping, gradient_clip_val, stays: a callback here, no callback in Lightning,
+        # whose trials clip)
+        trainer.callbacks = [cb for cb in self.callbacks if getattr(cb, "from_trainer", False)]
         trainer._loggers = []  # (loggers that are not callbacks too)
         trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
         trainer.num_sanity_val_steps = 0
