@@ -628,3 +628,48 @@ def test_model_summary_of_a_module_runs_its_example_input_as_lightnings():
     assert "In sizes" not in out[3][0] and out[3][1] == ["?", "?", "?"]
     assert log[:4] == [("before", 0, True), ("transfer", "cpu", 0), ("after", 0), ("forward", False, False, False)]
     assert log[-1] == ("forward", False, False, True) and len(out[-1][2]) == 1  # autocast; the precision warning
+
+
+def test_the_model_summary_callback_sends_the_example_input_through_the_batch_hooks_as_lightnings():
+    """At fit start the ModelSummary callback's example forward takes the module's batch hooks as a batch does
+    (on_before_batch_transfer, on_after_batch_transfer, dataloader_idx 0; here they cut the input to the layer's
+    width), then the forward in eval mode; the same calls under both frameworks."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def case(root, Module):
+        log = []
+
+        class Net(Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(4, 1)
+                self.example_input_array = torch.zeros(3, 6)
+
+            def forward(self, x):
+                log.append(("forward", tuple(x.shape), self.training))
+                return self.layer(x)
+
+            def training_step(self, batch, batch_idx):
+                return self(batch[0]).sum()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+            def on_before_batch_transfer(self, batch, dataloader_idx):
+                log.append(("before", dataloader_idx))
+                return batch[:, :4] if isinstance(batch, torch.Tensor) else [one[:, :4] for one in batch]
+
+            def on_after_batch_transfer(self, batch, dataloader_idx):
+                log.append(("after", dataloader_idx))
+                return batch
+
+        trainer = root.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                               callbacks=[root.callbacks.ModelSummary(max_depth=1)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Net(), DataLoader(TensorDataset(torch.zeros(2, 6)), batch_size=2))
+        return log
+
+    theirs, ours = case(L, L.LightningModule), case(tasktrain, tasktrain.TaskModule)
+    assert ours == theirs
+    assert ours[:3] == [("before", 0), ("after", 0), ("forward", (3, 4), False)]

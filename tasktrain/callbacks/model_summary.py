@@ -302,7 +302,9 @@ class ModelSummary(Callback):
         input_array = getattr(pl_module, "example_input_array", None)
         forward = None
         if input_array is not None:  # (sharded: every rank runs it, as in Lightning; else rank 0 alone)
-            input_array = strategy.batch_to_device(input_array)
+            # as a batch goes, as Lightning's: through the module's (or the DataModule's) batch hooks, dataloader_idx
+            # 0, to the device (without hooks: the strategy's move and the precision's input cast)
+            input_array = trainer._eval_to_device(input_array, 0)
             forward = _forward_in(strategy)
         params = list(pl_module.parameters())
         partitioned = bool(params) and strategy.device_numel(params[0]) is not None
