@@ -255,6 +255,29 @@ def _example_forward(model, max_depth, input_array=None):
     return {"precision": precision, "input_array": input_array, "forward": forward}
 
 
+def _as_a_batch(trainer, module, batch):
+    """`batch` to the strategy's device as the Trainer moves a batch (dataloader_idx 0): the module's (or the
+    DataModule's) on_before_batch_transfer, transfer_batch_to_device and on_after_batch_transfer where overridden, the
+    strategy's move (and the precision's input cast) in place of a transfer hook that is not."""
+    from tasktrain.trainer.datamodule import DataModule
+    from tasktrain.trainer.module import TaskModule, is_overridden
+
+    def overridden(name):
+        return is_overridden(name, module, TaskModule) or (
+            trainer.datamodule is not None and is_overridden(name, trainer.datamodule, DataModule))
+
+    strategy = trainer.strategy
+    if overridden("on_before_batch_transfer"):
+        batch = _batch_hook(module, trainer, "on_before_batch_transfer", batch, 0)
+    if overridden("transfer_batch_to_device"):
+        batch = _batch_hook(module, trainer, "transfer_batch_to_device", batch, strategy.root_device, 0)
+    else:
+        batch = strategy.batch_to_device(batch)
+    if overridden("on_after_batch_transfer"):
+        batch = _batch_hook(module, trainer, "on_after_batch_transfer", batch, 0)
+    return batch
+
+
 def _batch_hook(model, trainer, name, *args):
     """Lightning's _call_batch_hook: the DataModule's hook where the trainer has one that overrides it, else the
     module's."""
@@ -304,7 +327,7 @@ class ModelSummary(Callback):
         if input_array is not None:  # (sharded: every rank runs it, as in Lightning; else rank 0 alone)
             # as a batch goes, as Lightning's: through the module's (or the DataModule's) batch hooks, dataloader_idx
             # 0, to the device (without hooks: the strategy's move and the precision's input cast)
-            input_array = trainer._eval_to_device(input_array, 0)
+            input_array = _as_a_batch(trainer, pl_module, input_array)
             forward = _forward_in(strategy)
         params = list(pl_module.parameters())
         partitioned = bool(params) and strategy.device_numel(params[0]) is not None
