@@ -342,3 +342,81 @@ def test_a_stateful_inner_loader_resumes_from_its_state(tmp_path):
         # Lightning resumes a StatefulDataLoader from its state too: a's batches are its own (b starts again there)
         again = _fit_stateful("lightning", ckpt_path=str(tmp_path / "l" / f"step={step}.ckpt"))
         assert [row[1]["a"] for row in again[0]] == [row[1]["a"] for row in mine[0]] and again[2] == mine[2], step
+
+
+def _loader_attributes(name, how, given):
+    """trainer.val_dataloaders / test_dataloaders / predict_dataloaders at the run's start hook and after it, as the
+    lengths of the loaders in the structure the attribute has."""
+    lib, base, combined = FRAMEWORKS[name]
+    seen = []
+
+    def shape(value):
+        if isinstance(value, (list, tuple)):
+            return type(value).__name__, [shape(one) for one in value]
+        if isinstance(value, dict):
+            return {key: shape(one) for key, one in value.items()}
+        return "loader", len(value)
+
+    attribute = {"fit": "val_dataloaders", "validate": "val_dataloaders"}.get(how, f"{how}_dataloaders")
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[1]).sum()
+
+        def validation_step(self, batch, batch_idx, *rest):
+            pass
+
+        def test_step(self, batch, batch_idx, *rest):
+            pass
+
+        def predict_step(self, batch, batch_idx, *rest):
+            return 0
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def _record(self):
+            seen.append(shape(getattr(self.trainer, attribute)))
+
+        on_validation_start = on_test_start = on_predict_start = _record
+
+    trainer = lib.Trainer(max_epochs=1, limit_train_batches=1, num_sanity_val_steps=0, enable_checkpointing=False,
+                          **QUIET)
+    loaders = given(combined)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if how == "fit":
+            trainer.fit(Module(), DataLoader(_data(4, 0), batch_size=2), loaders)
+        elif how == "predict":
+            trainer.predict(Module(), loaders)
+        else:
+            getattr(trainer, how)(Module(), loaders, verbose=False)
+    return seen + [shape(getattr(trainer, attribute))]
+
+
+def _loader(n):
+    return DataLoader(_data(n, 0), batch_size=2)
+
+
+@pytest.mark.parametrize("how, given", [
+    ("fit", lambda combined: {"a": _loader(4), "b": [_loader(6), _loader(2)]}),  # a nested dict: the same dict
+    ("validate", lambda combined: combined({"a": _loader(4), "b": [_loader(6)]}, "max_size")),  # its iterables
+    ("test", lambda combined: [_loader(4)]),  # a list of one stays a list
+    ("test", lambda combined: (_loader(4), _loader(6))),  # a tuple a tuple
+    ("predict", lambda combined: combined({"a": _loader(4), "b": _loader(6)}, "sequential")),
+])
+def test_the_evaluation_loaders_attribute_has_the_structure_given_as_lightnings(how, given):
+    """Lightning's trainer.val_dataloaders (test_dataloaders, predict_dataloaders) is its combined loader's
+    `iterables`: the loaders in the structure they were given (a CombinedLoader's iterables in any mode, a dict, a
+    list of one), not a flat list."""
+    theirs, ours = _loader_attributes("lightning", how, given), _loader_attributes("tasktrain", how, given)
+    assert ours == theirs
+    assert ours[0] == ours[-1]
+    if how == "fit":
+        assert ours[0] == {"a": ("loader", 2), "b": ("list", [("loader", 3), ("loader", 1)])}
+    elif how == "test":
+        assert ours[0][0] in ("list", "tuple")

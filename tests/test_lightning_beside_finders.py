@@ -377,8 +377,8 @@ def test_the_sweep_calls_lightnings_hooks_and_validates_as_lightning(path):
     """The sweep runs the fit loop alone, as Lightning's (_try_loop_run): no on_fit_start / on_fit_end, no sanity
     check; validation at each epoch's end with limit_val_batches=num_training; from inside a fit (the callback at
     on_fit_start) no setup / teardown either. The module's hooks, with the counters at each, are Lightning's, as are
-    the sweep's results and the weights after the fit. (Left out of the comparison: the loader and optimizer hooks,
-    which tasktrain's trial calls again, and the counters at the Tuner's teardown, which Lightning reads after its
+    the sweep's results and the weights after the fit. (Left out of this order: the set-up, loader and checkpoint
+    hooks, counted in the next test, and the counters at the Tuner's teardown, which Lightning reads after its
     restore.)"""
     hooks = ["setup", "teardown", "on_fit_start", "on_fit_end", "on_sanity_check_start", "on_train_start",
              "on_train_epoch_start", "on_train_epoch_end", "on_train_batch_start", "on_validation_start",
@@ -510,3 +510,149 @@ def test_under_a_distributed_strategy_of_one_process_the_lr_sweep_runs_and_the_b
     assert found[2] == ("ValueError", "Tuning the batch size is currently not supported with distributed strategies.")
     assert found[3] == ("MisconfigurationException", "The Batch size finder is not supported with distributed "
                                                      "strategies.")
+
+
+@pytest.mark.parametrize("num_training,threshold,max_epochs", [
+    (40, 4.0, 1000),  # diverges: stopped early, the bar closed where it stopped
+    (25, None, 1000),  # the whole sweep: no line
+    (60, None, 1),  # the loader ends first (32 steps): Lightning's line says so too, in its words
+    (6, None, 1000),  # too few points for a suggestion: Lightning's error, the rate left as it was
+])
+def test_lr_find_says_what_lightning_says_on_its_channels(num_training, threshold, max_epochs, capfd):
+    """The sweep's "Finding best initial lr" tqdm bar on stderr (with the Trainer's bar off), and the finder's log
+    records (logger, level, text): "LR finder stopped early after N steps due to diverging loss.", "Failed to compute
+    suggestion ...", "Learning rate set to ..."; the same under both frameworks."""
+    import re
+
+    def run(framework):
+        Trainer, _, _, Tuner = FRAMEWORKS[framework]
+        name = {"lightning": "lightning.pytorch.tuner.lr_finder", "tasktrain": "tasktrain.tuner.lr_finder"}[framework]
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger(name)
+        level = logger.level
+        logger.addHandler(handler)
+        try:
+            module = _module(framework)
+            trainer = Trainer(max_epochs=max_epochs, **QUIET)
+            torch.manual_seed(3)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                logging.getLogger("lightning.pytorch").setLevel(logging.INFO)  # (_run's ERROR would hide them)
+                logger.setLevel(logging.INFO)
+                Tuner(trainer).lr_find(module, min_lr=1e-4, max_lr=10.0, num_training=num_training,
+                                       early_stop_threshold=threshold)
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        err = capfd.readouterr().err
+        bars = re.findall(r"Finding best initial lr: +\d+%\|[^|]*\| (\d+)/(\d+)", err)
+        return ([(r.levelname, r.getMessage()) for r in records], err.count("Finding best initial lr:   0%"),
+                bars[-1] if bars else None)
+
+    theirs, ours = run("lightning"), run("tasktrain")
+    assert ours == theirs
+    messages = [text for _, text in ours[0]]
+    assert ours[1] == 1 and ours[2][1] == str(num_training)
+    if threshold is not None or max_epochs == 1:
+        assert messages[0].startswith("LR finder stopped early after ") and int(ours[2][0]) < num_training
+    else:
+        assert not any("stopped early" in text for text in messages)
+    assert (ours[0][-1][0] == "ERROR") == (num_training == 6)
+
+
+@pytest.mark.parametrize("path", ["tuner", "callback"])
+def test_the_sweep_calls_the_set_up_and_checkpoint_hooks_as_often_as_lightning(path):
+    """How often each hook runs around a sweep, as Lightning's: the sweep reuses what the fit set up (configure_
+    optimizers, configure_model, configure_callbacks, prepare_data once: the callback's sweep inside a fit steps the
+    fit's optimizer), its rates come from a step scheduler the module's lr_scheduler_step steps (the module's own
+    StepLR set aside for the sweep), the run is "saved" and "restored" around it (on_save_checkpoint /
+    on_load_checkpoint of the module and of a callback with state, its state_dict / load_state_dict), and the training
+    loader is requested again after it (Lightning's fit loop sets its data up again), val_dataloader once per loop."""
+    hooks = ["prepare_data", "setup", "teardown", "configure_model", "configure_optimizers", "configure_callbacks",
+             "train_dataloader", "val_dataloader", "on_fit_start", "on_fit_end", "on_train_start", "on_train_end",
+             "on_save_checkpoint", "on_load_checkpoint", "lr_scheduler_step", "optimizer_step"]
+
+    def case(Trainer, Module, callbacks, Tuner):
+        name = "lightning" if Trainer is L.Trainer else "tasktrain"
+        seen = {}
+
+        def count(hook):
+            seen[hook] = seen.get(hook, 0) + 1
+
+        class Kept(callbacks.Callback):
+            def state_dict(self):
+                count("callback.state_dict")
+                return {"kept": 1}
+
+            def load_state_dict(self, state):
+                count("callback.load_state_dict")
+
+            def on_save_checkpoint(self, *args):
+                count("callback.on_save_checkpoint")
+
+            def on_load_checkpoint(self, *args):
+                count("callback.on_load_checkpoint")
+
+        class Recorded(type(_module(name))):
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def val_dataloader(self):
+                return DataLoader(_data(8), batch_size=2)
+
+            def configure_optimizers(self):
+                optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
+                return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)]
+
+        def recorder(hook):
+            own = getattr(Recorded, hook)
+
+            def record(self, *args, **kwargs):
+                count(hook)
+                return own(self, *args, **kwargs)
+            return record
+
+        for hook in hooks:
+            setattr(Recorded, hook, recorder(hook))
+        module = Recorded()
+        module.batch_size = 8  # 8 batches an epoch
+        arguments = dict(min_lr=1e-4, max_lr=1.0, early_stop_threshold=None)
+        if path == "tuner":
+            trainer = Trainer(max_epochs=2, callbacks=[Kept()], **QUIET)
+            finder = Tuner(trainer).lr_find(module, num_training=12, **arguments)
+        else:
+            finder = callbacks.LearningRateFinder(num_training_steps=12, **arguments)
+            trainer = Trainer(max_epochs=2, callbacks=[finder, Kept()], **QUIET)
+            trainer.fit(module)
+            finder = finder.optimal_lr
+        rates = (trainer.optimizers[0].param_groups[0]["lr"], trainer.lr_scheduler_configs[0].scheduler.last_epoch) \
+            if path == "callback" else None
+        return dict(sorted(seen.items())), finder.results["lr"], rates
+
+    seen, rates, after = _both(case)
+    assert len(rates) == 12 and seen["configure_optimizers"] == seen["configure_model"] == seen["prepare_data"] == 1
+    assert seen["on_save_checkpoint"] == seen["on_load_checkpoint"] == seen["callback.load_state_dict"] == 1
+    assert seen["lr_scheduler_step"] == 12 + 2 * (path == "callback") and seen["train_dataloader"] == 2
+
+
+@pytest.mark.parametrize("path", ["tuner", "callback"])
+def test_the_sweep_clips_with_the_trainers_gradient_clip_val_as_lightning(path):
+    """Trainer(gradient_clip_val=...) clips during the sweep too (Lightning's trial keeps the Trainer's clipping; here
+    it is a callback, kept when the others are set aside): the same smoothed losses, which without clipping blow
+    up at the high rates."""
+    def case(Trainer, Module, callbacks, Tuner):
+        module = _module("lightning" if Trainer is L.Trainer else "tasktrain")
+        arguments = dict(min_lr=1e-4, max_lr=10.0, early_stop_threshold=None)
+        if path == "tuner":
+            trainer = Trainer(max_epochs=1, gradient_clip_val=0.001, **QUIET)
+            finder = Tuner(trainer).lr_find(module, num_training=20, **arguments)
+        else:
+            callback = callbacks.LearningRateFinder(num_training_steps=20, **arguments)
+            Trainer(max_epochs=1, gradient_clip_val=0.001, callbacks=[callback], **QUIET).fit(module)
+            finder = callback.optimal_lr
+        return [round(loss, 5) for loss in finder.results["loss"]]
+
+    losses = _both(case)
+    assert len(losses) == 20 and max(losses[-5:]) < 100  # (unclipped, the last losses pass 1e5)

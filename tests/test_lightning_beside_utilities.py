@@ -529,3 +529,147 @@ def test_requirement_cache_compare_version_module_available_and_the_logo_as_ligh
     assert tasktrain.module_available is ours.module_available and L.module_available("os.path")
     assert isinstance(tasktrain.LIGHTNING_LOGO, str) and tasktrain.LIGHTNING_LOGO.strip()
     assert isinstance(L.LIGHTNING_LOGO, str)
+
+
+def test_requirement_cache_extras_are_lightning_utilities(tmp_path, monkeypatch):
+    """`package[extra]`: lightning_utilities takes the package's Requires-Dist lines that contain the extra's name
+    anywhere (not the `extra ==` marker): "yaml" also takes the line of the "ruamel" extra that names ruamel.yaml,
+    "fast" the line of "fastest"; truth values and messages beside lightning_utilities on a distribution made here."""
+    import lightning_utilities.core.imports as theirs
+
+    from tasktrain.utilities import imports as ours
+
+    info = tmp_path / "tt_fake_extras-1.0.dist-info"
+    info.mkdir()
+    lines = ["packaging; extra == 'gpu'", "packaging>=1; extra == 'yaml'",
+             "tt-not-installed-ruamel.yaml>=1; extra == 'ruamel'", "torch; extra == 'fastest'",
+             "torch>1000; extra == 'old'", "tt-not-installed-xyz; extra == 'all'"]
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tt-fake-extras\nVersion: 1.0\n"
+                                   + "".join(f"Requires-Dist: {line}\n" for line in lines))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = {}
+    for kwargs in [dict(requirement="tt-fake-extras[gpu]"), dict(requirement="tt-fake-extras[yaml]"),
+                   dict(requirement="tt-fake-extras[fast]"), dict(requirement="tt-fake-extras[old]"),
+                   dict(requirement="tt-fake-extras[nothing]"), dict(requirement="tt-fake-extras[gpu,all]"),
+                   dict(requirement="tt-fake-extras[gpu]>=2"), dict(requirement="tt-fake-extras[gpu]>=1"),
+                   dict(requirement="tt-fake-extras[yaml]", module="os.path")]:
+        results = [(bool(cache), str(cache)) for cache in (lib.RequirementCache(**kwargs) for lib in (theirs, ours))]
+        assert results[0] == results[1], kwargs
+        seen[kwargs["requirement"], kwargs.get("module")] = results[1][0]
+    seen = {requirement: value for (requirement, module), value in seen.items() if module is None}
+    # the substring rule at work: a marker-based check would say the opposite for yaml and fast
+    assert seen["tt-fake-extras[gpu]"] and not seen["tt-fake-extras[yaml]"] and seen["tt-fake-extras[fast]"]
+    assert not seen["tt-fake-extras[nothing]"] and not seen["tt-fake-extras[gpu]>=2"]
+
+
+def test_model_summary_of_a_module_runs_its_example_input_as_lightnings():
+    """`utilities.model_summary.ModelSummary(model)` and `summarize` run the module's example_input_array as
+    Lightning's do: through its batch hooks (on_before_batch_transfer in the module's mode, transfer_batch_to_device
+    to its device, on_after_batch_transfer, dataloader_idx 0), then one forward in eval mode without gradients, under
+    the attached trainer's precision (bf16-mixed: autocast; its warning and bits for the size). The tables (In / Out
+    sizes, "?" for a layer the forward skips, FLOPs, no size columns without an example) and the hook calls are
+    compared."""
+    def case(root, Module):
+        summaries = root.utilities.model_summary
+        log = []
+
+        class Net(Module):
+            def __init__(self, example=True):
+                super().__init__()
+                torch.manual_seed(0)
+                self.encoder = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU())
+                self.head = torch.nn.Linear(6, 1)
+                self.unused = torch.nn.Linear(3, 3)  # ("?" sizes)
+                if example:
+                    self.example_input_array = {"x": torch.zeros(5, 7)}
+
+            def forward(self, x):
+                log.append(("forward", self.training, torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")))
+                return self.head(self.encoder(x))
+
+            def predict_step(self, batch, batch_idx):
+                return self(**batch)
+
+            def on_before_batch_transfer(self, batch, dataloader_idx):
+                log.append(("before", dataloader_idx, self.training))
+                return {"x": batch["x"][:, :4]}  # (the sizes show the hook ran)
+
+            def transfer_batch_to_device(self, batch, device, dataloader_idx):
+                log.append(("transfer", str(device), dataloader_idx))
+                return {k: v.to(device) for k, v in batch.items()}
+
+            def on_after_batch_transfer(self, batch, dataloader_idx):
+                log.append(("after", dataloader_idx))
+                return batch
+
+        out = []
+        for depth in (1, 2, 0):
+            summary = summaries.ModelSummary(Net(), max_depth=depth)
+            out.append((str(summary), summary.in_sizes, summary.out_sizes, summary.total_flops))
+        summary = summaries.ModelSummary(Net(example=False))
+        out.append((str(summary), summary.in_sizes, summary.out_sizes))
+        out.append(str(summaries.summarize(Net(), max_depth=2)))
+        net = Net()
+        trainer = root.Trainer(precision="bf16-mixed", accelerator="cpu", devices=1, logger=False,
+                               enable_progress_bar=False)
+        # (Lightning's batch hooks need a trainer that ran: its data hook selector)
+        trainer.predict(net, torch.utils.data.DataLoader([{"x": torch.zeros(7)}] * 2, batch_size=2))
+        log.append("attached")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summary = summaries.ModelSummary(net)
+        out.append((str(summary), summary.model_size, [str(w.message) for w in caught if "summary" in str(w.message)]))
+        return out, log
+
+    theirs, ours = case(L, L.LightningModule), case(tasktrain, tasktrain.TaskModule)
+    assert ours == theirs
+    out, log = ours
+    assert out[0][1] == [[5, 4], [5, 6], "?"] and out[0][2] == [[5, 6], [5, 1], "?"] and out[0][3] > 0
+    assert "In sizes" not in out[3][0] and out[3][1] == ["?", "?", "?"]
+    assert log[:4] == [("before", 0, True), ("transfer", "cpu", 0), ("after", 0), ("forward", False, False, False)]
+    assert log[-1] == ("forward", False, False, True) and len(out[-1][2]) == 1  # autocast; the precision warning
+
+
+def test_the_model_summary_callback_sends_the_example_input_through_the_batch_hooks_as_lightnings():
+    """At fit start the ModelSummary callback's example forward takes the module's batch hooks as a batch does
+    (on_before_batch_transfer, on_after_batch_transfer, dataloader_idx 0; here they cut the input to the layer's
+    width), then the forward in eval mode; the same calls under both frameworks."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def case(root, Module):
+        log = []
+
+        class Net(Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(4, 1)
+                self.example_input_array = torch.zeros(3, 6)
+
+            def forward(self, x):
+                log.append(("forward", tuple(x.shape), self.training))
+                return self.layer(x)
+
+            def training_step(self, batch, batch_idx):
+                return self(batch[0]).sum()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+            def on_before_batch_transfer(self, batch, dataloader_idx):
+                log.append(("before", dataloader_idx))
+                return batch[:, :4] if isinstance(batch, torch.Tensor) else [one[:, :4] for one in batch]
+
+            def on_after_batch_transfer(self, batch, dataloader_idx):
+                log.append(("after", dataloader_idx))
+                return batch
+
+        trainer = root.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                               callbacks=[root.callbacks.ModelSummary(max_depth=1)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Net(), DataLoader(TensorDataset(torch.zeros(2, 6)), batch_size=2))
+        return log
+
+    theirs, ours = case(L, L.LightningModule), case(tasktrain, tasktrain.TaskModule)
+    assert ours == theirs
+    assert ours[:3] == [("before", 0), ("after", 0), ("forward", (3, 4), False)]

@@ -206,9 +206,9 @@ class DeepSpeedSummary(Summary):
     it under ZeRO-3)."""
 
     def __init__(self, model, max_depth=1):
-        trainer = getattr(model, "_trainer", None)
-        super().__init__(model, max_depth, numel=_full_numel, input_array=getattr(model, "example_input_array", None),
-                         precision=None if trainer is None else trainer.precision, device_numel=_partition_numel)
+        _check_depth(max_depth)
+        super().__init__(model, max_depth, numel=_full_numel, device_numel=_partition_numel,
+                         **_example_forward(model, max_depth))
 
 
 def _initialized_numel(p):
@@ -223,12 +223,78 @@ def _partition_numel(p):
     return p.partition_numel() if hasattr(p, "partition_numel") else _initialized_numel(p)
 
 
+class ModuleSummary(Summary):
+    """Lightning's `lightning.pytorch.utilities.model_summary.ModelSummary(model, max_depth=1)` (that path's
+    `ModelSummary`): the summary of a module on its own. As Lightning's, when the module sets `example_input_array`
+    one forward pass of it gives the In / Out sizes and the FLOPs (without it: no size columns, FLOPs 0); a layer
+    the forward does not reach shows "?". `input_array=` (tasktrain's) runs that input instead."""
+
+    def __init__(self, model, max_depth=1, input_array=None):
+        _check_depth(max_depth)
+        super().__init__(model, max_depth, **_example_forward(model, max_depth, input_array))
+
+
+def _example_forward(model, max_depth, input_array=None):
+    """Summary's input_array / forward / precision for Lightning's ModelSummary(model): the example input (the
+    module's example_input_array unless given) through the module's batch hooks, as Lightning's
+    _forward_example_input: on_before_batch_transfer, transfer_batch_to_device to the module's device,
+    on_after_batch_transfer (dataloader_idx 0; the attached trainer's DataModule's hook where it overrides one), in the
+    module's own mode; then the forward (eval mode, no gradients) under the attached trainer's precision (its
+    strategy's forward context, its bits for the size). No trainer: no precision context, 32 bits."""
+    trainer = getattr(model, "_trainer", None)
+    precision = None if trainer is None else trainer.precision
+    if input_array is None:
+        input_array = getattr(model, "example_input_array", None)
+    if input_array is None:
+        return {"precision": precision}
+    if hasattr(model, "transfer_batch_to_device"):  # (a TaskModule: its hooks; a plain nn.Module has none)
+        input_array = _batch_hook(model, trainer, "on_before_batch_transfer", input_array, 0)
+        input_array = _batch_hook(model, trainer, "transfer_batch_to_device", input_array, model.device, 0)
+        input_array = _batch_hook(model, trainer, "on_after_batch_transfer", input_array, 0)
+    forward = None if trainer is None else _forward_in(trainer.strategy)
+    return {"precision": precision, "input_array": input_array, "forward": forward}
+
+
+def _as_a_batch(trainer, module, batch):
+    """`batch` to the strategy's device as the Trainer moves a batch (dataloader_idx 0): the module's (or the
+    DataModule's) on_before_batch_transfer, transfer_batch_to_device and on_after_batch_transfer where overridden, the
+    strategy's move (and the precision's input cast) in place of a transfer hook that is not."""
+    from tasktrain.trainer.datamodule import DataModule
+    from tasktrain.trainer.module import TaskModule, is_overridden
+
+    def overridden(name):
+        return is_overridden(name, module, TaskModule) or (
+            trainer.datamodule is not None and is_overridden(name, trainer.datamodule, DataModule))
+
+    strategy = trainer.strategy
+    if overridden("on_before_batch_transfer"):
+        batch = _batch_hook(module, trainer, "on_before_batch_transfer", batch, 0)
+    if overridden("transfer_batch_to_device"):
+        batch = _batch_hook(module, trainer, "transfer_batch_to_device", batch, strategy.root_device, 0)
+    else:
+        batch = strategy.batch_to_device(batch)
+    if overridden("on_after_batch_transfer"):
+        batch = _batch_hook(module, trainer, "on_after_batch_transfer", batch, 0)
+    return batch
+
+
+def _batch_hook(model, trainer, name, *args):
+    """Lightning's _call_batch_hook: the DataModule's hook where the trainer has one that overrides it, else the
+    module's."""
+    datamodule = None if trainer is None else getattr(trainer, "datamodule", None)
+    if datamodule is not None:
+        from tasktrain.trainer.datamodule import DataModule
+        from tasktrain.trainer.module import is_overridden
+
+        if is_overridden(name, datamodule, DataModule):
+            return getattr(datamodule, name)(*args)
+    return getattr(model, name)(*args)
+
+
 def summarize(module, max_depth=1):
-    """The summary of `module` (a TaskModule or any nn.Module), with sizes and FLOPs if it sets
-    example_input_array."""
-    trainer = getattr(module, "_trainer", None)
-    return Summary(module, max_depth, input_array=getattr(module, "example_input_array", None),
-                   precision=None if trainer is None else trainer.precision)
+    """The summary of `module` (a TaskModule or any nn.Module), with sizes and FLOPs if it sets example_input_array
+    (Lightning's summarize: its ModelSummary(module, max_depth))."""
+    return ModuleSummary(module, max_depth)
 
 
 class ModelSummary(Callback):
@@ -259,7 +325,9 @@ class ModelSummary(Callback):
         input_array = getattr(pl_module, "example_input_array", None)
         forward = None
         if input_array is not None:  # (sharded: every rank runs it, as in Lightning; else rank 0 alone)
-            input_array = strategy.batch_to_device(input_array)
+            # as a batch goes, as Lightning's: through the module's (or the DataModule's) batch hooks, dataloader_idx
+            # 0, to the device (without hooks: the strategy's move and the precision's input cast)
+            input_array = _as_a_batch(trainer, pl_module, input_array)
             forward = _forward_in(strategy)
         params = list(pl_module.parameters())
         partitioned = bool(params) and strategy.device_numel(params[0]) is not None

@@ -313,6 +313,18 @@ def combined_eval(loader, prepared):
     return prepared
 
 
+def loaders_view(given, prepared):
+    """Lightning's trainer.val_dataloaders / test_dataloaders / predict_dataloaders (its combined loader's
+    `iterables`): the run's prepared loaders (`prepared`, flat) in the structure they were given. One loader is
+    itself, a list of one a list, a tuple a tuple, a (nested) dict the same dict, a CombinedLoader its iterables in
+    any mode; an empty collection stays as given."""
+    if isinstance(given, CombinedLoader):
+        return unflatten(list(prepared), given._spec)
+    if isinstance(given, (list, tuple, dict)) and not given:
+        return given
+    return unflatten(list(prepared), flatten(given)[1])
+
+
 def is_combined(loader):
     """Several training loaders: a CombinedLoader, or a dict / list / tuple of loaders (Lightning combines them in
     max_size_cycle mode)."""

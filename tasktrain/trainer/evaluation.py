@@ -20,7 +20,7 @@ from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, run
 from tasktrain.trainer import loaders as fit_data
-from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten
+from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten, loaders_view
 from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -212,6 +212,7 @@ def eval_loaders(trainer, stage, module, loader):
     limits = [limit_eval(one, limit_arg, prefix) for one in loaders]
     setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
+    trainer._loader_views[stage] = loaders_view(loader, loaders)  # (trainer.val_dataloaders, ...: as given)
     return loaders, limits
 
 

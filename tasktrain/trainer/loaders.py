@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 from tasktrain.strategies.base import OneProcess
 from tasktrain.trainer import evaluation, guards
 from tasktrain.trainer.combined import CombinedLoader, CombinedTrainData, check_training_mode, combined_eval, \
-    is_combined
+    is_combined, loaders_view
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.data import _with_sampler, prepare_eval_loader, prepare_train_data, samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
@@ -172,6 +172,7 @@ def setup_val(trainer, loader):
     val_loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer),
                                                              trainer.global_rank) for one in ones])
     trainer._val_loader = val_loaders
+    trainer._loader_views["validate"] = loaders_view(loader, val_loaders)  # (trainer.val_dataloaders: as given)
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
     trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit, "val") for one in val_loaders]
     trainer.num_sanity_val_batches = [evaluation.sanity_limit(one, limit, sanity_steps) if sanity_steps else 0

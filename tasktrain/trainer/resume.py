@@ -116,6 +116,34 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
     return checkpoint
 
 
+def trial_save(trainer):
+    """Lightning's finders save the run to a checkpoint before their trials and restore it after; tasktrain keeps that
+    state in memory (tuner/tuning._tuning), and runs the checkpoint's hooks as Lightning's save does: the DataModule's
+    state_dict, the callbacks' (those of the run searched from: trainer._trial_callbacks) state_dict and
+    on_save_checkpoint, the module's on_save_checkpoint. The dict, for trial_restored."""
+    trial_callbacks, trainer.callbacks = trainer.callbacks, list(trainer._trial_callbacks)
+    try:
+        return dump_checkpoint(trainer)
+    finally:
+        trainer.callbacks = trial_callbacks
+
+
+def trial_restored(trainer, module, ckpt):
+    """After the trials, once tuning._tuning put the state back: the restore's hooks, in Lightning's order, with the
+    dict trial_save made: the DataModule's load_state_dict, the module's on_load_checkpoint, the callbacks'
+    on_load_checkpoint and load_state_dict."""
+    datamodule = trainer.datamodule
+    if datamodule is not None and type(datamodule).__qualname__ in ckpt:
+        run.datamodule_call(trainer, "load_state_dict", ckpt[type(datamodule).__qualname__])
+    with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
+        module.on_load_checkpoint(ckpt)
+    for cb in trainer.callbacks:
+        if hook_is_called("on_load_checkpoint", cb, Callback):
+            cb.on_load_checkpoint(trainer, module, ckpt)
+    if "callbacks" in ckpt:
+        Callbacks(trainer.callbacks).load_state_dict(ckpt["callbacks"])
+
+
 def resolve_ckpt_path(trainer, ckpt_path, fn="fit"):
     """"best" and "last" as Lightning resolves them (fn: the entry point, for the messages). "best": the first
     checkpoint callback's best_model_path. "last": of the ModelCheckpoints' `last` files and the

@@ -25,8 +25,12 @@ def attach_module_callbacks(trainer, module):
     """The module's configure_callbacks(): each replaces the trainer's callbacks of its exact type."""
     if not hook_is_called("configure_callbacks", module, TaskModule):  # (Lightning calls it always)
         return
+    if "configure_callbacks" in trainer._trial_skips:  # a tuner's trial inside a run: the run attached them
+        return
     with hook_scope(trainer, "configure_callbacks"):  # (named for self.log, which refuses it there)
         extra = module.configure_callbacks()
+    if "module_callbacks" in trainer._trial_skips:
+        return  # the Tuner's trial: Lightning's fit calls the hook, then its trial runs with its own callback alone
     extra = [extra] if isinstance(extra, Callback) else list(extra or [])
     replaced = {type(c) for c in extra}
     trainer.callbacks = in_call_order([c for c in trainer.callbacks if type(c) not in replaced] + extra)

@@ -194,6 +194,8 @@ class Trainer:
         # Hooks a tuner's trial run does not call (tuning._tuning sets them): Lightning's trials run its fit loop
         # alone, without on_fit_start / on_fit_end, and from inside a run without the set-up and teardown hooks
         self._trial_skips = ()
+        # a finder's (tuning._tuning): the callbacks of the run it searches from, and the checkpoint dict it "saved"
+        self._trial_callbacks = self._trial_checkpoint = None
         self._predict_none_warned = False  # Lightning warns once per Trainer (its loop's cache) when predict_step returns None
         self._reset_run_state()
 
@@ -207,6 +209,7 @@ class Trainer:
         self._loader_data = None  # the TrainData being trained (a StatefulDataLoader's state is checkpointed)
         self.train_dataloader = None  # Lightning's: the loaders of the run in progress (or the last), set as requested
         self._test_loaders = self._predict_loaders = None  # (evaluation.run_evaluation)
+        self._loader_views = {}  # each stage's loaders in the structure they were given (trainer.val_dataloaders, ...)
         self._val_loader = self._pending_val = None  # _pending_val: the fit's loader not requested yet (loaders.py)
         self._resumed_from = None
         self._fit_state = None  # the FitState of the fit in progress (fit_state.py)
@@ -451,12 +454,13 @@ class Trainer:
 
     @property
     def test_dataloaders(self):
-        """The test loader(s) of the current (or last) test run, as this rank reads them."""
-        return _one_or_list(self._test_loaders)
+        """The test loader(s) of the current (or last) test run, as this rank reads them, in the structure they were
+        given (Lightning's: a CombinedLoader's iterables, a dict as a dict, a list of one as a list)."""
+        return None if self._test_loaders is None else self._loader_views["test"]
 
     @property
     def predict_dataloaders(self):
-        return _one_or_list(self._predict_loaders)
+        return None if self._predict_loaders is None else self._loader_views["predict"]
 
     @property
     def enable_validation(self):
@@ -671,7 +675,8 @@ class Trainer:
             if strategy.is_global_zero and not getattr(Trainer, "_announced", False):
                 print(f"[tasktrain] {strategy.describe()}, precision={self.precision}", flush=True)
                 Trainer._announced = True
-            run.prepare_data(self, module)
+            if "prepare_data" not in self._trial_skips:  # (a tuner's trial inside a run: done by the run)
+                run.prepare_data(self, module)
             for logger in self.loggers:  # Lightning reads each logger's experiment here (every rank) so that it
                 if not isinstance(logger, Logger) and hasattr(logger, "experiment"):  # exists before the setup hooks
                     logger.experiment  # (tasktrain's loggers make theirs on rank 0 when first written to)
@@ -680,7 +685,7 @@ class Trainer:
                 if self.datamodule is not None:
                     run.datamodule_call(self, "setup", stage=TrainerFn(stage))
                 self._call("setup", stage=TrainerFn(stage))
-            if is_overridden("configure_model", module, TaskModule):
+            if is_overridden("configure_model", module, TaskModule) and "configure_model" not in self._trial_skips:
                 with hook_scope(self, "configure_model"):  # (named for self.log, which refuses it there)
                     module.configure_model()
             with torch.autograd.set_detect_anomaly(self.detect_anomaly):
@@ -733,14 +738,22 @@ class Trainer:
         ckpt_path = resume.resume_path(self, ckpt_path)  # restarts (issue 29), requeues (issue 40), "best"/"last"
         after_setup = resume.restores_after_setup(strategy)
         loaded = None if after_setup else resume.restore_module_and_callbacks(self, ckpt_path)
-        optimizers, self.lr_scheduler_configs = parse_optimizers(module)
-        _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
-        plan = self._plan(module, loaders.train_data_early(self, strategy))
-        with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
-            _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+        if "configure_optimizers" in self._trial_skips:
+            # a tuner's trial inside a run (tuning._tuning): Lightning's runs its fit loop on what the run's set-up
+            # built, its optimizers and schedulers (a copy of the list: the lr sweep puts its own scheduler there);
+            # configure_optimizers is not called and the strategy sets nothing up again
+            self.lr_scheduler_configs = list(self.lr_scheduler_configs)
+        else:
+            optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+            _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
+            plan = self._plan(module, loaders.train_data_early(self, strategy))
+            with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+                _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)
             self._call("on_fit_start")
+        elif self._trial_checkpoint is None:  # the Tuner's first trial: where Lightning's finder saves its checkpoint
+            self._trial_checkpoint = resume.trial_save(self)
         if after_setup:
             loaded = resume.restore_module_and_callbacks(self, ckpt_path)
         if loaded is not None:
@@ -860,9 +873,9 @@ class Trainer:
 
     @property
     def val_dataloaders(self):
-        """The validation loader(s) of the fit or validate run, as this rank reads them (a list when there are
-        several)."""
-        return _one_or_list(self._val_loader)
+        """The validation loader(s) of the fit or validate run, as this rank reads them, in the structure they were
+        given (as test_dataloaders)."""
+        return None if self._val_loader is None else self._loader_views["validate"]
 
     # -- the loop's state, read by code outside the loop (tasktrain/trainer/guards.py of issue 38) -------------------
     @property
@@ -1102,14 +1115,6 @@ _RUNNING_STAGE = {"fit": RunningStage.TRAINING, "validate": RunningStage.VALIDAT
 
 def _inf_counts(counts):
     return [float("inf") if count is None else count for count in counts]
-
-
-def _one_or_list(loaders):
-    return loaders[0] if loaders and len(loaders) == 1 else loaders
-
-
-
-
 
 
 def _to_scalar(key, value):

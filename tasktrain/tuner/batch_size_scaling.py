@@ -87,7 +87,7 @@ def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, m
     method = loaders.get("method", "fit")
     owner = batch_attr(model, loaders.get("datamodule"), batch_arg_name)
     limit = _dataset_length(model, loaders, method)
-    trainer.callbacks = []
+    # (tuning._tuning set the callbacks aside; the Trainer's gradient clipping stays, as in Lightning's trials)
     if method == "fit":
         trainer.max_steps, trainer.max_epochs = steps_per_trial, -1
         trainer.limit_val_batches = steps_per_trial  # the validation batches must fit too

@@ -1,7 +1,16 @@
-"""The learning-rate finder: a short fit with a growing rate, the smoothed loss at each step, a suggestion."""
+"""The learning-rate finder: a short fit with a growing rate, the smoothed loss at each step, a suggestion.
+
+What it says is Lightning's, on its channels: the sweep's "Finding best initial lr" tqdm bar (stderr, every rank,
+also with the Trainer's progress bar off), and on this module's logger ("tasktrain.tuner.lr_finder", under the
+"tasktrain" logger as Lightning's is under "lightning.pytorch") "LR finder stopped early after N steps due to
+diverging loss." (INFO), "Failed to compute suggestion ..." (ERROR) and "Learning rate set to ..." (INFO)."""
+import importlib.util
+import logging
 import math
 
 import torch
+
+log = logging.getLogger(__name__)
 
 from tasktrain.callbacks.base import Callback
 from tasktrain.trainer.state import TrainState
@@ -25,8 +34,8 @@ class LRFinder:
         finite = torch.isfinite(losses)
         losses, lrs = losses[finite], lrs[finite]
         if len(losses) < 2:
-            print("[tasktrain] Failed to compute suggestion for learning rate because there are not enough points. "
-                  "Increase the loop iteration limits or the size of your dataset/dataloader.", flush=True)
+            log.error("Failed to compute suggestion for learning rate because there are not enough points. Increase "
+                      "the loop iteration limits or the size of your dataset/dataloader.")
             self._optimal_idx = None
             return None
         index = int(torch.argmin(torch.gradient(losses, spacing=[lrs])[0]))
@@ -78,6 +87,8 @@ class _Sweep(Callback):
         self.early_stop_threshold, self.beta = early_stop_threshold, beta
         self.lrs, self.losses = [], []
         self._avg, self._best = 0.0, 0.0
+        self.progress_bar = None
+        self.requests_train_again = False
 
     def rate(self, step):
         if step == 0:
@@ -95,17 +106,30 @@ class _Sweep(Callback):
 
             raise MisconfigurationException(f"`model.configure_optimizers()` returned {len(trainer.optimizers)}, but "
                                             "learning rate finder only works with single optimizer")
+        # Lightning's _exchange_scheduler: the optimizer starts at min_lr and the sweep's scheduler, stepped after
+        # each optimizer step (through the module's lr_scheduler_step, as any step scheduler), replaces the fit's
+        # (the trial's list: the caller's is put back after)
+        from tasktrain.trainer.optim import SchedulerConfig
+
+        optimizer = trainer.optimizers[0]
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] = self.min_lr
+        trainer.lr_scheduler_configs[:] = [SchedulerConfig(_SweepLR(optimizer, self), interval="step")]
+
+    def on_train_end(self, trainer, module):
+        # From the Tuner, Lightning's sweep runs inside the fit its Tuner starts, which sets up its training data again
+        # after the sweep (a training loader of the hooks is requested once more) before the Tuner ends it; from a
+        # callback inside a fit, the fit's own request is that one (the fit requests its loader after the sweep here)
+        if self.requests_train_again and trainer._loaders_from_hooks[0]:
+            trainer._loader_of(module, "train_dataloader")
 
     def _closes_window(self, trainer, batch_idx):
         return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
-    def on_before_optimizer_step(self, trainer, module, optimizer):
-        lr = self.rate(trainer.global_step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self._closes_window(trainer, batch_idx):
+            if self.progress_bar is None:  # Lightning's bar (its tqdm.auto where ipywidgets is installed)
+                self.progress_bar = _tqdm()(desc="Finding best initial lr", total=self.num_training)
             self.lrs.append(self.rate(trainer.global_step))
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -114,6 +138,7 @@ class _Sweep(Callback):
         if not outputs:  # training_step returned None: a NaN point (left out of the suggestion), as Lightning's
             self.losses.append(float("nan"))
             return
+        self.progress_bar.update()
         loss = outputs if isinstance(outputs, torch.Tensor) else outputs["loss"]
         value = float(loss)
         step = trainer.global_step
@@ -121,10 +146,30 @@ class _Sweep(Callback):
         smoothed = self._avg / (1 - self.beta ** (step + 1))
         if self.early_stop_threshold is not None and step > 1 and smoothed > self.early_stop_threshold * self._best:
             trainer.should_stop = True  # diverging: the rest of the sweep would tell nothing
+            self.progress_bar.close()
         trainer.should_stop = bool(trainer.strategy.broadcast(trainer.should_stop))
         if smoothed < self._best or step == 1:
             self._best = smoothed
         self.losses.append(smoothed)
+
+
+class _SweepLR(torch.optim.lr_scheduler.LRScheduler):
+    """The sweep's rates as a scheduler (Lightning's _ExponentialLR / _LinearLR): after k steps, sweep.rate(k)."""
+
+    def __init__(self, optimizer, sweep):
+        self.sweep = sweep
+        super().__init__(optimizer)
+
+    def get_lr(self):
+        return [self.sweep.rate(self.last_epoch) for _ in self.optimizer.param_groups]
+
+
+def _tqdm():
+    if importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm import tqdm
+    return tqdm
 
 
 def lr_attr_name(model, attr_name=""):
@@ -157,7 +202,7 @@ def start_counters_over(trainer):
     trainer._epoch_cut_short = False
 
 
-def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold):
+def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, from_tuner=False):
     """The sweep itself: a short fit of `model` on `trainer` (callbacks, limits and counters replaced; the caller,
     tuning.find_lr, puts them back and sets the suggestion where the module keeps its rate)."""
     if mode not in ("exponential", "linear"):
@@ -167,7 +212,8 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     if not isinstance(num_training, int) or num_training < 2:
         raise ValueError(f"lr_find(num_training={num_training!r}): use at least 2 steps.")
     sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
-    trainer.callbacks = [sweep]
+    sweep.requests_train_again = from_tuner
+    trainer.callbacks = [sweep] + trainer.callbacks  # (what tuning._tuning kept: the Trainer's gradient clipping)
     trainer.max_steps = num_training  # (max_epochs stays the Trainer's: Lightning's; a short loader ends it)
     # Lightning's: validation runs during the sweep where the fit's own would (val_check_interval and
     # check_val_every_n_epoch as set), on at most num_training batches; no sanity check (tuning._tuning)
@@ -176,7 +222,13 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     # suggestion), as in Lightning, not the fit's FloatingPointError (tuning._tuning puts _trial_skips back)
     trainer._trial_skips = tuple(trainer._trial_skips) + ("check_finite_loss",)
     start_counters_over(trainer)
-    trainer.fit(model, **loaders)
+    try:
+        trainer.fit(model, **loaders)
+        if trainer.global_step != num_training:  # (Lightning's condition and words: also where the data ran out)
+            log.info(f"LR finder stopped early after {trainer.global_step} steps due to diverging loss.")
+    finally:
+        if sweep.progress_bar is not None:  # (Lightning's stays open until collected: the same last line)
+            sweep.progress_bar.close()
     finder = LRFinder(mode, min_lr, max_lr, num_training, sweep.lrs, sweep.losses)
     # several processes: every rank takes rank 0's points (each rank's loss is its own shard's), so that the
     # suggestion, and the rate set, are the same everywhere (Lightning's broadcast)

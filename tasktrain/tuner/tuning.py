@@ -23,8 +23,10 @@ import warnings
 
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies.base import MultiProcess
+from tasktrain.trainer import resume
 from tasktrain.trainer.seed import isolate_rng
 from tasktrain.tuner import batch_size_scaling
+from tasktrain.tuner.lr_finder import log as lr_finder_log
 from tasktrain.tuner.lr_finder import lr_attr_name, lr_find, set_attr
 
 _METHODS = ("fit", "validate", "test", "predict")
@@ -98,18 +100,16 @@ def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     tuning = _tuning(trainer, model, "lr_find")
     name = lr_attr_name(model, attr_name) if update_attr else None
     with isolate_rng(), tuning:
-        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold)
+        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold,
+                         from_tuner=not tuning.in_run)
     if name is not None:
-        lr = finder.suggestion()
-        if lr is None:
-            print("[tasktrain] lr_find: too few finite losses for a suggestion; the learning rate is unchanged "
-                  "(raise num_training or lower max_lr).", flush=True)
-        else:
+        lr = finder.suggestion()  # (None: it logged Lightning's error; the rate is left as it was)
+        if lr is not None:
             set_attr(model, name, lr)
             for optimizer in trainer.optimizers or []:  # (inside a fit: the run goes on at the suggested rate)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-            print(f"[tasktrain] lr_find: learning rate set to {lr:.3g} ({type(model).__name__}.{name})", flush=True)
+            lr_finder_log.info(f"Learning rate set to {lr}")
     return finder
 
 
@@ -245,18 +245,30 @@ class _tuning:
         self.optimizers = [(o, copy.deepcopy(o.state_dict())) for o in (trainer.optimizers or [])]
         self.schedulers = [(c.scheduler, copy.deepcopy(c.scheduler.state_dict()))
                            for c in (getattr(trainer, "lr_scheduler_configs", None) or [])]
-        trainer.callbacks = []
+        # Lightning's finders save the run to a checkpoint and restore it after: its hooks run here too (resume.py:
+        # trial_save, from inside a run now, from the Tuner at its first trial's start; trial_restored at the end)
+        trainer._trial_callbacks = self.callbacks
+        trainer._trial_checkpoint = resume.trial_save(trainer) if self.in_run else None
+        # (the Trainer's own gradient clipping, gradient_clip_val, stays: a callback here, no callback in Lightning,
+        # whose trials clip)
+        trainer.callbacks = [cb for cb in self.callbacks if getattr(cb, "from_trainer", False)]
         trainer._loggers = []  # (loggers that are not callbacks too)
         trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
         trainer.num_sanity_val_steps = 0
         # Lightning's trials run its fit loop alone (_try_loop_run): no on_fit_start / on_fit_end, and from inside a
         # run none of the set-up and teardown hooks either (its own set-up stands); from the Tuner, the trial is the
         # fit Lightning's Tuner runs, whose setup and teardown hooks run
-        trainer._trial_skips = ("on_fit_start", "on_fit_end") + (("setup", "teardown") if self.in_run else ())
+        # and from inside a run nothing of the run's set-up again (prepare_data, configure_callbacks,
+        # configure_model, configure_optimizers: the trial steps the run's optimizers, put back after); from the
+        # Tuner, the callbacks of configure_callbacks are not the trial's (Lightning's trial has its own alone)
+        trainer._trial_skips = ("on_fit_start", "on_fit_end") + (
+            ("setup", "teardown", "prepare_data", "configure_callbacks", "configure_model", "configure_optimizers")
+            if self.in_run else ("module_callbacks",))
         return self
 
     def __exit__(self, *exc):
         trainer, strategy = self.trainer, self.trainer.strategy
+        checkpoint = trainer._trial_checkpoint
         trainer.__dict__.clear()
         trainer.__dict__.update(self.attributes)
         trainer.callbacks[:] = self.callbacks  # (the same list object, its items as they were)
@@ -272,6 +284,8 @@ class _tuning:
         for scheduler, state in self.schedulers:
             scheduler.load_state_dict(state)
         self.model.trainer = trainer
+        if checkpoint is not None:  # (Lightning restores in a `finally`: after a failed trial too)
+            resume.trial_restored(trainer, self.model, checkpoint)
         return False
 
 

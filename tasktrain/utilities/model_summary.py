@@ -5,7 +5,7 @@ partitioned module's, with "Params per Device")."""
 from tasktrain.callbacks.model_summary import (LEFTOVER_PARAMS_NAME, NOT_APPLICABLE, UNKNOWN_SIZE, DeepSpeedSummary,
                                                LayerSummary, get_formatted_model_size, get_human_readable_count,
                                                summarize)
-from tasktrain.callbacks.model_summary import Summary as ModelSummary
+from tasktrain.callbacks.model_summary import ModuleSummary as ModelSummary
 from tasktrain.callbacks.model_summary import _shape as parse_batch_shape
 
 __all__ = ["ModelSummary", "LayerSummary", "DeepSpeedSummary", "summarize", "get_human_readable_count",

@@ -132,7 +132,10 @@ class RequirementCache:
 
 
 def _extras_installed(req):
-    """Each requirement an extra of `req` ("package[extra]") adds is installed at a version it accepts."""
+    """Each requirement an extra of `req` ("package[extra]") adds is installed at a version it accepts. As
+    lightning_utilities: the package's Requires-Dist lines that contain an extra's name anywhere (a substring, not
+    the line's `extra ==` marker: "yaml" also takes "ruamel.yaml>=0.18; extra == 'ruamel'"), markers not evaluated;
+    False when no line does."""
     if not req.extras:
         return True
     from importlib.metadata import PackageNotFoundError, distribution
@@ -140,8 +143,8 @@ def _extras_installed(req):
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    needed = [Requirement(line) for line in distribution(req.name).requires or []]
-    needed = [r for r in needed if r.marker is not None and any(r.marker.evaluate({"extra": e}) for e in req.extras)]
+    needed = [Requirement(line) for line in distribution(req.name).metadata.get_all("Requires-Dist") or []
+              if any(extra in line for extra in req.extras)]
     if not needed:
         return False
     for one in needed:
