@@ -222,6 +222,10 @@ def test_ddp_spawn_trains_in_children_and_hands_the_result_back(tmp_path):
     assert facts["predictions"] == pytest.approx(facts["expected_predictions"], abs=1e-5)
     assert facts["parent_env_rank"] is None  # the parent never joined the world
     assert facts["plain_predict"] is None  # (Lightning's: a spawned predict returns nothing by default)
+    # each child's strategy keeps its launcher, as Lightning's (pickled with it), and it does not launch again
+    for rank in (0, 1):
+        child = json.load(open(os.path.join(out, f"child{rank}.json")))
+        assert child == {"multiprocessing": True, "interactive": False, "relaunch": "refused"}
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)

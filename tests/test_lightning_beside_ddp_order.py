@@ -35,6 +35,13 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
                                                [os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])})
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    for rank, seen in enumerate(ranks):
+        # a validation step value logged with sync_dist is reduced across the ranks at each batch, as Lightning's:
+        # rank 0 sums 0+2 then 4+6, rank 1 1+3 then 5+7; each rank's logger writes their mean
+        assert seen["tasktrain validate steps"] == seen["lightning validate steps"] == [[0, 3.0], [1, 11.0]]
+        # 9 samples: tasktrain's unpadded shard gives rank 0 a third batch ([8]) that rank 1 has not (Lightning
+        # pads rank 1's with sample 0, #5060), so the ranks do not meet at each batch: each writes its own values
+        assert seen["tasktrain validate steps uneven"] == [[[0, 2.0], [1, 10.0], [2, 8.0]], [[0, 4.0], [1, 12.0]]][rank]
     for seen in ranks:  # SIGTERM to both ranks at batch 2: both raise after that batch (no on_train_end) and save
         assert seen["sigterm"]["tasktrain"] == seen["sigterm"]["lightning"] == [
             ["on_train_batch_end", 0, False], ["on_train_batch_end", 1, False], ["on_train_batch_end", 2, False],

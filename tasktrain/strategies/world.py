@@ -85,11 +85,17 @@ class ProcessWorld(MultiProcess):
         """Lightning's strategy.launcher: what starts the workers from a plain `python script.py`, None where a
         launcher outside started the processes (torchrun, SLURM, `tasktrain launch`, or this process is a worker).
         The SubprocessLauncher of this process's self-launched workers once they run; before (or with a world of one,
-        where nothing is started) one not started; start_method="spawn": a SpawnLauncher (spawn.py). Its
+        where nothing is started) one not started; start_method="spawn": a SpawnLauncher (spawn.py), in the parent
+        and in its children. Its
         `is_interactive_compatible` is False, as Lightning's for these start methods."""
         if _PROCESS["launcher"] is not None:
             return _PROCESS["launcher"]
-        if detect_environment().launcher is not None:
+        launched_by = detect_environment().launcher
+        if launched_by == "spawn" and self.start_method == "spawn":
+            # a ddp_spawn child keeps its strategy's launcher, as Lightning's (pickled with the trainer there);
+            # its launch() refuses, as every launcher's here
+            launched_by = None
+        if launched_by is not None:
             return None
         if self._idle_launcher is None:
             if self.start_method == "spawn":

@@ -21,7 +21,7 @@ from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, run
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten, loaders_view
-from tasktrain.trainer.data import prepare_eval_loader, record_batch_indices, set_sampler_epoch
+from tasktrain.trainer.data import EvalShardSampler, prepare_eval_loader, record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage, TrainerFn
@@ -313,6 +313,8 @@ def _evaluate(trainer, stage, loaders, limits):
     for dataloader_idx, (loader, limit) in enumerate(passes):
         extra = (dataloader_idx,) if len(passes) > 1 else ()
         metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
+        metrics.eval_ranks_meet = trainer.world_size == 1 or all(
+            ranks_meet(trainer, stage, one) for one in (loaders if together else [loader]))
         for batch_idx, batch in _batches(trainer, loader, limit, prefix, f"end of the {prefix} epoch"):
             batch = trainer._eval_to_device(batch, dataloader_idx)
             metrics.set_batch(batch)
@@ -339,6 +341,7 @@ def _evaluate(trainer, stage, loaders, limits):
                                                  batch_idx + 1 >= limit):
                 sigterm_in_evaluation(trainer)
     metrics.dataloader_suffix = ""
+    metrics.eval_ranks_meet = True  # (the epoch-end hooks run on every rank)
     # Lightning's order: the callbacks then the module, each seeing the epoch's values of what was logged in
     # the steps; what they log here is reduced after them
     values = metrics.reduce_epoch(stage)
@@ -376,8 +379,7 @@ def log_eval_step(trainer, stage, dataloader_idx):
     key = (stage, dataloader_idx)
     step = metrics.eval_batches_logged.get(key, 0)
     metrics.eval_batches_logged[key] = step + 1
-    # not synchronised: evaluation shards are unpadded, so the ranks may not meet at every batch (a collective per
-    # batch could wait for a rank that has no such batch); sync_dist applies to the epoch values
+    # (a sync_dist value is reduced across ranks when logged, where the ranks meet at every batch: ranks_meet)
     values = metrics.step_metrics_for_logger(loader_suffix=metrics.dataloader_suffix)
     if values:  # every rank (log_to_loggers)
         trainer.log_to_loggers(values, step)
@@ -535,6 +537,30 @@ def as_loaders(loader, stage=None):
         # (as a zero-length loader), num_*_batches is [0]
         return [[]]
     return flatten(loader)[0]
+
+
+def ranks_meet(trainer, stage, loader):
+    """Whether every rank takes as many batches of the evaluation `loader` as this one, known from what every rank
+    knows alike (no collective), so that a `sync_dist=True` step value can be reduced at each batch, as Lightning
+    does. Lightning's DistributedSampler pads the shards to equal lengths (evaluating some samples twice: Lightning
+    #5060); tasktrain's unpadded shard (EvalShardSampler) leaves some ranks a batch more where the samples do not
+    divide evenly, unless the limit stops every rank before. Not known: a loader without a length or a sampler of the
+    user's own that is not a DistributedSampler (use_distributed_sampler=False): each rank keeps its own value."""
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return False
+    if isinstance(sampler, DistributedSampler):  # (padded, or drop_last: equal lengths by construction)
+        return True
+    if not isinstance(sampler, EvalShardSampler) or loader.batch_size is None:
+        return False
+    world, size = sampler.num_replicas, loader.batch_size
+    samples = [len(range(rank, sampler.length, world)) for rank in range(world)]
+    lengths = [n // size if loader.drop_last else -(-n // size) for n in samples]
+    arg, prefix = (trainer.limit_val_batches, "val") if stage == "validate" else (trainer.limit_test_batches, "test")
+    limits = [apply_limit(length, arg, f"limit_{prefix}_batches") for length in lengths]
+    if trainer.sanity_checking and trainer.num_sanity_val_steps not in (-1, float("inf")):
+        limits = [min(trainer.num_sanity_val_steps, limit) for limit in limits]
+    return len(set(limits)) == 1
 
 
 def limit_eval(loader, limit, prefix="val"):

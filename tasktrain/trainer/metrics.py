@@ -148,6 +148,9 @@ class MetricStore:
         self.fx = None  # the hook the loop is in (in_hook / hook_scope): self.log's rules and defaults are its own
         self.metric_attributes = None  # id(Metric) -> the module's attribute that holds it, found at the first Metric
         self.dataloader_suffix = ""  # "/dataloader_idx_N" while an evaluation loop runs its N-th of several loaders
+        # False while an evaluation reads a loader whose ranks may take different numbers of batches (an unpadded
+        # shard: evaluation.ranks_meet): its sync_dist step values are not reduced at each batch there
+        self.eval_ranks_meet = True
         self.loader_of_name = {}  # a name logged with add_dataloader_idx=False -> the suffixes of the loaders that did
         self.unsuffixed_loader = {}  # (hook, such a name) -> the one loader allowed to log it (Lightning's rule)
         self.default_on_step, self.default_on_epoch = True, False
@@ -219,10 +222,10 @@ class MetricStore:
         if meta.on_step:
             key = _forked(name, "_step") if meta.on_epoch else name
             step_value = value
-            if meta.sync_dist and self.stage == "train" and self.strategy.world_size > 1:
+            if meta.sync_dist and self.strategy.world_size > 1 and (self.stage == "train" or self.eval_ranks_meet):
                 # Lightning reduces a sync_dist step value when it is logged, with its reduce_fx, so that every rank's
-                # callbacks see the same value. (Evaluation step values are not: its shards are unpadded, a rank may
-                # have fewer batches, and a collective per batch would wait for it; their epoch values are synced.)
+                # callbacks see the same value. (Not an evaluation's where a rank may have a batch fewer, an unpadded
+                # shard: a collective per batch would wait for it; their epoch values are synced.)
                 with collective_label(self.strategy, f"sync_dist step value [{name!r}]"):  # names both sides (issue 19)
                     step_value = self.strategy.reduce(value.float(), op=meta.reduce_fx)
             self.step_values[key] = step_value

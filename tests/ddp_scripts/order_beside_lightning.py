@@ -200,6 +200,31 @@ def validate_combined(lib, base, combined):
     return {"rows": rows, "results": results, "warnings": said}
 
 
+def validate_steps(lib, base, samples):
+    """validate over a sequential loader of `samples` numbers (batches of 2), a step value logged with sync_dist:
+    the (step, value) writes every rank's logger gets (Lightning calls a logger's log_metrics on every rank)."""
+    calls = []
+
+    class Record(lib.loggers.Logger):
+        name, version, experiment = "record", 0, None
+
+        def log_metrics(self, metrics, step=None):
+            calls.append([step, round(float(metrics["v"]), 4)])
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+    class Module(base):
+        def validation_step(self, batch, batch_idx):
+            self.log("v", batch[0].sum(), on_step=True, on_epoch=False, sync_dist=True)
+
+    trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=Record(), enable_progress_bar=False,
+                          enable_model_summary=False)
+    trainer.validate(Module(), DataLoader(TensorDataset(torch.arange(float(samples))), batch_size=2), verbose=False)
+    del trainer
+    return calls
+
+
 def main(out):
     import lightning.pytorch as L
 
@@ -210,6 +235,8 @@ def main(out):
         seen[name] = {case: fit(lib, base, **kwargs) for case, kwargs in CASES.items()}
         combined = L.utilities.CombinedLoader if name == "lightning" else tasktrain.utilities.CombinedLoader
         seen[name + " validate combined"] = validate_combined(lib, base, combined)
+        seen[name + " validate steps"] = validate_steps(lib, base, 8)
+    seen["tasktrain validate steps uneven"] = validate_steps(tasktrain, tasktrain.TaskModule, 9)
     # tasktrain's exact resume of that shuffled order: a fit resumed from the middle of its first epoch (step 3 of 6)
     saves = os.path.join(out, "checkpoints")
     saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=3, save_top_k=-1, filename="{step}")

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import common
-from tasktrain import TaskModule, Trainer
+from tasktrain import Callback, TaskModule, Trainer
 
 
 class Regression(TaskModule):
@@ -32,6 +32,26 @@ class Regression(TaskModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class RecordLauncher(Callback):
+    """In each spawned child: what trainer.strategy.launcher is there (Lightning's child keeps its launcher)."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def on_fit_start(self, trainer, pl_module):
+        from tasktrain.strategies.launchers import _MultiProcessingLauncher
+
+        launcher = trainer.strategy.launcher
+        try:
+            launcher.launch(print, trainer=trainer)
+            relaunch = "ran"
+        except NotImplementedError:
+            relaunch = "refused"
+        with open(os.path.join(self.out, f"child{trainer.global_rank}.json"), "w") as f:
+            json.dump({"multiprocessing": isinstance(launcher, _MultiProcessingLauncher),
+                       "interactive": launcher.is_interactive_compatible, "relaunch": relaunch}, f)
+
+
 def regression_data():
     return TensorDataset(*common.regression_data())
 
@@ -40,7 +60,7 @@ if __name__ == "__main__":
     out = sys.argv[1]
     model = Regression()
     trainer = Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", max_epochs=1, logger=False,
-                      enable_progress_bar=False, enable_checkpointing=False)
+                      enable_progress_bar=False, enable_checkpointing=False, callbacks=[RecordLauncher(out)])
     trainer.fit(model, DataLoader(regression_data(), batch_size=4))
     train_loss = float(trainer.callback_metrics["train_loss"])
     x = regression_data().tensors[0][:11]
