@@ -234,10 +234,12 @@ def warn_distributed_eval(loaders, stage):
 def _rebuilt_if_stale(trainer, stage, loaders, limits):
     """Built again when a hook at the run's start changed what the hooks' loaders read (a BatchSizeFinder's size):
     the run's batches are read at the size found, as Lightning's loop sets its data up again."""
-    if not trainer._eval_data_stale:
+    rebuilt = trainer._eval_data_stale
+    if not rebuilt:
         return loaders, limits
     trainer._eval_data_stale = False
-    return eval_loaders(trainer, stage, trainer.module, None)
+    # (the search built them already, before its restore's hooks, as Lightning's resets its loop's data: tuning.py)
+    return rebuilt if isinstance(rebuilt, tuple) else eval_loaders(trainer, stage, trainer.module, None)
 
 
 def evaluate(trainer, stage, loaders, limits):

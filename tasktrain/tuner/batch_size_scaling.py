@@ -86,23 +86,29 @@ def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, m
 
     method = loaders.get("method", "fit")
     owner = batch_attr(model, loaders.get("datamodule"), batch_arg_name)
-    limit = _dataset_length(model, loaders, method)
     # (tuning._tuning set the callbacks aside; the Trainer's gradient clipping stays, as in Lightning's trials)
     if method == "fit":
-        trainer.max_steps, trainer.max_epochs = steps_per_trial, -1
-        trainer.limit_val_batches = steps_per_trial  # the validation batches must fit too
-        trainer.accumulate_grad_batches = 1
-    setattr(trainer, _TRIAL_LIMIT[method], steps_per_trial)
+        # Lightning's trial of a fit: steps_per_trial optimizer steps into the whole epoch (max_epochs and
+        # accumulation as set), so the validation batches run only where the fit's would within them (an epoch's
+        # end, val_check_interval), on at most steps_per_trial batches
+        trainer.max_steps, trainer.limit_train_batches = steps_per_trial, 1.0
+        trainer.limit_val_batches = steps_per_trial
+    else:
+        setattr(trainer, _TRIAL_LIMIT[method], steps_per_trial)
 
     def fits(size):
         set_attr(owner, batch_arg_name, size)
         start_counters_over(trainer)
         ok = this.run_trial(trainer, model, loaders)
+        if ok:  # (Lightning reads it from the loader its trial read)
+            limit[0] = _dataset_length(trainer, method)
         print(f"[tasktrain] scale_batch_size: batch size {size} {'fits' if ok else 'ran out of memory'}", flush=True)
         return ok
 
     def whole_dataset(size):  # the size already holds every sample: a larger one tells nothing new
-        return limit is not None and size >= limit
+        return limit[0] is not None and size >= limit[0]
+
+    limit = [None]
 
     size = min(init_val, max_val)
     if mode == "power":
@@ -148,15 +154,16 @@ def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, m
     return size
 
 
-def _dataset_length(model, loaders, method="fit"):
-    """The length of the dataset the trials read (the training set for fit, else the stage's loader's), read from
-    the loader the module (or DataModule) builds; None when it has none."""
-    source = loaders.get("datamodule") or model
-    hook = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
-            "predict": "predict_dataloader"}[method]
+def _dataset_length(trainer, method):
+    """The length of the dataset the last trial read (the training set for fit, else the stage's loader's: the sum of
+    several), from the loaders it built; None when they have none."""
+    loaders = {"fit": lambda: trainer.train_dataloader, "validate": lambda: trainer.val_dataloaders,
+               "test": lambda: trainer.test_dataloaders, "predict": lambda: trainer.predict_dataloaders}[method]()
+    if loaders is None:
+        return None
+    ones = list(loaders.values()) if isinstance(loaders, dict) else list(loaders) if isinstance(
+        loaders, (list, tuple)) else [loaders]
     try:
-        loader = getattr(source, hook)()
-        loader = loader[0] if isinstance(loader, (list, tuple)) and len(loader) == 1 else loader
-        return len(loader.dataset)
+        return sum(len(one.dataset) for one in ones)
     except (TypeError, AttributeError, NotImplementedError):
         return None

@@ -88,7 +88,6 @@ class _Sweep(Callback):
         self.lrs, self.losses = [], []
         self._avg, self._best = 0.0, 0.0
         self.progress_bar = None
-        self.requests_train_again = False
 
     def rate(self, step):
         if step == 0:
@@ -115,13 +114,6 @@ class _Sweep(Callback):
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] = self.min_lr
         trainer.lr_scheduler_configs[:] = [SchedulerConfig(_SweepLR(optimizer, self), interval="step")]
-
-    def on_train_end(self, trainer, module):
-        # From the Tuner, Lightning's sweep runs inside the fit its Tuner starts, which sets up its training data again
-        # after the sweep (a training loader of the hooks is requested once more) before the Tuner ends it; from a
-        # callback inside a fit, the fit's own request is that one (the fit requests its loader after the sweep here)
-        if self.requests_train_again and trainer._loaders_from_hooks[0]:
-            trainer._loader_of(module, "train_dataloader")
 
     def _closes_window(self, trainer, batch_idx):
         return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
@@ -202,7 +194,7 @@ def start_counters_over(trainer):
     trainer._epoch_cut_short = False
 
 
-def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, from_tuner=False):
+def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold):
     """The sweep itself: a short fit of `model` on `trainer` (callbacks, limits and counters replaced; the caller,
     tuning.find_lr, puts them back and sets the suggestion where the module keeps its rate)."""
     if mode not in ("exponential", "linear"):
@@ -212,7 +204,6 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     if not isinstance(num_training, int) or num_training < 2:
         raise ValueError(f"lr_find(num_training={num_training!r}): use at least 2 steps.")
     sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
-    sweep.requests_train_again = from_tuner
     trainer.callbacks = [sweep] + trainer.callbacks  # (what tuning._tuning kept: the Trainer's gradient clipping)
     trainer.max_steps = num_training  # (max_epochs stays the Trainer's: Lightning's; a short loader ends it)
     # Lightning's: validation runs during the sweep where the fit's own would (val_check_interval and
