@@ -656,3 +656,80 @@ def test_the_sweep_clips_with_the_trainers_gradient_clip_val_as_lightning(path):
 
     losses = _both(case)
     assert len(losses) == 20 and max(losses[-5:]) < 100  # (unclipped, the last losses pass 1e5)
+
+
+@pytest.mark.parametrize("search", ["lr_find", "scale_batch_size"])
+def test_the_tuners_run_calls_every_hook_as_lightnings_and_leaves_the_trainer_as_lightnings(search):
+    """Tuner.lr_find / scale_batch_size run as Lightning's Tuner does: the finder callback first, with an early exit,
+    inside a real fit. So the Trainer's own callbacks get their set-up and teardown hooks once, the restore's hooks and
+    the loaders set up again come before the teardown, and afterwards model.optimizers() is the fit's optimizer (at the
+    suggested rate) and trainer.state reads a finished fit. The whole sequence of the module's hooks and of a callback's
+    (with the counters at each) is Lightning's; for the batch-size search, the counters at the loader requests between
+    trials are left out (Lightning's are the last trial's, tasktrain's trial starts from 0 first)."""
+    from test_lightning import LIGHTNING_CALLBACK_HOOKS, LIGHTNING_MODULE_HOOKS
+
+    per_batch = ("step", "batch", "backward", "zero_grad", "transfer", "forward", "configure_sharded_model",
+                 "configure_gradient_clipping", "model_eval", "model_train", "state_dict")
+
+    def case(Trainer, Module, callbacks, Tuner):
+        name = "lightning" if Trainer is L.Trainer else "tasktrain"
+        log = []
+
+        def recorder(hook, owner, own=None):
+            def record(self, *args, **kwargs):
+                trainer = self.trainer if owner == "module" else args[0]
+                stage = kwargs.get("stage", args[-1] if hook in ("setup", "teardown") and args else None)
+                counters = (trainer.current_epoch, trainer.global_step)
+                if search == "scale_batch_size" and hook.endswith("_dataloader"):
+                    counters = None
+                log.append((owner, hook, str(getattr(stage, "value", stage or "")), counters))
+                return own(self, *args, **kwargs) if own is not None else None
+            return record
+
+        class Recorded(type(_module(name, n=16))):
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def val_dataloader(self):
+                return DataLoader(_data(4), batch_size=2)
+
+        for hook in LIGHTNING_MODULE_HOOKS:
+            if not any(part in hook for part in per_batch):
+                own = Recorded.__dict__.get(hook) or type(_module(name)).__dict__.get(hook)
+                setattr(Recorded, hook, recorder(hook, "module", own))
+        Watch = type("Watch", (callbacks.Callback,), {hook: recorder(hook, "callback") for hook in LIGHTNING_CALLBACK_HOOKS
+                                                      if not any(part in hook for part in per_batch + ("exception",))})
+        module = Recorded()
+        trainer = Trainer(max_epochs=2, callbacks=[Watch()], **QUIET)
+        if search == "lr_find":
+            Tuner(trainer).lr_find(module, num_training=5, early_stop_threshold=None)
+            optimizer = module.optimizers()
+            after = (type(optimizer).__name__.replace("Lightning", ""), optimizer.param_groups[0]["lr"] == module.lr)
+        else:
+            after = Tuner(trainer).scale_batch_size(module, steps_per_trial=1, init_val=4, max_trials=2)
+        state = trainer.state
+        return log, after, len(trainer.optimizers), str(state.fn.value), str(state.status.value), state.stage
+
+    log, after, optimizers, fn, status, stage = _both(case)
+    names = [(owner, hook) for owner, hook, *_ in log]
+    assert names.count(("callback", "setup")) == names.count(("callback", "teardown")) == 1
+    assert names.index(("module", "on_load_checkpoint")) < names.index(("callback", "teardown"))
+    assert ("callback", "on_fit_start") not in names and ("module", "on_fit_end") not in names  # (the early exit)
+    assert (optimizers, fn, status, stage) == (1, "fit", "finished", None)
+    assert after == (("SGD", True) if search == "lr_find" else 8)
+
+
+def test_a_fits_batch_size_search_tries_its_first_size_where_lightnings_trains_the_modules_own():
+    """A kept difference (docs/lightning.md): Lightning 2.6.6's first trial of a fit's search trains on the loader it
+    requested before setting init_val, so at the module's own batch size; its search then takes init_val as fitting.
+    tasktrain's first trial trains at init_val. Here a batch above 4 runs out of memory, the module's size is 2 and
+    init_val 8: Lightning returns 8 (which does not fit), tasktrain 4."""
+    def case(Trainer, Module, callbacks, Tuner):
+        seen = []
+        module = _module("lightning" if Trainer is L.Trainer else "tasktrain", fits=4, n=64, seen=seen)
+        size = Tuner(Trainer(max_epochs=1, **QUIET)).scale_batch_size(module, init_val=8, steps_per_trial=1)
+        return size, [batch for _, _, batch in seen]
+
+    (lightning_size, lightning_batches), (ours, our_batches) = _run("lightning", case), _run("tasktrain", case)
+    assert (lightning_size, lightning_batches) == (8, [2, 16]), (ours, our_batches)  # (the bug still there)
+    assert (ours, our_batches) == (4, [8, 4, 8])
