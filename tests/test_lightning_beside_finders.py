@@ -733,3 +733,20 @@ def test_a_fits_batch_size_search_tries_its_first_size_where_lightnings_trains_t
     (lightning_size, lightning_batches), (ours, our_batches) = _run("lightning", case), _run("tasktrain", case)
     assert (lightning_size, lightning_batches) == (8, [2, 16]), (ours, our_batches)  # (the bug still there)
     assert (ours, our_batches) == (4, [8, 4, 8])
+
+
+@pytest.mark.parametrize("min_lr,max_lr,num_training,mode", [(1.0, 1e-4, 6, "exponential"), (0.5, 0.0, 4, "linear"),
+                                                             (1e-4, 1.0, 1, "exponential")])
+def test_a_downward_sweep_and_a_sweep_of_one_step_are_lightnings(min_lr, max_lr, num_training, mode):
+    """Lightning sweeps from min_lr to max_lr whichever is larger (min_lr > max_lr sweeps downwards) and runs a sweep
+    of one step (no suggestion then, the attribute left as it was): the same rates, losses and attribute here."""
+    def case(Trainer, Module, callbacks, Tuner):
+        module = _module("lightning" if Trainer is L.Trainer else "tasktrain")
+        torch.manual_seed(3)
+        finder = Tuner(Trainer(max_epochs=1, **QUIET)).lr_find(module, min_lr=min_lr, max_lr=max_lr, mode=mode,
+                                                               num_training=num_training, early_stop_threshold=None)
+        return finder.results["lr"], [round(v, 5) for v in finder.results["loss"]], finder.suggestion(0, 0), module.lr
+
+    rates, losses, suggestion, rate = _both(case)
+    assert len(rates) == num_training and rates[0] == min_lr and (rates == sorted(rates)) == (min_lr < max_lr)
+    assert suggestion is None and rate == 0.01  # (skip_end=0 leaves no point, as Lightning's slice)

@@ -20,7 +20,7 @@ class LRFinder:
     """What lr_find found: `results` {"lr": [...], "loss": [...]} (the smoothed loss after each step's rate),
     `suggestion()` and `plot()` (matplotlib, imported only there)."""
 
-    def __init__(self, mode, lr_min, lr_max, num_training, lrs, losses):
+    def __init__(self, mode, lr_min, lr_max, num_training, lrs=(), losses=()):
         self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
         self.results = {"lr": list(lrs), "loss": list(losses)}
         self._optimal_idx = None
@@ -74,6 +74,9 @@ class LRFinder:
         if show:
             plt.show()
         return fig
+
+
+_LRFinder = LRFinder  # (Lightning's name for it, at Lightning's module path: scripts and tests that build one)
 
 
 class _Sweep(Callback):
@@ -199,10 +202,14 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
     tuning.find_lr, puts them back and sets the suggestion where the module keeps its rate)."""
     if mode not in ("exponential", "linear"):
         raise ValueError("`mode` should be either of ('linear', 'exponential')")
-    if not 0 < min_lr < max_lr:
-        raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): use 0 < min_lr < max_lr.")
-    if not isinstance(num_training, int) or num_training < 2:
-        raise ValueError(f"lr_find(num_training={num_training!r}): use at least 2 steps.")
+    # (Lightning sweeps from min_lr to max_lr whichever is larger: min_lr > max_lr sweeps downwards, as there)
+    if mode == "exponential" and not (min_lr > 0 and max_lr > 0):
+        raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): the exponential sweep needs rates above 0 "
+                         "(or use mode='linear').")
+    if not (min_lr >= 0 and max_lr >= 0):
+        raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): learning rates cannot be negative.")
+    if not isinstance(num_training, int) or num_training < 1:
+        raise ValueError(f"lr_find(num_training={num_training!r}): use at least 1 step.")
     sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
     trainer.callbacks = [sweep] + trainer.callbacks  # (what tuning._tuning kept: the Trainer's gradient clipping)
     trainer.max_steps = num_training  # (max_epochs stays the Trainer's: Lightning's; a short loader ends it)
@@ -221,6 +228,7 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
         if sweep.progress_bar is not None:  # (Lightning's stays open until collected: the same last line)
             sweep.progress_bar.close()
     finder = LRFinder(mode, min_lr, max_lr, num_training, sweep.lrs, sweep.losses)
+    finder._total_batch_idx = trainer.fit_loop.total_batch_idx  # (Lightning's, "for debug purpose")
     # several processes: every rank takes rank 0's points (each rank's loss is its own shard's), so that the
     # suggestion, and the rate set, are the same everywhere (Lightning's broadcast)
     finder.results = trainer.strategy.broadcast(finder.results)
