@@ -81,6 +81,15 @@ def _run(framework, fn):
         return fn(*FRAMEWORKS[framework])
 
 
+@pytest.fixture
+def no_gc(monkeypatch):
+    """Both searches run gc.collect() after each out-of-memory trial (Lightning's after every trial too): about a
+    second each in a test process this size, so not here."""
+    import gc
+
+    monkeypatch.setattr(gc, "collect", lambda *args: 0)
+
+
 def _both(fn):
     theirs, ours = _run("lightning", fn), _run("tasktrain", fn)
     assert ours == theirs
@@ -659,7 +668,7 @@ def test_the_sweep_clips_with_the_trainers_gradient_clip_val_as_lightning(path):
 
 
 @pytest.mark.parametrize("search", ["lr_find", "scale_batch_size"])
-def test_the_tuners_run_calls_every_hook_as_lightnings_and_leaves_the_trainer_as_lightnings(search):
+def test_the_tuners_run_calls_every_hook_as_lightnings_and_leaves_the_trainer_as_lightnings(search, no_gc):
     """Tuner.lr_find / scale_batch_size run as Lightning's Tuner does: the finder callback first, with an early exit,
     inside a real fit. So the Trainer's own callbacks get their set-up and teardown hooks once, the restore's hooks and
     the loaders set up again come before the teardown, and afterwards model.optimizers() is the fit's optimizer (at the
@@ -719,7 +728,7 @@ def test_the_tuners_run_calls_every_hook_as_lightnings_and_leaves_the_trainer_as
     assert after == (("SGD", True) if search == "lr_find" else 8)
 
 
-def test_a_fits_batch_size_search_tries_its_first_size_where_lightnings_trains_the_modules_own():
+def test_a_fits_batch_size_search_tries_its_first_size_where_lightnings_trains_the_modules_own(no_gc):
     """A kept difference (docs/lightning.md): Lightning 2.6.6's first trial of a fit's search trains on the loader it
     requested before setting init_val, so at the module's own batch size; its search then takes init_val as fitting.
     tasktrain's first trial trains at init_val. Here a batch above 4 runs out of memory, the module's size is 2 and
@@ -750,3 +759,49 @@ def test_a_downward_sweep_and_a_sweep_of_one_step_are_lightnings(min_lr, max_lr,
     rates, losses, suggestion, rate = _both(case)
     assert len(rates) == num_training and rates[0] == min_lr and (rates == sorted(rates)) == (min_lr < max_lr)
     assert suggestion is None and rate == 0.01  # (skip_end=0 leaves no point, as Lightning's slice)
+
+
+@pytest.mark.parametrize("mode,init_val,max_val,fits", [("power", 4, 8192, 20), ("binsearch", 4, 8192, 20),
+                                                        ("power", 16, 8192, 1000), ("binsearch", 16, 40, 1000)])
+def test_the_batch_size_search_says_what_lightnings_says_and_sets_every_holder(mode, init_val, max_val, fits,
+                                                                              no_gc):
+    """The search's log lines are Lightning's ("Batch size 4 succeeded, trying batch size 8", "... failed ...", the
+    dataset-length, max_val and margin lines, "Finished batch size finder, ..."), at INFO on the finder's logger, and the
+    size is set wherever it is held (the module and its DataModule both, as Lightning's lightning_setattr): the
+    DataModule's loader, the one the run reads, is built at each size tried."""
+    def case(Trainer, Module, callbacks, Tuner):
+        name = "lightning" if Trainer is L.Trainer else "tasktrain"
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        loggers = [logging.getLogger(name if name == "tasktrain" else "lightning.pytorch")]
+        module = _module(name, fits=fits, n=48)
+        base = L.LightningDataModule if name == "lightning" else tasktrain.DataModule
+
+        class Data(base):
+            def __init__(self):
+                super().__init__()
+                self.batch_size = 2
+
+            def train_dataloader(self):
+                return DataLoader(_data(48), batch_size=self.batch_size)
+
+        data = Data()
+        for logger in loggers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+        try:
+            size = Tuner(Trainer(max_epochs=1, **QUIET)).scale_batch_size(module, datamodule=data, mode=mode,
+                                                                          init_val=init_val, max_val=max_val,
+                                                                          steps_per_trial=1)
+        finally:
+            for logger in loggers:
+                logger.removeHandler(handler)
+        lines = [r.getMessage() for r in records if "atch size" in r.getMessage() or "dataset" in r.getMessage()]
+        return size, module.batch_size, data.batch_size, lines
+
+    size, on_module, on_data, lines = _both(case)
+    assert size == on_module == on_data and lines[-1].endswith(f"using batch size {size}")
+    said = " ".join(lines)
+    assert ("greater or equal than the length of your dataset: 48" in said) == (size == 64)
+    assert ("failed, trying batch size" in said) == (fits == 20) and ("capping at 40" in said) == (max_val == 40)

@@ -251,6 +251,7 @@ class _tuning:
         trainer, strategy = self.trainer, self.trainer.strategy
         # (shallow: the run in progress holds these very objects, e.g. trainer.state, and must find them again)
         self.attributes = dict(trainer.__dict__)
+        self.predict_counts = list(trainer._predict_counts)  # (a list the trials count in, in place)
         self.callbacks = list(trainer.callbacks)
         self.strategy_attributes = dict(strategy.__dict__)
         self.precision = copy.deepcopy(strategy.precision.state_dict()) if hasattr(
@@ -283,6 +284,7 @@ class _tuning:
         trainer.__dict__.clear()
         trainer.__dict__.update(self.attributes)
         trainer.callbacks[:] = self.callbacks  # (the same list object, its items as they were)
+        trainer._predict_counts[:] = self.predict_counts  # (Lightning's loop state, put back after its trials)
         strategy.__dict__.clear()
         strategy.__dict__.update(self.strategy_attributes)
         if self.precision is not None:
