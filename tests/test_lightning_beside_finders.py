@@ -706,8 +706,9 @@ def test_the_tuners_run_calls_every_hook_as_lightnings_and_leaves_the_trainer_as
             if not any(part in hook for part in per_batch):
                 own = Recorded.__dict__.get(hook) or type(_module(name)).__dict__.get(hook)
                 setattr(Recorded, hook, recorder(hook, "module", own))
-        Watch = type("Watch", (callbacks.Callback,), {hook: recorder(hook, "callback") for hook in LIGHTNING_CALLBACK_HOOKS
-                                                      if not any(part in hook for part in per_batch + ("exception",))})
+        Watch = type("Watch", (callbacks.Callback,), {
+            hook: recorder(hook, "callback") for hook in LIGHTNING_CALLBACK_HOOKS
+            if not any(part in hook for part in per_batch + ("exception",))})
         module = Recorded()
         trainer = Trainer(max_epochs=2, callbacks=[Watch()], **QUIET)
         if search == "lr_find":
@@ -766,8 +767,8 @@ def test_a_downward_sweep_and_a_sweep_of_one_step_are_lightnings(min_lr, max_lr,
 def test_the_batch_size_search_says_what_lightnings_says_and_sets_every_holder(mode, init_val, max_val, fits,
                                                                               no_gc):
     """The search's log lines are Lightning's ("Batch size 4 succeeded, trying batch size 8", "... failed ...", the
-    dataset-length, max_val and margin lines, "Finished batch size finder, ..."), at INFO on the finder's logger, and the
-    size is set wherever it is held (the module and its DataModule both, as Lightning's lightning_setattr): the
+    dataset-length, max_val and margin lines, "Finished batch size finder, ..."), at INFO on the finder's logger, and
+    the size is set wherever it is held (the module and its DataModule both, as Lightning's lightning_setattr): the
     DataModule's loader, the one the run reads, is built at each size tried."""
     def case(Trainer, Module, callbacks, Tuner):
         name = "lightning" if Trainer is L.Trainer else "tasktrain"

@@ -5,15 +5,15 @@
     size = tuner.scale_batch_size(module)          # grows module.batch_size while a few steps still fit
     trainer.fit(module, ...)                       # the real run, from the module's original weights
 
-The callbacks LearningRateFinder and BatchSizeFinder (tasktrain/callbacks/lr_finder.py, batch_size_finder.py) run
-the same searches from inside a run (at its start, or from any hook of a subclass); `find_lr` and
-`find_batch_size` below are the one implementation both use, as Lightning's Tuner runs its callbacks.
+The searches are those of the callbacks LearningRateFinder and BatchSizeFinder (tasktrain/callbacks/lr_finder.py,
+batch_size_finder.py), which run them from inside a run (at its start, or from any hook of a subclass): `find_lr` and
+`find_batch_size` below. The Tuner runs them as Lightning's does: the finder first among the trainer's callbacks,
+with its early exit, and a real run of the method (fit, or validate / test / predict), which ends after the search.
 
-Both leave the module's weights and the trainer as they found them (its settings, where it is: global_step,
-current_epoch, and from inside a run everything of the run in progress: its loaders, metrics, hook tables, the
-strategy's wrapped module and optimizers). The trials run with the trainer's callbacks, loggers and profiler set
-aside: nothing is checkpointed, logged or profiled. They change only the attribute they tune (and, from inside a
-fit, the learning rate of the optimizers already built, as Lightning's).
+A search leaves the module's weights and the run as it found them (the trainer's settings, its counters, loaders,
+metrics, hook tables, the strategy's wrapped module and optimizers). The trials run with the trainer's callbacks,
+loggers and profiler set aside: nothing is checkpointed, logged or profiled. They change only the attribute they tune
+(and the learning rate of the optimizers already built, as Lightning's).
 On several processes (Lightning's rules): the learning-rate sweep runs on every rank, stopped early when rank 0's
 loss diverges, and every rank takes rank 0's results (so the same suggestion); the batch-size search is refused
 (an out-of-memory error on one rank would leave the others waiting).
@@ -64,10 +64,10 @@ class Tuner:
                          datamodule=None, method="fit", mode="power", steps_per_trial=3, init_val=2, max_trials=25,
                          batch_arg_name="batch_size", margin=0.05, max_val=8192):
         """The largest batch size (module.<batch_arg_name>, or its hyper-parameter, or the DataModule's, read by
-        their own *_dataloader hooks) with which `steps_per_trial` steps of `method` (fit: training and validation)
-        run without running out of memory: doubled from init_val until a trial fails ("power"), then, in
-        "binsearch", bisected between the last size that fit and the first that did not, less `margin`; never past
-        max_val. Sets the attribute and returns the size."""
+        their own *_dataloader hooks) with which `steps_per_trial` steps of `method` (fit: training, and validation
+        where the fit's would run within them) run without running out of memory: doubled from init_val until a
+        trial fails ("power"), then, in "binsearch", bisected between the last size that fit and the first that did
+        not, less `margin`; never past max_val. Sets it wherever it is held and returns it."""
         _check_tuner_configuration(train_dataloaders, val_dataloaders, dataloaders, method)
         from tasktrain.callbacks.batch_size_finder import BatchSizeFinder
 
