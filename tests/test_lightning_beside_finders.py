@@ -99,7 +99,7 @@ def _both(fn):
 @pytest.mark.parametrize("kwargs", [
     dict(mode="power", init_val=8), dict(mode="binsearch", init_val=8), dict(mode="power", init_val=4, max_trials=2),
 ])
-def test_the_size_found_at_fit_start_is_lightnings(kwargs):
+def test_the_size_found_at_fit_start_is_lightnings(kwargs, no_gc):
     def case(Trainer, Module, callbacks, Tuner):
         finder = callbacks.BatchSizeFinder(steps_per_trial=1, **kwargs)
         module = _module("lightning" if Trainer is L.Trainer else "tasktrain", fits=12)
@@ -112,7 +112,7 @@ def test_the_size_found_at_fit_start_is_lightnings(kwargs):
         else found[0] == found[1] == 8
 
 
-def test_tuner_and_test_stage_sizes_are_lightnings_and_the_run_reads_the_size_found():
+def test_tuner_and_test_stage_sizes_are_lightnings_and_the_run_reads_the_size_found(no_gc):
     def case(Trainer, Module, callbacks, Tuner):
         name = "lightning" if Trainer is L.Trainer else "tasktrain"
         tuned = _module(name, fits=12)
@@ -128,7 +128,7 @@ def test_tuner_and_test_stage_sizes_are_lightnings_and_the_run_reads_the_size_fo
     assert len(test_batches) == 1 + 64 // 16  # one trial batch, then the test run itself at the size found
 
 
-def test_predict_stage_size_reaches_the_prediction_writers_batch_indices():
+def test_predict_stage_size_reaches_the_prediction_writers_batch_indices(no_gc):
     # the predict run reads the size found, and a writer's batch indices are those of the loaders built again
     def case(Trainer, Module, callbacks, Tuner):
         class Writer(callbacks.BasePredictionWriter):
@@ -174,7 +174,7 @@ class _Milestones:
         return FineTuneBatchSizeFinder
 
 
-def test_a_milestone_subclass_searches_at_its_epochs_and_the_epochs_read_the_size_found():
+def test_a_milestone_subclass_searches_at_its_epochs_and_the_epochs_read_the_size_found(no_gc):
     """(tasktrain alone: Lightning 2.6.6's run of this documented subclass fails at the milestone, its trial's
     out-of-memory error escaping the fit) The search runs at epoch 0 and at the milestone, from the weights of that
     point, which are put back; the epoch that is starting trains at the size found."""
