@@ -13,3 +13,9 @@ class SIGTERMException(SystemExit):
     Lightning's points (after a training batch, at an epoch's end, after an evaluation batch that is not the last),
     so that the on_exception hooks run (an OnExceptionCheckpoint or ModelCheckpoint(save_on_exception=True) saves
     there); a SystemExit without a code, so a script that does not catch it exits with status 0."""
+
+
+class _TunerExitException(Exception):
+    """Raised by a finder callback the Tuner added (Lightning's name, `lightning.pytorch.utilities.exceptions`) once
+    its search is done: the run the Tuner started ends there as a finished run (its teardown hooks, status FINISHED),
+    without training on (Tuner.lr_find / scale_batch_size run the search inside a real run, as Lightning's)."""

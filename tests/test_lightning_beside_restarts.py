@@ -331,3 +331,38 @@ def test_throughput_of_a_validate_from_a_checkpoint_is_written_at_lightnings_ste
         return written
 
     assert steps("tasktrain") == steps("lightning") == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_predict_given_a_checkpoint_goes_on_from_the_predict_progress_that_file_holds(tmp_path):
+    """Lightning's checkpoints keep its predict loop's progress, and predict(ckpt_path=...) restores it: the loop's
+    batch_progress.total goes on from the file's count (on the Trainer that saved it and on a new one), while a predict
+    without a ckpt_path goes on from the Trainer's own; `current` counts the run."""
+    def counts(name):
+        lib, classes = LIBS[name]
+        path = str(tmp_path / f"{name}.ckpt")
+        kwargs = dict(QUIET, max_epochs=1, limit_train_batches=2)
+
+        def progress(trainer):
+            batches = trainer.predict_loop.batch_progress
+            return batches.total.ready, batches.total.completed, batches.current.completed
+
+        seen = []
+        trainer = lib.Trainer(**kwargs)
+        module = classes.BoringModel()
+        trainer.fit(module)
+        trainer.predict(module)
+        seen.append(progress(trainer))
+        trainer.save_checkpoint(path)
+        trainer.predict(module)
+        seen.append(progress(trainer))
+        trainer.predict(module, ckpt_path=path)
+        seen.append(progress(trainer))
+        other = lib.Trainer(**kwargs)
+        other.predict(classes.BoringModel(), ckpt_path=path)
+        seen.append(progress(other))
+        return seen
+
+    ours = counts("tasktrain")
+    assert ours == counts("lightning")
+    per_run = ours[0][2]
+    assert per_run > 0 and ours[1][1] == 2 * per_run and ours[2][1] == ours[3][1] == 2 * per_run

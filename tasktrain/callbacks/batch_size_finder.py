@@ -36,6 +36,7 @@ class BatchSizeFinder(Callback):
         self._batch_arg_name = batch_arg_name
         self._margin = margin
         self._max_val = max_val
+        self._early_exit = False  # (Lightning's flag) set by the Tuner: its run ends once the search is done
 
     def setup(self, trainer, pl_module, stage=None):
         """Lightning's checks, before the run's set-up goes on: one process, loaders built by the module's or the
@@ -55,6 +56,10 @@ class BatchSizeFinder(Callback):
         self.optimal_batch_size = find_batch_size(
             trainer, pl_module, loaders, self._mode, self._steps_per_trial, self._init_val, self._max_trials,
             self._batch_arg_name, self._margin, self._max_val)
+        if self._early_exit:
+            from tasktrain.exceptions import _TunerExitException
+
+            raise _TunerExitException()
 
     def on_fit_start(self, trainer, pl_module):
         self.scale_batch_size(trainer, pl_module)

@@ -31,6 +31,7 @@ class LearningRateFinder(Callback):
         self._update_attr = update_attr
         self._attr_name = attr_name
         self.optimal_lr = None
+        self._early_exit = False  # (Lightning's flag) set by the Tuner: its run ends once the sweep is done
 
     def lr_find(self, trainer, pl_module):
         """Run the sweep now (from any hook of the fit); sets `optimal_lr` and, with update_attr, the rate."""
@@ -39,6 +40,10 @@ class LearningRateFinder(Callback):
         self.optimal_lr = find_lr(trainer, pl_module, run_loaders(trainer), self._min_lr, self._max_lr,
                                   self._num_training_steps, self._mode, self._early_stop_threshold, self._update_attr,
                                   self._attr_name)
+        if self._early_exit:
+            from tasktrain.exceptions import _TunerExitException
+
+            raise _TunerExitException()
 
     def on_fit_start(self, trainer, pl_module):
         self.lr_find(trainer, pl_module)

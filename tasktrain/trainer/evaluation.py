@@ -80,16 +80,20 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
 
 
 def restore_eval_total(trainer, stage, ckpt):
-    """Lightning's validate / test restore their loop's progress from the file: the loop's `total` (its batch_progress,
-    trainer.validate_loop / test_loop) goes on from the count the file holds, at every run given a ckpt_path. (A
-    batch the file was saved inside is counted completed, as it was; Lightning's keeps it ready and never completed:
-    docs/lightning.md.)"""
+    """Lightning's validate / test / predict restore their loop's progress from the file: the loop's `total` (its
+    batch_progress, trainer.validate_loop / test_loop / predict_loop) goes on from the count the file holds, at every
+    run given a ckpt_path. (A batch the file was saved inside is counted completed, as it was; Lightning's keeps it
+    ready and never completed: docs/lightning.md.)"""
     from tasktrain.checkpoint_io import own_state
 
     saved = own_state(ckpt).get("train_state")
-    counts = saved.get("eval_batches") if isinstance(saved, dict) else None
+    if not isinstance(saved, dict):
+        return
+    counts = saved.get("eval_batches")
     if stage in ("validate", "test") and isinstance(counts, dict) and stage in counts:
         trainer.state.eval_batches[stage][0] = int(counts[stage][0])
+    if stage == "predict" and "predict_batches" in saved:  # (a file from before tasktrain saved it: kept as it is)
+        trainer._predict_counts[0] = int(saved["predict_batches"])
 
 
 def result_count(loaders):
@@ -234,10 +238,12 @@ def warn_distributed_eval(loaders, stage):
 def _rebuilt_if_stale(trainer, stage, loaders, limits):
     """Built again when a hook at the run's start changed what the hooks' loaders read (a BatchSizeFinder's size):
     the run's batches are read at the size found, as Lightning's loop sets its data up again."""
-    if not trainer._eval_data_stale:
+    rebuilt = trainer._eval_data_stale
+    if not rebuilt:
         return loaders, limits
     trainer._eval_data_stale = False
-    return eval_loaders(trainer, stage, trainer.module, None)
+    # (the search built them already, before its restore's hooks, as Lightning's resets its loop's data: tuning.py)
+    return rebuilt if isinstance(rebuilt, tuple) else eval_loaders(trainer, stage, trainer.module, None)
 
 
 def evaluate(trainer, stage, loaders, limits):

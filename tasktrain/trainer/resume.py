@@ -52,6 +52,9 @@ def run_state(trainer, weights_only=False):
             # Lightning's checkpoint there does not count that batch yet (its restarted loop does), as one saved in
             # a mid-epoch validation or in on_train_batch_end (lightning_loops.py: _batches_that_stepped)
             saved["saved_in_stepping_batch"] = True
+        # Lightning's checkpoints keep its predict loop's progress too (the Trainer's predict batches so far): a
+        # predict given this file goes on from it (evaluation.restore_eval_total)
+        saved["predict_batches"] = int(trainer._predict_counts[0])
         if has_data:
             if isinstance(data, StatefulLoaderData) or (isinstance(data, CombinedTrainData) and
                                                         data.keeps_loader_states()):

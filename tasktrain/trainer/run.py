@@ -29,8 +29,6 @@ def attach_module_callbacks(trainer, module):
         return
     with hook_scope(trainer, "configure_callbacks"):  # (named for self.log, which refuses it there)
         extra = module.configure_callbacks()
-    if "module_callbacks" in trainer._trial_skips:
-        return  # the Tuner's trial: Lightning's fit calls the hook, then its trial runs with its own callback alone
     extra = [extra] if isinstance(extra, Callback) else list(extra or [])
     replaced = {type(c) for c in extra}
     trainer.callbacks = in_call_order([c for c in trainer.callbacks if type(c) not in replaced] + extra)

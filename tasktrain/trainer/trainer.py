@@ -25,7 +25,7 @@ import torch
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
-from tasktrain.exceptions import MisconfigurationException
+from tasktrain.exceptions import MisconfigurationException, _TunerExitException
 from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
@@ -693,6 +693,10 @@ class Trainer:
                     self._fit(module, train_loader, eval_loader, ckpt_path)
                 else:
                     result = evaluation.run_evaluation(self, stage, module, eval_loader, ckpt_path, gather)
+        except _TunerExitException:
+            # the Tuner's finder ended the run after its search (Lightning's): a finished run, torn down as one (its
+            # teardown hooks, its loggers' finalize("success")), nothing trained after the search, nothing returned
+            result = None
         except BaseException as exc:
             # a job that saved and was requeued (issue 40) finished its part: Lightning's SLURM handler says so
             requeued = isinstance(exc, SystemExit) and getattr(exc, "requeued", False)
@@ -752,8 +756,6 @@ class Trainer:
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)
             self._call("on_fit_start")
-        elif self._trial_checkpoint is None:  # the Tuner's first trial: where Lightning's finder saves its checkpoint
-            self._trial_checkpoint = resume.trial_save(self)
         if after_setup:
             loaded = resume.restore_module_and_callbacks(self, ckpt_path)
         if loaded is not None:

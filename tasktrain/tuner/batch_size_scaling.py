@@ -10,10 +10,13 @@ measures there is that the steps run, not a memory limit: choose a CPU batch siz
 that is not out-of-memory is raised): replace it to make the decision some other way.
 """
 import gc
+import logging
 
 import torch
 
-from tasktrain.tuner.lr_finder import set_attr, start_counters_over
+from tasktrain.tuner.lr_finder import start_counters_over
+
+log = logging.getLogger(__name__)
 
 
 def is_oom_error(exception):
@@ -48,18 +51,30 @@ def run_trial(trainer, model, loaders):
         return False
 
 
-def batch_attr(model, datamodule, name):
-    """Where the batch size lives: the module (attribute or hparams), else the DataModule."""
+def holders(model, datamodule, name):
+    """Everything that holds the batch size, in Lightning's order: the module's attribute, its hparams, the
+    DataModule's attribute, its hparams (Lightning's search sets it in each, as its lightning_setattr)."""
+    found = []
     for owner in (model, datamodule):
-        if owner is not None and (hasattr(owner, name) or name in getattr(owner, "hparams", {})):
-            return owner
-    raise AttributeError(f"scale_batch_size(batch_arg_name={name!r}): neither {type(model).__name__} nor its "
-                         "DataModule has such an attribute or hyper-parameter; its train_dataloader() must read the "
-                         "batch size from there.")
+        if owner is None:
+            continue
+        if hasattr(owner, name):
+            found.append(owner)
+        if name in getattr(owner, "hparams", {}):
+            found.append(owner.hparams)
+    if not found:
+        raise AttributeError(f"scale_batch_size(batch_arg_name={name!r}): neither {type(model).__name__} nor its "
+                             "DataModule has such an attribute or hyper-parameter; its train_dataloader() must read "
+                             "the batch size from there.")
+    return found
 
 
-def _get(owner, name):
-    return getattr(owner, name) if hasattr(owner, name) else owner.hparams[name]
+def set_size(found, name, value):
+    for holder in found:
+        if isinstance(holder, dict):
+            holder[name] = value
+        else:
+            setattr(holder, name, value)
 
 
 _TRIAL_LIMIT = {"fit": "limit_train_batches", "validate": "limit_val_batches", "test": "limit_test_batches",
@@ -78,44 +93,68 @@ def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, m
         raise ValueError("`mode` should be either of ('power', 'binsearch')")
     if not 0.0 <= margin < 1.0:
         raise AssertionError(f"`margin` should be between 0 and 1. Found margin={margin!r}")
-    for arg, value in (("steps_per_trial", steps_per_trial), ("init_val", init_val), ("max_trials", max_trials),
-                       ("max_val", max_val)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"scale_batch_size({arg}={value!r}): use a positive integer.")
+    for arg, value, least in (("steps_per_trial", steps_per_trial, 1), ("init_val", init_val, 1),
+                              ("max_trials", max_trials, 0), ("max_val", max_val, 1)):
+        if not isinstance(value, int) or value < least:  # (max_trials=0: no trial, init_val kept, as Lightning's)
+            raise ValueError(f"scale_batch_size({arg}={value!r}): use an integer of at least {least}.")
     from tasktrain.tuner import batch_size_scaling as this  # look run_trial up at call time: it may be replaced
 
     method = loaders.get("method", "fit")
-    owner = batch_attr(model, loaders.get("datamodule"), batch_arg_name)
-    limit = _dataset_length(model, loaders, method)
+    found = holders(model, loaders.get("datamodule"), batch_arg_name)
     # (tuning._tuning set the callbacks aside; the Trainer's gradient clipping stays, as in Lightning's trials)
     if method == "fit":
-        trainer.max_steps, trainer.max_epochs = steps_per_trial, -1
-        trainer.limit_val_batches = steps_per_trial  # the validation batches must fit too
-        trainer.accumulate_grad_batches = 1
-    setattr(trainer, _TRIAL_LIMIT[method], steps_per_trial)
+        # Lightning's trial of a fit: steps_per_trial optimizer steps into the whole epoch (max_epochs and
+        # accumulation as set), so the validation batches run only where the fit's would within them (an epoch's
+        # end, val_check_interval), on at most steps_per_trial batches
+        trainer.max_steps, trainer.limit_train_batches = steps_per_trial, 1.0
+        trainer.limit_val_batches = steps_per_trial
+    else:
+        setattr(trainer, _TRIAL_LIMIT[method], steps_per_trial)
+    limit = [None]  # the dataset's length, read from the loader of the last trial that ran
 
     def fits(size):
-        set_attr(owner, batch_arg_name, size)
+        set_size(found, batch_arg_name, size)
         start_counters_over(trainer)
         ok = this.run_trial(trainer, model, loaders)
-        print(f"[tasktrain] scale_batch_size: batch size {size} {'fits' if ok else 'ran out of memory'}", flush=True)
+        if ok:  # (Lightning reads it from the loader its trial read)
+            limit[0] = _dataset_length(trainer, method)
         return ok
 
-    def whole_dataset(size):  # the size already holds every sample: a larger one tells nothing new
-        return limit is not None and size >= limit
+    def grows_past_data(size):
+        """The size already holds every sample, so a larger one tells nothing new (Lightning's line)."""
+        if limit[0] is not None and size >= limit[0]:
+            log.info(f"The batch size {size} is greater or equal than the length of your dataset: {limit[0]}.")
+            return True
+        return False
+
+    def doubled(size):
+        if size * 2 > max_val:
+            log.info(f"Batch size {size * 2} exceeds max_val limit {max_val}, capping at {max_val}")
+        return min(size * 2, max_val)
+
+    def reached_max(size):  # (Lightning stops there untried; tasktrain has tried it: docs/tuner.md)
+        if size >= max_val:
+            log.info(f"Reached the maximum batch size limit of {max_val}. Stopping search.")
+            return True
+        return False
 
     size = min(init_val, max_val)
+    set_size(found, batch_arg_name, size)
     if mode == "power":
         fitted_once = False
         for trial in range(max_trials):
             if fits(size):
-                if trial + 1 >= max_trials or whole_dataset(size) or size >= max_val:
+                if trial + 1 >= max_trials or grows_past_data(size) or reached_max(size):
                     break
-                size, fitted_once = min(size * 2, max_val), True
+                new = doubled(size)
+                log.info(f"Batch size {size} succeeded, trying batch size {new}")
+                size, fitted_once = new, True
             else:
                 if size == 1:
                     raise RuntimeError("scale_batch_size: even a batch of 1 runs out of memory.")
+                log.info(f"Batch size {size} failed, trying batch size {size // 2}")
                 size //= 2
+                set_size(found, batch_arg_name, size)
                 if fitted_once:
                     break
     else:
@@ -123,40 +162,44 @@ def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, m
         while True:
             if fits(size):
                 fitted += 1
-                if fitted >= max_trials or whole_dataset(size) or size >= max_val:
+                if fitted >= max_trials or grows_past_data(size) or reached_max(size):
                     break
                 low = size
                 if high is not None:
                     if high - low <= 1:
                         break
-                    size = (low + high) // 2
+                    new = (low + high) // 2
                 else:
-                    size = min(size * 2, max_val)
+                    new = doubled(size)
+                log.info(f"Batch size {size} succeeded, trying batch size {new}")
+                size = new
             else:
                 high = size
+                log.info(f"Batch size {size} failed, trying batch size {(low + high) // 2}")
                 size = (low + high) // 2
+                set_size(found, batch_arg_name, size)
                 if high - low <= 1:
                     break
         if margin > 0:  # (binsearch only, as Lightning's: its size is at the edge of what fits)
             reduced = max(1, int(size * (1 - margin)))
             if reduced != size:
-                print(f"[tasktrain] scale_batch_size: margin {margin:.1%}: batch size {size} -> {reduced}",
-                      flush=True)
+                log.info(f"Applying margin of {margin:.1%}, reducing batch size from {size} to {reduced}")
             size = reduced
-    set_attr(owner, batch_arg_name, size)
-    print(f"[tasktrain] scale_batch_size: {batch_arg_name} set to {size}", flush=True)
+    set_size(found, batch_arg_name, size)
+    log.info(f"Finished batch size finder, will continue with full run using batch size {size}")
     return size
 
 
-def _dataset_length(model, loaders, method="fit"):
-    """The length of the dataset the trials read (the training set for fit, else the stage's loader's), read from
-    the loader the module (or DataModule) builds; None when it has none."""
-    source = loaders.get("datamodule") or model
-    hook = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
-            "predict": "predict_dataloader"}[method]
+def _dataset_length(trainer, method):
+    """The length of the dataset the last trial read (the training set for fit, else the stage's loader's: the sum of
+    several), from the loaders it built; None when they have none."""
+    loaders = {"fit": lambda: trainer.train_dataloader, "validate": lambda: trainer.val_dataloaders,
+               "test": lambda: trainer.test_dataloaders, "predict": lambda: trainer.predict_dataloaders}[method]()
+    if loaders is None:
+        return None
+    ones = list(loaders.values()) if isinstance(loaders, dict) else list(loaders) if isinstance(
+        loaders, (list, tuple)) else [loaders]
     try:
-        loader = getattr(source, hook)()
-        loader = loader[0] if isinstance(loader, (list, tuple)) and len(loader) == 1 else loader
-        return len(loader.dataset)
+        return sum(len(one.dataset) for one in ones)
     except (TypeError, AttributeError, NotImplementedError):
         return None

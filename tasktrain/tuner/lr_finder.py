@@ -20,7 +20,7 @@ class LRFinder:
     """What lr_find found: `results` {"lr": [...], "loss": [...]} (the smoothed loss after each step's rate),
     `suggestion()` and `plot()` (matplotlib, imported only there)."""
 
-    def __init__(self, mode, lr_min, lr_max, num_training, lrs, losses):
+    def __init__(self, mode, lr_min, lr_max, num_training, lrs=(), losses=()):
         self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
         self.results = {"lr": list(lrs), "loss": list(losses)}
         self._optimal_idx = None
@@ -76,6 +76,9 @@ class LRFinder:
         return fig
 
 
+_LRFinder = LRFinder  # (Lightning's name for it, at Lightning's module path: scripts and tests that build one)
+
+
 class _Sweep(Callback):
     """Lightning's sweep, step for step: step k runs at min_lr (k=0) or at the rate (k+1)/num_training of the way
     from min_lr to max_lr (its scheduler's count); a point (rate, smoothed loss) is kept at each batch that closes an
@@ -88,7 +91,6 @@ class _Sweep(Callback):
         self.lrs, self.losses = [], []
         self._avg, self._best = 0.0, 0.0
         self.progress_bar = None
-        self.requests_train_again = False
 
     def rate(self, step):
         if step == 0:
@@ -115,13 +117,6 @@ class _Sweep(Callback):
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] = self.min_lr
         trainer.lr_scheduler_configs[:] = [SchedulerConfig(_SweepLR(optimizer, self), interval="step")]
-
-    def on_train_end(self, trainer, module):
-        # From the Tuner, Lightning's sweep runs inside the fit its Tuner starts, which sets up its training data again
-        # after the sweep (a training loader of the hooks is requested once more) before the Tuner ends it; from a
-        # callback inside a fit, the fit's own request is that one (the fit requests its loader after the sweep here)
-        if self.requests_train_again and trainer._loaders_from_hooks[0]:
-            trainer._loader_of(module, "train_dataloader")
 
     def _closes_window(self, trainer, batch_idx):
         return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
@@ -202,17 +197,20 @@ def start_counters_over(trainer):
     trainer._epoch_cut_short = False
 
 
-def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, from_tuner=False):
+def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold):
     """The sweep itself: a short fit of `model` on `trainer` (callbacks, limits and counters replaced; the caller,
     tuning.find_lr, puts them back and sets the suggestion where the module keeps its rate)."""
     if mode not in ("exponential", "linear"):
         raise ValueError("`mode` should be either of ('linear', 'exponential')")
-    if not 0 < min_lr < max_lr:
-        raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): use 0 < min_lr < max_lr.")
-    if not isinstance(num_training, int) or num_training < 2:
-        raise ValueError(f"lr_find(num_training={num_training!r}): use at least 2 steps.")
+    # (Lightning sweeps from min_lr to max_lr whichever is larger: min_lr > max_lr sweeps downwards, as there)
+    if mode == "exponential" and not (min_lr > 0 and max_lr > 0):
+        raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): the exponential sweep needs rates above 0 "
+                         "(or use mode='linear').")
+    if not (min_lr >= 0 and max_lr >= 0):
+        raise ValueError(f"lr_find(min_lr={min_lr}, max_lr={max_lr}): learning rates cannot be negative.")
+    if not isinstance(num_training, int) or num_training < 1:
+        raise ValueError(f"lr_find(num_training={num_training!r}): use at least 1 step.")
     sweep = _Sweep(min_lr, max_lr, num_training, mode, early_stop_threshold)
-    sweep.requests_train_again = from_tuner
     trainer.callbacks = [sweep] + trainer.callbacks  # (what tuning._tuning kept: the Trainer's gradient clipping)
     trainer.max_steps = num_training  # (max_epochs stays the Trainer's: Lightning's; a short loader ends it)
     # Lightning's: validation runs during the sweep where the fit's own would (val_check_interval and
@@ -230,6 +228,7 @@ def lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
         if sweep.progress_bar is not None:  # (Lightning's stays open until collected: the same last line)
             sweep.progress_bar.close()
     finder = LRFinder(mode, min_lr, max_lr, num_training, sweep.lrs, sweep.losses)
+    finder._total_batch_idx = trainer.fit_loop.total_batch_idx  # (Lightning's, "for debug purpose")
     # several processes: every rank takes rank 0's points (each rank's loss is its own shard's), so that the
     # suggestion, and the rate set, are the same everywhere (Lightning's broadcast)
     finder.results = trainer.strategy.broadcast(finder.results)

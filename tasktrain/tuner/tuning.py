@@ -5,15 +5,15 @@
     size = tuner.scale_batch_size(module)          # grows module.batch_size while a few steps still fit
     trainer.fit(module, ...)                       # the real run, from the module's original weights
 
-The callbacks LearningRateFinder and BatchSizeFinder (tasktrain/callbacks/lr_finder.py, batch_size_finder.py) run
-the same searches from inside a run (at its start, or from any hook of a subclass); `find_lr` and
-`find_batch_size` below are the one implementation both use, as Lightning's Tuner runs its callbacks.
+The searches are those of the callbacks LearningRateFinder and BatchSizeFinder (tasktrain/callbacks/lr_finder.py,
+batch_size_finder.py), which run them from inside a run (at its start, or from any hook of a subclass): `find_lr` and
+`find_batch_size` below. The Tuner runs them as Lightning's does: the finder first among the trainer's callbacks,
+with its early exit, and a real run of the method (fit, or validate / test / predict), which ends after the search.
 
-Both leave the module's weights and the trainer as they found them (its settings, where it is: global_step,
-current_epoch, and from inside a run everything of the run in progress: its loaders, metrics, hook tables, the
-strategy's wrapped module and optimizers). The trials run with the trainer's callbacks, loggers and profiler set
-aside: nothing is checkpointed, logged or profiled. They change only the attribute they tune (and, from inside a
-fit, the learning rate of the optimizers already built, as Lightning's).
+A search leaves the module's weights and the run as it found them (the trainer's settings, its counters, loaders,
+metrics, hook tables, the strategy's wrapped module and optimizers). The trials run with the trainer's callbacks,
+loggers and profiler set aside: nothing is checkpointed, logged or profiled. They change only the attribute they tune
+(and the learning rate of the optimizers already built, as Lightning's).
 On several processes (Lightning's rules): the learning-rate sweep runs on every rank, stopped early when rank 0's
 loss diverges, and every rank takes rank 0's results (so the same suggestion); the batch-size search is refused
 (an out-of-memory error on one rank would leave the others waiting).
@@ -54,19 +54,20 @@ class Tuner:
             raise ValueError("Trainer is already configured with a `LearningRateFinder` callback.Please remove it if "
                              "you want to use the Tuner.")
         check_lr_find_arguments(mode)
-        loaders = {"datamodule": datamodule} if datamodule is not None else {
-            "train_dataloaders": train_dataloaders, "val_dataloaders": val_dataloaders}
-        return find_lr(self._trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold,
-                       update_attr, attr_name)
+        finder = LearningRateFinder(min_lr=min_lr, max_lr=max_lr, num_training_steps=num_training, mode=mode,
+                                    early_stop_threshold=early_stop_threshold, update_attr=update_attr,
+                                    attr_name=attr_name)
+        _run_with(self._trainer, finder, "fit", model, train_dataloaders, val_dataloaders, datamodule)
+        return finder.optimal_lr
 
     def scale_batch_size(self, model, train_dataloaders=None, val_dataloaders=None, dataloaders=None,
                          datamodule=None, method="fit", mode="power", steps_per_trial=3, init_val=2, max_trials=25,
                          batch_arg_name="batch_size", margin=0.05, max_val=8192):
         """The largest batch size (module.<batch_arg_name>, or its hyper-parameter, or the DataModule's, read by
-        their own *_dataloader hooks) with which `steps_per_trial` steps of `method` (fit: training and validation)
-        run without running out of memory: doubled from init_val until a trial fails ("power"), then, in
-        "binsearch", bisected between the last size that fit and the first that did not, less `margin`; never past
-        max_val. Sets the attribute and returns the size."""
+        their own *_dataloader hooks) with which `steps_per_trial` steps of `method` (fit: training, and validation
+        where the fit's would run within them) run without running out of memory: doubled from init_val until a
+        trial fails ("power"), then, in "binsearch", bisected between the last size that fit and the first that did
+        not, less `margin`; never past max_val. Sets it wherever it is held and returns it."""
         _check_tuner_configuration(train_dataloaders, val_dataloaders, dataloaders, method)
         from tasktrain.callbacks.batch_size_finder import BatchSizeFinder
 
@@ -75,38 +76,49 @@ class Tuner:
         if any(isinstance(cb, BatchSizeFinder) for cb in self._trainer.callbacks):
             raise ValueError("Trainer is already configured with a `BatchSizeFinder` callback.Please remove it if "
                              "you want to use the Tuner.")
-        check_batch_size_arguments(mode, margin)
-        given = train_dataloaders if method == "fit" else dataloaders
-        if given is not None and not _is_datamodule(given) or val_dataloaders is not None:
-            raise loaders_passed_error(method)
-        if _is_datamodule(given):  # (a DataModule where the loaders go is the datamodule: Lightning's rule)
-            datamodule = given
-        loaders = {"method": method}
-        if datamodule is not None:
-            loaders["datamodule"] = datamodule
-        check_batch_attribute(model, datamodule, batch_arg_name)
-        return find_batch_size(self._trainer, model, loaders, mode, steps_per_trial, init_val, max_trials,
-                               batch_arg_name, margin, max_val)
+        if not 0.0 <= margin < 1.0:  # (Lightning's assert, before its callback checks the mode)
+            raise AssertionError(f"`margin` should be between 0 and 1. Found margin={margin!r}")
+        finder = BatchSizeFinder(mode=mode, steps_per_trial=steps_per_trial, init_val=init_val,
+                                 max_trials=max_trials, batch_arg_name=batch_arg_name, margin=margin, max_val=max_val)
+        loaders = dataloaders if method != "fit" else train_dataloaders
+        _run_with(self._trainer, finder, method, model, loaders, val_dataloaders, datamodule)
+        return finder.optimal_batch_size
+
+
+def _run_with(trainer, finder, method, model, loaders, val_loaders, datamodule):
+    """Lightning's Tuner: the finder first among the trainer's callbacks, with its early exit, and the run of `method`
+    (its set-up hooks, the callbacks' too; the search at the run's start; then the run ends, torn down as a finished
+    one); the finder is removed after."""
+    finder._early_exit = True
+    trainer.callbacks = [finder] + trainer.callbacks
+    try:
+        if method == "fit":
+            trainer.fit(model, loaders, val_loaders, datamodule)
+        else:
+            getattr(trainer, method)(model, loaders, datamodule=datamodule)
+    finally:
+        trainer.callbacks = [cb for cb in trainer.callbacks if cb is not finder]
 
 
 # -- the one implementation (the Tuner's and the callbacks') --------------------------------------------------------
 def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold, update_attr,
             attr_name):
-    """The learning-rate sweep on `trainer` (idle, or inside a fit of `model`), RNG isolated as Lightning's: an
-    LRFinder, or None under fast_dev_run. With update_attr the suggestion is set on the module and, inside a fit,
+    """The learning-rate sweep from inside a fit of `model` (the callback's hook; the Tuner's fit too), RNG isolated
+    as Lightning's: an LRFinder, or None under fast_dev_run. With update_attr the suggestion is set on the module and
     on the optimizers already built (their configure_optimizers ran before the sweep: Lightning's rule)."""
     if _skipped(trainer, "learning rate finder"):
         return None
     tuning = _tuning(trainer, model, "lr_find")
+    # Lightning's fit loop sets its training data up again after the restore (its loader requested now, not later)
+    tuning.after_restore = _request_train_data
     name = lr_attr_name(model, attr_name) if update_attr else None
     with isolate_rng(), tuning:
-        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold,
-                         from_tuner=not tuning.in_run)
+        finder = lr_find(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_stop_threshold)
     if name is not None:
         lr = finder.suggestion()  # (None: it logged Lightning's error; the rate is left as it was)
         if lr is not None:
             set_attr(model, name, lr)
-            for optimizer in trainer.optimizers or []:  # (inside a fit: the run goes on at the suggested rate)
+            for optimizer in trainer.optimizers or []:  # (the run goes on at the suggested rate)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
             lr_finder_log.info(f"Learning rate set to {lr}")
@@ -115,16 +127,16 @@ def find_lr(trainer, model, loaders, min_lr, max_lr, num_training, mode, early_s
 
 def find_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, max_trials, batch_arg_name, margin,
                     max_val):
-    """The batch-size search on `trainer` (idle, or inside a run of `model`): the size found, or None under
-    fast_dev_run. Inside a run, the run's loaders are built again with the size found (as Lightning resets its
-    loops' data): a fit's at its next use, an epoch that is starting with it."""
+    """The batch-size search from inside a run of `model` (the callback's hook; the Tuner's run too): the size found,
+    or None under fast_dev_run. The run's loaders are built again with the size found, before the restore's hooks
+    (as Lightning resets its loops' data then): a fit's now, an evaluation run's before its first batch."""
     if _skipped(trainer, "batch size scaler"):
         return None
-    with _tuning(trainer, model, "scale_batch_size") as tuning:
+    tuning = _tuning(trainer, model, "scale_batch_size")
+    tuning.before_restore = _rebuild_run_data
+    with tuning:
         size = batch_size_scaling.scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val,
                                                    max_trials, batch_arg_name, margin, max_val)
-    if tuning.in_run:
-        _rebuild_run_data(trainer)
     return size
 
 
@@ -229,13 +241,17 @@ class _tuning:
     def __init__(self, trainer, model, name):
         # (several processes: the batch-size search is refused before this, in Lightning's words; the lr sweep runs on
         # every rank, its early stop and results rank 0's: lr_finder.py)
+        if trainer._metrics is None:
+            raise RuntimeError(f"{name} runs from a hook of a run in progress (a finder callback's, or the Tuner's "
+                               "run): use tasktrain.tuner.Tuner(trainer).{name}(module) outside a run.")
         self.trainer, self.model = trainer, model
-        self.in_run = trainer._metrics is not None  # called from a hook of a run in progress
+        self.before_restore = self.after_restore = None  # f(trainer): the run's data set up again, around the restore
 
     def __enter__(self):
         trainer, strategy = self.trainer, self.trainer.strategy
         # (shallow: the run in progress holds these very objects, e.g. trainer.state, and must find them again)
         self.attributes = dict(trainer.__dict__)
+        self.predict_counts = list(trainer._predict_counts)  # (a list the trials count in, in place)
         self.callbacks = list(trainer.callbacks)
         self.strategy_attributes = dict(strategy.__dict__)
         self.precision = copy.deepcopy(strategy.precision.state_dict()) if hasattr(
@@ -246,24 +262,20 @@ class _tuning:
         self.schedulers = [(c.scheduler, copy.deepcopy(c.scheduler.state_dict()))
                            for c in (getattr(trainer, "lr_scheduler_configs", None) or [])]
         # Lightning's finders save the run to a checkpoint and restore it after: its hooks run here too (resume.py:
-        # trial_save, from inside a run now, from the Tuner at its first trial's start; trial_restored at the end)
+        # trial_save now, trial_restored at the end)
         trainer._trial_callbacks = self.callbacks
-        trainer._trial_checkpoint = resume.trial_save(trainer) if self.in_run else None
+        trainer._trial_checkpoint = resume.trial_save(trainer)
         # (the Trainer's own gradient clipping, gradient_clip_val, stays: a callback here, no callback in Lightning,
         # whose trials clip)
         trainer.callbacks = [cb for cb in self.callbacks if getattr(cb, "from_trainer", False)]
         trainer._loggers = []  # (loggers that are not callbacks too)
         trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
         trainer.num_sanity_val_steps = 0
-        # Lightning's trials run its fit loop alone (_try_loop_run): no on_fit_start / on_fit_end, and from inside a
-        # run none of the set-up and teardown hooks either (its own set-up stands); from the Tuner, the trial is the
-        # fit Lightning's Tuner runs, whose setup and teardown hooks run
-        # and from inside a run nothing of the run's set-up again (prepare_data, configure_callbacks,
-        # configure_model, configure_optimizers: the trial steps the run's optimizers, put back after); from the
-        # Tuner, the callbacks of configure_callbacks are not the trial's (Lightning's trial has its own alone)
-        trainer._trial_skips = ("on_fit_start", "on_fit_end") + (
-            ("setup", "teardown", "prepare_data", "configure_callbacks", "configure_model", "configure_optimizers")
-            if self.in_run else ("module_callbacks",))
+        # Lightning's trials run its loop alone (_try_loop_run) on what the run set up: no on_fit_start / on_fit_end,
+        # none of the set-up and teardown hooks, nothing of the run's set-up again (prepare_data, configure_callbacks,
+        # configure_model, configure_optimizers: the trial steps the run's optimizers, put back after)
+        trainer._trial_skips = ("on_fit_start", "on_fit_end", "setup", "teardown", "prepare_data",
+                                "configure_callbacks", "configure_model", "configure_optimizers")
         return self
 
     def __exit__(self, *exc):
@@ -272,6 +284,7 @@ class _tuning:
         trainer.__dict__.clear()
         trainer.__dict__.update(self.attributes)
         trainer.callbacks[:] = self.callbacks  # (the same list object, its items as they were)
+        trainer._predict_counts[:] = self.predict_counts  # (Lightning's loop state, put back after its trials)
         strategy.__dict__.clear()
         strategy.__dict__.update(self.strategy_attributes)
         if self.precision is not None:
@@ -284,27 +297,50 @@ class _tuning:
         for scheduler, state in self.schedulers:
             scheduler.load_state_dict(state)
         self.model.trainer = trainer
-        if checkpoint is not None:  # (Lightning restores in a `finally`: after a failed trial too)
-            resume.trial_restored(trainer, self.model, checkpoint)
+        searched = exc[0] is None  # (after a failed trial its error is raised, not a loader hook's)
+        if searched and self.before_restore is not None:
+            self.before_restore(trainer)
+        # (Lightning restores in a `finally`: after a failed trial too)
+        resume.trial_restored(trainer, self.model, checkpoint)
+        if searched and self.after_restore is not None:
+            self.after_restore(trainer)
         return False
 
 
+def _request_train_data(trainer):
+    """After an lr sweep at a fit's start: the training loader is requested now, as Lightning's fit loop sets its data
+    up again after its restore (where the fit has not requested it yet; limit_train_batches=0 requests none)."""
+    from tasktrain.trainer import loaders
+
+    fit = trainer._fit_state
+    if trainer.state.fn == "fit" and fit is not None and fit.epochs is None and trainer.limit_train_batches != 0:
+        loaders.train_data_now(trainer)
+
+
 def _rebuild_run_data(trainer):
-    """After a batch-size search inside a run: the run's loaders that its hooks built are built again (with the size
-    found), as Lightning's loops set up their data again. A fit's training data not built yet is built when the fit
-    asks for it; one in use is replaced (an epoch starting now runs on the new one: loop.train_epoch); an evaluation
-    run's loaders are built again before its first batch (evaluation.py)."""
+    """After a batch-size search, before the restore's hooks: the run's loaders of the hooks are requested again
+    now (at the size found), as Lightning's loops set up their data again there, and the run uses these (it does not
+    request them again). A fit's training loader in use is replaced (an epoch starting now runs on the new one:
+    loop.train_epoch), as are its validation loaders; an evaluation run takes its own before its first batch
+    (evaluation.py)."""
     from tasktrain.trainer import loaders
 
     fit = trainer._fit_state
     if trainer.state.fn == "fit":
-        if trainer._train_data is not None and trainer._loaders_from_hooks[0]:
+        if trainer._loaders_from_hooks[0] and trainer.limit_train_batches != 0:
             if fit is not None and fit.epochs is not None:
                 loaders.reload(trainer, fit)
                 trainer._train_data = fit.epochs
+            else:  # (not requested yet, or requested early at the size before: requested now at the size found)
+                trainer._train_data = None
+                loaders.train_data_now(trainer)
+        if trainer._loaders_from_hooks[1]:
+            if trainer._val_loader is not None:
+                loaders.setup_val(trainer, trainer._loader_of(trainer.module, "val_dataloader"))
             else:
-                trainer._train_data = None  # (requested early: requested again when training starts)
-        if trainer._val_loader is not None and trainer._loaders_from_hooks[1]:
-            loaders.setup_val(trainer, trainer._loader_of(trainer.module, "val_dataloader"))
-    else:
-        trainer._eval_data_stale = True
+                loaders.val_data_now(trainer)  # (where the fit validates)
+    else:  # (the loaders and their counts, requested now; the run takes them before its first batch)
+        from tasktrain.trainer.evaluation import eval_loaders
+
+        stage = str(getattr(trainer.state.fn, "value", trainer.state.fn))
+        trainer._eval_data_stale = eval_loaders(trainer, stage, trainer.module, None)
