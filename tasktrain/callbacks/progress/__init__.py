@@ -28,9 +28,10 @@ def rich_available():
     return tuple(numbers) >= (10, 2, 2)
 
 
-def default_progress_bar():
-    """The Trainer's bar when the user gives none (Lightning's rule)."""
-    if rich_available():
+def default_progress_bar(rich=None):
+    """The Trainer's bar when the user gives none (Lightning's rule). `rich`: the Trainer passes its switch
+    (tasktrain.trainer.connectors.callback_connector._RICH_AVAILABLE); None asks `rich_available()`."""
+    if rich_available() if rich is None else rich:
         from tasktrain.callbacks.progress.rich_progress import RichProgressBar
 
         return RichProgressBar()
