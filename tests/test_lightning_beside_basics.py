@@ -122,6 +122,39 @@ def test_a_finite_iterable_dataset_trains_max_epochs_as_under_lightning():
     torch.testing.assert_close(weight, l_weight)
 
 
+def _validations_over_a_stream(lib, classes, batches, stop_at=None, **kwargs):
+    """When a fit over a loader without a length validates (the global step at each on_validation_start), and its
+    epoch scheduler's lr at the end (BoringModel's StepLR steps at each epoch's end)."""
+    seen = []
+
+    class Model(classes.BoringModel):
+        def on_validation_start(self):
+            seen.append(self.trainer.global_step)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if batch_idx == stop_at:
+                self.trainer.should_stop = True
+
+    model = Model()
+    trainer = lib.Trainer(num_sanity_val_steps=0, limit_val_batches=1, **QUIET, **kwargs)
+    trainer.fit(model, torch.utils.data.DataLoader(classes.RandomIterableDataset(32, 2 * batches), batch_size=2),
+                model.val_dataloader())
+    return seen, trainer.global_step, trainer.current_epoch, trainer.optimizers[0].param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize("case, validated_at", [
+    (dict(batches=10, max_steps=3), []), (dict(batches=10, max_steps=5, val_check_interval=2), [2, 4]),
+    (dict(batches=8, max_epochs=1, val_check_interval=2), [2, 4, 6, 8]), (dict(batches=8, max_epochs=2, stop_at=2), [3]),
+    (dict(batches=0, max_epochs=2), [])])
+def test_a_loader_without_a_length_validates_at_its_end_only_where_it_ran_out_as_lightning(case, validated_at):
+    """The epoch of a loader without a length ends with a validation (and its epoch schedulers step) only where the
+    loader ran out, not where max_steps or a stop request cut it; with a val_check_interval of batches, only at its
+    multiples, once (tasktrain validated at such a cut, and twice where a multiple or a stop request was the end)."""
+    ours_seen = _validations_over_a_stream(tasktrain, ours, **case)
+    assert ours_seen == _validations_over_a_stream(pl, theirs, **case)
+    assert ours_seen[0] == validated_at
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)

@@ -110,6 +110,24 @@ def test_tqdm_number_format_enable_disable_and_refusals_as_lightnings():
     assert ours == messages
 
 
+def test_tqdm_module_helpers_custom_bars_import_are_lightnings():
+    # custom bars copied from Lightning's import these two from its tqdm_progress module
+    from lightning.pytorch.callbacks.progress import tqdm_progress as theirs
+
+    from tasktrain.callbacks.progress import tqdm_progress as ours
+
+    for x in (None, float("inf"), float("nan"), 3, 0, 2.5):
+        assert ours.convert_inf(x) == theirs.convert_inf(x), x
+    counts = []
+    for module in (ours, theirs):
+        screen = io.StringIO()
+        drawn, hidden = (module.Tqdm(total=5, file=screen, disable=off) for off in (False, True))
+        module._update_n(drawn, 3)
+        module._update_n(hidden, 3)
+        counts.append((drawn.n, hidden.n, screen.getvalue().count("3/5")))
+    assert counts[0] == counts[1] == (3, 0, 1)
+
+
 def test_dummy_logger_as_lightnings(tmp_path):
     from lightning.pytorch.loggers.logger import DummyLogger as Theirs
 

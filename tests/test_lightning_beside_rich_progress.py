@@ -186,12 +186,20 @@ def test_rich_progress_bar_arguments_enabling_and_refusals_as_lightnings(monkeyp
     assert refused[0] == refused[1]
 
 
-def test_the_default_bar_and_summary_follow_lightnings_rule_in_both_branches(monkeypatch):
-    from lightning.pytorch.trainer.connectors import callback_connector
+@pytest.mark.parametrize("our_switch", ["callback_connector", "rich_available"])
+def test_the_default_bar_and_summary_follow_lightnings_rule_in_both_branches(monkeypatch, our_switch):
+    # Lightning's tests pin the branch by patching callback_connector._RICH_AVAILABLE: the same path, renamed, is
+    # tasktrain's switch; tasktrain's own probe, progress.rich_available, still decides while the flag is unpatched
+    from lightning.pytorch.trainer.connectors import callback_connector as theirs
+    from tasktrain.trainer.connectors import callback_connector as ours
 
+    assert bool(ours._RICH_AVAILABLE) is bool(theirs._RICH_AVAILABLE) is True  # rich is installed here
     for available in (True, False):
-        monkeypatch.setattr(progress, "rich_available", lambda: available)
-        monkeypatch.setattr(callback_connector, "_RICH_AVAILABLE", available)
+        if our_switch == "callback_connector":
+            monkeypatch.setattr("tasktrain.trainer.connectors.callback_connector._RICH_AVAILABLE", available)
+        else:
+            monkeypatch.setattr(progress, "rich_available", lambda: available)
+        monkeypatch.setattr(theirs, "_RICH_AVAILABLE", available)
         chosen = []
         for pkg in (tasktrain, L):
             trainer = pkg.Trainer(logger=False, enable_checkpointing=False)

@@ -209,6 +209,7 @@ def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing,
     from tasktrain.callbacks import progress
     from tasktrain.callbacks.clipping import GradientClipping
     from tasktrain.callbacks.timer import Timer
+    from tasktrain.trainer.connectors import callback_connector
 
     from tasktrain.callbacks.base import Callback, Checkpoint
     from tasktrain.exceptions import MisconfigurationException
@@ -224,12 +225,15 @@ def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing,
     if bars and not progress_bar:
         raise MisconfigurationException(f"Trainer was configured with `enable_progress_bar=False` but found "
                                         f"`{type(bars[0]).__name__}` in callbacks list.")
-    if progress_bar and not bars:  # Lightning's rule: RichProgressBar when rich is installed, else TQDMProgressBar
-        callbacks.append(progress.default_progress_bar())
+    # Lightning's rule, read from Lightning's switch (callback_connector._RICH_AVAILABLE, patched by its tests to pin
+    # the tqdm branch): RichProgressBar and RichModelSummary when rich is installed, else TQDMProgressBar and
+    # ModelSummary
+    rich = bool(callback_connector._RICH_AVAILABLE)
+    if progress_bar and not bars:
+        callbacks.append(progress.default_progress_bar(rich))
     if model_summary and not any(isinstance(c, ModelSummary) for c in callbacks):
-        # Lightning's summary: RichModelSummary when rich is installed (and it runs a ModelSummary the user gave even
-        # when disabled)
-        callbacks.append(RichModelSummary() if progress.rich_available() else ModelSummary())
+        # (and it runs a ModelSummary the user gave even when disabled)
+        callbacks.append(RichModelSummary() if rich else ModelSummary())
     if any(isinstance(c, Checkpoint) for c in callbacks):  # any Checkpoint counts, OnExceptionCheckpoint too
         if not checkpointing:
             raise MisconfigurationException("Trainer was configured with `enable_checkpointing=False` but found "

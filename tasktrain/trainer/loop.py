@@ -162,13 +162,17 @@ def train_epoch(trainer, fit, epoch):
         return
     # epoch end: validation when due, train epoch metrics, on_train_epoch_end, then the metric-watching schedulers.
     complete = num_batches is None or state.batch_in_epoch >= num_batches or fit.ended_by_hook
+    # the epoch's batches all ran: a loader without a length ran out (not cut by max_steps or a stop): the epoch-end
+    # validation and the epoch schedulers need that, as Lightning's (is_last_batch, _num_ready_batches_reached)
+    ran_out = state.is_last_batch if num_batches is None else complete
     # Lightning writes the epoch's values (and the epoch-end validation's) at the last stepped batch's index
     last_step = state.batches_that_stepped - 1
     # (-1: no validation, as Lightning; nor with a val_check_interval of batches that the epoch's length is no
-    # multiple of: Lightning validates at those multiples only)
-    interval_ends_here = fit.val_every is None or num_batches is None or num_batches % fit.val_every == 0
+    # multiple of: Lightning validates at those multiples only; without a length, val_due_after ran those, the last
+    # batch's included)
+    interval_ends_here = fit.val_every is None or (num_batches is not None and num_batches % fit.val_every == 0)
     # (not again when resumed from a checkpoint its on_validation_end saved, as Lightning's restart skips it)
-    if complete and not fit.ended_by_hook and interval_ends_here and not state.epoch_validated and \
+    if ran_out and not fit.ended_by_hook and interval_ends_here and not state.epoch_validated and \
             val_at_epoch_end(trainer, epoch):
         state.epoch_validated = True  # (before: a checkpoint saved in it holds it)
         run_validation(trainer, last_step)
@@ -191,7 +195,7 @@ def train_epoch(trainer, fit, epoch):
         fn()
     # one write, as Lightning's, after ModelCheckpoint's save of the epoch (its after_save_checkpoint comes first)
     trainer._flush_epoch_metrics(epoch_values, last_step)
-    if complete and module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
+    if ran_out and module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
         # the metric-watching ones after the epoch-end hooks (Lightning's fit loop: they may watch a value logged in
         # on_train_epoch_end); the others stepped at the epoch's last batch (or the one on_train_batch_start ended it at)
         step_schedulers(trainer, fit, "epoch", plateau=True)
@@ -342,7 +346,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
     # window's middle included), then the count
     if steps and (trainer.should_update_logs or trainer.fast_dev_run):  # (fast_dev_run: every step, Lightning's)
         trainer._flush_step_metrics()  # at state.batches_that_stepped
-    last_of_epoch = batch_idx + 1 == trainer._num_training_batches
+    last_of_epoch = state.is_last_batch  # (a loader without a length: it ran out at this batch)
     validated = True
     if val_due_after(trainer, fit, batch_idx):
         run_validation(trainer, zero_grad=steps)

@@ -1,7 +1,8 @@
 """Progress bars, as Lightning's: `ProgressBar` (the base class a custom bar subclasses: totals, descriptions,
 `get_metrics`), `RichProgressBar` (on rich) and `TQDMProgressBar` (on tqdm). The Trainer's default is Lightning's
-rule: RichProgressBar when rich is installed, else TQDMProgressBar (`rich_available()` decides, and also picks
-RichModelSummary over ModelSummary). The bars live in rich_progress.py / tqdm_progress.py and are imported on first
+rule: RichProgressBar when rich is installed, else TQDMProgressBar (the Trainer reads Lightning's switch,
+tasktrain.trainer.connectors.callback_connector._RICH_AVAILABLE, which asks `rich_available()` while unpatched; it also
+picks RichModelSummary over ModelSummary). The bars live in rich_progress.py / tqdm_progress.py and are imported on first
 use, so that `import tasktrain` imports neither rich nor tqdm."""
 import importlib.metadata
 
@@ -28,9 +29,10 @@ def rich_available():
     return tuple(numbers) >= (10, 2, 2)
 
 
-def default_progress_bar():
-    """The Trainer's bar when the user gives none (Lightning's rule)."""
-    if rich_available():
+def default_progress_bar(rich=None):
+    """The Trainer's bar when the user gives none (Lightning's rule). `rich`: the Trainer passes its switch
+    (tasktrain.trainer.connectors.callback_connector._RICH_AVAILABLE); None asks `rich_available()`."""
+    if rich_available() if rich is None else rich:
         from tasktrain.callbacks.progress.rich_progress import RichProgressBar
 
         return RichProgressBar()

@@ -214,9 +214,24 @@ class TQDMProgressBar(SwitchedProgressBar):
         return True
 
 
+def convert_inf(x):
+    """Lightning's helper, for bars of one's own: tqdm's total for a count (None for an unknown or infinite one, which
+    tqdm cannot show)."""
+    if x is None or math.isinf(x) or math.isnan(x):
+        return None
+    return x
+
+
+def _update_n(bar, value):
+    """Lightning's helper, for bars of one's own: set a drawn bar's count and redraw it."""
+    if not bar.disable:
+        bar.n = value
+        bar.refresh()
+
+
 def _restart(bar, total, description):
     bar.reset()
-    bar.total = None if total is None or math.isinf(total) or math.isnan(total) else total
+    bar.total = convert_inf(total)
     bar.initial = 0
     bar.set_description(description)
 
