@@ -198,6 +198,18 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
         check_val_every_n_epoch=check_val_every_n_epoch), logger
 
 
+def root_dir(default_root_dir):
+    """Lightning's trainer.default_root_dir: a local path normalised, ~ expanded (a file:// URL is its local folder,
+    where Lightning's fsspec writes it); a file system URL ("s3://...") as given, written through fsspec
+    (checkpoint_io); the working directory without one."""
+    from tasktrain.checkpoint_io import is_remote, local_path
+
+    if not default_root_dir:
+        return os.getcwd()
+    path = local_path(default_root_dir)
+    return path if is_remote(path) else os.path.normpath(os.path.expanduser(path))
+
+
 def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointing, inference_mode,
               use_distributed_sampler, detect_anomaly, sync_batchnorm, reload_dataloaders_every_n_epochs):
     """The Trainer's plain settings, checked."""
@@ -210,9 +222,7 @@ def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointi
         raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")
     return dict(
         min_steps=None if min_steps is None else int(min_steps), log_every_n_steps=int(log_every_n_steps),
-        # (Lightning's: a local path normalised, ~ expanded)
-        default_root_dir=os.path.normpath(os.path.expanduser(os.fspath(default_root_dir))) if default_root_dir
-        else os.getcwd(),
+        default_root_dir=root_dir(default_root_dir),
         enable_checkpointing=enable_checkpointing,
         inference_mode=bool(inference_mode),  # False: evaluation under torch.no_grad() instead
         use_distributed_sampler=bool(use_distributed_sampler),  # False: each rank reads the loaders as given

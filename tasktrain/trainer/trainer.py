@@ -16,6 +16,7 @@ order: resume, optimizers, strategy, sanity check, data), metrics out to the log
 import contextlib
 import inspect
 import logging
+import os
 import time
 import warnings
 from typing import List, Optional, Union
@@ -958,6 +959,13 @@ class Trainer:
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer. Did you "
                                  "call `Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
         self.strategy.check_can_save()  # (DeepSpeed after its run: its engine is gone)
+        if isinstance(self.strategy, Sharded) and ckpt_io.is_remote(os.fspath(filepath)):
+            # the engines (DeepSpeed's, torch.distributed.checkpoint's) write with the local file system's calls: a
+            # URL would become a local folder named "s3:"; one file (ddp, one device) is written through fsspec
+            raise ValueError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}): {type(self.strategy).__name__} "
+                             "writes its checkpoint with its engine on a local (or mounted) file system, not at a file "
+                             "system URL. Save to a local folder (ModelCheckpoint(dirpath=...), default_root_dir) and "
+                             "copy it, or mount the bucket.")
         if weights_only is None:
             weights_only = False
             if self.is_global_zero:
