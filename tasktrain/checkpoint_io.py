@@ -278,13 +278,17 @@ def _load_url(url, map_location, mmap):
                "path.")
         try:  # (torch writes to a temporary file and renames it: a failed download leaves nothing in the cache)
             torch.hub.download_url_to_file(url, cached, progress=True)
+        # the errors Lightning's download raises (torch.hub's: urllib's HTTPError, URLError), in words that name
+        # the URL and the fix
         except urllib.error.HTTPError as err:
-            if err.code in (404, 410):
-                raise FileNotFoundError(f"Checkpoint {url!r} does not exist (HTTP {err.code} {err.reason}). "
-                                        f"{fix}") from None
-            raise CheckpointError(f"Checkpoint {url!r} could not be downloaded (HTTP {err.code} {err.reason}). "
-                                  f"{fix}") from None
-        except (OSError, http.client.HTTPException) as err:  # refused, unreachable, cut short
+            what = "does not exist" if err.code in (404, 410) else "could not be downloaded"
+            raise urllib.error.HTTPError(url, err.code, f"{err.reason}: checkpoint {url!r} {what}. {fix}",
+                                         err.headers, None) from None
+        except urllib.error.URLError as err:  # refused, unreachable
+            raise urllib.error.URLError(
+                f"checkpoint {url!r} could not be downloaded ({err.reason}). Check the network (and a proxy: "
+                f"HTTPS_PROXY / HTTP_PROXY) or {fix[0].lower()}{fix[1:]}") from None
+        except (OSError, http.client.HTTPException) as err:  # cut short
             detail = (str(err).splitlines() or [""])[0][:300]
             raise CheckpointError(f"Checkpoint {url!r} could not be downloaded ({type(err).__name__}: {detail}). "
                                   f"Check the network (and a proxy: HTTPS_PROXY / HTTP_PROXY) or {fix[0].lower()}"
