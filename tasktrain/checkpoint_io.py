@@ -87,9 +87,32 @@ class CheckpointError(RuntimeError):
     pass
 
 
-def atomic_save(obj, path: str):
-    """Write to a temporary name, flush, fsync, then rename: a crash never leaves a partial file at `path`."""
+def is_remote(path):
+    """Whether `path` is a file system URL other than file:// ("s3://...", "memory://..."), which Lightning writes
+    and reads through fsspec; http(s) URLs are read-only checkpoints (torch.hub's download)."""
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def local_path(path):
+    """A path as the local file system names it: "file:///x" is "/x" (fsspec's local URL, as Lightning takes it)."""
     path = os.fspath(path)
+    return path[len("file://"):] if isinstance(path, str) and path.startswith("file://") else path
+
+
+def atomic_save(obj, path: str):
+    """Write to a temporary name, flush, fsync, then rename: a crash never leaves a partial file at `path`. A file
+    system URL ("s3://...") is written through fsspec, as Lightning writes it: object stores make an object visible
+    whole when its write closes."""
+    path = local_path(path)
+    if is_remote(path):
+        fs, remote = fsspec_filesystem(path, "Checkpoint path")
+        fs.makedirs(os.path.dirname(remote.rstrip("/")) or "/", exist_ok=True)
+        try:
+            with fs.open(remote, "wb") as f:
+                torch.save(obj, f)
+        except Exception as err:
+            raise save_failure(err, obj, path) from err
+        return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     remove_stale_temporaries(directory)  # issue 38: the leftovers of writers killed during a save
@@ -177,6 +200,9 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
     path = os.fspath(path)
     if isinstance(path, str) and path.startswith(("http://", "https://")):
         return _load_url(path, map_location, mmap)
+    path = local_path(path)  # a file:// URL is the local file (Lightning's fsspec)
+    if is_remote(path):
+        return _load_fsspec(path, map_location)
     if not os.path.exists(path):
         # (Lightning's words first: its TorchCheckpointIO's, what fit/validate/test(ckpt_path=...) raise there)
         raise FileNotFoundError(f"Checkpoint file not found: {path} (no file or directory {path!r} exists).")
@@ -196,6 +222,38 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
             f"({own_state(ckpt).get('tasktrain_version', 'unknown')}) and re-save the weights."
         )
     return upgrade_layout(ckpt)
+
+
+def fsspec_filesystem(url, what):
+    """fsspec's file system and path for a URL ("s3://bucket/x.ckpt", "memory://x.ckpt"), as Lightning opens one;
+    an ImportError naming the packages where fsspec (or the protocol's own package, s3fs for s3://) is missing."""
+    try:
+        import fsspec
+        return fsspec.core.url_to_fs(url)
+    except ImportError as err:
+        raise ImportError(f"{what} {url!r} is a remote file system URL: reading it needs the fsspec package and the "
+                          f"one of its protocol (`pip install fsspec`, and s3fs for s3://, gcsfs for gs://, adlfs for "
+                          f"az://) ({err}). Install them, or copy the file to a local path.") from None
+
+
+def _load_fsspec(url, map_location):
+    """Lightning's load of a checkpoint at a file system URL (its pl_load opens it through fsspec): the file is
+    copied into a temporary folder and read there with the same weights-only checks; errors name the URL."""
+    import tempfile
+
+    fs, remote = fsspec_filesystem(url, "Checkpoint")
+    if not fs.exists(remote):
+        raise FileNotFoundError(f"Checkpoint file not found: {url} (no file or directory {url!r} exists).")
+    if fs.isdir(remote):
+        raise CheckpointError(f"Checkpoint {url!r} is a directory: a remote checkpoint is read as one file; copy the "
+                              "folder to a local path and load it from there.")
+    with tempfile.TemporaryDirectory(prefix="tasktrain-remote-ckpt-") as folder:
+        local = os.path.join(folder, os.path.basename(remote.rstrip("/")) or "checkpoint.ckpt")
+        fs.get_file(remote, local)
+        try:
+            return load_checkpoint_file(local, map_location)
+        except CheckpointError as err:
+            raise CheckpointError(str(err).replace(local, url)) from None
 
 
 def _load_url(url, map_location, mmap):
@@ -220,13 +278,17 @@ def _load_url(url, map_location, mmap):
                "path.")
         try:  # (torch writes to a temporary file and renames it: a failed download leaves nothing in the cache)
             torch.hub.download_url_to_file(url, cached, progress=True)
+        # the errors Lightning's download raises (torch.hub's: urllib's HTTPError, URLError), in words that name
+        # the URL and the fix
         except urllib.error.HTTPError as err:
-            if err.code in (404, 410):
-                raise FileNotFoundError(f"Checkpoint {url!r} does not exist (HTTP {err.code} {err.reason}). "
-                                        f"{fix}") from None
-            raise CheckpointError(f"Checkpoint {url!r} could not be downloaded (HTTP {err.code} {err.reason}). "
-                                  f"{fix}") from None
-        except (OSError, http.client.HTTPException) as err:  # refused, unreachable, cut short
+            what = "does not exist" if err.code in (404, 410) else "could not be downloaded"
+            raise urllib.error.HTTPError(url, err.code, f"{err.reason}: checkpoint {url!r} {what}. {fix}",
+                                         err.headers, None) from None
+        except urllib.error.URLError as err:  # refused, unreachable
+            raise urllib.error.URLError(
+                f"checkpoint {url!r} could not be downloaded ({err.reason}). Check the network (and a proxy: "
+                f"HTTPS_PROXY / HTTP_PROXY) or {fix[0].lower()}{fix[1:]}") from None
+        except (OSError, http.client.HTTPException) as err:  # cut short
             detail = (str(err).splitlines() or [""])[0][:300]
             raise CheckpointError(f"Checkpoint {url!r} could not be downloaded ({type(err).__name__}: {detail}). "
                                   f"Check the network (and a proxy: HTTPS_PROXY / HTTP_PROXY) or {fix[0].lower()}"
@@ -686,6 +748,11 @@ def read_last_pointer(root_dir: str):
 # -- links and directories ----------------------------------------------------------------------------------------
 def atomic_link(src: str, dst: str):
     """Make `dst` hold `src`'s bytes (a hard link, a copy where links fail), replacing `dst` in one rename."""
+    src, dst = local_path(src), local_path(dst)
+    if is_remote(src) or is_remote(dst):  # a file system URL: fsspec's copy (Lightning's save writes it again)
+        fs, remote_dst = fsspec_filesystem(dst, "Checkpoint path")
+        fs.copy(fsspec_filesystem(src, "Checkpoint path")[1], remote_dst)
+        return
     tmp = f"{dst}.tmp-{os.getpid()}"
     if os.path.exists(tmp):
         os.remove(tmp)
@@ -725,6 +792,12 @@ def replace_dir(src: str, dst: str):
 
 def remove_path(path: str):
     """Remove a checkpoint, a file or a directory, if it is there."""
+    path = local_path(path)
+    if is_remote(path):
+        fs, remote = fsspec_filesystem(path, "Checkpoint path")
+        if fs.exists(remote):
+            fs.rm(remote, recursive=True)
+        return
     if os.path.isdir(path):
         shutil.rmtree(path)
     elif os.path.lexists(path):

@@ -845,3 +845,52 @@ def test_a_checkpoint_at_a_url_loads_and_resumes_as_under_lightning(L, tmp_path)
         server.server_close()
         os.environ.pop("TORCH_HOME") if torch_home is None else os.environ.update(TORCH_HOME=torch_home)
     assert ours_out == theirs_out == (True, 2, 4)
+
+
+def test_checkpoints_at_file_system_urls_as_lightnings(L, tmp_path, monkeypatch):
+    """Lightning writes and reads checkpoints at fsspec URLs: a ModelCheckpoint `dirpath` and a `default_root_dir` of
+    "memory://..." (fsspec's in-memory file system, standing for s3:// and the like) get the same top-k and last
+    files, a resume and load_from_checkpoint read them back; a "file://" URL is the local folder (ckpt_path,
+    load_from_checkpoint, default_root_dir). Without fsspec the error names it."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    found = {}
+    for name in ("lightning", "tasktrain"):
+        url = f"memory://ck-{name}-{os.getpid()}"
+        monitor = L.pytorch.callbacks.ModelCheckpoint if name == "lightning" else tasktrain.ModelCheckpoint
+        checkpoint = monitor(dirpath=url, monitor="val_loss", save_top_k=1, save_last=True)
+        trainer, _ = run(name, L, f"memory://root-{name}-{os.getpid()}", [checkpoint], epochs=2)
+        files = sorted(os.path.basename(p) for p in memory.find(url.split("://")[1]))
+        make = lit_module(L) if name == "lightning" else tt_module()
+        loaded = type(make).load_from_checkpoint(checkpoint.last_model_path)
+        resumed = (L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, max_epochs=3, num_sanity_val_steps=0,
+                             enable_checkpointing=False) if name == "lightning" else
+                   tasktrain.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                                     max_epochs=3, num_sanity_val_steps=0, enable_checkpointing=False))
+        resumed.fit(type(make)(), loader(16), loader(8), ckpt_path=checkpoint.best_model_path)
+        # the default ModelCheckpoint under a default_root_dir URL, and a file:// default_root_dir and ckpt_path
+        default = run(name, L, f"memory://dflt-{name}-{os.getpid()}", [], epochs=1)[0].checkpoint_callback
+        local = run(name, L, f"file://{tmp_path / name}", [], epochs=1)[0]
+        # (Lightning's best_model_path there reads "file:/tmp/...": its default_root_dir normalises the URL)
+        from_file_url = type(make).load_from_checkpoint(f"file://{tmp_path / name}/checkpoints/epoch=0-step=2.ckpt")
+        found[name] = (files, os.path.basename(checkpoint.best_model_path), checkpoint.best_model_path.startswith(url),
+                       torch.equal(loaded.layer.weight, trainer.lightning_module.layer.weight), resumed.global_step,
+                       default.best_model_path.split("://")[0], memory.exists(default.best_model_path.split("://")[1]),
+                       sorted(os.listdir(tmp_path / name / "checkpoints")),
+                       torch.equal(from_file_url.layer.weight, local.lightning_module.layer.weight))
+    assert found["tasktrain"] == found["lightning"]
+    files, best, under_url, same_weights, step, scheme, written, local_files, file_url_loads = found["tasktrain"]
+    assert files == ["epoch=1-step=4.ckpt", "last.ckpt"] and under_url and same_weights and step == 6
+    assert scheme == "memory" and written and local_files == ["epoch=0-step=2.ckpt"] and file_url_loads
+    assert not os.path.exists("memory:")  # (no local folder named after the URL)
+    # a kept difference, a Lightning bug: its ModelCheckpoint takes the real path of a file:// dirpath as given, so
+    # its files go to a folder named "file:" under the working directory; tasktrain's go to the folder the URL names
+    url = f"file://{tmp_path}/ck"
+    assert L.pytorch.callbacks.ModelCheckpoint(dirpath=url).dirpath == os.path.realpath(url) != str(tmp_path / "ck")
+    assert tasktrain.ModelCheckpoint(dirpath=url).dirpath == os.path.realpath(tmp_path / "ck")
+
+    monkeypatch.setitem(__import__("sys").modules, "fsspec", None)  # as without the package
+    with pytest.raises(ImportError, match="memory://x.ckpt.*fsspec"):
+        tasktrain.TaskModule.load_from_checkpoint("memory://x.ckpt")

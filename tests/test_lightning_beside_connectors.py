@@ -402,8 +402,8 @@ def test_unrepeated_sampler_and_index_wrapper_as_lightnings():
                 try:
                     sampler = overrides.UnrepeatedDistributedSampler(list(range(size)), num_replicas=replicas,
                                                                      rank=rank, shuffle=shuffle)
-                except (AssertionError, ValueError):  # a rank without a sample (Lightning: AssertionError)
-                    seen.append("refused")
+                except Exception as refused:  # a rank without a sample: Lightning's AssertionError
+                    seen.append(type(refused).__name__)
                     continue
                 sampler.set_epoch(epoch)
                 seen.append((list(sampler), len(sampler), sampler.num_samples, sampler.total_size))
@@ -417,7 +417,7 @@ def test_unrepeated_sampler_and_index_wrapper_as_lightnings():
         return seen
 
     got = _both(case)
-    assert got["tasktrain"] == got["lightning"]
+    assert got["tasktrain"] == got["lightning"] and "AssertionError" in got["tasktrain"]
 
 
 def test_parse_ckpt_path_as_lightning(tmp_path):

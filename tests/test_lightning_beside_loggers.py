@@ -246,19 +246,33 @@ def test_trainer_log_dir_is_lightnings_for_each_kind_of_logger(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["CSVLogger", "TensorBoardLogger"])
-def test_a_remote_save_dir_is_refused_where_lightning_writes_through_fsspec(kind, tmp_path, monkeypatch):
-    """Lightning writes a "memory://" / "s3://" save_dir through fsspec; tasktrain's file loggers refuse it when
-    built (they wrote into a local folder named "memory:"). A "file://" URL is the local folder in both."""
+def test_a_remote_save_dir_is_written_through_fsspec_as_lightnings(kind, tmp_path, monkeypatch):
+    """Lightning writes a "memory://" / "s3://" save_dir through fsspec: so do tasktrain's file loggers (the same
+    files, versions counted there, the CSV's rows, nothing written locally). A "file://" URL is the local folder in
+    both. Without fsspec the error names it."""
     fsspec = pytest.importorskip("fsspec")
     monkeypatch.chdir(tmp_path)
-    theirs = getattr(L.loggers, kind)(save_dir="memory://beside_remote")
-    theirs.log_metrics({"loss": 0.1}, step=0)
-    theirs.save()
     fs = fsspec.filesystem("memory")
-    assert fs.ls(theirs.log_dir)  # Lightning wrote there
-    fs.rm("/beside_remote", recursive=True)
-    with pytest.raises(ValueError, match="remote file system URL"):
-        getattr(tasktrain.loggers, kind)(save_dir="memory://beside_remote")
+    found = {}
+    for name, root in (("lightning", L), ("tasktrain", tasktrain)):
+        url = f"memory://beside_remote_{name}_{os.getpid()}"
+        for _ in range(2):  # the second logger takes version_1
+            logger = getattr(root.loggers, kind)(save_dir=url)
+            logger.log_hyperparams({"lr": 0.1})
+            logger.log_metrics({"loss": 0.5}, step=0)
+            logger.log_metrics({"loss": 0.25, "acc": 1.0}, step=1)
+            logger.save()
+            logger.finalize("success")
+        folder = url.split("://")[1]
+        names = sorted(os.path.relpath(p, "/" + folder) if p.startswith("/") else os.path.relpath(p, folder)
+                       for p in fs.find(folder))
+        names = [n if "tfevents" not in n else n.split("events")[0] + "events" for n in names]
+        csv_text = [fs.cat(p).decode() for p in fs.find(folder) if p.endswith(".csv")]
+        found[name] = (names, csv_text, logger.version)
+        fs.rm("/" + folder, recursive=True)
+    assert found["tasktrain"] == found["lightning"]
+    names, csv_text, version = found["tasktrain"]
+    assert version == 1 and "lightning_logs/version_1/hparams.yaml" in names
     assert os.listdir(tmp_path) == []  # nothing written locally
     ours = getattr(tasktrain.loggers, kind)(save_dir=f"file://{tmp_path}/local")
     theirs_dir = getattr(L.loggers, kind)(save_dir=f"file://{tmp_path}/local").log_dir  # (before ours writes)
@@ -266,6 +280,9 @@ def test_a_remote_save_dir_is_refused_where_lightning_writes_through_fsspec(kind
     ours.save()
     assert os.listdir(tmp_path / "local" / "lightning_logs" / "version_0")
     assert os.path.realpath(ours.log_dir) == os.path.realpath(theirs_dir.replace("file://", ""))
+    monkeypatch.setitem(__import__("sys").modules, "fsspec", None)  # as without the package
+    with pytest.raises(ImportError, match="memory://x.*fsspec"):
+        getattr(tasktrain.loggers, kind)(save_dir="memory://x")
 
 
 def test_loggers_receive_python_numbers_as_in_lightning(tmp_path):

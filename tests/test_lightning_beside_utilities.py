@@ -357,8 +357,7 @@ def test_migration_and_warnings_and_exceptions():
         assert [str(w.message) for w in seen] == ["kept"]
     assert issubclass(TU.exceptions.SIGTERMException, SystemExit)
     assert issubclass(TU.exceptions.MisconfigurationException, ValueError)
-    with pytest.raises(ValueError, match="no model registry"):
-        TU.model_registry.download_model_from_registry("registry:my-model", None)
+    # (model_registry's functions: test_model_registry_without_litmodels_as_lightnings)
 
 
 def test_submodules_are_attributes_and_pickle_by_name():
@@ -424,14 +423,78 @@ def test_enable_autolog_hparams(tmp_path, autolog):
         assert "log_hyperparams" not in calls and "log_graph" not in calls and files == {"csv": None, "tb": "{}"}
 
 
-def test_model_registry():
+def test_model_registry_without_litmodels_as_lightnings(tmp_path, caplog, monkeypatch):
+    """Without the litmodels package (not installed here) Lightning keeps the name (its version cut off), adds its
+    plain ModelCheckpoint, which saves locally, and says once, at the run's start, that litmodels would upload: so
+    does tasktrain. Its registry helpers find a downloaded model's file as Lightning's, and the download asks for
+    litmodels (ImportError) under both."""
+    import logging
+
+    from tasktrain.trainer import arguments
+
+    assert not arguments.litmodels_installed()  # (the venv has no litmodels: Lightning runs its path without it)
     for pkg in (L, tasktrain):
         assert pkg.Trainer(model_registry=None, logger=False).enable_autolog_hparams is True
-    # Lightning without the litmodels package takes the name and saves locally; tasktrain, with no registry, refuses
-    # up front rather than let the user believe checkpoints were uploaded
-    L.Trainer(model_registry="my-model", logger=False)
-    with pytest.raises(ValueError, match="model_registry='my-model'.*no model registry.*litmodels.*ModelCheckpoint"):
+    found = {}
+    for name, pkg, base in BOTH:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            trainer = pkg.Trainer(default_root_dir=str(tmp_path / name), model_registry="my-model:v2", logger=False,
+                                  max_steps=2, enable_progress_bar=False, enable_model_summary=False)
+            module = hparams_module(base)()
+            trainer.fit(module, DataLoader(TensorDataset(torch.randn(4, 3)), batch_size=2))
+            trainer.fit(module, DataLoader(TensorDataset(torch.randn(4, 3)), batch_size=2))  # (max_steps reached)
+        tips = [r.getMessage() for r in caplog.records if "litmodels" in r.getMessage()]
+        files = sorted(p.name for p in (tmp_path / name).rglob("*.ckpt"))
+        found[name] = (trainer._model_registry, tips, files, type(trainer.checkpoint_callback).__name__)
+    assert found["tasktrain"] == found["lightning"]
+    registry, tips, files, kind = found["tasktrain"]
+    assert registry == "my-model" and files == ["epoch=0-step=2.ckpt"] and kind == "ModelCheckpoint"
+    assert len(tips) == 1 and "pip" not in tips[0] and "LitModelCheckpoint" in tips[0]  # once: not again at the second run
+    for pkg in (L, tasktrain):  # no tip without the default ModelCheckpoint
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            pkg.Trainer(default_root_dir=str(tmp_path), logger=False, enable_checkpointing=False, max_steps=1,
+                        enable_progress_bar=False, enable_model_summary=False).fit(
+                hparams_module(pkg.LightningModule if pkg is L else pkg.TaskModule)(),
+                DataLoader(TensorDataset(torch.randn(2, 3)), batch_size=2))
+        assert not [r for r in caplog.records if "litmodels" in r.getMessage()]
+
+    # the registry helpers: names and folders, the local file, the download without litmodels
+    model_dir = tmp_path / "root" / "my-model_v2"
+    model_dir.mkdir(parents=True)
+    (model_dir / "notes.txt").write_text("")
+    (model_dir / "best.ckpt").write_bytes(b"")
+    (tmp_path / "x").mkdir()  # a model folder without a .ckpt file
+    results = []
+    for registry in both("model_registry"):
+        row = [registry._determine_model_name(p, "default")
+               for p in ("registry:my-model:version:v2", "REGISTRY:my-model", "registry:version:v2")]
+        row += [registry._is_registry(t) for t in ("registry", "Registry:x", "my_registry", "", None)]
+        row.append(registry.find_model_local_ckpt_path("registry:version:v2", "my-model", str(tmp_path / "root")))
+        for bad in ("registry", "model.ckpt"):
+            with pytest.raises(ValueError) as error:
+                registry._determine_model_name(bad, None)
+            row.append(str(error.value))
+        with pytest.raises(RuntimeError) as error:
+            registry.find_model_local_ckpt_path("registry:x", None, str(tmp_path))
+        row.append(str(error.value))
+        trainer = SimpleNamespace(local_rank=0, _model_registry="my-model", default_root_dir=str(tmp_path),
+                                  strategy=SimpleNamespace(barrier=lambda name: None))
+        with pytest.raises(ImportError) as error:
+            registry.download_model_from_registry("registry:my-model", trainer)
+        row.append(str(error.value))
+        results.append(row)
+    assert results[0] == results[1]
+    assert results[1][:3] == ["my-model:v2", "my-model", "default:v2"]
+    assert results[1][8] == str(model_dir / "best.ckpt") and "pip install litmodels" in results[1][-1]
+
+    # with litmodels installed Lightning would upload through LitModelCheckpoint (written for its own Trainer):
+    # refused, naming litmodels and what to do
+    monkeypatch.setattr(arguments, "litmodels_installed", lambda: True)
+    with pytest.raises(ValueError, match="model_registry='my-model'.*litmodels.*LitModelCheckpoint.*locally"):
         tasktrain.Trainer(model_registry="my-model", logger=False)
+    assert tasktrain.Trainer(model_registry="", logger=False)._model_registry is None  # "" is None, as Lightning's
 
 
 def test_task_cli_parses_the_new_trainer_arguments():
@@ -441,8 +504,8 @@ def test_task_cli_parses_the_new_trainer_arguments():
     cli = TaskCLI(BoringModel, run=False, args=["--trainer.enable_autolog_hparams=false", "--trainer.logger=false",
                                                 "--trainer.enable_progress_bar=false"])
     assert cli.trainer.enable_autolog_hparams is False
-    with pytest.raises(ValueError, match="no model registry"):
-        TaskCLI(BoringModel, run=False, args=["--trainer.model_registry=my-model", "--trainer.logger=false"])
+    cli = TaskCLI(BoringModel, run=False, args=["--trainer.model_registry=my-model:v1", "--trainer.logger=false"])
+    assert cli.trainer._model_registry == "my-model"
 
 
 def test_layer_summary_and_deepspeed_summary_as_lightnings():

@@ -437,7 +437,9 @@ def test_wandb_logger_offline_run_holds_metrics_config_and_checkpoints(tmp_path)
 
     from tasktrain import ModelCheckpoint, WandbLogger
 
-    logger = WandbLogger(name="first", project="demo", save_dir=tmp_path, offline=True, log_model=True,
+    # (offline=True with log_model is Lightning's MisconfigurationException; wandb's own offline mode records the
+    # artifacts with the run, for `wandb sync`)
+    logger = WandbLogger(name="first", project="demo", save_dir=tmp_path, mode="offline", log_model=True,
                          tags=["t1"])
     assert logger.version is None and logger.name == "demo" and logger.save_dir == str(tmp_path)
     checkpoint = ModelCheckpoint(monitor="val_loss", save_top_k=2)
@@ -483,6 +485,18 @@ def test_wandb_logger_offline_run_holds_metrics_config_and_checkpoints(tmp_path)
         WandbLogger(log_model="best")
     with pytest.raises(ValueError, match="contradict"):
         WandbLogger(offline=True, mode="online")
+    import lightning.pytorch.loggers as lightning_loggers
+
+    from tasktrain.exceptions import MisconfigurationException
+
+    refused = []
+    for make in (WandbLogger, lightning_loggers.WandbLogger):  # Lightning's refusal, beside Lightning's own
+        with pytest.raises(Exception) as error:
+            make(offline=True, log_model="all")
+        refused.append((type(error.value).__name__, str(error.value)))
+    assert refused[0] == refused[1] and "cannot be uploaded in offline mode" in refused[0][1]
+    assert isinstance(error.value, Exception) and pytest.raises(MisconfigurationException, WandbLogger, offline=True,
+                                                                log_model=True)
 
 
 def test_mlflow_logger_local_store_holds_metrics_params_status_and_checkpoints(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ from typing import Literal, Optional, Union
 import torch
 
 from tasktrain.callbacks.base import Checkpoint, Logger
-from tasktrain.checkpoint_io import atomic_link, link_tree, record_for_restarts, remove_path
+from tasktrain.checkpoint_io import atomic_link, link_tree, local_path, record_for_restarts, remove_path
 from tasktrain.exceptions import MisconfigurationException
 
 _MANUAL_STEP_SAVE_WARNING = (  # (Lightning's words)
@@ -120,7 +120,9 @@ class ModelCheckpoint(Checkpoint):
         # every_n_epochs=0 (and no other schedule) is Lightning's "no scheduled saves": only save_on_exception
         # (and a save_checkpoint of the user's) writes then.
         if dirpath and _is_local(dirpath):  # Lightning's: "~" expanded, the real path (a later chdir does not move it)
-            dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath)))
+            # (a file:// URL is its local folder; Lightning 2.6 takes the real path of the URL itself: its files go
+            # to a folder named "file:" under the working directory)
+            dirpath = os.path.realpath(os.path.expanduser(local_path(dirpath)))
         self.dirpath = dirpath or None
         self._auto_dirpath = None  # the folder setup filled dirpath with (dirpath=None): resolved again each fit
         self.save_on_exception = save_on_exception

@@ -3,6 +3,7 @@ import csv
 import os
 import warnings
 
+from tasktrain.loggers import utilities as files
 from tasktrain.loggers.logger import VersionedLogger, rank_zero_experiment, rank_zero_method
 from tasktrain.loggers.utilities import add_prefix, convert_params, scalar, write_hparams_yaml
 
@@ -48,12 +49,12 @@ class CSVLogger(VersionedLogger):
         if self._started or not self._is_global_zero():
             return
         self._started = True
-        if os.path.isdir(self.log_dir) and os.listdir(self.log_dir):
+        if files.isdir(self.log_dir) and files.listdir(self.log_dir):
             warnings.warn(f"Experiment logs directory {self.log_dir} exists and is not empty. Previous log files "
                           "in this directory will be deleted when the new ones are saved!")
-            if os.path.isfile(self.metrics_file_path):
-                os.remove(self.metrics_file_path)
-        os.makedirs(self.log_dir, exist_ok=True)
+            if files.isfile(self.metrics_file_path):
+                files.remove(self.metrics_file_path)
+        files.makedirs(self.log_dir)
 
     @rank_zero_method
     def log_metrics(self, metrics, step=None):
@@ -82,10 +83,10 @@ class CSVLogger(VersionedLogger):
         rows, self.metrics = self.metrics, []
         path = self.metrics_file_path
         new = {k for row in rows for k in row} - set(self.metrics_keys)
-        exists = os.path.isfile(path)
+        exists = files.isfile(path)
         if new:
             self.metrics_keys = sorted([*self.metrics_keys, *new])
-        if exists and not new:
+        if exists and not new and files.remote_fs(path) is None:
             # the file stays open between saves (the Trainer saves after each write: an open per save would cost
             # ~0.3 ms); flushed, so a reader sees each row once save() returns
             if self._file is None or self._file.closed:
@@ -96,9 +97,16 @@ class CSVLogger(VersionedLogger):
         self._close()
         old = []
         if exists:
-            with open(path, newline="") as f:
+            with files.open_file(path, newline="") as f:
                 old = list(csv.DictReader(f))
-        os.makedirs(self.log_dir, exist_ok=True)
+        files.makedirs(self.log_dir)
+        if files.remote_fs(path) is not None:  # a file system URL: the whole file written again (no append there)
+            with files.open_file(path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
+                writer.writeheader()
+                writer.writerows(old)
+                writer.writerows(rows)
+            return
         tmp = path + ".tmp"
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=self.metrics_keys)

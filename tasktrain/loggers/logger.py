@@ -95,9 +95,11 @@ def rank_zero_method(fn):
 
 def next_version(root):
     """The next free N of root/version_N (0 when there is none)."""
-    if not os.path.isdir(root):
+    from tasktrain.loggers import utilities as files
+
+    if not files.isdir(root):
         return 0
-    versions = [int(d.split("_", 1)[1]) for d in os.listdir(root)
+    versions = [int(d.split("_", 1)[1]) for d in files.listdir(root)
                 if d.startswith("version_") and d.split("_", 1)[1].isdigit()]
     return max(versions) + 1 if versions else 0
 
@@ -110,15 +112,11 @@ class VersionedLogger(Logger):
     LOGGER_JOIN_CHAR = "-"
 
     def __init__(self, save_dir, name, version, prefix=""):
-        save_dir = os.fspath(save_dir)
-        if save_dir.startswith("file://"):
-            save_dir = save_dir[len("file://"):]
-        if "://" in save_dir:
-            # the files are written with os/open: a URL would become a local folder named "s3:" (Lightning's write
-            # through fsspec), so refuse it before anything is written
-            raise ValueError(f"{type(self).__name__}(save_dir={save_dir!r}): tasktrain's file loggers write to a "
-                             "local (or mounted) folder only, not to a remote file system URL. Log to a local "
-                             "folder and copy it, or mount the bucket.")
+        from tasktrain.checkpoint_io import local_path
+        from tasktrain.loggers.utilities import remote_fs
+
+        save_dir = local_path(save_dir)  # a file:// URL is the local folder
+        remote_fs(save_dir)  # a file system URL ("s3://...") is written through fsspec, as Lightning's: needs it
         self._save_dir = save_dir
         self._name = name or ""
         self._version = version

@@ -3,6 +3,7 @@ import os
 import warnings
 
 from tasktrain.loggers.logger import VersionedLogger, rank_zero_experiment, rank_zero_method
+from tasktrain.loggers import utilities as files
 from tasktrain.loggers.utilities import (add_prefix, convert_params, flatten_dict, scalar, write_hparams_yaml)
 
 
@@ -57,7 +58,7 @@ class TensorBoardLogger(VersionedLogger):
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            os.makedirs(self.log_dir, exist_ok=True)
+            files.makedirs(self.log_dir)  # (a file system URL: tensorboard writes it through fsspec)
             self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
         return self._experiment
 
@@ -147,7 +148,7 @@ class TensorBoardLogger(VersionedLogger):
         if self._experiment is not None:
             self._experiment.flush()
         path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
-        if not os.path.isfile(path):
+        if not files.isfile(path):
             write_hparams_yaml(self.hparams, path)
 
     @rank_zero_method
@@ -159,7 +160,7 @@ class TensorBoardLogger(VersionedLogger):
         # Lightning's finalize saves on success: an hparams.yaml ({} without hyper-parameters) in a log folder that
         # has none (seen with Trainer(enable_autolog_hparams=False)); no folder is created for it
         path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
-        if status == "success" and os.path.isdir(self.log_dir) and not os.path.isfile(path):
+        if status == "success" and files.isdir(self.log_dir) and not files.isfile(path):
             write_hparams_yaml(self.hparams, path)
 
     def __getstate__(self):

@@ -93,15 +93,58 @@ def scalar(value):
     return value.item() if size == 1 else value
 
 
+# -- a log folder that may be a file system URL ("s3://...", "memory://..."): Lightning's file loggers write there
+# through fsspec; a local path keeps the os calls (and needs no fsspec)
+def remote_fs(path):
+    """fsspec's file system for a file system URL (ImportError naming fsspec where it is missing), None for a local
+    path."""
+    from tasktrain.checkpoint_io import fsspec_filesystem, is_remote
+
+    return fsspec_filesystem(path, "Log folder")[0] if is_remote(os.fspath(path)) else None
+
+
+def isdir(path):
+    fs = remote_fs(path)
+    return fs.isdir(path) if fs else os.path.isdir(path)
+
+
+def isfile(path):
+    fs = remote_fs(path)
+    return fs.isfile(path) if fs else os.path.isfile(path)
+
+
+def listdir(path):
+    """The names in a folder."""
+    fs = remote_fs(path)
+    if fs is None:
+        return os.listdir(path)
+    return [os.path.basename(entry.rstrip("/")) for entry in fs.ls(path, detail=False)]
+
+
+def makedirs(path):
+    fs = remote_fs(path)
+    fs.makedirs(path, exist_ok=True) if fs else os.makedirs(path, exist_ok=True)
+
+
+def remove(path):
+    fs = remote_fs(path)
+    fs.rm(path) if fs else os.remove(path)
+
+
+def open_file(path, mode="r", **kwargs):
+    fs = remote_fs(path)
+    return fs.open(path, mode, **kwargs) if fs else open(path, mode, **kwargs)
+
+
 def write_hparams_yaml(params, path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    makedirs(os.path.dirname(path))
     if not params:
-        with open(path, "w") as f:  # the common case needs no yaml import (~30 ms before the first step)
+        with open_file(path, "w") as f:  # the common case needs no yaml import (~30 ms before the first step)
             f.write("{}\n")
         return
     import yaml
 
-    with open(path, "w") as f:
+    with open_file(path, "w") as f:
         yaml.safe_dump(plain(dict(params)), f)
 
 

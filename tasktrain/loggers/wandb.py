@@ -23,8 +23,9 @@ class WandbLogger(Logger):
         anonymous: log without an account ("allow").
         project: the project (default: $WANDB_PROJECT, else "lightning_logs").
         log_model: upload ModelCheckpoint's checkpoints as artifacts: True at the end of a successful fit (the
-            kept top k, `last`, the best), "all" as each is saved (also True with save_top_k=-1). In offline mode
-            the artifacts are recorded with the offline run and uploaded by `wandb sync`.
+            kept top k, `last`, the best), "all" as each is saved (also True with save_top_k=-1). With
+            `offline=True` it is Lightning's MisconfigurationException; under wandb's mode="offline" (a `wandb.init`
+            argument, or WANDB_MODE) the artifacts are recorded with the offline run and uploaded by `wandb sync`.
         experiment: an existing run to log into.
         prefix: put before every metric name, joined with "-".
         checkpoint_name: the artifact's name (default "model-<run id>").
@@ -43,6 +44,12 @@ class WandbLogger(Logger):
                  project=None, log_model=False, experiment=None, prefix="", checkpoint_name=None,
                  add_file_policy="mutable", **kwargs):
         import_optional("wandb", "wandb", "WandbLogger")
+        if offline and log_model:  # Lightning's refusal, its words (wandb's own mode="offline" is not refused)
+            from tasktrain.exceptions import MisconfigurationException
+
+            raise MisconfigurationException(
+                f"Providing log_model={log_model} and offline={offline} is an invalid configuration since model "
+                "checkpoints cannot be uploaded in offline mode.\nHint: Set `offline=False` to log your model.")
         check_log_model(log_model, "WandbLogger")
         if add_file_policy not in ("mutable", "immutable"):
             raise ValueError(f"WandbLogger(add_file_policy={add_file_policy!r}): use 'mutable' or 'immutable'.")

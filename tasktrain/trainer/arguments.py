@@ -46,22 +46,50 @@ def _info(message):
         _log.info(message)
 
 
+def litmodels_installed():
+    """Whether Lightning would hand a model registry name to the `litmodels` package (its RequirementCache
+    "litmodels >=0.1.7"; any installed litmodels is taken as one here)."""
+    import importlib.util
+
+    return importlib.util.find_spec("litmodels") is not None
+
+
 def no_model_registry(what):
-    """The error for Lightning's model-registry features. Lightning hands them to the `litmodels` package
-    (LitModelCheckpoint uploads each checkpoint to Lightning AI's cloud registry; without litmodels installed it
-    ignores the name and saves locally). tasktrain has no registry client: refuse rather than let a user believe the
-    checkpoints were uploaded."""
+    """The error for a model registry name where litmodels is installed: Lightning's Trainer then builds litmodels'
+    LitModelCheckpoint, which uploads each checkpoint to Lightning AI's registry and is written for Lightning's own
+    Trainer. tasktrain cannot run it: refuse rather than let a user believe the checkpoints were uploaded."""
     return ValueError(
-        f"{what}: tasktrain has no model registry (Lightning uploads checkpoints to Lightning AI's registry through "
-        "the `litmodels` package). Remove it; the checkpoints are saved locally by ModelCheckpoint (default_root_dir, "
-        "or ModelCheckpoint(dirpath=...)), and you can upload those files yourself afterwards (with the litmodels "
-        "package, for instance).")
+        f"{what}: the `litmodels` package is installed, and with it Lightning uploads the checkpoints to Lightning "
+        "AI's model registry through litmodels' LitModelCheckpoint, which is written for Lightning's Trainer; tasktrain "
+        "has no model registry client. Remove the name (ModelCheckpoint saves the files locally: default_root_dir, or "
+        "ModelCheckpoint(dirpath=...)) and upload those files with litmodels afterwards, or uninstall litmodels to "
+        "have Lightning's behaviour without it (the name is kept, the checkpoints are saved locally).")
 
 
-def refuse_lightning_only(barebones, plugins, max_restarts, model_registry=None):
-    """Lightning's arguments without a counterpart: a clear error instead of a silent difference."""
-    if model_registry:  # (Lightning treats "" as None too)
+def model_registry_name(model_registry):
+    """Lightning's `trainer._model_registry`: the name without its version ("my-model:v2" -> "my-model"); None for
+    None or "". Without litmodels Lightning keeps the name and saves locally (its default ModelCheckpoint, with a tip
+    about installing litmodels): so does tasktrain. With litmodels installed it is refused (no_model_registry)."""
+    if model_registry and litmodels_installed():
         raise no_model_registry(f"Trainer(model_registry={model_registry!r})")
+    return model_registry.split(":")[0] if model_registry else None
+
+
+def adds_default_checkpoint(callbacks, checkpointing):
+    """Whether default_callbacks adds its own ModelCheckpoint (checkpointing on, no Checkpoint among `callbacks`)."""
+    from tasktrain.callbacks.base import Callback, Checkpoint
+
+    given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
+    return bool(checkpointing) and not any(isinstance(c, Checkpoint) for c in given)
+
+
+LITMODELS_TIP = ("💡 Tip: For seamless cloud uploads and versioning, try installing "
+                 "[litmodels](https://pypi.org/project/litmodels/) to enable LitModelCheckpoint, which syncs "
+                 "automatically with the Lightning model registry.")
+
+
+def refuse_lightning_only(barebones, plugins, max_restarts):
+    """Lightning's arguments without a counterpart: a clear error instead of a silent difference."""
     if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
         raise ValueError(f"Trainer(max_restarts={max_restarts!r}): use 0 (no restart) or a positive number.")
 
@@ -170,6 +198,18 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
         check_val_every_n_epoch=check_val_every_n_epoch), logger
 
 
+def root_dir(default_root_dir):
+    """Lightning's trainer.default_root_dir: a local path normalised, ~ expanded (a file:// URL is its local folder,
+    where Lightning's fsspec writes it); a file system URL ("s3://...") as given, written through fsspec
+    (checkpoint_io); the working directory without one."""
+    from tasktrain.checkpoint_io import is_remote, local_path
+
+    if not default_root_dir:
+        return os.getcwd()
+    path = local_path(default_root_dir)
+    return path if is_remote(path) else os.path.normpath(os.path.expanduser(path))
+
+
 def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointing, inference_mode,
               use_distributed_sampler, detect_anomaly, sync_batchnorm, reload_dataloaders_every_n_epochs):
     """The Trainer's plain settings, checked."""
@@ -182,9 +222,7 @@ def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointi
         raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")
     return dict(
         min_steps=None if min_steps is None else int(min_steps), log_every_n_steps=int(log_every_n_steps),
-        # (Lightning's: a local path normalised, ~ expanded)
-        default_root_dir=os.path.normpath(os.path.expanduser(os.fspath(default_root_dir))) if default_root_dir
-        else os.getcwd(),
+        default_root_dir=root_dir(default_root_dir),
         enable_checkpointing=enable_checkpointing,
         inference_mode=bool(inference_mode),  # False: evaluation under torch.no_grad() instead
         use_distributed_sampler=bool(use_distributed_sampler),  # False: each rank reads the loaders as given

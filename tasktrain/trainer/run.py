@@ -11,7 +11,7 @@ from tasktrain.callbacks.base import Callback
 from tasktrain.callbacks.timer import Timer
 from tasktrain.exceptions import PossibleUserWarning
 from tasktrain.strategies.base import MultiProcess
-from tasktrain.trainer.arguments import in_call_order
+from tasktrain.trainer.arguments import LITMODELS_TIP, _info, in_call_order
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import build_hook_tables
 from tasktrain.trainer.metrics import MetricStore, hook_scope, in_hook
@@ -23,6 +23,9 @@ from tasktrain.trainer.states import TrainerFn, TrainerStatus
 
 def attach_module_callbacks(trainer, module):
     """The module's configure_callbacks(): each replaces the trainer's callbacks of its exact type."""
+    if trainer._pending_litmodels_tip:  # Lightning's tip, once, where its _attach_model_callbacks gives it
+        trainer._pending_litmodels_tip = False
+        _info(LITMODELS_TIP)
     if not hook_is_called("configure_callbacks", module, TaskModule):  # (Lightning calls it always)
         return
     if "configure_callbacks" in trainer._trial_skips:  # a tuner's trial inside a run: the run attached them

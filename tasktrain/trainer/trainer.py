@@ -16,6 +16,7 @@ order: resume, optimizers, strategy, sanity check, data), metrics out to the log
 import contextlib
 import inspect
 import logging
+import os
 import time
 import warnings
 from typing import List, Optional, Union
@@ -132,7 +133,8 @@ class Trainer:
             gradient_clip_val=gradient_clip_val, stall_timeout=stall_timeout,
             fp16_on_cpu_as_bf16=found.precision is None,  # (a MixedPrecision("16-mixed", "cpu") plugin keeps fp16)
         )
-        arguments.refuse_lightning_only(barebones, plugins, max_restarts, model_registry)
+        arguments.refuse_lightning_only(barebones, plugins, max_restarts)
+        self._model_registry = arguments.model_registry_name(model_registry)  # Lightning's (the name, no version)
         self.enable_autolog_hparams = enable_autolog_hparams  # Lightning's: False skips _log_hyperparams entirely
         self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
         sync_batchnorm = sync_batchnorm or found.layer_sync is not None  # TorchSyncBatchNorm()
@@ -160,6 +162,9 @@ class Trainer:
         self.callbacks = arguments.default_callbacks(
             callbacks, self.default_root_dir, self._loggers, enable_progress_bar, enable_checkpointing,
             self.gradient_clip_val, gradient_clip_algorithm, max_time, enable_model_summary)
+        # Lightning, without litmodels' LitModelCheckpoint, says once (at the first run's start) that litmodels would
+        # upload the checkpoints of the default ModelCheckpoint it adds (run.attach_module_callbacks)
+        self._pending_litmodels_tip = arguments.adds_default_checkpoint(callbacks, enable_checkpointing)
         if gradient_clip_algorithm is not None:  # (checked there) Lightning's enum, what the clipping hooks receive
             self.gradient_clip_algorithm = GradClipAlgorithmType(gradient_clip_algorithm.lower())
         self.state, self.optimizers, self.lr_scheduler_configs = TrainState(), [], []
@@ -956,6 +961,13 @@ class Trainer:
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer. Did you "
                                  "call `Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
         self.strategy.check_can_save()  # (DeepSpeed after its run: its engine is gone)
+        if isinstance(self.strategy, Sharded) and ckpt_io.is_remote(os.fspath(filepath)):
+            # the engines (DeepSpeed's, torch.distributed.checkpoint's) write with the local file system's calls: a
+            # URL would become a local folder named "s3:"; one file (ddp, one device) is written through fsspec
+            raise ValueError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}): {type(self.strategy).__name__} "
+                             "writes its checkpoint with its engine on a local (or mounted) file system, not at a file "
+                             "system URL. Save to a local folder (ModelCheckpoint(dirpath=...), default_root_dir) and "
+                             "copy it, or mount the bucket.")
         if weights_only is None:
             weights_only = False
             if self.is_global_zero:

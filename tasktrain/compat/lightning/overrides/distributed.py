@@ -21,8 +21,8 @@ class UnrepeatedDistributedSampler(DistributedSampler):
             raise TypeError("The given dataset must implement the `__len__` method.")
         self.total_size = len(self.dataset)
         self.num_samples = len(range(self.rank, self.total_size, self.num_replicas))
-        if self.num_samples < 1 and self.total_size:  # (Lightning refuses it too: DDP's first step would hang)
-            raise ValueError(f"UnrepeatedDistributedSampler: {self.total_size} samples leave rank {self.rank} of "
+        if self.num_samples < 1 and self.total_size:  # Lightning's AssertionError (DDP's first step would hang)
+            raise AssertionError(f"UnrepeatedDistributedSampler: {self.total_size} samples leave rank {self.rank} of "
                              f"{self.num_replicas} none; every rank needs at least one (use fewer processes).")
 
     def __iter__(self):
