@@ -518,6 +518,60 @@ def test_save_checkpoint_override_sees_every_write_beside_lightning(L, tmp_path)
         trainer.fit(tt_module(), loader(16), loader(8))
 
 
+def test_narrower_override_points_beside_lightning(L, tmp_path):
+    """Lightning's other override points of ModelCheckpoint: _save_monitor_checkpoint / _save_none_monitor_checkpoint
+    (the top-k save with and without a monitor), _save_last_checkpoint naming `last` from the candidates it is given
+    (a subclass adds its own field), _should_save_on_train_epoch_end (where the epoch schedule saves): called as
+    often, with the same candidates, the same files written."""
+    seen = {}
+    for framework, base in (("lightning", L.pytorch.callbacks.ModelCheckpoint), ("tasktrain", tasktrain.ModelCheckpoint)):
+        calls = []
+
+        class Tagged(base):
+            CHECKPOINT_NAME_LAST = "{tag}-last"
+
+            def _save_monitor_checkpoint(self, trainer, monitor_candidates):
+                calls.append(("monitor", int(monitor_candidates["step"])))
+                super()._save_monitor_checkpoint(trainer, monitor_candidates)
+
+            def _save_none_monitor_checkpoint(self, trainer, monitor_candidates):
+                calls.append(("none", int(monitor_candidates["step"])))
+                super()._save_none_monitor_checkpoint(trainer, monitor_candidates)
+
+            def _save_last_checkpoint(self, trainer, monitor_candidates):
+                super()._save_last_checkpoint(trainer, {**monitor_candidates, "tag": torch.tensor(7)})
+
+        class AtValidationEnds(base):
+            def _should_save_on_train_epoch_end(self, trainer):
+                calls.append("asked")
+                return False
+
+        callbacks = [Tagged(tmp_path / framework, monitor="val_loss", save_top_k=1, save_last=True),
+                     Tagged(tmp_path / framework / "none", filename="n{step}", save_top_k=1),
+                     AtValidationEnds(tmp_path / framework / "ends", filename="e{step}", save_top_k=-1)]
+        trainer, writes = run(framework, L, tmp_path / framework, callbacks)
+        seen[framework] = sorted(set(calls), key=str), writes, callbacks[0].last_model_path.endswith("tag=7-last.ckpt")
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][2] and ("none", 4) in seen["tasktrain"][0] and "asked" in seen["tasktrain"][0]
+
+
+def test_a_file_lightning_wrote_evaluates_but_does_not_resume_a_fit(L, tmp_path):
+    """A checkpoint Lightning's fit wrote: tasktrain's validate(ckpt_path=) restores its weights (the loss Lightning's
+    validate of the same file gives); a fit does not resume from it (a kept difference, docs/lightning.md: the loop
+    state is Lightning's loop objects'), refused before anything is restored."""
+    trainer, _ = run("lightning", L, tmp_path / "lightning", [L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt")])
+    path = trainer.checkpoint_callback.best_model_path
+    theirs = trainer.validate(lit_module(L), loader(8), ckpt_path=path, verbose=False)
+    common = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path / "t")
+    ours = tasktrain.Trainer(**common).validate(tt_module(), loader(8), ckpt_path=path, verbose=False)
+    assert ours[0]["val_loss"] == pytest.approx(theirs[0]["val_loss"], rel=1e-6)
+    assert ours[0]["val_loss"] != pytest.approx(tasktrain.Trainer(**common).validate(tt_module(), loader(8),
+                                                                                     verbose=False)[0]["val_loss"])
+    module = tt_module()
+    with pytest.raises(ValueError, match="holds no tasktrain loop state"):
+        tasktrain.Trainer(max_epochs=3, **common).fit(module, loader(16), ckpt_path=path)
+
+
 def test_ckpt_path_last_and_the_folder_beside_lightning(L, tmp_path):
     """ckpt_path="last" resolves as Lightning's (the newest last file; none: its warning and a fresh fit), a fit with
     an OnExceptionCheckpoint and no ckpt_path continues "last", and a checkpoint folder that is default_root_dir

@@ -140,6 +140,10 @@ def test_accelerator_connector_is_read_only_and_names_what_it_lacks():
         trainer._accelerator_connector = None
     with pytest.raises(NotImplementedError, match="notebook_launcher"):
         tasktrain.Trainer(strategy="ddp", devices=2, **QUIET).strategy.launcher.launch(print, trainer=trainer)
+    ddp = tasktrain.Trainer(strategy="ddp", devices=2, **QUIET).strategy
+    assert ddp._launcher is ddp.launcher and trainer.strategy._launcher is None  # (Lightning's private name)
+    with pytest.raises(AttributeError, match="strategy._launcher cannot be replaced"):  # a mock would never be called
+        trainer.strategy._launcher = object()
 
 
 # -- the loops' _data_source (Lightning 2's place of the 1.x data connector's sources) -------------------------------

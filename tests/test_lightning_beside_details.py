@@ -4,6 +4,7 @@ name gets "-vN"), and `freeze()` / `unfreeze()` returning the module."""
 import os
 
 import pytest
+import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
@@ -379,8 +380,10 @@ def test_estimated_stepping_batches_read_as_lightnings(case):
 
 def test_a_spawned_predict_refuses_return_predictions_as_lightning():
     """Under "ddp_spawn" Lightning returns no predictions by default and refuses return_predictions=True (its
-    prediction loop's setter, run in the children); tasktrain refuses it with the same words before spawning, and
-    returns None by default (tests/test_ddp.py's spawned run checks that; gather=True brings them back)."""
+    prediction loop's setter, run in the children: its parent raises torch's ProcessRaisedException); tasktrain
+    refuses it with the same words before spawning, with an exception that is both torch's and a
+    MisconfigurationException, and returns None by default (tests/test_ddp.py's spawned run checks that; gather=True
+    brings them back)."""
     from torch.utils.data import DataLoader
 
     lit = pl.Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", logger=False)
@@ -394,3 +397,5 @@ def test_a_spawned_predict_refuses_return_predictions_as_lightning():
         trainer.predict(ours.BoringModel(), loader, return_predictions=True)
     start = "`return_predictions` should be set to `False` when using the strategies that spawn or fork. Found True"
     assert str(theirs_error.value).startswith(start) and str(ours_error.value).startswith(start)
+    # what Lightning's parent raises (a user's `except ProcessRaisedException` around predict catches ours too)
+    assert isinstance(ours_error.value, torch.multiprocessing.ProcessRaisedException)

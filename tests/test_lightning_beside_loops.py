@@ -321,8 +321,21 @@ def test_the_view_writes_the_limits_and_refuses_to_be_replaced():
         trainer.fit_loop.max_steps = 3
     with pytest.raises(AttributeError, match="read view"):
         trainer.fit_loop = object()
-    with pytest.raises(AttributeError):  # the counters are the Trainer's: not written through the view
+    with pytest.raises(AttributeError, match="counters are read only"):  # the counters are the Trainer's
         trainer.fit_loop.epoch_progress.current.completed = 3
+    optimizer = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer
+    with pytest.raises(AttributeError, match="counters are read only"):  # (Lightning's tests move global_step so)
+        optimizer.step.total.completed = 3
+    with pytest.raises(AttributeError, match="progress `current` is read only"):
+        trainer.fit_loop.epoch_progress.current = None
+    # a Lightning internal written or patched would be ignored by the Trainer, which runs no loop object: refused
+    with pytest.raises(AttributeError, match=r"trainer.fit_loop.epoch_loop.val_loop._max_batches cannot be set"):
+        trainer.fit_loop.epoch_loop.val_loop._max_batches = [0]
+    with pytest.raises(AttributeError, match=r"trainer.test_loop._evaluation_step: Lightning's loop internal"):
+        trainer.test_loop._evaluation_step
+    with pytest.raises(AttributeError, match="cannot be set"):
+        optimizer.step = None
+    assert not hasattr(trainer.fit_loop, "setup_data") and trainer.fit_loop.max_epochs == 5
     trainer.validate_loop.batch_progress.total.completed  # (every view made)
     copy = pickle.loads(pickle.dumps(trainer))  # a Trainer holding its views still pickles (ddp_spawn sends it)
     assert copy.fit_loop.max_epochs == 5 and copy.fit_loop._trainer is copy

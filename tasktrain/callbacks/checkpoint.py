@@ -223,7 +223,9 @@ class ModelCheckpoint(Checkpoint):
                 warnings.warn(f"Checkpoint directory {directory} exists and is not empty.", stacklevel=2)
             if self.async_save:
                 trainer.strategy.check_async_save(self.save_weights_only)
-                overridden = [name for name in ("_save_topk_checkpoint", "_save_last_checkpoint", "_save_checkpoint")
+                overridden = [name for name in ("_save_topk_checkpoint", "_save_monitor_checkpoint",
+                                                "_save_none_monitor_checkpoint", "_save_last_checkpoint",
+                                                "_save_checkpoint")
                               if getattr(type(self), name, None) is not getattr(ModelCheckpoint, name, None)]
                 if overridden:  # the background writer has its own path: the overrides would never run
                     raise ValueError(
@@ -237,10 +239,16 @@ class ModelCheckpoint(Checkpoint):
         self._adopt_restored(trainer)  # DeepSpeed/FSDP restore the callbacks after on_fit_start (Lightning's order)
         self._seen_step = trainer.global_step
         self._last_time_checked = time.monotonic()
-        self._epoch_end_saves = self.save_on_train_epoch_end
-        if self._epoch_end_saves is None:
-            inside = trainer.val_check_interval is not None and trainer.val_check_interval != 1.0
-            self._epoch_end_saves = trainer.check_val_every_n_epoch == 1 and not (trainer.enable_validation and inside)
+        self._epoch_end_saves = self._should_save_on_train_epoch_end(trainer)
+
+    def _should_save_on_train_epoch_end(self, trainer):
+        """Lightning's name for the choice of the epoch schedule's save points (read once, at the fit's start; a
+        subclass may override it): save_on_train_epoch_end when given; else True (epoch ends) when every epoch may
+        validate and validation runs only at the epoch's end or not at all, False (validation ends) otherwise."""
+        if self.save_on_train_epoch_end is not None:
+            return self.save_on_train_epoch_end
+        inside = trainer.val_check_interval is not None and trainer.val_check_interval != 1.0
+        return trainer.check_val_every_n_epoch == 1 and not (trainer.enable_validation and inside)
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
@@ -398,9 +406,26 @@ class ModelCheckpoint(Checkpoint):
             self._save_last_checkpoint(trainer, monitor_candidates)
 
     def _save_topk_checkpoint(self, trainer, monitor_candidates):
-        """Lightning's override point: save a top-k candidate when it is one (every rank calls it)."""
+        """Lightning's override point: save a top-k candidate when it is one (every rank calls it), through
+        Lightning's two narrower override points, one for a monitored metric and one without a monitor."""
         if self.save_top_k == 0:
             return
+        if self.monitor is not None:
+            self._save_monitor_checkpoint(trainer, monitor_candidates)
+        else:
+            self._save_none_monitor_checkpoint(trainer, monitor_candidates)
+
+    def _save_monitor_checkpoint(self, trainer, monitor_candidates):
+        """Lightning's override point: the top-k save of a monitored metric, scored and named from
+        `monitor_candidates`."""
+        self._save_scored(trainer, monitor_candidates)
+
+    def _save_none_monitor_checkpoint(self, trainer, monitor_candidates):
+        """Lightning's override point: the save without a monitor (the newest file is the best), named from
+        `monitor_candidates`."""
+        self._save_scored(trainer, monitor_candidates)
+
+    def _save_scored(self, trainer, monitor_candidates):
         candidate = self._candidate(trainer, monitor_candidates)
         if candidate is None:
             return
@@ -425,20 +450,21 @@ class ModelCheckpoint(Checkpoint):
                   f"not in top {self.save_top_k}", flush=True)
 
     def _save_last_checkpoint(self, trainer, monitor_candidates):
-        """Lightning's override point: write (or link) `last` when save_last is set."""
+        """Lightning's override point: write (or link) `last` when save_last is set, a CHECKPOINT_NAME_LAST with
+        fields ("{epoch}-last") filled from `monitor_candidates` (a subclass may pass its own)."""
         if self.save_last:
-            self._save_last(trainer)
+            self._save_last(trainer, metrics=monitor_candidates)
 
     @property
     def _last_global_step_saved(self):
         """Lightning's attribute: the global step of the latest save (0 before any)."""
         return max(self._last_saved_step, 0)
 
-    def _save_last(self, trainer, saved_path=None):
+    def _save_last(self, trainer, saved_path=None, metrics=None):
         """`last`: a full write (save_last=True), or a link to the newest file written (save_last="link", once this
         callback has written one and save_top_k != 0)."""
         strategy = trainer.strategy
-        last = self._last_path(trainer)
+        last = self._last_path(trainer, metrics)
         self._drop_previous_last(trainer, last, saved_path)
         self.last_model_path = last  # before the write: the file holds it (Lightning's rule)
         if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
@@ -582,9 +608,9 @@ class ModelCheckpoint(Checkpoint):
         own = (self.best_model_path,) if self.monitor is None else (self._worst(),) if full else ()
         return score, self._free_path(trainer, metrics, None, own)
 
-    def _last_path(self, trainer):
-        path = self._free_path(trainer, self._monitor_candidates(trainer), self.CHECKPOINT_NAME_LAST,
-                               (self.last_model_path,))
+    def _last_path(self, trainer, metrics=None):
+        metrics = self._monitor_candidates(trainer) if metrics is None else metrics
+        path = self._free_path(trainer, metrics, self.CHECKPOINT_NAME_LAST, (self.last_model_path,))
         return trainer.strategy.broadcast(path)
 
     def _free_path(self, trainer, metrics, filename, own):

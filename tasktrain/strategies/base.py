@@ -403,6 +403,19 @@ class Strategy(abc.ABC):
         One process starts nothing: None. (MultiProcess strategies: tasktrain/strategies/world.py.)"""
         return None
 
+    @property
+    def _launcher(self):
+        """Lightning's private name of `launcher`, read the same."""
+        return self.launcher
+
+    @_launcher.setter
+    def _launcher(self, value):
+        # Lightning's tests swap in a mock launcher (to see its kill() on Ctrl-C): nothing here would call it
+        raise AttributeError(
+            "strategy._launcher cannot be replaced in tasktrain: the Trainer starts and stops its processes itself "
+            "(docs/lightning.md, Lightning internals scripts reach into). Choose how they start with strategy= "
+            "(\"ddp\", \"ddp_spawn\") or an outside launcher (torchrun, `tasktrain launch`).")
+
     def needs_micro_batch_size(self) -> bool:
         """Whether setup_module_and_optimizers reads plan.micro_batch_size (the Trainer then requests the training
         loader before the set-up; otherwise when training starts, as Lightning does). Default: no."""

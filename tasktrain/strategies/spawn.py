@@ -25,6 +25,7 @@ import tempfile
 
 import torch
 
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies.launcher import find_free_port
 from tasktrain.tree import apply_to_leaves
 
@@ -89,6 +90,15 @@ class ProcessRaisedException(torch.multiprocessing.ProcessRaisedException, Runti
     """A child raised: torch's exception, as Lightning's ddp_spawn raises it (its text: "-- Process 1 terminated with
     the following error:" and the child's traceback; `error_index` the rank, `error_pid` its process), and a
     RuntimeError as tasktrain raised before."""
+
+
+class SpawnedRunRefused(ProcessRaisedException, MisconfigurationException):
+    """A configuration a spawned run cannot work with, refused in the parent before any process starts, where
+    Lightning refuses it inside its children (its user catches torch's ProcessRaisedException around the call):
+    both that exception and tasktrain's MisconfigurationException, with Lightning's words."""
+
+    def __init__(self, msg, error_index=0, error_pid=None):
+        super().__init__(msg, error_index, os.getpid() if error_pid is None else error_pid)
 
 
 class ProcessExitedException(torch.multiprocessing.ProcessExitedException, RuntimeError):

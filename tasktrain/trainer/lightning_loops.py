@@ -87,6 +87,16 @@ class Tracker:
     processed = property(lambda self: self._counts()[2])
     completed = property(lambda self: self._counts()[3])
 
+    def __setattr__(self, name, value):
+        if name in ("ready", "started", "processed", "completed"):
+            # Lightning's tests set `...optimizer.step.total.completed = i` to move global_step: here the counts are
+            # computed from the Trainer's state, and a write would be lost
+            raise AttributeError(
+                f"The loop views' progress counters are read only in tasktrain (`.{name} = ...`): they are computed "
+                "from the Trainer's state (docs/lightning.md, Loop attributes). Run the loop to move them, or resume "
+                "from a checkpoint (ckpt_path=) to start from saved counts.")
+        object.__setattr__(self, name, value)
+
     def __repr__(self):
         return "Tracker(ready={}, started={}, processed={}, completed={})".format(*self._counts())
 
@@ -118,6 +128,14 @@ class Progress:
         self.current = tracker(current)
         self.total = self.current if total is None else tracker(total)
 
+    def __setattr__(self, name, value):
+        try:
+            object.__getattribute__(self, name)
+        except AttributeError:  # (a slot set the first time: __init__, or unpickling, which uses setattr for slots)
+            return object.__setattr__(self, name, value)
+        raise AttributeError(f"The loop views' progress `{name}` is read only in tasktrain: it is computed from the "
+                             "Trainer's state (docs/lightning.md, Loop attributes).")
+
     def __repr__(self):
         return f"Progress(current={self.current!r}, total={self.total!r})"
 
@@ -134,7 +152,36 @@ class BatchProgress(Progress):
     is_last_batch = property(lambda self: self._is_last())
 
 
-class EvaluationLoop:
+class _LoopView:
+    """What the loop views share: Lightning's loop internals they do not have (`_evaluation_step`, `setup_data`,
+    `_get_monitor_value`, ...) are refused by name, and so is a write to anything but the limits with setters
+    (max_epochs, ...): a patched method or a set counter would be ignored by the Trainer, which runs no loop object."""
+
+    _PATH = "the loop view"
+
+    def _seal(self):  # (end of __init__; unpickling fills __dict__ directly, _sealed included)
+        object.__setattr__(self, "_sealed", True)
+
+    def __setattr__(self, name, value):
+        attr = getattr(type(self), name, None)
+        if not self.__dict__.get("_sealed") or (isinstance(attr, property) and attr.fset is not None):
+            return object.__setattr__(self, name, value)
+        raise AttributeError(
+            f"{self._PATH}.{name} cannot be set in tasktrain: the loop views are read views of the Trainer's state "
+            "(docs/lightning.md, Loop attributes), and the Trainer runs no loop object that would see it. Only the "
+            "limits are written (fit_loop.max_epochs / min_epochs, fit_loop.epoch_loop.max_steps / min_steps); put "
+            "custom behaviour in a Callback or the module's hooks.")
+
+    def __getattr__(self, name):  # (only reached for names the view does not define)
+        if name.startswith("__") or name == "_sealed":
+            raise AttributeError(name)
+        raise AttributeError(
+            f"{self._PATH}.{name}: Lightning's loop internal {name!r} is not part of tasktrain's loop views, which "
+            "read the Trainer's state (docs/lightning.md, Loop attributes, lists what they offer); tasktrain runs no "
+            "loop object to patch or call. Use the Trainer's public attributes, a Callback or the module's hooks.")
+
+
+class EvaluationLoop(_LoopView):
     """`trainer.validate_loop`, `trainer.test_loop` and `trainer.fit_loop.epoch_loop.val_loop`: the evaluation batches
     (`batch_progress.current` in the run, `.total` over the Trainer's validate / test runs (a run given a ckpt_path:
     from the count of that file, as Lightning's restores it: evaluation.restore_eval_total), or over the training
@@ -147,10 +194,16 @@ class EvaluationLoop:
 
     _COUNTS = {"val": "fit", "validate": "validate", "test": "test"}  # (the Trainer's num_*_batches of the loop)
 
+    @property
+    def _PATH(self):
+        names = {"val": "fit_loop.epoch_loop.val_loop", "validate": "validate_loop", "test": "test_loop"}
+        return "trainer." + names.get(self.__dict__.get("_key"), "validate_loop")
+
     def __init__(self, trainer, key):
         self._trainer, self._key = trainer, key
         # (bound methods, not lambdas: a Trainer holding its views pickles, e.g. to ddp_spawn's processes)
         self.batch_progress = BatchProgress(self._current, self._total, self._is_last_batch)
+        self._seal()
 
     def _is_last_batch(self):
         return self._trainer.state.eval_is_last_batch[self._key]
@@ -192,7 +245,7 @@ class EvaluationLoop:
                 completed + (phase == "processed"), completed)
 
 
-class PredictionLoop:
+class PredictionLoop(_LoopView):
     """`trainer.predict_loop.epoch_batch_indices`: during a predict run, per loader, the dataset indices of each batch
     started so far (from its on_predict_batch_start on) where a BasePredictionWriter writes at the epoch's end, else
     an empty list per loader; [] outside a run (Lightning's, which empties it after on_predict_end).
@@ -201,9 +254,12 @@ class PredictionLoop:
     batch writer's indices of the batch), `predictions` (the run's, kept until the next: the one loader's list or one
     per loader; empty unless returned or written at the epoch's end), `max_batches`, `num_dataloaders`."""
 
+    _PATH = "trainer.predict_loop"
+
     def __init__(self, trainer):
         self._trainer = trainer
         self.batch_progress = BatchProgress(self._current, self._total, self._is_last_batch)
+        self._seal()
 
     @property
     def _data_source(self):
@@ -254,11 +310,14 @@ class PredictionLoop:
         return [list(indices[:count]) for indices, count in zip(trainer.predict_batch_indices, started)]
 
 
-class Holder:
+class Holder(_LoopView):
     """A plain object holding Lightning's nested names (optim_progress.optimizer.step, ...)."""
+
+    _PATH = "trainer.fit_loop.epoch_loop's optimization view"
 
     def __init__(self, **parts):
         self.__dict__.update(parts)
+        self._seal()
 
 
 class OptimizationProgress(Holder):
@@ -269,8 +328,10 @@ class OptimizationProgress(Holder):
         return self.optimizer.step.total.completed
 
 
-class EpochLoop:
+class EpochLoop(_LoopView):
     """`trainer.fit_loop.epoch_loop`: Lightning's training epoch loop's step limits and counters."""
+
+    _PATH = "trainer.fit_loop.epoch_loop"
 
     def __init__(self, trainer):
         self._trainer = trainer
@@ -285,6 +346,7 @@ class EpochLoop:
         # (manual optimisation's steps: never reset by an epoch in Lightning, so current is total)
         self.manual_optimization = Holder(optim_step_progress=Progress(
             self._manual_steps, tracker=ReadyCompletedTracker))
+        self._seal()
 
     # (bound methods, not lambdas: a Trainer holding its views pickles)
     def _current_batches(self):
@@ -375,13 +437,16 @@ class EpochLoop:
         return bool(trainer.enable_validation) and (every is None or (trainer.current_epoch + 1) % every == 0)
 
 
-class FitLoop:
+class FitLoop(_LoopView):
     """`trainer.fit_loop`: Lightning's fit loop's limits and counters (see the module's docstring)."""
+
+    _PATH = "trainer.fit_loop"
 
     def __init__(self, trainer):
         self._trainer = trainer
         self.epoch_loop = EpochLoop(trainer)
         self.epoch_progress = Progress(self._epoch_counts)
+        self._seal()
 
     def _epoch_counts(self):
         return _epoch_counts(self._trainer)

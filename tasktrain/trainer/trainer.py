@@ -602,11 +602,11 @@ class Trainer:
         every rank's, in dataset order. return_predictions=False keeps none in memory and returns None (a
         BasePredictionWriter writes them). Under a strategy that spawns its processes ("ddp_spawn"), as Lightning's:
         None by default and return_predictions=True refused; gather=True still brings every rank's back."""
-        from tasktrain.strategies.spawn import SpawnLauncher
+        from tasktrain.strategies.spawn import SpawnedRunRefused, SpawnLauncher
 
         spawned = isinstance(self.strategy.launcher, SpawnLauncher)  # (this process starts the ranks by spawning)
         if spawned and return_predictions and not gather:  # Lightning's words, here before the processes start
-            raise MisconfigurationException(
+            raise SpawnedRunRefused(
                 "`return_predictions` should be set to `False` when using the strategies that spawn or fork. Found "
                 f"{return_predictions} with strategy {type(self.strategy)}. (tasktrain: `predict(..., gather=True)` "
                 "brings every rank's predictions back from the spawned processes.)")
