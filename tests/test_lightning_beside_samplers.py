@@ -119,3 +119,53 @@ def test_a_loader_without_automatic_batching_trains_as_under_lightning(shuffle):
     ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
     assert len(ours[0]) == 10 and sorted(ours[0][:5]) == list(range(5))
     assert ours == theirs
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_dataloader_subclass_is_the_loader_that_trains_as_under_lightning(shuffle):
+    """A DataLoader subclass of the user's (its own __iter__, _get_iterator, attributes) was rebuilt as a plain
+    DataLoader on the Trainer's order: its __iter__ never ran and trainer.train_dataloader was another object.
+    Lightning keeps it as it is where it shards nothing; so does the Trainer now: the same object, the same iter()
+    calls, the same batches and weights (shuffled too: the user's RandomSampler draws the order)."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def run(lib, base):
+        lib.seed_everything(4, verbose=False)
+        seen, iters = [], []
+
+        class Loader(DataLoader):
+            def __iter__(self):
+                iters.append(self.tag)
+                return super().__iter__()
+
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                seen.append(batch[0].tolist())
+                return torch.nn.functional.mse_loss(self.layer(batch[1]), batch[2])
+
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        train, val = Loader(data(8), batch_size=2, shuffle=shuffle), Loader(data(4), batch_size=2)
+        train.tag, val.tag = "train", "val"
+        module = Module()
+        trainer = lib.Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_train_batches=3, logger=False,
+                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, train, val)
+        kept = (trainer.train_dataloader is train, trainer.val_dataloaders is val)
+        return kept, iters, seen, [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
+
+    ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
+    assert ours[0] == (True, True) and ours[1].count("train") == 2 and len(ours[2]) == 6
+    assert ours == theirs

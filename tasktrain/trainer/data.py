@@ -505,6 +505,14 @@ def _torchdata_sampler(sampler, name) -> bool:
     return kind.__name__ == name and kind.__module__.startswith("torchdata.stateful_dataloader")
 
 
+def _loader_subclass(loader) -> bool:
+    """A map-style loader of a DataLoader subclass of the user's (torchdata's StatefulDataLoader has its own rules)."""
+    kind = type(loader)
+    return isinstance(loader, DataLoader) and kind is not DataLoader and \
+        not kind.__module__.startswith("torchdata.") and \
+        not isinstance(loader.dataset, torch.utils.data.IterableDataset)
+
+
 def _replaceable(loader) -> bool:
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return False
@@ -679,6 +687,10 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
             not isinstance(loader.sampler, SequentialSampler) and rank == 0:
         warnings.warn("You requested to overfit but enabled train dataloader shuffling. We are turning off the train "
                       "dataloader shuffling for you.")  # (Lightning's words; the order is then sequential)
+    if lightning and world_size == 1 and keeps_sampler is not False and _loader_subclass(loader):
+        # Lightning keeps a DataLoader subclass of the user's as it is where it shards nothing: its own __iter__,
+        # _get_iterator, attributes run (a loader rebuilt on our order would be a plain DataLoader)
+        return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=False)
     if _replaceable(loader):
         order = _order_sampler(loader)
         random = isinstance(order, RandomSampler) or _torchdata_sampler(order, "RandomSampler")
