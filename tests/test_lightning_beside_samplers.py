@@ -169,3 +169,58 @@ def test_a_dataloader_subclass_is_the_loader_that_trains_as_under_lightning(shuf
     ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
     assert ours[0] == (True, True) and ours[1].count("train") == 2 and len(ours[2]) == 6
     assert ours == theirs
+
+
+def test_the_loader_worker_warnings_are_lightnings():
+    """Lightning's warnings on a run's loaders (its _worker_check), missing before: few workers where the cores allow
+    more (PossibleUserWarning, per loader and run, again at each reload), and persistent pinned workers with
+    reload_dataloaders_every_n_epochs. The machine is made to show 8 cores to both (Lightning's bound: 8 // devices
+    - 1); the same runs give the same warnings, in the same order."""
+    from unittest import mock
+
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def warned(lib, base):
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[1]).sum()
+
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            test_step = predict_step = validation_step
+
+            def train_dataloader(self):
+                return DataLoader(data(8), batch_size=2)
+
+            val_dataloader = train_dataloader
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                     accelerator="cpu", devices=1, limit_train_batches=2, limit_val_batches=1, limit_test_batches=1,
+                     limit_predict_batches=1)
+        module = Module()
+        with warnings.catch_warnings(record=True) as seen, mock.patch("os.sched_getaffinity", lambda pid: set(range(8))):
+            warnings.simplefilter("always")
+            lib.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, **quiet).fit(module)
+            lib.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, **quiet).fit(
+                module, DataLoader(data(8), batch_size=2, num_workers=1, persistent_workers=True, pin_memory=True))
+            lib.Trainer(**quiet).test(module, DataLoader(data(4)), verbose=False)
+            lib.Trainer(**quiet).predict(module, DataLoader(data(4)))
+        return [(w.category.__name__, str(w.message)) for w in seen
+                if "workers" in str(w.message) and "srun" not in str(w.message)]
+
+    ours, theirs = warned(tasktrain, tasktrain.TaskModule), warned(L, L.LightningModule)
+    assert ("PossibleUserWarning", "The 'train_dataloader' does not have many workers which may be a bottleneck. "
+            "Consider increasing the value of the `num_workers` argument` to `num_workers=7` in the `DataLoader` to "
+            "improve performance.") in ours
+    assert any(message.startswith("The combination of `DataLoader(`pin_memory=True`") for _, message in ours)
+    assert ours == theirs

@@ -837,6 +837,34 @@ def _batch_sampler_around(batch_sampler, sampler, predicting=False):
         raise TypeError(_CANNOT_INJECT) from error
 
 
+def check_workers(loader, name, num_devices, reload_every):
+    """Lightning's warnings (its data connector's _worker_check) on a loader a run sets up, said by global rank 0:
+    workers started by "spawn" each epoch (not persistent), few workers where the machine's cores would allow more
+    (the bound utilities.suggested_max_num_workers gives, for `num_devices` processes per machine), and persistent
+    pinned workers with loaders reloaded every `reload_every` epochs. `name`: "train_dataloader", "val_dataloader", ..."""
+    import multiprocessing
+
+    from tasktrain.compat.lightning.utilities import suggested_max_num_workers
+
+    if not isinstance(loader, DataLoader):
+        return
+    upper_bound = suggested_max_num_workers(num_devices)
+    context = loader.multiprocessing_context
+    start_method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    if loader.num_workers > 0 and start_method == "spawn" and not loader.persistent_workers:
+        warnings.warn(f"Consider setting `persistent_workers=True` in '{name}' to speed up the dataloader worker "
+                      "initialization.")
+    elif loader.num_workers < 2 and upper_bound > 1:
+        warnings.warn(f"The '{name}' does not have many workers which may be a bottleneck. Consider increasing the "
+                      f"value of the `num_workers` argument` to `num_workers={upper_bound}` in the `DataLoader` to "
+                      "improve performance.", PossibleUserWarning)  # (Lightning's words, its stray backtick too)
+    if loader.persistent_workers and loader.pin_memory and reload_every > 0:
+        warnings.warn("The combination of `DataLoader(`pin_memory=True`, `persistent_workers=True`) and `Trainer("
+                      "reload_dataloaders_every_n_epochs > 0)` can lead to instability due to limitations in PyTorch "
+                      "(https://github.com/pytorch/pytorch/issues/91252). We recommend setting `pin_memory=False` in "
+                      "this case.", PossibleUserWarning)
+
+
 def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None, global_rank=None):
     """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is (a shuffling
     one keeps shuffling, as under Lightning, which warns: `prefix` names the loader, "val", "test" or "predict").
