@@ -438,9 +438,12 @@ class TrainData:
             self.pass_base, self.pending_base = self.pending_base, None
         iterator = iter(self.loader)
         skip, self._skip_batches = self._skip_batches, 0
-        if skip:
-            warnings.warn(f"Resuming mid-epoch by loading and dropping {skip} batches: this loader's order is its own "
-                          "(a sampler of yours, or an IterableDataset), so it cannot skip ahead without loading them.")
+        if skip:  # (Lightning's category and first words: its loop warns there too, and reads the epoch again)
+            warnings.warn("You're resuming from a checkpoint that ended before the epoch ended and your dataloader is "
+                          f"not resumable: the Trainer loads and drops the {skip} batches trained on, as this loader's "
+                          "order is its own (a sampler of yours, an IterableDataset, an iterable without "
+                          "`state_dict` / `load_state_dict`), so it cannot skip ahead without loading them.",
+                          PossibleUserWarning)
             for _ in range(skip):
                 next(iterator, None)
         return iterator
@@ -710,7 +713,11 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
     if lightning and isinstance(loader, DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=keeps_sampler is False)
     sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)
-    if is_stateful_loader(loader):
+    # an iterable of the user's (not a DataLoader) with state_dict/load_state_dict: Lightning saves its state in
+    # checkpoints and loads it back on a resume; so does the Trainer on one process (its state after each batch)
+    own_state = lightning and world_size == 1 and not isinstance(loader, DataLoader) and \
+        callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+    if is_stateful_loader(loader) or own_state:
         if world_size > 1 and not isinstance(sampler, DistributedSampler) and \
                 isinstance(loader.dataset, torch.utils.data.IterableDataset):
             warnings.warn("The training loader is a StatefulDataLoader over an IterableDataset of your own: the "
