@@ -224,3 +224,49 @@ def test_the_loader_worker_warnings_are_lightnings():
             "improve performance.") in ours
     assert any(message.startswith("The combination of `DataLoader(`pin_memory=True`") for _, message in ours)
     assert ours == theirs
+
+
+def test_persistent_workers_stop_at_the_runs_end_as_under_lightning():
+    """Lightning stops a run's loader workers at its end, persistent ones too (its fetchers' teardown); they outlived
+    fit and validate here while the Trainer lived. After each run no worker process is left and the loaders hold no
+    iterator, under both."""
+    import multiprocessing
+
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def after(lib, base):
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[1]).sum()
+
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def loader():
+            return DataLoader(data(8), batch_size=2, num_workers=1, persistent_workers=True)
+
+        trainer = lib.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0,
+                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False)
+        module, found = Module(), []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, loader(), loader())
+            found.append((len(multiprocessing.active_children()), trainer.train_dataloader._iterator,
+                          trainer.val_dataloaders._iterator))
+            trainer.validate(module, loader(), verbose=False)
+            found.append((len(multiprocessing.active_children()), trainer.val_dataloaders._iterator))
+        return found
+
+    ours, theirs = after(tasktrain, tasktrain.TaskModule), after(L, L.LightningModule)
+    assert ours == [(0, None, None), (0, None)]
+    assert ours == theirs
