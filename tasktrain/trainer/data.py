@@ -849,16 +849,17 @@ def check_workers(loader, name, num_devices, reload_every):
     workers started by "spawn" each epoch (not persistent), few workers where the machine's cores would allow more
     (the bound utilities.suggested_max_num_workers gives, for `num_devices` processes per machine), and persistent
     pinned workers with loaders reloaded every `reload_every` epochs. `name`: "train_dataloader", "val_dataloader", ..."""
-    import multiprocessing
+    import multiprocessing.context
 
     from tasktrain.compat.lightning.utilities import suggested_max_num_workers
 
     if not isinstance(loader, DataLoader):
         return
     upper_bound = suggested_max_num_workers(num_devices)
-    context = loader.multiprocessing_context
-    start_method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
-    if loader.num_workers > 0 and start_method == "spawn" and not loader.persistent_workers:
+    # (the loader's own multiprocessing context, else the process's default one: Lightning's test of "spawn")
+    context = loader.multiprocessing_context or multiprocessing.get_context()
+    if loader.num_workers > 0 and isinstance(context, multiprocessing.context.SpawnContext) and \
+            not loader.persistent_workers:
         warnings.warn(f"Consider setting `persistent_workers=True` in '{name}' to speed up the dataloader worker "
                       "initialization.")
     elif loader.num_workers < 2 and upper_bound > 1:
