@@ -9,6 +9,7 @@ import os
 import torch
 
 from tasktrain.callbacks.base import Logger
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.trainer import guards
 
 _log = logging.getLogger("tasktrain")
@@ -348,7 +349,10 @@ def check_limit(value, name):
     """A batch limit: a fraction in [0, 1] (float) or a count (int >= 0)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
             (isinstance(value, float) and value > 1.0):
-        raise ValueError(f"{name}={value!r}: a float is a fraction of the loader in [0, 1]; an int is a batch count.")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        lightnings = guards.invalid_value_sentence(value, name) if number else ""
+        raise MisconfigurationException(  # (Lightning's type, and its first sentence where it refuses the value)
+            f"{lightnings}{name}={value!r}: a float is a fraction of the loader in [0, 1]; an int is a batch count.")
     return value
 
 
