@@ -270,3 +270,55 @@ def test_persistent_workers_stop_at_the_runs_end_as_under_lightning():
     ours, theirs = after(tasktrain, tasktrain.TaskModule), after(L, L.LightningModule)
     assert ours == [(0, None, None), (0, None)]
     assert ours == theirs
+
+
+class _NoLength:
+    """An iterable of 3 batches whose __len__ raises NotImplementedError (Lightning's sized_len: no length)."""
+
+    def __iter__(self):
+        return iter(DataLoader(data(6), batch_size=2))
+
+    def __len__(self):
+        raise NotImplementedError
+
+
+def test_a_loader_whose_len_raises_not_implemented_has_no_length_as_under_lightning():
+    """A loader whose __len__ raises NotImplementedError crashed the run (only TypeError meant "no length"); Lightning
+    reads it as a loader without a length: each epoch runs to its end, for training, validation and test alike."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def run(lib, base):
+        seen = []
+
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                seen.append(("train", self.current_epoch, batch_idx))
+                return self.layer(batch[1]).sum()
+
+            def validation_step(self, batch, batch_idx):
+                seen.append(("val", self.current_epoch, batch_idx))
+
+            def test_step(self, batch, batch_idx):
+                seen.append(("test", batch_idx))
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = lib.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False, num_sanity_val_steps=0)
+        module = Module()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, _NoLength(), _NoLength())
+            trainer.test(module, _NoLength(), verbose=False)
+        return seen, trainer.num_training_batches, trainer.num_val_batches, trainer.num_test_batches
+
+    ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
+    assert ours[0].count(("test", 2)) == 1 and ours[1] == float("inf")
+    assert ours == theirs

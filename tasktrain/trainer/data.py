@@ -374,7 +374,7 @@ class TrainData:
         try:
             len(self.loader)
             return True
-        except TypeError:
+        except (TypeError, NotImplementedError):  # (Lightning's sized_len: a __len__ that raises either has none)
             return False
 
     @property

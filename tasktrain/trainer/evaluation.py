@@ -543,7 +543,7 @@ def limit_eval(loader, limit, prefix="val"):
     """`prefix`: the loader's stage as Lightning names it in messages ("val", "test", "predict")."""
     try:
         length = len(loader)
-    except TypeError:
+    except (TypeError, NotImplementedError):  # (Lightning's sized_len: a __len__ that raises either has none)
         length = None
     return apply_limit(length, limit, f"limit_{prefix}_batches")
 
