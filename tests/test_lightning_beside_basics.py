@@ -990,14 +990,15 @@ def test_an_inner_task_module_gets_the_outer_ones_trainer_as_lightnings():
 
 @pytest.mark.parametrize(("argument", "value"), [("val_check_interval", -0.1), ("val_check_interval", 1.2),
                                                  ("overfit_batches", -0.1), ("overfit_batches", 1.2),
-                                                 ("limit_test_batches", -1)])
+                                                 ("limit_test_batches", -1), ("fast_dev_run", -1)])
 def test_an_invalid_limit_is_refused_with_lightnings_type_and_first_sentence(argument, value):
-    """val_check_interval and overfit_batches that Lightning refuses (its _determine_batch_limits) were refused with
-    tasktrain's words only (overfit_batches as a plain ValueError); Lightning's MisconfigurationException and sentence
-    now come first, as for the limit_*_batches."""
+    """val_check_interval, overfit_batches and fast_dev_run values that Lightning refuses were refused with tasktrain's
+    words only (overfit_batches and fast_dev_run as plain ValueErrors); Lightning's MisconfigurationException and
+    sentence now come first, as for the limit_*_batches."""
     with pytest.raises(pl.utilities.exceptions.MisconfigurationException) as theirs:
         pl.Trainer(**{argument: value}, logger=False)
     with pytest.raises(tasktrain.exceptions.MisconfigurationException) as mine:
         tasktrain.Trainer(**{argument: value}, logger=False)
-    assert str(theirs.value).startswith("You have passed invalid value")
+    assert str(theirs.value).startswith("You have passed invalid value" if argument != "fast_dev_run" else
+                                        "fast_dev_run=-1 is not a valid configuration")
     assert str(mine.value).startswith(str(theirs.value))

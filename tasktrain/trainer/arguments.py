@@ -124,8 +124,11 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
         dev_batches = int(bool(fast_dev_run))
     elif isinstance(fast_dev_run, int) and fast_dev_run >= 0:
         dev_batches = fast_dev_run
-    else:
-        raise ValueError(f"fast_dev_run={fast_dev_run!r}: use True (one batch), False, or a number of batches.")
+    else:  # (Lightning's type, and its words first where it refuses the value: a negative int)
+        lightnings = f"fast_dev_run={fast_dev_run!r} is not a valid configuration. It should be >= 0. " \
+            if isinstance(fast_dev_run, int) else ""
+        raise MisconfigurationException(
+            f"{lightnings}fast_dev_run={fast_dev_run!r}: use True (one batch), False, or a number of batches.")
     overfit = check_limit(overfit_batches, "overfit_batches")
     train, val, test, predict = limits
     for name, value in (("overfit_batches", overfit_batches), ("limit_train_batches", train),
