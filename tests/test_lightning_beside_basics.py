@@ -1002,3 +1002,13 @@ def test_an_invalid_limit_is_refused_with_lightnings_type_and_first_sentence(arg
     assert str(theirs.value).startswith("You have passed invalid value" if argument != "fast_dev_run" else
                                         "fast_dev_run=-1 is not a valid configuration")
     assert str(mine.value).startswith(str(theirs.value))
+
+
+@pytest.mark.parametrize("argument", ["limit_train_batches", "limit_val_batches", "limit_test_batches",
+                                      "limit_predict_batches", "overfit_batches", "val_check_interval"])
+def test_a_whole_float_above_one_is_a_batch_count_as_under_lightning(argument):
+    """Lightning reads a whole float above 1 (limit_train_batches=3.0, 1e50) as that many batches; it was refused."""
+    kwargs = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    mine, theirs = tasktrain.Trainer(**{argument: 3.0}, **kwargs), pl.Trainer(**{argument: 3.0}, **kwargs)
+    assert getattr(mine, argument) == getattr(theirs, argument) == 3
+    assert type(getattr(mine, argument)) is type(getattr(theirs, argument)) is int

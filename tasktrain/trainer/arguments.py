@@ -129,6 +129,9 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
             if isinstance(fast_dev_run, int) else ""
         raise MisconfigurationException(
             f"{lightnings}fast_dev_run={fast_dev_run!r}: use True (one batch), False, or a number of batches.")
+    # Lightning's _determine_batch_limits: a whole float above 1 (10.0, 1e3) is that many batches
+    overfit_batches, val_check_interval = whole_count(overfit_batches), whole_count(val_check_interval)
+    limits = tuple(whole_count(value) for value in limits)
     overfit = check_limit(overfit_batches, "overfit_batches")
     train, val, test, predict = limits
     for name, value in (("overfit_batches", overfit_batches), ("limit_train_batches", train),
@@ -346,6 +349,14 @@ def _say_what_one_means(name, value):
                 "val_check_interval": "validation will run at the end of the training epoch"}.get(
             name, "100% of the batches will be used")
         _info(f"`Trainer({name}=1.0)` was configured so {what}.")
+
+
+def whole_count(value):
+    """A float above 1 with no fraction as the int it is (Lightning reads limit_*_batches=10.0 as 10 batches);
+    anything else as it is."""
+    if isinstance(value, float) and value > 1 and value % 1 == 0:
+        return int(value)
+    return value
 
 
 def check_limit(value, name):
