@@ -1019,3 +1019,29 @@ def test_an_inner_task_module_gets_the_outer_ones_trainer_as_lightnings():
         trainer.fit(model)
         seen[lib.__name__] = model.member.trainer is trainer, steps
     assert seen["tasktrain"] == seen["lightning.pytorch"] == (True, [0, 1]), seen
+
+
+@pytest.mark.parametrize(("argument", "value"), [("val_check_interval", -0.1), ("val_check_interval", 1.2),
+                                                 ("overfit_batches", -0.1), ("overfit_batches", 1.2),
+                                                 ("limit_test_batches", -1), ("fast_dev_run", -1)])
+def test_an_invalid_limit_is_refused_with_lightnings_type_and_first_sentence(argument, value):
+    """val_check_interval, overfit_batches and fast_dev_run values that Lightning refuses were refused with tasktrain's
+    words only (overfit_batches and fast_dev_run as plain ValueErrors); Lightning's MisconfigurationException and
+    sentence now come first, as for the limit_*_batches."""
+    with pytest.raises(pl.utilities.exceptions.MisconfigurationException) as theirs:
+        pl.Trainer(**{argument: value}, logger=False)
+    with pytest.raises(tasktrain.exceptions.MisconfigurationException) as mine:
+        tasktrain.Trainer(**{argument: value}, logger=False)
+    assert str(theirs.value).startswith("You have passed invalid value" if argument != "fast_dev_run" else
+                                        "fast_dev_run=-1 is not a valid configuration")
+    assert str(mine.value).startswith(str(theirs.value))
+
+
+@pytest.mark.parametrize("argument", ["limit_train_batches", "limit_val_batches", "limit_test_batches",
+                                      "limit_predict_batches", "overfit_batches", "val_check_interval"])
+def test_a_whole_float_above_one_is_a_batch_count_as_under_lightning(argument):
+    """Lightning reads a whole float above 1 (limit_train_batches=3.0, 1e50) as that many batches; it was refused."""
+    kwargs = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    mine, theirs = tasktrain.Trainer(**{argument: 3.0}, **kwargs), pl.Trainer(**{argument: 3.0}, **kwargs)
+    assert getattr(mine, argument) == getattr(theirs, argument) == 3
+    assert type(getattr(mine, argument)) is type(getattr(theirs, argument)) is int

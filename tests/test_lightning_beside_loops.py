@@ -5,6 +5,7 @@ with a validation inside the epoch and at its end, accumulation with an epoch en
 manual optimisation, a fit stopped inside an epoch, a second fit after `fit_loop.max_epochs = N`, fits resumed from a
 checkpoint saved inside an epoch and at an epoch's end, one counted in steps, and check_val_every_n_epoch=None with a
 val_check_interval that the epochs' length is no multiple of) and the readings must be equal, hook by hook."""
+import logging
 import pickle
 
 import pytest
@@ -405,3 +406,44 @@ def _predict_reading(loop, in_batch):
             loop.batch_progress.is_last_batch if in_batch else None, loop.max_batches,
             _defined(lambda: loop.num_dataloaders), list(loop.current_batch_indices),
             [[len(p) for p in predictions] for predictions in loop.predictions])
+
+
+class _Notes(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.seen = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("`Trainer.fit` stopped") or "has not been met" in message:
+            self.seen.append((record.levelname, message))
+
+
+@pytest.mark.parametrize("case", ["stop", "stop_after_min_epochs", "max_steps"])
+def test_the_notes_on_why_fit_stopped_are_lightnings(case):
+    """fit's end notes on the package logger, levels and words: max_steps / max_epochs at INFO, a stop request that
+    min_epochs held back at INFO, and (was missing) Lightning's DEBUG note when should_stop ended the fit, seen once the
+    package logger is set to DEBUG."""
+    def notes(lib, classes, name):
+        class StopAfterFirstStep(lib.Callback):
+            def on_train_batch_end(self, trainer, *args):
+                trainer.should_stop = True
+
+        limits = {"stop": dict(max_epochs=5, callbacks=[StopAfterFirstStep()]),
+                  "stop_after_min_epochs": dict(max_epochs=5, min_epochs=2, callbacks=[StopAfterFirstStep()]),
+                  "max_steps": dict(max_steps=3)}[case]
+        handler, logger = _Notes(), logging.getLogger(name)
+        level = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(handler)
+        try:
+            lib.Trainer(**{**QUIET, "limit_train_batches": 2, "limit_val_batches": 0}, **limits).fit(classes.BoringModel())
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        return handler.seen
+
+    mine, lightnings = notes(tasktrain, ours, "tasktrain"), notes(pl, theirs, "lightning.pytorch")
+    if case != "max_steps":
+        assert mine[-1] == ("DEBUG", "`Trainer.fit` stopped: `trainer.should_stop` was set.")
+    assert mine == lightnings

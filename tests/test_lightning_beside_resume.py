@@ -344,3 +344,73 @@ def test_a_checkpoint_saved_in_on_train_epoch_start_resumes_without_the_sanity_c
     else:  # Lightning's bug: the restored epoch ends at once, the fit ends one epoch's steps short
         assert theirs_[:3] == mine[:3] and theirs_[3][0] == "on_train_epoch_end"
         assert theirs_[-1][2] == mine[-1][2] - 2
+
+
+class _PlainIterable:
+    """A training iterable (not a DataLoader) of 4 batches, from `start` on."""
+
+    def __init__(self):
+        self.start, self.pos, self.loaded = 0, 0, []
+
+    def __iter__(self):
+        start, self.start = self.start, 0
+        for i in range(start, 4):
+            self.pos = i + 1
+            yield torch.full((2, 32), float(i))
+
+    def __len__(self):
+        return 4
+
+
+class _OwnStateIterable(_PlainIterable):
+    """With state_dict / load_state_dict: its position, and where a loaded state makes it start (a state loaded is
+    not the same as batches dropped: it starts at `pos` without reading)."""
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.loaded.append(dict(state))
+        self.start = state["pos"]
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_an_iterable_with_its_own_state_resumes_from_it_as_lightning(stateful, tmp_path):
+    """A training iterable with state_dict/load_state_dict (Lightning's stateful-iterable protocol) was read and
+    dropped to its position on a mid-epoch resume, with a warning, its state never saved; Lightning saves its state
+    and loads it back. Now the same under both: the state loaded, the same batches, no warning. Without the protocol
+    both warn (PossibleUserWarning, Lightning's first words); tasktrain then reads and drops the batches trained on
+    where Lightning reads the epoch again (a kept difference, docs/lightning.md)."""
+    import warnings
+
+    def run(lib, classes):
+        seen, folder = [], tmp_path / lib.__name__
+
+        class Module(classes.BoringModel):
+            def training_step(self, batch, batch_idx):
+                seen.append((self.current_epoch, batch_idx, batch[0, 0].item()))
+                return super().training_step(batch, batch_idx)
+
+        def data():
+            return _OwnStateIterable() if stateful else _PlainIterable()
+
+        kw = dict(default_root_dir=folder, max_epochs=2, enable_model_summary=False, enable_progress_bar=False,
+                  logger=False, limit_val_batches=0)
+        saver = _callbacks(lib).ModelCheckpoint(dirpath=folder, every_n_train_steps=1, save_top_k=-1)
+        lib.Trainer(callbacks=[saver], **kw).fit(Module(), data())
+        seen.clear()
+        resumed = data()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lib.Trainer(enable_checkpointing=False, **kw).fit(Module(), resumed, ckpt_path=folder / "epoch=0-step=2.ckpt")
+        said = [(w.category.__name__, str(w.message)[:90]) for w in caught if "resuming from a checkpoint" in str(w.message)]
+        return seen, resumed.loaded, said
+
+    mine, lightnings = run(tasktrain, ours), run(pl, theirs)
+    if stateful:
+        assert mine[1] == [{"pos": 2}] and mine[2] == []
+        assert mine == lightnings
+    else:
+        assert mine[2] == lightnings[2] == [("PossibleUserWarning", "You're resuming from a checkpoint that ended "
+                                             "before the epoch ended and your dataloader is")]
+        assert [b for _, _, b in mine[0][:2]] == [2.0, 3.0]  # (Lightning's reads 0.0, 1.0: the epoch again)

@@ -119,3 +119,206 @@ def test_a_loader_without_automatic_batching_trains_as_under_lightning(shuffle):
     ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
     assert len(ours[0]) == 10 and sorted(ours[0][:5]) == list(range(5))
     assert ours == theirs
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_dataloader_subclass_is_the_loader_that_trains_as_under_lightning(shuffle):
+    """A DataLoader subclass of the user's (its own __iter__, _get_iterator, attributes) was rebuilt as a plain
+    DataLoader on the Trainer's order: its __iter__ never ran and trainer.train_dataloader was another object.
+    Lightning keeps it as it is where it shards nothing; so does the Trainer now: the same object, the same iter()
+    calls, the same batches and weights (shuffled too: the user's RandomSampler draws the order)."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def run(lib, base):
+        lib.seed_everything(4, verbose=False)
+        seen, iters = [], []
+
+        class Loader(DataLoader):
+            def __iter__(self):
+                iters.append(self.tag)
+                return super().__iter__()
+
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                seen.append(batch[0].tolist())
+                return torch.nn.functional.mse_loss(self.layer(batch[1]), batch[2])
+
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        train, val = Loader(data(8), batch_size=2, shuffle=shuffle), Loader(data(4), batch_size=2)
+        train.tag, val.tag = "train", "val"
+        module = Module()
+        trainer = lib.Trainer(accelerator="cpu", devices=1, max_epochs=2, limit_train_batches=3, logger=False,
+                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, train, val)
+        kept = (trainer.train_dataloader is train, trainer.val_dataloaders is val)
+        return kept, iters, seen, [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
+
+    ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
+    assert ours[0] == (True, True) and ours[1].count("train") == 2 and len(ours[2]) == 6
+    assert ours == theirs
+
+
+def test_the_loader_worker_warnings_are_lightnings():
+    """Lightning's warnings on a run's loaders (its _worker_check), missing before: few workers where the cores allow
+    more (PossibleUserWarning, per loader and run, again at each reload), and persistent pinned workers with
+    reload_dataloaders_every_n_epochs. The machine is made to show 8 cores to both (Lightning's bound: 8 // devices
+    - 1); the same runs give the same warnings, in the same order."""
+    from unittest import mock
+
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def warned(lib, base):
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[1]).sum()
+
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            test_step = predict_step = validation_step
+
+            def train_dataloader(self):
+                return DataLoader(data(8), batch_size=2)
+
+            val_dataloader = train_dataloader
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                     accelerator="cpu", devices=1, limit_train_batches=2, limit_val_batches=1, limit_test_batches=1,
+                     limit_predict_batches=1)
+        module = Module()
+        with warnings.catch_warnings(record=True) as seen, mock.patch("os.sched_getaffinity", lambda pid: set(range(8))):
+            warnings.simplefilter("always")
+            lib.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, **quiet).fit(module)
+            lib.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, **quiet).fit(
+                module, DataLoader(data(8), batch_size=2, num_workers=1, persistent_workers=True, pin_memory=True))
+            lib.Trainer(**quiet).test(module, DataLoader(data(4)), verbose=False)
+            lib.Trainer(**quiet).predict(module, DataLoader(data(4)))
+        return [(w.category.__name__, str(w.message)) for w in seen
+                if "workers" in str(w.message) and "srun" not in str(w.message)]
+
+    ours, theirs = warned(tasktrain, tasktrain.TaskModule), warned(L, L.LightningModule)
+    assert ("PossibleUserWarning", "The 'train_dataloader' does not have many workers which may be a bottleneck. "
+            "Consider increasing the value of the `num_workers` argument` to `num_workers=7` in the `DataLoader` to "
+            "improve performance.") in ours
+    assert any(message.startswith("The combination of `DataLoader(`pin_memory=True`") for _, message in ours)
+    assert ours == theirs
+
+
+def test_persistent_workers_stop_at_the_runs_end_as_under_lightning():
+    """Lightning stops a run's loader workers at its end, persistent ones too (its fetchers' teardown); they outlived
+    fit and validate here while the Trainer lived. After each run no worker process is left and the loaders hold no
+    iterator, under both."""
+    import multiprocessing
+
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def after(lib, base):
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[1]).sum()
+
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def loader():
+            return DataLoader(data(8), batch_size=2, num_workers=1, persistent_workers=True)
+
+        trainer = lib.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0,
+                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False)
+        module, found = Module(), []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, loader(), loader())
+            found.append((len(multiprocessing.active_children()), trainer.train_dataloader._iterator,
+                          trainer.val_dataloaders._iterator))
+            trainer.validate(module, loader(), verbose=False)
+            found.append((len(multiprocessing.active_children()), trainer.val_dataloaders._iterator))
+        return found
+
+    ours, theirs = after(tasktrain, tasktrain.TaskModule), after(L, L.LightningModule)
+    assert ours == [(0, None, None), (0, None)]
+    assert ours == theirs
+
+
+class _NoLength:
+    """An iterable of 3 batches whose __len__ raises NotImplementedError (Lightning's sized_len: no length)."""
+
+    def __iter__(self):
+        return iter(DataLoader(data(6), batch_size=2))
+
+    def __len__(self):
+        raise NotImplementedError
+
+
+def test_a_loader_whose_len_raises_not_implemented_has_no_length_as_under_lightning():
+    """A loader whose __len__ raises NotImplementedError crashed the run (only TypeError meant "no length"); Lightning
+    reads it as a loader without a length: each epoch runs to its end, for training, validation and test alike."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def run(lib, base):
+        seen = []
+
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                seen.append(("train", self.current_epoch, batch_idx))
+                return self.layer(batch[1]).sum()
+
+            def validation_step(self, batch, batch_idx):
+                seen.append(("val", self.current_epoch, batch_idx))
+
+            def test_step(self, batch, batch_idx):
+                seen.append(("test", batch_idx))
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = lib.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False, num_sanity_val_steps=0)
+        module = Module()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, _NoLength(), _NoLength())
+            trainer.test(module, _NoLength(), verbose=False)
+        return seen, trainer.num_training_batches, trainer.num_val_batches, trainer.num_test_batches
+
+    ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
+    assert ours[0].count(("test", 2)) == 1 and ours[1] == float("inf")
+    assert ours == theirs

@@ -9,6 +9,7 @@ import os
 import torch
 
 from tasktrain.callbacks.base import Logger
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.trainer import guards
 
 _log = logging.getLogger("tasktrain")
@@ -151,8 +152,14 @@ def loop_limits(fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs
         dev_batches = int(bool(fast_dev_run))
     elif isinstance(fast_dev_run, int) and fast_dev_run >= 0:
         dev_batches = fast_dev_run
-    else:
-        raise ValueError(f"fast_dev_run={fast_dev_run!r}: use True (one batch), False, or a number of batches.")
+    else:  # (Lightning's type, and its words first where it refuses the value: a negative int)
+        lightnings = f"fast_dev_run={fast_dev_run!r} is not a valid configuration. It should be >= 0. " \
+            if isinstance(fast_dev_run, int) else ""
+        raise MisconfigurationException(
+            f"{lightnings}fast_dev_run={fast_dev_run!r}: use True (one batch), False, or a number of batches.")
+    # Lightning's _determine_batch_limits: a whole float above 1 (10.0, 1e3) is that many batches
+    overfit_batches, val_check_interval = whole_count(overfit_batches), whole_count(val_check_interval)
+    limits = tuple(whole_count(value) for value in limits)
     overfit = check_limit(overfit_batches, "overfit_batches")
     train, val, test, predict = limits
     for name, value in (("overfit_batches", overfit_batches), ("limit_train_batches", train),
@@ -386,11 +393,22 @@ def _say_what_one_means(name, value):
         _info(f"`Trainer({name}=1.0)` was configured so {what}.")
 
 
+def whole_count(value):
+    """A float above 1 with no fraction as the int it is (Lightning reads limit_*_batches=10.0 as 10 batches);
+    anything else as it is."""
+    if isinstance(value, float) and value > 1 and value % 1 == 0:
+        return int(value)
+    return value
+
+
 def check_limit(value, name):
     """A batch limit: a fraction in [0, 1] (float) or a count (int >= 0)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
             (isinstance(value, float) and value > 1.0):
-        raise ValueError(f"{name}={value!r}: a float is a fraction of the loader in [0, 1]; an int is a batch count.")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        lightnings = guards.invalid_value_sentence(value, name) if number else ""
+        raise MisconfigurationException(  # (Lightning's type, and its first sentence where it refuses the value)
+            f"{lightnings}{name}={value!r}: a float is a fraction of the loader in [0, 1]; an int is a batch count.")
     return value
 
 

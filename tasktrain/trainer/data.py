@@ -374,7 +374,7 @@ class TrainData:
         try:
             len(self.loader)
             return True
-        except TypeError:
+        except (TypeError, NotImplementedError):  # (Lightning's sized_len: a __len__ that raises either has none)
             return False
 
     @property
@@ -438,9 +438,12 @@ class TrainData:
             self.pass_base, self.pending_base = self.pending_base, None
         iterator = iter(self.loader)
         skip, self._skip_batches = self._skip_batches, 0
-        if skip:
-            warnings.warn(f"Resuming mid-epoch by loading and dropping {skip} batches: this loader's order is its own "
-                          "(a sampler of yours, or an IterableDataset), so it cannot skip ahead without loading them.")
+        if skip:  # (Lightning's category and first words: its loop warns there too, and reads the epoch again)
+            warnings.warn("You're resuming from a checkpoint that ended before the epoch ended and your dataloader is "
+                          f"not resumable: the Trainer loads and drops the {skip} batches trained on, as this loader's "
+                          "order is its own (a sampler of yours, an IterableDataset, an iterable without "
+                          "`state_dict` / `load_state_dict`), so it cannot skip ahead without loading them.",
+                          PossibleUserWarning)
             for _ in range(skip):
                 next(iterator, None)
         return iterator
@@ -503,6 +506,14 @@ def _torchdata_sampler(sampler, name) -> bool:
     """torchdata's StatefulDataLoader swaps torch's default RandomSampler/BatchSampler for stateful twins."""
     kind = type(sampler)
     return kind.__name__ == name and kind.__module__.startswith("torchdata.stateful_dataloader")
+
+
+def _loader_subclass(loader) -> bool:
+    """A map-style loader of a DataLoader subclass of the user's (torchdata's StatefulDataLoader has its own rules)."""
+    kind = type(loader)
+    return isinstance(loader, DataLoader) and kind is not DataLoader and \
+        not kind.__module__.startswith("torchdata.") and \
+        not isinstance(loader.dataset, torch.utils.data.IterableDataset)
 
 
 def _replaceable(loader) -> bool:
@@ -679,6 +690,10 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
             not isinstance(loader.sampler, SequentialSampler) and rank == 0:
         warnings.warn("You requested to overfit but enabled train dataloader shuffling. We are turning off the train "
                       "dataloader shuffling for you.")  # (Lightning's words; the order is then sequential)
+    if lightning and world_size == 1 and keeps_sampler is not False and _loader_subclass(loader):
+        # Lightning keeps a DataLoader subclass of the user's as it is where it shards nothing: its own __iter__,
+        # _get_iterator, attributes run (a loader rebuilt on our order would be a plain DataLoader)
+        return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=False)
     if _replaceable(loader):
         order = _order_sampler(loader)
         random = isinstance(order, RandomSampler) or _torchdata_sampler(order, "RandomSampler")
@@ -698,7 +713,11 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
     if lightning and isinstance(loader, DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=keeps_sampler is False)
     sampler = _order_sampler(loader) if isinstance(loader, DataLoader) else getattr(loader, "sampler", None)
-    if is_stateful_loader(loader):
+    # an iterable of the user's (not a DataLoader) with state_dict/load_state_dict: Lightning saves its state in
+    # checkpoints and loads it back on a resume; so does the Trainer on one process (its state after each batch)
+    own_state = lightning and world_size == 1 and not isinstance(loader, DataLoader) and \
+        callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+    if is_stateful_loader(loader) or own_state:
         if world_size > 1 and not isinstance(sampler, DistributedSampler) and \
                 isinstance(loader.dataset, torch.utils.data.IterableDataset):
             warnings.warn("The training loader is a StatefulDataLoader over an IterableDataset of your own: the "
@@ -823,6 +842,35 @@ def _batch_sampler_around(batch_sampler, sampler, predicting=False):
         if "__init__() got multiple values" not in str(error):
             raise  # (Lightning lets any other TypeError through as it is)
         raise TypeError(_CANNOT_INJECT) from error
+
+
+def check_workers(loader, name, num_devices, reload_every):
+    """Lightning's warnings (its data connector's _worker_check) on a loader a run sets up, said by global rank 0:
+    workers started by "spawn" each epoch (not persistent), few workers where the machine's cores would allow more
+    (the bound utilities.suggested_max_num_workers gives, for `num_devices` processes per machine), and persistent
+    pinned workers with loaders reloaded every `reload_every` epochs. `name`: "train_dataloader", "val_dataloader", ..."""
+    import multiprocessing.context
+
+    from tasktrain.compat.lightning.utilities import suggested_max_num_workers
+
+    if not isinstance(loader, DataLoader):
+        return
+    upper_bound = suggested_max_num_workers(num_devices)
+    # (the loader's own multiprocessing context, else the process's default one: Lightning's test of "spawn")
+    context = loader.multiprocessing_context or multiprocessing.get_context()
+    if loader.num_workers > 0 and isinstance(context, multiprocessing.context.SpawnContext) and \
+            not loader.persistent_workers:
+        warnings.warn(f"Consider setting `persistent_workers=True` in '{name}' to speed up the dataloader worker "
+                      "initialization.")
+    elif loader.num_workers < 2 and upper_bound > 1:
+        warnings.warn(f"The '{name}' does not have many workers which may be a bottleneck. Consider increasing the "
+                      f"value of the `num_workers` argument` to `num_workers={upper_bound}` in the `DataLoader` to "
+                      "improve performance.", PossibleUserWarning)  # (Lightning's words, its stray backtick too)
+    if loader.persistent_workers and loader.pin_memory and reload_every > 0:
+        warnings.warn("The combination of `DataLoader(`pin_memory=True`, `persistent_workers=True`) and `Trainer("
+                      "reload_dataloaders_every_n_epochs > 0)` can lead to instability due to limitations in PyTorch "
+                      "(https://github.com/pytorch/pytorch/issues/91252). We recommend setting `pin_memory=False` in "
+                      "this case.", PossibleUserWarning)
 
 
 def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None, global_rank=None):

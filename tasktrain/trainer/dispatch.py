@@ -476,7 +476,7 @@ def _cycled(first, count):
 def _length(obj):
     try:
         return len(obj)
-    except TypeError:
+    except (TypeError, NotImplementedError):
         return None
 
 

@@ -211,6 +211,8 @@ def eval_loaders(trainer, stage, module, loader):
     flat = as_loaders(loader, stage)
     if shuffle_seed is not None and world_size > 1 and trainer.state.fn == stage and trainer.is_global_zero:
         warn_distributed_eval(flat, stage)
+    for one in flat:
+        fit_data.check_loader_workers(trainer, one, prefix)
     loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed,
                                                          trainer.global_rank) for one in flat])
     limits = [limit_eval(one, limit_arg, prefix) for one in loaders]
@@ -573,7 +575,7 @@ def limit_eval(loader, limit, prefix="val"):
     """`prefix`: the loader's stage as Lightning names it in messages ("val", "test", "predict")."""
     try:
         length = len(loader)
-    except TypeError:
+    except (TypeError, NotImplementedError):  # (Lightning's sized_len: a __len__ that raises either has none)
         length = None
     return apply_limit(length, limit, f"limit_{prefix}_batches")
 

@@ -51,17 +51,27 @@ def check_limits(max_epochs, max_steps, min_epochs, min_steps, val_check_interva
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
                                   or (isinstance(value, float) and value > 1.0)):
             raise MisconfigurationException(  # Lightning's type and first sentence
-                f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] or an int. "
+                f"{invalid_value_sentence(value, name)}"
                 f"Trainer({name}={value!r}): a float is a fraction of the loader in [0.0, 1.0]; an int is a number "
                 "of batches (>= 0).")
     if val_check_interval is not None and not isinstance(val_check_interval, (str, dict, timedelta)):
         value = val_check_interval
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or \
                 (isinstance(value, float) and value > 1.0):
+            # Lightning's first sentence where Lightning refuses it too (a negative value, a fraction above 1)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            lightnings = invalid_value_sentence(value, "val_check_interval") \
+                if number and (value < 0 or (value > 1 and value % 1)) else ""
             raise MisconfigurationException(
-                f"Trainer(val_check_interval={value!r}): a float is a fraction of the training epoch in (0.0, 1.0]; "
-                "an int is a number of training batches (>= 1); a time ('DD:HH:MM:SS', a timedelta or a dict of "
-                "timedelta's arguments) validates once that long has passed since the last validation.")
+                f"{lightnings}Trainer(val_check_interval={value!r}): a float is a fraction of the training epoch in "
+                "(0.0, 1.0]; an int is a number of training batches (>= 1); a time ('DD:HH:MM:SS', a timedelta or a "
+                "dict of timedelta's arguments) validates once that long has passed since the last validation.")
+
+
+def invalid_value_sentence(value, name):
+    """Lightning's words for a batch limit, overfit_batches or val_check_interval it refuses (its
+    _determine_batch_limits), put first in ours."""
+    return f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] or an int. "
 
 
 def check_val_schedule(val_check_interval, check_val_every_n_epoch):

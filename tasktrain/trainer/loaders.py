@@ -14,7 +14,8 @@ from tasktrain.trainer import evaluation, guards
 from tasktrain.trainer.combined import CombinedLoader, CombinedTrainData, check_training_mode, combined_eval, \
     is_combined, loaders_view
 from tasktrain.trainer.datamodule import DataModule
-from tasktrain.trainer.data import _with_sampler, prepare_eval_loader, prepare_train_data, samples_per_step
+from tasktrain.trainer.data import _with_sampler, check_workers, prepare_eval_loader, prepare_train_data, \
+    samples_per_step
 from tasktrain.trainer.epoch import EpochIterator
 from tasktrain.trainer.seed import add_worker_init_fn, sampler_seed
 from tasktrain.trainer.module import TaskModule, is_overridden
@@ -58,6 +59,7 @@ def setup_train(trainer, loader, previous=None):
     shuffle = False if trainer.overfit_batches else (None if keeps_sampler else True)
 
     def prepared(one):
+        check_loader_workers(trainer, one, "train")
         add_worker_init_fn(one, trainer.global_rank)  # seed_everything(workers=True), before the loader is rebuilt
         return prepare_train_data(one, world_size, rank, trainer.state.data_seed, shuffle=shuffle,
                                   broadcast=trainer.strategy.broadcast, reads=trainer.strategy.is_global_zero,
@@ -94,6 +96,12 @@ def setup_train(trainer, loader, previous=None):
     if previous is not None:
         epochs.keep_resume_of(previous)
     return epochs
+
+
+def check_loader_workers(trainer, loader, prefix):
+    """Lightning's worker warnings on a loader of the run (data.check_workers), by global rank 0."""
+    if trainer.is_global_zero:
+        check_workers(loader, f"{prefix}_dataloader", trainer.num_devices, trainer.reload_dataloaders_every_n_epochs)
 
 
 def val_check_batch(trainer):
@@ -169,6 +177,8 @@ def setup_val(trainer, loader):
     ones = evaluation.as_loaders(loader, "validate")
     if trainer.overfit_batches > 0:
         ones = in_order_for_overfit(ones, trainer.is_global_zero)
+    for one in ones:
+        check_loader_workers(trainer, one, "val")
     val_loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer),
                                                              trainer.global_rank) for one in ones])
     trainer._val_loader = val_loaders

@@ -38,6 +38,7 @@ from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import TaskModule
 
 _log = logging.getLogger("tasktrain")
+_rank_zero_log = logging.getLogger("tasktrain.utilities.rank_zero")  # (Lightning's rank_zero_debug's logger)
 
 
 # -- the loop --------------------------------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def fit_loop(trainer, fit):
             _log.info(f"Trainer was signaled to stop but the required `min_epochs={trainer.min_epochs!r}` or "
                       f"`min_steps={trainer.min_steps!r}` has not been met. Training will continue...")
     fit.restarting = False  # (also where no epoch ran: Lightning's loop ends its restart with its run)
-    say_why_fit_stopped(trainer)
+    say_why_fit_stopped(trainer, stopped=trainer.should_stop and may_stop(trainer, fit))
     trainer._call("on_train_end")  # (trainer.training stays True until the run ends, as Lightning's)
 
 
@@ -520,15 +521,19 @@ def nothing_left(trainer):
     return True
 
 
-def say_why_fit_stopped(trainer):
+def say_why_fit_stopped(trainer, stopped=False):
     """Lightning's note (rank 0, the "tasktrain" logger at INFO) when fit's loop ends at max_steps / max_epochs:
-    max_steps is named first where both are reached; a stop request or a Timer is not a limit reached."""
+    max_steps is named first where both are reached; a stop request or a Timer is not a limit reached. `stopped`: a
+    stop request (should_stop, once min_epochs/min_steps allow it) ended it: Lightning's DEBUG note, on its
+    rank_zero logger's name (a child of "tasktrain": setting that one to DEBUG shows it)."""
     if not trainer.is_global_zero:
         return
     if max_steps_reached(trainer):
         _log.info(f"`Trainer.fit` stopped: `max_steps={trainer.max_steps!r}` reached.")
     elif trainer.max_epochs != -1 and trainer.current_epoch >= trainer.max_epochs:
         _log.info(f"`Trainer.fit` stopped: `max_epochs={trainer.max_epochs!r}` reached.")
+    elif stopped:
+        _rank_zero_log.debug("`Trainer.fit` stopped: `trainer.should_stop` was set.")
 
 
 def done(trainer):

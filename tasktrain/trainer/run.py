@@ -179,6 +179,8 @@ def teardown(trainer, stage, module, status):
         write_error = wait_for_checkpoint_write(trainer, status)  # issue 29: fit end, error, SIGTERM: wait for it
         trainer._last_metrics = trainer._metrics
         trainer._fit_state = None  # nothing of the fit (its loaders, bound parts) outlives the strategy's teardown
+        if "teardown" not in trainer._trial_skips:  # (a tuner's trial: the run it is inside goes on reading)
+            shutdown_loader_workers(trainer)
         # A run that ended keeps what trainer.save_checkpoint(...) after it needs (end_run: DeepSpeed keeps its
         # engine until the next run sets up, as Lightning's keeps it); a failed one is torn down now.
         if "teardown" in trainer._trial_skips:
@@ -194,6 +196,31 @@ def teardown(trainer, stage, module, status):
             trainer._profile = no_profile  # a save_checkpoint after the run would restart a torn-down profiler
         if write_error is not None:  # issue 29: a failed background write, raised once the rest is torn down
             raise write_error
+
+
+def shutdown_loader_workers(trainer):
+    """Lightning's end of a run (its data fetchers' teardown): the worker processes of the run's loaders stop, the
+    persistent ones too, and each loader forgets its iterator (a later run starts its workers again). Without it a
+    loader's persistent workers outlived fit / validate / test / predict as long as the loader lived."""
+    from torch.utils.data.dataloader import DataLoader, _MultiProcessingDataLoaderIter
+
+    seen, todo = set(), [trainer._loader_data, trainer.train_dataloader, trainer._val_loader, trainer._test_loaders,
+                         trainer._predict_loaders]
+    while todo:
+        one = todo.pop()
+        if one is None or isinstance(one, (str, bytes)) or id(one) in seen:
+            continue
+        seen.add(id(one))
+        if isinstance(one, DataLoader):
+            if isinstance(one._iterator, _MultiProcessingDataLoaderIter):
+                one._iterator._shutdown_workers()
+            one._iterator = None
+        elif isinstance(one, dict):
+            todo.extend(one.values())
+        elif isinstance(one, (list, tuple)):
+            todo.extend(one)
+        else:  # the Trainer's training data kinds (data.py, combined.py) hold their loaders here
+            todo.extend(getattr(one, name, None) for name in ("loader", "inner"))
 
 
 def wait_for_checkpoint_write(trainer, status):  # issue 29: returns the write's error, for _teardown to raise
