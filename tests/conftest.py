@@ -34,6 +34,19 @@ def _isolated(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _two_cores():
+    """The cores a test process may use read as 2 (this suite's machine) on any host: Lightning's worker warning
+    ("does not have many workers", trainer/data.py) depends on them, so a test that asserts no warning would fail on
+    a bigger machine. A test of that warning pins its own count (tests/test_lightning_beside_samplers.py: 8)."""
+    if not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+        yield
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _offline_trackers(tmp_path_factory):
     """Weights & Biases stays offline and silent, and neither it nor MLflow writes outside the test folders."""
     home = tmp_path_factory.mktemp("trackers")
