@@ -303,3 +303,35 @@ def test_loggers_receive_python_numbers_as_in_lightning(tmp_path):
     calls, rows = seen["tasktrain"]
     assert [0, [("count", "float"), ("epoch", "int"), ("loss_step", "float"), ("plain", "float")]] in calls
     assert {"epoch": "0", "step": "0", "train/batches": "1", "train/samples": "2"} in rows
+
+
+def test_csv_loggers_experiment_writer_and_steps_without_a_number_as_lightning(tmp_path):
+    """CSVLogger.experiment is an ExperimentWriter (Lightning's public class, in csv_logs), with its attributes and
+    log_hparams; a log_metrics with no step numbers the row by its place among the rows not saved yet, so it restarts
+    at 0 after each flush (Lightning's rule): the files written by the same calls are equal under both."""
+    from lightning.pytorch.loggers import CSVLogger as LightningCSV
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter as LightningWriter
+
+    from tasktrain.loggers import CSVLogger
+    from tasktrain.loggers.csv_logs import ExperimentWriter
+
+    written = []
+    for logger_class, writer_class, root in ((LightningCSV, LightningWriter, tmp_path / "pl"),
+                                             (CSVLogger, ExperimentWriter, tmp_path / "tt")):
+        assert (writer_class.NAME_METRICS_FILE, writer_class.NAME_HPARAMS_FILE) == ("metrics.csv", "hparams.yaml")
+        logger = logger_class(root, name="", prefix="p", flush_logs_every_n_steps=2)
+        writer = logger.experiment
+        assert type(writer) is writer_class and writer.log_dir == logger.log_dir
+        for value in range(5):
+            logger.log_metrics({"a": torch.tensor(float(value))} if value % 2 else {"a": value, "b": 1.0})
+        unsaved = [dict(row) for row in writer.metrics]  # the rows after the last flush, not on disk yet
+        writer.log_hparams({"lr": 0.1})
+        logger.log_metrics({"c": 3.0}, step=9)
+        logger.finalize("success")
+        with open(writer.metrics_file_path) as f:
+            csv_text = f.read()
+        with open(os.path.join(logger.log_dir, "hparams.yaml")) as f:
+            written.append((unsaved, writer.metrics_keys, csv_text, f.read()))
+    steps = [line.rsplit(",", 1)[1] for line in written[0][2].splitlines()[1:]]
+    assert steps == ["0", "1", "0", "1", "0", "9"]  # (Lightning restarts its numbering after each flush)
+    assert written[1] == written[0]
