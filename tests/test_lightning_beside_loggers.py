@@ -335,3 +335,17 @@ def test_csv_loggers_experiment_writer_and_steps_without_a_number_as_lightning(t
     steps = [line.rsplit(",", 1)[1] for line in written[0][2].splitlines()[1:]]
     assert steps == ["0", "1", "0", "1", "0", "9"]  # (Lightning restarts its numbering after each flush)
     assert written[1] == written[0]
+
+
+@pytest.mark.parametrize(("name", "module"), [("CometLogger", "comet"), ("LitLogger", "litlogger")])
+def test_lightnings_loggers_tasktrain_lacks_import_and_are_refused_when_created(name, module, tmp_path):
+    """The import lines of a Lightning script hold under the rename (both of Lightning's paths), and creating the
+    logger is a clear error naming what to use, before any Trainer exists."""
+    import importlib
+
+    lightning_class = getattr(importlib.import_module(f"lightning.pytorch.loggers.{module}"), name)
+    assert lightning_class is getattr(L.loggers, name)  # (the two paths Lightning offers)
+    ours = getattr(importlib.import_module(f"tasktrain.loggers.{module}"), name)
+    assert ours is getattr(tasktrain.loggers, name) and issubclass(ours, tasktrain.loggers.Logger)
+    with pytest.raises(NotImplementedError, match=f"{name}: tasktrain has no .*WandbLogger.*Writing a logger"):
+        ours(save_dir=str(tmp_path))
