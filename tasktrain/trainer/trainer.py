@@ -57,6 +57,7 @@ class Trainer:
     _checkpoint_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.CheckpointConnector)
     _accelerator_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.AcceleratorConnector)
     _data_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.DataConnector)
+    _logger_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.LoggerConnector)
 
     @property
     def _evaluation_loop(self):
