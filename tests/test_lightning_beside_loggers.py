@@ -349,3 +349,51 @@ def test_lightnings_loggers_tasktrain_lacks_import_and_are_refused_when_created(
     assert ours is getattr(tasktrain.loggers, name) and issubclass(ours, tasktrain.loggers.Logger)
     with pytest.raises(NotImplementedError, match=f"{name}: tasktrain has no .*WandbLogger.*Writing a logger"):
         ours(save_dir=str(tmp_path))
+
+
+def test_the_loggers_folders_exist_before_the_setup_hooks_as_in_lightning(tmp_path):
+    """Lightning makes each logger's experiment before the setup hooks, so the version folder is there when a
+    callback's setup writes a file into trainer.log_dir (as a CLI saves its config), and the CSV writer then does not
+    warn that the folder is used: the same callbacks under both frameworks see and say the same."""
+    import warnings
+
+    def run(lib, base, root):
+        seen = []
+
+        class WritesInSetup(lib.Callback):
+            def setup(self, trainer, module, stage):
+                seen.append((stage, [os.path.isdir(logger.log_dir) for logger in trainer.loggers]))
+                if stage == "fit":
+                    with open(os.path.join(trainer.log_dir, "config.yaml"), "w") as f:
+                        f.write("seed: 0\n")
+
+        class Net(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                self.log("loss", self.layer(batch[0]).sum())
+                return self.layer(batch[0]).sum()
+
+            def test_step(self, batch, batch_idx):
+                self.log("t", self.layer(batch[0]).sum())
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        loggers = [lib.loggers.CSVLogger(root, name="csv"), lib.loggers.TensorBoardLogger(root, name="tb")]
+        trainer = lib.Trainer(default_root_dir=root, max_epochs=1, logger=loggers, callbacks=[WritesInSetup()],
+                              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                              log_every_n_steps=1)
+        data = DataLoader(TensorDataset(torch.ones(2, 2)), batch_size=1)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            trainer.fit(Net(), data)
+            trainer.test(trainer.lightning_module, data, verbose=False)
+        used = [str(w.message).replace(str(root), "") for w in said if "exists and is not empty" in str(w.message)]
+        return seen, used, sorted(os.listdir(loggers[0].log_dir))
+
+    ours = run(tasktrain, tasktrain.TaskModule, tmp_path / "tt")
+    assert ours == run(L, L.LightningModule, tmp_path / "pl")
+    assert ours[0] == [("fit", [True, True]), ("test", [True, True])] and ours[1] == []

@@ -549,7 +549,7 @@ def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path, monkeypatch):
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     facts = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     logs = tmp_path / "logs"
-    assert facts[0]["experiments"] == ["Run", "SummaryWriter", "CSVLogger", "MlflowClient"]
+    assert facts[0]["experiments"] == ["Run", "SummaryWriter", "ExperimentWriter", "MlflowClient"]  # (Lightning's class names)
     assert facts[1]["experiments"] == ["DummyExperiment"] * 4  # CSVLogger's too, as Lightning's
     run_id = facts[0]["wandb_id"]
     # the checkpoint folder comes from rank 0's run id, on both ranks
