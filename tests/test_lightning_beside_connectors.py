@@ -459,3 +459,47 @@ def test_parse_ckpt_path_as_lightning(tmp_path):
     assert got["tasktrain"] == got["lightning"]
     assert [same for same, _, _ in got["tasktrain"]] == [True, True, False, False, False]
     assert [len(said) for _, _, said in got["tasktrain"]] == [2, 1, 0, 1, 0]  # (default "best", several callbacks, no last)
+
+
+# -- trainer._logger_connector.should_update_logs ----------------------------------------------------------------------
+def _update_logs_case(lib, boring, tmp_path):
+    readings = []
+
+    class Reader(lib.Callback):
+        def _read(self, where, trainer):
+            readings.append((where, trainer.global_step, trainer._logger_connector.should_update_logs))
+
+        def on_train_batch_start(self, trainer, *args):
+            self._read("train start", trainer)
+
+        def on_train_batch_end(self, trainer, *args):
+            self._read("train end", trainer)
+
+        def on_validation_batch_end(self, trainer, *args):
+            self._read("val" if trainer.state.fn == "fit" else "validate", trainer)
+
+        def on_test_batch_end(self, trainer, *args):
+            self._read("test", trainer)
+
+        def on_predict_batch_end(self, trainer, *args):
+            self._read("predict", trainer)
+
+    trainer = lib.Trainer(default_root_dir=tmp_path / lib.__name__, max_epochs=2, limit_train_batches=7,
+                          limit_val_batches=4, limit_test_batches=4, limit_predict_batches=4, num_sanity_val_steps=2,
+                          accumulate_grad_batches=2, log_every_n_steps=3, callbacks=[Reader()], **QUIET)
+    module = boring.BoringModel()
+    outside = trainer._logger_connector.should_update_logs
+    trainer.fit(module)
+    trainer.validate(module, verbose=False)
+    trainer.test(module, verbose=False)
+    trainer.predict(module)
+    never = lib.Trainer(log_every_n_steps=0, **QUIET)._logger_connector.should_update_logs
+    return outside, never, readings
+
+
+def test_logger_connector_should_update_logs_reads_as_lightning(tmp_path):
+    got = {name: _update_logs_case(*LIBS[name], tmp_path) for name in LIBS}
+    assert got["tasktrain"] == got["lightning"]
+    outside, never, readings = got["tasktrain"]
+    assert outside is True and never is False
+    assert {value for *_, value in readings} == {True, False}  # (both answers are read)

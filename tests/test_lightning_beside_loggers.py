@@ -320,3 +320,97 @@ def test_loggers_receive_python_numbers_as_in_lightning(tmp_path):
     calls, rows = seen["tasktrain"]
     assert [0, [("count", "float"), ("epoch", "int"), ("loss_step", "float"), ("plain", "float")]] in calls
     assert {"epoch": "0", "step": "0", "train/batches": "1", "train/samples": "2"} in rows
+
+
+def test_csv_loggers_experiment_writer_and_steps_without_a_number_as_lightning(tmp_path):
+    """CSVLogger.experiment is an ExperimentWriter (Lightning's public class, in csv_logs), with its attributes and
+    log_hparams; a log_metrics with no step numbers the row by its place among the rows not saved yet, so it restarts
+    at 0 after each flush (Lightning's rule): the files written by the same calls are equal under both."""
+    from lightning.pytorch.loggers import CSVLogger as LightningCSV
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter as LightningWriter
+
+    from tasktrain.loggers import CSVLogger
+    from tasktrain.loggers.csv_logs import ExperimentWriter
+
+    written = []
+    for logger_class, writer_class, root in ((LightningCSV, LightningWriter, tmp_path / "pl"),
+                                             (CSVLogger, ExperimentWriter, tmp_path / "tt")):
+        assert (writer_class.NAME_METRICS_FILE, writer_class.NAME_HPARAMS_FILE) == ("metrics.csv", "hparams.yaml")
+        logger = logger_class(root, name="", prefix="p", flush_logs_every_n_steps=2)
+        writer = logger.experiment
+        assert type(writer) is writer_class and writer.log_dir == logger.log_dir
+        for value in range(5):
+            logger.log_metrics({"a": torch.tensor(float(value))} if value % 2 else {"a": value, "b": 1.0})
+        unsaved = [dict(row) for row in writer.metrics]  # the rows after the last flush, not on disk yet
+        writer.log_hparams({"lr": 0.1})
+        logger.log_metrics({"c": 3.0}, step=9)
+        logger.finalize("success")
+        with open(writer.metrics_file_path) as f:
+            csv_text = f.read()
+        with open(os.path.join(logger.log_dir, "hparams.yaml")) as f:
+            written.append((unsaved, writer.metrics_keys, csv_text, f.read()))
+    steps = [line.rsplit(",", 1)[1] for line in written[0][2].splitlines()[1:]]
+    assert steps == ["0", "1", "0", "1", "0", "9"]  # (Lightning restarts its numbering after each flush)
+    assert written[1] == written[0]
+
+
+@pytest.mark.parametrize(("name", "module"), [("CometLogger", "comet"), ("LitLogger", "litlogger")])
+def test_lightnings_loggers_tasktrain_lacks_import_and_are_refused_when_created(name, module, tmp_path):
+    """The import lines of a Lightning script hold under the rename (both of Lightning's paths), and creating the
+    logger is a clear error naming what to use, before any Trainer exists."""
+    import importlib
+
+    lightning_class = getattr(importlib.import_module(f"lightning.pytorch.loggers.{module}"), name)
+    assert lightning_class is getattr(L.loggers, name)  # (the two paths Lightning offers)
+    ours = getattr(importlib.import_module(f"tasktrain.loggers.{module}"), name)
+    assert ours is getattr(tasktrain.loggers, name) and issubclass(ours, tasktrain.loggers.Logger)
+    with pytest.raises(NotImplementedError, match=f"{name}: tasktrain has no .*WandbLogger.*Writing a logger"):
+        ours(save_dir=str(tmp_path))
+
+
+def test_the_loggers_folders_exist_before_the_setup_hooks_as_in_lightning(tmp_path):
+    """Lightning makes each logger's experiment before the setup hooks, so the version folder is there when a
+    callback's setup writes a file into trainer.log_dir (as a CLI saves its config), and the CSV writer then does not
+    warn that the folder is used: the same callbacks under both frameworks see and say the same."""
+    import warnings
+
+    def run(lib, base, root):
+        seen = []
+
+        class WritesInSetup(lib.Callback):
+            def setup(self, trainer, module, stage):
+                seen.append((stage, [os.path.isdir(logger.log_dir) for logger in trainer.loggers]))
+                if stage == "fit":
+                    with open(os.path.join(trainer.log_dir, "config.yaml"), "w") as f:
+                        f.write("seed: 0\n")
+
+        class Net(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def training_step(self, batch, batch_idx):
+                self.log("loss", self.layer(batch[0]).sum())
+                return self.layer(batch[0]).sum()
+
+            def test_step(self, batch, batch_idx):
+                self.log("t", self.layer(batch[0]).sum())
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        loggers = [lib.loggers.CSVLogger(root, name="csv"), lib.loggers.TensorBoardLogger(root, name="tb")]
+        trainer = lib.Trainer(default_root_dir=root, max_epochs=1, logger=loggers, callbacks=[WritesInSetup()],
+                              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                              log_every_n_steps=1)
+        data = DataLoader(TensorDataset(torch.ones(2, 2)), batch_size=1)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            trainer.fit(Net(), data)
+            trainer.test(trainer.lightning_module, data, verbose=False)
+        used = [str(w.message).replace(str(root), "") for w in said if "exists and is not empty" in str(w.message)]
+        return seen, used, sorted(os.listdir(loggers[0].log_dir))
+
+    ours = run(tasktrain, tasktrain.TaskModule, tmp_path / "tt")
+    assert ours == run(L, L.LightningModule, tmp_path / "pl")
+    assert ours[0] == [("fit", [True, True]), ("test", [True, True])] and ours[1] == []

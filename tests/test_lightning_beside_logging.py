@@ -551,3 +551,48 @@ def test_a_tensor_that_is_not_floating_is_converted_with_lightnings_warning(tmp_
     assert said[0][0] == "UserWarning" and "in your `training_step`" in said[0][1]
     assert metrics == {"nf_int_tensor": (torch.float32, 2.0), "nf_bool_tensor": (torch.float32, 1.0),
                        "nf_python_int": (torch.float32, 2.0), "nf_half": (torch.float32, 0.5)}
+
+
+def test_a_metric_whose_compute_is_not_a_tensor_raises_lightnings_words(tmp_path):
+    """A torchmetrics Metric whose compute() returns a tuple, logged from a hook: a ValueError under both, its message
+    starting with Lightning's words (scripts and tests match them), at the same point of the run."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    class Pair(torchmetrics.Metric):
+        def update(self):
+            pass
+
+        def compute(self):
+            return torch.tensor(1.0), torch.tensor(2.0)
+
+    def run(trainer_class, base, root):
+        class Net(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+                self.metric = Pair()
+                self.steps = 0
+
+            def on_train_start(self):
+                self.log("foo", self.metric)
+
+            def training_step(self, batch, batch_idx):
+                self.steps += 1
+                return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        module = Net()
+        trainer = trainer_class(default_root_dir=root, max_epochs=1, logger=False, enable_progress_bar=False,
+                                enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(ValueError) as info:
+                trainer.fit(module, loader(2))
+        return str(info.value), module.steps
+
+    lit_words, lit_steps = run(L.Trainer, L.LightningModule, tmp_path / "lit")
+    words, steps = run(tasktrain.Trainer, tasktrain.TaskModule, tmp_path / "ours")
+    assert lit_words.startswith("The `.compute()` return of the metric logged as 'foo' must be a tensor. Found (")
+    assert words.startswith(lit_words) and steps == lit_steps

@@ -9,6 +9,7 @@ import yaml
 from helpers import Linear, loader
 
 from tasktrain import CSVLogger, LearningRateMonitor, TensorBoardLogger, Trainer
+from tasktrain.loggers.csv_logs import ExperimentWriter
 
 
 def fit(module, epochs=2, n=32, val=None, **kwargs):
@@ -290,12 +291,13 @@ def test_tensorboard_logger_arguments_properties_and_graph(tmp_path):
 def test_csv_logger_prefix_experiment_and_steps_without_a_number(tmp_path):
     logger = CSVLogger(tmp_path, name="", prefix="p", flush_logs_every_n_steps=1)
     assert logger.root_dir == str(tmp_path) and logger.log_dir == str(tmp_path / "version_0")
-    assert logger.experiment is logger
+    assert isinstance(logger.experiment, ExperimentWriter) and logger.experiment.log_dir == logger.log_dir
     logger.log_metrics({"a": torch.tensor(1.5)})
     logger.log_metrics({"a": 2.5})
     logger.log_hyperparams({"lr": 0.1})
     logger.finalize("success")
-    assert [(r["step"], r["p-a"]) for r in read_csv(logger.metrics_file_path)] == [("0", "1.5"), ("1", "2.5")]
+    # a step of None: the row's place among the rows not saved yet (Lightning's), 0 again after each flush
+    assert [(r["step"], r["p-a"]) for r in read_csv(logger.metrics_file_path)] == [("0", "1.5"), ("0", "2.5")]
     with open(os.path.join(logger.log_dir, "hparams.yaml")) as f:
         assert yaml.safe_load(f) == {"lr": 0.1}
 
@@ -561,7 +563,7 @@ def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path, monkeypatch):
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     facts = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     logs = tmp_path / "logs"
-    assert facts[0]["experiments"] == ["Run", "SummaryWriter", "CSVLogger", "MlflowClient"]
+    assert facts[0]["experiments"] == ["Run", "SummaryWriter", "ExperimentWriter", "MlflowClient"]  # (Lightning's class names)
     assert facts[1]["experiments"] == ["DummyExperiment"] * 4  # CSVLogger's too, as Lightning's
     run_id = facts[0]["wandb_id"]
     # the checkpoint folder comes from rank 0's run id, on both ranks

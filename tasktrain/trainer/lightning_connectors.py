@@ -1,5 +1,5 @@
 """Lightning's connector attributes (`trainer._checkpoint_connector`, `trainer._accelerator_connector`,
-`trainer._data_connector`), as thin views of the Trainer: scripts and callbacks written for Lightning reach into them
+`trainer._data_connector`, `trainer._logger_connector`), as thin views of the Trainer: scripts and callbacks written for Lightning reach into them
 (a `configure_optimizers` that sizes a schedule with `trainer.fit_loop._data_source.dataloader()`,
 a callback that restores the best weights with `trainer._checkpoint_connector.restore(path)`, a DataModule that reads
 `trainer._accelerator_connector.is_distributed`).
@@ -16,6 +16,7 @@ A name Lightning's connector has and these views do not raises AttributeError sa
                             is_distributed, use_distributed_sampler, _precision_flag, _strategy_flag,
                             _accelerator_flag, _devices_flag, _parallel_devices, _num_nodes_flag
     _data_connector         prepare_data()
+    _logger_connector       should_update_logs (a callback that writes images at the loggers' cadence reads it)
     the loops' _data_source (trainer.fit_loop._data_source, ...: lightning_loops.py reads data_source here):
                             instance, name, dataloader(), is_defined(), is_module()
 """
@@ -28,7 +29,7 @@ from tasktrain.trainer import resume, run
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import TaskModule, is_overridden
-from tasktrain.trainer.states import TrainerFn
+from tasktrain.trainer.states import RunningStage, TrainerFn
 
 log = logging.getLogger("tasktrain")
 
@@ -372,3 +373,36 @@ class DataConnector(_View):
         if datamodule is not None:
             self.trainer.datamodule = datamodule
             datamodule.trainer = self.trainer
+
+
+# -- trainer._logger_connector ----------------------------------------------------------------------------------------
+class LoggerConnector(_View):
+    """Lightning's _LoggerConnector: `should_update_logs` only (what self.log records is read through
+    trainer.callback_metrics / logged_metrics / progress_bar_metrics)."""
+
+    _what = "_logger_connector"
+    _offers = "should_update_logs"
+    _instead = ("What self.log records is read through trainer.callback_metrics, trainer.logged_metrics and "
+                "trainer.progress_bar_metrics; the loggers through trainer.loggers.")
+
+    @property
+    def should_update_logs(self):
+        """Lightning's rule: whether the batch being run is one at which step values go to the loggers: in training
+        the loggers' step + 1 (it may be read before the batch steps), in an evaluation or prediction the batches
+        started in the loop, a multiple of log_every_n_steps; always when a stop was asked, never with
+        log_every_n_steps=0, always outside a run."""
+        trainer = self.trainer
+        if trainer.log_every_n_steps == 0:
+            return False
+        stage = trainer.state.stage
+        if stage is None:
+            return True
+        if stage == RunningStage.TRAINING:
+            step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
+        else:
+            fitting = trainer.state.fn == TrainerFn.FITTING
+            loop = {RunningStage.SANITY_CHECKING: trainer.fit_loop.epoch_loop.val_loop,
+                    RunningStage.VALIDATING: trainer.fit_loop.epoch_loop.val_loop if fitting else trainer.validate_loop,
+                    RunningStage.TESTING: trainer.test_loop, RunningStage.PREDICTING: trainer.predict_loop}[stage]
+            step = loop.batch_progress.current.ready
+        return step % trainer.log_every_n_steps == 0 or trainer.should_stop

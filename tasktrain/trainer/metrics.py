@@ -474,9 +474,13 @@ def is_metric_object(value, kind="Metric"):
 
 
 def _scalar_of(name, value):
-    if not isinstance(value, torch.Tensor) or value.numel() != 1:
-        got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ValueError(f"self.log({name!r}, metric): the metric's value must be a scalar tensor, got {got}. Log "
+    if not isinstance(value, torch.Tensor):  # Lightning's words first (scripts match them), then what to do
+        raise ValueError(f"The `.compute()` return of the metric logged as {name!r} must be a tensor. Found {value}. "
+                         f"(self.log({name!r}, metric): log a metric that computes one number, or log its parts "
+                         "with self.log_dict.)")
+    if value.numel() != 1:
+        raise ValueError(f"self.log({name!r}, metric): the metric's value must be a scalar tensor, got a tensor of "
+                         f"shape {tuple(value.shape)}. Log "
                          "a metric that computes one number (or log its parts with self.log_dict).")
     return value
 

@@ -58,6 +58,7 @@ class Trainer:
     _checkpoint_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.CheckpointConnector)
     _accelerator_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.AcceleratorConnector)
     _data_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.DataConnector)
+    _logger_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.LoggerConnector)
 
     @property
     def _evaluation_loop(self):
@@ -683,8 +684,13 @@ class Trainer:
             if "prepare_data" not in self._trial_skips:  # (a tuner's trial inside a run: done by the run)
                 run.prepare_data(self, module)
             for logger in self.loggers:  # Lightning reads each logger's experiment here (every rank) so that it
-                if not isinstance(logger, Logger) and hasattr(logger, "experiment"):  # exists before the setup hooks
-                    logger.experiment  # (tasktrain's loggers make theirs on rank 0 when first written to)
+                # exists before the setup hooks: the version folder is there, and a file a setup hook writes in it (a
+                # CLI's config) is no "used folder" warning. tasktrain's loggers learn their rank first (what their
+                # setup does), so that only global rank 0 makes one (a spawned worker's environment may not say).
+                if isinstance(logger, Logger):
+                    logger._global_rank = self.global_rank
+                if hasattr(logger, "experiment"):
+                    logger.experiment
             # (Lightning passes the stage by keyword, as its TrainerFn: a str enum, == "fit" and .value both work)
             if "setup" not in self._trial_skips:  # (a tuner's trial inside a run: the run's set-up stands)
                 if self.datamodule is not None:
