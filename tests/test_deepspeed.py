@@ -319,7 +319,7 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts(tmp_path, c
 
     # A bf16 engine that does not train (here validate's, stage 0) is built with DeepSpeed's BF16_Optimizer, which
     # reports memory on rank 0 (see_memory_usage(force=True), here twice): the report is printed, without the full
-    # gc.collect() DeepSpeed runs before each (0.2-0.9 s each); the teardown's own collection still runs.
+    # gc.collect() DeepSpeed runs before each (~0.15 s of CPU each); the teardown's own collection still runs.
     import gc
 
     from tasktrain.strategies.base import release_kept_runs

@@ -14,7 +14,8 @@ from tasktrain import Accelerator, DeepSpeed, seed_everything
 from tasktrain.strategies.deepspeed.engine import import_deepspeed
 
 # Test time only: DeepSpeed imported up front, then everything imported frozen out of the garbage collector, so that
-# the full collection of each engine's teardown walks only what the runs made (~0.7 s less each, 8 per rank).
+# the full collection of each engine's teardown walks only what the runs made, not every module (~0.15 s of CPU less
+# each, 8 per rank).
 import_deepspeed()
 gc.freeze()
 

@@ -89,10 +89,10 @@ def _no_forced_collections():
     """DeepSpeed 0.19.8's BF16_Optimizer (a bf16 engine's at ZeRO stage 1 without offload, and every bf16 engine that
     does not train: validate, test, predict) reports memory while it is built (at its start and end, and twice per
     parameter group) with see_memory_usage(force=True), which runs a full gc.collect() on rank 0 before printing its
-    figures: 0.2-0.9 s each in a process that imported torch and DeepSpeed (measured: ~400,000 objects), for a
-    printout, nothing the engine needs. For initialize only, the report is printed as DeepSpeed prints it, without that
-    collection first (gc is used nowhere else in deepspeed.runtime.utils; the teardown's own collection still frees
-    the engines that went)."""
+    figures: ~0.15 s of CPU each in a process that imported torch and DeepSpeed (~320,000 objects; several times that
+    in wall time on a loaded machine), for a printout, nothing the engine needs. For initialize only, the report is
+    printed as DeepSpeed prints it, without that collection first (gc is used nowhere else in
+    deepspeed.runtime.utils; the teardown's own collection still frees the engines that went)."""
     from deepspeed.runtime import utils
 
     original = utils.gc
