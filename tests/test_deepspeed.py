@@ -218,7 +218,7 @@ def test_fp16_on_cpu_fails_before_any_process_starts():
 
 
 @pytest.mark.timeout(300)
-def test_one_process_trains_like_single_device_and_rejects_conflicts(tmp_path):
+def test_one_process_trains_like_single_device_and_rejects_conflicts(tmp_path, capsys):
     """A world of one (no launcher): an accumulation conflict is an error before the engine starts; then the same
     process trains under ZeRO-2 exactly like SingleDevice (SGD, fp32), with the group set up again."""
     from helpers import Linear, loader, quiet, regression_data
@@ -316,6 +316,28 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts(tmp_path):
     with pytest.raises(RuntimeError, match="holds no engine"):  # a later run set up: the kept engine went
         kept.save_checkpoint(tmp_path / "too_late")
     assert "LOCAL_RANK" not in os.environ  # set for DeepSpeed during the run only
+
+    # A bf16 engine that does not train (here validate's, stage 0) is built with DeepSpeed's BF16_Optimizer, which
+    # reports memory on rank 0 (see_memory_usage(force=True), here twice): the report is printed, without the full
+    # gc.collect() DeepSpeed runs before each (~0.15 s of CPU each); the teardown's own collection still runs.
+    import gc
+
+    from tasktrain.strategies.base import release_kept_runs
+
+    collections, collect = [], gc.collect
+
+    def spy(*args):
+        collections.append(sys._getframe(1).f_code.co_name)
+        return collect(*args)
+
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gc, "collect", spy)
+        Trainer(strategy="deepspeed_stage_2", devices=1, precision="bf16-mixed", **quiet()).validate(
+            Linear(), loader(n=16), verbose=False)
+        release_kept_runs()  # the engine kept after validate goes now, through the strategy's teardown
+    assert "begin bf16_optimizer" in capsys.readouterr().out  # DeepSpeed's report, as DeepSpeed prints it
+    assert "see_memory_usage" not in collections and "teardown" in collections, collections
 
 
 # -- 2 processes --------------------------------------------------------------------------------------------------

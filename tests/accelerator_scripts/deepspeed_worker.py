@@ -1,6 +1,7 @@
 """Run under `tasktrain launch --num_processes 2 --use_deepspeed --zero_stage 2 --gradient_clipping 1.0`
 (tests/test_accelerator.py): the issue's snippet on DeepSpeed's engine, its accumulate() form against the Trainer on
 the same engine, and a save_state/load_state resume. Writes OUT_DIR/rank{R}.pt; the test asserts on it."""
+import gc
 import os
 import sys
 
@@ -10,6 +11,13 @@ from torch.utils.data import DataLoader
 
 from common import MyModel, accelerator_loop, make_dataset, max_difference, trainer_run
 from tasktrain import Accelerator, DeepSpeed, seed_everything
+from tasktrain.strategies.deepspeed.engine import import_deepspeed
+
+# Test time only: DeepSpeed imported up front, then everything imported frozen out of the garbage collector, so that
+# the full collection of each engine's teardown walks only what the runs made, not every module (~0.15 s of CPU less
+# each, 8 per rank).
+import_deepspeed()
+gc.freeze()
 
 out_dir = sys.argv[1]
 result = {}

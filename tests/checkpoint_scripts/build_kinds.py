@@ -13,6 +13,7 @@
 
 Each is written by the strategy that owns it, in a world of one; the runs are 2 steps of a 4-1 linear model.
 """
+import gc
 import os
 import sys
 
@@ -23,6 +24,13 @@ from helpers import Linear, loader, quiet  # noqa: E402
 
 from tasktrain import Accelerator, Callback, Trainer  # noqa: E402
 from tasktrain.inference.saving import save_model  # noqa: E402
+from tasktrain.strategies.deepspeed.engine import import_deepspeed  # noqa: E402
+
+# Test time only: DeepSpeed imported up front, then everything imported frozen out of the garbage collector, so that
+# the full collection of each engine's teardown walks only what the runs made, not every module (~0.15 s of CPU less
+# each).
+import_deepspeed()
+gc.freeze()
 
 
 class Adam(Linear):

@@ -9,6 +9,7 @@ working copies (with and without zero3_init), are recorded. A last case makes De
 on purpose and records the error the strategy raises.
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -19,6 +20,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from helpers import Linear, loader, quiet  # noqa: E402
 
 from tasktrain import Callback, DeepSpeed, Trainer  # noqa: E402
+from tasktrain.strategies.deepspeed.engine import import_deepspeed  # noqa: E402
+
+# Test time only: DeepSpeed imported up front, then everything imported frozen out of the garbage collector, so that
+# the full collection of each engine's teardown walks only what the runs made, not every module (~0.15 s of CPU less
+# each).
+import_deepspeed()
+gc.freeze()
 
 
 def dtypes(params):

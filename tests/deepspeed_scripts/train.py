@@ -18,6 +18,7 @@ The Trainer self-launches rank 1 (devices=2); both ranks run every fit in order 
 """
 import argparse
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -30,6 +31,13 @@ from digits import Classifier, digits_loaders  # noqa: E402
 
 from tasktrain import Callback, DeepSpeed, ModelCheckpoint, Trainer, seed_everything  # noqa: E402
 from tasktrain.strategies import DeepSpeedStrategy  # noqa: E402
+from tasktrain.strategies.deepspeed.engine import import_deepspeed  # noqa: E402
+
+# Test time only: DeepSpeed imported up front, then everything imported frozen out of the garbage collector, so that
+# the full collection of each engine's teardown walks only what the runs made, not every module (~0.15 s of CPU less
+# each).
+import_deepspeed()
+gc.freeze()
 
 EPOCHS = 2  # 22 batches of 32 per rank and epoch, accumulation 2: 11 optimizer steps per epoch
 

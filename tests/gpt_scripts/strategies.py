@@ -5,6 +5,7 @@ group. Each rank writes OUT.rank{R}.json.
     tasktrain launch --num_processes 2 strategies.py OUT ROOT
 """
 import functools
+import gc
 import json
 import os
 import sys
@@ -14,6 +15,14 @@ from common import SHORT
 
 import gpt
 import gpt_accelerator
+
+from tasktrain.strategies.deepspeed.engine import import_deepspeed
+
+# Test time only: DeepSpeed imported up front, then everything imported frozen out of the garbage collector, so that
+# the full collection of each engine's teardown walks only what the runs made, not every module (~0.15 s of CPU less
+# each).
+import_deepspeed()
+gc.freeze()
 
 # The cases share their data (the same digits, sizes and seed): made once per process, not once per case (the
 # example's pure-Python encoding of 30,500 sums: ~1.5 s of CPU a call, on both processes, seven times). The example's
@@ -29,17 +38,21 @@ ACCELERATOR_CASES = [("ddp", "32-true"), ("fsdp", "32-true"), ("deepspeed_stage_
 # of 128 per process for 200 steps. Measured (all six cases): exact match 0.126 to 0.912 against the test's 0.05.
 # (At 200 steps, DDP in fp32 reached only 0.074 on seed 0 (2026-12-06): 260 for the fp32 cases.)
 TWO = [*SHORT, "--batch_size", "64", "--max_steps", "260"]
-# bf16-mixed, 200 steps: this CPU has no bf16 matrix instructions (AVX2 only), so a bf16 step costs ~5x an fp32 one
-# (measured, 200 steps: 64.6 s, against 12.5 s for the Accelerator's ZeRO-2 in fp32), the costliest case by far.
-# Measured at 200 steps over seeds 0-3 (2026-12-06, 2 processes, this case's exact arguments; the test runs seed 0):
-# exact match 0.802, 0.81, 0.438, 0.938 against the test's 0.05.
+# bf16-mixed, 200 steps of a 1-layer model: this CPU has no bf16 matrix instructions (AVX2 only), so a bf16 matmul
+# costs ~20x an fp32 one (a 2-layer step ~7x: 200 steps measured 64.6 s, against 12.5 s for the Accelerator's ZeRO-2
+# in fp32), the costliest case by far; one layer cuts it by a third (rank 0's CPU time for this case alone, start-up
+# included: 30 -> 20 s). Measured at 200 steps, 1 layer, over seeds 0-3 (2026-12-06, 2 processes, this case's exact
+# arguments; the test runs seed 0): exact match 0.738, 0.802, 0.816, 0.540 against the test's 0.05 (2 layers: 0.802,
+# 0.81, 0.438, 0.938; a 32-wide 2-layer model, the other halving, only 0.068 to 0.612).
 BF16_STEPS = 200
+BF16_MODEL = ["--n_layer", "1"]
 out, root = sys.argv[1], sys.argv[2]
 results = {}
 torch_linear = torch.nn.functional.linear
 for strategy, precision in TRAINER_CASES:
-    steps = BF16_STEPS if precision == "bf16-mixed" else 260
-    trainer, metrics, texts = gpt.main([*TWO, "--max_steps", str(steps), "--strategy", strategy, "--precision",
+    bf16 = precision == "bf16-mixed"
+    steps, model = (BF16_STEPS, BF16_MODEL) if bf16 else (260, [])
+    trainer, metrics, texts = gpt.main([*TWO, *model, "--max_steps", str(steps), "--strategy", strategy, "--precision",
                                         precision, "--devices", "2", "--root", os.path.join(root, strategy)])
     results[f"Trainer {strategy} {precision}"] = {
         "metrics": metrics, "texts": texts, "world_size": trainer.world_size, "strategy": trainer.strategy.name,

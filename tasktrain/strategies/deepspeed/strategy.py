@@ -69,7 +69,8 @@ from tasktrain.strategies.deepspeed.config import (_agree, _check_param_dtypes, 
                                                    _offloads, _param_dtype_of, _positive_or_none, _read_config,
                                                    build_config, check_nvme_offload)
 from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _honour_init_dtype,
-                                                   _quiet_untested_optimizer, _restore_functional_linear,
+                                                   _no_forced_collections, _quiet_untested_optimizer,
+                                                   _restore_functional_linear,
                                                    _staging_checkpoint_engine, _sub_group_state_index,
                                                    _swaps_optimizer, import_deepspeed)
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
@@ -411,7 +412,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             optimizer = self._offload_optimizer(optimizer, config)
         model = _EngineForward(self.module) if self._wrapped else self.module
         kwargs = {"optimizer": optimizer} if optimizer is not None else {}
-        with _honour_init_dtype(_nvme_folders(config).get("offload_param") is not None):
+        with _honour_init_dtype(_nvme_folders(config).get("offload_param") is not None), _no_forced_collections():
             self.engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False,
                                                         **kwargs)
         self.config = config
