@@ -555,21 +555,43 @@ def test_narrower_override_points_beside_lightning(L, tmp_path):
     assert seen["tasktrain"][2] and ("none", 4) in seen["tasktrain"][0] and "asked" in seen["tasktrain"][0]
 
 
-def test_a_file_lightning_wrote_evaluates_but_does_not_resume_a_fit(L, tmp_path):
+def test_a_file_lightning_wrote_evaluates_and_resumes_a_fit_at_an_epoch_boundary(L, tmp_path):
     """A checkpoint Lightning's fit wrote: tasktrain's validate(ckpt_path=) restores its weights (the loss Lightning's
-    validate of the same file gives); a fit does not resume from it (a kept difference, docs/lightning.md: the loop
-    state is Lightning's loop objects'), refused before anything is restored."""
-    trainer, _ = run("lightning", L, tmp_path / "lightning", [L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt")])
-    path = trainer.checkpoint_callback.best_model_path
+    validate of the same file gives); a fit resumes from one saved at an epoch's end (ModelCheckpoint's default) or
+    after a fit as Lightning's resume of the same file does (weights, optimizer momentum and scheduler, counters);
+    one saved inside an epoch is refused before anything is restored (docs/lightning.md)."""
+    saver = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt")
+    steps = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "steps", every_n_train_steps=1, save_top_k=-1)
+    trainer, _ = run("lightning", L, tmp_path / "lightning", [saver, steps], epochs=1, scheduler=True)
+    trainer.save_checkpoint(tmp_path / "after_fit.ckpt")
+    path = saver.best_model_path  # epoch=0-step=2.ckpt: the epoch's end
     theirs = trainer.validate(lit_module(L), loader(8), ckpt_path=path, verbose=False)
-    common = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path / "t")
+    common = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path / "t",
+                  num_sanity_val_steps=0)
     ours = tasktrain.Trainer(**common).validate(tt_module(), loader(8), ckpt_path=path, verbose=False)
     assert ours[0]["val_loss"] == pytest.approx(theirs[0]["val_loss"], rel=1e-6)
     assert ours[0]["val_loss"] != pytest.approx(tasktrain.Trainer(**common).validate(tt_module(), loader(8),
                                                                                      verbose=False)[0]["val_loss"])
-    module = tt_module()
-    with pytest.raises(ValueError, match="holds no tasktrain loop state"):
-        tasktrain.Trainer(max_epochs=3, **common).fit(module, loader(16), ckpt_path=path)
+
+    def resumed(lib, module, ckpt_path):
+        starts = []
+        marker = (L.pytorch.callbacks.Callback if lib is L.pytorch else tasktrain.Callback)
+        recorder = type("Starts", (marker,), {"on_train_epoch_start": lambda self, t, m: starts.append(
+            (t.current_epoch, t.global_step))})()
+        kwargs = dict(accelerator="cpu", devices=1) if lib is L.pytorch else {}
+        fit = lib.Trainer(max_epochs=3, callbacks=[recorder], **kwargs, **common)
+        fit.fit(module, loader(16), loader(8), ckpt_path=ckpt_path)
+        return dict(weights=[p.detach().tolist() for p in module.parameters()], step=fit.global_step,
+                    epoch=fit.current_epoch, lr=fit.optimizers[0].param_groups[0]["lr"], starts=starts,
+                    stepped=fit.fit_loop.epoch_loop._batches_that_stepped)
+
+    for ckpt_path in (path, str(tmp_path / "after_fit.ckpt")):
+        mine = resumed(tasktrain, tt_module(scheduler=True), ckpt_path)
+        assert mine == resumed(L.pytorch, lit_module(L, scheduler=True), ckpt_path)
+        assert mine["starts"] == [(1, 2), (2, 4)] and mine["step"] == 6
+    inside = str(tmp_path / "steps" / "epoch=0-step=1.ckpt")
+    with pytest.raises(ValueError, match="saved inside an epoch"):
+        tasktrain.Trainer(max_epochs=3, **common).fit(tt_module(), loader(16), ckpt_path=inside)
 
 
 def test_ckpt_path_last_and_the_folder_beside_lightning(L, tmp_path):

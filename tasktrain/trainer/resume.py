@@ -289,8 +289,60 @@ def load(trainer, path):
     if path is None:
         return None
     loaded = Loaded(path, read(trainer, path))
+    from_lightnings_loops(trainer, loaded)
     check_resumable(trainer, loaded)
     return loaded
+
+
+def from_lightnings_loops(trainer, loaded):
+    """A checkpoint Lightning's fit wrote (its loop state is its loop objects' progress, ckpt["loops"]["fit_loop"]):
+    tasktrain's train state read from it, so that a fit resumes from it where Lightning's does. Read at an epoch's
+    boundary: saved at an epoch's end (ModelCheckpoint's default places: on_train_epoch_end, the epoch-end
+    validation's end), at an epoch's start, or after a fit; the fit goes on at the next epoch's first batch. Saved
+    inside an epoch, it is refused (Lightning re-reads that epoch's loader from its first batch there, with a warning
+    that the results are unreliable)."""
+    ckpt, path = loaded.ckpt, loaded.path
+    loops = ckpt.get("loops")
+    if isinstance(ckpt_io.own_state(ckpt).get("train_state"), dict) or not isinstance(loops, dict) or \
+            not isinstance(loops.get("fit_loop"), dict) or "global_step" not in ckpt:
+        return
+    fit = loops["fit_loop"]
+    try:
+        epochs = fit["epoch_progress"]["current"]
+        batches = fit["epoch_loop.batch_progress"]
+        stepped = int(fit["epoch_loop.state_dict"]["_batches_that_stepped"])
+    except (KeyError, TypeError):
+        return  # (not a fit loop's state that can be read: check_resumable refuses it)
+    ended = epochs["processed"] > epochs["completed"]  # the epoch's training ran to its end (its end hooks ran)
+    between = epochs["started"] == epochs["processed"] == epochs["completed"] or (
+        epochs["started"] > epochs["processed"] and batches["current"]["started"] == 0)
+    if not ended and not between:
+        raise ValueError(
+            f"{path} is a checkpoint Lightning saved inside an epoch (batch {batches['current']['completed']} of epoch "
+            f"{epochs['completed']}): tasktrain resumes a Lightning checkpoint at an epoch's boundary (one saved at an "
+            "epoch's end, as ModelCheckpoint saves by default), not inside one (Lightning itself reads that epoch "
+            "again from its first batch, warning that the results are unreliable). Resume from an epoch-end "
+            "checkpoint, or load its weights into the module and start a new fit.")
+
+    def total(progress, key="completed"):
+        return int(((progress or {}).get("total") or {}).get(key, 0))
+
+    optim = fit.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {})
+    train_state = {
+        "epoch": int(epochs["completed"]), "global_step": int(ckpt["global_step"]), "batches_that_stepped": stepped,
+        "batch_in_epoch": int(batches["current"]["completed"]) if ended else 0,
+        "epoch_finished": ended, "epoch_started": ended, "epoch_validated": ended,
+        "batches_taken": total(batches), "zero_grads": total(optim.get("zero_grad")),
+        "scheduler_steps": total(fit.get("epoch_loop.scheduler_progress")),
+        "eval_batches": {"val": [total(fit.get("epoch_loop.val_loop.batch_progress")), 0],
+                         "validate": [total((loops.get("validate_loop") or {}).get("batch_progress")), 0],
+                         "test": [total((loops.get("test_loop") or {}).get("batch_progress")), 0]},
+        "predict_batches": total((loops.get("predict_loop") or {}).get("batch_progress")),
+    }
+    # tasktrain's own keys beside Lightning's loop state (kept as it was): the file then reads as one the Trainer
+    # wrote at that boundary, on this run's number of processes
+    ckpt["loops"] = dict(loops, format_version=ckpt_io.CHECKPOINT_FORMAT_VERSION, weights_only=False,
+                         world_size=trainer.world_size, train_state=train_state)
 
 
 def check_resumable(trainer, loaded):
