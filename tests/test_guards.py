@@ -160,15 +160,18 @@ def test_valid_limits_are_accepted(kwargs):
     Trainer(logger=False, **kwargs)
 
 
-@pytest.mark.parametrize("data", ["empty", "drop_last"])
+@pytest.mark.parametrize("data", ["empty", "drop_last", "list"])
 def test_empty_training_loader_raises_before_training(tmp_path, data):
     x, y = torch.randn(3, 4), torch.randn(3, 1)
     if data == "empty":
         train = DataLoader(TensorDataset(x[:0], y[:0]), batch_size=4)
+    elif data == "list":  # (train_dataloader() returning [])
+        train = []
     else:
         train = DataLoader(TensorDataset(x, y), batch_size=4, drop_last=True)
     trainer = Trainer(max_epochs=2, logger=False, default_root_dir=tmp_path, **QUIET)
-    with pytest.raises(ValueError, match="yields no batches.*" + ("empty" if data == "empty" else "drop_last=True")):
+    said = {"empty": "its dataset is empty", "list": "it is an empty list", "drop_last": "its dataset has 3 rows, fewer than batch_size=4, and drop_last=True"}[data]
+    with pytest.raises(ValueError, match="yields no batches: " + said):
         trainer.fit(Linear(), train)
     assert not glob.glob(str(tmp_path / "**" / "*.ckpt"), recursive=True)
 
