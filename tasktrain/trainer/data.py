@@ -40,6 +40,7 @@ epoch resumed in its middle from a checkpoint without a record) the order is the
 import collections
 import copy
 import math
+import os
 import warnings
 
 import torch
@@ -844,14 +845,21 @@ def _batch_sampler_around(batch_sampler, sampler, predicting=False):
         raise TypeError(_CANNOT_INJECT) from error
 
 
+def suggested_max_num_workers(local_world_size):
+    """An upper bound for a DataLoader's num_workers: the CPU cores this process may use, shared by the
+    `local_world_size` processes of this machine, one left for each main process; at least 1."""
+    if local_world_size < 1:
+        raise ValueError(f"`local_world_size` should be >= 1, got {local_world_size}.")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // local_world_size - 1)
+
+
 def check_workers(loader, name, num_devices, reload_every):
     """Lightning's warnings (its data connector's _worker_check) on a loader a run sets up, said by global rank 0:
     workers started by "spawn" each epoch (not persistent), few workers where the machine's cores would allow more
     (the bound utilities.suggested_max_num_workers gives, for `num_devices` processes per machine), and persistent
     pinned workers with loaders reloaded every `reload_every` epochs. `name`: "train_dataloader", "val_dataloader", ..."""
     import multiprocessing.context
-
-    from tasktrain.compat.lightning.utilities import suggested_max_num_workers
 
     if not isinstance(loader, DataLoader):
         return

@@ -148,6 +148,8 @@ def check_training_batches(length, loader):
     batch_size, drop_last = getattr(loader, "batch_size", None), getattr(loader, "drop_last", False)
     if rows == 0:
         why = "its dataset is empty"
+    elif dataset is None:  # an empty list (train_dataloader() returned []) or an iterable that yields nothing
+        why = f"it is an empty {type(loader).__name__}"
     elif drop_last and rows is not None and batch_size:
         why = f"its dataset has {rows} rows, fewer than batch_size={batch_size}, and drop_last=True drops them"
     else:

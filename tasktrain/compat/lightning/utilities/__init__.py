@@ -15,6 +15,7 @@ from tasktrain.compat.lightning.utilities.combined_loader import CombinedLoader
 from tasktrain.compat.lightning.utilities.warnings import disable_possible_user_warnings
 from tasktrain.strategies.base import move_to_device as _move_to_device
 from tasktrain.trainer.module import is_overridden
+from tasktrain.trainer.data import suggested_max_num_workers
 
 __all__ = ["AttributeDict", "CombinedLoader", "FLOAT16_EPSILON", "FLOAT32_EPSILON", "FLOAT64_EPSILON", "GradClipAlgorithmType",
            "LightningEnum", "disable_possible_user_warnings", "find_shared_parameters", "grad_norm", "is_overridden",
@@ -45,15 +46,6 @@ def measure_flops(model, forward_fn, loss_fn=None):
 
     flops, _ = count_flops(run)
     return flops
-
-
-def suggested_max_num_workers(local_world_size):
-    """An upper bound for a DataLoader's num_workers: the CPU cores this process may use, shared by the
-    `local_world_size` processes of this machine, one left for each main process; at least 1."""
-    if local_world_size < 1:
-        raise ValueError(f"`local_world_size` should be >= 1, got {local_world_size}.")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // local_world_size - 1)
 
 
 def is_shared_filesystem(strategy, path=None, timeout=3):
