@@ -217,6 +217,7 @@ class Trainer:
         self._test_loaders = self._predict_loaders = None  # (evaluation.run_evaluation)
         self._loader_views = {}  # each stage's loaders in the structure they were given (trainer.val_dataloaders, ...)
         self._val_loader = self._pending_val = None  # _pending_val: the fit's loader not requested yet (loaders.py)
+        self._fit_validates = False  # whether the running fit validates (_run_stage; loaders.plan_fit_val)
         self._resumed_from = None
         self._fit_state = None  # the FitState of the fit in progress (fit_state.py)
         self.predictions, self.predict_batch_indices = [], []  # of the predict run in progress (prediction writers)
@@ -673,6 +674,11 @@ class Trainer:
         # callbacks that need to know (BatchSizeFinder, LearningRateFinder)
         self._given_loaders = (train_loader, eval_loader)
         self.state.stage = _RUNNING_STAGE[stage]  # Lightning's: from the setup hooks to the teardown ones
+        if stage == "fit":
+            # whether the fit validates is known from its start (Lightning attaches the data before prepare_data and
+            # setup, so trainer.enable_validation and _should_check_val_epoch() read it in those hooks); the loader
+            # itself is requested later (val_data_now)
+            self._fit_validates = loaders.plan_fit_val(self, module, eval_loader)
         result = None
         status = "success"  # what the loggers' finalize hears
         restore_forward = compile_forward_as(module, compiled)  # undone in the finally below
@@ -749,7 +755,7 @@ class Trainer:
         self.state.start_fit(broadcast_seed(strategy, sampler_seed()), stopped_inside_epoch=self._epoch_cut_short)
         self._epoch_cut_short = False
         self._pending_train, self._train_data = (module, train_loader), None  # requested by train_data_now
-        has_val = loaders.plan_fit_val(self, module, val_loader)  # requested by val_data_now
+        has_val = self._fit_validates  # (planned at the stage's start: _run_stage)
         ckpt_path = resume.resume_path(self, ckpt_path)  # restarts (issue 29), requeues (issue 40), "best"/"last"
         after_setup = resume.restores_after_setup(strategy)
         loaded = None if after_setup else resume.restore_module_and_callbacks(self, ckpt_path)
