@@ -673,8 +673,8 @@ def test_the_tuners_run_calls_every_hook_as_lightnings_and_leaves_the_trainer_as
     inside a real fit. So the Trainer's own callbacks get their set-up and teardown hooks once, the restore's hooks and
     the loaders set up again come before the teardown, and afterwards model.optimizers() is the fit's optimizer (at the
     suggested rate) and trainer.state reads a finished fit. The whole sequence of the module's hooks and of a callback's
-    (with the counters at each) is Lightning's; for the batch-size search, the counters at the loader requests between
-    trials are left out (Lightning's are the last trial's, tasktrain's trial starts from 0 first)."""
+    (with the counters at each, the last trial's at the loader requests between the batch-size search's trials) is
+    Lightning's."""
     from test_lightning import LIGHTNING_CALLBACK_HOOKS, LIGHTNING_MODULE_HOOKS
 
     per_batch = ("step", "batch", "backward", "zero_grad", "transfer", "forward", "configure_sharded_model",
@@ -689,8 +689,6 @@ def test_the_tuners_run_calls_every_hook_as_lightnings_and_leaves_the_trainer_as
                 trainer = self.trainer if owner == "module" else args[0]
                 stage = kwargs.get("stage", args[-1] if hook in ("setup", "teardown") and args else None)
                 counters = (trainer.current_epoch, trainer.global_step)
-                if search == "scale_batch_size" and hook.endswith("_dataloader"):
-                    counters = None
                 log.append((owner, hook, str(getattr(stage, "value", stage or "")), counters))
                 return own(self, *args, **kwargs) if own is not None else None
             return record
@@ -806,3 +804,48 @@ def test_the_batch_size_search_says_what_lightnings_says_and_sets_every_holder(m
     said = " ".join(lines)
     assert ("greater or equal than the length of your dataset: 48" in said) == (size == 64)
     assert ("failed, trying batch size" in said) == (fits == 20) and ("capping at 40" in said) == (max_val == 40)
+
+
+@pytest.mark.parametrize("method,mode,init_val", [("fit", "power", 2), ("fit", "binsearch", 2), ("test", "power", 4),
+                                                  ("test", "binsearch", 2), ("validate", "binsearch", 4)])
+def test_the_batch_size_search_requests_the_loaders_as_often_as_lightnings_with_its_counters(method, mode, init_val,
+                                                                                            no_gc):
+    """The loader hooks a batch-size search calls, in order, with the size and the counters each reads: Lightning's
+    search asks for an evaluation's loader before it starts and two or three times per trial (its evaluation loop
+    requests it whenever it is set up), a fit's between the trials with the last trial's counters, and after the
+    last failure once more before the restore's."""
+    def case(Trainer, Module, callbacks, Tuner):
+        log = []
+        base = type(_module("lightning" if Trainer is L.Trainer else "tasktrain", fits=8))
+
+        class Logged(base):
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def val_dataloader(self):
+                return self._requested("val", DataLoader(_data(64), batch_size=self.batch_size))
+
+            def train_dataloader(self):
+                return self._requested("train", super().train_dataloader())
+
+            def test_dataloader(self):
+                return self._requested("test", super().test_dataloader())
+
+            def _requested(self, what, loader):
+                log.append((what, self.trainer.current_epoch, self.trainer.global_step, self.batch_size))
+                return loader
+
+            def training_step(self, batch, batch_idx):
+                log.append(("train_step", self.trainer.current_epoch, self.trainer.global_step, batch[0].shape[0]))
+                return super().training_step(batch, batch_idx)
+
+        size = Tuner(Trainer(max_epochs=2, **QUIET)).scale_batch_size(
+            Logged(), method=method, mode=mode, steps_per_trial=1, init_val=init_val, max_trials=4)
+        return size, log
+
+    size, log = _both(case)
+    requests = [entry for entry in log if entry[0] != "train_step"]
+    if method == "fit":
+        assert (1, 1, 4) in [entry[1:] for entry in requests]  # (a request between trials: the last trial's counters)
+    else:
+        assert len(requests) > 2 * len({entry[3] for entry in requests})  # (several requests per size tried)

@@ -202,6 +202,7 @@ class Trainer:
         self._trial_skips = ()
         # a finder's (tuning._tuning): the callbacks of the run it searches from, and the checkpoint dict it "saved"
         self._trial_callbacks = self._trial_checkpoint = None
+        self._trial_counters_shown = None  # (TrainState, epoch cut short) a trial's loader hooks read (_loader_of)
         self._predict_none_warned = False  # Lightning warns once per Trainer (its loop's cache) when predict_step returns None
         self._reset_run_state()
 
@@ -555,6 +556,18 @@ class Trainer:
         Lightning's ("[DataModule]<class>.<name>", "[TaskModule]<class>.<name>")."""
         if self.datamodule is not None and not is_overridden(name, self.datamodule, DataModule):
             return None  # (the base's hook raises Lightning's "must be implemented")
+        if self._trial_counters_shown is not None:
+            # a batch-size search's trial requests its loaders where Lightning's search requested them, between its
+            # trials: with the counters the last trial left (tuner/batch_size_scaling.py); the trial's own are put back
+            own = self.state, self._epoch_cut_short
+            self.state, self._epoch_cut_short = self._trial_counters_shown
+            try:
+                return self._loader_of_now(module, name)
+            finally:
+                self.state, self._epoch_cut_short = own
+        return self._loader_of_now(module, name)
+
+    def _loader_of_now(self, module, name):
         with hook_scope(self, name):  # (named for self.log, which refuses it there)
             if self.datamodule is not None:
                 return run.datamodule_call(self, name)
@@ -807,6 +820,7 @@ class Trainer:
             # issue 38: limit_train_batches=0 skips the loop (Lightning's rule); so does a fit with nothing left to
             # train (a used Trainer or a checkpoint at max_epochs / max_steps): no on_train_start / on_train_end
             fit.resumed = loaded is not None
+            self._trial_counters_shown = None  # (a search's trial: its loaders are requested; it trains from 0)
             if not guards.trains_nothing(self) and not loop.nothing_left(self):
                 loop.fit_loop(self, fit)
         finally:
