@@ -147,6 +147,7 @@ class Trainer:
         self.gradient_clip_val, self.gradient_clip_algorithm = runtime.gradient_clip_val, gradient_clip_algorithm
         self.stall_timeout = runtime.stall_timeout  # watchdog (issue 19): seconds without progress, or None
         self.max_restarts = self.strategy.max_restarts = max_restarts  # issue 29: torch elastic's restarts
+        arguments.log_device_info(self.strategy, found.precision)  # (Lightning's place: before the profiler)
         self.profiler = resolve_profiler(profiler)  # bound again at each run's start (run.start_stage)
         self._profile = run.no_profile
         limits, logger = arguments.loop_limits(
