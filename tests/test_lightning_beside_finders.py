@@ -74,8 +74,10 @@ def _module(framework, fits=20, n=64, seen=None):
     return Net()
 
 
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # (conftest.py: Lightning's level put back after each test)
+
+
 def _run(framework, fn):
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fn(*FRAMEWORKS[framework])
@@ -548,7 +550,7 @@ def test_lr_find_says_what_lightning_says_on_its_channels(num_training, threshol
             torch.manual_seed(3)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                logging.getLogger("lightning.pytorch").setLevel(logging.INFO)  # (_run's ERROR would hide them)
+                logging.getLogger("lightning.pytorch").setLevel(logging.INFO)  # (quiet_lightning's ERROR would hide them)
                 logger.setLevel(logging.INFO)
                 Tuner(trainer).lr_find(module, min_lr=1e-4, max_lr=10.0, num_training=num_training,
                                        early_stop_threshold=threshold)
