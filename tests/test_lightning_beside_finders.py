@@ -851,3 +851,48 @@ def test_the_batch_size_search_requests_the_loaders_as_often_as_lightnings_with_
         assert (1, 1, 4) in [entry[1:] for entry in requests]  # (a request between trials: the last trial's counters)
     else:
         assert len(requests) > 2 * len({entry[3] for entry in requests})  # (several requests per size tried)
+
+
+@pytest.mark.parametrize("search", ["lr_find", "scale_batch_size", "milestone"])
+def test_the_searchs_trials_are_profiled_as_lightnings(search, no_gc):
+    """The trainer's profiler records what the search's trials run, as Lightning's: each trial's training epoch and
+    loader requests (counted under the action names both frameworks share). A BatchSizeFinder searching at an epoch
+    milestone (from on_train_epoch_start, outside the run's own epoch action, as Lightning calls it) has its trials
+    profiled too (tasktrain only: Lightning restarts its loops there)."""
+    def case(Trainer, Module, callbacks, Tuner):
+        name = "lightning" if Trainer is L.Trainer else "tasktrain"
+
+        class Profiled(type(_module(name, fits=8))):
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def val_dataloader(self):
+                return DataLoader(_data(16), batch_size=self.batch_size)
+
+        class AtEpochOne(callbacks.BatchSizeFinder):
+            def on_fit_start(self, trainer, module):
+                pass
+
+            def on_train_epoch_start(self, trainer, module):
+                if trainer.current_epoch == 1:
+                    self.scale_batch_size(trainer, module)
+
+        finder = [AtEpochOne(steps_per_trial=1, init_val=2, max_trials=3)] if search == "milestone" else []
+        trainer = Trainer(max_epochs=2, limit_train_batches=4, profiler="simple", callbacks=finder, **QUIET)
+        if search == "lr_find":
+            Tuner(trainer).lr_find(Profiled(), num_training=5, early_stop_threshold=None)
+        elif search == "scale_batch_size":
+            Tuner(trainer).scale_batch_size(Profiled(), steps_per_trial=1, init_val=2, max_trials=3)
+        else:
+            trainer.fit(Profiled())
+        recorded = trainer.profiler.recorded_durations
+        return sorted((action.replace("[LightningModule]", "[TaskModule]"), len(durations))
+                      for action, durations in recorded.items()
+                      if action == "run_training_epoch" or action.endswith("_dataloader"))
+
+    if search == "milestone":  # (Lightning's trials at a milestone restart its loops there: docs/lightning.md)
+        actions = dict(_run("tasktrain", case))
+    else:
+        actions = dict(_both(case))
+    # the sweep's 5 steps over 2 epochs of 4 batches; 3 trials of one step; the fit's 2 epochs and 3 trials
+    assert actions["run_training_epoch"] == {"lr_find": 2, "scale_batch_size": 3, "milestone": 2 + 3}[search], actions
