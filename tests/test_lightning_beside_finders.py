@@ -550,7 +550,7 @@ def test_lr_find_says_what_lightning_says_on_its_channels(num_training, threshol
             torch.manual_seed(3)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                logging.getLogger("lightning.pytorch").setLevel(logging.INFO)  # (quiet_lightning's ERROR would hide them)
+                logging.getLogger("lightning.pytorch").setLevel(logging.INFO)  # (quiet_lightning's ERROR hides them)
                 logger.setLevel(logging.INFO)
                 Tuner(trainer).lr_find(module, min_lr=1e-4, max_lr=10.0, num_training=num_training,
                                        early_stop_threshold=threshold)

@@ -70,7 +70,7 @@ def fit_loop(trainer, fit):
             loaders.reload(trainer, fit)
             # Lightning's setup_data iterates a reloaded loader once more
             draw_loader_seed(trainer._loader_data, trainer.state.epoch, at_first_batch=False)
-        begun = begin_epoch(trainer, fit, epoch)  # (its on_train_epoch_start: outside the epoch's profile, as Lightning's)
+        begun = begin_epoch(trainer, fit, epoch)  # (on_train_epoch_start: outside the epoch's profile, as Lightning's)
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch, begun)
         finished = trainer.state.epoch_finished

@@ -233,10 +233,11 @@ def _skipped(trainer, what):
 
 class _tuning:
     """Set the trainer up for trials (no callbacks, loggers or sanity check; the run's profiler records them) and put
-    everything back after: the trainer's attributes as they were (its settings, its counters, and inside a run that run's loaders,
-    metric store, hook tables and fit state), the strategy's (the run's wrapped module and optimizers: a trial's
-    teardown drops them), the module's weights, buffers and train/eval modes, and the state of the optimizers and
-    schedulers already built (a configure_optimizers that returns the same objects each time trains them)."""
+    everything back after: the trainer's attributes as they were (its settings, its counters, and inside a run that
+    run's loaders, metric store, hook tables and fit state), the strategy's (the run's wrapped module and optimizers:
+    a trial's teardown drops them), the module's weights, buffers and train/eval modes, and the state of the
+    optimizers and schedulers already built (a configure_optimizers that returns the same objects each time trains
+    them)."""
 
     def __init__(self, trainer, model, name):
         # (several processes: the batch-size search is refused before this, in Lightning's words; the lr sweep runs on
