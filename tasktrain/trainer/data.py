@@ -48,6 +48,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Rando
 
 from tasktrain.data import ShardedStream
 from tasktrain.exceptions import PossibleUserWarning
+from tasktrain.trainer.loader_init import build_again
 from tasktrain.trainer.seed import add_worker_init_fn
 
 
@@ -487,6 +488,11 @@ def loader_options(loader) -> dict:
 
 
 def _rebuild(loader: DataLoader, sampler, generator, kind=DataLoader) -> DataLoader:
+    if _users_class(loader):  # (its class built again around the sampler, with the user's arguments)
+        rebuilt = build_again(loader, sampler)
+        if generator is not loader.generator:
+            rebuilt.generator = generator  # (the Trainer's: its workers' base seeds, drawn as the user's loader draws)
+        return rebuilt
     # batch_sampler=BatchSampler(...) keeps its batch size there; batch_size=None without one (no automatic
     # batching: each item is a batch, as the user made it) stays so, as in Lightning's rebuilt loader
     batches = loader.batch_sampler if loader.batch_size is None and loader.batch_sampler is not None else loader
@@ -507,6 +513,13 @@ def _torchdata_sampler(sampler, name) -> bool:
     """torchdata's StatefulDataLoader swaps torch's default RandomSampler/BatchSampler for stateful twins."""
     kind = type(sampler)
     return kind.__name__ == name and kind.__module__.startswith("torchdata.stateful_dataloader")
+
+
+def _users_class(loader) -> bool:
+    """A DataLoader subclass of the user's: built again as that class (torchdata's StatefulDataLoader has its own
+    rules)."""
+    kind = type(loader)
+    return isinstance(loader, DataLoader) and kind is not DataLoader and not kind.__module__.startswith("torchdata.")
 
 
 def _loader_subclass(loader) -> bool:
@@ -775,6 +788,8 @@ def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
 def _with_sampler(loader, sampler, predicting=False):
     """The loader built again with `sampler` in place of its `sampler` (a custom batch sampler built around it).
     `predicting`: every sample is predicted (Lightning's predict loaders drop no last batch)."""
+    if _users_class(loader):  # (Lightning's _update_dataloader: the user's class, with the user's arguments)
+        return build_again(loader, sampler, predicting=predicting)
     batch_sampler = loader.batch_sampler
     # a StatefulDataLoader is built again as one (Lightning's _update_dataloader keeps the loader's class): its own
     # state still resumes it
@@ -806,13 +821,16 @@ def _predict_loader(loader, world_size, rank):
                           " Lightning would normally set `drop_last=False` to ensure all samples are returned, but for"
                           " custom samplers it can't guarantee this. Make sure your sampler is configured correctly to"
                           " return all indices.", PossibleUserWarning)
-        return loader
+        # (Lightning builds a loader of the user's class again all the same, around the same batch sampler)
+        return build_again(loader, None, predicting=True, batch_sampler=batch_sampler) if _users_class(loader) \
+            else loader
     sampler = loader.sampler
     if world_size > 1 and not isinstance(sampler, DistributedSampler):
         sampler = PredictShardSampler(sampler, world_size, rank, shuffle=_is_shuffled(loader))
     drops = batch_sampler is not None and bool(getattr(batch_sampler, "drop_last", False))
-    return _with_sampler(loader, sampler, predicting=True) if sampler is not loader.sampler or custom or drops \
-        else loader
+    # (Lightning builds every predict loader again: a loader of the user's class is, with the user's arguments)
+    again = sampler is not loader.sampler or custom or drops or _users_class(loader)
+    return _with_sampler(loader, sampler, predicting=True) if again else loader
 
 
 def _is_shuffled(loader):
@@ -965,8 +983,10 @@ def record_batch_indices(loader):
             isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return loader, _NoIndices()
     seen = []
-    kwargs = dict(loader_options(loader), batch_sampler=_RecordingBatchSampler(loader.batch_sampler, seen))
-    return DataLoader(loader.dataset, **kwargs), seen
+    recording = _RecordingBatchSampler(loader.batch_sampler, seen)
+    if _users_class(loader):  # (the user's class kept, as Lightning's index-tracking batch sampler keeps it)
+        return build_again(loader, None, predicting=True, batch_sampler=recording, warn=False), seen
+    return DataLoader(loader.dataset, **dict(loader_options(loader), batch_sampler=recording)), seen
 
 
 class _NoIndices(list):
