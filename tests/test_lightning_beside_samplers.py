@@ -171,6 +171,80 @@ def test_a_dataloader_subclass_is_the_loader_that_trains_as_under_lightning(shuf
     assert ours == theirs
 
 
+class Tagged(DataLoader):
+    """A DataLoader subclass with arguments of its own (`n`, `tag`) that it keeps no attribute of."""
+
+    def __init__(self, n, tag, batch_size=2, **kwargs):
+        super().__init__(data(n), batch_size=batch_size, **kwargs)
+        self.kind = f"tagged {tag}"
+
+
+@pytest.mark.parametrize("how", ["hooks", "given"])
+def test_a_dataloader_subclass_built_again_is_the_users_class_as_under_lightning(how):
+    """A DataLoader subclass of the user's that the Trainer must build again (overfit_batches turns its shuffling
+    off; every predict loader) was built as a plain DataLoader. Lightning builds the user's class again with the
+    arguments it recorded while the hook built it; so does the Trainer now: the same class, kind, batches and
+    weights. A loader handed to fit directly is read back from its attributes, which lack `n` and `tag`: Lightning's
+    MisconfigurationException, word for word."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def run(lib, base):
+        lib.seed_everything(4, verbose=False)
+        seen, predicted, kinds = [], [], []
+
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                loader = self.trainer.train_dataloader
+                kinds.append([type(loader).__name__, loader.kind, type(loader.sampler).__name__])
+                seen.append(batch[0].tolist())
+                return torch.nn.functional.mse_loss(self.layer(batch[1]), batch[2])
+
+            def predict_step(self, batch, batch_idx):
+                loader = self.trainer.predict_dataloaders
+                kinds.append([type(loader).__name__, loader.kind, loader.batch_size, loader.drop_last])
+                predicted.append(batch[0].tolist())
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+            if how == "hooks":
+                def train_dataloader(self):
+                    return Tagged(8, "train", shuffle=True)
+
+                def predict_dataloader(self):
+                    return Tagged(5, "predict", batch_size=2, drop_last=True)
+
+        module = Module()
+        trainer = lib.Trainer(accelerator="cpu", devices=1, max_epochs=2, overfit_batches=2, logger=False,
+                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                if how == "hooks":
+                    trainer.fit(module)
+                    trainer.predict(module, return_predictions=False)
+                else:
+                    trainer.fit(module, Tagged(8, "train", shuffle=True))
+            except Exception as error:  # (the same error under both, before any batch)
+                return type(error).__name__, str(error), seen
+        return kinds, seen, predicted, [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
+
+    ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
+    if how == "hooks":  # overfit_batches: in order; predicting: drop_last=False (a batch of 1 at the end)
+        assert ours[0][0] == ["Tagged", "tagged train", "SequentialSampler"] and ours[1][:2] == [[0, 1], [2, 3]]
+        assert ours[0][-1][:2] == ["Tagged", "tagged predict"] and ours[2] == [[0, 1], [2, 3], [4]]
+    else:
+        assert ours[0] == "MisconfigurationException" and "The missing attributes are ['n', 'tag']" in ours[1]
+        assert ours[2] == []
+    assert ours == theirs
+
+
 def test_the_loader_worker_warnings_are_lightnings():
     """Lightning's warnings on a run's loaders (its _worker_check), missing before: few workers where the cores allow
     more (PossibleUserWarning, per loader and run, again at each reload), and persistent pinned workers with
