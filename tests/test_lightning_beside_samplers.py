@@ -346,6 +346,60 @@ def test_persistent_workers_stop_at_the_runs_end_as_under_lightning():
     assert ours == theirs
 
 
+def test_workers_that_are_not_persistent_stop_at_the_next_iter_as_under_lightning():
+    """Lightning's fetchers hold each pass's iterator until the loader's next iter() (or the run's end): workers
+    that are not persistent live on after the training pass (during on_train_epoch_end and the validation) and the
+    validation's after it; the Trainer stopped them where the pass stopped reading. The worker processes alive at
+    each point are the same under both (2 training workers, 1 validation worker), none after the run."""
+    import multiprocessing
+
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def alive(lib, base, limit):
+        seen = []
+
+        def note(where):
+            seen.append((where, len(multiprocessing.active_children())))
+
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                note(f"step {batch_idx}")
+                return self.layer(batch[1]).sum()
+
+            def validation_step(self, batch, batch_idx):
+                note(f"val {batch_idx}")
+
+            def on_validation_epoch_end(self):
+                note("validation end")
+
+            def on_train_epoch_end(self):
+                note("train epoch end")
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = lib.Trainer(max_epochs=2, limit_train_batches=limit, limit_val_batches=limit,
+                              num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                              enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Module(), DataLoader(data(8), batch_size=2, num_workers=2),
+                        DataLoader(data(8), batch_size=2, num_workers=1))
+            note("after fit")
+        return seen
+
+    for limit in (2, 1.0):  # (the pass stopped at its limit; read to its end: a known length reads no further)
+        ours, theirs = alive(tasktrain, tasktrain.TaskModule, limit), alive(L, L.LightningModule, limit)
+        assert ("train epoch end", 3) in ours and ours[-1] == ("after fit", 0)
+        assert ours == theirs
+
+
 class _NoLength:
     """An iterable of 3 batches whose __len__ raises NotImplementedError (Lightning's sized_len: no length)."""
 

@@ -287,6 +287,9 @@ class TrainData:
     # The Trainer's rule (Lightning's fit loop): set_epoch(epoch) reaches the loader's sampler and its batch sampler's
     # sampler at each epoch's start, a user's own too (the Accelerator leaves those to the user, as Accelerate does)
     sets_loader_epoch = False
+    # The Trainer's (Lightning's fetchers): the pass's iterator is kept until the next iter(), so workers that are
+    # not persistent live on after the pass (held_until_next_iter); the Accelerator's end with the pass, as Accelerate's
+    holds_iterator = False
     _order_drawn_at_iter = False
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
@@ -439,6 +442,8 @@ class TrainData:
                 self.generator.set_state(self.pending_base)
             self.pass_base, self.pending_base = self.pending_base, None
         iterator = iter(self.loader)
+        if self.holds_iterator:
+            held_until_next_iter(self.loader, iterator)
         skip, self._skip_batches = self._skip_batches, 0
         if skip:  # (Lightning's category and first words: its loop warns there too, and reads the epoch again)
             warnings.warn("You're resuming from a checkpoint that ended before the epoch ended and your dataloader is "
@@ -449,6 +454,16 @@ class TrainData:
             for _ in range(skip):
                 next(iterator, None)
         return iterator
+
+
+def held_until_next_iter(loader, iterator):
+    """`iterator`, kept on its DataLoader until the loader's next iter() (or the run's end: shutdown_loader_workers):
+    workers that are not persistent then stop there, as under Lightning, whose fetchers hold each pass's iterator
+    (its workers alive during on_train_epoch_end, the validation, ...), not where the pass stops reading. (The
+    DataLoader's own slot for the iterator of persistent workers, which its iter() reads for those only.)"""
+    if isinstance(loader, DataLoader) and loader.num_workers > 0 and not loader.persistent_workers:
+        loader._iterator = iterator  # (the previous pass's, released here after the new one started: it stops)
+    return iterator
 
 
 def draw_loader_seed(data, epoch=None, at_iter=True, at_first_batch=True):
@@ -643,6 +658,8 @@ class StreamData(TrainData):
         self.iteration_samples = stream.rank_counts(stream.start)[1]
         self.iteration_padding = stream.padding(stream.start)
         iterator = iter(self.loader)
+        if self.holds_iterator:
+            held_until_next_iter(self.loader, iterator)
         stream.start = 0  # a skip applies once
         return iterator
 
