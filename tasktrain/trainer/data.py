@@ -290,6 +290,14 @@ class TrainData:
     # The Trainer's (Lightning's fetchers): the pass's iterator is kept until the next iter(), so workers that are
     # not persistent live on after the pass (held_until_next_iter); the Accelerator's end with the pass, as Accelerate's
     holds_iterator = False
+    # A loader of the user's order that the Trainer does not shard (one process, use_distributed_sampler=False; a
+    # DataLoader subclass kept as it is): the states of the generators a pass's iter() and first batch draw its
+    # order from (torch's global one, the loader's, its samplers'), taken before its iter(); a checkpoint keeps the
+    # pass's (`pass_draws`), so that a fit resumed inside that epoch reads the same order (`resume_draws`) before it
+    # drops the batches trained on, then goes on from the restored global state: the interrupted run's batches
+    replays_draws = False
+    pass_draws = None
+    resume_draws = None
     _order_drawn_at_iter = False
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
@@ -338,6 +346,8 @@ class TrainData:
             state["generators"] = [g.get_state() for g in generators]
         if self.pass_base is not None:  # (bytes, not a tensor: train states compare with ==)
             state["base_seed_state"] = self.pass_base.numpy().tobytes()
+        if self.pass_draws is not None:
+            state["pass_draws"] = self.pass_draws
         # (on the Trainer's own order, saved even when empty: its presence says the order of later epochs is drawn)
         return state if state or isinstance(sampler, ResumableSampler) else None
 
@@ -350,6 +360,8 @@ class TrainData:
             sampler.drawn_orders = False
         if not state:
             return
+        if self.replays_draws:
+            self.resume_draws = state.get("pass_draws")
         if state.get("base_seed_state") is not None:  # (a resume at an epoch's start draws anew at the fit's start)
             self.pending_base = torch.frombuffer(bytearray(state["base_seed_state"]), dtype=torch.uint8)
         if isinstance(sampler, ResumableSampler) and "epoch" in state:
@@ -363,7 +375,7 @@ class TrainData:
     def draws_own_order(self):
         """The epoch's order is drawn as the user's RandomSampler draws it (each rank from its own generator where the
         Trainer does not shard: use_distributed_sampler=False)."""
-        return getattr(self.sampler, "draws", False)
+        return getattr(self.sampler, "draws", False) or self.replays_draws
 
     def _users_generators(self):
         found = [self.base_generator] if self.draws_base_seed and self.base_generator is not None else []
@@ -441,10 +453,16 @@ class TrainData:
             if self.pending_base is not None:
                 self.generator.set_state(self.pending_base)
             self.pass_base, self.pending_base = self.pending_base, None
+        skip, self._skip_batches = self._skip_batches, 0
+        replay, self.resume_draws = (self.resume_draws if skip else None), None
+        restored = torch.get_rng_state() if replay is not None else None
+        if replay is not None:
+            _set_draw_states(self.loader, replay)  # (the interrupted pass's, for its iter() and first batch)
+        if self.replays_draws:
+            self.pass_draws = replay if replay is not None else _draw_states(self.loader)
         iterator = iter(self.loader)
         if self.holds_iterator:
             held_until_next_iter(self.loader, iterator)
-        skip, self._skip_batches = self._skip_batches, 0
         if skip:  # (Lightning's category and first words: its loop warns there too, and reads the epoch again)
             warnings.warn("You're resuming from a checkpoint that ended before the epoch ended and your dataloader is "
                           f"not resumable: the Trainer loads and drops the {skip} batches trained on, as this loader's "
@@ -453,7 +471,37 @@ class TrainData:
                           PossibleUserWarning)
             for _ in range(skip):
                 next(iterator, None)
+        if restored is not None:
+            torch.set_rng_state(restored)  # (the checkpoint's: the rest of the run draws as the interrupted one)
         return iterator
+
+
+def _draw_generators(loader):
+    """The generators of the user's that a loader's iter() and first batch draw from (torch's global one aside)."""
+    found = {}
+    for one in (getattr(loader, "generator", None), *[getattr(s, "generator", None) for s in loader_samplers(loader)]):
+        if isinstance(one, torch.Generator):
+            found[id(one)] = one
+    return list(found.values())
+
+
+def _draw_states(loader):
+    """(torch's global generator's state, the loader's generators' states) now, as bytes (train states compare with
+    ==)."""
+    return {"torch": torch.get_rng_state().numpy().tobytes(),
+            "generators": [g.get_state().numpy().tobytes() for g in _draw_generators(loader)]}
+
+
+def _set_draw_states(loader, states):
+    torch.set_rng_state(_state_tensor(states["torch"]))
+    generators = _draw_generators(loader)
+    if len(generators) == len(states["generators"]):  # (another loader than the one saved: its own stay as they are)
+        for generator, saved in zip(generators, states["generators"]):
+            generator.set_state(_state_tensor(saved))
+
+
+def _state_tensor(saved):
+    return torch.frombuffer(bytearray(saved), dtype=torch.uint8)
 
 
 def held_until_next_iter(loader, iterator):
@@ -798,6 +846,8 @@ def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
         data = StatefulLoaderData(loader, sharding, seed)
     else:
         data = TrainData(loader, sharding, None, seed)
+        # a loader whose order is drawn as the user built it (not sharded by us): a mid-epoch resume draws it again
+        data.replays_draws = sharding is None
     data.sets_loader_epoch = True
     return data
 
