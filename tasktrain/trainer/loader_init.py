@@ -13,6 +13,7 @@ import contextlib
 import functools
 import inspect
 import re
+import warnings
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
@@ -103,8 +104,6 @@ def _batch_sampler_again(batch_sampler, sampler, predicting, warn):
             replaced = _replace_arg("drop_last", False, args, kwargs, names, defaults)
             if replaced is None:
                 if warn:
-                    import warnings
-
                     warnings.warn(f"Trying to inject `drop_last=False` into batch sampler since you are predicting, "
                                   f"however it seems the class `{kind.__qualname__}` does not support it. Your "
                                   "predictions might be incomplete. To mitigate this, expose `drop_last` in the "
@@ -118,7 +117,16 @@ def _batch_sampler_again(batch_sampler, sampler, predicting, warn):
                             "expose an argument `sampler` in the `__init__` method of your custom class.")
         return _instantiate(kind, *replaced[0], **replaced[1])
     if not (hasattr(batch_sampler, "batch_size") and hasattr(batch_sampler, "drop_last")):
-        raise TypeError(_CANNOT_INJECT)
+        if not predicting:
+            raise TypeError(_CANNOT_INJECT)
+        if warn:  # (predicting: it is kept, warned, as Lightning keeps it)
+            from tasktrain.exceptions import PossibleUserWarning
+
+            warnings.warn(f"You are using a custom batch sampler `{kind.__qualname__}` for prediction. Lightning would"
+                          " normally set `drop_last=False` to ensure all samples are returned, but for custom samplers"
+                          " it can't guarantee this. Make sure your sampler is configured correctly to return all "
+                          "indices.", PossibleUserWarning)
+        return batch_sampler
     try:
         return kind(sampler, batch_size=batch_sampler.batch_size,
                     drop_last=False if predicting else batch_sampler.drop_last)
