@@ -183,8 +183,8 @@ class Tagged(DataLoader):
 def test_a_dataloader_subclass_built_again_is_the_users_class_as_under_lightning(how):
     """A DataLoader subclass of the user's that the Trainer must build again (overfit_batches turns its shuffling
     off; every predict loader) was built as a plain DataLoader. Lightning builds the user's class again with the
-    arguments it recorded while the hook built it; so does the Trainer now: the same class, kind, batches and
-    weights. A loader handed to fit directly is read back from its attributes, which lack `n` and `tag`: Lightning's
+    arguments it recorded while the hook built it (and what the hook set on it after); so does the Trainer now: the
+    same class, kind, attributes, batches and weights. A loader handed to fit directly is read back from its attributes, which lack `n` and `tag`: Lightning's
     MisconfigurationException, word for word."""
     import lightning.pytorch as L
 
@@ -201,7 +201,8 @@ def test_a_dataloader_subclass_built_again_is_the_users_class_as_under_lightning
 
             def training_step(self, batch, batch_idx):
                 loader = self.trainer.train_dataloader
-                kinds.append([type(loader).__name__, loader.kind, type(loader.sampler).__name__])
+                kinds.append([type(loader).__name__, loader.kind, type(loader.sampler).__name__,
+                              getattr(loader, "note", None)])
                 seen.append(batch[0].tolist())
                 return torch.nn.functional.mse_loss(self.layer(batch[1]), batch[2])
 
@@ -215,7 +216,9 @@ def test_a_dataloader_subclass_built_again_is_the_users_class_as_under_lightning
 
             if how == "hooks":
                 def train_dataloader(self):
-                    return Tagged(8, "train", shuffle=True)
+                    loader = Tagged(8, "train", shuffle=True)
+                    loader.note = "set in the hook"  # (set again on the loader built again)
+                    return loader
 
                 def predict_dataloader(self):
                     return Tagged(5, "predict", batch_size=2, drop_last=True)
@@ -237,7 +240,8 @@ def test_a_dataloader_subclass_built_again_is_the_users_class_as_under_lightning
 
     ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
     if how == "hooks":  # overfit_batches: in order; predicting: drop_last=False (a batch of 1 at the end)
-        assert ours[0][0] == ["Tagged", "tagged train", "SequentialSampler"] and ours[1][:2] == [[0, 1], [2, 3]]
+        assert ours[0][0] == ["Tagged", "tagged train", "SequentialSampler", "set in the hook"]
+        assert ours[1][:2] == [[0, 1], [2, 3]]
         assert ours[0][-1][:2] == ["Tagged", "tagged predict"] and ours[2] == [[0, 1], [2, 3], [4]]
     else:
         assert ours[0] == "MisconfigurationException" and "The missing attributes are ['n', 'tag']" in ours[1]

@@ -8,7 +8,8 @@ back from its public attributes, as Lightning reads it; where its class needs an
 Lightning's MisconfigurationException names it. The recording wraps the classes' `__init__` for the hook's duration
 only (a class defined inside the hook is read back from attributes).
 
-Not recorded (Lightning replays them): attributes the hook set on the loader after building it."""
+What the hook sets on a DataLoader once built (`loader.name = ...`) is set again on the loader built again, as
+Lightning replays it."""
 import contextlib
 import functools
 import inspect
@@ -20,6 +21,8 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from tasktrain.exceptions import MisconfigurationException
 
 _RECORD = "_tasktrain_init_args"  # (args, kwargs) the class was called with; "_": not read back as an argument
+_SETS = "_tasktrain_sets"  # [(name, value)] set on a DataLoader in the hook after its constructor returned
+_IN_INIT = "_tasktrain_in_init"  # constructors of the object running (a subclass's calls its parent's)
 _recording = [0]  # nesting depth of recording_init_args (a hook calling another hook)
 
 
@@ -30,9 +33,27 @@ def _recording_init(init):
     def recording(obj, *args, **kwargs):
         if _RECORD not in vars(obj):
             object.__setattr__(obj, _RECORD, (args, dict(kwargs)))
-        init(obj, *args, **kwargs)
+        depth = vars(obj).get(_IN_INIT, 0)
+        object.__setattr__(obj, _IN_INIT, depth + 1)
+        try:
+            init(obj, *args, **kwargs)
+        finally:
+            object.__setattr__(obj, _IN_INIT, depth)
 
     recording.records = init
+    return recording
+
+
+def _recording_setattr(setattr_):
+    """DataLoader's __setattr__ that also records what the hook sets on a loader once built (not inside its
+    constructor), so that the loader built again gets it too."""
+    @functools.wraps(setattr_)
+    def recording(obj, name, value):
+        setattr_(obj, name, value)
+        if _RECORD in vars(obj) and not vars(obj).get(_IN_INIT):
+            vars(obj).setdefault(_SETS, []).append((name, value))
+
+    recording.records = setattr_
     return recording
 
 
@@ -56,14 +77,16 @@ def recording_init_args():
             init = vars(kind).get("__init__")
             if init is not None and not hasattr(init, "records"):
                 kind.__init__ = _recording_init(init)
-                patched.append((kind, init))
+                patched.append((kind, "__init__", init))
+        patched.append((DataLoader, "__setattr__", DataLoader.__setattr__))
+        DataLoader.__setattr__ = _recording_setattr(DataLoader.__setattr__)
     _recording[0] += 1
     try:
         yield
     finally:
         _recording[0] -= 1
-        for kind, init in patched:
-            kind.__init__ = init
+        for kind, name, method in patched:
+            setattr(kind, name, method)
 
 
 def recorded(obj):
@@ -213,5 +236,12 @@ def build_again(loader, sampler, predicting=False, batch_sampler=None, warn=True
     """`loader`'s class built again around `sampler` (or `batch_sampler`), with the user's arguments."""
     args, kwargs = init_arguments(loader, sampler, predicting, batch_sampler, warn)
     rebuilt = _instantiate(type(loader), *args, **kwargs)
-    object.__setattr__(rebuilt, _RECORD, (args, kwargs))  # (built again later, e.g. for a prediction writer, alike)
+    sets = list(vars(loader).get(_SETS, ()))
+    for name, value in sets:  # (what the hook set on the loader once built, as Lightning replays it)
+        setattr(rebuilt, name, value)
+    if rebuilt.worker_init_fn is None and loader.worker_init_fn is not None:
+        rebuilt.worker_init_fn = loader.worker_init_fn  # (seed_everything(workers=True)'s, added before the rebuild)
+    # (built again later, e.g. for a prediction writer, alike)
+    object.__setattr__(rebuilt, _RECORD, (args, kwargs))
+    object.__setattr__(rebuilt, _SETS, sets)
     return rebuilt
