@@ -1,7 +1,8 @@
 """Data: each rank gets its own shard, the order is a function of (seed, epoch), and a resume skips ahead.
 
 The Trainer rebuilds a plain DataLoader whose sampler is a RandomSampler or SequentialSampler around our
-ResumableSampler, so a resumed epoch skips the samples already seen without loading them. A loader of the user's own
+ResumableSampler, so a resumed epoch skips the samples already seen without loading them (a DataLoader subclass of
+the user's is rebuilt as its class, with the user's constructor arguments: loader_init.py). A loader of the user's own
 order (a sampler or batch sampler of theirs, a RandomSampler with replacement or num_samples) is taken as Lightning's
 Trainer takes it (issue 37, `_lightning_train_data`, `prepare_eval_loader`): set_epoch(epoch) reaches its sampler and
 its batch sampler's sampler at each epoch's start (`loader_samplers`); on one process (or use_distributed_sampler=
@@ -827,8 +828,9 @@ def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
     a custom batch sampler is built again around it. overfit_batches (shuffle=False) reads the dataset in order.
 
     A resume of such a fit mid-epoch reads and drops the batches already trained on (Lightning's order, our read of
-    it), except over a DistributedSampler of ours with a batch size: that one skips ahead on any number of
-    processes; and a StatefulDataLoader (rebuilt as one): its own state, saved per rank, resumes it."""
+    it; a loader kept as it is draws its order again from the generators' states its pass drew from: `pass_draws`),
+    except over a DistributedSampler of ours with a batch size: that one skips ahead on any number of processes; and
+    a StatefulDataLoader (rebuilt as one): its own state, saved per rank, resumes it."""
     sampler = loader.sampler
     if shuffle is False and not isinstance(sampler, SequentialSampler):
         sampler = SequentialSampler(loader.dataset)  # (overfit_batches: Lightning's replacement, warned above)
