@@ -36,6 +36,7 @@ from tasktrain.trainer import (arguments, evaluation, guards, lightning_connecto
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
                                          clipping_callbacks)
+from tasktrain.trainer.loader_init import recording_init_args
 from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
@@ -554,7 +555,9 @@ class Trainer:
         Lightning's ("[DataModule]<class>.<name>", "[TaskModule]<class>.<name>")."""
         if self.datamodule is not None and not is_overridden(name, self.datamodule, DataModule):
             return None  # (the base's hook raises Lightning's "must be implemented")
-        with hook_scope(self, name):  # (named for self.log, which refuses it there)
+        # (the DataLoaders the hook builds keep their constructor arguments: one the Trainer must build again, e.g.
+        # around a distributed sampler, is built as the user's class with them, as Lightning's _request_dataloader)
+        with hook_scope(self, name), recording_init_args():  # (named for self.log, which refuses it there)
             if self.datamodule is not None:
                 return run.datamodule_call(self, name)
             if not is_overridden(name, module, TaskModule):
