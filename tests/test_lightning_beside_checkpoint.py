@@ -646,6 +646,48 @@ def test_a_file_lightning_saved_inside_an_epoch_resumes_as_lightnings_restart(L,
                 assert mine["seen"][0][3] == -0.5692 and not mine["told"]
 
 
+def test_lightnings_trainer_resumes_a_file_tasktrain_wrote(L, tmp_path):
+    """A tasktrain checkpoint carries Lightning's loop progress (ckpt["loops"]["fit_loop"], validate_loop, test_loop,
+    predict_loop: trainer.fit_loop.state_dict()), the same dicts Lightning's checkpoint of the same point holds (at an
+    epoch's end and inside an epoch), so that Lightning's Trainer resumes the file as tasktrain does (the batches the
+    hooks see, the counters, the weights and learning rate after); tasktrain's own keys beside them still rule its
+    resume."""
+    common = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    for framework, lib in (("lightning", L.pytorch), ("tasktrain", tasktrain)):
+        savers = [lib.callbacks.ModelCheckpoint(tmp_path / framework, save_top_k=-1, filename="e{step}",
+                                                auto_insert_metric_name=False),
+                  lib.callbacks.ModelCheckpoint(tmp_path / framework, every_n_train_steps=1, save_top_k=-1,
+                                                filename="s{step}", auto_insert_metric_name=False)]
+        kwargs = dict(accelerator="cpu", devices=1) if lib is L.pytorch else {}
+        lib.Trainer(max_epochs=1, callbacks=savers, default_root_dir=tmp_path / "r", **kwargs, **common).fit(
+            lit_module(L, scheduler=True) if lib is L.pytorch else tt_module(scheduler=True), loader(16), loader(8))
+    for name in ("e2", "s1"):
+        theirs, ours = (torch.load(tmp_path / framework / f"{name}.ckpt", weights_only=False)["loops"]
+                        for framework in ("lightning", "tasktrain"))
+        for loop in ("fit_loop", "validate_loop", "test_loop", "predict_loop"):
+            assert ours[loop] == theirs[loop], (name, loop)
+
+    def resumed(lib):
+        seen = []
+        marker = L.pytorch.callbacks.Callback if lib is L.pytorch else tasktrain.Callback
+
+        class Seen(marker):
+            def on_train_batch_start(self, trainer, module, batch, batch_idx):
+                seen.append((trainer.current_epoch, batch_idx, trainer.global_step,
+                             trainer.fit_loop.epoch_loop._batches_that_stepped))
+
+        kwargs = dict(accelerator="cpu", devices=1) if lib is L.pytorch else {}
+        trainer = lib.Trainer(max_epochs=3, callbacks=[Seen()], default_root_dir=tmp_path / "r", **kwargs, **common)
+        module = lit_module(L, scheduler=True) if lib is L.pytorch else tt_module(scheduler=True)
+        trainer.fit(module, loader(16), loader(8), ckpt_path=tmp_path / "tasktrain" / "e2.ckpt")
+        return dict(seen=seen, weights=[p.detach().tolist() for p in module.parameters()], step=trainer.global_step,
+                    lr=trainer.optimizers[0].param_groups[0]["lr"])
+
+    mine = resumed(tasktrain)
+    assert mine == resumed(L.pytorch)
+    assert mine["seen"][0] == (1, 0, 2, 2) and mine["step"] == 6
+
+
 def test_ckpt_path_last_and_the_folder_beside_lightning(L, tmp_path):
     """ckpt_path="last" resolves as Lightning's (the newest last file; none: its warning and a fresh fit), a fit with
     an OnExceptionCheckpoint and no ckpt_path continues "last", and a checkpoint folder that is default_root_dir

@@ -224,7 +224,7 @@ def test_upgrade_keeps_a_format_2_precision_state_and_drops_empty_hyper_paramete
            "world_size": 2, "weights_only": False, "callbacks": {}, "rng_states": []}
     new = upgrade(old)
     assert list(new) == ["epoch", "global_step", "pytorch-lightning_version", "state_dict", "callbacks", "loops"]
-    assert (new["epoch"], new["global_step"], new["pytorch-lightning_version"]) == (1, 6, "0.1.0")
+    assert (new["epoch"], new["global_step"], new["pytorch-lightning_version"]) == (1, 6, "0.1.0")  # (as written)
     assert new["loops"]["precision"] == scaler and new["loops"]["world_size"] == 2
     assert upgrade(new) is new
 

@@ -72,11 +72,17 @@ def run_state(trainer, weights_only=False):
             saved["plateau_step_values"] = pending
         return saved
 
-    own = {"weights_only": Value(bool(weights_only)), "world_size": Value(trainer.world_size),
+    # Lightning's loop progress first, as a Lightning checkpoint keeps it (fit_loop, validate_loop, test_loop,
+    # predict_loop: what Lightning's Trainer reads when it resumes this file), then tasktrain's own keys
+    own = {"fit_loop": Value(lambda: trainer.fit_loop.state_dict()),
+           "validate_loop": Value(lambda: trainer.validate_loop.state_dict()),
+           "test_loop": Value(lambda: trainer.test_loop.state_dict()),
+           "predict_loop": Value(lambda: trainer.predict_loop.state_dict()),
+           "weights_only": Value(bool(weights_only)), "world_size": Value(trainer.world_size),
            "train_state": Value(train_state, state.load_state_dict)}
     # Lightning's keys, in its order (the counters are saved for scripts that read them; the resume uses train_state)
     parts = {"epoch": Value(trainer.current_epoch), "global_step": Value(trainer.global_step),
-             "pytorch-lightning_version": Value(__version__), "state_dict": Weights(strategy),
+             "pytorch-lightning_version": Value(ckpt_io.LIGHTNING_LAYOUT_VERSION), "state_dict": Weights(strategy),
              "loops": RunState(own)}
     if not weights_only:
         optimizers = trainer.optimizers
