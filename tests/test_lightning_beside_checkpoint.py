@@ -593,7 +593,8 @@ def test_a_file_lightning_saved_inside_an_epoch_resumes_as_lightnings_restart(L,
     """A checkpoint Lightning's fit saved inside an epoch (every_n_train_steps: in on_train_batch_end; a validation
     inside the epoch), resumed by tasktrain's fit as by Lightning's: the batch indices, global_step and the loggers'
     step the hooks see go on from the saved batch; a plain DataLoader is read again from its first batch (Lightning's
-    restart, with its warning), a StatefulDataLoader goes on from the state Lightning saved; the same weights after."""
+    restart, with its warning), a StatefulDataLoader goes on from the state Lightning saved; the same weights after.
+    A tasktrain checkpoint saved later in the epoch read again resumes with the data that epoch read."""
     from torchdata.stateful_dataloader import StatefulDataLoader
     from helpers import regression_data
 
@@ -644,6 +645,13 @@ def test_a_file_lightning_saved_inside_an_epoch_resumes_as_lightnings_restart(L,
                 assert mine["seen"][0][3] == -1.1258 and len(mine["told"]) == 1
             else:  # the stateful loader from its saved state: the batch that index reads in a whole epoch
                 assert mine["seen"][0][3] == -0.5692 and not mine["told"]
+    # a tasktrain checkpoint written in the epoch read again goes on with the data that epoch read
+    ours = tasktrain.ModelCheckpoint(tmp_path / "ours", every_n_train_steps=1, save_top_k=-1, filename="s{step}",
+                                     auto_insert_metric_name=False)
+    whole = fit(tasktrain, lambda: loader(32), str(tmp_path / "plain" / "s1.ckpt"), callbacks=[ours])
+    part = fit(tasktrain, lambda: loader(32), str(tmp_path / "ours" / "s2.ckpt"))
+    assert whole["seen"][1] == ("validation", 2)  # (after batch 1: the file of its on_train_batch_end skips it)
+    assert part["seen"] == whole["seen"][2:] and part["weights"] == whole["weights"] and part["lr"] == whole["lr"]
 
 
 def test_lightnings_trainer_resumes_a_file_tasktrain_wrote(L, tmp_path):
