@@ -591,7 +591,7 @@ def test_a_file_lightning_wrote_evaluates_and_resumes_a_fit_at_an_epoch_boundary
 
 def test_a_file_lightning_saved_inside_an_epoch_resumes_as_lightnings_restart(L, tmp_path):
     """A checkpoint Lightning's fit saved inside an epoch (every_n_train_steps: in on_train_batch_end; a validation
-    inside the epoch), resumed by tasktrain's fit as by Lightning's: the batch indices, global_step and the loggers'
+    inside the epoch; OnExceptionCheckpoint's, inside a batch), resumed by tasktrain's fit as by Lightning's: the batch indices, global_step and the loggers'
     step the hooks see go on from the saved batch; a plain DataLoader is read again from its first batch (Lightning's
     restart, with its warning), a StatefulDataLoader goes on from the state Lightning saved; the same weights after.
     A tasktrain checkpoint saved later in the epoch read again resumes with the data that epoch read."""
@@ -645,6 +645,19 @@ def test_a_file_lightning_saved_inside_an_epoch_resumes_as_lightnings_restart(L,
                 assert mine["seen"][0][3] == -1.1258 and len(mine["told"]) == 1
             else:  # the stateful loader from its saved state: the batch that index reads in a whole epoch
                 assert mine["seen"][0][3] == -0.5692 and not mine["told"]
+
+    class Boom(L.pytorch.callbacks.Callback):  # an exception inside batch 2, before its step: OnExceptionCheckpoint's
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            if trainer.global_step == 2:
+                raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(L.pytorch, lambda: loader(32), epochs=1,
+            callbacks=[L.pytorch.callbacks.OnExceptionCheckpoint(tmp_path / "exc"), Boom()])
+    path = str(tmp_path / "exc" / "on_exception.ckpt")
+    mine = fit(tasktrain, lambda: loader(32), path)
+    assert mine == fit(L.pytorch, lambda: loader(32), path)
+    assert mine["seen"][0][:4] == (0, 2, 2, -1.1258)  # at the failed batch's index, from the loader's first batch
     # a tasktrain checkpoint written in the epoch read again goes on with the data that epoch read
     ours = tasktrain.ModelCheckpoint(tmp_path / "ours", every_n_train_steps=1, save_top_k=-1, filename="s{step}",
                                      auto_insert_metric_name=False)
