@@ -1073,14 +1073,16 @@ def resume_point(train_state: dict, saved_world_size: int, data: TrainData, worl
     checkpoint written before the sample count existed held per-rank batches of the same size: its count is rebuilt
     from them."""
     batches = int(train_state.get("batch_in_epoch", 0))
+    # (an epoch whose data began again at this index, TrainState.data_from_batch: only the batches since were read)
+    data_from = int(train_state.get("data_from_batch", 0))
     if not data.resumes_on_any_world_size:
         return batches, None
     per_batch = data.samples_per_batch(world_size)
     samples = train_state.get("samples_in_epoch")
     if samples is None:
-        samples = batches * data.loader.batch_size * saved_world_size
+        samples = (batches - data_from) * data.loader.batch_size * saved_world_size
     cap = data.num_samples if data.num_samples is not None else float("inf")  # (a stream of unknown length)
     samples = int(min(int(samples), cap))
-    if samples == min(batches * per_batch, cap):
+    if samples == min((batches - data_from) * per_batch, cap):
         return batches, samples
-    return (samples // (per_batch * accumulate)) * accumulate, samples
+    return data_from + (samples // (per_batch * accumulate)) * accumulate, samples
