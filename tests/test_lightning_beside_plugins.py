@@ -127,9 +127,6 @@ def test_what_tasktrain_cannot_honor_is_refused_before_training():
         def pre_backward(self, tensor, module):  # Lightning's hook, which tasktrain's plugins do not have
             return tensor
 
-    class MyEnvironment(ClusterEnvironment):
-        pass
-
     class MyLayerSync(our_plugins.LayerSync):
         def apply(self, model):
             return model
@@ -138,7 +135,7 @@ def test_what_tasktrain_cannot_honor_is_refused_before_training():
             return model
 
     cases = [([LightningStyle("bf16-mixed", "cpu")], "overrides pre_backward"),
-             ([MyEnvironment()], "RANK, WORLD_SIZE"), ([MyLayerSync()], "TorchSyncBatchNorm"),
+             ([MyLayerSync()], "TorchSyncBatchNorm"),
              ([our_plugins.MixedPrecision("bf16-mixed", "cuda")], r"MixedPrecision\('bf16-mixed', 'cpu'\)"),
              ([our_plugins.DeepSpeedPrecision("bf16-mixed")], "DeepSpeed strategy's precision plugin"),
              ([TorchElasticEnvironment()], "not started by torchrun")]
@@ -398,3 +395,81 @@ def test_single_device_strategy_under_lightnings_name_and_arguments(tmp_path):
     assert trainer.precision == theirs_trainer.precision == "64-true"
     with pytest.raises(ValueError, match="give the precision once"):
         SingleDeviceStrategy(precision="bf16-mixed", precision_plugin=our_plugins.DoublePrecision())
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(240)
+def test_a_users_cluster_environment_forms_the_process_group_as_under_lightning(tmp_path):
+    """2 processes started by the test with the cluster's own variables only (no torchrun's): the user's
+    ClusterEnvironment (creates_processes_externally=True) gives each rank, the world size and the address and port;
+    nothing is spawned; the environment gets Lightning's calls, and the weights after are Lightning's."""
+    import json
+    import subprocess
+    import sys
+
+    from ddp_scripts.common import child_env, free_port, script
+
+    ports = [str(free_port()), str(free_port())]
+    procs = [subprocess.Popen([sys.executable, script("custom_environment.py"), str(tmp_path)],
+                              env=child_env(MY_RANK=str(r), MY_WORLD="2", MY_ADDR="127.0.0.1", MY_PORT=ports[0],
+                                            MY_PORT2=ports[1], PYTHONPATH=os.pathsep.join(
+                                                [os.path.dirname(os.path.dirname(__file__)),
+                                                 os.environ.get("PYTHONPATH", "")])),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        logs = [proc.communicate(timeout=200)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(logs)
+    for rank in (0, 1):
+        seen = json.load(open(tmp_path / f"rank{rank}.json"))
+        ours, theirs = seen["tasktrain"], seen["lightning"]
+        # Lightning's accelerator connector sets the ranks once more when it is built (its first two calls)
+        assert theirs["calls"][:2] == [["set_global_rank", rank], ["set_world_size", 2]]
+        assert ours["calls"] == theirs["calls"][2:] == [["validate_settings", 2, 1], ["set_global_rank", rank],
+                                                        ["set_world_size", 2], ["teardown"]]
+        assert ours["strategy"] == ours["group"] == theirs["group"] == [rank, 2]
+        assert ours["master"] == ["127.0.0.1", ports[0]] and theirs["master"] == ["127.0.0.1", ports[1]]
+        assert ours["weights"] == theirs["weights"]
+
+
+def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_processes():
+    """creates_processes_externally: False, the Trainer starts the other ranks itself (as Lightning's launcher);
+    True, the cluster did. A world that is not devices x num_nodes is an error before any process group forms."""
+    class Mine(ClusterEnvironment):
+        def __init__(self, external, world=2):
+            self.external, self.world = external, world
+
+        @property
+        def creates_processes_externally(self):
+            return self.external
+
+        main_address, main_port = "127.0.0.1", 1
+
+        def world_size(self):
+            return self.world
+
+        def global_rank(self):
+            return 0
+
+        def local_rank(self):
+            return 0
+
+        def node_rank(self):
+            return 0
+
+    for external in (False, True):
+        env = Mine(external)
+        trainer = tasktrain.Trainer(plugins=[env], strategy="ddp", **{**QUIET, "devices": 2})
+        assert trainer.strategy.cluster_environment is env
+        assert trainer.strategy.needs_launch() is not external
+        assert (trainer.strategy.launcher is None) is external  # Lightning's: a launcher that starts nothing
+    trainer = tasktrain.Trainer(plugins=[Mine(True, world=3)], strategy="ddp", **{**QUIET, "devices": 2})
+    with pytest.raises(RuntimeError, match="formed a world of 3 processes.*devices=2"):
+        trainer.strategy.setup_environment()
+    for refused in ("KubeflowEnvironment", "LSFEnvironment", "MPIEnvironment", "XLAEnvironment"):
+        from tasktrain.plugins import environments
+
+        with pytest.raises(ValueError, match="subclass ClusterEnvironment"):
+            tasktrain.Trainer(plugins=[getattr(environments, refused)()], **QUIET)

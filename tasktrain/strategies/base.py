@@ -112,6 +112,10 @@ class Strategy(abc.ABC):
     # Lightning's strategy.cluster_environment: a tasktrain.plugins.environments one given to a Lightning-named
     # strategy's constructor (checked by the Trainer as a plugin is), else the Trainer's (plugins=, or the detected one)
     cluster_environment = None
+    # A user's own cluster environment (Lightning's ClusterEnvironment interface), set by the Trainer: a multi-process
+    # strategy's world reads its ranks, world size, address and port from it (strategies/world.py), as Lightning's
+    # DDP does, and starts no processes where it says its cluster creates them. None: the launcher's variables.
+    environment_plugin = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -100,11 +100,16 @@ def _check_plugin_classes(found):
     _check_environment_class(found.environment)
 
 
-def _check_environment_class(env):
-    if env is not None and type(env).__module__ != "tasktrain.plugins.environments":
-        from tasktrain.plugins.environments import ClusterEnvironment
+def _users_environment(env) -> bool:
+    """A ClusterEnvironment subclass of one's own (not one of tasktrain.plugins.environments): it drives the world."""
+    return env is not None and type(env).__module__ != "tasktrain.plugins.environments"
 
-        ClusterEnvironment.check(env, None)  # a ClusterEnvironment of one's own: the base class's refusal
+
+def _check_environment_class(env):
+    from tasktrain.plugins.environments import _Refused
+
+    if isinstance(env, _Refused) and not _users_environment(env):
+        env.check(None)  # Lightning's Kubeflow / LSF / MPI / XLA environments: the refusal
 
 
 def apply_plugins(found, strategy, env):
@@ -121,8 +126,11 @@ def apply_plugins(found, strategy, env):
     if given is None:  # (the launcher's variables are read: tasktrain/strategies/environment.py)
         return None
     _check_environment_class(given)
-    given.check(env)
     strategy.cluster_environment = given
+    if _users_environment(given):  # its ranks, address and port form the process group (strategies/world.py)
+        strategy.environment_plugin = given
+        return None
+    given.check(env)
     if isinstance(given, SLURMEnvironment):
         return given.auto_requeue, given.requeue_signal
     return None
