@@ -127,15 +127,7 @@ def test_what_tasktrain_cannot_honor_is_refused_before_training():
         def pre_backward(self, tensor, module):  # Lightning's hook, which tasktrain's plugins do not have
             return tensor
 
-    class MyLayerSync(our_plugins.LayerSync):
-        def apply(self, model):
-            return model
-
-        def revert(self, model):
-            return model
-
     cases = [([LightningStyle("bf16-mixed", "cpu")], "overrides pre_backward"),
-             ([MyLayerSync()], "TorchSyncBatchNorm"),
              ([our_plugins.MixedPrecision("bf16-mixed", "cuda")], r"MixedPrecision\('bf16-mixed', 'cpu'\)"),
              ([our_plugins.DeepSpeedPrecision("bf16-mixed")], "DeepSpeed strategy's precision plugin"),
              ([TorchElasticEnvironment()], "not started by torchrun")]
@@ -473,3 +465,97 @@ def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_proc
 
         with pytest.raises(ValueError, match="subclass ClusterEnvironment"):
             tasktrain.Trainer(plugins=[getattr(environments, refused)()], **QUIET)
+
+
+def _layer_sync_record(lib, plugins_module, strategy, fail=False):
+    """A fit with a LayerSync of the user's that swaps the module's BatchNorm for a subclass in place (apply) and back
+    (revert): the order of its calls among the module's hooks, and the layer's class each training step saw."""
+    events = []
+
+    class Synced(torch.nn.BatchNorm1d):
+        pass
+
+    class MySync(plugins_module.LayerSync):
+        def apply(self, model):
+            events.append(("apply", type(model.norm).__name__, model.trainer.state.fn))
+            old = model.norm
+            model.norm = Synced(old.num_features)
+            model.norm.load_state_dict(old.state_dict())
+            return model
+
+        def revert(self, model):
+            events.append(("revert", type(model.norm).__name__))
+            model.norm = torch.nn.BatchNorm1d(model.norm.num_features)
+            return model
+
+    boring = theirs if lib is pl else ours
+
+    class Model(boring.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm1d(32)
+
+        def configure_model(self):
+            events.append(("configure_model", type(self.norm).__name__))
+
+        def configure_optimizers(self):
+            events.append(("configure_optimizers", type(self.norm).__name__))
+            return super().configure_optimizers()
+
+        def on_fit_start(self):
+            events.append(("on_fit_start",))
+
+        def training_step(self, batch, batch_idx):
+            events.append(("training_step", type(self.norm).__name__))
+            if fail:
+                raise RuntimeError("a failed step")
+            return super().training_step(self.norm(batch), batch_idx)
+
+        def on_fit_end(self):
+            events.append(("on_fit_end",))
+
+        def teardown(self, stage):
+            events.append(("teardown", str(stage)))
+
+    torch.manual_seed(0)
+    model = Model()
+    trainer = lib.Trainer(plugins=[MySync()], strategy=strategy, max_steps=2, limit_val_batches=0, **QUIET)
+    try:
+        trainer.fit(model, torch.utils.data.DataLoader(boring.RandomDataset(32, 16), batch_size=4))
+    except RuntimeError as err:
+        events.append(("raised", str(err)))
+    finally:  # Lightning's world of one outlives its run (ours ends at teardown): not left to later tests
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    trainer.validate(model, verbose=False)  # not a fit: no apply
+    events.append(("after", type(model.norm).__name__))
+    return [tuple(str(part) for part in event) for event in events]
+
+
+@pytest.mark.parametrize("strategy,fail", [("ddp", False), ("ddp", True), ("auto", False)])
+def test_a_users_layer_sync_wraps_a_fit_as_lightnings_does(strategy, fail):
+    ours_seen = _layer_sync_record(tasktrain, our_plugins, strategy, fail)
+    theirs_seen = _layer_sync_record(pl, their_plugins, strategy, fail)
+    assert ours_seen == theirs_seen
+    if strategy == "ddp":  # applied after configure_model, before configure_optimizers; reverted before on_fit_end
+        assert ("apply", "BatchNorm1d", "TrainerFn.FITTING") in ours_seen and ("revert", "Synced") in ours_seen
+        assert ("training_step", "Synced") in ours_seen
+    else:  # a one-process strategy does not call it, under either
+        assert not any(event[0] in ("apply", "revert") for event in ours_seen)
+
+
+def test_a_layer_sync_that_returns_another_module_is_refused():
+    class Copying(our_plugins.LayerSync):
+        def apply(self, model):
+            return torch.nn.Sequential(model)
+
+        def revert(self, model):
+            return model
+
+    trainer = tasktrain.Trainer(plugins=[Copying()], strategy="ddp", max_steps=1, **QUIET)
+    try:
+        with pytest.raises(ValueError, match=r"Copying.apply\(model\) returned another module.*in place"):
+            trainer.fit(ours.BoringModel())
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

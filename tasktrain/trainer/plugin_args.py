@@ -12,7 +12,7 @@ class Plugins:
     precision: object = None  # a Precision plugin (tasktrain.plugins.precision)
     checkpoint_io: object = None  # a CheckpointIO (tasktrain.plugins.io)
     environment: object = None  # a ClusterEnvironment (tasktrain.plugins.environments)
-    layer_sync: object = None  # TorchSyncBatchNorm
+    layer_sync: object = None  # a LayerSync: TorchSyncBatchNorm (sync_batchnorm=True), or one of one's own
 
 
 def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
@@ -92,11 +92,6 @@ def _check_plugin_classes(found):
                 "precision.py), not Lightning's precision hooks, so the override would not be called as Lightning "
                 "calls it. Use the plugin as it is (or precision='...'), and put per-step work in the module's hooks "
                 "(on_before_backward, on_before_optimizer_step, optimizer_step).")
-    sync = found.layer_sync
-    if sync is not None and type(sync).__module__ != "tasktrain.plugins.layer_sync":
-        raise ValueError(f"plugins=[{type(sync).__name__}()]: tasktrain's layer synchronization is torch's SyncBatchNorm "
-                         "(TorchSyncBatchNorm(), or sync_batchnorm=True). Convert other layers yourself in the module's "
-                         "configure_model, and leave the plugin out.")
     _check_environment_class(found.environment)
 
 

@@ -164,6 +164,16 @@ def on_failure(trainer, exc):
         print(f"[tasktrain] rank {trainer.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
+def revert_layer_sync(trainer, module):
+    """The user's LayerSync applied to this fit's module (Trainer._fit), undone: Lightning's strategy teardown, before
+    on_fit_end, or after the on_exception hooks of a failed fit."""
+    sync, trainer._applied_layer_sync = trainer._applied_layer_sync, None
+    if sync is not None and sync.revert(module) is not module:
+        raise ValueError(f"{type(sync).__name__}.revert(model) returned another module: convert the layers of the "
+                         "module it is given in place and return that module (as torch's "
+                         "SyncBatchNorm.convert_sync_batchnorm does for a module that is not a BatchNorm).")
+
+
 def teardown(trainer, stage, module, status):
     trainer._unwatch()
     try:
@@ -189,6 +199,7 @@ def teardown(trainer, stage, module, status):
             trainer.strategy.teardown()
         else:
             trainer.strategy.end_run()
+        revert_layer_sync(trainer, module)  # a failed fit's (a finished one's was reverted before on_fit_end)
         trainer._metrics = None
         if trainer.profiler is not None:
             trainer.profiler.describe()
