@@ -2,6 +2,7 @@
 exception types and words), a CheckpointIO of the user's called as Lightning calls it, a precision plugin object
 training as its precision name, and the attributes a Lightning script reads (trainer.precision,
 trainer.strategy.precision_plugin, trainer.strategy.checkpoint_io). Tiny models, CPU, one process."""
+import contextlib
 import os
 import re
 import signal
@@ -559,3 +560,125 @@ def test_a_layer_sync_that_returns_another_module_is_refused():
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _precision_hooks_record(lib, plugins_module, tmp_path):
+    """A MixedPrecision("bf16-mixed", "cpu") subclass overriding the hooks tasktrain calls, each recording its call
+    (and whether autocast was on inside the step contexts): fit with validation, a checkpoint, a resumed fit,
+    validate, test, predict and init_module, the calls in order."""
+    calls = []
+    boring = theirs if lib is pl else ours
+
+    class Recording(plugins_module.MixedPrecision):
+        @contextlib.contextmanager
+        def forward_context(self):
+            with super().forward_context():
+                calls.append(("forward_context", torch.is_autocast_enabled("cpu")))
+                yield
+
+        @contextlib.contextmanager
+        def train_step_context(self):
+            calls.append(("train_step_context",))
+            with super().train_step_context():
+                yield
+
+        @contextlib.contextmanager
+        def val_step_context(self):
+            calls.append(("val_step_context",))
+            with super().val_step_context():
+                yield
+
+        @contextlib.contextmanager
+        def test_step_context(self):
+            calls.append(("test_step_context",))
+            with super().test_step_context():
+                yield
+
+        @contextlib.contextmanager
+        def predict_step_context(self):
+            calls.append(("predict_step_context",))
+            with super().predict_step_context():
+                yield
+
+        def convert_module(self, module):
+            calls.append(("convert_module", type(module).__name__))
+            return super().convert_module(module)
+
+        @contextlib.contextmanager
+        def tensor_init_context(self):
+            calls.append(("tensor_init_context",))
+            with super().tensor_init_context():
+                yield
+
+        def state_dict(self):
+            calls.append(("state_dict",))
+            return {"mine": 1}
+
+        def load_state_dict(self, state):
+            calls.append(("load_state_dict", state))
+
+        def teardown(self):
+            calls.append(("teardown",))
+
+    class Model(boring.BoringModel):
+        def on_fit_start(self):
+            calls.append(("on_fit_start",))
+
+        def on_fit_end(self):
+            calls.append(("on_fit_end",))
+
+    def trainer(**kwargs):
+        return lib.Trainer(plugins=[Recording("bf16-mixed", "cpu")], default_root_dir=str(tmp_path), logger=False,
+                           enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                           accelerator="cpu", devices=1, **kwargs)
+
+    torch.manual_seed(0)
+    model = Model()
+    fit = trainer(max_steps=2, limit_val_batches=1, val_check_interval=2, num_sanity_val_steps=0)
+    fit.fit(model)
+    fit.save_checkpoint(str(tmp_path / "mid.ckpt"))
+    calls.append(("resume",))
+    trainer(max_steps=3, limit_val_batches=0).fit(model, ckpt_path=str(tmp_path / "mid.ckpt"))
+    calls.append(("validate",))
+    trainer(limit_val_batches=1).validate(model, verbose=False)
+    calls.append(("test",))
+    trainer(limit_test_batches=1).test(model, verbose=False)
+    calls.append(("predict",))
+    trainer(limit_predict_batches=1).predict(model)
+    calls.append(("init_module",))
+    with fit.init_module():
+        torch.nn.Linear(2, 2)
+    saved = torch.load(tmp_path / "mid.ckpt", weights_only=True)
+    return calls, {key.rsplit(".", 1)[-1]: value for key, value in saved.items() if "Recording" in key}
+
+
+def test_a_precision_subclass_gets_lightnings_calls_of_the_hooks_it_overrides(tmp_path):
+    ours_seen = _precision_hooks_record(tasktrain, our_plugins, tmp_path / "ours")
+    theirs_seen = _precision_hooks_record(pl, their_plugins, tmp_path / "theirs")
+    assert ours_seen == theirs_seen
+    calls, saved = ours_seen
+    assert saved == {"Recording": {"mine": 1}}  # its state_dict, under its class's name, as Lightning saves it
+    assert ("train_step_context",) in calls and ("forward_context", True) in calls and ("teardown",) in calls
+
+
+def test_a_precision_subclass_overriding_a_hook_tasktrain_does_not_call_there_is_refused():
+    class Steps(our_plugins.MixedPrecision):
+        def optimizer_step(self, optimizer, model, closure, **kwargs):  # Lightning's signature, not tasktrain's
+            return super().optimizer_step(optimizer, model, closure, **kwargs)
+
+        def convert_input(self, data):  # (tasktrain casts after the batch moved, Lightning before the transfer hooks)
+            return data
+
+    class Helper(our_plugins.MixedPrecision):
+        def describe(self):  # a method of one's own, no hook: accepted
+            return "mine"
+
+    with pytest.raises(ValueError, match="overrides convert_input, optimizer_step: tasktrain's loop calls"):
+        tasktrain.Trainer(plugins=[Steps("bf16-mixed", "cpu")], **QUIET)
+    assert tasktrain.Trainer(plugins=[Helper("bf16-mixed", "cpu")], **QUIET).precision_plugin.describe() == "mine"
+    with pytest.raises(ValueError, match="overrides forward_context"):  # an engine's: its own plugin runs
+        class Engine(our_plugins.FSDPPrecision):
+            def forward_context(self):
+                return contextlib.nullcontext()
+
+        tasktrain.Trainer(plugins=[Engine("bf16-mixed")], **QUIET)

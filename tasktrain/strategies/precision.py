@@ -43,6 +43,15 @@ class Precision:
     def autocast(self):
         return contextlib.nullcontext()
 
+    def step_context(self, step: str):
+        """What one of the module's steps runs in ("training_step", "validation_step", "test_step", "predict_step"):
+        Lightning's precision plugins have a context per step kind. Default: autocast()."""
+        return self.autocast()
+
+    def teardown(self) -> None:
+        """The end of a Trainer run (Lightning's precision teardown, where its strategy is torn down:
+        tasktrain/trainer/run.py end_stage_plugins). Default: nothing."""
+
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module
 

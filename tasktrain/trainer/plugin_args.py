@@ -81,18 +81,31 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
 def _check_plugin_classes(found):
     """Subclasses of one's own that tasktrain would not call as Lightning calls them: refused, saying why."""
     plugin = found.precision
-    if plugin is not None and not type(plugin).__module__.startswith("tasktrain."):
-        own = sorted({name for cls in type(plugin).__mro__ if not cls.__module__.startswith("tasktrain.")
-                      and cls is not object for name, value in vars(cls).items()
-                      if callable(value) and name != "__init__" and not name.startswith("__")})
-        if own:
+    own = _own_methods(plugin)
+    if own:
+        from tasktrain.plugins.precision import CALLED_HOOKS, REFUSED_HOOKS
+
+        refused = sorted(own & set(REFUSED_HOOKS + ("convert_input",)))
+        if plugin.engine is not None:  # the engine strategy runs its own plugin of that name: none of them is called
+            refused = sorted(own & set(REFUSED_HOOKS + CALLED_HOOKS))
+        if refused:
             raise ValueError(
-                f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(own)}: tasktrain's precision plugins "
-                "have their own methods (autocast, backward, unscale, optimizer_step; tasktrain/strategies/"
-                "precision.py), not Lightning's precision hooks, so the override would not be called as Lightning "
-                "calls it. Use the plugin as it is (or precision='...'), and put per-step work in the module's hooks "
-                "(on_before_backward, on_before_optimizer_step, optimizer_step).")
+                f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(refused)}: tasktrain's loop calls its own "
+                "precision methods there (backward, unscale, optimizer_step: tasktrain/strategies/precision.py; the "
+                "input cast after the batch is moved; an engine strategy's own plugin), so the override would not be "
+                "called as Lightning calls it. Overriding the step contexts (forward_context, train_step_context, "
+                "...), convert_module, tensor_init_context, state_dict / load_state_dict and teardown is supported; "
+                "put per-step work in the module's hooks (on_before_backward, on_after_backward, "
+                "on_before_optimizer_step, configure_gradient_clipping, optimizer_step).")
     _check_environment_class(found.environment)
+
+
+def _own_methods(plugin) -> set:
+    """The methods a subclass of one's own defines (its classes outside tasktrain), or an empty set."""
+    if plugin is None:
+        return set()
+    return {name for cls in type(plugin).__mro__ if not cls.__module__.startswith("tasktrain.") and cls is not object
+            for name, value in vars(cls).items() if callable(value) or isinstance(value, (property, staticmethod))}
 
 
 def _users_environment(env) -> bool:
@@ -113,6 +126,10 @@ def apply_plugins(found, strategy, env):
     requeue settings a SLURMEnvironment gives ((auto_requeue, signal)), or None."""
     if found.precision is not None:
         strategy.precision_plugin = found.precision
+        if strategy.precision is not found.precision and _own_methods(found.precision) - {"__init__"}:
+            raise ValueError(f"plugins=[{type(found.precision).__name__}(...)]: {type(strategy).__name__} runs its "
+                             "engine's own precision plugin of that name, so the methods of this one would not be "
+                             f"called. Use precision={found.precision.name!r} without a subclass.")
     if found.checkpoint_io is not None:
         strategy.checkpoint_io = found.checkpoint_io
     from tasktrain.plugins.environments import SLURMEnvironment

@@ -142,7 +142,8 @@ class Trainer:
         # A LayerSync of one's own wraps the module of a fit under a multi-process strategy (_fit), as Lightning's
         # parallel strategies do; TorchSyncBatchNorm() is sync_batchnorm=True
         self._layer_sync = None if type(found.layer_sync) in (type(None), TorchSyncBatchNorm) else found.layer_sync
-        self._applied_layer_sync = None  # the one applied to this fit's module, reverted at its end (run.teardown)
+        self._applied_layer_sync = None  # the one applied to this fit's module, reverted at its end (run.py)
+        self._stage_plugins_ended = True  # a run's plugins torn down (run.end_stage_plugins)
         sync_batchnorm = sync_batchnorm or found.layer_sync is not None and self._layer_sync is None
         self.env, self.strategy = runtime.env, runtime.strategy
         self.accelerator  # Lightning's strategy.accelerator: the Accelerator object from here on (the property below)
@@ -820,7 +821,8 @@ class Trainer:
         # Lightning gives the SIGTERM handler back before on_fit_end (its _teardown); after an exception, once the
         # on_exception hooks ran (_run_stage)
         guards.restore_sigterm_handler(self)
-        run.revert_layer_sync(self, module)  # (Lightning's strategy teardown, before on_fit_end)
+        if "teardown" not in self._trial_skips:  # (a tuner's trial inside a run: the run's end does it)
+            run.end_stage_plugins(self, module)  # (Lightning's strategy teardown, before on_fit_end)
         if "on_fit_end" not in self._trial_skips:
             self._call("on_fit_end")
         skipped = self.strategy.precision.skipped_steps
