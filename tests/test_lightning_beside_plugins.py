@@ -427,7 +427,7 @@ def test_a_users_cluster_environment_forms_the_process_group_as_under_lightning(
         assert ours["weights"] == theirs["weights"]
 
 
-def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_processes():
+def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_processes(monkeypatch):
     """creates_processes_externally: False, the Trainer starts the other ranks itself (as Lightning's launcher);
     True, the cluster did. A world that is not devices x num_nodes is an error before any process group forms."""
     class Mine(ClusterEnvironment):
@@ -461,6 +461,27 @@ def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_proc
     trainer = tasktrain.Trainer(plugins=[Mine(True, world=3)], strategy="ddp", **{**QUIET, "devices": 2})
     with pytest.raises(RuntimeError, match="formed a world of 3 processes.*devices=2"):
         trainer.strategy.setup_environment()
+
+    # not external: the Trainer starts the workers, where the environment says they meet (Lightning's launcher)
+    class Started(Exception):
+        pass
+
+    def launch(self):
+        seen.update({name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")})
+        raise Started
+
+    seen = {}
+    env = Mine(False)
+    env.main_address, env.main_port = "127.0.0.2", 29871
+    trainer = tasktrain.Trainer(plugins=[env], strategy="ddp", **{**QUIET, "devices": 2})
+    from tasktrain.strategies import launcher
+
+    monkeypatch.setattr(launcher.SubprocessLauncher, "launch", launch)
+    for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
+        monkeypatch.setenv(name, "")  # (restored after the test)
+    with pytest.raises(Started):
+        trainer.strategy.setup_environment()
+    assert seen == {"MASTER_ADDR": "127.0.0.2", "MASTER_PORT": "29871", "NODE_RANK": "0"}
     for refused in ("KubeflowEnvironment", "LSFEnvironment", "MPIEnvironment", "XLAEnvironment"):
         from tasktrain.plugins import environments
 
