@@ -631,6 +631,12 @@ def _precision_hooks_record(lib, plugins_module, tmp_path):
             with super().tensor_init_context():
                 yield
 
+        @contextlib.contextmanager
+        def module_init_context(self):
+            calls.append(("module_init_context",))
+            with super().module_init_context():
+                yield
+
         def state_dict(self):
             calls.append(("state_dict",))
             return {"mine": 1}
@@ -642,6 +648,9 @@ def _precision_hooks_record(lib, plugins_module, tmp_path):
             calls.append(("teardown",))
 
     class Model(boring.BoringModel):
+        def configure_model(self):
+            calls.append(("configure_model", torch.get_default_dtype()))
+
         def on_fit_start(self):
             calls.append(("on_fit_start",))
 
@@ -669,6 +678,10 @@ def _precision_hooks_record(lib, plugins_module, tmp_path):
     calls.append(("init_module",))
     with fit.init_module():
         torch.nn.Linear(2, 2)
+    calls.append(("double",))  # configure_model under DoublePrecision's module_init_context: float64 by default
+    lib.Trainer(plugins=[plugins_module.DoublePrecision()], max_steps=1, logger=False, enable_progress_bar=False,
+                enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1,
+                limit_val_batches=0).fit(model)
     saved = torch.load(tmp_path / "mid.ckpt", weights_only=True)
     return calls, {key.rsplit(".", 1)[-1]: value for key, value in saved.items() if "Recording" in key}
 

@@ -7,9 +7,9 @@ FSDPPrecision name their engine's precision (the strategy runs its own plugin of
 tasktrain does not run (bitsandbytes, Transformer Engine, XLA) are refused when built, saying what to write instead.
 
 A subclass of one's own may override Lightning's hooks that tasktrain calls where Lightning calls them (_LightningHooks
-below: the step contexts, convert_module, convert_input, tensor_init_context, state_dict / load_state_dict,
-teardown); overriding the others (the backward and optimizer-step hooks, clipping, connect, convert_output,
-module_init_context, the checkpoint hooks) is refused by the Trainer (tasktrain/trainer/plugin_args.py), because
+below: the step contexts, convert_module, tensor_init_context, module_init_context, state_dict / load_state_dict,
+teardown); overriding the others (the backward and optimizer-step hooks, clipping, connect, convert_input,
+convert_output, the checkpoint hooks) is refused by the Trainer (tasktrain/trainer/plugin_args.py), because
 tasktrain's loop calls its own precision methods there.
 """
 import contextlib
@@ -25,11 +25,11 @@ _LATER = "cpu"
 
 # Lightning's precision hooks a subclass may override (called as Lightning calls them), and those it may not
 CALLED_HOOKS = ("forward_context", "train_step_context", "val_step_context", "test_step_context",
-                "predict_step_context", "convert_module", "convert_input", "tensor_init_context", "state_dict",
+                "predict_step_context", "convert_module", "tensor_init_context", "module_init_context", "state_dict",
                 "load_state_dict", "teardown")
 REFUSED_HOOKS = ("pre_backward", "backward", "post_backward", "optimizer_step", "clip_gradients",
                  "clip_grad_by_value", "clip_grad_by_norm", "main_params", "connect", "convert_output",
-                 "module_init_context", "on_save_checkpoint", "on_load_checkpoint", "unscale_gradients")
+                 "convert_input", "on_save_checkpoint", "on_load_checkpoint", "unscale_gradients")
 
 
 class _LightningHooks:

@@ -55,10 +55,18 @@ class Precision:
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module
 
-    @contextlib.contextmanager
     def tensor_init_context(self):
         """What `trainer.init_module()` builds the module in (Lightning's precision plugins): a "-true" precision's
         dtype as the default dtype (float64, float16, bfloat16), else unchanged."""
+        return self._default_dtype()
+
+    def module_init_context(self):
+        """What the module's configure_model runs in (after tensor_init_context, as Lightning's Trainer enters them):
+        the same default dtype."""
+        return self._default_dtype()
+
+    @contextlib.contextmanager
+    def _default_dtype(self):
         dtype = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true": torch.bfloat16}.get(self.name)
         previous = torch.get_default_dtype()
         if dtype is not None:

@@ -85,7 +85,7 @@ def _check_plugin_classes(found):
     if own:
         from tasktrain.plugins.precision import CALLED_HOOKS, REFUSED_HOOKS
 
-        refused = sorted(own & set(REFUSED_HOOKS + ("convert_input",)))
+        refused = sorted(own & set(REFUSED_HOOKS))
         if plugin.engine is not None:  # the engine strategy runs its own plugin of that name: none of them is called
             refused = sorted(own & set(REFUSED_HOOKS + CALLED_HOOKS))
         if refused:
@@ -94,7 +94,8 @@ def _check_plugin_classes(found):
                 "precision methods there (backward, unscale, optimizer_step: tasktrain/strategies/precision.py; the "
                 "input cast after the batch is moved; an engine strategy's own plugin), so the override would not be "
                 "called as Lightning calls it. Overriding the step contexts (forward_context, train_step_context, "
-                "...), convert_module, tensor_init_context, state_dict / load_state_dict and teardown is supported; "
+                "...), convert_module, tensor_init_context, module_init_context, state_dict / load_state_dict and "
+                "teardown is supported; "
                 "put per-step work in the module's hooks (on_before_backward, on_after_backward, "
                 "on_before_optimizer_step, configure_gradient_clipping, optimizer_step).")
     _check_environment_class(found.environment)

@@ -703,7 +703,11 @@ class Trainer:
                     run.datamodule_call(self, "setup", stage=TrainerFn(stage))
                 self._call("setup", stage=TrainerFn(stage))
             if is_overridden("configure_model", module, TaskModule) and "configure_model" not in self._trial_skips:
-                with hook_scope(self, "configure_model"):  # (named for self.log, which refuses it there)
+                # (named for self.log, which refuses it there); the layers it builds get the precision's dtype
+                # ("64-true": float64, "bf16-true": bfloat16), under the precision's contexts Lightning enters there
+                # (its strategy's tensor_init_context, which enters the precision's, then module_init_context)
+                with hook_scope(self, "configure_model"), strategy.precision.tensor_init_context(), \
+                        strategy.precision.module_init_context():
                     module.configure_model()
             with torch.autograd.set_detect_anomaly(self.detect_anomaly):
                 if stage == "fit":
