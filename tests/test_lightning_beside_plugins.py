@@ -693,6 +693,10 @@ def test_a_precision_subclass_gets_lightnings_calls_of_the_hooks_it_overrides(tm
     calls, saved = ours_seen
     assert saved == {"Recording": {"mine": 1}}  # its state_dict, under its class's name, as Lightning saves it
     assert ("train_step_context",) in calls and ("forward_context", True) in calls and ("teardown",) in calls
+    for lib in (tasktrain, pl):  # a precision by name has Lightning's forward_context too (a script enters it)
+        plugin = lib.Trainer(precision="bf16-mixed", **QUIET).precision_plugin
+        with plugin.forward_context():
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def test_a_precision_subclass_overriding_a_hook_tasktrain_does_not_call_there_is_refused():

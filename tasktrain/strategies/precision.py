@@ -43,6 +43,10 @@ class Precision:
     def autocast(self):
         return contextlib.nullcontext()
 
+    def forward_context(self):
+        """Lightning's name for autocast() (`with trainer.precision_plugin.forward_context(): ...` in a script)."""
+        return self.autocast()
+
     def step_context(self, step: str):
         """What one of the module's steps runs in ("training_step", "validation_step", "test_step", "predict_step"):
         Lightning's precision plugins have a context per step kind. Default: autocast()."""
