@@ -720,3 +720,32 @@ def test_a_precision_subclass_overriding_a_hook_tasktrain_does_not_call_there_is
                 return contextlib.nullcontext()
 
         tasktrain.Trainer(plugins=[Engine("bf16-mixed")], **QUIET)
+
+
+def test_tensors_a_step_creates_have_the_precisions_dtype_as_under_lightning():
+    """precision="64-true": a tensor made inside a step (torch.zeros) is float64, as under Lightning's
+    DoublePrecision.forward_context; outside the steps the default dtype is float32 again."""
+    def dtypes(lib):
+        seen = []
+        boring = theirs if lib is pl else ours
+
+        class Model(boring.BoringModel):
+            def training_step(self, batch, batch_idx):
+                seen.append(("train", str(torch.zeros(1).dtype)))
+                return super().training_step(batch, batch_idx)
+
+            def validation_step(self, batch, batch_idx):
+                seen.append(("val", str(torch.zeros(1).dtype)))
+                return super().validation_step(batch, batch_idx)
+
+            def on_train_epoch_end(self):
+                seen.append(("epoch end", str(torch.zeros(1).dtype)))
+
+        for precision in ("64-true", "32-true"):
+            lib.Trainer(precision=precision, max_epochs=1, limit_train_batches=1, limit_val_batches=1,
+                        num_sanity_val_steps=0, **QUIET).fit(Model())
+        return seen
+
+    assert dtypes(tasktrain) == dtypes(pl) == [("train", "torch.float64"), ("val", "torch.float64"),
+                                               ("epoch end", "torch.float32"), ("train", "torch.float32"),
+                                               ("val", "torch.float32"), ("epoch end", "torch.float32")]

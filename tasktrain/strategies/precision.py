@@ -115,6 +115,11 @@ class DoublePrecision(Precision):
 
     name = "64-true"
 
+    def autocast(self):
+        # Not an autocast: tensors a step creates (torch.zeros, torch.randn) default to float64, as under Lightning's
+        # DoublePrecision.forward_context, so that they mix with the float64 activations as they are
+        return self._default_dtype()
+
     def convert_module(self, module):
         return module.double()
 
