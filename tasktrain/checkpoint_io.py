@@ -9,9 +9,13 @@ tasktrain's own keys under Lightning's loop-state key, "loops" (the parts of its
 tasktrain/trainer/run_state.py, which also lists the Accelerator's layout):
 
     epoch, global_step  int: trainer.current_epoch and trainer.global_step when it was written
-    pytorch-lightning_version  str: the tasktrain version (Lightning's key; its value names the writer)
+    pytorch-lightning_version  str: LIGHTNING_LAYOUT_VERSION, the Lightning layout the file follows (tasktrain
+                        0.1 wrote its own version there)
     state_dict          the module's state dict
-    loops               tasktrain's own state (own_state(ckpt) reads it; user code need not):
+    loops               tasktrain's own state (own_state(ckpt) reads it; user code need not), beside Lightning's:
+        fit_loop, validate_loop, test_loop, predict_loop  Lightning's loop progress as its checkpoints keep it
+                            (trainer.fit_loop.state_dict(), ...: Lightning's Trainer resumes the file from them;
+                            tasktrain resumes from train_state)
         format_version      int, CHECKPOINT_FORMAT_VERSION
         tasktrain_version   str;  torch_version: str
         weights_only        bool: True means no training state, the file cannot resume a fit
@@ -71,6 +75,11 @@ from tasktrain.version import __version__
 CHECKPOINT_FORMAT_VERSION = 3
 READABLE_FORMAT_VERSIONS = (1, 2, 3)
 OWN_KEY = "loops"
+# The Lightning release whose checkpoint layout the Trainer's files follow, written as their "pytorch-lightning_version"
+# (the tasktrain version is loops.tasktrain_version): Lightning's loaders run their migrations on a file whose
+# version is older than a migration's, and those before 2.0 rewrite the loop progress (a tasktrain version, 0.x,
+# there made Lightning's Trainer fail to resume a tasktrain file). Files written with the tasktrain version still load.
+LIGHTNING_LAYOUT_VERSION = "2.6.0"
 # How an engine wrote a checkpoint (a DeepSpeed or FSDP directory's state file, a model-parallel file's mesh): among
 # tasktrain's own keys too, so that the file's top level is Lightning's (files written before were upgraded on load)
 ENGINE_KEYS = ("deepspeed", "fsdp", "device_mesh")
@@ -885,7 +894,7 @@ def weights_file(ckpt: dict, state_dict: dict, **own) -> dict:
     train_state = loops.get("train_state", {})
     out = {"epoch": ckpt.get("epoch", train_state.get("epoch", 0)),
            "global_step": ckpt.get("global_step", train_state.get("global_step", 0)),
-           "pytorch-lightning_version": __version__, "state_dict": state_dict,
+           "pytorch-lightning_version": LIGHTNING_LAYOUT_VERSION, "state_dict": state_dict,
            OWN_KEY: {**format_header(), "weights_only": True, "train_state": train_state, **own}}
     for key in ("hyper_parameters", "datamodule_hyper_parameters"):
         if ckpt.get(key):

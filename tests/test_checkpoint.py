@@ -28,7 +28,9 @@ def test_checkpoint_holds_every_documented_key(tmp_path):
     assert set(ckpt) == {"epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops", "callbacks",
                          "optimizer_states", "lr_schedulers", "hparams_name", "hyper_parameters"}
     assert set(ckpt["loops"]) == {"format_version", "tasktrain_version", "torch_version", "weights_only", "world_size",
-                                  "train_state", "optimizer_param_names", "metrics", "rng_states"}
+                                  "train_state", "optimizer_param_names", "metrics", "rng_states",
+                                  # Lightning's loop progress beside them (Lightning's Trainer resumes from it)
+                                  "fit_loop", "validate_loop", "test_loop", "predict_loop"}
     assert ckpt["loops"]["format_version"] == 3 and ckpt["loops"]["weights_only"] is False
     assert ckpt["loops"]["train_state"]["global_step"] == ckpt["global_step"] == 8
     assert ckpt["hyper_parameters"] == {"lr": 0.1} and ckpt["hparams_name"] == "kwargs"

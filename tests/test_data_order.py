@@ -176,3 +176,51 @@ def test_a_predict_loader_drops_no_last_batch():
     for world, rank in ((1, 0), (2, 1)):
         made = prepare_eval_loader(DataLoader(data, batch_size=2, drop_last=True), world, rank, "predict")
         assert [i for b in made for i in b[0].tolist()] == list(range(rank, 5, world))
+
+
+@pytest.mark.parametrize("workers, generator", [(0, False), (2, False), (0, True)])
+def test_a_dataloader_subclass_resumed_mid_epoch_continues_its_order(tmp_path, workers, generator):
+    """A shuffling DataLoader subclass is kept as it is on one process (Lightning's rule), so its RandomSampler
+    draws each epoch's order (from torch's global generator, or the loader's own): a fit resumed inside an epoch drew
+    that order again from the restored generator and went on over another permutation. The checkpoint now keeps the
+    generators' states the pass drew from, and the resumed pass draws from them: the rest of the interrupted run's
+    batches, in both epochs, and the same draws in training_step (the global generator as restored after it)."""
+    import warnings
+
+    import tasktrain
+
+    class Loader(DataLoader):
+        pass
+
+    def fit(ckpt_path=None):
+        tasktrain.seed_everything(4, verbose=False)
+        seen = []
+
+        class Module(tasktrain.TaskModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(1, 1)
+
+            def training_step(self, batch, batch_idx):
+                seen.append([self.current_epoch, batch_idx, batch[0].tolist(), float(torch.rand(()))])
+                return self.layer(batch[0].float()[:, None]).sum()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        saver = tasktrain.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1,
+                                                    filename="{step}")
+        trainer = tasktrain.Trainer(max_epochs=2, logger=False, callbacks=[saver] if ckpt_path is None else [],
+                                    enable_checkpointing=ckpt_path is None, enable_progress_bar=False,
+                                    enable_model_summary=False)
+        own = dict(generator=torch.Generator().manual_seed(9)) if generator else {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Module(), Loader(dataset(16), batch_size=2, shuffle=True, num_workers=workers, **own),
+                        ckpt_path=ckpt_path)
+        return seen
+
+    whole = fit()
+    resumed = fit(str(tmp_path / "step=3.ckpt"))
+    assert len(whole) == 16 and sorted(i for _, _, batch, _ in whole[:8] for i in batch) == list(range(16))
+    assert resumed == whole[3:]

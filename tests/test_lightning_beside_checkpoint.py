@@ -558,11 +558,9 @@ def test_narrower_override_points_beside_lightning(L, tmp_path):
 def test_a_file_lightning_wrote_evaluates_and_resumes_a_fit_at_an_epoch_boundary(L, tmp_path):
     """A checkpoint Lightning's fit wrote: tasktrain's validate(ckpt_path=) restores its weights (the loss Lightning's
     validate of the same file gives); a fit resumes from one saved at an epoch's end (ModelCheckpoint's default) or
-    after a fit as Lightning's resume of the same file does (weights, optimizer momentum and scheduler, counters);
-    one saved inside an epoch is refused before anything is restored (docs/lightning.md)."""
+    after a fit as Lightning's resume of the same file does (weights, optimizer momentum and scheduler, counters)."""
     saver = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt")
-    steps = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "steps", every_n_train_steps=1, save_top_k=-1)
-    trainer, _ = run("lightning", L, tmp_path / "lightning", [saver, steps], epochs=1, scheduler=True)
+    trainer, _ = run("lightning", L, tmp_path / "lightning", [saver], epochs=1, scheduler=True)
     trainer.save_checkpoint(tmp_path / "after_fit.ckpt")
     path = saver.best_model_path  # epoch=0-step=2.ckpt: the epoch's end
     theirs = trainer.validate(lit_module(L), loader(8), ckpt_path=path, verbose=False)
@@ -589,9 +587,126 @@ def test_a_file_lightning_wrote_evaluates_and_resumes_a_fit_at_an_epoch_boundary
         mine = resumed(tasktrain, tt_module(scheduler=True), ckpt_path)
         assert mine == resumed(L.pytorch, lit_module(L, scheduler=True), ckpt_path)
         assert mine["starts"] == [(1, 2), (2, 4)] and mine["step"] == 6
-    inside = str(tmp_path / "steps" / "epoch=0-step=1.ckpt")
-    with pytest.raises(ValueError, match="saved inside an epoch"):
-        tasktrain.Trainer(max_epochs=3, **common).fit(tt_module(), loader(16), ckpt_path=inside)
+
+
+def test_a_file_lightning_saved_inside_an_epoch_resumes_as_lightnings_restart(L, tmp_path):
+    """A checkpoint Lightning's fit saved inside an epoch (every_n_train_steps: in on_train_batch_end; a validation
+    inside the epoch; OnExceptionCheckpoint's, inside a batch), resumed by tasktrain's fit as by Lightning's: the batch indices, global_step and the loggers'
+    step the hooks see go on from the saved batch; a plain DataLoader is read again from its first batch (Lightning's
+    restart, with its warning), a StatefulDataLoader goes on from the state Lightning saved; the same weights after.
+    A tasktrain checkpoint saved later in the epoch read again resumes with the data that epoch read."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from helpers import regression_data
+
+    common = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                  val_check_interval=2)  # 4 batches an epoch, a validation after batch 1 and at the epoch's end
+
+    def stateful():
+        return StatefulDataLoader(regression_data(32, 0), batch_size=8)
+
+    def fit(lib, make_loader, ckpt_path=None, callbacks=(), epochs=2):
+        seen = []
+        marker = L.pytorch.callbacks.Callback if lib is L.pytorch else tasktrain.Callback
+
+        class Seen(marker):
+            def on_train_batch_start(self, trainer, module, batch, batch_idx):
+                seen.append((trainer.current_epoch, batch_idx, trainer.global_step, round(float(batch[0][0, 0]), 4),
+                             trainer.fit_loop.epoch_loop._batches_that_stepped, trainer.fit_loop.total_batch_idx))
+
+            def on_validation_start(self, trainer, module):
+                seen.append(("validation", trainer.global_step))
+
+            def on_train_epoch_start(self, trainer, module):
+                seen.append(("epoch start", trainer.current_epoch))
+
+        kwargs = dict(accelerator="cpu", devices=1) if lib is L.pytorch else {}
+        trainer = lib.Trainer(max_epochs=epochs, callbacks=[Seen(), *callbacks], default_root_dir=tmp_path / "runs",
+                              **kwargs, **common)
+        module = lit_module(L, scheduler=True) if lib is L.pytorch else tt_module(scheduler=True)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            trainer.fit(module, make_loader(), loader(8), ckpt_path=ckpt_path)
+        told = [str(w.message) for w in said if "ended before the epoch ended" in str(w.message)]
+        return dict(seen=seen, weights=[p.detach().tolist() for p in module.parameters()], step=trainer.global_step,
+                    told=told, lr=trainer.optimizers[0].param_groups[0]["lr"])
+
+    for make_loader, name in ((lambda: loader(32), "plain"), (stateful, "stateful")):
+        steps = L.pytorch.callbacks.ModelCheckpoint(tmp_path / name, every_n_train_steps=1, save_top_k=-1,
+                                                    filename="s{step}", auto_insert_metric_name=False)
+        validations = L.pytorch.callbacks.ModelCheckpoint(tmp_path / name, save_top_k=-1, filename="v{step}",
+                                                          auto_insert_metric_name=False)
+        fit(L.pytorch, make_loader, callbacks=[steps, validations], epochs=1)
+        for saved in ("s1", "v2") if name == "plain" else ("s2",):
+            path = str(tmp_path / name / f"{saved}.ckpt")
+            mine = fit(tasktrain, make_loader, path)
+            assert mine == fit(L.pytorch, make_loader, path), (name, saved)
+            assert mine["step"] == 8 and mine["seen"][0][:2] == (0, int(saved[1]))  # (no epoch start: it goes on)
+            if name == "plain":  # the loader from its first batch at the saved index, Lightning's warning said
+                assert mine["seen"][0][3] == -1.1258 and len(mine["told"]) == 1
+            else:  # the stateful loader from its saved state: the batch that index reads in a whole epoch
+                assert mine["seen"][0][3] == -0.5692 and not mine["told"]
+
+    class Boom(L.pytorch.callbacks.Callback):  # an exception inside batch 2, before its step: OnExceptionCheckpoint's
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            if trainer.global_step == 2:
+                raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(L.pytorch, lambda: loader(32), epochs=1,
+            callbacks=[L.pytorch.callbacks.OnExceptionCheckpoint(tmp_path / "exc"), Boom()])
+    path = str(tmp_path / "exc" / "on_exception.ckpt")
+    mine = fit(tasktrain, lambda: loader(32), path)
+    assert mine == fit(L.pytorch, lambda: loader(32), path)
+    assert mine["seen"][0][:4] == (0, 2, 2, -1.1258)  # at the failed batch's index, from the loader's first batch
+    # a tasktrain checkpoint written in the epoch read again goes on with the data that epoch read
+    ours = tasktrain.ModelCheckpoint(tmp_path / "ours", every_n_train_steps=1, save_top_k=-1, filename="s{step}",
+                                     auto_insert_metric_name=False)
+    whole = fit(tasktrain, lambda: loader(32), str(tmp_path / "plain" / "s1.ckpt"), callbacks=[ours])
+    part = fit(tasktrain, lambda: loader(32), str(tmp_path / "ours" / "s2.ckpt"))
+    assert whole["seen"][1] == ("validation", 2)  # (after batch 1: the file of its on_train_batch_end skips it)
+    assert part["seen"] == whole["seen"][2:] and part["weights"] == whole["weights"] and part["lr"] == whole["lr"]
+
+
+def test_lightnings_trainer_resumes_a_file_tasktrain_wrote(L, tmp_path):
+    """A tasktrain checkpoint carries Lightning's loop progress (ckpt["loops"]["fit_loop"], validate_loop, test_loop,
+    predict_loop: trainer.fit_loop.state_dict()), the same dicts Lightning's checkpoint of the same point holds (at an
+    epoch's end and inside an epoch), so that Lightning's Trainer resumes the file as tasktrain does (the batches the
+    hooks see, the counters, the weights and learning rate after); tasktrain's own keys beside them still rule its
+    resume."""
+    common = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    for framework, lib in (("lightning", L.pytorch), ("tasktrain", tasktrain)):
+        savers = [lib.callbacks.ModelCheckpoint(tmp_path / framework, save_top_k=-1, filename="e{step}",
+                                                auto_insert_metric_name=False),
+                  lib.callbacks.ModelCheckpoint(tmp_path / framework, every_n_train_steps=1, save_top_k=-1,
+                                                filename="s{step}", auto_insert_metric_name=False)]
+        kwargs = dict(accelerator="cpu", devices=1) if lib is L.pytorch else {}
+        lib.Trainer(max_epochs=1, callbacks=savers, default_root_dir=tmp_path / "r", **kwargs, **common).fit(
+            lit_module(L, scheduler=True) if lib is L.pytorch else tt_module(scheduler=True), loader(16), loader(8))
+    for name in ("e2", "s1"):
+        theirs, ours = (torch.load(tmp_path / framework / f"{name}.ckpt", weights_only=False)["loops"]
+                        for framework in ("lightning", "tasktrain"))
+        for loop in ("fit_loop", "validate_loop", "test_loop", "predict_loop"):
+            assert ours[loop] == theirs[loop], (name, loop)
+
+    def resumed(lib):
+        seen = []
+        marker = L.pytorch.callbacks.Callback if lib is L.pytorch else tasktrain.Callback
+
+        class Seen(marker):
+            def on_train_batch_start(self, trainer, module, batch, batch_idx):
+                seen.append((trainer.current_epoch, batch_idx, trainer.global_step,
+                             trainer.fit_loop.epoch_loop._batches_that_stepped))
+
+        kwargs = dict(accelerator="cpu", devices=1) if lib is L.pytorch else {}
+        trainer = lib.Trainer(max_epochs=3, callbacks=[Seen()], default_root_dir=tmp_path / "r", **kwargs, **common)
+        module = lit_module(L, scheduler=True) if lib is L.pytorch else tt_module(scheduler=True)
+        trainer.fit(module, loader(16), loader(8), ckpt_path=tmp_path / "tasktrain" / "e2.ckpt")
+        return dict(seen=seen, weights=[p.detach().tolist() for p in module.parameters()], step=trainer.global_step,
+                    lr=trainer.optimizers[0].param_groups[0]["lr"])
+
+    mine = resumed(tasktrain)
+    assert mine == resumed(L.pytorch)
+    assert mine["seen"][0] == (1, 0, 2, 2) and mine["step"] == 6
 
 
 def test_ckpt_path_last_and_the_folder_beside_lightning(L, tmp_path):

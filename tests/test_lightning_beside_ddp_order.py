@@ -11,7 +11,8 @@ SIGTERMException after that batch under both, and ModelCheckpoint(save_on_except
 loaders in a dict are each sharded and combined as Lightning's, and resume mid-epoch exactly; validate over a
 CombinedLoader(mode="max_size_cycle") reads Lightning's batches, synced metric and results, with its
 `DistributedSampler` warning on rank 0; a StatefulDataLoader with a custom sampler is sharded as a DataLoader (its
-class kept) and resumes mid-epoch exactly."""
+class kept) and resumes mid-epoch exactly, as does a DataLoader subclass of the user's built in the hooks with an
+argument of its own (built again as its class around the sampler, as Lightning builds it)."""
 import json
 import os
 
@@ -54,7 +55,7 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
         assert seen["tasktrain"].keys() == seen["lightning"].keys() == {
             "no seed", "seed 7", "overfit", "custom sampler", "custom batch sampler", "replacement", "combined",
-            "stateful custom sampler"}
+            "stateful custom sampler", "subclass"}
         whole, resumed = seen["resume combined"]["whole"], seen["resume combined"]["resumed"]
         assert whole["batches"] == seen["tasktrain"]["combined"]["batches"]
         assert resumed["batches"] == whole["batches"][5:] and resumed["weights"] == whole["weights"]
@@ -73,6 +74,13 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
         assert seen["tasktrain"]["stateful custom sampler"]["loader"] == ["StatefulDataLoader",
                                                                          "DistributedSamplerWrapper"]
         assert seen["tasktrain"]["stateful custom sampler"]["batches"] == seen["tasktrain"]["custom sampler"]["batches"]
+        # a DataLoader subclass built in the hooks, with an argument it keeps no attribute of: built again as its
+        # class around the DistributedSampler (Lightning's too: compared above), and resumed exactly
+        assert seen["tasktrain"]["subclass"]["loader"] == ["TaggedLoader", "tagged train", True]
+        assert len(seen["tasktrain"]["subclass"]["predict"]) == 4  # (11 of the 22 samples a rank, in 3s)
+        whole, resumed = seen["resume subclass"]["whole"], seen["resume subclass"]["resumed"]
+        assert whole["batches"] == seen["tasktrain"]["subclass"]["batches"]
+        assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
         whole, resumed = seen["resume stateful"]["whole"], seen["resume stateful"]["resumed"]
         assert whole["batches"] == seen["tasktrain"]["stateful custom sampler"]["batches"]
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]

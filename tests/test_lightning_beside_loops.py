@@ -3,8 +3,9 @@ state) beside Lightning 2.6's: a recording callback reads the same attributes (e
 evaluation progress, batch indices, is_last_batch, ...) at every hook of the same runs under both frameworks (a fit
 with a validation inside the epoch and at its end, accumulation with an epoch ended by on_train_batch_start's -1,
 manual optimisation, a fit stopped inside an epoch, a second fit after `fit_loop.max_epochs = N`, fits resumed from a
-checkpoint saved inside an epoch and at an epoch's end, one counted in steps, and check_val_every_n_epoch=None with a
-val_check_interval that the epochs' length is no multiple of) and the readings must be equal, hook by hook."""
+checkpoint saved inside an epoch (tasktrain's, and Lightning's file resumed by both) and at an epoch's end, one counted
+in steps, and check_val_every_n_epoch=None with a val_check_interval that the epochs' length is no multiple of) and the
+readings must be equal, hook by hook."""
 import logging
 import pickle
 
@@ -171,9 +172,15 @@ def _run(lib, classes, tmp_path, name):
         trainer.fit_loop.max_epochs = 3  # (Lightning's documented way to train on)
         trainer.fit(module)
     elif name in ("resume_inside_epoch", "resume_epoch_end", "resume_by_steps", "resume_last_batch",
-                  "resume_last_batch_of_last_epoch", "resume_last_batch_at_max_epochs"):
+                  "resume_last_batch_of_last_epoch", "resume_last_batch_at_max_epochs",
+                  "resume_lightnings_file_inside_epoch"):
         path = tmp_path / f"{name}.ckpt"
-        if name.startswith("resume_last_batch"):  # saved in the epoch's last on_train_batch_end (before its end)
+        if name == "resume_lightnings_file_inside_epoch":  # the file Lightning wrote, resumed by each framework
+            first = pl.Trainer(callbacks=[_recorder(pl, stop_at=(1, 1), save_at=(1, 1, path))], max_epochs=2,
+                               **QUIET)
+            first.fit(theirs.BoringModel())
+            first = None
+        elif name.startswith("resume_last_batch"):  # saved in the epoch's last on_train_batch_end (before its end)
             epoch = 0 if name == "resume_last_batch" else 1
             first = lib.Trainer(max_epochs=2, callbacks=[_recorder(lib, save_at=(epoch, 3, path))], **QUIET)
         elif name == "resume_epoch_end":
@@ -183,7 +190,8 @@ def _run(lib, classes, tmp_path, name):
         else:
             limits = dict(max_steps=6) if name == "resume_by_steps" else dict(max_epochs=2)
             first = lib.Trainer(callbacks=[_recorder(lib, stop_at=(1, 1), save_at=(1, 1, path))], **limits, **QUIET)
-        first.fit(classes.BoringModel())
+        if first is not None:
+            first.fit(classes.BoringModel())
         rec = _recorder(lib)
         limits = dict(max_steps=10) if name == "resume_by_steps" else dict(max_epochs=3)
         if name.endswith("at_max_epochs"):  # (the restored epoch was the last: nothing left to train)
@@ -221,7 +229,8 @@ def _run(lib, classes, tmp_path, name):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("name", ["fit", "evaluate", "accumulate_and_cut", "manual", "stop_inside_epoch",
-                                  "resume_inside_epoch", "resume_epoch_end", "resume_by_steps", "val_by_total_batches",
+                                  "resume_inside_epoch", "resume_lightnings_file_inside_epoch", "resume_epoch_end",
+                                  "resume_by_steps", "val_by_total_batches",
                                   "val_by_total_batches_unlimited", "val_by_total_batches_resumed",
                                   "val_by_total_batches_cut"])
 def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
@@ -264,8 +273,11 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
         assert [r[27] for e, r in mine if e == "on_train_epoch_end"][:2] == [(3, 3), (6, 6)]
     if name == "resume_epoch_end":  # trainer.is_last_batch restored: True until the next epoch's first batch
         assert [r[22] for e, r in mine if e in ("on_train_start", "on_train_epoch_start")][:2] == [True, True]
-    if name == "resume_inside_epoch":
+    if name in ("resume_inside_epoch", "resume_lightnings_file_inside_epoch"):
         assert any(reading[7] for _, reading in mine) and not mine_after[7]  # restarting, then not
+        # saved in epoch 1's on_train_batch_end of batch 1: the resumed loop goes on at batch 2 (no epoch start)
+        assert [r[5] for e, r in mine if e == "on_train_batch_end"][:3] == [(2, 2), (3, 3), (0, 0)]
+        assert [e for e, _ in mine].count("on_train_epoch_start") == 1
 
 
 

@@ -2,6 +2,7 @@
 exception types and words), a CheckpointIO of the user's called as Lightning calls it, a precision plugin object
 training as its precision name, and the attributes a Lightning script reads (trainer.precision,
 trainer.strategy.precision_plugin, trainer.strategy.checkpoint_io). Tiny models, CPU, one process."""
+import contextlib
 import os
 import re
 import signal
@@ -127,18 +128,7 @@ def test_what_tasktrain_cannot_honor_is_refused_before_training():
         def pre_backward(self, tensor, module):  # Lightning's hook, which tasktrain's plugins do not have
             return tensor
 
-    class MyEnvironment(ClusterEnvironment):
-        pass
-
-    class MyLayerSync(our_plugins.LayerSync):
-        def apply(self, model):
-            return model
-
-        def revert(self, model):
-            return model
-
     cases = [([LightningStyle("bf16-mixed", "cpu")], "overrides pre_backward"),
-             ([MyEnvironment()], "RANK, WORLD_SIZE"), ([MyLayerSync()], "TorchSyncBatchNorm"),
              ([our_plugins.MixedPrecision("bf16-mixed", "cuda")], r"MixedPrecision\('bf16-mixed', 'cpu'\)"),
              ([our_plugins.DeepSpeedPrecision("bf16-mixed")], "DeepSpeed strategy's precision plugin"),
              ([TorchElasticEnvironment()], "not started by torchrun")]
@@ -398,3 +388,364 @@ def test_single_device_strategy_under_lightnings_name_and_arguments(tmp_path):
     assert trainer.precision == theirs_trainer.precision == "64-true"
     with pytest.raises(ValueError, match="give the precision once"):
         SingleDeviceStrategy(precision="bf16-mixed", precision_plugin=our_plugins.DoublePrecision())
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(240)
+def test_a_users_cluster_environment_forms_the_process_group_as_under_lightning(tmp_path):
+    """2 processes started by the test with the cluster's own variables only (no torchrun's): the user's
+    ClusterEnvironment (creates_processes_externally=True) gives each rank, the world size and the address and port;
+    nothing is spawned; the environment gets Lightning's calls, and the weights after are Lightning's."""
+    import json
+    import subprocess
+    import sys
+
+    from ddp_scripts.common import child_env, free_port, script
+
+    ports = [str(free_port()), str(free_port())]
+    procs = [subprocess.Popen([sys.executable, script("custom_environment.py"), str(tmp_path)],
+                              env=child_env(MY_RANK=str(r), MY_WORLD="2", MY_ADDR="127.0.0.1", MY_PORT=ports[0],
+                                            MY_PORT2=ports[1], PYTHONPATH=os.pathsep.join(
+                                                [os.path.dirname(os.path.dirname(__file__)),
+                                                 os.environ.get("PYTHONPATH", "")])),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        logs = [proc.communicate(timeout=200)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(logs)
+    for rank in (0, 1):
+        seen = json.load(open(tmp_path / f"rank{rank}.json"))
+        ours, theirs = seen["tasktrain"], seen["lightning"]
+        # Lightning's accelerator connector sets the ranks once more when it is built (its first two calls)
+        assert theirs["calls"][:2] == [["set_global_rank", rank], ["set_world_size", 2]]
+        assert ours["calls"] == theirs["calls"][2:] == [["validate_settings", 2, 1], ["set_global_rank", rank],
+                                                        ["set_world_size", 2], ["teardown"]]
+        assert ours["strategy"] == ours["group"] == theirs["group"] == [rank, 2]
+        assert ours["master"] == ["127.0.0.1", ports[0]] and theirs["master"] == ["127.0.0.1", ports[1]]
+        assert ours["weights"] == theirs["weights"]
+
+
+def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_processes(monkeypatch):
+    """creates_processes_externally: False, the Trainer starts the other ranks itself (as Lightning's launcher);
+    True, the cluster did. A world that is not devices x num_nodes is an error before any process group forms."""
+    class Mine(ClusterEnvironment):
+        def __init__(self, external, world=2):
+            self.external, self.world = external, world
+
+        @property
+        def creates_processes_externally(self):
+            return self.external
+
+        main_address, main_port = "127.0.0.1", 1
+
+        def world_size(self):
+            return self.world
+
+        def global_rank(self):
+            return 0
+
+        def local_rank(self):
+            return 0
+
+        def node_rank(self):
+            return 0
+
+    for external in (False, True):
+        env = Mine(external)
+        trainer = tasktrain.Trainer(plugins=[env], strategy="ddp", **{**QUIET, "devices": 2})
+        assert trainer.strategy.cluster_environment is env
+        assert trainer.strategy.needs_launch() is not external
+        assert (trainer.strategy.launcher is None) is external  # Lightning's: a launcher that starts nothing
+    trainer = tasktrain.Trainer(plugins=[Mine(True, world=3)], strategy="ddp", **{**QUIET, "devices": 2})
+    with pytest.raises(RuntimeError, match="formed a world of 3 processes.*devices=2"):
+        trainer.strategy.setup_environment()
+
+    # not external: the Trainer starts the workers, where the environment says they meet (Lightning's launcher)
+    class Started(Exception):
+        pass
+
+    def launch(self):
+        seen.update({name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")})
+        raise Started
+
+    seen = {}
+    env = Mine(False)
+    env.main_address, env.main_port = "127.0.0.2", 29871
+    trainer = tasktrain.Trainer(plugins=[env], strategy="ddp", **{**QUIET, "devices": 2})
+    from tasktrain.strategies import launcher
+
+    monkeypatch.setattr(launcher.SubprocessLauncher, "launch", launch)
+    for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
+        monkeypatch.setenv(name, "")  # (restored after the test)
+    with pytest.raises(Started):
+        trainer.strategy.setup_environment()
+    assert seen == {"MASTER_ADDR": "127.0.0.2", "MASTER_PORT": "29871", "NODE_RANK": "0"}
+    for refused in ("KubeflowEnvironment", "LSFEnvironment", "MPIEnvironment", "XLAEnvironment"):
+        from tasktrain.plugins import environments
+
+        with pytest.raises(ValueError, match="subclass ClusterEnvironment"):
+            tasktrain.Trainer(plugins=[getattr(environments, refused)()], **QUIET)
+
+
+def _layer_sync_record(lib, plugins_module, strategy, fail=False):
+    """A fit with a LayerSync of the user's that swaps the module's BatchNorm for a subclass in place (apply) and back
+    (revert): the order of its calls among the module's hooks, and the layer's class each training step saw."""
+    events = []
+
+    class Synced(torch.nn.BatchNorm1d):
+        pass
+
+    class MySync(plugins_module.LayerSync):
+        def apply(self, model):
+            events.append(("apply", type(model.norm).__name__, model.trainer.state.fn))
+            old = model.norm
+            model.norm = Synced(old.num_features)
+            model.norm.load_state_dict(old.state_dict())
+            return model
+
+        def revert(self, model):
+            events.append(("revert", type(model.norm).__name__))
+            model.norm = torch.nn.BatchNorm1d(model.norm.num_features)
+            return model
+
+    boring = theirs if lib is pl else ours
+
+    class Model(boring.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm1d(32)
+
+        def configure_model(self):
+            events.append(("configure_model", type(self.norm).__name__))
+
+        def configure_optimizers(self):
+            events.append(("configure_optimizers", type(self.norm).__name__))
+            return super().configure_optimizers()
+
+        def on_fit_start(self):
+            events.append(("on_fit_start",))
+
+        def training_step(self, batch, batch_idx):
+            events.append(("training_step", type(self.norm).__name__))
+            if fail:
+                raise RuntimeError("a failed step")
+            return super().training_step(self.norm(batch), batch_idx)
+
+        def on_fit_end(self):
+            events.append(("on_fit_end",))
+
+        def teardown(self, stage):
+            events.append(("teardown", str(stage)))
+
+    torch.manual_seed(0)
+    model = Model()
+    trainer = lib.Trainer(plugins=[MySync()], strategy=strategy, max_steps=2, limit_val_batches=0, **QUIET)
+    try:
+        trainer.fit(model, torch.utils.data.DataLoader(boring.RandomDataset(32, 16), batch_size=4))
+    except RuntimeError as err:
+        events.append(("raised", str(err)))
+    finally:  # Lightning's world of one outlives its run (ours ends at teardown): not left to later tests
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    trainer.validate(model, verbose=False)  # not a fit: no apply
+    events.append(("after", type(model.norm).__name__))
+    return [tuple(str(part) for part in event) for event in events]
+
+
+@pytest.mark.parametrize("strategy,fail", [("ddp", False), ("ddp", True), ("auto", False)])
+def test_a_users_layer_sync_wraps_a_fit_as_lightnings_does(strategy, fail):
+    ours_seen = _layer_sync_record(tasktrain, our_plugins, strategy, fail)
+    theirs_seen = _layer_sync_record(pl, their_plugins, strategy, fail)
+    assert ours_seen == theirs_seen
+    if strategy == "ddp":  # applied after configure_model, before configure_optimizers; reverted before on_fit_end
+        assert ("apply", "BatchNorm1d", "TrainerFn.FITTING") in ours_seen and ("revert", "Synced") in ours_seen
+        assert ("training_step", "Synced") in ours_seen
+    else:  # a one-process strategy does not call it, under either
+        assert not any(event[0] in ("apply", "revert") for event in ours_seen)
+
+
+def test_a_layer_sync_that_returns_another_module_is_refused():
+    class Copying(our_plugins.LayerSync):
+        def apply(self, model):
+            return torch.nn.Sequential(model)
+
+        def revert(self, model):
+            return model
+
+    trainer = tasktrain.Trainer(plugins=[Copying()], strategy="ddp", max_steps=1, **QUIET)
+    try:
+        with pytest.raises(ValueError, match=r"Copying.apply\(model\) returned another module.*in place"):
+            trainer.fit(ours.BoringModel())
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _precision_hooks_record(lib, plugins_module, tmp_path):
+    """A MixedPrecision("bf16-mixed", "cpu") subclass overriding the hooks tasktrain calls, each recording its call
+    (and whether autocast was on inside the step contexts): fit with validation, a checkpoint, a resumed fit,
+    validate, test, predict and init_module, the calls in order."""
+    calls = []
+    boring = theirs if lib is pl else ours
+
+    class Recording(plugins_module.MixedPrecision):
+        @contextlib.contextmanager
+        def forward_context(self):
+            with super().forward_context():
+                calls.append(("forward_context", torch.is_autocast_enabled("cpu")))
+                yield
+
+        @contextlib.contextmanager
+        def train_step_context(self):
+            calls.append(("train_step_context",))
+            with super().train_step_context():
+                yield
+
+        @contextlib.contextmanager
+        def val_step_context(self):
+            calls.append(("val_step_context",))
+            with super().val_step_context():
+                yield
+
+        @contextlib.contextmanager
+        def test_step_context(self):
+            calls.append(("test_step_context",))
+            with super().test_step_context():
+                yield
+
+        @contextlib.contextmanager
+        def predict_step_context(self):
+            calls.append(("predict_step_context",))
+            with super().predict_step_context():
+                yield
+
+        def convert_module(self, module):
+            calls.append(("convert_module", type(module).__name__))
+            return super().convert_module(module)
+
+        @contextlib.contextmanager
+        def tensor_init_context(self):
+            calls.append(("tensor_init_context",))
+            with super().tensor_init_context():
+                yield
+
+        @contextlib.contextmanager
+        def module_init_context(self):
+            calls.append(("module_init_context",))
+            with super().module_init_context():
+                yield
+
+        def state_dict(self):
+            calls.append(("state_dict",))
+            return {"mine": 1}
+
+        def load_state_dict(self, state):
+            calls.append(("load_state_dict", state))
+
+        def teardown(self):
+            calls.append(("teardown",))
+
+    class Model(boring.BoringModel):
+        def configure_model(self):
+            calls.append(("configure_model", torch.get_default_dtype()))
+
+        def on_fit_start(self):
+            calls.append(("on_fit_start",))
+
+        def on_fit_end(self):
+            calls.append(("on_fit_end",))
+
+    def trainer(**kwargs):
+        return lib.Trainer(plugins=[Recording("bf16-mixed", "cpu")], default_root_dir=str(tmp_path), logger=False,
+                           enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                           accelerator="cpu", devices=1, **kwargs)
+
+    torch.manual_seed(0)
+    model = Model()
+    fit = trainer(max_steps=2, limit_val_batches=1, val_check_interval=2, num_sanity_val_steps=0)
+    fit.fit(model)
+    fit.save_checkpoint(str(tmp_path / "mid.ckpt"))
+    calls.append(("resume",))
+    trainer(max_steps=3, limit_val_batches=0).fit(model, ckpt_path=str(tmp_path / "mid.ckpt"))
+    calls.append(("validate",))
+    trainer(limit_val_batches=1).validate(model, verbose=False)
+    calls.append(("test",))
+    trainer(limit_test_batches=1).test(model, verbose=False)
+    calls.append(("predict",))
+    trainer(limit_predict_batches=1).predict(model)
+    calls.append(("init_module",))
+    with fit.init_module():
+        torch.nn.Linear(2, 2)
+    calls.append(("double",))  # configure_model under DoublePrecision's module_init_context: float64 by default
+    lib.Trainer(plugins=[plugins_module.DoublePrecision()], max_steps=1, logger=False, enable_progress_bar=False,
+                enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1,
+                limit_val_batches=0).fit(model)
+    saved = torch.load(tmp_path / "mid.ckpt", weights_only=True)
+    return calls, {key.rsplit(".", 1)[-1]: value for key, value in saved.items() if "Recording" in key}
+
+
+def test_a_precision_subclass_gets_lightnings_calls_of_the_hooks_it_overrides(tmp_path):
+    ours_seen = _precision_hooks_record(tasktrain, our_plugins, tmp_path / "ours")
+    theirs_seen = _precision_hooks_record(pl, their_plugins, tmp_path / "theirs")
+    assert ours_seen == theirs_seen
+    calls, saved = ours_seen
+    assert saved == {"Recording": {"mine": 1}}  # its state_dict, under its class's name, as Lightning saves it
+    assert ("train_step_context",) in calls and ("forward_context", True) in calls and ("teardown",) in calls
+    for lib in (tasktrain, pl):  # a precision by name has Lightning's forward_context too (a script enters it)
+        plugin = lib.Trainer(precision="bf16-mixed", **QUIET).precision_plugin
+        with plugin.forward_context():
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_a_precision_subclass_overriding_a_hook_tasktrain_does_not_call_there_is_refused():
+    class Steps(our_plugins.MixedPrecision):
+        def optimizer_step(self, optimizer, model, closure, **kwargs):  # Lightning's signature, not tasktrain's
+            return super().optimizer_step(optimizer, model, closure, **kwargs)
+
+        def convert_input(self, data):  # (tasktrain casts after the batch moved, Lightning before the transfer hooks)
+            return data
+
+    class Helper(our_plugins.MixedPrecision):
+        def describe(self):  # a method of one's own, no hook: accepted
+            return "mine"
+
+    with pytest.raises(ValueError, match="overrides convert_input, optimizer_step: tasktrain's loop calls"):
+        tasktrain.Trainer(plugins=[Steps("bf16-mixed", "cpu")], **QUIET)
+    assert tasktrain.Trainer(plugins=[Helper("bf16-mixed", "cpu")], **QUIET).precision_plugin.describe() == "mine"
+    with pytest.raises(ValueError, match="overrides forward_context"):  # an engine's: its own plugin runs
+        class Engine(our_plugins.FSDPPrecision):
+            def forward_context(self):
+                return contextlib.nullcontext()
+
+        tasktrain.Trainer(plugins=[Engine("bf16-mixed")], **QUIET)
+
+
+def test_tensors_a_step_creates_have_the_precisions_dtype_as_under_lightning():
+    """precision="64-true": a tensor made inside a step (torch.zeros) is float64, as under Lightning's
+    DoublePrecision.forward_context; outside the steps the default dtype is float32 again."""
+    def dtypes(lib):
+        seen = []
+        boring = theirs if lib is pl else ours
+
+        class Model(boring.BoringModel):
+            def training_step(self, batch, batch_idx):
+                seen.append(("train", str(torch.zeros(1).dtype)))
+                return super().training_step(batch, batch_idx)
+
+            def validation_step(self, batch, batch_idx):
+                seen.append(("val", str(torch.zeros(1).dtype)))
+                return super().validation_step(batch, batch_idx)
+
+            def on_train_epoch_end(self):
+                seen.append(("epoch end", str(torch.zeros(1).dtype)))
+
+        for precision in ("64-true", "32-true"):
+            lib.Trainer(precision=precision, max_epochs=1, limit_train_batches=1, limit_val_batches=1,
+                        num_sanity_val_steps=0, **QUIET).fit(Model())
+        return seen
+
+    assert dtypes(tasktrain) == dtypes(pl) == [("train", "torch.float64"), ("val", "torch.float64"),
+                                               ("epoch end", "torch.float32"), ("train", "torch.float32"),
+                                               ("val", "torch.float32"), ("epoch end", "torch.float32")]

@@ -290,7 +290,10 @@ def test_a_checkpoints_top_level_keys_and_values_are_lightnings(tmp_path, hparam
     DataModule's state (under its class name) only when there are any. tasktrain's own keys are under "loops"."""
     ours_, theirs_ = (_saved_checkpoint(name, str(tmp_path / name), hparams, weights_only) for name in LIBS)
     assert list(ours_) == list(theirs_)  # the same keys, in the same order
-    assert ours_["pytorch-lightning_version"] == tasktrain.__version__
+    # (the Lightning layout the file follows: Lightning's migrations read it; tasktrain's version is in loops)
+    assert ours_["pytorch-lightning_version"] == "2.6.0" and ours_["loops"]["tasktrain_version"] == tasktrain.__version__
+    for loop in ("fit_loop", "validate_loop", "test_loop", "predict_loop"):  # Lightning's loop progress, as Lightning's
+        assert ours_["loops"][loop] == theirs_["loops"][loop], loop
     for key in set(ours_) - {"pytorch-lightning_version", "state_dict", "loops", "optimizer_states",
                              "lr_schedulers", "callbacks"}:
         assert ours_[key] == theirs_[key], key  # epoch, global_step, the hyper-parameters, the DataModule's state

@@ -171,6 +171,84 @@ def test_a_dataloader_subclass_is_the_loader_that_trains_as_under_lightning(shuf
     assert ours == theirs
 
 
+class Tagged(DataLoader):
+    """A DataLoader subclass with arguments of its own (`n`, `tag`) that it keeps no attribute of."""
+
+    def __init__(self, n, tag, batch_size=2, **kwargs):
+        super().__init__(data(n), batch_size=batch_size, **kwargs)
+        self.kind = f"tagged {tag}"
+
+
+@pytest.mark.parametrize("how", ["hooks", "given"])
+def test_a_dataloader_subclass_built_again_is_the_users_class_as_under_lightning(how):
+    """A DataLoader subclass of the user's that the Trainer must build again (overfit_batches turns its shuffling
+    off; every predict loader) was built as a plain DataLoader. Lightning builds the user's class again with the
+    arguments it recorded while the hook built it (and what the hook set on it after); so does the Trainer now: the
+    same class, kind, attributes, batches and weights. A loader handed to fit directly is read back from its attributes, which lack `n` and `tag`: Lightning's
+    MisconfigurationException, word for word."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def run(lib, base):
+        lib.seed_everything(4, verbose=False)
+        seen, predicted, kinds = [], [], []
+
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                loader = self.trainer.train_dataloader
+                kinds.append([type(loader).__name__, loader.kind, type(loader.sampler).__name__,
+                              getattr(loader, "note", None)])
+                seen.append(batch[0].tolist())
+                return torch.nn.functional.mse_loss(self.layer(batch[1]), batch[2])
+
+            def predict_step(self, batch, batch_idx):
+                loader = self.trainer.predict_dataloaders
+                kinds.append([type(loader).__name__, loader.kind, loader.batch_size, loader.drop_last])
+                predicted.append(batch[0].tolist())
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+            if how == "hooks":
+                def train_dataloader(self):
+                    loader = Tagged(8, "train", shuffle=True)
+                    loader.note = "set in the hook"  # (set again on the loader built again)
+                    return loader
+
+                def predict_dataloader(self):
+                    return Tagged(5, "predict", batch_size=2, drop_last=True)
+
+        module = Module()
+        trainer = lib.Trainer(accelerator="cpu", devices=1, max_epochs=2, overfit_batches=2, logger=False,
+                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                if how == "hooks":
+                    trainer.fit(module)
+                    trainer.predict(module, return_predictions=False)
+                else:
+                    trainer.fit(module, Tagged(8, "train", shuffle=True))
+            except Exception as error:  # (the same error under both, before any batch)
+                return type(error).__name__, str(error), seen
+        return kinds, seen, predicted, [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
+
+    ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
+    if how == "hooks":  # overfit_batches: in order; predicting: drop_last=False (a batch of 1 at the end)
+        assert ours[0][0] == ["Tagged", "tagged train", "SequentialSampler", "set in the hook"]
+        assert ours[1][:2] == [[0, 1], [2, 3]]
+        assert ours[0][-1][:2] == ["Tagged", "tagged predict"] and ours[2] == [[0, 1], [2, 3], [4]]
+    else:
+        assert ours[0] == "MisconfigurationException" and "The missing attributes are ['n', 'tag']" in ours[1]
+        assert ours[2] == []
+    assert ours == theirs
+
+
 def test_the_loader_worker_warnings_are_lightnings():
     """Lightning's warnings on a run's loaders (its _worker_check), missing before: few workers where the cores allow
     more (PossibleUserWarning, per loader and run, again at each reload), and persistent pinned workers with
@@ -270,6 +348,60 @@ def test_persistent_workers_stop_at_the_runs_end_as_under_lightning():
     ours, theirs = after(tasktrain, tasktrain.TaskModule), after(L, L.LightningModule)
     assert ours == [(0, None, None), (0, None)]
     assert ours == theirs
+
+
+def test_workers_that_are_not_persistent_stop_at_the_next_iter_as_under_lightning():
+    """Lightning's fetchers hold each pass's iterator until the loader's next iter() (or the run's end): workers
+    that are not persistent live on after the training pass (during on_train_epoch_end and the validation) and the
+    validation's after it; the Trainer stopped them where the pass stopped reading. The worker processes alive at
+    each point are the same under both (2 training workers, 1 validation worker), none after the run."""
+    import multiprocessing
+
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    def alive(lib, base, limit):
+        seen = []
+
+        def note(where):
+            seen.append((where, len(multiprocessing.active_children())))
+
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch, batch_idx):
+                note(f"step {batch_idx}")
+                return self.layer(batch[1]).sum()
+
+            def validation_step(self, batch, batch_idx):
+                note(f"val {batch_idx}")
+
+            def on_validation_epoch_end(self):
+                note("validation end")
+
+            def on_train_epoch_end(self):
+                note("train epoch end")
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = lib.Trainer(max_epochs=2, limit_train_batches=limit, limit_val_batches=limit,
+                              num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                              enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Module(), DataLoader(data(8), batch_size=2, num_workers=2),
+                        DataLoader(data(8), batch_size=2, num_workers=1))
+            note("after fit")
+        return seen
+
+    for limit in (2, 1.0):  # (the pass stopped at its limit; read to its end: a known length reads no further)
+        ours, theirs = alive(tasktrain, tasktrain.TaskModule, limit), alive(L, L.LightningModule, limit)
+        assert ("train epoch end", 3) in ours and ours[-1] == ("after fit", 0)
+        assert ours == theirs
 
 
 class _NoLength:

@@ -179,11 +179,15 @@ def test_gathering_the_random_states_writes_nothing_through_torch_save(monkeypat
     assert torch.equal(states[0]["numpy"][1], expected["numpy"][1]) and states[0]["python"] == expected["python"]
 
 
+LIGHTNING_LOOPS = ("fit_loop", "validate_loop", "test_loop", "predict_loop")
+
+
 def _format_2(ckpt):
     """A checkpoint of this format in format 2's layout, as tasktrain wrote them before: its own keys at the top
     level, the precision plugin's state as "precision", hyper_parameters always."""
     old = {key: value for key, value in ckpt.items() if key not in ("loops", "pytorch-lightning_version")}
-    old.update(ckpt["loops"], format_version=2, precision={})
+    old.update({key: value for key, value in ckpt["loops"].items() if key not in LIGHTNING_LOOPS}, format_version=2,
+               precision={})
     old.setdefault("hyper_parameters", {})
     return old
 
@@ -213,7 +217,9 @@ def test_a_trainer_checkpoint_of_format_2_resumes_as_the_current_one(tmp_path):
         weights[name] = module.state_dict()
     for key, value in weights["now"].items():
         assert torch.equal(weights["old"][key], value), key
-    assert set(seen["old"]) == set(seen["now"]) and set(seen["old"]["loops"]) == set(seen["now"]["loops"])
+    # (Lightning's loop progress beside tasktrain's keys is written since format 3's files carry it; older files lack it)
+    assert set(seen["old"]) == set(seen["now"]) and set(seen["old"]["loops"]) == set(seen["now"]["loops"]) - set(
+        LIGHTNING_LOOPS)
     assert seen["old"]["loops"]["format_version"] == 2 and seen["now"]["loops"]["format_version"] == 3
 
 
@@ -224,7 +230,7 @@ def test_upgrade_keeps_a_format_2_precision_state_and_drops_empty_hyper_paramete
            "world_size": 2, "weights_only": False, "callbacks": {}, "rng_states": []}
     new = upgrade(old)
     assert list(new) == ["epoch", "global_step", "pytorch-lightning_version", "state_dict", "callbacks", "loops"]
-    assert (new["epoch"], new["global_step"], new["pytorch-lightning_version"]) == (1, 6, "0.1.0")
+    assert (new["epoch"], new["global_step"], new["pytorch-lightning_version"]) == (1, 6, "0.1.0")  # (as written)
     assert new["loops"]["precision"] == scaler and new["loops"]["world_size"] == 2
     assert upgrade(new) is new
 

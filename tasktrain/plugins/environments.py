@@ -12,8 +12,13 @@ checked against the variables before training:
                                requeue settings of docs/slurm.md (TASKTRAIN_SLURM_REQUEUE / TASKTRAIN_REQUEUE_SIGNAL),
                                given in the script instead of the environment (the script's win)
 
-A ClusterEnvironment of one's own, and Lightning's Kubeflow / LSF / MPI / XLA environments, are refused, saying what to
-write instead (set the variables torchrun sets, or launch with torchrun / `tasktrain launch`).
+A ClusterEnvironment of one's own (a subclass defined outside this module) is used as Lightning's DDP uses one: a
+multi-process strategy calls its validate_settings(num_devices=, num_nodes=), starts the processes itself only where
+its creates_processes_externally is False, then sets each rank with set_global_rank(node_rank() * devices +
+local_rank()) and set_world_size(num_nodes * devices), and forms the process group at main_address:main_port with
+its global_rank() and world_size() (tasktrain/strategies/world.py); teardown() at the end of each stage.
+Lightning's Kubeflow / LSF / MPI / XLA environments are refused, saying what to write instead (set the variables
+torchrun sets, or launch with torchrun / `tasktrain launch`).
 """
 import abc
 import signal
@@ -25,8 +30,8 @@ __all__ = ["ClusterEnvironment", "LightningEnvironment", "SLURMEnvironment", "To
 
 
 class ClusterEnvironment(abc.ABC):
-    """Lightning's base class. tasktrain does not call a subclass's methods (it reads the launcher's variables), so a
-    subclass of one's own is refused by the Trainer; the built-in ones below say what they check."""
+    """Lightning's base class. A subclass of one's own drives the process group (the module docstring); the
+    defaults below read the launcher's variables, and the built-in subclasses say what they check."""
 
     def _environment(self):
         return detect_environment()
@@ -59,13 +64,18 @@ class ClusterEnvironment(abc.ABC):
     def detect() -> bool:
         return False
 
+    def set_world_size(self, size: int) -> None:
+        """Lightning's: the strategy's world size (num_nodes x devices), given before world_size() is read."""
+
+    def set_global_rank(self, rank: int) -> None:
+        """Lightning's: the strategy's rank (node_rank x devices + local_rank), given before global_rank() is read."""
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Lightning's: raise when the Trainer's devices / num_nodes do not suit this environment."""
+
     def check(self, env):
-        """Raise before training when the run's variables (`env`, a detected environment) are not this launcher's."""
-        raise ValueError(
-            f"plugins=[{type(self).__name__}()]: tasktrain reads the processes' ranks from the launcher's variables and "
-            "does not call a ClusterEnvironment's methods, so this one would be ignored. Set the variables torchrun "
-            "sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) from your cluster's, or launch with "
-            "torchrun / `tasktrain launch` (docs/launch.md) or srun (docs/slurm.md), and leave the plugin out.")
+        """Raise before training when the run's variables (`env`, a detected environment) are not this launcher's.
+        (Not called for a subclass of one's own, which says where the processes are itself.)"""
 
     def teardown(self):
         pass
@@ -121,6 +131,13 @@ class SLURMEnvironment(ClusterEnvironment):
 class _Refused(ClusterEnvironment):
     def __init__(self, *args, **kwargs):
         pass
+
+    def check(self, env):
+        raise ValueError(
+            f"plugins=[{type(self).__name__}()]: tasktrain does not read this launcher's variables. Set the variables "
+            "torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) from your cluster's, or launch "
+            "with torchrun / `tasktrain launch` (docs/launch.md) or srun (docs/slurm.md), and leave the plugin out; "
+            "or subclass ClusterEnvironment with your cluster's ranks (docs/lightning.md, Plugins).")
 
 
 class KubeflowEnvironment(_Refused):

@@ -1,4 +1,8 @@
-"""Lightning's layer synchronization plugins: TorchSyncBatchNorm() in plugins= is Trainer(sync_batchnorm=True)."""
+"""Lightning's layer synchronization plugins: TorchSyncBatchNorm() in plugins= is Trainer(sync_batchnorm=True). A
+LayerSync of one's own is called as Lightning's DDP and FSDP strategies call it: under a multi-process strategy,
+apply(module) when a fit sets up (after configure_model, before the precision's conversion, the wrapper and
+configure_optimizers), revert(module) when the fit ends (after the teardown hooks, also after a failure); both
+convert the module's layers in place and return it. A one-process strategy does not call it (Lightning's neither)."""
 import abc
 
 import torch

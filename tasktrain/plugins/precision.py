@@ -5,7 +5,15 @@ Each is tasktrain's plugin of that precision (tasktrain/strategies/precision.py)
 the same precision name does (MixedPrecision("bf16-mixed", "cpu") is precision="bf16-mixed"). DeepSpeedPrecision and
 FSDPPrecision name their engine's precision (the strategy runs its own plugin of that name); the plugins of libraries
 tasktrain does not run (bitsandbytes, Transformer Engine, XLA) are refused when built, saying what to write instead.
+
+A subclass of one's own may override Lightning's hooks that tasktrain calls where Lightning calls them (_LightningHooks
+below: the step contexts, convert_module, tensor_init_context, module_init_context, state_dict / load_state_dict,
+teardown); overriding the others (the backward and optimizer-step hooks, clipping, connect, convert_input,
+convert_output, the checkpoint hooks) is refused by the Trainer (tasktrain/trainer/plugin_args.py), because
+tasktrain's loop calls its own precision methods there.
 """
+import contextlib
+
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies import precision as _core
 
@@ -15,22 +23,67 @@ __all__ = ["Precision", "DoublePrecision", "HalfPrecision", "MixedPrecision", "D
 # The device is the run's: the strategy sets it when it adopts the plugin (Strategy.adopt_precision).
 _LATER = "cpu"
 
+# Lightning's precision hooks a subclass may override (called as Lightning calls them), and those it may not
+CALLED_HOOKS = ("forward_context", "train_step_context", "val_step_context", "test_step_context",
+                "predict_step_context", "convert_module", "tensor_init_context", "module_init_context", "state_dict",
+                "load_state_dict", "teardown")
+REFUSED_HOOKS = ("pre_backward", "backward", "post_backward", "optimizer_step", "clip_gradients",
+                 "clip_grad_by_value", "clip_grad_by_norm", "main_params", "connect", "convert_output",
+                 "convert_input", "on_save_checkpoint", "on_load_checkpoint", "unscale_gradients")
 
-class Precision(_core.Precision):
+
+class _LightningHooks:
+    """Lightning's step contexts over tasktrain's precision: each step of the module runs in the context of its kind
+    (train_step_context for training_step, val_step_context for validation_step, ...), each of which enters
+    forward_context() by default, which is the precision's autocast (strategy.forward_context(step))."""
+
+    def autocast(self):
+        return self.forward_context()
+
+    def forward_context(self):
+        return super().autocast()  # the precision's own: torch.autocast under the mixed precisions
+
+    def step_context(self, step):
+        return {"training_step": self.train_step_context, "validation_step": self.val_step_context,
+                "test_step": self.test_step_context, "predict_step": self.predict_step_context}.get(
+                    step, self.forward_context)()
+
+    @contextlib.contextmanager
+    def train_step_context(self):
+        with self.forward_context():
+            yield
+
+    @contextlib.contextmanager
+    def val_step_context(self):
+        with self.forward_context():
+            yield
+
+    @contextlib.contextmanager
+    def test_step_context(self):
+        with self.forward_context():
+            yield
+
+    @contextlib.contextmanager
+    def predict_step_context(self):
+        with self.forward_context():
+            yield
+
+
+class Precision(_LightningHooks, _core.Precision):
     """"32-true" (Lightning's base plugin: no casting, no scaling)."""
 
     def __init__(self):
         super().__init__(_LATER)
 
 
-class DoublePrecision(_core.DoublePrecision):
+class DoublePrecision(_LightningHooks, _core.DoublePrecision):
     """"64-true": the module and floating point inputs in float64."""
 
     def __init__(self):
         super().__init__(_LATER)
 
 
-class HalfPrecision(_core.HalfPrecision):
+class HalfPrecision(_LightningHooks, _core.HalfPrecision):
     """"16-true" (default) or "bf16-true": the parameters stored in half, no autocast, no scaling."""
 
     def __init__(self, precision="16-true"):
@@ -39,7 +92,7 @@ class HalfPrecision(_core.HalfPrecision):
         super().__init__(precision, None)  # (the fp16-on-CPU note is the strategy's, once it knows the device)
 
 
-class MixedPrecision(_core.MixedPrecision):
+class MixedPrecision(_LightningHooks, _core.MixedPrecision):
     """"16-mixed" (autocast float16 + GradScaler) or "bf16-mixed" (autocast bfloat16) on `device` ("cpu", "cuda");
     `scaler`: a torch.amp.GradScaler of one's own for "16-mixed"."""
 

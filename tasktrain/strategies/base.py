@@ -112,6 +112,10 @@ class Strategy(abc.ABC):
     # Lightning's strategy.cluster_environment: a tasktrain.plugins.environments one given to a Lightning-named
     # strategy's constructor (checked by the Trainer as a plugin is), else the Trainer's (plugins=, or the detected one)
     cluster_environment = None
+    # A user's own cluster environment (Lightning's ClusterEnvironment interface), set by the Trainer: a multi-process
+    # strategy's world reads its ranks, world size, address and port from it (strategies/world.py), as Lightning's
+    # DDP does, and starts no processes where it says its cluster creates them. None: the launcher's variables.
+    environment_plugin = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -465,20 +469,22 @@ class Strategy(abc.ABC):
         batch = move_to_device(batch, self.root_device)
         return self.precision.convert_input(batch) if self.precision else batch
 
-    def forward_context(self):
+    def forward_context(self, step=None):
         """The one place a forward enters the precision's autocast: training_step, eval_step and the Accelerator's
-        prepared models all go through it. Default: the precision plugin's autocast()."""
-        return self.precision.autocast()
+        prepared models all go through it. Default: the precision plugin's autocast(); one of the module's steps
+        (`step`: "training_step", "validation_step", ...) its step_context(step)."""
+        return self.precision.autocast() if step is None else self.precision.step_context(step)
 
     def training_step(self, batch, batch_idx):
         """The module's training_step, through the wrapper that must see it (DDP syncs what went through its
-        forward). Default: directly, under forward_context()."""
-        with self.forward_context():
+        forward). Default: directly, under forward_context("training_step")."""
+        with self.forward_context("training_step"):
             return self.module.training_step(*step_arguments(self.module.training_step, batch, batch_idx))
 
     def eval_step(self, step_fn, *args):
-        """A validation/test/predict step (`step_fn` is the module's bound method). Default: under forward_context()."""
-        with self.forward_context():
+        """A validation/test/predict step (`step_fn` is the module's bound method). Default: under its
+        forward_context(step)."""
+        with self.forward_context(step_name(step_fn)):
             return step_fn(*args)
 
     def no_backward_sync(self, enabled: bool, model=None):
@@ -953,3 +959,8 @@ def move_to_device(data, device):
         return to(device) if callable(to) else leaf
 
     return apply_to_leaves(data, move)
+
+
+def step_name(step_fn):
+    """The name of the module's step a strategy runs ("validation_step", ...), for the precision's step context."""
+    return getattr(step_fn, "__name__", None)

@@ -30,7 +30,7 @@ class _StepForward(_StepWrapper):
         step = getattr(self.module, step_name)
         if step_name == "training_step":  # (batch, batch_idx): batch_idx only where the step takes it
             args = step_arguments(step, *args)
-        with self.forward_context():
+        with self.forward_context(step_name):
             return _unsqueeze_scalars(step(*args))
 
 

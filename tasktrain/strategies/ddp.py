@@ -193,7 +193,7 @@ class DDP(ProcessWorld, Strategy):
 
     # -- the step ------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
-        with self.forward_context():
+        with self.forward_context("training_step"):
             return self.model(batch, batch_idx)
 
     def backward(self, loss, *args, **kwargs):

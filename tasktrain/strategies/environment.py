@@ -39,7 +39,9 @@ class ClusterEnvironment:
     node_rank: int = 0
     main_address: str = "127.0.0.1"
     main_port: Optional[int] = None
-    launcher: Optional[str] = None  # "torchrun", "slurm", "self", "spawn" (ddp_spawn) or None: nobody launched us
+    # "torchrun", "slurm", "self", "spawn" (ddp_spawn), "external" (a user's ClusterEnvironment plugin that says its
+    # cluster started the processes: environment_from_plugin) or None: nobody launched us
+    launcher: Optional[str] = None
 
 
 def detect_environment(env=None) -> ClusterEnvironment:
@@ -60,6 +62,22 @@ def detect_environment(env=None) -> ClusterEnvironment:
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return _slurm_environment(env)
     return ClusterEnvironment()
+
+
+def environment_from_plugin(plugin, devices: int, num_nodes: int) -> ClusterEnvironment:
+    """A user's own cluster environment (Lightning's ClusterEnvironment interface: local_rank(), node_rank(),
+    set_global_rank(), set_world_size(), global_rank(), world_size(), main_address, main_port,
+    creates_processes_externally) read as Lightning's DDP strategy reads it when it sets up the process group
+    (set_world_ranks, then _init_dist_connection): the ranks are set from (node, local rank) first, then read back.
+    Called once a process knows it is a rank (after this process started its workers, where it starts them)."""
+    local, node = int(plugin.local_rank()), int(plugin.node_rank())
+    plugin.set_global_rank(node * devices + local)
+    plugin.set_world_size(num_nodes * devices)
+    launcher = "external" if plugin.creates_processes_externally else detect_environment().launcher
+    return ClusterEnvironment(global_rank=int(plugin.global_rank()), world_size=int(plugin.world_size()),
+                              local_rank=local, local_world_size=devices, node_rank=node,
+                              main_address=str(plugin.main_address), main_port=int(plugin.main_port),
+                              launcher=launcher)
 
 
 # -- SLURM ------------------------------------------------------------------------------------------------------------

@@ -43,13 +43,34 @@ class Precision:
     def autocast(self):
         return contextlib.nullcontext()
 
+    def forward_context(self):
+        """Lightning's name for autocast() (`with trainer.precision_plugin.forward_context(): ...` in a script)."""
+        return self.autocast()
+
+    def step_context(self, step: str):
+        """What one of the module's steps runs in ("training_step", "validation_step", "test_step", "predict_step"):
+        Lightning's precision plugins have a context per step kind. Default: autocast()."""
+        return self.autocast()
+
+    def teardown(self) -> None:
+        """The end of a Trainer run (Lightning's precision teardown, where its strategy is torn down:
+        tasktrain/trainer/run.py end_stage_plugins). Default: nothing."""
+
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module
 
-    @contextlib.contextmanager
     def tensor_init_context(self):
         """What `trainer.init_module()` builds the module in (Lightning's precision plugins): a "-true" precision's
         dtype as the default dtype (float64, float16, bfloat16), else unchanged."""
+        return self._default_dtype()
+
+    def module_init_context(self):
+        """What the module's configure_model runs in (after tensor_init_context, as Lightning's Trainer enters them):
+        the same default dtype."""
+        return self._default_dtype()
+
+    @contextlib.contextmanager
+    def _default_dtype(self):
         dtype = {"64-true": torch.float64, "16-true": torch.float16, "bf16-true": torch.bfloat16}.get(self.name)
         previous = torch.get_default_dtype()
         if dtype is not None:
@@ -93,6 +114,11 @@ class DoublePrecision(Precision):
     """"64-true": the module and floating point inputs in float64."""
 
     name = "64-true"
+
+    def autocast(self):
+        # Not an autocast: tensors a step creates (torch.zeros, torch.randn) default to float64, as under Lightning's
+        # DoublePrecision.forward_context, so that they mix with the float64 activations as they are
+        return self._default_dtype()
 
     def convert_module(self, module):
         return module.double()

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.strategies.base import MultiProcess, release_kept_runs
-from tasktrain.strategies.environment import detect_environment
+from tasktrain.strategies.environment import detect_environment, environment_from_plugin
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -90,7 +90,7 @@ class ProcessWorld(MultiProcess):
         `is_interactive_compatible` is False, as Lightning's for these start methods."""
         if _PROCESS["launcher"] is not None:
             return _PROCESS["launcher"]
-        launched_by = detect_environment().launcher
+        launched_by = self._launched_by()
         if launched_by == "spawn" and self.start_method == "spawn":
             # a ddp_spawn child keeps its strategy's launcher, as Lightning's (pickled with the trainer there);
             # its launch() refuses, as every launcher's here
@@ -109,6 +109,21 @@ class ProcessWorld(MultiProcess):
         return self._idle_launcher
 
     # -- who am I ------------------------------------------------------------------------------------------
+    def _launched_by(self):
+        """Who started this process: the launcher's variables (environment.py), or "external" where the user's
+        ClusterEnvironment plugin says its cluster creates the processes (Lightning's creates_processes_externally:
+        then nothing is started here)."""
+        plugin = self.environment_plugin
+        if plugin is not None and plugin.creates_processes_externally:
+            return "external"
+        return detect_environment().launcher
+
+    def _environment(self):
+        """This rank's place in the world: the launcher's variables, or the user's ClusterEnvironment plugin."""
+        if self.environment_plugin is None:
+            return detect_environment()
+        return environment_from_plugin(self.environment_plugin, self.devices, self.num_nodes)
+
     @property
     def global_rank(self):
         return self.env.global_rank if self.env else 0
@@ -134,7 +149,7 @@ class ProcessWorld(MultiProcess):
     # -- lifecycle -----------------------------------------------------------------------------------------
     def needs_launch(self) -> bool:
         """Nobody started the other ranks, and more than one is asked for."""
-        return detect_environment().launcher is None and self.devices * self.num_nodes > 1
+        return self._launched_by() is None and self.devices * self.num_nodes > 1
 
     def launch(self, run, *args):
         """start_method="spawn" starts the ranks here with torch.multiprocessing (spawn.py); "popen" runs `run` in
@@ -155,7 +170,13 @@ class ProcessWorld(MultiProcess):
             if self.needs_launch():
                 run_under_elastic_agent(self.devices * self.num_nodes, self.max_restarts, self.num_nodes)
             check_restarts(self.max_restarts)
+        plugin = self.environment_plugin
+        if plugin is not None:  # Lightning's launchers ask the user's environment first, on every process
+            plugin.validate_settings(num_devices=self.devices, num_nodes=self.num_nodes)
         if self.needs_launch():
+            if plugin is not None:  # the workers meet where the user's environment says (as Lightning's launcher)
+                os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = plugin.main_address, str(plugin.main_port)
+                os.environ["NODE_RANK"] = str(plugin.node_rank())
             if self.start_method == "spawn":
                 raise RuntimeError("start_method='spawn': the Trainer spawns the processes (tasktrain/strategies/"
                                    "spawn.py); setup_environment runs in each child.")
@@ -164,7 +185,7 @@ class ProcessWorld(MultiProcess):
             launcher = SubprocessLauncher(self.devices, self.num_nodes)
             launcher.launch()
             _PROCESS["launcher"] = launcher
-        self.env = env = detect_environment()
+        self.env = env = self._environment()
         self._root_device = None
         expected = self.devices * self.num_nodes
         if env.world_size != expected:
@@ -194,10 +215,13 @@ class ProcessWorld(MultiProcess):
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0,
                                     world_size=1, timeout=self.timeout)
         else:
-            # torchrun and self-launch set MASTER_ADDR/PORT already; SLURM's come from its variables.
+            # torchrun and self-launch set MASTER_ADDR/PORT already; SLURM's come from its variables; a user's
+            # ClusterEnvironment plugin's win (Lightning's _init_dist_connection sets them from it).
             os.environ.setdefault("MASTER_ADDR", env.main_address)
             if env.main_port:
                 os.environ.setdefault("MASTER_PORT", str(env.main_port))
+            if plugin is not None:
+                os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = env.main_address, str(env.main_port)
             # nccl: bind the group to this rank's GPU (barriers and object collectives then know their device)
             device_id = {"device_id": self.root_device} if backend == "nccl" else {}
             dist.init_process_group(backend, rank=env.global_rank, world_size=env.world_size, timeout=self.timeout,
@@ -240,6 +264,8 @@ class ProcessWorld(MultiProcess):
         super().teardown()
         if self.owns_world_of_one():
             _destroy_group_at_exit()
+        if self.environment_plugin is not None:  # Lightning's strategy teardown ends with its environment's
+            self.environment_plugin.teardown()
 
     # -- collectives -----------------------------------------------------------------------------------------
     def _alone(self):

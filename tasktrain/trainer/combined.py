@@ -27,7 +27,7 @@ loader in turn; a CombinedLoader in another mode as one pass over its prepared l
 """
 import math
 
-from tasktrain.trainer.data import StatefulLoaderData, TrainData
+from tasktrain.trainer.data import StatefulLoaderData, TrainData, held_until_next_iter
 
 MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
 
@@ -129,7 +129,7 @@ def _zip_pass(mode, loaders, lengths, start=0, skip=None, restart=None):
                     return  # max_size_cycle: every loader ran out once
                 if restart is not None:
                     restart(i)
-                iterators[i] = iter(loaders[i])
+                iterators[i] = held_until_next_iter(loaders[i], iter(loaders[i]))
                 out[i] = next(iterators[i])
                 got = True
         if not got:
@@ -141,7 +141,7 @@ def _zip_pass(mode, loaders, lengths, start=0, skip=None, restart=None):
 def _started(loader, ahead, i, skip):
     if ahead and skip is not None:
         return skip(i, ahead)
-    iterator = iter(loader)
+    iterator = held_until_next_iter(loader, iter(loader))
     for _ in range(ahead):  # (a CombinedLoader of the user's never starts ahead: only the Trainer's resume does)
         next(iterator, None)
     return iterator
@@ -152,7 +152,7 @@ def _sequential_pass(loaders, limits):
     for i, loader in enumerate(loaders):
         limit = limits[i] if limits is not None else None
         limit = math.inf if limit is None else limit
-        iterator, batch_idx = iter(loader), 0
+        iterator, batch_idx = held_until_next_iter(loader, iter(loader)), 0
         while batch_idx < limit:
             try:
                 batch = next(iterator)

@@ -1,7 +1,8 @@
 """Data: each rank gets its own shard, the order is a function of (seed, epoch), and a resume skips ahead.
 
 The Trainer rebuilds a plain DataLoader whose sampler is a RandomSampler or SequentialSampler around our
-ResumableSampler, so a resumed epoch skips the samples already seen without loading them. A loader of the user's own
+ResumableSampler, so a resumed epoch skips the samples already seen without loading them (a DataLoader subclass of
+the user's is rebuilt as its class, with the user's constructor arguments: loader_init.py). A loader of the user's own
 order (a sampler or batch sampler of theirs, a RandomSampler with replacement or num_samples) is taken as Lightning's
 Trainer takes it (issue 37, `_lightning_train_data`, `prepare_eval_loader`): set_epoch(epoch) reaches its sampler and
 its batch sampler's sampler at each epoch's start (`loader_samplers`); on one process (or use_distributed_sampler=
@@ -48,6 +49,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Rando
 
 from tasktrain.data import ShardedStream
 from tasktrain.exceptions import PossibleUserWarning
+from tasktrain.trainer.loader_init import build_again
 from tasktrain.trainer.seed import add_worker_init_fn
 
 
@@ -286,6 +288,17 @@ class TrainData:
     # The Trainer's rule (Lightning's fit loop): set_epoch(epoch) reaches the loader's sampler and its batch sampler's
     # sampler at each epoch's start, a user's own too (the Accelerator leaves those to the user, as Accelerate does)
     sets_loader_epoch = False
+    # The Trainer's (Lightning's fetchers): the pass's iterator is kept until the next iter(), so workers that are
+    # not persistent live on after the pass (held_until_next_iter); the Accelerator's end with the pass, as Accelerate's
+    holds_iterator = False
+    # A loader of the user's order that the Trainer does not shard (one process, use_distributed_sampler=False; a
+    # DataLoader subclass kept as it is): the states of the generators a pass's iter() and first batch draw its
+    # order from (torch's global one, the loader's, its samplers'), taken before its iter(); a checkpoint keeps the
+    # pass's (`pass_draws`), so that a fit resumed inside that epoch reads the same order (`resume_draws`) before it
+    # drops the batches trained on, then goes on from the restored global state: the interrupted run's batches
+    replays_draws = False
+    pass_draws = None
+    resume_draws = None
     _order_drawn_at_iter = False
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
@@ -334,6 +347,8 @@ class TrainData:
             state["generators"] = [g.get_state() for g in generators]
         if self.pass_base is not None:  # (bytes, not a tensor: train states compare with ==)
             state["base_seed_state"] = self.pass_base.numpy().tobytes()
+        if self.pass_draws is not None:
+            state["pass_draws"] = self.pass_draws
         # (on the Trainer's own order, saved even when empty: its presence says the order of later epochs is drawn)
         return state if state or isinstance(sampler, ResumableSampler) else None
 
@@ -346,6 +361,8 @@ class TrainData:
             sampler.drawn_orders = False
         if not state:
             return
+        if self.replays_draws:
+            self.resume_draws = state.get("pass_draws")
         if state.get("base_seed_state") is not None:  # (a resume at an epoch's start draws anew at the fit's start)
             self.pending_base = torch.frombuffer(bytearray(state["base_seed_state"]), dtype=torch.uint8)
         if isinstance(sampler, ResumableSampler) and "epoch" in state:
@@ -359,7 +376,7 @@ class TrainData:
     def draws_own_order(self):
         """The epoch's order is drawn as the user's RandomSampler draws it (each rank from its own generator where the
         Trainer does not shard: use_distributed_sampler=False)."""
-        return getattr(self.sampler, "draws", False)
+        return getattr(self.sampler, "draws", False) or self.replays_draws
 
     def _users_generators(self):
         found = [self.base_generator] if self.draws_base_seed and self.base_generator is not None else []
@@ -437,8 +454,16 @@ class TrainData:
             if self.pending_base is not None:
                 self.generator.set_state(self.pending_base)
             self.pass_base, self.pending_base = self.pending_base, None
-        iterator = iter(self.loader)
         skip, self._skip_batches = self._skip_batches, 0
+        replay, self.resume_draws = (self.resume_draws if skip else None), None
+        restored = torch.get_rng_state() if replay is not None else None
+        if replay is not None:
+            _set_draw_states(self.loader, replay)  # (the interrupted pass's, for its iter() and first batch)
+        if self.replays_draws:
+            self.pass_draws = replay if replay is not None else _draw_states(self.loader)
+        iterator = iter(self.loader)
+        if self.holds_iterator:
+            held_until_next_iter(self.loader, iterator)
         if skip:  # (Lightning's category and first words: its loop warns there too, and reads the epoch again)
             warnings.warn("You're resuming from a checkpoint that ended before the epoch ended and your dataloader is "
                           f"not resumable: the Trainer loads and drops the {skip} batches trained on, as this loader's "
@@ -447,7 +472,47 @@ class TrainData:
                           PossibleUserWarning)
             for _ in range(skip):
                 next(iterator, None)
+        if restored is not None:
+            torch.set_rng_state(restored)  # (the checkpoint's: the rest of the run draws as the interrupted one)
         return iterator
+
+
+def _draw_generators(loader):
+    """The generators of the user's that a loader's iter() and first batch draw from (torch's global one aside)."""
+    found = {}
+    for one in (getattr(loader, "generator", None), *[getattr(s, "generator", None) for s in loader_samplers(loader)]):
+        if isinstance(one, torch.Generator):
+            found[id(one)] = one
+    return list(found.values())
+
+
+def _draw_states(loader):
+    """(torch's global generator's state, the loader's generators' states) now, as bytes (train states compare with
+    ==)."""
+    return {"torch": torch.get_rng_state().numpy().tobytes(),
+            "generators": [g.get_state().numpy().tobytes() for g in _draw_generators(loader)]}
+
+
+def _set_draw_states(loader, states):
+    torch.set_rng_state(_state_tensor(states["torch"]))
+    generators = _draw_generators(loader)
+    if len(generators) == len(states["generators"]):  # (another loader than the one saved: its own stay as they are)
+        for generator, saved in zip(generators, states["generators"]):
+            generator.set_state(_state_tensor(saved))
+
+
+def _state_tensor(saved):
+    return torch.frombuffer(bytearray(saved), dtype=torch.uint8)
+
+
+def held_until_next_iter(loader, iterator):
+    """`iterator`, kept on its DataLoader until the loader's next iter() (or the run's end: shutdown_loader_workers):
+    workers that are not persistent then stop there, as under Lightning, whose fetchers hold each pass's iterator
+    (its workers alive during on_train_epoch_end, the validation, ...), not where the pass stops reading. (The
+    DataLoader's own slot for the iterator of persistent workers, which its iter() reads for those only.)"""
+    if isinstance(loader, DataLoader) and loader.num_workers > 0 and not loader.persistent_workers:
+        loader._iterator = iterator  # (the previous pass's, released here after the new one started: it stops)
+    return iterator
 
 
 def draw_loader_seed(data, epoch=None, at_iter=True, at_first_batch=True):
@@ -487,6 +552,11 @@ def loader_options(loader) -> dict:
 
 
 def _rebuild(loader: DataLoader, sampler, generator, kind=DataLoader) -> DataLoader:
+    if _users_class(loader):  # (its class built again around the sampler, with the user's arguments)
+        rebuilt = build_again(loader, sampler)
+        if generator is not loader.generator:
+            rebuilt.generator = generator  # (the Trainer's: its workers' base seeds, drawn as the user's loader draws)
+        return rebuilt
     # batch_sampler=BatchSampler(...) keeps its batch size there; batch_size=None without one (no automatic
     # batching: each item is a batch, as the user made it) stays so, as in Lightning's rebuilt loader
     batches = loader.batch_sampler if loader.batch_size is None and loader.batch_sampler is not None else loader
@@ -507,6 +577,13 @@ def _torchdata_sampler(sampler, name) -> bool:
     """torchdata's StatefulDataLoader swaps torch's default RandomSampler/BatchSampler for stateful twins."""
     kind = type(sampler)
     return kind.__name__ == name and kind.__module__.startswith("torchdata.stateful_dataloader")
+
+
+def _users_class(loader) -> bool:
+    """A DataLoader subclass of the user's: built again as that class (torchdata's StatefulDataLoader has its own
+    rules)."""
+    kind = type(loader)
+    return isinstance(loader, DataLoader) and kind is not DataLoader and not kind.__module__.startswith("torchdata.")
 
 
 def _loader_subclass(loader) -> bool:
@@ -630,6 +707,8 @@ class StreamData(TrainData):
         self.iteration_samples = stream.rank_counts(stream.start)[1]
         self.iteration_padding = stream.padding(stream.start)
         iterator = iter(self.loader)
+        if self.holds_iterator:
+            held_until_next_iter(self.loader, iterator)
         stream.start = 0  # a skip applies once
         return iterator
 
@@ -749,8 +828,9 @@ def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
     a custom batch sampler is built again around it. overfit_batches (shuffle=False) reads the dataset in order.
 
     A resume of such a fit mid-epoch reads and drops the batches already trained on (Lightning's order, our read of
-    it), except over a DistributedSampler of ours with a batch size: that one skips ahead on any number of
-    processes; and a StatefulDataLoader (rebuilt as one): its own state, saved per rank, resumes it."""
+    it; a loader kept as it is draws its order again from the generators' states its pass drew from: `pass_draws`),
+    except over a DistributedSampler of ours with a batch size: that one skips ahead on any number of processes; and
+    a StatefulDataLoader (rebuilt as one): its own state, saved per rank, resumes it."""
     sampler = loader.sampler
     if shuffle is False and not isinstance(sampler, SequentialSampler):
         sampler = SequentialSampler(loader.dataset)  # (overfit_batches: Lightning's replacement, warned above)
@@ -768,6 +848,8 @@ def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
         data = StatefulLoaderData(loader, sharding, seed)
     else:
         data = TrainData(loader, sharding, None, seed)
+        # a loader whose order is drawn as the user built it (not sharded by us): a mid-epoch resume draws it again
+        data.replays_draws = sharding is None
     data.sets_loader_epoch = True
     return data
 
@@ -775,6 +857,8 @@ def _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed):
 def _with_sampler(loader, sampler, predicting=False):
     """The loader built again with `sampler` in place of its `sampler` (a custom batch sampler built around it).
     `predicting`: every sample is predicted (Lightning's predict loaders drop no last batch)."""
+    if _users_class(loader):  # (Lightning's _update_dataloader: the user's class, with the user's arguments)
+        return build_again(loader, sampler, predicting=predicting)
     batch_sampler = loader.batch_sampler
     # a StatefulDataLoader is built again as one (Lightning's _update_dataloader keeps the loader's class): its own
     # state still resumes it
@@ -806,13 +890,16 @@ def _predict_loader(loader, world_size, rank):
                           " Lightning would normally set `drop_last=False` to ensure all samples are returned, but for"
                           " custom samplers it can't guarantee this. Make sure your sampler is configured correctly to"
                           " return all indices.", PossibleUserWarning)
-        return loader
+        # (Lightning builds a loader of the user's class again all the same, around the same batch sampler)
+        return build_again(loader, None, predicting=True, batch_sampler=batch_sampler) if _users_class(loader) \
+            else loader
     sampler = loader.sampler
     if world_size > 1 and not isinstance(sampler, DistributedSampler):
         sampler = PredictShardSampler(sampler, world_size, rank, shuffle=_is_shuffled(loader))
     drops = batch_sampler is not None and bool(getattr(batch_sampler, "drop_last", False))
-    return _with_sampler(loader, sampler, predicting=True) if sampler is not loader.sampler or custom or drops \
-        else loader
+    # (Lightning builds every predict loader again: a loader of the user's class is, with the user's arguments)
+    again = sampler is not loader.sampler or custom or drops or _users_class(loader)
+    return _with_sampler(loader, sampler, predicting=True) if again else loader
 
 
 def _is_shuffled(loader):
@@ -965,8 +1052,10 @@ def record_batch_indices(loader):
             isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return loader, _NoIndices()
     seen = []
-    kwargs = dict(loader_options(loader), batch_sampler=_RecordingBatchSampler(loader.batch_sampler, seen))
-    return DataLoader(loader.dataset, **kwargs), seen
+    recording = _RecordingBatchSampler(loader.batch_sampler, seen)
+    if _users_class(loader):  # (the user's class kept, as Lightning's index-tracking batch sampler keeps it)
+        return build_again(loader, None, predicting=True, batch_sampler=recording, warn=False), seen
+    return DataLoader(loader.dataset, **dict(loader_options(loader), batch_sampler=recording)), seen
 
 
 class _NoIndices(list):
@@ -984,14 +1073,16 @@ def resume_point(train_state: dict, saved_world_size: int, data: TrainData, worl
     checkpoint written before the sample count existed held per-rank batches of the same size: its count is rebuilt
     from them."""
     batches = int(train_state.get("batch_in_epoch", 0))
+    # (an epoch whose data began again at this index, TrainState.data_from_batch: only the batches since were read)
+    data_from = int(train_state.get("data_from_batch", 0))
     if not data.resumes_on_any_world_size:
         return batches, None
     per_batch = data.samples_per_batch(world_size)
     samples = train_state.get("samples_in_epoch")
     if samples is None:
-        samples = batches * data.loader.batch_size * saved_world_size
+        samples = (batches - data_from) * data.loader.batch_size * saved_world_size
     cap = data.num_samples if data.num_samples is not None else float("inf")  # (a stream of unknown length)
     samples = int(min(int(samples), cap))
-    if samples == min(batches * per_batch, cap):
+    if samples == min((batches - data_from) * per_batch, cap):
         return batches, samples
-    return (samples // (per_batch * accumulate)) * accumulate, samples
+    return data_from + (samples // (per_batch * accumulate)) * accumulate, samples

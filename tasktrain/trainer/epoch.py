@@ -66,14 +66,17 @@ class EpochIterator:
         left = data.batches_from(skip_samples) if skip_samples is not None and length is not None else None
         if left is not None:  # (None: a loader without a length, limited by limit_train_batches: the limit stands)
             length = min(length, start + left)  # what is left, in this run's batches
+        # an epoch whose data began again from the loader's first batch at this index (TrainState.data_from_batch:
+        # Lightning's restart inside an epoch): the batches read since then are skipped, the indices go on
+        data_from = getattr(position, "data_from_batch", 0)
         if length is None or start < length:  # (a skip applies to the next iteration: only if there is one)
             if skip_samples is not None:
                 data.skip_samples(skip_samples)
-            elif start:
-                data.skip(start)
+            elif start > data_from:
+                data.skip(start - data_from)
         position.batch_in_epoch = start
         # samples consumed after batch i = base + (i + 1) x per batch
-        consumed = skip_samples if skip_samples is not None else start * self._per_batch
+        consumed = skip_samples if skip_samples is not None else (start - data_from) * self._per_batch
         self._samples_base = consumed - start * self._per_batch
         position.samples_in_epoch = min(self._samples_cap, consumed)
         self.length = length
@@ -117,6 +120,8 @@ class EpochIterator:
         position = self.position
         position.epoch += 1
         position.batch_in_epoch = position.samples_in_epoch = 0
+        if hasattr(position, "data_from_batch"):  # (the Trainer's TrainState; a prepared loader's position has none)
+            position.data_from_batch = 0
         self.length = self.full_length
         self._samples_base = 0
 
@@ -148,7 +153,7 @@ class EpochIterator:
         exactly (see `check_resume`). `order_remedy` and `own_order_reason` replace the remedy and the reason an
         error gives."""
         start, samples = resume_point(saved, saved_world, self.data, self.world_size, accumulate)
-        if start:
+        if start > int(saved.get("data_from_batch", 0)):  # (at that index nothing is skipped: the data starts over)
             check_resume(self.data, saved, saved_world, world, exact=samples is not None and not users_split,
                          source=source, epoch_name=epoch_name, owner=owner, users_split=users_split, now=now,
                          order_remedy=order_remedy, own_order_reason=own_order_reason)

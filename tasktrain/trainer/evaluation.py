@@ -21,7 +21,8 @@ from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, run
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten, loaders_view
-from tasktrain.trainer.data import EvalShardSampler, prepare_eval_loader, record_batch_indices, set_sampler_epoch
+from tasktrain.trainer.data import EvalShardSampler, held_until_next_iter, prepare_eval_loader, record_batch_indices, \
+    set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage, TrainerFn
@@ -488,8 +489,10 @@ def _predict_outputs(trainer, loaders, writers):
 
 def _batches(trainer, loader, limit, prefix, end_event=None):
     """(index, batch) of one evaluation loader up to its limit, marked for the watchdog (and the profiler)."""
-    batches = loader if trainer.profiler is None else \
-        profiled_iter(loader, trainer.profiler, f"{prefix}_dataloader_next")
+    # (a DataLoader's iterator is kept until its next iter(): its workers live on after the pass, as Lightning's)
+    batches = held_until_next_iter(loader, iter(loader)) if isinstance(loader, DataLoader) else loader
+    batches = batches if trainer.profiler is None else \
+        profiled_iter(batches, trainer.profiler, f"{prefix}_dataloader_next")
     state = trainer.state
     extra = {} if end_event is None else {"end_event": end_event}
     # (stops at the limit without reading a batch more, as Lightning: a loader read to its end moves what its

@@ -238,6 +238,11 @@ class EvaluationLoop(_LoopView):
     def _total(self):
         return self._counts(0)
 
+    def state_dict(self):
+        """Lightning's state dict of this loop (its progress, as a Lightning checkpoint keeps it under
+        ckpt["loops"]["validate_loop"] / ["test_loop"])."""
+        return {"state_dict": {}, "batch_progress": _batch_progress_dict(self.batch_progress)}
+
     def _counts(self, which):
         trainer = self._trainer
         completed, phase = trainer.state.eval_batches[self._key][which], trainer._eval_phase[self._key]
@@ -270,6 +275,11 @@ class PredictionLoop(_LoopView):
 
     def _total(self):
         return self._counts(0)
+
+    def state_dict(self):
+        """Lightning's state dict of the predict loop (ckpt["loops"]["predict_loop"]: a progress without
+        is_last_batch)."""
+        return {"state_dict": {}, "batch_progress": _progress_dict(self.batch_progress)}
 
     def _counts(self, which):
         completed, phase = self._trainer._predict_counts[which], self._trainer._predict_phase
@@ -509,6 +519,30 @@ class FitLoop(_LoopView):
         fit = self._trainer._fit_state
         return fit is not None and fit.restarting
 
+    def state_dict(self):
+        """Lightning's state dict of its fit loop, read from the views: the progress a Lightning checkpoint keeps
+        under ckpt["loops"]["fit_loop"] (tasktrain's checkpoints keep it too, so that Lightning's Trainer resumes
+        them; resume.run_state). (No "combined_loader": a StatefulDataLoader's state is in tasktrain's train
+        state.)"""
+        loop = self.epoch_loop
+        optimizer = loop.automatic_optimization.optim_progress.optimizer
+        return {
+            "state_dict": {},
+            "epoch_loop.state_dict": {"_batches_that_stepped": int(loop._batches_that_stepped)},
+            "epoch_loop.batch_progress": _batch_progress_dict(loop.batch_progress),
+            "epoch_loop.scheduler_progress": _progress_dict(loop.scheduler_progress, _READY_COMPLETED),
+            "epoch_loop.automatic_optimization.state_dict": {},
+            "epoch_loop.automatic_optimization.optim_progress": {"optimizer": {
+                "step": _progress_dict(optimizer.step, _READY_COMPLETED),
+                "zero_grad": _progress_dict(optimizer.zero_grad, _READY_COMPLETED + ("started",))}},
+            "epoch_loop.manual_optimization.state_dict": {},
+            "epoch_loop.manual_optimization.optim_step_progress": _progress_dict(
+                loop.manual_optimization.optim_step_progress, _READY_COMPLETED),
+            "epoch_loop.val_loop.state_dict": {},
+            "epoch_loop.val_loop.batch_progress": _batch_progress_dict(loop.val_loop.batch_progress),
+            "epoch_progress": _progress_dict(self.epoch_progress),
+        }
+
     @property
     def done(self):
         trainer = self._trainer
@@ -521,6 +555,18 @@ class FitLoop(_LoopView):
             return True
         can_stop = processed >= (trainer.min_epochs or 0) and trainer.global_step >= (trainer.min_steps or 0)
         return bool(trainer.should_stop) and can_stop
+
+
+_READY_COMPLETED = ("ready", "completed")
+
+
+def _progress_dict(progress, keys=("ready", "completed", "started", "processed")):
+    """A progress view as Lightning's _Progress.state_dict() writes it (its trackers' fields, in its order)."""
+    return {which: {key: int(getattr(getattr(progress, which), key)) for key in keys} for which in ("total", "current")}
+
+
+def _batch_progress_dict(progress):
+    return {**_progress_dict(progress), "is_last_batch": bool(progress.is_last_batch)}
 
 
 def _phase(trainer):

@@ -61,9 +61,11 @@ def setup_train(trainer, loader, previous=None):
     def prepared(one):
         check_loader_workers(trainer, one, "train")
         add_worker_init_fn(one, trainer.global_rank)  # seed_everything(workers=True), before the loader is rebuilt
-        return prepare_train_data(one, world_size, rank, trainer.state.data_seed, shuffle=shuffle,
+        data = prepare_train_data(one, world_size, rank, trainer.state.data_seed, shuffle=shuffle,
                                   broadcast=trainer.strategy.broadcast, reads=trainer.strategy.is_global_zero,
                                   keeps_sampler=keeps_sampler, lightning=True)
+        data.holds_iterator = True  # (non-persistent workers stop at the next iter(), as under Lightning)
+        return data
 
     if is_combined(loader):
         # several training loaders (a dict, list or CombinedLoader): each prepared as one (its own shard and

@@ -12,7 +12,7 @@ class Plugins:
     precision: object = None  # a Precision plugin (tasktrain.plugins.precision)
     checkpoint_io: object = None  # a CheckpointIO (tasktrain.plugins.io)
     environment: object = None  # a ClusterEnvironment (tasktrain.plugins.environments)
-    layer_sync: object = None  # TorchSyncBatchNorm
+    layer_sync: object = None  # a LayerSync: TorchSyncBatchNorm (sync_batchnorm=True), or one of one's own
 
 
 def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
@@ -81,30 +81,44 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
 def _check_plugin_classes(found):
     """Subclasses of one's own that tasktrain would not call as Lightning calls them: refused, saying why."""
     plugin = found.precision
-    if plugin is not None and not type(plugin).__module__.startswith("tasktrain."):
-        own = sorted({name for cls in type(plugin).__mro__ if not cls.__module__.startswith("tasktrain.")
-                      and cls is not object for name, value in vars(cls).items()
-                      if callable(value) and name != "__init__" and not name.startswith("__")})
-        if own:
+    own = _own_methods(plugin)
+    if own:
+        from tasktrain.plugins.precision import CALLED_HOOKS, REFUSED_HOOKS
+
+        refused = sorted(own & set(REFUSED_HOOKS))
+        if plugin.engine is not None:  # the engine strategy runs its own plugin of that name: none of them is called
+            refused = sorted(own & set(REFUSED_HOOKS + CALLED_HOOKS))
+        if refused:
             raise ValueError(
-                f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(own)}: tasktrain's precision plugins "
-                "have their own methods (autocast, backward, unscale, optimizer_step; tasktrain/strategies/"
-                "precision.py), not Lightning's precision hooks, so the override would not be called as Lightning "
-                "calls it. Use the plugin as it is (or precision='...'), and put per-step work in the module's hooks "
-                "(on_before_backward, on_before_optimizer_step, optimizer_step).")
-    sync = found.layer_sync
-    if sync is not None and type(sync).__module__ != "tasktrain.plugins.layer_sync":
-        raise ValueError(f"plugins=[{type(sync).__name__}()]: tasktrain's layer synchronization is torch's SyncBatchNorm "
-                         "(TorchSyncBatchNorm(), or sync_batchnorm=True). Convert other layers yourself in the module's "
-                         "configure_model, and leave the plugin out.")
+                f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(refused)}: tasktrain's loop calls its own "
+                "precision methods there (backward, unscale, optimizer_step: tasktrain/strategies/precision.py; the "
+                "input cast after the batch is moved; an engine strategy's own plugin), so the override would not be "
+                "called as Lightning calls it. Overriding the step contexts (forward_context, train_step_context, "
+                "...), convert_module, tensor_init_context, module_init_context, state_dict / load_state_dict and "
+                "teardown is supported; "
+                "put per-step work in the module's hooks (on_before_backward, on_after_backward, "
+                "on_before_optimizer_step, configure_gradient_clipping, optimizer_step).")
     _check_environment_class(found.environment)
 
 
-def _check_environment_class(env):
-    if env is not None and type(env).__module__ != "tasktrain.plugins.environments":
-        from tasktrain.plugins.environments import ClusterEnvironment
+def _own_methods(plugin) -> set:
+    """The methods a subclass of one's own defines (its classes outside tasktrain), or an empty set."""
+    if plugin is None:
+        return set()
+    return {name for cls in type(plugin).__mro__ if not cls.__module__.startswith("tasktrain.") and cls is not object
+            for name, value in vars(cls).items() if callable(value) or isinstance(value, (property, staticmethod))}
 
-        ClusterEnvironment.check(env, None)  # a ClusterEnvironment of one's own: the base class's refusal
+
+def _users_environment(env) -> bool:
+    """A ClusterEnvironment subclass of one's own (not one of tasktrain.plugins.environments): it drives the world."""
+    return env is not None and type(env).__module__ != "tasktrain.plugins.environments"
+
+
+def _check_environment_class(env):
+    from tasktrain.plugins.environments import _Refused
+
+    if isinstance(env, _Refused) and not _users_environment(env):
+        env.check(None)  # Lightning's Kubeflow / LSF / MPI / XLA environments: the refusal
 
 
 def apply_plugins(found, strategy, env):
@@ -113,6 +127,10 @@ def apply_plugins(found, strategy, env):
     requeue settings a SLURMEnvironment gives ((auto_requeue, signal)), or None."""
     if found.precision is not None:
         strategy.precision_plugin = found.precision
+        if strategy.precision is not found.precision and _own_methods(found.precision) - {"__init__"}:
+            raise ValueError(f"plugins=[{type(found.precision).__name__}(...)]: {type(strategy).__name__} runs its "
+                             "engine's own precision plugin of that name, so the methods of this one would not be "
+                             f"called. Use precision={found.precision.name!r} without a subclass.")
     if found.checkpoint_io is not None:
         strategy.checkpoint_io = found.checkpoint_io
     from tasktrain.plugins.environments import SLURMEnvironment
@@ -121,8 +139,11 @@ def apply_plugins(found, strategy, env):
     if given is None:  # (the launcher's variables are read: tasktrain/strategies/environment.py)
         return None
     _check_environment_class(given)
-    given.check(env)
     strategy.cluster_environment = given
+    if _users_environment(given):  # its ranks, address and port form the process group (strategies/world.py)
+        strategy.environment_plugin = given
+        return None
+    given.check(env)
     if isinstance(given, SLURMEnvironment):
         return given.auto_requeue, given.requeue_signal
     return None

@@ -21,7 +21,7 @@ import os
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback
-from tasktrain.exceptions import MisconfigurationException
+from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Sharded
 from tasktrain.trainer import loaders, run
@@ -72,11 +72,17 @@ def run_state(trainer, weights_only=False):
             saved["plateau_step_values"] = pending
         return saved
 
-    own = {"weights_only": Value(bool(weights_only)), "world_size": Value(trainer.world_size),
+    # Lightning's loop progress first, as a Lightning checkpoint keeps it (fit_loop, validate_loop, test_loop,
+    # predict_loop: what Lightning's Trainer reads when it resumes this file), then tasktrain's own keys
+    own = {"fit_loop": Value(lambda: trainer.fit_loop.state_dict()),
+           "validate_loop": Value(lambda: trainer.validate_loop.state_dict()),
+           "test_loop": Value(lambda: trainer.test_loop.state_dict()),
+           "predict_loop": Value(lambda: trainer.predict_loop.state_dict()),
+           "weights_only": Value(bool(weights_only)), "world_size": Value(trainer.world_size),
            "train_state": Value(train_state, state.load_state_dict)}
     # Lightning's keys, in its order (the counters are saved for scripts that read them; the resume uses train_state)
     parts = {"epoch": Value(trainer.current_epoch), "global_step": Value(trainer.global_step),
-             "pytorch-lightning_version": Value(__version__), "state_dict": Weights(strategy),
+             "pytorch-lightning_version": Value(ckpt_io.LIGHTNING_LAYOUT_VERSION), "state_dict": Weights(strategy),
              "loops": RunState(own)}
     if not weights_only:
         optimizers = trainer.optimizers
@@ -296,12 +302,17 @@ def load(trainer, path):
 
 def from_lightnings_loops(trainer, loaded):
     """A checkpoint Lightning's fit wrote (its loop state is its loop objects' progress, ckpt["loops"]["fit_loop"]):
-    tasktrain's train state read from it, so that a fit resumes from it where Lightning's does. Read at an epoch's
-    boundary: saved at an epoch's end (ModelCheckpoint's default places: on_train_epoch_end, the epoch-end
-    validation's end), at an epoch's start, or after a fit; the fit goes on at the next epoch's first batch. Saved
-    inside an epoch, it is refused (Lightning re-reads that epoch's loader from its first batch there, with a warning
-    that the results are unreliable)."""
-    ckpt, path = loaded.ckpt, loaded.path
+    tasktrain's train state read from it, so that a fit resumes from it where Lightning's restarted loop does.
+
+    Saved at an epoch's boundary (ModelCheckpoint's default places: on_train_epoch_end, the epoch-end validation's
+    end; an epoch's start; after a fit), the fit goes on at the next epoch's first batch. Saved inside an epoch
+    (every_n_train_steps, a validation inside the epoch, an exception), it goes on inside that epoch as Lightning's
+    restart does: the batch indices, global_step and the loggers' step go on from the saved batch (one saved in its
+    on_train_batch_end counts that batch done; a validation due after it is not run again), and the data is Lightning's
+    too: a loader Lightning kept a state of (a StatefulDataLoader: fit_loop's "combined_loader") continues from that
+    state, any other is read again from its first batch (TrainState.data_from_batch), the epoch ending at its usual
+    batch count, with Lightning's warning (restore_train_state)."""
+    ckpt = loaded.ckpt
     loops = ckpt.get("loops")
     if isinstance(ckpt_io.own_state(ckpt).get("train_state"), dict) or not isinstance(loops, dict) or \
             not isinstance(loops.get("fit_loop"), dict) or "global_step" not in ckpt:
@@ -311,38 +322,81 @@ def from_lightnings_loops(trainer, loaded):
         epochs = fit["epoch_progress"]["current"]
         batches = fit["epoch_loop.batch_progress"]
         stepped = int(fit["epoch_loop.state_dict"]["_batches_that_stepped"])
+        current, run_total = batches["current"], batches["total"]
     except (KeyError, TypeError):
         return  # (not a fit loop's state that can be read: check_resumable refuses it)
     ended = epochs["processed"] > epochs["completed"]  # the epoch's training ran to its end (its end hooks ran)
     between = epochs["started"] == epochs["processed"] == epochs["completed"] or (
-        epochs["started"] > epochs["processed"] and batches["current"]["started"] == 0)
-    if not ended and not between:
-        raise ValueError(
-            f"{path} is a checkpoint Lightning saved inside an epoch (batch {batches['current']['completed']} of epoch "
-            f"{epochs['completed']}): tasktrain resumes a Lightning checkpoint at an epoch's boundary (one saved at an "
-            "epoch's end, as ModelCheckpoint saves by default), not inside one (Lightning itself reads that epoch "
-            "again from its first batch, warning that the results are unreliable). Resume from an epoch-end "
-            "checkpoint, or load its weights into the module and start a new fit.")
+        epochs["started"] > epochs["processed"] and current["started"] == 0)
+    inside = not ended and not between
 
     def total(progress, key="completed"):
         return int(((progress or {}).get("total") or {}).get(key, 0))
 
+    def now(progress, key="completed"):
+        return int(((progress or {}).get("current") or {}).get(key, 0))
+
     optim = fit.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {})
+    val = fit.get("epoch_loop.val_loop.batch_progress") or {}
     train_state = {
         "epoch": int(epochs["completed"]), "global_step": int(ckpt["global_step"]), "batches_that_stepped": stepped,
-        "batch_in_epoch": int(batches["current"]["completed"]) if ended else 0,
+        "batch_in_epoch": int(current["completed"]) if ended else 0,
         "epoch_finished": ended, "epoch_started": ended, "epoch_validated": ended,
         "batches_taken": total(batches), "zero_grads": total(optim.get("zero_grad")),
         "scheduler_steps": total(fit.get("epoch_loop.scheduler_progress")),
-        "eval_batches": {"val": [total(fit.get("epoch_loop.val_loop.batch_progress")), 0],
+        "eval_batches": {"val": [total(val), 0],
                          "validate": [total((loops.get("validate_loop") or {}).get("batch_progress")), 0],
                          "test": [total((loops.get("test_loop") or {}).get("batch_progress")), 0]},
         "predict_batches": total((loops.get("predict_loop") or {}).get("batch_progress")),
     }
+    if inside:
+        train_state.update(inside_an_epoch(trainer, fit, current, run_total, stepped))
+        train_state["eval_batches"]["val"][1] = now(val)
+        train_state["eval_is_last_batch"] = {"val": bool(val.get("is_last_batch")), "validate": False, "test": False}
+        train_state["epoch_steps_from"] = train_state["global_step"] - now(optim.get("step"))
+        train_state["epoch_zero_grads_from"] = train_state["zero_grads"] - now(optim.get("zero_grad"))
+        train_state["epoch_scheduler_steps_from"] = (train_state["scheduler_steps"]
+                                                     - now(fit.get("epoch_loop.scheduler_progress")))
     # tasktrain's own keys beside Lightning's loop state (kept as it was): the file then reads as one the Trainer
-    # wrote at that boundary, on this run's number of processes
+    # wrote there, on this run's number of processes
     ckpt["loops"] = dict(loops, format_version=ckpt_io.CHECKPOINT_FORMAT_VERSION, weights_only=False,
                          world_size=trainer.world_size, train_state=train_state)
+
+
+def inside_an_epoch(trainer, fit, current, run_total, stepped):
+    """The train state's position for a checkpoint Lightning saved inside an epoch, by where in a batch it was saved
+    (Lightning's restart stages, its _TrainingEpochLoop.update_restart_stage and reset): in on_train_batch_end
+    ("processed": the batch done once the loop goes on), after the batch (a validation inside the epoch: completed),
+    or inside it (an exception before its end: Lightning trains the next batch, at the same batch index)."""
+    in_batch_end = (run_total["started"] == run_total["ready"] == run_total["processed"]
+                    and run_total["completed"] == run_total["processed"] - 1)
+    after_batch = run_total["ready"] == run_total["started"] == run_total["processed"] == run_total["completed"]
+    position = int(current["processed"] if in_batch_end else current["completed"])
+    # the saved batch ended an accumulation window (Lightning's _should_accumulate, as its reset reads it): the loggers'
+    # step counts it once the loop goes on (tasktrain's files count it when saved: saved_in_stepping_batch)
+    accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1
+    steps = int(current["ready"]) % accumulate == 0 or bool(fit["epoch_loop.batch_progress"].get("is_last_batch"))
+    loader_states = (fit.get("state_dict") or {}).get("combined_loader") or []
+    if len(loader_states) > 1:
+        raise ValueError(
+            f"The checkpoint holds the states of {len(loader_states)} stateful training loaders (Lightning's "
+            "CombinedLoader): tasktrain continues one stateful training loader's state. Resume from an epoch-end "
+            "checkpoint, or load its weights into the module and start a new fit.")
+    state = {
+        "batch_in_epoch": position, "epoch_started": True,
+        "batches_that_stepped": stepped + int(steps), "saved_in_stepping_batch": steps and (in_batch_end or after_batch),
+        "batch_phase": "processed" if in_batch_end else None,
+        # (a validation after the last batch: the epoch's, its end left to run)
+        "epoch_validated": after_batch and bool(fit["epoch_loop.batch_progress"].get("is_last_batch")),
+        "is_last_batch": bool(fit["epoch_loop.batch_progress"].get("is_last_batch")),
+        "epoch_batches_from": int(run_total["ready"]) - position,
+        "batches_taken": int(run_total["ready"]),
+    }
+    if loader_states:  # a StatefulDataLoader's state: its data goes on from there (restore_train_state)
+        state["loader_states"] = [loader_states[0]]
+    else:  # any other loader: Lightning reads it again from its first batch, the batch indices going on
+        state["data_from_batch"], state["samples_in_epoch"] = position, 0
+    return state
 
 
 def check_resumable(trainer, loaded):
@@ -467,7 +521,7 @@ def start_after_finished_epoch(trainer):
     state = trainer.state
     if state.epoch_finished:
         state.epoch += 1
-        state.batch_in_epoch = state.samples_in_epoch = 0
+        state.batch_in_epoch = state.samples_in_epoch = state.data_from_batch = 0
         state.epoch_finished = state.epoch_started = False
 
 
@@ -532,10 +586,29 @@ def restore_train_state(trainer, path, saved, saved_world, epochs):
     if isinstance(epochs.data, (StatefulLoaderData, CombinedTrainData)) and loader_states and \
             len(loader_states) == trainer.world_size:
         epochs.data.load_loader_state(loader_states[trainer.global_rank])  # another world: refused just above
+    warn_data_read_again(trainer, state)
     if trainer.is_global_zero:
         check_global_batch(path, saved_global_batch, global_batch, shard_world,
                            global_batch // shard_world // accumulate if global_batch else 0, accumulate,
                            state.samples_in_epoch)
+
+
+def warn_data_read_again(trainer, state):
+    """Lightning's warning where its restart reads the training loader again from its first batch (a checkpoint
+    Lightning saved inside an epoch, the loader without a state: from_lightnings_loops), unless the saved step is a
+    whole epoch's (its _TrainingEpochLoop.reset)."""
+    num_batches = trainer._num_training_batches
+    if not state.data_from_batch or state.data_from_batch != state.batch_in_epoch or num_batches is None or \
+            num_batches == float("inf"):
+        return
+    accumulate = trainer.accumulate_grad_batches if trainer.module.automatic_optimization else 1
+    if state.global_step % -(-num_batches // accumulate) != 0 and trainer.is_global_zero:
+        import warnings
+
+        warnings.warn("You're resuming from a checkpoint that ended before the epoch ended and your dataloader is "
+                      "not resumable. This can cause unreliable results if further training is done. Consider using "
+                      "an end-of-epoch checkpoint or make your dataloader resumable by implementing the "
+                      "`state_dict` / `load_state_dict` interface.", PossibleUserWarning)
 
 
 def plain(value):

@@ -106,6 +106,7 @@ def start_stage(trainer, stage, module):
     """The run's environment, fresh run state, profiler, metric store, callbacks and hook tables."""
     strategy = trainer.strategy
     strategy.setup_environment()
+    trainer._stage_plugins_ended = False  # (end_stage_plugins)
     if isinstance(strategy, MultiProcess):
         reset_seed()  # Lightning's distributed strategies seed again as they set up their processes
     trainer._reset_run_state()
@@ -165,8 +166,26 @@ def on_failure(trainer, exc):
         print(f"[tasktrain] rank {trainer.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
+def end_stage_plugins(trainer, module):
+    """Lightning's strategy teardown of a run's plugins, once per run: the user's LayerSync applied to a fit's module
+    (Trainer._fit) reverted, then the precision plugin's teardown(). Where Lightning's trainer tears its strategy
+    down: before on_fit_end and the teardown hooks, or after the on_exception hooks of a failed run."""
+    if trainer._stage_plugins_ended:
+        return
+    trainer._stage_plugins_ended = True
+    sync, trainer._applied_layer_sync = trainer._applied_layer_sync, None
+    if trainer.strategy.precision is not None:
+        trainer.strategy.precision.teardown()
+    if sync is not None and sync.revert(module) is not module:
+        raise ValueError(f"{type(sync).__name__}.revert(model) returned another module: convert the layers of the "
+                         "module it is given in place and return that module (as torch's "
+                         "SyncBatchNorm.convert_sync_batchnorm does for a module that is not a BatchNorm).")
+
+
 def teardown(trainer, stage, module, status):
     trainer._unwatch()
+    if "teardown" not in trainer._trial_skips:  # (a tuner's trial inside a run: the run's end does it)
+        end_stage_plugins(trainer, module)  # (a fit that finished did it before on_fit_end)
     try:
         # Lightning calls the teardown hooks at a run's end only: a run that raised had on_exception instead
         if status != "failed" and "teardown" not in trainer._trial_skips:  # (a tuner's trial: tuning._tuning)

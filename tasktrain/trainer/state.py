@@ -23,6 +23,11 @@ class TrainState:
     # Positions of the epoch's global order (a function of data_seed and epoch over the whole dataset) already
     # trained on by all ranks together: a resume on any number of processes skips exactly these.
     samples_in_epoch: int = 0
+    # the batch index this epoch's data began again from its loader's first batch at (a fit resumed from a checkpoint
+    # Lightning saved inside an epoch, over a loader without a state: Lightning's restart reads the loader from its
+    # start while its batch indices go on; resume.from_lightnings_loops); 0 otherwise. Saved: a checkpoint written
+    # later in that epoch goes on with the data actually read
+    data_from_batch: int = 0
     global_batch_size: int = 0  # samples per optimizer step over all ranks (micro x world x accumulation); 0: unknown
     data_seed: int = 0  # the data order is a function of (data_seed, epoch)
     epoch_finished: bool = False  # the epoch's end (validation, schedulers, hooks) already ran
@@ -84,7 +89,7 @@ class TrainState:
         The data order follows the seed this fit draws."""
         if stopped_inside_epoch or self.epoch_finished:
             self.epoch += 1
-        self.batch_in_epoch = self.samples_in_epoch = self.global_batch_size = 0
+        self.batch_in_epoch = self.samples_in_epoch = self.global_batch_size = self.data_from_batch = 0
         self.epoch_finished = self.stepping_batch = self.epoch_started = False
         self.data_seed = data_seed
 

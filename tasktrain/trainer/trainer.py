@@ -27,6 +27,7 @@ from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.exceptions import MisconfigurationException, _TunerExitException
+from tasktrain.plugins.layer_sync import TorchSyncBatchNorm
 from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
@@ -36,6 +37,7 @@ from tasktrain.trainer import (arguments, evaluation, guards, lightning_connecto
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import (accumulation_schedules, build_fit_state, check_optimization_hooks,
                                          clipping_callbacks)
+from tasktrain.trainer.loader_init import recording_init_args
 from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
@@ -138,7 +140,12 @@ class Trainer:
         self._model_registry = arguments.model_registry_name(model_registry)  # Lightning's (the name, no version)
         self.enable_autolog_hparams = enable_autolog_hparams  # Lightning's: False skips _log_hyperparams entirely
         self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
-        sync_batchnorm = sync_batchnorm or found.layer_sync is not None  # TorchSyncBatchNorm()
+        # A LayerSync of one's own wraps the module of a fit under a multi-process strategy (_fit), as Lightning's
+        # parallel strategies do; TorchSyncBatchNorm() is sync_batchnorm=True
+        self._layer_sync = None if type(found.layer_sync) in (type(None), TorchSyncBatchNorm) else found.layer_sync
+        self._applied_layer_sync = None  # the one applied to this fit's module, reverted at its end (run.py)
+        self._stage_plugins_ended = True  # a run's plugins torn down (run.end_stage_plugins)
+        sync_batchnorm = sync_batchnorm or found.layer_sync is not None and self._layer_sync is None
         self.env, self.strategy = runtime.env, runtime.strategy
         self.accelerator  # Lightning's strategy.accelerator: the Accelerator object from here on (the property below)
         self.devices, self.num_nodes, self.accumulate_grad_batches = (
@@ -569,7 +576,9 @@ class Trainer:
         return self._loader_of_now(module, name)
 
     def _loader_of_now(self, module, name):
-        with hook_scope(self, name):  # (named for self.log, which refuses it there)
+        # (the DataLoaders the hook builds keep their constructor arguments: one the Trainer must build again, e.g.
+        # around a distributed sampler, is built as the user's class with them, as Lightning's _request_dataloader)
+        with hook_scope(self, name), recording_init_args():  # (named for self.log, which refuses it there)
             if self.datamodule is not None:
                 return run.datamodule_call(self, name)
             if not is_overridden(name, module, TaskModule):
@@ -717,7 +726,11 @@ class Trainer:
                     run.datamodule_call(self, "setup", stage=TrainerFn(stage))
                 self._call("setup", stage=TrainerFn(stage))
             if is_overridden("configure_model", module, TaskModule) and "configure_model" not in self._trial_skips:
-                with hook_scope(self, "configure_model"):  # (named for self.log, which refuses it there)
+                # (named for self.log, which refuses it there); the layers it builds get the precision's dtype
+                # ("64-true": float64, "bf16-true": bfloat16), under the precision's contexts Lightning enters there
+                # (its strategy's tensor_init_context, which enters the precision's, then module_init_context)
+                with hook_scope(self, "configure_model"), strategy.precision.tensor_init_context(), \
+                        strategy.precision.module_init_context():
                     module.configure_model()
             with torch.autograd.set_detect_anomaly(self.detect_anomaly):
                 if stage == "fit":
@@ -763,6 +776,13 @@ class Trainer:
         strategy = self.strategy
         self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
         _convert_sync_batchnorm(module, strategy, self.sync_batchnorm)
+        if self._layer_sync is not None and isinstance(strategy, MultiProcess):
+            # Lightning's DDP / FSDP setup of a fit: apply, then the precision's conversion, the wrapper, the optimizers
+            if self._layer_sync.apply(module) is not module:
+                raise ValueError(f"{type(self._layer_sync).__name__}.apply(model) returned another module: convert the "
+                                 "layers of the module it is given in place and return that module (as torch's "
+                                 "SyncBatchNorm.convert_sync_batchnorm does for a module that is not a BatchNorm).")
+            self._applied_layer_sync = self._layer_sync
         check_optimization_hooks(module, strategy)
         # A used Trainer goes on from its last fit's counters (Lightning's); a checkpoint's win (resume.py). Data
         # order: a function of (seed, epoch), the same seed on every rank: Lightning's (0 without seed_everything).
@@ -829,6 +849,8 @@ class Trainer:
         # Lightning gives the SIGTERM handler back before on_fit_end (its _teardown); after an exception, once the
         # on_exception hooks ran (_run_stage)
         guards.restore_sigterm_handler(self)
+        if "teardown" not in self._trial_skips:  # (a tuner's trial inside a run: the run's end does it)
+            run.end_stage_plugins(self, module)  # (Lightning's strategy teardown, before on_fit_end)
         if "on_fit_end" not in self._trial_skips:
             self._call("on_fit_end")
         skipped = self.strategy.precision.skipped_steps

@@ -1,7 +1,8 @@
 """Helper for tests/test_lightning_beside_ddp_order.py, started by torchrun with 2 processes: the same fits over a
 sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrain's in the same process group, with
 and without seed_everything and with overfit_batches, and over loaders of the user's own order (CASES: custom sampler,
-custom batch sampler, RandomSampler with replacement; with validation and prediction), over two training
+custom batch sampler, RandomSampler with replacement; with validation and prediction; a DataLoader subclass with
+an argument of its own, built in the hooks), over two training
 loaders in a dict (each sharded), a validate over a CombinedLoader(mode="max_size_cycle"), then tasktrain's fits resumed
 from the middle of an epoch; each rank writes OUT/rank{R}.json with, per fit, the sample indices of every batch it
 trained on ((epoch, batch_idx) order) and the weights after (and the validation's and prediction's batches and the
@@ -54,7 +55,22 @@ def stateful_custom_sampler(calls):  # (a StatefulDataLoader: rebuilt as one aro
     return dict(train=StatefulDataLoader(data(), batch_size=2, sampler=EpochSampler(22, calls["train"])))
 
 
-CASES.update({"stateful custom sampler": dict(seed=7, loaders=stateful_custom_sampler, kinds=True)})
+class TaggedLoader(DataLoader):
+    """A DataLoader subclass with an argument of its own that it keeps no attribute of: Lightning builds it again
+    (around its DistributedSampler) from the arguments it recorded while the hook ran, as the Trainer does."""
+
+    def __init__(self, dataset, tag, batch_size=2, **kwargs):
+        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        self.kind = f"tagged {tag}"
+
+
+def subclass(calls):  # (built in the module's hooks: train shuffled, val and predict in order)
+    return dict(train=TaggedLoader(data(), "train", shuffle=True), val=TaggedLoader(data(), "val"),
+                predict=TaggedLoader(data(), "predict", batch_size=3), hooked=True)
+
+
+CASES.update({"stateful custom sampler": dict(seed=7, loaders=stateful_custom_sampler, kinds=True),
+              "subclass": dict(seed=7, loaders=subclass, kinds=True)})
 CASES.update({"custom sampler": dict(seed=7, loaders=custom_sampler), "custom batch sampler":
               dict(seed=None, loaders=custom_batch_sampler), "replacement": dict(seed=None, loaders=replacement)})
 
@@ -91,8 +107,10 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loader
             if kinds == []:  # the loader trained on (Lightning drops it after the fit), and the
                 # sampler its batches come from (Lightning rebuilds a StatefulDataLoader's torchdata BatchSampler
                 # around it, leaving `sampler` a SequentialSampler)
-                kinds.extend([type(self.trainer.train_dataloader).__name__,
-                              type(self.trainer.train_dataloader.batch_sampler.sampler).__name__])
+                loader = self.trainer.train_dataloader
+                sampler = loader.batch_sampler.sampler
+                kinds.extend([type(loader).__name__, type(sampler).__name__] if "hooked" not in given else
+                             [type(loader).__name__, loader.kind, isinstance(sampler, DistributedSampler)])
             if combined:  # {"a": batch, "b": batch} of two loaders (max_size_cycle), each sharded by the strategy
                 rows.append([self.current_epoch, batch_idx, {k: v[0].tolist() for k, v in batch.items()}])
                 return sum(torch.nn.functional.mse_loss(self.layer(x), y) for _, x, y in batch.values())
@@ -110,17 +128,28 @@ def fit(lib, base, seed, overfit_batches=0, callbacks=(), ckpt_path=None, loader
         def predict_step(self, batch, batch_idx):
             predict_rows.append([batch_idx, batch[0].tolist()])
 
-    module = Evaluated() if "val" in given else Module()
+    class Hooked(Evaluated):  # (the loaders built in the hooks, each time they are requested)
+        def train_dataloader(self):
+            return loaders(calls)["train"]
+
+        def val_dataloader(self):
+            return loaders(calls)["val"]
+
+        def predict_dataloader(self):
+            return loaders(calls)["predict"]
+
+    module = Hooked() if "hooked" in given else Evaluated() if "val" in given else Module()
     trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
                           overfit_batches=overfit_batches, callbacks=list(callbacks),
                           enable_checkpointing=bool(callbacks), enable_progress_bar=False, enable_model_summary=False)
     loader = given.get("train", DataLoader(data(), batch_size=2, shuffle=False))
     if combined:
         loader = {"a": loader, "b": DataLoader(small(), batch_size=1, shuffle=True)}
-    trainer.fit(module, loader, given.get("val"), ckpt_path=ckpt_path)
+    hooked = "hooked" in given
+    trainer.fit(module, None if hooked else loader, None if hooked else given.get("val"), ckpt_path=ckpt_path)
     weights = [v for p in module.layer.parameters() for v in p.detach().flatten().tolist()]
     if "predict" in given:
-        trainer.predict(module, given["predict"], return_predictions=False)
+        trainer.predict(module, None if hooked else given["predict"], return_predictions=False)
     seen = {"batches": rows, "weights": weights}
     if loaders is not None:
         seen.update(val=val_rows, predict=predict_rows, set_epoch=calls, **({} if kinds is None else {"loader": kinds}))
@@ -250,6 +279,12 @@ def main(out):
                                           loaders=custom_sampler),
                              "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=custom_sampler,
                                             ckpt_path=os.path.join(saves, "step=3.ckpt"))}
+    # a DataLoader subclass of the user's, built again as its class around the Trainer's sampler: it skips ahead
+    saves = os.path.join(out, "subclass")
+    saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    seen["resume subclass"] = {"whole": fit(tasktrain, tasktrain.TaskModule, 7, callbacks=[saver], loaders=subclass),
+                               "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=subclass,
+                                              ckpt_path=os.path.join(saves, "step=3.ckpt"))}
     # the same with a StatefulDataLoader: its own state (per rank) resumes it
     saves = os.path.join(out, "stateful")
     saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=3, save_top_k=-1, filename="{step}")

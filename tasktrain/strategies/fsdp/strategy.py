@@ -36,7 +36,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_stat
 from tasktrain.checkpoint_io import fsync_save, stage_to_cpu  # background saves
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
-from tasktrain.strategies.base import Sharded, Strategy, step_arguments
+from tasktrain.strategies.base import Sharded, Strategy, step_arguments, step_name
 from tasktrain.strategies.environment import detect_environment
 from tasktrain.strategies.fsdp.checkpoint import _SHARD_KEYS, _SHARDED_MARK, STATE_FILE, _split
 from tasktrain.strategies.fsdp.sharding import (_check_optimizer, _check_policy, _check_resettable,
@@ -427,14 +427,14 @@ class FSDP(Sharded, ProcessWorld, Strategy):
 
     # -- the step ------------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
-        with self.forward_context():
+        with self.forward_context("training_step"):
             # an FSDP forward method (registered above); batch_idx only where the step takes it (Lightning's rule)
             return self.module.training_step(*step_arguments(self.module.training_step, batch, batch_idx))
 
     def eval_step(self, step_fn, *args):
         # FSDP's gathered parameters must keep their version counter, which tensors made under inference_mode lack
         # (a world of one fails at the first all-gather): evaluation steps run under no_grad instead.
-        with torch.inference_mode(False), torch.no_grad(), self.forward_context():
+        with torch.inference_mode(False), torch.no_grad(), self.forward_context(step_name(step_fn)):
             return step_fn(*args)
 
     @contextlib.contextmanager
