@@ -21,6 +21,20 @@ from tasktrain.strategies.deepspeed.ops import clear_stale_op_locks  # noqa: E40
 clear_stale_op_locks()
 
 
+@pytest.fixture
+def quiet_lightning():
+    """Lightning's package logger ("lightning.pytorch") at ERROR for one test (its INFO notes would fill the output of
+    tests that run it beside tasktrain), and its level put back after: a later test that reads Lightning's log lines
+    (the model registry's tip, the finders' lines) sees them without raising the level again."""
+    import logging
+
+    logger = logging.getLogger("lightning.pytorch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     """Each test runs in its own directory with no seed left over from another test, and no DeepSpeed engine kept

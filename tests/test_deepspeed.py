@@ -317,6 +317,49 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts(tmp_path, c
         kept.save_checkpoint(tmp_path / "too_late")
     assert "LOCAL_RANK" not in os.environ  # set for DeepSpeed during the run only
 
+    # Lightning's DeepSpeedStrategy(load_full_weights=True): a fit resumed from a single file (optimizer state
+    # included) takes its weights and counters and drops the optimizer state with Lightning's warning, at any stage
+    # here (Lightning's: stage 3); the weights then train on (the engine's fp32 copy is the loaded weights), as a
+    # single-device resume does (plain SGD: no optimizer state to lose). Without it the file is refused.
+    import warnings
+
+    from tasktrain.strategies import DeepSpeedStrategy
+
+    one = Trainer(strategy="single_device", devices=1, max_epochs=1, **quiet())
+    one.fit(Linear(), loader(n=16))
+    one.save_checkpoint(tmp_path / "one.ckpt")
+
+    class SeenAtStart(Callback):
+        def on_train_start(self, trainer, module):
+            self.step = trainer.global_step  # (the ZeRO-3 partitions gathered:)
+            self.weights = {k: v.clone() for k, v in trainer.strategy.full_state_dict().items()}
+
+    def resume_from_file(strategy):
+        start, module = SeenAtStart(), Linear()
+        trainer = Trainer(strategy=strategy, devices=1, max_epochs=2, callbacks=[start], **quiet())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(module, same_order("single_device" if strategy == "single_device" else "deepspeed", 16),
+                        ckpt_path=tmp_path / "one.ckpt")
+        said = [str(w.message) for w in caught if "single checkpoint file" in str(w.message)]
+        return start, trainer.global_step, module.state_dict(), said
+
+    start, steps, ref, said = resume_from_file("single_device")
+    assert start.step == 2 and steps == 4 and not said
+    for stage in (2, 3):
+        ds_start, ds_steps, trained, said = resume_from_file(DeepSpeedStrategy(stage=stage, load_full_weights=True))
+        assert said == ["A single checkpoint file has been given. This means optimizer states cannot be restored. "
+                        "If you'd like to restore these states, you must provide a path to the originally saved "
+                        "DeepSpeed checkpoint. When using ZeRO 3, the original path should be a directory."], stage
+        assert ds_start.step == 2 and ds_steps == 4, stage
+        for name, value in start.weights.items():
+            assert torch.equal(ds_start.weights[name], value), (stage, name)
+        for name, value in ref.items():
+            torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-6, msg=f"stage {stage}: {name}")
+    with pytest.raises(ValueError, match="plain optimizer state"):
+        Trainer(strategy=DeepSpeedStrategy(stage=2), devices=1, max_epochs=2, **quiet()).fit(
+            Linear(), loader(n=16), ckpt_path=tmp_path / "one.ckpt")
+
     # A bf16 engine that does not train (here validate's, stage 0) is built with DeepSpeed's BF16_Optimizer, which
     # reports memory on rank 0 (see_memory_usage(force=True), here twice): the report is printed, without the full
     # gc.collect() DeepSpeed runs before each (~0.15 s of CPU each); the teardown's own collection still runs.

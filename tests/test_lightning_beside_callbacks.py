@@ -60,8 +60,10 @@ QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False
              num_sanity_val_steps=0)
 
 
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # (conftest.py: Lightning's level put back after each test)
+
+
 def lightning_trainer(**kwargs):
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     return L.Trainer(accelerator="cpu", devices=1, **{**QUIET, **kwargs})
 
 

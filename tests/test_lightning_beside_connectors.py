@@ -4,7 +4,6 @@ under both frameworks, the readings compared. Each case is one a script written 
 configure_optimizers that sizes its schedule from `trainer._data_connector._train_dataloader_source.dataloader()`, a
 callback that restores a checkpoint's weights with `trainer._checkpoint_connector.restore(path)`, a DataModule that
 reads `trainer._accelerator_connector.is_distributed`, ...)."""
-import logging
 
 import pytest
 import torch
@@ -20,10 +19,7 @@ LIBS = {"tasktrain": (tasktrain, ours), "lightning": (pl, theirs)}
 QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 
 
-@pytest.fixture(autouse=True)
-def _quiet_lightning():
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    yield
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # (conftest.py: Lightning's level put back after each test)
 
 
 def _both(case):

@@ -74,8 +74,10 @@ def _module(framework, fits=20, n=64, seen=None):
     return Net()
 
 
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # (conftest.py: Lightning's level put back after each test)
+
+
 def _run(framework, fn):
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fn(*FRAMEWORKS[framework])
@@ -548,7 +550,7 @@ def test_lr_find_says_what_lightning_says_on_its_channels(num_training, threshol
             torch.manual_seed(3)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                logging.getLogger("lightning.pytorch").setLevel(logging.INFO)  # (_run's ERROR would hide them)
+                logging.getLogger("lightning.pytorch").setLevel(logging.INFO)  # (quiet_lightning's ERROR hides them)
                 logger.setLevel(logging.INFO)
                 Tuner(trainer).lr_find(module, min_lr=1e-4, max_lr=10.0, num_training=num_training,
                                        early_stop_threshold=threshold)
@@ -673,8 +675,8 @@ def test_the_tuners_run_calls_every_hook_as_lightnings_and_leaves_the_trainer_as
     inside a real fit. So the Trainer's own callbacks get their set-up and teardown hooks once, the restore's hooks and
     the loaders set up again come before the teardown, and afterwards model.optimizers() is the fit's optimizer (at the
     suggested rate) and trainer.state reads a finished fit. The whole sequence of the module's hooks and of a callback's
-    (with the counters at each) is Lightning's; for the batch-size search, the counters at the loader requests between
-    trials are left out (Lightning's are the last trial's, tasktrain's trial starts from 0 first)."""
+    (with the counters at each, the last trial's at the loader requests between the batch-size search's trials) is
+    Lightning's."""
     from test_lightning import LIGHTNING_CALLBACK_HOOKS, LIGHTNING_MODULE_HOOKS
 
     per_batch = ("step", "batch", "backward", "zero_grad", "transfer", "forward", "configure_sharded_model",
@@ -689,8 +691,6 @@ def test_the_tuners_run_calls_every_hook_as_lightnings_and_leaves_the_trainer_as
                 trainer = self.trainer if owner == "module" else args[0]
                 stage = kwargs.get("stage", args[-1] if hook in ("setup", "teardown") and args else None)
                 counters = (trainer.current_epoch, trainer.global_step)
-                if search == "scale_batch_size" and hook.endswith("_dataloader"):
-                    counters = None
                 log.append((owner, hook, str(getattr(stage, "value", stage or "")), counters))
                 return own(self, *args, **kwargs) if own is not None else None
             return record
@@ -806,3 +806,93 @@ def test_the_batch_size_search_says_what_lightnings_says_and_sets_every_holder(m
     said = " ".join(lines)
     assert ("greater or equal than the length of your dataset: 48" in said) == (size == 64)
     assert ("failed, trying batch size" in said) == (fits == 20) and ("capping at 40" in said) == (max_val == 40)
+
+
+@pytest.mark.parametrize("method,mode,init_val", [("fit", "power", 2), ("fit", "binsearch", 2), ("test", "power", 4),
+                                                  ("test", "binsearch", 2), ("validate", "binsearch", 4)])
+def test_the_batch_size_search_requests_the_loaders_as_often_as_lightnings_with_its_counters(method, mode, init_val,
+                                                                                            no_gc):
+    """The loader hooks a batch-size search calls, in order, with the size and the counters each reads: Lightning's
+    search asks for an evaluation's loader before it starts and two or three times per trial (its evaluation loop
+    requests it whenever it is set up), a fit's between the trials with the last trial's counters, and after the
+    last failure once more before the restore's."""
+    def case(Trainer, Module, callbacks, Tuner):
+        log = []
+        base = type(_module("lightning" if Trainer is L.Trainer else "tasktrain", fits=8))
+
+        class Logged(base):
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def val_dataloader(self):
+                return self._requested("val", DataLoader(_data(64), batch_size=self.batch_size))
+
+            def train_dataloader(self):
+                return self._requested("train", super().train_dataloader())
+
+            def test_dataloader(self):
+                return self._requested("test", super().test_dataloader())
+
+            def _requested(self, what, loader):
+                log.append((what, self.trainer.current_epoch, self.trainer.global_step, self.batch_size))
+                return loader
+
+            def training_step(self, batch, batch_idx):
+                log.append(("train_step", self.trainer.current_epoch, self.trainer.global_step, batch[0].shape[0]))
+                return super().training_step(batch, batch_idx)
+
+        size = Tuner(Trainer(max_epochs=2, **QUIET)).scale_batch_size(
+            Logged(), method=method, mode=mode, steps_per_trial=1, init_val=init_val, max_trials=4)
+        return size, log
+
+    size, log = _both(case)
+    requests = [entry for entry in log if entry[0] != "train_step"]
+    if method == "fit":
+        assert (1, 1, 4) in [entry[1:] for entry in requests]  # (a request between trials: the last trial's counters)
+    else:
+        assert len(requests) > 2 * len({entry[3] for entry in requests})  # (several requests per size tried)
+
+
+@pytest.mark.parametrize("search", ["lr_find", "scale_batch_size", "milestone"])
+def test_the_searchs_trials_are_profiled_as_lightnings(search, no_gc):
+    """The trainer's profiler records what the search's trials run, as Lightning's: each trial's training epoch and
+    loader requests (counted under the action names both frameworks share). A BatchSizeFinder searching at an epoch
+    milestone (from on_train_epoch_start, outside the run's own epoch action, as Lightning calls it) has its trials
+    profiled too (tasktrain only: Lightning restarts its loops there)."""
+    def case(Trainer, Module, callbacks, Tuner):
+        name = "lightning" if Trainer is L.Trainer else "tasktrain"
+
+        class Profiled(type(_module(name, fits=8))):
+            def validation_step(self, batch, batch_idx):
+                pass
+
+            def val_dataloader(self):
+                return DataLoader(_data(16), batch_size=self.batch_size)
+
+        class AtEpochOne(callbacks.BatchSizeFinder):
+            def on_fit_start(self, trainer, module):
+                pass
+
+            def on_train_epoch_start(self, trainer, module):
+                if trainer.current_epoch == 1:
+                    self.scale_batch_size(trainer, module)
+
+        finder = [AtEpochOne(steps_per_trial=1, init_val=2, max_trials=3)] if search == "milestone" else []
+        trainer = Trainer(max_epochs=2, limit_train_batches=4, profiler="simple", callbacks=finder, **QUIET)
+        if search == "lr_find":
+            Tuner(trainer).lr_find(Profiled(), num_training=5, early_stop_threshold=None)
+        elif search == "scale_batch_size":
+            Tuner(trainer).scale_batch_size(Profiled(), steps_per_trial=1, init_val=2, max_trials=3)
+        else:
+            trainer.fit(Profiled())
+        recorded = trainer.profiler.recorded_durations
+        return sorted((action.replace("[LightningModule]", "[TaskModule]"), len(durations))
+                      for action, durations in recorded.items()
+                      if action == "run_training_epoch" or action.endswith("_dataloader"))
+
+    if search == "milestone":  # (Lightning's trials at a milestone restart its loops there: docs/lightning.md)
+        actions = dict(_run("tasktrain", case))
+    else:
+        actions = dict(_both(case))
+    # the sweep's 5 steps over 2 epochs of 4 batches; 3 trials of one step; the fit's 2 epochs and 3 trials
+    assert actions["run_training_epoch"] == {"lr_find": 2, "scale_batch_size": 3, "milestone": 2 + 3}[search], actions

@@ -1,7 +1,6 @@
 """Lightning 2.6 beside tasktrain (issue 37): what the module's and the callbacks' hooks receive, and the warnings
 the loop gives, under Lightning itself and under tasktrain (tiny model, CPU, one process, a few steps). Lightning is
 a test dependency, imported inside the tests only."""
-import logging
 import warnings
 
 import pytest
@@ -17,8 +16,7 @@ QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False
 FRAMEWORKS = {"lightning": (L.Trainer, L.LightningModule), "tasktrain": (tasktrain.Trainer, tasktrain.TaskModule)}
 
 
-def _quiet_lightning():
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # (conftest.py: Lightning's level put back after each test)
 
 
 def _described(value):
@@ -56,7 +54,6 @@ def _batch_end_outputs(framework, returns, manual=False, accumulate=1):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    _quiet_lightning()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         Trainer(**QUIET, limit_train_batches=2, **({} if manual else {"accumulate_grad_batches": accumulate})).fit(
@@ -79,7 +76,6 @@ def test_on_train_batch_end_receives_lightnings_outputs(returns, manual, accumul
 
 def test_val_check_interval_attribute_is_lightnings():
     """trainer.val_check_interval reads 1.0 (the epoch's end) when not given and under fast_dev_run, as Lightning's."""
-    _quiet_lightning()
     for kwargs in (dict(), dict(val_check_interval=0.5), dict(val_check_interval=3), dict(fast_dev_run=2),
                    dict(fast_dev_run=True, val_check_interval=0.25)):
         values = [Trainer(logger=False, enable_progress_bar=False, **kwargs).val_check_interval
@@ -115,7 +111,6 @@ def _fit_warnings(framework, case):
 
     loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=2,
                         collate_fn=none_when_even if case == "none batches" else None)
-    _quiet_lightning()
     trainer = Trainer(**QUIET, limit_train_batches=4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -158,7 +153,6 @@ def test_tuner_skips_under_fast_dev_run_as_lightning():
 
             def configure_optimizers(self):
                 return torch.optim.SGD(self.parameters(), lr=self.lr)
-        _quiet_lightning()
         tuner = TunerClass(Trainer(logger=False, enable_progress_bar=False, fast_dev_run=True))
         with pytest.warns(UserWarning) as caught:
             results.append((tuner.lr_find(Net()), tuner.scale_batch_size(Net()), Net.lr))
@@ -198,7 +192,6 @@ def _manual_step_checkpoint(framework, folder, keep_states):
 
     checkpoint = {"lightning": LightningModelCheckpoint, "tasktrain": ModelCheckpoint}[framework](
         dirpath=folder / framework, monitor="score", every_n_train_steps=1, save_weights_only=True)
-    _quiet_lightning()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         Trainer(**{**QUIET, "enable_checkpointing": True}, limit_train_batches=4, callbacks=[checkpoint]).fit(
@@ -235,7 +228,6 @@ def test_bad_training_step_return_raises_lightnings_error(returns):
             def configure_optimizers(self):
                 return torch.optim.SGD(self.parameters(), lr=0.1)
 
-        _quiet_lightning()
         with pytest.raises(Exception) as caught:
             Trainer(**QUIET, limit_train_batches=1).fit(Net(), DataLoader(TensorDataset(torch.ones(2, 2))))
         return type(caught.value).__name__, str(caught.value)
@@ -359,7 +351,6 @@ def test_load_from_checkpoint_on_load_checkpoint_sees_hyper_parameters_as_lightn
                 calls.append(("load_state_dict", state))
 
         trainer = lib.Trainer(**{**QUIET, "limit_train_batches": 1})
-        _quiet_lightning()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer.fit(Module(), datamodule=Data())
@@ -414,7 +405,6 @@ def test_evaluation_loaders_without_a_batch_skip_the_loop_as_lightning():
         empty = DataLoader(TensorDataset(torch.ones(0, 2)), batch_size=2)
         train = DataLoader(TensorDataset(torch.ones(2, 2)), batch_size=2)
         results = []
-        _quiet_lightning()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for val in ([], {}, empty):

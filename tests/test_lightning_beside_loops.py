@@ -244,10 +244,6 @@ def test_fit_loop_reads_as_lightnings_at_every_hook(name, tmp_path):
         assert "unknown" not in (a[15], a[16], a[17], a[23], a[24], a[25]), f"{name}: reading {i} ({event})"
         # the loggers' step: known everywhere, a fit resumed from on_train_batch_end's checkpoint included
         assert a[18] != "unknown", f"{name}: reading {i} ({event})"
-        if event == "setup" and a[38] != b[38]:  # (docs/lightning.md: enable_validation is known once the fit
-            # plans its validation loader, after setup)
-            assert (a[38], b[38]) == (False, True)
-            a = a[:38] + (b[38],) + a[39:]
         a = _undefined_where_lightnings_is(a, b)
         assert _same(a, b), f"{name}: reading {i} ({event}): tasktrain {a}, Lightning {b}"
     assert _same(_undefined_where_lightnings_is(mine_after, reference_after), reference_after)
@@ -459,3 +455,52 @@ def test_the_notes_on_why_fit_stopped_are_lightnings(case):
     if case != "max_steps":
         assert mine[-1] == ("DEBUG", "`Trainer.fit` stopped: `trainer.should_stop` was set.")
     assert mine == lightnings
+
+
+@pytest.mark.parametrize("case", ["val loader", "no val loader", "limit_val_batches=0", "every 2nd epoch",
+                                  "val_dataloader hook"])
+def test_whether_the_fit_validates_reads_as_lightnings_from_its_first_hook(case):
+    """trainer.enable_validation and fit_loop.epoch_loop._should_check_val_epoch() in the module's and a callback's
+    hooks before the loop starts (prepare_data, setup, configure_model, configure_optimizers, on_fit_start): Lightning
+    knows them from the data the fit was given, before the setup hooks."""
+    def run(lib, classes):
+        seen = []
+
+        def read(where, trainer):
+            seen.append((where, trainer.enable_validation, trainer.fit_loop.epoch_loop._should_check_val_epoch()))
+
+        class Reads(lib.Callback):
+            def setup(self, trainer, module, stage):
+                read("callback setup", trainer)
+
+            def on_fit_start(self, trainer, module):
+                read("on_fit_start", trainer)
+
+        class Model(classes.BoringModel):
+            def prepare_data(self):
+                read("prepare_data", self.trainer)
+
+            def setup(self, stage):
+                read("setup", self.trainer)
+
+            def configure_model(self):
+                read("configure_model", self.trainer)
+
+            def configure_optimizers(self):
+                read("configure_optimizers", self.trainer)
+                return super().configure_optimizers()
+
+        if case != "val_dataloader hook":
+            Model.val_dataloader = None  # (Lightning's BoringModel defines one: the fit's own loaders here)
+        settings = dict(QUIET, max_epochs=1, limit_train_batches=1, num_sanity_val_steps=0)
+        settings.update(limit_val_batches=0) if case == "limit_val_batches=0" else None
+        settings.update(check_val_every_n_epoch=2) if case == "every 2nd epoch" else None
+        val = None if case in ("no val loader", "val_dataloader hook") else classes.BoringModel().val_dataloader()
+        module = Model()
+        lib.Trainer(callbacks=[Reads()], **settings).fit(module, module.train_dataloader(), val)
+        return seen
+
+    mine, reference = run(tasktrain, ours), run(pl, theirs)
+    assert mine == reference
+    expected = case in ("val loader", "val_dataloader hook")
+    assert [r[2] for r in mine] == [expected] * 6, mine  # (what the comparison covers: every hook read)

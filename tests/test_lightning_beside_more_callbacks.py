@@ -58,12 +58,14 @@ QUIET = dict(logger=False, enable_progress_bar=False, enable_checkpointing=False
              num_sanity_val_steps=0, accelerator="cpu", devices=1)
 
 
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # (conftest.py: Lightning's level put back after each test)
+
+
 def both(fn):
     """fn(namespace) under Lightning and under tasktrain: (Lightning's result, ours)."""
     from lightning.pytorch import callbacks as lightning_callbacks
     from lightning.pytorch import loggers as lightning_loggers
 
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     lightning = dict(Trainer=lambda **kw: L.Trainer(**{**QUIET, **kw}), Module=L.LightningModule,
                      cb=lightning_callbacks, loggers=lightning_loggers, Misconfiguration=LMisconfigurationException)
     ours = dict(Trainer=lambda **kw: tasktrain.Trainer(**{**QUIET, **kw}), Module=tasktrain.TaskModule,

@@ -433,8 +433,8 @@ def test_model_registry_without_litmodels_as_lightnings(tmp_path, caplog, monkey
     from tasktrain.trainer import arguments
 
     assert not arguments.litmodels_installed()  # (the venv has no litmodels: Lightning runs its path without it)
-    # (earlier tests in the process may have changed the package loggers: beside files set Lightning's to ERROR; the
-    # tip is logged on global rank 0 as read from the environment)
+    # (the tip is logged on global rank 0 as read from the environment; the beside files put Lightning's logger level
+    # back after each test: conftest.py quiet_lightning)
     for name in ("tasktrain", "lightning.pytorch"):
         monkeypatch.setattr(logging.getLogger(name), "disabled", False)
     for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
@@ -444,8 +444,7 @@ def test_model_registry_without_litmodels_as_lightnings(tmp_path, caplog, monkey
     found = {}
     for name, pkg, base in BOTH:
         caplog.clear()
-        with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="tasktrain"), \
-                caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+        with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="tasktrain"):
             trainer = pkg.Trainer(default_root_dir=str(tmp_path / name), model_registry="my-model:v2", logger=False,
                                   max_steps=2, enable_progress_bar=False, enable_model_summary=False)
             module = hparams_module(base)()

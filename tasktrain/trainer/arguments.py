@@ -47,6 +47,26 @@ def _info(message):
         _log.info(message)
 
 
+def log_device_info(strategy, given_precision_plugin):
+    """Lightning's notes at a Trainer's construction (rank 0, INFO on the "tasktrain" logger as rank_zero_info):
+    the mixed-precision line its accelerator connector writes where it builds its own AMP plugin (not under DeepSpeed
+    or FSDP, whose plugins are the engine's, nor for a plugin passed in), then its device lines (tasktrain runs on no
+    TPU). tasktrain's own resolved-config line is printed at the first run's start (trainer.py)."""
+    from tasktrain.strategies.precision import MixedPrecision
+
+    precision = strategy.precision
+    if given_precision_plugin is None and type(precision) is MixedPrecision:
+        _info(f"Using {'16bit' if precision.precision == '16-mixed' else 'bfloat16'} Automatic Mixed Precision (AMP)")
+    if torch.cuda.is_available():
+        available = "True (cuda)"
+    elif torch.backends.mps.is_available():
+        available = "True (mps)"
+    else:
+        available = "False"
+    _info(f"GPU available: {available}, used: {strategy.root_device.type in ('cuda', 'mps')}")
+    _info("TPU available: False, using: 0 TPU cores")
+
+
 def litmodels_installed():
     """Whether Lightning would hand a model registry name to the `litmodels` package (its RequirementCache
     "litmodels >=0.1.7"; any installed litmodels is taken as one here)."""

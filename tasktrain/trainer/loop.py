@@ -1,7 +1,7 @@
 """The training loop: plain functions over one FitState (tasktrain/trainer/fit_state.py), read top to bottom.
 
     fit_loop(trainer, fit)                 epochs until max_epochs / max_steps / an agreed stop
-      train_epoch(trainer, fit, epoch)     the epoch's micro-batches, then its end (metrics, validation, schedulers)
+      begin_epoch / train_epoch            the epoch's start, its micro-batches, then its end (metrics, validation, ...)
         training_step(trainer, fit, ...)   one micro-batch; at its window's last one, the optimizer step
 
 One micro-batch of automatic optimisation, in Lightning's order (in each event the callbacks' hooks, then the
@@ -70,8 +70,9 @@ def fit_loop(trainer, fit):
             loaders.reload(trainer, fit)
             # Lightning's setup_data iterates a reloaded loader once more
             draw_loader_seed(trainer._loader_data, trainer.state.epoch, at_first_batch=False)
+        begun = begin_epoch(trainer, fit, epoch)  # (on_train_epoch_start: outside the epoch's profile, as Lightning's)
         with trainer._profile("run_training_epoch"):
-            train_epoch(trainer, fit, epoch)
+            train_epoch(trainer, fit, epoch, begun)
         finished = trainer.state.epoch_finished
         if finished:  # current_epoch counts the finished epochs, also when the run stops here
             fit.epochs.end_epoch()
@@ -103,9 +104,11 @@ def warn_if_modules_in_eval_mode(trainer, module):
                       PossibleUserWarning, stacklevel=2)
 
 
-def train_epoch(trainer, fit, epoch):
-    """One epoch: its micro-batches through `training_step`, then its end (metrics, validation, schedulers, hooks)."""
-    state, metrics, module = trainer.state, fit.metrics, fit.module
+def begin_epoch(trainer, fit, epoch):
+    """An epoch's start (on_train_epoch_start, unless a resume goes on inside the epoch), before Lightning's
+    "run_training_epoch" profile as in its fit loop (on_advance_start); (the epoch's batches, the batch it starts at)
+    for train_epoch."""
+    state, metrics = trainer.state, fit.metrics
     metrics.set_stage("train", True, False)
     metrics.step_values.clear()  # Lightning resets the epoch's results: a step value of the last epoch is not written
     # Resumed mid-epoch: the epoch iterator skips what was trained on, without loading it on the Trainer's order.
@@ -130,6 +133,14 @@ def train_epoch(trainer, fit, epoch):
         # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
         first_of_resumed = fit.resumed and epoch == fit.first_epoch
         draw_loader_seed(trainer._loader_data, epoch, at_iter=epoch > 0 and not first_of_resumed)
+    return num_batches, start
+
+
+def train_epoch(trainer, fit, epoch, begun):
+    """One epoch, begun (begin_epoch): its micro-batches through `training_step`, then its end (metrics, validation,
+    schedulers, hooks)."""
+    state, metrics, module = trainer.state, fit.metrics, fit.module
+    num_batches, start = begun
     if start and fit.accumulation_schedules:  # what the schedule set when the epoch began (its on_train_epoch_start)
         trainer.accumulate_grad_batches = fit.accumulation_schedules[0].get_accumulate_grad_batches(epoch)
     if start and fit.plateau_values is not None:  # resumed from a checkpoint saved before that step: taken now

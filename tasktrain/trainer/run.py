@@ -116,7 +116,8 @@ def start_stage(trainer, stage, module):
     trainer.module = module
     module.trainer = trainer
     trainer._profile = trainer.profiler.profile if trainer.profiler is not None else no_profile
-    if trainer.profiler is not None:
+    if trainer.profiler is not None and "setup" not in trainer._trial_skips:  # (a tuner's trial: the run's profiler
+        # records its actions, set up by the run)
         trainer.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None,
                                trainer.log_dir or trainer.default_root_dir,
                                strategy.is_global_zero, module)
@@ -209,7 +210,8 @@ def teardown(trainer, stage, module, status):
         else:
             trainer.strategy.end_run()
         trainer._metrics = None
-        if trainer.profiler is not None:
+        if trainer.profiler is not None and "teardown" not in trainer._trial_skips:  # (a tuner's trial: the run's
+            # profiler goes on; the run reports it)
             trainer.profiler.describe()
             trainer.profiler.teardown(stage)
             trainer._profile = no_profile  # a save_checkpoint after the run would restart a torn-down profiler

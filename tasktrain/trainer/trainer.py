@@ -154,6 +154,7 @@ class Trainer:
         self.gradient_clip_val, self.gradient_clip_algorithm = runtime.gradient_clip_val, gradient_clip_algorithm
         self.stall_timeout = runtime.stall_timeout  # watchdog (issue 19): seconds without progress, or None
         self.max_restarts = self.strategy.max_restarts = max_restarts  # issue 29: torch elastic's restarts
+        arguments.log_device_info(self.strategy, found.precision)  # (Lightning's place: before the profiler)
         self.profiler = resolve_profiler(profiler)  # bound again at each run's start (run.start_stage)
         self._profile = run.no_profile
         limits, logger = arguments.loop_limits(
@@ -209,6 +210,7 @@ class Trainer:
         self._trial_skips = ()
         # a finder's (tuning._tuning): the callbacks of the run it searches from, and the checkpoint dict it "saved"
         self._trial_callbacks = self._trial_checkpoint = None
+        self._trial_counters_shown = None  # (TrainState, epoch cut short) a trial's loader hooks read (_loader_of)
         self._predict_none_warned = False  # Lightning warns once per Trainer (its loop's cache) when predict_step returns None
         self._reset_run_state()
 
@@ -224,6 +226,7 @@ class Trainer:
         self._test_loaders = self._predict_loaders = None  # (evaluation.run_evaluation)
         self._loader_views = {}  # each stage's loaders in the structure they were given (trainer.val_dataloaders, ...)
         self._val_loader = self._pending_val = None  # _pending_val: the fit's loader not requested yet (loaders.py)
+        self._fit_validates = False  # whether the running fit validates (_run_stage; loaders.plan_fit_val)
         self._resumed_from = None
         self._fit_state = None  # the FitState of the fit in progress (fit_state.py)
         self.predictions, self.predict_batch_indices = [], []  # of the predict run in progress (prediction writers)
@@ -561,6 +564,18 @@ class Trainer:
         Lightning's ("[DataModule]<class>.<name>", "[TaskModule]<class>.<name>")."""
         if self.datamodule is not None and not is_overridden(name, self.datamodule, DataModule):
             return None  # (the base's hook raises Lightning's "must be implemented")
+        if self._trial_counters_shown is not None:
+            # a batch-size search's trial requests its loaders where Lightning's search requested them, between its
+            # trials: with the counters the last trial left (tuner/batch_size_scaling.py); the trial's own are put back
+            own = self.state, self._epoch_cut_short
+            self.state, self._epoch_cut_short = self._trial_counters_shown
+            try:
+                return self._loader_of_now(module, name)
+            finally:
+                self.state, self._epoch_cut_short = own
+        return self._loader_of_now(module, name)
+
+    def _loader_of_now(self, module, name):
         # (the DataLoaders the hook builds keep their constructor arguments: one the Trainer must build again, e.g.
         # around a distributed sampler, is built as the user's class with them, as Lightning's _request_dataloader)
         with hook_scope(self, name), recording_init_args():  # (named for self.log, which refuses it there)
@@ -682,6 +697,11 @@ class Trainer:
         # callbacks that need to know (BatchSizeFinder, LearningRateFinder)
         self._given_loaders = (train_loader, eval_loader)
         self.state.stage = _RUNNING_STAGE[stage]  # Lightning's: from the setup hooks to the teardown ones
+        if stage == "fit":
+            # whether the fit validates is known from its start (Lightning attaches the data before prepare_data and
+            # setup, so trainer.enable_validation and _should_check_val_epoch() read it in those hooks); the loader
+            # itself is requested later (val_data_now)
+            self._fit_validates = loaders.plan_fit_val(self, module, eval_loader)
         result = None
         status = "success"  # what the loggers' finalize hears
         restore_forward = compile_forward_as(module, compiled)  # undone in the finally below
@@ -769,7 +789,7 @@ class Trainer:
         self.state.start_fit(broadcast_seed(strategy, sampler_seed()), stopped_inside_epoch=self._epoch_cut_short)
         self._epoch_cut_short = False
         self._pending_train, self._train_data = (module, train_loader), None  # requested by train_data_now
-        has_val = loaders.plan_fit_val(self, module, val_loader)  # requested by val_data_now
+        has_val = self._fit_validates  # (planned at the stage's start: _run_stage)
         ckpt_path = resume.resume_path(self, ckpt_path)  # restarts (issue 29), requeues (issue 40), "best"/"last"
         after_setup = resume.restores_after_setup(strategy)
         loaded = None if after_setup else resume.restore_module_and_callbacks(self, ckpt_path)
@@ -821,6 +841,7 @@ class Trainer:
             # issue 38: limit_train_batches=0 skips the loop (Lightning's rule); so does a fit with nothing left to
             # train (a used Trainer or a checkpoint at max_epochs / max_steps): no on_train_start / on_train_end
             fit.resumed = loaded is not None
+            self._trial_counters_shown = None  # (a search's trial: its loaders are requested; it trains from 0)
             if not guards.trains_nothing(self) and not loop.nothing_left(self):
                 loop.fit_loop(self, fit)
         finally:

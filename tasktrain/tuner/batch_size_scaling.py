@@ -112,13 +112,46 @@ def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, m
         setattr(trainer, _TRIAL_LIMIT[method], steps_per_trial)
     limit = [None]  # the dataset's length, read from the loader of the last trial that ran
 
+    tried = [False]
+
     def fits(size):
         set_size(found, batch_arg_name, size)
+        last = trainer.state, trainer._epoch_cut_short
         start_counters_over(trainer)
-        ok = this.run_trial(trainer, model, loaders)
+        if method == "fit" and tried[0]:
+            # Lightning requests a fit's loaders for the next size between its trials, before it resets its loop's
+            # progress: the loader hooks read the last trial's counters (tasktrain's trial requests them itself)
+            trainer._trial_counters_shown = last
+        tried[0] = True
+        try:
+            ok = this.run_trial(trainer, model, loaders)
+        finally:
+            trainer._trial_counters_shown = None
         if ok:  # (Lightning reads it from the loader its trial read)
             limit[0] = _dataset_length(trainer, method)
         return ok
+
+    hook = {"fit": "train_dataloader", "validate": "val_dataloader", "test": "test_dataloader",
+            "predict": "predict_dataloader"}[method]
+
+    def requested_as_lightning(tried, new, trial_follows):
+        """The loader requests Lightning's search makes between its trials, which a user's loader hooks see: an
+        evaluation loop requests its loaders each time it is set up, so after a trial at `tried` its search asks
+        for them at that size (to read the dataset's length) and, the size changed, at `new` (its reset), and then
+        its next trial's run at `new` again (tasktrain's trial requests that one); a fit's loop keeps its loaders,
+        so only the reset requests them (train, then val), which the next trial's own request is where one follows.
+        The counters are the last trial's, as Lightning's (its loop's progress is reset after)."""
+        if method != "fit":
+            trainer._loader_of(model, hook)
+            if new != tried:
+                set_size(found, batch_arg_name, new)
+                trainer._loader_of(model, hook)
+        elif new != tried and not trial_follows:
+            set_size(found, batch_arg_name, new)
+            if trainer.limit_train_batches != 0:
+                trainer._loader_of(model, hook)
+            if trainer._fit_validates:
+                trainer._loader_of(model, "val_dataloader")
 
     def grows_past_data(size):
         """The size already holds every sample, so a larger one tells nothing new (Lightning's line)."""
@@ -139,20 +172,27 @@ def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, m
         return False
 
     size = min(init_val, max_val)
+    if method != "fit" and max_trials > 0:  # (Lightning's search first asks for the loader at the module's size)
+        trainer._loader_of(model, hook)
     set_size(found, batch_arg_name, size)
     if mode == "power":
         fitted_once = False
         for trial in range(max_trials):
             if fits(size):
-                if trial + 1 >= max_trials or grows_past_data(size) or reached_max(size):
+                if trial + 1 >= max_trials:
+                    break
+                if grows_past_data(size) or reached_max(size):
+                    requested_as_lightning(size, size, False)
                     break
                 new = doubled(size)
                 log.info(f"Batch size {size} succeeded, trying batch size {new}")
+                requested_as_lightning(size, new, True)
                 size, fitted_once = new, True
             else:
                 if size == 1:
                     raise RuntimeError("scale_batch_size: even a batch of 1 runs out of memory.")
                 log.info(f"Batch size {size} failed, trying batch size {size // 2}")
+                requested_as_lightning(size, size // 2, not fitted_once)
                 size //= 2
                 set_size(found, batch_arg_name, size)
                 if fitted_once:
@@ -162,20 +202,22 @@ def scale_batch_size(trainer, model, loaders, mode, steps_per_trial, init_val, m
         while True:
             if fits(size):
                 fitted += 1
-                if fitted >= max_trials or grows_past_data(size) or reached_max(size):
+                if fitted >= max_trials:
+                    break
+                if high is not None and high - size <= 1:
+                    break
+                if grows_past_data(size) or reached_max(size):
+                    requested_as_lightning(size, size, False)
                     break
                 low = size
-                if high is not None:
-                    if high - low <= 1:
-                        break
-                    new = (low + high) // 2
-                else:
-                    new = doubled(size)
+                new = (low + high) // 2 if high is not None else doubled(size)
                 log.info(f"Batch size {size} succeeded, trying batch size {new}")
+                requested_as_lightning(size, new, True)
                 size = new
             else:
                 high = size
                 log.info(f"Batch size {size} failed, trying batch size {(low + high) // 2}")
+                requested_as_lightning(size, (low + high) // 2, high - low > 1)
                 size = (low + high) // 2
                 set_size(found, batch_arg_name, size)
                 if high - low <= 1:

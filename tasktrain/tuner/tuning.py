@@ -232,11 +232,12 @@ def _skipped(trainer, what):
 
 
 class _tuning:
-    """Set the trainer up for trials (no callbacks, loggers, profiler or sanity check) and put everything back
-    after: the trainer's attributes as they were (its settings, its counters, and inside a run that run's loaders,
-    metric store, hook tables and fit state), the strategy's (the run's wrapped module and optimizers: a trial's
-    teardown drops them), the module's weights, buffers and train/eval modes, and the state of the optimizers and
-    schedulers already built (a configure_optimizers that returns the same objects each time trains them)."""
+    """Set the trainer up for trials (no callbacks, loggers or sanity check; the run's profiler records them) and put
+    everything back after: the trainer's attributes as they were (its settings, its counters, and inside a run that
+    run's loaders, metric store, hook tables and fit state), the strategy's (the run's wrapped module and optimizers:
+    a trial's teardown drops them), the module's weights, buffers and train/eval modes, and the state of the
+    optimizers and schedulers already built (a configure_optimizers that returns the same objects each time trains
+    them)."""
 
     def __init__(self, trainer, model, name):
         # (several processes: the batch-size search is refused before this, in Lightning's words; the lr sweep runs on
@@ -269,7 +270,7 @@ class _tuning:
         # whose trials clip)
         trainer.callbacks = [cb for cb in self.callbacks if getattr(cb, "from_trainer", False)]
         trainer._loggers = []  # (loggers that are not callbacks too)
-        trainer.profiler = None  # the trials' actions are not the run's: no report, no trace for them
+        # (the profiler stays: Lightning's records the trials' actions; a trial neither sets it up nor reports it)
         trainer.num_sanity_val_steps = 0
         # Lightning's trials run its loop alone (_try_loop_run) on what the run set up: no on_fit_start / on_fit_end,
         # none of the set-up and teardown hooks, nothing of the run's set-up again (prepare_data, configure_callbacks,

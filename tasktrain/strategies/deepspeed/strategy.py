@@ -166,6 +166,10 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     """
 
     name = "deepspeed"
+    # Lightning's DeepSpeedStrategy(load_full_weights=True) (tasktrain.strategies.lightning sets it): a fit resumed
+    # from a single-file checkpoint takes its weights and drops its optimizer state with Lightning's warning, where
+    # tasktrain's own strategy refuses that state (load_optimizer_state).
+    load_full_weights = False
 
     def __init__(self, stage=None, offload_optimizer=None, offload_parameters=None, config=None, zero3_init=False,
                  save_16bit_model=False, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
@@ -643,10 +647,29 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         with self._gathered(modifier_rank=0):
             if not self._partitioned() or self.is_global_zero:
                 load_plain_state_dict(target, state_dict, strict=strict)
+        optimizer = self.engine.optimizer if self.engine is not None else None
+        if hasattr(optimizer, "refresh_fp32_params"):  # DeepSpeed's wrappers (ZeRO, bf16, fp16); not a torch optimizer
+            if _swaps_optimizer(optimizer):
+                raise CheckpointError(
+                    "Loading whole weights into a DeepSpeed engine that offloads its optimizer to disk is not "
+                    "supported (its fp32 master weights live in swap files): resume from a DeepSpeed checkpoint "
+                    "directory (`tasktrain convert FILE DIR --to deepspeed`), or offload to 'cpu'.")
+            # The engine's optimizer steps its own fp32 copy of the weights and writes it back into the module after
+            # each step: the copy must be the loaded weights, or the first step would bring the old ones back.
+            optimizer.refresh_fp32_params()
 
     def load_optimizer_state(self, optimizer, state):
         if isinstance(state, dict) and "deepspeed" in state and self._loaded_engine_state:
             return  # engine.load_checkpoint restored it
+        if self.load_full_weights and not self._loaded_engine_state:
+            # Lightning's DeepSpeedStrategy.lightning_restore_optimizer: the weights of a single file load, its
+            # optimizer state is not restored (the schedulers, precision and counters are), with its warning
+            if self.is_global_zero:
+                warnings.warn(
+                    "A single checkpoint file has been given. This means optimizer states cannot be restored. If "
+                    "you'd like to restore these states, you must provide a path to the originally saved DeepSpeed "
+                    "checkpoint. When using ZeRO 3, the original path should be a directory.", UserWarning)
+            return
         raise ValueError(
             "This checkpoint holds a plain optimizer state, not DeepSpeed's sharded one: a DeepSpeed fit resumes "
             "from a checkpoint directory written under DeepSpeed. Convert the file into one (its optimizer state "
