@@ -10,8 +10,9 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torc
 # another log format, and each then rebuilds what the other built, minutes per op), also for a bare `pytest` run.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 # Tests must never inherit a launcher's world from the shell that runs them.
-for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "TASKTRAIN_LAUNCH", "TASKTRAIN_STRATEGY", "TASKTRAIN_PRECISION", "TASKTRAIN_GLOBAL_SEED", "PL_GLOBAL_SEED"):
+WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+              "MASTER_PORT", "TASKTRAIN_LAUNCH", "TASKTRAIN_STRATEGY", "TASKTRAIN_PRECISION")
+for var in WORLD_VARS + ("TASKTRAIN_GLOBAL_SEED", "PL_GLOBAL_SEED"):
     os.environ.pop(var, None)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 # A test process killed while loading a DeepSpeed op leaves its lock, and every later load of the op would wait for
@@ -42,7 +43,15 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for var in ("TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
         monkeypatch.delenv(var, raising=False)  # (seed_everything sets Lightning's names too)
+    world = {var: os.environ.get(var) for var in WORLD_VARS}
     yield
+    # Lightning's DDP of one process sets LOCAL_RANK, NODE_RANK, MASTER_ADDR and MASTER_PORT and never unsets them (a
+    # test running it beside tasktrain left LOCAL_RANK to a later DeepSpeed test in the same worker): put back
+    for var, value in world.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
     base = sys.modules.get("tasktrain.strategies.base")
     if base is not None:
         base.release_kept_runs()
