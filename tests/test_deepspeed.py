@@ -111,7 +111,15 @@ def test_importing_the_strategy_does_not_import_deepspeed_and_deepspeed_comes_wi
             "from tasktrain.strategies.deepspeed import import_deepspeed; import_deepspeed()\n"
             "assert 'deepspeed' in sys.modules and 'mlflow' not in sys.modules, sorted(sys.modules)\n"
             "import deepspeed.autotuning.autotuner as tuner, mlflow; assert tuner.has_mlflow is False\n"
-            "assert mlflow.__spec__ is not None and 'mlflow' in sys.modules")
+            "assert mlflow.__spec__ is not None and 'mlflow' in sys.modules\n"
+            # and DeepSpeed's Muon module, which every ZeRO engine imports, loaded without torch's inductor: its
+            # @torch.compile functions are compiled by torch.compile at their first call
+            "import torch, deepspeed.runtime.zero.muon.original_muon as muon\n"
+            "assert 'torch._inductor.compile_fx' not in sys.modules\n"
+            "compiled = []; torch.compile = lambda f: compiled.append(f) or (lambda *a: ('compiled', f.__name__, a))\n"
+            "assert muon.zeropower_via_newtonschulz5(1, 2) == ('compiled', 'zeropower_via_newtonschulz5', (1, 2))\n"
+            "assert muon.zeropower_via_newtonschulz5(3, 4)[2] == (3, 4) and len(compiled) == 1\n"
+            "assert compiled[0] is muon.zeropower_via_newtonschulz5.__wrapped__")
     proc = run("-c", code, timeout=120)
     assert not lock.exists() and f"Removed the stale lock file {str(lock)!r}" in proc.stderr
 

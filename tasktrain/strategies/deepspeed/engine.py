@@ -1,8 +1,9 @@
 """What tasktrain changes around DeepSpeed 0.19.8's engine, each for a named reason: the import without mlflow, the
 functional linear ZeRO-3 leaves behind, zero.Init's dtype, complete ZeRO files under offload to disk, the
-staging checkpoint engine of background saves, and the forced collections of the bf16 optimizer's memory report.
-Imported only where deepspeed is."""
+staging checkpoint engine of background saves, the forced collections of the bf16 optimizer's memory report, and
+the torch.compile set-up that DeepSpeed's Muon module runs at its import. Imported only where deepspeed is."""
 import contextlib
+import functools
 import os
 import sys
 
@@ -21,15 +22,49 @@ def import_deepspeed():
     clear_stale_op_locks()
     if "deepspeed" in sys.modules or "mlflow" in sys.modules:
         import deepspeed
-
-        return deepspeed
-    sys.modules["mlflow"] = None  # `import mlflow` raises ImportError, which the autotuner catches
-    try:
-        import deepspeed
-    finally:
-        if sys.modules.get("mlflow", 0) is None:
-            del sys.modules["mlflow"]
+    else:
+        sys.modules["mlflow"] = None  # `import mlflow` raises ImportError, which the autotuner catches
+        try:
+            import deepspeed
+        finally:
+            if sys.modules.get("mlflow", 0) is None:
+                del sys.modules["mlflow"]
+    _import_muon_compiling_at_first_call()
     return deepspeed
+
+
+def _compile_at_first_call(function):
+    """torch.compile(function), made when the function is first called instead of where it is defined."""
+    compiled = []
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        if not compiled:
+            compiled.append(torch.compile(function))
+        return compiled[0](*args, **kwargs)
+
+    return call
+
+
+def _import_muon_compiling_at_first_call():
+    """DeepSpeed 0.19.8 imports its Muon optimizer's module in every ZeRO engine (the optimizer check of
+    deepspeed.initialize, ZeRO-3's and the bf16 optimizer's constructors, ZeRO-1/2's gradient reduction), whatever the
+    optimizer, and that module applies @torch.compile to three functions as it loads: torch.compile(function) loads
+    torch's inductor compiler to read its settings (~1.5 s of CPU in a process that already loaded torch._dynamo,
+    several times that in wall time on a loaded machine), in every process that builds an engine, for functions only
+    a Muon optimizer calls. Imported here with each of them compiled by torch.compile at its first call, as
+    torch.compile compiles anyway: a Muon optimizer gets the same compiled functions, the others never load inductor
+    for them."""
+    if "deepspeed.runtime.zero.muon.original_muon" in sys.modules:
+        return
+    from deepspeed.runtime import compiler
+
+    original = compiler.compile
+    compiler.compile = lambda: _compile_at_first_call
+    try:
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401  (imports original_muon)
+    finally:
+        compiler.compile = original
 
 
 def _quiet_untested_optimizer(record):
