@@ -833,3 +833,26 @@ def test_sync_batchnorm_layers_are_reverted_after_a_fit_as_lightnings_are(cpu_wr
         assert not torch.equal(ours_state["norm.weight"], torch.ones(32))  # trained through the synced layer
         assert ours_state.keys() == theirs_state.keys()
         assert all(torch.allclose(ours_state[k].float(), theirs_state[k].float()) for k in theirs_state)
+
+
+@pytest.mark.parametrize("variables,devices,num_nodes", [
+    ({}, 2, 1),  # a plain `python train.py`: rank 0 of the world it will start
+    ({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+      "TORCHELASTIC_RUN_ID": "x"}, 2, 1),  # torchrun
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+      "TORCHELASTIC_RUN_ID": "x"}, 2, 2),  # torchrun, second machine
+    ({"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "NODE_RANK": "1"}, 2, 2),  # launcher variables, no torchrun
+])
+def test_ranks_read_right_after_the_trainer_is_built_as_lightnings(variables, devices, num_nodes, monkeypatch):
+    """trainer.global_rank / local_rank / node_rank / world_size / is_global_zero from a launcher's variables
+    as soon as Trainer(strategy="ddp") returns, before any run, and no process group formed, under both."""
+    for name, value in {**variables, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}.items():
+        monkeypatch.setenv(name, value)
+    seen = []
+    for lib in (pl, tasktrain):
+        trainer = lib.Trainer(strategy="ddp", num_nodes=num_nodes, **{**QUIET, "devices": devices})
+        seen.append((trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
+                     trainer.is_global_zero, torch.distributed.is_initialized()))
+    assert seen[1] == seen[0]
+    expected_rank = int(variables.get("RANK", 0))
+    assert seen[1][0] == expected_rank and seen[1][3] == devices * num_nodes and seen[1][5] is False
