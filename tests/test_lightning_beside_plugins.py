@@ -749,3 +749,110 @@ def test_tensors_a_step_creates_have_the_precisions_dtype_as_under_lightning():
     assert dtypes(tasktrain) == dtypes(pl) == [("train", "torch.float64"), ("val", "torch.float64"),
                                                ("epoch end", "torch.float32"), ("train", "torch.float32"),
                                                ("val", "torch.float32"), ("epoch end", "torch.float32")]
+
+
+def _layered(seed=0):
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3),
+                              torch.nn.Sequential(torch.nn.Unflatten(1, (3, 1, 1)), torch.nn.BatchNorm2d(3)))
+    net.train()(torch.randn(8, 4))  # running statistics other than their start
+    with torch.no_grad():
+        net[1].weight.mul_(2)
+    return net
+
+
+def test_torch_sync_batchnorm_reverts_as_lightnings_does():
+    """apply then revert on the same module under both plugins: the layers' classes, the Parameter objects kept,
+    the values and an eval forward alike; a bare SyncBatchNorm becomes another object under both."""
+    seen = {}
+    for lib, plugins_module in ((pl, their_plugins), (tasktrain, our_plugins)):
+        net = _layered()
+        params = list(net.parameters())
+        sync = plugins_module.TorchSyncBatchNorm()
+        assert sync.apply(net) is net and isinstance(net[2][1], torch.nn.SyncBatchNorm)
+        assert sync.revert(net) is net
+        assert all(a is b for a, b in zip(net.parameters(), params, strict=True))
+        assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in net.modules())
+        bare = torch.nn.SyncBatchNorm(3)
+        back = sync.revert(bare)
+        assert back is not bare and back.weight is bare.weight
+        seen[lib.__name__] = ([type(m).__name__ for m in net.modules()], net.state_dict(),
+                              net.eval()(torch.randn(5, 4, generator=torch.Generator().manual_seed(1))),
+                              type(back).__name__)
+    (their_names, their_state, their_out, their_bare), (our_names, our_state, our_out, our_bare) = seen.values()
+    assert our_names == their_names and "_BatchNormXd" in our_names and our_bare == their_bare == "_BatchNormXd"
+    assert our_state.keys() == their_state.keys()
+    assert all(torch.equal(our_state[k], their_state[k]) for k in our_state)
+    assert torch.equal(our_out, their_out)
+
+
+def _sync_batchnorm_fit_record(lib):
+    """Trainer(strategy="ddp", devices=1, sync_batchnorm=True) on the CPU, the norm in eval mode inside
+    training_step (torch's SyncBatchNorm then syncs nothing, where in training mode it needs a GPU): the norm's
+    class in training_step and after the fit (or torch's error), and the trained values."""
+    boring = theirs if lib is pl else ours
+    seen = []
+
+    class Model(boring.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm1d(32)
+
+        def training_step(self, batch, batch_idx):
+            self.norm.eval()
+            seen.append(type(self.norm).__name__)
+            return super().training_step(self.norm(batch), batch_idx)
+
+    torch.manual_seed(0)
+    model = Model()
+    trainer = lib.Trainer(strategy="ddp", sync_batchnorm=True, max_steps=3, limit_val_batches=0, **QUIET)
+    try:
+        trainer.fit(model, torch.utils.data.DataLoader(boring.RandomDataset(32, 16), batch_size=4))
+    except ValueError as err:
+        seen.append(str(err))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    seen.append(type(model.norm).__name__)
+    return seen, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("cpu_wrap", ["refused", "allowed"])
+def test_sync_batchnorm_layers_are_reverted_after_a_fit_as_lightnings_are(cpu_wrap, monkeypatch):
+    if cpu_wrap == "allowed":  # torch's DDP refuses SyncBatchNorm on CPU modules; let it wrap, to train on CPU
+        monkeypatch.setattr(torch.nn.parallel.DistributedDataParallel, "_passing_sync_batchnorm_handle",
+                            lambda self, module: None)
+    ours_seen, ours_state = _sync_batchnorm_fit_record(tasktrain)
+    theirs_seen, theirs_state = _sync_batchnorm_fit_record(pl)
+    assert ours_seen == theirs_seen
+    assert ours_seen[-1] == "_BatchNormXd"  # converted for the fit, then back (also after a failed one)
+    if cpu_wrap == "refused":
+        assert ours_seen == ["SyncBatchNorm layers only work with GPU modules", "_BatchNormXd"]
+    else:
+        assert ours_seen == ["SyncBatchNorm"] * 3 + ["_BatchNormXd"]
+        assert not torch.equal(ours_state["norm.weight"], torch.ones(32))  # trained through the synced layer
+        assert ours_state.keys() == theirs_state.keys()
+        assert all(torch.allclose(ours_state[k].float(), theirs_state[k].float()) for k in theirs_state)
+
+
+@pytest.mark.parametrize("variables,devices,num_nodes", [
+    ({}, 2, 1),  # a plain `python train.py`: rank 0 of the world it will start
+    ({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+      "TORCHELASTIC_RUN_ID": "x"}, 2, 1),  # torchrun
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+      "TORCHELASTIC_RUN_ID": "x"}, 2, 2),  # torchrun, second machine
+    ({"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "NODE_RANK": "1"}, 2, 2),  # launcher variables, no torchrun
+])
+def test_ranks_read_right_after_the_trainer_is_built_as_lightnings(variables, devices, num_nodes, monkeypatch):
+    """trainer.global_rank / local_rank / node_rank / world_size / is_global_zero from a launcher's variables
+    as soon as Trainer(strategy="ddp") returns, before any run, and no process group formed, under both."""
+    for name, value in {**variables, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}.items():
+        monkeypatch.setenv(name, value)
+    seen = []
+    for lib in (pl, tasktrain):
+        trainer = lib.Trainer(strategy="ddp", num_nodes=num_nodes, **{**QUIET, "devices": devices})
+        seen.append((trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
+                     trainer.is_global_zero, torch.distributed.is_initialized()))
+    assert seen[1] == seen[0]
+    expected_rank = int(variables.get("RANK", 0))
+    assert seen[1][0] == expected_rank and seen[1][3] == devices * num_nodes and seen[1][5] is False

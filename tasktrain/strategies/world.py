@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.strategies.base import MultiProcess, release_kept_runs
-from tasktrain.strategies.environment import detect_environment, environment_from_plugin
+from tasktrain.strategies.environment import SlurmAllocationError, detect_environment, environment_from_plugin
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -124,21 +124,41 @@ class ProcessWorld(MultiProcess):
             return detect_environment()
         return environment_from_plugin(self.environment_plugin, self.devices, self.num_nodes)
 
+    def _place(self):
+        """This rank's place as known now: the world's once set up; before that (right after Trainer(...)), what a
+        launcher's variables say (torchrun / `tasktrain launch`, SLURM, a self-launched worker), as Lightning's
+        strategy knows its ranks once constructed; None where nobody launched this process (it is rank 0 of the
+        world it will start) or a ClusterEnvironment plugin of one's own says (read at set-up, in its call order).
+        Only variables are read: no process group forms here."""
+        if self.env is not None:
+            return self.env
+        if self.environment_plugin is not None:
+            return None
+        try:
+            env = detect_environment()
+        except SlurmAllocationError:  # raised by the set-up, where the run starts
+            return None
+        return env if env.launcher is not None else None
+
     @property
     def global_rank(self):
-        return self.env.global_rank if self.env else 0
+        place = self._place()
+        return place.global_rank if place else 0
 
     @property
     def local_rank(self):
-        return self.env.local_rank if self.env else 0
+        place = self._place()
+        return place.local_rank if place else 0
 
     @property
     def node_rank(self):
-        return self.env.node_rank if self.env else 0
+        place = self._place()
+        return place.node_rank if place else 0
 
     @property
     def world_size(self):
-        return self.env.world_size if self.env else self.devices * self.num_nodes
+        place = self._place()
+        return place.world_size if place else self.devices * self.num_nodes
 
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)

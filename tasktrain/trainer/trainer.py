@@ -140,12 +140,12 @@ class Trainer:
         self._model_registry = arguments.model_registry_name(model_registry)  # Lightning's (the name, no version)
         self.enable_autolog_hparams = enable_autolog_hparams  # Lightning's: False skips _log_hyperparams entirely
         self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
-        # A LayerSync of one's own wraps the module of a fit under a multi-process strategy (_fit), as Lightning's
-        # parallel strategies do; TorchSyncBatchNorm() is sync_batchnorm=True
-        self._layer_sync = None if type(found.layer_sync) in (type(None), TorchSyncBatchNorm) else found.layer_sync
+        # A LayerSync wraps the module of a fit under a multi-process strategy (_fit) and is reverted at its end, as
+        # Lightning's parallel strategies do; sync_batchnorm=True is TorchSyncBatchNorm(), as Lightning's connector
+        sync_batchnorm = sync_batchnorm or type(found.layer_sync) is TorchSyncBatchNorm
+        self._layer_sync = TorchSyncBatchNorm() if found.layer_sync is None and sync_batchnorm else found.layer_sync
         self._applied_layer_sync = None  # the one applied to this fit's module, reverted at its end (run.py)
         self._stage_plugins_ended = True  # a run's plugins torn down (run.end_stage_plugins)
-        sync_batchnorm = sync_batchnorm or found.layer_sync is not None and self._layer_sync is None
         self.env, self.strategy = runtime.env, runtime.strategy
         self.accelerator  # Lightning's strategy.accelerator: the Accelerator object from here on (the property below)
         self.devices, self.num_nodes, self.accumulate_grad_batches = (
@@ -775,7 +775,7 @@ class Trainer:
         configure_optimizers reads estimated_stepping_batches or the strategy needs the micro-batch size."""
         strategy = self.strategy
         self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
-        _convert_sync_batchnorm(module, strategy, self.sync_batchnorm)
+        _refuse_sync_batchnorm_on_cpus(strategy, self.sync_batchnorm)
         if self._layer_sync is not None and isinstance(strategy, MultiProcess):
             # Lightning's DDP / FSDP setup of a fit: apply, then the precision's conversion, the wrapper, the optimizers
             if self._layer_sync.apply(module) is not module:
@@ -1122,12 +1122,12 @@ def _check_optimizers(module, optimizers, accumulate_grad_batches, gradient_clip
         )
 
 
-def _convert_sync_batchnorm(module, strategy, sync_batchnorm):
-    if sync_batchnorm and strategy.world_size > 1:
-        if strategy.root_device.type == "cpu":
-            raise ValueError("sync_batchnorm=True: torch's SyncBatchNorm runs on GPUs only, and this run is on "
-                             "the CPU. Remove it (each process then normalises with its own batch statistics).")
-        torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)  # in place: the module's BatchNorm children
+def _refuse_sync_batchnorm_on_cpus(strategy, sync_batchnorm):
+    # Lightning's run stops at the first training forward with torch's error; said here before training. (A world of
+    # one is left to torch as under Lightning: its SyncBatchNorm syncs nothing in eval mode, and raises in training.)
+    if sync_batchnorm and strategy.world_size > 1 and strategy.root_device.type == "cpu":
+        raise ValueError("sync_batchnorm=True: torch's SyncBatchNorm runs on GPUs only, and this run is on "
+                         "the CPU. Remove it (each process then normalises with its own batch statistics).")
 
 
 class _StageRun:
