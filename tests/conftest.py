@@ -36,6 +36,9 @@ def quiet_lightning():
     logger.setLevel(level)
 
 
+RANK_ZERO_MODULES = ("lightning_utilities.core.rank_zero", "tasktrain.compat.lightning.utilities.rank_zero")
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     """Each test runs in its own directory with no seed left over from another test, and no DeepSpeed engine kept
@@ -44,7 +47,13 @@ def _isolated(tmp_path, monkeypatch):
     for var in ("TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
         monkeypatch.delenv(var, raising=False)  # (seed_everything sets Lightning's names too)
     world = {var: os.environ.get(var) for var in WORLD_VARS}
+    ranks = {name: sys.modules[name].rank_zero_only.rank for name in RANK_ZERO_MODULES if name in sys.modules}
     yield
+    # Lightning's Trainer built under a launcher's variables (RANK=1) sets its rank_zero_only.rank for the process:
+    # later tests in the same worker would see none of Lightning's rank-zero warnings (as its own conftest, put back)
+    for name in RANK_ZERO_MODULES:
+        if name in sys.modules:
+            sys.modules[name].rank_zero_only.rank = ranks.get(name, 0)
     # Lightning's DDP of one process sets LOCAL_RANK, NODE_RANK, MASTER_ADDR and MASTER_PORT and never unsets them (a
     # test running it beside tasktrain left LOCAL_RANK to a later DeepSpeed test in the same worker): put back
     for var, value in world.items():
