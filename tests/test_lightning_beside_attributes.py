@@ -355,3 +355,37 @@ def test_device_ids_from_lightnings_device_lists_and_strings(monkeypatch):
         assert LTrainer(accelerator="cuda", devices=devices, logger=False).device_ids == lightnings
         with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
             tasktrain.Trainer(accelerator="cuda", devices=devices, logger=False)
+
+
+def test_trainer_state_compares_with_lightnings_trainer_state_class():
+    """`from lightning.pytorch.trainer.states import TrainerState` has its tasktrain path: `trainer.state` equals a
+    TrainerState of the same status, fn and stage (and no other) at each point, as Lightning's."""
+    def run(lib, classes, states):
+        seen = []
+
+        def check(name, trainer):
+            for fn in (states.TrainerFn.FITTING, states.TrainerFn.VALIDATING):
+                for stage in (None, states.RunningStage.TRAINING, states.RunningStage.VALIDATING,
+                              states.RunningStage.SANITY_CHECKING):
+                    for status in (states.TrainerStatus.RUNNING, states.TrainerStatus.FINISHED):
+                        if trainer.state == states.TrainerState(status=status, fn=fn, stage=stage):
+                            seen.append((name, status.value, fn.value, stage and stage.value))
+
+        hooks = {hook: (lambda hook: lambda trainer, *_: check(hook, trainer))(hook)
+                 for hook in ("on_train_batch_start", "on_validation_batch_start", "on_validation_end")}
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=1,
+                              callbacks=[lib.callbacks.LambdaCallback(**hooks)], **QUIET)
+        seen.append(("made", trainer.state == states.TrainerState(), trainer.state != states.TrainerState()))
+        trainer.fit(classes.BoringModel())
+        check("after fit", trainer)
+        trainer.validate(classes.BoringModel(), verbose=False)
+        check("after validate", trainer)
+        return seen
+
+    import lightning.pytorch.trainer.states as their_states
+    import tasktrain.trainer.states as our_states
+
+    mine, reference = run(tasktrain, ours, our_states), run(pl, theirs, their_states)
+    assert mine == reference
+    assert ("on_train_batch_start", "running", "fit", "train") in mine and ("made", True, False) in mine
+    assert [s for s in mine if s[0] == "after validate"] == [("after validate", "finished", "validate", None)]

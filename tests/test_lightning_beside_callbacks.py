@@ -179,6 +179,27 @@ def test_swa_fit_refusals_and_weights_after_swa_match_lightning():
             torch.testing.assert_close(mine[name], theirs[name], msg=name)
 
 
+def test_swa_skip_backward_reads_as_lightnings_in_the_epochs_both_run():
+    """`trainer.fit_loop._skip_backward` (Lightning's SWA tests read it at each epoch's start): False in every
+    epoch both train. Lightning's SWA then runs one more epoch with it True to recompute the BatchNorm statistics,
+    which tasktrain's recomputes in one pass after the fit (docs/callbacks.md), so that epoch is Lightning's alone."""
+    def run(Trainer, Module, cb, **_):
+        seen = []
+        record = cb.LambdaCallback(
+            on_train_epoch_start=lambda trainer, m: seen.append((trainer.current_epoch, trainer.fit_loop._skip_backward)),
+            on_train_end=lambda trainer, m: seen.append(("end", trainer.fit_loop._skip_backward)))
+        trainer = Trainer(max_epochs=3, callbacks=[cb.StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2),
+                                                   record])
+        trainer.fit(net_class(Module, batch_norm=True)(), data())
+        return seen + [("after", trainer.fit_loop._skip_backward)]
+
+    lightning, ours = both(run)
+    assert lightning == [(0, False), (1, False), (2, False), (3, True), ("end", False), ("after", False)]
+    assert ours == [(0, False), (1, False), (2, False), ("end", False), ("after", False)]
+    with pytest.raises(AttributeError, match="cannot be set"):
+        ours_trainer().fit_loop._skip_backward = True
+
+
 # -- GradientAccumulationScheduler ---------------------------------------------------------------------------------
 def test_gradient_accumulation_scheduler_factors_steps_and_refusals_match_lightning():
     def run(Trainer, Module, cb, **_):

@@ -399,3 +399,38 @@ def test_a_spawned_predict_refuses_return_predictions_as_lightning():
     assert str(theirs_error.value).startswith(start) and str(ours_error.value).startswith(start)
     # what Lightning's parent raises (a user's `except ProcessRaisedException` around predict catches ours too)
     assert isinstance(ours_error.value, torch.multiprocessing.ProcessRaisedException)
+
+
+def test_a_validation_that_cannot_run_is_noted_as_lightning_notes_it():
+    """Lightning's notes at fit when validation cannot run: loaders (the module's, a datamodule's or fit's) without a
+    validation_step ("You passed in a `val_dataloader` but have no `validation_step`", a UserWarning), and a
+    validation_step without loaders (a PossibleUserWarning); nothing when both or neither are there."""
+    import warnings
+
+    def run(lib, classes):
+        seen = []
+        for case in ("no step", "no step, fit's loader", "no loader", "both", "neither", "datamodule's loader"):
+            class Module(classes.BoringModel):
+                pass
+            if case.startswith("no step") or case in ("neither", "datamodule's loader"):
+                Module.validation_step = None
+            if case in ("no loader", "neither", "no step, fit's loader", "datamodule's loader"):
+                Module.val_dataloader = None
+            kwargs = {}
+            if case == "no step, fit's loader":
+                kwargs["val_dataloaders"] = classes.BoringModel().val_dataloader()
+            if case == "datamodule's loader":
+                kwargs["datamodule"] = classes.BoringDataModule()
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                lib.Trainer(max_epochs=1, **{**QUIET, "enable_checkpointing": False}).fit(
+                    Module(), **kwargs)
+            seen.append((case, sorted((w.category.__name__, str(w.message)) for w in said
+                                      if "Skipping val loop" in str(w.message))))
+        return seen
+
+    mine, reference = run(tasktrain, ours), run(pl, theirs)
+    assert mine == reference
+    assert dict(mine)["no loader"] == [("PossibleUserWarning", "You defined a `validation_step` but have no "
+                                        "`val_dataloader`. Skipping val loop.")]
+    assert len(dict(mine)["no step"]) == 1 and dict(mine)["both"] == dict(mine)["neither"] == []

@@ -515,6 +515,13 @@ class FitLoop(_LoopView):
             "StochasticWeightAveraging callback).")
 
     @property
+    def _skip_backward(self):
+        """Lightning's flag for the training steps that skip the backward: only its StochasticWeightAveraging sets
+        it, for the extra epoch it runs to recompute BatchNorm statistics. tasktrain's SWA recomputes them in one
+        pass after the fit and every training step runs its backward, so it is False (a write is refused)."""
+        return False
+
+    @property
     def restarting(self):
         fit = self._trainer._fit_state
         return fit is not None and fit.restarting

@@ -96,3 +96,31 @@ class GradClipAlgorithmType(_StrEnum):
     @staticmethod
     def supported_types():
         return [member.value for member in GradClipAlgorithmType]
+
+
+class TrainerState:
+    """Lightning's TrainerState (status, fn, stage): what `trainer.state` is for a Lightning user. tasktrain's
+    `trainer.state` is its TrainState (trainer/state.py), which holds these three and where training is; it compares
+    equal to a TrainerState with the same status, fn and stage, so `trainer.state == TrainerState(status=..., fn=...,
+    stage=...)` reads as in Lightning."""
+
+    def __init__(self, status=TrainerStatus.INITIALIZING, fn=None, stage=None):
+        self.status, self.fn, self.stage = status, fn, stage
+
+    @property
+    def finished(self) -> bool:
+        return self.status == TrainerStatus.FINISHED
+
+    @property
+    def stopped(self) -> bool:
+        return self.status.stopped
+
+    def __eq__(self, other):  # (also reached from `trainer.state == TrainerState(...)`: TrainState's own == declines)
+        if not all(hasattr(other, name) for name in ("status", "fn", "stage")):
+            return NotImplemented
+        return (self.status, self.fn, self.stage) == (other.status, other.fn, other.stage)
+
+    __hash__ = None  # (Lightning's dataclass is unhashable too)
+
+    def __repr__(self):
+        return f"TrainerState(status={self.status!r}, fn={self.fn!r}, stage={self.stage!r})"

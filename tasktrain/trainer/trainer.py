@@ -26,7 +26,7 @@ import torch
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
-from tasktrain.exceptions import MisconfigurationException, _TunerExitException
+from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, _TunerExitException
 from tasktrain.plugins.layer_sync import TorchSyncBatchNorm
 from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
@@ -678,6 +678,8 @@ class Trainer:
                 raise ValueError(f"Trainer.{stage} was given both dataloaders and a datamodule: pass one of them.")
             self.datamodule = datamodule
             datamodule.trainer = self
+        if stage == "fit" and self.is_global_zero:
+            _warn_unused_validation(module, eval_loader, datamodule)
         # Lightning's entry points name the module and the stage before the launch: a spawned run's parent shows
         # them too, also when the run raised (lightning_module, state.fn, state.status INTERRUPTED)
         self.module = module
@@ -1100,6 +1102,20 @@ def _check_module(module, stage):
         name = "validation_step" if stage == "validate" else "test_step"
         if not is_overridden(name, module, TaskModule):
             raise NotImplementedError(f"Trainer.{stage} needs {type(module).__name__}.{name}(self, batch, batch_idx).")
+
+
+def _warn_unused_validation(module, val_loaders, datamodule):
+    """Lightning's notes when fit's validation cannot run: loaders without a validation_step, or a validation_step
+    without loaders (its rule: loaders given to fit, or a val_dataloader the datamodule or the module defines)."""
+    has_loader = val_loaders is not None or is_overridden("val_dataloader", module, TaskModule) or (
+        datamodule is not None and is_overridden("val_dataloader", datamodule, DataModule))
+    has_step = is_overridden("validation_step", module, TaskModule)
+    if has_loader and not has_step:
+        warnings.warn("You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.",
+                      UserWarning, stacklevel=4)
+    if has_step and not has_loader:
+        warnings.warn("You defined a `validation_step` but have no `val_dataloader`. Skipping val loop.",
+                      PossibleUserWarning, stacklevel=4)
 
 
 def _check_optimizers(module, optimizers, accumulate_grad_batches, gradient_clip_val=None):
