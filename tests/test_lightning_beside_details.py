@@ -434,3 +434,36 @@ def test_a_validation_that_cannot_run_is_noted_as_lightning_notes_it():
     assert dict(mine)["no loader"] == [("PossibleUserWarning", "You defined a `validation_step` but have no "
                                         "`val_dataloader`. Skipping val loop.")]
     assert len(dict(mine)["no step"]) == 1 and dict(mine)["both"] == dict(mine)["neither"] == []
+
+
+def test_a_module_that_cannot_run_is_refused_with_lightnings_error_before_the_logger_makes_a_folder(tmp_path):
+    """Lightning's configuration check before a run: a missing (or None) training_step / configure_optimizers,
+    validation_step / test_step, a None predict_step, and manual optimisation with gradient_clip_val or
+    accumulate_grad_batches are its MisconfigurationException with its words (tasktrain's hint may follow), raised
+    before the default logger makes its version folder (was: NotImplementedError, and a folder left behind)."""
+
+    def refusals(lib, classes, root):
+        def module(**attributes):
+            return type("Module", (classes.BoringModel,), attributes)()
+
+        cases = [("fit", module(training_step=None), {}), ("fit", module(configure_optimizers=None), {}),
+                 ("validate", module(validation_step=None), {}), ("test", module(test_step=None), {}),
+                 ("predict", module(predict_step=None), {}),
+                 ("fit", module(automatic_optimization=False), {"gradient_clip_val": 1.0}),
+                 ("fit", module(automatic_optimization=False), {"accumulate_grad_batches": 2})]
+        seen = []
+        for index, (stage, model, flags) in enumerate(cases):
+            directory = os.path.join(root, str(index))
+            trainer = lib.Trainer(default_root_dir=directory, max_epochs=1, enable_progress_bar=False,
+                                  enable_model_summary=False, **flags)
+            with pytest.raises(Exception) as refused:
+                getattr(trainer, stage)(model)
+            seen.append((type(refused.value).__name__, str(refused.value), os.path.exists(directory)))
+        return seen
+
+    mine = refusals(tasktrain, ours, str(tmp_path / "tasktrain"))
+    reference = refusals(pl, theirs, str(tmp_path / "lightning"))
+    for (name, message, folder), (their_name, their_message, their_folder) in zip(mine, reference, strict=True):
+        assert name == their_name == "MisconfigurationException"
+        assert message.startswith(their_message), (message, their_message)
+        assert folder is their_folder is False

@@ -21,7 +21,7 @@ def test_a_hook_set_to_none_is_not_overridden_and_switches_validation_off():
     trainer = Trainer(max_epochs=1, **quiet(num_sanity_val_steps=2))
     trainer.fit(module, loader(16), loader(8))  # with validation_step None: no validation loop, no crash
     assert trainer.global_step == 2 and "val_loss" not in trainer.callback_metrics
-    with pytest.raises(NotImplementedError, match="validation_step"):
+    with pytest.raises(MisconfigurationException, match=r"No `validation_step\(\)` method defined to run `Trainer.val"):
         trainer.validate(module, loader(8))
     module.on_train_epoch_end = None  # a base hook switched off: not called, no crash
     Trainer(max_epochs=1, **quiet()).fit(module, loader(8))

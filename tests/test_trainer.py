@@ -144,7 +144,7 @@ def test_missing_training_step_is_clear():
         def configure_optimizers(self):
             return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1)
 
-    with pytest.raises(NotImplementedError, match="does not define training_step"):
+    with pytest.raises(MisconfigurationException, match=r"No `training_step\(\)` method defined"):
         Trainer(max_epochs=1, **quiet()).fit(NoStep(), loader())
 
 

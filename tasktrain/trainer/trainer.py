@@ -664,7 +664,7 @@ class Trainer:
         if not isinstance(module, TaskModule):  # (Lightning's words first)
             raise TypeError(f"`model` must be a `TaskModule` or `torch._dynamo.OptimizedModule`, got "
                             f"`{type(module).__qualname__}`. Trainer.{stage} trains a tasktrain.TaskModule.")
-        _check_module(module, stage)
+        _check_module(module, stage, self.gradient_clip_val, self.accumulate_grad_batches)
         self._given_module = given
         # A DataModule passed where the loaders go is the datamodule (Lightning's rule); it stays for later runs.
         if stage == "fit" and isinstance(train_loader, DataModule) and datamodule is None:
@@ -1068,7 +1068,7 @@ class Trainer:
         self._watchdog = None  # the trainer stays picklable between runs
 
 
-def _check_module(module, stage):
+def _check_module(module, stage, gradient_clip_val=None, accumulate_grad_batches=1):
     # (TaskModule has no configure_sharded_model: any definition is the user's)
     if stage in ("fit", "validate", "test", "predict") and callable(getattr(module, "configure_sharded_model", None)):
         raise NotImplementedError(f"{type(module).__name__} overrides configure_sharded_model, which tasktrain does "
@@ -1081,17 +1081,16 @@ def _check_module(module, stage):
             raise NotImplementedError(
                 f"{type(module).__name__}.{name}(self, dataloader_iter): tasktrain does not run Lightning's "
                 f"experimental `dataloader_iter` step flavor. Take the batch instead: {name}(self, batch, batch_idx).")
-    if stage == "fit":
-        if not is_overridden("training_step", module, TaskModule):
-            raise NotImplementedError(
-                f"{type(module).__name__} does not define training_step(self, batch, batch_idx); the Trainer "
-                "needs it to fit. It must return the loss (or a dict with a 'loss' key)."
-            )
-        if not is_overridden("configure_optimizers", module, TaskModule):
-            raise NotImplementedError(
-                f"{type(module).__name__} does not define configure_optimizers(self); return an optimizer, "
-                "e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
-            )
+    if stage == "fit":  # (Lightning's configuration check and words first, before the loggers make their folders)
+        for name in ("training_step", "configure_optimizers"):
+            if not is_overridden(name, module, TaskModule):
+                raise MisconfigurationException(
+                    f"No `{name}()` method defined. Lightning `Trainer` expects as minimum a `training_step()`, "
+                    f"`train_dataloader()` and `configure_optimizers()` to be defined. ({type(module).__name__}: "
+                    "training_step(self, batch, batch_idx) returns the loss; configure_optimizers(self) returns an "
+                    "optimizer, e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`.)")
+        if not module.automatic_optimization:
+            _check_manual_optimization(module, gradient_clip_val, accumulate_grad_batches)
         if module.automatic_optimization and "optimizer_idx" in inspect.signature(module.training_step).parameters:
             # Lightning 1.x's multi-optimizer loop; Lightning 2's error, its words
             raise RuntimeError(
@@ -1101,7 +1100,10 @@ def _check_module(module, stage):
     elif stage in ("validate", "test"):
         name = "validation_step" if stage == "validate" else "test_step"
         if not is_overridden(name, module, TaskModule):
-            raise NotImplementedError(f"Trainer.{stage} needs {type(module).__name__}.{name}(self, batch, batch_idx).")
+            raise MisconfigurationException(f"No `{name}()` method defined to run `Trainer.{stage}`. (Define "
+                                            f"{type(module).__name__}.{name}(self, batch, batch_idx).)")
+    elif stage == "predict" and module.predict_step is None:
+        raise MisconfigurationException("`predict_step` cannot be None to run `Trainer.predict`")
 
 
 def _warn_unused_validation(module, val_loaders, datamodule):
@@ -1119,14 +1121,20 @@ def _warn_unused_validation(module, val_loaders, datamodule):
 
 
 def _check_optimizers(module, optimizers, accumulate_grad_batches, gradient_clip_val=None):
-    # (several optimizers under automatic optimisation: parse_optimizers, where Lightning checks it)
-    if not module.automatic_optimization and gradient_clip_val:  # (Lightning's error, its words first)
+    # (several optimizers under automatic optimisation: parse_optimizers, where Lightning checks it; manual
+    # optimisation again: a setup hook may have switched automatic_optimization off after the run's first check)
+    if not module.automatic_optimization:
+        _check_manual_optimization(module, gradient_clip_val, accumulate_grad_batches)
+
+
+def _check_manual_optimization(module, gradient_clip_val, accumulate_grad_batches):
+    if gradient_clip_val:  # (Lightning's error, its words first)
         raise MisconfigurationException(
             "Automatic gradient clipping is not supported for manual optimization. Remove "
             f"`Trainer(gradient_clip_val={gradient_clip_val})` or switch to automatic optimization. (Clip in "
             "training_step: self.clip_gradients(optimizer, gradient_clip_val=..., gradient_clip_algorithm=...) "
             "between manual_backward and step.)")
-    if not module.automatic_optimization and accumulate_grad_batches != 1:
+    if accumulate_grad_batches != 1:
         # The loop would step the user's optimizers at every batch regardless: say so instead of ignoring it.
         raise MisconfigurationException(
             "Automatic gradient accumulation is not supported for manual optimization. Remove "
