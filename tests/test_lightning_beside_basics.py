@@ -1048,12 +1048,20 @@ def test_a_whole_float_above_one_is_a_batch_count_as_under_lightning(argument):
     assert type(getattr(mine, argument)) is type(getattr(theirs, argument)) is int
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"precision": "bf16-mixed"}, {"precision": "16-mixed"},
-                                    {"precision": "16-mixed", "strategy": "deepspeed"}, {"precision": "64-true"}])
-def test_a_trainers_construction_logs_lightnings_device_and_precision_lines(kwargs):
+@pytest.mark.parametrize("kwargs, cuda", [({}, False), ({"precision": "bf16-mixed"}, False),
+                                          ({"precision": "16-mixed"}, False),
+                                          ({"precision": "16-mixed", "strategy": "deepspeed"}, False),
+                                          ({"precision": "64-true"}, False), ({}, True),
+                                          ({"precision": "bf16-mixed"}, True)])
+def test_a_trainers_construction_logs_lightnings_device_and_precision_lines(kwargs, cuda, monkeypatch):
     """Lightning's rank-zero INFO lines at Trainer(...): "Using bfloat16 Automatic Mixed Precision (AMP)" where it
     builds its own AMP plugin (not under DeepSpeed), "GPU available: ..., used: ...", "TPU available: ..."; a user's
-    log capture sees the same lines, in the same order, on tasktrain's logger."""
+    log capture sees the same lines, in the same order, on tasktrain's logger. Both branches of the host's CUDA are
+    pinned (torch's probes patched), whatever this machine has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
     def construct(lib, logger_name):
         records = []
         handler = logging.Handler(logging.DEBUG)
@@ -1079,5 +1087,5 @@ def test_a_trainers_construction_logs_lightnings_device_and_precision_lines(kwar
     assert ours_ == theirs_
     amp = kwargs.get("precision", "").endswith("mixed") and "strategy" not in kwargs
     assert [text for _, text in ours_] == (["Using bfloat16 Automatic Mixed Precision (AMP)"] if amp else []) + [
-        f"GPU available: {torch.cuda.is_available()}{' (cuda)' if torch.cuda.is_available() else ''}, used: False",
+        f"GPU available: {cuda}{' (cuda)' if cuda else ''}, used: False",
         "TPU available: False, using: 0 TPU cores"]
