@@ -12,8 +12,6 @@ teardown); overriding the others (the backward and optimizer-step hooks, clippin
 convert_output, the checkpoint hooks) is refused by the Trainer (tasktrain/trainer/plugin_args.py), because
 tasktrain's loop calls its own precision methods there.
 """
-import contextlib
-
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies import precision as _core
 
@@ -32,6 +30,10 @@ REFUSED_HOOKS = ("pre_backward", "backward", "post_backward", "optimizer_step", 
                  "convert_input", "on_save_checkpoint", "on_load_checkpoint", "unscale_gradients")
 
 
+_STEP_CONTEXTS = {"training_step": "train_step_context", "validation_step": "val_step_context",
+                  "test_step": "test_step_context", "predict_step": "predict_step_context"}
+
+
 class _LightningHooks:
     """Lightning's step contexts over tasktrain's precision: each step of the module runs in the context of its kind
     (train_step_context for training_step, val_step_context for validation_step, ...), each of which enters
@@ -44,29 +46,20 @@ class _LightningHooks:
         return super().autocast()  # the precision's own: torch.autocast under the mixed precisions
 
     def step_context(self, step):
-        return {"training_step": self.train_step_context, "validation_step": self.val_step_context,
-                "test_step": self.test_step_context, "predict_step": self.predict_step_context}.get(
-                    step, self.forward_context)()
+        return getattr(self, _STEP_CONTEXTS.get(step, "forward_context"))()
 
-    @contextlib.contextmanager
+    # Lightning's defaults: each enters forward_context(), looked up when called (a subclass's override counts)
     def train_step_context(self):
-        with self.forward_context():
-            yield
+        return self.forward_context()
 
-    @contextlib.contextmanager
     def val_step_context(self):
-        with self.forward_context():
-            yield
+        return self.forward_context()
 
-    @contextlib.contextmanager
     def test_step_context(self):
-        with self.forward_context():
-            yield
+        return self.forward_context()
 
-    @contextlib.contextmanager
     def predict_step_context(self):
-        with self.forward_context():
-            yield
+        return self.forward_context()
 
 
 class Precision(_LightningHooks, _core.Precision):
