@@ -795,7 +795,8 @@ def _step_hooks_record(lib, plugins_module, base, manual, tmp_path, hooked=True)
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def trainer(**kwargs):
-        return lib.Trainer(plugins=[(Recording if hooked else parent)(*base[1:])], default_root_dir=str(tmp_path), **dict(QUIET, **kwargs))
+        return lib.Trainer(plugins=[(Recording if hooked else parent)(*base[1:])], default_root_dir=str(tmp_path),
+                           **dict(QUIET, **kwargs))
 
     lib.seed_everything(3, verbose=False)
     model = Model()
