@@ -124,11 +124,11 @@ def test_a_strategy_objects_own_precision_or_checkpoint_io_beside_plugins_is_ref
 
 
 def test_what_tasktrain_cannot_honor_is_refused_before_training():
-    class LightningStyle(our_plugins.MixedPrecision):
-        def pre_backward(self, tensor, module):  # Lightning's hook, which tasktrain's plugins do not have
+    class EngineStyle(our_plugins.DeepSpeedPrecision):
+        def pre_backward(self, tensor, module):  # an engine's plugin: the engine runs its own step
             return tensor
 
-    cases = [([LightningStyle("bf16-mixed", "cpu")], "overrides pre_backward"),
+    cases = [([EngineStyle("bf16-mixed")], "overrides pre_backward: the DeepSpeed strategy runs"),
              ([our_plugins.MixedPrecision("bf16-mixed", "cuda")], r"MixedPrecision\('bf16-mixed', 'cpu'\)"),
              ([our_plugins.DeepSpeedPrecision("bf16-mixed")], "DeepSpeed strategy's precision plugin"),
              ([TorchElasticEnvironment()], "not started by torchrun")]
@@ -360,16 +360,15 @@ def test_a_lightning_strategys_precision_plugin_and_cluster_environment_are_take
         tasktrain.strategies.DDPStrategy(cluster_environment=object())
 
 
-def test_a_strategys_precision_plugin_that_overrides_lightnings_hooks_is_refused_as_in_plugins():
+def test_a_strategys_precision_plugin_with_lightnings_step_hooks_is_taken_as_in_plugins():
     class Hooked(our_plugins.MixedPrecision):
-        def pre_backward(self, tensor, module):  # a Lightning precision hook tasktrain would not call
-            return tensor
+        def pre_backward(self, tensor, module):  # one of Lightning's step hooks: the step runs through them
+            return super().pre_backward(tensor, module)
 
-    with pytest.raises(ValueError, match="overrides pre_backward"):
-        tasktrain.Trainer(strategy=tasktrain.strategies.DDPStrategy(precision_plugin=Hooked("bf16-mixed", "cpu")),
-                          **QUIET)
-    with pytest.raises(ValueError, match="overrides pre_backward"):
-        tasktrain.Trainer(plugins=[Hooked("bf16-mixed", "cpu")], **QUIET)
+    for trainer in (tasktrain.Trainer(strategy=tasktrain.strategies.DDPStrategy(
+            precision_plugin=Hooked("bf16-mixed", "cpu")), **QUIET),
+            tasktrain.Trainer(plugins=[Hooked("bf16-mixed", "cpu")], **QUIET)):
+        assert isinstance(trainer.precision_plugin, Hooked) and trainer.precision_plugin.lightning_steps
 
 
 def test_single_device_strategy_under_lightnings_name_and_arguments(tmp_path):
@@ -699,22 +698,193 @@ def test_a_precision_subclass_gets_lightnings_calls_of_the_hooks_it_overrides(tm
             assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
-def test_a_precision_subclass_overriding_a_hook_tasktrain_does_not_call_there_is_refused():
-    class Steps(our_plugins.MixedPrecision):
-        def optimizer_step(self, optimizer, model, closure, **kwargs):  # Lightning's signature, not tasktrain's
-            return super().optimizer_step(optimizer, model, closure, **kwargs)
+def _step_hooks_record(lib, plugins_module, base, manual, tmp_path, hooked=True):
+    """A precision subclass overriding every step hook (each recording its call and arguments, then calling super),
+    the module recording the hooks around them: a fit of 3 windows of accumulate_grad_batches=2 with
+    gradient_clip_val (automatic) or self.clip_gradients (manual), a checkpoint, a resumed fit, a validation. The calls
+    in order, and the weights after the first fit."""
+    calls, fitted = [], []
+    boring = theirs if lib is pl else ours
+    parent = getattr(plugins_module, base[0])
 
-        def convert_input(self, data):  # (tasktrain casts after the batch moved, Lightning before the transfer hooks)
-            return data
+    def num(t):  # (a resumed fit's: Lightning reads the epoch's batches from its start again, tasktrain goes on)
+        return f"{float(t.detach().float().sum()):.4f}" if ("resume",) not in calls else "-"  # (nan == nan)
 
+    class Recording(parent):
+        def connect(self, model, optimizers, lr_schedulers):
+            calls.append(("connect", len(optimizers), len(lr_schedulers)))
+            return super().connect(model, optimizers, lr_schedulers)
+
+        def convert_input(self, data):
+            calls.append(("convert_input", str(data.dtype)))
+            return super().convert_input(data)
+
+        def pre_backward(self, tensor, module):
+            calls.append(("pre_backward", num(tensor), module is fitted[0]))
+            return super().pre_backward(tensor, module)
+
+        def backward(self, tensor, model, optimizer, *args, **kwargs):
+            calls.append(("backward", num(tensor), model is fitted[0], type(optimizer).__name__, args, kwargs))
+            return super().backward(tensor, model, optimizer, *args, **kwargs)
+
+        def post_backward(self, tensor, module):
+            out = super().post_backward(tensor, module)
+            calls.append(("post_backward", num(tensor), out.requires_grad))
+            return out
+
+        def optimizer_step(self, optimizer, model, closure, **kwargs):
+            calls.append(("optimizer_step", type(optimizer).__name__, model is fitted[0], callable(closure), kwargs))
+            out = super().optimizer_step(optimizer, model, closure, **kwargs)
+            calls.append(("stepped", type(out).__name__))
+            return out
+
+        def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm=None):
+            calls.append(("clip_gradients", clip_val, str(getattr(gradient_clip_algorithm, "value", None))))
+            return super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
+
+        def clip_grad_by_norm(self, optimizer, clip_val):
+            calls.append(("clip_grad_by_norm", clip_val))
+            return super().clip_grad_by_norm(optimizer, clip_val)
+
+        def clip_grad_by_value(self, optimizer, clip_val):
+            calls.append(("clip_grad_by_value", clip_val))
+            return super().clip_grad_by_value(optimizer, clip_val)
+
+        def main_params(self, optimizer):
+            calls.append(("main_params",))
+            return super().main_params(optimizer)
+
+        def on_save_checkpoint(self, checkpoint):
+            calls.append(("on_save_checkpoint", "Recording" in checkpoint, "hyper_parameters" in checkpoint))
+
+        def on_load_checkpoint(self, checkpoint):
+            calls.append(("on_load_checkpoint", "Recording" in checkpoint))
+
+    class Model(boring.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch, batch_idx):
+            calls.append(("training_step", batch_idx))
+            if not manual:
+                return super().training_step(batch, batch_idx)
+            opt = self.optimizers()
+            loss = self.step(batch)
+            self.manual_backward(loss)
+            self.clip_gradients(opt, gradient_clip_val=0.5, gradient_clip_algorithm="value")
+            opt.step()
+            opt.zero_grad()
+            return None
+
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("on_before_batch_transfer", str(batch.dtype)))
+            return batch
+
+        def on_before_backward(self, loss):
+            calls.append(("on_before_backward", num(loss)))
+
+        def on_after_backward(self):
+            calls.append(("on_after_backward",))
+
+        def on_before_optimizer_step(self, optimizer):
+            calls.append(("on_before_optimizer_step", num(self.layer.weight.grad)))
+
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            calls.append(("configure_gradient_clipping", gradient_clip_val))
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def trainer(**kwargs):
+        return lib.Trainer(plugins=[(Recording if hooked else parent)(*base[1:])], default_root_dir=str(tmp_path),
+                           **dict(QUIET, **kwargs))
+
+    lib.seed_everything(3, verbose=False)
+    model = Model()
+    fitted.append(model)
+    clip = {} if manual else dict(accumulate_grad_batches=2, gradient_clip_val=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (16-mixed on a CPU)
+        fit = trainer(max_steps=3, limit_train_batches=8, limit_val_batches=0, **clip)
+        fit.fit(model)
+        weights = {k: v.clone() for k, v in model.state_dict().items()}
+        fit.save_checkpoint(str(tmp_path / "a.ckpt"))
+        calls.append(("resume",))
+        trainer(max_steps=4, limit_train_batches=8, limit_val_batches=0, **clip).fit(
+            model, ckpt_path=str(tmp_path / "a.ckpt"))
+        calls.append(("validate",))
+        trainer(limit_val_batches=1).validate(model, verbose=False)
+    return calls, weights
+
+
+@pytest.mark.parametrize("base,manual", [(("Precision",), False), (("MixedPrecision", "16-mixed", "cpu"), False),
+                                         (("MixedPrecision", "bf16-mixed", "cpu"), True)])
+def test_a_precision_subclass_gets_every_step_hook_in_lightnings_order(base, manual, tmp_path):
+    ours_calls, ours_weights = _step_hooks_record(tasktrain, our_plugins, base, manual, tmp_path / "ours")
+    their_calls, their_weights = _step_hooks_record(pl, their_plugins, base, manual, tmp_path / "theirs")
+    assert ours_calls == their_calls
+    for key in their_weights:
+        torch.testing.assert_close(ours_weights[key], their_weights[key], msg=key)
+    names = [c[0] for c in ours_calls]
+    for hook in ("connect", "convert_input", "pre_backward", "backward", "post_backward", "optimizer_step",
+                 "clip_gradients", "main_params", "on_save_checkpoint", "on_load_checkpoint"):
+        assert hook in names, hook
+    # the hooks' defaults compute what tasktrain's own step computes (the plugin as it is takes that step)
+    own_calls, own_weights = _step_hooks_record(tasktrain, our_plugins, base, manual, tmp_path / "own", hooked=False)
+    assert "pre_backward" not in [c[0] for c in own_calls]
+    for key in own_weights:
+        assert torch.equal(own_weights[key], ours_weights[key]), key
+
+
+def _scaled_backward_weights(lib, plugins_module, factor, manual):
+    boring = theirs if lib is pl else ours
+
+    class Doubled(plugins_module.MixedPrecision):
+        def backward(self, tensor, model, optimizer, *args, **kwargs):  # the loss scaled before its backward
+            super().backward(tensor * factor, model, optimizer, *args, **kwargs)
+
+    class Model(boring.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch, batch_idx):
+            if not manual:
+                return super().training_step(batch, batch_idx)
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(self.step(batch))
+            opt.step()
+
+    lib.seed_everything(5, verbose=False)
+    model = Model()
+    plugin = Doubled("bf16-mixed", "cpu") if factor != 1 else plugins_module.MixedPrecision("bf16-mixed", "cpu")
+    lib.Trainer(plugins=[plugin], max_steps=4, limit_val_batches=0, **QUIET).fit(model)
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("manual", [False, True])
+def test_a_precision_subclass_scaling_the_loss_in_backward_trains_as_under_lightning(manual):
+    ours_scaled = _scaled_backward_weights(tasktrain, our_plugins, 3.0, manual)
+    theirs_scaled = _scaled_backward_weights(pl, their_plugins, 3.0, manual)
+    plain = _scaled_backward_weights(tasktrain, our_plugins, 1, manual)
+    for key in plain:
+        torch.testing.assert_close(ours_scaled[key], theirs_scaled[key], msg=key)
+    assert not torch.equal(ours_scaled["layer.weight"], plain["layer.weight"])  # (the override did change the step)
+
+
+def test_an_engine_precision_subclass_and_fabrics_hooks_are_said_so():
     class Helper(our_plugins.MixedPrecision):
         def describe(self):  # a method of one's own, no hook: accepted
             return "mine"
 
-    with pytest.raises(ValueError, match="overrides convert_input, optimizer_step: tasktrain's loop calls"):
-        tasktrain.Trainer(plugins=[Steps("bf16-mixed", "cpu")], **QUIET)
+    class Fabrics(our_plugins.MixedPrecision):
+        def convert_output(self, data):  # Fabric's: Lightning's Trainer never calls it
+            return data
+
     assert tasktrain.Trainer(plugins=[Helper("bf16-mixed", "cpu")], **QUIET).precision_plugin.describe() == "mine"
-    with pytest.raises(ValueError, match="overrides forward_context"):  # an engine's: its own plugin runs
+    with pytest.warns(UserWarning, match="overrides convert_output: Fabric calls it, Lightning's Trainer does not"):
+        tasktrain.Trainer(plugins=[Fabrics("bf16-mixed", "cpu")], **QUIET)
+    with pytest.raises(ValueError, match="overrides forward_context: the FSDP strategy runs its engine's own"):
         class Engine(our_plugins.FSDPPrecision):
             def forward_context(self):
                 return contextlib.nullcontext()

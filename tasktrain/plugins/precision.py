@@ -6,14 +6,25 @@ the same precision name does (MixedPrecision("bf16-mixed", "cpu") is precision="
 FSDPPrecision name their engine's precision (the strategy runs its own plugin of that name); the plugins of libraries
 tasktrain does not run (bitsandbytes, Transformer Engine, XLA) are refused when built, saying what to write instead.
 
-A subclass of one's own may override Lightning's hooks that tasktrain calls where Lightning calls them (_LightningHooks
-below: the step contexts, convert_module, tensor_init_context, module_init_context, state_dict / load_state_dict,
-teardown); overriding the others (the backward and optimizer-step hooks, clipping, connect, convert_input,
-convert_output, the checkpoint hooks) is refused by the Trainer (tasktrain/trainer/plugin_args.py), because
-tasktrain's loop calls its own precision methods there.
+A subclass of one's own may override Lightning's hooks (_LightningHooks below), each called where Lightning's Trainer
+calls it, with Lightning's arguments: the step contexts, convert_module, tensor_init_context, module_init_context,
+connect (once the strategy set the module and optimizers up), convert_input (on each batch, before the transfer hooks),
+state_dict / load_state_dict, on_save_checkpoint / on_load_checkpoint, teardown, and the step's hooks (STEP_HOOKS:
+pre_backward, backward, post_backward, optimizer_step, clip_gradients, clip_grad_by_value, clip_grad_by_norm,
+main_params). A subclass overriding one of the step's hooks trains through all of them, in Lightning's order
+(loop.py: the closure's pre_backward -> strategy.backward -> backward -> post_backward, optimizer_step running the
+closure, on_before_optimizer_step and configure_gradient_clipping -> clip_gradients); their defaults compute what
+tasktrain's own step computes (a plugin without such an override takes that step). convert_output and
+unscale_gradients are Fabric's: Lightning's Trainer never calls them, nor does tasktrain's (an override is warned
+about). An engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) is its engine's: overrides are refused.
 """
+import functools
+
+import torch
+
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies import precision as _core
+from tasktrain.trainer.states import GradClipAlgorithmType
 
 __all__ = ["Precision", "DoublePrecision", "HalfPrecision", "MixedPrecision", "DeepSpeedPrecision", "FSDPPrecision",
            "BitsandbytesPrecision", "TransformerEnginePrecision", "XLAPrecision"]
@@ -21,13 +32,16 @@ __all__ = ["Precision", "DoublePrecision", "HalfPrecision", "MixedPrecision", "D
 # The device is the run's: the strategy sets it when it adopts the plugin (Strategy.adopt_precision).
 _LATER = "cpu"
 
-# Lightning's precision hooks a subclass may override (called as Lightning calls them), and those it may not
+# Lightning's precision hooks of the step: a subclass overriding any of them trains through all of them
+STEP_HOOKS = ("pre_backward", "backward", "post_backward", "optimizer_step", "clip_gradients", "clip_grad_by_value",
+              "clip_grad_by_norm", "main_params")
+# Lightning's precision hooks a subclass may override, called where Lightning calls them
 CALLED_HOOKS = ("forward_context", "train_step_context", "val_step_context", "test_step_context",
                 "predict_step_context", "convert_module", "tensor_init_context", "module_init_context", "state_dict",
-                "load_state_dict", "teardown")
-REFUSED_HOOKS = ("pre_backward", "backward", "post_backward", "optimizer_step", "clip_gradients",
-                 "clip_grad_by_value", "clip_grad_by_norm", "main_params", "connect", "convert_output",
-                 "convert_input", "on_save_checkpoint", "on_load_checkpoint", "unscale_gradients")
+                "load_state_dict", "teardown", "connect", "convert_input", "on_save_checkpoint",
+                "on_load_checkpoint") + STEP_HOOKS
+# Fabric's, which Lightning's Trainer never calls (nor tasktrain's): an override is accepted with a warning
+UNCALLED_HOOKS = ("convert_output", "unscale_gradients")
 
 
 _STEP_CONTEXTS = {"training_step": "train_step_context", "validation_step": "val_step_context",
@@ -60,6 +74,146 @@ class _LightningHooks:
 
     def predict_step_context(self):
         return self.forward_context()
+
+    # -- which step the Trainer takes (decided by the class: what a subclass of one's own overrides) -----------------
+    @property
+    def lightning_steps(self):
+        """Whether the Trainer's step runs through this plugin's step hooks (a subclass overrides one of STEP_HOOKS);
+        False: tasktrain's own step, which computes what their defaults compute."""
+        return _overrides(type(self), STEP_HOOKS)
+
+    @property
+    def converts_before_transfer(self):
+        """Whether the Trainer applies convert_input before the batch transfer hooks (Lightning's place) instead of the
+        strategy after the move: where a subclass overrides it (the built-in casts give the same values either way)."""
+        return _overrides(type(self), ("convert_input",))
+
+    # -- what the strategy calls: routed through Lightning's hooks where the Trainer's step runs them ---------------
+    def run_backward(self, loss, *args, backward_fn=None, **kwargs):
+        if self.lightning_steps and backward_fn is not None:
+            # the Trainer's step: pre_backward scaled the loss already; backward_fn calls this plugin's backward
+            backward_fn(loss, *args, **kwargs)
+        else:
+            super().backward(loss, *args, backward_fn=backward_fn, **kwargs)
+
+    def run_step(self, optimizer, closure=None, model=None, **kwargs):
+        if not self.lightning_steps or model is None:
+            return super().optimizer_step(optimizer, closure, **kwargs)
+        scaler = getattr(self, "scaler", None)
+        before = scaler.get_scale() if scaler is not None else None
+        self.last_step_output = self.optimizer_step(optimizer, model=model, closure=closure, **kwargs)  # (Lightning's)
+        if scaler is None:
+            return True
+        self._unscaled.discard(id(optimizer))
+        stepped = scaler.get_scale() >= before  # (GradScaler lowers its scale where it skipped the step)
+        if not stepped:
+            self.skipped_steps += 1
+        return stepped
+
+    def cast_moved_batch(self, batch):
+        # an override of convert_input ran before the transfer hooks already (the Trainer's batch mover)
+        return batch if self.converts_before_transfer else super().cast_moved_batch(batch)
+
+    # -- Lightning's step hooks, Lightning's arguments; the defaults compute what tasktrain's own step does ---------
+    def pre_backward(self, tensor, module):
+        """Before the backward of a training step's loss (or manual_backward's): the loss scaled ("16-mixed"), then
+        on_before_backward (the callbacks', the module's) with it, as Lightning's. Returns the tensor to backward."""
+        scaler = getattr(self, "scaler", None)
+        if scaler is not None:
+            tensor = scaler.scale(tensor)
+        module.trainer._call("on_before_backward", tensor)
+        return tensor
+
+    def backward(self, tensor, model, optimizer, *args, **kwargs):
+        """The backward itself: the module's backward(tensor, *args, **kwargs); `optimizer` is None in manual
+        optimisation."""
+        model.backward(tensor, *args, **kwargs)
+
+    def post_backward(self, tensor, module):
+        """After the backward: on_after_backward; returns the loss without its graph."""
+        closure_loss = tensor.detach()
+        module.trainer._call("on_after_backward")
+        return closure_loss
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        """The optimizer step of a window (LightningOptimizer.step): runs `closure` (training_step, zero_grad,
+        backward), then on_before_optimizer_step and the clipping (_after_closure), then the step; "16-mixed" runs the
+        closure first, unscales, then steps through the GradScaler (which skips a step with inf/NaN gradients).
+        Returns what the optimizer's step returned."""
+        scaler = getattr(self, "scaler", None)
+        if scaler is None:
+            super().optimizer_step(optimizer, functools.partial(self._wrap_closure, model, optimizer, closure),
+                                   **kwargs)
+            return self.last_step_output
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise MisconfigurationException("AMP and the LBFGS optimizer are not compatible.")  # (Lightning's words)
+        closure_result = closure()
+        skip = closure_result is None and model.automatic_optimization  # no backward ran: nothing to unscale or step
+        if not skip:
+            self.unscale(optimizer)  # before on_before_optimizer_step and the clipping read the gradients
+        self._after_closure(model, optimizer)
+        if skip:
+            return closure_result
+        output = scaler.step(optimizer, **kwargs)
+        scaler.update()
+        return output
+
+    def _wrap_closure(self, model, optimizer, closure):
+        closure_result = closure()
+        self._after_closure(model, optimizer)
+        return closure_result
+
+    def _after_closure(self, model, optimizer):
+        from tasktrain.trainer.loop import after_closure
+
+        after_closure(model.trainer, optimizer)  # on_before_optimizer_step, then configure_gradient_clipping
+
+    def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM):
+        """What the module's clip_gradients (and so configure_gradient_clipping's default) calls: by value or by
+        total norm; nothing where clip_val <= 0."""
+        if clip_val > 0 and getattr(self, "scaler", None) is not None and \
+                getattr(optimizer, "_step_supports_amp_scaling", False):
+            raise RuntimeError(  # (Lightning's words)
+                f"The current optimizer, {type(optimizer).__qualname__}, does not allow for gradient clipping because "
+                "it performs unscaling of gradients internally. HINT: Are you using a 'fused' optimizer?")
+        if clip_val <= 0:
+            return
+        if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
+            self.clip_grad_by_value(optimizer, clip_val)
+        elif gradient_clip_algorithm == GradClipAlgorithmType.NORM:
+            self.clip_grad_by_norm(optimizer, clip_val)
+
+    def clip_grad_by_value(self, optimizer, clip_val):
+        self.unscale(optimizer)  # (the true gradients: a manual step's clipping comes before its unscale)
+        torch.nn.utils.clip_grad_value_(list(self.main_params(optimizer)), clip_value=clip_val)
+
+    def clip_grad_by_norm(self, optimizer, clip_val):
+        self.unscale(optimizer)
+        torch.nn.utils.clip_grad_norm_(list(self.main_params(optimizer)), clip_val)
+
+    def main_params(self, optimizer):
+        """The parameters clipped: the optimizer's."""
+        for group in optimizer.param_groups:
+            yield from group["params"]
+
+    # Fabric's hooks (Lightning's Trainer calls neither): as Lightning's defaults
+    def convert_output(self, data):
+        return data
+
+    def unscale_gradients(self, optimizer):
+        return None
+
+
+def _overrides(cls, names):
+    """Whether a class of one's own in `cls`'s MRO (outside tasktrain) defines one of `names` (kept per class)."""
+    key = (cls, names)
+    if key not in _OVERRIDES:
+        _OVERRIDES[key] = any(name in vars(c) for c in cls.__mro__ if not c.__module__.startswith("tasktrain.")
+                              for name in names)
+    return _OVERRIDES[key]
+
+
+_OVERRIDES = {}
 
 
 class Precision(_LightningHooks, _core.Precision):

@@ -467,7 +467,7 @@ class Strategy(abc.ABC):
         if self._batches_stay and _plain_tensors(batch):
             return batch
         batch = move_to_device(batch, self.root_device)
-        return self.precision.convert_input(batch) if self.precision else batch
+        return self.precision.cast_moved_batch(batch) if self.precision else batch
 
     def forward_context(self, step=None):
         """The one place a forward enters the precision's autocast: training_step, eval_step and the Accelerator's
@@ -496,7 +496,7 @@ class Strategy(abc.ABC):
 
     def backward(self, loss, *args, **kwargs):
         """Backward through the precision (GradScaler scales under fp16). Default: precision.backward(loss)."""
-        self.precision.backward(loss, *args, **kwargs)
+        self.precision.run_backward(loss, *args, **kwargs)
 
     def unscale_gradients(self, optimizer):
         """Make `optimizer`'s gradients the true ones before anything reads them (fp16). Idempotent per step."""
@@ -539,7 +539,7 @@ class Strategy(abc.ABC):
         """Step `optimizer` through the precision; returns whether it really stepped (False: GradScaler or the
         engine skipped a step with inf/NaN gradients). `kwargs` go to the optimizer's step; what it returned is
         `precision.last_step_output`."""
-        return self.precision.optimizer_step(optimizer, closure, **kwargs)
+        return self.precision.run_step(optimizer, closure, **kwargs)
 
     def steps_with_closure(self) -> bool:
         """Whether optimizer_step takes the closure that computes the gradients into the optimizer's step

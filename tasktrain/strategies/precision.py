@@ -30,6 +30,10 @@ class Precision:
     steps_with_closure = True
     last_step_output = None  # what the last optimizer.step(...) returned (LightningOptimizer.step returns it)
     engine = None  # the engine strategy whose own plugin this names ("DeepSpeed", "FSDP"), or None: any strategy
+    # Lightning's precision plugins (tasktrain/plugins/precision.py) a subclass of one's own overrides: whether the
+    # Trainer's step runs through their step hooks, and whether convert_input runs before the batch transfer hooks
+    lightning_steps = False
+    converts_before_transfer = False
 
     @property
     def precision(self) -> str:
@@ -95,6 +99,31 @@ class Precision:
         self.last_step_output = optimizer.step(**kwargs) if closure is None else optimizer.step(closure=closure,
                                                                                                  **kwargs)
         return True
+
+    # What the strategy calls (Strategy.backward / optimizer_step). Lightning's precision plugins
+    # (tasktrain/plugins/precision.py) have Lightning's own backward(tensor, model, optimizer) and
+    # optimizer_step(optimizer, model, closure) under those names, and route these two through them.
+    def run_backward(self, loss, *args, **kwargs) -> None:
+        self.backward(loss, *args, **kwargs)
+
+    def run_step(self, optimizer, closure=None, **kwargs) -> bool:
+        return self.optimizer_step(optimizer, closure, **kwargs)
+
+    def cast_moved_batch(self, batch):
+        """The input cast strategy.batch_to_device applies once the batch is on the device: convert_input."""
+        return self.convert_input(batch)
+
+    # Lightning's set-up and checkpoint hooks of a precision plugin (the Trainer calls them where Lightning's does:
+    # connect once the strategy set the module and optimizers up, on_save_checkpoint after the plugin's state went into
+    # the checkpoint, on_load_checkpoint before it is loaded back). Default: nothing.
+    def connect(self, model, optimizers, lr_schedulers):
+        return model, optimizers, lr_schedulers
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        pass
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        pass
 
     def state_dict(self) -> dict:
         return {}

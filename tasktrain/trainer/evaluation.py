@@ -35,6 +35,7 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     strategy = trainer.strategy
     with trainer._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
         strategy.setup_module_and_optimizers(module, [], Plan(training=False))
+    run.connect_precision(strategy, [], [])
     module.zero_grad()  # Lightning clears the gradients when each entry point starts
     trainer._log_hyperparams(module)  # (Lightning's: at the start of every run)
     path = None
@@ -47,6 +48,9 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
             with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
                 module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"], strict=module.strict_loading)
+            from tasktrain.trainer.resume import restore_precision
+
+            restore_precision(trainer, ckpt)  # (Lightning's restore_training_state at every entry point)
             restore_eval_total(trainer, stage, ckpt)
             datamodule = trainer.datamodule  # its state too, under its class name (Lightning's, at every entry point)
             if datamodule is not None and type(datamodule).__qualname__ in ckpt:

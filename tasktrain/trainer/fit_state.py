@@ -68,6 +68,9 @@ class FitState:
     configure_clipping: Optional[Callable]  # the module's configure_gradient_clipping where it clips its own way
     clippers: list  # GradientClipping callbacks whose requests the step applies (the plan's clipping)
     accumulation_schedules: list  # callbacks that set the window by epoch (get_accumulate_grad_batches(epoch))
+    # the precision plugin whose step hooks the step runs (a Lightning plugin subclass overriding one: pre_backward,
+    # backward, post_backward, optimizer_step, clip_gradients, ...), or None: tasktrain's own step
+    lightning_precision: Any = None
     optimizer: Any = None  # the optimizer automatic optimisation steps (the first)
     stepper: Any = None  # the LightningOptimizer the module's optimizer_step receives (self.optimizers()'s)
     stepped: bool = False  # whether the window's optimizer step really stepped (schedulers follow it)
@@ -111,7 +114,17 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         "backward", "optimizer_zero_grad", "optimizer_step", "configure_gradient_clipping", "clip_gradients",
         "lr_scheduler_step")}
     metrics = trainer._metrics  # the module's hooks below run named for self.log (metrics.HOOK_LOGGING)
-    if overrides["backward"]:
+    precision = strategy.precision
+    lightning_precision = precision if precision.lightning_steps else None
+    if lightning_precision is not None:
+        first = optimizers[0] if optimizers else None
+
+        def plugin_backward(loss, *args, **kwargs):  # (Lightning's strategy.backward(loss, optimizer))
+            lightning_precision.backward(loss, module, first, *args, **kwargs)
+
+        def backward(loss):  # (pre_backward and post_backward around it: loop.py)
+            strategy.backward(loss, backward_fn=plugin_backward)
+    elif overrides["backward"]:
         module_backward = in_hook(metrics, "backward", module.backward)
 
         def backward(loss):
@@ -125,8 +138,10 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
             ("training_step", training_step), ("backward", backward), ("optimizer_step", step),
             ("optimizer_zero_grad", zero_grad)))
     # the module's configure_gradient_clipping (automatic optimisation only) clips in place of the Trainer's request
+    # (under the plugin's step hooks always: Lightning's _after_closure calls it, the Trainer's gradient_clip_val its
+    # argument, and its default clips through the plugin's clip_gradients)
     module_clips = module.automatic_optimization and (
-        overrides["configure_gradient_clipping"] or overrides["clip_gradients"])
+        overrides["configure_gradient_clipping"] or overrides["clip_gradients"] or lightning_precision is not None)
     clippers = [cb for cb in clipping_callbacks(trainer.callbacks)
                 if not (module_clips and getattr(cb, "from_trainer", False))]
     fit = FitState(
@@ -145,6 +160,7 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         if module_clips else None, clippers=clippers,
         accumulation_schedules=accumulation_schedules(trainer.callbacks),
         first_epoch=trainer.state.epoch,  # (set again once a resume has restored the state: loop.py)
+        lightning_precision=lightning_precision,
     )
     wrappers = lightning_optimizers(trainer)  # (trainer.optimizers are `optimizers`)
     for wrapper in wrappers:  # (kept from an earlier fit where configure_optimizers returned the same objects)

@@ -312,12 +312,19 @@ def training_step(trainer, fit, batch, batch_idx, window):
                     fit.zero_grad_phase = None
                 if skipped:
                     return None
-                for fn in hooks["on_before_backward"]:
-                    fn(loss)
-                fit.backward(loss)
-                fit.window_backwards += 1
-                for fn in hooks["on_after_backward"]:
-                    fn()
+                precision = fit.lightning_precision
+                if precision is None:
+                    for fn in hooks["on_before_backward"]:
+                        fn(loss)
+                    fit.backward(loss)
+                    fit.window_backwards += 1
+                    for fn in hooks["on_after_backward"]:
+                        fn()
+                else:  # the precision plugin's step hooks (Lightning's strategy.backward); they call the two hooks
+                    scaled = precision.pre_backward(loss, module)
+                    fit.backward(scaled)
+                    fit.window_backwards += 1
+                    precision.post_backward(scaled, module)
             return loss.detach()  # (Lightning's closure returns the loss without its graph)
 
         if not steps:
@@ -423,17 +430,18 @@ def automatic_step(trainer, fit, optimizer, closure, kwargs):
     step returned."""
     torch_optimizer = optimizer._optimizer
 
-    def after_closure():
-        for fn in fit.all_hooks["on_before_optimizer_step"]:
-            fn(torch_optimizer)
-        clip_gradients(trainer, fit, torch_optimizer)
-
     precision = trainer.strategy.precision
     precision.last_step_output = None
+    if fit.lightning_precision is not None:
+        # the precision plugin's optimizer_step runs the closure, then after_closure, then the step (Lightning's)
+        stepped = fit.step(torch_optimizer, closure, model=fit.module, **kwargs)
+        fit.stepped = stepped and fit.window_backwards > 0
+        trainer.state.global_step += 1
+        return precision.last_step_output
     if trainer.strategy.steps_with_closure():
         def wrapped():
             out = closure()
-            after_closure()  # (Lightning's: also when every training_step of the window returned None)
+            after_closure(trainer, torch_optimizer)  # (Lightning's: also when every training_step returned None)
             return out
 
         stepped = fit.step(torch_optimizer, wrapped, **kwargs)
@@ -444,13 +452,22 @@ def automatic_step(trainer, fit, optimizer, closure, kwargs):
         # Lightning's AMP plugin: the gradients unscaled before on_before_optimizer_step sees them (the precision
         # leaves an optimizer without gradients alone), then the hooks and the clipping, even where nothing backwarded
         trainer.strategy.unscale_gradients(torch_optimizer)
-        after_closure()
+        after_closure(trainer, torch_optimizer)
         if not fit.window_backwards:  # every training_step of the window returned None: nothing to step on
             trainer.state.global_step += 1
             return out
         fit.stepped = fit.step(torch_optimizer, **kwargs)
     trainer.state.global_step += 1
     return precision.last_step_output
+
+
+def after_closure(trainer, optimizer):
+    """What follows the closure of an optimizer step, before the step (Lightning's precision plugin's
+    _after_closure): on_before_optimizer_step (the callbacks', the module's), then the clipping."""
+    for fn in trainer._all_hooks["on_before_optimizer_step"]:
+        fn(optimizer)
+    if trainer._fit_state is not None:
+        clip_gradients(trainer, trainer._fit_state, optimizer)
 
 
 def clip_gradients(trainer, fit, optimizer):

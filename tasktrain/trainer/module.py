@@ -608,9 +608,15 @@ class TaskModule(torch.nn.Module):
         if algorithm not in ("norm", "value"):
             raise MisconfigurationException(f"`gradient_clip_algorithm` {algorithm} is invalid. Allowed algorithms: "
                                             "['value', 'norm'].")
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        precision = trainer.strategy.precision
+        if precision.lightning_steps:  # the precision plugin's own clipping (Lightning's: also for a value of 0)
+            from tasktrain.trainer.states import GradClipAlgorithmType
+
+            precision.clip_gradients(optimizer, value, GradClipAlgorithmType(algorithm))
+            return None
         if not value:
             return None
-        optimizer = getattr(optimizer, "optimizer", optimizer)
         if algorithm == "norm":
             return trainer.strategy.clip_gradients(optimizer, max_norm=float(value))
         return trainer.strategy.clip_gradients(optimizer, max_value=float(value))
@@ -628,6 +634,15 @@ class TaskModule(torch.nn.Module):
                 "to use manual_backward, please disable automatic optimization: set model property "
                 "`automatic_optimization` as False (set `self.automatic_optimization = False` in __init__ and step "
                 "the optimizers in training_step, or return the loss and let the Trainer run its backward)")
+        precision = trainer.strategy.precision
+        if precision.lightning_steps:  # the precision plugin's step hooks (Lightning's strategy.backward(loss, None))
+            def plugin_backward(tensor, *a, **k):
+                precision.backward(tensor, self, None, *a, **k)
+
+            scaled = precision.pre_backward(loss, self)  # (on_before_backward there)
+            trainer.strategy.backward(scaled, *args, backward_fn=plugin_backward, **kwargs)
+            precision.post_backward(scaled, self)  # (on_after_backward there)
+            return
         trainer._call("on_before_backward", loss)
         if hook_is_called("backward", self, TaskModule):  # Lightning's: through the module's backward
             trainer.strategy.backward(loss, *args, backward_fn=self.backward, **kwargs)

@@ -331,25 +331,22 @@ def manual_step(trainer, optimizer, closure, kwargs):
     callbacks, the strategy's step; then global_step counts it, where the batch's training_step took it (Lightning's
     rule: a step in another hook is not counted). Where the strategy takes closures (32-bit) the
     closure goes into the optimizer's step, which may call it several times (LBFGS)."""
+    from tasktrain.trainer.loop import after_closure
+
     torch_optimizer = optimizer._optimizer
-    hooks = trainer._all_hooks["on_before_optimizer_step"]
-    clippers = trainer._fit_state.clippers if trainer._fit_state is not None else ()
-
-    def after_closure():
-        for fn in hooks:
-            fn(torch_optimizer)
-        for clipper in clippers:
-            clipper.clip(trainer, trainer.module, torch_optimizer)
-
     strategy, fit = trainer.strategy, trainer._fit_state
     strategy.precision.last_step_output = None
     counted = fit is not None and fit.in_manual_training_step  # (Lightning's: only a training_step's steps count)
     if counted:  # (Lightning's optim_step_progress: ready from here, completed once counted)
         fit.optimizer_step_from = trainer.state.global_step
-    if strategy.steps_with_closure():
+    if strategy.precision.lightning_steps:
+        # the precision plugin's optimizer_step runs the closure, on_before_optimizer_step and the step (Lightning's)
+        strategy.optimizer_step(torch_optimizer, closure, model=trainer.module, **kwargs)
+        output = strategy.precision.last_step_output
+    elif strategy.steps_with_closure():
         def wrapped():
             out = closure()
-            after_closure()
+            after_closure(trainer, torch_optimizer)
             return out
 
         strategy.optimizer_step(torch_optimizer, wrapped, **kwargs)
@@ -357,7 +354,7 @@ def manual_step(trainer, optimizer, closure, kwargs):
     else:
         output = closure()
         strategy.unscale_gradients(torch_optimizer)  # (Lightning's AMP plugin: before on_before_optimizer_step)
-        after_closure()
+        after_closure(trainer, torch_optimizer)
         strategy.optimizer_step(torch_optimizer, **kwargs)
         output = strategy.precision.last_step_output
     if counted:

@@ -79,25 +79,30 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
 
 
 def _check_plugin_classes(found):
-    """Subclasses of one's own that tasktrain would not call as Lightning calls them: refused, saying why."""
+    """Subclasses of one's own: an engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) is its engine's, so
+    its overrides are refused, saying why; Fabric's hooks that Lightning's Trainer never calls are warned about."""
     plugin = found.precision
     own = _own_methods(plugin)
     if own:
-        from tasktrain.plugins.precision import CALLED_HOOKS, REFUSED_HOOKS
+        from tasktrain.plugins.precision import CALLED_HOOKS, UNCALLED_HOOKS
 
-        refused = sorted(own & set(REFUSED_HOOKS))
         if plugin.engine is not None:  # the engine strategy runs its own plugin of that name: none of them is called
-            refused = sorted(own & set(REFUSED_HOOKS + CALLED_HOOKS))
-        if refused:
-            raise ValueError(
-                f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(refused)}: tasktrain's loop calls its own "
-                "precision methods there (backward, unscale, optimizer_step: tasktrain/strategies/precision.py; the "
-                "input cast after the batch is moved; an engine strategy's own plugin), so the override would not be "
-                "called as Lightning calls it. Overriding the step contexts (forward_context, train_step_context, "
-                "...), convert_module, tensor_init_context, module_init_context, state_dict / load_state_dict and "
-                "teardown is supported; "
-                "put per-step work in the module's hooks (on_before_backward, on_after_backward, "
-                "on_before_optimizer_step, configure_gradient_clipping, optimizer_step).")
+            refused = sorted(own & set(CALLED_HOOKS + UNCALLED_HOOKS))
+            if refused:
+                raise ValueError(
+                    f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(refused)}: the {plugin.engine} "
+                    f"strategy runs its engine's own precision (its backward, step, clipping and casts), so the "
+                    "override would not be called. Use the plugin as it is, or precision="
+                    f"{plugin.name!r}; put per-step work in the module's hooks (on_before_backward, on_after_backward, "
+                    "on_before_optimizer_step).")
+        uncalled = sorted(own & set(UNCALLED_HOOKS))
+        if uncalled:
+            import warnings
+
+            warnings.warn(f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(uncalled)}: Fabric calls "
+                          f"{'them' if len(uncalled) > 1 else 'it'}, Lightning's Trainer does not, nor does "
+                          "tasktrain's. Cast step outputs in the module's steps; unscaling happens before "
+                          "on_before_optimizer_step and the clipping.", UserWarning, stacklevel=4)
     _check_environment_class(found.environment)
 
 

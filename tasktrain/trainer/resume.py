@@ -107,6 +107,8 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
     checkpoint = run_state(trainer, weights_only).state_dict()
     if not checkpoint.get(precision_key(trainer.strategy), True):  # Lightning's: an empty state is not saved
         del checkpoint[precision_key(trainer.strategy)]
+    if not weights_only:  # Lightning's: once its state is in (before the hyper-parameters and the other hooks)
+        trainer.strategy.precision.on_save_checkpoint(checkpoint)
     for obj, prefix in ((module, ""), (datamodule, "datamodule_")):
         if obj is not None and obj.hparams:  # (Lightning's: its hparams_name where save_hyperparameters set one)
             if hasattr(obj, "_hparams_name"):
@@ -466,6 +468,7 @@ def restore_callbacks(trainer, module, ckpt):
 def restore_precision(trainer, ckpt):
     """The precision plugin's state (a GradScaler's), where the checkpoint has one."""
     key = precision_key(trainer.strategy)
+    trainer.strategy.precision.on_load_checkpoint(ckpt)  # (Lightning's: before its state is loaded)
     if key in ckpt:
         trainer.strategy.precision.load_state_dict(ckpt[key])
     elif ckpt_io.own_state(ckpt).get("precision"):  # a format 2 file's (upgrade_layout)

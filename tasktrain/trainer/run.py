@@ -83,6 +83,11 @@ def batch_mover(trainer, module):
     strategy = trainer.strategy
     before, transfer, after = (data_hook(trainer, name, module) for name in (
         "on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"))
+    precision = strategy.precision
+    if precision is not None and precision.converts_before_transfer:
+        # a precision plugin's own convert_input: on the batch as the loader gave it, before the transfer hooks
+        # (Lightning's place; the strategy then does not cast it again: Precision.cast_moved_batch)
+        before = _converted_first(precision, before)
     if before is None and transfer is None and after is None:
         return strategy.batch_to_device, True
     # (named for self.log, which refuses them)
@@ -100,6 +105,30 @@ def batch_mover(trainer, module):
         return batch
 
     return move, False
+
+
+def _converted_first(precision, before):
+    def convert(batch, dataloader_idx=0):
+        batch = precision.convert_input(batch)
+        return batch if before is None else before(batch, dataloader_idx)
+    return convert
+
+
+def connect_precision(strategy, optimizers, lr_scheduler_configs):
+    """Lightning's precision.connect(model, optimizers, lr_schedulers), once the strategy set the module and the
+    optimizers up (every entry point; validate/test/predict with no optimizers). The run goes on with what the
+    strategy set up: a plugin that returns other objects is refused, saying so."""
+    precision = strategy.precision
+    model = strategy.model if strategy.model is not None else strategy.module
+    given = (model, list(optimizers), list(lr_scheduler_configs))
+    returned = precision.connect(*given)
+    same = (isinstance(returned, (tuple, list)) and len(returned) == 3 and returned[0] is given[0]
+            and all(len(list(r)) == len(g) and all(a is b for a, b in zip(r, g)) for r, g in zip(returned[1:],
+                                                                                                 given[1:])))
+    if not same:
+        raise ValueError(f"{type(precision).__name__}.connect(model, optimizers, lr_schedulers) returned other objects "
+                         "than it was given: tasktrain trains the module, optimizers and schedulers its strategy set "
+                         "up. Return them as given (wrap or change them in configure_model / configure_optimizers).")
 
 
 def start_stage(trainer, stage, module):

@@ -806,6 +806,7 @@ class Trainer:
             plan = self._plan(module, loaders.train_data_early(self, strategy))
             with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
                 _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+            run.connect_precision(strategy, self.optimizers, self.lr_scheduler_configs)
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)
             self._call("on_fit_start")
