@@ -136,6 +136,34 @@ def _slurm_environment(env) -> ClusterEnvironment:
     )
 
 
+def warn_if_srun_unused(rank=None):
+    """Lightning's hint where `srun` is installed but did not start this process (its
+    SLURMEnvironment._validate_srun_used, its words): a script run with plain `python` on a SLURM cluster's login or
+    batch node is a frequent mistake. Lightning says it wherever it asks whether SLURM launched the run: at a Trainer's
+    construction when no cluster environment is given and torchrun did not start the process, at a
+    SLURMEnvironment's construction and detect(), and at each run's start without a checkpoint path (its
+    checkpoint connector asks for SLURM's requeue checkpoint); rank 0 only (`rank`: the launcher's variables where
+    not given). Not on Windows (Lightning's neither)."""
+    import shutil
+    import sys
+    import warnings
+
+    from tasktrain.exceptions import PossibleUserWarning
+
+    if os.name == "nt" or shutil.which("srun") is None:
+        return
+    if "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES:
+        return  # srun started it (an interactive job's shell does not count, as Lightning's _is_srun_used)
+    if rank is None:
+        rank = int(next((os.environ[key] for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if key in os.environ), 0))
+    if rank != 0:
+        return
+    hint = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])[:64]
+    warnings.warn("The `srun` command is available on your system but is not used. HINT: If your intention is to run"
+                  f" Lightning on SLURM, prepend your python command with `srun` like so: {hint} ...",
+                  PossibleUserWarning, stacklevel=4)
+
+
 def _tasks_per_node(env):
     """SLURM's compressed tasks-per-node list ("2(x3),1" -> [2, 2, 2, 1]); [] when SLURM gave none."""
     text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or \

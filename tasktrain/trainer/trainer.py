@@ -31,6 +31,7 @@ from tasktrain.plugins.layer_sync import TorchSyncBatchNorm
 from tasktrain.profilers import Profiler, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
+from tasktrain.strategies.environment import warn_if_srun_unused
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
 from tasktrain.trainer import (arguments, evaluation, guards, lightning_connectors, lightning_loops, loaders, loop,
                                plugin_args, resume, run)
@@ -140,6 +141,9 @@ class Trainer:
         self._model_registry = arguments.model_registry_name(model_registry)  # Lightning's (the name, no version)
         self.enable_autolog_hparams = enable_autolog_hparams  # Lightning's: False skips _log_hyperparams entirely
         self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
+        # Lightning's connector asks whether SLURM launched the run where no environment is given and torchrun did not
+        if runtime.strategy.cluster_environment is None and not torch.distributed.is_torchelastic_launched():
+            warn_if_srun_unused()
         # A LayerSync wraps the module of a fit under a multi-process strategy (_fit) and is reverted at its end, as
         # Lightning's parallel strategies do; sync_batchnorm=True is TorchSyncBatchNorm(), as Lightning's connector
         sync_batchnorm = sync_batchnorm or type(found.layer_sync) is TorchSyncBatchNorm
@@ -653,6 +657,8 @@ class Trainer:
                 self._ckpt_user_path = None
             else:
                 ckpt_path = self._ckpt_user_path
+        if ckpt_path is None:  # Lightning's checkpoint connector asks for SLURM's requeue checkpoint: its srun hint
+            warn_if_srun_unused(self.global_rank)
         if stage != "fit" and module is None and ckpt_path is None and self._given_module is not None:
             ckpt_path = resume.default_eval_ckpt_path(self, stage)  # Lightning's: the best of the previous fit
         given = module if module is not None else self._given_module if self._given_module is not None else self.module
