@@ -418,10 +418,10 @@ def test_a_users_cluster_environment_forms_the_process_group_as_under_lightning(
     for rank in (0, 1):
         seen = json.load(open(tmp_path / f"rank{rank}.json"))
         ours, theirs = seen["tasktrain"], seen["lightning"]
-        # Lightning's accelerator connector sets the ranks once more when it is built (its first two calls)
-        assert theirs["calls"][:2] == [["set_global_rank", rank], ["set_world_size", 2]]
-        assert ours["calls"] == theirs["calls"][2:] == [["validate_settings", 2, 1], ["set_global_rank", rank],
-                                                        ["set_world_size", 2], ["teardown"]]
+        # the ranks are set when the Trainer is built, then again at the set-up (Lightning's calls, in its order)
+        assert ours["calls"] == theirs["calls"] == [["set_global_rank", rank], ["set_world_size", 2],
+                                                    ["validate_settings", 2, 1], ["set_global_rank", rank],
+                                                    ["set_world_size", 2], ["teardown"]]
         assert ours["strategy"] == ours["group"] == theirs["group"] == [rank, 2]
         assert ours["master"] == ["127.0.0.1", ports[0]] and theirs["master"] == ["127.0.0.1", ports[1]]
         assert ours["weights"] == theirs["weights"]
@@ -487,6 +487,61 @@ def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_proc
 
         with pytest.raises(ValueError, match="subclass ClusterEnvironment"):
             tasktrain.Trainer(plugins=[getattr(environments, refused)()], **QUIET)
+
+
+def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_built():
+    """Lightning's strategy with several processes tells the user's environment the ranks when it is built
+    (set_global_rank(node_rank * devices + local_rank), set_world_size(num_nodes * devices)) and reads its ranks from it
+    from then on: trainer.global_rank & co. right after Trainer(...) are the environment's (they were 0 here until the
+    run's set-up). A one-process strategy calls nothing and reads rank 0."""
+    from lightning.pytorch.plugins.environments import ClusterEnvironment as Theirs
+
+    def make(base):
+        class Mine(base):
+            def __init__(self):
+                self.calls, self._rank, self._world = [], 0, 1
+
+            creates_processes_externally = True
+            main_address, main_port = "127.0.0.1", 1
+
+            @staticmethod
+            def detect():
+                return True
+
+            def world_size(self):
+                return self._world
+
+            def set_world_size(self, size):
+                self.calls.append(("set_world_size", size))
+                self._world = size
+
+            def global_rank(self):
+                return self._rank
+
+            def set_global_rank(self, rank):
+                self.calls.append(("set_global_rank", rank))
+                self._rank = rank
+
+            def local_rank(self):
+                return 1
+
+            def node_rank(self):
+                return 1
+
+        return Mine()
+
+    def built(lib, base, **kwargs):
+        env = make(base)
+        trainer = lib.Trainer(plugins=[env], **{**QUIET, **kwargs})
+        return env.calls, [trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
+                           trainer.is_global_zero, trainer.strategy.global_rank]
+
+    for kwargs in (dict(strategy="ddp", devices=2, num_nodes=2), dict(strategy="ddp", devices=3, num_nodes=2),
+                   dict(devices=1)):
+        ours_, theirs_ = built(tasktrain, ClusterEnvironment, **kwargs), built(pl, Theirs, **kwargs)
+        assert ours_ == theirs_
+    assert built(tasktrain, ClusterEnvironment, strategy="ddp", devices=2, num_nodes=2) == (
+        [("set_global_rank", 3), ("set_world_size", 4)], [3, 1, 1, 4, False, 3])
 
 
 def _layer_sync_record(lib, plugins_module, strategy, fail=False):

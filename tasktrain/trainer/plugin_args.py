@@ -142,6 +142,7 @@ def apply_plugins(found, strategy, env):
     strategy.cluster_environment = given
     if _users_environment(given):  # its ranks, address and port form the process group (strategies/world.py)
         strategy.environment_plugin = given
+        strategy.set_world_ranks()  # (Lightning's strategy tells it the ranks when built; read from it from here on)
         return None
     given.check(env)
     if isinstance(given, SLURMEnvironment):
