@@ -532,16 +532,27 @@ def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_b
 
     def built(lib, base, **kwargs):
         env = make(base)
-        trainer = lib.Trainer(plugins=[env], **{**QUIET, **kwargs})
+        import importlib
+
+        rank_zero = importlib.import_module("tasktrain.compat.lightning.utilities.rank_zero" if lib is tasktrain else
+                                            "lightning.pytorch.utilities.rank_zero").rank_zero_only
+        from tasktrain.trainer import runtime
+
+        before, known = rank_zero.rank, list(runtime._KNOWN_RANK)
+        try:
+            trainer = lib.Trainer(plugins=[env], **{**QUIET, **kwargs})
+            rank = rank_zero.rank
+        finally:
+            rank_zero.rank, runtime._KNOWN_RANK[:] = before, known
         return env.calls, [trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
-                           trainer.is_global_zero, trainer.strategy.global_rank]
+                           trainer.is_global_zero, trainer.strategy.global_rank, rank]
 
     for kwargs in (dict(strategy="ddp", devices=2, num_nodes=2), dict(strategy="ddp", devices=3, num_nodes=2),
                    dict(devices=1)):
         ours_, theirs_ = built(tasktrain, ClusterEnvironment, **kwargs), built(pl, Theirs, **kwargs)
         assert ours_ == theirs_
     assert built(tasktrain, ClusterEnvironment, strategy="ddp", devices=2, num_nodes=2) == (
-        [("set_global_rank", 3), ("set_world_size", 4)], [3, 1, 1, 4, False, 3])
+        [("set_global_rank", 3), ("set_world_size", 4)], [3, 1, 1, 4, False, 3, 3])
 
 
 def _layer_sync_record(lib, plugins_module, strategy, fail=False):
