@@ -774,6 +774,12 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         # Lightning keeps a DataLoader subclass of the user's as it is where it shards nothing: its own __iter__,
         # _get_iterator, attributes run (a loader rebuilt on our order would be a plain DataLoader)
         return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=False)
+    if lightning and shuffle is False and world_size == 1 and keeps_sampler is not False and \
+            isinstance(loader, DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        # overfit_batches where Lightning shards nothing: its loader as given where its sampler is sequential, else
+        # built again with a SequentialSampler (_resolve_overfit_batches); a mid-epoch resume reads the same order
+        # again and drops what was trained on (a few batches: overfit_batches limits the epoch)
+        return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=False)
     if _replaceable(loader):
         order = _order_sampler(loader)
         random = isinstance(order, RandomSampler) or _torchdata_sampler(order, "RandomSampler")
