@@ -346,6 +346,23 @@ def manual_step(trainer, optimizer, closure, kwargs):
     counted = fit is not None and fit.in_manual_training_step  # (Lightning's: only a training_step's steps count)
     if counted:  # (Lightning's optim_step_progress: ready from here, completed once counted)
         fit.optimizer_step_from = trainer.state.global_step
+    profiling = counted and trainer.profiler is not None  # (Lightning's "optimizer_step" of a manual step)
+    if profiling:
+        trainer.profiler.start("optimizer_step")
+    try:
+        output = _step(strategy, torch_optimizer, closure, after_closure, kwargs)
+    finally:
+        if profiling:
+            trainer.profiler.stop("optimizer_step")
+    if counted:
+        trainer.state.global_step += 1
+        fit.optimizer_step_from = None
+    return output
+
+
+def _step(strategy, torch_optimizer, closure, after_closure, kwargs):
+    """The closure, on_before_optimizer_step and the clipping (`after_closure`), and the strategy's step, in the
+    strategy's way (see manual_step); the precision's step output."""
     if strategy.steps_with_closure():
         def wrapped():
             out = closure()
@@ -353,14 +370,9 @@ def manual_step(trainer, optimizer, closure, kwargs):
             return out
 
         strategy.optimizer_step(torch_optimizer, wrapped, **kwargs)
-        output = strategy.precision.last_step_output
-    else:
-        output = closure()
-        strategy.unscale_gradients(torch_optimizer)  # (Lightning's AMP plugin: before on_before_optimizer_step)
-        after_closure()
-        strategy.optimizer_step(torch_optimizer, **kwargs)
-        output = strategy.precision.last_step_output
-    if counted:
-        trainer.state.global_step += 1
-        fit.optimizer_step_from = None
-    return output
+        return strategy.precision.last_step_output
+    closure()
+    strategy.unscale_gradients(torch_optimizer)  # (Lightning's AMP plugin: before on_before_optimizer_step)
+    after_closure()
+    strategy.optimizer_step(torch_optimizer, **kwargs)
+    return strategy.precision.last_step_output

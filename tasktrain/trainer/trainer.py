@@ -28,7 +28,7 @@ from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, _TunerExitException
 from tasktrain.plugins.layer_sync import TorchSyncBatchNorm
-from tasktrain.profilers import Profiler, resolve_profiler
+from tasktrain.profilers import Profiler, module_action, resolve_profiler, strategy_action
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.environment import warn_if_srun_unused
@@ -565,7 +565,7 @@ class Trainer:
 
     def _loader_of(self, module, name):
         """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module; profiled as
-        Lightning's ("[DataModule]<class>.<name>", "[TaskModule]<class>.<name>")."""
+        Lightning's ("[LightningDataModule]<class>.<name>", "[LightningModule]<class>.<name>")."""
         if self.datamodule is not None and not is_overridden(name, self.datamodule, DataModule):
             return None  # (the base's hook raises Lightning's "must be implemented")
         if self._trial_counters_shown is not None:
@@ -587,7 +587,7 @@ class Trainer:
                 return run.datamodule_call(self, name)
             if not is_overridden(name, module, TaskModule):
                 return None  # (the base's hook raises Lightning's "must be implemented")
-            with self._profile(f"[TaskModule]{type(module).__name__}.{name}"):
+            with self._profile(module_action(module, name)):
                 return getattr(module, name)()
 
 
@@ -810,7 +810,7 @@ class Trainer:
             optimizers, self.lr_scheduler_configs = parse_optimizers(module)
             _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
             plan = self._plan(module, loaders.train_data_early(self, strategy))
-            with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+            with self._profile(strategy_action(strategy, "setup_module_and_optimizers")):
                 _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)
