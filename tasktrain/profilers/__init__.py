@@ -198,8 +198,9 @@ class AdvancedProfiler(Profiler):
 
 class PyTorchProfiler(Profiler):
     """torch.profiler over the run: each action is a `record_function` range
-    ("[tasktrain][Strategy]SingleDeviceStrategy.training_step", ...), each module's forward one too ("[tasktrain][module]<class>: <name>", record_module_names=True), and every
-    training/validation/test/predict step is a profiler step (for a `schedule`).
+    ("[tasktrain][Strategy]SingleDeviceStrategy.training_step", ...), each module's forward one too
+    ("[tasktrain][module]<class>: <name>", record_module_names=True), and every training/validation/test/predict step
+    is a profiler step (for a `schedule`).
 
     The trace is written by `torch.profiler.tensorboard_trace_handler` to `dirpath` as
     `<stage>-<filename>-<worker>.<time>.pt.trace.json`, which TensorBoard's PyTorch profiler plugin lists and
