@@ -32,7 +32,8 @@ def test_simple_profiler_times_the_loop_actions_and_the_overridden_hooks(tmp_pat
     # 2 epochs x 4 batches, a step every 2; validation: 2 batches per epoch, no sanity check
     strategy = "[Strategy]SingleDeviceStrategy"  # (Lightning's action names)
     assert counts[f"{strategy}.training_step"] == counts[f"{strategy}.backward"] == counts["run_training_batch"] == 8
-    assert counts["[LightningModule]Hooked.optimizer_step"] == counts["[LightningModule]Hooked.optimizer_zero_grad"] == 4
+    module = "[LightningModule]Hooked"
+    assert counts[f"{module}.optimizer_step"] == counts[f"{module}.optimizer_zero_grad"] == 4
     assert counts["run_training_epoch"] == 2 and counts[f"{strategy}.validation_step"] == 4
     # 4 batches per epoch (a loader with a length is not read past its end)
     assert counts["[_TrainingEpochLoop].train_dataloader_next"] == 8

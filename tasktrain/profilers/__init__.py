@@ -5,7 +5,7 @@
     Trainer(profiler="pytorch")     # PyTorchProfiler: torch.profiler; a trace TensorBoard (and Perfetto) opens
     Trainer(profiler=SimpleProfiler(dirpath="prof", filename="perf"))   # an instance, with its options
 
-The Trainer profiles these actions (Lightning's names; S is the strategy's class under Lightning's name, M the module's):
+The Trainer profiles these actions (Lightning's names; S: the strategy's class under Lightning's name, M: the module's):
 
     run_training_epoch, run_training_batch, [_TrainingEpochLoop].train_dataloader_next,
     [Strategy]S.training_step, [Strategy]S.backward, [LightningModule]M.optimizer_step,

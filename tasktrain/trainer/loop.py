@@ -279,7 +279,8 @@ def training_step(trainer, fit, batch, batch_idx, window):
         elif module.automatic_optimization:
             batch_output, ran = {}, False
 
-            def closure():  # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
+            # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
+            def closure():
                 nonlocal batch_output, ran
                 ran = True
                 batch_output = {}  # (a training_step that returned None: Lightning's empty dict)
@@ -292,7 +293,8 @@ def training_step(trainer, fit, batch, batch_idx, window):
                         trainer.strategy.check_step_can_be_skipped(f"training_step returned None at batch {batch_idx}")
                         if not _warned_once["skip"]:  # once per process, as Lightning's (a class-level warning cache)
                             _warned_once["skip"] = True
-                            warnings.warn("`training_step` returned `None`. If this was on purpose, ignore this warning...",
+                            warnings.warn("`training_step` returned `None`. If this was on purpose, ignore this "
+                                          "warning...",
                                           stacklevel=2)  # Lightning's words
                     else:
                         loss = loss_of(outputs, batch_idx)
