@@ -555,6 +555,34 @@ def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_b
         [("set_global_rank", 3), ("set_world_size", 4)], [3, 1, 1, 4, False, 3, 3])
 
 
+@pytest.mark.parametrize("variables", [dict(LOCAL_RANK="1", NODE_RANK="1"), dict(LOCAL_RANK="0", GROUP_RANK="1"),
+                                       dict(LOCAL_RANK="1"), {}])
+def test_local_rank_without_rank_is_a_process_launched_outside_as_under_lightning(variables, monkeypatch):
+    """LOCAL_RANK (with NODE_RANK or GROUP_RANK) set without torchrun's RANK / WORLD_SIZE: Lightning's
+    LightningEnvironment takes the process as one rank of a world a launcher of one's own started (global rank
+    node_rank * devices + local_rank of devices * num_nodes) and starts nothing; tasktrain took it as a plain
+    `python train.py` and would have started the other ranks itself. A world of several without MASTER_PORT is an
+    error at the set-up (Lightning picks a free port in each process: the ranks would never meet)."""
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_")) or n in (
+            "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "MASTER_PORT", "TASKTRAIN_LAUNCHER")]:
+        monkeypatch.delenv(name)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    def built(lib):
+        return lib.Trainer(strategy="ddp", num_nodes=2, **{**QUIET, "devices": 2})
+
+    ours_, theirs_ = built(tasktrain), built(pl)
+    assert [ours_.global_rank, ours_.local_rank, ours_.node_rank, ours_.world_size] == \
+        [theirs_.global_rank, theirs_.local_rank, theirs_.node_rank, theirs_.world_size]
+    # whether the Trainer starts the other ranks (Lightning's launcher asks its environment)
+    assert ours_.strategy.needs_launch() is not theirs_.strategy.cluster_environment.creates_processes_externally
+    assert ours_.strategy.needs_launch() is not bool(variables)
+    if variables:
+        with pytest.raises(RuntimeError, match="MASTER_PORT is not set"):
+            ours_.strategy.setup_environment()
+
+
 def _layer_sync_record(lib, plugins_module, strategy, fail=False):
     """A fit with a LayerSync of the user's that swaps the module's BatchNorm for a subclass in place (apply) and back
     (revert): the order of its calls among the module's hooks, and the layer's class each training step saw."""

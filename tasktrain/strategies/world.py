@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from tasktrain.strategies.base import MultiProcess, release_kept_runs
 from tasktrain.strategies.environment import (ClusterEnvironment, SlurmAllocationError, detect_environment,
-                                              environment_from_plugin)
+                                              environment_from_local_rank, environment_from_plugin)
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -117,12 +117,15 @@ class ProcessWorld(MultiProcess):
         plugin = self.environment_plugin
         if plugin is not None and plugin.creates_processes_externally:
             return "external"
-        return detect_environment().launcher
+        launcher = detect_environment().launcher
+        if launcher is None and environment_from_local_rank(self.devices, self.num_nodes, meeting=False):
+            return "external"  # a launcher of one's own set LOCAL_RANK only (Lightning's LightningEnvironment)
+        return launcher
 
     def _environment(self):
         """This rank's place in the world: the launcher's variables, or the user's ClusterEnvironment plugin."""
         if self.environment_plugin is None:
-            return detect_environment()
+            return environment_from_local_rank(self.devices, self.num_nodes) or detect_environment()
         return environment_from_plugin(self.environment_plugin, self.devices, self.num_nodes)
 
     def set_world_ranks(self):
@@ -149,7 +152,9 @@ class ProcessWorld(MultiProcess):
             env = detect_environment()
         except SlurmAllocationError:  # raised by the set-up, where the run starts
             return None
-        return env if env.launcher is not None else None
+        if env.launcher is None:  # (LOCAL_RANK alone: Lightning's ranks from it)
+            return environment_from_local_rank(self.devices, self.num_nodes, meeting=False)
+        return env
 
     @property
     def global_rank(self):
