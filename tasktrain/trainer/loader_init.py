@@ -212,7 +212,7 @@ class _IndexBatchSamplerWrapper:
     current pass has given out (emptied when a pass starts; the prediction writers' batch_indices)."""
 
     def __init__(self, batch_sampler):
-        vars(self).update({k: v for k, v in vars(batch_sampler).items()
+        vars(self).update({k: v for k, v in getattr(batch_sampler, "__dict__", {}).items()
                            if k not in ("__next__", "__iter__", "__len__", "__getstate__")})
         self._batch_sampler = batch_sampler
         self.seen_batch_indices = []
