@@ -269,91 +269,88 @@ def training_step(trainer, fit, batch, batch_idx, window):
         return False
     state.batch_phase = "started"
     steps = batch_idx == window.last
-    # Lightning's "run_training_batch" action: the batch's optimization (with a profiler only)
+    # Lightning's "run_training_batch" action: the batch's optimization (with a profiler only; a failed batch's is
+    # ended by the profiler's teardown)
     profiling = trainer.profiler is not None and batch is not None
     if profiling:
         trainer.profiler.start("run_training_batch")
-    try:
-        if batch is None:  # Lightning's: no training_step, no optimizer step; on_train_batch_end gets None
-            batch_output = None
-        elif module.automatic_optimization:
-            batch_output, ran = {}, False
+    if batch is None:  # Lightning's: no training_step, no optimizer step; on_train_batch_end gets None
+        batch_output = None
+    elif module.automatic_optimization:
+        batch_output, ran = {}, False
 
-            # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
-            def closure():
-                nonlocal batch_output, ran
-                ran = True
-                batch_output = {}  # (a training_step that returned None: Lightning's empty dict)
-                # DDP skips the gradient all-reduce inside a window (it must cover the forward); DeepSpeed learns where
-                # the window ends
-                with trainer.strategy.no_backward_sync(not steps):
-                    outputs = fit.training_step(batch, batch_idx)
-                    skipped = outputs is None  # Lightning's rule: this batch is skipped (no backward)
-                    if skipped:
-                        trainer.strategy.check_step_can_be_skipped(f"training_step returned None at batch {batch_idx}")
-                        if not _warned_once["skip"]:  # once per process, as Lightning's (a class-level warning cache)
-                            _warned_once["skip"] = True
-                            warnings.warn("`training_step` returned `None`. If this was on purpose, ignore this "
-                                          "warning...",
-                                          stacklevel=2)  # Lightning's words
+        def closure():  # Lightning's optimizer closure: forward, zero_grad at a window's first micro-batch, backward
+            nonlocal batch_output, ran
+            ran = True
+            batch_output = {}  # (a training_step that returned None: Lightning's empty dict)
+            # DDP skips the gradient all-reduce inside a window (it must cover the forward); DeepSpeed learns where
+            # the window ends
+            with trainer.strategy.no_backward_sync(not steps):
+                outputs = fit.training_step(batch, batch_idx)
+                skipped = outputs is None  # Lightning's rule: this batch is skipped (no backward)
+                if skipped:
+                    trainer.strategy.check_step_can_be_skipped(f"training_step returned None at batch {batch_idx}")
+                    if not _warned_once["skip"]:  # once per process, as Lightning's (a class-level warning cache)
+                        _warned_once["skip"] = True
+                        warnings.warn("`training_step` returned `None`. If this was on purpose, ignore this warning...",
+                                      stacklevel=2)  # Lightning's words
+                else:
+                    loss = loss_of(outputs, batch_idx)
+                    fit.loss_window.append(_finite_probe(loss))
+                    loss = EpochIterator.per_window(loss, window.divisor)
+                    # what on_train_batch_end receives (Lightning's): a dict whose loss is this micro-batch's share
+                    # of the window, without its graph (a user keeping it would hold every step's graph alive)
+                    extra = {k: v for k, v in outputs.items() if k != "loss"} if isinstance(outputs, dict) else {}
+                    batch_output = {"loss": loss.detach().clone(), **extra}
+                optimizer = fit.optimizer
+                if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
+                    fit.window_backwards = 0
+                    state.zero_grads += 1  # (Lightning's optim_progress.optimizer.zero_grad)
+                    fit.zero_grad_phase = "ready"
+                    for fn in hooks["on_before_zero_grad"]:
+                        fn(optimizer)
+                    fit.zero_grad_phase = "started"
+                    if fit.optimizer_zero_grad is None:
+                        fit.zero_grad(optimizer)
                     else:
-                        loss = loss_of(outputs, batch_idx)
-                        fit.loss_window.append(_finite_probe(loss))
-                        loss = EpochIterator.per_window(loss, window.divisor)
-                        # what on_train_batch_end receives (Lightning's): a dict whose loss is this micro-batch's share
-                        # of the window, without its graph (a user keeping it would hold every step's graph alive)
-                        extra = {k: v for k, v in outputs.items() if k != "loss"} if isinstance(outputs, dict) else {}
-                        batch_output = {"loss": loss.detach().clone(), **extra}
-                    optimizer = fit.optimizer
-                    if batch_idx == window.first:  # Lightning zeroes at a window's first backward, not after the step
-                        fit.window_backwards = 0
-                        state.zero_grads += 1  # (Lightning's optim_progress.optimizer.zero_grad)
-                        fit.zero_grad_phase = "ready"
-                        for fn in hooks["on_before_zero_grad"]:
-                            fn(optimizer)
-                        fit.zero_grad_phase = "started"
-                        if fit.optimizer_zero_grad is None:
-                            fit.zero_grad(optimizer)
-                        else:
-                            fit.optimizer_zero_grad(state.epoch, batch_idx, optimizer)
-                        fit.zero_grad_phase = None
-                    if skipped:
-                        return None
-                    for fn in hooks["on_before_backward"]:
-                        fn(loss)
-                    fit.backward(loss)
-                    fit.window_backwards += 1
-                    for fn in hooks["on_after_backward"]:
-                        fn()
-                return loss.detach()  # (Lightning's closure returns the loss without its graph)
+                        fit.optimizer_zero_grad(state.epoch, batch_idx, optimizer)
+                    fit.zero_grad_phase = None
+                if skipped:
+                    return None
+                for fn in hooks["on_before_backward"]:
+                    fn(loss)
+                fit.backward(loss)
+                fit.window_backwards += 1
+                for fn in hooks["on_after_backward"]:
+                    fn()
+            return loss.detach()  # (Lightning's closure returns the loss without its graph)
 
-            if not steps:
-                closure()
-            else:
-                fit.stepped = False
-                # the module's hook; its default optimizer.step(closure=closure) runs the closure, then
-                # on_before_optimizer_step, the clipping and the strategy's step (loop.automatic_step)
-                fit.optimizer_step_from = state.global_step  # (Lightning's optimizer step: ready, completed after)
-                fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)
-                fit.optimizer_step_from = None
-                if not ran:
-                    closure_not_run(module)
-                # Lightning's: at every window's end, also where nothing stepped (GradScaler skipped it, every
-                # training_step returned None, the module's optimizer_step did not step); the metric-watching ones once
-                # this batch's validation ran (they may watch its values)
-                step_schedulers(trainer, fit, "step", plateau=False, batch_idx=batch_idx)
-                fit.plateau_step_due, fit.plateau_step_batch = True, batch_idx
-                if window.ends_epoch:
-                    step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
+        if not steps:
+            closure()
         else:
-            fit.in_manual_training_step = True
-            try:
-                batch_output = manual_output(fit.training_step(batch, batch_idx))
-            finally:
-                fit.in_manual_training_step = False
-    finally:
-        if profiling:
-            trainer.profiler.stop("run_training_batch")
+            fit.stepped = False
+            # the module's hook; its default optimizer.step(closure=closure) runs the closure, then
+            # on_before_optimizer_step, the clipping and the strategy's step (loop.automatic_step)
+            fit.optimizer_step_from = state.global_step  # (Lightning's optimizer step: ready, completed after)
+            fit.optimizer_step(state.epoch, batch_idx, fit.stepper, closure)
+            fit.optimizer_step_from = None
+            if not ran:
+                closure_not_run(module)
+            # Lightning's: at every window's end, also where nothing stepped (GradScaler skipped it, every
+            # training_step returned None, the module's optimizer_step did not step); the metric-watching ones once
+            # this batch's validation ran (they may watch its values)
+            step_schedulers(trainer, fit, "step", plateau=False, batch_idx=batch_idx)
+            fit.plateau_step_due, fit.plateau_step_batch = True, batch_idx
+            if window.ends_epoch:
+                step_schedulers(trainer, fit, "epoch", plateau=False)  # Lightning: at the epoch's last batch
+    else:
+        fit.in_manual_training_step = True
+        try:
+            batch_output = manual_output(fit.training_step(batch, batch_idx))
+        finally:
+            fit.in_manual_training_step = False
+    if profiling:
+        trainer.profiler.stop("run_training_batch")
     fit.epochs.advance(batch_idx)
     state.batch_phase = "processed"
 

@@ -349,20 +349,6 @@ def manual_step(trainer, optimizer, closure, kwargs):
     profiling = counted and trainer.profiler is not None  # (Lightning's "optimizer_step" of a manual step)
     if profiling:
         trainer.profiler.start("optimizer_step")
-    try:
-        output = _step(strategy, torch_optimizer, closure, after_closure, kwargs)
-    finally:
-        if profiling:
-            trainer.profiler.stop("optimizer_step")
-    if counted:
-        trainer.state.global_step += 1
-        fit.optimizer_step_from = None
-    return output
-
-
-def _step(strategy, torch_optimizer, closure, after_closure, kwargs):
-    """The closure, on_before_optimizer_step and the clipping (`after_closure`), and the strategy's step, in the
-    strategy's way (see manual_step); the precision's step output."""
     if strategy.steps_with_closure():
         def wrapped():
             out = closure()
@@ -370,9 +356,16 @@ def _step(strategy, torch_optimizer, closure, after_closure, kwargs):
             return out
 
         strategy.optimizer_step(torch_optimizer, wrapped, **kwargs)
-        return strategy.precision.last_step_output
-    closure()
-    strategy.unscale_gradients(torch_optimizer)  # (Lightning's AMP plugin: before on_before_optimizer_step)
-    after_closure()
-    strategy.optimizer_step(torch_optimizer, **kwargs)
-    return strategy.precision.last_step_output
+        output = strategy.precision.last_step_output
+    else:
+        output = closure()
+        strategy.unscale_gradients(torch_optimizer)  # (Lightning's AMP plugin: before on_before_optimizer_step)
+        after_closure()
+        strategy.optimizer_step(torch_optimizer, **kwargs)
+        output = strategy.precision.last_step_output
+    if profiling:
+        trainer.profiler.stop("optimizer_step")
+    if counted:
+        trainer.state.global_step += 1
+        fit.optimizer_step_from = None
+    return output
