@@ -229,6 +229,37 @@ def test_ddp_spawn_trains_in_children_and_hands_the_result_back(tmp_path):
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)
+def test_processes_started_with_local_rank_only_join_one_world(tmp_path):
+    """Two processes a launcher of one's own started with LOCAL_RANK, MASTER_ADDR and MASTER_PORT only (no RANK /
+    WORLD_SIZE): each is rank LOCAL_RANK of devices=2, as Lightning's LightningEnvironment reads them, nothing is
+    started again, and they train as one world."""
+    out, port = str(tmp_path), free_port()
+    procs = [subprocess.Popen([sys.executable, script("facts.py"), out, "--devices", "2", "--quick"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out,
+                              env=child_env(LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                              start_new_session=True)
+             for r in (0, 1)]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=RUN_TIMEOUT)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            os.killpg(p.pid, 9)
+        pytest.fail(f"the two processes did not finish within {RUN_TIMEOUT} s")
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "launcher=external" in outputs[0]
+    expected = reference_params(batch_size=8, steps=4)
+    facts = _facts(out)
+    assert len(facts) == 2  # (nothing else was started)
+    for rank, f in enumerate(facts):
+        assert f["ranks"]["global_rank"] == rank and f["ranks"]["world_size"] == 2
+        assert f["master_port"] == str(port)
+        for got, want in zip(f["plain_params"], expected):
+            assert got == pytest.approx(want, abs=1e-6)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
 def test_processes_started_by_slurm_join_one_world(tmp_path):
     """Two processes with the variables srun gives its tasks (no RANK/WORLD_SIZE): they form one world."""
     out, port = str(tmp_path), free_port()

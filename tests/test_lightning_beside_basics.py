@@ -1089,3 +1089,53 @@ def test_a_trainers_construction_logs_lightnings_device_and_precision_lines(kwar
     assert [text for _, text in ours_] == (["Using bfloat16 Automatic Mixed Precision (AMP)"] if amp else []) + [
         f"GPU available: {cuda}{' (cuda)' if cuda else ''}, used: False",
         "TPU available: False, using: 0 TPU cores"]
+
+
+@pytest.mark.parametrize("cuda, mps, srun, slurm", [
+    (False, False, False, None), (True, False, False, None), (False, True, False, None), (False, False, True, None),
+    (False, False, True, "interactive"), (False, False, True, "job"), (True, False, True, None)])
+def test_lightnings_gpu_and_srun_hints_are_given_where_lightning_gives_them(cuda, mps, srun, slurm, monkeypatch):
+    """Lightning's PossibleUserWarnings of a Trainer's construction and run: "GPU available but not used" where CUDA
+    (or MPS on an ARM processor) is there and the accelerator is the CPU; "The `srun` command is available on your
+    system but is not used" where srun is installed and did not start the process (an interactive job's shell does not
+    count), at the construction and again at each run's start without a checkpoint path. The host's probes are pinned
+    (torch's CUDA / MPS, the processor, `shutil.which("srun")`, SLURM's variables), both branches of each."""
+    import platform
+    import shutil
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    monkeypatch.setattr(platform, "processor", lambda: "arm" if mps else "x86_64")
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: (("/usr/bin/srun" if srun else None) if name == "srun"
+                                                                 else which(name, *a, **k)))
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)
+    if slurm:  # a SLURM job step of one task (srun'd), or the shell of an interactive job
+        for name, value in dict(SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
+                                SLURM_JOB_NAME=slurm, SLURM_STEP_ID="0", SLURM_NTASKS_PER_NODE="1", SLURM_NNODES="1",
+                                SLURM_JOB_ID="1234", SLURM_NODELIST="127.0.0.1").items():
+            monkeypatch.setenv(name, value)
+
+    def hints(lib, classes):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            trainer = lib.Trainer(accelerator="cpu", devices=1, limit_val_batches=1, **QUIET)
+            trainer.validate(classes.BoringModel(), verbose=False)
+        return [(w.category.__name__, str(w.message)) for w in seen
+                if "srun" in str(w.message) or "GPU available" in str(w.message)]
+
+    from lightning.fabric.accelerators.mps import MPSAccelerator
+
+    MPSAccelerator.is_available.cache_clear()  # (Lightning caches its probe's answer)
+    try:
+        ours_, theirs_ = hints(tasktrain, ours), hints(pl, theirs)
+    finally:
+        MPSAccelerator.is_available.cache_clear()
+    assert ours_ == theirs_
+    gpu = [("PossibleUserWarning", "GPU available but not used. You can set it by doing `Trainer(accelerator='gpu')`.")]
+    srun_hint = [message for _, message in ours_ if "srun" in message]
+    assert [hint for hint in ours_ if "GPU" in hint[1]] == (gpu if cuda or mps else [])
+    assert len(srun_hint) == (2 if srun and slurm != "job" else 0)  # the construction's and the run's
+    assert all(m.startswith("The `srun` command is available on your system but is not used. HINT:") for m in srun_hint)

@@ -299,6 +299,52 @@ def test_overfit_batches_validates_on_the_first_batches_in_order():
     assert seen["tasktrain"][:2] == (True, True) and len(seen["tasktrain"][2]) == 1
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_overfit_batches_trains_on_lightnings_loader_and_resumes_exactly(shuffle, tmp_path):
+    """overfit_batches on one process: Lightning keeps a plain training loader whose sampler is sequential (the same
+    object) and builds a shuffling one again with a SequentialSampler; trainer.train_dataloader and its samplers are
+    Lightning's (it had tasktrain's resumable sampler), the batches trained on too. A fit stopped inside an epoch and
+    resumed from its checkpoint trains on the interrupted fit's batches and ends on its weights."""
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    def fit(lib, classes, max_steps=-1, ckpt_path=None, callbacks=()):
+        torch.manual_seed(0)
+        data = classes.RandomDataset(32, 16)
+        read = []
+
+        class Model(classes.BoringModel):
+            def training_step(self, batch, batch_idx):
+                read.append(round(batch[0, 0].item(), 5))
+                return super().training_step(batch, batch_idx)
+
+        loader = DataLoader(data, batch_size=2, shuffle=shuffle)
+        model = Model()
+        trainer = lib.Trainer(max_epochs=2, max_steps=max_steps, overfit_batches=3, num_sanity_val_steps=0,
+                              logger=False, enable_progress_bar=False, enable_model_summary=False,
+                              callbacks=list(callbacks), enable_checkpointing=bool(callbacks),
+                              default_root_dir=str(tmp_path))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, loader, ckpt_path=ckpt_path)
+        got = trainer.train_dataloader
+        return (got is loader, type(got).__name__, type(got.sampler).__name__, type(got.batch_sampler).__name__,
+                type(got.batch_sampler.sampler).__name__, read), model, trainer
+
+    ours_, model, _ = fit(tasktrain, ours)
+    theirs_, _, _ = fit(pl, theirs)
+    assert ours_ == theirs_
+    assert ours_[:5] == (not shuffle, "DataLoader", "SequentialSampler", "BatchSampler", "SequentialSampler")
+    from tasktrain.callbacks import ModelCheckpoint
+
+    fit(tasktrain, ours, max_steps=2, callbacks=[ModelCheckpoint(dirpath=str(tmp_path), save_last=True)])
+    resumed, again, trainer = fit(tasktrain, ours, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert trainer.global_step == 6 and resumed[5] == ours_[5][2:]  # the batches after the 2nd, in order
+    for a, b in zip(model.parameters(), again.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_trainer_arguments_from_pl_trainer_environment_variables(monkeypatch):
     """Lightning's Trainer reads an argument not passed from PL_TRAINER_<ARGUMENT> (a literal where it parses as
     one, else the string; empty is unset; a passed argument wins; a subclass reads PL_<ITS NAME>_...); tasktrain

@@ -423,7 +423,7 @@ def test_evaluation_loaders_without_a_batch_skip_the_loop_as_lightning():
 
 def test_datamodule_hooks_are_profiled_as_lightnings(tmp_path):
     """profiler="simple" records each DataModule hook the run calls once, as Lightning's "[LightningDataModule]<class>.
-    <hook>" ("[DataModule]..." under the rename): prepare_data, setup, state_dict (the checkpoint), teardown; and
+    <hook>": prepare_data, setup, state_dict (the checkpoint), teardown; and
     load_state_dict on a resume."""
     seen = {}
     for lib in (tasktrain, L):
@@ -450,7 +450,7 @@ def test_datamodule_hooks_are_profiled_as_lightnings(tmp_path):
             second = trainer()
             second.fit(classes.BoringModel(), datamodule=Data(), ckpt_path=first.checkpoint_callback.best_model_path)
         for run in (first, second):
-            runs.append(sorted((name.replace("[LightningDataModule]", "[DataModule]"), len(durations))
+            runs.append(sorted((name, len(durations))
                                for name, durations in run.profiler.recorded_durations.items()
                                if "DataModule]" in name))
         seen[lib.__name__] = runs

@@ -417,10 +417,10 @@ def test_a_users_cluster_environment_forms_the_process_group_as_under_lightning(
     for rank in (0, 1):
         seen = json.load(open(tmp_path / f"rank{rank}.json"))
         ours, theirs = seen["tasktrain"], seen["lightning"]
-        # Lightning's accelerator connector sets the ranks once more when it is built (its first two calls)
-        assert theirs["calls"][:2] == [["set_global_rank", rank], ["set_world_size", 2]]
-        assert ours["calls"] == theirs["calls"][2:] == [["validate_settings", 2, 1], ["set_global_rank", rank],
-                                                        ["set_world_size", 2], ["teardown"]]
+        # the ranks are set when the Trainer is built, then again at the set-up (Lightning's calls, in its order)
+        assert ours["calls"] == theirs["calls"] == [["set_global_rank", rank], ["set_world_size", 2],
+                                                    ["validate_settings", 2, 1], ["set_global_rank", rank],
+                                                    ["set_world_size", 2], ["teardown"]]
         assert ours["strategy"] == ours["group"] == theirs["group"] == [rank, 2]
         assert ours["master"] == ["127.0.0.1", ports[0]] and theirs["master"] == ["127.0.0.1", ports[1]]
         assert ours["weights"] == theirs["weights"]
@@ -486,6 +486,100 @@ def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_proc
 
         with pytest.raises(ValueError, match="subclass ClusterEnvironment"):
             tasktrain.Trainer(plugins=[getattr(environments, refused)()], **QUIET)
+
+
+def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_built():
+    """Lightning's strategy with several processes tells the user's environment the ranks when it is built
+    (set_global_rank(node_rank * devices + local_rank), set_world_size(num_nodes * devices)) and reads its ranks from it
+    from then on: trainer.global_rank & co. right after Trainer(...) are the environment's (they were 0 here until the
+    run's set-up). A one-process strategy calls nothing and reads rank 0."""
+    from lightning.pytorch.plugins.environments import ClusterEnvironment as Theirs
+
+    def make(base):
+        class Mine(base):
+            def __init__(self):
+                self.calls, self._rank, self._world = [], 0, 1
+
+            creates_processes_externally = True
+            main_address, main_port = "127.0.0.1", 1
+
+            @staticmethod
+            def detect():
+                return True
+
+            def world_size(self):
+                return self._world
+
+            def set_world_size(self, size):
+                self.calls.append(("set_world_size", size))
+                self._world = size
+
+            def global_rank(self):
+                return self._rank
+
+            def set_global_rank(self, rank):
+                self.calls.append(("set_global_rank", rank))
+                self._rank = rank
+
+            def local_rank(self):
+                return 1
+
+            def node_rank(self):
+                return 1
+
+        return Mine()
+
+    def built(lib, base, **kwargs):
+        env = make(base)
+        import importlib
+
+        rank_zero = importlib.import_module("tasktrain.compat.lightning.utilities.rank_zero" if lib is tasktrain else
+                                            "lightning.pytorch.utilities.rank_zero").rank_zero_only
+        from tasktrain.trainer import runtime
+
+        before, known = rank_zero.rank, list(runtime._KNOWN_RANK)
+        try:
+            trainer = lib.Trainer(plugins=[env], **{**QUIET, **kwargs})
+            rank = rank_zero.rank
+        finally:
+            rank_zero.rank, runtime._KNOWN_RANK[:] = before, known
+        return env.calls, [trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
+                           trainer.is_global_zero, trainer.strategy.global_rank, rank]
+
+    for kwargs in (dict(strategy="ddp", devices=2, num_nodes=2), dict(strategy="ddp", devices=3, num_nodes=2),
+                   dict(devices=1)):
+        ours_, theirs_ = built(tasktrain, ClusterEnvironment, **kwargs), built(pl, Theirs, **kwargs)
+        assert ours_ == theirs_
+    assert built(tasktrain, ClusterEnvironment, strategy="ddp", devices=2, num_nodes=2) == (
+        [("set_global_rank", 3), ("set_world_size", 4)], [3, 1, 1, 4, False, 3, 3])
+
+
+@pytest.mark.parametrize("variables", [dict(LOCAL_RANK="1", NODE_RANK="1"), dict(LOCAL_RANK="0", GROUP_RANK="1"),
+                                       dict(LOCAL_RANK="1"), {}])
+def test_local_rank_without_rank_is_a_process_launched_outside_as_under_lightning(variables, monkeypatch):
+    """LOCAL_RANK (with NODE_RANK or GROUP_RANK) set without torchrun's RANK / WORLD_SIZE: Lightning's
+    LightningEnvironment takes the process as one rank of a world a launcher of one's own started (global rank
+    node_rank * devices + local_rank of devices * num_nodes) and starts nothing; tasktrain took it as a plain
+    `python train.py` and would have started the other ranks itself. A world of several without MASTER_PORT is an
+    error at the set-up (Lightning picks a free port in each process: the ranks would never meet)."""
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_")) or n in (
+            "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "MASTER_PORT", "TASKTRAIN_LAUNCHER")]:
+        monkeypatch.delenv(name)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    def built(lib):
+        return lib.Trainer(strategy="ddp", num_nodes=2, **{**QUIET, "devices": 2})
+
+    ours_, theirs_ = built(tasktrain), built(pl)
+    assert [ours_.global_rank, ours_.local_rank, ours_.node_rank, ours_.world_size] == \
+        [theirs_.global_rank, theirs_.local_rank, theirs_.node_rank, theirs_.world_size]
+    # whether the Trainer starts the other ranks (Lightning's launcher asks its environment)
+    assert ours_.strategy.needs_launch() is not theirs_.strategy.cluster_environment.creates_processes_externally
+    assert ours_.strategy.needs_launch() is not bool(variables)
+    if variables:
+        with pytest.raises(RuntimeError, match="MASTER_PORT is not set"):
+            ours_.strategy.setup_environment()
 
 
 def _layer_sync_record(lib, plugins_module, strategy, fail=False):

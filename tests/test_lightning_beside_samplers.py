@@ -454,3 +454,60 @@ def test_a_loader_whose_len_raises_not_implemented_has_no_length_as_under_lightn
     ours, theirs = run(tasktrain, tasktrain.TaskModule), run(L, L.LightningModule)
     assert ours[0].count(("test", 2)) == 1 and ours[1] == float("inf")
     assert ours == theirs
+
+
+@pytest.mark.parametrize("case", ["plain", "shuffle", "no batching", "drop_last", "custom batch sampler", "opaque"])
+def test_every_predict_loader_is_built_again_with_lightnings_index_keeping_batch_sampler(case):
+    """Lightning builds every predict DataLoader again (its predict loop keeps each batch's indices): the loader a
+    user reads back (trainer.predict_dataloaders) is a new one, its batch sampler Lightning's
+    `_IndexBatchSamplerWrapper` around the batch sampler built again with drop_last=False (a custom batch sampler
+    that cannot be built again is wrapped as it is, with Lightning's warning), whose `seen_batch_indices` are the
+    pass's batches; tasktrain kept a plain loader as it was."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    class Opaque:  # a batch sampler without batch_size / drop_last: Lightning cannot build it again
+        def __iter__(self):
+            return iter([[0, 1, 2], [3, 4]])
+
+        def __len__(self):
+            return 2
+
+    def predicted(lib, base):
+        class Module(base):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(3, 1)
+
+            def predict_step(self, batch, batch_idx):
+                return batch[0]
+
+        kwargs = {"plain": dict(batch_size=2), "shuffle": dict(batch_size=2, shuffle=True),
+                  "no batching": dict(batch_size=None), "drop_last": dict(batch_size=3, drop_last=True),
+                  "custom batch sampler": dict(batch_sampler=MyBatchSampler(torch.utils.data.SequentialSampler(
+                      range(7)), 3, True)), "opaque": dict(batch_sampler=Opaque())}[case]
+        loader = DataLoader(data(7), **kwargs)
+        trainer = lib.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                              enable_model_summary=False)
+        torch.manual_seed(0)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            out = trainer.predict(Module(), loader)
+        got = trainer.predict_dataloaders
+        batches = got.batch_sampler
+        return dict(same=got is loader, kind=type(got).__name__, sampler=type(got.sampler).__name__,
+                    batch_sampler=type(batches).__name__, inner=type(getattr(batches, "sampler", None)).__name__,
+                    size=[getattr(batches, "batch_size", None), getattr(batches, "drop_last", None)],
+                    seen=getattr(batches, "seen_batch_indices", None), out=[o.tolist() for o in out],
+                    warned=[str(w.message) for w in said if "custom batch sampler" in str(w.message)])
+
+    ours, theirs = predicted(tasktrain, tasktrain.TaskModule), predicted(L, L.LightningModule)
+    assert ours == theirs
+    assert ours["same"] is False
+    if case != "no batching":
+        assert ours["batch_sampler"] == "_IndexBatchSamplerWrapper"
+        assert [i for batch in ours["seen"] for i in batch] == [i for batch in ours["out"] for i in batch]
+        # every sample predicted (the opaque one's own 5 indices)
+        assert sorted(i for batch in ours["seen"] for i in batch) == list(range(5 if case == "opaque" else 7))
+    assert len(ours["warned"]) == (case == "opaque")

@@ -95,6 +95,7 @@ def test_datamodule_transfer_hooks_run_instead_of_the_modules_one_set_per_hook()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no DataModule: no warning (but Lightning's note that Linear's
         warnings.filterwarnings("ignore", "You defined a `validation_step` but have no `val_dataloader`")  # unused
+        warnings.filterwarnings("ignore", "The `srun` command is available")  # (a host with SLURM: Lightning's too)
         Trainer(max_steps=1, **quiet()).fit(ModuleHooks(), loader(8))
     assert seen == ["module.before", "module.after"]
 

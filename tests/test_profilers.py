@@ -30,11 +30,14 @@ def test_simple_profiler_times_the_loop_actions_and_the_overridden_hooks(tmp_pat
     counts = {line.split("|")[1].strip(): int(line.split("|")[3]) for line in text.splitlines()
               if line.startswith("|") and "Action" not in line and "Total" not in line}
     # 2 epochs x 4 batches, a step every 2; validation: 2 batches per epoch, no sanity check
-    assert counts["training_step"] == counts["backward"] == 8
-    assert counts["optimizer_step"] == counts["optimizer_zero_grad"] == 4
-    assert counts["run_training_epoch"] == 2 and counts["validation_step"] == 4
-    assert counts["train_dataloader_next"] == 8  # 4 batches per epoch (a loader with a length is not read past its end)
-    assert counts["[TaskModule]Hooked.on_train_epoch_end"] == 2
+    strategy = "[Strategy]SingleDeviceStrategy"  # (Lightning's action names)
+    assert counts[f"{strategy}.training_step"] == counts[f"{strategy}.backward"] == counts["run_training_batch"] == 8
+    module = "[LightningModule]Hooked"
+    assert counts[f"{module}.optimizer_step"] == counts[f"{module}.optimizer_zero_grad"] == 4
+    assert counts["run_training_epoch"] == 2 and counts[f"{strategy}.validation_step"] == 4
+    # 4 batches per epoch (a loader with a length is not read past its end)
+    assert counts["[_TrainingEpochLoop].train_dataloader_next"] == 8
+    assert counts["[LightningModule]Hooked.on_train_epoch_end"] == 2
     assert counts["[Callback]Counter.on_train_batch_end"] == 8
     assert "Percentage %" in text and text.startswith("Profiler Report (fit)")
 
@@ -45,15 +48,16 @@ def test_simple_profiler_covers_test_and_predict_and_prints_without_a_filename(c
     trainer.predict(Linear(), loader(16))
     out = capsys.readouterr().out
     assert "Profiler Report (test)" in out and "Profiler Report (predict)" in out
-    assert "test_step" in out and "predict_step" in out
+    assert "[Strategy]SingleDeviceStrategy.test_step" in out and "[Strategy]SingleDeviceStrategy.predict_step" in out
+    assert "[_EvaluationLoop].test_next" in out and "[_PredictionLoop].predict_next" in out
 
 
 def test_advanced_profiler_shows_the_functions_inside_each_action(tmp_path):
     profiler = AdvancedProfiler(dirpath=tmp_path, filename="adv", dump_stats=True)
     Trainer(max_epochs=1, profiler=profiler, **quiet(enable_model_summary=False)).fit(Linear(), loader(16))
     text = open(tmp_path / "fit-adv.txt").read()
-    assert "Profile stats for: training_step" in text and "mse_loss" in text
-    assert os.path.exists(tmp_path / "fit-adv-training_step.prof")
+    assert "Profile stats for: [Strategy]SingleDeviceStrategy.training_step" in text and "mse_loss" in text
+    assert os.path.exists(tmp_path / "fit-adv-_Strategy_SingleDeviceStrategy.training_step.prof")
 
 
 def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
@@ -65,7 +69,8 @@ def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
     with open(traces[0]) as f:
         events = json.load(f)["traceEvents"]
     names = [e.get("name", "") for e in events]
-    assert names.count("[tasktrain]training_step") == 3 and names.count("[tasktrain]backward") == 3
+    assert names.count("[tasktrain][Strategy]SingleDeviceStrategy.training_step") == 3
+    assert names.count("[tasktrain][Strategy]SingleDeviceStrategy.backward") == 3
     assert any(n.startswith("[tasktrain][module]torch.nn.modules.linear.Linear: layer") for n in names)
     # TensorBoard's PyTorch profiler plugin parses it into its views
     from torch_tb_profiler.profiler.data import RunProfileData
@@ -148,7 +153,7 @@ def test_each_hook_call_is_named_after_its_own_owner_with_a_bare_mock_and_a_moni
     assert mock.on_train_batch_end.call_count == 1
     assert seen == [("Plain", f"[Callback]{plain.state_key}.on_train_batch_end"),
                     ("Plain", f"[Callback]{plain.state_key}.on_train_epoch_end"),
-                    ("Module", "[TaskModule]Module.on_train_epoch_end"),
+                    ("Module", "[LightningModule]Module.on_train_epoch_end"),
                     ("Stopper", f"[Callback]{stopper.state_key}.on_train_epoch_end")]
 
 
@@ -171,3 +176,57 @@ def test_simple_profiler_keeps_its_durations_after_the_run_as_lightning():
         seen[lib.__name__] = fit_steps, len(trainer.profiler.recorded_durations["run_training_epoch"]), any(
             "test_step" in k for k in trainer.profiler.recorded_durations)
     assert seen["tasktrain"] == seen["lightning.pytorch"] == (1, 1, True), seen
+
+
+@pytest.mark.parametrize("model", ["BoringModel", "ManualOptimBoringModel"])
+def test_the_actions_are_named_and_counted_as_lightnings(model):
+    """Each action the Trainer times carries Lightning's name and is timed as often as under Lightning, for the same
+    fit, validate, test and predict of the same module with a callback of one's own: the strategy's steps
+    ("[Strategy]SingleDeviceStrategy.training_step", ...), the module's hooks ("[LightningModule]<class>.<hook>"), the
+    loops' loader reads ("[_TrainingEpochLoop].train_dataloader_next", "[_EvaluationLoop].val_next", ...),
+    "run_training_batch", a manual optimisation's "optimizer_step". (Lightning also times every hook that is not
+    overridden; tasktrain times the overridden ones only, and its own setup_module_and_optimizers.)"""
+    L = pytest.importorskip("lightning.pytorch")
+    import tasktrain
+
+    def actions(lib):
+        classes = __import__(f"{lib.__name__}.demos.boring_classes", fromlist=["x"])
+
+        class Counted(lib.Callback):
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                pass
+
+        class Model(getattr(classes, model)):
+            def on_train_epoch_end(self):
+                pass
+
+        trainer = lib.Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=2, limit_test_batches=2,
+                              limit_predict_batches=2, num_sanity_val_steps=1, profiler="simple",
+                              callbacks=[Counted()], logger=False, enable_progress_bar=False,
+                              enable_model_summary=False, enable_checkpointing=False)
+        module = Model()
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module)
+            trainer.validate(module, verbose=False)
+            trainer.test(module, verbose=False)
+            trainer.predict(module)
+        return {name: len(times) for name, times in trainer.profiler.recorded_durations.items()}
+
+    ours, theirs = actions(tasktrain), actions(L)
+    own = {name for name in ours if name.endswith(".setup_module_and_optimizers")}
+    assert {name: ours[name] for name in set(ours) - own} == {name: theirs.get(name) for name in set(ours) - own}
+    strategy = "[Strategy]SingleDeviceStrategy"
+    assert ours[f"{strategy}.training_step"] == ours["run_training_batch"] == 6
+    assert ours["[_TrainingEpochLoop].train_dataloader_next"] == 6
+    (callback,) = [n for n in ours if n.startswith("[Callback]") and n.endswith("Counted.on_train_batch_end")]
+    assert ours[callback] == 6
+    assert ours["[_EvaluationLoop].val_next"] == ours[f"{strategy}.validation_step"] == 1 + 2 * 2 + 2
+    assert ours["[_EvaluationLoop].test_next"] == ours["[_PredictionLoop].predict_next"] == 2
+    assert ours["[LightningModule]Model.on_train_epoch_end"] == 2
+    if model == "BoringModel":
+        assert ours[f"{strategy}.backward"] == ours["[LightningModule]Model.optimizer_step"] == 6
+    else:
+        assert ours["optimizer_step"] == 6

@@ -70,7 +70,7 @@ def test_lr_find_suggests_a_rate_in_the_known_good_range_and_restores_everything
     # the Tuner's run is profiled as Lightning's (its set-up and teardown hooks, the finder's on_fit_start), the
     # sweep's steps too (Lightning's profiler sees them: tests/test_lightning_beside_finders.py)
     assert trainer.profiler is profiler and "[Callback]LearningRateFinder.on_fit_start" in profiler.recorded_durations
-    assert len(profiler.recorded_durations["training_step"]) == len(finder.results["lr"])
+    assert len(profiler.recorded_durations["[Strategy]SingleDeviceStrategy.training_step"]) == len(finder.results["lr"])
     assert not list(tmp_path.iterdir())  # nothing was checkpointed during the sweep
     trainer.fit(module)
     assert trainer.global_step == 30 * 4 and trainer.optimizers[0].param_groups[0]["lr"] == lr  # (the fit ran at it)

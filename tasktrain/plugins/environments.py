@@ -23,7 +23,7 @@ torchrun sets, or launch with torchrun / `tasktrain launch`).
 import abc
 import signal
 
-from tasktrain.strategies.environment import detect_environment
+from tasktrain.strategies.environment import detect_environment, warn_if_srun_unused
 
 __all__ = ["ClusterEnvironment", "LightningEnvironment", "SLURMEnvironment", "TorchElasticEnvironment",
            "KubeflowEnvironment", "LSFEnvironment", "MPIEnvironment", "XLAEnvironment"]
@@ -117,9 +117,11 @@ class SLURMEnvironment(ClusterEnvironment):
                 raise ValueError(f"SLURMEnvironment(requeue_signal={requeue_signal!r}): use a signal.Signals member, "
                                  "e.g. signal.SIGUSR2.") from None
         self.requeue_signal = signal.SIGUSR1 if requeue_signal is None else requeue_signal
+        warn_if_srun_unused()  # (Lightning's constructor's hint)
 
     @staticmethod
     def detect() -> bool:
+        warn_if_srun_unused()  # (Lightning's detect() gives it too)
         return detect_environment().launcher == "slurm"
 
     def check(self, env):

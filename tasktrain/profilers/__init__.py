@@ -5,12 +5,14 @@
     Trainer(profiler="pytorch")     # PyTorchProfiler: torch.profiler; a trace TensorBoard (and Perfetto) opens
     Trainer(profiler=SimpleProfiler(dirpath="prof", filename="perf"))   # an instance, with its options
 
-The Trainer profiles these actions (names as in Lightning where it has them):
+The Trainer profiles these actions (Lightning's names; S: the strategy's class under Lightning's name, M: the module's):
 
-    run_training_epoch, train_dataloader_next, training_step, backward, optimizer_step, optimizer_zero_grad,
-    validation_step, test_step, predict_step, <stage>_dataloader_next (validation, test, predict),
-    [Strategy]<name>.setup_module_and_optimizers, save_checkpoint (during a run),
-    [Callback]<state_key>.<event>, [TaskModule]<class>.<event>      (each hook that is overridden)
+    run_training_epoch, run_training_batch, [_TrainingEpochLoop].train_dataloader_next,
+    [Strategy]S.training_step, [Strategy]S.backward, [LightningModule]M.optimizer_step,
+    [LightningModule]M.optimizer_zero_grad, optimizer_step (a manual optimisation's step),
+    [Strategy]S.validation_step / test_step / predict_step, [_EvaluationLoop].val_next / test_next,
+    [_PredictionLoop].predict_next, [Strategy]S.setup_module_and_optimizers, save_checkpoint (during a run),
+    [Callback]<state_key>.<event>, [LightningModule]M.<event>      (each hook that is overridden)
 
 Without a profiler (the default) nothing is wrapped: the loop calls the strategy's methods and the hooks as they
 are (the few once-per-run actions are a `with` on a shared no-op context). At the end of each run (fit,
@@ -195,9 +197,10 @@ class AdvancedProfiler(Profiler):
 
 
 class PyTorchProfiler(Profiler):
-    """torch.profiler over the run: each action is a `record_function` range ("[tasktrain]training_step", ...),
-    each module's forward one too ("[tasktrain][module]<class>: <name>", record_module_names=True), and every
-    training/validation/test/predict step is a profiler step (for a `schedule`).
+    """torch.profiler over the run: each action is a `record_function` range
+    ("[tasktrain][Strategy]SingleDeviceStrategy.training_step", ...), each module's forward one too
+    ("[tasktrain][module]<class>: <name>", record_module_names=True), and every training/validation/test/predict step
+    is a profiler step (for a `schedule`).
 
     The trace is written by `torch.profiler.tensorboard_trace_handler` to `dirpath` as
     `<stage>-<filename>-<worker>.<time>.pt.trace.json`, which TensorBoard's PyTorch profiler plugin lists and
@@ -335,10 +338,26 @@ def resolve_profiler(profiler):
                      "Profiler instance (tasktrain.profilers).")
 
 
+def strategy_action(strategy, hook):
+    """Lightning's action name of a strategy's hook: "[Strategy]<class>.<hook>", the class under Lightning's name
+    (SingleDevice is SingleDeviceStrategy there, DDP DDPStrategy, ...; a subclass of one's own keeps its name)."""
+    kind = type(strategy)
+    name = kind.__name__
+    if kind.__module__.startswith("tasktrain.") and not name.endswith("Strategy"):
+        name += "Strategy"
+    return f"[Strategy]{name}.{hook}"
+
+
+def module_action(module, hook):
+    """Lightning's action name of a module's hook: "[LightningModule]<class>.<hook>" (a TaskModule is Lightning's
+    LightningModule under the rename)."""
+    return f"[LightningModule]{type(module).__name__}.{hook}"
+
+
 def profiled_calls(profiler, event, fns):
     """The Trainer's hook list for `event` ((kind, fn, owner): owner a callback, or the module for kind "module"),
-    each call inside profiler.profile("[Callback]<state_key>.<event>") or "[TaskModule]<class>.<event>"."""
-    return [profiled(profiler, f"[TaskModule]{type(owner).__name__}.{event}" if kind == "module" else
+    each call inside profiler.profile("[Callback]<state_key>.<event>") or "[LightningModule]<class>.<event>"."""
+    return [profiled(profiler, module_action(owner, event) if kind == "module" else
                      f"[Callback]{owner.state_key}.{event}", fn) for kind, fn, owner in fns]
 
 

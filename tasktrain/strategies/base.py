@@ -323,6 +323,11 @@ class Strategy(abc.ABC):
         return self._checkpoint_io is not None and type(self._checkpoint_io) is not TorchCheckpointIO
 
     # -- processes ----------------------------------------------------------------------------------------------------
+    def set_world_ranks(self):
+        """Tell the user's cluster environment (environment_plugin) this process's rank and the world's size, as
+        Lightning's strategies with several processes do when they are built (its set_world_ranks), so that the ranks
+        read right after Trainer(...) are the environment's. Default: nothing (one process)."""
+
     def launch(self, run, *args):
         """Run `run(*args)` on every rank and return what it returns on this one. Default: call it here (this
         process is a rank; a strategy that re-runs the script starts the others in setup_environment).

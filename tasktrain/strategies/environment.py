@@ -40,7 +40,8 @@ class ClusterEnvironment:
     main_address: str = "127.0.0.1"
     main_port: Optional[int] = None
     # "torchrun", "slurm", "self", "spawn" (ddp_spawn), "external" (a user's ClusterEnvironment plugin that says its
-    # cluster started the processes: environment_from_plugin) or None: nobody launched us
+    # cluster started the processes, environment_from_plugin; or LOCAL_RANK alone, environment_from_local_rank) or
+    # None: nobody launched us
     launcher: Optional[str] = None
 
 
@@ -62,6 +63,33 @@ def detect_environment(env=None) -> ClusterEnvironment:
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return _slurm_environment(env)
     return ClusterEnvironment()
+
+
+def environment_from_local_rank(devices: int, num_nodes: int, env=None, meeting=True) -> Optional[ClusterEnvironment]:
+    """Lightning's LightningEnvironment where a launcher of one's own started the process with LOCAL_RANK (and
+    NODE_RANK / GROUP_RANK, MASTER_ADDR, MASTER_PORT) but not torchrun's RANK / WORLD_SIZE: Lightning takes it as one
+    rank of a world it did not start (creates_processes_externally), global rank node_rank * devices + local_rank of
+    devices * num_nodes, and starts nothing. None where that is not the case (torchrun's or SLURM's variables, no
+    LOCAL_RANK) or the world is one process. A world of several without MASTER_PORT is an error (Lightning picks a
+    free port in each process, so the ranks would wait for each other until the timeout); `meeting=False` reads the
+    ranks only (right after Trainer(...): the port is checked at the set-up)."""
+    env = os.environ if env is None else env
+    if "LOCAL_RANK" not in env or devices * num_nodes <= 1 or detect_environment(env).launcher is not None:
+        return None
+    local = int(env["LOCAL_RANK"])
+    node = int(env.get("NODE_RANK", env.get("GROUP_RANK", 0)))
+    if meeting and not env.get("MASTER_PORT"):
+        raise RuntimeError(
+            f"LOCAL_RANK={local} is set without RANK / WORLD_SIZE: this process is taken as rank "
+            f"{node * devices + local} of a world of devices={devices} x num_nodes={num_nodes} that a launcher of your "
+            "own started (as Lightning takes it), but MASTER_PORT is not set, so the ranks cannot meet. Set "
+            "MASTER_ADDR and MASTER_PORT in every process, or launch with torchrun / `tasktrain launch`, or unset "
+            "LOCAL_RANK to let the Trainer start the processes itself.")
+    return ClusterEnvironment(global_rank=node * devices + local, world_size=devices * num_nodes, local_rank=local,
+                              local_world_size=devices, node_rank=node,
+                              main_address=env.get("MASTER_ADDR", "127.0.0.1"),
+                              main_port=int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None,
+                              launcher="external")
 
 
 def environment_from_plugin(plugin, devices: int, num_nodes: int) -> ClusterEnvironment:
@@ -134,6 +162,34 @@ def _slurm_environment(env) -> ClusterEnvironment:
         main_port=int(port),
         launcher="slurm",
     )
+
+
+def warn_if_srun_unused(rank=None):
+    """Lightning's hint where `srun` is installed but did not start this process (its
+    SLURMEnvironment._validate_srun_used, its words): a script run with plain `python` on a SLURM cluster's login or
+    batch node is a frequent mistake. Lightning says it wherever it asks whether SLURM launched the run: at a Trainer's
+    construction when no cluster environment is given and torchrun did not start the process, at a
+    SLURMEnvironment's construction and detect(), and at each run's start without a checkpoint path (its
+    checkpoint connector asks for SLURM's requeue checkpoint); rank 0 only (`rank`: the launcher's variables where
+    not given). Not on Windows (Lightning's neither)."""
+    import shutil
+    import sys
+    import warnings
+
+    from tasktrain.exceptions import PossibleUserWarning
+
+    if os.name == "nt" or shutil.which("srun") is None:
+        return
+    if "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES:
+        return  # srun started it (an interactive job's shell does not count, as Lightning's _is_srun_used)
+    if rank is None:
+        rank = int(next((os.environ[key] for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if key in os.environ), 0))
+    if rank != 0:
+        return
+    hint = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])[:64]
+    warnings.warn("The `srun` command is available on your system but is not used. HINT: If your intention is to run"
+                  f" Lightning on SLURM, prepend your python command with `srun` like so: {hint} ...",
+                  PossibleUserWarning, stacklevel=4)
 
 
 def _tasks_per_node(env):

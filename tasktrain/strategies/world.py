@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.strategies.base import MultiProcess, release_kept_runs
-from tasktrain.strategies.environment import SlurmAllocationError, detect_environment, environment_from_plugin
+from tasktrain.strategies.environment import (ClusterEnvironment, SlurmAllocationError, detect_environment,
+                                              environment_from_local_rank, environment_from_plugin)
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -116,29 +117,44 @@ class ProcessWorld(MultiProcess):
         plugin = self.environment_plugin
         if plugin is not None and plugin.creates_processes_externally:
             return "external"
-        return detect_environment().launcher
+        launcher = detect_environment().launcher
+        if launcher is None and environment_from_local_rank(self.devices, self.num_nodes, meeting=False):
+            return "external"  # a launcher of one's own set LOCAL_RANK only (Lightning's LightningEnvironment)
+        return launcher
 
     def _environment(self):
         """This rank's place in the world: the launcher's variables, or the user's ClusterEnvironment plugin."""
         if self.environment_plugin is None:
-            return detect_environment()
+            return environment_from_local_rank(self.devices, self.num_nodes) or detect_environment()
         return environment_from_plugin(self.environment_plugin, self.devices, self.num_nodes)
+
+    def set_world_ranks(self):
+        """Lightning's DDP set_world_ranks at its construction: set_global_rank(node_rank() * devices + local_rank()),
+        then set_world_size(num_nodes * devices) on the user's environment (the same calls again at set-up)."""
+        plugin = self.environment_plugin
+        if plugin is not None:
+            plugin.set_global_rank(int(plugin.node_rank()) * self.devices + int(plugin.local_rank()))
+            plugin.set_world_size(self.num_nodes * self.devices)
 
     def _place(self):
         """This rank's place as known now: the world's once set up; before that (right after Trainer(...)), what a
         launcher's variables say (torchrun / `tasktrain launch`, SLURM, a self-launched worker), as Lightning's
-        strategy knows its ranks once constructed; None where nobody launched this process (it is rank 0 of the
-        world it will start) or a ClusterEnvironment plugin of one's own says (read at set-up, in its call order).
-        Only variables are read: no process group forms here."""
+        strategy knows its ranks once constructed, or what a ClusterEnvironment plugin of one's own says now (its
+        getters, as Lightning's strategy reads them); None where nobody launched this process (it is rank 0 of the
+        world it will start). Only variables are read: no process group forms here."""
         if self.env is not None:
             return self.env
-        if self.environment_plugin is not None:
-            return None
+        plugin = self.environment_plugin
+        if plugin is not None:
+            return ClusterEnvironment(global_rank=plugin.global_rank(), world_size=plugin.world_size(),
+                                      local_rank=plugin.local_rank(), node_rank=plugin.node_rank())
         try:
             env = detect_environment()
         except SlurmAllocationError:  # raised by the set-up, where the run starts
             return None
-        return env if env.launcher is not None else None
+        if env.launcher is None:  # (LOCAL_RANK alone: Lightning's ranks from it)
+            return environment_from_local_rank(self.devices, self.num_nodes, meeting=False)
+        return env
 
     @property
     def global_rank(self):

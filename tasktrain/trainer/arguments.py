@@ -5,11 +5,13 @@ import functools
 import inspect
 import logging
 import os
+import platform
+import warnings
 
 import torch
 
 from tasktrain.callbacks.base import Logger
-from tasktrain.exceptions import MisconfigurationException
+from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.trainer import guards
 
 _log = logging.getLogger("tasktrain")
@@ -51,20 +53,27 @@ def log_device_info(strategy, given_precision_plugin):
     """Lightning's notes at a Trainer's construction (rank 0, INFO on the "tasktrain" logger as rank_zero_info):
     the mixed-precision line its accelerator connector writes where it builds its own AMP plugin (not under DeepSpeed
     or FSDP, whose plugins are the engine's, nor for a plugin passed in), then its device lines (tasktrain runs on no
-    TPU). tasktrain's own resolved-config line is printed at the first run's start (trainer.py)."""
+    TPU) and its PossibleUserWarning where a GPU is there but the strategy runs on the CPU. tasktrain's own
+    resolved-config line is printed at the first run's start (trainer.py)."""
     from tasktrain.strategies.precision import MixedPrecision
 
     precision = strategy.precision
     if given_precision_plugin is None and type(precision) is MixedPrecision:
         _info(f"Using {'16bit' if precision.precision == '16-mixed' else 'bfloat16'} Automatic Mixed Precision (AMP)")
-    if torch.cuda.is_available():
-        available = "True (cuda)"
-    elif torch.backends.mps.is_available():
-        available = "True (mps)"
-    else:
-        available = "False"
-    _info(f"GPU available: {available}, used: {strategy.root_device.type in ('cuda', 'mps')}")
+    # Lightning's probes: CUDA devices counted, MPS only on an ARM processor and not DISABLE_MPS=1 (its
+    # MPSAccelerator.is_available)
+    cuda = torch.cuda.is_available()
+    mps = (os.getenv("DISABLE_MPS", "0") != "1" and torch.backends.mps.is_available()
+           and platform.processor() in ("arm", "arm64"))
+    available = "True (cuda)" if cuda else "True (mps)" if mps else "False"
+    device = strategy.root_device.type
+    _info(f"GPU available: {available}, used: {device in ('cuda', 'mps')}")
     _info("TPU available: False, using: 0 TPU cores")
+    if cuda and device != "cuda" or mps and device != "mps":
+        rank = next((os.environ[key] for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if key in os.environ), "0")
+        if int(rank) == 0:  # (Lightning's rank_zero_warn, its words)
+            warnings.warn("GPU available but not used. You can set it by doing `Trainer(accelerator='gpu')`.",
+                          PossibleUserWarning, stacklevel=3)
 
 
 def litmodels_installed():

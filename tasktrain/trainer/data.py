@@ -49,7 +49,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Rando
 
 from tasktrain.data import ShardedStream
 from tasktrain.exceptions import PossibleUserWarning
-from tasktrain.trainer.loader_init import build_again
+from tasktrain.trainer.loader_init import _IndexBatchSamplerWrapper, build_again
 from tasktrain.trainer.seed import add_worker_init_fn
 
 
@@ -774,6 +774,12 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         # Lightning keeps a DataLoader subclass of the user's as it is where it shards nothing: its own __iter__,
         # _get_iterator, attributes run (a loader rebuilt on our order would be a plain DataLoader)
         return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=False)
+    if lightning and shuffle is False and world_size == 1 and keeps_sampler is not False and \
+            isinstance(loader, DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        # overfit_batches where Lightning shards nothing: its loader as given where its sampler is sequential, else
+        # built again with a SequentialSampler (_resolve_overfit_batches); a mid-epoch resume reads the same order
+        # again and drops what was trained on (a few batches: overfit_batches limits the epoch)
+        return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=False)
     if _replaceable(loader):
         order = _order_sampler(loader)
         random = isinstance(order, RandomSampler) or _torchdata_sampler(order, "RandomSampler")
@@ -867,20 +873,22 @@ def _with_sampler(loader, sampler, predicting=False):
                                               {"snapshot_every_n_steps": loader.snapshot_every_n_steps}))
     if batch_sampler is None:  # (batch_size=None: items one by one)
         return kind(loader.dataset, batch_size=None, sampler=sampler, **options)
-    if type(batch_sampler) is BatchSampler or _torchdata_sampler(batch_sampler, "BatchSampler"):
-        rebuilt = _rebuild(loader, sampler, loader.generator, kind)
-        if predicting and rebuilt.drop_last:
-            rebuilt = DataLoader(loader.dataset, batch_size=rebuilt.batch_size, sampler=sampler, drop_last=False,
-                                 **loader_options(loader))
-        return rebuilt
-    return kind(loader.dataset, batch_sampler=_batch_sampler_around(batch_sampler, sampler, predicting), **options)
+    plain = type(batch_sampler) is BatchSampler or _torchdata_sampler(batch_sampler, "BatchSampler")
+    if plain and not predicting:
+        return _rebuild(loader, sampler, loader.generator, kind)
+    if plain:  # (Lightning's predict loader: every sample predicted, each batch's indices kept)
+        batches = type(batch_sampler)(sampler, batch_size=batch_sampler.batch_size, drop_last=False)
+    else:
+        batches = _batch_sampler_around(batch_sampler, sampler, predicting)
+    return kind(loader.dataset, batch_sampler=_IndexBatchSamplerWrapper(batches) if predicting else batches, **options)
 
 
 def _predict_loader(loader, world_size, rank):
     """A map-style predict loader, as Lightning's Trainer takes it (it builds every predict loader again): on several
     processes its sampler replaced by PredictShardSampler (UnrepeatedDistributedSamplerWrapper: unpadded), shuffling
     where Lightning's test says; its batch sampler built again around it with drop_last=False (a custom one that cannot
-    be is kept, with Lightning's warning). The loader as it is where nothing changes."""
+    be is kept, with Lightning's warning), inside Lightning's index-keeping wrapper (_IndexBatchSamplerWrapper): the
+    loader is built again in every case, as Lightning's."""
     batch_sampler = loader.batch_sampler
     custom = batch_sampler is not None and type(batch_sampler) is not BatchSampler and \
         not _torchdata_sampler(batch_sampler, "BatchSampler")
@@ -890,16 +898,16 @@ def _predict_loader(loader, world_size, rank):
                           " Lightning would normally set `drop_last=False` to ensure all samples are returned, but for"
                           " custom samplers it can't guarantee this. Make sure your sampler is configured correctly to"
                           " return all indices.", PossibleUserWarning)
-        # (Lightning builds a loader of the user's class again all the same, around the same batch sampler)
-        return build_again(loader, None, predicting=True, batch_sampler=batch_sampler) if _users_class(loader) \
-            else loader
+        # (Lightning builds the loader again all the same, around the same batch sampler, its indices kept)
+        if _users_class(loader):
+            return build_again(loader, None, predicting=True, batch_sampler=batch_sampler)
+        kind = type(loader) if is_stateful_loader(loader) else DataLoader
+        return kind(loader.dataset, batch_sampler=_IndexBatchSamplerWrapper(batch_sampler), **loader_options(loader))
     sampler = loader.sampler
     if world_size > 1 and not isinstance(sampler, DistributedSampler):
         sampler = PredictShardSampler(sampler, world_size, rank, shuffle=_is_shuffled(loader))
-    drops = batch_sampler is not None and bool(getattr(batch_sampler, "drop_last", False))
     # (Lightning builds every predict loader again: a loader of the user's class is, with the user's arguments)
-    again = sampler is not loader.sampler or custom or drops or _users_class(loader)
-    return _with_sampler(loader, sampler, predicting=True) if again else loader
+    return _with_sampler(loader, sampler, predicting=True)
 
 
 def _is_shuffled(loader):
@@ -990,7 +998,7 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
             return loader
         if world_size > 1 and _replaceable(loader) and type(_order_sampler(loader)) is SequentialSampler and \
                 not loader.drop_last:
-            return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)
+            return _with_sampler(loader, EvalShardSampler(loader.dataset, world_size, rank), predicting=True)
         return _predict_loader(loader, world_size, rank)
     if shuffle_seed is not None and isinstance(loader, DataLoader) and \
             not _replaceable(loader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
@@ -1051,6 +1059,8 @@ def record_batch_indices(loader):
     if not isinstance(loader, DataLoader) or loader.batch_sampler is None or \
             isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return loader, _NoIndices()
+    if isinstance(loader.batch_sampler, _IndexBatchSamplerWrapper):  # (every predict loader the Trainer prepared)
+        return loader, loader.batch_sampler.seen_batch_indices
     seen = []
     recording = _RecordingBatchSampler(loader.batch_sampler, seen)
     if _users_class(loader):  # (the user's class kept, as Lightning's index-tracking batch sampler keeps it)

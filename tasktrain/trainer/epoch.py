@@ -103,7 +103,8 @@ class EpochIterator:
         start, length = self.position.batch_in_epoch, self.length
         if length is not None and start >= length:
             return ()  # resumed after the last batch: only the epoch's end is left to run
-        data = self.data if profiler is None else profiled_iter(self.data, profiler, "train_dataloader_next")
+        data = self.data if profiler is None else profiled_iter(self.data, profiler,
+                                                                     "[_TrainingEpochLoop].train_dataloader_next")
         if length is not None:
             if ahead:
                 data = (batch for batch, _ in read_ahead(iter(data)))

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, SIGTERMException
-from tasktrain.profilers import profiled, profiled_iter
+from tasktrain.profilers import profiled, profiled_iter, strategy_action
 from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, run
@@ -33,7 +33,7 @@ _COUNT_ATTRIBUTE = {"validate": "num_val_batches", "test": "num_test_batches", "
 
 def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     strategy = trainer.strategy
-    with trainer._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+    with trainer._profile(strategy_action(strategy, "setup_module_and_optimizers")):
         strategy.setup_module_and_optimizers(module, [], Plan(training=False))
     run.connect_precision(strategy, [], [])
     module.zero_grad()  # Lightning clears the gradients when each entry point starts
@@ -301,7 +301,7 @@ def _evaluate(trainer, stage, loaders, limits):
     metrics.step_values.clear()  # (Lightning resets an evaluation's results: nothing of the last one is written)
     hooks = trainer._all_hooks
     eval_step = strategy.eval_step if trainer.profiler is None else \
-        profiled(trainer.profiler, f"{prefix}_step", strategy.eval_step)
+        profiled(trainer.profiler, strategy_action(strategy, f"{prefix}_step"), strategy.eval_step)
     eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
     # batches completed (Lightning's evaluation batch_progress, read through trainer.validate_loop / test_loop /
     # fit_loop.epoch_loop.val_loop: lightning_loops.py): [total, in this run] (TrainState.eval_batches), and how far
@@ -430,7 +430,7 @@ def _predict(trainer, module, loaders, limits, gather):
         trainer._predict_kept = per_loader
     trainer._call("on_predict_epoch_start")
     eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
-        profiled(trainer.profiler, "predict_step", trainer.strategy.eval_step)
+        profiled(trainer.profiler, strategy_action(trainer.strategy, "predict_step"), trainer.strategy.eval_step)
     for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
         set_sampler_epoch(loader, trainer.current_epoch)
     if trainer._metrics is not None:  # named as the hook it is (module._current_fx_name; self.log refuses it there)
@@ -495,8 +495,10 @@ def _batches(trainer, loader, limit, prefix, end_event=None):
     """(index, batch) of one evaluation loader up to its limit, marked for the watchdog (and the profiler)."""
     # (a DataLoader's iterator is kept until its next iter(): its workers live on after the pass, as Lightning's)
     batches = held_until_next_iter(loader, iter(loader)) if isinstance(loader, DataLoader) else loader
-    batches = batches if trainer.profiler is None else \
-        profiled_iter(batches, trainer.profiler, f"{prefix}_dataloader_next")
+    # (Lightning's names: "[_EvaluationLoop].val_next" / ".test_next", "[_PredictionLoop].predict_next")
+    batches = batches if trainer.profiler is None else profiled_iter(
+        batches, trainer.profiler, "[_PredictionLoop].predict_next" if prefix == "predict" else
+        f"[_EvaluationLoop].{'val' if prefix == 'validation' else prefix}_next")
     state = trainer.state
     extra = {} if end_event is None else {"end_event": end_event}
     # (stops at the limit without reading a batch more, as Lightning: a loader read to its end moves what its

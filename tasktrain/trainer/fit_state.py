@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any, Callable, Optional
 
 from tasktrain.callbacks.base import EVENTS, Callback
-from tasktrain.profilers import profiled, profiled_calls
+from tasktrain.profilers import module_action, profiled, profiled_calls, strategy_action
 from tasktrain.strategies.base import ClipsInsideStep
 from tasktrain.strategies.watchdog import watched_action
 from tasktrain.trainer.metrics import in_hook
@@ -133,10 +133,17 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         backward = strategy.backward
     zero_grad, step = strategy.zero_grad, strategy.optimizer_step
     training_step = in_hook(metrics, "training_step", strategy.training_step)
-    if profiler is not None:  # only then is a part wrapped: without one they are called as they are
-        training_step, backward, step, zero_grad = (profiled(profiler, name, fn) for name, fn in (
-            ("training_step", training_step), ("backward", backward), ("optimizer_step", step),
-            ("optimizer_zero_grad", zero_grad)))
+    module_optimizer_step = in_hook(metrics, "optimizer_step", module.optimizer_step)
+    module_zero_grad = in_hook(metrics, "optimizer_zero_grad", module.optimizer_zero_grad) \
+        if overrides["optimizer_zero_grad"] else None
+    if profiler is not None:  # only then is a part wrapped: without one they are called as they are (Lightning's
+        # names: the strategy's hooks, the module's optimizer_step (around the closure) and optimizer_zero_grad)
+        training_step, backward = (profiled(profiler, strategy_action(strategy, name), fn) for name, fn in (
+            ("training_step", training_step), ("backward", backward)))
+        zero_grad, module_optimizer_step, module_zero_grad = (
+            fn if fn is None else profiled(profiler, module_action(module, name), fn) for name, fn in (
+                ("optimizer_zero_grad", zero_grad), ("optimizer_step", module_optimizer_step),
+                ("optimizer_zero_grad", module_zero_grad)))
     # the module's configure_gradient_clipping (automatic optimisation only) clips in place of the Trainer's request
     # (under the plugin's step hooks always: Lightning's _after_closure calls it, the Trainer's gradient_clip_val its
     # argument, and its default clips through the plugin's clip_gradients)
@@ -151,9 +158,7 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         training_step=training_step, backward=watched_action(watchdog, "backward", backward),
         step=watched_action(watchdog, "optimizer step", step,
                             after="after the optimizer step (logging, validation, callbacks)"),
-        zero_grad=zero_grad, optimizer_step=in_hook(metrics, "optimizer_step", module.optimizer_step),
-        optimizer_zero_grad=in_hook(metrics, "optimizer_zero_grad", module.optimizer_zero_grad)
-        if overrides["optimizer_zero_grad"] else None,
+        zero_grad=zero_grad, optimizer_step=module_optimizer_step, optimizer_zero_grad=module_zero_grad,
         lr_scheduler_step=in_hook(metrics, "lr_scheduler_step", module.lr_scheduler_step)
         if overrides["lr_scheduler_step"] else step_scheduler,
         configure_clipping=in_hook(metrics, "configure_gradient_clipping", module.configure_gradient_clipping)

@@ -205,11 +205,37 @@ def init_arguments(loader, sampler, predicting=False, batch_sampler=None, warn=T
     return args, kwargs
 
 
+class _IndexBatchSamplerWrapper:
+    """A predict loader's batch sampler, as Lightning's Trainer wraps every one (its class's name, which code that
+    inspects `trainer.predict_dataloaders.batch_sampler` sees): the wrapped batch sampler's attributes (`batch_size`,
+    `drop_last`, `sampler`), its length and batches, and `seen_batch_indices`, the dataset indices of each batch the
+    current pass has given out (emptied when a pass starts; the prediction writers' batch_indices)."""
+
+    def __init__(self, batch_sampler):
+        vars(self).update({k: v for k, v in getattr(batch_sampler, "__dict__", {}).items()
+                           if k not in ("__next__", "__iter__", "__len__", "__getstate__")})
+        self._batch_sampler = batch_sampler
+        self.seen_batch_indices = []
+
+    def __iter__(self):
+        seen = self.seen_batch_indices
+        seen.clear()  # (in place: the run holds this list for its writers)
+        for batch in self._batch_sampler:
+            seen.append(batch)
+            yield batch
+
+    def __len__(self):
+        return len(self._batch_sampler)
+
+
 def _sampler_arguments(loader, sampler, predicting, batch_sampler, warn):
-    """The order arguments of the loader built again (Lightning's _dataloader_init_kwargs_resolve_sampler)."""
+    """The order arguments of the loader built again (Lightning's _dataloader_init_kwargs_resolve_sampler; predicting:
+    its batch sampler wrapped to keep each batch's indices)."""
     own = loader.batch_sampler
     if batch_sampler is None and own is not None and (type(own) is not BatchSampler or predicting):
         batch_sampler = _batch_sampler_again(own, sampler, predicting, warn)
+    if predicting and batch_sampler is not None and not isinstance(batch_sampler, _IndexBatchSamplerWrapper):
+        batch_sampler = _IndexBatchSamplerWrapper(batch_sampler)
     if batch_sampler is not None:  # (exclusive with batch_size, shuffle, sampler and drop_last)
         return {"sampler": None, "shuffle": False, "batch_sampler": batch_sampler, "batch_size": 1, "drop_last": False}
     return {"sampler": sampler, "shuffle": False, "batch_sampler": None}

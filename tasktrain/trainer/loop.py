@@ -269,6 +269,11 @@ def training_step(trainer, fit, batch, batch_idx, window):
         return False
     state.batch_phase = "started"
     steps = batch_idx == window.last
+    # Lightning's "run_training_batch" action: the batch's optimization (with a profiler only; a failed batch's is
+    # ended by the profiler's teardown)
+    profiling = trainer.profiler is not None and batch is not None
+    if profiling:
+        trainer.profiler.start("run_training_batch")
     if batch is None:  # Lightning's: no training_step, no optimizer step; on_train_batch_end gets None
         batch_output = None
     elif module.automatic_optimization:
@@ -351,6 +356,8 @@ def training_step(trainer, fit, batch, batch_idx, window):
             batch_output = manual_output(fit.training_step(batch, batch_idx))
         finally:
             fit.in_manual_training_step = False
+    if profiling:
+        trainer.profiler.stop("run_training_batch")
     fit.epochs.advance(batch_idx)
     state.batch_phase = "processed"
 

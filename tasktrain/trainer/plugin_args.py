@@ -147,6 +147,12 @@ def apply_plugins(found, strategy, env):
     strategy.cluster_environment = given
     if _users_environment(given):  # its ranks, address and port form the process group (strategies/world.py)
         strategy.environment_plugin = given
+        strategy.set_world_ranks()  # (Lightning's strategy tells it the ranks when built; read from it from here on)
+        from tasktrain.strategies.base import MultiProcess
+        from tasktrain.trainer.runtime import announce_rank
+
+        if isinstance(strategy, MultiProcess) and isinstance(strategy.global_rank, int):
+            announce_rank(strategy.global_rank)  # (Lightning's rank_zero_only.rank, set there too)
         return None
     given.check(env)
     if isinstance(given, SLURMEnvironment):

@@ -54,10 +54,10 @@ def prepare_data(trainer, module):
 
 
 def datamodule_call(trainer, name, *args, **kwargs):
-    """The DataModule's hook `name`, profiled as Lightning profiles it: "[DataModule]<class>.<hook>" (Lightning's
-    "[LightningDataModule]..." under the rename) in trainer.profiler's recorded actions."""
+    """The DataModule's hook `name`, profiled as Lightning profiles it: "[LightningDataModule]<class>.<hook>" in
+    trainer.profiler's recorded actions."""
     datamodule = trainer.datamodule
-    with trainer._profile(f"[DataModule]{type(datamodule).__name__}.{name}"):
+    with trainer._profile(f"[LightningDataModule]{type(datamodule).__name__}.{name}"):
         return getattr(datamodule, name)(*args, **kwargs)
 
 

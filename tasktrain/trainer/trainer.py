@@ -28,9 +28,10 @@ from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, _TunerExitException
 from tasktrain.plugins.layer_sync import TorchSyncBatchNorm
-from tasktrain.profilers import Profiler, resolve_profiler
+from tasktrain.profilers import Profiler, module_action, resolve_profiler, strategy_action
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
+from tasktrain.strategies.environment import warn_if_srun_unused
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
 from tasktrain.trainer import (arguments, evaluation, guards, lightning_connectors, lightning_loops, loaders, loop,
                                plugin_args, resume, run)
@@ -140,6 +141,9 @@ class Trainer:
         self._model_registry = arguments.model_registry_name(model_registry)  # Lightning's (the name, no version)
         self.enable_autolog_hparams = enable_autolog_hparams  # Lightning's: False skips _log_hyperparams entirely
         self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
+        # Lightning's connector asks whether SLURM launched the run where no environment is given and torchrun did not
+        if runtime.strategy.cluster_environment is None and not torch.distributed.is_torchelastic_launched():
+            warn_if_srun_unused()
         # A LayerSync wraps the module of a fit under a multi-process strategy (_fit) and is reverted at its end, as
         # Lightning's parallel strategies do; sync_batchnorm=True is TorchSyncBatchNorm(), as Lightning's connector
         sync_batchnorm = sync_batchnorm or type(found.layer_sync) is TorchSyncBatchNorm
@@ -561,7 +565,7 @@ class Trainer:
 
     def _loader_of(self, module, name):
         """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module; profiled as
-        Lightning's ("[DataModule]<class>.<name>", "[TaskModule]<class>.<name>")."""
+        Lightning's ("[LightningDataModule]<class>.<name>", "[LightningModule]<class>.<name>")."""
         if self.datamodule is not None and not is_overridden(name, self.datamodule, DataModule):
             return None  # (the base's hook raises Lightning's "must be implemented")
         if self._trial_counters_shown is not None:
@@ -583,7 +587,7 @@ class Trainer:
                 return run.datamodule_call(self, name)
             if not is_overridden(name, module, TaskModule):
                 return None  # (the base's hook raises Lightning's "must be implemented")
-            with self._profile(f"[TaskModule]{type(module).__name__}.{name}"):
+            with self._profile(module_action(module, name)):
                 return getattr(module, name)()
 
 
@@ -653,6 +657,8 @@ class Trainer:
                 self._ckpt_user_path = None
             else:
                 ckpt_path = self._ckpt_user_path
+        if ckpt_path is None:  # Lightning's checkpoint connector asks for SLURM's requeue checkpoint: its srun hint
+            warn_if_srun_unused(self.global_rank)
         if stage != "fit" and module is None and ckpt_path is None and self._given_module is not None:
             ckpt_path = resume.default_eval_ckpt_path(self, stage)  # Lightning's: the best of the previous fit
         given = module if module is not None else self._given_module if self._given_module is not None else self.module
@@ -804,7 +810,7 @@ class Trainer:
             optimizers, self.lr_scheduler_configs = parse_optimizers(module)
             _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
             plan = self._plan(module, loaders.train_data_early(self, strategy))
-            with self._profile(f"[Strategy]{strategy.name}.setup_module_and_optimizers"):
+            with self._profile(strategy_action(strategy, "setup_module_and_optimizers")):
                 _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
             run.connect_precision(strategy, self.optimizers, self.lr_scheduler_configs)
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
