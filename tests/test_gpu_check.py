@@ -2,8 +2,8 @@
 
 Every check in CHECKS is run here by one of three lists (a new check without a twin in them fails the first
 test): the single-process twins and the multi-process ones are called in this process (each multi-process twin
-starts its own ranks), `ddp` goes through main(), as on the GPU machine: a process for the check, its ranks, the
-table.
+starts its own ranks, but those of TOGETHER, whose workers share one launch), `ddp` goes through main(), as on the
+GPU machine: a process for the check, its ranks, the table.
 """
 import importlib.util
 import json
