@@ -113,7 +113,10 @@ def child_env():
 
 def run_worker(name, accelerator, out, timeout, launch=None):
     """This script as `--worker name out` (self-launching its ranks, or under `launch`: a command prefix);
-    returns each rank's facts (rank{R}.json under out), or raises with the end of its output."""
+    returns each rank's facts (rank{R}.json under out), or raises with the end of its output. A worker that
+    run_workers_together already ran hands back its facts from there instead (the CPU twins' tests only)."""
+    if name in PREPARED:
+        return PREPARED.pop(name)
     cmd = [os.path.abspath(__file__), "--worker", name, out] + (["--cpu"] if accelerator == "cpu" else [])
     cmd = (launch or [sys.executable]) + cmd
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(), cwd=out)
@@ -122,6 +125,28 @@ def run_worker(name, accelerator, out, timeout, launch=None):
         tail = (proc.stdout[-1500:] + "\n" + proc.stderr[-2500:]).strip()
         raise RuntimeError(f"worker {name} exited {proc.returncode}:\n{tail}")
     return [json.load(open(os.path.join(out, f))) for f in ranks]
+
+
+PREPARED = {}  # worker name -> its ranks' facts, left by run_workers_together for the check that runs that worker
+
+
+def run_workers_together(names, out, timeout):
+    """CPU twins only (tests/test_gpu_check.py): the workers `names` one after the other in the same two processes
+    and process group, under `tasktrain launch` (as the ddp-launch check), each writing into out/<name>/; their facts
+    go to PREPARED, where each check finds them and judges them as it judges its own run's. Each launched process
+    costs ~5 s of CPU in imports alone on the test machines: five checks' runs in one launch save eight of them. The
+    GPU run (main) never calls this: there every check keeps its own process and its own ranks."""
+    prefix = [sys.executable, "-m", "tasktrain.cli.main", "launch", "--num_processes", "2", "--strategy", "ddp",
+              "--cpu"]
+    cmd = prefix + [os.path.abspath(__file__), "--worker", ",".join(names), out, "--cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env(), cwd=out)
+    if proc.returncode != 0:
+        tail = (proc.stdout[-1500:] + "\n" + proc.stderr[-2500:]).strip()
+        raise RuntimeError(f"workers {names} exited {proc.returncode}:\n{tail}")
+    for name in names:
+        folder = os.path.join(out, name)
+        ranks = sorted(f for f in os.listdir(folder) if f.startswith("rank") and f.endswith(".json"))
+        PREPARED[name] = [json.load(open(os.path.join(folder, f))) for f in ranks]
 
 
 def write_facts(out, rank, facts):
@@ -922,7 +947,16 @@ def main(argv=None):
         fetch_wheels()
         return 0
     if args.worker:
-        WORKERS[args.worker[0]](args.worker[1], accelerator)
+        names = args.worker[0].split(",")
+        if len(names) == 1:
+            WORKERS[names[0]](args.worker[1], accelerator)
+            return 0
+        if accelerator != "cpu":
+            parser.error("several workers in one run are for the CPU twins' tests only (--cpu)")
+        for name in names:  # run_workers_together: each its folder, in the same processes and process group
+            folder = os.path.join(args.worker[1], name)
+            os.makedirs(folder, exist_ok=True)
+            WORKERS[name](folder, accelerator)
         return 0
     if args.check:
         run_one(args.check[0], accelerator, args.check[1])

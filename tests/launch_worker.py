@@ -4,6 +4,8 @@
     launch_worker.py OUT_DIR fail CODE    rank 1 exits with CODE, the others wait to be stopped by the launcher
                                           (no torch: starts fast)
     launch_worker.py OUT_DIR env          only write the variables and arguments seen (no torch)
+    launch_worker.py OUT_DIR world+trainer  world, then, in the same processes and process group,
+                                          tests/launch_trainer_worker.py into OUT_DIR/trainer (one launch, two tests)
 
 rank{R}.json holds the rank and world size, the launcher's variables this worker saw, its arguments, and the
 weights after one SGD step on gradients averaged over all ranks (every rank must hold the same weights).
@@ -70,4 +72,10 @@ seen = {
 write(seen)
 
 del model
+if mode == "world+trainer":  # the Trainer takes the group as it is, as it takes one a user's script made
+    import runpy
+
+    os.makedirs(os.path.join(out_dir, "trainer"), exist_ok=True)
+    sys.argv = [sys.argv[0], os.path.join(out_dir, "trainer")]
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_trainer_worker.py"))
 dist.destroy_process_group()

@@ -22,7 +22,6 @@ from tasktrain.cli.main import build_parser, launch_flags
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "launch_worker.py")
-TRAINER_WORKER = os.path.join(HERE, "launch_trainer_worker.py")
 
 
 def free_port() -> int:
@@ -172,19 +171,30 @@ ACCELERATE_DEEPSPEED_ZERO3 = """\
 # ---------------------------------------------------------------------------------------------------------------------
 # Launches (each starts real processes)
 
-@pytest.mark.timeout(100)
-@pytest.mark.world_size(2)
-def test_multi_cpu_two_processes_form_one_world(tmp_path):
+@pytest.fixture(scope="module")
+def multi_cpu_launch(tmp_path_factory):
+    """One launch of Accelerate's MULTI_CPU config (2 processes, bf16) for two tests: the workers form the world and
+    check it, then train with Trainer(strategy="auto") in the same processes and process group
+    (launch_worker.py's world+trainer): a launcher and two workers (~10 s of CPU) fewer than a launch each."""
+    tmp_path = tmp_path_factory.mktemp("multi_cpu")
     config = write(tmp_path, "multi_cpu.yaml", ACCELERATE_MULTI_CPU)
     # Script arguments that look like launcher flags belong to the script.
-    code, output = run_cli(["--config_file", config, WORKER, str(tmp_path), "world", "--num_processes", "9"], tmp_path)
+    code, output = run_cli(["--config_file", config, WORKER, str(tmp_path), "world+trainer", "--num_processes", "9"],
+                           tmp_path, timeout=110)
+    return tmp_path, code, output
+
+
+@pytest.mark.timeout(130)
+@pytest.mark.world_size(2)
+def test_multi_cpu_two_processes_form_one_world(multi_cpu_launch):
+    tmp_path, code, output = multi_cpu_launch
     assert code == 0, output
     assert output.count("tasktrain launch: resolved configuration") == 1
     assert "ignored (do not apply to tasktrain launch): downcast_bf16, enable_cpu_affinity" in output
     seen = results(tmp_path, 2)
     check_world(seen, 2)
     for s in seen:
-        assert s["argv"] == [str(tmp_path), "world", "--num_processes", "9"]
+        assert s["argv"] == [str(tmp_path), "world+trainer", "--num_processes", "9"]
         assert s["env"]["TASKTRAIN_LAUNCH"] == "1"
         assert s["env"]["TASKTRAIN_STRATEGY"] == "ddp"
         assert s["env"]["TASKTRAIN_PRECISION"] == "bf16-mixed"
@@ -294,13 +304,13 @@ def test_config_command_writes_the_default_file_that_launch_uses(tmp_path):
     assert seen["env"]["TASKTRAIN_NUM_PROCESSES"] == "1"  # from the flag
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(130)
 @pytest.mark.world_size(2)
-def test_trainer_auto_under_launch_trains_with_world_size_two(tmp_path):
-    code, output = run_cli(["--num_processes", "2", "--use_cpu", "--mixed_precision", "bf16",
-                            TRAINER_WORKER, str(tmp_path)], tmp_path, timeout=100)
+def test_trainer_auto_under_launch_trains_with_world_size_two(multi_cpu_launch):
+    # (tests/launch_trainer_worker.py, run by the MULTI_CPU launch's workers: 2 CPU processes, bf16, from the config)
+    tmp_path, code, output = multi_cpu_launch
     assert code == 0, output
-    seen = results(tmp_path, 2)
+    seen = results(tmp_path / "trainer", 2)
     assert [s["world_size"] for s in seen] == [2, 2]
     assert [s["global_rank"] for s in seen] == [0, 1]
     assert all(s["precision"] == "bf16-mixed" for s in seen)

@@ -183,8 +183,9 @@ class Preemption(threading.Thread):
 @pytest.fixture(scope="module")
 def runs(cluster, tmp_path_factory):
     """Every long job of this file, started together so that they overlap: docs' Trainer script on 2 nodes x 1 task
-    (uninterrupted) and on 1 node x 2 tasks, the same script pre-empted by SLURM's warning signal, torchrun's run,
-    docs' Accelerator script uninterrupted and pre-empted, and docs' `tasktrain launch` script pre-empted."""
+    (uninterrupted), the same script pre-empted by SLURM's warning signal, torchrun's run, docs' Accelerator script
+    uninterrupted and pre-empted, docs' `tasktrain launch` script pre-empted, and the srun / salloc commands of
+    CHECKS (1 node x 2 tasks is the salloc one)."""
     tmp = tmp_path_factory.mktemp("runs")
     runs = {}
 
@@ -198,7 +199,6 @@ def runs(cluster, tmp_path_factory):
     trainer = docs_script("trainer.sbatch")
     job("two_nodes", trainer)
     job("preempted", trainer, sleep=0.4, preempt_at=3)
-    job("one_node", trainer, "--nodes=1", "--ntasks-per-node=2", devices=2)
     one_task = ("--nodes=1", "--ntasks-per-node=1")  # what these two check needs no second process
     job("sigterm", trainer, *one_task, sleep=0.4, preempt_at=3, sig="TERM")
     job("requeue_off", trainer, *one_task, "--export=ALL,TASKTRAIN_SLURM_REQUEUE=0", sleep=0.4, preempt_at=3,
@@ -225,16 +225,24 @@ def finished(cluster, runs, name, expected="COMPLETED"):
     return folder, state
 
 
+def torchrun_params(runs):
+    folder, code, output = command_output(runs, "torchrun")
+    assert code == 0, output
+    return facts(folder, 2)[0]["params"]
+
+
 @pytest.mark.timeout(3 * JOB_TIMEOUT)
 def test_world_from_slurm_matches_torchrun_bitwise(cluster, runs):
-    """srun's tasks form one world from SLURM's variables: 2 nodes x 1 task and 1 node x 2 tasks, the weights of
-    torchrun's 2 processes bit for bit."""
-    folder, proc = runs["torchrun"]
-    output = proc.communicate(timeout=JOB_TIMEOUT)[0]
-    assert proc.returncode == 0, output
-    reference = facts(folder, 2)[0]["params"]
-    for name, nodes, per_node in (("two_nodes", 2, 1), ("one_node", 1, 2)):
-        folder, _ = finished(cluster, runs, name)
+    """srun's tasks form one world from SLURM's variables: 2 nodes x 1 task (docs' sbatch script) and 1 node x 2 tasks
+    with devices=2 (docs' "the same job on one node", run by srun inside salloc: one job fewer than an sbatch of its
+    own, whose srun line would be the same), the weights of torchrun's 2 processes bit for bit."""
+    reference = torchrun_params(runs)
+    for name, nodes, per_node in (("two_nodes", 2, 1), ("salloc", 1, 2)):
+        if name == "salloc":
+            folder, code, output = command_output(runs, name)
+            assert code == 0, output
+        else:
+            folder, _ = finished(cluster, runs, name)
         ranks = facts(folder, 2)
         for rank, f in enumerate(ranks):
             assert (f["rank"], f["world"], f["launcher"], f["num_nodes"]) == (rank, 2, "slurm", nodes)
@@ -295,8 +303,10 @@ CHECKS = {
     "launch": (["srun", "--nodes=2", "--ntasks-per-node=1", "tasktrain", "launch", "--cpu", "--num_machines", "1",
                 "--num_processes", "1", "train.py"], {},
                ["num_machines=1", "SLURM_STEP_NUM_NODES=2", "--num_machines 2"]),
-    # salloc's job name is "interactive": srun's two tasks inside must still form one world
-    "salloc": (["salloc", "--nodes=1", "--ntasks=2", "--job-name=interactive", "srun", "python", "train.py"], {}, []),
+    # salloc's job name is "interactive": srun's two tasks inside must still form one world; 1 node x 2 tasks with
+    # devices=2, as docs/slurm.md's one-node job (test_world_from_slurm_matches_torchrun_bitwise)
+    "salloc": (["salloc", "--nodes=1", "--ntasks-per-node=2", "--job-name=interactive", "srun", "python", "train.py"],
+               dict(devices=2), []),
 }
 
 
@@ -312,12 +322,13 @@ def start_command(cluster, tmp, name):
 
 def command_output(runs, name):
     folder, proc = runs[name]
-    try:
-        output = proc.communicate(timeout=JOB_TIMEOUT)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"{name} did not end within {JOB_TIMEOUT} s") from None
-    return folder, proc.returncode, output
+    if not hasattr(proc, "output"):  # (kept: two tests read salloc's and torchrun's)
+        try:
+            proc.output = proc.communicate(timeout=JOB_TIMEOUT)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"{name} did not end within {JOB_TIMEOUT} s") from None
+    return folder, proc.returncode, proc.output
 
 
 @pytest.mark.timeout(2 * JOB_TIMEOUT)
@@ -346,8 +357,7 @@ def test_srun_inside_an_interactive_allocation_forms_one_world(cluster, runs):
     assert code == 0, output
     ranks = facts(folder, 2)
     assert [(f["rank"], f["world"], f["launcher"]) for f in ranks] == [(0, 2, "slurm"), (1, 2, "slurm")], output
-    one_node, _ = finished(cluster, runs, "one_node")
-    assert ranks[0]["params"] == facts(one_node, 2)[0]["params"]
+    assert ranks[0]["params"] == torchrun_params(runs)
 
 
 @pytest.mark.timeout(4 * JOB_TIMEOUT)
