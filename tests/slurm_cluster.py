@@ -104,10 +104,8 @@ MinJobAge=300
 SlurmctldTimeout=30
 SlurmdTimeout=60
 Waittime=0
-# 16 cores a node (made up: the machine has 2): every job of tests/test_slurm.py (23 cores together) starts at
-# once; with 8, the last srun checks waited in the queue, and their bound counts that wait
-NodeName={a} NodeAddr=127.0.0.1 Port={port_a} CPUs=16 Sockets=1 CoresPerSocket=16 ThreadsPerCore=1 State=UNKNOWN
-NodeName={b} NodeAddr=127.0.0.1 Port={port_b} CPUs=16 Sockets=1 CoresPerSocket=16 ThreadsPerCore=1 State=UNKNOWN
+NodeName={a} NodeAddr=127.0.0.1 Port={port_a} CPUs=8 Sockets=1 CoresPerSocket=8 ThreadsPerCore=1 State=UNKNOWN
+NodeName={b} NodeAddr=127.0.0.1 Port={port_b} CPUs=8 Sockets=1 CoresPerSocket=8 ThreadsPerCore=1 State=UNKNOWN
 PartitionName=debug Nodes={a},{b} Default=YES MaxTime=10 State=UP OverSubscribe=NO
 """
 
