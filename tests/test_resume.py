@@ -32,20 +32,6 @@ def run(root, out, *args, expect_ok=True, timeout=180):
     return proc
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    refs = {}
-
-    def get(devices):
-        if devices not in refs:
-            d = tmp_path_factory.mktemp(f"ref{devices}")
-            run(d, d / "out.pt", "--devices", str(devices))
-            refs[devices] = torch.load(d / "out.pt")
-        return refs[devices]
-
-    return get
-
-
 # step 3: mid-epoch and mid-way through the scheduler; 5: the last step of epoch 0; 8: mid-epoch 1
 SINGLE = [("exception", 3), ("exception", 5), ("exception", 8), ("sigterm", 7), ("sigkill", 4)]
 
@@ -117,22 +103,45 @@ def test_single_process_resume_is_exact(single, stop, at):
     assert_same_run(got["resumed"], ref)
 
 
-@pytest.mark.world_size(2)
-@pytest.mark.timeout(400)
 # 2 ranks x 5 batches of 4, accumulate 2: 3 steps per epoch, 9 in all
-@pytest.mark.parametrize("stop, at, rank", [("exception", 2, 1), ("sigterm", 5, 0), ("sigkill", 7, 1)])
-def test_ddp_resume_is_exact(tmp_path, reference, stop, at, rank):
-    out = tmp_path / "out.pt"
-    proc = run(tmp_path, out, "--devices", "2", "--stop", stop, "--at", str(at), "--rank", str(rank),
-               expect_ok="no traceback" if stop == "sigterm" else False)
-    assert not out.exists()
+DDP = [("exception", 2, 1), ("sigterm", 5, 0), ("sigkill", 7, 1)]
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    """The 2-process runs in four launches, not seven: each interruption in a launch of its own (it ends the run),
+    what the test checks of it read at once; then one launch runs the uninterrupted reference and the three resumes
+    one after the other (the launched worker runs the same script: every fit on both ranks)."""
+    roots = {case: tmp_path_factory.mktemp("ddp-%s-%d-%d" % case) for case in DDP}
+    facts = {case: {} for case in DDP}
+    for stop, at, rank in DDP:
+        root = roots[stop, at, rank]
+        proc = run(root, root / "out.pt", "--devices", "2", "--stop", stop, "--at", str(at), "--rank", str(rank),
+                   expect_ok="no traceback" if stop == "sigterm" else False)
+        facts[stop, at, rank].update(stderr=proc.stderr, out_written=(root / "out.pt").exists(),
+                                     last_step=load_checkpoint_file(root / "checkpoints" / "last.ckpt")["global_step"])
+    ref = tmp_path_factory.mktemp("ref2")
+    cases = [dict(root=str(ref), out=str(ref / "out.pt"), devices=2)]
+    cases += [dict(root=str(roots[c]), out=str(roots[c] / "out.pt"), devices=2, resume=True) for c in DDP]
+    run_cases(cases, timeout=400)
+    for case in DDP:
+        facts[case]["resumed"] = torch.load(roots[case] / "out.pt")
+    return facts, torch.load(ref / "out.pt")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(800)
+@pytest.mark.parametrize("stop, at, rank", DDP)
+def test_ddp_resume_is_exact(ddp, stop, at, rank):
+    facts, ref = ddp
+    got = facts[stop, at, rank]
+    assert not got["out_written"]
     if stop == "sigterm":
         # rank 0 got SIGTERM after step 5 (and passed it on to rank 1, the worker it started); both ranks agree at the
         # next log_every_n_steps (2) boundary and raise SIGTERMException there, together: the last save is step 6
-        assert "Received SIGTERM" in proc.stderr
-        assert load_checkpoint_file(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 6
-    run(tmp_path, out, "--devices", "2", "--resume")
-    assert_same_run(torch.load(out), reference(2), steps=9)
+        assert "Received SIGTERM" in got["stderr"]
+        assert got["last_step"] == 6
+    assert_same_run(got["resumed"], ref, steps=9)
 
 
 @pytest.mark.timeout(600)
