@@ -124,6 +124,36 @@ def test_importing_the_strategy_does_not_import_deepspeed_and_deepspeed_comes_wi
     assert not lock.exists() and f"Removed the stale lock file {str(lock)!r}" in proc.stderr
 
 
+def test_deepspeeds_cpu_questions_start_one_py_cpuinfo_interpreter_per_process(monkeypatch):
+    """py-cpuinfo's get_cpu_info starts a Python interpreter per call (~0.6 s of CPU); DeepSpeed asks it twice per op
+    it loads and once per DeepSpeedCPUAdam. After import_deepspeed, DeepSpeed's calls share the first answer (each a
+    copy); a call from anywhere else still gets a fresh one."""
+    import cpuinfo
+
+    from tasktrain.strategies.deepspeed.engine import import_deepspeed
+
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return {"arch": "X86_64", "flags": ["avx2"], "vendor_id_raw": "GenuineIntel"}
+
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", probe)
+    import_deepspeed()
+    from deepspeed.ops.op_builder.cpu.cpu_adam import CPUAdamBuilder
+
+    builder = CPUAdamBuilder()
+    assert [builder.cpu_arch(), builder.simd_width(), builder.cpu_arch(), builder.simd_width()] == [
+        "-march=native", "-D__AVX256__", "-march=native", "-D__AVX256__"]
+    assert len(calls) == 1
+    answer = cpuinfo.get_cpu_info()  # not DeepSpeed asking: a fresh answer
+    assert len(calls) == 2 and answer == probe()
+    calls.clear()
+    import_deepspeed()  # a second import does not wrap the function twice
+    builder.cpu_arch()
+    assert calls == []
+
+
 def test_registry_names():
     for name, stage, opt, par in [("deepspeed", 2, None, None), ("deepspeed_stage_1", 1, None, None),
                                   ("deepspeed_stage_2_offload", 2, True, None), ("deepspeed_stage_3", 3, None, None),

@@ -5,6 +5,7 @@ scheduler; 3 epochs of 5 optimizer steps. It is interrupted by an exception, by 
 SIGTERMException after the batch: exit status 0, no checkpoint of its own; resumed from ModelCheckpoint's last) and by
 SIGKILL (resumed from the last checkpoint on disk), on one process and on DDP with 2 processes.
 """
+import json
 import os
 import subprocess
 import sys
@@ -31,18 +32,52 @@ def run(root, out, *args, expect_ok=True, timeout=180):
     return proc
 
 
+# step 3: mid-epoch and mid-way through the scheduler; 5: the last step of epoch 0; 8: mid-epoch 1
+SINGLE = [("exception", 3), ("exception", 5), ("exception", 8), ("sigterm", 7), ("sigkill", 4)]
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    refs = {}
+def single(tmp_path_factory):
+    """The one-process runs in four processes, not eleven (each costs ~5 s of CPU in imports): the three exception
+    stops one after the other in one process (each caught by the script and recorded: fit raised it), SIGTERM and
+    SIGKILL each in a process of its own (they end it); then one fresh process runs the uninterrupted reference, every
+    resume, and a resume with nothing saved. What each test checks of an interrupted run is read before that
+    process starts. Returns {case: facts}, the reference and the resume with nothing saved."""
+    roots = {case: tmp_path_factory.mktemp(f"{case[0]}{case[1]}") for case in SINGLE}
+    facts = {case: {} for case in SINGLE}
+    exceptions = [dict(root=str(roots[c]), out=str(roots[c] / "out.pt"), stop=c[0], at=c[1]) for c in SINGLE
+                  if c[0] == "exception"]
+    run_cases(exceptions)
+    for stop, at in SINGLE:
+        root = roots[stop, at]
+        if stop == "exception":
+            facts[stop, at]["raised"] = (root / "raised.txt").read_text()
+        else:
+            proc = run(root, root / "out.pt", "--stop", stop, "--at", str(at),
+                       expect_ok="no traceback" if stop == "sigterm" else False)
+            facts[stop, at]["stderr"] = proc.stderr
+        facts[stop, at]["out_written"] = (root / "out.pt").exists()
+        checkpoints = root / "checkpoints"
+        facts[stop, at]["preempted"] = [f for f in os.listdir(checkpoints) if f.startswith("preempted-")]
+        facts[stop, at]["last_step"] = load_checkpoint_file(checkpoints / "last.ckpt")["global_step"]
+    ref, empty = tmp_path_factory.mktemp("ref1"), tmp_path_factory.mktemp("nothing_saved")
+    cases = [dict(root=str(ref), out=str(ref / "out.pt"))]
+    cases += [dict(root=str(roots[c]), out=str(roots[c] / "out.pt"), resume=True) for c in SINGLE]
+    cases.append(dict(root=str(empty), out=str(empty / "out.pt"), resume=True))
+    stderr = run_cases(cases).stderr
+    for case in SINGLE:
+        facts[case]["resumed"] = torch.load(roots[case] / "out.pt")
+    nothing_saved = stderr[stderr.index(f"[case {len(cases) - 1}]"):]
+    return facts, torch.load(ref / "out.pt"), (torch.load(empty / "out.pt"), nothing_saved)
 
-    def get(devices):
-        if devices not in refs:
-            d = tmp_path_factory.mktemp(f"ref{devices}")
-            run(d, d / "out.pt", "--devices", str(devices))
-            refs[devices] = torch.load(d / "out.pt")
-        return refs[devices]
 
-    return get
+def run_cases(cases, timeout=300):
+    """resume_scripts/train.py --cases: one-process runs one after the other in one process."""
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
+    proc = subprocess.run([sys.executable, SCRIPT, "--cases", json.dumps(cases)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
 
 
 def assert_same_run(resumed, ref, steps=15):
@@ -53,42 +88,64 @@ def assert_same_run(resumed, ref, steps=15):
     assert resumed["val_loss"] == ref["val_loss"]
 
 
-# step 3: mid-epoch and mid-way through the scheduler; 5: the last step of epoch 0; 8: mid-epoch 1
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("stop, at", [("exception", 3), ("exception", 5), ("exception", 8), ("sigterm", 7),
-                                      ("sigkill", 4)])
-def test_single_process_resume_is_exact(tmp_path, reference, stop, at):
-    out = tmp_path / "out.pt"
-    proc = run(tmp_path, out, "--stop", stop, "--at", str(at), expect_ok="no traceback" if stop == "sigterm" else False)
-    assert not out.exists()
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("stop, at", SINGLE)
+def test_single_process_resume_is_exact(single, stop, at):
+    facts, ref, _ = single
+    got = facts[stop, at]
+    assert not got["out_written"]
+    if stop == "exception":
+        assert got["raised"] == f"interrupted at step {at}"  # fit raised the interruption out
     if stop == "sigterm":  # Lightning's: SIGTERMException right after that batch (step 7, saved by ModelCheckpoint)
-        assert "Received SIGTERM" in proc.stderr
-        assert not any(f.startswith("preempted-") for f in os.listdir(tmp_path / "checkpoints"))
-        assert load_checkpoint_file(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 7
-    run(tmp_path, out, "--resume")
-    assert_same_run(torch.load(out), reference(1))
+        assert "Received SIGTERM" in got["stderr"]
+        assert not got["preempted"]
+        assert got["last_step"] == 7
+    assert_same_run(got["resumed"], ref)
+
+
+# 2 ranks x 5 batches of 4, accumulate 2: 3 steps per epoch, 9 in all
+DDP = [("exception", 2, 1), ("sigterm", 5, 0), ("sigkill", 7, 1)]
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    """The 2-process runs in four launches, not seven: each interruption in a launch of its own (it ends the run),
+    what the test checks of it read at once; then one launch runs the uninterrupted reference and the three resumes
+    one after the other (the launched worker runs the same script: every fit on both ranks)."""
+    roots = {case: tmp_path_factory.mktemp("ddp-%s-%d-%d" % case) for case in DDP}
+    facts = {case: {} for case in DDP}
+    for stop, at, rank in DDP:
+        root = roots[stop, at, rank]
+        proc = run(root, root / "out.pt", "--devices", "2", "--stop", stop, "--at", str(at), "--rank", str(rank),
+                   expect_ok="no traceback" if stop == "sigterm" else False)
+        facts[stop, at, rank].update(stderr=proc.stderr, out_written=(root / "out.pt").exists(),
+                                     last_step=load_checkpoint_file(root / "checkpoints" / "last.ckpt")["global_step"])
+    ref = tmp_path_factory.mktemp("ref2")
+    cases = [dict(root=str(ref), out=str(ref / "out.pt"), devices=2)]
+    cases += [dict(root=str(roots[c]), out=str(roots[c] / "out.pt"), devices=2, resume=True) for c in DDP]
+    run_cases(cases, timeout=400)
+    for case in DDP:
+        facts[case]["resumed"] = torch.load(roots[case] / "out.pt")
+    return facts, torch.load(ref / "out.pt")
 
 
 @pytest.mark.world_size(2)
-@pytest.mark.timeout(400)
-# 2 ranks x 5 batches of 4, accumulate 2: 3 steps per epoch, 9 in all
-@pytest.mark.parametrize("stop, at, rank", [("exception", 2, 1), ("sigterm", 5, 0), ("sigkill", 7, 1)])
-def test_ddp_resume_is_exact(tmp_path, reference, stop, at, rank):
-    out = tmp_path / "out.pt"
-    proc = run(tmp_path, out, "--devices", "2", "--stop", stop, "--at", str(at), "--rank", str(rank),
-               expect_ok="no traceback" if stop == "sigterm" else False)
-    assert not out.exists()
+@pytest.mark.timeout(800)
+@pytest.mark.parametrize("stop, at, rank", DDP)
+def test_ddp_resume_is_exact(ddp, stop, at, rank):
+    facts, ref = ddp
+    got = facts[stop, at, rank]
+    assert not got["out_written"]
     if stop == "sigterm":
         # rank 0 got SIGTERM after step 5 (and passed it on to rank 1, the worker it started); both ranks agree at the
         # next log_every_n_steps (2) boundary and raise SIGTERMException there, together: the last save is step 6
-        assert "Received SIGTERM" in proc.stderr
-        assert load_checkpoint_file(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 6
-    run(tmp_path, out, "--devices", "2", "--resume")
-    assert_same_run(torch.load(out), reference(2), steps=9)
+        assert "Received SIGTERM" in got["stderr"]
+        assert got["last_step"] == 6
+    assert_same_run(got["resumed"], ref, steps=9)
 
 
-def test_last_with_nothing_saved_starts_fresh(tmp_path, reference):
-    out = tmp_path / "out.pt"
-    proc = run(tmp_path, out, "--resume")
-    assert "there is no last checkpoint available. No checkpoint will be loaded" in proc.stderr  # Lightning's warning
-    assert_same_run(torch.load(out), reference(1))
+@pytest.mark.timeout(600)
+def test_last_with_nothing_saved_starts_fresh(single):
+    _, ref, (resumed, stderr) = single
+    assert "there is no last checkpoint available. No checkpoint will be loaded" in stderr  # Lightning's warning
+    assert_same_run(resumed, ref)

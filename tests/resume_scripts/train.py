@@ -2,10 +2,13 @@
 
     python train.py --root DIR --out params.pt [--stop exception|sigterm|sigkill --at STEP --rank R]
                     [--resume] [--devices 2]
+    python train.py --cases '[{"root": DIR, "out": params.pt, "stop": "exception", "at": 3}, ...]'
 """
 import argparse
+import json
 import os
 import signal
+import sys
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -54,18 +57,7 @@ class Interrupt(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--root", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--stop", default=None)
-    p.add_argument("--at", type=int, default=-1)
-    p.add_argument("--rank", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--devices", type=int, default=1)
-    p.add_argument("--epochs", type=int, default=3)
-    args = p.parse_args()
-
+def fit(root, out, stop=None, at=-1, rank=0, resume=False, devices=1, epochs=3):
     seed_everything(1234)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(44, 6, generator=g)
@@ -73,18 +65,51 @@ def main():
     train = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=4, shuffle=True)
     val = DataLoader(TensorDataset(x[40:], y[40:]), batch_size=4)
     callbacks = [ModelCheckpoint(every_n_train_steps=1, save_last=True, save_top_k=1)]
-    if args.stop:
-        callbacks.append(Interrupt(args.stop, args.at, args.rank))
-    trainer = Trainer(max_epochs=args.epochs, accumulate_grad_batches=2, callbacks=callbacks, logger=False,
-                      enable_progress_bar=False, default_root_dir=args.root, log_every_n_steps=2,
-                      strategy="ddp" if args.devices > 1 else "auto", devices=args.devices,
+    if stop:
+        callbacks.append(Interrupt(stop, at, rank))
+    trainer = Trainer(max_epochs=epochs, accumulate_grad_batches=2, callbacks=callbacks, logger=False,
+                      enable_progress_bar=False, default_root_dir=root, log_every_n_steps=2,
+                      strategy="ddp" if devices > 1 else "auto", devices=devices,
                       num_sanity_val_steps=1)
     module = Net()
-    trainer.fit(module, train, val, ckpt_path="last" if args.resume else None)
+    trainer.fit(module, train, val, ckpt_path="last" if resume else None)
     if trainer.is_global_zero:
         torch.save({"params": {k: v.detach().clone() for k, v in module.state_dict().items()},
                     "global_step": trainer.global_step, "epoch": trainer.current_epoch,
-                    "val_loss": float(trainer.callback_metrics["val_loss"])}, args.out)
+                    "val_loss": float(trainer.callback_metrics["val_loss"])}, out)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--root")
+    p.add_argument("--out")
+    p.add_argument("--stop", default=None)
+    p.add_argument("--at", type=int, default=-1)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=3)
+    # Several one-process runs one after the other in this process (the imports once, not once per run): a JSON list
+    # of fit()'s keyword arguments. An "exception" stop is caught here and its message written to ROOT/raised.txt
+    # (fit raised it out; the test reads which), and each case's stderr begins with a line
+    # "[case N]"; anything else that raises ends the process.
+    p.add_argument("--cases", default=None)
+    args = p.parse_args()
+    if args.cases is None:
+        fit(args.root, args.out, args.stop, args.at, args.rank, args.resume, args.devices, args.epochs)
+        return
+    for number, case in enumerate(json.loads(args.cases)):
+        print(f"[case {number}]", file=sys.stderr, flush=True)  # where each case's warnings begin
+        if case.get("stop") != "exception":
+            fit(**case)
+            continue
+        try:
+            fit(**case)
+        except RuntimeError as err:
+            with open(os.path.join(case["root"], "raised.txt"), "w") as f:
+                f.write(str(err))
+        else:
+            raise SystemExit(f"{case}: fit returned; the interruption did not raise")
 
 
 if __name__ == "__main__":

@@ -203,6 +203,7 @@ def _async_io_available():
 def _probe_async_io(folder, aio):
     """Write and read back 1 MiB in `folder` through DeepSpeed's async_io op, with the run's aio settings: the I/O the
     swap files get (O_DIRECT, which some file systems refuse). Returns None, or what went wrong."""
+    import_deepspeed()
     from deepspeed.ops.op_builder import AsyncIOBuilder
 
     op = AsyncIOBuilder().load(verbose=False)

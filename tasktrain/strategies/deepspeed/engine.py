@@ -1,8 +1,9 @@
 """What tasktrain changes around DeepSpeed 0.19.8's engine, each for a named reason: the import without mlflow, the
 functional linear ZeRO-3 leaves behind, zero.Init's dtype, complete ZeRO files under offload to disk, the
 staging checkpoint engine of background saves, the forced collections of the bf16 optimizer's memory report, and
-the torch.compile set-up that DeepSpeed's Muon module runs at its import. Imported only where deepspeed is."""
+the torch.compile set-up that DeepSpeed's Muon module runs at its import, py-cpuinfo's interpreter per question. Imported only where deepspeed is."""
 import contextlib
+import copy
 import functools
 import os
 import sys
@@ -30,6 +31,7 @@ def import_deepspeed():
             if sys.modules.get("mlflow", 0) is None:
                 del sys.modules["mlflow"]
     _import_muon_compiling_at_first_call()
+    _cpu_info_once_for_deepspeed()
     return deepspeed
 
 
@@ -65,6 +67,33 @@ def _import_muon_compiling_at_first_call():
         import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401  (imports original_muon)
     finally:
         compiler.compile = original
+
+
+def _cpu_info_once_for_deepspeed():
+    """DeepSpeed asks py-cpuinfo's get_cpu_info() for the CPU's architecture, flags and vendor each time it loads a
+    C++ op (twice per load: -march and the SIMD width) and in each DeepSpeedCPUAdam it builds, and get_cpu_info starts
+    a new Python interpreter per call (~0.6 s of CPU, ~2 s of wall on a loaded machine): 3 calls in each process of a
+    CPU-offload run, 7 or more under offload to disk. What DeepSpeed reads there does not change while a process
+    runs, so DeepSpeed's calls (and only those: the caller is checked) get the first answer, each a copy of it;
+    anyone else calling get_cpu_info still gets a fresh one."""
+    try:
+        import cpuinfo
+    except ImportError:  # DeepSpeed falls back to lscpu then; nothing to share
+        return
+    if getattr(cpuinfo.get_cpu_info, "tasktrain_once", False):
+        return
+    fresh, answers = cpuinfo.get_cpu_info, []
+
+    @functools.wraps(fresh)
+    def get_cpu_info():
+        if not sys._getframe(1).f_globals.get("__name__", "").startswith("deepspeed."):
+            return fresh()
+        if not answers:
+            answers.append(fresh())
+        return copy.deepcopy(answers[0])
+
+    get_cpu_info.tasktrain_once = True
+    cpuinfo.get_cpu_info = get_cpu_info
 
 
 def _quiet_untested_optimizer(record):
