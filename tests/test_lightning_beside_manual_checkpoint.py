@@ -71,3 +71,25 @@ def test_train_time_interval_under_manual_optimization_saves_where_lightning_sav
     mine, lightnings = (_saved(name, str(tmp_path / name), checkpoint, 2, True) for name in LIBS)
     assert lightnings == [("last.ckpt", 2, 4)]  # (the bug: when Lightning fixes it, this fails; then compare)
     assert mine == [("epoch=1-step=4.ckpt", 1, 4), ("last.ckpt", 1, 4)]
+
+
+def test_private_teardown_after_fit_as_lightnings_tests_call_it(tmp_path):
+    """Lightning's tests (and scripts copied from them) call the private `trainer._teardown()` in a `finally` after
+    fit: under both it is harmless there, twice, and the trainer validates and saves afterwards."""
+    def run(name):
+        lib, classes = LIBS[name]
+        trainer = lib.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, enable_progress_bar=False,
+                              enable_model_summary=False, logger=False, default_root_dir=tmp_path / name)
+        model = classes.BoringModel()
+        try:
+            trainer.fit(model)
+        finally:
+            trainer._teardown()
+        trainer._teardown()
+        trainer.save_checkpoint(tmp_path / name / "after.ckpt")
+        metrics = trainer.validate(model, verbose=False)
+        saved = torch.load(tmp_path / name / "after.ckpt", weights_only=True)
+        return len(metrics), saved["global_step"], trainer.state.status.value, trainer.global_step
+
+    mine, lightnings = run("tasktrain"), run("lightning")
+    assert mine == lightnings == (1, 2, "finished", 2)

@@ -200,6 +200,27 @@ def test_spike_detection_stops_at_lightnings_batches_and_writes_its_file(tmp_pat
                                         + ["ok", "ValueError"])
 
 
+def test_spike_exception_at_lightnings_fabric_path_catches_the_stop(tmp_path):
+    """Lightning defines TrainingSpikeException in lightning.fabric.utilities.spike (its callback module re-exports
+    it); renamed, `tasktrain.utilities.spike`: the class the callback raises, caught by an except on that path."""
+    from lightning.fabric.utilities.spike import TrainingSpikeException as Theirs
+    from tasktrain.utilities.spike import TrainingSpikeException as Ours
+
+    assert Ours is tasktrain.callbacks.TrainingSpikeException
+
+    def caught(Trainer, Module, cb, exception):
+        callback = cb.SpikeDetection(exclude_batches_path=tmp_path / Module.__name__)
+        try:
+            Trainer(max_epochs=1, default_root_dir=tmp_path / Module.__name__, callbacks=[callback], **QUIET).fit(
+                spike_module_class(Module, SPIKE_CASES[0][1])(), DataLoader([1.0] * 8))
+        except exception as error:
+            return str(error), callback.bad_batches
+        return None
+
+    assert caught(tasktrain.Trainer, tasktrain.TaskModule, tasktrain.callbacks, Ours) == caught(
+        L.Trainer, L.LightningModule, L.callbacks, Theirs) == ("Training spike detected in batch 4", [3, 4])
+
+
 def test_spike_detection_state_dict_round_trip_and_message():
     from tasktrain.callbacks import SpikeDetection, TrainingSpikeException
 

@@ -1074,6 +1074,13 @@ class Trainer:
             self._watching = False
         self._watchdog = None  # the trainer stays picklable between runs
 
+    def _teardown(self):
+        """Lightning's private end of a run (its strategy's teardown; not the teardown hooks), which scripts copied
+        from Lightning's tests call again in a `finally` after fit. Every run's end here already did it
+        (run.teardown); called again it drops only what a strategy kept for a save_checkpoint after the run
+        (DeepSpeed's engine), as Lightning's second strategy.teardown() does."""
+        self.strategy.teardown()
+
 
 def _check_module(module, stage, gradient_clip_val=None, accumulate_grad_batches=1):
     # (TaskModule has no configure_sharded_model: any definition is the user's)
