@@ -234,11 +234,31 @@ def test_processes_started_with_local_rank_only_join_one_world(tmp_path):
     WORLD_SIZE): each is rank LOCAL_RANK of devices=2, as Lightning's LightningEnvironment reads them, nothing is
     started again, and they train as one world."""
     out, port = str(tmp_path), free_port()
-    procs = [subprocess.Popen([sys.executable, script("facts.py"), out, "--devices", "2", "--quick"],
+    outputs = _two_processes_train_as_one_world(
+        out, "2", [dict(LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)) for r in (0, 1)], port)
+    assert "launcher=external" in outputs[0]
+    assert len(_facts(out)) == 2  # (nothing else was started)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
+def test_processes_started_by_slurm_join_one_world(tmp_path):
+    """Two processes with the variables srun gives its tasks (no RANK/WORLD_SIZE): they form one world."""
+    out, port = str(tmp_path), free_port()
+    slurm = {"SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "127.0.0.1",
+             "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_STEP_ID": "0", "MASTER_PORT": str(port)}
+    outputs = _two_processes_train_as_one_world(
+        out, "auto", [dict(slurm, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)) for r in (0, 1)], port)
+    assert "launcher=slurm" in outputs[0]
+
+
+def _two_processes_train_as_one_world(out, devices, envs, port):
+    """Starts facts.py (4 quick steps, batch 8) in two processes with `envs`' variables, as a launcher of one's own
+    would; checks both ended well as ranks 0 and 1 of one world on `port` with the one-process reference's weights;
+    returns their outputs."""
+    procs = [subprocess.Popen([sys.executable, script("facts.py"), out, "--devices", devices, "--quick"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out,
-                              env=child_env(LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
-                              start_new_session=True)
-             for r in (0, 1)]
+                              env=child_env(**env), start_new_session=True)
+             for env in envs]
     outputs = []
     try:
         for p in procs:
@@ -248,41 +268,10 @@ def test_processes_started_with_local_rank_only_join_one_world(tmp_path):
             os.killpg(p.pid, 9)
         pytest.fail(f"the two processes did not finish within {RUN_TIMEOUT} s")
     assert [p.returncode for p in procs] == [0, 0], outputs
-    assert "launcher=external" in outputs[0]
-    expected = reference_params(batch_size=8, steps=4)
-    facts = _facts(out)
-    assert len(facts) == 2  # (nothing else was started)
-    for rank, f in enumerate(facts):
-        assert f["ranks"]["global_rank"] == rank and f["ranks"]["world_size"] == 2
-        assert f["master_port"] == str(port)
-        for got, want in zip(f["plain_params"], expected):
-            assert got == pytest.approx(want, abs=1e-6)
-
-
-@pytest.mark.timeout(RUN_TIMEOUT + 30)
-def test_processes_started_by_slurm_join_one_world(tmp_path):
-    """Two processes with the variables srun gives its tasks (no RANK/WORLD_SIZE): they form one world."""
-    out, port = str(tmp_path), free_port()
-    slurm = {"SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "127.0.0.1",
-             "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_STEP_ID": "0", "MASTER_PORT": str(port)}
-    procs = [subprocess.Popen([sys.executable, script("facts.py"), out, "--devices", "auto", "--quick"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out,
-                              env=child_env(**slurm, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),
-                              start_new_session=True)
-             for r in (0, 1)]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=RUN_TIMEOUT)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            os.killpg(p.pid, 9)
-        pytest.fail(f"the two SLURM tasks did not finish within {RUN_TIMEOUT} s")
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    assert "launcher=slurm" in outputs[0]
     expected = reference_params(batch_size=8, steps=4)
     for rank, f in enumerate(_facts(out)):
         assert f["ranks"]["global_rank"] == rank and f["ranks"]["world_size"] == 2
         assert f["master_port"] == str(port)
         for got, want in zip(f["plain_params"], expected):
             assert got == pytest.approx(want, abs=1e-6)
+    return outputs
