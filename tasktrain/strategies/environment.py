@@ -164,6 +164,15 @@ def _slurm_environment(env) -> ClusterEnvironment:
     )
 
 
+def launcher_rank(default=0):
+    """The global rank a launcher's variables give this process, read as Lightning's rank_zero_only reads them (RANK,
+    then LOCAL_RANK, then SLURM_PROCID); `default` where none is set (nobody launched it)."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return default
+
+
 def warn_if_srun_unused(rank=None):
     """Lightning's hint where `srun` is installed but did not start this process (its
     SLURMEnvironment._validate_srun_used, its words): a script run with plain `python` on a SLURM cluster's login or
@@ -182,9 +191,7 @@ def warn_if_srun_unused(rank=None):
         return
     if "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES:
         return  # srun started it (an interactive job's shell does not count, as Lightning's _is_srun_used)
-    if rank is None:
-        rank = int(next((os.environ[key] for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if key in os.environ), 0))
-    if rank != 0:
+    if (launcher_rank() if rank is None else rank) != 0:
         return
     hint = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])[:64]
     warnings.warn("The `srun` command is available on your system but is not used. HINT: If your intention is to run"

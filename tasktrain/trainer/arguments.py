@@ -12,6 +12,7 @@ import torch
 
 from tasktrain.callbacks.base import Logger
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
+from tasktrain.strategies.environment import launcher_rank
 from tasktrain.trainer import guards
 
 _log = logging.getLogger("tasktrain")
@@ -44,8 +45,7 @@ def defaults_from_env(init):
 
 def _info(message):
     """logging.info on global rank 0 only (Lightning's rank_zero_info): the rank from the launcher's variables."""
-    rank = next((os.environ[key] for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if key in os.environ), "0")
-    if int(rank) == 0:
+    if launcher_rank() == 0:
         _log.info(message)
 
 
@@ -70,8 +70,7 @@ def log_device_info(strategy, given_precision_plugin):
     _info(f"GPU available: {available}, used: {device in ('cuda', 'mps')}")
     _info("TPU available: False, using: 0 TPU cores")
     if cuda and device != "cuda" or mps and device != "mps":
-        rank = next((os.environ[key] for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if key in os.environ), "0")
-        if int(rank) == 0:  # (Lightning's rank_zero_warn, its words)
+        if launcher_rank() == 0:  # (Lightning's rank_zero_warn, its words)
             warnings.warn("GPU available but not used. You can set it by doing `Trainer(accelerator='gpu')`.",
                           PossibleUserWarning, stacklevel=3)
 

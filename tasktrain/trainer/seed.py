@@ -37,7 +37,9 @@ def seed_everything(seed=None, workers: bool = False, verbose: bool = True) -> i
     if not 0 <= seed <= _MAX_SEED:
         raise ValueError(f"{seed} is not in bounds, numpy accepts from 0 to {_MAX_SEED}")
     if verbose:
-        rank = next((os.environ[key] for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID") if key in os.environ), None)
+        from tasktrain.strategies.environment import launcher_rank
+
+        rank = launcher_rank(default=None)
         log.info(f"[rank: {rank}] Seed set to {seed}" if rank is not None else f"Seed set to {seed}")
     os.environ[_SEED_VAR] = str(seed)  # inherited by self-launched workers
     os.environ[_WORKERS_VAR] = str(int(bool(workers)))

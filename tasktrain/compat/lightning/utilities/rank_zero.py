@@ -6,20 +6,12 @@ at import time of a user's script knows its rank in every process the launcher o
 """
 import functools
 import logging
-import os
 import warnings
 
+from tasktrain.strategies.environment import launcher_rank
 from tasktrain.trainer.runtime import on_rank_known
 
 log = logging.getLogger("tasktrain")
-
-
-def _rank_from_environment():
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
-        value = os.environ.get(key)
-        if value is not None:
-            return int(value)
-    return 0
 
 
 def rank_zero_only(fn=None, default=None):
@@ -36,7 +28,7 @@ def rank_zero_only(fn=None, default=None):
     return wrapped
 
 
-rank_zero_only.rank = _rank_from_environment()
+rank_zero_only.rank = launcher_rank()
 # set by every run's start (the Trainer tells the core, which tells its listeners)
 on_rank_known(lambda rank: setattr(rank_zero_only, "rank", rank))
 
