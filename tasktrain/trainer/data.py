@@ -236,9 +236,13 @@ class DistributedSamplerWrapper(DistributedSampler):
             self.sampler.set_epoch(epoch)
 
 
-def read_ahead(iterator):
-    """(item, whether it is the last) for each item: one read ahead, so that the last is known while it is used."""
-    item = next(iterator, _END)
+_UNREAD = object()
+
+
+def read_ahead(iterator, first=_UNREAD):
+    """(item, whether it is the last) for each item: one read ahead, so that the last is known while it is used.
+    `first`: the first item, read already (_END: there was none)."""
+    item = next(iterator, _END) if first is _UNREAD else first
     while item is not _END:
         upcoming = next(iterator, _END)
         yield item, upcoming is _END
