@@ -120,6 +120,12 @@ class ResumableSampler(DistributedSampler):
         self.skip_samples(int(num_samples) * self.num_replicas)
 
     def __iter__(self):
+        # (lazy, as a RandomSampler's: the order is taken at the first index asked for, not at iter(); a loader
+        # without automatic batching calls iter() on its sampler inside its own iter(), where Lightning's loop makes
+        # it, before the first batch's draw)
+        yield from self._shard()
+
+    def _shard(self):
         start, self.start = self.start, 0
         order = self.global_order()
         rest = order[start:]
