@@ -6,6 +6,7 @@ batch) all read their training data through an `EpochIterator`, so the bookkeepi
 
     it = EpochIterator(train_data, shard_world_size, length, position)
     num_batches = it.begin(epoch)          # set_epoch, the resumed epoch's skip, this pass's length
+    it.start_pass()                        # (the Trainer's) iter() now, where Lightning's loop calls it
     for index, batch, last in it.batches():    # read one ahead when the loader has no length
         ...                                # train on it
         it.advance(index)                  # batches and samples of the epoch's global order consumed
