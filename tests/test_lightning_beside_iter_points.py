@@ -151,13 +151,13 @@ def module_class(lib):
         def training_step(self, batch, batch_idx):
             return self.layer(batch).sum()
 
-        def validation_step(self, batch, batch_idx):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
             self.layer(batch)
 
-        def test_step(self, batch, batch_idx):
+        def test_step(self, batch, batch_idx, dataloader_idx=0):
             self.layer(batch)
 
-        def predict_step(self, batch, batch_idx):
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
             return self.layer(batch)
 
         def configure_optimizers(self):
@@ -182,6 +182,9 @@ def run(framework, kind, workers, sanity, entry, broken=None):
             if entry == "fit":
                 trainer.fit(module, loader(kind, "train", workers, broken=broken == "train"),
                             loader(kind, "val", workers, broken=broken == "val"))
+            elif entry == "validate two":  # (the second loader's iter() when its first batch is read)
+                trainer.validate(module, [loader(kind, "first", workers), loader("sampler", "second", workers)],
+                                 verbose=False)
             elif entry == "predict":
                 trainer.predict(module, loader(kind, entry, workers), return_predictions=False)
             else:
@@ -215,13 +218,15 @@ def test_a_fit_makes_its_iterators_where_lightning_makes_them(kind, workers, san
 
 
 EVALUATIONS = [("sampler without length", 0, "validate"), ("stream", 0, "test"), ("shuffle", 0, "predict"),
-               ("sampler", 1, "validate"), ("stream", 1, "predict")]
+               ("sampler", 1, "validate"), ("stream", 1, "predict"), ("sampler without length", 0, "validate two"),
+               ("sampler", 1, "validate two")]
 
 
 @pytest.mark.parametrize("kind, workers, entry", EVALUATIONS)
 def test_an_evaluation_makes_its_iterator_where_lightning_makes_it(kind, workers, entry):
     """validate / test / predict: iter() before on_*_start (a loader without a length read one batch ahead there),
-    the workers stopped before the teardown hooks."""
+    a second loader's when its first batch is read (the first one's workers stopped there), the workers stopped
+    before the teardown hooks."""
     events, _ = beside(kind, workers, 0, entry)
     assert events[-2] == ("teardown", str(events[0][1]), 0)
 

@@ -557,8 +557,10 @@ class EvalFetch:
                     return self.batch_idx - 1, self.index, batch
             previous = self.sources[self.index]
             self.index, self.batch_idx = self.index + 1, 0
-            self.iterator = self._open(self.sources[self.index]) if self.index < len(self.sources) else None
-            if isinstance(previous, DataLoader) and previous.num_workers > 0 and not previous.persistent_workers:
+            following = self.sources[self.index] if self.index < len(self.sources) else None
+            self.iterator = self._open(following) if following is not None else None
+            if isinstance(previous, DataLoader) and previous is not following and previous.num_workers > 0 and \
+                    not previous.persistent_workers:
                 previous._iterator = None  # (held_until_next_iter's: the combined loader dropped it)
         return _END
 
