@@ -329,8 +329,9 @@ def _evaluate(trainer, stage, loaders, limits):
     together = isinstance(loaders, CombinedEvalLoaders)
     several = not together and len(loaders) > 1
     current = None
-    for batch_idx, dataloader_idx, batch, last in watched_batches(
-            trainer._watchdog, fetch, f"{prefix}_step", lambda: state.global_step, end_event=f"end of the {prefix} epoch"):
+    batches = watched_batches(trainer._watchdog, fetch, f"{prefix}_step", lambda: state.global_step,
+                              end_event=f"end of the {prefix} epoch")
+    for batch_idx, dataloader_idx, batch, last in batches:
         extra = (dataloader_idx,) if several else ()
         if dataloader_idx != current:  # (Lightning's loop notes where its combined loader went on to the next one)
             current = dataloader_idx

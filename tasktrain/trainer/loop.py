@@ -68,7 +68,8 @@ def fit_loop(trainer, fit):
             # Lightning's setup_data iterates a reloaded loader once more, before set_epoch and on_train_epoch_start
             # (its new fetcher reads a loader without a length ahead unprofiled)
             start_pass(trainer, fit, epoch, profile_first=False)
-        begun = begin_epoch(trainer, fit, epoch, profile_first=not reloaded)  # (on_train_epoch_start: outside the epoch's profile, as Lightning's)
+        # (on_train_epoch_start: outside the epoch's profile, as Lightning's)
+        begun = begin_epoch(trainer, fit, epoch, profile_first=not reloaded)
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch, begun)
         finished = trainer.state.epoch_finished
@@ -96,9 +97,9 @@ def start_training(trainer, fit):
     """Lightning's first iter() of the training data (its fit loop's setup_data), before on_train_start: the fit's
     first pass is started here (workers start, a loader without a length is read one batch ahead), also where the
     loop then has nothing left to run (Lightning's sets its data up before it asks). A resumed fit sets the epoch and
-    position first (begin_before_start): Lightning's iter() there comes before its set_epoch, so that a loader with
-    workers reads the order of the epoch its sampler was at (an epoch resumed otherwise than from its start with
-    workers would read another order: docs/lightning.md); tasktrain's resume continues the resumed epoch exactly."""
+    position first (begin_before_start), so that workers, which take their first indices inside iter(), read the
+    resumed epoch from the resumed position: Lightning's iter() there comes before its set_epoch, and its workers read
+    the order of the epoch the sampler was at (docs/lightning.md); tasktrain's resume stays exact."""
     state = trainer.state
     fit.first_epoch = state.epoch
     if fit.resumed:
