@@ -5,7 +5,19 @@ OUT/rank{R}.json: per framework the calls the environment got (in order, with th
 process group's rank and world size, the MASTER_ADDR/PORT the group was formed with, and the weights after (DDP keeps
 them equal on both ranks).
 
-    MY_RANK=r MY_WORLD=2 MY_ADDR=127.0.0.1 MY_PORT=p python custom_environment.py OUT
+Then the same fit under Lightning's built-in cluster environments, from the variables the test gave the process as
+each cluster's launcher would (none of torchrun's), in two phases:
+
+- Kubeflow: MASTER_ADDR, WORLD_SIZE, RANK (one process a "pod": devices=1, num_nodes=2),
+  plugins=[KubeflowEnvironment()]; MASTER_PORT is set here per fit from MY_KUBEFLOW_PORTS (the test's free ports).
+- LSF: LSB_DJOB_RANKFILE, JSM_NAMESPACE_SIZE / _RANK / _LOCAL_RANK (devices=2 on one host) and LSB_JOBID, given here
+  per fit from MY_JOBIDS (the port is LSB_JOBID % 1000 + 10000); no plugin: both frameworks detect LSF themselves.
+
+recorded under "kubeflow tasktrain", "lsf lightning", ...: the environment the strategy used, the strategy's and the
+group's rank and world size, the MASTER_ADDR/PORT the group was formed with, and the weights after.
+
+    MY_RANK=r MY_WORLD=2 MY_ADDR=127.0.0.1 MY_PORT=p MY_PORT2=q RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+        MY_KUBEFLOW_PORTS=p1,p2 LSB_DJOB_RANKFILE=f JSM_NAMESPACE_...=... MY_JOBIDS=j1,j2 python custom_environment.py OUT
 """
 import json
 import os
@@ -87,6 +99,45 @@ def fit(lib, boring, base, port):
     return seen
 
 
+KUBEFLOW = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+def fit_in_cluster(lib, boring, **kwargs):
+    trainer = lib.Trainer(accelerator="cpu", strategy="ddp", max_steps=2, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, enable_checkpointing=False, **kwargs)
+    torch.manual_seed(0)
+    model = boring.BoringModel()
+    trainer.fit(model, DataLoader(boring.RandomDataset(32, 16), batch_size=4))
+    seen = dict(environment=type(trainer.strategy.cluster_environment).__name__,
+                strategy=[trainer.strategy.global_rank, trainer.strategy.world_size],
+                group=[dist.get_rank(), dist.get_world_size()],
+                master=[os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]],
+                weights=[p.detach().flatten().tolist() for p in model.parameters()])
+    dist.destroy_process_group()  # (the next fit forms its own group where its environment says)
+    return seen
+
+
+def built_in_environments(seen):
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos import boring_classes as theirs
+    from lightning.pytorch.plugins.environments import KubeflowEnvironment as TheirKubeflow
+
+    import tasktrain
+    from tasktrain.demos import boring_classes as ours
+    from tasktrain.plugins.environments import KubeflowEnvironment as OurKubeflow
+
+    frameworks = (("tasktrain", tasktrain, ours, OurKubeflow), ("lightning", pl, theirs, TheirKubeflow))
+    for (name, lib, boring, environment), port in zip(frameworks, os.environ["MY_KUBEFLOW_PORTS"].split(",")):
+        os.environ["MASTER_PORT"] = port
+        seen[f"kubeflow {name}"] = fit_in_cluster(lib, boring, devices=1, num_nodes=2, plugins=[environment()])
+    for name in KUBEFLOW:  # the LSF phase: only LSF's variables (its environment sets MASTER_ADDR / _PORT itself)
+        os.environ.pop(name, None)
+    for (name, lib, boring, _), jobid in zip(frameworks, os.environ["MY_JOBIDS"].split(",")):
+        os.environ["LSB_JOBID"] = jobid
+        os.environ.pop("MASTER_PORT", None)  # (set by the previous fit's LSFEnvironment)
+        seen[f"lsf {name}"] = fit_in_cluster(lib, boring, devices=2)
+
+
 def main():
     out = sys.argv[1]
     rank = int(os.environ["MY_RANK"])
@@ -102,6 +153,8 @@ def main():
     from lightning.pytorch.plugins.environments import ClusterEnvironment as Theirs
 
     seen["lightning"] = fit(pl, theirs, Theirs, int(os.environ["MY_PORT2"]))
+    dist.destroy_process_group()
+    built_in_environments(seen)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
 
