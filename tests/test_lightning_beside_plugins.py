@@ -786,7 +786,7 @@ def test_local_rank_without_rank_is_a_process_launched_outside_as_under_lightnin
             ours_.strategy.setup_environment()
 
 
-def _layer_sync_record(lib, plugins_module, strategy, fail=False):
+def _layer_sync_record(lib, plugins_module, strategy, fail=False, validate=True, plugins=None):
     """A fit with a LayerSync of the user's that swaps the module's BatchNorm for a subclass in place (apply) and back
     (revert): the order of its calls among the module's hooks, and the layer's class each training step saw."""
     events = []
@@ -838,15 +838,17 @@ def _layer_sync_record(lib, plugins_module, strategy, fail=False):
 
     torch.manual_seed(0)
     model = Model()
-    trainer = lib.Trainer(plugins=[MySync()], strategy=strategy, max_steps=2, limit_val_batches=0, **QUIET)
+    trainer = lib.Trainer(plugins=[MySync()] if plugins is None else plugins, strategy=strategy, max_steps=2,
+                          limit_val_batches=0, **QUIET)
     try:
         trainer.fit(model, torch.utils.data.DataLoader(boring.RandomDataset(32, 16), batch_size=4))
     except RuntimeError as err:
         events.append(("raised", str(err)))
-    finally:  # Lightning's world of one outlives its run (ours ends at teardown): not left to later tests
-        if torch.distributed.is_initialized():
+    finally:  # Lightning's world of one outlives its run (ours ends at teardown, or DeepSpeed's is kept for a save
+        if lib is pl and torch.distributed.is_initialized():  # after the run and released by the next): not left
             torch.distributed.destroy_process_group()
-    trainer.validate(model, verbose=False)  # not a fit: no apply
+    if validate:
+        trainer.validate(model, verbose=False)  # not a fit: no apply
     events.append(("after", type(model.norm).__name__))
     return [tuple(str(part) for part in event) for event in events]
 
@@ -861,6 +863,34 @@ def test_a_users_layer_sync_wraps_a_fit_as_lightnings_does(strategy, fail):
         assert ("training_step", "Synced") in ours_seen
     else:  # a one-process strategy does not call it, under either
         assert not any(event[0] in ("apply", "revert") for event in ours_seen)
+
+
+def test_a_layer_sync_under_deepspeed_or_model_parallel_is_not_applied_as_under_lightning_and_said_so():
+    """Lightning's DeepSpeed and ModelParallel strategies take a LayerSync (plugins=[...] or sync_batchnorm=True) and
+    never apply it, saying nothing; tasktrain's do not apply it either and warn. ModelParallel runs beside Lightning on
+    the CPU (the same events, no apply / revert); Lightning's DeepSpeed needs CUDA, so tasktrain's runs alone."""
+    def recorded(lib, plugins_module, strategy, **kwargs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            events = _layer_sync_record(lib, plugins_module, strategy, **kwargs)
+        return events, [str(w.message) for w in caught if "not applied" in str(w.message)]
+
+    ours_seen, said = recorded(tasktrain, our_plugins, tasktrain.strategies.ModelParallelStrategy())
+    theirs_seen, _ = recorded(pl, their_plugins, pl.strategies.ModelParallelStrategy())
+    # (tasktrain's ModelParallel shards the layers with fully_shard where Lightning's leaves it to configure_model:
+    # their class is torch's FSDPBatchNorm1d, a BatchNorm1d)
+    assert [tuple(part.replace("FSDPBatchNorm1d", "BatchNorm1d") for part in e) for e in ours_seen] == theirs_seen
+    assert not any(event[0] in ("apply", "revert") for event in ours_seen)
+    assert [e for e in theirs_seen if e[0] == "training_step"] == [("training_step", "BatchNorm1d")] * 2
+    assert len(said) == 1 and "plugins=[MySync(...)] is not applied under ModelParallelStrategy" in said[0]
+    pytest.importorskip("deepspeed")
+    for plugins, given in ((None, "plugins=[MySync(...)]"), ([our_plugins.TorchSyncBatchNorm()], "sync_batchnorm=True")):
+        ours_seen, said = recorded(tasktrain, our_plugins, "deepspeed", validate=False, plugins=plugins)
+        assert [e for e in ours_seen if e[0] in ("apply", "revert", "training_step")] == [
+            ("training_step", "BatchNorm1d")] * 2
+        assert len(said) == 1 and f"{given} is not applied under DeepSpeed" in said[0]
+    with pytest.raises(RuntimeError, match="only supported on CUDA"):  # (Lightning's DeepSpeed: not on this CPU)
+        _layer_sync_record(pl, their_plugins, "deepspeed")
 
 
 def test_a_layer_sync_that_returns_another_module_is_refused():

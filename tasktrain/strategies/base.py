@@ -109,6 +109,10 @@ class Strategy(abc.ABC):
 
     name = "base"  # shown by describe(); the registry's names are in tasktrain/names.py
     supports_custom_loop = True  # can wrap a model's own forward for the Accelerator (Plan.calls_steps=False)
+    # Whether the Trainer applies a LayerSync (sync_batchnorm=True, TorchSyncBatchNorm, one's own) to a fit's module
+    # under this strategy when it has several processes, as Lightning's DDP and FSDP do. False: Lightning's DeepSpeed
+    # and ModelParallel strategies never apply one; the Trainer says so with a warning and leaves the module as it is.
+    applies_layer_sync = True
     # Lightning's strategy.cluster_environment: a tasktrain.plugins.environments one given to a Lightning-named
     # strategy's constructor (checked by the Trainer as a plugin is), else the Trainer's (plugins=, or the detected one)
     cluster_environment = None

@@ -70,6 +70,7 @@ class ModelParallelStrategy(FSDP):
     """
 
     name = "model_parallel"
+    applies_layer_sync = False  # (Lightning's ModelParallelStrategy never calls its LayerSync)
 
     def __init__(self, data_parallel_size="auto", tensor_parallel_size="auto", save_distributed_checkpoint=True,
                  process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None,

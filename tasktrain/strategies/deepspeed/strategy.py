@@ -166,6 +166,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     """
 
     name = "deepspeed"
+    applies_layer_sync = False  # (Lightning's DeepSpeedStrategy.setup never calls its LayerSync)
     # Lightning's DeepSpeedStrategy(load_full_weights=True) (tasktrain.strategies.lightning sets it): a fit resumed
     # from a single-file checkpoint takes its weights and drops its optimizer state with Lightning's warning, where
     # tasktrain's own strategy refuses that state (load_optimizer_state).
