@@ -511,15 +511,17 @@ class Strategy(abc.ABC):
         """Make `optimizer`'s gradients the true ones before anything reads them (fp16). Idempotent per step."""
         self.precision.unscale(optimizer)
 
-    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
+    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0, unscale=True):
         """Unscale, then clip `optimizer`'s gradients: to a total `norm_type`-norm of max_norm and/or to
         [-max_value, max_value]. Returns the total norm before clipping (None where it is not known here: an engine
-        that clips inside its step, see ClipsInsideStep).
+        that clips inside its step, see ClipsInsideStep). unscale=False clips the gradients as they are (Lightning's
+        module.clip_gradients: in manual optimisation under "16-mixed" they are still scaled there).
 
         The total norm sums per-tensor norms in the order the parameters come, and another order can change its
         last bit. They come in the module's order, that of a hand-written `clip_grad_norm_(model.parameters(), ...)`,
         not in the optimizer's (whose param groups may regroup them), so that a fit repeats such a loop bit for bit."""
-        self.unscale_gradients(optimizer)
+        if unscale:
+            self.unscale_gradients(optimizer)
         params = [p for p in self._in_module_order(optimizer) if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type) if params else torch.tensor(0.0)
         if max_norm is not None and params:
