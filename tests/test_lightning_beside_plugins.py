@@ -758,6 +758,89 @@ def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_b
         [("set_global_rank", 3), ("set_world_size", 4)], [3, 1, 1, 4, False, 3, 3])
 
 
+def test_a_strategys_parallel_devices_with_a_users_cluster_environment_as_under_lightning():
+    """Lightning's DDPStrategy / FSDPStrategy(parallel_devices=[cpu, cpu], cluster_environment=...): the devices of a
+    node, one process each, win over the Trainer's devices= (said here, silent there) and set the accelerator (another
+    one is Lightning's error, its words); the environment gets the same calls and the Trainer the same ranks."""
+    from lightning.pytorch.plugins.environments import ClusterEnvironment as Theirs
+
+    def make(base):
+        class Mine(base):
+            def __init__(self):
+                self.calls, self._rank, self._world = [], 0, 1
+
+            creates_processes_externally = True
+            main_address, main_port = "127.0.0.1", 1
+
+            @staticmethod
+            def detect():
+                return True
+
+            def world_size(self):
+                return self._world
+
+            def set_world_size(self, size):
+                self.calls.append(("set_world_size", size))
+                self._world = size
+
+            def global_rank(self):
+                return self._rank
+
+            def set_global_rank(self, rank):
+                self.calls.append(("set_global_rank", rank))
+                self._rank = rank
+
+            def local_rank(self):
+                return 1
+
+            def node_rank(self):
+                return 1
+
+        return Mine()
+
+    def built(lib, base, strategy_name, devices, accelerator="cpu", parallel=("cpu", "cpu")):
+        env = make(base)
+        strategy = getattr(lib.strategies, strategy_name)(parallel_devices=[torch.device(d) for d in parallel],
+                                                         cluster_environment=env)
+        import importlib
+
+        rank_zero = importlib.import_module("tasktrain.compat.lightning.utilities.rank_zero" if lib is tasktrain else
+                                            "lightning.pytorch.utilities.rank_zero").rank_zero_only
+        from tasktrain.trainer import runtime
+
+        before, known = rank_zero.rank, list(runtime._KNOWN_RANK)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                trainer = lib.Trainer(strategy=strategy, num_nodes=2, **{**QUIET, "devices": devices,
+                                                                         "accelerator": accelerator})
+        except Exception as err:  # noqa: BLE001 (the type and words are compared)
+            return type(err).__name__, str(err)
+        finally:
+            rank_zero.rank, runtime._KNOWN_RANK[:] = before, known
+        said = [str(w.message) for w in caught if "parallel_devices" in str(w.message)]
+        return env.calls, [trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
+                           trainer.num_devices, trainer.strategy.root_device, trainer.strategy.parallel_devices,
+                           trainer.accelerator.__class__.__name__], said
+
+    for devices in ("auto", 2, 3):
+        ours_, theirs_ = built(tasktrain, ClusterEnvironment, "DDPStrategy", devices), built(pl, Theirs, "DDPStrategy",
+                                                                                          devices)
+        assert ours_[:2] == theirs_[:2]
+        assert ours_[:2] == ([("set_global_rank", 3), ("set_world_size", 4)],
+                             [3, 1, 1, 4, 2, torch.device("cpu"), [torch.device("cpu")] * 2, "CPUAccelerator"])
+        assert theirs_[2] == [] and len(ours_[2]) == (devices == 3)  # (Lightning drops devices=3 silently)
+        # (Lightning's FSDPStrategy needs a GPU; tasktrain's runs on CPUs and reads parallel_devices as DDP's does)
+        fsdp = built(tasktrain, ClusterEnvironment, "FSDPStrategy", devices)
+        assert fsdp[:2] == ours_[:2] and [said.replace("FSDP", "DDP") for said in fsdp[2]] == ours_[2]
+    assert built(tasktrain, ClusterEnvironment, "DDPStrategy", "auto", accelerator="gpu") == \
+        built(pl, Theirs, "DDPStrategy", "auto", accelerator="gpu")[:2] == (
+        "MisconfigurationException", "CPU parallel_devices set through DDPStrategy class, but accelerator set to gpu, "
+                                     "please choose one device type")
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):  # (tasktrain's ranks use the first N GPUs)
+        tasktrain.strategies.DDPStrategy(parallel_devices=[torch.device("cuda", 1)])
+
+
 @pytest.mark.parametrize("variables", [dict(LOCAL_RANK="1", NODE_RANK="1"), dict(LOCAL_RANK="0", GROUP_RANK="1"),
                                        dict(LOCAL_RANK="1"), {}])
 def test_local_rank_without_rank_is_a_process_launched_outside_as_under_lightning(variables, monkeypatch):

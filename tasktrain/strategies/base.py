@@ -120,6 +120,10 @@ class Strategy(abc.ABC):
     # strategy's world reads its ranks, world size, address and port from it (strategies/world.py), as Lightning's
     # DDP does, and starts no processes where it says its cluster creates them. None: the launcher's variables.
     environment_plugin = None
+    # Lightning's parallel_devices given to a Lightning-named strategy's constructor (a list of torch.device, one a
+    # process of a node): the Trainer then runs len() of them of their kind, whatever its devices= said (Lightning's)
+    parallel_devices = None
+    parallel_devices_of = None  # the Lightning class they were given to ("DDPStrategy"), for Lightning's messages
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
