@@ -354,8 +354,8 @@ def test_a_lightning_strategys_precision_plugin_and_cluster_environment_are_take
                           plugins=[SLURMEnvironment(auto_requeue=False)], **QUIET)
     with pytest.raises(ValueError, match="give the precision once"):
         tasktrain.strategies.DDPStrategy(precision="bf16-mixed", precision_plugin=our_plugins.DoublePrecision())
-    with pytest.raises(ValueError, match=r"DDPStrategy\(parallel_devices=\.\.\.\).*Trainer\(devices=2"):
-        tasktrain.strategies.DDPStrategy(parallel_devices=[torch.device("cpu")] * 2)
+    with pytest.raises(ValueError, match=r"DDPStrategy\(parallel_devices=.*CUDA_VISIBLE_DEVICES"):
+        tasktrain.strategies.DDPStrategy(parallel_devices=[torch.device("cuda", 1)] * 2)  # (taken on CPUs: below)
     with pytest.raises(ValueError, match=r"cluster_environment=object.*tasktrain.plugins.environments"):
         tasktrain.strategies.DDPStrategy(cluster_environment=object())
 
@@ -395,10 +395,12 @@ def test_cluster_environments_form_the_process_group_as_under_lightning(tmp_path
     """2 processes started by the test with the cluster's own variables only (no torchrun's).
     A user's ClusterEnvironment (creates_processes_externally=True) gives each rank, the world size and the address
     and port; nothing is spawned; the environment gets Lightning's calls, and the weights after are Lightning's.
-    Then Kubeflow's (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK as its operator gives each pod) and LSF's (LSB_JOBID,
-    LSB_DJOB_RANKFILE, JSM_NAMESPACE_* as jsrun gives each task; a rank file in tmp_path naming this host twice): the
-    environment's ranks form the group, LSF is detected without a plugin with its port LSB_JOBID % 1000 + 10000, and
-    the weights after are Lightning's (one launch for all: the script runs the phases one after the other)."""
+    Then tasktrain under Kubeflow's variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK as its operator gives each
+    pod) and LSF's (LSB_JOBID, LSB_DJOB_RANKFILE, JSM_NAMESPACE_* as jsrun gives each task; a rank file in tmp_path
+    naming this host twice): the environment's ranks form the group, LSF is detected without a plugin with its port
+    LSB_JOBID % 1000 + 10000, and the weights after are the Lightning fit's (the same world of 2). One launch for all:
+    the script runs the phases one after the other; Lightning's reading of these variables is compared without a
+    launch (test_kubeflow_environment_... and test_lsf_environment_... below)."""
     import json
     import random
     import socket
@@ -408,18 +410,18 @@ def test_cluster_environments_form_the_process_group_as_under_lightning(tmp_path
     from ddp_scripts.common import child_env, free_port, script
 
     ports = [str(free_port()), str(free_port())]
-    kubeflow_ports = [str(free_port()), str(free_port())]
-    lsf_ports = random.sample([p for p in range(10000, 11000) if _port_free(p)], 2)
-    jobids = [str(7000 + p - 10000) for p in lsf_ports]  # (7000 % 1000 == 0: the port is 10000 + the rest)
+    kubeflow_port = str(free_port())
+    lsf_port = random.choice([p for p in range(10000, 11000) if _port_free(p)])
+    jobid = str(7000 + lsf_port - 10000)  # (7000 % 1000 == 0: the port is 10000 + the rest)
     rankfile = tmp_path / "rankfile"
     rankfile.write_text(f"launchnode\n{socket.gethostname()}\n{socket.gethostname()}\n")
     root = os.path.dirname(os.path.dirname(__file__))
     procs = [subprocess.Popen(
         [sys.executable, script("custom_environment.py"), str(tmp_path)],
         env=child_env(MY_RANK=str(r), MY_WORLD="2", MY_ADDR="127.0.0.1", MY_PORT=ports[0], MY_PORT2=ports[1],
-                      RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MY_KUBEFLOW_PORTS=",".join(kubeflow_ports),
+                      RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MY_KUBEFLOW_PORT=kubeflow_port,
                       LSB_DJOB_RANKFILE=str(rankfile), JSM_NAMESPACE_SIZE="2", JSM_NAMESPACE_RANK=str(r),
-                      JSM_NAMESPACE_LOCAL_RANK=str(r), MY_JOBIDS=",".join(jobids),
+                      JSM_NAMESPACE_LOCAL_RANK=str(r), MY_JOBID=jobid,
                       PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     try:
@@ -438,14 +440,13 @@ def test_cluster_environments_form_the_process_group_as_under_lightning(tmp_path
         assert ours["strategy"] == ours["group"] == theirs["group"] == [rank, 2]
         assert ours["master"] == ["127.0.0.1", ports[0]] and theirs["master"] == ["127.0.0.1", ports[1]]
         assert ours["weights"] == theirs["weights"]
-        for phase, environment, address, phase_ports in (
-                ("kubeflow", "KubeflowEnvironment", "127.0.0.1", kubeflow_ports),
-                ("lsf", "LSFEnvironment", socket.gethostname(), lsf_ports)):
-            ours, theirs = seen[rank][f"{phase} tasktrain"], seen[rank][f"{phase} lightning"]
-            assert ours["environment"] == theirs["environment"] == environment
-            assert ours["strategy"] == ours["group"] == theirs["strategy"] == theirs["group"] == [rank, 2]
-            assert [ours["master"], theirs["master"]] == [[address, str(port)] for port in phase_ports]
-            assert ours["weights"] == theirs["weights"] == seen[0][f"{phase} tasktrain"]["weights"]
+        for phase, environment, address, port in (("kubeflow", "KubeflowEnvironment", "127.0.0.1", kubeflow_port),
+                                                  ("lsf", "LSFEnvironment", socket.gethostname(), lsf_port)):
+            ours = seen[rank][phase]
+            assert ours["environment"] == environment
+            assert ours["strategy"] == ours["group"] == [rank, 2]
+            assert ours["master"] == [address, str(port)]
+            assert ours["weights"] == seen[rank]["lightning"]["weights"]
 
 
 def _port_free(port):

@@ -5,19 +5,21 @@ OUT/rank{R}.json: per framework the calls the environment got (in order, with th
 process group's rank and world size, the MASTER_ADDR/PORT the group was formed with, and the weights after (DDP keeps
 them equal on both ranks).
 
-Then the same fit under Lightning's built-in cluster environments, from the variables the test gave the process as
-each cluster's launcher would (none of torchrun's), in two phases:
+Then the same fit under tasktrain with Lightning's built-in cluster environments (the weights are to be the Lightning
+fit's above: the same world of 2; Lightning's own reading of these environments is compared in the test without a
+launch), from the variables the test gave the process as each cluster's launcher would (none of torchrun's), in two
+phases:
 
 - Kubeflow: MASTER_ADDR, WORLD_SIZE, RANK (one process a "pod": devices=1, num_nodes=2),
-  plugins=[KubeflowEnvironment()]; MASTER_PORT is set here per fit from MY_KUBEFLOW_PORTS (the test's free ports).
-- LSF: LSB_DJOB_RANKFILE, JSM_NAMESPACE_SIZE / _RANK / _LOCAL_RANK (devices=2 on one host) and LSB_JOBID, given here
-  per fit from MY_JOBIDS (the port is LSB_JOBID % 1000 + 10000); no plugin: both frameworks detect LSF themselves.
+  plugins=[KubeflowEnvironment()], MASTER_PORT=MY_KUBEFLOW_PORT (the test's free port).
+- LSF: LSB_DJOB_RANKFILE, JSM_NAMESPACE_SIZE / _RANK / _LOCAL_RANK (devices=2 on one host) and LSB_JOBID=MY_JOBID
+  (the port is LSB_JOBID % 1000 + 10000); no plugin: LSF is detected.
 
-recorded under "kubeflow tasktrain", "lsf lightning", ...: the environment the strategy used, the strategy's and the
+recorded under "kubeflow" and "lsf": the environment the strategy used, the strategy's and the
 group's rank and world size, the MASTER_ADDR/PORT the group was formed with, and the weights after.
 
     MY_RANK=r MY_WORLD=2 MY_ADDR=127.0.0.1 MY_PORT=p MY_PORT2=q RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
-        MY_KUBEFLOW_PORTS=p1,p2 LSB_DJOB_RANKFILE=f JSM_NAMESPACE_...=... MY_JOBIDS=j1,j2 python custom_environment.py OUT
+        MY_KUBEFLOW_PORT=p LSB_DJOB_RANKFILE=f JSM_NAMESPACE_...=... MY_JOBID=j python custom_environment.py OUT
 """
 import json
 import os
@@ -118,24 +120,16 @@ def fit_in_cluster(lib, boring, **kwargs):
 
 
 def built_in_environments(seen):
-    import lightning.pytorch as pl
-    from lightning.pytorch.demos import boring_classes as theirs
-    from lightning.pytorch.plugins.environments import KubeflowEnvironment as TheirKubeflow
-
     import tasktrain
     from tasktrain.demos import boring_classes as ours
-    from tasktrain.plugins.environments import KubeflowEnvironment as OurKubeflow
+    from tasktrain.plugins.environments import KubeflowEnvironment
 
-    frameworks = (("tasktrain", tasktrain, ours, OurKubeflow), ("lightning", pl, theirs, TheirKubeflow))
-    for (name, lib, boring, environment), port in zip(frameworks, os.environ["MY_KUBEFLOW_PORTS"].split(",")):
-        os.environ["MASTER_PORT"] = port
-        seen[f"kubeflow {name}"] = fit_in_cluster(lib, boring, devices=1, num_nodes=2, plugins=[environment()])
+    os.environ["MASTER_PORT"] = os.environ["MY_KUBEFLOW_PORT"]
+    seen["kubeflow"] = fit_in_cluster(tasktrain, ours, devices=1, num_nodes=2, plugins=[KubeflowEnvironment()])
     for name in KUBEFLOW:  # the LSF phase: only LSF's variables (its environment sets MASTER_ADDR / _PORT itself)
         os.environ.pop(name, None)
-    for (name, lib, boring, _), jobid in zip(frameworks, os.environ["MY_JOBIDS"].split(",")):
-        os.environ["LSB_JOBID"] = jobid
-        os.environ.pop("MASTER_PORT", None)  # (set by the previous fit's LSFEnvironment)
-        seen[f"lsf {name}"] = fit_in_cluster(lib, boring, devices=2)
+    os.environ["LSB_JOBID"] = os.environ["MY_JOBID"]
+    seen["lsf"] = fit_in_cluster(tasktrain, ours, devices=2)
 
 
 def main():
