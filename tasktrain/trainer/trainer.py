@@ -783,8 +783,18 @@ class Trainer:
         configure_optimizers reads estimated_stepping_batches or the strategy needs the micro-batch size."""
         strategy = self.strategy
         self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
-        _refuse_sync_batchnorm_on_cpus(strategy, self.sync_batchnorm)
-        if self._layer_sync is not None and isinstance(strategy, MultiProcess):
+        if strategy.applies_layer_sync:  # (where it is not applied, torch's SyncBatchNorm never runs)
+            _refuse_sync_batchnorm_on_cpus(strategy, self.sync_batchnorm)
+        if self._layer_sync is not None and not strategy.applies_layer_sync:
+            # Lightning's DeepSpeed and ModelParallel strategies take the LayerSync and never apply it, silently: the
+            # same here, said on every rank rather than silent
+            given = ("sync_batchnorm=True" if type(self._layer_sync) is TorchSyncBatchNorm
+                     else f"plugins=[{type(self._layer_sync).__name__}(...)]")
+            warnings.warn(f"{given} is not applied under {type(strategy).__name__}: Lightning's DeepSpeed and "
+                          "ModelParallel strategies never apply a LayerSync, nor does tasktrain's; the module's layers "
+                          "stay as they are (each process normalises with its own batch statistics). Remove it, or "
+                          "convert the layers yourself in configure_model.", UserWarning, stacklevel=3)
+        elif self._layer_sync is not None and isinstance(strategy, MultiProcess):
             # Lightning's DDP / FSDP setup of a fit: apply, then the precision's conversion, the wrapper, the optimizers
             if self._layer_sync.apply(module) is not module:
                 raise ValueError(f"{type(self._layer_sync).__name__}.apply(model) returned another module: convert the "
