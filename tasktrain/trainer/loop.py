@@ -758,7 +758,9 @@ def step_schedulers(trainer, fit, interval, plateau=None, values=None, batch_idx
             step_scheduler(config.scheduler, None)
             trainer.state.scheduler_steps += 1  # (Lightning's scheduler_progress)
             continue
-        value = (trainer.callback_metrics if values is None else values).get(config.monitor)
+        # (through the loop view's method, as Lightning reads it: a patch on it is seen)
+        value = trainer.fit_loop.epoch_loop._get_monitor_value(config.monitor) if values is None else \
+            values.get(config.monitor)
         if value is None:
             if trainer.sanity_checking:
                 continue
