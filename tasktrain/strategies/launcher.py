@@ -62,9 +62,11 @@ def _refuse_lightning_launch():
 class SubprocessLauncher:
     is_interactive_compatible = False  # Lightning's: re-running the command cannot work from a notebook
 
-    def __init__(self, num_processes: int, num_nodes: int = 1):
+    def __init__(self, num_processes: int, num_nodes: int = 1, external: bool = False):
         self.num_processes = num_processes
         self.num_nodes = num_nodes
+        # a launcher outside started the processes: this one is the view Lightning gives there, starting nothing
+        self.external = external
         self.procs = []  # Popen of ranks 1..N-1, in rank order
         self._error_dir = None
         self._lock = threading.Lock()
@@ -74,7 +76,7 @@ class SubprocessLauncher:
 
     def launch(self, *lightning_args, **lightning_kwargs):
         """Start ranks 1..N-1 and set this process's environment as rank 0."""
-        if lightning_args or lightning_kwargs:
+        if lightning_args or lightning_kwargs or self.external:  # (the Trainer never launches an external one)
             _refuse_lightning_launch()
         if self.num_nodes > 1:
             raise RuntimeError(

@@ -28,7 +28,7 @@ from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, _TunerExitException
 from tasktrain.plugins.layer_sync import TorchSyncBatchNorm
-from tasktrain.profilers import Profiler, module_action, resolve_profiler, strategy_action
+from tasktrain.profilers import Profiler, module_action, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.environment import warn_if_srun_unused
@@ -817,11 +817,11 @@ class Trainer:
             # configure_optimizers is not called and the strategy sets nothing up again
             self.lr_scheduler_configs = list(self.lr_scheduler_configs)
         else:
-            optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+            with self._profile(module_action(module, "configure_optimizers")):  # (Lightning's timed action)
+                optimizers, self.lr_scheduler_configs = parse_optimizers(module)
             _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
             plan = self._plan(module, loaders.train_data_early(self, strategy))
-            with self._profile(strategy_action(strategy, "setup_module_and_optimizers")):
-                _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+            _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
             run.connect_precision(strategy, self.optimizers, self.lr_scheduler_configs)
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)
