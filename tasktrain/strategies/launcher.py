@@ -39,7 +39,7 @@ def threads_per_process(num_processes):
     """OMP_NUM_THREADS for each of `num_processes` ranks started on this machine: the CPUs this process may run on,
     shared out (at least 1), as Lightning's launchers set it; None when the user set OMP_NUM_THREADS (theirs stays).
     Without it every rank starts one torch thread per core, and N ranks on the same cores spend their time
-    waiting for each other's threads (2 ranks on 2 cores: ~3x the CPU time of a run with one thread each)."""
+    waiting for each other's threads (`make demo`, 2 ranks on 2 cores: 2.4x the CPU time of one thread each)."""
     if "OMP_NUM_THREADS" in os.environ:
         return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
