@@ -21,6 +21,14 @@ from tasktrain.strategies.deepspeed.ops import clear_stale_op_locks  # noqa: E40
 
 clear_stale_op_locks()
 
+# `make test` runs two pytest workers on the machine's cores (-n 2): a test's in-process training then gets one torch
+# thread per worker, as a launcher gives each rank its share (torch's default, every core per worker, left most of
+# the CPU spinning in threads that wait on each other). Launched processes are not touched (their environment is).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
 
 @pytest.fixture
 def quiet_lightning():

@@ -200,9 +200,9 @@ class Recording(SingleDevice):
         self.plans.append(plan)
         return super().setup_module_and_optimizers(module, optimizers, plan)
 
-    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
+    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0, unscale=True):
         self.clip_calls.append((max_norm, max_value, norm_type))
-        return super().clip_gradients(optimizer, max_norm, max_value, norm_type)
+        return super().clip_gradients(optimizer, max_norm, max_value, norm_type, unscale)
 
 
 def test_the_trainer_tells_the_strategy_its_plan():

@@ -530,8 +530,8 @@ def test_the_hooks_get_lightnings_arguments_and_the_base_steps():
     assert ("module transfer", 0) in ours_calls and ("datamodule transfer",) not in ours_calls
 
 
-def _plateau_lrs(lib, classes):
-    lrs = []
+def _plateau_lrs(lib, classes, patch=False):
+    lrs, calls = [], []
 
     class Net(classes.BoringModel):
         def on_train_epoch_start(self):
@@ -546,7 +546,18 @@ def _plateau_lrs(lib, classes):
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "epoch_value"}}
 
     trainer = lib.Trainer(max_epochs=4, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0, **QUIET)
+    if patch:  # Lightning's tests wrap it (test_model_checkpoint.mock_training_epoch_loop): the scheduler steps with
+        # what the patch returns, here an improving value, so the plateau never cuts the rate
+        read = trainer.fit_loop.epoch_loop._get_monitor_value
+
+        def improving(key):
+            calls.append((trainer.current_epoch, key, float(read(key))))
+            return torch.tensor(1.0 - trainer.current_epoch)
+
+        trainer.fit_loop.epoch_loop._get_monitor_value = improving
     trainer.fit(Net())
+    if patch:
+        return lrs, calls, trainer.fit_loop.epoch_loop.val_loop._max_batches
     return lrs
 
 
@@ -554,6 +565,14 @@ def test_a_plateau_scheduler_watches_a_value_logged_in_on_train_epoch_end():
     # Lightning steps the metric-watching epoch schedulers after on_train_epoch_end (its fit loop's epoch end)
     ours_lrs, theirs_lrs = _plateau_lrs(tasktrain, ours), _plateau_lrs(pl, theirs)
     assert ours_lrs == theirs_lrs == [1.0, 1.0, 0.5, 0.25]
+
+
+def test_a_patched_get_monitor_value_is_what_the_plateau_scheduler_steps_with():
+    ours_lrs, ours_calls, ours_max = _plateau_lrs(tasktrain, ours, patch=True)
+    theirs_lrs, theirs_calls, theirs_max = _plateau_lrs(pl, theirs, patch=True)
+    assert ours_lrs == theirs_lrs == [1.0] * 4
+    assert ours_calls == theirs_calls == [(epoch, "epoch_value", 1.0) for epoch in range(4)]
+    assert ours_max == theirs_max == [1]  # (val_loop._max_batches: the read view Lightning's tests use)
 
 
 def _dropout_fit(lib, classes, ckpt_path=None, **kwargs):

@@ -179,6 +179,41 @@ def test_swa_fit_refusals_and_weights_after_swa_match_lightning():
             torch.testing.assert_close(mine[name], theirs[name], msg=name)
 
 
+def test_swa_average_model_is_a_deep_copy_of_the_module_as_lightnings():
+    """Lightning's test_swa_deepcopy: `_average_model` is a deep copy of the module made at set-up (its own bound
+    hooks, no trainer); the average is taken there, it stays after the fit, and the checkpoint's
+    `average_model_state` has the module's keys."""
+    def run(Trainer, Module, cb, **_):
+        seen = {}
+
+        class Swa(cb.StochasticWeightAveraging):
+            def setup(self, trainer, pl_module, stage):
+                super().setup(trainer, pl_module, stage)
+                copy = self._average_model
+                seen["setup"] = (type(copy) is type(pl_module), copy is not pl_module, copy._trainer is None,
+                                 copy.configure_optimizers.__self__ is copy,
+                                 all(a is not b for a, b in zip(copy.parameters(), pl_module.parameters())))
+
+        swa = Swa(swa_lrs=0.05, swa_epoch_start=2)
+        module = net_class(Module)()
+        trainer = Trainer(max_epochs=3, callbacks=[swa])
+        trainer.fit(module, data())
+        copy = swa._average_model
+        seen["after"] = (type(copy) is type(module), int(swa.n_averaged),
+                         all(torch.equal(a, b) for a, b in zip(copy.parameters(), module.parameters())))
+        state = swa.state_dict()["average_model_state"]
+        seen["keys"] = sorted(state)
+        seen["state"] = {k: v.clone() for k, v in state.items()}
+        return seen
+
+    lightning, ours = both(run)
+    assert ours["setup"] == lightning["setup"] == (True,) * 5
+    assert ours["after"] == lightning["after"] == (True, 2, True)
+    assert ours["keys"] == lightning["keys"] == sorted(net_class(tasktrain.TaskModule)().state_dict())
+    for name in lightning["state"]:
+        torch.testing.assert_close(ours["state"][name], lightning["state"][name], msg=name)
+
+
 def test_swa_skip_backward_reads_as_lightnings_in_the_epochs_both_run():
     """`trainer.fit_loop._skip_backward` (Lightning's SWA tests read it at each epoch's start): False in every
     epoch both train. Lightning's SWA then runs one more epoch with it True to recompute the BatchNorm statistics,

@@ -126,6 +126,71 @@ def test_accelerator_connector_reads_as_lightning(config, monkeypatch):
     assert got["tasktrain"] == got["lightning"]
 
 
+LAUNCHED_OUTSIDE = {
+    "LOCAL_RANK only": dict(LOCAL_RANK="0"),
+    "torchrun": dict(RANK="0", GROUP_RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", WORLD_SIZE="2",
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT="29511", TORCHELASTIC_RUN_ID="x"),
+    "a ClusterEnvironment that creates the processes": {},
+}
+
+
+@pytest.mark.parametrize("where", list(LAUNCHED_OUTSIDE))
+def test_the_launcher_where_the_processes_were_started_outside_reads_as_lightning(where, monkeypatch):
+    """Lightning's DDP strategy has a _SubprocessScriptLauncher there too, one that starts nothing."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_JOB_NAME",
+                 "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TASKTRAIN_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in LAUNCHED_OUTSIDE[where].items():
+        monkeypatch.setenv(name, value)
+
+    def case(lib, boring):
+        import importlib
+        import warnings
+
+        environments = importlib.import_module(f"{lib.__name__}.plugins.environments")
+
+        class Outside(environments.ClusterEnvironment):
+            creates_processes_externally = True
+            main_address, main_port = "127.0.0.1", 29512
+
+            @staticmethod
+            def detect():
+                return True
+
+            def world_size(self):
+                return 2
+
+            def set_world_size(self, size):
+                pass
+
+            def global_rank(self):
+                return 0
+
+            def set_global_rank(self, rank):
+                pass
+
+            def local_rank(self):
+                return 0
+
+            def node_rank(self):
+                return 0
+
+        plugins = [Outside()] if not LAUNCHED_OUTSIDE[where] else []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(strategy="ddp", devices=2, accelerator="cpu", plugins=plugins, **QUIET)
+        launchers = importlib.import_module(f"{lib.__name__}.strategies.launchers")
+        launcher = trainer.strategy.launcher
+        return (isinstance(launcher, launchers._SubprocessScriptLauncher), launcher.is_interactive_compatible,
+                launcher.num_processes, launcher.num_nodes, list(launcher.procs), trainer.strategy._launcher is launcher,
+                launcher)
+
+    got = _both(case)
+    assert got["tasktrain"][:-1] == got["lightning"][:-1] == (True, False, 2, 1, [], True)
+    with pytest.raises(NotImplementedError, match="notebook_launcher"):  # it starts nothing here
+        got["tasktrain"][-1].launch()
+
+
 def test_accelerator_connector_is_read_only_and_names_what_it_lacks():
     trainer = tasktrain.Trainer(**QUIET)
     with pytest.raises(AttributeError, match="read only.*use_distributed_sampler="):

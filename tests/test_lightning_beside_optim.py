@@ -1,6 +1,7 @@
 """The optimizer a module steps and what self.log records, beside Lightning itself: LightningOptimizer (what
 self.optimizers() and optimizer_step get: the optimizer's own class, its step's arguments and result, LBFGS's
 closure), and the keys of logged_metrics / callback_metrics / progress_bar_metrics under Lightning's rules."""
+import warnings
 from unittest import mock
 
 import pytest
@@ -8,10 +9,12 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.core.optimizer import LightningOptimizer as TheirOptimizer  # noqa: E402
+import lightning.pytorch.plugins as their_plugins  # noqa: E402
 from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
 
 import tasktrain  # noqa: E402
 from tasktrain.core.optimizer import LightningOptimizer as OurOptimizer  # noqa: E402
+import tasktrain.plugins as our_plugins  # noqa: E402
 from tasktrain.demos import boring_classes as ours  # noqa: E402
 
 QUIET = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
@@ -451,3 +454,47 @@ def test_manual_steps_count_only_inside_training_step_as_lightning():
         trainer.fit(model)
         seen[lib.__name__] = model.steps, trainer.global_step
     assert seen["tasktrain"] == seen["lightning.pytorch"] == ([(1, True), (2, True)], 2), seen
+
+
+def _manual_clip_weights(lib, algorithm, hooked):
+    """3 manual steps under fp16 AMP on the CPU (MixedPrecision("16-mixed", "cpu"): Lightning's Trainer runs
+    precision="16-mixed" as bf16 there) with self.clip_gradients before opt.step(); `hooked`: a precision subclass
+    overriding a step hook (Lightning's step hooks run the step)."""
+    plugins = (their_plugins if lib is pl else our_plugins)
+    boring = theirs if lib is pl else ours
+
+    class Hooked(plugins.MixedPrecision):
+        def pre_backward(self, tensor, module):
+            return super().pre_backward(tensor, module)
+
+    class Manual(boring.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(self.step(batch) * 1e-4)  # (small: the scaled fp16 gradients stay finite)
+            self.clip_gradients(opt, gradient_clip_val=0.5 if algorithm == "norm" else 1e-3,
+                                gradient_clip_algorithm=algorithm)
+            opt.step()
+
+    torch.manual_seed(0)
+    model = Manual()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (fp16 on a CPU: tasktrain warns that it is slow)
+        lib.Trainer(max_steps=3, limit_val_batches=0, logger=False, accelerator="cpu", devices=1,
+                    plugins=[(Hooked if hooked else plugins.MixedPrecision)("16-mixed", "cpu")], **QUIET).fit(
+            model, torch.utils.data.DataLoader(boring.RandomDataset(32, 64), batch_size=4))
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("algorithm,hooked", [("norm", False), ("value", False), ("norm", True)])
+def test_manual_clip_gradients_under_fp16_clips_the_scaled_gradients_as_lightning(algorithm, hooked):
+    """Lightning's MixedPrecision.clip_gradients clips the gradients as they are: in manual optimisation, before
+    opt.step() unscales them, the scaled ones (the true gradients end up clipped to the value / the loss scale).
+    tasktrain unscaled first; now the weights after 3 steps are Lightning's."""
+    ours_, theirs_ = _manual_clip_weights(tasktrain, algorithm, hooked), _manual_clip_weights(pl, algorithm, hooked)
+    for mine, lightning in zip(ours_, theirs_):
+        torch.testing.assert_close(mine, lightning, rtol=0, atol=0)

@@ -354,8 +354,8 @@ def test_a_lightning_strategys_precision_plugin_and_cluster_environment_are_take
                           plugins=[SLURMEnvironment(auto_requeue=False)], **QUIET)
     with pytest.raises(ValueError, match="give the precision once"):
         tasktrain.strategies.DDPStrategy(precision="bf16-mixed", precision_plugin=our_plugins.DoublePrecision())
-    with pytest.raises(ValueError, match=r"DDPStrategy\(parallel_devices=\.\.\.\).*Trainer\(devices=2"):
-        tasktrain.strategies.DDPStrategy(parallel_devices=[torch.device("cpu")] * 2)
+    with pytest.raises(ValueError, match=r"DDPStrategy\(parallel_devices=.*CUDA_VISIBLE_DEVICES"):
+        tasktrain.strategies.DDPStrategy(parallel_devices=[torch.device("cuda", 1)] * 2)  # (taken on CPUs: below)
     with pytest.raises(ValueError, match=r"cluster_environment=object.*tasktrain.plugins.environments"):
         tasktrain.strategies.DDPStrategy(cluster_environment=object())
 
@@ -390,33 +390,49 @@ def test_single_device_strategy_under_lightnings_name_and_arguments(tmp_path):
 
 
 @pytest.mark.world_size(2)
-@pytest.mark.timeout(240)
-def test_a_users_cluster_environment_forms_the_process_group_as_under_lightning(tmp_path):
-    """2 processes started by the test with the cluster's own variables only (no torchrun's): the user's
-    ClusterEnvironment (creates_processes_externally=True) gives each rank, the world size and the address and port;
-    nothing is spawned; the environment gets Lightning's calls, and the weights after are Lightning's."""
+@pytest.mark.timeout(280)
+def test_cluster_environments_form_the_process_group_as_under_lightning(tmp_path):
+    """2 processes started by the test with the cluster's own variables only (no torchrun's).
+    A user's ClusterEnvironment (creates_processes_externally=True) gives each rank, the world size and the address
+    and port; nothing is spawned; the environment gets Lightning's calls, and the weights after are Lightning's.
+    Then tasktrain under Kubeflow's variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK as its operator gives each
+    pod) and LSF's (LSB_JOBID, LSB_DJOB_RANKFILE, JSM_NAMESPACE_* as jsrun gives each task; a rank file in tmp_path
+    naming this host twice): the environment's ranks form the group, LSF is detected without a plugin with its port
+    LSB_JOBID % 1000 + 10000, and the weights after are the Lightning fit's (the same world of 2). One launch for all:
+    the script runs the phases one after the other; Lightning's reading of these variables is compared without a
+    launch (test_kubeflow_environment_... and test_lsf_environment_... below)."""
     import json
+    import random
+    import socket
     import subprocess
     import sys
 
     from ddp_scripts.common import child_env, free_port, script
 
     ports = [str(free_port()), str(free_port())]
-    procs = [subprocess.Popen([sys.executable, script("custom_environment.py"), str(tmp_path)],
-                              env=child_env(MY_RANK=str(r), MY_WORLD="2", MY_ADDR="127.0.0.1", MY_PORT=ports[0],
-                                            MY_PORT2=ports[1], PYTHONPATH=os.pathsep.join(
-                                                [os.path.dirname(os.path.dirname(__file__)),
-                                                 os.environ.get("PYTHONPATH", "")])),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    kubeflow_port = str(free_port())
+    lsf_port = random.choice([p for p in range(10000, 11000) if _port_free(p)])
+    jobid = str(7000 + lsf_port - 10000)  # (7000 % 1000 == 0: the port is 10000 + the rest)
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text(f"launchnode\n{socket.gethostname()}\n{socket.gethostname()}\n")
+    root = os.path.dirname(os.path.dirname(__file__))
+    procs = [subprocess.Popen(
+        [sys.executable, script("custom_environment.py"), str(tmp_path)],
+        env=child_env(MY_RANK=str(r), MY_WORLD="2", MY_ADDR="127.0.0.1", MY_PORT=ports[0], MY_PORT2=ports[1],
+                      RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MY_KUBEFLOW_PORT=kubeflow_port,
+                      LSB_DJOB_RANKFILE=str(rankfile), JSM_NAMESPACE_SIZE="2", JSM_NAMESPACE_RANK=str(r),
+                      JSM_NAMESPACE_LOCAL_RANK=str(r), MY_JOBID=jobid,
+                      PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     try:
-        logs = [proc.communicate(timeout=200)[0] for proc in procs]
+        logs = [proc.communicate(timeout=240)[0] for proc in procs]
     finally:
         for proc in procs:
             proc.kill()
     assert [proc.returncode for proc in procs] == [0, 0], "\n".join(logs)
+    seen = [json.load(open(tmp_path / f"rank{rank}.json")) for rank in (0, 1)]
     for rank in (0, 1):
-        seen = json.load(open(tmp_path / f"rank{rank}.json"))
-        ours, theirs = seen["tasktrain"], seen["lightning"]
+        ours, theirs = seen[rank]["tasktrain"], seen[rank]["lightning"]
         # the ranks are set when the Trainer is built, then again at the set-up (Lightning's calls, in its order)
         assert ours["calls"] == theirs["calls"] == [["set_global_rank", rank], ["set_world_size", 2],
                                                     ["validate_settings", 2, 1], ["set_global_rank", rank],
@@ -424,6 +440,24 @@ def test_a_users_cluster_environment_forms_the_process_group_as_under_lightning(
         assert ours["strategy"] == ours["group"] == theirs["group"] == [rank, 2]
         assert ours["master"] == ["127.0.0.1", ports[0]] and theirs["master"] == ["127.0.0.1", ports[1]]
         assert ours["weights"] == theirs["weights"]
+        for phase, environment, address, port in (("kubeflow", "KubeflowEnvironment", "127.0.0.1", kubeflow_port),
+                                                  ("lsf", "LSFEnvironment", socket.gethostname(), lsf_port)):
+            ours = seen[rank][phase]
+            assert ours["environment"] == environment
+            assert ours["strategy"] == ours["group"] == [rank, 2]
+            assert ours["master"] == [address, str(port)]
+            assert ours["weights"] == seen[rank]["lightning"]["weights"]
+
+
+def _port_free(port):
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_processes(monkeypatch):
@@ -456,7 +490,7 @@ def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_proc
         trainer = tasktrain.Trainer(plugins=[env], strategy="ddp", **{**QUIET, "devices": 2})
         assert trainer.strategy.cluster_environment is env
         assert trainer.strategy.needs_launch() is not external
-        assert (trainer.strategy.launcher is None) is external  # Lightning's: a launcher that starts nothing
+        assert trainer.strategy.launcher.external is external  # Lightning's: a launcher, that starts nothing there
     trainer = tasktrain.Trainer(plugins=[Mine(True, world=3)], strategy="ddp", **{**QUIET, "devices": 2})
     with pytest.raises(RuntimeError, match="formed a world of 3 processes.*devices=2"):
         trainer.strategy.setup_environment()
@@ -481,11 +515,182 @@ def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_proc
     with pytest.raises(Started):
         trainer.strategy.setup_environment()
     assert seen == {"MASTER_ADDR": "127.0.0.2", "MASTER_PORT": "29871", "NODE_RANK": "0"}
-    for refused in ("KubeflowEnvironment", "LSFEnvironment", "MPIEnvironment", "XLAEnvironment"):
-        from tasktrain.plugins import environments
+    from tasktrain.plugins.environments import XLAEnvironment
 
-        with pytest.raises(ValueError, match="subclass ClusterEnvironment"):
-            tasktrain.Trainer(plugins=[getattr(environments, refused)()], **QUIET)
+    with pytest.raises(ValueError, match="subclass ClusterEnvironment"):  # (no torch_xla)
+        tasktrain.Trainer(plugins=[XLAEnvironment()], **QUIET)
+
+
+def _clear_launch_variables(monkeypatch):
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_", "JSM_", "LSB_")) or n in (
+            "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "TASKTRAIN_LAUNCHER")]:
+        monkeypatch.delenv(name)
+
+
+def _outcome_of(call):
+    try:
+        return call()
+    except Exception as err:  # noqa: BLE001 (the type and words are compared)
+        return type(err).__name__, str(err)
+
+
+def _environment_seen(lib, name, detected=True, **kwargs):
+    """What a script reads from one of the built-in environments under each framework: its getters (or the error
+    each raises), detect(), what its constructor left in MASTER_ADDR / MASTER_PORT, and the Trainer's ranks, world
+    and environment right after Trainer(plugins=[it], **kwargs), and with no plugin (what each framework detects)."""
+    import importlib
+
+    environments = importlib.import_module("lightning.pytorch.plugins.environments" if lib is pl else
+                                           "tasktrain.plugins.environments")
+    cls = getattr(environments, name)
+    env = _outcome_of(cls)
+    if isinstance(env, tuple):  # (the constructor raised)
+        return env
+    getters = [_outcome_of(lambda g=g: g() if callable(g) else getattr(env, g)) for g in (
+        "main_address", "main_port", "creates_processes_externally", env.world_size, env.global_rank,
+        env.local_rank, env.node_rank, cls.detect)]
+    env.set_global_rank(99)
+    env.set_world_size(99)  # (ignored: the cluster decides)
+    getters += [_outcome_of(env.global_rank), _outcome_of(env.world_size),
+                [os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")]]
+    rank_zero = importlib.import_module("tasktrain.compat.lightning.utilities.rank_zero" if lib is tasktrain else
+                                        "lightning.pytorch.utilities.rank_zero").rank_zero_only
+    from tasktrain.trainer import runtime
+
+    trainers = []
+    for plugins in ([cls()], None) if detected else ([cls()],):
+        before, known = rank_zero.rank, list(runtime._KNOWN_RANK)
+        try:
+            trainer = lib.Trainer(plugins=plugins, **{**QUIET, **kwargs})
+            trainers.append([trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
+                             trainer.is_global_zero, trainer.strategy.global_rank, rank_zero.rank,
+                             # (which of the three; tasktrain keeps None where Lightning has its LightningEnvironment)
+                             type(getattr(trainer.strategy, "cluster_environment", None)).__name__.replace(
+                                 "NoneType", "LightningEnvironment")])
+        except Exception as err:  # noqa: BLE001
+            trainers.append([type(err).__name__, str(err)])
+        finally:
+            rank_zero.rank, runtime._KNOWN_RANK[:] = before, known
+    return getters, trainers
+
+
+def _same_environment(name, monkeypatch, detected=True, **kwargs):
+    seen = []
+    for lib in (pl, tasktrain):
+        with monkeypatch.context() as patch:  # (LSF's constructor sets MASTER_ADDR / MASTER_PORT: undone after each)
+            for variable in ("MASTER_ADDR", "MASTER_PORT"):
+                if variable in os.environ:
+                    patch.setenv(variable, os.environ[variable])
+                else:
+                    patch.delenv(variable, raising=False)
+            seen.append(_environment_seen(lib, name, detected, **kwargs))
+    assert seen[0] == seen[1]
+    return seen[1]
+
+
+def test_kubeflow_environment_reads_its_variables_as_lightnings(monkeypatch):
+    """MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK; local rank 0, node rank = RANK (one process a pod); never detected;
+    a missing variable is the same KeyError; the Trainer's ranks right after it is built are the environment's."""
+    _clear_launch_variables(monkeypatch)
+    for name, value in dict(MASTER_ADDR="10.1.2.3", MASTER_PORT="23456", WORLD_SIZE="4", RANK="3").items():
+        monkeypatch.setenv(name, value)
+    # (never detected: what a Trainer without it reads from RANK alone is another matter, not compared here)
+    getters, trainers = _same_environment("KubeflowEnvironment", monkeypatch, False, strategy="ddp", num_nodes=4)
+    assert getters[:7] == ["10.1.2.3", 23456, True, 4, 3, 0, 3]
+    assert getters[7][0] == "NotImplementedError"
+    assert trainers == [[3, 0, 3, 4, False, 3, 3, "KubeflowEnvironment"]]
+    monkeypatch.delenv("RANK")
+    getters, _ = _same_environment("KubeflowEnvironment", monkeypatch, False, strategy="ddp", num_nodes=4)
+    assert getters[4] == ("KeyError", "'RANK'")
+
+
+def test_lsf_environment_reads_its_variables_and_is_detected_as_lightnings(monkeypatch, tmp_path):
+    """LSB_DJOB_RANKFILE (its first line the launch node: the main address is the next, the node rank this host's place
+    among the hosts), JSM_NAMESPACE_SIZE / _RANK / _LOCAL_RANK, the port MASTER_PORT or LSB_JOBID % 1000 + 10000,
+    MASTER_ADDR / MASTER_PORT set by the constructor; detected with no plugin where the variables are set (not
+    otherwise); missing variables are the same errors."""
+    import socket
+
+    _clear_launch_variables(monkeypatch)
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text(f"launch\nnode-a\nnode-a\n{socket.gethostname()}\n{socket.gethostname()}\nnode-c\n")
+    for name, value in dict(LSB_JOBID="123456", LSB_DJOB_RANKFILE=str(rankfile), JSM_NAMESPACE_SIZE="6",
+                            JSM_NAMESPACE_RANK="3", JSM_NAMESPACE_LOCAL_RANK="1").items():
+        monkeypatch.setenv(name, value)
+    getters, trainers = _same_environment("LSFEnvironment", monkeypatch, strategy="ddp", devices=2, num_nodes=3)
+    assert getters[:8] == ["node-a", 10456, True, 6, 3, 1, 1, True]
+    assert getters[-1] == ["node-a", "10456"]
+    assert trainers == [[3, 1, 1, 6, False, 3, 3, "LSFEnvironment"]] * 2  # (the plugin, and detected)
+    monkeypatch.setenv("MASTER_PORT", "24680")  # a port of one's own wins over the job id's
+    getters, _ = _same_environment("LSFEnvironment", monkeypatch, strategy="ddp", devices=2, num_nodes=3)
+    assert getters[1] == 24680
+    monkeypatch.delenv("MASTER_PORT")
+    monkeypatch.delenv("JSM_NAMESPACE_RANK")  # (not one detect() needs)
+    getters, trainers = _same_environment("LSFEnvironment", monkeypatch, strategy="ddp", devices=2, num_nodes=3)
+    assert getters[4][0] == "ValueError" and "JSM_NAMESPACE_RANK" in getters[4][1]
+    monkeypatch.delenv("JSM_NAMESPACE_SIZE")  # not detected any more; the plugin's world size is the error
+    getters, trainers = _same_environment("LSFEnvironment", monkeypatch, strategy="ddp", devices=2, num_nodes=3)
+    assert getters[7] is False and trainers[1][-1] == "LightningEnvironment"
+    monkeypatch.delenv("LSB_DJOB_RANKFILE")
+    assert _same_environment("LSFEnvironment", monkeypatch) == (
+        "ValueError", "Did not find the environment variable `LSB_DJOB_RANKFILE`")
+
+
+class _FakeComm:
+    """mpi4py's COMM_WORLD as rank 3 of 4 sees it on its host (the second of two): what rank 0 broadcasts and
+    gathers is given."""
+
+    def __init__(self, hosts, rank=3, local_rank=1):
+        self.hosts, self.rank, self.local_rank, self.colors = hosts, rank, local_rank, []
+
+    def Get_size(self):  # noqa: N802 (mpi4py's names)
+        return len(self.hosts)
+
+    def Get_rank(self):  # noqa: N802
+        return self.rank
+
+    def bcast(self, value, root=0):
+        return 31337 if isinstance(value, int) else ("node-0" if isinstance(value, str) else value)
+
+    def gather(self, value, root=0):
+        return list(self.hosts)
+
+    def Split(self, color):  # noqa: N802
+        self.colors.append(color)
+        return _FakeComm(self.hosts, rank=self.local_rank)
+
+
+def test_mpi_environment_reads_mpi_as_lightnings(monkeypatch):
+    """Without mpi4py (not a dependency): the same ModuleNotFoundError naming mpi4py, and not detected. With it (a
+    stand-in module here: MPI's COMM_WORLD): ranks and world from MPI, the node rank this host's place among the
+    sorted host names, the local rank from the host's split communicator, address and port broadcast from rank 0;
+    detected with no plugin where MPI's world is larger than one."""
+    import socket
+    import sys
+    import types
+
+    from lightning.fabric.plugins.environments import mpi as their_mpi
+
+    from tasktrain.plugins import environments as our_environments
+
+    _clear_launch_variables(monkeypatch)
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # (not installed here either way: the import fails)
+    ours_, theirs_ = (_outcome_of(lib.MPIEnvironment) for lib in (our_environments, their_mpi))
+    assert ours_[0] == theirs_[0] == "ModuleNotFoundError" and "mpi4py" in ours_[1]
+    assert our_environments.MPIEnvironment.detect() is their_mpi.MPIEnvironment.detect() is False
+
+    comm = _FakeComm(["node-b", socket.gethostname(), "node-b", socket.gethostname()])
+    module = types.ModuleType("mpi4py")
+    module.MPI = types.SimpleNamespace(COMM_WORLD=comm)
+    monkeypatch.setitem(sys.modules, "mpi4py", module)
+    monkeypatch.setattr(their_mpi, "_MPI4PY_AVAILABLE", True)
+    monkeypatch.setattr(our_environments, "_mpi4py_installed", lambda: True)
+    getters, trainers = _same_environment("MPIEnvironment", monkeypatch, strategy="ddp", devices=2, num_nodes=2)
+    host_rank = sorted({"node-b", socket.gethostname()}).index(socket.gethostname())
+    assert getters[:8] == ["node-0", 31337, True, 4, 3, 1, host_rank, True]
+    assert trainers == [[3, 1, host_rank, 4, False, 3, 3, "MPIEnvironment"]] * 2  # (the plugin, and detected)
+    assert set(comm.colors) == {host_rank}
 
 
 def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_built():
@@ -554,6 +759,89 @@ def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_b
         [("set_global_rank", 3), ("set_world_size", 4)], [3, 1, 1, 4, False, 3, 3])
 
 
+def test_a_strategys_parallel_devices_with_a_users_cluster_environment_as_under_lightning():
+    """Lightning's DDPStrategy / FSDPStrategy(parallel_devices=[cpu, cpu], cluster_environment=...): the devices of a
+    node, one process each, win over the Trainer's devices= (said here, silent there) and set the accelerator (another
+    one is Lightning's error, its words); the environment gets the same calls and the Trainer the same ranks."""
+    from lightning.pytorch.plugins.environments import ClusterEnvironment as Theirs
+
+    def make(base):
+        class Mine(base):
+            def __init__(self):
+                self.calls, self._rank, self._world = [], 0, 1
+
+            creates_processes_externally = True
+            main_address, main_port = "127.0.0.1", 1
+
+            @staticmethod
+            def detect():
+                return True
+
+            def world_size(self):
+                return self._world
+
+            def set_world_size(self, size):
+                self.calls.append(("set_world_size", size))
+                self._world = size
+
+            def global_rank(self):
+                return self._rank
+
+            def set_global_rank(self, rank):
+                self.calls.append(("set_global_rank", rank))
+                self._rank = rank
+
+            def local_rank(self):
+                return 1
+
+            def node_rank(self):
+                return 1
+
+        return Mine()
+
+    def built(lib, base, strategy_name, devices, accelerator="cpu", parallel=("cpu", "cpu")):
+        env = make(base)
+        strategy = getattr(lib.strategies, strategy_name)(parallel_devices=[torch.device(d) for d in parallel],
+                                                         cluster_environment=env)
+        import importlib
+
+        rank_zero = importlib.import_module("tasktrain.compat.lightning.utilities.rank_zero" if lib is tasktrain else
+                                            "lightning.pytorch.utilities.rank_zero").rank_zero_only
+        from tasktrain.trainer import runtime
+
+        before, known = rank_zero.rank, list(runtime._KNOWN_RANK)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                trainer = lib.Trainer(strategy=strategy, num_nodes=2, **{**QUIET, "devices": devices,
+                                                                         "accelerator": accelerator})
+        except Exception as err:  # noqa: BLE001 (the type and words are compared)
+            return type(err).__name__, str(err)
+        finally:
+            rank_zero.rank, runtime._KNOWN_RANK[:] = before, known
+        said = [str(w.message) for w in caught if "parallel_devices" in str(w.message)]
+        return env.calls, [trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
+                           trainer.num_devices, trainer.strategy.root_device, trainer.strategy.parallel_devices,
+                           trainer.accelerator.__class__.__name__], said
+
+    for devices in ("auto", 2, 3):
+        ours_, theirs_ = built(tasktrain, ClusterEnvironment, "DDPStrategy", devices), built(pl, Theirs, "DDPStrategy",
+                                                                                          devices)
+        assert ours_[:2] == theirs_[:2]
+        assert ours_[:2] == ([("set_global_rank", 3), ("set_world_size", 4)],
+                             [3, 1, 1, 4, 2, torch.device("cpu"), [torch.device("cpu")] * 2, "CPUAccelerator"])
+        assert theirs_[2] == [] and len(ours_[2]) == (devices == 3)  # (Lightning drops devices=3 silently)
+        # (Lightning's FSDPStrategy needs a GPU; tasktrain's runs on CPUs and reads parallel_devices as DDP's does)
+        fsdp = built(tasktrain, ClusterEnvironment, "FSDPStrategy", devices)
+        assert fsdp[:2] == ours_[:2] and [said.replace("FSDP", "DDP") for said in fsdp[2]] == ours_[2]
+    assert built(tasktrain, ClusterEnvironment, "DDPStrategy", "auto", accelerator="gpu") == \
+        built(pl, Theirs, "DDPStrategy", "auto", accelerator="gpu")[:2] == (
+        "MisconfigurationException", "CPU parallel_devices set through DDPStrategy class, but accelerator set to gpu, "
+                                     "please choose one device type")
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):  # (tasktrain's ranks use the first N GPUs)
+        tasktrain.strategies.DDPStrategy(parallel_devices=[torch.device("cuda", 1)])
+
+
 @pytest.mark.parametrize("variables", [dict(LOCAL_RANK="1", NODE_RANK="1"), dict(LOCAL_RANK="0", GROUP_RANK="1"),
                                        dict(LOCAL_RANK="1"), {}])
 def test_local_rank_without_rank_is_a_process_launched_outside_as_under_lightning(variables, monkeypatch):
@@ -582,7 +870,7 @@ def test_local_rank_without_rank_is_a_process_launched_outside_as_under_lightnin
             ours_.strategy.setup_environment()
 
 
-def _layer_sync_record(lib, plugins_module, strategy, fail=False):
+def _layer_sync_record(lib, plugins_module, strategy, fail=False, validate=True, plugins=None):
     """A fit with a LayerSync of the user's that swaps the module's BatchNorm for a subclass in place (apply) and back
     (revert): the order of its calls among the module's hooks, and the layer's class each training step saw."""
     events = []
@@ -634,15 +922,17 @@ def _layer_sync_record(lib, plugins_module, strategy, fail=False):
 
     torch.manual_seed(0)
     model = Model()
-    trainer = lib.Trainer(plugins=[MySync()], strategy=strategy, max_steps=2, limit_val_batches=0, **QUIET)
+    trainer = lib.Trainer(plugins=[MySync()] if plugins is None else plugins, strategy=strategy, max_steps=2,
+                          limit_val_batches=0, **QUIET)
     try:
         trainer.fit(model, torch.utils.data.DataLoader(boring.RandomDataset(32, 16), batch_size=4))
     except RuntimeError as err:
         events.append(("raised", str(err)))
-    finally:  # Lightning's world of one outlives its run (ours ends at teardown): not left to later tests
-        if torch.distributed.is_initialized():
+    finally:  # Lightning's world of one outlives its run (ours ends at teardown, or DeepSpeed's is kept for a save
+        if lib is pl and torch.distributed.is_initialized():  # after the run and released by the next): not left
             torch.distributed.destroy_process_group()
-    trainer.validate(model, verbose=False)  # not a fit: no apply
+    if validate:
+        trainer.validate(model, verbose=False)  # not a fit: no apply
     events.append(("after", type(model.norm).__name__))
     return [tuple(str(part) for part in event) for event in events]
 
@@ -657,6 +947,34 @@ def test_a_users_layer_sync_wraps_a_fit_as_lightnings_does(strategy, fail):
         assert ("training_step", "Synced") in ours_seen
     else:  # a one-process strategy does not call it, under either
         assert not any(event[0] in ("apply", "revert") for event in ours_seen)
+
+
+def test_a_layer_sync_under_deepspeed_or_model_parallel_is_not_applied_as_under_lightning_and_said_so():
+    """Lightning's DeepSpeed and ModelParallel strategies take a LayerSync (plugins=[...] or sync_batchnorm=True) and
+    never apply it, saying nothing; tasktrain's do not apply it either and warn. ModelParallel runs beside Lightning on
+    the CPU (the same events, no apply / revert); Lightning's DeepSpeed needs CUDA, so tasktrain's runs alone."""
+    def recorded(lib, plugins_module, strategy, **kwargs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            events = _layer_sync_record(lib, plugins_module, strategy, **kwargs)
+        return events, [str(w.message) for w in caught if "not applied" in str(w.message)]
+
+    ours_seen, said = recorded(tasktrain, our_plugins, tasktrain.strategies.ModelParallelStrategy())
+    theirs_seen, _ = recorded(pl, their_plugins, pl.strategies.ModelParallelStrategy())
+    # (tasktrain's ModelParallel shards the layers with fully_shard where Lightning's leaves it to configure_model:
+    # their class is torch's FSDPBatchNorm1d, a BatchNorm1d)
+    assert [tuple(part.replace("FSDPBatchNorm1d", "BatchNorm1d") for part in e) for e in ours_seen] == theirs_seen
+    assert not any(event[0] in ("apply", "revert") for event in ours_seen)
+    assert [e for e in theirs_seen if e[0] == "training_step"] == [("training_step", "BatchNorm1d")] * 2
+    assert len(said) == 1 and "plugins=[MySync(...)] is not applied under ModelParallelStrategy" in said[0]
+    pytest.importorskip("deepspeed")
+    for plugins, given in ((None, "plugins=[MySync(...)]"), ([our_plugins.TorchSyncBatchNorm()], "sync_batchnorm=True")):
+        ours_seen, said = recorded(tasktrain, our_plugins, "deepspeed", validate=False, plugins=plugins)
+        assert [e for e in ours_seen if e[0] in ("apply", "revert", "training_step")] == [
+            ("training_step", "BatchNorm1d")] * 2
+        assert len(said) == 1 and f"{given} is not applied under DeepSpeed" in said[0]
+    with pytest.raises(RuntimeError, match="only supported on CUDA"):  # (Lightning's DeepSpeed: not on this CPU)
+        _layer_sync_record(pl, their_plugins, "deepspeed")
 
 
 def test_a_layer_sync_that_returns_another_module_is_refused():

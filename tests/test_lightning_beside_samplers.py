@@ -456,13 +456,31 @@ def test_a_loader_whose_len_raises_not_implemented_has_no_length_as_under_lightn
     assert ours == theirs
 
 
-@pytest.mark.parametrize("case", ["plain", "shuffle", "no batching", "drop_last", "custom batch sampler", "opaque"])
+class _Stream(torch.utils.data.IterableDataset):
+    """data(n)'s rows as an IterableDataset."""
+
+    def __init__(self, n):
+        self.rows = data(n)
+
+    def __iter__(self):
+        return iter(self.rows[i] for i in range(len(self.rows)))
+
+
+class _StreamLoader(DataLoader):  # a DataLoader class of one's own, built again with its recorded arguments
+    def __init__(self, dataset, tag, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.tag = tag
+
+
+@pytest.mark.parametrize("case", ["plain", "shuffle", "no batching", "drop_last", "custom batch sampler", "opaque",
+                                  "iterable", "iterable, a class of one's own"])
 def test_every_predict_loader_is_built_again_with_lightnings_index_keeping_batch_sampler(case):
     """Lightning builds every predict DataLoader again (its predict loop keeps each batch's indices): the loader a
     user reads back (trainer.predict_dataloaders) is a new one, its batch sampler Lightning's
     `_IndexBatchSamplerWrapper` around the batch sampler built again with drop_last=False (a custom batch sampler
     that cannot be built again is wrapped as it is, with Lightning's warning), whose `seen_batch_indices` are the
-    pass's batches; tasktrain kept a plain loader as it was."""
+    pass's batches; tasktrain kept a plain loader as it was. A loader over an IterableDataset is built again too, with
+    no sampler and no index-keeping wrapper (tasktrain kept it as given)."""
     import lightning.pytorch as L
 
     import tasktrain
@@ -486,8 +504,12 @@ def test_every_predict_loader_is_built_again_with_lightnings_index_keeping_batch
         kwargs = {"plain": dict(batch_size=2), "shuffle": dict(batch_size=2, shuffle=True),
                   "no batching": dict(batch_size=None), "drop_last": dict(batch_size=3, drop_last=True),
                   "custom batch sampler": dict(batch_sampler=MyBatchSampler(torch.utils.data.SequentialSampler(
-                      range(7)), 3, True)), "opaque": dict(batch_sampler=Opaque())}[case]
-        loader = DataLoader(data(7), **kwargs)
+                      range(7)), 3, True)), "opaque": dict(batch_sampler=Opaque()), "iterable": dict(batch_size=3),
+                  "iterable, a class of one's own": dict(batch_size=3)}[case]
+        if case == "iterable, a class of one's own":
+            loader = _StreamLoader(_Stream(7), "mine", **kwargs)
+        else:
+            loader = DataLoader(_Stream(7) if case == "iterable" else data(7), **kwargs)
         trainer = lib.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                               enable_model_summary=False)
         torch.manual_seed(0)
@@ -499,13 +521,16 @@ def test_every_predict_loader_is_built_again_with_lightnings_index_keeping_batch
         return dict(same=got is loader, kind=type(got).__name__, sampler=type(got.sampler).__name__,
                     batch_sampler=type(batches).__name__, inner=type(getattr(batches, "sampler", None)).__name__,
                     size=[getattr(batches, "batch_size", None), getattr(batches, "drop_last", None)],
+                    tag=getattr(got, "tag", None),
                     seen=getattr(batches, "seen_batch_indices", None), out=[o.tolist() for o in out],
                     warned=[str(w.message) for w in said if "custom batch sampler" in str(w.message)])
 
     ours, theirs = predicted(tasktrain, tasktrain.TaskModule), predicted(L, L.LightningModule)
     assert ours == theirs
     assert ours["same"] is False
-    if case != "no batching":
+    if case.startswith("iterable"):
+        assert ours["batch_sampler"] == "BatchSampler" and ours["seen"] is None and len(ours["out"]) == 3
+    elif case != "no batching":
         assert ours["batch_sampler"] == "_IndexBatchSamplerWrapper"
         assert [i for batch in ours["seen"] for i in batch] == [i for batch in ours["out"] for i in batch]
         # every sample predicted (the opaque one's own 5 indices)

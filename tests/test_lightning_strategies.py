@@ -116,7 +116,7 @@ def test_deepspeed_strategy_takes_a_config_dict_a_json_path_or_lightnings_variab
 @pytest.mark.parametrize("kwargs, words", [
     ({"remote_device": "cpu"}, r"remote_device='cpu'.*offload_parameters=True"),
     ({"exclude_frozen_parameters": True}, "exclude_frozen_parameters=True"),
-    ({"parallel_devices": [torch.device("cpu")] * 2}, r"Trainer\(devices=2"),
+    ({"parallel_devices": [torch.device("cuda", 1)]}, r"first 1 visible GPUs.*CUDA_VISIBLE_DEVICES"),
     ({"cluster_environment": object()}, "cluster_environment"),
     ({"precision_plugin": object()}, r"precision_plugin=object.*Trainer\(precision="),
     ({"nvme_path": "/x"}, r"nvme_path \(nothing is offloaded to 'nvme'\)"),
@@ -246,7 +246,7 @@ def _no_warning():
     ({"device_mesh": (2, 2)}, ValueError, r"device_mesh=\(2, 2\).*ModelParallelStrategy"),
     ({"sharding_strategy": "EVERYTHING"}, ValueError, "'FULL_SHARD' or 'SHARD_GRAD_OP'"),
     ({"checkpoint_io": object()}, ValueError, "checkpoint_io"),
-    ({"parallel_devices": [torch.device("cpu")]}, ValueError, r"Trainer\(devices=1"),
+    ({"parallel_devices": [torch.device("cpu"), torch.device("cuda", 0)]}, ValueError, "not a mix"),
     ({"use_orig_params": False}, ValueError, "use_orig_params=False"),
     ({"ignored_modules": []}, TypeError, "FSDP1 option ignored_modules"),
     ({"state_dict_type": "local"}, ValueError, "state_dict_type='local'"),

@@ -184,8 +184,9 @@ def test_the_actions_are_named_and_counted_as_lightnings(model):
     fit, validate, test and predict of the same module with a callback of one's own: the strategy's steps
     ("[Strategy]SingleDeviceStrategy.training_step", ...), the module's hooks ("[LightningModule]<class>.<hook>"), the
     loops' loader reads ("[_TrainingEpochLoop].train_dataloader_next", "[_EvaluationLoop].val_next", ...),
-    "run_training_batch", a manual optimisation's "optimizer_step". (Lightning also times every hook that is not
-    overridden; tasktrain times the overridden ones only, and its own setup_module_and_optimizers.)"""
+    "run_training_batch", a manual optimisation's "optimizer_step", and, as Lightning, every hook of the module and of
+    each callback whether overridden or not, the batch transfer hooks inside the strategy's batch_to_device, and the
+    strategy's own hooks (on_train_start, ...): the same names, each counted the same."""
     L = pytest.importorskip("lightning.pytorch")
     import tasktrain
 
@@ -216,8 +217,7 @@ def test_the_actions_are_named_and_counted_as_lightnings(model):
         return {name: len(times) for name, times in trainer.profiler.recorded_durations.items()}
 
     ours, theirs = actions(tasktrain), actions(L)
-    own = {name for name in ours if name.endswith(".setup_module_and_optimizers")}
-    assert {name: ours[name] for name in set(ours) - own} == {name: theirs.get(name) for name in set(ours) - own}
+    assert ours == theirs
     strategy = "[Strategy]SingleDeviceStrategy"
     assert ours[f"{strategy}.training_step"] == ours["run_training_batch"] == 6
     assert ours["[_TrainingEpochLoop].train_dataloader_next"] == 6
@@ -226,6 +226,9 @@ def test_the_actions_are_named_and_counted_as_lightnings(model):
     assert ours["[_EvaluationLoop].val_next"] == ours[f"{strategy}.validation_step"] == 1 + 2 * 2 + 2
     assert ours["[_EvaluationLoop].test_next"] == ours["[_PredictionLoop].predict_next"] == 2
     assert ours["[LightningModule]Model.on_train_epoch_end"] == 2
+    assert ours[f"[Callback]{callback[len('[Callback]'):-len('.on_train_batch_end')]}.on_before_backward"] == \
+        6  # (not overridden: timed all the same)
+    assert ours[f"{strategy}.batch_to_device"] == ours["[LightningModule]Model.transfer_batch_to_device"]
     if model == "BoringModel":
         assert ours[f"{strategy}.backward"] == ours["[LightningModule]Model.optimizer_step"] == 6
     else:

@@ -79,8 +79,8 @@ def test_self_launched_ddp_clean_run_then_a_rank_that_sleeps_forever(tmp_path):
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
-def test_deepspeed_twenty_second_save_is_no_stall_but_a_sleeping_rank_is(tmp_path):
-    """A checkpoint save of 20 s on rank 0 with stall_timeout=5 (DeepSpeed ZeRO-2, its sharded checkpoint): the
+def test_deepspeed_long_save_is_no_stall_but_a_sleeping_rank_is(tmp_path):
+    """A checkpoint save of 12 s on rank 0 with stall_timeout=5 (DeepSpeed ZeRO-2, its sharded checkpoint): the
     run goes on. Then rank 1 sleeps at step 3; DeepSpeed reduces in a cloned world group, which the judge
     counts too, so rank 0 (waiting in it) is not blamed."""
     out = str(tmp_path)

@@ -9,10 +9,11 @@ rate and keep an equal-weight average of the weights; when training ends the mod
 - `swa_lrs`: a positive float, or a list of positive floats (one per param group). From the first SWA epoch the
   optimizer's scheduler is replaced by torch's SWALR, which anneals each group's rate to its SWA rate over
   `annealing_epochs` epochs ("cos" or "linear") and then holds it; it steps at each epoch's end.
-- The average (parameters only, kept on `device`; None: the module's device) takes the weights at the start of
-  each epoch from the first SWA epoch to the last one (Lightning's rule: the first SWA epoch's start averages the
-  weights the earlier epochs left, and the last epoch's training is not in the average). `avg_fn(averaged,
-  current, n_averaged)` replaces the equal-weight mean.
+- The average (`_average_model`: a deep copy of the module made at the fit's set-up, as Lightning's, its trainer
+  reference dropped; its parameters averaged there, kept on `device`; None: the module's device) takes the weights
+  at the start of each epoch from the first SWA epoch to the last one (Lightning's rule: the first SWA epoch's start
+  averages the weights the earlier epochs left, and the last epoch's training is not in the average).
+  `avg_fn(averaged, current, n_averaged)` replaces the equal-weight mean.
 - The average goes into the module when the fit reaches max_epochs (or with max_epochs=-1, whenever it ends); a
   fit stopped before its last epoch keeps the trained weights, as Lightning's does. Validation during SWA
   evaluates the weights being trained.
@@ -25,13 +26,15 @@ rate and keep an equal-weight average of the weights; when training ends the mod
   average: here the module ends with the average. On several processes the ranks'
   statistics are merged, so every rank ends with the same module.
 - Its checkpoint state is Lightning's: `n_averaged`, `latest_update_epoch`, `scheduler_state` (SWALR's) and
-  `average_model_state` (the averaged copy's state_dict); a resume continues the average and the schedule.
+  `average_model_state` (the averaged copy's state_dict: the module's keys); a resume continues the average and the
+  schedule. The copy is kept after the fit, as Lightning's.
 
 Wrong settings raise MisconfigurationException (a ValueError) where Lightning does: in the constructor, and at fit
 start for several optimizers, several schedulers, or a fractional start with max_epochs=-1; at set-up (of any stage)
 under a sharding strategy (FSDP, DeepSpeed), as Lightning.
 """
 import logging
+from copy import deepcopy
 from typing import Callable, Literal, Optional, Union
 
 import torch
@@ -169,7 +172,9 @@ class StochasticWeightAveraging(Callback):
             self._initialized, self._swa_scheduler, self._scheduler_state = False, None, None
             self._resume_pending = False
             self.n_averaged, self._init_n_averaged, self._latest_update_epoch = None, 0, -1
-            self._average_model = _ParameterCopy(pl_module)
+            # Lightning's: a deep copy of the whole module (the TaskModule's pickled state drops its trainer), before
+            # the strategy moves it; a sharded strategy never gets here (refused above)
+            self._average_model = deepcopy(pl_module)
 
     def on_fit_start(self, trainer, pl_module):
         if len(trainer.optimizers) != 1:
@@ -287,10 +292,6 @@ class StochasticWeightAveraging(Callback):
         if trainer.world_size > 1:
             _merge_batch_norm_statistics(pl_module, trainer.strategy)
 
-    def teardown(self, trainer, pl_module, stage):
-        if stage == "fit":
-            self._average_model = None  # the copy's memory goes with the run (n_averaged and the rest stay)
-
     # -- checkpoints -----------------------------------------------------------------------------------------------
     def state_dict(self):
         return {
@@ -308,35 +309,6 @@ class StochasticWeightAveraging(Callback):
             self.n_averaged.fill_(self._init_n_averaged)
         if self._average_model is not None and state_dict.get("average_model_state") is not None:
             self._average_model.load_state_dict(state_dict["average_model_state"])
-
-
-class _ParameterCopy(nn.Module):
-    """A detached copy of a module's parameters and buffers under the module's own state_dict names: what SWA
-    averages (Lightning deep-copies the whole LightningModule; the parameters are all the average needs)."""
-
-    def __init__(self, module):
-        super().__init__()
-        self._names = []
-        for name, param in module.named_parameters():
-            self.register_parameter(name.replace(".", "__"), nn.Parameter(param.detach().clone(), requires_grad=False))
-            self._names.append(name)
-        self._buffer_names = []
-        for name, buffer in module.named_buffers():
-            self.register_buffer(name.replace(".", "__"), buffer.detach().clone())
-            self._buffer_names.append(name)
-
-    def state_dict(self, *args, **kwargs):
-        own = dict(self.named_parameters())
-        out = {name: own[name.replace(".", "__")].detach() for name in self._names}
-        buffers = dict(self.named_buffers())
-        out.update({name: buffers[name.replace(".", "__")] for name in self._buffer_names})
-        return out
-
-    def load_state_dict(self, state_dict, strict=True, assign=False):
-        with torch.no_grad():
-            for name in self._names + self._buffer_names:
-                target = getattr(self, name.replace(".", "__"))
-                target.copy_(state_dict[name].to(target.device))
 
 
 def _merge_batch_norm_statistics(module, strategy):

@@ -17,13 +17,25 @@ multi-process strategy calls its validate_settings(num_devices=, num_nodes=), st
 its creates_processes_externally is False, then sets each rank with set_global_rank(node_rank() * devices +
 local_rank()) and set_world_size(num_nodes * devices), and forms the process group at main_address:main_port with
 its global_rank() and world_size() (tasktrain/strategies/world.py); teardown() at the end of each stage.
-Lightning's Kubeflow / LSF / MPI / XLA environments are refused, saying what to write instead (set the variables
-torchrun sets, or launch with torchrun / `tasktrain launch`).
+
+    KubeflowEnvironment()      Kubeflow's PyTorchJob (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK; one process a pod)
+    LSFEnvironment()           LSF's jsrun (LSB_JOBID, LSB_DJOB_RANKFILE, JSM_NAMESPACE_SIZE / _RANK / _LOCAL_RANK)
+    MPIEnvironment()           mpirun / mpiexec, through mpi4py (installed by the user)
+
+read their cluster's variables as Lightning's do and give the ranks themselves: the Trainer drives the process group
+from them as from a subclass of one's own. LSF and MPI are auto-detected as Lightning detects them (after torchrun's and
+SLURM's variables). Lightning's XLAEnvironment is refused (no torch_xla), saying what to write instead.
 """
 import abc
+import importlib.util
+import logging
+import os
 import signal
+import socket
 
 from tasktrain.strategies.environment import detect_environment, warn_if_srun_unused
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ClusterEnvironment", "LightningEnvironment", "SLURMEnvironment", "TorchElasticEnvironment",
            "KubeflowEnvironment", "LSFEnvironment", "MPIEnvironment", "XLAEnvironment"]
@@ -130,6 +142,200 @@ class SLURMEnvironment(ClusterEnvironment):
                              "srun. Leave the plugin out (the launcher's variables are read), or launch with srun.")
 
 
+class _GivesItsRanks(ClusterEnvironment):
+    """An environment that reads its cluster's own variables and gives the ranks, world size, address and port itself:
+    the Trainer drives the process group from its getters, as from a subclass of one's own (the module docstring).
+    set_world_size / set_global_rank are ignored, as Lightning's are (the cluster decides)."""
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    def set_world_size(self, size: int) -> None:
+        log.debug("%s.set_world_size was called, but setting world size is not allowed. Ignored.", type(self).__name__)
+
+    def set_global_rank(self, rank: int) -> None:
+        log.debug("%s.set_global_rank was called, but setting global rank is not allowed. Ignored.", type(self).__name__)
+
+
+class KubeflowEnvironment(_GivesItsRanks):
+    """Kubeflow's PyTorchJob: one process per pod, its ranks from the operator's MASTER_ADDR, MASTER_PORT, WORLD_SIZE
+    and RANK (local rank 0, node rank = RANK: give the Trainer devices=1, num_nodes=<pods>). Never auto-detected:
+    pass it in plugins=[...] (detect() raises, as Lightning's)."""
+
+    @property
+    def main_address(self) -> str:
+        return os.environ["MASTER_ADDR"]
+
+    @property
+    def main_port(self) -> int:
+        return int(os.environ["MASTER_PORT"])
+
+    @staticmethod
+    def detect() -> bool:
+        raise NotImplementedError("The Kubeflow environment can't be detected automatically.")
+
+    def world_size(self) -> int:
+        return int(os.environ["WORLD_SIZE"])
+
+    def global_rank(self) -> int:
+        return int(os.environ["RANK"])
+
+    def local_rank(self) -> int:
+        return 0
+
+    def node_rank(self) -> int:
+        return self.global_rank()
+
+
+def _jsrun_variable(name, what):
+    value = os.environ.get(name)
+    if value is None:
+        raise ValueError(f"Cannot determine {what}. Environment variable `{name}` not found. Make sure you run your "
+                         "executable with `jsrun`.")
+    return int(value)
+
+
+class LSFEnvironment(_GivesItsRanks):
+    """IBM LSF with jsrun: world size, rank and local rank from JSM_NAMESPACE_SIZE / _RANK / _LOCAL_RANK; the hosts
+    from the OpenMPI rank file LSB_DJOB_RANKFILE (its first line is the launch node, left out): the main address is
+    the first compute host, the node rank this host's place among them; the port MASTER_PORT where set, else
+    LSB_JOBID % 1000 + 10000 (every rank computes the same). Built, it sets MASTER_ADDR and MASTER_PORT (Lightning's
+    constructor does). Auto-detected where LSB_JOBID, LSB_DJOB_RANKFILE, JSM_NAMESPACE_LOCAL_RANK and
+    JSM_NAMESPACE_SIZE are set and neither torchrun's nor SLURM's variables are."""
+
+    def __init__(self) -> None:
+        hosts = self._read_hosts()
+        self._main_address = hosts[0]
+        self._main_port = self._get_main_port()
+        nodes = list(dict.fromkeys(hosts))  # unique hosts, in the rank file's order
+        self._node_rank = nodes.index(socket.gethostname())
+        os.environ["MASTER_ADDR"] = str(self._main_address)
+        os.environ["MASTER_PORT"] = str(self._main_port)
+
+    @staticmethod
+    def _read_hosts():
+        rankfile = os.environ.get("LSB_DJOB_RANKFILE")
+        if rankfile is None:
+            raise ValueError("Did not find the environment variable `LSB_DJOB_RANKFILE`")
+        if not rankfile:
+            raise ValueError("The environment variable `LSB_DJOB_RANKFILE` is empty")
+        with open(rankfile) as f:
+            return [line.strip() for line in f][1:]  # (the first is the launch node)
+
+    @staticmethod
+    def _get_main_port() -> int:
+        if "MASTER_PORT" in os.environ:
+            return int(os.environ["MASTER_PORT"])
+        if "LSB_JOBID" in os.environ:
+            return int(os.environ["LSB_JOBID"]) % 1000 + 10000
+        raise ValueError("Could not find job id in environment variable LSB_JOBID")
+
+    @property
+    def main_address(self) -> str:
+        return self._main_address
+
+    @property
+    def main_port(self) -> int:
+        return self._main_port
+
+    @staticmethod
+    def detect() -> bool:
+        return {"LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"} <= set(os.environ)
+
+    def world_size(self) -> int:
+        return _jsrun_variable("JSM_NAMESPACE_SIZE", "world size")
+
+    def global_rank(self) -> int:
+        return _jsrun_variable("JSM_NAMESPACE_RANK", "global rank")
+
+    def local_rank(self) -> int:
+        return _jsrun_variable("JSM_NAMESPACE_LOCAL_RANK", "local rank")
+
+    def node_rank(self) -> int:
+        return self._node_rank
+
+
+def _mpi4py_installed() -> bool:
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+class MPIEnvironment(_GivesItsRanks):
+    """Processes started by mpirun / mpiexec: ranks and world size from mpi4py's COMM_WORLD, the node rank this host's
+    place among the sorted host names, the local rank within this host, the address rank 0's host name and the port a
+    free one rank 0 picks (both broadcast over MPI). Needs mpi4py (not a tasktrain dependency: without it, building
+    one raises ModuleNotFoundError, as Lightning's). Auto-detected where mpi4py is installed and MPI's world is larger
+    than one, and neither torchrun's nor SLURM's nor LSF's variables are set."""
+
+    def __init__(self) -> None:
+        if not _mpi4py_installed():
+            raise ModuleNotFoundError("Requirement 'mpi4py' not met: MPIEnvironment reads the ranks from MPI through "
+                                      "mpi4py. Install it (`pip install -U 'mpi4py'`), or use another environment.")
+        from mpi4py import MPI
+
+        self._comm_world = MPI.COMM_WORLD
+        self._comm_local = None
+        self._node_rank = None
+        self._main_address = None
+        self._main_port = None
+
+    @property
+    def main_address(self) -> str:
+        if self._main_address is None:
+            self._main_address = self._comm_world.bcast(socket.gethostname(), root=0)
+        return self._main_address
+
+    @property
+    def main_port(self) -> int:
+        if self._main_port is None:
+            from tasktrain.strategies.launcher import find_free_port
+
+            self._main_port = self._comm_world.bcast(find_free_port(), root=0)
+        return self._main_port
+
+    @staticmethod
+    def detect() -> bool:
+        if not _mpi4py_installed():
+            return False
+        try:
+            from mpi4py import MPI  # (mpi4py may be installed without an MPI library)
+        except ImportError:
+            return False
+        return MPI.COMM_WORLD.Get_size() > 1
+
+    def world_size(self) -> int:
+        return self._comm_world.Get_size()
+
+    def global_rank(self) -> int:
+        return self._comm_world.Get_rank()
+
+    def local_rank(self) -> int:
+        if self._comm_local is None:
+            self._init_comm_local()
+        return self._comm_local.Get_rank()
+
+    def node_rank(self) -> int:
+        if self._node_rank is None:
+            self._init_comm_local()
+        return self._node_rank
+
+    def _init_comm_local(self):
+        hostname = socket.gethostname()
+        hostnames = self._comm_world.gather(hostname, root=0)  # (None on the other ranks)
+        hosts = self._comm_world.bcast(sorted(set(hostnames)) if hostnames is not None else [], root=0)
+        self._node_rank = hosts.index(hostname)
+        self._comm_local = self._comm_world.Split(color=self._node_rank)
+
+
+def detected_environment():
+    """The environment Lightning's connector picks where none is given and neither torchrun's nor SLURM's variables
+    are set (those tasktrain reads itself): LSF, then MPI; None otherwise."""
+    for environment in (LSFEnvironment, MPIEnvironment):
+        if environment.detect():
+            return environment()
+    return None
+
+
 class _Refused(ClusterEnvironment):
     def __init__(self, *args, **kwargs):
         pass
@@ -140,18 +346,6 @@ class _Refused(ClusterEnvironment):
             "torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) from your cluster's, or launch "
             "with torchrun / `tasktrain launch` (docs/launch.md) or srun (docs/slurm.md), and leave the plugin out; "
             "or subclass ClusterEnvironment with your cluster's ranks (docs/lightning.md, Plugins).")
-
-
-class KubeflowEnvironment(_Refused):
-    pass
-
-
-class LSFEnvironment(_Refused):
-    pass
-
-
-class MPIEnvironment(_Refused):
-    pass
 
 
 class XLAEnvironment(_Refused):

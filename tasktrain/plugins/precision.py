@@ -183,12 +183,12 @@ class _LightningHooks:
         elif gradient_clip_algorithm == GradClipAlgorithmType.NORM:
             self.clip_grad_by_norm(optimizer, clip_val)
 
+    # The gradients as they are, as Lightning's: unscaled already in the Trainer's step (optimizer_step above), still
+    # scaled where a manual step's clip_gradients comes before its opt.step()
     def clip_grad_by_value(self, optimizer, clip_val):
-        self.unscale(optimizer)  # (the true gradients: a manual step's clipping comes before its unscale)
         torch.nn.utils.clip_grad_value_(list(self.main_params(optimizer)), clip_value=clip_val)
 
     def clip_grad_by_norm(self, optimizer, clip_val):
-        self.unscale(optimizer)
         torch.nn.utils.clip_grad_norm_(list(self.main_params(optimizer)), clip_val)
 
     def main_params(self, optimizer):

@@ -358,6 +358,7 @@ def profiled_calls(profiler, event, fns):
     """The Trainer's hook list for `event` ((kind, fn, owner): owner a callback, or the module for kind "module"),
     each call inside profiler.profile("[Callback]<state_key>.<event>") or "[LightningModule]<class>.<event>"."""
     return [profiled(profiler, module_action(owner, event) if kind == "module" else
+                     strategy_action(owner, event) if kind == "strategy" else
                      f"[Callback]{owner.state_key}.{event}", fn) for kind, fn, owner in fns]
 
 

@@ -109,6 +109,10 @@ class Strategy(abc.ABC):
 
     name = "base"  # shown by describe(); the registry's names are in tasktrain/names.py
     supports_custom_loop = True  # can wrap a model's own forward for the Accelerator (Plan.calls_steps=False)
+    # Whether the Trainer applies a LayerSync (sync_batchnorm=True, TorchSyncBatchNorm, one's own) to a fit's module
+    # under this strategy when it has several processes, as Lightning's DDP and FSDP do. False: Lightning's DeepSpeed
+    # and ModelParallel strategies never apply one; the Trainer says so with a warning and leaves the module as it is.
+    applies_layer_sync = True
     # Lightning's strategy.cluster_environment: a tasktrain.plugins.environments one given to a Lightning-named
     # strategy's constructor (checked by the Trainer as a plugin is), else the Trainer's (plugins=, or the detected one)
     cluster_environment = None
@@ -116,6 +120,10 @@ class Strategy(abc.ABC):
     # strategy's world reads its ranks, world size, address and port from it (strategies/world.py), as Lightning's
     # DDP does, and starts no processes where it says its cluster creates them. None: the launcher's variables.
     environment_plugin = None
+    # Lightning's parallel_devices given to a Lightning-named strategy's constructor (a list of torch.device, one a
+    # process of a node): the Trainer then runs len() of them of their kind, whatever its devices= said (Lightning's)
+    parallel_devices = None
+    parallel_devices_of = None  # the Lightning class they were given to ("DDPStrategy"), for Lightning's messages
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -507,15 +515,17 @@ class Strategy(abc.ABC):
         """Make `optimizer`'s gradients the true ones before anything reads them (fp16). Idempotent per step."""
         self.precision.unscale(optimizer)
 
-    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
+    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0, unscale=True):
         """Unscale, then clip `optimizer`'s gradients: to a total `norm_type`-norm of max_norm and/or to
         [-max_value, max_value]. Returns the total norm before clipping (None where it is not known here: an engine
-        that clips inside its step, see ClipsInsideStep).
+        that clips inside its step, see ClipsInsideStep). unscale=False clips the gradients as they are (Lightning's
+        module.clip_gradients: in manual optimisation under "16-mixed" they are still scaled there).
 
         The total norm sums per-tensor norms in the order the parameters come, and another order can change its
         last bit. They come in the module's order, that of a hand-written `clip_grad_norm_(model.parameters(), ...)`,
         not in the optimizer's (whose param groups may regroup them), so that a fit repeats such a loop bit for bit."""
-        self.unscale_gradients(optimizer)
+        if unscale:
+            self.unscale_gradients(optimizer)
         params = [p for p in self._in_module_order(optimizer) if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type) if params else torch.tensor(0.0)
         if max_norm is not None and params:

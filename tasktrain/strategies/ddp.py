@@ -48,8 +48,9 @@ class DDP(ProcessWorld, Strategy):
         checkpoint_io: a CheckpointIO (tasktrain.plugins.io) for the checkpoint files, as Lightning's DDPStrategy.
         precision_plugin, cluster_environment: Lightning's DDPStrategy arguments: a precision plugin
             (tasktrain.plugins.precision; or precision= by name) and a ClusterEnvironment
-            (tasktrain.plugins.environments), as in Trainer(plugins=[...]). parallel_devices is refused (the
-            Trainer's devices=).
+            (tasktrain.plugins.environments), as in Trainer(plugins=[...]); parallel_devices, the devices of
+            one node (one process each), as Lightning's: they win over the Trainer's devices= and accelerator=
+            (CPU devices, or cuda:0 .. cuda:N-1).
         **ddp_kwargs: options of torch.nn.parallel.DistributedDataParallel (find_unused_parameters,
             static_graph, gradient_as_bucket_view, bucket_cap_mb, broadcast_buffers, ...).
     """
@@ -67,12 +68,15 @@ class DDP(ProcessWorld, Strategy):
 
             if lightning_args.get("precision_plugin") is not None and precision is not None:
                 raise ValueError("DDP(precision=..., precision_plugin=...): give the precision once.")
-            _check_common("DDPStrategy", None, lightning_args.get("parallel_devices"),
-                          lightning_args.get("cluster_environment"), lightning_args.get("precision_plugin"))
+            _, _, parallel_devices = _check_common("DDPStrategy", None, lightning_args.get("parallel_devices"),
+                                                   lightning_args.get("cluster_environment"),
+                                                   lightning_args.get("precision_plugin"))
             precision = lightning_args.get("precision_plugin") or precision
         super().__init__(accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
         self.cluster_environment = lightning_args.get("cluster_environment")
+        if lightning_args.get("parallel_devices") is not None:
+            self.parallel_devices, self.parallel_devices_of = parallel_devices, "DDPStrategy"
         self.comm = _check_comm({"ddp_comm_state": ddp_comm_state, "ddp_comm_hook": ddp_comm_hook,
                                  "ddp_comm_wrapper": ddp_comm_wrapper,
                                  "model_averaging_period": model_averaging_period})

@@ -35,6 +35,17 @@ def find_free_port() -> int:
         return s.getsockname()[1]
 
 
+def threads_per_process(num_processes):
+    """OMP_NUM_THREADS for each of `num_processes` ranks started on this machine: the CPUs this process may run on,
+    shared out (at least 1), as Lightning's launchers set it; None when the user set OMP_NUM_THREADS (theirs stays).
+    Without it every rank starts one torch thread per core, and N ranks on the same cores spend their time
+    waiting for each other's threads (`make demo`, 2 ranks on 2 cores: 2.4x the CPU time of one thread each)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return str(max(1, cpus // num_processes))
+
+
 def _command():
     # `python -m package.module` is re-run as such; a script as a script.
     main = sys.modules.get("__main__")
@@ -62,9 +73,11 @@ def _refuse_lightning_launch():
 class SubprocessLauncher:
     is_interactive_compatible = False  # Lightning's: re-running the command cannot work from a notebook
 
-    def __init__(self, num_processes: int, num_nodes: int = 1):
+    def __init__(self, num_processes: int, num_nodes: int = 1, external: bool = False):
         self.num_processes = num_processes
         self.num_nodes = num_nodes
+        # a launcher outside started the processes: this one is the view Lightning gives there, starting nothing
+        self.external = external
         self.procs = []  # Popen of ranks 1..N-1, in rank order
         self._error_dir = None
         self._lock = threading.Lock()
@@ -74,7 +87,7 @@ class SubprocessLauncher:
 
     def launch(self, *lightning_args, **lightning_kwargs):
         """Start ranks 1..N-1 and set this process's environment as rank 0."""
-        if lightning_args or lightning_kwargs:
+        if lightning_args or lightning_kwargs or self.external:  # (the Trainer never launches an external one)
             _refuse_lightning_launch()
         if self.num_nodes > 1:
             raise RuntimeError(
@@ -92,6 +105,9 @@ class SubprocessLauncher:
             "TASKTRAIN_LAUNCHER": "self",
             "TASKTRAIN_PARENT_PID": str(os.getpid()),
         }
+        threads = threads_per_process(self.num_processes)
+        if threads is not None:  # the children start with it; this process (rank 0) takes it below
+            common["OMP_NUM_THREADS"] = threads
         cmd = _command()
         self._error_dir = tempfile.mkdtemp(prefix="tasktrain-errors-")
         for rank in range(1, self.num_processes):
@@ -99,6 +115,10 @@ class SubprocessLauncher:
                        TASKTRAIN_ERROR_FILE=self._error_file(rank))
             self.procs.append(subprocess.Popen(cmd, env=env))
         os.environ.update(common, RANK="0", LOCAL_RANK="0")
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(int(threads))
         atexit.register(self._at_exit)
         threading.Thread(target=self._watch, name="tasktrain-worker-watch", daemon=True).start()
 

@@ -27,10 +27,8 @@ _PG_TIMEOUT = timedelta(minutes=30)  # Lightning's default_pg_timeout
 
 def _check_common(cls, accelerator, parallel_devices, cluster_environment, precision_plugin, checkpoint_io=None):
     """Lightning's arguments that every strategy takes, and what stands for them here. Returns (accelerator,
-    precision) for tasktrain's constructor."""
-    if parallel_devices is not None:
-        raise ValueError(f"{cls}(parallel_devices=...): the devices are the Trainer's here; write "
-                         f"Trainer(devices={len(parallel_devices)}, accelerator=...) and leave parallel_devices out.")
+    precision, parallel_devices) for tasktrain's constructor (the devices as a list of torch.device, or None)."""
+    parallel_devices = check_parallel_devices(cls, parallel_devices)
     check_cluster_environment(cls, cluster_environment)
     if checkpoint_io is not None:
         raise ValueError(f"{cls}(checkpoint_io=...): checkpoints are written by the strategy itself (atomic writes, "
@@ -41,7 +39,31 @@ def _check_common(cls, accelerator, parallel_devices, cluster_environment, preci
     if precision_plugin is not None and not isinstance(precision_plugin, Precision):
         raise ValueError(f"{cls}(precision_plugin={type(precision_plugin).__name__}(...)): give the precision by "
                          "name, Trainer(precision='bf16-mixed'); the strategy builds its engine's plugin for it.")
-    return ("cuda" if accelerator == "gpu" else accelerator), precision_plugin
+    return ("cuda" if accelerator == "gpu" else accelerator), precision_plugin, parallel_devices
+
+
+def check_parallel_devices(cls, parallel_devices):
+    """Lightning's `parallel_devices=` of a strategy: the devices of one node, one process each. Under Lightning they
+    win over the Trainer's devices= and set its accelerator (the Trainer reads them: runtime.build_runtime). CPU
+    devices (their count is what matters), or CUDA devices 0..N-1 in order: tasktrain's ranks run on the first N
+    visible GPUs, so other indices are refused, naming CUDA_VISIBLE_DEVICES. Returns a list of torch.device, or None."""
+    if parallel_devices is None:
+        return None
+    try:
+        devices = [torch.device(device) for device in parallel_devices]
+    except (TypeError, RuntimeError):
+        raise ValueError(f"{cls}(parallel_devices={parallel_devices!r}): give a list of devices, e.g. "
+                         "[torch.device('cpu')] * 2.") from None
+    kinds = {device.type for device in devices}
+    if not devices or len(kinds) > 1 or not kinds <= {"cpu", "cuda"}:
+        raise ValueError(f"{cls}(parallel_devices={parallel_devices!r}): give a non-empty list of CPU devices or of "
+                         "CUDA devices (one process each), not a mix.")
+    if kinds == {"cuda"} and [device.index for device in devices] != list(range(len(devices))):
+        raise ValueError(f"{cls}(parallel_devices={parallel_devices!r}): tasktrain runs its processes on the first "
+                         f"{len(devices)} visible GPUs (cuda:0 .. cuda:{len(devices) - 1}); to use these ones, set "
+                         "CUDA_VISIBLE_DEVICES to their indices and give "
+                         f"{[f'cuda:{i}' for i in range(len(devices))]}.")
+    return devices
 
 
 def check_cluster_environment(cls, environment):
@@ -52,7 +74,8 @@ def check_cluster_environment(cls, environment):
     if environment is not None and not isinstance(environment, ClusterEnvironment):
         raise ValueError(f"{cls}(cluster_environment={type(environment).__name__}(...)): give a ClusterEnvironment "
                         "(tasktrain.plugins.environments: LightningEnvironment, TorchElasticEnvironment, "
-                        "SLURMEnvironment), or leave it out: tasktrain reads the launcher's variables itself.")
+                        "SLURMEnvironment, KubeflowEnvironment, LSFEnvironment, MPIEnvironment, or a subclass of "
+                        "ClusterEnvironment of your own), or leave it out: tasktrain reads the launcher's variables itself.")
     return environment
 
 
@@ -123,8 +146,8 @@ class DeepSpeedStrategy(DeepSpeed):
         args.pop("self")
         args.pop("__class__", None)
         given = set(_given(DeepSpeedStrategy, args))
-        accelerator, precision = _check_common("DeepSpeedStrategy", accelerator, parallel_devices,
-                                               cluster_environment, precision_plugin)
+        accelerator, precision, parallel_devices = _check_common("DeepSpeedStrategy", accelerator, parallel_devices,
+                                                                 cluster_environment, precision_plugin)
         if remote_device is not None:
             raise ValueError(f"DeepSpeedStrategy(remote_device={remote_device!r}): tasktrain creates the parameters on "
                              "the run's device (partitioned under stage 3 with zero3_init) and offloads them after; "
@@ -165,6 +188,7 @@ class DeepSpeedStrategy(DeepSpeed):
                          accelerator=accelerator, precision=precision, process_group_backend=process_group_backend,
                          timeout=timeout if timeout is not None else _PG_TIMEOUT)
         self.cluster_environment = cluster_environment
+        self.parallel_devices, self.parallel_devices_of = parallel_devices, "DeepSpeedStrategy"
         self.remote_device = remote_device
         self.load_full_weights = load_full_weights  # a single-file checkpoint's whole weights load at every stage
         self.exclude_frozen_parameters = exclude_frozen_parameters
@@ -415,8 +439,8 @@ class FSDPStrategy(FSDP):
                  mixed_precision=None, auto_wrap_policy=None, activation_checkpointing=None,
                  activation_checkpointing_policy=None, sharding_strategy="FULL_SHARD", state_dict_type="full",
                  device_mesh=None, **kwargs):
-        accelerator, precision = _check_common("FSDPStrategy", accelerator, parallel_devices, cluster_environment,
-                                               precision_plugin, checkpoint_io)
+        accelerator, precision, parallel_devices = _check_common(
+            "FSDPStrategy", accelerator, parallel_devices, cluster_environment, precision_plugin, checkpoint_io)
         if device_mesh is not None:
             raise ValueError(f"FSDPStrategy(device_mesh={device_mesh!r}): {_HSDP_FIX}.")
         reshard_after_forward = _sharding(sharding_strategy)
@@ -461,6 +485,7 @@ class FSDPStrategy(FSDP):
                          timeout=timeout if timeout is not None else _PG_TIMEOUT)
         self.sharding_strategy = sharding_strategy
         self.cluster_environment = cluster_environment
+        self.parallel_devices, self.parallel_devices_of = parallel_devices, "FSDPStrategy"
 
     def _select(self, module, choice, argument):
         if isinstance(choice, _FSDP1Policy):

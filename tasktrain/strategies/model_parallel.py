@@ -70,6 +70,7 @@ class ModelParallelStrategy(FSDP):
     """
 
     name = "model_parallel"
+    applies_layer_sync = False  # (Lightning's ModelParallelStrategy never calls its LayerSync)
 
     def __init__(self, data_parallel_size="auto", tensor_parallel_size="auto", save_distributed_checkpoint=True,
                  process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None,
@@ -303,13 +304,14 @@ class ModelParallelStrategy(FSDP):
             out = out / self.tensor_parallel_size  # each tensor-parallel group counted once (see the module doc)
         return out
 
-    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
+    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0, unscale=True):
         """The norm over every shard of every gradient. The gradients live on different meshes (a tensor-parallel
         layer's on the 2-D mesh, a layer that is only fully_shard-ed on the data-parallel one), and DTensor ops do not
         mix meshes: each mesh's gradients give one norm (reduced over its ranks), and those norms give the total."""
         from torch.distributed.tensor import DTensor
 
-        self.unscale_gradients(optimizer)
+        if unscale:  # (False: as they are, the base contract's)
+            self.unscale_gradients(optimizer)
         params = [p for p in self._in_module_order(optimizer) if p.grad is not None]
         if not params:
             return torch.tensor(0.0)

@@ -26,7 +26,7 @@ import tempfile
 import torch
 
 from tasktrain.exceptions import MisconfigurationException
-from tasktrain.strategies.launcher import find_free_port
+from tasktrain.strategies.launcher import find_free_port, threads_per_process
 from tasktrain.tree import apply_to_leaves
 
 
@@ -59,6 +59,9 @@ def run_spawned(strategy, run, args):
         result_path = os.path.join(tmp, "rank0.pt")
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_port()), "WORLD_SIZE": str(nprocs),
                "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "TASKTRAIN_LAUNCHER": "spawn"}
+        threads = threads_per_process(nprocs)
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = threads  # each child sets it (it imported torch before it reads env)
         # torch.multiprocessing would put the module's tensors in memory shared by all children, so every rank
         # would step the same weights: each child gets its own copy of `run` (the trainer and the module)
         # instead; the arguments (the loaders) may stay shared.
@@ -108,6 +111,8 @@ class ProcessExitedException(torch.multiprocessing.ProcessExitedException, Runti
 
 def _child(rank, env, private, args, result_path):
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+    if "OMP_NUM_THREADS" in env:
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     run = pickle.loads(private)
     value = run(*args)
     if rank == 0:

@@ -83,30 +83,27 @@ class ProcessWorld(MultiProcess):
 
     @property
     def launcher(self):
-        """Lightning's strategy.launcher: what starts the workers from a plain `python script.py`, None where a
-        launcher outside started the processes (torchrun, SLURM, `tasktrain launch`, or this process is a worker).
-        The SubprocessLauncher of this process's self-launched workers once they run; before (or with a world of one,
-        where nothing is started) one not started; start_method="spawn": a SpawnLauncher (spawn.py), in the parent
-        and in its children. Its
-        `is_interactive_compatible` is False, as Lightning's for these start methods."""
+        """Lightning's strategy.launcher: the object that starts the workers from a plain `python script.py`, as
+        Lightning's DDP strategies always have one. The SubprocessLauncher of this process's self-launched workers
+        once they run; before (or with a world of one, where nothing is started) one not started; where a launcher
+        outside started the processes (torchrun, SLURM, `tasktrain launch`, a user's ClusterEnvironment that creates
+        them, a LOCAL_RANK-only launch, or this process is a worker) one that starts nothing (no procs, its launch()
+        refused), as Lightning's _SubprocessScriptLauncher does there; start_method="spawn": a SpawnLauncher
+        (spawn.py), in the parent and in its children. Its `is_interactive_compatible` is False, as Lightning's for
+        these start methods."""
         if _PROCESS["launcher"] is not None:
             return _PROCESS["launcher"]
-        launched_by = self._launched_by()
-        if launched_by == "spawn" and self.start_method == "spawn":
-            # a ddp_spawn child keeps its strategy's launcher, as Lightning's (pickled with the trainer there);
-            # its launch() refuses, as every launcher's here
-            launched_by = None
-        if launched_by is not None:
-            return None
-        if self._idle_launcher is None:
-            if self.start_method == "spawn":
+        if self.start_method == "spawn":
+            if self._idle_launcher is None:
                 from tasktrain.strategies.spawn import SpawnLauncher
 
                 self._idle_launcher = SpawnLauncher(self.devices)
-            else:
-                from tasktrain.strategies.launcher import SubprocessLauncher
+            return self._idle_launcher
+        external = self._launched_by() is not None  # (read each time: the environment decides, not the first read)
+        if self._idle_launcher is None or self._idle_launcher.external != external:
+            from tasktrain.strategies.launcher import SubprocessLauncher
 
-                self._idle_launcher = SubprocessLauncher(self.devices, self.num_nodes)
+            self._idle_launcher = SubprocessLauncher(self.devices, self.num_nodes, external=external)
         return self._idle_launcher
 
     # -- who am I ------------------------------------------------------------------------------------------

@@ -893,6 +893,18 @@ def _with_sampler(loader, sampler, predicting=False):
     return kind(loader.dataset, batch_sampler=_IndexBatchSamplerWrapper(batches) if predicting else batches, **options)
 
 
+def _iterable_predict_loader(loader):
+    """A predict loader over an IterableDataset, built again as Lightning's Trainer builds every predict DataLoader
+    (its class with the user's arguments, its errors where the class cannot be): no sampler and no index-keeping
+    wrapper (an iterable dataset's batches have no indices), nothing sharded."""
+    if _users_class(loader):
+        return build_again(loader, None, predicting=True)
+    kind = type(loader) if is_stateful_loader(loader) else DataLoader
+    options = dict(loader_options(loader), **({} if kind is DataLoader else
+                                              {"snapshot_every_n_steps": loader.snapshot_every_n_steps}))
+    return kind(loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **options)
+
+
 def _predict_loader(loader, world_size, rank):
     """A map-style predict loader, as Lightning's Trainer takes it (it builds every predict loader again): on several
     processes its sampler replaced by PredictShardSampler (UnrepeatedDistributedSamplerWrapper: unpadded), shuffling
@@ -1004,8 +1016,10 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=shuffle_seed)
         return _rebuild(loader, sampler, loader.generator)
     if prefix == "predict":
-        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        if not isinstance(loader, DataLoader):
             return loader
+        if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+            return _iterable_predict_loader(loader)
         if world_size > 1 and _replaceable(loader) and type(_order_sampler(loader)) is SequentialSampler and \
                 not loader.drop_last:
             return _with_sampler(loader, EvalShardSampler(loader.dataset, world_size, rank), predicting=True)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, SIGTERMException
-from tasktrain.profilers import profiled, strategy_action
+from tasktrain.profilers import module_action, profiled, strategy_action
 from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, run
@@ -33,8 +33,7 @@ _COUNT_ATTRIBUTE = {"validate": "num_val_batches", "test": "num_test_batches", "
 
 def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     strategy = trainer.strategy
-    with trainer._profile(strategy_action(strategy, "setup_module_and_optimizers")):
-        strategy.setup_module_and_optimizers(module, [], Plan(training=False))
+    strategy.setup_module_and_optimizers(module, [], Plan(training=False))
     run.connect_precision(strategy, [], [])
     module.zero_grad()  # Lightning clears the gradients when each entry point starts
     trainer._log_hyperparams(module)  # (Lightning's: at the start of every run)
@@ -298,7 +297,8 @@ def _evaluate(trainer, stage, loaders, limits):
     outer_stage = state.stage
     if not trainer.sanity_checking:
         state.stage = RunningStage(stage)
-    with hook_scope(trainer, f"on_{prefix}_model_eval"):  # (named for self.log, which refuses it there)
+    with hook_scope(trainer, f"on_{prefix}_model_eval"), \
+            trainer._profile(module_action(module, f"on_{prefix}_model_eval")):  # (named for self.log)
         getattr(module, f"on_{prefix}_model_eval")()
     metrics.set_stage(stage, False, True)
     metrics.step_values.clear()  # (Lightning resets an evaluation's results: nothing of the last one is written)
@@ -420,7 +420,8 @@ def _predict(trainer, module, loaders, limits, gather):
     check_dataloader_idx(module, "predict", len(loaders) > 1)
     modes = training_modes(module)
     trainer.state.stage = RunningStage.PREDICTING
-    module.on_predict_model_eval()
+    with trainer._profile(module_action(module, "on_predict_model_eval")):
+        module.on_predict_model_eval()
     returns = getattr(trainer, "_return_predictions", True)
     keep = returns or any(w.writes_on_epoch for w in writers)
     # the batches started per loader (Lightning's predict_loop.epoch_batch_indices: lightning_loops.py)

@@ -168,6 +168,8 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         first_epoch=trainer.state.epoch,  # (set again once a resume has restored the state: loop.py)
         lightning_precision=lightning_precision,
     )
+    if profiler is not None:  # (Lightning times the module's lr_scheduler_step, its default's step too)
+        fit.lr_scheduler_step = profiled(profiler, module_action(module, "lr_scheduler_step"), fit.lr_scheduler_step)
     wrappers = lightning_optimizers(trainer)  # (trainer.optimizers are `optimizers`)
     for wrapper in wrappers:  # (kept from an earlier fit where configure_optimizers returned the same objects)
         wrapper._step_fn = partial(manual_step, trainer, wrapper)
@@ -203,6 +205,15 @@ def accumulation_schedules(callbacks):
             and callable(getattr(cb, "get_accumulate_grad_batches", None))]
 
 
+# the events Lightning also calls on its strategy (`_call_strategy_hook`), timed under a profiler
+_STRATEGY_EVENTS = ("on_train_start", "on_train_end", "on_train_batch_start", "on_validation_start", "on_validation_end",
+                    "on_test_start", "on_test_end", "on_predict_start", "on_predict_end")
+
+
+def _nothing(*args, **kwargs):
+    return None
+
+
 def build_hook_tables(trainer, module):
     """For each event the overriding callbacks, then the module's hook (if overridden), bound once (Lightning's
     order; HookTables)."""
@@ -210,15 +221,20 @@ def build_hook_tables(trainer, module):
     from tasktrain.callbacks.early_stopping import EarlyStopping
 
     tables = {}
+    # With a profiler, every hook is in the tables, overridden or not (the base's are no-ops): Lightning profiles
+    # each hook call of each callback and of the module, so the recorded actions and counts are its. Without one, a
+    # hook nobody overrides costs nothing.
+    every = trainer.profiler is not None
     for event in EVENTS:
         fns = []
         for cb in trainer.callbacks:
-            if hook_is_called(event, cb, Callback):
+            if hook_is_called(event, cb, Callback) or (every and callable(getattr(cb, event, None))):
                 kind = "monitor" if isinstance(cb, (EarlyStopping, Checkpoint)) else "callback"
                 fns.append((kind, partial(getattr(cb, event), trainer, module), cb))
         # (the module's hooks are the events TaskModule defines: Lightning calls no module's on_sanity_check_* or
         # on_exception)
-        if hasattr(TaskModule, event) and hook_is_called(event, module, TaskModule):
+        if hasattr(TaskModule, event) and (hook_is_called(event, module, TaskModule) or
+                                           (every and callable(getattr(module, event, None)))):
             own = ("module", getattr(module, event), module)
             if event == "on_load_checkpoint":
                 fns.insert(0, own)
@@ -227,6 +243,9 @@ def build_hook_tables(trainer, module):
                 fns.sort(key=lambda item: {"callback": 0, "module": 1, "monitor": 2}[item[0]])  # (a stable sort)
             else:
                 fns.append(own)
+        if every and event in _STRATEGY_EVENTS:  # Lightning times its strategy's hooks of these events too (its
+            # strategies do nothing there, nor does tasktrain's: an empty call, timed under Lightning's name)
+            fns.append(("strategy", _nothing, trainer.strategy))
         # each hook named for self.log while it runs (Lightning's rules and defaults per hook: metrics.HOOK_LOGGING)
         fns = [(kind, in_hook(trainer._metrics, event, fn), owner) for kind, fn, owner in fns]
         if trainer.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
@@ -238,6 +257,6 @@ def build_hook_tables(trainer, module):
     def pick(*kinds):
         return {e: [f for k, f in fns if k in kinds] for e, fns in tables.items()}
 
-    return HookTables(module=pick("module"), callbacks=pick("callback", "monitor"),
+    return HookTables(module=pick("module", "strategy"), callbacks=pick("callback", "monitor"),
                       all={e: [f for _, f in fns] for e, fns in tables.items()}, plain=pick("callback"),
                       monitoring=pick("monitor"))

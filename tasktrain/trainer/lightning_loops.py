@@ -41,7 +41,7 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
     val_loop, validate_loop, test_loop   batch_progress.current / .total: evaluation batches (TrainState.eval_batches),
                       ready from on_*_batch_start, started from the step, processed from on_*_batch_end; is_last_batch,
-                      max_batches, num_dataloaders, _has_run
+                      max_batches, _max_batches (unclamped, read only), num_dataloaders, _has_run
     predict_loop      batch_progress, current_batch_indices, predictions, epoch_batch_indices, max_batches,
                       num_dataloaders (PredictionLoop)
     done              max_steps or max_epochs reached (epochs counted as `processed`), no training batches, or a stop
@@ -153,23 +153,27 @@ class BatchProgress(Progress):
 
 
 class _LoopView:
-    """What the loop views share: Lightning's loop internals they do not have (`_evaluation_step`, `setup_data`,
-    `_get_monitor_value`, ...) are refused by name, and so is a write to anything but the limits with setters
-    (max_epochs, ...): a patched method or a set counter would be ignored by the Trainer, which runs no loop object."""
+    """What the loop views share: Lightning's loop internals they do not have (`_evaluation_step`, `setup_data`, ...)
+    are refused by name, and so is a write to anything but the limits with setters (max_epochs, ...) and the methods
+    the Trainer calls through the view (_PATCHABLE): any other patched method or set counter would be ignored by the
+    Trainer, which runs no loop object."""
 
     _PATH = "the loop view"
+    _PATCHABLE = ()  # methods the Trainer calls through the view: a patch on the instance is seen, so allowed
 
     def _seal(self):  # (end of __init__; unpickling fills __dict__ directly, _sealed included)
         object.__setattr__(self, "_sealed", True)
 
     def __setattr__(self, name, value):
         attr = getattr(type(self), name, None)
-        if not self.__dict__.get("_sealed") or (isinstance(attr, property) and attr.fset is not None):
+        if (not self.__dict__.get("_sealed") or (isinstance(attr, property) and attr.fset is not None)
+                or name in self._PATCHABLE):
             return object.__setattr__(self, name, value)
         raise AttributeError(
             f"{self._PATH}.{name} cannot be set in tasktrain: the loop views are read views of the Trainer's state "
             "(docs/lightning.md, Loop attributes), and the Trainer runs no loop object that would see it. Only the "
-            "limits are written (fit_loop.max_epochs / min_epochs, fit_loop.epoch_loop.max_steps / min_steps); put "
+            "limits are written (fit_loop.max_epochs / min_epochs, fit_loop.epoch_loop.max_steps / min_steps) and "
+            "fit_loop.epoch_loop._get_monitor_value patched; put "
             "custom behaviour in a Callback or the module's hooks.")
 
     def __getattr__(self, name):  # (only reached for names the view does not define)
@@ -223,6 +227,12 @@ class EvaluationLoop(_LoopView):
             steps = trainer.num_sanity_val_steps
             counts = [min(float("inf") if steps == -1 else steps, count) for count in counts]
         return counts
+
+    @property
+    def _max_batches(self):
+        """Lightning's counts before the sanity check's clamp (max_batches is them clamped); read only: the Trainer
+        counts its loaders itself, once per run."""
+        return [float("inf") if count is None else count for count in self._trainer._counts[self._COUNTS[self._key]]]
 
     @property
     def num_dataloaders(self):
@@ -342,6 +352,7 @@ class EpochLoop(_LoopView):
     """`trainer.fit_loop.epoch_loop`: Lightning's training epoch loop's step limits and counters."""
 
     _PATH = "trainer.fit_loop.epoch_loop"
+    _PATCHABLE = ("_get_monitor_value",)
 
     def __init__(self, trainer):
         self._trainer = trainer
@@ -389,6 +400,12 @@ class EpochLoop(_LoopView):
 
     def _total_zero_grads(self):
         return _zero_grad_counts(self._trainer, 0)
+
+    def _get_monitor_value(self, key):
+        """The value a scheduler that watches `key` (ReduceLROnPlateau) steps with: the Trainer's scheduler stepping
+        reads it through this method, as Lightning's does, so a patch on this view (Lightning's tests wrap it to
+        record the values) is seen."""
+        return self._trainer.callback_metrics.get(key)
 
     @property
     def max_steps(self):

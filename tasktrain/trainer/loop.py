@@ -28,6 +28,7 @@ import warnings
 
 import torch
 
+from tasktrain.profilers import module_action
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, SIGTERMException
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, loaders
@@ -518,6 +519,16 @@ def clip_gradients(trainer, fit, optimizer):
     GradientClipping callback's requests (Trainer(gradient_clip_val) adds one), or, where the module overrides
     configure_gradient_clipping or clip_gradients, its configure_gradient_clipping with the Trainer's values in
     place of the Trainer's own request (Lightning's rule)."""
+    if trainer.profiler is not None and fit.module.automatic_optimization:
+        # timed as the module's configure_gradient_clipping, which Lightning calls (and times) at every automatic
+        # step: its default is the Trainer's clipping
+        with trainer.profiler.profile(module_action(fit.module, "configure_gradient_clipping")):
+            _clip(trainer, fit, optimizer)
+    else:
+        _clip(trainer, fit, optimizer)
+
+
+def _clip(trainer, fit, optimizer):
     if fit.configure_clipping is not None:
         fit.configure_clipping(optimizer, gradient_clip_val=trainer.gradient_clip_val,
                                gradient_clip_algorithm=trainer.gradient_clip_algorithm)  # (by keyword: Lightning's call)
@@ -753,7 +764,8 @@ def _run_validation(trainer, step, zero_grad):
     # manual optimisation too (its default's module.zero_grad() drops gradients a training_step accumulates across
     # the validation). (None in the hook's place switches it off.)
     if zero_grad and callable(getattr(module, "on_validation_model_zero_grad", None)):
-        with hook_scope(trainer, "on_validation_model_zero_grad"):  # (named for self.log, which refuses it there)
+        with hook_scope(trainer, "on_validation_model_zero_grad"), \
+                trainer._profile(module_action(module, "on_validation_model_zero_grad")):  # (named for self.log)
             module.on_validation_model_zero_grad()
     if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)
         return
@@ -794,7 +806,9 @@ def step_schedulers(trainer, fit, interval, plateau=None, values=None, batch_idx
             step_scheduler(config.scheduler, None)
             trainer.state.scheduler_steps += 1  # (Lightning's scheduler_progress)
             continue
-        value = (trainer.callback_metrics if values is None else values).get(config.monitor)
+        # (through the loop view's method, as Lightning reads it: a patch on it is seen)
+        value = trainer.fit_loop.epoch_loop._get_monitor_value(config.monitor) if values is None else \
+            values.get(config.monitor)
         if value is None:
             if trainer.sanity_checking:
                 continue

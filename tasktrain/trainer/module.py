@@ -584,8 +584,12 @@ class TaskModule(torch.nn.Module):
             self.untoggle_optimizer(optimizer)
 
     def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        """Clip `optimizer`'s gradients now, through the strategy (it unscales them first): by total norm
-        ("norm") or by value ("value"); the trainer's gradient_clip_val/_algorithm where not given."""
+        """Clip `optimizer`'s gradients now, as they are, through the strategy: by total norm ("norm") or by value
+        ("value"); the trainer's gradient_clip_val/_algorithm where not given. As Lightning's, nothing is unscaled
+        here: the Trainer's step unscales "16-mixed" gradients before on_before_optimizer_step and
+        configure_gradient_clipping, but in manual optimisation a call before opt.step() clips the scaled gradients
+        (Lightning's MixedPrecision.clip_gradients; opt.step() unscales after). To clip the true ones there, clip in
+        on_before_optimizer_step, which opt.step() calls after the unscale."""
         trainer = self.trainer
         # a value given both to the Trainer and here is ambiguous (which one clips?): Lightning's error, its words
         if (gradient_clip_val is not None and trainer.gradient_clip_val is not None
@@ -618,8 +622,8 @@ class TaskModule(torch.nn.Module):
         if not value:
             return None
         if algorithm == "norm":
-            return trainer.strategy.clip_gradients(optimizer, max_norm=float(value))
-        return trainer.strategy.clip_gradients(optimizer, max_value=float(value))
+            return trainer.strategy.clip_gradients(optimizer, max_norm=float(value), unscale=False)
+        return trainer.strategy.clip_gradients(optimizer, max_value=float(value), unscale=False)
 
     def lr_schedulers(self):
         scheds = [c.scheduler for c in self.trainer.lr_scheduler_configs]

@@ -115,15 +115,19 @@ def _own_methods(plugin) -> set:
 
 
 def _users_environment(env) -> bool:
-    """A ClusterEnvironment subclass of one's own (not one of tasktrain.plugins.environments): it drives the world."""
-    return env is not None and type(env).__module__ != "tasktrain.plugins.environments"
+    """An environment that drives the world from its getters: a ClusterEnvironment subclass of one's own (not one of
+    tasktrain.plugins.environments), or Kubeflow / LSF / MPI, which read their cluster's variables themselves."""
+    from tasktrain.plugins.environments import _GivesItsRanks
+
+    return env is not None and (type(env).__module__ != "tasktrain.plugins.environments"
+                                or isinstance(env, _GivesItsRanks))
 
 
 def _check_environment_class(env):
     from tasktrain.plugins.environments import _Refused
 
     if isinstance(env, _Refused) and not _users_environment(env):
-        env.check(None)  # Lightning's Kubeflow / LSF / MPI / XLA environments: the refusal
+        env.check(None)  # Lightning's XLAEnvironment: the refusal
 
 
 def apply_plugins(found, strategy, env):
@@ -138,10 +142,12 @@ def apply_plugins(found, strategy, env):
                              f"called. Use precision={found.precision.name!r} without a subclass.")
     if found.checkpoint_io is not None:
         strategy.checkpoint_io = found.checkpoint_io
-    from tasktrain.plugins.environments import SLURMEnvironment
+    from tasktrain.plugins.environments import SLURMEnvironment, detected_environment
 
     given = found.environment or strategy.cluster_environment  # plugins=[...], or the strategy's constructor's
-    if given is None:  # (the launcher's variables are read: tasktrain/strategies/environment.py)
+    if given is None and env.launcher is None:  # Lightning's connector detects LSF and MPI after torchrun and SLURM
+        given = detected_environment()
+    if given is None:  # (torchrun's or SLURM's variables, or none, are read: tasktrain/strategies/environment.py)
         return None
     _check_environment_class(given)
     strategy.cluster_environment = given

@@ -19,6 +19,7 @@ old formats and count checks, and the same global-batch check (`check_global_bat
 """
 import os
 
+from tasktrain.profilers import module_action
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
@@ -120,10 +121,14 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
     with hook_scope(trainer, "on_save_checkpoint"):  # (named for self.log, which refuses it there)
         # the callbacks', then the module's (Lightning's order); a weights-only save calls the module's only, as
         # Lightning's (no callback state goes into such a file)
+        profile = trainer._profile  # (Lightning times each call, overridden or not: so does a profiler here)
         for cb in trainer.callbacks if not weights_only else ():
-            if hook_is_called("on_save_checkpoint", cb, Callback):  # (Lightning calls every callback's)
-                cb.on_save_checkpoint(trainer, module, checkpoint)
-        module.on_save_checkpoint(checkpoint)
+            if hook_is_called("on_save_checkpoint", cb, Callback) or (
+                    trainer.profiler is not None and callable(getattr(cb, "on_save_checkpoint", None))):
+                with profile(f"[Callback]{cb.state_key}.on_save_checkpoint"):
+                    cb.on_save_checkpoint(trainer, module, checkpoint)
+        with profile(module_action(module, "on_save_checkpoint")):
+            module.on_save_checkpoint(checkpoint)
     return checkpoint
 
 

@@ -7,6 +7,7 @@ import logging
 import sys
 import warnings
 
+from tasktrain.profilers import module_action, strategy_action
 from tasktrain.callbacks.base import Callback
 from tasktrain.callbacks.timer import Timer
 from tasktrain.exceptions import PossibleUserWarning
@@ -26,11 +27,12 @@ def attach_module_callbacks(trainer, module):
     if trainer._pending_litmodels_tip:  # Lightning's tip, once, where its _attach_model_callbacks gives it
         trainer._pending_litmodels_tip = False
         _info(LITMODELS_TIP)
-    if not hook_is_called("configure_callbacks", module, TaskModule):  # (Lightning calls it always)
-        return
+    if not hook_is_called("configure_callbacks", module, TaskModule) and trainer.profiler is None:
+        return  # (Lightning calls it always; the base's returns nothing: called here only to be timed, as there)
     if "configure_callbacks" in trainer._trial_skips:  # a tuner's trial inside a run: the run attached them
         return
-    with hook_scope(trainer, "configure_callbacks"):  # (named for self.log, which refuses it there)
+    with hook_scope(trainer, "configure_callbacks"), \
+            trainer._profile(module_action(module, "configure_callbacks")):  # (named for self.log, which refuses it)
         extra = module.configure_callbacks()
     extra = [extra] if isinstance(extra, Callback) else list(extra or [])
     replaced = {type(c) for c in extra}
@@ -88,6 +90,9 @@ def batch_mover(trainer, module):
         # a precision plugin's own convert_input: on the batch as the loader gave it, before the transfer hooks
         # (Lightning's place; the strategy then does not cast it again: Precision.cast_moved_batch)
         before = _converted_first(precision, before)
+    if trainer.profiler is not None:  # Lightning times the strategy's batch_to_device and, inside it, the module's
+        # three hooks, overridden or not (the defaults: the batch as it is, moved by the strategy)
+        return _profiled_mover(trainer, module, before, transfer, after), False
     if before is None and transfer is None and after is None:
         return strategy.batch_to_device, True
     # (named for self.log, which refuses them)
@@ -105,6 +110,28 @@ def batch_mover(trainer, module):
         return batch
 
     return move, False
+
+
+def _profiled_mover(trainer, module, before, transfer, after):
+    strategy, profile = trainer.strategy, trainer.profiler.profile
+    before, transfer, after = (fn if fn is None else in_hook(trainer._metrics, name, fn) for name, fn in (
+        ("on_before_batch_transfer", before), ("transfer_batch_to_device", transfer),
+        ("on_after_batch_transfer", after)))
+    names = [module_action(module, name) for name in (
+        "on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")]
+    outer = strategy_action(strategy, "batch_to_device")
+
+    def move(batch, dataloader_idx=0):
+        with profile(outer):
+            with profile(names[0]):
+                batch = batch if before is None else before(batch, dataloader_idx)
+            with profile(names[1]):
+                batch = strategy.batch_to_device(batch) if transfer is None else \
+                    transfer(batch, strategy.root_device, dataloader_idx)
+            with profile(names[2]):
+                return batch if after is None else after(batch, dataloader_idx)
+
+    return move
 
 
 def _converted_first(precision, before):

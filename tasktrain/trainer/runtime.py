@@ -77,6 +77,8 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
             accelerator = "cpu"
     accumulate_grad_batches = check_accumulation(names["accumulation"], accumulate_grad_batches)
 
+    if isinstance(strategy, Strategy) and strategy.parallel_devices:
+        accelerator, devices = _parallel_devices_choice(strategy, accelerator, devices)
     accelerator = resolve_accelerator(accelerator)
     devices = resolve_devices(devices, accelerator, env)
     if num_nodes is None:
@@ -121,6 +123,27 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
                    accumulate_grad_batches=accumulate_grad_batches,
                    gradient_clip_val=None if gradient_clip_val is None else float(gradient_clip_val),
                    stall_timeout=stall_timeout)
+
+
+def _parallel_devices_choice(strategy, accelerator, devices):
+    """Lightning's connector: a strategy's parallel_devices set the accelerator (another one given is its
+    MisconfigurationException, its words) and the number of processes of a node, over the devices given (which
+    Lightning drops silently: said here). Returns (accelerator, devices)."""
+    given, cls = strategy.parallel_devices, strategy.parallel_devices_of or type(strategy).__name__
+    kind = given[0].type
+    if isinstance(accelerator, str) and accelerator not in ("auto", kind) and not (kind, accelerator) == (
+            "cuda", "gpu"):
+        from tasktrain.exceptions import MisconfigurationException
+
+        raise MisconfigurationException(
+            f"{'CPU' if kind == 'cpu' else 'GPU'} parallel_devices set through {cls} class, but "
+            f"accelerator set to {accelerator}, please choose one device type")
+    count = len(devices) if isinstance(devices, (list, tuple)) else devices
+    if count not in (None, "auto", -1, len(given), str(len(given))):
+        warnings.warn(f"devices={devices!r} is not used: {cls}(parallel_devices=...) gives "
+                      f"{len(given)} devices, which win (as under Lightning). Give the same number, or leave devices "
+                      "out.", UserWarning, stacklevel=4)
+    return kind, len(given)
 
 
 def _launch_choice(name, given, launched):

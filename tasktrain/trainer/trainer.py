@@ -28,7 +28,7 @@ from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, _TunerExitException
 from tasktrain.plugins.layer_sync import TorchSyncBatchNorm
-from tasktrain.profilers import Profiler, module_action, resolve_profiler, strategy_action
+from tasktrain.profilers import Profiler, module_action, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.environment import warn_if_srun_unused
@@ -783,8 +783,18 @@ class Trainer:
         configure_optimizers reads estimated_stepping_batches or the strategy needs the micro-batch size."""
         strategy = self.strategy
         self._loaders_from_hooks = (train_loader is None, val_loader is None)  # reload_dataloaders_every_n_epochs
-        _refuse_sync_batchnorm_on_cpus(strategy, self.sync_batchnorm)
-        if self._layer_sync is not None and isinstance(strategy, MultiProcess):
+        if strategy.applies_layer_sync:  # (where it is not applied, torch's SyncBatchNorm never runs)
+            _refuse_sync_batchnorm_on_cpus(strategy, self.sync_batchnorm)
+        if self._layer_sync is not None and not strategy.applies_layer_sync:
+            # Lightning's DeepSpeed and ModelParallel strategies take the LayerSync and never apply it, silently: the
+            # same here, said on every rank rather than silent
+            given = ("sync_batchnorm=True" if type(self._layer_sync) is TorchSyncBatchNorm
+                     else f"plugins=[{type(self._layer_sync).__name__}(...)]")
+            warnings.warn(f"{given} is not applied under {type(strategy).__name__}: Lightning's DeepSpeed and "
+                          "ModelParallel strategies never apply a LayerSync, nor does tasktrain's; the module's layers "
+                          "stay as they are (each process normalises with its own batch statistics). Remove it, or "
+                          "convert the layers yourself in configure_model.", UserWarning, stacklevel=3)
+        elif self._layer_sync is not None and isinstance(strategy, MultiProcess):
             # Lightning's DDP / FSDP setup of a fit: apply, then the precision's conversion, the wrapper, the optimizers
             if self._layer_sync.apply(module) is not module:
                 raise ValueError(f"{type(self._layer_sync).__name__}.apply(model) returned another module: convert the "
@@ -807,11 +817,11 @@ class Trainer:
             # configure_optimizers is not called and the strategy sets nothing up again
             self.lr_scheduler_configs = list(self.lr_scheduler_configs)
         else:
-            optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+            with self._profile(module_action(module, "configure_optimizers")):  # (Lightning's timed action)
+                optimizers, self.lr_scheduler_configs = parse_optimizers(module)
             _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
             plan = self._plan(module, loaders.train_data_early(self, strategy))
-            with self._profile(strategy_action(strategy, "setup_module_and_optimizers")):
-                _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+            _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
             run.connect_precision(strategy, self.optimizers, self.lr_scheduler_configs)
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)

@@ -166,6 +166,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     """
 
     name = "deepspeed"
+    applies_layer_sync = False  # (Lightning's DeepSpeedStrategy.setup never calls its LayerSync)
     # Lightning's DeepSpeedStrategy(load_full_weights=True) (tasktrain.strategies.lightning sets it): a fit resumed
     # from a single-file checkpoint takes its weights and drops its optimizer state with Lightning's warning, where
     # tasktrain's own strategy refuses that state (load_optimizer_state).
@@ -584,8 +585,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     def zero_grad(self, optimizer=None):
         pass  # engine.step() zeroes the gradients at the window's end
 
-    def clip_gradients(self, optimizer=None, max_norm=None, max_value=None, norm_type=2.0):
-        """DeepSpeed clips inside engine.step() with the config's gradient_clipping. Where the run stated a value
+    def clip_gradients(self, optimizer=None, max_norm=None, max_value=None, norm_type=2.0, unscale=True):
+        """DeepSpeed clips inside engine.step() with the config's gradient_clipping (the engine's own loss scale is
+        taken off there first, whatever `unscale` says: no scaled gradient is ever seen outside it). Where the run stated a value
         (the config, DeepSpeed(gradient_clipping=), the Trainer's gradient_clip_val) the request must agree with it;
         where nobody did, the request sets the engine's clipping for the next step (a custom loop's
         clip_grad_norm_(params, max_norm)). Returns None (the norm of a step: last_grad_norm() after it)."""

@@ -464,11 +464,12 @@ class FSDP(Sharded, ProcessWorld, Strategy):
             self._unreduced.discard(module)
             _drop_unreduced_gradients(module)
 
-    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0):
+    def clip_gradients(self, optimizer, max_norm=None, max_value=None, norm_type=2.0, unscale=True):
         """The norm over all shards: the gradients are DTensors, whose norm torch reduces over the ranks. Summed in the
         module's parameter order, as the base contract does (the optimizer was repointed at the sharded parameters,
         which are the module's own)."""
-        self.unscale_gradients(optimizer)
+        if unscale:  # (False: as they are, the base contract's)
+            self.unscale_gradients(optimizer)
         params = [p for p in self._in_module_order(optimizer) if p.grad is not None]
         if not params:
             return torch.tensor(0.0)
