@@ -120,6 +120,12 @@ class ResumableSampler(DistributedSampler):
         self.skip_samples(int(num_samples) * self.num_replicas)
 
     def __iter__(self):
+        # (lazy, as a RandomSampler's: the order is taken at the first index asked for, not at iter(); a loader
+        # without automatic batching calls iter() on its sampler inside its own iter(), where Lightning's loop makes
+        # it, before the first batch's draw)
+        yield from self._shard()
+
+    def _shard(self):
         start, self.start = self.start, 0
         order = self.global_order()
         rest = order[start:]
@@ -236,9 +242,13 @@ class DistributedSamplerWrapper(DistributedSampler):
             self.sampler.set_epoch(epoch)
 
 
-def read_ahead(iterator):
-    """(item, whether it is the last) for each item: one read ahead, so that the last is known while it is used."""
-    item = next(iterator, _END)
+_UNREAD = object()
+
+
+def read_ahead(iterator, first=_UNREAD):
+    """(item, whether it is the last) for each item: one read ahead, so that the last is known while it is used.
+    `first`: the first item, read already (_END: there was none)."""
+    item = next(iterator, _END) if first is _UNREAD else first
     while item is not _END:
         upcoming = next(iterator, _END)
         yield item, upcoming is _END

@@ -284,6 +284,11 @@ class DispatchData(SlicedData):
     does not depend on the number of processes, so a resume on any number continues it exactly."""
 
     kind = "dispatched"
+    # The reader reads one step ahead, so that the pass's last step is known as it is yielded (Accelerate's
+    # end_of_dataloader and remainder). The Trainer on one process turns it off: its loop reads a loader without a
+    # length one batch ahead itself, as Lightning's fetcher, and a second read-ahead would read (and stop the workers
+    # of) one batch more than Lightning's does.
+    reads_ahead = True
 
     def __init__(self, loader, reader, num_processes, process_index, broadcast, *, split_batches=False,
                  drop_last=False, slice_fn=None, skip_batches=0, length=None, dataset_length=None, seed=0):
@@ -389,6 +394,10 @@ class DispatchData(SlicedData):
                 if len(group) < per_step:
                     return
 
+        if not self.reads_ahead:
+            for batch, count in steps():
+                yield batch, count, False
+            return
         for (batch, count), last in read_ahead(steps()):
             yield batch, count, last
 

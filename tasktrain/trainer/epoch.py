@@ -6,6 +6,7 @@ batch) all read their training data through an `EpochIterator`, so the bookkeepi
 
     it = EpochIterator(train_data, shard_world_size, length, position)
     num_batches = it.begin(epoch)          # set_epoch, the resumed epoch's skip, this pass's length
+    it.start_pass()                        # (the Trainer's) iter() now, where Lightning's loop calls it
     for index, batch, last in it.batches():    # read one ahead when the loader has no length
         ...                                # train on it
         it.advance(index)                  # batches and samples of the epoch's global order consumed
@@ -24,7 +25,12 @@ import warnings
 from dataclasses import asdict, dataclass
 
 from tasktrain.profilers import profiled_iter
-from tasktrain.trainer.data import TrainData, read_ahead, resume_point
+from tasktrain.trainer.data import _END, TrainData, read_ahead, resume_point
+
+
+def _profiled_next(iterator, profiler, name):
+    with profiler.profile(name):
+        return next(iterator, _END)
 
 
 @dataclass
@@ -53,10 +59,16 @@ class EpochIterator:
         self._per_batch = data.samples_per_batch(world_size) or 0
         self._samples_base = 0
         self._samples_cap = data.num_samples or float("inf")
+        self._begun = None  # the epoch begin() set the position of, before its pass was started (start_pass)
+        self._begun_resume = None  # the resume that early begin() applied
+        self._started = None  # a pass whose iterator was made ahead of its batches (start_pass)
 
     # -- one pass ---------------------------------------------------------------------------------------------------
     def begin(self, epoch):
         """Start a pass over `epoch` at the position (a resumed one: where it stopped); returns its batch count."""
+        if self._begun == epoch:  # (begun already, before its pass was started: the resumed position stands)
+            self._begun = None
+            return self.length
         data, position = self.data, self.position
         position.epoch = epoch
         data.set_epoch(epoch)
@@ -91,25 +103,62 @@ class EpochIterator:
         self.position.batch_in_epoch = int(num_batches)
 
     def keep_resume_of(self, other):
-        """The resume pending on `other` (the iterator of the loader this one replaces) applies to this one."""
-        self._resume = other._resume
+        """The resume pending on `other` (the iterator of the loader this one replaces) applies to this one (also one
+        that `other` began already, ahead of its pass: begin_before_start)."""
+        self._resume = other._resume if other._begun is None else other._begun_resume
+
+    def begin_before_start(self, epoch):
+        """begin(epoch) now, ahead of the pass's start (a resumed fit: its epoch and position are set before the
+        iterator is made, so that workers read the resumed epoch from the resumed position); the loop's own
+        begin(epoch) then keeps them."""
+        self._begun_resume = self._resume
+        length = self.begin(epoch)
+        self._begun = epoch
+        return length
+
+    def start_pass(self, profiler=None, profile_first=True):
+        """Make the pass's iterator now (iter(): the loader's workers start, its sampler's or data set's __iter__
+        runs) and, without a length, read its first batch ahead, where Lightning's loop calls iter() on its fetcher
+        (the fit's start, before on_train_start; each later epoch after on_train_epoch_start): `batches()` then
+        goes on from there. A pass started before replaces this one (its workers stop when its iterator goes, as
+        Lightning's). profile_first=False: that read-ahead is not profiled (Lightning's fetcher at the fit's start
+        has no profiler yet)."""
+        self._started = None  # (the previous pass's iterator goes first)
+        self._started = self._make_pass(profiler, eager=True, profile_first=profile_first)
 
     def batches(self, profiler=None, ahead=False):
-        """(index, batch, whether it is the epoch's last) from the position on. With a known length the flag stays
-        False (the windows end at the last index already; zip runs in C, no Python frame per batch); without one a
-        batch is read ahead, so that the last one is known while it is trained on. ahead=True reads the next batch
-        before each one is used in any case, as Accelerate's prepared loaders do: a data set that draws from the
-        global random generator then interleaves its draws with the model's as under Accelerate (issue 41)."""
+        """(index, batch, whether it is the epoch's last) from the position on: the pass start_pass made, else one
+        made now. With a known length the flag stays False (the windows end at the last index already; zip runs in C,
+        no Python frame per batch); without one a batch is read ahead, so that the last one is known while it is
+        trained on. ahead=True reads the next batch before each one is used in any case, as Accelerate's prepared
+        loaders do: a data set that draws from the global random generator then interleaves its draws with the
+        model's as under Accelerate (issue 41)."""
+        started, self._started = self._started, None
+        if started is not None:
+            return started
+        return self._make_pass(profiler, ahead=ahead)
+
+    def _make_pass(self, profiler=None, ahead=False, eager=False, profile_first=True):
         start, length = self.position.batch_in_epoch, self.length
         if length is not None and start >= length:
             return ()  # resumed after the last batch: only the epoch's end is left to run
-        data = self.data if profiler is None else profiled_iter(self.data, profiler,
-                                                                     "[_TrainingEpochLoop].train_dataloader_next")
+        name = "[_TrainingEpochLoop].train_dataloader_next"
+        if not eager:  # (iter() at the first batch: the Accelerator's prepared loaders, a pass not started before)
+            data = self.data if profiler is None else profiled_iter(self.data, profiler, name)
+            if length is not None:
+                if ahead:
+                    data = (batch for batch, _ in read_ahead(iter(data)))
+                return zip(range(start, length), data, itertools.repeat(False))
+            return ((index, batch, last) for index, (batch, last) in enumerate(read_ahead(iter(data)), start))
+        iterator = iter(self.data)  # (Lightning's iter() of its fetcher: now)
         if length is not None:
-            if ahead:
-                data = (batch for batch, _ in read_ahead(iter(data)))
+            data = iterator if profiler is None else profiled_iter(iterator, profiler, name)
             return zip(range(start, length), data, itertools.repeat(False))
-        return ((index, batch, last) for index, (batch, last) in enumerate(read_ahead(iter(data)), start))
+        # Lightning's prefetching fetcher reads a loader without a length one batch ahead inside its iter()
+        first = next(iterator, _END) if not profile_first or profiler is None else \
+            _profiled_next(iterator, profiler, name)
+        data = iterator if profiler is None else profiled_iter(iterator, profiler, name)
+        return ((index, batch, last) for index, (batch, last) in enumerate(read_ahead(data, first), start))
 
     def advance(self, index):
         """Batch `index` is trained on: count it, and the samples of the global order it consumed."""
@@ -125,6 +174,7 @@ class EpochIterator:
             position.data_from_batch = 0
         self.length = self.full_length
         self._samples_base = 0
+        self._begun = self._started = None
 
     @staticmethod
     def window(index, steps, length):

@@ -15,14 +15,14 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, SIGTERMException
-from tasktrain.profilers import module_action, profiled, profiled_iter, strategy_action
+from tasktrain.profilers import module_action, profiled, strategy_action
 from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, run
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten, loaders_view
-from tasktrain.trainer.data import EvalShardSampler, held_until_next_iter, prepare_eval_loader, record_batch_indices, \
-    set_sampler_epoch
+from tasktrain.trainer.data import _END, EvalShardSampler, held_until_next_iter, prepare_eval_loader, \
+    record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage, TrainerFn
@@ -286,8 +286,11 @@ def check_dataloader_idx(module, stage, several):
 
 def _evaluate(trainer, stage, loaders, limits):
     module, strategy, metrics = trainer.module, trainer.strategy, trainer._metrics
-    check_dataloader_idx(module, stage, not isinstance(loaders, CombinedEvalLoaders) and len(loaders) > 1)
     prefix = "validation" if stage == "validate" else stage
+    # Lightning's loop (its reset) sets the samplers' epoch and calls iter() before any hook of the run: the first
+    # loader's workers start, its sampler's or data set's __iter__ runs there
+    fetch = start_fetch(trainer, loaders, limits, prefix)
+    check_dataloader_idx(module, stage, not isinstance(loaders, CombinedEvalLoaders) and len(loaders) > 1)
     step_fn = getattr(module, f"{prefix}_step")
     modes = training_modes(module)  # each submodule's flag, given back at the end (Lightning's _ModuleMode)
     state = trainer.state
@@ -314,45 +317,49 @@ def _evaluate(trainer, stage, loaders, limits):
     # _has_run (a batch completed in this run, the sanity check's not counted)
     state.eval_is_last_batch[key], trainer._eval_has_run[key] = False, False
     trainer._call(f"on_{prefix}_start")
-    if not trainer.sanity_checking and trainer.state.fn == stage:  # (a validate/test run's own loaders)
+    if not trainer.sanity_checking and trainer.state.fn == stage and trainer._eval_data_stale:
+        # (a validate/test run's own loaders, built again by a hook: Lightning's loop sets them up and iterates
+        # them again inside that hook)
+        fetch = None  # (the first loaders' iterator goes: their workers stop)
         loaders, limits = _rebuilt_if_stale(trainer, stage, loaders, limits)
+        fetch = start_fetch(trainer, loaders, limits, prefix)
     trainer._call(f"on_{prefix}_epoch_start")
-    for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
-        set_sampler_epoch(loader, trainer.current_epoch)
-    # the passes: each loader in turn with its dataloader_idx, or (a CombinedLoader not sequential) one pass over
+    # the batches: each loader in turn with its dataloader_idx, or (a CombinedLoader not sequential) one pass over
     # all of them together, dataloader_idx 0 and not given to the step and hooks (Lightning's _is_sequential)
     together = isinstance(loaders, CombinedEvalLoaders)
-    passes = [(loaders.batches(), loaders.length(limits))] if together else list(zip(loaders, limits))
-    for dataloader_idx, (loader, limit) in enumerate(passes):
-        extra = (dataloader_idx,) if len(passes) > 1 else ()
-        metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
-        metrics.eval_ranks_meet = trainer.world_size == 1 or all(
-            ranks_meet(trainer, stage, one) for one in (loaders if together else [loader]))
-        for batch_idx, batch in _batches(trainer, loader, limit, prefix, f"end of the {prefix} epoch"):
-            batch = trainer._eval_to_device(batch, dataloader_idx)
-            metrics.set_batch(batch)
-            phases[key] = "ready"
-            state.eval_is_last_batch[key] = (dataloader_idx == len(passes) - 1 and limit is not None
-                                             and batch_idx + 1 >= limit)
-            for fn in hooks[f"on_{prefix}_batch_start"]:
-                fn(batch, batch_idx, *extra)
-            phases[key] = "started"
-            outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
-            phases[key] = "processed"
-            for fn in hooks[f"on_{prefix}_batch_end"]:
-                fn(outputs, batch, batch_idx, *extra)
-            completed[0] += 1
-            completed[1] += 1
-            phases[key] = None
-            metrics.set_batch(None)  # (Lightning's: the epoch-end hooks' values infer no batch size)
-            if not trainer.sanity_checking:
-                trainer._eval_has_run[key] = True
-                log_eval_step(trainer, stage, dataloader_idx)
-            # Lightning's check: SIGTERM ends the evaluation after this batch, unless it was the last one (of the
-            # last loader; a loader without a length: its last batch is not known, it ends after any)
-            if trainer.received_sigterm and not (dataloader_idx == len(passes) - 1 and limit is not None and
-                                                 batch_idx + 1 >= limit):
-                sigterm_in_evaluation(trainer)
+    several = not together and len(loaders) > 1
+    current = None
+    batches = watched_batches(trainer._watchdog, fetch, f"{prefix}_step", lambda: state.global_step,
+                              end_event=f"end of the {prefix} epoch")
+    for batch_idx, dataloader_idx, batch, last in batches:
+        extra = (dataloader_idx,) if several else ()
+        if dataloader_idx != current:  # (Lightning's loop notes where its combined loader went on to the next one)
+            current = dataloader_idx
+            metrics.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if extra else ""
+            metrics.eval_ranks_meet = trainer.world_size == 1 or all(
+                ranks_meet(trainer, stage, one) for one in (loaders if together else [loaders[dataloader_idx]]))
+        batch = trainer._eval_to_device(batch, dataloader_idx)
+        metrics.set_batch(batch)
+        phases[key] = "ready"
+        state.eval_is_last_batch[key] = last  # (Lightning's fetcher's `done`)
+        for fn in hooks[f"on_{prefix}_batch_start"]:
+            fn(batch, batch_idx, *extra)
+        phases[key] = "started"
+        outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
+        phases[key] = "processed"
+        for fn in hooks[f"on_{prefix}_batch_end"]:
+            fn(outputs, batch, batch_idx, *extra)
+        completed[0] += 1
+        completed[1] += 1
+        phases[key] = None
+        metrics.set_batch(None)  # (Lightning's: the epoch-end hooks' values infer no batch size)
+        if not trainer.sanity_checking:
+            trainer._eval_has_run[key] = True
+            log_eval_step(trainer, stage, dataloader_idx)
+        # Lightning's check: SIGTERM ends the evaluation after this batch, unless it was the last one (of the last
+        # loader; known without a length too: such a pass is read one batch ahead)
+        if trainer.received_sigterm and not last:
+            sigterm_in_evaluation(trainer)
     metrics.dataloader_suffix = ""
     metrics.eval_ranks_meet = True  # (the epoch-end hooks run on every rank)
     # Lightning's order: the callbacks then the module, each seeing the epoch's values of what was logged in
@@ -406,18 +413,17 @@ def predict(trainer, module, loaders, limits, gather):
 
 
 def _predict(trainer, module, loaders, limits, gather):
+    writers = _prediction_writers(trainer)
+    # Lightning's loop (its reset) calls iter() before any hook of the run (the samplers' epoch set before)
+    loaders, per_loader = _predict_outputs(trainer, loaders, writers)
+    fetch = start_fetch(trainer, loaders, limits, "predict")
     check_dataloader_idx(module, "predict", len(loaders) > 1)
     modes = training_modes(module)
     trainer.state.stage = RunningStage.PREDICTING
     with trainer._profile(module_action(module, "on_predict_model_eval")):
         module.on_predict_model_eval()
-    # A prediction writer gets each batch's dataset indices; one that writes at the epoch's end, every prediction.
-    from tasktrain.callbacks.prediction_writer import BasePredictionWriter
-
-    writers = [c for c in trainer.callbacks if isinstance(c, BasePredictionWriter)]
     returns = getattr(trainer, "_return_predictions", True)
     keep = returns or any(w.writes_on_epoch for w in writers)
-    loaders, per_loader = _predict_outputs(trainer, loaders, writers)
     # the batches started per loader (Lightning's predict_loop.epoch_batch_indices: lightning_loops.py)
     started = trainer._predict_started = [0] * len(loaders)
     # Lightning's predict_loop.batch_progress ([total over the Trainer's runs, this run's] completed) and
@@ -426,45 +432,46 @@ def _predict(trainer, module, loaders, limits, gather):
     counts[1], trainer._predict_kept = 0, per_loader
     trainer._call("on_predict_start")
     if trainer._eval_data_stale:  # (a BatchSizeFinder's size: the loaders again, their indices recorded again)
+        fetch = None  # (the first loaders' iterator goes: their workers stop)
         loaders, limits = _rebuilt_if_stale(trainer, "predict", loaders, limits)
         loaders, per_loader = _predict_outputs(trainer, loaders, writers)
         trainer._predict_kept = per_loader
+        started = trainer._predict_started = [0] * len(loaders)
+        fetch = start_fetch(trainer, loaders, limits, "predict")
     trainer._call("on_predict_epoch_start")
     eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
         profiled(trainer.profiler, strategy_action(trainer.strategy, "predict_step"), trainer.strategy.eval_step)
-    for loader in loaders:  # (Lightning's: the epochs the fit has run, at each evaluation run)
-        set_sampler_epoch(loader, trainer.current_epoch)
     if trainer._metrics is not None:  # named as the hook it is (module._current_fx_name; self.log refuses it there)
         eval_step = in_hook(trainer._metrics, "predict_step", eval_step)  # (the step itself stays the bound method:
         # DataParallel's eval_step calls it by name)
-    for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+    done = [0] * len(loaders)
+    for batch_idx, dataloader_idx, batch, last in watched_batches(trainer._watchdog, fetch, "predict_step",
+                                                                  lambda: trainer.state.global_step):
         extra = (dataloader_idx,) if len(loaders) > 1 else ()
-        predictions = per_loader[dataloader_idx]
-        done = 0
-        for batch_idx, batch in _batches(trainer, loader, limit, "predict"):
-            batch = trainer._eval_to_device(batch, dataloader_idx)
-            started[dataloader_idx] += 1
-            trainer._predict_phase = "ready"
-            trainer._predict_is_last = dataloader_idx == len(loaders) - 1 and limit is not None and batch_idx + 1 >= limit
-            if any(writer.writes_on_batch for writer in writers):  # (Lightning's predict_loop.current_batch_indices)
-                trainer._predict_current_indices = trainer.predict_batch_indices[dataloader_idx][batch_idx]
-            trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
-            trainer._predict_phase = "started"
-            out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
-            trainer._predict_phase = "processed"
-            if out is None and not trainer._predict_none_warned:  # (Lightning's: once per Trainer)
-                trainer._predict_none_warned = True
-                if trainer.is_global_zero:
-                    warnings.warn("predict returned None if it was on purpose, ignore this warning...", UserWarning)
-            trainer._call("on_predict_batch_end", out, batch, batch_idx, *extra)
-            counts[0] += 1
-            counts[1] += 1
-            trainer._predict_phase = None
-            if keep:  # (after on_predict_batch_end, as Lightning's)
-                predictions.append(out)
-            done += 1
-        if writers:  # the sampler ran ahead of the batches predicted (a limit, workers' prefetch): not theirs
-            del trainer.predict_batch_indices[dataloader_idx][done:]
+        batch = trainer._eval_to_device(batch, dataloader_idx)
+        started[dataloader_idx] += 1
+        trainer._predict_phase = "ready"
+        trainer._predict_is_last = last  # (Lightning's fetcher's `done`)
+        if any(writer.writes_on_batch for writer in writers):  # (Lightning's predict_loop.current_batch_indices)
+            trainer._predict_current_indices = trainer.predict_batch_indices[dataloader_idx][batch_idx]
+        trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
+        trainer._predict_phase = "started"
+        out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
+        trainer._predict_phase = "processed"
+        if out is None and not trainer._predict_none_warned:  # (Lightning's: once per Trainer)
+            trainer._predict_none_warned = True
+            if trainer.is_global_zero:
+                warnings.warn("predict returned None if it was on purpose, ignore this warning...", UserWarning)
+        trainer._call("on_predict_batch_end", out, batch, batch_idx, *extra)
+        counts[0] += 1
+        counts[1] += 1
+        trainer._predict_phase = None
+        if keep:  # (after on_predict_batch_end, as Lightning's)
+            per_loader[dataloader_idx].append(out)
+        done[dataloader_idx] += 1
+    if writers:  # the samplers ran ahead of the batches predicted (a limit, workers' prefetch): not theirs
+        for dataloader_idx, count in enumerate(done):
+            del trainer.predict_batch_indices[dataloader_idx][count:]
     trainer._call("on_predict_epoch_end")
     trainer._predict_started = None  # (Lightning empties epoch_batch_indices before on_predict_end)
     if not returns:  # (and predict_loop.predictions, unless they are returned)
@@ -477,6 +484,13 @@ def _predict(trainer, module, loaders, limits, gather):
     if gather and trainer.world_size > 1:
         return [gather_predictions(trainer.strategy, predictions) for predictions in per_loader]
     return per_loader
+
+
+def _prediction_writers(trainer):
+    """A prediction writer gets each batch's dataset indices; one that writes at the epoch's end, every prediction."""
+    from tasktrain.callbacks.prediction_writer import BasePredictionWriter
+
+    return [c for c in trainer.callbacks if isinstance(c, BasePredictionWriter)]
 
 
 def _predict_outputs(trainer, loaders, writers):
@@ -492,20 +506,85 @@ def _predict_outputs(trainer, loaders, writers):
     return loaders, per_loader
 
 
-def _batches(trainer, loader, limit, prefix, end_event=None):
-    """(index, batch) of one evaluation loader up to its limit, marked for the watchdog (and the profiler)."""
-    # (a DataLoader's iterator is kept until its next iter(): its workers live on after the pass, as Lightning's)
-    batches = held_until_next_iter(loader, iter(loader)) if isinstance(loader, DataLoader) else loader
-    # (Lightning's names: "[_EvaluationLoop].val_next" / ".test_next", "[_PredictionLoop].predict_next")
-    batches = batches if trainer.profiler is None else profiled_iter(
-        batches, trainer.profiler, "[_PredictionLoop].predict_next" if prefix == "predict" else
-        f"[_EvaluationLoop].{'val' if prefix == 'validation' else prefix}_next")
-    state = trainer.state
-    extra = {} if end_event is None else {"end_event": end_event}
-    # (stops at the limit without reading a batch more, as Lightning: a loader read to its end moves what its
-    # RandomSampler draws from, the user's generator; issue 37)
-    counted = enumerate(batches) if limit is None else zip(range(limit), batches)
-    yield from watched_batches(trainer._watchdog, counted, f"{prefix}_step", lambda: state.global_step, **extra)
+def start_fetch(trainer, loaders, limits, prefix):
+    """Lightning's evaluation loop's reset: the loaders' samplers get the epochs the fit has run (set_epoch), then
+    iter() of its fetcher over them (EvalFetch): before any hook of the run."""
+    for loader in loaders:
+        set_sampler_epoch(loader, trainer.current_epoch)
+    together = isinstance(loaders, CombinedEvalLoaders)
+    name = "[_PredictionLoop].predict_next" if prefix == "predict" else \
+        f"[_EvaluationLoop].{'val' if prefix == 'validation' else prefix}_next"
+    if trainer._watchdog is not None:  # (workers start, a first batch may be read: it may take any time)
+        trainer._watchdog.mark("fetching a batch", trainer.state.global_step, 0, True)
+    if together:
+        return EvalFetch([loaders], [loaders.length(limits)], trainer.profiler, name)
+    return EvalFetch(list(loaders), list(limits), trainer.profiler, name)
+
+
+class EvalFetch:
+    """An evaluation run's batches as Lightning's fetcher reads its sequential CombinedLoader: (batch_idx,
+    dataloader_idx, batch, whether it is the run's last). Made where Lightning's loop calls iter(): the first
+    loader's iterator now; each next loader's when the batches ask for its first one (its iter() then, the previous
+    one's iterator dropped: its workers stop, as Lightning's combined loader keeps one). Each loader stops at its
+    limit without reading a batch more (a loader read to its end moves what its RandomSampler draws from, the user's
+    generator; issue 37). Where a loader has no length and no limit (the run's count is not known) the batches are
+    read one ahead, the first inside iter() (not profiled, as Lightning's fetcher has no profiler then), so that the
+    last is known as it runs; otherwise the run stops once its count is read. `sources`: the loaders (one
+    CombinedEvalLoaders read together: its batches), `limits` their counts (None: to their end)."""
+
+    def __init__(self, sources, limits, profiler, name):
+        self.sources, self.limits, self.profiler, self.name = sources, limits, profiler, name
+        self.total = None if any(limit is None for limit in limits) else sum(limits)
+        self.index, self.batch_idx, self.iterator = 0, 0, None
+        if sources:
+            self.iterator = self._open(sources[0])
+        self.ahead = self._next() if self.total is None else None
+
+    @staticmethod
+    def _open(source):
+        if isinstance(source, CombinedEvalLoaders):
+            return source.batches()
+        # (a DataLoader's iterator is kept until its next iter(): its workers live on after the run's batches, as
+        # Lightning's fetcher keeps its iterator)
+        return held_until_next_iter(source, iter(source)) if isinstance(source, DataLoader) else iter(source)
+
+    def _next(self):
+        """The next (batch_idx, dataloader_idx, batch), or _END: Lightning's _Sequential.__next__."""
+        while self.index < len(self.sources):
+            limit = self.limits[self.index]
+            if limit is None or self.batch_idx < limit:
+                batch = next(self.iterator, _END)
+                if batch is not _END:
+                    self.batch_idx += 1
+                    return self.batch_idx - 1, self.index, batch
+            previous = self.sources[self.index]
+            self.index, self.batch_idx = self.index + 1, 0
+            following = self.sources[self.index] if self.index < len(self.sources) else None
+            self.iterator = self._open(following) if following is not None else None
+            if isinstance(previous, DataLoader) and previous is not following and previous.num_workers > 0 and \
+                    not previous.persistent_workers:
+                previous._iterator = None  # (held_until_next_iter's: the combined loader dropped it)
+        return _END
+
+    def _fetched(self):
+        if self.profiler is None:
+            return self._next()
+        with self.profiler.profile(self.name):
+            return self._next()
+
+    def __iter__(self):
+        if self.total is not None:  # (Lightning's fetcher is done once it fetched the run's count)
+            for fetched in range(1, self.total + 1):
+                item = self._fetched()
+                if item is _END:
+                    return
+                yield (*item, fetched == self.total)
+            return
+        item = self.ahead
+        while item is not _END:
+            upcoming = self._fetched()
+            yield (*item, upcoming is _END)
+            item = upcoming
 
 
 def gather_predictions(strategy, predictions):

@@ -80,6 +80,7 @@ class FitState:
     # per epoch
     first_epoch: int = 0
     resumed: bool = False  # this fit continues a checkpoint (ckpt_path): Lightning's is_resuming
+    first_batch_drawn: bool = False  # the started pass read its first batch ahead: its first-batch draw was made
     loss_window: list = field(default_factory=list)
     loss_window_start: int = 0
     val_every: Optional[int] = None

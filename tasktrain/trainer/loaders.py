@@ -65,6 +65,11 @@ def setup_train(trainer, loader, previous=None):
                                   broadcast=trainer.strategy.broadcast, reads=trainer.strategy.is_global_zero,
                                   keeps_sampler=keeps_sampler, lightning=True)
         data.holds_iterator = True  # (non-persistent workers stop at the next iter(), as under Lightning)
+        if data.kind == "dispatched":
+            if data.reader is not None:  # (the process that reads the loader: its iterator is held alike)
+                data.reader.holds_iterator = True
+            if data.num_processes == 1:
+                data.reads_ahead = False  # (the loop reads ahead where Lightning's fetcher does: dispatch.py)
         return data
 
     if is_combined(loader):

@@ -53,10 +53,6 @@ def fit_loop(trainer, fit):
         warnings.warn(f"The number of training batches ({trainer._num_training_batches}) is smaller than the logging "
                       f"interval Trainer(log_every_n_steps={trainer.log_every_n_steps}). Set a lower value for "
                       "log_every_n_steps if you want to see logs for the training epoch.", PossibleUserWarning)
-    if trainer.state.batch_in_epoch == 0:
-        # Lightning's first iter() of the training loader (its setup_data), before on_train_start; a fit resumed
-        # mid-epoch got its generator's state back from after that draw (issue 37)
-        draw_loader_seed(trainer._loader_data, trainer.state.epoch, at_first_batch=False)
     warn_if_modules_in_eval_mode(trainer, fit.module)
     fit.epoch_phase = "run" if trainer.state.batch_in_epoch else None  # (resumed inside an epoch: it goes on)
     trainer._call("on_train_start")
@@ -67,11 +63,14 @@ def fit_loop(trainer, fit):
         epoch = trainer.state.epoch
         # Lightning re-calls the loader hook (not a given loader) once reload_dataloaders_every_n_epochs epochs passed
         # since the epoch it last requested it at
-        if loaders.train_reload_due(trainer):
+        reloaded = loaders.train_reload_due(trainer)
+        if reloaded:
             loaders.reload(trainer, fit)
-            # Lightning's setup_data iterates a reloaded loader once more
-            draw_loader_seed(trainer._loader_data, trainer.state.epoch, at_first_batch=False)
-        begun = begin_epoch(trainer, fit, epoch)  # (on_train_epoch_start: outside the epoch's profile, as Lightning's)
+            # Lightning's setup_data iterates a reloaded loader once more, before set_epoch and on_train_epoch_start
+            # (its new fetcher reads a loader without a length ahead unprofiled)
+            start_pass(trainer, fit, epoch, profile_first=False)
+        # (on_train_epoch_start: outside the epoch's profile, as Lightning's)
+        begun = begin_epoch(trainer, fit, epoch, profile_first=not reloaded)
         with trainer._profile("run_training_epoch"):
             train_epoch(trainer, fit, epoch, begun)
         finished = trainer.state.epoch_finished
@@ -95,6 +94,35 @@ def fit_loop(trainer, fit):
     trainer._call("on_train_end")  # (trainer.training stays True until the run ends, as Lightning's)
 
 
+def start_training(trainer, fit):
+    """Lightning's first iter() of the training data (its fit loop's setup_data), before on_train_start: the fit's
+    first pass is started here (workers start, a loader without a length is read one batch ahead), also where the
+    loop then has nothing left to run (Lightning's sets its data up before it asks). A resumed fit sets the epoch and
+    position first (begin_before_start), so that workers, which take their first indices inside iter(), read the
+    resumed epoch from the resumed position: Lightning's iter() there comes before its set_epoch, and its workers read
+    the order of the epoch the sampler was at (docs/lightning.md); tasktrain's resume stays exact."""
+    state = trainer.state
+    fit.first_epoch = state.epoch
+    if fit.resumed:
+        fit.epochs.begin_before_start(state.epoch)
+    # (a fit resumed mid-epoch got its generators' states back from after the draws of its pass's iter(): issue 37)
+    start_pass(trainer, fit, state.epoch, draw=state.batch_in_epoch == 0, profile_first=False)
+
+
+def start_pass(trainer, fit, epoch, draw=True, profile_first=True):
+    """Lightning's iter() of the training data (its fetcher's): the draws the user's loader would make there, which
+    the Trainer's rebuilt loader does not (draw_loader_seed: its base seed; with workers, a RandomSampler's seed),
+    then the pass's iterator (EpochIterator.start_pass). A loader without a length is read one batch ahead there, so
+    its first-batch draw is made there too, not after on_train_epoch_start."""
+    reads_ahead = fit.epochs.length is None
+    if draw:
+        draw_loader_seed(trainer._loader_data, epoch, at_first_batch=reads_ahead)
+    fit.first_batch_drawn = draw and reads_ahead
+    if trainer._watchdog is not None:  # (workers start, a first batch may be read: it may take any time)
+        trainer._watchdog.mark("fetching a batch", trainer.state.global_step, trainer.state.batch_in_epoch, True)
+    fit.epochs.start_pass(trainer.profiler, profile_first)
+
+
 def warn_if_modules_in_eval_mode(trainer, module):
     """Lightning's warning: the loop does not call module.train(), so a submodule left in eval mode (dropout off,
     BatchNorm frozen) trains that way; often a leftover of an earlier evaluation or of loading."""
@@ -105,7 +133,7 @@ def warn_if_modules_in_eval_mode(trainer, module):
                       PossibleUserWarning, stacklevel=2)
 
 
-def begin_epoch(trainer, fit, epoch):
+def begin_epoch(trainer, fit, epoch, profile_first=True):
     """An epoch's start (on_train_epoch_start, unless a resume goes on inside the epoch), before Lightning's
     "run_training_epoch" profile as in its fit loop (on_advance_start); (the epoch's batches, the batch it starts at)
     for train_epoch."""
@@ -121,7 +149,8 @@ def begin_epoch(trainer, fit, epoch):
         state.epoch_started = True  # (before the hook: a checkpoint saved in it holds it)
         epochs = fit.epochs
         trainer._call("on_train_epoch_start")
-        if fit.epochs is not epochs:  # the hook built the training data again (a BatchSizeFinder): this epoch reads it
+        rebuilt = fit.epochs is not epochs
+        if rebuilt:  # the hook built the training data again (a BatchSizeFinder): this epoch reads it
             num_batches = trainer.num_training_batches = fit.epochs.begin(epoch)
         fit.epoch_phase = "run"
         # Lightning's epoch loop resets its batch counts (`current`) and is_last_batch after on_train_epoch_start
@@ -131,9 +160,16 @@ def begin_epoch(trainer, fit, epoch):
         state.eval_batches["val"][0] = 0  # (Lightning's total counts the validation batches of each epoch)
         # Lightning's iter() of each epoch after the first (its epoch loop's rule: current_epoch > 0, unless this is
         # the first epoch of a fit resumed from a checkpoint: a second fit of the same Trainer iterates again), after
-        # on_train_epoch_start, then (every epoch) its first batch, where a RandomSampler it kept draws the order
+        # on_train_epoch_start (the first epoch reads the pass start_training made; one whose data a hook built again
+        # starts it here), then (every epoch) its first batch, where a RandomSampler it kept draws the order
         first_of_resumed = fit.resumed and epoch == fit.first_epoch
-        draw_loader_seed(trainer._loader_data, epoch, at_iter=epoch > 0 and not first_of_resumed)
+        if epoch > 0 and not first_of_resumed:
+            start_pass(trainer, fit, epoch, profile_first=profile_first)
+        elif rebuilt:
+            start_pass(trainer, fit, epoch, draw=False)
+        if not fit.first_batch_drawn:  # (a pass read ahead at its iter() made it there)
+            draw_loader_seed(trainer._loader_data, epoch, at_iter=False)
+        fit.first_batch_drawn = False
     return num_batches, start
 
 

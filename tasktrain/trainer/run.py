@@ -225,10 +225,14 @@ def on_failure(trainer, exc):
 def end_stage_plugins(trainer, module):
     """Lightning's strategy teardown of a run's plugins, once per run: the user's LayerSync applied to a fit's module
     (Trainer._fit) reverted, then the precision plugin's teardown(). Where Lightning's trainer tears its strategy
-    down: before on_fit_end and the teardown hooks, or after the on_exception hooks of a failed run."""
+    down: before on_fit_end and the teardown hooks, or after the on_exception hooks of a failed run; the run's loader
+    workers stop there too."""
     if trainer._stage_plugins_ended:
         return
     trainer._stage_plugins_ended = True
+    # (Lightning's _teardown stops its loops' fetchers there too: the run's loader workers are gone before on_fit_end
+    # and the teardown hooks, or after the on_exception hooks)
+    shutdown_loader_workers(trainer)
     sync, trainer._applied_layer_sync = trainer._applied_layer_sync, None
     if trainer.strategy.precision is not None:
         trainer.strategy.precision.teardown()

@@ -861,8 +861,10 @@ class Trainer:
             # train (a used Trainer or a checkpoint at max_epochs / max_steps): no on_train_start / on_train_end
             fit.resumed = loaded is not None
             self._trial_counters_shown = None  # (a search's trial: its loaders are requested; it trains from 0)
-            if not guards.trains_nothing(self) and not loop.nothing_left(self):
-                loop.fit_loop(self, fit)
+            if not guards.trains_nothing(self):
+                loop.start_training(self, fit)  # (Lightning's iter() of the training data, before on_train_start)
+                if not loop.nothing_left(self):
+                    loop.fit_loop(self, fit)
         finally:
             requeue_handler.restore()  # issue 40
         # Lightning gives the SIGTERM handler back before on_fit_end (its _teardown); after an exception, once the

@@ -77,6 +77,9 @@ class Wrapped(TaskModule):
         if self.rebuild_seed is not None and isinstance(self.trainer.strategy, MultiProcess):
             seed_everything(self.rebuild_seed, verbose=False)
             MyModel()
+            # and the base-seed draw of the training loader's iter(), which the snippet's loop makes after its model
+            # and the Trainer before on_train_start (Lightning's point)
+            torch.empty((), dtype=torch.int64).random_()
 
     def training_step(self, batch, batch_idx):
         source, targets = batch
