@@ -330,9 +330,16 @@ def test_activation_checkpointing_recomputes_the_chosen_blocks_with_the_same_los
 def compare(tmp_path_factory):
     """DDP, then FSDP (default wrap, a checkpoint every step: top 2 + last), FSDP wrap={Linear} without resharding,
     fsdp_cpu_offload, activation checkpointing, bf16-mixed, 16-mixed and bf16-true, in one 2-process launch
-    (accumulation 2, clipping 0.5)."""
+    (accumulation 2, clipping 0.5). Last in the same launch, once the results are written, test_kill_and_resume's
+    FSDP fit under ROOT/killed, whose rank 1 is SIGKILLed after step 15: the launch ends there, non-zero (a launch
+    of its own would start the processes and import everything again). `proc.stdout` is what came before it (rank
+    0's line that says it starts)."""
     root = tmp_path_factory.mktemp("fsdp_compare")
-    proc = run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare", timeout=600)
+    proc = run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare", "--kill-at", "15",
+               expect_ok=False, timeout=600)
+    marker = "-- the killed fit starts --"
+    assert proc.stdout.count(marker) == 1, proc.stdout[-5000:] + proc.stderr[-5000:]  # the comparison ran to its end
+    proc.stdout = proc.stdout.split(marker)[0]
     return root, results(root / "out"), proc
 
 
@@ -527,13 +534,14 @@ def test_meta_init_needs_reset_parameters():
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(700)
 def test_kill_and_resume_is_exact(compare, tmp_path):
-    _, ranks, _ = compare
+    root, ranks, _ = compare
     reference = ranks[0]["fsdp"]
+    # the killed fit ran last in the compare launch (rank 1 SIGKILLed after step 15), under root/killed
+    killed = root / "killed"
+    assert not any("killed_fit_ended" in res for res in ranks)  # the launch ended in it
+    assert os.path.isdir(killed / "fsdp" / "checkpoints" / "last.ckpt")
     out = tmp_path / "out"
-    run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--kill-at", "15", expect_ok=False)
-    assert not os.path.exists(f"{out}.rank0.pt")
-    assert os.path.isdir(tmp_path / "fsdp" / "checkpoints" / "last.ckpt")
-    proc = run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--resume")
+    proc = run(SCRIPT, "--root", str(killed), "--out", str(out), "--case", "resume", "--resume")
     assert "resumed from" in proc.stdout and "global step 14" in proc.stdout
     resumed = results(out)[0]["fsdp"]
     assert resumed["global_step"] == 22

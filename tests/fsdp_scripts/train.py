@@ -10,6 +10,9 @@
                                                                    # a 64 MiB model built on the meta device
     python train.py --root DIR --out OUT --case meta               # the meta-device model alone (and its full
                                                                    # checkpoint file loaded into a sharded one)
+    python train.py --root DIR --out OUT --case compare --kill-at K   # ... then, once OUT is written, the "resume"
+                                                                   # case's fit under DIR/killed, rank 1 SIGKILLed
+                                                                   # after step K (the launch ends there)
     python train.py --root DIR --out OUT --case resume --kill-at K # FSDP as above, rank 1 SIGKILLed after step K
     python train.py --root DIR --out OUT --case resume --resume    # ... continued from ckpt_path="last"
     python train.py --root DIR --out OUT --case load --ckpt PATH --devices N --epochs E
@@ -290,6 +293,15 @@ def main():
         results["fsdp_bf16_true"] = fit("fsdp_bf16_true", "fsdp", args.root, precision="bf16-true", epochs=1)
         results.update(full_files(args.root))
         results["meta"] = meta_init(args.root)
+        if args.kill_at is not None:
+            # The kill-and-resume test's killed fit, last in this launch (its process start-up and imports paid
+            # once, not again in a launch of its own): what is above is written first, as the kill ends the launch.
+            rank = int(os.environ.get("RANK", "0"))
+            torch.save(results, f"{args.out}.rank{rank}.pt")
+            if rank == 0:  # (flushed: rank 0's output of the runs above is all before this line)
+                print("-- the killed fit starts --", flush=True)
+            checkpointed(os.path.join(args.root, "killed"), [KillRank(args.kill_at, rank=1)])
+            results["killed_fit_ended"] = True  # (never: rank 1 is killed and the launch ends)
     elif args.case == "meta":
         results["meta"] = meta_init(args.root)  # alone: what the compare case measures last
     elif args.case == "resume":
