@@ -426,10 +426,17 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts(tmp_path, c
 def launched(tmp_path_factory):
     """One 2-process launch: DDP, then ZeRO 1, 2 and 3 (fp32, accumulation 2, clipping 0.5; the ZeRO-3 run
     checkpoints every step, top 2 + last, and its last checkpoint is validated by a fresh Trainer); then optimizer
-    offload and bf16 (the "offload" case). The script keeps the first part's results should the second fail."""
+    offload and bf16 (the "offload" case). The script keeps the first part's results should the second fail. Last in
+    the same launch, once the results are written, test_kill_and_resume's ZeRO-3 fit under ROOT/killed, whose rank 1
+    is SIGKILLed after step 15: the launch ends there, non-zero (a launch of its own would start the processes and
+    import DeepSpeed again). `proc.stdout` is what came before it (rank 0's line that says it starts), `proc.killed`
+    whether it was reached."""
     root = tmp_path_factory.mktemp("ds_compare")
     proc = run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare", "offload",
-               expect_ok=None, timeout=840)
+               "--kill-at", "15", expect_ok=None, timeout=840)
+    marker = "-- the killed fit starts --"
+    proc.killed = marker in proc.stdout
+    proc.stdout = proc.stdout.split(marker)[0]
     return root, proc
 
 
@@ -539,15 +546,18 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
 
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(600)
-def test_kill_and_resume_is_exact(compare, tmp_path):
+def test_kill_and_resume_is_exact(launched, compare, tmp_path):
+    root, launch = launched
     _, ranks = compare
     reference = ranks[0]["stage3"]
+    # rank 1 was SIGKILLed after optimizer step 15 (mid-epoch, mid-accumulation-window bookkeeping), in the killed fit
+    # that ended the compare launch (under root/killed)
+    assert launch.killed and launch.returncode != 0, launch.stdout[-5000:] + launch.stderr[-5000:]
+    assert not any("killed_fit_ended" in res for res in ranks)
+    killed = root / "killed"
+    assert os.path.isdir(killed / "stage3" / "checkpoints" / "last.ckpt")
     out = tmp_path / "out"
-    # rank 1 is SIGKILLed after optimizer step 15 (mid-epoch, mid-accumulation-window bookkeeping)
-    run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--kill-at", "15", expect_ok=False)
-    assert not os.path.exists(f"{out}.rank0.pt")
-    assert os.path.isdir(tmp_path / "stage3" / "checkpoints" / "last.ckpt")
-    proc = run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--resume")
+    proc = run(SCRIPT, "--root", str(killed), "--out", str(out), "--case", "resume", "--resume")
     assert "resumed from" in proc.stdout and "global step 14" in proc.stdout
     resumed = results(out)[0]["stage3"]
     assert resumed["global_step"] == 22
@@ -560,7 +570,8 @@ def test_kill_and_resume_is_exact(compare, tmp_path):
 @pytest.mark.timeout(900)
 def test_offload_and_bf16(launched, compare):
     root, proc = launched
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    # the offload case ran to its end: the launch went on to the killed fit that ends it (test_kill_and_resume)
+    assert proc.killed, proc.stdout[-5000:] + proc.stderr[-5000:]
     _, ranks = compare
     ddp_acc = ranks[0]["ddp"]["val_acc"]
     out = root / "out"
