@@ -18,7 +18,7 @@ from tasktrain import DeepSpeed, Trainer
 from tasktrain.strategies.deepspeed import ENGINE_TAG, STATE_FILE, build_config
 from tasktrain.strategies.registry import strategy_from_name
 
-from helpers import cli_commands
+from helpers import cli_commands_here
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "deepspeed_scripts", "train.py")
@@ -509,13 +509,14 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     Classifier = classifier()
     with pytest.raises(CheckpointError, match="convert"):
         Classifier.load_from_checkpoint(str(last))
-    # The three `tasktrain convert` commands below, run in one interpreter (see helpers.cli_commands): the directory
-    # to one file, that file given as a directory (an error), the directory to safetensors shards.
+    # The three `tasktrain convert` commands below, through the CLI's entry point in this process (see
+    # helpers.cli_commands_here): the directory to one file, that file given as a directory (an error), the
+    # directory to safetensors shards.
     out = tmp_path / "model.ckpt"
     export = tmp_path / "export"
-    (code, stdout, stderr), bad, (export_code, export_stdout, export_stderr) = cli_commands([
+    (code, stdout, stderr), bad, (export_code, export_stdout, export_stderr) = cli_commands_here([
         ["convert", last, out], ["convert", out, tmp_path / "x.ckpt"],
-        ["convert", last, export, "--format", "safetensors", "--max-shard-size", "10KB"]], tmp_path, timeout=240)
+        ["convert", last, export, "--format", "safetensors", "--max-shard-size", "10KB"]])
     assert code == 0 and "wrote" in stdout, stdout + stderr
     plain = torch.load(out, weights_only=True)
     assert plain["loops"]["weights_only"] is True and plain["hyper_parameters"]["hidden"] == 64
@@ -766,8 +767,8 @@ def test_disk_offload_trains_like_cpu_offload_and_resumes_exactly(on_disk, tmp_p
 
     # `tasktrain convert` reads a disk-offload checkpoint directory (no swap folder needed): the trained weights
     out = tmp_path / "model.ckpt"
-    run("-m", "tasktrain.cli.main", "convert", str(root / "nvme" / "checkpoints" / "last.ckpt"), str(out),
-        timeout=120)
+    [(code, stdout, stderr)] = cli_commands_here([["convert", root / "nvme" / "checkpoints" / "last.ckpt", out]])
+    assert code == 0, stdout + stderr
     state = torch.load(out, weights_only=True)["state_dict"]
     assert set(state) == set(first[0]["nvme"]["weights"])
     for name, value in state.items():

@@ -20,7 +20,7 @@ from tasktrain.state import distributed_type_of
 from tasktrain.strategies.fsdp import STATE_FILE
 from tasktrain.strategies.registry import strategy_from_name
 
-from helpers import cli_commands
+from helpers import cli_commands_here
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "fsdp_scripts", "train.py")
@@ -417,11 +417,11 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     Classifier = classifier()
     with pytest.raises(CheckpointError):
         Classifier.load_from_checkpoint(str(last))
-    # Both `tasktrain convert` commands in one interpreter (see helpers.cli_commands): to one file, to safetensors.
+    # Both `tasktrain convert` commands through the CLI's entry point in this process (helpers.cli_commands_here):
+    # to one file, to safetensors.
     out = tmp_path / "model.ckpt"
     export = tmp_path / "export"
-    converted = cli_commands([["convert", last, out], ["convert", last, export, "--format", "safetensors"]],
-                             tmp_path, timeout=240)
+    converted = cli_commands_here([["convert", last, out], ["convert", last, export, "--format", "safetensors"]])
     for code, stdout, stderr in converted:
         assert code == 0, stdout + stderr
     assert "wrote" in converted[0][1]
