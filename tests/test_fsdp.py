@@ -531,19 +531,38 @@ def test_meta_init_needs_reset_parameters():
         assert not torch.nn.Linear(2, 2).weight.is_meta
 
 
+@pytest.fixture(scope="module")
+def moved(compare, tmp_path_factory):
+    """2 -> 1: the 2-rank fit's checkpoint of step 21 on one process, trained on (launch ONE); 1 -> 2: what that one
+    process wrote, on two (launch TWO). TWO then resumes test_kill_and_resume's killed fit (ROOT/killed, from
+    ckpt_path="last") into RESUMED: one 2-process launch for both (its processes and imports started once)."""
+    root, _, _ = compare
+    base = tmp_path_factory.mktemp("fsdp_moved")
+    one, two, resumed = base / "one", base / "two", base / "resumed"
+    saved = root / "fsdp" / "checkpoints" / "epoch=1-step=21.ckpt"
+    run(SCRIPT, "--root", str(one), "--out", str(one / "out"), "--case", "load", "--devices", "1", "--ckpt",
+        str(saved))
+    more = results(one / "out", ranks=(0,))[0]["more"]
+    proc = run(SCRIPT, "--root", str(two), "--out", str(two / "out"), "--case", "load", "--devices", "2", "--ckpt",
+               more["last"], "--epochs", "4", "--resume-root", str(root / "killed"), "--resume-out", str(resumed))
+    marker = "-- the resume starts --"
+    assert proc.stdout.count(marker) == 1, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return dict(saved=saved, one=one, two=two, resumed=resumed, resume_stdout=proc.stdout.split(marker)[1])
+
+
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(700)
-def test_kill_and_resume_is_exact(compare, tmp_path):
+def test_kill_and_resume_is_exact(compare, moved):
     root, ranks, _ = compare
     reference = ranks[0]["fsdp"]
     # the killed fit ran last in the compare launch (rank 1 SIGKILLed after step 15), under root/killed
     killed = root / "killed"
     assert not any("killed_fit_ended" in res for res in ranks)  # the launch ended in it
     assert os.path.isdir(killed / "fsdp" / "checkpoints" / "last.ckpt")
-    out = tmp_path / "out"
-    proc = run(SCRIPT, "--root", str(killed), "--out", str(out), "--case", "resume", "--resume")
-    assert "resumed from" in proc.stdout and "global step 14" in proc.stdout
-    resumed = results(out)[0]["fsdp"]
+    # resumed (ckpt_path="last") in the `moved` fixture's 2-process launch, after its load case
+    stdout = moved["resume_stdout"]
+    assert "resumed from" in stdout and "global step 14" in stdout
+    resumed = results(moved["resumed"])[0]["fsdp"]
     assert resumed["global_step"] == 22
     assert resumed["losses"] == reference["losses"][-len(resumed["losses"]):]
     for name, value in reference["weights"].items():
@@ -552,24 +571,17 @@ def test_kill_and_resume_is_exact(compare, tmp_path):
 
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(700)
-def test_checkpoints_load_at_another_world_size(compare, tmp_path):
+def test_checkpoints_load_at_another_world_size(moved):
     """2 -> 1: a checkpoint of the 2-rank fit, on one process (DCP reshards the module and the optimizer), then
     trained on; 1 -> 2: what that one process wrote, on two."""
     from tasktrain.strategies.fsdp import convert_fsdp_checkpoint
 
-    root, _, _ = compare
-    saved = root / "fsdp" / "checkpoints" / "epoch=1-step=21.ckpt"
-    one = tmp_path / "one"
-    run(SCRIPT, "--root", str(one), "--out", str(one / "out"), "--case", "load", "--devices", "1", "--ckpt",
-        str(saved))
+    saved, one, two = moved["saved"], moved["one"], moved["two"]
     res = results(one / "out", ranks=(0,))[0]
     for name, value in convert_fsdp_checkpoint(saved)["state_dict"].items():
         assert torch.equal(res["loaded"][name], value), name
     more = res["more"]
     assert more["global_step"] > 21 and more["val_acc"] > 0.8 and all(torch.isfinite(torch.tensor(more["losses"])))
-    two = tmp_path / "two"
-    run(SCRIPT, "--root", str(two), "--out", str(two / "out"), "--case", "load", "--devices", "2", "--ckpt",
-        more["last"], "--epochs", "4")
     for res in results(two / "out"):
         for name, value in more["weights"].items():  # last.ckpt holds the 1-process fit's final weights
             assert torch.equal(res["loaded"][name], value), name

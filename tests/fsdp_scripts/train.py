@@ -17,6 +17,8 @@
     python train.py --root DIR --out OUT --case resume --resume    # ... continued from ckpt_path="last"
     python train.py --root DIR --out OUT --case load --ckpt PATH --devices N --epochs E
                                                # a checkpoint on N ranks: validated, then trained on to epoch E
+        ... --resume-root KILLED --resume-out OUT2   # then (2 ranks) the "resume --resume" case's fit of the run
+                                               # killed under KILLED, its results in OUT2 (one launch for both)
 
 The Trainer self-launches rank 1 (devices=2); both ranks run every fit in order and share one process group.
 """
@@ -271,6 +273,8 @@ def main():
     p.add_argument("--ckpt", default=None)
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--epochs", type=int, default=EPOCHS + 1)
+    p.add_argument("--resume-root", default=None)
+    p.add_argument("--resume-out", default=None)
     args = p.parse_args()
 
     results = {}
@@ -318,6 +322,14 @@ def main():
                               callbacks=[ModelCheckpoint(every_n_epochs=1, save_last=True)])
     rank = int(os.environ.get("RANK", "0"))
     torch.save(results, f"{args.out}.rank{rank}.pt")
+    if args.resume_root is not None:
+        # The kill-and-resume test's resume, in this 2-process launch (its processes and imports started once): the
+        # fit killed under resume_root continued from ckpt_path="last", as the "resume --resume" case runs it.
+        assert args.case == "load" and args.devices == 2, "--resume-root goes with --case load --devices 2"
+        if rank == 0:  # (flushed: rank 0's output of the load case is all before this line)
+            print("-- the resume starts --", flush=True)
+        resumed = {"fsdp": checkpointed(args.resume_root, ckpt_path="last")}
+        torch.save(resumed, f"{args.resume_out}.rank{rank}.pt")
 
 
 if __name__ == "__main__":
