@@ -18,7 +18,7 @@ from tasktrain import DeepSpeed, Trainer
 from tasktrain.strategies.deepspeed import ENGINE_TAG, STATE_FILE, build_config
 from tasktrain.strategies.registry import strategy_from_name
 
-from helpers import cli_commands
+from helpers import cli_commands_here
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "deepspeed_scripts", "train.py")
@@ -426,10 +426,17 @@ def test_one_process_trains_like_single_device_and_rejects_conflicts(tmp_path, c
 def launched(tmp_path_factory):
     """One 2-process launch: DDP, then ZeRO 1, 2 and 3 (fp32, accumulation 2, clipping 0.5; the ZeRO-3 run
     checkpoints every step, top 2 + last, and its last checkpoint is validated by a fresh Trainer); then optimizer
-    offload and bf16 (the "offload" case). The script keeps the first part's results should the second fail."""
+    offload and bf16 (the "offload" case). The script keeps the first part's results should the second fail. Last in
+    the same launch, once the results are written, test_kill_and_resume's ZeRO-3 fit under ROOT/killed, whose rank 1
+    is SIGKILLed after step 15: the launch ends there, non-zero (a launch of its own would start the processes and
+    import DeepSpeed again). `proc.stdout` is what came before it (rank 0's line that says it starts), `proc.killed`
+    whether it was reached."""
     root = tmp_path_factory.mktemp("ds_compare")
     proc = run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare", "offload",
-               expect_ok=None, timeout=840)
+               "--kill-at", "15", expect_ok=None, timeout=840)
+    marker = "-- the killed fit starts --"
+    proc.killed = marker in proc.stdout
+    proc.stdout = proc.stdout.split(marker)[0]
     return root, proc
 
 
@@ -502,13 +509,14 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     Classifier = classifier()
     with pytest.raises(CheckpointError, match="convert"):
         Classifier.load_from_checkpoint(str(last))
-    # The three `tasktrain convert` commands below, run in one interpreter (see helpers.cli_commands): the directory
-    # to one file, that file given as a directory (an error), the directory to safetensors shards.
+    # The three `tasktrain convert` commands below, through the CLI's entry point in this process (see
+    # helpers.cli_commands_here): the directory to one file, that file given as a directory (an error), the
+    # directory to safetensors shards.
     out = tmp_path / "model.ckpt"
     export = tmp_path / "export"
-    (code, stdout, stderr), bad, (export_code, export_stdout, export_stderr) = cli_commands([
+    (code, stdout, stderr), bad, (export_code, export_stdout, export_stderr) = cli_commands_here([
         ["convert", last, out], ["convert", out, tmp_path / "x.ckpt"],
-        ["convert", last, export, "--format", "safetensors", "--max-shard-size", "10KB"]], tmp_path, timeout=240)
+        ["convert", last, export, "--format", "safetensors", "--max-shard-size", "10KB"]])
     assert code == 0 and "wrote" in stdout, stdout + stderr
     plain = torch.load(out, weights_only=True)
     assert plain["loops"]["weights_only"] is True and plain["hyper_parameters"]["hidden"] == 64
@@ -539,15 +547,18 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
 
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(600)
-def test_kill_and_resume_is_exact(compare, tmp_path):
+def test_kill_and_resume_is_exact(launched, compare, tmp_path):
+    root, launch = launched
     _, ranks = compare
     reference = ranks[0]["stage3"]
+    # rank 1 was SIGKILLed after optimizer step 15 (mid-epoch, mid-accumulation-window bookkeeping), in the killed fit
+    # that ended the compare launch (under root/killed)
+    assert launch.killed and launch.returncode != 0, launch.stdout[-5000:] + launch.stderr[-5000:]
+    assert not any("killed_fit_ended" in res for res in ranks)
+    killed = root / "killed"
+    assert os.path.isdir(killed / "stage3" / "checkpoints" / "last.ckpt")
     out = tmp_path / "out"
-    # rank 1 is SIGKILLed after optimizer step 15 (mid-epoch, mid-accumulation-window bookkeeping)
-    run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--kill-at", "15", expect_ok=False)
-    assert not os.path.exists(f"{out}.rank0.pt")
-    assert os.path.isdir(tmp_path / "stage3" / "checkpoints" / "last.ckpt")
-    proc = run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--resume")
+    proc = run(SCRIPT, "--root", str(killed), "--out", str(out), "--case", "resume", "--resume")
     assert "resumed from" in proc.stdout and "global step 14" in proc.stdout
     resumed = results(out)[0]["stage3"]
     assert resumed["global_step"] == 22
@@ -560,7 +571,8 @@ def test_kill_and_resume_is_exact(compare, tmp_path):
 @pytest.mark.timeout(900)
 def test_offload_and_bf16(launched, compare):
     root, proc = launched
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    # the offload case ran to its end: the launch went on to the killed fit that ends it (test_kill_and_resume)
+    assert proc.killed, proc.stdout[-5000:] + proc.stderr[-5000:]
     _, ranks = compare
     ddp_acc = ranks[0]["ddp"]["val_acc"]
     out = root / "out"
@@ -755,8 +767,8 @@ def test_disk_offload_trains_like_cpu_offload_and_resumes_exactly(on_disk, tmp_p
 
     # `tasktrain convert` reads a disk-offload checkpoint directory (no swap folder needed): the trained weights
     out = tmp_path / "model.ckpt"
-    run("-m", "tasktrain.cli.main", "convert", str(root / "nvme" / "checkpoints" / "last.ckpt"), str(out),
-        timeout=120)
+    [(code, stdout, stderr)] = cli_commands_here([["convert", root / "nvme" / "checkpoints" / "last.ckpt", out]])
+    assert code == 0, stdout + stderr
     state = torch.load(out, weights_only=True)["state_dict"]
     assert set(state) == set(first[0]["nvme"]["weights"])
     for name, value in state.items():

@@ -20,7 +20,7 @@ from tasktrain.state import distributed_type_of
 from tasktrain.strategies.fsdp import STATE_FILE
 from tasktrain.strategies.registry import strategy_from_name
 
-from helpers import cli_commands
+from helpers import cli_commands_here
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "fsdp_scripts", "train.py")
@@ -330,9 +330,16 @@ def test_activation_checkpointing_recomputes_the_chosen_blocks_with_the_same_los
 def compare(tmp_path_factory):
     """DDP, then FSDP (default wrap, a checkpoint every step: top 2 + last), FSDP wrap={Linear} without resharding,
     fsdp_cpu_offload, activation checkpointing, bf16-mixed, 16-mixed and bf16-true, in one 2-process launch
-    (accumulation 2, clipping 0.5)."""
+    (accumulation 2, clipping 0.5). Last in the same launch, once the results are written, test_kill_and_resume's
+    FSDP fit under ROOT/killed, whose rank 1 is SIGKILLed after step 15: the launch ends there, non-zero (a launch
+    of its own would start the processes and import everything again). `proc.stdout` is what came before it (rank
+    0's line that says it starts)."""
     root = tmp_path_factory.mktemp("fsdp_compare")
-    proc = run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare", timeout=600)
+    proc = run(SCRIPT, "--root", str(root), "--out", str(root / "out"), "--case", "compare", "--kill-at", "15",
+               expect_ok=False, timeout=600)
+    marker = "-- the killed fit starts --"
+    assert proc.stdout.count(marker) == 1, proc.stdout[-5000:] + proc.stderr[-5000:]  # the comparison ran to its end
+    proc.stdout = proc.stdout.split(marker)[0]
     return root, results(root / "out"), proc
 
 
@@ -410,11 +417,11 @@ def test_checkpoint_directories_and_convert(compare, tmp_path):
     Classifier = classifier()
     with pytest.raises(CheckpointError):
         Classifier.load_from_checkpoint(str(last))
-    # Both `tasktrain convert` commands in one interpreter (see helpers.cli_commands): to one file, to safetensors.
+    # Both `tasktrain convert` commands through the CLI's entry point in this process (helpers.cli_commands_here):
+    # to one file, to safetensors.
     out = tmp_path / "model.ckpt"
     export = tmp_path / "export"
-    converted = cli_commands([["convert", last, out], ["convert", last, export, "--format", "safetensors"]],
-                             tmp_path, timeout=240)
+    converted = cli_commands_here([["convert", last, out], ["convert", last, export, "--format", "safetensors"]])
     for code, stdout, stderr in converted:
         assert code == 0, stdout + stderr
     assert "wrote" in converted[0][1]
@@ -524,18 +531,38 @@ def test_meta_init_needs_reset_parameters():
         assert not torch.nn.Linear(2, 2).weight.is_meta
 
 
+@pytest.fixture(scope="module")
+def moved(compare, tmp_path_factory):
+    """2 -> 1: the 2-rank fit's checkpoint of step 21 on one process, trained on (launch ONE); 1 -> 2: what that one
+    process wrote, on two (launch TWO). TWO then resumes test_kill_and_resume's killed fit (ROOT/killed, from
+    ckpt_path="last") into RESUMED: one 2-process launch for both (its processes and imports started once)."""
+    root, _, _ = compare
+    base = tmp_path_factory.mktemp("fsdp_moved")
+    one, two, resumed = base / "one", base / "two", base / "resumed"
+    saved = root / "fsdp" / "checkpoints" / "epoch=1-step=21.ckpt"
+    run(SCRIPT, "--root", str(one), "--out", str(one / "out"), "--case", "load", "--devices", "1", "--ckpt",
+        str(saved))
+    more = results(one / "out", ranks=(0,))[0]["more"]
+    proc = run(SCRIPT, "--root", str(two), "--out", str(two / "out"), "--case", "load", "--devices", "2", "--ckpt",
+               more["last"], "--epochs", "4", "--resume-root", str(root / "killed"), "--resume-out", str(resumed))
+    marker = "-- the resume starts --"
+    assert proc.stdout.count(marker) == 1, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return dict(saved=saved, one=one, two=two, resumed=resumed, resume_stdout=proc.stdout.split(marker)[1])
+
+
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(700)
-def test_kill_and_resume_is_exact(compare, tmp_path):
-    _, ranks, _ = compare
+def test_kill_and_resume_is_exact(compare, moved):
+    root, ranks, _ = compare
     reference = ranks[0]["fsdp"]
-    out = tmp_path / "out"
-    run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--kill-at", "15", expect_ok=False)
-    assert not os.path.exists(f"{out}.rank0.pt")
-    assert os.path.isdir(tmp_path / "fsdp" / "checkpoints" / "last.ckpt")
-    proc = run(SCRIPT, "--root", str(tmp_path), "--out", str(out), "--case", "resume", "--resume")
-    assert "resumed from" in proc.stdout and "global step 14" in proc.stdout
-    resumed = results(out)[0]["fsdp"]
+    # the killed fit ran last in the compare launch (rank 1 SIGKILLed after step 15), under root/killed
+    killed = root / "killed"
+    assert not any("killed_fit_ended" in res for res in ranks)  # the launch ended in it
+    assert os.path.isdir(killed / "fsdp" / "checkpoints" / "last.ckpt")
+    # resumed (ckpt_path="last") in the `moved` fixture's 2-process launch, after its load case
+    stdout = moved["resume_stdout"]
+    assert "resumed from" in stdout and "global step 14" in stdout
+    resumed = results(moved["resumed"])[0]["fsdp"]
     assert resumed["global_step"] == 22
     assert resumed["losses"] == reference["losses"][-len(resumed["losses"]):]
     for name, value in reference["weights"].items():
@@ -544,24 +571,17 @@ def test_kill_and_resume_is_exact(compare, tmp_path):
 
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(700)
-def test_checkpoints_load_at_another_world_size(compare, tmp_path):
+def test_checkpoints_load_at_another_world_size(moved):
     """2 -> 1: a checkpoint of the 2-rank fit, on one process (DCP reshards the module and the optimizer), then
     trained on; 1 -> 2: what that one process wrote, on two."""
     from tasktrain.strategies.fsdp import convert_fsdp_checkpoint
 
-    root, _, _ = compare
-    saved = root / "fsdp" / "checkpoints" / "epoch=1-step=21.ckpt"
-    one = tmp_path / "one"
-    run(SCRIPT, "--root", str(one), "--out", str(one / "out"), "--case", "load", "--devices", "1", "--ckpt",
-        str(saved))
+    saved, one, two = moved["saved"], moved["one"], moved["two"]
     res = results(one / "out", ranks=(0,))[0]
     for name, value in convert_fsdp_checkpoint(saved)["state_dict"].items():
         assert torch.equal(res["loaded"][name], value), name
     more = res["more"]
     assert more["global_step"] > 21 and more["val_acc"] > 0.8 and all(torch.isfinite(torch.tensor(more["losses"])))
-    two = tmp_path / "two"
-    run(SCRIPT, "--root", str(two), "--out", str(two / "out"), "--case", "load", "--devices", "2", "--ckpt",
-        more["last"], "--epochs", "4")
     for res in results(two / "out"):
         for name, value in more["weights"].items():  # last.ckpt holds the 1-process fit's final weights
             assert torch.equal(res["loaded"][name], value), name

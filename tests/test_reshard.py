@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from helpers import cli_commands
+from helpers import cli_commands_here
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "reshard_scripts", "train.py")
@@ -114,18 +114,24 @@ def ddp(tmp_path_factory):
     ])
     # 1 -> 2: the single-process run's step 3 resumed on 2 processes x 4; and one process -> FSDP on 2: the same
     # step 3 converted to FSDP's layout (`tasktrain convert --to fsdp`) and resumed under FSDP (its step 9 goes back
-    # to one process in the `zero` fixture's one-process launch). One interpreter (helpers.cli_commands, each a
-    # `tasktrain convert` as typed) converts that step 3 twice: to FSDP's layout for here, and to DeepSpeed's (universal
-    # layout) for the `zero` fixture's ZeRO-3 run (DDP -> ZeRO-3)
-    converted = cli_commands([["convert", ckpt(root, "ref1", 3), root / "ref1-step3.fsdp", "--to", "fsdp"],
-                              ["convert", ckpt(root, "ref1", 3), root / "ref1-step3.deepspeed", "--to", "deepspeed"]],
-                             root)
+    # to one process in the `zero` fixture's one-process launch). The CLI's entry point in this process
+    # (helpers.cli_commands_here, each a `tasktrain convert` as typed) converts that step 3 twice: to FSDP's layout
+    # for here, and to DeepSpeed's (universal layout) for the `zero` fixture's ZeRO-3 run (DDP -> ZeRO-3)
+    converted = cli_commands_here([["convert", ckpt(root, "ref1", 3), root / "ref1-step3.fsdp", "--to", "fsdp"],
+                                   ["convert", ckpt(root, "ref1", 3), root / "ref1-step3.deepspeed", "--to",
+                                    "deepspeed"]])
     for code, stdout, stderr in converted:
         assert code == 0, stdout + stderr
     logs["to_fsdp"], logs["to_ds"] = (stdout for _, stdout, _ in converted)
-    logs["res2"] = launch(root, [{"name": "res2", "devices": 2, "batch": 4, "resume": ckpt(root, "ref1", 3)},
-                                 {"name": "fres2", "devices": 2, "batch": 4, "strategy": "fsdp",
-                                  "resume": str(root / "ref1-step3.fsdp")}])
+    # In the same 2-process launch, the `zero` fixture's (their processes started once): ZeRO-2's uninterrupted run,
+    # and DDP -> ZeRO-3 (the single-process run's step 3 as a DeepSpeed checkpoint, converted above)
+    logs["res2"] = logs["two"] = launch(root, [
+        {"name": "res2", "devices": 2, "batch": 4, "resume": ckpt(root, "ref1", 3)},
+        {"name": "fres2", "devices": 2, "batch": 4, "strategy": "fsdp", "resume": str(root / "ref1-step3.fsdp")},
+        {"name": "z2ref", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_2"},
+        {"name": "z3res2", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_3",
+         "resume": str(root / "ref1-step3.deepspeed")},
+    ], timeout=600)
     return root, logs
 
 
@@ -197,11 +203,10 @@ def test_fsdp_on_2_resumed_on_1_trains_each_sample_once_and_carries_adam(ddp):
 
 # -- DeepSpeed ZeRO, and moves between strategies through `tasktrain convert` -------------------------------------
 def convert(src, dst, to):
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
-    proc = subprocess.run([sys.executable, "-m", "tasktrain.cli.main", "convert", str(src), str(dst), "--to", to],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    """`tasktrain convert SRC DST --to TO` through the CLI's entry point in this process; its output."""
+    [(code, stdout, stderr)] = cli_commands_here([["convert", src, dst, "--to", to]])
+    assert code == 0, stdout + stderr
+    return stdout
 
 
 def plain(path):
@@ -214,14 +219,9 @@ def plain(path):
 
 @pytest.fixture(scope="module")
 def zero(ddp):
-    root, _ = ddp
-    logs = {}
-    # (DDP -> ZeRO-3: the single-process run's step 3 as a DeepSpeed checkpoint, converted in the `ddp` fixture)
-    logs["two"] = launch(root, [
-        {"name": "z2ref", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_2"},
-        {"name": "z3res2", "devices": 2, "batch": 4, "strategy": "deepspeed_stage_3",
-         "resume": str(root / "ref1-step3.deepspeed")},
-    ], timeout=600)
+    root, ddp_logs = ddp
+    # (z2ref and z3res2, on 2 processes, ran in the `ddp` fixture's last launch)
+    logs = {"two": ddp_logs["two"]}
     # One one-process launch (DeepSpeed imported once, not twice) through DeepSpeed's own converter: ZeRO-2 2 -> 1
     # (the uninterrupted ZeRO-2 run's step 3 resumed on one process x 8); then stages 3 and 1: ZeRO-3's step 6
     # (2 processes) resumed on one at stage 3, and ZeRO-2's step 3 (2 processes) resumed on one at stage 1
@@ -230,13 +230,14 @@ def zero(ddp):
         {"name": "z3res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_3", "resume": ckpt(root, "z3res2", 6)},
         {"name": "z1res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_1", "resume": ckpt(root, "z2ref", 3)},
     ], timeout=600)
-    # One interpreter for the conversions from here on (helpers.cli_commands), each a `tasktrain convert` as typed:
+    # The conversions from here on, through the CLI's entry point in this process (helpers.cli_commands_here), each a
+    # `tasktrain convert` as typed:
     # ZeRO-3 -> one file -> DDP: the ZeRO-3 run's step 9 as a plain checkpoint, resumed on one process below; the
     # same for the run moved to FSDP on 2 (the `ddp` fixture): its step 9 (a DCP directory) -> one file; and the
     # final checkpoints of the DeepSpeed runs as plain files, which the tests compare.
     jobs = [(ckpt(root, "z3res2", 9), root / "z3res2-step9.ckpt"), (ckpt(root, "fres2", 9), root / "fres2-step9.ckpt")]
     jobs += [(ckpt(root, name), root / f"{name}.final.ckpt") for name in ("z2ref", "z2res1", "z3res2", "z3res1", "z1res1")]
-    converted = cli_commands([["convert", src, dst, "--to", "ckpt"] for src, dst in jobs], root, timeout=300)
+    converted = cli_commands_here([["convert", src, dst, "--to", "ckpt"] for src, dst in jobs])
     for (src, dst), (code, stdout, stderr) in zip(jobs, converted):
         assert code == 0, (src, dst, stdout + stderr)
     logs["fsdp_to_ckpt"] = converted[1][1]
@@ -347,21 +348,23 @@ def launch_accelerate(root, runs, processes, timeout=300):
 @pytest.fixture(scope="module")
 def accelerate(tmp_path_factory):
     root = tmp_path_factory.mktemp("reshard_accelerate")
-    # save_state after step 3, go on (and the same under FSDP: a DCP directory; and under ZeRO-2, for the
-    # `accelerate_zero` tests: its launches are these, DeepSpeed imported by each process once)
-    logs = {"a2": launch_accelerate(root, [{"name": "a2", "batch": 4}, {"name": "fa2", "batch": 4, "strategy": "fsdp"},
-                                           {"name": "d2", "batch": 4, "strategy": "deepspeed_stage_2"}], 2,
-                                    timeout=600)}
+    # One process x 8 first (its save_state after step 3 is loaded on 2 below: one 2-process launch, not two)
+    logs = {"a1": launch_accelerate(root, [{"name": "a1", "batch": 8}], 1)}
+    # a1's state on 2 processes x 4; then save_state after step 3, go on (and the same under FSDP: a DCP directory;
+    # and under ZeRO-2, for the `accelerate_zero` tests: its launches are these, DeepSpeed imported by each process
+    # once)
+    logs["a2"] = logs["a1to2"] = launch_accelerate(root, [
+        {"name": "a1to2", "batch": 4, "load": "a1"}, {"name": "a2", "batch": 4},
+        {"name": "fa2", "batch": 4, "strategy": "fsdp"}, {"name": "d2", "batch": 4, "strategy": "deepspeed_stage_2"}],
+        2, timeout=600)
     # FSDP's save_state directory -> the layout save_state writes without FSDP, loaded on one process below
     logs["fsdp_to_plain"] = convert(root / "fa2.state", root / "fa2plain.state", "ckpt")
-    logs["one"] = launch_accelerate(root, [{"name": "a1", "batch": 8},  # the same on one process x 8
-                                           {"name": "a2to1", "batch": 8, "load": "a2"},
+    logs["one"] = launch_accelerate(root, [{"name": "a2to1", "batch": 8, "load": "a2"},
                                            {"name": "a2to1b", "batch": 4, "load": "a2"},  # global batch 8 -> 4
                                            {"name": "fa2to1", "batch": 8, "load": "fa2plain"},
                                            # ZeRO-2's save_state on 2, loaded on 1 (the `accelerate_zero` tests)
                                            {"name": "d2to1", "batch": 8, "strategy": "deepspeed_stage_2",
                                             "load": "d2"}], 1, timeout=600)
-    logs["a1to2"] = launch_accelerate(root, [{"name": "a1to2", "batch": 4, "load": "a1"}], 2)
     return root, logs
 
 

@@ -350,10 +350,15 @@ def test_accelerator_use_stateful_dataloader_saves_the_workers_state(tmp_path, m
 
 # -- real processes: SIGKILL and resume, 2x2 -> 1x3 and 1x1 -> 2x2 --------------------------------------------------
 def launch(root, runs, processes, expect_ok=True, timeout=420):
+    """The runs one after the other in `processes` processes: under `tasktrain launch` where an Accelerator runs;
+    Trainer runs alone are a plain `python train.py` whose Trainer starts the other processes (devices=N), as a
+    user's script does, without the launcher's agent process."""
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")}
     env.update(OMP_NUM_THREADS="1", TASKTRAIN_CONFIG_DIR=str(root / "no-config"))
+    if processes > 1 and all(run["api"] == "trainer" for run in runs):
+        runs = [dict(run, devices=processes) for run in runs]
     command = [SCRIPT, "--root", str(root), "--runs", json.dumps(runs)]
-    if processes > 1:
+    if processes > 1 and any(run["api"] == "accelerator" for run in runs):
         command = ["-m", "tasktrain.cli.main", "launch", "--num_processes", str(processes), *command]
     proc = subprocess.run([sys.executable, *command], env=env, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
@@ -400,20 +405,19 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("stream")
     last = lambda name: str(root / name / "last.ckpt")  # noqa: E731  (the checkpoint of the killed step)
     logs = {}
-    # one process x 1 worker: the uninterrupted references, then killed after step 3 (Trainer: own data)
-    logs["ref"] = launch(root, [trainer_run("ref_own", "own", 8, 1), trainer_run("ref_files", "files", 8, 1),
-                                trainer_run("k11_own", "own", 8, 1, kill_at=3)], 1, expect_ok=False)
-    logs["k11_files"] = launch(root, [trainer_run("k11_files", "files", 8, 1, kill_at=3)], 1, expect_ok=False)
+    # one process x 1 worker, killed after step 3: the Trainer on both data sets, the Accelerator on files (each in a
+    # process of its own, forked from the launch's before it trains: the kill ends that process, not the launch);
+    # then the uninterrupted references
+    logs["ref"] = launch(root, [trainer_run("k11_own", "own", 8, 1, kill_at=3, fork=True),
+                                trainer_run("k11_files", "files", 8, 1, kill_at=3, fork=True),
+                                accelerator_run("ak11_files", "files", 8, 1, kill_at=3, fork=True),
+                                trainer_run("ref_own", "own", 8, 1), trainer_run("ref_files", "files", 8, 1)], 1)
     # 2 processes x 2 workers, killed after step 3 (rank 1); before that, 45 items over 2 x 4: an uneven end
     logs["k22_own"] = launch(root, [trainer_run("uneven", "own45", 4, 1),
                                     trainer_run("k22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
     logs["k22_files"] = launch(root, [trainer_run("k22_files", "files", 4, 2, kill_at=3)], 2, expect_ok=False)
     # a StatefulDataLoader over a data set sharding itself, 2 x 2, killed after step 3 (resumed in "r22")
     logs["ks22"] = launch(root, [trainer_run("ks22_stateful", "stateful", 4, 2, kill_at=3)], 2, expect_ok=False)
-    # 2x2 -> 1x3 (Trainer, both data sets); the Accelerator on 1x1 saved and killed after step 3
-    logs["r13"] = launch(root, [trainer_run("r13_own", "own", 8, 3, resume=last("k22_own")),
-                                trainer_run("r13_files", "files", 8, 3, resume=last("k22_files")),
-                                accelerator_run("ak11_files", "files", 8, 1, kill_at=3)], 1, expect_ok=False)
     # 1x1 -> 2x2 (Trainer, both; Accelerator, files); the Accelerator on 2x2 saved and killed after step 3
     logs["r22"] = launch(root, [trainer_run("r22_own", "own", 4, 2, resume=last("k11_own")),
                                 trainer_run("r22_files", "files", 4, 2, resume=last("k11_files")),
@@ -421,8 +425,10 @@ def runs(tmp_path_factory):
                                 accelerator_run("a_uneven", "own45", 4, 1, gather=True),
                                 trainer_run("rs22_stateful", "stateful", 4, 2, resume=last("ks22_stateful")),
                                 accelerator_run("ak22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
-    # 2x2 -> 1x3 (Accelerator, own)
-    logs["ar13"] = launch(root, [accelerator_run("ar13_own", "own", 8, 3, resume="ak22_own")], 1)
+    # 2x2 -> 1x3 (Trainer, both data sets; Accelerator, own)
+    logs["r13"] = logs["ar13"] = launch(root, [trainer_run("r13_own", "own", 8, 3, resume=last("k22_own")),
+                                               trainer_run("r13_files", "files", 8, 3, resume=last("k22_files")),
+                                               accelerator_run("ar13_own", "own", 8, 3, resume="ak22_own")], 1)
     return root, logs
 
 

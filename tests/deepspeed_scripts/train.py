@@ -13,6 +13,9 @@
                                                                    # save_16bit_model
     python train.py --root DIR --out OUT --case compare offload    # both in one launch (the processes and their
                                                                    # imports start once); OUT is written after each
+    python train.py ... --case compare offload --kill-at K         # ... then the "resume" case's stage 3 fit under
+                                                                   # DIR/killed, rank 1 SIGKILLed after step K: the
+                                                                   # launch ends there (OUT written before it)
 
 The Trainer self-launches rank 1 (devices=2); both ranks run every fit in order and share one process group.
 """
@@ -171,6 +174,14 @@ def main():
                                                                 offload_parameters=True, save_16bit_model=True),
                                              args.root, precision="bf16-mixed",
                                              callbacks=[ModelCheckpoint(every_n_epochs=EPOCHS, save_last=True)])
+    if args.kill_at is not None and "resume" not in args.case:
+        # The kill-and-resume test's killed fit, last in this launch (its process start-up and DeepSpeed's imports
+        # paid once, not again in a launch of its own): what is above is written first, as the kill ends the launch.
+        torch.save(results, f"{args.out}.rank{rank}.pt")
+        if rank == 0:  # (flushed: rank 0's output of the runs above is all before this line)
+            print("-- the killed fit starts --", flush=True)
+        stage3_checkpointed(os.path.join(args.root, "killed"), [KillRank(args.kill_at, rank=1)])
+        results["killed_fit_ended"] = True  # (never: rank 1 is killed and the launch ends)
     torch.save(results, f"{args.out}.rank{rank}.pt")
 
 

@@ -10,10 +10,15 @@
                                                                    # a 64 MiB model built on the meta device
     python train.py --root DIR --out OUT --case meta               # the meta-device model alone (and its full
                                                                    # checkpoint file loaded into a sharded one)
+    python train.py --root DIR --out OUT --case compare --kill-at K   # ... then, once OUT is written, the "resume"
+                                                                   # case's fit under DIR/killed, rank 1 SIGKILLed
+                                                                   # after step K (the launch ends there)
     python train.py --root DIR --out OUT --case resume --kill-at K # FSDP as above, rank 1 SIGKILLed after step K
     python train.py --root DIR --out OUT --case resume --resume    # ... continued from ckpt_path="last"
     python train.py --root DIR --out OUT --case load --ckpt PATH --devices N --epochs E
                                                # a checkpoint on N ranks: validated, then trained on to epoch E
+        ... --resume-root KILLED --resume-out OUT2   # then (2 ranks) the "resume --resume" case's fit of the run
+                                               # killed under KILLED, its results in OUT2 (one launch for both)
 
 The Trainer self-launches rank 1 (devices=2); both ranks run every fit in order and share one process group.
 """
@@ -268,6 +273,8 @@ def main():
     p.add_argument("--ckpt", default=None)
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--epochs", type=int, default=EPOCHS + 1)
+    p.add_argument("--resume-root", default=None)
+    p.add_argument("--resume-out", default=None)
     args = p.parse_args()
 
     results = {}
@@ -290,6 +297,15 @@ def main():
         results["fsdp_bf16_true"] = fit("fsdp_bf16_true", "fsdp", args.root, precision="bf16-true", epochs=1)
         results.update(full_files(args.root))
         results["meta"] = meta_init(args.root)
+        if args.kill_at is not None:
+            # The kill-and-resume test's killed fit, last in this launch (its process start-up and imports paid
+            # once, not again in a launch of its own): what is above is written first, as the kill ends the launch.
+            rank = int(os.environ.get("RANK", "0"))
+            torch.save(results, f"{args.out}.rank{rank}.pt")
+            if rank == 0:  # (flushed: rank 0's output of the runs above is all before this line)
+                print("-- the killed fit starts --", flush=True)
+            checkpointed(os.path.join(args.root, "killed"), [KillRank(args.kill_at, rank=1)])
+            results["killed_fit_ended"] = True  # (never: rank 1 is killed and the launch ends)
     elif args.case == "meta":
         results["meta"] = meta_init(args.root)  # alone: what the compare case measures last
     elif args.case == "resume":
@@ -306,6 +322,14 @@ def main():
                               callbacks=[ModelCheckpoint(every_n_epochs=1, save_last=True)])
     rank = int(os.environ.get("RANK", "0"))
     torch.save(results, f"{args.out}.rank{rank}.pt")
+    if args.resume_root is not None:
+        # The kill-and-resume test's resume, in this 2-process launch (its processes and imports started once): the
+        # fit killed under resume_root continued from ckpt_path="last", as the "resume --resume" case runs it.
+        assert args.case == "load" and args.devices == 2, "--resume-root goes with --case load --devices 2"
+        if rank == 0:  # (flushed: rank 0's output of the load case is all before this line)
+            print("-- the resume starts --", flush=True)
+        resumed = {"fsdp": checkpointed(args.resume_root, ckpt_path="last")}
+        torch.save(resumed, f"{args.resume_out}.rank{rank}.pt")
 
 
 if __name__ == "__main__":

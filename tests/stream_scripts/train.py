@@ -17,6 +17,10 @@ Each run, in order, in every process of the launch. A run's keys:
     batch    per-process batch size;  workers: DataLoader workers per process (default 1)
     resume   the Trainer: a checkpoint path; the Accelerator: the name of a run whose save_state to load
     kill_at  SIGKILL rank `kill_rank` (default: the last) once step `kill_at` is done and saved
+    fork     (one process) run it in a child process forked from this one, which waits for its SIGKILL and goes on
+             with the next run (fork such runs first, before this process trains: as a DataLoader forks a worker)
+    devices  (the Trainer) its devices, for a plain `python train.py` that the Trainer launches itself (devices=2:
+             it starts rank 1, which runs the same runs); default: WORLD_SIZE of the launch (1 without one)
     gather   (the Accelerator) rank 0 writes each step's gather_for_metrics(ids) to DIR/NAME.ids.rankgathered.txt
 The items: 48, numbered; a linear model with SGD (the ids are what the tests compare).
 """
@@ -24,6 +28,8 @@ import argparse
 import json
 import os
 import signal
+import sys
+import traceback
 
 import torch
 from torch.utils.data import DataLoader
@@ -184,10 +190,11 @@ def world():
 
 def fit(root, run):
     seed_everything(7)
+    devices = run.get("devices", world())
     callbacks = [ModelCheckpoint(dirpath=os.path.join(root, run["name"]), every_n_train_steps=1, save_last=True)]
     if run.get("kill_at") is not None:
-        callbacks.append(Kill(run["kill_at"], run.get("kill_rank", world() - 1)))
-    trainer = Trainer(strategy="ddp" if world() > 1 else "auto", devices=world(), accelerator="cpu",
+        callbacks.append(Kill(run["kill_at"], run.get("kill_rank", devices - 1)))
+    trainer = Trainer(strategy="ddp" if devices > 1 else "auto", devices=devices, accelerator="cpu",
                       max_epochs=EPOCHS, callbacks=callbacks, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=os.path.join(root, run["name"]))
     module = Net()
@@ -232,13 +239,37 @@ def accelerate(root, run):
     accelerator.end_training()
 
 
+def forked(target, root, run):
+    """A killed run of one process in a child of this one: a process of its own, SIGKILLed by itself once step
+    `kill_at` is saved, without a launch of its own (its interpreter and imports are this one's, already made)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            target(root, run)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(1)  # (only when the run did not kill it)
+    _, status = os.waitpid(pid, 0)
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+        raise SystemExit(f"run {run['name']} was to end by SIGKILL; its process ended with status {status}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
     p.add_argument("--runs", required=True)
     args = p.parse_args()
     for run in json.loads(args.runs):
-        (fit if run["api"] == "trainer" else accelerate)(args.root, run)
+        target = fit if run["api"] == "trainer" else accelerate
+        if run.get("fork"):
+            assert world() == 1 and run.get("kill_at") is not None, "fork: a killed run of one process"
+            forked(target, args.root, run)
+        else:
+            target(args.root, run)
 
 
 if __name__ == "__main__":
