@@ -43,6 +43,8 @@ def test_self_launch_gives_every_rank_its_share(environ, monkeypatch, users):
             return None
 
     monkeypatch.setattr(subprocess, "Popen", Proc)
+    # (the command the children would run: under pytest-xdist this process has no script file to re-run)
+    monkeypatch.setattr(launcher, "_command", lambda: ["python", "train.py"])
     monkeypatch.setattr(launcher.atexit, "register", lambda fn: None)
     torch.set_num_threads(4)
     run = SubprocessLauncher(2)
