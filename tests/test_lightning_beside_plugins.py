@@ -693,6 +693,43 @@ def test_mpi_environment_reads_mpi_as_lightnings(monkeypatch):
     assert set(comm.colors) == {host_rank}
 
 
+def _recording_environment(base):
+    """A ClusterEnvironment of one's own (on `base`, tasktrain's or Lightning's class) that records the ranks it is
+    told and reports local and node rank 1."""
+    class Mine(base):
+        def __init__(self):
+            self.calls, self._rank, self._world = [], 0, 1
+
+        creates_processes_externally = True
+        main_address, main_port = "127.0.0.1", 1
+
+        @staticmethod
+        def detect():
+            return True
+
+        def world_size(self):
+            return self._world
+
+        def set_world_size(self, size):
+            self.calls.append(("set_world_size", size))
+            self._world = size
+
+        def global_rank(self):
+            return self._rank
+
+        def set_global_rank(self, rank):
+            self.calls.append(("set_global_rank", rank))
+            self._rank = rank
+
+        def local_rank(self):
+            return 1
+
+        def node_rank(self):
+            return 1
+
+    return Mine()
+
+
 def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_built():
     """Lightning's strategy with several processes tells the user's environment the ranks when it is built
     (set_global_rank(node_rank * devices + local_rank), set_world_size(num_nodes * devices)) and reads its ranks from it
@@ -700,42 +737,8 @@ def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_b
     run's set-up). A one-process strategy calls nothing and reads rank 0."""
     from lightning.pytorch.plugins.environments import ClusterEnvironment as Theirs
 
-    def make(base):
-        class Mine(base):
-            def __init__(self):
-                self.calls, self._rank, self._world = [], 0, 1
-
-            creates_processes_externally = True
-            main_address, main_port = "127.0.0.1", 1
-
-            @staticmethod
-            def detect():
-                return True
-
-            def world_size(self):
-                return self._world
-
-            def set_world_size(self, size):
-                self.calls.append(("set_world_size", size))
-                self._world = size
-
-            def global_rank(self):
-                return self._rank
-
-            def set_global_rank(self, rank):
-                self.calls.append(("set_global_rank", rank))
-                self._rank = rank
-
-            def local_rank(self):
-                return 1
-
-            def node_rank(self):
-                return 1
-
-        return Mine()
-
     def built(lib, base, **kwargs):
-        env = make(base)
+        env = _recording_environment(base)
         import importlib
 
         rank_zero = importlib.import_module("tasktrain.compat.lightning.utilities.rank_zero" if lib is tasktrain else
@@ -765,42 +768,8 @@ def test_a_strategys_parallel_devices_with_a_users_cluster_environment_as_under_
     one is Lightning's error, its words); the environment gets the same calls and the Trainer the same ranks."""
     from lightning.pytorch.plugins.environments import ClusterEnvironment as Theirs
 
-    def make(base):
-        class Mine(base):
-            def __init__(self):
-                self.calls, self._rank, self._world = [], 0, 1
-
-            creates_processes_externally = True
-            main_address, main_port = "127.0.0.1", 1
-
-            @staticmethod
-            def detect():
-                return True
-
-            def world_size(self):
-                return self._world
-
-            def set_world_size(self, size):
-                self.calls.append(("set_world_size", size))
-                self._world = size
-
-            def global_rank(self):
-                return self._rank
-
-            def set_global_rank(self, rank):
-                self.calls.append(("set_global_rank", rank))
-                self._rank = rank
-
-            def local_rank(self):
-                return 1
-
-            def node_rank(self):
-                return 1
-
-        return Mine()
-
     def built(lib, base, strategy_name, devices, accelerator="cpu", parallel=("cpu", "cpu")):
-        env = make(base)
+        env = _recording_environment(base)
         strategy = getattr(lib.strategies, strategy_name)(parallel_devices=[torch.device(d) for d in parallel],
                                                          cluster_environment=env)
         import importlib
