@@ -637,6 +637,22 @@ def test_lsf_environment_reads_its_variables_and_is_detected_as_lightnings(monke
         "ValueError", "Did not find the environment variable `LSB_DJOB_RANKFILE`")
 
 
+def test_a_broken_lsf_rank_file_is_an_error_naming_it(monkeypatch, tmp_path):
+    """A rank file with no compute host, or without this host, is a ValueError naming the file (Lightning's: an
+    IndexError, or `'host' is not in list`)."""
+    from tasktrain.plugins.environments import LSFEnvironment
+
+    _clear_launch_variables(monkeypatch)
+    rankfile = tmp_path / "rankfile"
+    monkeypatch.setenv("LSB_JOBID", "1")
+    monkeypatch.setenv("LSB_DJOB_RANKFILE", str(rankfile))
+    for text, words in (("launch\n", "lists no compute host"), ("launch\nnode-x\n", "is not in LSF's rank file")):
+        rankfile.write_text(text)
+        with pytest.raises(ValueError, match=words) as error:
+            LSFEnvironment()
+        assert str(rankfile) in str(error.value)
+
+
 class _FakeComm:
     """mpi4py's COMM_WORLD as rank 3 of 4 sees it on its host (the second of two): what rank 0 broadcasts and
     gathers is given."""

@@ -206,9 +206,17 @@ class LSFEnvironment(_GivesItsRanks):
 
     def __init__(self) -> None:
         hosts = self._read_hosts()
+        rankfile = os.environ["LSB_DJOB_RANKFILE"]
+        if not [host for host in hosts if host]:
+            raise ValueError(f"LSF's rank file {rankfile} (LSB_DJOB_RANKFILE) lists no compute host after its first "
+                             "line (the launch node): start the job with LSF's jsrun / bsub, which write it.")
         self._main_address = hosts[0]
         self._main_port = self._get_main_port()
         nodes = list(dict.fromkeys(hosts))  # unique hosts, in the rank file's order
+        if socket.gethostname() not in nodes:
+            raise ValueError(f"This host ({socket.gethostname()}) is not in LSF's rank file {rankfile} "
+                             f"(LSB_DJOB_RANKFILE lists {', '.join(nodes)}): run it on the job's hosts, or give "
+                             "the environment of the launcher that started this process.")
         self._node_rank = nodes.index(socket.gethostname())
         os.environ["MASTER_ADDR"] = str(self._main_address)
         os.environ["MASTER_PORT"] = str(self._main_port)
