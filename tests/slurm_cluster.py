@@ -44,8 +44,13 @@ class Cluster:
         return open(os.path.join(self.root, "log", name + ".out"), "ab")
 
     def _spawn(self, name, argv):
+        # SIGPIPE stays ignored in the daemons, as systemd starts them (IgnoreSIGPIPE=yes). SLURM's message send
+        # sets SIGPIPE to ignored and back around each write, process-wide: with SIGPIPE at its default, two threads
+        # of slurmd launching steps at once can restore the default under each other, and a write to a closed socket
+        # then kills slurmd without a word (seen in CI: five jobs' steps at once, slurmd gone, srun exit 141).
+        # Python ignores SIGPIPE; restore_signals=False keeps that for the child, its slurmstepd and the jobs.
         proc = subprocess.Popen(argv, stdout=self._log(name), stderr=subprocess.STDOUT, env=self.env,
-                                start_new_session=True)
+                                start_new_session=True, restore_signals=False)
         self.procs.append((name, proc))
         return proc
 

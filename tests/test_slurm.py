@@ -320,7 +320,7 @@ def start_command(cluster, tmp, name):
     return folder, subprocess.Popen(["timeout", "-k", "10", str(JOB_TIMEOUT), argv[0], *options, *argv[1:]],
                                     cwd=str(folder), env=dict(cluster.env, **job_env(folder, **settings)),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True)
+                                    start_new_session=True, restore_signals=False)  # SIGPIPE ignored: slurm_cluster
 
 
 def command_output(runs, name):
