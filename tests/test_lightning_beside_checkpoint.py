@@ -1098,6 +1098,9 @@ VALIDATION_COUNT_SAVES = {  # (ModelCheckpoint, Trainer, (epoch, val_loop._max_b
     # a step save at the epoch's last batch: deferred to the validation only while validation counts are above 0
     "step_save_deferral": (dict(every_n_train_steps=4, monitor="train_loss", save_top_k=-1),
                            dict(check_val_every_n_epoch=1, val_check_interval=0.5), ((1, [0]),)),
+    # a time val_check_interval: saves at validation ends only, so none here before `last` at the fit's end
+    "time_interval_without_validation": (dict(save_top_k=-1, save_last=True),
+                                         dict(val_check_interval="00:00:10:00", limit_val_batches=0), ()),
     # reload_dataloaders_every_n_epochs counts the loaders again: the write lasts until then
     "recounted_on_reload": (dict(save_top_k=-1), dict(val_check_interval=0.5, reload_dataloaders_every_n_epochs=2),
                             ((1, [0]),)),

@@ -252,7 +252,7 @@ class ModelCheckpoint(Checkpoint):
         validation runs at the epoch's end alone (val_check_interval == 1.0)."""
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
-        if trainer._val_check_time_interval is not None:
+        if not isinstance(trainer.val_check_interval, (int, float)):  # a time ('DD:HH:MM:SS', timedelta, dict)
             return False
         if trainer.check_val_every_n_epoch != 1:
             return False
