@@ -1089,7 +1089,7 @@ def test_checkpoints_at_file_system_urls_as_lightnings(L, tmp_path, monkeypatch)
 
 VALIDATION_COUNT_SAVES = {  # (ModelCheckpoint, Trainer, (epoch, val_loop._max_batches written at its start)...)
     # validation inside the epoch, but the val loader is empty: Lightning saves at the epoch's end
-    "empty_val_loader": (dict(save_top_k=-1), dict(val_check_interval=0.5, limit_val_batches=None), ()),
+    "empty_val_loader": (dict(save_top_k=-1), dict(val_check_interval=0.5, val_length=0), ()),
     "limit_val_batches_0": (dict(save_top_k=-1), dict(val_check_interval=0.5, limit_val_batches=0), ()),
     # written to 0 before epoch 1: that epoch validates no more and saves at its end
     "written_0_between_epochs": (dict(save_top_k=-1), dict(val_check_interval=0.5), ((1, [0]),)),
@@ -1109,11 +1109,11 @@ VALIDATION_COUNT_SAVES = {  # (ModelCheckpoint, Trainer, (epoch, val_loop._max_b
 
 def _validation_count_saves(lib, classes, root, checkpoint, trainer_args, writes):
     """A fit of 3 epochs of 4 batches, validation of 2 batches; returns each save as (the hook it came from, the step),
-    each validation batch as (epoch, step), trainer.num_val_batches at each epoch's end, and the files."""
+    each validation batch as (epoch, step), trainer.num_val_batches at each epoch's end, and the files. `val_length`
+    in trainer_args: the val data set's length (0: an empty loader)."""
     hook, saves, validated, counts = {"now": None}, [], [], []
-    trainer_args = dict(trainer_args)
-    empty = trainer_args.get("limit_val_batches", 2) is None
-    trainer_args["limit_val_batches"] = 2 if empty else trainer_args.get("limit_val_batches", 2)
+    trainer_args = {"limit_val_batches": 2, **trainer_args}
+    val_length = trainer_args.pop("val_length", 64)
 
     class Where(lib.Callback):  # (before the ModelCheckpoint, which both frameworks run last)
         def on_train_epoch_start(self, trainer, module):
@@ -1141,7 +1141,7 @@ def _validation_count_saves(lib, classes, root, checkpoint, trainer_args, writes
             return out
 
         def val_dataloader(self):
-            return torch.utils.data.DataLoader(classes.RandomDataset(32, 0 if empty else 64))
+            return torch.utils.data.DataLoader(classes.RandomDataset(32, val_length))
 
         def on_save_checkpoint(self, checkpoint):
             saves.append((hook["now"], self.trainer.global_step))
