@@ -1085,3 +1085,94 @@ def test_checkpoints_at_file_system_urls_as_lightnings(L, tmp_path, monkeypatch)
     monkeypatch.setitem(__import__("sys").modules, "fsspec", None)  # as without the package
     with pytest.raises(ImportError, match="memory://x.ckpt.*fsspec"):
         tasktrain.TaskModule.load_from_checkpoint("memory://x.ckpt")
+
+
+VALIDATION_COUNT_SAVES = {  # (ModelCheckpoint, Trainer, (epoch, val_loop._max_batches written at its start)...)
+    # validation inside the epoch, but the val loader is empty: Lightning saves at the epoch's end
+    "empty_val_loader": (dict(save_top_k=-1), dict(val_check_interval=0.5, val_length=0), ()),
+    "limit_val_batches_0": (dict(save_top_k=-1), dict(val_check_interval=0.5, limit_val_batches=0), ()),
+    # written to 0 before epoch 1: that epoch validates no more and saves at its end
+    "written_0_between_epochs": (dict(save_top_k=-1), dict(val_check_interval=0.5), ((1, [0]),)),
+    # written to 0 at fit start, then back to 1 before epoch 1: validation ends again, one batch each
+    "written_0_then_1": (dict(save_top_k=-1, monitor="val_loss"), dict(val_check_interval=0.5), ((0, [0]), (1, [1]))),
+    # a step save at the epoch's last batch: deferred to the validation only while validation counts are above 0
+    "step_save_deferral": (dict(every_n_train_steps=4, monitor="train_loss", save_top_k=-1),
+                           dict(check_val_every_n_epoch=1, val_check_interval=0.5), ((1, [0]),)),
+    # a time val_check_interval: saves at validation ends only, so none here before `last` at the fit's end
+    "time_interval_without_validation": (dict(save_top_k=-1, save_last=True),
+                                         dict(val_check_interval="00:00:10:00", limit_val_batches=0), ()),
+    # reload_dataloaders_every_n_epochs counts the loaders again: the write lasts until then
+    "recounted_on_reload": (dict(save_top_k=-1), dict(val_check_interval=0.5, reload_dataloaders_every_n_epochs=2),
+                            ((1, [0]),)),
+}
+
+
+def _validation_count_saves(lib, classes, root, checkpoint, trainer_args, writes):
+    """A fit of 3 epochs of 4 batches, validation of 2 batches; returns each save as (the hook it came from, the step),
+    each validation batch as (epoch, step), trainer.num_val_batches at each epoch's end, and the files. `val_length`
+    in trainer_args: the val data set's length (0: an empty loader)."""
+    hook, saves, validated, counts = {"now": None}, [], [], []
+    trainer_args = {"limit_val_batches": 2, **trainer_args}
+    val_length = trainer_args.pop("val_length", 64)
+
+    class Where(lib.Callback):  # (before the ModelCheckpoint, which both frameworks run last)
+        def on_train_epoch_start(self, trainer, module):
+            for epoch, count in writes:
+                if epoch == trainer.current_epoch:
+                    trainer.fit_loop.epoch_loop.val_loop._max_batches = count
+
+        def on_train_epoch_end(self, trainer, module):
+            hook["now"] = "on_train_epoch_end"
+            counts.append(list(trainer.num_val_batches))
+
+    for name in ("on_train_batch_end", "on_validation_end", "on_train_end"):
+        setattr(Where, name, (lambda n: lambda self, *args, **kwargs: hook.__setitem__("now", n))(name))
+
+    class Logged(classes.BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("train_loss", out["loss"])
+            return out
+
+        def validation_step(self, batch, batch_idx):
+            validated.append((self.trainer.current_epoch, self.trainer.global_step))
+            out = super().validation_step(batch, batch_idx)
+            self.log("val_loss", out["x"])
+            return out
+
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader(classes.RandomDataset(32, val_length))
+
+        def on_save_checkpoint(self, checkpoint):
+            saves.append((hook["now"], self.trainer.global_step))
+
+    lib.seed_everything(1, verbose=False)
+    trainer = lib.Trainer(max_epochs=3, limit_train_batches=4, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, num_sanity_val_steps=0,
+                          callbacks=[Where(), lib.callbacks.ModelCheckpoint(dirpath=root, **checkpoint)],
+                          **trainer_args)
+    trainer.fit(Logged())
+    return saves, validated, counts, sorted(os.listdir(root))
+
+
+@pytest.mark.parametrize("case", list(VALIDATION_COUNT_SAVES))
+def test_save_points_follow_the_validation_counts_as_lightnings(L, tmp_path, case):
+    """ModelCheckpoint's choice between epoch ends and validation ends (_should_save_on_train_epoch_end), asked from
+    the trainer's state at each point as Lightning asks it: an empty val loader or limit_val_batches=0 with validation
+    inside the epoch saves at epoch ends; a write to fit_loop.epoch_loop.val_loop._max_batches between epochs changes
+    the batches each validation runs (0: none, no hook) and the save points from there on, until the loaders are
+    counted again (reload_dataloaders_every_n_epochs). The same saves, hooks, validation batches and files as
+    Lightning's."""
+    from lightning.pytorch.demos import boring_classes as theirs
+
+    from tasktrain.demos import boring_classes as ours
+
+    checkpoint, trainer_args, writes = VALIDATION_COUNT_SAVES[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mine = _validation_count_saves(tasktrain, ours, tmp_path / "ours", checkpoint, trainer_args, writes)
+        theirs_ = _validation_count_saves(L.pytorch, theirs, tmp_path / "theirs", checkpoint, trainer_args, writes)
+    assert mine == theirs_
+    assert mine[0]  # (each case saves something)
+    if writes:  # (the write took: fewer validation batches than the 2 x 2 an epoch of the unwritten fit)
+        assert len(mine[1]) < 3 * 4

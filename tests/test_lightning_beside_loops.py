@@ -338,8 +338,14 @@ def test_the_view_writes_the_limits_and_refuses_to_be_replaced():
     with pytest.raises(AttributeError, match="progress `current` is read only"):
         trainer.fit_loop.epoch_progress.current = None
     # a Lightning internal written or patched would be ignored by the Trainer, which runs no loop object: refused
-    with pytest.raises(AttributeError, match=r"trainer.fit_loop.epoch_loop.val_loop._max_batches cannot be set"):
-        trainer.fit_loop.epoch_loop.val_loop._max_batches = [0]
+    with pytest.raises(AttributeError, match=r"trainer.fit_loop.epoch_loop.val_loop._has_run cannot be set"):
+        trainer.fit_loop.epoch_loop.val_loop._has_run = True
+    # but for val_loop._max_batches (Lightning's tests write it): the counts the next validations run, the Trainer's
+    # num_val_batches (test_lightning_beside_checkpoint: the batches run and the save points, beside Lightning)
+    trainer.fit_loop.epoch_loop.val_loop._max_batches = [0, float("inf")]
+    assert trainer.num_val_batches == [0, float("inf")] == trainer.fit_loop.epoch_loop.val_loop.max_batches
+    with pytest.raises(ValueError, match=r"val_loop._max_batches = \[1.5\]: each loader's count must be a whole"):
+        trainer.fit_loop.epoch_loop.val_loop._max_batches = [1.5]
     with pytest.raises(AttributeError, match=r"trainer.test_loop._evaluation_step: Lightning's loop internal"):
         trainer.test_loop._evaluation_step
     with pytest.raises(AttributeError, match="cannot be set"):

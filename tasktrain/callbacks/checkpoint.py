@@ -16,8 +16,11 @@ When it saves (it is the last callback, so every other callback's state is alrea
 
 save_on_train_epoch_end says which of the epoch schedule's points count: True, the epoch ends; False, the ends of
 validation runs (inside the epoch and at its end; an epoch without validation saves nothing); None (default),
-Lightning's choice at fit start: False when check_val_every_n_epoch != 1 or when validation runs inside the
-epoch (val_check_interval), True otherwise (also when the fit has no validation).
+Lightning's choice, made from the trainer's state at each point that asks (each epoch's end, each validation's end, a
+step save's deferral), as Lightning's _should_save_on_train_epoch_end: False with a time val_check_interval or
+check_val_every_n_epoch != 1; True when the fit's validation counts (trainer.num_val_batches) sum to 0 (no
+validation, limit_val_batches=0, empty loaders, a write to fit_loop.epoch_loop.val_loop._max_batches); else True
+only when val_check_interval == 1.0 (validation at the epoch's end only).
 
 A monitored value is scored once: a save whose monitored value has not been logged again since the previous
 save (no validation in between) only refreshes `last.ckpt`. Before the first validation of a fit, a monitored
@@ -143,7 +146,6 @@ class ModelCheckpoint(Checkpoint):
         self.auto_insert_metric_name = auto_insert_metric_name
         self.async_save = async_save
         self._pending = None  # async_save: (writer, the bookkeeping that holds once the save in flight is complete)
-        self._epoch_end_saves = True  # save_on_train_epoch_end as resolved for this fit
         self._last_time_checked = None
         self.best_k_models = {}  # path -> score (for no monitor: the step, so "best" is the newest)
         self.best_model_path = ""
@@ -239,16 +241,24 @@ class ModelCheckpoint(Checkpoint):
         self._adopt_restored(trainer)  # DeepSpeed/FSDP restore the callbacks after on_fit_start (Lightning's order)
         self._seen_step = trainer.global_step
         self._last_time_checked = time.monotonic()
-        self._epoch_end_saves = self._should_save_on_train_epoch_end(trainer)
 
     def _should_save_on_train_epoch_end(self, trainer):
-        """Lightning's name for the choice of the epoch schedule's save points (read once, at the fit's start; a
-        subclass may override it): save_on_train_epoch_end when given; else True (epoch ends) when every epoch may
-        validate and validation runs only at the epoch's end or not at all, False (validation ends) otherwise."""
+        """Lightning's choice of the epoch schedule's save points (a subclass may override it), asked from the
+        trainer's state wherever it matters, as Lightning asks it (each epoch's end, each validation's end, a step
+        save's deferral), so a change of the validation counts during the fit moves the save points as in Lightning:
+        save_on_train_epoch_end when given; False (validation ends) with a time val_check_interval or when not every
+        epoch validates; True (epoch ends) when the fit's validation counts sum to 0 (nothing to validate: none
+        requested yet, limit_val_batches=0, empty loaders, val_loop._max_batches written to 0); else True only when
+        validation runs at the epoch's end alone (val_check_interval == 1.0)."""
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
-        inside = trainer.val_check_interval is not None and trainer.val_check_interval != 1.0
-        return trainer.check_val_every_n_epoch == 1 and not (trainer.enable_validation and inside)
+        if not isinstance(trainer.val_check_interval, (int, float)):  # a time ('DD:HH:MM:SS', timedelta, dict)
+            return False
+        if trainer.check_val_every_n_epoch != 1:
+            return False
+        if sum(trainer.num_val_batches) == 0:
+            return True
+        return trainer.val_check_interval == 1.0
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.state.fn == "fit" and trainer.state.stage in ("train", "validate"):  # (not the sanity check)
@@ -259,7 +269,7 @@ class ModelCheckpoint(Checkpoint):
             # epoch-end one too: before the step schedulers that watch a metric step after it, before
             # on_train_epoch_end and the epoch schedulers (the file is "inside the epoch": a resume from it runs the
             # epoch's end).
-            if self._epoch_end_saves or self._last_saved_step == trainer.global_step:
+            if self._last_saved_step == trainer.global_step or self._should_save_on_train_epoch_end(trainer):
                 return
             if self._step_save_deferred:
                 self._step_save_deferred = False
@@ -286,8 +296,8 @@ class ModelCheckpoint(Checkpoint):
                 self._step_save_deferred = True
                 return
             total = trainer.num_training_batches
-            if not self._epoch_end_saves and total is not None and trainer.state.batch_in_epoch >= total and \
-                    self._validates_this_epoch(trainer):
+            if total is not None and trainer.state.batch_in_epoch >= total and \
+                    not self._should_save_on_train_epoch_end(trainer) and self._validates_this_epoch(trainer):
                 self._step_save_deferred = True
                 return
         self._save(trainer, by_step=True)
@@ -335,13 +345,16 @@ class ModelCheckpoint(Checkpoint):
     def on_train_epoch_end(self, trainer, pl_module):
         # with saves at validation ends (save_on_train_epoch_end False) the epoch's schedule saved at its validation's
         # end; Lightning's rule: nothing more where this step was saved already
-        if self._epoch_end_saves and self._epoch_due(trainer) and self._last_saved_step != trainer.global_step:
+        if self._last_saved_step != trainer.global_step and self._should_save_on_train_epoch_end(trainer) and \
+                self._epoch_due(trainer):
             self._save(trainer)
 
     def _validates_this_epoch(self, trainer):
+        """Lightning's test before deferring a step save to the epoch-end validation: validation enabled, the fit's
+        validation counts (inf for a loader without a length) sum above 0 (not when the loaders were not requested
+        yet, as in Lightning), and this epoch validates."""
         n = trainer.check_val_every_n_epoch
-        counts = trainer.num_val_batches  # (None: a loader without a length; empty: not requested yet)
-        return bool(trainer.enable_validation) and (not counts or any(c is None or c > 0 for c in counts)) and \
+        return bool(trainer.enable_validation) and sum(trainer.num_val_batches) > 0 and \
             (n is None or (trainer.current_epoch + 1) % n == 0)
 
     def _epoch_due(self, trainer):

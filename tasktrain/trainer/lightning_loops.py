@@ -41,7 +41,8 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
                       the restore until its first epoch ends (Lightning's rule, resume.skips_sanity_check)
     val_loop, validate_loop, test_loop   batch_progress.current / .total: evaluation batches (TrainState.eval_batches),
                       ready from on_*_batch_start, started from the step, processed from on_*_batch_end; is_last_batch,
-                      max_batches, _max_batches (unclamped, read only), num_dataloaders, _has_run
+                      max_batches, _max_batches (unclamped; a write sets the counts the next runs use), num_dataloaders,
+                      _has_run
     predict_loop      batch_progress, current_batch_indices, predictions, epoch_batch_indices, max_batches,
                       num_dataloaders (PredictionLoop)
     done              max_steps or max_epochs reached (epochs counted as `processed`), no training batches, or a stop
@@ -230,9 +231,23 @@ class EvaluationLoop(_LoopView):
 
     @property
     def _max_batches(self):
-        """Lightning's counts before the sanity check's clamp (max_batches is them clamped); read only: the Trainer
-        counts its loaders itself, once per run."""
+        """Lightning's counts before the sanity check's clamp (max_batches is them clamped): the batches each loader
+        runs, the Trainer's num_val_batches / num_test_batches. A write replaces them, as Lightning's attribute
+        (which its loop reads at each run) until the loaders are counted again (set up for a run, or reloaded by
+        reload_dataloaders_every_n_epochs): each validation then runs that many batches of each loader (none at
+        all, no hook, where they sum to 0), and ModelCheckpoint's choice of save points reads them."""
         return [float("inf") if count is None else count for count in self._trainer._counts[self._COUNTS[self._key]]]
+
+    @_max_batches.setter
+    def _max_batches(self, counts):
+        counts = list(counts)
+        for count in counts:
+            if isinstance(count, bool) or not isinstance(count, (int, float)) or count < 0 or \
+                    (isinstance(count, float) and count != float("inf") and count % 1):
+                raise ValueError(f"{self._PATH}._max_batches = {counts!r}: each loader's count must be a whole "
+                                 "number of batches >= 0 or float('inf') (all of its batches).")
+        self._trainer._counts[self._COUNTS[self._key]] = [None if count == float("inf") else int(count)
+                                                           for count in counts]
 
     @property
     def num_dataloaders(self):
