@@ -2,7 +2,10 @@
 connector does (plugins_of, before the strategy is configured), then handed to the configured strategy
 (apply_plugins: strategy.precision_plugin, strategy.checkpoint_io; the environment checked against the launcher's
 variables, SLURMEnvironment's requeue settings returned for the fit's handler)."""
+import signal
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -130,6 +133,41 @@ def _check_environment_class(env):
         env.check(None)  # Lightning's XLAEnvironment: the refusal
 
 
+def _connector_environment(env):
+    """The environment Lightning's connector picks where none is given and LSF / MPI are not detected: torchrun's
+    (TorchElasticEnvironment) where torchrun started the process, SLURM's where srun did, else LightningEnvironment.
+    tasktrain still reads the launcher's variables itself (strategies/environment.py): the object says which launcher
+    that is and gives Lightning's getters."""
+    from tasktrain.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
+
+    if torch.distributed.is_torchelastic_launched():
+        return TorchElasticEnvironment()
+    if env.launcher == "slurm":
+        from tasktrain.strategies import requeue
+
+        try:
+            sig = requeue.requeue_signal()
+        except ValueError:
+            sig = None  # (a bad TASKTRAIN_REQUEUE_SIGNAL is raised where the run installs its handler)
+        slurm = SLURMEnvironment.__new__(SLURMEnvironment)  # (srun started this process: no hint to give)
+        slurm.auto_requeue, slurm.requeue_signal = sig is not None, sig or signal.SIGUSR1
+        return slurm
+    return LightningEnvironment()
+
+
+def tell_ranks(strategy):
+    """Lightning's set_world_ranks when its multi-process strategy is built: the environment is given the strategy's
+    rank and world size (a LightningEnvironment keeps them; the others read their cluster's and ignore them) and
+    rank_zero_only.rank is the strategy's rank from then on (0 for a plain `python train.py` whatever RANK says:
+    Lightning's LightningEnvironment reads LOCAL_RANK and NODE_RANK only)."""
+    from tasktrain.trainer.runtime import announce_rank
+
+    rank = strategy.global_rank
+    strategy.cluster_environment.set_global_rank(rank)
+    strategy.cluster_environment.set_world_size(strategy.world_size)
+    announce_rank(rank)
+
+
 def apply_plugins(found, strategy, env):
     """Hand the sorted plugins to the configured strategy (Lightning's strategy.precision_plugin /
     strategy.checkpoint_io) and check the environment plugin against the launcher's variables. Returns the SLURM
@@ -144,23 +182,28 @@ def apply_plugins(found, strategy, env):
         strategy.checkpoint_io = found.checkpoint_io
     from tasktrain.plugins.environments import SLURMEnvironment, detected_environment
 
+    from tasktrain.strategies.base import MultiProcess
+    from tasktrain.trainer.runtime import announce_rank
+
     given = found.environment or strategy.cluster_environment  # plugins=[...], or the strategy's constructor's
     if given is None and env.launcher is None:  # Lightning's connector detects LSF and MPI after torchrun and SLURM
         given = detected_environment()
     if given is None:  # (torchrun's or SLURM's variables, or none, are read: tasktrain/strategies/environment.py)
+        if isinstance(strategy, MultiProcess):  # (Lightning's one-process strategies hold no environment)
+            strategy.cluster_environment = _connector_environment(env)
+            tell_ranks(strategy)
         return None
     _check_environment_class(given)
     strategy.cluster_environment = given
     if _users_environment(given):  # its ranks, address and port form the process group (strategies/world.py)
         strategy.environment_plugin = given
         strategy.set_world_ranks()  # (Lightning's strategy tells it the ranks when built; read from it from here on)
-        from tasktrain.strategies.base import MultiProcess
-        from tasktrain.trainer.runtime import announce_rank
-
         if isinstance(strategy, MultiProcess) and isinstance(strategy.global_rank, int):
             announce_rank(strategy.global_rank)  # (Lightning's rank_zero_only.rank, set there too)
         return None
     given.check(env)
+    if isinstance(strategy, MultiProcess):
+        tell_ranks(strategy)
     if isinstance(given, SLURMEnvironment):
         return given.auto_requeue, given.requeue_signal
     return None
