@@ -1290,6 +1290,67 @@ def test_an_engine_precision_subclass_and_fabrics_hooks_are_said_so():
         tasktrain.Trainer(plugins=[Engine("bf16-mixed")], **QUIET)
 
 
+@pytest.mark.parametrize("strategy", ["deepspeed", "fsdp"])
+def test_an_engine_precision_subclass_gets_the_hooks_lightning_calls_around_the_engine(strategy, tmp_path):
+    """A DeepSpeedPrecision / FSDPPrecision subclass overriding the hooks Lightning's Trainer and its DeepSpeed / FSDP
+    strategies call around the engine (Lightning's Strategy.training_step / validation_step contexts, connect in
+    setup_precision_plugin, the checkpoint connector's state_dict / on_save_checkpoint / on_load_checkpoint /
+    load_state_dict, teardown in the strategy's teardown): each is called where Lightning calls it (the order of
+    test_a_precision_subclass_gets_lightnings_calls_of_the_hooks_it_overrides), under the real engine (one process),
+    its super() the engine's own plugin's, its state saved under its class's name. (Lightning's DeepSpeed and FSDP
+    strategies need CUDA: not run beside here.) The engine's own hooks stay refused (the test above)."""
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    calls = []
+    base = our_plugins.DeepSpeedPrecision if strategy == "deepspeed" else our_plugins.FSDPPrecision
+
+    class Mine(base):
+        def train_step_context(self):
+            context = super().train_step_context()
+            calls.append(("train_step_context", type(context).__name__))
+            return context
+
+        def val_step_context(self):
+            calls.append(("val_step_context",))
+            return super().val_step_context()
+
+        def connect(self, model, optimizers, lr_schedulers):
+            calls.append(("connect", len(optimizers)))
+            return super().connect(model, optimizers, lr_schedulers)
+
+        def state_dict(self):
+            calls.append(("state_dict",))
+            return {"mine": 1, **super().state_dict()}
+
+        def load_state_dict(self, state):
+            calls.append(("load_state_dict", state))
+            super().load_state_dict({k: v for k, v in state.items() if k != "mine"})
+
+        def on_save_checkpoint(self, checkpoint):
+            calls.append(("on_save_checkpoint", checkpoint.get(type(self).__qualname__)))
+
+        def on_load_checkpoint(self, checkpoint):
+            calls.append(("on_load_checkpoint", checkpoint.get(type(self).__qualname__)))
+
+        def teardown(self):
+            calls.append(("teardown",))
+            super().teardown()
+
+    trainer = tasktrain.Trainer(strategy=strategy, plugins=[Mine("bf16-mixed")], max_steps=2, limit_val_batches=1,
+                                num_sanity_val_steps=1, **QUIET)
+    own = trainer.strategy.precision  # the engine's own plugin, which the run steps through
+    engine_context = type(type(own).step_context(own, "training_step")).__name__
+    model = ours.BoringModel()
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "saved")
+    trainer.validate(model, ckpt_path=tmp_path / "saved", verbose=False)
+    assert calls == [("connect", 1), ("val_step_context",), ("train_step_context", engine_context),
+                     ("train_step_context", engine_context), ("teardown",), ("state_dict",),
+                     ("on_save_checkpoint", {"mine": 1}),
+                     ("connect", 0), ("on_load_checkpoint", {"mine": 1}), ("load_state_dict", {"mine": 1}),
+                     ("val_step_context",), ("teardown",)]
+
+
 def test_tensors_a_step_creates_have_the_precisions_dtype_as_under_lightning():
     """precision="64-true": a tensor made inside a step (torch.zeros) is float64, as under Lightning's
     DoublePrecision.forward_context; outside the steps the default dtype is float32 again."""
