@@ -68,7 +68,7 @@ from tasktrain.strategies.deepspeed.config import (_agree, _check_param_dtypes, 
                                                    _fill_nvme_buffer_size, _nvme_buffer_auto, _nvme_folders,
                                                    _offloads, _param_dtype_of, _positive_or_none, _read_config,
                                                    build_config, check_nvme_offload)
-from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _honour_init_dtype,
+from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _forget_destroyed_groups, _honour_init_dtype,
                                                    _no_forced_collections, _quiet_untested_optimizer,
                                                    _restore_functional_linear,
                                                    _staging_checkpoint_engine, _sub_group_state_index,
@@ -418,6 +418,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             optimizer = self._offload_optimizer(optimizer, config)
         model = _EngineForward(self.module) if self._wrapped else self.module
         kwargs = {"optimizer": optimizer} if optimizer is not None else {}
+        _forget_destroyed_groups()
         with _honour_init_dtype(_nvme_folders(config).get("offload_param") is not None), _no_forced_collections():
             self.engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False,
                                                         **kwargs)
