@@ -256,6 +256,20 @@ def test_fp16_on_cpu_fails_before_any_process_starts():
 
 
 @pytest.mark.timeout(300)
+def test_a_new_engine_after_the_group_was_destroyed_with_torchs_call_trains():
+    """DeepSpeed keeps its own copies of the process group; a script (or Lightning, or another strategy ending its
+    world of one) that destroys the group with torch's own call leaves them stale, and the next DeepSpeed engine of
+    the process failed looking ranks up in the destroyed group ("Group ... is not registered"). It trains now."""
+    from helpers import Linear, loader, quiet
+
+    for _ in range(2):
+        trainer = Trainer(strategy="deepspeed", devices=1, max_steps=1, **quiet())
+        trainer.fit(Linear(), loader())
+        assert trainer.global_step == 1
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
 def test_one_process_trains_like_single_device_and_rejects_conflicts(tmp_path, capsys):
     """A world of one (no launcher): an accumulation conflict is an error before the engine starts; then the same
     process trains under ZeRO-2 exactly like SingleDevice (SGD, fp32), with the group set up again."""

@@ -1112,15 +1112,19 @@ def test_a_trainers_construction_logs_lightnings_device_and_precision_lines(kwar
 
 @pytest.mark.parametrize("cuda, mps, srun, slurm", [
     (False, False, False, None), (True, False, False, None), (False, True, False, None), (False, False, True, None),
-    (False, False, True, "interactive"), (False, False, True, "job"), (True, False, True, None)])
-def test_lightnings_gpu_and_srun_hints_are_given_where_lightning_gives_them(cuda, mps, srun, slurm, monkeypatch):
+    (False, False, True, "interactive"), (False, False, True, "job"), (True, False, True, None),
+    (False, False, True, "lsf")])
+def test_lightnings_gpu_and_srun_hints_are_given_where_lightning_gives_them(cuda, mps, srun, slurm, monkeypatch,
+                                                                            tmp_path):
     """Lightning's PossibleUserWarnings of a Trainer's construction and run: "GPU available but not used" where CUDA
     (or MPS on an ARM processor) is there and the accelerator is the CPU; "The `srun` command is available on your
     system but is not used" where srun is installed and did not start the process (an interactive job's shell does not
     count), at the construction and again at each run's start without a checkpoint path. The host's probes are pinned
-    (torch's CUDA / MPS, the processor, `shutil.which("srun")`, SLURM's variables), both branches of each."""
+    (torch's CUDA / MPS, the processor, `shutil.which("srun")`, SLURM's variables), both branches of each. "lsf": an
+    LSF job's jsrun task (rank 0), where Lightning's connector detects LSF after asking SLURM, so the hint is given."""
     import platform
     import shutil
+    import socket
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
@@ -1129,9 +1133,16 @@ def test_lightnings_gpu_and_srun_hints_are_given_where_lightning_gives_them(cuda
     which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: (("/usr/bin/srun" if srun else None) if name == "srun"
                                                                  else which(name, *a, **k)))
-    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_"))]:
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_", "JSM_", "LSB_"))]:
         monkeypatch.delenv(name)
-    if slurm:  # a SLURM job step of one task (srun'd), or the shell of an interactive job
+    if slurm == "lsf":  # (LSFEnvironment's constructor sets MASTER_ADDR / MASTER_PORT: set here, so restored after)
+        rankfile = tmp_path / "rankfile"
+        rankfile.write_text(f"launch\n{socket.gethostname()}\n")
+        for name, value in dict(LSB_JOBID="1234", LSB_DJOB_RANKFILE=str(rankfile), JSM_NAMESPACE_SIZE="1",
+                                JSM_NAMESPACE_RANK="0", JSM_NAMESPACE_LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT="29500").items():
+            monkeypatch.setenv(name, value)
+    elif slurm:  # a SLURM job step of one task (srun'd), or the shell of an interactive job
         for name, value in dict(SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
                                 SLURM_JOB_NAME=slurm, SLURM_STEP_ID="0", SLURM_NTASKS_PER_NODE="1", SLURM_NNODES="1",
                                 SLURM_JOB_ID="1234", SLURM_NODELIST="127.0.0.1").items():
@@ -1142,6 +1153,8 @@ def test_lightnings_gpu_and_srun_hints_are_given_where_lightning_gives_them(cuda
             warnings.simplefilter("always")
             trainer = lib.Trainer(accelerator="cpu", devices=1, limit_val_batches=1, **QUIET)
             trainer.validate(classes.BoringModel(), verbose=False)
+        if slurm == "lsf":  # (LSF detected by both, as the environment a strategy of several processes would use)
+            assert type(trainer._accelerator_connector.cluster_environment).__name__ == "LSFEnvironment"
         return [(w.category.__name__, str(w.message)) for w in seen
                 if "srun" in str(w.message) or "GPU available" in str(w.message)]
 

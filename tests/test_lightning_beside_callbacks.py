@@ -182,7 +182,9 @@ def test_swa_fit_refusals_and_weights_after_swa_match_lightning():
 def test_swa_average_model_is_a_deep_copy_of_the_module_as_lightnings():
     """Lightning's test_swa_deepcopy: `_average_model` is a deep copy of the module made at set-up (its own bound
     hooks, no trainer); the average is taken there, it stays after the fit, and the checkpoint's
-    `average_model_state` has the module's keys."""
+    `average_model_state` has the module's keys. The set-up of a predict run (validate / test alike) copies the module
+    again, as Lightning's: after a fit, the average is replaced by a copy of the module as it is then (the callback's
+    state keeps the fit's n_averaged and has the copy's weights); a callback that never saw a fit has a copy too."""
     def run(Trainer, Module, cb, **_):
         seen = {}
 
@@ -190,9 +192,10 @@ def test_swa_average_model_is_a_deep_copy_of_the_module_as_lightnings():
             def setup(self, trainer, pl_module, stage):
                 super().setup(trainer, pl_module, stage)
                 copy = self._average_model
-                seen["setup"] = (type(copy) is type(pl_module), copy is not pl_module, copy._trainer is None,
-                                 copy.configure_optimizers.__self__ is copy,
-                                 all(a is not b for a, b in zip(copy.parameters(), pl_module.parameters())))
+                seen["setup", stage.value if hasattr(stage, "value") else stage] = (  # (a str enum in both)
+                    type(copy) is type(pl_module), copy is not pl_module, copy._trainer is None,
+                    copy.configure_optimizers.__self__ is copy,
+                    all(a is not b for a, b in zip(copy.parameters(), pl_module.parameters())))
 
         swa = Swa(swa_lrs=0.05, swa_epoch_start=2)
         module = net_class(Module)()
@@ -204,11 +207,25 @@ def test_swa_average_model_is_a_deep_copy_of_the_module_as_lightnings():
         state = swa.state_dict()["average_model_state"]
         seen["keys"] = sorted(state)
         seen["state"] = {k: v.clone() for k, v in state.items()}
+        with torch.no_grad():  # (the module moves off the average: the predict run's copy has the new weights)
+            module.head.bias.add_(1.0)
+        trainer.predict(module, data(), return_predictions=False)
+        seen["after predict"] = (swa._average_model is not copy, int(swa.n_averaged),
+                                 all(torch.equal(a, b) for a, b in zip(swa._average_model.parameters(),
+                                                                       module.parameters())),
+                                 torch.equal(swa.state_dict()["average_model_state"]["head.bias"], module.head.bias))
+        fresh = Swa(swa_lrs=0.05)
+        Trainer(callbacks=[fresh]).predict(module, data(), return_predictions=False)
+        seen["fresh"] = (fresh._average_model is not None, fresh.state_dict()["n_averaged"],
+                         sorted(fresh.state_dict()["average_model_state"] or {}))
         return seen
 
     lightning, ours = both(run)
-    assert ours["setup"] == lightning["setup"] == (True,) * 5
+    assert ours["setup", "fit"] == lightning["setup", "fit"] == (True,) * 5
+    assert ours["setup", "predict"] == lightning["setup", "predict"] == (True,) * 5
     assert ours["after"] == lightning["after"] == (True, 2, True)
+    assert ours["after predict"] == lightning["after predict"] == (True, 2, True, True)
+    assert ours["fresh"] == lightning["fresh"] == (True, 0, sorted(net_class(tasktrain.TaskModule)().state_dict()))
     assert ours["keys"] == lightning["keys"] == sorted(net_class(tasktrain.TaskModule)().state_dict())
     for name in lightning["state"]:
         torch.testing.assert_close(ours["state"][name], lightning["state"][name], msg=name)

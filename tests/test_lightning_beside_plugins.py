@@ -3,6 +3,7 @@ exception types and words), a CheckpointIO of the user's called as Lightning cal
 training as its precision name, and the attributes a Lightning script reads (trainer.precision,
 trainer.strategy.precision_plugin, trainer.strategy.checkpoint_io). Tiny models, CPU, one process."""
 import contextlib
+import importlib
 import os
 import re
 import signal
@@ -565,7 +566,7 @@ def _environment_seen(lib, name, detected=True, **kwargs):
             trainer = lib.Trainer(plugins=plugins, **{**QUIET, **kwargs})
             trainers.append([trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
                              trainer.is_global_zero, trainer.strategy.global_rank, rank_zero.rank,
-                             # (which of the three; tasktrain keeps None where Lightning has its LightningEnvironment)
+                             # (which of them; a one-process strategy holds none: Lightning's has no such attribute)
                              type(getattr(trainer.strategy, "cluster_environment", None)).__name__.replace(
                                  "NoneType", "LightningEnvironment")])
         except Exception as err:  # noqa: BLE001
@@ -1289,6 +1290,67 @@ def test_an_engine_precision_subclass_and_fabrics_hooks_are_said_so():
         tasktrain.Trainer(plugins=[Engine("bf16-mixed")], **QUIET)
 
 
+@pytest.mark.parametrize("strategy", ["deepspeed", "fsdp"])
+def test_an_engine_precision_subclass_gets_the_hooks_lightning_calls_around_the_engine(strategy, tmp_path):
+    """A DeepSpeedPrecision / FSDPPrecision subclass overriding the hooks Lightning's Trainer and its DeepSpeed / FSDP
+    strategies call around the engine (Lightning's Strategy.training_step / validation_step contexts, connect in
+    setup_precision_plugin, the checkpoint connector's state_dict / on_save_checkpoint / on_load_checkpoint /
+    load_state_dict, teardown in the strategy's teardown): each is called where Lightning calls it (the order of
+    test_a_precision_subclass_gets_lightnings_calls_of_the_hooks_it_overrides), under the real engine (one process),
+    its super() the engine's own plugin's, its state saved under its class's name. (Lightning's DeepSpeed and FSDP
+    strategies need CUDA: not run beside here.) The engine's own hooks stay refused (the test above)."""
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    calls = []
+    base = our_plugins.DeepSpeedPrecision if strategy == "deepspeed" else our_plugins.FSDPPrecision
+
+    class Mine(base):
+        def train_step_context(self):
+            context = super().train_step_context()
+            calls.append(("train_step_context", type(context).__name__))
+            return context
+
+        def val_step_context(self):
+            calls.append(("val_step_context",))
+            return super().val_step_context()
+
+        def connect(self, model, optimizers, lr_schedulers):
+            calls.append(("connect", len(optimizers)))
+            return super().connect(model, optimizers, lr_schedulers)
+
+        def state_dict(self):
+            calls.append(("state_dict",))
+            return {"mine": 1, **super().state_dict()}
+
+        def load_state_dict(self, state):
+            calls.append(("load_state_dict", state))
+            super().load_state_dict({k: v for k, v in state.items() if k != "mine"})
+
+        def on_save_checkpoint(self, checkpoint):
+            calls.append(("on_save_checkpoint", checkpoint.get(type(self).__qualname__)))
+
+        def on_load_checkpoint(self, checkpoint):
+            calls.append(("on_load_checkpoint", checkpoint.get(type(self).__qualname__)))
+
+        def teardown(self):
+            calls.append(("teardown",))
+            super().teardown()
+
+    trainer = tasktrain.Trainer(strategy=strategy, plugins=[Mine("bf16-mixed")], max_steps=2, limit_val_batches=1,
+                                num_sanity_val_steps=1, **QUIET)
+    own = trainer.strategy.precision  # the engine's own plugin, which the run steps through
+    engine_context = type(type(own).step_context(own, "training_step")).__name__
+    model = ours.BoringModel()
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "saved")
+    trainer.validate(model, ckpt_path=tmp_path / "saved", verbose=False)
+    assert calls == [("connect", 1), ("val_step_context",), ("train_step_context", engine_context),
+                     ("train_step_context", engine_context), ("teardown",), ("state_dict",),
+                     ("on_save_checkpoint", {"mine": 1}),
+                     ("connect", 0), ("on_load_checkpoint", {"mine": 1}), ("load_state_dict", {"mine": 1}),
+                     ("val_step_context",), ("teardown",)]
+
+
 def test_tensors_a_step_creates_have_the_precisions_dtype_as_under_lightning():
     """precision="64-true": a tensor made inside a step (torch.zeros) is float64, as under Lightning's
     DoublePrecision.forward_context; outside the steps the default dtype is float32 again."""
@@ -1409,17 +1471,49 @@ def test_sync_batchnorm_layers_are_reverted_after_a_fit_as_lightnings_are(cpu_wr
     ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2",
       "TORCHELASTIC_RUN_ID": "x"}, 2, 2),  # torchrun, second machine
     ({"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "NODE_RANK": "1"}, 2, 2),  # launcher variables, no torchrun
+    ({"RANK": "1", "WORLD_SIZE": "2"}, 2, 1),  # RANK / WORLD_SIZE without LOCAL_RANK: read by neither, rank 0
+    ({"RANK": "1", "WORLD_SIZE": "2"}, 1, 1),
+    ({"LOCAL_RANK": "1", "NODE_RANK": "1"}, 2, 2),  # a launcher of one's own: rank 3, started outside
+    ({"SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_ID": "0",
+      "SLURM_JOB_NAME": "train", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x2)",
+      "SLURM_JOB_ID": "123", "SLURM_NODELIST": "127.0.0.1"}, 2, 2),  # srun: rank 3 of 4
 ])
 def test_ranks_read_right_after_the_trainer_is_built_as_lightnings(variables, devices, num_nodes, monkeypatch):
     """trainer.global_rank / local_rank / node_rank / world_size / is_global_zero from a launcher's variables
-    as soon as Trainer(strategy="ddp") returns, before any run, and no process group formed, under both."""
+    as soon as Trainer(strategy="ddp") returns, before any run, and no process group formed, under both; also
+    rank_zero_only.rank, the environment Lightning's connector picks with none given (its class, whether it says the
+    processes are started outside, its global rank and world size) and whether the Trainer will start the processes
+    itself. With RANK / WORLD_SIZE but no LOCAL_RANK (and no torchrun), Lightning's LightningEnvironment ignores RANK:
+    this is rank 0 of the world the Trainer starts, and rank_zero_only.rank (RANK when imported) is 0 from then on."""
+    _clear_launch_variables(monkeypatch)
     for name, value in {**variables, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}.items():
         monkeypatch.setenv(name, value)
+    from tasktrain.compat.lightning.utilities.rank_zero import rank_zero_only as our_rank_zero
+    from tasktrain.trainer import runtime
+
     seen = []
     for lib in (pl, tasktrain):
-        trainer = lib.Trainer(strategy="ddp", num_nodes=num_nodes, **{**QUIET, "devices": devices})
-        seen.append((trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
-                     trainer.is_global_zero, torch.distributed.is_initialized()))
+        rank_zero = our_rank_zero if lib is tasktrain else importlib.import_module(
+            "lightning.pytorch.utilities.rank_zero").rank_zero_only
+        before, known = rank_zero.rank, list(runtime._KNOWN_RANK)
+        rank_zero.rank = int(variables.get("RANK", variables.get("LOCAL_RANK", 0)))  # (what each reads at import)
+        try:
+            trainer = lib.Trainer(strategy="ddp", num_nodes=num_nodes, **{**QUIET, "devices": devices})
+            environment = trainer.strategy.cluster_environment
+            seen.append((trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size,
+                         trainer.is_global_zero, torch.distributed.is_initialized(), rank_zero.rank,
+                         type(environment).__name__, environment.creates_processes_externally,
+                         environment.global_rank(), environment.world_size(), environment.local_rank(),
+                         environment.node_rank()))
+            if lib is tasktrain and devices > 1:  # (Lightning's launcher starts the other ranks where its
+                # environment does not say they are started outside)
+                assert trainer.strategy.needs_launch() is not environment.creates_processes_externally
+        finally:
+            rank_zero.rank, runtime._KNOWN_RANK[:] = before, known
     assert seen[1] == seen[0]
-    expected_rank = int(variables.get("RANK", 0))
-    assert seen[1][0] == expected_rank and seen[1][3] == devices * num_nodes and seen[1][5] is False
+    node = int(variables.get("NODE_RANK", variables.get("GROUP_RANK", variables.get("SLURM_NODEID", 0))))
+    local = int(variables.get("LOCAL_RANK", variables.get("SLURM_LOCALID", 0)))
+    expected_rank = node * devices + local  # (RANK itself is read by neither)
+    assert seen[1][0] == seen[1][6] == expected_rank and seen[1][3] == devices * num_nodes and seen[1][5] is False
+    assert seen[1][7] == ("TorchElasticEnvironment" if "TORCHELASTIC_RUN_ID" in variables else "SLURMEnvironment"
+                          if "SLURM_NTASKS" in variables else "LightningEnvironment")

@@ -9,8 +9,8 @@ rate and keep an equal-weight average of the weights; when training ends the mod
 - `swa_lrs`: a positive float, or a list of positive floats (one per param group). From the first SWA epoch the
   optimizer's scheduler is replaced by torch's SWALR, which anneals each group's rate to its SWA rate over
   `annealing_epochs` epochs ("cos" or "linear") and then holds it; it steps at each epoch's end.
-- The average (`_average_model`: a deep copy of the module made at the fit's set-up, as Lightning's, its trainer
-  reference dropped; its parameters averaged there, kept on `device`; None: the module's device) takes the weights
+- The average (`_average_model`: a deep copy of the module made at the set-up of each run, fit, validate, test or
+  predict, as Lightning's, its trainer reference dropped; its parameters averaged there, kept on `device`; None: the module's device) takes the weights
   at the start of each epoch from the first SWA epoch to the last one (Lightning's rule: the first SWA epoch's start
   averages the weights the earlier epochs left, and the last epoch's training is not in the average).
   `avg_fn(averaged, current, n_averaged)` replaces the equal-weight mean.
@@ -172,9 +172,10 @@ class StochasticWeightAveraging(Callback):
             self._initialized, self._swa_scheduler, self._scheduler_state = False, None, None
             self._resume_pending = False
             self.n_averaged, self._init_n_averaged, self._latest_update_epoch = None, 0, -1
-            # Lightning's: a deep copy of the whole module (the TaskModule's pickled state drops its trainer), before
-            # the strategy moves it; a sharded strategy never gets here (refused above)
-            self._average_model = deepcopy(pl_module)
+        # Lightning's, at the set-up of every stage (validate / test / predict too, replacing a fit's average with a
+        # copy of the module as it is then): a deep copy of the whole module (the TaskModule's pickled state drops its
+        # trainer), before the strategy moves it; a sharded strategy never gets here (refused above)
+        self._average_model = deepcopy(pl_module)
 
     def on_fit_start(self, trainer, pl_module):
         if len(trainer.optimizers) != 1:

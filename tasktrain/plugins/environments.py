@@ -6,7 +6,9 @@ tasktrain reads who-is-who from the launcher's variables itself (tasktrain/strat
 checked against the variables before training:
 
     LightningEnvironment()     the default: no external launcher, or torchrun-style variables (RANK, WORLD_SIZE,
-                               LOCAL_RANK, MASTER_ADDR, MASTER_PORT); refused inside a SLURM job step
+                               LOCAL_RANK, MASTER_ADDR, MASTER_PORT); refused inside a SLURM job step. Its getters
+                               are Lightning's (the class's docstring); the Trainer's strategy of several processes
+                               holds one where no environment is given or detected, as Lightning's does
     TorchElasticEnvironment()  the processes were started by torchrun / `tasktrain launch`
     SLURMEnvironment(auto_requeue=True, requeue_signal=None)   SLURM; auto_requeue and requeue_signal are the
                                requeue settings of docs/slurm.md (TASKTRAIN_SLURM_REQUEUE / TASKTRAIN_REQUEUE_SIGNAL),
@@ -94,9 +96,57 @@ class ClusterEnvironment(abc.ABC):
 
 
 class LightningEnvironment(ClusterEnvironment):
+    """Lightning's default, read as Lightning's is: the processes are the Trainer's own unless LOCAL_RANK is set
+    (then a launcher of one's own started them: creates_processes_externally), the local and node rank from LOCAL_RANK
+    and NODE_RANK / GROUP_RANK, and the global rank and world size the ones the strategy gives it (a multi-process
+    strategy calls set_global_rank(node_rank * devices + local_rank) and set_world_size(num_nodes * devices) when the
+    Trainer is built, as Lightning's do). The Trainer picks it where no environment is given and none is detected."""
+
+    def __init__(self) -> None:
+        self._main_port = -1
+        self._global_rank = 0
+        self._world_size = 1
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return "LOCAL_RANK" in os.environ
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    def main_port(self) -> int:
+        if self._main_port == -1:  # (one free port, kept, where MASTER_PORT is not set: Lightning's rule)
+            from tasktrain.strategies.launcher import find_free_port
+
+            self._main_port = int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else find_free_port()
+        return self._main_port
+
     @staticmethod
     def detect() -> bool:
         return True
+
+    def world_size(self) -> int:
+        return self._world_size
+
+    def set_world_size(self, size: int) -> None:
+        self._world_size = size
+
+    def global_rank(self) -> int:
+        return self._global_rank
+
+    def set_global_rank(self, rank: int) -> None:
+        self._global_rank = rank
+        from tasktrain.trainer.runtime import announce_rank
+
+        announce_rank(rank)  # (Lightning's sets rank_zero_only.rank too)
+
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+    def node_rank(self) -> int:
+        return int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))
 
     def check(self, env):
         if env.launcher == "slurm":

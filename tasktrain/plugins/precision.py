@@ -16,7 +16,8 @@ main_params). A subclass overriding one of the step's hooks trains through all o
 closure, on_before_optimizer_step and configure_gradient_clipping -> clip_gradients); their defaults compute what
 tasktrain's own step computes (a plugin without such an override takes that step). convert_output and
 unscale_gradients are Fabric's: Lightning's Trainer never calls them, nor does tasktrain's (an override is warned
-about). An engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) is its engine's: overrides are refused.
+about). An engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) is its engine's: overrides of
+ENGINE_CALLED_HOOKS are called where Lightning calls them, the others are refused.
 """
 import functools
 
@@ -42,6 +43,14 @@ CALLED_HOOKS = ("forward_context", "train_step_context", "val_step_context", "te
                 "on_load_checkpoint") + STEP_HOOKS
 # Fabric's, which Lightning's Trainer never calls (nor tasktrain's): an override is accepted with a warning
 UNCALLED_HOOKS = ("convert_output", "unscale_gradients")
+# The hooks of an engine's plugin (DeepSpeedPrecision, FSDPPrecision) a subclass may override: the ones Lightning's
+# Trainer and its DeepSpeed / FSDP strategies call around the engine (each step's context, connect once the module
+# and optimizers are set up, the checkpoint's state and hooks, teardown), called where Lightning calls them. The
+# others (forward_context, the casts, the init contexts, the backward / step / clipping hooks) are the engine's own
+# precision's, which tasktrain's engines run inside themselves: an override of one is refused.
+ENGINE_CALLED_HOOKS = ("train_step_context", "val_step_context", "test_step_context", "predict_step_context",
+                       "connect", "state_dict", "load_state_dict", "on_save_checkpoint", "on_load_checkpoint",
+                       "teardown")
 
 
 _STEP_CONTEXTS = {"training_step": "train_step_context", "validation_step": "val_step_context",
@@ -263,13 +272,75 @@ _ENGINE_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed
 
 
 class _EnginePrecision(_core.Precision):
-    """A precision name for an engine strategy, which runs its own plugin of that name (Strategy.adopt_precision)."""
+    """A precision name for an engine strategy, which runs its own plugin of that name (Strategy.adopt_precision).
+    A subclass's overrides of ENGINE_CALLED_HOOKS are called where Lightning calls them (attach_hooks); their defaults are
+    the engine's own plugin's."""
+
+    _runs = None  # the engine's own plugin this one was attached to
 
     def __init__(self, precision):
         if precision not in _ENGINE_PRECISIONS:
             raise ValueError(f"{type(self).__name__}(precision={precision!r}): use one of {_ENGINE_PRECISIONS}.")
         super().__init__(_LATER)
         self.name = precision
+
+    def attach_hooks(self, own):
+        """The engine strategy's own plugin `own`, which the strategy runs, with this subclass's overrides of
+        ENGINE_CALLED_HOOKS in its place (each override's super() reaches `own`'s method), and the checkpoint's
+        state under this class's __qualname__, as Lightning keys it. Returns `own`."""
+        self._runs = own
+        if not _overrides(type(self), ENGINE_CALLED_HOOKS):
+            return own
+        own.step_context = functools.partial(_attached_step_context, self, own)
+        for name in ENGINE_CALLED_HOOKS[4:]:
+            setattr(own, name, getattr(self, name))
+        own.checkpoint_key = type(self).__qualname__  # (resume.precision_key)
+        return own
+
+    def _own(self, name):
+        """`self._runs`'s own method `name` (its class's: an attached override is an attribute of the instance)."""
+        if self._runs is None:
+            raise RuntimeError(f"{type(self).__name__}.{name}: the plugin is not attached to a strategy yet (pass it "
+                               "in Trainer(plugins=[...]) with its engine's strategy).")
+        return getattr(type(self._runs), name).__get__(self._runs)
+
+    # Lightning's defaults: the engine's own plugin's (each step's context is its autocast, or none)
+    def train_step_context(self):
+        return self._own("step_context")("training_step")
+
+    def val_step_context(self):
+        return self._own("step_context")("validation_step")
+
+    def test_step_context(self):
+        return self._own("step_context")("test_step")
+
+    def predict_step_context(self):
+        return self._own("step_context")("predict_step")
+
+    def connect(self, model, optimizers, lr_schedulers):
+        return self._own("connect")(model, optimizers, lr_schedulers)
+
+    def state_dict(self):
+        return self._own("state_dict")()
+
+    def load_state_dict(self, state):
+        return self._own("load_state_dict")(state)
+
+    def on_save_checkpoint(self, checkpoint):
+        return self._own("on_save_checkpoint")(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint):
+        return self._own("on_load_checkpoint")(checkpoint)
+
+    def teardown(self):
+        return self._own("teardown")()
+
+
+def _attached_step_context(plugin, own, step):
+    """An attached engine plugin's step context: the subclass's hook of that step kind (Lightning's), else own's."""
+    if step in _STEP_CONTEXTS:
+        return getattr(plugin, _STEP_CONTEXTS[step])()
+    return type(own).step_context(own, step)
 
 
 class DeepSpeedPrecision(_EnginePrecision):

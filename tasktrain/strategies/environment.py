@@ -166,8 +166,9 @@ def _slurm_environment(env) -> ClusterEnvironment:
 
 def launcher_rank(default=0):
     """The global rank a launcher's variables give this process, read as Lightning's rank_zero_only reads them (RANK,
-    then LOCAL_RANK, then SLURM_PROCID); `default` where none is set (nobody launched it)."""
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+    then LOCAL_RANK, then SLURM_PROCID, then LSF's JSM_NAMESPACE_RANK); `default` where none is set (nobody launched
+    it)."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
         if key in os.environ:
             return int(os.environ[key])
     return default

@@ -30,6 +30,9 @@ class Precision:
     steps_with_closure = True
     last_step_output = None  # what the last optimizer.step(...) returned (LightningOptimizer.step returns it)
     engine = None  # the engine strategy whose own plugin this names ("DeepSpeed", "FSDP"), or None: any strategy
+    # where a checkpoint holds this plugin's state (Lightning's: its class's __qualname__, resume.precision_key); an
+    # engine's own plugin run with the hooks of a user's subclass sets that subclass's (plugins/precision.py)
+    checkpoint_key = None
     # Lightning's precision plugins (tasktrain/plugins/precision.py) a subclass of one's own overrides: whether the
     # Trainer's step runs through their step hooks, and whether convert_input runs before the batch transfer hooks
     lightning_steps = False

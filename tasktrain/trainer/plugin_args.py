@@ -2,7 +2,10 @@
 connector does (plugins_of, before the strategy is configured), then handed to the configured strategy
 (apply_plugins: strategy.precision_plugin, strategy.checkpoint_io; the environment checked against the launcher's
 variables, SLURMEnvironment's requeue settings returned for the fit's handler)."""
+import signal
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -33,7 +36,7 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
     found = Plugins()
     if isinstance(strategy, Strategy) and isinstance(strategy._precision_choice, Precision):
         # a strategy's own precision plugin (DDPStrategy(precision_plugin=...)) is held to a plugin's rules too
-        _check_plugin_classes(Plugins(precision=strategy._precision_choice))
+        _check_plugin_classes(Plugins(precision=strategy._precision_choice), engine_hooks_called=False)
     if plugins is None:
         return found
     plugins = plugins if isinstance(plugins, Iterable) else [plugins]  # (a string is an iterable of characters)
@@ -78,23 +81,27 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
     return found
 
 
-def _check_plugin_classes(found):
+def _check_plugin_classes(found, engine_hooks_called=True):
     """Subclasses of one's own: an engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) is its engine's, so
-    its overrides are refused, saying why; Fabric's hooks that Lightning's Trainer never calls are warned about."""
+    its overrides are refused, saying why, except those of the hooks Lightning calls around the engine
+    (ENGINE_CALLED_HOOKS, given in plugins=[...]: `engine_hooks_called`); Fabric's hooks that Lightning's Trainer
+    never calls are warned about."""
     plugin = found.precision
     own = _own_methods(plugin)
     if own:
-        from tasktrain.plugins.precision import CALLED_HOOKS, UNCALLED_HOOKS
+        from tasktrain.plugins.precision import CALLED_HOOKS, ENGINE_CALLED_HOOKS, UNCALLED_HOOKS
 
-        if plugin.engine is not None:  # the engine strategy runs its own plugin of that name: none of them is called
-            refused = sorted(own & set(CALLED_HOOKS + UNCALLED_HOOKS))
+        if plugin.engine is not None:  # the engine strategy runs its own plugin of that name
+            called = set(ENGINE_CALLED_HOOKS) if engine_hooks_called else set()
+            refused = sorted(own & set(CALLED_HOOKS + UNCALLED_HOOKS) - called)
             if refused:
                 raise ValueError(
                     f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(refused)}: the {plugin.engine} "
                     f"strategy runs its engine's own precision (its backward, step, clipping and casts), so the "
                     "override would not be called. Use the plugin as it is, or precision="
                     f"{plugin.name!r}; put per-step work in the module's hooks (on_before_backward, on_after_backward, "
-                    "on_before_optimizer_step).")
+                    "on_before_optimizer_step). Its step contexts, connect, state_dict / load_state_dict, "
+                    "on_save_checkpoint / on_load_checkpoint and teardown may be overridden (given in plugins=[...]).")
         uncalled = sorted(own & set(UNCALLED_HOOKS))
         if uncalled:
             import warnings
@@ -130,13 +137,51 @@ def _check_environment_class(env):
         env.check(None)  # Lightning's XLAEnvironment: the refusal
 
 
+def _connector_environment(env):
+    """The environment Lightning's connector picks where none is given and LSF / MPI are not detected: torchrun's
+    (TorchElasticEnvironment) where torchrun started the process, SLURM's where srun did, else LightningEnvironment.
+    tasktrain still reads the launcher's variables itself (strategies/environment.py): the object says which launcher
+    that is and gives Lightning's getters."""
+    from tasktrain.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
+
+    if torch.distributed.is_torchelastic_launched():
+        return TorchElasticEnvironment()
+    if env.launcher == "slurm":
+        from tasktrain.strategies import requeue
+
+        try:
+            sig = requeue.requeue_signal()
+        except ValueError:
+            sig = None  # (a bad TASKTRAIN_REQUEUE_SIGNAL is raised where the run installs its handler)
+        slurm = SLURMEnvironment.__new__(SLURMEnvironment)  # (srun started this process: no hint to give)
+        slurm.auto_requeue, slurm.requeue_signal = sig is not None, sig or signal.SIGUSR1
+        return slurm
+    return LightningEnvironment()
+
+
+def tell_ranks(strategy):
+    """Lightning's set_world_ranks when its multi-process strategy is built: the environment is given the strategy's
+    rank and world size (a LightningEnvironment keeps them; the others read their cluster's and ignore them) and
+    rank_zero_only.rank is the strategy's rank from then on (0 for a plain `python train.py` whatever RANK says:
+    Lightning's LightningEnvironment reads LOCAL_RANK and NODE_RANK only)."""
+    from tasktrain.trainer.runtime import announce_rank
+
+    rank = strategy.global_rank
+    strategy.cluster_environment.set_global_rank(rank)
+    strategy.cluster_environment.set_world_size(strategy.world_size)
+    announce_rank(rank)
+
+
 def apply_plugins(found, strategy, env):
     """Hand the sorted plugins to the configured strategy (Lightning's strategy.precision_plugin /
     strategy.checkpoint_io) and check the environment plugin against the launcher's variables. Returns the SLURM
     requeue settings a SLURMEnvironment gives ((auto_requeue, signal)), or None."""
     if found.precision is not None:
         strategy.precision_plugin = found.precision
-        if strategy.precision is not found.precision and _own_methods(found.precision) - {"__init__"}:
+        from tasktrain.plugins.precision import ENGINE_CALLED_HOOKS
+
+        attached = set(ENGINE_CALLED_HOOKS) if found.precision.engine is not None else set()
+        if strategy.precision is not found.precision and _own_methods(found.precision) - {"__init__"} - attached:
             raise ValueError(f"plugins=[{type(found.precision).__name__}(...)]: {type(strategy).__name__} runs its "
                              "engine's own precision plugin of that name, so the methods of this one would not be "
                              f"called. Use precision={found.precision.name!r} without a subclass.")
@@ -144,23 +189,28 @@ def apply_plugins(found, strategy, env):
         strategy.checkpoint_io = found.checkpoint_io
     from tasktrain.plugins.environments import SLURMEnvironment, detected_environment
 
+    from tasktrain.strategies.base import MultiProcess
+    from tasktrain.trainer.runtime import announce_rank
+
     given = found.environment or strategy.cluster_environment  # plugins=[...], or the strategy's constructor's
     if given is None and env.launcher is None:  # Lightning's connector detects LSF and MPI after torchrun and SLURM
         given = detected_environment()
     if given is None:  # (torchrun's or SLURM's variables, or none, are read: tasktrain/strategies/environment.py)
+        if isinstance(strategy, MultiProcess):  # (Lightning's one-process strategies hold no environment)
+            strategy.cluster_environment = _connector_environment(env)
+            tell_ranks(strategy)
         return None
     _check_environment_class(given)
     strategy.cluster_environment = given
     if _users_environment(given):  # its ranks, address and port form the process group (strategies/world.py)
         strategy.environment_plugin = given
         strategy.set_world_ranks()  # (Lightning's strategy tells it the ranks when built; read from it from here on)
-        from tasktrain.strategies.base import MultiProcess
-        from tasktrain.trainer.runtime import announce_rank
-
         if isinstance(strategy, MultiProcess) and isinstance(strategy.global_rank, int):
             announce_rank(strategy.global_rank)  # (Lightning's rank_zero_only.rank, set there too)
         return None
     given.check(env)
+    if isinstance(strategy, MultiProcess):
+        tell_ranks(strategy)
     if isinstance(given, SLURMEnvironment):
         return given.auto_requeue, given.requeue_signal
     return None

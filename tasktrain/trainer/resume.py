@@ -98,8 +98,9 @@ def run_state(trainer, weights_only=False):
 
 
 def precision_key(strategy):
-    """Where the precision plugin's state is (Lightning's: its class's __qualname__)."""
-    return type(strategy.precision).__qualname__
+    """Where the precision plugin's state is (Lightning's: its class's __qualname__; an engine's plugin subclass of the
+    user's, attached to the engine's own, names its class: checkpoint_key)."""
+    return strategy.precision.checkpoint_key or type(strategy.precision).__qualname__
 
 
 def dump_checkpoint(trainer, weights_only=False) -> dict:

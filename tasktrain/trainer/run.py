@@ -16,6 +16,7 @@ from tasktrain.trainer.arguments import LITMODELS_TIP, _info, in_call_order
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import build_hook_tables
 from tasktrain.trainer.metrics import MetricStore, hook_scope, in_hook
+from tasktrain.trainer import plugin_args
 from tasktrain.trainer.module import TaskModule, hook_is_called, is_overridden
 from tasktrain.trainer.runtime import announce_rank
 from tasktrain.trainer.seed import reset_seed
@@ -162,6 +163,9 @@ def start_stage(trainer, stage, module):
     """The run's environment, fresh run state, profiler, metric store, callbacks and hook tables."""
     strategy = trainer.strategy
     strategy.setup_environment()
+    if isinstance(strategy, MultiProcess) and strategy.environment_plugin is None and \
+            strategy.cluster_environment is not None:  # Lightning's set_world_ranks again at its set-up (a spawned
+        plugin_args.tell_ranks(strategy)  # rank's own); a user's environment got them from setup_environment
     trainer._stage_plugins_ended = False  # (end_stage_plugins)
     if isinstance(strategy, MultiProcess):
         reset_seed()  # Lightning's distributed strategies seed again as they set up their processes

@@ -140,10 +140,12 @@ class Trainer:
         arguments.refuse_lightning_only(barebones, plugins, max_restarts)
         self._model_registry = arguments.model_registry_name(model_registry)  # Lightning's (the name, no version)
         self.enable_autolog_hparams = enable_autolog_hparams  # Lightning's: False skips _log_hyperparams entirely
-        self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
-        # Lightning's connector asks whether SLURM launched the run where no environment is given and torchrun did not
-        if runtime.strategy.cluster_environment is None and not torch.distributed.is_torchelastic_launched():
+        # Lightning's connector, where no environment is given, asks torchrun first, then SLURM (whose detect() gives
+        # the srun hint), then LSF and MPI (apply_plugins): the hint is said before LSF / MPI are looked for
+        if found.environment is None and runtime.strategy.cluster_environment is None and \
+                not torch.distributed.is_torchelastic_launched():
             warn_if_srun_unused()
+        self._requeue_settings = plugin_args.apply_plugins(found, runtime.strategy, runtime.env)  # SLURMEnvironment's
         # A LayerSync wraps the module of a fit under a multi-process strategy (_fit) and is reverted at its end, as
         # Lightning's parallel strategies do; sync_batchnorm=True is TorchSyncBatchNorm(), as Lightning's connector
         sync_batchnorm = sync_batchnorm or type(found.layer_sync) is TorchSyncBatchNorm

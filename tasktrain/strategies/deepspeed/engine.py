@@ -148,6 +148,24 @@ class _NoCollection:
         return 0
 
 
+def _forget_destroyed_groups():
+    """DeepSpeed keeps its own copies of the process group it ran on (deepspeed.utils.groups), forgotten only when the
+    group is destroyed through deepspeed.comm. A group destroyed since with torch's own call (another strategy's world
+    of one ending, a script's destroy_process_group) stays there, and the next engine of this process would look its
+    ranks up in it ("Group ... is not registered"): those copies are dropped, so that DeepSpeed takes the current one."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    cached = getattr(groups, "_WORLD_GROUP", None)
+    release = getattr(groups, "_release_process_group_references", None)
+    if cached is None or release is None:
+        return
+    try:
+        dist.get_global_rank(cached, 0)
+    except (ValueError, RuntimeError):
+        release()
+
+
 @contextlib.contextmanager
 def _no_forced_collections():
     """DeepSpeed 0.19.8's BF16_Optimizer (a bf16 engine's at ZeRO stage 1 without offload, and every bf16 engine that

@@ -60,7 +60,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, 
                                      load_plain_state_dict, own_state, replace_dir, weights_file, with_own)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.strategies.base import (ClipsInsideStep, Sharded, Strategy, _StepWrapper, keep_until_next_run,
-                                      release_kept_runs, step_arguments)
+                                      release_kept_runs, step_arguments, step_name)
 from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, _WRAPPER_PREFIX,
                                                        _check_no_zero3_placeholders, _strip, check_deepspeed_folder,
                                                        convert_zero_checkpoint)
@@ -68,7 +68,7 @@ from tasktrain.strategies.deepspeed.config import (_agree, _check_param_dtypes, 
                                                    _fill_nvme_buffer_size, _nvme_buffer_auto, _nvme_folders,
                                                    _offloads, _param_dtype_of, _positive_or_none, _read_config,
                                                    build_config, check_nvme_offload)
-from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _honour_init_dtype,
+from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _forget_destroyed_groups, _honour_init_dtype,
                                                    _no_forced_collections, _quiet_untested_optimizer,
                                                    _restore_functional_linear,
                                                    _staging_checkpoint_engine, _sub_group_state_index,
@@ -249,7 +249,8 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         casts, scales and steps; Lightning's DeepSpeedStrategy reads only the plugin's precision name too)."""
         if plugin.engine not in (None, "DeepSpeed"):
             return super().adopt_precision(plugin)  # (its error)
-        return self.build_precision(plugin.name)
+        own = self.build_precision(plugin.name)
+        return own if plugin.engine is None else plugin.attach_hooks(own)  # (a subclass's hooks Lightning calls here)
 
     def build_precision(self, name):
         """The engine owns precision: a plugin that forwards to it (the config's bf16/fp16 sections come from the
@@ -417,6 +418,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             optimizer = self._offload_optimizer(optimizer, config)
         model = _EngineForward(self.module) if self._wrapped else self.module
         kwargs = {"optimizer": optimizer} if optimizer is not None else {}
+        _forget_destroyed_groups()
         with _honour_init_dtype(_nvme_folders(config).get("offload_param") is not None), _no_forced_collections():
             self.engine, _, _, _ = deepspeed.initialize(model=model, config=config, dist_init_required=False,
                                                         **kwargs)
@@ -532,17 +534,21 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         super().teardown()
 
     # -- the step ------------------------------------------------------------------------------------------
+    # Each step runs through the engine's forward inside the precision's step context, as Lightning's DeepSpeed
+    # strategy does (the engine's own plugin has none: the engine casts; a DeepSpeedPrecision subclass's hook runs)
     def training_step(self, batch, batch_idx):
         step = self.module.training_step
-        return self.engine(*step_arguments(step, batch, batch_idx), _tasktrain_step=step)
+        with self.forward_context("training_step"):
+            return self.engine(*step_arguments(step, batch, batch_idx), _tasktrain_step=step)
 
     def eval_step(self, step_fn, *args):
         if self.config["zero_optimization"]["stage"] != 3:
-            return self.engine(*args, _tasktrain_step=step_fn)
+            with self.forward_context(step_name(step_fn)):
+                return self.engine(*args, _tasktrain_step=step_fn)
         # ZeRO-3 gathers the partitioned parameters in the forward: gathered under inference_mode they become
         # inference tensors that a later training forward cannot save for backward (seen with a parameter over
         # the persistence threshold, validated inside fit). Evaluation steps run under no_grad instead.
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), self.forward_context(step_name(step_fn)):
             return self.engine(*args, _tasktrain_step=step_fn)
 
     def no_backward_sync(self, enabled: bool, model=None):

@@ -180,7 +180,7 @@ class FSDP(Sharded, ProcessWorld, Strategy):
         if plugin.engine != "FSDP":
             raise TypeError(f"The FSDP strategy can only work with the `FSDPPrecision` plugin, found {plugin}. "
                             f"Write FSDPPrecision({plugin.name!r}) (tasktrain.plugins), or precision={plugin.name!r}.")
-        return self.build_precision(plugin.name)
+        return plugin.attach_hooks(self.build_precision(plugin.name))  # (a subclass's hooks Lightning calls here)
 
     def build_precision(self, name):
         name = normalize_precision(name)
