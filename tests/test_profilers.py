@@ -87,7 +87,9 @@ def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
 def test_without_a_profiler_nothing_is_wrapped():
     trainer = Trainer(max_epochs=1, callbacks=[Counter()], **quiet(enable_model_summary=False))
     trainer.fit(Hooked(), loader(16))
-    assert trainer.profiler is None and trainer._profile("a") is trainer._profile("b")  # one shared no-op
+    # trainer.profiler reads Lightning's PassThroughProfiler, but the loop does not call it: one shared no-op
+    assert isinstance(trainer.profiler, PassThroughProfiler) and trainer._profiler is None
+    assert trainer._profile("a") is trainer._profile("b")
     (hook,) = trainer._callback_hooks["on_train_batch_end"]
     assert hook.func.__self__.__class__ is Counter  # the callback's bound method itself, not a wrapper
     # the loop calls the strategy's methods themselves: replacing one shows it is called directly, once per batch
@@ -97,6 +99,80 @@ def test_without_a_profiler_nothing_is_wrapped():
     trainer.strategy.training_step = lambda *a: calls.append(a[1]) or original(*a)
     trainer.fit(Linear(), loader(16))
     assert calls == [0, 1]
+
+
+def test_profiler_surface_as_lightnings(tmp_path):
+    """What a script written for Lightning reads of the profilers, beside Lightning: `trainer.profiler` without a
+    profiler is a PassThroughProfiler a module can profile with; an unknown name and a stop without a start are refused
+    with Lightning's words; PyTorchProfiler keeps its dirpath as given, its function_events after the run, checks
+    table_kwargs and passes them to the table; RegisterRecordFunction names each submodule's forward."""
+    L = pytest.importorskip("lightning.pytorch")
+    import pathlib
+    import warnings
+
+    import torch
+
+    import tasktrain
+
+    def case(lib):
+        classes = __import__(f"{lib.__name__}.demos.boring_classes", fromlist=["x"])
+        profilers = __import__(f"{lib.__name__}.profilers.pytorch", fromlist=["x"])
+        got = {}
+
+        class Model(classes.BoringModel):
+            def training_step(self, batch, batch_idx):
+                with self.trainer.profiler.profile("my_action"):  # (works without a profiler too)
+                    return super().training_step(batch, batch_idx)
+
+        quiet_ = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(max_steps=1, limit_val_batches=0, **quiet_)
+            trainer.fit(Model())
+            got["default"] = type(trainer.profiler).__name__
+            try:
+                lib.Trainer(profiler="unknown", **quiet_)
+            except Exception as error:  # (MisconfigurationException: a ValueError in tasktrain, not in Lightning)
+                got["unknown"] = str(error).split(" [")[0]
+            simple = lib.profilers.SimpleProfiler()
+            for call in (lambda: simple.stop("a"), lambda: simple.start("a") or simple.start("a")):
+                with pytest.raises(ValueError) as error:
+                    call()
+                got.setdefault("simple", []).append(str(error.value))
+            for key in ("row_limit", "nonexistent"):
+                with pytest.raises(KeyError) as error:
+                    profilers.PyTorchProfiler(table_kwargs={key: 1})
+                got.setdefault("table_kwargs", []).append(error.value.args[0].split(" Should")[0])
+            dirpath = tmp_path / lib.__name__
+            pytorch = profilers.PyTorchProfiler(dirpath=dirpath, filename="p", schedule=None)
+            trainer = lib.Trainer(max_steps=2, limit_val_batches=0, profiler=pytorch, **quiet_)
+            trainer.fit(Model())
+            got["dirpath"] = pytorch.dirpath == dirpath and isinstance(pytorch.dirpath, pathlib.Path)
+            # (the actions' tag: "[pl][profile]" under Lightning, "[tasktrain]" here: docs/profiling.md)
+            names = {event.name.replace("[pl][profile]", "").replace("[tasktrain]", "")
+                     for event in pytorch.function_events}
+            got["events"] = sorted(n for n in names if n.endswith(("my_action", "training_step")))
+            widths = []
+            for kwargs in ({"max_name_column_width": 5}, None):
+                narrow = profilers.PyTorchProfiler(dirpath=dirpath, filename="w", schedule=None, table_kwargs=kwargs)
+                with narrow.profile("a"):
+                    torch.ones(1)
+                widths.append(narrow.summary().count("-"))
+            got["narrower"] = widths[0] < widths[1]
+            layers = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.ReLU())
+            recording = profilers.PyTorchProfiler(dirpath=dirpath, filename="r", schedule=None)
+            with recording.profile("a"), profilers.RegisterRecordFunction(layers):
+                layers(torch.ones(1, 1))
+            recording.summary()
+            got["modules"] = sorted(event.name.split("[module]")[1] for event in recording.function_events
+                                    if "[module]" in event.name)
+        return got
+
+    ours, theirs = case(tasktrain), case(L)
+    assert ours == theirs
+    assert ours["default"] == "PassThroughProfiler" and ours["narrower"] and ours["dirpath"]
+    assert ours["modules"] == ["torch.nn.modules.activation.ReLU: 1", "torch.nn.modules.linear.Linear: 0"]
+    assert ours["events"] == ["[Strategy]SingleDeviceStrategy.training_step", "my_action"]
 
 
 def test_profiler_names():

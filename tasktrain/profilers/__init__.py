@@ -21,6 +21,7 @@ validate, test, predict), `describe()` prints the summary on rank 0, or, with a 
 """
 import contextlib
 import cProfile
+import inspect
 import io
 import os
 import pstats
@@ -29,14 +30,17 @@ from collections import defaultdict
 
 import torch
 
+from tasktrain.exceptions import MisconfigurationException
+
 _NO_OP = contextlib.nullcontext()
+profiler_warnings = set()  # PyTorchProfiler's warnings said so far, each once per process (Lightning's warning cache)
 
 
 class Profiler:
     """The base: start(action) / stop(action), profile(action) as a context, summary() as text."""
 
     def __init__(self, dirpath=None, filename=None):
-        self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self.dirpath = dirpath  # (as given, a str or a Path, as Lightning keeps it)
         self.filename = filename
         self._stage = None
         self._local_rank = None
@@ -120,14 +124,14 @@ class SimpleProfiler(Profiler):
 
     def start(self, action_name):
         if action_name in self.current_actions:
-            raise ValueError(f"SimpleProfiler: {action_name!r} was started twice without a stop in between.")
+            raise ValueError(f"Attempted to start {action_name} which has already started.")
         self.current_actions[action_name] = time.monotonic()
 
     def stop(self, action_name):
         end = time.monotonic()
         start = self.current_actions.pop(action_name, None)
         if start is None:
-            raise ValueError(f"SimpleProfiler: {action_name!r} was stopped without being started.")
+            raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
         self.recorded_durations[action_name].append(end - start)
 
     def summary(self):
@@ -173,7 +177,7 @@ class AdvancedProfiler(Profiler):
     def stop(self, action_name):
         profiler = self.profiled_actions.get(action_name)
         if profiler is None:
-            raise ValueError(f"AdvancedProfiler: {action_name!r} was stopped without being started.")
+            raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
         profiler.disable()
 
     def summary(self):
@@ -209,14 +213,15 @@ class PyTorchProfiler(Profiler):
     `schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1)` (Lightning's default window) to
     record a few steps. Other keyword arguments go to torch.profiler.profile (activities, record_shapes,
     profile_memory, with_flops, on_trace_ready, ...). The summary is the operator table
-    (`key_averages().table(sort_by=sort_by_key, row_limit=row_limit)`). emit_nvtx is not supported.
+    (`key_averages().table(sort_by=sort_by_key, row_limit=row_limit, **table_kwargs)`; `function_events` keeps the last
+    recording's events after the run). emit_nvtx is not supported.
     """
 
     STEP_FUNCTIONS = ("training_step", "validation_step", "test_step", "predict_step")
 
     def __init__(self, dirpath=None, filename=None, group_by_input_shapes=False, emit_nvtx=False,
                  export_to_chrome=True, row_limit=20, sort_by_key=None, record_module_names=True, with_stack=False,
-                 **profiler_kwargs):
+                 table_kwargs=None, **profiler_kwargs):
         super().__init__(dirpath, filename)
         if emit_nvtx:
             raise ValueError("PyTorchProfiler(emit_nvtx=True) is not supported: run under Nsight Systems with "
@@ -225,13 +230,23 @@ class PyTorchProfiler(Profiler):
         self._export_to_chrome = export_to_chrome
         self._row_limit = row_limit
         self._sort_by_key = sort_by_key
+        self._table_kwargs = dict(table_kwargs or {})
+        # (Lightning's check: the other keyword arguments of torch's EventList.table, checked before any run)
+        table_keys = set(inspect.signature(torch.autograd.profiler_util.EventList.table).parameters) - {
+            "self", "sort_by", "row_limit"}
+        for key in self._table_kwargs:
+            if key in ("sort_by", "row_limit"):
+                raise KeyError(f"Found invalid table_kwargs key: {key}. This is already a positional argument of the "
+                               "Profiler.")
+            if key not in table_keys:
+                raise KeyError(f"Found invalid table_kwargs key: {key}. Should be within {table_keys}.")
         self._record_module_names = record_module_names
         self._profiler_kwargs = dict(profiler_kwargs, with_stack=with_stack)
         self.profiler = None
         self.function_events = None
         self._ranges = {}
         self._module = None
-        self._hooks = []
+        self._hooks = None  # (the RegisterRecordFunction entered for the run's module)
 
     def setup(self, stage, local_rank=None, log_dir=None, is_global_zero=True, module=None):
         super().setup(stage, local_rank, log_dir, is_global_zero, module)
@@ -253,9 +268,10 @@ class PyTorchProfiler(Profiler):
                 worker = self._prepare_filename("")
                 kwargs["on_trace_ready"] = torch.profiler.tensorboard_trace_handler(self.dirpath or ".", worker)
             self.profiler = torch.profiler.profile(**kwargs)
+            self.function_events = None  # (a new recording: the last one's events are let go)
             self.profiler.__enter__()
             if self._record_module_names and self._module is not None:
-                self._hooks = _record_module_names(self._module)
+                self._hooks = RegisterRecordFunction(self._module).__enter__()
         if action_name not in self._ranges:
             span = torch.autograd.profiler.record_function("[tasktrain]" + action_name)
             span.__enter__()
@@ -272,9 +288,9 @@ class PyTorchProfiler(Profiler):
         for span in self._ranges.values():
             span.__exit__(None, None, None)
         self._ranges = {}
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        if self._hooks is not None:
+            self._hooks.__exit__(None, None, None)
+        self._hooks = None
         if self.profiler is not None:
             self.profiler.__exit__(None, None, None)  # writes the trace (on_trace_ready)
             self.function_events = self.profiler.events()
@@ -287,37 +303,50 @@ class PyTorchProfiler(Profiler):
         sort_by = self._sort_by_key or ("cuda_time_total" if torch.profiler.ProfilerActivity.CUDA in
                                         self._activities() else "cpu_time_total")
         table = self.function_events.key_averages(group_by_input_shapes=self._group_by_input_shapes).table(
-            sort_by=sort_by, row_limit=self._row_limit)
+            sort_by=sort_by, row_limit=self._row_limit, **self._table_kwargs)
         title = f"Profiler Report ({self._stage})" if self._stage else "Profiler Report"
         return f"{title}\n{table}"
 
     def teardown(self, stage):
+        # (function_events stay readable after the run, as Lightning's: the events of its last recording)
         self._finish()
-        self.function_events = None
         self._module = None
 
 
-def _record_module_names(module):
-    """Forward hooks that put each submodule's forward in a record_function range named after it."""
-    handles, open_spans = [], {}  # id(submodule) -> its ranges in progress (a module may be re-entered)
-    for name, layer in module.named_modules():
-        if not name:
-            continue
-        label = f"[tasktrain][module]{type(layer).__module__}.{type(layer).__name__}: {name}"
+class RegisterRecordFunction:
+    """`with RegisterRecordFunction(model): model(x)`: while inside, each submodule's forward is a record_function
+    range named "[tasktrain][module]<module>.<class>: <name>" (PyTorchProfiler(record_module_names=True) enters it
+    around a run); leaving removes the hooks. Lightning's class of that name, usable outside a Trainer too."""
 
-        def pre(mod, args, label=label):
-            span = torch.autograd.profiler.record_function(label)
-            span.__enter__()
-            open_spans.setdefault(id(mod), []).append(span)
+    def __init__(self, model):
+        self._model = model
+        self._handles = []
+        self._open = {}  # id(submodule) -> its ranges in progress (a module may be re-entered)
 
-        def post(mod, args, output):
-            spans = open_spans.get(id(mod))
-            if spans:
-                spans.pop().__exit__(None, None, None)
+    def _start(self, module, args, label):
+        span = torch.autograd.profiler.record_function(label)
+        span.__enter__()
+        self._open.setdefault(id(module), []).append(span)
 
-        handles.append(layer.register_forward_pre_hook(pre))
-        handles.append(layer.register_forward_hook(post))
-    return handles
+    def _stop(self, module, args, output):
+        spans = self._open.get(id(module))
+        if spans:
+            spans.pop().__exit__(None, None, None)
+
+    def __enter__(self):
+        for name, layer in self._model.named_modules():
+            if not name:
+                continue
+            label = f"[tasktrain][module]{type(layer).__module__}.{type(layer).__name__}: {name}"
+            self._handles.append(layer.register_forward_pre_hook(
+                lambda module, args, label=label: self._start(module, args, label)))
+            self._handles.append(layer.register_forward_hook(self._stop))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 def _safe(name):
@@ -334,8 +363,9 @@ def resolve_profiler(profiler):
         return profiler
     if isinstance(profiler, str) and profiler.lower() in PROFILERS:
         return PROFILERS[profiler.lower()]()
-    raise ValueError(f"profiler={profiler!r}: use None, 'simple', 'advanced', 'pytorch', 'passthrough', or a "
-                     "Profiler instance (tasktrain.profilers).")
+    raise MisconfigurationException(
+        "When passing string value for the `profiler` parameter of `Trainer`, it can only be one of "
+        f"{list(PROFILERS)} (got {profiler!r}); or pass None or a Profiler instance (tasktrain.profilers).")
 
 
 def strategy_action(strategy, hook):

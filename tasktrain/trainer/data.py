@@ -967,8 +967,13 @@ def suggested_max_num_workers(local_world_size):
     `local_world_size` processes of this machine, one left for each main process; at least 1."""
     if local_world_size < 1:
         raise ValueError(f"`local_world_size` should be >= 1, got {local_world_size}.")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // local_world_size - 1)
+    return max(1, _num_cpus_available() // local_world_size - 1)
+
+
+def _num_cpus_available():
+    """The CPU cores this process may run on (its affinity where the system says, else all of them); Lightning's
+    name for it."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def check_workers(loader, name, num_devices, reload_every):
@@ -976,15 +981,20 @@ def check_workers(loader, name, num_devices, reload_every):
     workers started by "spawn" each epoch (not persistent), few workers where the machine's cores would allow more
     (the bound utilities.suggested_max_num_workers gives, for `num_devices` processes per machine), and persistent
     pinned workers with loaders reloaded every `reload_every` epochs. `name`: "train_dataloader", "val_dataloader", ..."""
-    import multiprocessing.context
+    import multiprocessing
 
     if not isinstance(loader, DataLoader):
         return
-    upper_bound = suggested_max_num_workers(num_devices)
     # (the loader's own multiprocessing context, else the process's default one: Lightning's test of "spawn")
-    context = loader.multiprocessing_context or multiprocessing.get_context()
-    if loader.num_workers > 0 and isinstance(context, multiprocessing.context.SpawnContext) and \
-            not loader.persistent_workers:
+    start_method = (loader.multiprocessing_context or multiprocessing.get_context()).get_start_method()
+    warn_workers(loader, name, suggested_max_num_workers(num_devices), start_method, reload_every)
+
+
+def warn_workers(loader, name, upper_bound, start_method, reload_every):
+    """check_workers' warnings, for a DataLoader whose workers start by `start_method` on a machine that allows
+    `upper_bound` of them (tasktrain.trainer.connectors.data_connector._worker_check reaches them by Lightning's
+    signature)."""
+    if loader.num_workers > 0 and start_method == "spawn" and not loader.persistent_workers:
         warnings.warn(f"Consider setting `persistent_workers=True` in '{name}' to speed up the dataloader worker "
                       "initialization.")
     elif loader.num_workers < 2 and upper_bound > 1:

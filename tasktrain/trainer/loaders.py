@@ -41,10 +41,10 @@ def train_data_now(trainer):
     """The fit's training data, requested and prepared once (from configure_optimizers on)."""
     if trainer._train_data is None:
         module, train_loader = trainer._pending_train
+        owner = None if train_loader is not None else (
+            trainer.datamodule if trainer.datamodule is not None else module)
         train_loader = train_loader if train_loader is not None else trainer._loader_of(module, "train_dataloader")
-        if train_loader is None:
-            raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
-                             "train_dataloader() on the module.")
+        evaluation.check_loaders_iterable(train_loader, "fit", owner, "train_dataloader")
         trainer._train_data = setup_train(trainer, train_loader)
         trainer._train_data.given_loader = train_loader
     return trainer._train_data
@@ -145,9 +145,11 @@ def val_data_now(trainer):
     if trainer._pending_val is not None:
         module, val_loader = trainer._pending_val
         trainer._pending_val = None
+        owner = None if val_loader is not None else (
+            trainer.datamodule if trainer.datamodule is not None else module)
         val_loader = val_loader if val_loader is not None else trainer._loader_of(module, "val_dataloader")
-        if val_loader is not None:
-            setup_val(trainer, val_loader)
+        evaluation.check_loaders_iterable(val_loader, "fit", owner, "val_dataloader")  # (Lightning's words: fit's)
+        setup_val(trainer, val_loader)
     return trainer._val_loader
 
 
