@@ -39,15 +39,16 @@ def test_simple_profiler_times_the_loop_actions_and_the_overridden_hooks(tmp_pat
     assert counts["[_TrainingEpochLoop].train_dataloader_next"] == 8
     assert counts["[LightningModule]Hooked.on_train_epoch_end"] == 2
     assert counts["[Callback]Counter.on_train_batch_end"] == 8
-    assert "Percentage %" in text and text.startswith("Profiler Report (fit)")
+    assert "Percentage %" in text and text.startswith("FIT Profiler Report")
 
 
-def test_simple_profiler_covers_test_and_predict_and_prints_without_a_filename(capsys):
+def test_simple_profiler_covers_test_and_predict_and_logs_without_a_filename(caplog):
     trainer = Trainer(profiler="simple", **quiet(enable_model_summary=False))
-    trainer.test(Linear(), loader(24))
-    trainer.predict(Linear(), loader(16))
-    out = capsys.readouterr().out
-    assert "Profiler Report (test)" in out and "Profiler Report (predict)" in out
+    with caplog.at_level("INFO", logger="tasktrain.profilers"):  # (Lightning's: logged at INFO, not printed)
+        trainer.test(Linear(), loader(24))
+        trainer.predict(Linear(), loader(16))
+    out = caplog.text
+    assert "TEST Profiler Report" in out and "PREDICT Profiler Report" in out
     assert "[Strategy]SingleDeviceStrategy.test_step" in out and "[Strategy]SingleDeviceStrategy.predict_step" in out
     assert "[_EvaluationLoop].test_next" in out and "[_PredictionLoop].predict_next" in out
 
@@ -57,7 +58,7 @@ def test_advanced_profiler_shows_the_functions_inside_each_action(tmp_path):
     Trainer(max_epochs=1, profiler=profiler, **quiet(enable_model_summary=False)).fit(Linear(), loader(16))
     text = open(tmp_path / "fit-adv.txt").read()
     assert "Profile stats for: [Strategy]SingleDeviceStrategy.training_step" in text and "mse_loss" in text
-    assert os.path.exists(tmp_path / "fit-adv-_Strategy_SingleDeviceStrategy.training_step.prof")
+    assert os.path.exists(tmp_path / "fit-adv-[Strategy]SingleDeviceStrategy.training_step.prof")  # (Lightning's name)
 
 
 def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
@@ -69,8 +70,8 @@ def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
     with open(traces[0]) as f:
         events = json.load(f)["traceEvents"]
     names = [e.get("name", "") for e in events]
-    assert names.count("[tasktrain][Strategy]SingleDeviceStrategy.training_step") == 3
-    assert names.count("[tasktrain][Strategy]SingleDeviceStrategy.backward") == 3
+    assert names.count("[tasktrain][profile][Strategy]SingleDeviceStrategy.training_step") == 3
+    assert names.count("[tasktrain][profile][Strategy]SingleDeviceStrategy.backward") == 3
     assert any(n.startswith("[tasktrain][module]torch.nn.modules.linear.Linear: layer") for n in names)
     # TensorBoard's PyTorch profiler plugin parses it into its views
     from torch_tb_profiler.profiler.data import RunProfileData
@@ -139,6 +140,15 @@ def test_profiler_surface_as_lightnings(tmp_path):
                 with pytest.raises(ValueError) as error:
                     call()
                 got.setdefault("simple", []).append(str(error.value))
+            from unittest import mock
+
+            for extended in (True, False):  # the table, cell for cell (the clock held still)
+                table = lib.profilers.SimpleProfiler(extended=extended)
+                table.setup("fit")
+                with mock.patch("time.perf_counter", return_value=70.0):
+                    table.start_time = 63.0
+                    table.recorded_durations.update({"a": [0.5, 0.25], "on_a_long_action": [1.125], "b": [2.0]})
+                    got.setdefault("simple_table", []).append(table.summary())
             for key in ("row_limit", "nonexistent"):
                 with pytest.raises(KeyError) as error:
                     profilers.PyTorchProfiler(table_kwargs={key: 1})
@@ -148,9 +158,8 @@ def test_profiler_surface_as_lightnings(tmp_path):
             trainer = lib.Trainer(max_steps=2, limit_val_batches=0, profiler=pytorch, **quiet_)
             trainer.fit(Model())
             got["dirpath"] = pytorch.dirpath == dirpath and isinstance(pytorch.dirpath, pathlib.Path)
-            # (the actions' tag: "[pl][profile]" under Lightning, "[tasktrain]" here: docs/profiling.md)
-            names = {event.name.replace("[pl][profile]", "").replace("[tasktrain]", "")
-                     for event in pytorch.function_events}
+            # (the tag: "[pl]" under Lightning, "[tasktrain]" here: docs/lightning.md's renames)
+            names = {event.name.replace("[pl][", "[tasktrain][") for event in pytorch.function_events}
             got["events"] = sorted(n for n in names if n.endswith(("my_action", "training_step")))
             widths = []
             for kwargs in ({"max_name_column_width": 5}, None):
@@ -164,15 +173,18 @@ def test_profiler_surface_as_lightnings(tmp_path):
             with recording.profile("a"), profilers.RegisterRecordFunction(layers):
                 layers(torch.ones(1, 1))
             recording.summary()
-            got["modules"] = sorted(event.name.split("[module]")[1] for event in recording.function_events
+            got["modules"] = sorted(event.name.replace("[pl][", "[tasktrain][") for event in recording.function_events
                                     if "[module]" in event.name)
         return got
 
     ours, theirs = case(tasktrain), case(L)
     assert ours == theirs
     assert ours["default"] == "PassThroughProfiler" and ours["narrower"] and ours["dirpath"]
-    assert ours["modules"] == ["torch.nn.modules.activation.ReLU: 1", "torch.nn.modules.linear.Linear: 0"]
-    assert ours["events"] == ["[Strategy]SingleDeviceStrategy.training_step", "my_action"]
+    assert ours["simple_table"][0].startswith("FIT Profiler Report") and "Percentage %" in ours["simple_table"][0]
+    assert ours["modules"] == ["[tasktrain][module]torch.nn.modules.activation.ReLU: 1",
+                               "[tasktrain][module]torch.nn.modules.linear.Linear: 0"]
+    assert ours["events"] == ["[tasktrain][profile][Strategy]SingleDeviceStrategy.training_step",
+                              "[tasktrain][profile]my_action"]
 
 
 def test_profiler_names():

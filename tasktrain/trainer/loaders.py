@@ -106,9 +106,23 @@ def setup_train(trainer, loader, previous=None):
 
 
 def check_loader_workers(trainer, loader, prefix):
-    """Lightning's worker warnings on a loader of the run (data.check_workers), by global rank 0."""
+    """Lightning's warnings on a loader a run sets up, by global rank 0: its workers (data.check_workers), and a
+    length given to an IterableDataset (each worker then iterates the whole stream unless told otherwise, so the
+    length may not be what the workers yield)."""
     if trainer.is_global_zero:
         check_workers(loader, f"{prefix}_dataloader", trainer.num_devices, trainer.reload_dataloaders_every_n_epochs)
+        if isinstance(getattr(loader, "dataset", None), IterableDataset) and _has_len(loader):
+            warnings.warn("Your `IterableDataset` has `__len__` defined. In combination with multi-process data "
+                          "loading (when num_workers > 1), `__len__` could be inaccurate if each worker is not "
+                          "configured independently to avoid having duplicate data.")
+
+
+def _has_len(loader):
+    try:
+        len(loader)
+    except (TypeError, NotImplementedError):
+        return False
+    return True
 
 
 def val_check_batch(trainer):
