@@ -981,20 +981,20 @@ def check_workers(loader, name, num_devices, reload_every):
     workers started by "spawn" each epoch (not persistent), few workers where the machine's cores would allow more
     (the bound utilities.suggested_max_num_workers gives, for `num_devices` processes per machine), and persistent
     pinned workers with loaders reloaded every `reload_every` epochs. `name`: "train_dataloader", "val_dataloader", ..."""
-    import multiprocessing
-
     if not isinstance(loader, DataLoader):
         return
+    warn_workers(loader, name, suggested_max_num_workers(num_devices), reload_every)
+
+
+def warn_workers(loader, name, upper_bound, reload_every):
+    """check_workers' warnings, for a DataLoader on a machine that allows `upper_bound` workers
+    (tasktrain.trainer.connectors.data_connector._worker_check reaches them by Lightning's signature)."""
+    import multiprocessing.context
+
     # (the loader's own multiprocessing context, else the process's default one: Lightning's test of "spawn")
-    start_method = (loader.multiprocessing_context or multiprocessing.get_context()).get_start_method()
-    warn_workers(loader, name, suggested_max_num_workers(num_devices), start_method, reload_every)
-
-
-def warn_workers(loader, name, upper_bound, start_method, reload_every):
-    """check_workers' warnings, for a DataLoader whose workers start by `start_method` on a machine that allows
-    `upper_bound` of them (tasktrain.trainer.connectors.data_connector._worker_check reaches them by Lightning's
-    signature)."""
-    if loader.num_workers > 0 and start_method == "spawn" and not loader.persistent_workers:
+    spawns = isinstance(loader.multiprocessing_context or multiprocessing.get_context(),
+                        multiprocessing.context.SpawnContext)
+    if loader.num_workers > 0 and spawns and not loader.persistent_workers:
         warnings.warn(f"Consider setting `persistent_workers=True` in '{name}' to speed up the dataloader worker "
                       "initialization.")
     elif loader.num_workers < 2 and upper_bound > 1:

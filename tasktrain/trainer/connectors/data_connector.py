@@ -10,9 +10,12 @@ rule under Lightning's name and signature:
     _check_dataloader_iterable(dataloader, source, trainer_fn)   the TypeError for what is not a loader
     _worker_check(trainer, dataloader, name)                     the num_workers warnings (data.warn_workers)
     warning_cache                        the shared-hook warnings said so far (clear() says them again)
-    suggested_max_num_workers, mp        what _worker_check reads (patchable here, as in Lightning)
+    suggested_max_num_workers            the bound _worker_check reads (patchable here, as in Lightning)
+    mp                                   torch.multiprocessing, as Lightning's module has it (so that a patch of
+                                         `mp.<name>` here resolves); the "spawn" test reads the loader's
+                                         multiprocessing context, else the process's default one
 """
-import torch.multiprocessing as mp  # noqa: F401  (read through this module's name: tests patch mp.get_start_method)
+import torch.multiprocessing as mp  # noqa: F401  (Lightning's module has it: patches of its names here resolve)
 from torch.utils.data import DataLoader
 
 from tasktrain.trainer import run
@@ -64,8 +67,6 @@ def _worker_check(trainer, dataloader, name):
     if not isinstance(dataloader, DataLoader):
         return
     upper_bound = suggested_max_num_workers(trainer.num_devices)
-    context = dataloader.multiprocessing_context
-    start_method = context.get_start_method() if context is not None else mp.get_start_method()
     # (the reload setting is read only where it matters, as Lightning's: persistent pinned workers)
     pinned = dataloader.persistent_workers and dataloader.pin_memory
-    warn_workers(dataloader, name, upper_bound, start_method, trainer.reload_dataloaders_every_n_epochs if pinned else 0)
+    warn_workers(dataloader, name, upper_bound, trainer.reload_dataloaders_every_n_epochs if pinned else 0)
