@@ -598,3 +598,18 @@ def test_an_iterable_dataset_with_a_length_warns_as_lightnings():
     got = {key: _iterable_len_warnings(lib, classes) for key, (lib, classes, _) in LIBS.items()}
     assert got["tasktrain"] == got["lightning"]
     assert [said for *_, said in got["tasktrain"]] == [True] * 4 + [False] * 4
+
+
+def test_an_empty_evaluation_loader_warns_as_lightnings():
+    from torch.utils.data import DataLoader
+
+    seen = {}
+    for key, (lib, classes, _) in LIBS.items():
+        trainer = lib.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                              enable_checkpointing=False)
+        with pytest.warns(UserWarning) as record:
+            trainer.validate(classes.BoringModel(), DataLoader(classes.RandomDataset(32, 0)), verbose=False)
+        seen[key] = ([str(w.message) for w in record if "Total length" in str(w.message)], trainer.num_val_batches)
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"] == (["Total length of `DataLoader` across ranks is zero. Please make sure this was your "
+                                  "intention."], [0])

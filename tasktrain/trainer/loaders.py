@@ -106,11 +106,15 @@ def setup_train(trainer, loader, previous=None):
 
 
 def check_loader_workers(trainer, loader, prefix):
-    """Lightning's warnings on a loader a run sets up, by global rank 0: its workers (data.check_workers), and a
-    length given to an IterableDataset (each worker then iterates the whole stream unless told otherwise, so the
-    length may not be what the workers yield)."""
+    """Lightning's warnings on a loader a run sets up, by global rank 0: its workers (data.check_workers), an
+    evaluation loader of no batches, and a length given to an IterableDataset (each worker then iterates the whole
+    stream unless told otherwise, so the length may not be what the workers yield)."""
     if trainer.is_global_zero:
         check_workers(loader, f"{prefix}_dataloader", trainer.num_devices, trainer.reload_dataloaders_every_n_epochs)
+        if prefix != "train" and not isinstance(loader, (list, tuple, dict)) and _has_len(loader) and \
+                len(loader) == 0:  # (an empty training loader is refused: guards.check_training_batches)
+            warnings.warn(f"Total length of `{type(loader).__name__}` across ranks is zero. Please make sure this was "
+                          "your intention.")
         if isinstance(getattr(loader, "dataset", None), IterableDataset) and _has_len(loader):
             warnings.warn("Your `IterableDataset` has `__len__` defined. In combination with multi-process data "
                           "loading (when num_workers > 1), `__len__` could be inaccurate if each worker is not "
