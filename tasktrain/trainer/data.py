@@ -521,8 +521,20 @@ def held_until_next_iter(loader, iterator):
     (its workers alive during on_train_epoch_end, the validation, ...), not where the pass stops reading. (The
     DataLoader's own slot for the iterator of persistent workers, which its iter() reads for those only.)"""
     if isinstance(loader, DataLoader) and loader.num_workers > 0 and not loader.persistent_workers:
-        loader._iterator = iterator  # (the previous pass's, released here after the new one started: it stops)
+        if loader._iterator is not iterator:
+            stop_workers(loader)  # (the previous pass's, stopped here after the new one started)
+        loader._iterator = iterator
     return iterator
+
+
+def stop_workers(loader):
+    """Stop the workers of the iterator `loader` holds and let it go, now: dropping it would stop them only once
+    nothing refers to it (a reference cycle keeps them alive until the garbage collector runs)."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    if isinstance(loader._iterator, _MultiProcessingDataLoaderIter):
+        loader._iterator._shutdown_workers()
+    loader._iterator = None
 
 
 def draw_loader_seed(data, epoch=None, at_iter=True, at_first_batch=True):

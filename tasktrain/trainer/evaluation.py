@@ -21,7 +21,7 @@ from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, run
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten, loaders_view
-from tasktrain.trainer.data import _END, EvalShardSampler, held_until_next_iter, prepare_eval_loader, \
+from tasktrain.trainer.data import _END, EvalShardSampler, held_until_next_iter, stop_workers, prepare_eval_loader, \
     record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.metrics import hook_scope, in_hook
@@ -563,7 +563,7 @@ class EvalFetch:
             self.iterator = self._open(following) if following is not None else None
             if isinstance(previous, DataLoader) and previous is not following and previous.num_workers > 0 and \
                     not previous.persistent_workers:
-                previous._iterator = None  # (held_until_next_iter's: the combined loader dropped it)
+                stop_workers(previous)  # (held_until_next_iter's: the combined loader dropped it)
         return _END
 
     def _fetched(self):
