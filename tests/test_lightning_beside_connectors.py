@@ -606,3 +606,49 @@ def test_logger_connector_should_update_logs_reads_as_lightning(tmp_path):
     outside, never, readings = got["tasktrain"]
     assert outside is True and never is False
     assert {value for *_, value in readings} == {True, False}  # (both answers are read)
+
+
+def test_request_dataloader_and_worker_check_as_lightning(monkeypatch):
+    """tasktrain.trainer.connectors.data_connector's module-level names beside Lightning's: a source's loaders,
+    requested as a run requests them, can be built again around another sampler (their constructor arguments
+    recorded); the worker warnings for the same loaders."""
+    import warnings
+
+    from torch.utils.data import SequentialSampler
+
+    def case(lib, boring):
+        connector = __import__(f"{lib.__name__}.trainer.connectors.data_connector", fromlist=["x"])
+        data = __import__(f"{lib.__name__}.utilities.data", fromlist=["x"])
+
+        class Loader(DataLoader):  # (an argument the base class does not have: only a recorded call rebuilds it)
+            def __init__(self, width, dataset, **kwargs):
+                self.width = width
+                super().__init__(dataset, **kwargs)
+
+        class Model(boring.BoringModel):
+            def train_dataloader(self):
+                return Loader(32, boring.RandomDataset(32, 8), batch_size=2)
+
+        model = Model()
+        model.trainer = lib.Trainer(**QUIET)
+        source = connector._DataLoaderSource(model, "train_dataloader")
+        loader = connector._request_dataloader(source)
+        rebuilt = data._update_dataloader(loader, SequentialSampler(loader.dataset))
+        seen = [type(rebuilt).__name__, rebuilt.width, rebuilt.batch_size, source.is_module(), source.is_defined()]
+        trainer = lib.Trainer(**QUIET)
+        for workers, persistent in ((0, False), (1, True)):
+            with warnings.catch_warnings(record=True) as record:
+                warnings.simplefilter("always")
+                connector._worker_check(trainer, DataLoader(range(4), num_workers=workers,
+                                                            persistent_workers=persistent), "train_dataloader")
+            seen.append(sorted(str(w.message)[:60] for w in record))
+        return seen
+
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)  # (8 cores: a bound of 7)
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    assert got["tasktrain"][:5] == ["Loader", 32, 2, True, True]
+    assert got["tasktrain"][5] == ["The 'train_dataloader' does not have many workers which may "]
+    assert got["tasktrain"][6] == ["The 'train_dataloader' does not have many workers which may "]
