@@ -267,10 +267,52 @@ def test_data_sources_are_read_only_and_the_data_connector_names_what_it_lacks()
         trainer.fit_loop._data_source.dataloader()
     with pytest.raises(NotImplementedError, match=r"attach_data\(train_dataloaders=...\).*pass them to trainer.fit"):
         trainer._data_connector.attach_data(ours.BoringModel(), train_dataloaders=DataLoader(ours.RandomDataset(32, 4)))
-    with pytest.raises(AttributeError, match="'attach_datamodule' is not supported by tasktrain.*fit_loop._data_source"):
-        trainer._data_connector.attach_datamodule(ours.BoringModel())
+    with pytest.raises(AttributeError, match="'_prepare_dataloader' is not supported by tasktrain.*fit_loop._data_source"):
+        trainer._data_connector._prepare_dataloader(DataLoader(ours.RandomDataset(32, 4)), shuffle=True, mode="fit")
     with pytest.raises(AttributeError, match="'_train_dataloader_source' is not supported"):  # (Lightning 1.x's)
         trainer._data_connector._train_dataloader_source
+
+
+def _hook_owners(lib, boring):
+    """Whose transfer hook runs, read through trainer._data_connector._datahook_selector after attach_datamodule and
+    after a fit, with the module, the DataModule, both or neither overriding it, and the warnings said."""
+    import warnings
+
+    from_connector = __import__(f"{lib.__name__}.trainer.connectors.data_connector", fromlist=["x"])
+    seen = []
+
+    def hook(self, batch, *args):
+        return batch
+
+    for module_has in (False, True):
+        for datamodule_has in (False, True):
+            from_connector.warning_cache.clear()
+            model, datamodule = boring.BoringModel(), boring.BoringDataModule()
+            if module_has:
+                model.on_before_batch_transfer = hook.__get__(model)
+            if datamodule_has:
+                datamodule.on_before_batch_transfer = hook.__get__(datamodule)
+            trainer = lib.Trainer(max_steps=1, limit_val_batches=0, **QUIET)
+            with warnings.catch_warnings(record=True) as record:
+                warnings.simplefilter("always")
+                trainer._data_connector.attach_datamodule(model, datamodule=datamodule)
+                selector = trainer._data_connector._datahook_selector
+                owner = selector.get_instance("on_before_batch_transfer")
+                trainer.fit(model, datamodule=datamodule)  # (said once: the cache holds it)
+            said = [str(w.message).replace("LightningModule", "TaskModule").replace("LightningDataModule",
+                                                                                     "DataModule")
+                    for w in record if "have overridden" in str(w.message)]
+            seen.append((module_has, datamodule_has, "module" if owner is model else "datamodule", said))
+    with pytest.raises(ValueError, match="is not a shared hook"):
+        from_connector._DataHookSelector(boring.BoringModel(), None).get_instance("setup")
+    return seen
+
+
+def test_datahook_selector_and_its_warnings_as_lightning():
+    got = _both(_hook_owners)
+    assert got["tasktrain"] == got["lightning"]
+    assert [owner for *_, owner, _ in got["tasktrain"]] == ["module", "datamodule", "module", "datamodule"]
+    assert [len(said) for *_, said in got["tasktrain"]] == [0, 0, 1, 1]
 
 
 def test_connected_module_and_attached_datamodule_save_as_lightning(tmp_path):
@@ -564,3 +606,49 @@ def test_logger_connector_should_update_logs_reads_as_lightning(tmp_path):
     outside, never, readings = got["tasktrain"]
     assert outside is True and never is False
     assert {value for *_, value in readings} == {True, False}  # (both answers are read)
+
+
+def test_request_dataloader_and_worker_check_as_lightning(monkeypatch):
+    """tasktrain.trainer.connectors.data_connector's module-level names beside Lightning's: a source's loaders,
+    requested as a run requests them, can be built again around another sampler (their constructor arguments
+    recorded); the worker warnings for the same loaders."""
+    import warnings
+
+    from torch.utils.data import SequentialSampler
+
+    def case(lib, boring):
+        connector = __import__(f"{lib.__name__}.trainer.connectors.data_connector", fromlist=["x"])
+        data = __import__(f"{lib.__name__}.utilities.data", fromlist=["x"])
+
+        class Loader(DataLoader):  # (an argument the base class does not have: only a recorded call rebuilds it)
+            def __init__(self, width, dataset, **kwargs):
+                self.width = width
+                super().__init__(dataset, **kwargs)
+
+        class Model(boring.BoringModel):
+            def train_dataloader(self):
+                return Loader(32, boring.RandomDataset(32, 8), batch_size=2)
+
+        model = Model()
+        model.trainer = lib.Trainer(**QUIET)
+        source = connector._DataLoaderSource(model, "train_dataloader")
+        loader = connector._request_dataloader(source)
+        rebuilt = data._update_dataloader(loader, SequentialSampler(loader.dataset))
+        seen = [type(rebuilt).__name__, rebuilt.width, rebuilt.batch_size, source.is_module(), source.is_defined()]
+        trainer = lib.Trainer(**QUIET)
+        for workers, persistent in ((0, False), (1, True)):
+            with warnings.catch_warnings(record=True) as record:
+                warnings.simplefilter("always")
+                connector._worker_check(trainer, DataLoader(range(4), num_workers=workers,
+                                                            persistent_workers=persistent), "train_dataloader")
+            seen.append(sorted(str(w.message)[:60] for w in record))
+        return seen
+
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)  # (8 cores: a bound of 7)
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    assert got["tasktrain"][:5] == ["Loader", 32, 2, True, True]
+    assert got["tasktrain"][5] == ["The 'train_dataloader' does not have many workers which may "]
+    assert got["tasktrain"][6] == ["The 'train_dataloader' does not have many workers which may "]

@@ -513,3 +513,106 @@ def test_a_module_that_cannot_run_is_refused_with_lightnings_error_before_the_lo
         assert name == their_name == "MisconfigurationException"
         assert message.startswith(their_message), (message, their_message)
         assert folder is their_folder is False
+
+
+def _not_loaders(lib, classes):
+    """What each entry point raises for loaders that are not iterable, passed or returned by a hook (of the module or
+    of a DataModule), or for a hook that is not defined at all."""
+    import re
+    import warnings
+
+    seen = []
+    for fn, arg, hook in (("fit", "train_dataloaders", "train_dataloader"), ("validate", "dataloaders", "val_dataloader"),
+                          ("test", "dataloaders", "test_dataloader"), ("predict", "dataloaders", "predict_dataloader")):
+        for given in (None, object(), [1, object()]):
+            for where in ("passed", "module hook", "datamodule hook"):
+                model = classes.BoringModel()
+                for name in ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"):
+                    setattr(model, name, None)  # (as Lightning's test: the hooks "not implemented")
+                datamodule = None
+                if where == "datamodule hook":
+                    datamodule = classes.BoringDataModule()
+                    setattr(datamodule, hook, lambda given=given: given)
+                elif where == "module hook":
+                    setattr(model, hook, lambda given=given: given)
+                trainer = lib.Trainer(fast_dev_run=1, logger=False, enable_progress_bar=False,
+                                      enable_model_summary=False, enable_checkpointing=False)
+                kwargs = {arg: given} if where == "passed" else {}
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with pytest.raises(TypeError) as error:
+                        getattr(trainer, fn)(model, datamodule=datamodule, **kwargs)
+                seen.append((fn, where, re.sub(r" at 0x[0-9a-f]+", "", str(error.value))
+                             .replace("LightningModule/LightningDataModule", "TaskModule/DataModule")))
+
+    class NoLoaders(classes.BoringModel):
+        train_dataloader = val_dataloader = lib.LightningModule.train_dataloader if lib is pl else \
+            lib.TaskModule.train_dataloader
+    with pytest.raises(ValueError if lib is tasktrain else Exception, match="`train_dataloader` must be implemented"):
+        lib.Trainer(fast_dev_run=1, logger=False, enable_progress_bar=False).fit(NoLoaders())
+    return seen
+
+
+def test_loaders_that_are_not_iterable_are_refused_as_lightnings():
+    """Lightning's TypeError, naming the entry point's argument or the hook that returned the object (each loader of a
+    list checked), before the run starts; an undefined hook, Lightning's "must be implemented"."""
+    import gc
+
+    got = {key: _not_loaders(lib, classes) for key, (lib, classes, _) in LIBS.items()}
+    gc.collect()  # (the refused runs' tracebacks hold reference cycles: collected now, not inside a later test)
+    assert got["tasktrain"] == got["lightning"]
+    assert ("fit", "passed", "An invalid dataloader was passed to `Trainer.fit(train_dataloaders=...)`. Found 1.") \
+        in got["tasktrain"]
+
+
+def _iterable_len_warnings(lib, classes):
+    """Whether each entry point warns that an IterableDataset has a length, with and without one."""
+    import warnings
+
+    from torch.utils.data import DataLoader, IterableDataset
+
+    data = classes.RandomDataset(32, 16)
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(data)
+
+    class SizedStream(Stream):
+        def __len__(self):
+            return len(data)
+
+    seen = []
+    for dataset in (SizedStream(), Stream()):
+        trainer = lib.Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                              enable_checkpointing=False)
+        loader = DataLoader(dataset, batch_size=4)
+        for fn, kwargs in (("validate", {"dataloaders": [loader]}),
+                           ("fit", {"train_dataloaders": loader, "val_dataloaders": [loader]}),
+                           ("test", {"dataloaders": loader}), ("predict", {"dataloaders": loader})):
+            with warnings.catch_warnings(record=True) as record:
+                warnings.simplefilter("always")
+                getattr(trainer, fn)(classes.BoringModel(), **kwargs)
+            seen.append((type(dataset).__name__, fn,
+                         sum("Your `IterableDataset` has `__len__` defined" in str(w.message) for w in record) > 0))
+    return seen
+
+
+def test_an_iterable_dataset_with_a_length_warns_as_lightnings():
+    got = {key: _iterable_len_warnings(lib, classes) for key, (lib, classes, _) in LIBS.items()}
+    assert got["tasktrain"] == got["lightning"]
+    assert [said for *_, said in got["tasktrain"]] == [True] * 4 + [False] * 4
+
+
+def test_an_empty_evaluation_loader_warns_as_lightnings():
+    from torch.utils.data import DataLoader
+
+    seen = {}
+    for key, (lib, classes, _) in LIBS.items():
+        trainer = lib.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                              enable_checkpointing=False)
+        with pytest.warns(UserWarning) as record:
+            trainer.validate(classes.BoringModel(), DataLoader(classes.RandomDataset(32, 0)), verbose=False)
+        seen[key] = ([str(w.message) for w in record if "Total length" in str(w.message)], trainer.num_val_batches)
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"] == (["Total length of `DataLoader` across ranks is zero. Please make sure this was your "
+                                  "intention."], [0])

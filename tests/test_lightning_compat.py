@@ -83,14 +83,19 @@ def test_datamodule_transfer_hooks_run_instead_of_the_modules_one_set_per_hook()
             seen.append("datamodule.before")
             return batch
 
+    from tasktrain.trainer.connectors.data_connector import warning_cache
+
+    warning_cache.clear()  # (each warning is said once per process, as Lightning's)
     with pytest.warns(UserWarning) as record:
         Trainer(max_steps=1, **quiet()).fit(ModuleHooks(), datamodule=DataHooks())
     # Lightning decides per hook: the DataModule's where it overrides one (warning: the module's is not run),
-    # else the module's (warning: a DataModule was given that does not override it)
+    # else the module's (warning: a DataModule was given that does not override it); Lightning's words
     assert seen == ["datamodule.before", "module.after"]
     messages = " | ".join(str(w.message) for w in record)
-    assert "on_before_batch_transfer is overridden in both" in messages
-    assert "on_after_batch_transfer is overridden in ModuleHooks and a DataModule" in messages
+    assert "You have overridden `on_before_batch_transfer` in both `TaskModule` and `DataModule`. It will use the " \
+        "implementation from `DataModule` instance." in messages
+    assert "You have overridden `on_after_batch_transfer` in `TaskModule` but have passed in a `DataModule`. It " \
+        "will use the implementation from `TaskModule` instance." in messages
     seen.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no DataModule: no warning (but Lightning's note that Linear's

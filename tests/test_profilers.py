@@ -39,15 +39,16 @@ def test_simple_profiler_times_the_loop_actions_and_the_overridden_hooks(tmp_pat
     assert counts["[_TrainingEpochLoop].train_dataloader_next"] == 8
     assert counts["[LightningModule]Hooked.on_train_epoch_end"] == 2
     assert counts["[Callback]Counter.on_train_batch_end"] == 8
-    assert "Percentage %" in text and text.startswith("Profiler Report (fit)")
+    assert "Percentage %" in text and text.startswith("FIT Profiler Report")
 
 
-def test_simple_profiler_covers_test_and_predict_and_prints_without_a_filename(capsys):
+def test_simple_profiler_covers_test_and_predict_and_logs_without_a_filename(caplog):
     trainer = Trainer(profiler="simple", **quiet(enable_model_summary=False))
-    trainer.test(Linear(), loader(24))
-    trainer.predict(Linear(), loader(16))
-    out = capsys.readouterr().out
-    assert "Profiler Report (test)" in out and "Profiler Report (predict)" in out
+    with caplog.at_level("INFO", logger="tasktrain.profilers"):  # (Lightning's: logged at INFO, not printed)
+        trainer.test(Linear(), loader(24))
+        trainer.predict(Linear(), loader(16))
+    out = caplog.text
+    assert "TEST Profiler Report" in out and "PREDICT Profiler Report" in out
     assert "[Strategy]SingleDeviceStrategy.test_step" in out and "[Strategy]SingleDeviceStrategy.predict_step" in out
     assert "[_EvaluationLoop].test_next" in out and "[_PredictionLoop].predict_next" in out
 
@@ -57,7 +58,7 @@ def test_advanced_profiler_shows_the_functions_inside_each_action(tmp_path):
     Trainer(max_epochs=1, profiler=profiler, **quiet(enable_model_summary=False)).fit(Linear(), loader(16))
     text = open(tmp_path / "fit-adv.txt").read()
     assert "Profile stats for: [Strategy]SingleDeviceStrategy.training_step" in text and "mse_loss" in text
-    assert os.path.exists(tmp_path / "fit-adv-_Strategy_SingleDeviceStrategy.training_step.prof")
+    assert os.path.exists(tmp_path / "fit-adv-[Strategy]SingleDeviceStrategy.training_step.prof")  # (Lightning's name)
 
 
 def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
@@ -69,8 +70,8 @@ def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
     with open(traces[0]) as f:
         events = json.load(f)["traceEvents"]
     names = [e.get("name", "") for e in events]
-    assert names.count("[tasktrain][Strategy]SingleDeviceStrategy.training_step") == 3
-    assert names.count("[tasktrain][Strategy]SingleDeviceStrategy.backward") == 3
+    assert names.count("[tasktrain][profile][Strategy]SingleDeviceStrategy.training_step") == 3
+    assert names.count("[tasktrain][profile][Strategy]SingleDeviceStrategy.backward") == 3
     assert any(n.startswith("[tasktrain][module]torch.nn.modules.linear.Linear: layer") for n in names)
     # TensorBoard's PyTorch profiler plugin parses it into its views
     from torch_tb_profiler.profiler.data import RunProfileData
@@ -87,7 +88,9 @@ def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
 def test_without_a_profiler_nothing_is_wrapped():
     trainer = Trainer(max_epochs=1, callbacks=[Counter()], **quiet(enable_model_summary=False))
     trainer.fit(Hooked(), loader(16))
-    assert trainer.profiler is None and trainer._profile("a") is trainer._profile("b")  # one shared no-op
+    # trainer.profiler reads Lightning's PassThroughProfiler, but the loop does not call it: one shared no-op
+    assert isinstance(trainer.profiler, PassThroughProfiler) and trainer._profiler is None
+    assert trainer._profile("a") is trainer._profile("b")
     (hook,) = trainer._callback_hooks["on_train_batch_end"]
     assert hook.func.__self__.__class__ is Counter  # the callback's bound method itself, not a wrapper
     # the loop calls the strategy's methods themselves: replacing one shows it is called directly, once per batch
@@ -97,6 +100,91 @@ def test_without_a_profiler_nothing_is_wrapped():
     trainer.strategy.training_step = lambda *a: calls.append(a[1]) or original(*a)
     trainer.fit(Linear(), loader(16))
     assert calls == [0, 1]
+
+
+def test_profiler_surface_as_lightnings(tmp_path):
+    """What a script written for Lightning reads of the profilers, beside Lightning: `trainer.profiler` without a
+    profiler is a PassThroughProfiler a module can profile with; an unknown name and a stop without a start are refused
+    with Lightning's words; PyTorchProfiler keeps its dirpath as given, its function_events after the run, checks
+    table_kwargs and passes them to the table; RegisterRecordFunction names each submodule's forward."""
+    L = pytest.importorskip("lightning.pytorch")
+    import pathlib
+    import warnings
+
+    import torch
+
+    import tasktrain
+
+    def case(lib):
+        classes = __import__(f"{lib.__name__}.demos.boring_classes", fromlist=["x"])
+        profilers = __import__(f"{lib.__name__}.profilers.pytorch", fromlist=["x"])
+        got = {}
+
+        class Model(classes.BoringModel):
+            def training_step(self, batch, batch_idx):
+                with self.trainer.profiler.profile("my_action"):  # (works without a profiler too)
+                    return super().training_step(batch, batch_idx)
+
+        quiet_ = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(max_steps=1, limit_val_batches=0, **quiet_)
+            trainer.fit(Model())
+            got["default"] = type(trainer.profiler).__name__
+            try:
+                lib.Trainer(profiler="unknown", **quiet_)
+            except Exception as error:  # (MisconfigurationException: a ValueError in tasktrain, not in Lightning)
+                got["unknown"] = str(error).split(" [")[0]
+            simple = lib.profilers.SimpleProfiler()
+            for call in (lambda: simple.stop("a"), lambda: simple.start("a") or simple.start("a")):
+                with pytest.raises(ValueError) as error:
+                    call()
+                got.setdefault("simple", []).append(str(error.value))
+            from unittest import mock
+
+            for extended in (True, False):  # the table, cell for cell (the clock held still)
+                table = lib.profilers.SimpleProfiler(extended=extended)
+                table.setup("fit")
+                with mock.patch("time.perf_counter", return_value=70.0):
+                    table.start_time = 63.0
+                    table.recorded_durations.update({"a": [0.5, 0.25], "on_a_long_action": [1.125], "b": [2.0]})
+                    got.setdefault("simple_table", []).append(table.summary())
+            for key in ("row_limit", "nonexistent"):
+                with pytest.raises(KeyError) as error:
+                    profilers.PyTorchProfiler(table_kwargs={key: 1})
+                got.setdefault("table_kwargs", []).append(error.value.args[0].split(" Should")[0])
+            dirpath = tmp_path / lib.__name__
+            pytorch = profilers.PyTorchProfiler(dirpath=dirpath, filename="p", schedule=None)
+            trainer = lib.Trainer(max_steps=2, limit_val_batches=0, profiler=pytorch, **quiet_)
+            trainer.fit(Model())
+            got["dirpath"] = pytorch.dirpath == dirpath and isinstance(pytorch.dirpath, pathlib.Path)
+            # (the tag: "[pl]" under Lightning, "[tasktrain]" here: docs/lightning.md's renames)
+            names = {event.name.replace("[pl][", "[tasktrain][") for event in pytorch.function_events}
+            got["events"] = sorted(n for n in names if n.endswith(("my_action", "training_step")))
+            widths = []
+            for kwargs in ({"max_name_column_width": 5}, None):
+                narrow = profilers.PyTorchProfiler(dirpath=dirpath, filename="w", schedule=None, table_kwargs=kwargs)
+                with narrow.profile("a"):
+                    torch.ones(1)
+                widths.append(narrow.summary().count("-"))
+            got["narrower"] = widths[0] < widths[1]
+            layers = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.ReLU())
+            recording = profilers.PyTorchProfiler(dirpath=dirpath, filename="r", schedule=None)
+            with recording.profile("a"), profilers.RegisterRecordFunction(layers):
+                layers(torch.ones(1, 1))
+            recording.summary()
+            got["modules"] = sorted(event.name.replace("[pl][", "[tasktrain][") for event in recording.function_events
+                                    if "[module]" in event.name)
+        return got
+
+    ours, theirs = case(tasktrain), case(L)
+    assert ours == theirs
+    assert ours["default"] == "PassThroughProfiler" and ours["narrower"] and ours["dirpath"]
+    assert ours["simple_table"][0].startswith("FIT Profiler Report") and "Percentage %" in ours["simple_table"][0]
+    assert ours["modules"] == ["[tasktrain][module]torch.nn.modules.activation.ReLU: 1",
+                               "[tasktrain][module]torch.nn.modules.linear.Linear: 0"]
+    assert ours["events"] == ["[tasktrain][profile][Strategy]SingleDeviceStrategy.training_step",
+                              "[tasktrain][profile]my_action"]
 
 
 def test_profiler_names():

@@ -21,22 +21,34 @@ validate, test, predict), `describe()` prints the summary on rank 0, or, with a 
 """
 import contextlib
 import cProfile
+import inspect
+import logging
+import math
 import io
 import os
 import pstats
+import re
 import time
 from collections import defaultdict
 
 import torch
 
+from tasktrain.exceptions import MisconfigurationException
+
+log = logging.getLogger("tasktrain.profilers")
 _NO_OP = contextlib.nullcontext()
+profiler_warnings = set()  # PyTorchProfiler's warnings said so far, each once per process (Lightning's warning cache)
 
 
 class Profiler:
     """The base: start(action) / stop(action), profile(action) as a context, summary() as text."""
 
+    # Lightning's open report file, held from describe to teardown there; tasktrain opens and closes it inside
+    # describe, so none is ever held (scripts that check it is closed after a run read None)
+    _output_file = None
+
     def __init__(self, dirpath=None, filename=None):
-        self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self.dirpath = dirpath  # (as given, a str or a Path, as Lightning keeps it)
         self.filename = filename
         self._stage = None
         self._local_rank = None
@@ -68,26 +80,32 @@ class Profiler:
         """Called by the Trainer when a run ends (after describe)."""
 
     def describe(self):
-        """Print the summary (rank 0), or write it to a file (every rank) when a filename was given."""
+        """Log the summary (INFO, logger "tasktrain.profilers", local rank 0), or, with a filename, append it to
+        `dirpath/<stage>-<filename>[-<local rank>].txt` (every rank), as Lightning's."""
         text = self.summary()
         if not text:
             return
         if self.filename:
-            path = os.path.join(self.dirpath or ".", self._prepare_filename(".txt"))
+            path = os.path.join(self.dirpath or ".", self._prepare_filename())
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path, "a") as f:
                 f.write(text + "\n")
-        elif self._is_global_zero:
-            print(text, flush=True)
+        elif self._local_rank in (None, 0):
+            log.info(text)
 
-    def _prepare_filename(self, extension, action_name=None):
-        name = f"{self._stage}-" if self._stage else ""
-        name += str(self.filename or type(self).__name__.lower())
-        if action_name is not None:
-            name += f"-{action_name}"
-        if self._local_rank is not None:
-            name += f"-{self._local_rank}"
-        return name + extension
+    def _title(self):
+        """Lightning's first line of a report: "FIT Profiler Report" (the stage's name, upper case, where known)."""
+        return (f"{self._stage.upper()} " if self._stage is not None else "") + "Profiler Report"
+
+    def _prepare_filename(self, action_name=None, extension=".txt"):
+        """Lightning's file name: "<stage>-<filename>-<local rank>-<action>" (each part where there is one), the
+        characters a path cannot hold replaced by "_", "profile" where nothing is left."""
+        parts = [self._stage] if self._stage is not None else []
+        parts += [str(self.filename)] if self.filename else []
+        parts += [str(self._local_rank)] if self._local_rank is not None else []
+        parts += [action_name] if action_name is not None else []
+        base = re.sub(r"_+", "_", re.sub(r"[\\/:*?\"<>|\n\r\t]", "_", "-".join(parts))).strip()
+        return (base or "profile") + extension
 
 
 class PassThroughProfiler(Profiler):
@@ -104,49 +122,75 @@ class PassThroughProfiler(Profiler):
 
 
 class SimpleProfiler(Profiler):
-    """Wall-clock time of every action: mean, count, total and share of the run, longest total first.
-    extended=False leaves out the share column and the run's total."""
+    """Wall-clock time of every action: mean, count, total and share of the run, largest share first (Lightning's
+    table). extended=False: action, mean and total only, the longest mean first."""
 
     def __init__(self, dirpath=None, filename=None, extended=True):
         super().__init__(dirpath, filename)
         self.extended = extended
         self.current_actions = {}
         self.recorded_durations = defaultdict(list)
-        self.start_time = time.monotonic()
+        self.start_time = time.perf_counter()
 
     def setup(self, stage, local_rank=None, log_dir=None, is_global_zero=True, module=None):
         super().setup(stage, local_rank, log_dir, is_global_zero, module)
-        self.start_time = time.monotonic()
+        self.start_time = time.perf_counter()
 
     def start(self, action_name):
         if action_name in self.current_actions:
-            raise ValueError(f"SimpleProfiler: {action_name!r} was started twice without a stop in between.")
-        self.current_actions[action_name] = time.monotonic()
+            raise ValueError(f"Attempted to start {action_name} which has already started.")
+        self.current_actions[action_name] = time.perf_counter()
 
     def stop(self, action_name):
-        end = time.monotonic()
+        end = time.perf_counter()
         start = self.current_actions.pop(action_name, None)
         if start is None:
-            raise ValueError(f"SimpleProfiler: {action_name!r} was stopped without being started.")
+            raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
         self.recorded_durations[action_name].append(end - start)
 
+    def _make_report_extended(self):
+        """([(action, mean, calls, total, share of the run in %)] largest share first, all calls, the run's seconds)."""
+        run_time = time.perf_counter() - self.start_time
+        rows = []
+        for action, durations in self.recorded_durations.items():
+            total = math.fsum(durations)  # (exact sums: many short durations)
+            rows.append((action, total / len(durations), len(durations), total, 100.0 * total / run_time))
+        rows.sort(key=lambda row: row[4], reverse=True)
+        return rows, sum(row[2] for row in rows), run_time
+
+    def _make_report(self):
+        """[(action, mean, total)], the longest mean first."""
+        rows = []
+        for action, durations in self.recorded_durations.items():
+            total = math.fsum(durations)
+            rows.append((action, total / len(durations), total))
+        rows.sort(key=lambda row: row[1], reverse=True)
+        return rows
+
     def summary(self):
+        """Lightning's table, cell for cell: the action column as wide as the longest name, the others 15 wide, each
+        cell closed by a tab (expand the tabs to align it); numbers with 5 significant digits."""
+        sep = os.linesep
+        text = self._title() + sep
         if not self.recorded_durations:
-            return ""
-        total = time.monotonic() - self.start_time
-        rows = sorted(((name, sum(d) / len(d), len(d), sum(d)) for name, d in self.recorded_durations.items()),
-                      key=lambda r: r[3], reverse=True)
-        header = ["Action", "Mean duration (s)", "Num calls", "Total time (s)"] + \
-                 (["Percentage %"] if self.extended else [])
-        body = [[name, f"{mean:.6g}", str(count), f"{tot:.6g}"] +
-                ([f"{100 * tot / total:.4g}"] if self.extended else []) for name, mean, count, tot in rows]
+            return text + sep
+        width = max(len(action) for action in self.recorded_durations)
+
+        def row(action, *cells):
+            return f"{sep}|  {action:<{width}s}\t|" + "".join(f"  {cell:<15}\t|" for cell in cells)
+
         if self.extended:
-            body.insert(0, ["Total", "-", str(sum(r[2] for r in rows)), f"{total:.6g}", "100 %"])
-        widths = [max(len(r[c]) for r in [header] + body) for c in range(len(header))]
-        fmt = lambda row: "|  " + "  |  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  |"  # noqa: E731
-        rule = "-" * len(fmt(header))
-        title = f"Profiler Report ({self._stage})" if self._stage else "Profiler Report"
-        return "\n".join([title, rule, fmt(header), rule, *(fmt(r) for r in body), rule])
+            header = row("Action", "Mean duration (s)", "Num calls", "Total time (s)", "Percentage %")
+            rows, calls, run_time = self._make_report_extended()
+            body = [row("Total", "-", f"{calls}", f"{run_time:.5}", "100 %"), None]
+            body += [row(action, f"{mean:.5}", f"{count}", f"{total:.5}", f"{share:.5}")
+                     for action, mean, count, total, share in rows]
+        else:
+            header = row("Action", "Mean duration (s)", "Total time (s)")
+            body = [row(action, f"{mean:.5}", f"{total:.5}") for action, mean, total in self._make_report()]
+        rule = f"{sep}{'-' * len(header.expandtabs())}"
+        text += rule + header + rule + "".join(rule if line is None else line for line in body) + rule
+        return text + sep
 
     def teardown(self, stage):
         # recorded_durations stay (Lightning's SimpleProfiler keeps them: trainer.profiler.recorded_durations is
@@ -157,7 +201,7 @@ class SimpleProfiler(Profiler):
 class AdvancedProfiler(Profiler):
     """cProfile for every action: the functions each one spends its time in. line_count_restriction limits the
     rows per action (an int: that many; a float in (0, 1]: that fraction). dump_stats=True also writes each
-    action's raw stats to `dirpath/<stage>-<filename>-<action>.prof` (pstats / snakeviz read them)."""
+    action's raw stats to `dirpath/<stage>-<filename>[-<local rank>]-<action>.prof` (pstats / snakeviz read them)."""
 
     def __init__(self, dirpath=None, filename=None, line_count_restriction=1.0, dump_stats=False):
         super().__init__(dirpath, filename)
@@ -173,24 +217,24 @@ class AdvancedProfiler(Profiler):
     def stop(self, action_name):
         profiler = self.profiled_actions.get(action_name)
         if profiler is None:
-            raise ValueError(f"AdvancedProfiler: {action_name!r} was stopped without being started.")
+            raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
         profiler.disable()
 
     def summary(self):
         parts = []
         for action_name, profiler in self.profiled_actions.items():
             if self.dump_stats:
-                path = os.path.join(self.dirpath or ".", self._prepare_filename(".prof", action_name=_safe(action_name)))
+                path = os.path.join(self.dirpath or ".", self._prepare_filename(action_name, ".prof"))
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
                 profiler.dump_stats(path)
             stream = io.StringIO()
             stats = pstats.Stats(profiler, stream=stream).strip_dirs().sort_stats("cumulative")
             stats.print_stats(self.line_count_restriction)
-            parts.append(f"Profile stats for: {action_name}\n{stream.getvalue()}")
+            rank = f" rank: {self._local_rank}" if self._local_rank is not None else ""
+            parts += [f"Profile stats for: {action_name}{rank}", stream.getvalue()]
         if not parts:
             return ""
-        title = f"Profiler Report ({self._stage})" if self._stage else "Profiler Report"
-        return "\n".join([title, *parts])
+        return os.linesep.join([self._title(), *parts])
 
     def teardown(self, stage):
         self.profiled_actions = {}
@@ -198,7 +242,8 @@ class AdvancedProfiler(Profiler):
 
 class PyTorchProfiler(Profiler):
     """torch.profiler over the run: each action is a `record_function` range
-    ("[tasktrain][Strategy]SingleDeviceStrategy.training_step", ...), each module's forward one too
+    ("[tasktrain][profile][Strategy]SingleDeviceStrategy.training_step", ...: Lightning's "[pl][profile]..." with
+    "[pl]" renamed), each module's forward one too
     ("[tasktrain][module]<class>: <name>", record_module_names=True), and every training/validation/test/predict step
     is a profiler step (for a `schedule`).
 
@@ -209,14 +254,15 @@ class PyTorchProfiler(Profiler):
     `schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1)` (Lightning's default window) to
     record a few steps. Other keyword arguments go to torch.profiler.profile (activities, record_shapes,
     profile_memory, with_flops, on_trace_ready, ...). The summary is the operator table
-    (`key_averages().table(sort_by=sort_by_key, row_limit=row_limit)`). emit_nvtx is not supported.
+    (`key_averages().table(sort_by=sort_by_key, row_limit=row_limit, **table_kwargs)`; `function_events` keeps the last
+    recording's events after the run). emit_nvtx is not supported.
     """
 
     STEP_FUNCTIONS = ("training_step", "validation_step", "test_step", "predict_step")
 
     def __init__(self, dirpath=None, filename=None, group_by_input_shapes=False, emit_nvtx=False,
                  export_to_chrome=True, row_limit=20, sort_by_key=None, record_module_names=True, with_stack=False,
-                 **profiler_kwargs):
+                 table_kwargs=None, **profiler_kwargs):
         super().__init__(dirpath, filename)
         if emit_nvtx:
             raise ValueError("PyTorchProfiler(emit_nvtx=True) is not supported: run under Nsight Systems with "
@@ -225,13 +271,23 @@ class PyTorchProfiler(Profiler):
         self._export_to_chrome = export_to_chrome
         self._row_limit = row_limit
         self._sort_by_key = sort_by_key
+        self._table_kwargs = dict(table_kwargs or {})
+        # (Lightning's check: the other keyword arguments of torch's EventList.table, checked before any run)
+        table_keys = set(inspect.signature(torch.autograd.profiler_util.EventList.table).parameters) - {
+            "self", "sort_by", "row_limit"}
+        for key in self._table_kwargs:
+            if key in ("sort_by", "row_limit"):
+                raise KeyError(f"Found invalid table_kwargs key: {key}. This is already a positional argument of the "
+                               "Profiler.")
+            if key not in table_keys:
+                raise KeyError(f"Found invalid table_kwargs key: {key}. Should be within {table_keys}.")
         self._record_module_names = record_module_names
         self._profiler_kwargs = dict(profiler_kwargs, with_stack=with_stack)
         self.profiler = None
         self.function_events = None
         self._ranges = {}
         self._module = None
-        self._hooks = []
+        self._hooks = None  # (the RegisterRecordFunction entered for the run's module)
 
     def setup(self, stage, local_rank=None, log_dir=None, is_global_zero=True, module=None):
         super().setup(stage, local_rank, log_dir, is_global_zero, module)
@@ -250,14 +306,15 @@ class PyTorchProfiler(Profiler):
         if self.profiler is None:
             kwargs = dict(self._profiler_kwargs, activities=self._activities())
             if self._export_to_chrome and "on_trace_ready" not in kwargs:
-                worker = self._prepare_filename("")
+                worker = self._prepare_filename(extension="")
                 kwargs["on_trace_ready"] = torch.profiler.tensorboard_trace_handler(self.dirpath or ".", worker)
             self.profiler = torch.profiler.profile(**kwargs)
+            self.function_events = None  # (a new recording: the last one's events are let go)
             self.profiler.__enter__()
             if self._record_module_names and self._module is not None:
-                self._hooks = _record_module_names(self._module)
+                self._hooks = RegisterRecordFunction(self._module).__enter__()
         if action_name not in self._ranges:
-            span = torch.autograd.profiler.record_function("[tasktrain]" + action_name)
+            span = torch.autograd.profiler.record_function("[tasktrain][profile]" + action_name)
             span.__enter__()
             self._ranges[action_name] = span
 
@@ -272,9 +329,9 @@ class PyTorchProfiler(Profiler):
         for span in self._ranges.values():
             span.__exit__(None, None, None)
         self._ranges = {}
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        if self._hooks is not None:
+            self._hooks.__exit__(None, None, None)
+        self._hooks = None
         if self.profiler is not None:
             self.profiler.__exit__(None, None, None)  # writes the trace (on_trace_ready)
             self.function_events = self.profiler.events()
@@ -287,41 +344,50 @@ class PyTorchProfiler(Profiler):
         sort_by = self._sort_by_key or ("cuda_time_total" if torch.profiler.ProfilerActivity.CUDA in
                                         self._activities() else "cpu_time_total")
         table = self.function_events.key_averages(group_by_input_shapes=self._group_by_input_shapes).table(
-            sort_by=sort_by, row_limit=self._row_limit)
-        title = f"Profiler Report ({self._stage})" if self._stage else "Profiler Report"
-        return f"{title}\n{table}"
+            sort_by=sort_by, row_limit=self._row_limit, **self._table_kwargs)
+        rank = f" rank: {self._local_rank}" if self._local_rank is not None else ""
+        return os.linesep.join([self._title(), f"Profile stats for: records{rank}", table])
 
     def teardown(self, stage):
+        # (function_events stay readable after the run, as Lightning's: the events of its last recording)
         self._finish()
-        self.function_events = None
         self._module = None
 
 
-def _record_module_names(module):
-    """Forward hooks that put each submodule's forward in a record_function range named after it."""
-    handles, open_spans = [], {}  # id(submodule) -> its ranges in progress (a module may be re-entered)
-    for name, layer in module.named_modules():
-        if not name:
-            continue
-        label = f"[tasktrain][module]{type(layer).__module__}.{type(layer).__name__}: {name}"
+class RegisterRecordFunction:
+    """`with RegisterRecordFunction(model): model(x)`: while inside, each submodule's forward is a record_function
+    range named "[tasktrain][module]<module>.<class>: <name>" (PyTorchProfiler(record_module_names=True) enters it
+    around a run); leaving removes the hooks. Lightning's class of that name, usable outside a Trainer too."""
 
-        def pre(mod, args, label=label):
-            span = torch.autograd.profiler.record_function(label)
-            span.__enter__()
-            open_spans.setdefault(id(mod), []).append(span)
+    def __init__(self, model):
+        self._model = model
+        self._handles = []
+        self._open = {}  # id(submodule) -> its ranges in progress (a module may be re-entered)
 
-        def post(mod, args, output):
-            spans = open_spans.get(id(mod))
-            if spans:
-                spans.pop().__exit__(None, None, None)
+    def _start(self, module, args, label):
+        span = torch.autograd.profiler.record_function(label)
+        span.__enter__()
+        self._open.setdefault(id(module), []).append(span)
 
-        handles.append(layer.register_forward_pre_hook(pre))
-        handles.append(layer.register_forward_hook(post))
-    return handles
+    def _stop(self, module, args, output):
+        spans = self._open.get(id(module))
+        if spans:
+            spans.pop().__exit__(None, None, None)
 
+    def __enter__(self):
+        for name, layer in self._model.named_modules():
+            if not name:
+                continue
+            label = f"[tasktrain][module]{type(layer).__module__}.{type(layer).__name__}: {name}"
+            self._handles.append(layer.register_forward_pre_hook(
+                lambda module, args, label=label: self._start(module, args, label)))
+            self._handles.append(layer.register_forward_hook(self._stop))
+        return self
 
-def _safe(name):
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler,
@@ -334,8 +400,9 @@ def resolve_profiler(profiler):
         return profiler
     if isinstance(profiler, str) and profiler.lower() in PROFILERS:
         return PROFILERS[profiler.lower()]()
-    raise ValueError(f"profiler={profiler!r}: use None, 'simple', 'advanced', 'pytorch', 'passthrough', or a "
-                     "Profiler instance (tasktrain.profilers).")
+    raise MisconfigurationException(
+        "When passing string value for the `profiler` parameter of `Trainer`, it can only be one of "
+        f"{list(PROFILERS)} (got {profiler!r}); or pass None or a Profiler instance (tasktrain.profilers).")
 
 
 def strategy_action(strategy, hook):

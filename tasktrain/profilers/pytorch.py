@@ -1,4 +1,12 @@
-"""Lightning's module path `lightning.pytorch.profilers.pytorch`: PyTorchProfiler (defined in tasktrain.profilers)."""
-from tasktrain.profilers import PyTorchProfiler
+"""Lightning's module path `lightning.pytorch.profilers.pytorch`: PyTorchProfiler and RegisterRecordFunction (defined in
+tasktrain.profilers), `_KINETO_AVAILABLE` (whether torch's profiler has its Kineto back end) and `warning_cache`, the
+PyTorch profiler's warnings said so far (each once per process; clear() says them again). tasktrain's PyTorchProfiler
+records the whole run unless given a `schedule` (docs/profiling.md), so Lightning's one warning cached here ("The
+PyTorch Profiler default schedule will be overridden as there is not enough steps ...") is never given."""
+import torch
 
-__all__ = ["PyTorchProfiler"]
+from tasktrain.profilers import PyTorchProfiler, RegisterRecordFunction, profiler_warnings as warning_cache
+
+_KINETO_AVAILABLE = torch.profiler.kineto_available()
+
+__all__ = ["PyTorchProfiler", "RegisterRecordFunction"]

@@ -252,9 +252,10 @@ def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointi
     if int(log_every_n_steps) < 0:
         raise ValueError(f"log_every_n_steps={log_every_n_steps}: use a positive integer, or 0 for no step values "
                          "(Lightning's).")
-    reload_every = int(reload_dataloaders_every_n_epochs or 0)
-    if reload_every < 0:
-        raise ValueError(f"reload_dataloaders_every_n_epochs={reload_dataloaders_every_n_epochs}: use 0 or more.")
+    reload_every = reload_dataloaders_every_n_epochs
+    if not isinstance(reload_every, int) or reload_every < 0:  # (Lightning's check and words; a ValueError)
+        raise MisconfigurationException(
+            f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload_dataloaders_every_n_epochs}.")
     return dict(
         min_steps=None if min_steps is None else int(min_steps), log_every_n_steps=int(log_every_n_steps),
         default_root_dir=root_dir(default_root_dir),

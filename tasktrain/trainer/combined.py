@@ -278,7 +278,7 @@ def _stateful(one):
 def check_training_mode(combined):
     """Lightning's fit loop refuses a sequential CombinedLoader (at its first epoch; here before training)."""
     if combined.mode == "sequential":
-        raise ValueError('`Trainer.fit` does not support the `CombinedLoader(mode="sequential")` mode. The available '
+        raise ValueError('`_FitLoop` does not support the `CombinedLoader(mode="sequential")` mode. The available '
                          f"modes are: {[mode for mode in MODES if mode != 'sequential']}")
 
 

@@ -521,8 +521,20 @@ def held_until_next_iter(loader, iterator):
     (its workers alive during on_train_epoch_end, the validation, ...), not where the pass stops reading. (The
     DataLoader's own slot for the iterator of persistent workers, which its iter() reads for those only.)"""
     if isinstance(loader, DataLoader) and loader.num_workers > 0 and not loader.persistent_workers:
-        loader._iterator = iterator  # (the previous pass's, released here after the new one started: it stops)
+        if loader._iterator is not iterator:
+            stop_workers(loader)  # (the previous pass's, stopped here after the new one started)
+        loader._iterator = iterator
     return iterator
+
+
+def stop_workers(loader):
+    """Stop the workers of the iterator `loader` holds and let it go, now: dropping it would stop them only once
+    nothing refers to it (a reference cycle keeps them alive until the garbage collector runs)."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    if isinstance(loader._iterator, _MultiProcessingDataLoaderIter):
+        loader._iterator._shutdown_workers()
+    loader._iterator = None
 
 
 def draw_loader_seed(data, epoch=None, at_iter=True, at_first_batch=True):
@@ -967,8 +979,13 @@ def suggested_max_num_workers(local_world_size):
     `local_world_size` processes of this machine, one left for each main process; at least 1."""
     if local_world_size < 1:
         raise ValueError(f"`local_world_size` should be >= 1, got {local_world_size}.")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // local_world_size - 1)
+    return max(1, _num_cpus_available() // local_world_size - 1)
+
+
+def _num_cpus_available():
+    """The CPU cores this process may run on (its affinity where the system says, else all of them); Lightning's
+    name for it."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def check_workers(loader, name, num_devices, reload_every):
@@ -976,15 +993,20 @@ def check_workers(loader, name, num_devices, reload_every):
     workers started by "spawn" each epoch (not persistent), few workers where the machine's cores would allow more
     (the bound utilities.suggested_max_num_workers gives, for `num_devices` processes per machine), and persistent
     pinned workers with loaders reloaded every `reload_every` epochs. `name`: "train_dataloader", "val_dataloader", ..."""
-    import multiprocessing.context
-
     if not isinstance(loader, DataLoader):
         return
-    upper_bound = suggested_max_num_workers(num_devices)
+    warn_workers(loader, name, suggested_max_num_workers(num_devices), reload_every)
+
+
+def warn_workers(loader, name, upper_bound, reload_every):
+    """check_workers' warnings, for a DataLoader on a machine that allows `upper_bound` workers
+    (tasktrain.trainer.connectors.data_connector._worker_check reaches them by Lightning's signature)."""
+    import multiprocessing.context
+
     # (the loader's own multiprocessing context, else the process's default one: Lightning's test of "spawn")
-    context = loader.multiprocessing_context or multiprocessing.get_context()
-    if loader.num_workers > 0 and isinstance(context, multiprocessing.context.SpawnContext) and \
-            not loader.persistent_workers:
+    spawns = isinstance(loader.multiprocessing_context or multiprocessing.get_context(),
+                        multiprocessing.context.SpawnContext)
+    if loader.num_workers > 0 and spawns and not loader.persistent_workers:
         warnings.warn(f"Consider setting `persistent_workers=True` in '{name}' to speed up the dataloader worker "
                       "initialization.")
     elif loader.num_workers < 2 and upper_bound > 1:

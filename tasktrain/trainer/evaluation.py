@@ -21,8 +21,9 @@ from tasktrain.strategies.watchdog import watched_batches
 from tasktrain.trainer import guards, run
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten, loaders_view
-from tasktrain.trainer.data import _END, EvalShardSampler, held_until_next_iter, prepare_eval_loader, \
+from tasktrain.trainer.data import _END, EvalShardSampler, held_until_next_iter, stop_workers, prepare_eval_loader, \
     record_batch_indices, set_sampler_epoch
+from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage, TrainerFn
@@ -205,10 +206,9 @@ def eval_loaders(trainer, stage, module, loader):
     limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
                  "predict": trainer.limit_predict_batches}[stage]
     name = _LOADER_HOOK[stage]
+    owner = None if loader is not None else (trainer.datamodule if trainer.datamodule is not None else module)
     loader = loader if loader is not None else trainer._loader_of(module, name)
-    if loader is None:
-        raise ValueError(f"Trainer.{stage} needs data: pass dataloaders= or datamodule=, or define {name}() on "
-                         "the module.")
+    check_loaders_iterable(loader, stage, owner, name)
     world_size, rank = fit_data.shards(trainer)
     prefix = {"validate": "val"}.get(stage, stage)
     shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
@@ -303,8 +303,8 @@ def _evaluate(trainer, stage, loaders, limits):
     metrics.set_stage(stage, False, True)
     metrics.step_values.clear()  # (Lightning resets an evaluation's results: nothing of the last one is written)
     hooks = trainer._all_hooks
-    eval_step = strategy.eval_step if trainer.profiler is None else \
-        profiled(trainer.profiler, strategy_action(strategy, f"{prefix}_step"), strategy.eval_step)
+    eval_step = strategy.eval_step if trainer._profiler is None else \
+        profiled(trainer._profiler, strategy_action(strategy, f"{prefix}_step"), strategy.eval_step)
     eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
     # batches completed (Lightning's evaluation batch_progress, read through trainer.validate_loop / test_loop /
     # fit_loop.epoch_loop.val_loop: lightning_loops.py): [total, in this run] (TrainState.eval_batches), and how far
@@ -439,8 +439,8 @@ def _predict(trainer, module, loaders, limits, gather):
         started = trainer._predict_started = [0] * len(loaders)
         fetch = start_fetch(trainer, loaders, limits, "predict")
     trainer._call("on_predict_epoch_start")
-    eval_step = trainer.strategy.eval_step if trainer.profiler is None else \
-        profiled(trainer.profiler, strategy_action(trainer.strategy, "predict_step"), trainer.strategy.eval_step)
+    eval_step = trainer.strategy.eval_step if trainer._profiler is None else \
+        profiled(trainer._profiler, strategy_action(trainer.strategy, "predict_step"), trainer.strategy.eval_step)
     if trainer._metrics is not None:  # named as the hook it is (module._current_fx_name; self.log refuses it there)
         eval_step = in_hook(trainer._metrics, "predict_step", eval_step)  # (the step itself stays the bound method:
         # DataParallel's eval_step calls it by name)
@@ -517,8 +517,8 @@ def start_fetch(trainer, loaders, limits, prefix):
     if trainer._watchdog is not None:  # (workers start, a first batch may be read: it may take any time)
         trainer._watchdog.mark("fetching a batch", trainer.state.global_step, 0, True)
     if together:
-        return EvalFetch([loaders], [loaders.length(limits)], trainer.profiler, name)
-    return EvalFetch(list(loaders), list(limits), trainer.profiler, name)
+        return EvalFetch([loaders], [loaders.length(limits)], trainer._profiler, name)
+    return EvalFetch(list(loaders), list(limits), trainer._profiler, name)
 
 
 class EvalFetch:
@@ -563,7 +563,7 @@ class EvalFetch:
             self.iterator = self._open(following) if following is not None else None
             if isinstance(previous, DataLoader) and previous is not following and previous.num_workers > 0 and \
                     not previous.persistent_workers:
-                previous._iterator = None  # (held_until_next_iter's: the combined loader dropped it)
+                stop_workers(previous)  # (held_until_next_iter's: the combined loader dropped it)
         return _END
 
     def _fetched(self):
@@ -619,6 +619,45 @@ def no_batches(trainer, limits):
     if trainer.world_size > 1:
         return trainer.strategy.reduce_boolean_decision(empty, all=True)
     return empty
+
+
+def check_loaders_iterable(loader, fn, owner, name):
+    """Before a run uses them: each of the loaders (those of a list, dict or CombinedLoader too) must be iterable, as
+    Lightning checks. `owner`: None where the loaders were passed to the entry point `fn` ("fit", "validate", ...),
+    else the module or DataModule whose hook `name` ("train_dataloader", ...) returned them; a hook that is not
+    defined at all is Lightning's MisconfigurationException (the base's hook's words)."""
+    if loader is None and owner is not None and callable(getattr(owner, name, None)) and \
+            not is_overridden(name, owner, DataModule if isinstance(owner, DataModule) else TaskModule):
+        arg = "train_dataloaders" if fn == "fit" else "dataloaders"
+        raise MisconfigurationException(
+            f"`{name}` must be implemented to be used with the Trainer: define {name}() on the "
+            f"{type(owner).__name__}, or pass {arg}= (or a datamodule=) to trainer.{fn}().")
+    if isinstance(loader, CombinedLoader):
+        flat = list(loader.flattened)
+    else:
+        flat = flatten(loader)[0] if isinstance(loader, (list, tuple, dict)) else [loader]
+    for one in flat:
+        check_loader_iterable(one, fn, owner, name)
+
+
+def check_loader_iterable(loader, fn, owner, name):
+    """Lightning's TypeError for one loader that cannot be iterated (a DataLoader is not asked: iter() would start
+    its workers), naming where it came from: passed to `trainer.<fn>(...)`, or returned by `<owner class>.<name>()`
+    (`owner` None: passed; a hook set to None on the owner counts as not defined, as there)."""
+    if isinstance(loader, DataLoader):
+        return
+    try:
+        iter(loader)
+    except TypeError:
+        prefix = "train_" if fn == "fit" else ""
+        passed = f"An invalid dataloader was passed to `Trainer.{fn}({prefix}dataloaders=...)`. Found {loader}."
+        if owner is None:
+            raise TypeError(passed) from None
+        if not is_overridden(name, owner, DataModule if isinstance(owner, DataModule) else TaskModule):
+            raise TypeError(f"{passed} Either pass the dataloader to the `.{fn}()` method OR implement "
+                            f"`def {name}(self):` in your TaskModule/DataModule.") from None
+        raise TypeError(f"An invalid dataloader was returned from `{type(owner).__name__}.{name}()`. "
+                        f"Found {loader}.") from None
 
 
 def as_loaders(loader, stage=None):

@@ -109,7 +109,7 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
     from tasktrain.trainer.loop import automatic_step, step_scheduler
     from tasktrain.trainer.optim import lightning_optimizers, manual_step
 
-    strategy, profiler, watchdog = trainer.strategy, trainer.profiler, trainer._watchdog
+    strategy, profiler, watchdog = trainer.strategy, trainer._profiler, trainer._watchdog
     # (Lightning calls these always: the module's where anything but the base's own function is there)
     overrides = {name: hook_is_called(name, module, TaskModule) for name in (
         "backward", "optimizer_zero_grad", "optimizer_step", "configure_gradient_clipping", "clip_gradients",
@@ -224,7 +224,7 @@ def build_hook_tables(trainer, module):
     # With a profiler, every hook is in the tables, overridden or not (the base's are no-ops): Lightning profiles
     # each hook call of each callback and of the module, so the recorded actions and counts are its. Without one, a
     # hook nobody overrides costs nothing.
-    every = trainer.profiler is not None
+    every = trainer._profiler is not None
     for event in EVENTS:
         fns = []
         for cb in trainer.callbacks:
@@ -248,9 +248,9 @@ def build_hook_tables(trainer, module):
             fns.append(("strategy", _nothing, trainer.strategy))
         # each hook named for self.log while it runs (Lightning's rules and defaults per hook: metrics.HOOK_LOGGING)
         fns = [(kind, in_hook(trainer._metrics, event, fn), owner) for kind, fn, owner in fns]
-        if trainer.profiler is not None:  # only then is a hook wrapped: without one they are called as they are
+        if trainer._profiler is not None:  # only then is a hook wrapped: without one they are called as they are
             # each call is named by its owner, carried with it (the epoch-end sort and bare Mocks move no name)
-            tables[event] = [(k, f) for (k, _, _), f in zip(fns, profiled_calls(trainer.profiler, event, fns))]
+            tables[event] = [(k, f) for (k, _, _), f in zip(fns, profiled_calls(trainer._profiler, event, fns))]
         else:
             tables[event] = [(k, f) for k, f, _ in fns]
 

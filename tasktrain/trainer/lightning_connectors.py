@@ -15,7 +15,8 @@ A name Lightning's connector has and these views do not raises AttributeError sa
     _accelerator_connector  read only: strategy, accelerator, precision_plugin, checkpoint_io, cluster_environment,
                             is_distributed, use_distributed_sampler, _precision_flag, _strategy_flag,
                             _accelerator_flag, _devices_flag, _parallel_devices, _num_nodes_flag
-    _data_connector         prepare_data()
+    _data_connector         prepare_data(), attach_data(model, datamodule=), attach_datamodule(model, datamodule),
+                            _datahook_selector
     _logger_connector       should_update_logs (a callback that writes images at the loggers' cadence reads it)
     the loops' _data_source (trainer.fit_loop._data_source, ...: lightning_loops.py reads data_source here):
                             instance, name, dataloader(), is_defined(), is_module()
@@ -274,13 +275,13 @@ class AcceleratorConnector(_View):
 
 # -- trainer._data_connector, and the loops' _data_source ------------------------------------------------------------
 class DataLoaderSource:
-    """Lightning's _DataLoaderSource, as `trainer.fit_loop._data_source` (and `fit_loop.epoch_loop.val_loop`'s,
-    `validate_loop`'s, `test_loop`'s, `predict_loop`'s): where the current (or last) run takes one kind of loader
-    from. `instance`: the loaders given to the entry point, else the DataModule, else the module (tasktrain's order,
-    the one its runs use; None before any run); `name`: the hook. Read only: a run attaches its loaders itself."""
+    """Lightning's _DataLoaderSource(instance, name), as `trainer.fit_loop._data_source` (and
+    `fit_loop.epoch_loop.val_loop`'s, `validate_loop`'s, `test_loop`'s, `predict_loop`'s): where the current (or last)
+    run takes one kind of loader from. `instance`: the loaders given to the entry point, else the DataModule, else the
+    module (tasktrain's order, the one its runs use; None before any run); `name`: the hook. Read only: a run attaches
+    its loaders itself."""
 
-    def __init__(self, trainer, instance, name):
-        object.__setattr__(self, "_trainer", trainer)
+    def __init__(self, instance, name):
         object.__setattr__(self, "instance", instance)
         object.__setattr__(self, "name", name)
 
@@ -303,12 +304,16 @@ class DataLoaderSource:
         return is_overridden(self.name, self.instance, base)
 
     def dataloader(self):
-        """The loaders: the given ones, or what the hook returns now (called again, as Lightning's)."""
-        if isinstance(self.instance, DataModule):
-            with hook_scope(self._trainer, self.name):
-                return run.datamodule_call(self._trainer, self.name)
-        if isinstance(self.instance, TaskModule):
-            with hook_scope(self._trainer, self.name):
+        """The loaders: the given ones, or what the hook of the module / DataModule returns now (called again, as
+        Lightning's), inside the Trainer it is attached to (named for self.log, profiled as a run's hook)."""
+        if self.is_module():
+            trainer = self.instance.trainer  # (a module not attached raises its own error)
+            if trainer is None:
+                raise RuntimeError(f"{type(self.instance).__name__}.{self.name}(): the DataModule is not attached "
+                                   "to a Trainer (a run, or trainer._data_connector.attach_datamodule, attaches it).")
+            kind = "LightningDataModule" if isinstance(self.instance, DataModule) else "LightningModule"
+            with hook_scope(trainer, self.name), \
+                    trainer._profile(f"[{kind}]{type(self.instance).__name__}.{self.name}"):
                 return getattr(self.instance, self.name)()
         if self.instance is None:
             raise RuntimeError(f"No {self.name.split('_')[0]} loaders are attached yet: a Trainer entry point "
@@ -328,7 +333,7 @@ def data_source(trainer, kind):
     """The DataLoaderSource of a loop's loaders (`kind`: "train", "val", "test", "predict"), as of the last run."""
     module = trainer.lightning_module
     if module is None:  # (Lightning's before any entry point: a source of nothing)
-        return DataLoaderSource(trainer, None, f"{kind}_dataloader")
+        return DataLoaderSource(None, f"{kind}_dataloader")
     slot = _GIVEN_TO[kind].get(trainer.state.fn)
     given = trainer._given_loaders[slot] if slot is not None else None
     if given is not None:
@@ -337,19 +342,25 @@ def data_source(trainer, kind):
         instance = trainer.datamodule
     else:
         instance = module
-    return DataLoaderSource(trainer, instance, f"{kind}_dataloader")
+    return DataLoaderSource(instance, f"{kind}_dataloader")
 
 
 class DataConnector(_View):
-    """Lightning's _DataConnector: prepare_data(), and attach_data's DataModule part. (Its loader sources are the
-    loops' `_data_source` since Lightning 2.0, as here.)"""
+    """Lightning's _DataConnector: prepare_data(), attach_data's / attach_datamodule's DataModule part, and
+    `_datahook_selector` (whose transfer hooks a run calls). (Its loader sources are the loops' `_data_source` since
+    Lightning 2.0, as here.)"""
 
     _what = "_data_connector"
-    _offers = "prepare_data() and attach_data(model, datamodule=...)"
+    _offers = ("prepare_data(), attach_data(model, datamodule=...), attach_datamodule(model, datamodule) and "
+               "_datahook_selector")
     _instead = ("Loaders are attached when an entry point runs: pass them (or a DataModule) to trainer.fit / "
                 "validate / test / predict; where a run takes them from is trainer.fit_loop._data_source (and "
                 "validate_loop's, test_loop's, predict_loop's), the loaders in use trainer.train_dataloader, "
                 "trainer.val_dataloaders, ...")
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        self._attached_model = None  # (the module attach_data / attach_datamodule was given, for _datahook_selector)
 
     def prepare_data(self):
         """The DataModule's and the module's prepare_data, once per machine (or once in all), as a run calls them."""
@@ -369,10 +380,26 @@ class DataConnector(_View):
                 f"trainer._data_connector.attach_data({', '.join(given)}=...): tasktrain attaches loaders when an entry "
                 "point runs; pass them to trainer.fit / validate / test / predict (a DataModule can be attached "
                 "here: attach_data(model, datamodule=...)).")
+        self.attach_datamodule(model, datamodule)
         model.trainer = self.trainer
+
+    def attach_datamodule(self, model, datamodule=None):
+        """Make `datamodule` the Trainer's (a run's datamodule= does the same) and note `model` for
+        _datahook_selector; None attaches nothing (Lightning's)."""
+        self._attached_model = model
         if datamodule is not None:
             self.trainer.datamodule = datamodule
             datamodule.trainer = self.trainer
+
+    @property
+    def _datahook_selector(self):
+        """Lightning's _DataHookSelector over the module (the one given to attach_data / attach_datamodule, else the
+        Trainer's) and trainer.datamodule: get_instance(hook) says whose transfer hook runs, by the rule the runs
+        follow (run.data_hook_owner). None before any module is known, as Lightning's before attach_datamodule."""
+        from tasktrain.trainer.connectors.data_connector import _DataHookSelector
+
+        model = self._attached_model if self._attached_model is not None else self.trainer.lightning_module
+        return None if model is None else _DataHookSelector(model, self.trainer.datamodule)
 
 
 # -- trainer._logger_connector ----------------------------------------------------------------------------------------

@@ -41,10 +41,10 @@ def train_data_now(trainer):
     """The fit's training data, requested and prepared once (from configure_optimizers on)."""
     if trainer._train_data is None:
         module, train_loader = trainer._pending_train
+        owner = None if train_loader is not None else (
+            trainer.datamodule if trainer.datamodule is not None else module)
         train_loader = train_loader if train_loader is not None else trainer._loader_of(module, "train_dataloader")
-        if train_loader is None:
-            raise ValueError("fit needs training data: pass train_dataloaders or datamodule=, or define "
-                             "train_dataloader() on the module.")
+        evaluation.check_loaders_iterable(train_loader, "fit", owner, "train_dataloader")
         trainer._train_data = setup_train(trainer, train_loader)
         trainer._train_data.given_loader = train_loader
     return trainer._train_data
@@ -106,9 +106,27 @@ def setup_train(trainer, loader, previous=None):
 
 
 def check_loader_workers(trainer, loader, prefix):
-    """Lightning's worker warnings on a loader of the run (data.check_workers), by global rank 0."""
+    """Lightning's warnings on a loader a run sets up, by global rank 0: its workers (data.check_workers), an
+    evaluation loader of no batches, and a length given to an IterableDataset (each worker then iterates the whole
+    stream unless told otherwise, so the length may not be what the workers yield)."""
     if trainer.is_global_zero:
         check_workers(loader, f"{prefix}_dataloader", trainer.num_devices, trainer.reload_dataloaders_every_n_epochs)
+        if prefix != "train" and not isinstance(loader, (list, tuple, dict)) and _has_len(loader) and \
+                len(loader) == 0:  # (an empty training loader is refused: guards.check_training_batches)
+            warnings.warn(f"Total length of `{type(loader).__name__}` across ranks is zero. Please make sure this was "
+                          "your intention.")
+        if isinstance(getattr(loader, "dataset", None), IterableDataset) and _has_len(loader):
+            warnings.warn("Your `IterableDataset` has `__len__` defined. In combination with multi-process data "
+                          "loading (when num_workers > 1), `__len__` could be inaccurate if each worker is not "
+                          "configured independently to avoid having duplicate data.")
+
+
+def _has_len(loader):
+    try:
+        len(loader)
+    except (TypeError, NotImplementedError):
+        return False
+    return True
 
 
 def val_check_batch(trainer):
@@ -145,9 +163,11 @@ def val_data_now(trainer):
     if trainer._pending_val is not None:
         module, val_loader = trainer._pending_val
         trainer._pending_val = None
+        owner = None if val_loader is not None else (
+            trainer.datamodule if trainer.datamodule is not None else module)
         val_loader = val_loader if val_loader is not None else trainer._loader_of(module, "val_dataloader")
-        if val_loader is not None:
-            setup_val(trainer, val_loader)
+        evaluation.check_loaders_iterable(val_loader, "fit", owner, "val_dataloader")  # (Lightning's words: fit's)
+        setup_val(trainer, val_loader)
     return trainer._val_loader
 
 

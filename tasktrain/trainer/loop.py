@@ -120,7 +120,7 @@ def start_pass(trainer, fit, epoch, draw=True, profile_first=True):
     fit.first_batch_drawn = draw and reads_ahead
     if trainer._watchdog is not None:  # (workers start, a first batch may be read: it may take any time)
         trainer._watchdog.mark("fetching a batch", trainer.state.global_step, trainer.state.batch_in_epoch, True)
-    fit.epochs.start_pass(trainer.profiler, profile_first)
+    fit.epochs.start_pass(trainer._profiler, profile_first)
 
 
 def warn_if_modules_in_eval_mode(trainer, module):
@@ -195,7 +195,7 @@ def train_epoch(trainer, fit, epoch, begun):
         state.batch_phase = None
     state.saved_in_stepping_batch = False  # (the saved batch is counted from here on: lightning_loops.py)
     fit.ended_by_hook = False
-    batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer.profiler), "training_step",
+    batches = watched_batches(trainer._watchdog, fit.epochs.batches(trainer._profiler), "training_step",
                               lambda: state.global_step, start, epoch == fit.first_epoch,
                               end_event="end of the training epoch")
     if start == 0:
@@ -308,9 +308,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
     steps = batch_idx == window.last
     # Lightning's "run_training_batch" action: the batch's optimization (with a profiler only; a failed batch's is
     # ended by the profiler's teardown)
-    profiling = trainer.profiler is not None and batch is not None
+    profiling = trainer._profiler is not None and batch is not None
     if profiling:
-        trainer.profiler.start("run_training_batch")
+        trainer._profiler.start("run_training_batch")
     if batch is None:  # Lightning's: no training_step, no optimizer step; on_train_batch_end gets None
         batch_output = None
     elif module.automatic_optimization:
@@ -394,7 +394,7 @@ def training_step(trainer, fit, batch, batch_idx, window):
         finally:
             fit.in_manual_training_step = False
     if profiling:
-        trainer.profiler.stop("run_training_batch")
+        trainer._profiler.stop("run_training_batch")
     fit.epochs.advance(batch_idx)
     state.batch_phase = "processed"
 
@@ -519,10 +519,10 @@ def clip_gradients(trainer, fit, optimizer):
     GradientClipping callback's requests (Trainer(gradient_clip_val) adds one), or, where the module overrides
     configure_gradient_clipping or clip_gradients, its configure_gradient_clipping with the Trainer's values in
     place of the Trainer's own request (Lightning's rule)."""
-    if trainer.profiler is not None and fit.module.automatic_optimization:
+    if trainer._profiler is not None and fit.module.automatic_optimization:
         # timed as the module's configure_gradient_clipping, which Lightning calls (and times) at every automatic
         # step: its default is the Trainer's clipping
-        with trainer.profiler.profile(module_action(fit.module, "configure_gradient_clipping")):
+        with trainer._profiler.profile(module_action(fit.module, "configure_gradient_clipping")):
             _clip(trainer, fit, optimizer)
     else:
         _clip(trainer, fit, optimizer)

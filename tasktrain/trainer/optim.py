@@ -339,9 +339,9 @@ def manual_step(trainer, optimizer, closure, kwargs):
     counted = fit is not None and fit.in_manual_training_step  # (Lightning's: only a training_step's steps count)
     if counted:  # (Lightning's optim_step_progress: ready from here, completed once counted)
         fit.optimizer_step_from = trainer.state.global_step
-    profiling = counted and trainer.profiler is not None  # (Lightning's "optimizer_step" of a manual step)
+    profiling = counted and trainer._profiler is not None  # (Lightning's "optimizer_step" of a manual step)
     if profiling:
-        trainer.profiler.start("optimizer_step")
+        trainer._profiler.start("optimizer_step")
     if strategy.precision.lightning_steps:
         # the precision plugin's optimizer_step runs the closure, on_before_optimizer_step and the step (Lightning's)
         strategy.optimizer_step(torch_optimizer, closure, model=trainer.module, **kwargs)
@@ -361,7 +361,7 @@ def manual_step(trainer, optimizer, closure, kwargs):
         strategy.optimizer_step(torch_optimizer, **kwargs)
         output = strategy.precision.last_step_output
     if profiling:
-        trainer.profiler.stop("optimizer_step")
+        trainer._profiler.stop("optimizer_step")
     if counted:
         trainer.state.global_step += 1
         fit.optimizer_step_from = None

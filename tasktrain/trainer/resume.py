@@ -125,7 +125,7 @@ def dump_checkpoint(trainer, weights_only=False) -> dict:
         profile = trainer._profile  # (Lightning times each call, overridden or not: so does a profiler here)
         for cb in trainer.callbacks if not weights_only else ():
             if hook_is_called("on_save_checkpoint", cb, Callback) or (
-                    trainer.profiler is not None and callable(getattr(cb, "on_save_checkpoint", None))):
+                    trainer._profiler is not None and callable(getattr(cb, "on_save_checkpoint", None))):
                 with profile(f"[Callback]{cb.state_key}.on_save_checkpoint"):
                     cb.on_save_checkpoint(trainer, module, checkpoint)
         with profile(module_action(module, "on_save_checkpoint")):

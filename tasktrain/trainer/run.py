@@ -28,7 +28,7 @@ def attach_module_callbacks(trainer, module):
     if trainer._pending_litmodels_tip:  # Lightning's tip, once, where its _attach_model_callbacks gives it
         trainer._pending_litmodels_tip = False
         _info(LITMODELS_TIP)
-    if not hook_is_called("configure_callbacks", module, TaskModule) and trainer.profiler is None:
+    if not hook_is_called("configure_callbacks", module, TaskModule) and trainer._profiler is None:
         return  # (Lightning calls it always; the base's returns nothing: called here only to be timed, as there)
     if "configure_callbacks" in trainer._trial_skips:  # a tuner's trial inside a run: the run attached them
         return
@@ -58,25 +58,51 @@ def prepare_data(trainer, module):
 
 def datamodule_call(trainer, name, *args, **kwargs):
     """The DataModule's hook `name`, profiled as Lightning profiles it: "[LightningDataModule]<class>.<hook>" in
-    trainer.profiler's recorded actions."""
+    trainer._profiler's recorded actions."""
     datamodule = trainer.datamodule
     with trainer._profile(f"[LightningDataModule]{type(datamodule).__name__}.{name}"):
         return getattr(datamodule, name)(*args, **kwargs)
 
 
+SHARED_DATA_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+shared_hook_warned = set()  # each message once per process, as Lightning's warning cache (clear() says them again)
+
+
+def data_hook_owner(name, module, datamodule, warn=True):
+    """Which of `module` and `datamodule` a shared data hook (`SHARED_DATA_HOOKS`) is taken from, by Lightning's rule
+    (its _DataHookSelector): the DataModule's where it overrides it (its is_overridden looks through a recording
+    wrapper around the base's own hook, which does not count), else the module's. Where both override it, or the
+    module does beside a DataModule, one of them runs, never both: Lightning's warning says which, once per process
+    (`warn`: this is the rank that says it)."""
+    if name not in SHARED_DATA_HOOKS:
+        raise ValueError(f"`{name}` is not a shared hook within `TaskModule` and `DataModule`. Valid hooks are "
+                         f"{SHARED_DATA_HOOKS}.")
+    if datamodule is None:
+        return module
+    message = None
+    # (each against its own base, found from its class, as Lightning's is_overridden)
+    if is_overridden(name, datamodule):
+        owner = datamodule
+        if is_overridden(name, module):
+            message = (f"You have overridden `{name}` in both `TaskModule` and `DataModule`. It will use the "
+                       "implementation from `DataModule` instance.")
+    else:
+        owner = module
+        if is_overridden(name, module):
+            message = (f"You have overridden `{name}` in `TaskModule` but have passed in a `DataModule`. It will "
+                       "use the implementation from `TaskModule` instance.")
+    if message is not None and warn and message not in shared_hook_warned:
+        shared_hook_warned.add(message)
+        warnings.warn(message)
+    return owner
+
+
 def data_hook(trainer, name, module):
-    """The DataModule's `name` where it overrides it (it wins, as in Lightning: its is_overridden looks through a
-    recording wrapper around the base's own hook, which does not count), else the module's, called as Lightning calls
-    it (also a wrapper around the base's own), or None where there is nothing but the base's own."""
-    module_has = is_overridden(name, module, TaskModule)
-    if trainer.datamodule is not None and is_overridden(name, trainer.datamodule, DataModule):
-        if module_has:  # one of them runs (Lightning's rule and warning), never both
-            warnings.warn(f"{name} is overridden in both {type(module).__name__} and "
-                          f"{type(trainer.datamodule).__name__}: the DataModule's runs, the module's does not.")
-        return getattr(trainer.datamodule, name)
-    if module_has and trainer.datamodule is not None:
-        warnings.warn(f"{name} is overridden in {type(module).__name__} and a DataModule was passed that does "
-                      "not override it: the module's runs.")
+    """The hook `name` of its owner (data_hook_owner), called as Lightning calls it (a module's: also a wrapper around
+    the base's own), or None where there is nothing but the base's own."""
+    owner = data_hook_owner(name, module, trainer.datamodule, warn=trainer.is_global_zero)
+    if owner is not module:
+        return getattr(owner, name)
     return getattr(module, name) if hook_is_called(name, module, TaskModule) else None
 
 
@@ -91,7 +117,7 @@ def batch_mover(trainer, module):
         # a precision plugin's own convert_input: on the batch as the loader gave it, before the transfer hooks
         # (Lightning's place; the strategy then does not cast it again: Precision.cast_moved_batch)
         before = _converted_first(precision, before)
-    if trainer.profiler is not None:  # Lightning times the strategy's batch_to_device and, inside it, the module's
+    if trainer._profiler is not None:  # Lightning times the strategy's batch_to_device and, inside it, the module's
         # three hooks, overridden or not (the defaults: the batch as it is, moved by the strategy)
         return _profiled_mover(trainer, module, before, transfer, after), False
     if before is None and transfer is None and after is None:
@@ -114,7 +140,7 @@ def batch_mover(trainer, module):
 
 
 def _profiled_mover(trainer, module, before, transfer, after):
-    strategy, profile = trainer.strategy, trainer.profiler.profile
+    strategy, profile = trainer.strategy, trainer._profiler.profile
     before, transfer, after = (fn if fn is None else in_hook(trainer._metrics, name, fn) for name, fn in (
         ("on_before_batch_transfer", before), ("transfer_batch_to_device", transfer),
         ("on_after_batch_transfer", after)))
@@ -175,10 +201,10 @@ def start_stage(trainer, stage, module):
     trainer._watchdog = strategy.watchdog
     trainer.module = module
     module.trainer = trainer
-    trainer._profile = trainer.profiler.profile if trainer.profiler is not None else no_profile
-    if trainer.profiler is not None and "setup" not in trainer._trial_skips:  # (a tuner's trial: the run's profiler
+    trainer._profile = trainer._profiler.profile if trainer._profiler is not None else no_profile
+    if trainer._profiler is not None and "setup" not in trainer._trial_skips:  # (a tuner's trial: the run's profiler
         # records its actions, set up by the run)
-        trainer.profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None,
+        trainer._profiler.setup(stage, strategy.local_rank if strategy.world_size > 1 else None,
                                trainer.log_dir or trainer.default_root_dir,
                                strategy.is_global_zero, module)
     announce_rank(strategy.global_rank)  # @rank_zero_only functions of the user's script know their rank
@@ -274,10 +300,10 @@ def teardown(trainer, stage, module, status):
         else:
             trainer.strategy.end_run()
         trainer._metrics = None
-        if trainer.profiler is not None and "teardown" not in trainer._trial_skips:  # (a tuner's trial: the run's
+        if trainer._profiler is not None and "teardown" not in trainer._trial_skips:  # (a tuner's trial: the run's
             # profiler goes on; the run reports it)
-            trainer.profiler.describe()
-            trainer.profiler.teardown(stage)
+            trainer._profiler.describe()
+            trainer._profiler.teardown(stage)
             trainer._profile = no_profile  # a save_checkpoint after the run would restart a torn-down profiler
         if write_error is not None:  # issue 29: a failed background write, raised once the rest is torn down
             raise write_error

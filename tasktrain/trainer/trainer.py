@@ -28,7 +28,7 @@ from tasktrain.callbacks.base import Callback, Logger
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, _TunerExitException
 from tasktrain.plugins.layer_sync import TorchSyncBatchNorm
-from tasktrain.profilers import Profiler, module_action, resolve_profiler
+from tasktrain.profilers import PassThroughProfiler, Profiler, module_action, resolve_profiler
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.environment import warn_if_srun_unused
@@ -161,7 +161,10 @@ class Trainer:
         self.stall_timeout = runtime.stall_timeout  # watchdog (issue 19): seconds without progress, or None
         self.max_restarts = self.strategy.max_restarts = max_restarts  # issue 29: torch elastic's restarts
         arguments.log_device_info(self.strategy, found.precision)  # (Lightning's place: before the profiler)
-        self.profiler = resolve_profiler(profiler)  # bound again at each run's start (run.start_stage)
+        # None without a profiler: the loop then wraps nothing (trainer.profiler reads a PassThroughProfiler, as
+        # Lightning's, so that `with trainer.profiler.profile(name):` in a module's code always works)
+        self._profiler = resolve_profiler(profiler)  # bound again at each run's start (run.start_stage)
+        self._no_profiler = None
         self._profile = run.no_profile
         limits, logger = arguments.loop_limits(
             fast_dev_run, overfit_batches, min_epochs, min_steps, max_epochs, max_steps,
@@ -343,6 +346,20 @@ class Trainer:
     @module.setter
     def module(self, module):
         self._module = module
+
+    @property
+    def profiler(self):
+        """The profiler given (Trainer(profiler=...)); without one, Lightning's PassThroughProfiler, which records
+        nothing (the loop does not call it: nothing is wrapped)."""
+        if self._profiler is not None:
+            return self._profiler
+        if self._no_profiler is None:
+            self._no_profiler = PassThroughProfiler()
+        return self._no_profiler
+
+    @profiler.setter
+    def profiler(self, profiler):
+        self._profiler = resolve_profiler(profiler)
 
     @property
     def lightning_module(self):
