@@ -293,7 +293,7 @@ def lockstep(cfg, gpt, train):
     """(b) drives; at the start of each of its steps, one step of (a), then one of (c). Every step timed alone."""
     import torch
 
-    raw = RawLoop(cfg, gpt, train)  # under torchrun it starts the process group; (c) and (b) join it
+    raw = RawLoop(cfg, gpt, train)  # with RANK set (2 processes) it starts the process group; (c) and (b) join it
     flops_per_step = step_flops(cfg, gpt, train, raw)
     accelerator = AcceleratorLoop(cfg, gpt, train)
     times = {"raw": [], "trainer": [], "accelerator": []}
@@ -408,20 +408,47 @@ def child_env(threads):
     return env
 
 
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch(cfg, processes, tmp):
-    """One run in fresh process(es); returns rank 0's result."""
+    """One run in fresh process(es); returns rank 0's result. Several processes are started here, each with the
+    variables torchrun gives its workers on one machine (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT): the same world as under torchrun, without its agent (one more interpreter importing torch per run,
+    ~2 s of CPU, which the measures never saw: they start after the imports). If one fails, the others are ended."""
     out = os.path.join(tmp, f"run-{time.monotonic_ns()}.json")
-    args = ["--worker", json.dumps(cfg), "--out", out]
-    if processes == 1:
-        command = [sys.executable, os.path.abspath(__file__), *args]
+    command = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg), "--out", out]
+    env = child_env(cfg["threads"])
+    if processes > 1:
+        world = dict(WORLD_SIZE=str(processes), LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(free_port()), GROUP_RANK="0")
+        envs = [dict(env, **world, RANK=str(r), LOCAL_RANK=str(r)) for r in range(processes)]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                   "--nproc_per_node", str(processes), os.path.abspath(__file__), *args]
-    proc = subprocess.run(command, env=child_env(cfg["threads"]), capture_output=True, text=True, timeout=1800,
-                          cwd=tmp)
-    if proc.returncode != 0 or not os.path.exists(out):
-        raise RuntimeError(f"run {cfg['variant']} ({cfg['strategy']}) failed ({proc.returncode}):\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        envs = [env]
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in envs]
+    procs = [subprocess.Popen(command, env=e, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=tmp)
+             for e, log in zip(envs, logs)]
+    deadline = time.monotonic() + 1800
+    while any(p.poll() is None for p in procs):
+        if any(p.returncode for p in procs) or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.05)
+    codes = [p.wait() for p in procs]
+    if any(codes) or not os.path.exists(out):
+        output = []
+        for rank, log in enumerate(logs):
+            log.seek(0)
+            output.append(f"[rank {rank}, exit status {codes[rank]}]\n{log.read()[-5000:]}")
+        raise RuntimeError(f"run {cfg['variant']} ({cfg['strategy']}) failed:\n" + "\n".join(output))
+    for log in logs:
+        log.close()
     with open(out) as f:
         return json.load(f)
 

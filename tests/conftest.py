@@ -115,16 +115,20 @@ def _offline_trackers(tmp_path_factory):
 # lowered on 2026-12-06 by the CPU time of testtime6's cuts (the same tests alone before and after, on the same loaded
 # machine): test_restart's ZeRO-2 reference and kill test 112 -> 83 s (DeepSpeed's Muon module without inductor in its
 # ten engine-building processes), test_gpt_example's 2-process test 244 -> 222 s (AdamW's foreach path), test_reshard
-# 140 -> 126 s (the Muon module).
+# 140 -> 126 s (the Muon module). On 2026-12-07 (ttime), by the CPU time of its cuts (same-time pairs, each file alone):
+# test_model_parallel 62 -> 51 (6 mesh steps, not 10), test_lightning_ddp 71 -> 48 (the optimization hooks in the
+# extras launch); test_lightning_beside_ddp_order (37 s alone, loaded) holds the one launch of three beside-Lightning
+# scripts that were a launch each in three files.
 HEAVY_FILES = {
     "test_restart.py": 325, "test_deepspeed.py": 274, "test_gpt_example.py": 232,
     "test_fsdp.py": 244, "test_resume.py": 238, "test_reshard.py": 200, "test_ddp.py": 170,
     "test_gpu_check.py": 168, "test_ddp_failures.py": 146, "test_benchmarks.py": 140,
     "test_watchdog.py": 138, "test_accelerator_api.py": 123,
     "test_slurm.py": 116, "test_stream.py": 114, "test_accelerate_options.py": 98, "test_loggers.py": 88,
-    "test_accelerator_clipping.py": 74, "test_lightning_ddp.py": 71, "test_accelerator.py": 61,
+    "test_accelerator_clipping.py": 74, "test_lightning_ddp.py": 48, "test_accelerator.py": 61,
     "test_accelerate_suite.py": 60, "test_launch.py": 51, "test_demo.py": 49, "test_accelerate_numbers.py": 43,
-    "test_model_parallel.py": 62, "test_lightning_compat.py": 32, "test_iterable_dispatch.py": 30,
+    "test_model_parallel.py": 51, "test_lightning_compat.py": 32, "test_iterable_dispatch.py": 30,
+    "test_lightning_beside_ddp_order.py": 37,
 }
 
 

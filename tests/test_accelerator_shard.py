@@ -40,24 +40,42 @@ def epoch_orders(n, shuffle, drop, epochs=2):
     return [[i for batch in plain for i in batch.tolist()] for _ in range(epochs)]
 
 
-def run_worker(tmp_path, processes, *args, timeout=300):
+def run_worker(tmp_path, processes, *jobs, timeout=300):
+    """The worker's jobs ((OUT, MODE, ARGS...) each) one after the other in one process, or in one launch of
+    `processes`."""
     import subprocess
 
     script = os.path.join(SCRIPTS, "shard_worker.py")
+    args = [str(arg) for job in jobs for arg in ("then", *job)][1:]
     if processes == 1:
-        run = subprocess.run([sys.executable, script, str(tmp_path), *args], cwd=tmp_path, env=clean_env(tmp_path),
+        run = subprocess.run([sys.executable, script, *args], cwd=tmp_path, env=clean_env(tmp_path),
                              capture_output=True, text=True, timeout=timeout)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     else:
-        launch(["--num_processes", str(processes), script, str(tmp_path), *args], tmp_path, timeout=timeout)
+        launch(["--num_processes", str(processes), script, *args], tmp_path, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run of the worker, in three starts instead of six: one process runs the one-process cases and saves the
+    1-to-2 resume's state; one launch of two runs the two-process cases, saves the 2-to-1 resume's state and loads
+    the 1-to-2 one's; one process loads the 2-to-1 one's. {name: its folder}."""
+    root = tmp_path_factory.mktemp("shard")
+    folders = {name: root / name for name in ("cases1", "cases2", "2-to-1", "1-to-2")}
+    for folder in folders.values():
+        folder.mkdir()
+    run_worker(root, 1, (folders["cases1"], "cases"), (folders["1-to-2"], "resume", "save", 3))
+    run_worker(root, 2, (folders["cases2"], "cases"), (folders["2-to-1"], "resume", "save", 2),
+               (folders["1-to-2"], "resume", "load"), timeout=450)
+    run_worker(root, 1, (folders["2-to-1"], "resume", "load"))
+    return folders
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-processes"])
-def cases(request, tmp_path_factory):
-    """One launch for every case: {rank: results}."""
+def cases(request, runs):
+    """Every case, from one run on `world` processes: {rank: results}."""
     world = request.param
-    out = tmp_path_factory.mktemp(f"shard{world}")
-    run_worker(out, world, "cases")
+    out = runs[f"cases{world}"]
     return world, [json.loads((out / f"cases_rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -122,11 +140,10 @@ def test_join_overrides_even_batches_and_skip_shortens_len(cases):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("saved, loaded, stop", [(2, 1, 2), (1, 2, 3)], ids=["2-to-1", "1-to-2"])
-def test_resume_on_another_world_size_continues_the_global_order(tmp_path, saved, loaded, stop):
-    run_worker(tmp_path, saved, "resume", "save", str(stop))
-    run_worker(tmp_path, loaded, "resume", "load")
-    before = json.loads((tmp_path / "resume_save_rank0.json").read_text())
-    after = json.loads((tmp_path / "resume_load_rank0.json").read_text())
+def test_resume_on_another_world_size_continues_the_global_order(runs, saved, loaded, stop):
+    folder = runs[f"{saved}-to-{loaded}"]  # saved after `stop` steps of epoch 1 (the fixture's runs)
+    before = json.loads((folder / "resume_save_rank0.json").read_text())
+    after = json.loads((folder / "resume_load_rank0.json").read_text())
     plain = DataLoader(list(range(20)), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(SEED))
     orders = [[i for batch in plain for i in batch.tolist()] for _ in range(3)]
     flat = lambda steps: [i for step in steps for i in step]  # noqa: E731

@@ -25,17 +25,56 @@ pytest.importorskip("lightning.pytorch")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.world_size(2)
-@pytest.mark.timeout(300)
-def test_a_sequential_loader_under_ddp_reads_lightnings_order(tmp_path):
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One torchrun launch of 2 processes (ddp_scripts/beside_lightning_ddp.py) runs the 2-process scripts of three
+    beside-Lightning tests in turn in one process group: seeds_beside_lightning.py, loggers_beside_lightning.py, then
+    order_beside_lightning.py (each was a launch of its own: 2 launches and 4 interpreters fewer). Returns
+    {script name: [rank 0's record, rank 1's]}. The tests of the first two were in test_lightning_beside_seeds.py and
+    test_lightning_beside_loggers.py, with the one-process tests of theirs; they are here to read this launch."""
     from ddp_scripts.common import run, torchrun
 
+    out = tmp_path_factory.mktemp("beside_ddp")
     code, stdout, stderr, _ = run(torchrun("--standalone", "--nproc_per_node", "2",
-                                           os.path.join(HERE, "ddp_scripts", "order_beside_lightning.py"),
-                                           str(tmp_path)), 240, str(tmp_path), env={"PYTHONPATH": os.pathsep.join(
+                                           os.path.join(HERE, "ddp_scripts", "beside_lightning_ddp.py"),
+                                           str(out)), 400, str(out), env={"PYTHONPATH": os.pathsep.join(
                                                [os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])})
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
-    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    return {name: [json.load(open(out / name / f"rank{r}.json")) for r in (0, 1)]
+            for name in ("seeds", "loggers", "order")}
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(500)
+def test_dataloader_workers_on_two_processes_draw_lightnings_numbers(launched):
+    """(tests/test_lightning_beside_seeds.py's, on 2 processes) DDP on 2 processes, seed_everything(workers=True): each
+    rank's workers draw what they draw under Lightning, whose distributed strategies seed again (reset_seed) as they
+    set up the processes; so does the main process in each step."""
+    ranks = launched["seeds"]
+    for seen in ranks:
+        assert len(seen["tasktrain"]) == 4 and seen["tasktrain"] == seen["lightning"]
+    # the two ranks' workers (their worker_init_function mixes in the rank) draw apart
+    assert ranks[0]["tasktrain"][0][0][1:] != ranks[1]["tasktrain"][0][0][1:]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(500)
+def test_loggers_are_called_on_every_rank_as_in_lightning(launched):
+    """(tests/test_lightning_beside_loggers.py's, on 2 processes) Lightning's fit, then tasktrain's in the same group;
+    each rank records the calls its logger got."""
+    ranks = launched["loggers"]
+    for seen in ranks:
+        assert seen["tasktrain"] == seen["lightning"]
+    # every method on both ranks, after_save_checkpoint on rank 0 only (ModelCheckpoint's rule in both)
+    names = [{c[0] for c in seen["tasktrain"]} for seen in ranks]
+    assert names[0] == {"log_hyperparams", "log_graph", "save", "log_metrics", "after_save_checkpoint", "finalize"}
+    assert names[1] == names[0] - {"after_save_checkpoint"}
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(500)
+def test_a_sequential_loader_under_ddp_reads_lightnings_order(launched):
+    ranks = launched["order"]
     for rank, seen in enumerate(ranks):
         # a validation step value logged with sync_dist is reduced across the ranks at each batch, as Lightning's:
         # rank 0 sums 0+2 then 4+6, rank 1 1+3 then 5+7; each rank's logger writes their mean

@@ -5,9 +5,7 @@ guard themselves with rank_zero_only; tasktrain's do the same). The same logger 
 tasktrain and the calls each received are compared exactly: method names, hyper-parameter and metric keys, steps,
 statuses, the checkpoint folder, and on two processes the rank of each call. Lightning is a test dependency, imported
 inside the tests only."""
-import json
 import os
-import sys
 from unittest.mock import Mock
 
 import pytest
@@ -17,8 +15,6 @@ from torch.utils.data import DataLoader, TensorDataset
 import tasktrain
 
 L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class CallLog:
@@ -164,24 +160,8 @@ def test_a_value_that_is_not_a_logger_is_refused_before_training():
         tasktrain.Trainer(logger=NoCheckpoints())  # a ModelCheckpoint would call it
 
 
-def test_loggers_are_called_on_every_rank_as_in_lightning(tmp_path):
-    """Two processes (one torchrun launch): Lightning's fit, then tasktrain's in the same group; each rank records the
-    calls its logger got."""
-    sys.path.insert(0, HERE)
-    from ddp_scripts.common import run, torchrun
-
-    code, stdout, stderr, _ = run(torchrun("--standalone", "--nproc_per_node", "2",
-                                           os.path.join(HERE, "ddp_scripts", "loggers_beside_lightning.py"),
-                                           str(tmp_path)), 240, str(tmp_path), env={"PYTHONPATH": os.pathsep.join(
-                                               [os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])})
-    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
-    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
-    for seen in ranks:
-        assert seen["tasktrain"] == seen["lightning"]
-    # every method on both ranks, after_save_checkpoint on rank 0 only (ModelCheckpoint's rule in both)
-    names = [{c[0] for c in seen["tasktrain"]} for seen in ranks]
-    assert names[0] == {"log_hyperparams", "log_graph", "save", "log_metrics", "after_save_checkpoint", "finalize"}
-    assert names[1] == names[0] - {"after_save_checkpoint"}
+# The 2-process test (ddp_scripts/loggers_beside_lightning.py: a user's logger's calls on every rank) is in
+# tests/test_lightning_beside_ddp_order.py: it reads that file's one launch, shared with two other scripts.
 
 
 def test_the_hyperparameters_logged_are_those_saved_as_lightning_logs_them(tmp_path):

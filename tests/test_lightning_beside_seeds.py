@@ -3,7 +3,6 @@ Dataset's __getitem__, what the same worker draws under Lightning (torch, numpy 
 seed_everything(workers=True) (Lightning's pl_worker_init_function on the loaders it is given), after
 seed_everything(workers=False) and without it (torch's own worker seeding, from the base seed each iter() draws); a
 resumed fit starts its workers as the uninterrupted one did."""
-import json
 import os
 import random
 
@@ -160,25 +159,8 @@ def test_a_resumed_fit_starts_its_workers_as_the_uninterrupted_one(shuffle, tmp_
         assert torch.equal(resumed[first][:, 1:], whole[(first[0], 0)][:, 1:])
 
 
-@pytest.mark.world_size(2)
-@pytest.mark.timeout(300)
-def test_dataloader_workers_on_two_processes_draw_lightnings_numbers(tmp_path):
-    """DDP on 2 processes (one torchrun launch), seed_everything(workers=True): each rank's workers draw what they
-    draw under Lightning, whose distributed strategies seed again (reset_seed) as they set up the processes; so does
-    the main process in each step."""
-    from ddp_scripts.common import run, torchrun
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    code, stdout, stderr, _ = run(torchrun("--standalone", "--nproc_per_node", "2",
-                                           os.path.join(here, "ddp_scripts", "seeds_beside_lightning.py"),
-                                           str(tmp_path)), 240, str(tmp_path), env={"PYTHONPATH": os.pathsep.join(
-                                               [os.path.dirname(here), os.environ.get("PYTHONPATH", "")])})
-    assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
-    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
-    for seen in ranks:
-        assert len(seen["tasktrain"]) == 4 and seen["tasktrain"] == seen["lightning"]
-    # the two ranks' workers (their worker_init_function mixes in the rank) draw apart
-    assert ranks[0]["tasktrain"][0][0][1:] != ranks[1]["tasktrain"][0][0][1:]
+# The 2-process test (DDP, seed_everything(workers=True), ddp_scripts/seeds_beside_lightning.py) is in
+# tests/test_lightning_beside_ddp_order.py: it reads that file's one launch, shared with two other scripts.
 
 
 def test_seed_everything_leaves_lightnings_variables_as_lightning(monkeypatch):

@@ -2,7 +2,7 @@
 
 One 4-process launch (tests/mesh_scripts/train.py --case mesh) trains a tiny Llama-like model (ColwiseParallel /
 RowwiseParallel, SequenceParallel, loss_parallel; fully_shard on the data-parallel mesh) on a (dp=2, tp=2) mesh, then
-resumes its step-5 checkpoint on the same mesh (a DCP directory and a one-file checkpoint), on dp-only (4, 1) and
+resumes its step-3 checkpoint on the same mesh (a DCP directory and a one-file checkpoint), on dp-only (4, 1) and
 tp-only (1, 4), and runs the Accelerator with ParallelismConfig(dp_shard_size=2, tp_size=2) in a loop of its own.
 In the test's own process, one process trains the same model on the full batch without any parallelism
 (the reference: in the order the Trainer's shuffled DistributedSampler gives a sequential loader under a distributed
@@ -14,7 +14,9 @@ data-parallel halves are averaged by a reduce-scatter instead of summed in one b
 matmul adds two partial products through an all-reduce. In fp32 that moves the last bits of each value (~1e-7
 relative). AdamW divides by sqrt(v) + eps, which amplifies such differences on parameters whose gradient is near
 zero (embedding rows of tokens seen rarely: measured 2.5e-5 to 3.5e-5 after 10 steps at lr 1e-2, largest on the
-embedding), so parameters are compared at 1e-4; losses at 1e-5 (measured ~5e-7). A real error (one dp half's
+embedding; on 2026-12-07's machine 9.2e-5 after 10 steps, and 9.4e-5 after the 6 steps the runs now take, saved after
+3: the difference is there from the first steps, not grown by more of them), so parameters are compared at 1e-4; losses
+at 1e-5 (measured 6e-7 to 7e-7 after 6 steps and after 10). A real error (one dp half's
 gradient missing, a tensor-parallel shard not reduced, the wrong batch for a rank) moves both by 1e-2 or more.
 Resumes on another mesh load identical parameters (the checkpoint holds them exactly: compared bitwise), and then
 continue within the same kind of tolerance.
@@ -81,9 +83,9 @@ def runs(tmp_path_factory):
     train = script()
     reference = train.fit(0, 1, train.BATCH, train.STEPS, csv=str(root / "reference"), shuffled=True)
     sequential = train.fit(0, 1, train.BATCH, train.STEPS)
-    one = train.fit(1, 1, train.BATCH, train.STEPS, ckpt=str(root / "step5.ckpt"), csv=str(root / "one"))
+    one = train.fit(1, 1, train.BATCH, train.STEPS, ckpt=str(root / "saved.ckpt"), csv=str(root / "one"))
     return dict(root=root, ranks=ranks, single=dict(reference=reference, sequential=sequential, one=one),
-                log=mesh.stdout + mesh.stderr)
+                log=mesh.stdout + mesh.stderr, steps=train.STEPS, save_at=train.SAVE_AT)
 
 
 def test_a_2d_mesh_trains_like_one_process_on_the_full_batch(runs):
@@ -98,7 +100,7 @@ def test_a_2d_mesh_trains_like_one_process_on_the_full_batch(runs):
         assert abs((a[0]["losses"][step] + a[2]["losses"][step]) / 2 - expected) < LOSS_TOL, step
     # what self.log(sync_dist=True) reports is reduced over data parallel: the full batch's loss too
     logged, reference_logged = logged_losses(runs["root"] / "A"), logged_losses(runs["root"] / "reference")
-    assert len(logged) == len(reference_logged) == 10
+    assert len(logged) == len(reference_logged) == runs["steps"]
     assert max(abs(x - y) for x, y in zip(logged, reference_logged)) < LOSS_TOL
     assert biggest_difference(a[0]["end"], reference["end"]) < PARAM_TOL
     assert biggest_difference(a[0]["end"], reference["start"]) > 1e-2  # it trained: the comparison means something
@@ -110,27 +112,27 @@ def test_a_2d_mesh_trains_like_one_process_on_the_full_batch(runs):
 
 def test_resume_on_the_same_mesh_is_exact(runs):
     r0 = runs["ranks"][0]
-    at_step5 = r0["A_file"]["end"]  # the run that wrote the one-file checkpoint stopped at step 5
+    at_save = r0["A_file"]["end"]  # the run that wrote the one-file checkpoint stopped at step save_at
     for name in ("B", "B_file"):  # from the DCP directory, and from the one file
-        assert identical(r0[name]["start"], at_step5), name
-        assert r0[name]["losses"] == r0["A"]["losses"][5:], name
+        assert identical(r0[name]["start"], at_save), name
+        assert r0[name]["losses"] == r0["A"]["losses"][runs["save_at"]:], name
         assert identical(r0[name]["end"], r0["A"]["end"]), name
 
 
 def test_resume_on_another_mesh_or_one_process(runs):
     r0, one = runs["ranks"][0], runs["single"]["one"]
-    at_step5 = r0["A_file"]["end"]
+    at_save, rest = r0["A_file"]["end"], slice(runs["save_at"], None)
     reference = runs["single"]["reference"]
     for name, result, dp in (("dp-only", r0["C"], 4), ("tp-only", r0["D"], 1), ("one process", one, 1)):
-        assert identical(result["start"], at_step5), name
+        assert identical(result["start"], at_save), name
         assert result["data_parallel"] == dp, name
         assert biggest_difference(result["end"], r0["A"]["end"]) < PARAM_TOL, name
         assert biggest_difference(result["end"], reference["end"]) < PARAM_TOL, name
     # tp-only and one process read the full batch each step: the reference's losses
     for result, folder in ((r0["D"], "D"), (one, "one")):
-        assert max(abs(x - y) for x, y in zip(result["losses"], reference["losses"][5:])) < LOSS_TOL
+        assert max(abs(x - y) for x, y in zip(result["losses"], reference["losses"][rest])) < LOSS_TOL
         logged = logged_losses(runs["root"] / folder)
-        assert max(abs(x - y) for x, y in zip(logged, reference["losses"][5:])) < LOSS_TOL
+        assert max(abs(x - y) for x, y in zip(logged, reference["losses"][rest])) < LOSS_TOL
     assert ("written on (data_parallel=2, tensor_parallel=2), loaded onto (data_parallel=4, tensor_parallel=1)"
             in runs["log"])
 
@@ -142,14 +144,15 @@ def test_the_trainer_on_an_hsdp_mesh_resumes_the_2d_checkpoint(runs):
     names = ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")
     assert all(r["mesh"] == (names, (2, 2, 1)) for r in g)
     assert [r["data_parallel_rank"] for r in g] == [0, 1, 2, 3] and all(r["data_parallel"] == 4 for r in g)
-    at_step5, reference = runs["ranks"][0]["A_file"]["end"], runs["single"]["reference"]
-    assert identical(g[0]["start"], at_step5)
+    at_save, reference = runs["ranks"][0]["A_file"]["end"], runs["single"]["reference"]
+    assert identical(g[0]["start"], at_save)
     assert biggest_difference(g[0]["end"], reference["end"]) < PARAM_TOL
-    assert biggest_difference(g[0]["end"], at_step5) > 1e-3  # it trained after the resume
+    assert biggest_difference(g[0]["end"], at_save) > 1e-3  # it trained after the resume
     assert all(identical(r["end"], g[0]["end"]) for r in g)
     # the four quarters' losses average to the full batch's loss
-    assert max(abs(sum(r["losses"][i] for r in g) / 4 - loss) for i, loss in enumerate(reference["losses"][5:])) \
-        < LOSS_TOL
+    assert len(g[0]["losses"]) == runs["steps"] - runs["save_at"]
+    assert max(abs(sum(r["losses"][i] for r in g) / 4 - loss)
+               for i, loss in enumerate(reference["losses"][runs["save_at"]:])) < LOSS_TOL
     assert ("loaded onto (data_parallel=4 as 2 replicas x 2 shards, tensor_parallel=1): weights and optimizer state "
             "resharded" in runs["log"])
 
@@ -159,17 +162,17 @@ def test_convert_the_dcp_folder_to_one_file_and_safetensors(runs):
 
     from tasktrain.cli.main import main as tasktrain_cli  # `tasktrain convert`, without starting an interpreter
 
-    root, at_step5 = runs["root"], runs["ranks"][0]["A_file"]["end"]
-    assert tasktrain_cli(["convert", str(root / "step5.ckpt"), str(root / "step5-converted.ckpt")]) == 0
-    converted = torch.load(root / "step5-converted.ckpt", weights_only=True)
-    assert identical(converted["state_dict"], at_step5)
-    assert tasktrain_cli(["convert", str(root / "step5.ckpt"), str(root / "export"), "--format", "safetensors"]) == 0
+    root, at_save = runs["root"], runs["ranks"][0]["A_file"]["end"]
+    assert tasktrain_cli(["convert", str(root / "saved.ckpt"), str(root / "saved-converted.ckpt")]) == 0
+    converted = torch.load(root / "saved-converted.ckpt", weights_only=True)
+    assert identical(converted["state_dict"], at_save)
+    assert tasktrain_cli(["convert", str(root / "saved.ckpt"), str(root / "export"), "--format", "safetensors"]) == 0
     exported = {}
     for path in glob.glob(str(root / "export" / "*.safetensors")):
         exported.update(load_file(path))
-    assert identical(exported, at_step5)
-    one_file = torch.load(root / "step5-one-file.ckpt", weights_only=True)
-    assert identical(one_file["state_dict"], at_step5)
+    assert identical(exported, at_save)
+    one_file = torch.load(root / "saved-one-file.ckpt", weights_only=True)
+    assert identical(one_file["state_dict"], at_save)
     assert "device_mesh" not in one_file  # (Lightning's top level: the mesh is among tasktrain's own keys)
     assert one_file["loops"]["device_mesh"] == {"data_parallel": 2, "tensor_parallel": 2}
 
@@ -184,12 +187,12 @@ def test_the_accelerator_with_a_parallelism_config_trains_like_one_process(runs)
     assert max(abs(x - y) for x, y in zip(e[0]["losses"], reference["losses"])) < LOSS_TOL
     assert biggest_difference(e[0]["end"], reference["end"]) < PARAM_TOL
     assert all(identical(r["end"], e[0]["end"]) for r in e)
-    # E's save_state after step 5 (on the (dp_shard=2, tp=2) mesh) loaded on dp_shard=4: the same weights, then the
-    # same training as the reference's steps 6 to 10
+    # E's save_state after step save_at (on the (dp_shard=2, tp=2) mesh) loaded on dp_shard=4: the same weights, then
+    # the same training as the reference's steps after it
     h = runs["ranks"][0]["H"]
     assert identical(h["start"], e[0]["saved"])
-    assert h["mesh"][1] == (1, 4, 1, 1) and len(h["losses"]) == 5
-    assert max(abs(x - y) for x, y in zip(h["losses"], reference["losses"][5:])) < LOSS_TOL
+    assert h["mesh"][1] == (1, 4, 1, 1) and len(h["losses"]) == runs["steps"] - runs["save_at"]
+    assert max(abs(x - y) for x, y in zip(h["losses"], reference["losses"][runs["save_at"]:])) < LOSS_TOL
     assert biggest_difference(h["end"], e[0]["end"]) < PARAM_TOL
     assert "accelerator_state: written on (data_parallel=2, tensor_parallel=2" in runs["log"]
     # HSDP: ParallelismConfig(dp_replicate_size=2, dp_shard_size=2), fully_shard over the 2-D data-parallel mesh

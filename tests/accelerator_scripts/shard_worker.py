@@ -3,7 +3,9 @@ test_accelerator_shard.py). `shard_worker.py OUT cases`: every combination of da
 even_batches x drop_last x shuffle, two epochs each, writing per rank what each batch held, the flags and counts
 the loader tells, and what gather_for_metrics gave. `shard_worker.py OUT resume save K` / `... resume load`: epoch 0
 whole, then K steps of epoch 1 and save_state (save) / load_state and the rest of epochs 1 and 2 (load), writing the
-gathered samples of every step."""
+gathered samples of every step. Several jobs run one after the other in the same process(es), each with an Accelerator
+of its own: `shard_worker.py OUT cases then OUT2 resume save 2 then OUT3 resume load` (the test starts three runs
+for its six jobs: each start of an interpreter costs ~4 s of CPU in imports, a launch of two ~11 s)."""
 import itertools
 import json
 import os
@@ -14,7 +16,6 @@ from torch.utils.data import DataLoader
 
 from tasktrain import Accelerator, DataLoaderConfiguration
 
-out_dir, mode = sys.argv[1], sys.argv[2]
 SEED = 1234
 
 
@@ -24,12 +25,12 @@ def loader(n, batch_size, shuffle, drop_last):
                       generator=generator)
 
 
-def write(name, value):
+def write(out_dir, accelerator, name, value):
     with open(os.path.join(out_dir, f"{name}_rank{accelerator.process_index}.json"), "w") as f:
         json.dump(value, f)
 
 
-if mode == "cases":
+def cases(out_dir):
     # the configuration reaches the prepared loaders (the matrix below sets the same attributes case by case)
     accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True, even_batches=False))
     assert accelerator.split_batches is True and accelerator.even_batches is False
@@ -67,13 +68,16 @@ if mode == "cases":
     # skip_first_batches: that iteration is shorter
     data = accelerator.skip_first_batches(data, 1)
     results["skip"] = {"len": len(data), "batches": [b.tolist() for b in data], "len_after": len(data)}
-    write("cases", results)
-elif mode == "resume":
+    write(out_dir, accelerator, "cases", results)
+    accelerator.end_training()
+
+
+def resume(out_dir, action, *args):
     accelerator = Accelerator()
     data = accelerator.prepare(loader(20, 2, True, False))
     steps = []
-    if sys.argv[3] == "save":
-        stop = int(sys.argv[4])
+    if action == "save":
+        stop = int(args[0])
         for batch in data:
             steps.append(accelerator.gather_for_metrics(batch).tolist())
         for step, batch in enumerate(data):
@@ -87,5 +91,22 @@ elif mode == "resume":
         for epoch in (1, 2):
             for batch in data:
                 steps.append(accelerator.gather_for_metrics(batch).tolist())
-    write(f"resume_{sys.argv[3]}", steps)
-accelerator.end_training()
+    write(out_dir, accelerator, f"resume_{action}", steps)
+    accelerator.end_training()
+
+
+def main(argv):
+    """Each job (OUT MODE ARGS..., jobs separated by "then") in turn, in this process (or launch), each with an
+    Accelerator of its own."""
+    job = []
+    for arg in [*argv, "then"]:
+        if arg != "then":
+            job.append(arg)
+            continue
+        out_dir, mode, *args = job
+        {"cases": cases, "resume": resume}[mode](out_dir, *args)
+        job = []
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

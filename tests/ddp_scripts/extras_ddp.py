@@ -1,7 +1,9 @@
 """Helper for tests/test_lightning_ddp.py: issue 17's callbacks, profiler and refusals on 2 DDP processes
-(self-launched), several fits in one process group.
+(self-launched), several fits in one process group; then, in the same processes and group, optimization_hooks.py's
+two fits (DDP, then DeepSpeed ZeRO stage 2), writing under OUT/hooks (they were a launch of their own: two more
+interpreters importing torch and tasktrain, ~4 s of CPU each).
 
-    python extras_ddp.py OUT      # writes OUT/rank{R}.json with what each rank saw
+    python extras_ddp.py OUT      # writes OUT/rank{R}.json with what each rank saw, and OUT/hooks/
 """
 import json
 import os
@@ -205,3 +207,8 @@ finally:
 
 with open(os.path.join(out, f"rank{facts['rank']}.json"), "w") as f:
     json.dump(facts, f)
+
+import optimization_hooks  # noqa: E402  (its own fits, after the ones above)
+
+os.makedirs(os.path.join(out, "hooks"), exist_ok=True)
+optimization_hooks.main(os.path.join(out, "hooks"))

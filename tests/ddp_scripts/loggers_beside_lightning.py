@@ -1,4 +1,5 @@
-"""Helper for tests/test_lightning_beside_loggers.py, started by torchrun with 2 processes: the same logger class of
+"""Helper for tests/test_lightning_beside_ddp_order.py (run by beside_lightning_ddp.py, or alone under torchrun with 2
+processes; the test was in tests/test_lightning_beside_loggers.py): the same logger class of
 the user's (no base class) under Lightning's DDP fit, then under tasktrain's in the same process group (tasktrain
 joins a group that exists); each rank writes OUT/rank{R}.json with the calls each logger got.
 
@@ -20,7 +21,7 @@ torch.set_num_threads(1)
 warnings.filterwarnings("ignore")
 
 
-def main(out):
+def main(out, close=True):
     import lightning.pytorch as L
 
     import tasktrain
@@ -37,11 +38,12 @@ def main(out):
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
-    # Lightning made the group (tasktrain joined it, so it leaves it alone): nothing that holds gloo work may outlive
-    # it, then every rank closes it together (FINDINGS.md: gloo aborts at exit otherwise)
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    if close:  # (beside_lightning_ddp.py runs the scripts in turn, and closes the group after the last)
+        # Lightning made the group (tasktrain joined it, so it leaves it alone): nothing that holds gloo work may
+        # outlive it, then every rank closes it together (FINDINGS.md: gloo aborts at exit otherwise)
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

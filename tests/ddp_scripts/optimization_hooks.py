@@ -2,7 +2,7 @@
 then DeepSpeed ZeRO stage 2. The module warms the learning rate up in optimizer_step (Lightning's documented
 example), records optimizer_zero_grad and backward (not under DeepSpeed, whose engine runs it), and clips in
 configure_gradient_clipping through self.clip_gradients. Each rank writes OUT/<strategy>.rank<R>.json: the weights, the learning rates each step ran with,
-and the hook counts.
+and the hook counts. tests/test_lightning_ddp.py runs main() at the end of extras_ddp.py's launch (OUT: its hooks/).
 
     python optimization_hooks.py OUT
 """

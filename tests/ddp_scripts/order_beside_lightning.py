@@ -1,4 +1,5 @@
-"""Helper for tests/test_lightning_beside_ddp_order.py, started by torchrun with 2 processes: the same fits over a
+"""Helper for tests/test_lightning_beside_ddp_order.py (run by beside_lightning_ddp.py, or alone under torchrun with 2
+processes): the same fits over a
 sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrain's in the same process group, with
 and without seed_everything and with overfit_batches, and over loaders of the user's own order (CASES: custom sampler,
 custom batch sampler, RandomSampler with replacement; with validation and prediction; a DataLoader subclass with
@@ -254,7 +255,7 @@ def validate_steps(lib, base, samples):
     return calls
 
 
-def main(out):
+def main(out, close=True):
     import lightning.pytorch as L
 
     import tasktrain
@@ -310,11 +311,12 @@ def main(out):
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
-    # Lightning made the group (tasktrain joined it): nothing that holds gloo work may outlive it, then every rank
-    # closes it together (FINDINGS.md: gloo aborts at exit otherwise)
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    if close:  # (beside_lightning_ddp.py runs the scripts in turn, and closes the group after the last)
+        # Lightning made the group (tasktrain joined it): nothing that holds gloo work may outlive it, then every rank
+        # closes it together (FINDINGS.md: gloo aborts at exit otherwise)
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Helper for tests/test_lightning_beside_seeds.py, started by torchrun with 2 processes: the same fit with a
+"""Helper for tests/test_lightning_beside_ddp_order.py (run by beside_lightning_ddp.py, or alone under torchrun with 2
+processes; the test was in tests/test_lightning_beside_seeds.py): the same fit with a
 shuffling DataLoader of 2 workers whose Dataset draws random numbers, under Lightning's DDP, then under tasktrain's
 in the same process group (seed_everything(workers=True)); each rank writes OUT/rank{R}.json with
 the batches each fit trained on and a draw of the main process in each step.
@@ -22,7 +23,7 @@ torch.set_num_threads(1)
 warnings.filterwarnings("ignore")
 
 
-def main(out):
+def main(out, close=True):
     import lightning.pytorch as L
 
     import tasktrain
@@ -52,11 +53,12 @@ def main(out):
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
-    # Lightning made the group (tasktrain joined it): nothing that holds gloo work may outlive it, then every rank
-    # closes it together (FINDINGS.md: gloo aborts at exit otherwise)
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    if close:  # (beside_lightning_ddp.py runs the scripts in turn, and closes the group after the last)
+        # Lightning made the group (tasktrain joined it): nothing that holds gloo work may outlive it, then every rank
+        # closes it together (FINDINGS.md: gloo aborts at exit otherwise)
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
