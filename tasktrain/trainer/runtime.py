@@ -218,6 +218,11 @@ def announce_rank(rank: int):
         listener(int(rank))
 
 
+def known_rank(default: int) -> int:
+    """The global rank the last run announced, else `default` (what a launcher's variables say, before any run)."""
+    return _KNOWN_RANK[0] if _KNOWN_RANK else default
+
+
 def on_rank_known(listener):
     """`listener(rank)` at every run's start (and now, if a run already told it)."""
     _RANK_LISTENERS.append(listener)

@@ -18,7 +18,9 @@ rule under Lightning's name and signature:
 import torch.multiprocessing as mp  # noqa: F401  (Lightning's module has it: patches of its names here resolve)
 from torch.utils.data import DataLoader
 
+from tasktrain.strategies.environment import launcher_rank
 from tasktrain.trainer import run
+from tasktrain.trainer.runtime import known_rank
 from tasktrain.trainer.data import suggested_max_num_workers, warn_workers
 from tasktrain.trainer.evaluation import check_loader_iterable
 from tasktrain.trainer.lightning_connectors import DataLoaderSource as _DataLoaderSource
@@ -50,9 +52,10 @@ class _DataHookSelector:
         return f"_DataHookSelector(model={type(self.model).__name__}, datamodule={type(self.datamodule).__name__})"
 
     def get_instance(self, hook_name):
-        from tasktrain.compat.lightning.utilities.rank_zero import rank_zero_only
-
-        return run.data_hook_owner(hook_name, self.model, self.datamodule, warn=rank_zero_only.rank == 0)
+        # rank zero warns, as Lightning's rank_zero_warn: the rank the last run announced, else the launcher's
+        # (what Lightning's rank_zero_only.rank holds; the core never imports the compatibility layer that keeps it)
+        rank = known_rank(default=launcher_rank())
+        return run.data_hook_owner(hook_name, self.model, self.datamodule, warn=rank == 0)
 
 
 def _check_dataloader_iterable(dataloader, source, trainer_fn):
