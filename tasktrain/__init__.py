@@ -102,7 +102,7 @@ def __getattr__(name):
 
 _SUBPACKAGES = ("callbacks", "loggers", "utilities", "strategies", "trainer", "core", "profilers", "tuner", "cli",
                 "data", "accelerator", "utils", "inference", "checkpoint_io", "exceptions", "demos", "plugins",
-                "accelerators")
+                "accelerators", "loops", "overrides")
 
 
 def __dir__():

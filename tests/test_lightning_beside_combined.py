@@ -175,9 +175,11 @@ def _evaluate(name, how, mode=None):
             elif how == "predict":
                 rows = [[one.tolist() for one in each] for each in trainer.predict(Module(), loaders)]
             else:  # a sequential CombinedLoader to train on
-                trainer.fit(Module(), combined({"a": DataLoader(_data(4, 0), batch_size=2)}, "sequential"))
+                trainer.fit(Module(), combined({"a": DataLoader(_data(4, 0), batch_size=2),
+                                                "b": DataLoader(_data(6, 50), batch_size=2)}, "sequential"))
     except ValueError as error:
-        return str(error).split("` does not support")[-1]  # (Lightning names its `_FitLoop`)
+        # (Lightning names its `_FitLoop`; it counts the loaders' batches, 2 + 3, before it refuses)
+        return str(error).split("` does not support")[-1], trainer.num_training_batches
     return rows, trainer.num_val_batches
 
 
@@ -189,6 +191,8 @@ def test_evaluation_on_several_loaders_is_lightnings(how, mode):
     assert mine == theirs
     if how in ("fit", "validate"):
         assert mine == ([[0, 0, [0, 1]], [1, 0, [2, 3]], [2, 0, [4]], [0, 1, [50, 51]], [1, 1, [52]]], [3, 2])
+    if how == "train":
+        assert mine[1] == 5
 
 
 def _evaluate_together(name, how, mode, **kwargs):
@@ -267,7 +271,7 @@ def test_evaluation_of_a_combined_loader_is_lightnings(how, mode, kwargs, tmp_pa
 
 def test_evaluation_refuses_the_other_modes():
     # Lightning predicts in sequential mode only, and says so
-    said = _evaluate("tasktrain", "predict", "max_size_cycle")
+    said, _ = _evaluate("tasktrain", "predict", "max_size_cycle")
     assert "only supports the `CombinedLoader(mode=\"sequential\")` mode" in said
 
 

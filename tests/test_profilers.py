@@ -62,8 +62,9 @@ def test_advanced_profiler_shows_the_functions_inside_each_action(tmp_path):
 
 
 def test_pytorch_profiler_writes_a_trace_tensorboard_reads(tmp_path):
-    trainer = Trainer(max_epochs=1, profiler=PyTorchProfiler(filename="run"), default_root_dir=tmp_path,
-                      **quiet(enable_model_summary=False))
+    # (schedule=None: the whole run; the default window is tested beside Lightning below)
+    trainer = Trainer(max_epochs=1, profiler=PyTorchProfiler(filename="run", schedule=None),
+                      default_root_dir=tmp_path, **quiet(enable_model_summary=False))
     trainer.fit(Linear(), loader(24))
     traces = glob.glob(str(tmp_path / "fit-run*.pt.trace.json"))
     assert len(traces) == 1
@@ -321,3 +322,54 @@ def test_the_actions_are_named_and_counted_as_lightnings(model):
         assert ours[f"{strategy}.backward"] == ours["[LightningModule]Model.optimizer_step"] == 6
     else:
         assert ours["optimizer_step"] == 6
+
+
+@pytest.mark.parametrize("stage, limits", [
+    ("fit", dict(limit_train_batches=8, limit_val_batches=6, num_sanity_val_steps=2)),  # windows of both kinds
+    ("fit", dict(limit_train_batches=4, limit_val_batches=6, num_sanity_val_steps=0)),  # too few training steps
+    ("fit", dict(limit_train_batches=7, limit_val_batches=2)),  # too few validation steps, with the sanity check's
+    ("test", dict(limit_test_batches=6)),
+    ("predict", dict(limit_predict_batches=4)),
+    ("fit", dict(limit_train_batches=3, limit_val_batches=0, schedule=None)),  # the whole run, as asked: no warning
+])
+def test_pytorch_profiler_default_schedule_as_lightnings(tmp_path, stage, limits):
+    """PyTorchProfiler without a schedule records Lightning's window (wait 1, warm up 1, record 3 steps of each kind),
+    and where a run has fewer than 5 steps of a kind warns once and records the whole run: the same steps in the
+    same trace files, the same function_events and the same warning as Lightning's, run beside it."""
+    L = pytest.importorskip("lightning.pytorch")
+    import collections
+    import warnings
+
+    import tasktrain
+
+    limits = dict(limits)
+    kwargs = {"schedule": limits.pop("schedule")} if "schedule" in limits else {}
+
+    def steps(names, tag):  # each kind of step's count among the recorded ranges
+        return dict(collections.Counter(n.split(".")[-1] for n in names if n.startswith(tag) and n.endswith("_step")
+                                        and "[Strategy]" in n))
+
+    def case(lib, tag):
+        classes = __import__(f"{lib.__name__}.demos.boring_classes", fromlist=["x"])
+        cache = __import__(f"{lib.__name__}.profilers.pytorch", fromlist=["x"]).warning_cache
+        dirpath = tmp_path / lib.__name__
+        profiler = __import__(f"{lib.__name__}.profilers", fromlist=["x"]).PyTorchProfiler(
+            dirpath=dirpath, filename="p", **kwargs)
+        trainer = lib.Trainer(max_epochs=1, profiler=profiler, logger=False, enable_progress_bar=False,
+                              enable_model_summary=False, enable_checkpointing=False, **limits)
+        cache.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            getattr(trainer, stage)(classes.BoringModel())
+        cache.clear()
+        traces = []
+        for path in glob.glob(str(dirpath / "*.pt.trace.json")):
+            with open(path) as f:
+                traces.append(steps([e.get("name", "") for e in json.load(f)["traceEvents"]], tag))
+        return {"traces": sorted(traces, key=repr), "events": steps([e.name for e in profiler.function_events], tag),
+                "warned": sum("not enough steps to properly record traces" in str(w.message) for w in caught),
+                "dropped": profiler._schedule is None}
+
+    ours, theirs = case(tasktrain, "[tasktrain][profile]"), case(L, "[pl][profile]")
+    assert ours == theirs
+    assert ours["traces"]  # (each case writes a trace)

@@ -29,6 +29,7 @@ import os
 import pstats
 import re
 import time
+import warnings
 from collections import defaultdict
 
 import torch
@@ -249,11 +250,13 @@ class PyTorchProfiler(Profiler):
 
     The trace is written by `torch.profiler.tensorboard_trace_handler` to `dirpath` as
     `<stage>-<filename>-<worker>.<time>.pt.trace.json`, which TensorBoard's PyTorch profiler plugin lists and
-    Perfetto / chrome://tracing open (export_to_chrome=False: no trace). Without a `schedule` (the default),
-    everything from the first action to the end of the run is recorded, one trace per run: for a long run, pass
-    `schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1)` (Lightning's default window) to
-    record a few steps. Other keyword arguments go to torch.profiler.profile (activities, record_shapes,
-    profile_memory, with_flops, on_trace_ready, ...). The summary is the operator table
+    Perfetto / chrome://tracing open (export_to_chrome=False: no trace). Without a `schedule` (the default) it
+    records as Lightning's: `torch.profiler.schedule(wait=1, warmup=1, active=3)` counted per kind of step
+    (training, validation, test, predict each wait one step, warm up one, record three, once per run), and where the
+    run has fewer than 5 steps of the kind being profiled it warns once ("... not enough steps to properly record
+    traces.") and records the whole run instead. `schedule=None` records the whole run; a schedule of one's own is
+    given to torch.profiler as it is (counted over all steps). Other keyword arguments go to torch.profiler.profile
+    (activities, record_shapes, profile_memory, with_flops, on_trace_ready, ...). The summary is the operator table
     (`key_averages().table(sort_by=sort_by_key, row_limit=row_limit, **table_kwargs)`; `function_events` keeps the last
     recording's events after the run). emit_nvtx is not supported.
     """
@@ -282,6 +285,17 @@ class PyTorchProfiler(Profiler):
             if key not in table_keys:
                 raise KeyError(f"Found invalid table_kwargs key: {key}. Should be within {table_keys}.")
         self._record_module_names = record_module_names
+        schedule = profiler_kwargs.pop("schedule", _DEFAULT)
+        if schedule is not None and schedule is not _DEFAULT:  # (Lightning's checks, before any run)
+            if not callable(schedule):
+                raise MisconfigurationException(f"Schedule should be a callable. Found: {schedule}")
+            action = schedule(0)
+            if not isinstance(action, torch.profiler.ProfilerAction):
+                raise MisconfigurationException(
+                    f"Schedule should return a `torch.profiler.ProfilerAction`. Found: {action}")
+        # the default: Lightning's window, per kind of step; dropped (None: the whole run) where a run is too short
+        self._schedule = StageSchedule() if schedule is _DEFAULT else None
+        self._user_schedule = None if schedule is _DEFAULT else schedule
         self._profiler_kwargs = dict(profiler_kwargs, with_stack=with_stack)
         self.profiler = None
         self.function_events = None
@@ -304,7 +318,10 @@ class PyTorchProfiler(Profiler):
 
     def start(self, action_name):
         if self.profiler is None:
-            kwargs = dict(self._profiler_kwargs, activities=self._activities())
+            kwargs = dict(self._profiler_kwargs, activities=self._activities(),
+                          schedule=self._schedule if self._schedule is not None else self._user_schedule)
+            if self._schedule is not None:
+                self._schedule.reset(action_name)
             if self._export_to_chrome and "on_trace_ready" not in kwargs:
                 worker = self._prepare_filename(extension="")
                 kwargs["on_trace_ready"] = torch.profiler.tensorboard_trace_handler(self.dirpath or ".", worker)
@@ -323,7 +340,34 @@ class PyTorchProfiler(Profiler):
         if span is not None:
             span.__exit__(None, None, None)
         if self.profiler is not None and action_name.endswith(self.STEP_FUNCTIONS):
+            if self._schedule is not None:
+                self._schedule.kind = action_name.rsplit("_", 1)[0].rsplit(".", 1)[-1]
+                # Lightning's default window needs 5 steps of a kind (wait 1, warm up 1, record 3): with fewer, its
+                # trace would never be saved (or torch fails), so the whole run is recorded instead, as Lightning's
+                if self._steps_in_run(self._schedule.kind) < 5:
+                    message = ("The PyTorch Profiler default schedule will be overridden as there is not enough "
+                               "steps to properly record traces.")
+                    if message not in profiler_warnings:
+                        profiler_warnings.add(message)
+                        if self._is_global_zero:
+                            warnings.warn(message, UserWarning, stacklevel=2)
+                    self._schedule = None
+                    self.profiler.schedule = lambda step: torch.profiler.ProfilerAction.RECORD
+                else:  # (the trace's ProfilerStep#<n> numbers the steps of the kind, as Lightning's)
+                    self.profiler.step_num = self._schedule.count()
             self.profiler.step()
+
+    def _steps_in_run(self, kind):
+        """The steps of `kind` this run will take, as Lightning counts them for its warning (validation: the sanity
+        check's too); inf where unknown (a profiler used outside a Trainer)."""
+        trainer = getattr(self._module, "_trainer", None) if self._module is not None else None
+        if trainer is None:
+            return float("inf")
+        if kind == "training":
+            return trainer.num_training_batches
+        if kind == "validation":
+            return sum(trainer.num_val_batches) + sum(trainer.num_sanity_val_batches)
+        return sum(trainer.num_test_batches if kind == "test" else trainer.num_predict_batches)
 
     def _finish(self):
         for span in self._ranges.values():
@@ -352,6 +396,47 @@ class PyTorchProfiler(Profiler):
         # (function_events stay readable after the run, as Lightning's: the events of its last recording)
         self._finish()
         self._module = None
+
+
+_DEFAULT = object()  # (PyTorchProfiler given no `schedule`)
+
+
+class StageSchedule:
+    """Lightning's default window, `torch.profiler.schedule(wait=1, warmup=1, active=3)`, counted per kind of step:
+    the profiler asks it for the next action at each step, and it answers from the count of the kind just stepped
+    (training, validation, test, predict), each kind recorded once per run. torch's step number is ignored."""
+
+    def __init__(self):
+        self._window = torch.profiler.schedule(wait=1, warmup=1, active=3)
+        self.reset(None)
+
+    def reset(self, first_action):
+        self.kind = None  # the kind of the step that just ended (the profiler sets it before stepping)
+        self._first_action = first_action
+        self._counts = defaultdict(int)
+        self._done = set()
+        self._previous = None
+
+    def count(self):
+        return self._counts[self.kind]
+
+    def __call__(self, _step):
+        Action = torch.profiler.ProfilerAction
+        if self.kind is None or self.kind in self._done:
+            return Action.NONE
+        # (as Lightning's: a fit whose first profiled action is on_fit_start counts no sanity-check steps)
+        if self.kind != "validation" or not (self._first_action or "").endswith("on_fit_start") \
+                or self._counts["training"] > 0:
+            self._counts[self.kind] += 1
+        action = self._window(self._counts[self.kind])
+        if self._previous == Action.RECORD and action == Action.WARMUP:
+            # a kind starting while another records (validation inside the training window): torch refuses to go
+            # from recording back to warming up, so it records on
+            action = Action.RECORD
+        if action == Action.RECORD_AND_SAVE:
+            self._done.add(self.kind)
+        self._previous = action
+        return action
 
 
 class RegisterRecordFunction:

@@ -1,8 +1,8 @@
 """Lightning's module path `lightning.pytorch.profilers.pytorch`: PyTorchProfiler and RegisterRecordFunction (defined in
 tasktrain.profilers), `_KINETO_AVAILABLE` (whether torch's profiler has its Kineto back end) and `warning_cache`, the
-PyTorch profiler's warnings said so far (each once per process; clear() says them again). tasktrain's PyTorchProfiler
-records the whole run unless given a `schedule` (docs/profiling.md), so Lightning's one warning cached here ("The
-PyTorch Profiler default schedule will be overridden as there is not enough steps ...") is never given."""
+PyTorch profiler's warnings said so far (each once per process; clear() says them again): Lightning's one,
+"The PyTorch Profiler default schedule will be overridden as there is not enough steps ...", given where a run
+without a `schedule` has fewer than 5 steps of a kind (docs/profiling.md)."""
 import torch
 
 from tasktrain.profilers import PyTorchProfiler, RegisterRecordFunction, profiler_warnings as warning_cache

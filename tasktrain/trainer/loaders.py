@@ -76,11 +76,13 @@ def setup_train(trainer, loader, previous=None):
         # several training loaders (a dict, list or CombinedLoader): each prepared as one (its own shard and
         # order), limit_train_batches applied to each, the epoch's length the mode's (Lightning's fit loop)
         combined = loader if isinstance(loader, CombinedLoader) else CombinedLoader(loader, "max_size_cycle")
-        check_training_mode(combined)
         inner = [prepared(one) for one in combined.flattened]
         limits = [evaluation.apply_limit(len(one) if one.has_len() else None, trainer.limit_train_batches,
                                          "limit_train_batches") for one in inner]
         train_data = CombinedTrainData(combined, inner, limits, trainer.state.data_seed)
+        if combined.mode == "sequential":  # refused (before training), num_training_batches counted first: Lightning
+            trainer._num_training_batches = train_data.length()  # counts its loaders, then refuses at the epoch
+        check_training_mode(combined)
         trainer.train_dataloader = train_data.loader.iterables  # Lightning's: the combined loader's iterables
         length = train_data.length()
         guards.check_training_batches(length, loader)
