@@ -72,6 +72,26 @@ def _isolated(tmp_path, monkeypatch):
     base = sys.modules.get("tasktrain.strategies.base")
     if base is not None:
         base.release_kept_runs()
+    if "lightning.fabric.utilities.data" in sys.modules:
+        _undo_lightnings_loader_recording()
+
+
+def _undo_lightnings_loader_recording():
+    """Lightning's recording of loader arguments (fabric/utilities/data.py, _replace_dunder_methods) wraps the
+    __init__ / __setattr__ / __delattr__ of DataLoader, BatchSampler and every subclass, and puts them back after its
+    `yield` with no try/finally: a loader hook that raises under a Lightning run leaves every later loader of the
+    process recording its arguments, so Lightning can rebuild a loader it would refuse (a beside test after such a
+    test failed in a full run: tests/test_lightning_beside_samplers.py). Put back what it left (its `__old<name>`)."""
+    from torch.utils.data import BatchSampler, DataLoader
+
+    classes = [DataLoader, BatchSampler]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        for name in ("__init__", "__setattr__", "__delattr__"):
+            if f"__old{name}" in cls.__dict__:
+                setattr(cls, name, cls.__dict__[f"__old{name}"])
+                delattr(cls, f"__old{name}")
 
 
 @pytest.fixture(autouse=True, scope="session")
