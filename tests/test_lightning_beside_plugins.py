@@ -125,11 +125,12 @@ def test_a_strategy_objects_own_precision_or_checkpoint_io_beside_plugins_is_ref
 
 
 def test_what_tasktrain_cannot_honor_is_refused_before_training():
-    class EngineStyle(our_plugins.DeepSpeedPrecision):
-        def pre_backward(self, tensor, module):  # an engine's plugin: the engine runs its own step
-            return tensor
+    class EngineStyle(our_plugins.FSDPPrecision):
+        @property
+        def mixed_precision_config(self):  # FSDP1's MixedPrecision: tasktrain's FSDP2 takes a MixedPrecisionPolicy
+            return None
 
-    cases = [([EngineStyle("bf16-mixed")], "overrides pre_backward: the DeepSpeed strategy runs"),
+    cases = [([EngineStyle("bf16-mixed")], "overrides mixed_precision_config: Lightning's FSDPPrecision builds FSDP1"),
              ([our_plugins.MixedPrecision("bf16-mixed", "cuda")], r"MixedPrecision\('bf16-mixed', 'cpu'\)"),
              ([our_plugins.DeepSpeedPrecision("bf16-mixed")], "DeepSpeed strategy's precision plugin"),
              ([TorchElasticEnvironment()], "not started by torchrun")]
@@ -157,8 +158,11 @@ def test_a_checkpoint_io_that_the_engine_strategies_would_not_call_is_refused():
                              ("deepspeed", our_plugins.MixedPrecision("bf16-mixed", "cpu")),
                              ("fsdp", our_plugins.FSDPPrecision("bf16-mixed"))):
         trainer = tasktrain.Trainer(strategy=strategy, plugins=[plugin], **{**QUIET, "devices": 1})
-        assert trainer.precision == "bf16-mixed" and type(trainer.precision_plugin).__module__.startswith(
+        assert trainer.precision == "bf16-mixed" and type(trainer.strategy.precision).__module__.startswith(
             f"tasktrain.strategies.{strategy}")
+        # Lightning's: the plugin object given is the trainer's and the strategy's (an engine's of that engine)
+        given = plugin if plugin.engine is not None else trainer.strategy.precision
+        assert trainer.precision_plugin is trainer.strategy.precision_plugin is given
     with pytest.raises(TypeError, match="The FSDP strategy can only work with the `FSDPPrecision` plugin"):
         tasktrain.Trainer(strategy="fsdp", plugins=[our_plugins.MixedPrecision("bf16-mixed", "cpu")],
                           **{**QUIET, "devices": 1})
@@ -1282,11 +1286,12 @@ def test_an_engine_precision_subclass_and_fabrics_hooks_are_said_so():
     assert tasktrain.Trainer(plugins=[Helper("bf16-mixed", "cpu")], **QUIET).precision_plugin.describe() == "mine"
     with pytest.warns(UserWarning, match="overrides convert_output: Fabric calls it, Lightning's Trainer does not"):
         tasktrain.Trainer(plugins=[Fabrics("bf16-mixed", "cpu")], **QUIET)
-    with pytest.raises(ValueError, match="overrides forward_context: the FSDP strategy runs its engine's own"):
-        class Engine(our_plugins.FSDPPrecision):
-            def forward_context(self):
-                return contextlib.nullcontext()
 
+    class Engine(our_plugins.FSDPPrecision):
+        def forward_context(self):  # an engine's plugin: called where Lightning's FSDP calls it (the test below)
+            return contextlib.nullcontext()
+
+    with pytest.raises(ValueError, match="that is the FSDP strategy's precision plugin"):
         tasktrain.Trainer(plugins=[Engine("bf16-mixed")], **QUIET)
 
 
