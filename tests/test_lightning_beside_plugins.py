@@ -1356,6 +1356,131 @@ def test_an_engine_precision_subclass_gets_the_hooks_lightning_calls_around_the_
                      ("val_step_context",), ("teardown",)]
 
 
+# Every hook of Lightning's precision plugins that its Trainer and its DeepSpeed / FSDP strategies call
+_ENGINE_HOOKS = ("forward_context", "train_step_context", "val_step_context", "convert_module", "tensor_init_context",
+                 "module_init_context", "connect", "convert_input", "pre_backward", "backward", "post_backward",
+                 "optimizer_step", "clip_gradients", "clip_grad_by_norm", "teardown")
+
+
+def _recording_engine_plugin(base, calls):
+    """A subclass of `base` overriding every hook of _ENGINE_HOOKS: each records its call (its name, and what its
+    arguments are, told apart from the run's own objects by _what), then returns super()'s."""
+    def recorder(name):
+        def hook(self, *args, **kwargs):
+            calls.append((name, *(_what(self, a) for a in (*args, *kwargs.values()))))
+            return getattr(super(cls, self), name)(*args, **kwargs)
+        return hook
+
+    cls = type(f"Recording{base.__name__}", (base,), {"__module__": __name__,
+                                                     **{name: recorder(name) for name in _ENGINE_HOOKS}})
+    return cls
+
+
+def _what(plugin, value):
+    trainer = plugin._strategy._recorded_trainer
+    if isinstance(value, tasktrain.TaskModule):
+        return "module"
+    if isinstance(value, torch.nn.Module):
+        return "engine"  # (DeepSpeed's engine around the module, as Lightning's DeepSpeedStrategy.model)
+    if any(value is o for o in trainer.optimizers):
+        return "optimizer"
+    if callable(value) and not isinstance(value, torch.nn.Module):
+        return "closure"
+    if isinstance(value, torch.Tensor):
+        return "loss" if value.requires_grad else "batch" if value.dim() == 2 else "tensor"
+    if isinstance(value, list):
+        return f"list of {len(value)}"
+    return value
+
+
+def _engine_fit(strategy, plugin, manual=False):
+    """A two-step fit (validation before and after, gradient_clip_val=1.0) of BoringModel under `strategy` with
+    plugins=[plugin]; returns the trainer and the module's weights after it."""
+    torch.manual_seed(0)
+
+    class Model(ours.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = not manual
+
+        def configure_model(self):
+            pass
+
+        def training_step(self, batch, batch_idx):
+            if not manual:
+                return super().training_step(batch, batch_idx)
+            opt = self.optimizers()
+            loss = super().training_step(batch, batch_idx)["loss"]
+            self.manual_backward(loss)
+            opt.step()
+            opt.zero_grad()
+
+    model = Model()
+    trainer = tasktrain.Trainer(strategy=strategy, plugins=[plugin], max_steps=2, limit_val_batches=1,
+                                num_sanity_val_steps=0, val_check_interval=2,
+                                gradient_clip_val=None if manual else 1.0, **{**QUIET, "devices": 1})
+    trainer.strategy._recorded_trainer = trainer
+    trainer.fit(model)
+    # (FSDP's DTensors: a world of one holds them whole; its group is gone after the fit)
+    return trainer, {k: getattr(v, "_local_tensor", v).detach().float().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("strategy,precision", [("deepspeed", "bf16-mixed"), ("fsdp", "16-mixed"),
+                                                ("fsdp", "32-true")])
+def test_an_engine_precision_subclass_is_the_trainers_plugin_and_its_hooks_run_the_engines_step(strategy, precision):
+    """A DeepSpeedPrecision / FSDPPrecision subclass overriding every hook Lightning calls, each calling super():
+    trainer.precision_plugin is the object given; each hook is called where Lightning 2.6.6 calls it, with its
+    arguments, in its order: convert_module in the strategy's setup before the engine wraps the module
+    (strategies/deepspeed.py DeepSpeedStrategy.setup, strategies/fsdp.py FSDPStrategy.setup), connect after
+    (strategy.py setup_precision_plugin), tensor_init_context then module_init_context around configure_model
+    (trainer/call.py _call_configure_model), convert_input on each batch (loops/training_epoch_loop.py), then
+    optimizer_step(optimizer, model, closure) (strategy.py Strategy.optimizer_step), whose closure runs the step in
+    train_step_context (strategy.py training_step; its default enters forward_context, precision.py), then
+    pre_backward -> backward(loss, model, optimizer) -> post_backward (strategy.py Strategy.backward), then the
+    clipping (precision.py _after_closure -> the module's configure_gradient_clipping -> clip_gradients(optimizer,
+    clip_val, algorithm)), validation in val_step_context, teardown at the end (strategy.py teardown). Lightning's
+    DeepSpeed / FSDP strategies need CUDA: not run beside here. The defaults are the engine's own step: the weights
+    equal those of the plugin without a subclass, bit for bit."""
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    base = our_plugins.DeepSpeedPrecision if strategy == "deepspeed" else our_plugins.FSDPPrecision
+    _, plain = _engine_fit(strategy, base(precision))
+    calls = []
+    plugin = _recording_engine_plugin(base, calls)(precision)
+    trainer, recorded = _engine_fit(strategy, plugin)
+    assert trainer.precision_plugin is trainer.strategy.precision_plugin is plugin
+    assert trainer.strategy.precision is not plugin and plugin.skipped_steps == trainer.strategy.precision.skipped_steps
+    for key in plain:
+        assert torch.equal(recorded[key], plain[key]), key
+    step = [("convert_input", "batch"), ("optimizer_step", "optimizer", "module", "closure"), ("train_step_context",),
+            ("forward_context",), ("pre_backward", "loss", "module"), ("backward", "loss", "module", "optimizer"),
+            ("post_backward", "loss", "module"), ("clip_gradients", "optimizer", 1.0, "norm"),
+            ("clip_grad_by_norm", "optimizer", 1.0)]
+    validation = [("convert_input", "batch"), ("val_step_context",), ("forward_context",)]
+    connected = "engine" if strategy == "deepspeed" else "module"
+    assert calls == [("tensor_init_context",), ("module_init_context",), ("convert_module", "module"),
+                     ("connect", connected, "list of 1", "list of 1"), *step, *step, *validation, ("teardown",)]
+
+
+def test_a_deepspeed_precision_subclass_gets_manual_optimisations_calls():
+    """Manual optimisation under DeepSpeed: manual_backward runs pre_backward -> backward(loss, model, None) ->
+    post_backward (core/module.py manual_backward -> strategy.py Strategy.backward with optimizer None), opt.step()
+    the plugin's optimizer_step(optimizer, model, closure) (core/optimizer.py LightningOptimizer.step ->
+    Strategy.optimizer_step); trained as without the subclass."""
+    pytest.importorskip("deepspeed")
+    base = our_plugins.DeepSpeedPrecision
+    _, plain = _engine_fit("deepspeed", base("bf16-mixed"), manual=True)
+    calls = []
+    _, recorded = _engine_fit("deepspeed", _recording_engine_plugin(base, calls)("bf16-mixed"), manual=True)
+    for key in plain:
+        assert torch.equal(recorded[key], plain[key]), key
+    step = [("convert_input", "batch"), ("train_step_context",), ("forward_context",), ("pre_backward", "loss", "module"),
+            ("backward", "loss", "module", None), ("post_backward", "loss", "module"),
+            ("optimizer_step", "optimizer", "module", "closure")]
+    assert calls[4:] == [*step, *step, ("convert_input", "batch"), ("val_step_context",), ("forward_context",),
+                         ("teardown",)]
+
+
 def test_tensors_a_step_creates_have_the_precisions_dtype_as_under_lightning():
     """precision="64-true": a tensor made inside a step (torch.zeros) is float64, as under Lightning's
     DoublePrecision.forward_context; outside the steps the default dtype is float32 again."""
