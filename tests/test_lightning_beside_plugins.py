@@ -1481,6 +1481,36 @@ def test_a_deepspeed_precision_subclass_gets_manual_optimisations_calls():
                          ("teardown",)]
 
 
+@pytest.mark.parametrize("strategy", ["deepspeed", "fsdp"])
+def test_an_engine_precision_subclass_given_to_the_strategy_is_its_plugin_and_is_called(strategy):
+    """Lightning's DeepSpeedStrategy(precision_plugin=...) / FSDPStrategy(precision_plugin=...): the object is
+    trainer.precision_plugin, and its overrides are called as from plugins=[...] (Lightning's Strategy.__init__ sets
+    it as its precision_plugin, strategy.py)."""
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    from tasktrain.strategies import DeepSpeedStrategy, FSDPStrategy
+
+    calls = []
+    base = our_plugins.DeepSpeedPrecision if strategy == "deepspeed" else our_plugins.FSDPPrecision
+
+    class Mine(base):
+        def forward_context(self):
+            calls.append("forward_context")
+            return super().forward_context()
+
+        def backward(self, tensor, model, optimizer, *args, **kwargs):
+            calls.append("backward")
+            super().backward(tensor, model, optimizer, *args, **kwargs)
+
+    plugin = Mine("bf16-mixed")
+    made = DeepSpeedStrategy(precision_plugin=plugin) if strategy == "deepspeed" else \
+        FSDPStrategy(precision_plugin=plugin)
+    trainer = tasktrain.Trainer(strategy=made, max_steps=1, limit_val_batches=0, **{**QUIET, "devices": 1})
+    assert trainer.precision_plugin is made.precision_plugin is plugin
+    trainer.fit(ours.BoringModel())
+    assert calls == ["forward_context", "backward"]
+
+
 def test_tensors_a_step_creates_have_the_precisions_dtype_as_under_lightning():
     """precision="64-true": a tensor made inside a step (torch.zeros) is float64, as under Lightning's
     DoublePrecision.forward_context; outside the steps the default dtype is float32 again."""
