@@ -1303,7 +1303,7 @@ def test_an_engine_precision_subclass_gets_the_hooks_lightning_calls_around_the_
     load_state_dict, teardown in the strategy's teardown): each is called where Lightning calls it (the order of
     test_a_precision_subclass_gets_lightnings_calls_of_the_hooks_it_overrides), under the real engine (one process),
     its super() the engine's own plugin's, its state saved under its class's name. (Lightning's DeepSpeed and FSDP
-    strategies need CUDA: not run beside here.) The engine's own hooks stay refused (the test above)."""
+    strategies need CUDA: not run beside here.) The step's hooks: the test below."""
     if strategy == "deepspeed":
         pytest.importorskip("deepspeed")
     calls = []
