@@ -1510,6 +1510,14 @@ def test_an_engine_precision_subclass_given_to_the_strategy_is_its_plugin_and_is
     trainer.fit(ours.BoringModel())
     assert calls == ["forward_context", "backward"]
 
+    class Other(our_plugins.MixedPrecision):  # not the engine's plugin: the engine runs its own of that name
+        def forward_context(self):
+            return super().forward_context()
+
+    made = (DeepSpeedStrategy if strategy == "deepspeed" else FSDPStrategy)(precision_plugin=Other("bf16-mixed", "cpu"))
+    with pytest.raises(ValueError, match=r"\(precision_plugin=Other\(...\)\): the strategy runs its engine's own"):
+        tasktrain.Trainer(strategy=made, **{**QUIET, "devices": 1})
+
 
 def test_tensors_a_step_creates_have_the_precisions_dtype_as_under_lightning():
     """precision="64-true": a tensor made inside a step (torch.zeros) is float64, as under Lightning's

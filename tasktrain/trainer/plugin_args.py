@@ -170,6 +170,17 @@ def apply_plugins(found, strategy, env):
     """Hand the sorted plugins to the configured strategy (Lightning's strategy.precision_plugin /
     strategy.checkpoint_io) and check the environment plugin against the launcher's variables. Returns the SLURM
     requeue settings a SLURMEnvironment gives ((auto_requeue, signal)), or None."""
+    from tasktrain.strategies.precision import Precision
+
+    choice = strategy._precision_choice
+    if (isinstance(choice, Precision) and strategy.precision_plugin is not choice
+            and _own_methods(choice) - {"__init__"}):
+        # a strategy's precision_plugin= that its engine replaced by its own plugin of that name (a MixedPrecision
+        # subclass given to DeepSpeedStrategy): its methods would not be called
+        raise ValueError(f"{type(strategy).__name__}(precision_plugin={type(choice).__name__}(...)): the strategy runs "
+                         "its engine's own precision plugin of that name, so the methods of this one would not be "
+                         f"called. Use precision={choice.name!r} without a subclass, or subclass its engine's "
+                         "plugin (DeepSpeedPrecision, FSDPPrecision).")
     if found.precision is not None:
         strategy.precision_plugin = found.precision
         # (an engine's plugin of the same engine is the strategy's precision_plugin, its hooks attached to the
