@@ -125,11 +125,12 @@ def test_a_strategy_objects_own_precision_or_checkpoint_io_beside_plugins_is_ref
 
 
 def test_what_tasktrain_cannot_honor_is_refused_before_training():
-    class EngineStyle(our_plugins.DeepSpeedPrecision):
-        def pre_backward(self, tensor, module):  # an engine's plugin: the engine runs its own step
-            return tensor
+    class EngineStyle(our_plugins.FSDPPrecision):
+        @property
+        def mixed_precision_config(self):  # FSDP1's MixedPrecision: tasktrain's FSDP2 takes a MixedPrecisionPolicy
+            return None
 
-    cases = [([EngineStyle("bf16-mixed")], "overrides pre_backward: the DeepSpeed strategy runs"),
+    cases = [([EngineStyle("bf16-mixed")], "overrides mixed_precision_config: Lightning's FSDPPrecision builds FSDP1"),
              ([our_plugins.MixedPrecision("bf16-mixed", "cuda")], r"MixedPrecision\('bf16-mixed', 'cpu'\)"),
              ([our_plugins.DeepSpeedPrecision("bf16-mixed")], "DeepSpeed strategy's precision plugin"),
              ([TorchElasticEnvironment()], "not started by torchrun")]
@@ -157,8 +158,11 @@ def test_a_checkpoint_io_that_the_engine_strategies_would_not_call_is_refused():
                              ("deepspeed", our_plugins.MixedPrecision("bf16-mixed", "cpu")),
                              ("fsdp", our_plugins.FSDPPrecision("bf16-mixed"))):
         trainer = tasktrain.Trainer(strategy=strategy, plugins=[plugin], **{**QUIET, "devices": 1})
-        assert trainer.precision == "bf16-mixed" and type(trainer.precision_plugin).__module__.startswith(
+        assert trainer.precision == "bf16-mixed" and type(trainer.strategy.precision).__module__.startswith(
             f"tasktrain.strategies.{strategy}")
+        # Lightning's: the plugin object given is the trainer's and the strategy's (an engine's of that engine)
+        given = plugin if plugin.engine is not None else trainer.strategy.precision
+        assert trainer.precision_plugin is trainer.strategy.precision_plugin is given
     with pytest.raises(TypeError, match="The FSDP strategy can only work with the `FSDPPrecision` plugin"):
         tasktrain.Trainer(strategy="fsdp", plugins=[our_plugins.MixedPrecision("bf16-mixed", "cpu")],
                           **{**QUIET, "devices": 1})
@@ -1282,11 +1286,12 @@ def test_an_engine_precision_subclass_and_fabrics_hooks_are_said_so():
     assert tasktrain.Trainer(plugins=[Helper("bf16-mixed", "cpu")], **QUIET).precision_plugin.describe() == "mine"
     with pytest.warns(UserWarning, match="overrides convert_output: Fabric calls it, Lightning's Trainer does not"):
         tasktrain.Trainer(plugins=[Fabrics("bf16-mixed", "cpu")], **QUIET)
-    with pytest.raises(ValueError, match="overrides forward_context: the FSDP strategy runs its engine's own"):
-        class Engine(our_plugins.FSDPPrecision):
-            def forward_context(self):
-                return contextlib.nullcontext()
 
+    class Engine(our_plugins.FSDPPrecision):
+        def forward_context(self):  # an engine's plugin: called where Lightning's FSDP calls it (the test below)
+            return contextlib.nullcontext()
+
+    with pytest.raises(ValueError, match="that is the FSDP strategy's precision plugin"):
         tasktrain.Trainer(plugins=[Engine("bf16-mixed")], **QUIET)
 
 
@@ -1298,7 +1303,7 @@ def test_an_engine_precision_subclass_gets_the_hooks_lightning_calls_around_the_
     load_state_dict, teardown in the strategy's teardown): each is called where Lightning calls it (the order of
     test_a_precision_subclass_gets_lightnings_calls_of_the_hooks_it_overrides), under the real engine (one process),
     its super() the engine's own plugin's, its state saved under its class's name. (Lightning's DeepSpeed and FSDP
-    strategies need CUDA: not run beside here.) The engine's own hooks stay refused (the test above)."""
+    strategies need CUDA: not run beside here.) The step's hooks: the test below."""
     if strategy == "deepspeed":
         pytest.importorskip("deepspeed")
     calls = []
@@ -1349,6 +1354,169 @@ def test_an_engine_precision_subclass_gets_the_hooks_lightning_calls_around_the_
                      ("on_save_checkpoint", {"mine": 1}),
                      ("connect", 0), ("on_load_checkpoint", {"mine": 1}), ("load_state_dict", {"mine": 1}),
                      ("val_step_context",), ("teardown",)]
+
+
+# Every hook of Lightning's precision plugins that its Trainer and its DeepSpeed / FSDP strategies call
+_ENGINE_HOOKS = ("forward_context", "train_step_context", "val_step_context", "convert_module", "tensor_init_context",
+                 "module_init_context", "connect", "convert_input", "pre_backward", "backward", "post_backward",
+                 "optimizer_step", "clip_gradients", "clip_grad_by_norm", "teardown")
+
+
+def _recording_engine_plugin(base, calls):
+    """A subclass of `base` overriding every hook of _ENGINE_HOOKS: each records its call (its name, and what its
+    arguments are, told apart from the run's own objects by _what), then returns super()'s."""
+    def recorder(name):
+        def hook(self, *args, **kwargs):
+            calls.append((name, *(_what(self, a) for a in (*args, *kwargs.values()))))
+            return getattr(super(cls, self), name)(*args, **kwargs)
+        return hook
+
+    cls = type(f"Recording{base.__name__}", (base,), {"__module__": __name__,
+                                                     **{name: recorder(name) for name in _ENGINE_HOOKS}})
+    return cls
+
+
+def _what(plugin, value):
+    trainer = plugin._strategy._recorded_trainer
+    if isinstance(value, tasktrain.TaskModule):
+        return "module"
+    if isinstance(value, torch.nn.Module):
+        return "engine"  # (DeepSpeed's engine around the module, as Lightning's DeepSpeedStrategy.model)
+    if any(value is o for o in trainer.optimizers):
+        return "optimizer"
+    if callable(value) and not isinstance(value, torch.nn.Module):
+        return "closure"
+    if isinstance(value, torch.Tensor):
+        return "loss" if value.requires_grad else "batch" if value.dim() == 2 else "tensor"
+    if isinstance(value, list):
+        return f"list of {len(value)}"
+    return value
+
+
+def _engine_fit(strategy, plugin, manual=False):
+    """A two-step fit (validation before and after, gradient_clip_val=1.0) of BoringModel under `strategy` with
+    plugins=[plugin]; returns the trainer and the module's weights after it."""
+    torch.manual_seed(0)
+
+    class Model(ours.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = not manual
+
+        def configure_model(self):
+            pass
+
+        def training_step(self, batch, batch_idx):
+            if not manual:
+                return super().training_step(batch, batch_idx)
+            opt = self.optimizers()
+            loss = super().training_step(batch, batch_idx)["loss"]
+            self.manual_backward(loss)
+            opt.step()
+            opt.zero_grad()
+
+    model = Model()
+    trainer = tasktrain.Trainer(strategy=strategy, plugins=[plugin], max_steps=2, limit_val_batches=1,
+                                num_sanity_val_steps=0, val_check_interval=2,
+                                gradient_clip_val=None if manual else 1.0, **{**QUIET, "devices": 1})
+    trainer.strategy._recorded_trainer = trainer
+    trainer.fit(model)
+    # (FSDP's DTensors: a world of one holds them whole; its group is gone after the fit)
+    return trainer, {k: getattr(v, "_local_tensor", v).detach().float().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("strategy,precision", [("deepspeed", "bf16-mixed"), ("fsdp", "16-mixed"),
+                                                ("fsdp", "32-true")])
+def test_an_engine_precision_subclass_is_the_trainers_plugin_and_its_hooks_run_the_engines_step(strategy, precision):
+    """A DeepSpeedPrecision / FSDPPrecision subclass overriding every hook Lightning calls, each calling super():
+    trainer.precision_plugin is the object given; each hook is called where Lightning 2.6.6 calls it, with its
+    arguments, in its order: convert_module in the strategy's setup before the engine wraps the module
+    (strategies/deepspeed.py DeepSpeedStrategy.setup, strategies/fsdp.py FSDPStrategy.setup), connect after
+    (strategy.py setup_precision_plugin), tensor_init_context then module_init_context around configure_model
+    (trainer/call.py _call_configure_model), convert_input on each batch (loops/training_epoch_loop.py), then
+    optimizer_step(optimizer, model, closure) (strategy.py Strategy.optimizer_step), whose closure runs the step in
+    train_step_context (strategy.py training_step; its default enters forward_context, precision.py), then
+    pre_backward -> backward(loss, model, optimizer) -> post_backward (strategy.py Strategy.backward), then the
+    clipping (precision.py _after_closure -> the module's configure_gradient_clipping -> clip_gradients(optimizer,
+    clip_val, algorithm)), validation in val_step_context, teardown at the end (strategy.py teardown). Lightning's
+    DeepSpeed / FSDP strategies need CUDA: not run beside here. The defaults are the engine's own step: the weights
+    equal those of the plugin without a subclass, bit for bit."""
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    base = our_plugins.DeepSpeedPrecision if strategy == "deepspeed" else our_plugins.FSDPPrecision
+    _, plain = _engine_fit(strategy, base(precision))
+    calls = []
+    plugin = _recording_engine_plugin(base, calls)(precision)
+    trainer, recorded = _engine_fit(strategy, plugin)
+    assert trainer.precision_plugin is trainer.strategy.precision_plugin is plugin
+    assert trainer.strategy.precision is not plugin and plugin.skipped_steps == trainer.strategy.precision.skipped_steps
+    for key in plain:
+        assert torch.equal(recorded[key], plain[key]), key
+    step = [("convert_input", "batch"), ("optimizer_step", "optimizer", "module", "closure"), ("train_step_context",),
+            ("forward_context",), ("pre_backward", "loss", "module"), ("backward", "loss", "module", "optimizer"),
+            ("post_backward", "loss", "module"), ("clip_gradients", "optimizer", 1.0, "norm"),
+            ("clip_grad_by_norm", "optimizer", 1.0)]
+    validation = [("convert_input", "batch"), ("val_step_context",), ("forward_context",)]
+    connected = "engine" if strategy == "deepspeed" else "module"
+    assert calls == [("tensor_init_context",), ("module_init_context",), ("convert_module", "module"),
+                     ("connect", connected, "list of 1", "list of 1"), *step, *step, *validation, ("teardown",)]
+
+
+def test_a_deepspeed_precision_subclass_gets_manual_optimisations_calls():
+    """Manual optimisation under DeepSpeed: manual_backward runs pre_backward -> backward(loss, model, None) ->
+    post_backward (core/module.py manual_backward -> strategy.py Strategy.backward with optimizer None), opt.step()
+    the plugin's optimizer_step(optimizer, model, closure) (core/optimizer.py LightningOptimizer.step ->
+    Strategy.optimizer_step); trained as without the subclass."""
+    pytest.importorskip("deepspeed")
+    base = our_plugins.DeepSpeedPrecision
+    _, plain = _engine_fit("deepspeed", base("bf16-mixed"), manual=True)
+    calls = []
+    _, recorded = _engine_fit("deepspeed", _recording_engine_plugin(base, calls)("bf16-mixed"), manual=True)
+    for key in plain:
+        assert torch.equal(recorded[key], plain[key]), key
+    step = [("convert_input", "batch"), ("train_step_context",), ("forward_context",), ("pre_backward", "loss", "module"),
+            ("backward", "loss", "module", None), ("post_backward", "loss", "module"),
+            ("optimizer_step", "optimizer", "module", "closure")]
+    assert calls[4:] == [*step, *step, ("convert_input", "batch"), ("val_step_context",), ("forward_context",),
+                         ("teardown",)]
+
+
+@pytest.mark.parametrize("strategy", ["deepspeed", "fsdp"])
+def test_an_engine_precision_subclass_given_to_the_strategy_is_its_plugin_and_is_called(strategy):
+    """Lightning's DeepSpeedStrategy(precision_plugin=...) / FSDPStrategy(precision_plugin=...): the object is
+    trainer.precision_plugin, and its overrides are called as from plugins=[...] (Lightning's Strategy.__init__ sets
+    it as its precision_plugin, strategy.py)."""
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed")
+    from tasktrain.strategies import DeepSpeedStrategy, FSDPStrategy
+
+    calls = []
+    base = our_plugins.DeepSpeedPrecision if strategy == "deepspeed" else our_plugins.FSDPPrecision
+
+    class Mine(base):
+        def forward_context(self):
+            calls.append("forward_context")
+            return super().forward_context()
+
+        def backward(self, tensor, model, optimizer, *args, **kwargs):
+            calls.append("backward")
+            super().backward(tensor, model, optimizer, *args, **kwargs)
+
+    plugin = Mine("bf16-mixed")
+    made = DeepSpeedStrategy(precision_plugin=plugin) if strategy == "deepspeed" else \
+        FSDPStrategy(precision_plugin=plugin)
+    trainer = tasktrain.Trainer(strategy=made, max_steps=1, limit_val_batches=0, **{**QUIET, "devices": 1})
+    assert trainer.precision_plugin is made.precision_plugin is plugin
+    trainer.fit(ours.BoringModel())
+    assert calls == ["forward_context", "backward"]
+
+    class Other(our_plugins.MixedPrecision):  # not the engine's plugin: the engine runs its own of that name
+        def forward_context(self):
+            return super().forward_context()
+
+    made = (DeepSpeedStrategy if strategy == "deepspeed" else FSDPStrategy)(precision_plugin=Other("bf16-mixed", "cpu"))
+    with pytest.raises(ValueError, match=r"\(precision_plugin=Other\(...\)\): the strategy runs its engine's own"):
+        tasktrain.Trainer(strategy=made, **{**QUIET, "devices": 1})
 
 
 def test_tensors_a_step_creates_have_the_precisions_dtype_as_under_lightning():

@@ -16,8 +16,9 @@ main_params). A subclass overriding one of the step's hooks trains through all o
 closure, on_before_optimizer_step and configure_gradient_clipping -> clip_gradients); their defaults compute what
 tasktrain's own step computes (a plugin without such an override takes that step). convert_output and
 unscale_gradients are Fabric's: Lightning's Trainer never calls them, nor does tasktrain's (an override is warned
-about). An engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) is its engine's: overrides of
-ENGINE_CALLED_HOOKS are called where Lightning calls them, the others are refused.
+about). An engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) is Lightning's plugin object of a run whose
+engine runs its own plugin of that name: overrides of the same hooks are called where Lightning's DeepSpeed / FSDP
+strategies call them, their defaults the engine's (ENGINE_REFUSED_HOOKS are refused, saying why).
 """
 import functools
 
@@ -43,14 +44,11 @@ CALLED_HOOKS = ("forward_context", "train_step_context", "val_step_context", "te
                 "on_load_checkpoint") + STEP_HOOKS
 # Fabric's, which Lightning's Trainer never calls (nor tasktrain's): an override is accepted with a warning
 UNCALLED_HOOKS = ("convert_output", "unscale_gradients")
-# The hooks of an engine's plugin (DeepSpeedPrecision, FSDPPrecision) a subclass may override: the ones Lightning's
-# Trainer and its DeepSpeed / FSDP strategies call around the engine (each step's context, connect once the module
-# and optimizers are set up, the checkpoint's state and hooks, teardown), called where Lightning calls them. The
-# others (forward_context, the casts, the init contexts, the backward / step / clipping hooks) are the engine's own
-# precision's, which tasktrain's engines run inside themselves: an override of one is refused.
-ENGINE_CALLED_HOOKS = ("train_step_context", "val_step_context", "test_step_context", "predict_step_context",
-                       "connect", "state_dict", "load_state_dict", "on_save_checkpoint", "on_load_checkpoint",
-                       "teardown")
+# An engine's plugin (DeepSpeedPrecision, FSDPPrecision) takes overrides of CALLED_HOOKS too, called where Lightning's
+# Trainer and its DeepSpeed / FSDP strategies call them, their defaults the engine's own. These it refuses:
+# Lightning's FSDPPrecision.mixed_precision_config builds FSDP1's MixedPrecision for FSDP1's wrapper; tasktrain's FSDP
+# is torch's fully_shard (FSDP2), which takes a MixedPrecisionPolicy (FSDP(mixed_precision=...)).
+ENGINE_REFUSED_HOOKS = ("mixed_precision_config",)
 
 
 _STEP_CONTEXTS = {"training_step": "train_step_context", "validation_step": "val_step_context",
@@ -272,11 +270,15 @@ _ENGINE_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed
 
 
 class _EnginePrecision(_core.Precision):
-    """A precision name for an engine strategy, which runs its own plugin of that name (Strategy.adopt_precision).
-    A subclass's overrides of ENGINE_CALLED_HOOKS are called where Lightning calls them (attach_hooks); their defaults are
-    the engine's own plugin's."""
+    """A precision name for an engine strategy, which runs its own plugin of that name (Strategy.adopt_precision):
+    the strategy keeps calling its own plugin (`strategy.precision`), while this object is Lightning's plugin
+    (`trainer.precision_plugin`, `strategy.precision_plugin`). A subclass's overrides of Lightning's hooks
+    (CALLED_HOOKS) are called where Lightning's Trainer and its DeepSpeed / FSDP strategies call them (attach_hooks);
+    each default is what the engine's own plugin does, so a subclass calling super() trains as no subclass does.
+    ENGINE_REFUSED_HOOKS are refused (tasktrain/trainer/plugin_args.py says why)."""
 
     _runs = None  # the engine's own plugin this one was attached to
+    _strategy = None  # the strategy that runs it
 
     def __init__(self, precision):
         if precision not in _ENGINE_PRECISIONS:
@@ -284,17 +286,31 @@ class _EnginePrecision(_core.Precision):
         super().__init__(_LATER)
         self.name = precision
 
-    def attach_hooks(self, own):
-        """The engine strategy's own plugin `own`, which the strategy runs, with this subclass's overrides of
-        ENGINE_CALLED_HOOKS in its place (each override's super() reaches `own`'s method), and the checkpoint's
-        state under this class's __qualname__, as Lightning keys it. Returns `own`."""
-        self._runs = own
-        if not _overrides(type(self), ENGINE_CALLED_HOOKS):
+    def attach_hooks(self, own, strategy):
+        """The engine strategy's own plugin `own`, which `strategy` runs, with this subclass's overrides of Lightning's
+        hooks in its place (each override's super() reaches `own`'s method), and the checkpoint's state under this
+        class's __qualname__, as Lightning keys it. Returns `own`."""
+        self._runs, self._strategy = own, strategy
+        cls = type(self)
+        if not _overrides(cls, CALLED_HOOKS):
             return own
         own.step_context = functools.partial(_attached_step_context, self, own)
-        for name in ENGINE_CALLED_HOOKS[4:]:
-            setattr(own, name, getattr(self, name))
-        own.checkpoint_key = type(self).__qualname__  # (resume.precision_key)
+        own.autocast = self.forward_context  # (strategy.forward_context() outside the module's steps)
+        for name in ("convert_module", "tensor_init_context", "module_init_context", "connect", "state_dict",
+                     "load_state_dict", "on_save_checkpoint", "on_load_checkpoint", "teardown"):
+            if _overrides(cls, (name,)):
+                setattr(own, name, getattr(self, name))
+        if _overrides(cls, ("convert_input",)):
+            # Lightning's place: on the batch as the loader gave it, before the transfer hooks (tasktrain/trainer/run.py)
+            own.convert_input, own.converts_before_transfer = self.convert_input, True
+            own.cast_moved_batch = _as_it_is
+        if self.lightning_steps:
+            # the Trainer's step runs through this object's step hooks (strategy.precision_plugin); the strategy's
+            # backward and step reach them through its own plugin's run_backward / run_step
+            own.lightning_steps = True
+            own.run_backward = functools.partial(_attached_run_backward, own)
+            own.run_step = functools.partial(_attached_run_step, self, own)
+        own.checkpoint_key = cls.__qualname__  # (resume.precision_key)
         return own
 
     def _own(self, name):
@@ -304,18 +320,57 @@ class _EnginePrecision(_core.Precision):
                                "in Trainer(plugins=[...]) with its engine's strategy).")
         return getattr(type(self._runs), name).__get__(self._runs)
 
-    # Lightning's defaults: the engine's own plugin's (each step's context is its autocast, or none)
+    @property
+    def lightning_steps(self):
+        """Whether the Trainer's step runs through this plugin's step hooks (a subclass overrides one of STEP_HOOKS);
+        False: tasktrain's own engine step, which computes what their defaults compute."""
+        return _overrides(type(self), STEP_HOOKS)
+
+    @property
+    def skipped_steps(self):
+        """The steps the engine skipped (fp16 overflow): its own plugin's count."""
+        return self._runs.skipped_steps if self._runs is not None else 0
+
+    @skipped_steps.setter
+    def skipped_steps(self, value):
+        if self._runs is not None:
+            self._runs.skipped_steps = value
+
+    # -- Lightning's defaults: the engine's own plugin's ----------------------------------------------------------
+    def autocast(self):
+        return self.forward_context()
+
+    def forward_context(self):
+        """The context of every step (each step context enters it, as Lightning's): the engine's own plugin's autocast
+        (FSDP's mixed precisions: torch.autocast; DeepSpeed: none, the engine casts; "-true": the default dtype)."""
+        return self._own("autocast")()
+
     def train_step_context(self):
-        return self._own("step_context")("training_step")
+        return self.forward_context()
 
     def val_step_context(self):
-        return self._own("step_context")("validation_step")
+        return self.forward_context()
 
     def test_step_context(self):
-        return self._own("step_context")("test_step")
+        return self.forward_context()
 
     def predict_step_context(self):
-        return self._own("step_context")("predict_step")
+        return self.forward_context()
+
+    def convert_module(self, module):
+        return self._own("convert_module")(module)
+
+    def tensor_init_context(self):
+        return self._own("tensor_init_context")()
+
+    def module_init_context(self):
+        return self._own("module_init_context")()
+
+    def convert_input(self, data):
+        return self._own("convert_input")(data)
+
+    def convert_output(self, data):  # (Fabric's: Lightning's Trainer never calls it)
+        return data
 
     def connect(self, model, optimizers, lr_schedulers):
         return self._own("connect")(model, optimizers, lr_schedulers)
@@ -335,18 +390,105 @@ class _EnginePrecision(_core.Precision):
     def teardown(self):
         return self._own("teardown")()
 
+    # -- the step's hooks, Lightning's arguments (Strategy.backward / optimizer_step of lightning/pytorch/strategies/
+    # strategy.py); the defaults do what tasktrain's engine step does ---------------------------------------------
+    def pre_backward(self, tensor, module):
+        """Before the backward: the loss scaled where the engine's own plugin holds a GradScaler (FSDP's "16-mixed":
+        its ShardedGradScaler; DeepSpeed scales inside its engine), then on_before_backward with it (Lightning's).
+        Returns the tensor to backward."""
+        scaler = getattr(self._runs, "scaler", None)
+        if scaler is not None:
+            tensor = scaler.scale(tensor)
+        module.trainer._call("on_before_backward", tensor)
+        return tensor
+
+    def backward(self, tensor, model, optimizer, *args, **kwargs):
+        """The backward itself (`optimizer`: None in manual optimisation): the engine's (engine_backward)."""
+        self._engine_backward(tensor, model, *args, **kwargs)
+
+    def post_backward(self, tensor, module):
+        """After the backward: on_after_backward; returns the loss without its graph."""
+        closure_loss = tensor.detach()
+        module.trainer._call("on_after_backward")
+        return closure_loss
+
+    def _after_closure(self, model, optimizer):
+        from tasktrain.trainer.loop import after_closure
+
+        after_closure(model.trainer, optimizer)  # on_before_optimizer_step, then configure_gradient_clipping
+
+    def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM):
+        """What the module's clip_gradients (and so configure_gradient_clipping's default) calls: by value or by
+        total norm, through the strategy's clipping (FSDP: the norm over all shards; DeepSpeed: its engine clips by
+        norm inside its step, and a value the engine was not given is an error); nothing where clip_val <= 0."""
+        if clip_val <= 0:
+            return
+        if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
+            self.clip_grad_by_value(optimizer, clip_val)
+        elif gradient_clip_algorithm == GradClipAlgorithmType.NORM:
+            self.clip_grad_by_norm(optimizer, clip_val)
+
+    def clip_grad_by_value(self, optimizer, clip_val):
+        self._strategy.clip_gradients(optimizer, max_value=float(clip_val), unscale=False)
+
+    def clip_grad_by_norm(self, optimizer, clip_val):
+        self._strategy.clip_gradients(optimizer, max_norm=float(clip_val), unscale=False)
+
+    def main_params(self, optimizer):
+        """The parameters of the optimizer (Lightning's)."""
+        for group in optimizer.param_groups:
+            yield from group["params"]
+
+
+def _as_it_is(batch):
+    return batch
+
 
 def _attached_step_context(plugin, own, step):
     """An attached engine plugin's step context: the subclass's hook of that step kind (Lightning's), else own's."""
     if step in _STEP_CONTEXTS:
         return getattr(plugin, _STEP_CONTEXTS[step])()
-    return type(own).step_context(own, step)
+    return plugin.forward_context()
+
+
+def _attached_run_backward(own, loss, *args, backward_fn=None, **kwargs):
+    """The strategy's backward where the Trainer's step runs the plugin's hooks: `backward_fn` calls the plugin's
+    backward (pre_backward scaled the loss already); elsewhere (a script's own backward) own's."""
+    if backward_fn is not None:
+        backward_fn(loss, *args, **kwargs)
+    else:
+        type(own).run_backward(own, loss, *args, **kwargs)
+
+
+def _attached_run_step(plugin, own, optimizer, closure=None, model=None, **kwargs):
+    """The strategy's step where the Trainer's step runs the plugin's hooks: the plugin's optimizer_step (which runs
+    the closure and the engine's step); returns whether the engine stepped (its own plugin counts the skipped)."""
+    if model is None:
+        return type(own).run_step(own, optimizer, closure, **kwargs)
+    skipped = own.skipped_steps
+    own.last_step_output = plugin.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
+    return own.skipped_steps == skipped
 
 
 class DeepSpeedPrecision(_EnginePrecision):
     """Lightning's DeepSpeedPrecision(precision): DeepSpeed's own precision of that name (strategy='deepspeed...')."""
 
     engine = "DeepSpeed"
+
+    def _engine_backward(self, tensor, model, *args, **kwargs):
+        # Lightning's: deepspeed_engine.backward(tensor, *args, **kwargs) (the module's own backward is refused
+        # before training, where Lightning warns and ignores it)
+        self._strategy.engine_backward(tensor, *args, **kwargs)
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        """Lightning's: the closure (training_step, backward), on_before_optimizer_step and the clipping, then the
+        engine's step (which clips, steps and zeroes the gradients; it skips a step whose fp16 gradients overflowed).
+        Returns what the engine's step returned."""
+        closure_result = closure()
+        self._after_closure(model, optimizer)
+        if closure_result is None and model.automatic_optimization:
+            return closure_result  # (no backward ran: the strategy refuses skipping a batch before this)
+        return self._strategy.engine_step(optimizer, **kwargs)
 
 
 class FSDPPrecision(_EnginePrecision):
@@ -359,6 +501,45 @@ class FSDPPrecision(_EnginePrecision):
             raise ValueError(f"FSDPPrecision({precision!r}, scaler=...): FSDP builds its ShardedGradScaler itself for "
                              "'16-mixed'; leave scaler out.")
         super().__init__(precision)
+
+    @property
+    def scaler(self):
+        """Lightning's attribute: the ShardedGradScaler of "16-mixed" (the engine's own plugin's), else None."""
+        return getattr(self._runs, "scaler", None)
+
+    def _engine_backward(self, tensor, model, *args, **kwargs):
+        model.backward(tensor, *args, **kwargs)  # (Lightning's Precision.backward: the module's backward)
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        """Lightning's FSDPPrecision.optimizer_step: without a scaler the optimizer steps with the closure (which runs
+        training_step, backward, on_before_optimizer_step and the clipping); "16-mixed" runs the closure, unscales,
+        then on_before_optimizer_step and the clipping, then steps through the ShardedGradScaler. Returns what the
+        optimizer's step returned."""
+        own = self._runs
+        scaler = getattr(own, "scaler", None)
+        if scaler is None:
+            type(own).optimizer_step(own, optimizer, functools.partial(self._wrap_closure, model, optimizer, closure),
+                                     **kwargs)
+            return own.last_step_output
+        closure_result = closure()
+        skip = closure_result is None and model.automatic_optimization  # no backward ran: nothing to unscale or step
+        if not skip:
+            own.unscale(optimizer)  # before on_before_optimizer_step and the clipping read the gradients
+        self._after_closure(model, optimizer)
+        if skip:
+            return closure_result
+        before = scaler.get_scale()
+        output = scaler.step(optimizer, **kwargs)
+        scaler.update()
+        own._unscaled.discard(id(optimizer))
+        if scaler.get_scale() < before:  # (the scaler lowers its scale where it skipped the step)
+            own.skipped_steps += 1
+        return output
+
+    def _wrap_closure(self, model, optimizer, closure):
+        closure_result = closure()
+        self._after_closure(model, optimizer)
+        return closure_result
 
 
 class _Unavailable:

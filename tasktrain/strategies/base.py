@@ -275,12 +275,19 @@ class Strategy(abc.ABC):
     # -- Lightning's plugin attributes (Trainer(plugins=[...]) sets them after configure) ----------------------------
     @property
     def precision_plugin(self) -> Precision:
-        """Lightning's name for `strategy.precision`, the plugin the strategy runs."""
-        return self.precision
+        """Lightning's strategy.precision_plugin: the plugin object the user gave (Trainer(plugins=[...]), the
+        strategy's precision_plugin=), else `strategy.precision`, the plugin the strategy runs. They differ under an
+        engine strategy given its Lightning plugin (DeepSpeedPrecision, FSDPPrecision): the engine runs its own plugin
+        of that name, with the user's object's hooks attached to it (tasktrain/plugins/precision.py)."""
+        given = self._lightning_plugin
+        return given if given is not None and given._runs is self.precision else self.precision
 
     @precision_plugin.setter
     def precision_plugin(self, plugin: Precision):
         self.precision = self.adopt_precision(plugin)
+        self._lightning_plugin = plugin if getattr(plugin, "_runs", None) is self.precision else None
+
+    _lightning_plugin = None  # an engine's Lightning plugin object of the user's, attached to self.precision
 
     def adopt_precision(self, plugin: Precision) -> Precision:
         """The plugin this strategy runs for a precision plugin object of the user's (Lightning's

@@ -115,7 +115,9 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         "backward", "optimizer_zero_grad", "optimizer_step", "configure_gradient_clipping", "clip_gradients",
         "lr_scheduler_step")}
     metrics = trainer._metrics  # the module's hooks below run named for self.log (metrics.HOOK_LOGGING)
-    precision = strategy.precision
+    # (Lightning's plugin object: an engine's DeepSpeedPrecision / FSDPPrecision of the user's is not the plugin the
+    # engine runs, strategy.precision, but its hooks are the ones Lightning calls)
+    precision = strategy.precision_plugin
     lightning_precision = precision if precision.lightning_steps else None
     if lightning_precision is not None:
         first = optimizers[0] if optimizers else None

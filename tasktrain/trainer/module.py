@@ -613,7 +613,7 @@ class TaskModule(torch.nn.Module):
             raise MisconfigurationException(f"`gradient_clip_algorithm` {algorithm} is invalid. Allowed algorithms: "
                                             "['value', 'norm'].")
         optimizer = getattr(optimizer, "optimizer", optimizer)
-        precision = trainer.strategy.precision
+        precision = trainer.strategy.precision_plugin
         if precision.lightning_steps:  # the precision plugin's own clipping (Lightning's: also for a value of 0)
             from tasktrain.trainer.states import GradClipAlgorithmType
 
@@ -638,7 +638,7 @@ class TaskModule(torch.nn.Module):
                 "to use manual_backward, please disable automatic optimization: set model property "
                 "`automatic_optimization` as False (set `self.automatic_optimization = False` in __init__ and step "
                 "the optimizers in training_step, or return the loss and let the Trainer run its backward)")
-        precision = trainer.strategy.precision
+        precision = trainer.strategy.precision_plugin
         if precision.lightning_steps:  # the precision plugin's step hooks (Lightning's strategy.backward(loss, None))
             def plugin_backward(tensor, *a, **k):
                 precision.backward(tensor, self, None, *a, **k)

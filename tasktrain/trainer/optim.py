@@ -342,7 +342,7 @@ def manual_step(trainer, optimizer, closure, kwargs):
     profiling = counted and trainer._profiler is not None  # (Lightning's "optimizer_step" of a manual step)
     if profiling:
         trainer._profiler.start("optimizer_step")
-    if strategy.precision.lightning_steps:
+    if strategy.precision_plugin.lightning_steps:
         # the precision plugin's optimizer_step runs the closure, on_before_optimizer_step and the step (Lightning's)
         strategy.optimizer_step(torch_optimizer, closure, model=trainer.module, **kwargs)
         output = strategy.precision.last_step_output

@@ -36,7 +36,7 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
     found = Plugins()
     if isinstance(strategy, Strategy) and isinstance(strategy._precision_choice, Precision):
         # a strategy's own precision plugin (DDPStrategy(precision_plugin=...)) is held to a plugin's rules too
-        _check_plugin_classes(Plugins(precision=strategy._precision_choice), engine_hooks_called=False)
+        _check_plugin_classes(Plugins(precision=strategy._precision_choice))
     if plugins is None:
         return found
     plugins = plugins if isinstance(plugins, Iterable) else [plugins]  # (a string is an iterable of characters)
@@ -81,27 +81,21 @@ def plugins_of(plugins, precision, sync_batchnorm, strategy) -> Plugins:
     return found
 
 
-def _check_plugin_classes(found, engine_hooks_called=True):
-    """Subclasses of one's own: an engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) is its engine's, so
-    its overrides are refused, saying why, except those of the hooks Lightning calls around the engine
-    (ENGINE_CALLED_HOOKS, given in plugins=[...]: `engine_hooks_called`); Fabric's hooks that Lightning's Trainer
-    never calls are warned about."""
+def _check_plugin_classes(found):
+    """Subclasses of one's own: an engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) refuses overrides of
+    ENGINE_REFUSED_HOOKS, saying why; Fabric's hooks that Lightning's Trainer never calls are warned about."""
     plugin = found.precision
     own = _own_methods(plugin)
     if own:
-        from tasktrain.plugins.precision import CALLED_HOOKS, ENGINE_CALLED_HOOKS, UNCALLED_HOOKS
+        from tasktrain.plugins.precision import ENGINE_REFUSED_HOOKS, UNCALLED_HOOKS
 
-        if plugin.engine is not None:  # the engine strategy runs its own plugin of that name
-            called = set(ENGINE_CALLED_HOOKS) if engine_hooks_called else set()
-            refused = sorted(own & set(CALLED_HOOKS + UNCALLED_HOOKS) - called)
-            if refused:
-                raise ValueError(
-                    f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(refused)}: the {plugin.engine} "
-                    f"strategy runs its engine's own precision (its backward, step, clipping and casts), so the "
-                    "override would not be called. Use the plugin as it is, or precision="
-                    f"{plugin.name!r}; put per-step work in the module's hooks (on_before_backward, on_after_backward, "
-                    "on_before_optimizer_step). Its step contexts, connect, state_dict / load_state_dict, "
-                    "on_save_checkpoint / on_load_checkpoint and teardown may be overridden (given in plugins=[...]).")
+        refused = sorted(own & set(ENGINE_REFUSED_HOOKS)) if plugin.engine is not None else []
+        if refused:
+            raise ValueError(
+                f"plugins=[{type(plugin).__name__}(...)] overrides {', '.join(refused)}: Lightning's FSDPPrecision "
+                "builds FSDP1's MixedPrecision there for FSDP1's wrapper, and tasktrain's FSDP is torch's fully_shard "
+                "(FSDP2), which takes a torch.distributed.fsdp.MixedPrecisionPolicy, so the override would not be "
+                "called. Give the policy to the strategy: FSDPStrategy(mixed_precision=MixedPrecisionPolicy(...)).")
         uncalled = sorted(own & set(UNCALLED_HOOKS))
         if uncalled:
             import warnings
@@ -176,15 +170,25 @@ def apply_plugins(found, strategy, env):
     """Hand the sorted plugins to the configured strategy (Lightning's strategy.precision_plugin /
     strategy.checkpoint_io) and check the environment plugin against the launcher's variables. Returns the SLURM
     requeue settings a SLURMEnvironment gives ((auto_requeue, signal)), or None."""
+    from tasktrain.strategies.precision import Precision
+
+    choice = strategy._precision_choice
+    if (isinstance(choice, Precision) and strategy.precision_plugin is not choice
+            and _own_methods(choice) - {"__init__"}):
+        # a strategy's precision_plugin= that its engine replaced by its own plugin of that name (a MixedPrecision
+        # subclass given to DeepSpeedStrategy): its methods would not be called
+        raise ValueError(f"{type(strategy).__name__}(precision_plugin={type(choice).__name__}(...)): the strategy runs "
+                         "its engine's own precision plugin of that name, so the methods of this one would not be "
+                         f"called. Use precision={choice.name!r} without a subclass, or subclass its engine's "
+                         "plugin (DeepSpeedPrecision, FSDPPrecision).")
     if found.precision is not None:
         strategy.precision_plugin = found.precision
-        from tasktrain.plugins.precision import ENGINE_CALLED_HOOKS
-
-        attached = set(ENGINE_CALLED_HOOKS) if found.precision.engine is not None else set()
-        if strategy.precision is not found.precision and _own_methods(found.precision) - {"__init__"} - attached:
-            raise ValueError(f"plugins=[{type(found.precision).__name__}(...)]: {type(strategy).__name__} runs its "
-                             "engine's own precision plugin of that name, so the methods of this one would not be "
-                             f"called. Use precision={found.precision.name!r} without a subclass.")
+        # (an engine's plugin of the same engine is the strategy's precision_plugin, its hooks attached to the
+        # engine's own: another plugin under an engine strategy names a precision only)
+        if strategy.precision_plugin is not found.precision and _own_methods(found.precision) - {"__init__"}:
+            raise ValueError(f"plugins=[{type(found.precision).__name__}(...)]: {type(strategy).__name__} runs "
+                             "its own precision plugin of that name, so the methods of this one would not be called. "
+                             f"Use precision={found.precision.name!r} without a subclass.")
     if found.checkpoint_io is not None:
         strategy.checkpoint_io = found.checkpoint_io
     from tasktrain.plugins.environments import SLURMEnvironment, detected_environment

@@ -241,7 +241,9 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
     # -- the config --------------------------------------------------------------------------------------------
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)
-        if not isinstance(self.precision, DeepSpeedPrecision):  # a plugin given to the constructor: the engine's
+        if getattr(self._precision_choice, "engine", None) == "DeepSpeed":
+            self.precision_plugin = self._precision_choice  # Lightning's DeepSpeedPrecision: its hooks attached
+        elif not isinstance(self.precision, DeepSpeedPrecision):  # a plugin given to the constructor: the engine's
             self.precision = self.build_precision(self.precision.name)  # policy of the same name
 
     def adopt_precision(self, plugin):
@@ -250,7 +252,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         if plugin.engine not in (None, "DeepSpeed"):
             return super().adopt_precision(plugin)  # (its error)
         own = self.build_precision(plugin.name)
-        return own if plugin.engine is None else plugin.attach_hooks(own)  # (a subclass's hooks Lightning calls here)
+        return own if plugin.engine is None else plugin.attach_hooks(own, self)  # (a subclass's hooks: called here)
 
     def build_precision(self, name):
         """The engine owns precision: a plugin that forwards to it (the config's bf16/fp16 sections come from the
@@ -352,6 +354,12 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         # place, with the wrapper's settings; the module stays compiled, as the script asked.
         module, compiled = unwrap_compiled(module)
         compile_forward_as(module, compiled)
+        # the precision's cast first, as Lightning's DeepSpeedStrategy.setup (the engine's own plugin casts nothing:
+        # DeepSpeed holds the module in bf16/fp16 itself; a Lightning plugin's convert_module of one's own runs here)
+        if self.precision.convert_module(module) is not module:
+            raise ValueError(f"{type(self.precision_plugin).__name__}.convert_module(module) returned another module: "
+                             "DeepSpeed's engine trains the module the run set up. Convert it in place (module.to(...) "
+                             "returns the module itself).")
         self.module = module
         self.optimizers = list(optimizers)
         self._client_optimizer = self.optimizers[0] if self.optimizers else None
@@ -563,21 +571,44 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
             model = model.module
         return super().unwrap_model(model)
 
-    def backward(self, loss, *args, **kwargs):
-        self.precision.backward(loss, scale_wrt_gas=self._scale_wrt_gas, **kwargs)
+    def backward(self, loss, *args, backward_fn=None, **kwargs):
+        if backward_fn is not None:
+            # the Trainer's step through a Lightning plugin's step hooks (a DeepSpeedPrecision subclass overriding
+            # one): backward_fn is its backward (by default engine_backward); the module's own backward never comes
+            # here (refused before training)
+            self.precision.run_backward(loss, *args, backward_fn=backward_fn, **kwargs)
+        else:
+            self.engine_backward(loss, *args, **kwargs)
         if not self.engine.is_gradient_accumulation_boundary():
             self.engine.step()  # DeepSpeed counts every micro-batch; inside a window its step changes nothing
 
     def steps_with_closure(self) -> bool:
         return False  # the engine's step takes no closure: the loop runs it first
 
-    def optimizer_step(self, optimizer=None, closure=None, **kwargs) -> bool:
-        if kwargs:
-            raise ValueError(f"DeepSpeed's engine steps without arguments: optimizer.step(**{sorted(kwargs)}) "
-                             "cannot reach it. Drop them, or use DDP.")
+    def engine_backward(self, loss, *args, **kwargs):
+        """The engine's backward of `loss` (DeepSpeedPrecision.backward's default, Lightning's
+        deepspeed_engine.backward(tensor, **kwargs)); the loss is divided by the window where the loop did not."""
+        if args:
+            raise TypeError(f"DeepSpeed's engine.backward(loss, **kwargs) takes keyword arguments only; got {args!r}.")
+        self.precision.backward(loss, scale_wrt_gas=self._scale_wrt_gas, **kwargs)
+
+    def optimizer_step(self, optimizer=None, closure=None, model=None, **kwargs) -> bool:
+        if model is not None and self.precision.lightning_steps:
+            # the Trainer's step through a Lightning plugin's step hooks: its optimizer_step runs the closure, then
+            # (by default) engine_step
+            return self.precision.run_step(optimizer, closure, model=model, **kwargs)
         if closure is not None:
             raise ValueError("DeepSpeed steps without a closure: optimizers that need one (LBFGS) are not supported "
                              "under DeepSpeed; use DDP for them.")
+        return self.engine_step(optimizer, **kwargs)
+
+    def engine_step(self, optimizer=None, **kwargs) -> bool:
+        """The engine's step at the window's end (DeepSpeedPrecision.optimizer_step's default, Lightning's
+        deepspeed_engine.step()): it clips, steps and zeroes the gradients; returns whether it stepped (False: an
+        fp16 overflow skipped it)."""
+        if kwargs:
+            raise ValueError(f"DeepSpeed's engine steps without arguments: optimizer.step(**{sorted(kwargs)}) "
+                             "cannot reach it. Drop them, or use DDP.")
         engine = self.engine
         if not engine.is_gradient_accumulation_boundary():
             raise RuntimeError(

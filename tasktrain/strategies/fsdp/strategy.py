@@ -165,7 +165,9 @@ class FSDP(Sharded, ProcessWorld, Strategy):
     # -- the run's choices ---------------------------------------------------------------------------------------
     def configure(self, accelerator=None, devices=1, num_nodes=1, precision=None):
         super().configure(accelerator, devices, num_nodes, precision)
-        if isinstance(self._precision_choice, Precision):
+        if getattr(self._precision_choice, "engine", None) == "FSDP":
+            self.precision_plugin = self._precision_choice  # Lightning's FSDPPrecision: its hooks attached
+        elif isinstance(self._precision_choice, Precision):
             # A plugin object given to the constructor: FSDP's own of that name instead (a plain GradScaler would
             # let the ranks skip different steps), and a name FSDP cannot run is refused as when given by name.
             wanted = self.build_precision(self.precision.name)
@@ -180,7 +182,7 @@ class FSDP(Sharded, ProcessWorld, Strategy):
         if plugin.engine != "FSDP":
             raise TypeError(f"The FSDP strategy can only work with the `FSDPPrecision` plugin, found {plugin}. "
                             f"Write FSDPPrecision({plugin.name!r}) (tasktrain.plugins), or precision={plugin.name!r}.")
-        return plugin.attach_hooks(self.build_precision(plugin.name))  # (a subclass's hooks Lightning calls here)
+        return plugin.attach_hooks(self.build_precision(plugin.name), self)  # (a subclass's hooks: called here)
 
     def build_precision(self, name):
         name = normalize_precision(name)
