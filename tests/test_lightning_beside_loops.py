@@ -350,7 +350,7 @@ def test_the_view_writes_the_limits_and_refuses_to_be_replaced():
         trainer.test_loop._evaluation_step
     with pytest.raises(AttributeError, match="cannot be set"):
         optimizer.step = None
-    assert not hasattr(trainer.fit_loop, "setup_data") and trainer.fit_loop.max_epochs == 5
+    assert not hasattr(trainer.fit_loop, "_combined_loader") and trainer.fit_loop.max_epochs == 5
     trainer.validate_loop.batch_progress.total.completed  # (every view made)
     copy = pickle.loads(pickle.dumps(trainer))  # a Trainer holding its views still pickles (ddp_spawn sends it)
     assert copy.fit_loop.max_epochs == 5 and copy.fit_loop._trainer is copy

@@ -29,7 +29,6 @@ from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage, TrainerFn
 
 _LOADER_HOOK = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
-_COUNT_ATTRIBUTE = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
 
 def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
@@ -220,7 +219,7 @@ def eval_loaders(trainer, stage, module, loader):
     loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed,
                                                          trainer.global_rank) for one in flat])
     limits = [limit_eval(one, limit_arg, prefix) for one in loaders]
-    setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
+    trainer._counts[stage] = limits  # (the stage's own: num_val_batches reads "validate" in a validate run)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
     trainer._loader_views[stage] = loaders_view(loader, loaders)  # (trainer.val_dataloaders, ...: as given)
     return loaders, limits

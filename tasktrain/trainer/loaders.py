@@ -245,11 +245,17 @@ def _val_set_up(trainer):
         trainer._val_loaded_epoch = trainer.current_epoch
 
 
+def val_reload_due(trainer):
+    """Lightning's rule (its evaluation loop's _should_reload_val_dl): with reload_dataloaders_every_n_epochs=n, fit's
+    validation loaders are set up again once n epochs passed since they last were."""
+    every = trainer.reload_dataloaders_every_n_epochs
+    return bool(every) and trainer.current_epoch - getattr(trainer, "_val_loaded_epoch", -math.inf) >= every
+
+
 def reload_val_when_due(trainer):
     """Before a validation of fit (Lightning's rule): with reload_dataloaders_every_n_epochs=n, the loaders are set up
     again once n epochs passed since they last were (val_dataloader called again; given loaders are kept)."""
-    every = trainer.reload_dataloaders_every_n_epochs
-    if not every or trainer.current_epoch - trainer._val_loaded_epoch < every:
+    if not val_reload_due(trainer):
         return
     if trainer._loaders_from_hooks[1]:
         setup_val(trainer, trainer._loader_of(trainer.module, "val_dataloader"))
@@ -263,7 +269,7 @@ def train_reload_due(trainer):
     it last was, counted in current_epoch. So a fit resumed from an epoch-end checkpoint of epoch E, whose loader is
     requested at E (the checkpoint's current_epoch), reloads it at E + n: with n=1 at its first epoch too."""
     every = trainer.reload_dataloaders_every_n_epochs
-    return bool(every) and trainer.current_epoch - trainer._train_loaded_epoch >= every
+    return bool(every) and trainer.current_epoch - getattr(trainer, "_train_loaded_epoch", -math.inf) >= every
 
 
 def reload(trainer, fit):
