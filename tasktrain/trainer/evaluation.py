@@ -193,11 +193,16 @@ def grad_context(trainer):
     parameters there and train on) and in a run of several processes on gloo; otherwise torch.inference_mode, unless
     Trainer(inference_mode=False). (FSDP's eval_step runs its steps under no_grad itself.)"""
     fitting = trainer.state.fn == TrainerFn.FITTING
-    gloo = isinstance(trainer.strategy, MultiProcess) and torch.distributed.is_initialized() and \
+    return inference_or_no_grad(trainer.inference_mode and not fitting, trainer.strategy)
+
+
+def inference_or_no_grad(inference_mode, strategy):
+    """torch.inference_mode() where `inference_mode`, else torch.no_grad(); no_grad always in a run of several
+    processes on gloo (its collectives fail on inference tensors). (Lightning's loops' _no_grad_context reads the
+    same rule: tasktrain/compat/lightning/loops/utilities.py.)"""
+    gloo = isinstance(strategy, MultiProcess) and torch.distributed.is_initialized() and \
         torch.distributed.get_backend() == "gloo"
-    if not trainer.inference_mode or fitting or gloo:
-        return torch.no_grad()
-    return torch.inference_mode()
+    return torch.inference_mode() if inference_mode and not gloo else torch.no_grad()
 
 
 def eval_loaders(trainer, stage, module, loader):
