@@ -1,7 +1,8 @@
 """Lightning's module path `lightning.pytorch.trainer.configuration_validator`: its checks of a module before a run,
 under its names and signatures, each the rule the Trainer's entry points apply (trainer.py: check_fit_configuration,
 check_eval_configuration, the manual-optimisation and unused-validation checks), so that the errors and warnings are
-the ones a run gives.
+the ones a run gives. The entry points apply those rules directly, not through these names: a patch of a name here
+is not seen by a run (Lightning's test_cli patches __verify_train_val_loop_configuration to count the calls).
 
     _verify_loop_configurations(trainer)                  the checks of trainer.state.fn's stage on its module
     __verify_train_val_loop_configuration(trainer, model) fit's: training_step, configure_optimizers, the notes on an
