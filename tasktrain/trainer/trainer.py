@@ -575,7 +575,7 @@ class Trainer:
         tables are closures, built again at each run's start, so they are left out."""
         state = dict(self.__dict__)
         state.update(_hook_tables=None, _module_hooks={}, _callback_hooks={}, _all_hooks={}, _plain_hooks={},
-                     _monitoring_hooks={})
+                     _monitoring_hooks={}, _attached_sources=None)  # (attached loaders: a run attaches its own)
         return state
 
     def _call(self, event, *args, **kwargs):
