@@ -337,6 +337,14 @@ def _set_up_data(lib, boring):
         trainer.fit_loop.setup_data()
         seen.append((type(trainer.fit_loop._data_source.instance).__name__[-10:], trainer.num_training_batches,
                      trainer.train_dataloader is loader))
+        # after a validate run, fit's validation loop sets up its own loaders (its counts, not the run's)
+        model = boring.BoringModel()
+        trainer = lib.Trainer(**QUIET, limit_val_batches=3)
+        trainer.validate(model, loaders(20, shuffle=False), verbose=False)
+        trainer.fit_loop.epoch_loop.val_loop._max_batches = [1]  # (the counts set up before, replaced below)
+        trainer.fit_loop.epoch_loop.val_loop.setup_data()
+        seen.append((trainer.fit_loop.epoch_loop.val_loop._max_batches, trainer.validate_loop.max_batches,
+                     trainer.num_val_batches))
         # two devices of a distributed strategy, before its launch: rank 0's samplers
         for shuffle in (True, False):
             model = boring.BoringModel()
@@ -369,6 +377,7 @@ def test_attached_loaders_set_up_by_the_loop_views_as_lightning():
     assert got["tasktrain"][1][2][3:] == (False, "SequentialSampler", True)  # (overfit: in order)
     assert got["tasktrain"][-4] == (True, "Dist(True)", True, 32) and got["tasktrain"][-3][2] is False
     assert "Please increase the `limit_train_batches`" in got["tasktrain"][-2]
+    assert got["tasktrain"][-5] == ([3], [3], [3])  # (after validate: fit's validation loaders set up again)
 
 
 def test_setup_data_needs_a_module():

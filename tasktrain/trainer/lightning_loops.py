@@ -50,6 +50,7 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
 """
 from tasktrain.trainer.lightning_connectors import data_source
 from tasktrain.trainer.module import TaskModule, is_overridden
+from tasktrain.trainer.states import TrainerFn
 
 
 class LoopAttribute:
@@ -287,7 +288,8 @@ class EvaluationLoop(_LoopView):
 
         trainer, key = self._trainer, self._key
         testing = key == "test"
-        if key == "val" and trainer._val_loader is not None and not loaders.val_reload_due(trainer):
+        if key == "val" and trainer._val_loader is not None and trainer.state.fn != TrainerFn.VALIDATING and \
+                not loaders.val_reload_due(trainer):  # (set up for fit; after a validate run they are validate's)
             return
         module = _module_to_set_up(trainer, self._PATH)
         limit = trainer.limit_test_batches if testing else trainer.limit_val_batches
