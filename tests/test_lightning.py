@@ -837,7 +837,9 @@ def test_gan_style_manual_optimisation_toggles_and_clips():
         def training_step(self, batch, batch_idx):
             opt_g, opt_c = self.optimizers()
             x = batch[0]
+            kept = [len(self._param_requires_grad_state)]  # (Lightning's name: the states kept while toggled)
             with self.toggled_optimizer(opt_g):
+                kept.append(len(self._param_requires_grad_state))
                 seen["while_g"] = (all(p.requires_grad for p in self.generator.parameters()),
                                    any(p.requires_grad for p in self.critic.parameters()))
                 loss = -self.critic(self.generator(x)).mean() * 1e3
@@ -847,6 +849,7 @@ def test_gan_style_manual_optimisation_toggles_and_clips():
                 opt_g.step()
                 opt_g.zero_grad()
             seen["after"] = all(p.requires_grad for p in self.parameters())
+            seen["kept"] = kept + [len(self._param_requires_grad_state)]
             assert self.optimizers(use_pl_optimizer=False)[0] is opt_g.optimizer
 
         def configure_optimizers(self):
@@ -854,7 +857,7 @@ def test_gan_style_manual_optimisation_toggles_and_clips():
                     torch.optim.SGD(self.critic.parameters(), lr=0.1)]
 
     Trainer(max_steps=1, **quiet()).fit(TwoPlayers(), loader(8))
-    assert seen["while_g"] == (True, False) and seen["after"]
+    assert seen["while_g"] == (True, False) and seen["after"] and seen["kept"] == [0, 4, 0]
     assert seen["norm"] > 0.5 and seen["clipped"] == pytest.approx(0.5, rel=1e-4)
 
 

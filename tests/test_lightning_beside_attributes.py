@@ -389,3 +389,17 @@ def test_trainer_state_compares_with_lightnings_trainer_state_class():
     assert mine == reference
     assert ("on_train_batch_start", "running", "fit", "train") in mine and ("made", True, False) in mine
     assert [s for s in mine if s[0] == "after validate"] == [("after validate", "finished", "validate", None)]
+
+
+def test_a_module_under_fabric_and_its_trainer_shim_are_refused():
+    """Lightning runs a LightningModule under Fabric (module.fabric, module.trainer a _TrainerFabricShim); a tasktrain
+    module never runs there: setting its fabric and creating the shim (importable at Lightning's path) both raise,
+    naming what to use."""
+    from lightning.fabric import Fabric
+
+    from tasktrain.core.module import _TrainerFabricShim
+
+    with pytest.raises(TypeError, match="does not run under Lightning Fabric"):
+        ours.BoringModel().fabric = Fabric(accelerator="cpu", devices=1)
+    with pytest.raises(TypeError, match=r"_TrainerFabricShim\(Fabric\): a tasktrain module does not run under"):
+        _TrainerFabricShim(Fabric(accelerator="cpu", devices=1))

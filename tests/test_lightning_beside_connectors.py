@@ -265,12 +265,124 @@ def test_data_sources_are_read_only_and_the_data_connector_names_what_it_lacks()
         trainer.fit_loop._data_source.instance = DataLoader(ours.RandomDataset(32, 4))
     with pytest.raises(RuntimeError, match="No train loaders are attached yet"):
         trainer.fit_loop._data_source.dataloader()
-    with pytest.raises(NotImplementedError, match=r"attach_data\(train_dataloaders=...\).*pass them to trainer.fit"):
-        trainer._data_connector.attach_data(ours.BoringModel(), train_dataloaders=DataLoader(ours.RandomDataset(32, 4)))
     with pytest.raises(AttributeError, match="'_prepare_dataloader' is not supported by tasktrain.*fit_loop._data_source"):
         trainer._data_connector._prepare_dataloader(DataLoader(ours.RandomDataset(32, 4)), shuffle=True, mode="fit")
     with pytest.raises(AttributeError, match="'_train_dataloader_source' is not supported"):  # (Lightning 1.x's)
         trainer._data_connector._train_dataloader_source
+
+
+def _set_up_data(lib, boring):
+    """Lightning's tests' pattern (test_limit_batches, test_overfit_batches, test_data_connector): connect a module,
+    attach loaders or a DataModule, set up one loop's data with its view's setup_data(), read the Trainer's counts,
+    loaders and samplers; under a distributed strategy of 2 devices before its launch, and with the errors of a
+    fraction too small."""
+    import warnings
+
+    from lightning.fabric.utilities.exceptions import MisconfigurationException as TheirMisconfiguration
+    from torch.utils.data import DistributedSampler, RandomSampler
+
+    from tasktrain.exceptions import MisconfigurationException as OurMisconfiguration
+
+    seen = []
+
+    def loaders(n=64, **kwargs):
+        return DataLoader(boring.RandomDataset(32, n), batch_size=2, **kwargs)
+
+    def sampler_of(loader):
+        sampler = loader.sampler
+        return type(sampler).__name__ if not isinstance(sampler, DistributedSampler) else f"Dist({sampler.shuffle})"
+
+    def shuffles(loader):  # (on one process tasktrain draws Lightning's RandomSampler order through a sampler of its
+        # own, docs/lightning.md "A shuffling training loader's order on one process": whether it shuffles is compared)
+        return getattr(loader.sampler, "shuffle", isinstance(loader.sampler, RandomSampler))
+
+    def trainer_for(model, **flags):
+        trainer = lib.Trainer(**QUIET, **flags)
+        model.trainer = trainer
+        trainer.strategy.connect(model)
+        return trainer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # loaders given, limits: each loop's counts, as the loop sets them up (the validate loop's: read in validate)
+        for limits in (dict(limit_train_batches=5, limit_val_batches=0.25, limit_test_batches=3,
+                            limit_predict_batches=0.5), dict(overfit_batches=4), dict(overfit_batches=0.1)):
+            model = boring.BoringModel()
+            trainer = trainer_for(model, **limits)
+            trainer._data_connector.attach_dataloaders(model, loaders(shuffle=True), loaders(48, shuffle=True),
+                                                       [loaders(20), loaders(10)], loaders(30))
+            before = (trainer.train_dataloader, trainer.val_dataloaders, trainer.test_dataloaders)
+            trainer.fit_loop.setup_data()
+            trainer.fit_loop.epoch_loop.val_loop.setup_data()
+            overfit = "overfit_batches" in limits  # (then the same first batch at each pass, in order)
+            first = next(iter(trainer.train_dataloader))
+            fit_counts = (trainer.num_training_batches, trainer.num_val_batches, trainer.val_check_batch,
+                          shuffles(trainer.train_dataloader), sampler_of(trainer.val_dataloaders),
+                          overfit and torch.equal(first, next(iter(trainer.train_dataloader))))
+            trainer.validate_loop.setup_data()
+            trainer.test_loop.setup_data()
+            trainer.predict_loop.setup_data()
+            trainer.state.fn = "validate"
+            seen.append((limits, before, fit_counts, trainer.num_val_batches, trainer.num_test_batches,
+                         trainer.num_predict_batches, len(trainer.test_dataloaders),
+                         len(trainer.predict_dataloaders), trainer.fit_loop.max_batches,
+                         trainer.validate_loop.max_batches))
+        # a DataModule attached, the loops' sources and loaders from its hooks; a second setup_data is a no-op
+        model, data = boring.BoringModel(), boring.BoringDataModule()
+        trainer = trainer_for(model, limit_train_batches=0.5)
+        trainer._data_connector.attach_datamodule(model, datamodule=data)
+        data.setup("fit")
+        trainer.fit_loop.setup_data()
+        loader = trainer.train_dataloader
+        trainer.fit_loop.setup_data()
+        seen.append((type(trainer.fit_loop._data_source.instance).__name__[-10:], trainer.num_training_batches,
+                     trainer.train_dataloader is loader))
+        # after a validate run, fit's validation loop sets up its own loaders (its counts, not the run's)
+        model = boring.BoringModel()
+        trainer = lib.Trainer(**QUIET, limit_val_batches=3)
+        trainer.validate(model, loaders(20, shuffle=False), verbose=False)
+        trainer.fit_loop.epoch_loop.val_loop._max_batches = [1]  # (the counts set up before, replaced below)
+        trainer.fit_loop.epoch_loop.val_loop.setup_data()
+        seen.append((trainer.fit_loop.epoch_loop.val_loop._max_batches, trainer.validate_loop.max_batches,
+                     trainer.num_val_batches))
+        # two devices of a distributed strategy, before its launch: rank 0's samplers
+        for shuffle in (True, False):
+            model = boring.BoringModel()
+            model.val_dataloader = lambda shuffle=shuffle: loaders(shuffle=shuffle)
+            trainer = trainer_for(model, accelerator="cpu", devices=2, strategy="ddp")
+            trainer._data_connector.attach_data(model)
+            trainer.fit_loop.setup_data()
+            trainer.fit_loop.epoch_loop.val_loop.setup_data()
+            seen.append((shuffle, sampler_of(trainer.train_dataloader), trainer.val_dataloaders.sampler.shuffle,
+                         trainer.num_training_batches))
+    # a fraction that leaves no batch: Lightning's error and words, from the loop's setup_data
+    for loop, flags in (("fit_loop", dict(limit_train_batches=0.1)), ("validate_loop", dict(limit_val_batches=0.01))):
+        model = boring.BoringModel()
+        trainer = trainer_for(model, **flags)
+        trainer._data_connector.attach_data(model, train_dataloaders=loaders(16))
+        with pytest.raises((TheirMisconfiguration, OurMisconfiguration)) as error:
+            getattr(trainer, loop).setup_data()
+        seen.append(str(error.value))
+    return seen
+
+
+def test_attached_loaders_set_up_by_the_loop_views_as_lightning():
+    """trainer._data_connector.attach_dataloaders / attach_data / attach_datamodule and each loop view's
+    setup_data() (the Trainer's own set-up of that stage's loaders) read as Lightning's."""
+    got = _both(_set_up_data)
+    assert got["tasktrain"] == got["lightning"]
+    limits, before, fit_counts, *_ = got["tasktrain"][0]
+    assert before == (None, None, None) and fit_counts[:2] == (5, [6])  # (64 / 2 batches limited to 5; 24 * 0.25)
+    assert fit_counts[3:] == (True, "RandomSampler", False)
+    assert got["tasktrain"][1][2][3:] == (False, "SequentialSampler", True)  # (overfit: in order)
+    assert got["tasktrain"][-4] == (True, "Dist(True)", True, 32) and got["tasktrain"][-3][2] is False
+    assert "Please increase the `limit_train_batches`" in got["tasktrain"][-2]
+    assert got["tasktrain"][-5] == ([3], [3], [3])  # (after validate: fit's validation loaders set up again)
+
+
+def test_setup_data_needs_a_module():
+    with pytest.raises(RuntimeError, match=r"trainer.test_loop.setup_data\(\): no module is attached"):
+        tasktrain.Trainer(**QUIET).test_loop.setup_data()
 
 
 def _hook_owners(lib, boring):

@@ -394,3 +394,33 @@ def test_the_loggers_folders_exist_before_the_setup_hooks_as_in_lightning(tmp_pa
     ours = run(tasktrain, tasktrain.TaskModule, tmp_path / "tt")
     assert ours == run(L, L.LightningModule, tmp_path / "pl")
     assert ours[0] == [("fit", [True, True]), ("test", [True, True])] and ours[1] == []
+
+
+def test_csv_writers_log_dir_check_is_lightnings_method(tmp_path, monkeypatch):
+    """The writer's check of an already used folder is a method of Lightning's name (fabric's
+    _ExperimentWriter._check_log_dir_exists, which Lightning's tests patch to make a second logger append): called,
+    it warns and removes the old metrics.csv; patched away, a second logger of the same version appends to the first's
+    file. The files are Lightning's either way."""
+    import warnings
+
+    from lightning.fabric.loggers.csv_logs import _ExperimentWriter as FabricWriter
+    from lightning.pytorch.loggers import CSVLogger as LightningCSV
+
+    from tasktrain.loggers import CSVLogger
+    from tasktrain.loggers.csv_logs import ExperimentWriter
+
+    def two_loggers(logger_class, root):
+        for values in ({"a": 1, "b": 2}, {"a": 100, "b": 200}):
+            logger = logger_class(root, name="test", version=0, flush_logs_every_n_steps=1)
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                logger.log_metrics(values)
+        with open(logger.experiment.metrics_file_path) as f:
+            return f.read(), ["not empty" in str(w.message) for w in said]
+
+    checked = [two_loggers(cls, tmp_path / f"{name}-checked") for cls, name in ((LightningCSV, "pl"), (CSVLogger, "tt"))]
+    monkeypatch.setattr(FabricWriter, "_check_log_dir_exists", lambda self: None)
+    monkeypatch.setattr(ExperimentWriter, "_check_log_dir_exists", lambda self: None)
+    patched = [two_loggers(cls, tmp_path / f"{name}-patched") for cls, name in ((LightningCSV, "pl"), (CSVLogger, "tt"))]
+    assert checked[1] == checked[0] and checked[0][0] == "a,b,step\n100,200,0\n" and checked[0][1] == [True]
+    assert patched[1] == patched[0] and patched[0][0] == "a,b,step\n1,2,0\n100,200,0\n" and patched[0][1] == []

@@ -350,7 +350,7 @@ def test_the_view_writes_the_limits_and_refuses_to_be_replaced():
         trainer.test_loop._evaluation_step
     with pytest.raises(AttributeError, match="cannot be set"):
         optimizer.step = None
-    assert not hasattr(trainer.fit_loop, "setup_data") and trainer.fit_loop.max_epochs == 5
+    assert not hasattr(trainer.fit_loop, "_combined_loader") and trainer.fit_loop.max_epochs == 5
     trainer.validate_loop.batch_progress.total.completed  # (every view made)
     copy = pickle.loads(pickle.dumps(trainer))  # a Trainer holding its views still pickles (ddp_spawn sends it)
     assert copy.fit_loop.max_epochs == 5 and copy.fit_loop._trainer is copy
@@ -510,3 +510,44 @@ def test_whether_the_fit_validates_reads_as_lightnings_from_its_first_hook(case)
     assert mine == reference
     expected = case in ("val loader", "val_dataloader hook")
     assert [r[2] for r in mine] == [expected] * 6, mine  # (what the comparison covers: every hook read)
+
+
+def test_no_grad_context_of_a_loops_run_as_lightnings():
+    """tasktrain.loops.utilities._no_grad_context (Lightning's decorator of a loop's run) picks the grad mode by the
+    rule of tasktrain's evaluation runs: inference mode where the loop's `inference_mode` asks, else no_grad; its
+    refusals of what is not a loop, or a loop without `inference_mode`, are Lightning's."""
+    def case(lib, boring):
+        loops = __import__(f"{lib.__name__}.loops", fromlist=["_Loop"])
+        utilities = __import__(f"{lib.__name__}.loops.utilities", fromlist=["_no_grad_context"])
+        trainer = lib.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+        seen = []
+
+        class NotALoop:
+            @utilities._no_grad_context
+            def run(self):
+                pass
+
+        class WithoutFlag(loops._Loop):
+            @utilities._no_grad_context
+            def run(self):
+                pass
+
+        class Flagged(loops._Loop):
+            def __init__(self, inference_mode):
+                super().__init__(trainer)
+                self.inference_mode = inference_mode
+
+            @utilities._no_grad_context
+            def run(self, x):
+                return x, torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+        for run in (NotALoop().run, WithoutFlag(trainer).run):
+            with pytest.raises(TypeError) as error:
+                run()
+            seen.append(str(error.value))
+        seen += [Flagged(True).run(1), Flagged(False).run(2), torch.is_grad_enabled()]
+        return seen
+
+    got = {name: case(*LIBS[name]) for name in LIBS}
+    assert got["tasktrain"] == got["lightning"]
+    assert got["tasktrain"][2:] == [(1, False, True), (2, False, False), True]

@@ -25,13 +25,18 @@ class ExperimentWriter:
         self.metrics = []  # the rows not written yet
         self.metrics_keys = []  # the columns of the file on disk
         self._file = None
-        # (a file system URL goes through fsspec: loggers/utilities.py)
-        if files.isdir(log_dir) and files.listdir(log_dir):
-            warnings.warn(f"Experiment logs directory {log_dir} exists and is not empty. Previous log files "
+        self._check_log_dir_exists()
+        files.makedirs(log_dir)
+
+    def _check_log_dir_exists(self):
+        """Lightning's (its writer's method of this name): a folder that already holds files is warned about and its
+        metrics.csv removed, so the new run's rows do not follow an old run's. (A file system URL goes through
+        fsspec: loggers/utilities.py.)"""
+        if files.isdir(self.log_dir) and files.listdir(self.log_dir):
+            warnings.warn(f"Experiment logs directory {self.log_dir} exists and is not empty. Previous log files "
                           "in this directory will be deleted when the new ones are saved!")
             if files.isfile(self.metrics_file_path):
                 files.remove(self.metrics_file_path)
-        files.makedirs(log_dir)
 
     def log_metrics(self, metrics_dict, step=None):
         if step is None:  # Lightning's: the row's place among the rows not saved yet

@@ -155,6 +155,8 @@ class ResumableSampler(DistributedSampler):
 class EvalShardSampler(Sampler):
     """Rank r takes samples r, r + W, r + 2W, ...: no padding, so every sample is counted exactly once."""
 
+    shuffle = False  # (read as a DistributedSampler's, which Lightning gives an unshuffled evaluation loader)
+
     def __init__(self, dataset, num_replicas, rank):
         self.length = len(dataset)
         self.num_replicas, self.rank = num_replicas, rank

@@ -29,7 +29,6 @@ from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage, TrainerFn
 
 _LOADER_HOOK = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
-_COUNT_ATTRIBUTE = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
 
 def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
@@ -194,11 +193,16 @@ def grad_context(trainer):
     parameters there and train on) and in a run of several processes on gloo; otherwise torch.inference_mode, unless
     Trainer(inference_mode=False). (FSDP's eval_step runs its steps under no_grad itself.)"""
     fitting = trainer.state.fn == TrainerFn.FITTING
-    gloo = isinstance(trainer.strategy, MultiProcess) and torch.distributed.is_initialized() and \
+    return inference_or_no_grad(trainer.inference_mode and not fitting, trainer.strategy)
+
+
+def inference_or_no_grad(inference_mode, strategy):
+    """torch.inference_mode() where `inference_mode`, else torch.no_grad(); no_grad always in a run of several
+    processes on gloo (its collectives fail on inference tensors). (Lightning's loops' _no_grad_context reads the
+    same rule: tasktrain/compat/lightning/loops/utilities.py.)"""
+    gloo = isinstance(strategy, MultiProcess) and torch.distributed.is_initialized() and \
         torch.distributed.get_backend() == "gloo"
-    if not trainer.inference_mode or fitting or gloo:
-        return torch.no_grad()
-    return torch.inference_mode()
+    return torch.inference_mode() if inference_mode and not gloo else torch.no_grad()
 
 
 def eval_loaders(trainer, stage, module, loader):
@@ -220,7 +224,7 @@ def eval_loaders(trainer, stage, module, loader):
     loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed,
                                                          trainer.global_rank) for one in flat])
     limits = [limit_eval(one, limit_arg, prefix) for one in loaders]
-    setattr(trainer, _COUNT_ATTRIBUTE[stage], limits)
+    trainer._counts[stage] = limits  # (the stage's own: num_val_batches reads "validate" in a validate run)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
     trainer._loader_views[stage] = loaders_view(loader, loaders)  # (trainer.val_dataloaders, ...: as given)
     return loaders, limits

@@ -15,8 +15,9 @@ A name Lightning's connector has and these views do not raises AttributeError sa
     _accelerator_connector  read only: strategy, accelerator, precision_plugin, checkpoint_io, cluster_environment,
                             is_distributed, use_distributed_sampler, _precision_flag, _strategy_flag,
                             _accelerator_flag, _devices_flag, _parallel_devices, _num_nodes_flag
-    _data_connector         prepare_data(), attach_data(model, datamodule=), attach_datamodule(model, datamodule),
-                            _datahook_selector
+    _data_connector         prepare_data(), attach_data(model, ...loaders, datamodule=), attach_dataloaders(model,
+                            ...), attach_datamodule(model, datamodule), _datahook_selector (the loop views'
+                            setup_data() sets up what they attached: lightning_loops.py)
     _logger_connector       should_update_logs (a callback that writes images at the loggers' cadence reads it)
     the loops' _data_source (trainer.fit_loop._data_source, ...: lightning_loops.py reads data_source here):
                             instance, name, dataloader(), is_defined(), is_module()
@@ -330,7 +331,12 @@ _GIVEN_TO = {  # which of _given_loaders (train, eval) the last run's entry poin
 
 
 def data_source(trainer, kind):
-    """The DataLoaderSource of a loop's loaders (`kind`: "train", "val", "test", "predict"), as of the last run."""
+    """The DataLoaderSource of a loop's loaders (`kind`: "train", "val", "test", "predict"): what
+    trainer._data_connector.attach_dataloaders / attach_datamodule recorded since the last run started, else as of the
+    last run."""
+    attached = trainer._attached_sources
+    if attached is not None:
+        return DataLoaderSource(attached[kind], f"{kind}_dataloader")
     module = trainer.lightning_module
     if module is None:  # (Lightning's before any entry point: a source of nothing)
         return DataLoaderSource(None, f"{kind}_dataloader")
@@ -346,13 +352,12 @@ def data_source(trainer, kind):
 
 
 class DataConnector(_View):
-    """Lightning's _DataConnector: prepare_data(), attach_data's / attach_datamodule's DataModule part, and
-    `_datahook_selector` (whose transfer hooks a run calls). (Its loader sources are the loops' `_data_source` since
-    Lightning 2.0, as here.)"""
+    """Lightning's _DataConnector: prepare_data(), attach_data() / attach_dataloaders() / attach_datamodule() (where
+    the loop views' setup_data() and _data_source take each kind of loader from, until the next run attaches its
+    own) and `_datahook_selector` (whose transfer hooks a run calls)."""
 
     _what = "_data_connector"
-    _offers = ("prepare_data(), attach_data(model, datamodule=...), attach_datamodule(model, datamodule) and "
-               "_datahook_selector")
+    _offers = ("prepare_data(), attach_data(), attach_dataloaders(), attach_datamodule() and _datahook_selector")
     _instead = ("Loaders are attached when an entry point runs: pass them (or a DataModule) to trainer.fit / "
                 "validate / test / predict; where a run takes them from is trainer.fit_loop._data_source (and "
                 "validate_loop's, test_loop's, predict_loop's), the loaders in use trainer.train_dataloader, "
@@ -368,26 +373,33 @@ class DataConnector(_View):
 
     def attach_data(self, model, train_dataloaders=None, val_dataloaders=None, test_dataloaders=None,
                     predict_dataloaders=None, datamodule=None):
-        """Give `model` this Trainer and make `datamodule` the Trainer's (trainer.datamodule: what the next runs read
-        their loaders from, as a run's datamodule= does). Loaders are refused: tasktrain's runs take theirs from their
-        entry point, so loaders attached here would never be read."""
-        given = {name: value for name, value in (("train_dataloaders", train_dataloaders),
-                                                 ("val_dataloaders", val_dataloaders),
-                                                 ("test_dataloaders", test_dataloaders),
-                                                 ("predict_dataloaders", predict_dataloaders)) if value is not None}
-        if given:
-            raise NotImplementedError(
-                f"trainer._data_connector.attach_data({', '.join(given)}=...): tasktrain attaches loaders when an entry "
-                "point runs; pass them to trainer.fit / validate / test / predict (a DataModule can be attached "
-                "here: attach_data(model, datamodule=...)).")
+        """Lightning's: attach_dataloaders, then attach_datamodule, then give `model` this Trainer."""
+        self.attach_dataloaders(model, train_dataloaders, val_dataloaders, test_dataloaders, predict_dataloaders)
         self.attach_datamodule(model, datamodule)
         model.trainer = self.trainer
 
+    def attach_dataloaders(self, model, train_dataloaders=None, val_dataloaders=None, test_dataloaders=None,
+                           predict_dataloaders=None):
+        """Record each kind's source, the loaders given, else `model`'s hook (Lightning's rule), for the loop views'
+        `setup_data()` and `_data_source`; the loaders set up before are let go (trainer.train_dataloader,
+        val_dataloaders, ... read None until set up again), as Lightning's attach drops its loops' loaders. A run
+        does not read this record: each entry point attaches its own loaders (they replace it when it starts)."""
+        trainer = self.trainer
+        trainer._attached_sources = {
+            "train": train_dataloaders if train_dataloaders is not None else model,
+            "val": val_dataloaders if val_dataloaders is not None else model,
+            "test": test_dataloaders if test_dataloaders is not None else model,
+            "predict": predict_dataloaders if predict_dataloaders is not None else model,
+        }
+        trainer.train_dataloader = trainer._train_data = None
+        trainer._val_loader = trainer._test_loaders = trainer._predict_loaders = None
+
     def attach_datamodule(self, model, datamodule=None):
-        """Make `datamodule` the Trainer's (a run's datamodule= does the same) and note `model` for
-        _datahook_selector; None attaches nothing (Lightning's)."""
+        """Make `datamodule` the Trainer's (a run's datamodule= does the same) and every kind's source, and note
+        `model` for _datahook_selector; None attaches nothing (Lightning's)."""
         self._attached_model = model
         if datamodule is not None:
+            self.trainer._attached_sources = dict.fromkeys(("train", "val", "test", "predict"), datamodule)
             self.trainer.datamodule = datamodule
             datamodule.trainer = self.trainer
 

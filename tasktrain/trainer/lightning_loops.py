@@ -49,6 +49,8 @@ Lightning's counters at each point, as this view gives them (e = the epoch being
                       asked once min_epochs / min_steps are met (Lightning's fit_loop.done, without its log lines)
 """
 from tasktrain.trainer.lightning_connectors import data_source
+from tasktrain.trainer.module import TaskModule, is_overridden
+from tasktrain.trainer.states import TrainerFn
 
 
 class LoopAttribute:
@@ -118,6 +120,23 @@ class ReadyCompletedTracker(StartedTracker):
 
 def _no_such(name, tracker):
     raise AttributeError(f"Lightning's {tracker} has no `{name}`: it does not count that stage")
+
+
+def _module_to_set_up(trainer, path):
+    """The module whose loaders a view's setup_data() sets up: the Trainer's (a run's, or the one given to
+    trainer.strategy.connect(model))."""
+    module = trainer.lightning_module
+    if module is None:
+        raise RuntimeError(f"{path}.setup_data(): no module is attached to the Trainer: call "
+                           "trainer.strategy.connect(model) and trainer._data_connector.attach_data(model, ...) first, "
+                           "or run an entry point.")
+    return module
+
+
+def _given(source):
+    """The loaders a DataLoaderSource holds; None where they come from the module's or the DataModule's hook, which
+    the Trainer's set-up calls itself (Trainer._loader_of)."""
+    return None if source.is_module() else source.instance
 
 
 class Progress:
@@ -257,6 +276,31 @@ class EvaluationLoop(_LoopView):
     def _has_run(self):
         return self._trainer._eval_has_run[self._key]
 
+    def setup_data(self):
+        """Lightning's: set up this loop's loaders now, from `_data_source`, by the set-up the Trainer's own run of
+        the stage does: fit's validation loaders (loaders.val_data_now: the overfit_batches rule, the counts of
+        num_val_batches and num_sanity_val_batches; nothing where they are set up already and no reload is due), a
+        validate or test run's (evaluation.eval_loaders: num_val_batches / num_test_batches and
+        trainer.val_dataloaders / test_dataloaders). Nothing with the stage's limit_*_batches=0 or without its step
+        (validation_step, test_step). (Lightning's reads the limit and the step of the stage the Trainer is in,
+        trainer.testing, whichever loop is asked: here each loop's own.)"""
+        from tasktrain.trainer import evaluation, loaders
+
+        trainer, key = self._trainer, self._key
+        testing = key == "test"
+        if key == "val" and trainer._val_loader is not None and trainer.state.fn != TrainerFn.VALIDATING and \
+                not loaders.val_reload_due(trainer):  # (set up for fit; after a validate run they are validate's)
+            return
+        module = _module_to_set_up(trainer, self._PATH)
+        limit = trainer.limit_test_batches if testing else trainer.limit_val_batches
+        if limit == 0 or not is_overridden("test_step" if testing else "validation_step", module, TaskModule):
+            return
+        if key == "val":
+            trainer._pending_val = (module, _given(self._data_source))
+            loaders.val_data_now(trainer)
+        else:
+            evaluation.eval_loaders(trainer, "test" if testing else "validate", module, _given(self._data_source))
+
     def _current(self):
         return self._counts(1)
 
@@ -294,6 +338,18 @@ class PredictionLoop(_LoopView):
     @property
     def _data_source(self):
         return data_source(self._trainer, "predict")
+
+    def setup_data(self):
+        """Lightning's: set up the predict loaders now, from `_data_source`, by the set-up of the Trainer's predict
+        run (evaluation.eval_loaders: num_predict_batches, trainer.predict_dataloaders); nothing with
+        limit_predict_batches=0."""
+        from tasktrain.trainer import evaluation
+
+        trainer = self._trainer
+        module = _module_to_set_up(trainer, self._PATH)
+        if trainer.limit_predict_batches == 0:
+            return
+        evaluation.eval_loaders(trainer, "predict", module, _given(self._data_source))
 
     def _current(self):
         return self._counts(1)
@@ -498,6 +554,28 @@ class FitLoop(_LoopView):
         """Where the last fit takes its training loaders from (lightning_connectors.DataLoaderSource): a
         configure_optimizers that sizes its schedule reads `len(trainer.fit_loop._data_source.dataloader())`."""
         return data_source(self._trainer, "train")
+
+    def setup_data(self):
+        """Lightning's: set up the fit's training loaders now, from `_data_source`, by the Trainer's own set-up of a
+        fit's training data (loaders.train_data_now: sharded, limited, counted: trainer.train_dataloader,
+        num_training_batches, val_check_batch). Nothing where they are set up already and no reload is due
+        (reload_dataloaders_every_n_epochs: in a fit in progress, reloaded as its loop reloads them), with
+        limit_train_batches=0, or without a training_step."""
+        from tasktrain.trainer import loaders
+
+        trainer = self._trainer
+        if getattr(trainer, "_train_data", None) is not None and not loaders.train_reload_due(trainer):
+            return
+        module = _module_to_set_up(trainer, self._PATH)
+        if trainer.limit_train_batches == 0 or not is_overridden("training_step", module, TaskModule):
+            return
+        fit = trainer._fit_state
+        if fit is not None and fit.epochs is not None:  # (the fit in progress trains on them)
+            loaders.reload(trainer, fit)
+            trainer._train_data = fit.epochs
+            return
+        trainer._pending_train, trainer._train_data = (module, _given(self._data_source)), None
+        loaders.train_data_now(trainer)
 
     @property
     def max_epochs(self):

@@ -213,7 +213,9 @@ def setup_val(trainer, loader):
     trainer._val_loader = val_loaders
     trainer._loader_views["validate"] = loaders_view(loader, val_loaders)  # (trainer.val_dataloaders: as given)
     limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
-    trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit, "val") for one in val_loaders]
+    # (fit's counts, whatever run the Trainer is in: fit_loop.epoch_loop.val_loop.setup_data() may be called after a
+    # validate run, whose counts num_val_batches reads)
+    trainer._counts["fit"] = [0 if limit == 0 else evaluation.limit_eval(one, limit, "val") for one in val_loaders]
     trainer.num_sanity_val_batches = [evaluation.sanity_limit(one, limit, sanity_steps) if sanity_steps else 0
                                       for one in val_loaders]
     _val_set_up(trainer)
@@ -245,11 +247,17 @@ def _val_set_up(trainer):
         trainer._val_loaded_epoch = trainer.current_epoch
 
 
+def val_reload_due(trainer):
+    """Lightning's rule (its evaluation loop's _should_reload_val_dl): with reload_dataloaders_every_n_epochs=n, fit's
+    validation loaders are set up again once n epochs passed since they last were."""
+    every = trainer.reload_dataloaders_every_n_epochs
+    return bool(every) and trainer.current_epoch - getattr(trainer, "_val_loaded_epoch", -math.inf) >= every
+
+
 def reload_val_when_due(trainer):
     """Before a validation of fit (Lightning's rule): with reload_dataloaders_every_n_epochs=n, the loaders are set up
     again once n epochs passed since they last were (val_dataloader called again; given loaders are kept)."""
-    every = trainer.reload_dataloaders_every_n_epochs
-    if not every or trainer.current_epoch - trainer._val_loaded_epoch < every:
+    if not val_reload_due(trainer):
         return
     if trainer._loaders_from_hooks[1]:
         setup_val(trainer, trainer._loader_of(trainer.module, "val_dataloader"))
@@ -263,7 +271,7 @@ def train_reload_due(trainer):
     it last was, counted in current_epoch. So a fit resumed from an epoch-end checkpoint of epoch E, whose loader is
     requested at E (the checkpoint's current_epoch), reloads it at E + n: with n=1 at its first epoch too."""
     every = trainer.reload_dataloaders_every_n_epochs
-    return bool(every) and trainer.current_epoch - trainer._train_loaded_epoch >= every
+    return bool(every) and trainer.current_epoch - getattr(trainer, "_train_loaded_epoch", -math.inf) >= every
 
 
 def reload(trainer, fit):

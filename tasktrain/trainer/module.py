@@ -57,6 +57,9 @@ class TaskModule(torch.nn.Module):
         object.__setattr__(self, "_trainer", None)
         object.__setattr__(self, "_hparams", AttributeDict())
         object.__setattr__(self, "_strict_loading", None)  # None: not set (strict_loading reads True)
+        # each parameter's requires_grad from before toggle_optimizer, until untoggle_optimizer (Lightning's name:
+        # empty when no optimizer is toggled)
+        object.__setattr__(self, "_param_requires_grad_state", {})
 
     # -- what the user writes ----------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
@@ -565,7 +568,7 @@ class TaskModule(torch.nn.Module):
 
     def untoggle_optimizer(self, optimizer):
         optimizer = getattr(optimizer, "optimizer", optimizer)
-        state = getattr(self, "_param_requires_grad_state", {})
+        state = self._param_requires_grad_state
         for opt in self.trainer.optimizers:
             if opt is optimizer:
                 continue

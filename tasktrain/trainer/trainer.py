@@ -241,6 +241,9 @@ class Trainer:
         self.predictions, self.predict_batch_indices = [], []  # of the predict run in progress (prediction writers)
         self._predict_started = None  # its batches started per loader (evaluation._predict)
         self._given_loaders = (None, None)  # (_run_stage)
+        # what trainer._data_connector.attach_dataloaders / attach_datamodule recorded (the loop views' setup_data()
+        # reads it; a run attaches its own loaders, so it is dropped here): {"train": source, "val", "test", "predict"}
+        self._attached_sources = None
         self._eval_data_stale = False  # a hook changed what an evaluation run's loaders read (BatchSizeFinder)
 
     # -- properties ----------------------------------------------------------------------------------------------
@@ -572,7 +575,7 @@ class Trainer:
         tables are closures, built again at each run's start, so they are left out."""
         state = dict(self.__dict__)
         state.update(_hook_tables=None, _module_hooks={}, _callback_hooks={}, _all_hooks={}, _plain_hooks={},
-                     _monitoring_hooks={})
+                     _monitoring_hooks={}, _attached_sources=None)  # (attached loaders: a run attaches its own)
         return state
 
     def _call(self, event, *args, **kwargs):
@@ -1127,28 +1130,62 @@ def _check_module(module, stage, gradient_clip_val=None, accumulate_grad_batches
                 f"{type(module).__name__}.{name}(self, dataloader_iter): tasktrain does not run Lightning's "
                 f"experimental `dataloader_iter` step flavor. Take the batch instead: {name}(self, batch, batch_idx).")
     if stage == "fit":  # (Lightning's configuration check and words first, before the loggers make their folders)
-        for name in ("training_step", "configure_optimizers"):
-            if not is_overridden(name, module, TaskModule):
-                raise MisconfigurationException(
-                    f"No `{name}()` method defined. Lightning `Trainer` expects as minimum a `training_step()`, "
-                    f"`train_dataloader()` and `configure_optimizers()` to be defined. ({type(module).__name__}: "
-                    "training_step(self, batch, batch_idx) returns the loss; configure_optimizers(self) returns an "
-                    "optimizer, e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`.)")
+        check_fit_configuration(module)
         if not module.automatic_optimization:
             _check_manual_optimization(module, gradient_clip_val, accumulate_grad_batches)
-        if module.automatic_optimization and "optimizer_idx" in inspect.signature(module.training_step).parameters:
-            # Lightning 1.x's multi-optimizer loop; Lightning 2's error, its words
-            raise RuntimeError(
-                "Training with multiple optimizers is only supported with manual optimization. Remove the "
-                "`optimizer_idx` argument from `training_step`, set `self.automatic_optimization = False` and access "
-                "your optimizers in `training_step` with `opt1, opt2, ... = self.optimizers()`.")
-    elif stage in ("validate", "test"):
-        name = "validation_step" if stage == "validate" else "test_step"
+    elif stage in ("validate", "test", "predict"):
+        check_eval_configuration(module, stage)
+
+
+def check_fit_configuration(module):
+    """Lightning's checks of a module before fit (its configuration_validator's, its words first): training_step
+    and configure_optimizers defined, no Lightning 1.x optimizer_idx argument, no Lightning 1.x epoch-end hooks
+    (which no loop would call)."""
+    for name in ("training_step", "configure_optimizers"):
         if not is_overridden(name, module, TaskModule):
-            raise MisconfigurationException(f"No `{name}()` method defined to run `Trainer.{stage}`. (Define "
-                                            f"{type(module).__name__}.{name}(self, batch, batch_idx).)")
-    elif stage == "predict" and module.predict_step is None:
-        raise MisconfigurationException("`predict_step` cannot be None to run `Trainer.predict`")
+            raise MisconfigurationException(
+                f"No `{name}()` method defined. Lightning `Trainer` expects as minimum a `training_step()`, "
+                f"`train_dataloader()` and `configure_optimizers()` to be defined. ({type(module).__name__}: "
+                "training_step(self, batch, batch_idx) returns the loss; configure_optimizers(self) returns an "
+                "optimizer, e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`.)")
+    for name in ("training_epoch_end", "validation_epoch_end"):
+        _refuse_epoch_end_hook(module, name)
+    if module.automatic_optimization and "optimizer_idx" in inspect.signature(module.training_step).parameters:
+        # Lightning 1.x's multi-optimizer loop; Lightning 2's error, its words
+        raise RuntimeError(
+            "Training with multiple optimizers is only supported with manual optimization. Remove the "
+            "`optimizer_idx` argument from `training_step`, set `self.automatic_optimization = False` and access "
+            "your optimizers in `training_step` with `opt1, opt2, ... = self.optimizers()`.")
+
+
+def check_eval_configuration(module, stage):
+    """Lightning's checks of a module before validate / test / predict (`stage`), its words: the stage's step
+    defined (predict: predict_step not None, and a forward where predict_step is the base's, which calls it), no
+    Lightning 1.x epoch-end hook."""
+    if stage == "predict":
+        if module.predict_step is None:
+            raise MisconfigurationException("`predict_step` cannot be None to run `Trainer.predict`")
+        if not is_overridden("predict_step", module, TaskModule) and \
+                not is_overridden("forward", module, TaskModule):
+            raise MisconfigurationException(
+                "`Trainer.predict` requires `forward` method to run. (The base predict_step returns self(batch): "
+                f"define {type(module).__name__}.forward, or predict_step(self, batch, batch_idx).)")
+        return
+    name = "validation_step" if stage == "validate" else "test_step"
+    if not is_overridden(name, module, TaskModule):
+        raise MisconfigurationException(f"No `{name}()` method defined to run `Trainer.{stage}`. (Define "
+                                        f"{type(module).__name__}.{name}(self, batch, batch_idx).)")
+    _refuse_epoch_end_hook(module, "validation_epoch_end" if stage == "validate" else "test_epoch_end")
+
+
+def _refuse_epoch_end_hook(module, name):
+    """Lightning 2 removed training_epoch_end / validation_epoch_end / test_epoch_end: no loop calls them, so a module
+    that still defines one is refused (Lightning's error and words) rather than silently not called."""
+    if callable(getattr(module, name, None)):
+        raise NotImplementedError(
+            f"Support for `{name}` has been removed in v2.0.0. `{type(module).__name__}` implements this method. You "
+            f"can use the `on_{name.replace('training', 'train')}` hook instead. To access outputs, save them in-memory as instance attributes. You "
+            "can find migration examples in https://github.com/Lightning-AI/pytorch-lightning/pull/16520.")
 
 
 def _warn_unused_validation(module, val_loaders, datamodule):
@@ -1156,13 +1193,17 @@ def _warn_unused_validation(module, val_loaders, datamodule):
     without loaders (its rule: loaders given to fit, or a val_dataloader the datamodule or the module defines)."""
     has_loader = val_loaders is not None or is_overridden("val_dataloader", module, TaskModule) or (
         datamodule is not None and is_overridden("val_dataloader", datamodule, DataModule))
+    warn_unused_validation(module, has_loader)
+
+
+def warn_unused_validation(module, has_loader, stacklevel=5):
     has_step = is_overridden("validation_step", module, TaskModule)
     if has_loader and not has_step:
         warnings.warn("You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.",
-                      UserWarning, stacklevel=4)
+                      UserWarning, stacklevel=stacklevel)
     if has_step and not has_loader:
         warnings.warn("You defined a `validation_step` but have no `val_dataloader`. Skipping val loop.",
-                      PossibleUserWarning, stacklevel=4)
+                      PossibleUserWarning, stacklevel=stacklevel)
 
 
 def _check_optimizers(module, optimizers, accumulate_grad_batches, gradient_clip_val=None):

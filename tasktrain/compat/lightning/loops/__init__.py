@@ -13,7 +13,11 @@ _PredictionLoop = _views.PredictionLoop
 
 
 class _Loop(abc.ABC):
-    """Lightning's base of every loop: here the common type of the loop views (isinstance holds for each)."""
+    """Lightning's base of every loop: here the common type of the loop views (isinstance holds for each). A subclass
+    holds its `trainer` (Lightning's signature); the Trainer never runs one (`trainer.fit_loop = ...` is refused)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
 
 
 for _view in (_FitLoop, _TrainingEpochLoop, _EvaluationLoop, _PredictionLoop):
@@ -26,6 +30,12 @@ def __getattr__(name):
             f"tasktrain.loops.{name}: Lightning's optimization loop objects are not in tasktrain (the optimizer step is "
             "one plain function of the fit loop). Their progress is read through "
             "trainer.fit_loop.epoch_loop.automatic_optimization / .manual_optimization (docs/lightning.md).")
+    if name in ("fit_loop", "training_epoch_loop", "evaluation_loop", "prediction_loop", "optimization"):
+        raise AttributeError(
+            f"tasktrain.loops.{name}: Lightning's loop module is not in tasktrain, which runs no loop objects (a patch "
+            "of a name there, such as _request_dataloader, would never be seen by the Trainer). The loop views' names "
+            "are in tasktrain.loops; where a run's loaders come from: trainer.fit_loop._data_source (docs/lightning.md, "
+            "Loop attributes).")
     raise AttributeError(f"module 'tasktrain.loops' has no attribute {name!r}")
 
 
