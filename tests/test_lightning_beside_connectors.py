@@ -13,6 +13,7 @@ pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
 
 import tasktrain  # noqa: E402
+from helpers import OursRecords, RecordsItsProcess  # noqa: E402
 from tasktrain.demos import boring_classes as ours  # noqa: E402
 
 LIBS = {"tasktrain": (tasktrain, ours), "lightning": (pl, theirs)}
@@ -189,6 +190,49 @@ def test_the_launcher_where_the_processes_were_started_outside_reads_as_lightnin
     assert got["tasktrain"][:-1] == got["lightning"][:-1] == (True, False, 2, 1, [], True)
     with pytest.raises(NotImplementedError, match="notebook_launcher"):  # it starts nothing here
         got["tasktrain"][-1].launch()
+
+
+class _TheirsRecords(RecordsItsProcess, theirs.BoringModel):  # (ours: helpers.py, which a child imports fast)
+    pass
+
+
+def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkeypatch):
+    """strategy="ddp_spawn", devices=1: Lightning's _MultiProcessingLauncher spawns one child, so its DataLoader check
+    sees the "spawn" start method and asks for persistent_workers; the parent gets the weights, callback_metrics and
+    trainer.state back."""
+    import json
+    import os
+    import warnings
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKTRAIN_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+
+    def case(lib, boring):
+        lib.seed_everything(0, verbose=False)
+        module = (OursRecords if lib is tasktrain else _TheirsRecords)()
+        module.record_path = str(tmp_path / f"{lib.__name__}.json")
+        train = DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 32)), batch_size=2)
+        # requested at the fit's start, never iterated (max_steps ends the fit before the epoch's validation): the
+        # warning without the seconds a worker process costs
+        val = DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 32)), batch_size=2, num_workers=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(strategy="ddp_spawn", devices=1, accelerator="cpu", max_steps=2,
+                                  num_sanity_val_steps=0, **QUIET)
+            trainer.fit(module, train, val)
+        with open(module.record_path) as f:
+            record = json.load(f)
+        return dict(in_a_child=record["pid"] != os.getpid(), warnings=record["warnings"],
+                    weight=module.layer.weight.detach().flatten().tolist(),
+                    metrics=sorted(trainer.callback_metrics), loss=float(trainer.callback_metrics["train_loss"]),
+                    state=(trainer.state.fn, trainer.state.status, trainer.state.stage))
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    assert got["tasktrain"]["in_a_child"]
+    assert got["tasktrain"]["warnings"] == [
+        "Consider setting `persistent_workers=True` in 'val_dataloader' to speed up the dataloader worker "
+        "initialization."]
 
 
 def test_accelerator_connector_is_read_only_and_names_what_it_lacks():

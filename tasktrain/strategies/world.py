@@ -185,9 +185,11 @@ class ProcessWorld(MultiProcess):
         return self._launched_by() is None and self.devices * self.num_nodes > 1
 
     def launch(self, run, *args):
-        """start_method="spawn" starts the ranks here with torch.multiprocessing (spawn.py); "popen" runs `run` in
-        this process, which re-runs the script for the other ranks in setup_environment."""
-        if self.start_method == "spawn" and self.needs_launch():
+        """start_method="spawn" starts the ranks here with torch.multiprocessing (spawn.py), a world of one too (its
+        one rank trains in a child, as under Lightning's _MultiProcessingLauncher, so what a spawned child does
+        differently, such as the DataLoader warnings of the "spawn" start method, happens alike); "popen" runs `run`
+        in this process, which re-runs the script for the other ranks in setup_environment."""
+        if self.start_method == "spawn" and self._launched_by() is None:
             from tasktrain.strategies.spawn import run_spawned
 
             return run_spawned(self, run, args)
