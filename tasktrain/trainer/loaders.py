@@ -212,10 +212,9 @@ def setup_val(trainer, loader):
                                                              trainer.global_rank) for one in ones])
     trainer._val_loader = val_loaders
     trainer._loader_views["validate"] = loaders_view(loader, val_loaders)  # (trainer.val_dataloaders: as given)
-    limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
+    limit = trainer.limit_val_batches
+    # (trainer.num_sanity_val_batches: these cut to num_sanity_val_steps, at each read)
     trainer.num_val_batches = [0 if limit == 0 else evaluation.limit_eval(one, limit, "val") for one in val_loaders]
-    trainer.num_sanity_val_batches = [evaluation.sanity_limit(one, limit, sanity_steps) if sanity_steps else 0
-                                      for one in val_loaders]
     _val_set_up(trainer)
 
 
