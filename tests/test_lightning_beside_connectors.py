@@ -696,3 +696,48 @@ def test_request_dataloader_and_worker_check_as_lightning(monkeypatch):
     assert got["tasktrain"][:5] == ["Loader", 32, 2, True, True]
     assert got["tasktrain"][5] == ["The 'train_dataloader' does not have many workers which may "]
     assert got["tasktrain"][6] == ["The 'train_dataloader' does not have many workers which may "]
+
+
+def test_datahook_selector_follows_each_attach_as_lightning():
+    """Each entry point attaches its module and DataModule (None where none is given) anew, as Lightning's
+    attach_data makes a new _DataHookSelector: after attach_data(m1, dm), fit(m2, datamodule=dm), fit(m2, loader) and
+    validate(m1, loader) the selector holds that run's; trainer.datamodule stays; the transfer hook that runs after a
+    fit without a DataModule is the module's."""
+    import warnings
+
+    def case(lib, boring):
+        calls = []
+
+        class Moves(boring.BoringDataModule):
+            def on_before_batch_transfer(self, batch, dataloader_idx):
+                calls.append("datamodule")
+                return batch
+
+        trainer = lib.Trainer(max_steps=1, limit_val_batches=1, **QUIET)
+        m1, m2, dm = boring.BoringModel(), boring.BoringModel(), Moves()
+        seen = []
+
+        def read():
+            selector = trainer._data_connector._datahook_selector
+            seen.append(None if selector is None else ({id(m1): "m1", id(m2): "m2"}[id(selector.model)],
+                                                       selector.datamodule is dm, trainer.datamodule is dm,
+                                                       len(calls)))
+
+        read()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer._data_connector.attach_data(m1, datamodule=dm)
+            read()
+            trainer.fit(m2, datamodule=dm)
+            read()
+            trainer.fit_loop.epoch_loop.max_steps = 2
+            trainer.fit(m2, DataLoader(boring.RandomDataset(32, 8)))  # (the hook of the module: none counted)
+            read()
+            trainer.validate(m1, DataLoader(boring.RandomDataset(32, 8)))
+            read()
+        return seen
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    assert [reading[:2] for reading in got["tasktrain"][1:]] == [("m1", True), ("m2", True), ("m2", False),
+                                                                  ("m1", False)]

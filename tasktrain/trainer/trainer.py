@@ -188,6 +188,10 @@ class Trainer:
         self.state, self.optimizers, self.lr_scheduler_configs = TrainState(), [], []
         self._module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
         self._given_module = None  # what the last run was given: the module, or torch.compile(module)
+        # (module, datamodule) the last entry point or _data_connector.attach_data was given (the datamodule None
+        # where none was): whose shared data hooks run, Lightning's _DataHookSelector, which each attach replaces
+        # (trainer.datamodule stays for the loaders of later runs)
+        self._attached = (None, None)
         self._metrics, self._callback_metrics_cache, self._logged_metrics = None, {}, {}
         self._fx_outside_run = None  # the hook called outside a run (metrics.hook_scope), for module._current_fx_name
         self._set_hook_tables(None)
@@ -704,6 +708,7 @@ class Trainer:
                 raise ValueError(f"Trainer.{stage} was given both dataloaders and a datamodule: pass one of them.")
             self.datamodule = datamodule
             datamodule.trainer = self
+        self._attached = (module, datamodule)
         if stage == "fit" and self.is_global_zero:
             _warn_unused_validation(module, eval_loader, datamodule)
         # Lightning's entry points name the module and the stage before the launch: a spawned run's parent shows
