@@ -3,6 +3,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
 
 from tasktrain import TaskModule
+from tasktrain.demos.boring_classes import BoringModel
 
 
 def regression_data(n=32, seed=0):
@@ -146,3 +147,37 @@ def cli_commands_here(commands):
                 code = 1
         results.append((code or 0, out.getvalue(), err.getvalue()))
     return results
+
+
+class RecordsItsProcess:
+    """Under ddp_spawn: the process that trains, and the DataLoader warnings it gives from on_fit_start to on_train_end
+    (Lightning's come in its child, where the start method is "spawn"), written to `record_path` for the parent
+    (tests/test_lightning_beside_connectors.py; here, where a spawned child imports it without Lightning)."""
+
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch[0], batch_idx)
+        self.log("train_loss", out["loss"])
+        return out
+
+    def validation_step(self, batch, batch_idx):
+        return super().validation_step(batch[0], batch_idx)
+
+    def on_fit_start(self):
+        import warnings
+
+        self._caught = warnings.catch_warnings(record=True)
+        self._warned = self._caught.__enter__()
+        warnings.simplefilter("always")
+
+    def on_train_end(self):
+        import json
+        import os
+
+        self._caught.__exit__(None, None, None)
+        with open(self.record_path, "w") as f:
+            json.dump({"pid": os.getpid(), "warnings": [str(w.message) for w in self._warned
+                                                        if "workers" in str(w.message)]}, f)
+
+
+class OursRecords(RecordsItsProcess, BoringModel):
+    pass

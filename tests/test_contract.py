@@ -319,7 +319,8 @@ def test_deepspeed_owns_its_precision_through_a_plugin_that_forwards_to_the_engi
 
 # -- the runtime, shared by the Trainer and the Accelerator ---------------------------------------------------------
 def test_a_one_process_strategy_under_a_multi_process_launcher_is_an_error_for_both(monkeypatch):
-    for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2")):
+    for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2"),
+                       ("TORCHELASTIC_RUN_ID", "x")):  # (torchrun's: the Trainer, as Lightning's, needs it)
         monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match="started 2 processes, but strategy 'single_device'"):
         Trainer(strategy="single_device", **quiet())

@@ -205,7 +205,8 @@ def test_num_nodes_defaults_to_what_the_launcher_formed(monkeypatch):
     from tasktrain import Trainer
 
     for key, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-                       "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+                       "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999",
+                       "TORCHELASTIC_RUN_ID": "x"}.items():  # (torchrun's variables)
         monkeypatch.setenv(key, value)
     trainer = Trainer(strategy="ddp", accelerator="cpu", logger=False, enable_progress_bar=False,
                       enable_checkpointing=False)

@@ -1101,6 +1101,11 @@ VALIDATION_COUNT_SAVES = {  # (ModelCheckpoint, Trainer, (epoch, val_loop._max_b
     # a time val_check_interval: saves at validation ends only, so none here before `last` at the fit's end
     "time_interval_without_validation": (dict(save_top_k=-1, save_last=True),
                                          dict(val_check_interval="00:00:10:00", limit_val_batches=0), ()),
+    # a time val_check_interval overwritten with a float after Trainer(...): Lightning keeps the time (its
+    # _val_check_time_interval), so still saves at validation ends only
+    "time_interval_kept_after_a_float_write": (dict(save_top_k=-1, save_last=True),
+                                               dict(val_check_interval="00:00:10:00", limit_val_batches=0,
+                                                    then_val_check_interval=0.5), ()),
     # reload_dataloaders_every_n_epochs counts the loaders again: the write lasts until then
     "recounted_on_reload": (dict(save_top_k=-1), dict(val_check_interval=0.5, reload_dataloaders_every_n_epochs=2),
                             ((1, [0]),)),
@@ -1114,6 +1119,7 @@ def _validation_count_saves(lib, classes, root, checkpoint, trainer_args, writes
     hook, saves, validated, counts = {"now": None}, [], [], []
     trainer_args = {"limit_val_batches": 2, **trainer_args}
     val_length = trainer_args.pop("val_length", 64)
+    then_interval = trainer_args.pop("then_val_check_interval", None)  # written to the trainer before the fit
 
     class Where(lib.Callback):  # (before the ModelCheckpoint, which both frameworks run last)
         def on_train_epoch_start(self, trainer, module):
@@ -1151,6 +1157,8 @@ def _validation_count_saves(lib, classes, root, checkpoint, trainer_args, writes
                           enable_model_summary=False, num_sanity_val_steps=0,
                           callbacks=[Where(), lib.callbacks.ModelCheckpoint(dirpath=root, **checkpoint)],
                           **trainer_args)
+    if then_interval is not None:
+        trainer.val_check_interval = then_interval
     trainer.fit(Logged())
     return saves, validated, counts, sorted(os.listdir(root))
 

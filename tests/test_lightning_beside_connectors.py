@@ -13,6 +13,7 @@ pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
 
 import tasktrain  # noqa: E402
+from helpers import OursRecords, RecordsItsProcess  # noqa: E402
 from tasktrain.demos import boring_classes as ours  # noqa: E402
 
 LIBS = {"tasktrain": (tasktrain, ours), "lightning": (pl, theirs)}
@@ -189,6 +190,49 @@ def test_the_launcher_where_the_processes_were_started_outside_reads_as_lightnin
     assert got["tasktrain"][:-1] == got["lightning"][:-1] == (True, False, 2, 1, [], True)
     with pytest.raises(NotImplementedError, match="notebook_launcher"):  # it starts nothing here
         got["tasktrain"][-1].launch()
+
+
+class _TheirsRecords(RecordsItsProcess, theirs.BoringModel):  # (ours: helpers.py, which a child imports fast)
+    pass
+
+
+def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkeypatch):
+    """strategy="ddp_spawn", devices=1: Lightning's _MultiProcessingLauncher spawns one child, so its DataLoader check
+    sees the "spawn" start method and asks for persistent_workers; the parent gets the weights, callback_metrics and
+    trainer.state back."""
+    import json
+    import os
+    import warnings
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKTRAIN_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+
+    def case(lib, boring):
+        lib.seed_everything(0, verbose=False)
+        module = (OursRecords if lib is tasktrain else _TheirsRecords)()
+        module.record_path = str(tmp_path / f"{lib.__name__}.json")
+        train = DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 32)), batch_size=2)
+        # requested at the fit's start, never iterated (max_steps ends the fit before the epoch's validation): the
+        # warning without the seconds a worker process costs
+        val = DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 32)), batch_size=2, num_workers=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(strategy="ddp_spawn", devices=1, accelerator="cpu", max_steps=2,
+                                  num_sanity_val_steps=0, **QUIET)
+            trainer.fit(module, train, val)
+        with open(module.record_path) as f:
+            record = json.load(f)
+        return dict(in_a_child=record["pid"] != os.getpid(), warnings=record["warnings"],
+                    weight=module.layer.weight.detach().flatten().tolist(),
+                    metrics=sorted(trainer.callback_metrics), loss=float(trainer.callback_metrics["train_loss"]),
+                    state=(trainer.state.fn, trainer.state.status, trainer.state.stage))
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    assert got["tasktrain"]["in_a_child"]
+    assert got["tasktrain"]["warnings"] == [
+        "Consider setting `persistent_workers=True` in 'val_dataloader' to speed up the dataloader worker "
+        "initialization."]
 
 
 def test_accelerator_connector_is_read_only_and_names_what_it_lacks():
@@ -764,3 +808,48 @@ def test_request_dataloader_and_worker_check_as_lightning(monkeypatch):
     assert got["tasktrain"][:5] == ["Loader", 32, 2, True, True]
     assert got["tasktrain"][5] == ["The 'train_dataloader' does not have many workers which may "]
     assert got["tasktrain"][6] == ["The 'train_dataloader' does not have many workers which may "]
+
+
+def test_datahook_selector_follows_each_attach_as_lightning():
+    """Each entry point attaches its module and DataModule (None where none is given) anew, as Lightning's
+    attach_data makes a new _DataHookSelector: after attach_data(m1, dm), fit(m2, datamodule=dm), fit(m2, loader) and
+    validate(m1, loader) the selector holds that run's; trainer.datamodule stays; the transfer hook that runs after a
+    fit without a DataModule is the module's."""
+    import warnings
+
+    def case(lib, boring):
+        calls = []
+
+        class Moves(boring.BoringDataModule):
+            def on_before_batch_transfer(self, batch, dataloader_idx):
+                calls.append("datamodule")
+                return batch
+
+        trainer = lib.Trainer(max_steps=1, limit_val_batches=1, **QUIET)
+        m1, m2, dm = boring.BoringModel(), boring.BoringModel(), Moves()
+        seen = []
+
+        def read():
+            selector = trainer._data_connector._datahook_selector
+            seen.append(None if selector is None else ({id(m1): "m1", id(m2): "m2"}[id(selector.model)],
+                                                       selector.datamodule is dm, trainer.datamodule is dm,
+                                                       len(calls)))
+
+        read()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer._data_connector.attach_data(m1, datamodule=dm)
+            read()
+            trainer.fit(m2, datamodule=dm)
+            read()
+            trainer.fit_loop.epoch_loop.max_steps = 2
+            trainer.fit(m2, DataLoader(boring.RandomDataset(32, 8)))  # (the hook of the module: none counted)
+            read()
+            trainer.validate(m1, DataLoader(boring.RandomDataset(32, 8)))
+            read()
+        return seen
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    assert [reading[:2] for reading in got["tasktrain"][1:]] == [("m1", True), ("m2", True), ("m2", False),
+                                                                  ("m1", False)]

@@ -356,6 +356,35 @@ def test_the_view_writes_the_limits_and_refuses_to_be_replaced():
     assert copy.fit_loop.max_epochs == 5 and copy.fit_loop._trainer is copy
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_max_batches_write_during_the_sanity_check_reads_as_lightnings():
+    """val_loop._max_batches written in a validation_step of the sanity check: that check runs its batches still, and
+    from the write on num_sanity_val_batches, the val loop's max_batches and the fit's validations follow it, as
+    under Lightning (whose num_sanity_val_batches is worked out from the val loop's counts at each read)."""
+
+    def case(lib, boring):
+        seen = []
+
+        class Writes(boring.BoringModel):
+            def validation_step(self, batch, batch_idx):
+                trainer = self.trainer
+                seen.append((trainer.sanity_checking, trainer.current_epoch, batch_idx,
+                             list(trainer.num_sanity_val_batches), list(trainer.num_val_batches),
+                             list(trainer.fit_loop.epoch_loop.val_loop.max_batches)))
+                if trainer.sanity_checking and batch_idx == 0:
+                    trainer.fit_loop.epoch_loop.val_loop._max_batches = [1]
+                return super().validation_step(batch, batch_idx)
+
+        trainer = lib.Trainer(max_epochs=2, **dict(QUIET, limit_train_batches=2, limit_val_batches=3,
+                                                     num_sanity_val_steps=2))
+        trainer.fit(Writes())
+        return seen, list(trainer.num_sanity_val_batches), list(trainer.num_val_batches)
+
+    ours_, theirs_ = (case(*LIBS[name]) for name in ("tasktrain", "lightning"))
+    assert ours_ == theirs_
+    assert [step[:3] for step in ours_[0]] == [(True, 0, 0), (True, 0, 1), (False, 0, 0), (False, 1, 0)]
+
+
 @pytest.mark.parametrize("interval", ["batch", "epoch", None])
 def test_predict_loop_batch_indices_read_as_lightnings(interval, tmp_path):
     """trainer.predict_loop.epoch_batch_indices at each predict hook, with a writer at each batch, at the epoch's end,

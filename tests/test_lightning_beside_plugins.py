@@ -290,15 +290,18 @@ def test_slurm_environment_sets_the_requeue_of_a_fit(monkeypatch):
 
 
 def test_the_environment_plugins_are_checked_against_the_launchers_variables(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID",
+                 "TORCHELASTIC_RUN_ID", "TASKTRAIN_LAUNCHER"):
         monkeypatch.delenv(name, raising=False)
     assert TorchElasticEnvironment.detect() is False and SLURMEnvironment.detect() is False
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("LOCAL_RANK", "0")
+    assert TorchElasticEnvironment.detect() is False  # (Lightning's: torchrun sets TORCHELASTIC_RUN_ID too)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
     trainer = tasktrain.Trainer(plugins=[TorchElasticEnvironment()], **QUIET)  # torchrun's variables: accepted
     assert TorchElasticEnvironment.detect() and TorchElasticEnvironment().world_size() == trainer.world_size == 1
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name)
     for name, value in (("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("SLURM_STEP_ID", "0"), ("SLURM_JOB_ID", "9"),
                         ("SLURM_JOB_NAME", "train"), ("SLURM_NNODES", "1"), ("SLURM_TASKS_PER_NODE", "1")):
@@ -1639,6 +1642,7 @@ def test_sync_batchnorm_layers_are_reverted_after_a_fit_as_lightnings_are(cpu_wr
     ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2",
       "TORCHELASTIC_RUN_ID": "x"}, 2, 2),  # torchrun, second machine
     ({"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "NODE_RANK": "1"}, 2, 2),  # launcher variables, no torchrun
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}, 2, 2),  # the same, RANK not node * devices + local: not read
     ({"RANK": "1", "WORLD_SIZE": "2"}, 2, 1),  # RANK / WORLD_SIZE without LOCAL_RANK: read by neither, rank 0
     ({"RANK": "1", "WORLD_SIZE": "2"}, 1, 1),
     ({"LOCAL_RANK": "1", "NODE_RANK": "1"}, 2, 2),  # a launcher of one's own: rank 3, started outside

@@ -252,7 +252,9 @@ class ModelCheckpoint(Checkpoint):
         validation runs at the epoch's end alone (val_check_interval == 1.0)."""
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
-        if not isinstance(trainer.val_check_interval, (int, float)):  # a time ('DD:HH:MM:SS', timedelta, dict)
+        # A time val_check_interval ('DD:HH:MM:SS', timedelta, dict) is kept as seconds in _val_check_time_interval,
+        # as Lightning keeps it: a later write of trainer.val_check_interval leaves the time schedule (and this rule).
+        if getattr(trainer, "_val_check_time_interval", None) is not None:
             return False
         if trainer.check_val_every_n_epoch != 1:
             return False

@@ -157,7 +157,7 @@ class LightningEnvironment(ClusterEnvironment):
 class TorchElasticEnvironment(ClusterEnvironment):
     @staticmethod
     def detect() -> bool:
-        return detect_environment().launcher == "torchrun"
+        return detect_environment(lightning=True).launcher == "torchrun"  # (Lightning's: TORCHELASTIC_RUN_ID set)
 
     def check(self, env):
         if env.launcher != "torchrun":

@@ -45,9 +45,15 @@ class ClusterEnvironment:
     launcher: Optional[str] = None
 
 
-def detect_environment(env=None) -> ClusterEnvironment:
+def detect_environment(env=None, lightning=False) -> ClusterEnvironment:
+    """The launcher's variables. RANK, WORLD_SIZE and LOCAL_RANK are a launch's (torchrun's, `tasktrain launch`'s, our
+    own self-launch's or ddp_spawn's), as Accelerate reads them. lightning=True reads them as Lightning's Trainer:
+    torchrun's only where torchrun set TORCHELASTIC_RUN_ID (its TorchElasticEnvironment.detect), or tasktrain's own
+    launch set TASKTRAIN_LAUNCHER; otherwise RANK is not read, and LOCAL_RANK is a launcher of one's own's
+    (environment_from_local_rank: rank node_rank * devices + local_rank, as Lightning's LightningEnvironment)."""
     env = os.environ if env is None else env
-    if "RANK" in env and "WORLD_SIZE" in env and "LOCAL_RANK" in env:
+    launched = not lightning or "TORCHELASTIC_RUN_ID" in env or "TASKTRAIN_LAUNCHER" in env
+    if "RANK" in env and "WORLD_SIZE" in env and "LOCAL_RANK" in env and launched:
         world = int(env["WORLD_SIZE"])
         return ClusterEnvironment(
             global_rank=int(env["RANK"]),
@@ -65,16 +71,19 @@ def detect_environment(env=None) -> ClusterEnvironment:
     return ClusterEnvironment()
 
 
-def environment_from_local_rank(devices: int, num_nodes: int, env=None, meeting=True) -> Optional[ClusterEnvironment]:
+def environment_from_local_rank(devices: int, num_nodes: int, env=None, meeting=True,
+                                lightning=False) -> Optional[ClusterEnvironment]:
     """Lightning's LightningEnvironment where a launcher of one's own started the process with LOCAL_RANK (and
     NODE_RANK / GROUP_RANK, MASTER_ADDR, MASTER_PORT) but not torchrun's RANK / WORLD_SIZE: Lightning takes it as one
     rank of a world it did not start (creates_processes_externally), global rank node_rank * devices + local_rank of
     devices * num_nodes, and starts nothing. None where that is not the case (torchrun's or SLURM's variables, no
     LOCAL_RANK) or the world is one process. A world of several without MASTER_PORT is an error (Lightning picks a
     free port in each process, so the ranks would wait for each other until the timeout); `meeting=False` reads the
-    ranks only (right after Trainer(...): the port is checked at the set-up)."""
+    ranks only (right after Trainer(...): the port is checked at the set-up). `lightning`: detect_environment's (RANK /
+    WORLD_SIZE beside LOCAL_RANK without torchrun are then this case too)."""
     env = os.environ if env is None else env
-    if "LOCAL_RANK" not in env or devices * num_nodes <= 1 or detect_environment(env).launcher is not None:
+    if "LOCAL_RANK" not in env or devices * num_nodes <= 1 or \
+            detect_environment(env, lightning=lightning).launcher is not None:
         return None
     local = int(env["LOCAL_RANK"])
     node = int(env.get("NODE_RANK", env.get("GROUP_RANK", 0)))

@@ -80,6 +80,10 @@ class ProcessWorld(MultiProcess):
             self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
 
     _idle_launcher = None  # the launcher view of a strategy whose workers are not started (yet), made when read
+    # How the launcher's variables are read (environment.detect_environment): True under Lightning's Trainer (set by
+    # the Trainer's build_runtime), where RANK / WORLD_SIZE / LOCAL_RANK without torchrun are a launcher of one's own
+    # (ranks from LOCAL_RANK and the node rank); False under the Accelerator, which reads RANK as Accelerate does.
+    lightning_ranks = False
 
     @property
     def launcher(self):
@@ -114,15 +118,17 @@ class ProcessWorld(MultiProcess):
         plugin = self.environment_plugin
         if plugin is not None and plugin.creates_processes_externally:
             return "external"
-        launcher = detect_environment().launcher
-        if launcher is None and environment_from_local_rank(self.devices, self.num_nodes, meeting=False):
+        launcher = detect_environment(lightning=self.lightning_ranks).launcher
+        if launcher is None and environment_from_local_rank(self.devices, self.num_nodes, meeting=False,
+                                                            lightning=self.lightning_ranks):
             return "external"  # a launcher of one's own set LOCAL_RANK only (Lightning's LightningEnvironment)
         return launcher
 
     def _environment(self):
         """This rank's place in the world: the launcher's variables, or the user's ClusterEnvironment plugin."""
         if self.environment_plugin is None:
-            return environment_from_local_rank(self.devices, self.num_nodes) or detect_environment()
+            return environment_from_local_rank(self.devices, self.num_nodes, lightning=self.lightning_ranks) or \
+                detect_environment(lightning=self.lightning_ranks)
         return environment_from_plugin(self.environment_plugin, self.devices, self.num_nodes)
 
     def set_world_ranks(self):
@@ -146,11 +152,12 @@ class ProcessWorld(MultiProcess):
             return ClusterEnvironment(global_rank=plugin.global_rank(), world_size=plugin.world_size(),
                                       local_rank=plugin.local_rank(), node_rank=plugin.node_rank())
         try:
-            env = detect_environment()
+            env = detect_environment(lightning=self.lightning_ranks)
         except SlurmAllocationError:  # raised by the set-up, where the run starts
             return None
         if env.launcher is None:  # (LOCAL_RANK alone: Lightning's ranks from it)
-            return environment_from_local_rank(self.devices, self.num_nodes, meeting=False)
+            return environment_from_local_rank(self.devices, self.num_nodes, meeting=False,
+                                               lightning=self.lightning_ranks)
         return env
 
     @property
@@ -185,9 +192,11 @@ class ProcessWorld(MultiProcess):
         return self._launched_by() is None and self.devices * self.num_nodes > 1
 
     def launch(self, run, *args):
-        """start_method="spawn" starts the ranks here with torch.multiprocessing (spawn.py); "popen" runs `run` in
-        this process, which re-runs the script for the other ranks in setup_environment."""
-        if self.start_method == "spawn" and self.needs_launch():
+        """start_method="spawn" starts the ranks here with torch.multiprocessing (spawn.py), a world of one too (its
+        one rank trains in a child, as under Lightning's _MultiProcessingLauncher, so what a spawned child does
+        differently, such as the DataLoader warnings of the "spawn" start method, happens alike); "popen" runs `run`
+        in this process, which re-runs the script for the other ranks in setup_environment."""
+        if self.start_method == "spawn" and self._launched_by() is None:
             from tasktrain.strategies.spawn import run_spawned
 
             return run_spawned(self, run, args)

@@ -712,13 +712,6 @@ def limit_eval(loader, limit, prefix="val"):
     return apply_limit(length, limit, f"limit_{prefix}_batches")
 
 
-def sanity_limit(loader, limit_val_batches, num_sanity_val_steps):
-    limit = limit_eval(loader, limit_val_batches, "val")
-    if num_sanity_val_steps in (-1, float("inf")):  # (Lightning stores -1 as inf)
-        return limit
-    return num_sanity_val_steps if limit is None else min(num_sanity_val_steps, limit)
-
-
 def apply_limit(length, limit, name):
     """Batches a loader of `length` batches (None: no length) runs under limit_<stage>_batches `limit` (`name`), as
     Lightning's _parse_num_batches: a fraction that leaves no batch of a loader that has some is its

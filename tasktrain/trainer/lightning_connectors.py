@@ -363,10 +363,6 @@ class DataConnector(_View):
                 "validate_loop's, test_loop's, predict_loop's), the loaders in use trainer.train_dataloader, "
                 "trainer.val_dataloaders, ...")
 
-    def __init__(self, trainer):
-        super().__init__(trainer)
-        self._attached_model = None  # (the module attach_data / attach_datamodule was given, for _datahook_selector)
-
     def prepare_data(self):
         """The DataModule's and the module's prepare_data, once per machine (or once in all), as a run calls them."""
         run.prepare_data(self.trainer, self.trainer.lightning_module)
@@ -396,8 +392,9 @@ class DataConnector(_View):
 
     def attach_datamodule(self, model, datamodule=None):
         """Make `datamodule` the Trainer's (a run's datamodule= does the same) and every kind's source, and note
-        `model` for _datahook_selector; None attaches nothing (Lightning's)."""
-        self._attached_model = model
+        `model` for _datahook_selector (as an entry point's run does: the next run replaces both); None attaches no
+        DataModule (Lightning's)."""
+        self.trainer._attached = (model, datamodule)
         if datamodule is not None:
             self.trainer._attached_sources = dict.fromkeys(("train", "val", "test", "predict"), datamodule)
             self.trainer.datamodule = datamodule
@@ -405,13 +402,13 @@ class DataConnector(_View):
 
     @property
     def _datahook_selector(self):
-        """Lightning's _DataHookSelector over the module (the one given to attach_data / attach_datamodule, else the
-        Trainer's) and trainer.datamodule: get_instance(hook) says whose transfer hook runs, by the rule the runs
-        follow (run.data_hook_owner). None before any module is known, as Lightning's before attach_datamodule."""
+        """Lightning's _DataHookSelector over the module and the DataModule (None where none was given) of the last
+        attach: the last entry point's run, or attach_data / attach_datamodule since: get_instance(hook) says whose
+        transfer hook runs, by the rule the runs follow (run.data_hook_owner). None before any, as Lightning's."""
         from tasktrain.trainer.connectors.data_connector import _DataHookSelector
 
-        model = self._attached_model if self._attached_model is not None else self.trainer.lightning_module
-        return None if model is None else _DataHookSelector(model, self.trainer.datamodule)
+        model, datamodule = self.trainer._attached
+        return None if model is None else _DataHookSelector(model, datamodule)
 
 
 # -- trainer._logger_connector ----------------------------------------------------------------------------------------

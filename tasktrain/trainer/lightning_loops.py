@@ -240,8 +240,6 @@ class EvaluationLoop(_LoopView):
     @property
     def max_batches(self):
         trainer = self._trainer
-        if self._key == "val" and trainer.sanity_checking:
-            return [float("inf") if count is None else count for count in trainer._counts["sanity"]]
         counts = [float("inf") if count is None else count for count in trainer._counts[self._COUNTS[self._key]]]
         if trainer.sanity_checking:  # (Lightning's property clamps every evaluation loop's during the sanity check)
             steps = trainer.num_sanity_val_steps

@@ -212,12 +212,11 @@ def setup_val(trainer, loader):
                                                              trainer.global_rank) for one in ones])
     trainer._val_loader = val_loaders
     trainer._loader_views["validate"] = loaders_view(loader, val_loaders)  # (trainer.val_dataloaders: as given)
-    limit, sanity_steps = trainer.limit_val_batches, trainer.num_sanity_val_steps
+    limit = trainer.limit_val_batches
     # (fit's counts, whatever run the Trainer is in: fit_loop.epoch_loop.val_loop.setup_data() may be called after a
-    # validate run, whose counts num_val_batches reads)
+    # validate run, whose counts num_val_batches reads; trainer.num_sanity_val_batches: these cut to
+    # num_sanity_val_steps, at each read)
     trainer._counts["fit"] = [0 if limit == 0 else evaluation.limit_eval(one, limit, "val") for one in val_loaders]
-    trainer.num_sanity_val_batches = [evaluation.sanity_limit(one, limit, sanity_steps) if sanity_steps else 0
-                                      for one in val_loaders]
     _val_set_up(trainer)
 
 

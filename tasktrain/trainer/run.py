@@ -100,7 +100,7 @@ def data_hook_owner(name, module, datamodule, warn=True):
 def data_hook(trainer, name, module):
     """The hook `name` of its owner (data_hook_owner), called as Lightning calls it (a module's: also a wrapper around
     the base's own), or None where there is nothing but the base's own."""
-    owner = data_hook_owner(name, module, trainer.datamodule, warn=trainer.is_global_zero)
+    owner = data_hook_owner(name, module, trainer._attached[1], warn=trainer.is_global_zero)
     if owner is not module:
         return getattr(owner, name)
     return getattr(module, name) if hook_is_called(name, module, TaskModule) else None

@@ -54,7 +54,7 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
                                           not isinstance(gradient_clip_val, (int, float))):
         raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val}.")  # Lightning's
     launch = launch_config()
-    env = detect_environment()
+    env = detect_environment(lightning=not custom_loop)  # (the Trainer reads the variables as Lightning's)
     if isinstance(strategy, str) and strategy == AUTO_STRATEGY:
         strategy = None  # "auto" asks for the default choice: not given
     precision = None if precision is None else normalize_precision(precision)
@@ -116,6 +116,8 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
             warnings.warn("You passed `Trainer(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not "
                           "supported on CPU. Using `precision='bf16-mixed'` instead.", stacklevel=3)
         precision = "bf16-mixed"
+    if isinstance(strategy, MultiProcess) and not custom_loop:
+        strategy.lightning_ranks = True  # (its ranks from the launcher's variables as Lightning's, as `env` above)
     strategy.configure(accelerator, devices, num_nodes, precision)
     stall_timeout = resolve_stall_timeout(stall_timeout)
     strategy.stall_timeout = stall_timeout  # read by its setup_environment, which starts the watchdog

@@ -188,6 +188,10 @@ class Trainer:
         self.state, self.optimizers, self.lr_scheduler_configs = TrainState(), [], []
         self._module = self.datamodule = None  # datamodule: the last entry point's (Lightning's trainer.datamodule)
         self._given_module = None  # what the last run was given: the module, or torch.compile(module)
+        # (module, datamodule) the last entry point or _data_connector.attach_data was given (the datamodule None
+        # where none was): whose shared data hooks run, Lightning's _DataHookSelector, which each attach replaces
+        # (trainer.datamodule stays for the loaders of later runs)
+        self._attached = (None, None)
         self._metrics, self._callback_metrics_cache, self._logged_metrics = None, {}, {}
         self._fx_outside_run = None  # the hook called outside a run (metrics.hook_scope), for module._current_fx_name
         self._set_hook_tables(None)
@@ -209,7 +213,7 @@ class Trainer:
         # loop's loaders are, kept after its run until they are set again (Lightning's loops keep theirs). The
         # properties below read them in Lightning's form (inf for no length).
         self._num_training_batches = None  # batches of the epoch being trained (a resumed epoch: what is left + done)
-        self._counts = {"fit": [], "sanity": [], "validate": [], "test": [], "predict": []}  # ("fit": its validation)
+        self._counts = {"fit": [], "validate": [], "test": [], "predict": []}  # ("fit": its validation)
         # Lightning's: set by the SIGTERM handler, False again where each run installs it (guards.py, issue 37), kept
         # after the run (its on_exception hooks and the script read it)
         self.received_sigterm = False
@@ -472,11 +476,12 @@ class Trainer:
 
     @property
     def num_sanity_val_batches(self):
-        return _inf_counts(self._counts["sanity"])
-
-    @num_sanity_val_batches.setter
-    def num_sanity_val_batches(self, counts):
-        self._counts["sanity"] = counts
+        """The fit's validation counts cut to num_sanity_val_steps, worked out at each read as Lightning's: a write
+        to fit_loop.epoch_loop.val_loop._max_batches (during the sanity check too) shows here at once, and the fit's
+        validations after the sanity check run that many batches (the running sanity check keeps its own)."""
+        steps = self.num_sanity_val_steps
+        steps = float("inf") if steps == -1 else steps
+        return [min(steps, count) for count in _inf_counts(self._counts["fit"])]
 
     @property
     def num_test_batches(self):
@@ -706,6 +711,7 @@ class Trainer:
                 raise ValueError(f"Trainer.{stage} was given both dataloaders and a datamodule: pass one of them.")
             self.datamodule = datamodule
             datamodule.trainer = self
+        self._attached = (module, datamodule)
         if stage == "fit" and self.is_global_zero:
             _warn_unused_validation(module, eval_loader, datamodule)
         # Lightning's entry points name the module and the stage before the launch: a spawned run's parent shows
@@ -925,7 +931,9 @@ class Trainer:
         with isolate_rng():  # the training draws as it would without a sanity check (Lightning's rule)
             self._call("on_sanity_check_start")
             if loaders.val_data_now(self) is not None:  # val_dataloader is requested here, as in Lightning
-                evaluation.evaluate(self, "validate", self._val_loader, self._counts["sanity"])
+                # (the counts as they are now: a later write moves the fit's validations, not this sanity check)
+                sanity_counts = [None if count == float("inf") else count for count in self.num_sanity_val_batches]
+                evaluation.evaluate(self, "validate", self._val_loader, sanity_counts)
             self._call("on_sanity_check_end")
         self.state.stage = outer_stage  # (training again, Lightning's)
         self.state.eval_batches["val"] = [0, 0]  # (Lightning resets its validation progress after the sanity check)
