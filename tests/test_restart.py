@@ -2,7 +2,8 @@
 
 `tasktrain launch --num_processes 2 --max_restarts 3` runs restart_scripts/train.py (2 gloo processes, a tiny
 model, ModelCheckpoint(async_save=True) at every step); a rank picked at random (fixed seed) is SIGKILLed at three
-moments, one of them inside a background write. torch's elastic agent restarts both workers each time and the fit,
+moments, one of them inside a background write. (The three strategies' killed runs share one launch, --max_restarts
+9, after their uninterrupted references: each run is restarted three times, each restart skips the runs done.) torch's elastic agent restarts both workers each time and the fit,
 given no ckpt_path, resumes from the newest complete checkpoint of the launch. The end must be bitwise the
 uninterrupted run's: the weights, every rank's optimizer state and the sample ids of every step.
 """
