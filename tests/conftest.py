@@ -138,9 +138,10 @@ def _offline_trackers(tmp_path_factory):
 # 140 -> 126 s (the Muon module). On 2026-12-07 (ttime), by the CPU time of its cuts (same-time pairs, each file alone):
 # test_model_parallel 62 -> 51 (6 mesh steps, not 10), test_lightning_ddp 71 -> 48 (the optimization hooks in the
 # extras launch); test_lightning_beside_ddp_order (37 s alone, loaded) holds the one launch of three beside-Lightning
-# scripts that were a launch each in three files.
+# scripts that were a launch each in three files. On 2026-12-07 (ttime3): test_restart 325 -> 266 by the CPU time of
+# its cut (225 -> 184 s alone: the references and the three killed runs in one launch).
 HEAVY_FILES = {
-    "test_restart.py": 325, "test_deepspeed.py": 274, "test_gpt_example.py": 232,
+    "test_restart.py": 266, "test_deepspeed.py": 274, "test_gpt_example.py": 232,
     "test_fsdp.py": 244, "test_resume.py": 238, "test_reshard.py": 200, "test_ddp.py": 170,
     "test_gpu_check.py": 168, "test_ddp_failures.py": 146, "test_benchmarks.py": 140,
     "test_watchdog.py": 138, "test_accelerator_api.py": 123,

@@ -181,3 +181,60 @@ class RecordsItsProcess:
 
 class OursRecords(RecordsItsProcess, BoringModel):
     pass
+
+
+def recording_environment(base, *, local_rank=0, node_rank=0, main_address="127.0.0.1", main_port=1, rank=0, world=1,
+                          record_checks=False):
+    """A ClusterEnvironment of the user's (subclassing `base`: tasktrain's class or Lightning's, so the same one runs
+    under both) that creates the processes itself (creates_processes_externally) and answers with the values given;
+    it notes in `.calls`, in order, the ranks the Trainer tells it (("set_global_rank", r), ("set_world_size", n)),
+    and with record_checks also ("validate_settings", devices, nodes) and ("teardown",). Returns an instance."""
+    class Recording(base):
+        creates_processes_externally = True
+
+        def __init__(self):
+            self.calls, self._rank, self._world = [], rank, world
+
+        @property
+        def main_address(self):
+            return main_address
+
+        @property
+        def main_port(self):
+            return main_port
+
+        @staticmethod
+        def detect():
+            return True
+
+        def world_size(self):
+            return self._world
+
+        def set_world_size(self, size):
+            self.calls.append(("set_world_size", size))
+            self._world = size
+
+        def global_rank(self):
+            return self._rank
+
+        def set_global_rank(self, rank):
+            self.calls.append(("set_global_rank", rank))
+            self._rank = rank
+
+        def local_rank(self):
+            return local_rank
+
+        def node_rank(self):
+            return node_rank
+
+        def validate_settings(self, num_devices, num_nodes):
+            if record_checks:
+                self.calls.append(("validate_settings", num_devices, num_nodes))
+            super().validate_settings(num_devices, num_nodes)
+
+        def teardown(self):
+            if record_checks:
+                self.calls.append(("teardown",))
+            super().teardown()
+
+    return Recording()

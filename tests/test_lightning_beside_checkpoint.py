@@ -925,35 +925,11 @@ STEP_SAVES = {  # every_n_train_steps where Lightning 2.6 saves: at the batch, o
 
 
 def _step_saves(lib, classes, root, checkpoint, trainer_args):
-    hook, saves = {"now": None}, []
-
-    class Where(lib.Callback):  # (before the ModelCheckpoint, which both frameworks run last)
-        pass
-
-    for name in ("on_train_batch_end", "on_validation_end", "on_train_epoch_end", "on_train_end"):
-        setattr(Where, name, (lambda n: lambda self, *args, **kwargs: hook.__setitem__("now", n))(name))
-
-    class Logged(classes.BoringModel):
-        def training_step(self, batch, batch_idx):
-            out = super().training_step(batch, batch_idx)
-            self.log("train_loss", out["loss"])
-            return out
-
-        def validation_step(self, batch, batch_idx):
-            out = super().validation_step(batch, batch_idx)
-            self.log("val_loss", out["x"])
-            return out
-
-        def on_save_checkpoint(self, checkpoint):
-            saves.append((hook["now"], self.trainer.global_step))
-
-    lib.seed_everything(1, verbose=False)
-    trainer = lib.Trainer(max_epochs=2, limit_train_batches=8, limit_val_batches=2, logger=False,
-                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                          callbacks=[Where(), lib.callbacks.ModelCheckpoint(dirpath=root, **checkpoint)],
-                          **trainer_args)
-    trainer.fit(Logged())
-    return saves, sorted(os.listdir(root))
+    """A fit of 2 epochs of 8 batches, validation of 2 batches: each save as (the hook it came from, the step), and
+    the files."""
+    saves, _, _, files = _recorded_fit(lib, classes, root, checkpoint, dict(limit_val_batches=2, **trainer_args),
+                                       epochs=2, batches=8)
+    return saves, files
 
 
 @pytest.mark.parametrize("case", list(STEP_SAVES))
@@ -1113,11 +1089,20 @@ VALIDATION_COUNT_SAVES = {  # (ModelCheckpoint, Trainer, (epoch, val_loop._max_b
 
 
 def _validation_count_saves(lib, classes, root, checkpoint, trainer_args, writes):
-    """A fit of 3 epochs of 4 batches, validation of 2 batches; returns each save as (the hook it came from, the step),
-    each validation batch as (epoch, step), trainer.num_val_batches at each epoch's end, and the files. `val_length`
-    in trainer_args: the val data set's length (0: an empty loader)."""
+    """A fit of 3 epochs of 4 batches, validation of 2 batches: _recorded_fit's records."""
+    return _recorded_fit(lib, classes, root, checkpoint, {"limit_val_batches": 2, **trainer_args}, epochs=3,
+                         batches=4, writes=writes)
+
+
+def _recorded_fit(lib, classes, root, checkpoint, trainer_args, epochs, batches, writes=()):
+    """A fit of `epochs` epochs of `batches` batches of `classes`' BoringModel logging train_loss and val_loss, with a
+    ModelCheckpoint(dirpath=root, **checkpoint) and, before it, a callback noting the hook the loop is in; returns each
+    save as (the hook it came from, the step), each validation batch as (epoch, step), trainer.num_val_batches at each
+    epoch's end, and the files. `writes`: (epoch, count) pairs, fit_loop.epoch_loop.val_loop._max_batches = count at
+    that epoch's start. `val_length` in trainer_args: the val data set's length (0: an empty loader; default 64,
+    BoringModel's own)."""
     hook, saves, validated, counts = {"now": None}, [], [], []
-    trainer_args = {"limit_val_batches": 2, **trainer_args}
+    trainer_args = dict(trainer_args)
     val_length = trainer_args.pop("val_length", 64)
     then_interval = trainer_args.pop("then_val_check_interval", None)  # written to the trainer before the fit
 
@@ -1153,7 +1138,7 @@ def _validation_count_saves(lib, classes, root, checkpoint, trainer_args, writes
             saves.append((hook["now"], self.trainer.global_step))
 
     lib.seed_everything(1, verbose=False)
-    trainer = lib.Trainer(max_epochs=3, limit_train_batches=4, logger=False, enable_progress_bar=False,
+    trainer = lib.Trainer(max_epochs=epochs, limit_train_batches=batches, logger=False, enable_progress_bar=False,
                           enable_model_summary=False, num_sanity_val_steps=0,
                           callbacks=[Where(), lib.callbacks.ModelCheckpoint(dirpath=root, **checkpoint)],
                           **trainer_args)

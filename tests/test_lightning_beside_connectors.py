@@ -14,6 +14,7 @@ from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
 
 import tasktrain  # noqa: E402
 from helpers import OursRecords, RecordsItsProcess  # noqa: E402
+from helpers import recording_environment  # noqa: E402
 from tasktrain.demos import boring_classes as ours  # noqa: E402
 
 LIBS = {"tasktrain": (tasktrain, ours), "lightning": (pl, theirs)}
@@ -149,34 +150,8 @@ def test_the_launcher_where_the_processes_were_started_outside_reads_as_lightnin
         import warnings
 
         environments = importlib.import_module(f"{lib.__name__}.plugins.environments")
-
-        class Outside(environments.ClusterEnvironment):
-            creates_processes_externally = True
-            main_address, main_port = "127.0.0.1", 29512
-
-            @staticmethod
-            def detect():
-                return True
-
-            def world_size(self):
-                return 2
-
-            def set_world_size(self, size):
-                pass
-
-            def global_rank(self):
-                return 0
-
-            def set_global_rank(self, rank):
-                pass
-
-            def local_rank(self):
-                return 0
-
-            def node_rank(self):
-                return 0
-
-        plugins = [Outside()] if not LAUNCHED_OUTSIDE[where] else []
+        outside = recording_environment(environments.ClusterEnvironment, main_port=29512, world=2)  # rank 0 of 2
+        plugins = [outside] if not LAUNCHED_OUTSIDE[where] else []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer = lib.Trainer(strategy="ddp", devices=2, accelerator="cpu", plugins=plugins, **QUIET)

@@ -19,6 +19,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment as TheirSLUR
 
 import tasktrain  # noqa: E402
 import tasktrain.plugins as our_plugins  # noqa: E402
+from helpers import recording_environment  # noqa: E402
 from tasktrain.demos import boring_classes as ours  # noqa: E402
 from tasktrain.exceptions import MisconfigurationException  # noqa: E402
 from tasktrain.plugins.environments import (ClusterEnvironment, LightningEnvironment, SLURMEnvironment,  # noqa: E402
@@ -720,38 +721,7 @@ def test_mpi_environment_reads_mpi_as_lightnings(monkeypatch):
 def _recording_environment(base):
     """A ClusterEnvironment of one's own (on `base`, tasktrain's or Lightning's class) that records the ranks it is
     told and reports local and node rank 1."""
-    class Mine(base):
-        def __init__(self):
-            self.calls, self._rank, self._world = [], 0, 1
-
-        creates_processes_externally = True
-        main_address, main_port = "127.0.0.1", 1
-
-        @staticmethod
-        def detect():
-            return True
-
-        def world_size(self):
-            return self._world
-
-        def set_world_size(self, size):
-            self.calls.append(("set_world_size", size))
-            self._world = size
-
-        def global_rank(self):
-            return self._rank
-
-        def set_global_rank(self, rank):
-            self.calls.append(("set_global_rank", rank))
-            self._rank = rank
-
-        def local_rank(self):
-            return 1
-
-        def node_rank(self):
-            return 1
-
-    return Mine()
+    return recording_environment(base, local_rank=1, node_rank=1)
 
 
 def test_a_users_cluster_environments_ranks_are_the_trainers_right_after_it_is_built():

@@ -383,20 +383,6 @@ def test_torchmetrics_metric_objects_are_logged_as_lightning_logs_them():
         Trainer(max_epochs=1, **quiet()).validate(Wrong(), _class_data())
 
 
-def test_torchmetrics_is_imported_only_when_a_metric_is_logged():
-    import subprocess
-    import sys
-
-    code = ("import sys, torch; from helpers import Linear, loader, quiet; import tasktrain; "
-            "tasktrain.Trainer(max_steps=1, **quiet()).fit(Linear(), loader(8)); "
-            "assert 'torchmetrics' not in sys.modules, 'imported'")
-    import os
-
-    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(300)
 def test_a_logged_metric_on_two_processes_is_the_metric_over_the_whole_data_set(ddp_facts):

@@ -30,64 +30,17 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for helpers
+from helpers import recording_environment  # noqa: E402
+
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore")
 
 
-def environment_class(base):
-    class MyCluster(base):
-        """The user's cluster: ranks from its own variables; records what the Trainer asks."""
-
-        def __init__(self, port):
-            self.calls, self.port, self._rank, self._world = [], port, None, None
-
-        @property
-        def creates_processes_externally(self):
-            return True
-
-        @property
-        def main_address(self):
-            return os.environ["MY_ADDR"]
-
-        @property
-        def main_port(self):
-            return self.port
-
-        @staticmethod
-        def detect():
-            return True
-
-        def world_size(self):
-            return self._world
-
-        def set_world_size(self, size):
-            self.calls.append(["set_world_size", size])
-            self._world = size
-
-        def global_rank(self):
-            return self._rank
-
-        def set_global_rank(self, rank):
-            self.calls.append(["set_global_rank", rank])
-            self._rank = rank
-
-        def local_rank(self):
-            return int(os.environ["MY_RANK"])
-
-        def node_rank(self):
-            return 0
-
-        def validate_settings(self, num_devices, num_nodes):
-            self.calls.append(["validate_settings", num_devices, num_nodes])
-
-        def teardown(self):
-            self.calls.append(["teardown"])
-
-    return MyCluster
-
-
 def fit(lib, boring, base, port):
-    env = environment_class(base)(port)
+    # the user's cluster: ranks from its own variables; records what the Trainer asks (tests/helpers.py)
+    env = recording_environment(base, local_rank=int(os.environ["MY_RANK"]), main_address=os.environ["MY_ADDR"],
+                                main_port=port, rank=None, world=None, record_checks=True)
     trainer = lib.Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[env], max_steps=2, logger=False,
                           enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
     torch.manual_seed(0)

@@ -3,11 +3,13 @@
 uninterrupted reference), or plainly with --trainer-restarts N (Trainer(max_restarts=N) starts the elastic agent).
 
     python train.py --strategy ddp|zero2|fsdp --root DIR --out OUT [--kills STEP:RANK:WHEN,...]
-    python train.py --strategy ddp,zero2,fsdp --root DIR --out OUT   # the references: each strategy in turn, in the
-                                                                     # same processes, into DIR/S and OUT-S
+    python train.py --runs '[["ref-ddp", "ddp", ""], ["killed-ddp", "ddp", "STEP:RANK:WHEN,..."], ...]' --root DIR \
+        --out OUT   # several runs in turn in the same processes, each NAME into DIR/NAME and OUT-NAME
 
 Kill number i (0-based) fires in attempt i of the launch (TORCHELASTIC_RESTART_COUNT == i), so a run with three
-kills is restarted three times and its fourth attempt ends the fit. WHEN is
+kills is restarted three times and its fourth attempt ends the fit. With --runs, a run's kills fire in the attempts
+after the kills of the runs before it (the attempt that ends one run starts the next), and a restarted attempt skips
+the runs whose results are written: three runs of three kills each need --max_restarts 9. WHEN is
 - "step": SIGKILL right after optimizer step STEP (its background save has started);
 - "write": the save of step STEP is made slow on every rank (its files are written after a pause) and rank RANK
   dies inside it: from its own background write, half-way through a file (a rank that writes nothing of that save,
@@ -140,7 +142,8 @@ def local_tensors(obj):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--strategy", required=True)
+    p.add_argument("--strategy")
+    p.add_argument("--runs", help="JSON [[name, strategy, kills], ...]: the runs in turn (see above)")
     p.add_argument("--root", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--kills", default="")
@@ -148,26 +151,31 @@ def main():
     p.add_argument("--trainer-restarts", type=int, default=0, help="Trainer(max_restarts=N), for a plain `python "
                    "train.py` (the Trainer starts torch's elastic agent)")
     args = p.parse_args()
-    strategies = args.strategy.split(",")
-    if len(strategies) == 1:
+    if not args.runs:
         return run(args)
-    # Several uninterrupted references in one launch (the processes and their imports start once): each is the same
-    # run as in a fresh process (seeded, its own folder), which the killed launches check bit for bit.
-    assert not args.kills, "kills are for a launch of one strategy"
-    for strategy in strategies:
-        root = os.path.join(args.root, strategy)
-        os.makedirs(root, exist_ok=True)
-        run(argparse.Namespace(**dict(vars(args), strategy=strategy, root=root, out=f"{args.out}-{strategy}")))
+    # Several runs in one launch (the processes and their imports start once per attempt, not once per run and
+    # attempt): each is the same run as in a fresh process (seeded, its own folder), as the tests check bit for bit.
+    first_attempt = 0  # the attempt in which this run's first kill fires
+    for name, strategy, kills in json.loads(args.runs):
+        root, out = os.path.join(args.root, name), f"{args.out}-{name}"
+        count = len([k for k in kills.split(",") if k])
+        done = all(os.path.exists(f"{out}.rank{r}.pt") for r in range(2))  # (both ranks wrote before a next run)
+        if not done:
+            os.makedirs(root, exist_ok=True)
+            run(argparse.Namespace(**dict(vars(args), strategy=strategy, root=root, out=out, kills=kills)),
+                first_attempt)
+        first_attempt += count
 
 
-def run(args):
+def run(args, first_attempt=0):
     callbacks = [Samples(os.path.join(args.root, f"samples.rank{RANK}.jsonl")),
                  ModelCheckpoint(dirpath=os.path.join(args.root, "ckpt"), every_n_train_steps=1, save_top_k=2,
                                  monitor="step", mode="max",
                                  save_last=True, async_save=True)]
     kills = [k.split(":") for k in args.kills.split(",") if k]
-    if ATTEMPT < len(kills):
-        step, rank, when = kills[ATTEMPT]
+    SLOW["victim"] = False
+    if 0 <= ATTEMPT - first_attempt < len(kills):
+        step, rank, when = kills[ATTEMPT - first_attempt]
         writes = not (args.strategy == "ddp" and int(rank) != 0)  # DDP's rank 0 alone writes
         callbacks.append(Kill(int(step), int(rank), when, writes))
         SLOW["victim"] = when == "write" and int(rank) == RANK and writes

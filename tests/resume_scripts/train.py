@@ -79,6 +79,22 @@ def fit(root, out, stop=None, at=-1, rank=0, resume=False, devices=1, epochs=3):
                     "val_loss": float(trainer.callback_metrics["val_loss"])}, out)
 
 
+def forked(case):
+    """fit(**case) in a child of this process, which its SIGKILL must end (as the process of a run of its own)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fit(**case)
+        finally:
+            sys.stderr.flush()
+            os._exit(1)  # (only when the run did not kill it)
+    _, status = os.waitpid(pid, 0)
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+        raise SystemExit(f"{case}: the run was to end by SIGKILL; its process ended with status {status}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root")
@@ -92,7 +108,9 @@ def main():
     # Several one-process runs one after the other in this process (the imports once, not once per run): a JSON list
     # of fit()'s keyword arguments. An "exception" stop is caught here and its message written to ROOT/raised.txt
     # (fit raised it out; the test reads which), and each case's stderr begins with a line
-    # "[case N]"; anything else that raises ends the process.
+    # "[case N]"; anything else that raises ends the process. A "sigkill" stop runs in a child forked from this
+    # process (a process of its own that the kill ends, without an interpreter and imports of its own); put it first,
+    # before this process trains (forking after OpenMP ran can hang the child).
     p.add_argument("--cases", default=None)
     args = p.parse_args()
     if args.cases is None:
@@ -100,6 +118,9 @@ def main():
         return
     for number, case in enumerate(json.loads(args.cases)):
         print(f"[case {number}]", file=sys.stderr, flush=True)  # where each case's warnings begin
+        if case.get("stop") == "sigkill":
+            forked(case)
+            continue
         if case.get("stop") != "exception":
             fit(**case)
             continue

@@ -1,0 +1,95 @@
+"""What importing tasktrain brings in, read in one fresh interpreter (torch's import, ~3.5 s of CPU, paid once for all
+these checks rather than once each; they were a fresh interpreter each in the files of what they check).
+
+The interpreter takes the steps below in order, each importing more (or fitting), and notes sys.modules right after
+each step. sys.modules only grows, so a module absent after a step was imported by none of the steps so far: each
+check holds for its step's imports alone. A step whose module a later step may import legitimately is checked
+before that step (the subpackages reached as attributes last: reaching them imports them).
+"""
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+STEPS = """import json, sys, types
+names = json.loads(sys.argv[1])
+seen = {}
+
+def absent(*modules):
+    return [m for m in modules if m in sys.modules]
+
+import tasktrain
+seen["eager"] = [n for n in names if "tasktrain." + n in sys.modules]
+from tasktrain import Trainer, TaskModule
+seen["trainer"] = absent("deepspeed", "tensorboard", "torch.utils.tensorboard")
+import tasktrain.loggers, tasktrain.tracking, tasktrain.callbacks.loggers
+from tasktrain.loggers import WandbLogger, MLFlowLogger, TensorBoardLogger, CSVLogger
+from tasktrain import Trainer, WandbLogger, MLFlowLogger
+from tasktrain.loggers.trackers import make_trackers, check_log_with
+seen["loggers"] = absent("wandb", "mlflow", "tensorboard", "torch.utils.tensorboard", "yaml")
+import tasktrain.inference
+tasktrain.init_empty_weights; tasktrain.save_model
+seen["inference"] = absent("safetensors", "transformers", "deepspeed")
+from helpers import Linear, loader, quiet
+tasktrain.Trainer(max_steps=1, **quiet()).fit(Linear(), loader(8))
+seen["fit"] = absent("torchmetrics")
+import tasktrain.cli
+seen["cli"] = absent("jsonargparse")
+seen["missing"] = [n for n in names if not isinstance(getattr(tasktrain, n, None), types.ModuleType)]
+print("SEEN " + json.dumps(seen))
+"""
+
+
+def lightning_subpackages():
+    """Lightning's public subpackages that `import lightning.pytorch` makes attributes."""
+    import pkgutil
+
+    pl = pytest.importorskip("lightning.pytorch")
+    names = sorted(m.name for m in pkgutil.iter_modules(pl.__path__) if not m.name.startswith("_")
+                   and isinstance(getattr(pl, m.name, None), types.ModuleType))
+    assert "loops" in names and "overrides" in names
+    return names
+
+
+@pytest.fixture(scope="module")
+def seen():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", STEPS, json.dumps(lightning_subpackages())], cwd=HERE, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("SEEN ")]
+    return json.loads(lines[-1][len("SEEN "):])
+
+
+def test_import_is_light(seen):
+    assert seen["trainer"] == []  # import tasktrain, Trainer, TaskModule: no DeepSpeed, no TensorBoard
+
+
+def test_importing_the_loggers_imports_no_integration(seen):
+    assert seen["loggers"] == []
+
+
+def test_import_tasktrain_does_not_import_safetensors(seen):
+    assert seen["inference"] == []  # (nor transformers, nor DeepSpeed: tasktrain.inference, init_empty_weights)
+
+
+def test_torchmetrics_is_imported_only_when_a_metric_is_logged(seen):
+    assert seen["fit"] == []  # a fit that logs nothing
+
+
+def test_importing_tasktrain_cli_does_not_import_jsonargparse(seen):
+    assert seen["cli"] == []
+
+
+def test_lightnings_subpackages_are_attributes_after_import_tasktrain_as_they_are_after_import_lightning(seen):
+    """`import lightning.pytorch as pl; pl.loops` works without importing pl.loops: each public subpackage Lightning's
+    import reaches as an attribute is one of `import tasktrain`'s too (lazily: the package import stays light). Read in
+    a fresh process, where nothing imported a subpackage before."""
+    assert seen["missing"] == []  # each of Lightning's reachable subpackages is tasktrain's attribute
+    assert not {"loops", "overrides", "tuner", "callbacks", "loggers"} & set(seen["eager"]), seen["eager"]
