@@ -7,6 +7,7 @@ import torch
 
 from helpers import Linear, loader, quiet
 from tasktrain import TaskModule, Trainer
+from tasktrain.exceptions import MisconfigurationException
 
 
 def test_rename_rule_module_paths():
@@ -416,9 +417,14 @@ def test_datamodule_entry_points_state_and_rules(tmp_path):
     data.epochs_seen = 5
     trainer.save_checkpoint("a.ckpt")
     assert torch.load("a.ckpt", weights_only=False)["_Data"] == {"epochs_seen": 5}
-    result = trainer.test(module)  # the datamodule stays: its test_dataloader (no module: "best", as Lightning)
+    # trainer.datamodule stays, but a run given no DataModule takes the module's loaders (Lightning's loop sources):
+    # this module has no test_dataloader, Lightning's error (checked beside Lightning in test_lightning_beside_connectors)
+    with pytest.raises(MisconfigurationException, match="`test_dataloader` must be implemented"):
+        trainer.test(module)
+    assert trainer.datamodule is data
+    result = trainer.test(module, datamodule=data)  # (no module checkpoint: "best", as Lightning)
     assert data.stage == "test" and "test_loss" in result[0]
-    assert len(trainer.predict(module)) == 1
+    assert len(trainer.predict(module, datamodule=data)) == 1
     with pytest.raises(ValueError, match="both dataloaders and a datamodule"):
         trainer.fit(module, loader(8), datamodule=data)
     with pytest.raises(TypeError, match="tasktrain.DataModule"):
@@ -900,8 +906,8 @@ def test_datamodule_from_datasets_and_verbose(capsys):
     trainer.fit(module, datamodule=data)
     assert trainer.num_training_batches == 2 and trainer.num_val_batches == [1, 2]
     capsys.readouterr()
-    assert trainer.test(module, verbose=False)[0]["test_loss"] > 0 and capsys.readouterr().out == ""
-    trainer.test(module, verbose=True)  # Lightning's results table (compared with Lightning's in test_lightning_beside_results)
+    assert trainer.test(module, verbose=False, datamodule=data)[0]["test_loss"] > 0 and capsys.readouterr().out == ""
+    trainer.test(module, verbose=True, datamodule=data)  # Lightning's results table (compared with Lightning's in test_lightning_beside_results)
     out = capsys.readouterr().out
     assert "Test metric" in out and "DataLoader 0" in out and "test_loss" in out
 

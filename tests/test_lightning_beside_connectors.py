@@ -828,3 +828,57 @@ def test_datahook_selector_follows_each_attach_as_lightning():
     assert got["tasktrain"] == got["lightning"]
     assert [reading[:2] for reading in got["tasktrain"][1:]] == [("m1", True), ("m2", True), ("m2", False),
                                                                   ("m1", False)]
+
+
+def test_a_run_given_no_datamodule_takes_the_modules_loaders_as_lightning():
+    """After fit(datamodule=dm), a fit / validate / test given only a training loader (or nothing) takes the other
+    loaders from the module's hooks, as Lightning's loop sources (attach_dataloaders: the loaders given, else the
+    model), while trainer.datamodule stays and its setup still runs (Lightning calls the DataModule's setup at every
+    entry point while trainer.datamodule is set)."""
+    import warnings
+
+    def case(lib, boring):
+        calls = []
+
+        class Data(boring.BoringDataModule):
+            def setup(self, stage):
+                calls.append(f"dm.setup:{stage}")
+                super().setup(stage)
+
+            def val_dataloader(self):
+                calls.append("dm.val")
+                return super().val_dataloader()
+
+            def test_dataloader(self):
+                calls.append("dm.test")
+                return super().test_dataloader()
+
+        class Model(boring.BoringModel):
+            def val_dataloader(self):
+                calls.append("module.val")
+                return super().val_dataloader()
+
+            def test_dataloader(self):
+                calls.append("module.test")
+                return super().test_dataloader()
+
+        trainer = lib.Trainer(max_steps=1, limit_val_batches=1, limit_test_batches=1, num_sanity_val_steps=0, **QUIET)
+        dm, model = Data(), Model()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, datamodule=dm)
+            calls.append("|")
+            trainer.fit_loop.epoch_loop.max_steps = 2
+            trainer.fit(model, DataLoader(boring.RandomDataset(32, 8)))
+            calls.append("|")
+            trainer.validate(model)
+            calls.append("|")
+            trainer.test(model)
+        return calls, trainer.datamodule is dm
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    calls, kept = got["tasktrain"]
+    assert kept and calls.count("|") == 3
+    after = calls[calls.index("|"):]
+    assert "module.val" in after and "module.test" in after and "dm.val" not in after and "dm.test" not in after

@@ -210,7 +210,7 @@ def eval_loaders(trainer, stage, module, loader):
     limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
                  "predict": trainer.limit_predict_batches}[stage]
     name = _LOADER_HOOK[stage]
-    owner = None if loader is not None else (trainer.datamodule if trainer.datamodule is not None else module)
+    owner = None if loader is not None else (trainer._attached[1] if trainer._attached[1] is not None else module)
     loader = loader if loader is not None else trainer._loader_of(module, name)
     check_loaders_iterable(loader, stage, owner, name)
     world_size, rank = fit_data.shards(trainer)

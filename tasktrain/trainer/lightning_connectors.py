@@ -344,8 +344,8 @@ def data_source(trainer, kind):
     given = trainer._given_loaders[slot] if slot is not None else None
     if given is not None:
         instance = given
-    elif trainer.datamodule is not None:
-        instance = trainer.datamodule
+    elif trainer._attached[1] is not None:
+        instance = trainer._attached[1]
     else:
         instance = module
     return DataLoaderSource(instance, f"{kind}_dataloader")

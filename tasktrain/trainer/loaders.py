@@ -42,7 +42,7 @@ def train_data_now(trainer):
     if trainer._train_data is None:
         module, train_loader = trainer._pending_train
         owner = None if train_loader is not None else (
-            trainer.datamodule if trainer.datamodule is not None else module)
+            trainer._attached[1] if trainer._attached[1] is not None else module)
         train_loader = train_loader if train_loader is not None else trainer._loader_of(module, "train_dataloader")
         evaluation.check_loaders_iterable(train_loader, "fit", owner, "train_dataloader")
         trainer._train_data = setup_train(trainer, train_loader)
@@ -151,8 +151,8 @@ def plan_fit_val(trainer, module, val_loader):
     (val_data_now), as Lightning does."""
     trainer._val_loader = None
     trainer._val_loaded_epoch = -math.inf
-    hooked = is_overridden("val_dataloader", trainer.datamodule if trainer.datamodule is not None else module,
-                           DataModule if trainer.datamodule is not None else TaskModule)
+    hooked = is_overridden("val_dataloader", trainer._attached[1] if trainer._attached[1] is not None else module,
+                           DataModule if trainer._attached[1] is not None else TaskModule)
     validates = (is_overridden("validation_step", module, TaskModule) and trainer.limit_val_batches != 0
                  and (val_loader is not None or hooked))
     trainer._pending_val = (module, val_loader) if validates else None
@@ -166,7 +166,7 @@ def val_data_now(trainer):
         module, val_loader = trainer._pending_val
         trainer._pending_val = None
         owner = None if val_loader is not None else (
-            trainer.datamodule if trainer.datamodule is not None else module)
+            trainer._attached[1] if trainer._attached[1] is not None else module)
         val_loader = val_loader if val_loader is not None else trainer._loader_of(module, "val_dataloader")
         evaluation.check_loaders_iterable(val_loader, "fit", owner, "val_dataloader")  # (Lightning's words: fit's)
         setup_val(trainer, val_loader)

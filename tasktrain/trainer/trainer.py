@@ -591,9 +591,12 @@ class Trainer:
 
 
     def _loader_of(self, module, name):
-        """`name` ("train_dataloader", ...) of the DataModule when there is one, else of the module; profiled as
-        Lightning's ("[LightningDataModule]<class>.<name>", "[LightningModule]<class>.<name>")."""
-        if self.datamodule is not None and not is_overridden(name, self.datamodule, DataModule):
+        """`name` ("train_dataloader", ...) of the DataModule the run was given (or attach_data), else of the module,
+        as Lightning's loop sources: a run given none takes the module's loaders even where trainer.datamodule stays
+        from an earlier run (whose prepare_data / setup / teardown Lightning still calls); profiled as Lightning's
+        ("[LightningDataModule]<class>.<name>", "[LightningModule]<class>.<name>")."""
+        datamodule = self._attached[1]
+        if datamodule is not None and not is_overridden(name, datamodule, DataModule):
             return None  # (the base's hook raises Lightning's "must be implemented")
         if self._trial_counters_shown is not None:
             # a batch-size search's trial requests its loaders where Lightning's search requested them, between its
@@ -610,7 +613,7 @@ class Trainer:
         # (the DataLoaders the hook builds keep their constructor arguments: one the Trainer must build again, e.g.
         # around a distributed sampler, is built as the user's class with them, as Lightning's _request_dataloader)
         with hook_scope(self, name), recording_init_args():  # (named for self.log, which refuses it there)
-            if self.datamodule is not None:
+            if self._attached[1] is not None:
                 return run.datamodule_call(self, name)
             if not is_overridden(name, module, TaskModule):
                 return None  # (the base's hook raises Lightning's "must be implemented")
