@@ -990,6 +990,39 @@ def test_a_shuffling_predict_loader_is_sharded_as_lightnings_on_several_processe
         assert sorted(ours_by_rank[0] + ours_by_rank[1]) == list(range(11)) and len(ours_by_rank[0]) == 6
 
 
+def test_predict_loaders_on_several_processes_hold_lightnings_sampler_classes():
+    """A callback's isinstance check of `trainer.predict_dataloaders` on several processes holds as under Lightning:
+    the sampler is an UnrepeatedDistributedSampler (so a DistributedSampler) and the batch sampler an
+    _IndexBatchSamplerWrapper, each the class its framework's `overrides.distributed` exports (Lightning's own
+    test_trainer.py checks this in a "ddp_spawn" predict), for a sequential and a shuffling loader alike."""
+    from lightning.pytorch.trainer.states import RunningStage
+    from torch.utils.data import DistributedSampler
+
+    import tasktrain.overrides.distributed as our_overrides
+    from lightning.pytorch.overrides import distributed as their_overrides
+    from tasktrain.trainer.data import prepare_eval_loader
+
+    def describe(loader, overrides):
+        batches = loader.batch_sampler
+        sampler = batches.sampler  # (the loader's own `sampler` is DataLoader's default beside a batch sampler)
+        return (isinstance(sampler, overrides.UnrepeatedDistributedSampler), isinstance(sampler, DistributedSampler),
+                isinstance(batches, overrides._IndexBatchSamplerWrapper), type(loader.sampler).__name__,
+                sampler.num_replicas, sampler.rank, sampler.num_samples, sampler.total_size, len(loader),
+                [int(i) for (batch,) in loader for i in batch])
+
+    dataset = torch.utils.data.TensorDataset(torch.arange(11))
+    lit = pl.Trainer(strategy="ddp", devices=2, accelerator="cpu", logger=False)  # (rank 0; nothing launched)
+    for shuffle in (False, True):
+        def loader():
+            return torch.utils.data.DataLoader(dataset, batch_size=2, shuffle=shuffle,
+                                               generator=torch.Generator().manual_seed(5))
+        ours = describe(prepare_eval_loader(loader(), 2, 0, "predict"), our_overrides)
+        theirs = describe(lit._data_connector._prepare_dataloader(loader(), shuffle=shuffle,  # (its runs: is_shuffled)
+                                                                  mode=RunningStage.PREDICTING), their_overrides)
+        assert ours == theirs
+        assert ours[:3] == (True, True, True) and ours[4:9] == (2, 0, 6, 11, 3)
+
+
 def test_datamodule_from_datasets_and_str_as_lightnings():
     """from_datasets hands batch_size / num_workers to an __init__ that takes them, keeps a class's own hook where no
     dataset is given, does not shuffle an iterable dataset, builds the same loaders; str() lists the loaders."""

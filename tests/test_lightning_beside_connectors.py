@@ -572,6 +572,29 @@ def test_tensor_init_context_is_what_init_module_enters():
     assert calls == [True] and layer.weight.device.type == "cpu"
 
 
+def test_init_module_passes_empty_init_as_lightning():
+    """`trainer.init_module()` hands its strategy's tensor_init_context what Lightning's does: None when not given
+    ("the strategy decides"; a strategy of one's own may tell it from an explicit False), else the value given."""
+
+    def case(lib, boring):
+        trainer = lib.Trainer(accelerator="cpu", devices=1, **QUIET)
+        calls = []
+        original = trainer.strategy.tensor_init_context
+
+        def spy(empty_init=None):
+            calls.append(empty_init)
+            return original(empty_init=empty_init)
+
+        trainer.strategy.tensor_init_context = spy
+        for given in ({}, {"empty_init": False}, {"empty_init": True}):
+            with trainer.init_module(**given):
+                pass
+        return calls
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"] == [None, False, True]
+
+
 @pytest.mark.parametrize("precision", ["64-true", "bf16-true", "16-true", "32-true", "bf16-mixed"])
 def test_init_module_builds_in_the_precisions_dtype_as_lightning(precision):
     """`with trainer.init_module(): ...` builds parameters and the tensors made inside in a "-true" precision's dtype

@@ -39,6 +39,7 @@ epochs after it follow the rule of the world they run on. Where nothing is drawn
 epoch resumed in its middle from a checkpoint without a record) the order is the (seed, epoch) one.
 """
 import collections
+import collections.abc
 import copy
 import math
 import os
@@ -168,16 +169,45 @@ class EvalShardSampler(Sampler):
         return len(range(self.rank, self.length, self.num_replicas))
 
 
-class PredictShardSampler(Sampler):
+class UnrepeatedDistributedSampler(DistributedSampler):
+    """Lightning's `overrides.distributed.UnrepeatedDistributedSampler` (tasktrain.overrides.distributed exports this
+    class): a DistributedSampler (same arguments) that neither pads nor drops: rank r takes positions r, r + N, ... of
+    the dataset's order (shuffled by torch.randperm seeded with the epoch alone, Lightning's rule), so ranks may differ
+    by one sample and every sample is read once. Not for training: DDP needs every rank to run the same steps. It
+    lives here, in the core, because the Trainer's own predict sampler (below) is one, as Lightning's is."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.dataset, collections.abc.Sized):
+            raise TypeError("The given dataset must implement the `__len__` method.")
+        self.total_size = len(self.dataset)
+        self.num_samples = len(range(self.rank, self.total_size, self.num_replicas))
+        if self.num_samples < 1 and self.total_size:  # Lightning's AssertionError (DDP's first step would hang)
+            raise AssertionError(f"UnrepeatedDistributedSampler: {self.total_size} samples leave rank {self.rank} of "
+                                 f"{self.num_replicas} none; every rank needs at least one (use fewer processes).")
+
+    def __iter__(self):
+        count = len(self.dataset)
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.epoch)).tolist() \
+            if self.shuffle else list(range(count))
+        return iter(order[self.rank::self.num_replicas])
+
+
+class PredictShardSampler(UnrepeatedDistributedSampler):
     """A predict loader's sampler on several processes, as Lightning's UnrepeatedDistributedSamplerWrapper: the
     loader's own sampler drawn anew at each iteration, its positions (shuffle: a shuffling sampler's) permuted by
     torch.randperm seeded with the epoch alone (Lightning's rule), then rank r takes every num_replicas-th from r: no
-    padding, each sample predicted once. (Its set_epoch is its own: Lightning's does not reach the user's sampler.)"""
+    padding, each sample predicted once. (Its set_epoch is its own: Lightning's does not reach the user's sampler.)
+    An UnrepeatedDistributedSampler (so a DistributedSampler), as Lightning's wrapper is, for code that checks the
+    predict loaders' sampler with isinstance; it reads the sampler, not a dataset, so the parent's __init__ (which
+    takes a dataset) is not run: its attributes are set here."""
 
     def __init__(self, sampler, num_replicas, rank, shuffle=True):
         _check_wrappable(sampler)
         self.sampler, self.num_replicas, self.rank, self.shuffle = sampler, num_replicas, rank, shuffle
-        self.epoch = 0
+        self.epoch, self.seed, self.drop_last = 0, 0, False
+        self.total_size = len(sampler)
+        self.num_samples = len(range(rank, self.total_size, num_replicas))
 
     def set_epoch(self, epoch):
         self.epoch = epoch
@@ -1046,7 +1076,10 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
             return _iterable_predict_loader(loader)
         if world_size > 1 and _replaceable(loader) and type(_order_sampler(loader)) is SequentialSampler and \
                 not loader.drop_last:
-            return _with_sampler(loader, EvalShardSampler(loader.dataset, world_size, rank), predicting=True)
+            # (Lightning's predict sampler whatever the order: an UnrepeatedDistributedSampler, here over the
+            # sequential order, the positions EvalShardSampler would take)
+            return _with_sampler(loader, PredictShardSampler(loader.sampler, world_size, rank, shuffle=False),
+                                 predicting=True)
         return _predict_loader(loader, world_size, rank)
     if shuffle_seed is not None and isinstance(loader, DataLoader) and \
             not _replaceable(loader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \

@@ -215,9 +215,26 @@ class _IndexBatchSamplerWrapper:
         vars(self).update({k: v for k, v in getattr(batch_sampler, "__dict__", {}).items()
                            if k not in ("__next__", "__iter__", "__len__", "__getstate__")})
         self._batch_sampler = batch_sampler
+        self._iterator = None
         self.seen_batch_indices = []
 
+    def __getattr__(self, name):  # (names not copied above: the wrapped sampler's class attributes, properties)
+        if name.startswith("__") or name in ("_batch_sampler", "_iterator", "seen_batch_indices"):
+            raise AttributeError(name)
+        return getattr(self._batch_sampler, name)
+
     def __iter__(self):
+        # (a generator per pass, so two passes do not share a position; next(wrapper) reads the latest one, as
+        # scripts written for Lightning's wrapper, whose __iter__ returns itself, may call it)
+        self._iterator = self._batches()
+        return self._iterator
+
+    def __next__(self):
+        if self._iterator is None:
+            raise TypeError("_IndexBatchSamplerWrapper: iterate it (iter(wrapper)) before calling next().")
+        return next(self._iterator)
+
+    def _batches(self):
         seen = self.seen_batch_indices
         seen.clear()  # (in place: the run holds this list for its writers)
         for batch in self._batch_sampler:
@@ -226,6 +243,12 @@ class _IndexBatchSamplerWrapper:
 
     def __len__(self):
         return len(self._batch_sampler)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_iterator": None}  # (a running generator does not pickle)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
 
 def _sampler_arguments(loader, sampler, predicting, batch_sampler, warn):

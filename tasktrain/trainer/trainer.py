@@ -625,11 +625,12 @@ class Trainer:
         return self._to_device(batch) if self._plain_transfer else self._to_device(batch, dataloader_idx)
 
     # -- entry points ----------------------------------------------------------------------------------------------
-    def init_module(self, empty_init=False):
+    def init_module(self, empty_init=None):
         """`with trainer.init_module(empty_init=True): module = Model()`: build the module the way the strategy wants
         it built (strategy.module_init_context): FSDP on the meta device with empty_init=True (each rank then
         materialises only its shard), DeepSpeed's zero3_init partitioned; elsewhere as usual. (Lightning's path:
-        strategy.tensor_init_context, which a script's own strategy may override.)"""
+        strategy.tensor_init_context, which a script's own strategy may override; empty_init defaults to None, "the
+        strategy decides", as Lightning's, so an override can tell it from an explicit False.)"""
         return self.strategy.tensor_init_context(empty_init=empty_init)
 
     def print(self, *args, **kwargs):
