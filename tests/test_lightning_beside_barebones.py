@@ -48,11 +48,11 @@ def _held(trainer):
         progress_bar_callback=type(trainer.progress_bar_callback).__name__,
         log_every_n_steps=trainer.log_every_n_steps, num_sanity_val_steps=trainer.num_sanity_val_steps,
         callbacks=sorted(type(c).__name__ for c in trainer.callbacks if not isinstance(c, tasktrain.loggers.Logger)),
-        fast_dev_run=trainer.fast_dev_run)
+        fast_dev_run=trainer.fast_dev_run, _detect_anomaly=trainer._detect_anomaly)  # (the private name scripts read)
 
 
 @pytest.mark.parametrize("kwargs", [dict(barebones=True), dict(), dict(barebones=False, logger=False),
-                                    dict(barebones=True, max_time={"seconds": 60})])
+                                    dict(barebones=True, max_time={"seconds": 60}), dict(detect_anomaly=True)])
 def test_what_the_trainer_holds_is_lightnings(tmp_path, kwargs):
     mine = _held(tasktrain.Trainer(default_root_dir=str(tmp_path), **kwargs))
     lightning = _held(pl.Trainer(default_root_dir=str(tmp_path), **kwargs))

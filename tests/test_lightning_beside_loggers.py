@@ -424,3 +424,13 @@ def test_csv_writers_log_dir_check_is_lightnings_method(tmp_path, monkeypatch):
     patched = [two_loggers(cls, tmp_path / f"{name}-patched") for cls, name in ((LightningCSV, "pl"), (CSVLogger, "tt"))]
     assert checked[1] == checked[0] and checked[0][0] == "a,b,step\n100,200,0\n" and checked[0][1] == [True]
     assert patched[1] == patched[0] and patched[0][0] == "a,b,step\n1,2,0\n100,200,0\n" and patched[0][1] == []
+
+
+def test_tensorboard_available_flag_imports_from_lightnings_module_path():
+    # scripts import Lightning's flag to skip TensorBoard work without the package; the renamed import must hold
+    import lightning.pytorch.loggers.tensorboard as lightning_tb
+
+    from tasktrain.loggers.tensorboard import _TENSORBOARD_AVAILABLE
+
+    assert bool(_TENSORBOARD_AVAILABLE) == bool(lightning_tb._TENSORBOARD_AVAILABLE)
+    assert str(_TENSORBOARD_AVAILABLE) == str(lightning_tb._TENSORBOARD_AVAILABLE)

@@ -5,6 +5,11 @@ import warnings
 from tasktrain.loggers.logger import VersionedLogger, rank_zero_experiment, rank_zero_method
 from tasktrain.loggers import utilities as files
 from tasktrain.loggers.utilities import (add_prefix, convert_params, flatten_dict, scalar, write_hparams_yaml)
+from tasktrain.compat.lightning.utilities.imports import RequirementCache
+
+# Lightning's name for "the tensorboard package is installed" (scripts and tests import it from here to skip without
+# it); torch's SummaryWriter, which this logger writes with, needs that package
+_TENSORBOARD_AVAILABLE = RequirementCache("tensorboard")
 
 
 class TensorBoardLogger(VersionedLogger):

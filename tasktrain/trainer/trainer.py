@@ -64,6 +64,11 @@ class Trainer:
     _logger_connector = lightning_connectors.ConnectorAttribute(lightning_connectors.LoggerConnector)
 
     @property
+    def _detect_anomaly(self):
+        """Lightning's private name of Trainer(detect_anomaly=...) (read only; tasktrain's is `detect_anomaly`)."""
+        return self.detect_anomaly
+
+    @property
     def _evaluation_loop(self):
         """Lightning's: the evaluation loop of the run in progress (callbacks such as ThroughputMonitor read its
         batch_progress)."""
