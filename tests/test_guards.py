@@ -257,5 +257,7 @@ def test_ctrl_c_runs_on_exception_prints_one_line_per_rank_and_exits_1(tmp_path,
             assert "went non-finite" in (tmp_path / f"fpe{rank}").read_text()
         assert sorted(os.listdir(tmp_path / "nan")) == ["epoch=0-step=1.ckpt",
                                                         "epoch=0-step=2.ckpt", "last.ckpt"]
+        said = [(tmp_path / f"fpe_log{rank}").read_text() for rank in range(2)]
+        assert said[0] == said[1] and said[0].startswith("The training loss became nan on rank 1 at epoch 0, batch 2"), said
     if devices == 1:  # OnExceptionCheckpoint saved the state at the interrupt
         assert "saved" in out and torch.load(tmp_path / "on_exception.ckpt", weights_only=True)["loops"]["train_state"]["global_step"] >= 3

@@ -564,22 +564,35 @@ def _finite_probe(loss):
 
 
 def check_finite_loss(trainer, fit):
-    """The losses since the last check are tested in one go, so there is no host sync per step."""
+    """The losses since the last check are tested in one go, so there is no host sync per step. On several processes
+    every rank takes part at each check point (one small all-gather, also with no loss to test: a step that returned
+    None), so a non-finite loss on one rank ends the fit on every rank with the same error, naming that rank, rather
+    than one rank raising while the others wait in their next collective."""
     window = fit.loss_window
-    if not window or "check_finite_loss" in trainer._trial_skips:  # (a learning-rate sweep: lr_finder.py)
+    if "check_finite_loss" in trainer._trial_skips:  # (a learning-rate sweep, one process: lr_finder.py)
         fit.loss_window = []
         return
-    finite = torch.isfinite(torch.stack(window).float())
-    if not bool(finite.all()):
-        first = int((~finite).nonzero()[0, 0])
-        batch = fit.loss_window_start + first
-        value = torch.stack(window)[first].item()
+    bad = None  # (rank, batch, value) of the first non-finite loss
+    if window:
+        losses = torch.stack(window).float()
+        finite = torch.isfinite(losses)
+        if not bool(finite.all()):
+            first = int((~finite).nonzero()[0, 0])
+            bad = (trainer.global_rank, fit.loss_window_start + first, losses[first].item())
+    if trainer.world_size > 1:
+        row = torch.tensor(bad[1:] if bad else (-1.0, 0.0), dtype=torch.float64, device=trainer.strategy.root_device)
+        rows = trainer.strategy.all_gather(row).reshape(trainer.world_size, 2).tolist()
+        flagged = [rank for rank, (batch, _) in enumerate(rows) if batch >= 0]
+        bad = (flagged[0], int(rows[flagged[0]][0]), rows[flagged[0]][1]) if flagged else None
+    if bad is not None:
+        rank, batch, value = bad
+        where = f" on rank {rank}" if trainer.world_size > 1 else ""
         # float16 runs overflow where bfloat16 (fp32's exponent range) does not: name the counterpart of this one
         bf16 = {"16-mixed": "bf16-mixed", "16-true": "bf16-true"}.get(trainer.precision)
         raise FloatingPointError(
-            f"The training loss became {value} at epoch {trainer.current_epoch}, batch {batch} (checked at global "
-            f"step {trainer.global_step}). Lower the learning rate, clip gradients (gradient_clip_val=1.0), check the "
-            "data for NaN/inf" + (f", or use precision={bf16!r} instead of {trainer.precision!r}." if bf16 else ".")
+            f"The training loss became {value}{where} at epoch {trainer.current_epoch}, batch {batch} (checked at "
+            f"global step {trainer.global_step}). Lower the learning rate, clip gradients (gradient_clip_val=1.0), "
+            "check the data for NaN/inf" + (f", or use precision={bf16!r} instead of {trainer.precision!r}." if bf16 else ".")
         )
     fit.loss_window = []
     fit.loss_window_start += len(window)

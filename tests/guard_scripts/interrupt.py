@@ -4,7 +4,8 @@
 
 With --devices 2 a first, short fit checks the non-finite rule across ranks on the same processes (one launch): the
 loss is NaN on rank 1 only, at step 3, with finite gradients; both ranks must refuse that step's save together
-(FloatingPointError on each, recorded in fpe<rank>), leaving the checkpoints of steps 1-2.
+(FloatingPointError on each, recorded in fpe<rank>), leaving the checkpoints of steps 1-2; then the same NaN with no
+checkpoint to save and a log step at every step: the loop's loss check stops both ranks with one error (fpe_log<rank>).
 """
 import argparse
 import os
@@ -52,6 +53,19 @@ def nonfinite_on_one_rank(root):
             f.write(str(err))
 
 
+def nonfinite_loss_on_one_rank_without_saves(root):
+    """No checkpoint to refuse: the loop's own loss check at the log step (every step here) must stop both ranks
+    with the same error naming rank 1, not rank 1 alone while rank 0 waits in its next collective."""
+    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=os.path.join(root, "nan_log"), strategy="ddp",
+                      devices=2, accelerator="cpu", log_every_n_steps=1)
+    try:
+        trainer.fit(NaNOnRank1(), DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4))
+    except FloatingPointError as err:
+        with open(os.path.join(root, f"fpe_log{trainer.global_rank}"), "w") as f:
+            f.write(str(err))
+
+
 class Report(Callback):
     def __init__(self, root):
         self.root = root
@@ -73,6 +87,7 @@ def main():
     torch.set_num_threads(1)
     if args.devices > 1:
         nonfinite_on_one_rank(args.root)
+        nonfinite_loss_on_one_rank_without_saves(args.root)
     data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
     callbacks = [Report(args.root)]
     if args.devices == 1:  # (OnExceptionCheckpoint refuses several processes: Report records their hooks)
