@@ -419,14 +419,14 @@ def free_port():
 def launch(cfg, processes, tmp):
     """One run in fresh process(es); returns rank 0's result. Several processes are started here, each with the
     variables torchrun gives its workers on one machine (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT): the same world as under torchrun, without its agent (one more interpreter importing torch per run,
+    MASTER_PORT, TORCHELASTIC_RUN_ID: the Trainer, as Lightning's, reads a torchrun world by it): the same world as under torchrun, without its agent (one more interpreter importing torch per run,
     ~2 s of CPU, which the measures never saw: they start after the imports). If one fails, the others are ended."""
     out = os.path.join(tmp, f"run-{time.monotonic_ns()}.json")
     command = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg), "--out", out]
     env = child_env(cfg["threads"])
     if processes > 1:
         world = dict(WORLD_SIZE=str(processes), LOCAL_WORLD_SIZE=str(processes), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(free_port()), GROUP_RANK="0")
+                     MASTER_PORT=str(free_port()), GROUP_RANK="0", TORCHELASTIC_RUN_ID="none")
         envs = [dict(env, **world, RANK=str(r), LOCAL_RANK=str(r)) for r in range(processes)]
     else:
         envs = [env]

@@ -1,15 +1,30 @@
 """TensorBoardLogger: TensorBoard event files under save_dir/name/version_N (torch's SummaryWriter)."""
+import importlib.util
 import os
 import warnings
 
 from tasktrain.loggers.logger import VersionedLogger, rank_zero_experiment, rank_zero_method
 from tasktrain.loggers import utilities as files
 from tasktrain.loggers.utilities import (add_prefix, convert_params, flatten_dict, scalar, write_hparams_yaml)
-from tasktrain.compat.lightning.utilities.imports import RequirementCache
 
 # Lightning's name for "the tensorboard package is installed" (scripts and tests import it from here to skip without
 # it); torch's SummaryWriter, which this logger writes with, needs that package
-_TENSORBOARD_AVAILABLE = RequirementCache("tensorboard")
+class _TensorBoardInstalled:
+    """Truthy when the tensorboard package is installed (asked at each use); str() words it as Lightning's flag (a
+    RequirementCache) does. (The core does not import the Lightning layer's RequirementCache: tests/test_layers.py.)"""
+
+    def __bool__(self):
+        return importlib.util.find_spec("tensorboard") is not None
+
+    def __str__(self):
+        if self:
+            return "Requirement 'tensorboard' met"
+        return "Requirement 'tensorboard' not met. HINT: Try running `pip install -U 'tensorboard'`"
+
+    __repr__ = __str__
+
+
+_TENSORBOARD_AVAILABLE = _TensorBoardInstalled()
 
 
 class TensorBoardLogger(VersionedLogger):

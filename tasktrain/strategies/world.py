@@ -245,8 +245,12 @@ class ProcessWorld(MultiProcess):
             _watch_parent()
         if dist.is_initialized():
             if dist.get_world_size() != env.world_size:
-                raise RuntimeError(f"A process group of size {dist.get_world_size()} already exists, but the "
-                                   f"environment says WORLD_SIZE={env.world_size}.")
+                raise RuntimeError(
+                    f"A process group of size {dist.get_world_size()} already exists, but this run's world is "
+                    f"{env.world_size} process(es) (launcher: {env.launcher}). Make them agree: pass devices= and "
+                    f"num_nodes= with devices x num_nodes = {dist.get_world_size()} (processes started with LOCAL_RANK "
+                    "but not by torchrun form devices x num_nodes processes, as Lightning's), or start them with "
+                    "torchrun.")
             self._start_watchdog()  # watchdog (issue 19)
             return
         backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
