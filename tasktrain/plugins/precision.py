@@ -55,6 +55,17 @@ _STEP_CONTEXTS = {"training_step": "train_step_context", "validation_step": "val
                   "test_step": "test_step_context", "predict_step": "predict_step_context"}
 
 
+def _clip_by(plugin, optimizer, clip_val, gradient_clip_algorithm):
+    """A plugin's clip_gradients once its own checks passed: by value or by norm through its (overridable)
+    clip_grad_by_value / clip_grad_by_norm; nothing where clip_val <= 0 (Lightning's)."""
+    if clip_val <= 0:
+        return
+    if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
+        plugin.clip_grad_by_value(optimizer, clip_val)
+    elif gradient_clip_algorithm == GradClipAlgorithmType.NORM:
+        plugin.clip_grad_by_norm(optimizer, clip_val)
+
+
 class _LightningHooks:
     """Lightning's step contexts over tasktrain's precision: each step of the module runs in the context of its kind
     (train_step_context for training_step, val_step_context for validation_step, ...), each of which enters
@@ -183,12 +194,7 @@ class _LightningHooks:
             raise RuntimeError(  # (Lightning's words)
                 f"The current optimizer, {type(optimizer).__qualname__}, does not allow for gradient clipping because "
                 "it performs unscaling of gradients internally. HINT: Are you using a 'fused' optimizer?")
-        if clip_val <= 0:
-            return
-        if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
-            self.clip_grad_by_value(optimizer, clip_val)
-        elif gradient_clip_algorithm == GradClipAlgorithmType.NORM:
-            self.clip_grad_by_norm(optimizer, clip_val)
+        _clip_by(self, optimizer, clip_val, gradient_clip_algorithm)
 
     # The gradients as they are, as Lightning's: unscaled already in the Trainer's step (optimizer_step above), still
     # scaled where a manual step's clip_gradients comes before its opt.step()
@@ -421,12 +427,7 @@ class _EnginePrecision(_core.Precision):
         """What the module's clip_gradients (and so configure_gradient_clipping's default) calls: by value or by
         total norm, through the strategy's clipping (FSDP: the norm over all shards; DeepSpeed: its engine clips by
         norm inside its step, and a value the engine was not given is an error); nothing where clip_val <= 0."""
-        if clip_val <= 0:
-            return
-        if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
-            self.clip_grad_by_value(optimizer, clip_val)
-        elif gradient_clip_algorithm == GradClipAlgorithmType.NORM:
-            self.clip_grad_by_norm(optimizer, clip_val)
+        _clip_by(self, optimizer, clip_val, gradient_clip_algorithm)
 
     def clip_grad_by_value(self, optimizer, clip_val):
         self._strategy.clip_gradients(optimizer, max_value=float(clip_val), unscale=False)

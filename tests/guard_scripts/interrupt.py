@@ -40,30 +40,30 @@ class NaNOnRank1(Net):
         return torch.where(torch.tensor(nan), torch.tensor(float("nan")), loss)
 
 
-def nonfinite_on_one_rank(root):
-    checkpoint = ModelCheckpoint(dirpath=os.path.join(root, "nan"), every_n_train_steps=1, save_top_k=-1,
-                                 save_last=True)
-    trainer = Trainer(max_epochs=1, callbacks=[checkpoint], logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=os.path.join(root, "nan"), strategy="ddp",
-                      devices=2, accelerator="cpu", log_every_n_steps=50)
+def fit_with_nan_on_rank_1(root, folder, record, **trainer_args):
+    """A short 2-process fit of NaNOnRank1 in root/folder; the FloatingPointError each rank gets goes to
+    root/<record><rank>."""
+    trainer = Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      default_root_dir=os.path.join(root, folder), strategy="ddp", devices=2, accelerator="cpu",
+                      **trainer_args)
     try:
         trainer.fit(NaNOnRank1(), DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4))
     except FloatingPointError as err:
-        with open(os.path.join(root, f"fpe{trainer.global_rank}"), "w") as f:
+        with open(os.path.join(root, f"{record}{trainer.global_rank}"), "w") as f:
             f.write(str(err))
+
+
+def nonfinite_on_one_rank(root):
+    """Every step saved: the save of step 3 is refused on both ranks together."""
+    checkpoint = ModelCheckpoint(dirpath=os.path.join(root, "nan"), every_n_train_steps=1, save_top_k=-1,
+                                 save_last=True)
+    fit_with_nan_on_rank_1(root, "nan", "fpe", callbacks=[checkpoint], log_every_n_steps=50)
 
 
 def nonfinite_loss_on_one_rank_without_saves(root):
     """No checkpoint to refuse: the loop's own loss check at the log step (every step here) must stop both ranks
     with the same error naming rank 1, not rank 1 alone while rank 0 waits in its next collective."""
-    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=os.path.join(root, "nan_log"), strategy="ddp",
-                      devices=2, accelerator="cpu", log_every_n_steps=1)
-    try:
-        trainer.fit(NaNOnRank1(), DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4))
-    except FloatingPointError as err:
-        with open(os.path.join(root, f"fpe_log{trainer.global_rank}"), "w") as f:
-            f.write(str(err))
+    fit_with_nan_on_rank_1(root, "nan_log", "fpe_log", enable_checkpointing=False, log_every_n_steps=1)
 
 
 class Report(Callback):
