@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+import torch
 from helpers import Linear, loader, quiet
 
 from tasktrain import Callback, Trainer
@@ -331,9 +332,13 @@ def test_the_actions_are_named_and_counted_as_lightnings(model):
     ("test", dict(limit_test_batches=6)),
     ("predict", dict(limit_predict_batches=4)),
     ("fit", dict(limit_train_batches=3, limit_val_batches=0, schedule=None)),  # the whole run, as asked: no warning
+    # a schedule of one's own, counted per kind of step as Lightning's (over all steps, validation's window would
+    # fall elsewhere); too few steps for it is no reason to drop it
+    ("fit", dict(limit_train_batches=7, limit_val_batches=5, num_sanity_val_steps=1, schedule="wait0-warm1-active2")),
+    ("fit", dict(limit_train_batches=2, limit_val_batches=0, schedule="wait0-warm1-active2")),
 ])
 def test_pytorch_profiler_default_schedule_as_lightnings(tmp_path, stage, limits):
-    """PyTorchProfiler without a schedule records Lightning's window (wait 1, warm up 1, record 3 steps of each kind),
+    """PyTorchProfiler without a schedule (or with one's own, counted per kind of step) records Lightning's window (wait 1, warm up 1, record 3 steps of each kind),
     and where a run has fewer than 5 steps of a kind warns once and records the whole run: the same steps in the
     same trace files, the same function_events and the same warning as Lightning's, run beside it."""
     L = pytest.importorskip("lightning.pytorch")
@@ -344,6 +349,8 @@ def test_pytorch_profiler_default_schedule_as_lightnings(tmp_path, stage, limits
 
     limits = dict(limits)
     kwargs = {"schedule": limits.pop("schedule")} if "schedule" in limits else {}
+    if kwargs.get("schedule") == "wait0-warm1-active2":
+        kwargs["schedule"] = torch.profiler.schedule(wait=0, warmup=1, active=2)
 
     def steps(names, tag):  # each kind of step's count among the recorded ranges
         return dict(collections.Counter(n.split(".")[-1] for n in names if n.startswith(tag) and n.endswith("_step")

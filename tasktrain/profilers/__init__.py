@@ -255,7 +255,7 @@ class PyTorchProfiler(Profiler):
     (training, validation, test, predict each wait one step, warm up one, record three, once per run), and where the
     run has fewer than 5 steps of the kind being profiled it warns once ("... not enough steps to properly record
     traces.") and records the whole run instead. `schedule=None` records the whole run; a schedule of one's own is
-    given to torch.profiler as it is (counted over all steps). Other keyword arguments go to torch.profiler.profile
+    counted per kind of step too, each kind recorded until the schedule's first save, as Lightning's. Other keyword arguments go to torch.profiler.profile
     (activities, record_shapes, profile_memory, with_flops, on_trace_ready, ...). The summary is the operator table
     (`key_averages().table(sort_by=sort_by_key, row_limit=row_limit, **table_kwargs)`; `function_events` keeps the last
     recording's events after the run). emit_nvtx is not supported.
@@ -293,9 +293,10 @@ class PyTorchProfiler(Profiler):
             if not isinstance(action, torch.profiler.ProfilerAction):
                 raise MisconfigurationException(
                     f"Schedule should return a `torch.profiler.ProfilerAction`. Found: {action}")
-        # the default: Lightning's window, per kind of step; dropped (None: the whole run) where a run is too short
-        self._schedule = StageSchedule() if schedule is _DEFAULT else None
-        self._user_schedule = None if schedule is _DEFAULT else schedule
+        # Lightning's window by default, a schedule of one's own as given: either counted per kind of step, as
+        # Lightning's ScheduleWrapper; None records the whole run (the default is dropped where a run is too short)
+        self._schedule = StageSchedule() if schedule is _DEFAULT else None if schedule is None else \
+            StageSchedule(schedule)
         self._profiler_kwargs = dict(profiler_kwargs, with_stack=with_stack)
         self.profiler = None
         self.function_events = None
@@ -318,8 +319,7 @@ class PyTorchProfiler(Profiler):
 
     def start(self, action_name):
         if self.profiler is None:
-            kwargs = dict(self._profiler_kwargs, activities=self._activities(),
-                          schedule=self._schedule if self._schedule is not None else self._user_schedule)
+            kwargs = dict(self._profiler_kwargs, activities=self._activities(), schedule=self._schedule)
             if self._schedule is not None:
                 self._schedule.reset(action_name)
             if self._export_to_chrome and "on_trace_ready" not in kwargs:
@@ -344,7 +344,7 @@ class PyTorchProfiler(Profiler):
                 self._schedule.kind = action_name.rsplit("_", 1)[0].rsplit(".", 1)[-1]
                 # Lightning's default window needs 5 steps of a kind (wait 1, warm up 1, record 3): with fewer, its
                 # trace would never be saved (or torch fails), so the whole run is recorded instead, as Lightning's
-                if self._steps_in_run(self._schedule.kind) < 5:
+                if self._schedule.default and self._steps_in_run(self._schedule.kind) < 5:
                     message = ("The PyTorch Profiler default schedule will be overridden as there is not enough "
                                "steps to properly record traces.")
                     if message not in profiler_warnings:
@@ -402,12 +402,14 @@ _DEFAULT = object()  # (PyTorchProfiler given no `schedule`)
 
 
 class StageSchedule:
-    """Lightning's default window, `torch.profiler.schedule(wait=1, warmup=1, active=3)`, counted per kind of step:
-    the profiler asks it for the next action at each step, and it answers from the count of the kind just stepped
-    (training, validation, test, predict), each kind recorded once per run. torch's step number is ignored."""
+    """A schedule counted per kind of step, as Lightning's ScheduleWrapper: `window` (the user's schedule, else
+    Lightning's default `torch.profiler.schedule(wait=1, warmup=1, active=3)`) is asked for the action at the count
+    of the kind just stepped (training, validation, test, predict), each kind recorded until its first save, once
+    per run. torch's step number is ignored."""
 
-    def __init__(self):
-        self._window = torch.profiler.schedule(wait=1, warmup=1, active=3)
+    def __init__(self, window=None):
+        self.default = window is None
+        self._window = torch.profiler.schedule(wait=1, warmup=1, active=3) if window is None else window
         self.reset(None)
 
     def reset(self, first_action):
