@@ -433,15 +433,22 @@ def _evaluation_set_up_by_the_stage(lib, boring):
             getattr(trainer, loop).setup_data()
             set_up = trainer.test_dataloaders if loop == "test_loop" else trainer.val_dataloaders
             seen.append((loop, set_up is not None, getattr(trainer, loop).max_batches))
+    # the stage flags can be set, as Lightning's: True sets the stage, False ends it only where it is that stage
+    stages = ("training", "sanity_checking", "validating", "testing", "predicting")
+    for name in stages:
+        setattr(trainer, name, True)
+        trainer.testing = False
+        seen.append((name, [getattr(trainer, flag) for flag in stages], trainer.evaluating))
     return seen
 
 
 def test_evaluation_loop_setup_data_is_gated_by_the_trainers_stage_as_lightning():
     got = _both(_evaluation_set_up_by_the_stage)
     assert got["tasktrain"] == got["lightning"]
-    assert [set_up for _, set_up, _ in got["tasktrain"]] == [False, False, True, True, True]
+    assert [set_up for _, set_up, _ in got["tasktrain"][:5]] == [False, False, True, True, True]
     # each loop counts with its own limit: the validate loop's limit_val_batches=0 gives 0 batches
-    assert [counts for *_, counts in got["tasktrain"][2:]] == [[6], [0], [8]]
+    assert [counts for *_, counts in got["tasktrain"][2:5]] == [[6], [0], [8]]
+    assert got["tasktrain"][8] == ("testing", [False] * 5, False)
 
 
 def _prepared_on(lib, boring):
