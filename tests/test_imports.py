@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import types
+import warnings
 
 import pytest
 
@@ -26,6 +27,8 @@ def absent(*modules):
 
 import tasktrain
 seen["eager"] = [n for n in names if "tasktrain." + n in sys.modules]
+import tasktrain.trainer.seed  # what a spawned DataLoader worker imports for seed_everything(workers=True)'s init fn
+seen["worker"] = sorted(m for m in sys.modules if m.startswith("tasktrain"))
 from tasktrain import Trainer, TaskModule
 seen["trainer"] = absent("deepspeed", "tensorboard", "torch.utils.tensorboard")
 import tasktrain.loggers, tasktrain.tracking, tasktrain.callbacks.loggers
@@ -65,6 +68,69 @@ def seen():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SEEN ")]
     return json.loads(lines[-1][len("SEEN "):])
+
+
+def test_a_spawned_loader_worker_imports_little_of_tasktrain(seen):
+    """seed_everything(workers=True)'s worker_init_fn, the one object of the Trainer's that its loaders send to a
+    spawned worker (test_what_a_spawned_loader_worker_unpickles below), imports no loop, module or strategy there
+    (Lightning's pl_worker_init_function imports all of lightning in each worker)."""
+    assert seen["worker"] == ["tasktrain", "tasktrain.trainer", "tasktrain.trainer.seed", "tasktrain.version"]
+
+
+def _pickled_modules(obj):
+    """The modules a process unpickling `obj` imports (each class and function the pickle names, read back here)."""
+    import io
+    import pickle
+
+    modules = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            modules.add(module)
+            return super().find_class(module, name)
+
+    Recording(io.BytesIO(pickle.dumps(obj))).load()
+    return modules
+
+
+@pytest.mark.parametrize("flags", [{}, dict(strategy="ddp", accelerator="cpu", devices=2)], ids=["one", "ddp"])
+def test_what_a_spawned_loader_worker_unpickles(flags, monkeypatch):
+    """What torch sends a spawned DataLoader worker (multiprocessing_context="spawn", persistent workers too) is the
+    loader's dataset, collate_fn and worker_init_fn (the sampler stays in the main process): of the loaders the Trainer
+    sets up for each stage (rebuilt around its samplers; on 2 devices, rank 0's before the launch), the user's objects
+    and, with seed_everything(workers=True), tasktrain.trainer.seed's init fn alone."""
+    import tasktrain
+    from helpers import quiet
+    from tasktrain.demos.boring_classes import BoringModel
+    from torch.utils.data import DataLoader, TensorDataset
+
+    for name in ("TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS"):
+        monkeypatch.setenv(name, "0")  # (put back after the test: seed_everything writes them)
+    tasktrain.seed_everything(1, workers=True, verbose=False)
+    import torch
+
+    def loader(shuffle=False):
+        return DataLoader(TensorDataset(torch.randn(8, 32)), batch_size=2, num_workers=1, shuffle=shuffle,
+                          multiprocessing_context="spawn", persistent_workers=True)
+
+    model = BoringModel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the srun hint, where srun is installed)
+        trainer = tasktrain.Trainer(**quiet(), **flags)
+    model.trainer = trainer
+    trainer.strategy.connect(model)
+    trainer._data_connector.attach_dataloaders(model, loader(shuffle=True), loader(), loader(), loader())
+    for view in (trainer.fit_loop, trainer.fit_loop.epoch_loop.val_loop, trainer.test_loop, trainer.predict_loop):
+        view.setup_data()
+    loaders = [trainer.train_dataloader, trainer.val_dataloaders, trainer.test_dataloaders,
+               trainer.predict_dataloaders]
+    assert all(isinstance(one, DataLoader) and one.worker_init_fn is not None for one in loaders)
+    sent = set().union(*(_pickled_modules((one.dataset, one.collate_fn, one.worker_init_fn)) for one in loaders))
+    assert {m for m in sent if m.startswith("tasktrain")} == {"tasktrain.trainer.seed"}, sent
+    import functools
+
+    from tasktrain.trainer import loaders as trainer_loaders  # (what the check would name: a partial of the loop's)
+    assert "tasktrain.trainer.loaders" in _pickled_modules(functools.partial(trainer_loaders.train_data_now, None))
 
 
 def test_import_is_light(seen):

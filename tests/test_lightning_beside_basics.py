@@ -225,6 +225,46 @@ def test_seed_everything_and_isolate_rng_as_lightnings(monkeypatch):
             (tasktrain.seed_everything(3, verbose=False) and (torch.rand(1).item(), np.random.rand(), random.random()))
 
 
+def test_isolate_rng_leaves_the_states_where_a_raising_block_left_them_as_lightnings():
+    """Lightning's isolate_rng puts the states back after its `yield` only: a block that raises leaves torch's,
+    numpy's and python's generators where it left them; so does tasktrain's (and the exception goes through). So
+    after a fit whose sanity check raised."""
+    from lightning.pytorch.utilities.seed import isolate_rng as theirs_isolate
+
+    from tasktrain.utilities.seed import isolate_rng
+
+    seen = []
+    for isolate in (isolate_rng, theirs_isolate):
+        tasktrain.seed_everything(3, verbose=False)
+        with pytest.raises(KeyboardInterrupt):
+            with isolate():
+                torch.rand(3), np.random.rand(3), random.random()
+                raise KeyboardInterrupt
+        seen.append((torch.rand(1).item(), np.random.rand(), random.random()))
+    tasktrain.seed_everything(3, verbose=False)
+    torch.rand(3), np.random.rand(3), random.random()
+    assert seen[0] == seen[1] == (torch.rand(1).item(), np.random.rand(), random.random())
+    # the fit's sanity check runs under it: a validation_step that fails there, the error caught around fit, the
+    # generators are where the check left them (the fit is interrupted, as under Lightning)
+    after = []
+    for lib, boring in ((tasktrain, ours), (pl, theirs)):
+        class Fails(boring.BoringModel):
+            def validation_step(self, batch, batch_idx):
+                torch.rand(5)
+                raise RuntimeError("validation failed")
+
+        lib.seed_everything(1, verbose=False)
+        model = Fails()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(max_steps=1, num_sanity_val_steps=1, logger=False, enable_progress_bar=False,
+                                  enable_model_summary=False, enable_checkpointing=False)
+            with pytest.raises(RuntimeError, match="validation failed"):
+                trainer.fit(model)
+        after.append((str(trainer.state.status), torch.rand(1).item()))
+    assert after[0] == after[1] and after[0][0].endswith("INTERRUPTED")
+
+
 def test_seed_everything_workers_seeds_each_worker_and_rank_apart(monkeypatch):
     from tasktrain.trainer.seed import add_worker_init_fn, worker_init_function
 

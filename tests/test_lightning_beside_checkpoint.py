@@ -247,6 +247,59 @@ def test_early_stopping_beside_lightning(L, tmp_path, caplog, capsys):
     assert seen["tasktrain"]["keys"] == lightning_keys
 
 
+EARLY_STOPPING_WHEN = {  # (Trainer arguments, trainer.val_check_interval written after Trainer(...) or not)
+    "default": ({}, ()), "fraction": (dict(val_check_interval=0.5), ()),
+    "one_batch": (dict(val_check_interval=1), ()),  # (1 == 1.0: Lightning's test lets an int 1 through)
+    "every_2_epochs": (dict(check_val_every_n_epoch=2), ()),
+    "steps_across_epochs": (dict(val_check_interval=3, check_val_every_n_epoch=None), ()),
+    "written_none": ({}, (None,)), "written_fraction": ({}, (0.25,)),
+    "time_then_written_1": (dict(val_check_interval={"minutes": 5}), (1.0,)),
+}
+
+
+@pytest.mark.parametrize("case", list(EARLY_STOPPING_WHEN))
+def test_early_stopping_resolves_where_it_checks_as_lightning(L, case):
+    """check_on_train_epoch_end=None resolved in setup by Lightning's test, on trainer.val_check_interval as it reads
+    then: == 1.0 and check_val_every_n_epoch == 1 (a value written after Trainer(...) counts; None does not pass)."""
+    flags, written = EARLY_STOPPING_WHEN[case]
+    seen = {}
+    for framework, lib in (("lightning", L.pytorch), ("tasktrain", tasktrain)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, **flags)
+        for value in written:
+            trainer.val_check_interval = value
+        stopper = lib.callbacks.EarlyStopping("val_loss")
+        stopper.setup(trainer, None, "fit")
+        seen[framework] = stopper._check_on_train_epoch_end
+    assert seen["tasktrain"] == seen["lightning"]
+
+
+def test_early_stopping_with_a_time_val_check_interval_checks_after_each_validation(L):
+    """A kept difference, a bug in Lightning (docs/lightning.md): with a time val_check_interval Lightning's Trainer has
+    no val_check_interval attribute, and its EarlyStopping's setup fails on reading it; tasktrain's reads the interval
+    as given, checks after each validation run, and its fit stops there."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = L.pytorch.Trainer(logger=False, enable_progress_bar=False, val_check_interval="00:00:05:00")
+    with pytest.raises(AttributeError, match="val_check_interval"):
+        L.pytorch.callbacks.EarlyStopping("val_loss").setup(theirs, None, "fit")
+    from tasktrain.demos.boring_classes import BoringModel
+
+    class Logs(BoringModel):
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", 1.0)  # never improves: patience 1 stops at the second check
+
+    stopper = tasktrain.EarlyStopping("val_loss", patience=1)
+    trainer = tasktrain.Trainer(max_epochs=5, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0,
+                                val_check_interval={"minutes": 5}, logger=False, enable_progress_bar=False,
+                                enable_model_summary=False, enable_checkpointing=False, callbacks=[stopper])
+    trainer._val_check_time_interval = 0.0  # (the interval is up after every batch: validation after each)
+    trainer.fit(Logs())
+    assert stopper._check_on_train_epoch_end is False
+    assert (trainer.global_step, stopper.stopped_epoch) == (2, 0)  # (checked at validation ends, inside epoch 0)
+
+
 def test_learning_rate_monitor_and_timer_beside_lightning(L, tmp_path, caplog, capsys):
     seen = {}
     for framework, callbacks in (("lightning", L.pytorch.callbacks), ("tasktrain", tasktrain)):

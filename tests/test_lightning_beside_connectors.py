@@ -404,6 +404,114 @@ def test_setup_data_needs_a_module():
         tasktrain.Trainer(**QUIET).test_loop.setup_data()
 
 
+def _evaluation_set_up_by_the_stage(lib, boring):
+    """The validate and test loop views' setup_data() gated by the stage the Trainer is in (trainer.testing: the test
+    limit and test_step, else the validation ones), whichever loop is asked: outside a run, the test loop with no
+    validation_step or with limit_val_batches=0 sets nothing up; in the test stage the validate loop does, with
+    limit_val_batches=0 or without a validation_step. What is set up is that loop's own (its loaders, its counts)."""
+    import warnings
+
+    class NoValidationStep(boring.BoringModel):
+        validation_step = lib.LightningModule.validation_step if lib is pl else lib.TaskModule.validation_step
+
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model_class, limits, stage_testing, loop in (
+                (NoValidationStep, {}, False, "test_loop"),
+                (boring.BoringModel, dict(limit_val_batches=0), False, "test_loop"),
+                (boring.BoringModel, dict(limit_val_batches=2), False, "test_loop"),
+                (boring.BoringModel, dict(limit_val_batches=0, limit_test_batches=3), True, "validate_loop"),
+                (NoValidationStep, dict(limit_test_batches=3), True, "validate_loop")):
+            model = model_class()
+            trainer = lib.Trainer(**QUIET, **limits)
+            model.trainer = trainer
+            trainer.strategy.connect(model)
+            trainer._data_connector.attach_dataloaders(model, val_dataloaders=DataLoader(boring.RandomDataset(32, 8)),
+                                                       test_dataloaders=DataLoader(boring.RandomDataset(32, 6)))
+            trainer.testing = stage_testing
+            getattr(trainer, loop).setup_data()
+            set_up = trainer.test_dataloaders if loop == "test_loop" else trainer.val_dataloaders
+            seen.append((loop, set_up is not None, getattr(trainer, loop).max_batches))
+    # the stage flags can be set, as Lightning's: True sets the stage, False ends it only where it is that stage
+    stages = ("training", "sanity_checking", "validating", "testing", "predicting")
+    for name in stages:
+        setattr(trainer, name, True)
+        trainer.testing = False
+        seen.append((name, [getattr(trainer, flag) for flag in stages], trainer.evaluating))
+    return seen
+
+
+def test_evaluation_loop_setup_data_is_gated_by_the_trainers_stage_as_lightning():
+    got = _both(_evaluation_set_up_by_the_stage)
+    assert got["tasktrain"] == got["lightning"]
+    assert [set_up for _, set_up, _ in got["tasktrain"][:5]] == [False, False, True, True, True]
+    # each loop counts with its own limit: the validate loop's limit_val_batches=0 gives 0 batches
+    assert [counts for *_, counts in got["tasktrain"][2:5]] == [[6], [0], [8]]
+    assert got["tasktrain"][8] == ("testing", [False] * 5, False)
+
+
+def _prepared_on(lib, boring):
+    """prepare_data_per_node=False (the module's and a DataModule's, set in __init__ as Lightning's docs set it) on a
+    rank of a cluster that numbers its ranks itself (its set_global_rank does nothing, as SLURM's and torchrun's
+    environments): global rank 0 on local rank 0 of node 1, then global rank 1 on local rank 0 of node 0; True (the
+    default) on local rank 0 of node 1; and False as a class attribute, which the instance's True from the base's
+    __init__ shadows. Read through trainer._data_connector.prepare_data(), as a run calls it (no process group: no
+    barrier)."""
+    import importlib
+    import warnings
+
+    environments = importlib.import_module(f"{lib.__name__}.plugins.environments")
+    seen = []
+    for rank, local, node, per_node, in_init in ((0, 0, 1, False, True), (1, 0, 0, False, True),
+                                                 (0, 0, 1, True, True), (0, 0, 1, False, False)):
+        called = []
+
+        class Model(boring.BoringModel):
+            prepare_data_per_node = per_node
+
+            def __init__(self):
+                super().__init__()
+                if in_init:
+                    self.prepare_data_per_node = per_node
+
+            def prepare_data(self):
+                called.append("module")
+
+        class Data(boring.BoringDataModule):
+            prepare_data_per_node = per_node
+
+            def __init__(self):
+                super().__init__()
+                if in_init:
+                    self.prepare_data_per_node = per_node
+
+            def prepare_data(self):
+                called.append("datamodule")
+
+        environment = recording_environment(environments.ClusterEnvironment, local_rank=local, node_rank=node,
+                                            rank=rank, world=2)
+        environment.set_global_rank = lambda rank: None  # (the cluster's own ranks stand)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(strategy="ddp", accelerator="cpu", devices=1, num_nodes=2, plugins=[environment],
+                                  **QUIET)
+        model = Model()
+        model.trainer = trainer
+        trainer.strategy.connect(model)
+        trainer._data_connector.attach_datamodule(model, datamodule=Data())
+        trainer._data_connector.prepare_data()
+        seen.append(((trainer.global_rank, trainer.local_rank, trainer.node_rank, per_node, in_init), called))
+    return seen
+
+
+def test_prepare_data_once_in_all_runs_on_local_rank_0_of_node_0_as_lightning():
+    got = _both(_prepared_on)
+    both = ["datamodule", "module"]
+    assert got["tasktrain"] == got["lightning"] == [((0, 0, 1, False, True), []), ((1, 0, 0, False, True), both),
+                                                    ((0, 0, 1, True, True), both), ((0, 0, 1, False, False), both)]
+
+
 def _hook_owners(lib, boring):
     """Whose transfer hook runs, read through trainer._data_connector._datahook_selector after attach_datamodule and
     after a fit, with the module, the DataModule, both or neither overriding it, and the warnings said."""

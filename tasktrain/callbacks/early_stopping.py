@@ -107,8 +107,12 @@ class EarlyStopping(Callback):
     # -- events --------------------------------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage):
         if self._check_on_train_epoch_end is None:
-            # validation more than once an epoch, or not every epoch: check after each validation run instead
-            self._check_on_train_epoch_end = (trainer.val_check_interval in (None, 1.0)
+            # validation more than once an epoch, or not every epoch: check after each validation run instead.
+            # Lightning's test, on trainer.val_check_interval as it reads now (a value written after Trainer(...)
+            # too). A time val_check_interval reads as given here, never 1.0: checked after each validation run
+            # (Lightning's own Trainer has no val_check_interval attribute then, and its EarlyStopping fails:
+            # docs/lightning.md, "val_check_interval as a time").
+            self._check_on_train_epoch_end = (trainer.val_check_interval == 1.0
                                               and trainer.check_val_every_n_epoch == 1)
 
     def _should_skip_check(self, trainer):

@@ -11,7 +11,7 @@ from tasktrain.trainer.module import AttributeDict, TaskModule, _not_implemented
 
 
 class DataModule:
-    prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
+    prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: local rank 0 of node 0 only)
     name = None
     # where a checkpoint keeps its save_hyperparameters()'s values (Lightning's keys; load_from_checkpoint reads them)
     CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
@@ -20,6 +20,9 @@ class DataModule:
 
     def __init__(self):
         self.trainer = None  # set by the Trainer when a run with this DataModule starts
+        # Lightning's DataHooks.__init__ sets it on the instance: set it after super().__init__() to change it (a
+        # class attribute of a subclass is shadowed, as under Lightning)
+        self.prepare_data_per_node = True
         self._hparams = AttributeDict()
 
     @property

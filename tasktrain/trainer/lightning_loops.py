@@ -279,13 +279,14 @@ class EvaluationLoop(_LoopView):
         the stage does: fit's validation loaders (loaders.val_data_now: the overfit_batches rule, the counts of
         num_val_batches and num_sanity_val_batches; nothing where they are set up already and no reload is due), a
         validate or test run's (evaluation.eval_loaders: num_val_batches / num_test_batches and
-        trainer.val_dataloaders / test_dataloaders). Nothing with the stage's limit_*_batches=0 or without its step
-        (validation_step, test_step). (Lightning's reads the limit and the step of the stage the Trainer is in,
-        trainer.testing, whichever loop is asked: here each loop's own.)"""
+        trainer.val_dataloaders / test_dataloaders). Nothing with limit_*_batches=0 or without the step of the stage
+        the Trainer is in, whichever loop is asked (Lightning's rule): limit_test_batches and test_step while
+        trainer.testing, else limit_val_batches and validation_step (outside a run too: test_loop.setup_data() then
+        needs a validation_step). The loaders set up and counted are this loop's own."""
         from tasktrain.trainer import evaluation, loaders
 
         trainer, key = self._trainer, self._key
-        testing = key == "test"
+        testing = trainer.testing
         if key == "val" and trainer._val_loader is not None and trainer.state.fn != TrainerFn.VALIDATING and \
                 not loaders.val_reload_due(trainer):  # (set up for fit; after a validate run they are validate's)
             return
@@ -297,7 +298,8 @@ class EvaluationLoop(_LoopView):
             trainer._pending_val = (module, _given(self._data_source))
             loaders.val_data_now(trainer)
         else:
-            evaluation.eval_loaders(trainer, "test" if testing else "validate", module, _given(self._data_source))
+            evaluation.eval_loaders(trainer, "test" if key == "test" else "validate", module,
+                                    _given(self._data_source))
 
     def _current(self):
         return self._counts(1)

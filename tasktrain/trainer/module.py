@@ -45,7 +45,7 @@ class TaskModule(torch.nn.Module):
     CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
     CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
     CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
-    prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: on global rank 0 only)
+    prepare_data_per_node = True  # prepare_data on each machine's local rank 0 (False: local rank 0 of node 0 only)
     # Properties torch.jit.script must not compile (they read the trainer or iterate parameters).
     __jit_unused_properties__ = ["trainer", "hparams", "hparams_initial", "device", "dtype", "logger", "loggers",
                                  "global_step", "current_epoch", "global_rank", "local_rank", "device_mesh",
@@ -60,6 +60,9 @@ class TaskModule(torch.nn.Module):
         # each parameter's requires_grad from before toggle_optimizer, until untoggle_optimizer (Lightning's name:
         # empty when no optimizer is toggled)
         object.__setattr__(self, "_param_requires_grad_state", {})
+        # Lightning's DataHooks.__init__ sets it on the instance: set it after super().__init__() to change it (a
+        # class attribute of a subclass is shadowed, as under Lightning)
+        self.prepare_data_per_node = True
 
     # -- what the user writes ----------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
@@ -138,7 +141,7 @@ class TaskModule(torch.nn.Module):
     def teardown(self, stage): ...
 
     # Called only where a subclass overrides them (Lightning's points: see docs/lightning.md).
-    def prepare_data(self): ...  # once per machine (local rank 0; global rank 0 with prepare_data_per_node=False)
+    def prepare_data(self): ...  # once per machine (local rank 0; node 0's with prepare_data_per_node=False)
     def configure_model(self): ...  # after setup(stage), before configure_optimizers, at every entry point
 
     def configure_callbacks(self):

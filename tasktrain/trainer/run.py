@@ -42,11 +42,14 @@ def attach_module_callbacks(trainer, module):
 
 def prepare_data(trainer, module):
     """prepare_data (the DataModule's, then the module's) once per machine (local rank 0), or once in all
-    (prepare_data_per_node=False); the other ranks wait at a barrier, so that setup() finds the files."""
+    (prepare_data_per_node=False: local rank 0 of node 0, Lightning's rule, which a cluster whose global rank 0 is
+    not there follows too); the other ranks wait at a barrier, so that setup() finds the files."""
+    local_zero = trainer.local_rank == 0
+    node_zero = local_zero and trainer.node_rank == 0
     for owner, base in ((trainer.datamodule, DataModule), (module, TaskModule)):
         if owner is None or not is_overridden("prepare_data", owner, base):
             continue
-        if trainer.local_rank == 0 if owner.prepare_data_per_node else trainer.is_global_zero:
+        if local_zero if owner.prepare_data_per_node else node_zero:
             with hook_scope(trainer, "prepare_data"):  # (named for self.log, which refuses it there)
                 if owner is trainer.datamodule:
                     datamodule_call(trainer, "prepare_data")

@@ -139,14 +139,14 @@ def isolate_rng(include_cuda: bool = True):
     """Put torch's, numpy's and python's global random states (CUDA's too, where include_cuda and CUDA is up)
     back as they were on entry when the block ends: what runs inside draws without moving what follows. The
     Trainer runs its sanity check so, as Lightning's: the validation loader built there and the steps run there do
-    not change the training's random draws."""
+    not change the training's random draws. Where the block raises, the states are left as the block left them, as
+    Lightning's isolate_rng leaves them (it puts them back after its `yield` only, not in a `finally`): after a fit
+    whose sanity check raised, a caller that catches the error draws from where the check left the generators."""
     states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
     cuda = torch.cuda.get_rng_state_all() if include_cuda and torch.cuda.is_available() else None
-    try:
-        yield
-    finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+    yield
+    torch.set_rng_state(states[0])
+    np.random.set_state(states[1])
+    random.setstate(states[2])
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)

@@ -540,13 +540,25 @@ class Trainer:
     def validating(self):
         return self.state.stage == RunningStage.VALIDATING
 
+    @validating.setter
+    def validating(self, value):
+        self._set_stage(RunningStage.VALIDATING, value)
+
     @property
     def testing(self):
         return self.state.stage == RunningStage.TESTING
 
+    @testing.setter
+    def testing(self, value):
+        self._set_stage(RunningStage.TESTING, value)
+
     @property
     def predicting(self):
         return self.state.stage == RunningStage.PREDICTING
+
+    @predicting.setter
+    def predicting(self, value):
+        self._set_stage(RunningStage.PREDICTING, value)
 
     def _set_stage(self, stage, on):
         if on:
