@@ -140,8 +140,6 @@ def ddp_facts(ran):
     return [json.load(open(ran[0] / "compat" / f"rank{r}.json")) for r in (0, 1)]
 
 
-
-
 @pytest.mark.world_size(2)
 @pytest.mark.timeout(480)
 def test_gan_with_two_optimizers_on_two_ddp_processes_trains_as_one_process(ddp_facts):
