@@ -1,5 +1,6 @@
 """Issue 17's callbacks, profiler and refusals on 2 real processes (DDP, gloo, self-launched): one script run,
-facts per rank read back; the module's optimization hooks under DDP and DeepSpeed ZeRO-2 in the same launch."""
+facts per rank read back; the module's optimization hooks under DDP and DeepSpeed ZeRO-2, and issue 25's Lightning
+scripts (a GAN, torchmetrics, ModelCheckpoint's writes, samplers), in the same launch."""
 import csv
 import glob
 import json
@@ -9,6 +10,8 @@ import sys
 import pytest
 import torch
 
+from helpers import quiet
+
 from ddp_scripts import common
 from ddp_scripts.common import run, script
 
@@ -16,13 +19,13 @@ from ddp_scripts.common import run, script
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory):
     out = tmp_path_factory.mktemp("extras_ddp")
-    code, stdout, stderr, _ = run([sys.executable, script("extras_ddp.py"), str(out)], 300, str(out))
+    code, stdout, stderr, _ = run([sys.executable, script("extras_ddp.py"), str(out)], 420, str(out))
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     return out, [json.load(open(out / f"rank{r}.json")) for r in (0, 1)], stdout
 
 
 @pytest.mark.world_size(2)
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(480)
 def test_callbacks_profiler_and_refusals_on_two_processes(ran):
     out, facts, stdout = ran
     # EMA: the same average on both ranks (the replicas step together)
@@ -111,7 +114,7 @@ def _warm_up_reference(steps=6, warmup=4, lr=0.1, clip=0.5):
 
 
 @pytest.mark.world_size(2)
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(480)
 def test_optimization_hooks_on_two_processes_under_ddp_and_deepspeed_stage_2(ran):
     # two fits in one process group (at the end of extras_ddp.py's launch): the module's optimizer_step (warm-up),
     # optimizer_zero_grad, backward (DDP only: DeepSpeed's engine runs its own) and configure_gradient_clipping
@@ -125,3 +128,107 @@ def test_optimization_hooks_on_two_processes_under_ddp_and_deepspeed_stage_2(ran
             assert fact["weights"][1] == pytest.approx(weights[1], abs=1e-6), name
             assert fact["counts"] == {"optimizer_zero_grad": 6, "backward": 6 if name == "ddp" else 0,
                                       "configure_gradient_clipping": 6}, name
+
+
+# -- issue 25's Lightning scripts on 2 DDP processes (ddp_scripts/lightning_compat_ddp.py) -------------------------
+@pytest.fixture(scope="module")
+def ddp_facts(ran):
+    """What each rank saw of ddp_scripts/lightning_compat_ddp.py's fits (issue 25: a GAN under manual optimisation,
+    torchmetrics objects in self.log, ModelCheckpoint's writes, samplers without seed_everything), under
+    strategy="ddp_find_unused_parameters_true": the first fits of extras_ddp.py's launch (they were a launch of their
+    own, in tests/test_lightning_compat.py: two more interpreters, ~5 s of CPU)."""
+    return [json.load(open(ran[0] / "compat" / f"rank{r}.json")) for r in (0, 1)]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(480)
+def test_gan_with_two_optimizers_on_two_ddp_processes_trains_as_one_process(ddp_facts):
+    from ddp_scripts.lightning_compat_ddp import fit_gan
+
+    from ddp_scripts.common import DDPOrder
+
+    # the reference: one process, the batches of both ranks together (each rank's loss is a mean over 4 samples,
+    # DDP averages the gradients: the mean over the 8), in the order the ranks' shuffled DistributedSamplers read
+    trainer, reference = fit_gan(8, sampler=DDPOrder(32), **quiet(enable_model_summary=False))
+    assert trainer.global_step == 16  # 2 epochs x 4 batches x 2 optimizers, training_step(self, batch)
+    for facts in ddp_facts:
+        assert facts["global_step"] == 16
+        for got, want in zip(facts["gan"], reference):
+            assert got == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(480)
+def test_model_checkpoint_writes_on_rank_zero_only(ddp_facts):
+    """Issue 37: on the other ranks of a multi-process run ModelCheckpoint writes no file (Lightning's rule), with
+    save_last=True and save_last="link" alike; rank 0 writes them all."""
+    zero, one = ddp_facts
+    assert one["checkpoint_writes"] == [], one["checkpoint_writes"]
+    assert "last.ckpt" in zero["checkpoint_writes"] and "epoch=0-step=2.ckpt" in zero["checkpoint_writes"]
+    assert zero["checkpoint_files"] == one["checkpoint_files"]
+    assert "last-v1.ckpt" in zero["checkpoint_files"]  # the second fit's last: a link, beside the first's
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(480)
+def test_ddp_without_seed_everything_shuffles_as_lightnings_distributed_sampler(ddp_facts):
+    """Lightning's DistributedSampler gets seed PL_GLOBAL_SEED, 0 without seed_everything (not a draw): each rank
+    trains on the batches DistributedSampler(seed=0) gives it, epoch by epoch."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    for rank, facts in enumerate(ddp_facts):
+        expected = []
+        for epoch in (0, 1):
+            sampler = DistributedSampler(range(12), num_replicas=2, rank=rank, shuffle=True, seed=0)
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+            expected += [[epoch, order[i:i + 2]] for i in range(0, len(order), 2)]
+        assert facts["orders"]["train"] == expected, rank
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(480)
+def test_epoch_values_without_sync_dist_warn_once_per_name_on_rank_zero_as_lightning(ddp_facts):
+    """Lightning's PossibleUserWarning (its words) when an epoch-level tensor is logged without sync_dist under a
+    process group: on rank 0 only, once per name over both epochs; not for step values nor sync_dist ones."""
+    zero, one = (facts["orders"]["warnings"] for facts in ddp_facts)
+    recommended = [w for w in zero if w.startswith("It is recommended")]
+    assert recommended == [
+        f"It is recommended to use `self.log('{name}', ..., sync_dist=True)` when logging on epoch level in "
+        "distributed setting to accumulate the metric across devices." for name in ("val_idx", "train_loss")]
+    assert not [w for w in one if w.startswith("It is recommended")]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(480)
+def test_a_shuffling_validation_loader_under_ddp_reads_lightnings_distributed_sampler(ddp_facts):
+    """Lightning replaces a shuffling validation loader's sampler under DDP by DistributedSampler(shuffle=True,
+    seed=0 without seed_everything; padded), its epoch set to the fit's epoch at each validation, and warns on rank 0."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    for rank, facts in enumerate(ddp_facts):
+        expected = []
+        for epoch in (0, 1):
+            sampler = DistributedSampler(range(11), num_replicas=2, rank=rank, shuffle=True, seed=0)
+            sampler.set_epoch(epoch)
+            order = list(sampler)  # 6 of the 11 on each rank: one sample read twice
+            expected += [[epoch, order[i:i + 2]] for i in range(0, len(order), 2)]
+        assert facts["orders"]["val"] == expected, rank
+        shuffled = [w for w in facts["orders"]["warnings"] if "shuffling enabled" in w]
+        assert shuffled == (["Your `val_dataloader`'s sampler has shuffling enabled, it is strongly recommended that "
+                             "you turn shuffling off for val/test dataloaders."] if rank == 0 else [])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(480)
+def test_a_logged_metric_on_two_processes_is_the_metric_over_the_whole_data_set(ddp_facts):
+    pytest.importorskip("torchmetrics")
+    from ddp_scripts.lightning_compat_ddp import Scored, class_data
+
+    x, y = class_data()
+    with torch.no_grad():
+        whole = float((Scored()(x).argmax(-1) == y).float().mean())
+    # each rank computed on its own shard; the metric's compute() synchronised them: the whole set's accuracy
+    assert ddp_facts[0]["val_acc"] == ddp_facts[1]["val_acc"] == pytest.approx(whole, abs=1e-6)
+    shard0 = float((Scored()(x[0::2]).argmax(-1) == y[0::2]).float().mean())
+    assert shard0 != pytest.approx(whole)  # (the data makes the test able to fail: a shard alone differs)

@@ -222,27 +222,33 @@ def zero(ddp):
     root, ddp_logs = ddp
     # (z2ref and z3res2, on 2 processes, ran in the `ddp` fixture's last launch)
     logs = {"two": ddp_logs["two"]}
-    # One one-process launch (DeepSpeed imported once, not twice) through DeepSpeed's own converter: ZeRO-2 2 -> 1
-    # (the uninterrupted ZeRO-2 run's step 3 resumed on one process x 8); then stages 3 and 1: ZeRO-3's step 6
-    # (2 processes) resumed on one at stage 3, and ZeRO-2's step 3 (2 processes) resumed on one at stage 1
-    logs["z2res1"] = logs["zres1"] = launch(root, [
+    # The conversions, through the CLI's entry point in this process (helpers.cli_commands_here), each a
+    # `tasktrain convert` as typed. First ZeRO-3 -> one file -> DDP: the ZeRO-3 run's step 9 as a plain checkpoint,
+    # resumed on one process below; the same for the run moved to FSDP on 2 (the `ddp` fixture): its step 9 (a DCP
+    # directory) -> one file.
+    steps9 = [(ckpt(root, "z3res2", 9), root / "z3res2-step9.ckpt"),
+              (ckpt(root, "fres2", 9), root / "fres2-step9.ckpt")]
+    converted = cli_commands_here([["convert", src, dst, "--to", "ckpt"] for src, dst in steps9])
+    for (src, dst), (code, stdout, stderr) in zip(steps9, converted):
+        assert code == 0, (src, dst, stdout + stderr)
+    logs["fsdp_to_ckpt"] = converted[1][1]
+    # One one-process launch (DeepSpeed imported once, and one interpreter, not three) through DeepSpeed's own
+    # converter: ZeRO-2 2 -> 1 (the uninterrupted ZeRO-2 run's step 3 resumed on one process x 8); then stages 3 and
+    # 1: ZeRO-3's step 6 (2 processes) resumed on one at stage 3, and ZeRO-2's step 3 (2 processes) resumed on one at
+    # stage 1; then the two step-9 files above resumed on one process without an engine (back1, fback1)
+    logs["z2res1"] = logs["zres1"] = logs["back1"] = launch(root, [
         {"name": "z2res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_2", "resume": ckpt(root, "z2ref", 3)},
         {"name": "z3res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_3", "resume": ckpt(root, "z3res2", 6)},
         {"name": "z1res1", "devices": 1, "batch": 8, "strategy": "deepspeed_stage_1", "resume": ckpt(root, "z2ref", 3)},
+        {"name": "back1", "devices": 1, "batch": 8, "resume": str(root / "z3res2-step9.ckpt")},
+        {"name": "fback1", "devices": 1, "batch": 8, "resume": str(root / "fres2-step9.ckpt")},
     ], timeout=600)
-    # The conversions from here on, through the CLI's entry point in this process (helpers.cli_commands_here), each a
-    # `tasktrain convert` as typed:
-    # ZeRO-3 -> one file -> DDP: the ZeRO-3 run's step 9 as a plain checkpoint, resumed on one process below; the
-    # same for the run moved to FSDP on 2 (the `ddp` fixture): its step 9 (a DCP directory) -> one file; and the
-    # final checkpoints of the DeepSpeed runs as plain files, which the tests compare.
-    jobs = [(ckpt(root, "z3res2", 9), root / "z3res2-step9.ckpt"), (ckpt(root, "fres2", 9), root / "fres2-step9.ckpt")]
-    jobs += [(ckpt(root, name), root / f"{name}.final.ckpt") for name in ("z2ref", "z2res1", "z3res2", "z3res1", "z1res1")]
+    # The final checkpoints of the DeepSpeed runs as plain files, which the tests compare.
+    jobs = [(ckpt(root, name), root / f"{name}.final.ckpt")
+            for name in ("z2ref", "z2res1", "z3res2", "z3res1", "z1res1")]
     converted = cli_commands_here([["convert", src, dst, "--to", "ckpt"] for src, dst in jobs])
     for (src, dst), (code, stdout, stderr) in zip(jobs, converted):
         assert code == 0, (src, dst, stdout + stderr)
-    logs["fsdp_to_ckpt"] = converted[1][1]
-    logs["back1"] = launch(root, [{"name": "back1", "devices": 1, "batch": 8, "resume": str(root / "z3res2-step9.ckpt")},
-                                  {"name": "fback1", "devices": 1, "batch": 8, "resume": str(root / "fres2-step9.ckpt")}])
     return root, logs
 
 

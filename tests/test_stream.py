@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from ddp_scripts.common import free_port
 from tasktrain import TaskModule
 from tasktrain.data import ShardedStream, ShardFiles
 from tasktrain.trainer.data import prepare_train_data
@@ -412,19 +413,23 @@ def runs(tmp_path_factory):
                                 trainer_run("k11_files", "files", 8, 1, kill_at=3, fork=True),
                                 accelerator_run("ak11_files", "files", 8, 1, kill_at=3, fork=True),
                                 trainer_run("ref_own", "own", 8, 1), trainer_run("ref_files", "files", 8, 1)], 1)
-    # 2 processes x 2 workers, killed after step 3 (rank 1); before that, 45 items over 2 x 4: an uneven end
-    logs["k22_own"] = launch(root, [trainer_run("uneven", "own45", 4, 1),
-                                    trainer_run("k22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
-    logs["k22_files"] = launch(root, [trainer_run("k22_files", "files", 4, 2, kill_at=3)], 2, expect_ok=False)
-    # a StatefulDataLoader over a data set sharding itself, 2 x 2, killed after step 3 (resumed in "r22")
-    logs["ks22"] = launch(root, [trainer_run("ks22_stateful", "stateful", 4, 2, kill_at=3)], 2, expect_ok=False)
-    # 1x1 -> 2x2 (Trainer, both; Accelerator, files); the Accelerator on 2x2 saved and killed after step 3
-    logs["r22"] = launch(root, [trainer_run("r22_own", "own", 4, 2, resume=last("k11_own")),
-                                trainer_run("r22_files", "files", 4, 2, resume=last("k11_files")),
-                                accelerator_run("ar22_files", "files", 4, 2, resume="ak11_files"),
-                                accelerator_run("a_uneven", "own45", 4, 1, gather=True),
-                                trainer_run("rs22_stateful", "stateful", 4, 2, resume=last("ks22_stateful")),
-                                accelerator_run("ak22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False)
+    # One launch of 2 processes. First the killed runs of 2 processes x 2 workers, killed after step 3 (rank 1): the
+    # Trainer on both data sets, and a StatefulDataLoader over a data set sharding itself (resumed below in the same
+    # launch: "rs22"), each in a child forked from each of the launch's processes, a world of its own on its own port
+    # (the kill ends the children, not the launch: they were three launches of their own, six more interpreters).
+    # Then 45 items over 2 x 4: an uneven end; 1x1 -> 2x2 (Trainer, both; Accelerator, files); the StatefulDataLoader
+    # resumed on 2 x 2; the Accelerator on 2x2 saved and killed after step 3 (the launch ends there).
+    logs["k22_own"] = logs["k22_files"] = logs["ks22"] = logs["r22"] = launch(root, [
+        trainer_run("k22_own", "own", 4, 2, kill_at=3, fork=True, port=free_port()),
+        trainer_run("k22_files", "files", 4, 2, kill_at=3, fork=True, port=free_port()),
+        trainer_run("ks22_stateful", "stateful", 4, 2, kill_at=3, fork=True, port=free_port()),
+        trainer_run("uneven", "own45", 4, 1),
+        trainer_run("r22_own", "own", 4, 2, resume=last("k11_own")),
+        trainer_run("r22_files", "files", 4, 2, resume=last("k11_files")),
+        accelerator_run("ar22_files", "files", 4, 2, resume="ak11_files"),
+        accelerator_run("a_uneven", "own45", 4, 1, gather=True),
+        trainer_run("rs22_stateful", "stateful", 4, 2, resume=last("ks22_stateful")),
+        accelerator_run("ak22_own", "own", 4, 2, kill_at=3)], 2, expect_ok=False, timeout=600)
     # 2x2 -> 1x3 (Trainer, both data sets; Accelerator, own)
     logs["r13"] = logs["ar13"] = launch(root, [trainer_run("r13_own", "own", 8, 3, resume=last("k22_own")),
                                                trainer_run("r13_files", "files", 8, 3, resume=last("k22_files")),

@@ -1,9 +1,9 @@
-"""Helper for tests/test_lightning_ddp.py: issue 17's callbacks, profiler and refusals on 2 DDP processes
-(self-launched), several fits in one process group; then, in the same processes and group, optimization_hooks.py's
-two fits (DDP, then DeepSpeed ZeRO stage 2), writing under OUT/hooks (they were a launch of their own: two more
-interpreters importing torch and tasktrain, ~4 s of CPU each).
+"""Helper for tests/test_lightning_ddp.py: lightning_compat_ddp.py's fits first (OUT/compat/), then issue 17's
+callbacks, profiler and refusals on 2 DDP processes (self-launched), several fits in one process group; then, in the
+same processes and group, optimization_hooks.py's two fits (DDP, then DeepSpeed ZeRO stage 2), writing under OUT/hooks
+(they were a launch of their own: two more interpreters importing torch and tasktrain, ~4 s of CPU each).
 
-    python extras_ddp.py OUT      # writes OUT/rank{R}.json with what each rank saw, and OUT/hooks/
+    python extras_ddp.py OUT      # writes OUT/rank{R}.json with what each rank saw, OUT/compat/ and OUT/hooks/
 """
 import json
 import os
@@ -23,6 +23,15 @@ from tasktrain.exceptions import MisconfigurationException
 from tasktrain.tuner import Tuner
 
 out = sys.argv[1]
+
+# 0. First, lightning_compat_ddp.py's fits (issue 25, under strategy="ddp_find_unused_parameters_true"), writing
+# OUT/compat/rank{R}.json: they were a launch of their own (two more interpreters, ~5 s of CPU). First because they
+# check Lightning's warnings that come once per name per process (the sync_dist one) and need no seed_everything
+# before them (none is called in this script).
+import lightning_compat_ddp  # noqa: E402
+
+os.makedirs(os.path.join(out, "compat"), exist_ok=True)
+lightning_compat_ddp.main(os.path.join(out, "compat"), "ddp_find_unused_parameters_true")
 
 
 class Regression(TaskModule):

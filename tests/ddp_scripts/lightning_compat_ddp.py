@@ -1,6 +1,7 @@
-"""Helper for tests/test_lightning_compat.py: issue 25's Lightning scripts on 2 DDP processes (self-launched, gloo):
+"""Helper for tests/test_lightning_ddp.py: issue 25's Lightning scripts on 2 DDP processes (self-launched, gloo):
 a GAN with two optimizers under manual optimisation (training_step without batch_idx), and torchmetrics Metric
-objects given to self.log.
+objects given to self.log. main() runs first in extras_ddp.py's launch; the tests import fit_gan and Scored for their
+one-process references.
 
     python lightning_compat_ddp.py OUT STRATEGY     # writes OUT/rank{R}.json with what each rank saw
 """

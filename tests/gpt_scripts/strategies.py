@@ -64,7 +64,13 @@ for strategy, precision in ACCELERATOR_CASES:
     results[f"Accelerator {strategy} {precision}"] = {"metrics": metrics, "texts": texts,
                                                       "weight_names": sorted(weights)}
 # torch.compile(model) prepared under ZeRO-3: the engine gets the module inside the wrapper, its forward compiled.
-# The smallest model, a few steps: this checks that it runs and saves plain names, not what it learns.
+# The smallest model, a few steps: this checks that it runs and saves plain names, not what it learns. Compiled by
+# the aot_eager backend (dynamo and AOTAutograd, the graphs inductor would be given, run without inductor's build):
+# ZeRO-3's hooks split the forward into many graphs, recompiled as the engine's state changes (~50 compiles a rank),
+# and inductor's lowering and C++ build of them cost the launch ~35 s of CPU of its ~65 (measured 2026-12-07, cold
+# cache, each rank 15.8 -> 11.4 s in-process, g++ all of the rest). The example's --compile on inductor itself is
+# test_example_compiled_with_inductor's, in the pytest process.
+torch.compile = functools.partial(torch.compile, backend="aot_eager")
 TINY = ["--digits", "1", "--n_layer", "1", "--n_embd", "16", "--batch_size", "32", "--max_steps", "6", "--warmup", "2",
         "--train_size", "512", "--val_size", "6", "--samples", "2"]
 metrics, weights, texts = gpt_accelerator.main([*TINY, "--strategy", "deepspeed_stage_3", "--compile"])

@@ -17,8 +17,10 @@ Each run, in order, in every process of the launch. A run's keys:
     batch    per-process batch size;  workers: DataLoader workers per process (default 1)
     resume   the Trainer: a checkpoint path; the Accelerator: the name of a run whose save_state to load
     kill_at  SIGKILL rank `kill_rank` (default: the last) once step `kill_at` is done and saved
-    fork     (one process) run it in a child process forked from this one, which waits for its SIGKILL and goes on
-             with the next run (fork such runs first, before this process trains: as a DataLoader forks a worker)
+    fork     run it in a child process forked from this one, which waits for its end and goes on with the next run
+             (fork such runs first, before this process trains: as a DataLoader forks a worker); under a launch of
+             several processes every process forks one, and the children form a world of their own on port `port`
+             (its store in rank 0's child): the killed rank's child ends by SIGKILL, the others' fits fail with it
     devices  (the Trainer) its devices, for a plain `python train.py` that the Trainer launches itself (devices=2:
              it starts rank 1, which runs the same runs); default: WORLD_SIZE of the launch (1 without one)
     gather   (the Accelerator) rank 0 writes each step's gather_for_metrics(ids) to DIR/NAME.ids.rankgathered.txt
@@ -240,13 +242,18 @@ def accelerate(root, run):
 
 
 def forked(target, root, run):
-    """A killed run of one process in a child of this one: a process of its own, SIGKILLed by itself once step
-    `kill_at` is saved, without a launch of its own (its interpreter and imports are this one's, already made)."""
+    """A killed run in a child of this process: a process of its own, SIGKILLed by itself once step `kill_at` is
+    saved, without a launch of its own (its interpreter and imports are this one's, already made). Under a launch of
+    several processes each of them forks one; the children are a world of their own (their store on the run's port,
+    not the launch agent's), and the surviving ranks' children end when their next collective finds the killed rank
+    gone."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         try:
+            if world() > 1:
+                os.environ.update(MASTER_PORT=str(run["port"]), TORCHELASTIC_USE_AGENT_STORE="False")
             target(root, run)
         except BaseException:
             traceback.print_exc()
@@ -254,8 +261,13 @@ def forked(target, root, run):
             sys.stderr.flush()
             os._exit(1)  # (only when the run did not kill it)
     _, status = os.waitpid(pid, 0)
-    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
-        raise SystemExit(f"run {run['name']} was to end by SIGKILL; its process ended with status {status}")
+    killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    if int(os.environ.get("RANK", "0")) == run.get("kill_rank", world() - 1):
+        if not killed:
+            raise SystemExit(f"run {run['name']} was to end by SIGKILL; its process ended with status {status}")
+    elif killed or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 1:
+        raise SystemExit(f"run {run['name']}: a rank that was not killed was to fail with its killed peer; its "
+                         f"process ended with status {status}")
 
 
 def main():
@@ -266,7 +278,8 @@ def main():
     for run in json.loads(args.runs):
         target = fit if run["api"] == "trainer" else accelerate
         if run.get("fork"):
-            assert world() == 1 and run.get("kill_at") is not None, "fork: a killed run of one process"
+            assert run.get("kill_at") is not None and (world() == 1 or run.get("port")), \
+                "fork: a killed run (of several processes: on a port of its own)"
             forked(target, args.root, run)
         else:
             target(args.root, run)
