@@ -854,7 +854,6 @@ def test_a_local_rank_beyond_the_devices_is_refused_at_the_set_up(devices, local
             warnings.simplefilter("ignore")
             with pytest.raises(IndexError) as refused:
                 trainer.fit(boring.BoringModel())
-        assert not torch.distributed.is_initialized()
         return ranks, refused.value
 
     (ours_, mine), (theirs_, their_error) = run(tasktrain, ours), run(pl, theirs)
