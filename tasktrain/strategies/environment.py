@@ -203,14 +203,15 @@ def launcher_rank(default=0):
     return default
 
 
-def warn_if_srun_unused(rank=None):
+def warn_if_srun_unused(rank=None, stacklevel=4):
     """Lightning's hint where `srun` is installed but did not start this process (its
     SLURMEnvironment._validate_srun_used, its words): a script run with plain `python` on a SLURM cluster's login or
     batch node is a frequent mistake. Lightning says it wherever it asks whether SLURM launched the run: at a Trainer's
     construction when no cluster environment is given and torchrun did not start the process, at a
     SLURMEnvironment's construction and detect(), and at each run's start without a checkpoint path (its
     checkpoint connector asks for SLURM's requeue checkpoint); rank 0 only (`rank`: the launcher's variables where
-    not given). Not on Windows (Lightning's neither)."""
+    not given). Not on Windows (Lightning's neither). `stacklevel`: warnings.warn's, the user's call where the caller
+    says how deep it is."""
     import shutil
     import sys
     import warnings
@@ -226,7 +227,7 @@ def warn_if_srun_unused(rank=None):
     hint = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])[:64]
     warnings.warn("The `srun` command is available on your system but is not used. HINT: If your intention is to run"
                   f" Lightning on SLURM, prepend your python command with `srun` like so: {hint} ...",
-                  PossibleUserWarning, stacklevel=4)
+                  PossibleUserWarning, stacklevel=stacklevel)
 
 
 def _tasks_per_node(env):

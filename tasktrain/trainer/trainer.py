@@ -1285,8 +1285,8 @@ class _StageRun:
         self.hint_srun = hint_srun  # no checkpoint path given: Lightning's srun hint, by the rank 0 that runs it
 
     def __call__(self, train_loader, eval_loader):
-        if self.hint_srun:
-            warn_if_srun_unused(self.trainer.global_rank)
+        if self.hint_srun:  # (pointing at the user's trainer.fit(...): here, strategy.launch, _run, fit, the user)
+            warn_if_srun_unused(self.trainer.global_rank, stacklevel=6)
         return self.trainer._run_stage(self.stage, self.module, train_loader, eval_loader, self.ckpt_path, self.gather,
                                        self.compiled)
 
