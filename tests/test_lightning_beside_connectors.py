@@ -171,16 +171,30 @@ class _TheirsRecords(RecordsItsProcess, theirs.BoringModel):  # (ours: helpers.p
     pass
 
 
-def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkeypatch):
+def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkeypatch, capfd):
     """strategy="ddp_spawn", devices=1: Lightning's _MultiProcessingLauncher spawns one child, so its DataLoader check
     sees the "spawn" start method and asks for persistent_workers; the parent gets the weights, callback_metrics and
-    trainer.state back."""
+    trainer.state back. Where `srun` is installed but did not start the process, Lightning's hint comes once from the
+    parent (the Trainer's construction) and once from the child (its run's start, where its checkpoint connector asks
+    SLURM for a requeue checkpoint): a warning printed on the child's stderr. A second fit on that Trainer is refused
+    with Lightning's NotImplementedError (Lightning-AI/pytorch-lightning#18775: the parent holds the weights only).
+    One difference is kept, from that bug: Lightning's parent reads global_step and current_epoch 0 after the fit
+    (its child sends only weights, state and callback_metrics back: Lightning-AI/pytorch-lightning#5332), tasktrain's
+    the run's."""
     import json
     import os
     import warnings
 
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKTRAIN_LAUNCHER"):
         monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_"))]:
+        monkeypatch.delenv(name)
+    bin_dir = tmp_path / "bin"  # an `srun` on PATH (the children inherit it): a login node's
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    hint = "The `srun` command is available on your system but is not used"
 
     def case(lib, boring):
         lib.seed_everything(0, verbose=False)
@@ -190,24 +204,36 @@ def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkey
         # requested at the fit's start, never iterated (max_steps ends the fit before the epoch's validation): the
         # warning without the seconds a worker process costs
         val = DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 32)), batch_size=2, num_workers=1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        capfd.readouterr()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
             trainer = lib.Trainer(strategy="ddp_spawn", devices=1, accelerator="cpu", max_steps=2,
                                   num_sanity_val_steps=0, **QUIET)
             trainer.fit(module, train, val)
+        child_err = capfd.readouterr().err
         with open(module.record_path) as f:
             record = json.load(f)
-        return dict(in_a_child=record["pid"] != os.getpid(), warnings=record["warnings"],
-                    weight=module.layer.weight.detach().flatten().tolist(),
-                    metrics=sorted(trainer.callback_metrics), loss=float(trainer.callback_metrics["train_loss"]),
-                    state=(trainer.state.fn, trainer.state.status, trainer.state.stage))
+        got = dict(in_a_child=record["pid"] != os.getpid(), warnings=record["warnings"],
+                   weight=module.layer.weight.detach().flatten().tolist(),
+                   metrics=sorted(trainer.callback_metrics), loss=float(trainer.callback_metrics["train_loss"]),
+                   state=(trainer.state.fn, trainer.state.status, trainer.state.stage),
+                   srun_hints=(sum(hint in str(w.message) for w in seen), child_err.count(hint)),
+                   progress=(trainer.global_step, trainer.current_epoch))
+        with pytest.raises(NotImplementedError) as refused:  # (refused before any process starts)
+            trainer.fit(module, train, val)
+        got["second_fit"] = (str(refused.value), trainer.state.fn, trainer.state.status)
+        return got
 
     got = _both(case)
+    assert got["lightning"].pop("progress") == (0, 0)  # (Lightning's bug, kept apart: the docstring)
+    assert got["tasktrain"].pop("progress") == (2, 1)
     assert got["tasktrain"] == got["lightning"]
     assert got["tasktrain"]["in_a_child"]
     assert got["tasktrain"]["warnings"] == [
         "Consider setting `persistent_workers=True` in 'val_dataloader' to speed up the dataloader worker "
         "initialization."]
+    assert got["tasktrain"]["srun_hints"] == (1, 1)
+    assert got["tasktrain"]["second_fit"][0].startswith("Calling `trainer.fit()` twice on the same Trainer instance")
 
 
 def test_accelerator_connector_is_read_only_and_names_what_it_lacks():

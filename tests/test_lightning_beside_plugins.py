@@ -833,6 +833,37 @@ def test_local_rank_without_rank_is_a_process_launched_outside_as_under_lightnin
             ours_.strategy.setup_environment()
 
 
+@pytest.mark.parametrize("devices, local_rank", [(1, 1), (2, 2)])
+def test_a_local_rank_beyond_the_devices_is_refused_at_the_set_up(devices, local_rank, monkeypatch):
+    """strategy="ddp" with LOCAL_RANK set (no torchrun) at or past `devices`: Lightning reads the ranks from it (rank 1
+    of 1 for devices=1, LOCAL_RANK=1) and its set-up fails on `parallel_devices[local_rank]` with a bare IndexError.
+    tasktrain read the same ranks for devices=2 and made devices=1 rank 0 of 1 (training as if LOCAL_RANK were not
+    set); both now read Lightning's ranks and refuse at the set-up, before any process group, with an IndexError (a
+    MisconfigurationException too) that names LOCAL_RANK, devices and the fix."""
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "TORCHELASTIC_")) or n in (
+            "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "TASKTRAIN_LAUNCHER")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")  # (never reached: the set-up refuses first)
+
+    def run(lib, boring):
+        trainer = lib.Trainer(strategy="ddp", max_steps=1, **{**QUIET, "devices": devices})
+        ranks = [trainer.global_rank, trainer.local_rank, trainer.world_size, trainer.is_global_zero]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(IndexError) as refused:
+                trainer.fit(boring.BoringModel())
+        return ranks, refused.value
+
+    (ours_, mine), (theirs_, their_error) = run(tasktrain, ours), run(pl, theirs)
+    assert ours_ == theirs_ == [local_rank, local_rank, devices, False]
+    assert str(their_error) == "list index out of range"
+    assert isinstance(mine, MisconfigurationException)
+    assert f"LOCAL_RANK={local_rank}" in str(mine) and f"devices={devices}" in str(mine)
+    assert "LOCAL_RANK must be smaller than devices" in str(mine) and "Unset LOCAL_RANK" in str(mine)
+
+
 def _layer_sync_record(lib, plugins_module, strategy, fail=False, validate=True, plugins=None):
     """A fit with a LayerSync of the user's that swaps the module's BatchNorm for a subclass in place (apply) and back
     (revert): the order of its calls among the module's hooks, and the layer's class each training step saw."""

@@ -536,3 +536,72 @@ def test_every_predict_loader_is_built_again_with_lightnings_index_keeping_batch
         # every sample predicted (the opaque one's own 5 indices)
         assert sorted(i for batch in ours["seen"] for i in batch) == list(range(5 if case == "opaque" else 7))
     assert len(ours["warned"]) == (case == "opaque")
+
+
+def _one_process_ddp(lib, base):
+    """A fit (a shuffling training loader, a sequential validation one), then validate, test and predict, under
+    strategy="ddp" on one process: for each loader a run read, whether its sampler is a DistributedSampler (the
+    loader's or its batch sampler's) and the dataset indices of its batches."""
+    from torch.utils.data import DistributedSampler
+
+    seen = {}
+
+    class Module(base):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def step(self, batch, name):
+            seen.setdefault(name, []).append(batch[0].tolist())
+            return torch.nn.functional.mse_loss(self.layer(batch[1]), batch[2])
+
+        def training_step(self, batch, batch_idx):
+            return self.step(batch, "train")
+
+        def validation_step(self, batch, batch_idx):
+            self.step(batch, "val")
+
+        def test_step(self, batch, batch_idx):
+            self.step(batch, "test")
+
+        def predict_step(self, batch, batch_idx):
+            return self.step(batch, "predict")
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def sharded(loader):
+        return isinstance(loader.sampler, DistributedSampler) or \
+            isinstance(getattr(loader.batch_sampler, "sampler", None), DistributedSampler)
+
+    lib.seed_everything(1, verbose=False)
+    trainer = lib.Trainer(strategy="ddp", devices=1, accelerator="cpu", max_epochs=1, num_sanity_val_steps=0,
+                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False)
+    module = Module()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, DataLoader(data(7), batch_size=3, shuffle=True), DataLoader(data(5), batch_size=2))
+        kinds = {"train": sharded(trainer.train_dataloader), "val": sharded(trainer.val_dataloaders)}
+        trainer.validate(module, DataLoader(data(5), batch_size=2), verbose=False)
+        kinds["validate"] = sharded(trainer.val_dataloaders)
+        trainer.test(module, DataLoader(data(5), batch_size=2, shuffle=True), verbose=False)
+        kinds["test"] = sharded(trainer.test_dataloaders)
+        trainer.predict(module, DataLoader(data(5), batch_size=2, shuffle=True))
+        kinds["predict"] = sharded(trainer.predict_dataloaders)
+    return kinds, seen
+
+
+def test_one_process_of_ddp_shards_every_loader_as_lightning():
+    """strategy="ddp" on one process is a distributed strategy: Lightning puts a DistributedSampler of one replica in
+    every map-style loader (training, validation, test; predict's UnrepeatedDistributedSamplerWrapper), which reads the
+    same order for a sequential loader and its own (seed, epoch) one for a shuffling one. tasktrain's evaluation loaders
+    kept the user's sampler there (a shuffling predict loader then read another order)."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    theirs = _one_process_ddp(L, L.LightningModule)
+    mine = _one_process_ddp(tasktrain, tasktrain.TaskModule)
+    assert mine == theirs
+    assert all(mine[0].values()), mine[0]

@@ -29,6 +29,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from tasktrain.exceptions import MisconfigurationException
+
 
 @dataclass
 class ClusterEnvironment:
@@ -78,15 +80,27 @@ def environment_from_local_rank(devices: int, num_nodes: int, env=None, meeting=
     rank of a world it did not start (creates_processes_externally), global rank node_rank * devices + local_rank of
     devices * num_nodes, and starts nothing. None where that is not the case (torchrun's or SLURM's variables, no
     LOCAL_RANK) or the world is one process. A world of several without MASTER_PORT is an error (Lightning picks a
-    free port in each process, so the ranks would wait for each other until the timeout); `meeting=False` reads the
-    ranks only (right after Trainer(...): the port is checked at the set-up). `lightning`: detect_environment's (RANK /
+    free port in each process, so the ranks would wait for each other until the timeout), and so is a LOCAL_RANK not
+    below `devices` (LocalRankBeyondDevices; under the Trainer a world of one too: Lightning reads rank 1 of 1 there);
+    `meeting=False` reads the ranks only (right after Trainer(...), as Lightning's: both are checked at the set-up). `lightning`: detect_environment's (RANK /
     WORLD_SIZE beside LOCAL_RANK without torchrun are then this case too)."""
     env = os.environ if env is None else env
-    if "LOCAL_RANK" not in env or devices * num_nodes <= 1 or \
-            detect_environment(env, lightning=lightning).launcher is not None:
+    if "LOCAL_RANK" not in env:
         return None
     local = int(env["LOCAL_RANK"])
+    # a local rank past the devices has no device (Lightning's ranks read it all the same, rank 1 of 1 for
+    # strategy="ddp", devices=1 under LOCAL_RANK=1, and its set-up fails on parallel_devices[local_rank])
+    beyond = local >= devices and (lightning or devices * num_nodes > 1)
+    if (devices * num_nodes <= 1 and not beyond) or detect_environment(env, lightning=lightning).launcher is not None:
+        return None
     node = int(env.get("NODE_RANK", env.get("GROUP_RANK", 0)))
+    if meeting and beyond:
+        raise LocalRankBeyondDevices(
+            f"LOCAL_RANK={local} is set without torchrun's RANK / WORLD_SIZE, so this process is taken as local rank "
+            f"{local} of a machine that a launcher of your own started (as Lightning takes it), but the Trainer runs "
+            f"devices={devices} process(es) per machine: LOCAL_RANK must be smaller than devices (0 to {devices - 1}). "
+            "Unset LOCAL_RANK to let the Trainer start the processes itself, or pass devices= the number of processes "
+            "your launcher starts on each machine, or launch with torchrun / `tasktrain launch`.")
     if meeting and not env.get("MASTER_PORT"):
         raise RuntimeError(
             f"LOCAL_RANK={local} is set without RANK / WORLD_SIZE: this process is taken as rank "
@@ -99,6 +113,12 @@ def environment_from_local_rank(devices: int, num_nodes: int, env=None, meeting=
                               main_address=env.get("MASTER_ADDR", "127.0.0.1"),
                               main_port=int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None,
                               launcher="external")
+
+
+class LocalRankBeyondDevices(MisconfigurationException, IndexError):
+    """LOCAL_RANK (a launcher of one's own's) is not below `devices`: refused at the run's set-up, before any process
+    group, where Lightning's set-up fails with an IndexError (its parallel_devices[local_rank]): both that type and
+    tasktrain's MisconfigurationException."""
 
 
 def environment_from_plugin(plugin, devices: int, num_nodes: int) -> ClusterEnvironment:
@@ -183,14 +203,15 @@ def launcher_rank(default=0):
     return default
 
 
-def warn_if_srun_unused(rank=None):
+def warn_if_srun_unused(rank=None, stacklevel=4):
     """Lightning's hint where `srun` is installed but did not start this process (its
     SLURMEnvironment._validate_srun_used, its words): a script run with plain `python` on a SLURM cluster's login or
     batch node is a frequent mistake. Lightning says it wherever it asks whether SLURM launched the run: at a Trainer's
     construction when no cluster environment is given and torchrun did not start the process, at a
     SLURMEnvironment's construction and detect(), and at each run's start without a checkpoint path (its
     checkpoint connector asks for SLURM's requeue checkpoint); rank 0 only (`rank`: the launcher's variables where
-    not given). Not on Windows (Lightning's neither)."""
+    not given). Not on Windows (Lightning's neither). `stacklevel`: warnings.warn's, the user's call where the caller
+    says how deep it is."""
     import shutil
     import sys
     import warnings
@@ -206,7 +227,7 @@ def warn_if_srun_unused(rank=None):
     hint = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])[:64]
     warnings.warn("The `srun` command is available on your system but is not used. HINT: If your intention is to run"
                   f" Lightning on SLURM, prepend your python command with `srun` like so: {hint} ...",
-                  PossibleUserWarning, stacklevel=4)
+                  PossibleUserWarning, stacklevel=stacklevel)
 
 
 def _tasks_per_node(env):

@@ -39,6 +39,7 @@ class SpawnLauncher:
 
     def __init__(self, num_processes):
         self.num_processes = num_processes
+        self._already_fit = False  # (Lightning's: a fit ran, so the Trainer refuses another: trainer.py's _run)
 
     def launch(self, *args, **kwargs):
         from tasktrain.strategies.launcher import _refuse_lightning_launch

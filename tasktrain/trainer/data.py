@@ -949,9 +949,10 @@ def _iterable_predict_loader(loader):
     return kind(loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **options)
 
 
-def _predict_loader(loader, world_size, rank):
-    """A map-style predict loader, as Lightning's Trainer takes it (it builds every predict loader again): on several
-    processes its sampler replaced by PredictShardSampler (UnrepeatedDistributedSamplerWrapper: unpadded), shuffling
+def _predict_loader(loader, world_size, rank, distributed=None):
+    """A map-style predict loader, as Lightning's Trainer takes it (it builds every predict loader again): under a
+    distributed strategy (`distributed`; default: several processes), a world of one included, its sampler replaced
+    by PredictShardSampler (UnrepeatedDistributedSamplerWrapper: unpadded), shuffling
     where Lightning's test says; its batch sampler built again around it with drop_last=False (a custom one that cannot
     be is kept, with Lightning's warning), inside Lightning's index-keeping wrapper (_IndexBatchSamplerWrapper): the
     loader is built again in every case, as Lightning's."""
@@ -970,7 +971,8 @@ def _predict_loader(loader, world_size, rank):
         kind = type(loader) if is_stateful_loader(loader) else DataLoader
         return kind(loader.dataset, batch_sampler=_IndexBatchSamplerWrapper(batch_sampler), **loader_options(loader))
     sampler = loader.sampler
-    if world_size > 1 and not isinstance(sampler, DistributedSampler):
+    distributed = world_size > 1 if distributed is None else distributed
+    if distributed and not isinstance(sampler, DistributedSampler):
         sampler = PredictShardSampler(sampler, world_size, rank, shuffle=_is_shuffled(loader))
     # (Lightning builds every predict loader again: a loader of the user's class is, with the user's arguments)
     return _with_sampler(loader, sampler, predicting=True)
@@ -1055,10 +1057,12 @@ def warn_workers(loader, name, upper_bound, reload_every):
 def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None, global_rank=None):
     """Shard an evaluation loader without padding (exact metrics); on one process, leave it as it is (a shuffling
     one keeps shuffling, as under Lightning, which warns: `prefix` names the loader, "val", "test" or "predict").
-    `shuffle_seed` (given under a distributed strategy): a shuffling validation/test loader reads Lightning's
-    DistributedSampler(shuffle=True, seed=shuffle_seed) instead, padded as Lightning's, its epoch set by the
-    evaluation run (set_sampler_epoch); a shuffling predict loader on several processes, PredictShardSampler.
+    `shuffle_seed` (given under a distributed strategy, a world of one included): a shuffling validation/test loader
+    reads Lightning's DistributedSampler(shuffle=True, seed=shuffle_seed) instead, padded as Lightning's, its epoch set
+    by the evaluation run (set_sampler_epoch); a predict loader, PredictShardSampler. Under a distributed strategy a
+    world of one is sharded too, as Lightning's (its samplers are DistributedSamplers of one replica: the same order).
     `global_rank` (default `rank`): the rank seed_everything(workers=True)'s worker seeds are mixed with."""
+    distributed = world_size > 1 or shuffle_seed is not None
     if prefix is not None and rank == 0 and isinstance(loader, DataLoader) and \
             not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
             isinstance(_order_sampler(loader), RandomSampler):
@@ -1066,7 +1070,7 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
                       "you turn shuffling off for val/test dataloaders.", PossibleUserWarning)
     add_worker_init_fn(loader, rank if global_rank is None else global_rank)  # seed_everything(workers=True)
     if shuffle_seed is not None and prefix in ("val", "test") and _replaceable(loader) and \
-            loader.batch_size is not None and type(loader.sampler) is RandomSampler:
+            type(loader.sampler) is RandomSampler:  # (batch_size=None too: items one by one, as Lightning's)
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=shuffle_seed)
         return _rebuild(loader, sampler, loader.generator)
     if prefix == "predict":
@@ -1074,13 +1078,13 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
             return loader
         if isinstance(loader.dataset, torch.utils.data.IterableDataset):
             return _iterable_predict_loader(loader)
-        if world_size > 1 and _replaceable(loader) and type(_order_sampler(loader)) is SequentialSampler and \
+        if distributed and _replaceable(loader) and type(_order_sampler(loader)) is SequentialSampler and \
                 not loader.drop_last:
             # (Lightning's predict sampler whatever the order: an UnrepeatedDistributedSampler, here over the
             # sequential order, the positions EvalShardSampler would take)
             return _with_sampler(loader, PredictShardSampler(loader.sampler, world_size, rank, shuffle=False),
                                  predicting=True)
-        return _predict_loader(loader, world_size, rank)
+        return _predict_loader(loader, world_size, rank, distributed)
     if shuffle_seed is not None and isinstance(loader, DataLoader) and \
             not _replaceable(loader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset) and \
             not isinstance(loader.sampler, DistributedSampler):
@@ -1094,8 +1098,11 @@ def prepare_eval_loader(loader, world_size, rank, prefix=None, shuffle_seed=None
         else:
             sampler = DistributedSamplerWrapper(loader.sampler, world_size, rank, shuffle=shuffle, seed=shuffle_seed)
         return _with_sampler(loader, sampler)
-    if world_size == 1 or not _replaceable(loader) or type(_order_sampler(loader)) is not SequentialSampler:
+    if not distributed or not _replaceable(loader) or type(_order_sampler(loader)) is not SequentialSampler:
         return loader
+    if world_size == 1:  # (Lightning's DistributedSampler of one replica: nothing to pad, the loader's order)
+        return _rebuild(loader, DistributedSampler(loader.dataset, num_replicas=1, rank=0, shuffle=False),
+                        loader.generator)
     return _rebuild(loader, EvalShardSampler(loader.dataset, world_size, rank), loader.generator)
 
 

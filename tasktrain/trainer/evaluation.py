@@ -215,9 +215,12 @@ def eval_loaders(trainer, stage, module, loader):
     check_loaders_iterable(loader, stage, owner, name)
     world_size, rank = fit_data.shards(trainer)
     prefix = {"validate": "val"}.get(stage, stage)
-    shuffle_seed = fit_data.eval_shuffle_seed(trainer) if stage != "predict" else None
+    # (under a distributed strategy, a world of one included; predict's loaders are sharded there too, unshuffled by
+    # this seed: PredictShardSampler's order is the epoch's alone, as Lightning's)
+    shuffle_seed = fit_data.eval_shuffle_seed(trainer)
     flat = as_loaders(loader, stage)
-    if shuffle_seed is not None and world_size > 1 and trainer.state.fn == stage and trainer.is_global_zero:
+    if shuffle_seed is not None and world_size > 1 and stage != "predict" and trainer.state.fn == stage and \
+            trainer.is_global_zero:
         warn_distributed_eval(flat, stage)
     for one in flat:
         fit_data.check_loader_workers(trainer, one, prefix)

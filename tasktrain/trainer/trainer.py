@@ -705,8 +705,9 @@ class Trainer:
                 self._ckpt_user_path = None
             else:
                 ckpt_path = self._ckpt_user_path
-        if ckpt_path is None:  # Lightning's checkpoint connector asks for SLURM's requeue checkpoint: its srun hint
-            warn_if_srun_unused(self.global_rank)
+        # Lightning's checkpoint connector asks for SLURM's requeue checkpoint where no path is given (its srun hint),
+        # in the process that runs the stage: a spawned child under ddp_spawn (_StageRun)
+        hint_srun = ckpt_path is None
         if stage != "fit" and module is None and ckpt_path is None and self._given_module is not None:
             ckpt_path = resume.default_eval_ckpt_path(self, stage)  # Lightning's: the best of the previous fit
         given = module if module is not None else self._given_module if self._given_module is not None else self.module
@@ -740,12 +741,27 @@ class Trainer:
         self.module = module
         self.state.fn, self.state.status = TrainerFn(stage), TrainerStatus.RUNNING
         # The strategy runs the stage on every rank: here, or in the processes it starts (ddp_spawn).
+        from tasktrain.strategies.spawn import SpawnLauncher
+
+        launcher = self.strategy.launcher
+        spawned = isinstance(launcher, SpawnLauncher)
         try:
-            return self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather, compiled), train_loader,
-                                        eval_loader)
+            if spawned and stage == "fit" and launcher._already_fit:
+                # Lightning's refusal (its words and type): this process holds the weights a spawned fit sent back,
+                # not its optimizers' state (Lightning-AI/pytorch-lightning#18775), so a second fit would not go on
+                # from the first
+                raise NotImplementedError(
+                    "Calling `trainer.fit()` twice on the same Trainer instance using a spawn-based strategy is not "
+                    "supported. You can work around this limitation by creating a new Trainer instance and passing "
+                    "the `fit(ckpt_path=...)` argument.")
+            result = self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather, compiled, hint_srun),
+                                          train_loader, eval_loader)
         except BaseException:
             self.state.status = TrainerStatus.INTERRUPTED
             raise
+        if spawned and stage == "fit":
+            launcher._already_fit = True
+        return result
 
     def _run_stage(self, stage, module, train_loader, eval_loader, ckpt_path, gather, compiled=None):
         strategy = self.strategy
@@ -1275,11 +1291,14 @@ class _StageRun:
     A strategy that starts the ranks in new processes (ddp_spawn) pickles it to them; rank 0 sends back
     `collect(result)`, and `restore(collected)` puts that into this process's trainer and module."""
 
-    def __init__(self, trainer, stage, module, ckpt_path, gather, compiled=None):
+    def __init__(self, trainer, stage, module, ckpt_path, gather, compiled=None, hint_srun=False):
         self.trainer, self.stage, self.module, self.ckpt_path, self.gather = trainer, stage, module, ckpt_path, gather
         self.compiled = compiled  # the torch.compile wrapper the stage was given (its settings compile the module)
+        self.hint_srun = hint_srun  # no checkpoint path given: Lightning's srun hint, by the rank 0 that runs it
 
     def __call__(self, train_loader, eval_loader):
+        if self.hint_srun:  # (pointing at the user's trainer.fit(...): here, strategy.launch, _run, fit, the user)
+            warn_if_srun_unused(self.trainer.global_rank, stacklevel=6)
         return self.trainer._run_stage(self.stage, self.module, train_loader, eval_loader, self.ckpt_path, self.gather,
                                        self.compiled)
 
