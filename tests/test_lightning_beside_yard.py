@@ -63,3 +63,94 @@ def test_mlflow_logger_warns_of_metric_names_as_lightning(L, tmp_path, monkeypat
         seen.append([(w.category, str(w.message)) for w in said if w.category is not DeprecationWarning])
     assert seen[0] == seen[1] == [(RuntimeWarning, "MLFlow only allows '_', '/', '.' and ' ' special characters in "
                                                    "metric name. Replacing [some_metric] with some_metric.")]
+
+
+class FakeWandb:
+    """Just enough of the `wandb` module for both loggers' media and artifact calls, recording what they make."""
+
+    def __init__(self):
+        import types
+
+        self.module = types.ModuleType("wandb")
+        self.module.__version__ = "0.31.0"
+        self.module.run = None
+        for kind in ("Image", "Audio", "Video"):
+            setattr(self.module, kind, self.media(kind))
+        calls = self.calls = []
+
+        class Artifact:
+            def __init__(self, how, name, artifact_type):
+                self.how, self.name, self.artifact_type = how, name, artifact_type
+
+            def download(self, root=None):
+                calls.append(("download", self.how, self.name, self.artifact_type, root))
+                return f"{root}/{self.name}"
+
+        class Api:
+            def artifact(self, name, type=None):
+                return Artifact("api", name, type)
+
+        class Run:
+            def log(self, metrics):
+                calls.append(("log", metrics))
+
+            def use_artifact(self, name, type=None):
+                return Artifact("run", name, type)
+
+        self.module.Api, self.Run = Api, Run
+
+    @staticmethod
+    def media(kind):
+        class Media:
+            def __init__(self, data, **kwargs):
+                self.seen = (kind, data, kwargs)
+
+            def __eq__(self, other):
+                return self.seen == other.seen
+
+        return Media
+
+
+def test_wandb_logger_media_and_artifacts_as_lightning(L, tmp_path, monkeypatch):
+    """tests_pytorch/loggers/test_wandb.py::test_wandb_log_media and ::test_wandb_logger_download_artifact: Lightning's
+    WandbLogger.log_image / log_audio / log_video (a list, and per-item keyword lists), download_artifact (a static
+    method: through the active run, else wandb.Api) and use_artifact, called alike on a stand-in wandb."""
+    import sys
+
+    from lightning.pytorch.loggers import WandbLogger as LitWandbLogger
+
+    from tasktrain.loggers import WandbLogger
+
+    def run(cls):
+        fake = FakeWandb()
+        monkeypatch.setitem(sys.modules, "wandb", fake.module)
+        sdk_lib = type(fake.module)("wandb.sdk.lib")
+        sdk_lib.RunDisabled = type("RunDisabled", (), {})  # (Lightning's experiment property imports it)
+        monkeypatch.setitem(sys.modules, "wandb.sdk", type(fake.module)("wandb.sdk"))
+        monkeypatch.setitem(sys.modules, "wandb.sdk.lib", sdk_lib)
+        wandb_run = type(fake.module)("wandb.wandb_run")
+        wandb_run.Run = fake.Run
+        monkeypatch.setitem(sys.modules, "wandb.wandb_run", wandb_run)
+        logger = cls(experiment=fake.Run())
+        logger.log_image("images", ["a.png", "b.png"], step=3, caption=["one", "two"])
+        logger.log_audio("audios", ["a.wav"], sample_rate=[16000])
+        logger.log_video("videos", ["a.mp4"], step=1, fps=[4], format=["gif"])
+        said = []
+        for call in (lambda: logger.log_image("images", "a.png"), lambda: logger.log_video("v", [1, 2], fps=[4])):
+            with pytest.raises((TypeError, ValueError)) as err:
+                call()
+            said.append((err.type, str(err.value)))
+        paths = [cls.download_artifact("team/proj/model:v1", save_dir=tmp_path, artifact_type="model")]
+        fake.module.run = fake.Run()
+        paths.append(cls.download_artifact("team/proj/model:v2"))
+        paths.append(cls.download_artifact("team/proj/model:v3", use_artifact=False))
+        used = logger.use_artifact("team/proj/data:v0", "dataset")
+        return fake.calls, said, paths, (used.how, used.name, used.artifact_type)
+
+    ours, theirs = run(WandbLogger), run(LitWandbLogger)
+    assert ours == theirs
+    assert ours[0][0] == ("log", {"images": [FakeWandb.media("Image")("a.png", caption="one"),
+                                             FakeWandb.media("Image")("b.png", caption="two")],
+                                  "trainer/global_step": 3})
+    assert ours[1] == [(TypeError, 'Expected a list as "images", found <class \'str\'>'),
+                       (ValueError, "Expected 2 items but only found 1 for fps")]
