@@ -1,10 +1,12 @@
 """Differences found by the yardstick (Lightning 2.6's own tests/tests_pytorch with imports renamed to tasktrain,
 /work/YARD.md), each checked here beside Lightning itself (a test dependency, imported only here) on CPU."""
+import sys
 import warnings
 
 import pytest
 import torch
 
+import tasktrain
 from tasktrain.demos.boring_classes import BoringModel
 
 
@@ -115,8 +117,6 @@ def test_wandb_logger_media_and_artifacts_as_lightning(L, tmp_path, monkeypatch)
     """tests_pytorch/loggers/test_wandb.py::test_wandb_log_media and ::test_wandb_logger_download_artifact: Lightning's
     WandbLogger.log_image / log_audio / log_video (a list, and per-item keyword lists), download_artifact (a static
     method: through the active run, else wandb.Api) and use_artifact, called alike on a stand-in wandb."""
-    import sys
-
     from lightning.pytorch.loggers import WandbLogger as LitWandbLogger
 
     from tasktrain.loggers import WandbLogger
@@ -154,3 +154,40 @@ def test_wandb_logger_media_and_artifacts_as_lightning(L, tmp_path, monkeypatch)
                                   "trainer/global_step": 3})
     assert ours[1] == [(TypeError, 'Expected a list as "images", found <class \'str\'>'),
                        (ValueError, "Expected 2 items but only found 1 for fps")]
+
+
+def test_wandb_run_is_made_before_the_other_loggers_experiments_as_lightning(L, tmp_path, monkeypatch):
+    """tests_pytorch/loggers/test_wandb.py::test_wandb_logger_experiment_called_first: the Trainer creates W&B's run
+    before the other loggers' experiments, whatever their order (wandb.init must precede TensorBoard's writers for
+    sync_tensorboard=True), as Lightning's; and with sync_tensorboard the x-axis is TensorBoard's global_step."""
+    from unittest import mock
+
+    import lightning.pytorch as lp
+
+    import tasktrain.loggers
+
+    def run(lib, loggers, model):
+        order = []
+        with mock.patch.object(loggers.TensorBoardLogger, "experiment",
+                               new_callable=lambda: mock.PropertyMock(side_effect=lambda: order.append("tb") or mock.MagicMock())), \
+                mock.patch.object(loggers.WandbLogger, "experiment",
+                                  new_callable=lambda: mock.PropertyMock(side_effect=lambda: order.append("wandb") or mock.MagicMock())):
+            trainer = lib.Trainer(default_root_dir=tmp_path, limit_train_batches=0, limit_val_batches=0, max_steps=1,
+                                  enable_progress_bar=False, enable_model_summary=False,
+                                  logger=[loggers.TensorBoardLogger(tmp_path), loggers.WandbLogger(save_dir=tmp_path)])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trainer.fit(model)
+        return order[0]
+
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    assert run(tasktrain, tasktrain.loggers, BoringModel()) == run(lp, lp.loggers, LitBoringModel()) == "wandb"
+
+    fake = FakeWandb()
+    defined = []
+    fake.module.init = lambda **kwargs: fake.Run()
+    fake.Run.define_metric = lambda self, *args, **kwargs: defined.append((args, kwargs))
+    monkeypatch.setitem(sys.modules, "wandb", fake.module)
+    tasktrain.loggers.WandbLogger(save_dir=tmp_path, sync_tensorboard=True).experiment
+    assert defined == [(("*",), {"step_metric": "global_step"})]

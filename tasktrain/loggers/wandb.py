@@ -96,7 +96,10 @@ class WandbLogger(Logger):
                 self._experiment = wandb.run
             else:
                 self._experiment = wandb.init(**{k: v for k, v in self._wandb_init.items() if v is not None})
-                if self._step_metric and not self._wandb_init.get("sync_tensorboard"):
+                if self._step_metric and self._wandb_init.get("sync_tensorboard"):
+                    # (Lightning's: TensorBoard's own steps, which wandb reads as "global_step", are the x-axis)
+                    self._experiment.define_metric("*", step_metric="global_step")
+                elif self._step_metric:
                     self._experiment.define_metric(self.STEP_METRIC)
                     self._experiment.define_metric("*", step_metric=self.STEP_METRIC, step_sync=True)
         return self._experiment
