@@ -101,6 +101,18 @@ class FakeWandb:
 
         self.module.Api, self.Run = Api, Run
 
+    def install(self, monkeypatch):
+        """In sys.modules as `wandb`, with the two submodules Lightning's experiment property imports."""
+        module_type = type(self.module)
+        monkeypatch.setitem(sys.modules, "wandb", self.module)
+        sdk_lib = module_type("wandb.sdk.lib")
+        sdk_lib.RunDisabled = type("RunDisabled", (), {})
+        monkeypatch.setitem(sys.modules, "wandb.sdk", module_type("wandb.sdk"))
+        monkeypatch.setitem(sys.modules, "wandb.sdk.lib", sdk_lib)
+        wandb_run = module_type("wandb.wandb_run")
+        wandb_run.Run = self.Run
+        monkeypatch.setitem(sys.modules, "wandb.wandb_run", wandb_run)
+
     @staticmethod
     def media(kind):
         class Media:
@@ -123,14 +135,7 @@ def test_wandb_logger_media_and_artifacts_as_lightning(L, tmp_path, monkeypatch)
 
     def run(cls):
         fake = FakeWandb()
-        monkeypatch.setitem(sys.modules, "wandb", fake.module)
-        sdk_lib = type(fake.module)("wandb.sdk.lib")
-        sdk_lib.RunDisabled = type("RunDisabled", (), {})  # (Lightning's experiment property imports it)
-        monkeypatch.setitem(sys.modules, "wandb.sdk", type(fake.module)("wandb.sdk"))
-        monkeypatch.setitem(sys.modules, "wandb.sdk.lib", sdk_lib)
-        wandb_run = type(fake.module)("wandb.wandb_run")
-        wandb_run.Run = fake.Run
-        monkeypatch.setitem(sys.modules, "wandb.wandb_run", wandb_run)
+        fake.install(monkeypatch)
         logger = cls(experiment=fake.Run())
         logger.log_image("images", ["a.png", "b.png"], step=3, caption=["one", "two"])
         logger.log_audio("audios", ["a.wav"], sample_rate=[16000])
@@ -191,3 +196,40 @@ def test_wandb_run_is_made_before_the_other_loggers_experiments_as_lightning(L, 
     monkeypatch.setitem(sys.modules, "wandb", fake.module)
     tasktrain.loggers.WandbLogger(save_dir=tmp_path, sync_tensorboard=True).experiment
     assert defined == [(("*",), {"step_metric": "global_step"})]
+
+
+def test_wandb_checkpoint_artifact_metadata_as_lightning(L, tmp_path, monkeypatch):
+    """tests_pytorch/loggers/test_wandb.py::test_wandb_log_model: the metadata of an uploaded checkpoint is Lightning's
+    (the settings under the callback's class name, by Lightning's attribute names: `_every_n_train_steps`)."""
+    import lightning.pytorch as lp
+
+    def run(lib, model, folder):
+        fake = FakeWandb()
+        made = []
+
+        class Artifact:
+            def __init__(self, name, type, metadata):
+                made.append((name, type, metadata))
+
+            def add_file(self, *args, **kwargs):
+                pass
+
+        fake.module.Artifact = Artifact
+        fake.Run.id = "1"
+        fake.Run.log_artifact = lambda self, *args, **kwargs: None
+        fake.install(monkeypatch)
+        logger = lib.loggers.WandbLogger(experiment=fake.Run(), log_model="all")
+        trainer = lib.Trainer(default_root_dir=tmp_path / folder, logger=logger, max_epochs=1, limit_train_batches=2,
+                              limit_val_batches=0, enable_progress_bar=False, enable_model_summary=False,
+                              callbacks=[lib.callbacks.ModelCheckpoint(dirpath=tmp_path / folder)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model)
+        return made
+
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    ours, theirs = run(tasktrain, BoringModel(), "ours"), run(lp, LitBoringModel(), "theirs")
+    assert ours == theirs
+    assert ours[0][2]["ModelCheckpoint"] == {"monitor": None, "mode": "min", "save_last": None, "save_top_k": 1,
+                                             "save_weights_only": False, "_every_n_train_steps": 0}

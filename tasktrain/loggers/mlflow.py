@@ -208,7 +208,8 @@ class MLFlowLogger(Logger):
                 client.log_artifact(self._run_id, path, artifact_path)
             with tempfile.TemporaryDirectory() as tmp:
                 with open(os.path.join(tmp, "metadata.yaml"), "w") as f:
-                    yaml.safe_dump(checkpoint_metadata(checkpoint_callback, path, score), f)
+                    yaml.safe_dump(checkpoint_metadata(checkpoint_callback, path, score, "Checkpoint",
+                                                       ("_every_n_val_epochs",)), f)
                 with open(os.path.join(tmp, "aliases.txt"), "w") as f:
                     f.write(str(["latest", "best"] if is_best else ["latest"]))
                 client.log_artifacts(self._run_id, tmp, artifact_path)

@@ -217,7 +217,8 @@ class WandbLogger(Logger):
         for mtime, path, score, is_best in checkpoints_to_log(checkpoint_callback, self._logged_model_time):
             name = self._checkpoint_name or f"model-{self.experiment.id}"
             artifact = wandb.Artifact(name=name, type="model",
-                                      metadata=checkpoint_metadata(checkpoint_callback, path, score))
+                                      metadata=checkpoint_metadata(checkpoint_callback, path, score,
+                                                                    type(checkpoint_callback).__name__))
             if os.path.isdir(path):  # a DeepSpeed checkpoint is a folder
                 artifact.add_dir(path, name="model.ckpt", policy=self.add_file_policy)
             else:
