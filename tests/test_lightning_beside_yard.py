@@ -196,6 +196,8 @@ def test_wandb_run_is_made_before_the_other_loggers_experiments_as_lightning(L, 
     monkeypatch.setitem(sys.modules, "wandb", fake.module)
     tasktrain.loggers.WandbLogger(save_dir=tmp_path, sync_tensorboard=True).experiment
     assert defined == [(("*",), {"step_metric": "global_step"})]
+    del fake.Run.define_metric  # a run object without define_metric (test_wandb_pickle's): no x-axis, no error
+    assert isinstance(tasktrain.loggers.WandbLogger(save_dir=tmp_path).experiment, fake.Run)
 
 
 def test_wandb_checkpoint_artifact_metadata_as_lightning(L, tmp_path, monkeypatch):

@@ -96,7 +96,9 @@ class WandbLogger(Logger):
                 self._experiment = wandb.run
             else:
                 self._experiment = wandb.init(**{k: v for k, v in self._wandb_init.items() if v is not None})
-                if self._step_metric and self._wandb_init.get("sync_tensorboard"):
+                if not callable(getattr(self._experiment, "define_metric", None)):
+                    pass  # (a run object without it, e.g. a stand-in: Lightning skips the x-axis too)
+                elif self._step_metric and self._wandb_init.get("sync_tensorboard"):
                     # (Lightning's: TensorBoard's own steps, which wandb reads as "global_step", are the x-axis)
                     self._experiment.define_metric("*", step_metric="global_step")
                 elif self._step_metric:
