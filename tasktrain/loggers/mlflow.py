@@ -171,9 +171,9 @@ class MLFlowLogger(Logger):
                 warnings.warn(f"MLFlowLogger: {key}={value!r} is text, and MLflow metrics are numbers: not logged.")
                 continue
             clean = _BAD_METRIC_CHARS.sub("", key)
-            if clean != key:
-                warnings.warn(f"MLFlowLogger: MLflow metric names allow letters, digits and '_', '/', '.', '-', ' ' "
-                              f"only: {key!r} is logged as {clean!r}.")
+            if clean != key:  # (Lightning's words and category)
+                warnings.warn("MLFlow only allows '_', '/', '.' and ' ' special characters in metric name. Replacing "
+                              f"{key} with {clean}.", RuntimeWarning)
             batch.append(Metric(key=clean, value=float(value), timestamp=timestamp_ms, step=step or 0))
         for start in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics per batch
             self.experiment.log_batch(run_id=self.run_id, metrics=batch[start:start + 1000], **self._log_batch_kwargs)
@@ -208,7 +208,8 @@ class MLFlowLogger(Logger):
                 client.log_artifact(self._run_id, path, artifact_path)
             with tempfile.TemporaryDirectory() as tmp:
                 with open(os.path.join(tmp, "metadata.yaml"), "w") as f:
-                    yaml.safe_dump(checkpoint_metadata(checkpoint_callback, path, score), f)
+                    yaml.safe_dump(checkpoint_metadata(checkpoint_callback, path, score, "Checkpoint",
+                                                       ("_every_n_val_epochs",)), f)
                 with open(os.path.join(tmp, "aliases.txt"), "w") as f:
                     f.write(str(["latest", "best"] if is_best else ["latest"]))
                 client.log_artifacts(self._run_id, tmp, artifact_path)

@@ -193,11 +193,13 @@ def checkpoints_to_log(checkpoint_callback, logged):
     return sorted(found)
 
 
-def checkpoint_metadata(checkpoint_callback, path, score):
+def checkpoint_metadata(checkpoint_callback, path, score, section, keys=()):
+    """An uploaded checkpoint's metadata, as Lightning's loggers write it: the score as a Python number (an int
+    tensor's as an int), the file's name, and the callback's settings under `section` (W&B: the callback's class
+    name; MLflow: "Checkpoint"), by Lightning's attribute names (`_every_n_train_steps`, and `keys` besides)."""
+    settings = ("monitor", "mode", "save_last", "save_top_k", "save_weights_only", "_every_n_train_steps", *keys)
     return {
-        "score": score,
+        "score": score.item() if hasattr(score, "item") else score,
         "original_filename": os.path.basename(path),
-        "ModelCheckpoint": {key: getattr(checkpoint_callback, key) for key in
-                            ("monitor", "mode", "save_last", "save_top_k", "save_weights_only",
-                             "every_n_train_steps", "every_n_epochs") if hasattr(checkpoint_callback, key)},
+        section: {key: getattr(checkpoint_callback, key) for key in settings if hasattr(checkpoint_callback, key)},
     }

@@ -96,7 +96,12 @@ class WandbLogger(Logger):
                 self._experiment = wandb.run
             else:
                 self._experiment = wandb.init(**{k: v for k, v in self._wandb_init.items() if v is not None})
-                if self._step_metric and not self._wandb_init.get("sync_tensorboard"):
+                if not callable(getattr(self._experiment, "define_metric", None)):
+                    pass  # (a run object without it, e.g. a stand-in: Lightning skips the x-axis too)
+                elif self._step_metric and self._wandb_init.get("sync_tensorboard"):
+                    # (Lightning's: TensorBoard's own steps, which wandb reads as "global_step", are the x-axis)
+                    self._experiment.define_metric("*", step_metric="global_step")
+                elif self._step_metric:
                     self._experiment.define_metric(self.STEP_METRIC)
                     self._experiment.define_metric("*", step_metric=self.STEP_METRIC, step_sync=True)
         return self._experiment
@@ -145,6 +150,50 @@ class WandbLogger(Logger):
         self.log_table(key, columns, data, dataframe, step)
 
     @rank_zero_method
+    def log_image(self, key, images, step=None, **kwargs):
+        """A list of images (tensors, numpy arrays, PIL images, file paths) under `key`, each a wandb.Image; each
+        keyword is a list with one value per image (caption=[...], masks=[...], boxes=[...])."""
+        self._log_media(key, images, "images", "Image", step, kwargs)
+
+    @rank_zero_method
+    def log_audio(self, key, audios, step=None, **kwargs):
+        """A list of audio clips (numpy arrays, file paths), each a wandb.Audio (caption=[...], sample_rate=[...])."""
+        self._log_media(key, audios, "audios", "Audio", step, kwargs)
+
+    @rank_zero_method
+    def log_video(self, key, videos, step=None, **kwargs):
+        """A list of videos (numpy arrays, file paths), each a wandb.Video (caption=[...], fps=[...], format=[...])."""
+        self._log_media(key, videos, "videos", "Video", step, kwargs)
+
+    def _log_media(self, key, items, noun, kind, step, per_item):
+        if not isinstance(items, list):  # (Lightning's errors, its words)
+            raise TypeError(f'Expected a list as "{noun}", found {type(items)}')
+        for name, values in per_item.items():
+            if len(values) != len(items):
+                raise ValueError(f"Expected {len(items)} items but only found {len(values)} for {name}")
+        import wandb
+
+        media = getattr(wandb, kind)
+        self.log_metrics({key: [media(item, **{name: values[i] for name, values in per_item.items()})
+                                for i, item in enumerate(items)]}, step)
+
+    @staticmethod
+    def download_artifact(artifact, save_dir=None, artifact_type=None, use_artifact=True):
+        """Download a W&B artifact ("entity/project/name:version") into save_dir (wandb's folder when None) and
+        return the folder. Inside an active run with use_artifact=True the run records that it used it."""
+        import wandb
+
+        if wandb.run is not None and use_artifact:
+            found = wandb.run.use_artifact(artifact)
+        else:
+            found = wandb.Api().artifact(artifact, type=artifact_type)
+        return found.download(root=None if save_dir is None else os.fspath(save_dir))
+
+    def use_artifact(self, artifact, artifact_type=None):
+        """The run's use of a W&B artifact (recorded in the run's lineage): wandb's Artifact."""
+        return self.experiment.use_artifact(artifact, type=artifact_type)
+
+    @rank_zero_method
     def watch(self, model, log="gradients", log_freq=100, log_graph=True):
         """wandb's gradient/parameter histograms of `model` every log_freq backward passes."""
         self.experiment.watch(model, log=log, log_freq=log_freq, log_graph=log_graph)
@@ -170,7 +219,8 @@ class WandbLogger(Logger):
         for mtime, path, score, is_best in checkpoints_to_log(checkpoint_callback, self._logged_model_time):
             name = self._checkpoint_name or f"model-{self.experiment.id}"
             artifact = wandb.Artifact(name=name, type="model",
-                                      metadata=checkpoint_metadata(checkpoint_callback, path, score))
+                                      metadata=checkpoint_metadata(checkpoint_callback, path, score,
+                                                                    type(checkpoint_callback).__name__))
             if os.path.isdir(path):  # a DeepSpeed checkpoint is a folder
                 artifact.add_dir(path, name="model.ckpt", policy=self.add_file_policy)
             else:

@@ -717,6 +717,8 @@ class TaskModule(torch.nn.Module):
         keys = load_plain_state_dict(module, ckpt["state_dict"], strict=strict)
         if not strict:
             warn_loose_keys(keys)
+        if not ckpt["state_dict"]:  # (strict=False: Lightning says so after the missing keys, in its words)
+            warnings.warn(f"The state dict in {checkpoint_path!r} contains no parameters.", stacklevel=2)
         return module
 
 

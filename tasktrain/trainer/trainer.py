@@ -785,10 +785,14 @@ class Trainer:
                 Trainer._announced = True
             if "prepare_data" not in self._trial_skips:  # (a tuner's trial inside a run: done by the run)
                 run.prepare_data(self, module)
-            for logger in self.loggers:  # Lightning reads each logger's experiment here (every rank) so that it
-                # exists before the setup hooks: the version folder is there, and a file a setup hook writes in it (a
-                # CLI's config) is no "used folder" warning. tasktrain's loggers learn their rank first (what their
-                # setup does), so that only global rank 0 makes one (a spawned worker's environment may not say).
+            from tasktrain.loggers.wandb import WandbLogger
+
+            # Lightning reads each logger's experiment here (every rank) so that it exists before the setup hooks:
+            # the version folder is there, and a file a setup hook writes in it (a CLI's config) is no "used folder"
+            # warning. tasktrain's loggers learn their rank first (what their setup does), so that only global rank
+            # 0 makes one (a spawned worker's environment may not say). W&B's run first, as Lightning's: wandb.init
+            # must come before any TensorBoard writer for sync_tensorboard=True to see its logs.
+            for logger in sorted(self.loggers, key=lambda one: not isinstance(one, WandbLogger)):
                 if isinstance(logger, Logger):
                     logger._global_rank = self.global_rank
                 if hasattr(logger, "experiment"):

@@ -1,0 +1,237 @@
+"""Differences found by the yardstick (Lightning 2.6's own tests/tests_pytorch with imports renamed to tasktrain,
+/work/YARD.md), each checked here beside Lightning itself (a test dependency, imported only here) on CPU."""
+import sys
+import warnings
+
+import pytest
+import torch
+
+import tasktrain
+from tasktrain.demos.boring_classes import BoringModel
+
+
+@pytest.fixture(scope="module")
+def L():
+    import lightning
+
+    return lightning
+
+
+def caught(fn):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+
+
+def test_load_from_checkpoint_of_an_empty_state_dict_warns_as_lightning(L, tmp_path):
+    """tests_pytorch/core/test_saving.py::test_load_from_checkpoint_warn_on_empty_state_dict: strict=False and a
+    checkpoint whose state dict is empty load, with the missing keys' warning and then "contains no parameters"."""
+    path = tmp_path / "empty.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "pytorch-lightning_version": L.__version__}, path)
+
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    ours, ours_said = caught(lambda: BoringModel.load_from_checkpoint(path, strict=False))
+    theirs, theirs_said = caught(lambda: LitBoringModel.load_from_checkpoint(path, strict=False))
+    said = [m.replace(str(tmp_path), "<tmp>") for m in ours_said]
+    assert said == [m.replace(str(tmp_path), "<tmp>") for m in theirs_said]
+    assert said[-1] == f"The state dict in {path!r} contains no parameters.".replace(str(tmp_path), "<tmp>")
+    assert ours.device.type == theirs.device.type == "cpu"
+
+
+def test_mlflow_logger_warns_of_metric_names_as_lightning(L, tmp_path, monkeypatch):
+    """tests_pytorch/loggers/test_mlflow.py::test_mlflow_logger_with_unexpected_characters: a metric name MLflow
+    refuses is cleaned with Lightning's RuntimeWarning and words (a filter or pytest.warns on the category holds)."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's file store, for Lightning's logger too
+    # Lightning's logger makes its URI MLflow's process-wide one (mlflow.set_tracking_uri, which also sets
+    # $MLFLOW_TRACKING_URI): both put back after the test
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    import mlflow.tracking._tracking_service.utils as tracking_utils
+
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", tracking_utils._tracking_uri)
+    from lightning.pytorch.loggers import MLFlowLogger as LitMLFlowLogger
+
+    from tasktrain.loggers import MLFlowLogger
+
+    seen = []
+    for name, cls in (("ours", MLFlowLogger), ("theirs", LitMLFlowLogger)):
+        logger = cls(experiment_name="exp", tracking_uri=f"file:{tmp_path / name}")
+        logger.experiment
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            logger.log_metrics({"[some_metric]": 10.0}, step=0)
+        seen.append([(w.category, str(w.message)) for w in said if w.category is not DeprecationWarning])
+    assert seen[0] == seen[1] == [(RuntimeWarning, "MLFlow only allows '_', '/', '.' and ' ' special characters in "
+                                                   "metric name. Replacing [some_metric] with some_metric.")]
+
+
+class FakeWandb:
+    """Just enough of the `wandb` module for both loggers' media and artifact calls, recording what they make."""
+
+    def __init__(self):
+        import types
+
+        self.module = types.ModuleType("wandb")
+        self.module.__version__ = "0.31.0"
+        self.module.run = None
+        for kind in ("Image", "Audio", "Video"):
+            setattr(self.module, kind, self.media(kind))
+        calls = self.calls = []
+
+        class Artifact:
+            def __init__(self, how, name, artifact_type):
+                self.how, self.name, self.artifact_type = how, name, artifact_type
+
+            def download(self, root=None):
+                calls.append(("download", self.how, self.name, self.artifact_type, root))
+                return f"{root}/{self.name}"
+
+        class Api:
+            def artifact(self, name, type=None):
+                return Artifact("api", name, type)
+
+        class Run:
+            def log(self, metrics):
+                calls.append(("log", metrics))
+
+            def use_artifact(self, name, type=None):
+                return Artifact("run", name, type)
+
+        self.module.Api, self.Run = Api, Run
+
+    def install(self, monkeypatch):
+        """In sys.modules as `wandb`, with the two submodules Lightning's experiment property imports."""
+        module_type = type(self.module)
+        monkeypatch.setitem(sys.modules, "wandb", self.module)
+        sdk_lib = module_type("wandb.sdk.lib")
+        sdk_lib.RunDisabled = type("RunDisabled", (), {})
+        monkeypatch.setitem(sys.modules, "wandb.sdk", module_type("wandb.sdk"))
+        monkeypatch.setitem(sys.modules, "wandb.sdk.lib", sdk_lib)
+        wandb_run = module_type("wandb.wandb_run")
+        wandb_run.Run = self.Run
+        monkeypatch.setitem(sys.modules, "wandb.wandb_run", wandb_run)
+
+    @staticmethod
+    def media(kind):
+        class Media:
+            def __init__(self, data, **kwargs):
+                self.seen = (kind, data, kwargs)
+
+            def __eq__(self, other):
+                return self.seen == other.seen
+
+        return Media
+
+
+def test_wandb_logger_media_and_artifacts_as_lightning(L, tmp_path, monkeypatch):
+    """tests_pytorch/loggers/test_wandb.py::test_wandb_log_media and ::test_wandb_logger_download_artifact: Lightning's
+    WandbLogger.log_image / log_audio / log_video (a list, and per-item keyword lists), download_artifact (a static
+    method: through the active run, else wandb.Api) and use_artifact, called alike on a stand-in wandb."""
+    from lightning.pytorch.loggers import WandbLogger as LitWandbLogger
+
+    from tasktrain.loggers import WandbLogger
+
+    def run(cls):
+        fake = FakeWandb()
+        fake.install(monkeypatch)
+        logger = cls(experiment=fake.Run())
+        logger.log_image("images", ["a.png", "b.png"], step=3, caption=["one", "two"])
+        logger.log_audio("audios", ["a.wav"], sample_rate=[16000])
+        logger.log_video("videos", ["a.mp4"], step=1, fps=[4], format=["gif"])
+        said = []
+        for call in (lambda: logger.log_image("images", "a.png"), lambda: logger.log_video("v", [1, 2], fps=[4])):
+            with pytest.raises((TypeError, ValueError)) as err:
+                call()
+            said.append((err.type, str(err.value)))
+        paths = [cls.download_artifact("team/proj/model:v1", save_dir=tmp_path, artifact_type="model")]
+        fake.module.run = fake.Run()
+        paths.append(cls.download_artifact("team/proj/model:v2"))
+        paths.append(cls.download_artifact("team/proj/model:v3", use_artifact=False))
+        used = logger.use_artifact("team/proj/data:v0", "dataset")
+        return fake.calls, said, paths, (used.how, used.name, used.artifact_type)
+
+    ours, theirs = run(WandbLogger), run(LitWandbLogger)
+    assert ours == theirs
+    assert ours[0][0] == ("log", {"images": [FakeWandb.media("Image")("a.png", caption="one"),
+                                             FakeWandb.media("Image")("b.png", caption="two")],
+                                  "trainer/global_step": 3})
+    assert ours[1] == [(TypeError, 'Expected a list as "images", found <class \'str\'>'),
+                       (ValueError, "Expected 2 items but only found 1 for fps")]
+
+
+def test_wandb_run_is_made_before_the_other_loggers_experiments_as_lightning(L, tmp_path, monkeypatch):
+    """tests_pytorch/loggers/test_wandb.py::test_wandb_logger_experiment_called_first: the Trainer creates W&B's run
+    before the other loggers' experiments, whatever their order (wandb.init must precede TensorBoard's writers for
+    sync_tensorboard=True), as Lightning's; and with sync_tensorboard the x-axis is TensorBoard's global_step."""
+    from unittest import mock
+
+    import lightning.pytorch as lp
+
+    import tasktrain.loggers
+
+    def run(lib, loggers, model):
+        order = []
+        with mock.patch.object(loggers.TensorBoardLogger, "experiment",
+                               new_callable=lambda: mock.PropertyMock(side_effect=lambda: order.append("tb") or mock.MagicMock())), \
+                mock.patch.object(loggers.WandbLogger, "experiment",
+                                  new_callable=lambda: mock.PropertyMock(side_effect=lambda: order.append("wandb") or mock.MagicMock())):
+            trainer = lib.Trainer(default_root_dir=tmp_path, limit_train_batches=0, limit_val_batches=0, max_steps=1,
+                                  enable_progress_bar=False, enable_model_summary=False,
+                                  logger=[loggers.TensorBoardLogger(tmp_path), loggers.WandbLogger(save_dir=tmp_path)])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trainer.fit(model)
+        return order[0]
+
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    assert run(tasktrain, tasktrain.loggers, BoringModel()) == run(lp, lp.loggers, LitBoringModel()) == "wandb"
+
+    fake = FakeWandb()
+    defined = []
+    fake.module.init = lambda **kwargs: fake.Run()
+    fake.Run.define_metric = lambda self, *args, **kwargs: defined.append((args, kwargs))
+    monkeypatch.setitem(sys.modules, "wandb", fake.module)
+    tasktrain.loggers.WandbLogger(save_dir=tmp_path, sync_tensorboard=True).experiment
+    assert defined == [(("*",), {"step_metric": "global_step"})]
+    del fake.Run.define_metric  # a run object without define_metric (test_wandb_pickle's): no x-axis, no error
+    assert isinstance(tasktrain.loggers.WandbLogger(save_dir=tmp_path).experiment, fake.Run)
+
+
+def test_wandb_checkpoint_artifact_metadata_as_lightning(L, tmp_path, monkeypatch):
+    """tests_pytorch/loggers/test_wandb.py::test_wandb_log_model: the metadata of an uploaded checkpoint is Lightning's
+    (the settings under the callback's class name, by Lightning's attribute names: `_every_n_train_steps`)."""
+    import lightning.pytorch as lp
+
+    def run(lib, model, folder):
+        fake = FakeWandb()
+        made = []
+
+        class Artifact:
+            def __init__(self, name, type, metadata):
+                made.append((name, type, metadata))
+
+            def add_file(self, *args, **kwargs):
+                pass
+
+        fake.module.Artifact = Artifact
+        fake.Run.id = "1"
+        fake.Run.log_artifact = lambda self, *args, **kwargs: None
+        fake.install(monkeypatch)
+        logger = lib.loggers.WandbLogger(experiment=fake.Run(), log_model="all")
+        trainer = lib.Trainer(default_root_dir=tmp_path / folder, logger=logger, max_epochs=1, limit_train_batches=2,
+                              limit_val_batches=0, enable_progress_bar=False, enable_model_summary=False,
+                              callbacks=[lib.callbacks.ModelCheckpoint(dirpath=tmp_path / folder)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model)
+        return made
+
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    ours, theirs = run(tasktrain, BoringModel(), "ours"), run(lp, LitBoringModel(), "theirs")
+    assert ours == theirs
+    assert ours[0][2]["ModelCheckpoint"] == {"monitor": None, "mode": "min", "save_last": None, "save_top_k": 1,
+                                             "save_weights_only": False, "_every_n_train_steps": 0}
