@@ -115,6 +115,8 @@ CONFIGS = {
     "verbose_max": dict(filename="{epoch}-{val_loss:.2f}", monitor="val_loss", mode="max", verbose=True),
     # nothing kept but last: written once, when training ends
     "last_only": dict(save_top_k=0, save_last=True),
+    # the step monitored (an int tensor): the scores keep the logged tensor's type
+    "by_step": dict(monitor="step", mode="max", save_top_k=2),
 }
 
 
@@ -139,6 +141,10 @@ def test_model_checkpoint_beside_lightning(L, tmp_path, caplog, capsys, config):
             last=os.path.basename(checkpoint.last_model_path),
             top_k={os.path.basename(p): number(v) for p, v in checkpoint.best_k_models.items()},
             state_keys=list(checkpoint.state_dict()),
+            # the scores are the logged tensors themselves, as Lightning keeps them (a user's .item() works)
+            types=sorted({(type(v).__name__, str(getattr(v, "dtype", ""))) for v in [
+                *checkpoint.best_k_models.values(), checkpoint.best_model_score, checkpoint.current_score,
+                checkpoint.kth_value]}),
             stored_keys=[list(v) for k, v in stored.items() if k.startswith("ModelCheckpoint")])
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"]["writes"] or config == "last_only"  # the comparison saw files

@@ -613,9 +613,10 @@ class ModelCheckpoint(Checkpoint):
                     f"{sorted(trainer.callback_metrics) or 'none'}. Log it with self.log({self.monitor!r}, ...) or "
                     "change monitor."
                 )
-            score = float(value)
-            if math.isnan(score):
-                score = math.inf if self.mode == "min" else -math.inf  # NaN is never the best
+            # the logged tensor itself (on the CPU), as Lightning keeps it in best_k_models and best_model_score
+            score = value.detach().cpu() if isinstance(value, torch.Tensor) else torch.tensor(value)
+            if torch.isnan(score):
+                score = torch.tensor(math.inf if self.mode == "min" else -math.inf)  # NaN is never the best
         # the name may be taken over only from the file this save replaces (Lightning's del_filepath): the previous
         # newest without a monitor, the worst of a full top k with one; any other file's name gets "-vN" (a fixed
         # filename with save_top_k=-1 keeps every file)
@@ -707,17 +708,17 @@ class ModelCheckpoint(Checkpoint):
             self.best_model_path = path
             return evicted
         self.best_k_models[path] = score
-        self.current_score = torch.tensor(score)
+        self.current_score = score
         while self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
             worst = self._worst()
             del self.best_k_models[worst]
             evicted.append(worst)
         if self.save_top_k == -1 or len(self.best_k_models) == self.save_top_k:
             self.kth_best_model_path = self._worst()
-            self.kth_value = torch.tensor(self.best_k_models[self.kth_best_model_path])
+            self.kth_value = self.best_k_models[self.kth_best_model_path]
         pick = min if self.mode == "min" else max
         self.best_model_path = pick(self.best_k_models, key=self.best_k_models.get)
-        self.best_model_score = torch.tensor(self.best_k_models[self.best_model_path])
+        self.best_model_score = self.best_k_models[self.best_model_path]
         return evicted
 
     def _format_checkpoint_name(self, filename, metrics, prefix=None, auto_insert_metric_name=True):
@@ -777,8 +778,9 @@ class ModelCheckpoint(Checkpoint):
         }
 
     def load_state_dict(self, state):
-        # a score is a float (tasktrain before) or a tensor (Lightning, tasktrain now): floats inside
-        self.best_k_models = {path: float(score) for path, score in state.get("best_k_models", {}).items()}
+        # a score is a tensor (Lightning, tasktrain now) or a float (tasktrain before): tensors inside, as Lightning's
+        self.best_k_models = {path: score if isinstance(score, torch.Tensor) else torch.tensor(float(score))
+                              for path, score in state.get("best_k_models", {}).items()}
         self.best_model_path = state.get("best_model_path", "")
         score = state.get("best_model_score")
         self.best_model_score = None if score is None else torch.tensor(float(score))
