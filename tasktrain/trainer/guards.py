@@ -183,7 +183,8 @@ def check_zero_length_ranks(trainer, names, lengths):
     RuntimeError, unless the module or DataModule sets allow_zero_length_dataloader_with_multiple_devices = True
     (then Lightning's warning, by rank 0). `names`: each loader's class name. Returns each loader's total over the
     ranks (None: no length), or the lengths as given on one process."""
-    if trainer.world_size <= 1:
+    if trainer.world_size <= 1 or not torch.distributed.is_initialized():
+        # (no group yet: a loop's setup_data called before the launch; Lightning's reduce there gives the local value)
         return list(lengths)
     totals, empty_ranks = zero_length_ranks(trainer, lengths)
     for name, total, empty in zip(names, totals, empty_ranks):
