@@ -1039,3 +1039,97 @@ def test_a_run_given_no_datamodule_takes_the_modules_loaders_as_lightning():
     assert kept and calls.count("|") == 3
     after = calls[calls.index("|"):]
     assert "module.val" in after and "module.test" in after and "dm.val" not in after and "dm.test" not in after
+
+
+
+# (at module level: ddp_spawn pickles what it sends to its children)
+SPAWN_CALLS = []
+
+
+class _RecordsException:
+    def on_exception(self, trainer, module, exception):
+        SPAWN_CALLS.append(["callback.on_exception", type(exception).__name__, trainer.state.status.value])
+
+    def teardown(self, trainer, module, stage):
+        SPAWN_CALLS.append(["callback.teardown", stage])
+
+
+class _OursRecordsException(_RecordsException, tasktrain.Callback):
+    pass
+
+
+class _TheirsRecordsException(_RecordsException, pl.Callback):
+    pass
+
+
+class _DataRecordsException:
+    def on_exception(self, exception):
+        SPAWN_CALLS.append(["datamodule.on_exception", type(exception).__name__])
+
+
+class _OursData(_DataRecordsException, ours.BoringDataModule):
+    pass
+
+
+class _TheirsData(_DataRecordsException, theirs.BoringDataModule):
+    pass
+
+
+class _FinalizeLog:
+    """A logger of one's own (tests/test_lightning_beside_loggers.py's kind) that records finalize."""
+    name, version, save_dir, group_separator, experiment = "calls", 0, None, "/", None
+
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        pass
+
+    def log_graph(self, model, input_array=None):
+        pass
+
+    def save(self):
+        pass
+
+    def after_save_checkpoint(self, checkpoint_callback):
+        pass
+
+    def finalize(self, status):
+        SPAWN_CALLS.append(["logger.finalize", status])
+
+
+def test_a_failed_ddp_spawn_run_calls_the_parents_exception_hooks_as_lightning(monkeypatch):
+    """Under "ddp_spawn", Lightning's entry point calls, in the parent around its launcher (call.py's _interrupt),
+    every callback's on_exception and the loggers' finalize("failed"), and leaves trainer.state INTERRUPTED (not the
+    DataModule's on_exception, nor the teardown hooks: the parent never attached the DataModule, its children do);
+    for a child's error (faked: torch's start_processes raises torch's ProcessRaisedException, as it does when a child
+    raised) and for the refused second fit alike."""
+    import torch.multiprocessing as mp
+
+    def start_processes(*args, **kwargs):
+        raise mp.ProcessRaisedException("\n\n-- Process 1 terminated with the following error:\nValueError: boom", 1,
+                                        4242)
+
+    monkeypatch.setattr(mp, "start_processes", start_processes)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TASKTRAIN_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+
+    def case(lib, boring):
+        mine = lib is tasktrain
+        trainer = lib.Trainer(strategy="ddp_spawn", devices=2, accelerator="cpu", max_steps=1,
+                              callbacks=[(_OursRecordsException if mine else _TheirsRecordsException)()],
+                              logger=_FinalizeLog(), enable_progress_bar=False, enable_model_summary=False,
+                              enable_checkpointing=False)
+        got = []
+        for attempt in ("child failed", "second fit refused"):
+            SPAWN_CALLS.clear()
+            with pytest.raises(BaseException) as raised:
+                trainer.fit(boring.BoringModel(), datamodule=(_OursData if mine else _TheirsData)())
+            got.append([attempt, type(raised.value).__name__, SPAWN_CALLS[:], trainer.state.status.value])
+            trainer.strategy.launcher._already_fit = True  # (as after a fit that succeeded)
+        return got
+
+    got = _both(case)
+    assert got["tasktrain"] == got["lightning"]
+    assert got["tasktrain"][0][2] == [["callback.on_exception", "ProcessRaisedException", "interrupted"],
+                                      ["logger.finalize", "failed"]], got

@@ -1690,3 +1690,26 @@ def test_ranks_read_right_after_the_trainer_is_built_as_lightnings(variables, de
     assert seen[1][0] == seen[1][6] == expected_rank and seen[1][3] == devices * num_nodes and seen[1][5] is False
     assert seen[1][7] == ("TorchElasticEnvironment" if "TORCHELASTIC_RUN_ID" in variables else "SLURMEnvironment"
                           if "SLURM_NTASKS" in variables else "LightningEnvironment")
+
+
+def test_lightning_environment_teardown_keeps_world_size_unlike_lightnings(monkeypatch):
+    """A kept difference (docs/lightning.md, the LightningEnvironment row): Lightning's teardown() deletes WORLD_SIZE,
+    tasktrain's keeps it, because tasktrain reads the launch's RANK / WORLD_SIZE / LOCAL_RANK again after a run: a
+    self-launched rank 1 without WORLD_SIZE reads as rank 0 of a world of one (what the Accelerator, a logger not yet
+    set up and strategy="auto" go by)."""
+    from lightning.fabric.plugins.environments import LightningEnvironment as Theirs
+
+    from tasktrain.plugins.environments import LightningEnvironment as Ours
+    from tasktrain.strategies.environment import detect_environment
+
+    launched = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
+                    TASKTRAIN_LAUNCHER="self")
+    for name, value in launched.items():
+        monkeypatch.setenv(name, value)
+    Theirs().teardown()
+    assert "WORLD_SIZE" not in os.environ
+    assert (detect_environment().global_rank, detect_environment().world_size) == (0, 1)  # the breakage
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    Ours().teardown()
+    assert os.environ["WORLD_SIZE"] == "2"
+    assert (detect_environment().global_rank, detect_environment().world_size) == (1, 2)

@@ -840,13 +840,18 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         shuffle = random if shuffle is None else shuffle
         sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
-        data = TrainData(_rebuild(loader, sampler, generator), sampler, generator, seed)
+        # the Trainer builds a StatefulDataLoader again as one (Lightning keeps the loader's class); the global
+        # position, not its own state, resumes it (the Accelerator's rules are Accelerate's: unchanged)
+        kind = type(loader) if lightning and is_stateful_loader(loader) else DataLoader
+        data = TrainData(_rebuild(loader, sampler, generator, kind), sampler, generator, seed)
         # each iter() of the user's loader draws its base seed (Lightning's loader too, sharded or not)
         data.draws_base_seed, data.base_generator = True, loader.generator
         # Lightning keeps a RandomSampler where it does not shard (one process, use_distributed_sampler=False): the
         # epoch's permutation is drawn as that sampler draws it (a DistributedSampler's is (seed, epoch)'s)
         keeps = world_size == 1 and (keeps_sampler is None or keeps_sampler)
-        sampler.draws = shuffle and keeps and type(order) is RandomSampler
+        # (and the Trainer's torchdata RandomSampler, which draws as torch's does with a generator: randperm(n,
+        # generator) each epoch)
+        sampler.draws = shuffle and keeps and (type(order) is RandomSampler or (lightning and random))
         sampler.order_generator = order.generator if sampler.draws else None
         data.sets_loader_epoch = lightning
         return data

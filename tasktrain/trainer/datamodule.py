@@ -23,6 +23,9 @@ class DataModule:
         # Lightning's DataHooks.__init__ sets it on the instance: set it after super().__init__() to change it (a
         # class attribute of a subclass is shadowed, as under Lightning)
         self.prepare_data_per_node = True
+        # Lightning's too: a loader of zero length on this rank while other ranks have batches is refused unless
+        # this is True (then a warning: guards.check_zero_length_ranks)
+        self.allow_zero_length_dataloader_with_multiple_devices = False
         self._hparams = AttributeDict()
 
     @property

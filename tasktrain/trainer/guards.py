@@ -158,6 +158,49 @@ def check_training_batches(length, loader):
         "Give it data, a smaller batch_size, or drop_last=False.")
 
 
+def allows_zero_length(trainer):
+    """Lightning's allow_zero_length_dataloader_with_multiple_devices: the module's, or the attached DataModule's."""
+    datamodule = trainer.datamodule
+    return bool(trainer.module.allow_zero_length_dataloader_with_multiple_devices or (
+        datamodule is not None and datamodule.allow_zero_length_dataloader_with_multiple_devices))
+
+
+def zero_length_ranks(trainer, lengths):
+    """Lightning's has_len_all_ranks, for each loader's length on this rank (None: no length) in one collective:
+    (total batches of each loader over the ranks, ranks where each has none), [] for the unknown ones; every rank
+    gets the same answer, so every rank decides alike (Lightning's raises on the empty rank only, and the others
+    wait for it)."""
+    known = [0 if n is None else n for n in lengths]
+    local = torch.tensor(known + [int(n == 0) for n in lengths], dtype=torch.float64)
+    summed = trainer.strategy.reduce(local, op="sum").tolist()
+    count = len(lengths)
+    totals = [None if n is None else (int(t) if t < float("inf") else t) for n, t in zip(lengths, summed[:count])]
+    return totals, [int(z) for z in summed[count:]]
+
+
+def check_zero_length_ranks(trainer, names, lengths):
+    """On several processes: a loader that has batches on some ranks and none on others is refused with Lightning's
+    RuntimeError, unless the module or DataModule sets allow_zero_length_dataloader_with_multiple_devices = True
+    (then Lightning's warning, by rank 0). `names`: each loader's class name. Returns each loader's total over the
+    ranks (None: no length), or the lengths as given on one process."""
+    if trainer.world_size <= 1 or not torch.distributed.is_initialized():
+        # (no group yet: a loop's setup_data called before the launch; Lightning's reduce there gives the local value)
+        return list(lengths)
+    totals, empty_ranks = zero_length_ranks(trainer, lengths)
+    for name, total, empty in zip(names, totals, empty_ranks):
+        if not total or not empty:
+            continue
+        if not allows_zero_length(trainer):
+            raise RuntimeError(f"`{name}` within local rank has zero length. Please make sure that it returns at least "
+                               f"1 batch. ({empty} of {trainer.world_size} ranks have none; set "
+                               "`self.allow_zero_length_dataloader_with_multiple_devices = True` in the module's or "
+                               "DataModule's __init__ to run such uneven loaders, as under Lightning.)")
+        if trainer.is_global_zero:
+            warnings.warn(f"Total length of `{name}` across ranks is zero, but local rank has zero length. Please be "
+                          "cautious of uneven batch length.")
+    return totals
+
+
 def trains_nothing(trainer):
     """limit_train_batches=0: Lightning skips fit's loop (no epoch, no checkpoint, `last` unchanged); so do we, and
     say so instead of counting empty epochs and saving an `epoch=N-step=0` checkpoint."""

@@ -85,13 +85,14 @@ def setup_train(trainer, loader, previous=None):
         check_training_mode(combined)
         trainer.train_dataloader = train_data.loader.iterables  # Lightning's: the combined loader's iterables
         length = train_data.length()
-        guards.check_training_batches(length, loader)
+        guards.check_training_batches(train_length(trainer, length, "CombinedLoader"), loader)
         trainer._epoch_length = length
     else:
         train_data = prepared(loader)
         trainer.train_dataloader = train_data.loader
         length = len(train_data) if train_data.has_len() else None
-        guards.check_training_batches(length, loader)  # issue 38: an empty training loader is an error
+        # issue 38: an empty training loader is an error (on several processes: empty on every rank)
+        guards.check_training_batches(train_length(trainer, length, type(loader).__name__), loader)
         trainer._epoch_length = evaluation.apply_limit(length, trainer.limit_train_batches, "limit_train_batches")
     trainer._num_training_batches = trainer._epoch_length
     trainer.val_check_batch = val_check_batch(trainer)
@@ -105,6 +106,13 @@ def setup_train(trainer, loader, previous=None):
     if previous is not None:
         epochs.keep_resume_of(previous)
     return epochs
+
+
+def train_length(trainer, length, name):
+    """The training loader's batches as the empty-loader rule reads them: this rank's on one process; on several, the
+    total over the ranks, after Lightning's check of a rank without batches beside ranks with some
+    (guards.check_zero_length_ranks: refused unless allow_zero_length_dataloader_with_multiple_devices)."""
+    return guards.check_zero_length_ranks(trainer, [name], [length])[0]
 
 
 def check_loader_workers(trainer, loader, prefix):

@@ -255,6 +255,22 @@ def on_failure(trainer, exc):
         print(f"[tasktrain] rank {trainer.global_rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
+def on_spawned_failure(trainer, module, exc):
+    """A spawned run (ddp_spawn) failed, or was refused before it started: in this, the parent process, what
+    Lightning's entry point does around its launcher (call.py's _interrupt): the callbacks' on_exception, the
+    strategy's, then the loggers' finalize("failed"). Not the DataModule's: Lightning's parent never attached it (its
+    children do, in the run), so its _interrupt finds none. (The children ran their own on_failure.)"""
+    calls = [(cb.on_exception, (trainer, module, exc)) for cb in trainer.callbacks]
+    calls.append((trainer.strategy.on_exception, (exc,)))
+    calls += [(logger.finalize, ("failed",)) for logger in trainer.loggers]
+    for fn, args in calls:
+        try:
+            fn(*args)
+        except Exception as hook_error:  # the original error is what is raised; this one is reported
+            print(f"[tasktrain] {getattr(fn, '__qualname__', fn)} failed too, after a spawned run's error: "
+                  f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
+
+
 def end_stage_plugins(trainer, module):
     """Lightning's strategy teardown of a run's plugins, once per run: the user's LayerSync applied to a fit's module
     (Trainer._fit) reverted, then the precision plugin's teardown(). Where Lightning's trainer tears its strategy

@@ -756,8 +756,10 @@ class Trainer:
                     "the `fit(ckpt_path=...)` argument.")
             result = self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather, compiled, hint_srun),
                                           train_loader, eval_loader)
-        except BaseException:
+        except BaseException as exc:
             self.state.status = TrainerStatus.INTERRUPTED
+            if spawned:  # Lightning's entry point calls these around its launcher, in this process
+                run.on_spawned_failure(self, module, exc)
             raise
         if spawned and stage == "fit":
             launcher._already_fit = True
