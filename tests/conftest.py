@@ -69,6 +69,12 @@ def _isolated(tmp_path, monkeypatch):
             os.environ.pop(var, None)
         else:
             os.environ[var] = value
+    # MLFlowLogger makes its store MLflow's process-wide one (mlflow.set_tracking_uri, as Lightning's): a later test's
+    # MLflow tracker in the same worker would write its runs there
+    mlflow_uri = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    if mlflow_uri is not None:
+        mlflow_uri._tracking_uri = None
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
     base = sys.modules.get("tasktrain.strategies.base")
     if base is not None:
         base.release_kept_runs()

@@ -1,5 +1,6 @@
 """Differences found by the yardstick (Lightning 2.6's own tests/tests_pytorch with imports renamed to tasktrain,
 /work/YARD.md), each checked here beside Lightning itself (a test dependency, imported only here) on CPU."""
+import os
 import sys
 import warnings
 
@@ -42,12 +43,14 @@ def test_load_from_checkpoint_of_an_empty_state_dict_warns_as_lightning(L, tmp_p
 
 def test_mlflow_logger_warns_of_metric_names_as_lightning(L, tmp_path, monkeypatch):
     """tests_pytorch/loggers/test_mlflow.py::test_mlflow_logger_with_unexpected_characters: a metric name MLflow
-    refuses is cleaned with Lightning's RuntimeWarning and words (a filter or pytest.warns on the category holds)."""
+    refuses is cleaned with Lightning's RuntimeWarning and words (a filter or pytest.warns on the category holds);
+    the logger's store becomes MLflow's process-wide one, as Lightning's (mlflow.set_tracking_uri)."""
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's file store, for Lightning's logger too
     # Lightning's logger makes its URI MLflow's process-wide one (mlflow.set_tracking_uri, which also sets
     # $MLFLOW_TRACKING_URI): both put back after the test
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    import mlflow
     import mlflow.tracking._tracking_service.utils as tracking_utils
 
     monkeypatch.setattr(tracking_utils, "_tracking_uri", tracking_utils._tracking_uri)
@@ -59,6 +62,10 @@ def test_mlflow_logger_warns_of_metric_names_as_lightning(L, tmp_path, monkeypat
     for name, cls in (("ours", MLFlowLogger), ("theirs", LitMLFlowLogger)):
         logger = cls(experiment_name="exp", tracking_uri=f"file:{tmp_path / name}")
         logger.experiment
+        # the logger's store is MLflow's process-wide one (mlflow.log_*() in the user's code writes there)
+        assert mlflow.get_tracking_uri() == f"file:{tmp_path / name}", name
+        if name == "ours":  # $MLFLOW_TRACKING_URI stays the user's: a logger built later defaults as Lightning's
+            assert "MLFLOW_TRACKING_URI" not in os.environ
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             logger.log_metrics({"[some_metric]": 10.0}, step=0)

@@ -87,6 +87,18 @@ class MLFlowLogger(Logger):
         """The MlflowClient; the experiment and the run exist once this returns."""
         if self._initialized:
             return self._mlflow_client
+        import mlflow
+
+        # Lightning's: this logger's store becomes MLflow's process-wide one, so that mlflow.log_*() called from the
+        # user's code writes beside the logger's run. MLflow 3 also writes $MLFLOW_TRACKING_URI (for its
+        # subprocesses): the variable is put back as the user had it, so that a logger built later in this process
+        # defaults to what Lightning's would (its default is the variable read once, when Lightning is imported)
+        previous = os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(self._tracking_uri)
+        if previous is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous
         client = self._mlflow_client
         if self._run_id is not None:
             self._experiment_id = client.get_run(self._run_id).info.experiment_id
