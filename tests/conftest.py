@@ -23,11 +23,18 @@ clear_stale_op_locks()
 
 # `make test` runs two pytest workers on the machine's cores (-n 2): a test's in-process training then gets one torch
 # thread per worker, as a launcher gives each rank its share (torch's default, every core per worker, left most of
-# the CPU spinning in threads that wait on each other). Launched processes are not touched (their environment is).
+# the CPU spinning in threads that wait on each other). Where that share is one core (this machine), the processes a
+# test launches get one thread too (OMP_NUM_THREADS=1, unless set): launchers give their ranks at least that already
+# (torchrun, tasktrain's cpus // ranks), but a single launched process took every core, beside the other worker's
+# test: 14.8-16.9 -> 10.9 CPU-s for one such test (test_accelerate_options' one-process run, same-time pairs).
+# (With more cores a worker's share is several threads: then left unset, so that launchers share it out by rank.)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    torch.set_num_threads(WORKER_THREADS)
+    if WORKER_THREADS == 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
