@@ -23,11 +23,18 @@ clear_stale_op_locks()
 
 # `make test` runs two pytest workers on the machine's cores (-n 2): a test's in-process training then gets one torch
 # thread per worker, as a launcher gives each rank its share (torch's default, every core per worker, left most of
-# the CPU spinning in threads that wait on each other). Launched processes are not touched (their environment is).
+# the CPU spinning in threads that wait on each other). Where that share is one core (this machine), the processes a
+# test launches get one thread too (OMP_NUM_THREADS=1, unless set): launchers give their ranks at least that already
+# (torchrun, tasktrain's cpus // ranks), but a single launched process took every core, beside the other worker's
+# test: 14.8-16.9 -> 10.9 CPU-s for one such test (test_accelerate_options' one-process run, same-time pairs).
+# (With more cores a worker's share is several threads: then left unset, so that launchers share it out by rank.)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    torch.set_num_threads(WORKER_THREADS)
+    if WORKER_THREADS == 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
@@ -149,15 +156,17 @@ def _offline_trackers(tmp_path_factory):
 # pass), by the CPU time of its cuts (each file alone, user+sys with children): test_gpt_example 232 -> 195 (its ZeRO-3
 # compiled case on aot_eager: ~35 of ~216 CPU-s), test_reshard 200 -> 177 (59.0 -> 52.1), test_stream 114 -> 98 (43.1 ->
 # 37.1: its killed 2-process runs forked inside one launch), test_lightning_compat 32 -> 10 (its launch moved into
-# test_lightning_ddp's, 48 -> 60; the two files 32.5 -> 23.8 CPU-s).
+# test_lightning_ddp's, 48 -> 60; the two files 32.5 -> 23.8 CPU-s). On 2026-12-07 (ttime2), by the CPU time of its
+# cut (OMP_NUM_THREADS=1 for launched processes; each file alone as a make-test worker, same-time pairs):
+# test_accelerate_options 98 -> 83 (42.5 -> 35.9 CPU-s), test_accelerate_numbers 43 -> 36 (21.0 -> 17.7).
 HEAVY_FILES = {
     "test_restart.py": 266, "test_deepspeed.py": 274, "test_gpt_example.py": 195,
     "test_fsdp.py": 244, "test_resume.py": 238, "test_reshard.py": 177, "test_ddp.py": 170,
     "test_gpu_check.py": 168, "test_ddp_failures.py": 146, "test_benchmarks.py": 140,
     "test_watchdog.py": 138, "test_accelerator_api.py": 123,
-    "test_slurm.py": 116, "test_stream.py": 98, "test_accelerate_options.py": 98, "test_loggers.py": 88,
+    "test_slurm.py": 116, "test_stream.py": 98, "test_accelerate_options.py": 83, "test_loggers.py": 88,
     "test_accelerator_clipping.py": 74, "test_lightning_ddp.py": 60, "test_accelerator.py": 61,
-    "test_accelerate_suite.py": 60, "test_launch.py": 51, "test_demo.py": 49, "test_accelerate_numbers.py": 43,
+    "test_accelerate_suite.py": 60, "test_launch.py": 51, "test_demo.py": 49, "test_accelerate_numbers.py": 36,
     "test_model_parallel.py": 51, "test_lightning_compat.py": 10, "test_iterable_dispatch.py": 30,
     "test_lightning_beside_ddp_order.py": 37,
 }

@@ -7,10 +7,11 @@ import shutil
 import pytest
 import torch
 
-# One import per module: transformers takes seconds to import.
+# transformers' own import is lazy; its model classes take ~2 CPU-s to import: they are read as attributes inside the
+# tests (transformers.GPT2Config), not imported here, so that collection (every pytest worker collects every file,
+# and only one of them runs this one) does not pay for them.
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency (requirements-dev.txt)")
 from huggingface_hub import save_torch_state_dict  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from tasktrain.inference import init_empty_weights, load_checkpoint_and_dispatch, save_model  # noqa: E402
 
@@ -23,12 +24,12 @@ CPU_AND_DISK = {"cpu": "400KB"}
 
 def gpt2():
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(**GPT2)).eval()
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2)).eval()
 
 
 def empty_gpt2():
     with init_empty_weights():
-        model = GPT2LMHeadModel(GPT2Config(**GPT2))
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2))
     model.tie_weights()
     return model.eval()
 
@@ -97,7 +98,7 @@ def test_sharded_bin_and_the_folder_prefers_safetensors(tmp_path, reference):
     # Both formats in one folder: safetensors wins, as in transformers (here the .bin holds other weights).
     shutil.rmtree(folder)
     folder.mkdir()
-    other = GPT2LMHeadModel(GPT2Config(**GPT2))
+    other = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2))
     save_torch_state_dict(other.state_dict(), folder, safe_serialization=False, max_shard_size="200KB")
     gpt2().save_pretrained(folder, max_shard_size="200KB")
     model = load(folder, tmp_path / "offload3")
@@ -106,12 +107,13 @@ def test_sharded_bin_and_the_folder_prefers_safetensors(tmp_path, reference):
 
 def test_llama_in_bfloat16_matches_transformers(tmp_path):
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=300, max_position_embeddings=64, tie_word_embeddings=False)
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama", max_shard_size="100KB")
-    expected_model = LlamaForCausalLM.from_pretrained(tmp_path / "llama", dtype=torch.bfloat16).eval()
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                                      max_position_embeddings=64, tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama", max_shard_size="100KB")
+    expected_model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "llama", dtype=torch.bfloat16).eval()
     with init_empty_weights():
-        model = LlamaForCausalLM(config)
+        model = transformers.LlamaForCausalLM(config)
     # The rotary frequencies are a non-persistent buffer: init_empty_weights kept its real value.
     assert not model.model.rotary_emb.inv_freq.is_meta
     model = load_checkpoint_and_dispatch(model.eval(), tmp_path / "llama", max_memory={"cpu": "150KB"},
@@ -139,7 +141,7 @@ def test_save_model_output_is_read_by_from_pretrained(tmp_path, reference):
         save_model(model, folder, max_shard_size="200KB", safe_serialization=safe)
         name = "model.safetensors.index.json" if safe else "pytorch_model.bin.index.json"
         assert json.loads((folder / name).read_text())["metadata"]["total_size"] == 544768
-        again = GPT2LMHeadModel.from_pretrained(folder).eval()
+        again = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
         assert torch.equal(logits(again), reference)
         assert torch.equal(logits(load(folder, tmp_path / f"offload-{safe}", strict=True)), reference)
 
@@ -147,11 +149,11 @@ def test_save_model_output_is_read_by_from_pretrained(tmp_path, reference):
 def test_strict_names_the_keys_of_a_model_that_does_not_match(tmp_path):
     gpt2().save_pretrained(tmp_path / "gpt2", max_shard_size="200KB")
     with init_empty_weights():
-        bigger = GPT2LMHeadModel(GPT2Config(**{**GPT2, "n_layer": 3}))
+        bigger = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**GPT2, "n_layer": 3}))
     with pytest.raises(ValueError, match=r"no value for 12 tensor\(s\).*'transformer.h.2.ln_1.weight'"):
         load_checkpoint_and_dispatch(bigger, tmp_path / "gpt2", device_map={"": "cpu"})
     with init_empty_weights():
-        smaller = GPT2LMHeadModel(GPT2Config(**{**GPT2, "n_layer": 1}))
+        smaller = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**GPT2, "n_layer": 1}))
     with pytest.raises(ValueError, match=r"strict=True\): unexpected key\(s\) 'transformer.h.1"):
         load_checkpoint_and_dispatch(smaller, tmp_path / "gpt2", device_map={"": "cpu"}, strict=True)
     with pytest.warns(UserWarning, match=r"12 entries the model does not use"):
@@ -160,7 +162,7 @@ def test_strict_names_the_keys_of_a_model_that_does_not_match(tmp_path):
 
 def test_a_base_model_checkpoint_loads_into_a_model_with_a_head(tmp_path):
     torch.manual_seed(0)
-    base = transformers.GPT2Model(GPT2Config(**GPT2)).eval()
+    base = transformers.GPT2Model(transformers.GPT2Config(**GPT2)).eval()
     base.save_pretrained(tmp_path / "base")  # keys "h.0.attn...", no "transformer." prefix
     model = load_checkpoint_and_dispatch(empty_gpt2(), tmp_path / "base", device_map={"": "cpu"}, strict=True)
     with torch.no_grad():

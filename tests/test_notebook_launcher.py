@@ -19,8 +19,10 @@ DRIVER_TIMEOUT = 240
 @pytest.fixture(scope="module")
 def notebook(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("notebook"))
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("TASKTRAIN_")
-           and not k.startswith("TORCHELASTIC_")}
+    # (OMP_NUM_THREADS too: the driver is a notebook with the user's default OpenMP pool, every core, whatever
+    # tests/conftest.py gives the processes launched under `make test`)
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB + ("OMP_NUM_THREADS",)
+           and not k.startswith("TASKTRAIN_") and not k.startswith("TORCHELASTIC_")}
     try:
         proc = subprocess.run([sys.executable, DRIVER, out], env=env, capture_output=True, text=True,
                               timeout=DRIVER_TIMEOUT)
