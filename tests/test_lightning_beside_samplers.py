@@ -601,7 +601,11 @@ def test_one_process_of_ddp_shards_every_loader_as_lightning():
 
     import tasktrain
 
-    theirs = _one_process_ddp(L, L.LightningModule)
+    try:
+        theirs = _one_process_ddp(L, L.LightningModule)
+    finally:  # Lightning's world of one outlives its run (ours ends at teardown): not left to later tests
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     mine = _one_process_ddp(tasktrain, tasktrain.TaskModule)
     assert mine == theirs
     assert all(mine[0].values()), mine[0]
