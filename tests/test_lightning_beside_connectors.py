@@ -493,27 +493,21 @@ def _prepared_on(lib, boring):
                                                  (0, 0, 1, True, True), (0, 0, 1, False, False)):
         called = []
 
-        class Model(boring.BoringModel):
-            prepare_data_per_node = per_node
+        def flagged(base, owner, per_node=per_node, in_init=in_init):
+            class Flagged(base):
+                prepare_data_per_node = per_node
 
-            def __init__(self):
-                super().__init__()
-                if in_init:
-                    self.prepare_data_per_node = per_node
+                def __init__(self):
+                    super().__init__()
+                    if in_init:
+                        self.prepare_data_per_node = per_node
 
-            def prepare_data(self):
-                called.append("module")
+                def prepare_data(self):
+                    called.append(owner)
 
-        class Data(boring.BoringDataModule):
-            prepare_data_per_node = per_node
+            return Flagged
 
-            def __init__(self):
-                super().__init__()
-                if in_init:
-                    self.prepare_data_per_node = per_node
-
-            def prepare_data(self):
-                called.append("datamodule")
+        Model, Data = flagged(boring.BoringModel, "module"), flagged(boring.BoringDataModule, "datamodule")
 
         environment = recording_environment(environments.ClusterEnvironment, local_rank=local, node_rank=node,
                                             rank=rank, world=2)
@@ -536,6 +530,38 @@ def test_prepare_data_once_in_all_runs_on_local_rank_0_of_node_0_as_lightning():
     both = ["datamodule", "module"]
     assert got["tasktrain"] == got["lightning"] == [((0, 0, 1, False, True), []), ((1, 0, 0, False, True), both),
                                                     ((0, 0, 1, True, True), both), ((0, 0, 1, False, False), both)]
+
+
+def test_a_flag_set_as_a_class_attribute_is_shadowed_with_a_warning():
+    """Lightning's __init__ sets prepare_data_per_node / allow_zero_length_dataloader_with_multiple_devices on the
+    instance, so a subclass's class attribute is not used (the case above, as Lightning's): tasktrain says so when the
+    flag is read, and says nothing where __init__ sets it."""
+    from tasktrain.demos.boring_classes import BoringDataModule, BoringModel
+    import warnings
+
+    from tasktrain.trainer.module import instance_flag
+
+    class ClassLevel(BoringModel):
+        prepare_data_per_node = False
+
+    class DataClassLevel(BoringDataModule):
+        allow_zero_length_dataloader_with_multiple_devices = True
+
+    with pytest.warns(UserWarning, match=r"ClassLevel.prepare_data_per_node = False is a class attribute, .* so True "
+                                         r"is used: set `self.prepare_data_per_node = False` in __init__"):
+        assert instance_flag(ClassLevel(), "prepare_data_per_node") is True
+    with pytest.warns(UserWarning, match="DataClassLevel.allow_zero_length_dataloader_with_multiple_devices = True"):
+        assert instance_flag(DataClassLevel(), "allow_zero_length_dataloader_with_multiple_devices") is False
+
+    class InInit(BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.prepare_data_per_node = False
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert instance_flag(InInit(), "prepare_data_per_node") is False
+        assert instance_flag(BoringModel(), "allow_zero_length_dataloader_with_multiple_devices") is False
 
 
 def _hook_owners(lib, boring):

@@ -160,9 +160,11 @@ def check_training_batches(length, loader):
 
 def allows_zero_length(trainer):
     """Lightning's allow_zero_length_dataloader_with_multiple_devices: the module's, or the attached DataModule's."""
+    from tasktrain.trainer.module import instance_flag
+
+    name = "allow_zero_length_dataloader_with_multiple_devices"
     datamodule = trainer.datamodule
-    return bool(trainer.module.allow_zero_length_dataloader_with_multiple_devices or (
-        datamodule is not None and datamodule.allow_zero_length_dataloader_with_multiple_devices))
+    return bool(instance_flag(trainer.module, name) or (datamodule is not None and instance_flag(datamodule, name)))
 
 
 def zero_length_ranks(trainer, lengths):

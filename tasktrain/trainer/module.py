@@ -739,6 +739,22 @@ def _is_plain(value):
     return isinstance(value, (numbers.Number, str, bool, type(None), list, tuple, dict))
 
 
+def instance_flag(owner, name):
+    """A flag Lightning's DataHooks.__init__ sets on the instance (prepare_data_per_node,
+    allow_zero_length_dataloader_with_multiple_devices): a subclass's class attribute is shadowed by it, as under
+    Lightning. Where the two differ the instance's value holds, with a warning instead of silence."""
+    value = getattr(owner, name)
+    # the class that declares it, if a subclass of one's own does (TaskModule's and DataModule's own are defaults)
+    declaring = next((cls for cls in type(owner).__mro__ if name in vars(cls)), None)
+    declared = getattr(type(owner), name, value)
+    if declaring is not None and declaring.__module__ not in (__name__, "tasktrain.trainer.datamodule") \
+            and declared != value:
+        warnings.warn(f"{type(owner).__name__}.{name} = {declared!r} is a class attribute, which the base class's "
+                      f"__init__ shadows with {value!r} on the instance (Lightning's rule), so {value!r} is used: set "
+                      f"`self.{name} = {declared!r}` in __init__, after super().__init__().", UserWarning)
+    return value
+
+
 def is_overridden(name, obj=None, base=None) -> bool:
     """Whether `obj` replaces `base`'s `name`, Lightning's answer (lightning_utilities' is_overridden): an attribute
     that is None is not an override (`model.validation_step = None` switches validation off); ONE wrapper is looked

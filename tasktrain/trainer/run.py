@@ -17,7 +17,7 @@ from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import build_hook_tables
 from tasktrain.trainer.metrics import MetricStore, hook_scope, in_hook
 from tasktrain.trainer import plugin_args
-from tasktrain.trainer.module import TaskModule, hook_is_called, is_overridden
+from tasktrain.trainer.module import TaskModule, hook_is_called, instance_flag, is_overridden
 from tasktrain.trainer.runtime import announce_rank
 from tasktrain.trainer.seed import reset_seed
 from tasktrain.trainer.states import TrainerFn, TrainerStatus
@@ -49,7 +49,7 @@ def prepare_data(trainer, module):
     for owner, base in ((trainer.datamodule, DataModule), (module, TaskModule)):
         if owner is None or not is_overridden("prepare_data", owner, base):
             continue
-        if local_zero if owner.prepare_data_per_node else node_zero:
+        if local_zero if instance_flag(owner, "prepare_data_per_node") else node_zero:
             with hook_scope(trainer, "prepare_data"):  # (named for self.log, which refuses it there)
                 if owner is trainer.datamodule:
                     datamodule_call(trainer, "prepare_data")
