@@ -28,8 +28,9 @@ from tasktrain.loggers import CometLogger
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("comet_ml") is None, reason="comet_ml is not installed")
 
 # comet_ml.ExperimentConfig arguments (the logger's **kwargs) that keep an offline experiment to what the test logs: no
-# host, CPU, GPU or network probes (one of them resolves www.comet.com), no copy of the source, git or console
-QUIET = dict(log_env_details=False, log_env_host=False, log_code=False, log_git_metadata=False, log_git_patch=False,
+# environment probes (two of them reach the network: the host's address through www.comet.com, a cloud's metadata at
+# 169.254.169.254), no copy of the source, git state or console output, no summary printed at the end
+QUIET = dict(log_env_details=False, log_code=False, log_git_metadata=False, log_git_patch=False,
              auto_output_logging=False, display_summary_level=0)
 
 
