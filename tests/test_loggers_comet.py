@@ -172,6 +172,10 @@ def test_other_ranks_make_no_experiment_and_write_nothing(tmp_path, offline_come
     logger.finalize("success")
     assert logger.version is None and logger.name == "demo" and logger.save_dir == str(tmp_path)
     assert os.listdir(tmp_path) == []
+    # pickled there (ddp_spawn) before any experiment exists, a key the user gave is kept (Lightning's is forgotten)
+    key = "a" * 32
+    given = CometLogger(online=False, offline_directory=str(tmp_path), experiment_key=key, **QUIET)
+    assert pickle.loads(pickle.dumps(given))._experiment_key == key
 
 
 def test_the_logger_pickles_without_its_experiment_and_continues_the_same_key(tmp_path, offline_comet):
@@ -189,7 +193,7 @@ def test_the_logger_pickles_without_its_experiment_and_continues_the_same_key(tm
     assert [m[:3] for m in archive(tmp_path, key)["metrics"]] == [("a", 1.0, 0), ("b", 2.0, 1)]
 
 
-def test_arguments_errors_and_lightnings_old_names(tmp_path, offline_comet, monkeypatch, caplog):
+def test_arguments_errors_and_lightnings_old_names(tmp_path, offline_comet, monkeypatch, caplog, quiet_lightning):
     with pytest.raises(TypeError, match=r"CometLogger got \['bogus'\].*ExperimentConfig.*offline_directory"):
         CometLogger(online=False, bogus=1)
     # Lightning's old names, with Lightning's warnings: each taken as its new name
@@ -203,6 +207,19 @@ def test_arguments_errors_and_lightnings_old_names(tmp_path, offline_comet, monk
     assert logger.name == "old_project" and logger.save_dir == str(tmp_path) and logger._kwargs["name"] == "old"
     assert logger._online is False and not logger.experiment.disabled  # offline=True: offline (not Lightning's flip)
     logger.experiment.end()
+    # Lightning's logger says the same for the names it maps alike (its `offline` maps to online=True: not tried here)
+    from lightning.pytorch.loggers import CometLogger as LightningCometLogger
+
+    caplog.clear()
+    monkeypatch.setenv("COMET_START_ONLINE", "false")
+    with caplog.at_level(logging.WARNING, logger="lightning.pytorch.loggers.comet"):
+        theirs = LightningCometLogger(experiment_name="old", project_name="old_project",
+                                      save_dir=str(tmp_path / "lightning"), **QUIET)
+    theirs.experiment.end()
+    monkeypatch.delenv("COMET_START_ONLINE")
+    assert [r.getMessage() for r in caplog.records if r.name == "lightning.pytorch.loggers.comet"] == [
+        said[0], said[1], said[3]]
+    assert (theirs.name, theirs.save_dir, theirs._kwargs["name"]) == ("old_project", str(tmp_path / "lightning"), "old")
     assert archive(tmp_path, logger.version)["others"]["Name"] == "old"
     # both names given: the new one is kept, and said (Lightning then fails inside comet_ml on the old one)
     caplog.clear()
