@@ -318,3 +318,27 @@ def test_online_false_writes_the_archive_that_lightnings_logger_does_not(tmp_pat
     ours.experiment.end()
     assert not os.path.exists(tmp_path / "lightning")
     assert archive(tmp_path / "tasktrain", ours.version)["metrics"] == [("a", 1.0, 0, None)]
+
+
+def test_taskcli_takes_its_arguments_and_passes_comets_own_as_lightnings_cli_does(offline_comet):
+    """Lightning's CLI test (test_comet_logger_init_args): the logger's own arguments resolve from its signature, the
+    ones for comet_ml.ExperimentConfig go to dict_kwargs; printing the configuration makes no experiment."""
+    from contextlib import redirect_stdout
+    from io import StringIO
+    from unittest import mock
+
+    import yaml
+
+    pytest.importorskip("jsonargparse")
+    from tasktrain.cli import TaskCLI
+
+    args = ["--trainer.logger=tasktrain.loggers.CometLogger", "--trainer.logger.experiment_key=some_key",
+            "--trainer.logger.workspace=comet", "--trainer.logger.dict_kwargs.save_dir=comet", "--print_config"]
+    out = StringIO()
+    with mock.patch("sys.argv", ["any.py", *args]), redirect_stdout(out), pytest.raises(SystemExit):
+        TaskCLI(Linear, run=False)
+    logger = yaml.safe_load(out.getvalue())["trainer"]["logger"]
+    assert logger["class_path"] == "tasktrain.loggers.CometLogger"
+    assert {k: logger["init_args"][k] for k in ("experiment_key", "workspace")} == {"experiment_key": "some_key",
+                                                                                     "workspace": "comet"}
+    assert logger["dict_kwargs"] == {"save_dir": "comet"}
