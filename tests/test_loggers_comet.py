@@ -227,8 +227,9 @@ def test_arguments_errors_and_lightnings_old_names(tmp_path, offline_comet, monk
         both = CometLogger(project="new", project_name="old", online=False, offline=False,
                            offline_directory=str(tmp_path / "new"), save_dir=str(tmp_path / "old"), **QUIET)
     said = [r.getMessage() for r in caplog.records if r.name == "tasktrain.loggers.comet"]
-    assert "You specified both `project_name` and `project` parameters, please use `project` only" in said
-    assert "You specified both `save_dir` and `offline_directory` parameters, please use `offline_directory` only" in said
+    assert [line for line in said if line.startswith("You specified both")] == [
+        f"You specified both `{old}` and `{new}` parameters, please use `{new}` only" for old, new in (
+            ("project_name", "project"), ("offline", "online"), ("save_dir", "offline_directory"))]
     assert (both.name, both.save_dir, both._online) == ("new", str(tmp_path / "new"), False)
     both.experiment.end()
 
