@@ -55,8 +55,8 @@ class CometLogger(Logger):
         for old, new in _RENAMED:
             if old in kwargs:
                 project, online = self._renamed(old, new, kwargs, project, online)
-        # Lightning's: before comet_ml's import, so that comet_ml does not patch the frameworks for its automatic
-        # logging (it cannot: torch is already imported), and says nothing about it
+        # Lightning's, before comet_ml's first import: no patching of frameworks for comet_ml's automatic logging
+        # (torch is imported already, so comet_ml could not log it anyway)
         os.environ["COMET_DISABLE_AUTO_LOGGING"] = "1"
         comet_ml = import_optional("comet_ml", "comet", "CometLogger")
         if not callable(getattr(comet_ml, "start", None)) or not hasattr(comet_ml, "ExperimentConfig"):
@@ -93,7 +93,8 @@ class CometLogger(Logger):
         elif new == "project":
             project = value
         elif new == "online":
-            online = not value  # (Lightning takes offline=True as online=True: Lightning-AI/pytorch-lightning#21921)
+            # (Lightning takes offline=True as online=True: Lightning-AI/pytorch-lightning#21921)
+            online = None if value is None else not value
         else:
             kwargs[new] = value
         return project, online
