@@ -18,6 +18,8 @@ setup(
     extras_require={
         "wandb": ["wandb>=0.31,<1"],
         "mlflow": ["mlflow-skinny>=3.17,<4", "sqlalchemy>=2.0,<3", "alembic>=1.13,<2"],
+        # CometLogger (comet_ml.start and ExperimentConfig came in 3.44.4, the floor Lightning asks too)
+        "comet": ["comet_ml>=3.44.4,<4"],
         "onnx": ["onnx>=1.16,<2", "onnxscript>=0.2,<1"],  # TaskModule.to_onnx: torch's exporter imports both
         # TaskCLI (tasktrain.cli): config files and command-line arguments from the classes' signatures
         "cli": ["jsonargparse>=4.53,<5"],

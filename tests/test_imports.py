@@ -32,10 +32,11 @@ seen["worker"] = sorted(m for m in sys.modules if m.startswith("tasktrain"))
 from tasktrain import Trainer, TaskModule
 seen["trainer"] = absent("deepspeed", "tensorboard", "torch.utils.tensorboard")
 import tasktrain.loggers, tasktrain.tracking, tasktrain.callbacks.loggers
-from tasktrain.loggers import WandbLogger, MLFlowLogger, TensorBoardLogger, CSVLogger
+from tasktrain.loggers import WandbLogger, MLFlowLogger, TensorBoardLogger, CSVLogger, CometLogger
+from tasktrain.loggers.comet import CometLogger
 from tasktrain import Trainer, WandbLogger, MLFlowLogger
 from tasktrain.loggers.trackers import make_trackers, check_log_with
-seen["loggers"] = absent("wandb", "mlflow", "tensorboard", "torch.utils.tensorboard", "yaml")
+seen["loggers"] = absent("wandb", "mlflow", "comet_ml", "tensorboard", "torch.utils.tensorboard", "yaml")
 import tasktrain.inference
 tasktrain.init_empty_weights; tasktrain.save_model
 seen["inference"] = absent("safetensors", "transformers", "deepspeed")

@@ -334,7 +334,7 @@ def test_csv_loggers_experiment_writer_and_steps_without_a_number_as_lightning(t
     assert written[1] == written[0]
 
 
-@pytest.mark.parametrize(("name", "module"), [("CometLogger", "comet"), ("LitLogger", "litlogger")])
+@pytest.mark.parametrize(("name", "module"), [("LitLogger", "litlogger")])
 def test_lightnings_loggers_tasktrain_lacks_import_and_are_refused_when_created(name, module, tmp_path):
     """The import lines of a Lightning script hold under the rename (both of Lightning's paths), and creating the
     logger is a clear error naming what to use, before any Trainer exists."""

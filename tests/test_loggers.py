@@ -563,12 +563,13 @@ def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path, monkeypatch):
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     facts = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     logs = tmp_path / "logs"
-    assert facts[0]["experiments"] == ["Run", "SummaryWriter", "ExperimentWriter", "MlflowClient"]  # (Lightning's class names)
-    assert facts[1]["experiments"] == ["DummyExperiment"] * 4  # CSVLogger's too, as Lightning's
+    assert facts[0]["experiments"] == ["Run", "SummaryWriter", "ExperimentWriter", "MlflowClient",
+                                       "OfflineExperiment"]  # (Lightning's class names)
+    assert facts[1]["experiments"] == ["DummyExperiment"] * 5  # CSVLogger's too, as Lightning's
     run_id = facts[0]["wandb_id"]
     # the checkpoint folder comes from rank 0's run id, on both ranks
     assert [f["checkpoint_dir"] for f in facts] == [str(logs / "ddp" / run_id / "checkpoints")] * 2
-    assert facts[1]["wandb_id"] is None and facts[1]["mlflow_run_id"] is None
+    assert facts[1]["wandb_id"] is None and facts[1]["mlflow_run_id"] is None and facts[1]["comet_key"] is None
     assert len(glob.glob(str(logs / "wandb" / "offline-run-*"))) == 1
     assert os.listdir(logs / "tb") == ["version_0"] and os.listdir(logs / "csv") == ["version_0"]
     assert [r["square"] for r in read_csv(logs / "csv" / "version_0" / "metrics.csv")] == ["1.0", "4.0", "9.0", "16.0"]
@@ -585,6 +586,12 @@ def test_every_logger_writes_on_rank_zero_only_under_ddp(tmp_path, monkeypatch):
     events = EventAccumulator(str(logs / "tb" / "version_0"), size_guidance={"tensors": 0}).Reload()
     notes = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("note/text_summary")]
     assert notes == ["rank 0"] * 4  # rank 1's add_text went to the stand-in
+    from test_loggers_comet import archive  # (Comet's one offline archive, rank 0's)
+
+    assert len(os.listdir(logs / "comet")) == 1
+    found = archive(logs / "comet", facts[0]["comet_key"])
+    assert [(step, value) for name, value, step, _ in found["metrics"] if name == "square"] == [
+        (0, 1.0), (1, 4.0), (2, 9.0), (3, 16.0)]
 
 
 # -- the Accelerator's trackers (Accelerate's GeneralTracker API) over the same back-ends -----------------------------

@@ -11,10 +11,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import common
 from tasktrain import ModelCheckpoint, TaskModule, Trainer
-from tasktrain.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from tasktrain.loggers import CometLogger, CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
 out = sys.argv[1]
 logs = os.path.join(out, "logs")
+os.environ["COMET_ERROR_TRACKING_ENABLE"] = "false"  # (comet_ml's error reports to its server: off, no network here)
 
 
 class Regression(TaskModule):
@@ -40,7 +41,11 @@ class Regression(TaskModule):
 loggers = [WandbLogger(project="ddp", save_dir=logs, offline=True),
            TensorBoardLogger(logs, name="tb"),
            CSVLogger(logs, name="csv"),
-           MLFlowLogger(experiment_name="ddp", tracking_uri="file:" + os.path.join(logs, "mlruns"))]
+           MLFlowLogger(experiment_name="ddp", tracking_uri="file:" + os.path.join(logs, "mlruns")),
+           # made with the logger on rank 0 only (Lightning's rule), before the Trainer starts the other process
+           CometLogger(online=False, offline_directory=os.path.join(logs, "comet"), project="ddp",
+                       log_env_details=False, log_code=False, log_git_metadata=False, log_git_patch=False,
+                       auto_output_logging=False, display_summary_level=0)]
 checkpoint = ModelCheckpoint()
 trainer = Trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=1, log_every_n_steps=1,
                   logger=loggers, callbacks=[checkpoint], enable_progress_bar=False)
@@ -53,8 +58,10 @@ facts = {
     "log_dir": trainer.log_dir,
     "wandb_id": loggers[0].version,
     "mlflow_run_id": loggers[3]._run_id,
+    "comet_key": loggers[4].version,
 }
 if trainer.is_global_zero:
     loggers[0].experiment.finish()
+    loggers[4].experiment.end()  # writes logs/comet/<key>-<suffix>.zip
 with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
     json.dump(facts, f)
