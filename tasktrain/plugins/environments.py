@@ -22,7 +22,8 @@ its global_rank() and world_size() (tasktrain/strategies/world.py); teardown() a
 
     KubeflowEnvironment()      Kubeflow's PyTorchJob (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK; one process a pod)
     LSFEnvironment()           LSF's jsrun (LSB_JOBID, LSB_DJOB_RANKFILE, JSM_NAMESPACE_SIZE / _RANK / _LOCAL_RANK)
-    MPIEnvironment()           mpirun / mpiexec, through mpi4py (installed by the user)
+    MPIEnvironment()           mpirun / mpiexec, through mpi4py (installed by the user; tests/test_mpi.py runs it
+                               under MPICH's mpiexec)
 
 read their cluster's variables as Lightning's do and give the ranks themselves: the Trainer drives the process group
 from them as from a subclass of one's own. LSF and MPI are auto-detected as Lightning detects them (after torchrun's and
