@@ -20,7 +20,8 @@ from ddp_scripts.common import child_env
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(HERE, "mpi_scripts", "fit_under_mpiexec.py")
-TIMEOUT = 300  # (4 processes importing torch, tasktrain and Lightning on 2 cores: ~40 s)
+TIMEOUT = 240  # (4 processes importing torch, tasktrain and Lightning on 2 cores: ~40 s; below pytest's 300 s, so
+# that mpiexec and its ranks are killed and their output shown rather than pytest-timeout's stack dump)
 
 
 def _mpiexec():
@@ -60,6 +61,7 @@ def launch(tmp_path_factory):
     return dict(out=out, host=host, other=other, seen=seen)
 
 
+@pytest.mark.world_size(4)
 def test_mpiexec_ranks_train_as_lightnings(launch):
     """Every rank's place is MPI's (world 4, global rank its MPI rank), the node its host's place among the sorted host
     names, the local rank its place on its host; tasktrain's MPIEnvironment reads as Lightning's, both detect MPI; the
@@ -71,12 +73,10 @@ def test_mpiexec_ranks_train_as_lightnings(launch):
     node_of = {0: hosts.index(host), 1: hosts.index(host), 2: hosts.index(launch["other"]),
                3: hosts.index(launch["other"])}
     assert node_of[0] == 1  # (the other host's name sorts first: MPI's rank 0 is on node 1)
-    ports = set()
     for rank, ranks in enumerate(seen):
         place = [4, rank, rank % 2, node_of[rank]]
         ours, theirs = ranks["getters"]["tasktrain"], ranks["getters"]["lightning"]
         assert ours[0] == theirs[0] == host and ours[2:] == theirs[2:] == place
-        ports.add(ours[1])
         assert ranks["detect"] == [True, True]
         for phase in ("docs", "detected", "lightning"):
             run = ranks[phase]
@@ -84,13 +84,13 @@ def test_mpiexec_ranks_train_as_lightnings(launch):
             assert run["trainer"] == [rank, rank % 2, node_of[rank], 4, rank == 0]
             assert run["group"] == [rank, 4]
             assert run["master"][0] == host
-            ports.add(run["master"][1])
             assert run["weights"] == seen[0]["lightning"]["weights"]
         assert ranks["detected"]["saves"] == ranks["lightning"]["saves"] == (seen[0]["lightning"]["saves"] if rank == 0
                                                                              else 0)
-    # one port per environment object, the same on every rank (rank 0's, broadcast)
+    # one port per environment object (a free one rank 0 picks when the run starts), the same on every rank
+    for phase in ("docs", "detected", "lightning"):
+        assert len({ranks[phase]["master"][1] for ranks in seen}) == 1
     assert len({ranks["getters"]["tasktrain"][1] for ranks in seen}) == 1
-    assert len({ranks["docs"]["master"][1] for ranks in seen}) == 1
     assert seen[0]["lightning"]["saves"] > 0 and seen[0]["lightning"]["weights"] != _initial_weights()
     (checkpoint,) = (launch["out"] / "ckpt").iterdir()
     state = torch.load(checkpoint, weights_only=True)["state_dict"]
@@ -104,6 +104,7 @@ def _initial_weights():
     return [p.detach().flatten().tolist() for p in BoringModel().parameters()]
 
 
+@pytest.mark.world_size(4)
 def test_a_world_mpiexec_formed_other_than_asked_is_an_error_naming_the_numbers(launch):
     """devices=1 x num_nodes=2 under `mpiexec -n 4` (2 hosts of 2): every rank raises before training, with MPI's
     numbers and the devices / num_nodes to pass (Lightning's fails later with an IndexError)."""
