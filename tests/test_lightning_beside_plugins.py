@@ -501,7 +501,9 @@ def test_a_users_cluster_environment_decides_whether_the_trainer_starts_the_proc
         assert trainer.strategy.needs_launch() is not external
         assert trainer.strategy.launcher.external is external  # Lightning's: a launcher, that starts nothing there
     trainer = tasktrain.Trainer(plugins=[Mine(True, world=3)], strategy="ddp", **{**QUIET, "devices": 2})
-    with pytest.raises(RuntimeError, match="formed a world of 3 processes.*devices=2"):
+    # (the numbers to pass are the environment's world, not a count on this machine, which a ClusterEnvironment lacks)
+    with pytest.raises(RuntimeError, match=r"environment Mine \(plugins=\[...\]\) formed a world of 3 processes, but "
+                                           r"the Trainer asked for devices=2 x num_nodes=1 = 2\. .*whose product is 3"):
         trainer.strategy.setup_environment()
 
     # not external: the Trainer starts the workers, where the environment says they meet (Lightning's launcher)

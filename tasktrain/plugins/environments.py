@@ -22,7 +22,8 @@ its global_rank() and world_size() (tasktrain/strategies/world.py); teardown() a
 
     KubeflowEnvironment()      Kubeflow's PyTorchJob (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK; one process a pod)
     LSFEnvironment()           LSF's jsrun (LSB_JOBID, LSB_DJOB_RANKFILE, JSM_NAMESPACE_SIZE / _RANK / _LOCAL_RANK)
-    MPIEnvironment()           mpirun / mpiexec, through mpi4py (installed by the user)
+    MPIEnvironment()           mpirun / mpiexec, through mpi4py (installed by the user; tests/test_mpi.py runs it
+                               under MPICH's mpiexec)
 
 read their cluster's variables as Lightning's do and give the ranks themselves: the Trainer drives the process group
 from them as from a subclass of one's own. LSF and MPI are auto-detected as Lightning detects them (after torchrun's and
@@ -323,7 +324,12 @@ class MPIEnvironment(_GivesItsRanks):
     place among the sorted host names, the local rank within this host, the address rank 0's host name and the port a
     free one rank 0 picks (both broadcast over MPI). Needs mpi4py (not a tasktrain dependency: without it, building
     one raises ModuleNotFoundError, as Lightning's). Auto-detected where mpi4py is installed and MPI's world is larger
-    than one, and neither torchrun's nor SLURM's nor LSF's variables are set."""
+    than one, and neither torchrun's nor SLURM's nor LSF's variables are set. Every rank reads the getters in the same
+    order (the first reads of the address, port and local / node rank are MPI collectives), as the Trainer does.
+
+    Kept different from Lightning's: validate_settings raises where MPI's world is not the Trainer's devices x
+    num_nodes, naming the numbers to pass (Lightning's trains a world of 1 on part of the data when the script was not
+    started by mpiexec, and fails with an IndexError when mpiexec started more processes than asked)."""
 
     def __init__(self) -> None:
         if not _mpi4py_installed():
@@ -334,6 +340,7 @@ class MPIEnvironment(_GivesItsRanks):
         self._comm_world = MPI.COMM_WORLD
         self._comm_local = None
         self._node_rank = None
+        self._hosts = None  # every rank's host name, in rank order (read with the node rank)
         self._main_address = None
         self._main_port = None
 
@@ -377,11 +384,35 @@ class MPIEnvironment(_GivesItsRanks):
             self._init_comm_local()
         return self._node_rank
 
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        world = self.world_size()
+        if world == num_devices * num_nodes:
+            return
+        if self._comm_local is None:
+            self._init_comm_local()
+        hosts = sorted(set(self._hosts))
+        per_host = sorted({self._hosts.count(host) for host in hosts})
+        asked = num_devices * num_nodes
+        wanted = f"the Trainer asked for devices={num_devices} x num_nodes={num_nodes} = {asked}"
+        processes = (f"{asked} processes ({num_devices} on each of {num_nodes} host(s)): `mpiexec -n {asked} python "
+                     "script.py`")
+        if world == 1:
+            raise ValueError(f"MPIEnvironment(): MPI's world is this one process (it was not started by mpiexec / "
+                             f"mpirun, or with -n 1), but {wanted}. Start {processes}, or leave the plugin out (the "
+                             "Trainer then starts its processes itself).")
+        if len(per_host) == 1:
+            fix = f"pass devices={per_host[0]}, num_nodes={len(hosts)} to the Trainer"
+        else:
+            fix = f"start as many processes on every host, with devices x num_nodes = {world} in the Trainer"
+        raise ValueError(f"MPIEnvironment(): mpiexec / mpirun started {world} processes on {len(hosts)} host(s) "
+                         f"({', '.join(f'{host}: {self._hosts.count(host)}' for host in hosts)}), but {wanted}. "
+                         f"Make them agree: {fix}, or start {processes}.")
+
     def _init_comm_local(self):
         hostname = socket.gethostname()
         hostnames = self._comm_world.gather(hostname, root=0)  # (None on the other ranks)
-        hosts = self._comm_world.bcast(sorted(set(hostnames)) if hostnames is not None else [], root=0)
-        self._node_rank = hosts.index(hostname)
+        self._hosts = self._comm_world.bcast(hostnames, root=0)
+        self._node_rank = sorted(set(self._hosts)).index(hostname)
         self._comm_local = self._comm_world.Split(color=self._node_rank)
 
 

@@ -230,6 +230,14 @@ class ProcessWorld(MultiProcess):
         self.env = env = self._environment()
         self._root_device = None
         expected = self.devices * self.num_nodes
+        if env.world_size != expected and plugin is not None:
+            # (a ClusterEnvironment gives no local world size: its node_rank() and local_rank() place each process)
+            raise RuntimeError(
+                f"The cluster environment {type(plugin).__name__} (plugins=[...]) formed a world of {env.world_size} "
+                f"processes, but the Trainer asked for devices={self.devices} x num_nodes={self.num_nodes} = "
+                f"{expected}. Make them agree: pass devices= and num_nodes= whose product is {env.world_size} (the "
+                "processes on each node, and the nodes), or start as many processes as asked."
+            )
         if env.world_size != expected:
             nodes = max(1, env.world_size // max(1, env.local_world_size))
             raise RuntimeError(
