@@ -2,7 +2,7 @@
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
 
-from tasktrain import TaskModule
+from tasktrain import DataModule, TaskModule
 from tasktrain.demos.boring_classes import BoringModel
 
 
@@ -180,6 +180,25 @@ class RecordsItsProcess:
 
 
 class OursRecords(RecordsItsProcess, BoringModel):
+    pass
+
+
+class HandsOutLoaders:
+    """A DataModule that hands out the loaders it was given (at module level: ddp_spawn pickles it to its children;
+    tests/test_lightning_beside_connectors.py puts it on tasktrain's DataModule and on Lightning's)."""
+
+    def __init__(self, train, val):
+        super().__init__()
+        self.train, self.val = train, val
+
+    def train_dataloader(self):
+        return self.train
+
+    def val_dataloader(self):
+        return self.val
+
+
+class OursHandsOutLoaders(HandsOutLoaders, DataModule):
     pass
 
 

@@ -13,7 +13,7 @@ pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
 
 import tasktrain  # noqa: E402
-from helpers import OursRecords, RecordsItsProcess  # noqa: E402
+from helpers import HandsOutLoaders, OursHandsOutLoaders, OursRecords, RecordsItsProcess  # noqa: E402
 from helpers import recording_environment  # noqa: E402
 from tasktrain.demos import boring_classes as ours  # noqa: E402
 
@@ -171,6 +171,10 @@ class _TheirsRecords(RecordsItsProcess, theirs.BoringModel):  # (ours: helpers.p
     pass
 
 
+class _TheirsHandsOutLoaders(HandsOutLoaders, pl.LightningDataModule):
+    pass
+
+
 def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkeypatch, capfd):
     """strategy="ddp_spawn", devices=1: Lightning's _MultiProcessingLauncher spawns one child, so its DataLoader check
     sees the "spawn" start method and asks for persistent_workers; the parent gets the weights, callback_metrics and
@@ -178,9 +182,12 @@ def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkey
     parent (the Trainer's construction) and once from the child (its run's start, where its checkpoint connector asks
     SLURM for a requeue checkpoint): a warning printed on the child's stderr. A second fit on that Trainer is refused
     with Lightning's NotImplementedError (Lightning-AI/pytorch-lightning#18775: the parent holds the weights only).
-    One difference is kept, from that bug: Lightning's parent reads global_step and current_epoch 0 after the fit
-    (its child sends only weights, state and callback_metrics back: Lightning-AI/pytorch-lightning#5332), tasktrain's
-    the run's."""
+    The loaders come from a DataModule: Lightning's children attach it (its _fit_impl / _validate_impl run there),
+    its parent never does, so after the fit and after a validate the parent's trainer.datamodule is None, the
+    DataModule's trainer None and the trainer's loader views empty, as tasktrain's. One difference is kept, from that
+    bug: Lightning's parent reads global_step and current_epoch 0 after the fit (its child sends only weights, state
+    and callback_metrics back: Lightning-AI/pytorch-lightning#5332), and its module is not attached to the trainer
+    (module.trainer raises); tasktrain's are the run's, its module attached."""
     import json
     import os
     import warnings
@@ -204,13 +211,19 @@ def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkey
         # requested at the fit's start, never iterated (max_steps ends the fit before the epoch's validation): the
         # warning without the seconds a worker process costs
         val = DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 32)), batch_size=2, num_workers=1)
+        data = (OursHandsOutLoaders if lib is tasktrain else _TheirsHandsOutLoaders)(train, val)
         capfd.readouterr()
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             trainer = lib.Trainer(strategy="ddp_spawn", devices=1, accelerator="cpu", max_steps=2,
-                                  num_sanity_val_steps=0, **QUIET)
-            trainer.fit(module, train, val)
+                                  num_sanity_val_steps=0, limit_val_batches=1, **QUIET)
+            trainer.fit(module, datamodule=data)
         child_err = capfd.readouterr().err
+
+        def parent_views():
+            return dict(datamodule=trainer.datamodule, datamodule_trainer=data.trainer,
+                        loaders=(trainer.train_dataloader, trainer.val_dataloaders),
+                        module=trainer.lightning_module is module)
         with open(module.record_path) as f:
             record = json.load(f)
         got = dict(in_a_child=record["pid"] != os.getpid(), warnings=record["warnings"],
@@ -218,15 +231,23 @@ def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkey
                    metrics=sorted(trainer.callback_metrics), loss=float(trainer.callback_metrics["train_loss"]),
                    state=(trainer.state.fn, trainer.state.status, trainer.state.stage),
                    srun_hints=(sum(hint in str(w.message) for w in seen), child_err.count(hint)),
-                   progress=(trainer.global_step, trainer.current_epoch))
+                   progress=(trainer.global_step, trainer.current_epoch), after_fit=parent_views(),
+                   attached=getattr(module, "_trainer", None) is trainer)
         with pytest.raises(NotImplementedError) as refused:  # (refused before any process starts)
-            trainer.fit(module, train, val)
+            trainer.fit(module, datamodule=data)
         got["second_fit"] = (str(refused.value), trainer.state.fn, trainer.state.status)
+        trainer.validate(module, datamodule=data, verbose=False)
+        got["after_validate"] = parent_views()
+        got["validated"] = (sorted(trainer.callback_metrics), trainer.state.fn, trainer.state.status)
         return got
 
     got = _both(case)
     assert got["lightning"].pop("progress") == (0, 0)  # (Lightning's bug, kept apart: the docstring)
     assert got["tasktrain"].pop("progress") == (2, 1)
+    assert got["lightning"].pop("attached") is False and got["tasktrain"].pop("attached") is True
+    assert got["tasktrain"]["after_fit"] == dict(datamodule=None, datamodule_trainer=None, loaders=(None, None),
+                                                 module=True)
+    assert got["tasktrain"]["after_validate"] == got["tasktrain"]["after_fit"]
     assert got["tasktrain"] == got["lightning"]
     assert got["tasktrain"]["in_a_child"]
     assert got["tasktrain"]["warnings"] == [

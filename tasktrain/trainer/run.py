@@ -258,9 +258,12 @@ def on_failure(trainer, exc):
 def on_spawned_failure(trainer, module, exc):
     """A spawned run (ddp_spawn) failed, or was refused before it started: in this, the parent process, what
     Lightning's entry point does around its launcher (call.py's _interrupt): the callbacks' on_exception, the
-    strategy's, then the loggers' finalize("failed"). Not the DataModule's: Lightning's parent never attached it (its
-    children do, in the run), so its _interrupt finds none. (The children ran their own on_failure.)"""
+    strategy's, then the loggers' finalize("failed"). The DataModule's only where this process's trainer.datamodule is
+    set (by trainer._data_connector.attach_datamodule): a run attaches its DataModule in its children, never in the
+    parent (Trainer._attach_run_data), as Lightning's. (The children ran their own on_failure.)"""
     calls = [(cb.on_exception, (trainer, module, exc)) for cb in trainer.callbacks]
+    if trainer.datamodule is not None:
+        calls.append((trainer.datamodule.on_exception, (exc,)))
     calls.append((trainer.strategy.on_exception, (exc,)))
     calls += [(logger.finalize, ("failed",)) for logger in trainer.loggers]
     for fn, args in calls:
