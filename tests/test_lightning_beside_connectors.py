@@ -13,7 +13,8 @@ pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
 
 import tasktrain  # noqa: E402
-from helpers import HandsOutLoaders, OursHandsOutLoaders, OursRecords, RecordsItsProcess  # noqa: E402
+from helpers import FailsAtStep3, HandsOutLoaders, OursHandsOutLoaders, OursRecords, RecordsItsProcess  # noqa: E402
+from helpers import NotesWhereException, NotesWhereFinalize, OursFailsAtStep3, OursNotesWhereException  # noqa: E402
 from helpers import recording_environment  # noqa: E402
 from tasktrain.demos import boring_classes as ours  # noqa: E402
 
@@ -1180,3 +1181,54 @@ def test_a_failed_ddp_spawn_run_calls_the_parents_exception_hooks_as_lightning(m
     assert got["tasktrain"] == got["lightning"]
     assert got["tasktrain"][0][2] == [["callback.on_exception", "ProcessRaisedException", "interrupted"],
                                       ["logger.finalize", "failed"]], got
+
+
+class _TheirsFailsAtStep3(FailsAtStep3, theirs.BoringModel):  # (ours: helpers.py, which a child imports fast)
+    pass
+
+
+class _TheirsNotesWhereException(NotesWhereException, pl.Callback):
+    pass
+
+
+def test_a_failed_ddp_spawn_run_saves_its_state_where_it_ran(tmp_path, monkeypatch, capfd):
+    """A "ddp_spawn" run whose child raises at global step 3 (devices=1), with an OnExceptionCheckpoint. Lightning's
+    children call no on_exception and no finalize (its launcher runs _fit_impl there, outside
+    _call_and_handle_interrupt); its parent calls both, and its OnExceptionCheckpoint saves the parent's weights: the
+    untrained ones, at global step 0 (asserted: Lightning's loss of the run's state, no Lightning issue found; its
+    spawn launcher hands nothing back from a failed child, Lightning-AI/pytorch-lightning#18775). Kept different:
+    tasktrain's child, where the run's state is, calls its on_exception and its loggers' finalize("failed") too, so
+    the checkpoint holds step 3's weights; its parent calls Lightning's hooks after it, and its OnExceptionCheckpoint
+    writes nothing there (it neither overwrites the child's file nor reports a failed save)."""
+    import json
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKTRAIN_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def case(lib, boring):
+        mine = lib is tasktrain
+        notes = tmp_path / f"{lib.__name__}.notes"
+        lib.seed_everything(0, verbose=False)
+        module = (OursFailsAtStep3 if mine else _TheirsFailsAtStep3)()
+        initial = module.layer.weight.detach().clone()
+        saver = lib.callbacks.OnExceptionCheckpoint(str(tmp_path / lib.__name__))
+        trainer = lib.Trainer(strategy="ddp_spawn", devices=1, accelerator="cpu", max_steps=5,
+                              callbacks=[(OursNotesWhereException if mine else _TheirsNotesWhereException)(str(notes)),
+                                         saver], logger=NotesWhereFinalize(str(notes)), enable_progress_bar=False,
+                              enable_model_summary=False, default_root_dir=str(tmp_path))
+        capfd.readouterr()
+        with pytest.raises(torch.multiprocessing.ProcessRaisedException, match="boom at step 3"):
+            trainer.fit(module, DataLoader(boring.RandomDataset(32, 16), batch_size=2))
+        err = capfd.readouterr().err
+        saved = torch.load(saver.ckpt_path, weights_only=False)
+        return dict(notes=[json.loads(line) for line in notes.read_text().splitlines()],
+                    saved_step=saved["global_step"],
+                    saved_untrained=torch.equal(saved["state_dict"]["layer.weight"], initial),
+                    parent_failed_save="failed too" in err)
+
+    got = _both(case)
+    parents = [["parent", "on_exception", "ProcessRaisedException", 0], ["parent", "finalize", "failed"]]
+    assert got["lightning"] == dict(notes=parents, saved_step=0, saved_untrained=True, parent_failed_save=False)
+    assert got["tasktrain"] == dict(notes=[["child", "on_exception", "ValueError", 3], ["child", "finalize", "failed"]]
+                                    + parents, saved_step=3, saved_untrained=False, parent_failed_save=False)
