@@ -188,7 +188,8 @@ def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkey
     DataModule's trainer None and the trainer's loader views empty, as tasktrain's. One difference is kept, from that
     bug: Lightning's parent reads global_step and current_epoch 0 after the fit (its child sends only weights, state
     and callback_metrics back: Lightning-AI/pytorch-lightning#5332), and its module is not attached to the trainer
-    (module.trainer raises); tasktrain's are the run's, its module attached."""
+    (module.trainer raises); tasktrain's are the run's, its module attached. trainer.save_checkpoint in the parent
+    after the fit writes the weights sent back and no optimizer state, as Lightning's."""
     import json
     import os
     import warnings
@@ -234,6 +235,10 @@ def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkey
                    srun_hints=(sum(hint in str(w.message) for w in seen), child_err.count(hint)),
                    progress=(trainer.global_step, trainer.current_epoch), after_fit=parent_views(),
                    attached=getattr(module, "_trainer", None) is trainer)
+        trainer.save_checkpoint(tmp_path / f"{lib.__name__}.ckpt")  # (in the parent: its weights, no optimizer)
+        saved = torch.load(tmp_path / f"{lib.__name__}.ckpt", weights_only=False)
+        got["saved"] = (saved["optimizer_states"], saved["lr_schedulers"], torch.equal(
+            saved["state_dict"]["layer.weight"], module.layer.weight))
         with pytest.raises(NotImplementedError) as refused:  # (refused before any process starts)
             trainer.fit(module, datamodule=data)
         got["second_fit"] = (str(refused.value), trainer.state.fn, trainer.state.status)

@@ -745,6 +745,8 @@ class Trainer:
 
         launcher = self.strategy.launcher
         spawned = isinstance(launcher, SpawnLauncher)
+        if spawned:  # Lightning's entry points give the strategy the module in the parent too: trainer.save_checkpoint
+            self.strategy.connect(module)  # works there after the run (the weights it sent back)
         try:
             if spawned and stage == "fit" and launcher._already_fit:
                 # Lightning's refusal (its words and type): this process holds the weights a spawned fit sent back,
