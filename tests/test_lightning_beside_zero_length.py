@@ -1,7 +1,9 @@
 """allow_zero_length_dataloader_with_multiple_devices beside Lightning (issue 37): the attribute on every module and
-DataModule, and the decision on a training loader that has no batch on this rank of two, with the all-reduce's input
-faked (what the other rank has): Lightning's has_len_all_ranks and tasktrain's check give the same error or warning,
-except where both ranks have none (Lightning warns; tasktrain's empty-loader rule, issue 38, refuses)."""
+DataModule, and the decision on a training loader that has no batch on a rank of two, on each rank, with the
+all-reduce's input faked (what the other rank has): Lightning's has_len_all_ranks (on the loader, then on the
+CombinedLoader around it, as its fit loop) and tasktrain's check give the same warnings on each rank, and the same
+error on the empty rank; except where both ranks have none (Lightning warns; tasktrain's empty-loader rule, issue 38,
+refuses) and on a rank with batches beside an empty one where the flag is not set (tasktrain's raises too)."""
 import warnings
 from types import SimpleNamespace
 
@@ -101,8 +103,8 @@ def test_a_rank_without_batches_decided_on_each_rank_as_lightning(rank0, rank1, 
             assert theirs == [] and got == ("RuntimeError", "`DataLoader` within local rank has zero length.")
         else:
             assert got == theirs, (rank, lengths)
-    if allowed and rank0 == 0 and rank1:
-        assert got == [] and ours(0, (rank0, rank1), allowed) == [
+    if allowed and rank0 == 0 and rank1:  # (rank 0 is the empty one: it says so, for both; rank 1 says nothing)
+        assert ours(1, (rank1, rank0), allowed) == [] and ours(0, (rank0, rank1), allowed) == [
             f"Total length of `{name}` across ranks is zero, but local rank has zero length. Please be cautious of "
             "uneven batch length." for name in ("DataLoader", "CombinedLoader")]
 
