@@ -259,9 +259,10 @@ def on_spawned_failure(trainer, module, exc):
     """A spawned run (ddp_spawn) failed, or was refused before it started: in this, the parent process, what
     Lightning's entry point does around its launcher (call.py's _interrupt): the callbacks' on_exception, the
     strategy's, then the loggers' finalize("failed") (tasktrain's children called theirs too, where the run's state
-    is: an OnExceptionCheckpoint saves there, and writes nothing here). The DataModule's only where this process's trainer.datamodule is
-    set (by trainer._data_connector.attach_datamodule): a run attaches its DataModule in its children, never in the
-    parent (Trainer._attach_run_data), as Lightning's. (The children ran their own on_failure.)"""
+    is: an OnExceptionCheckpoint saves there, and writes nothing here). The DataModule's only where this process's
+    trainer.datamodule is set (by trainer._data_connector.attach_datamodule): a run attaches its DataModule in its
+    children, never in the parent (Trainer._attach_run_data), as Lightning's. (The children ran their own
+    on_failure.)"""
     calls = [(cb.on_exception, (trainer, module, exc)) for cb in trainer.callbacks]
     if trainer.datamodule is not None:
         calls.append((trainer.datamodule.on_exception, (exc,)))
