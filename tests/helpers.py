@@ -1,8 +1,11 @@
 """Tiny models and data shared by the tests."""
+import json
+import os
+
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
 
-from tasktrain import TaskModule
+from tasktrain import Callback, DataModule, TaskModule
 from tasktrain.demos.boring_classes import BoringModel
 
 
@@ -181,6 +184,87 @@ class RecordsItsProcess:
 
 class OursRecords(RecordsItsProcess, BoringModel):
     pass
+
+
+class HandsOutLoaders:
+    """A DataModule that hands out the loaders it was given (at module level: ddp_spawn pickles it to its children;
+    tests/test_lightning_beside_connectors.py puts it on tasktrain's DataModule and on Lightning's)."""
+
+    def __init__(self, train, val):
+        super().__init__()
+        self.train, self.val = train, val
+
+    def train_dataloader(self):
+        return self.train
+
+    def val_dataloader(self):
+        return self.val
+
+
+class OursHandsOutLoaders(HandsOutLoaders, DataModule):
+    pass
+
+
+class FailsAtStep3:
+    """A module whose training_step raises at global step 3 (a failed ddp_spawn run: the child raises)."""
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 3:
+            raise ValueError("boom at step 3")
+        return super().training_step(batch, batch_idx)
+
+
+class OursFailsAtStep3(FailsAtStep3, BoringModel):
+    pass
+
+
+def note_process(path, parent_pid, *what):
+    """Append `what` to the JSON lines at `path`, led by "parent" (the process that made the noting object) or
+    "child" (a process it was pickled to)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(["parent" if os.getpid() == parent_pid else "child", *what]) + "\n")
+
+
+class NotesWhereException:
+    """A callback that notes each on_exception (the exception's class, trainer.global_step) and its process."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path, self.parent_pid = path, os.getpid()
+
+    def on_exception(self, trainer, module, exception):
+        note_process(self.path, self.parent_pid, "on_exception", type(exception).__name__, trainer.global_step)
+
+
+class OursNotesWhereException(NotesWhereException, Callback):
+    pass
+
+
+class NotesWhereFinalize:
+    """A logger of one's own (any object with Lightning's Logger methods, under both frameworks) that notes each
+    finalize and its process."""
+    name, version, save_dir, group_separator, experiment = "notes", 0, None, "/", None
+
+    def __init__(self, path):
+        self.path, self.parent_pid = path, os.getpid()
+
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        pass
+
+    def log_graph(self, model, input_array=None):
+        pass
+
+    def save(self):
+        pass
+
+    def after_save_checkpoint(self, checkpoint_callback):
+        pass
+
+    def finalize(self, status):
+        note_process(self.path, self.parent_pid, "finalize", status)
 
 
 def recording_environment(base, *, local_rank=0, node_rank=0, main_address="127.0.0.1", main_port=1, rank=0, world=1,

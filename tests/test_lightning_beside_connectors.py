@@ -13,7 +13,8 @@ pl = pytest.importorskip("lightning.pytorch")
 from lightning.pytorch.demos import boring_classes as theirs  # noqa: E402
 
 import tasktrain  # noqa: E402
-from helpers import OursRecords, RecordsItsProcess  # noqa: E402
+from helpers import FailsAtStep3, HandsOutLoaders, OursHandsOutLoaders, OursRecords, RecordsItsProcess  # noqa: E402
+from helpers import NotesWhereException, NotesWhereFinalize, OursFailsAtStep3, OursNotesWhereException  # noqa: E402
 from helpers import recording_environment  # noqa: E402
 from tasktrain.demos import boring_classes as ours  # noqa: E402
 
@@ -171,6 +172,10 @@ class _TheirsRecords(RecordsItsProcess, theirs.BoringModel):  # (ours: helpers.p
     pass
 
 
+class _TheirsHandsOutLoaders(HandsOutLoaders, pl.LightningDataModule):
+    pass
+
+
 def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkeypatch, capfd):
     """strategy="ddp_spawn", devices=1: Lightning's _MultiProcessingLauncher spawns one child, so its DataLoader check
     sees the "spawn" start method and asks for persistent_workers; the parent gets the weights, callback_metrics and
@@ -178,9 +183,13 @@ def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkey
     parent (the Trainer's construction) and once from the child (its run's start, where its checkpoint connector asks
     SLURM for a requeue checkpoint): a warning printed on the child's stderr. A second fit on that Trainer is refused
     with Lightning's NotImplementedError (Lightning-AI/pytorch-lightning#18775: the parent holds the weights only).
-    One difference is kept, from that bug: Lightning's parent reads global_step and current_epoch 0 after the fit
-    (its child sends only weights, state and callback_metrics back: Lightning-AI/pytorch-lightning#5332), tasktrain's
-    the run's."""
+    The loaders come from a DataModule: Lightning's children attach it (its _fit_impl / _validate_impl run there),
+    its parent never does, so after the fit and after a validate the parent's trainer.datamodule is None, the
+    DataModule's trainer None and the trainer's loader views empty, as tasktrain's. One difference is kept, from that
+    bug: Lightning's parent reads global_step and current_epoch 0 after the fit (its child sends only weights, state
+    and callback_metrics back: Lightning-AI/pytorch-lightning#5332), and its module is not attached to the trainer
+    (module.trainer raises); tasktrain's are the run's, its module attached. trainer.save_checkpoint in the parent
+    after the fit writes the weights sent back and no optimizer state, as Lightning's."""
     import json
     import os
     import warnings
@@ -204,13 +213,19 @@ def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkey
         # requested at the fit's start, never iterated (max_steps ends the fit before the epoch's validation): the
         # warning without the seconds a worker process costs
         val = DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 32)), batch_size=2, num_workers=1)
+        data = (OursHandsOutLoaders if lib is tasktrain else _TheirsHandsOutLoaders)(train, val)
         capfd.readouterr()
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             trainer = lib.Trainer(strategy="ddp_spawn", devices=1, accelerator="cpu", max_steps=2,
-                                  num_sanity_val_steps=0, **QUIET)
-            trainer.fit(module, train, val)
+                                  num_sanity_val_steps=0, limit_val_batches=1, **QUIET)
+            trainer.fit(module, datamodule=data)
         child_err = capfd.readouterr().err
+
+        def parent_views():
+            return dict(datamodule=trainer.datamodule, datamodule_trainer=data.trainer,
+                        loaders=(trainer.train_dataloader, trainer.val_dataloaders),
+                        module=trainer.lightning_module is module)
         with open(module.record_path) as f:
             record = json.load(f)
         got = dict(in_a_child=record["pid"] != os.getpid(), warnings=record["warnings"],
@@ -218,15 +233,27 @@ def test_ddp_spawn_on_one_device_trains_in_a_child_as_lightning(tmp_path, monkey
                    metrics=sorted(trainer.callback_metrics), loss=float(trainer.callback_metrics["train_loss"]),
                    state=(trainer.state.fn, trainer.state.status, trainer.state.stage),
                    srun_hints=(sum(hint in str(w.message) for w in seen), child_err.count(hint)),
-                   progress=(trainer.global_step, trainer.current_epoch))
+                   progress=(trainer.global_step, trainer.current_epoch), after_fit=parent_views(),
+                   attached=getattr(module, "_trainer", None) is trainer)
+        trainer.save_checkpoint(tmp_path / f"{lib.__name__}.ckpt")  # (in the parent: its weights, no optimizer)
+        saved = torch.load(tmp_path / f"{lib.__name__}.ckpt", weights_only=False)
+        got["saved"] = (saved["optimizer_states"], saved["lr_schedulers"], torch.equal(
+            saved["state_dict"]["layer.weight"], module.layer.weight))
         with pytest.raises(NotImplementedError) as refused:  # (refused before any process starts)
-            trainer.fit(module, train, val)
+            trainer.fit(module, datamodule=data)
         got["second_fit"] = (str(refused.value), trainer.state.fn, trainer.state.status)
+        trainer.validate(module, datamodule=data, verbose=False)
+        got["after_validate"] = parent_views()
+        got["validated"] = (sorted(trainer.callback_metrics), trainer.state.fn, trainer.state.status)
         return got
 
     got = _both(case)
     assert got["lightning"].pop("progress") == (0, 0)  # (Lightning's bug, kept apart: the docstring)
     assert got["tasktrain"].pop("progress") == (2, 1)
+    assert got["lightning"].pop("attached") is False and got["tasktrain"].pop("attached") is True
+    assert got["tasktrain"]["after_fit"] == dict(datamodule=None, datamodule_trainer=None, loaders=(None, None),
+                                                 module=True)
+    assert got["tasktrain"]["after_validate"] == got["tasktrain"]["after_fit"]
     assert got["tasktrain"] == got["lightning"]
     assert got["tasktrain"]["in_a_child"]
     assert got["tasktrain"]["warnings"] == [
@@ -1159,3 +1186,54 @@ def test_a_failed_ddp_spawn_run_calls_the_parents_exception_hooks_as_lightning(m
     assert got["tasktrain"] == got["lightning"]
     assert got["tasktrain"][0][2] == [["callback.on_exception", "ProcessRaisedException", "interrupted"],
                                       ["logger.finalize", "failed"]], got
+
+
+class _TheirsFailsAtStep3(FailsAtStep3, theirs.BoringModel):  # (ours: helpers.py, which a child imports fast)
+    pass
+
+
+class _TheirsNotesWhereException(NotesWhereException, pl.Callback):
+    pass
+
+
+def test_a_failed_ddp_spawn_run_saves_its_state_where_it_ran(tmp_path, monkeypatch, capfd):
+    """A "ddp_spawn" run whose child raises at global step 3 (devices=1), with an OnExceptionCheckpoint. Lightning's
+    children call no on_exception and no finalize (its launcher runs _fit_impl there, outside
+    _call_and_handle_interrupt); its parent calls both, and its OnExceptionCheckpoint saves the parent's weights: the
+    untrained ones, at global step 0 (asserted: Lightning's loss of the run's state, no Lightning issue found; its
+    spawn launcher hands nothing back from a failed child, Lightning-AI/pytorch-lightning#18775). Kept different:
+    tasktrain's child, where the run's state is, calls its on_exception and its loggers' finalize("failed") too, so
+    the checkpoint holds step 3's weights; its parent calls Lightning's hooks after it, and its OnExceptionCheckpoint
+    writes nothing there (it neither overwrites the child's file nor reports a failed save)."""
+    import json
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKTRAIN_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def case(lib, boring):
+        mine = lib is tasktrain
+        notes = tmp_path / f"{lib.__name__}.notes"
+        lib.seed_everything(0, verbose=False)
+        module = (OursFailsAtStep3 if mine else _TheirsFailsAtStep3)()
+        initial = module.layer.weight.detach().clone()
+        saver = lib.callbacks.OnExceptionCheckpoint(str(tmp_path / lib.__name__))
+        trainer = lib.Trainer(strategy="ddp_spawn", devices=1, accelerator="cpu", max_steps=5,
+                              callbacks=[(OursNotesWhereException if mine else _TheirsNotesWhereException)(str(notes)),
+                                         saver], logger=NotesWhereFinalize(str(notes)), enable_progress_bar=False,
+                              enable_model_summary=False, default_root_dir=str(tmp_path))
+        capfd.readouterr()
+        with pytest.raises(torch.multiprocessing.ProcessRaisedException, match="boom at step 3"):
+            trainer.fit(module, DataLoader(boring.RandomDataset(32, 16), batch_size=2))
+        err = capfd.readouterr().err
+        saved = torch.load(saver.ckpt_path, weights_only=False)
+        return dict(notes=[json.loads(line) for line in notes.read_text().splitlines()],
+                    saved_step=saved["global_step"],
+                    saved_untrained=torch.equal(saved["state_dict"]["layer.weight"], initial),
+                    parent_failed_save="failed too" in err)
+
+    got = _both(case)
+    parents = [["parent", "on_exception", "ProcessRaisedException", 0], ["parent", "finalize", "failed"]]
+    assert got["lightning"] == dict(notes=parents, saved_step=0, saved_untrained=True, parent_failed_save=False)
+    assert got["tasktrain"] == dict(notes=[["child", "on_exception", "ValueError", 3], ["child", "finalize", "failed"]]
+                                    + parents, saved_step=3, saved_untrained=False, parent_failed_save=False)

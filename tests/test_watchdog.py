@@ -147,10 +147,11 @@ def test_collective_only_rank_one_calls_is_reported_with_both_sides(tmp_path):
            f"reduce(tensor=float32[1], op='sum') at {TRAIN}:{line} in training_step" in stderr, stderr
     assert "but rank 0 (pid" in stderr and "will not call it: it waits in another collective" in stderr
     assert "(step 3, batch 3, event 'backward', at " in stderr and "tasktrain/strategies/precision.py" in stderr
-    # the training loader's length on each rank, summed at the fit's set-up (Lightning's has_len_all_ranks:
+    # the training loader's length on each rank (the DataLoader's and the CombinedLoader's), summed at the fit's
+    # set-up (Lightning's has_len_all_ranks:
     # tasktrain/trainer/guards.py), after #1, the data-order seed broadcast by the set-up the Trainer shares with the
     # Accelerator
-    assert "its last checked collective was #2 reduce(tensor=float64[2], op='sum') at tasktrain/trainer/guards.py" \
+    assert "its last checked collective was #2 reduce(tensor=float64[4], op='sum') at tasktrain/trainer/guards.py" \
         in stderr
 
 

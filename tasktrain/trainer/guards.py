@@ -181,23 +181,33 @@ def zero_length_ranks(trainer, lengths):
 
 
 def check_zero_length_ranks(trainer, names, lengths):
-    """On several processes: a loader that has batches on some ranks and none on others is refused with Lightning's
-    RuntimeError, unless the module or DataModule sets allow_zero_length_dataloader_with_multiple_devices = True
-    (then Lightning's warning, by rank 0). `names`: each loader's class name. Returns each loader's total over the
-    ranks (None: no length), or the lengths as given on one process."""
+    """On several processes, Lightning's has_len_all_ranks on each training loader (`names`: their class names;
+    `lengths`: their batches on this rank, None: no length), the last one the whole training loader (Lightning's
+    CombinedLoader around them), in one collective. A loader that has batches on some ranks and none on others is
+    refused with Lightning's RuntimeError, unless the module or DataModule sets
+    allow_zero_length_dataloader_with_multiple_devices = True: then Lightning's warning, by rank 0 where rank 0 is
+    the one without batches (Lightning's rank_zero_warn on the empty rank: where another rank is the empty one,
+    nothing is said). A loader with no batch on any rank, beside others that have some: Lightning's warning by rank
+    0; where the whole training loader has none, issue 38's error says it instead (check_training_batches). Returns
+    each loader's total over the ranks (None: no length), or the lengths as given on one process."""
     if trainer.world_size <= 1 or not torch.distributed.is_initialized():
         # (no group yet: a loop's setup_data called before the launch; Lightning's reduce there gives the local value)
         return list(lengths)
     totals, empty_ranks = zero_length_ranks(trainer, lengths)
-    for name, total, empty in zip(names, totals, empty_ranks):
+    says = trainer.is_global_zero
+    for name, local, total, empty in zip(names, lengths, totals, empty_ranks):
+        if total == 0 and totals[-1] != 0 and says:
+            warnings.warn(f"Total length of `{name}` across ranks is zero. Please make sure this was your intention.")
         if not total or not empty:
             continue
         if not allows_zero_length(trainer):
+            # every rank raises (Lightning's: the empty ranks only, and the others wait for them in a collective
+            # until they are stopped): the ranks with batches say it in the same words, naming how many have none
             raise RuntimeError(f"`{name}` within local rank has zero length. Please make sure that it returns at least "
                                f"1 batch. ({empty} of {trainer.world_size} ranks have none; set "
                                "`self.allow_zero_length_dataloader_with_multiple_devices = True` in the module's or "
                                "DataModule's __init__ to run such uneven loaders, as under Lightning.)")
-        if trainer.is_global_zero:
+        if says and local == 0:
             warnings.warn(f"Total length of `{name}` across ranks is zero, but local rank has zero length. Please be "
                           "cautious of uneven batch length.")
     return totals

@@ -85,14 +85,16 @@ def setup_train(trainer, loader, previous=None):
         check_training_mode(combined)
         trainer.train_dataloader = train_data.loader.iterables  # Lightning's: the combined loader's iterables
         length = train_data.length()
-        guards.check_training_batches(train_length(trainer, length, "CombinedLoader"), loader)
+        each = [(type(one).__name__, len(data) if data.has_len() else None)
+                for one, data in zip(combined.flattened, inner)]
+        guards.check_training_batches(train_length(trainer, each, length), loader)
         trainer._epoch_length = length
     else:
         train_data = prepared(loader)
         trainer.train_dataloader = train_data.loader
         length = len(train_data) if train_data.has_len() else None
         # issue 38: an empty training loader is an error (on several processes: empty on every rank)
-        guards.check_training_batches(train_length(trainer, length, type(loader).__name__), loader)
+        guards.check_training_batches(train_length(trainer, [(type(loader).__name__, length)], length), loader)
         trainer._epoch_length = evaluation.apply_limit(length, trainer.limit_train_batches, "limit_train_batches")
     trainer._num_training_batches = trainer._epoch_length
     trainer.val_check_batch = val_check_batch(trainer)
@@ -108,11 +110,13 @@ def setup_train(trainer, loader, previous=None):
     return epochs
 
 
-def train_length(trainer, length, name):
+def train_length(trainer, each, length):
     """The training loader's batches as the empty-loader rule reads them: this rank's on one process; on several, the
-    total over the ranks, after Lightning's check of a rank without batches beside ranks with some
-    (guards.check_zero_length_ranks: refused unless allow_zero_length_dataloader_with_multiple_devices)."""
-    return guards.check_zero_length_ranks(trainer, [name], [length])[0]
+    total over the ranks, after Lightning's checks of a rank without batches beside ranks with some, on each loader
+    (`each`: (class name, batches on this rank) of each) then on the CombinedLoader around them (`length`), as its fit
+    loop (guards.check_zero_length_ranks: refused unless allow_zero_length_dataloader_with_multiple_devices)."""
+    names = [name for name, _ in each] + ["CombinedLoader"]
+    return guards.check_zero_length_ranks(trainer, names, [n for _, n in each] + [length])[-1]
 
 
 def check_loader_workers(trainer, loader, prefix):

@@ -258,17 +258,26 @@ def on_failure(trainer, exc):
 def on_spawned_failure(trainer, module, exc):
     """A spawned run (ddp_spawn) failed, or was refused before it started: in this, the parent process, what
     Lightning's entry point does around its launcher (call.py's _interrupt): the callbacks' on_exception, the
-    strategy's, then the loggers' finalize("failed"). Not the DataModule's: Lightning's parent never attached it (its
-    children do, in the run), so its _interrupt finds none. (The children ran their own on_failure.)"""
+    strategy's, then the loggers' finalize("failed") (tasktrain's children called theirs too, where the run's state
+    is: an OnExceptionCheckpoint saves there, and writes nothing here). The DataModule's only where this process's
+    trainer.datamodule is set (by trainer._data_connector.attach_datamodule): a run attaches its DataModule in its
+    children, never in the parent (Trainer._attach_run_data), as Lightning's. (The children ran their own
+    on_failure.)"""
     calls = [(cb.on_exception, (trainer, module, exc)) for cb in trainer.callbacks]
+    if trainer.datamodule is not None:
+        calls.append((trainer.datamodule.on_exception, (exc,)))
     calls.append((trainer.strategy.on_exception, (exc,)))
     calls += [(logger.finalize, ("failed",)) for logger in trainer.loggers]
-    for fn, args in calls:
-        try:
-            fn(*args)
-        except Exception as hook_error:  # the original error is what is raised; this one is reported
-            print(f"[tasktrain] {getattr(fn, '__qualname__', fn)} failed too, after a spawned run's error: "
-                  f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
+    trainer._spawned_failure = True
+    try:
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception as hook_error:  # the original error is what is raised; this one is reported
+                print(f"[tasktrain] {getattr(fn, '__qualname__', fn)} failed too, after a spawned run's error: "
+                      f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
+    finally:
+        trainer._spawned_failure = False
 
 
 def end_stage_plugins(trainer, module):

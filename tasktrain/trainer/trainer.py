@@ -201,6 +201,9 @@ class Trainer:
         self._fx_outside_run = None  # the hook called outside a run (metrics.hook_scope), for module._current_fx_name
         self._set_hook_tables(None)
         self._watchdog, self._watching = None, False
+        # True while the parent of a spawned run (ddp_spawn) calls its on_exception hooks (run.on_spawned_failure):
+        # this process holds none of the run's state (OnExceptionCheckpoint saves nothing here)
+        self._spawned_failure = False
         # the last fit stopped inside an epoch (current_epoch counts it, as Lightning's); kept past that fit's end
         # (validate/test after it see the same current_epoch), folded into the counters when the next fit starts
         self._epoch_cut_short = False
@@ -731,9 +734,6 @@ class Trainer:
                 raise TypeError(f"Trainer.{stage}(datamodule={type(datamodule).__name__}): use a tasktrain.DataModule.")
             if train_loader is not None or eval_loader is not None:
                 raise ValueError(f"Trainer.{stage} was given both dataloaders and a datamodule: pass one of them.")
-            self.datamodule = datamodule
-            datamodule.trainer = self
-        self._attached = (module, datamodule)
         if stage == "fit" and self.is_global_zero:
             _warn_unused_validation(module, eval_loader, datamodule)
         # Lightning's entry points name the module and the stage before the launch: a spawned run's parent shows
@@ -745,6 +745,8 @@ class Trainer:
 
         launcher = self.strategy.launcher
         spawned = isinstance(launcher, SpawnLauncher)
+        if spawned:  # Lightning's entry points give the strategy the module in the parent too: trainer.save_checkpoint
+            self.strategy.connect(module)  # works there after the run (the weights it sent back)
         try:
             if spawned and stage == "fit" and launcher._already_fit:
                 # Lightning's refusal (its words and type): this process holds the weights a spawned fit sent back,
@@ -754,8 +756,8 @@ class Trainer:
                     "Calling `trainer.fit()` twice on the same Trainer instance using a spawn-based strategy is not "
                     "supported. You can work around this limitation by creating a new Trainer instance and passing "
                     "the `fit(ckpt_path=...)` argument.")
-            result = self.strategy.launch(_StageRun(self, stage, module, ckpt_path, gather, compiled, hint_srun),
-                                          train_loader, eval_loader)
+            result = self.strategy.launch(_StageRun(self, stage, module, datamodule, ckpt_path, gather, compiled,
+                                                    hint_srun), train_loader, eval_loader)
         except BaseException as exc:
             self.state.status = TrainerStatus.INTERRUPTED
             if spawned:  # Lightning's entry point calls these around its launcher, in this process
@@ -764,6 +766,15 @@ class Trainer:
         if spawned and stage == "fit":
             launcher._already_fit = True
         return result
+
+    def _attach_run_data(self, module, datamodule):
+        """What a run attaches where Lightning's _fit_impl / _validate_impl / ... attach it, inside the launch (so a
+        spawned run's children, never its parent: Lightning's parent keeps trainer.datamodule None): the DataModule
+        given (trainer.datamodule, which stays for later runs), and the (module, datamodule) whose data hooks run."""
+        if datamodule is not None:
+            self.datamodule = datamodule
+            datamodule.trainer = self
+        self._attached = (module, datamodule)
 
     def _run_stage(self, stage, module, train_loader, eval_loader, ckpt_path, gather, compiled=None):
         strategy = self.strategy
@@ -1297,12 +1308,14 @@ class _StageRun:
     A strategy that starts the ranks in new processes (ddp_spawn) pickles it to them; rank 0 sends back
     `collect(result)`, and `restore(collected)` puts that into this process's trainer and module."""
 
-    def __init__(self, trainer, stage, module, ckpt_path, gather, compiled=None, hint_srun=False):
+    def __init__(self, trainer, stage, module, datamodule, ckpt_path, gather, compiled=None, hint_srun=False):
         self.trainer, self.stage, self.module, self.ckpt_path, self.gather = trainer, stage, module, ckpt_path, gather
+        self.datamodule = datamodule  # (the run's, None where none was given: attached where the stage runs)
         self.compiled = compiled  # the torch.compile wrapper the stage was given (its settings compile the module)
         self.hint_srun = hint_srun  # no checkpoint path given: Lightning's srun hint, by the rank 0 that runs it
 
     def __call__(self, train_loader, eval_loader):
+        self.trainer._attach_run_data(self.module, self.datamodule)
         if self.hint_srun:  # (pointing at the user's trainer.fit(...): here, strategy.launch, _run, fit, the user)
             warn_if_srun_unused(self.trainer.global_rank, stacklevel=6)
         return self.trainer._run_stage(self.stage, self.module, train_loader, eval_loader, self.ckpt_path, self.gather,
@@ -1329,7 +1342,9 @@ class _StageRun:
         trainer.state.load_state_dict(collected["train_state"])
         trainer._epoch_cut_short = collected["epoch_cut_short"]  # (current_epoch, and where the next fit starts)
         trainer.state.status, trainer.state.fn = collected["status"]
-        trainer._callback_metrics_cache = collected["callback_metrics"]
+        # Lightning's parent updates its callback_metrics with each spawned run's (it runs no stage that would reset
+        # them): a validate after a fit still shows the fit's train_loss beside its own
+        trainer._callback_metrics_cache.update(collected["callback_metrics"])
         trainer._logged_metrics = collected["logged_metrics"]
         Callbacks(trainer.callbacks).load_state_dict(collected["callbacks"])
         return collected["result"]
