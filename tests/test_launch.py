@@ -538,6 +538,28 @@ def test_ignored_keys_are_reported_and_do_nothing(tmp_path):
     assert "ignored (do not apply to tasktrain launch)" in s.describe()
 
 
+def test_accelerates_mpirun_config_is_refused_naming_the_mpiexec_to_run(tmp_path):
+    """`accelerate config`'s "launch mpirun" (mpirun_config: {mpirun_hostfile: ...}, or --mpirun_hostfile): Accelerate
+    runs the script through mpirun over the hostfile's machines; tasktrain launch (torchrun on this machine) refuses it
+    before anything starts, with Accelerate's mpiexec command (-f, -ppn, -n) and the variables the Accelerator reads.
+    An empty mpirun_config asks for nothing."""
+    text = ("distributed_type: MULTI_CPU\nuse_cpu: true\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: node-a\n"
+            "mpirun_config:\n  mpirun_hostfile: /etc/hosts.mpi\n")
+    with pytest.raises(ConfigError) as raised:
+        load(tmp_path, text)
+    words = str(raised.value)
+    assert words.startswith("mpirun_config {'mpirun_hostfile': '/etc/hosts.mpi'}: Accelerate's launcher runs the "
+                            "script through mpirun / mpiexec")
+    assert ("`ACCELERATE_USE_CPU=1 MASTER_ADDR=node-a MASTER_PORT=29500 mpiexec -f /etc/hosts.mpi -ppn 2 -n 4 python "
+            "train.py`") in words
+    args = build_parser().parse_args(["launch", "--mpirun_hostfile", "hosts", "--num_processes", "2", "--cpu", "t.py"])
+    with pytest.raises(ConfigError, match=r"^--mpirun_hostfile hosts: .* MASTER_ADDR=127\.0\.0\.1 .*mpiexec -f hosts "
+                                          r"-ppn 2 -n 2 python train.py"):
+        resolve({}, launch_flags(args), gpu_count=0)
+    s = load(tmp_path, "distributed_type: MULTI_CPU\nnum_processes: 2\nmpirun_config: {}\n")
+    assert s.strategy == "ddp" and "mpirun_config" not in s.ignored
+
+
 def test_accelerate_fsdp_configs(tmp_path):
     """Accelerate's FSDP YAML as written: the keys that mean what tasktrain's FSDP does are used, the ones that do
     nothing here are reported, the others fail (test_invalid_values_say_what_was_wrong_and_what_was_expected)."""

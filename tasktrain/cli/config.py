@@ -36,6 +36,7 @@ USED_KEYS = (
     "compute_environment", "distributed_type", "num_processes", "num_machines", "machine_rank",
     "main_process_ip", "main_process_port", "mixed_precision", "use_cpu", "gpu_ids", "rdzv_backend",
     "debug", "num_cpu_threads_per_process", "deepspeed_config", "fsdp_config", "parallelism_config",
+    "mpirun_config",  # (checked: a hostfile in it is refused, _refuse_mpirun)
     "strategy", "precision", "gradient_accumulation_steps",  # ours
 )
 
@@ -50,7 +51,6 @@ IGNORED_KEYS = {
     "megatron_lm_config": "Megatron-LM is not supported",
     "fp8_config": "fp8 is not supported",
     "ipex_config": "the Intel extension is not used",
-    "mpirun_config": "torchrun starts the processes, not mpirun",
     "use_mps_device": "Apple MPS is not a launch setting",
     "commands": "TPU pod commands",
     "command_file": "TPU pod commands",
@@ -467,6 +467,7 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
              "MULTI_CPU.",
     )
     _resolve_processes(s, merged, sources, dist_type, gpu_count)
+    _refuse_mpirun(s, merged.get("mpirun_config"), sources.get("mpirun_config"))
     _resolve_strategy(s, merged, sources, dist_type)
     _resolve_parallelism(s, merged.get("parallelism_config"))
     _resolve_precision(s, merged, sources)
@@ -549,6 +550,32 @@ def _resolve_processes(s: LaunchSettings, merged: dict, sources: dict, dist_type
     s.rdzv_backend = _choice("rdzv_backend", merged.get("rdzv_backend"), RDZV_BACKENDS) or "static"
     if s.rdzv_backend == "c10d" and s.num_machines > 1:
         s.notes.append("rdzv_backend c10d numbers the machines in the order they join: machine_rank is not used")
+
+
+def _refuse_mpirun(s: LaunchSettings, mpirun: Optional[dict], source: Optional[str]):
+    """Accelerate's `mpirun_config: {mpirun_hostfile: ...}` (`accelerate config`'s "launch mpirun", or its
+    --mpirun_hostfile flag) runs the script through mpirun / mpiexec over the hostfile's machines; tasktrain launch
+    starts processes with torchrun on the machine it runs on, so it refuses rather than start them elsewhere, and says
+    the mpiexec command that does what Accelerate's launcher does (the Accelerator forms MPI's world on CPU). An empty
+    mapping asks for nothing (as in Accelerate)."""
+    if not mpirun:
+        return
+    where = f"--mpirun_hostfile {mpirun.get('mpirun_hostfile')}" if source == "flag" else f"mpirun_config {mpirun!r}"
+    if not isinstance(mpirun, dict):
+        raise ConfigError(f"mpirun_config is {mpirun!r}, expected a mapping such as `mpirun_config: {{mpirun_hostfile: "
+                          "~/hostfile}` (which tasktrain launch refuses: see docs/launch.md), or remove the key.")
+    hostfile = mpirun.get("mpirun_hostfile") or "HOSTFILE"
+    master = "127.0.0.1" if s.num_machines == 1 else s.main_process_ip
+    raise ConfigError(
+        f"{where}: Accelerate's launcher runs the script through mpirun / mpiexec over the hostfile's "
+        "machines; tasktrain launch starts its processes with torchrun only (on the machine it runs on), so it does "
+        "not launch this. Run MPI's launcher yourself, where the Accelerator forms MPI's world on CPU "
+        f"(Accelerator(cpu=True), or ACCELERATE_USE_CPU=1 as below): `ACCELERATE_USE_CPU=1 MASTER_ADDR={master} "
+        f"MASTER_PORT={s.main_process_port or DEFAULT_PORT} mpiexec -f {hostfile} -ppn {s.nproc_per_node} -n "
+        f"{s.num_processes} python train.py` (Open MPI: `mpirun --hostfile {hostfile} --npernode {s.nproc_per_node} "
+        f"-n {s.num_processes} -x ACCELERATE_USE_CPU -x MASTER_ADDR -x MASTER_PORT python train.py`); or remove "
+        "mpirun_config (and --mpirun_hostfile) to start the processes with torchrun, running tasktrain launch on each "
+        "machine (docs/launch.md).")
 
 
 def _resolve_strategy(s: LaunchSettings, merged: dict, sources: dict, dist_type):

@@ -71,6 +71,8 @@ def _add_launch(subparsers):
             help="restart all workers up to N times after a failure, a lost rank or a watchdog stall (torch's "
                  "elastic agent, torchrun --max-restarts); each restart resumes from the newest complete "
                  "checkpoint of this launch (docs/checkpointing.md). Default 0")
+    _option(p, "mpirun_hostfile", metavar="FILE",
+            help="Accelerate's launch through mpirun: refused, with the mpiexec command to run instead")
     p.add_argument("--debug", action="store_true", default=None,
                    help="check that all ranks run the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL, "
                         "TASKTRAIN_DEBUG_COLLECTIVES=1)")
@@ -101,6 +103,8 @@ def launch_flags(args) -> dict:
     ds = {key: getattr(args, key) for key in DEEPSPEED_FLAGS if getattr(args, key, None) is not None}
     if ds:
         flags["deepspeed_config"] = ds
+    if getattr(args, "mpirun_hostfile", None) is not None:
+        flags["mpirun_config"] = {"mpirun_hostfile": args.mpirun_hostfile}
     return flags
 
 

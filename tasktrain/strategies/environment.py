@@ -137,6 +137,85 @@ def environment_from_plugin(plugin, devices: int, num_nodes: int) -> ClusterEnvi
                               launcher=launcher)
 
 
+# -- mpirun / mpiexec under the Accelerator -----------------------------------------------------------------------------
+# MPI's launchers' variables, read as Accelerate 1.15 reads them (accelerate/state.py, PartialState(cpu=True), and
+# get_cpu_distributed_information): MPICH's and Intel MPI's Hydra (PMI_*, MPI_LOCAL*), Open MPI's, MVAPICH's; the
+# first name set (to a number >= 0) wins, torchrun's own name first.
+MPI_RANK = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+MPI_WORLD_SIZE = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+MPI_LOCAL_RANK = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")
+MPI_LOCAL_WORLD_SIZE = ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                        "MV2_COMM_WORLD_LOCAL_SIZE")
+MPI_DEFAULT_PORT = "29500"  # Accelerate's, where MASTER_PORT is not set
+
+
+def _first_number(env, names, default):
+    for name in names:
+        value = int(env.get(name, -1))
+        if value >= 0:
+            return value
+    return default
+
+
+def mpi_world_size(env=None) -> int:
+    """The number of processes mpirun / mpiexec started (1 where none did)."""
+    env = os.environ if env is None else env
+    return _first_number(env, MPI_WORLD_SIZE[1:], 1)
+
+
+def join_mpi_world(cpu: bool, env=None) -> None:
+    """Under mpirun / mpiexec (MPI's variables, no torchrun's, SLURM's or a LOCAL_RANK of one's own), make this process
+    a rank of MPI's world for the Accelerator, as Accelerate's PartialState(cpu=True) does: RANK, WORLD_SIZE,
+    LOCAL_RANK and LOCAL_WORLD_SIZE are set from MPI's (the variables torchrun sets: every later read of the world is
+    the one of a launch), MASTER_PORT defaults to 29500; MASTER_ADDR must be set where the ranks are on several hosts
+    (Accelerate's error), on one host it defaults to 127.0.0.1 (where Accelerate fails in torch's rendezvous). As in
+    Accelerate, where OMP_NUM_THREADS is not set each rank uses its share of the host's physical cores.
+
+    Not on CPU (cpu=False): an error. Accelerate reads MPI's variables only with cpu=True; without it each process
+    trains alone on its whole data (distributed_type NO in each), which is never what mpiexec -n N was for."""
+    env = os.environ if env is None else env
+    world = mpi_world_size(env)
+    if world <= 1 or any(name in env for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) or \
+            "SLURM_PROCID" in env:
+        return
+    said = next(f"{name}={env[name]}" for name in MPI_WORLD_SIZE[1:] if int(env.get(name, -1)) >= 0)
+    if not cpu:
+        raise ValueError(
+            f"mpirun / mpiexec started {world} processes ({said}), but the Accelerator reads MPI's ranks only on CPU, "
+            "as Accelerate's does (its PartialState(cpu=True)): without that each process would train alone on all "
+            "the data. Pass Accelerator(cpu=True) (or PartialState(cpu=True)), or set ACCELERATE_USE_CPU=1 for the "
+            "Accelerator; on GPUs start the processes with torchrun or `tasktrain launch` instead.")
+    rank = _first_number(env, MPI_RANK, 0)
+    local_rank = _first_number(env, MPI_LOCAL_RANK, 0)
+    local_world = _first_number(env, MPI_LOCAL_WORLD_SIZE, 1)
+    if not env.get("MASTER_ADDR"):
+        if local_world != world:
+            raise ValueError(
+                f"mpirun / mpiexec started {world} processes on several hosts ({local_world} on this one), but "
+                "MASTER_ADDR is not set, so the ranks cannot meet. Export rank 0's host name or address as MASTER_ADDR "
+                f"to every process (`mpiexec -genv MASTER_ADDR <host> -n {world} ...`, Open MPI: `-x MASTER_ADDR`), "
+                "as Accelerate asks.")
+        env["MASTER_ADDR"] = "127.0.0.1"  # (every rank is on this host)
+    env.setdefault("MASTER_PORT", MPI_DEFAULT_PORT)
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(local_world))
+    if _first_number(env, ("OMP_NUM_THREADS",), 0) == 0:
+        import warnings
+
+        import torch
+
+        try:
+            import psutil  # (Accelerate's count: physical cores)
+
+            cores = psutil.cpu_count(logical=False)
+        except ImportError:  # (not a tasktrain dependency)
+            cores = None
+        threads = max(1, int((cores or os.cpu_count() or 1) / local_world))
+        torch.set_num_threads(threads)
+        warnings.warn(f"OMP_NUM_THREADS is not set: each of the {local_world} processes on this host uses {threads} "
+                      "thread(s) (its share of the physical cores, as Accelerate sets); set OMP_NUM_THREADS to "
+                      "choose.")
+
+
 # -- SLURM ------------------------------------------------------------------------------------------------------------
 # Which SLURM processes form a world (Lightning's rules where they are sound, see docs/slurm.md):
 # - a job step that `srun` launched with several tasks (SLURM_STEP_NUM_TASKS > 1): one world of those tasks, whatever

@@ -104,6 +104,8 @@ class Accelerator:
         self.trackers = []
         # The launch config, the strategy and its precision, the accumulation: the Trainer's rules too. The
         # Accelerator never starts processes: a launcher (tasktrain launch, torchrun, SLURM) did, or it is one.
+        if not cpu and os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in ("1", "y", "yes", "t", "true", "on"):
+            cpu = True  # (Accelerate's AcceleratorState reads it: what `accelerate launch --cpu` sets)
         runtime = build_runtime(accelerator="cpu" if cpu else "auto", strategy=strategy, precision=mixed_precision,
                                 accumulate_grad_batches=gradient_accumulation_steps, names=ACCELERATOR_NAMES,
                                 stall_timeout=stall_timeout, custom_loop=True)

@@ -22,7 +22,8 @@ from typing import Optional
 from tasktrain.checkpoint_io import restore_rng_states
 from tasktrain.names import AUTO_STRATEGY, normalize_precision
 from tasktrain.strategies.base import MultiProcess, Sharded, Strategy
-from tasktrain.strategies.environment import ClusterEnvironment, check_slurm_allocation, detect_environment, launch_config
+from tasktrain.strategies.environment import (ClusterEnvironment, check_slurm_allocation, detect_environment,
+                                              join_mpi_world, launch_config)
 from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
 from tasktrain.trainer.seed import get_seed, seed_rank_streams
@@ -54,6 +55,8 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
                                           not isinstance(gradient_clip_val, (int, float))):
         raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val}.")  # Lightning's
     launch = launch_config()
+    if custom_loop:  # mpirun's world, on CPU, as Accelerate's PartialState(cpu=True) reads it (sets RANK, ...)
+        join_mpi_world(cpu=accelerator == "cpu" or bool(launch.launched and launch.use_cpu))
     env = detect_environment(lightning=not custom_loop)  # (the Trainer reads the variables as Lightning's)
     if isinstance(strategy, str) and strategy == AUTO_STRATEGY:
         strategy = None  # "auto" asks for the default choice: not given
