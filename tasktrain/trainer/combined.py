@@ -345,6 +345,12 @@ class CombinedTrainData(TrainData):
         self.loader.limits = list(limits)
         self._start = 0
 
+    @property
+    def shown(self):
+        """What trainer.train_dataloader shows: Lightning's combined loader's iterables, each inner loader as it shows
+        (the one given where Lightning keeps it)."""
+        return unflatten([one.shown for one in self.inner], self._spec)
+
     def __len__(self):
         length = self.length()
         if length is None:

@@ -342,10 +342,21 @@ class TrainData:
     pass_draws = None
     resume_draws = None
     _order_drawn_at_iter = False
+    # The loader the user gave, where Lightning's Trainer uses it as it is (one process, or use_distributed_sampler=
+    # False: nothing sharded) and the Trainer reads a rebuild of it on its own order (for an exact resume): what
+    # trainer.train_dataloader shows (`shown`), so that what a script reads there (the object, its sampler, dataset,
+    # length, a batch drawn from it) is Lightning's. None: the loader read is the one shown.
+    given = None
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
         self.loader, self.sampler, self.generator, self.seed = loader, sampler, generator, seed
         self._skip_batches = 0
+
+    @property
+    def shown(self):
+        """What trainer.train_dataloader shows of this data: the loader given where Lightning's Trainer keeps it
+        (`given`), else the loader read."""
+        return self.given if self.given is not None else self.loader
 
     def _starts_workers(self):
         """Whether the loader's next iter() starts its workers (so draws their base seed): not where persistent
@@ -854,6 +865,8 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         sampler.draws = shuffle and keeps and (type(order) is RandomSampler or (lightning and random))
         sampler.order_generator = order.generator if sampler.draws else None
         data.sets_loader_epoch = lightning
+        if lightning and keeps:  # (Lightning's Trainer reads the loader given: trainer.train_dataloader shows it)
+            data.given = loader
         return data
     if lightning and isinstance(loader, DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=keeps_sampler is False)
