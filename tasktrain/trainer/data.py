@@ -153,6 +153,39 @@ class ResumableSampler(DistributedSampler):
         return math.ceil(max(0, len(self.dataset) - start) / self.num_replicas)
 
 
+class WrappedRandomOrder(ResumableSampler):
+    """Lightning's DistributedSamplerWrapper around torchdata's RandomSampler (a StatefulDataLoader(shuffle=True)'s,
+    which is not torch's RandomSampler, so Lightning wraps it under a distributed strategy rather than replacing it by
+    DistributedSampler(dataset)), as a global order that the position resumes on any number of processes.
+
+    Each epoch the wrapper reads the inner sampler's permutation (drawn as torchdata draws it: randperm(n) from its
+    generator), at the positions DistributedSampler(shuffle=True, seed) gives that epoch; rank r takes positions
+    r, r + W, ... of the result, padded as DistributedSampler pads. That result is the epoch's global order. The draw
+    is the loop's (ResumableSampler.draw_order, `draws`): the generator's state before it is kept in `epoch_order`,
+    so a checkpoint holds it (with the generator's state after: TrainData.drawn_order) and a resumed epoch reads the
+    same permutation; Lightning's wrapper keeps no state, and its resumed StatefulDataLoader skips over a permutation
+    drawn anew. Where nothing was drawn for the epoch (a checkpoint written before this class) the order is the
+    (seed, epoch) one of DistributedSampler(dataset), as the Trainer read it then."""
+
+    def __init__(self, sampler, num_replicas, rank, seed):
+        super().__init__(sampler.data_source, num_replicas, rank, shuffle=True, seed=seed)
+        self.sampler = sampler
+
+    def global_order(self):
+        n = len(self.dataset)
+        positions = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        drawn = self.epoch_order if self.epoch_order is not None and self.epoch_order["epoch"] == self.epoch else None
+        if drawn is None:
+            return positions
+        generator = torch.Generator()
+        generator.set_state(drawn["state"])
+        inner = torch.randperm(n, generator=generator).tolist()
+        return [inner[p] for p in positions]
+
+    def _generator_follows(self):
+        return False  # (torchdata's sampler draws nothing when it is read to its end, unlike torch's RandomSampler)
+
+
 class EvalShardSampler(Sampler):
     """Rank r takes samples r, r + W, r + 2W, ...: no padding, so every sample is counted exactly once."""
 
@@ -367,17 +400,25 @@ class TrainData:
     def draw_at_iter(self, epoch=None):
         """The draws of the user's loader's iter(): its workers' base seed, from its generator or the global one,
         which the rebuilt loader's next iter() draws again; and with workers, a RandomSampler's seed, which the
-        workers' first indices draw inside iter() (`epoch`: the epoch the iterator is for)."""
+        workers' first indices draw inside iter() (`epoch`: the epoch the iterator is for). Lightning's
+        DistributedSamplerWrapper (WrappedRandomOrder) reads its sampler's permutation in its own iter(), which the
+        loader's iter() calls before it draws the base seed."""
+        wrapped = isinstance(self.sampler, WrappedRandomOrder)
+        if wrapped:
+            self._draw_order_at_iter(epoch)
         if self.draws_base_seed and self._starts_workers():
             source = self.base_generator
             state = source.get_state() if source is not None else torch.get_rng_state()
             torch.empty((), dtype=torch.int64).random_(generator=source)
             self.pending_base = state
-        if isinstance(self.sampler, ResumableSampler) and getattr(self.loader, "num_workers", 0) > 0:
-            if epoch is not None:
-                self.sampler.set_epoch(epoch)
-            self.sampler.draw_order()
-            self._order_drawn_at_iter = True
+        if not wrapped and isinstance(self.sampler, ResumableSampler) and getattr(self.loader, "num_workers", 0) > 0:
+            self._draw_order_at_iter(epoch)
+
+    def _draw_order_at_iter(self, epoch):
+        if epoch is not None:
+            self.sampler.set_epoch(epoch)
+        self.sampler.draw_order()
+        self._order_drawn_at_iter = True
 
     def draw_at_first_batch(self):
         """The draw of the user's RandomSampler at the epoch's first batch, where Lightning keeps it (made at iter()
@@ -849,7 +890,12 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         order = _order_sampler(loader)
         random = isinstance(order, RandomSampler) or _torchdata_sampler(order, "RandomSampler")
         shuffle = random if shuffle is None else shuffle
-        sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
+        # Lightning under a distributed strategy: a `sampler` that is not torch's Random/SequentialSampler (torchdata's
+        # RandomSampler, a StatefulDataLoader(shuffle=True)'s) is wrapped in its DistributedSamplerWrapper
+        wrapped = lightning and keeps_sampler is False and shuffle and order is loader.sampler and \
+            _torchdata_sampler(order, "RandomSampler")
+        sampler = WrappedRandomOrder(order, world_size, rank, seed) if wrapped else \
+            ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
         # the Trainer builds a StatefulDataLoader again as one (Lightning keeps the loader's class); the global
         # position, not its own state, resumes it (the Accelerator's rules are Accelerate's: unchanged)
@@ -862,7 +908,7 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         keeps = world_size == 1 and (keeps_sampler is None or keeps_sampler)
         # (and the Trainer's torchdata RandomSampler, which draws as torch's does with a generator: randperm(n,
         # generator) each epoch)
-        sampler.draws = shuffle and keeps and (type(order) is RandomSampler or (lightning and random))
+        sampler.draws = shuffle and (keeps or wrapped) and (type(order) is RandomSampler or (lightning and random))
         sampler.order_generator = order.generator if sampler.draws else None
         data.sets_loader_epoch = lightning
         if lightning and keeps:  # (Lightning's Trainer reads the loader given: trainer.train_dataloader shows it)
