@@ -160,3 +160,20 @@ def test_a_wrapped_stateful_order_resumes_on_another_number_of_processes(world):
         data.set_epoch(1)
         draw_loader_seed(data)
         assert list(data.sampler) == lightnings(rank, world, 2)[1]
+
+
+def test_lightnings_wrapped_order_resumed_mid_epoch_reads_other_samples(tmp_path):
+    """The kept difference (docs/lightning.md): Lightning's DistributedSamplerWrapper keeps no state, so its resumed
+    StatefulDataLoader skips the batches trained on in another permutation of its sampler (drawn anew as the loader
+    loads its state): the rest of the epoch is not the interrupted fit's, where the Trainer's is (the test above)."""
+    whole, first, rest = [], [], []
+    try:
+        _ddp_fit(pl, boring_theirs, whole)
+        _ddp_fit(pl, boring_theirs, first, tmp_path, stop_at=2)
+        _ddp_fit(pl, boring_theirs, rest, ckpt_path=str(tmp_path / "last.ckpt"))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    assert first == whole[:2] and len(first + rest) == len(whole)
+    epoch = [i for batch in (first + rest)[:4] for i in batch]
+    assert first + rest != whole and sorted(epoch) != list(range(10))  # (samples read twice, others not at all)
