@@ -17,7 +17,14 @@ keep Accelerate's rules (no set_epoch of a user's sampler, nothing wrapped).
 
 A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
 ShardedStream (the global position resumes it); over data of its own order its state is what resumes
-(StatefulLoaderData: saved per rank, continued on the same number of processes).
+(StatefulLoaderData: saved per rank, continued on the same number of processes). Under a distributed strategy a
+shuffling one's torchdata RandomSampler (not torch's RandomSampler, so Lightning wraps it in its
+DistributedSamplerWrapper rather than replacing it) gives the global order through WrappedRandomOrder: its draws at
+DistributedSampler's (seed, epoch) positions, each draw kept for a checkpoint.
+
+Where Lightning's Trainer reads the user's loader as it is (one process, use_distributed_sampler=False) and the Trainer
+reads a rebuild of it, trainer.train_dataloader shows the user's (TrainData.given / shown): what a script reads there,
+and the draws a callback makes from it, are Lightning's, while the loop reads the rebuild.
 
 The order of an epoch is defined over the whole dataset, independently of the number of processes: a permutation
 of the dataset drawn from (seed, epoch) (or 0..n-1 without shuffling), the *global order*. Rank r of W takes
