@@ -51,11 +51,11 @@ def test_a_shuffling_stateful_loader_reads_lightnings_order_and_resumes_exactly(
     assert first + rest == got["tasktrain"][1]
 
 
-def _ddp_fit(lib, boring, seen, tmp_path=None, stop_at=None, ckpt_path=None, generator=False):
-    """A StatefulDataLoader(shuffle=True) under strategy="ddp" on one process (a distributed strategy: Lightning wraps
-    its torchdata RandomSampler in DistributedSamplerWrapper), 3 epochs of 10 samples in batches of 3; `stop_at`: a
-    checkpoint at that step, and the fit stopped there; `generator`: the loader's generator= (its sampler's too, and
-    the source of its base seeds)."""
+def _shuffled_fit(lib, boring, seen, tmp_path=None, stop_at=None, ckpt_path=None, generator=False, strategy="ddp"):
+    """A StatefulDataLoader(shuffle=True) under `strategy` on one process ("ddp", a distributed strategy: Lightning
+    wraps its torchdata RandomSampler in DistributedSamplerWrapper), 3 epochs of 10 samples in batches of 3 (the
+    last one short: the sampler is read to its end); `stop_at`: a checkpoint at that step, and the fit stopped there;
+    `generator`: the loader's generator= (its sampler's too, and the source of its base seeds)."""
     class Model(boring.BoringModel):
         def training_step(self, batch, batch_idx):
             seen.append(batch[:, 0].tolist())
@@ -69,7 +69,7 @@ def _ddp_fit(lib, boring, seen, tmp_path=None, stop_at=None, ckpt_path=None, gen
     data = torch.arange(10.).unsqueeze(1).repeat(1, 32)
     callbacks = [] if stop_at is None else [Stop(), lib.callbacks.ModelCheckpoint(
         dirpath=tmp_path, save_last=True, every_n_train_steps=stop_at, save_top_k=0)]
-    trainer = lib.Trainer(max_epochs=3, strategy="ddp", enable_checkpointing=bool(callbacks), callbacks=callbacks,
+    trainer = lib.Trainer(max_epochs=3, strategy=strategy, enable_checkpointing=bool(callbacks), callbacks=callbacks,
                           default_root_dir=tmp_path, **QUIET)
     model = Model()
     with warnings.catch_warnings():
@@ -79,36 +79,38 @@ def _ddp_fit(lib, boring, seen, tmp_path=None, stop_at=None, ckpt_path=None, gen
     return model.layer.weight.detach().clone(), torch.rand(1)
 
 
-@pytest.mark.parametrize("generator", [False, True])
-def test_a_shuffling_stateful_loader_under_ddp_reads_lightnings_wrapped_order(generator):
+@pytest.mark.parametrize("strategy,generator", [("ddp", False), ("ddp", True), ("auto", False)])
+def test_a_shuffling_stateful_loader_reads_lightnings_order_to_its_last_short_batch(strategy, generator):
     """Under a distributed strategy (one process of ddp here; tests/test_lightning_beside_ddp_order.py has 2) Lightning
     wraps a StatefulDataLoader's torchdata RandomSampler (not torch's RandomSampler) in its DistributedSamplerWrapper:
     each epoch the sampler's permutation read at DistributedSampler's (seed, epoch) positions. The Trainer read
-    DistributedSampler(dataset)'s order instead."""
+    DistributedSampler(dataset)'s order instead. On one process ("auto") Lightning reads the sampler's permutations;
+    the Trainer's took a second one from its generator where the epoch read the sampler to its end (torch's
+    RandomSampler does; torchdata's does not), so its second epoch read Lightning's third."""
     theirs, ours_seen = [], []
     try:
-        their_weights, their_after = _ddp_fit(pl, boring_theirs, theirs, generator=generator)
+        their_weights, their_after = _shuffled_fit(pl, boring_theirs, theirs, generator=generator, strategy=strategy)
     finally:  # Lightning's world of one outlives its run (ours ends at teardown): not left to later tests
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    weights, after = _ddp_fit(tasktrain, ours, ours_seen, generator=generator)
+    weights, after = _shuffled_fit(tasktrain, ours, ours_seen, generator=generator, strategy=strategy)
     assert ours_seen == theirs and len(ours_seen) == 12
     torch.testing.assert_close(weights, their_weights, rtol=0, atol=0)
     torch.testing.assert_close(after, their_after, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("stop_at,generator", [(2, False), (6, True)])
-def test_a_shuffling_stateful_loader_under_ddp_resumes_mid_epoch_exactly(tmp_path, stop_at, generator):
+@pytest.mark.parametrize("stop_at,generator,strategy", [(2, False, "ddp"), (6, True, "ddp"), (6, False, "auto")])
+def test_a_shuffling_stateful_loader_resumes_mid_epoch_exactly(tmp_path, stop_at, generator, strategy):
     """That order resumed from the middle of epoch 0 (step 2) or epoch 1 (step 6): the checkpoint keeps the state
     the torchdata sampler's generator drew the epoch's permutation from, and where it stood after, so the rest of
     the epoch and the epochs after are the uninterrupted fit's (Lightning's wrapper keeps no state: its resumed
     StatefulDataLoader skips over a permutation drawn anew)."""
     whole = []
-    weights, after = _ddp_fit(tasktrain, ours, whole, generator=generator)
+    weights, after = _shuffled_fit(tasktrain, ours, whole, generator=generator, strategy=strategy)
     first, rest = [], []
-    _ddp_fit(tasktrain, ours, first, tmp_path, stop_at=stop_at, generator=generator)
-    resumed, resumed_after = _ddp_fit(tasktrain, ours, rest, ckpt_path=str(tmp_path / "last.ckpt"),
-                                      generator=generator)
+    _shuffled_fit(tasktrain, ours, first, tmp_path, stop_at=stop_at, generator=generator, strategy=strategy)
+    resumed, resumed_after = _shuffled_fit(tasktrain, ours, rest, ckpt_path=str(tmp_path / "last.ckpt"),
+                                           generator=generator, strategy=strategy)
     assert len(first) == stop_at and first + rest == whole
     torch.testing.assert_close(resumed, weights, rtol=0, atol=0)
     torch.testing.assert_close(resumed_after, after, rtol=0, atol=0)
@@ -168,9 +170,9 @@ def test_lightnings_wrapped_order_resumed_mid_epoch_reads_other_samples(tmp_path
     loads its state): the rest of the epoch is not the interrupted fit's, where the Trainer's is (the test above)."""
     whole, first, rest = [], [], []
     try:
-        _ddp_fit(pl, boring_theirs, whole)
-        _ddp_fit(pl, boring_theirs, first, tmp_path, stop_at=2)
-        _ddp_fit(pl, boring_theirs, rest, ckpt_path=str(tmp_path / "last.ckpt"))
+        _shuffled_fit(pl, boring_theirs, whole)
+        _shuffled_fit(pl, boring_theirs, first, tmp_path, stop_at=2)
+        _shuffled_fit(pl, boring_theirs, rest, ckpt_path=str(tmp_path / "last.ckpt"))
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -83,6 +83,9 @@ class ResumableSampler(DistributedSampler):
         self.order_generator = None
         self.epoch_order = None
         self.exhausted = False  # the epoch's pass read the order to its end (a RandomSampler then draws once more)
+        # torch's RandomSampler takes a second, empty, permutation from its generator when read to its end; torchdata's
+        # (a StatefulDataLoader's) draws nothing there
+        self.draws_at_exhaustion = True
         self.drawn_orders = True  # False: a fit resumed from a checkpoint older than drawn orders keeps (seed, epoch)
 
     def global_order(self):
@@ -115,8 +118,8 @@ class ResumableSampler(DistributedSampler):
             self.epoch_order = None  # (drawn all the same: the generators move as they did in the version that saved)
 
     def _generator_follows(self):
-        return self.draws and self.order_generator is not None and self.epoch_order is not None and \
-            self.epoch_order["epoch"] == self.epoch
+        return self.draws and self.draws_at_exhaustion and self.order_generator is not None and \
+            self.epoch_order is not None and self.epoch_order["epoch"] == self.epoch
 
     def skip_samples(self, num_samples: int):
         """Start the next iteration `num_samples` into the epoch's global order (applies once)."""
@@ -177,6 +180,7 @@ class WrappedRandomOrder(ResumableSampler):
     def __init__(self, sampler, num_replicas, rank, seed):
         super().__init__(sampler.data_source, num_replicas, rank, shuffle=True, seed=seed)
         self.sampler = sampler
+        self.draws_at_exhaustion = False  # (torchdata's sampler draws nothing when it is read to its end)
 
     def global_order(self):
         n = len(self.dataset)
@@ -188,9 +192,6 @@ class WrappedRandomOrder(ResumableSampler):
         generator.set_state(drawn["state"])
         inner = torch.randperm(n, generator=generator).tolist()
         return [inner[p] for p in positions]
-
-    def _generator_follows(self):
-        return False  # (torchdata's sampler draws nothing when it is read to its end, unlike torch's RandomSampler)
 
 
 class EvalShardSampler(Sampler):
@@ -917,6 +918,7 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         # generator) each epoch)
         sampler.draws = shuffle and (keeps or wrapped) and (type(order) is RandomSampler or (lightning and random))
         sampler.order_generator = order.generator if sampler.draws else None
+        sampler.draws_at_exhaustion = isinstance(order, RandomSampler)  # (torch's; torchdata's draws nothing there)
         data.sets_loader_epoch = lightning
         if lightning and keeps:  # (Lightning's Trainer reads the loader given: trainer.train_dataloader shows it)
             data.given = loader
