@@ -412,6 +412,10 @@ class CombinedTrainData(TrainData):
     def draws_own_order(self):
         return any(one.draws_own_order() for one in self.inner)
 
+    def end_pass(self):
+        for one in self.inner:
+            one.end_pass()
+
     def skip(self, num_batches):
         """Start the next pass at combined batch `num_batches` (each inner loader where it is then)."""
         self._start = max(0, int(num_batches))

@@ -73,6 +73,10 @@ class ResumableSampler(DistributedSampler):
     def __init__(self, dataset, num_replicas, rank, shuffle, seed):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         self.start = 0
+        # where the pass in flight started (begin_pass: the loop's TrainData.__iter__): any iteration of this sampler
+        # during that pass starts there too, so that another one (a callback that iterates trainer.train_dataloader
+        # in a resumed epoch, before the loop's first batch) reads what the loop reads instead of taking its skip
+        self.pass_start = 0
         self.iteration_start = 0
         self.iteration_samples = self.num_samples
         self.iteration_padding = self.total_size - len(self.dataset)
@@ -130,6 +134,11 @@ class ResumableSampler(DistributedSampler):
         `skip_samples(num_samples * num_replicas)`."""
         self.skip_samples(int(num_samples) * self.num_replicas)
 
+    def begin_pass(self):
+        """A pass of the loop starts (TrainData.__iter__): it takes the pending start, which every iteration during
+        the pass then starts from (until the epoch ends: TrainData.end_pass)."""
+        self.pass_start, self.start = self.start, 0
+
     def __iter__(self):
         # (lazy, as a RandomSampler's: the order is taken at the first index asked for, not at iter(); a loader
         # without automatic batching calls iter() on its sampler inside its own iter(), where Lightning's loop makes
@@ -137,7 +146,7 @@ class ResumableSampler(DistributedSampler):
         yield from self._shard()
 
     def _shard(self):
-        start, self.start = self.start, 0
+        start, self.start = self.start or self.pass_start, 0
         order = self.global_order()
         rest = order[start:]
         padding = -len(rest) % self.num_replicas
@@ -544,6 +553,12 @@ class TrainData:
         else:
             self._skip_batches = num_batches
 
+    def end_pass(self):
+        """The epoch the loop's pass read has ended: an iteration after it (StochasticWeightAveraging's BatchNorm
+        pass, a script's after the fit) reads a whole epoch again, not the rest a resumed pass read."""
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.pass_start = 0
+
     def skip_samples(self, num_samples: int):
         """Start the next iteration `num_samples` into the epoch's global order (only for our own sampler)."""
         if not self.resumes_on_any_world_size:
@@ -563,6 +578,8 @@ class TrainData:
             _set_draw_states(self.loader, replay)  # (the interrupted pass's, for its iter() and first batch)
         if self.replays_draws:
             self.pass_draws = replay if replay is not None else _draw_states(self.loader)
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.begin_pass()
         iterator = iter(self.loader)
         if self.holds_iterator:
             held_until_next_iter(self.loader, iterator)
