@@ -224,3 +224,48 @@ def test_a_dataloader_subclass_resumed_mid_epoch_continues_its_order(tmp_path, w
     resumed = fit(str(tmp_path / "step=3.ckpt"))
     assert len(whole) == 16 and sorted(i for _, _, batch, _ in whole[:8] for i in batch) == list(range(16))
     assert resumed == whole[3:]
+
+
+def test_a_callback_that_iterates_the_training_loader_leaves_a_resumed_epoch_exact(tmp_path):
+    """Under a distributed strategy (one process of ddp) trainer.train_dataloader is the loader the loop reads (the
+    Trainer's order: a ResumableSampler). A callback that draws a batch from it at on_train_start of a fit resumed
+    inside an epoch took the resume's start (the sampler's next iteration), and the loop then read the epoch again
+    from its first batch; every iteration during the loop's pass now starts where the pass does."""
+    import warnings
+
+    import tasktrain
+    from tasktrain.demos import boring_classes
+
+    def fit(seen, stop_at=None, ckpt_path=None, peek=False):
+        class Model(boring_classes.BoringModel):
+            def training_step(self, batch, batch_idx):
+                seen.append(batch[:, 0].tolist())
+                return super().training_step(batch, batch_idx)
+
+        class Stop(tasktrain.Callback):
+            def on_train_batch_end(self, trainer, *args):
+                trainer.should_stop = trainer.should_stop or trainer.global_step == stop_at
+
+        class Peek(tasktrain.Callback):
+            def on_train_start(self, trainer, module):
+                self.batch = next(iter(trainer.train_dataloader))
+
+        peeking = Peek()
+        callbacks = ([Stop(), tasktrain.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0,
+                                                                  every_n_train_steps=stop_at)] if stop_at else [])
+        tasktrain.seed_everything(3, verbose=False)
+        trainer = tasktrain.Trainer(strategy="ddp", devices=1, accelerator="cpu", max_epochs=2, logger=False,
+                                    enable_checkpointing=bool(stop_at), enable_progress_bar=False,
+                                    enable_model_summary=False, callbacks=callbacks + ([peeking] if peek else []))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Model(), DataLoader(torch.arange(10.).unsqueeze(1).repeat(1, 32), batch_size=2,
+                                            shuffle=True), ckpt_path=ckpt_path)
+        return getattr(peeking, "batch", None)
+
+    whole, first, rest = [], [], []
+    fit(whole)
+    fit(first, stop_at=2)
+    peeked = fit(rest, ckpt_path=str(tmp_path / "last.ckpt"), peek=True)
+    assert first + rest == whole and len(whole) == 10
+    assert peeked[:, 0].tolist() == whole[2]  # (the callback's batch: where the resumed pass starts)

@@ -123,8 +123,11 @@ def test_what_a_spawned_loader_worker_unpickles(flags, monkeypatch):
     trainer._data_connector.attach_dataloaders(model, loader(shuffle=True), loader(), loader(), loader())
     for view in (trainer.fit_loop, trainer.fit_loop.epoch_loop.val_loop, trainer.test_loop, trainer.predict_loop):
         view.setup_data()
+    from tasktrain.trainer.loaders import train_loaders_read
+
+    # (and the training loader the loop reads: trainer.train_dataloader is the one given where Lightning's is)
     loaders = [trainer.train_dataloader, trainer.val_dataloaders, trainer.test_dataloaders,
-               trainer.predict_dataloaders]
+               trainer.predict_dataloaders, train_loaders_read(trainer)]
     assert all(isinstance(one, DataLoader) and one.worker_init_fn is not None for one in loaders)
     sent = set().union(*(_pickled_modules((one.dataset, one.collate_fn, one.worker_init_fn)) for one in loaders))
     assert {m for m in sent if m.startswith("tasktrain")} == {"tasktrain.trainer.seed"}, sent

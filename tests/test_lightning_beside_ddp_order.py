@@ -11,7 +11,9 @@ SIGTERMException after that batch under both, and ModelCheckpoint(save_on_except
 loaders in a dict are each sharded and combined as Lightning's, and resume mid-epoch exactly; validate over a
 CombinedLoader(mode="max_size_cycle") reads Lightning's batches, synced metric and results, with its
 `DistributedSampler` warning on rank 0; a StatefulDataLoader with a custom sampler is sharded as a DataLoader (its
-class kept) and resumes mid-epoch exactly, as does a DataLoader subclass of the user's built in the hooks with an
+class kept) and resumes mid-epoch exactly, a StatefulDataLoader(shuffle=True) reads Lightning's wrapped order (its
+torchdata RandomSampler in DistributedSamplerWrapper) and resumes exactly in its second epoch, as does a DataLoader
+subclass of the user's built in the hooks with an
 argument of its own (built again as its class around the sampler, as Lightning builds it)."""
 import json
 import os
@@ -94,7 +96,7 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(launched):
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
         assert seen["tasktrain"].keys() == seen["lightning"].keys() == {
             "no seed", "seed 7", "overfit", "custom sampler", "custom batch sampler", "replacement", "combined",
-            "stateful custom sampler", "subclass"}
+            "stateful custom sampler", "subclass", "stateful shuffle"}
         whole, resumed = seen["resume combined"]["whole"], seen["resume combined"]["resumed"]
         assert whole["batches"] == seen["tasktrain"]["combined"]["batches"]
         assert resumed["batches"] == whole["batches"][5:] and resumed["weights"] == whole["weights"]
@@ -123,6 +125,11 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(launched):
         whole, resumed = seen["resume stateful"]["whole"], seen["resume stateful"]["resumed"]
         assert whole["batches"] == seen["tasktrain"]["stateful custom sampler"]["batches"]
         assert resumed["batches"] == whole["batches"][3:] and resumed["weights"] == whole["weights"]
+        # a StatefulDataLoader(shuffle=True): Lightning's order (compared above: its DistributedSamplerWrapper around
+        # the torchdata RandomSampler), resumed in epoch 1 exactly (the sampler's draws kept in the checkpoint)
+        whole, resumed = seen["resume stateful shuffle"]["whole"], seen["resume stateful shuffle"]["resumed"]
+        assert whole["batches"] == seen["tasktrain"]["stateful shuffle"]["batches"]
+        assert resumed["batches"] == whole["batches"][9:] and resumed["weights"] == whole["weights"]
     # what Lightning reads is torch's DistributedSampler(shuffle=True, seed): the seed's permutation per epoch,
     # sharded rank::2, in batches of 2 (22 samples: 11 a rank, 6 batches); overfit_batches: in order, 2 batches
     for rank, seen in enumerate(ranks):
@@ -139,7 +146,8 @@ def test_a_sequential_loader_under_ddp_reads_lightnings_order(launched):
     # the user's orders are sharded: the ranks read disjoint parts of each epoch, together all of it (22 samples of
     # the sampler's permutation; the custom batch sampler's DistributedSampler; the replacing sampler's dataset),
     # and the user's sampler got set_epoch(epoch) once an epoch (the batch sampler's was replaced: never)
-    for case in ("custom sampler", "custom batch sampler", "replacement", "stateful custom sampler"):
+    for case in ("custom sampler", "custom batch sampler", "replacement", "stateful custom sampler",
+                 "stateful shuffle"):
         for epoch in (0, 1):
             parts = [[i for e, _, batch in seen["tasktrain"][case]["batches"] if e == epoch for i in batch]
                      for seen in ranks]

@@ -42,10 +42,13 @@ def _loaders(classes, case, generator):
     return train, val
 
 
-def _fit(lib, classes, case, tmp_path=None, stop_at=None, ckpt_path=None):
-    """One fit of `case`: (weights, torch.rand(1) after fit, the batches trained on, the user's generator's state)."""
+def _fit(lib, classes, case, tmp_path=None, stop_at=None, ckpt_path=None, views=None):
+    """One fit of `case`: (weights, torch.rand(1) after fit, the batches trained on, the user's generator's state).
+    `views`: a list that a callback fills with what trainer.train_dataloader is at on_train_start, at each
+    on_train_epoch_start (where it also draws a batch from it, as a callback that shows a sample does) and at the
+    first on_train_batch_start (the loader given, its sampler's class, its length, its dataset)."""
     lib.seed_everything(7, verbose=False)
-    generator, seen = _generator(), []
+    generator, seen, given = _generator(), [], []
 
     class Recording(classes.BoringModel):
         def training_step(self, batch, batch_idx):
@@ -53,7 +56,8 @@ def _fit(lib, classes, case, tmp_path=None, stop_at=None, ckpt_path=None):
             return super().training_step(batch, batch_idx)
 
         def train_dataloader(self):
-            return _loaders(classes, case, generator)[0]
+            given.append(_loaders(classes, case, generator)[0])
+            return given[-1]
 
         def val_dataloader(self):
             return _loaders(classes, case, generator)[1] or super().val_dataloader()
@@ -61,6 +65,23 @@ def _fit(lib, classes, case, tmp_path=None, stop_at=None, ckpt_path=None):
     class Stop(lib.Callback):
         def on_train_batch_end(self, trainer, *args):
             trainer.should_stop = trainer.should_stop or trainer.global_step == stop_at
+
+    class Peek(lib.Callback):
+        def view(self, trainer, where):
+            loader = trainer.train_dataloader
+            views.append((where, loader is given[-1], type(loader.sampler).__name__, len(loader),
+                          loader.dataset is given[-1].dataset))
+
+        def on_train_start(self, trainer, module):
+            self.view(trainer, "on_train_start")
+
+        def on_train_epoch_start(self, trainer, module):
+            self.view(trainer, "on_train_epoch_start")
+            views.append(next(iter(trainer.train_dataloader)).detach().clone())  # (its draws: the loader given's)
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if batch_idx == 0:
+                self.view(trainer, "on_train_batch_start")
 
     args = dict(max_epochs=2, **QUIET)
     if case == "drop-last-limited":
@@ -71,6 +92,8 @@ def _fit(lib, classes, case, tmp_path=None, stop_at=None, ckpt_path=None):
         save = lib.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=stop_at,
                                              save_top_k=0)
         args.update(enable_checkpointing=True, callbacks=[save, Stop()])
+    if views is not None:
+        args["callbacks"] = args.get("callbacks", []) + [Peek()]
     model = Recording()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -108,6 +131,54 @@ def test_a_fit_resumed_mid_epoch_continues_the_drawn_order(tmp_path, case, stop_
     torch.testing.assert_close(resumed, weights, rtol=0, atol=0)
     torch.testing.assert_close(resumed_after, after, rtol=0, atol=0)
     assert torch.equal(resumed_generator, generator)
+
+
+def _same(mine, theirs):
+    assert len(mine) == len(theirs)
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"item {i}")
+        else:
+            assert a == b, i
+
+
+@pytest.mark.parametrize("case", ["plain", "sampler-generator"])
+def test_the_training_loader_a_callback_reads_is_the_one_given_as_under_lightning(case):
+    """On one process Lightning trains on the loader given, so trainer.train_dataloader is that object (its
+    RandomSampler, its length, its dataset), and a callback that draws a batch from it at each epoch's start moves
+    the generators that loader draws from. The Trainer reads a loader it built again on its own order (for an exact
+    resume), which trainer.train_dataloader showed before: another object, a ResumableSampler, and a callback's batch
+    drawn from the Trainer's generator, not torch's, so the epochs after read other batches than Lightning's."""
+    mine_views, their_views = [], []
+    weights, after, seen, generator = _fit(tasktrain, ours, case, views=mine_views)
+    their_weights, their_after, their_seen, their_generator = _fit(pl, theirs, case, views=their_views)
+    _same(mine_views, their_views)
+    assert ("on_train_start", True, "RandomSampler", 8, True) in mine_views
+    assert len(mine_views) == 7  # (on_train_start, then each epoch's start (a view, a batch) and its first batch)
+    _same(seen, their_seen)
+    torch.testing.assert_close(weights, their_weights, rtol=0, atol=0)
+    torch.testing.assert_close(after, their_after, rtol=0, atol=0)
+    assert torch.equal(generator, their_generator)
+
+
+def test_a_fit_resumed_mid_epoch_beside_a_callback_that_reads_the_loader_given_is_exact(tmp_path):
+    """The callback above (it draws a batch from trainer.train_dataloader at each epoch's start) beside a fit stopped
+    at step 3 and resumed: the loader it reads is the one given, so its draws do not disturb the Trainer's rebuilt
+    loader, whose skip resumes the epoch: the same batches, weights and later draws as the uninterrupted fit."""
+    views = []
+    weights, after, seen, _ = _fit(tasktrain, ours, "plain", views=views)
+    _, _, first, _ = _fit(tasktrain, ours, "plain", tmp_path, stop_at=3, views=[])
+    resumed_views = []
+    resumed, resumed_after, rest, _ = _fit(tasktrain, ours, "plain", ckpt_path=str(tmp_path / "last.ckpt"),
+                                           views=resumed_views)
+    assert len(first) == 3 and len(first) + len(rest) == len(seen)
+    _same(first + rest, seen)
+    torch.testing.assert_close(resumed, weights, rtol=0, atol=0)
+    torch.testing.assert_close(resumed_after, after, rtol=0, atol=0)
+    # the resumed fit: no on_train_epoch_start for the epoch it goes on with (from its batch 3), then epoch 1's
+    assert [v[:2] for v in resumed_views if isinstance(v, tuple)] == [
+        ("on_train_start", True), ("on_train_epoch_start", True), ("on_train_batch_start", True)]
+    _same(resumed_views[-2:], views[-2:])
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -538,10 +538,11 @@ def test_every_predict_loader_is_built_again_with_lightnings_index_keeping_batch
     assert len(ours["warned"]) == (case == "opaque")
 
 
-def _one_process_ddp(lib, base):
+def _one_process_ddp(lib, base, strategy="ddp"):
     """A fit (a shuffling training loader, a sequential validation one), then validate, test and predict, under
-    strategy="ddp" on one process: for each loader a run read, whether its sampler is a DistributedSampler (the
-    loader's or its batch sampler's) and the dataset indices of its batches."""
+    `strategy` on one process: for each loader a run read, whether its sampler is a DistributedSampler (the loader's
+    or its batch sampler's) and whether trainer.train_dataloader & co. are the loader given; the dataset indices of
+    its batches."""
     from torch.utils.data import DistributedSampler
 
     seen = {}
@@ -575,21 +576,25 @@ def _one_process_ddp(lib, base):
             isinstance(getattr(loader.batch_sampler, "sampler", None), DistributedSampler)
 
     lib.seed_everything(1, verbose=False)
-    trainer = lib.Trainer(strategy="ddp", devices=1, accelerator="cpu", max_epochs=1, num_sanity_val_steps=0,
+    trainer = lib.Trainer(strategy=strategy, devices=1, accelerator="cpu", max_epochs=1, num_sanity_val_steps=0,
                           logger=False, enable_checkpointing=False, enable_progress_bar=False,
                           enable_model_summary=False)
     module = Module()
+    given = {"train": DataLoader(data(7), batch_size=3, shuffle=True), "val": DataLoader(data(5), batch_size=2),
+             "validate": DataLoader(data(5), batch_size=2), "test": DataLoader(data(5), batch_size=2, shuffle=True),
+             "predict": DataLoader(data(5), batch_size=2, shuffle=True)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(module, DataLoader(data(7), batch_size=3, shuffle=True), DataLoader(data(5), batch_size=2))
-        kinds = {"train": sharded(trainer.train_dataloader), "val": sharded(trainer.val_dataloaders)}
-        trainer.validate(module, DataLoader(data(5), batch_size=2), verbose=False)
-        kinds["validate"] = sharded(trainer.val_dataloaders)
-        trainer.test(module, DataLoader(data(5), batch_size=2, shuffle=True), verbose=False)
-        kinds["test"] = sharded(trainer.test_dataloaders)
-        trainer.predict(module, DataLoader(data(5), batch_size=2, shuffle=True))
-        kinds["predict"] = sharded(trainer.predict_dataloaders)
-    return kinds, seen
+        trainer.fit(module, given["train"], given["val"])
+        read = {"train": trainer.train_dataloader, "val": trainer.val_dataloaders}
+        trainer.validate(module, given["validate"], verbose=False)
+        read["validate"] = trainer.val_dataloaders
+        trainer.test(module, given["test"], verbose=False)
+        read["test"] = trainer.test_dataloaders
+        trainer.predict(module, given["predict"])
+        read["predict"] = trainer.predict_dataloaders
+    kinds = {name: sharded(loader) for name, loader in read.items()}
+    return kinds, {name: loader is given[name] for name, loader in read.items()}, seen
 
 
 def test_one_process_of_ddp_shards_every_loader_as_lightning():
@@ -609,3 +614,19 @@ def test_one_process_of_ddp_shards_every_loader_as_lightning():
     mine = _one_process_ddp(tasktrain, tasktrain.TaskModule)
     assert mine == theirs
     assert all(mine[0].values()), mine[0]
+    assert not any(mine[1].values()), mine[1]  # (every loader built again around its sampler)
+
+
+def test_one_process_reads_the_loaders_given_as_lightning():
+    """On one process (no distributed strategy) Lightning trains, validates and tests on the loaders given, so
+    trainer.train_dataloader, val_dataloaders and test_dataloaders are those objects; only the predict loader is built
+    again (its index-keeping batch sampler). trainer.train_dataloader was the Trainer's rebuild of the training loader
+    (the one it reads, on its own order, for an exact resume)."""
+    import lightning.pytorch as L
+
+    import tasktrain
+
+    mine = _one_process_ddp(tasktrain, tasktrain.TaskModule, strategy="auto")
+    assert mine == _one_process_ddp(L, L.LightningModule, strategy="auto")
+    assert mine[1] == {"train": True, "val": True, "validate": True, "test": True, "predict": False}
+    assert not any(mine[0].values())

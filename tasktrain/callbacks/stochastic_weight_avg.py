@@ -280,7 +280,9 @@ class StochasticWeightAveraging(Callback):
         train mode without gradients (momentum None: the cumulative mean over the batches)."""
         was_training = pl_module.training
         pl_module.train()
-        batches = trainer.train_dataloader
+        from tasktrain.trainer.loaders import train_loaders_read
+
+        batches = train_loaders_read(trainer)  # (the loop's loaders: the global generator draws nothing here)
         if isinstance(batches, (dict, list, tuple)):  # several training loaders: their batches as the fit combined them
             from tasktrain.trainer.combined import CombinedLoader
 

@@ -345,6 +345,12 @@ class CombinedTrainData(TrainData):
         self.loader.limits = list(limits)
         self._start = 0
 
+    @property
+    def shown(self):
+        """What trainer.train_dataloader shows: Lightning's combined loader's iterables, each inner loader as it shows
+        (the one given where Lightning keeps it)."""
+        return unflatten([one.shown for one in self.inner], self._spec)
+
     def __len__(self):
         length = self.length()
         if length is None:
@@ -405,6 +411,10 @@ class CombinedTrainData(TrainData):
 
     def draws_own_order(self):
         return any(one.draws_own_order() for one in self.inner)
+
+    def end_pass(self):
+        for one in self.inner:
+            one.end_pass()
 
     def skip(self, num_batches):
         """Start the next pass at combined batch `num_batches` (each inner loader where it is then)."""

@@ -17,7 +17,14 @@ keep Accelerate's rules (no set_epoch of a user's sampler, nothing wrapped).
 
 A torchdata StatefulDataLoader is rebuilt the same way over a map-style dataset or a
 ShardedStream (the global position resumes it); over data of its own order its state is what resumes
-(StatefulLoaderData: saved per rank, continued on the same number of processes).
+(StatefulLoaderData: saved per rank, continued on the same number of processes). Under a distributed strategy a
+shuffling one's torchdata RandomSampler (not torch's RandomSampler, so Lightning wraps it in its
+DistributedSamplerWrapper rather than replacing it) gives the global order through WrappedRandomOrder: its draws at
+DistributedSampler's (seed, epoch) positions, each draw kept for a checkpoint.
+
+Where Lightning's Trainer reads the user's loader as it is (one process, use_distributed_sampler=False) and the Trainer
+reads a rebuild of it, trainer.train_dataloader shows the user's (TrainData.given / shown): what a script reads there,
+and the draws a callback makes from it, are Lightning's, while the loop reads the rebuild.
 
 The order of an epoch is defined over the whole dataset, independently of the number of processes: a permutation
 of the dataset drawn from (seed, epoch) (or 0..n-1 without shuffling), the *global order*. Rank r of W takes
@@ -66,6 +73,10 @@ class ResumableSampler(DistributedSampler):
     def __init__(self, dataset, num_replicas, rank, shuffle, seed):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         self.start = 0
+        # where the pass in flight started (begin_pass: the loop's TrainData.__iter__): any iteration of this sampler
+        # during that pass starts there too, so that another one (a callback that iterates trainer.train_dataloader
+        # in a resumed epoch, before the loop's first batch) reads what the loop reads instead of taking its skip
+        self.pass_start = 0
         self.iteration_start = 0
         self.iteration_samples = self.num_samples
         self.iteration_padding = self.total_size - len(self.dataset)
@@ -76,6 +87,9 @@ class ResumableSampler(DistributedSampler):
         self.order_generator = None
         self.epoch_order = None
         self.exhausted = False  # the epoch's pass read the order to its end (a RandomSampler then draws once more)
+        # torch's RandomSampler takes a second, empty, permutation from its generator when read to its end; torchdata's
+        # (a StatefulDataLoader's) draws nothing there
+        self.draws_at_exhaustion = True
         self.drawn_orders = True  # False: a fit resumed from a checkpoint older than drawn orders keeps (seed, epoch)
 
     def global_order(self):
@@ -108,8 +122,8 @@ class ResumableSampler(DistributedSampler):
             self.epoch_order = None  # (drawn all the same: the generators move as they did in the version that saved)
 
     def _generator_follows(self):
-        return self.draws and self.order_generator is not None and self.epoch_order is not None and \
-            self.epoch_order["epoch"] == self.epoch
+        return self.draws and self.draws_at_exhaustion and self.order_generator is not None and \
+            self.epoch_order is not None and self.epoch_order["epoch"] == self.epoch
 
     def skip_samples(self, num_samples: int):
         """Start the next iteration `num_samples` into the epoch's global order (applies once)."""
@@ -120,6 +134,11 @@ class ResumableSampler(DistributedSampler):
         `skip_samples(num_samples * num_replicas)`."""
         self.skip_samples(int(num_samples) * self.num_replicas)
 
+    def begin_pass(self):
+        """A pass of the loop starts (TrainData.__iter__): it takes the pending start, which every iteration during
+        the pass then starts from (until the epoch ends: TrainData.end_pass)."""
+        self.pass_start, self.start = self.start, 0
+
     def __iter__(self):
         # (lazy, as a RandomSampler's: the order is taken at the first index asked for, not at iter(); a loader
         # without automatic batching calls iter() on its sampler inside its own iter(), where Lightning's loop makes
@@ -127,7 +146,7 @@ class ResumableSampler(DistributedSampler):
         yield from self._shard()
 
     def _shard(self):
-        start, self.start = self.start, 0
+        start, self.start = self.start or self.pass_start, 0
         order = self.global_order()
         rest = order[start:]
         padding = -len(rest) % self.num_replicas
@@ -151,6 +170,37 @@ class ResumableSampler(DistributedSampler):
     def samples_left(self, start: int) -> int:
         """Samples of this rank in an iteration that starts at global position `start`."""
         return math.ceil(max(0, len(self.dataset) - start) / self.num_replicas)
+
+
+class WrappedRandomOrder(ResumableSampler):
+    """Lightning's DistributedSamplerWrapper around torchdata's RandomSampler (a StatefulDataLoader(shuffle=True)'s,
+    which is not torch's RandomSampler, so Lightning wraps it under a distributed strategy rather than replacing it by
+    DistributedSampler(dataset)), as a global order that the position resumes on any number of processes.
+
+    Each epoch the wrapper reads the inner sampler's permutation (drawn as torchdata draws it: randperm(n) from its
+    generator), at the positions DistributedSampler(shuffle=True, seed) gives that epoch; rank r takes positions
+    r, r + W, ... of the result, padded as DistributedSampler pads. That result is the epoch's global order. The draw
+    is the loop's (ResumableSampler.draw_order, `draws`): the generator's state before it is kept in `epoch_order`,
+    so a checkpoint holds it (with the generator's state after: TrainData.drawn_order) and a resumed epoch reads the
+    same permutation; Lightning's wrapper keeps no state, and its resumed StatefulDataLoader skips over a permutation
+    drawn anew. Where nothing was drawn for the epoch (a checkpoint written before this class) the order is the
+    (seed, epoch) one of DistributedSampler(dataset), as the Trainer read it then."""
+
+    def __init__(self, sampler, num_replicas, rank, seed):
+        super().__init__(sampler.data_source, num_replicas, rank, shuffle=True, seed=seed)
+        self.sampler = sampler
+        self.draws_at_exhaustion = False  # (torchdata's sampler draws nothing when it is read to its end)
+
+    def global_order(self):
+        n = len(self.dataset)
+        positions = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        drawn = self.epoch_order if self.epoch_order is not None and self.epoch_order["epoch"] == self.epoch else None
+        if drawn is None:
+            return positions
+        generator = torch.Generator()
+        generator.set_state(drawn["state"])
+        inner = torch.randperm(n, generator=generator).tolist()
+        return [inner[p] for p in positions]
 
 
 class EvalShardSampler(Sampler):
@@ -342,10 +392,21 @@ class TrainData:
     pass_draws = None
     resume_draws = None
     _order_drawn_at_iter = False
+    # The loader the user gave, where Lightning's Trainer uses it as it is (one process, or use_distributed_sampler=
+    # False: nothing sharded) and the Trainer reads a rebuild of it on its own order (for an exact resume): what
+    # trainer.train_dataloader shows (`shown`), so that what a script reads there (the object, its sampler, dataset,
+    # length, a batch drawn from it) is Lightning's. None: the loader read is the one shown.
+    given = None
 
     def __init__(self, loader, sampler=None, generator=None, seed=0):
         self.loader, self.sampler, self.generator, self.seed = loader, sampler, generator, seed
         self._skip_batches = 0
+
+    @property
+    def shown(self):
+        """What trainer.train_dataloader shows of this data: the loader given where Lightning's Trainer keeps it
+        (`given`), else the loader read."""
+        return self.given if self.given is not None else self.loader
 
     def _starts_workers(self):
         """Whether the loader's next iter() starts its workers (so draws their base seed): not where persistent
@@ -356,17 +417,25 @@ class TrainData:
     def draw_at_iter(self, epoch=None):
         """The draws of the user's loader's iter(): its workers' base seed, from its generator or the global one,
         which the rebuilt loader's next iter() draws again; and with workers, a RandomSampler's seed, which the
-        workers' first indices draw inside iter() (`epoch`: the epoch the iterator is for)."""
+        workers' first indices draw inside iter() (`epoch`: the epoch the iterator is for). Lightning's
+        DistributedSamplerWrapper (WrappedRandomOrder) reads its sampler's permutation in its own iter(), which the
+        loader's iter() calls before it draws the base seed."""
+        wrapped = isinstance(self.sampler, WrappedRandomOrder)
+        if wrapped:
+            self._draw_order_at_iter(epoch)
         if self.draws_base_seed and self._starts_workers():
             source = self.base_generator
             state = source.get_state() if source is not None else torch.get_rng_state()
             torch.empty((), dtype=torch.int64).random_(generator=source)
             self.pending_base = state
-        if isinstance(self.sampler, ResumableSampler) and getattr(self.loader, "num_workers", 0) > 0:
-            if epoch is not None:
-                self.sampler.set_epoch(epoch)
-            self.sampler.draw_order()
-            self._order_drawn_at_iter = True
+        if not wrapped and isinstance(self.sampler, ResumableSampler) and getattr(self.loader, "num_workers", 0) > 0:
+            self._draw_order_at_iter(epoch)
+
+    def _draw_order_at_iter(self, epoch):
+        if epoch is not None:
+            self.sampler.set_epoch(epoch)
+        self.sampler.draw_order()
+        self._order_drawn_at_iter = True
 
     def draw_at_first_batch(self):
         """The draw of the user's RandomSampler at the epoch's first batch, where Lightning keeps it (made at iter()
@@ -484,6 +553,12 @@ class TrainData:
         else:
             self._skip_batches = num_batches
 
+    def end_pass(self):
+        """The epoch the loop's pass read has ended: an iteration after it (StochasticWeightAveraging's BatchNorm
+        pass, a script's after the fit) reads a whole epoch again, not the rest a resumed pass read."""
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.pass_start = 0
+
     def skip_samples(self, num_samples: int):
         """Start the next iteration `num_samples` into the epoch's global order (only for our own sampler)."""
         if not self.resumes_on_any_world_size:
@@ -503,6 +578,8 @@ class TrainData:
             _set_draw_states(self.loader, replay)  # (the interrupted pass's, for its iter() and first batch)
         if self.replays_draws:
             self.pass_draws = replay if replay is not None else _draw_states(self.loader)
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.begin_pass()
         iterator = iter(self.loader)
         if self.holds_iterator:
             held_until_next_iter(self.loader, iterator)
@@ -838,7 +915,12 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         order = _order_sampler(loader)
         random = isinstance(order, RandomSampler) or _torchdata_sampler(order, "RandomSampler")
         shuffle = random if shuffle is None else shuffle
-        sampler = ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
+        # Lightning under a distributed strategy: a `sampler` that is not torch's Random/SequentialSampler (torchdata's
+        # RandomSampler, a StatefulDataLoader(shuffle=True)'s) is wrapped in its DistributedSamplerWrapper
+        wrapped = lightning and keeps_sampler is False and shuffle and order is loader.sampler and \
+            _torchdata_sampler(order, "RandomSampler")
+        sampler = WrappedRandomOrder(order, world_size, rank, seed) if wrapped else \
+            ResumableSampler(loader.dataset, world_size, rank, shuffle, seed)
         generator = torch.Generator()
         # the Trainer builds a StatefulDataLoader again as one (Lightning keeps the loader's class); the global
         # position, not its own state, resumes it (the Accelerator's rules are Accelerate's: unchanged)
@@ -851,9 +933,12 @@ def prepare_train_data(loader, world_size, rank, seed, shuffle=None, broadcast=N
         keeps = world_size == 1 and (keeps_sampler is None or keeps_sampler)
         # (and the Trainer's torchdata RandomSampler, which draws as torch's does with a generator: randperm(n,
         # generator) each epoch)
-        sampler.draws = shuffle and keeps and (type(order) is RandomSampler or (lightning and random))
+        sampler.draws = shuffle and (keeps or wrapped) and (type(order) is RandomSampler or (lightning and random))
         sampler.order_generator = order.generator if sampler.draws else None
+        sampler.draws_at_exhaustion = isinstance(order, RandomSampler)  # (torch's; torchdata's draws nothing there)
         data.sets_loader_epoch = lightning
+        if lightning and keeps:  # (Lightning's Trainer reads the loader given: trainer.train_dataloader shows it)
+            data.given = loader
         return data
     if lightning and isinstance(loader, DataLoader) and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return _lightning_train_data(loader, world_size, rank, seed, shuffle, distributed=keeps_sampler is False)

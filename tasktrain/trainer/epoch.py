@@ -167,6 +167,7 @@ class EpochIterator:
         position.samples_in_epoch = min(self._samples_cap, self._samples_base + (index + 1) * self._per_batch)
 
     def end_epoch(self):
+        self.data.end_pass()
         position = self.position
         position.epoch += 1
         position.batch_in_epoch = position.samples_in_epoch = 0

@@ -83,7 +83,7 @@ def setup_train(trainer, loader, previous=None):
         if combined.mode == "sequential":  # refused (before training), num_training_batches counted first: Lightning
             trainer._num_training_batches = train_data.length()  # counts its loaders, then refuses at the epoch
         check_training_mode(combined)
-        trainer.train_dataloader = train_data.loader.iterables  # Lightning's: the combined loader's iterables
+        trainer.train_dataloader = train_data.shown  # Lightning's: the combined loader's iterables
         length = train_data.length()
         each = [(type(one).__name__, len(data) if data.has_len() else None)
                 for one, data in zip(combined.flattened, inner)]
@@ -91,7 +91,7 @@ def setup_train(trainer, loader, previous=None):
         trainer._epoch_length = length
     else:
         train_data = prepared(loader)
-        trainer.train_dataloader = train_data.loader
+        trainer.train_dataloader = train_data.shown  # (the loader given where Lightning's Trainer keeps it)
         length = len(train_data) if train_data.has_len() else None
         # issue 38: an empty training loader is an error (on several processes: empty on every rank)
         guards.check_training_batches(train_length(trainer, [(type(loader).__name__, length)], length), loader)
@@ -108,6 +108,18 @@ def setup_train(trainer, loader, previous=None):
     if previous is not None:
         epochs.keep_resume_of(previous)
     return epochs
+
+
+def train_loaders_read(trainer):
+    """The training loader(s) the fit's loop reads, in the structure trainer.train_dataloader has: the Trainer's
+    rebuild where trainer.train_dataloader shows the loader given (Lightning's, which it reads as it is). None before
+    the fit's training data is set up. For the Trainer's own passes over the data (StochasticWeightAveraging's
+    BatchNorm update): they draw from the rebuild's generator, not from torch's global one as the given loader's
+    iter() would."""
+    data = trainer._loader_data
+    if data is None or trainer.train_dataloader is None:
+        return None
+    return data.loader.iterables if isinstance(data, CombinedTrainData) else data.loader
 
 
 def train_length(trainer, each, length):

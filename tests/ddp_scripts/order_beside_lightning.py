@@ -3,7 +3,7 @@ processes): the same fits over a
 sequential DataLoader (shuffle=False) under Lightning's DDP, then under tasktrain's in the same process group, with
 and without seed_everything and with overfit_batches, and over loaders of the user's own order (CASES: custom sampler,
 custom batch sampler, RandomSampler with replacement; with validation and prediction; a DataLoader subclass with
-an argument of its own, built in the hooks), over two training
+an argument of its own, built in the hooks; a StatefulDataLoader(shuffle=True)), over two training
 loaders in a dict (each sharded), a validate over a CombinedLoader(mode="max_size_cycle"), then tasktrain's fits resumed
 from the middle of an epoch; each rank writes OUT/rank{R}.json with, per fit, the sample indices of every batch it
 trained on ((epoch, batch_idx) order) and the weights after (and the validation's and prediction's batches and the
@@ -56,6 +56,12 @@ def stateful_custom_sampler(calls):  # (a StatefulDataLoader: rebuilt as one aro
     return dict(train=StatefulDataLoader(data(), batch_size=2, sampler=EpochSampler(22, calls["train"])))
 
 
+def stateful_shuffle(calls):  # (a StatefulDataLoader(shuffle=True): Lightning wraps its torchdata RandomSampler)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return dict(train=StatefulDataLoader(data(), batch_size=2, shuffle=True))
+
+
 class TaggedLoader(DataLoader):
     """A DataLoader subclass with an argument of its own that it keeps no attribute of: Lightning builds it again
     (around its DistributedSampler) from the arguments it recorded while the hook ran, as the Trainer does."""
@@ -71,7 +77,8 @@ def subclass(calls):  # (built in the module's hooks: train shuffled, val and pr
 
 
 CASES.update({"stateful custom sampler": dict(seed=7, loaders=stateful_custom_sampler, kinds=True),
-              "subclass": dict(seed=7, loaders=subclass, kinds=True)})
+              "subclass": dict(seed=7, loaders=subclass, kinds=True),
+              "stateful shuffle": dict(seed=7, loaders=stateful_shuffle)})
 CASES.update({"custom sampler": dict(seed=7, loaders=custom_sampler), "custom batch sampler":
               dict(seed=None, loaders=custom_batch_sampler), "replacement": dict(seed=None, loaders=replacement)})
 
@@ -293,6 +300,14 @@ def main(out, close=True):
                                             loaders=stateful_custom_sampler),
                                "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=stateful_custom_sampler,
                                               ckpt_path=os.path.join(saves, "step=3.ckpt"))}
+    # a StatefulDataLoader(shuffle=True) (Lightning's DistributedSamplerWrapper order) resumed in epoch 1, after its
+    # sampler's generator drew epoch 0's and epoch 1's permutations
+    saves = os.path.join(out, "stateful-shuffle")
+    saver = tasktrain.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=9, save_top_k=-1, filename="{step}")
+    seen["resume stateful shuffle"] = {
+        "whole": fit(tasktrain, tasktrain.TaskModule, 7, callbacks=[saver], loaders=stateful_shuffle),
+        "resumed": fit(tasktrain, tasktrain.TaskModule, 7, loaders=stateful_shuffle,
+                       ckpt_path=os.path.join(saves, "step=9.ckpt"))}
     from lightning.pytorch.utilities.exceptions import SIGTERMException as Theirs
 
     from tasktrain.utilities.exceptions import SIGTERMException as Ours
