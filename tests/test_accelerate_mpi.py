@@ -212,8 +212,9 @@ def test_tasktrain_launch_with_mpirun_config_starts_accelerates_mpirun_and_forms
     mpirun_config.mpirun_hostfile of `127.0.0.1`) runs Accelerate's `mpirun -f hostfile -ppn 2 -n 2 python script`
     (the wheel's MPICH, found on PATH) with Accelerate's variables; the script, docs/accelerator.md's
     train_mpi_accelerator.py, forms one gloo world of MPI's 2 ranks (no torchrun: no RANK before the Accelerator) and
-    trains the same weights on both, those of one process on the global batches of 4. Hydra kept on the loopback by
-    its variables (HYDRA_LAUNCHER=fork, HYDRA_IFACE=lo): the command line stays Accelerate's."""
+    trains the same weights on both, those of one process on the global batches of 4; then a Trainer's fit there
+    (devices "auto") forms the same world through MPIEnvironment. Hydra kept on the loopback by its variables
+    (HYDRA_LAUNCHER=fork, HYDRA_IFACE=lo): the command line stays Accelerate's."""
     port = str(free_port())
     text = _docs_mpirun_config()
     assert "main_process_port: 29500\n" in text
@@ -252,3 +253,19 @@ def test_tasktrain_launch_with_mpirun_config_starts_accelerates_mpirun_and_forms
     weights = _flat(seen[0]["weights"])
     assert weights == pytest.approx(_flat(_alone_weights((0, 4), size=4)), abs=1e-6)
     assert weights != pytest.approx(_flat(_alone_weights(range(0, 8, 2), size=2)), abs=1e-4)
+    # then a Trainer's fit in the same processes (devices left to "auto"): MPI's world through MPIEnvironment
+    for rank, ranks in enumerate(seen):
+        fit = ranks["trainer"]
+        assert fit["environment"] == "MPIEnvironment"
+        assert fit["trainer"] == [rank, rank, 2, 2, "cpu"] and fit["group"] == [rank, 2]
+        assert fit["weights"] == seen[0]["trainer"]["weights"]
+    assert _flat(seen[0]["trainer"]["weights"]) != pytest.approx(_flat(_boring_initial_weights()), abs=1e-4)
+
+
+def _boring_initial_weights():
+    import torch
+
+    from tasktrain.demos.boring_classes import BoringModel
+
+    torch.manual_seed(0)
+    return [p.detach().flatten().tolist() for p in BoringModel().parameters()]
