@@ -269,3 +269,39 @@ def _boring_initial_weights():
 
     torch.manual_seed(0)
     return [p.detach().flatten().tolist() for p in BoringModel().parameters()]
+
+
+def test_sigterm_to_a_launch_through_mpirun_stops_mpirun_and_its_processes(tmp_path):
+    """SIGTERM to `tasktrain launch` (a scheduler's) while mpirun's 2 processes run: it goes on to mpirun, which stops
+    them; the launch exits with 128 + 15 and no process is left running."""
+    import signal
+    import time
+
+    (tmp_path / "hostfile").write_text("127.0.0.1\n")
+    (tmp_path / "sleeper.py").write_text("import os, time\nopen(f\"started{os.environ['PMI_RANK']}\", 'w').write("
+                                         "str(os.getpid()))\ntime.sleep(120)\n")
+    env = child_env(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), UCX_NET_DEVICES="lo",
+                    HYDRA_LAUNCHER="fork", HYDRA_IFACE="lo", TASKTRAIN_CONFIG_DIR=str(tmp_path / "no_default"),
+                    PATH=os.path.dirname(_mpiexec()) + os.pathsep + os.environ.get("PATH", ""))
+    command = [sys.executable, "-m", "tasktrain.cli.main", "launch", "--mpirun_hostfile", "hostfile", "--cpu",
+               "--num_processes", "2", "sleeper.py"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"started{rank}").exists() for rank in range(2)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the 2 processes did not start"
+            time.sleep(0.2)
+        pids = [int((tmp_path / f"started{rank}").read_text()) for rank in range(2)]
+        proc.send_signal(signal.SIGTERM)
+        log = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert "tasktrain launch: stopped by SIGTERM; mpirun stopped its processes too" in log
+    time.sleep(0.5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -196,10 +196,28 @@ def run_mpirun(settings, mpirun, script, script_args=(), module=False) -> int:
             env[key] = value
     print(f"  mpirun command: {shlex.join(command)}", flush=True)
     process = subprocess.Popen(command, env=env)
+    # SIGTERM to the launcher (a scheduler's, `kill`) goes on to mpirun, which stops its processes on every machine:
+    # none is left running without its launcher. (Ctrl-C on a terminal reaches mpirun itself, in the same group.)
+    stopped_by = []
+
+    def forward(signum, frame):
+        stopped_by.append(signum)
+        process.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
     try:
-        code = process.wait()
-    except KeyboardInterrupt:  # (Ctrl-C reached mpirun too, in the same process group: it stops its processes)
-        code = process.wait()
+        while True:
+            try:
+                code = process.wait()
+                break
+            except KeyboardInterrupt:
+                continue
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stopped_by:  # (as the torchrun launch: 128 + the signal, whatever code mpirun chose; MPICH's is the signal's)
+        print(f"tasktrain launch: stopped by {signal.Signals(stopped_by[0]).name}; mpirun stopped its processes too",
+              file=sys.stderr)
+        return 128 + stopped_by[0]
     return 128 - code if code < 0 else code
 
 
