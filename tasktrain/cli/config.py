@@ -6,7 +6,8 @@
     load_config(path, flags)      both at once
 
 LaunchSettings knows the TASKTRAIN_* variables the workers get (worker_env, documented in
-tasktrain/strategies/environment.py), the torch.distributed.run command line (torchrun_args), and how to print
+tasktrain/strategies/environment.py), the torch.distributed.run command line (torchrun_args), Accelerate's mpirun
+command line and variables where the config has mpirun_config (mpirun_command, mpirun_env), and how to print
 itself (describe). Nothing here imports torch: a bad config fails in a fraction of a second.
 """
 import difflib

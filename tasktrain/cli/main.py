@@ -10,7 +10,8 @@
     tasktrain convert CHECKPOINT OUT_DIR --format safetensors (any checkpoint -> Hugging Face shards)
 
 The work is in tasktrain/cli/config.py (the YAML schema and resolution); this file only parses arguments, and
-runs torch.distributed.run in-process so the launcher costs one Python start, not two. torch is imported only
+runs torch.distributed.run in-process so the launcher costs one Python start, not two (or, for Accelerate's
+mpirun_config, the mpirun on PATH as a child process). torch is imported only
 once a configuration has been checked: a bad config is reported at once.
 """
 import argparse
