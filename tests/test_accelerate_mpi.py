@@ -193,3 +193,115 @@ def test_what_asks_for_mpis_world_on_cpu(monkeypatch, make, variables, cpu):
     with pytest.raises(_Stop):
         eval(make, {"Accelerator": tasktrain.Accelerator, "PartialState": state.PartialState})
     assert asked == [cpu]
+
+
+LAUNCHED = os.path.join(HERE, "mpi_scripts", "accelerator_under_launch_mpirun.py")
+
+
+def _docs_mpirun_config():
+    import re
+
+    with open(os.path.join(ROOT, "docs", "launch.md")) as f:
+        (text,) = re.findall(r"```yaml\n(# mpirun_cpu\.yaml.*?)```", f.read(), re.S)
+    return text
+
+
+@pytest.mark.world_size(2)
+def test_tasktrain_launch_with_mpirun_config_starts_accelerates_mpirun_and_forms_one_world(tmp_path):
+    """`tasktrain launch --config_file mpirun_cpu.yaml` (docs/launch.md's file: MULTI_CPU, 2 processes,
+    mpirun_config.mpirun_hostfile of `127.0.0.1`) runs Accelerate's `mpirun -f hostfile -ppn 2 -n 2 python script`
+    (the wheel's MPICH, found on PATH) with Accelerate's variables; the script, docs/accelerator.md's
+    train_mpi_accelerator.py, forms one gloo world of MPI's 2 ranks (no torchrun: no RANK before the Accelerator) and
+    trains the same weights on both, those of one process on the global batches of 4; then a Trainer's fit there
+    (devices "auto") forms the same world through MPIEnvironment. Hydra kept on the loopback by its variables
+    (HYDRA_LAUNCHER=fork, HYDRA_IFACE=lo): the command line stays Accelerate's."""
+    port = str(free_port())
+    text = _docs_mpirun_config()
+    assert "main_process_port: 29500\n" in text
+    (tmp_path / "mpirun_cpu.yaml").write_text(text.replace("main_process_port: 29500\n", f"main_process_port: {port}\n"))
+    (tmp_path / "hostfile").write_text("127.0.0.1\n")
+    env = child_env(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), UCX_NET_DEVICES="lo",
+                    GLOO_SOCKET_IFNAME="lo", HYDRA_LAUNCHER="fork", HYDRA_IFACE="lo",
+                    PATH=os.path.dirname(_mpiexec()) + os.pathsep + os.environ.get("PATH", ""),
+                    TASKTRAIN_CONFIG_DIR=str(tmp_path / "no_default"))
+    for name in ("ACCELERATE_USE_CPU", "MASTER_ADDR", "MASTER_PORT", "KMP_AFFINITY", "KMP_BLOCKTIME"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "tasktrain.cli.main", "launch", "--config_file", "mpirun_cpu.yaml", LAUNCHED]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        log = proc.communicate(timeout=TIMEOUT)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # (tasktrain launch, mpirun, hydra's proxy and the ranks: one session)
+        log = proc.communicate()[0]
+        pytest.fail(f"tasktrain launch did not finish within {TIMEOUT} s:\n{log[-6000:]}")
+    assert proc.returncode == 0, log[-6000:]
+    hostfile = str(tmp_path / "hostfile")
+    assert f"  mpirun command: mpirun -f {hostfile} -ppn 2 -n 2 {sys.executable} {LAUNCHED}\n" in log
+    assert "2 processes, MULTI_CPU" in log
+    seen = [json.load(open(tmp_path / f"rank{rank}.json")) for rank in range(2)]
+    for rank, ranks in enumerate(seen):
+        assert ranks["accelerator"] == [rank, 2, rank, "MULTI_CPU"] and ranks["group"] == [rank, 2, "gloo"]
+        assert ranks["given"] == dict(
+            ACCELERATE_USE_CPU="True", ACCELERATE_MIXED_PRECISION="no", ACCELERATE_DEBUG_MODE=None,
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=port, KMP_AFFINITY="granularity=fine,compact,1,0", KMP_BLOCKTIME="1",
+            OMP_NUM_THREADS="1", TASKTRAIN_LAUNCH="1", TASKTRAIN_USE_CPU="1", TASKTRAIN_NUM_PROCESSES="2",
+            PMI_RANK=str(rank), PMI_SIZE="2", MPI_LOCALNRANKS="2", RANK=None, WORLD_SIZE=None, LOCAL_RANK=None,
+            TORCHELASTIC_RUN_ID=None)
+        assert ranks["argv"] == [sys.executable, LAUNCHED]
+        assert ranks["weights"] == seen[0]["weights"]  # (bit for bit)
+    weights = _flat(seen[0]["weights"])
+    assert weights == pytest.approx(_flat(_alone_weights((0, 4), size=4)), abs=1e-6)
+    assert weights != pytest.approx(_flat(_alone_weights(range(0, 8, 2), size=2)), abs=1e-4)
+    # then a Trainer's fit in the same processes (devices left to "auto"): MPI's world through MPIEnvironment
+    for rank, ranks in enumerate(seen):
+        fit = ranks["trainer"]
+        assert fit["environment"] == "MPIEnvironment"
+        assert fit["trainer"] == [rank, rank, 2, 2, "cpu"] and fit["group"] == [rank, 2]
+        assert fit["weights"] == seen[0]["trainer"]["weights"]
+    assert _flat(seen[0]["trainer"]["weights"]) != pytest.approx(_flat(_boring_initial_weights()), abs=1e-4)
+
+
+def _boring_initial_weights():
+    import torch
+
+    from tasktrain.demos.boring_classes import BoringModel
+
+    torch.manual_seed(0)
+    return [p.detach().flatten().tolist() for p in BoringModel().parameters()]
+
+
+def test_sigterm_to_a_launch_through_mpirun_stops_mpirun_and_its_processes(tmp_path):
+    """SIGTERM to `tasktrain launch` (a scheduler's) while mpirun's 2 processes run: it goes on to mpirun, which stops
+    them; the launch exits with 128 + 15 and no process is left running."""
+    import signal
+    import time
+
+    (tmp_path / "hostfile").write_text("127.0.0.1\n")
+    (tmp_path / "sleeper.py").write_text("import os, time\nopen(f\"started{os.environ['PMI_RANK']}\", 'w').write("
+                                         "str(os.getpid()))\ntime.sleep(120)\n")
+    env = child_env(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), UCX_NET_DEVICES="lo",
+                    HYDRA_LAUNCHER="fork", HYDRA_IFACE="lo", TASKTRAIN_CONFIG_DIR=str(tmp_path / "no_default"),
+                    PATH=os.path.dirname(_mpiexec()) + os.pathsep + os.environ.get("PATH", ""))
+    command = [sys.executable, "-m", "tasktrain.cli.main", "launch", "--mpirun_hostfile", "hostfile", "--cpu",
+               "--num_processes", "2", "sleeper.py"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"started{rank}").exists() for rank in range(2)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the 2 processes did not start"
+            time.sleep(0.2)
+        pids = [int((tmp_path / f"started{rank}").read_text()) for rank in range(2)]
+        proc.send_signal(signal.SIGTERM)
+        log = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert "tasktrain launch: stopped by SIGTERM; mpirun stopped its processes too" in log
+    time.sleep(0.5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -538,26 +538,123 @@ def test_ignored_keys_are_reported_and_do_nothing(tmp_path):
     assert "ignored (do not apply to tasktrain launch)" in s.describe()
 
 
-def test_accelerates_mpirun_config_is_refused_naming_the_mpiexec_to_run(tmp_path):
-    """`accelerate config`'s "launch mpirun" (mpirun_config: {mpirun_hostfile: ...}, or --mpirun_hostfile): Accelerate
-    runs the script through mpirun over the hostfile's machines; tasktrain launch (torchrun on this machine) refuses it
-    before anything starts, with Accelerate's mpiexec command (-f, -ppn, -n) and the variables the Accelerator reads.
-    An empty mpirun_config asks for nothing."""
-    text = ("distributed_type: MULTI_CPU\nuse_cpu: true\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: node-a\n"
-            "mpirun_config:\n  mpirun_hostfile: /etc/hosts.mpi\n")
-    with pytest.raises(ConfigError) as raised:
-        load(tmp_path, text)
-    words = str(raised.value)
-    assert words.startswith("mpirun_config {'mpirun_hostfile': '/etc/hosts.mpi'}: Accelerate's launcher runs the "
-                            "script through mpirun / mpiexec")
-    assert ("`ACCELERATE_USE_CPU=1 MASTER_ADDR=node-a MASTER_PORT=29500 mpiexec -f /etc/hosts.mpi -ppn 2 -n 4 python "
-            "train.py`") in words
+def _accelerates_mpirun_launch(config_path, script_args):
+    """Accelerate 1.15's own command and environment for `accelerate launch --config_file CONFIG train.py ARGS`
+    (its _validate_launch_command, then prepare_simple_launcher_cmd_env: the simple launcher's mpirun branch)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(config_path), "train.py", *script_args])
+    args = _validate_launch_command(args)[0]
+    return prepare_simple_launcher_cmd_env(args)
+
+
+def _set(env):
+    return {key: value for key, value in env.items() if os.environ.get(key) != value}
+
+
+@pytest.mark.parametrize("mpi, text", [
+    ("mpich", "distributed_type: MULTI_CPU\nuse_cpu: true\nnum_processes: 2\nnum_machines: 1\nmain_process_port: "
+              "29511\nmixed_precision: 'no'\nrdzv_backend: static\nmpirun_config:\n  mpirun_hostfile: hosts\n"),
+    ("openmpi", "distributed_type: MULTI_CPU\nuse_cpu: true\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: "
+                "node-a\nmain_process_port: 29512\nmixed_precision: bf16\ndebug: true\nmpirun_config:\n  "
+                "mpirun_hostfile: hosts\n"),
+])
+def test_mpirun_config_launches_accelerates_mpirun_command_with_its_variables(tmp_path, monkeypatch, mpi, text):
+    """`accelerate config`'s "launch mpirun" (mpirun_config.mpirun_hostfile): the command and the variables tasktrain
+    launch builds are the ones Accelerate's own builder (prepare_simple_launcher_cmd_env) makes of the same file, for
+    MPICH's hydra (the mpirun of requirements-dev.txt's wheel: -f, -ppn) and for Open MPI (a stand-in mpirun whose
+    --version says so: --hostfile, --npernode, --bind-to socket); tasktrain's TASKTRAIN_* variables besides, and not
+    Accelerate's ACCELERATE_DYNAMO_* (dynamo_backend is no launch setting here)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("127.0.0.1\n")
+    path = write(tmp_path, "c.yaml", text)
+    bin_dir = os.path.dirname(sys.executable)
+    if mpi == "openmpi":
+        bin_dir = str(tmp_path / "bin")
+        os.mkdir(bin_dir)
+        with open(os.path.join(bin_dir, "mpirun"), "w") as f:
+            f.write("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.6'\n")
+        os.chmod(os.path.join(bin_dir, "mpirun"), 0o755)
+    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ["PATH"])
+    for name in [k for k in os.environ if k.startswith(("TASKTRAIN_", "ACCELERATE_", "PARALLELISM_CONFIG_"))] + [
+            "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "KMP_AFFINITY", "KMP_BLOCKTIME"]:
+        monkeypatch.delenv(name, raising=False)
+    their_command, their_env = _accelerates_mpirun_launch(path, ["--lr", "1"])
+
+    settings = load_config(path, {}, gpu_count=0)
+    command = settings.mpirun_command(cfg.find_mpirun(), "train.py", ["--lr", "1"])
+    ours = settings.mpirun_env()
+    hostfile = str(tmp_path / "hosts")
+    assert command == [hostfile if word == "hosts" else word for word in their_command]  # (the hostfile: absolute)
+    if mpi == "mpich":
+        assert command == ["mpirun", "-f", hostfile, "-ppn", "2", "-n", "2", sys.executable, "train.py", "--lr", "1"]
+    else:
+        assert command[:9] == ["mpirun", "--hostfile", hostfile, "--npernode", "2", "-n", "4", "--bind-to", "socket"]
+    theirs = _set(their_env)
+    assert sorted(key for key in theirs if key.startswith("ACCELERATE_DYNAMO_")) == [
+        "ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_MODE", "ACCELERATE_DYNAMO_USE_DYNAMIC",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"]
+    assert {k: v for k, v in _set(ours).items() if not k.startswith("TASKTRAIN_") and v is not None} == {
+        k: v for k, v in theirs.items() if not k.startswith("ACCELERATE_DYNAMO_")}
+    assert theirs["ACCELERATE_USE_CPU"] == "True" and theirs["MASTER_PORT"] == text.split("port: ")[1][:5]
+    assert ours["TASKTRAIN_LAUNCH"] == "1" and ours["TASKTRAIN_USE_CPU"] == "1"
+    assert ours["TASKTRAIN_NUM_PROCESSES"] == str(settings.num_processes)
+    assert f"mpirun_hostfile              {hostfile}   [file]" in settings.describe()
+
+
+def test_mpirun_hostfile_flag_is_accelerates_too(tmp_path, monkeypatch):
+    """--mpirun_hostfile (Accelerate's flag) beside --cpu --num_processes 2: the same launch as the file's key."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("127.0.0.1\n")
     args = build_parser().parse_args(["launch", "--mpirun_hostfile", "hosts", "--num_processes", "2", "--cpu", "t.py"])
-    with pytest.raises(ConfigError, match=r"^--mpirun_hostfile hosts: .* MASTER_ADDR=127\.0\.0\.1 .*mpiexec -f hosts "
-                                          r"-ppn 2 -n 2 python train.py"):
-        resolve({}, launch_flags(args), gpu_count=0)
-    s = load(tmp_path, "distributed_type: MULTI_CPU\nnum_processes: 2\nmpirun_config: {}\n")
-    assert s.strategy == "ddp" and "mpirun_config" not in s.ignored
+    s = resolve({}, launch_flags(args), gpu_count=1)
+    assert s.mpirun_hostfile == str(tmp_path / "hosts") and s.sources["mpirun_hostfile"] == "flag"
+    assert s.mpirun_command(("mpiexec", "-f", "-n", "-ppn", ""), "t.py", module=True, python="py") == [
+        "mpiexec", "-f", str(tmp_path / "hosts"), "-ppn", "2", "-n", "2", "py", "-m", "t.py"]
+    empty = load(tmp_path, "distributed_type: MULTI_CPU\nnum_processes: 2\nmpirun_config: {}\n")
+    assert empty.strategy == "ddp" and empty.mpirun_hostfile is None and "mpirun_config" not in empty.ignored
+
+
+@pytest.mark.parametrize("text, gpus, words", [
+    ("distributed_type: MULTI_CPU\nnum_processes: 2\nmpirun_config: {mpirun_hostfile: nowhere}\n", 0,
+     r"^mpirun_config.mpirun_hostfile 'nowhere': the hostfile '.*/nowhere' does not exist\. Expected a file listing"),
+    ("distributed_type: MULTI_GPU\nnum_processes: 2\nmpirun_config: {mpirun_hostfile: hosts}\n", 2,
+     r"^mpirun_config.mpirun_hostfile 'hosts' with distributed_type MULTI_GPU: Accelerate launches through mpirun "
+     r"for CPU training only .*`use_cpu: true`"),
+    ("num_processes: 2\nmpirun_config: {mpirun_hostfile: hosts}\n", 2,
+     r"with use_cpu false on a machine with GPUs: Accelerate launches through mpirun for CPU training only"),
+    ("distributed_type: DEEPSPEED\nuse_cpu: true\nnum_processes: 2\nmpirun_config: {mpirun_hostfile: hosts}\n", 0,
+     r"with distributed_type DEEPSPEED: Accelerate launches through mpirun for CPU training only"),
+    ("distributed_type: MULTI_CPU\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: a\nmachine_rank: 1\n"
+     "mpirun_config: {mpirun_hostfile: hosts}\n", 0, r"with machine_rank 1: mpirun starts the processes of every "
+     r"machine from one command"),
+    ("distributed_type: MULTI_CPU\nmpirun_config: {hostfile: hosts}\n", 0,
+     r"^mpirun_config is \{'hostfile': 'hosts'\}, expected a mapping with one key"),
+])
+def test_mpirun_config_errors(tmp_path, monkeypatch, text, gpus, words):
+    """Where Accelerate's mpirun launch cannot be what was asked: a hostfile that is not there (mpirun's own error
+    there), a GPU / DeepSpeed config (Accelerate launches those through torchrun, the hostfile unread), a machine_rank
+    (the one mpirun starts every machine), an unknown key: errors before anything starts."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("127.0.0.1\n")
+    with pytest.raises(ConfigError, match=words):
+        load(tmp_path, text, gpu_count=gpus)
+
+
+def test_mpirun_launch_without_mpirun_on_path_or_with_max_restarts_is_an_error(tmp_path, monkeypatch):
+    """No mpirun / mpiexec on PATH: Accelerate's OSError, here a ConfigError naming what to install; --max_restarts
+    (torchrun's elastic agent) beside mpirun_config: an error."""
+    with pytest.raises(ConfigError, match=r"neither mpirun nor mpiexec is on PATH\. Install an MPI"):
+        cfg.find_mpirun(which=lambda name: None)
+    assert cfg.find_mpirun(which=lambda name: name == "mpiexec", version=b"HYDRA build details") == (
+        "mpiexec", "-f", "-n", "-ppn", "")
+    (tmp_path / "hosts").write_text("127.0.0.1\n")
+    (tmp_path / "t.py").write_text("")
+    proc = start(["--mpirun_hostfile", "hosts", "--cpu", "--num_processes", "2", "--max_restarts", "1", "t.py"],
+                 tmp_path)
+    out = finish([proc], 60)[0]
+    assert proc.returncode == 2 and "--max_restarts 1 with mpirun_config: restarts are torchrun's" in out
 
 
 def test_accelerate_fsdp_configs(tmp_path):

@@ -6,12 +6,16 @@
     load_config(path, flags)      both at once
 
 LaunchSettings knows the TASKTRAIN_* variables the workers get (worker_env, documented in
-tasktrain/strategies/environment.py), the torch.distributed.run command line (torchrun_args), and how to print
+tasktrain/strategies/environment.py), the torch.distributed.run command line (torchrun_args), Accelerate's mpirun
+command line and variables where the config has mpirun_config (mpirun_command, mpirun_env), and how to print
 itself (describe). Nothing here imports torch: a bad config fails in a fraction of a second.
 """
 import difflib
 import json
 import os
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -36,7 +40,7 @@ USED_KEYS = (
     "compute_environment", "distributed_type", "num_processes", "num_machines", "machine_rank",
     "main_process_ip", "main_process_port", "mixed_precision", "use_cpu", "gpu_ids", "rdzv_backend",
     "debug", "num_cpu_threads_per_process", "deepspeed_config", "fsdp_config", "parallelism_config",
-    "mpirun_config",  # (checked: a hostfile in it is refused, _refuse_mpirun)
+    "mpirun_config",  # Accelerate's launch through mpirun over a hostfile (CPU only: _resolve_mpirun)
     "strategy", "precision", "gradient_accumulation_steps",  # ours
 )
 
@@ -304,6 +308,7 @@ class LaunchSettings:
     gpu_ids: Optional[str] = None       # "0,1" -> CUDA_VISIBLE_DEVICES; None: all
     num_cpu_threads_per_process: Optional[int] = None
     debug: bool = False
+    mpirun_hostfile: Optional[str] = None  # Accelerate's mpirun_config: launch through mpirun over this hostfile
     config_file: Optional[str] = None
     sources: dict = field(default_factory=dict)   # setting -> "flag", "file", "default" or why
     ignored: list = field(default_factory=list)   # keys present but not applying here
@@ -370,6 +375,44 @@ class LaunchSettings:
             args.append("--module")
         return args + [script] + list(script_args)
 
+    def mpirun_command(self, mpirun, script: str, script_args=(), module: bool = False, python=None) -> list:
+        """Accelerate's command line (prepare_simple_launcher_cmd_env): `mpirun -f HOSTFILE -ppn P -n N python
+        script` for MPICH / Intel MPI / MVAPICH, `mpirun --hostfile HOSTFILE --npernode P -n N --bind-to socket python
+        script` for Open MPI. `mpirun` is find_mpirun()'s (program, hostfile, count, per-node, bind-to options)."""
+        program, hostfile_arg, num_proc_arg, per_node_arg, bind_to_arg = mpirun
+        command = [program, hostfile_arg, self.mpirun_hostfile, per_node_arg, str(self.nproc_per_node),
+                   num_proc_arg, str(self.num_processes)]
+        if bind_to_arg:
+            command += [bind_to_arg, "socket"]  # (Accelerate's: its getattr(args, "bind-to", "socket"))
+        command.append(python or sys.executable)
+        if module:
+            command.append("-m")
+        return command + [script] + list(script_args)
+
+    def mpirun_env(self, environ=None) -> dict:
+        """worker_env() and the variables Accelerate's launcher gives the processes it starts through mpirun:
+        ACCELERATE_USE_CPU (the Accelerator then joins MPI's world on CPU, tasktrain's and Accelerate's alike),
+        MASTER_ADDR / MASTER_PORT where there are several processes, Intel OpenMP's KMP_AFFINITY / KMP_BLOCKTIME,
+        ACCELERATE_MIXED_PRECISION, ACCELERATE_DEBUG_MODE with debug, and OMP_NUM_THREADS: num_cpu_threads_per_process,
+        else the launcher's own OMP_NUM_THREADS, else each process's share of the physical cores (at least 1).
+        Not set: Accelerate's ACCELERATE_DYNAMO_* (dynamo_backend is not a launch setting here: docs/launch.md)."""
+        environ = os.environ if environ is None else environ
+        env = self.worker_env()
+        env["ACCELERATE_USE_CPU"] = "True"  # (Accelerate's str(args.cpu or args.use_cpu): only CPU launches get here)
+        if self.debug:
+            env["ACCELERATE_DEBUG_MODE"] = "true"
+        if self.num_processes > 1 or self.num_machines > 1:
+            env["MASTER_ADDR"] = self.main_process_ip
+            env["MASTER_PORT"] = str(self.main_process_port or DEFAULT_PORT)
+        env["KMP_AFFINITY"] = "granularity=fine,compact,1,0"
+        env["KMP_BLOCKTIME"] = "1"
+        env["ACCELERATE_MIXED_PRECISION"] = ACCELERATE_PRECISION.get(self.precision)  # (none for 64-true, *-true)
+        threads = self.num_cpu_threads_per_process
+        if threads is None:
+            threads = _positive(environ.get("OMP_NUM_THREADS")) or max(1, physical_cores() // self.nproc_per_node)
+        env["OMP_NUM_THREADS"] = str(threads)
+        return env
+
     def strategy_description(self) -> str:
         if self.fsdp:  # fsdp_config's options beyond the name; class names as a set
             shown = [f"{k}={{{', '.join(v)}}}" if isinstance(v, list) else f"{k}={v!r}" for k, v in self.fsdp.items()]
@@ -405,7 +448,9 @@ class LaunchSettings:
         rows += [(name, getattr(self, name)) for name in optional if getattr(self, name) is not None]
         if self.debug:
             rows.append(("debug", True))
-        if self.num_machines > 1 and self.rdzv_backend != "static":
+        if self.mpirun_hostfile:
+            rows.append(("mpirun_hostfile", self.mpirun_hostfile))
+        if self.num_machines > 1 and self.rdzv_backend != "static" and not self.mpirun_hostfile:
             rows.append(("rdzv_backend", self.rdzv_backend))
         lines = ["tasktrain launch: resolved configuration"]
         for name, value in rows:
@@ -420,6 +465,44 @@ class LaunchSettings:
 
 def _text(value):
     return None if value is None else str(value)
+
+
+def _positive(text):
+    return int(text) if text and text.strip().isdigit() and int(text) > 0 else None
+
+
+ACCELERATE_PRECISION = {ours: theirs for theirs, ours in MIXED_PRECISION.items()}
+
+
+def physical_cores() -> int:
+    """The machine's physical cores, as Accelerate counts them (psutil), or its logical ones without psutil."""
+    try:
+        import psutil
+    except ImportError:  # (not a tasktrain dependency)
+        return os.cpu_count() or 1
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def find_mpirun(which=shutil.which, version=None):
+    """Accelerate's _get_mpirun_args: mpirun, else mpiexec, on PATH; `--version` says whether it is Open MPI's
+    (--hostfile, --npernode, --bind-to) or another's: MPICH's hydra, Intel MPI's, MVAPICH's (-f, -ppn).
+    -> (program, hostfile option, count option, per-node option, bind-to option or "")."""
+    found = [name for name in ("mpirun", "mpiexec") if which(name)]
+    if not found:
+        raise ConfigError("mpirun_config / --mpirun_hostfile: neither mpirun nor mpiexec is on PATH. Install an MPI "
+                          "(Open MPI, Intel MPI, MVAPICH, or MPICH: `pip install mpich`) and put its bin folder on "
+                          "PATH, or remove mpirun_config to start the processes with torchrun.")
+    program = found[0]
+    if version is None:
+        try:
+            version = subprocess.run([program, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     timeout=60, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise ConfigError(f"`{program} --version` failed ({error}): tasktrain launch asks it which MPI it is, "
+                              "as Accelerate's launcher does. Check the MPI installation on PATH.") from None
+    if b"Open MPI" in version:
+        return program, "--hostfile", "-n", "--npernode", "--bind-to"
+    return program, "-f", "-n", "-ppn", ""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -467,10 +550,10 @@ def resolve(file_values: dict, flags: Optional[dict] = None, gpu_count: Optional
              "MULTI_CPU.",
     )
     _resolve_processes(s, merged, sources, dist_type, gpu_count)
-    _refuse_mpirun(s, merged.get("mpirun_config"), sources.get("mpirun_config"))
     _resolve_strategy(s, merged, sources, dist_type)
     _resolve_parallelism(s, merged.get("parallelism_config"))
     _resolve_precision(s, merged, sources)
+    _resolve_mpirun(s, merged.get("mpirun_config"), sources.get("mpirun_config"), dist_type)
 
     ga = _integer("gradient_accumulation_steps", merged.get("gradient_accumulation_steps"), minimum=1)
     if ga is not None:
@@ -552,30 +635,47 @@ def _resolve_processes(s: LaunchSettings, merged: dict, sources: dict, dist_type
         s.notes.append("rdzv_backend c10d numbers the machines in the order they join: machine_rank is not used")
 
 
-def _refuse_mpirun(s: LaunchSettings, mpirun: Optional[dict], source: Optional[str]):
-    """Accelerate's `mpirun_config: {mpirun_hostfile: ...}` (`accelerate config`'s "launch mpirun", or its
-    --mpirun_hostfile flag) runs the script through mpirun / mpiexec over the hostfile's machines; tasktrain launch
-    starts processes with torchrun on the machine it runs on, so it refuses rather than start them elsewhere, and says
-    the mpiexec command that does what Accelerate's launcher does (the Accelerator forms MPI's world on CPU). An empty
-    mapping asks for nothing (as in Accelerate)."""
+def _resolve_mpirun(s: LaunchSettings, mpirun, source: Optional[str], dist_type):
+    """Accelerate's `mpirun_config: {mpirun_hostfile: ...}` (`accelerate config`'s "launch mpirun" for MULTI_CPU, or its
+    --mpirun_hostfile flag): the script runs through mpirun / mpiexec over the hostfile's machines (mpirun_command,
+    mpirun_env), launched once, from one machine. Accelerate takes that path for its CPU launcher only (a GPU, DeepSpeed
+    or FSDP launch goes through torchrun there, the hostfile unread): here such a config is an error, as is a hostfile
+    that does not exist. An empty mapping asks for nothing (as in Accelerate)."""
     if not mpirun:
         return
-    where = f"--mpirun_hostfile {mpirun.get('mpirun_hostfile')}" if source == "flag" else f"mpirun_config {mpirun!r}"
-    if not isinstance(mpirun, dict):
-        raise ConfigError(f"mpirun_config is {mpirun!r}, expected a mapping such as `mpirun_config: {{mpirun_hostfile: "
-                          "~/hostfile}` (which tasktrain launch refuses: see docs/launch.md), or remove the key.")
-    hostfile = mpirun.get("mpirun_hostfile") or "HOSTFILE"
-    master = "127.0.0.1" if s.num_machines == 1 else s.main_process_ip
-    raise ConfigError(
-        f"{where}: Accelerate's launcher runs the script through mpirun / mpiexec over the hostfile's "
-        "machines; tasktrain launch starts its processes with torchrun only (on the machine it runs on), so it does "
-        "not launch this. Run MPI's launcher yourself, where the Accelerator forms MPI's world on CPU "
-        f"(Accelerator(cpu=True), or ACCELERATE_USE_CPU=1 as below): `ACCELERATE_USE_CPU=1 MASTER_ADDR={master} "
-        f"MASTER_PORT={s.main_process_port or DEFAULT_PORT} mpiexec -f {hostfile} -ppn {s.nproc_per_node} -n "
-        f"{s.num_processes} python train.py` (Open MPI: `mpirun --hostfile {hostfile} --npernode {s.nproc_per_node} "
-        f"-n {s.num_processes} -x ACCELERATE_USE_CPU -x MASTER_ADDR -x MASTER_PORT python train.py`); or remove "
-        "mpirun_config (and --mpirun_hostfile) to start the processes with torchrun, running tasktrain launch on each "
-        "machine (docs/launch.md).")
+    if not isinstance(mpirun, dict) or set(mpirun) - {"mpirun_hostfile"}:
+        raise ConfigError(f"mpirun_config is {mpirun!r}, expected a mapping with one key, such as `mpirun_config: "
+                          "{mpirun_hostfile: ~/hostfile}` (Accelerate's), or remove the key.")
+    given = mpirun.get("mpirun_hostfile")
+    where = f"--mpirun_hostfile {given}" if source == "flag" else f"mpirun_config.mpirun_hostfile {given!r}"
+    if not given:
+        return  # (`mpirun_hostfile: null`: no mpirun, as Accelerate's `if args.mpirun_hostfile is not None`)
+    hostfile = os.path.abspath(os.path.expanduser(str(given)))
+    if not os.path.isfile(hostfile):
+        raise ConfigError(f"{where}: the hostfile {hostfile!r} does not exist. Expected a file listing the machines "
+                          "mpirun starts the processes on (one host name or address a line, e.g. `127.0.0.1` for "
+                          "this machine). Check the path, or remove mpirun_config to start the processes with "
+                          "torchrun.")
+    gpu_kind = dist_type in ("MULTI_GPU", "DEEPSPEED", "FSDP") or s.is_deepspeed or \
+        STRATEGIES[s.strategy].distributed_type in ("DEEPSPEED", "FSDP") or s.strategy in ("ddp_spawn", "dp") or \
+        s.parallelism
+    if gpu_kind or not s.use_cpu:
+        what = f"distributed_type {dist_type}" if dist_type not in (None, "NO", "MULTI_CPU") else \
+            f"strategy {s.strategy}" if s.use_cpu else "use_cpu false on a machine with GPUs"
+        raise ConfigError(f"{where} with {what}: Accelerate launches through mpirun for CPU training only (its "
+                          "MULTI_CPU launcher; `accelerate config` asks for a hostfile there only), with "
+                          "DistributedDataParallel on gloo. Set `distributed_type: MULTI_CPU` and `use_cpu: true` "
+                          "(--cpu), or remove mpirun_config (--mpirun_hostfile) to start GPU processes with torchrun, "
+                          "running tasktrain launch on each machine.")
+    if s.machine_rank:
+        raise ConfigError(f"{where} with machine_rank {s.machine_rank}: mpirun starts the processes of every machine "
+                          "from one command, run on one machine; running it on each would start the world once per "
+                          "machine. Run it on one machine with machine_rank 0 (or remove the key), or remove "
+                          "mpirun_config to run tasktrain launch on each machine with torchrun.")
+    if s.rdzv_backend != "static":
+        s.ignored.append(f"rdzv_backend {s.rdzv_backend} (mpirun starts the processes)")
+    s.mpirun_hostfile = hostfile
+    s.sources["mpirun_hostfile"] = source or "file"
 
 
 def _resolve_strategy(s: LaunchSettings, merged: dict, sources: dict, dist_type):

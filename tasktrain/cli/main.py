@@ -10,13 +10,16 @@
     tasktrain convert CHECKPOINT OUT_DIR --format safetensors (any checkpoint -> Hugging Face shards)
 
 The work is in tasktrain/cli/config.py (the YAML schema and resolution); this file only parses arguments, and
-runs torch.distributed.run in-process so the launcher costs one Python start, not two. torch is imported only
+runs torch.distributed.run in-process so the launcher costs one Python start, not two (or, for Accelerate's
+mpirun_config, the mpirun on PATH as a child process). torch is imported only
 once a configuration has been checked: a bad config is reported at once.
 """
 import argparse
 import os
 import pickle
+import shlex
 import signal
+import subprocess
 import sys
 import uuid
 
@@ -72,7 +75,8 @@ def _add_launch(subparsers):
                  "elastic agent, torchrun --max-restarts); each restart resumes from the newest complete "
                  "checkpoint of this launch (docs/checkpointing.md). Default 0")
     _option(p, "mpirun_hostfile", metavar="FILE",
-            help="Accelerate's launch through mpirun: refused, with the mpiexec command to run instead")
+            help="launch through mpirun / mpiexec (the one on PATH) over the machines this hostfile lists, as "
+                 "Accelerate's launcher does: CPU training only (use_cpu, MULTI_CPU), run on one machine")
     p.add_argument("--debug", action="store_true", default=None,
                    help="check that all ranks run the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL, "
                         "TASKTRAIN_DEBUG_COLLECTIVES=1)")
@@ -123,6 +127,14 @@ def _launch(args) -> int:
     max_restarts = args.max_restarts or 0
     if max_restarts < 0:
         raise cfg.ConfigError(f"--max_restarts {max_restarts}: use 0 (no restart) or a positive number.")
+    if settings.mpirun_hostfile:
+        if max_restarts:
+            raise cfg.ConfigError(f"--max_restarts {max_restarts} with mpirun_config: restarts are torchrun's elastic "
+                                  "agent's, and mpirun starts these processes. Drop --max_restarts, or remove "
+                                  "mpirun_config to start the processes with torchrun.")
+        mpirun = cfg.find_mpirun()
+        print(settings.describe(), flush=True)
+        return run_mpirun(settings, mpirun, args.script, args.script_args, module=args.module)
     from tasktrain.strategies import requeue
     from tasktrain.strategies.environment import SlurmAllocationError, check_launch_in_slurm
 
@@ -170,6 +182,44 @@ def run_workers(settings, script, script_args=(), module=False, max_restarts=0) 
         print(f"tasktrain launch: stopped by {e.sigval.name}; the workers were stopped too", file=sys.stderr)
         return 128 + int(e.sigval)
     return 0
+
+
+def run_mpirun(settings, mpirun, script, script_args=(), module=False) -> int:
+    """Accelerate's launch through mpirun (its simple launcher with --mpirun_hostfile): one mpirun / mpiexec for every
+    process on every machine of the hostfile, with Accelerate's variables and tasktrain's (settings.mpirun_env);
+    the exit code is mpirun's (killed by signal N -> 128+N)."""
+    command = settings.mpirun_command(mpirun, script, script_args, module)
+    env = dict(os.environ)
+    for key, value in settings.mpirun_env().items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    print(f"  mpirun command: {shlex.join(command)}", flush=True)
+    process = subprocess.Popen(command, env=env)
+    # SIGTERM to the launcher (a scheduler's, `kill`) goes on to mpirun, which stops its processes on every machine:
+    # none is left running without its launcher. (Ctrl-C on a terminal reaches mpirun itself, in the same group.)
+    stopped_by = []
+
+    def forward(signum, frame):
+        stopped_by.append(signum)
+        process.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        while True:
+            try:
+                code = process.wait()
+                break
+            except KeyboardInterrupt:
+                continue
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stopped_by:  # (as the torchrun launch: 128 + the signal, whatever code mpirun chose; MPICH's is the signal's)
+        print(f"tasktrain launch: stopped by {signal.Signals(stopped_by[0]).name}; mpirun stopped its processes too",
+              file=sys.stderr)
+        return 128 + stopped_by[0]
+    return 128 - code if code < 0 else code
 
 
 def _root_exit_code(failures) -> int:

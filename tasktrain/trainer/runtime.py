@@ -23,7 +23,7 @@ from tasktrain.checkpoint_io import restore_rng_states
 from tasktrain.names import AUTO_STRATEGY, normalize_precision
 from tasktrain.strategies.base import MultiProcess, Sharded, Strategy
 from tasktrain.strategies.environment import (ClusterEnvironment, check_slurm_allocation, detect_environment,
-                                              join_mpi_world, launch_config)
+                                              join_mpi_world, launch_config, mpi_world_size)
 from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
 from tasktrain.trainer.seed import get_seed, seed_rank_streams
@@ -83,6 +83,11 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
     if isinstance(strategy, Strategy) and strategy.parallel_devices:
         accelerator, devices = _parallel_devices_choice(strategy, accelerator, devices)
     accelerator = resolve_accelerator(accelerator)
+    if devices in (None, "auto") and launch.launched and env.launcher is None and mpi_world_size() > 1 and \
+            launch.num_processes:
+        # `tasktrain launch` through mpirun (mpirun_config): no torchrun variables for "auto" to read; the launch's
+        # processes per machine are mpirun's -ppn (the ranks are MPI's: MPIEnvironment, detected below the strategy)
+        devices = launch.num_processes // max(1, launch.num_machines or 1)
     devices = resolve_devices(devices, accelerator, env)
     if num_nodes is None:
         # Not given: what the launcher formed (torchrun's nodes = world / processes per node), else 1.
