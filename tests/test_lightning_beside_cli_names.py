@@ -40,9 +40,10 @@ MODULE_PAIRS = [
 
 
 def unannotated(ours, theirs):
-    """The parameters of ours.__init__ that have no annotation where Lightning's parameter of that name has one."""
+    """The parameters of the function `ours` that have no annotation where Lightning's parameter of that name has
+    one."""
     try:
-        mine, lightnings = inspect.signature(ours.__init__).parameters, inspect.signature(theirs.__init__).parameters
+        mine, lightnings = inspect.signature(ours).parameters, inspect.signature(theirs).parameters
     except (TypeError, ValueError):
         return []
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
@@ -58,9 +59,15 @@ def test_init_parameters_are_annotated_where_lightnings_are():
         for name in sorted(set(getattr(theirs, "__all__", ())) | set(dir(theirs))):
             theirs_class, ours_class = getattr(theirs, name, None), getattr(ours, name, None)
             if inspect.isclass(theirs_class) and inspect.isclass(ours_class):
-                missing = unannotated(ours_class, theirs_class)
+                missing = unannotated(ours_class.__init__, theirs_class.__init__)
                 if missing:
                     gaps[f"{ours_name}.{name}"] = missing
+    import tasktrain
+
+    for method in ("fit", "validate", "test", "predict"):  # TaskCLI's subcommands take their arguments
+        missing = unannotated(getattr(tasktrain.Trainer, method), getattr(L.Trainer, method))
+        if missing:
+            gaps[f"tasktrain.Trainer.{method}"] = missing
     assert not gaps, f"parameters without Lightning's annotation: {gaps}"
 
 

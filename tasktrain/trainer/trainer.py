@@ -21,7 +21,7 @@ import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterable, List, Literal, Optional, Union
+from typing import Any, Iterable, List, Literal, Optional, Union
 
 import torch
 
@@ -670,8 +670,15 @@ class Trainer:
         if self.is_global_zero:
             print(*args, **kwargs)
 
-    def fit(self, module, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None,
-            weights_only=None):
+    def fit(
+        self,
+        module,
+        train_dataloaders: Optional[Union[Any, DataModule]] = None,
+        val_dataloaders: Optional[Any] = None,
+        datamodule: Optional[DataModule] = None,
+        ckpt_path: Optional[Union[str, Path]] = None,
+        weights_only: Optional[bool] = None,
+    ):
         """Train `module` on loaders, or on a DataModule's (`datamodule=`, or passed as train_dataloaders).
         weights_only (Lightning's): how ckpt_path is read. None or True: tensors and plain data only (a file holding
         other pickled objects is refused); False: any pickled object, for a file you trust."""
@@ -680,16 +687,37 @@ class Trainer:
         return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path, datamodule=datamodule,
                          weights_only=weights_only)
 
-    def validate(self, module=None, dataloaders=None, ckpt_path=None, verbose=True, datamodule=None):
+    def validate(
+        self,
+        module=None,
+        dataloaders: Optional[Union[Any, DataModule]] = None,
+        ckpt_path: Optional[Union[str, Path]] = None,
+        verbose: bool = True,
+        datamodule: Optional[DataModule] = None,
+    ):
         self._verbose = verbose  # False: the results are returned, not printed
         return self._run("validate", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
-    def test(self, module=None, dataloaders=None, ckpt_path=None, verbose=True, datamodule=None):
+    def test(
+        self,
+        module=None,
+        dataloaders: Optional[Union[Any, DataModule]] = None,
+        ckpt_path: Optional[Union[str, Path]] = None,
+        verbose: bool = True,
+        datamodule: Optional[DataModule] = None,
+    ):
         self._verbose = verbose
         return self._run("test", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
-    def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False, return_predictions=None,
-                datamodule=None):
+    def predict(
+        self,
+        module=None,
+        dataloaders: Optional[Union[Any, DataModule]] = None,
+        ckpt_path: Optional[Union[str, Path]] = None,
+        gather: bool = False,
+        return_predictions: Optional[bool] = None,
+        datamodule: Optional[DataModule] = None,
+    ):
         """Predictions of this rank, in loader order (a list per loader when there are several); with gather=True,
         every rank's, in dataset order. return_predictions=False keeps none in memory and returns None (a
         BasePredictionWriter writes them). Under a strategy that spawns its processes ("ddp_spawn"), as Lightning's:
