@@ -36,6 +36,12 @@ MODULE_PAIRS = [
     ("tasktrain.tuner", "lightning.pytorch.tuner"),
     ("tasktrain.cli", "lightning.pytorch.cli"),
     ("tasktrain.trainer", "lightning.pytorch.trainer"),
+    ("tasktrain.utilities", "lightning.pytorch.utilities"),
+    ("tasktrain.utilities.imports", "lightning.pytorch.utilities.imports"),
+    ("tasktrain.utilities.model_summary", "lightning.pytorch.utilities.model_summary"),
+    ("tasktrain.core.optimizer", "lightning.pytorch.core.optimizer"),
+    ("tasktrain.demos.boring_classes", "lightning.pytorch.demos.boring_classes"),
+    ("tasktrain.loggers.csv_logs", "lightning.pytorch.loggers.csv_logs"),
 ]
 
 
