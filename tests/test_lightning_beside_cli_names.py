@@ -265,7 +265,9 @@ def test_patience_given_as_a_string_is_an_int_and_the_objects_are_built_as_light
 
 def test_taskcli_works_without_jsonargparse_signatures_extra(tmp_path):
     """The `cli` extra is jsonargparse alone: without docstring-parser and typeshed-client (jsonargparse[signatures],
-    which Lightning's CLI asks for) TaskCLI parses the same class names and builds the trainer."""
+    which Lightning's CLI asks for) TaskCLI parses the same class names and builds the trainer. In a fresh
+    interpreter that imported nothing but TaskCLI: the classes tasktrain imports on first use (DeepSpeedStrategy,
+    FSDPStrategy, ModelParallelStrategy, TQDMProgressBar, RichProgressBar) are found by their short names too."""
     script = textwrap.dedent("""
         import sys
 
@@ -274,6 +276,26 @@ def test_taskcli_works_without_jsonargparse_signatures_extra(tmp_path):
         assert not _optionals.docstring_parser_support and not _optionals.typeshed_client_support
         from tasktrain.cli import TaskCLI
         from tasktrain.demos.boring_classes import BoringModel
+
+        class Parsed(Exception):
+            pass
+
+        class ParseOnly(TaskCLI):
+            def before_instantiate_classes(self):
+                raise Parsed(self.config)
+
+        for key, name, argument in [("strategy", "DeepSpeedStrategy", "stage=3"),
+                                    ("strategy", "FSDPStrategy", "state_dict_type=sharded"),
+                                    ("strategy", "ModelParallelStrategy", "data_parallel_size=2"),
+                                    ("callbacks+", "TQDMProgressBar", "refresh_rate=5"),
+                                    ("callbacks+", "RichProgressBar", "leave=true")]:
+            try:
+                ParseOnly(BoringModel, run=False, args=[f"--trainer.{key}={name}",
+                                                        f"--trainer.{key.rstrip('+')}.{argument}"])
+            except Parsed as parsed:
+                value = parsed.args[0]["trainer." + key.rstrip("+")]
+                value = value[0] if isinstance(value, list) else value
+                assert value.class_path.endswith("." + name), value
 
         cli = TaskCLI(BoringModel, run=False, args=[
             "--trainer.logger=TensorBoardLogger", "--trainer.logger.save_dir=logs", "--trainer.callbacks+=EarlyStopping",

@@ -164,6 +164,20 @@ def _jsonargparse():
     return jsonargparse
 
 
+# Lightning-named classes that tasktrain imports on first use. jsonargparse finds a class given by its short name
+# (--trainer.strategy=FSDPStrategy, --trainer.callbacks+=TQDMProgressBar) among the subclasses already imported only,
+# and Lightning imports all of its own: TaskCLI imports these before it parses.
+_LOADED_ON_FIRST_USE = {"tasktrain.strategies": ("DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy"),
+                        "tasktrain.callbacks": ("TQDMProgressBar", "RichProgressBar")}
+
+
+def _load_classes_named_on_the_command_line():
+    for module_name, names in _LOADED_ON_FIRST_USE.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            getattr(module, name)
+
+
 class SaveConfigCallback(Callback):
     """Writes the config the run was started with to `<log_dir>/<config_filename>` when fit starts (rank 0)."""
 
@@ -243,6 +257,7 @@ class TaskCLI:
                  parser_kwargs=None, subclass_mode_model=False, subclass_mode_data=False, args=None, run=True,
                  auto_configure_optimizers=True):
         jsonargparse = _jsonargparse()
+        _load_classes_named_on_the_command_line()
         if trainer_class is None:
             from tasktrain.trainer.trainer import Trainer as trainer_class
         from tasktrain.trainer.module import TaskModule
