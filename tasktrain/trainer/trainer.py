@@ -98,7 +98,7 @@ class Trainer:
         self,
         *,
         accelerator: Union[str, Accelerator] = "auto",
-        strategy: Union[str, Strategy] = "auto",  # the annotations of object arguments: TaskCLI builds them from YAML
+        strategy: Union[str, Strategy] = "auto",  # (Lightning's annotations throughout: TaskCLI parses by them)
         devices: Union[list[int], str, int] = "auto",
         num_nodes: Optional[int] = None,
         precision: Optional[_PRECISION_INPUT] = None,
