@@ -62,6 +62,7 @@ import sys
 import threading
 import time
 import zipfile
+from typing import Optional
 
 import numpy as np
 import torch
@@ -1152,7 +1153,7 @@ class AsyncCheckpointIO(CheckpointIO):
     (CheckpointWriter). A write's error is raised at the next save, load, removal or at teardown. Loads and removals
     wait for the write in flight first, so they never see a file half written."""
 
-    def __init__(self, checkpoint_io=None):
+    def __init__(self, checkpoint_io: Optional["CheckpointIO"] = None):
         self.checkpoint_io = checkpoint_io
         self._writer = CheckpointWriter()
 

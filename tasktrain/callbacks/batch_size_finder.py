@@ -22,8 +22,16 @@ class BatchSizeFinder(Callback):
 
     SUPPORTED_MODES = ("power", "binsearch")
 
-    def __init__(self, mode="power", steps_per_trial=3, init_val=2, max_trials=25, batch_arg_name="batch_size",
-                 margin=0.05, max_val=8192):
+    def __init__(
+        self,
+        mode: str = "power",
+        steps_per_trial: int = 3,
+        init_val: int = 2,
+        max_trials: int = 25,
+        batch_arg_name: str = "batch_size",
+        margin: float = 0.05,
+        max_val: int = 8192,
+    ):
         from tasktrain.tuner.tuning import check_batch_size_arguments
 
         mode = mode.lower()

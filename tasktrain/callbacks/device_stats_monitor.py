@@ -17,6 +17,8 @@ logged_metrics), on every rank (tasktrain's loggers write on rank 0).
 cpu_stats: None logs the CPU's statistics only when training on the CPU; True adds them on any device; False never
 logs them (on the CPU: nothing is logged at all).
 """
+from typing import Optional
+
 import torch
 
 from tasktrain.accelerators import cpu
@@ -44,7 +46,7 @@ def _prefix_metric_keys(metrics_dict, prefix, separator):
 
 
 class DeviceStatsMonitor(Callback):
-    def __init__(self, cpu_stats=None):
+    def __init__(self, cpu_stats: Optional[bool] = None):
         self._cpu_stats = cpu_stats
         self._eval_batches = 0  # batches of the current evaluation run: Lightning's batch_progress.current.ready
         self._train_step = None  # in a fit's training: batches_that_stepped at the last on_train_batch_end

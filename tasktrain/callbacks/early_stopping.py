@@ -16,6 +16,7 @@ checks. Messages (verbose=True) go to the module's `log` at INFO level, rank-pre
 import logging
 import warnings
 from enum import Enum
+from typing import Optional
 
 import torch
 
@@ -44,9 +45,20 @@ class EarlyStopping(Callback):
     order_dict = {"min": "<", "max": ">"}
 
     # Lightning 2.6's arguments in its positional order
-    def __init__(self, monitor, min_delta=0.0, patience=3, verbose=False, mode="min", strict=True, check_finite=True,
-                 stopping_threshold=None, divergence_threshold=None, check_on_train_epoch_end=None,
-                 log_rank_zero_only=False):
+    def __init__(
+        self,
+        monitor: str,
+        min_delta: float = 0.0,
+        patience: int = 3,
+        verbose: bool = False,
+        mode: str = "min",
+        strict: bool = True,
+        check_finite: bool = True,
+        stopping_threshold: Optional[float] = None,
+        divergence_threshold: Optional[float] = None,
+        check_on_train_epoch_end: Optional[bool] = None,
+        log_rank_zero_only: bool = False,
+    ):
         super().__init__()
         if not isinstance(monitor, str) or not monitor:
             raise MisconfigurationException(

@@ -5,6 +5,8 @@ from any hook of a subclass that calls `self.lr_find(trainer, pl_module)` (at ep
 fine-tuning). The suggestion is set on the module's `lr` / `learning_rate` (or attr_name) and on the optimizers the
 fit already built, so the fit goes on at that rate. See docs/tuner.md.
 """
+from typing import Optional
+
 from tasktrain.callbacks.base import Callback
 
 
@@ -17,8 +19,16 @@ class LearningRateFinder(Callback):
 
     SUPPORTED_MODES = ("linear", "exponential")
 
-    def __init__(self, min_lr=1e-8, max_lr=1, num_training_steps=100, mode="exponential", early_stop_threshold=4.0,
-                 update_attr=True, attr_name=""):
+    def __init__(
+        self,
+        min_lr: float = 1e-8,
+        max_lr: float = 1,
+        num_training_steps: int = 100,
+        mode: str = "exponential",
+        early_stop_threshold: Optional[float] = 4.0,
+        update_attr: bool = True,
+        attr_name: str = "",
+    ):
         from tasktrain.tuner.tuning import check_lr_find_arguments
 
         mode = mode.lower()

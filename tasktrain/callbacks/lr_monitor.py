@@ -23,6 +23,7 @@ As in Lightning, `lrs` keeps the history ({name: [each rate written]}), `last_mo
 """
 import warnings
 from collections import defaultdict
+from typing import Literal, Optional
 
 import torch
 
@@ -31,7 +32,12 @@ from tasktrain.exceptions import MisconfigurationException
 
 
 class LearningRateMonitor(Callback):
-    def __init__(self, logging_interval=None, log_momentum=False, log_weight_decay=False):
+    def __init__(
+        self,
+        logging_interval: Optional[Literal["step", "epoch"]] = None,
+        log_momentum: bool = False,
+        log_weight_decay: bool = False,
+    ):
         if logging_interval not in ("step", "epoch", None):
             raise MisconfigurationException(f"LearningRateMonitor(logging_interval={logging_interval!r}): use "
                                             "'step', 'epoch' or None.")

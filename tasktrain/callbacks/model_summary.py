@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import tasktrain
 from tasktrain.callbacks.base import Callback
 
 UNKNOWN_SIZE = "?"
@@ -157,7 +158,7 @@ class LayerSummary:
     (UNKNOWN_SIZE before; a hook that then removes itself; `detach_hook()` removes it before, as does the object's
     end). Not for a torch.jit.ScriptModule's sizes (no hook can be registered there)."""
 
-    def __init__(self, module):
+    def __init__(self, module: torch.nn.Module):
         self._module = module
         self._in_size = self._out_size = None
         self._hook_handle = None
@@ -205,7 +206,7 @@ class DeepSpeedSummary(Summary):
     in both. With the module's example_input_array, one forward pass gives the sizes and FLOPs (every rank must run
     it under ZeRO-3)."""
 
-    def __init__(self, model, max_depth=1):
+    def __init__(self, model: "tasktrain.TaskModule", max_depth: int = 1):
         _check_depth(max_depth)
         super().__init__(model, max_depth, numel=_full_numel, device_numel=_partition_numel,
                          **_example_forward(model, max_depth))
@@ -229,7 +230,7 @@ class ModuleSummary(Summary):
     one forward pass of it gives the In / Out sizes and the FLOPs (without it: no size columns, FLOPs 0); a layer
     the forward does not reach shows "?". `input_array=` (tasktrain's) runs that input instead."""
 
-    def __init__(self, model, max_depth=1, input_array=None):
+    def __init__(self, model: "tasktrain.TaskModule", max_depth: int = 1, input_array=None):
         _check_depth(max_depth)
         super().__init__(model, max_depth, **_example_forward(model, max_depth, input_array))
 

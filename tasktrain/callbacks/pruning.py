@@ -20,6 +20,7 @@ import inspect
 import logging
 from copy import deepcopy
 from functools import partial
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.utils.prune as pytorch_prune
@@ -50,10 +51,22 @@ _MODULE_CONTAINERS = (TaskModule, nn.Sequential, nn.ModuleList, nn.ModuleDict)
 class ModelPruning(Callback):
     PARAMETER_NAMES = ("weight", "bias")
 
-    def __init__(self, pruning_fn, parameters_to_prune=(), parameter_names=None, use_global_unstructured=True,
-                 amount=0.5, apply_pruning=True, make_pruning_permanent=True, use_lottery_ticket_hypothesis=True,
-                 resample_parameters=False, pruning_dim=None, pruning_norm=None, verbose=0,
-                 prune_on_train_epoch_end=True):
+    def __init__(
+        self,
+        pruning_fn: Union[Callable, str],
+        parameters_to_prune: Sequence[tuple[nn.Module, str]] = (),
+        parameter_names: Optional[list[str]] = None,
+        use_global_unstructured: bool = True,
+        amount: Union[int, float, Callable[[int], Union[int, float]]] = 0.5,
+        apply_pruning: Union[bool, Callable[[int], bool]] = True,
+        make_pruning_permanent: bool = True,
+        use_lottery_ticket_hypothesis: Union[bool, Callable[[int], bool]] = True,
+        resample_parameters: bool = False,
+        pruning_dim: Optional[int] = None,
+        pruning_norm: Optional[int] = None,
+        verbose: int = 0,
+        prune_on_train_epoch_end: bool = True,
+    ):
         self._use_global_unstructured = use_global_unstructured
         self._parameters_to_prune = parameters_to_prune
         self._use_lottery_ticket_hypothesis = use_lottery_ticket_hypothesis

@@ -20,6 +20,8 @@ import math
 import os
 from collections import deque
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal, Optional, Union
 
 import torch
 
@@ -34,8 +36,16 @@ class TrainingSpikeException(RuntimeError):
 
 
 class SpikeDetection(Callback):
-    def __init__(self, mode="min", window=10, warmup=1, atol=None, rtol=2.0, exclude_batches_path=None,
-                 finite_only=True):
+    def __init__(
+        self,
+        mode: Literal["min", "max"] = "min",
+        window: int = 10,
+        warmup: int = 1,
+        atol: Optional[float] = None,
+        rtol: Optional[float] = 2.0,
+        exclude_batches_path: Optional[Union[str, Path]] = None,
+        finite_only: bool = True,
+    ):
         self.last_val = 0.0
         self.window = window
         self._sums = deque(maxlen=window)  # per counted loss: (sum of its finite elements, how many)

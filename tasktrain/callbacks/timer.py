@@ -1,6 +1,7 @@
 import logging
 import time
 from datetime import timedelta
+from typing import Optional, Union
 
 from tasktrain.callbacks.base import Callback
 from tasktrain.exceptions import MisconfigurationException
@@ -32,7 +33,12 @@ class Timer(Callback):
     training epoch (interval="epoch"); duration=None only measures. time_elapsed(stage) / time_remaining(stage)
     give the seconds of "train" (including the runs this one resumed), "validate" or "test", as in Lightning."""
 
-    def __init__(self, duration=None, interval="step", verbose=True):
+    def __init__(
+        self,
+        duration: Optional[Union[str, timedelta, dict[str, int]]] = None,
+        interval: str = "step",
+        verbose: bool = True,
+    ):
         if interval not in ("step", "epoch"):
             raise MisconfigurationException(f"Unsupported parameter value `Timer(interval={interval})`. Possible "
                                             "choices are: step, epoch")

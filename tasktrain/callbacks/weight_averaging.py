@@ -24,6 +24,7 @@ import itertools
 import logging
 import warnings
 from copy import deepcopy
+from typing import Optional, Union
 
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
@@ -44,7 +45,7 @@ def _info(trainer, message):
 
 
 class WeightAveraging(Callback):
-    def __init__(self, device=None, use_buffers=True, **kwargs):
+    def __init__(self, device: Optional[Union[torch.device, str, int]] = None, use_buffers: bool = True, **kwargs):
         self._device = torch.device(device) if isinstance(device, str) else device
         self._use_buffers = use_buffers
         self._kwargs = kwargs
@@ -167,8 +168,16 @@ class EMAWeightAveraging(WeightAveraging):
     `update_starting_at_step` (0-based; None: from the first), and at epoch ends from `update_starting_at_epoch`
     (None: never at epoch ends)."""
 
-    def __init__(self, device=None, use_buffers=True, decay=0.999, update_every_n_steps=1,
-                 update_starting_at_step=None, update_starting_at_epoch=None, **kwargs):
+    def __init__(
+        self,
+        device: Optional[Union[torch.device, str, int]] = None,
+        use_buffers: bool = True,
+        decay: float = 0.999,
+        update_every_n_steps: int = 1,
+        update_starting_at_step: Optional[int] = None,
+        update_starting_at_epoch: Optional[int] = None,
+        **kwargs,
+    ):
         super().__init__(device=device, use_buffers=use_buffers, avg_fn=get_ema_avg_fn(decay=decay), **kwargs)
         self.decay = decay
         self.update_every_n_steps = update_every_n_steps

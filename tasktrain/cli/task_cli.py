@@ -45,10 +45,14 @@ import functools
 import importlib
 import os
 import warnings
+from typing import TYPE_CHECKING, Literal, Union
 
 import torch
 
 from tasktrain.callbacks.base import Callback
+
+if TYPE_CHECKING:  # an extra, imported when TaskCLI is used
+    import jsonargparse
 
 SUBCOMMANDS = {
     "fit": "Train the model (Trainer.fit).",
@@ -160,10 +164,31 @@ def _jsonargparse():
     return jsonargparse
 
 
+# Lightning-named classes that tasktrain imports on first use. jsonargparse finds a class given by its short name
+# (--trainer.strategy=FSDPStrategy, --trainer.callbacks+=TQDMProgressBar) among the subclasses already imported only,
+# and Lightning imports all of its own: TaskCLI imports these before it parses.
+_LOADED_ON_FIRST_USE = {"tasktrain.strategies": ("DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy"),
+                        "tasktrain.callbacks": ("TQDMProgressBar", "RichProgressBar")}
+
+
+def _load_classes_named_on_the_command_line():
+    for module_name, names in _LOADED_ON_FIRST_USE.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            getattr(module, name)
+
+
 class SaveConfigCallback(Callback):
     """Writes the config the run was started with to `<log_dir>/<config_filename>` when fit starts (rank 0)."""
 
-    def __init__(self, parser, config, config_filename="config.yaml", overwrite=False, multifile=False):
+    def __init__(
+        self,
+        parser: "jsonargparse.ArgumentParser",
+        config: "jsonargparse.Namespace",
+        config_filename: str = "config.yaml",
+        overwrite: bool = False,
+        multifile: bool = False,
+    ):
         self.parser, self.config = parser, config
         self.config_filename, self.overwrite, self.multifile = config_filename, overwrite, multifile
         self.already_saved = False
@@ -186,8 +211,19 @@ class SaveConfigCallback(Callback):
 class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
     """torch's ReduceLROnPlateau with the metric it watches (`monitor`), for `--lr_scheduler` in a config."""
 
-    def __init__(self, optimizer, monitor, mode="min", factor=0.1, patience=10, threshold=1e-4,
-                 threshold_mode="rel", cooldown=0, min_lr=0.0, eps=1e-8):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        monitor: str,
+        mode: Literal["min", "max"] = "min",
+        factor: float = 0.1,
+        patience: int = 10,
+        threshold: float = 1e-4,
+        threshold_mode: Literal["rel", "abs"] = "rel",
+        cooldown: int = 0,
+        min_lr: Union[list[float], float] = 0.0,
+        eps: float = 1e-8,
+    ):
         super().__init__(optimizer, mode=mode, factor=factor, patience=patience, threshold=threshold,
                          threshold_mode=threshold_mode, cooldown=cooldown, min_lr=min_lr, eps=eps)
         self.monitor = monitor
@@ -221,6 +257,7 @@ class TaskCLI:
                  parser_kwargs=None, subclass_mode_model=False, subclass_mode_data=False, args=None, run=True,
                  auto_configure_optimizers=True):
         jsonargparse = _jsonargparse()
+        _load_classes_named_on_the_command_line()
         if trainer_class is None:
             from tasktrain.trainer.trainer import Trainer as trainer_class
         from tasktrain.trainer.module import TaskModule

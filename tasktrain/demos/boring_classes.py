@@ -17,7 +17,7 @@ from tasktrain.trainer.module import TaskModule
 class RandomDataset(Dataset):
     """`length` random vectors of `size` values, drawn once."""
 
-    def __init__(self, size, length):
+    def __init__(self, size: int, length: int):
         self.len = length
         self.data = torch.randn(length, size)
 
@@ -39,7 +39,7 @@ class RandomDictDataset(RandomDataset):
 class RandomIterableDataset(IterableDataset):
     """`count` random vectors of `size` values, drawn as they are read (no length)."""
 
-    def __init__(self, size, count):
+    def __init__(self, size: int, count: int):
         self.size, self.count = size, count
 
     def __iter__(self):
@@ -189,7 +189,7 @@ class IterableBoringDataModule(DataModule):
 class DemoModel(TaskModule):
     """Linear(32, out_dim) + ReLU whose training loss is the sum of its outputs; Adam(lr=learning_rate)."""
 
-    def __init__(self, out_dim=10, learning_rate=0.02):
+    def __init__(self, out_dim: int = 10, learning_rate: float = 0.02):
         super().__init__()
         self.l1 = nn.Linear(32, out_dim)
         self.learning_rate = learning_rate

@@ -7,6 +7,7 @@ comet_ml is imported when the logger is constructed (so a missing package is an 
 import inspect
 import logging
 import os
+from typing import Literal, Optional
 
 from tasktrain.loggers.logger import Logger, rank_zero_experiment, rank_zero_method
 from tasktrain.loggers.utilities import convert_params, import_optional
@@ -50,8 +51,18 @@ class CometLogger(Logger):
     experiment key when it is used again.
     """
 
-    def __init__(self, *, api_key=None, workspace=None, project=None, experiment_key=None, mode=None, online=None,
-                 prefix=None, **kwargs):
+    def __init__(
+        self,
+        *,
+        api_key: Optional[str] = None,
+        workspace: Optional[str] = None,
+        project: Optional[str] = None,
+        experiment_key: Optional[str] = None,
+        mode: Optional[Literal["get_or_create", "get", "create"]] = None,
+        online: Optional[bool] = None,
+        prefix: Optional[str] = None,
+        **kwargs,
+    ):
         for old, new in _RENAMED:
             if old in kwargs:
                 project, online = self._renamed(old, new, kwargs, project, online)

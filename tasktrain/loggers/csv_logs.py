@@ -3,6 +3,8 @@ folder (Lightning's `lightning.pytorch.loggers.csv_logs.ExperimentWriter`, what 
 import csv
 import os
 import warnings
+from pathlib import Path
+from typing import Optional, Union
 
 from tasktrain.loggers import utilities as files
 from tasktrain.loggers.logger import VersionedLogger, rank_zero_experiment, rank_zero_method
@@ -18,7 +20,7 @@ class ExperimentWriter:
     NAME_METRICS_FILE = "metrics.csv"
     NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, log_dir):
+    def __init__(self, log_dir: str):
         self.log_dir = log_dir
         self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
         self.hparams = {}
@@ -116,7 +118,14 @@ class CSVLogger(VersionedLogger):
     NAME_METRICS = NAME_METRICS_FILE = "metrics.csv"
     NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, save_dir, name="lightning_logs", version=None, prefix="", flush_logs_every_n_steps=100):
+    def __init__(
+        self,
+        save_dir: Union[str, Path],
+        name: Optional[str] = "lightning_logs",
+        version: Optional[Union[int, str]] = None,
+        prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
+    ):
         super().__init__(save_dir, name, version, prefix)
         self.flush_logs_every_n_steps = flush_logs_every_n_steps
         self._experiment = None

@@ -8,6 +8,7 @@ import re
 import tempfile
 import time
 import warnings
+from typing import Any, Literal, Optional
 
 from tasktrain.loggers.logger import Logger, rank_zero_experiment, rank_zero_method
 from tasktrain.loggers.utilities import (add_prefix, check_log_model, checkpoint_metadata, checkpoints_to_log,
@@ -50,9 +51,20 @@ class MLFlowLogger(Logger):
 
     LOGGER_JOIN_CHAR = "-"
 
-    def __init__(self, experiment_name="lightning_logs", run_name=None, tracking_uri=None, tags=None,
-                 save_dir="./mlruns", log_model=False, prefix="", artifact_location=None, run_id=None,
-                 synchronous=None, checkpoint_path_prefix=""):
+    def __init__(
+        self,
+        experiment_name: str = "lightning_logs",
+        run_name: Optional[str] = None,
+        tracking_uri: Optional[str] = None,
+        tags: Optional[dict[str, Any]] = None,
+        save_dir: Optional[str] = "./mlruns",
+        log_model: Literal[True, False, "all"] = False,
+        prefix: str = "",
+        artifact_location: Optional[str] = None,
+        run_id: Optional[str] = None,
+        synchronous: Optional[bool] = None,
+        checkpoint_path_prefix: str = "",
+    ):
         import_optional("mlflow", "mlflow", "MLFlowLogger")
         check_log_model(log_model, "MLFlowLogger")
         tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")

@@ -2,6 +2,8 @@
 import importlib.util
 import os
 import warnings
+from pathlib import Path
+from typing import Optional, Union
 
 from tasktrain.loggers.logger import VersionedLogger, rank_zero_experiment, rank_zero_method
 from tasktrain.loggers import utilities as files
@@ -47,8 +49,17 @@ class TensorBoardLogger(VersionedLogger):
 
     NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, save_dir, name="lightning_logs", version=None, log_graph=False, default_hp_metric=True,
-                 prefix="", sub_dir=None, **kwargs):
+    def __init__(
+        self,
+        save_dir: Union[str, Path],
+        name: Optional[str] = "lightning_logs",
+        version: Optional[Union[int, str]] = None,
+        log_graph: bool = False,
+        default_hp_metric: bool = True,
+        prefix: str = "",
+        sub_dir: Optional[Union[str, Path]] = None,
+        **kwargs,
+    ):
         super().__init__(save_dir, name, version, prefix)
         self._log_graph = log_graph
         self._default_hp_metric = default_hp_metric

@@ -5,10 +5,16 @@ wandb is imported when the logger is constructed (so a missing package is an err
 """
 import os
 import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Optional, Union
 
 from tasktrain.loggers.logger import Logger, rank_zero_experiment, rank_zero_method
 from tasktrain.loggers.utilities import (add_prefix, check_log_model, checkpoint_metadata, checkpoints_to_log,
                                          convert_params, import_optional, sanitize_callables, scalar)
+
+if TYPE_CHECKING:  # wandb is imported only when the logger is used
+    from wandb.sdk.lib import RunDisabled
+    from wandb.wandb_run import Run
 
 
 class WandbLogger(Logger):
@@ -40,9 +46,23 @@ class WandbLogger(Logger):
     LOGGER_JOIN_CHAR = "-"
     STEP_METRIC = "trainer/global_step"
 
-    def __init__(self, name=None, save_dir=".", version=None, offline=False, dir=None, id=None, anonymous=None,
-                 project=None, log_model=False, experiment=None, prefix="", checkpoint_name=None,
-                 add_file_policy="mutable", **kwargs):
+    def __init__(
+        self,
+        name: Optional[str] = None,
+        save_dir: Union[str, Path] = ".",
+        version: Optional[str] = None,
+        offline: bool = False,
+        dir: Optional[Union[str, Path]] = None,
+        id: Optional[str] = None,
+        anonymous: Optional[bool] = None,
+        project: Optional[str] = None,
+        log_model: Union[Literal["all"], bool] = False,
+        experiment: Union["Run", "RunDisabled", None] = None,
+        prefix: str = "",
+        checkpoint_name: Optional[str] = None,
+        add_file_policy: Literal["mutable", "immutable"] = "mutable",
+        **kwargs,
+    ):
         import_optional("wandb", "wandb", "WandbLogger")
         if offline and log_model:  # Lightning's refusal, its words (wandb's own mode="offline" is not refused)
             from tasktrain.exceptions import MisconfigurationException

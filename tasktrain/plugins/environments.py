@@ -35,6 +35,7 @@ import logging
 import os
 import signal
 import socket
+from typing import Optional
 
 from tasktrain.strategies.environment import detect_environment, warn_if_srun_unused
 
@@ -171,7 +172,7 @@ class SLURMEnvironment(ClusterEnvironment):
     """SLURM. auto_requeue=False: no save-and-requeue on the pre-emption signal (the signal's default action);
     requeue_signal: the signal that means pre-emption (default SIGUSR1). Outside a SLURM job nothing is installed."""
 
-    def __init__(self, auto_requeue=True, requeue_signal=None):
+    def __init__(self, auto_requeue: bool = True, requeue_signal: Optional[signal.Signals] = None):
         self.auto_requeue = bool(auto_requeue)
         if requeue_signal is not None and not isinstance(requeue_signal, signal.Signals):
             try:

@@ -21,6 +21,7 @@ engine runs its own plugin of that name: overrides of the same hooks are called 
 strategies call them, their defaults the engine's (ENGINE_REFUSED_HOOKS are refused, saying why).
 """
 import functools
+from typing import TYPE_CHECKING, Literal, Optional, Union
 
 import torch
 
@@ -49,6 +50,9 @@ UNCALLED_HOOKS = ("convert_output", "unscale_gradients")
 # Lightning's FSDPPrecision.mixed_precision_config builds FSDP1's MixedPrecision for FSDP1's wrapper; tasktrain's FSDP
 # is torch's fully_shard (FSDP2), which takes a MixedPrecisionPolicy (FSDP(mixed_precision=...)).
 ENGINE_REFUSED_HOOKS = ("mixed_precision_config",)
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 
 _STEP_CONTEXTS = {"training_step": "train_step_context", "validation_step": "val_step_context",
@@ -246,7 +250,7 @@ class DoublePrecision(_LightningHooks, _core.DoublePrecision):
 class HalfPrecision(_LightningHooks, _core.HalfPrecision):
     """"16-true" (default) or "bf16-true": the parameters stored in half, no autocast, no scaling."""
 
-    def __init__(self, precision="16-true"):
+    def __init__(self, precision: Literal["bf16-true", "16-true"] = "16-true"):
         if precision not in ("16-true", "bf16-true"):
             raise ValueError(f"HalfPrecision(precision={precision!r}): use '16-true' or 'bf16-true'.")
         super().__init__(precision, None)  # (the fp16-on-CPU note is the strategy's, once it knows the device)
@@ -256,7 +260,12 @@ class MixedPrecision(_LightningHooks, _core.MixedPrecision):
     """"16-mixed" (autocast float16 + GradScaler) or "bf16-mixed" (autocast bfloat16) on `device` ("cpu", "cuda");
     `scaler`: a torch.amp.GradScaler of one's own for "16-mixed"."""
 
-    def __init__(self, precision, device, scaler=None):
+    def __init__(
+        self,
+        precision: Literal["16-mixed", "bf16-mixed"],
+        device: str,
+        scaler: Optional["torch.amp.GradScaler"] = None,
+    ):
         if precision not in ("16-mixed", "bf16-mixed"):  # (Lightning's words)
             raise ValueError(f"`Passed `{type(self).__name__}(precision={precision!r})`. Precision must be '16-mixed' "
                              "or 'bf16-mixed'.")
@@ -286,7 +295,7 @@ class _EnginePrecision(_core.Precision):
     _runs = None  # the engine's own plugin this one was attached to
     _strategy = None  # the strategy that runs it
 
-    def __init__(self, precision):
+    def __init__(self, precision: Literal["32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]):
         if precision not in _ENGINE_PRECISIONS:
             raise ValueError(f"{type(self).__name__}(precision={precision!r}): use one of {_ENGINE_PRECISIONS}.")
         super().__init__(_LATER)
@@ -497,7 +506,11 @@ class FSDPPrecision(_EnginePrecision):
 
     engine = "FSDP"
 
-    def __init__(self, precision, scaler=None):
+    def __init__(
+        self,
+        precision: Literal["32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"],
+        scaler: Optional["ShardedGradScaler"] = None,
+    ):
         if scaler is not None:
             raise ValueError(f"FSDPPrecision({precision!r}, scaler=...): FSDP builds its ShardedGradScaler itself for "
                              "'16-mixed'; leave scaler out.")
@@ -541,6 +554,12 @@ class FSDPPrecision(_EnginePrecision):
         closure_result = closure()
         self._after_closure(model, optimizer)
         return closure_result
+
+
+# Lightning's precision plugins in annotations (a strategy's precision_plugin, the Trainer's plugins): its Precision and
+# the classes of Lightning's names, which do not all derive from this module's Precision, so that jsonargparse (TaskCLI)
+# finds them by Lightning's class names; tasktrain's core precisions share some of those names.
+_PRECISION_PLUGIN = Union[Precision, DoublePrecision, HalfPrecision, MixedPrecision, _EnginePrecision]
 
 
 class _Unavailable:

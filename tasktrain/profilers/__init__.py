@@ -31,6 +31,8 @@ import re
 import time
 import warnings
 from collections import defaultdict
+from pathlib import Path
+from typing import Any, Optional, Union
 
 import torch
 
@@ -48,7 +50,7 @@ class Profiler:
     # describe, so none is ever held (scripts that check it is closed after a run read None)
     _output_file = None
 
-    def __init__(self, dirpath=None, filename=None):
+    def __init__(self, dirpath: Optional[Union[str, Path]] = None, filename: Optional[str] = None):
         self.dirpath = dirpath  # (as given, a str or a Path, as Lightning keeps it)
         self.filename = filename
         self._stage = None
@@ -126,7 +128,12 @@ class SimpleProfiler(Profiler):
     """Wall-clock time of every action: mean, count, total and share of the run, largest share first (Lightning's
     table). extended=False: action, mean and total only, the longest mean first."""
 
-    def __init__(self, dirpath=None, filename=None, extended=True):
+    def __init__(
+        self,
+        dirpath: Optional[Union[str, Path]] = None,
+        filename: Optional[str] = None,
+        extended: bool = True,
+    ):
         super().__init__(dirpath, filename)
         self.extended = extended
         self.current_actions = {}
@@ -204,7 +211,13 @@ class AdvancedProfiler(Profiler):
     rows per action (an int: that many; a float in (0, 1]: that fraction). dump_stats=True also writes each
     action's raw stats to `dirpath/<stage>-<filename>[-<local rank>]-<action>.prof` (pstats / snakeviz read them)."""
 
-    def __init__(self, dirpath=None, filename=None, line_count_restriction=1.0, dump_stats=False):
+    def __init__(
+        self,
+        dirpath: Optional[Union[str, Path]] = None,
+        filename: Optional[str] = None,
+        line_count_restriction: float = 1.0,
+        dump_stats: bool = False,
+    ):
         super().__init__(dirpath, filename)
         self.line_count_restriction = line_count_restriction
         self.dump_stats = dump_stats
@@ -263,9 +276,20 @@ class PyTorchProfiler(Profiler):
 
     STEP_FUNCTIONS = ("training_step", "validation_step", "test_step", "predict_step")
 
-    def __init__(self, dirpath=None, filename=None, group_by_input_shapes=False, emit_nvtx=False,
-                 export_to_chrome=True, row_limit=20, sort_by_key=None, record_module_names=True, with_stack=False,
-                 table_kwargs=None, **profiler_kwargs):
+    def __init__(
+        self,
+        dirpath: Optional[Union[str, Path]] = None,
+        filename: Optional[str] = None,
+        group_by_input_shapes: bool = False,
+        emit_nvtx: bool = False,
+        export_to_chrome: bool = True,
+        row_limit: int = 20,
+        sort_by_key: Optional[str] = None,
+        record_module_names: bool = True,
+        with_stack: bool = False,
+        table_kwargs: Optional[dict[str, Any]] = None,
+        **profiler_kwargs,
+    ):
         super().__init__(dirpath, filename)
         if emit_nvtx:
             raise ValueError("PyTorchProfiler(emit_nvtx=True) is not supported: run under Nsight Systems with "

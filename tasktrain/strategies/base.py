@@ -55,6 +55,7 @@ from tasktrain.checkpoint_io import CheckpointWriter, fsync_save, replace_dir, s
 from tasktrain.checkpoint_io import (CheckpointError, TorchCheckpointIO, atomic_link, atomic_save,
                                     load_checkpoint_file, load_plain_state_dict, plain_state_dict, remove_path,
                                     upgrade_layout)
+from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.names import normalize_precision
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, make_precision, patch_forward
 from tasktrain.tree import apply_to_leaves
@@ -132,7 +133,7 @@ class Strategy(abc.ABC):
                 raise TypeError(f"{cls.__name__}.{attribute}: strategies state this by their capabilities now; "
                                 f"{instead}. See docs/strategies.md.")
 
-    def __init__(self, accelerator=None, precision=None):
+    def __init__(self, accelerator: Optional[Accelerator] = None, precision=None):
         self._accelerator_object = None
         self.accelerator = accelerator  # "cpu" | "cuda" | None (auto): accelerator_name (the property below)
         if precision is not None and not isinstance(precision, Precision):

@@ -7,10 +7,12 @@ gradient sync held back inside accumulation windows, and rebuilt when the traina
 import contextlib
 import inspect
 from datetime import timedelta
+from typing import Callable, Literal, Optional
 
 import torch
 import torch.distributed as dist
 
+from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.strategies.base import Strategy, _StepWrapper, step_arguments
 from tasktrain.strategies.world import ProcessWorld
 
@@ -57,9 +59,20 @@ class DDP(ProcessWorld, Strategy):
 
     name = "ddp"
 
-    def __init__(self, accelerator=None, precision=None, process_group_backend=None, timeout=timedelta(minutes=30),
-                 start_method="popen", sync_batchnorm=False, ddp_comm_state=None, ddp_comm_hook=None,
-                 ddp_comm_wrapper=None, model_averaging_period=None, **ddp_kwargs):
+    def __init__(
+        self,
+        accelerator: Optional[Accelerator] = None,
+        precision=None,
+        process_group_backend: Optional[str] = None,
+        timeout: Optional[timedelta] = timedelta(minutes=30),
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        sync_batchnorm=False,
+        ddp_comm_state: Optional[object] = None,
+        ddp_comm_hook: Optional[Callable] = None,
+        ddp_comm_wrapper: Optional[Callable] = None,
+        model_averaging_period: Optional[int] = None,
+        **ddp_kwargs,
+    ):
         checkpoint_io = ddp_kwargs.pop("checkpoint_io", None)  # Lightning's DDPStrategy(checkpoint_io=...)
         lightning_args = {name: ddp_kwargs.pop(name) for name in ("precision_plugin", "cluster_environment",
                                                                   "parallel_devices") if name in ddp_kwargs}

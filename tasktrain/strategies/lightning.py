@@ -14,13 +14,28 @@ import logging
 import os
 import warnings
 from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
 
 import torch
+from torch.nn import Module
 
 from tasktrain.strategies.deepspeed.config import _read_config
 from tasktrain.strategies.deepspeed.strategy import DeepSpeed
 from tasktrain.strategies.fsdp.strategy import FSDP
+from tasktrain.accelerators.accelerator import Accelerator
+from tasktrain.checkpoint_io import CheckpointIO
+from tasktrain.plugins.environments import ClusterEnvironment
+from tasktrain.plugins.precision import _PRECISION_PLUGIN
 from tasktrain.strategies.precision import Precision
+
+if TYPE_CHECKING:  # torch's FSDP1 classes that FSDPStrategy takes, as Lightning's annotations name them
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp.fully_sharded_data_parallel import CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    _POLICY = Union[set[type[Module]], Callable[[Module, bool, int], bool], ModuleWrapPolicy]
+    _SHARDING_STRATEGY = Union[ShardingStrategy, Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]]
 
 _PG_TIMEOUT = timedelta(minutes=30)  # Lightning's default_pg_timeout
 
@@ -129,19 +144,55 @@ class DeepSpeedStrategy(DeepSpeed):
 
     DEEPSPEED_ENV_VAR = "PL_DEEPSPEED_CONFIG_PATH"
 
-    def __init__(self, accelerator=None, zero_optimization=True, stage=2, remote_device=None, offload_optimizer=False,
-                 offload_parameters=False, offload_params_device="cpu", nvme_path="/local_nvme",
-                 params_buffer_count=5, params_buffer_size=100_000_000, max_in_cpu=1_000_000_000,
-                 offload_optimizer_device="cpu", optimizer_buffer_count=4, block_size=1048576, queue_depth=8,
-                 single_submit=False, overlap_events=True, thread_count=1, pin_memory=False,
-                 sub_group_size=1_000_000_000_000, contiguous_gradients=True, overlap_comm=True,
-                 allgather_partitions=True, reduce_scatter=True, allgather_bucket_size=200_000_000,
-                 reduce_bucket_size=200_000_000, zero_allow_untested_optimizer=True, logging_batch_size_per_gpu="auto",
-                 config=None, logging_level=logging.WARN, parallel_devices=None, cluster_environment=None,
-                 loss_scale=0, initial_scale_power=16, loss_scale_window=1000, hysteresis=2, min_loss_scale=1,
-                 partition_activations=False, cpu_checkpointing=False, contiguous_memory_optimization=False,
-                 synchronize_checkpoint_boundary=False, load_full_weights=False, precision_plugin=None,
-                 process_group_backend=None, timeout=_PG_TIMEOUT, exclude_frozen_parameters=False):
+    def __init__(
+        self,
+        accelerator: Optional[Accelerator] = None,
+        zero_optimization: bool = True,
+        stage: int = 2,
+        remote_device: Optional[str] = None,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        offload_params_device: str = "cpu",
+        nvme_path: str = "/local_nvme",
+        params_buffer_count: int = 5,
+        params_buffer_size: int = 100_000_000,
+        max_in_cpu: int = 1_000_000_000,
+        offload_optimizer_device: str = "cpu",
+        optimizer_buffer_count: int = 4,
+        block_size: int = 1048576,
+        queue_depth: int = 8,
+        single_submit: bool = False,
+        overlap_events: bool = True,
+        thread_count: int = 1,
+        pin_memory: bool = False,
+        sub_group_size: int = 1_000_000_000_000,
+        contiguous_gradients: bool = True,
+        overlap_comm: bool = True,
+        allgather_partitions: bool = True,
+        reduce_scatter: bool = True,
+        allgather_bucket_size: int = 200_000_000,
+        reduce_bucket_size: int = 200_000_000,
+        zero_allow_untested_optimizer: bool = True,
+        logging_batch_size_per_gpu: Union[str, int] = "auto",
+        config: Optional[Union[str, Path, dict[str, Any]]] = None,
+        logging_level: int = logging.WARN,
+        parallel_devices: Optional[list[torch.device]] = None,
+        cluster_environment: Optional[ClusterEnvironment] = None,
+        loss_scale: float = 0,
+        initial_scale_power: int = 16,
+        loss_scale_window: int = 1000,
+        hysteresis: int = 2,
+        min_loss_scale: int = 1,
+        partition_activations: bool = False,
+        cpu_checkpointing: bool = False,
+        contiguous_memory_optimization: bool = False,
+        synchronize_checkpoint_boundary: bool = False,
+        load_full_weights: bool = False,
+        precision_plugin: Optional[_PRECISION_PLUGIN] = None,
+        process_group_backend: Optional[str] = None,
+        timeout: Optional[timedelta] = _PG_TIMEOUT,
+        exclude_frozen_parameters: bool = False,
+    ):
         args = dict(locals())
         args.pop("self")
         args.pop("__class__", None)
@@ -434,11 +485,25 @@ class FSDPStrategy(FSDP):
       backward_prefetch are accepted with a warning (FSDP2 does these itself); any other is refused.
     """
 
-    def __init__(self, accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
-                 precision_plugin=None, process_group_backend=None, timeout=_PG_TIMEOUT, cpu_offload=None,
-                 mixed_precision=None, auto_wrap_policy=None, activation_checkpointing=None,
-                 activation_checkpointing_policy=None, sharding_strategy="FULL_SHARD", state_dict_type="full",
-                 device_mesh=None, **kwargs):
+    def __init__(
+        self,
+        accelerator: Optional[Accelerator] = None,
+        parallel_devices: Optional[list[torch.device]] = None,
+        cluster_environment: Optional[ClusterEnvironment] = None,
+        checkpoint_io: Optional[CheckpointIO] = None,
+        precision_plugin: Optional[_PRECISION_PLUGIN] = None,
+        process_group_backend: Optional[str] = None,
+        timeout: Optional[timedelta] = _PG_TIMEOUT,
+        cpu_offload: Union[bool, "CPUOffload", None] = None,
+        mixed_precision: Optional["MixedPrecision"] = None,
+        auto_wrap_policy: Optional["_POLICY"] = None,
+        activation_checkpointing: Optional[Union[type[Module], list[type[Module]]]] = None,
+        activation_checkpointing_policy: Optional["_POLICY"] = None,
+        sharding_strategy: "_SHARDING_STRATEGY" = "FULL_SHARD",
+        state_dict_type: Literal["full", "sharded"] = "full",
+        device_mesh: Optional[Union[tuple[int, int], "DeviceMesh"]] = None,
+        **kwargs,
+    ):
         accelerator, precision, parallel_devices = _check_common(
             "FSDPStrategy", accelerator, parallel_devices, cluster_environment, precision_plugin, checkpoint_io)
         if device_mesh is not None:

@@ -32,6 +32,7 @@ tensor parallel only, another shape, one process), or one file gathered on rank 
 import contextlib
 import weakref
 from datetime import timedelta
+from typing import Literal, Optional, Union
 
 import torch
 
@@ -72,10 +73,22 @@ class ModelParallelStrategy(FSDP):
     name = "model_parallel"
     applies_layer_sync = False  # (Lightning's ModelParallelStrategy never calls its LayerSync)
 
-    def __init__(self, data_parallel_size="auto", tensor_parallel_size="auto", save_distributed_checkpoint=True,
-                 process_group_backend=None, timeout=timedelta(minutes=30), accelerator=None, precision=None,
-                 data_parallel_replicate_size=1, wrap=None, reshard_after_forward=None, cpu_offload=False,
-                 mixed_precision=None, activation_checkpointing=None):
+    def __init__(
+        self,
+        data_parallel_size: Union[Literal["auto"], int] = "auto",
+        tensor_parallel_size: Union[Literal["auto"], int] = "auto",
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: Optional[str] = None,
+        timeout: Optional[timedelta] = timedelta(minutes=30),
+        accelerator=None,
+        precision=None,
+        data_parallel_replicate_size=1,
+        wrap=None,
+        reshard_after_forward=None,
+        cpu_offload=False,
+        mixed_precision=None,
+        activation_checkpointing=None,
+    ):
         if data_parallel_size != "auto" and (not isinstance(data_parallel_size, int) or data_parallel_size < 1):
             raise ValueError(f"ModelParallelStrategy(data_parallel_size={data_parallel_size!r}): use 'auto' (world "
                              "size // tensor_parallel_size) or a positive number of processes.")

@@ -1,3 +1,10 @@
+from typing import Optional, Union
+
+import torch
+
+from tasktrain.accelerators.accelerator import Accelerator
+from tasktrain.checkpoint_io import CheckpointIO
+from tasktrain.plugins.precision import _PRECISION_PLUGIN
 from tasktrain.strategies.base import OneProcess, Strategy
 
 
@@ -6,7 +13,14 @@ class SingleDevice(OneProcess, Strategy):
 
     name = "single_device"
 
-    def __init__(self, device=None, accelerator=None, precision=None, checkpoint_io=None, precision_plugin=None):
+    def __init__(
+        self,
+        device: Optional[Union[torch.device, str, int]] = None,
+        accelerator: Optional[Accelerator] = None,
+        precision=None,
+        checkpoint_io: Optional[CheckpointIO] = None,
+        precision_plugin: Optional[_PRECISION_PLUGIN] = None,
+    ):
         # checkpoint_io, precision_plugin: Lightning's SingleDeviceStrategy arguments (precision_plugin is the
         # precision, one of tasktrain.plugins.precision)
         if precision_plugin is not None:

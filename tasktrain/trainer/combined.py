@@ -26,6 +26,7 @@ loader in turn; a CombinedLoader in another mode as one pass over its prepared l
 (`CombinedEvalLoaders`), as Lightning's evaluation loop does. predict refuses those modes (Lightning's error).
 """
 import math
+from typing import Any, Literal
 
 from tasktrain.trainer.data import StatefulLoaderData, TrainData, held_until_next_iter
 
@@ -165,7 +166,9 @@ def _sequential_pass(loaders, limits):
 class CombinedLoader:
     """Lightning's `lightning.pytorch.utilities.CombinedLoader` (see the module's docstring for the modes)."""
 
-    def __init__(self, iterables, mode="min_size"):
+    def __init__(
+        self, iterables: Any, mode: Literal["min_size", "max_size_cycle", "max_size", "sequential"] = "min_size"
+    ):
         if mode not in MODES:
             raise ValueError(f"Unsupported mode {mode!r}, please select one of: {list(MODES)}.")
         self._iterables = iterables

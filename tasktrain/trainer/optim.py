@@ -241,7 +241,7 @@ class LightningOptimizer:
     engine; `kwargs` reach the optimizer's step), and counts `trainer.global_step`. It returns what the optimizer's
     step returned (for torch's optimizers given a closure: the closure's first result)."""
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer: torch.optim.Optimizer):
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer._optimizer
         self._optimizer = optimizer

@@ -19,14 +19,19 @@ import logging
 import os
 import time
 import warnings
-from typing import List, Optional, Union
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterable, List, Literal, Optional, Union
 
 import torch
 
 from tasktrain import checkpoint_io as ckpt_io
 from tasktrain.callbacks.base import Callback, Logger
+from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning, _TunerExitException
+from tasktrain.plugins import CheckpointIO, ClusterEnvironment, LayerSync
+from tasktrain.plugins.precision import _PRECISION_PLUGIN
 from tasktrain.plugins.layer_sync import TorchSyncBatchNorm
 from tasktrain.profilers import PassThroughProfiler, Profiler, module_action, resolve_profiler
 from tasktrain.strategies import requeue
@@ -48,6 +53,16 @@ from tasktrain.trainer.seed import isolate_rng, sampler_seed
 from tasktrain.trainer.state import TrainState
 from tasktrain.trainer.states import GradClipAlgorithmType
 from tasktrain.trainer.states import RunningStage, TrainerFn, TrainerStatus
+
+
+# Lightning's types of the precision and plugins arguments (TaskCLI parses the command line and config files by them)
+_PRECISION_INPUT = Union[
+    Literal[64, 32, 16],
+    Literal["transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
+            "32-true", "64-true"],
+    Literal["64", "32", "16", "bf16"],
+]
+_PLUGIN_INPUT = Union[_PRECISION_PLUGIN, ClusterEnvironment, CheckpointIO, LayerSync]
 
 
 class Trainer:
@@ -82,47 +97,47 @@ class Trainer:
     def __init__(
         self,
         *,
-        accelerator="auto",
-        strategy: Union[str, Strategy] = "auto",  # the annotations of object arguments: TaskCLI builds them from YAML
-        devices="auto",
-        num_nodes=None,
-        precision=None,
-        max_epochs=None,
-        max_steps=-1,
-        limit_train_batches=None,
-        limit_val_batches=None,
-        limit_test_batches=None,
-        limit_predict_batches=None,
-        val_check_interval=None,
-        check_val_every_n_epoch=1,
+        accelerator: Union[str, Accelerator] = "auto",
+        strategy: Union[str, Strategy] = "auto",  # (Lightning's annotations throughout: TaskCLI parses by them)
+        devices: Union[list[int], str, int] = "auto",
+        num_nodes: Optional[int] = None,
+        precision: Optional[_PRECISION_INPUT] = None,
+        max_epochs: Optional[int] = None,
+        max_steps: int = -1,
+        limit_train_batches: Optional[Union[int, float]] = None,
+        limit_val_batches: Optional[Union[int, float]] = None,
+        limit_test_batches: Optional[Union[int, float]] = None,
+        limit_predict_batches: Optional[Union[int, float]] = None,
+        val_check_interval: Optional[Union[int, float, str, timedelta, dict[str, int]]] = None,
+        check_val_every_n_epoch: Optional[int] = 1,
         num_sanity_val_steps: Optional[int] = None,  # None: Lightning's (2; barebones: 0 and a given one refused)
-        accumulate_grad_batches=1,
-        gradient_clip_val=None,
-        gradient_clip_algorithm=None,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: Optional[Union[int, float]] = None,
+        gradient_clip_algorithm: Optional[str] = None,
         callbacks: Optional[Union[List[Callback], Callback]] = None,
-        logger: Union[bool, Logger, List[Logger], None] = None,
+        logger: Optional[Union[Logger, Iterable[Logger], bool]] = None,
         enable_progress_bar: Optional[bool] = None,
         enable_checkpointing: Optional[bool] = None,
         log_every_n_steps: Optional[int] = None,
-        default_root_dir=None,
-        deterministic=False,
-        max_time=None,
-        stall_timeout=DEFAULT_STALL_TIMEOUT,
+        default_root_dir: Optional[Union[str, Path]] = None,
+        deterministic: Optional[Union[bool, Literal["warn"]]] = False,
+        max_time: Optional[Union[str, timedelta, dict[str, int]]] = None,
+        stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT,
         enable_model_summary: Optional[bool] = None,
-        profiler: Union[str, Profiler, None] = None,
-        fast_dev_run=False,
-        min_epochs=None,
-        min_steps=None,
-        overfit_batches=0.0,
-        benchmark=None,
-        inference_mode=True,
-        use_distributed_sampler=True,
-        detect_anomaly=False,
-        barebones=False,
-        plugins=None,
-        sync_batchnorm=False,
-        reload_dataloaders_every_n_epochs=0,
-        max_restarts=0,
+        profiler: Optional[Union[Profiler, str]] = None,
+        fast_dev_run: Union[int, bool] = False,
+        min_epochs: Optional[int] = None,
+        min_steps: Optional[int] = None,
+        overfit_batches: Union[int, float] = 0.0,
+        benchmark: Optional[bool] = None,
+        inference_mode: bool = True,
+        use_distributed_sampler: bool = True,
+        detect_anomaly: bool = False,
+        barebones: bool = False,
+        plugins: Optional[Union[_PLUGIN_INPUT, list[_PLUGIN_INPUT]]] = None,
+        sync_batchnorm: bool = False,
+        reload_dataloaders_every_n_epochs: int = 0,
+        max_restarts: int = 0,
         enable_autolog_hparams: bool = True,
         model_registry: Optional[str] = None,
     ):
@@ -658,8 +673,15 @@ class Trainer:
         if self.is_global_zero:
             print(*args, **kwargs)
 
-    def fit(self, module, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None,
-            weights_only=None):
+    def fit(
+        self,
+        module,
+        train_dataloaders: Optional[Union[Any, DataModule]] = None,
+        val_dataloaders: Optional[Any] = None,
+        datamodule: Optional[DataModule] = None,
+        ckpt_path: Optional[Union[str, Path]] = None,
+        weights_only: Optional[bool] = None,
+    ):
         """Train `module` on loaders, or on a DataModule's (`datamodule=`, or passed as train_dataloaders).
         weights_only (Lightning's): how ckpt_path is read. None or True: tensors and plain data only (a file holding
         other pickled objects is refused); False: any pickled object, for a file you trust."""
@@ -668,16 +690,37 @@ class Trainer:
         return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path, datamodule=datamodule,
                          weights_only=weights_only)
 
-    def validate(self, module=None, dataloaders=None, ckpt_path=None, verbose=True, datamodule=None):
+    def validate(
+        self,
+        module=None,
+        dataloaders: Optional[Union[Any, DataModule]] = None,
+        ckpt_path: Optional[Union[str, Path]] = None,
+        verbose: bool = True,
+        datamodule: Optional[DataModule] = None,
+    ):
         self._verbose = verbose  # False: the results are returned, not printed
         return self._run("validate", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
-    def test(self, module=None, dataloaders=None, ckpt_path=None, verbose=True, datamodule=None):
+    def test(
+        self,
+        module=None,
+        dataloaders: Optional[Union[Any, DataModule]] = None,
+        ckpt_path: Optional[Union[str, Path]] = None,
+        verbose: bool = True,
+        datamodule: Optional[DataModule] = None,
+    ):
         self._verbose = verbose
         return self._run("test", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
 
-    def predict(self, module=None, dataloaders=None, ckpt_path=None, gather=False, return_predictions=None,
-                datamodule=None):
+    def predict(
+        self,
+        module=None,
+        dataloaders: Optional[Union[Any, DataModule]] = None,
+        ckpt_path: Optional[Union[str, Path]] = None,
+        gather: bool = False,
+        return_predictions: Optional[bool] = None,
+        datamodule: Optional[DataModule] = None,
+    ):
         """Predictions of this rank, in loader order (a list per loader when there are several); with gather=True,
         every rank's, in dataset order. return_predictions=False keeps none in memory and returns None (a
         BasePredictionWriter writes them). Under a strategy that spawns its processes ("ddp_spawn"), as Lightning's:

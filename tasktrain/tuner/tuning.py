@@ -21,6 +21,8 @@ loss diverges, and every rank takes rank 0's results (so the same suggestion); t
 import copy
 import warnings
 
+import tasktrain
+
 from tasktrain.exceptions import MisconfigurationException
 from tasktrain.strategies.base import MultiProcess
 from tasktrain.trainer import resume
@@ -35,7 +37,7 @@ _METHODS = ("fit", "validate", "test", "predict")
 class Tuner:
     """Lightning's Tuner: lr_find and scale_batch_size on the trainer it is given."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer: "tasktrain.Trainer"):
         self._trainer = trainer
 
     def lr_find(self, model, train_dataloaders=None, val_dataloaders=None, dataloaders=None, datamodule=None,

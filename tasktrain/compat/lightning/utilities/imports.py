@@ -4,6 +4,7 @@ beside torch), computed without importing those packages, and the checks Lightni
 import functools
 import importlib
 import importlib.util
+from typing import Optional
 
 
 def _version_at_least(package, minimum):
@@ -79,7 +80,7 @@ class RequirementCache:
     or what is missing with a `pip install -U` hint. A requirement without a version that no distribution provides
     counts as met when a module of that name imports."""
 
-    def __init__(self, requirement=None, module=None):
+    def __init__(self, requirement: Optional[str] = None, module: Optional[str] = None):
         if not (requirement or module):
             raise ValueError("At least one arguments need to be set.")
         self.requirement = requirement
