@@ -87,6 +87,9 @@ def test_mpiexec_ranks_train_as_lightnings(launch):
             assert run["weights"] == seen[0]["lightning"]["weights"]
         assert ranks["detected"]["saves"] == ranks["lightning"]["saves"] == (seen[0]["lightning"]["saves"] if rank == 0
                                                                              else 0)
+        # the device notes at each Trainer's construction: rank 0's alone, as Lightning's (2 Trainers of ours: the
+        # docs' example, the first of the process, and the detected fit; 1 of Lightning's)
+        assert ranks["device_lines"] == ([2, 1] if rank == 0 else [0, 0])
     # one port per environment object (a free one rank 0 picks when the run starts), the same on every rank
     for phase in ("docs", "detected", "lightning"):
         assert len({ranks[phase]["master"][1] for ranks in seen}) == 1

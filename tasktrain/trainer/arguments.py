@@ -43,9 +43,17 @@ def defaults_from_env(init):
     return insert_env_defaults
 
 
+def _rank():
+    """This process's global rank as Lightning's rank_zero_only.rank reads it at this point: the strategy's, once the
+    Trainer's plugins told it (under mpiexec MPI's rank, which sets no RANK), else the launcher's variables."""
+    from tasktrain.trainer.runtime import known_rank
+
+    return known_rank(launcher_rank())
+
+
 def _info(message):
-    """logging.info on global rank 0 only (Lightning's rank_zero_info): the rank from the launcher's variables."""
-    if launcher_rank() == 0:
+    """logging.info on global rank 0 only (Lightning's rank_zero_info)."""
+    if _rank() == 0:
         _log.info(message)
 
 
@@ -70,7 +78,7 @@ def log_device_info(strategy, given_precision_plugin):
     _info(f"GPU available: {available}, used: {device in ('cuda', 'mps')}")
     _info("TPU available: False, using: 0 TPU cores")
     if cuda and device != "cuda" or mps and device != "mps":
-        if launcher_rank() == 0:  # (Lightning's rank_zero_warn, its words)
+        if _rank() == 0:  # (Lightning's rank_zero_warn, its words)
             warnings.warn("GPU available but not used. You can set it by doing `Trainer(accelerator='gpu')`.",
                           PossibleUserWarning, stacklevel=3)
 

@@ -15,6 +15,7 @@ global_rank, local_rank, node_rank, read in that order on every rank) and their 
     mpiexec -n 4 python fit_under_mpiexec.py
 """
 import json
+import logging
 import os
 import re
 import sys
@@ -45,6 +46,20 @@ def seen_after(trainer, model):
     for name in ("MASTER_ADDR", "MASTER_PORT"):  # (set from the environment by the fit: the next one sets its own)
         os.environ.pop(name, None)
     return seen
+
+
+class DeviceLines(logging.Handler):
+    """Counts the "GPU available: ..." notes a library logs at a Trainer's construction (rank 0's, as Lightning's
+    rank_zero_info: under mpiexec the rank is MPI's, known once the Trainer's plugins are applied)."""
+
+    def __init__(self, name):
+        super().__init__(logging.INFO)
+        self.count = 0
+        logging.getLogger(name).setLevel(logging.INFO)
+        logging.getLogger(name).addHandler(self)
+
+    def emit(self, record):
+        self.count += record.getMessage().startswith("GPU available:")
 
 
 def docs_example():
@@ -87,13 +102,15 @@ def main():
 
     seen = {"getters": {"tasktrain": getters(MPIEnvironment()), "lightning": getters(TheirMPI())},
             "detect": [MPIEnvironment.detect(), TheirMPI.detect()]}
-    seen["docs"] = docs_example()
+    lines = {"tasktrain": DeviceLines("tasktrain"), "lightning": DeviceLines("lightning.pytorch")}
+    seen["docs"] = docs_example()  # (the process's first Trainer: no run has told tasktrain its rank yet)
     io = counting(TorchCheckpointIO)
     trainer, model = fit(tasktrain, ours, plugins=[io], callbacks=[tasktrain.callbacks.ModelCheckpoint(dirpath="ckpt")])
     seen["detected"] = dict(seen_after(trainer, model), saves=io.saves)
     io = counting(TheirIO)
     trainer, model = fit(pl, theirs, plugins=[io], callbacks=[pl.callbacks.ModelCheckpoint(dirpath="ckpt_lightning")])
     seen["lightning"] = dict(seen_after(trainer, model), saves=io.saves)
+    seen["device_lines"] = [lines["tasktrain"].count, lines["lightning"].count]
     try:
         tasktrain.Trainer(accelerator="cpu", strategy="ddp", devices=1, num_nodes=2, plugins=[MPIEnvironment()],
                           max_steps=1, logger=False, enable_progress_bar=False).fit(
