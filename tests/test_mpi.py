@@ -67,7 +67,7 @@ def test_mpiexec_ranks_train_as_lightnings(launch):
     names, the local rank its place on its host; tasktrain's MPIEnvironment reads as Lightning's, both detect MPI; the
     docs' example (the plugin) and the detected environment train the same weights on every rank as Lightning's fit,
     at rank 0's host name and one port for all ranks; rank 0 alone writes the checkpoints, as often as Lightning's,
-    and one file is left."""
+    and one file is left; rank 0 alone logs the device notes at a Trainer's construction."""
     host, seen = launch["host"], launch["seen"]
     hosts = sorted([host, launch["other"]])
     node_of = {0: hosts.index(host), 1: hosts.index(host), 2: hosts.index(launch["other"]),
