@@ -47,6 +47,10 @@ STRATEGIES = {
     "model_parallel": StrategyName("tasktrain.strategies.model_parallel", "ModelParallelStrategy",
                                    {"tensor_parallel_size": 1}, "FSDP"),
 }
+# Names one process runs from start to end, starting its other processes itself (ddp_spawn) or driving every device
+# from one process (dp): a launcher that starts every rank (mpirun, tasktrain/cli/config.py) cannot run them.
+ONE_PROCESS_STARTS = frozenset(name for name, entry in STRATEGIES.items()
+                               if entry.kwargs.get("start_method") == "spawn" or entry.cls == "DataParallel")
 AUTO_STRATEGY = "auto"  # ddp when several processes are asked for or were launched, else single_device
 
 # precision name -> its aliases (Lightning's numbers and strings, Accelerate's "no" / "fp16" / "bf16"). The true

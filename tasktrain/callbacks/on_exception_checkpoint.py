@@ -11,8 +11,9 @@ raised. A run (of any stage) that ends well removes the file a previous failure 
 resumed by mistake. `dirpath` is kept as given; an empty `filename` is a ValueError.
 
 Under strategy="ddp_spawn" the spawned process that trained saves it (tasktrain calls on_exception there, where the
-run's state is); the parent, whose on_exception Lightning calls too, writes nothing (Lightning's parent, the only one
-it calls, writes the parent's untrained weights at global step 0: docs/lightning.md).
+run's state is); the parent, whose on_exception Lightning calls too, writes nothing for the spawned run's failure (Lightning's
+parent, the only one it calls, writes the parent's untrained weights at global step 0: docs/lightning.md); an error
+in the parent before any process starts (a second fit refused) saves the parent's weights, as Lightning's.
 
 On several processes it refuses to start: a checkpoint needs every rank (rank 0 writes, all gather the RNG states,
 sharded engines write a shard each), and an error on one rank cannot bring the others to that save: Lightning's
@@ -24,6 +25,7 @@ import os
 from typing import Union
 
 from tasktrain.callbacks.base import Checkpoint
+from tasktrain.strategies.spawn import ProcessExitedException, ProcessRaisedException
 
 
 class OnExceptionCheckpoint(Checkpoint):
@@ -55,10 +57,10 @@ class OnExceptionCheckpoint(Checkpoint):
     def on_exception(self, trainer, module, exception):
         if self._failed is None:
             return
-        if trainer._spawned_failure:
-            # the parent of a ddp_spawn run: the run's state is in the spawned process, whose on_exception saved it
-            # (on one device; on several this callback refuses to start); Lightning's parent saves its own weights,
-            # untrained ones, at global step 0, over the same file
+        if isinstance(exception, (ProcessRaisedException, ProcessExitedException)):
+            # the parent of a ddp_spawn run (only its launcher raises these two): the run's state is in the spawned
+            # process, whose on_exception saved it (on one device; on several this callback refuses to start);
+            # Lightning's parent saves its own weights, untrained ones, at global step 0, over the same file
             return
         self._failed = True
         if trainer.save_checkpoint(self.ckpt_path) is False:  # issue 38: a non-finite state is not saved

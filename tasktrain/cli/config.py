@@ -657,7 +657,7 @@ def _resolve_mpirun(s: LaunchSettings, mpirun, source: Optional[str], dist_type)
                           "this machine). Check the path, or remove mpirun_config to start the processes with "
                           "torchrun.")
     gpu_kind = dist_type in ("MULTI_GPU", "DEEPSPEED", "FSDP") or s.is_deepspeed or \
-        STRATEGIES[s.strategy].distributed_type in ("DEEPSPEED", "FSDP") or s.strategy in ("ddp_spawn", "dp") or \
+        STRATEGIES[s.strategy].distributed_type in ("DEEPSPEED", "FSDP") or s.strategy in ONE_PROCESS_STARTS or \
         s.parallelism
     if gpu_kind or not s.use_cpu:
         what = f"distributed_type {dist_type}" if dist_type not in (None, "NO", "MULTI_CPU") else \

@@ -268,16 +268,12 @@ def on_spawned_failure(trainer, module, exc):
         calls.append((trainer.datamodule.on_exception, (exc,)))
     calls.append((trainer.strategy.on_exception, (exc,)))
     calls += [(logger.finalize, ("failed",)) for logger in trainer.loggers]
-    trainer._spawned_failure = True
-    try:
-        for fn, args in calls:
-            try:
-                fn(*args)
-            except Exception as hook_error:  # the original error is what is raised; this one is reported
-                print(f"[tasktrain] {getattr(fn, '__qualname__', fn)} failed too, after a spawned run's error: "
-                      f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
-    finally:
-        trainer._spawned_failure = False
+    for fn, args in calls:
+        try:
+            fn(*args)
+        except Exception as hook_error:  # the original error is what is raised; this one is reported
+            print(f"[tasktrain] {getattr(fn, '__qualname__', fn)} failed too, after a spawned run's error: "
+                  f"{type(hook_error).__name__}: {hook_error}", file=sys.stderr, flush=True)
 
 
 def end_stage_plugins(trainer, module):

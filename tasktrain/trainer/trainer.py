@@ -216,9 +216,6 @@ class Trainer:
         self._fx_outside_run = None  # the hook called outside a run (metrics.hook_scope), for module._current_fx_name
         self._set_hook_tables(None)
         self._watchdog, self._watching = None, False
-        # True while the parent of a spawned run (ddp_spawn) calls its on_exception hooks (run.on_spawned_failure):
-        # this process holds none of the run's state (OnExceptionCheckpoint saves nothing here)
-        self._spawned_failure = False
         # the last fit stopped inside an epoch (current_epoch counts it, as Lightning's); kept past that fit's end
         # (validate/test after it see the same current_epoch), folded into the counters when the next fit starts
         self._epoch_cut_short = False
