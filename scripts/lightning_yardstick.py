@@ -11,11 +11,16 @@ this repository.
     $PY scripts/lightning_yardstick.py table                      # the counts in /work/ltests/results.json
     $PY scripts/lightning_yardstick.py failures core/test_saving.py   # each failing test and its first error line
 
-build: `git archive <tag> tests/tests_pytorch` into OUT/tests/tests_pytorch; then every .py file there has its
+build: `git archive <tag> tests/tests_pytorch tests/legacy` into OUT/tests/; then every .py file there has its
 imports renamed name by name (the rule of docs/lightning.md): `from lightning.pytorch.a.b import X` (or
 pytorch_lightning.a.b) becomes `from tasktrain.a.b import X` where tasktrain.a.b imports and has X, with
 LightningModule -> TaskModule, LightningDataModule -> DataModule, LightningCLI -> TaskCLI (imported `as` the Lightning
 name, so the test's code is untouched); a name tasktrain lacks stays on Lightning, in an import of its own.
+A Fabric name (`from lightning.fabric.a.b import X`) comes from tasktrain.a.b where tasktrain has it there (as
+docs/lightning.md renames lightning.fabric.utilities.spike), or where lightning.pytorch re-exports Fabric's very
+object (PossibleUserWarning, TorchCheckpointIO, the cluster environments) and tasktrain has that lightning.pytorch
+path; else it stays Fabric's. `__version__`, which the tests compare with a checkpoint's "pytorch-lightning_version", is the Lightning layout
+version tasktrain writes there (tasktrain.checkpoint_io.LIGHTNING_LAYOUT_VERSION; docs/lightning.md).
 `import lightning.pytorch as pl` (or `import lightning.pytorch.a.b as m`) becomes `import tasktrain as pl` where every
 `pl.NAME` the file uses resolves on tasktrain (`pl.LightningModule` is rewritten `pl.TaskModule`); otherwise it stays.
 A string that is a whole dotted path on Lightning ("lightning.pytorch.loggers.mlflow._MLFLOW_AVAILABLE" in
@@ -53,8 +58,11 @@ STANDIN = os.path.join(REPO_ROOT, "scripts", "lightning_yardstick")
 DEFAULT_OUT = "/work/ltests"
 DEFAULT_MIRROR = "/work/.mirror/Lightning-AI+pytorch-lightning/repo"
 DEFAULT_TAG = "2.6.5"
-LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning", "lightning.fabric")
 NAME_RENAMES = {"LightningModule": "TaskModule", "LightningDataModule": "DataModule", "LightningCLI": "TaskCLI"}
+# Lightning's tests read `__version__` as the "pytorch-lightning_version" a checkpoint file holds; tasktrain's files
+# hold the Lightning layout they follow there (docs/lightning.md), not tasktrain's own __version__.
+SPECIAL = {"__version__": ("tasktrain.checkpoint_io", "LIGHTNING_LAYOUT_VERSION")}
 DOTTED = re.compile(r"(lightning\.pytorch|pytorch_lightning)(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 PYTEST_INI = """\
@@ -63,6 +71,7 @@ PYTEST_INI = """\
 addopts = --strict-markers --disable-pytest-warnings -p no:cacheprovider
 markers =
     cloud: Run the cloud tests for example
+    flaky: pytest-rerunfailures' mark in Lightning's CI (not installed here: no reruns)
 filterwarnings =
     error::FutureWarning
     ignore::FutureWarning:onnxscript
@@ -77,7 +86,8 @@ junit_duration_report = call
 # ----------------------------------------------------------------------------------------------------------- names
 
 def _tasktrain_module_name(lightning_module):
-    """lightning.pytorch.a.b / pytorch_lightning.a.b -> tasktrain.a.b (None for anything else)."""
+    """lightning.pytorch.a.b / pytorch_lightning.a.b / lightning.fabric.a.b -> tasktrain.a.b (None for anything
+    else)."""
     for package in LIGHTNING_PACKAGES:
         if lightning_module == package:
             return "tasktrain"
@@ -87,6 +97,30 @@ def _tasktrain_module_name(lightning_module):
 
 
 _MODULES = {}
+
+
+def _fabric_reexport(fabric_module, name):
+    """For `from lightning.fabric.a.b import N` where tasktrain has no tasktrain.a.b.N: the tasktrain module that has
+    N where lightning.pytorch re-exports Fabric's very object (at lightning.pytorch.a.b or a package above it:
+    PossibleUserWarning at lightning.pytorch.utilities.warnings, TorchCheckpointIO at lightning.pytorch.plugins), else
+    None."""
+    if not fabric_module.startswith("lightning.fabric"):
+        return None
+    try:
+        value = getattr(importlib.import_module(fabric_module), name)
+    except Exception:  # noqa: BLE001 - a name the installed Fabric lacks stays as it is
+        return None
+    parts = fabric_module.split(".")[2:]
+    for cut in range(len(parts), -1, -1):
+        lightning_module = ".".join(["lightning", "pytorch", *parts[:cut]])
+        try:
+            reexported = getattr(importlib.import_module(lightning_module), name, None) is value
+        except Exception:  # noqa: BLE001
+            continue
+        target = _tasktrain_module_name(lightning_module)
+        if reexported and _attribute(target, name):
+            return target
+    return None
 
 
 def _import(name):
@@ -164,17 +198,20 @@ def _rename_source(source, left, filename):
             target = _tasktrain_module_name(node.module)
             if target is None or any(alias.name == "*" for alias in node.names):
                 continue
-            moved, kept = [], []
+            moved, kept = {}, []  # moved: {tasktrain module: [names]}
             for alias in node.names:
                 name = NAME_RENAMES.get(alias.name, alias.name)
-                if _attribute(target, name):
-                    moved.append(_alias_text(name, alias.asname or alias.name))
-                else:
+                where = target if _attribute(target, name) else _fabric_reexport(node.module, alias.name)
+                if alias.name in SPECIAL:
+                    where, name = SPECIAL[alias.name]
+                if where is None:
                     kept.append(_alias_text(alias.name, alias.asname))
                     keep(f"{node.module}.{alias.name}")
+                else:
+                    moved.setdefault(where, []).append(_alias_text(name, alias.asname or alias.name))
             if not moved:
                 continue
-            statements = [f"from {target} import {', '.join(moved)}"]
+            statements = [f"from {where} import {', '.join(names)}" for where, names in moved.items()]
             if kept:
                 statements.append(f"from {node.module} import {', '.join(kept)}")
             replace_statement(node, statements)
@@ -223,10 +260,12 @@ def build(args):
     if os.path.exists(tests):
         shutil.rmtree(tests)
     os.makedirs(tests)
-    archive = subprocess.run(["git", "--git-dir", args.mirror, "archive", args.tag, "tests/tests_pytorch"],
-                             check=True, capture_output=True).stdout
+    # tests/legacy: the list of Lightning versions test_legacy_checkpoints reads (their checkpoint files are not in
+    # the repository: CI downloads them, and without them those tests have nothing to load)
+    archive = subprocess.run(["git", "--git-dir", args.mirror, "archive", args.tag, "tests/tests_pytorch",
+                              "tests/legacy"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith("tests/tests_pytorch/")]
+        members = [m for m in tar.getmembers() if m.name.startswith("tests/")]
         for member in members:
             member.name = member.name[len("tests/"):]
         tar.extractall(tests, members=members, filter="data")
@@ -393,7 +432,7 @@ def main():
     b.add_argument("--tag", default=DEFAULT_TAG)
     r = commands.add_parser("run", help="run test files/folders one pytest at a time and record the counts")
     r.add_argument("paths", nargs="+", help="files or folders, relative to OUT/tests/tests_pytorch")
-    r.add_argument("--timeout", type=int, default=120, help="seconds per test (pytest-timeout)")
+    r.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout)")
     r.add_argument("--file-timeout", type=int, default=3600, help="seconds per file, all its tests")
     r.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[], help="passed on to pytest (last)")
     commands.add_parser("table", help="print the counts recorded in the results file")
