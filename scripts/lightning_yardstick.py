@@ -308,12 +308,22 @@ def build(args):
 # ----------------------------------------------------------------------------------------------------------- run
 
 def _test_files(root, paths):
+    """The test files under `paths`. A folder's test_legacy_checkpoints.py is left out where Lightning's legacy
+    checkpoint files are missing (its CI downloads them into tests/legacy/checkpoints; they are not in the
+    repository): each of its tests would fail on "No checkpoints found". Named as a file, it runs."""
     files = []
+    legacy = os.path.join(os.path.dirname(root), "legacy", "checkpoints")
+    has_legacy = os.path.isdir(legacy) and any(n != ".gitkeep" for n in os.listdir(legacy))
     for path in paths:
         full = path if os.path.isabs(path) else os.path.join(root, path)
         if os.path.isdir(full):
             for folder, _, names in sorted(os.walk(full)):
-                files += [os.path.join(folder, n) for n in sorted(names) if n.startswith("test_") and n.endswith(".py")]
+                for name in sorted(names):
+                    if name == "test_legacy_checkpoints.py" and not has_legacy:
+                        print(f"left out: {os.path.relpath(os.path.join(folder, name), root)} (no legacy checkpoint "
+                              f"files in {legacy})")
+                    elif name.startswith("test_") and name.endswith(".py"):
+                        files.append(os.path.join(folder, name))
         elif os.path.isfile(full):
             files.append(full)
         else:

@@ -5,8 +5,8 @@ Lightning. Each fixture does for both packages what Lightning's own does for Lig
 - state a test may leave behind is put back after it: rank_zero_only's rank (tasktrain's, Lightning's, Fabric's,
   lightning_utilities'), environment variables (a leak fails the test, but for the variables Lightning's suite allows),
   signal handlers, the process group, torch's deterministic switch, threads a test started;
-- device counts: cuda_count_N / mps_count_N / xla_available / tpu_available patch Lightning's probes only (tasktrain
-  reads torch's own counts; a test that fakes GPUs through them fails or is refused under tasktrain);
+- device counts: cuda_count_N patches Lightning's probes and torch.cuda's count (tasktrain reads torch's);
+  mps_count_N / xla_available / tpu_available patch Lightning's probes only (tasktrain has no MPS or XLA);
 - caplog sees the records of Lightning's and tasktrain's loggers (both can stop propagating to the root);
 - tmpdir_server, single_process_pg, datadir as Lightning's; a test that leaves files in the test tree fails;
 - PL_RUN_STANDALONE_TESTS=1 / RUN_ONLY_CUDA_TESTS=1 / PL_RUN_TPU_TESTS=1 keep only the tests marked for them, and
@@ -133,8 +133,12 @@ def thread_police():
 
 
 def mock_cuda_count(monkeypatch, n):
+    """Lightning's probes, and torch.cuda's own count, which tasktrain reads: a Trainer built in the test sees n GPUs
+    under both (a test that then runs on them fails under both)."""
     monkeypatch.setattr(lightning.fabric.accelerators.cuda, "num_cuda_devices", lambda: n)
     monkeypatch.setattr(lightning.pytorch.accelerators.cuda, "num_cuda_devices", lambda: n)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
 
 
 @pytest.fixture
