@@ -7,6 +7,7 @@ Lightning. Each fixture does for both packages what Lightning's own does for Lig
   signal handlers, the process group, torch's deterministic switch, threads a test started;
 - device counts: cuda_count_N patches Lightning's probes and torch.cuda's count (tasktrain reads torch's);
   mps_count_N / xla_available / tpu_available patch Lightning's probes only (tasktrain has no MPS or XLA);
+- tasktrain's CPU count follows Fabric's, which tests patch (the worker warnings depend on it);
 - caplog sees the records of Lightning's and tasktrain's loggers (both can stop propagating to the root);
 - tmpdir_server, single_process_pg, datadir as Lightning's; a test that leaves files in the test tree fails;
 - PL_RUN_STANDALONE_TESTS=1 / RUN_ONLY_CUDA_TESTS=1 / PL_RUN_TPU_TESTS=1 keep only the tests marked for them, and
@@ -130,6 +131,17 @@ def thread_police():
             continue
         else:
             raise AssertionError(f"Test left zombie thread: {thread}")
+
+
+@pytest.fixture(autouse=True)
+def cpu_count_follows_fabric(monkeypatch):
+    """tasktrain's CPU count (the DataLoader worker warnings' bound) asks Fabric's at each call, so a test that patches
+    "lightning.fabric.utilities.data._num_cpus_available" (tasktrain has no such path) sets both."""
+    import lightning.fabric.utilities.data as fabric_data
+
+    import tasktrain.trainer.data
+
+    monkeypatch.setattr(tasktrain.trainer.data, "_num_cpus_available", lambda: fabric_data._num_cpus_available())
 
 
 def mock_cuda_count(monkeypatch, n):
