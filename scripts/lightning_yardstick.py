@@ -63,7 +63,7 @@ NAME_RENAMES = {"LightningModule": "TaskModule", "LightningDataModule": "DataMod
 # Lightning's tests read `__version__` as the "pytorch-lightning_version" a checkpoint file holds; tasktrain's files
 # hold the Lightning layout they follow there (docs/lightning.md), not tasktrain's own __version__.
 SPECIAL = {"__version__": ("tasktrain.checkpoint_io", "LIGHTNING_LAYOUT_VERSION")}
-DOTTED = re.compile(r"(lightning\.pytorch|pytorch_lightning)(\.[A-Za-z_][A-Za-z0-9_]*)*")
+DOTTED = re.compile(r"(lightning\.pytorch|pytorch_lightning|lightning\.fabric)(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 PYTEST_INI = """\
 # written by scripts/lightning_yardstick.py build: Lightning's pytest options (its pyproject.toml at the tag)
