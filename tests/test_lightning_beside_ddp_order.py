@@ -43,7 +43,7 @@ def launched(tmp_path_factory):
                                                [os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])})
     assert code == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     return {name: [json.load(open(out / name / f"rank{r}.json")) for r in (0, 1)]
-            for name in ("seeds", "loggers", "order")}
+            for name in ("seeds", "loggers", "saves", "order")}
 
 
 @pytest.mark.world_size(2)
@@ -71,6 +71,19 @@ def test_loggers_are_called_on_every_rank_as_in_lightning(launched):
     names = [{c[0] for c in seen["tasktrain"]} for seen in ranks]
     assert names[0] == {"log_hyperparams", "log_graph", "save", "log_metrics", "after_save_checkpoint", "finalize"}
     assert names[1] == names[0] - {"after_save_checkpoint"}
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(500)
+def test_model_checkpoint_calls_torch_save_once_per_checkpoint_as_lightning(launched):
+    """(found by the yardstick: Lightning's test_model_checkpoint_no_extraneous_invocations) a monitored
+    ModelCheckpoint on 2 processes: rank 0 calls torch.save once per checkpoint and rank 1 never, as under Lightning;
+    rank 0's score went to the other ranks as a tensor in the broadcast's pickle, one more torch.save per save."""
+    ranks = launched["saves"]
+    for seen in ranks:
+        assert seen["tasktrain"] == seen["lightning"]
+    assert ranks[0]["tasktrain"]["saves"] == len(ranks[0]["tasktrain"]["files"]) == 3
+    assert ranks[1]["tasktrain"]["saves"] == 0
 
 
 @pytest.mark.world_size(2)

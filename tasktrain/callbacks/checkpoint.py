@@ -446,7 +446,7 @@ class ModelCheckpoint(Checkpoint):
             return
         strategy = trainer.strategy
         # Rank 0's score and name for every rank: the keep/delete decision must be the same everywhere.
-        score, path = strategy.broadcast(candidate)
+        score, path = _broadcast_candidate(strategy, candidate)
         if self._is_top_k(score, path):
             k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
             # Book-keep first so the file holds its own entry; delete the evicted files only once it is on disk.
@@ -535,7 +535,7 @@ class ModelCheckpoint(Checkpoint):
         committed = self._bookkeeping()
         target, evicted = None, []
         if candidate is not None and self.save_top_k != 0:
-            score, path = strategy.broadcast(candidate)
+            score, path = _broadcast_candidate(strategy, candidate)
             if self._is_top_k(score, path):
                 evicted = [old for old in self._insert(path, score, step)
                            if self._should_remove_checkpoint(trainer, old, path)]
@@ -819,6 +819,16 @@ class ModelCheckpoint(Checkpoint):
                       "`kth_best_model_path`, `kth_value`, `last_model_path` and `best_k_models` won't be reloaded. "
                       f"Only `best_model_path` will be reloaded (this run starts its own top-k in {directory}; the "
                       f"files in {saved_dir} are left as they are).", stacklevel=3)
+
+
+def _broadcast_candidate(strategy, candidate):
+    """Rank 0's (score, path) on every rank, the score sent as plain numbers and made a tensor again here: a tensor
+    sent in the broadcast's pickle goes through torch.save on rank 0 (and torch.load on the others) at every save,
+    which Lightning's ModelCheckpoint, broadcasting only names, does not do (Lightning's
+    test_model_checkpoint_no_extraneous_invocations counts rank 0's torch.save calls: one per checkpoint)."""
+    score, path = candidate
+    sent, path = strategy.broadcast((None if score is None else (score.tolist(), score.dtype), path))
+    return (None if sent is None else torch.tensor(sent[0], dtype=sent[1])), path
 
 
 def _is_local(path):

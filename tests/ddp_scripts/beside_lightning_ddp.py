@@ -5,6 +5,7 @@ writing OUT/NAME/rank{R}.json as it does alone:
 
     seeds    seeds_beside_lightning.py: DataLoader workers' draws under Lightning's DDP fit and tasktrain's
     loggers  loggers_beside_lightning.py: a user's logger's calls on every rank
+    saves    saves_beside_lightning.py: torch.save calls on each rank during a fit with a monitored ModelCheckpoint
     order    order_beside_lightning.py: the training order, samplers, resumes, and last its fits SIGTERMed
 
 The seed variables a script's seed_everything leaves are cleared before the next script, so that each starts as it
@@ -17,10 +18,12 @@ import sys
 
 import loggers_beside_lightning
 import order_beside_lightning
+import saves_beside_lightning
 import seeds_beside_lightning
 
 SEED_VARS = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "TASKTRAIN_GLOBAL_SEED", "TASKTRAIN_SEED_WORKERS")
-SCRIPTS = (("seeds", seeds_beside_lightning), ("loggers", loggers_beside_lightning), ("order", order_beside_lightning))
+SCRIPTS = (("seeds", seeds_beside_lightning), ("loggers", loggers_beside_lightning), ("saves", saves_beside_lightning),
+           ("order", order_beside_lightning))
 
 
 def main(out):
