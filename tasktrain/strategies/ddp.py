@@ -62,20 +62,28 @@ class DDP(ProcessWorld, Strategy):
     def __init__(
         self,
         accelerator: Optional[Accelerator] = None,
-        precision=None,
-        process_group_backend: Optional[str] = None,
-        timeout: Optional[timedelta] = timedelta(minutes=30),
-        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        sync_batchnorm=False,
+        parallel_devices: Optional[list] = None,
+        cluster_environment=None,
+        checkpoint_io=None,
+        precision_plugin=None,
         ddp_comm_state: Optional[object] = None,
         ddp_comm_hook: Optional[Callable] = None,
         ddp_comm_wrapper: Optional[Callable] = None,
         model_averaging_period: Optional[int] = None,
+        process_group_backend: Optional[str] = None,
+        timeout: Optional[timedelta] = timedelta(minutes=30),
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        *,
+        precision=None,
+        sync_batchnorm=False,
         **ddp_kwargs,
     ):
-        checkpoint_io = ddp_kwargs.pop("checkpoint_io", None)  # Lightning's DDPStrategy(checkpoint_io=...)
-        lightning_args = {name: ddp_kwargs.pop(name) for name in ("precision_plugin", "cluster_environment",
-                                                                  "parallel_devices") if name in ddp_kwargs}
+        # Lightning's DDPStrategy parameters in Lightning's order (a script may pass them by position);
+        # tasktrain's own precision= (a name) and sync_batchnorm= come by keyword only, after them
+        lightning_args = {name: value for name, value in (("precision_plugin", precision_plugin),
+                                                          ("cluster_environment", cluster_environment),
+                                                          ("parallel_devices", parallel_devices))
+                          if value is not None}
         if lightning_args:
             from tasktrain.strategies.lightning import _check_common
 
