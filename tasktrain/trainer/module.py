@@ -689,12 +689,16 @@ class TaskModule(torch.nn.Module):
 
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, map_location="cpu", strict=None, **overrides):
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
+                             weights_only=None, **overrides):
         """Rebuild the module from a checkpoint's saved hyper-parameters (overridden by **overrides). strict None:
-        the module's strict_loading (Lightning's rule; a strict= that contradicts one the module set is refused)."""
-        from tasktrain.checkpoint_io import load_checkpoint_file, load_plain_state_dict
+        the module's strict_loading (Lightning's rule; a strict= that contradicts one the module set is refused).
+        Lightning's parameters: map_location None reads the tensors onto the CPU; hparams_file (.yaml / .yml / .csv,
+        as the loggers write) replaces the saved hyper-parameters; weights_only False reads any pickled object (a
+        file you trust), None or True tensors and plain data only."""
+        from tasktrain.checkpoint_io import load_plain_state_dict
 
-        ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
+        ckpt = read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only)
         hparams = dict(ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
         params = inspect.signature(cls.__init__).parameters
         name = ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
@@ -834,3 +838,29 @@ def _unwrapped(fn):
         else:
             break
     return fn
+
+
+def read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only):
+    """The checkpoint a TaskModule's or DataModule's load_from_checkpoint rebuilds from, read as Lightning's
+    (its core/saving.py _load_from_checkpoint): onto the CPU by default, pickles trusted with weights_only=False, the
+    hyper-parameters replaced by those of hparams_file where one is given."""
+    from tasktrain.checkpoint_io import load_checkpoint_file, trusted_pickles
+
+    if weights_only not in (None, True, False):
+        raise ValueError(f"{cls.__name__}.load_from_checkpoint(weights_only={weights_only!r}): use None, True or "
+                         "False.")
+    with trusted_pickles(weights_only is False):
+        ckpt = load_checkpoint_file(checkpoint_path, map_location="cpu" if map_location is None else map_location)
+    if hparams_file is not None:
+        # (the hparams-file readers are Lightning's core.saving helpers; a leaf module that imports nothing of ours)
+        from tasktrain.compat.lightning.core.saving import load_hparams_from_tags_csv, load_hparams_from_yaml
+
+        extension = str(hparams_file).rsplit(".", 1)[-1].lower()
+        if extension == "csv":
+            hparams = load_hparams_from_tags_csv(hparams_file)
+        elif extension in ("yml", "yaml"):
+            hparams = load_hparams_from_yaml(hparams_file)
+        else:  # (Lightning's words)
+            raise ValueError(".csv, .yml or .yaml is required for `hparams_file`")
+        ckpt[cls.CHECKPOINT_HYPER_PARAMS_KEY] = hparams
+    return ckpt

@@ -120,7 +120,7 @@ class Trainer:
         enable_checkpointing: Optional[bool] = None,
         log_every_n_steps: Optional[int] = None,
         default_root_dir: Optional[Union[str, Path]] = None,
-        deterministic: Optional[Union[bool, Literal["warn"]]] = False,
+        deterministic: Optional[Union[bool, Literal["warn"]]] = None,
         max_time: Optional[Union[str, timedelta, dict[str, int]]] = None,
         stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT,
         enable_model_summary: Optional[bool] = None,
