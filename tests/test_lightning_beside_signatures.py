@@ -34,11 +34,19 @@ def _default(value):
 
 
 def _params(function):
+    """(name, kind, default) of each parameter. *args and **kwargs by kind alone (their names are nobody's
+    business); the `cls` of Lightning's load_from_checkpoint (a descriptor of its own, not a classmethod) left out."""
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
         return None
-    return [(p.name, p.kind.name.lower(), _default(p.default)) for p in signature.parameters.values()]
+    params = []
+    for p in signature.parameters.values():
+        name = {p.VAR_POSITIONAL: "*args", p.VAR_KEYWORD: "**kwargs"}.get(p.kind, p.name)
+        params.append((name, p.kind.name.lower(), _default(p.default)))
+    if params and params[0][0] == "cls":
+        params = params[1:]
+    return params
 
 
 def _difference(theirs, ours):
@@ -54,9 +62,10 @@ def _difference(theirs, ours):
         parts.append(f"missing {missing}")
     if extra:
         parts.append(f"extra {extra}")
-    if [n for n in their_names if n in our_names] != [n for n in our_names if n in their_names]:
-        parts.append("order")
     their_by, our_by = {p[0]: p for p in theirs}, {p[0]: p for p in ours}
+    positional = [n for n in their_names if their_by[n][1].startswith("positional")]  # (keyword-only: no order)
+    if [n for n in positional if n in our_names] != [n for n in our_names if n in positional]:
+        parts.append("order")
     for name in their_names:
         if name in our_by and their_by[name][1] != our_by[name][1]:
             parts.append(f"{name} kind {their_by[name][1]} -> {our_by[name][1]}")
@@ -65,6 +74,10 @@ def _difference(theirs, ours):
     if not parts:  # the same names in the same order and kinds: a position differs
         parts.append(f"positions {their_names} -> {our_names}")
     return "; ".join(parts)
+
+
+def _takes_nothing(self):
+    pass
 
 
 def differences():
@@ -78,8 +91,10 @@ def differences():
             theirs = getattr(theirs_module, name, None)
             if not (inspect.isclass(theirs) or inspect.isfunction(theirs)) or id(theirs) in seen:
                 continue
-            if not (getattr(theirs, "__module__", None) or "").startswith("lightning"):
-                continue  # torch's, Python's: not Lightning's signature
+            origin = getattr(theirs, "__module__", None) or ""
+            if not origin.startswith("lightning.") or (not hasattr(theirs_module, "__all__") and not origin.startswith(
+                    theirs_module.__name__)):
+                continue  # torch's, Python's, and names a module without __all__ imported from elsewhere
             seen.add(id(theirs))
             our_name = f"tasktrain{suffix}.{RENAMED.get(name, name)}"
             ours = getattr(ours_module, RENAMED.get(name, name), None)
@@ -89,7 +104,11 @@ def differences():
             if inspect.isfunction(theirs) or not inspect.isclass(ours):
                 found[our_name] = _difference(theirs, ours)
                 continue
-            found[our_name + ".__init__"] = _difference(theirs.__init__, ours.__init__)
+            # (a class without an __init__ of its own in Lightning takes no arguments: object's (self, /, *args,
+            # **kwargs) is not a signature to copy)
+            their_init = theirs.__init__ if theirs.__init__ is not object.__init__ else _takes_nothing
+            our_init = ours.__init__ if ours.__init__ is not object.__init__ else _takes_nothing
+            found[our_name + ".__init__"] = _difference(their_init, our_init)
             for attribute in dir(theirs):
                 if attribute.startswith("_"):
                     continue
