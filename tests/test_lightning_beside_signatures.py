@@ -66,6 +66,12 @@ def _difference(theirs, ours):
     positional = [n for n in their_names if their_by[n][1].startswith("positional")]  # (keyword-only: no order)
     if [n for n in positional if n in our_names] != [n for n in our_names if n in positional]:
         parts.append("order")
+    # a call by position binds Lightning's n-th parameter to ours: the same name at each of Lightning's positions
+    # (an extra of ours before one of Lightning's moves it)
+    our_positional = [p[0] for p in ours if p[1].startswith("positional")]
+    moved = [n for i, n in enumerate(positional) if n in our_by and our_positional[i:i + 1] != [n]]
+    if moved and "order" not in parts:
+        parts.append(f"positions of {moved}")
     for name in their_names:
         if name in our_by and their_by[name][1] != our_by[name][1]:
             parts.append(f"{name} kind {their_by[name][1]} -> {our_by[name][1]}")
