@@ -13,6 +13,9 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.accelerators.accelerator import Accelerator
+from tasktrain.checkpoint_io import CheckpointIO
+from tasktrain.plugins.environments import ClusterEnvironment
+from tasktrain.plugins.precision import _PRECISION_PLUGIN
 from tasktrain.strategies.base import Strategy, _StepWrapper, step_arguments
 from tasktrain.strategies.world import ProcessWorld
 
@@ -62,10 +65,10 @@ class DDP(ProcessWorld, Strategy):
     def __init__(
         self,
         accelerator: Optional[Accelerator] = None,
-        parallel_devices: Optional[list] = None,
-        cluster_environment=None,
-        checkpoint_io=None,
-        precision_plugin=None,
+        parallel_devices: Optional[list[torch.device]] = None,
+        cluster_environment: Optional[ClusterEnvironment] = None,
+        checkpoint_io: Optional[CheckpointIO] = None,
+        precision_plugin: Optional[_PRECISION_PLUGIN] = None,
         ddp_comm_state: Optional[object] = None,
         ddp_comm_hook: Optional[Callable] = None,
         ddp_comm_wrapper: Optional[Callable] = None,

@@ -675,14 +675,15 @@ class Trainer:
 
     def fit(
         self,
-        model,
+        model: TaskModule,
         train_dataloaders: Optional[Union[Any, DataModule]] = None,
         val_dataloaders: Optional[Any] = None,
         datamodule: Optional[DataModule] = None,
         ckpt_path: Optional[Union[str, Path]] = None,
         weights_only: Optional[bool] = None,
     ):
-        """Train `model` (a TaskModule; Lightning's parameter name) on loaders, or on a DataModule's (`datamodule=`, or passed as train_dataloaders).
+        """Train `model` (a TaskModule; Lightning's parameter name) on loaders, or on a DataModule's (`datamodule=`,
+        or passed as train_dataloaders).
         weights_only (Lightning's): how ckpt_path is read. None or True: tensors and plain data only (a file holding
         other pickled objects is refused); False: any pickled object, for a file you trust."""
         _check_weights_only("fit", weights_only)
@@ -691,7 +692,7 @@ class Trainer:
 
     def validate(
         self,
-        model=None,
+        model: Optional[TaskModule] = None,
         dataloaders: Optional[Union[Any, DataModule]] = None,
         ckpt_path: Optional[Union[str, Path]] = None,
         verbose: bool = True,
@@ -706,7 +707,7 @@ class Trainer:
 
     def test(
         self,
-        model=None,
+        model: Optional[TaskModule] = None,
         dataloaders: Optional[Union[Any, DataModule]] = None,
         ckpt_path: Optional[Union[str, Path]] = None,
         verbose: bool = True,
@@ -721,7 +722,7 @@ class Trainer:
 
     def predict(
         self,
-        model=None,
+        model: Optional[TaskModule] = None,
         dataloaders: Optional[Union[Any, DataModule]] = None,
         datamodule: Optional[DataModule] = None,
         return_predictions: Optional[bool] = None,
