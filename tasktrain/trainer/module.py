@@ -778,8 +778,8 @@ def is_overridden(method_name, instance=None, parent=None) -> bool:
 
         parent = next((b for b in (TaskModule, DataModule, Callback) if isinstance(instance, b)), None)
         if parent is None:
-            raise ValueError(f"is_overridden({method_name!r}, {type(instance).__name__}): pass the parent class as the "
-                             "third argument (it is not a TaskModule, DataModule or Callback).")
+            raise ValueError(f"is_overridden({method_name!r}, {type(instance).__name__}): pass the base class "
+                             "(parent=) as the third argument (it is not a TaskModule, DataModule or Callback).")
     impl = getattr(instance, method_name, None)
     if impl is None:
         return False
