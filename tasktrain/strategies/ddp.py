@@ -7,17 +7,19 @@ gradient sync held back inside accumulation windows, and rebuilt when the traina
 import contextlib
 import inspect
 from datetime import timedelta
-from typing import Callable, Literal, Optional
+from typing import TYPE_CHECKING, Callable, Literal, Optional
 
 import torch
 import torch.distributed as dist
 
 from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.checkpoint_io import CheckpointIO
-from tasktrain.plugins.environments import ClusterEnvironment
 from tasktrain.plugins.precision import _PRECISION_PLUGIN
 from tasktrain.strategies.base import Strategy, _StepWrapper, step_arguments
 from tasktrain.strategies.world import ProcessWorld
+
+if TYPE_CHECKING:  # (plugins.environments imports the strategies package: named for the annotation only)
+    from tasktrain.plugins.environments import ClusterEnvironment
 
 _DDP_OPTIONS = set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters) - {
     "self", "module", "device_ids", "output_device", "process_group"}
@@ -66,7 +68,7 @@ class DDP(ProcessWorld, Strategy):
         self,
         accelerator: Optional[Accelerator] = None,
         parallel_devices: Optional[list[torch.device]] = None,
-        cluster_environment: Optional[ClusterEnvironment] = None,
+        cluster_environment: Optional["ClusterEnvironment"] = None,
         checkpoint_io: Optional[CheckpointIO] = None,
         precision_plugin: Optional[_PRECISION_PLUGIN] = None,
         ddp_comm_state: Optional[object] = None,
