@@ -137,8 +137,11 @@ def differences():
 
 # Kinds of kept difference, each shared by many names below
 STRATEGY_CONTRACT = ("tasktrain's Strategy methods are its engines' contract (DESIGN.md), called by its Trainer and "
-                     "Accelerator: Lightning's Strategy API (closure_loss, group=, reduce_op=, sync_grads=, filepath) "
+                     "Accelerator: Lightning's Strategy API (closure_loss, all_gather's group= / sync_grads=, filepath) "
                      "is not copied; a script passes the strategy object to the Trainer (docs/lightning.md, Strategies)")
+REDUCE_KEYWORDS = ("tasktrain's reduce(tensor, op) takes Lightning's group= and reduce_op= by keyword (a group other "
+                   "than None refused, naming torch.distributed.all_reduce); Lightning's by position (tensor, group, "
+                   "reduce_op) is not taken")
 STATE_ARGUMENT = "the parameter's name only: both Trainers pass the state by position"
 CONVERT_INPUT = "the parameter's name only: both Trainers pass the batch by position"
 REFUSED_PLUGIN = ("tasktrain does not run bitsandbytes, Transformer Engine or XLA: building the plugin raises a "
@@ -455,8 +458,8 @@ ALLOWED = {
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.DDPStrategy.reduce':
-        ("missing ['group', 'reduce_op']; extra ['op']",
-         STRATEGY_CONTRACT),
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
     'tasktrain.strategies.DDPStrategy.remove_checkpoint':
         ("missing ['filepath']; extra ['path']",
          STRATEGY_CONTRACT),
@@ -485,8 +488,8 @@ ALLOWED = {
         ('optimizer default - -> None; closure default - -> None',
          STRATEGY_CONTRACT),
     'tasktrain.strategies.DeepSpeedStrategy.reduce':
-        ("missing ['group', 'reduce_op']; extra ['op']",
-         STRATEGY_CONTRACT),
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
     'tasktrain.strategies.DeepSpeedStrategy.remove_checkpoint':
         ("missing ['filepath']; extra ['path']",
          STRATEGY_CONTRACT),
@@ -512,8 +515,8 @@ ALLOWED = {
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.FSDPStrategy.reduce':
-        ("missing ['group', 'reduce_op']; extra ['op']",
-         STRATEGY_CONTRACT),
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
     'tasktrain.strategies.FSDPStrategy.remove_checkpoint':
         ("missing ['filepath']; extra ['path']",
          STRATEGY_CONTRACT),
@@ -542,8 +545,8 @@ ALLOWED = {
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.ModelParallelStrategy.reduce':
-        ("missing ['group', 'reduce_op']; extra ['op']",
-         STRATEGY_CONTRACT),
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
     'tasktrain.strategies.ModelParallelStrategy.remove_checkpoint':
         ("missing ['filepath']; extra ['path']",
          STRATEGY_CONTRACT),
@@ -578,8 +581,8 @@ ALLOWED = {
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.SingleDeviceStrategy.reduce':
-        ("missing ['*args', '**kwargs']; extra ['op']",
-         STRATEGY_CONTRACT),
+        ("missing ['*args', '**kwargs']; extra ['op', 'group', 'reduce_op']",
+         REDUCE_KEYWORDS),
     'tasktrain.strategies.SingleDeviceStrategy.remove_checkpoint':
         ("missing ['filepath']; extra ['path']",
          STRATEGY_CONTRACT),
@@ -608,8 +611,8 @@ ALLOWED = {
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.Strategy.reduce':
-        ("missing ['group', 'reduce_op']; extra ['op']",
-         STRATEGY_CONTRACT),
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
     'tasktrain.strategies.Strategy.remove_checkpoint':
         ("missing ['filepath']; extra ['path']",
          STRATEGY_CONTRACT),
@@ -933,3 +936,20 @@ def test_save_config_callback_takes_save_to_log_dir():
                 pass
 
         assert Elsewhere(None, None, save_to_log_dir=False).save_to_log_dir is False
+
+
+def test_strategy_reduce_takes_lightnings_keywords():
+    from lightning.pytorch.strategies import DDPStrategy as TheirDDP
+    from lightning.pytorch.strategies import SingleDeviceStrategy as TheirSingle
+
+    from tasktrain.strategies import DDPStrategy, SingleDeviceStrategy
+
+    for reduce_op in ("sum", "avg", "MEAN", "max", torch.distributed.ReduceOp.SUM):  # one process: itself
+        for theirs, ours in ((TheirDDP(), DDPStrategy()), (TheirSingle("cpu"), SingleDeviceStrategy("cpu"))):
+            assert theirs.reduce(torch.tensor(2.0), reduce_op=reduce_op) == 2.0
+            assert ours.reduce(torch.tensor(2.0), reduce_op=reduce_op) == 2.0
+    for strategy in (DDPStrategy(), SingleDeviceStrategy("cpu")):
+        with pytest.raises(ValueError, match="torch.distributed.all_reduce"):
+            strategy.reduce(torch.tensor(1.0), group=object())
+        with pytest.raises(ValueError, match="reduce_op="):
+            strategy.reduce(torch.tensor(1.0), reduce_op="product")
