@@ -1140,8 +1140,11 @@ class TorchCheckpointIO(CheckpointIO):
         atomic_save(checkpoint, path)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None):
-        # weights_only=False would unpickle code: a tasktrain checkpoint never needs it, so every load is safe
-        return load_checkpoint_file(path, map_location="cpu" if map_location is None else map_location)
+        # A tasktrain checkpoint never needs unpickling code: None / True read tensors and plain data only (or what
+        # the run trusts: fit's weights_only=False); weights_only=False, Lightning's, trusts this file's pickles
+        trusted = trusted_pickles() if weights_only is False else contextlib.nullcontext()
+        with trusted:
+            return load_checkpoint_file(path, map_location="cpu" if map_location is None else map_location)
 
     def remove_checkpoint(self, path):
         remove_path(os.fspath(path))

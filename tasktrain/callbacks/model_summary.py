@@ -292,10 +292,10 @@ def _batch_hook(model, trainer, name, *args):
     return getattr(model, name)(*args)
 
 
-def summarize(module, max_depth=1):
-    """The summary of `module` (a TaskModule or any nn.Module), with sizes and FLOPs if it sets example_input_array
-    (Lightning's summarize: its ModelSummary(module, max_depth))."""
-    return ModuleSummary(module, max_depth)
+def summarize(lightning_module, max_depth=1):
+    """The summary of `lightning_module` (a TaskModule or any nn.Module; Lightning's parameter name), with sizes
+    and FLOPs if it sets example_input_array (Lightning's summarize: its ModelSummary(module, max_depth))."""
+    return ModuleSummary(lightning_module, max_depth)
 
 
 class ModelSummary(Callback):

@@ -179,7 +179,9 @@ def _load_classes_named_on_the_command_line():
 
 
 class SaveConfigCallback(Callback):
-    """Writes the config the run was started with to `<log_dir>/<config_filename>` when fit starts (rank 0)."""
+    """Writes the config the run was started with to `<log_dir>/<config_filename>` when fit starts (rank 0), then
+    calls `save_config(trainer, pl_module, stage)` on rank 0, which a subclass overrides to save it elsewhere too
+    (Lightning's); `save_to_log_dir=False` (Lightning's) writes no file, for a subclass whose save_config does."""
 
     def __init__(
         self,
@@ -188,24 +190,40 @@ class SaveConfigCallback(Callback):
         config_filename: str = "config.yaml",
         overwrite: bool = False,
         multifile: bool = False,
+        save_to_log_dir: bool = True,
     ):
         self.parser, self.config = parser, config
         self.config_filename, self.overwrite, self.multifile = config_filename, overwrite, multifile
+        self.save_to_log_dir = save_to_log_dir
         self.already_saved = False
+        from tasktrain.trainer.module import is_overridden
 
-    def setup(self, trainer, module, stage):
+        if not save_to_log_dir and not is_overridden("save_config", self, SaveConfigCallback):
+            raise ValueError(  # (Lightning's words)
+                "`save_to_log_dir=False` only makes sense when subclassing SaveConfigCallback to implement "
+                "`save_config` and it is desired to disable the standard behavior of saving to log_dir.")
+
+    def setup(self, trainer, pl_module, stage):
         if self.already_saved or stage != "fit":
             return
-        path = os.path.join(trainer.log_dir or trainer.default_root_dir, self.config_filename)
-        exists = trainer.strategy.broadcast(os.path.isfile(path))
-        if exists and not self.overwrite:
-            raise RuntimeError(f"SaveConfigCallback: {path} already exists, and saving the config there would "
-                               "replace the record of an earlier run. Use another default_root_dir or logger version, "
-                               "or TaskCLI(save_config_kwargs={'overwrite': True}).")
+        if self.save_to_log_dir:
+            path = os.path.join(trainer.log_dir or trainer.default_root_dir, self.config_filename)
+            exists = trainer.strategy.broadcast(os.path.isfile(path))
+            if exists and not self.overwrite:
+                raise RuntimeError(f"SaveConfigCallback: {path} already exists, and saving the config there would "
+                                   "replace the record of an earlier run. Use another default_root_dir or logger "
+                                   "version, or TaskCLI(save_config_kwargs={'overwrite': True}).")
+            if trainer.is_global_zero:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self.parser.save(self.config, path, skip_none=False, overwrite=self.overwrite,
+                                 multifile=self.multifile)
         if trainer.is_global_zero:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self.parser.save(self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+            self.save_config(trainer, pl_module, stage)
         self.already_saved = True
+
+    def save_config(self, trainer, pl_module, stage):
+        """Override to save the config somewhere besides the log directory (a logger's experiment, ...): called on
+        rank 0 once the file is written (Lightning's hook)."""
 
 
 class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):

@@ -240,23 +240,24 @@ class Precision(_LightningHooks, _core.Precision):
         super().__init__(_LATER)
 
 
-class DoublePrecision(_LightningHooks, _core.DoublePrecision):
-    """"64-true": the module and floating point inputs in float64."""
+class DoublePrecision(Precision, _core.DoublePrecision):
+    """"64-true": the module and floating point inputs in float64. (Each plugin derives from Precision, as each of
+    Lightning's does, so that isinstance(plugin, Precision) holds for all of them.)"""
 
     def __init__(self):
-        super().__init__(_LATER)
+        _core.DoublePrecision.__init__(self, _LATER)
 
 
-class HalfPrecision(_LightningHooks, _core.HalfPrecision):
+class HalfPrecision(Precision, _core.HalfPrecision):
     """"16-true" (default) or "bf16-true": the parameters stored in half, no autocast, no scaling."""
 
     def __init__(self, precision: Literal["bf16-true", "16-true"] = "16-true"):
         if precision not in ("16-true", "bf16-true"):
             raise ValueError(f"HalfPrecision(precision={precision!r}): use '16-true' or 'bf16-true'.")
-        super().__init__(precision, None)  # (the fp16-on-CPU note is the strategy's, once it knows the device)
+        _core.HalfPrecision.__init__(self, precision, None)  # (the fp16-on-CPU note is the strategy's, once it knows the device)
 
 
-class MixedPrecision(_LightningHooks, _core.MixedPrecision):
+class MixedPrecision(Precision, _core.MixedPrecision):
     """"16-mixed" (autocast float16 + GradScaler) or "bf16-mixed" (autocast bfloat16) on `device` ("cpu", "cuda");
     `scaler`: a torch.amp.GradScaler of one's own for "16-mixed"."""
 
@@ -271,7 +272,7 @@ class MixedPrecision(_LightningHooks, _core.MixedPrecision):
                              "or 'bf16-mixed'.")
         if scaler is not None and precision == "bf16-mixed":
             raise MisconfigurationException(f"`precision='bf16-mixed'` does not use a scaler, found {scaler}.")
-        super().__init__(precision, device)
+        _core.MixedPrecision.__init__(self, precision, device)
         if scaler is not None:
             self.scaler = scaler
 
@@ -562,7 +563,7 @@ class FSDPPrecision(_EnginePrecision):
 _PRECISION_PLUGIN = Union[Precision, DoublePrecision, HalfPrecision, MixedPrecision, _EnginePrecision]
 
 
-class _Unavailable:
+class _Unavailable(Precision):  # (a Precision, as Lightning's are; none can be built)
     what = ""
 
     def __init__(self, *args, **kwargs):

@@ -286,7 +286,6 @@ class PyTorchProfiler(Profiler):
         row_limit: int = 20,
         sort_by_key: Optional[str] = None,
         record_module_names: bool = True,
-        with_stack: bool = False,
         table_kwargs: Optional[dict[str, Any]] = None,
         **profiler_kwargs,
     ):
@@ -321,7 +320,7 @@ class PyTorchProfiler(Profiler):
         # Lightning's ScheduleWrapper; None records the whole run (the default is dropped where a run is too short)
         self._schedule = StageSchedule() if schedule is _DEFAULT else None if schedule is None else \
             StageSchedule(schedule)
-        self._profiler_kwargs = dict(profiler_kwargs, with_stack=with_stack)
+        self._profiler_kwargs = dict(profiler_kwargs)  # (with_stack=..., torch's, among them: Lightning's way)
         self.profiler = None
         self.function_events = None
         self._ranges = {}

@@ -576,8 +576,9 @@ class Strategy(abc.ABC):
 
     # -- between ranks (abstract: OneProcess has the identities of a world of one) -------------------------------------
     @abc.abstractmethod
-    def reduce(self, tensor, op="mean"):
-        """All-reduce a tensor: "mean", "sum", "max" or "min". Every rank calls it."""
+    def reduce(self, tensor, op="mean", *, group=None, reduce_op=None):
+        """All-reduce a tensor: "mean", "sum", "max" or "min". Every rank calls it. group= and reduce_op= are
+        Lightning's keywords (lightning_reduce_op)."""
 
     def reduce_boolean_decision(self, decision, all=True) -> bool:
         """One decision for every rank (Lightning's): all=True, every rank's must be True; all=False, any rank's.
@@ -839,7 +840,8 @@ class OneProcess:
     node_rank = 0
     world_size = 1
 
-    def reduce(self, tensor, op="mean"):
+    def reduce(self, tensor, op="mean", *, group=None, reduce_op=None):
+        lightning_reduce_op(op, group, reduce_op)  # (checked: one process reduces to itself)
         return tensor
 
     def all_gather(self, tensor):
@@ -987,3 +989,27 @@ def move_to_device(data, device):
 def step_name(step_fn):
     """The name of the module's step a strategy runs ("validation_step", ...), for the precision's step context."""
     return getattr(step_fn, "__name__", None)
+
+
+def lightning_reduce_op(op, group=None, reduce_op=None):
+    """The reduction of strategy.reduce(tensor, op) when a script gives Lightning's keywords
+    (reduce(tensor, group=None, reduce_op="mean"): "mean" / "avg", "sum", "max", "min" in any case, or torch's
+    ReduceOp). group= other than None is refused: tasktrain reduces over every rank."""
+    if group is not None:
+        raise ValueError("strategy.reduce(..., group=...): tasktrain's strategies reduce over every rank. Reduce over "
+                         "a group of your own with torch.distributed.all_reduce(tensor, group=group).")
+    if reduce_op is None:
+        return op
+    if op != "mean":
+        raise ValueError(f"strategy.reduce(op={op!r}, reduce_op={reduce_op!r}): give the reduction once.")
+    import torch.distributed as dist
+
+    by_op = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min", dist.ReduceOp.AVG: "mean"}
+    if isinstance(reduce_op, str):
+        name = {"avg": "mean"}.get(reduce_op.lower(), reduce_op.lower())
+        if name in ("mean", "sum", "max", "min"):
+            return name
+    elif reduce_op in by_op:
+        return by_op[reduce_op]
+    raise ValueError(f"strategy.reduce(reduce_op={reduce_op!r}): use 'mean' ('avg'), 'sum', 'max', 'min' or one of "
+                     "torch.distributed.ReduceOp's SUM, AVG, MAX, MIN.")

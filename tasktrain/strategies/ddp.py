@@ -7,14 +7,19 @@ gradient sync held back inside accumulation windows, and rebuilt when the traina
 import contextlib
 import inspect
 from datetime import timedelta
-from typing import Callable, Literal, Optional
+from typing import TYPE_CHECKING, Callable, Literal, Optional
 
 import torch
 import torch.distributed as dist
 
 from tasktrain.accelerators.accelerator import Accelerator
+from tasktrain.checkpoint_io import CheckpointIO
+from tasktrain.plugins.precision import _PRECISION_PLUGIN
 from tasktrain.strategies.base import Strategy, _StepWrapper, step_arguments
 from tasktrain.strategies.world import ProcessWorld
+
+if TYPE_CHECKING:  # (plugins.environments imports the strategies package: named for the annotation only)
+    from tasktrain.plugins.environments import ClusterEnvironment
 
 _DDP_OPTIONS = set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters) - {
     "self", "module", "device_ids", "output_device", "process_group"}
@@ -62,20 +67,28 @@ class DDP(ProcessWorld, Strategy):
     def __init__(
         self,
         accelerator: Optional[Accelerator] = None,
-        precision=None,
-        process_group_backend: Optional[str] = None,
-        timeout: Optional[timedelta] = timedelta(minutes=30),
-        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        sync_batchnorm=False,
+        parallel_devices: Optional[list[torch.device]] = None,
+        cluster_environment: Optional["ClusterEnvironment"] = None,
+        checkpoint_io: Optional[CheckpointIO] = None,
+        precision_plugin: Optional[_PRECISION_PLUGIN] = None,
         ddp_comm_state: Optional[object] = None,
         ddp_comm_hook: Optional[Callable] = None,
         ddp_comm_wrapper: Optional[Callable] = None,
         model_averaging_period: Optional[int] = None,
+        process_group_backend: Optional[str] = None,
+        timeout: Optional[timedelta] = timedelta(minutes=30),
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        *,
+        precision=None,
+        sync_batchnorm=False,
         **ddp_kwargs,
     ):
-        checkpoint_io = ddp_kwargs.pop("checkpoint_io", None)  # Lightning's DDPStrategy(checkpoint_io=...)
-        lightning_args = {name: ddp_kwargs.pop(name) for name in ("precision_plugin", "cluster_environment",
-                                                                  "parallel_devices") if name in ddp_kwargs}
+        # Lightning's DDPStrategy parameters in Lightning's order (a script may pass them by position);
+        # tasktrain's own precision= (a name) and sync_batchnorm= come by keyword only, after them
+        lightning_args = {name: value for name, value in (("precision_plugin", precision_plugin),
+                                                          ("cluster_environment", cluster_environment),
+                                                          ("parallel_devices", parallel_devices))
+                          if value is not None}
         if lightning_args:
             from tasktrain.strategies.lightning import _check_common
 

@@ -307,8 +307,12 @@ class ModelParallelStrategy(FSDP):
                 return super().backward(loss, *args, **kwargs)
         return super().backward(loss, *args, **kwargs)
 
-    def reduce(self, tensor, op="mean"):
+    def reduce(self, tensor, op="mean", *, group=None, reduce_op=None):
         from torch.distributed.tensor import DTensor
+
+        from tasktrain.strategies.base import lightning_reduce_op
+
+        op = lightning_reduce_op(op, group, reduce_op)  # (Lightning's keywords)
 
         if isinstance(tensor, DTensor):  # a loss computed under loss_parallel(): replicated, whole on every rank
             tensor = tensor.full_tensor()

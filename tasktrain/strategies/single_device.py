@@ -17,10 +17,12 @@ class SingleDevice(OneProcess, Strategy):
         self,
         device: Optional[Union[torch.device, str, int]] = None,
         accelerator: Optional[Accelerator] = None,
-        precision=None,
         checkpoint_io: Optional[CheckpointIO] = None,
         precision_plugin: Optional[_PRECISION_PLUGIN] = None,
+        *,
+        precision=None,
     ):
+        # Lightning's parameters in Lightning's order; tasktrain's precision= (a name) by keyword only
         # checkpoint_io, precision_plugin: Lightning's SingleDeviceStrategy arguments (precision_plugin is the
         # precision, one of tasktrain.plugins.precision)
         if precision_plugin is not None:

@@ -30,7 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tasktrain.strategies.base import MultiProcess, release_kept_runs
+from tasktrain.strategies.base import MultiProcess, lightning_reduce_op, release_kept_runs
 from tasktrain.strategies.environment import (ClusterEnvironment, SlurmAllocationError, detect_environment,
                                               environment_from_local_rank, environment_from_plugin)
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
@@ -329,7 +329,8 @@ class ProcessWorld(MultiProcess):
         return self.world_size == 1 and not dist.is_initialized()
 
     @checked_collective("reduce", data=("tensor",))  # watchdog (issue 19)
-    def reduce(self, tensor, op="mean"):
+    def reduce(self, tensor, op="mean", *, group=None, reduce_op=None):
+        op = lightning_reduce_op(op, group, reduce_op)  # (Lightning's keywords)
         if op not in _REDUCE_OPS:
             raise ValueError(f"reduce(op={op!r}): use one of {sorted(_REDUCE_OPS)}.")
         if not isinstance(tensor, torch.Tensor):

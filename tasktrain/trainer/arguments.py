@@ -275,12 +275,27 @@ def run_flags(min_steps, log_every_n_steps, default_root_dir, enable_checkpointi
 
 
 def set_torch_flags(deterministic, benchmark):
-    """The process-wide torch settings the Trainer's arguments ask for."""
+    """The process-wide torch settings the Trainer's arguments ask for, as Lightning's: deterministic None leaves
+    torch's setting alone, True / False sets it, "warn" makes torch warn where it would raise; deterministic turns
+    cuDNN's algorithm search off unless benchmark says otherwise (which torch then overrides: a warning)."""
+    if deterministic not in (None, True, False, "warn"):
+        raise ValueError(f"Trainer(deterministic={deterministic!r}): use None, True, False or 'warn'.")
     if deterministic:
-        torch.use_deterministic_algorithms(True)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if benchmark is None:
+            benchmark = False
+        elif benchmark:
+            from tasktrain.utilities.rank_zero import rank_zero_warn
+
+            rank_zero_warn("You passed `deterministic=True` and `benchmark=True`. Note that PyTorch ignores "
+                           "torch.backends.cudnn.deterministic=True when torch.backends.cudnn.benchmark=True.")
     if benchmark is not None:  # cuDNN's algorithm search (no effect on the CPU)
         torch.backends.cudnn.benchmark = bool(benchmark)
+    if deterministic == "warn":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    elif deterministic is not None:
+        torch.use_deterministic_algorithms(deterministic)
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # (cuBLAS's reproducibility setting, Lightning's)
 
 
 def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing, clip_val, clip_algorithm, max_time,

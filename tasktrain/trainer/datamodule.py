@@ -143,15 +143,17 @@ class DataModule:
         """Restore what state_dict returned, when a fit resumes from a checkpoint."""
 
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, map_location="cpu", **overrides):
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, weights_only=None,
+                             **overrides):
         """Rebuild the DataModule from a checkpoint a fit wrote (Lightning's): its saved hyper-parameters
         (datamodule_hyper_parameters, overridden by **overrides) go to __init__, then load_state_dict gets what
-        state_dict() saved (kept under the class name)."""
+        state_dict() saved (kept under the class name). map_location, hparams_file, weights_only: Lightning's, as
+        TaskModule.load_from_checkpoint's."""
         import inspect
 
-        from tasktrain.checkpoint_io import load_checkpoint_file
+        from tasktrain.trainer.module import read_for_load_from_checkpoint
 
-        ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
+        ckpt = read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only)
         hparams = dict(ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
         params = inspect.signature(cls.__init__).parameters
         name = ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)

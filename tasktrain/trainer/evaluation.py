@@ -43,7 +43,10 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
 
         path = resolve_ckpt_path(trainer, ckpt_path, stage)
         if path is not None:
-            ckpt = strategy.load_checkpoint(path)
+            from tasktrain.checkpoint_io import trusted_pickles
+
+            with trusted_pickles(trainer._ckpt_weights_only is False):  # the entry point's weights_only= (Lightning's)
+                ckpt = strategy.load_checkpoint(path)
             with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
                 module.on_load_checkpoint(ckpt)
             strategy.load_module_state_dict(ckpt["state_dict"], strict=module.strict_loading)

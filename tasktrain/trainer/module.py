@@ -328,9 +328,10 @@ class TaskModule(torch.nn.Module):
             torch.jit.save(scripted, file_path)
         return scripted
 
-    def to_onnx(self, file_path, input_sample=None, **kwargs):
-        """Export to ONNX with torch.onnx.export (Lightning's method). torch's exporter needs the onnx and
-        onnxscript packages: `pip install tasktrain[onnx]`."""
+    def to_onnx(self, file_path=None, input_sample=None, **kwargs):
+        """Export to ONNX with torch.onnx.export (Lightning's method; file_path None, Lightning's default: no file
+        written, torch's ONNXProgram returned under dynamo=True). torch's exporter needs the onnx and onnxscript
+        packages: `pip install tasktrain[onnx]`."""
         import importlib.util
 
         missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
@@ -493,7 +494,7 @@ class TaskModule(torch.nn.Module):
         return apply_to_leaves(data, gather)
 
     # -- hyper-parameters ----------------------------------------------------------------------------------------
-    def save_hyperparameters(self, *names, ignore=(), frame=None, logger=True):
+    def save_hyperparameters(self, *names, ignore=None, frame=None, logger=True):
         """Store the calling __init__'s arguments in self.hparams (and in checkpoints); logger=True (Lightning's
         default): the loggers get them at the start of each run. `frame` (Lightning's): the __init__ frame to read
         them from, when the call is made from a helper rather than from __init__ itself."""
@@ -689,12 +690,16 @@ class TaskModule(torch.nn.Module):
 
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, map_location="cpu", strict=None, **overrides):
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
+                             weights_only=None, **overrides):
         """Rebuild the module from a checkpoint's saved hyper-parameters (overridden by **overrides). strict None:
-        the module's strict_loading (Lightning's rule; a strict= that contradicts one the module set is refused)."""
-        from tasktrain.checkpoint_io import load_checkpoint_file, load_plain_state_dict
+        the module's strict_loading (Lightning's rule; a strict= that contradicts one the module set is refused).
+        Lightning's parameters: map_location None reads the tensors onto the CPU; hparams_file (.yaml / .yml / .csv,
+        as the loggers write) replaces the saved hyper-parameters; weights_only False reads any pickled object (a
+        file you trust), None or True tensors and plain data only."""
+        from tasktrain.checkpoint_io import load_plain_state_dict
 
-        ckpt = load_checkpoint_file(checkpoint_path, map_location=map_location)
+        ckpt = read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only)
         hparams = dict(ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
         params = inspect.signature(cls.__init__).parameters
         name = ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
@@ -755,35 +760,36 @@ def instance_flag(owner, name):
     return value
 
 
-def is_overridden(name, obj=None, base=None) -> bool:
-    """Whether `obj` replaces `base`'s `name`, Lightning's answer (lightning_utilities' is_overridden): an attribute
-    that is None is not an override (`model.validation_step = None` switches validation off); ONE wrapper is looked
-    through, `__wrapped__` first (functools.wraps / update_wrapper, contextmanager), then a Mock's `wraps` or a
-    partial's function, and what is left is compared with the base's code. So a recording wrapper around the base's
-    own hook (update_wrapper(partial(record, ...), hook)) is no override, and a wrapper of a wrapper is one. Where
-    Lightning's fails (what is left has no code: a callable object, a Mock wrapping a partial or a Mock: its
-    AttributeError, docs/lightning.md), the wrappers are followed to what they wrap. A name the base does not define
-    is Lightning's ValueError. Whether the loop *calls* a hook is hook_is_called: Lightning calls every hook."""
-    if obj is None:
+def is_overridden(method_name, instance=None, parent=None) -> bool:
+    """Whether `instance` replaces `parent`'s `method_name` (Lightning's parameter names), Lightning's answer
+    (lightning_utilities' is_overridden): an attribute that is None is not an override (`model.validation_step = None`
+    switches validation off); ONE wrapper is looked through, `__wrapped__` first (functools.wraps / update_wrapper,
+    contextmanager), then a Mock's `wraps` or a partial's function, and what is left is compared with the parent's
+    code. So a recording wrapper around the parent's own hook (update_wrapper(partial(record, ...), hook)) is no
+    override, and a wrapper of a wrapper is one. Where Lightning's fails (what is left has no code: a callable object,
+    a Mock wrapping a partial or a Mock: its AttributeError, docs/lightning.md), the wrappers are followed to what
+    they wrap. A name the parent does not define is Lightning's ValueError. Whether the loop *calls* a hook is
+    hook_is_called: Lightning calls every hook."""
+    if instance is None:
         return False
-    if base is None:  # Lightning's signature: the base class is the one of TaskModule / DataModule / Callback
+    if parent is None:  # Lightning's signature: the parent class is the one of TaskModule / DataModule / Callback
         from tasktrain.callbacks.base import Callback
         from tasktrain.trainer.datamodule import DataModule
 
-        base = next((b for b in (TaskModule, DataModule, Callback) if isinstance(obj, b)), None)
-        if base is None:
-            raise ValueError(f"is_overridden({name!r}, {type(obj).__name__}): pass the base class as the third "
-                             "argument (it is not a TaskModule, DataModule or Callback).")
-    impl = getattr(obj, name, None)
+        parent = next((b for b in (TaskModule, DataModule, Callback) if isinstance(instance, b)), None)
+        if parent is None:
+            raise ValueError(f"is_overridden({method_name!r}, {type(instance).__name__}): pass the base class "
+                             "(parent=) as the third argument (it is not a TaskModule, DataModule or Callback).")
+    impl = getattr(instance, method_name, None)
     if impl is None:
         return False
     impl = _looked_through(impl)
     if impl is None:
         return False
-    base_impl = getattr(base, name, None)
+    base_impl = getattr(parent, method_name, None)
     if base_impl is None:
-        raise ValueError(f"The parent should define the method (is_overridden({name!r}): {base.__name__} has no "
-                         f"{name}).")
+        raise ValueError(f"The parent should define the method (is_overridden({method_name!r}): {parent.__name__} "
+                         f"has no {method_name}).")
     base_impl = getattr(base_impl, "__wrapped__", base_impl)
     code = getattr(impl, "__code__", None)
     if code is None:  # (Lightning's AttributeError)
@@ -834,3 +840,29 @@ def _unwrapped(fn):
         else:
             break
     return fn
+
+
+def read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only):
+    """The checkpoint a TaskModule's or DataModule's load_from_checkpoint rebuilds from, read as Lightning's
+    (its core/saving.py _load_from_checkpoint): onto the CPU by default, pickles trusted with weights_only=False, the
+    hyper-parameters replaced by those of hparams_file where one is given."""
+    from tasktrain.checkpoint_io import load_checkpoint_file, trusted_pickles
+
+    if weights_only not in (None, True, False):
+        raise ValueError(f"{cls.__name__}.load_from_checkpoint(weights_only={weights_only!r}): use None, True or "
+                         "False.")
+    with trusted_pickles(weights_only is False):
+        ckpt = load_checkpoint_file(checkpoint_path, map_location="cpu" if map_location is None else map_location)
+    if hparams_file is not None:
+        # (the hparams-file readers are Lightning's core.saving helpers; a leaf module that imports nothing of ours)
+        from tasktrain.compat.lightning.core.saving import load_hparams_from_tags_csv, load_hparams_from_yaml
+
+        extension = str(hparams_file).rsplit(".", 1)[-1].lower()
+        if extension == "csv":
+            hparams = load_hparams_from_tags_csv(hparams_file)
+        elif extension in ("yml", "yaml"):
+            hparams = load_hparams_from_yaml(hparams_file)
+        else:  # (Lightning's words)
+            raise ValueError(".csv, .yml or .yaml is required for `hparams_file`")
+        ckpt[cls.CHECKPOINT_HYPER_PARAMS_KEY] = hparams
+    return ckpt

@@ -120,7 +120,7 @@ class Trainer:
         enable_checkpointing: Optional[bool] = None,
         log_every_n_steps: Optional[int] = None,
         default_root_dir: Optional[Union[str, Path]] = None,
-        deterministic: Optional[Union[bool, Literal["warn"]]] = False,
+        deterministic: Optional[Union[bool, Literal["warn"]]] = None,
         max_time: Optional[Union[str, timedelta, dict[str, int]]] = None,
         stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT,
         enable_model_summary: Optional[bool] = None,
@@ -672,56 +672,68 @@ class Trainer:
 
     def fit(
         self,
-        module,
+        model: TaskModule,
         train_dataloaders: Optional[Union[Any, DataModule]] = None,
         val_dataloaders: Optional[Any] = None,
         datamodule: Optional[DataModule] = None,
         ckpt_path: Optional[Union[str, Path]] = None,
         weights_only: Optional[bool] = None,
     ):
-        """Train `module` on loaders, or on a DataModule's (`datamodule=`, or passed as train_dataloaders).
+        """Train `model` (a TaskModule; Lightning's parameter name) on loaders, or on a DataModule's (`datamodule=`,
+        or passed as train_dataloaders).
         weights_only (Lightning's): how ckpt_path is read. None or True: tensors and plain data only (a file holding
         other pickled objects is refused); False: any pickled object, for a file you trust."""
-        if weights_only not in (None, True, False):
-            raise ValueError(f"Trainer.fit(weights_only={weights_only!r}): use None, True or False.")
-        return self._run("fit", module, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path, datamodule=datamodule,
+        _check_weights_only("fit", weights_only)
+        return self._run("fit", model, train_dataloaders, val_dataloaders, ckpt_path=ckpt_path, datamodule=datamodule,
                          weights_only=weights_only)
 
     def validate(
         self,
-        module=None,
+        model: Optional[TaskModule] = None,
         dataloaders: Optional[Union[Any, DataModule]] = None,
         ckpt_path: Optional[Union[str, Path]] = None,
         verbose: bool = True,
         datamodule: Optional[DataModule] = None,
+        weights_only: Optional[bool] = None,
     ):
+        """weights_only (Lightning's, as fit's): how ckpt_path is read; False: any pickled object."""
+        _check_weights_only("validate", weights_only)
         self._verbose = verbose  # False: the results are returned, not printed
-        return self._run("validate", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
+        return self._run("validate", model, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule,
+                         weights_only=weights_only)
 
     def test(
         self,
-        module=None,
+        model: Optional[TaskModule] = None,
         dataloaders: Optional[Union[Any, DataModule]] = None,
         ckpt_path: Optional[Union[str, Path]] = None,
         verbose: bool = True,
         datamodule: Optional[DataModule] = None,
+        weights_only: Optional[bool] = None,
     ):
+        """weights_only (Lightning's, as fit's): how ckpt_path is read; False: any pickled object."""
+        _check_weights_only("test", weights_only)
         self._verbose = verbose
-        return self._run("test", module, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule)
+        return self._run("test", model, None, dataloaders, ckpt_path=ckpt_path, datamodule=datamodule,
+                         weights_only=weights_only)
 
     def predict(
         self,
-        module=None,
+        model: Optional[TaskModule] = None,
         dataloaders: Optional[Union[Any, DataModule]] = None,
-        ckpt_path: Optional[Union[str, Path]] = None,
-        gather: bool = False,
-        return_predictions: Optional[bool] = None,
         datamodule: Optional[DataModule] = None,
+        return_predictions: Optional[bool] = None,
+        ckpt_path: Optional[Union[str, Path]] = None,
+        weights_only: Optional[bool] = None,
+        *,
+        gather: bool = False,
     ):
         """Predictions of this rank, in loader order (a list per loader when there are several); with gather=True,
         every rank's, in dataset order. return_predictions=False keeps none in memory and returns None (a
         BasePredictionWriter writes them). Under a strategy that spawns its processes ("ddp_spawn"), as Lightning's:
-        None by default and return_predictions=True refused; gather=True still brings every rank's back."""
+        None by default and return_predictions=True refused; gather=True still brings every rank's back.
+        weights_only (Lightning's, as fit's): how ckpt_path is read; False: any pickled object."""
+        _check_weights_only("predict", weights_only)
         from tasktrain.strategies.spawn import SpawnedRunRefused, SpawnLauncher
 
         spawned = isinstance(self.strategy.launcher, SpawnLauncher)  # (this process starts the ranks by spawning)
@@ -733,12 +745,12 @@ class Trainer:
         if return_predictions is None:
             return_predictions = gather or not spawned
         self._return_predictions = bool(return_predictions)
-        return self._run("predict", module, None, dataloaders, ckpt_path=ckpt_path, gather=gather,
-                         datamodule=datamodule)
+        return self._run("predict", model, None, dataloaders, ckpt_path=ckpt_path, gather=gather,
+                         datamodule=datamodule, weights_only=weights_only)
 
     def _run(self, stage, module, train_loader, eval_loader, ckpt_path=None, gather=False, datamodule=None,
              weights_only=None):
-        self._ckpt_weights_only = weights_only  # how this run reads ckpt_path (fit's weights_only=)
+        self._ckpt_weights_only = weights_only  # how this run reads ckpt_path (the entry point's weights_only=)
         if self._ckpt_user_path is not None:  # trainer.ckpt_path = ... (Lightning's rule and words)
             if ckpt_path:
                 if self.is_global_zero:
@@ -1408,3 +1420,8 @@ def _to_scalar(key, value):
                              f"scalar. Found `{value}`")
         return value.item()
     return value
+
+
+def _check_weights_only(stage, weights_only):
+    if weights_only not in (None, True, False):
+        raise ValueError(f"Trainer.{stage}(weights_only={weights_only!r}): use None, True or False.")

@@ -6,7 +6,13 @@ from tasktrain.callbacks.model_summary import (LEFTOVER_PARAMS_NAME, NOT_APPLICA
                                                LayerSummary, get_formatted_model_size, get_human_readable_count,
                                                summarize)
 from tasktrain.callbacks.model_summary import ModuleSummary as ModelSummary
-from tasktrain.callbacks.model_summary import _shape as parse_batch_shape
+from tasktrain.callbacks.model_summary import _shape
+
+
+def parse_batch_shape(batch):
+    """The shape of an input, as the summary's "In sizes" column shows it (Lightning's parameter name)."""
+    return _shape(batch)
+
 
 __all__ = ["ModelSummary", "LayerSummary", "DeepSpeedSummary", "summarize", "get_human_readable_count",
            "get_formatted_model_size", "parse_batch_shape", "LEFTOVER_PARAMS_NAME", "NOT_APPLICABLE", "UNKNOWN_SIZE"]

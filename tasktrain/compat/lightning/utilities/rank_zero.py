@@ -33,23 +33,28 @@ rank_zero_only.rank = launcher_rank()
 on_rank_known(lambda rank: setattr(rank_zero_only, "rank", rank))
 
 
+# Lightning's signatures and stack levels: a stacklevel names the same frame as under Lightning, whose functions
+# reach logging / warnings through one more call (lightning_utilities' _info, _warn, rank_zero_warn) than these
 @rank_zero_only
-def rank_zero_info(*args, **kwargs):
+def rank_zero_info(*args, stacklevel=4, **kwargs):
     """logging.info on rank 0 (the "tasktrain" logger)."""
-    log.info(*args, **kwargs)
+    log.info(*args, stacklevel=stacklevel - 1, **kwargs)
 
 
 @rank_zero_only
-def rank_zero_debug(*args, **kwargs):
-    log.debug(*args, **kwargs)
+def rank_zero_debug(*args, stacklevel=4, **kwargs):
+    log.debug(*args, stacklevel=stacklevel - 1, **kwargs)
 
 
 @rank_zero_only
-def rank_zero_warn(message, category=UserWarning, stacklevel=4, **kwargs):
-    """warnings.warn on rank 0: a warning every rank would print once per rank is printed once."""
-    warnings.warn(message, category=category, stacklevel=stacklevel, **kwargs)
+def rank_zero_warn(message, stacklevel=4, **kwargs):
+    """warnings.warn on rank 0: a warning every rank would print once per rank is printed once. category= in
+    kwargs (UserWarning by default), as Lightning's."""
+    kwargs.setdefault("category", UserWarning)
+    warnings.warn(message, stacklevel=stacklevel - 1, **kwargs)
 
 
 @rank_zero_only
-def rank_zero_deprecation(message, stacklevel=4, **kwargs):
-    warnings.warn(message, category=DeprecationWarning, stacklevel=stacklevel, **kwargs)
+def rank_zero_deprecation(message, stacklevel=5, **kwargs):
+    kwargs.setdefault("category", DeprecationWarning)
+    warnings.warn(message, stacklevel=stacklevel - 2, **kwargs)

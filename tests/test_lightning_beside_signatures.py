@@ -1,0 +1,955 @@
+"""Lightning 2.6's public signatures beside tasktrain's (the rename rule of docs/lightning.md): for each public class
+and function Lightning's public modules export, and each public method Lightning's classes define, the parameters'
+names, order, kinds and defaults are compared with tasktrain's of the same (renamed) name. A difference fails the test
+unless ALLOWED below names it, with the difference as it is and why it is kept; an entry whose difference went away
+fails too, so the list stays true."""
+import enum
+import os
+import warnings
+import importlib
+import inspect
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+
+RENAMED = {"LightningModule": "TaskModule", "LightningDataModule": "DataModule", "LightningCLI": "TaskCLI"}
+MODULES = ["", ".callbacks", ".callbacks.progress", ".loggers", ".profilers", ".strategies", ".plugins",
+           ".plugins.precision", ".plugins.environments", ".plugins.io", ".plugins.layer_sync", ".tuner",
+           ".accelerators", ".core", ".loops", ".cli", ".utilities", ".utilities.combined_loader",
+           ".utilities.model_summary", ".utilities.rank_zero", ".utilities.seed", ".utilities.memory",
+           ".utilities.parsing", ".utilities.grads", ".utilities.data", ".utilities.compile",
+           ".utilities.model_helpers", ".utilities.parameter_tying", ".utilities.migration",
+           ".utilities.signature_utils"]
+
+
+def _default(value):
+    """A default as compared: Lightning's and tasktrain's functions and classes by name (their objects differ), a
+    string enum by its value (Lightning's `Interval.step` is the string "step")."""
+    if value is inspect.Parameter.empty:
+        return "-"
+    if isinstance(value, enum.Enum):
+        return repr(value.value)
+    if inspect.isclass(value) or inspect.isfunction(value):
+        return f"<{RENAMED.get(value.__name__, value.__name__)}>"
+    return repr(value)
+
+
+def _params(function):
+    """(name, kind, default) of each parameter. *args and **kwargs by kind alone (their names are nobody's
+    business); the `cls` of Lightning's load_from_checkpoint (a descriptor of its own, not a classmethod) left out."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    params = []
+    for p in signature.parameters.values():
+        name = {p.VAR_POSITIONAL: "*args", p.VAR_KEYWORD: "**kwargs"}.get(p.kind, p.name)
+        params.append((name, p.kind.name.lower(), _default(p.default)))
+    if params and params[0][0] == "cls":
+        params = params[1:]
+    return params
+
+
+def _difference(theirs, ours):
+    """A short description of how `ours` differs from `theirs` ("" where they match)."""
+    theirs, ours = _params(theirs), _params(ours)
+    if theirs is None or ours is None or theirs == ours:
+        return ""
+    their_names, our_names = [p[0] for p in theirs], [p[0] for p in ours]
+    parts = []
+    missing = [n for n in their_names if n not in our_names]
+    extra = [n for n in our_names if n not in their_names]
+    if missing:
+        parts.append(f"missing {missing}")
+    if extra:
+        parts.append(f"extra {extra}")
+    their_by, our_by = {p[0]: p for p in theirs}, {p[0]: p for p in ours}
+    positional = [n for n in their_names if their_by[n][1].startswith("positional")]  # (keyword-only: no order)
+    if [n for n in positional if n in our_names] != [n for n in our_names if n in positional]:
+        parts.append("order")
+    # a call by position binds Lightning's n-th parameter to ours: the same name at each of Lightning's positions
+    # (an extra of ours before one of Lightning's moves it)
+    our_positional = [p[0] for p in ours if p[1].startswith("positional")]
+    moved = [n for i, n in enumerate(positional) if n in our_by and our_positional[i:i + 1] != [n]]
+    if moved and "order" not in parts:
+        parts.append(f"positions of {moved}")
+    for name in their_names:
+        if name in our_by and their_by[name][1] != our_by[name][1]:
+            parts.append(f"{name} kind {their_by[name][1]} -> {our_by[name][1]}")
+        if name in our_by and their_by[name][2] != our_by[name][2]:
+            parts.append(f"{name} default {their_by[name][2]} -> {our_by[name][2]}")
+    if not parts:  # the same names in the same order and kinds: a position differs
+        parts.append(f"positions {their_names} -> {our_names}")
+    return "; ".join(parts)
+
+
+def _takes_nothing(self):
+    pass
+
+
+def differences():
+    """{qualified tasktrain name: difference}, over Lightning's public names."""
+    found, seen = {}, set()
+    for suffix in MODULES:
+        theirs_module = importlib.import_module("lightning.pytorch" + suffix)
+        ours_module = importlib.import_module("tasktrain" + suffix)
+        names = getattr(theirs_module, "__all__", None) or [n for n in dir(theirs_module) if not n.startswith("_")]
+        for name in names:
+            theirs = getattr(theirs_module, name, None)
+            if not (inspect.isclass(theirs) or inspect.isfunction(theirs)) or id(theirs) in seen:
+                continue
+            origin = getattr(theirs, "__module__", None) or ""
+            if not origin.startswith("lightning.") or (not hasattr(theirs_module, "__all__") and not origin.startswith(
+                    theirs_module.__name__)):
+                continue  # torch's, Python's, and names a module without __all__ imported from elsewhere
+            seen.add(id(theirs))
+            our_name = f"tasktrain{suffix}.{RENAMED.get(name, name)}"
+            ours = getattr(ours_module, RENAMED.get(name, name), None)
+            if ours is None:
+                found[our_name] = "absent"
+                continue
+            if inspect.isfunction(theirs) or not inspect.isclass(ours):
+                found[our_name] = _difference(theirs, ours)
+                continue
+            # (a class without an __init__ of its own in Lightning takes no arguments: object's (self, /, *args,
+            # **kwargs) is not a signature to copy)
+            their_init = theirs.__init__ if theirs.__init__ is not object.__init__ else _takes_nothing
+            our_init = ours.__init__ if ours.__init__ is not object.__init__ else _takes_nothing
+            found[our_name + ".__init__"] = _difference(their_init, our_init)
+            for attribute in dir(theirs):
+                if attribute.startswith("_"):
+                    continue
+                owner = next(c for c in theirs.__mro__ if attribute in vars(c))
+                if not (owner.__module__ or "").startswith("lightning"):
+                    continue  # torch's nn.Module methods, Python's
+                if not callable(getattr(theirs, attribute)) or isinstance(vars(owner)[attribute], property):
+                    continue
+                our_method = getattr(ours, attribute, None)
+                if our_method is None or not callable(our_method):
+                    continue  # (absent methods and instance attributes: other tests)
+                found[f"{our_name}.{attribute}"] = _difference(getattr(theirs, attribute), our_method)
+    return {name: difference for name, difference in found.items() if difference}
+
+
+
+
+# Kinds of kept difference, each shared by many names below
+STRATEGY_CONTRACT = ("tasktrain's Strategy methods are its engines' contract (DESIGN.md), called by its Trainer and "
+                     "Accelerator: Lightning's Strategy API (closure_loss, all_gather's group= / sync_grads=, filepath) "
+                     "is not copied; a script passes the strategy object to the Trainer (docs/lightning.md, Strategies)")
+REDUCE_KEYWORDS = ("tasktrain's reduce(tensor, op) takes Lightning's group= and reduce_op= by keyword (a group other "
+                   "than None refused, naming torch.distributed.all_reduce); Lightning's by position (tensor, group, "
+                   "reduce_op) is not taken")
+STATE_ARGUMENT = "the parameter's name only: both Trainers pass the state by position"
+CONVERT_INPUT = "the parameter's name only: both Trainers pass the batch by position"
+REFUSED_PLUGIN = ("tasktrain does not run bitsandbytes, Transformer Engine or XLA: building the plugin raises a "
+                  "ValueError naming the alternative, whatever the arguments (docs/lightning.md, Plugins)")
+FINALIZE_DEFAULT = ("a default where Lightning's has none (LitLogger's: None): both Trainers pass the status, so a "
+                    "call as Lightning's is the same")
+HOOK_ARGUMENTS = ("a hook's parameter names (pl_module, or Lightning's unused _ / *args): both Trainers call hooks by "
+                  "position, so an override or a super() call by position is the same")
+PROFILER_SETUP = ("tasktrain's is_global_zero and module, keyword parameters with defaults after Lightning's (the "
+                  "Trainer passes them): a call as Lightning's is the same")
+
+ALLOWED = {
+    'tasktrain.Trainer.__init__':
+        ("extra ['stall_timeout', 'max_restarts']; num_nodes default 1 -> None",
+         "tasktrain's stall_timeout (the watchdog) and max_restarts (elastic restarts) are keyword-only with defaults; num_nodes None is what the launcher formed (torchrun's nodes), else 1: Lightning's 1 without a launcher (docs/trainer.md)"),
+    'tasktrain.Trainer.predict':
+        ("extra ['gather']",
+         "tasktrain's gather=True (every rank's predictions, in dataset order), keyword-only after Lightning's parameters"),
+    'tasktrain.DataModule.__init__':
+        ("missing ['*args', '**kwargs']",
+         "Lightning's takes *args, **kwargs and uses none; a subclass's __init__ is its own"),
+    'tasktrain.TaskModule.__init__':
+        ("missing ['*args', '**kwargs']",
+         "Lightning's forwards *args, **kwargs to torch.nn.Module.__init__, which refuses any: the same calls work"),
+    'tasktrain.TaskModule.forward':
+        ("missing ['**kwargs']",
+         "torch.nn.Module's forward (it raises, as Lightning's super().forward does); a module's own forward replaces it"),
+    'tasktrain.TaskModule.log':
+        ("extra ['reduce']",
+         "reduce=, tasktrain's older spelling of reduce_fx, keyword with a default after Lightning's parameters"),
+    'tasktrain.TaskModule.log_dict':
+        ("missing ['prog_bar', 'logger', 'on_step', 'on_epoch', 'reduce_fx', 'enable_graph', 'sync_dist', 'sync_dist_group', 'add_dataloader_idx', 'batch_size', 'rank_zero_only']; extra ['**kwargs']",
+         "each keyword goes to self.log, which has Lightning's parameters and defaults (a wrong name is log's TypeError)"),
+    'tasktrain.TaskModule.predict_step':
+        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx', 'dataloader_idx']",
+         "a module's own step replaces it; both Trainers call it by position (batch, batch_idx[, dataloader_idx])"),
+    'tasktrain.TaskModule.to_tensorrt':
+        ("missing ['file_path', 'input_sample', 'ir', 'output_format', 'retrace', 'default_device']; extra ['*args']",
+         'refused whatever the arguments: NotImplementedError naming to_onnx (tasktrain ships no TensorRT export)'),
+    'tasktrain.TaskModule.training_step':
+        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
+         "a module's own step replaces it; both Trainers call it by position (batch, batch_idx)"),
+    'tasktrain.callbacks.BackboneFinetuning.finetune_function':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BackboneFinetuning.freeze_before_training':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BackboneFinetuning.on_fit_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BackboneFinetuning.on_load_checkpoint':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BackboneFinetuning.on_train_epoch_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BackboneFinetuning.setup':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BaseFinetuning.finetune_function':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BaseFinetuning.freeze_before_training':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BaseFinetuning.on_fit_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BaseFinetuning.on_load_checkpoint':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BaseFinetuning.on_train_epoch_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BaseFinetuning.setup':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BasePredictionWriter.on_predict_batch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BasePredictionWriter.on_predict_epoch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BasePredictionWriter.setup':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BasePredictionWriter.write_on_batch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.BasePredictionWriter.write_on_epoch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.GradientAccumulationScheduler.on_train_epoch_start':
+        ("missing ['*args']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.GradientAccumulationScheduler.on_train_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.LearningRateMonitor.on_train_batch_start':
+        ("missing ['*args', '**kwargs']; extra ['pl_module', 'batch', 'batch_idx']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.LearningRateMonitor.on_train_epoch_start':
+        ("missing ['*args', '**kwargs']; extra ['pl_module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.LearningRateMonitor.on_train_start':
+        ("missing ['*args', '**kwargs']; extra ['pl_module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ModelCheckpoint.__init__':
+        ("extra ['async_save']",
+         "tasktrain's async_save, keyword with a default after Lightning's parameters"),
+    'tasktrain.callbacks.ModelCheckpoint.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.callbacks.OnExceptionCheckpoint.on_exception':
+        ("missing ['*args', '**kwargs']; extra ['module', 'exception']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.OnExceptionCheckpoint.setup':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.OnExceptionCheckpoint.teardown':
+        ("missing ['*args', '**kwargs']; extra ['module', 'stage']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.StochasticWeightAveraging.on_train_epoch_end':
+        ("missing ['*args']; extra ['pl_module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.__init__':
+        ("missing ['**kwargs']; extra ['window_size', 'separator', 'peak_flops', 'measure_flops', 'step_split']",
+         "Lightning's **kwargs are its Throughput's (window_size, separator, ...): named here, with its defaults"),
+    'tasktrain.callbacks.ThroughputMonitor.on_after_backward':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_before_backward':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_before_optimizer_step':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_exception':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_predict_batch_end':
+        ("missing ['pl_module', '*args', '**kwargs']; extra ['module', 'batch_idx', 'dataloader_idx']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_predict_batch_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_predict_start':
+        ("missing ['*args']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_test_batch_end':
+        ("missing ['pl_module', '*args', '**kwargs']; extra ['module', 'batch_idx', 'dataloader_idx']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_test_batch_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_test_start':
+        ("missing ['*args']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_train_batch_end':
+        ("missing ['pl_module', '*args']; extra ['module', 'batch_idx']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_train_batch_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_train_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_train_start':
+        ("missing ['*args']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_validation_batch_end':
+        ("missing ['pl_module', '*args', '**kwargs']; extra ['module', 'batch_idx', 'dataloader_idx']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_validation_batch_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_validation_end':
+        ("missing ['*args']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.on_validation_start':
+        ("missing ['*args']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.ThroughputMonitor.setup':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.Timer.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.callbacks.Timer.on_fit_start':
+        ("missing ['*args', '**kwargs']; extra ['pl_module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.Timer.on_train_batch_end':
+        ("missing ['*args', '**kwargs']; extra ['pl_module', 'outputs', 'batch', 'batch_idx']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.Timer.on_train_epoch_end':
+        ("missing ['*args', '**kwargs']; extra ['pl_module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.EMAWeightAveraging.on_load_checkpoint':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.EMAWeightAveraging.on_save_checkpoint':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.EMAWeightAveraging.on_train_batch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.EMAWeightAveraging.on_train_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.EMAWeightAveraging.on_train_epoch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.EMAWeightAveraging.on_validation_epoch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.EMAWeightAveraging.on_validation_epoch_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.EMAWeightAveraging.setup':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.WeightAveraging.on_load_checkpoint':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.WeightAveraging.on_save_checkpoint':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.WeightAveraging.on_train_batch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.WeightAveraging.on_train_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.WeightAveraging.on_train_epoch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.WeightAveraging.on_validation_epoch_end':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.WeightAveraging.on_validation_epoch_start':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.callbacks.WeightAveraging.setup':
+        ("missing ['pl_module']; extra ['module']",
+         HOOK_ARGUMENTS),
+    'tasktrain.loggers.LitLogger.__init__':
+        ("missing ['root_dir', 'name', 'teamspace', 'metadata', 'store_step', 'log_model', 'save_logs', 'checkpoint_name']; extra ['*args', '**kwargs']",
+         'refused when created, whatever the arguments (tasktrain/loggers/absent.py says what to use)'),
+    'tasktrain.loggers.LitLogger.finalize':
+        ("status default None -> 'success'",
+         FINALIZE_DEFAULT),
+    'tasktrain.loggers.LitLogger.log_hyperparams':
+        ("missing ['metrics']; extra ['*args', '**kwargs']",
+         'LitLogger cannot be created (above)'),
+    'tasktrain.loggers.CometLogger.finalize':
+        ("status default - -> 'success'",
+         FINALIZE_DEFAULT),
+    'tasktrain.loggers.CSVLogger.finalize':
+        ("status default - -> 'success'",
+         FINALIZE_DEFAULT),
+    'tasktrain.loggers.Logger.finalize':
+        ("status default - -> 'success'",
+         FINALIZE_DEFAULT),
+    'tasktrain.loggers.MLFlowLogger.__init__':
+        ("extra ['checkpoint_path_prefix']",
+         "tasktrain's checkpoint_path_prefix, keyword with a default after Lightning's parameters"),
+    'tasktrain.loggers.TensorBoardLogger.finalize':
+        ("status default - -> 'success'",
+         FINALIZE_DEFAULT),
+    'tasktrain.loggers.TensorBoardLogger.log_metrics':
+        ("extra ['**kwargs']",
+         "**kwargs (walltime, ...) go to SummaryWriter's add_scalar; Lightning's calls are the same"),
+    'tasktrain.loggers.WandbLogger.finalize':
+        ("status default - -> 'success'",
+         FINALIZE_DEFAULT),
+    'tasktrain.profilers.Profiler.setup':
+        ("extra ['is_global_zero', 'module']",
+         PROFILER_SETUP),
+    'tasktrain.profilers.AdvancedProfiler.setup':
+        ("extra ['is_global_zero', 'module']",
+         PROFILER_SETUP),
+    'tasktrain.profilers.PassThroughProfiler.setup':
+        ("extra ['is_global_zero', 'module']",
+         PROFILER_SETUP),
+    'tasktrain.profilers.PyTorchProfiler.setup':
+        ("extra ['is_global_zero', 'module']",
+         PROFILER_SETUP),
+    'tasktrain.profilers.SimpleProfiler.setup':
+        ("extra ['is_global_zero', 'module']",
+         PROFILER_SETUP),
+    'tasktrain.profilers.XLAProfiler':
+        ('absent',
+         'XLA / TPU: tasktrain runs on CPUs and CUDA GPUs (docs/lightning.md)'),
+    'tasktrain.strategies.DDPStrategy.__init__':
+        ("extra ['precision', 'sync_batchnorm']",
+         "tasktrain's precision= (a name) and sync_batchnorm=, keyword-only after Lightning's parameters"),
+    'tasktrain.strategies.DDPStrategy.all_gather':
+        ("missing ['group', 'sync_grads']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DDPStrategy.backward':
+        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DDPStrategy.barrier':
+        ("missing ['*args', '**kwargs']; extra ['name']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DDPStrategy.batch_to_device':
+        ("missing ['device', 'dataloader_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DDPStrategy.load_checkpoint':
+        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DDPStrategy.optimizer_step':
+        ("missing ['model']; closure default - -> None",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DDPStrategy.reduce':
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
+    'tasktrain.strategies.DDPStrategy.remove_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DDPStrategy.save_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DDPStrategy.training_step':
+        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DeepSpeedStrategy.all_gather':
+        ("missing ['group', 'sync_grads']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DeepSpeedStrategy.backward':
+        ("missing ['closure_loss', 'optimizer']; extra ['loss', 'backward_fn']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DeepSpeedStrategy.barrier':
+        ("missing ['*args', '**kwargs']; extra ['name']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DeepSpeedStrategy.batch_to_device':
+        ("missing ['device', 'dataloader_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DeepSpeedStrategy.load_checkpoint':
+        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DeepSpeedStrategy.optimizer_step':
+        ('optimizer default - -> None; closure default - -> None',
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DeepSpeedStrategy.reduce':
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
+    'tasktrain.strategies.DeepSpeedStrategy.remove_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DeepSpeedStrategy.save_checkpoint':
+        ("missing ['filepath', 'storage_options']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.DeepSpeedStrategy.training_step':
+        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.FSDPStrategy.all_gather':
+        ("missing ['group', 'sync_grads']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.FSDPStrategy.backward':
+        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.FSDPStrategy.batch_to_device':
+        ("missing ['device', 'dataloader_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.FSDPStrategy.load_checkpoint':
+        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.FSDPStrategy.optimizer_step':
+        ("missing ['model']; closure default - -> None",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.FSDPStrategy.reduce':
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
+    'tasktrain.strategies.FSDPStrategy.remove_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.FSDPStrategy.save_checkpoint':
+        ("missing ['filepath', 'storage_options']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.FSDPStrategy.training_step':
+        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ModelParallelStrategy.__init__':
+        ("extra ['accelerator', 'precision', 'data_parallel_replicate_size', 'wrap', 'reshard_after_forward', 'cpu_offload', 'mixed_precision', 'activation_checkpointing']",
+         "tasktrain's options (docs/model_parallel.md) after Lightning's parameters, which keep their positions"),
+    'tasktrain.strategies.ModelParallelStrategy.all_gather':
+        ("missing ['group', 'sync_grads']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ModelParallelStrategy.backward':
+        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ModelParallelStrategy.batch_to_device':
+        ("missing ['device', 'dataloader_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ModelParallelStrategy.load_checkpoint':
+        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ModelParallelStrategy.optimizer_step':
+        ("missing ['model']; closure default - -> None",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ModelParallelStrategy.reduce':
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
+    'tasktrain.strategies.ModelParallelStrategy.remove_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ModelParallelStrategy.save_checkpoint':
+        ("missing ['filepath', 'storage_options']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ModelParallelStrategy.training_step':
+        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ParallelStrategy':
+        ('absent',
+         "no such base: tasktrain's multi-process strategies share ProcessWorld (isinstance(s, ParallelStrategy) is not available)"),
+    'tasktrain.strategies.SingleDeviceStrategy.__init__':
+        ("extra ['precision']; device default 'cpu' -> None",
+         "device None is the Trainer's accelerator's device (Lightning's 'cpu' would not follow accelerator='gpu'); precision= keyword-only"),
+    'tasktrain.strategies.SingleDeviceStrategy.all_gather':
+        ("missing ['group', 'sync_grads']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.SingleDeviceStrategy.backward':
+        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.SingleDeviceStrategy.barrier':
+        ("missing ['*args', '**kwargs']; extra ['name']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.SingleDeviceStrategy.batch_to_device':
+        ("missing ['device', 'dataloader_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.SingleDeviceStrategy.load_checkpoint':
+        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.SingleDeviceStrategy.optimizer_step':
+        ("missing ['model']; closure default - -> None",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.SingleDeviceStrategy.reduce':
+        ("missing ['*args', '**kwargs']; extra ['op', 'group', 'reduce_op']",
+         REDUCE_KEYWORDS),
+    'tasktrain.strategies.SingleDeviceStrategy.remove_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.SingleDeviceStrategy.save_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.SingleDeviceStrategy.training_step':
+        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.Strategy.__init__':
+        ("missing ['checkpoint_io', 'precision_plugin']; extra ['precision']",
+         "tasktrain's Strategy base is its engines' contract (DESIGN.md); its concrete strategies take Lightning's checkpoint_io / precision_plugin"),
+    'tasktrain.strategies.Strategy.all_gather':
+        ("missing ['group', 'sync_grads']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.Strategy.backward':
+        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.Strategy.batch_to_device':
+        ("missing ['device', 'dataloader_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.Strategy.load_checkpoint':
+        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.Strategy.optimizer_step':
+        ("missing ['model']; closure default - -> None",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.Strategy.reduce':
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
+    'tasktrain.strategies.Strategy.remove_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.Strategy.save_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.Strategy.training_step':
+        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.plugins.AsyncCheckpointIO.load_checkpoint':
+        ("missing ['*args', '**kwargs']; extra ['path', 'map_location', 'weights_only']",
+         "Lightning's forwards *args, **kwargs to the CheckpointIO it wraps: named here, that interface's"),
+    'tasktrain.plugins.AsyncCheckpointIO.remove_checkpoint':
+        ("missing ['*args', '**kwargs']; extra ['path']",
+         'as load_checkpoint'),
+    'tasktrain.plugins.AsyncCheckpointIO.save_checkpoint':
+        ("missing ['*args', '**kwargs']; extra ['checkpoint', 'path', 'storage_options']",
+         'as load_checkpoint'),
+    'tasktrain.plugins.TorchCheckpointIO.load_checkpoint':
+        ('map_location default <<lambda>> -> None',
+         "None reads onto the CPU, as Lightning's default function (lambda storage, loc: storage) does"),
+    'tasktrain.plugins.XLACheckpointIO.load_checkpoint':
+        ('map_location default <<lambda>> -> None',
+         'XLACheckpointIO cannot be created (XLA / TPU, docs/lightning.md)'),
+    'tasktrain.plugins.BitsandbytesPrecision.__init__':
+        ("missing ['mode', 'dtype', 'ignore_modules']; extra ['*args', '**kwargs']",
+         REFUSED_PLUGIN),
+    'tasktrain.plugins.BitsandbytesPrecision.convert_input':
+        ("missing ['data']; extra ['batch']",
+         CONVERT_INPUT),
+    'tasktrain.plugins.BitsandbytesPrecision.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.plugins.DeepSpeedPrecision.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.plugins.DoublePrecision.convert_input':
+        ("missing ['data']; extra ['batch']",
+         CONVERT_INPUT),
+    'tasktrain.plugins.DoublePrecision.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.plugins.HalfPrecision.convert_input':
+        ("missing ['data']; extra ['batch']",
+         CONVERT_INPUT),
+    'tasktrain.plugins.HalfPrecision.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.plugins.MixedPrecision.convert_input':
+        ("missing ['data']; extra ['batch']",
+         CONVERT_INPUT),
+    'tasktrain.plugins.MixedPrecision.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.plugins.Precision.convert_input':
+        ("missing ['data']; extra ['batch']",
+         CONVERT_INPUT),
+    'tasktrain.plugins.Precision.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.plugins.TransformerEnginePrecision.__init__':
+        ("missing ['weights_dtype', 'recipe', 'replace_layers', 'fallback_compute_dtype']; extra ['*args', '**kwargs']",
+         REFUSED_PLUGIN),
+    'tasktrain.plugins.TransformerEnginePrecision.convert_input':
+        ("missing ['data']; extra ['batch']",
+         CONVERT_INPUT),
+    'tasktrain.plugins.TransformerEnginePrecision.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.plugins.FSDPPrecision.clip_grad_by_norm':
+        ("missing ['*args', '**kwargs']; extra ['optimizer', 'clip_val']",
+         "Lightning's refuses norm clipping there; tasktrain's FSDP2 clips by norm through the strategy (docs/fsdp.md)"),
+    'tasktrain.plugins.FSDPPrecision.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.plugins.XLAPrecision.__init__':
+        ("missing ['precision']; extra ['*args', '**kwargs']",
+         REFUSED_PLUGIN),
+    'tasktrain.plugins.XLAPrecision.convert_input':
+        ("missing ['data']; extra ['batch']",
+         CONVERT_INPUT),
+    'tasktrain.plugins.XLAPrecision.load_state_dict':
+        ("missing ['state_dict']; extra ['state']",
+         STATE_ARGUMENT),
+    'tasktrain.accelerators.MPSAccelerator':
+        ('absent',
+         'Apple MPS: tasktrain runs on CPUs and CUDA GPUs'),
+    'tasktrain.accelerators.XLAAccelerator':
+        ('absent',
+         'XLA / TPU: tasktrain runs on CPUs and CUDA GPUs'),
+    'tasktrain.accelerators.find_usable_cuda_devices':
+        ('absent',
+         'not provided (left out: docs/lightning.md, Utilities)'),
+    'tasktrain.cli.LightningArgumentParser':
+        ('absent',
+         "TaskCLI's parser is made on first use (jsonargparse is an extra): cli.parser is one, with LightningArgumentParser's methods"),
+    'tasktrain.cli.TaskCLI.__init__':
+        ("missing ['parser_class', 'load_from_checkpoint_support']; positions of ['subclass_mode_model', 'subclass_mode_data', 'args', 'run', 'auto_configure_optimizers']; trainer_class default <Trainer> -> None",
+         'parser_class and load_from_checkpoint_support are not supported (a TypeError names them); trainer_class None is tasktrain.Trainer, imported on use'),
+    'tasktrain.cli.TaskCLI.instantiate_trainer':
+        ("missing ['**kwargs']; extra ['config']",
+         "takes the parsed config; an override of Lightning's instantiate_trainer(**kwargs) is not called"),
+    'tasktrain.cli.ReduceLROnPlateau.__init__':
+        ("missing ['*args', '**kwargs']; extra ['mode', 'factor', 'patience', 'threshold', 'threshold_mode', 'cooldown', 'min_lr', 'eps']",
+         "Lightning's forwards *args, **kwargs to torch's ReduceLROnPlateau: named here, torch's"),
+    'tasktrain.cli.instantiate_class':
+        ('absent',
+         'not provided: TaskCLI builds classes through jsonargparse'),
+    'tasktrain.cli.instantiate_module':
+        ('absent',
+         'not provided: TaskCLI builds classes through jsonargparse'),
+    'tasktrain.utilities.model_summary.ModelSummary.__init__':
+        ("extra ['input_array']",
+         "tasktrain's input_array (the input to measure sizes with), keyword with a default after Lightning's"),
+    'tasktrain.utilities.model_helpers.get_torchvision_model':
+        ('absent',
+         'not provided (torchvision is not a dependency)'),
+}
+
+
+def test_signatures_are_lightnings_or_allowed():
+    found = differences()
+    unexpected = {name: difference for name, difference in found.items()
+                  if name not in ALLOWED or ALLOWED[name][0] != difference}
+    gone = sorted(name for name in ALLOWED if name not in found)
+    assert not unexpected, f"signatures that differ from Lightning's (fix them, or add to ALLOWED with why): {unexpected}"
+    assert not gone, f"ALLOWED names that match Lightning's now (remove them): {gone}"
+    assert all(reason for _, reason in ALLOWED.values())
+
+
+def test_isinstance_relations_are_lightnings():
+    import lightning.pytorch.plugins as their_plugins
+
+    import tasktrain.plugins as our_plugins
+    from tasktrain.strategies import DDP, DDPStrategy, SingleDevice, SingleDeviceStrategy
+
+    assert DDPStrategy is DDP and SingleDeviceStrategy is SingleDevice
+    for plugins in (their_plugins, our_plugins):  # every precision plugin Lightning's Trainer takes is a Precision
+        for plugin in (plugins.MixedPrecision("bf16-mixed", "cpu"), plugins.HalfPrecision("bf16-true"),
+                       plugins.DoublePrecision(), plugins.Precision()):
+            assert isinstance(plugin, plugins.Precision), type(plugin)
+        for refused in ("BitsandbytesPrecision", "TransformerEnginePrecision", "XLAPrecision"):
+            assert issubclass(getattr(plugins, refused), plugins.Precision)
+    import lightning.pytorch as pl
+
+    import tasktrain
+    from tasktrain.callbacks import Checkpoint, ProgressBar
+
+    for lib, checkpoint, bar in ((pl, pl.callbacks.Checkpoint, pl.callbacks.ProgressBar),
+                                 (tasktrain, Checkpoint, ProgressBar)):
+        assert issubclass(lib.callbacks.ModelCheckpoint, checkpoint)
+        assert issubclass(lib.callbacks.OnExceptionCheckpoint, checkpoint)
+        assert issubclass(lib.callbacks.TQDMProgressBar, bar) and issubclass(lib.callbacks.RichProgressBar, bar)
+        assert issubclass(lib.loggers.CSVLogger, lib.loggers.Logger)
+        assert issubclass(lib.loggers.TensorBoardLogger, lib.loggers.Logger)
+
+
+def test_ddp_strategy_takes_lightnings_arguments_by_position():
+    from lightning.pytorch.plugins import TorchCheckpointIO as TheirIO
+    from lightning.pytorch.strategies import DDPStrategy as TheirDDP
+    from lightning.pytorch.strategies import SingleDeviceStrategy as TheirSingle
+
+    from tasktrain.plugins import TorchCheckpointIO
+    from tasktrain.strategies import DDPStrategy, SingleDeviceStrategy
+
+    theirs_io, our_io = TheirIO(), TorchCheckpointIO()
+    assert TheirDDP(None, None, None, theirs_io).checkpoint_io is theirs_io
+    assert DDPStrategy(None, None, None, our_io).checkpoint_io is our_io
+    assert TheirSingle("cpu", None, theirs_io).checkpoint_io is theirs_io
+    assert SingleDeviceStrategy("cpu", None, our_io).checkpoint_io is our_io
+    with pytest.raises(TypeError):  # tasktrain's own precision= by keyword only
+        DDPStrategy(None, None, None, None, None, None, None, None, None, None, None, "popen", "bf16-mixed")
+
+
+class _Pickled:
+    """An object a checkpoint holds pickled: a weights_only load refuses it."""
+
+
+def _run_test_from(lib, module_cls, path, weights_only):
+    trainer = lib.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                          enable_checkpointing=False, accelerator="cpu", devices=1)
+    return trainer.test(module_cls(), ckpt_path=path, weights_only=weights_only, verbose=False)
+
+
+def test_validate_test_predict_take_weights_only(tmp_path):
+    """Lightning's trainer.test(model, ckpt_path=..., weights_only=False) reads a checkpoint holding a pickled
+    object; weights_only=True refuses it; likewise validate and predict here."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel as TheirBoring
+
+    import tasktrain
+    from tasktrain.demos.boring_classes import BoringModel as OurBoring
+
+    paths = {}
+    for lib, module_cls in ((pl, TheirBoring), (tasktrain, OurBoring)):
+        class Saving(module_cls):
+            def on_save_checkpoint(self, checkpoint):
+                checkpoint["extra"] = _Pickled()
+
+        trainer = lib.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                              enable_checkpointing=False, accelerator="cpu", devices=1, limit_val_batches=0)
+        trainer.fit(Saving())
+        paths[lib] = str(tmp_path / f"{lib.__name__}.ckpt")
+        trainer.save_checkpoint(paths[lib])
+        assert _run_test_from(lib, module_cls, paths[lib], weights_only=False)
+        with pytest.raises(Exception, match="(?i)weights_only|unpickl|pickle"):
+            _run_test_from(lib, module_cls, paths[lib], weights_only=True)
+    trainer = tasktrain.Trainer(logger=False, enable_progress_bar=False, accelerator="cpu", devices=1)
+    assert trainer.validate(OurBoring(), ckpt_path=paths[tasktrain], weights_only=False, verbose=False)
+    assert trainer.predict(OurBoring(), ckpt_path=paths[tasktrain], weights_only=False)
+    with pytest.raises(ValueError, match="weights_only"):
+        trainer.predict(OurBoring(), ckpt_path=paths[tasktrain], weights_only="yes")
+    # Lightning's parameter name: model=
+    assert trainer.validate(model=OurBoring(), verbose=False)
+
+
+def test_load_from_checkpoint_takes_hparams_file_and_weights_only(tmp_path):
+    import lightning.pytorch as pl
+    import yaml
+
+    import tasktrain
+
+    (tmp_path / "hparams.yaml").write_text(yaml.safe_dump({"hidden": 7}))
+    results = {}
+    for lib in (pl, tasktrain):
+        base = pl.LightningModule if lib is pl else tasktrain.TaskModule
+
+        class Net(base):
+            def __init__(self, hidden=3):
+                super().__init__()
+                self.save_hyperparameters()
+                self.layer = torch.nn.Linear(2, 2)
+
+        path = tmp_path / f"{lib.__name__}.ckpt"
+        module = Net()
+        torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams), "extra": _Pickled(),
+                    "pytorch-lightning_version": pl.__version__}, path)
+        with pytest.raises(Exception, match="(?i)weights_only|unpickl|pickle"):
+            Net.load_from_checkpoint(path, weights_only=True)
+        loaded = Net.load_from_checkpoint(path, hparams_file=tmp_path / "hparams.yaml", weights_only=False)
+        results[lib] = (loaded.hparams.hidden, Net.load_from_checkpoint(path, weights_only=False).hparams.hidden)
+        with pytest.raises(ValueError, match=r"\.csv, \.yml or \.yaml is required for `hparams_file`"):
+            Net.load_from_checkpoint(path, hparams_file=tmp_path / "hparams.json", weights_only=False)
+    assert results[pl] == results[tasktrain] == (7, 3)
+
+
+def test_rank_zero_functions_point_where_lightnings_do():
+    import logging
+
+    from lightning.pytorch.utilities import rank_zero as theirs
+
+    from tasktrain.utilities import rank_zero as ours
+
+    def where(module):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module.rank_zero_warn("w")  # (this line)
+            module.rank_zero_deprecation("d")
+        return [(w.lineno, w.category.__name__.endswith("DeprecationWarning")) for w in caught]
+
+    assert where(theirs) == where(ours)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    for name in ("lightning.pytorch.utilities.rank_zero", "tasktrain"):
+        logging.getLogger(name).addHandler(handler)
+    old_levels = {}
+    try:
+        for name in ("lightning.pytorch.utilities.rank_zero", "tasktrain"):
+            old_levels[name] = logging.getLogger(name).level
+            logging.getLogger(name).setLevel(logging.INFO)
+        theirs.rank_zero_info("i")
+        ours.rank_zero_info("i")
+        theirs.rank_zero_info("i", stacklevel=5)  # (the caller's caller: pytest's)
+        ours.rank_zero_info("i", stacklevel=5)
+    finally:
+        for name, level in old_levels.items():
+            logging.getLogger(name).removeHandler(handler)
+            logging.getLogger(name).setLevel(level)
+    lines = [(r.funcName, r.filename, r.lineno) for r in records if r.getMessage() == "i"]
+    assert len(lines) == 4 and lines[0][:2] == lines[1][:2] == ("test_rank_zero_functions_point_where_lightnings_do",
+                                                                os.path.basename(__file__)) and lines[2] == lines[3]
+
+
+@pytest.mark.parametrize("deterministic", [None, True, False, "warn"])
+def test_deterministic_flags_are_lightnings(deterministic):
+    import lightning.pytorch as pl
+
+    import tasktrain
+
+    def flags():
+        return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.benchmark)
+
+    before = flags()
+    seen = []
+    try:
+        for lib in (pl, tasktrain):
+            torch.use_deterministic_algorithms(True, warn_only=True)  # a setting of the script's own
+            torch.backends.cudnn.benchmark = True
+            lib.Trainer(deterministic=deterministic, logger=False, enable_progress_bar=False, accelerator="cpu",
+                        devices=1)
+            seen.append(flags())
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.benchmark = before[2]
+    assert seen[0] == seen[1]
+
+
+def test_save_config_callback_takes_save_to_log_dir():
+    from lightning.pytorch.cli import SaveConfigCallback as Theirs
+
+    from tasktrain.cli import SaveConfigCallback as Ours
+
+    for cls in (Theirs, Ours):
+        with pytest.raises(ValueError, match="`save_to_log_dir=False` only makes sense when subclassing"):
+            cls(None, None, save_to_log_dir=False)
+
+        class Elsewhere(cls):
+            def save_config(self, trainer, pl_module, stage):
+                pass
+
+        assert Elsewhere(None, None, save_to_log_dir=False).save_to_log_dir is False
+
+
+def test_strategy_reduce_takes_lightnings_keywords():
+    from lightning.pytorch.strategies import DDPStrategy as TheirDDP
+    from lightning.pytorch.strategies import SingleDeviceStrategy as TheirSingle
+
+    from tasktrain.strategies import DDPStrategy, SingleDeviceStrategy
+
+    for reduce_op in ("sum", "avg", "MEAN", "max", torch.distributed.ReduceOp.SUM):  # one process: itself
+        for theirs, ours in ((TheirDDP(), DDPStrategy()), (TheirSingle("cpu"), SingleDeviceStrategy("cpu"))):
+            assert theirs.reduce(torch.tensor(2.0), reduce_op=reduce_op) == 2.0
+            assert ours.reduce(torch.tensor(2.0), reduce_op=reduce_op) == 2.0
+    for strategy in (DDPStrategy(), SingleDeviceStrategy("cpu")):
+        with pytest.raises(ValueError, match="torch.distributed.all_reduce"):
+            strategy.reduce(torch.tensor(1.0), group=object())
+        with pytest.raises(ValueError, match="reduce_op="):
+            strategy.reduce(torch.tensor(1.0), reduce_op="product")
