@@ -854,8 +854,7 @@ def read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_fi
     with trusted_pickles(weights_only is False):
         ckpt = load_checkpoint_file(checkpoint_path, map_location="cpu" if map_location is None else map_location)
     if hparams_file is not None:
-        # (the hparams-file readers are Lightning's core.saving helpers; a leaf module that imports nothing of ours)
-        from tasktrain.compat.lightning.core.saving import load_hparams_from_tags_csv, load_hparams_from_yaml
+        from tasktrain.trainer.hparams_files import load_hparams_from_tags_csv, load_hparams_from_yaml
 
         extension = str(hparams_file).rsplit(".", 1)[-1].lower()
         if extension == "csv":
