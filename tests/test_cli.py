@@ -75,10 +75,16 @@ def runs(tmp_path_factory):
     ckpt = fit_dir / "checkpoints" / "epoch=2-step=12.ckpt"
     done = run_script([(fit_dir, fit), (fit_dir, [*fit, "--trainer.default_root_dir", str(fit_dir / "again")]),
                        (fit_dir, ["fit", "--config", "cfg.yaml"]),
-                       (fit_dir, ["test", "--config", "cfg.yaml", "--ckpt_path", str(ckpt)]),
+                       (fit_dir, ["test", "--config", "cfg.yaml", "--ckpt_path", str(ckpt),
+                                  "--trainer.default_root_dir", str(fit_dir / "tested")]),
                        (print_dir, ["fit", "--model.hidden", "3", "--print_config"]),
                        (print_dir, ["fit", "--trainer.max_epochs", "1", "--trainer.logger", "false",
-                                    "--trainer.enable_progress_bar", "false"])],
+                                    "--trainer.enable_progress_bar", "false"]),
+                       # Lightning's: every subcommand saves its config (a test into the fit's folder finds the
+                       # fit's config.yaml there: an error), none under fast_dev_run
+                       (fit_dir, ["test", "--config", "cfg.yaml", "--ckpt_path", str(ckpt)]),
+                       (print_dir, ["fit", "--trainer.fast_dev_run", "true", "--trainer.logger", "false",
+                                    "--trainer.default_root_dir", str(print_dir / "fast")])],
                       tmp_path_factory.mktemp("cli_results") / "results.json")
     return fit_dir, print_dir, ckpt, done
 
@@ -100,6 +106,14 @@ def test_fit_with_a_config_file_and_overrides_then_test_from_the_checkpoint(runs
     assert list((tmp_path / "checkpoints").glob("*.ckpt")) == [ckpt]  # the fit's checkpoint, the one tested
     tested, _ = result(done[3])
     assert tested["subcommand"] == "test" and "test_loss" in tested["metrics"]
+    # every subcommand writes the config it ran with where it logs, as Lightning's SaveConfigCallback
+    saved = yaml.safe_load((tmp_path / "tested" / "config.yaml").read_text())
+    assert saved["ckpt_path"] == str(ckpt) and saved["trainer"]["default_root_dir"] == str(tmp_path / "tested")
+    code, _, stderr = done[6]  # test into the fit's folder: the fit's config.yaml is not replaced
+    assert code != 0 and "already exists" in stderr
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["trainer"]["max_epochs"] == 3
+    fast, _ = result(done[7])  # fast_dev_run: no config saved, as Lightning's
+    assert "SaveConfigCallback" not in fast["callbacks"] and not (runs[1] / "fast" / "config.yaml").exists()
 
 
 def test_print_config_and_a_drawn_seed_written_into_the_saved_config(runs):
@@ -174,8 +188,10 @@ def test_optimizer_and_lr_scheduler_groups_replace_configure_optimizers(tmp_path
     assert saved["lr_scheduler"]["class_path"] == "torch.optim.lr_scheduler.StepLR"
 
     # ReduceLROnPlateau watches the metric its config names
+    # (its own folder: run=False saves the config at the fit too, as Lightning's, and the first one's is here)
     config = {"trainer": {"max_epochs": 2, "logger": False, "enable_progress_bar": False,
-                          "enable_checkpointing": False, "enable_model_summary": False},
+                          "enable_checkpointing": False, "enable_model_summary": False,
+                          "default_root_dir": str(tmp_path / "plateau")},
               "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1}},
               "lr_scheduler": {"class_path": "tasktrain.cli.ReduceLROnPlateau",
                                "init_args": {"monitor": "val_loss", "patience": 0, "factor": 0.5}},
@@ -185,6 +201,8 @@ def test_optimizer_and_lr_scheduler_groups_replace_configure_optimizers(tmp_path
     cli.trainer.fit(cli.model)
     (scheduler,) = cli.trainer.lr_scheduler_configs
     assert scheduler.monitor == "val_loss" and type(cli.trainer.optimizers[0]) is torch.optim.SGD
+    saved = yaml.safe_load((tmp_path / "plateau" / "config.yaml").read_text())  # the whole config (no subcommand)
+    assert saved["lr_scheduler"]["init_args"]["monitor"] == "val_loss"
     # without --optimizer the module's own configure_optimizers builds it
     cli = TaskCLI(Regressor, run=False, args={"trainer": {"logger": False}, "seed_everything": False})
     assert cli.model.configure_optimizers.__func__ is Regressor.configure_optimizers

@@ -19,8 +19,9 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   (TASKTRAIN_GLOBAL_SEED or PL_GLOBAL_SEED), else 0 with a warning, as Lightning's CLI; an int seeds with it; false
   does not seed. The seed used is written into the config, so the saved config repeats the run. Data loader
   workers are seeded too (`seed_everything(..., workers=True)`).
-- fit writes the config it ran with to `<trainer.log_dir>/config.yaml` (SaveConfigCallback, rank 0); an existing
-  one is an error unless `save_config_kwargs={"overwrite": True}`.
+- each run writes the config it ran with to `<trainer.log_dir>/config.yaml` (SaveConfigCallback, rank 0, once per
+  Trainer; not under fast_dev_run), as Lightning's; an existing one is an error unless
+  `save_config_kwargs={"overwrite": True}` (so a `test` into the fit's folder needs another folder or logger version).
 - `--optimizer` / `--lr_scheduler` (`auto_configure_optimizers=True`): any torch optimizer and scheduler, e.g.
   `--optimizer Adam --optimizer.lr 0.01 --lr_scheduler StepLR --lr_scheduler.step_size 10`. Given, they replace
   the module's configure_optimizers (a warning says so when the module defines one); ReduceLROnPlateau is this
@@ -179,9 +180,10 @@ def _load_classes_named_on_the_command_line():
 
 
 class SaveConfigCallback(Callback):
-    """Writes the config the run was started with to `<log_dir>/<config_filename>` when fit starts (rank 0), then
-    calls `save_config(trainer, pl_module, stage)` on rank 0, which a subclass overrides to save it elsewhere too
-    (Lightning's); `save_to_log_dir=False` (Lightning's) writes no file, for a subclass whose save_config does."""
+    """Writes the config the run was started with to `<log_dir>/<config_filename>` when a run of any stage first
+    starts (rank 0), then calls `save_config(trainer, pl_module, stage)` on rank 0, which a subclass overrides to save
+    it elsewhere too (Lightning's); `save_to_log_dir=False` (Lightning's) writes no file, for a subclass whose
+    save_config does."""
 
     def __init__(
         self,
@@ -204,7 +206,7 @@ class SaveConfigCallback(Callback):
                 "`save_config` and it is desired to disable the standard behavior of saving to log_dir.")
 
     def setup(self, trainer, pl_module, stage):
-        if self.already_saved or stage != "fit":
+        if self.already_saved:
             return
         if self.save_to_log_dir:
             path = os.path.join(trainer.log_dir or trainer.default_root_dir, self.config_filename)
@@ -378,9 +380,12 @@ class TaskCLI:
 
     def instantiate_trainer(self, config):
         kwargs = dict(vars(config["trainer"]))
-        if self.subcommand == "fit" and self.save_config_callback is not None:
-            # the subcommand's own config: `fit --config <saved file>` repeats the run
-            saver = self.save_config_callback(self._subparsers["fit"], self.config["fit"], **self.save_config_kwargs)
+        if self.save_config_callback is not None and not kwargs.get("fast_dev_run"):
+            # every subcommand's (Lightning's), its own config: `fit --config <saved file>` repeats the run; with
+            # run=False the whole config (no subcommand); none under fast_dev_run, as Lightning's
+            saver = self.save_config_callback(self._subparsers[self.subcommand] if self.subcommand else self.parser,
+                                              self.config[self.subcommand] if self.subcommand else self.config,
+                                              **self.save_config_kwargs)
             given = kwargs.get("callbacks")
             given = [] if given is None else [given] if isinstance(given, Callback) else list(given)
             kwargs["callbacks"] = given + [saver]
