@@ -462,7 +462,8 @@ def test_wandb_run_under_ddp_spawn_is_the_parents_as_lightnings(tmp_path, monkey
     (rank 0) and the child attaches to it through wandb's service (tests_pytorch/loggers/test_wandb.py::
     test_wandb_logger_init_before_spawn), so one offline run holds the child's metrics and what the parent logs after
     the fit, the checkpoints go under that run's id, and the parent's `experiment` is that run. Before, tasktrain's
-    child made a run of its own and the parent, after the fit, yet another."""
+    child made a run of its own and the parent, after the fit, yet another. Kept different: a `test` after wandb.finish()
+    continues the run's id, where Lightning's child fails to attach to the finished run."""
     import glob
     import warnings
 
@@ -483,7 +484,7 @@ def test_wandb_run_under_ddp_spawn_is_the_parents_as_lightnings(tmp_path, monkey
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer = lib.Trainer(strategy="ddp_spawn", devices=1, accelerator="cpu", max_steps=2, limit_val_batches=0,
-                                  logger=logger, log_every_n_steps=1, enable_progress_bar=False,
+                                  limit_test_batches=1, logger=logger, log_every_n_steps=1, enable_progress_bar=False,
                                   enable_model_summary=False)
             trainer.fit(module_class())
         run = logger.experiment
@@ -497,5 +498,16 @@ def test_wandb_run_under_ddp_spawn_is_the_parents_as_lightnings(tmp_path, monkey
             os.path.join("spawn", run.id, "checkpoints"),
             child_steps=[row["trainer/global_step"] for row in history if "child_loss" in row],
             parent_steps=[row["trainer/global_step"] for row in history if "parent_after" in row])
+        # kept different (docs/logging.md): after wandb.finish() a later spawned run continues the run's id, where
+        # Lightning's child tries to attach to the finished run and fails
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trainer.test(module_class(), verbose=False)
+            got[lib.__name__]["test_after_finish"] = logger.version == run.id and logger.experiment is not run
+        except Exception as error:
+            got[lib.__name__]["test_after_finish"] = f"Unable to attach to run {run.id}" in str(error)
+        wandb.finish()
     assert got["tasktrain"] == got["lightning.pytorch"] == dict(runs=[True], version=True, checkpoints=True,
-                                                                child_steps=[0, 1], parent_steps=[5])
+                                                                child_steps=[0, 1], parent_steps=[5],
+                                                                test_after_finish=True)
