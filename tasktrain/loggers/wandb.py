@@ -18,8 +18,9 @@ if TYPE_CHECKING:  # wandb is imported only when the logger is used
 
 
 class WandbLogger(Logger):
-    """Log to a Weights & Biases run, created on first use on global rank 0 (`experiment` is the `wandb` run;
-    a do-nothing stand-in on the other ranks).
+    """Log to a Weights & Biases run, created on first use on global rank 0, or when pickled there (ddp_spawn: its
+    children attach to the parent's run, as Lightning's) (`experiment` is the `wandb` run; a do-nothing stand-in on
+    the other ranks).
 
     Args:
         name: the run's display name.
