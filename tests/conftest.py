@@ -169,6 +169,7 @@ HEAVY_FILES = {
     "test_accelerate_suite.py": 60, "test_launch.py": 51, "test_demo.py": 49, "test_accelerate_numbers.py": 36,
     "test_model_parallel.py": 51, "test_lightning_compat.py": 10, "test_iterable_dispatch.py": 30,
     "test_lightning_beside_ddp_order.py": 37,
+    "test_lightning_beside_loggers.py": 56,  # (2026-12-07, wbpickle: its W&B ddp_spawn test, 4 spawns, loaded machine)
 }
 
 

@@ -434,3 +434,80 @@ def test_tensorboard_available_flag_imports_from_lightnings_module_path():
 
     assert bool(_TENSORBOARD_AVAILABLE) == bool(lightning_tb._TENSORBOARD_AVAILABLE)
     assert str(_TENSORBOARD_AVAILABLE) == str(lightning_tb._TENSORBOARD_AVAILABLE)
+
+
+# (at module level: ddp_spawn pickles the module for its child)
+from lightning.pytorch.demos.boring_classes import BoringModel as _TheirBoringModel  # noqa: E402
+
+from tasktrain.demos.boring_classes import BoringModel as _OurBoringModel  # noqa: E402
+
+
+class _LogsInTheChild:
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.log("child_loss", out["loss"])
+        return out
+
+
+class _OursLogsInTheChild(_LogsInTheChild, _OurBoringModel):
+    pass
+
+
+class _TheirsLogsInTheChild(_LogsInTheChild, _TheirBoringModel):
+    pass
+
+
+def test_wandb_run_under_ddp_spawn_is_the_parents_as_lightnings(tmp_path, monkeypatch):
+    """strategy="ddp_spawn" pickles the WandbLogger for its child: Lightning's __getstate__ starts the run in the parent
+    (rank 0) and the child attaches to it through wandb's service (tests_pytorch/loggers/test_wandb.py::
+    test_wandb_logger_init_before_spawn), so one offline run holds the child's metrics and what the parent logs after
+    the fit, the checkpoints go under that run's id, and the parent's `experiment` is that run. Before, tasktrain's
+    child made a run of its own and the parent, after the fit, yet another. Kept different: a `test` after wandb.finish()
+    continues the run's id, where Lightning's child fails to attach to the finished run."""
+    import glob
+    import warnings
+
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger as TheirWandbLogger
+    from test_loggers import wandb_history
+
+    from tasktrain.loggers import WandbLogger
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKTRAIN_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # (Lightning's offline=True sets it in the process: restored after)
+    got = {}
+    for lib, make, module_class in ((tasktrain, WandbLogger, _OursLogsInTheChild),
+                                    (L, TheirWandbLogger, _TheirsLogsInTheChild)):
+        save_dir = tmp_path / lib.__name__
+        logger = make(save_dir=save_dir, project="spawn", offline=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = lib.Trainer(strategy="ddp_spawn", devices=1, accelerator="cpu", max_steps=2, limit_val_batches=0,
+                                  limit_test_batches=1, logger=logger, log_every_n_steps=1, enable_progress_bar=False,
+                                  enable_model_summary=False)
+            trainer.fit(module_class())
+        run = logger.experiment
+        logger.log_metrics({"parent_after": 1.0}, step=5)
+        wandb.finish()
+        history = wandb_history(run)
+        got[lib.__name__] = dict(
+            runs=[os.path.basename(p).rsplit("-", 1)[1] == run.id for p in glob.glob(str(save_dir / "wandb" / "*run-*"))],
+            version=logger.version == run.id,
+            checkpoints=os.path.relpath(os.path.dirname(trainer.checkpoint_callback.best_model_path), save_dir) ==
+            os.path.join("spawn", run.id, "checkpoints"),
+            child_steps=[row["trainer/global_step"] for row in history if "child_loss" in row],
+            parent_steps=[row["trainer/global_step"] for row in history if "parent_after" in row])
+        # kept different (docs/logging.md): after wandb.finish() a later spawned run continues the run's id, where
+        # Lightning's child tries to attach to the finished run and fails
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trainer.test(module_class(), verbose=False)
+            got[lib.__name__]["test_after_finish"] = logger.version == run.id and logger.experiment is not run
+        except Exception as error:
+            got[lib.__name__]["test_after_finish"] = f"Unable to attach to run {run.id}" in str(error)
+        wandb.finish()
+    assert got["tasktrain"] == got["lightning.pytorch"] == dict(runs=[True], version=True, checkpoints=True,
+                                                                child_steps=[0, 1], parent_steps=[5],
+                                                                test_after_finish=True)

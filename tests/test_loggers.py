@@ -501,6 +501,34 @@ def test_wandb_logger_offline_run_holds_metrics_config_and_checkpoints(tmp_path)
                                                                 log_model=True)
 
 
+def test_wandb_logger_pickled_on_rank_zero_starts_the_run_a_spawned_child_attaches_to(tmp_path):
+    """Lightning's test_wandb_logger_init_before_spawn with the real (offline) wandb: pickling the logger (what
+    ddp_spawn does) starts the run on global rank 0 and the copy carries what a child attaches with (wandb's attach id,
+    and the run id); on another rank it starts none. A run wandb.finish() ended is continued under the same id and the
+    copy carries the new run's attach id (Lightning's carries the finished run's: its child fails with wandb's "Unable
+    to attach to run"). The spawned child itself: tests/test_lightning_beside_loggers.py."""
+    import pickle
+
+    import wandb
+
+    from tasktrain.loggers import WandbLogger
+
+    logger = WandbLogger(save_dir=tmp_path, project="spawn", offline=True)
+    assert logger._experiment is None
+    state = logger.__getstate__()
+    run = logger._experiment
+    assert run is not None and state["_experiment"] is None
+    assert state["_attach_id"] == run._attach_id == run.id and state["_wandb_init"]["id"] == run.id
+    other = WandbLogger(save_dir=tmp_path, project="spawn", offline=True)
+    other._global_rank = 1
+    assert pickle.loads(pickle.dumps(other))._attach_id is None and other._experiment is None
+    wandb.finish()
+    state = logger.__getstate__()
+    assert logger._experiment is not run and logger.version == run.id
+    assert state["_attach_id"] == logger._experiment._attach_id and not logger._experiment._is_finished
+    wandb.finish()
+
+
 def test_mlflow_logger_local_store_holds_metrics_params_status_and_checkpoints(tmp_path, monkeypatch):
     from tasktrain import MLFlowLogger, ModelCheckpoint
 

@@ -18,8 +18,9 @@ if TYPE_CHECKING:  # wandb is imported only when the logger is used
 
 
 class WandbLogger(Logger):
-    """Log to a Weights & Biases run, created on first use on global rank 0 (`experiment` is the `wandb` run;
-    a do-nothing stand-in on the other ranks).
+    """Log to a Weights & Biases run, created on first use on global rank 0, or when pickled there (ddp_spawn: its
+    children attach to the parent's run, as Lightning's) (`experiment` is the `wandb` run; a do-nothing stand-in on
+    the other ranks).
 
     Args:
         name: the run's display name.
@@ -92,6 +93,7 @@ class WandbLogger(Logger):
         self._log_model = log_model
         self._prefix = prefix
         self._experiment = experiment
+        self._attach_id = None  # the parent's run, in a logger unpickled by a ddp_spawn child (__getstate__)
         self._checkpoint_name = checkpoint_name
         self.add_file_policy = add_file_policy
         self._checkpoint_callbacks = {}
@@ -106,7 +108,7 @@ class WandbLogger(Logger):
         if self._experiment is not None and getattr(self._experiment, "_is_finished", False):
             # wandb.finish() ended it: a later fit/test with this logger continues the same run (resume="allow")
             self._wandb_init["id"] = self._experiment.id
-            self._experiment = None
+            self._experiment = self._attach_id = None  # (a finished run cannot be attached to)
         if self._experiment is None:
             import wandb
 
@@ -114,6 +116,9 @@ class WandbLogger(Logger):
                 warnings.warn("A wandb run is already active in this process: WandbLogger logs into it. Call "
                               "wandb.finish() before creating the logger to start a new run.")
                 self._experiment = wandb.run
+            elif self._attach_id is not None:
+                # unpickled in a ddp_spawn child: the parent's run, through wandb's service (Lightning's attach)
+                self._experiment = wandb._attach(self._attach_id)
             else:
                 self._experiment = wandb.init(**{k: v for k, v in self._wandb_init.items() if v is not None})
                 if not callable(getattr(self._experiment, "define_metric", None)):
@@ -249,9 +254,13 @@ class WandbLogger(Logger):
             self._logged_model_time[path] = mtime
 
     def __getstate__(self):
-        # A live run cannot travel to another process (ddp_spawn): the child continues the same run id.
+        # ddp_spawn pickles the logger for its children: as Lightning's, rank 0 (the parent) starts the run here, and
+        # the children attach to it through wandb's service, so the parent and its children log into one run and the
+        # parent's `experiment` after the fit is the run its children wrote (a live run object itself cannot travel).
+        self.experiment  # (a stand-in, and no run, on the other ranks)
         state = self.__dict__.copy()
         if self._experiment is not None:
-            state["_wandb_init"] = {**self._wandb_init, "id": self._experiment.id}
+            state["_wandb_init"] = {**self._wandb_init, "id": self._experiment.id}  # without attach: the same id
+            state["_attach_id"] = getattr(self._experiment, "_attach_id", None)
         state["_experiment"] = None
         return state
