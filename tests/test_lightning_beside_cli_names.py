@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 L = pytest.importorskip("lightning.pytorch")  # requirements-dev.txt pins it: the skip only hides a broken venv
 
@@ -308,3 +309,31 @@ def test_taskcli_works_without_jsonargparse_signatures_extra(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=240,
                           env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_a_ddp_strategy_from_the_command_line_is_built_with_the_options_given(tmp_path, monkeypatch):
+    """jsonargparse gives a strategy class every keyword its **kwargs reach (all of DistributedDataParallel's, at
+    torch's defaults, output_device and process_group included): TaskCLI builds the DDP strategy (it refused them)
+    and asks DistributedDataParallel for what was given only, as Lightning's DDPStrategy receives it."""
+    from lightning.pytorch.cli import LightningCLI
+
+    from tasktrain import DDP
+    from tasktrain.cli import TaskCLI
+
+    monkeypatch.chdir(tmp_path)
+    args = ["--trainer.strategy.find_unused_parameters=true", "--trainer.devices=1", "--trainer.accelerator=cpu",
+            "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--seed_everything=false"]
+    ours_model, their_model = models()
+    ours = TaskCLI(ours_model, run=False, args=["--trainer.strategy=DDP", *args]).trainer.strategy
+    theirs = LightningCLI(their_model, run=False, args=["--trainer.strategy=DDPStrategy", *args]).trainer.strategy
+    assert type(ours) is DDP and ours.ddp_kwargs["find_unused_parameters"] is True
+    assert theirs._ddp_kwargs["find_unused_parameters"] is True
+    defaults = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+    assert {key: value for key, value in theirs._ddp_kwargs.items() if key not in ("output_device", "process_group")} \
+        == ours.ddp_kwargs
+    assert all(value == defaults[key].default for key, value in ours.ddp_kwargs.items()
+               if key != "find_unused_parameters")
+    # given directly: what the strategy sets itself is left out as None, an error otherwise
+    assert DDP(output_device=None, process_group=None, static_graph=True).ddp_kwargs == {"static_graph": True}
+    with pytest.raises(TypeError, match=r"DDP got \['output_device'\]: the strategy sets DistributedDataParallel's"):
+        DDP(output_device=1)

@@ -21,10 +21,21 @@ from tasktrain.strategies.world import ProcessWorld
 if TYPE_CHECKING:  # (plugins.environments imports the strategies package: named for the annotation only)
     from tasktrain.plugins.environments import ClusterEnvironment
 
-_DDP_OPTIONS = set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters) - {
-    "self", "module", "device_ids", "output_device", "process_group"}
-# Lightning's DDPStrategy arguments for communication hooks (docs/distributed.md, "Communication hooks")
-_COMM_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+_DDP_PARAMETERS = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+_DDP_OWNED = {"device_ids", "output_device", "process_group"}  # the strategy sets these itself
+_DDP_OPTIONS = set(_DDP_PARAMETERS) - {"self", "module"} - _DDP_OWNED
+
+
+def _given_ddp_options(ddp_kwargs):
+    """The DistributedDataParallel options to pass on: a config parser that fills in every keyword a strategy
+    forwards (jsonargparse under TaskCLI: `--trainer.strategy=DDP` passes all of DistributedDataParallel's, at torch's
+    defaults, as Lightning's DDPStrategy receives them) gives the strategy-owned ones too, as None: left out (the
+    strategy sets them). One of them given other than None is an error."""
+    owned = sorted(name for name in _DDP_OWNED if ddp_kwargs.get(name) is not None)
+    if owned:
+        raise TypeError(f"DDP got {owned}: the strategy sets DistributedDataParallel's device_ids, output_device and "
+                        "process_group itself (from devices= and the process group it forms). Leave them out.")
+    return {name: value for name, value in ddp_kwargs.items() if name not in _DDP_OWNED}
 
 
 class _TrainingStepForward(_StepWrapper):
@@ -107,10 +118,11 @@ class DDP(ProcessWorld, Strategy):
                                  "ddp_comm_wrapper": ddp_comm_wrapper,
                                  "model_averaging_period": model_averaging_period})
         self._model_averager = None  # torch's PeriodicModelAverager, with model_averaging_period
-        unknown = sorted(set(ddp_kwargs) - _DDP_OPTIONS)
+        unknown = sorted(set(ddp_kwargs) - _DDP_OPTIONS - _DDP_OWNED)
         if unknown:
             raise TypeError(f"DDP got unknown option(s) {unknown}. It takes the options of torch's "
                             f"DistributedDataParallel: {sorted(_DDP_OPTIONS)}.")
+        ddp_kwargs = _given_ddp_options(ddp_kwargs)
         if start_method == "spawn":
             self.name = "ddp_spawn"
         self.sync_batchnorm = sync_batchnorm
