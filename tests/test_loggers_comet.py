@@ -239,6 +239,20 @@ def test_arguments_errors_and_lightnings_old_names(tmp_path, offline_comet, monk
             CometLogger(online=False)
 
 
+def test_a_comet_ml_whose_experiment_config_takes_any_keyword_gets_every_argument(monkeypatch):
+    """comet_ml.ExperimentConfig with a **kwargs of its own (Lightning's tests put a Mock for comet_ml): every argument
+    goes to it, none refused as unknown (the names of its *args/**kwargs are not what it takes)."""
+    from unittest import mock
+
+    comet_ml = mock.MagicMock(__version__="3.58.8")
+    comet_ml.ExperimentConfig = mock.Mock()  # signature (*args, **kwargs)
+    monkeypatch.setitem(sys.modules, "comet_ml", comet_ml)
+    monkeypatch.setenv("COMET_DISABLE_AUTO_LOGGING", "1")  # (the logger sets it: put back after)
+    logger = CometLogger(api_key="key", name="run", offline_directory="somewhere", log_code=False)
+    comet_ml.ExperimentConfig.assert_called_once_with(name="run", offline_directory="somewhere", log_code=False)
+    assert logger._kwargs == {"name": "run", "offline_directory": "somewhere", "log_code": False}
+
+
 # -- beside Lightning's own CometLogger -------------------------------------------------------------------------------
 def beside_module(base):
     class Net(base):

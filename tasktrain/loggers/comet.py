@@ -75,7 +75,9 @@ class CometLogger(Logger):
                 f"CometLogger needs comet_ml>=3.44.4 (comet_ml.start and ExperimentConfig); this is comet_ml "
                 f"{getattr(comet_ml, '__version__', '?')}. Upgrade it: `pip install -U 'tasktrain[comet]'`.")
         accepted = inspect.signature(comet_ml.ExperimentConfig).parameters
-        unknown = sorted(set(kwargs) - set(accepted))
+        # a **kwargs of its own (a comet_ml that forwards them, or a stand-in such as a Mock) takes any name
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+        unknown = [] if takes_any else sorted(set(kwargs) - set(accepted))
         if unknown:
             raise TypeError(f"CometLogger got {unknown}: neither its own arguments nor comet_ml.ExperimentConfig's "
                             f"({', '.join(accepted)}).")
