@@ -175,9 +175,6 @@ ALLOWED = {
     'tasktrain.TaskModule.log_dict':
         ("missing ['prog_bar', 'logger', 'on_step', 'on_epoch', 'reduce_fx', 'enable_graph', 'sync_dist', 'sync_dist_group', 'add_dataloader_idx', 'batch_size', 'rank_zero_only']; extra ['**kwargs']",
          "each keyword goes to self.log, which has Lightning's parameters and defaults (a wrong name is log's TypeError)"),
-    'tasktrain.TaskModule.predict_step':
-        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx', 'dataloader_idx']",
-         "a module's own step replaces it; both Trainers call it by position (batch, batch_idx[, dataloader_idx])"),
     'tasktrain.TaskModule.to_tensorrt':
         ("missing ['file_path', 'input_sample', 'ir', 'output_format', 'retrace', 'default_device']; extra ['*args']",
          'refused whatever the arguments: NotImplementedError naming to_onnx (tasktrain ships no TensorRT export)'),

@@ -83,9 +83,17 @@ class TaskModule(torch.nn.Module):
         """One test batch: log what it measures (self.log); what it returns goes to on_test_batch_end."""
 
 
-    def predict_step(self, batch, batch_idx, dataloader_idx=0):
-        batch = batch[0] if isinstance(batch, (list, tuple)) else batch
-        return self(batch)
+    def predict_step(self, *args, **kwargs):
+        """One predict batch: Lightning's default, self(batch) with the whole batch (a loader of (x, y) pairs gives
+        forward the pair: define predict_step to pick x). The batch is the first positional argument, or batch=."""
+        if "batch" in kwargs:
+            return self(kwargs["batch"])
+        if not args:
+            raise TypeError(
+                f"{type(self).__name__}.predict_step() got no batch: pass it first, predict_step(batch, batch_idx), "
+                "or as batch=."
+            )
+        return self(args[0])
 
     def configure_optimizers(self):
         raise NotImplementedError(

@@ -131,6 +131,9 @@ class LitClassifier(pl.TaskModule):
         # (one loader per unsuffixed name, Lightning's rule: each loader counts under a name of its own)
         self.log(f"val_batches_{dataloader_idx}", 1.0, reduce_fx=torch.sum, add_dataloader_idx=False, sync_dist=True)
 
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):  # (x, label) pairs: the default gives forward both
+        return self(batch[0])
+
     def configure_callbacks(self):
         return [EarlyStopping("val_acc/dataloader_idx_0", mode="max", patience=1, verbose=False)]
 
