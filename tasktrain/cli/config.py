@@ -24,8 +24,8 @@ import yaml
 from tasktrain.fsdp_options import IGNORED as FSDP_IGNORED
 from tasktrain.fsdp_options import USED as FSDP_USED
 from tasktrain.fsdp_options import fsdp_options, yaml_key
-from tasktrain.names import (AUTO_STRATEGY, MIXED_PRECISION, PRECISION_ALIASES, PRECISIONS, STRATEGIES,
-                             deepspeed_name)
+from tasktrain.names import (AUTO_STRATEGY, MIXED_PRECISION, ONE_PROCESS_STARTS, PRECISION_ALIASES, PRECISIONS,
+                             STRATEGIES, deepspeed_name)
 
 
 class ConfigError(ValueError):

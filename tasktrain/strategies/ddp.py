@@ -38,6 +38,10 @@ def _given_ddp_options(ddp_kwargs):
     return {name: value for name, value in ddp_kwargs.items() if name not in _DDP_OWNED}
 
 
+# Lightning's DDPStrategy arguments for communication hooks (docs/distributed.md, "Communication hooks")
+_COMM_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+
+
 class _TrainingStepForward(_StepWrapper):
     """DDP syncs the gradients of what went through its forward: route training_step through it."""
 
