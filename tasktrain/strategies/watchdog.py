@@ -608,7 +608,10 @@ def checked_collective(op, data=(), objects=()):
             if watchdog.check_collectives:
                 bound = parameters.bind(strategy, *args, **kwargs)
                 bound.apply_defaults()
-                signature, compared = _describe_arguments(list(bound.arguments.items())[1:], data, objects)
+                # (keyword-only arguments left at None, Lightning's group= / reduce_op= aliases: not part of the call)
+                given = [(name, value) for name, value in list(bound.arguments.items())[1:]
+                         if not (value is None and parameters.parameters[name].kind is inspect.Parameter.KEYWORD_ONLY)]
+                signature, compared = _describe_arguments(given, data, objects)
                 watchdog.check_collective(op, signature, compared, _call_site())
             else:
                 watchdog.sub_event(op)

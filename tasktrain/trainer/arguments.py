@@ -284,10 +284,10 @@ def set_torch_flags(deterministic, benchmark):
         if benchmark is None:
             benchmark = False
         elif benchmark:
-            from tasktrain.utilities.rank_zero import rank_zero_warn
-
-            rank_zero_warn("You passed `deterministic=True` and `benchmark=True`. Note that PyTorch ignores "
-                           "torch.backends.cudnn.deterministic=True when torch.backends.cudnn.benchmark=True.")
+            if _rank() == 0:  # (Lightning's rank_zero_warn, its words)
+                warnings.warn("You passed `deterministic=True` and `benchmark=True`. Note that PyTorch ignores "
+                              "torch.backends.cudnn.deterministic=True when torch.backends.cudnn.benchmark=True.",
+                              UserWarning)
     if benchmark is not None:  # cuDNN's algorithm search (no effect on the CPU)
         torch.backends.cudnn.benchmark = bool(benchmark)
     if deterministic == "warn":
