@@ -142,14 +142,8 @@ STRATEGY_CONTRACT = ("tasktrain's Strategy methods are its engines' contract (DE
 REDUCE_KEYWORDS = ("tasktrain's reduce(tensor, op) takes Lightning's group= and reduce_op= by keyword (a group other "
                    "than None refused, naming torch.distributed.all_reduce); Lightning's by position (tensor, group, "
                    "reduce_op) is not taken")
-STATE_ARGUMENT = "the parameter's name only: both Trainers pass the state by position"
-CONVERT_INPUT = "the parameter's name only: both Trainers pass the batch by position"
 REFUSED_PLUGIN = ("tasktrain does not run bitsandbytes, Transformer Engine or XLA: building the plugin raises a "
                   "ValueError naming the alternative, whatever the arguments (docs/lightning.md, Plugins)")
-FINALIZE_DEFAULT = ("a default where Lightning's has none (LitLogger's: None): both Trainers pass the status, so a "
-                    "call as Lightning's is the same")
-HOOK_ARGUMENTS = ("a hook's parameter names (pl_module, or Lightning's unused _ / *args): both Trainers call hooks by "
-                  "position, so an override or a super() call by position is the same")
 PROFILER_SETUP = ("tasktrain's is_global_zero and module, keyword parameters with defaults after Lightning's (the "
                   "Trainer passes them): a call as Lightning's is the same")
 
@@ -181,240 +175,27 @@ ALLOWED = {
     'tasktrain.TaskModule.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          "a module's own step replaces it; both Trainers call it by position (batch, batch_idx)"),
-    'tasktrain.callbacks.BackboneFinetuning.finetune_function':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.freeze_before_training':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.on_fit_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.on_load_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.on_train_epoch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.finetune_function':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.freeze_before_training':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.on_fit_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.on_load_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.on_train_epoch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.on_predict_batch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.on_predict_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.write_on_batch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.write_on_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.GradientAccumulationScheduler.on_train_epoch_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.GradientAccumulationScheduler.on_train_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.LearningRateMonitor.on_train_batch_start':
-        ("missing ['*args', '**kwargs']; extra ['pl_module', 'batch', 'batch_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.LearningRateMonitor.on_train_epoch_start':
-        ("missing ['*args', '**kwargs']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.LearningRateMonitor.on_train_start':
-        ("missing ['*args', '**kwargs']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
     'tasktrain.callbacks.ModelCheckpoint.__init__':
         ("extra ['async_save']",
          "tasktrain's async_save, keyword with a default after Lightning's parameters"),
-    'tasktrain.callbacks.ModelCheckpoint.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.callbacks.OnExceptionCheckpoint.on_exception':
-        ("missing ['*args', '**kwargs']; extra ['module', 'exception']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.OnExceptionCheckpoint.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.OnExceptionCheckpoint.teardown':
-        ("missing ['*args', '**kwargs']; extra ['module', 'stage']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.StochasticWeightAveraging.on_train_epoch_end':
-        ("missing ['*args']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
     'tasktrain.callbacks.ThroughputMonitor.__init__':
         ("missing ['**kwargs']; extra ['window_size', 'separator', 'peak_flops', 'measure_flops', 'step_split']",
          "Lightning's **kwargs are its Throughput's (window_size, separator, ...): named here, with its defaults"),
-    'tasktrain.callbacks.ThroughputMonitor.on_after_backward':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_before_backward':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_before_optimizer_step':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_exception':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_predict_batch_end':
-        ("missing ['pl_module', '*args', '**kwargs']; extra ['module', 'batch_idx', 'dataloader_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_predict_batch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_predict_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_test_batch_end':
-        ("missing ['pl_module', '*args', '**kwargs']; extra ['module', 'batch_idx', 'dataloader_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_test_batch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_test_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_train_batch_end':
-        ("missing ['pl_module', '*args']; extra ['module', 'batch_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_train_batch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_train_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_train_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_validation_batch_end':
-        ("missing ['pl_module', '*args', '**kwargs']; extra ['module', 'batch_idx', 'dataloader_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_validation_batch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_validation_end':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_validation_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.Timer.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.callbacks.Timer.on_fit_start':
-        ("missing ['*args', '**kwargs']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.Timer.on_train_batch_end':
-        ("missing ['*args', '**kwargs']; extra ['pl_module', 'outputs', 'batch', 'batch_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.Timer.on_train_epoch_end':
-        ("missing ['*args', '**kwargs']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_load_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_save_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_train_batch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_train_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_train_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_validation_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_validation_epoch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_load_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_save_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_train_batch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_train_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_train_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_validation_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_validation_epoch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
     'tasktrain.loggers.LitLogger.__init__':
         ("missing ['root_dir', 'name', 'teamspace', 'metadata', 'store_step', 'log_model', 'save_logs', 'checkpoint_name']; extra ['*args', '**kwargs']",
          'refused when created, whatever the arguments (tasktrain/loggers/absent.py says what to use)'),
     'tasktrain.loggers.LitLogger.finalize':
-        ("status default None -> 'success'",
-         FINALIZE_DEFAULT),
+        ("status default None -> -",
+         "LitLogger cannot be created (above); its finalize is tasktrain's Logger's (both Trainers pass the status)"),
     'tasktrain.loggers.LitLogger.log_hyperparams':
         ("missing ['metrics']; extra ['*args', '**kwargs']",
          'LitLogger cannot be created (above)'),
-    'tasktrain.loggers.CometLogger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
-    'tasktrain.loggers.CSVLogger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
-    'tasktrain.loggers.Logger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
     'tasktrain.loggers.MLFlowLogger.__init__':
         ("extra ['checkpoint_path_prefix']",
          "tasktrain's checkpoint_path_prefix, keyword with a default after Lightning's parameters"),
-    'tasktrain.loggers.TensorBoardLogger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
     'tasktrain.loggers.TensorBoardLogger.log_metrics':
         ("extra ['**kwargs']",
          "**kwargs (walltime, ...) go to SummaryWriter's add_scalar; Lightning's calls are the same"),
-    'tasktrain.loggers.WandbLogger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
     'tasktrain.profilers.Profiler.setup':
         ("extra ['is_global_zero', 'module']",
          PROFILER_SETUP),
@@ -637,63 +418,15 @@ ALLOWED = {
     'tasktrain.plugins.BitsandbytesPrecision.__init__':
         ("missing ['mode', 'dtype', 'ignore_modules']; extra ['*args', '**kwargs']",
          REFUSED_PLUGIN),
-    'tasktrain.plugins.BitsandbytesPrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.BitsandbytesPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.DeepSpeedPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.DoublePrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.DoublePrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.HalfPrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.HalfPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.MixedPrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.MixedPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.Precision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.Precision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
     'tasktrain.plugins.TransformerEnginePrecision.__init__':
         ("missing ['weights_dtype', 'recipe', 'replace_layers', 'fallback_compute_dtype']; extra ['*args', '**kwargs']",
          REFUSED_PLUGIN),
-    'tasktrain.plugins.TransformerEnginePrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.TransformerEnginePrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
     'tasktrain.plugins.FSDPPrecision.clip_grad_by_norm':
         ("missing ['*args', '**kwargs']; extra ['optimizer', 'clip_val']",
          "Lightning's refuses norm clipping there; tasktrain's FSDP2 clips by norm through the strategy (docs/fsdp.md)"),
-    'tasktrain.plugins.FSDPPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
     'tasktrain.plugins.XLAPrecision.__init__':
         ("missing ['precision']; extra ['*args', '**kwargs']",
          REFUSED_PLUGIN),
-    'tasktrain.plugins.XLAPrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.XLAPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
     'tasktrain.accelerators.MPSAccelerator':
         ('absent',
          'Apple MPS: tasktrain runs on CPUs and CUDA GPUs'),

@@ -125,7 +125,7 @@ class Logger(Callback):
         """The underlying object (SummaryWriter, wandb run, MlflowClient), for what the logger has no method for."""
         return None
 
-    def setup(self, trainer, module, stage):
+    def setup(self, trainer, pl_module, stage):
         self._global_rank = trainer.global_rank
 
     def _is_global_zero(self) -> bool:
@@ -148,7 +148,7 @@ class Logger(Callback):
     def save(self) -> None:
         """Write what is buffered."""
 
-    def finalize(self, status: str = "success") -> None:
+    def finalize(self, status: str) -> None:
         """The run ended, with status "success" or "failed"."""
         self.save()
 
