@@ -683,3 +683,134 @@ def test_strategy_reduce_takes_lightnings_keywords():
             strategy.reduce(torch.tensor(1.0), group=object())
         with pytest.raises(ValueError, match="reduce_op="):
             strategy.reduce(torch.tensor(1.0), reduce_op="product")
+
+
+def _keyword_calling(base, theirs, hooks, calls):
+    """A user's subclass of `base` whose every hook in `hooks` calls super()'s by keyword, with the names Lightning's
+    class `theirs` gives that hook's parameters (`super().setup(trainer=trainer, pl_module=pl_module, stage=stage)`);
+    what Lightning's signature takes in *args / **kwargs is left out, as such a call must."""
+    class KeywordCalling(base):
+        pass
+
+    def override(hook, names):
+        def call(self, *args, **kwargs):
+            kwargs.update(zip(names, args))
+            calls.append(hook)
+            return getattr(super(KeywordCalling, self), hook)(**{k: v for k, v in kwargs.items() if k in names})
+        return call
+
+    for hook in hooks:
+        parameters = list(inspect.signature(getattr(theirs, hook)).parameters.values())[1:]  # (self)
+        setattr(KeywordCalling, hook, override(hook, [p.name for p in parameters
+                                                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]))
+    return KeywordCalling
+
+
+# each shipped callback as a user's subclass builds it: (name, arguments, the hooks besides the events it defines)
+KEYWORD_CALLBACKS = [
+    ("BackboneFinetuning", lambda tmp: {"unfreeze_backbone_at_epoch": 1},
+     ["finetune_function", "freeze_before_training"]),
+    ("BasePredictionWriter", lambda tmp: {"write_interval": "batch_and_epoch"}, []),
+    ("GradientAccumulationScheduler", lambda tmp: {"scheduling": {0: 1, 1: 2}}, []),
+    ("LearningRateMonitor", lambda tmp: {}, []),
+    ("OnExceptionCheckpoint", lambda tmp: {"dirpath": str(tmp)}, []),
+    ("StochasticWeightAveraging", lambda tmp: {"swa_lrs": 0.05, "swa_epoch_start": 1}, []),
+    ("ThroughputMonitor", lambda tmp: {"batch_size_fn": lambda batch: batch.size(0)}, []),
+    ("Timer", lambda tmp: {"duration": {"minutes": 5}}, []),
+    ("WeightAveraging", lambda tmp: {}, []),
+    ("EMAWeightAveraging", lambda tmp: {}, []),
+]
+
+
+@pytest.mark.parametrize("name, arguments, extra_hooks", KEYWORD_CALLBACKS, ids=[c[0] for c in KEYWORD_CALLBACKS])
+def test_shipped_callbacks_take_lightnings_keywords(tmp_path, name, arguments, extra_hooks):
+    """A callback subclass written for Lightning, whose hooks call super()'s by Lightning's parameter names, runs on
+    tasktrain's shipped callbacks as on Lightning's (fit, test, predict, and a failing fit), and the same hooks run."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel as TheirBoring
+
+    import tasktrain
+    from tasktrain.callbacks.base import EVENTS
+    from tasktrain.demos.boring_classes import BoringModel as OurBoring
+
+    their_cls = getattr(pl.callbacks, name)
+    own = {hook for cls in their_cls.__mro__[:their_cls.__mro__.index(pl.Callback)] for hook in vars(cls)}
+    hooks = [hook for hook in EVENTS if hook in own] + extra_hooks
+    assert hooks
+    seen = {}
+    for lib, boring in ((pl, TheirBoring), (tasktrain, OurBoring)):
+        class Net(boring):
+            def __init__(self, fail=False):
+                super().__init__()
+                self.backbone = torch.nn.Linear(32, 32)
+                self.fail = fail
+
+            def forward(self, x):
+                return self.layer(self.backbone(x))
+
+            def training_step(self, batch, batch_idx):
+                if self.fail and self.global_step == 1:
+                    raise RuntimeError("a failing step")
+                return super().training_step(batch, batch_idx)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.layer.parameters(), lr=0.1)
+
+        calls = seen[lib] = []
+        base = getattr(lib.callbacks, name)
+        if name == "BasePredictionWriter":
+            class Writer(base):
+                def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx,
+                                       dataloader_idx):
+                    calls.append("write_on_batch_end")
+
+                def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+                    calls.append("write_on_epoch_end")
+
+            base = Writer
+        callback_cls = _keyword_calling(base, their_cls, hooks, calls)
+        folder = tmp_path / lib.__name__
+
+        def trainer():
+            return lib.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, limit_test_batches=1,
+                               limit_predict_batches=1, callbacks=[callback_cls(**arguments(folder))],
+                               logger=lib.loggers.CSVLogger(folder), enable_progress_bar=False,
+                               enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=folder,
+                               enable_checkpointing=name == "OnExceptionCheckpoint")  # (a Checkpoint: no other)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fitted = trainer()
+            fitted.fit(Net())
+            fitted.test(Net(), verbose=False)
+            fitted.predict(Net())
+            if name == "OnExceptionCheckpoint":
+                with pytest.raises(RuntimeError, match="a failing step"):
+                    trainer().fit(Net(fail=True))
+                assert (folder / "on_exception.ckpt").is_file()
+    assert seen[tasktrain] and set(seen[tasktrain]) == set(seen[pl]), (seen[pl], seen[tasktrain])
+
+
+def test_state_input_and_status_by_lightnings_keywords():
+    """load_state_dict(state_dict=...), a precision plugin's convert_input(data=...) and a logger's finalize(status=...)
+    by keyword, as Lightning's; finalize without a status is a TypeError in both."""
+    import lightning.pytorch as pl
+
+    import tasktrain
+
+    for lib in (pl, tasktrain):
+        for callback in (lib.callbacks.ModelCheckpoint(), lib.callbacks.Timer(duration="00:00:01:00")):
+            callback.load_state_dict(state_dict=callback.state_dict())
+        for plugin in (lib.plugins.Precision(), lib.plugins.DoublePrecision(), lib.plugins.HalfPrecision("bf16-true"),
+                       lib.plugins.MixedPrecision("bf16-mixed", "cpu")):
+            assert plugin.convert_input(data=torch.ones(1)).dtype in (torch.float32, torch.float64, torch.bfloat16)
+            plugin.load_state_dict(state_dict=plugin.state_dict())
+        assert lib.plugins.DoublePrecision().convert_input(data=torch.ones(1)).dtype == torch.float64
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        for lib in (pl, tasktrain):
+            for logger in (lib.loggers.CSVLogger(folder), lib.loggers.TensorBoardLogger(folder)):
+                logger.finalize(status="success")
+                with pytest.raises(TypeError):
+                    logger.finalize()
