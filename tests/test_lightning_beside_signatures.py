@@ -814,3 +814,51 @@ def test_state_input_and_status_by_lightnings_keywords():
                 logger.finalize(status="success")
                 with pytest.raises(TypeError):
                     logger.finalize()
+
+
+def test_hook_annotations_are_lightnings():
+    """The base Callback's and TaskModule's hooks carry Lightning's type annotations (resolved, Lightning's classes
+    named by tasktrain's names), for type checkers and tools that read them."""
+    import typing
+
+    import lightning.pytorch as pl
+    import lightning.pytorch.callbacks.callback as their_callback
+    import lightning.pytorch.core.module as their_module
+
+    import tasktrain.callbacks.base as our_callback
+    import tasktrain.trainer.module as our_module
+    from tasktrain.trainer.optim import LightningOptimizer
+    from tasktrain.trainer.trainer import Trainer
+
+    renamed = {"lightning.pytorch.trainer.trainer.": "", "lightning.pytorch.core.module.LightningModule": "TaskModule",
+               "lightning.pytorch.core.optimizer.": "", "lightning.pytorch.callbacks.callback.": "",
+               "tasktrain.trainer.trainer.": "", "tasktrain.trainer.module.": "", "tasktrain.trainer.optim.": "",
+               "tasktrain.callbacks.base.": ""}
+
+    def hints(function, namespace):
+        found = {}
+        for name, hint in typing.get_type_hints(function, globalns=namespace).items():
+            text = str(hint)
+            for old, new in renamed.items():
+                text = text.replace(old, new)
+            found[name] = text
+        return found
+
+    # (their annotations name classes imported only for type checkers: the namespace resolves them)
+    ours = {**vars(our_module), **vars(our_callback), "Trainer": Trainer, "TaskModule": our_module.TaskModule,
+            "Callback": our_callback.Callback, "LightningOptimizer": LightningOptimizer}
+    hooks = our_callback.EVENTS + ("state_dict", "load_state_dict")
+    for hook in hooks:
+        theirs = hints(getattr(pl.Callback, hook), vars(their_callback))
+        assert theirs == hints(getattr(our_callback.Callback, hook), ours), hook
+    module_hooks = [hook for hook in hooks if hasattr(our_module.TaskModule, hook)] + [
+        "prepare_data", "configure_model", "configure_callbacks", "on_validation_model_eval",
+        "on_validation_model_train", "on_validation_model_zero_grad", "on_test_model_eval", "on_test_model_train",
+        "on_predict_model_eval", "on_before_batch_transfer", "on_after_batch_transfer", "transfer_batch_to_device",
+        "lr_scheduler_step", "backward", "optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping",
+        "train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"]
+    for hook in module_hooks:
+        if hook in ("state_dict", "load_state_dict"):
+            continue  # (torch's nn.Module methods)
+        theirs = hints(getattr(pl.LightningModule, hook), vars(their_module))
+        assert theirs and theirs == hints(getattr(our_module.TaskModule, hook), ours), hook
