@@ -142,14 +142,8 @@ STRATEGY_CONTRACT = ("tasktrain's Strategy methods are its engines' contract (DE
 REDUCE_KEYWORDS = ("tasktrain's reduce(tensor, op) takes Lightning's group= and reduce_op= by keyword (a group other "
                    "than None refused, naming torch.distributed.all_reduce); Lightning's by position (tensor, group, "
                    "reduce_op) is not taken")
-STATE_ARGUMENT = "the parameter's name only: both Trainers pass the state by position"
-CONVERT_INPUT = "the parameter's name only: both Trainers pass the batch by position"
 REFUSED_PLUGIN = ("tasktrain does not run bitsandbytes, Transformer Engine or XLA: building the plugin raises a "
                   "ValueError naming the alternative, whatever the arguments (docs/lightning.md, Plugins)")
-FINALIZE_DEFAULT = ("a default where Lightning's has none (LitLogger's: None): both Trainers pass the status, so a "
-                    "call as Lightning's is the same")
-HOOK_ARGUMENTS = ("a hook's parameter names (pl_module, or Lightning's unused _ / *args): both Trainers call hooks by "
-                  "position, so an override or a super() call by position is the same")
 PROFILER_SETUP = ("tasktrain's is_global_zero and module, keyword parameters with defaults after Lightning's (the "
                   "Trainer passes them): a call as Lightning's is the same")
 
@@ -181,240 +175,27 @@ ALLOWED = {
     'tasktrain.TaskModule.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          "a module's own step replaces it; both Trainers call it by position (batch, batch_idx)"),
-    'tasktrain.callbacks.BackboneFinetuning.finetune_function':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.freeze_before_training':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.on_fit_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.on_load_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.on_train_epoch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BackboneFinetuning.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.finetune_function':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.freeze_before_training':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.on_fit_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.on_load_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.on_train_epoch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BaseFinetuning.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.on_predict_batch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.on_predict_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.write_on_batch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.BasePredictionWriter.write_on_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.GradientAccumulationScheduler.on_train_epoch_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.GradientAccumulationScheduler.on_train_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.LearningRateMonitor.on_train_batch_start':
-        ("missing ['*args', '**kwargs']; extra ['pl_module', 'batch', 'batch_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.LearningRateMonitor.on_train_epoch_start':
-        ("missing ['*args', '**kwargs']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.LearningRateMonitor.on_train_start':
-        ("missing ['*args', '**kwargs']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
     'tasktrain.callbacks.ModelCheckpoint.__init__':
         ("extra ['async_save']",
          "tasktrain's async_save, keyword with a default after Lightning's parameters"),
-    'tasktrain.callbacks.ModelCheckpoint.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.callbacks.OnExceptionCheckpoint.on_exception':
-        ("missing ['*args', '**kwargs']; extra ['module', 'exception']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.OnExceptionCheckpoint.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.OnExceptionCheckpoint.teardown':
-        ("missing ['*args', '**kwargs']; extra ['module', 'stage']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.StochasticWeightAveraging.on_train_epoch_end':
-        ("missing ['*args']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
     'tasktrain.callbacks.ThroughputMonitor.__init__':
         ("missing ['**kwargs']; extra ['window_size', 'separator', 'peak_flops', 'measure_flops', 'step_split']",
          "Lightning's **kwargs are its Throughput's (window_size, separator, ...): named here, with its defaults"),
-    'tasktrain.callbacks.ThroughputMonitor.on_after_backward':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_before_backward':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_before_optimizer_step':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_exception':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_predict_batch_end':
-        ("missing ['pl_module', '*args', '**kwargs']; extra ['module', 'batch_idx', 'dataloader_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_predict_batch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_predict_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_test_batch_end':
-        ("missing ['pl_module', '*args', '**kwargs']; extra ['module', 'batch_idx', 'dataloader_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_test_batch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_test_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_train_batch_end':
-        ("missing ['pl_module', '*args']; extra ['module', 'batch_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_train_batch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_train_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_train_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_validation_batch_end':
-        ("missing ['pl_module', '*args', '**kwargs']; extra ['module', 'batch_idx', 'dataloader_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_validation_batch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_validation_end':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.on_validation_start':
-        ("missing ['*args']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.ThroughputMonitor.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.Timer.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.callbacks.Timer.on_fit_start':
-        ("missing ['*args', '**kwargs']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.Timer.on_train_batch_end':
-        ("missing ['*args', '**kwargs']; extra ['pl_module', 'outputs', 'batch', 'batch_idx']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.Timer.on_train_epoch_end':
-        ("missing ['*args', '**kwargs']; extra ['pl_module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_load_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_save_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_train_batch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_train_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_train_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_validation_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.on_validation_epoch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.EMAWeightAveraging.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_load_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_save_checkpoint':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_train_batch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_train_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_train_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_validation_epoch_end':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.on_validation_epoch_start':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
-    'tasktrain.callbacks.WeightAveraging.setup':
-        ("missing ['pl_module']; extra ['module']",
-         HOOK_ARGUMENTS),
     'tasktrain.loggers.LitLogger.__init__':
         ("missing ['root_dir', 'name', 'teamspace', 'metadata', 'store_step', 'log_model', 'save_logs', 'checkpoint_name']; extra ['*args', '**kwargs']",
          'refused when created, whatever the arguments (tasktrain/loggers/absent.py says what to use)'),
     'tasktrain.loggers.LitLogger.finalize':
-        ("status default None -> 'success'",
-         FINALIZE_DEFAULT),
+        ("status default None -> -",
+         "LitLogger cannot be created (above); its finalize is tasktrain's Logger's (both Trainers pass the status)"),
     'tasktrain.loggers.LitLogger.log_hyperparams':
         ("missing ['metrics']; extra ['*args', '**kwargs']",
          'LitLogger cannot be created (above)'),
-    'tasktrain.loggers.CometLogger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
-    'tasktrain.loggers.CSVLogger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
-    'tasktrain.loggers.Logger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
     'tasktrain.loggers.MLFlowLogger.__init__':
         ("extra ['checkpoint_path_prefix']",
          "tasktrain's checkpoint_path_prefix, keyword with a default after Lightning's parameters"),
-    'tasktrain.loggers.TensorBoardLogger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
     'tasktrain.loggers.TensorBoardLogger.log_metrics':
         ("extra ['**kwargs']",
          "**kwargs (walltime, ...) go to SummaryWriter's add_scalar; Lightning's calls are the same"),
-    'tasktrain.loggers.WandbLogger.finalize':
-        ("status default - -> 'success'",
-         FINALIZE_DEFAULT),
     'tasktrain.profilers.Profiler.setup':
         ("extra ['is_global_zero', 'module']",
          PROFILER_SETUP),
@@ -637,63 +418,15 @@ ALLOWED = {
     'tasktrain.plugins.BitsandbytesPrecision.__init__':
         ("missing ['mode', 'dtype', 'ignore_modules']; extra ['*args', '**kwargs']",
          REFUSED_PLUGIN),
-    'tasktrain.plugins.BitsandbytesPrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.BitsandbytesPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.DeepSpeedPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.DoublePrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.DoublePrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.HalfPrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.HalfPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.MixedPrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.MixedPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
-    'tasktrain.plugins.Precision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.Precision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
     'tasktrain.plugins.TransformerEnginePrecision.__init__':
         ("missing ['weights_dtype', 'recipe', 'replace_layers', 'fallback_compute_dtype']; extra ['*args', '**kwargs']",
          REFUSED_PLUGIN),
-    'tasktrain.plugins.TransformerEnginePrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.TransformerEnginePrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
     'tasktrain.plugins.FSDPPrecision.clip_grad_by_norm':
         ("missing ['*args', '**kwargs']; extra ['optimizer', 'clip_val']",
          "Lightning's refuses norm clipping there; tasktrain's FSDP2 clips by norm through the strategy (docs/fsdp.md)"),
-    'tasktrain.plugins.FSDPPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
     'tasktrain.plugins.XLAPrecision.__init__':
         ("missing ['precision']; extra ['*args', '**kwargs']",
          REFUSED_PLUGIN),
-    'tasktrain.plugins.XLAPrecision.convert_input':
-        ("missing ['data']; extra ['batch']",
-         CONVERT_INPUT),
-    'tasktrain.plugins.XLAPrecision.load_state_dict':
-        ("missing ['state_dict']; extra ['state']",
-         STATE_ARGUMENT),
     'tasktrain.accelerators.MPSAccelerator':
         ('absent',
          'Apple MPS: tasktrain runs on CPUs and CUDA GPUs'),
@@ -950,3 +683,182 @@ def test_strategy_reduce_takes_lightnings_keywords():
             strategy.reduce(torch.tensor(1.0), group=object())
         with pytest.raises(ValueError, match="reduce_op="):
             strategy.reduce(torch.tensor(1.0), reduce_op="product")
+
+
+def _keyword_calling(base, theirs, hooks, calls):
+    """A user's subclass of `base` whose every hook in `hooks` calls super()'s by keyword, with the names Lightning's
+    class `theirs` gives that hook's parameters (`super().setup(trainer=trainer, pl_module=pl_module, stage=stage)`);
+    what Lightning's signature takes in *args / **kwargs is left out, as such a call must."""
+    class KeywordCalling(base):
+        pass
+
+    def override(hook, names):
+        def call(self, *args, **kwargs):
+            kwargs.update(zip(names, args))
+            calls.append(hook)
+            return getattr(super(KeywordCalling, self), hook)(**{k: v for k, v in kwargs.items() if k in names})
+        return call
+
+    for hook in hooks:
+        parameters = list(inspect.signature(getattr(theirs, hook)).parameters.values())[1:]  # (self)
+        setattr(KeywordCalling, hook, override(hook, [p.name for p in parameters
+                                                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]))
+    return KeywordCalling
+
+
+# each shipped callback as a user's subclass builds it: (name, arguments, the hooks besides the events it defines)
+KEYWORD_CALLBACKS = [
+    ("BackboneFinetuning", lambda tmp: {"unfreeze_backbone_at_epoch": 1},
+     ["finetune_function", "freeze_before_training"]),
+    ("BasePredictionWriter", lambda tmp: {"write_interval": "batch_and_epoch"}, []),
+    ("GradientAccumulationScheduler", lambda tmp: {"scheduling": {0: 1, 1: 2}}, []),
+    ("LearningRateMonitor", lambda tmp: {}, []),
+    ("OnExceptionCheckpoint", lambda tmp: {"dirpath": str(tmp)}, []),
+    ("StochasticWeightAveraging", lambda tmp: {"swa_lrs": 0.05, "swa_epoch_start": 1}, []),
+    ("ThroughputMonitor", lambda tmp: {"batch_size_fn": lambda batch: batch.size(0)}, []),
+    ("Timer", lambda tmp: {"duration": {"minutes": 5}}, []),
+    ("WeightAveraging", lambda tmp: {}, []),
+    ("EMAWeightAveraging", lambda tmp: {}, []),
+]
+
+
+@pytest.mark.parametrize("name, arguments, extra_hooks", KEYWORD_CALLBACKS, ids=[c[0] for c in KEYWORD_CALLBACKS])
+def test_shipped_callbacks_take_lightnings_keywords(tmp_path, name, arguments, extra_hooks):
+    """A callback subclass written for Lightning, whose hooks call super()'s by Lightning's parameter names, runs on
+    tasktrain's shipped callbacks as on Lightning's (fit, test, predict, and a failing fit), and the same hooks run."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel as TheirBoring
+
+    import tasktrain
+    from tasktrain.callbacks.base import EVENTS
+    from tasktrain.demos.boring_classes import BoringModel as OurBoring
+
+    their_cls = getattr(pl.callbacks, name)
+    own = {hook for cls in their_cls.__mro__[:their_cls.__mro__.index(pl.Callback)] for hook in vars(cls)}
+    hooks = [hook for hook in EVENTS if hook in own] + extra_hooks
+    assert hooks
+    seen = {}
+    for lib, boring in ((pl, TheirBoring), (tasktrain, OurBoring)):
+        class Net(boring):
+            def __init__(self, fail=False):
+                super().__init__()
+                self.backbone = torch.nn.Linear(32, 32)
+                self.fail = fail
+
+            def forward(self, x):
+                return self.layer(self.backbone(x))
+
+            def training_step(self, batch, batch_idx):
+                if self.fail and self.global_step == 1:
+                    raise RuntimeError("a failing step")
+                return super().training_step(batch, batch_idx)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.layer.parameters(), lr=0.1)
+
+        calls = seen[lib] = []
+        base = getattr(lib.callbacks, name)
+        if name == "BasePredictionWriter":
+            class Writer(base):
+                def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx,
+                                       dataloader_idx):
+                    calls.append("write_on_batch_end")
+
+                def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+                    calls.append("write_on_epoch_end")
+
+            base = Writer
+        callback_cls = _keyword_calling(base, their_cls, hooks, calls)
+        folder = tmp_path / lib.__name__
+
+        def trainer():
+            return lib.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, limit_test_batches=1,
+                               limit_predict_batches=1, callbacks=[callback_cls(**arguments(folder))],
+                               logger=lib.loggers.CSVLogger(folder), enable_progress_bar=False,
+                               enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=folder,
+                               enable_checkpointing=name == "OnExceptionCheckpoint")  # (a Checkpoint: no other)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fitted = trainer()
+            fitted.fit(Net())
+            fitted.test(Net(), verbose=False)
+            fitted.predict(Net())
+            if name == "OnExceptionCheckpoint":
+                with pytest.raises(RuntimeError, match="a failing step"):
+                    trainer().fit(Net(fail=True))
+                assert (folder / "on_exception.ckpt").is_file()
+    assert seen[tasktrain] and set(seen[tasktrain]) == set(seen[pl]), (seen[pl], seen[tasktrain])
+
+
+def test_state_input_and_status_by_lightnings_keywords():
+    """load_state_dict(state_dict=...), a precision plugin's convert_input(data=...) and a logger's finalize(status=...)
+    by keyword, as Lightning's; finalize without a status is a TypeError in both."""
+    import lightning.pytorch as pl
+
+    import tasktrain
+
+    for lib in (pl, tasktrain):
+        for callback in (lib.callbacks.ModelCheckpoint(), lib.callbacks.Timer(duration="00:00:01:00")):
+            callback.load_state_dict(state_dict=callback.state_dict())
+        for plugin in (lib.plugins.Precision(), lib.plugins.DoublePrecision(), lib.plugins.HalfPrecision("bf16-true"),
+                       lib.plugins.MixedPrecision("bf16-mixed", "cpu")):
+            assert plugin.convert_input(data=torch.ones(1)).dtype in (torch.float32, torch.float64, torch.bfloat16)
+            plugin.load_state_dict(state_dict=plugin.state_dict())
+        assert lib.plugins.DoublePrecision().convert_input(data=torch.ones(1)).dtype == torch.float64
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        for lib in (pl, tasktrain):
+            for logger in (lib.loggers.CSVLogger(folder), lib.loggers.TensorBoardLogger(folder)):
+                logger.finalize(status="success")
+                with pytest.raises(TypeError):
+                    logger.finalize()
+
+
+def test_hook_annotations_are_lightnings():
+    """The base Callback's and TaskModule's hooks carry Lightning's type annotations (resolved, Lightning's classes
+    named by tasktrain's names), for type checkers and tools that read them."""
+    import typing
+
+    import lightning.pytorch as pl
+    import lightning.pytorch.callbacks.callback as their_callback
+    import lightning.pytorch.core.module as their_module
+
+    import tasktrain.callbacks.base as our_callback
+    import tasktrain.trainer.module as our_module
+    from tasktrain.trainer.optim import LightningOptimizer
+    from tasktrain.trainer.trainer import Trainer
+
+    renamed = {"lightning.pytorch.trainer.trainer.": "", "lightning.pytorch.core.module.LightningModule": "TaskModule",
+               "lightning.pytorch.core.optimizer.": "", "lightning.pytorch.callbacks.callback.": "",
+               "tasktrain.trainer.trainer.": "", "tasktrain.trainer.module.": "", "tasktrain.trainer.optim.": "",
+               "tasktrain.callbacks.base.": ""}
+
+    def hints(function, namespace):
+        found = {}
+        for name, hint in typing.get_type_hints(function, globalns=namespace).items():
+            text = str(hint)
+            for old, new in renamed.items():
+                text = text.replace(old, new)
+            found[name] = text
+        return found
+
+    # (their annotations name classes imported only for type checkers: the namespace resolves them)
+    ours = {**vars(our_module), **vars(our_callback), "Trainer": Trainer, "TaskModule": our_module.TaskModule,
+            "Callback": our_callback.Callback, "LightningOptimizer": LightningOptimizer}
+    hooks = our_callback.EVENTS + ("state_dict", "load_state_dict")
+    for hook in hooks:
+        theirs = hints(getattr(pl.Callback, hook), vars(their_callback))
+        assert theirs == hints(getattr(our_callback.Callback, hook), ours), hook
+    module_hooks = [hook for hook in hooks if hasattr(our_module.TaskModule, hook)] + [
+        "prepare_data", "configure_model", "configure_callbacks", "on_validation_model_eval",
+        "on_validation_model_train", "on_validation_model_zero_grad", "on_test_model_eval", "on_test_model_train",
+        "on_predict_model_eval", "on_before_batch_transfer", "on_after_batch_transfer", "transfer_batch_to_device",
+        "lr_scheduler_step", "backward", "optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping",
+        "train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"]
+    for hook in module_hooks:
+        if hook in ("state_dict", "load_state_dict"):
+            continue  # (torch's nn.Module methods)
+        theirs = hints(getattr(pl.LightningModule, hook), vars(their_module))
+        assert theirs and theirs == hints(getattr(our_module.TaskModule, hook), ours), hook

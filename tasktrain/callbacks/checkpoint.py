@@ -777,24 +777,24 @@ class ModelCheckpoint(Checkpoint):
             "last_model_path": self.last_model_path,
         }
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state_dict):
         # a score is a tensor (Lightning, tasktrain now) or a float (tasktrain before): tensors inside, as Lightning's
         self.best_k_models = {path: score if isinstance(score, torch.Tensor) else torch.tensor(float(score))
-                              for path, score in state.get("best_k_models", {}).items()}
-        self.best_model_path = state.get("best_model_path", "")
-        score = state.get("best_model_score")
+                              for path, score in state_dict.get("best_k_models", {}).items()}
+        self.best_model_path = state_dict.get("best_model_path", "")
+        score = state_dict.get("best_model_score")
         self.best_model_score = None if score is None else torch.tensor(float(score))
-        self.last_model_path = state.get("last_model_path", "")
-        self.kth_best_model_path = state.get("kth_best_model_path", "")
-        value = state.get("current_score")
+        self.last_model_path = state_dict.get("last_model_path", "")
+        self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
+        value = state_dict.get("current_score")
         self.current_score = None if value is None else torch.tensor(float(value))
-        value = state.get("kth_value")
+        value = state_dict.get("kth_value")
         self.kth_value = self._worst_value() if value is None else torch.tensor(float(value))
-        self._restored = state
+        self._restored = state_dict
         directory = self._resolved_dir or self.dirpath  # (fit's setup has resolved it by now)
         if directory:
             self._restored = None
-            self._forget_other_folder(state.get("dirpath"), directory)
+            self._forget_other_folder(state_dict.get("dirpath"), directory)
 
     def on_fit_start(self, trainer, pl_module):
         self._adopt_restored(trainer)

@@ -1,9 +1,9 @@
 """Fine-tuning: freeze part of a model before training and unfreeze it at a chosen epoch.
 
-BaseFinetuning is the frame: `freeze_before_training(module)` runs at set-up of every stage (as Lightning), before
+BaseFinetuning is the frame: `freeze_before_training(pl_module)` runs at set-up of every stage (as Lightning), before
 configure_optimizers (so
 `filter(lambda p: p.requires_grad, self.parameters())` there leaves the frozen part out), and
-`finetune_function(module, epoch, optimizer)` runs at each epoch start to unfreeze and add param groups. Its
+`finetune_function(pl_module, epoch, optimizer)` runs at each epoch start to unfreeze and add param groups. Its
 static helpers (freeze, make_trainable, unfreeze_and_add_param_group, ...) work on a module or a list of them.
 BackboneFinetuning unfreezes `module.backbone` at one epoch, at a fraction of the rest's learning rate, then
 raises that rate each epoch; `verbose` prints Lightning's "Current lr: ..., Backbone lr: ..." line (rank 0). A
@@ -41,12 +41,12 @@ class BaseFinetuning(Callback):
         self._internal_optimizer_metadata = {}  # optimizer index -> its param groups, parameters by name
 
     # -- what a subclass writes ---------------------------------------------------------------------------------
-    def freeze_before_training(self, module):
-        raise NotImplementedError(f"{type(self).__name__} must define freeze_before_training(self, module).")
+    def freeze_before_training(self, pl_module):
+        raise NotImplementedError(f"{type(self).__name__} must define freeze_before_training(self, pl_module).")
 
-    def finetune_function(self, module, epoch, optimizer):
-        raise NotImplementedError(f"{type(self).__name__} must define finetune_function(self, module, epoch, "
-                                  "optimizer).")
+    def finetune_function(self, pl_module, epoch, optimizer):
+        raise NotImplementedError(f"{type(self).__name__} must define finetune_function(self, pl_module, "
+                                  "epoch, optimizer).")
 
     # -- helpers ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -125,14 +125,14 @@ class BaseFinetuning(Callback):
             optimizer.add_param_group({"params": params, "lr": group_lr})
 
     # -- events ------------------------------------------------------------------------------------------------
-    def setup(self, trainer, module, stage):
+    def setup(self, trainer, pl_module, stage):
         # every stage, as Lightning: trainer.validate/test see the model frozen as training would start it, and a
         # strategy that cannot take new param groups refuses in every stage (DeepSpeed: Lightning's NotImplementedError)
         self._fit_started, self._pending_groups = False, None
-        self.freeze_before_training(module)
+        self.freeze_before_training(pl_module)
         trainer.strategy.check_param_groups_can_change("The Finetuning callback")
 
-    def on_load_checkpoint(self, trainer, module, checkpoint):
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
         # The groups added in the interrupted run must exist before the optimizer's state is loaded: at on_fit_start
         # (Lightning's), or here where the checkpoint is read after it (DeepSpeed/FSDP, restore after set-up).
         state = (checkpoint.get("callbacks") or {}).get(self.state_key)
@@ -140,12 +140,12 @@ class BaseFinetuning(Callback):
             return
         self._pending_groups = state
         if getattr(self, "_fit_started", False):
-            self._restore_groups(trainer, module)
+            self._restore_groups(trainer, pl_module)
 
-    def on_fit_start(self, trainer, module):
+    def on_fit_start(self, trainer, pl_module):
         self._fit_started = True
         if getattr(self, "_pending_groups", None) is not None:
-            self._restore_groups(trainer, module)
+            self._restore_groups(trainer, pl_module)
 
     def _restore_groups(self, trainer, module):
         state, self._pending_groups = self._pending_groups, None
@@ -163,12 +163,12 @@ class BaseFinetuning(Callback):
                 optimizer.add_param_group({**{k: v for k, v in group.items() if k != "params"}, "params": params})
         self._trainable_changed(trainer, module, before)
 
-    def on_train_epoch_start(self, trainer, module):
-        before = _trainable(module)
+    def on_train_epoch_start(self, trainer, pl_module):
+        before = _trainable(pl_module)
         for index, optimizer in enumerate(trainer.optimizers):
-            self.finetune_function(module, trainer.current_epoch, optimizer)
-            self._store(module, index, optimizer)
-        self._trainable_changed(trainer, module, before)
+            self.finetune_function(pl_module, trainer.current_epoch, optimizer)
+            self._store(pl_module, index, optimizer)
+        self._trainable_changed(trainer, pl_module, before)
 
     def _trainable_changed(self, trainer, module, before):
         # every rank unfreezes at the same epoch: the strategy rebuilds what synchronises gradients (DDP's wrapper)
@@ -210,28 +210,28 @@ class BackboneFinetuning(BaseFinetuning):
         self.rounding = rounding
         self.previous_backbone_lr = None
 
-    def on_fit_start(self, trainer, module):
-        if not isinstance(getattr(module, "backbone", None), Module):
+    def on_fit_start(self, trainer, pl_module):
+        if not isinstance(getattr(pl_module, "backbone", None), Module):
             raise MisconfigurationException(f"The LightningModule should have a nn.Module `backbone` attribute; "
-                                            f"{type(module).__name__}.backbone is "
-                                            f"{type(getattr(module, 'backbone', None)).__name__}.")
-        super().on_fit_start(trainer, module)
+                                            f"{type(pl_module).__name__}.backbone is "
+                                            f"{type(getattr(pl_module, 'backbone', None)).__name__}.")
+        super().on_fit_start(trainer, pl_module)
 
-    def freeze_before_training(self, module):
-        if not hasattr(module, "backbone"):
+    def freeze_before_training(self, pl_module):
+        if not hasattr(pl_module, "backbone"):
             # AttributeError, as Lightning's freeze(pl_module.backbone) raises, with the fix
             raise AttributeError(f"BackboneFinetuning needs the module to have a `backbone` attribute that is an "
-                                 f"nn.Module; {type(module).__name__} has none. Name the part to fine-tune "
+                                 f"nn.Module; {type(pl_module).__name__} has none. Name the part to fine-tune "
                                  "`self.backbone`, or write a BaseFinetuning subclass.")
-        self.freeze(module.backbone)
+        self.freeze(pl_module.backbone)
 
-    def finetune_function(self, module, epoch, optimizer):
+    def finetune_function(self, pl_module, epoch, optimizer):
         current_lr = optimizer.param_groups[0]["lr"]
         if epoch == self.unfreeze_backbone_at_epoch:
             lr = self.backbone_initial_lr if self.backbone_initial_lr is not None else \
                 current_lr * self.backbone_initial_ratio_lr
             self.previous_backbone_lr = lr
-            self.unfreeze_and_add_param_group(module.backbone, optimizer, lr, train_bn=self.train_bn,
+            self.unfreeze_and_add_param_group(pl_module.backbone, optimizer, lr, train_bn=self.train_bn,
                                               initial_denom_lr=self.initial_denom_lr)
         elif epoch > self.unfreeze_backbone_at_epoch and self.previous_backbone_lr is not None:
             lr = self.lambda_func(epoch + 1) * self.previous_backbone_lr
@@ -241,7 +241,7 @@ class BackboneFinetuning(BaseFinetuning):
             self.previous_backbone_lr = lr
         else:
             return
-        if self.verbose and module.global_rank == 0:  # Lightning's line
+        if self.verbose and pl_module.global_rank == 0:  # Lightning's line
             print(f"Current lr: {round(current_lr, self.rounding)}, Backbone lr: "
                   f"{round(self.previous_backbone_lr, self.rounding)}", flush=True)
 

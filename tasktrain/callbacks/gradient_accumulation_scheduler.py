@@ -57,20 +57,20 @@ class GradientAccumulationScheduler(Callback):
         """{first epoch: factor}, what the loop will do (the plan's accumulation_schedule)."""
         return dict(sorted(self.scheduling.items()))
 
-    def on_train_start(self, trainer, module):
+    def on_train_start(self, trainer, pl_module):
         # Lightning's checks, in Lightning's order, at Lightning's point (after on_fit_start and the sanity check)
-        if not module.automatic_optimization:
+        if not pl_module.automatic_optimization:
             raise RuntimeError("Automatic gradient accumulation and the `GradientAccumulationScheduler` is not "
                                "supported for manual optimization. Please remove the callback or switch to automatic "
                                "optimization.")
         from tasktrain.trainer.module import TaskModule, is_overridden
 
         overrides = [name for name in ("optimizer_step", "optimizer_zero_grad")
-                     if is_overridden(name, module, TaskModule)]
+                     if is_overridden(name, pl_module, TaskModule)]
         if overrides and self.going_to_accumulate_grad_batches():
             warnings.warn("When using `Trainer(accumulate_grad_batches != 1)` and overriding "
                           "`LightningModule.optimizer_{step,zero_grad}`, the hooks will not be called on every batch "
-                          f"(rather, they are called on every optimization step); {type(module).__name__} overrides "
+                          f"(rather, they are called on every optimization step); {type(pl_module).__name__} overrides "
                           f"{', '.join(overrides)}.", UserWarning)
         # an engine that fixes the window at set-up (DeepSpeed) refuses any schedule
         trainer.strategy.check_accumulation_can_change()
@@ -81,5 +81,5 @@ class GradientAccumulationScheduler(Callback):
                              "with the callback keeps its last factor, as Lightning's does: fit again with a new "
                              "Trainer.)")
 
-    def on_train_epoch_start(self, trainer, module):
+    def on_train_epoch_start(self, trainer, *args):
         trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)

@@ -54,7 +54,7 @@ class LearningRateMonitor(Callback):
                 "Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger (logger=False). Use "
                 "logger=True, a TensorBoardLogger or a CSVLogger, or remove it.")
 
-    def on_train_start(self, trainer, pl_module):
+    def on_train_start(self, trainer, *args, **kwargs):
         names = [name for _, entry_names, _ in self._named_optimizers(trainer) for name in entry_names]
         self.lrs = {name: [] for name in names}
         self.last_momentum_values = {f"{name}-momentum": None for name in names}
@@ -126,7 +126,7 @@ class LearningRateMonitor(Callback):
         trainer.callback_metrics.update({k: torch.tensor(float(v), device=device) for k, v in stats.items()})
         return stats
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+    def on_train_batch_start(self, trainer, *args, **kwargs):
         # Lightning's point: before the step, the rate it trains with, when the step about to be taken is a log step
         # (batches_that_stepped + 1 a multiple of log_every_n_steps); each micro-batch of such a window writes, as there
         if not trainer.should_update_logs or self.logging_interval == "epoch":
@@ -135,7 +135,7 @@ class LearningRateMonitor(Callback):
         if stats:  # every rank, as Lightning (log_to_loggers)
             trainer.log_to_loggers(stats, trainer.state.batches_that_stepped, save=False)
 
-    def on_train_epoch_start(self, trainer, pl_module):
+    def on_train_epoch_start(self, trainer, *args, **kwargs):
         if self.logging_interval == "step":
             return
         stats = self._extract_stats(trainer, "epoch" if self.logging_interval is None else "any")

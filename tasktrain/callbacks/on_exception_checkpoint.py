@@ -44,7 +44,7 @@ class OnExceptionCheckpoint(Checkpoint):
     def ckpt_path(self):
         return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
 
-    def setup(self, trainer, module, stage):
+    def setup(self, trainer, pl_module, stage):
         self._failed = False
         if trainer.world_size > 1:
             self._failed = None  # (refused: the on_exception of this very error has nothing to save)
@@ -54,9 +54,11 @@ class OnExceptionCheckpoint(Checkpoint):
                 "bound the work lost with ModelCheckpoint(every_n_train_steps=N, save_last=True) instead."
             )
 
-    def on_exception(self, trainer, module, exception):
+    def on_exception(self, trainer, *args, **kwargs):
         if self._failed is None:
             return
+        # Lightning's signature (trainer, *_, **__); the Trainer passes (trainer, pl_module, exception)
+        exception = args[1] if len(args) > 1 else kwargs.get("exception")
         if isinstance(exception, (ProcessRaisedException, ProcessExitedException)):
             # the parent of a ddp_spawn run (only its launcher raises these two): the run's state is in the spawned
             # process, whose on_exception saved it (on one device; on several this callback refuses to start);
@@ -65,9 +67,10 @@ class OnExceptionCheckpoint(Checkpoint):
         self._failed = True
         if trainer.save_checkpoint(self.ckpt_path) is False:  # issue 38: a non-finite state is not saved
             return
-        print(f"[tasktrain] OnExceptionCheckpoint: {type(exception).__name__} at global step {trainer.global_step}; "
-              f"saved {self.ckpt_path}", flush=True)
+        failure = type(exception).__name__ if exception is not None else "a failure"
+        print(f"[tasktrain] OnExceptionCheckpoint: {failure} at global step {trainer.global_step}; saved "
+              f"{self.ckpt_path}", flush=True)
 
-    def teardown(self, trainer, module, stage):
+    def teardown(self, trainer, *args, **kwargs):
         if not self._failed and os.path.exists(self.ckpt_path):
             trainer.strategy.remove_checkpoint(self.ckpt_path)

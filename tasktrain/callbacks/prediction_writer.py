@@ -1,7 +1,7 @@
 """BasePredictionWriter: write predictions as they come (per batch) or all at once (per epoch), per rank.
 
-Subclass it and write `write_on_batch_end(trainer, module, prediction, batch_indices, batch, batch_idx,
-dataloader_idx)` and/or `write_on_epoch_end(trainer, module, predictions, batch_indices)`;
+Subclass it and write `write_on_batch_end(trainer, pl_module, prediction, batch_indices, batch, batch_idx,
+dataloader_idx)` and/or `write_on_epoch_end(trainer, pl_module, predictions, batch_indices)`;
 `write_interval` is "batch", "epoch" or "batch_and_epoch". `batch_indices` are the dataset indices of the
 batch's samples (this rank's, on several processes), so predictions written per rank can be put back in order.
 
@@ -51,25 +51,25 @@ class BasePredictionWriter(Callback):
     def writes_on_epoch(self):
         return self.interval.on_epoch
 
-    def setup(self, trainer, module, stage):
-        if "dataloader_iter" in inspect.signature(module.predict_step).parameters:
+    def setup(self, trainer, pl_module, stage):
+        if "dataloader_iter" in inspect.signature(pl_module.predict_step).parameters:
             raise NotImplementedError("The `PredictionWriterCallback` does not support using `dataloader_iter`: "
-                                      f"{type(module).__name__}.predict_step takes it.")
+                                      f"{type(pl_module).__name__}.predict_step takes it.")
 
-    def write_on_batch_end(self, trainer, module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
         raise NotImplementedError(f"{type(self).__name__}(write_interval={self.interval!r}) must define "
-                                  "write_on_batch_end(self, trainer, module, prediction, batch_indices, batch, "
+                                  "write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, "
                                   "batch_idx, dataloader_idx).")
 
-    def write_on_epoch_end(self, trainer, module, predictions, batch_indices):
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
         raise NotImplementedError(f"{type(self).__name__}(write_interval={self.interval!r}) must define "
-                                  "write_on_epoch_end(self, trainer, module, predictions, batch_indices).")
+                                  "write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices).")
 
-    def on_predict_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if self.writes_on_batch:
             indices = trainer.predict_batch_indices[dataloader_idx][batch_idx]
-            self.write_on_batch_end(trainer, module, outputs, indices, batch, batch_idx, dataloader_idx)
+            self.write_on_batch_end(trainer, pl_module, outputs, indices, batch, batch_idx, dataloader_idx)
 
-    def on_predict_epoch_end(self, trainer, module):
+    def on_predict_epoch_end(self, trainer, pl_module):
         if self.writes_on_epoch:
-            self.write_on_epoch_end(trainer, module, trainer.predictions, trainer.predict_batch_indices)
+            self.write_on_epoch_end(trainer, pl_module, trainer.predictions, trainer.predict_batch_indices)

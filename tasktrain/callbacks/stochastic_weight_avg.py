@@ -252,6 +252,9 @@ class StochasticWeightAveraging(Callback):
         if self.n_averaged is None:
             self.n_averaged = torch.tensor(self._init_n_averaged, dtype=torch.long, device=pl_module.device)
 
+    def on_train_epoch_end(self, trainer, *args):
+        """Lightning's signature: its SWA clears its loop's skip-backward flag here; tasktrain's loop has none."""
+
     def on_load_checkpoint(self, trainer, pl_module, checkpoint):
         # The checkpoint's scheduler state is SWALR's once SWA had begun: SWALR must be the trainer's scheduler
         # before the trainer loads the schedulers' states (Lightning clears the configs for the same reason).

@@ -221,7 +221,7 @@ class ThroughputMonitor(Callback):
         """Lightning's name for the device's peak FLOP/s of the run (None: unknown, no MFU)."""
         return self.device_peak_flops
 
-    def setup(self, trainer, module, stage):
+    def setup(self, trainer, pl_module, stage):
         self._throughputs = {}
         self.flops_per_batch = {}
         self.device_peak_flops = self.peak_flops or get_available_flops(trainer.strategy.root_device, trainer.precision)
@@ -258,7 +258,7 @@ class ThroughputMonitor(Callback):
             counter, self._counter = self._counter[1], None
             counter.__exit__(None, None, None)
 
-    def on_exception(self, trainer, module, exception):
+    def on_exception(self, trainer, pl_module, exception):
         self._count_abandon()
 
     # -- the step split -------------------------------------------------------------------------------------------------
@@ -383,7 +383,7 @@ class ThroughputMonitor(Callback):
         trainer.log_to_loggers({**values, **(extra or {})}, step=step)
 
     # -- events ----------------------------------------------------------------------------------------------------
-    def on_train_start(self, trainer, module):
+    def on_train_start(self, trainer, *args):
         self._seen_step = trainer.global_step
         self._val_seconds, self._previous_end = 0.0, None
         self._marks = (0.0, trainer.checkpoint_seconds)
@@ -391,11 +391,11 @@ class ThroughputMonitor(Callback):
         if trainer.is_global_zero:
             self._start(trainer, "train")
 
-    def on_train_end(self, trainer, module):
+    def on_train_end(self, trainer, pl_module):
         self._count_abandon()  # the module's on_train_batch_start ended the epoch (-1) before the batch ran
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        self._count_start(trainer, module, "train")
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._count_start(trainer, pl_module, "train")
         if not self.step_split:
             return
         self._stamp(trainer, "start")
@@ -405,20 +405,20 @@ class ThroughputMonitor(Callback):
             gap = self._stamps["start"][0] - self._previous_end
             self._split_sums["data_wait"] += max(0.0, gap - validation - saving)
 
-    def on_before_backward(self, trainer, module, loss):
+    def on_before_backward(self, trainer, pl_module, loss):
         if self.step_split:
             self._stamp(trainer, "before_backward")
 
-    def on_after_backward(self, trainer, module):
+    def on_after_backward(self, trainer, pl_module):
         self._count_stop("train")
         if self.step_split:
             self._stamp(trainer, "after_backward")
 
-    def on_before_optimizer_step(self, trainer, module, optimizer):
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.step_split:
             self._stamp(trainer, "before_optimizer")
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, *args):
         self._count_stop("train")  # (manual optimisation: no on_after_backward from the loop)
         if self.step_split:
             self._split_batch_end(trainer)
@@ -428,11 +428,11 @@ class ThroughputMonitor(Callback):
         split = self._split_metrics(trainer) if write and self.step_split else {}
         if not trainer.is_global_zero:
             return
-        self._update(trainer, module, "train", batch)
+        self._update(trainer, pl_module, "train", batch)
         if write:
             self._write(trainer, "train", split)
 
-    def on_validation_start(self, trainer, module):
+    def on_validation_start(self, trainer, *args):
         if trainer.sanity_checking:
             return
         if self.step_split:
@@ -440,18 +440,18 @@ class ThroughputMonitor(Callback):
         if trainer.is_global_zero:
             self._start(trainer, "validate")
 
-    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if not trainer.sanity_checking:
-            self._count_start(trainer, module, "validate")
+            self._count_start(trainer, pl_module, "validate")
 
-    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, *args, **kwargs):
         if trainer.sanity_checking:
             return
         self._count_stop("validate")
         if trainer.is_global_zero:
-            self._evaluation_batch_end(trainer, module, "validate", batch)
+            self._evaluation_batch_end(trainer, pl_module, "validate", batch)
 
-    def on_validation_end(self, trainer, module):
+    def on_validation_end(self, trainer, *args):
         if trainer.sanity_checking:
             return
         if self.step_split:
@@ -464,26 +464,26 @@ class ThroughputMonitor(Callback):
             training_finished = self._t0["train"] + (train_times[-1] if train_times else 0.0)
             self._t0["train"] += self._t0["validate"] - training_finished + (val_times[-1] if val_times else 0.0)
 
-    def on_test_start(self, trainer, module):
+    def on_test_start(self, trainer, *args):
         if trainer.is_global_zero:
             self._start(trainer, "test")
 
-    def on_test_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
-        self._count_start(trainer, module, "test")
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._count_start(trainer, pl_module, "test")
 
-    def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, *args, **kwargs):
         self._count_stop("test")
         if trainer.is_global_zero:
-            self._evaluation_batch_end(trainer, module, "test", batch)
+            self._evaluation_batch_end(trainer, pl_module, "test", batch)
 
-    def on_predict_start(self, trainer, module):
+    def on_predict_start(self, trainer, *args):
         if trainer.is_global_zero:
             self._start(trainer, "predict")
 
-    def on_predict_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
-        self._count_start(trainer, module, "predict")
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._count_start(trainer, pl_module, "predict")
 
-    def on_predict_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, *args, **kwargs):
         self._count_stop("predict")
         if trainer.is_global_zero:
-            self._evaluation_batch_end(trainer, module, "predict", batch)
+            self._evaluation_batch_end(trainer, pl_module, "predict", batch)

@@ -120,15 +120,15 @@ class Timer(Callback):
                 elapsed = timedelta(seconds=int(self.time_elapsed()))
                 log.info(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop.")
 
-    def on_fit_start(self, trainer, pl_module):
+    def on_fit_start(self, trainer, *args, **kwargs):
         # after a resume's state is loaded (Lightning's rule): a budget already spent stops before the first step
         self._check(trainer)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_train_batch_end(self, trainer, *args, **kwargs):
         if self._interval == "step":
             self._check(trainer)
 
-    def on_train_epoch_end(self, trainer, pl_module):
+    def on_train_epoch_end(self, trainer, *args, **kwargs):
         if self._interval == "epoch":
             self._check(trainer)
 
@@ -136,8 +136,8 @@ class Timer(Callback):
         # Lightning's layout (load_state_dict still reads the "elapsed" of older checkpoints)
         return {"time_elapsed": {stage: self.time_elapsed(stage) for stage in _STAGES}}
 
-    def load_state_dict(self, state):
-        elapsed = state.get("time_elapsed", {}).get("train", state.get("elapsed", 0.0))
+    def load_state_dict(self, state_dict):
+        elapsed = state_dict.get("time_elapsed", {}).get("train", state_dict.get("elapsed", 0.0))
         self._offset = float(elapsed)
 
 

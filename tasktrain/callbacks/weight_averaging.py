@@ -65,43 +65,43 @@ class WeightAveraging(Callback):
         return self._average_model
 
     # -- events ------------------------------------------------------------------------------------------------
-    def setup(self, trainer, module, stage):
+    def setup(self, trainer, pl_module, stage):
         if stage != "fit":
             return
         trainer.strategy.check_full_parameters(f"{type(self).__name__} (it keeps a full copy of the weights)")
         from tasktrain.trainer.module import TaskModule, is_overridden
 
-        if is_overridden("configure_model", module, TaskModule):
+        if is_overridden("configure_model", pl_module, TaskModule):
             _warn(trainer, "You're using the WeightAveraging callback with a model that overrides the "
                            "configure_model callback. WeightAveraging doesn't support sharding model layers, so you "
                            "may run out of memory.")
-            module.configure_model()
-        self._average_model = AveragedModel(module, device=self._device or module.device,
+            pl_module.configure_model()
+        self._average_model = AveragedModel(pl_module, device=self._device or pl_module.device,
                                             use_buffers=self._use_buffers, **self._kwargs)
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         if step > self._latest_update_step and self.should_update(step_idx=step - 1):
-            self._average_model.update_parameters(module)
+            self._average_model.update_parameters(pl_module)
             self._latest_update_step = step
 
-    def on_train_epoch_end(self, trainer, module):
+    def on_train_epoch_end(self, trainer, pl_module):
         epoch = trainer.current_epoch
         if epoch > self._latest_update_epoch and self.should_update(epoch_idx=epoch):
-            self._average_model.update_parameters(module)
+            self._average_model.update_parameters(pl_module)
             self._latest_update_epoch = epoch
 
-    def on_validation_epoch_start(self, trainer, module):
+    def on_validation_epoch_start(self, trainer, pl_module):
         if self._average_model is not None:
-            self._swap_models(module)
+            self._swap_models(pl_module)
 
-    def on_validation_epoch_end(self, trainer, module):
+    def on_validation_epoch_end(self, trainer, pl_module):
         if self._average_model is not None:
-            self._swap_models(module)
+            self._swap_models(pl_module)
 
-    def on_train_end(self, trainer, module):
+    def on_train_end(self, trainer, pl_module):
         if self._average_model is not None:
-            self._copy_average_to_current(module)
+            self._copy_average_to_current(pl_module)
 
     # -- checkpoints -----------------------------------------------------------------------------------------------
     def state_dict(self):
@@ -112,7 +112,7 @@ class WeightAveraging(Callback):
     def load_state_dict(self, state_dict):
         self._latest_update_step = state_dict["latest_update_step"]
 
-    def on_save_checkpoint(self, trainer, module, checkpoint):
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         if self._average_model is None:
             _info(trainer, "You're using the WeightAveraging callback, but saving a checkpoint outside the 'fit' "
                            "stage. The state of the WeightAveraging callback won't be saved in the checkpoint. If "
@@ -125,7 +125,7 @@ class WeightAveraging(Callback):
                                     for k, v in average.items() if k.startswith("module.")}
         checkpoint["averaging_state"] = {k: v for k, v in average.items() if not k.startswith("module.")}
 
-    def on_load_checkpoint(self, trainer, module, checkpoint):
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
         if self._average_model is None:
             _warn(trainer, "You're using the WeightAveraging callback, but loading a checkpoint outside the 'fit' "
                            "stage. The WeightAveraging state cannot be restored. If you're using the checkpoint for "
@@ -142,7 +142,7 @@ class WeightAveraging(Callback):
         average.update(checkpoint["averaging_state"])
         self._average_model.load_state_dict(average)
         # the module got checkpoint["state_dict"] (the average) already (Lightning's order): it trains the current ones
-        trainer.strategy.load_module_state_dict(checkpoint["current_model_state"], module)
+        trainer.strategy.load_module_state_dict(checkpoint["current_model_state"], pl_module)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def _pairs(self, module):

@@ -175,7 +175,7 @@ class CometLogger(Logger):
             self._experiment.__internal_api__set_model_graph__(graph=model, framework=FRAMEWORK_NAME)
 
     @rank_zero_method
-    def finalize(self, status="success"):
+    def finalize(self, status):
         """Flush, and leave the experiment open (Lightning's rule: validate/test after fit log into it)."""
         if self._experiment is not None:
             self._experiment.flush()

@@ -167,7 +167,7 @@ class CSVLogger(VersionedLogger):
             self._experiment.save()
 
     @rank_zero_method
-    def finalize(self, status="success"):
+    def finalize(self, status):
         if self._experiment is not None:
             self._experiment.save()
             self._experiment.close()

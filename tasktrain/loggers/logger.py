@@ -145,8 +145,8 @@ class VersionedLogger(Logger):
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"
         return os.path.expanduser(os.path.expandvars(os.path.join(self.root_dir, version)))
 
-    def setup(self, trainer, module, stage):
-        super().setup(trainer, module, stage)
+    def setup(self, trainer, pl_module, stage):
+        super().setup(trainer, pl_module, stage)
         self._version = trainer.strategy.broadcast(self.version)
 
     @property

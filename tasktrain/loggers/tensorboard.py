@@ -183,7 +183,7 @@ class TensorBoardLogger(VersionedLogger):
             write_hparams_yaml(self.hparams, path)
 
     @rank_zero_method
-    def finalize(self, status="success"):
+    def finalize(self, status):
         if self._experiment is not None:
             self._experiment.flush()
             self._experiment.close()

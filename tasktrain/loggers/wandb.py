@@ -145,8 +145,8 @@ class WandbLogger(Logger):
     def save_dir(self):
         return self._wandb_init["dir"]
 
-    def setup(self, trainer, module, stage):
-        super().setup(trainer, module, stage)
+    def setup(self, trainer, pl_module, stage):
+        super().setup(trainer, pl_module, stage)
         if self._is_global_zero():
             self.experiment  # the run id names the checkpoint folder (save_dir/project/<id>/checkpoints)
 
@@ -231,7 +231,7 @@ class WandbLogger(Logger):
             self._checkpoint_callbacks[id(checkpoint_callback)] = checkpoint_callback
 
     @rank_zero_method
-    def finalize(self, status="success"):
+    def finalize(self, status):
         if status != "success" or self._experiment is None:
             return  # checkpoints are uploaded after a successful run only
         for checkpoint_callback in self._checkpoint_callbacks.values():

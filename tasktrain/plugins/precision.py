@@ -394,8 +394,8 @@ class _EnginePrecision(_core.Precision):
     def state_dict(self):
         return self._own("state_dict")()
 
-    def load_state_dict(self, state):
-        return self._own("load_state_dict")(state)
+    def load_state_dict(self, state_dict):
+        return self._own("load_state_dict")(state_dict)
 
     def on_save_checkpoint(self, checkpoint):
         return self._own("on_save_checkpoint")(checkpoint)

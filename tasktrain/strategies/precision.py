@@ -87,8 +87,8 @@ class Precision:
         finally:
             torch.set_default_dtype(previous)
 
-    def convert_input(self, batch):
-        return batch
+    def convert_input(self, data):
+        return data
 
     def backward(self, loss: torch.Tensor, backward_fn=None, **kwargs) -> None:
         """`backward_fn`: the module's own backward (TaskModule.backward overridden), called with the loss."""
@@ -131,7 +131,7 @@ class Precision:
     def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state_dict: dict) -> None:
         pass
 
     def set_options(self, scaler=None, autocast=None):
@@ -155,8 +155,8 @@ class DoublePrecision(Precision):
     def convert_module(self, module):
         return module.double()
 
-    def convert_input(self, batch):
-        return _apply_to_floats(batch, lambda t: t.double())
+    def convert_input(self, data):
+        return _apply_to_floats(data, lambda t: t.double())
 
 
 class HalfPrecision(Precision):
@@ -187,8 +187,8 @@ class HalfPrecision(Precision):
     def convert_module(self, module):
         return module.to(self.dtype)
 
-    def convert_input(self, batch):
-        return _apply_to_floats(batch, lambda t: t.to(self.dtype))
+    def convert_input(self, data):
+        return _apply_to_floats(data, lambda t: t.to(self.dtype))
 
     def optimizer_step(self, optimizer, closure=None, **kwargs):
         if id(optimizer) not in self._checked:
@@ -279,9 +279,9 @@ class MixedPrecision(Precision):
     def state_dict(self):
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
-    def load_state_dict(self, state):
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+    def load_state_dict(self, state_dict):
+        if self.scaler is not None and state_dict.get("scaler"):
+            self.scaler.load_state_dict(state_dict["scaler"])
 
 
 def make_precision(value, device_type: str = "cpu") -> Precision:

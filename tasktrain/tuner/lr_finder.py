@@ -100,7 +100,7 @@ class _Sweep(Callback):
             return self.min_lr * (self.max_lr / self.min_lr) ** r
         return self.min_lr + r * (self.max_lr - self.min_lr)
 
-    def on_train_start(self, trainer, module):
+    def on_train_start(self, trainer, pl_module):
         # (Lightning's check and words; several optimizers reach here under manual optimisation only: automatic
         # optimisation refuses them at set-up)
         if len(trainer.optimizers) != 1:
@@ -121,13 +121,13 @@ class _Sweep(Callback):
     def _closes_window(self, trainer, batch_idx):
         return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._closes_window(trainer, batch_idx):
             if self.progress_bar is None:  # Lightning's bar (its tqdm.auto where ipywidgets is installed)
                 self.progress_bar = _tqdm()(desc="Finding best initial lr", total=self.num_training)
             self.lrs.append(self.rate(trainer.global_step))
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if not self._closes_window(trainer, batch_idx):
             return
         if not outputs:  # training_step returned None: a NaN point (left out of the suggestion), as Lightning's

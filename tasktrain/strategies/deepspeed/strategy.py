@@ -120,8 +120,8 @@ class DeepSpeedPrecision(Precision):
     def detach(self):
         self.engine = None
 
-    def convert_input(self, batch):
-        return batch if self.input_dtype is None else _cast_floats(batch, self.input_dtype)
+    def convert_input(self, data):
+        return data if self.input_dtype is None else _cast_floats(data, self.input_dtype)
 
     def backward(self, loss, scale_wrt_gas=False, **kwargs):
         self.engine.backward(loss, scale_wrt_gas=scale_wrt_gas, **kwargs)

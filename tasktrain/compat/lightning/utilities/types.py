@@ -1,10 +1,10 @@
 """Type names Lightning scripts annotate with (`lightning.pytorch.utilities.types`)."""
-from typing import Any, Dict, Iterable, Mapping, NotRequired, Optional, Required, Sequence, TypedDict, Union
+from typing import Any, Dict, Iterable, NotRequired, Optional, Required, Sequence, TypedDict, Union
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-STEP_OUTPUT = Optional[Union[torch.Tensor, Mapping[str, Any]]]
+from tasktrain.trainer.module import STEP_OUTPUT  # (the core's, which its hooks are annotated with)
 TRAIN_DATALOADERS = Any  # a loader, or a collection of loaders
 EVAL_DATALOADERS = Any
 OptimizerLRScheduler = Optional[Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], Dict[str, Any],
