@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-from helpers import loader
 
 import tasktrain
 
@@ -175,6 +174,43 @@ def test_parse_arguments_takes_a_namespace_and_instantiate_trainer_kwargs_win(tm
         ran = recording_cli(cli, log)(models()[name], args=config, run=False)
         assert ("parse_arguments", True, Namespace) in log
         assert ran.trainer.max_steps == 3  # instantiate_trainer(max_steps=3) over the config's 10
+
+
+def test_parser_class_and_environment_variables_are_lightnings(tmp_path, monkeypatch):
+    """parser_class= takes a subclass of LightningArgumentParser (tasktrain.cli's, made on first use), which each
+    parser is; parser_kwargs={"default_env": True} reads the arguments from PL_-prefixed variables, as Lightning's."""
+    import jsonargparse
+    from lightning.pytorch.cli import LightningArgumentParser as TheirParser
+
+    from tasktrain.cli import LightningArgumentParser as OurParser
+    from tasktrain.cli import TaskCLI
+
+    monkeypatch.setenv("PL_TRAINER__MAX_STEPS", "4")
+    monkeypatch.setenv("PL_FIT__TRAINER__MAX_STEPS", "2")
+    seen = {}
+    for (name, cli), parser in zip(clis().items(), (TheirParser, OurParser)):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        made = []
+
+        class MyParser(parser):
+            def __init__(self, *args, **kwargs):
+                made.append(kwargs.get("default_env", False))
+                super().__init__(*args, **kwargs)
+
+        quiet = ["--trainer.logger=false", "--seed_everything=false"]
+        ran = cli(models()[name], parser_class=MyParser, parser_kwargs={"default_env": True}, run=False, args=quiet)
+        assert type(ran.parser) is MyParser and made == [True]
+        from_env = ran.trainer.max_steps
+        not_read = cli(models()[name], parser_class=MyParser, run=False, args=quiet).trainer.max_steps
+        fit = cli(models()[name], parser_kwargs={"default_env": True},
+                  args=["fit", *quiet, "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
+                        "--trainer.limit_val_batches=0", "--trainer.accelerator=cpu", "--trainer.max_epochs=1",
+                        "--trainer.limit_train_batches=3"])
+        seen[name] = (from_env, not_read, fit.trainer.max_steps, fit.trainer.global_step)
+    assert seen["tasktrain"] == seen["lightning"] == (4, -1, 2, 2)
+    with pytest.raises(TypeError, match="a subclass of tasktrain.cli.LightningArgumentParser"):
+        TaskCLI(models()["tasktrain"], parser_class=jsonargparse.ArgumentParser, run=False, args=[])
 
 
 # -- ModelCheckpoint.check_monitor_top_k and file_exists ------------------------------------------------------------

@@ -33,6 +33,8 @@ def _default(value):
         return repr(value.value)
     if inspect.isclass(value) or inspect.isfunction(value):
         return f"<{RENAMED.get(value.__name__, value.__name__)}>"
+    if isinstance(value, tuple) and value and all(inspect.isclass(v) for v in value):
+        return "(" + ", ".join(_default(v) for v in value) + ")"
     return repr(value)
 
 
@@ -703,18 +705,15 @@ ALLOWED = {
     'tasktrain.accelerators.find_usable_cuda_devices':
         ('absent',
          'not provided (left out: docs/lightning.md, Utilities)'),
-    'tasktrain.cli.LightningArgumentParser':
-        ('absent',
-         "TaskCLI's parser is made on first use (jsonargparse is an extra): cli.parser is one, with LightningArgumentParser's methods"),
+    'tasktrain.cli.LightningArgumentParser.__init__':
+        ("description default 'Lightning Trainer command line tool' -> 'Train and evaluate with tasktrain; each subcommand has --help.'",
+         "the --help text's words, tasktrain's"),
     'tasktrain.cli.TaskCLI.__init__':
-        ("missing ['parser_class', 'load_from_checkpoint_support']; positions of ['subclass_mode_model', 'subclass_mode_data', 'args', 'run', 'auto_configure_optimizers']; trainer_class default <Trainer> -> None",
-         'parser_class and load_from_checkpoint_support are not supported (a TypeError names them); trainer_class None is tasktrain.Trainer, imported on use'),
+        ("missing ['load_from_checkpoint_support']; trainer_class default <Trainer> -> None; parser_class default <LightningArgumentParser> -> None",
+         "load_from_checkpoint_support is not supported (Python's TypeError names it); trainer_class None is tasktrain.Trainer, imported on use; parser_class None is tasktrain.cli.LightningArgumentParser, made on first use (jsonargparse is the `cli` extra)"),
     'tasktrain.cli.ReduceLROnPlateau.__init__':
         ("missing ['*args', '**kwargs']; extra ['mode', 'factor', 'patience', 'threshold', 'threshold_mode', 'cooldown', 'min_lr', 'eps']",
          "Lightning's forwards *args, **kwargs to torch's ReduceLROnPlateau: named here, torch's"),
-    'tasktrain.cli.instantiate_class':
-        ('absent',
-         'not provided: TaskCLI builds classes through jsonargparse'),
     'tasktrain.cli.instantiate_module':
         ('absent',
          'not provided: TaskCLI builds classes through jsonargparse'),

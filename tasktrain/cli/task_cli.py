@@ -28,9 +28,13 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   module's subclass with `monitor`. A scheduler without an optimizer is an error.
 - `run=False`: no subcommand; the arguments are parsed and the objects built (`cli.trainer`, `cli.model`,
   `cli.datamodule`, `cli.config`) for the script to use. `args` may be a list of words or a dict of the config.
-- Subclass hooks: `add_arguments_to_parser(parser)` (e.g. `parser.link_arguments("data.num_classes",
-  "model.num_classes", apply_on="instantiate")`), `before_instantiate_classes()`, `before_<subcommand>()`,
-  `after_<subcommand>()`.
+- A subclass overrides LightningCLI's methods, called at Lightning's points with Lightning's arguments (TaskCLI's
+  docstring lists the order): `add_arguments_to_parser(parser)` (e.g. `parser.link_arguments("data.num_classes",
+  "model.num_classes", apply_on="instantiate")`), `init_parser`, `setup_parser`, `add_default_arguments_to_parser`,
+  `add_core_arguments_to_parser`, `link_optimizers_and_lr_schedulers`, `subcommands()`, `parse_arguments`,
+  `before_instantiate_classes()`, `instantiate_classes()`, `instantiate_trainer(**kwargs)`,
+  `after_instantiate_classes()`, `configure_optimizers(lightning_module, optimizer, lr_scheduler=None)`,
+  `before_<subcommand>()`, a method named as the subcommand (run in place of the trainer's), `after_<subcommand>()`.
 
 - The parser is LightningCLI's (TaskArgumentParser): besides jsonargparse's `link_arguments`, it has
   `add_lightning_class_args(cls, key)` (a callback class added this way is built and appended to the trainer's
@@ -40,7 +44,11 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   to build itself, which is how several optimizers are configured.
 - `cli_lightning_logo()` prints a banner, as Lightning's.
 
-Not here (LightningCLI has it): environment-variable parsing.
+- `parser_kwargs={"default_env": True}` reads the arguments from PL_-prefixed environment variables too
+  (PL_TRAINER__MAX_EPOCHS; PL_FIT__TRAINER__MAX_EPOCHS under `fit`); `parser_class=` a subclass of
+  `tasktrain.cli.LightningArgumentParser`, as Lightning's.
+
+Not here (LightningCLI has it): load_from_checkpoint_support.
 """
 import functools
 import importlib
@@ -96,16 +104,21 @@ def _with_class_path(cls, init_args):
 _PARSER_CLASS = []
 
 
-def parser_class(jsonargparse):
+def argument_parser_class(jsonargparse):
     """TaskArgumentParser: jsonargparse's ArgumentParser with LightningArgumentParser's methods (made on first use:
     jsonargparse is an optional extra)."""
     if _PARSER_CLASS:
         return _PARSER_CLASS[0]
 
     class TaskArgumentParser(jsonargparse.ArgumentParser):
-        def __init__(self, *args, description="Train and evaluate with tasktrain; each subcommand has --help.",
-                     **kwargs):
-            super().__init__(*args, description=description, **kwargs)
+        """Lightning's LightningArgumentParser (`tasktrain.cli.LightningArgumentParser`): `default_env=True` reads
+        each argument from an environment variable too, named with `env_prefix` as Lightning's
+        (PL_TRAINER__MAX_EPOCHS; with subcommands PL_FIT__TRAINER__MAX_EPOCHS)."""
+
+        def __init__(self, *args, description: str = "Train and evaluate with tasktrain; each subcommand has --help.",
+                     env_prefix: str = "PL", default_env: bool = False, **kwargs):
+            super().__init__(*args, description=description, env_prefix=env_prefix, default_env=default_env,
+                             **kwargs)
             self.callback_keys = []  # groups of callback classes: built and appended to the trainer's callbacks
             self._optimizers = {}  # nested key -> (class or tuple of classes, link_to)
             self._lr_schedulers = {}
@@ -154,6 +167,7 @@ def parser_class(jsonargparse):
                 self.add_class_arguments(classes, nested_key, sub_configs=True, **kwargs)
             register[nested_key] = (classes, link_to)
 
+    TaskArgumentParser.__qualname__ = TaskArgumentParser.__name__  # (made here, importable from tasktrain.cli)
     _PARSER_CLASS.append(TaskArgumentParser)
     return TaskArgumentParser
 
@@ -279,9 +293,16 @@ class TaskCLI:
 
     def __init__(self, model_class=None, datamodule_class=None, save_config_callback=SaveConfigCallback,
                  save_config_kwargs=None, trainer_class=None, trainer_defaults=None, seed_everything_default=True,
-                 parser_kwargs=None, subclass_mode_model=False, subclass_mode_data=False, args=None, run=True,
-                 auto_configure_optimizers=True):
+                 parser_kwargs=None, parser_class=None, subclass_mode_model=False, subclass_mode_data=False,
+                 args=None, run=True, auto_configure_optimizers=True):
         self._jsonargparse = _jsonargparse()
+        base_parser = argument_parser_class(self._jsonargparse)
+        if parser_class is None:
+            parser_class = base_parser
+        elif not (isinstance(parser_class, type) and issubclass(parser_class, base_parser)):
+            raise TypeError(f"{type(self).__name__}(parser_class={parser_class!r}): give a subclass of "
+                            "tasktrain.cli.LightningArgumentParser (Lightning's parser, made with jsonargparse).")
+        self.parser_class = parser_class
         _load_classes_named_on_the_command_line()
         if trainer_class is None:
             from tasktrain.trainer.trainer import Trainer as trainer_class
@@ -315,7 +336,7 @@ class TaskCLI:
     # -- parsers (Lightning's methods, in the order they are called) ----------------------------------------------
     def init_parser(self, **kwargs):
         """Make one parser (the main one, and one per subcommand) with its --config argument."""
-        parser = parser_class(self._jsonargparse)(**kwargs)
+        parser = self.parser_class(**kwargs)
         parser.add_argument("-c", "--config", action=self._jsonargparse.ActionConfigFile,
                             help="A YAML config file (several allowed; later ones and command-line arguments win).")
         return parser
