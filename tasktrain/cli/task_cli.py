@@ -27,7 +27,8 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   the module's configure_optimizers (a warning says so when the module defines one); ReduceLROnPlateau is this
   module's subclass with `monitor`. A scheduler without an optimizer is an error.
 - `run=False`: no subcommand; the arguments are parsed and the objects built (`cli.trainer`, `cli.model`,
-  `cli.datamodule`, `cli.config`) for the script to use. `args` may be a list of words or a dict of the config.
+  `cli.datamodule`, `cli.config`) for the script to use. `args` may be a list of words, or a dict or jsonargparse
+  Namespace of the config.
 - A subclass overrides LightningCLI's methods, called at Lightning's points with Lightning's arguments (TaskCLI's
   docstring lists the order): `add_arguments_to_parser(parser)` (e.g. `parser.link_arguments("data.num_classes",
   "model.num_classes", apply_on="instantiate")`), `init_parser`, `setup_parser`, `add_default_arguments_to_parser`,
