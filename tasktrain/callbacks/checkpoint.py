@@ -447,7 +447,7 @@ class ModelCheckpoint(Checkpoint):
         strategy = trainer.strategy
         # Rank 0's score and name for every rank: the keep/delete decision must be the same everywhere.
         score, path = _broadcast_candidate(strategy, candidate)
-        if self._is_top_k(score, path):
+        if self._is_top_k(trainer, score):
             k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
             # Book-keep first so the file holds its own entry; delete the evicted files only once it is on disk.
             evicted = self._insert(path, score, trainer.global_step)
@@ -536,7 +536,7 @@ class ModelCheckpoint(Checkpoint):
         target, evicted = None, []
         if candidate is not None and self.save_top_k != 0:
             score, path = _broadcast_candidate(strategy, candidate)
-            if self._is_top_k(score, path):
+            if self._is_top_k(trainer, score):
                 evicted = [old for old in self._insert(path, score, step)
                            if self._should_remove_checkpoint(trainer, old, path)]
                 target = path
@@ -636,7 +636,7 @@ class ModelCheckpoint(Checkpoint):
         self.dirpath_resolved(trainer)  # (sets dirpath when it was None)
         path = self.format_checkpoint_name(metrics, filename)
         version = self.STARTING_VERSION
-        while self._enable_version_counter and path not in own and os.path.lexists(path):
+        while self._enable_version_counter and self.file_exists(path, trainer) and path not in own:
             path = self.format_checkpoint_name(metrics, filename, ver=version)
             version += 1
         return path
@@ -673,15 +673,31 @@ class ModelCheckpoint(Checkpoint):
     def _worst_value(self):
         return torch.tensor(math.inf if self.mode == "min" else -math.inf)
 
-    def _is_top_k(self, score, path):
-        if self.save_top_k == -1 or score is None or path in self.best_k_models:
+    def _is_top_k(self, trainer, score):
+        # without a monitor every save is kept (the newest is the best); with one, check_monitor_top_k decides
+        return score is None or bool(self.check_monitor_top_k(trainer, score))
+
+    def check_monitor_top_k(self, trainer, current=None):
+        """Lightning's: whether a checkpoint scoring `current` (the monitored value) enters the top k: never for None,
+        always with save_top_k=-1 or fewer than k kept, else when it beats the k-th best (mode's direction), decided
+        by every rank together (strategy.reduce_boolean_decision). Every rank calls it; a subclass may override it
+        (the save of a monitored metric asks it)."""
+        if current is None:
+            return False
+        if self.save_top_k == -1:
             return True
         if len(self.best_k_models) < self.save_top_k:
             return True
-        return self._better(score, self.best_k_models[self._worst()])
+        monitor_op = {"min": torch.lt, "max": torch.gt}[self.mode]
+        kth = self.kth_best_model_path if self.kth_best_model_path in self.best_k_models else self._worst()
+        better = monitor_op(current, self.best_k_models[kth])
+        return trainer.strategy.reduce_boolean_decision(bool(better))
 
-    def _better(self, a, b):
-        return a < b if self.mode == "min" else a > b
+    def file_exists(self, filepath, trainer):
+        """Lightning's: whether `filepath` exists on rank 0's file system, the same answer on every rank (every rank
+        calls it). A checkpoint name taken by another file gets "-v1", "-v2", ... while this says it exists."""
+        exists = os.path.lexists(filepath) if trainer.is_global_zero else False  # (a dangling `last` link counts)
+        return trainer.strategy.reduce_boolean_decision(exists, all=False)
 
     def _worst(self):
         pick = max if self.mode == "min" else min

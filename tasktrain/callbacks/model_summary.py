@@ -57,6 +57,8 @@ class Summary:
         else:
             layers = [(name, layer) for name, layer in list(module.named_modules())[1:]
                       if max_depth == -1 or name.count(".") < max_depth]
+        # (Lightning's: the layers the summary hooks, every sub-module below depth 1, the rows cut to max_depth)
+        self.named_modules = layers if max_depth in (0, 1) else list(module.named_modules())[1:]
         self.layer_names = [name for name, _ in layers]
         self.layer_types = [type(layer).__name__ for _, layer in layers]
         self.param_nums = [sum(numel(p) for p in layer.parameters()) for _, layer in layers]
@@ -78,6 +80,7 @@ class Summary:
         self.in_sizes = [UNKNOWN_SIZE] * len(layers)
         self.out_sizes = [UNKNOWN_SIZE] * len(layers)
         self.flops = [0] * len(layers)
+        self.flop_counts = {name: {} for name in self.layer_names}  # (Lightning's: each layer's FLOPs by operator)
         self.total_flops = 0
         if input_array is not None:
             self._measure(module, layers, input_array, forward, max_depth)
@@ -119,7 +122,8 @@ class Summary:
                 layer.training = training
         counts = counter.get_flop_counts()
         root = type(module).__name__
-        self.flops = [sum(counts.get(f"{root}.{name}", {}).values()) for name in self.layer_names]
+        self.flop_counts = {name: counts.get(f"{root}.{name}", {}) for name in self.layer_names}
+        self.flops = [sum(self.flop_counts[name].values()) for name in self.layer_names]
         self.total_flops = counter.get_total_flops()
         self.in_sizes = [seen.get(name, (UNKNOWN_SIZE, UNKNOWN_SIZE))[0] for name in self.layer_names]
         self.out_sizes = [seen.get(name, (UNKNOWN_SIZE, UNKNOWN_SIZE))[1] for name in self.layer_names]

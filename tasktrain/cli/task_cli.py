@@ -27,10 +27,15 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   the module's configure_optimizers (a warning says so when the module defines one); ReduceLROnPlateau is this
   module's subclass with `monitor`. A scheduler without an optimizer is an error.
 - `run=False`: no subcommand; the arguments are parsed and the objects built (`cli.trainer`, `cli.model`,
-  `cli.datamodule`, `cli.config`) for the script to use. `args` may be a list of words or a dict of the config.
-- Subclass hooks: `add_arguments_to_parser(parser)` (e.g. `parser.link_arguments("data.num_classes",
-  "model.num_classes", apply_on="instantiate")`), `before_instantiate_classes()`, `before_<subcommand>()`,
-  `after_<subcommand>()`.
+  `cli.datamodule`, `cli.config`) for the script to use. `args` may be a list of words, or a dict or jsonargparse
+  Namespace of the config.
+- A subclass overrides LightningCLI's methods, called at Lightning's points with Lightning's arguments (TaskCLI's
+  docstring lists the order): `add_arguments_to_parser(parser)` (e.g. `parser.link_arguments("data.num_classes",
+  "model.num_classes", apply_on="instantiate")`), `init_parser`, `setup_parser`, `add_default_arguments_to_parser`,
+  `add_core_arguments_to_parser`, `link_optimizers_and_lr_schedulers`, `subcommands()`, `parse_arguments`,
+  `before_instantiate_classes()`, `instantiate_classes()`, `instantiate_trainer(**kwargs)`,
+  `after_instantiate_classes()`, `configure_optimizers(lightning_module, optimizer, lr_scheduler=None)`,
+  `before_<subcommand>()`, a method named as the subcommand (run in place of the trainer's), `after_<subcommand>()`.
 
 - The parser is LightningCLI's (TaskArgumentParser): besides jsonargparse's `link_arguments`, it has
   `add_lightning_class_args(cls, key)` (a callback class added this way is built and appended to the trainer's
@@ -40,11 +45,17 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   to build itself, which is how several optimizers are configured.
 - `cli_lightning_logo()` prints a banner, as Lightning's.
 
-Not here (LightningCLI has it): environment-variable parsing.
+- `parser_kwargs={"default_env": True}` reads the arguments from PL_-prefixed environment variables too
+  (PL_TRAINER__MAX_EPOCHS; PL_FIT__TRAINER__MAX_EPOCHS under `fit`); `parser_class=` a subclass of
+  `tasktrain.cli.LightningArgumentParser`, as Lightning's.
+
+Not here (LightningCLI has it): load_from_checkpoint_support.
 """
 import functools
 import importlib
+import inspect
 import os
+import types
 import warnings
 from typing import TYPE_CHECKING, Literal, Union
 
@@ -61,7 +72,6 @@ SUBCOMMANDS = {
     "test": "Run one evaluation over the test data (Trainer.test).",
     "predict": "Run inference over the prediction data (Trainer.predict).",
 }
-_DATA_ARGS = {"model", "module", "train_dataloaders", "val_dataloaders", "dataloaders", "datamodule"}
 
 
 _LOGO = r"""
@@ -95,15 +105,21 @@ def _with_class_path(cls, init_args):
 _PARSER_CLASS = []
 
 
-def parser_class(jsonargparse):
+def argument_parser_class(jsonargparse):
     """TaskArgumentParser: jsonargparse's ArgumentParser with LightningArgumentParser's methods (made on first use:
     jsonargparse is an optional extra)."""
     if _PARSER_CLASS:
         return _PARSER_CLASS[0]
 
     class TaskArgumentParser(jsonargparse.ArgumentParser):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
+        """Lightning's LightningArgumentParser (`tasktrain.cli.LightningArgumentParser`): `default_env=True` reads
+        each argument from an environment variable too, named with `env_prefix` as Lightning's
+        (PL_TRAINER__MAX_EPOCHS; with subcommands PL_FIT__TRAINER__MAX_EPOCHS)."""
+
+        def __init__(self, *args, description: str = "Train and evaluate with tasktrain; each subcommand has --help.",
+                     env_prefix: str = "PL", default_env: bool = False, **kwargs):
+            super().__init__(*args, description=description, env_prefix=env_prefix, default_env=default_env,
+                             **kwargs)
             self.callback_keys = []  # groups of callback classes: built and appended to the trainer's callbacks
             self._optimizers = {}  # nested key -> (class or tuple of classes, link_to)
             self._lr_schedulers = {}
@@ -152,6 +168,7 @@ def parser_class(jsonargparse):
                 self.add_class_arguments(classes, nested_key, sub_configs=True, **kwargs)
             register[nested_key] = (classes, link_to)
 
+    TaskArgumentParser.__qualname__ = TaskArgumentParser.__name__  # (made here, importable from tasktrain.cli)
     _PARSER_CLASS.append(TaskArgumentParser)
     return TaskArgumentParser
 
@@ -249,34 +266,44 @@ class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
         self.monitor = monitor
 
 
-def _build(init, *args):
-    """The object a {class_path, init_args} config names, built with `args` first."""
+def instantiate_class(args, init):
+    """The object a {class_path, init_args} config names, built with `args` first (one positional argument, or a
+    tuple of them): Lightning's cli.instantiate_class."""
+    kwargs = dict(init.get("init_args") or {})
+    args = args if isinstance(args, tuple) else (args,)
     module_name, _, name = init["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module_name), name)
-    return cls(*args, **dict(init.get("init_args") or {}))
-
-
-def _configured_optimizers(module, optimizer_init, scheduler_init):
-    """configure_optimizers from the --optimizer and --lr_scheduler configs."""
-    optimizer = _build(optimizer_init, module.parameters())
-    if scheduler_init is None:
-        return optimizer
-    scheduler = _build(scheduler_init, optimizer)
-    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        monitor = getattr(scheduler, "monitor", None)
-        if monitor is None:
-            raise ValueError("--lr_scheduler torch.optim.lr_scheduler.ReduceLROnPlateau does not say which metric it "
-                             "watches: use tasktrain.cli.ReduceLROnPlateau with --lr_scheduler.monitor val_loss.")
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": monitor}}
-    return {"optimizer": optimizer, "lr_scheduler": scheduler}
+    return cls(*args, **kwargs)
 
 
 class TaskCLI:
+    """LightningCLI's order of calls, each a method a subclass may override (Lightning's names and arguments):
+
+        __init__ -> setup_parser(run, main_kwargs, subparser_kwargs)
+                      -> init_parser(**kwargs) for the main parser and each subcommand's (subcommands() names them)
+                      -> add_default_arguments_to_parser, add_core_arguments_to_parser, add_arguments_to_parser,
+                         then the --optimizer / --lr_scheduler groups and link_optimizers_and_lr_schedulers(parser)
+                 -> parse_arguments(parser, args)         (sets self.config)
+                 -> seeding -> before_instantiate_classes()
+                 -> instantiate_classes()                  (config_init, datamodule, model, trainer)
+                      -> instantiate_trainer(**kwargs)     (extra keywords over the config's trainer arguments)
+                 -> after_instantiate_classes()
+                 -> before_<subcommand>(), self.<subcommand> if the CLI defines one else trainer.<subcommand>,
+                    after_<subcommand>()
+    """
+
     def __init__(self, model_class=None, datamodule_class=None, save_config_callback=SaveConfigCallback,
                  save_config_kwargs=None, trainer_class=None, trainer_defaults=None, seed_everything_default=True,
-                 parser_kwargs=None, subclass_mode_model=False, subclass_mode_data=False, args=None, run=True,
-                 auto_configure_optimizers=True):
-        jsonargparse = _jsonargparse()
+                 parser_kwargs=None, parser_class=None, subclass_mode_model=False, subclass_mode_data=False,
+                 args=None, run=True, auto_configure_optimizers=True):
+        self._jsonargparse = _jsonargparse()
+        base_parser = argument_parser_class(self._jsonargparse)
+        if parser_class is None:
+            parser_class = base_parser
+        elif not (isinstance(parser_class, type) and issubclass(parser_class, base_parser)):
+            raise TypeError(f"{type(self).__name__}(parser_class={parser_class!r}): give a subclass of "
+                            "tasktrain.cli.LightningArgumentParser (Lightning's parser, made with jsonargparse).")
+        self.parser_class = parser_class
         _load_classes_named_on_the_command_line()
         if trainer_class is None:
             from tasktrain.trainer.trainer import Trainer as trainer_class
@@ -292,50 +319,46 @@ class TaskCLI:
         self.seed_everything_default = seed_everything_default
         self.subclass_mode_model, self.subclass_mode_data = subclass_mode_model, subclass_mode_data
         self.auto_configure_optimizers = auto_configure_optimizers
-        self._jsonargparse = jsonargparse
+        self.parser_kwargs = dict(parser_kwargs or {})
 
-        parser_kwargs = dict(parser_kwargs or {})
-        if run:
-            self.parser = self._main_parser(parser_kwargs)
-            subcommands = self.parser.add_subcommands(required=True, dest="subcommand")
-            self._subparsers = {}
-            for name, description in SUBCOMMANDS.items():
-                sub = self._subparsers[name] = self._parser(parser_kwargs.get(name, {}), description)
-                self._add_method_arguments(sub, name)
-                subcommands.add_subcommand(name, sub, help=description)
-        else:
-            self.parser = self._parser(parser_kwargs)
-        # args: the command-line words (None: sys.argv[1:]), or a dict of the config itself (as LightningCLI takes)
-        self.config = self.parser.parse_object(args) if isinstance(args, dict) else self.parser.parse_args(args)
-        self.subcommand = self.config.get("subcommand") if run else None
-        self._seed()
+        names = self.subcommands()
+        main_kwargs = {k: v for k, v in self.parser_kwargs.items() if k not in names}
+        subparser_kwargs = {k: v for k, v in self.parser_kwargs.items() if k in names}
+        self.setup_parser(run, main_kwargs, subparser_kwargs)
+        self.parse_arguments(self.parser, args)
+        self.subcommand = self.config["subcommand"] if run else None
+        self._set_seed()
         self.before_instantiate_classes()
-        self.config_init = self.parser.instantiate(self.config)
-        here = self.config_init[self.subcommand] if self.subcommand else self.config_init
-        self.datamodule = here.get("data") if datamodule_class is not None else None
-        self.model = here.get("model")
-        if self.auto_configure_optimizers:
-            self._add_automatic_optimizers(here)
-        self.trainer = self.instantiate_trainer(here)
-        if self.subcommand:
+        self.instantiate_classes()
+        self.after_instantiate_classes()
+        if self.subcommand is not None:
             self._run_subcommand(self.subcommand)
 
-    # -- parsers --------------------------------------------------------------------------------------------------
-    def _main_parser(self, parser_kwargs):
-        kwargs = {k: v for k, v in parser_kwargs.items() if k not in SUBCOMMANDS}
-        kwargs.setdefault("description", "Train and evaluate with tasktrain; each subcommand has --help.")
-        return parser_class(self._jsonargparse)(**kwargs)
-
-    def _parser(self, kwargs, description=None):
-        ArgumentParser, ActionConfigFile = parser_class(self._jsonargparse), self._jsonargparse.ActionConfigFile
-        kwargs = {k: v for k, v in kwargs.items() if k not in SUBCOMMANDS}
-        if description:
-            kwargs.setdefault("description", description)
-        parser = ArgumentParser(**kwargs)
-        parser.add_argument("-c", "--config", action=ActionConfigFile,
+    # -- parsers (Lightning's methods, in the order they are called) ----------------------------------------------
+    def init_parser(self, **kwargs):
+        """Make one parser (the main one, and one per subcommand) with its --config argument."""
+        parser = self.parser_class(**kwargs)
+        parser.add_argument("-c", "--config", action=self._jsonargparse.ActionConfigFile,
                             help="A YAML config file (several allowed; later ones and command-line arguments win).")
+        return parser
+
+    def setup_parser(self, add_subcommands, main_kwargs, subparser_kwargs):
+        """Make self.parser: with add_subcommands (run=True) one subcommand parser per subcommands() entry under it,
+        else the arguments on the main parser itself."""
+        self.parser = self.init_parser(**main_kwargs)
+        if add_subcommands:
+            self._subcommand_method_arguments = {}
+            self._add_subcommands(self.parser, **subparser_kwargs)
+        else:
+            self._add_arguments(self.parser)
+
+    def add_default_arguments_to_parser(self, parser):
+        """--seed_everything."""
         parser.add_argument("--seed_everything", type=bool | int, default=self.seed_everything_default,
                             help="true: draw a seed (written into the config); an int: seed with it; false: no seed.")
+
+    def add_core_arguments_to_parser(self, parser):
+        """The groups trainer (the trainer class's arguments, from trainer_defaults), model and data."""
         parser.add_class_arguments(self.trainer_class, "trainer", fail_untyped=False, instantiate=False,
                                    sub_configs=True)
         if self.trainer_defaults:
@@ -349,12 +372,61 @@ class TaskCLI:
                 parser.add_subclass_arguments(self.datamodule_class, "data", required=True, fail_untyped=False)
             else:
                 parser.add_class_arguments(self.datamodule_class, "data", fail_untyped=False, sub_configs=True)
+
+    def add_arguments_to_parser(self, parser):
+        """Override to add arguments or links to each parser (called once per parser: each subcommand's, or the
+        main one with run=False), after the default and core groups, before the optimizer groups."""
+
+    def _add_arguments(self, parser):
+        self.add_default_arguments_to_parser(parser)
+        self.add_core_arguments_to_parser(parser)
         self.add_arguments_to_parser(parser)
         if self.auto_configure_optimizers:  # (Lightning's order: the subclass's own groups first)
             if not parser._optimizers:
                 parser.add_optimizer_args((torch.optim.Optimizer,))
             if not parser._lr_schedulers:
                 parser.add_lr_scheduler_args()
+        self.link_optimizers_and_lr_schedulers(parser)
+
+    @staticmethod
+    def subcommands():
+        """The subcommands, each a Trainer method, with the arguments of that method the CLI fills itself (not
+        parsed)."""
+        return {
+            "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
+            "validate": {"model", "dataloaders", "datamodule"},
+            "test": {"model", "dataloaders", "datamodule"},
+            "predict": {"model", "dataloaders", "datamodule"},
+        }
+
+    def _add_subcommands(self, parser, **kwargs):
+        self._subcommand_parsers = {}
+        parser_subcommands = parser.add_subcommands(required=True, dest="subcommand")
+        for subcommand in self.subcommands():
+            method = getattr(self.trainer_class, subcommand, None)
+            if not callable(method):
+                raise ValueError(f"{type(self).__name__}.subcommands() names {subcommand!r}, which is not a method of "
+                                 f"{self.trainer_class.__name__}: each subcommand runs the trainer's method of its "
+                                 "name.")
+            description = SUBCOMMANDS.get(subcommand) or (inspect.getdoc(method) or "").split("\n")[0] or None
+            subparser_kwargs = dict(kwargs.get(subcommand, {}))
+            subparser_kwargs.setdefault("description", description)
+            self._subcommand_parsers[subcommand] = self._prepare_subcommand_parser(self.trainer_class, subcommand,
+                                                                                   **subparser_kwargs)
+            parser_subcommands.add_subcommand(subcommand, self._subcommand_parsers[subcommand], help=description)
+
+    def _prepare_subcommand_parser(self, klass, subcommand, **kwargs):
+        parser = self.init_parser(**kwargs)
+        self._add_arguments(parser)
+        skip = set(self.subcommands()[subcommand])
+        added = parser.add_method_arguments(klass, subcommand, skip=skip, fail_untyped=False)
+        self._subcommand_method_arguments[subcommand] = added  # what is passed to the method
+        return parser
+
+    @staticmethod
+    def link_optimizers_and_lr_schedulers(parser):
+        """Link each optimizer / lr_scheduler group whose link_to is not "AUTOMATIC" to its key (a group of one class
+        passes {class_path, init_args})."""
         for key, (classes, link_to) in {**parser._optimizers, **parser._lr_schedulers}.items():
             if link_to == "AUTOMATIC":
                 continue
@@ -362,57 +434,80 @@ class TaskCLI:
                 parser.link_arguments(key, link_to)
             else:
                 parser.link_arguments(key, link_to, compute_fn=functools.partial(_with_class_path, classes))
-        return parser
 
-    def _add_method_arguments(self, parser, subcommand):
-        import inspect
+    def parse_arguments(self, parser, args):
+        """Parse `args` (None: sys.argv[1:]; a list of command-line words; a dict or Namespace of the config itself)
+        into self.config."""
+        if isinstance(args, (dict, self._jsonargparse.Namespace)):
+            self.config = parser.parse_object(args)
+        else:
+            self.config = parser.parse_args(args)
 
-        method = getattr(self.trainer_class, subcommand)
-        skip = {name for name in inspect.signature(method).parameters if name in _DATA_ARGS}
-        parser.add_method_arguments(self.trainer_class, subcommand, skip=skip, fail_untyped=False)
-
-    # -- what a subclass overrides --------------------------------------------------------------------------------
-    def add_arguments_to_parser(self, parser):
-        """Add arguments or links to each subcommand's parser (called once per parser)."""
-
+    # -- building -------------------------------------------------------------------------------------------------
     def before_instantiate_classes(self):
-        """Called after parsing, before the model, data and trainer are built."""
+        """Override to run code after parsing (self.config), before the model, data and trainer are built."""
 
-    def instantiate_trainer(self, config):
-        kwargs = dict(vars(config["trainer"]))
-        if self.save_config_callback is not None and not kwargs.get("fast_dev_run"):
+    def instantiate_classes(self):
+        """Build the classes of the config: self.config_init, self.datamodule, self.model (with the --optimizer /
+        --lr_scheduler configure_optimizers) and self.trainer (instantiate_trainer)."""
+        self.config_init = self.parser.instantiate_classes(self.config)
+        self.datamodule = self._get(self.config_init, "data")
+        self.model = self._get(self.config_init, "model")
+        self._add_configure_optimizers_method_to_model(self.subcommand)
+        self.trainer = self.instantiate_trainer()
+
+    def after_instantiate_classes(self):
+        """Override to run code once the classes are built, before the subcommand runs."""
+
+    def instantiate_trainer(self, **kwargs):
+        """Build the trainer from the config's trainer arguments, `kwargs` over them; the callbacks of
+        add_lightning_class_args(SomeCallback, key) groups and the SaveConfigCallback are appended to its
+        callbacks."""
+        extra_callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        trainer_config = {**vars(self._get(self.config_init, "trainer", default=self._jsonargparse.Namespace())),
+                          **kwargs}
+        return self._instantiate_trainer(trainer_config, extra_callbacks)
+
+    def _instantiate_trainer(self, config, callbacks):
+        given = config.get("callbacks")
+        config["callbacks"] = [] if given is None else [given] if isinstance(given, Callback) else list(given)
+        config["callbacks"].extend(callbacks)
+        if self.save_config_callback is not None and not config.get("fast_dev_run"):
             # every subcommand's (Lightning's), its own config: `fit --config <saved file>` repeats the run; with
             # run=False the whole config (no subcommand); none under fast_dev_run, as Lightning's
-            saver = self.save_config_callback(self._subparsers[self.subcommand] if self.subcommand else self.parser,
-                                              self.config[self.subcommand] if self.subcommand else self.config,
-                                              **self.save_config_kwargs)
-            given = kwargs.get("callbacks")
-            given = [] if given is None else [given] if isinstance(given, Callback) else list(given)
-            kwargs["callbacks"] = given + [saver]
-        parser = self._subparsers[self.subcommand] if self.subcommand else self.parser
-        extra = [config[key] for key in parser.callback_keys]  # add_lightning_class_args(SomeCallback, key)
-        if extra:
-            given = kwargs.get("callbacks")
-            given = [] if given is None else [given] if isinstance(given, Callback) else list(given)
-            kwargs["callbacks"] = given + extra
-        return self.trainer_class(**kwargs)
+            config["callbacks"].append(self.save_config_callback(
+                self._parser(self.subcommand), self.config.get(str(self.subcommand), self.config),
+                **self.save_config_kwargs))
+        return self.trainer_class(**config)
 
-    # -- running --------------------------------------------------------------------------------------------------
-    def _seed(self):
-        from tasktrain.trainer.seed import seed_everything
+    def _parser(self, subcommand):
+        return self.parser if subcommand is None else self._subcommand_parsers[subcommand]
 
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        seed = config.get("seed_everything")
-        if seed is False:
-            return
-        # Lightning's rule: true (or null) seeds with the launcher's seed (TASKTRAIN_GLOBAL_SEED / PL_GLOBAL_SEED),
-        # else 0, the same on every process; the saved config holds the seed used, so it repeats the run
-        config["seed_everything"] = seed_everything(None if seed is True else seed, workers=True)
+    def _get(self, config, key, default=None):
+        """A value of the config, inside the subcommand's part when there is one."""
+        return config.get(str(self.subcommand), config).get(key, default)
 
-    def _add_automatic_optimizers(self, here):
+    @staticmethod
+    def configure_optimizers(lightning_module, optimizer, lr_scheduler=None):
+        """What the module's configure_optimizers returns when --optimizer (and --lr_scheduler) are given; override
+        to return something else (Lightning's). ReduceLROnPlateau goes with the metric it monitors."""
+        if lr_scheduler is None:
+            return optimizer
+        if isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            monitor = getattr(lr_scheduler, "monitor", None)
+            if monitor is None:
+                raise ValueError("--lr_scheduler torch.optim.lr_scheduler.ReduceLROnPlateau does not say which metric "
+                                 "it watches: use tasktrain.cli.ReduceLROnPlateau with --lr_scheduler.monitor "
+                                 "val_loss.")
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "monitor": monitor}}
+        return [optimizer], [lr_scheduler]
+
+    def _add_configure_optimizers_method_to_model(self, subcommand):
         """The optimizer and scheduler groups with link_to="AUTOMATIC" (at most one of each) become the module's
-        configure_optimizers."""
-        parser = self._subparsers[self.subcommand] if self.subcommand else self.parser
+        configure_optimizers, which returns self.configure_optimizers(module, optimizer, lr_scheduler)."""
+        if not self.auto_configure_optimizers:
+            return
+        parser = self._parser(subcommand)
 
         def automatic(register):
             return [key for key, (_, link_to) in register.items() if link_to == "AUTOMATIC"]
@@ -426,15 +521,13 @@ class TaskCLI:
         def init_of(keys, register):
             if not keys:
                 return None
-            classes, init = register[keys[0]][0], here.get(keys[0])
+            classes, init = register[keys[0]][0], self._get(self.config_init, keys[0])
             if init is not None and not isinstance(classes, tuple):
                 init = _with_class_path(classes, init)
             return init or None
 
-        self._add_configure_optimizers(init_of(optimizers, parser._optimizers),
-                                       init_of(schedulers, parser._lr_schedulers))
-
-    def _add_configure_optimizers(self, optimizer_init, scheduler_init):
+        optimizer_init = init_of(optimizers, parser._optimizers)
+        scheduler_init = init_of(schedulers, parser._lr_schedulers)
         if optimizer_init is None:
             if scheduler_init is not None:
                 raise ValueError("--lr_scheduler was given without --optimizer: the scheduler would be built on an "
@@ -446,20 +539,44 @@ class TaskCLI:
         if is_overridden("configure_optimizers", self.model, TaskModule):
             warnings.warn(f"{type(self.model).__name__}.configure_optimizers is replaced by the --optimizer "
                           f"({optimizer_init['class_path']}) and --lr_scheduler given to {type(self).__name__}.")
-        self.model.configure_optimizers = functools.partial(_configured_optimizers, self.model, optimizer_init,
-                                                            scheduler_init)
+        configure = self.configure_optimizers
+
+        def configure_optimizers(module):
+            # built when the trainer asks (after the strategy has wrapped or sharded the module), on its parameters
+            optimizer = instantiate_class(module.parameters(), optimizer_init)
+            scheduler = None if scheduler_init is None else instantiate_class(optimizer, scheduler_init)
+            return configure(module, optimizer, scheduler)
+
+        self.model.configure_optimizers = types.MethodType(configure_optimizers, self.model)
+
+    # -- running --------------------------------------------------------------------------------------------------
+    def _set_seed(self):
+        from tasktrain.trainer.seed import seed_everything
+
+        seed = self._get(self.config, "seed_everything")
+        if seed is False:
+            return
+        # Lightning's rule: true (or null) seeds with the launcher's seed (TASKTRAIN_GLOBAL_SEED / PL_GLOBAL_SEED),
+        # else 0, the same on every process; the saved config holds the seed used, so it repeats the run
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        config["seed_everything"] = seed_everything(None if seed is True else seed, workers=True)
 
     def _run_subcommand(self, subcommand):
-        hook = getattr(self, f"before_{subcommand}", None)
-        if callable(hook):
-            hook()
-        parser = self._subparsers[subcommand]
-        groups = {*parser._optimizers, *parser._lr_schedulers, *parser.callback_keys}
-        kwargs = {k: v for k, v in vars(self.config_init[subcommand]).items()
-                  if k not in ("config", "seed_everything", "trainer", "model", "data", "__path__", *groups)}
+        """before_<subcommand>(), the CLI's own method of the subcommand's name if it has one else the trainer's,
+        with the subcommand's parsed arguments and model= / datamodule=, then after_<subcommand>()."""
+        before = getattr(self, f"before_{subcommand}", None)
+        if callable(before):
+            before()
+        run = getattr(self, subcommand, getattr(self.trainer, subcommand))
+        run(**self._prepare_subcommand_kwargs(subcommand))
+        after = getattr(self, f"after_{subcommand}", None)
+        if callable(after):
+            after()
+
+    def _prepare_subcommand_kwargs(self, subcommand):
+        kwargs = {k: v for k, v in self.config_init[subcommand].items()
+                  if k in self._subcommand_method_arguments[subcommand]}
+        kwargs["model"] = self.model
         if self.datamodule is not None:
             kwargs["datamodule"] = self.datamodule
-        getattr(self.trainer, subcommand)(self.model, **kwargs)
-        hook = getattr(self, f"after_{subcommand}", None)
-        if callable(hook):
-            hook()
+        return kwargs

@@ -281,6 +281,14 @@ class MixedPrecision(Precision, _core.MixedPrecision):
         """Lightning's attribute: the autocast device."""
         return self.device_type
 
+    def autocast_context_manager(self):
+        """Lightning's: the torch.autocast that forward_context (and so each step's context) enters; a subclass
+        overrides it to autocast otherwise."""
+        return _core.MixedPrecision.autocast(self)
+
+    def forward_context(self):
+        return self.autocast_context_manager()
+
 
 _ENGINE_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 

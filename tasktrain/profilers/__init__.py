@@ -79,6 +79,11 @@ class Profiler:
         self._stage, self._local_rank, self._is_global_zero = stage, local_rank, is_global_zero
         self.dirpath = self.dirpath or log_dir
 
+    @property
+    def local_rank(self):
+        """Lightning's: the local rank setup() was given, 0 before a run and on one process."""
+        return 0 if self._local_rank is None else self._local_rank
+
     def teardown(self, stage):
         """Called by the Trainer when a run ends (after describe)."""
 
@@ -275,6 +280,9 @@ class PyTorchProfiler(Profiler):
     """
 
     STEP_FUNCTIONS = ("training_step", "validation_step", "test_step", "predict_step")
+    # Lightning's: the sort_by_key values it takes (a key outside them is refused when the profiler is built)
+    AVAILABLE_SORT_KEYS = {"cpu_time", "cuda_time", "cpu_time_total", "cuda_time_total", "cpu_memory_usage",
+                           "cuda_memory_usage", "self_cpu_memory_usage", "self_cuda_memory_usage", "count"}
 
     def __init__(
         self,
@@ -296,6 +304,9 @@ class PyTorchProfiler(Profiler):
         self._group_by_input_shapes = group_by_input_shapes and profiler_kwargs.get("record_shapes", False)
         self._export_to_chrome = export_to_chrome
         self._row_limit = row_limit
+        if sort_by_key is not None and sort_by_key not in self.AVAILABLE_SORT_KEYS:  # (Lightning's check and words)
+            raise MisconfigurationException(
+                f"Found sort_by_key: {sort_by_key}. Should be within {self.AVAILABLE_SORT_KEYS}. ")
         self._sort_by_key = sort_by_key
         self._table_kwargs = dict(table_kwargs or {})
         # (Lightning's check: the other keyword arguments of torch's EventList.table, checked before any run)
