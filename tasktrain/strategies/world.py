@@ -1,7 +1,8 @@
 """The world of several processes: one torch.distributed process group per process, joined or started.
 
 A capability the multi-process strategies (DDP, DeepSpeed, FSDP) inherit beside Strategy, as the one-process ones
-inherit OneProcess: `class FSDP(Sharded, ProcessWorld, Strategy)`. It is the world only (who starts the processes,
+inherit OneProcess, through ParallelStrategy (parallel.py, Lightning's name of ProcessWorld + Strategy):
+`class FSDP(Sharded, ParallelStrategy)`. It is the world only (who starts the processes,
 ranks, the process group, the watchdog, the collectives, the end of the group); how a strategy wraps the module,
 steps and saves is its own.
 
