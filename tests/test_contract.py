@@ -99,28 +99,39 @@ def test_every_builtin_strategy_implements_the_core_and_the_capabilities_it_decl
 
     from tasktrain.strategies.base import OneProcess, Strategy
     from tasktrain.strategies.data_parallel import DataParallel
+    from tasktrain.strategies.ddp import DDPStrategy
     from tasktrain.strategies.fsdp import FSDP
     from tasktrain.strategies.lightning import DeepSpeedStrategy, FSDPStrategy
     from tasktrain.strategies.model_parallel import ModelParallelStrategy
+    from tasktrain.strategies.parallel import ParallelStrategy
+    from tasktrain.strategies.single_device import SingleDeviceStrategy
 
     assert inspect.isabstract(Strategy) and {"reduce", "broadcast", "barrier", "world_size", "global_rank"} <= \
         Strategy.__abstractmethods__
+    # Lightning's ParallelStrategy, the base of the multi-process engines, is abstract as Lightning's is: a concrete
+    # one says how the module is wrapped for its processes
+    assert inspect.isabstract(ParallelStrategy) and ParallelStrategy.__abstractmethods__ == {
+        "setup_module_and_optimizers"}
+    abstract = {Strategy, ParallelStrategy}
     classes = _builtin_strategies()
-    assert classes == {Strategy, SingleDevice, DataParallel, DDP, FSDP, DeepSpeed, ModelParallelStrategy,
-                       DeepSpeedStrategy, FSDPStrategy}, classes
+    assert classes == {Strategy, ParallelStrategy, SingleDevice, DataParallel, DDP, FSDP, DeepSpeed,
+                       ModelParallelStrategy, DeepSpeedStrategy, FSDPStrategy, DDPStrategy, SingleDeviceStrategy}, classes
     has = {cls.__name__: tuple(cap.__name__ for cap in (OneProcess, *_capabilities()) if issubclass(cls, cap))
-           for cls in classes - {Strategy}}
+           for cls in classes - abstract}
     assert has == {"SingleDevice": ("OneProcess",), "DataParallel": ("OneProcess",), "DDP": ("MultiProcess",),
                    "FSDP": ("MultiProcess", "Sharded"), "ModelParallelStrategy": ("MultiProcess", "Sharded"),
                    "DeepSpeed": ("MultiProcess", "Sharded", "ClipsInsideStep"),
-                   "FSDPStrategy": ("MultiProcess", "Sharded"),  # Lightning's names (strategies/lightning.py)
+                   # Lightning's names (strategies/lightning.py, ddp.py, single_device.py)
+                   "FSDPStrategy": ("MultiProcess", "Sharded"), "DDPStrategy": ("MultiProcess",),
+                   "SingleDeviceStrategy": ("OneProcess",),
                    "DeepSpeedStrategy": ("MultiProcess", "Sharded", "ClipsInsideStep")}
-    for cls in classes - {Strategy}:
+    for cls in classes - abstract:
         assert not inspect.isabstract(cls), (cls, cls.__abstractmethods__)
         cls()  # each can be built with its defaults
-    # A world is one process's or several's, never both nor neither.
+    # A world is one process's or several's, never both nor neither; several processes' is a ParallelStrategy.
     for cls in classes - {Strategy}:
         assert issubclass(cls, OneProcess) != issubclass(cls, _capabilities()[0]), cls
+        assert issubclass(cls, ParallelStrategy) == issubclass(cls, _capabilities()[0]), cls
 
 
 def test_a_strategy_missing_its_world_or_a_capabilitys_method_cannot_be_created():

@@ -215,9 +215,8 @@ def test_class_names_and_init_args_parse_as_under_lightningcli(case):
 
 
 def test_ddp_and_single_device_strategy_by_their_full_path():
-    """DDPStrategy and SingleDeviceStrategy are other names of tasktrain's DDP and SingleDevice (the same classes),
-    and jsonargparse finds a class by the short name it was defined under: the full path, or DDP / SingleDevice.
-    (DDP takes neither parallel_devices, cluster_environment nor precision_plugin: the arguments given compared.)"""
+    """DDPStrategy and SingleDeviceStrategy, Lightning's names of tasktrain's DDP and SingleDevice, by their full path,
+    and tasktrain's own names DDP / SingleDevice, take the same arguments. (The arguments given are compared.)"""
     from lightning.pytorch.cli import LightningCLI
 
     from tasktrain.cli import TaskCLI
@@ -235,10 +234,33 @@ def test_ddp_and_single_device_strategy_by_their_full_path():
         assert mine["strategy"]["init_args"] == lightnings["strategy"]["init_args"]
 
 
-@pytest.mark.xfail(strict=True, raises=SystemExit, reason="DDPStrategy is another name of DDP: jsonargparse resolves "
-                   "short names by the name a class was defined under (docs/lightning.md, TaskCLI)")
-def test_ddp_strategy_by_lightnings_short_name():
-    both(DDP_ARGS, ["strategy"])
+def test_ddp_and_single_device_strategy_by_lightnings_short_names(tmp_path, monkeypatch):
+    """`--trainer.strategy=DDPStrategy` / `SingleDeviceStrategy` by short name, as LightningCLI takes them: classes
+    of those names (jsonargparse finds a class by the name it was defined under; they were other names of DDP and
+    SingleDevice, and the parser stopped). The parsed values are Lightning's, and the strategies built are
+    Lightning's names of tasktrain's."""
+    from lightning.pytorch.cli import LightningCLI
+
+    from tasktrain import DDP, SingleDevice
+    from tasktrain.cli import TaskCLI
+    from tasktrain.strategies import DDPStrategy, SingleDeviceStrategy
+
+    mine, lightnings = both(DDP_ARGS, ["strategy"])
+    given = ["process_group_backend", "start_method", "model_averaging_period"]
+    assert [mine["strategy"]["init_args"][key] for key in given] == \
+        [lightnings["strategy"]["init_args"][key] for key in given] == [("str", "gloo"), ("str", "spawn"), ("int", 4)]
+    single = ["--trainer.strategy=SingleDeviceStrategy", "--trainer.strategy.device=cpu"]
+    mine, lightnings = both(single, ["strategy"])
+    assert mine == lightnings
+    monkeypatch.chdir(tmp_path)
+    rest = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false", "--seed_everything=false"]
+    ours_model, their_model = models()
+    for args, ours_class, core in ((["--trainer.strategy=DDPStrategy", "--trainer.strategy.find_unused_parameters=true"],
+                                    DDPStrategy, DDP), (single, SingleDeviceStrategy, SingleDevice)):
+        ours = TaskCLI(ours_model, run=False, args=[*args, *rest]).trainer.strategy
+        theirs = LightningCLI(their_model, run=False, args=[*args, *rest]).trainer.strategy
+        assert type(ours) is ours_class and isinstance(ours, core) and type(theirs).__name__ == ours_class.__name__
 
 
 def test_patience_given_as_a_string_is_an_int_and_the_objects_are_built_as_lightnings(tmp_path, monkeypatch):

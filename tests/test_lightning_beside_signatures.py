@@ -336,9 +336,36 @@ ALLOWED = {
     'tasktrain.strategies.ModelParallelStrategy.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          STRATEGY_CONTRACT),
-    'tasktrain.strategies.ParallelStrategy':
-        ('absent',
-         "no such base: tasktrain's multi-process strategies share ProcessWorld (isinstance(s, ParallelStrategy) is not available)"),
+    'tasktrain.strategies.ParallelStrategy.__init__':
+        ("missing ['parallel_devices', 'cluster_environment', 'checkpoint_io', 'precision_plugin']; extra ['precision', 'process_group_backend', 'timeout', 'start_method']",
+         "an abstract base (ProcessWorld + Strategy, the engines' contract: DESIGN.md): its concrete strategies take Lightning's arguments; ParallelStrategy.parallel_devices can be set, as Lightning's"),
+    'tasktrain.strategies.ParallelStrategy.all_gather':
+        ("missing ['group', 'sync_grads']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ParallelStrategy.backward':
+        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ParallelStrategy.batch_to_device':
+        ("missing ['device', 'dataloader_idx']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ParallelStrategy.load_checkpoint':
+        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ParallelStrategy.optimizer_step':
+        ("missing ['model']; closure default - -> None",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ParallelStrategy.reduce':
+        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+         REDUCE_KEYWORDS),
+    'tasktrain.strategies.ParallelStrategy.remove_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ParallelStrategy.save_checkpoint':
+        ("missing ['filepath']; extra ['path']",
+         STRATEGY_CONTRACT),
+    'tasktrain.strategies.ParallelStrategy.training_step':
+        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
+         STRATEGY_CONTRACT),
     'tasktrain.strategies.SingleDeviceStrategy.__init__':
         ("extra ['precision']; device default 'cpu' -> None",
          "device None is the Trainer's accelerator's device (Lightning's 'cpu' would not follow accelerator='gpu'); precision= keyword-only"),
@@ -648,10 +675,13 @@ def test_isinstance_relations_are_lightnings():
     import tasktrain.plugins as our_plugins
     from tasktrain.strategies import DDP, DDPStrategy, SingleDevice, SingleDeviceStrategy
 
-    assert DDPStrategy is DDP and SingleDeviceStrategy is SingleDevice
+    # Lightning's names of tasktrain's strategies (the strategy tree beside Lightning's:
+    # tests/test_lightning_beside_strategy_tree.py)
+    assert issubclass(DDPStrategy, DDP) and issubclass(SingleDeviceStrategy, SingleDevice)
     for plugins in (their_plugins, our_plugins):  # every precision plugin Lightning's Trainer takes is a Precision
         for plugin in (plugins.MixedPrecision("bf16-mixed", "cpu"), plugins.HalfPrecision("bf16-true"),
-                       plugins.DoublePrecision(), plugins.Precision()):
+                       plugins.DoublePrecision(), plugins.Precision(), plugins.DeepSpeedPrecision("bf16-mixed"),
+                       plugins.FSDPPrecision("bf16-true")):
             assert isinstance(plugin, plugins.Precision), type(plugin)
         for refused in ("BitsandbytesPrecision", "TransformerEnginePrecision", "XLAPrecision"):
             assert issubclass(getattr(plugins, refused), plugins.Precision)

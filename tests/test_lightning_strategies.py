@@ -374,7 +374,7 @@ def test_single_device_strategy_is_lightnings_name_for_single_device():
     from tasktrain import Trainer
     from tasktrain.strategies import SingleDevice, SingleDeviceStrategy
 
-    assert SingleDeviceStrategy is SingleDevice
+    assert issubclass(SingleDeviceStrategy, SingleDevice) and isinstance(SingleDevice(), SingleDeviceStrategy)
     ours = Trainer(strategy=SingleDeviceStrategy(device=torch.device("cpu")), logger=False, enable_checkpointing=False)
     theirs = LTrainer(strategy=L.SingleDeviceStrategy(device=torch.device("cpu")), logger=False,
                       enable_checkpointing=False)

@@ -16,8 +16,8 @@ main_params). A subclass overriding one of the step's hooks trains through all o
 closure, on_before_optimizer_step and configure_gradient_clipping -> clip_gradients); their defaults compute what
 tasktrain's own step computes (a plugin without such an override takes that step). convert_output and
 unscale_gradients are Fabric's: Lightning's Trainer never calls them, nor does tasktrain's (an override is warned
-about). An engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision) is Lightning's plugin object of a run whose
-engine runs its own plugin of that name: overrides of the same hooks are called where Lightning's DeepSpeed / FSDP
+about). An engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision; a Precision, as Lightning's) is Lightning's
+plugin object of a run whose engine runs its own plugin of that name: overrides of the same hooks are called where Lightning's DeepSpeed / FSDP
 strategies call them, their defaults the engine's (ENGINE_REFUSED_HOOKS are refused, saying why).
 """
 import functools
@@ -293,21 +293,32 @@ class MixedPrecision(Precision, _core.MixedPrecision):
 _ENGINE_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 
 
-class _EnginePrecision(_core.Precision):
+class _EnginePrecision(Precision):
     """A precision name for an engine strategy, which runs its own plugin of that name (Strategy.adopt_precision):
     the strategy keeps calling its own plugin (`strategy.precision`), while this object is Lightning's plugin
     (`trainer.precision_plugin`, `strategy.precision_plugin`). A subclass's overrides of Lightning's hooks
     (CALLED_HOOKS) are called where Lightning's Trainer and its DeepSpeed / FSDP strategies call them (attach_hooks);
     each default is what the engine's own plugin does, so a subclass calling super() trains as no subclass does.
-    ENGINE_REFUSED_HOOKS are refused (tasktrain/trainer/plugin_args.py says why)."""
+    ENGINE_REFUSED_HOOKS are refused (tasktrain/trainer/plugin_args.py says why).
+
+    A Precision (this module's), as Lightning's DeepSpeedPrecision and FSDPPrecision are Lightning's Precision:
+    isinstance(plugin, Precision) holds, and Lightning's hooks this class does not define are Precision's
+    (convert_output, unscale_gradients: Fabric's, never called by either Trainer). What the strategy calls on a
+    plugin it runs (step_context, run_backward, run_step, cast_moved_batch, converts_before_transfer) stays the core
+    plugin's: the engine's own plugin runs the steps, not this object."""
 
     _runs = None  # the engine's own plugin this one was attached to
     _strategy = None  # the strategy that runs it
+    step_context = _core.Precision.step_context
+    converts_before_transfer = _core.Precision.converts_before_transfer
+    run_backward = _core.Precision.run_backward
+    run_step = _core.Precision.run_step
+    cast_moved_batch = _core.Precision.cast_moved_batch
 
     def __init__(self, precision: Literal["32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]):
         if precision not in _ENGINE_PRECISIONS:
             raise ValueError(f"{type(self).__name__}(precision={precision!r}): use one of {_ENGINE_PRECISIONS}.")
-        super().__init__(_LATER)
+        _core.Precision.__init__(self, _LATER)
         self.name = precision
 
     def attach_hooks(self, own, strategy):
@@ -566,8 +577,8 @@ class FSDPPrecision(_EnginePrecision):
 
 
 # Lightning's precision plugins in annotations (a strategy's precision_plugin, the Trainer's plugins): its Precision and
-# the classes of Lightning's names, which do not all derive from this module's Precision, so that jsonargparse (TaskCLI)
-# finds them by Lightning's class names; tasktrain's core precisions share some of those names.
+# the classes of Lightning's names, so that jsonargparse (TaskCLI) finds them by Lightning's class names; tasktrain's
+# core precisions share some of those names.
 _PRECISION_PLUGIN = Union[Precision, DoublePrecision, HalfPrecision, MixedPrecision, _EnginePrecision]
 
 

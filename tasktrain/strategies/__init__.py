@@ -1,12 +1,13 @@
 from tasktrain.strategies.base import (ClipsInsideStep, GradientClip, MultiProcess, OneProcess, Plan, Sharded,
                                       Strategy)
-from tasktrain.strategies.ddp import DDP
+from tasktrain.strategies.ddp import DDP, DDPStrategy
+from tasktrain.strategies.parallel import ParallelStrategy
 from tasktrain.strategies.precision import Precision
 from tasktrain.strategies.single_device import SingleDevice, SingleDeviceStrategy
 from tasktrain.strategies.world import ProcessWorld
 
 __all__ = ["Strategy", "OneProcess", "ProcessWorld", "MultiProcess", "Sharded", "ClipsInsideStep", "Plan", "GradientClip", "DDP",
-           "Precision", "SingleDevice", "SingleDeviceStrategy"]
+           "Precision", "SingleDevice", "SingleDeviceStrategy", "ParallelStrategy", "DDPStrategy"]
 
 
 def __getattr__(name):
@@ -20,6 +21,4 @@ def __getattr__(name):
         from tasktrain.strategies import lightning
 
         return getattr(lightning, name)
-    if name == "DDPStrategy":  # Lightning's name: DDP takes its keyword arguments (find_unused_parameters, ddp_comm_*)
-        return DDP
     raise AttributeError(f"module 'tasktrain.strategies' has no attribute {name!r}")

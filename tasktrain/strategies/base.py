@@ -122,8 +122,9 @@ class Strategy(abc.ABC):
     # DDP does, and starts no processes where it says its cluster creates them. None: the launcher's variables.
     environment_plugin = None
     # Lightning's parallel_devices given to a Lightning-named strategy's constructor (a list of torch.device, one a
-    # process of a node): the Trainer then runs len() of them of their kind, whatever its devices= said (Lightning's)
-    parallel_devices = None
+    # process of a node): the Trainer then runs len() of them of their kind, whatever its devices= said (Lightning's).
+    # (ParallelStrategy.parallel_devices is these, else the run's devices.)
+    given_parallel_devices = None
     parallel_devices_of = None  # the Lightning class they were given to ("DDPStrategy"), for Lightning's messages
 
     def __init_subclass__(cls, **kwargs):

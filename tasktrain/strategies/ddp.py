@@ -1,8 +1,9 @@
 """DDP: torch DistributedDataParallel, one process per device, gloo on CPU and nccl on CUDA.
 
 The processes, the process group and the collectives are the ProcessWorld's (world.py: who starts the processes,
-how the group lives and ends); this module is the wrapper: DistributedDataParallel around what the loop calls, its
-gradient sync held back inside accumulation windows, and rebuilt when the trainable parameters change.
+how the group lives and ends; DDP derives from ParallelStrategy, parallel.py, which is ProcessWorld + Strategy); this
+module is the wrapper: DistributedDataParallel around what the loop calls, its gradient sync held back inside
+accumulation windows, and rebuilt when the trainable parameters change. DDPStrategy (below) is Lightning's name of it.
 """
 import contextlib
 import inspect
@@ -15,8 +16,8 @@ import torch.distributed as dist
 from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.checkpoint_io import CheckpointIO
 from tasktrain.plugins.precision import _PRECISION_PLUGIN
-from tasktrain.strategies.base import Strategy, _StepWrapper, step_arguments
-from tasktrain.strategies.world import ProcessWorld
+from tasktrain.strategies.base import _StepWrapper, step_arguments
+from tasktrain.strategies.parallel import ParallelStrategy
 
 if TYPE_CHECKING:  # (plugins.environments imports the strategies package: named for the annotation only)
     from tasktrain.plugins.environments import ClusterEnvironment
@@ -50,7 +51,7 @@ class _TrainingStepForward(_StepWrapper):
         return step(*step_arguments(step, batch, batch_idx))
 
 
-class DDP(ProcessWorld, Strategy):
+class DDP(ParallelStrategy):
     """Distributed data parallel: one process per device (per CPU "device" on a CPU machine).
 
     Args:
@@ -78,6 +79,15 @@ class DDP(ProcessWorld, Strategy):
     """
 
     name = "ddp"
+
+    @classmethod
+    def __subclasshook__(cls, subclass):
+        # A DDP is an instance of DDP or of a subclass of its own, nothing else. (DDPStrategy below counts DeepSpeed
+        # in, as Lightning's DeepSpeedStrategy derives from its DDPStrategy; Python's ABCs would pass that on to DDP,
+        # DDPStrategy's base, which tasktrain's DeepSpeed is not.)
+        if cls is DDP:
+            return DDP in getattr(subclass, "__mro__", ())
+        return NotImplemented
 
     def __init__(
         self,
@@ -260,6 +270,22 @@ class DDP(ProcessWorld, Strategy):
         launcher = self.env.launcher if self.env and self.env.launcher else "none"
         return (f"strategy={self.name}, world_size={self.world_size} (devices={self.devices} x "
                 f"num_nodes={self.num_nodes}), backend={backend}, device={self.root_device}, launcher={launcher}")
+
+
+class DDPStrategy(DDP):
+    """Lightning's DDPStrategy: tasktrain's DDP under Lightning's name (the same arguments and behaviour), a class of
+    its own so that TaskCLI finds it by that short name (`--trainer.strategy=DDPStrategy`), as LightningCLI does.
+
+    isinstance(strategy, DDPStrategy) answers as under Lightning: True for every DDP (Trainer(strategy="ddp") builds
+    tasktrain's DDP) and for DeepSpeed (Lightning's DeepSpeedStrategy derives from its DDPStrategy: DeepSpeed is
+    registered with it, deepspeed/strategy.py); FSDP and ModelParallelStrategy are not DDPStrategy, as Lightning's
+    are not."""
+
+    @classmethod
+    def __subclasshook__(cls, subclass):
+        if cls is DDPStrategy and DDP in getattr(subclass, "__mro__", ()):
+            return True
+        return NotImplemented  # (then the classes registered with it, DeepSpeed's, and a subclass's own rules)
 
 
 def _check_comm(comm):

@@ -5,7 +5,14 @@ the arguments of Lightning's class of that name and maps them onto tasktrain's D
 strategies. Every argument either does what it does under Lightning or is refused here, at construction, with an
 error that names it and what to write instead; one that Lightning would silently ignore in a configuration (an NVMe
 setting without offload to disk, a loss-scale setting without fp16, ZeRO settings beside a config of one's own) is
-refused too, rather than ignored. DDPStrategy is tasktrain's DDP itself (it takes Lightning's keyword arguments).
+refused too, rather than ignored. DDPStrategy and SingleDeviceStrategy are tasktrain's DDP and SingleDevice under
+Lightning's names (ddp.py, single_device.py: they take Lightning's arguments already).
+
+The class tree answers isinstance as Lightning's: every one of these derives from ParallelStrategy (parallel.py), and
+each counts the tasktrain strategy it stands for as its own (its __subclasshook__), so that the strategy a name builds
+(Trainer(strategy="deepspeed") is tasktrain's DeepSpeed, "fsdp" its FSDP) is a DeepSpeedStrategy / FSDPStrategy, as
+under Lightning; DeepSpeed is a DDPStrategy, ModelParallelStrategy is no FSDPStrategy (Lightning's derives from
+ParallelStrategy), though tasktrain's derives from FSDP.
 
 Importing this module imports neither deepspeed nor Lightning.
 """
@@ -23,6 +30,7 @@ from torch.nn import Module
 from tasktrain.strategies.deepspeed.config import _read_config
 from tasktrain.strategies.deepspeed.strategy import DeepSpeed
 from tasktrain.strategies.fsdp.strategy import FSDP
+from tasktrain.strategies.model_parallel import ModelParallelStrategy
 from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.checkpoint_io import CheckpointIO
 from tasktrain.plugins.environments import ClusterEnvironment
@@ -143,6 +151,13 @@ class DeepSpeedStrategy(DeepSpeed):
     """
 
     DEEPSPEED_ENV_VAR = "PL_DEEPSPEED_CONFIG_PATH"
+
+    @classmethod
+    def __subclasshook__(cls, subclass):
+        # every DeepSpeed is a DeepSpeedStrategy (Trainer(strategy="deepspeed_stage_3") builds tasktrain's DeepSpeed)
+        if cls is DeepSpeedStrategy and DeepSpeed in getattr(subclass, "__mro__", ()):
+            return True
+        return NotImplemented  # (a subclass of one's own: Python's rules)
 
     def __init__(
         self,
@@ -484,6 +499,15 @@ class FSDPStrategy(FSDP):
       starts from rank 0's weights: FSDP's cpu_ram_efficient_loading); limit_all_gathers, forward_prefetch,
       backward_prefetch are accepted with a warning (FSDP2 does these itself); any other is refused.
     """
+
+    @classmethod
+    def __subclasshook__(cls, subclass):
+        # every FSDP is an FSDPStrategy (Trainer(strategy="fsdp") builds tasktrain's FSDP), but ModelParallelStrategy,
+        # an FSDP here, is not one under Lightning, where it derives from ParallelStrategy
+        mro = getattr(subclass, "__mro__", ())
+        if cls is FSDPStrategy and FSDP in mro and ModelParallelStrategy not in mro:
+            return True
+        return NotImplemented  # (a subclass of one's own: Python's rules)
 
     def __init__(
         self,

@@ -41,6 +41,14 @@ class SingleDevice(OneProcess, Strategy):
             self._root_device = torch.device(device)
 
 
-# Lightning's name: `from lightning.pytorch.strategies import SingleDeviceStrategy` after the rename; the default
-# strategy of one device is an instance of it, as under Lightning
-SingleDeviceStrategy = SingleDevice
+class SingleDeviceStrategy(SingleDevice):
+    """Lightning's SingleDeviceStrategy (`from lightning.pytorch.strategies import SingleDeviceStrategy` after the
+    rename): tasktrain's SingleDevice under Lightning's name, a class of its own so that TaskCLI finds it by that
+    short name, as LightningCLI does. Every SingleDevice is an instance of it (the Trainer's strategy on one device
+    is one, as under Lightning)."""
+
+    @classmethod
+    def __subclasshook__(cls, subclass):
+        if cls is SingleDeviceStrategy and SingleDevice in getattr(subclass, "__mro__", ()):
+            return True
+        return NotImplemented  # (a subclass of one's own: Python's rules)

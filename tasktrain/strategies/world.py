@@ -1,7 +1,8 @@
 """The world of several processes: one torch.distributed process group per process, joined or started.
 
 A capability the multi-process strategies (DDP, DeepSpeed, FSDP) inherit beside Strategy, as the one-process ones
-inherit OneProcess: `class FSDP(Sharded, ProcessWorld, Strategy)`. It is the world only (who starts the processes,
+inherit OneProcess, through ParallelStrategy (parallel.py, Lightning's name of ProcessWorld + Strategy):
+`class FSDP(Sharded, ParallelStrategy)`. It is the world only (who starts the processes,
 ranks, the process group, the watchdog, the collectives, the end of the group); how a strategy wraps the module,
 steps and saves is its own.
 
@@ -26,10 +27,12 @@ import threading
 import time
 import traceback
 from datetime import timedelta
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.strategies.base import MultiProcess, lightning_reduce_op, release_kept_runs
 from tasktrain.strategies.environment import (ClusterEnvironment, SlurmAllocationError, detect_environment,
                                               environment_from_local_rank, environment_from_plugin)
@@ -53,8 +56,8 @@ class ProcessWorld(MultiProcess):
             torch.multiprocessing (the module and loaders must then be picklable).
     """
 
-    def __init__(self, accelerator=None, precision=None, process_group_backend=None, timeout=timedelta(minutes=30),
-                 start_method="popen"):
+    def __init__(self, accelerator: Optional[Accelerator] = None, precision=None, process_group_backend=None,
+                 timeout=timedelta(minutes=30), start_method="popen"):
         super().__init__(accelerator=accelerator, precision=precision)
         if start_method not in ("popen", "spawn"):
             fork = (" (Lightning's 'fork' is not: children forked from a running interpreter hang once it ran "

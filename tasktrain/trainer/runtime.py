@@ -80,7 +80,7 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
             accelerator = "cpu"
     accumulate_grad_batches = check_accumulation(names["accumulation"], accumulate_grad_batches)
 
-    if isinstance(strategy, Strategy) and strategy.parallel_devices:
+    if isinstance(strategy, Strategy) and strategy.given_parallel_devices:
         accelerator, devices = _parallel_devices_choice(strategy, accelerator, devices)
     accelerator = resolve_accelerator(accelerator)
     if devices in (None, "auto") and launch.launched and env.launcher is None and mpi_world_size() > 1 and \
@@ -139,7 +139,7 @@ def _parallel_devices_choice(strategy, accelerator, devices):
     """Lightning's connector: a strategy's parallel_devices set the accelerator (another one given is its
     MisconfigurationException, its words) and the number of processes of a node, over the devices given (which
     Lightning drops silently: said here). Returns (accelerator, devices)."""
-    given, cls = strategy.parallel_devices, strategy.parallel_devices_of or type(strategy).__name__
+    given, cls = strategy.given_parallel_devices, strategy.parallel_devices_of or type(strategy).__name__
     kind = given[0].type
     if isinstance(accelerator, str) and accelerator not in ("auto", kind) and not (kind, accelerator) == (
             "cuda", "gpu"):

@@ -59,8 +59,9 @@ import torch.distributed as dist
 from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, link_tree, load_checkpoint_file,
                                      load_plain_state_dict, own_state, replace_dir, weights_file, with_own)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
-from tasktrain.strategies.base import (ClipsInsideStep, Sharded, Strategy, _StepWrapper, keep_until_next_run,
-                                      release_kept_runs, step_arguments, step_name)
+from tasktrain.strategies.base import (ClipsInsideStep, Sharded, _StepWrapper, keep_until_next_run, release_kept_runs,
+                                      step_arguments, step_name)
+from tasktrain.strategies.ddp import DDPStrategy
 from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, _WRAPPER_PREFIX,
                                                        _check_no_zero3_placeholders, _strip, check_deepspeed_folder,
                                                        convert_zero_checkpoint)
@@ -74,7 +75,7 @@ from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _for
                                                    _staging_checkpoint_engine, _sub_group_state_index,
                                                    _swaps_optimizer, import_deepspeed)
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
-from tasktrain.strategies.world import ProcessWorld
+from tasktrain.strategies.parallel import ParallelStrategy
 from tasktrain.tree import apply_to_leaves
 
 _ANNOUNCED = set()
@@ -137,7 +138,7 @@ class DeepSpeedPrecision(Precision):
     # engine's own checkpoint).
 
 
-class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
+class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
     """DeepSpeed ZeRO through DeepSpeed's engine.
 
     Args:
@@ -1082,6 +1083,12 @@ class DeepSpeed(ClipsInsideStep, Sharded, ProcessWorld, Strategy):
         backend = dist.get_backend() if dist.is_initialized() else "?"
         return (f"strategy={self.name} ({', '.join(extras)}), world_size={self.world_size}, backend={backend}, "
                 f"device={self.root_device}")
+
+
+# Lightning's DeepSpeedStrategy derives from its DDPStrategy: isinstance(strategy, DDPStrategy) holds for DeepSpeed
+# (Trainer(strategy="deepspeed") and DeepSpeedStrategy(...)) as under Lightning. A registration only: DeepSpeed runs
+# none of DDP's code, and is no DDP (DDP.__subclasshook__).
+DDPStrategy.register(DeepSpeed)
 
 
 def _cast_floats(data, dtype):

@@ -36,7 +36,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_stat
 from tasktrain.checkpoint_io import fsync_save, stage_to_cpu  # background saves
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
-from tasktrain.strategies.base import Sharded, Strategy, step_arguments, step_name
+from tasktrain.strategies.base import Sharded, step_arguments, step_name
 from tasktrain.strategies.environment import detect_environment
 from tasktrain.strategies.fsdp.checkpoint import _SHARD_KEYS, _SHARDED_MARK, STATE_FILE, _split
 from tasktrain.strategies.fsdp.sharding import (_check_optimizer, _check_policy, _check_resettable,
@@ -46,7 +46,7 @@ from tasktrain.strategies.fsdp.sharding import (_check_optimizer, _check_policy,
                                                 _shared_between, _steps_only_ids)
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, patch_forward
 from tasktrain.strategies.watchdog import checked_collective
-from tasktrain.strategies.world import ProcessWorld
+from tasktrain.strategies.parallel import ParallelStrategy
 
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 _PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
@@ -79,7 +79,7 @@ class FSDPPrecision(MixedPrecision):
             super().unscale(optimizer)
 
 
-class FSDP(Sharded, ProcessWorld, Strategy):
+class FSDP(Sharded, ParallelStrategy):
     """Fully sharded data parallel (torch's FSDP2): parameters, gradients and optimizer state split over the ranks.
 
     Args:
