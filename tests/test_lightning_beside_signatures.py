@@ -584,9 +584,6 @@ ALLOWED_ABSENT = {
     "pytorch.accelerators.cuda.CUDAAccelerator.set_nvidia_flags":
         "Lightning's Trainer logs CUDA_VISIBLE_DEVICES with it at set-up; tasktrain's prints the resolved devices once "
         "on rank 0 (DESIGN.md, Launch)",
-    "fabric.plugins.precision.precision.Precision.unscale_gradients":
-        "Fabric's hook, which Lightning's Trainer never calls (UNCALLED_HOOKS, tasktrain/plugins/precision.py); "
-        "DeepSpeed and FSDP unscale their own gradients",
     "pytorch.plugins.precision.fsdp.FSDPPrecision.mixed_precision_config":
         "FSDP1's torch.distributed.fsdp.MixedPrecision for FSDP1's wrapper: tasktrain's FSDP is fully_shard (FSDP2), "
         "whose policy is a MixedPrecisionPolicy; an override is refused (ENGINE_REFUSED_HOOKS)",
@@ -608,14 +605,8 @@ ALLOWED_ABSENT = {
     "pytorch.trainer.trainer.Trainer.min_steps": TRAINER_ATTRIBUTE,
     "pytorch.utilities.model_summary.model_summary.ModelSummary.summarize": SUMMARY_MEASURED,
     "pytorch.utilities.model_summary.model_summary_deepspeed.DeepSpeedSummary.summarize": SUMMARY_MEASURED,
-    "pytorch.strategies.*.block_backward_sync":
-        "Lightning's context that skips DDP's gradient sync while accumulating: tasktrain's is "
-        "strategy.no_backward_sync(enabled, model), which its Trainer enters itself",
     "pytorch.strategies.*.configure_ddp": STRATEGY_LOOP,
     "pytorch.strategies.*.determine_ddp_device_ids": STRATEGY_LOOP,
-    "pytorch.strategies.*.distributed_sampler_kwargs":
-        "the Trainer shards the data itself (num_replicas = world_size, rank = global rank: DESIGN.md, TrainData); "
-        "a script's own DistributedSampler takes trainer.world_size and trainer.global_rank",
     "pytorch.strategies.*.get_registered_strategies": STRATEGY_REGISTRY,
     "pytorch.strategies.*.handles_gradient_accumulation": STRATEGY_LOOP,
     "pytorch.strategies.*.init_deepspeed": STRATEGY_LOOP,
@@ -630,7 +621,6 @@ ALLOWED_ABSENT = {
         "FSDP1's MixedPrecision: tasktrain's FSDP is fully_shard (FSDP2), whose policy is a MixedPrecisionPolicy",
     "pytorch.strategies.*.model_sharded_context": STRATEGY_LOOP,
     "pytorch.strategies.*.model_to_device": STRATEGY_LOOP,
-    "pytorch.strategies.*.num_processes": STRATEGY_LOOP,
     "pytorch.strategies.*.on_predict_end": STRATEGY_LOOP,
     "pytorch.strategies.*.on_predict_start": STRATEGY_LOOP,
     "pytorch.strategies.*.on_test_end": STRATEGY_LOOP,
