@@ -135,14 +135,20 @@ def thread_police():
 
 
 @pytest.fixture(autouse=True)
-def cpu_count_follows_fabric(monkeypatch):
+def cpu_count_follows_fabric():
     """tasktrain's CPU count (the DataLoader worker warnings' bound) asks Fabric's at each call, so a test that patches
-    "lightning.fabric.utilities.data._num_cpus_available" (tasktrain has no such path) sets both."""
+    "lightning.fabric.utilities.data._num_cpus_available" (tasktrain has no such path) sets both.
+
+    Its own MonkeyPatch, not the `monkeypatch` fixture: pytest sets autouse fixtures up in name order, so asking for
+    `monkeypatch` here would set it up before restore_env_variables and undo it after that fixture's check, and a test's
+    monkeypatch.setenv (TORCH_HOME in test_trainer.py) would read as a leak."""
     import lightning.fabric.utilities.data as fabric_data
 
     import tasktrain.trainer.data
 
-    monkeypatch.setattr(tasktrain.trainer.data, "_num_cpus_available", lambda: fabric_data._num_cpus_available())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tasktrain.trainer.data, "_num_cpus_available", lambda: fabric_data._num_cpus_available())
+        yield
 
 
 def mock_cuda_count(monkeypatch, n):
