@@ -107,7 +107,8 @@ def reset_deterministic_algorithm():
 @pytest.fixture(autouse=True)
 def thread_police():
     """A thread a test started and left running: stopped where it can be, waited for where it ends by itself (tqdm's
-    monitor, tensorboardX's queue feeder, torch.compile's workers), else the test fails."""
+    monitor, tensorboardX's queue feeder, torch.compile's workers), let be where it lives as long as the process
+    (wandb's asyncio manager, started by the first real wandb run under either package), else the test fails."""
     from concurrent.futures.process import _ExecutorManagerThread
 
     from tqdm import TMonitor
@@ -128,7 +129,7 @@ def thread_police():
         elif isinstance(thread, TMonitor):
             thread.exit()
         elif isinstance(thread, _ExecutorManagerThread) or "ThreadPoolExecutor-" in thread.name \
-                or thread.name in ("InductorSubproc", "fsspecIO"):
+                or thread.name in ("InductorSubproc", "fsspecIO", "wandb-AsyncioManager-main"):
             continue
         else:
             raise AssertionError(f"Test left zombie thread: {thread}")
