@@ -136,6 +136,17 @@ def thread_police():
 
 
 @pytest.fixture(autouse=True)
+def warn_once_per_test():
+    """tasktrain's loop says "`training_step` returned `None`" once per process, as Lightning's Closure does; the tests
+    that expect it clear Lightning's cache (`Closure.warning_cache.clear()`, a name left on Lightning), so tasktrain's
+    is cleared before each test."""
+    import tasktrain.trainer.loop
+
+    for key in tasktrain.trainer.loop._warned_once:
+        tasktrain.trainer.loop._warned_once[key] = False
+
+
+@pytest.fixture(autouse=True)
 def cpu_count_follows_fabric():
     """tasktrain's CPU count (the DataLoader worker warnings' bound) asks Fabric's at each call, so a test that patches
     "lightning.fabric.utilities.data._num_cpus_available" (tasktrain has no such path) sets both.
