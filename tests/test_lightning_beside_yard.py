@@ -242,3 +242,53 @@ def test_wandb_checkpoint_artifact_metadata_as_lightning(L, tmp_path, monkeypatc
     assert ours == theirs
     assert ours[0][2]["ModelCheckpoint"] == {"monitor": None, "mode": "min", "save_last": None, "save_top_k": 1,
                                              "save_weights_only": False, "_every_n_train_steps": 0}
+
+
+def _subclass_with_kwargs(base):
+    class Custom(base):
+        def __init__(self, batch_size=64):
+            super().__init__()
+            self.save_hyperparameters()
+
+    class WithKwargs(Custom):
+        def __init__(self, *args, subclass_arg=1200, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.save_hyperparameters()
+
+    return WithKwargs
+
+
+def test_load_from_checkpoint_of_a_module_whose_init_takes_kwargs_as_lightning(L, tmp_path):
+    """tests_pytorch/models/test_hparams.py::test_collect_init_arguments: a plain save_hyperparameters() records
+    hparams_name "kwargs"; an __init__ with `**kwargs` must not take that as the argument the hyper-parameters came from
+    (Lightning leaves *args / **kwargs out of the names). Before, tasktrain called cls(kwargs={...}): a TypeError."""
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    got = {}
+    for name, base in (("tasktrain", BoringModel), ("lightning", LitBoringModel)):
+        cls = _subclass_with_kwargs(base)
+        path = tmp_path / f"{name}.ckpt"
+        torch.save({"state_dict": cls(batch_size=179).state_dict(), "hyper_parameters": {"batch_size": 179,
+                    "subclass_arg": 1200}, "hparams_name": "kwargs", "pytorch-lightning_version": L.__version__}, path)
+        loaded = cls.load_from_checkpoint(path)
+        again = cls.load_from_checkpoint(path, batch_size=99)
+        got[name] = (dict(sorted(loaded.hparams.items())), again.hparams.batch_size)
+    assert got["tasktrain"] == got["lightning"] == ({"batch_size": 179, "subclass_arg": 1200}, 99)
+
+
+def test_datamodule_load_from_checkpoint_whose_init_takes_kwargs_as_lightning(L, tmp_path):
+    """The same rule for DataModule.load_from_checkpoint (Lightning's _load_state serves both)."""
+    import lightning.pytorch as lp
+
+    got = {}
+    for name, base in (("tasktrain", tasktrain.DataModule), ("lightning", lp.LightningDataModule)):
+        class Data(base):
+            def __init__(self, size=3, **kwargs):
+                super().__init__()
+                self.save_hyperparameters()
+
+        path = tmp_path / f"{name}.ckpt"
+        torch.save({"state_dict": {}, "datamodule_hyper_parameters": {"size": 5, "extra": 1},
+                    "datamodule_hparams_name": "kwargs", "pytorch-lightning_version": L.__version__}, path)
+        got[name] = dict(sorted(Data.load_from_checkpoint(path).hparams.items()))
+    assert got["tasktrain"] == got["lightning"] == {"extra": 1, "size": 5}

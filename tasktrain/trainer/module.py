@@ -711,7 +711,7 @@ class TaskModule(torch.nn.Module):
         hparams = dict(ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
         params = inspect.signature(cls.__init__).parameters
         name = ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
-        if name in params:  # Lightning's: save_hyperparameters(arg) took them from that argument
+        if name in named_init_arguments(params):  # Lightning's: save_hyperparameters(arg) took them from that argument
             hparams = {name: hparams}
         hparams.update(overrides)
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
@@ -848,6 +848,13 @@ def _unwrapped(fn):
         else:
             break
     return fn
+
+
+def named_init_arguments(params):
+    """The __init__ parameters a checkpoint's hparams_name may be (Lightning's rule): not self, *args or **kwargs, so
+    the "kwargs" a plain save_hyperparameters() records never wraps the hyper-parameters for an `**kwargs`."""
+    return [n for i, (n, p) in enumerate(params.items())
+            if i > 0 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only):
