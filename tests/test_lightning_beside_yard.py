@@ -292,3 +292,52 @@ def test_datamodule_load_from_checkpoint_whose_init_takes_kwargs_as_lightning(L,
                     "datamodule_hparams_name": "kwargs", "pytorch-lightning_version": L.__version__}, path)
         got[name] = dict(sorted(Data.load_from_checkpoint(path).hparams.items()))
     assert got["tasktrain"] == got["lightning"] == {"extra": 1, "size": 5}
+
+
+def test_save_hyperparameters_ignore_in_a_subclass_drops_what_the_base_saved_as_lightning(L):
+    """tests_pytorch/models/test_hparams.py::test_hparams_ignore_in_subclass_overrides_base: the base class's
+    save_hyperparameters(ignore="arg1") and then the subclass's save_hyperparameters(ignore="arg2"): arg1 comes back
+    (the subclass did not ignore it) and arg2, which the base saved, goes. Before, tasktrain kept arg2."""
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    got = {}
+    for name, base in (("tasktrain", BoringModel), ("lightning", LitBoringModel)):
+        class Base(base):
+            def __init__(self, arg1, arg2, arg3):
+                super().__init__()
+                self.save_hyperparameters(ignore="arg1")
+
+        class Sub(Base):
+            def __init__(self, arg1, arg2, arg3):
+                super().__init__(arg1=arg1, arg2=arg2, arg3=arg3)
+                self.save_hyperparameters(ignore=("arg2", 7))  # (a name that is not a string is left out)
+
+        module = Sub(arg1=14, arg2=90, arg3=50)
+        got[name] = (dict(sorted(module.hparams.items())), dict(sorted(module.hparams_initial.items())))
+    assert got["tasktrain"] == got["lightning"] == ({"arg1": 14, "arg3": 50},) * 2
+
+
+def test_save_hyperparameters_of_a_dataclass_module_as_lightning(L):
+    """tests_pytorch/models/test_hparams.py::test_dataclass_lightning_module / test_dataclass_with_init_false_fields: a
+    dataclass module calling save_hyperparameters() from __post_init__ saves its fields that __init__ takes (not the
+    ignored ones, not init=False ones). Before, tasktrain saved nothing (there is no __init__ frame to read)."""
+    from dataclasses import dataclass, field
+
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    got = {}
+    for name, base in (("tasktrain", BoringModel), ("lightning", LitBoringModel)):
+        @dataclass(eq=False)
+        class Fields(base):
+            mandatory: int
+            optional: str = "optional"
+            ignore_me: bool = False
+            derived: int = field(default=999, init=False)
+
+            def __post_init__(self):
+                super().__init__()
+                self.save_hyperparameters(ignore=("ignore_me",))
+
+        module = Fields(33, optional="cocofruit")
+        got[name] = (dict(module.hparams), module.derived)
+    assert got["tasktrain"] == got["lightning"] == ({"mandatory": 33, "optional": "cocofruit"}, 999)

@@ -2,6 +2,7 @@
 import argparse
 import contextlib
 import copy
+import dataclasses
 import functools
 import inspect
 import numbers
@@ -505,11 +506,16 @@ class TaskModule(torch.nn.Module):
     def save_hyperparameters(self, *names, ignore=None, frame=None, logger=True):
         """Store the calling __init__'s arguments in self.hparams (and in checkpoints); logger=True (Lightning's
         default): the loggers get them at the start of each run. `frame` (Lightning's): the __init__ frame to read
-        them from, when the call is made from a helper rather than from __init__ itself."""
+        them from, when the call is made from a helper rather than from __init__ itself. A dataclass module's are its
+        fields that __init__ takes (call it from __post_init__). A name in `ignore` is also dropped from what an
+        earlier call (a base class's __init__) stored, as Lightning's."""
         self._log_hyperparams = bool(logger)
         ignore = () if ignore is None else ignore  # (Lightning's default is None)
         frame = frame or inspect.currentframe().f_back
         init_args = {}
+        if dataclasses.is_dataclass(self):  # (Lightning's: a dataclass module's fields that __init__ takes)
+            init_args = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+            frame = None
         # Walk up through the __init__ chain of subclasses so the outermost __init__'s arguments win.
         while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
             info = inspect.getargvalues(frame)
@@ -535,7 +541,8 @@ class TaskModule(torch.nn.Module):
             if missing:
                 raise ValueError(f"save_hyperparameters: {missing} are not arguments of __init__ ({sorted(init_args)}).")
             init_args = {n: init_args[n] for n in names}
-        for name in ignore if not isinstance(ignore, str) else [ignore]:
+        ignore = [ignore] if isinstance(ignore, str) else [name for name in ignore if isinstance(name, str)]
+        for name in ignore:
             init_args.pop(name, None)
         if names and len(names) == 1 and isinstance(names[0], (dict, argparse.Namespace)):
             self._hparams.clear()  # a dict or Namespace given is the hparams, replacing earlier calls' (Lightning)
@@ -543,6 +550,7 @@ class TaskModule(torch.nn.Module):
             if isinstance(value, torch.nn.Module):
                 continue  # modules are weights, not hyper-parameters
             self._hparams[key] = copy.deepcopy(value) if _is_plain(value) else value
+        self.remove_ignored_hparams(ignore)  # a subclass's ignore= drops what a base class's call saved (Lightning)
         # what the loggers get (Lightning's hparams_initial): the values as saved, not later changes to self.hparams
         self._hparams_initial = AttributeDict(
             {k: copy.deepcopy(v) if _is_plain(v) else v for k, v in self._hparams.items()})
