@@ -341,3 +341,36 @@ def test_save_hyperparameters_of_a_dataclass_module_as_lightning(L):
         module = Fields(33, optional="cocofruit")
         got[name] = (dict(module.hparams), module.derived)
     assert got["tasktrain"] == got["lightning"] == ({"mandatory": 33, "optional": "cocofruit"}, 999)
+
+
+def test_a_hyper_parameter_that_cannot_be_pickled_leaves_hparams_when_a_run_starts_as_lightning(L, tmp_path):
+    """tests_pytorch/models/test_hparams.py::test_hparams_pickle_warning: a lambda saved by save_hyperparameters()
+    leaves module.hparams when fit starts, with Lightning's warning, so the checkpoint does not hold it and
+    load_from_checkpoint builds the module with the __init__ default. Before, tasktrain kept it, the checkpoint held its
+    repr string, and load_from_checkpoint passed that string to __init__ as the function."""
+    import glob
+
+    import lightning.pytorch as lp
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    got = {}
+    for name, lib, base in (("tasktrain", tasktrain, BoringModel), ("lightning", lp, LitBoringModel)):
+        class Unpicklable(base):
+            def __init__(self, foo="bar", pickle_me=(lambda x: x + 1), ignore=False):
+                super().__init__()
+                self.save_hyperparameters(ignore=["pickle_me"] if ignore else None)
+
+        said = []
+        for ignore in (False, True):
+            module = Unpicklable(ignore=ignore)
+            trainer = lib.Trainer(default_root_dir=tmp_path / name / str(ignore), max_steps=1, logger=False,
+                                  enable_progress_bar=False, enable_model_summary=False)
+            _, messages = caught(lambda: trainer.fit(module))
+            said += [m for m in messages if "cannot be pickled" in m]
+        (path,) = glob.glob(str(tmp_path / name / "False" / "**" / "*.ckpt"), recursive=True)
+        loaded = Unpicklable.load_from_checkpoint(path)
+        got[name] = (said, sorted(module.hparams), sorted(loaded.hparams), loaded.hparams.pickle_me(1))
+    assert got["tasktrain"] == got["lightning"]
+    assert got["tasktrain"] == (["Attribute 'pickle_me' removed from hparams because it cannot be pickled. You can "
+                                 "suppress this warning by setting `self.save_hyperparameters(ignore=['pickle_me'])`."],
+                                ["foo", "ignore"], ["foo", "ignore", "pickle_me"], 2)

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import inspect
 import numbers
+import pickle
 import sys
 import warnings
 
@@ -758,6 +759,27 @@ def warn_loose_keys(keys):
 
 def _is_plain(value):
     return isinstance(value, (numbers.Number, str, bool, type(None), list, tuple, dict))
+
+
+def is_picklable(obj):
+    """Whether pickle.dumps(obj) works (the errors pickling raises for a lambda, a lock, a local class: False)."""
+    try:
+        pickle.dumps(obj)
+    except (pickle.PickleError, AttributeError, RuntimeError, TypeError):
+        return False
+    return True
+
+
+def drop_unpicklable_hparams(module, warn):
+    """Lightning's clean_namespace, at the start of every run: a hyper-parameter that cannot be pickled (a lambda)
+    leaves module.hparams, with a warning (warn=True: rank 0), so no checkpoint keeps a stand-in for it that
+    load_from_checkpoint would hand to __init__."""
+    hparams = module.hparams
+    for key in [key for key, value in hparams.items() if not is_picklable(value)]:
+        if warn:
+            warnings.warn(f"Attribute '{key}' removed from hparams because it cannot be pickled. You can suppress "
+                          f"this warning by setting `self.save_hyperparameters(ignore=['{key}'])`.", stacklevel=3)
+        del hparams[key]
 
 
 def instance_flag(owner, name):
