@@ -511,3 +511,44 @@ def test_wandb_run_under_ddp_spawn_is_the_parents_as_lightnings(tmp_path, monkey
     assert got["tasktrain"] == got["lightning.pytorch"] == dict(runs=[True], version=True, checkpoints=True,
                                                                 child_steps=[0, 1], parent_steps=[5],
                                                                 test_after_finish=True)
+
+
+
+_OFFLINE_TWICE = """
+import json, os, sys, wandb
+from lightning.pytorch.loggers import WandbLogger as TheirWandbLogger
+from tasktrain.loggers import WandbLogger
+got = []
+for make in (WandbLogger, TheirWandbLogger):
+    try:
+        run = make(save_dir=os.path.join(sys.argv[1], make.__module__), project="offline", offline=True).experiment
+        got.append([run.settings.mode, os.environ.get("WANDB_MODE")])
+    except Exception as error:
+        got.append([type(error).__name__, os.environ.get("WANDB_MODE")])
+    wandb.finish()
+print(json.dumps(got))
+"""
+
+
+def test_wandb_offline_is_this_runs_mode_where_lightning_sets_it_for_the_process(tmp_path):
+    """WandbLogger(offline=True): tasktrain's passes mode="offline" to this run's wandb.init and leaves the environment
+    alone. Lightning's sets WANDB_MODE=dryrun in the process's environment as the run starts
+    (tests_pytorch/loggers/test_wandb.py::test_wandb_pickle reads it), so every later wandb.init there, and every process
+    it starts, is offline too; and wandb reads its environment once per process, so after a first run (here tasktrain's
+    offline one) Lightning's offline=True does not take: wandb goes online and, with no API key, refuses to start.
+    Kept different (docs/logging.md); a fresh process, so no earlier test's wandb state decides the outcome."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["WANDB_DIR"] = env["WANDB_CONFIG_DIR"] = env["WANDB_CACHE_DIR"] = str(tmp_path)
+    env["NETRC"] = str(tmp_path / "netrc")  # (none: no API key from the machine's ~/.netrc either)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _OFFLINE_TWICE, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours, theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ours == ["offline", None]
+    assert theirs == ["UsageError", "dryrun"]

@@ -242,3 +242,135 @@ def test_wandb_checkpoint_artifact_metadata_as_lightning(L, tmp_path, monkeypatc
     assert ours == theirs
     assert ours[0][2]["ModelCheckpoint"] == {"monitor": None, "mode": "min", "save_last": None, "save_top_k": 1,
                                              "save_weights_only": False, "_every_n_train_steps": 0}
+
+
+def _subclass_with_kwargs(base):
+    class Custom(base):
+        def __init__(self, batch_size=64):
+            super().__init__()
+            self.save_hyperparameters()
+
+    class WithKwargs(Custom):
+        def __init__(self, *args, subclass_arg=1200, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.save_hyperparameters()
+
+    return WithKwargs
+
+
+def test_load_from_checkpoint_of_a_module_whose_init_takes_kwargs_as_lightning(L, tmp_path):
+    """tests_pytorch/models/test_hparams.py::test_collect_init_arguments: a plain save_hyperparameters() records
+    hparams_name "kwargs"; an __init__ with `**kwargs` must not take that as the argument the hyper-parameters came from
+    (Lightning leaves *args / **kwargs out of the names). Before, tasktrain called cls(kwargs={...}): a TypeError."""
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    got = {}
+    for name, base in (("tasktrain", BoringModel), ("lightning", LitBoringModel)):
+        cls = _subclass_with_kwargs(base)
+        path = tmp_path / f"{name}.ckpt"
+        torch.save({"state_dict": cls(batch_size=179).state_dict(), "hyper_parameters": {"batch_size": 179,
+                    "subclass_arg": 1200}, "hparams_name": "kwargs", "pytorch-lightning_version": L.__version__}, path)
+        loaded = cls.load_from_checkpoint(path)
+        again = cls.load_from_checkpoint(path, batch_size=99)
+        got[name] = (dict(sorted(loaded.hparams.items())), again.hparams.batch_size)
+    assert got["tasktrain"] == got["lightning"] == ({"batch_size": 179, "subclass_arg": 1200}, 99)
+
+
+def test_datamodule_load_from_checkpoint_whose_init_takes_kwargs_as_lightning(L, tmp_path):
+    """The same rule for DataModule.load_from_checkpoint (Lightning's _load_state serves both)."""
+    import lightning.pytorch as lp
+
+    got = {}
+    for name, base in (("tasktrain", tasktrain.DataModule), ("lightning", lp.LightningDataModule)):
+        class Data(base):
+            def __init__(self, size=3, **kwargs):
+                super().__init__()
+                self.save_hyperparameters()
+
+        path = tmp_path / f"{name}.ckpt"
+        torch.save({"state_dict": {}, "datamodule_hyper_parameters": {"size": 5, "extra": 1},
+                    "datamodule_hparams_name": "kwargs", "pytorch-lightning_version": L.__version__}, path)
+        got[name] = dict(sorted(Data.load_from_checkpoint(path).hparams.items()))
+    assert got["tasktrain"] == got["lightning"] == {"extra": 1, "size": 5}
+
+
+def test_save_hyperparameters_ignore_in_a_subclass_drops_what_the_base_saved_as_lightning(L):
+    """tests_pytorch/models/test_hparams.py::test_hparams_ignore_in_subclass_overrides_base: the base class's
+    save_hyperparameters(ignore="arg1") and then the subclass's save_hyperparameters(ignore="arg2"): arg1 comes back
+    (the subclass did not ignore it) and arg2, which the base saved, goes. Before, tasktrain kept arg2."""
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    got = {}
+    for name, base in (("tasktrain", BoringModel), ("lightning", LitBoringModel)):
+        class Base(base):
+            def __init__(self, arg1, arg2, arg3):
+                super().__init__()
+                self.save_hyperparameters(ignore="arg1")
+
+        class Sub(Base):
+            def __init__(self, arg1, arg2, arg3):
+                super().__init__(arg1=arg1, arg2=arg2, arg3=arg3)
+                self.save_hyperparameters(ignore=("arg2", 7))  # (a name that is not a string is left out)
+
+        module = Sub(arg1=14, arg2=90, arg3=50)
+        got[name] = (dict(sorted(module.hparams.items())), dict(sorted(module.hparams_initial.items())))
+    assert got["tasktrain"] == got["lightning"] == ({"arg1": 14, "arg3": 50},) * 2
+
+
+def test_save_hyperparameters_of_a_dataclass_module_as_lightning(L):
+    """tests_pytorch/models/test_hparams.py::test_dataclass_lightning_module / test_dataclass_with_init_false_fields: a
+    dataclass module calling save_hyperparameters() from __post_init__ saves its fields that __init__ takes (not the
+    ignored ones, not init=False ones). Before, tasktrain saved nothing (there is no __init__ frame to read)."""
+    from dataclasses import dataclass, field
+
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    got = {}
+    for name, base in (("tasktrain", BoringModel), ("lightning", LitBoringModel)):
+        @dataclass(eq=False)
+        class Fields(base):
+            mandatory: int
+            optional: str = "optional"
+            ignore_me: bool = False
+            derived: int = field(default=999, init=False)
+
+            def __post_init__(self):
+                super().__init__()
+                self.save_hyperparameters(ignore=("ignore_me",))
+
+        module = Fields(33, optional="cocofruit")
+        got[name] = (dict(module.hparams), module.derived)
+    assert got["tasktrain"] == got["lightning"] == ({"mandatory": 33, "optional": "cocofruit"}, 999)
+
+
+def test_a_hyper_parameter_that_cannot_be_pickled_leaves_hparams_when_a_run_starts_as_lightning(L, tmp_path):
+    """tests_pytorch/models/test_hparams.py::test_hparams_pickle_warning: a lambda saved by save_hyperparameters()
+    leaves module.hparams when fit starts, with Lightning's warning, so the checkpoint does not hold it and
+    load_from_checkpoint builds the module with the __init__ default. Before, tasktrain kept it, the checkpoint held its
+    repr string, and load_from_checkpoint passed that string to __init__ as the function."""
+    import glob
+
+    import lightning.pytorch as lp
+    from lightning.pytorch.demos.boring_classes import BoringModel as LitBoringModel
+
+    got = {}
+    for name, lib, base in (("tasktrain", tasktrain, BoringModel), ("lightning", lp, LitBoringModel)):
+        class Unpicklable(base):
+            def __init__(self, foo="bar", pickle_me=(lambda x: x + 1), ignore=False):
+                super().__init__()
+                self.save_hyperparameters(ignore=["pickle_me"] if ignore else None)
+
+        said = []
+        for ignore in (False, True):
+            module = Unpicklable(ignore=ignore)
+            trainer = lib.Trainer(default_root_dir=tmp_path / name / str(ignore), max_steps=1, logger=False,
+                                  enable_progress_bar=False, enable_model_summary=False)
+            _, messages = caught(lambda: trainer.fit(module))
+            said += [m for m in messages if "cannot be pickled" in m]
+        (path,) = glob.glob(str(tmp_path / name / "False" / "**" / "*.ckpt"), recursive=True)
+        loaded = Unpicklable.load_from_checkpoint(path)
+        got[name] = (said, sorted(module.hparams), sorted(loaded.hparams), loaded.hparams.pickle_me(1))
+    assert got["tasktrain"] == got["lightning"]
+    assert got["tasktrain"] == (["Attribute 'pickle_me' removed from hparams because it cannot be pickled. You can "
+                                 "suppress this warning by setting `self.save_hyperparameters(ignore=['pickle_me'])`."],
+                                ["foo", "ignore"], ["foo", "ignore", "pickle_me"], 2)

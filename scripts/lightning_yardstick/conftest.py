@@ -107,7 +107,8 @@ def reset_deterministic_algorithm():
 @pytest.fixture(autouse=True)
 def thread_police():
     """A thread a test started and left running: stopped where it can be, waited for where it ends by itself (tqdm's
-    monitor, tensorboardX's queue feeder, torch.compile's workers), else the test fails."""
+    monitor, tensorboardX's queue feeder, torch.compile's workers), let be where it lives as long as the process
+    (wandb's asyncio manager, started by the first real wandb run under either package), else the test fails."""
     from concurrent.futures.process import _ExecutorManagerThread
 
     from tqdm import TMonitor
@@ -128,21 +129,38 @@ def thread_police():
         elif isinstance(thread, TMonitor):
             thread.exit()
         elif isinstance(thread, _ExecutorManagerThread) or "ThreadPoolExecutor-" in thread.name \
-                or thread.name in ("InductorSubproc", "fsspecIO"):
+                or thread.name in ("InductorSubproc", "fsspecIO", "wandb-AsyncioManager-main"):
             continue
         else:
             raise AssertionError(f"Test left zombie thread: {thread}")
 
 
 @pytest.fixture(autouse=True)
-def cpu_count_follows_fabric(monkeypatch):
+def warn_once_per_test():
+    """tasktrain's loop says "`training_step` returned `None`" once per process, as Lightning's Closure does; the tests
+    that expect it clear Lightning's cache (`Closure.warning_cache.clear()`, a name left on Lightning), so tasktrain's
+    is cleared before each test."""
+    import tasktrain.trainer.loop
+
+    for key in tasktrain.trainer.loop._warned_once:
+        tasktrain.trainer.loop._warned_once[key] = False
+
+
+@pytest.fixture(autouse=True)
+def cpu_count_follows_fabric():
     """tasktrain's CPU count (the DataLoader worker warnings' bound) asks Fabric's at each call, so a test that patches
-    "lightning.fabric.utilities.data._num_cpus_available" (tasktrain has no such path) sets both."""
+    "lightning.fabric.utilities.data._num_cpus_available" (tasktrain has no such path) sets both.
+
+    Its own MonkeyPatch, not the `monkeypatch` fixture: pytest sets autouse fixtures up in name order, so asking for
+    `monkeypatch` here would set it up before restore_env_variables and undo it after that fixture's check, and a test's
+    monkeypatch.setenv (TORCH_HOME in test_trainer.py) would read as a leak."""
     import lightning.fabric.utilities.data as fabric_data
 
     import tasktrain.trainer.data
 
-    monkeypatch.setattr(tasktrain.trainer.data, "_num_cpus_available", lambda: fabric_data._num_cpus_available())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tasktrain.trainer.data, "_num_cpus_available", lambda: fabric_data._num_cpus_available())
+        yield
 
 
 def mock_cuda_count(monkeypatch, n):

@@ -151,13 +151,13 @@ class DataModule:
         TaskModule.load_from_checkpoint's."""
         import inspect
 
-        from tasktrain.trainer.module import read_for_load_from_checkpoint
+        from tasktrain.trainer.module import named_init_arguments, read_for_load_from_checkpoint
 
         ckpt = read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only)
         hparams = dict(ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
         params = inspect.signature(cls.__init__).parameters
         name = ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
-        if name in params:  # as the module's (Lightning's): from that argument
+        if name in named_init_arguments(params):  # as the module's (Lightning's): from that argument
             hparams = {name: hparams}
         hparams.update(overrides)
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())

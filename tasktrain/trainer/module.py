@@ -2,9 +2,11 @@
 import argparse
 import contextlib
 import copy
+import dataclasses
 import functools
 import inspect
 import numbers
+import pickle
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -520,11 +522,16 @@ class TaskModule(torch.nn.Module):
     def save_hyperparameters(self, *names, ignore=None, frame=None, logger=True):
         """Store the calling __init__'s arguments in self.hparams (and in checkpoints); logger=True (Lightning's
         default): the loggers get them at the start of each run. `frame` (Lightning's): the __init__ frame to read
-        them from, when the call is made from a helper rather than from __init__ itself."""
+        them from, when the call is made from a helper rather than from __init__ itself. A dataclass module's are its
+        fields that __init__ takes (call it from __post_init__). A name in `ignore` is also dropped from what an
+        earlier call (a base class's __init__) stored, as Lightning's."""
         self._log_hyperparams = bool(logger)
         ignore = () if ignore is None else ignore  # (Lightning's default is None)
         frame = frame or inspect.currentframe().f_back
         init_args = {}
+        if dataclasses.is_dataclass(self):  # (Lightning's: a dataclass module's fields that __init__ takes)
+            init_args = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+            frame = None
         # Walk up through the __init__ chain of subclasses so the outermost __init__'s arguments win.
         while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
             info = inspect.getargvalues(frame)
@@ -550,7 +557,8 @@ class TaskModule(torch.nn.Module):
             if missing:
                 raise ValueError(f"save_hyperparameters: {missing} are not arguments of __init__ ({sorted(init_args)}).")
             init_args = {n: init_args[n] for n in names}
-        for name in ignore if not isinstance(ignore, str) else [ignore]:
+        ignore = [ignore] if isinstance(ignore, str) else [name for name in ignore if isinstance(name, str)]
+        for name in ignore:
             init_args.pop(name, None)
         if names and len(names) == 1 and isinstance(names[0], (dict, argparse.Namespace)):
             self._hparams.clear()  # a dict or Namespace given is the hparams, replacing earlier calls' (Lightning)
@@ -558,6 +566,7 @@ class TaskModule(torch.nn.Module):
             if isinstance(value, torch.nn.Module):
                 continue  # modules are weights, not hyper-parameters
             self._hparams[key] = copy.deepcopy(value) if _is_plain(value) else value
+        self.remove_ignored_hparams(ignore)  # a subclass's ignore= drops what a base class's call saved (Lightning)
         # what the loggers get (Lightning's hparams_initial): the values as saved, not later changes to self.hparams
         self._hparams_initial = AttributeDict(
             {k: copy.deepcopy(v) if _is_plain(v) else v for k, v in self._hparams.items()})
@@ -728,7 +737,7 @@ class TaskModule(torch.nn.Module):
         hparams = dict(ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
         params = inspect.signature(cls.__init__).parameters
         name = ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
-        if name in params:  # Lightning's: save_hyperparameters(arg) took them from that argument
+        if name in named_init_arguments(params):  # Lightning's: save_hyperparameters(arg) took them from that argument
             hparams = {name: hparams}
         hparams.update(overrides)
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
@@ -767,6 +776,27 @@ def warn_loose_keys(keys):
 
 def _is_plain(value):
     return isinstance(value, (numbers.Number, str, bool, type(None), list, tuple, dict))
+
+
+def is_picklable(obj):
+    """Whether pickle.dumps(obj) works (the errors pickling raises for a lambda, a lock, a local class: False)."""
+    try:
+        pickle.dumps(obj)
+    except (pickle.PickleError, AttributeError, RuntimeError, TypeError):
+        return False
+    return True
+
+
+def drop_unpicklable_hparams(module, warn):
+    """Lightning's clean_namespace, at the start of every run: a hyper-parameter that cannot be pickled (a lambda)
+    leaves module.hparams, with a warning (warn=True: rank 0), so no checkpoint keeps a stand-in for it that
+    load_from_checkpoint would hand to __init__."""
+    hparams = module.hparams
+    for key in [key for key, value in hparams.items() if not is_picklable(value)]:
+        if warn:
+            warnings.warn(f"Attribute '{key}' removed from hparams because it cannot be pickled. You can suppress "
+                          f"this warning by setting `self.save_hyperparameters(ignore=['{key}'])`.", stacklevel=3)
+        del hparams[key]
 
 
 def instance_flag(owner, name):
@@ -865,6 +895,13 @@ def _unwrapped(fn):
         else:
             break
     return fn
+
+
+def named_init_arguments(params):
+    """The __init__ parameters a checkpoint's hparams_name may be (Lightning's rule): not self, *args or **kwargs, so
+    the "kwargs" a plain save_hyperparameters() records never wraps the hyper-parameters for an `**kwargs`."""
+    return [n for i, (n, p) in enumerate(params.items())
+            if i > 0 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only):

@@ -17,7 +17,8 @@ from tasktrain.trainer.datamodule import DataModule
 from tasktrain.trainer.fit_state import build_hook_tables
 from tasktrain.trainer.metrics import MetricStore, hook_scope, in_hook
 from tasktrain.trainer import plugin_args
-from tasktrain.trainer.module import TaskModule, hook_is_called, instance_flag, is_overridden
+from tasktrain.trainer.module import (TaskModule, drop_unpicklable_hparams, hook_is_called, instance_flag,
+                                      is_overridden)
 from tasktrain.trainer.runtime import announce_rank
 from tasktrain.trainer.seed import reset_seed
 from tasktrain.trainer.states import TrainerFn, TrainerStatus
@@ -232,6 +233,7 @@ def start_stage(trainer, stage, module):
         logging.getLogger("tasktrain").info(
             "`Trainer(barebones=True)` started running. The progress bar is disabled so you might want to manually "
             "print the progress in your model.")
+    drop_unpicklable_hparams(module, warn=strategy.is_global_zero)
     if stage == "fit" and trainer.min_epochs is None:  # Lightning's: 0, or 1 with min_steps (so that a stop asked
         trainer.min_epochs = 1 if trainer.min_steps is not None else 0  # for at fit start is looked at again)
     trainer._set_hook_tables(build_hook_tables(trainer, module))

@@ -4,23 +4,13 @@ parse_class_init_keys, get_init_args / collect_init_args (an __init__ frame's ar
 (an attribute looked up on the module, in its hparams, on the trainer's DataModule and in its hparams: what the tuner
 reads and sets)."""
 import inspect
-import pickle
 
 from tasktrain.compat.lightning.utilities.rank_zero import rank_zero_warn
-from tasktrain.trainer.module import AttributeDict
+from tasktrain.trainer.module import AttributeDict, is_picklable
 
 __all__ = ["AttributeDict", "clean_namespace", "collect_init_args", "get_init_args", "is_picklable",
            "lightning_getattr", "lightning_hasattr", "lightning_setattr", "parse_class_init_keys",
            "save_hyperparameters"]
-
-
-def is_picklable(obj):
-    """Whether pickle.dumps(obj) works (the errors pickling raises for a lambda, a lock, a local class: False)."""
-    try:
-        pickle.dumps(obj)
-    except (pickle.PickleError, AttributeError, RuntimeError, TypeError):
-        return False
-    return True
 
 
 def clean_namespace(hparams):
