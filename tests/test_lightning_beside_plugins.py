@@ -1715,3 +1715,29 @@ def test_lightning_environment_teardown_keeps_world_size_unlike_lightnings(monke
     Ours().teardown()
     assert os.environ["WORLD_SIZE"] == "2"
     assert (detect_environment().global_rank, detect_environment().world_size) == (1, 2)
+
+
+@pytest.mark.parametrize("name", ["32-true", "64-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed"])
+def test_the_plugin_a_precision_name_builds_is_lightnings_class_of_that_name(name):
+    """`Trainer(precision=name).precision_plugin` is an instance of Lightning's plugin class of that name (a script's
+    `isinstance(trainer.precision_plugin, MixedPrecision)`), with its `device`; it was tasktrain's core class, an
+    instance of none of tasktrain.plugins' classes."""
+    classes = ("Precision", "DoublePrecision", "HalfPrecision", "MixedPrecision")
+    seen = {}
+    for trainer_class, plugins in ((theirs_trainer(), their_plugins), (tasktrain.Trainer, our_plugins)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (both: "16-mixed" on a CPU is bf16-mixed, with a warning)
+            plugin = trainer_class(precision=name, accelerator="cpu", logger=False, enable_progress_bar=False,
+                                   enable_checkpointing=False).precision_plugin
+        seen[plugins.__name__.split(".")[0]] = ([c for c in classes if isinstance(plugin, getattr(plugins, c))],
+                                                getattr(plugin, "device", None))
+    assert seen["tasktrain"] == seen["lightning"]
+    assert seen["tasktrain"][0][0] == "Precision"
+    # a subclass of one's own keeps the plain rule: the Trainer's plugin is not one
+    assert not isinstance(tasktrain.Trainer(precision=name, logger=False).precision_plugin,
+                          type("Mine", (our_plugins.MixedPrecision,), {}))
+
+
+def theirs_trainer():
+    import lightning.pytorch
+    return lightning.pytorch.Trainer

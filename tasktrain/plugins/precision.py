@@ -20,6 +20,7 @@ about). An engine strategy's plugin (DeepSpeedPrecision, FSDPPrecision; a Precis
 plugin object of a run whose engine runs its own plugin of that name: overrides of the same hooks are called where Lightning's DeepSpeed / FSDP
 strategies call them, their defaults the engine's (ENGINE_REFUSED_HOOKS are refused, saying why).
 """
+import abc
 import functools
 from typing import TYPE_CHECKING, Literal, Optional, Union
 
@@ -233,11 +234,21 @@ def _overrides(cls, names):
 _OVERRIDES = {}
 
 
-class Precision(_LightningHooks, _core.Precision):
+class Precision(_LightningHooks, _core.Precision, metaclass=abc.ABCMeta):
     """"32-true" (Lightning's base plugin: no casting, no scaling)."""
 
     def __init__(self):
         super().__init__(_LATER)
+
+    @classmethod
+    def __subclasshook__(cls, subclass):
+        # The plugin a Trainer builds for a precision name is the core's class of that name: it is Lightning's plugin
+        # of that name, as Lightning's Trainer(precision="bf16-mixed").precision_plugin is its MixedPrecision
+        # (isinstance(trainer.precision_plugin, MixedPrecision)). A subclass of one's own keeps the plain rule.
+        core = _STANDS_FOR.get(cls)
+        if core is not None and issubclass(subclass, core):
+            return True
+        return NotImplemented
 
 
 class DoublePrecision(Precision, _core.DoublePrecision):
@@ -276,11 +287,6 @@ class MixedPrecision(Precision, _core.MixedPrecision):
         if scaler is not None:
             self.scaler = scaler
 
-    @property
-    def device(self):
-        """Lightning's attribute: the autocast device."""
-        return self.device_type
-
     def autocast_context_manager(self):
         """Lightning's: the torch.autocast that forward_context (and so each step's context) enters; a subclass
         overrides it to autocast otherwise."""
@@ -289,6 +295,9 @@ class MixedPrecision(Precision, _core.MixedPrecision):
     def forward_context(self):
         return self.autocast_context_manager()
 
+
+_STANDS_FOR = {Precision: _core.Precision, DoublePrecision: _core.DoublePrecision, HalfPrecision: _core.HalfPrecision,
+               MixedPrecision: _core.MixedPrecision}
 
 _ENGINE_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 

@@ -225,6 +225,11 @@ class MixedPrecision(Precision):
             self.scaler = self.make_scaler()
             warn_fp16_on_cpu(device_type)
 
+    @property
+    def device(self):
+        """Lightning's attribute: the autocast device ("cpu", "cuda")."""
+        return self.device_type
+
     def make_scaler(self, **options):
         """The fp16 loss scaler, with GradScalerKwargs' `options`. GradScaler() with no device means CUDA and
         silently disables itself on a CPU machine: the device is always given."""
