@@ -89,6 +89,11 @@ class DDP(ParallelStrategy):
             return DDP in getattr(subclass, "__mro__", ())
         return NotImplemented
 
+    def barrier(self, *args, **kwargs):
+        """Wait until every rank is here (Lightning's DDPStrategy.barrier(*args, **kwargs): a name, by position
+        or name=, says where, for the watchdog)."""
+        return super().barrier(args[0] if args else kwargs.get("name"))
+
     def __init__(
         self,
         accelerator: Optional[Accelerator] = None,
