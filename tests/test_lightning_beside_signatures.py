@@ -495,7 +495,6 @@ ALLOWED_ABSENT = {
     "pytorch.utilities.model_summary.model_summary_deepspeed.DeepSpeedSummary.summarize": SUMMARY_MEASURED,
     "pytorch.strategies.*.configure_ddp": STRATEGY_LOOP,
     "pytorch.strategies.*.determine_ddp_device_ids": STRATEGY_LOOP,
-    "pytorch.strategies.*.get_registered_strategies": STRATEGY_REGISTRY,
     "pytorch.strategies.*.handles_gradient_accumulation": STRATEGY_LOOP,
     "pytorch.strategies.*.init_deepspeed": STRATEGY_LOOP,
     "pytorch.strategies.*.lightning_restore_optimizer": STRATEGY_LOOP,

@@ -124,6 +124,8 @@ def test_is_distributed_and_strategy_name_as_lightnings():
     assert FSDPStrategy().is_distributed is DeepSpeedStrategy().is_distributed is True
     assert TheirFSDP.strategy_name == FSDPStrategy.strategy_name == "fsdp"
     assert DeepSpeedStrategy.strategy_name == "deepspeed" and SingleDeviceStrategy.strategy_name == "single_device"
+    assert FSDPStrategy.get_registered_strategies() == TheirFSDP.get_registered_strategies() == ["fsdp",
+                                                                                              "fsdp_cpu_offload"]
 
 
 def test_reduce_says_what_a_tasktrain_style_positional_op_means_and_refuses_a_group():

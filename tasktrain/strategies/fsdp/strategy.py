@@ -115,6 +115,15 @@ class FSDP(Sharded, ParallelStrategy):
 
     name = "fsdp"
     strategy_name = "fsdp"  # (Lightning's registry name)
+
+    @classmethod
+    def get_registered_strategies(cls):
+        """The strategy names that build an FSDP (Lightning's FSDPStrategy.get_registered_strategies(): "fsdp",
+        "fsdp_cpu_offload"), read from tasktrain's one table of names (tasktrain/names.py)."""
+        from tasktrain.names import STRATEGIES
+
+        return [name for name, entry in STRATEGIES.items()
+                if (entry.module, entry.cls) == ("tasktrain.strategies.fsdp", "FSDP")]
     _checkpoint_group = None  # the gloo group of async_save's collectives (made at the first background save)
 
     def __init__(self, accelerator=None, precision=None, wrap=None, reshard_after_forward=True, cpu_offload=False,
