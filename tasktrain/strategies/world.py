@@ -331,7 +331,8 @@ class ProcessWorld(MultiProcess):
         which outlives the run, allows it."""
         return self.world_size == 1 and not dist.is_initialized()
 
-    @checked_collective("reduce", data=("tensor",))  # watchdog (issue 19)
+    @checked_collective("reduce", data=("tensor",), arguments=lambda given: [  # watchdog (issue 19)
+        ("tensor", given["tensor"]), ("op", lightning_reduce_op(given["group"], given["reduce_op"], given["op"]))])
     def reduce(self, tensor, group=None, reduce_op="mean", *, op=None):
         op = lightning_reduce_op(group, reduce_op, op)  # (Lightning's signature, and op=)
         if op not in _REDUCE_OPS:
