@@ -18,6 +18,7 @@ from tasktrain.checkpoint_io import CheckpointIO
 from tasktrain.plugins.precision import _PRECISION_PLUGIN
 from tasktrain.strategies.base import _StepWrapper, step_arguments
 from tasktrain.strategies.parallel import ParallelStrategy
+from tasktrain.strategies.world import ProcessWorld
 
 if TYPE_CHECKING:  # (plugins.environments imports the strategies package: named for the annotation only)
     from tasktrain.plugins.environments import ClusterEnvironment
@@ -89,10 +90,7 @@ class DDP(ParallelStrategy):
             return DDP in getattr(subclass, "__mro__", ())
         return NotImplemented
 
-    def barrier(self, *args, **kwargs):
-        """Wait until every rank is here (Lightning's DDPStrategy.barrier(*args, **kwargs): a name, by position
-        or name=, says where, for the watchdog)."""
-        return super().barrier(args[0] if args else kwargs.get("name"))
+    barrier = ProcessWorld.lightning_barrier  # (Lightning's DDPStrategy.barrier(*args, **kwargs))
 
     def __init__(
         self,

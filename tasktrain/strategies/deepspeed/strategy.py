@@ -76,6 +76,7 @@ from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _for
                                                    _swaps_optimizer, import_deepspeed)
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
 from tasktrain.strategies.parallel import ParallelStrategy
+from tasktrain.strategies.world import ProcessWorld
 from tasktrain.tree import apply_to_leaves
 
 _ANNOUNCED = set()
@@ -174,10 +175,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
     # tasktrain's own strategy refuses that state (load_optimizer_state).
     load_full_weights = False
 
-    def barrier(self, *args, **kwargs):
-        """Wait until every rank is here (Lightning's DeepSpeedStrategy.barrier(*args, **kwargs): a name, by
-        position or name=, says where, for the watchdog)."""
-        return super().barrier(args[0] if args else kwargs.get("name"))
+    barrier = ProcessWorld.lightning_barrier  # (Lightning's DeepSpeedStrategy.barrier(*args, **kwargs))
 
     def __init__(self, stage=None, offload_optimizer=None, offload_parameters=None, config=None, zero3_init=False,
                  save_16bit_model=False, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
