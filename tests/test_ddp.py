@@ -139,6 +139,14 @@ def test_collectives_and_rank_properties(world):
         assert f["all_gather"] == [[0, 0], [1, 10]]
         assert f["module_all_gather"] == {"r": [0, 1]}
         assert f["broadcast"] == {"from": 0}
+        # Lightning's signatures (issue 37): reduce by position; all_gather(sync_grads=True) differentiable, each
+        # rank's tensor getting the gradient of its row summed over the ranks' losses (sum(w * gathered) on both)
+        assert f["lightning_reduce_sum"] == 3.0 and f["lightning_reduce_max"] == 2.0
+        assert f["sync_grads_gathered"] == [[1.0, 2.0], [2.0, 4.0]]
+        assert f["sync_grads_grad"] == ([[2.0, 2.0], [20.0, 20.0]][rank])
+        assert f["plain_gather_requires_grad"] is False and f["module_sync_grads"] is True
+        assert f["lightning_members"] == {"is_distributed": True, "module_is_lightning_module": True,
+                                          "state_dict_keys": ["layer.bias", "layer.weight"]}
         assert f["ranks"] == {"global_rank": rank, "local_rank": rank, "world_size": 2, "node_rank": 0,
                               "num_nodes": 1, "module_global_rank": rank, "module_local_rank": rank}
 

@@ -867,19 +867,20 @@ def test_gan_style_manual_optimisation_toggles_and_clips():
     assert seen["norm"] > 0.5 and seen["clipped"] == pytest.approx(0.5, rel=1e-4)
 
 
-def test_all_gather_refuses_groups_and_gradients():
+def test_all_gather_refuses_groups_and_carries_gradients_with_sync_grads():
     class Gather(Linear):
         def training_step(self, batch, batch_idx):
             with pytest.raises(ValueError, match="all ranks only"):
                 self.all_gather(torch.ones(1), group=object())
-            with pytest.raises(ValueError, match="carries no gradient"):
-                self.all_gather(torch.ones(1), sync_grads=True)
+            mine = torch.ones(1, requires_grad=True)
+            (self.all_gather(mine, sync_grads=True) * 2).sum().backward()  # (Lightning's: differentiable)
+            self.sync_grad = mine.grad.tolist()
             self.gathered = self.all_gather(torch.ones(2))
             return super().training_step(batch, batch_idx)
 
     module = Gather()
     Trainer(max_steps=1, **quiet()).fit(module, loader(8))
-    assert module.gathered.shape == (1, 2)
+    assert module.gathered.shape == (1, 2) and module.sync_grad == [2.0]
 
 
 def test_datamodule_save_hyperparameters_go_into_checkpoints():

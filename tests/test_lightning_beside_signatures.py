@@ -138,12 +138,14 @@ def differences():
 
 
 # Kinds of kept difference, each shared by many names below
-STRATEGY_CONTRACT = ("tasktrain's Strategy methods are its engines' contract (DESIGN.md), called by its Trainer and "
-                     "Accelerator: Lightning's Strategy API (closure_loss, all_gather's group= / sync_grads=, filepath) "
-                     "is not copied; a script passes the strategy object to the Trainer (docs/lightning.md, Strategies)")
-REDUCE_KEYWORDS = ("tasktrain's reduce(tensor, op) takes Lightning's group= and reduce_op= by keyword (a group other "
-                   "than None refused, naming torch.distributed.all_reduce); Lightning's by position (tensor, group, "
-                   "reduce_op) is not taken")
+STRATEGY_CONTRACT = ("tasktrain's step methods (backward, optimizer_step, training_step) are its engines' contract "
+                     "(DESIGN.md), called by its Trainer and Accelerator with the loss and the batch: Lightning's "
+                     "closure_loss / model / *args are not copied; a script passes the strategy object to the Trainer "
+                     "(docs/lightning.md, Strategies)")
+REDUCE_KEYWORDS = ("Lightning's reduce(tensor, group=None, reduce_op='mean') by position and keyword (a group other "
+                   "than None refused, naming torch.distributed.all_reduce), plus tasktrain's op= keyword-only after "
+                   "them (its Trainer's calls); SingleDeviceStrategy's takes those where Lightning's has "
+                   "(tensor, *args, **kwargs)")
 REFUSED_PLUGIN = ("tasktrain does not run bitsandbytes, Transformer Engine or XLA: building the plugin raises a "
                   "ValueError naming the alternative, whatever the arguments (docs/lightning.md, Plugins)")
 PROFILER_SETUP = ("tasktrain's is_global_zero and module, keyword parameters with defaults after Lightning's (the "
@@ -219,213 +221,99 @@ ALLOWED = {
     'tasktrain.strategies.DDPStrategy.__init__':
         ("extra ['precision', 'sync_batchnorm']",
          "tasktrain's precision= (a name) and sync_batchnorm=, keyword-only after Lightning's parameters"),
-    'tasktrain.strategies.DDPStrategy.all_gather':
-        ("missing ['group', 'sync_grads']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.DDPStrategy.backward':
         ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DDPStrategy.barrier':
-        ("missing ['*args', '**kwargs']; extra ['name']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DDPStrategy.batch_to_device':
-        ("missing ['device', 'dataloader_idx']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DDPStrategy.load_checkpoint':
-        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.DDPStrategy.optimizer_step':
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.DDPStrategy.reduce':
-        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+        ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.DDPStrategy.remove_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DDPStrategy.save_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.DDPStrategy.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          STRATEGY_CONTRACT),
-    'tasktrain.strategies.DeepSpeedStrategy.all_gather':
-        ("missing ['group', 'sync_grads']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.DeepSpeedStrategy.backward':
         ("missing ['closure_loss', 'optimizer']; extra ['loss', 'backward_fn']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DeepSpeedStrategy.barrier':
-        ("missing ['*args', '**kwargs']; extra ['name']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DeepSpeedStrategy.batch_to_device':
-        ("missing ['device', 'dataloader_idx']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DeepSpeedStrategy.load_checkpoint':
-        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.DeepSpeedStrategy.optimizer_step':
         ('optimizer default - -> None; closure default - -> None',
          STRATEGY_CONTRACT),
     'tasktrain.strategies.DeepSpeedStrategy.reduce':
-        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+        ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.DeepSpeedStrategy.remove_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DeepSpeedStrategy.save_checkpoint':
-        ("missing ['filepath', 'storage_options']; extra ['path']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.DeepSpeedStrategy.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          STRATEGY_CONTRACT),
-    'tasktrain.strategies.FSDPStrategy.all_gather':
-        ("missing ['group', 'sync_grads']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.FSDPStrategy.backward':
         ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.FSDPStrategy.batch_to_device':
-        ("missing ['device', 'dataloader_idx']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.FSDPStrategy.load_checkpoint':
-        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.FSDPStrategy.optimizer_step':
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.FSDPStrategy.reduce':
-        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+        ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.FSDPStrategy.remove_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.FSDPStrategy.save_checkpoint':
-        ("missing ['filepath', 'storage_options']; extra ['path']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.FSDPStrategy.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.ModelParallelStrategy.__init__':
         ("extra ['accelerator', 'precision', 'data_parallel_replicate_size', 'wrap', 'reshard_after_forward', 'cpu_offload', 'mixed_precision', 'activation_checkpointing']",
          "tasktrain's options (docs/model_parallel.md) after Lightning's parameters, which keep their positions"),
-    'tasktrain.strategies.ModelParallelStrategy.all_gather':
-        ("missing ['group', 'sync_grads']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.ModelParallelStrategy.backward':
         ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.ModelParallelStrategy.batch_to_device':
-        ("missing ['device', 'dataloader_idx']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.ModelParallelStrategy.load_checkpoint':
-        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.ModelParallelStrategy.optimizer_step':
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.ModelParallelStrategy.reduce':
-        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+        ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.ModelParallelStrategy.remove_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.ModelParallelStrategy.save_checkpoint':
-        ("missing ['filepath', 'storage_options']; extra ['path']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.ModelParallelStrategy.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.ParallelStrategy.__init__':
         ("missing ['parallel_devices', 'cluster_environment', 'checkpoint_io', 'precision_plugin']; extra ['precision', 'process_group_backend', 'timeout', 'start_method']",
          "an abstract base (ProcessWorld + Strategy, the engines' contract: DESIGN.md): its concrete strategies take Lightning's arguments; ParallelStrategy.parallel_devices can be set, as Lightning's"),
-    'tasktrain.strategies.ParallelStrategy.all_gather':
-        ("missing ['group', 'sync_grads']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.ParallelStrategy.backward':
         ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.ParallelStrategy.batch_to_device':
-        ("missing ['device', 'dataloader_idx']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.ParallelStrategy.load_checkpoint':
-        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.ParallelStrategy.optimizer_step':
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.ParallelStrategy.reduce':
-        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+        ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.ParallelStrategy.remove_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.ParallelStrategy.save_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.ParallelStrategy.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.SingleDeviceStrategy.__init__':
         ("extra ['precision']; device default 'cpu' -> None",
          "device None is the Trainer's accelerator's device (Lightning's 'cpu' would not follow accelerator='gpu'); precision= keyword-only"),
-    'tasktrain.strategies.SingleDeviceStrategy.all_gather':
-        ("missing ['group', 'sync_grads']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.SingleDeviceStrategy.backward':
         ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.SingleDeviceStrategy.barrier':
-        ("missing ['*args', '**kwargs']; extra ['name']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.SingleDeviceStrategy.batch_to_device':
-        ("missing ['device', 'dataloader_idx']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.SingleDeviceStrategy.load_checkpoint':
-        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.SingleDeviceStrategy.optimizer_step':
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.SingleDeviceStrategy.reduce':
-        ("missing ['*args', '**kwargs']; extra ['op', 'group', 'reduce_op']",
+        ("missing ['*args', '**kwargs']; extra ['group', 'reduce_op', 'op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.SingleDeviceStrategy.remove_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.SingleDeviceStrategy.save_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.SingleDeviceStrategy.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.Strategy.__init__':
         ("missing ['checkpoint_io', 'precision_plugin']; extra ['precision']",
          "tasktrain's Strategy base is its engines' contract (DESIGN.md); its concrete strategies take Lightning's checkpoint_io / precision_plugin"),
-    'tasktrain.strategies.Strategy.all_gather':
-        ("missing ['group', 'sync_grads']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.Strategy.backward':
         ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.Strategy.batch_to_device':
-        ("missing ['device', 'dataloader_idx']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.Strategy.load_checkpoint':
-        ("missing ['checkpoint_path', 'weights_only']; extra ['path']",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.Strategy.optimizer_step':
         ("missing ['model']; closure default - -> None",
          STRATEGY_CONTRACT),
     'tasktrain.strategies.Strategy.reduce':
-        ("extra ['op']; positions of ['group', 'reduce_op']; group kind positional_or_keyword -> keyword_only; reduce_op kind positional_or_keyword -> keyword_only; reduce_op default 'mean' -> None",
+        ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.Strategy.remove_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.Strategy.save_checkpoint':
-        ("missing ['filepath']; extra ['path']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.Strategy.training_step':
         ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
          STRATEGY_CONTRACT),
@@ -607,19 +495,13 @@ ALLOWED_ABSENT = {
     "pytorch.utilities.model_summary.model_summary_deepspeed.DeepSpeedSummary.summarize": SUMMARY_MEASURED,
     "pytorch.strategies.*.configure_ddp": STRATEGY_LOOP,
     "pytorch.strategies.*.determine_ddp_device_ids": STRATEGY_LOOP,
-    "pytorch.strategies.*.get_registered_strategies": STRATEGY_REGISTRY,
     "pytorch.strategies.*.handles_gradient_accumulation": STRATEGY_LOOP,
     "pytorch.strategies.*.init_deepspeed": STRATEGY_LOOP,
-    "pytorch.strategies.*.is_distributed": STRATEGY_LOOP,
-    "pytorch.strategies.*.lightning_module":
-        "trainer.lightning_module is the module; the strategy holds the wrapped one as strategy.model",
-    "pytorch.strategies.*.lightning_module_state_dict": STRATEGY_LOOP,
     "pytorch.strategies.*.lightning_restore_optimizer": STRATEGY_LOOP,
     "pytorch.strategies.*.load_model_state_dict": STRATEGY_LOOP,
     "pytorch.strategies.*.load_optimizer_state_dict": STRATEGY_LOOP,
     "pytorch.strategies.*.mixed_precision_config":
         "FSDP1's MixedPrecision: tasktrain's FSDP is fully_shard (FSDP2), whose policy is a MixedPrecisionPolicy",
-    "pytorch.strategies.*.model_sharded_context": STRATEGY_LOOP,
     "pytorch.strategies.*.model_to_device": STRATEGY_LOOP,
     "pytorch.strategies.*.on_predict_end": STRATEGY_LOOP,
     "pytorch.strategies.*.on_predict_start": STRATEGY_LOOP,
@@ -641,7 +523,6 @@ ALLOWED_ABSENT = {
     "pytorch.strategies.*.setup_distributed": STRATEGY_LOOP,
     "pytorch.strategies.*.setup_optimizers": STRATEGY_LOOP,
     "pytorch.strategies.*.setup_precision_plugin": STRATEGY_LOOP,
-    "pytorch.strategies.*.strategy_name": STRATEGY_REGISTRY,
     "pytorch.strategies.*.test_step": STRATEGY_LOOP,
     "pytorch.strategies.*.validation_step": STRATEGY_LOOP,
 }

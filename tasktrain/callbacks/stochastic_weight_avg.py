@@ -324,8 +324,8 @@ def _merge_batch_norm_statistics(module, strategy):
     for layer in module.modules():
         if not isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) or layer.running_mean is None:
             continue
-        mean = strategy.reduce(layer.running_mean, "mean")
-        mean_of_squares = strategy.reduce(layer.running_mean * layer.running_mean, "mean")
-        var = strategy.reduce(layer.running_var, "mean") + (mean_of_squares - mean * mean).clamp_min(0)
+        mean = strategy.reduce(layer.running_mean, op="mean")
+        mean_of_squares = strategy.reduce(layer.running_mean * layer.running_mean, op="mean")
+        var = strategy.reduce(layer.running_var, op="mean") + (mean_of_squares - mean * mean).clamp_min(0)
         layer.running_mean.copy_(mean)
         layer.running_var.copy_(var)

@@ -483,12 +483,14 @@ class Strategy(abc.ABC):
     # -- each step ----------------------------------------------------------------------------------------------------
     _batches_stay = False  # decided by setup_environment
 
-    def batch_to_device(self, batch):
-        """Move a batch to root_device and apply the precision's input cast (64-true). Default: tensors in lists,
-        tuples and dicts move; an object with its own .to(device) moves itself."""
-        if self._batches_stay and _plain_tensors(batch):
+    def batch_to_device(self, batch, device=None, dataloader_idx=0):
+        """Move a batch to `device` (default root_device) and apply the precision's input cast (64-true).
+        Default: tensors in lists, tuples and dicts move; an object with its own .to(device) moves itself.
+        Lightning's signature; dataloader_idx is taken and not used (the Trainer runs the module's transfer hooks
+        around this call itself)."""
+        if device is None and self._batches_stay and _plain_tensors(batch):
             return batch
-        batch = move_to_device(batch, self.root_device)
+        batch = move_to_device(batch, self.root_device if device is None else torch.device(device))
         return self.precision.cast_moved_batch(batch) if self.precision else batch
 
     def forward_context(self, step=None):
@@ -577,9 +579,9 @@ class Strategy(abc.ABC):
 
     # -- between ranks (abstract: OneProcess has the identities of a world of one) -------------------------------------
     @abc.abstractmethod
-    def reduce(self, tensor, op="mean", *, group=None, reduce_op=None):
-        """All-reduce a tensor: "mean", "sum", "max" or "min". Every rank calls it. group= and reduce_op= are
-        Lightning's keywords (lightning_reduce_op)."""
+    def reduce(self, tensor, group=None, reduce_op="mean", *, op=None):
+        """All-reduce a tensor: "mean", "sum", "max" or "min". Every rank calls it. Lightning's signature
+        (tensor, group=None, reduce_op="mean"), plus tasktrain's op= keyword for reduce_op (lightning_reduce_op)."""
 
     def reduce_boolean_decision(self, decision, all=True) -> bool:
         """One decision for every rank (Lightning's): all=True, every rank's must be True; all=False, any rank's.
@@ -588,8 +590,11 @@ class Strategy(abc.ABC):
         return bool(votes == self.world_size) if all else bool(votes)
 
     @abc.abstractmethod
-    def all_gather(self, tensor):
-        """Every rank's tensor, stacked along a new first dimension of world_size."""
+    def all_gather(self, tensor, group=None, sync_grads=False):
+        """Every rank's tensor, stacked along a new first dimension of world_size (Lightning's signature).
+        sync_grads=True: a differentiable gather (torch.distributed.nn.functional.all_gather), whose gradient goes
+        back to each rank's tensor; False: the gathered tensors carry no gradient. group= other than None is
+        refused (check_gather_group): tasktrain gathers from every rank."""
 
     @abc.abstractmethod
     def all_gather_object(self, obj):
@@ -602,6 +607,29 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def barrier(self, name=None):
         """Wait until every rank is here."""
+
+    # -- what a Lightning script reads (Lightning's Strategy members) ------------------------------------------------
+    @property
+    def lightning_module(self):
+        """The user's module (a TaskModule), without the DDP/DeepSpeed/compile wrappers around it (Lightning's):
+        trainer.lightning_module once the run set it up; None before."""
+        return self.module
+
+    def lightning_module_state_dict(self):
+        """The module's state dict (Lightning's), with plain names (a compiled submodule's "_orig_mod." left out).
+        A sharded strategy gives what the module holds on this rank (FSDP: DTensor shards; DeepSpeed stage 3:
+        partitioned parameters are empty), as Lightning's."""
+        if self.module is None:
+            raise RuntimeError(f"{type(self).__name__}.lightning_module_state_dict(): no module is set up yet. Call "
+                               "it during or after trainer.fit/validate/test/predict.")
+        return plain_state_dict(self.module.state_dict())
+
+    @contextlib.contextmanager
+    def model_sharded_context(self):
+        """Build a module inside it to have it created sharded where the strategy can (Lightning's): DeepSpeed
+        stage 3 with zero3_init partitions the parameters as they are made; elsewhere nothing changes (FSDP shards
+        at set-up: `with trainer.init_module(empty_init=True)` builds on the meta device)."""
+        yield
 
     # -- state --------------------------------------------------------------------------------------------------------
     # State dicts carry plain names: a compiled submodule (`self.model = torch.compile(GPT())`) has keys with
@@ -687,22 +715,26 @@ class Strategy(abc.ABC):
         that set at set-up rebuilds what depends on it, or raises. Default: backward and the optimizer read
         requires_grad as it is, nothing to do."""
 
-    def save_checkpoint(self, checkpoint: dict, path: str, storage_options=None):
-        """Write a named checkpoint at `path` (a file; a directory for strategies whose ranks write shards), never
-        leaving a broken one there. Every rank calls it. Default: rank 0 writes the file through checkpoint_io
-        (TorchCheckpointIO: atomically); `storage_options` is for a CheckpointIO of the user's (Lightning's)."""
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None):
+        """Write a named checkpoint at `filepath` (a file; a directory for strategies whose ranks write shards),
+        never leaving a broken one there. Every rank calls it. Default: rank 0 writes the file through checkpoint_io
+        (TorchCheckpointIO: atomically); `storage_options` is for a CheckpointIO of the user's (Lightning's
+        signature: save_checkpoint(checkpoint, filepath, storage_options=None))."""
+        path = filepath
         if storage_options is not None and type(self.checkpoint_io) is TorchCheckpointIO:
             self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options)  # its TypeError, on every rank
         if self.is_global_zero:
             self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
         self.barrier("save_checkpoint")
 
-    def load_checkpoint(self, path: str) -> dict:
-        """Read what save_checkpoint wrote (weights_only: plain data only). Every rank calls it. Default: through
-        checkpoint_io (TorchCheckpointIO: load_checkpoint_file)."""
-        if not self.has_own_checkpoint_io():
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        """Read what save_checkpoint wrote (Lightning's signature). Every rank calls it. Default: through
+        checkpoint_io (TorchCheckpointIO: load_checkpoint_file, plain data only); weights_only=False (a file you
+        trust, holding other objects) goes to checkpoint_io.load_checkpoint(path, weights_only=False)."""
+        path = checkpoint_path
+        if not self.has_own_checkpoint_io() and weights_only is not False:
             return load_checkpoint_file(path)
-        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=None)
+        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
         if not isinstance(checkpoint, dict):
             raise CheckpointError(f"{type(self.checkpoint_io).__name__}.load_checkpoint({path!r}) returned a "
                                   f"{type(checkpoint).__name__}, not the checkpoint dict its save_checkpoint was given.")
@@ -722,10 +754,10 @@ class Strategy(abc.ABC):
                                     "accelerator.save_state(dir).")
         return self.load_checkpoint(path)
 
-    def remove_checkpoint(self, path: str):
+    def remove_checkpoint(self, filepath):
         """Delete a checkpoint written by save_checkpoint (a file or a directory). Every rank calls it."""
         if self.is_global_zero:
-            self.checkpoint_io.remove_checkpoint(path)
+            self.checkpoint_io.remove_checkpoint(filepath)
 
     def link_checkpoint(self, src: str, dst: str):
         """Make `dst` the same checkpoint as `src` without writing it twice (ModelCheckpoint's last.ckpt): hard
@@ -841,12 +873,15 @@ class OneProcess:
     node_rank = 0
     world_size = 1
 
-    def reduce(self, tensor, op="mean", *, group=None, reduce_op=None):
-        lightning_reduce_op(op, group, reduce_op)  # (checked: one process reduces to itself)
+    def reduce(self, tensor, group=None, reduce_op="mean", *, op=None):
+        lightning_reduce_op(group, reduce_op, op)  # (checked: one process reduces to itself)
         return tensor
 
-    def all_gather(self, tensor):
-        return tensor.unsqueeze(0) if isinstance(tensor, torch.Tensor) else [tensor]
+    def all_gather(self, tensor, group=None, sync_grads=False):
+        check_gather_group(group)
+        if not isinstance(tensor, torch.Tensor):
+            return [tensor]
+        return tensor.unsqueeze(0)  # (as Lightning's one device: the tensor itself, its gradient kept)
 
     def all_gather_object(self, obj):
         return [obj]
@@ -886,6 +921,12 @@ class Sharded(abc.ABC):
     (a collective: every rank calls it), check_full_state_dict refuses shards about to be saved by one process,
     save_checkpoint / save_checkpoint_into write directories of shards (every rank writes its own), and
     link_checkpoint / remove_checkpoint handle them."""
+
+    @contextlib.contextmanager
+    def model_sharded_context(self):
+        """Lightning's: module_init_context(empty_init=False) (DeepSpeed stage 3 with zero3_init: zero.Init)."""
+        with self.module_init_context(empty_init=False):
+            yield
 
     @abc.abstractmethod
     def module_init_context(self, empty_init=False):
@@ -992,17 +1033,30 @@ def step_name(step_fn):
     return getattr(step_fn, "__name__", None)
 
 
-def lightning_reduce_op(op, group=None, reduce_op=None):
-    """The reduction of strategy.reduce(tensor, op) when a script gives Lightning's keywords
-    (reduce(tensor, group=None, reduce_op="mean"): "mean" / "avg", "sum", "max", "min" in any case, or torch's
-    ReduceOp). group= other than None is refused: tasktrain reduces over every rank."""
+def check_gather_group(group):
+    """strategy.all_gather(tensor, group=...): tasktrain gathers from every rank; a group of the script's is refused."""
+    if group is not None:
+        raise ValueError("strategy.all_gather(..., group=...): tasktrain's strategies gather from every rank. Gather "
+                         "over a group of your own with torch.distributed.all_gather(tensors, tensor, group=group), "
+                         "or gather from all ranks and keep the rows you need.")
+
+
+def lightning_reduce_op(group=None, reduce_op="mean", op=None):
+    """The reduction of strategy.reduce(tensor, group=None, reduce_op="mean", *, op=None) (Lightning's signature,
+    plus tasktrain's op= keyword): "mean" / "avg", "sum", "max", "min" in any case, or torch's ReduceOp. group=
+    other than None is refused: tasktrain reduces over every rank."""
+    if isinstance(group, str):
+        raise ValueError(f"strategy.reduce(tensor, {group!r}): the second parameter is Lightning's group (a process "
+                         f"group), not the reduction. Pass reduce_op={group!r} (or op={group!r}).")
     if group is not None:
         raise ValueError("strategy.reduce(..., group=...): tasktrain's strategies reduce over every rank. Reduce over "
                          "a group of your own with torch.distributed.all_reduce(tensor, group=group).")
-    if reduce_op is None:
-        return op
-    if op != "mean":
-        raise ValueError(f"strategy.reduce(op={op!r}, reduce_op={reduce_op!r}): give the reduction once.")
+    if op is not None:
+        if not (isinstance(reduce_op, str) and reduce_op == "mean"):
+            raise ValueError(f"strategy.reduce(op={op!r}, reduce_op={reduce_op!r}): give the reduction once.")
+        reduce_op = op
+    if reduce_op is None:  # (Lightning's reduce_op=None is its default, the mean)
+        return "mean"
     import torch.distributed as dist
 
     by_op = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min", dist.ReduceOp.AVG: "mean"}

@@ -18,6 +18,7 @@ from tasktrain.checkpoint_io import CheckpointIO
 from tasktrain.plugins.precision import _PRECISION_PLUGIN
 from tasktrain.strategies.base import _StepWrapper, step_arguments
 from tasktrain.strategies.parallel import ParallelStrategy
+from tasktrain.strategies.world import ProcessWorld
 
 if TYPE_CHECKING:  # (plugins.environments imports the strategies package: named for the annotation only)
     from tasktrain.plugins.environments import ClusterEnvironment
@@ -88,6 +89,8 @@ class DDP(ParallelStrategy):
         if cls is DDP:
             return DDP in getattr(subclass, "__mro__", ())
         return NotImplemented
+
+    barrier = ProcessWorld.lightning_barrier  # (Lightning's DDPStrategy.barrier(*args, **kwargs))
 
     def __init__(
         self,

@@ -307,16 +307,16 @@ class ModelParallelStrategy(FSDP):
                 return super().backward(loss, *args, **kwargs)
         return super().backward(loss, *args, **kwargs)
 
-    def reduce(self, tensor, op="mean", *, group=None, reduce_op=None):
+    def reduce(self, tensor, group=None, reduce_op="mean", *, op=None):
         from torch.distributed.tensor import DTensor
 
         from tasktrain.strategies.base import lightning_reduce_op
 
-        op = lightning_reduce_op(op, group, reduce_op)  # (Lightning's keywords)
+        op = lightning_reduce_op(group, reduce_op, op)  # (Lightning's signature, and op=)
 
         if isinstance(tensor, DTensor):  # a loss computed under loss_parallel(): replicated, whole on every rank
             tensor = tensor.full_tensor()
-        out = super().reduce(tensor, op)
+        out = super().reduce(tensor, op=op)
         if op == "sum" and self.tensor_parallel_size > 1:
             out = out / self.tensor_parallel_size  # each tensor-parallel group counted once (see the module doc)
         return out
@@ -354,9 +354,9 @@ class ModelParallelStrategy(FSDP):
             layout["data_parallel_replicate"] = self.data_parallel_replicate_size
         return layout
 
-    def save_checkpoint(self, checkpoint, path):
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None):
         checkpoint = with_own(checkpoint, device_mesh=self._layout())
-        return super().save_checkpoint(checkpoint, path)
+        return super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def save_checkpoint_into(self, directory, checkpoint, filename):
         checkpoint = with_own(checkpoint, device_mesh=self._layout())
@@ -366,8 +366,9 @@ class ModelParallelStrategy(FSDP):
         checkpoint = with_own(checkpoint, device_mesh=self._layout())
         return super().save_checkpoint_async(checkpoint, path, on_complete, filename)
 
-    def load_checkpoint(self, path):
-        ckpt = super().load_checkpoint(path)
+    def load_checkpoint(self, checkpoint_path, weights_only=None):
+        path = checkpoint_path
+        ckpt = super().load_checkpoint(path, weights_only)
         self._say_resharded(ckpt, path)
         return ckpt
 

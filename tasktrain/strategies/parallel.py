@@ -75,3 +75,13 @@ class ParallelStrategy(ProcessWorld, Strategy):
                 yield None
         else:
             yield None
+
+
+def _is_distributed(strategy):
+    """True, as Lightning's DDPStrategy / DeepSpeedStrategy / FSDPStrategy say (its legacy property), for a script
+    that reads it. Set after the class body: a class body that sets is_distributed is refused (base._RETIRED), since
+    tasktrain reads a strategy's processes from its capabilities (MultiProcess), never from this property."""
+    return True
+
+
+ParallelStrategy.is_distributed = property(_is_distributed)

@@ -12,6 +12,7 @@ class SingleDevice(OneProcess, Strategy):
     """One process, one device (the CPU, or one GPU)."""
 
     name = "single_device"
+    strategy_name = "single_device"  # (Lightning's registry name)
 
     def __init__(
         self,
@@ -39,6 +40,9 @@ class SingleDevice(OneProcess, Strategy):
             import torch
 
             self._root_device = torch.device(device)
+
+    def barrier(self, *args, **kwargs):
+        """Lightning's SingleDeviceStrategy.barrier(*args, **kwargs): one process waits for no one."""
 
 
 class SingleDeviceStrategy(SingleDevice):

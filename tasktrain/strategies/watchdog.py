@@ -588,13 +588,15 @@ class Watchdog:
             delay = min(delay * 2, 0.05)
 
 
-def checked_collective(op, data=(), objects=()):
+def checked_collective(op, data=(), objects=(), arguments=None):
     """Decorate a strategy's collective method: marks it as a sub-event for the watchdog (so a rank stuck in it
     is seen there) and, with TASKTRAIN_DEBUG_COLLECTIVES=1, compares it across ranks before it runs.
 
     data: the arguments that carry tensors: their dtype and shape are compared (a number: its type), not their
     values. objects: arguments holding any picklable object (all_gather_object, broadcast): not compared.
-    Every other argument (op, src, name) is compared by value."""
+    Every other argument (op, src, name) is compared by value. arguments: a function of the bound arguments (a
+    dict) giving the (name, value) pairs that describe the call, where several spellings mean one call (reduce's
+    Lightning reduce_op= and tasktrain's op=: the reduction once)."""
 
     def decorate(fn):
         parameters = inspect.signature(fn)
@@ -611,6 +613,8 @@ def checked_collective(op, data=(), objects=()):
                 # (keyword-only arguments left at None, Lightning's group= / reduce_op= aliases: not part of the call)
                 given = [(name, value) for name, value in list(bound.arguments.items())[1:]
                          if not (value is None and parameters.parameters[name].kind is inspect.Parameter.KEYWORD_ONLY)]
+                if arguments is not None:
+                    given = arguments(bound.arguments)
                 signature, compared = _describe_arguments(given, data, objects)
                 watchdog.check_collective(op, signature, compared, _call_site())
             else:

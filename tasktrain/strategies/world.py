@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from tasktrain.accelerators.accelerator import Accelerator
-from tasktrain.strategies.base import MultiProcess, lightning_reduce_op, release_kept_runs
+from tasktrain.strategies.base import MultiProcess, check_gather_group, lightning_reduce_op, release_kept_runs
 from tasktrain.strategies.environment import (ClusterEnvironment, SlurmAllocationError, detect_environment,
                                               environment_from_local_rank, environment_from_plugin)
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
@@ -331,9 +331,10 @@ class ProcessWorld(MultiProcess):
         which outlives the run, allows it."""
         return self.world_size == 1 and not dist.is_initialized()
 
-    @checked_collective("reduce", data=("tensor",))  # watchdog (issue 19)
-    def reduce(self, tensor, op="mean", *, group=None, reduce_op=None):
-        op = lightning_reduce_op(op, group, reduce_op)  # (Lightning's keywords)
+    @checked_collective("reduce", data=("tensor",), arguments=lambda given: [  # watchdog (issue 19)
+        ("tensor", given["tensor"]), ("op", lightning_reduce_op(given["group"], given["reduce_op"], given["op"]))])
+    def reduce(self, tensor, group=None, reduce_op="mean", *, op=None):
+        op = lightning_reduce_op(group, reduce_op, op)  # (Lightning's signature, and op=)
         if op not in _REDUCE_OPS:
             raise ValueError(f"reduce(op={op!r}): use one of {sorted(_REDUCE_OPS)}.")
         if not isinstance(tensor, torch.Tensor):
@@ -347,8 +348,18 @@ class ProcessWorld(MultiProcess):
         return out
 
     @checked_collective("all_gather", data=("tensor",))  # watchdog (issue 19)
-    def all_gather(self, tensor):
-        """Every rank's tensor, stacked: shape (world_size, *tensor.shape). All ranks must pass the same shape."""
+    def all_gather(self, tensor, group=None, sync_grads=False):
+        """Every rank's tensor, stacked: shape (world_size, *tensor.shape). All ranks must pass the same shape.
+        sync_grads=True (Lightning's): torch.distributed.nn.functional.all_gather, whose backward sends each rank
+        the gradient of its own tensor (summed over the ranks' losses)."""
+        check_gather_group(group)
+        if sync_grads:
+            tensor = tensor.contiguous().to(self.root_device)
+            if self._alone():
+                return tensor.unsqueeze(0)
+            import torch.distributed.nn.functional as dist_nn
+
+            return torch.stack(dist_nn.all_gather(tensor))
         tensor = tensor.detach().contiguous().to(self.root_device)
         if self._alone():
             return tensor.unsqueeze(0).clone()
@@ -374,6 +385,15 @@ class ProcessWorld(MultiProcess):
 
     @checked_collective("barrier")  # watchdog (issue 19)
     def barrier(self, name=None):
+        if dist.is_initialized():
+            dist.barrier()
+
+    @checked_collective("barrier", arguments=lambda given: [  # watchdog (issue 19): described as barrier(name=...)
+        ("name", given["args"][0] if given["args"] else given["kwargs"].get("name"))])
+    def lightning_barrier(self, *args, **kwargs):
+        """barrier with the signature of Lightning's DDPStrategy / DeepSpeedStrategy.barrier(*args, **kwargs): a
+        name, by position or name=, says where. (Its own checked collective, so that the watchdog names the caller's
+        line, not a wrapper's.) A DDP-like strategy sets `barrier = ProcessWorld.lightning_barrier`."""
         if dist.is_initialized():
             dist.barrier()
 

@@ -736,7 +736,7 @@ class Accelerator:
         A collective: call it on every process."""
         flag = torch.tensor(1.0 if self._triggered else 0.0, device=self.device)
         if self.use_distributed:
-            flag = self.strategy.reduce(flag, "sum")
+            flag = self.strategy.reduce(flag, op="sum")
         if float(flag) > 0:
             self._triggered = False
             return True
@@ -880,7 +880,7 @@ class Accelerator:
 
         def one(t):
             if self.use_distributed and reduction != "none":
-                t = self.strategy.reduce(t, reduction)
+                t = self.strategy.reduce(t, op=reduction)
             return t * scale if scale != 1.0 else t
 
         return _map_tensors(tensor, one)

@@ -501,20 +501,17 @@ class TaskModule(torch.nn.Module):
             self.log(name, value, **kwargs)
 
     def all_gather(self, data, group=None, sync_grads=False):
-        """Gather a tensor (or a dict/list of tensors) from every rank: a new leading dimension of world size."""
+        """Gather a tensor (or a dict/list of tensors) from every rank: a new leading dimension of world size.
+        sync_grads=True: the gather is differentiable (the strategy's all_gather, as Lightning's)."""
         if group is not None:
             raise ValueError("all_gather(group=...): tasktrain gathers from all ranks only; gather from all and "
                              "keep the rows of the ranks you need.")
-        if sync_grads:
-            raise ValueError("all_gather(sync_grads=True): tasktrain's gather carries no gradient. Compute the part "
-                             "of the loss that needs other ranks' tensors on gathered, detached copies, or use "
-                             "torch.distributed.nn.functional.all_gather in your own code.")
         strategy = self.trainer.strategy
 
         def gather(leaf):
             if not isinstance(leaf, torch.Tensor):
                 leaf = torch.tensor(leaf, device=strategy.root_device)
-            return strategy.all_gather(leaf)
+            return strategy.all_gather(leaf, sync_grads=sync_grads)
 
         return apply_to_leaves(data, gather)
 

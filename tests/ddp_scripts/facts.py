@@ -76,6 +76,22 @@ class Collectives(Callback):
         facts["module_all_gather"] = {k: v.tolist() for k, v in module.all_gather({"r": torch.tensor(rank)}).items()}
         facts["broadcast"] = strategy.broadcast({"from": rank})
         strategy.barrier()
+        # Lightning's signatures, called as a Lightning script does (issue 37): reduce(tensor, group, reduce_op) by
+        # position, a differentiable all_gather(sync_grads=True) whose gradient comes back to each rank's tensor.
+        facts["lightning_reduce_sum"] = float(strategy.reduce(torch.tensor(rank + 1.0), None, "sum"))
+        facts["lightning_reduce_max"] = float(strategy.reduce(torch.tensor(rank + 1.0), reduce_op="max"))
+        mine = torch.tensor([rank + 1.0, 2.0 * (rank + 1)], requires_grad=True)
+        gathered = strategy.all_gather(mine, sync_grads=True)
+        weights = torch.tensor([[1.0, 1.0], [10.0, 10.0]])  # the same loss on every rank: sum(w * gathered)
+        (weights * gathered).sum().backward()
+        facts["sync_grads_gathered"] = gathered.tolist()
+        facts["sync_grads_grad"] = mine.grad.tolist()
+        facts["plain_gather_requires_grad"] = strategy.all_gather(mine).requires_grad
+        facts["module_sync_grads"] = module.all_gather(mine, sync_grads=True).requires_grad
+        strategy.barrier(name="lightning_barrier")
+        facts["lightning_members"] = dict(
+            is_distributed=strategy.is_distributed, module_is_lightning_module=strategy.lightning_module is module,
+            state_dict_keys=sorted(strategy.lightning_module_state_dict()))
         facts["ranks"] = dict(global_rank=trainer.global_rank, local_rank=trainer.local_rank,
                               world_size=trainer.world_size, node_rank=trainer.node_rank, num_nodes=trainer.num_nodes,
                               module_global_rank=module.global_rank, module_local_rank=module.local_rank)

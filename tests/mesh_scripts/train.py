@@ -169,7 +169,7 @@ class Record(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self.losses.append(float(loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()))
-        self.summed.append(float(trainer.strategy.reduce(torch.tensor(1.0), "sum")))
+        self.summed.append(float(trainer.strategy.reduce(torch.tensor(1.0), op="sum")))
         if self.save and trainer.global_step == SAVE_AT:
             for path in self.save:
                 trainer.save_checkpoint(path)

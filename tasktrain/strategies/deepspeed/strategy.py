@@ -76,6 +76,7 @@ from tasktrain.strategies.deepspeed.engine import (_complete_swapped_state, _for
                                                    _swaps_optimizer, import_deepspeed)
 from tasktrain.strategies.precision import Precision, warn_fp16_on_cpu
 from tasktrain.strategies.parallel import ParallelStrategy
+from tasktrain.strategies.world import ProcessWorld
 from tasktrain.tree import apply_to_leaves
 
 _ANNOUNCED = set()
@@ -167,11 +168,14 @@ class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
     """
 
     name = "deepspeed"
+    strategy_name = "deepspeed"  # (Lightning's registry name)
     applies_layer_sync = False  # (Lightning's DeepSpeedStrategy.setup never calls its LayerSync)
     # Lightning's DeepSpeedStrategy(load_full_weights=True) (tasktrain.strategies.lightning sets it): a fit resumed
     # from a single-file checkpoint takes its weights and drops its optimizer state with Lightning's warning, where
     # tasktrain's own strategy refuses that state (load_optimizer_state).
     load_full_weights = False
+
+    barrier = ProcessWorld.lightning_barrier  # (Lightning's DeepSpeedStrategy.barrier(*args, **kwargs))
 
     def __init__(self, stage=None, offload_optimizer=None, offload_parameters=None, config=None, zero3_init=False,
                  save_16bit_model=False, micro_batch_size=None, accumulate_grad_batches=None, gradient_clipping=None,
@@ -727,12 +731,17 @@ class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
                 "the next run, or inside the run: ModelCheckpoint(save_last=True), or trainer.save_checkpoint(...) in "
                 "a callback's on_train_end / on_fit_end (every rank calls it).")
 
-    def save_checkpoint(self, checkpoint: dict, path: str):
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None):
         """A directory: the engine's shards (one file per rank) plus our state file; written under a temporary
         name and renamed into place, so a crash never leaves a half directory under the real name.
 
-        A weights-only checkpoint is a single file with the consolidated fp32 weights instead."""
-        path = os.path.abspath(os.fspath(path))
+        A weights-only checkpoint is a single file with the consolidated fp32 weights instead. storage_options
+        (Lightning's) is refused: the engine writes its own shards."""
+        if storage_options is not None:
+            raise TypeError("DeepSpeedStrategy.save_checkpoint(storage_options=...): the DeepSpeed engine writes its "
+                            "shards itself, with no CheckpointIO to pass them to (Lightning's refuses them too). "
+                            "Leave storage_options out.")
+        path = os.path.abspath(os.fspath(filepath))
         if own_state(checkpoint).get("weights_only"):
             tmp = f"{path}.zero-tmp"
             self._save_engine(tmp, {}, sixteen_bit=False)
@@ -857,10 +866,11 @@ class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
             os.remove(os.path.join(directory, raw))
         self.barrier("save_16bit")
 
-    def load_checkpoint(self, path: str) -> dict:
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         """A DeepSpeed checkpoint directory: the engine loads its shards (weights, optimizer) and our state file is
-        returned. Without an optimizer (validate/test/predict) the weights are consolidated instead."""
-        path = os.fspath(path)
+        returned. Without an optimizer (validate/test/predict) the weights are consolidated instead. (Lightning's
+        signature; the state file is read with weights_only=True whatever weights_only says.)"""
+        path = os.fspath(checkpoint_path)
         if not os.path.isdir(path):
             return load_checkpoint_file(path)  # a plain checkpoint: weights yes, optimizer state no (see above)
         return self._load_directory(path, STATE_FILE)

@@ -114,6 +114,16 @@ class FSDP(Sharded, ParallelStrategy):
     """
 
     name = "fsdp"
+    strategy_name = "fsdp"  # (Lightning's registry name)
+
+    @classmethod
+    def get_registered_strategies(cls):
+        """The strategy names that build an FSDP (Lightning's FSDPStrategy.get_registered_strategies(): "fsdp",
+        "fsdp_cpu_offload"), read from tasktrain's one table of names (tasktrain/names.py)."""
+        from tasktrain.names import STRATEGIES
+
+        return [name for name, entry in STRATEGIES.items()
+                if (entry.module, entry.cls) == ("tasktrain.strategies.fsdp", "FSDP")]
     _checkpoint_group = None  # the gloo group of async_save's collectives (made at the first background save)
 
     def __init__(self, accelerator=None, precision=None, wrap=None, reshard_after_forward=True, cpu_offload=False,
@@ -563,12 +573,18 @@ class FSDP(Sharded, ParallelStrategy):
                              "strategy.full_state_dict() (the Accelerator's get_state_dict) on every rank.")
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
-    def save_checkpoint(self, checkpoint: dict, path: str):
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None):
         """state_dict_type="sharded": a directory at `path` (DCP shards of the module and the optimizers, written by
-        every rank, plus our state file), written as `path`.tmp and renamed into place. "full": one file by rank 0."""
-        path = os.path.abspath(os.fspath(path))
+        every rank, plus our state file), written as `path`.tmp and renamed into place. "full": one file by rank 0.
+        (Lightning's signature; storage_options goes to the CheckpointIO of a full checkpoint, and is refused for
+        a sharded one, which torch.distributed.checkpoint writes.)"""
+        path = os.path.abspath(os.fspath(filepath))
         if self.state_dict_type == "full" or not _holds_dtensors(checkpoint.get("state_dict")):
-            return super().save_checkpoint(checkpoint, path)
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        if storage_options is not None:
+            raise TypeError("FSDPStrategy.save_checkpoint(storage_options=...): a sharded checkpoint is written by "
+                            "torch.distributed.checkpoint, which takes no storage options. Leave storage_options "
+                            "out, or use state_dict_type='full'.")
         tmp = f"{path}.tmp"
         self._write_directory(tmp, checkpoint, STATE_FILE)
         if self.is_global_zero:
@@ -635,8 +651,9 @@ class FSDP(Sharded, ParallelStrategy):
         writer.start(write, path)
         return writer
 
-    def load_checkpoint(self, path: str) -> dict:
-        path = os.fspath(path)
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        """(Lightning's signature; files are read with weights_only=True whatever weights_only says.)"""
+        path = os.fspath(checkpoint_path)
         if not os.path.isdir(path):
             # A full checkpoint (state_dict_type="full" or any plain one): rank 0's copy of the weights and the
             # optimizer state is broadcast to the others, each keeping its shard. Mapped, not read: the other ranks

@@ -120,7 +120,7 @@ def reduce(tensor, reduction="mean", scale=1.0):
 
     def one(t):
         if strategy.world_size > 1 and reduction != "none":
-            t = strategy.reduce(t.clone(), reduction)
+            t = strategy.reduce(t.clone(), op=reduction)
         return t * scale if scale != 1.0 else t
 
     return _tensors(tensor, one)
