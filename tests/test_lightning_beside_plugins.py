@@ -1734,7 +1734,7 @@ def test_the_plugin_a_precision_name_builds_is_lightnings_class_of_that_name(nam
     assert seen["tasktrain"] == seen["lightning"]
     assert seen["tasktrain"][0][0] == "Precision"
     # a subclass of one's own keeps the plain rule: the Trainer's plugin is not one
-    assert not isinstance(tasktrain.Trainer(precision=name, logger=False).precision_plugin,
+    assert not isinstance(tasktrain.Trainer(precision=name, accelerator="cpu", logger=False).precision_plugin,
                           type("Mine", (our_plugins.MixedPrecision,), {}))
 
 
