@@ -91,9 +91,10 @@ def _takes_nothing(self):
     pass
 
 
-def differences():
-    """{qualified tasktrain name: difference}, over Lightning's public names."""
-    found, seen = {}, set()
+def _lightning_public_names():
+    """(module suffix, Lightning's name, Lightning's class or function, tasktrain's of the renamed name or None) for
+    each public class and function Lightning's MODULES export, each once."""
+    seen = set()
     for suffix in MODULES:
         theirs_module = importlib.import_module("lightning.pytorch" + suffix)
         ours_module = importlib.import_module("tasktrain" + suffix)
@@ -107,31 +108,37 @@ def differences():
                     theirs_module.__name__)):
                 continue  # torch's, Python's, and names a module without __all__ imported from elsewhere
             seen.add(id(theirs))
-            our_name = f"tasktrain{suffix}.{RENAMED.get(name, name)}"
-            ours = getattr(ours_module, RENAMED.get(name, name), None)
-            if ours is None:
-                found[our_name] = "absent"
+            yield suffix, name, theirs, getattr(ours_module, RENAMED.get(name, name), None)
+
+
+def differences():
+    """{qualified tasktrain name: difference}, over Lightning's public names."""
+    found = {}
+    for suffix, name, theirs, ours in _lightning_public_names():
+        our_name = f"tasktrain{suffix}.{RENAMED.get(name, name)}"
+        if ours is None:
+            found[our_name] = "absent"
+            continue
+        if inspect.isfunction(theirs) or not inspect.isclass(ours):
+            found[our_name] = _difference(theirs, ours)
+            continue
+        # (a class without an __init__ of its own in Lightning takes no arguments: object's (self, /, *args,
+        # **kwargs) is not a signature to copy)
+        their_init = theirs.__init__ if theirs.__init__ is not object.__init__ else _takes_nothing
+        our_init = ours.__init__ if ours.__init__ is not object.__init__ else _takes_nothing
+        found[our_name + ".__init__"] = _difference(their_init, our_init)
+        for attribute in dir(theirs):
+            if attribute.startswith("_"):
                 continue
-            if inspect.isfunction(theirs) or not inspect.isclass(ours):
-                found[our_name] = _difference(theirs, ours)
+            owner = next(c for c in theirs.__mro__ if attribute in vars(c))
+            if not (owner.__module__ or "").startswith("lightning"):
+                continue  # torch's nn.Module methods, Python's
+            if not callable(getattr(theirs, attribute)) or isinstance(vars(owner)[attribute], property):
                 continue
-            # (a class without an __init__ of its own in Lightning takes no arguments: object's (self, /, *args,
-            # **kwargs) is not a signature to copy)
-            their_init = theirs.__init__ if theirs.__init__ is not object.__init__ else _takes_nothing
-            our_init = ours.__init__ if ours.__init__ is not object.__init__ else _takes_nothing
-            found[our_name + ".__init__"] = _difference(their_init, our_init)
-            for attribute in dir(theirs):
-                if attribute.startswith("_"):
-                    continue
-                owner = next(c for c in theirs.__mro__ if attribute in vars(c))
-                if not (owner.__module__ or "").startswith("lightning"):
-                    continue  # torch's nn.Module methods, Python's
-                if not callable(getattr(theirs, attribute)) or isinstance(vars(owner)[attribute], property):
-                    continue
-                our_method = getattr(ours, attribute, None)
-                if our_method is None or not callable(our_method):
-                    continue  # (absent ones: test_lightnings_public_methods_and_class_attributes_are_there_or_allowed)
-                found[f"{our_name}.{attribute}"] = _difference(getattr(theirs, attribute), our_method)
+            our_method = getattr(ours, attribute, None)
+            if our_method is None or not callable(our_method):
+                continue  # (absent ones: test_lightnings_public_methods_and_class_attributes_are_there_or_allowed)
+            found[f"{our_name}.{attribute}"] = _difference(getattr(theirs, attribute), our_method)
     return {name: difference for name, difference in found.items() if difference}
 
 
@@ -416,36 +423,23 @@ def absent_attributes():
     public classes (the MODULES walk of differences()) that tasktrain's class of the renamed name neither has nor
     assigns in its code. Keyed by where Lightning defines the attribute, so an entry covers every subclass (a
     strategy's by its name alone: "pytorch.strategies.*.<name>")."""
-    found, seen = {}, set()
-    for suffix in MODULES:
-        theirs_module = importlib.import_module("lightning.pytorch" + suffix)
-        ours_module = importlib.import_module("tasktrain" + suffix)
-        names = getattr(theirs_module, "__all__", None) or [n for n in dir(theirs_module) if not n.startswith("_")]
-        for name in names:
-            theirs = getattr(theirs_module, name, None)
-            if not inspect.isclass(theirs) or id(theirs) in seen:
+    found = {}
+    for suffix, name, theirs, ours in _lightning_public_names():
+        if not inspect.isclass(theirs) or not inspect.isclass(ours):
+            continue  # (absent classes: test_signatures_are_lightnings_or_allowed)
+        assigned = None
+        for attribute in dir(theirs):
+            if attribute.startswith("_"):
                 continue
-            origin = getattr(theirs, "__module__", None) or ""
-            if not origin.startswith("lightning.") or (not hasattr(theirs_module, "__all__") and not origin.startswith(
-                    theirs_module.__name__)):
+            owner = next(c for c in theirs.__mro__ if attribute in vars(c))
+            if not (owner.__module__ or "").startswith("lightning") or hasattr(ours, attribute):
                 continue
-            seen.add(id(theirs))
-            ours = getattr(ours_module, RENAMED.get(name, name), None)
-            if not inspect.isclass(ours):
-                continue  # (absent classes: test_signatures_are_lightnings_or_allowed)
-            assigned = None
-            for attribute in dir(theirs):
-                if attribute.startswith("_"):
-                    continue
-                owner = next(c for c in theirs.__mro__ if attribute in vars(c))
-                if not (owner.__module__ or "").startswith("lightning") or hasattr(ours, attribute):
-                    continue
-                assigned = _assigned_attributes(ours) if assigned is None else assigned
-                if attribute not in assigned:
-                    key = f"{owner.__module__.removeprefix('lightning.')}.{owner.__qualname__}.{attribute}"
-                    if key.startswith("pytorch.strategies."):  # (one entry for every strategy class: which of
-                        key = f"pytorch.strategies.*.{attribute}"  # Lightning's defines it does not matter here)
-                    found.setdefault(key, []).append(f"tasktrain{suffix}.{RENAMED.get(name, name)}")
+            assigned = _assigned_attributes(ours) if assigned is None else assigned
+            if attribute not in assigned:
+                key = f"{owner.__module__.removeprefix('lightning.')}.{owner.__qualname__}.{attribute}"
+                if key.startswith("pytorch.strategies."):  # (one entry for every strategy class: which of
+                    key = f"pytorch.strategies.*.{attribute}"  # Lightning's defines it does not matter here)
+                found.setdefault(key, []).append(f"tasktrain{suffix}.{RENAMED.get(name, name)}")
     return found
 
 
