@@ -417,3 +417,64 @@ def test_an_iterable_with_its_own_state_resumes_from_it_as_lightning(stateful, t
         assert mine[2] == lightnings[2] == [("PossibleUserWarning", "You're resuming from a checkpoint that ended "
                                              "before the epoch ended and your dataloader is")]
         assert [b for _, _, b in mine[0][:2]] == [2.0, 3.0]  # (Lightning's reads 0.0, 1.0: the epoch again)
+
+
+@pytest.mark.parametrize("optimizer_states", ["empty", "saved"])
+def test_a_checkpoint_without_loop_state_restores_what_it_holds_and_starts_the_loops_as_lightning(
+        tmp_path, optimizer_states, quiet_lightning):
+    """NeMo's pattern (Lightning's test_stateful_trainer_ckpt_path_support): a file with weights, optimizer and scheduler
+    states but no "loops" given as ckpt_path. Lightning restores what it holds and its loops start from the Trainer's
+    own counters (the file's "epoch" / "global_step" are not read: epoch 5 beside max_epochs=1 is not refused); the
+    sanity check runs. tasktrain refused it (no loop state)."""
+    torch.manual_seed(0)
+    source = ours.BoringModel()
+    optimizer = torch.optim.SGD(source.parameters(), lr=0.1, momentum=0.9)
+    source(torch.ones(2, 32)).sum().backward()
+    optimizer.step()
+    saved = {"state_dict": source.state_dict(), "lr_schedulers": [], "epoch": 5, "global_step": 40,
+             "pytorch-lightning_version": "2.0.0",  # (Lightning reads it: a KeyError without)
+             "optimizer_states": {} if optimizer_states == "empty" else [optimizer.state_dict()]}
+    path = tmp_path / "nemo.ckpt"
+    torch.save(saved, path)
+
+    def run(lib, classes):
+        seen = []
+
+        class Module(classes.BoringModel):
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+            def on_train_start(self):
+                state = self.trainer.optimizers[0].state
+                seen.append(("start", self.trainer.current_epoch, self.trainer.global_step,
+                             torch.equal(self.layer.weight, source.layer.weight),
+                             [s["momentum_buffer"].clone() for s in state.values()] if state else None))
+
+            def validation_step(self, batch, batch_idx):
+                seen.append(("val", self.trainer.sanity_checking))
+                return super().validation_step(batch, batch_idx)
+
+        trainer = lib.Trainer(default_root_dir=tmp_path / lib.__name__, max_epochs=1, logger=False, **QUIET)
+        trainer.fit(Module(), ckpt_path=str(path))
+        return seen, trainer.global_step, trainer.current_epoch
+
+    mine, theirs_ = run(tasktrain, ours), run(pl, theirs)
+    assert mine[1:] == theirs_[1:] == (2, 1)
+    (m_start,), (t_start,) = ([e for e in seen if e[0] == "start"] for seen in (mine[0], theirs_[0]))
+    assert m_start[:4] == t_start[:4] == ("start", 0, 0, True)
+    if optimizer_states == "empty":
+        assert m_start[4] is None and t_start[4] is None
+    else:
+        assert len(m_start[4]) == len(t_start[4]) == 2 and all(map(torch.equal, m_start[4], t_start[4]))
+    # the sanity check, then the epoch's validation, in both
+    assert [e for e in mine[0] if e[0] != "start"] == [e for e in theirs_[0] if e[0] != "start"] == [
+        ("val", True), ("val", False)]
+
+
+def test_a_checkpoint_of_weights_alone_gets_lightnings_key_error(tmp_path, quiet_lightning):
+    path = tmp_path / "weights.ckpt"
+    torch.save({"state_dict": ours.BoringModel().state_dict(), "pytorch-lightning_version": "2.0.0"}, path)
+    for lib, classes in ((tasktrain, ours), (pl, theirs)):
+        trainer = lib.Trainer(default_root_dir=tmp_path / lib.__name__, max_epochs=1, logger=False, **QUIET)
+        with pytest.raises(KeyError, match="Trying to restore optimizer state but checkpoint contains only the model"):
+            trainer.fit(classes.BoringModel(), ckpt_path=str(path))

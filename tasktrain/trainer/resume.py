@@ -304,8 +304,44 @@ def load(trainer, path):
         return None
     loaded = Loaded(path, read(trainer, path))
     from_lightnings_loops(trainer, loaded)
+    without_loops(trainer, loaded)
     check_resumable(trainer, loaded)
     return loaded
+
+
+def without_loops(trainer, loaded):
+    """Lightning's rule for a checkpoint with no loop state at all (no "loops" key: NeMo's experiment manager writes
+    such files and passes them as ckpt_path; Lightning's test_stateful_trainer_ckpt_path_support): the fit restores
+    what it holds (the weights, the optimizer and scheduler states, the callbacks' states) and the loop counters are
+    the Trainer's own, not the file's (a fresh Trainer starts at epoch 0, step 0; the file's "epoch" and
+    "global_step" are not read, as Lightning reads only its loops). It must hold "optimizer_states" and
+    "lr_schedulers" (empty is fine: the optimizers and schedulers then start fresh), as Lightning requires: a file
+    of weights alone gets Lightning's KeyError. Rank 0 says what was restored."""
+    ckpt = loaded.ckpt
+    if "loops" in ckpt or "state_dict" not in ckpt or ckpt_io.format_version(ckpt) is not None or \
+            isinstance(ckpt_io.own_state(ckpt).get("train_state"), dict):
+        return
+    for key, what in (("optimizer_states", "optimizer"), ("lr_schedulers", "learning rate scheduler")):
+        if key not in ckpt:
+            raise KeyError(  # Lightning's type and first sentences (restore_optimizers_and_schedulers); then the fix
+                f"Trying to restore {what} state but checkpoint contains only the model. This is probably due to "
+                f"`ModelCheckpoint.save_weights_only` being set to `True`. {loaded.path} holds the weights but no "
+                f"{key!r} (and no loop state), so a fit cannot continue from it. Load its weights into the module "
+                f"before fit ({type(trainer.lightning_module).__name__}.load_state_dict(torch.load(path)"
+                f"['state_dict'])), or give it empty {key!r} to start those fresh."
+            )
+    saved = trainer.state.state_dict()
+    saved["without_loops"] = True  # (check_epochs_left, skips_sanity_check: the Trainer's counters, not the file's)
+    ckpt["loops"] = {"format_version": ckpt_io.CHECKPOINT_FORMAT_VERSION, "weights_only": False,
+                     "world_size": trainer.world_size, "train_state": saved}
+    if trainer.is_global_zero:
+        fresh = [key for key in ("optimizer_states", "lr_schedulers") if not ckpt[key]]
+        print(f"[tasktrain] {loaded.path} holds no loop state: its weights"
+              f"{'' if 'optimizer_states' in fresh else ', optimizer states'}"
+              f"{'' if 'lr_schedulers' in fresh else ', scheduler states'} are restored and the fit goes on from "
+              f"epoch {trainer.current_epoch}, step {trainer.global_step}"
+              f"{' (the ' + ' and '.join(k.replace('_', ' ') for k in fresh) + ' are empty: those start fresh)' if fresh else ''}.",
+              flush=True)
 
 
 def from_lightnings_loops(trainer, loaded):
@@ -486,7 +522,8 @@ def restore_training_state(trainer, loaded):
     optimizers, schedulers, precision, metrics and the loop's counters. The position inside the epoch waits for the
     training loader (restore_position), the RNG for the loop's start."""
     path, ckpt, optimizers = loaded.path, loaded.ckpt, trainer.optimizers
-    check_counts(ckpt, "optimizer_states", len(optimizers), lambda saved: (
+    if not (ckpt_io.own_state(ckpt)["train_state"].get("without_loops") and not ckpt["optimizer_states"]):
+        check_counts(ckpt, "optimizer_states", len(optimizers), lambda saved: (
         f"{path} has {saved} optimizer states but configure_optimizers returned {len(optimizers)} optimizers."))
     parts, own = run_state(trainer), ckpt_io.own_state(ckpt)
     parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers"])
@@ -515,6 +552,8 @@ def skips_sanity_check(trainer, loaded):
         return False
     ckpt = loaded.ckpt
     saved = ckpt_io.own_state(ckpt)["train_state"]
+    if saved.get("without_loops"):
+        return False  # (Lightning's loops are not restarting: the sanity check runs)
     # (a fit stopped inside an epoch counts it, as Lightning's: its checkpoint's current_epoch is one past the position)
     finished = (saved.get("epoch_finished") or not saved.get("batch_in_epoch")
                 or int(ckpt.get("epoch", saved.get("epoch", 0))) > int(saved.get("epoch", 0)))
@@ -552,7 +591,7 @@ def check_epochs_left(trainer, ckpt, saved):
     """Lightning's refusal of a checkpoint past max_epochs: its current_epoch (as saved: the epoch-end
     checkpoint of epoch E says E, one saved after a fit of N epochs says N) above max_epochs. Equal to it is
     not refused: that fit trains nothing."""
-    epoch = int(ckpt.get("epoch", saved.get("epoch", 0)))
+    epoch = int(saved.get("epoch", 0) if saved.get("without_loops") else ckpt.get("epoch", saved.get("epoch", 0)))
     if trainer.max_epochs not in (-1, None) and epoch > trainer.max_epochs:
         raise MisconfigurationException(f"You restored a checkpoint with current_epoch={epoch}, but you have set "
                                         f"Trainer(max_epochs={trainer.max_epochs}).")
