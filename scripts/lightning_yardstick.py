@@ -23,8 +23,9 @@ path; else it stays Fabric's. `__version__`, which the tests compare with a chec
 version tasktrain writes there (tasktrain.checkpoint_io.LIGHTNING_LAYOUT_VERSION; docs/lightning.md).
 `import lightning.pytorch as pl` (or `import lightning.pytorch.a.b as m`) becomes `import tasktrain as pl` where every
 `pl.NAME` the file uses resolves on tasktrain (`pl.LightningModule` is rewritten `pl.TaskModule`); otherwise it stays.
-A string that is a whole dotted path on Lightning ("lightning.pytorch.loggers.mlflow._MLFLOW_AVAILABLE" in
-mock.patch, a logger name in caplog) becomes the tasktrain path where that path resolves on tasktrain. Plain
+PyTorchProfiler's record names ("[pl][profile]<action>", "[pl][module]<class>: <name>": a string that begins so) are
+renamed "[tasktrain]...", as docs/lightning.md's table renames them. A string that is a whole dotted path on
+Lightning ("lightning.pytorch.loggers.mlflow._MLFLOW_AVAILABLE" in mock.patch, a logger name in caplog) becomes the tasktrain path where that path resolves on tasktrain. Plain
 `import lightning.pytorch` and everything under lightning.fabric / lightning_utilities stay Lightning's. What stayed
 on Lightning is written to OUT/RENAMES.txt (name, then the files). Lightning's helpers (tests_pytorch/helpers:
 BoringModel from demos.boring_classes, ...) are renamed the same way, so they come from tasktrain where tasktrain has
@@ -63,6 +64,9 @@ NAME_RENAMES = {"LightningModule": "TaskModule", "LightningDataModule": "DataMod
 # Lightning's tests read `__version__` as the "pytorch-lightning_version" a checkpoint file holds; tasktrain's files
 # hold the Lightning layout they follow there (docs/lightning.md), not tasktrain's own __version__.
 SPECIAL = {"__version__": ("tasktrain.checkpoint_io", "LIGHTNING_LAYOUT_VERSION")}
+# PyTorchProfiler's record names: "[pl][profile]<action>", "[pl][module]<class>: <name>" are "[tasktrain]..." here
+# (docs/lightning.md's rename table), so a string that begins with one is renamed
+PROFILER_RECORD_PREFIXES = ("[pl][profile]", "[pl][module]")
 DOTTED = re.compile(r"(lightning\.pytorch|pytorch_lightning|lightning\.fabric)(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 PYTEST_INI = """\
@@ -236,6 +240,12 @@ def _rename_source(source, left, filename):
                     end = attribute.end_col_offset
                     edits.append((attribute.end_lineno, end - len(attribute.attr), attribute.end_lineno, end,
                                   NAME_RENAMES[attribute.attr]))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.startswith(PROFILER_RECORD_PREFIXES):
+            text = lines[node.lineno - 1][node.col_offset:node.end_col_offset].decode()
+            if node.lineno == node.end_lineno and text[:1] in "'\"" and text[1:].startswith("[pl]["):
+                edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset,
+                              text[0] + "[tasktrain]" + text[5:]))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.fullmatch(node.value):
             target = _resolve_dotted(node.value)
             if target is None:

@@ -455,9 +455,6 @@ REFUSED_LOGGER = ("LitLogger needs a lightning.ai account: importable, and refus
                   "absent.py), so there is no object to call it on")
 TRAINER_ATTRIBUTE = ("a plain instance attribute, set from the Trainer's argument in Trainer.__init__'s "
                      "self.__dict__.update(...) (arguments.py): read as Lightning's property")
-SUMMARY_MEASURED = ("Lightning's summary measures its layers in summarize(), which its __init__ calls; tasktrain's "
-                    "measures them when built and keeps the results as attributes (layer_names, in_sizes, "
-                    "named_modules, flop_counts, ...)")
 
 ALLOWED_ABSENT = {
     "fabric.accelerators.accelerator.Accelerator.register_accelerators": ACCELERATOR_REGISTRY,
@@ -485,8 +482,6 @@ ALLOWED_ABSENT = {
     "pytorch.trainer.trainer.Trainer.max_steps": TRAINER_ATTRIBUTE,
     "pytorch.trainer.trainer.Trainer.min_epochs": TRAINER_ATTRIBUTE,
     "pytorch.trainer.trainer.Trainer.min_steps": TRAINER_ATTRIBUTE,
-    "pytorch.utilities.model_summary.model_summary.ModelSummary.summarize": SUMMARY_MEASURED,
-    "pytorch.utilities.model_summary.model_summary_deepspeed.DeepSpeedSummary.summarize": SUMMARY_MEASURED,
     "pytorch.strategies.*.configure_ddp": STRATEGY_LOOP,
     "pytorch.strategies.*.determine_ddp_device_ids": STRATEGY_LOOP,
     "pytorch.strategies.*.handles_gradient_accumulation": STRATEGY_LOOP,

@@ -742,3 +742,74 @@ def test_the_model_summary_callback_sends_the_example_input_through_the_batch_ho
     theirs, ours = case(L, L.LightningModule), case(tasktrain, tasktrain.TaskModule)
     assert ours == theirs
     assert ours[:3] == [("before", 0), ("after", 0), ("forward", (3, 4), False)]
+
+
+def test_model_summary_is_read_live_from_lightnings_module_paths_as_lightnings():
+    """Lightning's summary modules `utilities.model_summary.model_summary` and `.model_summary_deepspeed` (where its
+    tests and scripts import ModelSummary, summarize and DeepSpeedSummary from), and the summary read live as
+    Lightning's: built once (the example forward measures the sizes then), its layer types, modes and parameter counts
+    and the totals are the module's when read (a layer put in eval mode, frozen or replaced after the summary was
+    made shows so); `summarize()` is {name: LayerSummary}; a lazy layer's parameters count 0 with one warning per
+    process (warning_cache); a bad max_depth's message. Compared under both frameworks."""
+    import importlib
+
+    def case(root, Module):
+        path = root.__name__ + ".utilities.model_summary"
+        summaries = importlib.import_module(path + ".model_summary")
+        deepspeed_summaries = importlib.import_module(path + ".model_summary_deepspeed")
+        assert summaries.ModelSummary is importlib.import_module(path).ModelSummary
+        assert deepspeed_summaries.DeepSpeedSummary is importlib.import_module(path).DeepSpeedSummary
+
+        class Net(Module):
+            def __init__(self):
+                super().__init__()
+                self.branch = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.Sequential(torch.nn.Linear(5, 3)))
+                self.head = torch.nn.Linear(3, 2)
+                self.example_input_array = torch.zeros(2, 5)
+
+            def forward(self, x):
+                return self.head(self.branch(x))
+
+        out = []
+        for depth in (1, -1):
+            net = Net()
+            summary = summaries.ModelSummary(net, max_depth=depth)
+            before = (str(summary), summary.total_training_modes, summary.trainable_parameters)
+            net.branch[1].eval()
+            net.head.requires_grad_(False)
+            net.branch[0] = torch.nn.Linear(5, 5, bias=False)  # (replaced: its count and type are the new one's)
+            layers = summary.summarize()
+            out.append((before, str(summary), summary.total_training_modes, summary.training_modes,
+                        summary.param_nums, summary.trainable_parameters, summary.total_parameters,
+                        [(name, type(layer).__name__, layer.layer_type, layer.in_size, layer.out_size)
+                         for name, layer in layers.items()], sorted(summary._layer_summary)))
+
+        class Lazy(Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.LazyLinear(3)
+
+        summaries.warning_cache.clear()
+        lazy = summaries.summarize(Lazy())
+        counts = []
+        for _ in range(2):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                counts.append((lazy.total_parameters, lazy.trainable_parameters,
+                               ["may be inaccurate" in str(w.message) for w in caught]))
+        out.append(counts)
+        with pytest.raises(ValueError) as error:
+            summaries.ModelSummary(Net(), max_depth="temp")
+        out.append(str(error.value).split(".")[0])
+        return out
+
+    theirs, ours = case(L, L.LightningModule), case(tasktrain, tasktrain.TaskModule)
+    assert ours == theirs
+    (before, table, modes, layer_modes, params, trainable, total, layers, names), deep = ours[0], ours[1]
+    assert before[1] == {"train": 5, "eval": 0} and before[2] == 56
+    assert modes == {"train": 3, "eval": 2} and layer_modes == [True, True]
+    assert params == [43, 8] and trainable == 43 and total == 51 and "Sequential | 43 " in table
+    assert deep[3] == [True, True, False, False, True] and [row[0] for row in deep[7]] == \
+        ["branch", "branch.0", "branch.1", "branch.1.0", "head"]
+    assert ours[2] == [(0, 0, [True]), (0, 0, [])]
+    assert ours[3] == "`max_depth` can be -1, 0 or > 0, got temp"

@@ -19,7 +19,9 @@ shows this device's partition, as Lightning's DeepSpeedSummary does. Where each 
 (DeepSpeed ZeRO-3, FSDP) the example forward runs on every rank, as Lightning runs it, since it needs them all.
 
 `summarize(module, max_depth=1)` returns the same table as an object (`str()` it; `total_parameters`,
-`trainable_parameters`, `layer_names`, `param_nums`, `total_flops`, ...), without a Trainer. RichModelSummary is
+`trainable_parameters`, `layer_names`, `param_nums`, `total_flops`, ...), without a Trainer. As Lightning's, that
+object measures once (the example forward runs when it is built) and is read live: layer types, modes, parameter
+counts and the totals are the module's when read; `summarize()` on it is {layer name: LayerSummary}. RichModelSummary is
 the same summary drawn with rich; it needs the `rich` package (ModuleNotFoundError without it, as Lightning).
 """
 import importlib.util
@@ -43,47 +45,117 @@ _PRECISION_BITS = {"64": 64, "32": 32, "16": 16, "bf16": 16, "16-true": 16, "bf1
 
 
 class Summary:
-    """The summary of a module: one row per layer down to `max_depth`, and the totals (Lightning's ModelSummary)."""
+    """The summary of a module: one row per layer down to `max_depth`, and the totals (Lightning's ModelSummary).
+
+    As Lightning's, it is built once (the example forward, which records each layer's sizes and FLOPs, runs then) and
+    read live: the layers' types, modes and parameter counts and the totals are the module's as they are when read."""
 
     def __init__(self, module, max_depth=1, numel=None, input_array=None, forward=None, precision=None,
                  device_numel=None):
         _check_depth(max_depth)
-        numel = numel or (lambda p: p.numel())
-        self.max_depth = max_depth
-        if max_depth == 0:
-            layers = []
-        elif max_depth == 1:
-            layers = list(module.named_children())
-        else:
-            layers = [(name, layer) for name, layer in list(module.named_modules())[1:]
-                      if max_depth == -1 or name.count(".") < max_depth]
-        # (Lightning's: the layers the summary hooks, every sub-module below depth 1, the rows cut to max_depth)
-        self.named_modules = layers if max_depth in (0, 1) else list(module.named_modules())[1:]
-        self.layer_names = [name for name, _ in layers]
-        self.layer_types = [type(layer).__name__ for _, layer in layers]
-        self.param_nums = [sum(numel(p) for p in layer.parameters()) for _, layer in layers]
-        # Lightning's DeepSpeedSummary column where parameters are partitioned over devices (ZeRO-3)
-        self.parameters_per_layer = None if device_numel is None else \
-            [sum(device_numel(p) for p in layer.parameters()) for _, layer in layers]
-        self.training_modes = [layer.training for _, layer in layers]
-        params = list(module.parameters())
-        self.total_parameters = sum(numel(p) for p in params)
-        self.trainable_parameters = sum(numel(p) for p in params if p.requires_grad)
-        children = list(module.modules())[1:]
-        self.total_training_modes = {"train": sum(m.training for m in children),
-                                     "eval": sum(not m.training for m in children)}
+        self._model = module
+        self._max_depth = self.max_depth = max_depth
+        self._numel = numel or _initialized_numel
+        self._device_numel = device_numel
+        self._input_array = input_array
+        self._forward = forward
+        self.has_input = input_array is not None
+        # (depth + 1: the root module is depth 0 to the counter)
+        self._flop_counter = FlopCounterMode(display=False, depth=max_depth + 1)
         if precision is not None and precision not in _PRECISION_BITS:
             warnings.warn(f"Precision {precision} is not supported by the model summary.  Estimated model size in MB "
                           "will not be accurate. Using 32 bits instead.", UserWarning)
         self.precision_bits = _PRECISION_BITS.get(precision, 32)
-        self.has_input = input_array is not None
-        self.in_sizes = [UNKNOWN_SIZE] * len(layers)
-        self.out_sizes = [UNKNOWN_SIZE] * len(layers)
-        self.flops = [0] * len(layers)
-        self.flop_counts = {name: {} for name in self.layer_names}  # (Lightning's: each layer's FLOPs by operator)
-        self.total_flops = 0
-        if input_array is not None:
-            self._measure(module, layers, input_array, forward, max_depth)
+        self._layer_summary = self.summarize()
+
+    @property
+    def named_modules(self):
+        """The layers the summary hooks (Lightning's): none at depth 0, the children at 1, every sub-module below (the
+        rows are then cut to max_depth)."""
+        if self._max_depth == 0:
+            return []
+        if self._max_depth == 1:
+            return list(self._model.named_children())
+        return list(self._model.named_modules())[1:]
+
+    def summarize(self):
+        """{layer name: LayerSummary} down to max_depth, measured by one forward pass of the input where there is one
+        (Lightning's summarize; __init__ calls it)."""
+        summary = {name: LayerSummary(layer) for name, layer in self.named_modules}
+        if self._input_array is not None:
+            self._forward_example_input()
+        for layer in summary.values():
+            layer.detach_hook()
+        if self._max_depth >= 1:
+            summary = {name: layer for name, layer in summary.items() if name.count(".") < self._max_depth}
+        return summary
+
+    def _forward_example_input(self):
+        """One forward pass in eval mode without gradients (each layer's mode restored after), under the FLOP
+        counter: the layers' hooks record their first input and output sizes."""
+        module = self._model
+        modes = {layer: layer.training for layer in module.modules()}
+        module.eval()
+        try:
+            with torch.no_grad(), self._flop_counter:
+                if self._forward is not None:
+                    self._forward(module, self._input_array)
+                else:
+                    _call(module, self._input_array)
+        finally:
+            for layer, training in modes.items():
+                layer.training = training
+
+    @property
+    def layer_names(self):
+        return list(self._layer_summary)
+
+    @property
+    def layer_types(self):
+        return [layer.layer_type for layer in self._layer_summary.values()]
+
+    @property
+    def in_sizes(self):
+        return [layer.in_size for layer in self._layer_summary.values()]
+
+    @property
+    def out_sizes(self):
+        return [layer.out_size for layer in self._layer_summary.values()]
+
+    @property
+    def param_nums(self):
+        return [sum(self._numel(p) for p in layer._module.parameters()) for layer in self._layer_summary.values()]
+
+    @property
+    def parameters_per_layer(self):
+        """This device's share of each layer's parameters where they are partitioned over devices (DeepSpeed ZeRO-3:
+        Lightning's DeepSpeedSummary column "Params per Device"); None otherwise."""
+        if self._device_numel is None:
+            return None
+        return [sum(self._device_numel(p) for p in layer._module.parameters())
+                for layer in self._layer_summary.values()]
+
+    @property
+    def training_modes(self):
+        return [layer.training for layer in self._layer_summary.values()]
+
+    @property
+    def total_training_modes(self):
+        """{"train": n, "eval": m}: the modules in each mode, the root left out."""
+        modes = [layer.training for layer in list(self._model.modules())[1:]]
+        return {"train": modes.count(True), "eval": modes.count(False)}
+
+    @property
+    def total_parameters(self):
+        return sum(self._numel(p) for p in self._model.parameters())
+
+    @property
+    def trainable_parameters(self):
+        return sum(self._numel(p) for p in self._model.parameters() if p.requires_grad)
+
+    @property
+    def total_layer_params(self):
+        return sum(self.param_nums)
 
     @property
     def model_size(self):
@@ -91,51 +163,29 @@ class Summary:
         return self.total_parameters * self.precision_bits / 8 * 1e-6
 
     @property
-    def total_layer_params(self):
-        return sum(self.param_nums)
+    def total_flops(self):
+        return self._flop_counter.get_total_flops()
 
-    def _measure(self, module, layers, input_array, forward, max_depth):
-        """One forward pass in eval mode without gradients: each listed layer's first input and output sizes, and the
-        FLOPs each ran (torch's FlopCounterMode, by module name)."""
-        seen = {}
+    @property
+    def flop_counts(self):
+        """{layer name: {operator: FLOPs}} of the example forward ({} each without one)."""
+        counts = self._flop_counter.get_flop_counts()
+        root = type(self._model).__name__
+        return {name: counts.get(f"{root}.{name}", {}) for name in self.layer_names}
 
-        def hook_for(name):
-            def hook(layer, args, kwargs, output):
-                inputs = (*args, *kwargs.values())
-                seen.setdefault(name, (_shape(inputs[0] if len(inputs) == 1 else inputs), _shape(output)))
-            return hook
-
-        handles = [layer.register_forward_hook(hook_for(name), with_kwargs=True) for name, layer in layers]
-        modes = {layer: layer.training for layer in module.modules()}
-        counter = FlopCounterMode(display=False, depth=max_depth + 1)
-        module.eval()
-        try:
-            with torch.no_grad(), counter:
-                if forward is not None:
-                    forward(module, input_array)
-                else:
-                    _call(module, input_array)
-        finally:
-            for handle in handles:
-                handle.remove()
-            for layer, training in modes.items():
-                layer.training = training
-        counts = counter.get_flop_counts()
-        root = type(module).__name__
-        self.flop_counts = {name: counts.get(f"{root}.{name}", {}) for name in self.layer_names}
-        self.flops = [sum(self.flop_counts[name].values()) for name in self.layer_names]
-        self.total_flops = counter.get_total_flops()
-        self.in_sizes = [seen.get(name, (UNKNOWN_SIZE, UNKNOWN_SIZE))[0] for name in self.layer_names]
-        self.out_sizes = [seen.get(name, (UNKNOWN_SIZE, UNKNOWN_SIZE))[1] for name in self.layer_names]
+    @property
+    def flops(self):
+        """Each layer's FLOPs in the example forward."""
+        return [sum(counts.values()) for counts in self.flop_counts.values()]
 
     def _get_summary_data(self):
         """The table's columns: (header, cells), Lightning's order."""
         columns = [
-            (" ", [str(i) for i in range(len(self.layer_names))]),
-            ("Name", list(self.layer_names)),
-            ("Type", list(self.layer_types)),
+            (" ", [str(i) for i in range(len(self._layer_summary))]),
+            ("Name", self.layer_names),
+            ("Type", self.layer_types),
             ("Params", [get_human_readable_count(n) for n in self.param_nums]),
-            *([] if self.parameters_per_layer is None else
+            *([] if self._device_numel is None else
               [("Params per Device", [get_human_readable_count(n) for n in self.parameters_per_layer])]),
             ("Mode", ["train" if mode else "eval" for mode in self.training_modes]),
             ("FLOPs", [get_human_readable_count(n) for n in self.flops]),
@@ -158,9 +208,9 @@ class Summary:
 
 class LayerSummary:
     """Lightning's summary of one layer: `layer_type` (its class name), `num_parameters` (uninitialized lazy
-    parameters count 0), `training`, and `in_size` / `out_size`, recorded by the first forward pass after it was made
-    (UNKNOWN_SIZE before; a hook that then removes itself; `detach_hook()` removes it before, as does the object's
-    end). Not for a torch.jit.ScriptModule's sizes (no hook can be registered there)."""
+    parameters count 0, with a warning), `training`, and `in_size` / `out_size`, recorded by the first forward pass
+    after it was made (UNKNOWN_SIZE before; a hook that then removes itself; `detach_hook()` removes it before, as
+    does the object's end). Not for a torch.jit.ScriptModule's sizes (no hook can be registered there)."""
 
     def __init__(self, module: torch.nn.Module):
         self._module = module
@@ -216,8 +266,21 @@ class DeepSpeedSummary(Summary):
                          **_example_forward(model, max_depth))
 
 
+# the summary's warnings said so far, each once per process (Lightning's warning_cache; clear() says them again)
+warning_cache = set()
+_LAZY_WARNING = ("The total number of parameters detected may be inaccurate because the model contains an instance "
+                 "of `UninitializedParameter`. To get an accurate number, set `self.example_input_array` in your "
+                 "module.")
+
+
 def _initialized_numel(p):
-    return 0 if isinstance(p, torch.nn.parameter.UninitializedParameter) else p.numel()
+    """p.numel(); 0 for a lazy layer's parameter not yet initialized, with Lightning's warning (once)."""
+    if isinstance(p, torch.nn.parameter.UninitializedParameter):
+        if _LAZY_WARNING not in warning_cache:
+            warning_cache.add(_LAZY_WARNING)
+            warnings.warn(_LAZY_WARNING, UserWarning)
+        return 0
+    return p.numel()
 
 
 def _full_numel(p):
@@ -427,7 +490,7 @@ def _format_summary_table(total_parameters, trainable_parameters, model_size, to
 
 def _check_depth(max_depth):
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < -1:
-        raise ValueError(f"`max_depth` can be -1, 0 or > 0, got {max_depth!r}: -1 shows every layer, 0 no table.")
+        raise ValueError(f"`max_depth` can be -1, 0 or > 0, got {max_depth}. -1 shows every layer, 0 no table.")
 
 
 def _call(module, x):
