@@ -27,6 +27,10 @@ class Steps:
         x, y = batch
         return torch.nn.functional.mse_loss(self(x), y)
 
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_loss", torch.nn.functional.mse_loss(self(x), y))
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -81,6 +85,8 @@ def family(prefix, module_base, data_base):
         def train_dataloader(self):
             x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
             return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=self.hparams.batch_size)
+
+        test_dataloader = train_dataloader
 
     class SubData(Data):
         def __init__(self, batch_size: int = 8, extra: int = 0):
@@ -173,6 +179,17 @@ def runs(lib, tmp_path):
         "data_loads": [loaded(cls, ckpt) for cls in (data_base, classes["Data"], classes["SubData"])],
         "override": loaded(module_base, ckpt, cli.model, scale=0.5),
     }
+    # `test --ckpt_path` with the base class on the command line: the checkpoint's class and arguments are parsed
+    # into the config (LightningCLI's _parse_ckpt_path), so the model built is the one trained
+    tested = cli_class(lib)(classes["Base"], classes["Data"], subclass_mode_model=True, subclass_mode_data=True, args=[
+        "test", f"--model={__name__}.{PREFIX[lib]}Base", f"--data={__name__}.{PREFIX[lib]}Data", f"--ckpt_path={ckpt}",
+        "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--trainer.accelerator=cpu", "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path / lib / 'tested'}"])
+    with open(tmp_path / lib / "tested" / "config.yaml") as f:
+        saved_config = yaml.safe_load(f)
+    out["tested"] = {"model": [type(tested.model).__name__[1:], dict(tested.model.hparams)],
+                     "config_model": saved_config["model"], "metrics": sorted(tested.trainer.callback_metrics),
+                     "loss": round(float(tested.trainer.callback_metrics["test_loss"]), 5)}
     # the same with load_from_checkpoint_support=False: what __init__ received, nothing more
     cli, ckpt, logged = fit(lib, tmp_path / lib / "unsupported", "Base", "Data", subclass_args,
                             subclass_mode_model=True, subclass_mode_data=True, load_from_checkpoint_support=False)
@@ -222,6 +239,14 @@ def test_subclass_mode_records_the_class_and_the_base_classes_rebuild_it_as_ligh
     assert ours["data_loads"] == [["SubData", {"batch_size": 8, "extra": 5}], ["Data", {"batch_size": 8}],
                                   ["SubData", {"batch_size": 8, "extra": 5}]]
     assert ours["override"] == ["Sub", {"hidden": 3, "scale": 0.5}]
+
+
+def test_test_with_a_ckpt_path_builds_the_class_the_checkpoint_recorded_as_lightnings(both):
+    ours = both["tasktrain"]["tested"]
+    assert ours == both["lightning"]["tested"]
+    assert ours["model"] == ["Sub", {"_class_path": "Sub", "hidden": 3, "scale": 2.5, "_instantiator": "<instantiator>"}]
+    assert ours["config_model"] == {"class_path": "Sub", "init_args": {"hidden": 3, "scale": 2.5}}
+    assert ours["metrics"] == ["test_loss"]
 
 
 def test_logged_hyperparameters_leave_the_class_path_out_as_lightnings(both):
@@ -315,6 +340,22 @@ def test_lightnings_instantiator_name_is_allowed_and_builds_the_class(tmp_path):
                                       "_class_path": f"{__name__}.TSub", "hidden": 2, "scale": 3.0})
     built = tasktrain.TaskModule.load_from_checkpoint(ckpt, strict=False)
     assert type(built) is FAMILIES["tasktrain"]["Sub"] and dict(built.hparams) == {"hidden": 2, "scale": 3.0}
+
+
+def test_a_ckpt_path_naming_a_class_not_imported_stops_the_cli_unimported(tmp_path, hostile_module, capsys):
+    """Stricter than Lightning, whose CLI imports the class a --ckpt_path's hyper-parameters name: TaskCLI refuses,
+    and says to give the class on the command line."""
+    from tasktrain.cli import TaskCLI
+
+    name, marker = hostile_module
+    ckpt = checkpoint_with(tmp_path, {"_instantiator": "tasktrain.cli.instantiate_module",
+                                      "_class_path": f"{name}.Evil", "hidden": 3})
+    with pytest.raises(SystemExit):
+        TaskCLI(TBase, TData, subclass_mode_model=True, args=["test", f"--model={__name__}.TBase",
+                                                              f"--ckpt_path={ckpt}", "--trainer.logger=false"])
+    err = capsys.readouterr().err
+    assert "Parsing of ckpt_path hyperparameters failed!" in err and f"names ['{name}'], which is not imported" in err
+    assert not marker.exists() and name not in sys.modules
 
 
 def test_a_nested_class_in_a_module_not_imported_is_refused_unimported(tmp_path, hostile_module):

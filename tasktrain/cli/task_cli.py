@@ -55,6 +55,9 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   line named (`--model=pkg.SubModel`), nested objects included, through instantiate_module. A checkpoint may name
   only an allowed instantiator and an already imported subclass of the class loading it; nothing it names is
   imported. False: the hyper-parameters are what __init__ received, as before.
+- A subcommand's `--ckpt_path` that is a file: the model hyper-parameters it holds are parsed into the config over
+  the command line's (LightningCLI's), the class too where one was recorded, so `test --ckpt_path` builds the model
+  the checkpoint was trained as (a class whose module is not imported yet: give it as --model).
 """
 import copy
 import functools
@@ -353,7 +356,8 @@ class TaskCLI:
                       -> init_parser(**kwargs) for the main parser and each subcommand's (subcommands() names them)
                       -> add_default_arguments_to_parser, add_core_arguments_to_parser, add_arguments_to_parser,
                          then the --optimizer / --lr_scheduler groups and link_optimizers_and_lr_schedulers(parser)
-                 -> parse_arguments(parser, args)         (sets self.config)
+                 -> parse_arguments(parser, args)         (sets self.config; a --ckpt_path file's model
+                                                           hyper-parameters are parsed over it)
                  -> seeding -> (load_from_checkpoint_support) -> before_instantiate_classes()
                  -> instantiate_classes()                  (config_init, datamodule, model, trainer)
                       -> instantiate_trainer(**kwargs)     (extra keywords over the config's trainer arguments)
@@ -396,6 +400,7 @@ class TaskCLI:
         subparser_kwargs = {k: v for k, v in self.parser_kwargs.items() if k in names}
         self.setup_parser(run, main_kwargs, subparser_kwargs)
         self.parse_arguments(self.parser, args)
+        self._parse_ckpt_path()
         self.subcommand = self.config["subcommand"] if run else None
         self._set_seed()
         if load_from_checkpoint_support:
@@ -514,6 +519,37 @@ class TaskCLI:
             self.config = parser.parse_object(args)
         else:
             self.config = parser.parse_args(args)
+
+    def _parse_ckpt_path(self):
+        """A subcommand's --ckpt_path that is a file: the model hyper-parameters it holds are parsed into the config,
+        over the command line's (LightningCLI's), so `test --ckpt_path` builds the model the checkpoint was trained
+        as, its class too where a TaskCLI recorded it ("_class_path"). The saved config.yaml shows them. Nothing the
+        checkpoint names is imported: a class in a module not imported yet is an error (give it as --model)."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not (isinstance(ckpt_path, str) and os.path.isfile(ckpt_path)):
+            return
+        from tasktrain.checkpoint_io import load_checkpoint_file
+
+        hparams = dict(load_checkpoint_file(ckpt_path, map_location="cpu", mmap=True).get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        guard = _RefuseImports(_dotted_names(hparams) - set(sys.modules))
+        sys.meta_path.insert(0, guard)
+        try:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")  # (Lightning's words)
+            if guard.refused:
+                sys.stderr.write(f"{ckpt_path} names {sorted(set(guard.refused))}, which is not imported, and a "
+                                 "checkpoint's hyper-parameters import nothing: give the model's class on the command "
+                                 "line (--model=...) to import it.\n")
+            raise
+        finally:
+            sys.meta_path.remove(guard)
 
     # -- building -------------------------------------------------------------------------------------------------
     def _add_instantiators(self):
