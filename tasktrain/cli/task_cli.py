@@ -59,6 +59,7 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
   the command line's (LightningCLI's), the class too where one was recorded, so `test --ckpt_path` builds the model
   the checkpoint was trained as (a class whose module is not imported yet: give it as --model).
 """
+import contextlib
 import copy
 import functools
 import importlib
@@ -288,7 +289,7 @@ def instantiate_class(args, init):
 
 class _RefuseImports:
     """A sys.meta_path finder that refuses to import the modules it is given (the dotted names a checkpoint's strings
-    spell) while instantiate_module parses and builds: a checkpoint must not make code run by naming it."""
+    spell): a checkpoint must not make code run by naming it. `refused` lists what it refused."""
 
     def __init__(self, names):
         self.names, self.refused = names, []
@@ -312,6 +313,18 @@ def _dotted_names(value):
     return set()
 
 
+@contextlib.contextmanager
+def _importing_nothing_named_in(config):
+    """While open, no module that a string of `config` names (a checkpoint's hyper-parameters) is imported unless it
+    already was; yields the finder, whose `refused` says what was asked for."""
+    guard = _RefuseImports(_dotted_names(config) - set(sys.modules))
+    sys.meta_path.insert(0, guard)
+    try:
+        yield guard
+    finally:
+        sys.meta_path.remove(guard)
+
+
 def instantiate_module(class_type, config):
     """Lightning's cli.instantiate_module: the TaskModule or DataModule (of `class_type`) that a checkpoint's
     hyper-parameters describe as TaskCLI recorded them, built through a jsonargparse parser of class_type's arguments:
@@ -326,19 +339,16 @@ def instantiate_module(class_type, config):
                   "dict_kwargs": {k: v for k, v in config.items() if k != "_class_path"}}
     else:
         parser.add_class_arguments(class_type, "module", fail_untyped=False)
-    guard = _RefuseImports(_dotted_names(config) - set(sys.modules))
-    sys.meta_path.insert(0, guard)
-    try:
-        built = parser.instantiate_classes(parser.parse_object({"module": config}))
-    except Exception as err:
-        if guard.refused:
-            raise ValueError(f"{class_type.__name__}.load_from_checkpoint: the checkpoint's hyper-parameters name "
-                             f"{sorted(set(guard.refused))}, not imported, so nothing was imported or built (a "
-                             "checkpoint must not choose the code that runs). If you trust the file, import what it "
-                             "names before loading.") from err
-        raise
-    finally:
-        sys.meta_path.remove(guard)
+    with _importing_nothing_named_in(config) as guard:
+        try:
+            built = parser.instantiate_classes(parser.parse_object({"module": config}))
+        except Exception as err:
+            if guard.refused:
+                raise ValueError(f"{class_type.__name__}.load_from_checkpoint: the checkpoint's hyper-parameters name "
+                                 f"{sorted(set(guard.refused))}, not imported, so nothing was imported or built (a "
+                                 "checkpoint must not choose the code that runs). If you trust the file, import what "
+                                 "it names before loading.") from err
+            raise
     return built.module
 
 
@@ -537,19 +547,16 @@ class TaskCLI:
             return
         if "_class_path" in hparams:
             hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
-        guard = _RefuseImports(_dotted_names(hparams) - set(sys.modules))
-        sys.meta_path.insert(0, guard)
-        try:
-            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
-        except SystemExit:
-            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")  # (Lightning's words)
-            if guard.refused:
-                sys.stderr.write(f"{ckpt_path} names {sorted(set(guard.refused))}, which is not imported, and a "
-                                 "checkpoint's hyper-parameters import nothing: give the model's class on the command "
-                                 "line (--model=...) to import it.\n")
-            raise
-        finally:
-            sys.meta_path.remove(guard)
+        with _importing_nothing_named_in(hparams) as guard:
+            try:
+                self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+            except SystemExit:
+                sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")  # (Lightning's words)
+                if guard.refused:
+                    sys.stderr.write(f"{ckpt_path} names {sorted(set(guard.refused))}, which is not imported, and a "
+                                     "checkpoint's hyper-parameters import nothing: give the model's class on the "
+                                     "command line (--model=...) to import it.\n")
+                raise
 
     # -- building -------------------------------------------------------------------------------------------------
     def _add_instantiators(self):
