@@ -78,6 +78,8 @@ def family(prefix, module_base, data_base):
             self.save_hyperparameters("hidden")
 
     class Data(data_base):
+        width = 5  # (what a link applied on instantiation reads)
+
         def __init__(self, batch_size: int = 8):
             super().__init__()
             self.save_hyperparameters()
@@ -131,12 +133,22 @@ def plain(value, lib):
     return value
 
 
-def fit(lib, folder, model, data, args, **cli_kwargs):
-    """Run `fit` with the CLI of `lib` on `args` (two steps, a CSVLogger), save a checkpoint: the CLI, its path, the
-    hyper-parameters the logger wrote."""
+def linking(base):
+    """A CLI subclass that links the DataModule's `width` to the model's `hidden` when both are built."""
+
+    class Linking(base):
+        def add_arguments_to_parser(self, parser):
+            parser.link_arguments("data.width", "model.init_args.hidden", apply_on="instantiate")
+
+    return Linking
+
+
+def fit(lib, folder, model, data, args, cli=None, **cli_kwargs):
+    """Run `fit` with the CLI of `lib` (or `cli`) on `args` (two steps, a CSVLogger), save a checkpoint: the CLI, its
+    path, the hyper-parameters the logger wrote."""
     classes = FAMILIES[lib]
     os.makedirs(folder)
-    cli = cli_class(lib)(
+    cli = (cli or cli_class(lib))(
         model if model is None else classes[model], classes[data], args=[
             "fit", *args, "--trainer.max_steps=2", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", "--trainer.enable_checkpointing=false",
@@ -199,6 +211,11 @@ def runs(lib, tmp_path):
     cli, ckpt, logged = fit(lib, tmp_path / lib / "class", "Base", "Data", ["--model.hidden=3"])
     out["class"] = {"saved": torch.load(ckpt, weights_only=True)["hyper_parameters"], "logged": logged,
                     "loads": [loaded(classes["Base"], ckpt, cli.model)]}
+    # a value a link gave when the classes were built is the one recorded
+    cli, ckpt, logged = fit(lib, tmp_path / lib / "linked", "Base", "Data", [f"--model={__name__}.{PREFIX[lib]}Sub"],
+                            cli=linking(cli_class(lib)), subclass_mode_model=True)
+    out["linked"] = {"saved": torch.load(ckpt, weights_only=True)["hyper_parameters"], "logged": logged,
+                     "loads": [loaded(module_base, ckpt, cli.model)]}
     # an injected nn.Module: kept as its config, built again on load
     cli, ckpt, logged = fit(lib, tmp_path / lib / "injected", None, "Data", [
         f"--model={__name__}.{PREFIX[lib]}Injected", "--model.encoder=torch.nn.Linear",
@@ -258,10 +275,12 @@ def test_logged_hyperparameters_leave_the_class_path_out_as_lightnings(both):
     assert logged == {"hidden": 3, "scale": 2.5, "batch_size": 8, "extra": 5, "_instantiator": "<instantiator>"}
 
 
-def test_class_mode_an_injected_module_and_save_hyperparameters_calls_as_lightnings(both):
-    for case in ("class", "injected", "Quiet", "Picky"):
+def test_class_mode_links_an_injected_module_and_save_hyperparameters_calls_as_lightnings(both):
+    for case in ("class", "linked", "injected", "Quiet", "Picky"):
         assert both["tasktrain"][case] == both["lightning"][case], case
     ours = both["tasktrain"]
+    assert ours["linked"]["saved"] == {"_class_path": "Sub", "hidden": 5, "scale": 1.0, "_instantiator": "<instantiator>"}
+    assert ours["linked"]["loads"] == [["Sub", {"hidden": 5, "scale": 1.0}]]
     assert ours["class"]["saved"] == {"hidden": 3, "_instantiator": "<instantiator>"}
     assert ours["class"]["loads"] == [["Base", {"hidden": 3}]]
     # the encoder is kept as its config (plain data a weights_only load reads) and built again on load
