@@ -364,14 +364,11 @@ ALLOWED = {
         ("description default 'Lightning Trainer command line tool' -> 'Train and evaluate with tasktrain; each subcommand has --help.'",
          "the --help text's words, tasktrain's"),
     'tasktrain.cli.TaskCLI.__init__':
-        ("missing ['load_from_checkpoint_support']; trainer_class default <Trainer> -> None; parser_class default <LightningArgumentParser> -> None",
-         "load_from_checkpoint_support is not supported (Python's TypeError names it); trainer_class None is tasktrain.Trainer, imported on use; parser_class None is tasktrain.cli.LightningArgumentParser, made on first use (jsonargparse is the `cli` extra)"),
+        ("trainer_class default <Trainer> -> None; parser_class default <LightningArgumentParser> -> None",
+         "trainer_class None is tasktrain.Trainer, imported on use; parser_class None is tasktrain.cli.LightningArgumentParser, made on first use (jsonargparse is the `cli` extra)"),
     'tasktrain.cli.ReduceLROnPlateau.__init__':
         ("missing ['*args', '**kwargs']; extra ['mode', 'factor', 'patience', 'threshold', 'threshold_mode', 'cooldown', 'min_lr', 'eps']",
          "Lightning's forwards *args, **kwargs to torch's ReduceLROnPlateau: named here, torch's"),
-    'tasktrain.cli.instantiate_module':
-        ('absent',
-         'not provided: TaskCLI builds classes through jsonargparse'),
     'tasktrain.utilities.model_summary.ModelSummary.__init__':
         ("extra ['input_array']",
          "tasktrain's input_array (the input to measure sizes with), keyword with a default after Lightning's"),

@@ -3,7 +3,8 @@ script's config-file CLI (task_cli.py, imported on first use: it needs the `cli`
 
 
 def __getattr__(name):
-    if name in ("TaskCLI", "SaveConfigCallback", "ReduceLROnPlateau", "cli_lightning_logo", "instantiate_class"):
+    if name in ("TaskCLI", "SaveConfigCallback", "ReduceLROnPlateau", "cli_lightning_logo", "instantiate_class",
+                "instantiate_module"):
         from tasktrain.cli import task_cli
 
         return getattr(task_cli, name)

@@ -48,13 +48,24 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
 - `parser_kwargs={"default_env": True}` reads the arguments from PL_-prefixed environment variables too
   (PL_TRAINER__MAX_EPOCHS; PL_FIT__TRAINER__MAX_EPOCHS under `fit`); `parser_class=` a subclass of
   `tasktrain.cli.LightningArgumentParser`, as Lightning's.
-
-Not here (LightningCLI has it): load_from_checkpoint_support.
+- `load_from_checkpoint_support=True` (the default, Lightning's): the model and the DataModule are built with the
+  config they were parsed from as their given hyper-parameters, so a save_hyperparameters() in their __init__ stores
+  that (the class path as "_class_path", and "_instantiator": "tasktrain.cli.instantiate_module") and
+  `TaskModule.load_from_checkpoint(path)` / `DataModule.load_from_checkpoint(path)` rebuild the class the command
+  line named (`--model=pkg.SubModel`), nested objects included, through instantiate_module. A checkpoint may name
+  only an allowed instantiator and an already imported subclass of the class loading it; nothing it names is
+  imported. False: the hyper-parameters are what __init__ received, as before.
+- A subcommand's `--ckpt_path` that is a file: the model hyper-parameters it holds are parsed into the config over
+  the command line's (LightningCLI's), the class too where one was recorded, so `test --ckpt_path` builds the model
+  the checkpoint was trained as (a class whose module is not imported yet: give it as --model).
 """
+import contextlib
+import copy
 import functools
 import importlib
 import inspect
 import os
+import sys
 import types
 import warnings
 from typing import TYPE_CHECKING, Literal, Union
@@ -276,6 +287,78 @@ def instantiate_class(args, init):
     return cls(*args, **kwargs)
 
 
+class _RefuseImports:
+    """A sys.meta_path finder that refuses to import the modules it is given (the dotted names a checkpoint's strings
+    spell): a checkpoint must not make code run by naming it. `refused` lists what it refused."""
+
+    def __init__(self, names):
+        self.names, self.refused = names, []
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in self.names:
+            self.refused.append(fullname)
+            raise ImportError(f"{fullname} is named by a checkpoint and is not imported already: not importing it.")
+        return None  # (not ours: the other finders look)
+
+
+def _dotted_names(value):
+    """Every dotted prefix of every string in a config ("a.b.C" -> a, a.b, a.b.C): the modules it could name."""
+    if isinstance(value, dict):
+        return set().union(set(), *map(_dotted_names, value.values()))
+    if isinstance(value, (list, tuple)):
+        return set().union(set(), *map(_dotted_names, value))
+    if isinstance(value, str):
+        parts = value.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return set()
+
+
+@contextlib.contextmanager
+def _importing_nothing_named_in(config):
+    """While open, no module that a string of `config` names (a checkpoint's hyper-parameters) is imported unless it
+    already was; yields the finder, whose `refused` says what was asked for."""
+    guard = _RefuseImports(_dotted_names(config) - set(sys.modules))
+    sys.meta_path.insert(0, guard)
+    try:
+        yield guard
+    finally:
+        sys.meta_path.remove(guard)
+
+
+def instantiate_module(class_type, config):
+    """Lightning's cli.instantiate_module: the TaskModule or DataModule (of `class_type`) that a checkpoint's
+    hyper-parameters describe as TaskCLI recorded them, built through a jsonargparse parser of class_type's arguments:
+    "_class_path", where there, is the class (load_from_checkpoint has checked it is an imported subclass), the rest
+    its init args; nested objects given as {class_path, init_args} are built too. While it parses and builds, no
+    module that a string of the config names is imported: such a class must be imported already."""
+    jsonargparse = _jsonargparse()
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    if "_class_path" in config:
+        parser.add_subclass_arguments(class_type, "module", fail_untyped=False)
+        config = {"class_path": config["_class_path"],
+                  "dict_kwargs": {k: v for k, v in config.items() if k != "_class_path"}}
+    else:
+        parser.add_class_arguments(class_type, "module", fail_untyped=False)
+    with _importing_nothing_named_in(config) as guard:
+        try:
+            built = parser.instantiate_classes(parser.parse_object({"module": config}))
+        except Exception as err:
+            if guard.refused:
+                raise ValueError(f"{class_type.__name__}.load_from_checkpoint: the checkpoint's hyper-parameters name "
+                                 f"{sorted(set(guard.refused))}, not imported, so nothing was imported or built (a "
+                                 "checkpoint must not choose the code that runs). If you trust the file, import what "
+                                 "it names before loading.") from err
+            raise
+    return built.module
+
+
+def _module_type(value):
+    """The class a model_class / datamodule_class stands for: itself, or what a function returning one returns."""
+    if callable(value) and not isinstance(value, type):
+        return inspect.signature(value).return_annotation
+    return value
+
+
 class TaskCLI:
     """LightningCLI's order of calls, each a method a subclass may override (Lightning's names and arguments):
 
@@ -283,8 +366,9 @@ class TaskCLI:
                       -> init_parser(**kwargs) for the main parser and each subcommand's (subcommands() names them)
                       -> add_default_arguments_to_parser, add_core_arguments_to_parser, add_arguments_to_parser,
                          then the --optimizer / --lr_scheduler groups and link_optimizers_and_lr_schedulers(parser)
-                 -> parse_arguments(parser, args)         (sets self.config)
-                 -> seeding -> before_instantiate_classes()
+                 -> parse_arguments(parser, args)         (sets self.config; a --ckpt_path file's model
+                                                           hyper-parameters are parsed over it)
+                 -> seeding -> (load_from_checkpoint_support) -> before_instantiate_classes()
                  -> instantiate_classes()                  (config_init, datamodule, model, trainer)
                       -> instantiate_trainer(**kwargs)     (extra keywords over the config's trainer arguments)
                  -> after_instantiate_classes()
@@ -295,7 +379,7 @@ class TaskCLI:
     def __init__(self, model_class=None, datamodule_class=None, save_config_callback=SaveConfigCallback,
                  save_config_kwargs=None, trainer_class=None, trainer_defaults=None, seed_everything_default=True,
                  parser_kwargs=None, parser_class=None, subclass_mode_model=False, subclass_mode_data=False,
-                 args=None, run=True, auto_configure_optimizers=True):
+                 args=None, run=True, auto_configure_optimizers=True, load_from_checkpoint_support=True):
         self._jsonargparse = _jsonargparse()
         base_parser = argument_parser_class(self._jsonargparse)
         if parser_class is None:
@@ -326,8 +410,11 @@ class TaskCLI:
         subparser_kwargs = {k: v for k, v in self.parser_kwargs.items() if k in names}
         self.setup_parser(run, main_kwargs, subparser_kwargs)
         self.parse_arguments(self.parser, args)
+        self._parse_ckpt_path()
         self.subcommand = self.config["subcommand"] if run else None
         self._set_seed()
+        if load_from_checkpoint_support:
+            self._add_instantiators()
         self.before_instantiate_classes()
         self.instantiate_classes()
         self.after_instantiate_classes()
@@ -443,7 +530,74 @@ class TaskCLI:
         else:
             self.config = parser.parse_args(args)
 
+    def _parse_ckpt_path(self):
+        """A subcommand's --ckpt_path that is a file: the model hyper-parameters it holds are parsed into the config,
+        over the command line's (LightningCLI's), so `test --ckpt_path` builds the model the checkpoint was trained
+        as, its class too where a TaskCLI recorded it ("_class_path"). The saved config.yaml shows them. Nothing the
+        checkpoint names is imported: a class in a module not imported yet is an error (give it as --model)."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not (isinstance(ckpt_path, str) and os.path.isfile(ckpt_path)):
+            return
+        from tasktrain.checkpoint_io import load_checkpoint_file
+
+        hparams = dict(load_checkpoint_file(ckpt_path, map_location="cpu", mmap=True).get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        with _importing_nothing_named_in(hparams) as guard:
+            try:
+                self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+            except SystemExit:
+                sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")  # (Lightning's words)
+                if guard.refused:
+                    sys.stderr.write(f"{ckpt_path} names {sorted(set(guard.refused))}, which is not imported, and a "
+                                     "checkpoint's hyper-parameters import nothing: give the model's class on the "
+                                     "command line (--model=...) to import it.\n")
+                raise
+
     # -- building -------------------------------------------------------------------------------------------------
+    def _add_instantiators(self):
+        """load_from_checkpoint_support: the model and the DataModule are built with their part of the parsed config
+        as given hyper-parameters, which save_hyperparameters() stores in place of __init__'s (LightningCLI's)."""
+        from tasktrain.trainer.datamodule import DataModule
+
+        self.parser.add_instantiator(functools.partial(self._instantiate_with_config, "model"),
+                                     _module_type(self.model_class), subclasses=self.subclass_mode_model)
+        self.parser.add_instantiator(functools.partial(self._instantiate_with_config, "data"),
+                                     _module_type(self.datamodule_class or DataModule),
+                                     subclasses=self.datamodule_class is None or self.subclass_mode_data)
+
+    def _instantiate_with_config(self, key, class_type, *args, applied_instantiation_links, **kwargs):
+        """Build `class_type` (the config's `key`: model or data) while its config is the given hyper-parameters:
+        its init args as parsed (nested objects as {class_path, init_args}, plain data a checkpoint keeps), the
+        class path as "_class_path" in subclass mode, and the values instantiation links gave it."""
+        from tasktrain.trainer.module import given_hyperparameters
+
+        if not hasattr(self, "config_dump"):  # (once: the whole config as YAML data, link targets included)
+            import yaml
+
+            dump = yaml.safe_load(self.parser.dump(self.config, skip_link_targets=False, skip_none=False,
+                                                   format="yaml"))
+            self.config_dump = dump[self.config["subcommand"]] if "subcommand" in self.config else dump
+        hparams = self.config_dump.get(key) or {}
+        if "class_path" in hparams:  # the same keys in subclass mode as without, the class beside them
+            hparams = {"_class_path": hparams["class_path"], **(hparams.get("init_args") or {}),
+                       **(hparams.get("dict_kwargs") or {})}
+        hparams = copy.deepcopy(hparams)
+        for target, value in applied_instantiation_links.items():
+            if not target.startswith(key + "."):
+                continue
+            names = target[len(key) + 1:].removeprefix("init_args.").split(".")
+            place = hparams
+            for name in names[:-1]:
+                place = place.setdefault(name, {})
+            place[names[-1]] = value
+        with given_hyperparameters(hparams, "tasktrain.cli.instantiate_module"):
+            return class_type(*args, **kwargs)
+
     def before_instantiate_classes(self):
         """Override to run code after parsing (self.config), before the model, data and trainer are built."""
 

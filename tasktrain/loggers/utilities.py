@@ -28,7 +28,8 @@ def convert_params(params):
 def hyperparameters_to_log(module, datamodule):
     """Lightning's choice of what the loggers get at a run's start: the hyper-parameters of the module and of the
     DataModule that called save_hyperparameters(logger=True), merged (a key in both with different values is
-    Lightning's RuntimeError); None when neither did. LightningCLI's `_class_path` is left out."""
+    Lightning's RuntimeError); None when neither did. The CLI's `_class_path` is left out; its `_instantiator` is
+    logged, as Lightning 2.6's _log_hyperparams does (it filters `_class_path` alone)."""
     import torch
 
     own = getattr(module, "_log_hyperparams", False)

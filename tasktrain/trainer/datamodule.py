@@ -148,10 +148,12 @@ class DataModule:
         """Rebuild the DataModule from a checkpoint a fit wrote (Lightning's): its saved hyper-parameters
         (datamodule_hyper_parameters, overridden by **overrides) go to __init__, then load_state_dict gets what
         state_dict() saved (kept under the class name). map_location, hparams_file, weights_only: Lightning's, as
-        TaskModule.load_from_checkpoint's."""
+        TaskModule.load_from_checkpoint's; so is the rebuilding of the class a TaskCLI recorded (its
+        load_from_checkpoint_support)."""
         import inspect
 
-        from tasktrain.trainer.module import named_init_arguments, read_for_load_from_checkpoint
+        from tasktrain.trainer.module import (checkpoint_instantiator, named_init_arguments,
+                                              read_for_load_from_checkpoint, takes_any_keyword)
 
         ckpt = read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only)
         hparams = dict(ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
@@ -160,14 +162,16 @@ class DataModule:
         if name in named_init_arguments(params):  # as the module's (Lightning's): from that argument
             hparams = {name: hparams}
         hparams.update(overrides)
-        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        instantiator = checkpoint_instantiator(cls, hparams)  # a TaskCLI's checkpoint: its class, checked
+        takes_kwargs = takes_any_keyword(cls, params, instantiator)
         unknown = sorted(k for k in overrides if k not in params) if not takes_kwargs else []
         if unknown:
             raise TypeError(f"{cls.__name__}.load_from_checkpoint: {unknown} are not arguments of "
                             f"{cls.__name__}.__init__.")
-        datamodule = cls(**(hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}))
-        if cls.__qualname__ in ckpt:
-            datamodule.load_state_dict(ckpt[cls.__qualname__])
+        kwargs = hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}
+        datamodule = cls(**kwargs) if instantiator is None else instantiator(cls, kwargs)
+        if type(datamodule).__qualname__ in ckpt:  # (the class built: a TaskCLI checkpoint's may be a subclass)
+            datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
         return datamodule
 
     def on_exception(self, exception):

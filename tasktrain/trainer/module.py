@@ -10,6 +10,7 @@ import pickle
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
@@ -43,6 +44,64 @@ class AttributeDict(dict):
 
     def __setattr__(self, key, value):
         self[key] = value
+
+
+# The hyper-parameters a TaskCLI with load_from_checkpoint_support hands to the module or DataModule it is building
+# (the config as parsed, with "_class_path" and "_instantiator"): while set, save_hyperparameters() stores these in
+# place of what __init__ received (Lightning's _given_hyperparameters), so load_from_checkpoint can rebuild the same
+# class through the same parser.
+_given_hyperparameters = ContextVar("tasktrain_given_hyperparameters", default=None)
+
+
+@contextlib.contextmanager
+def given_hyperparameters(hparams, instantiator):
+    """While open, save_hyperparameters() stores `hparams` plus {"_instantiator": instantiator}: the name, from
+    ALLOWED_INSTANTIATORS, of the function load_from_checkpoint rebuilds the object with."""
+    token = _given_hyperparameters.set({**hparams, "_instantiator": instantiator})
+    try:
+        yield
+    finally:
+        _given_hyperparameters.reset(token)
+
+
+# The instantiators a checkpoint's "_instantiator" hyper-parameter may name (TaskCLI's, and LightningCLI's, which
+# tasktrain's instantiate_module stands in for): a checkpoint naming anything else is refused, never imported.
+ALLOWED_INSTANTIATORS = {"tasktrain.cli.instantiate_module", "lightning.pytorch.cli.instantiate_module",
+                         "pytorch_lightning.cli.instantiate_module"}
+
+
+def is_imported_subclass(class_path, cls):
+    """Whether `class_path` ("package.module.Class") names a subclass of `cls` in a module already imported: looked up
+    in sys.modules only, so checking a checkpoint never imports (runs) code it names."""
+    if not isinstance(class_path, str):
+        return False
+    module_name, _, name = class_path.rpartition(".")
+    target = getattr(sys.modules.get(module_name), name, None)
+    return isinstance(target, type) and issubclass(target, cls)
+
+
+def checkpoint_instantiator(cls, hparams):
+    """The function that rebuilds `cls` from a checkpoint's hyper-parameters (popped from them: "_instantiator"), or
+    None where they name none. Lightning's trust rule: the name must be in ALLOWED_INSTANTIATORS, and a "_class_path"
+    must name an already imported subclass of `cls` (the class load_from_checkpoint is called on)."""
+    name = hparams.pop("_instantiator", None)
+    if name is None:
+        return None
+    if not isinstance(name, str) or name not in ALLOWED_INSTANTIATORS:
+        raise ValueError(f"{cls.__name__}.load_from_checkpoint: the checkpoint names the instantiator {name!r}, which "
+                         f"is not one of {sorted(ALLOWED_INSTANTIATORS)}, so it was not imported or called (a "
+                         "checkpoint must not choose the code that runs). If you trust the file, remove its "
+                         "'_instantiator' hyper-parameter, or add the name to "
+                         "tasktrain.trainer.module.ALLOWED_INSTANTIATORS before loading.")
+    class_path = hparams.get("_class_path")
+    if class_path is not None and not is_imported_subclass(class_path, cls):
+        raise ValueError(f"{cls.__name__}.load_from_checkpoint: the checkpoint asks for the class {class_path!r}, "
+                         f"which is not a subclass of {cls.__name__} in a module already imported, so nothing was "
+                         "imported or built (a checkpoint must not choose the code that runs). If you trust the file, "
+                         "import the module that defines the class before loading.")
+    from tasktrain.cli.task_cli import instantiate_module
+
+    return instantiate_module
 
 
 def _not_implemented(hook):
@@ -521,12 +580,18 @@ class TaskModule(torch.nn.Module):
         default): the loggers get them at the start of each run. `frame` (Lightning's): the __init__ frame to read
         them from, when the call is made from a helper rather than from __init__ itself. A dataclass module's are its
         fields that __init__ takes (call it from __post_init__). A name in `ignore` is also dropped from what an
-        earlier call (a base class's __init__) stored, as Lightning's."""
+        earlier call (a base class's __init__) stored, as Lightning's. In a module TaskCLI builds (its
+        load_from_checkpoint_support, the default) the values are the CLI's parsed config instead, with the class path
+        under "_class_path" and "_instantiator", so load_from_checkpoint rebuilds the same class (Lightning's)."""
         self._log_hyperparams = bool(logger)
         ignore = () if ignore is None else ignore  # (Lightning's default is None)
         frame = frame or inspect.currentframe().f_back
         init_args = {}
-        if dataclasses.is_dataclass(self):  # (Lightning's: a dataclass module's fields that __init__ takes)
+        given = _given_hyperparameters.get()
+        if given is not None:  # built by TaskCLI(load_from_checkpoint_support=True): the parsed config, not __init__'s
+            init_args = dict(given)
+            frame = None
+        elif dataclasses.is_dataclass(self):  # (Lightning's: a dataclass module's fields that __init__ takes)
             init_args = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
             frame = None
         # Walk up through the __init__ chain of subclasses so the outermost __init__'s arguments win.
@@ -727,7 +792,10 @@ class TaskModule(torch.nn.Module):
         the module's strict_loading (Lightning's rule; a strict= that contradicts one the module set is refused).
         Lightning's parameters: map_location None reads the tensors onto the CPU; hparams_file (.yaml / .yml / .csv,
         as the loggers write) replaces the saved hyper-parameters; weights_only False reads any pickled object (a
-        file you trust), None or True tensors and plain data only."""
+        file you trust), None or True tensors and plain data only. A checkpoint of a module TaskCLI built (its
+        load_from_checkpoint_support) is rebuilt through the CLI's parser from the config it recorded: called on
+        TaskModule (or on a base class whose __init__ takes **kwargs), the very subclass the command line named; the
+        class must be an already imported subclass of this one, and nothing the checkpoint names is imported."""
         from tasktrain.checkpoint_io import load_plain_state_dict
 
         ckpt = read_for_load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, weights_only)
@@ -737,9 +805,10 @@ class TaskModule(torch.nn.Module):
         if name in named_init_arguments(params):  # Lightning's: save_hyperparameters(arg) took them from that argument
             hparams = {name: hparams}
         hparams.update(overrides)
-        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
-        kwargs = hparams if takes_kwargs else {k: v for k, v in hparams.items() if k in params}
-        module = cls(**kwargs)
+        instantiator = checkpoint_instantiator(cls, hparams)
+        kwargs = hparams if takes_any_keyword(cls, params, instantiator) else {
+            k: v for k, v in hparams.items() if k in params}
+        module = cls(**kwargs) if instantiator is None else instantiator(cls, kwargs)
         if module._strict_loading is not None and strict is not None and strict != module.strict_loading:
             raise ValueError(f"You set `.load_from_checkpoint(..., strict={strict!r})` which is in conflict with "
                              f"`{cls.__name__}.strict_loading={module.strict_loading!r}. Please set the same value for "
@@ -892,6 +961,17 @@ def _unwrapped(fn):
         else:
             break
     return fn
+
+
+def takes_any_keyword(cls, params, instantiator):
+    """Whether load_from_checkpoint hands `cls` every saved hyper-parameter rather than those its __init__ names:
+    an __init__ with **kwargs, and, for a TaskCLI checkpoint, TaskModule's and DataModule's own (Lightning's take
+    **kwargs, so `LightningModule.load_from_checkpoint` passes the "_class_path" on and rebuilds the subclass)."""
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return True
+    from tasktrain.trainer.datamodule import DataModule
+
+    return instantiator is not None and cls.__init__ in (TaskModule.__init__, DataModule.__init__)
 
 
 def named_init_arguments(params):
