@@ -57,6 +57,7 @@ from tasktrain.checkpoint_io import (CheckpointError, TorchCheckpointIO, atomic_
                                     upgrade_layout)
 from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.names import normalize_precision
+from tasktrain.strategies.loop_hooks import LoopHooks  # Lightning's loop-facing methods (docs/lightning.md)
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, make_precision, patch_forward
 from tasktrain.tree import apply_to_leaves
 
@@ -104,7 +105,7 @@ _RETIRED = {
 }
 
 
-class Strategy(abc.ABC):
+class Strategy(LoopHooks, abc.ABC):
     """How the work is spread over processes and devices: the core every strategy keeps. The defaults are one
     device's; the world (ranks and collectives) is abstract: inherit OneProcess, or implement it (DDP)."""
 
