@@ -281,7 +281,7 @@ class Strategy(LoopHooks, abc.ABC):
         """Lightning's strategy.precision_plugin: the plugin object the user gave (Trainer(plugins=[...]), the
         strategy's precision_plugin=), else `strategy.precision`, the plugin the strategy runs. They differ under an
         engine strategy given its Lightning plugin (DeepSpeedPrecision, FSDPPrecision): the engine runs its own plugin
-        of that name, with the user's object's hooks attached to it (tasktrain/plugins/precision.py)."""
+        of that name, with the user's object's hooks attached to it (tasktrain/plugins/precision/__init__.py)."""
         given = self._lightning_plugin
         return given if given is not None and given._runs is self.precision else self.precision
 
