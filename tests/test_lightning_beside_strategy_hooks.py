@@ -32,7 +32,7 @@ def _module_class(base, calls):
             calls.append(("module.training_step", batch_idx))
             return self.layer(batch[0]).sum()
 
-        def validation_step(self, batch, batch_idx):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
             calls.append(("module.validation_step", batch_idx))
 
         def test_step(self, batch, batch_idx):
@@ -275,3 +275,26 @@ def test_defaults_are_lightnings():
         loader = _loader()
         assert strategy.process_dataloader(loader) is loader
         assert strategy.on_train_start() is None and strategy.post_training_step() is None
+
+
+@pytest.mark.parametrize("name", sorted(LIBS))
+def test_process_dataloader_is_called_on_each_loader(name, tmp_path):
+    """Lightning's test_process_dataloader_gets_called_as_expected (strategies/test_single_device.py), through the
+    entry points: once per loader, two validation loaders twice; what it returns is what the run reads."""
+    lib, module_base, strategy_base = LIBS[name]
+    seen = []
+
+    class Halving(strategy_base):
+        def process_dataloader(self, dataloader):
+            seen.append(len(dataloader.dataset))
+            return DataLoader(dataloader.dataset, batch_size=1)  # (batches of one from here on)
+
+    calls = []
+    module = _module_class(module_base, calls)()
+    trainer = _trainer(lib, Halving(device=torch.device("cpu")), tmp_path / name, limit_val_batches=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.validate(module, [_loader(4), _loader(6)])
+    assert seen == [4, 6]
+    assert [c for c in calls if c[0] == "module.validation_step"] == [("module.validation_step", i) for i in
+                                                                        [*range(4), *range(6)]]

@@ -95,7 +95,7 @@ def _restore_module(trainer, module, path, into_module):
 
     strategy = trainer.strategy
     with trusted_pickles(trainer._ckpt_weights_only is False):  # the entry point's weights_only= (Lightning's)
-        ckpt = strategy.load_checkpoint(path)
+        ckpt = strategy_hooks.load_checkpoint(strategy, path, trainer._ckpt_weights_only)
     with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
         module.on_load_checkpoint(ckpt)
     if overrides(strategy, "load_model_state_dict"):

@@ -26,7 +26,7 @@ from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Sharded
 from tasktrain.strategies.loop_hooks import overrides
-from tasktrain.trainer import loaders, run
+from tasktrain.trainer import loaders, run, strategy_hooks
 from tasktrain.trainer.combined import CombinedTrainData
 from tasktrain.trainer.data import StatefulLoaderData
 from tasktrain.trainer.metrics import hook_scope
@@ -291,7 +291,7 @@ def read(trainer, path, weights_only=None):
     if weights_only is None:
         weights_only = getattr(trainer, "_ckpt_weights_only", None)
     with ckpt_io.trusted_pickles(weights_only is False):
-        return upgrade(trainer.strategy.load_checkpoint(path))
+        return upgrade(strategy_hooks.load_checkpoint(trainer.strategy, path, weights_only))
 
 
 def on_exception_default(trainer, fn="fit"):

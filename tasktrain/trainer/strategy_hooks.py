@@ -24,6 +24,15 @@ def run_setup(trainer, strategy, set_up):
             "cannot go on without them. Call super().setup(trainer) in the override, before or after your own code.")
 
 
+def load_checkpoint(strategy, path, weights_only):
+    """strategy.load_checkpoint(path): with Lightning's weights_only= keyword where a subclass of one's own
+    overrides it (Lightning's checkpoint connector passes the entry point's weights_only); tasktrain's own read it
+    from the trusted_pickles context the caller has entered."""
+    if overrides(strategy, "load_checkpoint"):
+        return strategy.load_checkpoint(path, weights_only=weights_only)
+    return strategy.load_checkpoint(path)
+
+
 def event_hook(strategy, event):
     """The strategy's hook of `event` (on_train_start, ...) where a subclass overrides it, else None. What it returns
     is not read (Lightning's)."""
