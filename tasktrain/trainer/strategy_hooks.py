@@ -38,7 +38,18 @@ def event_hook(strategy, event):
     is not read (Lightning's)."""
     if not overrides(strategy, event):
         return None
-    return partial(_no_result, getattr(strategy, event))
+    return partial(_no_result, _declared(strategy)[event])
+
+
+def _declared(strategy):
+    """The strategy's methods of LoopHooks that the Trainer calls by the event's or step's name."""
+    return {"on_train_start": strategy.on_train_start, "on_train_end": strategy.on_train_end,
+            "on_train_batch_start": strategy.on_train_batch_start,
+            "on_validation_start": strategy.on_validation_start, "on_validation_end": strategy.on_validation_end,
+            "on_test_start": strategy.on_test_start, "on_test_end": strategy.on_test_end,
+            "on_predict_start": strategy.on_predict_start, "on_predict_end": strategy.on_predict_end,
+            "validation_step": strategy.validation_step, "test_step": strategy.test_step,
+            "predict_step": strategy.predict_step}
 
 
 def _no_result(fn, *args, **kwargs):
@@ -73,7 +84,9 @@ def eval_step(strategy, name):
     if not overrides(strategy, name):
         return strategy.eval_step
 
+    step = _declared(strategy)[name]
+
     def call(step_fn, *args):
-        return getattr(strategy, name)(*args)
+        return step(*args)
     return call
 
