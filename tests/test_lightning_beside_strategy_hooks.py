@@ -298,3 +298,9 @@ def test_process_dataloader_is_called_on_each_loader(name, tmp_path):
     assert seen == [4, 6]
     assert [c for c in calls if c[0] == "module.validation_step"] == [("module.validation_step", i) for i in
                                                                         [*range(4), *range(6)]]
+
+
+def test_deepspeed_handles_gradient_accumulation_as_lightnings():
+    pytest.importorskip("deepspeed")
+    assert tasktrain.strategies.DeepSpeedStrategy().handles_gradient_accumulation is True
+    assert pl.strategies.DeepSpeedStrategy().handles_gradient_accumulation is True
