@@ -304,3 +304,33 @@ def test_deepspeed_handles_gradient_accumulation_as_lightnings():
     pytest.importorskip("deepspeed")
     assert tasktrain.strategies.DeepSpeedStrategy().handles_gradient_accumulation is True
     assert pl.strategies.DeepSpeedStrategy().handles_gradient_accumulation is True
+
+
+@pytest.mark.parametrize("name", sorted(LIBS))
+def test_manual_backward_calls_pre_and_post_backward(name, tmp_path):
+    lib, module_base, strategy_base = LIBS[name]
+    calls = []
+
+    class Manual(_module_class(module_base, calls)):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            calls.append(("module.training_step", batch_idx))
+            self.manual_backward(self.layer(batch[0]).sum())
+            optimizer.step()
+
+    Recording = _strategy_class(strategy_base, calls)
+    trainer = _trainer(lib, Recording(device=torch.device("cpu")), tmp_path / name, limit_val_batches=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Manual(), _loader())
+    calls[:] = [call for call in calls if call[0] in ("module.training_step", "training_step", "post_training_step",
+                                                      "pre_backward", "post_backward", "module.on_before_backward",
+                                                      "module.on_after_backward")]
+    assert calls == [call for batch_idx in (0, 1) for call in (
+        ("training_step", 2), ("module.training_step", batch_idx), ("pre_backward", True),
+        ("module.on_before_backward",), ("module.on_after_backward",), ("post_backward",), ("post_training_step",))]
