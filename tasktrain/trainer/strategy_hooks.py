@@ -1,6 +1,7 @@
 """Where the Trainer calls Lightning's loop-facing strategy methods (tasktrain/strategies/loop_hooks.py) that a
 strategy subclass of one's own overrides: at Lightning's points, with Lightning's arguments. Without an override
 nothing here changes the step (the helpers give back tasktrain's own calls)."""
+import inspect
 from functools import partial
 
 from tasktrain.strategies.loop_hooks import overrides
@@ -26,11 +27,20 @@ def run_setup(trainer, strategy, set_up):
 
 def load_checkpoint(strategy, path, weights_only):
     """strategy.load_checkpoint(path): with Lightning's weights_only= keyword where a subclass of one's own
-    overrides it (Lightning's checkpoint connector passes the entry point's weights_only); tasktrain's own read it
-    from the trusted_pickles context the caller has entered."""
-    if overrides(strategy, "load_checkpoint"):
+    overrides it with Lightning's signature (Lightning's checkpoint connector passes the entry point's
+    weights_only); an override of tasktrain's one-argument form, and tasktrain's own, read it from the
+    trusted_pickles context the caller has entered."""
+    if overrides(strategy, "load_checkpoint") and _takes_weights_only(strategy.load_checkpoint):
         return strategy.load_checkpoint(path, weights_only=weights_only)
     return strategy.load_checkpoint(path)
+
+
+def _takes_weights_only(method) -> bool:
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # (a callable without a signature: a mock)
+        return True
+    return any(p.name == "weights_only" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def event_hook(strategy, event):
