@@ -413,6 +413,8 @@ class Strategy(abc.ABC):
         if isinstance(self, Sharded):
             stack.enter_context(self.module_init_context(empty_init=bool(empty_init)))
         else:
+            if empty_init:  # the weights will be loaded: their initialisation is skipped (Lightning's _EmptyInit)
+                stack.enter_context(SkipParameterInit())
             stack.enter_context(torch.device(self.root_device))
         if self.precision is not None:
             stack.enter_context(self.precision.tensor_init_context())
@@ -835,6 +837,18 @@ class Strategy(abc.ABC):
 # -- what a finished run keeps for a save after it (Strategy.end_run) ---------------------------------------------------
 _KEPT = []  # strategies whose last run's engine is kept until the next run sets up or the process exits
 _KEPT_EXIT_HOOK = []
+
+
+class SkipParameterInit(torch.overrides.TorchFunctionMode):
+    """Modules built inside it skip their parameters' initialisation: torch.nn.init's functions give their tensor back
+    untouched (uninitialised memory), for weights a checkpoint will overwrite (`trainer.init_module(empty_init=True)`;
+    Lightning's strategies do the same). Any other function runs as usual."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
 
 
 def keep_until_next_run(strategy):
