@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from helpers import EpochSampler
 
@@ -102,6 +102,37 @@ def test_evaluation_samplers_get_lightnings_epoch(tmp_path, case):
         assert ("validate", 2) in got and ("empty test", 2) in got
     if case == "resumed from a save in on_train_epoch_end":  # epochs processed: 1, while current_epoch is still 0
         assert got[got.index("resumed") + 1:][:2] == [("val", 1), ("on_validation_start", 0)]
+
+
+def _patched_random_sampler_calls(lib, classes, batch_sampler):
+    """Lightning's test_evaluation_loop_sampler_set_epoch_called: torch's own RandomSampler with a set_epoch put on
+    the instance, in the training and the validation loader (the Trainer reads a rebuild of a training loader like
+    this one, on its own order: set_epoch still reaches the sampler of the loader given, as Lightning's)."""
+    calls = []
+
+    def loader(tag):
+        data = classes.RandomDataset(32, 8)
+        sampler = RandomSampler(data)
+        sampler.set_epoch = lambda epoch: calls.append((tag, epoch))
+        if batch_sampler:
+            return DataLoader(data, batch_sampler=BatchSampler(sampler, 2, True))
+        return DataLoader(data, sampler=sampler, batch_size=2)
+
+    trainer = lib.Trainer(**QUIET, limit_train_batches=1, limit_val_batches=1, max_epochs=2,
+                          enable_checkpointing=False)
+    trainer.fit(classes.BoringModel(), loader("train"), loader("val"))
+    trainer.validate(classes.BoringModel(), loader("validate"), verbose=False)
+    return calls
+
+
+@pytest.mark.parametrize("batch_sampler", [False, True])
+def test_set_epoch_put_on_a_random_sampler_is_called_as_in_lightning(batch_sampler):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = _patched_random_sampler_calls(pl, theirs, batch_sampler)
+        got = _patched_random_sampler_calls(tasktrain, ours, batch_sampler)
+    assert got == expected
+    assert got == [("val", 0), ("train", 0), ("val", 0), ("train", 1), ("val", 1), ("validate", 2)]
 
 
 class _Record:
