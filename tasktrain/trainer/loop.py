@@ -783,9 +783,7 @@ def _run_validation(trainer, step, zero_grad):
     if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)
         return
     loaders.reload_val_when_due(trainer)
-    values = evaluate(trainer, "validate", trainer._val_loader, trainer._counts["fit"])
-    if values:  # every rank (log_to_loggers)
-        trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), step, add_epoch=True)
+    evaluate(trainer, "validate", trainer._val_loader, trainer._counts["fit"], log_step=step)
     trainer._metrics.set_stage("train", True, False)
 
 
