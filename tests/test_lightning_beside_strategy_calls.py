@@ -99,6 +99,32 @@ def test_batch_to_device_runs_the_modules_transfer_hooks_as_lightnings():
     assert moved == by_keyword == [1.0, 1.0]
 
 
+def test_an_on_after_batch_transfer_alone_gets_each_loaders_index_as_lightnings():
+    """A module that overrides on_after_batch_transfer alone gets the index of each validation loader (the Trainer
+    passes it to strategy.batch_to_device), as under Lightning."""
+    seen = {}
+    for name, lib in LIBS.items():
+        indices = seen[name] = []
+
+        class After(lib.LightningModule if lib is pl else lib.TaskModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+
+            def validation_step(self, batch, batch_idx, dataloader_idx=0):
+                return self.layer(batch[0]).sum()
+
+            def on_after_batch_transfer(self, batch, dataloader_idx):
+                indices.append(dataloader_idx)
+                return batch
+
+        trainer = lib.Trainer(accelerator="cpu", devices=1, limit_val_batches=1, **QUIET)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.validate(After(), [_loader(), _loader()], verbose=False)
+    assert seen["ours"] == seen["theirs"] == [0, 1]
+
+
 def test_the_trainer_moves_batches_through_a_strategys_own_batch_to_device():
     """A strategy of one's own that overrides batch_to_device (Lightning's way) is called for every batch the
     Trainer moves (training, validation), with the dataloader's index, as Lightning's loops call it."""

@@ -147,7 +147,7 @@ def batch_mover(trainer, module):
         return batch if after is None else after(batch, dataloader_idx)
 
     trainer._batch_transfer = run_transfer
-    if before is None and not profiled:
+    if before is None and after is None and not own_transfer and not profiled:  # (no hook: no dataloader_idx)
         return to_device, True
 
     def move(batch, dataloader_idx=0):
