@@ -374,7 +374,7 @@ class Strategy(abc.ABC):
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         # No accelerator in this process, a CPU device and no input cast: a batch of tensors is already where it
-        # belongs, and batch_to_device hands it on instead of rebuilding it every step.
+        # belongs, and move_batch hands it on instead of rebuilding it every step.
         self._batches_stay = (self.root_device.type == "cpu" and not _accelerator_visible() and (
             self.precision is None or type(self.precision).convert_input is Precision.convert_input))
 
