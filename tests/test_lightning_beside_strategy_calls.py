@@ -253,10 +253,12 @@ def test_lightnings_strategy_classes_register_their_names_as_lightnings():
     from tasktrain.strategies.registry import LIGHTNING_REFUSED, _StrategyRegistry as OurRegistry
 
     theirs = __import__("lightning.pytorch.strategies", fromlist=["x"])
+    registered = list(theirs.FSDPStrategy._registered_strategies)  # (Lightning's FSDP appends its names there)
     for ours in (SingleDeviceStrategy, DDPStrategy, DeepSpeedStrategy, FSDPStrategy):
         mine, lightnings = OurRegistry(), _StrategyRegistry()
         ours.register_strategies(mine)
         getattr(theirs, ours.__name__).register_strategies(lightnings)
+        theirs.FSDPStrategy._registered_strategies[:] = registered
         assert set(mine) == set(lightnings) - set(LIGHTNING_REFUSED), ours
         assert all(entry["strategy"] is ours for entry in mine.values())
         for name in mine:
@@ -304,3 +306,33 @@ def test_step_methods_take_lightnings_arguments(strategy):
     ours, theirs = _step_calls(tasktrain, strategy), _step_calls(pl, "auto")
     assert ours == pytest.approx(theirs)
     assert ours[0] == ours[1] == ours[2] and ours[3] == pytest.approx(2 * ours[0])
+
+
+def test_the_world_group_is_every_rank_as_lightnings():
+    """torch.distributed.group.WORLD (what Lightning's module.all_gather hands its strategy when given no group) is
+    taken as every rank by all_gather and reduce, on the module and on the strategy: a one-process DDP gathers a new
+    dimension of one, as Lightning's DDP does; one device returns the tensor as it is."""
+    import torch.distributed as dist
+
+    seen = {}
+
+    class Gathers(tasktrain.TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            world = dist.group.WORLD
+            strategy = self.trainer.strategy
+            seen[strategy.name] = (
+                tuple(self.all_gather(torch.ones(2), group=world).shape),
+                tuple(strategy.all_gather(torch.ones(2), world).shape),
+                float(strategy.reduce(torch.tensor(3.0), world, "sum")))
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    for strategy in ("auto", "ddp"):
+        _fit(tasktrain, Gathers(), strategy=strategy, max_steps=1, limit_val_batches=0)
+    assert seen == {"single_device": ((2,), (2,), 3.0), "ddp": ((1, 2), (1, 2), 3.0)}

@@ -1071,9 +1071,20 @@ def step_name(step_fn):
     return getattr(step_fn, "__name__", None)
 
 
+def every_rank(group) -> bool:
+    """Whether `group` means every rank: None, or torch.distributed's WORLD group (what Lightning's module.all_gather
+    passes to the strategy when given none)."""
+    if group is None:
+        return True
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and group is dist.group.WORLD
+
+
 def check_gather_group(group):
-    """strategy.all_gather(tensor, group=...): tasktrain gathers from every rank; a group of the script's is refused."""
-    if group is not None:
+    """strategy.all_gather(tensor, group=...): tasktrain gathers from every rank; a group of the script's is refused
+    (torch.distributed.group.WORLD, every rank, is taken)."""
+    if not every_rank(group):
         raise ValueError("strategy.all_gather(..., group=...): tasktrain's strategies gather from every rank. Gather "
                          "over a group of your own with torch.distributed.all_gather(tensors, tensor, group=group), "
                          "or gather from all ranks and keep the rows you need.")
@@ -1086,7 +1097,7 @@ def lightning_reduce_op(group=None, reduce_op="mean", op=None):
     if isinstance(group, str):
         raise ValueError(f"strategy.reduce(tensor, {group!r}): the second parameter is Lightning's group (a process "
                          f"group), not the reduction. Pass reduce_op={group!r} (or op={group!r}).")
-    if group is not None:
+    if not every_rank(group):
         raise ValueError("strategy.reduce(..., group=...): tasktrain's strategies reduce over every rank. Reduce over "
                          "a group of your own with torch.distributed.all_reduce(tensor, group=group).")
     if op is not None:

@@ -528,7 +528,9 @@ class TaskModule(torch.nn.Module):
         """Gather a tensor (or a dict/list of tensors) from every rank: a new leading dimension of world size (one
         process, SingleDeviceStrategy: the tensors as they are, as Lightning's). sync_grads=True: the gather is
         differentiable (the strategy's all_gather, as Lightning's)."""
-        if group is not None:
+        from tasktrain.strategies.base import every_rank
+
+        if not every_rank(group):  # (None or torch.distributed.group.WORLD: every rank)
             raise ValueError("all_gather(group=...): tasktrain gathers from all ranks only; gather from all and "
                              "keep the rows of the ranks you need.")
         strategy = self.trainer.strategy
