@@ -141,6 +141,43 @@ def test_the_trainer_moves_batches_through_a_strategys_own_batch_to_device():
     assert seen["ours"] == seen["theirs"] == [0, 0, 0]
 
 
+def test_the_trainer_runs_the_steps_through_a_strategys_own_step_methods():
+    """A strategy of one's own that overrides training_step / validation_step / test_step / predict_step (Lightning's
+    way, *args and **kwargs) is called for every step the Trainer runs, with the loop's arguments."""
+    seen = {}
+    for name, lib in LIBS.items():
+        calls = seen[name] = []
+
+        class Counting(_strategies(lib).SingleDeviceStrategy):
+            def training_step(self, *args, **kwargs):
+                calls.append(("training_step", len(args), sorted(kwargs)))
+                return super().training_step(*args, **kwargs)
+
+            def validation_step(self, *args, **kwargs):
+                calls.append(("validation_step", len(args), sorted(kwargs)))
+                return super().validation_step(*args, **kwargs)
+
+            def test_step(self, *args, **kwargs):
+                calls.append(("test_step", len(args), sorted(kwargs)))
+                return super().test_step(*args, **kwargs)
+
+            def predict_step(self, *args, **kwargs):
+                calls.append(("predict_step", len(args), sorted(kwargs)))
+                return super().predict_step(*args, **kwargs)
+
+        module = _module(lib)
+        trainer = _fit(lib, module, strategy=Counting("cpu"), max_steps=2, limit_val_batches=1,
+                       num_sanity_val_steps=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.test(module, _loader(2), verbose=False)
+            predictions = trainer.predict(module, _loader(2))
+        calls.append(tuple(predictions[0].shape))
+    assert seen["ours"] == seen["theirs"] == [
+        ("training_step", 2, []), ("training_step", 2, []), ("validation_step", 2, []), ("test_step", 2, []),
+        ("predict_step", 2, []), (2, 1)]
+
+
 def test_batch_to_device_takes_a_datamodules_hook_as_lightnings():
     """Beside a DataModule that overrides on_after_batch_transfer, strategy.batch_to_device runs the DataModule's
     (Lightning's data hook selection), not the module's."""
