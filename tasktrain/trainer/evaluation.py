@@ -315,7 +315,7 @@ def _evaluate(trainer, stage, loaders, limits):
     hooks = trainer._all_hooks
     # Lightning's strategy.validation_step / test_step (each through the strategy's eval_step): a strategy of one's
     # own that overrides one is called for every batch
-    eval_step = getattr(strategy, f"{prefix}_step")
+    eval_step = strategy.test_step if prefix == "test" else strategy.validation_step
     if trainer._profiler is not None:
         eval_step = profiled(trainer._profiler, strategy_action(strategy, f"{prefix}_step"), eval_step)
     eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
