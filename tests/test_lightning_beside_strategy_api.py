@@ -98,7 +98,8 @@ def test_signatures_of_what_a_script_calls_are_lightnings():
 
     for name in ("SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy"):
         for method in ("save_checkpoint", "load_checkpoint", "remove_checkpoint", "all_gather", "barrier",
-                       "batch_to_device", "lightning_module_state_dict", "model_sharded_context"):
+                       "batch_to_device", "lightning_module_state_dict", "model_sharded_context", "backward",
+                       "optimizer_step", "training_step", "validation_step", "test_step", "predict_step"):
             their_parameters = list(inspect.signature(getattr(getattr(theirs, name), method)).parameters.values())
             our_parameters = list(inspect.signature(getattr(getattr(ours, name), method)).parameters.values())
             assert [(p.name, p.kind, p.default) for p in our_parameters] == \

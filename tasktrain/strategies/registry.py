@@ -30,20 +30,105 @@ LIGHTNING_REFUSED = {
 }
 
 
-def strategy_from_name(name: str, **extra):
-    import importlib
+class _StrategyRegistry(dict):
+    """Lightning's StrategyRegistry (`from tasktrain.strategies import StrategyRegistry`): strategy names, each mapped
+    to {"strategy": a class (or callable), "init_params": its arguments, "description": ..., "strategy_name": name}.
+    Trainer(strategy=name) builds what the name's entry says, so a strategy of one's own registered by name
+    (`StrategyRegistry.register("mine", MyStrategy, description="...", arg=1)`, or a class's
+    `register_strategies(strategy_registry)` classmethod called with it) is chosen by that name. It holds tasktrain's
+    names from the start (tasktrain/names.py, and Lightning's other names tasktrain runs); their classes are imported
+    when an entry is read, so that importing tasktrain imports no engine."""
 
-    if name in LIGHTNING_NAMES:
-        name, added = LIGHTNING_NAMES[name]
-        extra = {**added, **extra}
+    def register(self, name, strategy=None, description=None, override=False, **init_params):
+        """Register `strategy` (a class, or any callable returning a Strategy) under `name`, built with
+        `init_params`; as a decorator when `strategy` is left out. A name already there needs override=True."""
+        if not (name is None or isinstance(name, str)):
+            raise TypeError(f"`name` must be a str, found {name}")
+        if name in self and not override:
+            raise ValueError(f"'{name}' is already present in the registry. HINT: Use `override=True`.")
+        data = {"description": description if description is not None else "", "init_params": init_params}
+
+        def do_register(strategy):
+            data["strategy"] = strategy
+            data["strategy_name"] = name
+            self[name] = data
+            return strategy
+
+        if strategy is not None:
+            return do_register(strategy)
+        return do_register
+
+    def __getitem__(self, name):
+        data = super().__getitem__(name)
+        if isinstance(data.get("strategy"), _NamedClass):  # a built-in name's class, imported now
+            data["strategy"] = data["strategy"].load()
+        return data
+
+    def get(self, name, default=None):
+        """The strategy registered as `name`, built with its init_params; `default` where there is none (else a
+        KeyError listing the names)."""
+        if name in self:
+            data = self[name]
+            return data["strategy"](**data["init_params"])
+        if default is not None:
+            return default
+        available_names = ", ".join(sorted(self.keys())) or "none"
+        raise KeyError(f"'{name}' not found in registry. Available names: {available_names}")
+
+    def remove(self, name):
+        """Remove the strategy registered as `name`."""
+        self.pop(name)
+
+    def available_strategies(self):
+        """The registered names."""
+        return list(self.keys())
+
+    def __str__(self):
+        return "Registered Strategies: {}".format(", ".join(self.keys()))
+
+
+class _NamedClass:
+    """A built-in entry's class, by module and name until it is first read (or called)."""
+
+    def __init__(self, module, cls):
+        self.module, self.cls = module, cls
+
+    def load(self):
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.cls)
+
+    def __call__(self, *args, **kwargs):
+        return self.load()(*args, **kwargs)
+
+    def __repr__(self):
+        return f"<class '{self.module}.{self.cls}'>"
+
+
+def _builtin_registry():
+    registry = _StrategyRegistry()
+    for name, entry in STRATEGIES.items():
+        registry.register(name, _NamedClass(entry.module, entry.cls), description=f"tasktrain's {entry.cls}",
+                          **entry.kwargs)
+    for name, (base, added) in LIGHTNING_NAMES.items():
+        entry = STRATEGIES[base]
+        registry.register(name, _NamedClass(entry.module, entry.cls), description=f"tasktrain's {entry.cls}",
+                          **{**entry.kwargs, **added})
+    return registry
+
+
+StrategyRegistry = _builtin_registry()
+
+
+def strategy_from_name(name: str, **extra):
+    """The strategy StrategyRegistry holds as `name`, built with its init_params and `extra` (which win)."""
+    if name in StrategyRegistry:
+        data = StrategyRegistry[name]
+        return data["strategy"](**{**data["init_params"], **extra})
     if name in LIGHTNING_REFUSED:
         raise ValueError(f"strategy={name!r} (Lightning's) {LIGHTNING_REFUSED[name]}.")
-    if name not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {name!r}. Valid names: {', '.join([AUTO_STRATEGY, *STRATEGIES])}, "
-                         "or pass a Strategy instance (e.g. DDP(...), DeepSpeed(stage=2)).")
-    entry = STRATEGIES[name]
-    cls = getattr(importlib.import_module(entry.module), entry.cls)
-    return cls(**{**entry.kwargs, **extra})
+    raise ValueError(f"Unknown strategy {name!r}. Valid names: {', '.join([AUTO_STRATEGY, *StrategyRegistry])}, "
+                     "or pass a Strategy instance (e.g. DDP(...), DeepSpeed(stage=2)).")
 
 
 def strategy_of_launch(launch):
@@ -113,9 +198,7 @@ def resolve_strategy(strategy, accelerator: str, devices: int, num_nodes: int, e
         return strategy
     if not isinstance(strategy, str):
         raise TypeError(f"strategy must be a name or a Strategy instance, got {type(strategy).__name__}.")
-    if strategy == AUTO_STRATEGY:
-        if devices * num_nodes > 1 or env.world_size > 1:
-            strategy = "ddp"
-        else:
-            strategy = "single_device"
+    if strategy == AUTO_STRATEGY:  # (tasktrain's own class, whatever the registry holds under its name now)
+        entry = STRATEGIES["ddp" if devices * num_nodes > 1 or env.world_size > 1 else "single_device"]
+        return _NamedClass(entry.module, entry.cls)(**entry.kwargs)
     return strategy_from_name(strategy)

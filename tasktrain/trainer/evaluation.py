@@ -320,8 +320,11 @@ def _evaluate(trainer, stage, loaders, limits, log_step):
     metrics.set_stage(stage, False, True)
     metrics.step_values.clear()  # (Lightning resets an evaluation's results: nothing of the last one is written)
     hooks = trainer._all_hooks
-    eval_step = strategy.eval_step if trainer._profiler is None else \
-        profiled(trainer._profiler, strategy_action(strategy, f"{prefix}_step"), strategy.eval_step)
+    # Lightning's strategy.validation_step / test_step (each through the strategy's eval_step): a strategy of one's
+    # own that overrides one is called for every batch
+    eval_step = strategy.test_step if prefix == "test" else strategy.validation_step
+    if trainer._profiler is not None:
+        eval_step = profiled(trainer._profiler, strategy_action(strategy, f"{prefix}_step"), eval_step)
     eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
     # batches completed (Lightning's evaluation batch_progress, read through trainer.validate_loop / test_loop /
     # fit_loop.epoch_loop.val_loop: lightning_loops.py): [total, in this run] (TrainState.eval_batches), and how far
@@ -362,7 +365,7 @@ def _evaluate(trainer, stage, loaders, limits, log_step):
         for fn in hooks[f"on_{prefix}_batch_start"]:
             fn(batch, batch_idx, *extra)
         phases[key] = "started"
-        outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
+        outputs = eval_step(*step_arguments(step_fn, batch, batch_idx, *extra))
         phases[key] = "processed"
         for fn in hooks[f"on_{prefix}_batch_end"]:
             fn(outputs, batch, batch_idx, *extra)
@@ -461,8 +464,9 @@ def _predict(trainer, module, loaders, limits, gather):
         started = trainer._predict_started = [0] * len(loaders)
         fetch = start_fetch(trainer, loaders, limits, "predict")
     trainer._call("on_predict_epoch_start")
-    eval_step = trainer.strategy.eval_step if trainer._profiler is None else \
-        profiled(trainer._profiler, strategy_action(trainer.strategy, "predict_step"), trainer.strategy.eval_step)
+    eval_step = trainer.strategy.predict_step  # (Lightning's; through the strategy's eval_step)
+    if trainer._profiler is not None:
+        eval_step = profiled(trainer._profiler, strategy_action(trainer.strategy, "predict_step"), eval_step)
     if trainer._metrics is not None:  # named as the hook it is (module._current_fx_name; self.log refuses it there)
         eval_step = in_hook(trainer._metrics, "predict_step", eval_step)  # (the step itself stays the bound method:
         # DataParallel's eval_step calls it by name)
@@ -478,7 +482,7 @@ def _predict(trainer, module, loaders, limits, gather):
             trainer._predict_current_indices = trainer.predict_batch_indices[dataloader_idx][batch_idx]
         trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
         trainer._predict_phase = "started"
-        out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
+        out = eval_step(*step_arguments(module.predict_step, batch, batch_idx, *extra))
         trainer._predict_phase = "processed"
         if out is None and not trainer._predict_none_warned:  # (Lightning's: once per Trainer)
             trainer._predict_none_warned = True

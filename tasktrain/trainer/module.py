@@ -270,6 +270,30 @@ class TaskModule(torch.nn.Module):
 
         return move_to_device(batch, device)
 
+    def _on_before_batch_transfer(self, batch: Any, dataloader_idx: int = 0) -> Any:
+        """Lightning's: on_before_batch_transfer, the attached trainer's DataModule's where it overrides it."""
+        return self._call_batch_hook("on_before_batch_transfer", batch, dataloader_idx)
+
+    def _apply_batch_transfer_handler(self, batch: Any, device: Optional[torch.device] = None,
+                                      dataloader_idx: int = 0) -> Any:
+        """Lightning's: transfer_batch_to_device to `device` (default the module's), then on_after_batch_transfer;
+        strategy.batch_to_device runs it. In a Trainer's run, as that run moves its batches (trainer._batch_transfer:
+        the DataModule's hooks where it overrides them, the strategy's move for a transfer hook not overridden)."""
+        run_transfer = getattr(self._trainer, "_batch_transfer", None)
+        if run_transfer is not None:
+            return run_transfer(batch, device, dataloader_idx)
+        batch = self._call_batch_hook("transfer_batch_to_device", batch, device or self.device, dataloader_idx)
+        return self._call_batch_hook("on_after_batch_transfer", batch, dataloader_idx)
+
+    def _call_batch_hook(self, name: str, *args: Any) -> Any:
+        datamodule = getattr(self._trainer, "datamodule", None)
+        if datamodule is not None:
+            from tasktrain.trainer.datamodule import DataModule
+
+            if is_overridden(name, datamodule, DataModule):
+                return getattr(datamodule, name)(*args)
+        return getattr(self, name)(*args)
+
     def lr_scheduler_step(self, scheduler: Union[torch.optim.lr_scheduler.LRScheduler,
                                                  torch.optim.lr_scheduler.ReduceLROnPlateau],
                           metric: Optional[Any]) -> None:
@@ -560,9 +584,12 @@ class TaskModule(torch.nn.Module):
             self.log(name, value, **kwargs)
 
     def all_gather(self, data, group=None, sync_grads=False):
-        """Gather a tensor (or a dict/list of tensors) from every rank: a new leading dimension of world size.
-        sync_grads=True: the gather is differentiable (the strategy's all_gather, as Lightning's)."""
-        if group is not None:
+        """Gather a tensor (or a dict/list of tensors) from every rank: a new leading dimension of world size (one
+        process, SingleDeviceStrategy: the tensors as they are, as Lightning's). sync_grads=True: the gather is
+        differentiable (the strategy's all_gather, as Lightning's)."""
+        from tasktrain.strategies.base import every_rank
+
+        if not every_rank(group):  # (None or torch.distributed.group.WORLD: every rank)
             raise ValueError("all_gather(group=...): tasktrain gathers from all ranks only; gather from all and "
                              "keep the rows of the ranks you need.")
         strategy = self.trainer.strategy
@@ -748,14 +775,14 @@ class TaskModule(torch.nn.Module):
                 precision.backward(tensor, self, None, *a, **k)
 
             scaled = precision.pre_backward(loss, self)  # (on_before_backward there)
-            trainer.strategy.backward(scaled, *args, backward_fn=plugin_backward, **kwargs)
+            trainer.strategy.backward(scaled, None, *args, backward_fn=plugin_backward, **kwargs)
             precision.post_backward(scaled, self)  # (on_after_backward there)
             return
         trainer._call("on_before_backward", loss)
         if hook_is_called("backward", self, TaskModule):  # Lightning's: through the module's backward
-            trainer.strategy.backward(loss, *args, backward_fn=self.backward, **kwargs)
+            trainer.strategy.backward(loss, None, *args, backward_fn=self.backward, **kwargs)
         else:
-            trainer.strategy.backward(loss, *args, **kwargs)
+            trainer.strategy.backward(loss, None, *args, **kwargs)
         trainer._call("on_after_backward")
 
     # -- optimisation hooks (automatic optimisation: tasktrain/trainer/loop.py calls them, as Lightning does) -------

@@ -67,6 +67,7 @@ _PLUGIN_INPUT = Union[_PRECISION_PLUGIN, ClusterEnvironment, CheckpointIO, Layer
 
 class Trainer:
     checkpoint_seconds = 0.0  # this process's time in save_checkpoint, summed (read by ThroughputMonitor)
+    _batch_transfer = None  # the run's transfer_batch_to_device + on_after_batch_transfer (run.batch_mover)
     # Lightning's loop attributes: views of this Trainer's state (lightning_loops.py)
     fit_loop = lightning_loops.LoopAttribute(lightning_loops.FitLoop)
     validate_loop = lightning_loops.LoopAttribute(lightning_loops.EvaluationLoop, "validate")
