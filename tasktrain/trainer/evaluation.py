@@ -378,6 +378,7 @@ def _evaluate(trainer, stage, loaders, limits):
     trainer._call(f"on_{prefix}_epoch_end")
     values.update(metrics.reduce_epoch(stage))
     trainer._call(f"on_{prefix}_end")
+    metrics.reset_metric_objects()  # (Lightning's reset_results, after on_<stage>_end)
     # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
     # frozen BatchNorm the user put in eval mode stays so)
     if is_overridden(f"on_{prefix}_model_train", module, TaskModule):
