@@ -393,6 +393,7 @@ def _evaluate(trainer, stage, loaders, limits, log_step):
     if logged and not trainer.sanity_checking:  # every rank (log_to_loggers)
         trainer.log_to_loggers(logged, log_step, add_epoch=True)
     trainer._call(f"on_{prefix}_end")
+    metrics.reset_metric_objects()  # (Lightning's reset_results, after on_<stage>_end)
     # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
     # frozen BatchNorm the user put in eval mode stays so)
     if is_overridden(f"on_{prefix}_model_train", module, TaskModule):

@@ -244,6 +244,7 @@ def train_epoch(trainer, fit, epoch, begun):
         fn()
     # one write, as Lightning's, after ModelCheckpoint's save of the epoch (its after_save_checkpoint comes first)
     trainer._flush_epoch_metrics(epoch_values, last_step)
+    metrics.reset_metric_objects()  # (Lightning's reset_results: the epoch-end hooks could read their state)
     if ran_out and module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
         # the metric-watching ones after the epoch-end hooks (Lightning's fit loop: they may watch a value logged in
         # on_train_epoch_end); the others stepped at the epoch's last batch (or the one on_train_batch_start ended it at)
