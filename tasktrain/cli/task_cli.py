@@ -396,6 +396,8 @@ class TaskCLI:
         if model_class is None and not subclass_mode_model:
             model_class, subclass_mode_model = TaskModule, True  # the model comes from the config's class_path
         self.model_class, self.datamodule_class = model_class, datamodule_class
+        if datamodule_class is None:  # (Lightning's) an optional --data group of any DataModule, by class_path
+            subclass_mode_data = True
         self.trainer_class = trainer_class
         self.trainer_defaults = dict(trainer_defaults or {})
         self.save_config_callback = save_config_callback
@@ -459,6 +461,11 @@ class TaskCLI:
                 parser.add_subclass_arguments(self.datamodule_class, "data", required=True, fail_untyped=False)
             else:
                 parser.add_class_arguments(self.datamodule_class, "data", fail_untyped=False, sub_configs=True)
+        else:
+            # not required (Lightning's): without --data the model's own loaders are used
+            from tasktrain.trainer.datamodule import DataModule
+
+            parser.add_subclass_arguments(DataModule, "data", required=False, fail_untyped=False)
 
     def add_arguments_to_parser(self, parser):
         """Override to add arguments or links to each parser (called once per parser: each subcommand's, or the
@@ -568,7 +575,7 @@ class TaskCLI:
                                      _module_type(self.model_class), subclasses=self.subclass_mode_model)
         self.parser.add_instantiator(functools.partial(self._instantiate_with_config, "data"),
                                      _module_type(self.datamodule_class or DataModule),
-                                     subclasses=self.datamodule_class is None or self.subclass_mode_data)
+                                     subclasses=self.subclass_mode_data)
 
     def _instantiate_with_config(self, key, class_type, *args, applied_instantiation_links, **kwargs):
         """Build `class_type` (the config's `key`: model or data) while its config is the given hyper-parameters:
