@@ -4,7 +4,7 @@ what each did compared.
 
 - With no datamodule_class, an optional --data group of any DataModule (subclass mode, default None): `fit
   --data=SubData --data.batch_size=4` trains on it, no --data on the model's own loaders; --print_config shows
-  `data: null`.
+  `data: null`, below the header comment `# tasktrain==<version>` (Lightning's `# lightning.pytorch==<version>`).
 - trainer_class and model_class may be functions that build the object (their arguments become the group's).
 - trainer_defaults' callbacks are appended to the command line's callbacks (never replaced by them), and a trainer
   class without a callbacks argument gets a warning that they are left out.
@@ -98,6 +98,9 @@ def test_print_config_shows_the_data_group_as_lightnings(data_runs):
 
     ours, theirs = (yaml.safe_load(data_runs[lib][2][1]) for lib in ("tasktrain", "lightning"))
     assert "data" in ours and ours["data"] is None and theirs["data"] is None
+    # the header comment naming the package and its version (Lightning's dump_header)
+    assert data_runs["lightning"][2][1].startswith(f"# lightning.pytorch=={L.__version__}\n")
+    assert data_runs["tasktrain"][2][1].startswith(f"# tasktrain=={tasktrain.__version__}\n")
 
 
 # -- in-process cases: the same code under both CLIs ----------------------------------------------------------------

@@ -440,7 +440,11 @@ class TaskCLI:
 
     # -- parsers (Lightning's methods, in the order they are called) ----------------------------------------------
     def init_parser(self, **kwargs):
-        """Make one parser (the main one, and one per subcommand) with its --config argument."""
+        """Make one parser (the main one, and one per subcommand) with its --config argument; a config it prints or
+        saves begins with the comment `# tasktrain==<version>` (Lightning's `# lightning.pytorch==<version>`)."""
+        from tasktrain.version import __version__
+
+        kwargs.setdefault("dump_header", [f"tasktrain=={__version__}"])
         parser = self.parser_class(**kwargs)
         parser.add_argument("-c", "--config", action=self._jsonargparse.ActionConfigFile,
                             help="A YAML config file (several allowed; later ones and command-line arguments win).")
