@@ -240,3 +240,21 @@ def test_the_save_config_callback_pickles_for_ddp_spawn(lib, monkeypatch):
     callback = next(c for c in cli.trainer.callbacks if isinstance(c, SaveConfigCallback))
     again = pickle.loads(pickle.dumps(callback))
     assert type(again) is type(callback) and again.config == callback.config
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_any_model_and_any_data_by_the_demos_class_paths(lib, monkeypatch, capsys):
+    """`--model=<package>.demos.BoringModel --data=<package>.demos.BoringDataModule` on a CLI given no class: the
+    demos package has the Boring classes, as `lightning.pytorch.demos` has, and the printed config names them so."""
+    import yaml
+
+    *_, CLI, _ = classes(lib)
+    package = "lightning.pytorch" if lib == "lightning" else "tasktrain"
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    with pytest.raises(SystemExit):
+        CLI(args=["predict", "--seed_everything=1234", f"--model={package}.demos.BoringModel",
+                  f"--data={package}.demos.BoringDataModule", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["class_path"] == f"{package}.demos.BoringModel"
+    assert printed["data"]["class_path"] == f"{package}.demos.BoringDataModule"
+    assert printed["seed_everything"] == 1234 and printed["ckpt_path"] is None
