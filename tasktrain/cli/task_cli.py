@@ -11,8 +11,10 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
 
 - Subcommands fit, validate, test and predict call the Trainer's method of that name; each takes `--config`
   (YAML, several allowed, later ones win, command-line arguments over all), `--print_config`, the groups
-  `--trainer.*` (the Trainer's arguments), `--model.*` (model_class's __init__), `--data.*` (datamodule_class's,
-  when given), the method's own arguments (`--ckpt_path`, ...) and `--seed_everything`.
+  `--trainer.*` (the Trainer's arguments), `--model.*` (model_class's __init__), `--data.*` (datamodule_class's;
+  without one, an optional group of any DataModule by class_path, `--data=pkg.MyData --data.batch_size=4`, as
+  LightningCLI's: left out, the model's own loaders are used), the method's own arguments (`--ckpt_path`, ...) and
+  `--seed_everything`. model_class and trainer_class may be functions that return the object.
 - Objects are given as `class_path` / `init_args`: `--trainer.callbacks+=EarlyStopping --trainer.callbacks.monitor
   val_loss`, or in YAML. `subclass_mode_model=True` takes the model class itself from the config that way.
 - `--seed_everything`: true (the default, `seed_everything_default`) seeds with the launcher's seed
