@@ -23,7 +23,8 @@ from tasktrain.checkpoint_io import restore_rng_states
 from tasktrain.names import AUTO_STRATEGY, normalize_precision
 from tasktrain.strategies.base import MultiProcess, Sharded, Strategy
 from tasktrain.strategies.environment import (ClusterEnvironment, check_slurm_allocation, detect_environment,
-                                              join_mpi_world, launch_config, mpi_world_size)
+                                              join_mpi_world, launch_config, mpi_world_size,
+                                              refuse_unstarted_slurm_tasks)
 from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
 from tasktrain.trainer.seed import get_seed, seed_rank_streams
@@ -58,6 +59,8 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
     if custom_loop:  # mpirun's world, on CPU, as Accelerate's PartialState(cpu=True) reads it (sets RANK, ...)
         join_mpi_world(cpu=accelerator == "cpu" or bool(launch.launched and launch.use_cpu))
     env = detect_environment(lightning=not custom_loop)  # (the Trainer reads the variables as Lightning's)
+    if isinstance(strategy, str):
+        strategy = strategy.lower()  # (names are case-insensitive, as Lightning's: "DDP")
     if isinstance(strategy, str) and strategy == AUTO_STRATEGY:
         strategy = None  # "auto" asks for the default choice: not given
     precision = None if precision is None else normalize_precision(precision)
@@ -98,7 +101,8 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
         else:
             num_nodes = 1
     num_nodes = int(num_nodes)
-    check_slurm_allocation(env, devices, num_nodes, source="The Accelerator" if custom_loop else "The Trainer")
+    if custom_loop:  # the Accelerator's construction starts its run (it joins the process group); the Trainer's
+        check_run_allocation(env, devices, num_nodes, source="The Accelerator")  # runs check at their start
     strategy = resolve_strategy(AUTO_STRATEGY if strategy is None else strategy, accelerator, devices, num_nodes, env)
     if env.world_size > 1 and not isinstance(strategy, MultiProcess):
         raise ValueError(
@@ -133,6 +137,16 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
                    accumulate_grad_batches=accumulate_grad_batches,
                    gradient_clip_val=None if gradient_clip_val is None else float(gradient_clip_val),
                    stall_timeout=stall_timeout)
+
+
+def check_run_allocation(env, devices, num_nodes, source="The Trainer"):
+    """What a SLURM allocation must agree with before a run forms its process group, the same on every rank: srun
+    started its tasks (a batch script run without it would wait for them), and the devices and nodes asked for are
+    the job step's (Lightning's SLURMEnvironment.validate_settings, which its launcher calls at the run's start too).
+    The Trainer calls it at each run's start (its construction reads the world as Lightning's does); the Accelerator
+    at its construction, where it joins the group."""
+    refuse_unstarted_slurm_tasks(env)
+    check_slurm_allocation(env, devices, num_nodes, source=source)
 
 
 def _parallel_devices_choice(strategy, accelerator, devices):

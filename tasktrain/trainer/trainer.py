@@ -48,7 +48,7 @@ from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.run_state import Callbacks
-from tasktrain.trainer.runtime import broadcast_seed, build_runtime
+from tasktrain.trainer.runtime import broadcast_seed, build_runtime, check_run_allocation
 from tasktrain.trainer.seed import isolate_rng, sampler_seed
 from tasktrain.trainer.state import TrainState
 from tasktrain.trainer.states import GradClipAlgorithmType
@@ -795,6 +795,11 @@ class Trainer:
         # The strategy runs the stage on every rank: here, or in the processes it starts (ddp_spawn).
         from tasktrain.strategies.spawn import SpawnLauncher
 
+        if self.strategy.environment_plugin is None:  # (SLURM's world as the variables say it, not a user's own)
+            # before any process group forms, on every rank alike: the batch script run without srun, devices and
+            # nodes against the job step (Trainer(...) reads that world as Lightning's, which then hangs or fails at
+            # its launch)
+            check_run_allocation(self.env, self.devices, self.num_nodes)
         launcher = self.strategy.launcher
         spawned = isinstance(launcher, SpawnLauncher)
         if spawned:  # Lightning's entry points give the strategy the module in the parent too: trainer.save_checkpoint
