@@ -46,6 +46,9 @@ ERRORS = {
     "devices=0": dict(accelerator="cpu", devices=0),
     "devices='0'": dict(accelerator="cpu", devices="0"),
     "devices=[]": dict(accelerator="cpu", devices=[]),
+    "devices=0 on cuda": dict(accelerator="cuda", devices=0),  # (the devices first, whether or not there is a GPU)
+    "devices=[] on tpu": dict(accelerator="tpu", devices=[]),
+    "devices='0' on auto": dict(devices="0"),
     "accelerator='invalid'": dict(accelerator="invalid"),
     "strategy='cocofruit'": dict(strategy="cocofruit"),
     "accelerator='cuda' without a GPU": dict(accelerator="cuda"),
@@ -131,3 +134,37 @@ def test_the_accelerator_refuses_the_batch_script_at_construction(monkeypatch):
 
     with pytest.raises(SlurmAllocationError, match=r"SLURM_STEP_ID is not.*srun python"):
         tasktrain.Accelerator(cpu=True)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed", "bf16-mixed"])
+def test_deepspeeds_precision_plugin_is_lightnings_class(precision):
+    """Trainer(precision=..., strategy="deepspeed").precision_plugin is a DeepSpeedPrecision (Lightning's class, at its
+    path in tasktrain.plugins), as Lightning's is its own."""
+    pytest.importorskip("deepspeed")
+    from lightning.pytorch.plugins.precision import DeepSpeedPrecision as Theirs
+
+    from tasktrain.plugins.precision import DeepSpeedPrecision, MixedPrecision
+
+    theirs = pl.Trainer(precision=precision, strategy="deepspeed", accelerator="cpu", **QUIET).precision_plugin
+    ours = tasktrain.Trainer(precision=precision, strategy="deepspeed", accelerator="cpu", **QUIET).precision_plugin
+    assert isinstance(theirs, Theirs) and isinstance(ours, DeepSpeedPrecision)
+    assert not isinstance(ours, MixedPrecision)  # (neither is Lightning's)
+    assert ours.precision == theirs.precision
+
+
+def test_a_one_process_strategy_in_the_batch_script_is_built_as_lightning(monkeypatch):
+    """A single-device strategy in the batch script of an allocation of two tasks: Trainer(...) builds (the world
+    never formed: nothing to contradict yet), and the run is refused as the batch script's."""
+    for name, value in BATCH_SCRIPT.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    trainers = {name: lib.Trainer(strategy=lib.strategies.SingleDeviceStrategy("cpu"), **QUIET)
+                for name, lib in LIBS.items()}
+    assert {name: type(trainer.strategy).__name__ for name, trainer in trainers.items()} == {
+        "tasktrain": "SingleDeviceStrategy", "lightning": "SingleDeviceStrategy"}
+    trainer = trainers["tasktrain"]
+    from tasktrain.demos.boring_classes import BoringModel
+    from tasktrain.strategies.environment import SlurmAllocationError
+
+    with pytest.raises(SlurmAllocationError, match=r"srun python"):
+        trainer.fit(BoringModel())

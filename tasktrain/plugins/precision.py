@@ -245,7 +245,7 @@ class Precision(_LightningHooks, _core.Precision, metaclass=abc.ABCMeta):
         # The plugin a Trainer builds for a precision name is the core's class of that name: it is Lightning's plugin
         # of that name, as Lightning's Trainer(precision="bf16-mixed").precision_plugin is its MixedPrecision
         # (isinstance(trainer.precision_plugin, MixedPrecision)). A subclass of one's own keeps the plain rule.
-        core = _STANDS_FOR.get(cls)
+        core = _STANDS_FOR.get(cls) or _engine_core(cls)
         if core is not None and issubclass(subclass, core):
             return True
         return NotImplemented
@@ -300,6 +300,19 @@ _STANDS_FOR = {Precision: _core.Precision, DoublePrecision: _core.DoublePrecisio
                MixedPrecision: _core.MixedPrecision}
 
 _ENGINE_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+
+
+def _engine_core(cls):
+    """The plugin an engine strategy builds for a precision name (strategy="deepspeed", "fsdp"), for Lightning's
+    DeepSpeedPrecision and FSDPPrecision: Lightning's Trainer(precision=..., strategy="deepspeed").precision_plugin
+    is its DeepSpeedPrecision. Imported when first asked (the strategies' modules are heavier than this one)."""
+    if cls is DeepSpeedPrecision:
+        from tasktrain.strategies.deepspeed.strategy import DeepSpeedPrecision as core
+    elif cls is FSDPPrecision:
+        from tasktrain.strategies.fsdp.strategy import FSDPPrecision as core
+    else:
+        return None
+    return core
 
 
 class _EnginePrecision(Precision):

@@ -103,12 +103,19 @@ def resolve_accelerator(accelerator) -> str:
 _DEVICE_IDS = "Device IDs (GPU/TPU) must be an int, a string, a sequence of ints, but you passed"  # (Lightning's)
 
 
-def resolve_devices(devices, accelerator: str, env=None) -> int:
-    env = env or detect_environment()
+def refuse_no_devices(devices, accelerator):
+    """devices=0, "0" or []: Lightning's refusal, its words (checked before the accelerator is, as Lightning's)."""
     if isinstance(devices, (list, tuple)) and not len(devices) or (type(devices) in (int, str) and devices in (0, "0")):
-        raise MisconfigurationException(  # (Lightning's words)
+        if accelerator in (None, "auto"):
+            accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+        raise MisconfigurationException(
             f"`Trainer(devices={devices!r})` value is not a valid input using {accelerator} accelerator. Use 'auto' "
             "or a positive number of devices (processes on CPU).")
+
+
+def resolve_devices(devices, accelerator: str, env=None) -> int:
+    env = env or detect_environment()
+    refuse_no_devices(devices, accelerator)
     if isinstance(devices, (list, tuple)):
         for index in devices:
             if type(index) is not int:  # (a bool is not an index either, as in Lightning)

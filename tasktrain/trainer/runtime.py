@@ -25,7 +25,8 @@ from tasktrain.strategies.base import MultiProcess, Sharded, Strategy
 from tasktrain.strategies.environment import (ClusterEnvironment, check_slurm_allocation, detect_environment,
                                               join_mpi_world, launch_config, mpi_world_size,
                                               refuse_unstarted_slurm_tasks)
-from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
+from tasktrain.strategies.registry import (refuse_no_devices, resolve_accelerator, resolve_devices, resolve_strategy,
+                                           strategy_of_launch)
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
 from tasktrain.trainer.seed import get_seed, seed_rank_streams
 
@@ -85,6 +86,8 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
 
     if isinstance(strategy, Strategy) and strategy.given_parallel_devices:
         accelerator, devices = _parallel_devices_choice(strategy, accelerator, devices)
+    if accelerator != "gpu":  # (Lightning picks a GPU backend first, whose absence is then the error)
+        refuse_no_devices(devices, accelerator)
     accelerator = resolve_accelerator(accelerator)
     if devices in (None, "auto") and launch.launched and env.launcher is None and mpi_world_size() > 1 and \
             launch.num_processes:
@@ -104,7 +107,8 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
     if custom_loop:  # the Accelerator's construction starts its run (it joins the process group); the Trainer's
         check_run_allocation(env, devices, num_nodes, source="The Accelerator")  # runs check at their start
     strategy = resolve_strategy(AUTO_STRATEGY if strategy is None else strategy, accelerator, devices, num_nodes, env)
-    if env.world_size > 1 and not isinstance(strategy, MultiProcess):
+    # (a batch script without srun: its world never formed, and its run is refused where it starts, see above)
+    if env.world_size > 1 and not isinstance(strategy, MultiProcess) and not env.slurm_tasks_not_started:
         raise ValueError(
             f"The launcher started {env.world_size} processes, but strategy {strategy.name!r} runs one process on "
             "its own: every rank would train alone. Use strategy='ddp' (or a DeepSpeed strategy), or launch a "
