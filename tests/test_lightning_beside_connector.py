@@ -168,3 +168,20 @@ def test_a_one_process_strategy_in_the_batch_script_is_built_as_lightning(monkey
 
     with pytest.raises(SlurmAllocationError, match=r"srun python"):
         trainer.fit(BoringModel())
+
+
+@pytest.mark.parametrize("sync_batchnorm", [True, False])
+def test_sync_batchnorm_is_given_to_a_custom_parallel_strategy(sync_batchnorm):
+    """A DDPStrategy subclass of one's own gets the Trainer's LayerSync as its _layer_sync, as Lightning's connector
+    sets it (sync_batchnorm=True: a TorchSyncBatchNorm)."""
+    given = {}
+    for name, lib in LIBS.items():
+        class CustomParallelStrategy(lib.strategies.DDPStrategy):
+            def __init__(self, **kwargs):
+                super().__init__(**kwargs)
+                self._layer_sync = None
+
+        strategy = CustomParallelStrategy()
+        lib.Trainer(accelerator="cpu", strategy=strategy, sync_batchnorm=sync_batchnorm, **QUIET)
+        given[name] = type(strategy._layer_sync).__name__
+    assert given["tasktrain"] == given["lightning"]

@@ -37,6 +37,7 @@ from tasktrain.profilers import PassThroughProfiler, Profiler, module_action, re
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.environment import warn_if_srun_unused
+from tasktrain.strategies.parallel import ParallelStrategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
 from tasktrain.trainer import (arguments, evaluation, guards, lightning_connectors, lightning_loops, loaders, loop,
                                plugin_args, resume, run)
@@ -173,6 +174,8 @@ class Trainer:
         self._applied_layer_sync = None  # the one applied to this fit's module, reverted at its end (run.py)
         self._stage_plugins_ended = True  # a run's plugins torn down (run.end_stage_plugins)
         self.env, self.strategy = runtime.env, runtime.strategy
+        if self._layer_sync is not None and isinstance(self.strategy, ParallelStrategy):
+            self.strategy._layer_sync = self._layer_sync  # (Lightning's connector: a custom strategy may read it)
         self.accelerator  # Lightning's strategy.accelerator: the Accelerator object from here on (the property below)
         self.devices, self.num_nodes, self.accumulate_grad_batches = (
             runtime.devices, runtime.num_nodes, runtime.accumulate_grad_batches)
