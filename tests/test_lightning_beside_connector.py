@@ -185,3 +185,10 @@ def test_sync_batchnorm_is_given_to_a_custom_parallel_strategy(sync_batchnorm):
         lib.Trainer(accelerator="cpu", strategy=strategy, sync_batchnorm=sync_batchnorm, **QUIET)
         given[name] = type(strategy._layer_sync).__name__
     assert given["tasktrain"] == given["lightning"]
+
+
+def test_ddp_spawns_launcher_says_its_start_method_as_lightning():
+    said = {name: lib.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, **QUIET).strategy.launcher
+            for name, lib in LIBS.items()}
+    assert said["tasktrain"]._start_method == said["lightning"]._start_method == "spawn"
+    assert said["tasktrain"].is_interactive_compatible == said["lightning"].is_interactive_compatible
