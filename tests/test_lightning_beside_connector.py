@@ -192,3 +192,27 @@ def test_ddp_spawns_launcher_says_its_start_method_as_lightning():
             for name, lib in LIBS.items()}
     assert said["tasktrain"]._start_method == said["lightning"]._start_method == "spawn"
     assert said["tasktrain"].is_interactive_compatible == said["lightning"].is_interactive_compatible
+
+
+@pytest.mark.parametrize(("plugin", "precision"), [("DeepSpeedPrecision", "16-true"), ("DeepSpeedPrecision", "bf16-true"),
+                                                   ("DeepSpeedPrecision", "16-mixed"), ("FSDPPrecision", "16-true"),
+                                                   ("FSDPPrecision", "bf16-true"), ("FSDPPrecision", "32-true")])
+def test_an_engines_precision_plugin_on_its_own_sets_and_restores_the_default_dtype(plugin, precision):
+    """Lightning's DeepSpeedPrecision / FSDPPrecision work outside a strategy: their module_init_context (and FSDP's
+    forward_context) set the precision's default dtype and restore it, also when the block raises."""
+    import lightning.pytorch.plugins as their_plugins
+
+    import tasktrain.plugins as our_plugins
+
+    contexts = ("module_init_context", "tensor_init_context") + (("forward_context",) if plugin == "FSDPPrecision"
+                                                                 else ())
+    seen = {}
+    for name, plugins in (("tasktrain", our_plugins), ("lightning", their_plugins)):
+        instance = getattr(plugins, plugin)(precision)
+        for context in contexts:
+            with pytest.raises(RuntimeError, match="foo"), getattr(instance, context)():
+                seen[name, context] = torch.get_default_dtype()
+                raise RuntimeError("foo")
+            assert torch.get_default_dtype() is torch.float32
+    assert {key[1]: dtype for key, dtype in seen.items() if key[0] == "tasktrain"} == {
+        key[1]: dtype for key, dtype in seen.items() if key[0] == "lightning"}
