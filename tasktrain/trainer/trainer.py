@@ -148,7 +148,7 @@ class Trainer:
             barebones, logger, enable_checkpointing, enable_progress_bar, log_every_n_steps, enable_model_summary,
             num_sanity_val_steps, fast_dev_run, detect_anomaly, profiler)
         # as given, for Lightning's trainer._accelerator_connector._strategy_flag (lightning_connectors.py)
-        self._given_flags = {"strategy": strategy}
+        self._given_flags = {"strategy": strategy.lower() if isinstance(strategy, str) else strategy}  # (as Lightning's)
         found = plugin_args.plugins_of(plugins, precision, sync_batchnorm, strategy)  # Lightning's plugins= rules
         # The Accelerator's rules too; arguments left at their defaults let `tasktrain launch`'s config fill them.
         runtime = build_runtime(
