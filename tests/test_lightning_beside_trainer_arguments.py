@@ -216,3 +216,31 @@ def test_an_engines_precision_plugin_on_its_own_sets_and_restores_the_default_dt
             assert torch.get_default_dtype() is torch.float32
     assert {key[1]: dtype for key, dtype in seen.items() if key[0] == "tasktrain"} == {
         key[1]: dtype for key, dtype in seen.items() if key[0] == "lightning"}
+
+
+@pytest.mark.parametrize("made", ["none", "one", "a list of one", "a list of two"])
+def test_callbacks_registered_by_entry_points_are_added_as_lightning(made, monkeypatch):
+    """Installed packages register callback factories under Lightning's entry-point group
+    "lightning.pytorch.callbacks_factory"; both Trainers add what they return when built."""
+    from unittest import mock
+
+    import lightning.fabric.utilities.registry as their_registry
+
+    import tasktrain.utilities.registry as our_registry
+
+    found = {}
+    for name, lib, registry in (("tasktrain", tasktrain, our_registry), ("lightning", pl, their_registry)):
+        class External(lib.Callback):
+            pass
+
+        factory = {"none": lambda: [], "one": lambda: External(), "a list of one": lambda: [External()],
+                   "a list of two": lambda: [External(), External()]}[made]
+        entry_point = mock.Mock()
+        entry_point.name = "mocked"
+        entry_point.load.return_value = factory
+        query = mock.MagicMock(return_value=[entry_point])
+        monkeypatch.setattr(registry, "entry_points", query)
+        trainer = lib.Trainer(**QUIET)
+        query.assert_called_once_with(group="lightning.pytorch.callbacks_factory")
+        found[name] = sum(isinstance(callback, External) for callback in trainer.callbacks)
+    assert found["tasktrain"] == found["lightning"]
