@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.names import AUTO_STRATEGY, STRATEGIES
 from tasktrain.strategies.environment import detect_environment
 
@@ -22,9 +23,10 @@ _FORK = ("forks the processes from the running interpreter, which tasktrain's Tr
          "once the parent ran multi-threaded ops): use strategy='ddp' in a script (the command is re-run for the other "
          "ranks) or 'ddp_spawn' (module and loaders picklable); in a notebook, define the fit in a function and run "
          "it with tasktrain's notebook_launcher(fn, num_processes=N) (docs/accelerator.md)")
+_FORK_NAMES = tuple(f"ddp_{kind}{unused}" for kind in ("fork", "notebook")
+                    for unused in ("", "_find_unused_parameters_false", "_find_unused_parameters_true"))
 LIGHTNING_REFUSED = {
-    **{f"ddp_{kind}{unused}": _FORK for kind in ("fork", "notebook")
-       for unused in ("", "_find_unused_parameters_false", "_find_unused_parameters_true")},
+    **{name: _FORK for name in _FORK_NAMES},
     **{name: "runs on TPUs through torch_xla, which tasktrain does not support: use accelerator='cpu' or 'gpu' with "
              "strategy='ddp', 'fsdp' or 'deepspeed'" for name in ("xla", "xla_debug", "single_xla", "single_tpu")},
 }
@@ -121,14 +123,23 @@ StrategyRegistry = _builtin_registry()
 
 
 def strategy_from_name(name: str, **extra):
-    """The strategy StrategyRegistry holds as `name`, built with its init_params and `extra` (which win)."""
+    """The strategy StrategyRegistry holds as `name`, built with its init_params and `extra` (which win). Names are
+    case-insensitive, as Lightning's ("DDP"): a name not registered as given is looked up in lower case."""
+    if name not in StrategyRegistry:
+        name = name.lower()
     if name in StrategyRegistry:
         data = StrategyRegistry[name]
         return data["strategy"](**{**data["init_params"], **extra})
     if name in LIGHTNING_REFUSED:
+        if name in _FORK_NAMES and "fork" not in torch.multiprocessing.get_all_start_methods():
+            raise MisconfigurationException(  # (Lightning's words, where forking is not there at all)
+                f"You selected `Trainer(strategy='{name}')` but process forking is not supported on this platform. "
+                "We recommend `Trainer(strategy='ddp_spawn')` instead.")
         raise ValueError(f"strategy={name!r} (Lightning's) {LIGHTNING_REFUSED[name]}.")
-    raise ValueError(f"Unknown strategy {name!r}. Valid names: {', '.join([AUTO_STRATEGY, *StrategyRegistry])}, "
-                     "or pass a Strategy instance (e.g. DDP(...), DeepSpeed(stage=2)).")
+    raise MisconfigurationException(  # (Lightning's words first)
+        f"You selected an invalid strategy name: `strategy={name!r}`. It must be either a string or an instance "
+        f"of a Strategy. Valid names: {', '.join([AUTO_STRATEGY, *StrategyRegistry])}, or pass a Strategy instance "
+        "(e.g. DDP(...), DeepSpeed(stage=2)).")
 
 
 def strategy_of_launch(launch):
@@ -150,20 +161,53 @@ def strategy_of_launch(launch):
     return launch.strategy
 
 
+class AcceleratorUnavailable(MisconfigurationException, RuntimeError):
+    """The accelerator asked for is not on this machine: Lightning's MisconfigurationException, and the RuntimeError
+    tasktrain raised before."""
+
+
 def resolve_accelerator(accelerator) -> str:
     if accelerator in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if accelerator == "gpu":
-        accelerator = "cuda"
-    if accelerator not in ("cpu", "cuda"):
-        raise ValueError(f"Unknown accelerator {accelerator!r}: use 'auto', 'cpu' or 'cuda'.")
-    if accelerator == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("accelerator='cuda' was asked for but no CUDA device is visible; use accelerator='cpu'.")
-    return accelerator
+    if accelerator not in ("cpu", "cuda", "gpu"):  # (Lightning's words first)
+        other = (" tasktrain runs on CPUs and CUDA GPUs (accelerator='cpu' or 'cuda')."
+                 if accelerator in ("mps", "tpu", "hpu", "xla") else "")
+        raise MisconfigurationException(f"You selected an invalid accelerator name: `accelerator={accelerator!r}`. "
+                                        f"Available names are: auto, cpu, cuda, gpu.{other}")
+    available = torch.cuda.is_available()
+    if accelerator == "gpu" and not available:
+        raise AcceleratorUnavailable("No supported gpu backend found! (accelerator='gpu' asks for CUDA GPUs and none "
+                                     "is visible; use accelerator='cpu'.)")
+    if accelerator == "cuda" and not available:
+        raise AcceleratorUnavailable(
+            "`CUDAAccelerator` can not run on your system since the accelerator is not available. The following "
+            "accelerator(s) is available and can be passed into `accelerator` argument of `Trainer`: ['cpu']. "
+            "(accelerator='cuda' was asked for but no CUDA device is visible; use accelerator='cpu'.)")
+    return "cuda" if accelerator == "gpu" else accelerator
+
+
+_DEVICE_IDS = "Device IDs (GPU/TPU) must be an int, a string, a sequence of ints, but you passed"  # (Lightning's)
+
+
+def refuse_no_devices(devices, accelerator):
+    """devices=0, "0" or []: Lightning's refusal, its words (checked before the accelerator is, as Lightning's)."""
+    if isinstance(devices, (list, tuple)) and not len(devices) or (type(devices) in (int, str) and devices in (0, "0")):
+        if accelerator in (None, "auto"):
+            accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+        raise MisconfigurationException(
+            f"`Trainer(devices={devices!r})` value is not a valid input using {accelerator} accelerator. Use 'auto' "
+            "or a positive number of devices (processes on CPU).")
 
 
 def resolve_devices(devices, accelerator: str, env=None) -> int:
     env = env or detect_environment()
+    refuse_no_devices(devices, accelerator)
+    if isinstance(devices, (list, tuple)):
+        for index in devices:
+            if type(index) is not int:  # (a bool is not an index either, as in Lightning)
+                raise TypeError(f"{_DEVICE_IDS} a sequence of {type(index).__name__}.")
+    elif devices is not None and type(devices) not in (int, str):
+        raise TypeError(f"{_DEVICE_IDS} {devices!r}.")
     if devices in (None, "auto", -1, "-1"):
         if env.launcher is not None:
             return env.local_world_size

@@ -37,6 +37,7 @@ from tasktrain.profilers import PassThroughProfiler, Profiler, module_action, re
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.environment import warn_if_srun_unused
+from tasktrain.strategies.parallel import ParallelStrategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
 from tasktrain.trainer import (arguments, evaluation, guards, lightning_connectors, lightning_loops, loaders, loop,
                                plugin_args, resume, run)
@@ -48,7 +49,7 @@ from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.run_state import Callbacks
-from tasktrain.trainer.runtime import broadcast_seed, build_runtime
+from tasktrain.trainer.runtime import broadcast_seed, build_runtime, check_run_allocation
 from tasktrain.trainer.seed import isolate_rng, sampler_seed
 from tasktrain.trainer.state import TrainState
 from tasktrain.trainer.states import GradClipAlgorithmType
@@ -148,7 +149,7 @@ class Trainer:
             barebones, logger, enable_checkpointing, enable_progress_bar, log_every_n_steps, enable_model_summary,
             num_sanity_val_steps, fast_dev_run, detect_anomaly, profiler)
         # as given, for Lightning's trainer._accelerator_connector._strategy_flag (lightning_connectors.py)
-        self._given_flags = {"strategy": strategy}
+        self._given_flags = {"strategy": strategy.lower() if isinstance(strategy, str) else strategy}  # (as Lightning's)
         found = plugin_args.plugins_of(plugins, precision, sync_batchnorm, strategy)  # Lightning's plugins= rules
         # The Accelerator's rules too; arguments left at their defaults let `tasktrain launch`'s config fill them.
         runtime = build_runtime(
@@ -174,6 +175,8 @@ class Trainer:
         self._applied_layer_sync = None  # the one applied to this fit's module, reverted at its end (run.py)
         self._stage_plugins_ended = True  # a run's plugins torn down (run.end_stage_plugins)
         self.env, self.strategy = runtime.env, runtime.strategy
+        if self._layer_sync is not None and isinstance(self.strategy, ParallelStrategy):
+            self.strategy._layer_sync = self._layer_sync  # (Lightning's connector: a custom strategy may read it)
         self.accelerator  # Lightning's strategy.accelerator: the Accelerator object from here on (the property below)
         self.devices, self.num_nodes, self.accumulate_grad_batches = (
             runtime.devices, runtime.num_nodes, runtime.accumulate_grad_batches)
@@ -796,6 +799,11 @@ class Trainer:
         # The strategy runs the stage on every rank: here, or in the processes it starts (ddp_spawn).
         from tasktrain.strategies.spawn import SpawnLauncher
 
+        if self.strategy.environment_plugin is None:  # (SLURM's world as the variables say it, not a user's own)
+            # before any process group forms, on every rank alike: the batch script run without srun, devices and
+            # nodes against the job step (Trainer(...) reads that world as Lightning's, which then hangs or fails at
+            # its launch)
+            check_run_allocation(self.env, self.devices, self.num_nodes)
         launcher = self.strategy.launcher
         spawned = isinstance(launcher, SpawnLauncher)
         if spawned:  # Lightning's entry points give the strategy the module in the parent too: trainer.save_checkpoint
