@@ -234,6 +234,16 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False) -> dict:
     return upgrade_layout(ckpt)
 
 
+def open_for_writing(path):
+    """`path` opened to write bytes: a local file, or a file system URL ("s3://...") through fsspec, as Lightning's
+    get_filesystem(path).open(path, "wb") (to_torchscript's file)."""
+    path = local_path(path)
+    if is_remote(path):
+        fs, remote = fsspec_filesystem(path, "File path")
+        return fs.open(remote, "wb")
+    return open(path, "wb")
+
+
 def fsspec_filesystem(url, what):
     """fsspec's file system and path for a URL ("s3://bucket/x.ckpt", "memory://x.ckpt"), as Lightning opens one;
     an ImportError naming the packages where fsspec (or the protocol's own package, s3fs for s3://) is missing."""

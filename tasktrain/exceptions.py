@@ -1,3 +1,6 @@
+import warnings
+
+
 class MisconfigurationException(ValueError):
     """A configuration that cannot work (Lightning's name for it). A ValueError, so that code catching ValueError
     for a bad argument keeps catching it."""
@@ -6,6 +9,15 @@ class MisconfigurationException(ValueError):
 class PossibleUserWarning(UserWarning):
     """A warning about a setting that may be a mistake (Lightning's class, `lightning.pytorch.utilities.warnings`):
     filter it with warnings.filterwarnings("ignore", category=PossibleUserWarning) where it is not."""
+
+
+class LightningDeprecationWarning(DeprecationWarning):
+    """A deprecation Lightning announced, which tasktrain follows (Lightning's class,
+    `lightning.pytorch.utilities.rank_zero`; rank_zero_deprecation's category): `TaskModule.to_torchscript`. Shown
+    once per place by default, as Lightning's filter shows it (Python hides a DeprecationWarning outside __main__)."""
+
+
+warnings.simplefilter("default", category=LightningDeprecationWarning)
 
 
 class SIGTERMException(SystemExit):

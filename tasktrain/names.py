@@ -76,10 +76,12 @@ def normalize_precision(value) -> str:
     if value is None:
         return DEFAULT_PRECISION
     if isinstance(value, bool) or value not in PRECISION_ALIASES:
+        from tasktrain.exceptions import MisconfigurationException
+
         aliases = ", ".join(repr(a) for name in PRECISIONS for a in PRECISIONS[name])
-        raise ValueError(
-            f"Unknown precision {value!r}. Valid values: {', '.join(PRECISIONS)} (aliases: {aliases}). Use for "
-            "example precision='bf16-mixed'."
+        raise MisconfigurationException(  # (Lightning's words first; its ValueError too)
+            f"Precision {value!r} is invalid. Allowed precision values: {', '.join(PRECISIONS)} (aliases: {aliases}). "
+            "Use for example precision='bf16-mixed'."
         )
     return PRECISION_ALIASES[value]
 

@@ -309,7 +309,7 @@ def test_single_process_collectives_are_identities():
 def test_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="gradient_accumulation_steps=0"):
         Accelerator(gradient_accumulation_steps=0)
-    with pytest.raises(ValueError, match="Unknown precision 'fp8'"):
+    with pytest.raises(ValueError, match="Precision 'fp8' is invalid"):
         Accelerator(mixed_precision="fp8")
     with pytest.raises(ValueError, match="strategy 'dp' wraps modules for the Trainer only"):
         Accelerator(strategy="dp")

@@ -102,7 +102,7 @@ def test_fit_with_a_config_file_and_overrides_then_test_from_the_checkpoint(runs
     assert again["first_random"] == out["first_random"]  # the same seed, the same run
     # an existing config.yaml is never replaced silently
     code, _, stderr = done[2]
-    assert code != 0 and "already exists" in stderr
+    assert code != 0 and "Aborting to avoid overwriting" in stderr
     assert list((tmp_path / "checkpoints").glob("*.ckpt")) == [ckpt]  # the fit's checkpoint, the one tested
     tested, _ = result(done[3])
     assert tested["subcommand"] == "test" and "test_loss" in tested["metrics"]
@@ -110,7 +110,7 @@ def test_fit_with_a_config_file_and_overrides_then_test_from_the_checkpoint(runs
     saved = yaml.safe_load((tmp_path / "tested" / "config.yaml").read_text())
     assert saved["ckpt_path"] == str(ckpt) and saved["trainer"]["default_root_dir"] == str(tmp_path / "tested")
     code, _, stderr = done[6]  # test into the fit's folder: the fit's config.yaml is not replaced
-    assert code != 0 and "already exists" in stderr
+    assert code != 0 and "Aborting to avoid overwriting" in stderr
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["trainer"]["max_epochs"] == 3
     fast, _ = result(done[7])  # fast_dev_run: no config saved, as Lightning's
     assert "SaveConfigCallback" not in fast["callbacks"] and not (runs[1] / "fast" / "config.yaml").exists()
@@ -176,7 +176,7 @@ def test_optimizer_and_lr_scheduler_groups_replace_configure_optimizers(tmp_path
     Regressor = _regressor()
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--seed_everything", "1",
              "--trainer.enable_model_summary", "false"]
-    with pytest.warns(UserWarning, match="Regressor.configure_optimizers is replaced by the --optimizer"):
+    with pytest.warns(UserWarning, match="`Regressor.configure_optimizers` will be overridden by `TaskCLI.configure_optimizers`"):
         cli = TaskCLI(Regressor, args=["fit", "--trainer.max_epochs", "2", "--optimizer", "Adam", "--optimizer.lr",
                                        "0.01", "--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1",
                                        "--lr_scheduler.gamma", "0.5", *quiet])

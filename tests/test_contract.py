@@ -281,7 +281,7 @@ def test_a_strategys_own_precision_is_kept_or_a_clear_conflict(monkeypatch):
     assert Trainer(strategy=DDP(precision="bf16-mixed"), precision="bf16", **quiet()).precision == "bf16-mixed"
     with pytest.raises(ValueError, match=r"DDP\(precision='bf16-mixed'\) and the run's precision '64-true' disagree"):
         Trainer(strategy=DDP(precision="bf16-mixed"), precision=64, **quiet())
-    with pytest.raises(ValueError, match="Unknown precision 'fp8'"):
+    with pytest.raises(ValueError, match="Precision 'fp8' is invalid"):
         SingleDevice(precision="fp8")
     # a launch config's precision fills the Trainer's, but the strategy's own is explicit: it wins, with a warning
     monkeypatch.setenv("TASKTRAIN_LAUNCH", "1")

@@ -880,7 +880,7 @@ def test_all_gather_refuses_groups_and_carries_gradients_with_sync_grads():
 
     module = Gather()
     Trainer(max_steps=1, **quiet()).fit(module, loader(8))
-    assert module.gathered.shape == (1, 2) and module.sync_grad == [2.0]
+    assert module.gathered.shape == (2,) and module.sync_grad == [2.0]  # (one device: as it is, as Lightning's)
 
 
 def test_datamodule_save_hyperparameters_go_into_checkpoints():

@@ -145,10 +145,6 @@ def differences():
 
 
 # Kinds of kept difference, each shared by many names below
-STRATEGY_CONTRACT = ("tasktrain's step methods (backward, optimizer_step, training_step) are its engines' contract "
-                     "(DESIGN.md), called by its Trainer and Accelerator with the loss and the batch: Lightning's "
-                     "closure_loss / model / *args are not copied; a script passes the strategy object to the Trainer "
-                     "(docs/lightning.md, Strategies)")
 REDUCE_KEYWORDS = ("Lightning's reduce(tensor, group=None, reduce_op='mean') by position and keyword (a group other "
                    "than None refused, naming torch.distributed.all_reduce), plus tasktrain's op= keyword-only after "
                    "them (its Trainer's calls); SingleDeviceStrategy's takes those where Lightning's has "
@@ -228,102 +224,39 @@ ALLOWED = {
     'tasktrain.strategies.DDPStrategy.__init__':
         ("extra ['precision', 'sync_batchnorm']",
          "tasktrain's precision= (a name) and sync_batchnorm=, keyword-only after Lightning's parameters"),
-    'tasktrain.strategies.DDPStrategy.backward':
-        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DDPStrategy.optimizer_step':
-        ("missing ['model']; closure default - -> None",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.DDPStrategy.reduce':
         ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.DDPStrategy.training_step':
-        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DeepSpeedStrategy.backward':
-        ("missing ['closure_loss', 'optimizer']; extra ['loss', 'backward_fn']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.DeepSpeedStrategy.optimizer_step':
-        ('optimizer default - -> None; closure default - -> None',
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.DeepSpeedStrategy.reduce':
         ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.DeepSpeedStrategy.training_step':
-        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.FSDPStrategy.backward':
-        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.FSDPStrategy.optimizer_step':
-        ("missing ['model']; closure default - -> None",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.FSDPStrategy.reduce':
         ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.FSDPStrategy.training_step':
-        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.ModelParallelStrategy.__init__':
         ("extra ['accelerator', 'precision', 'data_parallel_replicate_size', 'wrap', 'reshard_after_forward', 'cpu_offload', 'mixed_precision', 'activation_checkpointing']",
          "tasktrain's options (docs/model_parallel.md) after Lightning's parameters, which keep their positions"),
-    'tasktrain.strategies.ModelParallelStrategy.backward':
-        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.ModelParallelStrategy.optimizer_step':
-        ("missing ['model']; closure default - -> None",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.ModelParallelStrategy.reduce':
         ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.ModelParallelStrategy.training_step':
-        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.ParallelStrategy.__init__':
         ("missing ['parallel_devices', 'cluster_environment', 'checkpoint_io', 'precision_plugin']; extra ['precision', 'process_group_backend', 'timeout', 'start_method']",
          "an abstract base (ProcessWorld + Strategy, the engines' contract: DESIGN.md): its concrete strategies take Lightning's arguments; ParallelStrategy.parallel_devices can be set, as Lightning's"),
-    'tasktrain.strategies.ParallelStrategy.backward':
-        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.ParallelStrategy.optimizer_step':
-        ("missing ['model']; closure default - -> None",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.ParallelStrategy.reduce':
         ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.ParallelStrategy.training_step':
-        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.SingleDeviceStrategy.__init__':
         ("extra ['precision']; device default 'cpu' -> None",
          "device None is the Trainer's accelerator's device (Lightning's 'cpu' would not follow accelerator='gpu'); precision= keyword-only"),
-    'tasktrain.strategies.SingleDeviceStrategy.backward':
-        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.SingleDeviceStrategy.optimizer_step':
-        ("missing ['model']; closure default - -> None",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.SingleDeviceStrategy.reduce':
         ("missing ['*args', '**kwargs']; extra ['group', 'reduce_op', 'op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.SingleDeviceStrategy.training_step':
-        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.Strategy.__init__':
         ("missing ['checkpoint_io', 'precision_plugin']; extra ['precision']",
          "tasktrain's Strategy base is its engines' contract (DESIGN.md); its concrete strategies take Lightning's checkpoint_io / precision_plugin"),
-    'tasktrain.strategies.Strategy.backward':
-        ("missing ['closure_loss', 'optimizer']; extra ['loss']",
-         STRATEGY_CONTRACT),
-    'tasktrain.strategies.Strategy.optimizer_step':
-        ("missing ['model']; closure default - -> None",
-         STRATEGY_CONTRACT),
     'tasktrain.strategies.Strategy.reduce':
         ("extra ['op']",
          REDUCE_KEYWORDS),
-    'tasktrain.strategies.Strategy.training_step':
-        ("missing ['*args', '**kwargs']; extra ['batch', 'batch_idx']",
-         STRATEGY_CONTRACT),
     'tasktrain.plugins.AsyncCheckpointIO.load_checkpoint':
         ("missing ['*args', '**kwargs']; extra ['path', 'map_location', 'weights_only']",
          "Lightning's forwards *args, **kwargs to the CheckpointIO it wraps: named here, that interface's"),
@@ -441,8 +374,6 @@ def absent_attributes():
 
 
 # Kinds of leaving out, each shared by several entries below
-STRATEGY_REGISTRY = ("Lightning's StrategyRegistry, filled by classmethods: tasktrain's strategy names are one table "
-                     "(tasktrain/strategies/registry.py)")
 ACCELERATOR_REGISTRY = ("Lightning's AcceleratorRegistry, filled by classmethods: tasktrain's accelerator names are "
                         "'cpu', 'cuda' / 'gpu' and 'auto'")
 REFUSED_LOGGER = ("LitLogger needs a lightning.ai account: importable, and refused when built (tasktrain/loggers/"
@@ -478,7 +409,6 @@ ALLOWED_ABSENT = {
     "pytorch.trainer.trainer.Trainer.min_steps": TRAINER_ATTRIBUTE,
     "pytorch.strategies.*.mixed_precision_config":
         "FSDP1's MixedPrecision: tasktrain's FSDP is fully_shard (FSDP2), whose policy is a MixedPrecisionPolicy",
-    "pytorch.strategies.*.register_strategies": STRATEGY_REGISTRY,
 }
 
 

@@ -98,7 +98,8 @@ def test_signatures_of_what_a_script_calls_are_lightnings():
 
     for name in ("SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy"):
         for method in ("save_checkpoint", "load_checkpoint", "remove_checkpoint", "all_gather", "barrier",
-                       "batch_to_device", "lightning_module_state_dict", "model_sharded_context"):
+                       "batch_to_device", "lightning_module_state_dict", "model_sharded_context", "backward",
+                       "optimizer_step", "training_step", "validation_step", "test_step", "predict_step"):
             their_parameters = list(inspect.signature(getattr(getattr(theirs, name), method)).parameters.values())
             our_parameters = list(inspect.signature(getattr(getattr(ours, name), method)).parameters.values())
             assert [(p.name, p.kind, p.default) for p in our_parameters] == \
@@ -139,3 +140,25 @@ def test_reduce_says_what_a_tasktrain_style_positional_op_means_and_refuses_a_gr
             strategy.reduce(torch.tensor(2.0), reduce_op="max", op="sum")
         with pytest.raises(ValueError, match="torch.distributed.all_gather"):
             strategy.all_gather(torch.ones(1), group=object())
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_empty_init_skips_the_parameters_initialisation_as_lightnings(strategy, monkeypatch):
+    """`trainer.init_module(empty_init=True)` / `strategy.tensor_init_context(empty_init=True)`: torch.nn.init is
+    skipped (the weights will be loaded), as Lightning's; None and False initialise. tasktrain initialised always."""
+    counts = {}
+    for lib in (tasktrain, pl):
+        calls = []
+        monkeypatch.setattr(torch.Tensor, "uniform_", lambda self, *a, **k: calls.append(1) or self)
+        kwargs = dict(strategy="ddp", devices=2) if strategy == "ddp" else dict(devices=1)
+        trainer = lib.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, **kwargs)
+        for empty in (None, False, True):
+            before = len(calls)
+            with trainer.init_module(empty_init=empty):
+                torch.nn.Linear(2, 2)
+            with trainer.strategy.tensor_init_context(empty_init=empty):
+                torch.nn.Linear(2, 2)
+            counts[(lib.__name__, empty)] = len(calls) - before
+        monkeypatch.undo()
+    assert [counts[("tasktrain", e)] for e in (None, False, True)] == \
+        [counts[("lightning.pytorch", e)] for e in (None, False, True)] == [4, 4, 0]

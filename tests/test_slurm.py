@@ -387,7 +387,7 @@ def test_accelerator_and_launch_requeue_and_resume_bitwise(cluster, runs):
 
 # -- the rules without a cluster (the variables as srun / sbatch / salloc set them, measured on SLURM 22.05) ----------
 def test_which_slurm_processes_form_a_world():
-    from tasktrain.strategies.environment import SlurmAllocationError, detect_environment
+    from tasktrain.strategies.environment import SlurmAllocationError, detect_environment, refuse_unstarted_slurm_tasks
 
     step = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
             "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
@@ -400,8 +400,11 @@ def test_which_slurm_processes_form_a_world():
     assert detect_environment(dict(shell, SLURM_JOB_NAME="train")).launcher == "slurm"  # a step of one task
     batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NNODES": "1",
              "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_ID": "78", "SLURM_JOB_NAME": "job.sbatch"}
+    env = detect_environment(batch)  # the batch script itself, python without srun: read as Lightning's world ...
+    assert (env.launcher, env.world_size, env.slurm_tasks_not_started) == ("slurm", 2, 1)
     with pytest.raises(SlurmAllocationError, match=r"SLURM_STEP_ID is not.*SLURM_NTASKS=2.*srun python"):
-        detect_environment(batch)  # the batch script itself, python without srun
+        refuse_unstarted_slurm_tasks(env)  # ... and refused where a run starts
+    assert detect_environment(dict(batch, SLURM_JOB_NAME="bash")).launcher is None  # Lightning's opt-out by name
     assert detect_environment(dict(batch, SLURM_NTASKS="1")).world_size == 1  # --ntasks=1: a world of one
     with pytest.raises(SlurmAllocationError, match=r"unevenly.*SLURM_STEP_TASKS_PER_NODE=2,1.*--ntasks-per-node"):
         detect_environment(dict(step, SLURM_NTASKS="3", SLURM_STEP_TASKS_PER_NODE="2,1"))

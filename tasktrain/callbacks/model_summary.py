@@ -340,7 +340,7 @@ def _as_a_batch(trainer, module, batch):
     if overridden("transfer_batch_to_device"):
         batch = _batch_hook(module, trainer, "transfer_batch_to_device", batch, strategy.root_device, 0)
     else:
-        batch = strategy.batch_to_device(batch)
+        batch = strategy.move_batch(batch)
     if overridden("on_after_batch_transfer"):
         batch = _batch_hook(module, trainer, "on_after_batch_transfer", batch, 0)
     return batch

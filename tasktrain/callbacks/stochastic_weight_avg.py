@@ -292,7 +292,7 @@ class StochasticWeightAveraging(Callback):
             batches = (combined for combined, _, _ in CombinedLoader(batches, "max_size_cycle"))
         with torch.no_grad():
             for batch in batches:
-                batch = trainer.strategy.batch_to_device(batch)
+                batch = trainer.strategy.move_batch(batch)
                 pl_module(batch[0] if isinstance(batch, (list, tuple)) else batch)
         pl_module.train(was_training)
         if trainer.world_size > 1:

@@ -11,8 +11,10 @@ way, on jsonargparse, which is the `cli` extra: pip install "tasktrain[cli]").
 
 - Subcommands fit, validate, test and predict call the Trainer's method of that name; each takes `--config`
   (YAML, several allowed, later ones win, command-line arguments over all), `--print_config`, the groups
-  `--trainer.*` (the Trainer's arguments), `--model.*` (model_class's __init__), `--data.*` (datamodule_class's,
-  when given), the method's own arguments (`--ckpt_path`, ...) and `--seed_everything`.
+  `--trainer.*` (the Trainer's arguments), `--model.*` (model_class's __init__), `--data.*` (datamodule_class's;
+  without one, an optional group of any DataModule by class_path, `--data=pkg.MyData --data.batch_size=4`, as
+  LightningCLI's: left out, the model's own loaders are used), the method's own arguments (`--ckpt_path`, ...) and
+  `--seed_everything`. model_class and trainer_class may be functions that return the object.
 - Objects are given as `class_path` / `init_args`: `--trainer.callbacks+=EarlyStopping --trainer.callbacks.monitor
   val_loss`, or in YAML. `subclass_mode_model=True` takes the model class itself from the config that way.
 - `--seed_everything`: true (the default, `seed_everything_default`) seeds with the launcher's seed
@@ -184,6 +186,14 @@ def argument_parser_class(jsonargparse):
     return TaskArgumentParser
 
 
+def __getattr__(name):
+    # TaskArgumentParser is made on first use (jsonargparse is an extra); found here by name, so a parser (and the
+    # SaveConfigCallback that holds one) pickles, as ddp_spawn sends the trainer's callbacks to its children
+    if name == "TaskArgumentParser":
+        return argument_parser_class(_jsonargparse())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _jsonargparse():
     try:
         import jsonargparse
@@ -240,9 +250,11 @@ class SaveConfigCallback(Callback):
             path = os.path.join(trainer.log_dir or trainer.default_root_dir, self.config_filename)
             exists = trainer.strategy.broadcast(os.path.isfile(path))
             if exists and not self.overwrite:
-                raise RuntimeError(f"SaveConfigCallback: {path} already exists, and saving the config there would "
-                                   "replace the record of an earlier run. Use another default_root_dir or logger "
-                                   "version, or TaskCLI(save_config_kwargs={'overwrite': True}).")
+                raise RuntimeError(  # (Lightning's words)
+                    f"{type(self).__name__} expected {path} to NOT exist. Aborting to avoid overwriting results of a "
+                    "previous run (the config it ran with). Use another default_root_dir or logger version, delete "
+                    "the previous config file, set `TaskCLI(save_config_callback=None)` to disable config saving, or "
+                    'set `TaskCLI(save_config_kwargs={"overwrite": True})` to overwrite the config file.')
             if trainer.is_global_zero:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 self.parser.save(self.config, path, skip_none=False, overwrite=self.overwrite,
@@ -380,7 +392,6 @@ class TaskCLI:
                  save_config_kwargs=None, trainer_class=None, trainer_defaults=None, seed_everything_default=True,
                  parser_kwargs=None, parser_class=None, subclass_mode_model=False, subclass_mode_data=False,
                  args=None, run=True, auto_configure_optimizers=True, load_from_checkpoint_support=True):
-        self._jsonargparse = _jsonargparse()
         base_parser = argument_parser_class(self._jsonargparse)
         if parser_class is None:
             parser_class = base_parser
@@ -396,6 +407,8 @@ class TaskCLI:
         if model_class is None and not subclass_mode_model:
             model_class, subclass_mode_model = TaskModule, True  # the model comes from the config's class_path
         self.model_class, self.datamodule_class = model_class, datamodule_class
+        if datamodule_class is None:  # (Lightning's) an optional --data group of any DataModule, by class_path
+            subclass_mode_data = True
         self.trainer_class = trainer_class
         self.trainer_defaults = dict(trainer_defaults or {})
         self.save_config_callback = save_config_callback
@@ -421,9 +434,19 @@ class TaskCLI:
         if self.subcommand is not None:
             self._run_subcommand(self.subcommand)
 
+    @property
+    def _jsonargparse(self):
+        # (not kept as an attribute: the parsers' instantiators hold this CLI, and they pickle with a
+        # SaveConfigCallback when strategy="ddp_spawn" sends the trainer to its children; a module does not pickle)
+        return _jsonargparse()
+
     # -- parsers (Lightning's methods, in the order they are called) ----------------------------------------------
     def init_parser(self, **kwargs):
-        """Make one parser (the main one, and one per subcommand) with its --config argument."""
+        """Make one parser (the main one, and one per subcommand) with its --config argument; a config it prints or
+        saves begins with the comment `# tasktrain==<version>` (Lightning's `# lightning.pytorch==<version>`)."""
+        from tasktrain.version import __version__
+
+        kwargs.setdefault("dump_header", [f"tasktrain=={__version__}"])
         parser = self.parser_class(**kwargs)
         parser.add_argument("-c", "--config", action=self._jsonargparse.ActionConfigFile,
                             help="A YAML config file (several allowed; later ones and command-line arguments win).")
@@ -446,19 +469,20 @@ class TaskCLI:
 
     def add_core_arguments_to_parser(self, parser):
         """The groups trainer (the trainer class's arguments, from trainer_defaults), model and data."""
-        parser.add_class_arguments(self.trainer_class, "trainer", fail_untyped=False, instantiate=False,
-                                   sub_configs=True)
-        if self.trainer_defaults:
-            parser.set_defaults({f"trainer.{k}": v for k, v in self.trainer_defaults.items()})
-        if self.subclass_mode_model:
-            parser.add_subclass_arguments(self.model_class, "model", required=True, fail_untyped=False)
-        else:
-            parser.add_class_arguments(self.model_class, "model", fail_untyped=False, sub_configs=True)
+        parser.add_lightning_class_args(self.trainer_class, "trainer")  # (a class, or a function returning one)
+        # trainer_defaults' callbacks are not a default the command line replaces: they are appended to the
+        # trainer's callbacks (instantiate_trainer), as Lightning's
+        defaults = {f"trainer.{k}": v for k, v in self.trainer_defaults.items() if k != "callbacks"}
+        if defaults:
+            parser.set_defaults(defaults)
+        parser.add_lightning_class_args(self.model_class, "model", subclass_mode=self.subclass_mode_model)
         if self.datamodule_class is not None:
-            if self.subclass_mode_data:
-                parser.add_subclass_arguments(self.datamodule_class, "data", required=True, fail_untyped=False)
-            else:
-                parser.add_class_arguments(self.datamodule_class, "data", fail_untyped=False, sub_configs=True)
+            parser.add_lightning_class_args(self.datamodule_class, "data", subclass_mode=self.subclass_mode_data)
+        else:
+            # any DataModule by class_path, not required (Lightning's): without --data the model's own loaders are used
+            from tasktrain.trainer.datamodule import DataModule
+
+            parser.add_lightning_class_args(DataModule, "data", subclass_mode=True, required=False)
 
     def add_arguments_to_parser(self, parser):
         """Override to add arguments or links to each parser (called once per parser: each subcommand's, or the
@@ -489,16 +513,18 @@ class TaskCLI:
     def _add_subcommands(self, parser, **kwargs):
         self._subcommand_parsers = {}
         parser_subcommands = parser.add_subcommands(required=True, dest="subcommand")
+        # a function that builds the trainer (Lightning's trainer_class may be one): the class it returns
+        trainer_class = (self.trainer_class if isinstance(self.trainer_class, type)
+                         else self._jsonargparse.class_from_function(self.trainer_class))
         for subcommand in self.subcommands():
-            method = getattr(self.trainer_class, subcommand, None)
+            method = getattr(trainer_class, subcommand, None)
             if not callable(method):
                 raise ValueError(f"{type(self).__name__}.subcommands() names {subcommand!r}, which is not a method of "
-                                 f"{self.trainer_class.__name__}: each subcommand runs the trainer's method of its "
-                                 "name.")
+                                 f"{trainer_class.__name__}: each subcommand runs the trainer's method of its name.")
             description = SUBCOMMANDS.get(subcommand) or (inspect.getdoc(method) or "").split("\n")[0] or None
             subparser_kwargs = dict(kwargs.get(subcommand, {}))
             subparser_kwargs.setdefault("description", description)
-            self._subcommand_parsers[subcommand] = self._prepare_subcommand_parser(self.trainer_class, subcommand,
+            self._subcommand_parsers[subcommand] = self._prepare_subcommand_parser(trainer_class, subcommand,
                                                                                    **subparser_kwargs)
             parser_subcommands.add_subcommand(subcommand, self._subcommand_parsers[subcommand], help=description)
 
@@ -525,6 +551,10 @@ class TaskCLI:
     def parse_arguments(self, parser, args):
         """Parse `args` (None: sys.argv[1:]; a list of command-line words; a dict or Namespace of the config itself)
         into self.config."""
+        if args is not None and len(sys.argv) > 1:  # (Lightning's warning, its words)
+            warnings.warn("LightningCLI's args parameter is intended to run from within Python like if it were from "
+                          "the command line. To prevent mistakes it is not recommended to provide both args and "
+                          f"command line arguments, got: sys.argv[1:]={sys.argv[1:]}, args={args}.")
         if isinstance(args, (dict, self._jsonargparse.Namespace)):
             self.config = parser.parse_object(args)
         else:
@@ -568,7 +598,7 @@ class TaskCLI:
                                      _module_type(self.model_class), subclasses=self.subclass_mode_model)
         self.parser.add_instantiator(functools.partial(self._instantiate_with_config, "data"),
                                      _module_type(self.datamodule_class or DataModule),
-                                     subclasses=self.datamodule_class is None or self.subclass_mode_data)
+                                     subclasses=self.subclass_mode_data)
 
     def _instantiate_with_config(self, key, class_type, *args, applied_instantiation_links, **kwargs):
         """Build `class_type` (the config's `key`: model or data) while its config is the given hyper-parameters:
@@ -623,9 +653,16 @@ class TaskCLI:
         return self._instantiate_trainer(trainer_config, extra_callbacks)
 
     def _instantiate_trainer(self, config, callbacks):
-        given = config.get("callbacks")
+        if "callbacks" not in config:  # a trainer class without a callbacks argument (Lightning's warning)
+            warnings.warn(f"The `{self.trainer_class.__qualname__}` class does not expose the `callbacks` argument "
+                          "so they will not be included.")
+            return self.trainer_class(**config)
+        given = config["callbacks"]
         config["callbacks"] = [] if given is None else [given] if isinstance(given, Callback) else list(given)
         config["callbacks"].extend(callbacks)
+        if "callbacks" in self.trainer_defaults:  # appended to the command line's, as Lightning's
+            value = self.trainer_defaults["callbacks"]
+            config["callbacks"] += value if isinstance(value, list) else [value]
         if self.save_config_callback is not None and not config.get("fast_dev_run"):
             # every subcommand's (Lightning's), its own config: `fit --config <saved file>` repeats the run; with
             # run=False the whole config (no subcommand); none under fast_dev_run, as Lightning's
@@ -691,8 +728,9 @@ class TaskCLI:
         from tasktrain.trainer.module import TaskModule, is_overridden
 
         if is_overridden("configure_optimizers", self.model, TaskModule):
-            warnings.warn(f"{type(self.model).__name__}.configure_optimizers is replaced by the --optimizer "
-                          f"({optimizer_init['class_path']}) and --lr_scheduler given to {type(self).__name__}.")
+            warnings.warn(f"`{type(self.model).__name__}.configure_optimizers` will be overridden by "
+                          f"`{type(self).__name__}.configure_optimizers`: the --optimizer "
+                          f"({optimizer_init['class_path']}) and --lr_scheduler given are used.")  # (Lightning's words)
         configure = self.configure_optimizers
 
         def configure_optimizers(module):

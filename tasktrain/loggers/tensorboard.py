@@ -160,15 +160,10 @@ class TensorBoardLogger(VersionedLogger):
             move = (lambda t: t.to(param.device) if isinstance(t, torch.Tensor) else t)
             input_array = tuple(map(move, input_array)) if isinstance(input_array, tuple) else move(input_array)
         # the trace probes every attribute, `module.trainer` too, which may be unattached here (Lightning's flag)
-        before = model.__dict__.get("_jit_is_scripting", None)
-        object.__setattr__(model, "_jit_is_scripting", True)
-        try:
+        from tasktrain.trainer.module import jit_is_scripting
+
+        with jit_is_scripting():
             self.experiment.add_graph(model, input_array)
-        finally:
-            if before is None:
-                model.__dict__.pop("_jit_is_scripting", None)
-            else:
-                object.__setattr__(model, "_jit_is_scripting", before)
 
     @rank_zero_method
     def save(self):

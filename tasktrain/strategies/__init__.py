@@ -3,11 +3,12 @@ from tasktrain.strategies.base import (ClipsInsideStep, GradientClip, MultiProce
 from tasktrain.strategies.ddp import DDP, DDPStrategy
 from tasktrain.strategies.parallel import ParallelStrategy
 from tasktrain.strategies.precision import Precision
+from tasktrain.strategies.registry import StrategyRegistry
 from tasktrain.strategies.single_device import SingleDevice, SingleDeviceStrategy
 from tasktrain.strategies.world import ProcessWorld
 
 __all__ = ["Strategy", "OneProcess", "ProcessWorld", "MultiProcess", "Sharded", "ClipsInsideStep", "Plan", "GradientClip", "DDP",
-           "Precision", "SingleDevice", "SingleDeviceStrategy", "ParallelStrategy", "DDPStrategy"]
+           "Precision", "SingleDevice", "SingleDeviceStrategy", "ParallelStrategy", "DDPStrategy", "StrategyRegistry"]
 
 
 def __getattr__(name):

@@ -25,13 +25,13 @@ alike):
         strategy.setup_environment()              # processes, process group, device
         model, optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
         for each micro-batch:
-            batch = strategy.batch_to_device(batch)
+            batch = strategy.batch_to_device(batch)          # the module's transfer hooks (move_batch: none)
             with strategy.no_backward_sync(not ends_window):
                 out = strategy.training_step(batch, i)       # under strategy.forward_context()
-                strategy.backward(loss)
+                strategy.backward(loss, optimizer)
             at the window's end:
                 strategy.clip_gradients(optimizer, ...)       # when clipping was asked for
-                strategy.optimizer_step(optimizer)
+                strategy.optimizer_step(optimizer, None)     # (None: no closure, the gradients are there)
                 strategy.zero_grad(optimizer)
         strategy.save_checkpoint(checkpoint, path) / strategy.load_checkpoint(path)     # called on every rank
         strategy.teardown()
@@ -134,6 +134,13 @@ class Strategy(LoopHooks, abc.ABC):
             if attribute in vars(cls):
                 raise TypeError(f"{cls.__name__}.{attribute}: strategies state this by their capabilities now; "
                                 f"{instead}. See docs/strategies.md.")
+
+    @classmethod
+    def register_strategies(cls, strategy_registry):
+        """Lightning's: register this class's names in `strategy_registry` (tasktrain.strategies.StrategyRegistry,
+        `strategy_registry.register(name, cls, description=..., **init_params)`), so that Trainer(strategy=name)
+        builds it. Default: none (DDPStrategy, DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy register
+        Lightning's names; a strategy of one's own overrides it and calls it with StrategyRegistry)."""
 
     def __init__(self, accelerator: Optional[Accelerator] = None, precision=None):
         self._accelerator_object = None
@@ -368,7 +375,7 @@ class Strategy(LoopHooks, abc.ABC):
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         # No accelerator in this process, a CPU device and no input cast: a batch of tensors is already where it
-        # belongs, and batch_to_device hands it on instead of rebuilding it every step.
+        # belongs, and move_batch hands it on instead of rebuilding it every step.
         self._batches_stay = (self.root_device.type == "cpu" and not _accelerator_visible() and (
             self.precision is None or type(self.precision).convert_input is Precision.convert_input))
 
@@ -414,6 +421,8 @@ class Strategy(LoopHooks, abc.ABC):
         if isinstance(self, Sharded):
             stack.enter_context(self.module_init_context(empty_init=bool(empty_init)))
         else:
+            if empty_init:  # the weights will be loaded: their initialisation is skipped (Lightning's _EmptyInit)
+                stack.enter_context(SkipParameterInit())
             stack.enter_context(torch.device(self.root_device))
         if self.precision is not None:
             stack.enter_context(self.precision.tensor_init_context())
@@ -485,10 +494,21 @@ class Strategy(LoopHooks, abc.ABC):
     _batches_stay = False  # decided by setup_environment
 
     def batch_to_device(self, batch, device=None, dataloader_idx=0):
-        """Move a batch to `device` (default root_device) and apply the precision's input cast (64-true).
-        Default: tensors in lists, tuples and dicts move; an object with its own .to(device) moves itself.
-        Lightning's signature; dataloader_idx is taken and not used (the Trainer runs the module's transfer hooks
-        around this call itself)."""
+        """Lightning's: the batch on `device` (default root_device) through the module's transfer_batch_to_device and
+        on_after_batch_transfer hooks (the DataModule's where it overrides one), with `dataloader_idx`: the module's
+        _apply_batch_transfer_handler, as Lightning's strategies run it. The Trainer moves every batch through this
+        call, after the module's on_before_batch_transfer. Without a TaskModule (a plain module, none set up yet) the
+        batch is moved as move_batch moves it."""
+        handler = getattr(self.module, "_apply_batch_transfer_handler", None)  # (a TaskModule's; not a plain module)
+        if handler is None:
+            return self.move_batch(batch, device)
+        return handler(batch, device=device, dataloader_idx=dataloader_idx)
+
+    def move_batch(self, batch, device=None):
+        """Move a batch to `device` (default root_device) and apply the precision's input cast (64-true), running no
+        hook: what a transfer_batch_to_device that is not overridden does under the Trainer, and how the Accelerator
+        places a prepared loader's batches. Default: tensors in lists, tuples and dicts move; an object with its own
+        .to(device) moves itself."""
         if device is None and self._batches_stay and _plain_tensors(batch):
             return batch
         batch = move_to_device(batch, self.root_device if device is None else torch.device(device))
@@ -500,17 +520,30 @@ class Strategy(LoopHooks, abc.ABC):
         (`step`: "training_step", "validation_step", ...) its step_context(step)."""
         return self.precision.autocast() if step is None else self.precision.step_context(step)
 
-    def training_step(self, batch, batch_idx):
-        """The module's training_step, through the wrapper that must see it (DDP syncs what went through its
-        forward). Default: directly, under forward_context("training_step")."""
+    def training_step(self, *args, **kwargs):
+        """The module's training_step(*args, **kwargs) (Lightning's signature: the loop passes (batch, batch_idx), or
+        the batch alone to a step that does not take batch_idx, step_arguments), through the wrapper that must see it
+        (DDP syncs what went through its forward). Default: directly, under forward_context("training_step")."""
         with self.forward_context("training_step"):
-            return self.module.training_step(*step_arguments(self.module.training_step, batch, batch_idx))
+            return self.module.training_step(*args, **kwargs)
 
-    def eval_step(self, step_fn, *args):
-        """A validation/test/predict step (`step_fn` is the module's bound method). Default: under its
-        forward_context(step)."""
+    def validation_step(self, *args, **kwargs):
+        """Lightning's: the module's validation_step(*args, **kwargs), as eval_step runs it."""
+        return self.eval_step(self.module.validation_step, *args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        """Lightning's: the module's test_step(*args, **kwargs), as eval_step runs it."""
+        return self.eval_step(self.module.test_step, *args, **kwargs)
+
+    def predict_step(self, *args, **kwargs):
+        """Lightning's: the module's predict_step(*args, **kwargs), as eval_step runs it."""
+        return self.eval_step(self.module.predict_step, *args, **kwargs)
+
+    def eval_step(self, step_fn, *args, **kwargs):
+        """A validation/test/predict step (`step_fn` is the module's bound method), through the wrapper that must see
+        it. Default: under its forward_context(step)."""
         with self.forward_context(step_name(step_fn)):
-            return step_fn(*args)
+            return step_fn(*args, **kwargs)
 
     def no_backward_sync(self, enabled: bool, model=None):
         """Entered around every micro-batch of an accumulation window: enabled=True when the micro-batch does not end
@@ -519,9 +552,13 @@ class Strategy(LoopHooks, abc.ABC):
         `model`: a model returned by setup_module_and_optimizers (default the last one)."""
         return contextlib.nullcontext()
 
-    def backward(self, loss, *args, **kwargs):
-        """Backward through the precision (GradScaler scales under fp16). Default: precision.backward(loss)."""
-        self.precision.run_backward(loss, *args, **kwargs)
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
+        """Backward of `closure_loss` through the precision (GradScaler scales under fp16); returns the loss
+        (Lightning's signature: `optimizer` is the one about to step, or None; `args` and `kwargs` go to the tensor's
+        backward, as manual_backward's). The loops pass backward_fn= (a module's or a precision plugin's own backward)
+        in kwargs. Default: precision.run_backward(closure_loss, *args, **kwargs)."""
+        self.precision.run_backward(closure_loss, *args, **kwargs)
+        return closure_loss
 
     def unscale_gradients(self, optimizer):
         """Make `optimizer`'s gradients the true ones before anything reads them (fp16). Idempotent per step."""
@@ -562,10 +599,14 @@ class Strategy(LoopHooks, abc.ABC):
             cached = self._module_order = (id(optimizer), len(held), order)
         return [held[i] for i in cached[2]]
 
-    def optimizer_step(self, optimizer, closure=None, **kwargs) -> bool:
-        """Step `optimizer` through the precision; returns whether it really stepped (False: GradScaler or the
-        engine skipped a step with inf/NaN gradients). `kwargs` go to the optimizer's step; what it returned is
-        `precision.last_step_output`."""
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs) -> bool:
+        """Step `optimizer` through the precision (Lightning's signature: `closure` computes the loss and gradients,
+        or None where they are computed already; `model` the module whose optimizer_step hooks a Lightning precision
+        plugin's step sees). Returns whether it really stepped (False: GradScaler or the engine skipped a step with
+        inf/NaN gradients); what the optimizer's step returned is `precision.last_step_output`. `kwargs` go to the
+        optimizer's step."""
+        if model is not None and self.precision.lightning_steps:  # (a tasktrain plugin's step takes no model)
+            kwargs["model"] = model
         return self.precision.run_step(optimizer, closure, **kwargs)
 
     def steps_with_closure(self) -> bool:
@@ -592,7 +633,8 @@ class Strategy(LoopHooks, abc.ABC):
 
     @abc.abstractmethod
     def all_gather(self, tensor, group=None, sync_grads=False):
-        """Every rank's tensor, stacked along a new first dimension of world_size (Lightning's signature).
+        """Every rank's tensor, stacked along a new first dimension of world_size (Lightning's signature); a strategy
+        of one process (OneProcess) returns the tensor itself, as Lightning's SingleDeviceStrategy.
         sync_grads=True: a differentiable gather (torch.distributed.nn.functional.all_gather), whose gradient goes
         back to each rank's tensor; False: the gathered tensors carry no gradient. group= other than None is
         refused (check_gather_group): tasktrain gathers from every rank."""
@@ -838,6 +880,18 @@ _KEPT = []  # strategies whose last run's engine is kept until the next run sets
 _KEPT_EXIT_HOOK = []
 
 
+class SkipParameterInit(torch.overrides.TorchFunctionMode):
+    """Modules built inside it skip their parameters' initialisation: torch.nn.init's functions give their tensor back
+    untouched (uninitialised memory), for weights a checkpoint will overwrite (`trainer.init_module(empty_init=True)`;
+    Lightning's strategies do the same). Any other function runs as usual."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
+
+
 def keep_until_next_run(strategy):
     """Keep `strategy`'s engine after its run (end_run): release_kept_runs() tears it down when the next run of this
     process sets up, or at exit. The exit hook is registered after the process group's own (atexit runs the last
@@ -880,9 +934,7 @@ class OneProcess:
 
     def all_gather(self, tensor, group=None, sync_grads=False):
         check_gather_group(group)
-        if not isinstance(tensor, torch.Tensor):
-            return [tensor]
-        return tensor.unsqueeze(0)  # (as Lightning's one device: the tensor itself, its gradient kept)
+        return tensor  # (Lightning's SingleDeviceStrategy: the tensor itself, no new dimension, its gradient kept)
 
     def all_gather_object(self, obj):
         return [obj]
@@ -1034,9 +1086,20 @@ def step_name(step_fn):
     return getattr(step_fn, "__name__", None)
 
 
+def every_rank(group) -> bool:
+    """Whether `group` means every rank: None, or torch.distributed's WORLD group (what Lightning's module.all_gather
+    passes to the strategy when given none)."""
+    if group is None:
+        return True
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and group is dist.group.WORLD
+
+
 def check_gather_group(group):
-    """strategy.all_gather(tensor, group=...): tasktrain gathers from every rank; a group of the script's is refused."""
-    if group is not None:
+    """strategy.all_gather(tensor, group=...): tasktrain gathers from every rank; a group of the script's is refused
+    (torch.distributed.group.WORLD, every rank, is taken)."""
+    if not every_rank(group):
         raise ValueError("strategy.all_gather(..., group=...): tasktrain's strategies gather from every rank. Gather "
                          "over a group of your own with torch.distributed.all_gather(tensors, tensor, group=group), "
                          "or gather from all ranks and keep the rows you need.")
@@ -1049,7 +1112,7 @@ def lightning_reduce_op(group=None, reduce_op="mean", op=None):
     if isinstance(group, str):
         raise ValueError(f"strategy.reduce(tensor, {group!r}): the second parameter is Lightning's group (a process "
                          f"group), not the reduction. Pass reduce_op={group!r} (or op={group!r}).")
-    if group is not None:
+    if not every_rank(group):
         raise ValueError("strategy.reduce(..., group=...): tasktrain's strategies reduce over every rank. Reduce over "
                          "a group of your own with torch.distributed.all_reduce(tensor, group=group).")
     if op is not None:

@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from tasktrain.strategies.base import OneProcess, Strategy, _StepWrapper, step_arguments
+from tasktrain.strategies.base import OneProcess, Strategy, _StepWrapper
 from tasktrain.tree import apply_to_leaves
 
 
@@ -25,13 +25,10 @@ class _StepForward(_StepWrapper):
         super().__init__(module)
         self.forward_context = forward_context
 
-    def forward(self, step_name, *args):
+    def forward(self, step_name, *args, **kwargs):
         # autocast is thread-local and DataParallel passes only "enabled" (not the dtype) to its threads.
-        step = getattr(self.module, step_name)
-        if step_name == "training_step":  # (batch, batch_idx): batch_idx only where the step takes it
-            args = step_arguments(step, *args)
         with self.forward_context(step_name):
-            return _unsqueeze_scalars(step(*args))
+            return _unsqueeze_scalars(getattr(self.module, step_name)(*args, **kwargs))
 
 
 class DataParallel(OneProcess, Strategy):
@@ -94,15 +91,15 @@ class DataParallel(OneProcess, Strategy):
                                                output_device=self.parallel_ids[0])
         return self.model, self.optimizers
 
-    def training_step(self, batch, batch_idx):
-        if not self.parallel_ids:
-            return super().training_step(batch, batch_idx)
-        return _mean_loss(self.model("training_step", batch, batch_idx))
+    def training_step(self, *args, **kwargs):
+        if not self.parallel_ids or self.model is None:  # (one GPU, or after the run: the module's own step)
+            return super().training_step(*args, **kwargs)
+        return _mean_loss(self.model("training_step", *args, **kwargs))
 
-    def eval_step(self, step_fn, *args):
-        if not self.parallel_ids:
-            return super().eval_step(step_fn, *args)
-        return self.model(step_fn.__name__, *args)
+    def eval_step(self, step_fn, *args, **kwargs):
+        if not self.parallel_ids or self.model is None:
+            return super().eval_step(step_fn, *args, **kwargs)
+        return self.model(step_fn.__name__, *args, **kwargs)
 
     def describe(self):
         if not self.parallel_ids:

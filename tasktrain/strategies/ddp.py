@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.checkpoint_io import CheckpointIO
 from tasktrain.plugins.precision import _PRECISION_PLUGIN
-from tasktrain.strategies.base import _StepWrapper, step_arguments
+from tasktrain.strategies.base import _StepWrapper
 from tasktrain.strategies.parallel import ParallelStrategy
 from tasktrain.strategies.world import ProcessWorld
 
@@ -47,9 +47,8 @@ _COMM_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_a
 class _TrainingStepForward(_StepWrapper):
     """DDP syncs the gradients of what went through its forward: route training_step through it."""
 
-    def forward(self, batch, batch_idx):
-        step = self.module.training_step
-        return step(*step_arguments(step, batch, batch_idx))
+    def forward(self, *args, **kwargs):
+        return self.module.training_step(*args, **kwargs)
 
 
 class DDP(ParallelStrategy):
@@ -216,8 +215,8 @@ class DDP(ParallelStrategy):
             self._model_averager = PeriodicModelAverager(period=self.comm["model_averaging_period"],
                                                          warmup_steps=state.start_localSGD_iter)
 
-    def optimizer_step(self, optimizer, closure=None, **kwargs) -> bool:
-        stepped = super().optimizer_step(optimizer, closure, **kwargs)
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs) -> bool:
+        stepped = super().optimizer_step(optimizer, closure, model, **kwargs)
         if self._model_averager is not None and stepped:
             # post-local SGD: after its warm-up each process steps on its own gradients; every period steps the
             # parameters the optimizer moved are averaged over the processes (Lightning's rule)
@@ -251,16 +250,18 @@ class DDP(ParallelStrategy):
         super().teardown()
 
     # -- the step ------------------------------------------------------------------------------------------
-    def training_step(self, batch, batch_idx):
+    def training_step(self, *args, **kwargs):
+        if not isinstance(self.model, torch.nn.parallel.DistributedDataParallel):  # (after the run: no wrapper, the
+            return super().training_step(*args, **kwargs)  # module's own step, as Lightning's unwrapped model)
         with self.forward_context("training_step"):
-            return self.model(batch, batch_idx)
+            return self.model(*args, **kwargs)
 
-    def backward(self, loss, *args, **kwargs):
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
         model = self.model
         wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         if wrapped and getattr(self, "_backward_in_forward", False):
-            _prepare_for_backward(model, loss)
-        super().backward(loss, *args, **kwargs)
+            _prepare_for_backward(model, closure_loss)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     def no_backward_sync(self, enabled: bool, model=None):
         model = self.model if model is None else model
@@ -289,6 +290,20 @@ class DDPStrategy(DDP):
         if cls is DDPStrategy and DDP in getattr(subclass, "__mro__", ()):
             return True
         return NotImplemented  # (then the classes registered with it, DeepSpeed's, and a subclass's own rules)
+
+    @classmethod
+    def register_strategies(cls, strategy_registry):
+        """Lightning's: register this class under Lightning's DDP names in `strategy_registry` (StrategyRegistry):
+        "ddp", "ddp_spawn" and their find_unused_parameters variants (Lightning's "ddp_fork" / "ddp_notebook" names are
+        refused by tasktrain: strategies/registry.py)."""
+        for name, start_method in (("ddp", "popen"), ("ddp_spawn", "spawn")):
+            strategy_registry.register(name, cls, description=f"DDP strategy with `start_method` '{start_method}'",
+                                       start_method=start_method)
+            for unused in (False, True):
+                strategy_registry.register(
+                    f"{name}_find_unused_parameters_{str(unused).lower()}", cls,
+                    description=f"DDP strategy with `find_unused_parameters` as {unused} and `start_method` "
+                                f"'{start_method}'", find_unused_parameters=unused, start_method=start_method)
 
 
 def _check_comm(comm):

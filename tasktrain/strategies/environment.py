@@ -45,6 +45,10 @@ class ClusterEnvironment:
     # cluster started the processes, environment_from_plugin; or LOCAL_RANK alone, environment_from_local_rank) or
     # None: nobody launched us
     launcher: Optional[str] = None
+    # SLURM's batch script run without srun (SLURM_PROCID set, no SLURM_STEP_ID, SLURM_NTASKS > 1): the allocation's
+    # world, whose other tasks nobody started. Read as Lightning reads it (a SLURM world of SLURM_NTASKS); a run refuses
+    # to start in it (refuse_unstarted_slurm_tasks), where Lightning would wait for them at the process group.
+    slurm_tasks_not_started: int = 0
 
 
 def detect_environment(env=None, lightning=False) -> ClusterEnvironment:
@@ -226,7 +230,9 @@ def join_mpi_world(cpu: bool, env=None) -> None:
 # - a step of one task otherwise: a world of one, SLURM-managed.
 # - the batch script itself (SLURM_PROCID set, no SLURM_STEP_ID) in an allocation of several tasks: the user ran
 #   `python train.py` without srun; the other tasks never start, so rank 0 would wait for them for the whole
-#   process-group timeout. An error now, naming srun.
+#   process-group timeout. Read as Lightning reads it (a SLURM world of SLURM_NTASKS, so that Trainer(...) and its
+#   properties answer as Lightning's), and refused, naming srun, where a run starts (refuse_unstarted_slurm_tasks).
+#   A job named "bash" or "interactive" opts out of SLURM there too, as in Lightning (the Trainer starts its own).
 INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 
 
@@ -237,16 +243,8 @@ class SlurmAllocationError(RuntimeError):
 def _slurm_environment(env) -> ClusterEnvironment:
     in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
     tasks = int(env["SLURM_NTASKS"])
-    if not in_step and tasks > 1:
-        raise SlurmAllocationError(
-            f"This process is SLURM's batch script (SLURM_PROCID is set but SLURM_STEP_ID is not), and the allocation "
-            f"has SLURM_NTASKS={tasks} tasks: the other {tasks - 1} task(s) were never started, so this run would "
-            f"wait for them until the process-group timeout. Launch every task with srun: `srun python "
-            f"{_script_hint()}` in the sbatch script (or `srun tasktrain launch ...` with --ntasks-per-node=1), or "
-            f"ask for one task (#SBATCH --ntasks=1) and let the Trainer start its processes itself."
-        )
-    if tasks == 1 and env.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES:
-        return ClusterEnvironment()  # an interactive shell on a node: not a launch
+    if env.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES and (tasks == 1 or not in_step):
+        return ClusterEnvironment()  # an interactive shell on a node, or a job named so to opt out: not a launch
     per_node = _tasks_per_node(env)
     nodes = int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", 1)))
     if len(set(per_node)) > 1:
@@ -269,7 +267,25 @@ def _slurm_environment(env) -> ClusterEnvironment:
         main_address=host,
         main_port=int(port),
         launcher="slurm",
+        slurm_tasks_not_started=0 if in_step else tasks - 1,
     )
+
+
+def refuse_unstarted_slurm_tasks(env: ClusterEnvironment):
+    """The batch script run without srun in an allocation of several tasks (detect_environment's
+    slurm_tasks_not_started): the other tasks never start, so rank 0 would wait for them for the whole process-group
+    timeout (Lightning's does). Called where a run starts, before any process group forms: the Trainer's
+    fit / validate / test / predict (its construction reads the world as Lightning's does), the Accelerator's
+    construction (which joins the group), a multi-process strategy's set-up."""
+    missing = env.slurm_tasks_not_started
+    if missing:
+        raise SlurmAllocationError(
+            f"This process is SLURM's batch script (SLURM_PROCID is set but SLURM_STEP_ID is not), and the allocation "
+            f"has SLURM_NTASKS={missing + 1} tasks: the other {missing} task(s) were never started, so this run would "
+            f"wait for them until the process-group timeout. Launch every task with srun: `srun python "
+            f"{_script_hint()}` in the sbatch script (or `srun tasktrain launch ...` with --ntasks-per-node=1), or "
+            f"ask for one task (#SBATCH --ntasks=1) and let the Trainer start its processes itself."
+        )
 
 
 def launcher_rank(default=0):

@@ -159,6 +159,24 @@ class DeepSpeedStrategy(DeepSpeed):
             return True
         return NotImplemented  # (a subclass of one's own: Python's rules)
 
+    @classmethod
+    def register_strategies(cls, strategy_registry):
+        """Lightning's: register this class under Lightning's DeepSpeed names in `strategy_registry`
+        (StrategyRegistry), with Lightning's arguments ("deepspeed_stage_3_offload_nvme" without remote_device, which
+        tasktrain refuses: its parameters are offloaded to the disk by offload_params_device)."""
+        register = strategy_registry.register
+        register("deepspeed", cls, description="Default DeepSpeed Strategy")
+        register("deepspeed_stage_1", cls, description="DeepSpeed with ZeRO Stage 1 enabled", stage=1)
+        register("deepspeed_stage_2", cls, description="DeepSpeed with ZeRO Stage 2 enabled", stage=2)
+        register("deepspeed_stage_2_offload", cls, description="DeepSpeed ZeRO Stage 2 and CPU Offload", stage=2,
+                 offload_optimizer=True)
+        register("deepspeed_stage_3", cls, description="DeepSpeed ZeRO Stage 3", stage=3)
+        register("deepspeed_stage_3_offload", cls, description="DeepSpeed ZeRO Stage 3 and CPU Offload", stage=3,
+                 offload_optimizer=True, offload_parameters=True)
+        register("deepspeed_stage_3_offload_nvme", cls, description="DeepSpeed ZeRO Stage 3 and NVMe Offload",
+                 stage=3, offload_optimizer=True, offload_parameters=True, offload_params_device="nvme",
+                 offload_optimizer_device="nvme")
+
     def __init__(
         self,
         accelerator: Optional[Accelerator] = None,
@@ -508,6 +526,13 @@ class FSDPStrategy(FSDP):
         if cls is FSDPStrategy and FSDP in mro and ModelParallelStrategy not in mro:
             return True
         return NotImplemented  # (a subclass of one's own: Python's rules)
+
+    @classmethod
+    def register_strategies(cls, strategy_registry):
+        """Lightning's: register this class as "fsdp" and "fsdp_cpu_offload" in `strategy_registry`."""
+        strategy_registry.register("fsdp", cls, description="Fully Sharded Data Parallel (FSDP) training")
+        strategy_registry.register("fsdp_cpu_offload", cls, description="Fully Sharded Data Parallel (FSDP) training "
+                                   "with Full Sharding and CPU Offloading", cpu_offload=True)
 
     def __init__(
         self,

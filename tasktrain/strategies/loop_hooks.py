@@ -105,26 +105,6 @@ class LoopHooks:
     def post_backward(self, closure_loss):
         """Called after each backward of the loop (and of manual_backward), with the loss."""
 
-    def validation_step(self, *args, **kwargs):
-        """The module's validation_step, through the strategy (Lightning's); the Trainer calls it with the step's
-        arguments (batch, batch_idx[, dataloader_idx]) where a subclass overrides it."""
-        return self._module_step("validation_step", args, kwargs)
-
-    def test_step(self, *args, **kwargs):
-        """The module's test_step, through the strategy (see validation_step)."""
-        return self._module_step("test_step", args, kwargs)
-
-    def predict_step(self, *args, **kwargs):
-        """The module's predict_step, through the strategy (see validation_step)."""
-        return self._module_step("predict_step", args, kwargs)
-
-    def _module_step(self, name, args, kwargs):
-        step_fn = getattr(self.lightning_module, name)
-        if kwargs:
-            with self.forward_context(name):
-                return step_fn(*args, **kwargs)
-        return self.eval_step(step_fn, *args)
-
     # -- refused when overridden (REFUSED says why); callable, with Lightning's meaning where it has one -------------
     def setup_distributed(self):
         raise NotImplementedError(_refusal(self, "setup_distributed"))
@@ -179,8 +159,9 @@ REFUSED = {
 CALLED = ("setup", "restore_checkpoint_after_setup", "lightning_restore_optimizer", "load_model_state_dict",
           "load_optimizer_state_dict", "on_train_start", "on_train_end", "on_validation_start", "on_validation_end",
           "on_test_start", "on_test_end", "on_predict_start", "on_predict_end", "on_train_batch_start",
-          "process_dataloader", "post_training_step", "pre_backward", "post_backward", "validation_step",
-          "test_step", "predict_step")
+          "process_dataloader", "post_training_step", "pre_backward", "post_backward")
+# (validation_step, test_step, predict_step and training_step are the Strategy contract's own: base.py; the loops
+# call them for every batch)
 
 
 def _refusal(strategy, name):

@@ -301,11 +301,11 @@ class ModelParallelStrategy(FSDP):
                              f"{' and '.join(given)}, or leave fully_shard to the strategy.")
 
     # -- the step ------------------------------------------------------------------------------------------------
-    def backward(self, loss, *args, **kwargs):
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
         if self.tensor_parallel_size > 1:
             with _loss_parallel():
-                return super().backward(loss, *args, **kwargs)
-        return super().backward(loss, *args, **kwargs)
+                return super().backward(closure_loss, optimizer, *args, **kwargs)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     def reduce(self, tensor, group=None, reduce_op="mean", *, op=None):
         from torch.distributed.tensor import DTensor

@@ -25,6 +25,9 @@ class ParallelStrategy(ProcessWorld, Strategy):
     the module is wrapped for its processes (setup_module_and_optimizers), or its ranks would train apart."""
 
     _run_devices = None  # this node's devices once the run's choices are known (configure)
+    # Lightning's attribute: the LayerSync the Trainer was given (sync_batchnorm=True: TorchSyncBatchNorm()), set by
+    # the Trainer as Lightning's connector sets it; the Trainer applies it to a fit's module (trainer.py)
+    _layer_sync = None
 
     @abc.abstractmethod
     def setup_module_and_optimizers(self, module, optimizers, plan):

@@ -113,7 +113,7 @@ class Precision:
         return self.optimizer_step(optimizer, closure, **kwargs)
 
     def cast_moved_batch(self, batch):
-        """The input cast strategy.batch_to_device applies once the batch is on the device: convert_input."""
+        """The input cast strategy.move_batch applies once the batch is on the device: convert_input."""
         return self.convert_input(batch)
 
     # Lightning's set-up and checkpoint hooks of a precision plugin (the Trainer calls them where Lightning's does:

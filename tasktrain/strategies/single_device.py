@@ -56,3 +56,8 @@ class SingleDeviceStrategy(SingleDevice):
         if cls is SingleDeviceStrategy and SingleDevice in getattr(subclass, "__mro__", ()):
             return True
         return NotImplemented  # (a subclass of one's own: Python's rules)
+
+    @classmethod
+    def register_strategies(cls, strategy_registry):
+        """Lightning's: register this class as its strategy_name ("single_device") in `strategy_registry`."""
+        strategy_registry.register(cls.strategy_name, cls, description=cls.__name__)

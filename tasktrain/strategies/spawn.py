@@ -36,6 +36,7 @@ class SpawnLauncher:
 
     is_interactive_compatible = False  # Lightning's: True for "fork" only, which tasktrain refuses
     start_method = "spawn"
+    _start_method = "spawn"  # (Lightning's attribute's name)
 
     def __init__(self, num_processes):
         self.num_processes = num_processes

@@ -35,7 +35,8 @@ import torch.distributed as dist
 from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.strategies.base import MultiProcess, check_gather_group, lightning_reduce_op, release_kept_runs
 from tasktrain.strategies.environment import (ClusterEnvironment, SlurmAllocationError, detect_environment,
-                                              environment_from_local_rank, environment_from_plugin)
+                                              environment_from_local_rank, environment_from_plugin,
+                                              refuse_unstarted_slurm_tasks)
 from tasktrain.strategies.watchdog import checked_collective, start_watchdog, stop_watchdog
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -231,6 +232,7 @@ class ProcessWorld(MultiProcess):
             launcher.launch()
             _PROCESS["launcher"] = launcher
         self.env = env = self._environment()
+        refuse_unstarted_slurm_tasks(env)  # (the batch script without srun: its tasks would never meet)
         self._root_device = None
         expected = self.devices * self.num_nodes
         if env.world_size != expected and plugin is not None:

@@ -360,7 +360,7 @@ class Accelerator:
         # (DeepSpeed) must know it then, even when the script uses no accumulate(). (DDP's no_sync has to cover the
         # forward: accumulate(model) enters it; around the backward alone it changes nothing.)
         with self.strategy.no_backward_sync(not self.sync_gradients):
-            self._backward(loss, **kwargs)
+            self._backward(loss, None, **kwargs)
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         """Unscale (fp16), then clip; returns the total norm before clipping. A no-op (None) on micro-batches that do
@@ -400,7 +400,7 @@ class Accelerator:
         """A prepared loader's batch on the device (and in the precision's input dtype); device_placement=False:
         where the loader's collate put it (only the precision's dtype cast, e.g. 64-true's)."""
         if self.device_placement:
-            return self.strategy.batch_to_device(batch)
+            return self.strategy.move_batch(batch)
         precision = self.strategy.precision
         return precision.convert_input(batch) if precision else batch
 

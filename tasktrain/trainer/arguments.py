@@ -307,6 +307,7 @@ def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing,
     from tasktrain.callbacks.clipping import GradientClipping
     from tasktrain.callbacks.timer import Timer
     from tasktrain.trainer.connectors import callback_connector
+    from tasktrain.callbacks import external
 
     from tasktrain.callbacks.base import Callback, Checkpoint
     from tasktrain.exceptions import MisconfigurationException
@@ -354,6 +355,9 @@ def default_callbacks(callbacks, root_dir, loggers, progress_bar, checkpointing,
             "Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
     elif max_time is not None:
         callbacks.append(Timer(duration=max_time))
+    # the callbacks installed packages register under Lightning's entry-point group (tasktrain/callbacks/external.py),
+    # where Lightning's Trainer adds them: after its own, before the checks
+    callbacks.extend(external._load_external_callbacks(external.CALLBACKS_GROUP))
     check_state_keys(callbacks)
     return in_call_order(callbacks)
 

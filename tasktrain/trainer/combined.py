@@ -91,13 +91,16 @@ def mode_length(mode, lengths, limits=None):
 
 # -- one pass in each mode: (batches of the flat loaders, batch_idx, dataloader_idx); `start`: the combined batch the
 # pass starts at (the Trainer's resume), each loader started where it would be then --------------------------------
-def _zip_pass(mode, loaders, lengths, start=0, skip=None, restart=None):
+def _zip_pass(mode, loaders, lengths, start=0, skip=None, restart=None, started=None):
     """min_size, max_size and max_size_cycle. `skip(i, n)` starts loader i n batches in (default: read and drop);
-    `restart(i)` is called before a loader is started again inside the pass (max_size_cycle)."""
+    `restart(i)` is called before a loader is started again inside the pass (max_size_cycle); `started`: the loaders'
+    iterators, started already (a pass from the first batch)."""
     n = len(loaders)
     consumed = [False] * n
     iterators = [None] * n
-    for i, loader in enumerate(loaders):
+    if started is not None:
+        iterators, start = list(started), 0
+    for i, loader in enumerate(loaders if started is None else ()):
         ahead = start
         if start and mode == "max_size_cycle":
             if lengths[i] is None:
@@ -148,12 +151,16 @@ def _started(loader, ahead, i, skip):
     return iterator
 
 
-def _sequential_pass(loaders, limits):
-    """Each loader to its end (or its limit) in turn."""
+def _sequential_pass(loaders, limits, first=None):
+    """Each loader to its end (or its limit) in turn. `first`: the first loader's iterator, started already."""
     for i, loader in enumerate(loaders):
         limit = limits[i] if limits is not None else None
         limit = math.inf if limit is None else limit
-        iterator, batch_idx = held_until_next_iter(loader, iter(loader)), 0
+        if i == 0 and first is not None:
+            iterator = first
+        else:
+            iterator = held_until_next_iter(loader, iter(loader))
+        batch_idx = 0
         while batch_idx < limit:
             try:
                 batch = next(iterator)
@@ -224,15 +231,19 @@ class CombinedLoader:
         self._limits = limits
 
     def __iter__(self):
-        self._iterator = self._pass()
+        # iter() starts the iterables' iterators (a DataLoader's workers) here, as Lightning's: every one, or in
+        # sequential mode the first one only
+        if self._mode == "sequential":
+            first = [held_until_next_iter(one, iter(one)) for one in self._flattened[:1]]
+            self._iterator = _sequential_pass(self._flattened, self._limits, first[0] if first else None)
+        else:
+            started = [held_until_next_iter(one, iter(one)) for one in self._flattened]
+            self._iterator = self._zip(started)
         return self
 
-    def _pass(self):
-        if self._mode == "sequential":
-            yield from _sequential_pass(self._flattened, self._limits)
-            return
+    def _zip(self, started):
         lengths = [_length(one) for one in self._flattened]
-        for out, batch_idx, dataloader_idx in _zip_pass(self._mode, self._flattened, lengths):
+        for out, batch_idx, dataloader_idx in _zip_pass(self._mode, self._flattened, lengths, started=started):
             yield unflatten(out, self._spec), batch_idx, dataloader_idx
 
     def __next__(self):
@@ -247,6 +258,14 @@ class CombinedLoader:
         if length is None:
             raise TypeError("This CombinedLoader has no length: one of its iterables has none.")
         return length
+
+    def __getstate__(self):
+        # a pass in flight is not copied (a DataLoader's iterator cannot be pickled, nor a generator): a copy or an
+        # unpickled loader has its length, and reads from a new iter() (Lightning's drops its DataLoader iterators)
+        state = dict(self.__dict__)
+        if state["_iterator"] is not None:
+            state["_iterator"] = _PassNotCopied()
+        return state
 
     def reset(self):
         """Forget the pass in flight and stop the workers of its DataLoaders (the next iter() starts again)."""
@@ -272,6 +291,17 @@ class CombinedLoader:
                                "used when saving the checkpoint.")
         for one, state in zip(stateful, states):
             one.load_state_dict(state)
+
+
+class _PassNotCopied:
+    """The pass of a CombinedLoader copied or unpickled after its iter(): len() works, reading needs a new iter()."""
+
+    def __next__(self):
+        raise RuntimeError("This CombinedLoader was copied or unpickled in the middle of a pass, which is not copied: "
+                           "call iter() on it to read it from its start.")
+
+    def close(self):
+        pass
 
 
 def _stateful(one):

@@ -537,6 +537,8 @@ class TrainData:
         samplers = {id(self.sampler): self.sampler} if self.sampler is not None else {}
         if self.sets_loader_epoch:  # the Trainer's (Lightning's) rule: the loader's samplers, whoever built them
             samplers.update((id(one), one) for one in loader_samplers(self.loader))
+            if self.given is not None:  # (the loader Lightning keeps, read here through a rebuild: its samplers too)
+                samplers.update((id(one), one) for one in loader_samplers(self.given))
         for sampler in samplers.values():
             if callable(getattr(sampler, "set_epoch", None)):
                 sampler.set_epoch(epoch)

@@ -230,7 +230,7 @@ class _ProcessGroupWorld:
         self._dist.broadcast_object_list(box, src=src)
         return box[0]
 
-    def batch_to_device(self, batch):
+    def move_batch(self, batch):
         return move_to_device(batch, self.root_device)
 
 

@@ -1,7 +1,7 @@
 """validate / test / predict: the evaluation loops, as plain functions over the trainer.
 
     run_evaluation(trainer, stage, module, loader, ckpt_path, gather)   the entry point's work (Trainer.validate, ...)
-      evaluate(trainer, stage, loaders, limits)                          validation / test batches (fit's too)
+      evaluate(trainer, stage, loaders, limits, log_step)                validation / test batches (fit's too)
       predict(trainer, module, loaders, limits, gather)                  predict batches
 """
 import inspect
@@ -25,6 +25,7 @@ from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, comb
 from tasktrain.trainer.data import _END, EvalShardSampler, held_until_next_iter, stop_workers, prepare_eval_loader, \
     record_batch_indices, set_sampler_epoch
 from tasktrain.trainer.datamodule import DataModule
+from tasktrain.trainer.lightning_loops import epochs_processed
 from tasktrain.trainer.metrics import hook_scope, in_hook
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.states import RunningStage, TrainerFn
@@ -78,9 +79,8 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     guards.restore_sigterm_handler(trainer)  # (Lightning's: before the teardown hooks)
     # What validate / test return and print are the logged metrics only (Lightning's: a self.log(..., logger=False)
     # name is among callback_metrics, not in the results)
+    # (evaluate wrote them to the loggers before on_<stage>_end, at batches_that_stepped: the fit's count, 0 without one)
     logged = trainer._metrics.logger_epoch_values(values) if values else {}
-    if logged:  # at batches_that_stepped (the fit's count, 0 without one), as Lightning; every rank (log_to_loggers)
-        trainer.log_to_loggers(logged, add_epoch=True)
     results = per_loader_results(trainer, logged, result_count(loaders))
     if trainer.is_global_zero and getattr(trainer, "_verbose", True):  # (the entry points only, never fit's)
         print_results(results, stage)
@@ -252,6 +252,12 @@ def eval_loaders(trainer, stage, module, loader):
         fit_data.check_loader_workers(trainer, one, prefix)
     loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, prefix, shuffle_seed,
                                                          trainer.global_rank) for one in flat])
+    if trainer.state.fn != TrainerFn.FITTING:
+        # Lightning's _process_dataloader outside fit: the samplers get the epochs the fit has run as the loaders are
+        # set up (a run without batches too); a fit's validation sets them at each run instead (start_fetch)
+        epoch = epochs_processed(trainer)
+        for one in loaders:
+            set_sampler_epoch(one, epoch)
     limits = [limit_eval(one, limit_arg, prefix) for one in loaders]
     trainer._counts[stage] = limits  # (the stage's own: num_val_batches reads "validate" in a validate run)
     setattr(trainer, {"validate": "_val_loader", "test": "_test_loaders", "predict": "_predict_loaders"}[stage], loaders)
@@ -285,15 +291,16 @@ def _rebuilt_if_stale(trainer, stage, loaders, limits):
     return rebuilt if isinstance(rebuilt, tuple) else eval_loaders(trainer, stage, trainer.module, None)
 
 
-def evaluate(trainer, stage, loaders, limits):
-    """Run validation/test batches of each loader (grad_context); returns the reduced epoch metrics.
+def evaluate(trainer, stage, loaders, limits, log_step=None):
+    """Run validation/test batches of each loader (grad_context); returns the reduced epoch metrics, which it writes
+    to the loggers (but in the sanity check) at `log_step` (None: batches_that_stepped) with the epoch.
     With several loaders the step and batch hooks get dataloader_idx, and self.log adds the
     "/dataloader_idx_N" suffix (Lightning's rule). Loaders without a batch: nothing runs, no hook (Lightning's
     evaluation loop skips when its batch counts sum to 0: zero-length loaders, an empty list of loaders)."""
     if no_batches(trainer, limits):
         return {}
     with grad_context(trainer):
-        return _evaluate(trainer, stage, loaders, limits)
+        return _evaluate(trainer, stage, loaders, limits, log_step)
 
 
 def check_dataloader_idx(module, stage, several):
@@ -317,7 +324,7 @@ def check_dataloader_idx(module, stage, several):
                                "default value i.e. `dataloader_idx=0`.")
 
 
-def _evaluate(trainer, stage, loaders, limits):
+def _evaluate(trainer, stage, loaders, limits, log_step):
     module, strategy, metrics = trainer.module, trainer.strategy, trainer._metrics
     prefix = "validation" if stage == "validate" else stage
     # Lightning's loop (its reset) sets the samplers' epoch and calls iter() before any hook of the run: the first
@@ -336,9 +343,11 @@ def _evaluate(trainer, stage, loaders, limits):
     metrics.set_stage(stage, False, True)
     metrics.step_values.clear()  # (Lightning resets an evaluation's results: nothing of the last one is written)
     hooks = trainer._all_hooks
-    eval_step = strategy_hooks.eval_step(strategy, f"{prefix}_step")  # (a subclass's validation_step / test_step)
-    eval_step = eval_step if trainer._profiler is None else \
-        profiled(trainer._profiler, strategy_action(strategy, f"{prefix}_step"), eval_step)
+    # Lightning's strategy.validation_step / test_step (each through the strategy's eval_step): a strategy of one's
+    # own that overrides one is called for every batch
+    eval_step = strategy.test_step if prefix == "test" else strategy.validation_step
+    if trainer._profiler is not None:
+        eval_step = profiled(trainer._profiler, strategy_action(strategy, f"{prefix}_step"), eval_step)
     eval_step = in_hook(metrics, f"{prefix}_step", eval_step)  # (named for self.log: its defaults and rules)
     # batches completed (Lightning's evaluation batch_progress, read through trainer.validate_loop / test_loop /
     # fit_loop.epoch_loop.val_loop: lightning_loops.py): [total, in this run] (TrainState.eval_batches), and how far
@@ -379,7 +388,7 @@ def _evaluate(trainer, stage, loaders, limits):
         for fn in hooks[f"on_{prefix}_batch_start"]:
             fn(batch, batch_idx, *extra)
         phases[key] = "started"
-        outputs = eval_step(step_fn, *step_arguments(step_fn, batch, batch_idx, *extra))
+        outputs = eval_step(*step_arguments(step_fn, batch, batch_idx, *extra))
         phases[key] = "processed"
         for fn in hooks[f"on_{prefix}_batch_end"]:
             fn(outputs, batch, batch_idx, *extra)
@@ -401,7 +410,13 @@ def _evaluate(trainer, stage, loaders, limits):
     values = metrics.reduce_epoch(stage)
     trainer._call(f"on_{prefix}_epoch_end")
     values.update(metrics.reduce_epoch(stage))
+    # Lightning's on_run_end: the epoch values go to the loggers here, before on_<stage>_end (where ModelCheckpoint
+    # and EarlyStopping act, and trainer.logged_metrics holds them); none in the sanity check
+    logged = metrics.logger_epoch_values(values) if values else {}
+    if logged and not trainer.sanity_checking:  # every rank (log_to_loggers)
+        trainer.log_to_loggers(logged, log_step, add_epoch=True)
     trainer._call(f"on_{prefix}_end")
+    metrics.reset_metric_objects()  # (Lightning's reset_results, after on_<stage>_end)
     # Lightning's: the module's on_<stage>_model_train where overridden, else each submodule's mode as it was (a
     # frozen BatchNorm the user put in eval mode stays so)
     if is_overridden(f"on_{prefix}_model_train", module, TaskModule):
@@ -473,9 +488,9 @@ def _predict(trainer, module, loaders, limits, gather):
         started = trainer._predict_started = [0] * len(loaders)
         fetch = start_fetch(trainer, loaders, limits, "predict")
     trainer._call("on_predict_epoch_start")
-    eval_step = strategy_hooks.eval_step(trainer.strategy, "predict_step")  # (a subclass's predict_step)
-    eval_step = eval_step if trainer._profiler is None else \
-        profiled(trainer._profiler, strategy_action(trainer.strategy, "predict_step"), eval_step)
+    eval_step = trainer.strategy.predict_step  # (Lightning's; through the strategy's eval_step)
+    if trainer._profiler is not None:
+        eval_step = profiled(trainer._profiler, strategy_action(trainer.strategy, "predict_step"), eval_step)
     if trainer._metrics is not None:  # named as the hook it is (module._current_fx_name; self.log refuses it there)
         eval_step = in_hook(trainer._metrics, "predict_step", eval_step)  # (the step itself stays the bound method:
         # DataParallel's eval_step calls it by name)
@@ -491,7 +506,7 @@ def _predict(trainer, module, loaders, limits, gather):
             trainer._predict_current_indices = trainer.predict_batch_indices[dataloader_idx][batch_idx]
         trainer._call("on_predict_batch_start", batch, batch_idx, *extra)
         trainer._predict_phase = "started"
-        out = eval_step(module.predict_step, *step_arguments(module.predict_step, batch, batch_idx, *extra))
+        out = eval_step(*step_arguments(module.predict_step, batch, batch_idx, *extra))
         trainer._predict_phase = "processed"
         if out is None and not trainer._predict_none_warned:  # (Lightning's: once per Trainer)
             trainer._predict_none_warned = True
@@ -542,10 +557,15 @@ def _predict_outputs(trainer, loaders, writers):
 
 
 def start_fetch(trainer, loaders, limits, prefix):
-    """Lightning's evaluation loop's reset: the loaders' samplers get the epochs the fit has run (set_epoch), then
-    iter() of its fetcher over them (EvalFetch): before any hook of the run."""
-    for loader in loaders:
-        set_sampler_epoch(loader, trainer.current_epoch)
+    """Lightning's evaluation loop's reset: in a fit (its sanity check, each validation) the loaders' samplers get the
+    epochs the fit has run (set_epoch; validate / test / predict set them as their loaders are set up: eval_loaders),
+    then iter() of its fetcher over them (EvalFetch): before any hook of the run. The epoch is Lightning's
+    fit_loop.epoch_progress.current.processed, not current_epoch: the two differ in the sanity check of a fit resumed
+    from a save in on_train_epoch_end (processed is one more) and after a fit that failed in on_train_epoch_end."""
+    if trainer.state.fn == TrainerFn.FITTING:
+        epoch = epochs_processed(trainer)
+        for loader in loaders:
+            set_sampler_epoch(loader, epoch)
     together = isinstance(loaders, CombinedEvalLoaders)
     name = "[_PredictionLoop].predict_next" if prefix == "predict" else \
         f"[_EvaluationLoop].{'val' if prefix == 'validation' else prefix}_next"

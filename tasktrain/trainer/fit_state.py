@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from tasktrain.callbacks.base import EVENTS, Callback
 from tasktrain.profilers import module_action, profiled, profiled_calls, strategy_action
-from tasktrain.strategies.base import ClipsInsideStep
+from tasktrain.strategies.base import ClipsInsideStep, step_arguments
 from tasktrain.strategies.watchdog import watched_action
 from tasktrain.trainer import strategy_hooks
 from tasktrain.trainer.metrics import in_hook
@@ -129,16 +129,24 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
             lightning_precision.backward(loss, module, first, *args, **kwargs)
 
         def backward(loss):  # (pre_backward and post_backward around it: loop.py)
-            strategy.backward(loss, backward_fn=plugin_backward)
+            strategy.backward(loss, None, backward_fn=plugin_backward)
     elif overrides["backward"]:
         module_backward = in_hook(metrics, "backward", module.backward)
 
         def backward(loss):
-            strategy.backward(loss, backward_fn=module_backward)
+            strategy.backward(loss, None, backward_fn=module_backward)
     else:
-        backward = strategy.backward
-    zero_grad, step = strategy.zero_grad, strategy.optimizer_step
-    training_step = in_hook(metrics, "training_step", strategy_hooks.training_step(strategy, strategy.training_step))
+        def backward(loss):
+            strategy.backward(loss, None)
+
+    def step(optimizer, closure=None, **kwargs):  # -> whether it stepped
+        return strategy.optimizer_step(optimizer, closure, **kwargs)
+
+    def strategy_training_step(batch, batch_idx):  # (Lightning's loop: batch_idx where the step takes it)
+        return strategy.training_step(*step_arguments(module.training_step, batch, batch_idx))
+
+    zero_grad = strategy.zero_grad
+    training_step = in_hook(metrics, "training_step", strategy_hooks.training_step(strategy, strategy_training_step))
     module_optimizer_step = in_hook(metrics, "optimizer_step", module.optimizer_step)
     module_zero_grad = in_hook(metrics, "optimizer_zero_grad", module.optimizer_zero_grad) \
         if overrides["optimizer_zero_grad"] else None

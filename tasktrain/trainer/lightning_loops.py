@@ -667,7 +667,7 @@ class FitLoop(_LoopView):
             return True
         if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
             return True
-        processed = _epoch_counts(trainer)[2]
+        processed = epochs_processed(trainer)
         if trainer.max_epochs is not None and trainer.max_epochs != -1 and processed >= trainer.max_epochs:
             return True
         can_stop = processed >= (trainer.min_epochs or 0) and trainer.global_step >= (trainer.min_steps or 0)
@@ -689,6 +689,13 @@ def _batch_progress_dict(progress):
 def _phase(trainer):
     fit = trainer._fit_state
     return None if fit is None else fit.epoch_phase
+
+
+def epochs_processed(trainer):
+    """Lightning's fit_loop.epoch_progress.current.processed: the epochs whose batches ran to their end (counted
+    before on_train_epoch_end; current_epoch counts them after it, and a fit restored from a save in
+    on_train_epoch_end counts its epoch only once its loop starts). The epoch an evaluation's samplers get."""
+    return _epoch_counts(trainer)[2]
 
 
 def _epoch_counts(trainer):

@@ -244,6 +244,7 @@ def train_epoch(trainer, fit, epoch, begun):
         fn()
     # one write, as Lightning's, after ModelCheckpoint's save of the epoch (its after_save_checkpoint comes first)
     trainer._flush_epoch_metrics(epoch_values, last_step)
+    metrics.reset_metric_objects()  # (Lightning's reset_results: the epoch-end hooks could read their state)
     if ran_out and module.automatic_optimization:  # (under manual optimisation training_step steps its schedulers)
         # the metric-watching ones after the epoch-end hooks (Lightning's fit loop: they may watch a value logged in
         # on_train_epoch_end); the others stepped at the epoch's last batch (or the one on_train_batch_start ended it at)
@@ -787,9 +788,7 @@ def _run_validation(trainer, step, zero_grad):
     if loaders.val_data_now(trainer) is None:  # val_dataloader: requested at the first validation (Lightning's)
         return
     loaders.reload_val_when_due(trainer)
-    values = evaluate(trainer, "validate", trainer._val_loader, trainer._counts["fit"])
-    if values:  # every rank (log_to_loggers)
-        trainer.log_to_loggers(trainer._metrics.logger_epoch_values(values), step, add_epoch=True)
+    evaluate(trainer, "validate", trainer._val_loader, trainer._counts["fit"], log_step=step)
     trainer._metrics.set_stage("train", True, False)
 
 

@@ -171,6 +171,7 @@ class MetricStore:
         self.prog_bar_names = set()
         self.eval_bar_values = {}  # name -> the latest step value an evaluation logged with prog_bar=True
         self.epoch_values = {}  # name -> tensor, the last reduced epoch values (for the progress bar)
+        self._resets_due = []  # the Metric objects an epoch's values were computed from: reset_metric_objects()
         if strategy.runs_steps_in_threads:
             # self.log runs in every GPU's thread (DataParallel): one thread at a time, values onto one device.
             self.log = partial(_log_from_threads, self.log, threading.Lock(), strategy.root_device)
@@ -324,6 +325,13 @@ class MetricStore:
         return meta
 
     # -- reductions -----------------------------------------------------------------------------------------------
+    def reset_metric_objects(self):
+        """Reset the Metric objects logged in the epoch (or evaluation run) that was reduced: after its epoch-end hooks
+        (training: on_train_epoch_end; evaluation: on_<stage>_end), where Lightning resets its results."""
+        due, self._resets_due = self._resets_due, []
+        for metric in due:
+            metric.reset()
+
     def reduce_epoch(self, stage):
         """Reduce `stage`'s accumulated epoch values (across ranks for sync_dist), publish them, and reset."""
         acc = self._acc_by_stage.setdefault(stage, {})
@@ -339,11 +347,13 @@ class MetricStore:
         values = {}
         for name in names:
             meta, total, weight = acc[name]
-            if weight is None:  # a Metric object: computed (in the same order on every rank: it syncs), then reset
+            if weight is None:  # a Metric object: computed (in the same order on every rank: it syncs); reset once
+                # the epoch-end hooks ran (reset_metric_objects), as Lightning's: they may still read its state
                 if meta.on_epoch:
                     values[_forked(name, "_epoch") if meta.on_step else name] = \
                         _scalar_of(name, total.compute()).detach()
-                total.reset()
+                if not any(total is due for due in self._resets_due):
+                    self._resets_due.append(total)
                 if not meta.on_epoch:
                     continue
             else:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 import torch
 from torch.optim import Optimizer
 
-from tasktrain.exceptions import MisconfigurationException
+from tasktrain.checkpoint_io import open_for_writing
+from tasktrain.exceptions import LightningDeprecationWarning, MisconfigurationException
 from tasktrain.trainer.metrics import is_metric_object
 from tasktrain.tree import apply_to_leaves
 
@@ -31,6 +32,24 @@ _NOT_SET = object()
 # Lightning's reduce_fx callables, by the name the metric store reduces with
 _REDUCE_NAMES = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min", sum: "sum", max: "max",
                  min: "min", "avg": "mean"}
+
+
+TORCHSCRIPT_DEPRECATION = (
+    "`TaskModule.to_torchscript` has been deprecated in v2.7 and will be removed in v2.8 (Lightning's versions: "
+    "tasktrain follows `LightningModule.to_torchscript`'s deprecation). TorchScript is deprecated in PyTorch. Use "
+    "`torch.export.export()` for model exporting instead. See https://pytorch.org/docs/stable/export.html for more "
+    "information.")
+
+
+@contextlib.contextmanager
+def jit_is_scripting():
+    """While torch.jit scripts or traces a module, which probes every attribute: `module.trainer` of an unattached
+    TaskModule (of any TaskModule inside it too) is None there, not an error (Lightning's _jit_is_scripting)."""
+    TaskModule._jit_is_scripting = True
+    try:
+        yield
+    finally:
+        TaskModule._jit_is_scripting = False
 
 
 class AttributeDict(dict):
@@ -121,6 +140,9 @@ class TaskModule(torch.nn.Module):
     __jit_unused_properties__ = ["trainer", "hparams", "hparams_initial", "device", "dtype", "logger", "loggers",
                                  "global_step", "current_epoch", "global_rank", "local_rank", "device_mesh",
                                  "on_gpu", "fabric", "strict_loading", "_current_fx_name"]
+    # True while torch.jit scripts or traces a module (jit_is_scripting()): on the class, as Lightning's, so that
+    # every TaskModule inside the one exported reads it; `trainer` is then None on an unattached module, not an error
+    _jit_is_scripting = False
 
     def __init__(self):
         super().__init__()
@@ -270,6 +292,30 @@ class TaskModule(torch.nn.Module):
 
         return move_to_device(batch, device)
 
+    def _on_before_batch_transfer(self, batch: Any, dataloader_idx: int = 0) -> Any:
+        """Lightning's: on_before_batch_transfer, the attached trainer's DataModule's where it overrides it."""
+        return self._call_batch_hook("on_before_batch_transfer", batch, dataloader_idx)
+
+    def _apply_batch_transfer_handler(self, batch: Any, device: Optional[torch.device] = None,
+                                      dataloader_idx: int = 0) -> Any:
+        """Lightning's: transfer_batch_to_device to `device` (default the module's), then on_after_batch_transfer;
+        strategy.batch_to_device runs it. In a Trainer's run, as that run moves its batches (trainer._batch_transfer:
+        the DataModule's hooks where it overrides them, the strategy's move for a transfer hook not overridden)."""
+        run_transfer = getattr(self._trainer, "_batch_transfer", None)
+        if run_transfer is not None:
+            return run_transfer(batch, device, dataloader_idx)
+        batch = self._call_batch_hook("transfer_batch_to_device", batch, device or self.device, dataloader_idx)
+        return self._call_batch_hook("on_after_batch_transfer", batch, dataloader_idx)
+
+    def _call_batch_hook(self, name: str, *args: Any) -> Any:
+        datamodule = getattr(self._trainer, "datamodule", None)
+        if datamodule is not None:
+            from tasktrain.trainer.datamodule import DataModule
+
+            if is_overridden(name, datamodule, DataModule):
+                return getattr(datamodule, name)(*args)
+        return getattr(self, name)(*args)
+
     def lr_scheduler_step(self, scheduler: Union[torch.optim.lr_scheduler.LRScheduler,
                                                  torch.optim.lr_scheduler.ReduceLROnPlateau],
                           metric: Optional[Any]) -> None:
@@ -288,7 +334,7 @@ class TaskModule(torch.nn.Module):
     # -- what the trainer gives the module ---------------------------------------------------------------------
     @property
     def trainer(self):
-        if self._trainer is None and getattr(self, "_jit_is_scripting", False):
+        if self._trainer is None and self._jit_is_scripting:
             return None  # torch.jit.script probes every attribute: not an error while it does
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`. "
@@ -389,28 +435,49 @@ class TaskModule(torch.nn.Module):
 
     def to_torchscript(self, file_path=None, method="script", example_inputs=None, **kwargs):
         """A TorchScript copy of the module in eval mode (torch.jit.script, or torch.jit.trace with
-        example_inputs / self.example_input_array), saved to file_path when given (Lightning's method)."""
+        example_inputs / self.example_input_array), saved to file_path when given (a local path or an fsspec URL),
+        as Lightning's method. Deprecated, as Lightning 2.6 deprecates it (torch deprecates TorchScript): use
+        torch.export.export(). A traced input (and trace's check_inputs) goes through the batch hooks
+        (on_before_batch_transfer, transfer_batch_to_device to the module's device, on_after_batch_transfer)."""
+        warnings.warn(TORCHSCRIPT_DEPRECATION, LightningDeprecationWarning, stacklevel=2)
         mode = self.training
-        self.eval()
-        object.__setattr__(self, "_jit_is_scripting", True)
-        try:
-            if method == "script":
-                scripted = torch.jit.script(self, **kwargs)
-            elif method == "trace":
-                inputs = example_inputs if example_inputs is not None else self.example_input_array
-                if inputs is None:
-                    raise ValueError("to_torchscript(method='trace') needs example_inputs=, or set "
-                                     "self.example_input_array in __init__.")
-                inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-                scripted = torch.jit.trace(self, inputs, **kwargs)
-            else:
-                raise ValueError(f"to_torchscript(method={method!r}): use 'script' or 'trace'.")
-        finally:
-            object.__setattr__(self, "_jit_is_scripting", False)
-            self.train(mode)
+        if method == "script":
+            with jit_is_scripting():
+                scripted = torch.jit.script(self.eval(), **kwargs)
+        elif method == "trace":
+            if example_inputs is None:
+                if self.example_input_array is None:
+                    raise ValueError("Choosing method=`trace` requires either `example_inputs` or "
+                                     "`model.example_input_array` to be defined.")
+                example_inputs = self.example_input_array
+            if kwargs.get("check_inputs") is not None:
+                kwargs["check_inputs"] = self._example_to_device(kwargs["check_inputs"])
+            example_inputs = self._example_to_device(example_inputs)
+            with jit_is_scripting():
+                scripted = torch.jit.trace(func=self.eval(), example_inputs=example_inputs, **kwargs)
+        else:
+            raise ValueError(f"The 'method' parameter only supports 'script' or 'trace', but value given was: {method}")
+        self.train(mode)
         if file_path is not None:
-            torch.jit.save(scripted, file_path)
+            with open_for_writing(file_path) as f:
+                torch.jit.save(scripted, f)
         return scripted
+
+    def _example_to_device(self, inputs):
+        """An example input as a batch reaches the step (Lightning's): the batch hooks (the attached trainer's
+        DataModule's where it overrides one), to the module's device, dataloader_idx 0."""
+        inputs = self._call_batch_hook("on_before_batch_transfer", inputs, 0)
+        inputs = self._call_batch_hook("transfer_batch_to_device", inputs, self.device, 0)
+        return self._call_batch_hook("on_after_batch_transfer", inputs, 0)
+
+    def _call_batch_hook(self, name, *args):
+        """Lightning's: the attached trainer's DataModule's batch hook where it overrides it, else the module's."""
+        from tasktrain.trainer.datamodule import DataModule
+
+        datamodule = None if self._trainer is None else getattr(self._trainer, "datamodule", None)
+        if datamodule is not None and is_overridden(name, datamodule, DataModule):
+            return getattr(datamodule, name)(*args)
+        return getattr(self, name)(*args)
 
     def to_onnx(self, file_path=None, input_sample=None, **kwargs):
         """Export to ONNX with torch.onnx.export (Lightning's method; file_path None, Lightning's default: no file
@@ -560,9 +627,12 @@ class TaskModule(torch.nn.Module):
             self.log(name, value, **kwargs)
 
     def all_gather(self, data, group=None, sync_grads=False):
-        """Gather a tensor (or a dict/list of tensors) from every rank: a new leading dimension of world size.
-        sync_grads=True: the gather is differentiable (the strategy's all_gather, as Lightning's)."""
-        if group is not None:
+        """Gather a tensor (or a dict/list of tensors) from every rank: a new leading dimension of world size (one
+        process, SingleDeviceStrategy: the tensors as they are, as Lightning's). sync_grads=True: the gather is
+        differentiable (the strategy's all_gather, as Lightning's)."""
+        from tasktrain.strategies.base import every_rank
+
+        if not every_rank(group):  # (None or torch.distributed.group.WORLD: every rank)
             raise ValueError("all_gather(group=...): tasktrain gathers from all ranks only; gather from all and "
                              "keep the rows of the ranks you need.")
         strategy = self.trainer.strategy
@@ -752,14 +822,14 @@ class TaskModule(torch.nn.Module):
                 precision.backward(tensor, self, None, *a, **k)
 
             scaled = precision.pre_backward(loss, self)  # (on_before_backward there)
-            trainer.strategy.backward(scaled, *args, backward_fn=plugin_backward, **kwargs)
+            trainer.strategy.backward(scaled, None, *args, backward_fn=plugin_backward, **kwargs)
             backed = precision.post_backward(scaled, self)  # (on_after_backward there)
         else:
             trainer._call("on_before_backward", loss)
             if hook_is_called("backward", self, TaskModule):  # Lightning's: through the module's backward
-                trainer.strategy.backward(loss, *args, backward_fn=self.backward, **kwargs)
+                trainer.strategy.backward(loss, None, *args, backward_fn=self.backward, **kwargs)
             else:
-                trainer.strategy.backward(loss, *args, **kwargs)
+                trainer.strategy.backward(loss, None, *args, **kwargs)
             trainer._call("on_after_backward")
             backed = loss
         if hooks is not None:

@@ -358,7 +358,7 @@ def manual_step(trainer, optimizer, closure, kwargs):
         output = closure()
         strategy.unscale_gradients(torch_optimizer)  # (Lightning's AMP plugin: before on_before_optimizer_step)
         after_closure(trainer, torch_optimizer)
-        strategy.optimizer_step(torch_optimizer, **kwargs)
+        strategy.optimizer_step(torch_optimizer, None, **kwargs)
         output = strategy.precision.last_step_output
     if profiling:
         trainer._profiler.stop("optimizer_step")

@@ -190,7 +190,7 @@ class PreparedDataLoader:
             watchdog = accelerator._watchdog
             if watchdog is not None:
                 watchdog.arm(accelerator.stall_timeout)
-        place = accelerator._place_batch if accelerator is not None else self._world.batch_to_device
+        place = accelerator._place_batch if accelerator is not None else self._world.move_batch
         data = self._data if self._data.sliced else None  # a sliced kind knows its last step as it reads it
         try:
             for index, batch, last in watched_batches(watchdog, epochs.batches(ahead=True), "the loop's body", _no_step, start):

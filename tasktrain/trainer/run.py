@@ -111,58 +111,59 @@ def data_hook(trainer, name, module):
 
 
 def batch_mover(trainer, module):
-    """(move, plain): how a batch reaches the device. Without transfer hooks, the strategy's batch_to_device
-    (plain=True: called with the batch alone); else Lightning's three hooks in order."""
+    """(move, plain): how a batch reaches the device, as Lightning's loops move it: the module's
+    on_before_batch_transfer (after a precision plugin's own convert_input), then strategy.batch_to_device(batch,
+    dataloader_idx=...), which runs the module's _apply_batch_transfer_handler: transfer_batch_to_device and
+    on_after_batch_transfer, the run's `run_transfer` below (kept as trainer._batch_transfer). Each hook runs once per
+    batch, the DataModule's where it overrides one (data_hook); a transfer_batch_to_device that is not overridden is
+    the strategy's move_batch (with the precision's input cast). plain=True: `move` is strategy.batch_to_device
+    itself, called with the batch alone."""
     strategy = trainer.strategy
-    before, transfer, after = (data_hook(trainer, name, module) for name in (
-        "on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"))
+    before, transfer, after = (data_hook(trainer, name, module) for name in SHARED_DATA_HOOKS)
+    # (named for self.log, which refuses them)
+    before, transfer, after = (fn if fn is None else in_hook(trainer._metrics, name, fn)
+                               for name, fn in zip(SHARED_DATA_HOOKS, (before, transfer, after)))
+    own_transfer = transfer is not None
+    if not own_transfer:
+        def transfer(batch, device, dataloader_idx):
+            return strategy.move_batch(batch, device)
     precision = strategy.precision
     if precision is not None and precision.converts_before_transfer:
         # a precision plugin's own convert_input: on the batch as the loader gave it, before the transfer hooks
         # (Lightning's place; the strategy then does not cast it again: Precision.cast_moved_batch)
         before = _converted_first(precision, before)
-    if trainer._profiler is not None:  # Lightning times the strategy's batch_to_device and, inside it, the module's
-        # three hooks, overridden or not (the defaults: the batch as it is, moved by the strategy)
-        return _profiled_mover(trainer, module, before, transfer, after), False
-    if before is None and transfer is None and after is None:
-        return strategy.batch_to_device, True
-    # (named for self.log, which refuses them)
-    before, transfer, after = (fn if fn is None else in_hook(trainer._metrics, name, fn) for name, fn in (
-        ("on_before_batch_transfer", before), ("transfer_batch_to_device", transfer),
-        ("on_after_batch_transfer", after)))
+    to_device, profiled = strategy.batch_to_device, trainer._profiler is not None
+    if profiled:  # Lightning times the module's three hooks, overridden or not (the defaults:
+        # the batch as it is, moved by the strategy), the last two inside the strategy's batch_to_device
+        profile = trainer._profiler.profile
+        before, transfer, after = (_profiled_hook(profile, module_action(module, name), fn) for name, fn in zip(
+            SHARED_DATA_HOOKS, (before, transfer, after)))
+        to_device = _profiled_hook(profile, strategy_action(strategy, "batch_to_device"), to_device)
+
+    def run_transfer(batch, device=None, dataloader_idx=0):
+        if device is None and own_transfer:  # (the strategy's own move keeps None: its root device, fast path)
+            device = strategy.root_device
+        batch = transfer(batch, device, dataloader_idx)
+        return batch if after is None else after(batch, dataloader_idx)
+
+    trainer._batch_transfer = run_transfer
+    if before is None and after is None and not own_transfer and not profiled:  # (no hook: no dataloader_idx)
+        return to_device, True
 
     def move(batch, dataloader_idx=0):
         if before is not None:
             batch = before(batch, dataloader_idx)
-        batch = strategy.batch_to_device(batch) if transfer is None else \
-            transfer(batch, strategy.root_device, dataloader_idx)
-        if after is not None:
-            batch = after(batch, dataloader_idx)
-        return batch
+        return to_device(batch, dataloader_idx=dataloader_idx)
 
     return move, False
 
 
-def _profiled_mover(trainer, module, before, transfer, after):
-    strategy, profile = trainer.strategy, trainer._profiler.profile
-    before, transfer, after = (fn if fn is None else in_hook(trainer._metrics, name, fn) for name, fn in (
-        ("on_before_batch_transfer", before), ("transfer_batch_to_device", transfer),
-        ("on_after_batch_transfer", after)))
-    names = [module_action(module, name) for name in (
-        "on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")]
-    outer = strategy_action(strategy, "batch_to_device")
-
-    def move(batch, dataloader_idx=0):
-        with profile(outer):
-            with profile(names[0]):
-                batch = batch if before is None else before(batch, dataloader_idx)
-            with profile(names[1]):
-                batch = strategy.batch_to_device(batch) if transfer is None else \
-                    transfer(batch, strategy.root_device, dataloader_idx)
-            with profile(names[2]):
-                return batch if after is None else after(batch, dataloader_idx)
-
-    return move
+def _profiled_hook(profile, action, fn):
+    """`fn` timed as the profiler's `action`; None (a hook that is not overridden): the batch as it is, timed too."""
+    def timed(batch, *args, **kwargs):
+        with profile(action):
+            return batch if fn is None else fn(batch, *args, **kwargs)
+    return timed
 
 
 def _converted_first(precision, before):

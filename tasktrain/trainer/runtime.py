@@ -23,8 +23,10 @@ from tasktrain.checkpoint_io import restore_rng_states
 from tasktrain.names import AUTO_STRATEGY, normalize_precision
 from tasktrain.strategies.base import MultiProcess, Sharded, Strategy
 from tasktrain.strategies.environment import (ClusterEnvironment, check_slurm_allocation, detect_environment,
-                                              join_mpi_world, launch_config, mpi_world_size)
-from tasktrain.strategies.registry import resolve_accelerator, resolve_devices, resolve_strategy, strategy_of_launch
+                                              join_mpi_world, launch_config, mpi_world_size,
+                                              refuse_unstarted_slurm_tasks)
+from tasktrain.strategies.registry import (refuse_no_devices, resolve_accelerator, resolve_devices, resolve_strategy,
+                                           strategy_of_launch)
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT, resolve_stall_timeout
 from tasktrain.trainer.seed import get_seed, seed_rank_streams
 
@@ -58,6 +60,8 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
     if custom_loop:  # mpirun's world, on CPU, as Accelerate's PartialState(cpu=True) reads it (sets RANK, ...)
         join_mpi_world(cpu=accelerator == "cpu" or bool(launch.launched and launch.use_cpu))
     env = detect_environment(lightning=not custom_loop)  # (the Trainer reads the variables as Lightning's)
+    if isinstance(strategy, str):
+        strategy = strategy.lower()  # (names are case-insensitive, as Lightning's: "DDP")
     if isinstance(strategy, str) and strategy == AUTO_STRATEGY:
         strategy = None  # "auto" asks for the default choice: not given
     precision = None if precision is None else normalize_precision(precision)
@@ -82,6 +86,8 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
 
     if isinstance(strategy, Strategy) and strategy.given_parallel_devices:
         accelerator, devices = _parallel_devices_choice(strategy, accelerator, devices)
+    if accelerator != "gpu":  # (Lightning picks a GPU backend first, whose absence is then the error)
+        refuse_no_devices(devices, accelerator)
     accelerator = resolve_accelerator(accelerator)
     if devices in (None, "auto") and launch.launched and env.launcher is None and mpi_world_size() > 1 and \
             launch.num_processes:
@@ -98,9 +104,11 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
         else:
             num_nodes = 1
     num_nodes = int(num_nodes)
-    check_slurm_allocation(env, devices, num_nodes, source="The Accelerator" if custom_loop else "The Trainer")
+    if custom_loop:  # the Accelerator's construction starts its run (it joins the process group); the Trainer's
+        check_run_allocation(env, devices, num_nodes, source="The Accelerator")  # runs check at their start
     strategy = resolve_strategy(AUTO_STRATEGY if strategy is None else strategy, accelerator, devices, num_nodes, env)
-    if env.world_size > 1 and not isinstance(strategy, MultiProcess):
+    # (a batch script without srun: its world never formed, and its run is refused where it starts, see above)
+    if env.world_size > 1 and not isinstance(strategy, MultiProcess) and not env.slurm_tasks_not_started:
         raise ValueError(
             f"The launcher started {env.world_size} processes, but strategy {strategy.name!r} runs one process on "
             "its own: every rank would train alone. Use strategy='ddp' (or a DeepSpeed strategy), or launch a "
@@ -133,6 +141,16 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
                    accumulate_grad_batches=accumulate_grad_batches,
                    gradient_clip_val=None if gradient_clip_val is None else float(gradient_clip_val),
                    stall_timeout=stall_timeout)
+
+
+def check_run_allocation(env, devices, num_nodes, source="The Trainer"):
+    """What a SLURM allocation must agree with before a run forms its process group, the same on every rank: srun
+    started its tasks (a batch script run without it would wait for them), and the devices and nodes asked for are
+    the job step's (Lightning's SLURMEnvironment.validate_settings, which its launcher calls at the run's start too).
+    The Trainer calls it at each run's start (its construction reads the world as Lightning's does); the Accelerator
+    at its construction, where it joins the group."""
+    refuse_unstarted_slurm_tasks(env)
+    check_slurm_allocation(env, devices, num_nodes, source=source)
 
 
 def _parallel_devices_choice(strategy, accelerator, devices):

@@ -52,14 +52,12 @@ def event_hook(strategy, event):
 
 
 def _declared(strategy):
-    """The strategy's methods of LoopHooks that the Trainer calls by the event's or step's name."""
+    """The strategy's methods of LoopHooks that the Trainer calls by the event's name."""
     return {"on_train_start": strategy.on_train_start, "on_train_end": strategy.on_train_end,
             "on_train_batch_start": strategy.on_train_batch_start,
             "on_validation_start": strategy.on_validation_start, "on_validation_end": strategy.on_validation_end,
             "on_test_start": strategy.on_test_start, "on_test_end": strategy.on_test_end,
-            "on_predict_start": strategy.on_predict_start, "on_predict_end": strategy.on_predict_end,
-            "validation_step": strategy.validation_step, "test_step": strategy.test_step,
-            "predict_step": strategy.predict_step}
+            "on_predict_start": strategy.on_predict_start, "on_predict_end": strategy.on_predict_end}
 
 
 def _no_result(fn, *args, **kwargs):
@@ -86,17 +84,3 @@ def backward_hooks(strategy):
     if overrides(strategy, "pre_backward") or overrides(strategy, "post_backward"):
         return strategy.pre_backward, strategy.post_backward
     return None
-
-
-def eval_step(strategy, name):
-    """What runs the module's `name` ("validation_step", "test_step", "predict_step"): the strategy's eval_step, or
-    its override of `name`, called with the step's arguments (Lightning's)."""
-    if not overrides(strategy, name):
-        return strategy.eval_step
-
-    step = _declared(strategy)[name]
-
-    def call(step_fn, *args):
-        return step(*args)
-    return call
-

@@ -38,6 +38,7 @@ from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.environment import warn_if_srun_unused
 from tasktrain.strategies.loop_hooks import check_loop_overrides
+from tasktrain.strategies.parallel import ParallelStrategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
 from tasktrain.trainer import strategy_hooks
 from tasktrain.trainer import (arguments, evaluation, guards, lightning_connectors, lightning_loops, loaders, loop,
@@ -50,7 +51,7 @@ from tasktrain.trainer.metrics import hook_scope
 from tasktrain.trainer.module import TaskModule, is_overridden
 from tasktrain.trainer.optim import parse_optimizers
 from tasktrain.trainer.run_state import Callbacks
-from tasktrain.trainer.runtime import broadcast_seed, build_runtime
+from tasktrain.trainer.runtime import broadcast_seed, build_runtime, check_run_allocation
 from tasktrain.trainer.seed import isolate_rng, sampler_seed
 from tasktrain.trainer.state import TrainState
 from tasktrain.trainer.states import GradClipAlgorithmType
@@ -69,6 +70,7 @@ _PLUGIN_INPUT = Union[_PRECISION_PLUGIN, ClusterEnvironment, CheckpointIO, Layer
 
 class Trainer:
     checkpoint_seconds = 0.0  # this process's time in save_checkpoint, summed (read by ThroughputMonitor)
+    _batch_transfer = None  # the run's transfer_batch_to_device + on_after_batch_transfer (run.batch_mover)
     # Lightning's loop attributes: views of this Trainer's state (lightning_loops.py)
     fit_loop = lightning_loops.LoopAttribute(lightning_loops.FitLoop)
     validate_loop = lightning_loops.LoopAttribute(lightning_loops.EvaluationLoop, "validate")
@@ -149,7 +151,7 @@ class Trainer:
             barebones, logger, enable_checkpointing, enable_progress_bar, log_every_n_steps, enable_model_summary,
             num_sanity_val_steps, fast_dev_run, detect_anomaly, profiler)
         # as given, for Lightning's trainer._accelerator_connector._strategy_flag (lightning_connectors.py)
-        self._given_flags = {"strategy": strategy}
+        self._given_flags = {"strategy": strategy.lower() if isinstance(strategy, str) else strategy}  # (as Lightning's)
         found = plugin_args.plugins_of(plugins, precision, sync_batchnorm, strategy)  # Lightning's plugins= rules
         # The Accelerator's rules too; arguments left at their defaults let `tasktrain launch`'s config fill them.
         runtime = build_runtime(
@@ -176,6 +178,8 @@ class Trainer:
         self._stage_plugins_ended = True  # a run's plugins torn down (run.end_stage_plugins)
         self.env, self.strategy = runtime.env, runtime.strategy
         check_loop_overrides(self.strategy)  # an override of Lightning's the Trainer cannot call: refused here
+        if self._layer_sync is not None and isinstance(self.strategy, ParallelStrategy):
+            self.strategy._layer_sync = self._layer_sync  # (Lightning's connector: a custom strategy may read it)
         self.accelerator  # Lightning's strategy.accelerator: the Accelerator object from here on (the property below)
         self.devices, self.num_nodes, self.accumulate_grad_batches = (
             runtime.devices, runtime.num_nodes, runtime.accumulate_grad_batches)
@@ -798,6 +802,11 @@ class Trainer:
         # The strategy runs the stage on every rank: here, or in the processes it starts (ddp_spawn).
         from tasktrain.strategies.spawn import SpawnLauncher
 
+        if self.strategy.environment_plugin is None:  # (SLURM's world as the variables say it, not a user's own)
+            # before any process group forms, on every rank alike: the batch script run without srun, devices and
+            # nodes against the job step (Trainer(...) reads that world as Lightning's, which then hangs or fails at
+            # its launch)
+            check_run_allocation(self.env, self.devices, self.num_nodes)
         launcher = self.strategy.launcher
         spawned = isinstance(launcher, SpawnLauncher)
         if spawned:  # Lightning's entry points give the strategy the module in the parent too: trainer.save_checkpoint

@@ -235,10 +235,10 @@ class AccelerateMeshStrategy(ModelParallelStrategy):
         # (tensor_parallel_size: the processes that read the same batch, tp x cp; see reduce)
         return mesh, fsdp_mesh, (dp.size(), dp.get_local_rank(), config.tp_size * config.cp_size)
 
-    def backward(self, loss, *args, **kwargs):
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
         if self.config.tp_enabled:  # loss_parallel: only where the logits may be sharded over the vocabulary
-            return super().backward(loss, *args, **kwargs)
-        return super(ModelParallelStrategy, self).backward(loss, *args, **kwargs)
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+        return super(ModelParallelStrategy, self).backward(closure_loss, optimizer, *args, **kwargs)
 
     def context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
         """torch's context_parallel over the "cp" dimension (CUDA only: configure refused it on CPU)."""

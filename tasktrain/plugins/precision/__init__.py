@@ -245,7 +245,7 @@ class Precision(_LightningHooks, _core.Precision, metaclass=abc.ABCMeta):
         # The plugin a Trainer builds for a precision name is the core's class of that name: it is Lightning's plugin
         # of that name, as Lightning's Trainer(precision="bf16-mixed").precision_plugin is its MixedPrecision
         # (isinstance(trainer.precision_plugin, MixedPrecision)). A subclass of one's own keeps the plain rule.
-        core = _STANDS_FOR.get(cls)
+        core = _STANDS_FOR.get(cls) or _engine_core(cls)
         if core is not None and issubclass(subclass, core):
             return True
         return NotImplemented
@@ -302,6 +302,31 @@ _STANDS_FOR = {Precision: _core.Precision, DoublePrecision: _core.DoublePrecisio
 _ENGINE_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 
 
+_STANDALONE = ("autocast", "tensor_init_context", "module_init_context", "convert_module", "convert_input")
+
+
+def _standalone_plugin(name):
+    """The plain plugin of a precision name, for an engine's plugin used on its own (no engine to ask)."""
+    if name in ("16-true", "bf16-true"):
+        return _core.HalfPrecision(name, "cuda")  # (the device only decides a warning about fp16 on CPU)
+    if name in ("16-mixed", "bf16-mixed"):
+        return _core.MixedPrecision(name, "cuda" if torch.cuda.is_available() else "cpu")
+    return _core.Precision()
+
+
+def _engine_core(cls):
+    """The plugin an engine strategy builds for a precision name (strategy="deepspeed", "fsdp"), for Lightning's
+    DeepSpeedPrecision and FSDPPrecision: Lightning's Trainer(precision=..., strategy="deepspeed").precision_plugin
+    is its DeepSpeedPrecision. Imported when first asked (the strategies' modules are heavier than this one)."""
+    if cls is DeepSpeedPrecision:
+        from tasktrain.strategies.deepspeed.strategy import DeepSpeedPrecision as core
+    elif cls is FSDPPrecision:
+        from tasktrain.strategies.fsdp.strategy import FSDPPrecision as core
+    else:
+        return None
+    return core
+
+
 class _EnginePrecision(Precision):
     """A precision name for an engine strategy, which runs its own plugin of that name (Strategy.adopt_precision):
     the strategy keeps calling its own plugin (`strategy.precision`), while this object is Lightning's plugin
@@ -317,6 +342,7 @@ class _EnginePrecision(Precision):
     plugin's: the engine's own plugin runs the steps, not this object."""
 
     _runs = None  # the engine's own plugin this one was attached to
+    _standalone = None  # before that, the plain plugin of its name that its contexts use (_own)
     _strategy = None  # the strategy that runs it
     step_context = _core.Precision.step_context
     converts_before_transfer = _core.Precision.converts_before_transfer
@@ -358,7 +384,13 @@ class _EnginePrecision(Precision):
         return own
 
     def _own(self, name):
-        """`self._runs`'s own method `name` (its class's: an attached override is an attribute of the instance)."""
+        """`self._runs`'s own method `name` (its class's: an attached override is an attribute of the instance). Not
+        attached yet, the contexts and casts of its precision name work on their own, as Lightning's plugin's do
+        (`with DeepSpeedPrecision("16-true").module_init_context():` builds in float16); the rest needs its engine."""
+        if self._runs is None and name in _STANDALONE:
+            if self._standalone is None:
+                self._standalone = _standalone_plugin(self.name)
+            return getattr(type(self._standalone), name).__get__(self._standalone)
         if self._runs is None:
             raise RuntimeError(f"{type(self).__name__}.{name}: the plugin is not attached to a strategy yet (pass it "
                                "in Trainer(plugins=[...]) with its engine's strategy).")

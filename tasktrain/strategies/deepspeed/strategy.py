@@ -15,12 +15,12 @@ How the contract (tasktrain/strategies/base.py) maps onto the engine, per micro-
 
     with strategy.no_backward_sync(not ends_window):  # engine.set_gradient_accumulation_boundary(ends_window)
         loss = strategy.training_step(batch, i)    # engine(batch, i): stage 3 gathers parameters there
-        strategy.backward(loss / window)           # engine.backward(loss, scale_wrt_gas=False): the loop divided
+        strategy.backward(loss / window, None)     # engine.backward(loss, scale_wrt_gas=False): the loop divided
                                                    # already (plan.loss_divided_by_window); inside a window,
                                                    # engine.step() counts the micro-step
     if ends_window:
         strategy.clip_gradients(...)               # ClipsInsideStep: checks the request (or sets an unset clipping)
-        strategy.optimizer_step(optimizer)         # engine.step(): clip, step, zero the gradients
+        strategy.optimizer_step(optimizer, None)   # engine.step(): clip, step, zero the gradients
         strategy.zero_grad(optimizer)              # nothing: the engine zeroed them
 
 Without the Trainer or the Accelerator, the same calls, in this order:
@@ -32,12 +32,12 @@ Without the Trainer or the Accelerator, the same calls, in this order:
         calls_steps=False, micro_batch_size=loader.batch_size, accumulate_grad_batches=4,
         loss_divided_by_window=False))                        # False: the engine divides by the accumulation
     for i, batch in enumerate(loader):
-        batch = strategy.batch_to_device(batch)               # bf16/fp16 inputs where the weights are
+        batch = strategy.move_batch(batch)                    # bf16/fp16 inputs where the weights are
         with strategy.no_backward_sync(not boundary):         # required for windows cut short
             loss = loss_fn(engine(batch))
-            strategy.backward(loss)
+            strategy.backward(loss, None)
         if boundary:
-            strategy.optimizer_step(optimizer)
+            strategy.optimizer_step(optimizer, None)
     strategy.save_checkpoint_into(dir, state, "state.pt") / strategy.load_checkpoint_from(dir, "state.pt")
     strategy.full_state_dict()                                # consolidated weights (every rank calls it)
     strategy.teardown()
@@ -60,7 +60,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_link, atomic_save, 
                                      load_plain_state_dict, own_state, replace_dir, weights_file, with_own)
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.strategies.base import (ClipsInsideStep, Sharded, _StepWrapper, keep_until_next_run, release_kept_runs,
-                                      step_arguments, step_name)
+                                      step_name)
 from tasktrain.strategies.ddp import DDPStrategy
 from tasktrain.strategies.deepspeed.checkpoint import (ENGINE_TAG, SIXTEEN_BIT_FILE, STATE_FILE, _WRAPPER_PREFIX,
                                                        _check_no_zero3_placeholders, _strip, check_deepspeed_folder,
@@ -554,20 +554,19 @@ class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
     # -- the step ------------------------------------------------------------------------------------------
     # Each step runs through the engine's forward inside the precision's step context, as Lightning's DeepSpeed
     # strategy does (the engine's own plugin has none: the engine casts; a DeepSpeedPrecision subclass's hook runs)
-    def training_step(self, batch, batch_idx):
-        step = self.module.training_step
+    def training_step(self, *args, **kwargs):
         with self.forward_context("training_step"):
-            return self.engine(*step_arguments(step, batch, batch_idx), _tasktrain_step=step)
+            return self.engine(*args, _tasktrain_step=self.module.training_step, **kwargs)
 
-    def eval_step(self, step_fn, *args):
+    def eval_step(self, step_fn, *args, **kwargs):
         if self.config["zero_optimization"]["stage"] != 3:
             with self.forward_context(step_name(step_fn)):
-                return self.engine(*args, _tasktrain_step=step_fn)
+                return self.engine(*args, _tasktrain_step=step_fn, **kwargs)
         # ZeRO-3 gathers the partitioned parameters in the forward: gathered under inference_mode they become
         # inference tensors that a later training forward cannot save for backward (seen with a parameter over
         # the persistence threshold, validated inside fit). Evaluation steps run under no_grad instead.
         with torch.inference_mode(False), torch.no_grad(), self.forward_context(step_name(step_fn)):
-            return self.engine(*args, _tasktrain_step=step_fn)
+            return self.engine(*args, _tasktrain_step=step_fn, **kwargs)
 
     def no_backward_sync(self, enabled: bool, model=None):
         """Tell the engine whether this micro-batch closes the accumulation window (DeepSpeed holds back the
@@ -581,7 +580,8 @@ class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
             model = model.module
         return super().unwrap_model(model)
 
-    def backward(self, loss, *args, backward_fn=None, **kwargs):
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
+        loss, backward_fn = closure_loss, kwargs.pop("backward_fn", None)
         if backward_fn is not None:
             # the Trainer's step through a Lightning plugin's step hooks (a DeepSpeedPrecision subclass overriding
             # one): backward_fn is its backward (by default engine_backward); the module's own backward never comes
@@ -591,6 +591,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
             self.engine_backward(loss, *args, **kwargs)
         if not self.engine.is_gradient_accumulation_boundary():
             self.engine.step()  # DeepSpeed counts every micro-batch; inside a window its step changes nothing
+        return closure_loss
 
     def steps_with_closure(self) -> bool:
         return False  # the engine's step takes no closure: the loop runs it first
@@ -602,7 +603,7 @@ class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
             raise TypeError(f"DeepSpeed's engine.backward(loss, **kwargs) takes keyword arguments only; got {args!r}.")
         self.precision.backward(loss, scale_wrt_gas=self._scale_wrt_gas, **kwargs)
 
-    def optimizer_step(self, optimizer=None, closure=None, model=None, **kwargs) -> bool:
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs) -> bool:
         if model is not None and self.precision.lightning_steps:
             # the Trainer's step through a Lightning plugin's step hooks: its optimizer_step runs the closure, then
             # (by default) engine_step

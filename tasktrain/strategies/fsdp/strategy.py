@@ -36,7 +36,7 @@ from tasktrain.checkpoint_io import (CheckpointError, atomic_save, compiled_stat
 from tasktrain.checkpoint_io import fsync_save, stage_to_cpu  # background saves
 from tasktrain.compiled import compile_forward_as, unwrap_compiled
 from tasktrain.names import normalize_precision
-from tasktrain.strategies.base import Sharded, step_arguments, step_name
+from tasktrain.strategies.base import Sharded, step_name
 from tasktrain.strategies.environment import detect_environment
 from tasktrain.strategies.fsdp.checkpoint import _SHARD_KEYS, _SHARDED_MARK, STATE_FILE, _split
 from tasktrain.strategies.fsdp.sharding import (_check_optimizer, _check_policy, _check_resettable,
@@ -326,12 +326,12 @@ class FSDP(Sharded, ParallelStrategy):
         self._waiting.append(optimizer)  # its module may come in a later prepare; stepping before is refused
         return optimizer
 
-    def optimizer_step(self, optimizer, closure=None, **kwargs):
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs):
         if self._waiting and optimizer in self._waiting:
             raise ValueError(f"FSDP: {type(optimizer).__name__} steps parameters of no prepared model (its model was "
                              "never prepared, or it mixes the parameters of several). Prepare its model too, "
                              "with one optimizer per model: accelerator.prepare(model, optimizer).")
-        return super().optimizer_step(optimizer, closure, **kwargs)
+        return super().optimizer_step(optimizer, closure, model, **kwargs)
 
     def _shard(self, module):
         from torch.distributed.device_mesh import init_device_mesh
@@ -438,16 +438,15 @@ class FSDP(Sharded, ParallelStrategy):
         super().teardown()
 
     # -- the step ------------------------------------------------------------------------------------------------
-    def training_step(self, batch, batch_idx):
+    def training_step(self, *args, **kwargs):
         with self.forward_context("training_step"):
-            # an FSDP forward method (registered above); batch_idx only where the step takes it (Lightning's rule)
-            return self.module.training_step(*step_arguments(self.module.training_step, batch, batch_idx))
+            return self.module.training_step(*args, **kwargs)  # (an FSDP forward method, registered above)
 
-    def eval_step(self, step_fn, *args):
+    def eval_step(self, step_fn, *args, **kwargs):
         # FSDP's gathered parameters must keep their version counter, which tensors made under inference_mode lack
         # (a world of one fails at the first all-gather): evaluation steps run under no_grad instead.
         with torch.inference_mode(False), torch.no_grad(), self.forward_context(step_name(step_fn)):
-            return step_fn(*args)
+            return step_fn(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_backward_sync(self, enabled: bool, model=None):

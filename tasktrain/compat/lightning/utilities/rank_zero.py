@@ -8,6 +8,7 @@ import functools
 import logging
 import warnings
 
+from tasktrain.exceptions import LightningDeprecationWarning  # noqa: F401 - Lightning's name here
 from tasktrain.strategies.environment import launcher_rank
 from tasktrain.trainer.runtime import on_rank_known
 
@@ -56,5 +57,5 @@ def rank_zero_warn(message, stacklevel=4, **kwargs):
 
 @rank_zero_only
 def rank_zero_deprecation(message, stacklevel=5, **kwargs):
-    kwargs.setdefault("category", DeprecationWarning)
+    kwargs.setdefault("category", LightningDeprecationWarning)  # (a DeprecationWarning, as Lightning's)
     warnings.warn(message, stacklevel=stacklevel - 2, **kwargs)
