@@ -374,9 +374,6 @@ def absent_attributes():
 
 
 # Kinds of leaving out, each shared by several entries below
-STRATEGY_LOOP = ("Lightning's loop-facing Strategy API (its loops call it around set-up, steps, stages and "
-                 "checkpoints): tasktrain's Trainer calls its own Strategy contract (DESIGN.md); a script passes the "
-                 "strategy object to the Trainer and does not call these (docs/lightning.md, Strategies)")
 ACCELERATOR_REGISTRY = ("Lightning's AcceleratorRegistry, filled by classmethods: tasktrain's accelerator names are "
                         "'cpu', 'cuda' / 'gpu' and 'auto'")
 REFUSED_LOGGER = ("LitLogger needs a lightning.ai account: importable, and refused when built (tasktrain/loggers/"
@@ -410,34 +407,8 @@ ALLOWED_ABSENT = {
     "pytorch.trainer.trainer.Trainer.max_steps": TRAINER_ATTRIBUTE,
     "pytorch.trainer.trainer.Trainer.min_epochs": TRAINER_ATTRIBUTE,
     "pytorch.trainer.trainer.Trainer.min_steps": TRAINER_ATTRIBUTE,
-    "pytorch.strategies.*.configure_ddp": STRATEGY_LOOP,
-    "pytorch.strategies.*.determine_ddp_device_ids": STRATEGY_LOOP,
-    "pytorch.strategies.*.handles_gradient_accumulation": STRATEGY_LOOP,
-    "pytorch.strategies.*.init_deepspeed": STRATEGY_LOOP,
-    "pytorch.strategies.*.lightning_restore_optimizer": STRATEGY_LOOP,
-    "pytorch.strategies.*.load_model_state_dict": STRATEGY_LOOP,
-    "pytorch.strategies.*.load_optimizer_state_dict": STRATEGY_LOOP,
     "pytorch.strategies.*.mixed_precision_config":
         "FSDP1's MixedPrecision: tasktrain's FSDP is fully_shard (FSDP2), whose policy is a MixedPrecisionPolicy",
-    "pytorch.strategies.*.model_to_device": STRATEGY_LOOP,
-    "pytorch.strategies.*.on_predict_end": STRATEGY_LOOP,
-    "pytorch.strategies.*.on_predict_start": STRATEGY_LOOP,
-    "pytorch.strategies.*.on_test_end": STRATEGY_LOOP,
-    "pytorch.strategies.*.on_test_start": STRATEGY_LOOP,
-    "pytorch.strategies.*.on_train_batch_start": STRATEGY_LOOP,
-    "pytorch.strategies.*.on_train_end": STRATEGY_LOOP,
-    "pytorch.strategies.*.on_train_start": STRATEGY_LOOP,
-    "pytorch.strategies.*.on_validation_end": STRATEGY_LOOP,
-    "pytorch.strategies.*.on_validation_start": STRATEGY_LOOP,
-    "pytorch.strategies.*.post_backward": STRATEGY_LOOP,
-    "pytorch.strategies.*.post_training_step": STRATEGY_LOOP,
-    "pytorch.strategies.*.pre_backward": STRATEGY_LOOP,
-    "pytorch.strategies.*.process_dataloader": STRATEGY_LOOP,
-    "pytorch.strategies.*.restore_checkpoint_after_setup": STRATEGY_LOOP,
-    "pytorch.strategies.*.setup": STRATEGY_LOOP,
-    "pytorch.strategies.*.setup_distributed": STRATEGY_LOOP,
-    "pytorch.strategies.*.setup_optimizers": STRATEGY_LOOP,
-    "pytorch.strategies.*.setup_precision_plugin": STRATEGY_LOOP,
 }
 
 

@@ -57,6 +57,7 @@ from tasktrain.checkpoint_io import (CheckpointError, TorchCheckpointIO, atomic_
                                     upgrade_layout)
 from tasktrain.accelerators.accelerator import Accelerator
 from tasktrain.names import normalize_precision
+from tasktrain.strategies.loop_hooks import LoopHooks  # Lightning's loop-facing methods (docs/lightning.md)
 from tasktrain.strategies.precision import HalfPrecision, MixedPrecision, Precision, make_precision, patch_forward
 from tasktrain.tree import apply_to_leaves
 
@@ -104,7 +105,7 @@ _RETIRED = {
 }
 
 
-class Strategy(abc.ABC):
+class Strategy(LoopHooks, abc.ABC):
     """How the work is spread over processes and devices: the core every strategy keeps. The defaults are one
     device's; the world (ranks and collectives) is abstract: inherit OneProcess, or implement it (DDP)."""
 
@@ -287,7 +288,7 @@ class Strategy(abc.ABC):
         """Lightning's strategy.precision_plugin: the plugin object the user gave (Trainer(plugins=[...]), the
         strategy's precision_plugin=), else `strategy.precision`, the plugin the strategy runs. They differ under an
         engine strategy given its Lightning plugin (DeepSpeedPrecision, FSDPPrecision): the engine runs its own plugin
-        of that name, with the user's object's hooks attached to it (tasktrain/plugins/precision.py)."""
+        of that name, with the user's object's hooks attached to it (tasktrain/plugins/precision/__init__.py)."""
         given = self._lightning_plugin
         return given if given is not None and given._runs is self.precision else self.precision
 

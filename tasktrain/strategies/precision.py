@@ -31,9 +31,9 @@ class Precision:
     last_step_output = None  # what the last optimizer.step(...) returned (LightningOptimizer.step returns it)
     engine = None  # the engine strategy whose own plugin this names ("DeepSpeed", "FSDP"), or None: any strategy
     # where a checkpoint holds this plugin's state (Lightning's: its class's __qualname__, resume.precision_key); an
-    # engine's own plugin run with the hooks of a user's subclass sets that subclass's (plugins/precision.py)
+    # engine's own plugin run with the hooks of a user's subclass sets that subclass's (plugins/precision/__init__.py)
     checkpoint_key = None
-    # Lightning's precision plugins (tasktrain/plugins/precision.py) a subclass of one's own overrides: whether the
+    # Lightning's precision plugins (tasktrain/plugins/precision/__init__.py) a subclass of one's own overrides: whether the
     # Trainer's step runs through their step hooks, and whether convert_input runs before the batch transfer hooks
     lightning_steps = False
     converts_before_transfer = False
@@ -104,7 +104,7 @@ class Precision:
         return True
 
     # What the strategy calls (Strategy.backward / optimizer_step). Lightning's precision plugins
-    # (tasktrain/plugins/precision.py) have Lightning's own backward(tensor, model, optimizer) and
+    # (tasktrain/plugins/precision/__init__.py) have Lightning's own backward(tensor, model, optimizer) and
     # optimizer_step(optimizer, model, closure) under those names, and route these two through them.
     def run_backward(self, loss, *args, **kwargs) -> None:
         self.backward(loss, *args, **kwargs)

@@ -18,7 +18,8 @@ from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning,
 from tasktrain.profilers import module_action, profiled, strategy_action
 from tasktrain.strategies.base import MultiProcess, Plan, step_arguments
 from tasktrain.strategies.watchdog import watched_batches
-from tasktrain.trainer import guards, run
+from tasktrain.strategies.loop_hooks import overrides
+from tasktrain.trainer import guards, run, strategy_hooks
 from tasktrain.trainer import loaders as fit_data
 from tasktrain.trainer.combined import CombinedEvalLoaders, CombinedLoader, combined_eval, flatten, loaders_view
 from tasktrain.trainer.data import _END, EvalShardSampler, held_until_next_iter, stop_workers, prepare_eval_loader, \
@@ -33,31 +34,31 @@ _LOADER_HOOK = {"validate": "val_dataloader", "test": "test_dataloader", "predic
 
 
 def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
+    from tasktrain.trainer.resume import resolve_ckpt_path, restores_after_setup
+
     strategy = trainer.strategy
-    strategy.setup_module_and_optimizers(module, [], Plan(training=False))
-    run.connect_precision(strategy, [], [])
+    path = None if ckpt_path is None else resolve_ckpt_path(trainer, ckpt_path, stage)
+    # the checkpoint's module part before the strategy's set-up, or after it (Lightning's
+    # strategy.restore_checkpoint_after_setup: True for an engine that shards the module)
+    after_setup = path is None or restores_after_setup(strategy)
+    ckpt = None if after_setup else _restore_module(trainer, module, path, into_module=True)
+
+    def set_up():  # (inside strategy.setup(trainer) where a subclass overrides it: Lightning's place)
+        strategy.setup_module_and_optimizers(module, [], Plan(training=False))
+        run.connect_precision(strategy, [], [])
+    strategy_hooks.run_setup(trainer, strategy, set_up)
     module.zero_grad()  # Lightning clears the gradients when each entry point starts
     trainer._log_hyperparams(module)  # (Lightning's: at the start of every run)
-    path = None
-    if ckpt_path is not None:
-        from tasktrain.trainer.resume import resolve_ckpt_path
+    if path is not None:
+        from tasktrain.trainer.resume import restore_precision
 
-        path = resolve_ckpt_path(trainer, ckpt_path, stage)
-        if path is not None:
-            from tasktrain.checkpoint_io import trusted_pickles
-
-            with trusted_pickles(trainer._ckpt_weights_only is False):  # the entry point's weights_only= (Lightning's)
-                ckpt = strategy.load_checkpoint(path)
-            with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
-                module.on_load_checkpoint(ckpt)
-            strategy.load_module_state_dict(ckpt["state_dict"], strict=module.strict_loading)
-            from tasktrain.trainer.resume import restore_precision
-
-            restore_precision(trainer, ckpt)  # (Lightning's restore_training_state at every entry point)
-            restore_eval_total(trainer, stage, ckpt)
-            datamodule = trainer.datamodule  # its state too, under its class name (Lightning's, at every entry point)
-            if datamodule is not None and type(datamodule).__qualname__ in ckpt:
-                run.datamodule_call(trainer, "load_state_dict", ckpt[type(datamodule).__qualname__])
+        if ckpt is None:
+            ckpt = _restore_module(trainer, module, path, into_module=False)
+        restore_precision(trainer, ckpt)  # (Lightning's restore_training_state at every entry point)
+        restore_eval_total(trainer, stage, ckpt)
+        datamodule = trainer.datamodule  # its state too, under its class name (Lightning's, at every entry point)
+        if datamodule is not None and type(datamodule).__qualname__ in ckpt:
+            run.datamodule_call(trainer, "load_state_dict", ckpt[type(datamodule).__qualname__])
     trainer._resumed_from = path  # trainer.ckpt_path: what this run loaded (Lightning's, for every entry point)
     guards.install_sigterm_handler(trainer)  # (Lightning's place: after the restore, before the loop; issue 37)
     limit_arg = {"validate": trainer.limit_val_batches, "test": trainer.limit_test_batches,
@@ -84,6 +85,27 @@ def run_evaluation(trainer, stage, module, loader, ckpt_path, gather):
     if trainer.is_global_zero and getattr(trainer, "_verbose", True):  # (the entry points only, never fit's)
         print_results(results, stage)
     return results
+
+
+def _restore_module(trainer, module, path, into_module):
+    """Read the checkpoint at `path`, then the module's on_load_checkpoint and its weights (through the strategy's
+    load_model_state_dict where a subclass overrides it): into the module itself before the strategy's set-up, into
+    what it set up after it. Returns the checkpoint."""
+    from tasktrain.checkpoint_io import trusted_pickles
+
+    strategy = trainer.strategy
+    with trusted_pickles(trainer._ckpt_weights_only is False):  # the entry point's weights_only= (Lightning's)
+        ckpt = strategy_hooks.load_checkpoint(strategy, path, trainer._ckpt_weights_only)
+    with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
+        module.on_load_checkpoint(ckpt)
+    if overrides(strategy, "load_model_state_dict"):
+        if into_module:
+            strategy.connect(module)  # (the strategy's lightning_module is this run's module before its set-up)
+        strategy.load_model_state_dict(ckpt, strict=module.strict_loading)
+    else:
+        strategy.load_module_state_dict(ckpt["state_dict"], module if into_module else None,
+                                        strict=module.strict_loading)
+    return ckpt
 
 
 def restore_eval_total(trainer, stage, ckpt):
@@ -221,7 +243,8 @@ def eval_loaders(trainer, stage, module, loader):
     # (under a distributed strategy, a world of one included; predict's loaders are sharded there too, unshuffled by
     # this seed: PredictShardSampler's order is the epoch's alone, as Lightning's)
     shuffle_seed = fit_data.eval_shuffle_seed(trainer)
-    flat = as_loaders(loader, stage)
+    flat = [trainer.strategy.process_dataloader(one) for one in as_loaders(loader, stage)]  # (Lightning's: what it
+    # returns is read)
     if shuffle_seed is not None and world_size > 1 and stage != "predict" and trainer.state.fn == stage and \
             trainer.is_global_zero:
         warn_distributed_eval(flat, stage)

@@ -15,6 +15,7 @@ from tasktrain.callbacks.base import EVENTS, Callback
 from tasktrain.profilers import module_action, profiled, profiled_calls, strategy_action
 from tasktrain.strategies.base import ClipsInsideStep, step_arguments
 from tasktrain.strategies.watchdog import watched_action
+from tasktrain.trainer import strategy_hooks
 from tasktrain.trainer.metrics import in_hook
 from tasktrain.trainer.module import TaskModule, hook_is_called, is_overridden
 
@@ -102,6 +103,8 @@ class FitState:
     preempted: bool = False  # SLURM's requeue signal (issue 40)
     sigterm: bool = False  # SIGTERM, as the ranks agreed on it (several processes: loop.agree_on_stop_flags)
     preempt_path: Optional[str] = None
+    # the strategy's (pre_backward, post_backward) where a subclass of one's own overrides them (strategy_hooks.py)
+    backward_hooks: Optional[tuple] = None
 
 
 def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
@@ -143,7 +146,7 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         return strategy.training_step(*step_arguments(module.training_step, batch, batch_idx))
 
     zero_grad = strategy.zero_grad
-    training_step = in_hook(metrics, "training_step", strategy_training_step)
+    training_step = in_hook(metrics, "training_step", strategy_hooks.training_step(strategy, strategy_training_step))
     module_optimizer_step = in_hook(metrics, "optimizer_step", module.optimizer_step)
     module_zero_grad = in_hook(metrics, "optimizer_zero_grad", module.optimizer_zero_grad) \
         if overrides["optimizer_zero_grad"] else None
@@ -176,7 +179,7 @@ def build_fit_state(trainer, module, optimizers, lr_scheduler_configs, epochs):
         if module_clips else None, clippers=clippers,
         accumulation_schedules=accumulation_schedules(trainer.callbacks),
         first_epoch=trainer.state.epoch,  # (set again once a resume has restored the state: loop.py)
-        lightning_precision=lightning_precision,
+        lightning_precision=lightning_precision, backward_hooks=strategy_hooks.backward_hooks(strategy),
     )
     if profiler is not None:  # (Lightning times the module's lr_scheduler_step, its default's step too)
         fit.lr_scheduler_step = profiled(profiler, module_action(module, "lr_scheduler_step"), fit.lr_scheduler_step)
@@ -253,7 +256,10 @@ def build_hook_tables(trainer, module):
                 fns.sort(key=lambda item: {"callback": 0, "module": 1, "monitor": 2}[item[0]])  # (a stable sort)
             else:
                 fns.append(own)
-        if every and event in _STRATEGY_EVENTS:  # Lightning times its strategy's hooks of these events too (its
+        strategy_hook = strategy_hooks.event_hook(trainer.strategy, event) if event in _STRATEGY_EVENTS else None
+        if strategy_hook is not None:  # a subclass's override, after the callbacks' and the module's (Lightning's)
+            fns.append(("strategy", strategy_hook, trainer.strategy))
+        elif every and event in _STRATEGY_EVENTS:  # Lightning times its strategy's hooks of these events too (its
             # strategies do nothing there, nor does tasktrain's: an empty call, timed under Lightning's name)
             fns.append(("strategy", _nothing, trainer.strategy))
         # each hook named for self.log while it runs (Lightning's rules and defaults per hook: metrics.HOOK_LOGGING)

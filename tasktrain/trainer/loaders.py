@@ -59,6 +59,7 @@ def setup_train(trainer, loader, previous=None):
     shuffle = False if trainer.overfit_batches else (None if keeps_sampler else True)
 
     def prepared(one):
+        one = trainer.strategy.process_dataloader(one)  # (Lightning's: the loader the strategy returns is read)
         check_loader_workers(trainer, one, "train")
         add_worker_init_fn(one, trainer.global_rank)  # seed_everything(workers=True), before the loader is rebuilt
         data = prepare_train_data(one, world_size, rank, trainer.state.data_seed, shuffle=shuffle,
@@ -230,6 +231,7 @@ def setup_val(trainer, loader):
     ones = evaluation.as_loaders(loader, "validate")
     if trainer.overfit_batches > 0:
         ones = in_order_for_overfit(ones, trainer.is_global_zero)
+    ones = [trainer.strategy.process_dataloader(one) for one in ones]  # (Lightning's: what it returns is read)
     for one in ones:
         check_loader_workers(trainer, one, "val")
     val_loaders = combined_eval(loader, [prepare_eval_loader(one, world_size, rank, "val", eval_shuffle_seed(trainer),

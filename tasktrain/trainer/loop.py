@@ -355,7 +355,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
                     fit.zero_grad_phase = None
                 if skipped:
                     return None
-                precision = fit.lightning_precision
+                precision, backed = fit.lightning_precision, loss
+                if fit.backward_hooks is not None:  # the strategy's pre_backward (a subclass's: Lightning's place)
+                    fit.backward_hooks[0](loss)
                 if precision is None:
                     for fn in hooks["on_before_backward"]:
                         fn(loss)
@@ -367,7 +369,9 @@ def training_step(trainer, fit, batch, batch_idx, window):
                     scaled = precision.pre_backward(loss, module)
                     fit.backward(scaled)
                     fit.window_backwards += 1
-                    precision.post_backward(scaled, module)
+                    backed = precision.post_backward(scaled, module)
+                if fit.backward_hooks is not None:
+                    fit.backward_hooks[1](backed)
             return loss.detach()  # (Lightning's closure returns the loss without its graph)
 
         if not steps:

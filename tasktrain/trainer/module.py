@@ -812,21 +812,28 @@ class TaskModule(torch.nn.Module):
                 "to use manual_backward, please disable automatic optimization: set model property "
                 "`automatic_optimization` as False (set `self.automatic_optimization = False` in __init__ and step "
                 "the optimizers in training_step, or return the loss and let the Trainer run its backward)")
-        precision = trainer.strategy.precision_plugin
+        from tasktrain.trainer.strategy_hooks import backward_hooks
+
+        precision, hooks = trainer.strategy.precision_plugin, backward_hooks(trainer.strategy)
+        if hooks is not None:  # the strategy's pre_backward / post_backward (a subclass's: Lightning's place)
+            hooks[0](loss)
         if precision.lightning_steps:  # the precision plugin's step hooks (Lightning's strategy.backward(loss, None))
             def plugin_backward(tensor, *a, **k):
                 precision.backward(tensor, self, None, *a, **k)
 
             scaled = precision.pre_backward(loss, self)  # (on_before_backward there)
             trainer.strategy.backward(scaled, None, *args, backward_fn=plugin_backward, **kwargs)
-            precision.post_backward(scaled, self)  # (on_after_backward there)
-            return
-        trainer._call("on_before_backward", loss)
-        if hook_is_called("backward", self, TaskModule):  # Lightning's: through the module's backward
-            trainer.strategy.backward(loss, None, *args, backward_fn=self.backward, **kwargs)
+            backed = precision.post_backward(scaled, self)  # (on_after_backward there)
         else:
-            trainer.strategy.backward(loss, None, *args, **kwargs)
-        trainer._call("on_after_backward")
+            trainer._call("on_before_backward", loss)
+            if hook_is_called("backward", self, TaskModule):  # Lightning's: through the module's backward
+                trainer.strategy.backward(loss, None, *args, backward_fn=self.backward, **kwargs)
+            else:
+                trainer.strategy.backward(loss, None, *args, **kwargs)
+            trainer._call("on_after_backward")
+            backed = loss
+        if hooks is not None:
+            hooks[1](backed)
 
     # -- optimisation hooks (automatic optimisation: tasktrain/trainer/loop.py calls them, as Lightning does) -------
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:

@@ -25,7 +25,8 @@ from tasktrain.callbacks.base import Callback
 from tasktrain.exceptions import MisconfigurationException, PossibleUserWarning
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import Sharded
-from tasktrain.trainer import loaders, run
+from tasktrain.strategies.loop_hooks import overrides
+from tasktrain.trainer import loaders, run, strategy_hooks
 from tasktrain.trainer.combined import CombinedTrainData
 from tasktrain.trainer.data import StatefulLoaderData
 from tasktrain.trainer.metrics import hook_scope
@@ -252,10 +253,16 @@ def restart_ckpt_path(trainer, ckpt_path):  # issue 29 (the rule: checkpoint_io.
 
 
 def restores_after_setup(strategy):
-    """Lightning's restore_checkpoint_after_setup: an engine that shards the module (DeepSpeed, FSDP) reads a
-    checkpoint into the module and optimizers it has set up, so the module's and callbacks' part is restored after
-    on_fit_start; elsewhere it is restored before configure_optimizers."""
-    return isinstance(strategy, Sharded)
+    """Lightning's strategy.restore_checkpoint_after_setup: True (an engine that shards the module, DeepSpeed, FSDP,
+    reads a checkpoint into the module and optimizers it has set up; or a subclass of one's own that says so): the
+    module's and callbacks' part is restored after the set-up and on_fit_start; False: before configure_optimizers."""
+    after = bool(strategy.restore_checkpoint_after_setup)
+    if not after and isinstance(strategy, Sharded):
+        raise NotImplementedError(
+            f"{type(strategy).__name__}.restore_checkpoint_after_setup is False: {type(strategy).__name__}'s engine "
+            "reads a checkpoint into the module and optimizers it has set up (sharded), so it cannot restore one "
+            "before its set-up. Leave restore_checkpoint_after_setup as it is (True) for this strategy.")
+    return after
 
 
 class Loaded:
@@ -284,7 +291,7 @@ def read(trainer, path, weights_only=None):
     if weights_only is None:
         weights_only = getattr(trainer, "_ckpt_weights_only", None)
     with ckpt_io.trusted_pickles(weights_only is False):
-        return upgrade(trainer.strategy.load_checkpoint(path))
+        return upgrade(strategy_hooks.load_checkpoint(trainer.strategy, path, weights_only))
 
 
 def on_exception_default(trainer, fn="fit"):
@@ -485,7 +492,11 @@ def restore_module(trainer, module, ckpt):
     strategy = trainer.strategy
     with hook_scope(trainer, "on_load_checkpoint"):  # (named for self.log, which refuses it there)
         module.on_load_checkpoint(ckpt)
-    if "state_dict" in ckpt:
+    if "state_dict" in ckpt and overrides(strategy, "load_model_state_dict"):  # a subclass's (Lightning's call)
+        if not restores_after_setup(strategy):
+            strategy.connect(module)  # (before the set-up: the strategy's lightning_module is this run's module)
+        strategy.load_model_state_dict(ckpt, strict=module.strict_loading)
+    elif "state_dict" in ckpt:
         strategy.load_module_state_dict(ckpt["state_dict"], None if restores_after_setup(strategy) else module,
                                         strict=module.strict_loading)  # (Lightning's)
 
@@ -521,12 +532,21 @@ def restore_training_state(trainer, loaded):
     """The checkpoint's second part, once the strategy holds the optimizers (Lightning's restore_training_state):
     optimizers, schedulers, precision, metrics and the loop's counters. The position inside the epoch waits for the
     training loader (restore_position), the RNG for the loop's start."""
-    path, ckpt, optimizers = loaded.path, loaded.ckpt, trainer.optimizers
-    if not (ckpt_io.own_state(ckpt)["train_state"].get("without_loops") and not ckpt["optimizer_states"]):
+    path, ckpt, optimizers, strategy = loaded.path, loaded.ckpt, trainer.optimizers, trainer.strategy
+    # Lightning's strategy.lightning_restore_optimizer (False: the strategy restores them itself; the schedulers are
+    # restored either way) and load_optimizer_state_dict(checkpoint), where a subclass of one's own overrides them
+    restore_optimizers = strategy.lightning_restore_optimizer
+    if restore_optimizers and not (ckpt_io.own_state(ckpt)["train_state"].get("without_loops")
+                                   and not ckpt["optimizer_states"]):
         check_counts(ckpt, "optimizer_states", len(optimizers), lambda saved: (
         f"{path} has {saved} optimizer states but configure_optimizers returned {len(optimizers)} optimizers."))
     parts, own = run_state(trainer), ckpt_io.own_state(ckpt)
-    parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers"])
+    if restore_optimizers and overrides(strategy, "load_optimizer_state_dict"):
+        strategy.load_optimizer_state_dict(ckpt)
+        parts.load_state_dict(ckpt, only=["lr_schedulers"])
+    else:
+        parts.load_state_dict(ckpt, only=["optimizer_states", "lr_schedulers"] if restore_optimizers
+                              else ["lr_schedulers"])
     restore_precision(trainer, ckpt)
     parts.parts["loops"].load_state_dict(own, only=["metrics", "rng_states"])
     loaded.rng_states = parts.parts["loops"].parts["rng_states"].loaded

@@ -37,8 +37,10 @@ from tasktrain.profilers import PassThroughProfiler, Profiler, module_action, re
 from tasktrain.strategies import requeue
 from tasktrain.strategies.base import MultiProcess, Plan, Sharded, Strategy
 from tasktrain.strategies.environment import warn_if_srun_unused
+from tasktrain.strategies.loop_hooks import check_loop_overrides
 from tasktrain.strategies.parallel import ParallelStrategy
 from tasktrain.strategies.watchdog import DEFAULT_STALL_TIMEOUT
+from tasktrain.trainer import strategy_hooks
 from tasktrain.trainer import (arguments, evaluation, guards, lightning_connectors, lightning_loops, loaders, loop,
                                plugin_args, resume, run)
 from tasktrain.trainer.datamodule import DataModule
@@ -175,6 +177,7 @@ class Trainer:
         self._applied_layer_sync = None  # the one applied to this fit's module, reverted at its end (run.py)
         self._stage_plugins_ended = True  # a run's plugins torn down (run.end_stage_plugins)
         self.env, self.strategy = runtime.env, runtime.strategy
+        check_loop_overrides(self.strategy)  # an override of Lightning's the Trainer cannot call: refused here
         if self._layer_sync is not None and isinstance(self.strategy, ParallelStrategy):
             self.strategy._layer_sync = self._layer_sync  # (Lightning's connector: a custom strategy may read it)
         self.accelerator  # Lightning's strategy.accelerator: the Accelerator object from here on (the property below)
@@ -960,12 +963,14 @@ class Trainer:
             # configure_optimizers is not called and the strategy sets nothing up again
             self.lr_scheduler_configs = list(self.lr_scheduler_configs)
         else:
-            with self._profile(module_action(module, "configure_optimizers")):  # (Lightning's timed action)
-                optimizers, self.lr_scheduler_configs = parse_optimizers(module)
-            _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
-            plan = self._plan(module, loaders.train_data_early(self, strategy))
-            _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
-            run.connect_precision(strategy, self.optimizers, self.lr_scheduler_configs)
+            def set_up():  # (inside strategy.setup(trainer) where a subclass overrides it: Lightning's place)
+                with self._profile(module_action(module, "configure_optimizers")):  # (Lightning's timed action)
+                    optimizers, self.lr_scheduler_configs = parse_optimizers(module)
+                _check_optimizers(module, optimizers, self.accumulate_grad_batches, self.gradient_clip_val)
+                plan = self._plan(module, loaders.train_data_early(self, strategy))
+                _, self.optimizers = strategy.setup_module_and_optimizers(module, optimizers, plan)
+                run.connect_precision(strategy, self.optimizers, self.lr_scheduler_configs)
+            strategy_hooks.run_setup(self, strategy, set_up)
         fit = self._fit_state = build_fit_state(self, module, self.optimizers, self.lr_scheduler_configs, None)
         if "on_fit_start" not in self._trial_skips:  # (a tuner's trial: Lightning's runs its fit loop only)
             self._call("on_fit_start")

@@ -402,6 +402,11 @@ class DeepSpeed(ClipsInsideStep, Sharded, ParallelStrategy):
         raise ValueError("Under DeepSpeed the model and its optimizer are prepared together: pass both to one "
                          "accelerator.prepare(model, optimizer, ...) call.")
 
+    @property
+    def handles_gradient_accumulation(self) -> bool:
+        """Lightning's DeepSpeedStrategy: True, the engine accumulates (it is told the window: the plan)."""
+        return True
+
     def needs_micro_batch_size(self):
         """The config's train_micro_batch_size_per_gpu comes from the training loader unless it is given (the
         config, DeepSpeed(micro_batch_size=)), as in Lightning's DeepSpeed."""
