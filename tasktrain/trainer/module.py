@@ -308,6 +308,7 @@ class TaskModule(torch.nn.Module):
         return self._call_batch_hook("on_after_batch_transfer", batch, dataloader_idx)
 
     def _call_batch_hook(self, name: str, *args: Any) -> Any:
+        """Lightning's: the attached trainer's DataModule's batch hook where it overrides it, else the module's."""
         datamodule = getattr(self._trainer, "datamodule", None)
         if datamodule is not None:
             from tasktrain.trainer.datamodule import DataModule
@@ -469,15 +470,6 @@ class TaskModule(torch.nn.Module):
         inputs = self._call_batch_hook("on_before_batch_transfer", inputs, 0)
         inputs = self._call_batch_hook("transfer_batch_to_device", inputs, self.device, 0)
         return self._call_batch_hook("on_after_batch_transfer", inputs, 0)
-
-    def _call_batch_hook(self, name, *args):
-        """Lightning's: the attached trainer's DataModule's batch hook where it overrides it, else the module's."""
-        from tasktrain.trainer.datamodule import DataModule
-
-        datamodule = None if self._trainer is None else getattr(self._trainer, "datamodule", None)
-        if datamodule is not None and is_overridden(name, datamodule, DataModule):
-            return getattr(datamodule, name)(*args)
-        return getattr(self, name)(*args)
 
     def to_onnx(self, file_path=None, input_sample=None, **kwargs):
         """Export to ONNX with torch.onnx.export (Lightning's method; file_path None, Lightning's default: no file
