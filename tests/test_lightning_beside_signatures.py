@@ -98,7 +98,10 @@ def _lightning_public_names():
     for suffix in MODULES:
         theirs_module = importlib.import_module("lightning.pytorch" + suffix)
         ours_module = importlib.import_module("tasktrain" + suffix)
-        names = getattr(theirs_module, "__all__", None) or [n for n in dir(theirs_module) if not n.startswith("_")]
+        # (not identifiers: classes jsonargparse's class_from_function set on the module that called it, e.g.
+        # "test_x__<locals>__build_model_class" after a LightningCLI given a builder function in the same process)
+        names = getattr(theirs_module, "__all__", None) or [n for n in dir(theirs_module)
+                                                             if not n.startswith("_") and n.isidentifier()]
         for name in names:
             theirs = getattr(theirs_module, name, None)
             if not (inspect.isclass(theirs) or inspect.isfunction(theirs)) or id(theirs) in seen:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tasktrain.checkpoint_io import restore_rng_states
+from tasktrain.exceptions import MisconfigurationException
 from tasktrain.names import AUTO_STRATEGY, normalize_precision
 from tasktrain.strategies.base import MultiProcess, Sharded, Strategy
 from tasktrain.strategies.environment import (ClusterEnvironment, check_slurm_allocation, detect_environment,
@@ -64,7 +65,12 @@ def build_runtime(*, accelerator="auto", strategy=None, devices="auto", num_node
         strategy = strategy.lower()  # (names are case-insensitive, as Lightning's: "DDP")
     if isinstance(strategy, str) and strategy == AUTO_STRATEGY:
         strategy = None  # "auto" asks for the default choice: not given
-    precision = None if precision is None else normalize_precision(precision)
+    try:
+        precision = None if precision is None else normalize_precision(precision)
+    except MisconfigurationException as error:
+        if custom_loop:  # (Accelerate's mixed_precision= refusal is a plain ValueError; the Trainer's is Lightning's)
+            raise ValueError(str(error)) from None
+        raise
     from_launch = set()  # the choices the launch config made
     if launch.launched:
         if strategy is None:

@@ -616,10 +616,12 @@ class Trainer:
 
     def __getstate__(self):
         """A Trainer pickles (a callback that holds it, e.g. a progress bar, pickles as in Lightning): the run's hook
-        tables are closures, built again at each run's start, so they are left out."""
+        tables and its batch transfer (run.batch_mover) are closures, built again at each run's start, so they are
+        left out."""
         state = dict(self.__dict__)
         state.update(_hook_tables=None, _module_hooks={}, _callback_hooks={}, _all_hooks={}, _plain_hooks={},
                      _monitoring_hooks={}, _attached_sources=None)  # (attached loaders: a run attaches its own)
+        state.pop("_batch_transfer", None)
         return state
 
     def _call(self, event, *args, **kwargs):
