@@ -16,10 +16,10 @@ for var in WORLD_VARS + ("TASKTRAIN_GLOBAL_SEED", "PL_GLOBAL_SEED"):
     os.environ.pop(var, None)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 # Bytecode caches on, for this process and the ones it starts, where the shell turned them off
-# (PYTHONDONTWRITEBYTECODE=1, as on the agents' machines): without them every launched process compiled tasktrain's
-# modules and its script's again (~0.4 CPU-s of a small fit's 3.8), and each pytest worker compiled and
-# assertion-rewrote every test file at collection (13.7 -> 7.1 CPU-s per worker). The caches go to __pycache__
-# folders beside the sources (.gitignore); nothing a test checks depends on them.
+# (PYTHONDONTWRITEBYTECODE=1, as on the agents' machines): without them each pytest worker of `make test`, which
+# collects every test file, compiled and assertion-rewrote all of them again (collection of tests/: 13.7 -> 7.1
+# CPU-s per worker once written, 15.2 the run that writes them; a launched process's own compiling was within the
+# noise). The caches go to __pycache__ folders beside the sources (.gitignore); no test depends on them.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 # A test process killed while loading a DeepSpeed op leaves its lock, and every later load of the op would wait for
