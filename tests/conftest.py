@@ -15,6 +15,13 @@ WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RAN
 for var in WORLD_VARS + ("TASKTRAIN_GLOBAL_SEED", "PL_GLOBAL_SEED"):
     os.environ.pop(var, None)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+# Bytecode caches on, for this process and the ones it starts, where the shell turned them off
+# (PYTHONDONTWRITEBYTECODE=1, as on the agents' machines): without them each pytest worker of `make test`, which
+# collects every test file, compiled and assertion-rewrote all of them again (collection of tests/: 13.7 -> 7.1
+# CPU-s per worker once written, 15.2 the run that writes them; a launched process's own compiling was within the
+# noise). The caches go to __pycache__ folders beside the sources (.gitignore); no test depends on them.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
 # A test process killed while loading a DeepSpeed op leaves its lock, and every later load of the op would wait for
 # it forever: cleared before any test loads one (tasktrain/strategies/deepspeed/ops.py says when a lock is stale).
 from tasktrain.strategies.deepspeed.ops import clear_stale_op_locks  # noqa: E402
@@ -159,6 +166,10 @@ def _offline_trackers(tmp_path_factory):
 # test_lightning_ddp's, 48 -> 60; the two files 32.5 -> 23.8 CPU-s). On 2026-12-07 (ttime2), by the CPU time of its
 # cut (OMP_NUM_THREADS=1 for launched processes; each file alone as a make-test worker, same-time pairs):
 # test_accelerate_options 98 -> 83 (42.5 -> 35.9 CPU-s), test_accelerate_numbers 43 -> 36 (21.0 -> 17.7).
+# On 2026-12-07 (testtime), each file alone as a make-test worker, user+sys CPU-s with children (not the seconds
+# below, which are loaded wall time and kept for the order): test_deepspeed 105, test_restart 103, test_ddp 71,
+# test_gpu_check 68, test_accelerator_api 53, test_fsdp 47, test_resume 44 (test_lightning_beside_plugins, not
+# listed: 26). These seven hold ~490 of the ~3060 CPU-s of a full run: the rest is spread over the other files.
 HEAVY_FILES = {
     "test_restart.py": 266, "test_deepspeed.py": 274, "test_gpt_example.py": 195,
     "test_fsdp.py": 244, "test_resume.py": 238, "test_reshard.py": 177, "test_ddp.py": 170,
