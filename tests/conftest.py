@@ -169,7 +169,8 @@ def _offline_trackers(tmp_path_factory):
 # On 2026-12-07 (testtime), each file alone as a make-test worker, user+sys CPU-s with children (not the seconds
 # below, which are loaded wall time and kept for the order): test_deepspeed 105, test_restart 103, test_ddp 71,
 # test_gpu_check 68, test_accelerator_api 53, test_fsdp 47, test_resume 44 (test_lightning_beside_plugins, not
-# listed: 26). These seven hold ~490 of the ~3060 CPU-s of a full run: the rest is spread over the other files.
+# listed: 26). These seven hold ~490 of a full run's ~1820-3060 CPU-s (two runs on this machine kind, 2026-12-07/08):
+# the rest is spread over the other files.
 HEAVY_FILES = {
     "test_restart.py": 266, "test_deepspeed.py": 274, "test_gpt_example.py": 195,
     "test_fsdp.py": 244, "test_resume.py": 238, "test_reshard.py": 177, "test_ddp.py": 170,
