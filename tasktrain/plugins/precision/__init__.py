@@ -421,18 +421,7 @@ class _EnginePrecision(Precision):
         (FSDP's mixed precisions: torch.autocast; DeepSpeed: none, the engine casts; "-true": the default dtype)."""
         return self._own("autocast")()
 
-    def train_step_context(self):
-        return self.forward_context()
-
-    def val_step_context(self):
-        return self.forward_context()
-
-    def test_step_context(self):
-        return self.forward_context()
-
-    def predict_step_context(self):
-        return self.forward_context()
-
+    # (train/val/test/predict_step_context: _LightningHooks' defaults, each entering forward_context() above)
     def convert_module(self, module):
         return self._own("convert_module")(module)
 
